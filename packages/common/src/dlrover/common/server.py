@@ -1,0 +1,152 @@
+"""The one way DLRover builds a gRPC server: token-authenticated, size-bounded, optionally TLS."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from concurrent import futures
+from typing import Any, TypeVar
+
+import attrs
+import grpc
+from dlrover.common.auth import TokenAuthServerInterceptor
+from dlrover.common.errors import ConfigError, DLRoverError
+from dlrover.common.tls import TLSConfig
+
+__all__ = ["DEFAULT_MAX_MESSAGE_BYTES", "GrpcServer", "ServerConfig", "format_host_port"]
+
+_log = logging.getLogger(__name__)
+
+DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+_S = TypeVar("_S")
+
+
+def _positive(_inst: object, attribute: attrs.Attribute[Any], value: float) -> None:
+    if not value > 0:
+        raise ConfigError(f"{attribute.name} must be positive, got {value!r}")
+
+
+def _port(_inst: object, _attribute: attrs.Attribute[Any], value: int) -> None:
+    if not 0 <= value <= 65535:
+        raise ConfigError(f"port must be in 0..65535, got {value!r}")
+
+
+def format_host_port(host: str, port: int) -> str:
+    """`host:port`, with IPv6 literals bracketed (`[::1]:8000`)."""
+    if ":" in host and not host.startswith("["):
+        return f"[{host}]:{port}"
+    return f"{host}:{port}"
+
+
+@attrs.frozen
+class ServerConfig:
+    """How a gRPC server listens.
+
+    Attributes:
+        bind_address: interface to listen on; loopback unless told otherwise.
+        port: TCP port, 0 for any free port (read it back from `GrpcServer.port`).
+        max_workers: threads serving calls.
+        max_message_bytes: the largest request or response accepted, in bytes.
+        tls: serve TLS with these files; plaintext when None.
+        stop_grace_s: how long `stop()` lets in-flight calls finish.
+    """
+
+    bind_address: str = "127.0.0.1"
+    port: int = attrs.field(default=0, validator=_port)
+    max_workers: int = attrs.field(default=16, validator=_positive)
+    max_message_bytes: int = attrs.field(default=DEFAULT_MAX_MESSAGE_BYTES, validator=_positive)
+    tls: TLSConfig | None = None
+    stop_grace_s: float = attrs.field(default=2.0, validator=attrs.validators.ge(0.0))
+
+
+class GrpcServer:
+    """A gRPC server that refuses every call without the job token.
+
+    Register servicers with `add`, then `start()`; use as a context manager to stop it on exit.
+
+    Args:
+        config: where and how to listen.
+        token: the job token every call must carry.
+        interceptors: extra server interceptors, run after authentication.
+    """
+
+    def __init__(
+        self,
+        config: ServerConfig,
+        token: str,
+        interceptors: Sequence[grpc.ServerInterceptor[Any, Any]] = (),
+    ) -> None:
+        self._config = config
+        self._executor = futures.ThreadPoolExecutor(max_workers=config.max_workers, thread_name_prefix="dlrover-grpc")
+        self._server = grpc.server(
+            self._executor,
+            interceptors=[TokenAuthServerInterceptor(token), *interceptors],
+            options=[
+                ("grpc.max_receive_message_length", config.max_message_bytes),
+                ("grpc.max_send_message_length", config.max_message_bytes),
+                ("grpc.so_reuseport", 0),
+            ],
+        )
+        self._port: int | None = None
+        self._stopped = False
+
+    def add(self, register: Callable[[_S, grpc.Server], None], servicer: _S) -> None:
+        """Register `servicer` with a generated `add_XServicer_to_server` function."""
+        if self._port is not None:
+            raise DLRoverError("servicers must be added before the server starts")
+        register(servicer, self._server)
+
+    def start(self) -> int:
+        """Bind and start serving; returns the bound port.
+
+        Raises:
+            ConfigError: the address cannot be bound (in use, or not an address of this host).
+        """
+        if self._port is not None:
+            return self._port
+        address = format_host_port(self._config.bind_address, self._config.port)
+        try:
+            if self._config.tls is None:
+                port = self._server.add_insecure_port(address)
+            else:
+                port = self._server.add_secure_port(address, self._config.tls.server_credentials())
+        except RuntimeError as exc:
+            raise ConfigError(f"cannot listen on {address}: {exc}") from exc
+        if port == 0:
+            raise ConfigError(f"cannot listen on {address}")
+        self._server.start()
+        self._port = port
+        _log.debug("gRPC server listening on %s", format_host_port(self._config.bind_address, port))
+        return port
+
+    @property
+    def port(self) -> int:
+        """The bound port. Raises DLRoverError before `start()`."""
+        if self._port is None:
+            raise DLRoverError("the server has not started")
+        return self._port
+
+    @property
+    def address(self) -> str:
+        """`host:port` that clients on this host can dial."""
+        return format_host_port(self._config.bind_address, self.port)
+
+    def stop(self, grace_s: float | None = None) -> None:
+        """Stop serving and release the port and threads; safe to call twice."""
+        if self._stopped:
+            return
+        self._stopped = True
+        grace = self._config.stop_grace_s if grace_s is None else grace_s
+        self._server.stop(grace).wait()
+        self._executor.shutdown(wait=True)
+
+    def wait(self, timeout_s: float | None = None) -> bool:
+        """Block until the server stops or `timeout_s` passes; True if it stopped."""
+        return bool(self._server.wait_for_termination(timeout_s))
+
+    def __enter__(self) -> GrpcServer:
+        self.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stop()

@@ -1,0 +1,20 @@
+"""The `dlrover-master` command."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+__all__ = ["main"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of `dlrover-master`. It is not built yet, and says so instead of pretending."""
+    parser = argparse.ArgumentParser(prog="dlrover-master", description="Not built yet: see issue 7.")
+    parser.parse_known_args(argv)
+    print("dlrover-master is not built yet (issue 7); nothing was run.", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
