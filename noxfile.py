@@ -105,8 +105,15 @@ def install_dev(session: nox.Session) -> None:
     session.install(*dev_install_args())
 
 
+def _has_tests(path: Path) -> bool:
+    return path.is_dir() and any(path.rglob("test_*.py"))
+
+
 def _pytest(session: nox.Session, *paths: str) -> None:
-    session.run("pytest", *paths, *session.posargs)
+    present = [p for p in paths if _has_tests(ROOT / p)]
+    if not present:
+        session.error(f"no tests found under {', '.join(paths)}")
+    session.run("pytest", *present, *session.posargs)
 
 
 @nox.session
@@ -162,7 +169,7 @@ def isolation(session: nox.Session, pkg: str) -> None:
     session.install(*CONSTRAINTS, *specs)
     session.run("python", "-c", f"import dlrover.{pkg}")
     test_dir = ROOT / "packages" / pkg / "tests"
-    if not any(test_dir.rglob("test_*.py")):
+    if not _has_tests(test_dir):
         session.skip(f"dlrover-{pkg} installs and imports alone, but has no unit tests yet")
     # Run from a folder outside the repository so imports resolve to the installed package.
     session.chdir(session.create_tmp())
