@@ -3,6 +3,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+
 from dlrover.common import GrpcServer, ServerConfig, add_ping_service, generate_token
 
 

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+
 from dlrover.common import (
     TOKEN_ENV_VAR,
     TOKEN_FILE_ENV_VAR,

@@ -5,6 +5,7 @@ import json
 import logging
 
 import pytest
+
 from dlrover.common import ConfigError, configure_logging
 
 

@@ -5,9 +5,10 @@ from typing import Any
 
 import grpc
 import pytest
-from dlrover.common import ConfigError, ManualClock, RetryPolicy, RpcError, call_unary
 from hypothesis import given
 from hypothesis import strategies as st
+
+from dlrover.common import ConfigError, ManualClock, RetryPolicy, RpcError, call_unary
 
 
 class FakeRpcError(grpc.RpcError):

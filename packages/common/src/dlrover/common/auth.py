@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import grpc
+
 from dlrover.common.errors import AuthError
 
 __all__ = [

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import attrs
 import grpc
+
 from dlrover.common.auth import TokenClientInterceptor
 from dlrover.common.errors import ConfigError
 from dlrover.common.server import DEFAULT_MAX_MESSAGE_BYTES

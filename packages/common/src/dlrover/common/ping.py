@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import grpc
+
 from dlrover.common.server import GrpcServer
 from dlrover.common.v1 import ping_pb2, ping_pb2_grpc
 

@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 import attrs
 import grpc
+
 from dlrover.common.clock import Clock, SystemClock
 from dlrover.common.errors import ConfigError, DLRoverError
 

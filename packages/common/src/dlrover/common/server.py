@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 
 import attrs
 import grpc
+
 from dlrover.common.auth import TokenAuthServerInterceptor
 from dlrover.common.errors import ConfigError, DLRoverError
 from dlrover.common.tls import TLSConfig

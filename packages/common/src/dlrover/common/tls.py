@@ -6,6 +6,7 @@ from pathlib import Path
 
 import attrs
 import grpc
+
 from dlrover.common.errors import ConfigError
 
 __all__ = ["TLSConfig"]

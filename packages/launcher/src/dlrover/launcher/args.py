@@ -1,0 +1,326 @@
+"""The `dlrover-run` command line: every torchrun flag with torchrun's meaning, plus DLRover's own.
+
+Like torchrun, each flag accepts both spellings (`--nproc-per-node` and `--nproc_per_node`) and
+takes its default from a `PET_<NAME>` environment variable when one is set (`PET_NNODES=2`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+
+from dlrover.common import ConfigError
+
+__all__ = ["LaunchConfig", "NodeRange", "build_parser", "parse_args", "parse_std_streams"]
+
+
+@attrs.frozen
+class NodeRange:
+    """`--nnodes`: a fixed count (`2`) or an elastic range (`1:4`)."""
+
+    min_nodes: int
+    max_nodes: int
+
+    @classmethod
+    def parse(cls, text: str) -> NodeRange:
+        """Parse `N` or `MIN:MAX`.
+
+        Raises:
+            ConfigError: not integers, below 1, or MIN above MAX.
+        """
+        parts = str(text).split(":")
+        try:
+            if len(parts) == 1:
+                low = high = int(parts[0])
+            elif len(parts) == 2:
+                low, high = int(parts[0]), int(parts[1])
+            else:
+                raise ValueError(text)
+        except ValueError:
+            raise ConfigError(f"--nnodes must be N or MIN:MAX, got {text!r}") from None
+        if low < 1 or high < low:
+            raise ConfigError(f"--nnodes needs 1 <= MIN <= MAX, got {text!r}")
+        return cls(low, high)
+
+    def __str__(self) -> str:
+        return f"{self.min_nodes}:{self.max_nodes}"
+
+
+def parse_std_streams(text: str, nproc: int, flag: str) -> dict[int, int]:
+    """Parse `--redirects`/`--tee`: `3` for every local rank, or `0:1,1:2` per local rank.
+
+    Values are a bit mask: 1 is stdout, 2 is stderr, 3 both, 0 neither.
+
+    Returns:
+        local rank -> mask, for every local rank.
+
+    Raises:
+        ConfigError: a value outside 0..3, or a malformed entry.
+    """
+    text = str(text).strip()
+
+    def mask(value: str) -> int:
+        try:
+            number = int(value)
+        except ValueError:
+            raise ConfigError(f"{flag} values are 0..3 (1=stdout, 2=stderr), got {value!r}") from None
+        if not 0 <= number <= 3:
+            raise ConfigError(f"{flag} values are 0..3 (1=stdout, 2=stderr), got {value!r}")
+        return number
+
+    if ":" not in text:
+        every = mask(text or "0")
+        return dict.fromkeys(range(nproc), every)
+    result = dict.fromkeys(range(nproc), 0)
+    for entry in text.split(","):
+        rank_text, _, value = entry.partition(":")
+        try:
+            rank = int(rank_text)
+        except ValueError:
+            raise ConfigError(f"{flag} entries are LOCAL_RANK:MASK, got {entry!r}") from None
+        if not 0 <= rank < nproc:
+            raise ConfigError(f"{flag} names local rank {rank}, but there are {nproc} per node")
+        result[rank] = mask(value)
+    return result
+
+
+@attrs.frozen
+class LaunchConfig:
+    """Everything `dlrover-run` was asked to do, validated."""
+
+    nodes: NodeRange
+    nproc_per_node: int
+    entrypoint: str
+    entrypoint_args: tuple[str, ...]
+    run_as_module: bool = False
+    no_python: bool = False
+    run_path: bool = False
+    standalone: bool = False
+    master: str | None = None
+    rdzv_backend: str = "dlrover"
+    rdzv_endpoint: str = ""
+    rdzv_id: str = "none"
+    rdzv_conf: tuple[tuple[str, str], ...] = ()
+    max_restarts: int = 0
+    monitor_interval_s: float = 0.1
+    role: str = "default"
+    log_dir: str | None = None
+    redirects: tuple[tuple[int, int], ...] = ()
+    tee: tuple[tuple[int, int], ...] = ()
+    local_ranks_filter: tuple[int, ...] = ()
+    node_rank: int | None = None
+    master_addr: str = "127.0.0.1"
+    master_port: int | None = None
+    local_addr: str | None = None
+    network_check: bool = False
+    exclude_straggler: bool = False
+    save_at_breakpoint: bool = False
+    node_unit: int = 1
+    hang_timeout_s: float = 0.0
+    auto_config: bool = False
+    token: str | None = None
+    token_file: str | None = None
+    heartbeat_interval_s: float = 2.0
+    shutdown_grace_s: float = 10.0
+
+    def worker_command(self, python: str) -> list[str]:
+        """The argv that starts one worker, as torchrun builds it."""
+        if self.no_python:
+            return [self.entrypoint, *self.entrypoint_args]
+        if self.run_as_module:
+            return [python, "-u", "-m", self.entrypoint, *self.entrypoint_args]
+        if self.run_path:
+            code = "import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')"
+            return [python, "-u", "-c", code, self.entrypoint, *self.entrypoint_args]
+        return [python, "-u", self.entrypoint, *self.entrypoint_args]
+
+
+class _EnvDefault(argparse.Action):
+    """Takes the default from `PET_<DEST>` as torchrun does."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, default: Any = None, **kwargs: Any) -> None:
+        env_default = os.environ.get(f"PET_{dest.upper()}")
+        super().__init__(option_strings, dest, default=env_default if env_default is not None else default, **kwargs)
+
+    def __call__(
+        self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any, _o: Any = None
+    ) -> None:
+        setattr(namespace, self.dest, values)
+
+
+class _EnvFlag(argparse.Action):
+    """A boolean flag that `PET_<DEST>=1` also turns on."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        env_value = os.environ.get(f"PET_{dest.upper()}", "")
+        kwargs.pop("default", None)
+        super().__init__(option_strings, dest, nargs=0, default=env_value.lower() in ("1", "true", "yes"), **kwargs)
+
+    def __call__(
+        self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any, _o: Any = None
+    ) -> None:
+        setattr(namespace, self.dest, True)
+
+
+def _both(name: str) -> list[str]:
+    dashed = f"--{name}"
+    underscored = f"--{name.replace('-', '_')}"
+    return [dashed] if dashed == underscored else [dashed, underscored]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser: torchrun's flags first, then DLRover's."""
+    p = argparse.ArgumentParser(
+        prog="dlrover-run",
+        description="Run a torchrun-style training script with fault tolerance, flash checkpoints and diagnosis.",
+    )
+
+    def option(group: argparse._ArgumentGroup, names: list[str], default: str | None, text: str = "") -> None:
+        group.add_argument(*names, default=default, help=text or None, action=_EnvDefault)
+
+    def flag(group: argparse._ArgumentGroup, names: list[str], text: str) -> None:
+        group.add_argument(*names, help=text, action=_EnvFlag)
+
+    tr = p.add_argument_group("torchrun-compatible options")
+    option(tr, ["--nnodes"], "1:1", "N, or MIN:MAX for an elastic job")
+    option(tr, _both("nproc-per-node"), "1", "workers per node: N, auto, cpu or gpu")
+    option(tr, _both("rdzv-backend"), "dlrover")
+    option(tr, _both("rdzv-endpoint"), "")
+    option(tr, _both("rdzv-id"), "none")
+    option(tr, _both("rdzv-conf"), "", "key1=v1,key2=v2")
+    flag(tr, ["--standalone"], "run master, agent and workers on this machine")
+    option(tr, _both("max-restarts"), "0")
+    option(tr, _both("monitor-interval"), "0.1", "seconds between worker checks")
+    option(tr, _both("start-method"), "spawn", "accepted for compatibility; workers are always new processes")
+    option(tr, ["--role"], "default")
+    flag(tr, ["-m", "--module"], "run the entrypoint as a module (python -m)")
+    flag(tr, _both("no-python"), "run the entrypoint as an executable")
+    flag(tr, _both("run-path"), "run the entrypoint with runpy.run_path")
+    option(tr, _both("log-dir"), None)
+    option(tr, ["-r", "--redirects"], "0", "0..3 or LOCAL_RANK:MASK,... (1=stdout, 2=stderr)")
+    option(tr, ["-t", "--tee"], "0", "0..3 or LOCAL_RANK:MASK,... (1=stdout, 2=stderr)")
+    option(tr, _both("local-ranks-filter"), "", "local ranks whose output is shown")
+    option(tr, _both("node-rank"), None)
+    option(tr, _both("master-addr"), "127.0.0.1")
+    option(tr, _both("master-port"), None)
+    option(tr, _both("local-addr"), None)
+    ours = p.add_argument_group("DLRover options")
+    option(ours, ["--master"], None, "HOST:PORT of a running dlrover-master to join")
+    flag(ours, _both("network-check"), "check nodes' health before training")
+    flag(ours, _both("exclude-straggler"), "leave out nodes the network check finds slow")
+    flag(ours, _both("save-at-breakpoint"), "persist the in-memory checkpoint when workers fail")
+    option(ours, _both("node-unit"), "1", "the world holds a multiple of this many nodes")
+    option(ours, _both("hang-timeout"), "0", "seconds without progress before a restart; 0: adaptive")
+    flag(ours, _both("auto-config"), "workers per node from the visible accelerators")
+    option(ours, ["--token"], None, "the job token (prefer --token-file)")
+    option(ours, _both("token-file"), None, "a 0600 file holding the job token")
+    option(ours, _both("heartbeat-interval"), "2.0", "seconds between heartbeats")
+    option(ours, _both("shutdown-grace"), "10.0", "seconds workers get to exit after SIGTERM")
+    p.add_argument("training_script", help="the script, module or executable to run")
+    p.add_argument("training_script_args", nargs=argparse.REMAINDER)
+    return p
+
+
+def _number(value: Any, flag: str, kind: type[int] | type[float], minimum: float) -> Any:
+    try:
+        number = kind(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{flag} must be a number, got {value!r}") from None
+    if number < minimum:
+        raise ConfigError(f"{flag} must be at least {minimum}, got {value!r}")
+    return number
+
+
+def _nproc(value: str, auto_config: bool, accelerators: int, cpus: int) -> int:
+    text = str(value).lower()
+    if auto_config or text == "auto":
+        return accelerators if accelerators > 0 else 1
+    if text == "gpu":
+        if accelerators == 0:
+            raise ConfigError("--nproc-per-node=gpu, but no GPU is visible")
+        return accelerators
+    if text == "cpu":
+        return max(cpus, 1)
+    return int(_number(value, "--nproc-per-node", int, 1))
+
+
+def _conf(text: str) -> tuple[tuple[str, str], ...]:
+    pairs = []
+    for entry in filter(None, (e.strip() for e in str(text).split(","))):
+        key, sep, val = entry.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--rdzv-conf entries are key=value, got {entry!r}")
+        pairs.append((key, val))
+    return tuple(pairs)
+
+
+def parse_args(
+    argv: Sequence[str] | None = None,
+    *,
+    accelerators: int = 0,
+    cpus: int | None = None,
+) -> LaunchConfig:
+    """Parse and validate a `dlrover-run` command line.
+
+    Args:
+        argv: the arguments after the program name.
+        accelerators: visible GPUs, for `--nproc-per-node=auto|gpu` and `--auto-config`.
+        cpus: CPU count, for `--nproc-per-node=cpu`.
+
+    Raises:
+        ConfigError: any flag is out of range or contradicts another; the message names it.
+    """
+    ns = build_parser().parse_args(argv)
+    nodes = NodeRange.parse(ns.nnodes)
+    nproc = _nproc(ns.nproc_per_node, ns.auto_config, accelerators, cpus or os.cpu_count() or 1)
+    modes = [name for name, on in (("-m", ns.module), ("--no-python", ns.no_python), ("--run-path", ns.run_path)) if on]
+    if len(modes) > 1:
+        raise ConfigError(f"{' and '.join(modes)} cannot be used together")
+    if ns.standalone and ns.master:
+        raise ConfigError("--standalone starts its own master; do not also give --master")
+    node_unit = int(_number(ns.node_unit, "--node-unit", int, 1))
+    if nodes.max_nodes % node_unit and nodes.min_nodes == nodes.max_nodes:
+        raise ConfigError(f"--nnodes={nodes} is not a multiple of --node-unit={node_unit}")
+    node_rank = None if ns.node_rank in (None, "") else int(_number(ns.node_rank, "--node-rank", int, 0))
+    master_port = None if ns.master_port in (None, "") else int(_number(ns.master_port, "--master-port", int, 1))
+    filters = tuple(int(_number(r, "--local-ranks-filter", int, 0)) for r in str(ns.local_ranks_filter).split(",") if r)
+    return LaunchConfig(
+        nodes=nodes,
+        nproc_per_node=nproc,
+        entrypoint=ns.training_script,
+        entrypoint_args=tuple(ns.training_script_args),
+        run_as_module=ns.module,
+        no_python=ns.no_python,
+        run_path=ns.run_path,
+        standalone=ns.standalone,
+        master=ns.master,
+        rdzv_backend=ns.rdzv_backend,
+        rdzv_endpoint=ns.rdzv_endpoint,
+        rdzv_id=ns.rdzv_id,
+        rdzv_conf=_conf(ns.rdzv_conf),
+        max_restarts=int(_number(ns.max_restarts, "--max-restarts", int, 0)),
+        monitor_interval_s=float(_number(ns.monitor_interval, "--monitor-interval", float, 0.001)),
+        role=ns.role,
+        log_dir=ns.log_dir,
+        redirects=tuple(sorted(parse_std_streams(ns.redirects, nproc, "--redirects").items())),
+        tee=tuple(sorted(parse_std_streams(ns.tee, nproc, "--tee").items())),
+        local_ranks_filter=filters,
+        node_rank=node_rank,
+        master_addr=ns.master_addr,
+        master_port=master_port,
+        local_addr=ns.local_addr,
+        network_check=ns.network_check,
+        exclude_straggler=ns.exclude_straggler,
+        save_at_breakpoint=ns.save_at_breakpoint,
+        node_unit=node_unit,
+        hang_timeout_s=float(_number(ns.hang_timeout, "--hang-timeout", float, 0.0)),
+        auto_config=ns.auto_config,
+        token=ns.token,
+        token_file=ns.token_file,
+        heartbeat_interval_s=float(_number(ns.heartbeat_interval, "--heartbeat-interval", float, 0.01)),
+        shutdown_grace_s=float(_number(ns.shutdown_grace, "--shutdown-grace", float, 0.0)),
+    )

@@ -1,0 +1,92 @@
+"""The environment a worker process starts with: torchrun's contract, plus DLRover's additions."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import attrs
+
+__all__ = [
+    "CHECKPOINT_SOCKET_ENV_VAR",
+    "MASTER_ADDR_ENV_VAR",
+    "NODE_ID_ENV_VAR",
+    "WorkerIdentity",
+    "worker_env",
+]
+
+MASTER_ADDR_ENV_VAR = "DLROVER_MASTER_ADDR"
+NODE_ID_ENV_VAR = "DLROVER_NODE_ID"
+CHECKPOINT_SOCKET_ENV_VAR = "DLROVER_CKPT_SOCKET"
+
+
+@attrs.frozen
+class WorkerIdentity:
+    """Where one worker stands in the job, in torchrun's terms.
+
+    Attributes:
+        rank: global rank across the job.
+        local_rank: rank on this node.
+        world_size: workers in the job.
+        local_world_size: workers on this node.
+        group_rank: this node's rank among nodes.
+        group_world_size: nodes in the job.
+        role_rank: rank among workers of the same role (one role here: equals `rank`).
+        role_world_size: workers of that role (equals `world_size`).
+        role_name: the role's name.
+    """
+
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    group_rank: int
+    group_world_size: int
+    role_rank: int
+    role_world_size: int
+    role_name: str = "default"
+
+
+def worker_env(
+    base: Mapping[str, str],
+    identity: WorkerIdentity,
+    *,
+    master_addr: str,
+    master_port: int,
+    run_id: str,
+    restart_count: int,
+    max_restarts: int,
+    extra: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """The full environment of one worker process.
+
+    Starts from `base` (normally the agent's own environment), then sets every variable torchrun
+    sets, then DLRover's `extra` ones (master address, token file, checkpoint socket, node id).
+    Like torchrun, it sets `OMP_NUM_THREADS=1` when several workers share a node and the user
+    did not choose a value, so they do not oversubscribe the cores.
+    """
+    env = dict(base)
+    env.update(
+        {
+            "RANK": str(identity.rank),
+            "LOCAL_RANK": str(identity.local_rank),
+            "WORLD_SIZE": str(identity.world_size),
+            "LOCAL_WORLD_SIZE": str(identity.local_world_size),
+            "GROUP_RANK": str(identity.group_rank),
+            "GROUP_WORLD_SIZE": str(identity.group_world_size),
+            "ROLE_RANK": str(identity.role_rank),
+            "ROLE_WORLD_SIZE": str(identity.role_world_size),
+            "ROLE_NAME": identity.role_name,
+            "MASTER_ADDR": master_addr,
+            "MASTER_PORT": str(master_port),
+            "TORCHELASTIC_RESTART_COUNT": str(restart_count),
+            "TORCHELASTIC_MAX_RESTARTS": str(max_restarts),
+            "TORCHELASTIC_RUN_ID": run_id,
+            "TORCHELASTIC_USE_AGENT_STORE": "False",
+            "TORCH_NCCL_ASYNC_ERROR_HANDLING": base.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
+            "PYTHONUNBUFFERED": base.get("PYTHONUNBUFFERED", "1"),
+        }
+    )
+    if identity.local_world_size > 1 and "OMP_NUM_THREADS" not in base:
+        env["OMP_NUM_THREADS"] = "1"
+    env.update(extra or {})
+    return env

@@ -1,0 +1,242 @@
+"""Start, watch and stop the training processes of one node.
+
+Each worker runs in its own session, so stopping it also stops whatever it started, and carries
+a parent-death signal (see `_orphan_guard`), so it dies with the agent. Its stdout and stderr go
+through the agent, which writes them to the log directory, echoes them to the console as asked
+(`--redirects`, `--tee`, `--local-ranks-filter`), and keeps the tail of stderr as evidence for
+diagnosis.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import IO
+
+import attrs
+
+from dlrover.common import DLRoverError
+
+__all__ = ["WorkerExit", "WorkerGroup", "WorkerSpec"]
+
+STDOUT, STDERR = 1, 2
+
+
+@attrs.frozen
+class WorkerSpec:
+    """How to start one worker.
+
+    Attributes:
+        local_rank: its rank on this node.
+        argv: the program and its arguments.
+        env: its full environment.
+        log_dir: folder for `stdout.log` and `stderr.log`; None keeps no files.
+        redirect: bit mask (1 stdout, 2 stderr) of streams that go only to files.
+        tee: bit mask of streams that go to files and to the console, prefixed with the rank.
+        show: whether its console output is shown at all (`--local-ranks-filter`).
+    """
+
+    local_rank: int
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+    log_dir: Path | None = None
+    redirect: int = 0
+    tee: int = 0
+    show: bool = True
+    prefix: str = ""
+
+
+@attrs.frozen
+class WorkerExit:
+    """How a worker ended.
+
+    Attributes:
+        local_rank: which worker.
+        pid: its process id.
+        exit_code: its exit status; for a signal, 128 + the signal number (as a shell reports it).
+        signal_name: the signal that killed it, e.g. "SIGKILL", or None.
+        stderr_tail: the last lines it wrote to stderr.
+    """
+
+    local_rank: int
+    pid: int
+    exit_code: int
+    signal_name: str | None
+    stderr_tail: str
+
+    @property
+    def succeeded(self) -> bool:
+        return self.exit_code == 0
+
+
+class _StreamPump:
+    """Copies one pipe to a log file and/or the console, keeping a bounded tail."""
+
+    def __init__(
+        self,
+        source: IO[bytes],
+        log_path: Path | None,
+        console: IO[bytes] | None,
+        prefix: bytes,
+        tail_bytes: int,
+    ) -> None:
+        self._source = source
+        self._log = open(log_path, "ab") if log_path is not None else None  # noqa: SIM115 (closed in run)
+        self._console = console
+        self._prefix = prefix
+        self._tail: collections.deque[bytes] = collections.deque()
+        self._tail_size = 0
+        self._tail_limit = tail_bytes
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="dlrover-worker-log", daemon=True)
+        self._thread.start()
+
+    def _keep(self, line: bytes) -> None:
+        with self._lock:
+            self._tail.append(line)
+            self._tail_size += len(line)
+            while self._tail_size > self._tail_limit and len(self._tail) > 1:
+                self._tail_size -= len(self._tail.popleft())
+
+    def _run(self) -> None:
+        try:
+            for line in iter(self._source.readline, b""):
+                self._keep(line)
+                if self._log is not None:
+                    self._log.write(line)
+                    self._log.flush()
+                if self._console is not None:
+                    self._console.write(self._prefix + line)
+                    self._console.flush()
+        except (OSError, ValueError):
+            pass  # the console went away; the worker's exit status still tells what happened
+        finally:
+            if self._log is not None:
+                self._log.close()
+            self._source.close()
+
+    def join(self, timeout_s: float) -> None:
+        self._thread.join(timeout_s)
+
+    def tail(self) -> str:
+        with self._lock:
+            return b"".join(self._tail).decode("utf-8", "replace")
+
+
+def _console_for(spec: WorkerSpec, stream: int) -> tuple[IO[bytes] | None, bytes]:
+    if not spec.show:
+        return None, b""
+    target = sys.stdout.buffer if stream == STDOUT else sys.stderr.buffer
+    if spec.tee & stream:
+        return target, spec.prefix.encode()
+    if spec.redirect & stream:
+        return None, b""
+    return target, b""
+
+
+class WorkerGroup:
+    """The workers of one node for one attempt.
+
+    Args:
+        specs: one per local rank.
+        stderr_tail_bytes: how much of each worker's stderr is kept as evidence.
+    """
+
+    def __init__(self, specs: Sequence[WorkerSpec], *, stderr_tail_bytes: int = 64 * 1024) -> None:
+        if not specs:
+            raise DLRoverError("a worker group needs at least one worker")
+        self._specs = list(specs)
+        self._tail_bytes = stderr_tail_bytes
+        self._procs: dict[int, subprocess.Popen[bytes]] = {}
+        self._pumps: dict[int, list[_StreamPump]] = {}
+        self._exits: dict[int, WorkerExit] = {}
+
+    @property
+    def pids(self) -> dict[int, int]:
+        """local rank -> pid of every started worker."""
+        return {rank: proc.pid for rank, proc in self._procs.items()}
+
+    def start(self) -> None:
+        """Start every worker. Call from the agent's long-lived main thread (see `_orphan_guard`)."""
+        if self._procs:
+            raise DLRoverError("this worker group has already started")
+        try:
+            for spec in self._specs:
+                self._start_one(spec)
+        except BaseException:
+            self.stop(grace_s=0.0)
+            raise
+
+    def _start_one(self, spec: WorkerSpec) -> None:
+        guard = [sys.executable, "-m", "dlrover.launcher._orphan_guard", str(os.getpid()), "--", *spec.argv]
+        if spec.log_dir is not None:
+            spec.log_dir.mkdir(parents=True, exist_ok=True)
+        proc = subprocess.Popen(
+            guard,
+            env=dict(spec.env),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+        self._procs[spec.local_rank] = proc
+        pumps = []
+        for stream, pipe, name in ((STDOUT, proc.stdout, "stdout.log"), (STDERR, proc.stderr, "stderr.log")):
+            assert pipe is not None
+            console, prefix = _console_for(spec, stream)
+            log_path = spec.log_dir / name if spec.log_dir is not None else None
+            pumps.append(_StreamPump(pipe, log_path, console, prefix, self._tail_bytes))
+        self._pumps[spec.local_rank] = pumps
+
+    def poll(self) -> dict[int, WorkerExit]:
+        """Exits seen so far, by local rank; workers still running are absent."""
+        for rank, proc in self._procs.items():
+            if rank not in self._exits and proc.poll() is not None:
+                self._exits[rank] = self._exit_of(rank, proc)
+        return dict(self._exits)
+
+    def _exit_of(self, rank: int, proc: subprocess.Popen[bytes]) -> WorkerExit:
+        for pump in self._pumps[rank]:
+            pump.join(timeout_s=2.0)
+        code = proc.returncode
+        signal_name = None
+        if code < 0:
+            try:
+                signal_name = signal.Signals(-code).name
+            except ValueError:
+                signal_name = f"signal {-code}"
+            code = 128 - code
+        return WorkerExit(rank, proc.pid, code, signal_name, self._pumps[rank][1].tail())
+
+    def running(self) -> bool:
+        """Whether any worker is still running."""
+        return len(self.poll()) < len(self._procs)
+
+    def stop(self, grace_s: float) -> dict[int, WorkerExit]:
+        """SIGTERM every worker's process group, SIGKILL what is left after `grace_s`, reap all."""
+        for proc in self._procs.values():
+            if proc.poll() is None:
+                _signal_group(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for proc in self._procs.values():
+            remaining = deadline - time.monotonic()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=max(remaining, 0.0))
+        for proc in self._procs.values():
+            # Kill the group even when the leader has exited: its children may remain.
+            _signal_group(proc.pid, signal.SIGKILL)
+            proc.wait()
+        return self.poll()
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)

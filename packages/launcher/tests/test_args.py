@@ -1,0 +1,121 @@
+from __future__ import annotations
+
+import pytest
+import torch.distributed.run as torchrun
+
+from dlrover.common import ConfigError
+from dlrover.launcher import NodeRange, parse_args, parse_std_streams
+
+
+def test_torchrun_flags_are_accepted_with_torchruns_meaning() -> None:
+    argv = [
+        "--nnodes=1:3",
+        "--nproc_per_node=2",
+        "--rdzv-backend=c10d",
+        "--rdzv_endpoint=127.0.0.1:29400",
+        "--rdzv-id=job7",
+        "--rdzv-conf=timeout=30,read_timeout=5",
+        "--max_restarts=3",
+        "--monitor-interval=0.5",
+        "--log-dir=/tmp/x",
+        "--redirects=3",
+        "--tee=0:1,1:2",
+        "--node-rank=1",
+        "--master-addr=10.0.0.1",
+        "--master-port=1234",
+        "--local-addr=127.0.0.1",
+        "train.py",
+        "--lr",
+        "0.1",
+    ]
+    ours = parse_args(argv)
+    theirs = torchrun.get_args_parser().parse_args(argv)
+    assert str(ours.nodes) == theirs.nnodes
+    assert ours.nproc_per_node == int(theirs.nproc_per_node)
+    assert ours.rdzv_backend == theirs.rdzv_backend
+    assert ours.rdzv_endpoint == theirs.rdzv_endpoint
+    assert ours.rdzv_id == theirs.rdzv_id
+    assert ours.rdzv_conf == (("timeout", "30"), ("read_timeout", "5"))
+    assert ours.max_restarts == int(theirs.max_restarts)
+    assert ours.monitor_interval_s == float(theirs.monitor_interval)
+    assert ours.log_dir == theirs.log_dir
+    assert dict(ours.redirects) == {0: 3, 1: 3}
+    assert dict(ours.tee) == {0: 1, 1: 2}
+    assert ours.node_rank == int(theirs.node_rank)
+    assert (ours.master_addr, ours.master_port) == (theirs.master_addr, int(theirs.master_port))
+    assert ours.entrypoint == theirs.training_script == "train.py"
+    assert list(ours.entrypoint_args) == theirs.training_script_args == ["--lr", "0.1"]
+
+
+def test_worker_commands_follow_torchrun() -> None:
+    assert parse_args(["-m", "pkg.train", "a"]).worker_command("py") == ["py", "-u", "-m", "pkg.train", "a"]
+    assert parse_args(["--no-python", "./run.sh", "a"]).worker_command("py") == ["./run.sh", "a"]
+    assert parse_args(["t.py"]).worker_command("py") == ["py", "-u", "t.py"]
+    run_path = parse_args(["--run-path", "t.py", "x"]).worker_command("py")
+    assert run_path[:3] == ["py", "-u", "-c"]
+    assert run_path[-2:] == ["t.py", "x"]
+
+
+def test_dlrover_flags() -> None:
+    cfg = parse_args(
+        [
+            "--standalone",
+            "--network-check",
+            "--exclude-straggler",
+            "--save-at-breakpoint",
+            "--node-unit=2",
+            "--nnodes=2:4",
+            "--hang-timeout=30",
+            "--token-file=/run/token",
+            "t.py",
+        ]
+    )
+    assert cfg.standalone
+    assert cfg.network_check
+    assert cfg.exclude_straggler
+    assert cfg.save_at_breakpoint
+    assert cfg.node_unit == 2
+    assert cfg.hang_timeout_s == 30.0
+    assert cfg.token_file == "/run/token"
+
+
+def test_environment_defaults_like_torchrun(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PET_NNODES", "2:3")
+    monkeypatch.setenv("PET_STANDALONE", "1")
+    cfg = parse_args(["t.py"])
+    assert cfg.nodes == NodeRange(2, 3)
+    assert cfg.standalone
+
+
+def test_auto_config_uses_visible_accelerators() -> None:
+    assert parse_args(["--auto-config", "t.py"], accelerators=8).nproc_per_node == 8
+    assert parse_args(["--nproc-per-node=auto", "t.py"], accelerators=0).nproc_per_node == 1
+    assert parse_args(["--nproc-per-node=cpu", "t.py"], cpus=6).nproc_per_node == 6
+    with pytest.raises(ConfigError, match="no GPU"):
+        parse_args(["--nproc-per-node=gpu", "t.py"], accelerators=0)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--nnodes=3:2", "t.py"], "3:2"),
+        (["--nnodes=0", "t.py"], "'0'"),
+        (["--nnodes=a:b", "t.py"], "a:b"),
+        (["--nproc-per-node=0", "t.py"], "nproc-per-node"),
+        (["--max-restarts=-1", "t.py"], "max-restarts"),
+        (["-m", "--no-python", "t.py"], "-m and --no-python"),
+        (["--standalone", "--master=h:1", "t.py"], "--master"),
+        (["--nnodes=3", "--node-unit=2", "t.py"], "node-unit"),
+        (["--rdzv-conf=novalue", "t.py"], "novalue"),
+        (["--redirects=7", "t.py"], "'7'"),
+        (["--tee=5:1", "t.py"], "local rank 5"),
+    ],
+)
+def test_bad_flags_are_named(argv: list[str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse_args(argv)
+
+
+def test_std_stream_masks() -> None:
+    assert parse_std_streams("2", 3, "--tee") == {0: 2, 1: 2, 2: 2}
+    assert parse_std_streams("1:3", 3, "--tee") == {0: 0, 1: 3, 2: 0}

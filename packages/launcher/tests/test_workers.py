@@ -1,0 +1,133 @@
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from dlrover.common import DLRoverError
+from dlrover.launcher import WorkerGroup, WorkerSpec
+
+PY = sys.executable
+
+
+def _spec(rank: int, code: str, tmp_path: Path | None = None, **kwargs: object) -> WorkerSpec:
+    log_dir = tmp_path / str(rank) if tmp_path is not None else None
+    return WorkerSpec(
+        local_rank=rank, argv=(PY, "-c", textwrap.dedent(code)), env=dict(os.environ), log_dir=log_dir, **kwargs
+    )  # type: ignore[arg-type]
+
+
+def _wait_until(condition: object, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        time.sleep(0.02)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie still answers kill(0); it is dead for our purposes.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.integration
+def test_exit_codes_signals_and_stderr_tail_are_reported(tmp_path: Path) -> None:
+    group = WorkerGroup(
+        [
+            _spec(0, "print('fine')", tmp_path, redirect=3),
+            _spec(
+                1,
+                "import sys; print('ImportError: no module named x', file=sys.stderr); sys.exit(3)",
+                tmp_path,
+                redirect=3,
+            ),
+            _spec(2, "import os, signal; os.kill(os.getpid(), signal.SIGKILL)", tmp_path, redirect=3),
+        ]
+    )
+    group.start()
+    _wait_until(lambda: not group.running())
+    exits = group.stop(grace_s=1.0)
+    assert exits[0].succeeded
+    assert exits[1].exit_code == 3
+    assert "ImportError" in exits[1].stderr_tail
+    assert exits[2].signal_name == "SIGKILL"
+    assert exits[2].exit_code == 128 + signal.SIGKILL
+    assert (tmp_path / "0" / "stdout.log").read_text() == "fine\n"
+    assert "ImportError" in (tmp_path / "1" / "stderr.log").read_text()
+
+
+@pytest.mark.integration
+def test_stderr_tail_is_bounded(tmp_path: Path) -> None:
+    code = "import sys\nfor i in range(20000): print('line', i, file=sys.stderr)\n"
+    group = WorkerGroup([_spec(0, code, tmp_path, redirect=3)], stderr_tail_bytes=1024)
+    group.start()
+    _wait_until(lambda: not group.running())
+    tail = group.stop(grace_s=1.0)[0].stderr_tail
+    assert len(tail) <= 1024 + 32
+    assert tail.endswith("line 19999\n")
+
+
+@pytest.mark.integration
+def test_stop_terminates_workers_and_their_children(tmp_path: Path) -> None:
+    pid_file = tmp_path / "child.pid"
+    code = f"""
+        import subprocess, sys, time
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        open({str(pid_file)!r}, "w").write(str(child.pid))
+        time.sleep(600)
+    """
+    group = WorkerGroup([_spec(0, code)])
+    group.start()
+    _wait_until(lambda: pid_file.exists() and pid_file.read_text() != "")
+    grandchild = int(pid_file.read_text())
+    worker = group.pids[0]
+    exits = group.stop(grace_s=5.0)
+    assert exits[0].signal_name in ("SIGTERM", "SIGKILL")
+    _wait_until(lambda: not _alive(grandchild) and not _alive(worker))
+
+
+@pytest.mark.integration
+def test_workers_die_with_a_killed_agent(tmp_path: Path) -> None:
+    """SIGKILL of the agent takes its workers with it (parent-death signal)."""
+    pid_file = tmp_path / "worker.pid"
+    agent = textwrap.dedent(
+        f"""
+        import os, sys, time
+        from dlrover.launcher import WorkerGroup, WorkerSpec
+        code = "import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(600)"
+        group = WorkerGroup([WorkerSpec(local_rank=0, argv=(sys.executable, "-c", code), env=dict(os.environ))])
+        group.start()
+        time.sleep(600)
+        """
+    )
+    proc = subprocess.Popen([PY, "-c", agent])
+    try:
+        _wait_until(lambda: pid_file.exists() and pid_file.read_text() != "")
+        worker = int(pid_file.read_text())
+        assert _alive(worker)
+        proc.kill()
+        proc.wait(timeout=30)
+        _wait_until(lambda: not _alive(worker))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_empty_group_is_refused() -> None:
+    with pytest.raises(DLRoverError, match="at least one worker"):
+        WorkerGroup([])
