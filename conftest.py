@@ -7,6 +7,7 @@ Deadlines are off in both: tests never assert on wall time, and this machine has
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 from hypothesis import HealthCheck, settings
@@ -21,3 +22,46 @@ settings.register_profile(
 )
 settings.register_profile("dev", max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "dev"))
+
+
+def _live_children(pid: int) -> list[tuple[int, str]]:
+    """Direct children of `pid` that are still running (zombies excluded), from /proc."""
+    found = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return found
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[-1].split()
+        if len(fields) > 1 and fields[0] != "Z" and int(fields[1]) == pid:
+            found.append((int(entry), cmdline))
+    return found
+
+
+def pytest_sessionfinish(session: object, exitstatus: int) -> None:
+    """Fail the run if any test left a child process behind (and kill it, so CI is not held up)."""
+    import signal
+    import time
+
+    deadline = time.monotonic() + 5.0
+    leftovers = _live_children(os.getpid())
+    while leftovers and time.monotonic() < deadline:
+        time.sleep(0.1)
+        leftovers = _live_children(os.getpid())
+    if not leftovers:
+        return
+    print("\nprocesses left behind by the tests (a leak):")
+    for pid, cmdline in leftovers:
+        print(f"  {pid}: {cmdline[:200]}")
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    session.exitstatus = 1  # type: ignore[attr-defined]
