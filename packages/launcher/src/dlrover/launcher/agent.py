@@ -1,0 +1,223 @@
+"""The per-node elastic agent: rendezvous, start workers, watch them, act, repeat.
+
+The loop only carries out `Step`s decided by `dlrover.launcher.decisions`; everything it needs
+from the job goes through a `ControlPlane`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import attrs
+
+from dlrover.common import Clock, ConfigError, SystemClock
+from dlrover.launcher.control import ControlPlane, FailureReport, Progress, RoundAssignment
+from dlrover.launcher.decisions import Step, StepKind, after_failure, assess_workers, first_failure, on_master_actions
+from dlrover.launcher.env import NODE_ID_ENV_VAR, WorkerIdentity, worker_env
+from dlrover.launcher.workers import WorkerGroup, WorkerSpec
+
+__all__ = ["Agent", "AgentConfig", "AgentResult"]
+
+_log = logging.getLogger(__name__)
+
+
+def _non_negative(_inst: object, attribute: attrs.Attribute[float], value: float) -> None:
+    if value < 0:
+        raise ConfigError(f"{attribute.name} must not be negative, got {value!r}")
+
+
+@attrs.frozen
+class AgentConfig:
+    """How one node's agent runs its workers.
+
+    Attributes:
+        worker_argv: the command of every worker (see `LaunchConfig.worker_command`).
+        nproc_per_node: workers on this node.
+        max_restarts: worker restarts after failures before the node gives up.
+        run_id: the job's run id (TORCHELASTIC_RUN_ID).
+        role: the workers' role name.
+        monitor_interval_s: how often the workers are checked.
+        shutdown_grace_s: how long workers get between SIGTERM and SIGKILL.
+        rendezvous_timeout_s: the longest wait for a round to complete.
+        log_dir: root of the workers' log files; None keeps none.
+        redirects: local rank -> streams written only to files (1 stdout, 2 stderr).
+        tee: local rank -> streams written to files and the console.
+        local_ranks_filter: local ranks whose console output is shown; empty shows all.
+        extra_env: variables added to every worker's environment.
+    """
+
+    worker_argv: tuple[str, ...]
+    nproc_per_node: int = attrs.field(default=1, validator=attrs.validators.ge(1))
+    max_restarts: int = attrs.field(default=0, validator=attrs.validators.ge(0))
+    run_id: str = "none"
+    role: str = "default"
+    monitor_interval_s: float = attrs.field(default=0.1, validator=_non_negative)
+    shutdown_grace_s: float = attrs.field(default=10.0, validator=_non_negative)
+    rendezvous_timeout_s: float = attrs.field(default=600.0, validator=_non_negative)
+    log_dir: Path | None = None
+    redirects: Mapping[int, int] = attrs.field(factory=dict)
+    tee: Mapping[int, int] = attrs.field(factory=dict)
+    local_ranks_filter: tuple[int, ...] = ()
+    extra_env: Mapping[str, str] = attrs.field(factory=dict)
+
+
+@attrs.frozen
+class AgentResult:
+    """How the agent ended.
+
+    Attributes:
+        exit_code: the status `dlrover-run` exits with.
+        reason: why, in a sentence.
+        restarts: worker restarts caused by failures.
+        rounds: rendezvous rounds this node took part in.
+    """
+
+    exit_code: int
+    reason: str
+    restarts: int
+    rounds: int
+
+
+class Agent:
+    """Runs this node's workers for the whole job.
+
+    Args:
+        config: what to run and how.
+        control: the master, as seen from this node.
+        clock: time source for intervals.
+        environ: the environment workers inherit.
+        progress: reads this node's training progress for heartbeats.
+    """
+
+    def __init__(
+        self,
+        config: AgentConfig,
+        control: ControlPlane,
+        *,
+        clock: Clock | None = None,
+        environ: Mapping[str, str] | None = None,
+        progress: Callable[[], Progress] | None = None,
+    ) -> None:
+        self._config = config
+        self._control = control
+        self._clock = clock or SystemClock()
+        self._environ = dict(os.environ if environ is None else environ)
+        self._progress = progress or Progress
+        self._stop_requested = threading.Event()
+        self._stop_reason = ""
+        self._node_id = ""
+        self._heartbeat_interval_s = 2.0
+
+    def request_stop(self, reason: str) -> None:
+        """Ask the loop to stop its workers and exit (safe from a signal handler)."""
+        self._stop_reason = reason
+        self._stop_requested.set()
+
+    def run(self) -> AgentResult:
+        """Run until the workers succeed, the job stops, or this node gives up."""
+        registration = self._control.register(self._config.nproc_per_node)
+        self._node_id = registration.node_id
+        self._heartbeat_interval_s = registration.heartbeat_interval_s
+        restarts = rounds = 0
+        while True:
+            if self._stop_requested.is_set():
+                return AgentResult(128 + 15, self._stop_reason, restarts, rounds)
+            assignment = self._control.next_round(self._config.rendezvous_timeout_s)
+            rounds += 1
+            _log.info(
+                "round %d: node rank %d of %d, store at %s:%d",
+                assignment.round,
+                assignment.group_rank,
+                assignment.group_world_size,
+                assignment.master_addr,
+                assignment.master_port,
+            )
+            group = WorkerGroup(self._specs(assignment, restarts))
+            group.start()
+            try:
+                step = self._watch(group, restarts)
+            finally:
+                if group.running():
+                    group.stop(self._config.shutdown_grace_s)
+            _log.info("%s: %s", step.kind.value, step.reason)
+            if step.kind is StepKind.SUCCEED:
+                self._control.report_success()
+                return AgentResult(0, step.reason, restarts, rounds)
+            if step.kind is StepKind.EXIT:
+                self._control.leave()
+                return AgentResult(step.exit_code, step.reason, restarts, rounds)
+            if step.counts_as_restart:
+                restarts += 1
+
+    def _watch(self, group: WorkerGroup, restarts: int) -> Step:
+        next_heartbeat = self._clock.now()
+        while True:
+            if self._stop_requested.is_set():
+                return Step(StepKind.EXIT, self._stop_reason or "stop requested", exit_code=128 + 15)
+            nodes_waiting = 0
+            if self._clock.now() >= next_heartbeat:
+                next_heartbeat = self._clock.now() + self._heartbeat_interval_s
+                step = on_master_actions(self._control.heartbeat(self._progress()))
+                if step.kind is not StepKind.CONTINUE:
+                    return step
+                nodes_waiting = self._control.nodes_waiting()
+            exits = group.poll()
+            step = assess_workers(exits, self._config.nproc_per_node, nodes_waiting)
+            if step.kind is StepKind.REPORT_FAILURE:
+                failed = first_failure(exits)
+                assert failed is not None
+                report = FailureReport(
+                    failed.local_rank, failed.exit_code, failed.signal_name, failed.stderr_tail, restarts
+                )
+                decision, reason = self._control.report_failure(report)
+                return after_failure(report, decision, reason, self._config.max_restarts)
+            if step.kind is not StepKind.CONTINUE:
+                return step
+            self._stop_requested.wait(self._config.monitor_interval_s)
+
+    def _specs(self, assignment: RoundAssignment, restarts: int) -> list[WorkerSpec]:
+        cfg = self._config
+        nproc = cfg.nproc_per_node
+        world_size = assignment.group_world_size * nproc
+        attempt_dir = cfg.log_dir / cfg.run_id / f"attempt_{restarts}" if cfg.log_dir is not None else None
+        specs = []
+        for local_rank in range(nproc):
+            rank = assignment.group_rank * nproc + local_rank
+            identity = WorkerIdentity(
+                rank=rank,
+                local_rank=local_rank,
+                world_size=world_size,
+                local_world_size=nproc,
+                group_rank=assignment.group_rank,
+                group_world_size=assignment.group_world_size,
+                role_rank=rank,
+                role_world_size=world_size,
+                role_name=cfg.role,
+            )
+            env = worker_env(
+                self._environ,
+                identity,
+                master_addr=assignment.master_addr,
+                master_port=assignment.master_port,
+                run_id=cfg.run_id,
+                restart_count=restarts,
+                max_restarts=cfg.max_restarts,
+                extra={NODE_ID_ENV_VAR: self._node_id, **cfg.extra_env},
+            )
+            specs.append(
+                WorkerSpec(
+                    local_rank=local_rank,
+                    argv=cfg.worker_argv,
+                    env=env,
+                    log_dir=attempt_dir / str(local_rank) if attempt_dir is not None else None,
+                    redirect=cfg.redirects.get(local_rank, 0),
+                    tee=cfg.tee.get(local_rank, 0),
+                    show=not cfg.local_ranks_filter or local_rank in cfg.local_ranks_filter,
+                    prefix=f"[{cfg.role}{rank}]:",
+                )
+            )
+        return specs

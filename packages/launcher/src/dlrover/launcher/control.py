@@ -1,0 +1,136 @@
+"""What the agent needs from the job's control plane (the master and its rendezvous).
+
+The agent talks to the master only through `ControlPlane`, so its loop is tested against the
+in-memory `FakeControlPlane` and runs for real over gRPC through an adapter; both pass the same
+contract.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from typing import Protocol
+
+import attrs
+
+__all__ = [
+    "AgentAction",
+    "ControlPlane",
+    "FailureDecision",
+    "FailureReport",
+    "NodeRegistration",
+    "Progress",
+    "RoundAssignment",
+]
+
+
+@attrs.frozen
+class NodeRegistration:
+    """What the master told a registering agent.
+
+    Attributes:
+        node_id: the node's id in the job.
+        heartbeat_interval_s: how often to heartbeat.
+    """
+
+    node_id: str
+    heartbeat_interval_s: float
+
+
+@attrs.frozen
+class RoundAssignment:
+    """A completed rendezvous round as one node sees it.
+
+    Attributes:
+        round: the round number; rounds only increase.
+        group_rank: this node's rank among nodes.
+        group_world_size: nodes in the round.
+        master_addr: where rank 0's torch.distributed store listens.
+        master_port: its port.
+    """
+
+    round: int
+    group_rank: int
+    group_world_size: int
+    master_addr: str
+    master_port: int
+
+
+@attrs.frozen
+class Progress:
+    """Training progress of one node, carried by heartbeats.
+
+    Attributes:
+        step: newest finished step, -1 before the first.
+        samples: samples consumed so far.
+    """
+
+    step: int = -1
+    samples: int = 0
+
+
+class AgentAction(enum.Enum):
+    """What the master can ask of an agent."""
+
+    RESTART_WORKERS = "restart_workers"
+    STOP_NODE = "stop_node"
+
+
+@attrs.frozen
+class FailureReport:
+    """A worker failure as the agent saw it.
+
+    Attributes:
+        local_rank: the worker that failed first.
+        exit_code: its exit status (128 + N for signal N).
+        signal_name: the signal that ended it, if any.
+        evidence: the tail of its stderr.
+        restart_count: restarts of this node's workers so far.
+    """
+
+    local_rank: int
+    exit_code: int
+    signal_name: str | None
+    evidence: str
+    restart_count: int
+
+
+class FailureDecision(enum.Enum):
+    """The master's answer to a failure report."""
+
+    RESTART_WORKERS = "restart_processes"
+    RELAUNCH_NODE = "relaunch_node"
+    REMOVE_NODE = "remove_node"
+    STOP_JOB = "stop_job"
+
+
+class ControlPlane(Protocol):
+    """The master, as one node's agent uses it. Implementations raise `DLRoverError` subclasses."""
+
+    def register(self, local_world_size: int) -> NodeRegistration:
+        """Join the job; idempotent for the same agent."""
+        ...
+
+    def next_round(self, timeout_s: float) -> RoundAssignment:
+        """Join the next rendezvous round and block until it completes (or raise on timeout)."""
+        ...
+
+    def nodes_waiting(self) -> int:
+        """Nodes waiting to join: when positive, the running round should be replaced."""
+        ...
+
+    def heartbeat(self, progress: Progress) -> Sequence[tuple[AgentAction, str]]:
+        """Report liveness and progress; returns the actions the master wants, with reasons."""
+        ...
+
+    def report_failure(self, report: FailureReport) -> tuple[FailureDecision, str]:
+        """Report a failure; returns what to do, and why."""
+        ...
+
+    def report_success(self) -> None:
+        """Report that every worker of this node finished successfully."""
+        ...
+
+    def leave(self) -> None:
+        """Leave the rendezvous (the node is going away)."""
+        ...

@@ -1,0 +1,107 @@
+"""The agent's decisions, as pure functions of what it observed: no processes, no clock, no I/O.
+
+Each returns a `Step` saying what to do and a sentence saying why; the agent loop only carries
+steps out. That keeps the interesting logic (when to restart, when a restart counts against
+`--max-restarts`, when to give up) testable exhaustively.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+
+import attrs
+
+from dlrover.launcher.control import AgentAction, FailureDecision, FailureReport
+from dlrover.launcher.workers import WorkerExit
+
+__all__ = ["Step", "StepKind", "after_failure", "assess_workers", "first_failure", "on_master_actions"]
+
+
+class StepKind(enum.Enum):
+    """What the agent does next."""
+
+    CONTINUE = "continue"
+    REPORT_FAILURE = "report_failure"
+    RESTART = "restart"
+    SUCCEED = "succeed"
+    EXIT = "exit"
+
+
+@attrs.frozen
+class Step:
+    """One decision.
+
+    Attributes:
+        kind: what to do.
+        reason: why, in a sentence a person can act on.
+        counts_as_restart: for RESTART, whether it uses up one of `--max-restarts` (a failure
+            does; a membership change does not, as in torchrun).
+        exit_code: for EXIT, the agent's exit status.
+    """
+
+    kind: StepKind
+    reason: str
+    counts_as_restart: bool = False
+    exit_code: int = 0
+
+
+def first_failure(exits: Mapping[int, WorkerExit]) -> WorkerExit | None:
+    """The failed worker to report: the lowest local rank among those that failed."""
+    failed = [e for e in exits.values() if not e.succeeded]
+    return min(failed, key=lambda e: e.local_rank) if failed else None
+
+
+def assess_workers(exits: Mapping[int, WorkerExit], num_workers: int, nodes_waiting: int) -> Step:
+    """Decide from the workers' exits and the rendezvous.
+
+    Args:
+        exits: workers that have exited, by local rank.
+        num_workers: workers started on this node.
+        nodes_waiting: nodes waiting to join the next round.
+    """
+    failed = first_failure(exits)
+    if failed is not None:
+        how = f"signal {failed.signal_name}" if failed.signal_name else f"exit code {failed.exit_code}"
+        return Step(StepKind.REPORT_FAILURE, f"local rank {failed.local_rank} failed with {how}")
+    if len(exits) == num_workers:
+        return Step(StepKind.SUCCEED, f"all {num_workers} workers finished successfully")
+    if nodes_waiting > 0:
+        return Step(StepKind.RESTART, f"{nodes_waiting} node(s) waiting to join: starting a new round")
+    return Step(StepKind.CONTINUE, "workers running")
+
+
+def after_failure(report: FailureReport, decision: FailureDecision, master_reason: str, max_restarts: int) -> Step:
+    """Decide what to do after the master answered a failure report.
+
+    The master decides for the job (a user code error stops it; a bad host relaunches the node);
+    `--max-restarts` still bounds this node's worker restarts, as with torchrun.
+    """
+    if decision is FailureDecision.STOP_JOB:
+        return Step(StepKind.EXIT, f"the master stopped the job: {master_reason}", exit_code=1)
+    if decision in (FailureDecision.RELAUNCH_NODE, FailureDecision.REMOVE_NODE):
+        verb = "relaunches" if decision is FailureDecision.RELAUNCH_NODE else "removes"
+        return Step(StepKind.EXIT, f"the master {verb} this node: {master_reason}", exit_code=1)
+    if report.restart_count >= max_restarts:
+        return Step(
+            StepKind.EXIT,
+            f"workers failed and all {max_restarts} restart(s) are used up "
+            f"(local rank {report.local_rank}, exit code {report.exit_code})",
+            exit_code=1,
+        )
+    return Step(
+        StepKind.RESTART,
+        f"restart {report.restart_count + 1} of {max_restarts}: {master_reason}",
+        counts_as_restart=True,
+    )
+
+
+def on_master_actions(actions: Sequence[tuple[AgentAction, str]]) -> Step:
+    """Decide from actions the master sent with a heartbeat; stopping wins over restarting."""
+    for action, reason in actions:
+        if action is AgentAction.STOP_NODE:
+            return Step(StepKind.EXIT, f"the master stopped this node: {reason}", exit_code=1)
+    for action, reason in actions:
+        if action is AgentAction.RESTART_WORKERS:
+            return Step(StepKind.RESTART, f"the master asked for a restart: {reason}")
+    return Step(StepKind.CONTINUE, "no action")

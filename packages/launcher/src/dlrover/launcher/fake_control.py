@@ -1,0 +1,93 @@
+"""An in-memory `ControlPlane` for tests: one node, scripted answers, everything recorded."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Callable, Sequence
+
+from dlrover.launcher.control import (
+    AgentAction,
+    FailureDecision,
+    FailureReport,
+    NodeRegistration,
+    Progress,
+    RoundAssignment,
+)
+
+__all__ = ["FakeControlPlane", "free_port"]
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago (the usual small race applies)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+class FakeControlPlane:
+    """A master for a single-node job, whose answers a test scripts.
+
+    Args:
+        failure_decisions: answers to successive failure reports; the last one repeats.
+        nodes_waiting: answers to successive `nodes_waiting` calls (0 once used up), or a
+            function that answers each call.
+        actions: actions returned by successive heartbeats; none once used up.
+        heartbeat_interval_s: the interval handed out at registration.
+    """
+
+    def __init__(
+        self,
+        *,
+        failure_decisions: Sequence[tuple[FailureDecision, str]] = ((FailureDecision.RESTART_WORKERS, "transient"),),
+        nodes_waiting: Sequence[int] | Callable[[], int] = (),
+        actions: Sequence[Sequence[tuple[AgentAction, str]]] = (),
+        heartbeat_interval_s: float = 0.05,
+    ) -> None:
+        self._lock = threading.Lock()
+        self._decisions = list(failure_decisions)
+        self._waiting_fn = nodes_waiting if callable(nodes_waiting) else None
+        self._waiting = [] if callable(nodes_waiting) else list(nodes_waiting)
+        self._actions = [list(a) for a in actions]
+        self._interval = heartbeat_interval_s
+        self.registrations: list[int] = []
+        self.rounds: list[RoundAssignment] = []
+        self.failures: list[FailureReport] = []
+        self.heartbeats: list[Progress] = []
+        self.successes = 0
+        self.left = 0
+
+    def register(self, local_world_size: int) -> NodeRegistration:
+        with self._lock:
+            self.registrations.append(local_world_size)
+            return NodeRegistration(node_id="node-0", heartbeat_interval_s=self._interval)
+
+    def next_round(self, timeout_s: float) -> RoundAssignment:
+        with self._lock:
+            assignment = RoundAssignment(len(self.rounds) + 1, 0, 1, "127.0.0.1", free_port())
+            self.rounds.append(assignment)
+            return assignment
+
+    def nodes_waiting(self) -> int:
+        if self._waiting_fn is not None:
+            return self._waiting_fn()
+        with self._lock:
+            return self._waiting.pop(0) if self._waiting else 0
+
+    def heartbeat(self, progress: Progress) -> Sequence[tuple[AgentAction, str]]:
+        with self._lock:
+            self.heartbeats.append(progress)
+            return self._actions.pop(0) if self._actions else []
+
+    def report_failure(self, report: FailureReport) -> tuple[FailureDecision, str]:
+        with self._lock:
+            self.failures.append(report)
+            return self._decisions.pop(0) if len(self._decisions) > 1 else self._decisions[0]
+
+    def report_success(self) -> None:
+        with self._lock:
+            self.successes += 1
+
+    def leave(self) -> None:
+        with self._lock:
+            self.left += 1

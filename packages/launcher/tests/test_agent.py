@@ -1,0 +1,174 @@
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import pytest
+
+from dlrover.launcher.agent import Agent, AgentConfig
+from dlrover.launcher.control import AgentAction, FailureDecision
+from dlrover.launcher.fake_control import FakeControlPlane
+
+WORKER = textwrap.dedent(
+    """
+    import json, os, sys, time
+    out, mode = sys.argv[1], sys.argv[2]
+    rank = int(os.environ["RANK"])
+    attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+    keys = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+            "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
+            "TORCHELASTIC_RUN_ID", "DLROVER_NODE_ID"]
+    record = {k: os.environ.get(k) for k in keys}
+    if mode == "gloo":
+        import torch, torch.distributed as dist
+        dist.init_process_group("gloo")
+        t = torch.tensor([rank + 1.0])
+        dist.all_reduce(t)
+        record["sum"] = t.item()
+        dist.destroy_process_group()
+    with open(os.path.join(out, f"rank{rank}_attempt{attempt}_pid{os.getpid()}.json"), "w") as f:
+        json.dump(record, f)
+    if mode == "fail_first" and attempt == 0 and rank == 1:
+        print("RuntimeError: injected failure", file=sys.stderr)
+        sys.exit(7)
+    if mode == "always_fail" and rank == 0:
+        sys.exit(3)
+    if mode == "sleep":
+        time.sleep(600)
+    """
+)
+
+
+def _agent(tmp_path: Path, mode: str, control: FakeControlPlane, **kwargs: object) -> Agent:
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    out = tmp_path / "out"
+    out.mkdir(exist_ok=True)
+    defaults: dict[str, object] = {
+        "worker_argv": (sys.executable, str(script), str(out), mode),
+        "nproc_per_node": 2,
+        "run_id": "job1",
+        "monitor_interval_s": 0.05,
+        "shutdown_grace_s": 5.0,
+        "log_dir": tmp_path / "logs",
+        "redirects": {0: 3, 1: 3},
+    }
+    defaults.update(kwargs)
+    return Agent(AgentConfig(**defaults), control)  # type: ignore[arg-type]
+
+
+def _records(tmp_path: Path) -> dict[str, dict[str, object]]:
+    return {p.stem.rsplit("_pid", 1)[0]: json.loads(p.read_text()) for p in (tmp_path / "out").glob("*.json")}
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(180)
+def test_workers_get_torchruns_environment_and_run_a_gloo_all_reduce(tmp_path: Path) -> None:
+    control = FakeControlPlane()
+    result = _agent(tmp_path, "gloo", control).run()
+    assert result.exit_code == 0, result.reason
+    records = _records(tmp_path)
+    assert set(records) == {"rank0_attempt0", "rank1_attempt0"}
+    for rank in (0, 1):
+        env = records[f"rank{rank}_attempt0"]
+        assert env["RANK"] == env["LOCAL_RANK"] == str(rank)
+        assert env["WORLD_SIZE"] == env["LOCAL_WORLD_SIZE"] == "2"
+        assert env["GROUP_RANK"] == "0"
+        assert env["TORCHELASTIC_RUN_ID"] == "job1"
+        assert env["DLROVER_NODE_ID"] == "node-0"
+        assert env["sum"] == 3.0
+    assert control.successes == 1
+    assert (tmp_path / "logs" / "job1" / "attempt_0" / "0" / "stdout.log").exists()
+
+
+@pytest.mark.integration
+def test_a_failed_worker_is_reported_with_evidence_and_restarted(tmp_path: Path) -> None:
+    control = FakeControlPlane()
+    result = _agent(tmp_path, "fail_first", control, max_restarts=2).run()
+    assert result.exit_code == 0, result.reason
+    assert result.restarts == 1
+    assert len(control.failures) == 1
+    report = control.failures[0]
+    assert report.local_rank == 1
+    assert report.exit_code == 7
+    assert "injected failure" in report.evidence
+    records = _records(tmp_path)
+    assert {"rank0_attempt1", "rank1_attempt1"} <= set(records)
+    assert records["rank1_attempt1"]["TORCHELASTIC_RESTART_COUNT"] == "1"
+
+
+@pytest.mark.integration
+def test_restarts_are_bounded(tmp_path: Path) -> None:
+    control = FakeControlPlane()
+    result = _agent(tmp_path, "always_fail", control, max_restarts=1).run()
+    assert result.exit_code == 1
+    assert result.restarts == 1
+    assert len(control.failures) == 2
+    assert "restart" in result.reason
+    assert control.left == 1
+
+
+@pytest.mark.integration
+def test_the_master_can_stop_the_job_after_one_attempt(tmp_path: Path) -> None:
+    control = FakeControlPlane(failure_decisions=[(FailureDecision.STOP_JOB, "user code error: ImportError")])
+    result = _agent(tmp_path, "always_fail", control, max_restarts=5).run()
+    assert result.exit_code == 1
+    assert result.restarts == 0
+    assert "ImportError" in result.reason
+
+
+@pytest.mark.integration
+def test_membership_change_starts_a_new_round_without_using_a_restart(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    announced: list[bool] = []
+
+    def nodes_waiting() -> int:
+        # One node "arrives" once both workers of the first round are up.
+        if not announced and len(list(out.glob("*_attempt0_pid*.json"))) == 2:
+            announced.append(True)
+            return 1
+        return 0
+
+    control = FakeControlPlane(nodes_waiting=nodes_waiting)
+    # A sleeping worker never finishes, so the test stops the agent once the second round started.
+    agent = _agent(tmp_path, "sleep", control, max_restarts=0, shutdown_grace_s=1.0)
+    outcome: list[object] = []
+    thread = threading.Thread(target=lambda: outcome.append(agent.run()))
+    thread.start()
+    try:
+        _wait_for(lambda: len(list((tmp_path / "out").glob("*_attempt0_pid*.json"))) == 4)
+    finally:
+        agent.request_stop("test over")
+        thread.join(60)
+    assert not thread.is_alive()
+    assert len(control.rounds) == 2
+    assert outcome[0].restarts == 0  # type: ignore[attr-defined]
+    assert outcome[0].exit_code == 143  # type: ignore[attr-defined]
+
+
+@pytest.mark.integration
+def test_master_stop_action_stops_the_workers(tmp_path: Path) -> None:
+    control = FakeControlPlane(actions=[[], [(AgentAction.STOP_NODE, "job stopped by a person")]])
+    result = _agent(tmp_path, "sleep", control, shutdown_grace_s=1.0).run()
+    assert result.exit_code == 1
+    assert "job stopped by a person" in result.reason
+
+
+def _wait_for(condition: object, timeout_s: float = 60.0) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not condition():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        time.sleep(0.05)
+
+
+def test_config_rejects_nonsense() -> None:
+    with pytest.raises(ValueError, match="nproc_per_node"):
+        AgentConfig(worker_argv=("x",), nproc_per_node=0)
+    with pytest.raises(ValueError, match="monitor_interval_s"):
+        AgentConfig(worker_argv=("x",), monitor_interval_s=-1)

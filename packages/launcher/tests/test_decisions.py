@@ -1,0 +1,72 @@
+from __future__ import annotations
+
+import pytest
+
+from dlrover.launcher.control import AgentAction, FailureDecision, FailureReport
+from dlrover.launcher.decisions import StepKind, after_failure, assess_workers, first_failure, on_master_actions
+from dlrover.launcher.workers import WorkerExit
+
+
+def _exit(rank: int, code: int, sig: str | None = None) -> WorkerExit:
+    return WorkerExit(rank, 1000 + rank, code, sig, "")
+
+
+def test_running_workers_continue() -> None:
+    assert assess_workers({}, 2, 0).kind is StepKind.CONTINUE
+    assert assess_workers({0: _exit(0, 0)}, 2, 0).kind is StepKind.CONTINUE
+
+
+def test_all_workers_done_is_success() -> None:
+    step = assess_workers({0: _exit(0, 0), 1: _exit(1, 0)}, 2, 0)
+    assert step.kind is StepKind.SUCCEED
+
+
+def test_any_failure_is_reported_naming_the_lowest_failed_rank() -> None:
+    exits = {0: _exit(0, 0), 2: _exit(2, 137, "SIGKILL"), 1: _exit(1, 1)}
+    step = assess_workers(exits, 3, 5)
+    assert step.kind is StepKind.REPORT_FAILURE
+    assert "local rank 1" in step.reason
+    failed = first_failure(exits)
+    assert failed is not None
+    assert failed.local_rank == 1
+
+
+def test_waiting_nodes_start_a_new_round_without_using_a_restart() -> None:
+    step = assess_workers({}, 2, 1)
+    assert step.kind is StepKind.RESTART
+    assert not step.counts_as_restart
+
+
+@pytest.mark.parametrize(
+    ("decision", "restart_count", "max_restarts", "kind", "counts"),
+    [
+        (FailureDecision.RESTART_WORKERS, 0, 3, StepKind.RESTART, True),
+        (FailureDecision.RESTART_WORKERS, 2, 3, StepKind.RESTART, True),
+        (FailureDecision.RESTART_WORKERS, 3, 3, StepKind.EXIT, False),
+        (FailureDecision.RESTART_WORKERS, 0, 0, StepKind.EXIT, False),
+        (FailureDecision.STOP_JOB, 0, 3, StepKind.EXIT, False),
+        (FailureDecision.RELAUNCH_NODE, 0, 3, StepKind.EXIT, False),
+        (FailureDecision.REMOVE_NODE, 0, 3, StepKind.EXIT, False),
+    ],
+)
+def test_after_failure(
+    decision: FailureDecision, restart_count: int, max_restarts: int, kind: StepKind, counts: bool
+) -> None:
+    report = FailureReport(0, 1, None, "boom", restart_count)
+    step = after_failure(report, decision, "because", max_restarts)
+    assert step.kind is kind
+    assert step.counts_as_restart is counts
+    if kind is StepKind.EXIT:
+        assert step.exit_code != 0
+
+
+def test_stop_job_reason_carries_the_masters_reason() -> None:
+    step = after_failure(FailureReport(0, 1, None, "", 0), FailureDecision.STOP_JOB, "ImportError in user code", 5)
+    assert "ImportError in user code" in step.reason
+
+
+def test_stop_wins_over_restart() -> None:
+    actions = [(AgentAction.RESTART_WORKERS, "peer failed"), (AgentAction.STOP_NODE, "job stopped")]
+    assert on_master_actions(actions).kind is StepKind.EXIT
+    assert on_master_actions(actions[:1]).kind is StepKind.RESTART
+    assert on_master_actions([]).kind is StepKind.CONTINUE
