@@ -1,7 +1,124 @@
-"""dlrover.diagnosis.
+"""dlrover.diagnosis: know why a job failed, find hung, slow and faulty nodes, and pick the action.
 
-Failure evidence, classifier, hang and straggler detectors, node health probes and the action
-policy.
+* Evidence (`Evidence`, `read_log_tail`, `extract_tracebacks`, `ExitInfo`, `StepReport`, ...):
+  frozen values; the log reader never reads more than a configured tail.
+* Classifier (`classify`, `RuleRegistry`, `Rule`): evidence to a `FailureKind` with a
+  confidence, the deciding lines and a reason; third parties add rules through the
+  ``dlrover.diagnosis.rules`` entry-point group.
+* Action policy (`ActionPolicy`, `PolicyConfig`): kind to `ActionKind`, with budgets and escalation.
+* Detectors (`HangDetector`, `StragglerDetector`): pure, ``now`` passed in.
+* Node health (`run_paired_probe`, `assess_probes`) and stack dumps (`request_stack_dump`).
 """
 
-__all__: list[str] = []
+from dlrover.diagnosis.classifier import KIND_PRECEDENCE, Diagnosis, RuleMatch, classify
+from dlrover.diagnosis.detectors import (
+    HangConfig,
+    HangDetector,
+    StragglerConfig,
+    StragglerDetector,
+    StragglerReport,
+)
+from dlrover.diagnosis.errors import DiagnosisError, ProbeError, RulePluginError
+from dlrover.diagnosis.evidence import (
+    DEFAULT_PHASE,
+    Evidence,
+    GpuSample,
+    HangReport,
+    LossSample,
+    ProbeResult,
+    ResourceSample,
+    StepReport,
+)
+from dlrover.diagnosis.exitinfo import ExitInfo
+from dlrover.diagnosis.kinds import TRANSIENT_KINDS, ActionKind, FailureKind
+from dlrover.diagnosis.logtail import LogTail, TailConfig, read_log_tail, read_tail_from_stream, tail_from_bytes
+from dlrover.diagnosis.policy import DEFAULT_LADDERS, ActionPolicy, Decision, LadderStep, PolicyConfig
+from dlrover.diagnosis.probe import (
+    ProbeAssessment,
+    ProbeConfig,
+    assess_probes,
+    pick_backend,
+    run_paired_probe,
+    run_probe,
+)
+from dlrover.diagnosis.registry import ENTRY_POINT_GROUP, RuleRegistry
+from dlrover.diagnosis.resources import PsutilSampler, ResourceSampler, StaticSampler, sample_gpus
+from dlrover.diagnosis.rules import ExceptionRule, FunctionRule, LogPatternRule, Rule, builtin_rules, validate_rule
+from dlrover.diagnosis.stackdump import (
+    DEFAULT_DUMP_SIGNAL,
+    StackDump,
+    StackDumpHandler,
+    install_stack_dump_handler,
+    request_stack_dump,
+)
+from dlrover.diagnosis.tracebacks import PythonTraceback, extract_tracebacks, strip_rank_prefix
+
+__all__ = [
+    # kinds
+    "ActionKind",
+    "FailureKind",
+    "TRANSIENT_KINDS",
+    # evidence
+    "DEFAULT_PHASE",
+    "Evidence",
+    "ExitInfo",
+    "GpuSample",
+    "HangReport",
+    "LogTail",
+    "LossSample",
+    "ProbeResult",
+    "PythonTraceback",
+    "ResourceSample",
+    "StepReport",
+    "TailConfig",
+    "extract_tracebacks",
+    "read_log_tail",
+    "read_tail_from_stream",
+    "strip_rank_prefix",
+    "tail_from_bytes",
+    # classifier
+    "Diagnosis",
+    "ENTRY_POINT_GROUP",
+    "ExceptionRule",
+    "FunctionRule",
+    "KIND_PRECEDENCE",
+    "LogPatternRule",
+    "Rule",
+    "RuleMatch",
+    "RuleRegistry",
+    "builtin_rules",
+    "classify",
+    "validate_rule",
+    # policy
+    "ActionPolicy",
+    "DEFAULT_LADDERS",
+    "Decision",
+    "LadderStep",
+    "PolicyConfig",
+    # detectors
+    "HangConfig",
+    "HangDetector",
+    "StragglerConfig",
+    "StragglerDetector",
+    "StragglerReport",
+    # resources, probes, stack dumps
+    "DEFAULT_DUMP_SIGNAL",
+    "ProbeAssessment",
+    "ProbeConfig",
+    "PsutilSampler",
+    "ResourceSampler",
+    "StackDump",
+    "StackDumpHandler",
+    "StaticSampler",
+    "assess_probes",
+    "install_stack_dump_handler",
+    "pick_backend",
+    "request_stack_dump",
+    "run_paired_probe",
+    "run_probe",
+    "sample_gpus",
+    # errors
+    "DiagnosisError",
+    "ProbeError",
+    "RulePluginError",
+]

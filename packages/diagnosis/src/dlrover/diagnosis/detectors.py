@@ -1,0 +1,264 @@
+"""Hang and straggler detection from step progress. Pure: time comes in as ``now``.
+
+Hang: a rank is stalled when it made no progress for longer than its window:
+
+* in a named phase other than ``train`` (``checkpoint``, ``eval``): that phase's allowance;
+* during its first `warmup_steps` steps, or while too few step durations are known:
+  `first_steps_allowance_s`;
+* otherwise ``max(floor_s, k x median step time)``.
+
+So a 1 s-per-step job with k=5 and a 10 s floor is found hung 10 s after it stops, not after
+minutes, while a 3-minute first step or a 5-minute checkpoint raises nothing.
+
+Straggler: a rank whose median step time over its last `window_steps` steps (or its current
+unfinished step, if already longer) exceeds ``k x`` the median of the other ranks' medians.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import types
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+
+import attrs
+
+from dlrover.common import ConfigError
+from dlrover.diagnosis.evidence import DEFAULT_PHASE, HangReport, StepReport
+from dlrover.diagnosis.timeline import RankProgress, StepTimeline
+
+__all__ = ["HangConfig", "HangDetector", "StragglerConfig", "StragglerDetector", "StragglerReport"]
+
+
+def _positive_float(_inst: object, attribute: attrs.Attribute[float], value: float) -> None:
+    if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value) or value <= 0:
+        raise ConfigError(f"{attribute.name} must be a finite number > 0, got {value!r}")
+
+
+def _int_at_least(low: int) -> Callable[[object, attrs.Attribute[int], int], None]:
+    def check(_inst: object, attribute: attrs.Attribute[int], value: int) -> None:
+        if not isinstance(value, int) or isinstance(value, bool) or value < low:
+            raise ConfigError(f"{attribute.name} must be an integer >= {low}, got {value!r}")
+
+    return check
+
+
+def _phase_allowances(value: Mapping[str, float]) -> Mapping[str, float]:
+    out: dict[str, float] = {}
+    for phase, seconds in dict(value).items():
+        if not isinstance(phase, str) or not phase or phase == DEFAULT_PHASE:
+            raise ConfigError(f"phase allowances need non-empty phase names other than 'train', got {phase!r}")
+        if not isinstance(seconds, int | float) or not math.isfinite(seconds) or seconds <= 0:
+            raise ConfigError(f"allowance of phase {phase!r} must be a finite number > 0, got {seconds!r}")
+        out[phase] = float(seconds)
+    return types.MappingProxyType(out)
+
+
+_DEFAULT_PHASES = types.MappingProxyType({"checkpoint": 600.0, "eval": 1800.0})
+
+
+@attrs.frozen
+class HangConfig:
+    """Settings of the hang detector.
+
+    Attributes:
+        k: the window is k times the median step time (default 5).
+        floor_s: the window is never shorter than this (default 30 s).
+        warmup_steps: steps per rank judged by `first_steps_allowance_s` (default 2).
+        first_steps_allowance_s: the window for the first steps, which compile and warm caches
+            (default 600 s).
+        min_step_samples: clean step durations needed before the adaptive window is used (default 3).
+        phase_allowance_s: per named phase, its window (defaults: checkpoint 600 s, eval 1800 s).
+        default_phase_allowance_s: the window of a phase not listed (default 600 s).
+        history_steps: clean durations kept per rank for the median (default 32).
+    """
+
+    k: float = attrs.field(default=5.0, validator=_positive_float)
+    floor_s: float = attrs.field(default=30.0, validator=_positive_float)
+    warmup_steps: int = attrs.field(default=2, validator=_int_at_least(0))
+    first_steps_allowance_s: float = attrs.field(default=600.0, validator=_positive_float)
+    min_step_samples: int = attrs.field(default=3, validator=_int_at_least(1))
+    phase_allowance_s: Mapping[str, float] = attrs.field(default=_DEFAULT_PHASES, converter=_phase_allowances, eq=False)
+    default_phase_allowance_s: float = attrs.field(default=600.0, validator=_positive_float)
+    history_steps: int = attrs.field(default=32, validator=_int_at_least(1))
+
+
+class HangDetector:
+    """Finds ranks that stopped making step progress.
+
+    Args:
+        config: windows and allowances; `HangConfig()` when omitted.
+    """
+
+    def __init__(self, config: HangConfig | None = None) -> None:
+        self._config = config or HangConfig()
+        self._timeline = StepTimeline(self._config.history_steps, self._config.warmup_steps)
+
+    @property
+    def config(self) -> HangConfig:
+        """The settings in use."""
+        return self._config
+
+    def start(self, ranks: Iterable[int], now: float) -> None:
+        """Expect `ranks` from `now`, so a rank that never reports its first step is caught too."""
+        self._timeline.start(tuple(ranks), now)
+
+    def observe(self, report: StepReport) -> None:
+        """Record a step report.
+
+        Raises:
+            ConfigError: if it is older than the rank's previous report (nothing changes).
+        """
+        self._timeline.observe(report)
+
+    def forget(self, rank: int) -> None:
+        """Stop watching `rank`."""
+        self._timeline.forget(rank)
+
+    def progress(self) -> tuple[RankProgress, ...]:
+        """A copy of every watched rank's progress, ascending by rank."""
+        return tuple(attrs.evolve(state, durations=deque(state.durations)) for state in self._timeline.ranks())
+
+    def window_for(self, state: RankProgress) -> tuple[float, str]:
+        """The window `state`'s rank is judged against now, and which rule set it."""
+        cfg = self._config
+        if state.phase != DEFAULT_PHASE:
+            allowance = cfg.phase_allowance_s.get(state.phase, cfg.default_phase_allowance_s)
+            return allowance, f"the allowance of phase '{state.phase}'"
+        median = self._timeline.median_step_s()
+        if state.advances < cfg.warmup_steps or median is None or self._timeline.sample_count() < cfg.min_step_samples:
+            return cfg.first_steps_allowance_s, "the first-steps allowance"
+        adaptive = cfg.k * median
+        if adaptive < cfg.floor_s:
+            return cfg.floor_s, f"the floor (k x median step time = {adaptive:.3g} s is shorter)"
+        return adaptive, f"{cfg.k:g} x the median step time of {median:.3g} s"
+
+    def check(self, now: float) -> HangReport:
+        """Judge every rank at `now`.
+
+        Args:
+            now: the current time on the clock the reports were stamped with.
+
+        Returns:
+            A report naming the stalled ranks, how long each has been stalled, and why.
+        """
+        stalled: list[tuple[int, float, float, str]] = []
+        for state in self._timeline.ranks():
+            window, why = self.window_for(state)
+            idle = now - state.idle_since_s
+            if idle > window:
+                stalled.append((state.rank, idle, window, why))
+        if not stalled:
+            n = len(self._timeline.ranks())
+            return HangReport(False, (), (), 0.0, f"all {n} ranks made progress within their windows")
+        worst = max(stalled, key=lambda s: s[1])
+        ranks = ", ".join(str(s[0]) for s in stalled)
+        reason = (
+            f"no step progress from rank(s) {ranks}; rank {worst[0]} has been stalled for {worst[1]:.1f} s, "
+            f"longer than its window of {worst[2]:.1f} s ({worst[3]})"
+        )
+        return HangReport(
+            True,
+            tuple(s[0] for s in stalled),
+            tuple(round(s[1], 3) for s in stalled),
+            worst[2],
+            reason,
+        )
+
+
+@attrs.frozen
+class StragglerConfig:
+    """Settings of the straggler detector.
+
+    Attributes:
+        k: a rank straggles when its step time exceeds k times the others' median (default 2).
+        window_steps: the sliding window of recent steps per rank (default 20).
+        min_samples: a rank is judged only after this many clean steps (default 5).
+        warmup_steps: steps per rank never measured (default 2).
+    """
+
+    k: float = attrs.field(default=2.0, validator=_positive_float)
+    window_steps: int = attrs.field(default=20, validator=_int_at_least(1))
+    min_samples: int = attrs.field(default=5, validator=_int_at_least(1))
+    warmup_steps: int = attrs.field(default=2, validator=_int_at_least(0))
+
+
+@attrs.frozen
+class StragglerReport:
+    """What the straggler detector concluded.
+
+    Attributes:
+        stragglers: ranks slower than k x the others' median, ascending.
+        step_time_s: per judged rank, ``(rank, its step time over the window)``.
+        reason: one sentence saying why (or why not).
+    """
+
+    stragglers: tuple[int, ...]
+    step_time_s: tuple[tuple[int, float], ...]
+    reason: str
+
+
+class StragglerDetector:
+    """Finds ranks whose steps are much slower than the others'.
+
+    Args:
+        config: thresholds and windows; `StragglerConfig()` when omitted.
+    """
+
+    def __init__(self, config: StragglerConfig | None = None) -> None:
+        self._config = config or StragglerConfig()
+        self._timeline = StepTimeline(self._config.window_steps, self._config.warmup_steps)
+
+    @property
+    def config(self) -> StragglerConfig:
+        """The settings in use."""
+        return self._config
+
+    def observe(self, report: StepReport) -> None:
+        """Record a step report.
+
+        Raises:
+            ConfigError: if it is older than the rank's previous report (nothing changes).
+        """
+        self._timeline.observe(report)
+
+    def forget(self, rank: int) -> None:
+        """Stop watching `rank`."""
+        self._timeline.forget(rank)
+
+    def check(self, now: float) -> StragglerReport:
+        """Judge every rank with enough samples at `now`.
+
+        A rank in the middle of a ``train`` step that has already run longer than its window
+        median is judged by that elapsed time, so a rank that just became slow is found without
+        waiting for its slow step to finish.
+
+        Args:
+            now: the current time on the clock the reports were stamped with.
+
+        Returns:
+            The stragglers and every judged rank's step time.
+        """
+        cfg = self._config
+        times: dict[int, float] = {}
+        for state in self._timeline.ranks():
+            if len(state.durations) < cfg.min_samples:
+                continue
+            value = statistics.median(state.durations)
+            if state.phase == DEFAULT_PHASE and state.clean:
+                value = max(value, now - state.last_advance_s)
+            times[state.rank] = value
+        judged = tuple(sorted(times.items()))
+        if len(times) < 2:
+            return StragglerReport((), judged, f"only {len(times)} rank(s) have {cfg.min_samples} clean steps")
+        slow: list[str] = []
+        stragglers: list[int] = []
+        for rank, value in judged:
+            others = statistics.median(v for r, v in judged if r != rank)
+            if value > cfg.k * others:
+                stragglers.append(rank)
+                slow.append(f"rank {rank} takes {value:.3g} s per step, over {cfg.k:g} x the others' {others:.3g} s")
+        if not stragglers:
+            return StragglerReport((), judged, f"all {len(judged)} judged ranks are within {cfg.k:g} x the median")
+        return StragglerReport(tuple(stragglers), judged, "; ".join(slow))

@@ -1,0 +1,277 @@
+"""The evidence the classifier decides from: plain, frozen values with no I/O.
+
+Collectors (the log reader, the resource sampler, the detectors, the probes) produce these values;
+the classifier only reads them. Times are monotonic seconds from the caller's `Clock`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import attrs
+
+from dlrover.common import ConfigError
+from dlrover.diagnosis.exitinfo import ExitInfo
+from dlrover.diagnosis.logtail import LogTail, TailConfig, fold_case, tail_from_bytes
+from dlrover.diagnosis.tracebacks import PythonTraceback, extract_tracebacks
+
+__all__ = [
+    "DEFAULT_PHASE",
+    "Evidence",
+    "GpuSample",
+    "HangReport",
+    "LossSample",
+    "ProbeResult",
+    "ResourceSample",
+    "StepReport",
+]
+
+DEFAULT_PHASE = "train"
+"""The phase of ordinary training steps; other phases (``checkpoint``, ``eval``) get their own allowance."""
+
+
+def _non_negative_int(_inst: object, attribute: attrs.Attribute[int], value: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ConfigError(f"{attribute.name} must be a non-negative integer, got {value!r}")
+
+
+def _finite_non_negative(_inst: object, attribute: attrs.Attribute[float], value: float) -> None:
+    if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value) or value < 0:
+        raise ConfigError(f"{attribute.name} must be a finite number >= 0, got {value!r}")
+
+
+def _finite(_inst: object, attribute: attrs.Attribute[float], value: float) -> None:
+    if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
+        raise ConfigError(f"{attribute.name} must be a finite number, got {value!r}")
+
+
+def _phase(_inst: object, attribute: attrs.Attribute[str], value: str) -> None:
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"{attribute.name} must be a non-empty string, got {value!r}")
+
+
+@attrs.frozen
+class StepReport:
+    """A rank says: I have finished `step` and am now in `phase`.
+
+    Attributes:
+        rank: the global rank.
+        step: the number of steps completed (monotone per rank).
+        time_s: when the report was made, in the observer's monotonic seconds.
+        phase: what the rank does next: ``"train"``, or a named phase such as ``"checkpoint"`` or
+            ``"eval"`` that may legitimately take longer than a step.
+    """
+
+    rank: int = attrs.field(validator=_non_negative_int)
+    step: int = attrs.field(validator=_non_negative_int)
+    time_s: float = attrs.field(validator=_finite)
+    phase: str = attrs.field(default=DEFAULT_PHASE, validator=_phase)
+
+
+@attrs.frozen
+class GpuSample:
+    """One accelerator's state at sampling time."""
+
+    index: int = attrs.field(validator=_non_negative_int)
+    memory_used_bytes: int = attrs.field(validator=_non_negative_int)
+    memory_total_bytes: int = attrs.field(validator=_non_negative_int)
+    utilization_percent: float = attrs.field(default=0.0, validator=_finite_non_negative)
+
+
+@attrs.frozen
+class ResourceSample:
+    """CPU, memory and (when available) GPU usage of a node or process at one time.
+
+    Attributes:
+        time_s: when it was taken, monotonic seconds.
+        cpu_percent: CPU use of the sampled process tree (100 = one full core).
+        rss_bytes: resident memory of the sampled process tree.
+        host_memory_used_bytes: memory in use on the host.
+        host_memory_total_bytes: the host's (or the container's) memory limit.
+        gpus: one sample per visible GPU; empty when nvidia-ml-py is absent or there is no GPU.
+    """
+
+    time_s: float = attrs.field(validator=_finite)
+    cpu_percent: float = attrs.field(validator=_finite_non_negative)
+    rss_bytes: int = attrs.field(validator=_non_negative_int)
+    host_memory_used_bytes: int = attrs.field(validator=_non_negative_int)
+    host_memory_total_bytes: int = attrs.field(validator=_non_negative_int)
+    gpus: tuple[GpuSample, ...] = ()
+
+    @property
+    def host_memory_fraction(self) -> float:
+        """Used over total host memory, 0 when the total is unknown."""
+        if self.host_memory_total_bytes <= 0:
+            return 0.0
+        return self.host_memory_used_bytes / self.host_memory_total_bytes
+
+
+@attrs.frozen
+class ProbeResult:
+    """The outcome of one node health probe on one rank.
+
+    Attributes:
+        rank: the rank in the probe's process group.
+        world_size: the probe group's size (2 for a pair).
+        ok: True when every step completed and the all-gathered values were right.
+        matmul_s: seconds for the local matrix multiplications.
+        allreduce_s: seconds for the all-reduce rounds.
+        allgather_s: seconds for the all-gather rounds.
+        backend: ``"gloo"`` or ``"nccl"``.
+        error: why the probe failed; empty when it succeeded.
+        node_id: the node this rank ran on, when the caller knows it.
+    """
+
+    rank: int = attrs.field(validator=_non_negative_int)
+    world_size: int = attrs.field(validator=_non_negative_int)
+    ok: bool
+    matmul_s: float = attrs.field(default=0.0, validator=_finite_non_negative)
+    allreduce_s: float = attrs.field(default=0.0, validator=_finite_non_negative)
+    allgather_s: float = attrs.field(default=0.0, validator=_finite_non_negative)
+    backend: str = "gloo"
+    error: str = ""
+    node_id: str = ""
+
+    @property
+    def total_s(self) -> float:
+        """The probe's whole measured time."""
+        return self.matmul_s + self.allreduce_s + self.allgather_s
+
+
+@attrs.frozen
+class LossSample:
+    """A training loss as a rank reported it (NaN and infinity allowed: that is the point)."""
+
+    step: int = attrs.field(validator=_non_negative_int)
+    value: float = attrs.field(converter=float)
+    rank: int = attrs.field(default=0, validator=_non_negative_int)
+
+    @property
+    def finite(self) -> bool:
+        """False for NaN and +/- infinity."""
+        return math.isfinite(self.value)
+
+
+@attrs.frozen
+class HangReport:
+    """What the hang detector concluded at one moment.
+
+    Attributes:
+        hung: True when at least one rank made no progress for longer than its window.
+        stalled_ranks: the ranks that stopped advancing, ascending.
+        stalled_for_s: per stalled rank, seconds since its last progress, in the same order.
+        window_s: the window the longest-stalled rank was judged against.
+        reason: one sentence saying why (or why not).
+    """
+
+    hung: bool
+    stalled_ranks: tuple[int, ...]
+    stalled_for_s: tuple[float, ...]
+    window_s: float
+    reason: str
+
+
+def _text_of(evidence: Evidence) -> str:
+    return "\n".join(evidence.log.lines) if evidence.log is not None else ""
+
+
+def _folded_of(evidence: Evidence) -> str:
+    return fold_case(evidence.text)
+
+
+def _line_starts_of(evidence: Evidence) -> tuple[int, ...]:
+    starts = [0]
+    for line in evidence.lines()[:-1]:
+        starts.append(starts[-1] + len(line) + 1)
+    return tuple(starts) if evidence.lines() else ()
+
+
+def _tracebacks_of(evidence: Evidence) -> tuple[PythonTraceback, ...]:
+    return extract_tracebacks(evidence.log.lines) if evidence.log is not None else ()
+
+
+@attrs.frozen
+class Evidence:
+    """Everything known about one failure of one node (or one process).
+
+    All fields are optional: the classifier answers `unknown` with a reason when there is not
+    enough to go on, rather than guessing.
+
+    Attributes:
+        node_id: the node the evidence is about.
+        exit: how the process ended, when it ended.
+        log: the tail of its log.
+        steps: step-progress reports.
+        resources: resource samples, oldest first.
+        probes: node health probe results.
+        losses: recent loss values.
+        hang: the hang detector's report, when it flagged a hang.
+        tracebacks: exceptions found in `log` (computed from it unless given).
+        text: the log lines joined with newlines (computed).
+        line_starts: the offset of each line in `text` (computed).
+        folded_text: `text` lower-cased for case-insensitive scanning, empty when lower-casing
+            would move characters (computed).
+    """
+
+    node_id: str = ""
+    exit: ExitInfo | None = None
+    log: LogTail | None = None
+    steps: tuple[StepReport, ...] = ()
+    resources: tuple[ResourceSample, ...] = ()
+    probes: tuple[ProbeResult, ...] = ()
+    losses: tuple[LossSample, ...] = ()
+    hang: HangReport | None = None
+    tracebacks: tuple[PythonTraceback, ...] = attrs.field(default=attrs.Factory(_tracebacks_of, takes_self=True))
+    # The log lines joined by newlines, and where each line starts in it: rules scan the whole
+    # text once per pattern (fast) instead of calling the regex engine once per line.
+    text: str = attrs.field(init=False, default=attrs.Factory(_text_of, takes_self=True), eq=False, repr=False)
+    line_starts: tuple[int, ...] = attrs.field(
+        init=False, default=attrs.Factory(_line_starts_of, takes_self=True), eq=False, repr=False
+    )
+    folded_text: str = attrs.field(init=False, default=attrs.Factory(_folded_of, takes_self=True), eq=False, repr=False)
+
+    @classmethod
+    def from_text(
+        cls,
+        text: str | bytes,
+        *,
+        returncode: int | None = None,
+        config: TailConfig | None = None,
+        node_id: str = "",
+        losses: Sequence[LossSample] = (),
+        hang: HangReport | None = None,
+        probes: Sequence[ProbeResult] = (),
+        resources: Sequence[ResourceSample] = (),
+    ) -> Evidence:
+        """Evidence from log text held in memory (tests, corpus, logs shipped over RPC).
+
+        Args:
+            text: the log; only its last ``config.max_bytes`` bytes are looked at.
+            returncode: the process's exit status, if it exited.
+            config: tail limits.
+            node_id: the node the evidence is about.
+            losses: recent loss values.
+            hang: the hang detector's report.
+            probes: node health probe results.
+            resources: resource samples.
+
+        Returns:
+            The evidence.
+        """
+        data = text.encode("utf-8", errors="replace") if isinstance(text, str) else text
+        tail = tail_from_bytes(data, config or TailConfig(), source="<text>")
+        exit_info = None if returncode is None else ExitInfo(returncode)
+        return cls(
+            node_id=node_id,
+            exit=exit_info,
+            log=tail,
+            losses=tuple(losses),
+            hang=hang,
+            probes=tuple(probes),
+            resources=tuple(resources),
+        )
+
+    def lines(self) -> Sequence[str]:
+        """The log lines, or an empty sequence when there is no log."""
+        return self.log.lines if self.log is not None else ()

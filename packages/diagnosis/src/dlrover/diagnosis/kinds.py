@@ -1,0 +1,71 @@
+"""The failure kinds the classifier returns and the actions the policy can pick."""
+
+from __future__ import annotations
+
+import enum
+
+__all__ = ["ActionKind", "FailureKind", "TRANSIENT_KINDS"]
+
+
+class FailureKind(enum.Enum):
+    """Why a training process or node failed.
+
+    The value is the stable string used in manifests, logs and on the wire.
+    """
+
+    USER_CODE = "user_code"
+    """A bug in the training script (ImportError, SyntaxError, TypeError, shape mismatch): restarting cannot fix it."""
+    HOST_OOM = "host_oom"
+    """The host ran out of memory (kernel OOM killer, cgroup limit, MemoryError)."""
+    DEVICE_OOM = "device_oom"
+    """An accelerator ran out of memory (CUDA out of memory)."""
+    COMMUNICATION = "communication"
+    """A collective or store connection failed or timed out (NCCL watchdog, gloo reset): usually transient."""
+    HARDWARE = "hardware"
+    """A fault that stays with the node: ECC errors, Xid, a lost GPU, a failed health probe, device residue."""
+    HANG = "hang"
+    """Ranks stopped making step progress without exiting."""
+    NAN_LOSS = "nan_loss"
+    """The loss became NaN or infinite."""
+    PREEMPTION = "preemption"
+    """The process was stopped from outside (SIGTERM, or SIGKILL with no sign of OOM): transient."""
+    DATA_ERROR = "data_error"
+    """Input data or storage is broken: corrupt or truncated files, undecodable records, a full disk."""
+    UNKNOWN = "unknown"
+    """No rule explained the evidence well enough."""
+
+
+TRANSIENT_KINDS: frozenset[FailureKind] = frozenset({FailureKind.COMMUNICATION, FailureKind.PREEMPTION})
+"""Kinds that a plain retry is expected to fix. A user code error is never one of them."""
+
+
+class ActionKind(enum.Enum):
+    """What the job should do about a failure, from least to most disruptive (see `severity`)."""
+
+    NONE = "none"
+    """Nothing: for example a late report about a node that was already relaunched."""
+    RESTART_PROCESSES = "restart_processes"
+    """Restart the training processes on the node; the node and its host stay."""
+    ROLLBACK_CHECKPOINT = "rollback_checkpoint"
+    """Restart from the last good checkpoint (NaN loss)."""
+    RELAUNCH_NODE = "relaunch_node"
+    """Replace the node, avoiding its host when the decision says so."""
+    RELAUNCH_WITH_MORE_MEMORY = "relaunch_with_more_memory"
+    """Replace the node with one that has more host memory."""
+    ABORT_JOB = "abort_job"
+    """Stop the job; the decision's reason says what a person must fix."""
+
+    @property
+    def severity(self) -> int:
+        """An order on actions: escalation never moves to a lower severity for the same node and kind."""
+        return _SEVERITY[self]
+
+
+_SEVERITY = {
+    ActionKind.NONE: 0,
+    ActionKind.RESTART_PROCESSES: 1,
+    ActionKind.ROLLBACK_CHECKPOINT: 2,
+    ActionKind.RELAUNCH_NODE: 3,
+    ActionKind.RELAUNCH_WITH_MORE_MEMORY: 3,
+    ActionKind.ABORT_JOB: 4,
+}

@@ -1,0 +1,295 @@
+"""From a failure kind to an action, with budgets and escalation.
+
+Each kind has a *ladder*: steps of (action, budget, scope). A decision takes the first step of the
+kind's ladder whose budget is not spent; when the ladder is exhausted the job is aborted with a
+reason. Budgets are counted per node (``scope="node"``) or for the whole job (``scope="job"``).
+
+Two job-wide rules sit on top:
+
+* repeated process restarts on one node escalate: once a node has had
+  ``max_process_restarts_per_node`` restarts (for any kinds), the next restart becomes a node
+  relaunch that avoids its host;
+* at most ``max_node_relaunches`` relaunches per job; the one after that aborts.
+
+A relaunched node id is retired: a late report about it gets `ActionKind.NONE` (the replacement
+node comes back under a new id). Once the job is aborted every decision is to abort.
+
+Defaults (`DEFAULT_LADDERS`), chosen so that about three failures in four end in a cheap restart
+and nothing loops:
+
+============== ====================================================================
+kind           ladder
+============== ====================================================================
+user_code      abort at once (a restart runs the same bug again)
+host_oom       relaunch with more memory x2 (job), then abort
+device_oom     restart processes x1 (node; fragmentation can be transient), then abort
+communication  restart processes x3 (node), relaunch node avoiding host x1 (node), abort
+hardware       relaunch node avoiding host x1 (node), then abort
+hang           restart processes x2 (node), relaunch node avoiding host x1 (node), abort
+nan_loss       roll back to the last good checkpoint x2 (job), then abort
+preemption     relaunch node on any host x1 (node), then abort
+data_error     abort at once (the data or the disk needs a person)
+unknown        restart processes x2 (node), relaunch node avoiding host x1 (node), abort
+============== ====================================================================
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Mapping
+from typing import Literal
+
+import attrs
+
+from dlrover.common import ConfigError
+from dlrover.diagnosis.kinds import ActionKind, FailureKind
+
+__all__ = ["ActionPolicy", "Decision", "DEFAULT_LADDERS", "LadderStep", "PolicyConfig"]
+
+Scope = Literal["node", "job"]
+_JOB = "*job*"
+
+
+@attrs.frozen
+class LadderStep:
+    """One rung of a kind's ladder.
+
+    Attributes:
+        action: what to do; never `ActionKind.NONE` or `ActionKind.ABORT_JOB` (abort is what
+            follows the last rung).
+        budget: how many times this rung may be used within its scope (>= 1).
+        scope: ``"node"``: the budget is per node; ``"job"``: shared by all nodes.
+        avoid_host: for relaunches, whether the replacement must land on another host.
+    """
+
+    action: ActionKind
+    budget: int
+    scope: Scope = "node"
+    avoid_host: bool = False
+
+    def __attrs_post_init__(self) -> None:
+        if self.action in (ActionKind.NONE, ActionKind.ABORT_JOB):
+            raise ConfigError(f"a ladder step cannot be {self.action.value!r}: abort follows the last step")
+        if not isinstance(self.budget, int) or isinstance(self.budget, bool) or self.budget < 1:
+            raise ConfigError(f"LadderStep.budget must be an integer >= 1, got {self.budget!r}")
+        if self.scope not in ("node", "job"):
+            raise ConfigError(f"LadderStep.scope must be 'node' or 'job', got {self.scope!r}")
+
+
+_R, _RB, _RN, _RM = (
+    ActionKind.RESTART_PROCESSES,
+    ActionKind.ROLLBACK_CHECKPOINT,
+    ActionKind.RELAUNCH_NODE,
+    ActionKind.RELAUNCH_WITH_MORE_MEMORY,
+)
+
+DEFAULT_LADDERS: Mapping[FailureKind, tuple[LadderStep, ...]] = types.MappingProxyType(
+    {
+        FailureKind.USER_CODE: (),
+        FailureKind.HOST_OOM: (LadderStep(_RM, 2, "job", avoid_host=True),),
+        FailureKind.DEVICE_OOM: (LadderStep(_R, 1),),
+        FailureKind.COMMUNICATION: (LadderStep(_R, 3), LadderStep(_RN, 1, avoid_host=True)),
+        FailureKind.HARDWARE: (LadderStep(_RN, 1, avoid_host=True),),
+        FailureKind.HANG: (LadderStep(_R, 2), LadderStep(_RN, 1, avoid_host=True)),
+        FailureKind.NAN_LOSS: (LadderStep(_RB, 2, "job"),),
+        FailureKind.PREEMPTION: (LadderStep(_RN, 1, avoid_host=False),),
+        FailureKind.DATA_ERROR: (),
+        FailureKind.UNKNOWN: (LadderStep(_R, 2), LadderStep(_RN, 1, avoid_host=True)),
+    }
+)
+"""The default ladder of every kind (see the module docstring for the table)."""
+
+_ABORT_ADVICE = {
+    FailureKind.USER_CODE: "the training script has a bug; fix it and resubmit (restarting would run the same bug)",
+    FailureKind.DATA_ERROR: "the input data or storage is broken (corrupt file, full disk); fix it and resubmit",
+    FailureKind.DEVICE_OOM: "the model does not fit in device memory; reduce the batch size or shard the model",
+    FailureKind.HOST_OOM: "the job runs out of host memory even with more; reduce host memory use",
+    FailureKind.NAN_LOSS: "the loss keeps diverging after rollbacks; lower the learning rate or check the data",
+}
+
+
+def _ladders(value: Mapping[FailureKind, tuple[LadderStep, ...]]) -> Mapping[FailureKind, tuple[LadderStep, ...]]:
+    merged = dict(DEFAULT_LADDERS)
+    for kind, ladder in dict(value).items():
+        if not isinstance(kind, FailureKind):
+            raise ConfigError(f"ladder keys must be FailureKind, got {kind!r}")
+        merged[kind] = tuple(ladder)
+    for kind, ladder in merged.items():
+        for step in ladder:
+            if not isinstance(step, LadderStep):
+                raise ConfigError(f"ladder of {kind.value!r} holds {step!r}, not a LadderStep")
+        severities = [s.action.severity for s in ladder]
+        if severities != sorted(severities):
+            raise ConfigError(f"ladder of {kind.value!r} must not de-escalate: {[s.action.value for s in ladder]}")
+    return types.MappingProxyType(merged)
+
+
+def _non_negative(_inst: object, attribute: attrs.Attribute[int], value: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ConfigError(f"PolicyConfig.{attribute.name} must be an integer >= 0, got {value!r}")
+
+
+@attrs.frozen
+class PolicyConfig:
+    """The action policy's settings.
+
+    Attributes:
+        ladders: per kind, the steps to take; kinds left out keep `DEFAULT_LADDERS`. A ladder may
+            not go down in severity.
+        max_process_restarts_per_node: restarts on one node before the next restart is escalated
+            to a node relaunch that avoids the host (default 3).
+        max_node_relaunches: relaunches of any kind per job before the job is aborted (default 16).
+    """
+
+    ladders: Mapping[FailureKind, tuple[LadderStep, ...]] = attrs.field(
+        default=DEFAULT_LADDERS, converter=_ladders, eq=False
+    )
+    max_process_restarts_per_node: int = attrs.field(default=3, validator=_non_negative)
+    max_node_relaunches: int = attrs.field(default=16, validator=_non_negative)
+
+
+@attrs.frozen
+class Decision:
+    """What to do about one diagnosed failure.
+
+    Attributes:
+        action: the action.
+        kind: the failure kind decided on.
+        node_id: the node the failure was on.
+        reason: why this action (budgets used, escalation, what a person must fix).
+        avoid_host: for relaunches, whether to avoid the node's host.
+        escalated: True when a job-wide rule raised the action above the kind's ladder.
+    """
+
+    action: ActionKind
+    kind: FailureKind
+    node_id: str
+    reason: str
+    avoid_host: bool = False
+    escalated: bool = False
+
+
+class ActionPolicy:
+    """Decides actions and keeps the budget counters of one job.
+
+    Args:
+        config: ladders and limits; `PolicyConfig()` when omitted.
+    """
+
+    def __init__(self, config: PolicyConfig | None = None) -> None:
+        self._config = config or PolicyConfig()
+        self._used: dict[tuple[str, FailureKind, int], int] = {}
+        self._position: dict[tuple[str, FailureKind], int] = {}
+        self._node_restarts: dict[str, int] = {}
+        self._relaunches = 0
+        self._retired: dict[str, str] = {}
+        self._abort_reason: str | None = None
+
+    @property
+    def config(self) -> PolicyConfig:
+        """The settings in use."""
+        return self._config
+
+    @property
+    def aborted(self) -> bool:
+        """True once any decision aborted the job."""
+        return self._abort_reason is not None
+
+    @property
+    def relaunches(self) -> int:
+        """Relaunches decided so far in this job."""
+        return self._relaunches
+
+    def process_restarts(self, node_id: str) -> int:
+        """Process restarts decided so far for `node_id`."""
+        return self._node_restarts.get(node_id, 0)
+
+    def decide(self, node_id: str, kind: FailureKind) -> Decision:
+        """Pick the action for a failure of `kind` on `node_id` and count it against the budgets.
+
+        Args:
+            node_id: the node the failure happened on (non-empty).
+            kind: the diagnosed kind.
+
+        Returns:
+            The decision, with a reason.
+
+        Raises:
+            ConfigError: if `node_id` is empty or `kind` is not a `FailureKind`; nothing is counted.
+        """
+        if not isinstance(node_id, str) or not node_id:
+            raise ConfigError(f"node_id must be a non-empty string, got {node_id!r}")
+        if not isinstance(kind, FailureKind):
+            raise ConfigError(f"kind must be a FailureKind, got {kind!r}")
+        if self._abort_reason is not None:
+            return Decision(ActionKind.ABORT_JOB, kind, node_id, f"the job was already aborted: {self._abort_reason}")
+        if node_id in self._retired:
+            return Decision(
+                ActionKind.NONE,
+                kind,
+                node_id,
+                f"node {node_id} was already relaunched ({self._retired[node_id]}); "
+                "a late report about its old processes needs no action",
+            )
+        return self._climb(node_id, kind)
+
+    def _climb(self, node_id: str, kind: FailureKind) -> Decision:
+        """Take the first rung of `kind`'s ladder with budget left, or abort when none has."""
+        ladder = self._config.ladders[kind]
+        index = self._position.get((node_id, kind), 0)
+        while index < len(ladder):
+            if self._used.get(self._key(node_id, kind, index, ladder[index]), 0) < ladder[index].budget:
+                break
+            index += 1
+        self._position[(node_id, kind)] = index
+        if index >= len(ladder):
+            return self._abort(kind, node_id, self._exhausted_reason(kind, ladder))
+        step = ladder[index]
+        key = self._key(node_id, kind, index, step)
+        used = self._used.get(key, 0) + 1
+        note = f"{kind.value} on node {node_id}: {step.action.value} {used} of {step.budget} ({step.scope} budget)"
+        if step.action is ActionKind.RESTART_PROCESSES:
+            restarts = self._node_restarts.get(node_id, 0)
+            if restarts >= self._config.max_process_restarts_per_node:
+                why = (
+                    f"{kind.value} on node {node_id}: it already restarted its processes {restarts} times "
+                    f"(limit {self._config.max_process_restarts_per_node}), so the node is relaunched on another host"
+                )
+                return self._relaunch(kind, node_id, ActionKind.RELAUNCH_NODE, True, why, escalated=True)
+            self._node_restarts[node_id] = restarts + 1
+        elif step.action in (ActionKind.RELAUNCH_NODE, ActionKind.RELAUNCH_WITH_MORE_MEMORY):
+            decision = self._relaunch(kind, node_id, step.action, step.avoid_host, note, escalated=False)
+            if decision.action is step.action:
+                self._used[key] = used
+            return decision
+        self._used[key] = used
+        return Decision(step.action, kind, node_id, note)
+
+    @staticmethod
+    def _key(node_id: str, kind: FailureKind, index: int, step: LadderStep) -> tuple[str, FailureKind, int]:
+        return (node_id if step.scope == "node" else _JOB, kind, index)
+
+    def _exhausted_reason(self, kind: FailureKind, ladder: tuple[LadderStep, ...]) -> str:
+        advice = _ABORT_ADVICE.get(kind, "the failure keeps coming back; a person must look at it")
+        if not ladder:
+            return f"{kind.value}: {advice}"
+        spent = ", ".join(f"{s.action.value} x{s.budget}" for s in ladder)
+        return f"{kind.value}: budgets spent ({spent}); {advice}"
+
+    def _abort(self, kind: FailureKind, node_id: str, reason: str) -> Decision:
+        self._abort_reason = reason
+        return Decision(ActionKind.ABORT_JOB, kind, node_id, reason)
+
+    def _relaunch(
+        self, kind: FailureKind, node_id: str, action: ActionKind, avoid_host: bool, reason: str, *, escalated: bool
+    ) -> Decision:
+        if self._relaunches >= self._config.max_node_relaunches:
+            return self._abort(
+                kind,
+                node_id,
+                f"{reason}; but the job already relaunched {self._relaunches} nodes "
+                f"(limit {self._config.max_node_relaunches})",
+            )
+        self._relaunches += 1
+        self._retired[node_id] = f"{action.value} for {kind.value}"
+        return Decision(action, kind, node_id, reason, avoid_host=avoid_host, escalated=escalated)

@@ -1,0 +1,587 @@
+"""Classifier rules: small objects with a name, a kind, a confidence and a match function.
+
+A rule looks at `Evidence` and returns the lines that made it match (log lines, or sentences it
+writes about structured evidence such as an exit status); an empty result means no match. Rules
+never raise on odd input and never do I/O.
+
+Third-party rules follow the same `Rule` protocol (see `dlrover.diagnosis.registry`).
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import re
+from collections.abc import Callable, Iterable, Sequence
+from typing import Protocol, runtime_checkable
+
+import attrs
+
+from dlrover.common import ConfigError
+from dlrover.diagnosis.evidence import Evidence
+from dlrover.diagnosis.kinds import FailureKind
+
+__all__ = [
+    "ExceptionRule",
+    "FunctionRule",
+    "LogPatternRule",
+    "Rule",
+    "Scanner",
+    "builtin_rules",
+    "matching_lines",
+    "validate_rule",
+]
+
+MAX_LINES_PER_MATCH = 5
+"""A rule reports at most this many deciding lines, the last ones (closest to the failure)."""
+
+
+@runtime_checkable
+class Rule(Protocol):
+    """What the classifier needs from a rule."""
+
+    @property
+    def name(self) -> str:
+        """A unique, stable name (``"cuda-oom"``), shown in the diagnosis."""
+        ...
+
+    @property
+    def kind(self) -> FailureKind:
+        """The failure kind a match points to."""
+        ...
+
+    @property
+    def confidence(self) -> float:
+        """How sure a match makes us, in (0, 1]; the highest-confidence match wins."""
+        ...
+
+    def match(self, evidence: Evidence) -> Sequence[str]:
+        """The evidence lines that decided, or an empty sequence when the rule does not apply."""
+        ...
+
+
+def validate_rule(obj: object, *, origin: str = "") -> Rule:
+    """Check that `obj` is a usable rule and return it.
+
+    Args:
+        obj: the candidate.
+        origin: where it came from, for the error message.
+
+    Returns:
+        `obj`, typed as a `Rule`.
+
+    Raises:
+        ConfigError: naming the bad attribute and value.
+    """
+    where = f" (from {origin})" if origin else ""
+    if not isinstance(obj, Rule):
+        raise ConfigError(f"{obj!r}{where} is not a rule: it needs name, kind, confidence and match(evidence)")
+    name = obj.name
+    if not isinstance(name, str) or not name.strip():
+        raise ConfigError(f"rule name must be a non-empty string, got {name!r}{where}")
+    if not isinstance(obj.kind, FailureKind):
+        raise ConfigError(f"rule {name!r}{where}: kind must be a FailureKind, got {obj.kind!r}")
+    conf = obj.confidence
+    if not isinstance(conf, int | float) or isinstance(conf, bool) or not (0.0 < conf <= 1.0):
+        raise ConfigError(f"rule {name!r}{where}: confidence must be in (0, 1], got {conf!r}")
+    if not callable(getattr(obj, "match", None)):
+        raise ConfigError(f"rule {name!r}{where}: match is not callable")
+    return obj
+
+
+def _check_common(name: str, confidence: float) -> None:
+    if not name:
+        raise ConfigError("rule name must be a non-empty string")
+    if not (0.0 < confidence <= 1.0):
+        raise ConfigError(f"rule {name!r}: confidence must be in (0, 1], got {confidence!r}")
+
+
+def _compile(patterns: Iterable[str | re.Pattern[str]]) -> tuple[re.Pattern[str], ...]:
+    return tuple(p if isinstance(p, re.Pattern) else re.compile(p, re.IGNORECASE) for p in patterns)
+
+
+# Escapes whose meaning survives lower-casing the pattern source (punctuation, \s \d \w \b, \n ...).
+_FOLDABLE_ESCAPE = re.compile(r"\\[^A-Za-z0-9]|\\[sdwbnrtfva0-9]")
+
+
+def _foldable(source: str) -> bool:
+    if not source.isascii() or "(?P" in source:
+        return False
+    # Every backslash must start an escape that means the same after lower-casing.
+    return source.count("\\") == len(_FOLDABLE_ESCAPE.findall(source))
+
+
+@attrs.frozen
+class Scanner:
+    """One pattern prepared for whole-text scanning.
+
+    Attributes:
+        per_line: the pattern as given; the judge of whether a line matches.
+        whole: the same with `re.MULTILINE`, searched over the whole text.
+        folded: for a case-insensitive pattern whose source survives lower-casing, a lower-cased,
+            case-sensitive version searched over `fold_case(text)`: the regex engine finds
+            case-sensitive literals far faster. None otherwise.
+    """
+
+    per_line: re.Pattern[str]
+    whole: re.Pattern[str]
+    folded: re.Pattern[str] | None
+
+    @classmethod
+    def of(cls, pattern: re.Pattern[str]) -> Scanner:
+        """Prepare `pattern`."""
+        whole = re.compile(pattern.pattern, pattern.flags | re.MULTILINE)
+        folded = None
+        if pattern.flags & re.IGNORECASE and _foldable(pattern.pattern):
+            folded = re.compile(pattern.pattern.lower(), (pattern.flags & ~re.IGNORECASE) | re.MULTILINE)
+        return cls(pattern, whole, folded)
+
+
+def matching_lines(evidence: Evidence, scanners: Sequence[Scanner]) -> list[int]:
+    """Indices of the log lines in which any scanner's pattern is found, ascending.
+
+    Each pattern is searched over the whole text (lower-cased when it is case-insensitive), which
+    lets the regex engine skip ahead with its literal search instead of being called once per line.
+    Every candidate line is confirmed with the per-line pattern and the next search starts at the
+    following line, so the result is exactly the set of lines a per-line search would find: the
+    whole-text search can only propose extra candidates (a match spanning two lines), never miss a
+    line, because each line's own match is also a match in the whole text.
+    """
+    text, starts, lines = evidence.text, evidence.line_starts, evidence.lines()
+    found: set[int] = set()
+    if not lines:
+        return []
+    folded_text = evidence.folded_text
+    for scanner in scanners:
+        whole, haystack = scanner.whole, text
+        if scanner.folded is not None and folded_text:
+            whole, haystack = scanner.folded, folded_text
+        pos = 0
+        while pos <= len(haystack):
+            m = whole.search(haystack, pos)
+            if m is None:
+                break
+            index = bisect.bisect_right(starts, m.start()) - 1
+            if index not in found and scanner.per_line.search(lines[index]):
+                found.add(index)
+            if index + 1 >= len(starts):
+                break
+            pos = starts[index + 1]
+    return sorted(found)
+
+
+def _names(names: Iterable[str]) -> frozenset[str]:
+    return frozenset(names)
+
+
+def _optional_pattern(pattern: str | re.Pattern[str] | None) -> re.Pattern[str] | None:
+    return None if pattern is None else _compile([pattern])[0]
+
+
+def _last(lines: list[str]) -> tuple[str, ...]:
+    return tuple(lines[-MAX_LINES_PER_MATCH:])
+
+
+@attrs.frozen
+class LogPatternRule:
+    """Matches log lines against regular expressions (case-insensitive unless precompiled).
+
+    Attributes:
+        name: the rule's name.
+        kind: the kind a match points to.
+        confidence: in (0, 1].
+        patterns: a line matches when any of these is found in it.
+        unless: a line that also matches any of these is ignored (known noise).
+    """
+
+    name: str
+    kind: FailureKind
+    confidence: float
+    patterns: tuple[re.Pattern[str], ...] = attrs.field(converter=_compile)
+    unless: tuple[re.Pattern[str], ...] = attrs.field(default=(), converter=_compile)
+    _scanners: tuple[Scanner, ...] = attrs.field(init=False, eq=False, repr=False)
+
+    def __attrs_post_init__(self) -> None:
+        _check_common(self.name, self.confidence)
+        if not self.patterns:
+            raise ConfigError(f"rule {self.name!r} needs at least one pattern")
+        object.__setattr__(self, "_scanners", tuple(Scanner.of(p) for p in self.patterns))
+
+    def match(self, evidence: Evidence) -> Sequence[str]:
+        """The last log lines that match a pattern and no `unless` pattern."""
+        lines = evidence.lines()
+        hits = [
+            lines[i]
+            for i in matching_lines(evidence, self._scanners)
+            if not any(u.search(lines[i]) for u in self.unless)
+        ]
+        return _last(hits)
+
+
+@attrs.frozen
+class ExceptionRule:
+    """Matches Python exceptions found in the log by class name, and optionally by message.
+
+    Attributes:
+        name: the rule's name.
+        kind: the kind a match points to.
+        confidence: in (0, 1].
+        exc_names: class names without module (``"TypeError"``); empty matches any class.
+        message: when set, the exception message must match it too.
+    """
+
+    name: str
+    kind: FailureKind
+    confidence: float
+    exc_names: frozenset[str] = attrs.field(converter=_names)
+    message: re.Pattern[str] | None = attrs.field(default=None, converter=_optional_pattern)
+
+    def __attrs_post_init__(self) -> None:
+        _check_common(self.name, self.confidence)
+        if not self.exc_names and self.message is None:
+            raise ConfigError(f"rule {self.name!r} needs exception names or a message pattern")
+
+    def match(self, evidence: Evidence) -> Sequence[str]:
+        """The log lines (as printed, rank prefix included) of matching exceptions."""
+        lines = evidence.lines()
+        hits = [
+            lines[tb.line_index] if tb.line_index < len(lines) else tb.exception_line
+            for tb in evidence.tracebacks
+            if (not self.exc_names or tb.exc_name in self.exc_names)
+            and (self.message is None or self.message.search(tb.message))
+        ]
+        return _last(hits)
+
+
+@attrs.frozen
+class FunctionRule:
+    """A rule whose match is any function of the evidence; the way to write structured rules.
+
+    Attributes:
+        name: the rule's name.
+        kind: the kind a match points to.
+        confidence: in (0, 1].
+        fn: returns the deciding lines, empty for no match.
+    """
+
+    name: str
+    kind: FailureKind
+    confidence: float
+    fn: Callable[[Evidence], Sequence[str]]
+
+    def __attrs_post_init__(self) -> None:
+        _check_common(self.name, self.confidence)
+
+    def match(self, evidence: Evidence) -> Sequence[str]:
+        """Whatever `fn` returns."""
+        return tuple(self.fn(evidence))[-MAX_LINES_PER_MATCH:]
+
+
+# ---- structured rules -----------------------------------------------------------------------
+
+# Xid codes NVIDIA documents as hardware, driver-to-board or memory faults. Codes such as 13, 31
+# and 43 usually follow an application fault and are left to the other rules.
+_HARDWARE_XIDS = frozenset({48, 61, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120, 123, 140})
+_XID = re.compile(r"\bXid\b\s*(?:\([^)]*\))?\s*:\s*(\d+)", re.IGNORECASE)
+
+
+def _hardware_xid(evidence: Evidence) -> Sequence[str]:
+    hits = []
+    for line in evidence.lines():
+        m = _XID.search(line)
+        if m is not None and int(m.group(1)) in _HARDWARE_XIDS:
+            hits.append(line)
+    return hits
+
+
+def _non_finite_loss(evidence: Evidence) -> Sequence[str]:
+    return [
+        f"rank {s.rank} reported loss {s.value!r} at step {s.step}"
+        for s in evidence.losses
+        if not math.isfinite(s.value)
+    ]
+
+
+def _hang_reported(evidence: Evidence) -> Sequence[str]:
+    report = evidence.hang
+    if report is None or not report.hung:
+        return ()
+    return [report.reason]
+
+
+def _failed_probe(evidence: Evidence) -> Sequence[str]:
+    return [
+        f"health probe failed on rank {p.rank}{' (node ' + p.node_id + ')' if p.node_id else ''}: {p.error}"
+        for p in evidence.probes
+        if not p.ok
+    ]
+
+
+def _exit_signal(*signums: int) -> Callable[[Evidence], Sequence[str]]:
+    def match(evidence: Evidence) -> Sequence[str]:
+        if evidence.exit is not None and evidence.exit.signal in signums:
+            return [f"the process ended with {evidence.exit.describe()}"]
+        return ()
+
+    return match
+
+
+_SIGKILL, _SIGSEGV, _SIGTERM, _SIGBUS, _SIGABRT = 9, 11, 15, 7, 6
+HOST_MEMORY_FULL_FRACTION = 0.95
+
+
+def _killed_with_full_memory(evidence: Evidence) -> Sequence[str]:
+    if evidence.exit is None or evidence.exit.signal != _SIGKILL or not evidence.resources:
+        return ()
+    last = evidence.resources[-1]
+    if last.host_memory_fraction < HOST_MEMORY_FULL_FRACTION:
+        return ()
+    return [
+        f"the process ended with {evidence.exit.describe()} while host memory was "
+        f"{last.host_memory_fraction:.0%} used ({last.host_memory_used_bytes} of {last.host_memory_total_bytes} bytes)"
+    ]
+
+
+# Exceptions that mean the script itself is wrong: restarting it runs the same bug again.
+_USER_EXCEPTIONS = frozenset(
+    {
+        "ImportError",
+        "ModuleNotFoundError",
+        "SyntaxError",
+        "IndentationError",
+        "TabError",
+        "NameError",
+        "UnboundLocalError",
+        "TypeError",
+        "AttributeError",
+        "AssertionError",
+        "NotImplementedError",
+        "ZeroDivisionError",
+        "RecursionError",
+    }
+)
+# Usually a bug too, but also raised for bad data; weaker so a data rule can outrank them.
+_WEAK_USER_EXCEPTIONS = frozenset({"KeyError", "IndexError", "ValueError"})
+# torch raises these as RuntimeError; the message says the program is wrong.
+_USER_RUNTIME_MESSAGES = (
+    r"shapes cannot be multiplied",
+    r"size mismatch",
+    r"Expected all tensors to be on the same device",
+    r"Error\(s\) in loading state_dict",
+    r"device-side assert triggered",
+    r"does not require grad and does not have a grad_fn",
+    r"backward through the graph a second time",
+    r"The size of tensor a \(\d+\) must match",
+    r"Expected .* to have \d+ channels",
+    r"expected scalar type \w+ but found",
+    r"unrecognized arguments",
+    r"Default process group has not been initialized",
+)
+
+
+def builtin_rules() -> tuple[Rule, ...]:
+    """A fresh tuple of the rules DLRover ships with (new objects on every call).
+
+    Confidences order the kinds: a clear device fault or OOM outranks the communication errors
+    that follow it on other ranks; a plain SIGKILL is only weak evidence of preemption.
+    """
+    k = FailureKind
+    return (
+        # -- device memory
+        LogPatternRule(
+            "cuda-oom",
+            k.DEVICE_OOM,
+            0.95,
+            [
+                r"CUDA out of memory",
+                r"\bOutOfMemoryError\b",
+                r"CUBLAS_STATUS_ALLOC_FAILED",
+                r"HIP out of memory",
+                r"cudaErrorMemoryAllocation",
+                r"Cuda failure .?out of memory",
+                r"RESOURCE_EXHAUSTED: Out of memory while trying to allocate",
+            ],
+        ),
+        # -- host memory
+        LogPatternRule(
+            "kernel-oom-killer",
+            k.HOST_OOM,
+            0.92,
+            [
+                r"Out of memory: Kill(ed)? process",
+                r"invoked oom-killer",
+                r"\boom-kill\b",
+                r"Memory cgroup out of memory",
+                r"\bOOMKilled\b",
+                r"std::bad_alloc",
+                r"Cannot allocate memory",
+                r"low on resource: memory",
+            ],
+        ),
+        ExceptionRule("python-memory-error", k.HOST_OOM, 0.9, {"MemoryError"}),
+        LogPatternRule(
+            "dataloader-worker-killed",
+            k.HOST_OOM,
+            0.85,
+            [
+                r"DataLoader worker \(pid.*\) is killed by signal: Killed",
+                r"insufficient shared memory \(shm\)",
+                r"DataLoader worker \(pid.*\) is killed by signal: Bus error",
+            ],
+        ),
+        FunctionRule("sigkill-with-full-memory", k.HOST_OOM, 0.85, _killed_with_full_memory),
+        # -- hardware and node faults
+        LogPatternRule(
+            "gpu-hardware-fault",
+            k.HARDWARE,
+            0.96,
+            [
+                r"uncorrectable ECC error",
+                r"\bECC errors?\b.*(detected|encountered|uncorrectable|double.bit)",
+                r"double.bit ECC",
+                r"GPU is lost",
+                r"fallen off the bus",
+                r"Unable to determine the device handle for GPU",
+                r"RmInitAdapter failed",
+                r"uncorrectable NVLink error",
+                r"NVLink.*(fatal|error|down)",
+                r"pending (page )?retirement|row remapping failure",
+            ],
+        ),
+        FunctionRule("nvidia-xid-hardware", k.HARDWARE, 0.95, _hardware_xid),
+        LogPatternRule(
+            "cuda-device-unusable",
+            k.HARDWARE,
+            0.85,
+            [
+                r"CUDA error: unknown error",
+                r"cudaErrorUnknown",
+                r"busy or unavailable",
+                r"no CUDA-capable device is detected",
+                r"No CUDA GPUs are available",
+                r"CUDA driver initialization failed",
+                r"(device|GPU) residue|still (holds|holding|occupies|occupied)\b.*GPU|leftover process.*GPU",
+                r"ncclUnhandledCudaError",
+                r"NVML.*(Unknown Error|GPU is lost)",
+            ],
+        ),
+        LogPatternRule("cuda-illegal-access", k.HARDWARE, 0.55, [r"illegal memory access was encountered"]),
+        FunctionRule("health-probe-failed", k.HARDWARE, 0.8, _failed_probe),
+        # -- user code
+        ExceptionRule("user-exception", k.USER_CODE, 0.9, _USER_EXCEPTIONS),
+        ExceptionRule("user-runtime-error", k.USER_CODE, 0.88, (), "|".join(_USER_RUNTIME_MESSAGES)),
+        LogPatternRule(
+            "user-launch-error",
+            k.USER_CODE,
+            0.88,
+            [
+                r"can't open file .*No such file or directory",
+                r"error: unrecognized arguments",
+                r"error: the following arguments are required",
+                r"device-side assert triggered",
+            ],
+        ),
+        ExceptionRule("user-exception-weak", k.USER_CODE, 0.6, _WEAK_USER_EXCEPTIONS),
+        # -- data and storage
+        LogPatternRule(
+            "data-or-storage",
+            k.DATA_ERROR,
+            0.86,
+            [
+                r"No space left on device",
+                r"Disk quota exceeded",
+                r"Read-only file system",
+                r"Stale file handle",
+                r"\bcorrupt(ed|ion)?\b",
+                r"\btruncated\b",
+                r"UnicodeDecodeError",
+                r"JSONDecodeError",
+                r"UnidentifiedImageError|cannot identify image file",
+                r"Error -3 while decompressing|invalid (stored block lengths|distance too far|block type)",
+                r"CRC (check )?(failed|mismatch|error)|checksum mismatch",
+                r"magic bytes not found|ArrowInvalid|Not a valid (TFRecord|parquet)",
+                r"SafetensorError|HeaderTooLarge",
+                r"DataLossError",
+                r"\[Errno 5\] Input/output error",
+            ],
+            # glibc heap corruption is a native crash, not bad data.
+            unless=[
+                r"malloc|free\(\)|double free|size vs\.? prev_size|heap|corrupted (top|double-linked)",
+                # The collective layer warns that data "might be corrupted" after a timeout.
+                r"NCCL|ProcessGroup|Watchdog|\bgloo\b",
+            ],
+        ),
+        # -- numerics
+        FunctionRule("non-finite-loss-values", k.NAN_LOSS, 0.95, _non_finite_loss),
+        LogPatternRule(
+            "nan-loss-in-log",
+            k.NAN_LOSS,
+            0.9,
+            [
+                r"\bloss\b[^,;]{0,24}?[:=\s]\s*[-+]?(nan|inf|infinity)\b",
+                r"\bloss (is|became|has become) (nan|inf|infinite|non-finite)",
+                r"(nan|non-finite|infinite) (loss|gradients?) (detected|encountered)",
+                r"returned nan values in its \d+\w* output",
+                r"Minimum loss scale reached",
+            ],
+            unless=[r"loss scale(r)? (to|reducing)|reducing loss scale|Gradient overflow"],
+        ),
+        # -- hangs (from the detector)
+        FunctionRule("hang-detector", k.HANG, 0.9, _hang_reported),
+        # -- communication
+        LogPatternRule(
+            "collective-failure",
+            k.COMMUNICATION,
+            0.75,
+            [
+                r"Watchdog caught collective operation timeout",
+                r"collective operation timeout",
+                r"NCCL communicator was aborted",
+                r"\bNCCL error\b",
+                r"nccl(System|Remote|Internal)Error",
+                r"\bDistNetworkError\b",
+                r"\bDistBackendError\b",
+                r"Connection reset by peer",
+                r"Connection closed by peer",
+                r"\bgloo\b.*(timed out|timeout|connection|closed|reset)",
+                r"Socket Timeout",
+                r"TCPStore.*(timed out|timeout|failed)",
+                r"ProcessGroupNCCL.*(timeout|timed out|abort)",
+                r"Timed out (waiting|initializing) .*(store|process group|rendezvous|peers?)",
+            ],
+        ),
+        LogPatternRule("network-glitch", k.COMMUNICATION, 0.6, [r"Connection refused", r"Broken pipe"]),
+        # -- preemption
+        LogPatternRule(
+            "sigterm-in-log",
+            k.PREEMPTION,
+            0.8,
+            [
+                r"(received|got|caught|handling) (signal )?SIGTERM",
+                r"got signal: 15\b",
+                r"\bpreempt(ed|ion)\b",
+                r"spot (instance )?(interruption|termination)",
+                r"maintenance event",
+                r"\b(being|been|was) (drained|evicted|preempted)\b",
+            ],
+            # torchrun prints this when it stops the surviving workers of a failed group.
+            unless=[r"Sending process \d+ closing signal"],
+        ),
+        FunctionRule("sigterm-exit", k.PREEMPTION, 0.7, _exit_signal(_SIGTERM)),
+        FunctionRule("sigkill-exit", k.PREEMPTION, 0.5, _exit_signal(_SIGKILL)),
+        # -- native crashes with no better explanation
+        LogPatternRule(
+            "native-crash",
+            k.UNKNOWN,
+            0.5,
+            [
+                r"Segmentation fault",
+                r"Fatal Python error",
+                r"core dumped",
+                r"double free or corruption|malloc\(\): |corrupted size vs",
+                r"terminate called after throwing",
+                r"\bBus error\b",
+            ],
+        ),
+        FunctionRule("native-crash-exit", k.UNKNOWN, 0.45, _exit_signal(_SIGSEGV, _SIGBUS, _SIGABRT)),
+    )

@@ -1,0 +1,130 @@
+"""Per-rank step progress turned into step durations: the shared input of both detectors.
+
+A duration is recorded only for a step taken entirely in the ``train`` phase after the warm-up
+steps, so a slow first step (compilation, data-loader start) or a checkpoint between two steps does
+not distort the median that the adaptive windows are built on.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+
+import attrs
+
+from dlrover.common import ConfigError
+from dlrover.diagnosis.evidence import DEFAULT_PHASE, StepReport
+
+__all__ = ["RankProgress", "StepTimeline"]
+
+
+@attrs.define
+class RankProgress:
+    """What is known about one rank's progress (mutable; owned by a `StepTimeline`).
+
+    Attributes:
+        rank: the rank.
+        step: the last step it reported.
+        last_advance_s: when its step last increased (or when it was first seen).
+        last_report_s: when it last reported anything.
+        phase: its current phase.
+        phase_since_s: when it entered that phase.
+        advances: how many times its step increased.
+        durations: recent clean step durations, oldest first.
+        clean: whether it stayed in ``train`` since its last advance.
+    """
+
+    rank: int
+    step: int
+    last_advance_s: float
+    last_report_s: float
+    phase: str
+    phase_since_s: float
+    advances: int = 0
+    durations: deque[float] = attrs.field(factory=deque)
+    clean: bool = False
+
+    @property
+    def idle_since_s(self) -> float:
+        """The time from which the current wait is measured: last advance or phase change."""
+        return max(self.last_advance_s, self.phase_since_s)
+
+
+class StepTimeline:
+    """Collects step reports per rank.
+
+    Args:
+        history_steps: clean durations kept per rank.
+        warmup_steps: steps per rank whose duration is never recorded.
+    """
+
+    def __init__(self, history_steps: int, warmup_steps: int) -> None:
+        self._history = history_steps
+        self._warmup = warmup_steps
+        self._ranks: dict[int, RankProgress] = {}
+
+    def start(self, ranks: list[int] | tuple[int, ...] | range, now: float) -> None:
+        """Expect `ranks` from `now` on, so a rank that never reports is caught as well."""
+        for rank in ranks:
+            if rank < 0:
+                raise ConfigError(f"ranks must be >= 0, got {rank!r}")
+        for rank in ranks:
+            if rank not in self._ranks:
+                self._ranks[rank] = RankProgress(rank, 0, now, now, DEFAULT_PHASE, now)
+
+    def observe(self, report: StepReport) -> None:
+        """Record one report.
+
+        Raises:
+            ConfigError: if the report is older than the rank's previous one; nothing changes.
+        """
+        state = self._ranks.get(report.rank)
+        now = report.time_s
+        if state is None:
+            self._ranks[report.rank] = RankProgress(
+                report.rank, report.step, now, now, report.phase, now, advances=0, clean=report.phase == DEFAULT_PHASE
+            )
+            return
+        if now < state.last_report_s:
+            raise ConfigError(
+                f"step report of rank {report.rank} at {now!r} is older than "
+                f"its previous one at {state.last_report_s!r}"
+            )
+        state.last_report_s = now
+        if report.step > state.step:
+            if state.clean and report.phase == DEFAULT_PHASE and state.advances >= self._warmup:
+                state.durations.append((now - state.last_advance_s) / (report.step - state.step))
+                while len(state.durations) > self._history:
+                    state.durations.popleft()
+            state.advances += 1
+            state.step = report.step
+            state.last_advance_s = now
+            state.clean = True
+        elif report.step < state.step:
+            # A restarted worker resumes from a checkpoint: progress again, but not a step duration.
+            state.step = report.step
+            state.last_advance_s = now
+            state.clean = False
+        if report.phase != state.phase:
+            state.phase = report.phase
+            state.phase_since_s = now
+            state.clean = False
+        if state.phase != DEFAULT_PHASE:
+            state.clean = False
+
+    def forget(self, rank: int) -> None:
+        """Stop tracking `rank` (it left the job)."""
+        self._ranks.pop(rank, None)
+
+    def ranks(self) -> tuple[RankProgress, ...]:
+        """Every tracked rank, ascending."""
+        return tuple(self._ranks[r] for r in sorted(self._ranks))
+
+    def median_step_s(self) -> float | None:
+        """The median of all ranks' recent clean durations, None when there are none."""
+        samples = [d for state in self._ranks.values() for d in state.durations]
+        return statistics.median(samples) if samples else None
+
+    def sample_count(self) -> int:
+        """How many clean durations are held in total."""
+        return sum(len(state.durations) for state in self._ranks.values())

@@ -1,0 +1,107 @@
+"""Finding Python tracebacks and exception lines in log text.
+
+Distributed launchers prefix every line with the rank (``[rank3]:``, ``[default0]:``,
+``[1,0]<stderr>:``) and interleave ranks, so prefixes are stripped before parsing. A traceback is
+the header, its indented frame lines and the first unindented line after them, which names the
+exception. Python prints a `SyntaxError` in the main script without a header, so unindented lines
+that look like ``SomeError: message`` count too.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+import attrs
+
+__all__ = ["PythonTraceback", "extract_tracebacks", "strip_rank_prefix"]
+
+_RANK_PREFIX = re.compile(
+    r"^\s*(?:\[(?:rank|default|local_rank)?\d+\]\s*:?\s?|\[\d+,\d+\]<std(?:err|out)>:\s?|rank\s*\d+\s*:\s)",
+    re.IGNORECASE,
+)
+_HEADER = re.compile(r"^(?:Original )?Traceback \(most recent call last\):\s*$")
+# A dotted identifier ending like an exception class, optionally followed by ": message".
+_EXC_LINE = re.compile(r"^([A-Za-z_][\w]*(?:\.[A-Za-z_][\w]*)*)(?::\s?(.*))?$")
+_EXC_SUFFIXES = ("Error", "Exception", "Exit", "Interrupt", "Failure", "Fault")
+
+
+def strip_rank_prefix(line: str) -> str:
+    """Remove a launcher's per-rank prefix, if any, from one log line."""
+    return _RANK_PREFIX.sub("", line, count=1)
+
+
+@attrs.frozen
+class PythonTraceback:
+    """One exception found in a log.
+
+    Attributes:
+        exc_type: the exception's name as printed, possibly dotted (``torch.OutOfMemoryError``).
+        message: the text after the colon on the exception line (first line only).
+        frames: the ``File "...", line N, in f`` lines, outermost first; empty for a bare
+            exception line without a traceback header.
+        line_index: the index, in the lines given, of the exception line.
+        exception_line: the exception line itself as it appeared (without rank prefix).
+    """
+
+    exc_type: str
+    message: str
+    frames: tuple[str, ...]
+    line_index: int
+    exception_line: str
+
+    @property
+    def exc_name(self) -> str:
+        """The exception's class name without its module (``OutOfMemoryError``)."""
+        return self.exc_type.rsplit(".", 1)[-1]
+
+
+def _looks_like_exception(name: str) -> bool:
+    return name.rsplit(".", 1)[-1].endswith(_EXC_SUFFIXES) or name in {"KeyboardInterrupt", "StopIteration"}
+
+
+def _parse_exception_line(line: str) -> tuple[str, str] | None:
+    match = _EXC_LINE.match(line)
+    if match is None or not _looks_like_exception(match.group(1)):
+        return None
+    return match.group(1), (match.group(2) or "").strip()
+
+
+def extract_tracebacks(lines: Sequence[str]) -> tuple[PythonTraceback, ...]:
+    """Find every traceback and bare exception line, in the order they appear.
+
+    Args:
+        lines: log lines, oldest first (rank prefixes are allowed).
+
+    Returns:
+        One `PythonTraceback` per exception, including each link of a chained exception.
+    """
+    clean = [strip_rank_prefix(line) for line in lines]
+    found: list[PythonTraceback] = []
+    i = 0
+    while i < len(clean):
+        line = clean[i]
+        if _HEADER.match(line.strip()):
+            frames: list[str] = []
+            j = i + 1
+            # Frame lines and source excerpts are indented; a blank line can appear between them in
+            # interleaved output, so skip blanks instead of ending the traceback there.
+            while j < len(clean) and (not clean[j].strip() or clean[j][:1] in (" ", "\t")):
+                stripped = clean[j].strip()
+                if stripped.startswith("File "):
+                    frames.append(stripped)
+                j += 1
+            if j < len(clean):
+                parsed = _parse_exception_line(clean[j].strip())
+                if parsed is not None:
+                    found.append(PythonTraceback(parsed[0], parsed[1], tuple(frames), j, clean[j].strip()))
+                    i = j + 1
+                    continue
+            i = j
+            continue
+        if line[:1] not in (" ", "\t"):
+            parsed = _parse_exception_line(line.strip())
+            if parsed is not None:
+                found.append(PythonTraceback(parsed[0], parsed[1], (), i, line.strip()))
+        i += 1
+    return tuple(found)

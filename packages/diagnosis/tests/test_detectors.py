@@ -1,0 +1,253 @@
+"""Hang and straggler detectors with a manual clock: fast detection, no false alarms."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from dlrover.common import ConfigError, ManualClock
+from dlrover.diagnosis import (
+    HangConfig,
+    HangDetector,
+    StepReport,
+    StragglerConfig,
+    StragglerDetector,
+)
+
+RANKS = (0, 1, 2, 3)
+
+
+def _steady(detector: HangDetector | StragglerDetector, clock: ManualClock, steps: int, step_s: float = 1.0) -> int:
+    """All ranks step together every `step_s`; returns the last step."""
+    step = 0
+    for step in range(1, steps + 1):
+        clock.advance(step_s)
+        for r in RANKS:
+            detector.observe(StepReport(r, step, clock.now()))
+    return step
+
+
+def _first_alarm(detector: HangDetector, clock: ManualClock, limit_s: float, tick_s: float = 0.1) -> float | None:
+    start = clock.now()
+    while clock.now() - start < limit_s:
+        clock.advance(tick_s)
+        if detector.check(clock.now()).hung:
+            return clock.now() - start
+    return None
+
+
+CFG = HangConfig(k=5.0, floor_s=3.0, first_steps_allowance_s=300.0, phase_allowance_s={"checkpoint": 120.0})
+
+
+def test_stall_is_found_within_one_window_and_names_the_rank() -> None:
+    clock = ManualClock()
+    det = HangDetector(CFG)
+    det.start(RANKS, clock.now())
+    last = _steady(det, clock, 20)
+    # Rank 2 stops; the others keep going.
+    stall_start = clock.now()
+    found = None
+    for _ in range(200):
+        clock.advance(0.1)
+        if round((clock.now() - stall_start) * 10) % 10 == 0:
+            last += 1
+            for r in (0, 1, 3):
+                det.observe(StepReport(r, last, clock.now()))
+        report = det.check(clock.now())
+        if report.hung:
+            found = report
+            break
+    assert found is not None
+    window = 5.0 * 1.0
+    assert found.stalled_ranks == (2,)
+    assert window <= found.stalled_for_s[0] <= window + 0.2  # within one window (plus one tick)
+    assert found.window_s == pytest.approx(window)
+    assert "rank(s) 2" in found.reason
+    assert "median step time" in found.reason
+
+
+def test_not_hung_before_the_window() -> None:
+    clock = ManualClock()
+    det = HangDetector(CFG)
+    _steady(det, clock, 10)
+    clock.advance(4.9)
+    report = det.check(clock.now())
+    assert not report.hung
+    assert report.stalled_ranks == ()
+    assert "within their windows" in report.reason
+
+
+def test_floor_applies_to_fast_steps() -> None:
+    clock = ManualClock()
+    det = HangDetector(CFG)
+    _steady(det, clock, 10, step_s=0.1)
+    alarm = _first_alarm(det, clock, 10.0)
+    assert alarm is not None
+    assert 3.0 < alarm <= 3.2
+
+
+def test_slow_first_step_raises_no_alarm() -> None:
+    clock = ManualClock()
+    det = HangDetector(CFG)
+    det.start(RANKS, clock.now())
+    clock.advance(240.0)  # compilation: far beyond k x any step time, within the first-steps allowance
+    assert not det.check(clock.now()).hung
+    _steady(det, clock, 1)
+    clock.advance(100.0)  # the second step is slow too (still warm-up)
+    assert not det.check(clock.now()).hung
+    clock.advance(201.0)
+    report = det.check(clock.now())
+    assert report.hung
+    assert "first-steps allowance" in report.reason
+
+
+def test_rank_that_never_reports_is_found() -> None:
+    clock = ManualClock()
+    det = HangDetector(HangConfig(first_steps_allowance_s=60.0))
+    det.start(RANKS, clock.now())
+    for step in range(1, 5):
+        clock.advance(20.0)
+        for r in (0, 1, 2):
+            det.observe(StepReport(r, step, clock.now()))
+    report = det.check(clock.now())
+    assert report.hung
+    assert report.stalled_ranks == (3,)
+
+
+def test_long_checkpoint_phase_raises_no_alarm_then_its_own_allowance() -> None:
+    clock = ManualClock()
+    det = HangDetector(CFG)
+    last = _steady(det, clock, 20)
+    for r in RANKS:
+        det.observe(StepReport(r, last, clock.now(), phase="checkpoint"))
+    clock.advance(100.0)  # 20 windows long, within the checkpoint allowance
+    assert not det.check(clock.now()).hung
+    for r in RANKS:
+        det.observe(StepReport(r, last, clock.now(), phase="train"))
+    # Back to training: the window is measured from the phase change, and the checkpoint did not
+    # enter the median step time.
+    clock.advance(4.0)
+    assert not det.check(clock.now()).hung
+    for r in RANKS:
+        det.observe(StepReport(r, last + 1, clock.now()))
+    assert det.window_for(det.progress()[0])[0] == pytest.approx(5.0)
+    # A checkpoint that outlives its allowance is a hang.
+    for r in RANKS:
+        det.observe(StepReport(r, last + 1, clock.now(), phase="checkpoint"))
+    alarm = _first_alarm(det, clock, 200.0, tick_s=1.0)
+    assert alarm is not None
+    assert 120.0 < alarm <= 121.0
+    assert "phase 'checkpoint'" in det.check(clock.now()).reason
+
+
+def test_unknown_phase_gets_the_default_allowance() -> None:
+    clock = ManualClock()
+    det = HangDetector(HangConfig(default_phase_allowance_s=50.0, floor_s=1.0))
+    last = _steady(det, clock, 10)
+    for r in RANKS:
+        det.observe(StepReport(r, last, clock.now(), phase="export"))
+    assert _first_alarm(det, clock, 100.0, tick_s=1.0) == pytest.approx(51.0)
+
+
+def test_restart_from_checkpoint_counts_as_progress() -> None:
+    clock = ManualClock()
+    det = HangDetector(CFG)
+    last = _steady(det, clock, 10)
+    clock.advance(4.0)
+    for r in RANKS:
+        det.observe(StepReport(r, last - 5, clock.now()))
+    clock.advance(4.0)
+    assert not det.check(clock.now()).hung
+
+
+def test_out_of_order_report_is_rejected_without_change() -> None:
+    det = HangDetector(CFG)
+    det.observe(StepReport(0, 1, 100.0))
+    with pytest.raises(ConfigError, match="older than"):
+        det.observe(StepReport(0, 2, 99.0))
+    assert det.progress()[0].step == 1
+
+
+@pytest.mark.parametrize(("field", "value"), [("k", 0), ("floor_s", -1.0), ("warmup_steps", -1), ("history_steps", 0)])
+def test_hang_config_validation(field: str, value: float) -> None:
+    with pytest.raises(ConfigError, match=field):
+        HangConfig(**{field: value})
+    with pytest.raises(ConfigError, match="train"):
+        HangConfig(phase_allowance_s={"train": 10.0})
+
+
+@given(step_times=st.lists(st.floats(0.05, 20.0), min_size=5, max_size=30), k=st.floats(2.0, 10.0))
+def test_steady_progress_never_alarms(step_times: list[float], k: float) -> None:
+    """Whatever the (bounded) step times, a rank that keeps stepping within k x median is never hung."""
+    clock = ManualClock()
+    det = HangDetector(HangConfig(k=k, floor_s=1.0, first_steps_allowance_s=100.0, warmup_steps=1))
+    for step, dt in enumerate(step_times, start=1):
+        # Check just before each step lands: never longer than the largest step so far allows.
+        clock.advance(dt)
+        det.observe(StepReport(0, step, clock.now()))
+    clock.advance(min(step_times))
+    assert not det.check(clock.now()).hung
+
+
+def test_straggler_is_found_and_named() -> None:
+    clock = ManualClock()
+    det = StragglerDetector(StragglerConfig(k=2.0, window_steps=10, min_samples=5))
+    times = {0: 1.0, 1: 1.1, 2: 3.5, 3: 0.9}
+    next_at = dict.fromkeys(times, 0.0)
+    steps = dict.fromkeys(times, 0)
+    for _ in range(400):
+        clock.advance(0.1)
+        for r, dt in times.items():
+            if clock.now() >= next_at[r] + dt:
+                next_at[r] = clock.now()
+                steps[r] += 1
+                det.observe(StepReport(r, steps[r], clock.now()))
+    report = det.check(clock.now())
+    assert report.stragglers == (2,)
+    assert dict(report.step_time_s)[2] == pytest.approx(3.5, abs=0.11)
+    assert "rank 2" in report.reason
+
+
+def test_no_straggler_when_ranks_are_even_or_too_few_samples() -> None:
+    clock = ManualClock()
+    det = StragglerDetector()
+    assert "only 0 rank(s)" in det.check(clock.now()).reason
+    _steady(det, clock, 30)
+    report = det.check(clock.now())
+    assert report.stragglers == ()
+    assert len(report.step_time_s) == 4
+
+
+def test_rank_that_just_became_slow_is_found_before_its_step_ends() -> None:
+    clock = ManualClock()
+    det = StragglerDetector(StragglerConfig(k=2.0, min_samples=3))
+    last = _steady(det, clock, 10)
+    for step in range(last + 1, last + 3):
+        clock.advance(1.0)
+        for r in (0, 1, 2):
+            det.observe(StepReport(r, step, clock.now()))
+        assert det.check(clock.now()).stragglers == ()  # rank 3 is at most 2 x the median so far
+    clock.advance(1.5)  # rank 3 has now spent 3.5 s in one step; the others take 1 s
+    report = det.check(clock.now())
+    assert report.stragglers == (3,)
+    assert dict(report.step_time_s)[3] == pytest.approx(3.5)
+
+
+def test_straggler_ignores_warmup_and_checkpoint_time() -> None:
+    clock = ManualClock()
+    det = StragglerDetector(StragglerConfig(k=2.0, min_samples=3, warmup_steps=2))
+    clock.advance(50.0)  # slow first step on rank 0 only
+    det.observe(StepReport(0, 1, clock.now()))
+    for r in (1, 2, 3):
+        det.observe(StepReport(r, 1, clock.now() - 49.0))
+    last = _steady(det, clock, 10)
+    det.observe(StepReport(0, last, clock.now(), phase="checkpoint"))
+    clock.advance(30.0)
+    det.observe(StepReport(0, last, clock.now(), phase="train"))
+    for r in (1, 2, 3):
+        det.observe(StepReport(r, last, clock.now()))
+    clock.advance(1.0)
+    for r in RANKS:
+        det.observe(StepReport(r, last + 1, clock.now()))
+    assert det.check(clock.now()).stragglers == ()

@@ -1,0 +1,230 @@
+"""The action policy: defaults, budgets, escalation and a stateful model check."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from dlrover.common import ConfigError
+from dlrover.diagnosis import (
+    DEFAULT_LADDERS,
+    ActionKind,
+    ActionPolicy,
+    FailureKind,
+    LadderStep,
+    PolicyConfig,
+)
+
+K = FailureKind
+A = ActionKind
+
+
+def test_user_code_and_data_errors_abort_at_once_with_advice() -> None:
+    policy = ActionPolicy()
+    d = policy.decide("n0", K.USER_CODE)
+    assert d.action is A.ABORT_JOB
+    assert "bug" in d.reason
+    assert policy.aborted
+    assert policy.decide("n1", K.COMMUNICATION).action is A.ABORT_JOB
+
+
+def test_communication_restarts_then_relaunches_avoiding_host_then_retires_node() -> None:
+    policy = ActionPolicy()
+    actions = [policy.decide("n0", K.COMMUNICATION) for _ in range(4)]
+    assert [d.action for d in actions] == [A.RESTART_PROCESSES] * 3 + [A.RELAUNCH_NODE]
+    assert actions[-1].avoid_host
+    assert "3 of 3" in actions[2].reason
+    late = policy.decide("n0", K.COMMUNICATION)
+    assert late.action is A.NONE
+    assert "already relaunched" in late.reason
+
+
+def test_restarts_of_different_kinds_on_one_node_escalate() -> None:
+    policy = ActionPolicy(PolicyConfig(max_process_restarts_per_node=2))
+    assert policy.decide("n0", K.COMMUNICATION).action is A.RESTART_PROCESSES
+    assert policy.decide("n0", K.HANG).action is A.RESTART_PROCESSES
+    d = policy.decide("n0", K.UNKNOWN)
+    assert d.action is A.RELAUNCH_NODE
+    assert d.escalated
+    assert d.avoid_host
+    assert "restarted its processes 2 times" in d.reason
+    # Another node is unaffected.
+    assert policy.decide("n1", K.UNKNOWN).action is A.RESTART_PROCESSES
+
+
+def test_job_scoped_budget_is_shared_by_nodes() -> None:
+    policy = ActionPolicy()
+    assert policy.decide("a", K.NAN_LOSS).action is A.ROLLBACK_CHECKPOINT
+    assert policy.decide("b", K.NAN_LOSS).action is A.ROLLBACK_CHECKPOINT
+    d = policy.decide("c", K.NAN_LOSS)
+    assert d.action is A.ABORT_JOB
+    assert "learning rate" in d.reason
+
+
+def test_relaunch_limit_aborts() -> None:
+    policy = ActionPolicy(PolicyConfig(max_node_relaunches=1))
+    assert policy.decide("a", K.HARDWARE).action is A.RELAUNCH_NODE
+    d = policy.decide("b", K.HARDWARE)
+    assert d.action is A.ABORT_JOB
+    assert "limit 1" in d.reason
+
+
+def test_host_oom_relaunches_with_more_memory() -> None:
+    d = ActionPolicy().decide("a", K.HOST_OOM)
+    assert d.action is A.RELAUNCH_WITH_MORE_MEMORY
+
+
+def test_preemption_relaunches_without_avoiding_host() -> None:
+    d = ActionPolicy().decide("a", K.PREEMPTION)
+    assert d.action is A.RELAUNCH_NODE
+    assert not d.avoid_host
+
+
+def test_config_overrides_one_kind_and_keeps_the_rest() -> None:
+    cfg = PolicyConfig(ladders={K.USER_CODE: (LadderStep(A.RESTART_PROCESSES, 1),)})
+    assert cfg.ladders[K.USER_CODE][0].action is A.RESTART_PROCESSES
+    assert cfg.ladders[K.HARDWARE] == DEFAULT_LADDERS[K.HARDWARE]
+    policy = ActionPolicy(cfg)
+    assert policy.decide("a", K.USER_CODE).action is A.RESTART_PROCESSES
+    assert policy.decide("a", K.USER_CODE).action is A.ABORT_JOB
+
+
+def test_bad_config_and_input_are_rejected_without_state_change() -> None:
+    with pytest.raises(ConfigError, match="de-escalate"):
+        PolicyConfig(ladders={K.HANG: (LadderStep(A.RELAUNCH_NODE, 1), LadderStep(A.RESTART_PROCESSES, 1))})
+    with pytest.raises(ConfigError, match="budget"):
+        LadderStep(A.RESTART_PROCESSES, 0)
+    with pytest.raises(ConfigError, match="abort follows"):
+        LadderStep(A.ABORT_JOB, 1)
+    with pytest.raises(ConfigError, match="max_node_relaunches"):
+        PolicyConfig(max_node_relaunches=-1)
+    policy = ActionPolicy()
+    with pytest.raises(ConfigError, match="node_id"):
+        policy.decide("", K.HANG)
+    with pytest.raises(ConfigError, match="kind"):
+        policy.decide("a", "hang")  # type: ignore[arg-type]
+    assert policy.process_restarts("a") == 0
+    assert not policy.aborted
+
+
+NODES = ["n0", "n1", "n2"]
+
+
+class PolicyMachine(RuleBasedStateMachine):
+    """Random failure streams against a counting model that predicts every action.
+
+    Invariants: budgets are never exceeded, escalation never goes back for a (node, kind), a
+    relaunched node is retired, and abort is final.
+    """
+
+    nodes = Bundle("nodes")
+
+    @initialize(
+        restarts=st.integers(0, 4),
+        relaunches=st.integers(0, 4),
+        comm_budget=st.integers(1, 3),
+        nan_budget=st.integers(1, 3),
+    )
+    def setup(self, restarts: int, relaunches: int, comm_budget: int, nan_budget: int) -> None:
+        self.config = PolicyConfig(
+            ladders={
+                K.COMMUNICATION: (
+                    LadderStep(A.RESTART_PROCESSES, comm_budget),
+                    LadderStep(A.RELAUNCH_NODE, 1, avoid_host=True),
+                ),
+                K.NAN_LOSS: (LadderStep(A.ROLLBACK_CHECKPOINT, nan_budget, "job"),),
+            },
+            max_process_restarts_per_node=restarts,
+            max_node_relaunches=relaunches,
+        )
+        self.policy = ActionPolicy(self.config)
+        self.counter = 0
+        # The model.
+        self.restarts: dict[str, int] = {}
+        self.relaunches = 0
+        self.retired: set[str] = set()
+        self.aborted = False
+        self.step_uses: dict[tuple[str, K, int], int] = {}
+        self.last_severity: dict[tuple[str, K], int] = {}
+
+    @rule(target=nodes)
+    def new_node(self) -> str:
+        self.counter += 1
+        return f"node-{self.counter}"
+
+    def predict(self, node: str, kind: K) -> tuple[A, int | None]:
+        """The model: walk the ladder from the top with plain counters; returns (action, rung used)."""
+        if self.aborted:
+            return A.ABORT_JOB, None
+        if node in self.retired:
+            return A.NONE, None
+        rung = None
+        for i, step in enumerate(self.config.ladders[kind]):
+            if self.step_uses.get((node if step.scope == "node" else "*", kind, i), 0) < step.budget:
+                rung = i
+                break
+        if rung is None:
+            return A.ABORT_JOB, None
+        action = self.config.ladders[kind][rung].action
+        can_relaunch = self.relaunches < self.config.max_node_relaunches
+        if action is A.RESTART_PROCESSES and self.restarts.get(node, 0) >= self.config.max_process_restarts_per_node:
+            return (A.RELAUNCH_NODE if can_relaunch else A.ABORT_JOB), None
+        if action in (A.RELAUNCH_NODE, A.RELAUNCH_WITH_MORE_MEMORY) and not can_relaunch:
+            return A.ABORT_JOB, None
+        return action, rung
+
+    def apply(self, node: str, kind: K) -> None:
+        expected, rung = self.predict(node, kind)
+        d = self.policy.decide(node, kind)
+        assert d.reason
+        assert d.action is expected, (d, expected)
+        if self.aborted or node in self.retired:
+            return
+        prev = self.last_severity.get((node, kind), 0)
+        assert d.action.severity >= prev, (d, prev)
+        self.last_severity[(node, kind)] = d.action.severity
+        if d.action is A.RESTART_PROCESSES:
+            self.restarts[node] = self.restarts.get(node, 0) + 1
+        elif d.action in (A.RELAUNCH_NODE, A.RELAUNCH_WITH_MORE_MEMORY):
+            self.relaunches += 1
+            self.retired.add(node)
+        elif d.action is A.ABORT_JOB:
+            self.aborted = True
+        if rung is not None:
+            step = self.config.ladders[kind][rung]
+            key = (node if step.scope == "node" else "*", kind, rung)
+            self.step_uses[key] = self.step_uses.get(key, 0) + 1
+
+    @rule(node=nodes, kind=st.sampled_from(list(K)))
+    def fail(self, node: str, kind: K) -> None:
+        self.apply(node, kind)
+
+    @precondition(lambda self: bool(self.retired) and not self.aborted)
+    @rule(data=st.data(), kind=st.sampled_from(list(K)))
+    def late_report_about_a_relaunched_node(self, data: st.DataObject, kind: K) -> None:
+        node = data.draw(st.sampled_from(sorted(self.retired)))
+        assert self.policy.decide(node, kind).action is A.NONE
+
+    @precondition(lambda self: self.aborted)
+    @rule(node=nodes, kind=st.sampled_from(list(K)))
+    def anything_after_abort_aborts(self, node: str, kind: K) -> None:
+        assert self.policy.decide(node, kind).action is A.ABORT_JOB
+
+    @invariant()
+    def budgets_hold(self) -> None:
+        if not hasattr(self, "policy"):
+            return
+        for node, n in self.restarts.items():
+            assert n <= self.config.max_process_restarts_per_node
+            assert self.policy.process_restarts(node) == n
+        assert self.relaunches <= self.config.max_node_relaunches
+        assert self.policy.relaunches == self.relaunches
+        assert self.policy.aborted == self.aborted
+        for (_scope, kind, index), uses in self.step_uses.items():
+            assert uses <= self.config.ladders[kind][index].budget
+
+
+PolicyMachine.TestCase.settings = settings(PolicyMachine.TestCase.settings, stateful_step_count=30)
+TestPolicyMachine = PolicyMachine.TestCase
