@@ -1,0 +1,68 @@
+"""Parameters of a rendezvous, validated when built."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from dlrover.common import ConfigError
+
+__all__ = ["RendezvousConfig", "largest_world_size"]
+
+
+def _at_least_one(_inst: object, attribute: attrs.Attribute[Any], value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{attribute.name} must be an integer >= 1, got {value!r}")
+
+
+def _positive(_inst: object, attribute: attrs.Attribute[Any], value: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise ConfigError(f"{attribute.name} must be a positive number of seconds, got {value!r}")
+
+
+def _non_negative(_inst: object, attribute: attrs.Attribute[Any], value: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
+        raise ConfigError(f"{attribute.name} must be a non-negative number of seconds, got {value!r}")
+
+
+def largest_world_size(available: int, max_nodes: int, node_unit: int) -> int:
+    """The largest multiple of `node_unit` that is at most `min(available, max_nodes)`."""
+    cap = min(available, max_nodes)
+    return cap - cap % node_unit if cap > 0 else 0
+
+
+@attrs.frozen
+class RendezvousConfig:
+    """How rounds form.
+
+    Attributes:
+        min_nodes: the smallest world a round may complete with.
+        max_nodes: a round completes at once when this many nodes have joined.
+        node_unit: every world size is a multiple of this (nodes sharing a switch, a pipeline stage).
+        last_call_s: after the last join, how long to wait for more nodes before closing a round that
+            has at least `min_nodes`.
+        join_timeout_s: a node that has waited this long without being admitted gets a timeout answer
+            and leaves the waiting list.
+        heartbeat_timeout_s: a node silent (no join, poll or heartbeat) for this long is removed.
+
+    Raises:
+        ConfigError: a value is out of range, `min_nodes > max_nodes`, or no multiple of `node_unit`
+            lies within [min_nodes, max_nodes].
+    """
+
+    min_nodes: int = attrs.field(validator=_at_least_one)
+    max_nodes: int = attrs.field(validator=_at_least_one)
+    node_unit: int = attrs.field(default=1, validator=_at_least_one)
+    last_call_s: float = attrs.field(default=5.0, validator=_non_negative)
+    join_timeout_s: float = attrs.field(default=600.0, validator=_positive)
+    heartbeat_timeout_s: float = attrs.field(default=30.0, validator=_positive)
+
+    def __attrs_post_init__(self) -> None:
+        if self.min_nodes > self.max_nodes:
+            raise ConfigError(f"min_nodes ({self.min_nodes}) must not exceed max_nodes ({self.max_nodes})")
+        if largest_world_size(self.max_nodes, self.max_nodes, self.node_unit) < self.min_nodes:
+            raise ConfigError(
+                f"no multiple of node_unit={self.node_unit} lies within "
+                f"[min_nodes={self.min_nodes}, max_nodes={self.max_nodes}]"
+            )

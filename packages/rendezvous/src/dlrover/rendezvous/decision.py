@@ -1,0 +1,118 @@
+"""Pure decisions of the rendezvous: whether a round completes, who is in it, and which rank each gets.
+
+These functions read nothing but their arguments, so the manager's behaviour at any instant is a
+function of its state and `now`; `RendezvousManager` only applies what they decide.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import attrs
+
+from dlrover.rendezvous.config import RendezvousConfig, largest_world_size
+from dlrover.rendezvous.topology import NodeInfo, TopologyOrder
+
+__all__ = ["RoundDecision", "assign_ranks", "decide_round", "select_members"]
+
+
+@attrs.frozen
+class RoundDecision:
+    """Whether the waiting nodes form a round now.
+
+    Attributes:
+        complete: True when a round should complete now.
+        world_size: how many nodes it takes (0 when not complete).
+        reason: why, in a sentence people read.
+    """
+
+    complete: bool
+    world_size: int
+    reason: str
+
+
+def decide_round(config: RendezvousConfig, num_waiting: int, last_join_at: float | None, now: float) -> RoundDecision:
+    """Decide whether `num_waiting` nodes complete a round at `now`.
+
+    A round completes at once when `max_nodes` have joined; otherwise when at least `min_nodes` have
+    joined and `last_call_s` has passed since the last join. It takes the largest multiple of
+    `node_unit` that fits; the rest wait for the next round.
+
+    Args:
+        config: the rendezvous parameters.
+        num_waiting: nodes waiting for the next round.
+        last_join_at: when the most recent of them joined (None when none wait).
+        now: the current monotonic time.
+
+    Returns:
+        The decision and its reason.
+    """
+    n, lo, hi, unit = num_waiting, config.min_nodes, config.max_nodes, config.node_unit
+    if n == 0 or last_join_at is None:
+        return RoundDecision(False, 0, f"no nodes waiting (min {lo}, max {hi})")
+    size = largest_world_size(n, hi, unit)
+    if n < lo:
+        return RoundDecision(False, 0, f"{n} of min {lo} nodes joined; waiting for {lo - n} more")
+    if size < lo:
+        return RoundDecision(
+            False,
+            0,
+            f"{n} nodes joined but the largest multiple of node_unit {unit} within max {hi} is {size}, "
+            f"below min {lo}; waiting for more",
+        )
+    if n >= hi:
+        return RoundDecision(True, size, f"{n} nodes joined, max {hi} reached; round takes {size}")
+    remaining = last_join_at + config.last_call_s - now
+    if remaining > 0:
+        return RoundDecision(
+            False, 0, f"{n} nodes joined (min {lo}, max {hi}); last call in {remaining:.1f} s for more to join"
+        )
+    return RoundDecision(True, size, f"{n} nodes joined (min {lo}, max {hi}) and last call passed; round takes {size}")
+
+
+def select_members(
+    waiting: Sequence[str], previous_ranks: Mapping[str, int], world_size: int
+) -> tuple[list[str], list[str]]:
+    """Choose `world_size` of the waiting nodes (given in join order) for the round.
+
+    Members of the last round come first (by their old rank), so a round that shrinks keeps the
+    nodes whose state is warm; then nodes in the order they joined.
+
+    Returns:
+        (selected, left waiting), each in a deterministic order.
+    """
+    order = {node: i for i, node in enumerate(waiting)}
+    ranked = sorted(
+        waiting,
+        key=lambda node: (0, previous_ranks[node], 0) if node in previous_ranks else (1, 0, order[node]),
+    )
+    return ranked[:world_size], ranked[world_size:]
+
+
+def assign_ranks(members: Sequence[NodeInfo], topology: TopologyOrder | None = None) -> list[str]:
+    """Order the members of a round; position i gets rank i.
+
+    Without a topology hook ranks are stable: a member of the last round whose old rank still fits
+    keeps it, and the free ranks go, lowest first, to the others in their given order, so a
+    replacement takes the rank its predecessor left. With a hook, the hook's order decides.
+
+    Raises:
+        ValueError: the hook did not return a permutation of the members.
+    """
+    if topology is not None:
+        ordered = topology.order(members)
+        if sorted(ordered) != sorted(m.node_id for m in members):
+            raise ValueError(f"topology hook {type(topology).__name__} returned {ordered!r}, not a permutation")
+        return list(ordered)
+    size = len(members)
+    slots: list[str | None] = [None] * size
+    others: list[str] = []
+    for m in members:
+        if m.previous_rank is not None and m.previous_rank < size and slots[m.previous_rank] is None:
+            slots[m.previous_rank] = m.node_id
+        else:
+            others.append(m.node_id)
+    free = iter(i for i, s in enumerate(slots) if s is None)
+    for node in others:
+        slots[next(free)] = node
+    return [s for s in slots if s is not None]

@@ -1,0 +1,397 @@
+"""The rendezvous manager: the pure state machine of elastic rounds.
+
+Nodes join, poll until a round holds them, heartbeat while they train, and leave. Time comes in as
+`now` on every call (monotonic seconds), so tests drive the clock and nothing here reads it. Every
+call that names a node counts as a heartbeat from it, and every call first removes nodes whose
+heartbeats stopped (and forms a round that became due), so no thread is needed.
+
+While a round is in force, late nodes wait; a member of the round joining again (its processes
+restarted) reopens rendezvous, and the round dissolves when a member leaves or expires. Deciding is
+done by the pure functions of `decision.py`; this class only applies what they decide.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import attrs
+
+from dlrover.rendezvous.config import RendezvousConfig
+from dlrover.rendezvous.decision import RoundDecision, assign_ranks, decide_round, select_members
+from dlrover.rendezvous.errors import InvalidRequestError, UnknownNodeError, UnknownRoundError
+from dlrover.rendezvous.results import (
+    MAX_NODE_ID_CHARS,
+    HeartbeatResult,
+    JoinResult,
+    NodeParams,
+    PollResult,
+    PollState,
+    Round,
+)
+from dlrover.rendezvous.topology import NodeInfo, TopologyOrder
+
+__all__ = ["RendezvousManager"]
+
+
+@attrs.define
+class _Waiter:
+    joined_at: float
+    topology_key: str
+
+
+def _check_node_id(node_id: object) -> str:
+    if not isinstance(node_id, str) or not node_id:
+        raise InvalidRequestError(f"node_id must be a non-empty string, got {node_id!r}")
+    if len(node_id) > MAX_NODE_ID_CHARS:
+        raise InvalidRequestError(f"node_id must have at most {MAX_NODE_ID_CHARS} characters, got {len(node_id)}")
+    return node_id
+
+
+class RendezvousManager:
+    """Forms rounds of nodes and assigns each a stable rank.
+
+    Args:
+        config: the rendezvous parameters.
+        topology: orders the members of each round; ranks are stable (members keep their old rank
+            when it fits, newcomers fill the gaps) when None.
+
+    Not thread-safe: a service calls it under one lock.
+    """
+
+    def __init__(self, config: RendezvousConfig, topology: TopologyOrder | None = None) -> None:
+        self._config = config
+        self._topology = topology
+        self._waiting: OrderedDict[str, _Waiter] = OrderedDict()
+        # Last sign of life of every node the rendezvous tracks (waiting or in the current round),
+        # oldest first: expiry pops from the front, so it costs O(expired), not O(nodes).
+        self._last_seen: OrderedDict[str, float] = OrderedDict()
+        self._current: Round | None = None
+        self._round_number = 0
+        self._last_ranks: dict[str, int] = {}
+        self._last_join_at: float | None = None
+        self._dropped: dict[str, str] = {}
+        self._closed = False
+        # While a round is in force, late nodes wait for its members: only a member joining again
+        # (its processes restarted) reopens rendezvous, so late nodes alone never break a running world.
+        self._reopened = False
+        self._now = float("-inf")
+        self._expired: list[str] = []
+
+    # -- queries -------------------------------------------------------------------------------
+
+    @property
+    def config(self) -> RendezvousConfig:
+        """The parameters the next round forms under."""
+        return self._config
+
+    @property
+    def round_number(self) -> int:
+        """The number of the latest completed round (0 before the first)."""
+        return self._round_number
+
+    @property
+    def current_round(self) -> Round | None:
+        """The round in force, or None before the first or after a member departed."""
+        return self._current
+
+    @property
+    def closed(self) -> bool:
+        """Whether the rendezvous is closed."""
+        return self._closed
+
+    @property
+    def waiting(self) -> tuple[str, ...]:
+        """Nodes waiting for the next round, in join order."""
+        return tuple(self._waiting)
+
+    @property
+    def tracked(self) -> frozenset[str]:
+        """Every node the rendezvous considers alive: waiting or in the current round."""
+        return frozenset(self._last_seen)
+
+    def world(self, round_number: int) -> Round:
+        """The current round, checked against the number the caller holds.
+
+        Raises:
+            UnknownRoundError: `round_number` is not the round in force.
+        """
+        current = self._current
+        if current is None or current.number != round_number:
+            held = "none" if current is None else str(current.number)
+            raise UnknownRoundError(f"round {round_number!r} is not the current round (current: {held})")
+        return current
+
+    @property
+    def accepting(self) -> bool:
+        """Whether waiting nodes may complete a round: none is in force, or a member joined again."""
+        return self._current is None or self._reopened
+
+    def status(self, now: float) -> RoundDecision:
+        """What would happen to the waiting nodes at `now`, without changing anything."""
+        current = self._current
+        if current is not None and not self._reopened:
+            waiting = len(self._waiting)
+            return RoundDecision(
+                False,
+                0,
+                f"round {current.number} is in force with {current.world_size} nodes; {waiting} node(s) wait "
+                "for its members to join again",
+            )
+        return decide_round(self._config, len(self._waiting), self._last_join_at, max(now, self._now))
+
+    # -- commands ------------------------------------------------------------------------------
+
+    def join(
+        self,
+        node_id: str,
+        now: float,
+        *,
+        params: NodeParams | None = None,
+        topology_key: str = "",
+    ) -> JoinResult:
+        """Put a node on the waiting list for the next round.
+
+        A node already waiting stays where it is (a retried join changes nothing but its heartbeat).
+        A member of the current round that joins again (its processes restarted) waits for the next
+        round; the others learn it through `num_nodes_waiting`.
+
+        Args:
+            node_id: the node's unique id.
+            now: the current monotonic time.
+            params: the parameters the node expects; rejected when they differ from the config.
+            topology_key: where the node sits, for a topology hook.
+
+        Returns:
+            Whether the node was accepted, the round it waits for, and why.
+
+        Raises:
+            InvalidRequestError: the node id or topology key is malformed; nothing changed.
+        """
+        _check_node_id(node_id)
+        if not isinstance(topology_key, str) or len(topology_key) > MAX_NODE_ID_CHARS:
+            raise InvalidRequestError(f"topology_key must be a string of at most {MAX_NODE_ID_CHARS} characters")
+        now = self._tick(now)
+        upcoming = self._round_number + 1
+        if self._closed:
+            return JoinResult(False, upcoming, "the rendezvous is closed; no more rounds form")
+        cfg = self._config
+        if params is not None and (params.min_nodes, params.max_nodes) != (cfg.min_nodes, cfg.max_nodes):
+            return JoinResult(
+                False,
+                upcoming,
+                f"node {node_id!r} expects {params.min_nodes}..{params.max_nodes} nodes but this rendezvous "
+                f"runs {cfg.min_nodes}..{cfg.max_nodes}; fix the node's settings",
+            )
+        if node_id in self._waiting:
+            self._seen(node_id, now)
+            reason = f"already waiting; {self.status(now).reason}"
+        else:
+            if self._current is not None and self._current.rank_of(node_id) is not None:
+                self._reopened = True
+            self._waiting[node_id] = _Waiter(joined_at=now, topology_key=topology_key)
+            self._last_join_at = now
+            self._dropped.pop(node_id, None)
+            self._seen(node_id, now)
+            reason = f"waiting for round {upcoming}"
+        self._try_complete(now)
+        if node_id not in self._waiting:
+            return JoinResult(True, self._round_number, f"admitted to round {self._round_number}")
+        return JoinResult(True, self._round_number + 1, reason)
+
+    def poll(self, node_id: str, now: float) -> PollResult:
+        """Ask where a node stands; completes the round when the time has come.
+
+        Raises:
+            InvalidRequestError: the node id is malformed; nothing changed.
+        """
+        _check_node_id(node_id)
+        now = self._tick(now)
+        upcoming = self._round_number + 1
+        if node_id in self._waiting:
+            if self._closed:
+                return PollResult(PollState.CLOSED, upcoming, -1, 0, "the rendezvous is closed; no more rounds form")
+            waited = now - self._waiting[node_id].joined_at
+            if waited >= self._config.join_timeout_s:
+                self._forget(node_id)
+                return PollResult(
+                    PollState.TIMED_OUT,
+                    upcoming,
+                    -1,
+                    0,
+                    f"waited {waited:.1f} s, join_timeout_s is {self._config.join_timeout_s}; "
+                    f"{self.status(now).reason}",
+                )
+            self._seen(node_id, now)
+            self._try_complete(now)
+        current = self._current
+        if node_id in self._waiting:
+            return PollResult(PollState.WAITING, self._round_number + 1, -1, 0, self.status(now).reason)
+        if current is not None and (rank := current.rank_of(node_id)) is not None:
+            self._seen(node_id, now)
+            return PollResult(PollState.ASSIGNED, current.number, rank, current.world_size, current.reason)
+        if self._closed:
+            return PollResult(PollState.CLOSED, upcoming, -1, 0, "the rendezvous is closed; no more rounds form")
+        why = self._dropped.get(node_id, f"node {node_id!r} is neither waiting nor in the current round")
+        return PollResult(PollState.NOT_WAITING, self._round_number + 1, -1, 0, f"{why}; join again")
+
+    def heartbeat(self, node_id: str, now: float) -> HeartbeatResult:
+        """Record that a node is alive.
+
+        Raises:
+            InvalidRequestError: the node id is malformed; nothing changed.
+        """
+        _check_node_id(node_id)
+        now = self._tick(now)
+        if node_id not in self._last_seen:
+            why = self._dropped.get(node_id, f"node {node_id!r} is neither waiting nor in the current round")
+            return HeartbeatResult(False, f"{why}; join again")
+        self._seen(node_id, now)
+        return HeartbeatResult(True, "alive")
+
+    def num_nodes_waiting(self, now: float, node_id: str | None = None) -> int:
+        """How many nodes wait for the next round: when non-zero, members should re-rendezvous.
+
+        When `node_id` names a node whose round was dissolved (a member left or expired), the answer
+        is at least 1, so that node restarts too. Naming a node counts as its heartbeat.
+
+        Raises:
+            InvalidRequestError: the node id is malformed; nothing changed.
+        """
+        if node_id is not None:
+            _check_node_id(node_id)
+        now = self._tick(now)
+        count = len(self._waiting)
+        if node_id is not None:
+            if node_id in self._last_seen:
+                self._seen(node_id, now)
+            elif node_id in self._dropped:
+                count = max(count, 1)
+        return count
+
+    def leave(self, node_id: str, now: float) -> str:
+        """Take a node out: off the waiting list and out of the current round (which dissolves).
+
+        Returns:
+            What happened, in a sentence.
+
+        Raises:
+            InvalidRequestError: the node id is malformed; nothing changed.
+            UnknownNodeError: the node is neither waiting nor in the current round; nothing changed.
+        """
+        _check_node_id(node_id)
+        in_round = self._current is not None and self._current.rank_of(node_id) is not None
+        if node_id not in self._waiting and not in_round:
+            held = "none" if self._current is None else str(self._current.number)
+            raise UnknownNodeError(
+                f"node {node_id!r} cannot leave: it is neither waiting nor in the current round ({held})"
+            )
+        now = self._tick(now)
+        what = self._depart(node_id, f"node {node_id!r} left")
+        self._try_complete(now)
+        return what
+
+    def expire(self, now: float) -> list[str]:
+        """Remove every node silent for longer than `heartbeat_timeout_s`; returns their ids."""
+        self._tick(now)
+        return self._expired
+
+    def reconfigure(self, config: RendezvousConfig, now: float) -> str:
+        """Form the next rounds under new parameters; the current round stays as it is.
+
+        Returns:
+            What changed, in a sentence.
+        """
+        now = self._tick(now)
+        old = self._config
+        self._config = config
+        self._try_complete(now)
+        return f"parameters changed from {old.min_nodes}..{old.max_nodes} to {config.min_nodes}..{config.max_nodes}"
+
+    def close(self, now: float) -> None:
+        """Close the rendezvous: joins are refused and waiting nodes learn it on their next poll."""
+        self._tick(now)
+        self._closed = True
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def _tick(self, now: float) -> float:
+        # Callers on several threads may read the clock in one order and reach the lock in another;
+        # time inside the manager never goes back.
+        self._now = max(self._now, float(now))
+        self._expired = self._expire(self._now)
+        # Expiry may have dissolved a round and let the waiting nodes form the next one.
+        self._try_complete(self._now)
+        return self._now
+
+    def _seen(self, node_id: str, now: float) -> None:
+        self._last_seen[node_id] = now
+        self._last_seen.move_to_end(node_id)
+
+    def _expire(self, now: float) -> list[str]:
+        gone: list[str] = []
+        limit = self._config.heartbeat_timeout_s
+        while self._last_seen:
+            node_id, seen = next(iter(self._last_seen.items()))
+            if now - seen <= limit:
+                break
+            gone.append(node_id)
+            why = f"node {node_id!r} sent no heartbeat for {now - seen:.1f} s (limit {limit} s)"
+            self._depart(node_id, why)
+            # The node may be alive but partitioned: when it calls again it learns why it was dropped.
+            self._dropped[node_id] = why
+        return gone
+
+    def _forget(self, node_id: str) -> None:
+        self._waiting.pop(node_id, None)
+        if self._current is None or self._current.rank_of(node_id) is None:
+            self._last_seen.pop(node_id, None)
+        self._refresh_last_join()
+
+    def _depart(self, node_id: str, why: str) -> str:
+        self._waiting.pop(node_id, None)
+        self._last_seen.pop(node_id, None)
+        self._last_ranks.pop(node_id, None)
+        self._dropped.pop(node_id, None)
+        self._refresh_last_join()
+        current = self._current
+        if current is not None and current.rank_of(node_id) is not None:
+            # A round must never hold a departed node: it dissolves, and its other members are told
+            # why when they next ask.
+            self._current = None
+            for member in current.members:
+                if member != node_id and member not in self._waiting:
+                    self._dropped[member] = f"round {current.number} dissolved: {why}"
+                    self._last_seen.pop(member, None)
+            return f"{why}; round {current.number} dissolved"
+        return why
+
+    def _refresh_last_join(self) -> None:
+        self._last_join_at = max((w.joined_at for w in self._waiting.values()), default=None)
+
+    def _try_complete(self, now: float) -> None:
+        # Cheap checks first: this runs on every call, and building a decision formats its reason.
+        if self._closed or not self._waiting or not self.accepting:
+            return
+        decision = self.status(now)
+        if not decision.complete:
+            return
+        selected, _rest = select_members(list(self._waiting), self._last_ranks, decision.world_size)
+        infos = [
+            NodeInfo(node_id=n, topology_key=self._waiting[n].topology_key, previous_rank=self._last_ranks.get(n))
+            for n in selected
+        ]
+        members = tuple(assign_ranks(infos, self._topology))
+        previous = self._current
+        self._round_number += 1
+        self._current = Round(self._round_number, members, now, self._config, decision.reason)
+        self._reopened = False
+        self._last_ranks = {node: rank for rank, node in enumerate(members)}
+        for node in members:
+            del self._waiting[node]
+        if previous is not None:
+            member_set = set(members)
+            for node in previous.members:
+                if node not in member_set and node not in self._waiting:
+                    self._dropped[node] = f"round {self._round_number} formed without node {node!r}"
+                    self._last_seen.pop(node, None)
+        self._refresh_last_join()

@@ -1,0 +1,62 @@
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from dlrover.rendezvous import (
+    NodeInfo,
+    RendezvousConfig,
+    RoundDecision,
+    assign_ranks,
+    decide_round,
+    largest_world_size,
+    select_members,
+)
+
+
+def test_largest_world_size() -> None:
+    assert largest_world_size(7, 8, 2) == 6
+    assert largest_world_size(9, 8, 3) == 6
+    assert largest_world_size(0, 8, 1) == 0
+
+
+def test_decisions_and_their_reasons() -> None:
+    cfg = RendezvousConfig(min_nodes=4, max_nodes=8, node_unit=4, last_call_s=10.0)
+    assert decide_round(cfg, 0, None, 0.0) == RoundDecision(False, 0, "no nodes waiting (min 4, max 8)")
+    assert decide_round(cfg, 3, 0.0, 0.0).reason == "3 of min 4 nodes joined; waiting for 1 more"
+    assert decide_round(cfg, 5, 0.0, 2.5).reason == "5 nodes joined (min 4, max 8); last call in 7.5 s for more to join"
+    assert decide_round(cfg, 5, 0.0, 10.0) == RoundDecision(
+        True, 4, "5 nodes joined (min 4, max 8) and last call passed; round takes 4"
+    )
+    assert decide_round(cfg, 9, 0.0, 0.0) == RoundDecision(True, 8, "9 nodes joined, max 8 reached; round takes 8")
+
+
+def test_members_of_the_last_round_are_selected_first() -> None:
+    selected, rest = select_members(["new1", "old2", "new2", "old0"], {"old0": 0, "old2": 2}, 3)
+    assert selected == ["old0", "old2", "new1"]
+    assert rest == ["new2"]
+
+
+@given(
+    size=st.integers(1, 12),
+    previous=st.dictionaries(st.sampled_from([f"n{i}" for i in range(16)]), st.integers(0, 15)),
+    data=st.data(),
+)
+def test_stable_ranks_are_contiguous_and_keep_what_fits(
+    size: int, previous: dict[str, int], data: st.DataObject
+) -> None:
+    # Previous ranks are unique, as they come from one round.
+    seen: set[int] = set()
+    prev: dict[str, int] = {}
+    for node, rank in previous.items():
+        if rank not in seen:
+            seen.add(rank)
+            prev[node] = rank
+    members = data.draw(
+        st.lists(st.sampled_from([f"n{i}" for i in range(16)]), min_size=size, max_size=size, unique=True)
+    )
+    ranks = assign_ranks([NodeInfo(n, previous_rank=prev.get(n)) for n in members])
+    assert sorted(ranks) == sorted(members)
+    for rank, node in enumerate(ranks):
+        if node in prev and prev[node] < size:
+            assert prev[node] == rank

@@ -1,0 +1,227 @@
+from __future__ import annotations
+
+import pytest
+
+from dlrover.common import ConfigError
+from dlrover.rendezvous import (
+    InvalidRequestError,
+    NodeParams,
+    PollState,
+    RendezvousConfig,
+    RendezvousManager,
+    SwitchTopology,
+    UnknownNodeError,
+    UnknownRoundError,
+)
+
+
+def _snapshot(m: RendezvousManager) -> tuple[object, ...]:
+    return (m.waiting, m.tracked, m.current_round, m.round_number, m.closed, m.config)
+
+
+def _join_all(m: RendezvousManager, nodes: list[str], now: float) -> None:
+    for node in nodes:
+        assert m.join(node, now).accepted
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"min_nodes": 0, "max_nodes": 2}, "min_nodes"),
+        ({"min_nodes": -1, "max_nodes": 2}, "min_nodes"),
+        ({"min_nodes": 3, "max_nodes": 2}, r"min_nodes \(3\) must not exceed max_nodes \(2\)"),
+        ({"min_nodes": 3, "max_nodes": 3, "node_unit": 2}, "no multiple of node_unit=2"),
+        ({"min_nodes": 1, "max_nodes": 2, "last_call_s": -1.0}, "last_call_s"),
+        ({"min_nodes": 1, "max_nodes": 2, "join_timeout_s": 0}, "join_timeout_s"),
+        ({"min_nodes": 1, "max_nodes": 2, "heartbeat_timeout_s": float("nan")}, "heartbeat_timeout_s"),
+    ],
+)
+def test_bad_config_is_rejected_with_the_value(kwargs: dict[str, float], match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        RendezvousConfig(**kwargs)  # type: ignore[arg-type]
+
+
+def test_round_completes_at_once_at_max_nodes() -> None:
+    m = RendezvousManager(RendezvousConfig(min_nodes=2, max_nodes=3, last_call_s=100))
+    _join_all(m, ["a", "b"], 0.0)
+    assert m.poll("a", 0.0).state is PollState.WAITING
+    result = m.join("c", 1.0)
+    assert result.accepted
+    assert result.round == 1
+    polls = {n: m.poll(n, 1.0) for n in "abc"}
+    assert {p.state for p in polls.values()} == {PollState.ASSIGNED}
+    assert [polls[n].rank for n in "abc"] == [0, 1, 2]
+    assert all(p.world_size == 3 and p.round == 1 for p in polls.values())
+
+
+def test_not_yet_answers_carry_reasons() -> None:
+    m = RendezvousManager(RendezvousConfig(min_nodes=4, max_nodes=8, last_call_s=12.0))
+    _join_all(m, ["a", "b", "c"], 0.0)
+    assert m.poll("a", 0.0).reason == "3 of min 4 nodes joined; waiting for 1 more"
+    m.join("d", 0.0)
+    assert m.poll("a", 0.0).reason == "4 nodes joined (min 4, max 8); last call in 12.0 s for more to join"
+    assert m.poll("a", 11.0).state is PollState.WAITING
+    assert m.poll("a", 12.0).state is PollState.ASSIGNED
+
+
+def test_last_call_takes_largest_multiple_of_node_unit_and_extras_wait() -> None:
+    m = RendezvousManager(RendezvousConfig(min_nodes=2, max_nodes=8, node_unit=2, last_call_s=1.0))
+    _join_all(m, ["a", "b", "c", "d", "e"], 0.0)
+    assert m.poll("a", 1.0).state is PollState.ASSIGNED
+    assert m.current_round is not None
+    assert m.current_round.members == ("a", "b", "c", "d")
+    late = m.poll("e", 1.0)
+    assert late.state is PollState.WAITING
+    assert late.round == 2
+    assert m.num_nodes_waiting(1.0, "a") == 1
+
+
+def test_unit_multiple_below_min_keeps_waiting_with_reason() -> None:
+    m = RendezvousManager(RendezvousConfig(min_nodes=4, max_nodes=8, node_unit=4, last_call_s=0.0))
+    _join_all(m, ["a", "b", "c", "d", "e"], 0.0)
+    assert m.poll("a", 0.0).state is PollState.ASSIGNED
+    m2 = RendezvousManager(RendezvousConfig(min_nodes=4, max_nodes=6, node_unit=4, last_call_s=0.0))
+    _join_all(m2, ["a", "b", "c"], 0.0)
+    assert "3 of min 4" in m2.poll("a", 0.0).reason
+
+
+def test_restarted_members_keep_their_ranks() -> None:
+    m = RendezvousManager(RendezvousConfig(min_nodes=3, max_nodes=3))
+    _join_all(m, ["c", "a", "b"], 0.0)
+    first = {n: m.poll(n, 0.0).rank for n in "abc"}
+    assert first == {"c": 0, "a": 1, "b": 2}
+    # Node b's processes restart: it joins again; the others see it waiting and follow.
+    m.join("b", 1.0)
+    assert m.num_nodes_waiting(1.0, "a") == 1
+    m.join("a", 2.0)
+    m.join("c", 3.0)
+    second = {n: m.poll(n, 3.0) for n in "abc"}
+    assert {n: p.rank for n, p in second.items()} == first
+    assert {p.round for p in second.values()} == {2}
+
+
+def test_replacement_takes_the_rank_its_predecessor_left() -> None:
+    m = RendezvousManager(RendezvousConfig(min_nodes=3, max_nodes=3, heartbeat_timeout_s=10))
+    _join_all(m, ["a", "b", "c"], 0.0)
+    assert m.poll("b", 0.0).rank == 1
+    for node in "ac":
+        m.heartbeat(node, 8.0)
+    assert m.expire(12.0) == ["b"]
+    assert m.current_round is None
+    dissolved = m.poll("a", 12.0)
+    assert dissolved.state is PollState.NOT_WAITING
+    assert "round 1 dissolved" in dissolved.reason
+    assert "'b' sent no heartbeat" in dissolved.reason
+    assert m.num_nodes_waiting(12.0, "c") == 1
+    _join_all(m, ["replacement", "c", "a"], 13.0)
+    ranks = {n: m.poll(n, 13.0).rank for n in ["a", "c", "replacement"]}
+    assert ranks == {"a": 0, "replacement": 1, "c": 2}
+
+
+def test_shrinking_round_moves_high_ranks_into_gaps() -> None:
+    m = RendezvousManager(RendezvousConfig(min_nodes=2, max_nodes=4, last_call_s=1.0))
+    _join_all(m, ["a", "b", "c", "d"], 0.0)
+    m.leave("a", 1.0)
+    _join_all(m, ["b", "c", "d"], 2.0)
+    ranks = {n: m.poll(n, 3.0).rank for n in "bcd"}
+    assert ranks == {"b": 1, "c": 2, "d": 0}
+
+
+def test_topology_hook_orders_ranks_by_switch() -> None:
+    m = RendezvousManager(RendezvousConfig(min_nodes=4, max_nodes=4), topology=SwitchTopology())
+    for node, switch in [("n1", "s2"), ("n2", "s1"), ("n3", "s2"), ("n4", "s1")]:
+        m.join(node, 0.0, topology_key=switch)
+    assert m.current_round is not None
+    assert m.current_round.members == ("n2", "n4", "n1", "n3")
+
+
+def test_parameter_disagreement_is_rejected_not_adopted() -> None:
+    m = RendezvousManager(RendezvousConfig(min_nodes=2, max_nodes=4))
+    before = _snapshot(m)
+    result = m.join("a", 0.0, params=NodeParams(min_nodes=2, max_nodes=3))
+    assert not result.accepted
+    assert "expects 2..3 nodes but this rendezvous runs 2..4" in result.reason
+    assert _snapshot(m) == before
+    assert m.join("a", 0.0, params=NodeParams(min_nodes=2, max_nodes=4)).accepted
+
+
+def test_join_timeout_takes_node_off_the_list() -> None:
+    m = RendezvousManager(RendezvousConfig(min_nodes=2, max_nodes=2, join_timeout_s=5.0, heartbeat_timeout_s=100))
+    m.join("a", 0.0)
+    assert m.poll("a", 4.9).state is PollState.WAITING
+    result = m.poll("a", 5.0)
+    assert result.state is PollState.TIMED_OUT
+    assert "join_timeout_s is 5.0" in result.reason
+    assert m.waiting == ()
+
+
+def test_closed_rendezvous_refuses_joins_and_tells_waiters() -> None:
+    m = RendezvousManager(RendezvousConfig(min_nodes=2, max_nodes=2))
+    m.join("a", 0.0)
+    m.close(1.0)
+    assert m.poll("a", 1.0).state is PollState.CLOSED
+    refused = m.join("b", 1.0)
+    assert not refused.accepted
+    assert "closed" in refused.reason
+
+
+def test_bad_input_raises_and_changes_nothing() -> None:
+    m = RendezvousManager(RendezvousConfig(min_nodes=2, max_nodes=2))
+    _join_all(m, ["a", "b"], 0.0)
+    before = _snapshot(m)
+    with pytest.raises(UnknownNodeError, match="'ghost' cannot leave"):
+        m.leave("ghost", 0.0)
+    with pytest.raises(UnknownRoundError, match="round 7 is not the current round"):
+        m.world(7)
+    with pytest.raises(InvalidRequestError, match="node_id"):
+        m.join("", 0.0)
+    with pytest.raises(InvalidRequestError, match="at most 256"):
+        m.poll("x" * 300, 0.0)
+    assert _snapshot(m) == before
+    assert m.world(1).members == ("a", "b")
+
+
+def test_heartbeat_of_unknown_node_says_join_again() -> None:
+    m = RendezvousManager(RendezvousConfig(min_nodes=1, max_nodes=1))
+    result = m.heartbeat("nobody", 0.0)
+    assert not result.known
+    assert "join again" in result.reason
+
+
+def test_reconfigure_applies_to_next_round() -> None:
+    m = RendezvousManager(RendezvousConfig(min_nodes=2, max_nodes=2))
+    _join_all(m, ["a", "b"], 0.0)
+    reason = m.reconfigure(RendezvousConfig(min_nodes=3, max_nodes=3), 1.0)
+    assert "2..2 to 3..3" in reason
+    assert m.current_round is not None
+    assert m.current_round.world_size == 2
+    _join_all(m, ["a", "b", "c"], 2.0)
+    assert m.current_round.world_size == 3
+
+
+def test_expiry_of_waiting_node_is_silent_for_others() -> None:
+    m = RendezvousManager(RendezvousConfig(min_nodes=3, max_nodes=3, heartbeat_timeout_s=5))
+    m.join("a", 0.0)
+    m.join("b", 3.0)
+    assert m.poll("b", 6.0).reason == "1 of min 3 nodes joined; waiting for 2 more"
+    assert m.waiting == ("b",)
+
+
+def test_late_nodes_wait_for_the_members_and_never_break_a_running_round() -> None:
+    m = RendezvousManager(RendezvousConfig(min_nodes=1, max_nodes=2, last_call_s=1.0))
+    _join_all(m, ["a", "b"], 0.0)
+    m.join("c", 1.0)
+    late = m.poll("c", 10.0)
+    assert late.state is PollState.WAITING
+    assert late.reason == "round 1 is in force with 2 nodes; 1 node(s) wait for its members to join again"
+    assert m.poll("a", 10.0).state is PollState.ASSIGNED
+    assert m.num_nodes_waiting(10.0, "a") == 1
+    # A member restarts: rendezvous reopens. With c waiting, a's join reaches max_nodes and the
+    # round completes at once; a keeps its rank and c takes the free one. b, late now, waits.
+    m.join("a", 11.0)
+    assert m.current_round is not None
+    assert m.current_round.number == 2
+    assert m.current_round.members == ("a", "c")
+    assert m.poll("b", 11.0).state is PollState.NOT_WAITING
+    m.join("b", 12.0)
+    assert "round 2 is in force" in m.poll("b", 12.0).reason

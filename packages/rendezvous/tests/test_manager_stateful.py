@@ -1,0 +1,237 @@
+"""The rendezvous manager under every interleaving of joins, polls, heartbeats, leaves, clock
+advances and parameter changes, checked against a plain model of who is alive."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, initialize, invariant, precondition, rule
+
+from dlrover.rendezvous import (
+    InvalidRequestError,
+    NodeParams,
+    PollState,
+    RendezvousConfig,
+    RendezvousManager,
+    UnknownNodeError,
+    UnknownRoundError,
+)
+
+HEARTBEAT_TIMEOUT_S = 10.0
+
+
+@st.composite
+def configs(draw: st.DrawFn) -> RendezvousConfig:
+    unit = draw(st.integers(1, 3))
+    max_nodes = draw(st.integers(unit, 6))
+    top = max_nodes - max_nodes % unit
+    min_nodes = draw(st.integers(1, top))
+    return RendezvousConfig(
+        min_nodes=min_nodes,
+        max_nodes=max_nodes,
+        node_unit=unit,
+        last_call_s=draw(st.sampled_from([0.0, 1.0, 3.0])),
+        join_timeout_s=draw(st.sampled_from([4.0, 50.0])),
+        heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S,
+    )
+
+
+class RendezvousMachine(RuleBasedStateMachine):
+    nodes = Bundle("nodes")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.now = 0.0
+        self.counter = 0
+        # The model: when each node last showed life (as far as the test knows), and who left.
+        self.seen: dict[str, float] = {}
+        self.departed: set[str] = set()
+        self.last_round_number = 0
+        self.last_members: tuple[str, ...] | None = None
+        self.rounds_checked = 0
+
+    @initialize(config=configs())
+    def start(self, config: RendezvousConfig) -> None:
+        self.m = RendezvousManager(config)
+
+    @rule(target=nodes)
+    def new_node(self) -> str:
+        self.counter += 1
+        return f"node-{self.counter}"
+
+    def _alive_before(self, node: str) -> bool:
+        return node in self.m.tracked
+
+    @rule(node=nodes)
+    def join(self, node: str) -> None:
+        result = self.m.join(node, self.now)
+        assert result.reason
+        if result.accepted:
+            self.seen[node] = self.now
+            self.departed.discard(node)
+        self._after_step()
+
+    @rule(node=nodes, delta=st.integers(-1, 1))
+    def join_with_disagreeing_params(self, node: str, delta: int) -> None:
+        cfg = self.m.config
+        before = self._snapshot()
+        if cfg.max_nodes + delta < cfg.min_nodes:
+            with pytest.raises(InvalidRequestError):
+                NodeParams(cfg.min_nodes, cfg.max_nodes + delta)
+            return
+        params = NodeParams(cfg.min_nodes, cfg.max_nodes + delta)
+        result = self.m.join(node, self.now, params=params)
+        if delta != 0:
+            assert not result.accepted
+            assert "expects" in result.reason
+            assert self._snapshot() == before
+        else:
+            assert result.accepted
+            self.seen[node] = self.now
+            self.departed.discard(node)
+        self._after_step()
+
+    @rule(node=nodes)
+    def poll(self, node: str) -> None:
+        result = self.m.poll(node, self.now)
+        assert result.reason
+        if result.state in (PollState.WAITING, PollState.ASSIGNED):
+            self.seen[node] = self.now
+        if result.state is PollState.ASSIGNED:
+            current = self.m.current_round
+            assert current is not None
+            assert current.members[result.rank] == node
+            assert result.world_size == current.world_size
+        self._after_step()
+
+    @rule(node=nodes)
+    def heartbeat(self, node: str) -> None:
+        if self.m.heartbeat(node, self.now).known:
+            self.seen[node] = self.now
+        self._after_step()
+
+    @rule(node=nodes)
+    def num_nodes_waiting(self, node: str) -> None:
+        tracked = self._alive_before(node)
+        assert self.m.num_nodes_waiting(self.now, node) >= len(self.m.waiting)
+        if tracked and node in self.m.tracked:
+            self.seen[node] = self.now
+        self._after_step()
+
+    @rule(node=consumes(nodes))
+    def leave(self, node: str) -> None:
+        before = self._snapshot()
+        in_round = self.m.current_round is not None and self.m.current_round.rank_of(node) is not None
+        if node in self.m.waiting or in_round:
+            self.m.leave(node, self.now)
+            self.departed.add(node)
+            assert node not in self.m.tracked
+        else:
+            with pytest.raises(UnknownNodeError):
+                self.m.leave(node, self.now)
+            assert self._snapshot() == before
+        self._after_step()
+
+    @rule(seconds=st.sampled_from([0.5, 1.0, 2.5, 6.0, 11.0]))
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+        expired = self.m.expire(self.now)
+        for node in expired:
+            assert self.now - self.seen[node] > HEARTBEAT_TIMEOUT_S
+        self._after_step()
+
+    @rule(config=configs())
+    def reconfigure(self, config: RendezvousConfig) -> None:
+        self.m.reconfigure(config, self.now)
+        self._after_step()
+
+    @rule(number=st.integers(-2, 30))
+    def ask_for_a_round(self, number: int) -> None:
+        current = self.m.current_round
+        if current is not None and current.number == number:
+            assert self.m.world(number) is current
+        else:
+            before = self._snapshot()
+            with pytest.raises(UnknownRoundError):
+                self.m.world(number)
+            assert self._snapshot() == before
+
+    @precondition(lambda self: self.m.current_round is not None)
+    @rule()
+    def members_restart_and_rejoin(self) -> None:
+        current = self.m.current_round
+        assert current is not None
+        for node in current.members:
+            self.join(node)
+
+    @precondition(lambda self: self.m.closed is False)
+    @rule()
+    def poll_everyone(self) -> None:
+        for node in list(self.m.waiting):
+            self.poll(node)
+        if self.m.waiting:
+            # A poll completes any round that is due: nothing due may be left behind.
+            assert not self.m.status(self.now).complete, self.m.status(self.now).reason
+
+    def _snapshot(self) -> tuple[object, ...]:
+        return (self.m.waiting, self.m.tracked, self.m.current_round, self.m.round_number, self.m.config)
+
+    def _after_step(self) -> None:
+        current = self.m.current_round
+        if current is None or current.number == self.last_round_number:
+            return
+        # A new round formed: a rejoining node keeps its rank while membership is unchanged.
+        if self.last_members is not None and set(self.last_members) == set(current.members):
+            assert current.members == self.last_members
+            self.rounds_checked += 1
+        self.last_members = current.members
+
+    @invariant()
+    def ranks_unique_and_contiguous(self) -> None:
+        current = self.m.current_round
+        if current is None:
+            return
+        assert len(set(current.members)) == current.world_size
+        assert [current.rank_of(n) for n in current.members] == list(range(current.world_size))
+
+    @invariant()
+    def world_size_within_bounds_and_a_multiple_of_unit(self) -> None:
+        current = self.m.current_round
+        if current is None:
+            return
+        cfg = current.config
+        assert cfg.min_nodes <= current.world_size <= cfg.max_nodes
+        assert current.world_size % cfg.node_unit == 0
+
+    @invariant()
+    def no_round_holds_an_expired_or_departed_node(self) -> None:
+        current = self.m.current_round
+        if current is None:
+            return
+        for node in current.members:
+            assert node not in self.departed
+            assert self.now - self.seen[node] <= HEARTBEAT_TIMEOUT_S
+
+    @invariant()
+    def rounds_only_increase(self) -> None:
+        assert self.m.round_number >= self.last_round_number
+        current = self.m.current_round
+        assert current is None or current.number == self.m.round_number
+        self.last_round_number = self.m.round_number
+
+    @invariant()
+    def a_full_waiting_list_always_forms_a_round(self) -> None:
+        # Late nodes wait while a round is in force; once rendezvous is open, max_nodes forms a round.
+        assert self.m.closed or not self.m.accepting or len(self.m.waiting) < self.m.config.max_nodes
+
+    @invariant()
+    def waiting_nodes_are_alive_and_not_departed(self) -> None:
+        for node in self.m.waiting:
+            assert node not in self.departed
+            assert self.now - self.seen[node] <= HEARTBEAT_TIMEOUT_S
+            assert node in self.m.tracked
+
+
+RendezvousMachine.TestCase.settings = settings(RendezvousMachine.TestCase.settings, stateful_step_count=40)
+TestRendezvousMachine = RendezvousMachine.TestCase
