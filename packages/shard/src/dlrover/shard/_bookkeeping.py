@@ -1,0 +1,112 @@
+"""The shard manager's private bookkeeping records and request checks (internal)."""
+
+from __future__ import annotations
+
+from dlrover.shard.errors import InvalidShardRequestError
+from dlrover.shard.shard import Shard
+
+MAX_REQUEST_ID_CHARS = 128
+MAX_WORKER_CHARS = 256
+
+
+class Parked:
+    """A shard that has left the fresh permutation: leased, re-queued or failed."""
+
+    __slots__ = (
+        "consumed",
+        "dispatches",
+        "end",
+        "epoch",
+        "failures",
+        "order_seed",
+        "partition",
+        "reasons",
+        "shard_id",
+        "start",
+    )
+
+    def __init__(
+        self, shard_id: int, epoch: int, start: int, end: int, order_seed: int | None, *, partition: str = ""
+    ) -> None:
+        self.shard_id = shard_id
+        self.epoch = epoch
+        self.start = start
+        self.end = end
+        self.order_seed = order_seed
+        self.partition = partition
+        self.consumed = 0
+        self.dispatches = 0
+        self.failures = 0
+        self.reasons: list[str] = []
+
+    @property
+    def size(self) -> int:
+        return self.end - self.start
+
+    def to_shard(self, dataset: str) -> Shard:
+        return Shard(
+            dataset=dataset,
+            shard_id=self.shard_id,
+            epoch=self.epoch,
+            start=self.start,
+            end=self.end,
+            consumed=self.consumed,
+            order_seed=self.order_seed,
+            partition=self.partition,
+            attempt=max(self.dispatches, 1),
+        )
+
+
+class Lease:
+    __slots__ = ("deadline", "parked", "version", "worker")
+
+    def __init__(self, parked: Parked, worker: str, deadline: float, version: int) -> None:
+        self.parked = parked
+        self.worker = worker
+        self.deadline = deadline
+        self.version = version
+
+
+class EpochBook:
+    """Done and failed counts of an epoch that is not finished yet."""
+
+    __slots__ = ("done", "failed", "total")
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.done: set[int] = set()
+        self.failed = 0
+
+    @property
+    def complete(self) -> bool:
+        return len(self.done) + self.failed >= self.total
+
+
+class WorkerStats:
+    __slots__ = ("first_seen", "last_seen", "samples", "shards_done")
+
+    def __init__(self, now: float) -> None:
+        self.samples = 0
+        self.shards_done = 0
+        self.first_seen = now
+        self.last_seen = now
+
+
+def check_worker(worker: str) -> None:
+    if not isinstance(worker, str) or not worker or len(worker) > MAX_WORKER_CHARS:
+        raise InvalidShardRequestError(
+            f"worker id must be a non-empty string of at most {MAX_WORKER_CHARS} characters, got {worker!r}"
+        )
+
+
+def check_request_id(request_id: str) -> None:
+    if not isinstance(request_id, str) or len(request_id) > MAX_REQUEST_ID_CHARS:
+        raise InvalidShardRequestError(
+            f"request id must be a string of at most {MAX_REQUEST_ID_CHARS} characters, got {request_id!r}"
+        )
+
+
+def check_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidShardRequestError(f"{name} must be an integer, got {value!r}")
+    return value

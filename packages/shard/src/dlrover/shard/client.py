@@ -1,0 +1,332 @@
+"""The worker side of ShardService: deadlines, bounded retries and background prefetch.
+
+Every call is retried (on UNAVAILABLE and DEADLINE_EXCEEDED, within the retry policy's bounds)
+because every call is safe to repeat: fetch, done, failure and restore send a fresh request id
+that is reused by each retry of the same call, so the server answers a repeat with its first
+reply; progress carries an absolute position; reads change nothing. One limit: the server keeps
+recent replies in memory, so a retry that reaches a *restarted* master is answered from the
+restored state (a repeated done is then rejected as "not held", never applied twice).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import uuid
+from collections import deque
+from typing import Any
+
+import attrs
+import grpc
+
+from dlrover.common import ChannelConfig, Clock, ConfigError, RetryPolicy, SystemClock, call_unary, create_channel
+from dlrover.shard.config import DatasetSpec
+from dlrover.shard.convert import shard_from_proto, spec_to_proto, status_from_proto
+from dlrover.shard.results import DatasetStatus, FetchResult, RegisterResult, ReportResult, RestoreResult
+from dlrover.shard.shard import Shard
+from dlrover.shard.v1 import shard_pb2 as pb
+from dlrover.shard.v1 import shard_pb2_grpc
+
+__all__ = ["ShardClient", "ShardClientConfig"]
+
+_log = logging.getLogger(__name__)
+
+
+def _positive(_inst: object, attribute: attrs.Attribute[Any], value: float) -> None:
+    if not value > 0:
+        raise ConfigError(f"{attribute.name} must be positive, got {value!r}")
+
+
+def _non_negative(_inst: object, attribute: attrs.Attribute[Any], value: int) -> None:
+    if value < 0:
+        raise ConfigError(f"{attribute.name} must not be negative, got {value!r}")
+
+
+@attrs.frozen
+class ShardClientConfig:
+    """How a worker talks to ShardService.
+
+    Attributes:
+        retry: deadline per attempt and retry bounds of every call.
+        channel: how to dial.
+        fetch_count: shards asked for per fetch.
+        prefetch_shards: shards kept leased ahead in a background thread; 0 fetches on demand.
+            Buffered shards are leased, so keep this small.
+        poll_interval_s: wait before asking again when no shard is available yet.
+        renew_interval_s: how often the prefetch thread renews the leases of buffered shards;
+            keep it well under the lease timeout.
+    """
+
+    retry: RetryPolicy = attrs.field(factory=RetryPolicy)
+    channel: ChannelConfig = attrs.field(factory=ChannelConfig)
+    fetch_count: int = attrs.field(default=1, validator=_positive)
+    prefetch_shards: int = attrs.field(default=1, validator=_non_negative)
+    poll_interval_s: float = attrs.field(default=0.2, validator=_positive)
+    renew_interval_s: float = attrs.field(default=10.0, validator=_positive)
+
+
+class ShardClient:
+    """One worker's connection to the shard service for one dataset.
+
+    Args:
+        target: `host:port` of the service.
+        token: the job token.
+        dataset: the dataset this client reads.
+        worker: this worker's id (leases are held in its name).
+        config: deadlines, retries and prefetch.
+        clock: time source for retry back-off and on-demand polling.
+
+    Use as a context manager, or call `close()`.
+    """
+
+    def __init__(
+        self,
+        target: str,
+        token: str,
+        dataset: str,
+        worker: str,
+        *,
+        config: ShardClientConfig | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        if not dataset or not worker:
+            raise ConfigError(f"a shard client needs a dataset and a worker id, got {dataset!r} and {worker!r}")
+        self._config = config or ShardClientConfig()
+        self._clock = clock or SystemClock()
+        self._dataset = dataset
+        self._worker = worker
+        self._channel = create_channel(target, token, self._config.channel)
+        self._stub: Any = shard_pb2_grpc.ShardServiceStub(self._channel)  # type: ignore[no-untyped-call]
+        self._cond = threading.Condition()
+        self._buffer: deque[Shard] = deque()
+        self._finished = False
+        self._error: BaseException | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        # Request ids: one random prefix per client and a counter, unique without a syscall per call.
+        self._id_prefix = uuid.uuid4().hex[:16]
+        self._ids = itertools.count()
+
+    @property
+    def worker(self) -> str:
+        """This client's worker id."""
+        return self._worker
+
+    @property
+    def dataset(self) -> str:
+        """The dataset this client reads."""
+        return self._dataset
+
+    def _request_id(self) -> str:
+        return f"{self._id_prefix}-{next(self._ids)}"
+
+    def _call(self, method: Any, request: Any) -> Any:
+        return call_unary(method, request, idempotent=True, policy=self._config.retry, clock=self._clock)
+
+    # ------------------------------------------------------------------ requests
+
+    def register(self, spec: DatasetSpec) -> RegisterResult:
+        """Register `spec` (a no-op when the identical spec is registered).
+
+        Raises:
+            RpcError: INVALID_ARGUMENT for a bad spec, FAILED_PRECONDITION for a different spec
+                under the same name, or a transport failure after retries.
+        """
+        res = self._call(self._stub.RegisterDataset, pb.RegisterDatasetRequest(spec=spec_to_proto(spec)))
+        return RegisterResult(res.created, res.reason)
+
+    def fetch(self, count: int | None = None) -> FetchResult:
+        """Lease up to `count` shards now (bypassing the prefetch buffer)."""
+        req = pb.FetchShardsRequest(
+            dataset=self._dataset,
+            worker=self._worker,
+            count=self._config.fetch_count if count is None else count,
+            request_id=self._request_id(),
+        )
+        res = self._call(self._stub.FetchShards, req)
+        return FetchResult(tuple(shard_from_proto(s) for s in res.shards), res.finished, res.reason)
+
+    def next_shard(self, timeout_s: float | None = None) -> Shard | None:
+        """The next shard to work on, waiting while none is available; None when the dataset is finished.
+
+        Args:
+            timeout_s: the longest wait; None waits until a shard comes or the dataset finishes.
+
+        Raises:
+            TimeoutError: `timeout_s` passed with no shard.
+            RpcError: a call failed for good (also when the prefetch thread's call did).
+        """
+        if self._config.prefetch_shards == 0:
+            return self._next_on_demand(timeout_s)
+        self._start_prefetch()
+        with self._cond:
+            ok = self._cond.wait_for(lambda: self._buffer or self._finished or self._error is not None, timeout_s)
+            if self._buffer:
+                shard = self._buffer.popleft()
+                self._cond.notify_all()
+                return shard
+            if self._error is not None:
+                raise self._error
+            if self._finished:
+                return None
+            assert not ok
+            raise TimeoutError(f"no shard of {self._dataset!r} within {timeout_s}s")
+
+    def report_progress(self, shard_id: int, consumed: int) -> ReportResult:
+        """Renew the shard's lease and record (under exactly-once: acknowledge) `consumed` units."""
+        req = pb.ReportProgressRequest(
+            dataset=self._dataset,
+            worker=self._worker,
+            shard_id=shard_id,
+            consumed=consumed,
+            request_id=self._request_id(),
+        )
+        res = self._call(self._stub.ReportProgress, req)
+        return ReportResult(res.changed, res.reason)
+
+    def report_done(self, shard_id: int) -> ReportResult:
+        """Record that the shard is used up."""
+        req = pb.ReportDoneRequest(
+            dataset=self._dataset, worker=self._worker, shard_id=shard_id, request_id=self._request_id()
+        )
+        res = self._call(self._stub.ReportDone, req)
+        return ReportResult(res.changed, res.reason)
+
+    def report_failure(self, shard_id: int, reason: str, consumed: int | None = None) -> ReportResult:
+        """Give the shard back as failed (with a last acknowledged position, optionally)."""
+        req = pb.ReportFailureRequest(
+            dataset=self._dataset, worker=self._worker, shard_id=shard_id, reason=reason, request_id=self._request_id()
+        )
+        if consumed is not None:
+            req.consumed = consumed
+        res = self._call(self._stub.ReportFailure, req)
+        return ReportResult(res.changed, res.reason)
+
+    def remove_worker(self, worker: str | None = None, reason: str = "worker removed") -> dict[str, list[int]]:
+        """Take back every shard `worker` (default: this one) holds; returns dataset -> shard ids."""
+        res = self._call(self._stub.RemoveWorker, pb.RemoveWorkerRequest(worker=worker or self._worker, reason=reason))
+        return {r.dataset: list(r.shard_ids) for r in res.released}
+
+    def checkpoint(self) -> str:
+        """The dataset's progress checkpoint (JSON)."""
+        return str(self._call(self._stub.GetCheckpoint, pb.GetCheckpointRequest(dataset=self._dataset)).document)
+
+    def restore(self, document: str) -> RestoreResult:
+        """Restore the dataset from a progress checkpoint; drops this client's buffered shards."""
+        req = pb.RestoreCheckpointRequest(document=document, dataset=self._dataset, request_id=self._request_id())
+        res = self._call(self._stub.RestoreCheckpoint, req)
+        with self._cond:
+            self._buffer.clear()  # their leases were dropped by the restore
+            self._finished = False
+        return RestoreResult(res.dataset, res.returned_to_queue, res.reason)
+
+    def status(self) -> DatasetStatus:
+        """Counts and per-worker throughput of the dataset."""
+        return status_from_proto(self._call(self._stub.GetStatus, pb.GetStatusRequest(dataset=self._dataset)))
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def close(self, return_buffered: bool = True) -> None:
+        """Stop prefetching and close the channel; safe to call twice.
+
+        Args:
+            return_buffered: report buffered, unused shards as failed so they are re-queued at
+                once instead of when their leases expire (each counts as one failed attempt).
+        """
+        if self._closed:
+            return
+        self._closed = True
+        self._stop.set()
+        with self._cond:
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join()
+        if return_buffered:
+            for shard in list(self._buffer):
+                try:
+                    self.report_failure(shard.shard_id, "prefetched shard returned unused when the client closed")
+                except Exception as exc:  # the lease will expire; say so rather than hide it
+                    _log.warning("could not return prefetched shard %d: %s", shard.shard_id, exc)
+        self._buffer.clear()
+        self._channel.close()
+
+    def __enter__(self) -> ShardClient:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ internals
+
+    def _next_on_demand(self, timeout_s: float | None) -> Shard | None:
+        give_up = None if timeout_s is None else self._clock.now() + timeout_s
+        while True:
+            with self._cond:
+                if self._buffer:
+                    return self._buffer.popleft()
+            res = self.fetch()
+            if res.shards:
+                with self._cond:
+                    self._buffer.extend(res.shards[1:])
+                return res.shards[0]
+            if res.finished:
+                return None
+            if give_up is not None and self._clock.now() + self._config.poll_interval_s > give_up:
+                raise TimeoutError(f"no shard of {self._dataset!r} within {timeout_s}s: {res.reason}")
+            self._clock.sleep(self._config.poll_interval_s)
+
+    def _start_prefetch(self) -> None:
+        # A thread that ended at the end of the data is started again after a restore.
+        if (self._thread is None or not self._thread.is_alive()) and not self._closed and not self._finished:
+            self._thread = threading.Thread(
+                target=self._prefetch_loop, name=f"shard-prefetch-{self._worker}", daemon=True
+            )
+            self._thread.start()
+
+    def _prefetch_loop(self) -> None:
+        last_renew = self._clock.now()
+        try:
+            while not self._stop.is_set():
+                with self._cond:
+                    want = self._config.prefetch_shards - len(self._buffer)
+                    finished = self._finished
+                if self._clock.now() - last_renew >= self._config.renew_interval_s:
+                    self._renew_buffered()
+                    last_renew = self._clock.now()
+                if want > 0 and not finished:
+                    res = self.fetch(min(want, max(self._config.fetch_count, 1)))
+                    with self._cond:
+                        self._buffer.extend(res.shards)
+                        self._finished = res.finished and not res.shards
+                        self._cond.notify_all()
+                    if res.shards:
+                        continue
+                    if res.finished:
+                        return
+                    self._stop.wait(self._config.poll_interval_s)
+                    continue
+                with self._cond:
+                    self._cond.wait_for(
+                        lambda: self._stop.is_set() or len(self._buffer) < self._config.prefetch_shards,
+                        self._config.renew_interval_s,
+                    )
+        except BaseException as exc:  # surfaced to the caller of next_shard, not swallowed
+            with self._cond:
+                self._error = exc
+                self._cond.notify_all()
+
+    def _renew_buffered(self) -> None:
+        with self._cond:
+            shards = list(self._buffer)
+        for shard in shards:
+            try:
+                self.report_progress(shard.shard_id, shard.consumed)
+            except Exception as exc:
+                if getattr(exc, "code", None) is grpc.StatusCode.FAILED_PRECONDITION:
+                    with self._cond:  # the lease is gone (expired or restored away): do not hand it out
+                        if shard in self._buffer:
+                            self._buffer.remove(shard)
+                    continue
+                raise

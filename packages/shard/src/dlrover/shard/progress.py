@@ -1,0 +1,302 @@
+"""The progress checkpoint: a dataset's whole remaining work as a versioned JSON document.
+
+Format (version 1)::
+
+    {
+      "format": "dlrover.shard.progress",
+      "version": 1,
+      "dataset": "<name>",
+      "spec": {...},                 # the DatasetSpec, see spec_to_json
+      "state": {
+        "epoch": 3,                  # newest started epoch, -1 before the first fetch
+        "cursor": 120,               # shards of that epoch handed out fresh so far
+        "finished_epochs": 3,        # epochs whose every shard is done or failed
+        "done_total": 1200,          # shards done, all epochs together
+        "epochs": {"3": {"done_bitmap": "<base64>", "failed": 0}},   # epochs not finished yet:
+                                     # bit k set = shard 3 * shards_per_epoch + k is done
+        "in_flight": [ids],          # shards leased when the checkpoint was taken (informative)
+        "queue": [shard, ...],       # waiting shards in dispatch order, leased ones last
+        "failed": [shard + "reasons", ...],
+        "stream": {"next_offset": {p: n}, "watermark": {p: n}, "next_shard_id": n,
+                   "round_robin": i, "done": [ids], "done_floor": n}
+      }
+    }
+
+A shard entry is {"shard_id", "epoch", "start", "end", "consumed", "order_seed", "partition",
+"dispatches", "failures", "reasons"}. No RNG state is stored because there is none to store: the
+shard order of epoch e is a permutation seeded by (spec.seed, e), and the sample order within a
+shard by (spec.seed, e, shard number), so the seed plus `epoch` and `cursor` give the rest of the
+current epoch and every later one exactly.
+
+Leases are not stored: a shard leased when the checkpoint was taken is written into the queue,
+at its acknowledged position under exactly-once and from its start under at-least-once, or into
+the failed set under at-most-once. So restoring gives exactly the remaining work, and a model
+checkpoint saved with this document resumes without repeating or skipping an acknowledged sample.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+from dlrover.shard._bookkeeping import Parked
+from dlrover.shard.config import (
+    DatasetSpec,
+    DeliveryMode,
+    IndexSource,
+    RecordFile,
+    RecordFileSource,
+    RecordUnit,
+    StreamPartitions,
+    TaskType,
+)
+from dlrover.shard.errors import InvalidShardRequestError
+from dlrover.shard.results import FailedShard
+from dlrover.shard.shard import Shard, decode_bitmap
+from dlrover.shard.splitter import make_splitter
+
+if TYPE_CHECKING:
+    from dlrover.shard.manager import ShardManager
+
+__all__ = [
+    "PROGRESS_FORMAT",
+    "PROGRESS_VERSION",
+    "spec_to_json",
+    "spec_from_json",
+    "encode_progress",
+    "decode_progress",
+    "load_manager_state",
+]
+
+PROGRESS_FORMAT = "dlrover.shard.progress"
+PROGRESS_VERSION = 1
+
+
+def _bad(message: str) -> InvalidShardRequestError:
+    return InvalidShardRequestError(f"progress checkpoint: {message}")
+
+
+def spec_to_json(spec: DatasetSpec) -> dict[str, Any]:
+    """A dataset specification as JSON-ready data."""
+    src = spec.source
+    source: dict[str, Any]
+    if isinstance(src, IndexSource):
+        source = {"kind": "index", "num_samples": src.num_samples}
+    elif isinstance(src, RecordFileSource):
+        source = {
+            "kind": "record_files",
+            "files": [{"path": f.path, "size": f.size} for f in src.files],
+            "unit": src.unit.value,
+            "record_bytes": src.record_bytes,
+            "cross_file_boundaries": src.cross_file_boundaries,
+        }
+    else:
+        source = {"kind": "stream", "partitions": list(src.partitions)}
+    return {
+        "name": spec.name,
+        "source": source,
+        "batch_size": spec.batch_size,
+        "batches_per_shard": spec.batches_per_shard,
+        "num_epochs": spec.num_epochs,
+        "shuffle": spec.shuffle,
+        "shuffle_samples": spec.shuffle_samples,
+        "seed": spec.seed,
+        "delivery": spec.delivery.value,
+        "task_type": spec.task_type.value,
+        "lease_timeout_s": spec.lease_timeout_s,
+        "max_attempts": spec.max_attempts,
+    }
+
+
+def _field(data: dict[str, Any], key: str, kind: type | tuple[type, ...], where: str) -> Any:
+    if not isinstance(data, dict) or key not in data:
+        raise _bad(f"{where} has no {key!r}")
+    value = data[key]
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is int):
+        raise _bad(f"{where}.{key} has the wrong type: {value!r}")
+    return value
+
+
+def spec_from_json(data: dict[str, Any]) -> DatasetSpec:
+    """Parse `spec_to_json` output back into a validated `DatasetSpec`.
+
+    Raises:
+        InvalidShardRequestError: a field is missing, has the wrong type or an invalid value.
+    """
+    src = _field(data, "source", dict, "spec")
+    kind = _field(src, "kind", str, "spec.source")
+    source: IndexSource | RecordFileSource | StreamPartitions
+    try:
+        if kind == "index":
+            source = IndexSource(_field(src, "num_samples", int, "spec.source"))
+        elif kind == "record_files":
+            files = tuple(
+                RecordFile(_field(f, "path", str, "spec.source.files[]"), _field(f, "size", int, "spec.source.files[]"))
+                for f in _field(src, "files", list, "spec.source")
+            )
+            source = RecordFileSource(
+                files=files,
+                unit=RecordUnit(_field(src, "unit", str, "spec.source")),
+                record_bytes=_field(src, "record_bytes", int, "spec.source"),
+                cross_file_boundaries=_field(src, "cross_file_boundaries", bool, "spec.source"),
+            )
+        elif kind == "stream":
+            source = StreamPartitions(tuple(_field(src, "partitions", list, "spec.source")))
+        else:
+            raise _bad(f"spec.source.kind must be index, record_files or stream, got {kind!r}")
+        return DatasetSpec(
+            name=_field(data, "name", str, "spec"),
+            source=source,
+            batch_size=_field(data, "batch_size", int, "spec"),
+            batches_per_shard=_field(data, "batches_per_shard", int, "spec"),
+            num_epochs=_field(data, "num_epochs", (int, type(None)), "spec"),
+            shuffle=_field(data, "shuffle", bool, "spec"),
+            shuffle_samples=_field(data, "shuffle_samples", bool, "spec"),
+            seed=_field(data, "seed", int, "spec"),
+            delivery=DeliveryMode(_field(data, "delivery", str, "spec")),
+            task_type=TaskType(_field(data, "task_type", str, "spec")),
+            lease_timeout_s=_field(data, "lease_timeout_s", (int, float, type(None)), "spec"),
+            max_attempts=_field(data, "max_attempts", (int, type(None)), "spec"),
+        )
+    except ValueError as exc:  # enum values and spec validation
+        if isinstance(exc, InvalidShardRequestError) and str(exc).startswith("progress checkpoint"):
+            raise
+        raise _bad(f"invalid spec: {exc}") from exc
+
+
+def encode_progress(manager: ShardManager) -> str:
+    """The manager's progress checkpoint as a JSON string (keys sorted, so equal states give equal text)."""
+    doc = {
+        "format": PROGRESS_FORMAT,
+        "version": PROGRESS_VERSION,
+        "dataset": manager.spec.name,
+        "spec": spec_to_json(manager.spec),
+        "state": manager.export_state(),
+    }
+    return json.dumps(doc, sort_keys=True, separators=(",", ":"))
+
+
+def decode_progress(text: str | bytes) -> tuple[DatasetSpec, dict[str, Any]]:
+    """Parse and check a progress document's envelope; returns its spec and raw state.
+
+    Raises:
+        InvalidShardRequestError: not JSON, not a progress document, another version, or a bad spec.
+    """
+    try:
+        doc = json.loads(text)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise _bad(f"not valid JSON: {exc}") from exc
+    if not isinstance(doc, dict) or doc.get("format") != PROGRESS_FORMAT:
+        got = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
+        raise _bad(f"format must be {PROGRESS_FORMAT!r}, got {got!r}")
+    if doc.get("version") != PROGRESS_VERSION:
+        raise _bad(f"version {doc.get('version')!r} is not supported; this build reads version {PROGRESS_VERSION}")
+    spec = spec_from_json(_field(doc, "spec", dict, "document"))
+    if doc.get("dataset") != spec.name:
+        raise _bad(f"dataset {doc.get('dataset')!r} does not match its spec's name {spec.name!r}")
+    return spec, _field(doc, "state", dict, "document")
+
+
+def _int(data: dict[str, Any], key: str, where: str, low: int = 0, high: int | None = None) -> int:
+    value = _field(data, key, int, where)
+    if value < low or (high is not None and value > high):
+        raise _bad(f"{where}.{key} = {value} is outside {low}..{high if high is not None else 'inf'}")
+    return int(value)
+
+
+def _parked_from(manager: ShardManager, entry: dict[str, Any], where: str) -> Parked:
+    spec = manager.spec
+    sid = _int(entry, "shard_id", where)
+    epoch = _int(entry, "epoch", where)
+    start = _int(entry, "start", where)
+    end = _int(entry, "end", where, start + 1)
+    order_seed = _field(entry, "order_seed", (int, type(None)), where)
+    partition = _field(entry, "partition", str, where)
+    n = manager.num_shards_per_epoch
+    if n is not None:
+        if spec.num_epochs is not None and sid >= n * spec.num_epochs:
+            raise _bad(f"{where}: shard {sid} does not exist ({n} shards x {spec.num_epochs} epochs)")
+        if epoch != sid // n or (start, end) != make_splitter(spec).bounds(sid % n):
+            raise _bad(f"{where}: shard {sid} has bounds [{start}, {end}) or epoch {epoch} that the spec does not give")
+    elif isinstance(spec.source, StreamPartitions) and partition not in spec.source.partitions:
+        raise _bad(f"{where}: shard {sid} names unknown partition {partition!r}")
+    parked = Parked(sid, epoch, start, end, order_seed, partition=partition)
+    parked.consumed = _int(entry, "consumed", where, 0, end - start)
+    parked.dispatches = _int(entry, "dispatches", where)
+    parked.failures = _int(entry, "failures", where) if "failures" in entry else 0
+    reasons = _field(entry, "reasons", list, where)
+    if not all(isinstance(r, str) for r in reasons):
+        raise _bad(f"{where}.reasons must be strings")
+    parked.reasons = list(reasons)
+    return parked
+
+
+def load_manager_state(manager: ShardManager, state: dict[str, Any]) -> tuple[ShardManager, int]:
+    """Fill a fresh manager with `state`; returns it and the number of shards in flight at the checkpoint.
+
+    Raises:
+        InvalidShardRequestError: the state is malformed or contradicts the manager's spec.
+    """
+    spec = manager.spec
+    n = manager.num_shards_per_epoch
+    high_epoch = None if spec.num_epochs is None else spec.num_epochs - 1
+    epoch = _int(state, "epoch", "state", -1, high_epoch if n is not None else -1)
+    cursor = _int(state, "cursor", "state", 0, n if (n is not None and epoch >= 0) else 0)
+    queue = [_parked_from(manager, e, f"state.queue[{i}]") for i, e in enumerate(_field(state, "queue", list, "state"))]
+    failed: list[FailedShard] = []
+    for i, e in enumerate(_field(state, "failed", list, "state")):
+        parked = _parked_from(manager, e, f"state.failed[{i}]")
+        shard = Shard(
+            spec.name, parked.shard_id, parked.epoch, parked.start, parked.end, parked.consumed,
+            parked.order_seed, parked.partition, max(parked.dispatches, 1),
+        )  # fmt: skip
+        failed.append(FailedShard(shard, tuple(parked.reasons)))
+    books: dict[int, tuple[set[int], int]] = {}
+    for key, book in _field(state, "epochs", dict, "state").items():
+        if not key.isdigit() or int(key) > epoch:
+            raise _bad(f"state.epochs has key {key!r}, not a started epoch")
+        bitmap = _field(book, "done_bitmap", str, f"state.epochs[{key}]")
+        size = n or 0
+        try:
+            done = decode_bitmap(bitmap, int(key) * size, size)
+        except ValueError as exc:
+            raise _bad(f"state.epochs[{key}].done_bitmap: {exc}") from exc
+        books[int(key)] = (done, _int(book, "failed", f"state.epochs[{key}]"))
+    stream = _field(state, "stream", dict, "state")
+    next_offset = _field(stream, "next_offset", dict, "state.stream")
+    watermark = _field(stream, "watermark", dict, "state.stream")
+    partitions = set(spec.source.partitions) if isinstance(spec.source, StreamPartitions) else set()
+    if set(next_offset) != partitions or set(watermark) != partitions:
+        raise _bad(f"state.stream partitions {sorted(next_offset)} do not match the spec's {sorted(partitions)}")
+    for p in partitions:
+        if (
+            not isinstance(next_offset[p], int)
+            or not isinstance(watermark[p], int)
+            or not 0 <= next_offset[p] <= watermark[p]
+        ):
+            raise _bad(f"state.stream offsets of partition {p!r} are invalid")
+    stream_done = _field(stream, "done", list, "state.stream")
+    seen: set[int] = set()
+    ids = [p.shard_id for p in queue] + [f.shard.shard_id for f in failed]
+    ids += [d for done, _ in books.values() for d in done] + list(stream_done)
+    for sid in ids:
+        if sid in seen:
+            raise _bad(f"shard {sid} appears in more than one state")
+        seen.add(sid)
+    manager._restore_internals(
+        epoch=epoch,
+        cursor=cursor,
+        finished_epochs=_int(state, "finished_epochs", "state"),
+        done_total=_int(state, "done_total", "state"),
+        books=books,
+        queue=queue,
+        failed=failed,
+        next_offset={str(k): int(v) for k, v in next_offset.items()},
+        watermark={str(k): int(v) for k, v in watermark.items()},
+        next_shard_id=_int(stream, "next_shard_id", "state.stream"),
+        round_robin=_int(stream, "round_robin", "state.stream"),
+        stream_done=set(stream_done),
+        stream_done_floor=_int(stream, "done_floor", "state.stream"),
+    )
+    in_flight = _field(state, "in_flight", list, "state")
+    return manager, len(in_flight)

@@ -1,0 +1,271 @@
+"""PyTorch adapters: a `Sampler` and an `IterableDataset` that draw sample indices from ShardService.
+
+Both acknowledge samples only when the training loop says they were trained (`commit`), not when
+they were handed to the `DataLoader`: with `num_workers>0` the loader runs batches ahead, and an
+acknowledgement at hand-out would let a crash skip the batches that were loaded but never trained.
+`state_dict()` returns the dataset's progress checkpoint at the committed position, so saving it
+with the model checkpoint and calling `load_state_dict()` on resume neither repeats nor skips a
+sample (use `DeliveryMode.EXACTLY_ONCE` for the dataset).
+
+- `ShardSampler` runs in the main process (the `DataLoader` always draws indices there), so it
+  works with any `num_workers` and start method; the workers only load `dataset[index]`.
+- `ShardIterableDataset` fetches shards inside each loader worker, each with its own client and
+  worker id (`<worker>/loader-<i>`), and yields `(sample, cursor)`; pass the batch's cursors to
+  `commit`. A gRPC channel must not cross `fork()`, so with `num_workers>0` pass a "forkserver"
+  (or "spawn") `multiprocessing_context`; `ctx.set_forkserver_preload(["torch"])` makes workers
+  start fast.
+
+One iteration over a `DataLoader` is one *pass*. A pass ends when the dataset is finished, or
+when no shard is available right now while samples of this trainer are still uncommitted (its
+own leases are what everybody waits for, so blocking would deadlock). Loop until `finished`::
+
+    while not sampler.finished:
+        for batch in loader:
+            train(batch)
+            sampler.commit(len(batch))
+
+torch is an optional extra; this module imports it at import time, `dlrover.shard` does not.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Generic, TypeVar
+
+import attrs
+import torch
+from torch.utils.data import IterableDataset, Sampler, get_worker_info
+
+from dlrover.common import ConfigError
+from dlrover.shard.client import ShardClient, ShardClientConfig
+from dlrover.shard.shard import Shard
+
+__all__ = ["ShardSampler", "ShardIterableDataset", "STATE_FORMAT", "STATE_VERSION"]
+
+STATE_FORMAT = "dlrover.shard.torch"
+STATE_VERSION = 1
+_T = TypeVar("_T")
+
+
+def _state(dataset: str, document: str) -> dict[str, Any]:
+    return {"format": STATE_FORMAT, "version": STATE_VERSION, "dataset": dataset, "progress": document}
+
+
+def _check_state(state: dict[str, Any], dataset: str) -> str:
+    if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+        raise ConfigError(
+            f"not a dlrover.shard data state: format {state.get('format') if isinstance(state, dict) else state!r}"
+        )
+    if state.get("version") != STATE_VERSION:
+        raise ConfigError(
+            f"data state version {state.get('version')!r} is not supported (this build reads {STATE_VERSION})"
+        )
+    if state.get("dataset") != dataset:
+        raise ConfigError(f"data state is for dataset {state.get('dataset')!r}, not {dataset!r}")
+    return str(state["progress"])
+
+
+class _Acks:
+    """Positions reached per (worker, shard), reported as progress, and done at the shard's end."""
+
+    def __init__(self) -> None:
+        self._pending: dict[tuple[str, int], tuple[int, int]] = {}
+
+    def add(self, worker: str, shard_id: int, position: int, size: int) -> None:
+        key = (worker, shard_id)
+        old = self._pending.get(key)
+        if old is None or position > old[0]:
+            self._pending[key] = (position, size)
+
+    def flush(self, client_for: Callable[[str], ShardClient]) -> None:
+        pending, self._pending = self._pending, {}
+        for (worker, shard_id), (position, size) in sorted(pending.items()):
+            client = client_for(worker)
+            if position >= size:
+                client.report_done(shard_id)
+            else:
+                client.report_progress(shard_id, position)
+
+
+class ShardSampler(Sampler[int]):
+    """Yields the sample indices of the shards leased to `client`, in shard order.
+
+    Args:
+        client: the shard client (its dataset must be an index source); owned by the caller.
+        wait_s: while samples are uncommitted, how long to wait for a next shard before ending
+            the pass (see the module's notes on passes).
+    """
+
+    def __init__(self, client: ShardClient, wait_s: float = 1.0) -> None:
+        if not wait_s > 0:
+            raise ConfigError(f"wait_s must be positive, got {wait_s!r}")
+        self._client = client
+        self._wait_s = wait_s
+        self._inflight: deque[tuple[Shard, int]] = deque()
+        self._finished = False
+
+    @property
+    def finished(self) -> bool:
+        """The service said the dataset is finished: no pass will yield anything again."""
+        return self._finished
+
+    def __iter__(self) -> Iterator[int]:
+        while True:
+            try:
+                # Holding nothing uncommitted, waiting cannot deadlock: wait for a shard or the end.
+                shard = self._client.next_shard(timeout_s=self._wait_s if self._inflight else None)
+            except TimeoutError:
+                return  # end the pass so the training loop can commit what it holds
+            if shard is None:
+                self._finished = True
+                return
+            for offset, index in enumerate(shard.remaining_samples(), start=shard.consumed + 1):
+                self._inflight.append((shard, offset))
+                yield index
+
+    def commit(self, num_samples: int) -> None:
+        """Acknowledge the next `num_samples` yielded indices as trained (call after each step).
+
+        Raises:
+            ConfigError: more samples committed than were yielded.
+        """
+        if num_samples > len(self._inflight) or num_samples < 0:
+            raise ConfigError(
+                f"cannot commit {num_samples} samples; {len(self._inflight)} were yielded and not committed"
+            )
+        acks = _Acks()
+        for _ in range(num_samples):
+            shard, position = self._inflight.popleft()
+            acks.add(self._client.worker, shard.shard_id, position, shard.size)
+        acks.flush(lambda _worker: self._client)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The data position to store in the model checkpoint (the committed samples)."""
+        return _state(self._client.dataset, self._client.checkpoint())
+
+    def load_state_dict(self, state: dict[str, Any], restore: bool = True) -> None:
+        """Resume from `state_dict()` output.
+
+        Args:
+            state: what `state_dict()` returned.
+            restore: restore the service's dataset from it; with several trainers sharing a
+                dataset, let exactly one of them restore (e.g. rank 0) before the others fetch.
+
+        Raises:
+            ConfigError: the state is of another format, version or dataset.
+        """
+        document = _check_state(state, self._client.dataset)
+        self._inflight.clear()
+        self._finished = False
+        if restore:
+            self._client.restore(document)
+
+
+class ShardIterableDataset(IterableDataset[tuple[_T, list[int]]], Generic[_T]):
+    """Yields `(load(index), cursor)` for the samples of shards fetched inside each loader worker.
+
+    Args:
+        target: `host:port` of the shard service.
+        token: the job token.
+        dataset: the dataset (an index source).
+        worker: this trainer's id; loader worker i leases shards as `<worker>/loader-<i>`.
+        load: turns an index into a sample (default: the index itself).
+        config: client settings (deadlines, retries); loader workers fetch one shard at a time
+            on demand (the DataLoader already prefetches batches).
+        wait_s: how long a loader worker waits for a shard before ending its part of the pass.
+    """
+
+    def __init__(
+        self,
+        target: str,
+        token: str,
+        dataset: str,
+        worker: str,
+        *,
+        load: Callable[[int], _T] | None = None,
+        config: ShardClientConfig | None = None,
+        wait_s: float = 2.0,
+    ) -> None:
+        if not wait_s > 0:
+            raise ConfigError(f"wait_s must be positive, got {wait_s!r}")
+        self._wait_s = wait_s
+        self._target = target
+        self._token = token
+        self._dataset = dataset
+        self._worker = worker
+        self._load = load
+        self._config = config or ShardClientConfig()
+        # No prefetch in loader workers: a buffered lease would outlive a pass that ends.
+        self._worker_config = attrs.evolve(self._config, prefetch_shards=0, fetch_count=1)
+        self._clients: dict[str, ShardClient] = {}
+
+    def __iter__(self) -> Iterator[tuple[_T, list[int]]]:
+        info = get_worker_info()
+        slot = -1 if info is None else int(info.id)
+        worker = self._worker if slot < 0 else f"{self._worker}/loader-{slot}"
+        with ShardClient(self._target, self._token, self._dataset, worker, config=self._worker_config) as client:
+            while True:
+                try:
+                    shard = client.next_shard(timeout_s=self._wait_s)
+                except TimeoutError:
+                    return  # the main process may hold our uncommitted samples: end the pass
+                if shard is None:
+                    return
+                for offset, index in enumerate(shard.remaining_samples(), start=shard.consumed + 1):
+                    sample = self._load(index) if self._load is not None else index
+                    yield sample, [slot, shard.shard_id, offset, shard.size]  # type: ignore[misc]
+
+    def _client(self, worker: str) -> ShardClient:
+        client = self._clients.get(worker)
+        if client is None:
+            client = self._clients[worker] = ShardClient(
+                self._target, self._token, self._dataset, worker, config=self._config
+            )
+        return client
+
+    def commit(self, cursors: Sequence[Any]) -> None:
+        """Acknowledge a trained batch, given the batch's cursors (as collated by the DataLoader).
+
+        Accepts the default-collated form (four tensors or lists: loader slot, shard id,
+        position, shard size) or a list of per-sample `[slot, shard_id, position, size]`.
+        """
+        rows = _cursor_rows(cursors)
+        acks = _Acks()
+        for slot, shard_id, position, size in rows:
+            worker = self._worker if slot < 0 else f"{self._worker}/loader-{slot}"
+            acks.add(worker, shard_id, position, size)
+        acks.flush(self._client)
+
+    def finished(self) -> bool:
+        """Whether the service says the dataset is finished (asked from the main process)."""
+        return self._client(self._worker).status().finished
+
+    def state_dict(self) -> dict[str, Any]:
+        """The data position to store in the model checkpoint (the committed samples)."""
+        return _state(self._dataset, self._client(self._worker).checkpoint())
+
+    def load_state_dict(self, state: dict[str, Any], restore: bool = True) -> None:
+        """Resume from `state_dict()` output; see `ShardSampler.load_state_dict`."""
+        document = _check_state(state, self._dataset)
+        if restore:
+            self._client(self._worker).restore(document)
+
+    def close(self) -> None:
+        """Close the main-process clients used by `commit` and `state_dict`."""
+        for client in self._clients.values():
+            client.close(return_buffered=False)
+        self._clients.clear()
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Loader workers get the settings, never the main process's open clients.
+        state = dict(self.__dict__)
+        state["_clients"] = {}
+        return state
+
+
+def _cursor_rows(cursors: Sequence[Any]) -> list[tuple[int, int, int, int]]:
+    if len(cursors) == 4 and all(isinstance(c, torch.Tensor) and c.dim() == 1 for c in cursors):
+        cols = [c.tolist() for c in cursors]
+        return [(int(a), int(b), int(c), int(d)) for a, b, c, d in zip(*cols, strict=True)]
+    return [(int(r[0]), int(r[1]), int(r[2]), int(r[3])) for r in cursors]

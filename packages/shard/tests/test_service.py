@@ -1,0 +1,275 @@
+"""ShardService over real gRPC on 127.0.0.1: round trips, error codes, retries, auth, prefetch."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+import pytest
+
+from dlrover.common import (
+    GrpcServer,
+    RetryPolicy,
+    RpcError,
+    ServerConfig,
+    SystemClock,
+    create_channel,
+    generate_token,
+)
+from dlrover.shard import DatasetSpec, DeliveryMode, IndexSource, ShardRegistry
+from dlrover.shard.client import ShardClient, ShardClientConfig
+from dlrover.shard.service import ShardServicer, add_shard_service
+from dlrover.shard.v1 import shard_pb2 as pb
+from dlrover.shard.v1 import shard_pb2_grpc
+
+pytestmark = pytest.mark.integration
+
+FAST = ShardClientConfig(retry=RetryPolicy(call_timeout_s=10, total_timeout_s=30, initial_backoff_s=0.01))
+
+
+def _spec(n: int = 20, **kw: Any) -> DatasetSpec:
+    return DatasetSpec(name="ds", source=IndexSource(n), batch_size=2, batches_per_shard=2, **kw)
+
+
+def _client(server: GrpcServer, token: str, worker: str = "w", **kw: Any) -> ShardClient:
+    return ShardClient(server.address, token, "ds", worker, config=kw.pop("config", FAST), **kw)
+
+
+def test_a_worker_reads_the_whole_dataset_through_the_service(shard_server: Any, token: str) -> None:
+    server, _ = shard_server
+    with _client(server, token) as c:
+        assert c.register(_spec()).created
+        assert not c.register(_spec()).created
+        seen: list[int] = []
+        while (shard := c.next_shard(timeout_s=30)) is not None:
+            seen.extend(shard.remaining_samples())
+            c.report_progress(shard.shard_id, 1)
+            c.report_done(shard.shard_id)
+        assert sorted(seen) == list(range(20))
+        st = c.status()
+        assert (st.done, st.todo, st.doing, st.finished) == (5, 0, 0, True)
+        assert st.workers[0].worker == "w"
+        assert st.workers[0].samples == 20
+
+
+def _code(fn: Callable[[], object]) -> tuple[grpc.StatusCode, str]:
+    with pytest.raises(RpcError) as info:
+        fn()
+    return info.value.code, info.value.details
+
+
+def test_bad_requests_get_clear_status_codes_and_change_nothing(shard_server: Any, token: str) -> None:
+    server, _ = shard_server
+    with _client(server, token, config=ShardClientConfig(prefetch_shards=0)) as c:
+        c.register(_spec(delivery=DeliveryMode.EXACTLY_ONCE))
+        shard = c.fetch(1).shards[0]
+        before = c.checkpoint()
+        with ShardClient(server.address, token, "nope", "w", config=FAST) as other:
+            code, msg = _code(other.fetch)
+            assert code is grpc.StatusCode.NOT_FOUND
+            assert "'nope' is not registered" in msg
+        assert _code(lambda: c.fetch(0))[0] is grpc.StatusCode.INVALID_ARGUMENT
+        code, msg = _code(lambda: c.report_progress(shard.shard_id, 99))
+        assert code is grpc.StatusCode.INVALID_ARGUMENT
+        assert "99" in msg
+        code, msg = _code(lambda: c.report_done(12345))
+        assert code is grpc.StatusCode.NOT_FOUND
+        assert "12345" in msg
+        with ShardClient(server.address, token, "ds", "intruder", config=FAST) as intruder:
+            code, msg = _code(lambda: intruder.report_done(shard.shard_id))
+            assert code is grpc.StatusCode.FAILED_PRECONDITION
+            assert "another worker" in msg
+        with create_channel(server.address, token) as channel:  # the client validates; send raw bad sizes
+            stub = shard_pb2_grpc.ShardServiceStub(channel)
+            bad = pb.DatasetSpec(name="ds2", batch_size=0, index=pb.IndexSource(num_samples=-3))
+            with pytest.raises(grpc.RpcError) as info:
+                stub.RegisterDataset(pb.RegisterDatasetRequest(spec=bad), timeout=10)
+            assert info.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+            assert "num_samples must be a positive integer, got -3" in str(info.value.details())
+        code, _ = _code(lambda: c.register(_spec(n=21)))
+        assert code is grpc.StatusCode.FAILED_PRECONDITION
+        doc = json.loads(before)
+        code, msg = _code(lambda: c.restore(json.dumps({**doc, "version": 99})))
+        assert code is grpc.StatusCode.INVALID_ARGUMENT
+        assert "version 99" in msg
+        assert c.checkpoint() == before
+        c.report_done(shard.shard_id)
+        after = c.checkpoint()
+        code, msg = _code(lambda: c.report_done(shard.shard_id))
+        assert code is grpc.StatusCode.FAILED_PRECONDITION
+        assert "already done" in msg
+        assert c.checkpoint() == after
+
+
+def test_calls_without_the_job_token_are_refused(shard_server: Any) -> None:
+    server, _ = shard_server
+    with ShardClient(server.address, generate_token(), "ds", "w", config=FAST) as c:
+        code, _ = _code(lambda: c.register(_spec()))
+        assert code is grpc.StatusCode.UNAUTHENTICATED
+        assert _code(c.status)[0] is grpc.StatusCode.UNAUTHENTICATED
+
+
+class _LoseFirstReply(grpc.ServerInterceptor):  # type: ignore[type-arg]
+    """Runs each RPC, then loses the reply of the first call of every method (UNAVAILABLE).
+
+    This is the case retries must survive: the server acted, the client never heard.
+    """
+
+    def __init__(self) -> None:
+        self.lost: set[str] = set()
+        self._lock = threading.Lock()
+
+    def intercept_service(self, continuation: Any, details: Any) -> Any:
+        handler = continuation(details)
+        if handler is None or handler.unary_unary is None:
+            return handler
+        method = details.method
+        inner = handler.unary_unary
+
+        def behavior(request: Any, context: grpc.ServicerContext) -> Any:
+            reply = inner(request, context)
+            with self._lock:
+                first = method not in self.lost
+                self.lost.add(method)
+            if first:
+                context.abort(grpc.StatusCode.UNAVAILABLE, "reply lost (injected)")
+            return reply
+
+        return grpc.unary_unary_rpc_method_handler(
+            behavior,
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+
+
+def test_retries_after_a_lost_reply_do_not_act_twice(token: str) -> None:
+    lose = _LoseFirstReply()
+    server = GrpcServer(ServerConfig(), token, interceptors=[lose])
+    add_shard_service(server, ShardRegistry(SystemClock()))
+    with server, _client(server, token, config=ShardClientConfig(retry=FAST.retry, prefetch_shards=0)) as c:
+        assert c.register(_spec()).created is False  # the first reply (created=True) was lost
+        first = c.fetch(2)
+        assert len(first.shards) == 2
+        st = c.status()
+        assert st.doing == 2  # the lost first fetch leased the same two shards, not two more
+        c.report_done(first.shards[0].shard_id)  # lost reply, retried, answered from the reply cache
+        c.report_failure(first.shards[1].shard_id, "oops")
+        st = c.status()
+        assert (st.done, st.doing, st.todo, st.failed) == (1, 0, 4, 0)
+        assert {"/dlrover.shard.v1.ShardService/ReportDone", "/dlrover.shard.v1.ShardService/FetchShards"} <= lose.lost
+
+
+def test_prefetch_keeps_a_shard_leased_ahead_and_returns_it_on_close(shard_server: Any, token: str) -> None:
+    server, servicer = shard_server
+    cfg = ShardClientConfig(retry=FAST.retry, prefetch_shards=2)
+    with _client(server, token, config=cfg) as c:
+        c.register(_spec())
+        shard = c.next_shard(timeout_s=30)
+        assert shard is not None
+        with servicer.locked() as reg:
+            assert reg.manager("ds").status().doing >= 1
+    with servicer.locked() as reg:
+        status = reg.manager("ds").status()
+    assert status.doing == 1  # only the shard handed to the caller; buffered ones were returned
+    assert status.todo == 4
+
+
+def test_servicer_locked_gives_the_registry(shard_server: Any) -> None:
+    _, servicer = shard_server
+    assert isinstance(servicer, ShardServicer)
+    with servicer.locked() as reg:
+        assert reg.datasets() == []
+
+
+def test_stream_poller_feeds_a_served_stream_dataset(shard_server: Any, token: str) -> None:
+    from dlrover.shard import InMemoryStreamSource, StreamPartitions, StreamPoller, read_shard
+
+    server, servicer = shard_server
+    source = InMemoryStreamSource(["p0"])
+    spec = DatasetSpec(name="ds", source=StreamPartitions(["p0"]), batch_size=2, num_epochs=None)
+    poller = StreamPoller(source, servicer.locked, "ds", interval_s=0.05)
+    with _client(server, token, config=ShardClientConfig(retry=FAST.retry, prefetch_shards=0)) as c:
+        c.register(spec)
+        for i in range(5):
+            source.append("p0", b"%d" % i)
+        poller.start()
+        try:
+            got: list[bytes] = []
+            while len(got) < 5:
+                shard = c.next_shard(timeout_s=30)
+                assert shard is not None
+                got += [r.payload for r in read_shard(source, shard)]
+                c.report_done(shard.shard_id)
+        finally:
+            poller.stop()
+        assert got == [b"0", b"1", b"2", b"3", b"4"]
+        assert poller.last_error is None
+
+
+def test_shard_indices_feeds_every_index_and_marks_shards_done(shard_server: Any, token: str) -> None:
+    from dlrover.shard.tf_data import make_tf_dataset, shard_indices
+
+    server, _ = shard_server
+    with _client(server, token) as c:
+        c.register(_spec())
+        assert sorted(shard_indices(lambda: _client(server, token, worker="tf"))) == list(range(20))
+        assert c.status().finished
+    try:
+        import tensorflow  # noqa: F401
+    except ImportError:
+        with pytest.raises(ImportError):
+            make_tf_dataset(lambda: _client(server, token))
+
+
+def test_a_finished_client_fetches_again_after_a_restore(shard_server: Any, token: str) -> None:
+    server, _ = shard_server
+    with _client(server, token) as c:
+        c.register(_spec(n=8))
+        doc = c.checkpoint()
+        while (shard := c.next_shard(timeout_s=30)) is not None:
+            c.report_done(shard.shard_id)
+        assert c.next_shard(timeout_s=30) is None
+        c.restore(doc)
+        again = c.next_shard(timeout_s=30)
+        assert again is not None
+
+
+def test_client_config_rejects_bad_values() -> None:
+    from dlrover.common import ConfigError
+
+    with pytest.raises(ConfigError, match="poll_interval_s"):
+        ShardClientConfig(poll_interval_s=0)
+    with pytest.raises(ConfigError, match="prefetch_shards"):
+        ShardClientConfig(prefetch_shards=-1)
+
+
+def test_concurrent_workers_never_get_the_same_shard(shard_server: Any, token: str) -> None:
+    server, _ = shard_server
+    n = 400  # 100 shards of 4
+    with _client(server, token, worker="setup") as c:
+        c.register(_spec(n=n))
+    got: dict[str, list[int]] = {}
+    errors: list[BaseException] = []
+
+    def work(name: str) -> None:
+        try:
+            with _client(server, token, worker=name) as client:
+                mine = got.setdefault(name, [])
+                while (shard := client.next_shard(timeout_s=60)) is not None:
+                    mine.append(shard.shard_id)
+                    client.report_done(shard.shard_id)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(f"w{i}",)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=100)
+    assert not errors
+    assert not any(t.is_alive() for t in threads)
+    every = [sid for ids in got.values() for sid in ids]
+    assert sorted(every) == list(range(100))
