@@ -1,7 +1,159 @@
-"""dlrover.master.
+"""dlrover.master: the job master.
 
-The job master: composes the DLRover libraries, node lifecycle, scheduler backends, state journal,
-metrics and the dlrover-master CLI.
+Composes the DLRover libraries behind one authenticated gRPC server: the node lifecycle (an
+explicit transition table, budgets, early-stop rules), scheduler backends (local, external),
+a SQLite state journal a restarted master resumes from, per-node identity, checkpoint
+coordination, Prometheus metrics, a JSON-lines event log with goodput, and `dlrover-master`.
 """
 
-__all__: list[str] = []
+from dlrover.master.checkpoints import CheckpointError, CheckpointReport, CheckpointTracker
+from dlrover.master.client import MasterClient
+from dlrover.master.config import LifecycleConfig, MasterConfig, NodeRange, parse_node_range
+from dlrover.master.eventlog import EventLog, Goodput, GoodputTracker, compute_goodput, read_event_log
+from dlrover.master.factory import MASTER_ADDR_ENV_VAR, create_master, resolve_token
+from dlrover.master.identity import (
+    NODE_CREDENTIAL_METADATA_KEY,
+    NODE_ID_METADATA_KEY,
+    NodeAuthenticator,
+    NodeIdentityError,
+    NodeImpersonationError,
+    node_metadata,
+)
+from dlrover.master.journal import (
+    Blob,
+    CheckpointCommit,
+    JournalBatch,
+    JournaledEvent,
+    JournalError,
+    JournalState,
+    MemoryJournal,
+    SqliteJournal,
+    StateJournal,
+)
+from dlrover.master.lifecycle import (
+    HostAvoidedError,
+    JobFinishedError,
+    JobFullError,
+    JobLifecycle,
+    LifecycleError,
+    NodeConflictError,
+    NodeStateError,
+    UnknownNodeError,
+)
+from dlrover.master.master import JobStatus, Master, ResourceSample, StatefulCollaborator
+from dlrover.master.metrics import MasterMetrics, MetricsEndpoint
+from dlrover.master.policy import DefaultFailurePolicy, Failure, FailureAction, FailureDecision, FailurePolicy
+from dlrover.master.records import Action, Event, LaunchNode, LifecycleSnapshot, NodeRecord, Outcome, StopNode
+from dlrover.master.runtime import MasterRuntime, ServiceRegistration
+from dlrover.master.scheduler import (
+    ExternalScheduler,
+    FakeScheduler,
+    LocalScheduler,
+    NodeSpec,
+    ObservedNode,
+    ObservedState,
+    SchedulerBackend,
+    SchedulerError,
+)
+from dlrover.master.servicers import AgentServicer, CheckpointServicer, JobServicer, add_master_services
+from dlrover.master.states import (
+    TRANSITIONS,
+    ActionKind,
+    FailureKind,
+    IllegalTransitionError,
+    JobState,
+    NodeState,
+    check_transition,
+)
+from dlrover.master.status import format_status
+
+__all__ = [
+    # composition
+    "Master",
+    "MasterConfig",
+    "MasterRuntime",
+    "ServiceRegistration",
+    "StatefulCollaborator",
+    "create_master",
+    "resolve_token",
+    "MASTER_ADDR_ENV_VAR",
+    "JobStatus",
+    "ResourceSample",
+    # lifecycle core
+    "JobLifecycle",
+    "LifecycleConfig",
+    "NodeRange",
+    "parse_node_range",
+    "NodeState",
+    "JobState",
+    "FailureKind",
+    "ActionKind",
+    "TRANSITIONS",
+    "check_transition",
+    "NodeRecord",
+    "Action",
+    "Event",
+    "LaunchNode",
+    "StopNode",
+    "Outcome",
+    "LifecycleSnapshot",
+    "LifecycleError",
+    "IllegalTransitionError",
+    "UnknownNodeError",
+    "NodeStateError",
+    "NodeConflictError",
+    "JobFinishedError",
+    "JobFullError",
+    "HostAvoidedError",
+    # failure policy seam
+    "FailurePolicy",
+    "DefaultFailurePolicy",
+    "Failure",
+    "FailureAction",
+    "FailureDecision",
+    # checkpoints
+    "CheckpointTracker",
+    "CheckpointReport",
+    "CheckpointError",
+    # journal
+    "StateJournal",
+    "SqliteJournal",
+    "MemoryJournal",
+    "JournalBatch",
+    "JournalState",
+    "JournaledEvent",
+    "CheckpointCommit",
+    "Blob",
+    "JournalError",
+    # identity
+    "NodeAuthenticator",
+    "NodeIdentityError",
+    "NodeImpersonationError",
+    "node_metadata",
+    "NODE_ID_METADATA_KEY",
+    "NODE_CREDENTIAL_METADATA_KEY",
+    # schedulers
+    "SchedulerBackend",
+    "SchedulerError",
+    "NodeSpec",
+    "ObservedNode",
+    "ObservedState",
+    "FakeScheduler",
+    "LocalScheduler",
+    "ExternalScheduler",
+    # transport
+    "AgentServicer",
+    "CheckpointServicer",
+    "JobServicer",
+    "add_master_services",
+    "MasterClient",
+    # observability
+    "MasterMetrics",
+    "MetricsEndpoint",
+    "EventLog",
+    "Goodput",
+    "GoodputTracker",
+    "compute_goodput",
+    "read_event_log",
+    "format_status",
+]

@@ -1,19 +1,188 @@
-"""The `dlrover-master` command."""
+"""The `dlrover-master` command.
+
+    dlrover-master --nnodes 2:4 --backend local --agent-command "dlrover-run ..." --state-dir /tmp/job
+    dlrover-master status --master 127.0.0.1:50051 --token-file /tmp/job/token
+
+Exit status of a run: 0 the job succeeded, 1 it failed, 2 bad usage, 3 it was stopped.
+"""
 
 from __future__ import annotations
 
 import argparse
+import logging
+import shlex
+import signal
 import sys
+import threading
+from collections.abc import Sequence
+from types import FrameType
 
-__all__ = ["main"]
+from dlrover.common import ChannelConfig, DLRoverError, RetryPolicy, TLSConfig, configure_logging, load_token
+from dlrover.master.client import MasterClient
+from dlrover.master.config import BACKENDS, LifecycleConfig, MasterConfig, parse_node_range
+from dlrover.master.factory import create_master
+from dlrover.master.states import JobState
+from dlrover.master.status import format_status
+
+__all__ = ["build_config", "main"]
+
+_log = logging.getLogger("dlrover.master")
+
+EXIT_CODES = {JobState.SUCCEEDED: 0, JobState.FAILED: 1, JobState.STOPPED: 3, JobState.RUNNING: 1}
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of `dlrover-master`. It is not built yet, and says so instead of pretending."""
-    parser = argparse.ArgumentParser(prog="dlrover-master", description="Not built yet: see issue 7.")
-    parser.parse_known_args(argv)
-    print("dlrover-master is not built yet (issue 7); nothing was run.", file=sys.stderr)
-    return 2
+def _run_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="dlrover-master", description="Run a DLRover job master.")
+    p.add_argument("--job-name", default="dlrover-job")
+    p.add_argument("--bind-address", default="127.0.0.1", help="interface to listen on (default: loopback)")
+    p.add_argument("--port", type=int, default=0, help="gRPC port; 0 picks a free one")
+    p.add_argument("--token", default=None, help="the job token (prefer --token-file)")
+    p.add_argument("--token-file", default=None, help="a 0600 file holding the job token")
+    p.add_argument("--tls-cert", default=None)
+    p.add_argument("--tls-key", default=None)
+    p.add_argument("--tls-ca", default=None, help="require client certificates signed by this CA")
+    p.add_argument("--nnodes", default="1", help="N or MIN:MAX")
+    p.add_argument("--node-unit", type=int, default=1)
+    p.add_argument("--state-dir", default=None, help="journal directory; a restarted master resumes from it")
+    p.add_argument("--backend", choices=BACKENDS, default="local")
+    p.add_argument("--agent-command", default="", help="the agent to run per node (local backend)")
+    p.add_argument("--heartbeat-interval-s", type=float, default=5.0)
+    p.add_argument("--heartbeat-timeout-s", type=float, default=30.0)
+    p.add_argument("--node-start-timeout-s", type=float, default=300.0, help="0 waits forever")
+    p.add_argument("--insufficient-nodes-window-s", type=float, default=300.0)
+    p.add_argument("--max-process-restarts", type=int, default=3)
+    p.add_argument("--max-relaunches", type=int, default=3)
+    p.add_argument("--max-job-failures", type=int, default=20)
+    p.add_argument("--tick-interval-s", type=float, default=1.0)
+    p.add_argument("--node-stop-grace-s", type=float, default=5.0)
+    p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on this port")
+    p.add_argument("--metrics-bind-address", default="127.0.0.1")
+    p.add_argument("--event-log", default=None, help="JSON-lines event log (default: <state-dir>/events.jsonl)")
+    p.add_argument("--max-message-bytes", type=int, default=4 * 1024 * 1024)
+    p.add_argument("--max-workers", type=int, default=16, help="threads serving RPCs")
+    p.add_argument("--linger-max-s", type=float, default=10.0, help="most time to tell agents the job ended")
+    p.add_argument("--log-level", default="INFO")
+    return p
+
+
+def _status_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="dlrover-master status", description="Print a running job's status.")
+    p.add_argument("--master", required=True, help="the master's host:port")
+    p.add_argument("--token", default=None)
+    p.add_argument("--token-file", default=None)
+    p.add_argument("--tls-ca", default=None, help="verify the master's certificate with this CA (enables TLS)")
+    p.add_argument("--tls-server-name", default=None, help="the name the master's certificate is valid for")
+    p.add_argument("--timeout-s", type=float, default=10.0)
+    return p
+
+
+def build_config(args: argparse.Namespace) -> MasterConfig:
+    """A `MasterConfig` from parsed run flags.
+
+    Raises:
+        ConfigError: a flag's value is invalid (the message names it).
+    """
+    tls = None
+    if args.tls_cert or args.tls_key or args.tls_ca:
+        tls = TLSConfig(cert_file=args.tls_cert, key_file=args.tls_key, ca_file=args.tls_ca)
+    lifecycle = LifecycleConfig(
+        nodes=parse_node_range(args.nnodes, args.node_unit),
+        heartbeat_timeout_s=args.heartbeat_timeout_s,
+        node_start_timeout_s=args.node_start_timeout_s or None,
+        max_process_restarts=args.max_process_restarts,
+        max_relaunches=args.max_relaunches,
+        max_job_failures=args.max_job_failures,
+        insufficient_nodes_window_s=args.insufficient_nodes_window_s,
+    )
+    return MasterConfig(
+        job_name=args.job_name,
+        lifecycle=lifecycle,
+        bind_address=args.bind_address,
+        port=args.port,
+        token=args.token,
+        token_file=args.token_file,
+        tls=tls,
+        max_message_bytes=args.max_message_bytes,
+        max_workers=args.max_workers,
+        state_dir=args.state_dir,
+        backend=args.backend,
+        agent_command=shlex.split(args.agent_command),
+        heartbeat_interval_s=args.heartbeat_interval_s,
+        tick_interval_s=args.tick_interval_s,
+        node_stop_grace_s=args.node_stop_grace_s,
+        metrics_port=args.metrics_port,
+        metrics_bind_address=args.metrics_bind_address,
+        event_log=args.event_log,
+    )
+
+
+def _status(argv: Sequence[str]) -> int:
+    args = _status_parser().parse_args(argv)
+    try:
+        token = load_token(args.token, token_file=args.token_file)
+        channel_config = None
+        if args.tls_ca:
+            channel_config = ChannelConfig(
+                tls=TLSConfig(ca_file=args.tls_ca, server_name_override=args.tls_server_name)
+            )
+        policy = RetryPolicy(call_timeout_s=args.timeout_s, total_timeout_s=args.timeout_s)
+        with MasterClient(args.master, token, channel_config=channel_config, policy=policy) as client:
+            print(format_status(client.job_status()))
+    except DLRoverError as exc:
+        print(f"dlrover-master status: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _run(argv: Sequence[str]) -> int:
+    args = _run_parser().parse_args(argv)
+    configure_logging(args.log_level)
+    try:
+        runtime = create_master(build_config(args))
+    except DLRoverError as exc:
+        print(f"dlrover-master: {exc}", file=sys.stderr)
+        return 2
+    stop_requested = threading.Event()
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        stop_requested.set()
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        runtime.start()
+        where = f"token file {runtime.token_file}" if runtime.token_file else "the token given"
+        # The address on stdout lets scripts (and tests) find a master started on port 0.
+        print(f"dlrover-master listening on {runtime.address} ({where})", flush=True)
+        if runtime.metrics_port is not None:
+            print(f"dlrover-master metrics on {args.metrics_bind_address}:{runtime.metrics_port}", flush=True)
+        while not stop_requested.wait(0.5):
+            if runtime.master.job_state.finished:
+                break
+        if not runtime.master.job_state.finished:
+            runtime.master.stop("the master received a stop signal")
+        else:
+            # Linger so agents' next heartbeats are answered with STOP_NODE instead of silence.
+            stop_requested.wait(min(2 * args.heartbeat_interval_s, args.linger_max_s))
+        status = runtime.master.status()
+        print(f"job {status.state.value}: {status.exit_reason}", flush=True)
+        return EXIT_CODES[status.state]
+    except DLRoverError as exc:
+        print(f"dlrover-master: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        runtime.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of `dlrover-master`."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] == "status":
+        return _status(args[1:])
+    if args and args[0] == "run":
+        args = args[1:]
+    return _run(args)
 
 
 if __name__ == "__main__":

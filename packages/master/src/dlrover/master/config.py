@@ -1,0 +1,155 @@
+"""Configuration of the job master: frozen, validated at construction, units in the names."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import attrs
+
+from dlrover.common import ConfigError, TLSConfig
+
+__all__ = ["BACKENDS", "LifecycleConfig", "MasterConfig", "NodeRange", "parse_node_range"]
+
+BACKENDS = ("local", "external")
+
+
+def _positive(_inst: object, attribute: attrs.Attribute[Any], value: float) -> None:
+    if not value > 0:
+        raise ConfigError(f"{attribute.name} must be positive, got {value!r}")
+
+
+def _non_negative(_inst: object, attribute: attrs.Attribute[Any], value: float) -> None:
+    if not value >= 0:
+        raise ConfigError(f"{attribute.name} must be zero or positive, got {value!r}")
+
+
+def _str_tuple(value: Iterable[str]) -> tuple[str, ...]:
+    return tuple(str(v) for v in value)
+
+
+def _optional_positive(inst: object, attribute: attrs.Attribute[Any], value: float | None) -> None:
+    if value is not None:
+        _positive(inst, attribute, value)
+
+
+@attrs.frozen
+class NodeRange:
+    """How many nodes the job runs with: at least `min_nodes`, at most `max_nodes`.
+
+    Attributes:
+        min_nodes: below this many running nodes the job cannot train.
+        max_nodes: the master launches this many nodes (logical ranks 0..max_nodes-1).
+        node_unit: nodes join and leave in multiples of this (handed to the rendezvous).
+    """
+
+    min_nodes: int = attrs.field(default=1, validator=_positive)
+    max_nodes: int = attrs.field(default=1, validator=_positive)
+    node_unit: int = attrs.field(default=1, validator=_positive)
+
+    def __attrs_post_init__(self) -> None:
+        if self.min_nodes > self.max_nodes:
+            raise ConfigError(f"min_nodes ({self.min_nodes}) must not exceed max_nodes ({self.max_nodes})")
+        if self.node_unit > self.max_nodes:
+            raise ConfigError(f"node_unit ({self.node_unit}) must not exceed max_nodes ({self.max_nodes})")
+
+
+def parse_node_range(text: str, node_unit: int = 1) -> NodeRange:
+    """Parse torchrun's `--nnodes` syntax: `N` or `MIN:MAX`.
+
+    Raises:
+        ConfigError: the text is not `N` or `MIN:MAX` with positive integers, MIN <= MAX.
+    """
+    parts = text.split(":")
+    if len(parts) not in (1, 2) or not all(p.strip().isdigit() for p in parts):
+        raise ConfigError(f"nnodes must be N or MIN:MAX with positive integers, got {text!r}")
+    low, high = int(parts[0]), int(parts[-1])
+    return NodeRange(min_nodes=low, max_nodes=high, node_unit=node_unit)
+
+
+@attrs.frozen
+class LifecycleConfig:
+    """Budgets, timeouts and early-stop rules of the node lifecycle.
+
+    Attributes:
+        nodes: how many nodes the job has.
+        heartbeat_timeout_s: a running node silent this long is handled as failed.
+        node_start_timeout_s: a launched node that has not registered after this long is handled as
+            failed; None waits forever (agents started by a person).
+        max_process_restarts: training-process restarts allowed on one node before it is relaunched.
+        max_relaunches: replacements allowed per logical rank.
+        max_job_failures: failures allowed in the whole job; one more stops it.
+        insufficient_nodes_window_s: the job stops when fewer than `min_nodes` nodes run for this long.
+    """
+
+    nodes: NodeRange = attrs.field(factory=NodeRange)
+    heartbeat_timeout_s: float = attrs.field(default=30.0, validator=_positive)
+    node_start_timeout_s: float | None = attrs.field(default=300.0, validator=_optional_positive)
+    max_process_restarts: int = attrs.field(default=3, validator=_non_negative)
+    max_relaunches: int = attrs.field(default=3, validator=_non_negative)
+    max_job_failures: int = attrs.field(default=20, validator=_non_negative)
+    insufficient_nodes_window_s: float = attrs.field(default=300.0, validator=_positive)
+
+
+@attrs.frozen
+class MasterConfig:
+    """Everything `create_master` needs.
+
+    Attributes:
+        job_name: names the job in events, metrics and node credentials.
+        lifecycle: budgets, timeouts, early-stop rules.
+        bind_address: interface the gRPC server listens on (loopback by default).
+        port: gRPC port; 0 picks a free one.
+        token: the job token; None loads it from `token_file`, the environment, or the state
+            directory, else generates one.
+        token_file: a 0600 file holding the token.
+        tls: serve TLS with these files.
+        max_message_bytes: largest request the server accepts.
+        max_workers: threads serving RPCs.
+        state_dir: where the journal (and a generated token) live; None keeps state in memory only.
+        backend: `local` (agents as subprocesses) or `external` (agents register themselves).
+        agent_command: the command the local backend runs per node (argv list).
+        heartbeat_interval_s: how often agents are told to heartbeat.
+        tick_interval_s: how often the master checks timeouts and the scheduler.
+        node_stop_grace_s: how long the local backend waits after SIGTERM before SIGKILL.
+        metrics_port: Prometheus endpoint port; None serves no endpoint, 0 picks a free port.
+        metrics_bind_address: interface of the metrics endpoint.
+        event_log: path of the JSON-lines event log; None puts it in the state directory (or
+            writes none without one).
+        progress_event_interval_s: at most one step-progress event per this many seconds.
+    """
+
+    job_name: str = "dlrover-job"
+    lifecycle: LifecycleConfig = attrs.field(factory=LifecycleConfig)
+    bind_address: str = "127.0.0.1"
+    port: int = attrs.field(default=0)
+    token: str | None = attrs.field(default=None, repr=False)
+    token_file: str | None = None
+    tls: TLSConfig | None = None
+    max_message_bytes: int = attrs.field(default=4 * 1024 * 1024, validator=_positive)
+    max_workers: int = attrs.field(default=16, validator=_positive)
+    state_dir: str | None = None
+    backend: str = "local"
+    agent_command: tuple[str, ...] = attrs.field(default=(), converter=_str_tuple)
+    heartbeat_interval_s: float = attrs.field(default=5.0, validator=_positive)
+    tick_interval_s: float = attrs.field(default=1.0, validator=_positive)
+    node_stop_grace_s: float = attrs.field(default=5.0, validator=_non_negative)
+    metrics_port: int | None = None
+    metrics_bind_address: str = "127.0.0.1"
+    event_log: str | None = None
+    progress_event_interval_s: float = attrs.field(default=10.0, validator=_non_negative)
+
+    def __attrs_post_init__(self) -> None:
+        if not self.job_name or len(self.job_name) > 128 or not self.job_name.isprintable():
+            raise ConfigError(f"job_name must be 1..128 printable characters, got {self.job_name!r}")
+        if not 0 <= self.port <= 65535:
+            raise ConfigError(f"port must be in 0..65535, got {self.port!r}")
+        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
+            raise ConfigError(f"metrics_port must be in 0..65535, got {self.metrics_port!r}")
+        if self.backend not in BACKENDS:
+            raise ConfigError(f"backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
+        if self.heartbeat_interval_s >= self.lifecycle.heartbeat_timeout_s:
+            raise ConfigError(
+                f"heartbeat_interval_s ({self.heartbeat_interval_s}) must be shorter than "
+                f"heartbeat_timeout_s ({self.lifecycle.heartbeat_timeout_s})"
+            )

@@ -1,0 +1,162 @@
+"""`create_master(config)`: build a master and everything it needs from a `MasterConfig`."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from dlrover.common import (
+    TOKEN_ENV_VAR,
+    TOKEN_FILE_ENV_VAR,
+    Clock,
+    ConfigError,
+    ServerConfig,
+    SystemClock,
+    generate_token,
+    load_token,
+    write_token_file,
+)
+from dlrover.master.config import MasterConfig
+from dlrover.master.eventlog import EventLog
+from dlrover.master.identity import NodeAuthenticator
+from dlrover.master.journal import MemoryJournal, SqliteJournal, StateJournal
+from dlrover.master.master import Master, StatefulCollaborator
+from dlrover.master.metrics import MasterMetrics
+from dlrover.master.policy import FailurePolicy
+from dlrover.master.runtime import MasterRuntime, ServiceRegistration
+from dlrover.master.scheduler.base import SchedulerBackend
+from dlrover.master.scheduler.external import ExternalScheduler
+from dlrover.master.scheduler.local import LocalScheduler
+
+__all__ = ["MASTER_ADDR_ENV_VAR", "create_master", "resolve_token"]
+
+_log = logging.getLogger(__name__)
+
+MASTER_ADDR_ENV_VAR = "DLROVER_MASTER_ADDR"
+TOKEN_FILE_NAME = "token"  # noqa: S105 (a file name, not a secret)
+EVENT_LOG_NAME = "events.jsonl"
+
+
+def resolve_token(config: MasterConfig) -> tuple[str, str | None]:
+    """The job token and the file agents read it from (None when it is not in a file).
+
+    Order: `config.token`; `config.token_file`; the environment; `<state_dir>/token` from an
+    earlier run (so a restarted master accepts the agents it had); a fresh token, written to
+    `<state_dir>/token` (mode 0600) when there is a state directory.
+
+    Raises:
+        AuthError: a token was given but is unusable, or a token file is unsafe.
+    """
+    if config.token is not None:
+        return load_token(config.token), None
+    if config.token_file is not None:
+        return load_token(token_file=config.token_file), config.token_file
+    if os.environ.get(TOKEN_FILE_ENV_VAR) or os.environ.get(TOKEN_ENV_VAR):
+        return load_token(), os.environ.get(TOKEN_FILE_ENV_VAR) or None
+    if config.state_dir is not None:
+        state = Path(config.state_dir)
+        state.mkdir(mode=0o700, parents=True, exist_ok=True)
+        path = state / TOKEN_FILE_NAME
+        if path.exists():
+            return load_token(token_file=path), str(path)
+        token = generate_token()
+        write_token_file(path, token)
+        return token, str(path)
+    return generate_token(), None
+
+
+def _scheduler(config: MasterConfig) -> SchedulerBackend:
+    if config.backend == "external":
+        return ExternalScheduler()
+    if not config.agent_command:
+        raise ConfigError("the local backend needs agent_command (the agent to run per node)")
+    log_dir = Path(config.state_dir) / "logs" if config.state_dir else None
+    return LocalScheduler(config.agent_command, stop_grace_s=config.node_stop_grace_s, log_dir=log_dir)
+
+
+def create_master(
+    config: MasterConfig,
+    *,
+    scheduler: SchedulerBackend | None = None,
+    clock: Clock | None = None,
+    policy: FailurePolicy | None = None,
+    collaborators: Sequence[StatefulCollaborator] = (),
+    extra_services: Sequence[ServiceRegistration] = (),
+) -> MasterRuntime:
+    """Build a master with its journal, scheduler, metrics, event log and server (not started).
+
+    Args:
+        config: the configuration.
+        scheduler: overrides the backend named in `config`.
+        clock: the time source (the system clock by default).
+        policy: the failure policy (the default policy when None).
+        collaborators: libraries whose state is journaled (rendezvous, shards).
+        extra_services: more services hosted on the master's server.
+
+    Returns:
+        A runtime; `start()` it (or use it as a context manager).
+
+    Raises:
+        ConfigError, AuthError, JournalError: the configuration cannot be served.
+    """
+    token, token_file = resolve_token(config)
+    journal: StateJournal = SqliteJournal(config.state_dir) if config.state_dir else MemoryJournal()
+    event_log: EventLog | None = None
+    backend: SchedulerBackend | None = None
+    holder: list[MasterRuntime] = []
+
+    def agent_env() -> dict[str, str]:
+        env = {MASTER_ADDR_ENV_VAR: holder[0].address if holder else "", "DLROVER_JOB_NAME": config.job_name}
+        if token_file is not None:
+            env[TOKEN_FILE_ENV_VAR] = str(Path(token_file).resolve())
+        else:
+            env[TOKEN_ENV_VAR] = token
+        return env
+
+    try:
+        log_path = config.event_log or (str(Path(config.state_dir) / EVENT_LOG_NAME) if config.state_dir else None)
+        event_log = EventLog(log_path) if log_path else None
+        backend = scheduler or _scheduler(config)
+        master = Master(
+            config,
+            backend,
+            journal,
+            clock or SystemClock(),
+            policy=policy,
+            collaborators=collaborators,
+            metrics=MasterMetrics(config.job_name),
+            event_log=event_log,
+            agent_env=agent_env,
+        )
+        runtime = MasterRuntime(
+            master,
+            token=token,
+            server_config=ServerConfig(
+                bind_address=config.bind_address,
+                port=config.port,
+                max_workers=config.max_workers,
+                max_message_bytes=config.max_message_bytes,
+                tls=config.tls,
+            ),
+            authenticator=NodeAuthenticator(token, config.job_name),
+            scheduler=backend,
+            journal=journal,
+            tick_interval_s=config.tick_interval_s,
+            extra_services=extra_services,
+            metrics_bind_address=config.metrics_bind_address,
+            metrics_port=config.metrics_port,
+            event_log=event_log,
+            token_file=token_file,
+        )
+    except BaseException:
+        # Nothing started yet; release what was opened so a refused configuration leaks nothing.
+        journal.close()
+        if event_log is not None:
+            event_log.close()
+        if backend is not None and scheduler is None:
+            backend.close()
+        raise
+    holder.append(runtime)
+    return runtime

@@ -1,0 +1,103 @@
+"""Per-node identity: one node cannot speak for another.
+
+The job token lets a caller into the job; it does not say which node the caller is. On
+registration the master hands each node a credential, `HMAC-SHA256(job token, job name + node
+id)`, hex-encoded. Every later agent call carries the node id and that credential in metadata;
+the master recomputes the HMAC and compares in constant time, then checks that the request's
+`node_id` is the authenticated one.
+
+The credential is derived, not stored: a master restarted with the same token recognises every
+node's credential without journaling secrets, and a node's credential is worthless for any other
+node id or job.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from collections.abc import Iterable
+
+from dlrover.common import AuthError, validate_token
+
+__all__ = [
+    "NODE_CREDENTIAL_METADATA_KEY",
+    "NODE_ID_METADATA_KEY",
+    "NodeAuthenticator",
+    "NodeIdentityError",
+    "NodeImpersonationError",
+    "node_metadata",
+]
+
+NODE_ID_METADATA_KEY = "x-dlrover-node-id"
+NODE_CREDENTIAL_METADATA_KEY = "x-dlrover-node-credential"
+_DOMAIN = b"dlrover-node-credential/v1\x00"
+_MAX_ID_CHARS = 20
+
+
+class NodeIdentityError(AuthError):
+    """A call did not prove which node it comes from, or claimed another node."""
+
+
+class NodeImpersonationError(NodeIdentityError):
+    """An authenticated node tried to speak for another node."""
+
+
+def node_metadata(node_id: int, credential: str) -> tuple[tuple[str, str], ...]:
+    """The metadata an agent attaches to every call after registering."""
+    return ((NODE_ID_METADATA_KEY, str(node_id)), (NODE_CREDENTIAL_METADATA_KEY, credential))
+
+
+class NodeAuthenticator:
+    """Issues and checks node credentials for one job.
+
+    Args:
+        token: the job token (the HMAC key).
+        job_name: binds credentials to this job.
+    """
+
+    def __init__(self, token: str, job_name: str) -> None:
+        self._key = validate_token(token).encode("ascii")
+        self._job = job_name.encode("utf-8")
+
+    def credential(self, node_id: int) -> str:
+        """The credential of `node_id`."""
+        message = _DOMAIN + self._job + b"\x00" + str(int(node_id)).encode("ascii")
+        return hmac.new(self._key, message, hashlib.sha256).hexdigest()
+
+    def authenticate(self, metadata: Iterable[tuple[str, str | bytes]] | None) -> int:
+        """The node id proven by `metadata`.
+
+        Raises:
+            NodeIdentityError: the id or credential is missing, malformed or wrong.
+        """
+        node_text: str | None = None
+        presented: str | None = None
+        for key, value in metadata or ():
+            if not isinstance(value, str):
+                continue
+            if key == NODE_ID_METADATA_KEY:
+                node_text = value
+            elif key == NODE_CREDENTIAL_METADATA_KEY:
+                presented = value
+        if node_text is None or presented is None:
+            raise NodeIdentityError(
+                f"missing node identity: send {NODE_ID_METADATA_KEY} and {NODE_CREDENTIAL_METADATA_KEY} metadata"
+            )
+        if not (0 < len(node_text) <= _MAX_ID_CHARS and node_text.isdigit() and node_text.isascii()):
+            raise NodeIdentityError(f"{NODE_ID_METADATA_KEY} must be a non-negative integer, got {node_text[:40]!r}")
+        node_id = int(node_text)
+        expected = self.credential(node_id).encode("ascii")
+        if not hmac.compare_digest(presented.encode("utf-8", "replace"), expected):
+            raise NodeIdentityError(f"wrong node credential for node {node_id}")
+        return node_id
+
+    def authorize(self, metadata: Iterable[tuple[str, str | bytes]] | None, claimed_node_id: int) -> int:
+        """Authenticate, then require that the request speaks for the authenticated node.
+
+        Raises:
+            NodeIdentityError: not authenticated, or `claimed_node_id` is another node.
+        """
+        node_id = self.authenticate(metadata)
+        if claimed_node_id != node_id:
+            raise NodeImpersonationError(f"node {node_id} cannot speak for node {claimed_node_id}")
+        return node_id

@@ -1,0 +1,400 @@
+"""The state journal: what a restarted master needs to resume the job.
+
+`SqliteJournal` keeps it in one SQLite database (WAL mode) in the state directory; every
+`commit` is one transaction, so a master killed at any instant leaves the last committed batch
+and nothing half-written. `MemoryJournal` is the in-memory fake with the same contract.
+
+What is journaled: node records, the job's own fields, the event history, checkpoint commits, and
+opaque versioned JSON blobs that collaborators (rendezvous, shards) hand over. Heartbeat
+timestamps and resource samples are not: they are stale by the time anyone reads them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import attrs
+
+from dlrover.common import DLRoverError
+from dlrover.master.records import LifecycleSnapshot, NodeRecord, node_from_dict, node_to_dict
+from dlrover.master.states import JobState
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "Blob",
+    "CheckpointCommit",
+    "JournalBatch",
+    "JournalError",
+    "JournalState",
+    "JournaledEvent",
+    "MemoryJournal",
+    "SqliteJournal",
+    "StateJournal",
+    "job_fields",
+]
+
+SCHEMA_VERSION = 1
+DB_FILE_NAME = "master.db"
+
+
+class JournalError(DLRoverError):
+    """The journal cannot be read or written; the message names the file or row."""
+
+
+@attrs.frozen
+class JournaledEvent:
+    """An event as stored: with its sequence number and wall time."""
+
+    seq: int
+    wall_time: float
+    kind: str
+    message: str
+    node_id: int | None
+    rank: int | None
+    data: Mapping[str, Any]
+
+
+@attrs.frozen
+class CheckpointCommit:
+    """A checkpoint step that was complete on every rank and committed."""
+
+    step: int
+    wall_time: float
+    world_size: int
+    path: str = ""
+
+
+@attrs.frozen
+class Blob:
+    """A collaborator's opaque state: JSON text and the version its owner gave it."""
+
+    version: int
+    data: str
+
+
+@attrs.frozen
+class JournalBatch:
+    """Changes written together, atomically.
+
+    Attributes:
+        nodes: node records to insert or replace.
+        job: the job's own fields (see `job_fields`), or None to leave them.
+        events: events to append (their `seq` is ignored; the journal numbers them).
+        checkpoint: a checkpoint commit to record.
+        blobs: collaborator blobs to store, by name.
+    """
+
+    nodes: tuple[NodeRecord, ...] = ()
+    job: Mapping[str, Any] | None = None
+    events: tuple[JournaledEvent, ...] = ()
+    checkpoint: CheckpointCommit | None = None
+    blobs: Mapping[str, Blob] = attrs.field(factory=dict)
+
+    @property
+    def empty(self) -> bool:
+        """Whether the batch changes nothing."""
+        return not (self.nodes or self.job is not None or self.events or self.checkpoint or self.blobs)
+
+
+@attrs.frozen
+class JournalState:
+    """Everything read back on start."""
+
+    lifecycle: LifecycleSnapshot | None
+    checkpoints: tuple[CheckpointCommit, ...]
+    blobs: Mapping[str, Blob]
+    last_event_seq: int
+    job: Mapping[str, Any] | None = None
+    """The job record as written (the lifecycle fields and whatever else the master keeps there)."""
+
+
+def job_fields(snapshot: LifecycleSnapshot) -> dict[str, Any]:
+    """The job-level fields of a lifecycle snapshot, as stored in the journal."""
+    return {
+        "job_state": snapshot.job_state.value,
+        "exit_reason": snapshot.exit_reason,
+        "job_failures": snapshot.job_failures,
+        "next_node_id": snapshot.next_node_id,
+        "next_action_id": snapshot.next_action_id,
+        "avoid_hosts": dict(snapshot.avoid_hosts),
+        "started": snapshot.started,
+    }
+
+
+def _snapshot(job: Mapping[str, Any] | None, nodes: Sequence[NodeRecord]) -> LifecycleSnapshot | None:
+    if job is None:
+        return None
+    try:
+        return LifecycleSnapshot(
+            nodes=tuple(sorted(nodes, key=lambda n: n.node_id)),
+            job_state=JobState(job["job_state"]),
+            exit_reason=str(job["exit_reason"]),
+            job_failures=int(job["job_failures"]),
+            next_node_id=int(job["next_node_id"]),
+            next_action_id=int(job["next_action_id"]),
+            avoid_hosts={str(k): str(v) for k, v in dict(job["avoid_hosts"]).items()},
+            started=bool(job["started"]),
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise JournalError(f"corrupt job record {dict(job)!r}: {exc}") from exc
+
+
+@runtime_checkable
+class StateJournal(Protocol):
+    """Where the master's state survives it."""
+
+    def load(self) -> JournalState:
+        """Everything committed so far (an empty state for a new journal)."""
+        ...
+
+    def commit(self, batch: JournalBatch) -> tuple[int, ...]:
+        """Write `batch` atomically; returns the sequence numbers given to its events.
+
+        Raises:
+            JournalError: the write failed; nothing of the batch is stored.
+        """
+        ...
+
+    def events(self, after_seq: int = 0, limit: int = 1000) -> tuple[JournaledEvent, ...]:
+        """Events with seq > `after_seq`, oldest first, at most `limit`."""
+        ...
+
+    def blob(self, name: str) -> Blob | None:
+        """A collaborator's stored blob."""
+        ...
+
+    def close(self) -> None:
+        """Release the journal; safe to call twice."""
+        ...
+
+
+def _check_blobs(existing: Mapping[str, Blob], blobs: Mapping[str, Blob]) -> None:
+    for name, blob in blobs.items():
+        old = existing.get(name)
+        if old is not None and blob.version < old.version:
+            raise JournalError(f"blob {name!r}: version {blob.version} is older than the stored version {old.version}")
+        try:
+            json.loads(blob.data)
+        except ValueError as exc:
+            raise JournalError(f"blob {name!r} is not JSON: {exc}") from exc
+
+
+class MemoryJournal:
+    """The in-memory fake: same contract, nothing survives the process."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._nodes: dict[int, NodeRecord] = {}
+        self._job: dict[str, Any] | None = None
+        self._events: list[JournaledEvent] = []
+        self._checkpoints: dict[int, CheckpointCommit] = {}
+        self._blobs: dict[str, Blob] = {}
+
+    def load(self) -> JournalState:
+        """See `StateJournal.load`."""
+        with self._lock:
+            return JournalState(
+                lifecycle=_snapshot(self._job, list(self._nodes.values())),
+                job=dict(self._job) if self._job is not None else None,
+                checkpoints=tuple(self._checkpoints[s] for s in sorted(self._checkpoints)),
+                blobs=dict(self._blobs),
+                last_event_seq=self._events[-1].seq if self._events else 0,
+            )
+
+    def commit(self, batch: JournalBatch) -> tuple[int, ...]:
+        """See `StateJournal.commit`."""
+        with self._lock:
+            _check_blobs(self._blobs, batch.blobs)
+            for node in batch.nodes:
+                self._nodes[node.node_id] = node
+            if batch.job is not None:
+                self._job = dict(batch.job)
+            seqs = []
+            for event in batch.events:
+                seq = (self._events[-1].seq if self._events else 0) + 1
+                self._events.append(attrs.evolve(event, seq=seq, data=dict(event.data)))
+                seqs.append(seq)
+            if batch.checkpoint is not None:
+                self._checkpoints[batch.checkpoint.step] = batch.checkpoint
+            self._blobs.update(batch.blobs)
+            return tuple(seqs)
+
+    def events(self, after_seq: int = 0, limit: int = 1000) -> tuple[JournaledEvent, ...]:
+        """See `StateJournal.events`."""
+        with self._lock:
+            return tuple(e for e in self._events if e.seq > after_seq)[: max(limit, 0)]
+
+    def blob(self, name: str) -> Blob | None:
+        """See `StateJournal.blob`."""
+        with self._lock:
+            return self._blobs.get(name)
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS nodes (node_id INTEGER PRIMARY KEY, rank INTEGER NOT NULL, state TEXT NOT NULL,
+                                  data TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS events (seq INTEGER PRIMARY KEY AUTOINCREMENT, wall_time REAL NOT NULL,
+                                   kind TEXT NOT NULL, node_id INTEGER, rank INTEGER, message TEXT NOT NULL,
+                                   data TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS checkpoints (step INTEGER PRIMARY KEY, wall_time REAL NOT NULL,
+                                        world_size INTEGER NOT NULL, path TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS blobs (name TEXT PRIMARY KEY, version INTEGER NOT NULL, data TEXT NOT NULL);
+"""
+
+
+class SqliteJournal:
+    """The journal in `<state_dir>/master.db`: SQLite in WAL mode, one transaction per commit.
+
+    The directory is created with mode 0700 if missing. `synchronous=FULL` makes each commit
+    durable when it returns, so a commit that answered an agent is never lost.
+
+    Args:
+        state_dir: the state directory.
+
+    Raises:
+        JournalError: the database cannot be opened, or was written by an unknown schema version.
+    """
+
+    def __init__(self, state_dir: str | os.PathLike[str]) -> None:
+        directory = Path(state_dir)
+        self._path = directory / DB_FILE_NAME
+        self._lock = threading.Lock()
+        try:
+            directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+            # One connection, used under our lock from the server's threads.
+            self._db = sqlite3.connect(self._path, check_same_thread=False, isolation_level=None)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.executescript(_SCHEMA)
+            row = self._db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+            if row is None:
+                self._db.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+            elif row[0] != str(SCHEMA_VERSION):
+                raise JournalError(f"{self._path} has schema version {row[0]}; this master reads {SCHEMA_VERSION}")
+        except sqlite3.Error as exc:
+            raise JournalError(f"cannot open the journal {str(self._path)!r}: {exc}") from exc
+        self._closed = False
+
+    @property
+    def path(self) -> Path:
+        """The database file."""
+        return self._path
+
+    def load(self) -> JournalState:
+        """See `StateJournal.load`."""
+        with self._lock:
+            try:
+                job_row = self._db.execute("SELECT value FROM meta WHERE key='job'").fetchone()
+                nodes = [self._node(row) for row in self._db.execute("SELECT node_id, data FROM nodes")]
+                commits = tuple(
+                    CheckpointCommit(step=s, wall_time=w, world_size=n, path=p)
+                    for s, w, n, p in self._db.execute(
+                        "SELECT step, wall_time, world_size, path FROM checkpoints ORDER BY step"
+                    )
+                )
+                blobs = {n: Blob(v, d) for n, v, d in self._db.execute("SELECT name, version, data FROM blobs")}
+                last = self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM events").fetchone()[0]
+            except sqlite3.Error as exc:
+                raise JournalError(f"cannot read the journal {str(self._path)!r}: {exc}") from exc
+        job = self._json(job_row[0], "job record") if job_row else None
+        return JournalState(
+            lifecycle=_snapshot(job, nodes), checkpoints=commits, blobs=blobs, last_event_seq=last, job=job
+        )
+
+    def _json(self, text: str, what: str) -> Any:
+        try:
+            return json.loads(text)
+        except ValueError as exc:
+            raise JournalError(f"corrupt {what} in {str(self._path)!r}: {exc}") from exc
+
+    def _node(self, row: tuple[int, str]) -> NodeRecord:
+        data = self._json(row[1], f"node {row[0]}")
+        try:
+            return node_from_dict(data)
+        except DLRoverError as exc:
+            raise JournalError(f"corrupt node {row[0]} in {str(self._path)!r}: {exc}") from exc
+
+    def commit(self, batch: JournalBatch) -> tuple[int, ...]:
+        """See `StateJournal.commit`."""
+        if batch.empty:
+            return ()
+        with self._lock:
+            if self._closed:
+                raise JournalError(f"the journal {str(self._path)!r} is closed")
+            existing = {}
+            for name in batch.blobs:
+                row = self._db.execute("SELECT version, data FROM blobs WHERE name=?", (name,)).fetchone()
+                if row is not None:
+                    existing[name] = Blob(row[0], row[1])
+            _check_blobs(existing, batch.blobs)
+            try:
+                self._db.execute("BEGIN IMMEDIATE")
+                try:
+                    seqs = self._write(batch)
+                except BaseException:
+                    self._db.execute("ROLLBACK")
+                    raise
+                self._db.execute("COMMIT")
+            except sqlite3.Error as exc:
+                raise JournalError(f"cannot write the journal {str(self._path)!r}: {exc}") from exc
+            return seqs
+
+    def _write(self, batch: JournalBatch) -> tuple[int, ...]:
+        db = self._db
+        db.executemany(
+            "INSERT OR REPLACE INTO nodes VALUES (?, ?, ?, ?)",
+            [(n.node_id, n.rank, n.state.value, json.dumps(node_to_dict(n))) for n in batch.nodes],
+        )
+        if batch.job is not None:
+            db.execute("INSERT OR REPLACE INTO meta VALUES ('job', ?)", (json.dumps(dict(batch.job)),))
+        seqs = []
+        for e in batch.events:
+            cur = db.execute(
+                "INSERT INTO events (wall_time, kind, node_id, rank, message, data) VALUES (?, ?, ?, ?, ?, ?)",
+                (e.wall_time, e.kind, e.node_id, e.rank, e.message, json.dumps(dict(e.data))),
+            )
+            seqs.append(int(cur.lastrowid or 0))
+        if batch.checkpoint is not None:
+            c = batch.checkpoint
+            db.execute(
+                "INSERT OR REPLACE INTO checkpoints VALUES (?, ?, ?, ?)", (c.step, c.wall_time, c.world_size, c.path)
+            )
+        for name, blob in batch.blobs.items():
+            db.execute("INSERT OR REPLACE INTO blobs VALUES (?, ?, ?)", (name, blob.version, blob.data))
+        return tuple(seqs)
+
+    def events(self, after_seq: int = 0, limit: int = 1000) -> tuple[JournaledEvent, ...]:
+        """See `StateJournal.events`."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT seq, wall_time, kind, message, node_id, rank, data FROM events WHERE seq > ? "
+                "ORDER BY seq LIMIT ?",
+                (after_seq, max(limit, 0)),
+            ).fetchall()
+        return tuple(
+            JournaledEvent(seq, wall, kind, msg, nid, rank, self._json(data, f"event {seq}"))
+            for seq, wall, kind, msg, nid, rank, data in rows
+        )
+
+    def blob(self, name: str) -> Blob | None:
+        """See `StateJournal.blob`."""
+        with self._lock:
+            row = self._db.execute("SELECT version, data FROM blobs WHERE name=?", (name,)).fetchone()
+        return None if row is None else Blob(row[0], row[1])
+
+    def close(self) -> None:
+        """Close the database; safe to call twice."""
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                self._db.close()

@@ -1,0 +1,569 @@
+"""The node lifecycle core: who is in the job, what failed, and what to do about it.
+
+Pure: no I/O, no threads, no clock. Every call takes `now` (monotonic seconds) and returns an
+`Outcome` listing the effects for the scheduler, the events for the log, and the nodes whose
+records changed, so the caller can journal exactly those. A call that refuses its input raises a
+`LifecycleError` subclass and changes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+import attrs
+
+from dlrover.common import DLRoverError
+from dlrover.master.config import LifecycleConfig
+from dlrover.master.policy import Failure, FailureAction, FailureDecision, FailurePolicy
+from dlrover.master.records import (
+    Action,
+    Event,
+    LaunchNode,
+    LifecycleSnapshot,
+    NodeRecord,
+    Outcome,
+    StopNode,
+    TransitionRecord,
+)
+from dlrover.master.states import (
+    ALIVE_STATES,
+    ActionKind,
+    FailureKind,
+    IllegalTransitionError,
+    JobState,
+    NodeState,
+    check_transition,
+)
+
+__all__ = [
+    "HostAvoidedError",
+    "JobFinishedError",
+    "JobFullError",
+    "JobLifecycle",
+    "LifecycleError",
+    "NodeConflictError",
+    "NodeStateError",
+    "UnknownNodeError",
+]
+
+_MAX_REASON_CHARS = 2000
+
+
+class LifecycleError(DLRoverError):
+    """The core refused a request; nothing changed. The message says why."""
+
+
+class UnknownNodeError(LifecycleError):
+    """No node has this id."""
+
+
+class NodeStateError(LifecycleError):
+    """The node is not in a state where the request makes sense."""
+
+
+class NodeConflictError(LifecycleError):
+    """The request would take over a node another agent holds."""
+
+
+class JobFinishedError(LifecycleError):
+    """The job has ended; it accepts no more changes."""
+
+
+class JobFullError(LifecycleError):
+    """No free slot for another node."""
+
+
+class HostAvoidedError(LifecycleError):
+    """The host failed a health check or a hardware failure happened there."""
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= _MAX_REASON_CHARS else text[:_MAX_REASON_CHARS] + "...(truncated)"
+
+
+class JobLifecycle:
+    """The node lifecycle of one job.
+
+    Ranks 0..max_nodes-1 are logical: each is served by one incarnation at a time, and a
+    replacement inherits the rank of the node it replaces.
+
+    Args:
+        config: budgets, timeouts and early-stop rules.
+        policy: decides what to do about failures (budgets are enforced on top of it).
+        now: the current time.
+        snapshot: resume from this state (after a master restart) instead of starting empty.
+    """
+
+    def __init__(
+        self,
+        config: LifecycleConfig,
+        policy: FailurePolicy,
+        now: float,
+        snapshot: LifecycleSnapshot | None = None,
+    ) -> None:
+        self._config = config
+        self._policy = policy
+        self._nodes: dict[int, NodeRecord] = {}
+        self._current: dict[int, int] = {}
+        self._actions: dict[int, list[Action]] = {}
+        self._job_state = JobState.RUNNING
+        self._exit_reason = ""
+        self._job_failures = 0
+        self._next_node_id = 0
+        self._next_action_id = 1
+        self._avoid_hosts: dict[str, str] = {}
+        self._started = False
+        self._insufficient_since: float | None = now
+        if snapshot is not None:
+            self._restore(snapshot, now)
+
+    def _restore(self, snap: LifecycleSnapshot, now: float) -> None:
+        # Monotonic readings of the previous process mean nothing here: every live node gets a
+        # full heartbeat timeout (and start timeout) from now to reconnect.
+        for node in snap.nodes:
+            fresh = attrs.evolve(node, last_heartbeat=now, state_since=now)
+            self._nodes[node.node_id] = fresh
+            current = self._current.get(node.rank)
+            if current is None or current < node.node_id:
+                self._current[node.rank] = node.node_id
+        self._job_state = snap.job_state
+        self._exit_reason = snap.exit_reason
+        self._job_failures = snap.job_failures
+        self._next_node_id = snap.next_node_id
+        self._next_action_id = snap.next_action_id
+        self._avoid_hosts = dict(snap.avoid_hosts)
+        self._started = snap.started
+
+    # ----------------------------------------------------------------- queries
+
+    @property
+    def config(self) -> LifecycleConfig:
+        """The configuration in force."""
+        return self._config
+
+    @property
+    def job_state(self) -> JobState:
+        """The job's state."""
+        return self._job_state
+
+    @property
+    def exit_reason(self) -> str:
+        """Why the job ended; empty while it runs."""
+        return self._exit_reason
+
+    @property
+    def job_failures(self) -> int:
+        """Failures counted against `max_job_failures`."""
+        return self._job_failures
+
+    @property
+    def avoid_hosts(self) -> Mapping[str, str]:
+        """Hosts no node is placed on, with the reason."""
+        return dict(self._avoid_hosts)
+
+    def nodes(self) -> dict[int, NodeRecord]:
+        """Every node incarnation by id (a copy)."""
+        return dict(self._nodes)
+
+    def node(self, node_id: int) -> NodeRecord:
+        """One node.
+
+        Raises:
+            UnknownNodeError: no node has this id.
+        """
+        try:
+            return self._nodes[node_id]
+        except KeyError:
+            raise UnknownNodeError(f"no node with id {node_id!r}") from None
+
+    def current_nodes(self) -> dict[int, NodeRecord]:
+        """The current incarnation of every rank, by rank."""
+        return {rank: self._nodes[node_id] for rank, node_id in sorted(self._current.items())}
+
+    def pending_actions(self, node_id: int) -> tuple[Action, ...]:
+        """Actions waiting for a node's next heartbeat."""
+        return tuple(self._actions.get(node_id, ()))
+
+    def snapshot(self) -> LifecycleSnapshot:
+        """Everything needed to resume this state in a new process."""
+        return LifecycleSnapshot(
+            nodes=tuple(self._nodes[k] for k in sorted(self._nodes)),
+            job_state=self._job_state,
+            exit_reason=self._exit_reason,
+            job_failures=self._job_failures,
+            next_node_id=self._next_node_id,
+            next_action_id=self._next_action_id,
+            avoid_hosts=dict(self._avoid_hosts),
+            started=self._started,
+        )
+
+    def count(self, state: NodeState) -> int:
+        """How many incarnations are in `state`."""
+        return sum(1 for n in self._nodes.values() if n.state is state)
+
+    # ---------------------------------------------------------------- commands
+
+    def start(self, now: float) -> Outcome:
+        """Create the job's nodes (ranks 0..max_nodes-1) in PENDING; idempotent."""
+        if self._started or self._job_state.finished:
+            return Outcome()
+        self._started = True
+        self._insufficient_since = now
+        out = Outcome(job_changed=True, events=(Event("job_start", "job started"),))
+        for rank in range(self._config.nodes.max_nodes):
+            out = out.merge(self._create_node(rank, 0, None, now, "job start"))
+        return out
+
+    def node_started(self, node_id: int, now: float) -> Outcome:
+        """The scheduler reports the node started. Repeated reports change nothing."""
+        node = self.node(node_id)
+        if node.state is not NodeState.PENDING or self._job_state.finished:
+            return Outcome()
+        return self._move(node, NodeState.STARTING, "the scheduler started it", now)
+
+    def register(
+        self,
+        node_id: int | None,
+        name: str,
+        host: str,
+        now: float,
+        *,
+        proven_node_id: int | None = None,
+    ) -> tuple[NodeRecord, Outcome]:
+        """An agent registers, claiming a launched node (`node_id`) or any free slot (None).
+
+        A node that already registered can only be claimed again by an agent that proved it is
+        that node (`proven_node_id`, from its node credential): a reconnect after a lost answer
+        or a master restart. Anyone else is refused.
+
+        Returns:
+            The node as registered, and what changed.
+
+        Raises:
+            JobFinishedError, UnknownNodeError, NodeStateError, NodeConflictError, JobFullError,
+            HostAvoidedError: the registration is refused; nothing changed.
+        """
+        self._refuse_if_finished()
+        if not self._started:
+            raise NodeStateError("the job has not started yet; no node can register")
+        if host in self._avoid_hosts:
+            raise HostAvoidedError(f"host {host!r} is avoided: {self._avoid_hosts[host]}")
+        node = self.node(node_id) if node_id is not None else self._free_slot(name, proven_node_id)
+        if node.state is NodeState.RUNNING:
+            if proven_node_id != node.node_id:
+                raise NodeConflictError(
+                    f"node {node.node_id} is already registered; a reconnecting agent must present its node credential"
+                )
+            updated = attrs.evolve(node, last_heartbeat=now)
+            self._nodes[node.node_id] = updated
+            ev = Event("node_reconnect", f"node {node.node_id} reconnected", node.node_id, node.rank)
+            return updated, Outcome(events=(ev,), changed_nodes=frozenset({node.node_id}))
+        if node.state not in (NodeState.PENDING, NodeState.STARTING):
+            raise NodeStateError(f"node {node.node_id} is {node.state.value}; it cannot register")
+        node = attrs.evolve(node, name=name, host=host, registered=True, last_heartbeat=now)
+        self._nodes[node.node_id] = node
+        out = self._move(node, NodeState.RUNNING, f"agent {name!r} on {host!r} registered", now)
+        return self._nodes[node.node_id], out.merge(self._check_nodes(now))
+
+    def _free_slot(self, name: str, proven_node_id: int | None) -> NodeRecord:
+        if proven_node_id is not None:
+            return self.node(proven_node_id)
+        free = [
+            self._nodes[nid]
+            for nid in self._current.values()
+            if self._nodes[nid].state in (NodeState.PENDING, NodeState.STARTING) and not self._nodes[nid].registered
+        ]
+        if not free:
+            raise JobFullError(f"no free node slot: all {self._config.nodes.max_nodes} ranks are taken")
+        # A rejoining agent gets the rank it had before, when that rank is free.
+        for node in free:
+            previous = self._nodes.get(node.replaces) if node.replaces is not None else None
+            if previous is not None and name and previous.name == name:
+                return node
+        return min(free, key=lambda n: n.rank)
+
+    def heartbeat(
+        self, node_id: int, now: float, *, step: int | None = None, samples: int | None = None
+    ) -> tuple[tuple[Action, ...], Outcome]:
+        """A sign of life with progress; returns the actions waiting for the node.
+
+        A node the master has given up on (replaced, removed, or the job ended) is told to stop;
+        that changes no state.
+
+        Raises:
+            UnknownNodeError, NodeStateError: nothing changed.
+        """
+        node = self.node(node_id)
+        if self._job_state.finished:
+            reason = f"job {self._job_state.value}: {self._exit_reason}"
+            return (Action(0, ActionKind.STOP_NODE, reason),), Outcome()
+        if node.state is not NodeState.RUNNING:
+            if node.state in (NodeState.PENDING, NodeState.STARTING):
+                raise NodeStateError(f"node {node_id} has not registered; register before heartbeating")
+            reason = f"node {node_id} is {node.state.value}"
+            if node.replaced_by is not None:
+                reason += f"; replaced by node {node.replaced_by}"
+            return (Action(0, ActionKind.STOP_NODE, reason),), Outcome()
+        self._nodes[node_id] = attrs.evolve(
+            node,
+            last_heartbeat=now,
+            step=node.step if step is None else step,
+            samples=node.samples if samples is None else samples,
+        )
+        actions = tuple(self._actions.pop(node_id, ()))
+        return actions, Outcome(changed_nodes=frozenset({node_id}))
+
+    def report_failure(
+        self, node_id: int, kind: FailureKind, evidence: str, now: float
+    ) -> tuple[FailureDecision, Outcome]:
+        """A node failed; decide and apply what to do.
+
+        Returns:
+            The decision as applied (after budgets), and what changed.
+
+        Raises:
+            JobFinishedError, UnknownNodeError, NodeStateError: nothing changed.
+        """
+        self._refuse_if_finished()
+        node = self.node(node_id)
+        if node.state not in ALIVE_STATES:
+            raise NodeStateError(f"node {node_id} is {node.state.value}; it cannot fail")
+        return self._fail(node, kind, _clip(evidence), now)
+
+    def report_success(self, node_id: int, now: float) -> Outcome:
+        """The node's training processes finished successfully.
+
+        Raises:
+            JobFinishedError, UnknownNodeError, IllegalTransitionError: nothing changed.
+        """
+        self._refuse_if_finished()
+        node = self.node(node_id)
+        out = self._move(node, NodeState.SUCCEEDED, "its training processes succeeded", now)
+        return out.merge(self._check_nodes(now))
+
+    def mark_host_unhealthy(self, host: str, reason: str) -> Outcome:
+        """Avoid `host` from now on (a failed health check); its running nodes are not touched."""
+        if not host or host in self._avoid_hosts:
+            return Outcome()
+        self._avoid_hosts[host] = _clip(reason)
+        ev = Event("host_avoided", f"host {host!r} avoided: {reason}", data={"host": host})
+        return Outcome(events=(ev,), job_changed=True)
+
+    def tick(self, now: float) -> Outcome:
+        """Handle heartbeat and start timeouts, and the insufficient-nodes window."""
+        if self._job_state.finished:
+            return Outcome()
+        out = Outcome()
+        timeout = self._config.heartbeat_timeout_s
+        start_timeout = self._config.node_start_timeout_s
+        for node_id in sorted(self._nodes):
+            node = self._nodes[node_id]
+            if self._has_ended():  # a failure earlier in this loop may have stopped the job
+                break
+            if node.state is NodeState.RUNNING and now - node.last_heartbeat > timeout:
+                silent = now - node.last_heartbeat
+                evidence = f"no heartbeat for {silent:.1f}s (timeout {timeout:g}s)"
+                out = out.merge(self._fail(node, FailureKind.HEARTBEAT_TIMEOUT, evidence, now)[1])
+            elif (
+                node.state in (NodeState.PENDING, NodeState.STARTING)
+                and start_timeout is not None
+                and now - node.state_since > start_timeout
+            ):
+                evidence = f"not registered {now - node.state_since:.1f}s after launch (timeout {start_timeout:g}s)"
+                out = out.merge(self._fail(node, FailureKind.START_TIMEOUT, evidence, now)[1])
+        return out.merge(self._check_nodes(now))
+
+    def stop(self, reason: str, now: float, *, state: JobState = JobState.STOPPED) -> Outcome:
+        """End the job: every live node is removed and stopped. Idempotent once ended."""
+        if self._job_state.finished:
+            return Outcome()
+        if state is JobState.RUNNING:
+            raise LifecycleError("stop() needs a final state, got running")
+        self._job_state = state
+        self._exit_reason = _clip(reason)
+        out = Outcome(
+            job_changed=True,
+            events=(Event("job_end", f"job {state.value}: {self._exit_reason}", data={"state": state.value}),),
+        )
+        for node in list(self._nodes.values()):
+            if node.state in ALIVE_STATES:
+                out = out.merge(self._move(node, NodeState.REMOVED, f"job {state.value}: {self._exit_reason}", now))
+                out = out.merge(Outcome(effects=(StopNode(node.node_id, "the job ended"),)))
+        self._actions.clear()
+        return out
+
+    # ----------------------------------------------------------------- helpers
+
+    def _has_ended(self) -> bool:
+        return self._job_state.finished
+
+    def _refuse_if_finished(self) -> None:
+        if self._job_state.finished:
+            raise JobFinishedError(f"the job has ended ({self._job_state.value}: {self._exit_reason})")
+
+    def _move(self, node: NodeRecord, target: NodeState, reason: str, now: float) -> Outcome:
+        problem = check_transition(node.state, target)
+        if problem is not None:
+            raise IllegalTransitionError(f"node {node.node_id}: {problem}")
+        record = TransitionRecord(node.state, target, reason, now)
+        moved = attrs.evolve(node, state=target, state_since=now, history=(*node.history, record))
+        self._nodes[node.node_id] = moved
+        ev = Event(
+            "node_state",
+            f"node {node.node_id} (rank {node.rank}) {node.state.value} -> {target.value}: {reason}",
+            node.node_id,
+            node.rank,
+            {"from": node.state.value, "to": target.value},
+        )
+        return Outcome(events=(ev,), changed_nodes=frozenset({node.node_id}))
+
+    def _create_node(self, rank: int, relaunch_count: int, replaces: int | None, now: float, reason: str) -> Outcome:
+        node_id = self._next_node_id
+        self._next_node_id += 1
+        node = NodeRecord(
+            node_id=node_id,
+            rank=rank,
+            state=NodeState.PENDING,
+            relaunch_count=relaunch_count,
+            replaces=replaces,
+            last_heartbeat=now,
+            state_since=now,
+            history=(TransitionRecord(None, NodeState.PENDING, reason, now),),
+        )
+        self._nodes[node_id] = node
+        self._current[rank] = node_id
+        ev = Event("node_created", f"node {node_id} created for rank {rank}: {reason}", node_id, rank)
+        launch = LaunchNode(node_id, rank, relaunch_count, frozenset(self._avoid_hosts))
+        return Outcome(effects=(launch,), events=(ev,), changed_nodes=frozenset({node_id}), job_changed=True)
+
+    def _enforce(
+        self, node: NodeRecord, decision: FailureDecision, restarts_left: int, relaunches_left: int
+    ) -> FailureDecision:
+        """Budgets and hard rules applied on top of any policy's decision."""
+        action = decision.action
+        if action is FailureAction.STOP_JOB:
+            return decision
+        if any(n.state is NodeState.SUCCEEDED for n in self._nodes.values()):
+            return FailureDecision(
+                FailureAction.REMOVE_NODE, "workers have already succeeded; the node is not relaunched"
+            )
+        if action is FailureAction.RESTART_PROCESSES:
+            if node.state is not NodeState.RUNNING:
+                decision = FailureDecision(
+                    FailureAction.RELAUNCH_NODE, f"{decision.reason}; but the node is not running, so it is relaunched"
+                )
+            elif restarts_left <= 0:
+                decision = FailureDecision(
+                    FailureAction.RELAUNCH_NODE,
+                    f"process restart budget ({self._config.max_process_restarts}) exhausted",
+                    decision.avoid_host,
+                )
+            else:
+                return decision
+        if decision.action is FailureAction.RELAUNCH_NODE and relaunches_left <= 0:
+            return FailureDecision(
+                FailureAction.REMOVE_NODE,
+                f"{decision.reason}; relaunch budget of rank {node.rank} ({self._config.max_relaunches}) exhausted",
+                decision.avoid_host,
+            )
+        return decision
+
+    def _fail(self, node: NodeRecord, kind: FailureKind, evidence: str, now: float) -> tuple[FailureDecision, Outcome]:
+        self._job_failures += 1
+        restarts_left = max(self._config.max_process_restarts - node.process_restarts, 0)
+        relaunches_left = max(self._config.max_relaunches - node.relaunch_count, 0)
+        node = attrs.evolve(node, last_failure=f"{kind.value}: {evidence}")
+        self._nodes[node.node_id] = node
+        failure_ev = Event(
+            "failure",
+            f"node {node.node_id} (rank {node.rank}) failed: {kind.value}: {evidence}",
+            node.node_id,
+            node.rank,
+            {"kind": kind.value},
+        )
+        out = Outcome(events=(failure_ev,), changed_nodes=frozenset({node.node_id}), job_changed=True)
+        if self._job_failures > self._config.max_job_failures:
+            decision = FailureDecision(
+                FailureAction.STOP_JOB,
+                f"too many failures: {self._job_failures} > max_job_failures {self._config.max_job_failures}",
+            )
+        else:
+            proposed = self._policy.decide(Failure(node, kind, evidence, restarts_left, relaunches_left))
+            decision = self._enforce(node, proposed, restarts_left, relaunches_left)
+        if decision.avoid_host and node.host:
+            out = out.merge(self.mark_host_unhealthy(node.host, f"{kind.value} on node {node.node_id}"))
+        if decision.action is FailureAction.RESTART_PROCESSES:
+            node = attrs.evolve(node, process_restarts=node.process_restarts + 1)
+            self._nodes[node.node_id] = node
+            self._actions.setdefault(node.node_id, []).append(
+                Action(self._next_action_id, ActionKind.RESTART_PROCESSES, decision.reason)
+            )
+            self._next_action_id += 1
+            ev = Event(
+                "process_restart",
+                f"node {node.node_id} restarts its processes ({node.process_restarts}/"
+                f"{self._config.max_process_restarts}): {decision.reason}",
+                node.node_id,
+                node.rank,
+                {"kind": kind.value},
+            )
+            return decision, out.merge(Outcome(events=(ev,)))
+        out = out.merge(self._move(node, NodeState.FAILED, f"{kind.value}: {evidence}", now))
+        node = self._nodes[node.node_id]
+        self._actions.pop(node.node_id, None)
+        # Whatever follows, this incarnation is finished: its agent and processes are stopped.
+        out = out.merge(Outcome(effects=(StopNode(node.node_id, decision.reason),)))
+        if decision.action is FailureAction.STOP_JOB:
+            return decision, out.merge(self.stop(decision.reason, now, state=JobState.FAILED))
+        if decision.action is FailureAction.RELAUNCH_NODE:
+            out = out.merge(self._move(node, NodeState.RELAUNCHING, decision.reason, now))
+            out = out.merge(self._create_node(node.rank, node.relaunch_count + 1, node.node_id, now, decision.reason))
+            new_id = self._current[node.rank]
+            self._nodes[node.node_id] = attrs.evolve(self._nodes[node.node_id], replaced_by=new_id)
+            ev = Event(
+                "relaunch",
+                f"rank {node.rank}: node {node.node_id} replaced by node {new_id}: {decision.reason}",
+                node.node_id,
+                node.rank,
+                {"replacement": new_id, "kind": kind.value},
+            )
+            out = out.merge(Outcome(events=(ev,)))
+        else:
+            out = out.merge(self._move(node, NodeState.REMOVED, decision.reason, now))
+        return decision, out.merge(self._check_nodes(now))
+
+    def _alive(self) -> Iterable[NodeRecord]:
+        return (n for n in self._nodes.values() if n.state in ALIVE_STATES)
+
+    def _check_nodes(self, now: float) -> Outcome:
+        """End the job when no node is left, or too few have run for too long."""
+        if self._job_state.finished or not self._started:
+            return Outcome()
+        alive = list(self._alive())
+        succeeded = self.count(NodeState.SUCCEEDED)
+        if not alive:
+            if succeeded:
+                return self.stop(f"all nodes finished; {succeeded} succeeded", now, state=JobState.SUCCEEDED)
+            return self.stop("no nodes left: every rank failed beyond its budget", now, state=JobState.FAILED)
+        if succeeded:
+            # The job is finishing: nodes leave one by one as they succeed.
+            self._insufficient_since = None
+            return Outcome()
+        return self._check_insufficient(sum(1 for n in alive if n.state is NodeState.RUNNING), now)
+
+    def _check_insufficient(self, running: int, now: float) -> Outcome:
+        minimum = self._config.nodes.min_nodes
+        if running >= minimum:
+            self._insufficient_since = None
+            return Outcome()
+        if self._insufficient_since is None:
+            self._insufficient_since = now
+        waited = now - self._insufficient_since
+        if waited < self._config.insufficient_nodes_window_s:
+            return Outcome()
+        return self.stop(
+            f"insufficient nodes: {running} running < min_nodes {minimum} for {waited:.1f}s "
+            f"(window {self._config.insufficient_nodes_window_s:g}s)",
+            now,
+            state=JobState.FAILED,
+        )

@@ -1,0 +1,115 @@
+"""Prometheus metrics of one master, in its own `CollectorRegistry` (never the global one)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Mapping
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.exposition import generate_latest, start_http_server
+
+from dlrover.master.journal import JournaledEvent
+from dlrover.master.states import NodeState
+
+__all__ = ["MasterMetrics", "MetricsEndpoint"]
+
+
+class MasterMetrics:
+    """The master's metrics.
+
+    Args:
+        job_name: the `job` label on every metric.
+    """
+
+    def __init__(self, job_name: str) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self._job = job_name
+        r = self.registry
+        self.nodes = Gauge("dlrover_nodes", "Node incarnations by state.", ["job", "state"], registry=r)
+        self.restarts = Counter(
+            "dlrover_restarts", "Process restarts and node relaunches.", ["job", "kind"], registry=r
+        )
+        self.failures = Counter("dlrover_failures", "Node failures by kind.", ["job", "kind"], registry=r)
+        self.step = Gauge("dlrover_training_step", "The job's newest training step.", ["job"], registry=r)
+        self.steps_per_second = Gauge("dlrover_steps_per_second", "Training steps per second.", ["job"], registry=r)
+        self.samples_per_second = Gauge(
+            "dlrover_samples_per_second", "Training samples per second.", ["job"], registry=r
+        )
+        self.goodput = Gauge("dlrover_goodput_ratio", "Useful training time over elapsed time.", ["job"], registry=r)
+        self.checkpoint_latency = Histogram(
+            "dlrover_checkpoint_latency_seconds",
+            "From the first rank reporting a step to every rank holding it.",
+            ["job"],
+            buckets=(0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300),
+            registry=r,
+        )
+        self.heartbeats = Counter("dlrover_heartbeats", "Heartbeats received.", ["job"], registry=r)
+        for state in NodeState:
+            self.nodes.labels(job_name, state.value).set(0)
+
+    def set_node_counts(self, counts: Mapping[NodeState, int]) -> None:
+        """Publish how many incarnations are in each state."""
+        for state in NodeState:
+            self.nodes.labels(self._job, state.value).set(counts.get(state, 0))
+
+    def observe_events(self, events: Iterable[JournaledEvent]) -> None:
+        """Count failures, restarts and relaunches from events."""
+        for event in events:
+            if event.kind == "failure":
+                self.failures.labels(self._job, str(event.data.get("kind", "unknown"))).inc()
+            elif event.kind == "process_restart":
+                self.restarts.labels(self._job, "process").inc()
+            elif event.kind == "relaunch":
+                self.restarts.labels(self._job, "node").inc()
+
+    def observe_progress(self, step: int, steps_per_second: float, samples_per_second: float) -> None:
+        """Publish training progress."""
+        self.step.labels(self._job).set(step)
+        self.steps_per_second.labels(self._job).set(steps_per_second)
+        self.samples_per_second.labels(self._job).set(samples_per_second)
+
+    def observe_checkpoint_latency(self, seconds: float) -> None:
+        """Record how long a step took to be held by every rank."""
+        self.checkpoint_latency.labels(self._job).observe(seconds)
+
+    def heartbeat(self) -> None:
+        """Count one heartbeat."""
+        self.heartbeats.labels(self._job).inc()
+
+    def set_goodput(self, ratio: float) -> None:
+        """Publish goodput so far."""
+        self.goodput.labels(self._job).set(ratio)
+
+    def render(self) -> bytes:
+        """The exposition text of every metric."""
+        return generate_latest(self.registry)
+
+
+class MetricsEndpoint:
+    """An HTTP `/metrics` endpoint for one registry.
+
+    Args:
+        registry: what to serve.
+        bind_address: interface to listen on.
+        port: TCP port, 0 for any free port.
+    """
+
+    def __init__(self, registry: CollectorRegistry, bind_address: str, port: int) -> None:
+        self._server, self._thread = start_http_server(port, addr=bind_address, registry=registry)
+        self._lock = threading.Lock()
+        self._closed = False
+
+    @property
+    def port(self) -> int:
+        """The bound port."""
+        return int(self._server.server_address[1])
+
+    def close(self) -> None:
+        """Stop serving and release the port; safe to call twice."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=10)

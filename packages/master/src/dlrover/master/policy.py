@@ -1,0 +1,105 @@
+"""What to do about a failure: the seam the diagnosis package's action policy plugs into.
+
+The lifecycle core asks a `FailurePolicy` for a decision, then enforces budgets itself, so no
+policy can make the job exceed them: a restart with no restarts left becomes a relaunch, a
+relaunch with no relaunches left becomes a removal, and nothing is relaunched once any node has
+succeeded.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Protocol, runtime_checkable
+
+import attrs
+
+from dlrover.master.records import NodeRecord
+from dlrover.master.states import FailureKind
+
+__all__ = ["DefaultFailurePolicy", "Failure", "FailureAction", "FailureDecision", "FailurePolicy"]
+
+
+class FailureAction(enum.StrEnum):
+    """The possible answers to a failure, mildest first."""
+
+    RESTART_PROCESSES = "restart_processes"
+    RELAUNCH_NODE = "relaunch_node"
+    REMOVE_NODE = "remove_node"
+    STOP_JOB = "stop_job"
+
+
+@attrs.frozen
+class Failure:
+    """A failure as the policy sees it.
+
+    Attributes:
+        node: the node as it was when the failure arrived.
+        kind: what kind of failure.
+        evidence: what the reporter saw (a log tail, an exit code, a probe result).
+        process_restarts_left: restarts of training processes still allowed on this node.
+        relaunches_left: replacements still allowed for this rank.
+    """
+
+    node: NodeRecord
+    kind: FailureKind
+    evidence: str
+    process_restarts_left: int
+    relaunches_left: int
+
+
+@attrs.frozen
+class FailureDecision:
+    """A policy's answer, with the reason it gives.
+
+    Attributes:
+        action: what to do.
+        reason: why, in words; recorded in the node's history and the event log.
+        avoid_host: whether the node's host must not be used again.
+    """
+
+    action: FailureAction
+    reason: str
+    avoid_host: bool = False
+
+
+@runtime_checkable
+class FailurePolicy(Protocol):
+    """Decides what to do about one failure. Must be pure: no I/O, no clock."""
+
+    def decide(self, failure: Failure) -> FailureDecision:
+        """The action for `failure`, and why."""
+        ...
+
+
+_NODE_LEVEL = frozenset(
+    {FailureKind.HEARTBEAT_TIMEOUT, FailureKind.START_TIMEOUT, FailureKind.NODE_EXIT, FailureKind.HARDWARE}
+)
+
+
+class DefaultFailurePolicy:
+    """The policy used until the diagnosis package provides a smarter one.
+
+    - a user code error stops the job: restarting the same code fails the same way;
+    - a node-level failure (heartbeat or start timeout, the node exited, hardware) relaunches the
+      node; hardware failures also avoid the host;
+    - anything else restarts the training processes while the node's restart budget lasts, then
+      relaunches the node.
+    """
+
+    def decide(self, failure: Failure) -> FailureDecision:
+        """See the class docstring."""
+        kind = failure.kind
+        if kind is FailureKind.USER_CODE_ERROR:
+            return FailureDecision(FailureAction.STOP_JOB, f"user code error on rank {failure.node.rank}")
+        if kind in _NODE_LEVEL:
+            return FailureDecision(
+                FailureAction.RELAUNCH_NODE,
+                f"{kind.value} is a node-level failure",
+                avoid_host=kind is FailureKind.HARDWARE,
+            )
+        if failure.process_restarts_left > 0:
+            return FailureDecision(
+                FailureAction.RESTART_PROCESSES,
+                f"{kind.value}: {failure.process_restarts_left} process restart(s) left",
+            )
+        return FailureDecision(FailureAction.RELAUNCH_NODE, f"{kind.value}: process restart budget exhausted")

@@ -1,0 +1,202 @@
+"""Immutable records the lifecycle core hands out: nodes, their history, actions, effects, events."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+
+from dlrover.common import DLRoverError
+from dlrover.master.states import ActionKind, JobState, NodeState
+
+__all__ = [
+    "Action",
+    "Event",
+    "LaunchNode",
+    "LifecycleSnapshot",
+    "NodeRecord",
+    "Outcome",
+    "StopNode",
+    "TransitionRecord",
+    "node_from_dict",
+    "node_to_dict",
+]
+
+
+@attrs.frozen
+class TransitionRecord:
+    """One edge a node took, and why.
+
+    Attributes:
+        from_state: the state left (None for the node's creation).
+        to_state: the state entered.
+        reason: why, in words.
+        at: the core's `now` when it happened (monotonic within one master process).
+    """
+
+    from_state: NodeState | None
+    to_state: NodeState
+    reason: str
+    at: float
+
+
+@attrs.frozen
+class NodeRecord:
+    """One incarnation of a logical rank.
+
+    Attributes:
+        node_id: unique in the job, never reused.
+        rank: the logical rank; a replacement keeps the rank of the node it replaces.
+        state: where it is in its life.
+        relaunch_count: how many incarnations of this rank came before this one.
+        process_restarts: training-process restarts on this incarnation.
+        name: the agent's self-given name (host name and slot), once registered.
+        host: the host it runs on, once known.
+        registered: whether its agent has registered.
+        last_heartbeat: `now` of the last sign of life.
+        state_since: `now` when it entered its state.
+        step: the newest training step it reported (-1 before any).
+        samples: samples it reported consumed so far.
+        replaces: the node it replaced.
+        replaced_by: the node that replaced it.
+        last_failure: the kind and evidence of its last failure.
+        history: every transition with its reason.
+    """
+
+    node_id: int
+    rank: int
+    state: NodeState
+    relaunch_count: int = 0
+    process_restarts: int = 0
+    name: str = ""
+    host: str = ""
+    registered: bool = False
+    last_heartbeat: float = 0.0
+    state_since: float = 0.0
+    step: int = -1
+    samples: int = 0
+    replaces: int | None = None
+    replaced_by: int | None = None
+    last_failure: str = ""
+    history: tuple[TransitionRecord, ...] = ()
+
+
+@attrs.frozen
+class Action:
+    """Something an agent is asked to do; delivered on its next heartbeat answer."""
+
+    action_id: int
+    kind: ActionKind
+    reason: str
+
+
+@attrs.frozen
+class LaunchNode:
+    """Effect: the scheduler must start this node.
+
+    Attributes:
+        node_id: the new node.
+        rank: its logical rank.
+        relaunch_count: how many incarnations of the rank came before.
+        avoid_hosts: hosts it must not be placed on.
+    """
+
+    node_id: int
+    rank: int
+    relaunch_count: int
+    avoid_hosts: frozenset[str] = frozenset()
+
+
+@attrs.frozen
+class StopNode:
+    """Effect: the scheduler must stop this node."""
+
+    node_id: int
+    reason: str
+
+
+@attrs.frozen
+class Event:
+    """Something that happened to the job, for the event log, the journal and metrics.
+
+    Attributes:
+        kind: a short name: node_created, node_state, failure, process_restart, relaunch, job_end, ...
+        message: a sentence for people.
+        node_id: the node concerned, if any.
+        rank: its logical rank, if any.
+        data: extra JSON-serialisable facts (failure kind, states, counts).
+    """
+
+    kind: str
+    message: str
+    node_id: int | None = None
+    rank: int | None = None
+    data: Mapping[str, Any] = attrs.field(factory=dict)
+
+
+@attrs.frozen
+class Outcome:
+    """What one core call changed: effects to apply, events to record, nodes to journal."""
+
+    effects: tuple[LaunchNode | StopNode, ...] = ()
+    events: tuple[Event, ...] = ()
+    changed_nodes: frozenset[int] = frozenset()
+    job_changed: bool = False
+
+    def merge(self, other: Outcome) -> Outcome:
+        """Both outcomes, this one first."""
+        return Outcome(
+            effects=self.effects + other.effects,
+            events=self.events + other.events,
+            changed_nodes=self.changed_nodes | other.changed_nodes,
+            job_changed=self.job_changed or other.job_changed,
+        )
+
+
+@attrs.frozen
+class LifecycleSnapshot:
+    """Everything the lifecycle core needs to resume after a master restart."""
+
+    nodes: tuple[NodeRecord, ...]
+    job_state: JobState
+    exit_reason: str
+    job_failures: int
+    next_node_id: int
+    next_action_id: int
+    avoid_hosts: Mapping[str, str]
+    started: bool
+
+
+def node_to_dict(node: NodeRecord) -> dict[str, Any]:
+    """A JSON-serialisable form of `node` (for the journal)."""
+    data = attrs.asdict(node, recurse=False)
+    data["state"] = node.state.value
+    data["history"] = [
+        {"from": t.from_state.value if t.from_state else None, "to": t.to_state.value, "reason": t.reason, "at": t.at}
+        for t in node.history
+    ]
+    return data
+
+
+def node_from_dict(data: Mapping[str, Any]) -> NodeRecord:
+    """The inverse of `node_to_dict`.
+
+    Raises:
+        DLRoverError: the data is not a node written by `node_to_dict`.
+    """
+    try:
+        fields = dict(data)
+        fields["state"] = NodeState(fields["state"])
+        fields["history"] = tuple(
+            TransitionRecord(
+                from_state=NodeState(t["from"]) if t["from"] else None,
+                to_state=NodeState(t["to"]),
+                reason=str(t["reason"]),
+                at=float(t["at"]),
+            )
+            for t in fields["history"]
+        )
+        return NodeRecord(**fields)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise DLRoverError(f"corrupt node record {dict(data)!r}: {exc}") from exc

@@ -1,0 +1,104 @@
+"""The scheduler Protocol: how the master gets nodes started, stopped and observed.
+
+Local processes, external agents, and later Ray actors and Kubernetes pods all sit behind it.
+A backend only does what it is told and reports what it sees; every decision stays in the
+lifecycle core.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from typing import Protocol, runtime_checkable
+
+import attrs
+
+from dlrover.common import DLRoverError
+
+__all__ = ["NodeSpec", "ObservedNode", "ObservedState", "SchedulerBackend", "SchedulerError"]
+
+
+class SchedulerError(DLRoverError):
+    """A backend could not do what it was asked; the message says what and why."""
+
+
+@attrs.frozen
+class NodeSpec:
+    """What a backend needs to start one node.
+
+    Attributes:
+        job_name: the job.
+        node_id: the node's unique id (the agent registers with it).
+        rank: its logical rank.
+        relaunch_count: how many incarnations of the rank came before.
+        avoid_hosts: hosts it must not be placed on.
+        env: environment for the agent: master address, node id, token file.
+    """
+
+    job_name: str
+    node_id: int
+    rank: int
+    relaunch_count: int = 0
+    avoid_hosts: frozenset[str] = frozenset()
+    env: Mapping[str, str] = attrs.field(factory=dict)
+
+
+class ObservedState(enum.StrEnum):
+    """What a backend sees of a node it launched."""
+
+    PENDING = "pending"
+    """Asked for, not yet running (a pod being scheduled, an agent nobody started yet)."""
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    """Exited with status 0."""
+    FAILED = "failed"
+    """Exited with a failure; `exit_code` says how."""
+    STOPPED = "stopped"
+    """Stopped because the master asked."""
+
+
+@attrs.frozen
+class ObservedNode:
+    """One node as a backend sees it.
+
+    Attributes:
+        node_id: the node.
+        state: what the backend sees.
+        exit_code: the exit status once it ended (negative: killed by that signal).
+        host: where it runs, if the backend knows.
+    """
+
+    node_id: int
+    state: ObservedState
+    exit_code: int | None = None
+    host: str = ""
+
+
+@runtime_checkable
+class SchedulerBackend(Protocol):
+    """Starts, stops and observes nodes. Implementations must be safe to call from several threads."""
+
+    @property
+    def name(self) -> str:
+        """The backend's name (`local`, `external`, ...)."""
+        ...
+
+    def launch(self, spec: NodeSpec) -> None:
+        """Start a node; returns once it is requested, not once it runs.
+
+        Raises:
+            SchedulerError: it cannot be started (or a node with this id was launched before).
+        """
+        ...
+
+    def stop(self, node_id: int) -> None:
+        """Stop a node; idempotent, and a no-op for an unknown id."""
+        ...
+
+    def observe(self) -> Mapping[int, ObservedNode]:
+        """Every node this backend launched, as it sees them now."""
+        ...
+
+    def close(self) -> None:
+        """Stop every node still running and release everything; safe to call twice."""
+        ...

@@ -1,0 +1,371 @@
+"""Thin gRPC servicers: proto -> validated domain values -> one Master call -> proto.
+
+Validation happens here, before the master is touched, so malformed input changes nothing and
+gets INVALID_ARGUMENT naming the bad field and value. Domain refusals map to status codes in
+`_status_for`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import NoReturn
+
+import grpc
+
+from dlrover.common import DLRoverError, GrpcServer
+from dlrover.master.checkpoints import MAX_STEPS_PER_RANK, MAX_WORLD_SIZE, CheckpointError
+from dlrover.master.identity import NodeAuthenticator, NodeIdentityError, NodeImpersonationError
+from dlrover.master.journal import JournalError
+from dlrover.master.lifecycle import (
+    HostAvoidedError,
+    JobFinishedError,
+    JobFullError,
+    NodeConflictError,
+    NodeStateError,
+    UnknownNodeError,
+)
+from dlrover.master.master import Master, ResourceSample
+from dlrover.master.states import ActionKind, FailureKind, IllegalTransitionError
+from dlrover.master.v1 import agent_pb2, agent_pb2_grpc, checkpoint_pb2, checkpoint_pb2_grpc, job_pb2, job_pb2_grpc
+
+__all__ = [
+    "MAX_EVIDENCE_CHARS",
+    "AgentServicer",
+    "CheckpointServicer",
+    "JobServicer",
+    "RequestError",
+    "ServiceRegistration",
+    "add_master_services",
+]
+
+MAX_NAME_CHARS = 256
+MAX_EVIDENCE_CHARS = 64 * 1024
+MAX_REASON_CHARS = 4096
+MAX_NODE_ID = 2**53
+MAX_EVENTS_PAGE = 1000
+MAX_RANKS_PER_REPORT = 4096
+
+_FAILURE_KINDS = {
+    agent_pb2.FAILURE_KIND_PROCESS_CRASH: FailureKind.PROCESS_CRASH,
+    agent_pb2.FAILURE_KIND_USER_CODE_ERROR: FailureKind.USER_CODE_ERROR,
+    agent_pb2.FAILURE_KIND_OOM: FailureKind.OOM,
+    agent_pb2.FAILURE_KIND_HARDWARE: FailureKind.HARDWARE,
+    agent_pb2.FAILURE_KIND_NETWORK: FailureKind.NETWORK,
+    agent_pb2.FAILURE_KIND_HANG: FailureKind.HANG,
+    agent_pb2.FAILURE_KIND_UNKNOWN: FailureKind.UNKNOWN,
+}
+_ACTION_KINDS = {
+    ActionKind.RESTART_PROCESSES: agent_pb2.ACTION_KIND_RESTART_PROCESSES,
+    ActionKind.STOP_NODE: agent_pb2.ACTION_KIND_STOP_NODE,
+}
+
+
+class RequestError(DLRoverError):
+    """A request field is malformed or out of range."""
+
+
+_STATUS: tuple[tuple[type[Exception], grpc.StatusCode], ...] = (
+    (RequestError, grpc.StatusCode.INVALID_ARGUMENT),
+    (NodeImpersonationError, grpc.StatusCode.PERMISSION_DENIED),
+    (NodeIdentityError, grpc.StatusCode.UNAUTHENTICATED),
+    (UnknownNodeError, grpc.StatusCode.NOT_FOUND),
+    (NodeConflictError, grpc.StatusCode.ALREADY_EXISTS),
+    (JobFullError, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (HostAvoidedError, grpc.StatusCode.FAILED_PRECONDITION),
+    (JobFinishedError, grpc.StatusCode.FAILED_PRECONDITION),
+    (NodeStateError, grpc.StatusCode.FAILED_PRECONDITION),
+    (IllegalTransitionError, grpc.StatusCode.FAILED_PRECONDITION),
+    (CheckpointError, grpc.StatusCode.FAILED_PRECONDITION),
+    (JournalError, grpc.StatusCode.INTERNAL),
+)
+
+
+def _status_for(exc: DLRoverError) -> grpc.StatusCode:
+    for kind, code in _STATUS:
+        if isinstance(exc, kind):
+            return code
+    return grpc.StatusCode.FAILED_PRECONDITION
+
+
+@contextmanager
+def _translate(context: grpc.ServicerContext) -> Iterator[None]:
+    """Turn a refusal into the matching status; anything else is a bug and surfaces as INTERNAL."""
+    try:
+        yield
+    except DLRoverError as exc:
+        _abort(context, _status_for(exc), str(exc))
+
+
+def _abort(context: grpc.ServicerContext, code: grpc.StatusCode, message: str) -> NoReturn:
+    context.abort(code, message[:MAX_REASON_CHARS])
+    raise AssertionError("unreachable: context.abort raises")  # pragma: no cover
+
+
+def _text(value: str, field: str, limit: int, *, required: bool = False) -> str:
+    if len(value) > limit:
+        raise RequestError(f"{field} has {len(value)} characters; at most {limit}")
+    if required and not value:
+        raise RequestError(f"{field} must not be empty")
+    if not value.isprintable():
+        raise RequestError(f"{field} must be printable, got {value[:80]!r}")
+    return value
+
+
+def _node_id(value: int, field: str = "node_id") -> int:
+    if not 0 <= value <= MAX_NODE_ID:
+        raise RequestError(f"{field} must be in 0..{MAX_NODE_ID}, got {value}")
+    return value
+
+
+def _finite(value: float, field: str) -> float:
+    if not math.isfinite(value) or value < 0:
+        raise RequestError(f"{field} must be a finite non-negative number, got {value!r}")
+    return value
+
+
+def _count(value: int, field: str) -> int:
+    if value < 0:
+        raise RequestError(f"{field} must be non-negative, got {value}")
+    return value
+
+
+def _metadata(context: grpc.ServicerContext) -> tuple[tuple[str, str | bytes], ...]:
+    return tuple((m[0], m[1]) for m in context.invocation_metadata() or ())
+
+
+class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
+    """AgentService on a `Master`.
+
+    Args:
+        master: the master.
+        authenticator: issues and checks node credentials.
+    """
+
+    def __init__(self, master: Master, authenticator: NodeAuthenticator) -> None:
+        self._master = master
+        self._auth = authenticator
+
+    def RegisterNode(
+        self, request: agent_pb2.RegisterNodeRequest, context: grpc.ServicerContext
+    ) -> agent_pb2.RegisterNodeResponse:
+        """Register an agent; answers its node id, rank and node credential."""
+        with _translate(context):
+            node_id = _node_id(request.node_id) if request.HasField("node_id") else None
+            name = _text(request.node_name, "node_name", MAX_NAME_CHARS, required=True)
+            host = _text(request.host, "host", MAX_NAME_CHARS, required=True)
+            if request.local_world_size < 0:
+                raise RequestError(f"local_world_size must be non-negative, got {request.local_world_size}")
+            metadata = _metadata(context)
+            # A reconnecting agent proves who it is; a first registration has nothing to prove.
+            proven = (
+                self._auth.authenticate(metadata) if any(k.startswith("x-dlrover-node") for k, _ in metadata) else None
+            )
+            node = self._master.register(node_id, name, host, proven_node_id=proven)
+            cfg = self._master.config
+            nodes = cfg.lifecycle.nodes
+            return agent_pb2.RegisterNodeResponse(
+                node_id=node.node_id,
+                rank=node.rank,
+                node_credential=self._auth.credential(node.node_id),
+                heartbeat_interval_s=cfg.heartbeat_interval_s,
+                heartbeat_timeout_s=cfg.lifecycle.heartbeat_timeout_s,
+                relaunch_count=node.relaunch_count,
+                min_nodes=nodes.min_nodes,
+                max_nodes=nodes.max_nodes,
+                node_unit=nodes.node_unit,
+            )
+
+    def Heartbeat(
+        self, request: agent_pb2.HeartbeatRequest, context: grpc.ServicerContext
+    ) -> agent_pb2.HeartbeatResponse:
+        """Record a sign of life and progress; answers pending actions."""
+        with _translate(context):
+            node_id = self._auth.authorize(_metadata(context), _node_id(request.node_id))
+            step: int | None = None
+            samples: int | None = None
+            resources: ResourceSample | None = None
+            if request.HasField("progress"):
+                if request.progress.step < -1:
+                    raise RequestError(f"progress.step must be -1 or more, got {request.progress.step}")
+                step = request.progress.step
+                samples = _count(request.progress.samples, "progress.samples")
+            if request.HasField("resources"):
+                r = request.resources
+                resources = ResourceSample(
+                    cpu_percent=_finite(r.cpu_percent, "resources.cpu_percent"),
+                    memory_bytes=_count(r.memory_bytes, "resources.memory_bytes"),
+                    gpu_percent=_finite(r.gpu_percent, "resources.gpu_percent"),
+                    gpu_memory_bytes=_count(r.gpu_memory_bytes, "resources.gpu_memory_bytes"),
+                )
+            actions, job_state = self._master.heartbeat(node_id, step=step, samples=samples, resources=resources)
+            return agent_pb2.HeartbeatResponse(
+                actions=[
+                    agent_pb2.Action(action_id=a.action_id, kind=_ACTION_KINDS[a.kind], reason=a.reason)
+                    for a in actions
+                ],
+                job_state=job_state.value,
+            )
+
+    def ReportFailure(
+        self, request: agent_pb2.ReportFailureRequest, context: grpc.ServicerContext
+    ) -> agent_pb2.ReportFailureResponse:
+        """Report a failure of the calling node; answers the decision taken."""
+        with _translate(context):
+            node_id = self._auth.authorize(_metadata(context), _node_id(request.node_id))
+            kind = _FAILURE_KINDS.get(request.kind)
+            if kind is None:
+                raise RequestError(f"kind must be a known failure kind, got {request.kind}")
+            if len(request.evidence) > MAX_EVIDENCE_CHARS:
+                raise RequestError(f"evidence has {len(request.evidence)} characters; at most {MAX_EVIDENCE_CHARS}")
+            evidence = request.evidence or f"exit code {request.exit_code}"
+            decision = self._master.report_failure(node_id, kind, evidence)
+            return agent_pb2.ReportFailureResponse(decision=decision.action.value, reason=decision.reason)
+
+    def ReportSuccess(
+        self, request: agent_pb2.ReportSuccessRequest, context: grpc.ServicerContext
+    ) -> agent_pb2.ReportSuccessResponse:
+        """Report that the calling node's training processes succeeded."""
+        with _translate(context):
+            node_id = self._auth.authorize(_metadata(context), _node_id(request.node_id))
+            return agent_pb2.ReportSuccessResponse(job_state=self._master.report_success(node_id).value)
+
+
+class CheckpointServicer(checkpoint_pb2_grpc.CheckpointServiceServicer):
+    """CheckpointService on a `Master` (node identity required, like AgentService)."""
+
+    def __init__(self, master: Master, authenticator: NodeAuthenticator) -> None:
+        self._master = master
+        self._auth = authenticator
+
+    def ReportCheckpointSteps(
+        self, request: checkpoint_pb2.ReportCheckpointStepsRequest, context: grpc.ServicerContext
+    ) -> checkpoint_pb2.ReportCheckpointStepsResponse:
+        """Record the steps some ranks hold; answers the newest step held by every rank."""
+        with _translate(context):
+            self._auth.authorize(_metadata(context), _node_id(request.node_id))
+            if not 1 <= request.world_size <= MAX_WORLD_SIZE:
+                raise RequestError(f"world_size must be in 1..{MAX_WORLD_SIZE}, got {request.world_size}")
+            if len(request.ranks) > MAX_RANKS_PER_REPORT:
+                raise RequestError(f"{len(request.ranks)} ranks in one report; at most {MAX_RANKS_PER_REPORT}")
+            ranks: dict[int, list[int]] = {}
+            for entry in request.ranks:
+                if entry.rank in ranks:
+                    raise RequestError(f"rank {entry.rank} appears twice")
+                if len(entry.steps) > MAX_STEPS_PER_RANK:
+                    raise RequestError(
+                        f"rank {entry.rank} reports {len(entry.steps)} steps; at most {MAX_STEPS_PER_RANK}"
+                    )
+                ranks[entry.rank] = list(entry.steps)
+            try:
+                complete, committed = self._master.report_checkpoint_steps(request.world_size, ranks)
+            except CheckpointError as exc:
+                raise RequestError(str(exc)) from exc
+            return checkpoint_pb2.ReportCheckpointStepsResponse(
+                has_complete_step=complete is not None,
+                complete_step=complete if complete is not None else 0,
+                has_committed_step=committed is not None,
+                committed_step=committed if committed is not None else 0,
+            )
+
+    def CommitCheckpoint(
+        self, request: checkpoint_pb2.CommitCheckpointRequest, context: grpc.ServicerContext
+    ) -> checkpoint_pb2.CommitCheckpointResponse:
+        """Commit a step held by every rank (journaled before answering)."""
+        with _translate(context):
+            self._auth.authorize(_metadata(context), _node_id(request.node_id))
+            path = _text(request.path, "path", MAX_REASON_CHARS)
+            if request.step < 0:
+                raise RequestError(f"step must be non-negative, got {request.step}")
+            commit = self._master.commit_checkpoint(request.step, path)
+            return checkpoint_pb2.CommitCheckpointResponse(committed_step=commit.step)
+
+
+class JobServicer(job_pb2_grpc.JobServiceServicer):
+    """JobService on a `Master`: status, events and stop (job token only)."""
+
+    def __init__(self, master: Master) -> None:
+        self._master = master
+
+    def GetJobStatus(
+        self, request: job_pb2.GetJobStatusRequest, context: grpc.ServicerContext
+    ) -> job_pb2.GetJobStatusResponse:
+        """The job's state and the current node of every rank."""
+        with _translate(context):
+            status = self._master.status()
+            return job_pb2.GetJobStatusResponse(
+                job_name=status.job_name,
+                state=status.state.value,
+                exit_reason=status.exit_reason,
+                nodes=[
+                    job_pb2.NodeStatus(
+                        node_id=n.node_id,
+                        rank=n.rank,
+                        state=n.state.value,
+                        name=n.name,
+                        host=n.host,
+                        relaunch_count=n.relaunch_count,
+                        process_restarts=n.process_restarts,
+                        step=n.step,
+                        seconds_since_heartbeat=max(status.now - n.last_heartbeat, 0.0),
+                        last_failure=n.last_failure,
+                        last_reason=n.history[-1].reason if n.history else "",
+                    )
+                    for n in status.nodes
+                ],
+                min_nodes=status.min_nodes,
+                max_nodes=status.max_nodes,
+                job_failures=status.job_failures,
+                step=status.step,
+                has_committed_step=status.committed_step is not None,
+                committed_step=status.committed_step or 0,
+                goodput=status.goodput,
+                elapsed_s=status.elapsed_s,
+                total_relaunches=status.total_relaunches,
+            )
+
+    def ListEvents(
+        self, request: job_pb2.ListEventsRequest, context: grpc.ServicerContext
+    ) -> job_pb2.ListEventsResponse:
+        """A page of the job's events."""
+        with _translate(context):
+            if request.after_seq < 0:
+                raise RequestError(f"after_seq must be non-negative, got {request.after_seq}")
+            if not 0 <= request.limit <= MAX_EVENTS_PAGE:
+                raise RequestError(f"limit must be in 0..{MAX_EVENTS_PAGE}, got {request.limit}")
+            events = self._master.events(request.after_seq, request.limit or 100)
+            return job_pb2.ListEventsResponse(
+                events=[
+                    job_pb2.JobEvent(
+                        seq=e.seq,
+                        wall_time=e.wall_time,
+                        kind=e.kind,
+                        message=e.message,
+                        has_node=e.node_id is not None,
+                        node_id=e.node_id if e.node_id is not None else 0,
+                        rank=e.rank if e.rank is not None else 0,
+                        data_json=json.dumps(dict(e.data), sort_keys=True),
+                    )
+                    for e in events
+                ]
+            )
+
+    def StopJob(self, request: job_pb2.StopJobRequest, context: grpc.ServicerContext) -> job_pb2.StopJobResponse:
+        """Stop the job; every node is stopped."""
+        with _translate(context):
+            reason = _text(request.reason, "reason", MAX_REASON_CHARS) or "stopped on request"
+            state = self._master.stop(reason)
+            status = self._master.status()
+            return job_pb2.StopJobResponse(state=state.value, exit_reason=status.exit_reason)
+
+
+ServiceRegistration = Callable[[GrpcServer], None]
+
+
+def add_master_services(server: GrpcServer, master: Master, authenticator: NodeAuthenticator) -> None:
+    """Register AgentService, CheckpointService and JobService on `server` (before it starts)."""
+    server.add(agent_pb2_grpc.add_AgentServiceServicer_to_server, AgentServicer(master, authenticator))
+    server.add(checkpoint_pb2_grpc.add_CheckpointServiceServicer_to_server, CheckpointServicer(master, authenticator))
+    server.add(job_pb2_grpc.add_JobServiceServicer_to_server, JobServicer(master))

@@ -1,0 +1,150 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class ActionKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ACTION_KIND_UNSPECIFIED: _ClassVar[ActionKind]
+    ACTION_KIND_RESTART_PROCESSES: _ClassVar[ActionKind]
+    ACTION_KIND_STOP_NODE: _ClassVar[ActionKind]
+
+class FailureKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    FAILURE_KIND_UNSPECIFIED: _ClassVar[FailureKind]
+    FAILURE_KIND_PROCESS_CRASH: _ClassVar[FailureKind]
+    FAILURE_KIND_USER_CODE_ERROR: _ClassVar[FailureKind]
+    FAILURE_KIND_OOM: _ClassVar[FailureKind]
+    FAILURE_KIND_HARDWARE: _ClassVar[FailureKind]
+    FAILURE_KIND_NETWORK: _ClassVar[FailureKind]
+    FAILURE_KIND_HANG: _ClassVar[FailureKind]
+    FAILURE_KIND_UNKNOWN: _ClassVar[FailureKind]
+ACTION_KIND_UNSPECIFIED: ActionKind
+ACTION_KIND_RESTART_PROCESSES: ActionKind
+ACTION_KIND_STOP_NODE: ActionKind
+FAILURE_KIND_UNSPECIFIED: FailureKind
+FAILURE_KIND_PROCESS_CRASH: FailureKind
+FAILURE_KIND_USER_CODE_ERROR: FailureKind
+FAILURE_KIND_OOM: FailureKind
+FAILURE_KIND_HARDWARE: FailureKind
+FAILURE_KIND_NETWORK: FailureKind
+FAILURE_KIND_HANG: FailureKind
+FAILURE_KIND_UNKNOWN: FailureKind
+
+class ResourceSample(_message.Message):
+    __slots__ = ("cpu_percent", "memory_bytes", "gpu_percent", "gpu_memory_bytes")
+    CPU_PERCENT_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    GPU_PERCENT_FIELD_NUMBER: _ClassVar[int]
+    GPU_MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    cpu_percent: float
+    memory_bytes: int
+    gpu_percent: float
+    gpu_memory_bytes: int
+    def __init__(self, cpu_percent: _Optional[float] = ..., memory_bytes: _Optional[int] = ..., gpu_percent: _Optional[float] = ..., gpu_memory_bytes: _Optional[int] = ...) -> None: ...
+
+class StepProgress(_message.Message):
+    __slots__ = ("step", "samples")
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    step: int
+    samples: int
+    def __init__(self, step: _Optional[int] = ..., samples: _Optional[int] = ...) -> None: ...
+
+class RegisterNodeRequest(_message.Message):
+    __slots__ = ("node_id", "node_name", "host", "local_world_size")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_NAME_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    node_id: int
+    node_name: str
+    host: str
+    local_world_size: int
+    def __init__(self, node_id: _Optional[int] = ..., node_name: _Optional[str] = ..., host: _Optional[str] = ..., local_world_size: _Optional[int] = ...) -> None: ...
+
+class RegisterNodeResponse(_message.Message):
+    __slots__ = ("node_id", "rank", "node_credential", "heartbeat_interval_s", "heartbeat_timeout_s", "relaunch_count", "min_nodes", "max_nodes", "node_unit")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    NODE_CREDENTIAL_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    RELAUNCH_COUNT_FIELD_NUMBER: _ClassVar[int]
+    MIN_NODES_FIELD_NUMBER: _ClassVar[int]
+    MAX_NODES_FIELD_NUMBER: _ClassVar[int]
+    NODE_UNIT_FIELD_NUMBER: _ClassVar[int]
+    node_id: int
+    rank: int
+    node_credential: str
+    heartbeat_interval_s: float
+    heartbeat_timeout_s: float
+    relaunch_count: int
+    min_nodes: int
+    max_nodes: int
+    node_unit: int
+    def __init__(self, node_id: _Optional[int] = ..., rank: _Optional[int] = ..., node_credential: _Optional[str] = ..., heartbeat_interval_s: _Optional[float] = ..., heartbeat_timeout_s: _Optional[float] = ..., relaunch_count: _Optional[int] = ..., min_nodes: _Optional[int] = ..., max_nodes: _Optional[int] = ..., node_unit: _Optional[int] = ...) -> None: ...
+
+class HeartbeatRequest(_message.Message):
+    __slots__ = ("node_id", "resources", "progress")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    RESOURCES_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_FIELD_NUMBER: _ClassVar[int]
+    node_id: int
+    resources: ResourceSample
+    progress: StepProgress
+    def __init__(self, node_id: _Optional[int] = ..., resources: _Optional[_Union[ResourceSample, _Mapping]] = ..., progress: _Optional[_Union[StepProgress, _Mapping]] = ...) -> None: ...
+
+class Action(_message.Message):
+    __slots__ = ("action_id", "kind", "reason")
+    ACTION_ID_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    action_id: int
+    kind: ActionKind
+    reason: str
+    def __init__(self, action_id: _Optional[int] = ..., kind: _Optional[_Union[ActionKind, str]] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class HeartbeatResponse(_message.Message):
+    __slots__ = ("actions", "job_state")
+    ACTIONS_FIELD_NUMBER: _ClassVar[int]
+    JOB_STATE_FIELD_NUMBER: _ClassVar[int]
+    actions: _containers.RepeatedCompositeFieldContainer[Action]
+    job_state: str
+    def __init__(self, actions: _Optional[_Iterable[_Union[Action, _Mapping]]] = ..., job_state: _Optional[str] = ...) -> None: ...
+
+class ReportFailureRequest(_message.Message):
+    __slots__ = ("node_id", "kind", "evidence", "exit_code")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    EVIDENCE_FIELD_NUMBER: _ClassVar[int]
+    EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    node_id: int
+    kind: FailureKind
+    evidence: str
+    exit_code: int
+    def __init__(self, node_id: _Optional[int] = ..., kind: _Optional[_Union[FailureKind, str]] = ..., evidence: _Optional[str] = ..., exit_code: _Optional[int] = ...) -> None: ...
+
+class ReportFailureResponse(_message.Message):
+    __slots__ = ("decision", "reason")
+    DECISION_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    decision: str
+    reason: str
+    def __init__(self, decision: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class ReportSuccessRequest(_message.Message):
+    __slots__ = ("node_id",)
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    node_id: int
+    def __init__(self, node_id: _Optional[int] = ...) -> None: ...
+
+class ReportSuccessResponse(_message.Message):
+    __slots__ = ("job_state",)
+    JOB_STATE_FIELD_NUMBER: _ClassVar[int]
+    job_state: str
+    def __init__(self, job_state: _Optional[str] = ...) -> None: ...

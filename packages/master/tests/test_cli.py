@@ -1,0 +1,107 @@
+"""`dlrover-master`: flags to config, bad flags, and `status` against a live master."""
+
+from __future__ import annotations
+
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from dlrover.master.cli import _run_parser, build_config, main
+from dlrover.master.config import NodeRange
+from dlrover.master.factory import create_master, resolve_token
+from dlrover.master.status import format_status
+from dlrover.master.v1 import job_pb2
+
+
+def test_flags_become_a_validated_config() -> None:
+    args = _run_parser().parse_args(
+        ["--nnodes", "2:4", "--node-unit", "2", "--port", "5000", "--backend", "external", "--heartbeat-timeout-s",
+         "12", "--node-start-timeout-s", "0", "--agent-command", "dlrover-run --x 'a b'", "--max-relaunches", "1"]
+    )  # fmt: skip
+    cfg = build_config(args)
+    assert cfg.lifecycle.nodes == NodeRange(2, 4, 2)
+    assert cfg.port == 5000
+    assert cfg.backend == "external"
+    assert cfg.lifecycle.heartbeat_timeout_s == 12
+    assert cfg.lifecycle.node_start_timeout_s is None
+    assert cfg.agent_command == ("dlrover-run", "--x", "a b")
+    assert cfg.lifecycle.max_relaunches == 1
+    assert cfg.bind_address == "127.0.0.1"
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--nnodes", "4:2", "--backend", "external"], "min_nodes (4) must not exceed max_nodes (2)"),
+        (["--heartbeat-timeout-s", "-1", "--backend", "external"], "heartbeat_timeout_s must be positive"),
+        (["--backend", "local"], "agent_command"),
+        (["--token", "short", "--backend", "external"], "16 to 512 characters"),
+    ],
+)
+def test_bad_flags_exit_2_with_a_message(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_token_is_generated_once_into_the_state_dir(tmp_path: Path) -> None:
+    cfg = build_config(_run_parser().parse_args(["--backend", "external", "--state-dir", str(tmp_path / "s")]))
+    token, path = resolve_token(cfg)
+    assert path == str(tmp_path / "s" / "token")
+    assert (tmp_path / "s" / "token").stat().st_mode & 0o777 == 0o600
+    assert resolve_token(cfg) == (token, path)
+
+
+def test_format_status_is_readable() -> None:
+    status = job_pb2.GetJobStatusResponse(
+        job_name="j",
+        state="running",
+        min_nodes=1,
+        max_nodes=2,
+        nodes=[
+            job_pb2.NodeStatus(node_id=0, rank=0, state="running", host="h0", step=12),
+            job_pb2.NodeStatus(node_id=3, rank=1, state="pending", relaunch_count=1, last_failure="oom: killed"),
+        ],
+        has_committed_step=True,
+        committed_step=10,
+        goodput=0.5,
+        elapsed_s=60,
+    )
+    text = format_status(status)
+    assert "job j: running" in text
+    assert "1 running of 1..2" in text
+    assert "committed checkpoint 10; goodput 50.0% over 60s" in text
+    assert "oom: killed" in text
+
+
+@pytest.mark.integration
+def test_status_command_and_metrics_endpoint(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = build_config(
+        _run_parser().parse_args(
+            [
+                "--backend",
+                "external",
+                "--nnodes",
+                "1:2",
+                "--state-dir",
+                str(tmp_path),
+                "--metrics-port",
+                "0",
+                "--job-name",
+                "status-test",
+            ]
+        )
+    )
+    runtime = create_master(cfg)
+    runtime.start()
+    try:
+        assert main(["status", "--master", runtime.address, "--token-file", str(tmp_path / "token")]) == 0
+        out = capsys.readouterr().out
+        assert "job status-test: running" in out
+        assert "pending" in out
+        body = urllib.request.urlopen(f"http://127.0.0.1:{runtime.metrics_port}/metrics", timeout=30).read().decode()
+        assert 'dlrover_nodes{job="status-test",state="pending"} 2.0' in body
+        assert main(["status", "--master", runtime.address, "--token", "x" * 20, "--timeout-s", "5"]) == 1
+        assert "UNAUTHENTICATED" in capsys.readouterr().err
+    finally:
+        runtime.stop()

@@ -1,0 +1,140 @@
+"""The master's services over real gRPC on 127.0.0.1: authentication, node identity, every RPC."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import grpc
+import pytest
+
+from dlrover.common import RetryPolicy, RpcError, generate_token
+from dlrover.master.client import MasterClient
+from dlrover.master.runtime import MasterRuntime
+from dlrover.master.states import FailureKind
+from dlrover.master.v1 import agent_pb2, agent_pb2_grpc
+
+pytestmark = pytest.mark.integration
+
+MakeRuntime = Callable[..., MasterRuntime]
+
+NO_RETRY = RetryPolicy(max_attempts=1, call_timeout_s=20.0, total_timeout_s=20.0)
+
+
+def client(runtime: object, token: str | None = None) -> MasterClient:
+    return MasterClient(runtime.address, token or runtime.token, policy=NO_RETRY)  # type: ignore[attr-defined]
+
+
+def code_of(call: object) -> grpc.StatusCode:
+    with pytest.raises(RpcError) as info:
+        call()  # type: ignore[operator]
+    return info.value.code
+
+
+def test_register_heartbeat_report_and_status(make_runtime: MakeRuntime) -> None:
+    rt = make_runtime(nodes=2)
+    with client(rt) as a, client(rt) as b:
+        ra = a.register("agent-a", "host-a", local_world_size=2)
+        rb = b.register("agent-b", "host-b")
+        assert (ra.rank, rb.rank) == (0, 1)
+        assert ra.node_credential != rb.node_credential
+        assert ra.heartbeat_timeout_s == rt.master.config.lifecycle.heartbeat_timeout_s
+        assert a.heartbeat(step=5, samples=50).job_state == "running"
+        decision = b.report_failure(FailureKind.PROCESS_CRASH, "Traceback ... exit 1")
+        assert decision.decision == "restart_processes"
+        actions = b.heartbeat(step=1).actions
+        assert [x.kind for x in actions] == [agent_pb2.ACTION_KIND_RESTART_PROCESSES]
+        assert a.report_checkpoint_steps(2, {0: [3]}).has_complete_step is False
+        resp = b.report_checkpoint_steps(2, {1: [3]})
+        assert (resp.has_complete_step, resp.complete_step) == (True, 3)
+        assert a.commit_checkpoint(3, "/ck/3") == 3
+        status = a.job_status()
+        assert status.state == "running"
+        assert status.committed_step == 3
+        assert [n.rank for n in status.nodes] == [0, 1]
+        assert status.nodes[0].step == 5
+        kinds = [e.kind for e in a.list_events(limit=1000)]
+        assert "process_restart" in kinds
+        assert "checkpoint" in kinds
+        stopped = a.stop_job("done testing")
+        assert (stopped.state, stopped.exit_reason) == ("stopped", "done testing")
+        stop_action = a.heartbeat().actions[0]
+        assert stop_action.kind == agent_pb2.ACTION_KIND_STOP_NODE
+
+
+def test_wrong_or_missing_token_is_refused_and_changes_nothing(make_runtime: MakeRuntime) -> None:
+    rt = make_runtime()
+    before = rt.master.state_digest()
+    with client(rt, token=generate_token()) as bad:
+        assert code_of(lambda: bad.register("x", "h")) is grpc.StatusCode.UNAUTHENTICATED
+        assert code_of(bad.job_status) is grpc.StatusCode.UNAUTHENTICATED
+        assert code_of(lambda: bad.stop_job("no")) is grpc.StatusCode.UNAUTHENTICATED
+    channel = grpc.insecure_channel(rt.address)
+    try:
+        stub = agent_pb2_grpc.AgentServiceStub(channel)  # type: ignore[no-untyped-call]
+        with pytest.raises(grpc.RpcError) as info:
+            stub.RegisterNode(agent_pb2.RegisterNodeRequest(node_name="x", host="h"), timeout=20)
+        assert info.value.code() is grpc.StatusCode.UNAUTHENTICATED
+    finally:
+        channel.close()
+    assert rt.master.state_digest() == before
+
+
+def test_a_node_cannot_report_for_another(make_runtime: MakeRuntime) -> None:
+    rt = make_runtime(nodes=2)
+    with client(rt) as a, client(rt) as b:
+        a.register("agent-a", "host-a")
+        rb = b.register("agent-b", "host-b")
+        before = rt.master.state_digest()
+        # a's credential, b's node id in the request.
+        assert code_of(lambda: a.heartbeat(node_id=rb.node_id)) is grpc.StatusCode.PERMISSION_DENIED
+        assert (
+            code_of(lambda: a.report_failure(FailureKind.HARDWARE, "lies", node_id=rb.node_id))
+            is grpc.StatusCode.PERMISSION_DENIED
+        )
+        assert code_of(lambda: a.report_success(node_id=rb.node_id)) is grpc.StatusCode.PERMISSION_DENIED
+        assert code_of(lambda: a.commit_checkpoint(1, node_id=rb.node_id)) is grpc.StatusCode.PERMISSION_DENIED
+        # b's id with a's credential in metadata: the credential does not match the id.
+        a.set_identity(rb.node_id, a.credential or "")
+        assert code_of(a.heartbeat) is grpc.StatusCode.UNAUTHENTICATED
+        # Taking over b's registration needs b's credential.
+        with client(rt) as c:
+            assert (
+                code_of(lambda: c.register("agent-b", "host-b", node_id=rb.node_id)) is grpc.StatusCode.ALREADY_EXISTS
+            )
+        assert rt.master.state_digest() == before
+        # b itself may reconnect (after a lost answer or a master restart).
+        with client(rt) as b2:
+            b2.set_identity(rb.node_id, rb.node_credential)
+            assert b2.register("agent-b", "host-b", node_id=rb.node_id).rank == rb.rank
+
+
+def test_calls_without_identity_are_unauthenticated(make_runtime: MakeRuntime) -> None:
+    rt = make_runtime()
+    with client(rt) as a:
+        a.register("agent-a", "host-a")
+        anonymous = client(rt)
+        try:
+            before = rt.master.state_digest()
+            assert code_of(lambda: anonymous.heartbeat(node_id=0)) is grpc.StatusCode.UNAUTHENTICATED
+            assert code_of(lambda: anonymous.report_checkpoint_steps(1, {0: [1]}, node_id=0)) is (
+                grpc.StatusCode.UNAUTHENTICATED
+            )
+            assert rt.master.state_digest() == before
+        finally:
+            anonymous.close()
+
+
+def test_refusals_map_to_clear_status_codes(make_runtime: MakeRuntime) -> None:
+    rt = make_runtime(nodes=1)
+    with client(rt) as a, client(rt) as b:
+        a.register("agent-a", "host-a")
+        assert code_of(lambda: b.register("agent-b", "host-b")) is grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert code_of(lambda: b.register("agent-b", "host-b", node_id=77)) is grpc.StatusCode.NOT_FOUND
+        assert code_of(lambda: b.register("", "host-b")) is grpc.StatusCode.INVALID_ARGUMENT
+        with pytest.raises(RpcError, match="node_name must be printable"):
+            b.register("bad\x00name", "h")
+        with pytest.raises(RpcError, match="rank 5 is outside the world of size 1"):
+            a.report_checkpoint_steps(1, {5: [1]})
+        assert code_of(lambda: a.commit_checkpoint(9)) is grpc.StatusCode.FAILED_PRECONDITION
+        assert a.report_success().job_state == "succeeded"
+        assert code_of(lambda: a.report_failure(FailureKind.OOM, "late")) is grpc.StatusCode.FAILED_PRECONDITION

@@ -1,0 +1,169 @@
+"""The state journal: a contract every journal passes, and SQLite surviving SIGKILL."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from dlrover.master.config import LifecycleConfig, NodeRange
+from dlrover.master.journal import (
+    Blob,
+    CheckpointCommit,
+    JournalBatch,
+    JournaledEvent,
+    JournalError,
+    MemoryJournal,
+    SqliteJournal,
+    StateJournal,
+    job_fields,
+)
+from dlrover.master.lifecycle import JobLifecycle
+from dlrover.master.policy import DefaultFailurePolicy
+from dlrover.master.states import FailureKind
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+def journal(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[StateJournal]:
+    j: StateJournal = MemoryJournal() if request.param == "memory" else SqliteJournal(tmp_path / "state")
+    yield j
+    j.close()
+
+
+def _event(kind: str, i: int) -> JournaledEvent:
+    return JournaledEvent(0, 1000.0 + i, kind, f"{kind} {i}", i, 0, {"i": i})
+
+
+def test_a_new_journal_is_empty(journal: StateJournal) -> None:
+    state = journal.load()
+    assert state.lifecycle is None
+    assert state.checkpoints == ()
+    assert state.blobs == {}
+    assert state.last_event_seq == 0
+    assert journal.commit(JournalBatch()) == ()
+
+
+def test_lifecycle_round_trips(journal: StateJournal) -> None:
+    life = JobLifecycle(LifecycleConfig(nodes=NodeRange(1, 2)), DefaultFailurePolicy(), 0.0)
+    life.start(0.0)
+    life.register(0, "a", "h", 1.0)
+    life.report_failure(0, FailureKind.NODE_EXIT, "exit 1", 2.0)
+    snap = life.snapshot()
+    journal.commit(JournalBatch(nodes=snap.nodes, job=job_fields(snap)))
+    assert journal.load().lifecycle == snap
+
+
+def test_events_are_numbered_in_order_and_paged(journal: StateJournal) -> None:
+    seqs = journal.commit(JournalBatch(events=tuple(_event("e", i) for i in range(5))))
+    assert seqs == (1, 2, 3, 4, 5)
+    assert journal.commit(JournalBatch(events=(_event("f", 9),))) == (6,)
+    page = journal.events(after_seq=2, limit=3)
+    assert [e.seq for e in page] == [3, 4, 5]
+    assert page[0].data == {"i": 2}
+    assert page[0].kind == "e"
+    assert page[0].message == "e 2"
+    assert journal.events(after_seq=6) == ()
+    assert journal.load().last_event_seq == 6
+
+
+def test_checkpoints_and_blobs(journal: StateJournal) -> None:
+    journal.commit(JournalBatch(checkpoint=CheckpointCommit(10, 5.0, 4, "/ckpt/10")))
+    journal.commit(JournalBatch(checkpoint=CheckpointCommit(20, 6.0, 4)))
+    journal.commit(JournalBatch(blobs={"rendezvous": Blob(3, json.dumps({"round": 3}))}))
+    state = journal.load()
+    assert [c.step for c in state.checkpoints] == [10, 20]
+    assert state.checkpoints[0].path == "/ckpt/10"
+    assert state.blobs["rendezvous"] == Blob(3, '{"round": 3}')
+    assert journal.blob("rendezvous") == Blob(3, '{"round": 3}')
+    assert journal.blob("shards") is None
+
+
+def test_stale_or_non_json_blob_is_refused_and_changes_nothing(journal: StateJournal) -> None:
+    journal.commit(JournalBatch(blobs={"shards": Blob(5, "[1]")}))
+    with pytest.raises(JournalError, match="version 4 is older than the stored version 5"):
+        journal.commit(JournalBatch(events=(_event("x", 1),), blobs={"shards": Blob(4, "[2]")}))
+    with pytest.raises(JournalError, match="not JSON"):
+        journal.commit(JournalBatch(blobs={"shards": Blob(6, "{nope")}))
+    assert journal.blob("shards") == Blob(5, "[1]")
+    assert journal.events() == ()
+
+
+def test_sqlite_survives_reopen_and_refuses_a_corrupt_row(tmp_path: Path) -> None:
+    j = SqliteJournal(tmp_path)
+    j.commit(JournalBatch(events=(_event("a", 1),), job={"x": 1}))
+    j.close()
+    j.close()
+    with pytest.raises(JournalError, match="closed"):
+        j.commit(JournalBatch(events=(_event("a", 2),)))
+    db = sqlite3.connect(tmp_path / "master.db")
+    db.execute("INSERT INTO nodes VALUES (7, 0, 'running', '{not json')")
+    db.commit()
+    db.close()
+    j2 = SqliteJournal(tmp_path)
+    try:
+        with pytest.raises(JournalError, match="corrupt node 7"):
+            j2.load()
+        assert [e.kind for e in j2.events()] == ["a"]
+    finally:
+        j2.close()
+    assert (os.stat(tmp_path).st_mode & 0o777) in (0o700, 0o755)  # tmp_path existed already
+
+
+def test_sqlite_refuses_an_unknown_schema(tmp_path: Path) -> None:
+    SqliteJournal(tmp_path).close()
+    db = sqlite3.connect(tmp_path / "master.db")
+    db.execute("UPDATE meta SET value='99' WHERE key='schema_version'")
+    db.commit()
+    db.close()
+    with pytest.raises(JournalError, match="schema version 99"):
+        SqliteJournal(tmp_path)
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(90)
+def test_sqlite_keeps_every_acknowledged_commit_after_sigkill(tmp_path: Path) -> None:
+    writer = Path(__file__).with_name("journal_writer.py")
+    for _round in range(2):  # kill, restart from what is there, kill again
+        proc = subprocess.Popen(
+            [sys.executable, str(writer), str(tmp_path)], stdout=subprocess.PIPE, text=True, start_new_session=True
+        )
+        try:
+            assert proc.stdout is not None
+            acknowledged = 0
+            first = None
+            for line in proc.stdout:  # blocks until the child commits; bounded by the test timeout
+                acknowledged = int(line)
+                first = first or acknowledged
+                if acknowledged - first >= 200:
+                    break
+            os.killpg(proc.pid, signal.SIGKILL)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+            if proc.stdout is not None:
+                proc.stdout.close()
+        journal = SqliteJournal(tmp_path)  # reopening recovers the WAL
+        try:
+            events = journal.events(limit=1_000_000)
+        finally:
+            journal.close()
+        assert [e.seq for e in events] == list(range(1, len(events) + 1))
+        db = sqlite3.connect(tmp_path / "master.db")
+        try:
+            assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+            node_ids = [r[0] for r in db.execute("SELECT node_id FROM nodes ORDER BY node_id")]
+            job = json.loads(db.execute("SELECT value FROM meta WHERE key='job'").fetchone()[0])
+        finally:
+            db.close()
+        assert node_ids == [e.node_id for e in events]
+        assert job == {"i": len(events)}
+        # Nothing acknowledged is lost, and each batch is whole: nodes, events and job match.
+        assert len(events) >= acknowledged

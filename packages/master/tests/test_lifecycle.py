@@ -1,0 +1,282 @@
+"""Unit tests of the node lifecycle core (pure: time is passed in)."""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+
+from dlrover.common import ConfigError
+from dlrover.master.config import LifecycleConfig, NodeRange, parse_node_range
+from dlrover.master.lifecycle import (
+    HostAvoidedError,
+    JobFinishedError,
+    JobFullError,
+    JobLifecycle,
+    NodeConflictError,
+    NodeStateError,
+    UnknownNodeError,
+)
+from dlrover.master.policy import DefaultFailurePolicy, FailureAction
+from dlrover.master.records import LaunchNode, StopNode, node_from_dict, node_to_dict
+from dlrover.master.states import (
+    TRANSITIONS,
+    ActionKind,
+    FailureKind,
+    IllegalTransitionError,
+    JobState,
+    NodeState,
+    check_transition,
+)
+
+
+def make(nodes: int = 2, min_nodes: int | None = None, now: float = 0.0, **kw: object) -> JobLifecycle:
+    cfg = LifecycleConfig(
+        nodes=NodeRange(min_nodes=min_nodes or nodes, max_nodes=nodes),
+        **kw,  # type: ignore[arg-type]
+    )
+    life = JobLifecycle(cfg, DefaultFailurePolicy(), now)
+    life.start(now)
+    return life
+
+
+def register_all(life: JobLifecycle, now: float = 0.0) -> None:
+    for node_id, node in sorted(life.nodes().items()):
+        if node.state is NodeState.PENDING:
+            life.register(node_id, f"agent-{node.rank}", f"host-{node.rank}", now)
+
+
+def test_transition_table_is_what_check_transition_enforces() -> None:
+    for src in NodeState:
+        for dst in NodeState:
+            assert (check_transition(src, dst) is None) == (dst in TRANSITIONS[src])
+    reason = check_transition(NodeState.SUCCEEDED, NodeState.FAILED)
+    assert reason is not None
+    assert "terminal" in reason
+    reason = check_transition(NodeState.PENDING, NodeState.SUCCEEDED)
+    assert reason is not None
+    assert "pending -> succeeded" in reason
+
+
+def test_start_creates_one_pending_node_per_rank_and_is_idempotent() -> None:
+    life = JobLifecycle(LifecycleConfig(nodes=NodeRange(1, 3)), DefaultFailurePolicy(), 0.0)
+    with pytest.raises(NodeStateError, match="not started"):
+        life.register(None, "early", "h", 0.0)
+    out = life.start(0.0)
+    launches = [e for e in out.effects if isinstance(e, LaunchNode)]
+    assert [(e.node_id, e.rank) for e in launches] == [(0, 0), (1, 1), (2, 2)]
+    assert all(n.state is NodeState.PENDING for n in life.nodes().values())
+    assert life.start(1.0).effects == ()
+    assert len(life.nodes()) == 3
+
+
+def test_register_claims_a_launched_node_and_refuses_a_second_claimer() -> None:
+    life = make(2)
+    life.node_started(0, 0.5)
+    node, out = life.register(0, "a", "h0", 1.0)
+    assert node.state is NodeState.RUNNING
+    assert node.registered
+    assert node.host == "h0"
+    assert [t.to_state for t in node.history] == [NodeState.PENDING, NodeState.STARTING, NodeState.RUNNING]
+    assert out.changed_nodes == {0}
+    before = life.snapshot()
+    with pytest.raises(NodeConflictError, match="already registered"):
+        life.register(0, "intruder", "h9", 2.0)
+    assert life.snapshot() == before
+    again, _ = life.register(0, "a", "h0", 3.0, proven_node_id=0)
+    assert again.node_id == 0
+    assert again.last_heartbeat == 3.0
+
+
+def test_register_without_id_takes_lowest_free_rank_then_refuses_when_full() -> None:
+    life = make(2)
+    assert life.register(None, "x", "hx", 0.0)[0].rank == 0
+    assert life.register(None, "y", "hy", 0.0)[0].rank == 1
+    before = life.snapshot()
+    with pytest.raises(JobFullError, match="no free node slot"):
+        life.register(None, "z", "hz", 0.0)
+    with pytest.raises(UnknownNodeError, match="42"):
+        life.register(42, "z", "hz", 0.0)
+    assert life.snapshot() == before
+
+
+def test_heartbeat_timeout_relaunches_with_the_same_rank() -> None:
+    life = make(2, min_nodes=1, heartbeat_timeout_s=10.0)
+    register_all(life)
+    life.heartbeat(0, 5.0, step=3)
+    out = life.tick(10.5)  # node 1 silent for 10.5 s; node 0 for 5.5 s
+    assert {(type(e).__name__, e.node_id) for e in out.effects} == {("StopNode", 1), ("LaunchNode", 2)}
+    old, new = life.node(1), life.node(2)
+    assert old.state is NodeState.RELAUNCHING
+    assert old.replaced_by == 2
+    assert new.rank == old.rank == 1
+    assert new.replaces == 1
+    assert new.relaunch_count == 1
+    assert "heartbeat_timeout" in old.history[-2].reason
+    assert life.node(0).state is NodeState.RUNNING
+    assert life.current_nodes()[1].node_id == 2
+    # The replaced node, if it comes back, is told to stop and changes nothing.
+    actions, out = life.heartbeat(1, 11.0)
+    assert actions[0].kind is ActionKind.STOP_NODE
+    assert "replaced by node 2" in actions[0].reason
+    assert out.changed_nodes == frozenset()
+
+
+def test_process_crash_restarts_processes_within_budget_then_relaunches() -> None:
+    life = make(1, max_process_restarts=2)
+    register_all(life)
+    for i in range(2):
+        decision, _ = life.report_failure(0, FailureKind.PROCESS_CRASH, f"exit 1 #{i}", 1.0)
+        assert decision.action is FailureAction.RESTART_PROCESSES
+    actions, _ = life.heartbeat(0, 1.5)
+    assert [a.kind for a in actions] == [ActionKind.RESTART_PROCESSES] * 2
+    assert life.heartbeat(0, 1.6)[0] == ()  # delivered once
+    decision, out = life.report_failure(0, FailureKind.PROCESS_CRASH, "exit 1 again", 2.0)
+    assert decision.action is FailureAction.RELAUNCH_NODE
+    assert "process restart budget exhausted" in decision.reason
+    assert any(isinstance(e, LaunchNode) and e.rank == 0 for e in out.effects)
+    assert life.node(0).process_restarts == 2
+
+
+def test_relaunch_budget_exhausted_removes_the_node_and_the_job_fails() -> None:
+    life = make(1, max_relaunches=1, insufficient_nodes_window_s=5.0)
+    register_all(life)
+    decision, _ = life.report_failure(0, FailureKind.HARDWARE, "GPU fell off the bus", 1.0)
+    assert decision.action is FailureAction.RELAUNCH_NODE
+    assert decision.avoid_host
+    assert "host-0" in life.avoid_hosts
+    launch = [e for e in life.start(0.0).effects]  # idempotent, nothing new
+    assert launch == []
+    with pytest.raises(HostAvoidedError, match="host-0"):
+        life.register(1, "again", "host-0", 1.5)
+    life.register(1, "b", "host-1", 2.0)
+    decision, out = life.report_failure(1, FailureKind.NODE_EXIT, "exit 137", 3.0)
+    assert decision.action is FailureAction.REMOVE_NODE
+    assert "relaunch budget of rank 0 (1) exhausted" in decision.reason
+    assert life.node(1).state is NodeState.REMOVED
+    assert life.job_state is JobState.FAILED
+    assert "no nodes left" in life.exit_reason
+    assert any(isinstance(e, StopNode) and e.node_id == 1 for e in out.effects)
+
+
+def test_insufficient_nodes_for_longer_than_the_window_stops_the_job() -> None:
+    life = make(3, min_nodes=2, max_relaunches=0, insufficient_nodes_window_s=30.0)
+    register_all(life)
+    life.report_failure(0, FailureKind.NODE_EXIT, "gone", 1.0)
+    life.report_failure(1, FailureKind.NODE_EXIT, "gone", 1.0)
+    assert life.job_state is JobState.RUNNING  # one node left, below min 2: the window starts
+    life.heartbeat(2, 20.0)
+    life.tick(20.0)
+    assert life.job_state is JobState.RUNNING
+    life.heartbeat(2, 31.0)
+    life.tick(31.0)
+    assert life.job_state is JobState.FAILED
+    assert "insufficient nodes: 1 running < min_nodes 2" in life.exit_reason
+    assert life.node(2).state is NodeState.REMOVED
+
+
+def test_user_code_error_stops_the_job_with_a_reason() -> None:
+    life = make(2)
+    register_all(life)
+    decision, out = life.report_failure(1, FailureKind.USER_CODE_ERROR, "ZeroDivisionError", 1.0)
+    assert {e.node_id for e in out.effects if isinstance(e, StopNode)} == {0, 1}
+    assert decision.action is FailureAction.STOP_JOB
+    assert life.job_state is JobState.FAILED
+    assert "user code error on rank 1" in life.exit_reason
+    assert life.node(1).state is NodeState.FAILED
+    assert life.node(0).state is NodeState.REMOVED
+    with pytest.raises(JobFinishedError):
+        life.report_failure(0, FailureKind.OOM, "x", 2.0)
+    actions, _ = life.heartbeat(0, 2.0)
+    assert actions[0].kind is ActionKind.STOP_NODE
+
+
+def test_too_many_failures_stops_the_job() -> None:
+    life = make(1, max_job_failures=2, max_process_restarts=10)
+    register_all(life)
+    life.report_failure(0, FailureKind.OOM, "1", 1.0)
+    life.report_failure(0, FailureKind.OOM, "2", 1.0)
+    assert life.job_state is JobState.RUNNING
+    decision, _ = life.report_failure(0, FailureKind.OOM, "3", 1.0)
+    assert decision.action is FailureAction.STOP_JOB
+    assert life.exit_reason == "too many failures: 3 > max_job_failures 2"
+
+
+def test_succeeded_job_is_not_relaunched() -> None:
+    life = make(2)
+    register_all(life)
+    life.report_success(0, 1.0)
+    with pytest.raises(IllegalTransitionError, match="terminal"):
+        life.report_success(0, 1.5)
+    with pytest.raises(NodeStateError):
+        life.report_failure(0, FailureKind.NODE_EXIT, "late", 1.5)
+    decision, out = life.report_failure(1, FailureKind.NODE_EXIT, "exit 1", 2.0)
+    assert decision.action is FailureAction.REMOVE_NODE
+    assert "already succeeded" in decision.reason
+    assert not any(isinstance(e, LaunchNode) for e in out.effects)
+    assert life.job_state is JobState.SUCCEEDED
+
+
+def test_all_nodes_succeeding_ends_the_job_succeeded() -> None:
+    life = make(2)
+    register_all(life)
+    life.report_success(0, 1.0)
+    assert life.job_state is JobState.RUNNING
+    life.report_success(1, 2.0)
+    assert life.job_state is JobState.SUCCEEDED
+    assert life.exit_reason == "all nodes finished; 2 succeeded"
+
+
+def test_start_timeout_relaunches_a_node_that_never_registers() -> None:
+    life = make(1, node_start_timeout_s=60.0, insufficient_nodes_window_s=1000.0)
+    assert life.tick(59.0).effects == ()
+    out = life.tick(61.0)
+    assert any(isinstance(e, LaunchNode) and e.rank == 0 for e in out.effects)
+    assert life.node(0).state is NodeState.RELAUNCHING
+    assert "start_timeout" in life.node(0).last_failure
+
+
+def test_heartbeat_before_register_is_refused_without_change() -> None:
+    life = make(1)
+    before = life.snapshot()
+    with pytest.raises(NodeStateError, match="register before heartbeating"):
+        life.heartbeat(0, 1.0)
+    assert life.snapshot() == before
+
+
+def test_stop_removes_live_nodes_and_is_idempotent() -> None:
+    life = make(2)
+    register_all(life)
+    out = life.stop("operator asked", 5.0)
+    assert {e.node_id for e in out.effects if isinstance(e, StopNode)} == {0, 1}
+    assert life.job_state is JobState.STOPPED
+    assert life.exit_reason == "operator asked"
+    assert life.stop("again", 6.0) == type(out)()
+    with pytest.raises(JobFinishedError):
+        life.register(None, "x", "y", 7.0)
+
+
+def test_snapshot_restore_keeps_nodes_and_ranks_and_restarts_timeouts() -> None:
+    life = make(2, min_nodes=1, heartbeat_timeout_s=10.0)
+    register_all(life)
+    life.tick(11.0)  # both time out and are relaunched
+    snap = life.snapshot()
+    restored = JobLifecycle(life.config, DefaultFailurePolicy(), 1000.0, snapshot=snap)
+    assert {k: attrs.evolve(v, last_heartbeat=0, state_since=0) for k, v in restored.nodes().items()} == {
+        k: attrs.evolve(v, last_heartbeat=0, state_since=0) for k, v in life.nodes().items()
+    }
+    assert {r: n.node_id for r, n in restored.current_nodes().items()} == {0: 2, 1: 3}
+    assert restored.tick(1005.0).effects == ()  # fresh timeouts from the restore
+    assert restored.start(1005.0).effects == ()
+    for node in life.nodes().values():
+        assert node_from_dict(node_to_dict(node)) == node
+
+
+def test_config_validation_names_the_bad_value() -> None:
+    with pytest.raises(ConfigError, match="min_nodes \\(3\\) must not exceed max_nodes \\(2\\)"):
+        NodeRange(3, 2)
+    with pytest.raises(ConfigError, match="heartbeat_timeout_s must be positive, got -1"):
+        LifecycleConfig(heartbeat_timeout_s=-1)
+    with pytest.raises(ConfigError, match="'2:x'"):
+        parse_node_range("2:x")
+    assert parse_node_range("2:4", node_unit=2) == NodeRange(2, 4, 2)
+    assert parse_node_range("3") == NodeRange(3, 3)

@@ -1,0 +1,278 @@
+"""Hypothesis state machine for the node lifecycle, checked against a trivially correct model.
+
+The model predicts, for every failure, what the default policy plus the budgets must do; the
+invariants check the issue's laws: no illegal transition, every failure ends in a relaunch, a
+removal or a job stop with a reason, budgets never exceeded, logical ranks stable across
+replacement.
+"""
+
+from __future__ import annotations
+
+import attrs
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from dlrover.master.config import LifecycleConfig, NodeRange
+from dlrover.master.lifecycle import JobLifecycle, LifecycleError
+from dlrover.master.policy import DefaultFailurePolicy, FailureAction
+from dlrover.master.records import LifecycleSnapshot, NodeRecord
+from dlrover.master.states import (
+    ALIVE_STATES,
+    TRANSITIONS,
+    FailureKind,
+    JobState,
+    NodeState,
+)
+
+MAX_NODES = 3
+MIN_NODES = 2
+MAX_RESTARTS = 2
+MAX_RELAUNCHES = 2
+MAX_FAILURES = 8
+TIMEOUT = 15.0
+START_TIMEOUT = 20.0
+WINDOW = 30.0
+NODE_LEVEL = {FailureKind.HEARTBEAT_TIMEOUT, FailureKind.START_TIMEOUT, FailureKind.NODE_EXIT, FailureKind.HARDWARE}
+
+
+def _timeless(snap: LifecycleSnapshot) -> LifecycleSnapshot:
+    return attrs.evolve(snap, nodes=tuple(attrs.evolve(n, last_heartbeat=0.0, state_since=0.0) for n in snap.nodes))
+
+
+class LifecycleMachine(RuleBasedStateMachine):
+    @initialize()
+    def setup(self) -> None:
+        self.now = 0.0
+        cfg = LifecycleConfig(
+            nodes=NodeRange(MIN_NODES, MAX_NODES),
+            heartbeat_timeout_s=TIMEOUT,
+            node_start_timeout_s=START_TIMEOUT,
+            max_process_restarts=MAX_RESTARTS,
+            max_relaunches=MAX_RELAUNCHES,
+            max_job_failures=MAX_FAILURES,
+            insufficient_nodes_window_s=WINDOW,
+        )
+        self.life = JobLifecycle(cfg, DefaultFailurePolicy(), self.now)
+        self.life.start(self.now)
+        # The model: failures, restarts per node, relaunches per rank, whether anything succeeded.
+        self.failures = 0
+        self.restarts: dict[int, int] = {}
+        self.relaunches = dict.fromkeys(range(MAX_NODES), 0)
+        self.succeeded = False
+        self.created = MAX_NODES
+        self.low_since: float | None = None  # since when fewer than MIN_NODES run (model of the window rule)
+
+    def _current(self, rank: int) -> int:
+        return self.life.current_nodes()[rank].node_id
+
+    def _expected(self, node: NodeRecord, kind: FailureKind) -> FailureAction:
+        self.failures += 1
+        if self.failures > MAX_FAILURES or kind is FailureKind.USER_CODE_ERROR:
+            return FailureAction.STOP_JOB
+        if self.succeeded:
+            return FailureAction.REMOVE_NODE
+        restartable = kind not in NODE_LEVEL and node.state is NodeState.RUNNING
+        if restartable and self.restarts.get(node.node_id, 0) < MAX_RESTARTS:
+            return FailureAction.RESTART_PROCESSES
+        if self.relaunches[node.rank] < MAX_RELAUNCHES:
+            return FailureAction.RELAUNCH_NODE
+        return FailureAction.REMOVE_NODE
+
+    def _account(self, node_id: int, action: FailureAction) -> None:
+        rank = self.life.node(node_id).rank
+        if action is FailureAction.RESTART_PROCESSES:
+            self.restarts[node_id] = self.restarts.get(node_id, 0) + 1
+        elif action is FailureAction.RELAUNCH_NODE:
+            self.relaunches[rank] += 1
+            self.created += 1
+
+    @rule(rank=st.integers(0, MAX_NODES - 1), started=st.booleans())
+    def register(self, rank: int, started: bool) -> None:
+        node_id = self._current(rank)
+        node = self.life.node(node_id)
+        if self.life.job_state.finished or node.state is not NodeState.PENDING:
+            return
+        if started:
+            self.life.node_started(node_id, self.now)
+        registered, _ = self.life.register(node_id, f"a{rank}", f"h{node_id}", self.now)
+        assert registered.state is NodeState.RUNNING
+        assert registered.rank == rank
+
+    @rule(rank=st.integers(0, MAX_NODES - 1), step=st.integers(0, 100))
+    def heartbeat(self, rank: int, step: int) -> None:
+        node_id = self._current(rank)
+        if self.life.node(node_id).state is NodeState.RUNNING and not self.life.job_state.finished:
+            self.life.heartbeat(node_id, self.now, step=step)
+
+    @rule()
+    def heartbeat_all(self) -> None:
+        if self.life.job_state.finished:
+            return
+        for node in self.life.current_nodes().values():
+            if node.state is NodeState.RUNNING:
+                self.life.heartbeat(node.node_id, self.now)
+
+    @rule(rank=st.integers(0, MAX_NODES - 1), kind=st.sampled_from(FailureKind))
+    def fail(self, rank: int, kind: FailureKind) -> None:
+        node_id = self._current(rank)
+        if self.life.job_state.finished or self.life.node(node_id).state not in ALIVE_STATES:
+            before = self.life.snapshot()
+            try:
+                self.life.report_failure(node_id, kind, "boom", self.now)
+            except LifecycleError:
+                pass
+            else:
+                raise AssertionError("a failure of a finished node or job was accepted")
+            assert self.life.snapshot() == before
+            return
+        expected = self._expected(self.life.node(node_id), kind)
+        decision, _ = self.life.report_failure(node_id, kind, "boom", self.now)
+        assert decision.action is expected, (decision, expected)
+        assert decision.reason
+        self._account(node_id, decision.action)
+
+    @precondition(lambda self: not self.life.job_state.finished)
+    @rule(rank=st.integers(0, MAX_NODES - 1))
+    def succeed(self, rank: int) -> None:
+        node_id = self._current(rank)
+        if self.life.node(node_id).state is NodeState.RUNNING:
+            self.life.report_success(node_id, self.now)
+            self.succeeded = True
+
+    @rule(name=st.sampled_from(["x", "y", "a0"]))
+    def register_without_id(self, name: str) -> None:
+        before = self.life.snapshot()
+        try:
+            node, _ = self.life.register(None, name, f"ext-{self.created}-{name}", self.now)
+        except LifecycleError:
+            assert self.life.snapshot() == before
+            return
+        assert node.state is NodeState.RUNNING
+
+    @rule(seconds=st.sampled_from([1.0, 5.0, 11.0, 21.0]))
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+        before = self.life.nodes()
+        candidates = sorted(
+            n.node_id
+            for n in before.values()
+            if (n.state is NodeState.RUNNING and self.now - n.last_heartbeat > TIMEOUT)
+            or (n.state in (NodeState.PENDING, NodeState.STARTING) and self.now - n.state_since > START_TIMEOUT)
+        )
+        was_finished = self.life.job_state.finished
+        self.life.tick(self.now)
+        if was_finished:
+            assert self.life.nodes() == before
+            return
+        # The core fails timed-out nodes one by one in id order, until the job ends.
+        for node_id in candidates:
+            node = self.life.node(node_id)
+            failed_now = any(t.to_state is NodeState.FAILED and t.at == self.now for t in node.history)
+            if not failed_now:
+                assert self.life.job_state.finished, f"node {node_id} timed out but was not failed"
+                continue
+            old = before[node_id]
+            kind = FailureKind.HEARTBEAT_TIMEOUT if old.state is NodeState.RUNNING else FailureKind.START_TIMEOUT
+            assert node.last_failure.startswith(kind.value)
+            expected = self._expected(old, kind)
+            observed = {
+                NodeState.RELAUNCHING: FailureAction.RELAUNCH_NODE,
+                NodeState.REMOVED: FailureAction.REMOVE_NODE,
+                NodeState.FAILED: FailureAction.STOP_JOB,
+            }[node.state]
+            assert observed is expected, (node_id, observed, expected)
+            self._account(node_id, expected)
+
+    @rule()
+    def stop(self) -> None:
+        was_finished = self.life.job_state.finished
+        self.life.stop("operator", self.now)
+        if not was_finished:
+            assert self.life.job_state is JobState.STOPPED
+
+    # ------------------------------------------------------------- invariants
+
+    @invariant()
+    def every_transition_is_legal_and_explained(self) -> None:
+        for node in self.life.nodes().values():
+            assert node.history[0].from_state is None
+            assert node.history[0].to_state is NodeState.PENDING
+            for record in node.history[1:]:
+                assert record.from_state is not None
+                assert record.to_state in TRANSITIONS[record.from_state]
+                assert record.reason
+            assert node.history[-1].to_state is node.state
+
+    @invariant()
+    def every_failure_ends_in_relaunch_removal_or_job_stop(self) -> None:
+        for node in self.life.nodes().values():
+            if node.state is NodeState.FAILED:
+                assert self.life.job_state.finished
+                assert self.life.exit_reason
+            if node.state is NodeState.RELAUNCHING:
+                assert node.replaced_by is not None
+        if self.life.job_state.finished:
+            assert self.life.exit_reason
+            assert not any(n.state in ALIVE_STATES for n in self.life.nodes().values())
+
+    @invariant()
+    def budgets_are_never_exceeded(self) -> None:
+        assert self.life.job_failures <= MAX_FAILURES + 1
+        for node in self.life.nodes().values():
+            assert node.process_restarts <= MAX_RESTARTS
+            assert node.relaunch_count <= MAX_RELAUNCHES
+
+    @invariant()
+    def ranks_are_stable_across_replacement(self) -> None:
+        nodes = self.life.nodes()
+        current = self.life.current_nodes()
+        assert sorted(current) == list(range(MAX_NODES))
+        for rank, node in current.items():
+            assert node.rank == rank
+        for node in nodes.values():
+            if node.replaced_by is not None:
+                assert nodes[node.replaced_by].rank == node.rank
+                assert nodes[node.replaced_by].relaunch_count == node.relaunch_count + 1
+            alive_same_rank = [n for n in nodes.values() if n.rank == node.rank and n.state in ALIVE_STATES]
+            assert len(alive_same_rank) <= 1
+
+    @invariant()
+    def restore_of_snapshot_equals_the_state(self) -> None:
+        snap = self.life.snapshot()
+        restored = JobLifecycle(self.life.config, DefaultFailurePolicy(), self.now, snapshot=snap)
+        # Heartbeat times restart at the restore (a fresh timeout); everything else is equal.
+        assert _timeless(restored.snapshot()) == _timeless(snap)
+        assert restored.current_nodes().keys() == self.life.current_nodes().keys()
+        assert {r: n.node_id for r, n in restored.current_nodes().items()} == {
+            r: n.node_id for r, n in self.life.current_nodes().items()
+        }
+
+    @invariant()
+    def too_few_nodes_for_the_window_stops_the_job(self) -> None:
+        life = self.life
+        if life.job_state.finished:
+            if "insufficient nodes" in life.exit_reason:
+                assert self.low_since is not None
+                assert self.now - self.low_since >= WINDOW
+            return
+        if self.succeeded:
+            self.low_since = None
+            return
+        if self.low_since is not None:
+            assert self.now - self.low_since < WINDOW, "too few nodes for longer than the window, yet running"
+        if life.count(NodeState.RUNNING) < MIN_NODES:
+            self.low_since = self.now if self.low_since is None else self.low_since
+        else:
+            self.low_since = None
+
+    @invariant()
+    def the_model_agrees_on_counts(self) -> None:
+        assert len(self.life.nodes()) == self.created
+        assert self.life.job_failures == self.failures
+        for rank, count in self.relaunches.items():
+            assert sum(1 for n in self.life.nodes().values() if n.rank == rank) == count + 1
+
+
+LifecycleMachine.TestCase.settings = settings(LifecycleMachine.TestCase.settings, stateful_step_count=25)
+TestLifecycle = LifecycleMachine.TestCase

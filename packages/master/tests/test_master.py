@@ -1,0 +1,240 @@
+"""The composed Master with a fake scheduler, a manual clock and a journal: no threads, no gRPC."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from dlrover.common import ConfigError, ManualClock
+from dlrover.master.checkpoints import CheckpointError
+from dlrover.master.config import LifecycleConfig, MasterConfig, NodeRange
+from dlrover.master.eventlog import EventLog, read_event_log
+from dlrover.master.journal import MemoryJournal, SqliteJournal, StateJournal
+from dlrover.master.lifecycle import NodeConflictError
+from dlrover.master.master import Master, ResourceSample
+from dlrover.master.scheduler.base import ObservedState
+from dlrover.master.scheduler.fake import FakeScheduler
+from dlrover.master.states import ActionKind, FailureKind, JobState, NodeState
+
+
+def config(nodes: int = 2, **kw: object) -> MasterConfig:
+    lifecycle = LifecycleConfig(nodes=NodeRange(1, nodes), heartbeat_timeout_s=10.0, insufficient_nodes_window_s=60.0)
+    return MasterConfig(
+        job_name="t", lifecycle=lifecycle, heartbeat_interval_s=1.0, progress_event_interval_s=0.0, **kw
+    )  # type: ignore[arg-type]
+
+
+class Blobby:
+    """A collaborator whose state is a counter."""
+
+    state_name = "blobby"
+
+    def __init__(self) -> None:
+        self.version = 0
+        self.value = 0
+        self.imported: tuple[int, str] | None = None
+
+    def export_state(self) -> tuple[int, str]:
+        return self.version, json.dumps({"value": self.value})
+
+    def import_state(self, version: int, data: str) -> None:
+        self.imported = (version, data)
+        self.version = version
+        self.value = json.loads(data)["value"]
+
+
+def make(journal: StateJournal | None = None, **kw: object) -> tuple[Master, FakeScheduler, ManualClock]:
+    sched = FakeScheduler()
+    clock = ManualClock()
+    master = Master(config(**kw), sched, journal or MemoryJournal(), clock, agent_env={"X": "1"})  # type: ignore[arg-type]
+    return master, sched, clock
+
+
+def test_start_launches_every_rank_with_its_environment() -> None:
+    master, sched, _ = make()
+    master.start()
+    assert sorted(sched.specs) == [0, 1]
+    spec = sched.specs[1]
+    assert spec.rank == 1
+    assert spec.env["DLROVER_NODE_ID"] == "1"
+    assert spec.env["X"] == "1"
+    sched.set_state(0, ObservedState.RUNNING)
+    master.tick()
+    assert master.node(0).state is NodeState.STARTING
+
+
+def test_silent_node_is_failed_and_relaunched_through_the_scheduler() -> None:
+    master, sched, clock = make()
+    master.start()
+    master.register(0, "a", "h0")
+    master.register(1, "b", "h1")
+    clock.advance(6)
+    master.heartbeat(0, step=1)
+    clock.advance(6)  # node 1 silent 12 s > 10 s; node 0 silent 6 s
+    master.tick()
+    assert 1 in sched.stopped
+    assert sched.specs[2].rank == 1
+    assert master.node(1).state is NodeState.RELAUNCHING
+    kinds = [e.kind for e in master.events(limit=1000)]
+    assert "failure" in kinds
+    assert "relaunch" in kinds
+    text = master.metrics.render().decode()
+    assert 'dlrover_failures_total{job="t",kind="heartbeat_timeout"} 1.0' in text
+    assert 'dlrover_restarts_total{job="t",kind="node"} 1.0' in text
+    assert 'dlrover_nodes{job="t",state="relaunching"} 1.0' in text
+
+
+def test_scheduler_observed_exit_is_a_failure_and_a_clean_exit_a_success() -> None:
+    master, sched, _ = make()
+    master.start()
+    master.register(0, "a", "h0")
+    master.register(1, "b", "h1")
+    sched.set_state(1, ObservedState.SUCCEEDED, exit_code=0)
+    master.tick()
+    sched.set_state(0, ObservedState.FAILED, exit_code=137)
+    master.tick()
+    assert master.node(0).state is NodeState.REMOVED  # not relaunched: node 1 succeeded
+    assert "status 137" in master.node(0).last_failure
+    assert master.node(1).state is NodeState.SUCCEEDED
+    assert master.job_state is JobState.SUCCEEDED
+
+
+def test_launch_failures_are_node_failures_within_budget() -> None:
+    master, sched, _ = make(nodes=1)
+    sched.fail_launches = True
+    master.start()
+    # Every launch fails; each failure relaunches until the rank's budget (3) runs out.
+    assert master.job_state is JobState.FAILED
+    assert len(master.nodes()) == 4
+    assert all("launch failed" in n.last_failure for n in master.nodes().values())
+
+
+def test_actions_ride_on_heartbeats_and_resources_are_kept() -> None:
+    master, _, _ = make(nodes=1)
+    master.start()
+    master.register(0, "a", "h0")
+    decision = master.report_failure(0, FailureKind.PROCESS_CRASH, "exit 1")
+    assert decision.action.value == "restart_processes"
+    actions, state = master.heartbeat(0, step=3, samples=30, resources=ResourceSample(cpu_percent=50.0))
+    assert [a.kind for a in actions] == [ActionKind.RESTART_PROCESSES]
+    assert state is JobState.RUNNING
+    assert master.resources(0) == ResourceSample(cpu_percent=50.0)
+    assert master.status().step == 3
+
+
+def test_checkpoint_commit_is_journaled_and_refusals_change_nothing() -> None:
+    master, _, _ = make()
+    assert master.report_checkpoint_steps(2, {0: [5], 1: [5, 6]}) == (5, None)
+    before = master.state_digest()
+    with pytest.raises(CheckpointError):
+        master.commit_checkpoint(6, "")
+    assert master.state_digest() == before
+    assert master.commit_checkpoint(5, "/ck/5").step == 5
+    assert master.report_checkpoint_steps(2, {0: [5, 6]}) == (6, 5)
+    assert master.status().committed_step == 5
+
+
+def test_restart_from_sqlite_keeps_nodes_ranks_commits_and_blobs(tmp_path: Path) -> None:
+    log = EventLog(tmp_path / "events.jsonl")
+    sched = FakeScheduler()
+    clock = ManualClock()
+    blob = Blobby()
+    journal = SqliteJournal(tmp_path)
+    master = Master(config(), sched, journal, clock, collaborators=[blob], event_log=log)
+    master.start()
+    master.register(0, "a", "h0")
+    master.register(1, "b", "h1")
+    master.report_failure(1, FailureKind.NODE_EXIT, "gone")  # relaunched as node 2, rank 1
+    master.report_checkpoint_steps(1, {0: [7]})
+    master.commit_checkpoint(7, "/ck/7")
+    blob.value, blob.version = 42, 3
+    master.tick()
+    before = {i: (n.rank, n.state) for i, n in master.nodes().items()}
+    journal.close()  # the process "dies" here; no shutdown work is needed for correctness
+
+    blob2 = Blobby()
+    journal2 = SqliteJournal(tmp_path)
+    sched2 = FakeScheduler()
+    clock2 = ManualClock(start=500.0)
+    master2 = Master(config(), sched2, journal2, clock2, collaborators=[blob2], event_log=log)
+    assert master2.restored
+    assert {i: (n.rank, n.state) for i, n in master2.nodes().items()} == before
+    master2.start()
+    assert sched2.specs == {}  # a resumed job launches nothing new
+    assert master2.status().committed_step == 7
+    assert blob2.imported == (3, '{"value": 42}')
+    # The agent of node 0 reconnects by proving its identity, and keeps rank 0.
+    with pytest.raises(NodeConflictError):
+        master2.register(0, "a", "h0")
+    assert master2.register(0, "a", "h0", proven_node_id=0).rank == 0
+    # Fresh timeouts after the restart: nobody is failed for the downtime.
+    clock2.advance(5)
+    master2.tick()
+    assert master2.node(0).state is NodeState.RUNNING
+    journal2.close()
+    log.close()
+    kinds = [e["kind"] for e in read_event_log(tmp_path / "events.jsonl")]
+    assert kinds.count("master_restart") == 1
+    assert "checkpoint" in kinds
+
+
+def test_stop_stops_every_node() -> None:
+    master, sched, _ = make()
+    master.start()
+    assert master.stop("enough") is JobState.STOPPED
+    assert sorted(sched.stopped) == [0, 1]
+    assert master.status().exit_reason == "enough"
+
+
+def test_progress_events_feed_goodput_and_metrics() -> None:
+    master, _, clock = make(nodes=1)
+    master.start()
+    master.register(0, "a", "h0")
+    for step in range(1, 6):
+        clock.advance(1)
+        master.heartbeat(0, step=step * 10, samples=step * 100)
+    progress = [e for e in master.events(limit=1000) if e.kind == "progress"]
+    assert [e.data["step"] for e in progress] == [10, 20, 30, 40, 50]
+    master.tick()
+    assert master.status().goodput > 0
+    text = master.metrics.render().decode()
+    assert 'dlrover_steps_per_second{job="t"} 10.0' in text
+    assert 'dlrover_samples_per_second{job="t"} 100.0' in text
+
+
+def test_prepare_creates_nodes_that_can_register_before_anything_is_launched() -> None:
+    master, sched, _ = make()
+    master.prepare()
+    master.prepare()
+    assert sched.specs == {}
+    assert master.register(None, "early", "h").rank == 0
+    master.start()
+    master.start()
+    assert sorted(sched.specs) == [0, 1]
+
+
+def test_a_fresh_master_is_not_restored_and_a_second_one_is(tmp_path: Path) -> None:
+    journal = SqliteJournal(tmp_path)
+    master = Master(config(), FakeScheduler(), journal, ManualClock())
+    master.start()
+    assert not master.restored
+    journal.close()
+    journal = SqliteJournal(tmp_path)
+    try:
+        assert Master(config(), FakeScheduler(), journal, ManualClock()).restored
+    finally:
+        journal.close()
+
+
+def test_a_state_dir_of_another_job_is_refused(tmp_path: Path) -> None:
+    journal = SqliteJournal(tmp_path)
+    Master(config(nodes=2), FakeScheduler(), journal, ManualClock()).start()
+    journal.close()
+    journal = SqliteJournal(tmp_path)
+    try:
+        with pytest.raises(ConfigError, match="max_nodes 2 -> 3"):
+            Master(config(nodes=3), FakeScheduler(), journal, ManualClock())
+    finally:
+        journal.close()

@@ -1,0 +1,157 @@
+"""The contract every scheduler backend passes, plus what only the local backend does."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from dlrover.common import ConfigError
+from dlrover.master.scheduler import (
+    ExternalScheduler,
+    FakeScheduler,
+    LocalScheduler,
+    NodeSpec,
+    ObservedState,
+    SchedulerBackend,
+    SchedulerError,
+)
+
+# An "agent" that starts a grandchild in its group, writes both pids, and waits.
+AGENT = r"""
+import os, subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+path = os.environ["PID_FILE"]
+with open(path + ".tmp", "w") as f:
+    f.write(f"{os.getpid()} {child.pid}")
+os.replace(path + ".tmp", path)
+time.sleep(600)
+"""
+
+
+def wait_for(predicate: Callable[[], bool], timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        time.sleep(0.02)
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie is dead for our purposes; /proc tells them apart on Linux.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def local_backend(tmp_path: Path) -> LocalScheduler:
+    return LocalScheduler([sys.executable, "-c", "import time; time.sleep(600)"], stop_grace_s=5.0)
+
+
+BACKENDS: dict[str, Callable[[Path], SchedulerBackend]] = {
+    "fake": lambda _p: FakeScheduler(),
+    "external": lambda _p: ExternalScheduler(),
+    "local": local_backend,
+}
+
+
+@pytest.fixture(params=sorted(BACKENDS))
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[SchedulerBackend]:
+    b = BACKENDS[request.param](tmp_path)
+    yield b
+    b.close()
+
+
+def spec(node_id: int) -> NodeSpec:
+    return NodeSpec(job_name="j", node_id=node_id, rank=node_id)
+
+
+def test_contract_launch_observe_stop(backend: SchedulerBackend) -> None:
+    assert isinstance(backend, SchedulerBackend)
+    assert backend.observe() == {}
+    backend.launch(spec(0))
+    backend.launch(spec(1))
+    seen = backend.observe()
+    assert sorted(seen) == [0, 1]
+    assert all(n.state in (ObservedState.PENDING, ObservedState.RUNNING) for n in seen.values())
+    with pytest.raises(SchedulerError, match="node 0 was already launched"):
+        backend.launch(spec(0))
+    backend.stop(0)
+    backend.stop(0)  # idempotent
+    backend.stop(99)  # unknown: no-op
+    wait_for(lambda: backend.observe()[0].state is ObservedState.STOPPED)
+    assert backend.observe()[1].state in (ObservedState.PENDING, ObservedState.RUNNING)
+
+
+def test_contract_close_stops_everything(backend: SchedulerBackend) -> None:
+    backend.launch(spec(0))
+    backend.close()
+    backend.close()
+    assert all(n.state is ObservedState.STOPPED for n in backend.observe().values())
+
+
+@pytest.mark.integration
+def test_local_stop_kills_the_whole_process_group(tmp_path: Path) -> None:
+    pid_file = tmp_path / "pids"
+    sched = LocalScheduler([sys.executable, "-c", AGENT], stop_grace_s=5.0)
+    try:
+        sched.launch(NodeSpec("j", 0, 0, env={"PID_FILE": str(pid_file)}))
+        wait_for(pid_file.exists)
+        agent, grandchild = (int(x) for x in pid_file.read_text().split())
+        assert sched.pid(0) == agent
+        assert sched.observe()[0].state is ObservedState.RUNNING
+        sched.stop(0)
+        wait_for(lambda: sched.observe()[0].state is ObservedState.STOPPED)
+        wait_for(lambda: not alive(grandchild))
+    finally:
+        sched.close()
+    assert not alive(agent)
+
+
+@pytest.mark.integration
+def test_local_close_leaves_no_orphans_and_reports_exits(tmp_path: Path) -> None:
+    pid_file = tmp_path / "pids"
+    sched = LocalScheduler([sys.executable, "-c", AGENT], stop_grace_s=0.5)
+    sched.launch(NodeSpec("j", 0, 0, env={"PID_FILE": str(pid_file)}))
+    wait_for(pid_file.exists)
+    _agent, grandchild = (int(x) for x in pid_file.read_text().split())
+    sched.close()
+    wait_for(lambda: not alive(grandchild))
+    with pytest.raises(SchedulerError, match="closed"):
+        sched.launch(NodeSpec("j", 1, 1))
+
+    exits = LocalScheduler([sys.executable, "-c", "import os, sys; sys.exit(int(os.environ['CODE']))"])
+    try:
+        exits.launch(NodeSpec("j", 0, 0, env={"CODE": "0"}))
+        exits.launch(NodeSpec("j", 1, 1, env={"CODE": "3"}))
+        wait_for(lambda: all(n.state is not ObservedState.RUNNING for n in exits.observe().values()))
+        seen = exits.observe()
+        assert seen[0].state is ObservedState.SUCCEEDED
+        assert (seen[1].state, seen[1].exit_code) == (ObservedState.FAILED, 3)
+    finally:
+        exits.close()
+
+
+def test_local_refuses_bad_settings_and_avoided_hosts() -> None:
+    with pytest.raises(ConfigError, match="agent command"):
+        LocalScheduler([])
+    sched = LocalScheduler(["/nonexistent/agent"])
+    try:
+        with pytest.raises(SchedulerError, match="cannot start node 0"):
+            sched.launch(spec(0))
+        import socket
+
+        with pytest.raises(SchedulerError, match="avoided"):
+            sched.launch(NodeSpec("j", 1, 1, avoid_hosts=frozenset({socket.gethostname()})))
+    finally:
+        sched.close()
