@@ -1,19 +1,145 @@
-"""The `dlrover-run` command."""
+"""The `dlrover-run` command: torchrun's interface, DLRover's fault tolerance.
+
+Three ways to find the job's master:
+- `--standalone`: start one in this process on 127.0.0.1 with a random port and a fresh token.
+- `--master HOST:PORT`: join a running `dlrover-master` (bare metal, Slurm), with the token from
+  `--token-file`, `--token`, `DLROVER_JOB_TOKEN_FILE` or `DLROVER_JOB_TOKEN`.
+- `--rdzv-backend=dlrover --rdzv-endpoint=HOST:PORT`: the same, spelled the torchrun way.
+"""
 
 from __future__ import annotations
 
-import argparse
+import logging
+import os
+import signal
+import socket
 import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from types import FrameType
 
-__all__ = ["main"]
+from dlrover.common import (
+    TOKEN_FILE_ENV_VAR,
+    ConfigError,
+    DLRoverError,
+    configure_logging,
+    load_token,
+    write_token_file,
+)
+from dlrover.launcher.agent import Agent, AgentConfig, AgentResult
+from dlrover.launcher.args import LaunchConfig, parse_args
+from dlrover.launcher.env import MASTER_ADDR_ENV_VAR
+from dlrover.launcher.grpc_control import GrpcControlPlane, default_node_name
+
+__all__ = ["main", "run"]
+
+_log = logging.getLogger("dlrover.launcher")
+
+
+def _visible_accelerators() -> int:
+    try:
+        import torch
+
+        return int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
+    except ImportError:
+        return 0
+
+
+@contextmanager
+def _master_for(cfg: LaunchConfig) -> Iterator[tuple[str, str]]:
+    """The master's address and the job token: an embedded master, or the one named."""
+    if cfg.standalone:
+        from dlrover.master import MasterConfig, create_master
+        from dlrover.master.config import LifecycleConfig, NodeRange
+
+        nodes = NodeRange(cfg.nodes.min_nodes, cfg.nodes.max_nodes, cfg.node_unit)
+        config = MasterConfig(
+            job_name=cfg.rdzv_id if cfg.rdzv_id != "none" else "standalone",
+            backend="external",
+            lifecycle=LifecycleConfig(nodes=nodes, max_process_restarts=max(cfg.max_restarts, 1)),
+            token=cfg.token,
+        )
+        with create_master(config) as runtime:
+            _log.info("standalone master listening on %s", runtime.address)
+            yield runtime.address, runtime.token
+        return
+    target = cfg.master or (cfg.rdzv_endpoint if cfg.rdzv_backend == "dlrover" else "")
+    if not target:
+        raise ConfigError(
+            "dlrover-run needs a master: --standalone, --master HOST:PORT, or "
+            "--rdzv-backend=dlrover --rdzv-endpoint=HOST:PORT"
+        )
+    yield target, load_token(cfg.token, token_file=cfg.token_file)
+
+
+def run(cfg: LaunchConfig) -> AgentResult:
+    """Run this node's share of the job described by `cfg`."""
+    with ExitStack() as stack:
+        target, token = stack.enter_context(_master_for(cfg))
+        control = GrpcControlPlane(
+            target,
+            token,
+            node_name=os.environ.get("DLROVER_NODE_NAME") or default_node_name(cfg.node_rank),
+            host=socket.gethostname(),
+            local_addr=cfg.local_addr or ("127.0.0.1" if cfg.standalone else socket.getfqdn()),
+            min_nodes=cfg.nodes.min_nodes,
+            max_nodes=cfg.nodes.max_nodes,
+        )
+        stack.callback(control.close)
+        # Workers reach the master too (shard client, checkpoint coordination): they read the
+        # token from a private 0600 file rather than from the command line or the environment.
+        token_file = cfg.token_file or os.environ.get(TOKEN_FILE_ENV_VAR)
+        if not token_file:
+            private = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="dlrover-token-")))
+            token_file = str(write_token_file(private / "token", token))
+        log_dir = Path(cfg.log_dir) if cfg.log_dir else None
+        if log_dir is None and any(mask for _, mask in (*cfg.redirects, *cfg.tee)):
+            log_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="dlrover-run-")))
+        agent = Agent(
+            AgentConfig(
+                worker_argv=tuple(cfg.worker_command(sys.executable)),
+                nproc_per_node=cfg.nproc_per_node,
+                max_restarts=cfg.max_restarts,
+                run_id=cfg.rdzv_id,
+                role=cfg.role,
+                monitor_interval_s=cfg.monitor_interval_s,
+                shutdown_grace_s=cfg.shutdown_grace_s,
+                log_dir=log_dir,
+                redirects=dict(cfg.redirects),
+                tee=dict(cfg.tee),
+                local_ranks_filter=cfg.local_ranks_filter,
+                extra_env={MASTER_ADDR_ENV_VAR: target, TOKEN_FILE_ENV_VAR: str(Path(token_file).resolve())},
+            ),
+            control,
+        )
+
+        def on_signal(signum: int, _frame: FrameType | None) -> None:
+            agent.request_stop(f"received {signal.Signals(signum).name}")
+
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, on_signal)
+        return agent.run()
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of `dlrover-run`. It is not built yet, and says so instead of pretending."""
-    parser = argparse.ArgumentParser(prog="dlrover-run", description="Not built yet: see issue 9.")
-    parser.parse_known_args(argv)
-    print("dlrover-run is not built yet (issue 9); nothing was run.", file=sys.stderr)
-    return 2
+    """Entry point of `dlrover-run`."""
+    configure_logging()
+    try:
+        cfg = parse_args(argv, accelerators=_visible_accelerators())
+        result = run(cfg)
+    except (ConfigError, DLRoverError) as exc:
+        print(f"dlrover-run: {exc}", file=sys.stderr)
+        return 2 if isinstance(exc, ConfigError) else 1
+    _log.info(
+        "finished with exit code %d after %d restart(s) in %d round(s): %s",
+        result.exit_code,
+        result.restarts,
+        result.rounds,
+        result.reason,
+    )
+    return result.exit_code
 
 
 if __name__ == "__main__":

@@ -1,0 +1,159 @@
+"""`ControlPlane` over gRPC: the master's AgentService and its RendezvousService.
+
+Ids: the master numbers nodes (int); the rendezvous and the shard service know a node by the
+decimal string of that number, so one id follows a node everywhere.
+
+The address of rank 0's torch.distributed store (MASTER_ADDR/MASTER_PORT) is chosen by the
+agent of node rank 0 once a round completes: it picks a free port on its own address and
+publishes `host:port` in the rendezvous key-value store under the round's key; the other agents
+wait for that key. A new round gets a new key, so a stale address is never reused.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Sequence
+
+from dlrover.common import ConfigError, DLRoverError, RetryPolicy, format_host_port
+from dlrover.launcher.control import (
+    AgentAction,
+    FailureDecision,
+    FailureReport,
+    NodeRegistration,
+    Progress,
+    RoundAssignment,
+)
+from dlrover.launcher.fake_control import free_port
+from dlrover.master import FailureKind, MasterClient
+from dlrover.master.v1 import agent_pb2
+from dlrover.rendezvous import NodeParams, PollState, RendezvousClient
+
+__all__ = ["GrpcControlPlane", "default_node_name", "store_address_key"]
+
+_EVIDENCE_LIMIT = 60 * 1024
+_ACTIONS = {
+    agent_pb2.ACTION_KIND_RESTART_PROCESSES: AgentAction.RESTART_WORKERS,
+    agent_pb2.ACTION_KIND_STOP_NODE: AgentAction.STOP_NODE,
+}
+_DECISIONS = {d.value: d for d in FailureDecision}
+
+
+def store_address_key(round_number: int) -> str:
+    """The key under which node rank 0 publishes the store address of a round."""
+    return f"dlrover/launcher/round/{round_number}/store_addr"
+
+
+class GrpcControlPlane:
+    """One node's view of a running `dlrover-master`.
+
+    Args:
+        target: the master's `host:port`.
+        token: the job token.
+        node_name: a name that stays the same when this agent restarts on the same node.
+        host: this node's host name, as the master records it.
+        local_addr: the address other nodes reach this node's store at.
+        min_nodes: this node's `--nnodes` minimum (checked against the rendezvous).
+        max_nodes: its maximum.
+        policy: deadlines and retries of every call.
+        store_wait_s: how long non-zero ranks wait for rank 0 to publish the store address.
+    """
+
+    def __init__(
+        self,
+        target: str,
+        token: str,
+        *,
+        node_name: str,
+        host: str,
+        local_addr: str,
+        min_nodes: int,
+        max_nodes: int,
+        policy: RetryPolicy | None = None,
+        store_wait_s: float = 60.0,
+    ) -> None:
+        if not target:
+            raise ConfigError("the master's address is empty")
+        self._master = MasterClient(target, token, policy=policy)
+        self._rdzv = RendezvousClient(target, token, policy=policy)
+        self._node_name = node_name
+        self._host = host
+        self._local_addr = local_addr
+        self._params = NodeParams(min_nodes, max_nodes)
+        self._store_wait_s = store_wait_s
+        self._node_id = ""
+
+    def register(self, local_world_size: int) -> NodeRegistration:
+        response = self._master.register(self._node_name, self._host, local_world_size=local_world_size)
+        self._node_id = str(response.node_id)
+        return NodeRegistration(self._node_id, float(response.heartbeat_interval_s) or 2.0)
+
+    def next_round(self, timeout_s: float) -> RoundAssignment:
+        joined = self._rdzv.join(self._node_id, params=self._params)
+        if not joined.accepted:
+            raise DLRoverError(f"the rendezvous refused node {self._node_id}: {joined.reason}")
+        result = self._rdzv.wait_assigned(self._node_id, timeout_s=timeout_s)
+        if result.state is not PollState.ASSIGNED:
+            raise DLRoverError(f"node {self._node_id} got no rank in round {result.round}: {result.reason}")
+        key = store_address_key(result.round)
+        if result.rank == 0:
+            address = format_host_port(self._local_addr, free_port(self._local_addr))
+            self._rdzv.kv_set([key], [address.encode()])
+        else:
+            address = self._wait_for_key(key)
+        host, _, port = address.rpartition(":")
+        return RoundAssignment(result.round, result.rank, result.world_size, host.strip("[]"), int(port))
+
+    def _wait_for_key(self, key: str) -> str:
+        # Rank 0 publishes right after its own poll answers, so this wait is short; it is bounded
+        # so a rank 0 that died in between is noticed instead of waited on forever.
+        give_up_at = time.monotonic() + self._store_wait_s
+        interval = 0.02
+        while True:
+            (value,) = self._rdzv.kv_get([key])
+            if value is not None:
+                return value.decode()
+            if time.monotonic() >= give_up_at:
+                raise DLRoverError(f"node rank 0 did not publish its store address ({key}) in {self._store_wait_s} s")
+            time.sleep(interval)
+            interval = min(interval * 2, 0.5)
+
+    def nodes_waiting(self) -> int:
+        return self._rdzv.num_nodes_waiting(self._node_id)
+
+    def heartbeat(self, progress: Progress) -> Sequence[tuple[AgentAction, str]]:
+        step = progress.step if progress.step >= 0 else None
+        response = self._master.heartbeat(step=step, samples=progress.samples)
+        return [(_ACTIONS[a.kind], a.reason) for a in response.actions if a.kind in _ACTIONS]
+
+    def report_failure(self, report: FailureReport) -> tuple[FailureDecision, str]:
+        how = f"signal {report.signal_name}" if report.signal_name else f"exit code {report.exit_code}"
+        header = f"local rank {report.local_rank} exited with {how} after {report.restart_count} restart(s)\n"
+        evidence = header + report.evidence[-(_EVIDENCE_LIMIT - len(header)) :]
+        response = self._master.report_failure(FailureKind.PROCESS_CRASH, evidence, exit_code=report.exit_code)
+        decision = _DECISIONS.get(response.decision)
+        if decision is None:
+            raise DLRoverError(f"the master answered an unknown decision {response.decision!r}: {response.reason}")
+        return decision, response.reason
+
+    def report_success(self) -> None:
+        self._master.report_success()
+
+    def leave(self) -> None:
+        self._rdzv.leave(self._node_id)
+
+    def close(self) -> None:
+        """Close both channels."""
+        self._master.close()
+        self._rdzv.close()
+
+
+def default_node_name(node_rank: int | None) -> str:
+    """This agent's name: the host and the node rank when one was given, else the host and pid.
+
+    Two agents on one host (two "nodes" in a test, or several slots) must not share a name: the
+    master refuses a second registration of a name it already holds.
+    """
+    host = socket.gethostname()
+    return f"{host}-node{node_rank}" if node_rank is not None else f"{host}-{os.getpid()}"

@@ -1,0 +1,94 @@
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from dlrover.common import DLRoverError, GrpcServer
+from dlrover.launcher.control import FailureDecision, FailureReport, Progress, RoundAssignment
+from dlrover.launcher.grpc_control import GrpcControlPlane
+from dlrover.master import MasterConfig, MasterRuntime, create_master
+from dlrover.master.config import LifecycleConfig, NodeRange
+from dlrover.rendezvous import RendezvousConfig, RendezvousManager, add_rendezvous_service
+
+
+@pytest.fixture
+def master() -> Iterator[MasterRuntime]:
+    manager = RendezvousManager(RendezvousConfig(min_nodes=2, max_nodes=2, last_call_s=0.1))
+
+    def host_rendezvous(server: GrpcServer) -> None:
+        add_rendezvous_service(server, manager)
+
+    config = MasterConfig(backend="external", lifecycle=LifecycleConfig(nodes=NodeRange(2, 2)))
+    with create_master(config, extra_services=[host_rendezvous]) as runtime:
+        yield runtime
+
+
+def _plane(runtime: MasterRuntime, name: str) -> GrpcControlPlane:
+    return GrpcControlPlane(
+        runtime.address,
+        runtime.token,
+        node_name=name,
+        host="localhost",
+        local_addr="127.0.0.1",
+        min_nodes=2,
+        max_nodes=2,
+    )
+
+
+@pytest.mark.integration
+def test_two_nodes_register_rendezvous_and_share_one_store_address(master: MasterRuntime) -> None:
+    planes = [_plane(master, f"node-{i}") for i in range(2)]
+    try:
+        ids = {p.register(1).node_id for p in planes}
+        assert len(ids) == 2
+        rounds: dict[int, RoundAssignment] = {}
+        errors: list[BaseException] = []
+
+        def join(i: int) -> None:
+            try:
+                rounds[i] = planes[i].next_round(timeout_s=60)
+            except BaseException as exc:  # surfaced below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=join, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(90)
+        assert not errors, errors
+        assert sorted(r.group_rank for r in rounds.values()) == [0, 1]
+        assert {r.group_world_size for r in rounds.values()} == {2}
+        assert len({(r.master_addr, r.master_port) for r in rounds.values()}) == 1
+        assert rounds[0].master_addr == "127.0.0.1"
+        assert planes[0].heartbeat(Progress(step=3, samples=96)) == []
+        assert planes[0].nodes_waiting() == 0
+    finally:
+        for p in planes:
+            p.close()
+
+
+@pytest.mark.integration
+def test_failure_report_returns_the_masters_decision(master: MasterRuntime) -> None:
+    plane = _plane(master, "node-0")
+    try:
+        plane.register(1)
+        decision, reason = plane.report_failure(FailureReport(0, 1, None, "RuntimeError: boom", 0))
+        assert isinstance(decision, FailureDecision)
+        assert reason
+    finally:
+        plane.close()
+
+
+@pytest.mark.integration
+def test_refused_join_is_a_clear_error(master: MasterRuntime) -> None:
+    plane = GrpcControlPlane(
+        master.address, master.token, node_name="n", host="h", local_addr="127.0.0.1", min_nodes=1, max_nodes=3
+    )
+    try:
+        plane.register(1)
+        with pytest.raises(DLRoverError, match="refused"):
+            plane.next_round(timeout_s=5)
+    finally:
+        plane.close()
