@@ -27,6 +27,7 @@ TEST_EXTRAS = {
     "shard": ["torch"],
     "rendezvous": ["torch"],
     "diagnosis": ["torch"],
+    "flashckpt": ["s3", "s3test", "hf"],
 }
 TORCH_PIN = "torch==2.13.0"
 CONSTRAINTS = ("-c", str(ROOT / "constraints.txt"))

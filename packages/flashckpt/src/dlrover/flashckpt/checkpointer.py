@@ -1,0 +1,241 @@
+"""`FlashCheckpointer`: the one object a training script uses.
+
+    ckpt = FlashCheckpointer(StagerConfig(job_id="j", run_id="r", rank=rank, world_size=world),
+                             storage_dir="/ckpt")
+    state = {"model": model.state_dict(), "optim": optim.state_dict(), "step": 0}
+    ckpt.prepare(state)                      # allocate and pre-fault shared memory once
+    loaded = ckpt.load(target=state)         # after a restart: from memory, else from storage
+    for step in ...:
+        ckpt.save(step, state, persist=step % 100 == 0)   # blocks only for the memory copy
+    ckpt.close(job_end=True)
+
+Saver modes: ``"auto"`` connects to the node's saver (hosted by ``dlrover-run``) or starts a
+detached one; ``"connect"`` requires one; ``"none"`` persists synchronously in this process
+(single-process jobs and tests).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any, Literal
+
+from dlrover.common import Clock, ConfigError, SystemClock
+from dlrover.flashckpt.client import DetachedSaverSpec, PersistOutcome, SaverClient, ensure_saver
+from dlrover.flashckpt.commit import Committer, RetentionPolicy
+from dlrover.flashckpt.config import StagerConfig
+from dlrover.flashckpt.errors import (
+    ChecksumError,
+    FlashCkptError,
+    LayoutError,
+    NoCheckpointError,
+    SaverUnavailableError,
+)
+from dlrover.flashckpt.events import EventLog, FlashEvent
+from dlrover.flashckpt.memory import LoadedState, MemoryReader
+from dlrover.flashckpt.payloads import payload_from_slot
+from dlrover.flashckpt.persist import persist_rank
+from dlrover.flashckpt.saver import socket_path
+from dlrover.flashckpt.segment import ShmSegment, segment_path
+from dlrover.flashckpt.slotio import read_header
+from dlrover.flashckpt.stager import SaveResult, SealedNotice, Stager
+from dlrover.flashckpt.storage.base import Storage
+from dlrover.flashckpt.storage.posix import PosixStorage
+from dlrover.flashckpt.storage_loader import StorageReader
+
+__all__ = ["AgreeFn", "FlashCheckpointer", "agree_single"]
+
+AgreeFn = Callable[[list[int]], int | None]
+"""Given this rank's steps in memory, return the newest step every rank holds (or None)."""
+
+
+def agree_single(steps: list[int]) -> int | None:
+    """The agreement of a one-rank job: its newest step."""
+    return max(steps) if steps else None
+
+
+class FlashCheckpointer:
+    """Stage to memory, persist in the background, load from memory or storage.
+
+    Args:
+        config: job, run, rank and shared-memory settings.
+        storage_dir: POSIX checkpoint directory (used by a detached saver, and for loading).
+        storage: a storage to load from and, with ``saver="none"``, persist to (default:
+            `PosixStorage(storage_dir)`).
+        saver: ``"auto"``, ``"connect"`` or ``"none"`` (see the module docstring).
+        agree: cross-rank agreement on the step to load from memory (default: `agree_single`,
+            which is only right for one rank; multi-rank jobs pass a collective).
+        retention: for ``saver="none"``, which committed checkpoints to keep.
+        idle_exit_s: a detached saver's idle exit time.
+        saver_nice: niceness added to a detached saver (persisting yields the CPU to training).
+        clock: time source.
+    """
+
+    def __init__(
+        self,
+        config: StagerConfig,
+        storage_dir: str | None = None,
+        *,
+        storage: Storage | None = None,
+        saver: Literal["auto", "connect", "none"] = "auto",
+        agree: AgreeFn | None = None,
+        retention: RetentionPolicy | None = None,
+        idle_exit_s: float = 60.0,
+        saver_nice: int = 19,
+        clock: Clock | None = None,
+    ) -> None:
+        if saver not in ("auto", "connect", "none"):
+            raise ConfigError(f"saver must be 'auto', 'connect' or 'none', got {saver!r}")
+        if storage is None and storage_dir is None:
+            raise ConfigError("FlashCheckpointer needs storage_dir or storage")
+        if saver == "auto" and storage_dir is None:
+            raise ConfigError("saver='auto' needs storage_dir for a detached saver")
+        if agree is None and config.world_size > 1:
+            raise ConfigError(f"world_size {config.world_size} needs an agree function to load from memory")
+        self.config = config
+        self._clock = clock or SystemClock()
+        self.storage: Storage = storage if storage is not None else PosixStorage(str(storage_dir))
+        self._agree = agree or agree_single
+        self._mode = saver
+        self._retention = retention
+        self.client: SaverClient | None = None
+        self.events = EventLog()
+        self._spec: DetachedSaverSpec | None = None
+        if saver == "auto":
+            assert storage_dir is not None
+            spec = DetachedSaverSpec(
+                config.job_id,
+                config.run_id,
+                config.world_size,
+                storage_dir,
+                config.shm_dir,
+                idle_exit_s,
+                nice=saver_nice,
+                # torchrun's node rank: node 0's saver coordinates the commit.
+                coordinator=os.environ.get("GROUP_RANK", "0") == "0",
+            )
+            self._spec = spec
+            self.client = self._connect()
+        elif saver == "connect":
+            path = socket_path(config.shm_dir, config.job_id, config.run_id)
+            self.client = SaverClient(path, config.rank, config.world_size, events=self.events, clock=self._clock)
+        on_sealed = self._notify_sealed if self.client is not None else None
+        self.stager = Stager(config, clock=self._clock, on_sealed=on_sealed, owner=None if saver == "none" else False)
+        self.stager.events = self.events  # one event log per rank
+
+    def _connect(self) -> SaverClient:
+        assert self._spec is not None
+        client = ensure_saver(self._spec, self.config.rank, self._clock)
+        client.events = self.events
+        return client
+
+    def _notify_sealed(self, notice: SealedNotice) -> None:
+        # The notice only wakes the saver; when the saver is gone a ``saver_lost`` event already
+        # says so, and the next persist request reconnects.
+        if self.client is not None and not self.client.closed:
+            self.client.notify_sealed(notice)
+
+    def _record(self, kind: str, step: int, reason: str) -> None:
+        self.events.record(FlashEvent(kind, step, reason, self._clock.wall_time()))
+
+    def _request_persist(self, step: int) -> None:
+        """Ask the saver to persist `step`; a lost saver is restarted (``auto``) or reported, never fatal."""
+        assert self.client is not None
+        try:
+            self.client.request_persist(step)
+            return
+        except SaverUnavailableError as e:
+            reason = f"the saver is unreachable ({e})"
+        if self._spec is not None:
+            try:
+                self.client.close()
+                self.client = self._connect()
+                self._record("saver_restarted", step, f"{reason}; a new saver was started")
+                self.client.request_persist(step)
+                return
+            except SaverUnavailableError as e:
+                reason = f"{reason}; restarting it failed ({e})"
+        self._record("persist_failed", step, f"step {step} stays in memory only: {reason}")
+
+    def prepare(self, state: Any) -> None:
+        """Allocate and pre-fault shared memory for `state` (see `Stager.prepare`)."""
+        self.stager.prepare(state)
+
+    def save(self, step: int, state: Any, persist: bool = False) -> SaveResult:
+        """Copy `state` into shared memory; with `persist`, also have it written to storage.
+
+        Returns once the memory copy is done; persisting happens in the saver (or, with
+        ``saver="none"``, right here after sealing). A saver that cannot be reached never stops
+        training: ``auto`` mode starts a new one, otherwise a ``persist_failed`` event is recorded
+        and the snapshot stays in memory.
+        """
+        result = self.stager.save(step, state)
+        if persist and result.saved:
+            if self.client is not None:
+                self._request_persist(step)
+            else:
+                self._persist_here(step)
+        return result
+
+    def wait_persisted(self, step: int, timeout_s: float = 300.0) -> PersistOutcome:
+        """Wait for the saver's answer about persisting `step`.
+
+        Raises:
+            FlashCkptError: there is no saver (``saver="none"`` persists synchronously).
+        """
+        if self.client is None:
+            raise FlashCkptError("no saver: persisting was synchronous")
+        return self.client.wait_persisted(step, timeout_s)
+
+    def _persist_here(self, step: int) -> None:
+        self.stager.flush()
+        c = self.config
+        for slot in range(c.num_slots):
+            seg = ShmSegment.attach(segment_path(c.shm_dir, c.job_id, c.run_id, c.rank, slot))
+            try:
+                header = read_header(seg)
+                if header is None or header.step != step:
+                    continue
+                if not seg.try_lock(exclusive=False):
+                    raise FlashCkptError(f"slot {slot} is locked; cannot persist step {step}")
+                try:
+                    persist_rank(self.storage, payload_from_slot(seg, header, c.rank, c.world_size))
+                finally:
+                    seg.unlock()
+            finally:
+                seg.close()
+            Committer(self.storage, self._retention).try_commit(step, c.world_size)
+            return
+        raise FlashCkptError(f"step {step} is not in memory")
+
+    def load(self, target: Any | None = None) -> LoadedState:
+        """Load the newest state: from memory when every rank holds the agreed step, else storage.
+
+        A damaged memory snapshot (checksum) falls back to storage in a one-rank job; with several
+        ranks it raises, since one rank falling back alone could resume from another step.
+
+        Raises:
+            NoCheckpointError: neither memory nor storage holds a loadable checkpoint.
+            ChecksumError: (several ranks) the agreed memory snapshot is damaged on this rank.
+        """
+        reader = MemoryReader(self.config, self._clock)
+        step = self._agree([s.step for s in reader.snapshots()])
+        if step is not None:
+            try:
+                return reader.load(target=target, step=step)
+            except NoCheckpointError:
+                pass  # overwritten since we looked: fall back to storage
+            except (ChecksumError, LayoutError) as e:
+                if self.config.world_size > 1:
+                    # Falling back alone could resume this rank from another step than its peers.
+                    raise
+                self._record("fallback", step, f"memory snapshot of step {step} is unusable ({e}); loading storage")
+        return StorageReader(self.storage, self.events, self._clock).load(
+            self.config.rank, self.config.world_size, target=target
+        )
+
+    def close(self, job_end: bool = False) -> None:
+        """Detach. With `job_end`, tell the saver the job is over (it removes the shared memory)."""
+        self.stager.close(remove=None if self._mode == "none" else False)
+        if self.client is not None:
+            self.client.close(shutdown_saver=job_end)

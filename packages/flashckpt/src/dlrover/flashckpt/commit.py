@@ -1,0 +1,244 @@
+"""The commit protocol: when every rank's files are done, the coordinator moves the tracker.
+
+Order of writes for step S: each rank writes its safetensors file and JSON manifest, then its done
+marker; the coordinator, seeing a done marker from every rank, writes ``S/manifest.json`` and then
+``tracker.json``. Each write is atomic, so a crash at any point leaves the tracker at the previous
+complete checkpoint, and a step without ``manifest.json`` is never loaded.
+
+`decide_commit` and `select_removals` are pure; `Committer` applies them to a `Storage`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable
+
+import attrs
+
+from dlrover.common import ConfigError
+from dlrover.flashckpt.ckpt_format import (
+    CHECKPOINT_FORMAT,
+    FORMAT_VERSION,
+    TRACKER_FORMAT,
+    TRACKER_PATH,
+    done_path,
+    dump_json,
+    load_json,
+    manifest_path,
+    rank_manifest_path,
+    safetensors_path,
+    step_dir,
+)
+from dlrover.flashckpt.errors import LayoutError, StorageError
+from dlrover.flashckpt.storage.base import Storage
+
+__all__ = [
+    "CommitDecision",
+    "Committer",
+    "RetentionPolicy",
+    "Tracker",
+    "decide_commit",
+    "select_removals",
+]
+
+_DONE_RE = re.compile(r"^rank_(\d{5,})\.done$")
+
+
+@attrs.frozen
+class Tracker:
+    """The committed checkpoint the tracker names."""
+
+    step: int
+    world_size: int
+
+
+@attrs.frozen
+class CommitDecision:
+    """Whether a step may be committed now, and why (not).
+
+    Attributes:
+        commit: commit now.
+        reason: a sentence saying why.
+        waiting_for: ranks whose done marker is missing (a later check may commit).
+    """
+
+    commit: bool
+    reason: str
+    waiting_for: tuple[int, ...] = ()
+
+
+def decide_commit(step: int, world_size: int, done: Iterable[int], tracker: Tracker | None) -> CommitDecision:
+    """Decide whether `step` can be committed.
+
+    Args:
+        step: the candidate step.
+        world_size: ranks that must be done.
+        done: ranks whose done marker exists.
+        tracker: the currently committed checkpoint.
+    """
+    if tracker is not None and step <= tracker.step:
+        return CommitDecision(False, f"step {step} is not newer than the committed step {tracker.step}")
+    missing = sorted(set(range(world_size)) - set(done))
+    if missing:
+        shown = missing[:8]
+        more = f" and {len(missing) - 8} more" if len(missing) > 8 else ""
+        return CommitDecision(False, f"step {step} waits for ranks {shown}{more}", tuple(missing))
+    return CommitDecision(True, f"every one of {world_size} ranks finished step {step}")
+
+
+@attrs.frozen
+class RetentionPolicy:
+    """Which committed checkpoints to keep.
+
+    Attributes:
+        keep_last: the newest N committed steps are kept (at least 1).
+        keep_every: steps divisible by K are kept forever (None: none).
+    """
+
+    keep_last: int = attrs.field(default=3)
+    keep_every: int | None = None
+
+    @keep_last.validator
+    def _check_last(self, _attr: object, value: int) -> None:
+        if value < 1:
+            raise ConfigError(f"keep_last must be >= 1, got {value!r}")
+
+    def __attrs_post_init__(self) -> None:
+        if self.keep_every is not None and self.keep_every < 1:
+            raise ConfigError(f"keep_every must be >= 1 or None, got {self.keep_every!r}")
+
+
+def select_removals(
+    committed: list[int], partial: list[int], tracker_step: int | None, policy: RetentionPolicy
+) -> list[int]:
+    """Steps whose directories can go.
+
+    Args:
+        committed: steps with a manifest.json.
+        partial: step directories without one (unfinished writes).
+        tracker_step: the step the tracker names (never removed).
+        policy: what to keep.
+
+    Returns:
+        Committed steps outside the policy, and partial steps older than the tracker (a partial
+        step newer than the tracker may still be being written).
+    """
+    eligible = sorted(s for s in committed if tracker_step is None or s <= tracker_step)
+    keep = set(eligible[-policy.keep_last :])
+    if policy.keep_every is not None:
+        keep |= {s for s in eligible if s % policy.keep_every == 0}
+    if tracker_step is not None:
+        keep.add(tracker_step)
+    newer = {s for s in committed if tracker_step is not None and s > tracker_step}
+    gone = [s for s in committed if s not in keep and s not in newer]
+    if tracker_step is not None:
+        gone += [s for s in partial if s < tracker_step]
+    return sorted(gone)
+
+
+class Committer:
+    """Reads and moves the tracker of one checkpoint directory.
+
+    Args:
+        storage: the checkpoint directory.
+        retention: applied after each commit (None keeps everything).
+    """
+
+    def __init__(self, storage: Storage, retention: RetentionPolicy | None = None) -> None:
+        self.storage = storage
+        self.retention = retention
+
+    def tracker(self) -> Tracker | None:
+        """The committed checkpoint, or None when nothing was committed.
+
+        Raises:
+            LayoutError: the tracker exists but is malformed.
+        """
+        if not self.storage.exists(TRACKER_PATH):
+            return None
+        doc = load_json(self.storage.read_bytes(TRACKER_PATH), TRACKER_FORMAT, TRACKER_PATH)
+        try:
+            return Tracker(int(doc["step"]), int(doc["world_size"]))
+        except (KeyError, TypeError, ValueError):
+            raise LayoutError(f"{TRACKER_PATH} lacks step or world_size") from None
+
+    def steps(self) -> tuple[list[int], list[int]]:
+        """(committed steps, partial steps) found in storage, ascending."""
+        committed: list[int] = []
+        partial: list[int] = []
+        for name in self.storage.list_dir(""):
+            if name.isdigit():
+                step = int(name)
+                (committed if self.storage.exists(manifest_path(step)) else partial).append(step)
+        return sorted(committed), sorted(partial)
+
+    def done_ranks(self, step: int) -> set[int]:
+        """Ranks whose done marker for `step` exists."""
+        ranks = set()
+        for name in self.storage.list_dir(step_dir(step)):
+            m = _DONE_RE.match(name)
+            if m:
+                ranks.add(int(m.group(1)))
+        return ranks
+
+    def try_commit(self, step: int, world_size: int) -> CommitDecision:
+        """Commit `step` if every rank is done and it is newer than the tracker.
+
+        Raises:
+            StorageError: writing the manifest or tracker failed (the tracker is unchanged).
+        """
+        decision = decide_commit(step, world_size, self.done_ranks(step), self.tracker())
+        if not decision.commit:
+            return decision
+        ranks = []
+        for rank in range(world_size):
+            done = load_json_any(self.storage.read_bytes(done_path(step, rank)), done_path(step, rank))
+            ranks.append(
+                {
+                    "rank": rank,
+                    "file": safetensors_path(step, rank).split("/")[-1],
+                    "manifest": rank_manifest_path(step, rank).split("/")[-1],
+                    "file_bytes": done.get("file_bytes"),
+                    "manifest_crc32": done.get("manifest_crc32"),
+                }
+            )
+        doc = {
+            "format": CHECKPOINT_FORMAT,
+            "version": FORMAT_VERSION,
+            "step": step,
+            "world_size": world_size,
+            "ranks": ranks,
+        }
+        self.storage.write_file(manifest_path(step), [dump_json(doc)])
+        tracker = {"format": TRACKER_FORMAT, "version": FORMAT_VERSION, "step": step, "world_size": world_size}
+        self.storage.write_file(TRACKER_PATH, [dump_json(tracker)])
+        if self.retention is not None:
+            self.apply_retention()
+        return decision
+
+    def apply_retention(self) -> list[int]:
+        """Remove the step directories the retention policy does not keep; returns them."""
+        if self.retention is None:
+            return []
+        tracker = self.tracker()
+        committed, partial = self.steps()
+        gone = select_removals(committed, partial, tracker.step if tracker else None, self.retention)
+        for step in gone:
+            self.storage.remove_tree(step_dir(step))
+        return gone
+
+
+def load_json_any(raw: bytes, what: str) -> dict[str, object]:
+    """Parse a JSON object (a done marker).
+
+    Raises:
+        StorageError: the document is not a JSON object.
+    """
+    try:
+        doc = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise StorageError(f"{what} is not valid JSON: {e}") from None
+    if not isinstance(doc, dict):
+        raise StorageError(f"{what} is not a JSON object")
+    return doc

@@ -1,0 +1,88 @@
+"""Configuration of the stager, loader and saver: frozen, validated at construction."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import attrs
+
+from dlrover.common import ConfigError
+from dlrover.flashckpt.errors import FlashCkptError
+from dlrover.flashckpt.segment import DEFAULT_SHM_DIR, validate_id
+from dlrover.flashckpt.slots import BusyPolicy
+
+__all__ = ["StagerConfig"]
+
+
+def _id(kind: str) -> Any:
+    def check(_inst: object, _attr: object, value: str) -> None:
+        try:
+            validate_id(kind, value)
+        except FlashCkptError as e:
+            raise ConfigError(str(e)) from None
+
+    return check
+
+
+def _positive(_inst: object, attr: attrs.Attribute[Any], value: float) -> None:
+    if not value > 0:
+        raise ConfigError(f"{attr.name} must be > 0, got {value!r}")
+
+
+def _non_negative(_inst: object, attr: attrs.Attribute[Any], value: float) -> None:
+    if not value >= 0:
+        raise ConfigError(f"{attr.name} must be >= 0, got {value!r}")
+
+
+def _default_threads() -> int:
+    return max(1, min(4, os.cpu_count() or 1))
+
+
+@attrs.frozen
+class StagerConfig:
+    """Where a rank's snapshots live in shared memory and how they are written.
+
+    Attributes:
+        job_id: names the job in segment names (letters, digits, ``_``, ``-``).
+        run_id: names this run of the job; segments of other runs of dead jobs are cleaned up.
+        rank: the global rank whose state this stager holds.
+        world_size: ranks in the job.
+        shm_dir: where segments live (``/dev/shm``).
+        num_slots: slots per rank (two for double buffering).
+        copy_threads: threads copying tensors into shared memory.
+        copy_chunk_bytes: large tensors are copied in pieces of this size.
+        busy_policy: what `save` does when no slot is free (`BusyPolicy`).
+        busy_wait_timeout_s: how long the ``wait`` policy waits before skipping.
+        busy_poll_interval_s: how often a waiting `save` checks the slots again.
+        seal_in_background: compute checksums on a background thread (True) or before `save`
+            returns (False).
+        verify_on_load: check checksums when loading from memory.
+        lock_timeout_s: how long a loader waits for a slot another party holds.
+    """
+
+    job_id: str = attrs.field(validator=_id("job"))
+    run_id: str = attrs.field(validator=_id("run"))
+    rank: int = attrs.field(default=0, validator=_non_negative)
+    world_size: int = attrs.field(default=1, validator=_positive)
+    shm_dir: str = DEFAULT_SHM_DIR
+    num_slots: int = attrs.field(default=2)
+    copy_threads: int = attrs.field(factory=_default_threads, validator=_positive)
+    copy_chunk_bytes: int = attrs.field(default=32 << 20, validator=_positive)
+    busy_policy: BusyPolicy = attrs.field(default=BusyPolicy.WAIT, converter=BusyPolicy)
+    busy_wait_timeout_s: float = attrs.field(default=30.0, validator=_non_negative)
+    busy_poll_interval_s: float = attrs.field(default=0.005, validator=_positive)
+    seal_in_background: bool = True
+    verify_on_load: bool = True
+    lock_timeout_s: float = attrs.field(default=30.0, validator=_non_negative)
+
+    @num_slots.validator
+    def _check_slots(self, _attr: object, value: int) -> None:
+        if value < 2:
+            raise ConfigError(f"num_slots must be >= 2 for double buffering, got {value!r}")
+
+    def __attrs_post_init__(self) -> None:
+        if self.rank >= self.world_size:
+            raise ConfigError(f"rank {self.rank} is not below world_size {self.world_size}")
+        if not os.path.isdir(self.shm_dir):
+            raise ConfigError(f"shm_dir {self.shm_dir!r} is not a directory")

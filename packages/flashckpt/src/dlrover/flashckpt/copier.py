@@ -1,0 +1,89 @@
+"""Copy many tensors between host memory regions on several threads.
+
+`torch.Tensor.copy_` releases the GIL, so a few Python threads copying disjoint chunks use several
+cores. Big contiguous tensors are split into chunks; small ones are batched so that thread hand-off
+costs stay small against the bytes moved.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TypeVar
+
+import torch
+
+__all__ = ["Copier"]
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+_Job = list[tuple[torch.Tensor, torch.Tensor]]
+
+
+class Copier:
+    """A reusable pool of copy threads.
+
+    Args:
+        threads: worker threads (1 copies on the calling thread).
+        chunk_bytes: size of the pieces large tensors are split into, and of small-tensor batches.
+    """
+
+    def __init__(self, threads: int, chunk_bytes: int) -> None:
+        self._threads = threads
+        self._chunk_bytes = chunk_bytes
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="flashckpt-copy") if threads > 1 else None
+
+    def _jobs(self, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> list[_Job]:
+        jobs: list[_Job] = []
+        batch: _Job = []
+        batch_bytes = 0
+        for dst, src in pairs:
+            nbytes = src.numel() * src.element_size()
+            if nbytes >= 2 * self._chunk_bytes and src.is_contiguous() and dst.is_contiguous():
+                flat_dst, flat_src = dst.reshape(-1), src.reshape(-1)
+                step = max(1, self._chunk_bytes // src.element_size())
+                for start in range(0, flat_src.numel(), step):
+                    jobs.append([(flat_dst[start : start + step], flat_src[start : start + step])])
+                continue
+            batch.append((dst, src))
+            batch_bytes += nbytes
+            if batch_bytes >= self._chunk_bytes:
+                jobs.append(batch)
+                batch, batch_bytes = [], 0
+        if batch:
+            jobs.append(batch)
+        return jobs
+
+    def copy(self, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Copy each ``src`` into its ``dst`` (same shape and dtype); returns when all are done.
+
+        Args:
+            pairs: (destination, source) tensors.
+        """
+        jobs = self._jobs(pairs)
+        if self._pool is None or len(jobs) <= 1:
+            for job in jobs:
+                _run(job)
+            return
+        futures: list[Future[None]] = [self._pool.submit(_run, job) for job in jobs]
+        for f in futures:
+            f.result()
+
+    def map(self, fn: Callable[[T], R], items: Sequence[T]) -> list[R]:
+        """``[fn(x) for x in items]`` on the pool's threads (for work that releases the GIL, like CRC-32)."""
+        if self._pool is None or len(items) <= 1:
+            return [fn(x) for x in items]
+        return list(self._pool.map(fn, items))
+
+    def close(self) -> None:
+        """Stop the worker threads."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+
+def _run(job: _Job) -> None:
+    with torch.no_grad():
+        for dst, src in job:
+            dst.copy_(src)

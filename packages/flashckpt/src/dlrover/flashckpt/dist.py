@@ -1,0 +1,54 @@
+"""Cross-rank agreement on which in-memory step to load, over torch.distributed.
+
+Each rank has up to `num_slots` complete snapshots in memory; a restart may only load from memory
+a step that *every* rank holds, or the ranks would resume from different steps. `common_newest`
+is the pure rule; `torch_distributed_agree` gathers every rank's steps with one ``all_gather`` of
+a small int64 tensor (no pickle, unlike ``all_gather_object``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from dlrover.flashckpt.checkpointer import AgreeFn
+
+__all__ = ["common_newest", "torch_distributed_agree"]
+
+
+def common_newest(per_rank: Sequence[Sequence[int]]) -> int | None:
+    """The newest step present in every rank's list (None when there is none)."""
+    if not per_rank:
+        return None
+    common = set(per_rank[0])
+    for steps in per_rank[1:]:
+        common &= set(steps)
+    return max(common) if common else None
+
+
+def torch_distributed_agree(num_slots: int = 2, group: Any = None) -> AgreeFn:
+    """An agree function for `FlashCheckpointer` in an initialised torch.distributed job.
+
+    Args:
+        num_slots: slots per rank (the most steps a rank can report).
+        group: the process group (default: the world).
+
+    Returns:
+        A function every rank must call at the same point (it runs a collective).
+    """
+
+    def agree(steps: list[int]) -> int | None:
+        import torch
+        import torch.distributed as dist
+
+        # NCCL only moves CUDA tensors; gloo and others take CPU ones.
+        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" else "cpu"
+        local = torch.full((num_slots,), -1, dtype=torch.int64, device=device)
+        kept = sorted(steps, reverse=True)[:num_slots]
+        if kept:
+            local[: len(kept)] = torch.tensor(kept, dtype=torch.int64, device=device)
+        gathered = [torch.empty_like(local) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(gathered, local, group=group)
+        return common_newest([[int(s) for s in g.tolist() if s >= 0] for g in gathered])
+
+    return agree

@@ -1,0 +1,137 @@
+"""Restore a snapshot into an existing state, in place. Pure apart from the tensor copies.
+
+Restoring is two passes so that a mismatch changes nothing: `match_targets` walks the existing
+state beside the snapshot's tree and checks every container, key, shape and dtype; only then does
+the caller copy bytes into the matched tensors, and `apply_values` writes the snapshot's non-tensor
+leaves into the existing containers (tuples, being immutable, are rebuilt).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, MutableMapping, MutableSequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from dlrover.flashckpt.dtypes import dtype_name
+from dlrover.flashckpt.errors import StateStructureError
+from dlrover.flashckpt.layout import TensorSpec
+from dlrover.flashckpt.tree import decode_scalar, path_name
+
+__all__ = ["apply_values", "match_targets"]
+
+JsonNode = dict[str, Any]
+
+
+def _kind(node: Any, path: tuple[Any, ...]) -> tuple[str, Any]:
+    if not isinstance(node, dict) or len(node) != 1:
+        raise StateStructureError(f"malformed tree node at {path_name(path)!r}")
+    ((kind, value),) = node.items()
+    return kind, value
+
+
+def _check_dict(obj: Any, value: Any, where: str) -> list[tuple[Any, Any]]:
+    if not isinstance(obj, Mapping):
+        raise StateStructureError(f"at {where!r} the snapshot has a dict, the state a {type(obj).__name__}")
+    keys = [decode_scalar(k) for k, _ in value]
+    if set(keys) != set(obj.keys()):
+        missing = sorted(map(repr, set(keys) - set(obj.keys())))
+        extra = sorted(map(repr, set(obj.keys()) - set(keys)))
+        raise StateStructureError(
+            f"at {where!r} the keys differ: missing from the state {missing}, not in the snapshot {extra}"
+        )
+    return [(key, child) for key, (_, child) in zip(keys, value, strict=True)]
+
+
+def _check_sequence(obj: Any, kind: str, value: list[Any], where: str) -> None:
+    if not isinstance(obj, list | tuple) or isinstance(obj, torch.Size):
+        raise StateStructureError(f"at {where!r} the snapshot has a {kind}, the state a {type(obj).__name__}")
+    if len(obj) != len(value):
+        raise StateStructureError(f"at {where!r} the snapshot has {len(value)} items, the state {len(obj)}")
+
+
+def _check_tensor(obj: Any, kind: str, spec: TensorSpec, where: str) -> torch.Tensor:
+    if kind == "ndarray":
+        if not isinstance(obj, np.ndarray) or not obj.flags.writeable or not obj.flags.c_contiguous:
+            raise StateStructureError(f"at {where!r} the state needs a writable contiguous ndarray")
+        tensor = torch.from_numpy(obj)
+    elif isinstance(obj, torch.Tensor):
+        tensor = obj
+    else:
+        raise StateStructureError(f"at {where!r} the snapshot has a tensor, the state a {type(obj).__name__}")
+    if tuple(tensor.shape) != spec.shape or dtype_name(tensor.dtype) != spec.dtype:
+        raise StateStructureError(
+            f"at {where!r} the snapshot has {spec.dtype}{list(spec.shape)}, "
+            f"the state {dtype_name(tensor.dtype)}{list(tensor.shape)}"
+        )
+    return tensor
+
+
+def match_targets(target: Any, tree: JsonNode, specs: tuple[TensorSpec, ...]) -> list[torch.Tensor]:
+    """Pair every tensor of a snapshot with the existing tensor it restores into.
+
+    Args:
+        target: the existing state (same nesting as the saved one).
+        tree: the snapshot's JSON tree.
+        specs: the snapshot's tensor specs (dtype and shape are checked).
+
+    Returns:
+        The target tensor for each tensor index (NumPy arrays as CPU tensor views of their memory).
+
+    Raises:
+        StateStructureError: the structures differ; the message names the first differing path.
+    """
+    found: list[torch.Tensor | None] = [None] * len(specs)
+
+    def visit(obj: Any, node: Any, path: tuple[Any, ...]) -> None:
+        kind, value = _kind(node, path)
+        where = path_name(path)
+        if kind == "dict":
+            for key, child in _check_dict(obj, value, where):
+                visit(obj[key], child, (*path, key))
+        elif kind in ("list", "tuple") and isinstance(value, list):
+            _check_sequence(obj, kind, value, where)
+            for i, (item, child) in enumerate(zip(obj, value, strict=True)):
+                visit(item, child, (*path, i))
+        elif kind in ("tensor", "ndarray"):
+            if not isinstance(value, int) or not 0 <= value < len(specs):
+                raise StateStructureError(f"at {where!r} the tree references a missing tensor {value!r}")
+            found[value] = _check_tensor(obj, kind, specs[value], where)
+        elif isinstance(obj, torch.Tensor | np.ndarray | Mapping | list) or (
+            isinstance(obj, tuple) and not isinstance(obj, torch.Size)
+        ):
+            raise StateStructureError(f"at {where!r} the snapshot has a {kind} value, the state a {type(obj).__name__}")
+
+    visit(target, tree, ())
+    missing = [i for i, t in enumerate(found) if t is None]
+    if missing:
+        raise StateStructureError(f"snapshot tensors {[specs[i].name for i in missing]} have no place in the state")
+    return [t for t in found if t is not None]
+
+
+def apply_values(target: Any, tree: JsonNode) -> Any:
+    """Write the snapshot's non-tensor leaves into `target` (already checked by `match_targets`).
+
+    Dicts and lists are updated in place; tuples are rebuilt with the same type.
+
+    Returns:
+        The restored state: `target` itself unless its root is a tuple or a scalar.
+    """
+    kind, value = _kind(tree, ())
+    if kind == "dict" and isinstance(target, MutableMapping):
+        for key_node, child in value:
+            key = decode_scalar(key_node)
+            target[key] = apply_values(target[key], child)
+        return target
+    if kind in ("list", "tuple") and isinstance(target, list | tuple):
+        items = [apply_values(item, child) for item, child in zip(target, value, strict=True)]
+        if isinstance(target, MutableSequence):
+            target[:] = items
+            return target
+        if hasattr(target, "_make"):
+            return target._make(items)
+        return type(target)(items)
+    if kind in ("tensor", "ndarray"):
+        return target
+    return decode_scalar(tree)

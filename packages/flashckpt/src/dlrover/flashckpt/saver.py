@@ -1,0 +1,433 @@
+"""The node's saver: persists snapshots from shared memory to storage, outliving training processes.
+
+Hosted by the ``dlrover-run`` agent, or started detached by the first stager on a node
+(`dlrover.flashckpt.saver_main`). It owns the run's shared memory: it records itself as owner at
+start and removes every segment of the run when it stops.
+
+Threads: one accepts connections on the Unix socket, one per connection reads its messages, and
+one worker persists snapshots one at a time (the disk is the bottleneck; parallel writers would
+only interleave). When a connection drops without ``bye``, the training process died: the worker
+persists the newest step every local rank still holds complete in memory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import socket
+import threading
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from dlrover.common import Clock, ConfigError, SystemClock
+from dlrover.flashckpt.channel import ChannelError, recv_message, send_message
+from dlrover.flashckpt.commit import Committer, RetentionPolicy
+from dlrover.flashckpt.errors import FlashCkptError, LayoutError
+from dlrover.flashckpt.events import EventLog, FlashEvent
+from dlrover.flashckpt.layout import SlotHeader, SlotState
+from dlrover.flashckpt.payloads import payload_from_slot
+from dlrover.flashckpt.persist import persist_rank
+from dlrover.flashckpt.saver_core import choose_failure_step
+from dlrover.flashckpt.segment import (
+    DEFAULT_SHM_DIR,
+    SEGMENT_PREFIX,
+    ShmSegment,
+    remove_run,
+    segment_path,
+    validate_id,
+    write_owner,
+)
+from dlrover.flashckpt.slotio import peek_header, read_header
+from dlrover.flashckpt.storage.base import Storage
+
+__all__ = ["Saver", "SaverConfig", "socket_path"]
+
+
+def socket_path(shm_dir: str | Path, job: str, run: str) -> Path:
+    """The saver's Unix socket for a run (beside the run's segments, so it is cleaned with them)."""
+    return Path(shm_dir) / f"{SEGMENT_PREFIX}{job}.{run}.sock"
+
+
+def _positive(_inst: object, attr: attrs.Attribute[Any], value: float) -> None:
+    if not value > 0:
+        raise ConfigError(f"{attr.name} must be > 0, got {value!r}")
+
+
+@attrs.frozen
+class SaverConfig:
+    """What a node's saver serves and how.
+
+    Attributes:
+        job_id: the job (as in `StagerConfig`).
+        run_id: the run.
+        world_size: ranks in the job; a step is committed when all of them are done.
+        shm_dir: where segments and the socket live.
+        num_slots: slots per rank.
+        coordinator: whether this saver moves the tracker (one saver per job does).
+        persist_on_failure: persist the newest common snapshot when a training process dies.
+        lock_timeout_s: how long a persist waits for a slot the stager is still sealing.
+        poll_interval_s: how often waits re-check (slot locks, the accept loop's stop flag).
+        commit_poll_interval_s: how often the coordinator re-checks steps waiting for ranks that
+            other nodes' savers persist.
+        retention: which committed checkpoints to keep (None: all).
+    """
+
+    job_id: str
+    run_id: str
+    world_size: int = attrs.field(default=1, validator=_positive)
+    shm_dir: str = DEFAULT_SHM_DIR
+    num_slots: int = 2
+    coordinator: bool = True
+    persist_on_failure: bool = True
+    lock_timeout_s: float = attrs.field(default=60.0, validator=_positive)
+    poll_interval_s: float = attrs.field(default=0.05, validator=_positive)
+    commit_poll_interval_s: float = attrs.field(default=1.0, validator=_positive)
+    retention: RetentionPolicy | None = None
+
+    def __attrs_post_init__(self) -> None:
+        for kind, value in (("job", self.job_id), ("run", self.run_id)):
+            try:
+                validate_id(kind, value)
+            except FlashCkptError as e:
+                raise ConfigError(str(e)) from None
+
+
+@attrs.frozen
+class _Job:
+    kind: str  # "persist" or "failure"
+    rank: int = -1
+    step: int = -1
+    reply: _Conn | None = None
+
+
+class _Conn:
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.rank: int | None = None
+        self.clean = False
+        self._send_lock = threading.Lock()
+
+    def send(self, msg: dict[str, Any]) -> None:
+        with self._send_lock, contextlib.suppress(OSError):
+            send_message(self.sock, msg)
+
+
+class Saver:
+    """Persists snapshots of a run's ranks (see the module docstring).
+
+    Args:
+        config: job, run, world size and timing.
+        storage: where checkpoints go.
+        clock: time source for waits and event timestamps.
+    """
+
+    def __init__(self, config: SaverConfig, storage: Storage, clock: Clock | None = None) -> None:
+        self.config = config
+        self.storage = storage
+        self.committer = Committer(storage, config.retention)
+        self.events = EventLog()
+        self._clock = clock or SystemClock()
+        self._queue: queue.Queue[_Job | None] = queue.Queue()
+        self._stop = threading.Event()
+        self._shutdown_requested = threading.Event()
+        self._idle = threading.Condition()
+        self._busy = 0
+        self._lock = threading.Lock()
+        self._conns: list[_Conn] = []
+        self._ranks: set[int] = set()
+        self._persisted: set[tuple[int, int]] = set()
+        self._pending: set[int] = set()  # steps waiting for other savers' ranks (worker thread only)
+        self._threads: list[threading.Thread] = []
+        self._listener: socket.socket | None = None
+        self.connections_seen = 0
+
+    @property
+    def socket_path(self) -> Path:
+        """Where stagers connect."""
+        return socket_path(self.config.shm_dir, self.config.job_id, self.config.run_id)
+
+    def start(self) -> None:
+        """Record this process as owner of the run's memory, bind the socket, start the threads."""
+        c = self.config
+        write_owner(c.shm_dir, c.job_id, c.run_id)
+        path = self.socket_path
+        path.unlink(missing_ok=True)
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        old_umask = os.umask(0o177)  # the socket file is created 0600
+        try:
+            listener.bind(str(path))
+        finally:
+            os.umask(old_umask)
+        listener.listen(64)
+        listener.settimeout(c.poll_interval_s)
+        self._listener = listener
+        for target, name in ((self._accept_loop, "accept"), (self._worker, "worker")):
+            t = threading.Thread(target=target, name=f"flashckpt-saver-{name}", daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    # -- requests ---------------------------------------------------------------------------------
+
+    def request_persist(self, rank: int, step: int) -> None:
+        """Queue a persist of `rank`'s snapshot of `step` (in-process hosts call this directly)."""
+        with self._lock:
+            self._ranks.add(rank)
+        self._submit(_Job("persist", rank, step))
+
+    def _submit(self, job: _Job) -> None:
+        with self._idle:
+            self._busy += 1
+        self._queue.put(job)
+
+    def wait_idle(self, timeout_s: float) -> bool:
+        """Wait until no persist is queued or running; False on timeout."""
+        with self._idle:
+            return self._idle.wait_for(lambda: self._busy == 0, timeout=timeout_s)
+
+    def wait_shutdown(self, timeout_s: float | None = None) -> bool:
+        """Wait for a ``shutdown`` message; False on timeout."""
+        return self._shutdown_requested.wait(timeout_s)
+
+    def active_connections(self) -> int:
+        """Stagers attached now."""
+        with self._lock:
+            return len(self._conns)
+
+    def stop(self, remove_memory: bool = True, timeout_s: float = 30.0) -> None:
+        """Finish queued persists, close every connection, and (as owner) remove the run's memory.
+
+        Args:
+            remove_memory: unlink the run's segments, owner record and socket (job end).
+            timeout_s: bound on waiting for the worker.
+        """
+        self.wait_idle(timeout_s)
+        self._stop.set()
+        self._queue.put(None)
+        # The accept loop and the worker first (no connection thread is added after that),
+        # then every connection thread, woken by shutting its socket down.
+        for t in self._threads[:2]:
+            t.join(timeout_s)
+        with self._lock:
+            conns = list(self._conns)
+        for conn in conns:
+            with contextlib.suppress(OSError):
+                conn.sock.shutdown(socket.SHUT_RDWR)
+        for t in self._threads[2:]:
+            t.join(timeout_s)
+        if self._listener is not None:
+            self._listener.close()
+        if remove_memory:
+            remove_run(self.config.shm_dir, self.config.job_id, self.config.run_id)
+        else:
+            self.socket_path.unlink(missing_ok=True)
+
+    # -- threads ----------------------------------------------------------------------------------
+
+    def _accept_loop(self) -> None:
+        assert self._listener is not None
+        while not self._stop.is_set():
+            try:
+                sock, _ = self._listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            sock.settimeout(None)
+            conn = _Conn(sock)
+            with self._lock:
+                self._conns.append(conn)
+                self.connections_seen += 1
+            t = threading.Thread(target=self._serve, args=(conn,), name="flashckpt-saver-conn", daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def _serve(self, conn: _Conn) -> None:
+        try:
+            while not self._stop.is_set():
+                msg = recv_message(conn.sock)
+                if msg is None:
+                    break
+                self._handle(conn, msg)
+        except (ChannelError, OSError) as e:
+            self._record("channel_error", -1, f"connection of rank {conn.rank}: {e}")
+        finally:
+            with self._lock:
+                self._conns.remove(conn)
+            conn.sock.close()
+            if conn.rank is not None and not conn.clean and not self._stop.is_set():
+                self._record("stager_lost", -1, f"rank {conn.rank} disconnected without 'bye': process died?")
+                if self.config.persist_on_failure:
+                    self._submit(_Job("failure"))
+
+    def _handle(self, conn: _Conn, msg: dict[str, Any]) -> None:
+        kind = msg["type"]
+        try:
+            if kind == "hello":
+                conn.rank = _int(msg, "rank")
+                with self._lock:
+                    self._ranks.add(conn.rank)
+                conn.send({"type": "welcome", "saver_pid": os.getpid()})
+            elif kind == "sealed":
+                pass  # the saver reads snapshots from memory itself; the notice only wakes waits
+            elif kind == "persist":
+                self._submit(_Job("persist", _int(msg, "rank"), _int(msg, "step"), conn))
+            elif kind == "bye":
+                conn.clean = True
+            elif kind == "shutdown":
+                conn.clean = True
+                self._shutdown_requested.set()
+            else:
+                conn.send({"type": "error", "reason": f"unknown message type {kind!r}"})
+        except ChannelError as e:
+            conn.send({"type": "error", "reason": str(e)})
+
+    def _worker(self) -> None:
+        while True:
+            try:
+                job = self._queue.get(timeout=self.config.commit_poll_interval_s)
+            except queue.Empty:
+                self._retry_pending_commits()
+                continue
+            if job is None:
+                return
+            try:
+                if job.kind == "persist":
+                    self._persist_and_reply(job)
+                else:
+                    self._persist_on_failure()
+            except Exception as e:  # a bug must not kill the worker: report it and go on
+                self._record("persist_failed", job.step, f"unexpected error: {e!r}")
+            finally:
+                with self._idle:
+                    self._busy -= 1
+                    self._idle.notify_all()
+
+    # -- persisting -------------------------------------------------------------------------------
+
+    def _record(self, kind: str, step: int, reason: str) -> None:
+        self.events.record(FlashEvent(kind, step, reason, self._clock.wall_time()))
+
+    def _persist_and_reply(self, job: _Job) -> None:
+        ok, reason = self._persist(job.rank, job.step)
+        committed = False
+        if ok:
+            committed, reason = self._try_commit(job.step)
+        if job.reply is not None:
+            if ok:
+                job.reply.send(
+                    {"type": "persisted", "rank": job.rank, "step": job.step, "committed": committed, "reason": reason}
+                )
+            else:
+                job.reply.send({"type": "persist_failed", "rank": job.rank, "step": job.step, "reason": reason})
+
+    def _try_commit(self, step: int) -> tuple[bool, str]:
+        if not self.config.coordinator:
+            return False, "this saver is not the coordinator"
+        try:
+            decision = self.committer.try_commit(step, self.config.world_size)
+        except FlashCkptError as e:
+            self._record("persist_failed", step, f"commit of step {step} failed: {e}")
+            return False, str(e)
+        if decision.commit:
+            self._record("committed", step, decision.reason)
+            self._pending = {s for s in self._pending if s > step}
+        elif decision.waiting_for:
+            # Ranks on other nodes (other savers) may finish later: check again periodically.
+            self._pending.add(step)
+        else:
+            self._pending.discard(step)
+        return decision.commit, decision.reason
+
+    def _retry_pending_commits(self) -> None:
+        """The coordinator commits steps whose last done markers were written by other savers."""
+        for step in sorted(self._pending):
+            if step in self._pending:
+                self._try_commit(step)
+
+    def _persist(self, rank: int, step: int) -> tuple[bool, str]:
+        """Persist one rank's snapshot of `step` from memory. Returns (ok, reason)."""
+        if (rank, step) in self._persisted:
+            return True, f"rank {rank} step {step} was already persisted"
+        c = self.config
+        deadline = self._clock.now() + c.lock_timeout_s
+        for slot in range(c.num_slots):
+            path = segment_path(c.shm_dir, c.job_id, c.run_id, rank, slot)
+            peeked = peek_header(path)
+            if peeked is None or peeked.step != step or peeked.state < SlotState.COMPLETE:
+                continue
+            try:
+                seg = ShmSegment.attach(path)
+            except (FileNotFoundError, FlashCkptError):
+                continue
+            try:
+                header = _header(seg)
+                if header is None or header.step != step or header.state < SlotState.COMPLETE:
+                    continue
+                while not seg.try_lock(exclusive=False):  # the stager may still be sealing it
+                    if self._clock.now() >= deadline:
+                        reason = f"rank {rank} step {step}: slot {slot} stayed locked for {c.lock_timeout_s}s"
+                        self._record("persist_failed", step, reason)
+                        return False, reason
+                    self._clock.sleep(c.poll_interval_s)
+                try:
+                    locked = _header(seg)
+                    if locked is None or locked.seq != header.seq or locked.state < SlotState.COMPLETE:
+                        continue  # overwritten meanwhile
+                    persist_rank(self.storage, payload_from_slot(seg, locked, rank, c.world_size))
+                finally:
+                    seg.unlock()
+            except FlashCkptError as e:
+                reason = f"rank {rank} step {step}: {e}"
+                self._record("persist_failed", step, reason)
+                return False, reason
+            finally:
+                seg.close()
+            self._persisted.add((rank, step))
+            self._record("persisted", step, f"rank {rank} step {step} from slot {slot}")
+            return True, f"rank {rank} step {step} persisted"
+        reason = f"rank {rank} holds no complete snapshot of step {step} in memory"
+        self._record("persist_failed", step, reason)
+        return False, reason
+
+    def held_steps(self, rank: int) -> list[int]:
+        """Steps of `rank`'s complete snapshots in memory."""
+        c = self.config
+        steps = []
+        for slot in range(c.num_slots):
+            header = peek_header(segment_path(c.shm_dir, c.job_id, c.run_id, rank, slot))
+            if header is not None and header.state >= SlotState.COMPLETE:
+                steps.append(header.step)
+        return steps
+
+    def _persist_on_failure(self) -> None:
+        with self._lock:
+            ranks = set(self._ranks)
+        held = {r: self.held_steps(r) for r in ranks}
+        persisted = {s for s in {s for _, s in self._persisted} if all((r, s) in self._persisted for r in ranks)}
+        step, reason = choose_failure_step(held, ranks, persisted)
+        self._record("failure_persist", -1 if step is None else step, reason)
+        if step is None:
+            return
+        for rank in sorted(ranks):
+            ok, why = self._persist(rank, step)
+            if not ok:
+                self._record("persist_failed", step, f"persist on failure: {why}")
+                return
+        self._try_commit(step)
+
+
+def _header(seg: ShmSegment) -> SlotHeader | None:
+    try:
+        return read_header(seg)
+    except LayoutError:
+        return None
+
+
+def _int(msg: dict[str, Any], key: str) -> int:
+    value = msg.get(key)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ChannelError(f"message {msg.get('type')!r} needs a non-negative integer {key!r}, got {value!r}")
+    return value

@@ -1,0 +1,141 @@
+"""``python -m dlrover.flashckpt.saver_main``: a detached saver for one run on this node.
+
+Started by the first stager on a node when no ``dlrover-run`` agent hosts a saver. It exits, and
+removes the run's shared memory, on a ``shutdown`` message, on SIGTERM/SIGINT, or once no stager
+has been attached for ``--idle-exit-s`` seconds (after persisting on failure if one died).
+
+Test seams (faults enter at the storage seam, never by patching internals):
+
+* ``DLROVER_FLASHCKPT_FAULT_EXIT_BEFORE=<suffix>:<n>`` (e.g. ``tracker.json:2``): exit abruptly
+  just before the n-th write of a path ending with the suffix, like a saver killed mid-commit.
+* ``DLROVER_FLASHCKPT_FAULT_PAUSE_BEFORE=<suffix>:<n>``: before that write, create
+  ``<storage>/.fault-paused`` and wait until ``<storage>/.fault-resume`` exists, so a test can act
+  while a persist is provably half done.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterable
+from types import FrameType
+
+from dlrover.common import SystemClock, configure_logging
+from dlrover.flashckpt.commit import RetentionPolicy
+from dlrover.flashckpt.saver import Saver, SaverConfig
+from dlrover.flashckpt.storage.base import Chunk
+from dlrover.flashckpt.storage.posix import PosixStorage
+
+__all__ = ["main"]
+
+FAULT_EXIT_ENV = "DLROVER_FLASHCKPT_FAULT_EXIT_BEFORE"
+FAULT_PAUSE_ENV = "DLROVER_FLASHCKPT_FAULT_PAUSE_BEFORE"
+
+
+def _parse_fault(value: str | None) -> tuple[str, int] | None:
+    if not value:
+        return None
+    suffix, _, nth = value.rpartition(":")
+    return (suffix, int(nth)) if suffix else (value, 1)
+
+
+class _FaultyStorage(PosixStorage):
+    def __init__(self, root: str, exit_before: tuple[str, int] | None, pause_before: tuple[str, int] | None) -> None:
+        super().__init__(root)
+        self._faults = {"exit": exit_before, "pause": pause_before}
+        self._counts: dict[str, int] = {"exit": 0, "pause": 0}
+
+    def _hit(self, kind: str, path: str) -> bool:
+        fault = self._faults[kind]
+        if fault is None or not path.endswith(fault[0]):
+            return False
+        self._counts[kind] += 1
+        return self._counts[kind] == fault[1]
+
+    def write_file(self, path: str, chunks: Iterable[Chunk]) -> int:
+        if self._hit("exit", path):
+            os._exit(70)
+        if self._hit("pause", path):
+            (self.root / ".fault-paused").write_text(path)
+            while not (self.root / ".fault-resume").exists():
+                time.sleep(0.02)
+        return super().write_file(path, chunks)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run a saver until shutdown, a signal, or idleness; returns the exit status."""
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--job", required=True)
+    p.add_argument("--run", required=True)
+    p.add_argument("--world-size", type=int, default=1)
+    p.add_argument("--storage-dir", required=True)
+    p.add_argument("--shm-dir", default="/dev/shm")  # noqa: S108 (the POSIX shared-memory mount)
+    p.add_argument("--idle-exit-s", type=float, default=60.0)
+    p.add_argument("--lock-timeout-s", type=float, default=60.0)
+    p.add_argument("--keep-last", type=int, default=0, help="retention: keep the last N (0: keep all)")
+    p.add_argument("--keep-every", type=int, default=0, help="retention: also keep every K-th step")
+    p.add_argument(
+        "--not-coordinator",
+        action="store_true",
+        help="another node's saver moves the tracker (one saver per job coordinates)",
+    )
+    p.add_argument(
+        "--nice",
+        type=int,
+        default=19,
+        help="raise the saver's niceness by this much, so persisting yields the CPU to training (0: off)",
+    )
+    args = p.parse_args(argv)
+    if args.nice:
+        os.nice(args.nice)
+    configure_logging()
+    log = logging.getLogger("dlrover.flashckpt.saver")
+    retention = (
+        RetentionPolicy(keep_last=args.keep_last, keep_every=args.keep_every or None) if args.keep_last else None
+    )
+    config = SaverConfig(
+        job_id=args.job,
+        run_id=args.run,
+        world_size=args.world_size,
+        shm_dir=args.shm_dir,
+        lock_timeout_s=args.lock_timeout_s,
+        retention=retention,
+        coordinator=not args.not_coordinator,
+    )
+    exit_before = _parse_fault(os.environ.get(FAULT_EXIT_ENV))
+    pause_before = _parse_fault(os.environ.get(FAULT_PAUSE_ENV))
+    storage = (
+        _FaultyStorage(args.storage_dir, exit_before, pause_before)
+        if exit_before or pause_before
+        else PosixStorage(args.storage_dir)
+    )
+    saver = Saver(config, storage)
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    saver.start()
+    log.info("flashckpt saver for %s/%s listening on %s", args.job, args.run, saver.socket_path)
+    clock = SystemClock()
+    idle_since: float | None = None
+    while not stop.is_set() and not saver.wait_shutdown(0.05):
+        if saver.connections_seen and saver.active_connections() == 0 and saver.wait_idle(0):
+            idle_since = clock.now() if idle_since is None else idle_since
+            if clock.now() - idle_since >= args.idle_exit_s:
+                log.info("no stager attached for %.1fs: exiting", args.idle_exit_s)
+                break
+        else:
+            idle_since = None
+    saver.stop(remove_memory=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,275 @@
+"""Shared-memory segments: plain files in ``/dev/shm`` mapped with ``mmap``.
+
+Why not `multiprocessing.shared_memory`: its resource tracker unlinks a segment when the process
+that created it exits, which is exactly when a checkpoint in memory is needed most. Plain files
+have no tracker; ownership is explicit instead:
+
+* **Owner.** Each (job, run) has one owner recorded in ``<dir>/dlrover-fc.<job>.<run>.owner``
+  (JSON: pid and process start time). The owner is the node's saver when one runs (it outlives
+  training processes), else the stager that created the segments. Only the owner removes a run's
+  segments, when the job ends (`remove_run`).
+* **Attachers** (stagers, loaders, the saver) map existing segments and never unlink them.
+* **Stale runs.** `cleanup_stale` removes every run whose owner process is gone (or which has no
+  owner file), except a run the caller names to keep: a restarted training process adopts its own
+  run's segments to load from them.
+
+Segments are named ``dlrover-fc.<job>.<run>.r<rank>.s<slot>``. Concurrency between processes uses
+``flock``: a writer holds an exclusive lock on a slot while writing and sealing it, a reader holds a
+shared one while reading; the kernel drops locks of a process that dies, so a crash never leaves a
+slot locked.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import mmap
+import os
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from dlrover.flashckpt.errors import FlashCkptError
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = [
+    "DEFAULT_SHM_DIR",
+    "SEGMENT_PREFIX",
+    "ShmSegment",
+    "cleanup_stale",
+    "list_run_files",
+    "owner_alive",
+    "owner_path",
+    "process_start_ticks",
+    "remove_run",
+    "segment_path",
+    "validate_id",
+    "write_owner",
+]
+
+DEFAULT_SHM_DIR = "/dev/shm"  # noqa: S108 (the POSIX shared-memory mount, not a temp file)
+SEGMENT_PREFIX = "dlrover-fc."
+_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+def validate_id(kind: str, value: str) -> str:
+    """Check a job or run id is safe in a file name.
+
+    Raises:
+        FlashCkptError: the id is empty, too long, or has characters other than letters, digits,
+            ``_`` and ``-``.
+    """
+    if not isinstance(value, str) or not _ID_RE.match(value):
+        raise FlashCkptError(f"{kind} id {value!r} must be 1-64 characters of [A-Za-z0-9_-]")
+    return value
+
+
+def segment_path(shm_dir: str | Path, job: str, run: str, rank: int, slot: int) -> Path:
+    """The file of one rank's slot."""
+    return Path(shm_dir) / f"{SEGMENT_PREFIX}{job}.{run}.r{rank}.s{slot}"
+
+
+def owner_path(shm_dir: str | Path, job: str, run: str) -> Path:
+    """The owner record of a run."""
+    return Path(shm_dir) / f"{SEGMENT_PREFIX}{job}.{run}.owner"
+
+
+def process_start_ticks(pid: int) -> int | None:
+    """The start time of process `pid` in clock ticks since boot, or None if it does not exist.
+
+    Together with the pid it identifies a process even after the pid is reused.
+    """
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command name (field 2) may contain spaces and parentheses: split after the last ')'.
+    fields = stat[stat.rfind(")") + 2 :].split()
+    try:
+        return int(fields[19])
+    except (IndexError, ValueError):
+        return None
+
+
+def write_owner(shm_dir: str | Path, job: str, run: str, pid: int | None = None) -> Path:
+    """Record `pid` (default: this process) as the owner of a run's segments; returns the file."""
+    pid = os.getpid() if pid is None else pid
+    path = owner_path(shm_dir, job, run)
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps({"pid": pid, "start_ticks": process_start_ticks(pid), "job": job, "run": run}))
+    os.replace(tmp, path)
+    return path
+
+
+def owner_alive(path: Path) -> bool:
+    """Whether the process named in an owner file still runs (same pid and start time)."""
+    try:
+        doc = json.loads(path.read_text())
+        pid, ticks = int(doc["pid"]), doc.get("start_ticks")
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    # No start time recorded means the process was already gone when the record was written.
+    return ticks is not None and process_start_ticks(pid) == ticks
+
+
+def list_run_files(shm_dir: str | Path, job: str, run: str) -> list[Path]:
+    """Every file of a run (segments and owner record)."""
+    prefix = f"{SEGMENT_PREFIX}{job}.{run}."
+    return sorted(p for p in Path(shm_dir).glob(f"{SEGMENT_PREFIX}*") if p.name.startswith(prefix))
+
+
+def remove_run(shm_dir: str | Path, job: str, run: str) -> list[Path]:
+    """Unlink every file of a run; returns what was removed. Called by the owner at job end."""
+    removed = []
+    for path in list_run_files(shm_dir, job, run):
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+            removed.append(path)
+    return removed
+
+
+def cleanup_stale(shm_dir: str | Path, keep: tuple[str, str] | None = None) -> list[Path]:
+    """Remove segments of runs whose owner is gone.
+
+    Args:
+        shm_dir: where segments live.
+        keep: a (job, run) never removed, even without a live owner: the caller's own run.
+
+    Returns:
+        The files removed.
+    """
+    runs: set[tuple[str, str]] = set()
+    for path in Path(shm_dir).glob(f"{SEGMENT_PREFIX}*"):
+        parts = path.name[len(SEGMENT_PREFIX) :].split(".")
+        if len(parts) >= 3:
+            runs.add((parts[0], parts[1]))
+    removed: list[Path] = []
+    for job, run in sorted(runs):
+        if (job, run) == keep or owner_alive(owner_path(shm_dir, job, run)):
+            continue
+        removed += remove_run(shm_dir, job, run)
+    return removed
+
+
+class ShmSegment:
+    """One mapped shared-memory file.
+
+    `u8` is a torch uint8 view of the whole mapping; every other view is derived from it and must
+    be dropped before `resize` or `close`. It is made on first use, so a process that only moves
+    bytes (the saver) never imports torch.
+    """
+
+    def __init__(self, path: Path, fd: int, mm: mmap.mmap) -> None:
+        self.path = path
+        self._fd = fd
+        self._mm: mmap.mmap | None = mm
+        self._u8: torch.Tensor | None = None
+
+    @property
+    def u8(self) -> torch.Tensor:
+        """A uint8 tensor over the whole mapping (no copy)."""
+        if self._u8 is None:
+            import torch
+
+            self._u8 = torch.frombuffer(self.mm, dtype=torch.uint8)
+        return self._u8
+
+    @property
+    def size(self) -> int:
+        """Bytes mapped."""
+        return len(self._mm) if self._mm is not None else 0
+
+    @property
+    def mm(self) -> mmap.mmap:
+        """The mapping.
+
+        Raises:
+            FlashCkptError: the segment is closed.
+        """
+        if self._mm is None:
+            raise FlashCkptError(f"segment {self.path} is closed")
+        return self._mm
+
+    @classmethod
+    def create(cls, path: Path, size: int) -> ShmSegment:
+        """Create (or reuse) the file at `path`, allocate `size` bytes and map them pre-faulted.
+
+        `posix_fallocate` makes the kernel allocate every page now, and ``MAP_POPULATE`` fills the
+        page tables, so the first copy into the segment runs as fast as later ones.
+
+        Raises:
+            FlashCkptError: the memory cannot be allocated (the message names the file and size).
+        """
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            return cls(path, fd, _map(fd, path, size, grow=True))
+        except BaseException:
+            os.close(fd)
+            raise
+
+    @classmethod
+    def attach(cls, path: Path) -> ShmSegment:
+        """Map an existing segment (read and write, pre-faulted).
+
+        Raises:
+            FileNotFoundError: no such segment.
+        """
+        fd = os.open(path, os.O_RDWR)
+        try:
+            size = os.fstat(fd).st_size
+            return cls(path, fd, _map(fd, path, size, grow=False))
+        except BaseException:
+            os.close(fd)
+            raise
+
+    def resize(self, size: int) -> None:
+        """Grow or shrink the segment to `size` bytes and map it again (pre-faulted).
+
+        Views derived from `u8` become invalid: callers must drop them first.
+        """
+        self._unmap()
+        self._mm = _map(self._fd, self.path, size, grow=True)
+
+    def try_lock(self, exclusive: bool) -> bool:
+        """Take the slot's flock without waiting; False if another holder conflicts."""
+        try:
+            fcntl.flock(self._fd, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        return True
+
+    def unlock(self) -> None:
+        """Release this descriptor's flock."""
+        fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+    def _unmap(self) -> None:
+        self._u8 = None
+        if self._mm is not None:
+            # A view may still exist (e.g. held by a traceback): the mapping then goes when it does.
+            with contextlib.suppress(BufferError):
+                self._mm.close()
+            self._mm = None
+
+    def close(self) -> None:
+        """Unmap and close (the file stays; only the owner unlinks)."""
+        self._unmap()
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+def _map(fd: int, path: Path, size: int, grow: bool) -> mmap.mmap:
+    if size <= 0:
+        # A zero-length file is a segment whose creator died before sizing it: nothing to read.
+        raise FlashCkptError(f"shared-memory segment {path} has size {size}")
+    if grow:
+        try:
+            os.ftruncate(fd, size)
+            if size:
+                os.posix_fallocate(fd, 0, size)
+        except OSError as e:
+            raise FlashCkptError(f"cannot allocate {size} bytes of shared memory for {path}: {e}") from e
+    return mmap.mmap(fd, size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE)

@@ -1,0 +1,386 @@
+"""The training-process side: copy a state into a shared-memory slot and return.
+
+Call order (after torch.distributed.checkpoint's `AsyncStager`):
+
+1. `prepare(state)` once the model and optimizer exist: lays the state out and allocates and
+   pre-faults every slot, so the first `save` costs what later ones cost. Optional: `save`
+   prepares on first use, paying the allocation then.
+2. `save(step, state)` picks a slot that does not hold the newest complete snapshot, copies every
+   tensor into it on several threads, marks it COMPLETE and returns; training may change its
+   tensors at once. Checksums are computed afterwards on a background thread, which marks the slot
+   SEALED and notifies the `on_sealed` callback (the saver link).
+3. `flush()` waits for background sealing; `close()` ends the stager.
+
+A restarted process builds a new `Stager` for the same job, run and rank and finds its previous
+snapshots still in memory (see `dlrover.flashckpt.memory`).
+"""
+
+from __future__ import annotations
+
+import threading
+import zlib
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import attrs
+import torch
+
+from dlrover.common import Clock, SystemClock
+from dlrover.flashckpt.config import StagerConfig
+from dlrover.flashckpt.copier import Copier
+from dlrover.flashckpt.errors import FlashCkptError, LayoutError, SlotBusyError
+from dlrover.flashckpt.events import EventLog, FlashEvent
+from dlrover.flashckpt.layout import (
+    ALIGN,
+    HEADER_SIZE,
+    SlotHeader,
+    SlotLayout,
+    SlotState,
+    encode_manifest,
+)
+from dlrover.flashckpt.planner import plan_layout
+from dlrover.flashckpt.segment import (
+    ShmSegment,
+    cleanup_stale,
+    list_run_files,
+    owner_alive,
+    owner_path,
+    segment_path,
+    write_owner,
+)
+from dlrover.flashckpt.slotio import read_header, seal_slot, tensor_views, write_header, write_manifest
+from dlrover.flashckpt.slots import BusyAction, SlotView, decide_busy, rank_slots
+from dlrover.flashckpt.tree import FlatState, flatten_state
+
+__all__ = ["SaveResult", "SealedNotice", "Stager"]
+
+
+@attrs.frozen
+class SaveResult:
+    """What `save` did.
+
+    Attributes:
+        step: the step asked for.
+        saved: whether a snapshot was written (False when skipped under the busy policy).
+        slot: the slot written, or -1.
+        seq: the snapshot's sequence number, or -1.
+        blocked_s: seconds `save` blocked (measured with the injected clock).
+        reason: why it went this way.
+    """
+
+    step: int
+    saved: bool
+    slot: int
+    seq: int
+    blocked_s: float
+    reason: str
+
+
+@attrs.frozen
+class SealedNotice:
+    """Sent to `on_sealed` when a snapshot's checksums are stored: the snapshot is final."""
+
+    rank: int
+    slot: int
+    seq: int
+    step: int
+
+
+class Stager:
+    """Stages a rank's state into shared memory (see the module docstring for the call order).
+
+    Args:
+        config: job, run, rank, shared-memory directory and copy settings.
+        clock: time source for waits and measurements.
+        on_sealed: called on the sealing thread after each snapshot is sealed.
+        owner: whether this stager owns the run's segments (removes them on `close`). None: own
+            them unless a live owner (a saver) is already recorded.
+    """
+
+    def __init__(
+        self,
+        config: StagerConfig,
+        clock: Clock | None = None,
+        on_sealed: Callable[[SealedNotice], None] | None = None,
+        owner: bool | None = None,
+    ) -> None:
+        self.config = config
+        self._clock = clock or SystemClock()
+        self._on_sealed = on_sealed
+        self.events = EventLog()
+        self._copier = Copier(config.copy_threads, config.copy_chunk_bytes)
+        self._sealer = ThreadPoolExecutor(1, thread_name_prefix="flashckpt-seal")
+        self._lock = threading.Lock()  # guards _sealing and the segments against the sealer
+        self._sealing: dict[int, Future[None]] = {}
+        self._segments: list[ShmSegment | None] = [None] * config.num_slots
+        self._layouts: list[SlotLayout | None] = [None] * config.num_slots
+        self._views: list[list[torch.Tensor] | None] = [None] * config.num_slots
+        self._closed = False
+        self._invalid_reported: set[int] = set()
+        cleanup_stale(config.shm_dir, keep=(config.job_id, config.run_id))
+        owner_file = owner_path(config.shm_dir, config.job_id, config.run_id)
+        self.owns_segments = (not owner_alive(owner_file)) if owner is None else owner
+        if self.owns_segments:
+            write_owner(config.shm_dir, config.job_id, config.run_id)
+
+    # -- segments -------------------------------------------------------------------------------
+
+    def _path(self, slot: int) -> Any:
+        c = self.config
+        return segment_path(c.shm_dir, c.job_id, c.run_id, c.rank, slot)
+
+    def _segment(self, slot: int) -> ShmSegment | None:
+        seg = self._segments[slot]
+        if seg is None and self._path(slot).exists():
+            try:
+                seg = ShmSegment.attach(self._path(slot))
+            except FlashCkptError:
+                seg = None  # a zero-length file: its creator died before sizing it
+            self._segments[slot] = seg
+        return seg
+
+    def _ensure_capacity(self, slot: int, size: int, step: int) -> ShmSegment:
+        seg = self._segment(slot)
+        if seg is None:
+            seg = ShmSegment.create(self._path(slot), size)
+            self._segments[slot] = seg
+            return seg
+        if seg.size < size:
+            self._views[slot] = None
+            old = seg.size
+            seg.resize(size)
+            self._record("grow", step, f"slot {slot} grew from {old} to {size} bytes")
+        return seg
+
+    def _slot_views(self) -> list[SlotView]:
+        views = []
+        for i in range(self.config.num_slots):
+            seg = self._segment(i)
+            header = None
+            if seg is not None:
+                try:
+                    header = read_header(seg)
+                except LayoutError as e:
+                    if i not in self._invalid_reported:
+                        self._invalid_reported.add(i)
+                        self._record("slot_invalid", -1, f"slot {i} has an unreadable header ({e}); it is rewritten")
+            if header is None:
+                views.append(SlotView(i, SlotState.EMPTY, 0, -1))
+            else:
+                views.append(SlotView(i, header.state, header.seq, header.step))
+        return views
+
+    # -- public API -----------------------------------------------------------------------------
+
+    def prepare(self, state: Any) -> None:
+        """Lay `state` out and allocate and pre-fault every slot for it (keeping any snapshot).
+
+        Raises:
+            StateStructureError: the state holds an unsupported leaf.
+            FlashCkptError: shared memory cannot be allocated.
+        """
+        self._check_open()
+        flat = flatten_state(state)
+        layout, _ = self._plan(flat, None)
+        for slot in range(self.config.num_slots):
+            with self._lock:
+                if slot in self._sealing:
+                    continue
+            seg = self._ensure_capacity(slot, layout.total_size, -1)
+            try:
+                header = read_header(seg)
+            except LayoutError:
+                header = None  # garbage: the slot holds nothing usable
+            if header is None:
+                write_header(seg, _empty_header(seg.size))
+            elif header.state >= SlotState.COMPLETE:
+                continue  # a snapshot to keep (a restarted process may load it)
+            if not seg.try_lock(exclusive=True):
+                continue
+            try:
+                # One copy of the state into the slot, whose header stays EMPTY: it touches every
+                # page and warms the threads, so the first save costs what later ones cost.
+                views = tensor_views(seg, layout.data_off, layout.specs)
+                self._copier.copy([(dst, leaf.tensor) for dst, leaf in zip(views, flat.leaves, strict=True)])
+                self._layouts[slot], self._views[slot] = layout, views
+            finally:
+                seg.unlock()
+
+    def save(self, step: int, state: Any) -> SaveResult:
+        """Copy `state` into a free slot and return once the copy is complete.
+
+        Args:
+            step: the training step (any int; the newest *sequence* wins, not the largest step).
+            state: nested dicts, lists and tuples of tensors and JSON-able scalars.
+
+        Returns:
+            What happened; a skipped snapshot also leaves a ``save_skipped`` event.
+
+        Raises:
+            SlotBusyError: no slot was free and the busy policy is ``raise``.
+            StateStructureError: the state holds an unsupported leaf (nothing is written).
+        """
+        self._check_open()
+        start = self._clock.now()
+        flat = flatten_state(state)
+        slot, choice_reason = self._acquire_slot(step, start)
+        if slot < 0:
+            return SaveResult(step, False, -1, -1, self._clock.now() - start, choice_reason)
+        try:
+            header = self._write(slot, step, flat)
+        except BaseException:
+            seg = self._segments[slot]
+            if seg is not None:
+                seg.unlock()
+            raise
+        if self.config.seal_in_background:
+            with self._lock:
+                self._sealing[slot] = self._sealer.submit(self._seal, slot, header)
+        else:
+            self._seal(slot, header)
+        return SaveResult(step, True, slot, header.seq, self._clock.now() - start, choice_reason)
+
+    def flush(self, timeout_s: float | None = None) -> None:
+        """Wait until every snapshot saved so far is sealed."""
+        with self._lock:
+            pending = list(self._sealing.values())
+        for f in pending:
+            f.result(timeout=timeout_s)
+
+    def close(self, remove: bool | None = None) -> None:
+        """Finish sealing, stop the threads and unmap.
+
+        Args:
+            remove: unlink this rank's segments (default: when this stager owns them). The owner
+                record goes too once no segment of the run is left.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        self._sealer.shutdown(wait=True)
+        self._copier.close()
+        for i, seg in enumerate(self._segments):
+            self._views[i] = None
+            if seg is not None:
+                seg.close()
+        if self.owns_segments if remove is None else remove:
+            for slot in range(self.config.num_slots):
+                self._path(slot).unlink(missing_ok=True)
+            c = self.config
+            if self.owns_segments:
+                files = list_run_files(c.shm_dir, c.job_id, c.run_id)
+                if files == [owner_path(c.shm_dir, c.job_id, c.run_id)]:
+                    files[0].unlink(missing_ok=True)
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise FlashCkptError("the stager is closed")
+
+    def _record(self, kind: str, step: int, reason: str) -> None:
+        self.events.record(FlashEvent(kind, step, reason, self._clock.wall_time()))
+
+    def _plan(self, flat: FlatState, slot: int | None) -> tuple[SlotLayout, bytes]:
+        """The layout and manifest of `flat` in `slot`, reusing the slot's layout when it fits."""
+        current = self._layouts[slot] if slot is not None else None
+        layout = plan_layout(flat, 0, current.manifest_capacity if current else None)
+        manifest = encode_manifest(flat.tree, layout.specs)
+        if len(manifest) + ALIGN > layout.manifest_capacity:
+            layout = plan_layout(flat, len(manifest))
+        return layout, manifest
+
+    def _acquire_slot(self, step: int, start: float) -> tuple[int, str]:
+        """Lock a slot for writing, applying the busy policy. Returns (slot, reason) or (-1, reason)."""
+        while True:
+            choice = rank_slots(self._slot_views())
+            for slot in choice.candidates:
+                with self._lock:
+                    if slot in self._sealing and not self._sealing[slot].done():
+                        continue
+                    self._sealing.pop(slot, None)
+                seg = self._segment(slot)
+                # A slot with no file yet is created (and locked) by `_write` once the layout is known.
+                if seg is None or seg.try_lock(exclusive=True):
+                    return slot, choice.reason
+            waited = self._clock.now() - start
+            action, reason = decide_busy(self.config.busy_policy, waited, self.config.busy_wait_timeout_s)
+            if action is BusyAction.RAISE:
+                self._record("save_skipped", step, reason)
+                raise SlotBusyError(f"step {step}: {reason} ({choice.reason})")
+            if action is BusyAction.SKIP:
+                self._record("save_skipped", step, f"{reason} ({choice.reason})")
+                return -1, reason
+            self._clock.sleep(self.config.busy_poll_interval_s)
+
+    def _write(self, slot: int, step: int, flat: FlatState) -> SlotHeader:
+        layout, manifest = self._plan(flat, slot)
+        existed = self._segments[slot] is not None
+        seg = self._ensure_capacity(slot, layout.total_size, step)
+        if not existed and not seg.try_lock(exclusive=True):  # a fresh file nobody else knows yet
+            raise FlashCkptError(f"cannot lock new segment {seg.path}")
+        previous = self._layouts[slot]
+        if previous is not None and previous.data_signature != layout.data_signature:
+            self._record("relayout", step, f"slot {slot}: the state's tensors changed; the slot is laid out again")
+        moved = previous is None or (previous.data_signature, previous.data_off) != (
+            layout.data_signature,
+            layout.data_off,
+        )
+        if moved or self._views[slot] is None:
+            self._views[slot] = tensor_views(seg, layout.data_off, layout.specs)
+        self._layouts[slot] = layout
+        seq = max((v.seq for v in self._slot_views()), default=0) + 1
+        header = SlotHeader(
+            state=SlotState.WRITING,
+            seq=seq,
+            step=step,
+            manifest_len=len(manifest),
+            manifest_crc=zlib.crc32(manifest),
+            n_tensors=len(layout.specs),
+            checksum_off=layout.checksum_off,
+            data_off=layout.data_off,
+            data_len=layout.data_len,
+            capacity=seg.size,
+        )
+        write_header(seg, header)
+        write_manifest(seg, manifest, HEADER_SIZE)
+        views = self._views[slot]
+        assert views is not None
+        self._copier.copy([(dst, leaf.tensor) for dst, leaf in zip(views, flat.leaves, strict=True)])
+        header = attrs.evolve(header, state=SlotState.COMPLETE)
+        write_header(seg, header)
+        return header
+
+    def _seal(self, slot: int, header: SlotHeader) -> None:
+        seg = self._segments[slot]
+        layout = self._layouts[slot]
+        assert seg is not None
+        assert layout is not None
+        try:
+            sealed = seal_slot(seg, header, layout.specs)
+        except Exception as e:
+            self._record("seal_failed", header.step, f"slot {slot}: {e}")
+            seg.unlock()
+            raise
+        seg.unlock()
+        if self._on_sealed is not None:
+            try:
+                self._on_sealed(SealedNotice(self.config.rank, slot, sealed.seq, sealed.step))
+            except Exception as e:  # the saver link reports its own failures; never lose the snapshot
+                self._record("notify_failed", sealed.step, f"on_sealed failed: {e}")
+
+
+def _empty_header(capacity: int) -> SlotHeader:
+    return SlotHeader(
+        state=SlotState.EMPTY,
+        seq=0,
+        step=-1,
+        manifest_len=0,
+        manifest_crc=0,
+        n_tensors=0,
+        checksum_off=HEADER_SIZE,
+        data_off=HEADER_SIZE,
+        data_len=0,
+        capacity=capacity,
+    )

@@ -1,0 +1,9 @@
+"""Storage backends behind one `Storage` protocol: POSIX files (default), fsspec object stores
+(optional extra ``s3``), in-memory (tests)."""
+
+from dlrover.flashckpt.storage.base import Chunk, Storage, check_path
+from dlrover.flashckpt.storage.fsspec_store import FsspecStorage
+from dlrover.flashckpt.storage.memory import InMemoryStorage
+from dlrover.flashckpt.storage.posix import PosixStorage
+
+__all__ = ["Chunk", "FsspecStorage", "InMemoryStorage", "PosixStorage", "Storage", "check_path"]

@@ -1,0 +1,69 @@
+"""The storage contract every backend implements (POSIX files, object stores, the in-memory fake).
+
+Paths are relative, ``/``-separated, and never contain ``..``. `write_file` is atomic: a reader
+sees either the whole new file or none of it (POSIX: temporary name, fsync, rename, fsync of the
+directory; object stores: a single PUT). Failures raise `StorageError` naming the path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Protocol, runtime_checkable
+
+from dlrover.flashckpt.errors import StorageError
+
+__all__ = ["Chunk", "Storage", "check_path"]
+
+Chunk = bytes | bytearray | memoryview
+
+
+def check_path(path: str) -> str:
+    """Validate a storage path.
+
+    Raises:
+        StorageError: the path is absolute, empty, or climbs with ``..``.
+    """
+    if not path or path.startswith("/") or any(part in ("", ".", "..") for part in path.split("/")):
+        raise StorageError(f"invalid storage path {path!r}: relative, '/'-separated, no '.', '..' or empty parts")
+    return path
+
+
+@runtime_checkable
+class Storage(Protocol):
+    """Where checkpoints are persisted."""
+
+    def write_file(self, path: str, chunks: Iterable[Chunk]) -> int:
+        """Write the concatenation of `chunks` to `path` atomically and durably; returns bytes written."""
+        ...
+
+    def read_bytes(self, path: str, offset: int = 0, length: int | None = None) -> bytes:
+        """Bytes ``[offset, offset + length)`` of a file (to the end when `length` is None).
+
+        Raises:
+            StorageError: the file is missing or shorter than asked.
+        """
+        ...
+
+    def read_into(self, path: str, offset: int, buf: memoryview) -> None:
+        """Fill `buf` with bytes of `path` starting at `offset`.
+
+        Raises:
+            StorageError: the file is missing or too short (truncated).
+        """
+        ...
+
+    def size(self, path: str) -> int:
+        """The size of a file in bytes. Raises `StorageError` when missing."""
+        ...
+
+    def exists(self, path: str) -> bool:
+        """Whether a file exists."""
+        ...
+
+    def list_dir(self, path: str) -> list[str]:
+        """Names directly under a directory ("" is the root), sorted; empty when missing."""
+        ...
+
+    def remove_tree(self, path: str) -> None:
+        """Remove a directory and everything below it; no error when missing."""
+        ...

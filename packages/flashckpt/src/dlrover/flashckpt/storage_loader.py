@@ -1,0 +1,172 @@
+"""Load a rank's state from the newest committed checkpoint, falling back past damaged ones.
+
+Candidates are the committed steps (those with a ``manifest.json``) not newer than the tracker,
+newest first. A missing or truncated file, or a tensor whose CRC-32 differs, makes the loader warn
+(naming the file) and try the previous committed checkpoint. Tensors are verified before any byte
+reaches the caller's state, so a damaged checkpoint changes nothing.
+"""
+
+from __future__ import annotations
+
+import zlib
+from typing import Any
+
+import torch
+
+from dlrover.common import Clock, SystemClock
+from dlrover.flashckpt.ckpt_format import (
+    CHECKPOINT_FORMAT,
+    RANK_FORMAT,
+    load_json,
+    manifest_path,
+    rank_manifest_path,
+    safetensors_path,
+)
+from dlrover.flashckpt.commit import Committer
+from dlrover.flashckpt.dtypes import dtype_from_name
+from dlrover.flashckpt.errors import (
+    ChecksumError,
+    LayoutError,
+    NoCheckpointError,
+    StorageError,
+    WorldSizeError,
+)
+from dlrover.flashckpt.events import EventLog, FlashEvent
+from dlrover.flashckpt.layout import TensorSpec
+from dlrover.flashckpt.memory import LoadedState
+from dlrover.flashckpt.restore import apply_values, match_targets
+from dlrover.flashckpt.safetensors_format import parse_header
+from dlrover.flashckpt.storage.base import Storage
+from dlrover.flashckpt.tree import build_tree
+
+__all__ = ["StorageReader"]
+
+_CHUNK = 16 << 20
+
+
+class StorageReader:
+    """Loads committed checkpoints for one rank.
+
+    Args:
+        storage: the checkpoint directory.
+        events: where fallbacks are recorded (a new log when None).
+        clock: time source for event timestamps.
+    """
+
+    def __init__(self, storage: Storage, events: EventLog | None = None, clock: Clock | None = None) -> None:
+        self.storage = storage
+        self.events = events or EventLog()
+        self._clock = clock or SystemClock()
+        self._committer = Committer(storage)
+
+    def _warn(self, step: int, reason: str) -> None:
+        self.events.record(FlashEvent("fallback", step, reason, self._clock.wall_time()))
+
+    def candidates(self) -> list[int]:
+        """Committed steps to try, newest first (never newer than the tracker)."""
+        committed, _ = self._committer.steps()
+        try:
+            tracker = self._committer.tracker()
+        except (LayoutError, StorageError) as e:
+            self._warn(-1, f"the tracker is unreadable ({e}); trying every committed step")
+            tracker = None
+        if tracker is not None and tracker.step not in committed:
+            self._warn(tracker.step, f"the tracker names step {tracker.step}, which is missing or incomplete")
+        limit = tracker.step if tracker is not None else None
+        return sorted((s for s in committed if limit is None or s <= limit), reverse=True)
+
+    def load(self, rank: int, world_size: int, target: Any | None = None, step: int | None = None) -> LoadedState:
+        """Load `rank`'s state from the newest good committed checkpoint (or from `step`).
+
+        Args:
+            rank: whose files to read.
+            world_size: the job's world size; a checkpoint of another size is refused.
+            target: an existing state to restore into in place, or None for fresh tensors.
+            step: load only this step.
+
+        Raises:
+            NoCheckpointError: no committed checkpoint could be loaded (reasons listed).
+            WorldSizeError: the checkpoint was saved by a different number of ranks.
+            StateStructureError: `target` does not match the checkpoint (nothing changed).
+        """
+        steps = [step] if step is not None else self.candidates()
+        reasons = []
+        for s in steps:
+            try:
+                return self._load_step(s, rank, world_size, target)
+            except (ChecksumError, LayoutError, StorageError) as e:
+                reasons.append(f"step {s}: {e}")
+                self._warn(s, f"checkpoint step {s} is unusable: {e}; trying the previous one")
+        raise NoCheckpointError(
+            "no loadable committed checkpoint" + (": " + "; ".join(reasons) if reasons else " in storage")
+        )
+
+    def _load_step(self, step: int, rank: int, world_size: int, target: Any | None) -> LoadedState:
+        man = load_json(self.storage.read_bytes(manifest_path(step)), CHECKPOINT_FORMAT, manifest_path(step))
+        if man.get("world_size") != world_size:
+            raise WorldSizeError(
+                f"checkpoint step {step} was saved by {man.get('world_size')} ranks; this job has {world_size} "
+                "and plain state dicts cannot be resharded (use the DCP adapter for sharded state)"
+            )
+        entries = {e.get("rank"): e for e in man.get("ranks", []) if isinstance(e, dict)}
+        entry = entries.get(rank)
+        if entry is None:
+            raise LayoutError(f"{manifest_path(step)} lists no rank {rank}")
+        rpath = rank_manifest_path(step, rank)
+        raw = self.storage.read_bytes(rpath)
+        if zlib.crc32(raw) != entry.get("manifest_crc32"):
+            raise ChecksumError(f"{rpath} does not match its checksum in {manifest_path(step)}")
+        doc = load_json(raw, RANK_FORMAT, rpath)
+        tree = doc["tree"]
+        specs = tuple(TensorSpec.from_json(t) for t in doc["tensors"])
+        crcs = [int(t["crc32"]) for t in doc["tensors"]]
+        fpath = safetensors_path(step, rank)
+        size = self.storage.size(fpath)
+        if size != doc.get("file_bytes"):
+            raise ChecksumError(f"{fpath} has {size} bytes, its manifest says {doc.get('file_bytes')} (truncated?)")
+        data_start = int(doc["data_start"])
+        start, _ = parse_header(self.storage.read_bytes(fpath, 0, data_start))
+        if start != data_start:
+            raise LayoutError(f"{fpath}: header ends at {start}, the manifest says {data_start}")
+        if target is not None:
+            targets = match_targets(target, tree, specs)
+            for spec, crc in zip(specs, crcs, strict=True):
+                self._verify(fpath, data_start, spec, crc)
+            for spec, t in zip(specs, targets, strict=True):
+                self._read_tensor(fpath, data_start, spec, t)
+            state = apply_values(target, tree)
+        else:
+            tensors = []
+            for spec, crc in zip(specs, crcs, strict=True):
+                t = torch.empty(spec.shape, dtype=dtype_from_name(spec.dtype))
+                self._read_tensor(fpath, data_start, spec, t)
+                if _crc_tensor(t) != crc:
+                    raise ChecksumError(f"tensor {spec.name!r} in {fpath} does not match its checksum")
+                tensors.append(t)
+            state = build_tree(tree, tensors)
+        return LoadedState(state, step, "storage", True, f"{fpath} (step {step})")
+
+    def _verify(self, fpath: str, data_start: int, spec: TensorSpec, crc: int) -> None:
+        value = 0
+        for off in range(0, spec.nbytes, _CHUNK):
+            n = min(_CHUNK, spec.nbytes - off)
+            value = zlib.crc32(self.storage.read_bytes(fpath, data_start + spec.offset + off, n), value)
+        if value != crc:
+            raise ChecksumError(f"tensor {spec.name!r} in {fpath} does not match its checksum")
+
+    def _read_tensor(self, fpath: str, data_start: int, spec: TensorSpec, t: torch.Tensor) -> None:
+        if spec.nbytes == 0:
+            return
+        direct = t.device.type == "cpu" and t.is_contiguous()
+        buf = t if direct else torch.empty(spec.shape, dtype=t.dtype)
+        raw = buf.detach().reshape(-1).view(torch.uint8).numpy()
+        self.storage.read_into(fpath, data_start + spec.offset, raw.data)
+        if not direct:
+            with torch.no_grad():
+                t.copy_(buf)
+
+
+def _crc_tensor(t: torch.Tensor) -> int:
+    if t.numel() == 0:
+        return 0
+    return zlib.crc32(t.detach().reshape(-1).view(torch.uint8).numpy().data)

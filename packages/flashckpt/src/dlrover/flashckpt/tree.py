@@ -1,0 +1,229 @@
+"""Flatten a nested training state into tensor leaves and a JSON tree, and build it back.
+
+The tree is pure JSON, so a checkpoint can be read without this package and loading never executes
+code from data (no pickle). Every node is a JSON object with exactly one key, naming its kind:
+
+==================  ===========================================================================
+node                meaning
+==================  ===========================================================================
+``{"dict": [[k, v], ...]}``  a mapping; keys and values are nodes, insertion order kept
+``{"list": [...]}``          a list
+``{"tuple": [...]}``         a tuple (a namedtuple is rebuilt only when restoring into one)
+``{"tensor": i}``            a ``torch.Tensor``; ``i`` indexes the manifest's tensor table
+``{"ndarray": i}``           a ``numpy.ndarray`` stored like a tensor (NumPy RNG states hold these)
+``{"none": null}``           ``None``
+``{"bool": b}``              a bool
+``{"int": n}``               an int (JSON integers have no size limit in Python)
+``{"float": x}``             a float; ``"nan"``, ``"inf"`` and ``"-inf"`` as strings, others exact
+``{"str": s}``               a str
+``{"bytes": "<base64>"}``    bytes
+``{"size": [...]}``          a ``torch.Size``
+``{"dtype": "float32"}``     a ``torch.dtype``
+==================  ===========================================================================
+
+Tensors that share storage (tied weights) are stored once per leaf; aliasing is not preserved.
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+import numpy as np
+import torch
+
+from dlrover.flashckpt.errors import StateStructureError
+
+__all__ = ["FlatState", "TensorLeaf", "build_tree", "flatten_state", "path_name"]
+
+JsonNode = dict[str, Any]
+
+
+@attrs.frozen
+class TensorLeaf:
+    """One tensor of a flattened state.
+
+    Attributes:
+        path: the keys leading to the tensor, for messages and readable file names.
+        tensor: the tensor itself (a NumPy array is viewed as a CPU tensor).
+        is_ndarray: whether the leaf was a NumPy array and is rebuilt as one.
+    """
+
+    path: tuple[Any, ...]
+    tensor: torch.Tensor
+    is_ndarray: bool = False
+
+
+@attrs.frozen
+class FlatState:
+    """A state split into its JSON tree and its tensor leaves, in tree order."""
+
+    tree: JsonNode
+    leaves: tuple[TensorLeaf, ...]
+
+
+def path_name(path: tuple[Any, ...]) -> str:
+    """A readable name for a leaf path, e.g. ``model/layer.weight`` or ``optim/state/0/exp_avg``."""
+    return "/".join(str(p) for p in path) if path else "<root>"
+
+
+def _encode_float(value: float) -> JsonNode:
+    if math.isnan(value):
+        return {"float": "nan"}
+    if math.isinf(value):
+        return {"float": "inf" if value > 0 else "-inf"}
+    return {"float": float(value)}
+
+
+# Checked in order: bool before int (bool is an int), torch.Size before any tuple handling.
+_ENCODERS: tuple[tuple[type | tuple[type, ...], Any], ...] = (
+    (type(None), lambda v: {"none": None}),
+    (bool, lambda v: {"bool": v}),
+    (int, lambda v: {"int": int(v)}),
+    (float, _encode_float),
+    (str, lambda v: {"str": v}),
+    ((bytes, bytearray), lambda v: {"bytes": base64.b64encode(bytes(v)).decode("ascii")}),
+    (torch.Size, lambda v: {"size": [int(d) for d in v]}),
+    (torch.dtype, lambda v: {"dtype": str(v).removeprefix("torch.")}),
+)
+
+
+def _encode_scalar(value: Any, path: tuple[Any, ...]) -> JsonNode:
+    for types, encode in _ENCODERS:
+        if isinstance(value, types):
+            node: JsonNode = encode(value)
+            return node
+    raise StateStructureError(
+        f"unsupported leaf of type {type(value).__qualname__} at {path_name(path)!r}: "
+        "only tensors, ndarrays, dicts, lists, tuples, None, bool, int, float, str, bytes, "
+        "torch.Size and torch.dtype can be checkpointed"
+    )
+
+
+def flatten_state(state: Any) -> FlatState:
+    """Split `state` into a JSON tree and its tensor leaves.
+
+    Args:
+        state: nested dicts (any key of a supported scalar type), lists and tuples whose leaves are
+            tensors, NumPy arrays or scalars listed in the module docstring.
+
+    Returns:
+        The tree and the leaves, leaves in depth-first order.
+
+    Raises:
+        StateStructureError: a leaf has an unsupported type, or a structure is cyclic; the message
+            names the path.
+    """
+    leaves: list[TensorLeaf] = []
+    active: set[int] = set()
+
+    def visit(obj: Any, path: tuple[Any, ...]) -> JsonNode:
+        if isinstance(obj, torch.Tensor):
+            leaves.append(TensorLeaf(path, obj.detach()))
+            return {"tensor": len(leaves) - 1}
+        if isinstance(obj, np.ndarray):
+            if obj.dtype.hasobject:
+                raise StateStructureError(f"object ndarray at {path_name(path)!r} cannot be checkpointed")
+            leaves.append(TensorLeaf(path, torch.from_numpy(np.ascontiguousarray(obj)), is_ndarray=True))
+            return {"ndarray": len(leaves) - 1}
+        if isinstance(obj, Mapping | list | tuple) and not isinstance(obj, torch.Size):
+            if id(obj) in active:
+                raise StateStructureError(f"cyclic structure at {path_name(path)!r}")
+            active.add(id(obj))
+            try:
+                if isinstance(obj, Mapping):
+                    items = [[_encode_key(k, path), visit(v, (*path, k))] for k, v in obj.items()]
+                    return {"dict": items}
+                children = [visit(v, (*path, i)) for i, v in enumerate(obj)]
+                return {"list": children} if isinstance(obj, list) else {"tuple": children}
+            finally:
+                active.discard(id(obj))
+        return _encode_scalar(obj, path)
+
+    tree = visit(state, ())
+    return FlatState(tree, tuple(leaves))
+
+
+def _encode_key(key: Any, path: tuple[Any, ...]) -> JsonNode:
+    if isinstance(key, tuple):
+        return {"tuple": [_encode_key(k, path) for k in key]}
+    return _encode_scalar(key, (*path, key))
+
+
+def _decode_float(value: Any) -> float | None:
+    if isinstance(value, str) and value in ("nan", "inf", "-inf"):
+        return float(value)
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    return None
+
+
+def _decode_dtype(value: Any) -> torch.dtype | None:
+    dtype = getattr(torch, value, None) if isinstance(value, str) else None
+    return dtype if isinstance(dtype, torch.dtype) else None
+
+
+_INVALID = object()
+
+# Each decoder returns the value, or _INVALID when the node's payload has the wrong type.
+_DECODERS: dict[str, Any] = {
+    "none": lambda v: None if v is None else _INVALID,
+    "bool": lambda v: v if isinstance(v, bool) else _INVALID,
+    "int": lambda v: v if isinstance(v, int) and not isinstance(v, bool) else _INVALID,
+    "float": lambda v: _INVALID if (f := _decode_float(v)) is None else f,
+    "str": lambda v: v if isinstance(v, str) else _INVALID,
+    "bytes": lambda v: base64.b64decode(v.encode("ascii"), validate=True) if isinstance(v, str) else _INVALID,
+    "size": lambda v: torch.Size(int(d) for d in v) if isinstance(v, list) else _INVALID,
+    "dtype": lambda v: _INVALID if (d := _decode_dtype(v)) is None else d,
+    "tuple": lambda v: tuple(decode_scalar(x) for x in v) if isinstance(v, list) else _INVALID,
+}
+
+
+def decode_scalar(node: JsonNode) -> Any:
+    """Decode a non-container, non-tensor node (a tuple of scalars, as a dict key, included).
+
+    Raises:
+        StateStructureError: the node is not a known scalar node.
+    """
+    if not isinstance(node, dict) or len(node) != 1:
+        raise StateStructureError(f"malformed tree node {node!r}: expected an object with one key")
+    ((kind, value),) = node.items()
+    decoder = _DECODERS.get(kind)
+    try:
+        result = _INVALID if decoder is None else decoder(value)
+    except (ValueError, TypeError):  # bad base64, non-integer sizes
+        result = _INVALID
+    if result is _INVALID:
+        raise StateStructureError(f"malformed tree node {node!r}")
+    return result
+
+
+def build_tree(node: JsonNode, tensors: list[torch.Tensor], ndarray_as_numpy: bool = True) -> Any:
+    """Rebuild a state from its tree and its tensors (indexed as in the tree).
+
+    Args:
+        node: the JSON tree produced by `flatten_state`.
+        tensors: the tensor of each leaf index.
+        ndarray_as_numpy: rebuild ``ndarray`` leaves as NumPy arrays (sharing memory with the tensor).
+
+    Raises:
+        StateStructureError: the tree is malformed or references a missing tensor.
+    """
+    if not isinstance(node, dict) or len(node) != 1:
+        raise StateStructureError(f"malformed tree node {node!r}: expected an object with one key")
+    ((kind, value),) = node.items()
+    if kind == "dict":
+        return {decode_scalar(k): build_tree(v, tensors, ndarray_as_numpy) for k, v in value}
+    if kind == "list":
+        return [build_tree(v, tensors, ndarray_as_numpy) for v in value]
+    if kind == "tuple" and isinstance(value, list):
+        return tuple(build_tree(v, tensors, ndarray_as_numpy) for v in value)
+    if kind in ("tensor", "ndarray"):
+        if not isinstance(value, int) or not 0 <= value < len(tensors):
+            raise StateStructureError(f"tree references tensor {value!r} but only {len(tensors)} exist")
+        t = tensors[value]
+        return t.numpy() if kind == "ndarray" and ndarray_as_numpy else t
+    return decode_scalar(node)

@@ -1,0 +1,82 @@
+"""FlashCheckpointer in one process (saver='none'): memory first, storage after the memory is gone."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from dlrover.common import ConfigError
+from dlrover.flashckpt import FlashCheckpointer, StagerConfig
+from dlrover.flashckpt.commit import Committer, RetentionPolicy
+from dlrover.flashckpt.errors import FlashCkptError, NoCheckpointError
+
+
+def _state(step: int) -> dict[str, object]:
+    return {"model": {"w": torch.full((4, 4), float(step))}, "step": step}
+
+
+def test_memory_then_storage(job_id: str, tmp_path: Path) -> None:
+    cfg = StagerConfig(job_id=job_id, run_id="r")
+    ckpt = FlashCheckpointer(cfg, str(tmp_path), saver="none", retention=RetentionPolicy(keep_last=1))
+    try:
+        state = _state(0)
+        ckpt.prepare(state)
+        with pytest.raises(NoCheckpointError):
+            ckpt.load()
+        for step in (1, 2, 3):
+            state = _state(step)
+            ckpt.save(step, state, persist=step != 3)
+        assert Committer(ckpt.storage).steps() == ([2], [])
+        target = _state(0)
+        loaded = ckpt.load(target=target)
+        assert (loaded.source, loaded.step) == ("memory", 3)
+        assert torch.equal(target["model"]["w"], torch.full((4, 4), 3.0))  # type: ignore[index]
+        with pytest.raises(FlashCkptError, match="no saver"):
+            ckpt.wait_persisted(2)
+    finally:
+        ckpt.close()
+    # The memory is gone with the stager that owned it: a new process falls back to storage.
+    again = FlashCheckpointer(cfg, str(tmp_path), saver="none")
+    try:
+        target = _state(0)
+        loaded = again.load(target=target)
+        assert (loaded.source, loaded.step) == ("storage", 2)
+        assert target["step"] == 2
+    finally:
+        again.close()
+
+
+def test_bad_construction(job_id: str, tmp_path: Path) -> None:
+    cfg = StagerConfig(job_id=job_id, run_id="r")
+    with pytest.raises(ConfigError, match="storage_dir or storage"):
+        FlashCheckpointer(cfg, saver="none")
+    with pytest.raises(ConfigError, match="agree"):
+        FlashCheckpointer(StagerConfig(job_id=job_id, run_id="r", world_size=2), str(tmp_path / "x"), saver="none")
+    with pytest.raises(ConfigError, match="'sometimes'"):
+        FlashCheckpointer(cfg, str(tmp_path / "x"), saver="sometimes")  # type: ignore[arg-type]
+    assert not (tmp_path / "x").exists()  # nothing was created for a refused configuration
+
+
+def test_damaged_memory_snapshot_falls_back_to_storage(job_id: str, tmp_path: Path) -> None:
+    from dlrover.flashckpt.segment import ShmSegment, segment_path
+    from dlrover.flashckpt.slotio import read_header
+
+    cfg = StagerConfig(job_id=job_id, run_id="r")
+    ckpt = FlashCheckpointer(cfg, str(tmp_path), saver="none")
+    try:
+        ckpt.save(1, _state(1), persist=True)
+        ckpt.save(2, _state(2))
+        ckpt.stager.flush()
+        seg = ShmSegment.attach(segment_path(cfg.shm_dir, job_id, "r", 0, 1))
+        header = read_header(seg)
+        assert header is not None
+        assert header.step == 2
+        seg.mm[header.data_off] ^= 0xFF
+        seg.close()
+        loaded = ckpt.load(target=_state(0))
+        assert (loaded.source, loaded.step) == ("storage", 1)
+        assert any(e.kind == "fallback" and "step 2" in e.reason for e in ckpt.events.snapshot())
+    finally:
+        ckpt.close()

@@ -1,0 +1,272 @@
+"""The saver in this process with a real Unix socket: persist requests, commit across ranks, bad
+messages, a full disk, and persist on failure. Plus the channel's framing."""
+
+from __future__ import annotations
+
+import socket
+import struct
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+import torch
+from flashckpt_testlib import our_files
+
+from dlrover.common import ConfigError
+from dlrover.flashckpt.channel import MAX_FRAME_BYTES, ChannelError, recv_message, send_message
+from dlrover.flashckpt.client import SaverClient
+from dlrover.flashckpt.commit import Committer, Tracker
+from dlrover.flashckpt.config import StagerConfig
+from dlrover.flashckpt.saver import Saver, SaverConfig
+from dlrover.flashckpt.saver_core import choose_failure_step
+from dlrover.flashckpt.segment import remove_run
+from dlrover.flashckpt.stager import Stager
+from dlrover.flashckpt.storage import InMemoryStorage
+from dlrover.flashckpt.storage_loader import StorageReader
+
+WAIT_S = 60.0
+
+
+def _wait_until(predicate: Callable[[], bool]) -> None:
+    """Wait for a condition another thread makes true, with a generous bound."""
+    deadline = time.monotonic() + WAIT_S
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.01)
+
+
+# -- channel ----------------------------------------------------------------------------------------
+
+
+def test_channel_roundtrip_and_eof() -> None:
+    a, b = socket.socketpair()
+    with a, b:
+        send_message(a, {"type": "persist", "rank": 1, "step": 2})
+        assert recv_message(b) == {"type": "persist", "rank": 1, "step": 2}
+        a.shutdown(socket.SHUT_WR)
+        assert recv_message(b) is None
+
+
+@pytest.mark.parametrize(
+    ("raw", "match"),
+    [
+        (struct.pack(">I", MAX_FRAME_BYTES + 1), "exceeds"),
+        (struct.pack(">I", 5) + b"{bad}", "not JSON"),
+        (struct.pack(">I", 2) + b"[]", "string 'type'"),
+        (struct.pack(">I", 10) + b"{}", "closed inside a frame"),
+        (b"\x00\x00", "closed inside a frame"),
+    ],
+)
+def test_channel_rejects_bad_frames(raw: bytes, match: str) -> None:
+    a, b = socket.socketpair()
+    with a, b:
+        a.sendall(raw)
+        a.shutdown(socket.SHUT_WR)
+        with pytest.raises(ChannelError, match=match):
+            recv_message(b)
+
+
+def test_channel_refuses_to_send_bad_messages() -> None:
+    a, b = socket.socketpair()
+    with a, b:
+        with pytest.raises(ChannelError, match="type"):
+            send_message(a, {"rank": 1})
+        with pytest.raises(ChannelError, match="exceeds"):
+            send_message(a, {"type": "x", "pad": "a" * MAX_FRAME_BYTES})
+
+
+# -- pure decision -------------------------------------------------------------------------------
+
+
+def test_choose_failure_step() -> None:
+    assert choose_failure_step({0: [1, 2], 1: [2, 3]}, [0, 1], [])[0] == 2
+    step, reason = choose_failure_step({0: [1, 2], 1: [3]}, [0, 1], [])
+    assert step is None
+    assert "no step is complete" in reason
+    step, reason = choose_failure_step({0: [2], 1: [2]}, [0, 1], [2])
+    assert step is None
+    assert "already persisted" in reason
+    assert choose_failure_step({}, [], [])[0] is None
+
+
+# -- the saver ---------------------------------------------------------------------------------
+
+
+class Node:
+    """A saver and two ranks' stagers and clients in this process (world size 2)."""
+
+    def __init__(self, job: str, storage: InMemoryStorage) -> None:
+        self.storage = storage
+        self.saver = Saver(SaverConfig(job_id=job, run_id="r", world_size=2, lock_timeout_s=WAIT_S), storage)
+        self.saver.start()
+        self.stagers: list[Stager] = []
+        self.clients: list[SaverClient] = []
+        for rank in range(2):
+            cfg = StagerConfig(job_id=job, run_id="r", rank=rank, world_size=2, seal_in_background=False)
+            client = SaverClient(self.saver.socket_path, rank, 2)
+            self.clients.append(client)
+            self.stagers.append(Stager(cfg, on_sealed=client.notify_sealed))
+
+    def save(self, rank: int, step: int) -> None:
+        assert self.stagers[rank].save(step, {"w": torch.full((8,), float(step * 10 + rank)), "s": step}).saved
+
+    def close(self) -> None:
+        for stager in self.stagers:
+            stager.close()
+        for client in self.clients:
+            client.close()
+        self.saver.stop(remove_memory=True)
+
+
+@pytest.fixture
+def node(job_id: str) -> Iterator[Node]:
+    n = Node(job_id, InMemoryStorage())
+    yield n
+    n.close()
+    assert our_files(job_id) == []
+
+
+def test_stagers_do_not_own_memory_the_saver_does(node: Node) -> None:
+    assert not any(s.owns_segments for s in node.stagers)
+
+
+def test_persist_commits_when_every_rank_is_done(node: Node) -> None:
+    for rank in range(2):
+        node.save(rank, 1)
+    node.clients[0].request_persist(1)
+    first = node.clients[0].wait_persisted(1, WAIT_S)
+    assert first.ok
+    assert not first.committed
+    assert "[1]" in first.reason
+    assert Committer(node.storage).tracker() is None
+    node.clients[1].request_persist(1)
+    second = node.clients[1].wait_persisted(1, WAIT_S)
+    assert second.ok
+    assert second.committed
+    assert Committer(node.storage).tracker() == Tracker(1, 2)
+    loaded = StorageReader(node.storage).load(1, 2)
+    assert torch.equal(loaded.state["w"], torch.full((8,), 11.0))
+
+
+def test_persist_of_a_step_not_in_memory_is_reported(node: Node) -> None:
+    node.save(0, 1)
+    node.clients[0].request_persist(7)
+    outcome = node.clients[0].wait_persisted(7, WAIT_S)
+    assert not outcome.ok
+    assert "no complete snapshot of step 7" in outcome.reason
+    assert "persist_failed" in node.clients[0].events.kinds()
+
+
+def test_full_disk_is_reported_and_training_goes_on(node: Node) -> None:
+    for rank in range(2):
+        node.save(rank, 1)
+        node.clients[rank].request_persist(1)
+        assert node.clients[rank].wait_persisted(1, WAIT_S).committed is (rank == 1)
+    node.storage.capacity_bytes = node.storage.size("1/rank_00000.safetensors") * 2 + 100
+    node.save(0, 2)
+    node.clients[0].request_persist(2)
+    outcome = node.clients[0].wait_persisted(2, WAIT_S)
+    assert not outcome.ok
+    assert "no space left" in outcome.reason
+    node.save(0, 3)  # training continues
+    assert Committer(node.storage).tracker() == Tracker(1, 2)
+    assert StorageReader(node.storage).load(0, 2).step == 1
+
+
+def test_bad_messages_get_errors_and_change_nothing(node: Node) -> None:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(WAIT_S)
+        s.connect(str(node.saver.socket_path))
+        send_message(s, {"type": "persist", "rank": -1, "step": 1})
+        reply = recv_message(s)
+        assert reply is not None
+        assert reply["type"] == "error"
+        assert "'rank'" in reply["reason"]
+        send_message(s, {"type": "launch_missiles"})
+        reply = recv_message(s)
+        assert reply is not None
+        assert "unknown message type 'launch_missiles'" in reply["reason"]
+    assert node.saver.wait_idle(WAIT_S)
+    assert node.storage.list_dir("") == []
+
+
+def test_persist_on_failure_commits_newest_common_step(node: Node) -> None:
+    for step in (1, 2):
+        for rank in range(2):
+            node.save(rank, step)
+    node.save(1, 3)  # rank 1 got one step further; rank 0 holds {1, 2}, rank 1 holds {2, 3}
+    # Rank 0's process dies: its connection closes without 'bye'.
+    dying = node.clients[0]
+    dying._sock.shutdown(socket.SHUT_RDWR)
+    dying._reader.join(WAIT_S)
+    _wait_until(lambda: "committed" in node.saver.events.kinds())
+    assert "stager_lost" in node.saver.events.kinds()
+    assert Committer(node.storage).tracker() == Tracker(2, 2)
+    for rank in range(2):
+        assert StorageReader(node.storage).load(rank, 2).state["s"] == 2
+
+
+def test_saver_config_validation() -> None:
+    with pytest.raises(ConfigError, match="'bad id'"):
+        SaverConfig(job_id="bad id", run_id="r")
+    with pytest.raises(ConfigError, match="lock_timeout_s"):
+        SaverConfig(job_id="j", run_id="r", lock_timeout_s=0)
+
+
+def test_lost_saver_never_stops_training(job_id: str) -> None:
+    from dlrover.flashckpt import FlashCheckpointer
+
+    storage = InMemoryStorage()
+    saver = Saver(SaverConfig(job_id=job_id, run_id="r"), storage)
+    saver.start()
+    ckpt = FlashCheckpointer(StagerConfig(job_id=job_id, run_id="r"), storage=storage, saver="connect")
+    try:
+        state = {"w": torch.ones(4)}
+        ckpt.save(1, state, persist=True)
+        assert ckpt.wait_persisted(1, WAIT_S).committed
+        saver.stop(remove_memory=False)
+        _wait_until(lambda: "saver_lost" in ckpt.events.kinds())
+        result = ckpt.save(2, state, persist=True)  # no exception: training goes on
+        assert result.saved
+        ckpt.stager.flush()
+        assert "persist_failed" in ckpt.events.kinds()
+        assert ckpt.load().step == 2  # the snapshot is still in memory
+    finally:
+        ckpt.close()
+        remove_run("/dev/shm", job_id, "r")
+
+
+def test_coordinator_commits_when_another_node_finishes(job_id: str) -> None:
+    """Two nodes (two savers, one rank each) share storage; only node 0's saver coordinates."""
+    storage = InMemoryStorage()
+    savers, clients, stagers = [], [], []
+    for node in range(2):
+        run = f"n{node}"  # each node has its own shared memory; the job's storage is shared
+        saver = Saver(
+            SaverConfig(job_id=job_id, run_id=run, world_size=2, coordinator=node == 0, commit_poll_interval_s=0.01),
+            storage,
+        )
+        saver.start()
+        savers.append(saver)
+        client = SaverClient(saver.socket_path, node, 2)
+        clients.append(client)
+        cfg = StagerConfig(job_id=job_id, run_id=run, rank=node, world_size=2, seal_in_background=False)
+        stagers.append(Stager(cfg))
+    try:
+        for rank in range(2):
+            assert stagers[rank].save(5, {"w": torch.full((2,), float(rank))}).saved
+        clients[0].request_persist(5)
+        assert not clients[0].wait_persisted(5, WAIT_S).committed  # rank 1 not done yet
+        clients[1].request_persist(5)
+        outcome = clients[1].wait_persisted(5, WAIT_S)
+        assert outcome.ok
+        assert not outcome.committed  # node 1 is not the coordinator
+        _wait_until(lambda: Committer(storage).tracker() == Tracker(5, 2))
+        assert "committed" in savers[0].events.kinds()
+    finally:
+        for stager in stagers:
+            stager.close()
+        for client in clients:
+            client.close()
+        for saver in savers:
+            saver.stop(remove_memory=True)
