@@ -23,6 +23,7 @@ from dlrover.common.ping import PingServicer, add_ping_service
 from dlrover.common.retry import RETRYABLE_CODES, RetryPolicy, RpcError, call_unary
 from dlrover.common.server import DEFAULT_MAX_MESSAGE_BYTES, GrpcServer, ServerConfig, format_host_port
 from dlrover.common.tls import TLSConfig
+from dlrover.common.validators import non_negative, port, positive
 
 __all__ = [
     "AUTH_METADATA_KEY",
@@ -53,6 +54,9 @@ __all__ = [
     "format_host_port",
     "generate_token",
     "load_token",
+    "non_negative",
+    "port",
+    "positive",
     "validate_token",
     "write_token_file",
 ]

@@ -15,18 +15,14 @@ import attrs
 import grpc
 
 from dlrover.common.clock import Clock, SystemClock
-from dlrover.common.errors import ConfigError, DLRoverError
+from dlrover.common.errors import DLRoverError
+from dlrover.common.validators import positive
 
 __all__ = ["RETRYABLE_CODES", "RetryPolicy", "RpcError", "call_unary"]
 
 _Resp = TypeVar("_Resp")
 
 RETRYABLE_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
-
-
-def _positive(_inst: object, attribute: attrs.Attribute[Any], value: float) -> None:
-    if not value > 0:
-        raise ConfigError(f"{attribute.name} must be positive, got {value!r}")
 
 
 @attrs.frozen
@@ -43,11 +39,11 @@ class RetryPolicy:
         retryable_codes: status codes after which an idempotent call is tried again.
     """
 
-    call_timeout_s: float = attrs.field(default=5.0, validator=_positive)
-    total_timeout_s: float = attrs.field(default=30.0, validator=_positive)
-    max_attempts: int = attrs.field(default=5, validator=_positive)
-    initial_backoff_s: float = attrs.field(default=0.05, validator=_positive)
-    max_backoff_s: float = attrs.field(default=2.0, validator=_positive)
+    call_timeout_s: float = attrs.field(default=5.0, validator=positive)
+    total_timeout_s: float = attrs.field(default=30.0, validator=positive)
+    max_attempts: int = attrs.field(default=5, validator=positive)
+    initial_backoff_s: float = attrs.field(default=0.05, validator=positive)
+    max_backoff_s: float = attrs.field(default=2.0, validator=positive)
     backoff_multiplier: float = attrs.field(default=2.0, validator=attrs.validators.ge(1.0))
     retryable_codes: frozenset[grpc.StatusCode] = RETRYABLE_CODES
 

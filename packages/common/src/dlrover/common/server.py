@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 import attrs
 import grpc
 
+from dlrover.common import validators
 from dlrover.common.auth import TokenAuthServerInterceptor
 from dlrover.common.errors import ConfigError, DLRoverError
 from dlrover.common.tls import TLSConfig
@@ -20,16 +21,6 @@ _log = logging.getLogger(__name__)
 
 DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 _S = TypeVar("_S")
-
-
-def _positive(_inst: object, attribute: attrs.Attribute[Any], value: float) -> None:
-    if not value > 0:
-        raise ConfigError(f"{attribute.name} must be positive, got {value!r}")
-
-
-def _port(_inst: object, _attribute: attrs.Attribute[Any], value: int) -> None:
-    if not 0 <= value <= 65535:
-        raise ConfigError(f"port must be in 0..65535, got {value!r}")
 
 
 def format_host_port(host: str, port: int) -> str:
@@ -53,9 +44,9 @@ class ServerConfig:
     """
 
     bind_address: str = "127.0.0.1"
-    port: int = attrs.field(default=0, validator=_port)
-    max_workers: int = attrs.field(default=16, validator=_positive)
-    max_message_bytes: int = attrs.field(default=DEFAULT_MAX_MESSAGE_BYTES, validator=_positive)
+    port: int = attrs.field(default=0, validator=validators.port)
+    max_workers: int = attrs.field(default=16, validator=validators.positive)
+    max_message_bytes: int = attrs.field(default=DEFAULT_MAX_MESSAGE_BYTES, validator=validators.positive)
     tls: TLSConfig | None = None
     stop_grace_s: float = attrs.field(default=2.0, validator=attrs.validators.ge(0.0))
 

@@ -8,6 +8,7 @@ from typing import Any
 import attrs
 
 from dlrover.common import ConfigError
+from dlrover.common.validators import non_negative, positive
 from dlrover.flashckpt.errors import FlashCkptError
 from dlrover.flashckpt.segment import DEFAULT_SHM_DIR, validate_id
 from dlrover.flashckpt.slots import BusyPolicy
@@ -23,16 +24,6 @@ def _id(kind: str) -> Any:
             raise ConfigError(str(e)) from None
 
     return check
-
-
-def _positive(_inst: object, attr: attrs.Attribute[Any], value: float) -> None:
-    if not value > 0:
-        raise ConfigError(f"{attr.name} must be > 0, got {value!r}")
-
-
-def _non_negative(_inst: object, attr: attrs.Attribute[Any], value: float) -> None:
-    if not value >= 0:
-        raise ConfigError(f"{attr.name} must be >= 0, got {value!r}")
 
 
 def _default_threads() -> int:
@@ -63,18 +54,18 @@ class StagerConfig:
 
     job_id: str = attrs.field(validator=_id("job"))
     run_id: str = attrs.field(validator=_id("run"))
-    rank: int = attrs.field(default=0, validator=_non_negative)
-    world_size: int = attrs.field(default=1, validator=_positive)
+    rank: int = attrs.field(default=0, validator=non_negative)
+    world_size: int = attrs.field(default=1, validator=positive)
     shm_dir: str = DEFAULT_SHM_DIR
     num_slots: int = attrs.field(default=2)
-    copy_threads: int = attrs.field(factory=_default_threads, validator=_positive)
-    copy_chunk_bytes: int = attrs.field(default=32 << 20, validator=_positive)
+    copy_threads: int = attrs.field(factory=_default_threads, validator=positive)
+    copy_chunk_bytes: int = attrs.field(default=32 << 20, validator=positive)
     busy_policy: BusyPolicy = attrs.field(default=BusyPolicy.WAIT, converter=BusyPolicy)
-    busy_wait_timeout_s: float = attrs.field(default=30.0, validator=_non_negative)
-    busy_poll_interval_s: float = attrs.field(default=0.005, validator=_positive)
+    busy_wait_timeout_s: float = attrs.field(default=30.0, validator=non_negative)
+    busy_poll_interval_s: float = attrs.field(default=0.005, validator=positive)
     seal_in_background: bool = True
     verify_on_load: bool = True
-    lock_timeout_s: float = attrs.field(default=30.0, validator=_non_negative)
+    lock_timeout_s: float = attrs.field(default=30.0, validator=non_negative)
 
     @num_slots.validator
     def _check_slots(self, _attr: object, value: int) -> None:

@@ -23,6 +23,7 @@ from typing import Any
 import attrs
 
 from dlrover.common import Clock, ConfigError, SystemClock
+from dlrover.common.validators import positive
 from dlrover.flashckpt.channel import ChannelError, recv_message, send_message
 from dlrover.flashckpt.commit import Committer, RetentionPolicy
 from dlrover.flashckpt.errors import FlashCkptError, LayoutError
@@ -51,11 +52,6 @@ def socket_path(shm_dir: str | Path, job: str, run: str) -> Path:
     return Path(shm_dir) / f"{SEGMENT_PREFIX}{job}.{run}.sock"
 
 
-def _positive(_inst: object, attr: attrs.Attribute[Any], value: float) -> None:
-    if not value > 0:
-        raise ConfigError(f"{attr.name} must be > 0, got {value!r}")
-
-
 @attrs.frozen
 class SaverConfig:
     """What a node's saver serves and how.
@@ -77,14 +73,14 @@ class SaverConfig:
 
     job_id: str
     run_id: str
-    world_size: int = attrs.field(default=1, validator=_positive)
+    world_size: int = attrs.field(default=1, validator=positive)
     shm_dir: str = DEFAULT_SHM_DIR
     num_slots: int = 2
     coordinator: bool = True
     persist_on_failure: bool = True
-    lock_timeout_s: float = attrs.field(default=60.0, validator=_positive)
-    poll_interval_s: float = attrs.field(default=0.05, validator=_positive)
-    commit_poll_interval_s: float = attrs.field(default=1.0, validator=_positive)
+    lock_timeout_s: float = attrs.field(default=60.0, validator=positive)
+    poll_interval_s: float = attrs.field(default=0.05, validator=positive)
+    commit_poll_interval_s: float = attrs.field(default=1.0, validator=positive)
     retention: RetentionPolicy | None = None
 
     def __attrs_post_init__(self) -> None:

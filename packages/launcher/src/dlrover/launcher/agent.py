@@ -14,7 +14,8 @@ from pathlib import Path
 
 import attrs
 
-from dlrover.common import Clock, ConfigError, SystemClock
+from dlrover.common import Clock, SystemClock
+from dlrover.common.validators import non_negative
 from dlrover.launcher.control import ControlPlane, FailureReport, Progress, RoundAssignment
 from dlrover.launcher.decisions import Step, StepKind, after_failure, assess_workers, first_failure, on_master_actions
 from dlrover.launcher.env import NODE_ID_ENV_VAR, WorkerIdentity, worker_env
@@ -23,11 +24,6 @@ from dlrover.launcher.workers import WorkerGroup, WorkerSpec
 __all__ = ["Agent", "AgentConfig", "AgentResult"]
 
 _log = logging.getLogger(__name__)
-
-
-def _non_negative(_inst: object, attribute: attrs.Attribute[float], value: float) -> None:
-    if value < 0:
-        raise ConfigError(f"{attribute.name} must not be negative, got {value!r}")
 
 
 @attrs.frozen
@@ -55,9 +51,9 @@ class AgentConfig:
     max_restarts: int = attrs.field(default=0, validator=attrs.validators.ge(0))
     run_id: str = "none"
     role: str = "default"
-    monitor_interval_s: float = attrs.field(default=0.1, validator=_non_negative)
-    shutdown_grace_s: float = attrs.field(default=10.0, validator=_non_negative)
-    rendezvous_timeout_s: float = attrs.field(default=600.0, validator=_non_negative)
+    monitor_interval_s: float = attrs.field(default=0.1, validator=non_negative)
+    shutdown_grace_s: float = attrs.field(default=10.0, validator=non_negative)
+    rendezvous_timeout_s: float = attrs.field(default=600.0, validator=non_negative)
     log_dir: Path | None = None
     redirects: Mapping[int, int] = attrs.field(factory=dict)
     tee: Mapping[int, int] = attrs.field(factory=dict)

@@ -7,6 +7,7 @@ from typing import Any
 import attrs
 
 from dlrover.common import ConfigError
+from dlrover.common.validators import non_negative, positive
 
 __all__ = ["RendezvousConfig", "largest_world_size"]
 
@@ -14,16 +15,6 @@ __all__ = ["RendezvousConfig", "largest_world_size"]
 def _at_least_one(_inst: object, attribute: attrs.Attribute[Any], value: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ConfigError(f"{attribute.name} must be an integer >= 1, got {value!r}")
-
-
-def _positive(_inst: object, attribute: attrs.Attribute[Any], value: float) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-        raise ConfigError(f"{attribute.name} must be a positive number of seconds, got {value!r}")
-
-
-def _non_negative(_inst: object, attribute: attrs.Attribute[Any], value: float) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
-        raise ConfigError(f"{attribute.name} must be a non-negative number of seconds, got {value!r}")
 
 
 def largest_world_size(available: int, max_nodes: int, node_unit: int) -> int:
@@ -54,9 +45,9 @@ class RendezvousConfig:
     min_nodes: int = attrs.field(validator=_at_least_one)
     max_nodes: int = attrs.field(validator=_at_least_one)
     node_unit: int = attrs.field(default=1, validator=_at_least_one)
-    last_call_s: float = attrs.field(default=5.0, validator=_non_negative)
-    join_timeout_s: float = attrs.field(default=600.0, validator=_positive)
-    heartbeat_timeout_s: float = attrs.field(default=30.0, validator=_positive)
+    last_call_s: float = attrs.field(default=5.0, validator=non_negative)
+    join_timeout_s: float = attrs.field(default=600.0, validator=positive)
+    heartbeat_timeout_s: float = attrs.field(default=30.0, validator=positive)
 
     def __attrs_post_init__(self) -> None:
         if self.min_nodes > self.max_nodes:

@@ -21,6 +21,7 @@ import attrs
 import grpc
 
 from dlrover.common import ChannelConfig, Clock, ConfigError, RetryPolicy, SystemClock, call_unary, create_channel
+from dlrover.common.validators import non_negative, positive
 from dlrover.shard.config import DatasetSpec
 from dlrover.shard.convert import shard_from_proto, spec_to_proto, status_from_proto
 from dlrover.shard.results import DatasetStatus, FetchResult, RegisterResult, ReportResult, RestoreResult
@@ -31,16 +32,6 @@ from dlrover.shard.v1 import shard_pb2_grpc
 __all__ = ["ShardClient", "ShardClientConfig"]
 
 _log = logging.getLogger(__name__)
-
-
-def _positive(_inst: object, attribute: attrs.Attribute[Any], value: float) -> None:
-    if not value > 0:
-        raise ConfigError(f"{attribute.name} must be positive, got {value!r}")
-
-
-def _non_negative(_inst: object, attribute: attrs.Attribute[Any], value: int) -> None:
-    if value < 0:
-        raise ConfigError(f"{attribute.name} must not be negative, got {value!r}")
 
 
 @attrs.frozen
@@ -60,10 +51,10 @@ class ShardClientConfig:
 
     retry: RetryPolicy = attrs.field(factory=RetryPolicy)
     channel: ChannelConfig = attrs.field(factory=ChannelConfig)
-    fetch_count: int = attrs.field(default=1, validator=_positive)
-    prefetch_shards: int = attrs.field(default=1, validator=_non_negative)
-    poll_interval_s: float = attrs.field(default=0.2, validator=_positive)
-    renew_interval_s: float = attrs.field(default=10.0, validator=_positive)
+    fetch_count: int = attrs.field(default=1, validator=positive)
+    prefetch_shards: int = attrs.field(default=1, validator=non_negative)
+    poll_interval_s: float = attrs.field(default=0.2, validator=positive)
+    renew_interval_s: float = attrs.field(default=10.0, validator=positive)
 
 
 class ShardClient:
