@@ -37,11 +37,33 @@ def test_flags_become_a_validated_config() -> None:
         (["--heartbeat-timeout-s", "-1", "--backend", "external"], "heartbeat_timeout_s must be positive"),
         (["--backend", "local"], "agent_command"),
         (["--token", "short", "--backend", "external"], "16 to 512 characters"),
+        (["--backend", "external", "--rdzv-last-call-s", "-1"], "rendezvous_last_call_s must be zero or positive"),
+        (["--backend", "external", "--rdzv-join-timeout-s", "0"], "rendezvous_join_timeout_s must be positive"),
+        (["--backend", "external", "--state-export-interval-s", "0"], "state_export_interval_s must be positive"),
+        (["--backend", "external", "--nnodes", "3:3", "--node-unit", "2"], "no multiple of node_unit=2"),
     ],
 )
 def test_bad_flags_exit_2_with_a_message(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(argv) == 2
     assert message in capsys.readouterr().err
+
+
+def test_rendezvous_journal_and_policy_flags_reach_the_config() -> None:
+    args = _run_parser().parse_args(
+        ["--backend", "external", "--nnodes", "2:4", "--node-unit", "2", "--rdzv-last-call-s", "7",
+         "--rdzv-join-timeout-s", "90", "--rdzv-heartbeat-timeout-s", "12", "--state-export-interval-s", "2.5",
+         "--no-journal-shard-changes", "--failure-policy", "default"]
+    )  # fmt: skip
+    cfg = build_config(args)
+    rdzv = cfg.rendezvous_config()
+    assert (rdzv.min_nodes, rdzv.max_nodes, rdzv.node_unit) == (2, 4, 2)
+    assert (rdzv.last_call_s, rdzv.join_timeout_s, rdzv.heartbeat_timeout_s) == (7, 90, 12)
+    assert cfg.state_export_interval_s == 2.5
+    assert not cfg.journal_shard_changes
+    assert cfg.failure_policy == "default"
+    defaults = build_config(_run_parser().parse_args(["--backend", "external"]))
+    assert defaults.journal_shard_changes
+    assert defaults.failure_policy == "diagnosis"
 
 
 def test_token_is_generated_once_into_the_state_dir(tmp_path: Path) -> None:

@@ -4,13 +4,17 @@ Composes the DLRover libraries behind one authenticated gRPC server: the node li
 explicit transition table, budgets, early-stop rules), scheduler backends (local, external),
 a SQLite state journal a restarted master resumes from, per-node identity, checkpoint
 coordination, Prometheus metrics, a JSON-lines event log with goodput, and `dlrover-master`.
+By default the same server hosts the job's RendezvousService and ShardService (journaled, and
+released from failed nodes), and failures are decided by dlrover.diagnosis.
 """
 
 from dlrover.master.checkpoints import CheckpointError, CheckpointReport, CheckpointTracker
 from dlrover.master.client import MasterClient
-from dlrover.master.config import LifecycleConfig, MasterConfig, NodeRange, parse_node_range
+from dlrover.master.config import FAILURE_POLICIES, LifecycleConfig, MasterConfig, NodeRange, parse_node_range
+from dlrover.master.diagnosis_policy import REPORTED_TO_DIAGNOSED, DiagnosisFailurePolicy
 from dlrover.master.eventlog import EventLog, Goodput, GoodputTracker, compute_goodput, read_event_log
-from dlrover.master.factory import MASTER_ADDR_ENV_VAR, create_master, resolve_token
+from dlrover.master.factory import MASTER_ADDR_ENV_VAR, create_master, default_policy, resolve_token
+from dlrover.master.hosting import SHARD_STATE_FORMAT, HostedRendezvous, HostedShards, StateSink, node_of_worker
 from dlrover.master.identity import (
     NODE_CREDENTIAL_METADATA_KEY,
     NODE_ID_METADATA_KEY,
@@ -40,10 +44,11 @@ from dlrover.master.lifecycle import (
     NodeStateError,
     UnknownNodeError,
 )
-from dlrover.master.master import JobStatus, Master, ResourceSample, StatefulCollaborator
+from dlrover.master.master import JobStatus, Master, NodeMembership, ResourceSample, StatefulCollaborator
 from dlrover.master.metrics import MasterMetrics, MetricsEndpoint
 from dlrover.master.policy import DefaultFailurePolicy, Failure, FailureAction, FailureDecision, FailurePolicy
 from dlrover.master.records import Action, Event, LaunchNode, LifecycleSnapshot, NodeRecord, Outcome, StopNode
+from dlrover.master.rendezvous_state import export_rendezvous, restore_rendezvous
 from dlrover.master.runtime import MasterRuntime, ServiceRegistration
 from dlrover.master.scheduler import (
     ExternalScheduler,
@@ -76,6 +81,8 @@ __all__ = [
     "StatefulCollaborator",
     "create_master",
     "resolve_token",
+    "default_policy",
+    "FAILURE_POLICIES",
     "MASTER_ADDR_ENV_VAR",
     "JobStatus",
     "ResourceSample",
@@ -111,6 +118,17 @@ __all__ = [
     "Failure",
     "FailureAction",
     "FailureDecision",
+    "DiagnosisFailurePolicy",
+    "REPORTED_TO_DIAGNOSED",
+    # hosted libraries (rendezvous, shards)
+    "HostedRendezvous",
+    "HostedShards",
+    "NodeMembership",
+    "StateSink",
+    "node_of_worker",
+    "SHARD_STATE_FORMAT",
+    "export_rendezvous",
+    "restore_rendezvous",
     # checkpoints
     "CheckpointTracker",
     "CheckpointReport",

@@ -19,7 +19,7 @@ from types import FrameType
 
 from dlrover.common import ChannelConfig, DLRoverError, RetryPolicy, TLSConfig, configure_logging, load_token
 from dlrover.master.client import MasterClient
-from dlrover.master.config import BACKENDS, LifecycleConfig, MasterConfig, parse_node_range
+from dlrover.master.config import BACKENDS, FAILURE_POLICIES, LifecycleConfig, MasterConfig, parse_node_range
 from dlrover.master.factory import create_master
 from dlrover.master.states import JobState
 from dlrover.master.status import format_status
@@ -60,6 +60,41 @@ def _run_parser() -> argparse.ArgumentParser:
     p.add_argument("--event-log", default=None, help="JSON-lines event log (default: <state-dir>/events.jsonl)")
     p.add_argument("--max-message-bytes", type=int, default=4 * 1024 * 1024)
     p.add_argument("--max-workers", type=int, default=16, help="threads serving RPCs")
+    p.add_argument(
+        "--rdzv-last-call-s",
+        type=float,
+        default=5.0,
+        help="after the last join, wait this long for more nodes before a round completes",
+    )
+    p.add_argument(
+        "--rdzv-join-timeout-s",
+        type=float,
+        default=600.0,
+        help="a node waiting this long for a round is told it timed out",
+    )
+    p.add_argument(
+        "--rdzv-heartbeat-timeout-s",
+        type=float,
+        default=30.0,
+        help="a rendezvous member silent this long is removed from its round",
+    )
+    p.add_argument(
+        "--state-export-interval-s",
+        type=float,
+        default=5.0,
+        help="how often rendezvous and shard state are journaled at the latest",
+    )
+    p.add_argument(
+        "--no-journal-shard-changes",
+        action="store_true",
+        help="journal shard progress only every --state-export-interval-s, not before each answer",
+    )
+    p.add_argument(
+        "--failure-policy",
+        choices=FAILURE_POLICIES,
+        default="diagnosis",
+        help="diagnosis: classify the evidence (default); default: decide on the reported kind",
+    )
     p.add_argument("--linger-max-s", type=float, default=10.0, help="most time to tell agents the job ended")
     p.add_argument("--log-level", default="INFO")
     return p
@@ -113,6 +148,12 @@ def build_config(args: argparse.Namespace) -> MasterConfig:
         metrics_port=args.metrics_port,
         metrics_bind_address=args.metrics_bind_address,
         event_log=args.event_log,
+        rendezvous_last_call_s=args.rdzv_last_call_s,
+        rendezvous_join_timeout_s=args.rdzv_join_timeout_s,
+        rendezvous_heartbeat_timeout_s=args.rdzv_heartbeat_timeout_s,
+        state_export_interval_s=args.state_export_interval_s,
+        journal_shard_changes=not args.no_journal_shard_changes,
+        failure_policy=args.failure_policy,
     )
 
 

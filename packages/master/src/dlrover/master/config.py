@@ -8,10 +8,12 @@ from typing import Any
 import attrs
 
 from dlrover.common import ConfigError, TLSConfig
+from dlrover.rendezvous import RendezvousConfig
 
-__all__ = ["BACKENDS", "LifecycleConfig", "MasterConfig", "NodeRange", "parse_node_range"]
+__all__ = ["BACKENDS", "FAILURE_POLICIES", "LifecycleConfig", "MasterConfig", "NodeRange", "parse_node_range"]
 
 BACKENDS = ("local", "external")
+FAILURE_POLICIES = ("diagnosis", "default")
 
 
 def _positive(_inst: object, attribute: attrs.Attribute[Any], value: float) -> None:
@@ -117,6 +119,17 @@ class MasterConfig:
         event_log: path of the JSON-lines event log; None puts it in the state directory (or
             writes none without one).
         progress_event_interval_s: at most one step-progress event per this many seconds.
+        rendezvous_last_call_s: after the last join, how long a round with at least `min_nodes`
+            waits for more nodes before it completes.
+        rendezvous_join_timeout_s: a node waiting this long without being admitted is told so.
+        rendezvous_heartbeat_timeout_s: a rendezvous member silent this long is removed from it.
+        state_export_interval_s: how often the rendezvous and shard state are exported to the
+            journal when nothing forced an export earlier (see `journal_shard_changes`).
+        journal_shard_changes: journal the shard state after every request that changed it,
+            before answering (an acknowledged sample is never lost by a master restart); when
+            False, shard progress reaches the journal only every `state_export_interval_s`.
+        failure_policy: `diagnosis` (classify the evidence and use dlrover.diagnosis' action
+            policy) or `default` (`DefaultFailurePolicy`, decided on the reported kind alone).
     """
 
     job_name: str = "dlrover-job"
@@ -138,6 +151,12 @@ class MasterConfig:
     metrics_bind_address: str = "127.0.0.1"
     event_log: str | None = None
     progress_event_interval_s: float = attrs.field(default=10.0, validator=_non_negative)
+    rendezvous_last_call_s: float = attrs.field(default=5.0, validator=_non_negative)
+    rendezvous_join_timeout_s: float = attrs.field(default=600.0, validator=_positive)
+    rendezvous_heartbeat_timeout_s: float = attrs.field(default=30.0, validator=_positive)
+    state_export_interval_s: float = attrs.field(default=5.0, validator=_positive)
+    journal_shard_changes: bool = True
+    failure_policy: str = "diagnosis"
 
     def __attrs_post_init__(self) -> None:
         if not self.job_name or len(self.job_name) > 128 or not self.job_name.isprintable():
@@ -148,8 +167,29 @@ class MasterConfig:
             raise ConfigError(f"metrics_port must be in 0..65535, got {self.metrics_port!r}")
         if self.backend not in BACKENDS:
             raise ConfigError(f"backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
+        if self.failure_policy not in FAILURE_POLICIES:
+            raise ConfigError(
+                f"failure_policy must be one of {', '.join(FAILURE_POLICIES)}, got {self.failure_policy!r}"
+            )
+        self.rendezvous_config()  # refuses node ranges the rendezvous cannot form rounds for
         if self.heartbeat_interval_s >= self.lifecycle.heartbeat_timeout_s:
             raise ConfigError(
                 f"heartbeat_interval_s ({self.heartbeat_interval_s}) must be shorter than "
                 f"heartbeat_timeout_s ({self.lifecycle.heartbeat_timeout_s})"
             )
+
+    def rendezvous_config(self) -> RendezvousConfig:
+        """The rendezvous parameters of this job: nnodes and node_unit from `lifecycle.nodes`.
+
+        Raises:
+            ConfigError: no multiple of node_unit lies within [min_nodes, max_nodes].
+        """
+        nodes = self.lifecycle.nodes
+        return RendezvousConfig(
+            min_nodes=nodes.min_nodes,
+            max_nodes=nodes.max_nodes,
+            node_unit=nodes.node_unit,
+            last_call_s=self.rendezvous_last_call_s,
+            join_timeout_s=self.rendezvous_join_timeout_s,
+            heartbeat_timeout_s=self.rendezvous_heartbeat_timeout_s,
+        )

@@ -19,18 +19,22 @@ from dlrover.common import (
     write_token_file,
 )
 from dlrover.master.config import MasterConfig
+from dlrover.master.diagnosis_policy import DiagnosisFailurePolicy
 from dlrover.master.eventlog import EventLog
+from dlrover.master.hosting import HostedRendezvous, HostedShards
 from dlrover.master.identity import NodeAuthenticator
 from dlrover.master.journal import MemoryJournal, SqliteJournal, StateJournal
-from dlrover.master.master import Master, StatefulCollaborator
+from dlrover.master.master import Master, NodeMembership, StatefulCollaborator
 from dlrover.master.metrics import MasterMetrics
-from dlrover.master.policy import FailurePolicy
+from dlrover.master.policy import DefaultFailurePolicy, FailurePolicy
 from dlrover.master.runtime import MasterRuntime, ServiceRegistration
 from dlrover.master.scheduler.base import SchedulerBackend
 from dlrover.master.scheduler.external import ExternalScheduler
 from dlrover.master.scheduler.local import LocalScheduler
+from dlrover.rendezvous import RendezvousManager
+from dlrover.shard import ShardRegistry
 
-__all__ = ["MASTER_ADDR_ENV_VAR", "create_master", "resolve_token"]
+__all__ = ["MASTER_ADDR_ENV_VAR", "create_master", "default_policy", "resolve_token"]
 
 _log = logging.getLogger(__name__)
 
@@ -76,6 +80,13 @@ def _scheduler(config: MasterConfig) -> SchedulerBackend:
     return LocalScheduler(config.agent_command, stop_grace_s=config.node_stop_grace_s, log_dir=log_dir)
 
 
+def default_policy(config: MasterConfig) -> FailurePolicy:
+    """The failure policy `config.failure_policy` names (`diagnosis` unless told otherwise)."""
+    if config.failure_policy == "default":
+        return DefaultFailurePolicy()
+    return DiagnosisFailurePolicy()
+
+
 def create_master(
     config: MasterConfig,
     *,
@@ -84,16 +95,24 @@ def create_master(
     policy: FailurePolicy | None = None,
     collaborators: Sequence[StatefulCollaborator] = (),
     extra_services: Sequence[ServiceRegistration] = (),
+    host_libraries: bool = True,
 ) -> MasterRuntime:
     """Build a master with its journal, scheduler, metrics, event log and server (not started).
+
+    By default the server also hosts the job's RendezvousService (rounds from `config`'s nnodes,
+    node_unit and rendezvous timeouts) and ShardService, on the same address and token as
+    AgentService; both are journaled and restored, and let go of nodes the master fails or
+    removes (see `dlrover.master.hosting`). They are `runtime.rendezvous` and `runtime.shards`.
 
     Args:
         config: the configuration.
         scheduler: overrides the backend named in `config`.
         clock: the time source (the system clock by default).
-        policy: the failure policy (the default policy when None).
-        collaborators: libraries whose state is journaled (rendezvous, shards).
+        policy: the failure policy; when None, the one `config.failure_policy` names (the
+            diagnosis policy by default, `DefaultFailurePolicy` for `default`).
+        collaborators: more libraries whose state is journaled.
         extra_services: more services hosted on the master's server.
+        host_libraries: host the rendezvous and shard services (False: an embedder hosts its own).
 
     Returns:
         A runtime; `start()` it (or use it as a context manager).
@@ -119,17 +138,29 @@ def create_master(
         log_path = config.event_log or (str(Path(config.state_dir) / EVENT_LOG_NAME) if config.state_dir else None)
         event_log = EventLog(log_path) if log_path else None
         backend = scheduler or _scheduler(config)
+        the_clock = clock or SystemClock()
+        rendezvous: HostedRendezvous | None = None
+        shards: HostedShards | None = None
+        hosted: list[HostedRendezvous | HostedShards] = []
+        if host_libraries:
+            rendezvous = HostedRendezvous(RendezvousManager(config.rendezvous_config()), the_clock)
+            shards = HostedShards(ShardRegistry(the_clock), journal_every_change=config.journal_shard_changes)
+            hosted = [rendezvous, shards]
+        membership: list[NodeMembership] = list(hosted)
         master = Master(
             config,
             backend,
             journal,
-            clock or SystemClock(),
-            policy=policy,
-            collaborators=collaborators,
+            the_clock,
+            policy=policy or default_policy(config),
+            collaborators=[*hosted, *collaborators],
             metrics=MasterMetrics(config.job_name),
             event_log=event_log,
             agent_env=agent_env,
+            membership=membership,
         )
+        for library in hosted:
+            library.attach(master)
         runtime = MasterRuntime(
             master,
             token=token,
@@ -144,7 +175,9 @@ def create_master(
             scheduler=backend,
             journal=journal,
             tick_interval_s=config.tick_interval_s,
-            extra_services=extra_services,
+            extra_services=[*(library.register for library in hosted), *extra_services],
+            rendezvous=rendezvous,
+            shards=shards,
             metrics_bind_address=config.metrics_bind_address,
             metrics_port=config.metrics_port,
             event_log=event_log,

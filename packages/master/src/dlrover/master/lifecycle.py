@@ -314,9 +314,9 @@ class JobLifecycle:
         return actions, Outcome(changed_nodes=frozenset({node_id}))
 
     def report_failure(
-        self, node_id: int, kind: FailureKind, evidence: str, now: float
+        self, node_id: int, kind: FailureKind, evidence: str, now: float, *, exit_code: int | None = None
     ) -> tuple[FailureDecision, Outcome]:
-        """A node failed; decide and apply what to do.
+        """A node failed; decide and apply what to do (`exit_code`: the failed process's status, if known).
 
         Returns:
             The decision as applied (after budgets), and what changed.
@@ -328,7 +328,7 @@ class JobLifecycle:
         node = self.node(node_id)
         if node.state not in ALIVE_STATES:
             raise NodeStateError(f"node {node_id} is {node.state.value}; it cannot fail")
-        return self._fail(node, kind, _clip(evidence), now)
+        return self._fail(node, kind, _clip(evidence), now, exit_code)
 
     def report_success(self, node_id: int, now: float) -> Outcome:
         """The node's training processes finished successfully.
@@ -468,7 +468,9 @@ class JobLifecycle:
             )
         return decision
 
-    def _fail(self, node: NodeRecord, kind: FailureKind, evidence: str, now: float) -> tuple[FailureDecision, Outcome]:
+    def _fail(
+        self, node: NodeRecord, kind: FailureKind, evidence: str, now: float, exit_code: int | None = None
+    ) -> tuple[FailureDecision, Outcome]:
         self._job_failures += 1
         restarts_left = max(self._config.max_process_restarts - node.process_restarts, 0)
         relaunches_left = max(self._config.max_relaunches - node.relaunch_count, 0)
@@ -488,7 +490,7 @@ class JobLifecycle:
                 f"too many failures: {self._job_failures} > max_job_failures {self._config.max_job_failures}",
             )
         else:
-            proposed = self._policy.decide(Failure(node, kind, evidence, restarts_left, relaunches_left))
+            proposed = self._policy.decide(Failure(node, kind, evidence, restarts_left, relaunches_left, exit_code))
             decision = self._enforce(node, proposed, restarts_left, relaunches_left)
         if decision.avoid_host and node.host:
             out = out.merge(self.mark_host_unhealthy(node.host, f"{kind.value} on node {node.node_id}"))

@@ -8,6 +8,7 @@ periodically by whoever hosts the master (see `MasterRuntime`).
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import threading
@@ -35,17 +36,21 @@ from dlrover.master.records import Action, Event, LaunchNode, NodeRecord, Outcom
 from dlrover.master.scheduler.base import NodeSpec, ObservedState, SchedulerBackend, SchedulerError
 from dlrover.master.states import ALIVE_STATES, FailureKind, JobState, NodeState
 
-__all__ = ["JobStatus", "Master", "ResourceSample", "StatefulCollaborator"]
+__all__ = ["JobStatus", "Master", "NodeMembership", "ResourceSample", "StatefulCollaborator"]
 
 _log = logging.getLogger(__name__)
+
+_GONE_STATES = frozenset({NodeState.FAILED, NodeState.RELAUNCHING, NodeState.REMOVED})
 
 
 @runtime_checkable
 class StatefulCollaborator(Protocol):
     """A library whose state the master journals as an opaque JSON blob (rendezvous, shards).
 
-    The master calls `export_state` on every tick and journals the blob when its version grew;
-    on start it hands the last journaled blob to `import_state`.
+    The master calls `export_state` every `state_export_interval_s` (from its tick), after node
+    departures, at shutdown, and whenever the library asks (`Master.journal_collaborator`), and
+    journals the blob when its version grew; on start it hands the last journaled blob to
+    `import_state`. `export_state` may take the library's own lock.
     """
 
     @property
@@ -59,6 +64,27 @@ class StatefulCollaborator(Protocol):
 
     def import_state(self, version: int, data: str) -> None:
         """Resume from a journaled blob."""
+        ...
+
+
+@runtime_checkable
+class NodeMembership(Protocol):
+    """A library told by the master when nodes leave the job, so it lets go of them (rendezvous, shards).
+
+    Called under the master's lock: an implementation may take its own lock, but must never wait
+    for the master's. Exceptions are logged with their traceback and do not stop the master.
+    """
+
+    def node_departed(self, node_id: int, reason: str) -> None:
+        """The node failed or was removed: it is gone for good (a replacement comes with a new id)."""
+        ...
+
+    def processes_restarted(self, node_id: int, reason: str) -> None:
+        """The node's training processes are being restarted; the node stays."""
+        ...
+
+    def job_finished(self, reason: str) -> None:
+        """The job ended."""
         ...
 
 
@@ -121,6 +147,7 @@ class Master:
         metrics: Prometheus metrics; a fresh registry when None.
         event_log: JSON-lines timeline; none when None.
         agent_env: environment handed to every launched agent (master address, token file).
+        membership: libraries told when nodes depart, restart their processes, or the job ends.
     """
 
     def __init__(
@@ -136,6 +163,7 @@ class Master:
         metrics: MasterMetrics | None = None,
         event_log: EventLog | None = None,
         agent_env: Mapping[str, str] | Callable[[], Mapping[str, str]] | None = None,
+        membership: Sequence[NodeMembership] = (),
     ) -> None:
         self._config = config
         self._scheduler = scheduler
@@ -146,6 +174,8 @@ class Master:
         self._event_log = event_log
         self._agent_env = agent_env
         self._collaborators = list(collaborators)
+        self._membership = list(membership)
+        self._last_export: float | None = None
         self._resources: dict[int, ResourceSample] = {}
         self._observed: dict[int, ObservedState] = {}
         self._progress: tuple[float, int, int] | None = None  # (wall time, step, samples) of the last progress event
@@ -165,12 +195,30 @@ class Master:
             if blob is not None:
                 collaborator.import_state(blob.version, blob.data)
                 self._blob_versions[collaborator.state_name] = blob.version
+        if self._restored and self._membership:
+            self._reconcile_membership()
         if restored.last_event_seq:
             for event in self._all_events():
                 self._goodput.add(event_to_dict(event))
                 self._event_count += 1
         if self._restored:
             self._record(Outcome(events=(Event("master_restart", "the master restarted and resumed the job"),)))
+
+    def _reconcile_membership(self) -> None:
+        """Tell the libraries again which nodes are gone and whether the job ended.
+
+        The previous master may have died after journaling a departure and before journaling the
+        libraries' reaction to it; repeating the news is harmless (leaving twice is a no-op).
+        """
+        gone = [n.node_id for n in self._lifecycle.nodes().values() if n.state in _GONE_STATES]
+        for member in self._membership:
+            try:
+                for node_id in gone:
+                    member.node_departed(node_id, "it left the job before the master restarted")
+                if self._lifecycle.job_state.finished:
+                    member.job_finished(self._lifecycle.exit_reason)
+            except Exception:
+                _log.exception("%s could not catch up with departures after a restart", type(member).__name__)
 
     def _identity(self) -> dict[str, Any]:
         """What must not change between a master and the one that resumes its job."""
@@ -256,6 +304,33 @@ class Master:
         self._metrics.set_node_counts({s: self._lifecycle.count(s) for s in NodeState})
         for effect in outcome.effects:
             self._apply(effect)
+        if self._membership and self._notify_membership(outcome.events):
+            # A departure changed the rendezvous and shards: journal that now, not a cadence later.
+            self._journal_collaborators()
+
+    def _notify_membership(self, events: Iterable[Event]) -> bool:
+        """Tell the libraries about departures, process restarts and the job's end; True if any."""
+        notified = False
+        for ev in events:
+            if ev.kind == "node_state" and ev.node_id is not None:
+                left = NodeState(ev.data["from"]) in ALIVE_STATES
+                if not left or ev.data["to"] not in (NodeState.FAILED.value, NodeState.REMOVED.value):
+                    continue
+                call: Callable[[NodeMembership], None] = functools.partial(_departed, ev.node_id, ev.message)
+            elif ev.kind == "process_restart" and ev.node_id is not None:
+                call = functools.partial(_restarted, ev.node_id, ev.message)
+            elif ev.kind == "job_end":
+                call = functools.partial(_job_finished, ev.message)
+            else:
+                continue
+            notified = True
+            for member in self._membership:
+                try:
+                    call(member)
+                except Exception:
+                    # One library's bug must not stop the master deciding; it is logged in full.
+                    _log.exception("%s could not handle: %s", type(member).__name__, ev.message)
+        return notified
 
     def _apply(self, effect: LaunchNode | StopNode) -> None:
         if isinstance(effect, StopNode):
@@ -363,14 +438,24 @@ class Master:
         self._progress = (wall, step, samples)
         self._record(Outcome(events=(Event("progress", f"step {step}", data={"step": step, "samples": samples}),)))
 
-    def report_failure(self, node_id: int, kind: FailureKind, evidence: str) -> FailureDecision:
+    def report_failure(
+        self, node_id: int, kind: FailureKind, evidence: str, *, exit_code: int | None = None
+    ) -> FailureDecision:
         """A node failed; returns the decision as applied.
+
+        Args:
+            node_id: the node.
+            kind: the kind its agent reported.
+            evidence: what the agent saw (a log tail, a traceback).
+            exit_code: the failed process's exit status, when known.
 
         Raises:
             LifecycleError: refused; nothing changed.
         """
         with self._lock:
-            decision, outcome = self._lifecycle.report_failure(node_id, kind, evidence, self._clock.now())
+            decision, outcome = self._lifecycle.report_failure(
+                node_id, kind, evidence, self._clock.now(), exit_code=exit_code
+            )
             self._record(outcome)
             return decision
 
@@ -427,8 +512,10 @@ class Master:
         """Observe the scheduler, handle timeouts, journal collaborators, refresh metrics."""
         with self._lock:
             self._observe_scheduler()
-            self._record(self._lifecycle.tick(self._clock.now()))
-            self._journal_collaborators()
+            now = self._clock.now()
+            self._record(self._lifecycle.tick(now))
+            if self._last_export is None or now - self._last_export >= self._config.state_export_interval_s:
+                self._journal_collaborators()
             self._metrics.set_goodput(self._goodput.goodput(self._clock.wall_time()).ratio)
 
     def _observe_scheduler(self) -> None:
@@ -449,9 +536,34 @@ class Master:
                 self._record(self._lifecycle.report_success(node_id, now))
             elif seen.state in (ObservedState.SUCCEEDED, ObservedState.FAILED, ObservedState.STOPPED):
                 evidence = f"the agent exited with status {seen.exit_code} ({seen.state.value})"
-                self._record(self._lifecycle.report_failure(node_id, FailureKind.NODE_EXIT, evidence, now)[1])
+                _decision, outcome = self._lifecycle.report_failure(
+                    node_id, FailureKind.NODE_EXIT, evidence, now, exit_code=seen.exit_code
+                )
+                self._record(outcome)
+
+    def journal_collaborator(self, collaborator: StatefulCollaborator) -> bool:
+        """Export one collaborator now and journal it if its version grew; True when it was written.
+
+        For libraries whose change must be durable before they answer (an acknowledged shard).
+        The export runs before the master's lock is taken, so a library may call this right after
+        releasing its own lock; a version not newer than the one journaled is skipped, so
+        concurrent callers never write an older state over a newer one.
+        """
+        version, data = collaborator.export_state()
+        with self._lock:
+            if version <= self._blob_versions.get(collaborator.state_name, -1):
+                return False
+            self._record(Outcome(), blobs={collaborator.state_name: Blob(version, data)})
+            self._blob_versions[collaborator.state_name] = version
+            return True
+
+    def flush_state(self) -> None:
+        """Journal every collaborator whose state changed (called at shutdown)."""
+        with self._lock:
+            self._journal_collaborators()
 
     def _journal_collaborators(self) -> None:
+        self._last_export = self._clock.now()
         blobs: dict[str, Blob] = {}
         for collaborator in self._collaborators:
             version, data = collaborator.export_state()
@@ -527,3 +639,15 @@ class Master:
                 "events": self._event_count,
             }
             return json.dumps(data, sort_keys=True, default=str)
+
+
+def _departed(node_id: int, reason: str, member: NodeMembership) -> None:
+    member.node_departed(node_id, reason)
+
+
+def _restarted(node_id: int, reason: str, member: NodeMembership) -> None:
+    member.processes_restarted(node_id, reason)
+
+
+def _job_finished(reason: str, member: NodeMembership) -> None:
+    member.job_finished(reason)

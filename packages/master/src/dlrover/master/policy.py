@@ -38,6 +38,7 @@ class Failure:
         evidence: what the reporter saw (a log tail, an exit code, a probe result).
         process_restarts_left: restarts of training processes still allowed on this node.
         relaunches_left: replacements still allowed for this rank.
+        exit_code: the failed process's exit status, when the reporter knew it.
     """
 
     node: NodeRecord
@@ -45,6 +46,7 @@ class Failure:
     evidence: str
     process_restarts_left: int
     relaunches_left: int
+    exit_code: int | None = None
 
 
 @attrs.frozen

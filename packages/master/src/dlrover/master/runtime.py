@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 
 from dlrover.common import GrpcServer, ServerConfig
 from dlrover.master.eventlog import EventLog
+from dlrover.master.hosting import HostedRendezvous, HostedShards
 from dlrover.master.identity import NodeAuthenticator
 from dlrover.master.interceptors import MalformedRequestInterceptor
 from dlrover.master.journal import StateJournal
@@ -43,6 +44,8 @@ class MasterRuntime:
         metrics_port: its port (0: any free one); no endpoint when None.
         event_log: closed on `stop()`.
         token_file: where agents read the token from, if it is in a file.
+        rendezvous: the hosted rendezvous (its service is among `extra_services`).
+        shards: the hosted shard service (likewise).
     """
 
     def __init__(
@@ -60,10 +63,14 @@ class MasterRuntime:
         metrics_port: int | None = None,
         event_log: EventLog | None = None,
         token_file: str | None = None,
+        rendezvous: HostedRendezvous | None = None,
+        shards: HostedShards | None = None,
     ) -> None:
         self.master = master
         self.token = token
         self.token_file = token_file
+        self.rendezvous = rendezvous
+        self.shards = shards
         self._authenticator = authenticator
         self._server = GrpcServer(server_config, token, interceptors=[MalformedRequestInterceptor()])
         add_master_services(self._server, master, authenticator)
@@ -146,6 +153,11 @@ class MasterRuntime:
         if self._ticker is not None:
             self._ticker.join(timeout=30)
         self._server.stop()
+        try:
+            # Nothing changes any more: the last export makes a clean restart lose nothing.
+            self.master.flush_state()
+        except Exception:
+            _log.exception("could not journal the final rendezvous and shard state")
         if self._metrics is not None:
             self._metrics.close()
         self._scheduler.close()

@@ -221,7 +221,9 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             if len(request.evidence) > MAX_EVIDENCE_CHARS:
                 raise RequestError(f"evidence has {len(request.evidence)} characters; at most {MAX_EVIDENCE_CHARS}")
             evidence = request.evidence or f"exit code {request.exit_code}"
-            decision = self._master.report_failure(node_id, kind, evidence)
+            # proto3 has no "unset" for an int: 0 (a clean exit would not be a failure) means unknown.
+            exit_code = request.exit_code or None
+            decision = self._master.report_failure(node_id, kind, evidence, exit_code=exit_code)
             return agent_pb2.ReportFailureResponse(decision=decision.action.value, reason=decision.reason)
 
     def ReportSuccess(

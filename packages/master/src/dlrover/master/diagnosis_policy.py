@@ -1,0 +1,102 @@
+"""`DiagnosisFailurePolicy`: the master's failure policy decided by dlrover.diagnosis.
+
+The evidence an agent reports (its exit status and log tail) is classified by the diagnosis
+rules; the diagnosed kind goes to the diagnosis `ActionPolicy`, whose budgets and escalation
+pick the action. The master's lifecycle then enforces its own budgets on top, as for any policy.
+
+Which kind is decided on:
+
+- failures the master observed itself (heartbeat or start timeout, the agent process exited)
+  carry no log: they are decided as `preemption` (the node vanished from outside: relaunch it);
+- a reported failure is classified from its evidence; when no rule explains it, the kind the
+  agent reported is used (user code error, OOM as host OOM, hardware, network as communication,
+  hang; a plain process crash or unknown stays `unknown`).
+
+The diagnosis action is mapped onto the master's actions: restart processes and roll back to a
+checkpoint restart the processes (they resume from the newest checkpoint); relaunch (with more
+memory: not sized yet) relaunches the node, avoiding its host when the decision says so; abort
+stops the job with the diagnosis' reason; "no action" (a late report about a retired node)
+becomes the mildest action, a process restart, bounded by the lifecycle's budget.
+
+The action policy's counters live in memory: a restarted master starts them afresh, while the
+lifecycle's journaled budgets (restarts per node, relaunches per rank, failures per job) keep
+holding, so no restart can make a job loop.
+"""
+
+from __future__ import annotations
+
+from dlrover.diagnosis import ActionKind, ActionPolicy, Evidence, RuleRegistry, classify
+from dlrover.diagnosis import FailureKind as DiagnosedKind
+from dlrover.master.policy import Failure, FailureAction, FailureDecision
+from dlrover.master.states import FailureKind
+
+__all__ = ["REPORTED_TO_DIAGNOSED", "DiagnosisFailurePolicy"]
+
+REPORTED_TO_DIAGNOSED: dict[FailureKind, DiagnosedKind] = {
+    FailureKind.PROCESS_CRASH: DiagnosedKind.UNKNOWN,
+    FailureKind.USER_CODE_ERROR: DiagnosedKind.USER_CODE,
+    FailureKind.OOM: DiagnosedKind.HOST_OOM,
+    FailureKind.HARDWARE: DiagnosedKind.HARDWARE,
+    FailureKind.NETWORK: DiagnosedKind.COMMUNICATION,
+    FailureKind.HANG: DiagnosedKind.HANG,
+    FailureKind.HEARTBEAT_TIMEOUT: DiagnosedKind.PREEMPTION,
+    FailureKind.START_TIMEOUT: DiagnosedKind.PREEMPTION,
+    FailureKind.NODE_EXIT: DiagnosedKind.PREEMPTION,
+    FailureKind.UNKNOWN: DiagnosedKind.UNKNOWN,
+}
+"""The diagnosis kind of each reported kind, used when the evidence explains nothing."""
+
+_OBSERVED_BY_MASTER = frozenset({FailureKind.HEARTBEAT_TIMEOUT, FailureKind.START_TIMEOUT, FailureKind.NODE_EXIT})
+
+_ACTIONS: dict[ActionKind, FailureAction] = {
+    ActionKind.NONE: FailureAction.RESTART_PROCESSES,
+    ActionKind.RESTART_PROCESSES: FailureAction.RESTART_PROCESSES,
+    ActionKind.ROLLBACK_CHECKPOINT: FailureAction.RESTART_PROCESSES,
+    ActionKind.RELAUNCH_NODE: FailureAction.RELAUNCH_NODE,
+    ActionKind.RELAUNCH_WITH_MORE_MEMORY: FailureAction.RELAUNCH_NODE,
+    ActionKind.ABORT_JOB: FailureAction.STOP_JOB,
+}
+
+
+class DiagnosisFailurePolicy:
+    """A `FailurePolicy` that classifies the evidence and asks the diagnosis action policy.
+
+    Pure as the protocol asks: no I/O and no clock once built (entry-point rules, if wanted, are
+    loaded into `registry` by the caller beforehand). One instance per job: it keeps the action
+    policy's budget counters.
+
+    Args:
+        registry: the classification rules; the built-in rules when None.
+        actions: the action policy; `ActionPolicy()` (the default ladders) when None.
+    """
+
+    def __init__(self, registry: RuleRegistry | None = None, actions: ActionPolicy | None = None) -> None:
+        self._registry = registry or RuleRegistry.with_builtin_rules()
+        self._actions = actions or ActionPolicy()
+
+    @property
+    def actions(self) -> ActionPolicy:
+        """The action policy and its counters."""
+        return self._actions
+
+    def diagnose(self, failure: Failure) -> tuple[DiagnosedKind, str]:
+        """The kind decided on for `failure`, and why."""
+        if failure.kind in _OBSERVED_BY_MASTER:
+            kind = REPORTED_TO_DIAGNOSED[failure.kind]
+            return kind, f"{failure.kind.value} observed by the master ({failure.evidence})"
+        evidence = Evidence.from_text(failure.evidence, returncode=failure.exit_code, node_id=str(failure.node.node_id))
+        diagnosis = classify(evidence, self._registry)
+        if diagnosis.kind is DiagnosedKind.UNKNOWN:
+            kind = REPORTED_TO_DIAGNOSED[failure.kind]
+            return kind, f"reported as {failure.kind.value}; the log explains no more ({diagnosis.reason})"
+        return diagnosis.kind, diagnosis.reason
+
+    def decide(self, failure: Failure) -> FailureDecision:
+        """Classify, then let the action policy decide; see the module docstring for the mapping."""
+        kind, why = self.diagnose(failure)
+        decision = self._actions.decide(str(failure.node.node_id), kind)
+        action = _ACTIONS[decision.action]
+        reason = f"{decision.reason} [diagnosed {kind.value}: {why}]"
+        if decision.action is ActionKind.ROLLBACK_CHECKPOINT:
+            reason = f"roll back: the processes restart from the newest checkpoint; {reason}"
+        return FailureDecision(action, reason, avoid_host=decision.avoid_host)

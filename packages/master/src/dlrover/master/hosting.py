@@ -1,0 +1,402 @@
+"""The rendezvous and shard libraries as hosted by the master: one lock each, journaled, tied to node membership.
+
+Each library's core is a plain single-threaded object. Its gRPC servicer already serializes RPCs
+with a lock; `HostedRendezvous` and `HostedShards` make that lock the only way in, for the master's
+own calls too (its tick exporting state, a failed node leaving). Lock order: the master's lock may
+be held while a library lock is taken, never the reverse: after an RPC changed a library's state,
+its export is taken under the library lock, released, and only then handed to the master to journal.
+
+Node ids: the master's node id (an int, one per incarnation, never reused) written in decimal is
+the node's id in the rendezvous and its worker id in the shard service. A node whose training
+processes read shards separately may use `"<node id>/<anything>"` as worker ids (for example
+`"3/0"`, `"3/1"` per local rank); all of them are released with the node. A replacement node comes
+back under a new id and takes the free rank (the rendezvous gives free ranks lowest first).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Protocol
+
+import grpc
+
+from dlrover.common import Clock, GrpcServer
+from dlrover.master.journal import JournalError
+from dlrover.master.master import StatefulCollaborator
+from dlrover.master.rendezvous_state import export_rendezvous, restore_rendezvous
+from dlrover.rendezvous import KeyValueStore, RendezvousManager, RendezvousServicer, UnknownNodeError
+from dlrover.rendezvous.v1 import rendezvous_pb2 as rpb
+from dlrover.rendezvous.v1 import rendezvous_pb2_grpc as rpb_grpc
+from dlrover.shard import InvalidShardRequestError, ShardRegistry, ShardServicer, ShardStateError
+from dlrover.shard.v1 import shard_pb2 as spb
+from dlrover.shard.v1 import shard_pb2_grpc as spb_grpc
+
+__all__ = [
+    "SHARD_STATE_FORMAT",
+    "HostedRendezvous",
+    "HostedShards",
+    "StateSink",
+    "node_of_worker",
+]
+
+_log = logging.getLogger(__name__)
+
+SHARD_STATE_FORMAT = "dlrover.master.shards"
+
+
+class StateSink(Protocol):
+    """Where a hosted library sends its state when a change must reach the journal at once (the `Master`)."""
+
+    def journal_collaborator(self, collaborator: StatefulCollaborator) -> bool:
+        """Export `collaborator` and journal it if its version grew; True when it was written."""
+        ...
+
+
+def node_of_worker(worker: str) -> int | None:
+    """The master node id a shard worker id (`"<node id>"` or `"<node id>/<suffix>"`) belongs to, if any."""
+    head = worker.split("/", 1)[0]
+    return int(head) if head.isascii() and head.isdigit() else None
+
+
+class _VersionedText:
+    """A state's latest export and its version, which grows whenever the text changes."""
+
+    def __init__(self) -> None:
+        self.version = 0
+        self.text = ""
+
+    def update(self, text: str) -> tuple[int, str]:
+        if text != self.text:
+            self.version += 1
+            self.text = text
+        return self.version, self.text
+
+
+# ---------------------------------------------------------------------------------- rendezvous
+
+
+class _RendezvousServicer(RendezvousServicer):
+    """The library's servicer, telling its host after every call that may have formed or ended a round."""
+
+    def __init__(
+        self, manager: RendezvousManager, kv: KeyValueStore | None, clock: Clock, after: Callable[[], None]
+    ) -> None:
+        super().__init__(manager, kv, clock)
+        self._after = after
+
+    def Join(self, request: rpb.JoinRequest, context: grpc.ServicerContext) -> rpb.JoinResponse:
+        """See `RendezvousServicer.Join`."""
+        response = super().Join(request, context)
+        self._after()
+        return response
+
+    def Poll(self, request: rpb.PollRequest, context: grpc.ServicerContext) -> rpb.PollResponse:
+        """See `RendezvousServicer.Poll`."""
+        response = super().Poll(request, context)
+        self._after()
+        return response
+
+    def Heartbeat(self, request: rpb.HeartbeatRequest, context: grpc.ServicerContext) -> rpb.HeartbeatResponse:
+        """See `RendezvousServicer.Heartbeat`."""
+        response = super().Heartbeat(request, context)
+        self._after()
+        return response
+
+    def NumNodesWaiting(
+        self, request: rpb.NumNodesWaitingRequest, context: grpc.ServicerContext
+    ) -> rpb.NumNodesWaitingResponse:
+        """See `RendezvousServicer.NumNodesWaiting`."""
+        response = super().NumNodesWaiting(request, context)
+        self._after()
+        return response
+
+    def Leave(self, request: rpb.LeaveRequest, context: grpc.ServicerContext) -> rpb.LeaveResponse:
+        """See `RendezvousServicer.Leave`."""
+        response = super().Leave(request, context)
+        self._after()
+        return response
+
+    def Close(self, request: rpb.CloseRequest, context: grpc.ServicerContext) -> rpb.CloseResponse:
+        """See `RendezvousServicer.Close`."""
+        response = super().Close(request, context)
+        self._after()
+        return response
+
+
+class HostedRendezvous:
+    """The job's rendezvous as the master hosts it: served, journaled, and told about departed nodes.
+
+    Journaled as the `rendezvous` blob (see `dlrover.master.rendezvous_state`): whenever a round
+    forms or dissolves or the rendezvous closes, before any call that saw the change is answered;
+    on the master's export cadence otherwise (which catches changes of the waiting list). The
+    key-value store is not journaled.
+
+    Args:
+        manager: the rendezvous core (fresh; a restarted master restores into it).
+        clock: the time source of every call.
+        kv: the key-value store served beside it.
+    """
+
+    state_name = "rendezvous"
+
+    def __init__(self, manager: RendezvousManager, clock: Clock, kv: KeyValueStore | None = None) -> None:
+        self._manager = manager
+        self._clock = clock
+        self._servicer = _RendezvousServicer(manager, kv, clock, self._after_call)
+        self._state = _VersionedText()
+        self._journaled = self._round_fingerprint()  # the round state the journal is known to hold
+        self._sink: StateSink | None = None
+
+    @property
+    def servicer(self) -> RendezvousServicer:
+        """The servicer registered on the master's server."""
+        return self._servicer
+
+    @contextmanager
+    def locked(self) -> Iterator[RendezvousManager]:
+        """The manager, under the lock every RPC holds: the only safe way to touch it while serving."""
+        with self._servicer.lock:
+            yield self._manager
+
+    def attach(self, sink: StateSink) -> None:
+        """Journal round changes through `sink` from now on."""
+        self._sink = sink
+
+    def register(self, server: GrpcServer) -> None:
+        """Add the RendezvousService to `server` (before it starts)."""
+        server.add(rpb_grpc.add_RendezvousServiceServicer_to_server, self._servicer)
+
+    def _round_fingerprint(self) -> tuple[int, bool, bool]:
+        m = self._manager
+        return (m.round_number, m.current_round is not None, m.closed)
+
+    def _after_call(self) -> None:
+        # A call that saw a round change answers only once that change is journaled, whichever
+        # thread made it: a caller never learns of a round a restarted master would not know.
+        with self._servicer.lock:
+            fingerprint = self._round_fingerprint()
+        if fingerprint == self._journaled or self._sink is None:
+            return
+        self._sink.journal_collaborator(self)  # skipped when a newer export is journaled already
+        # The export above was taken after `fingerprint` was seen, so the journal holds at least
+        # that. A racing thread may write an older fingerprint here: that costs one needless
+        # export later, never a missed one.
+        self._journaled = fingerprint
+
+    # StatefulCollaborator
+
+    def export_state(self) -> tuple[int, str]:
+        """The rendezvous state and its version (grows with each change)."""
+        with self._servicer.lock:
+            return self._state.update(export_rendezvous(self._manager))
+
+    def import_state(self, version: int, data: str) -> None:
+        """Resume from a journaled export (before serving).
+
+        Raises:
+            JournalError: the blob is corrupt; nothing changed.
+        """
+        with self._servicer.lock:
+            restore_rendezvous(self._manager, data, self._clock.now())
+            self._state.version = version
+            self._state.text = export_rendezvous(self._manager)
+            self._journaled = self._round_fingerprint()
+
+    # NodeMembership
+
+    def node_departed(self, node_id: int, reason: str) -> None:
+        """Take the node out of the rendezvous; a round holding it dissolves and its members are told why."""
+        with self._servicer.lock:
+            try:
+                what = self._manager.leave(str(node_id), self._clock.now())
+            except UnknownNodeError:
+                return  # it never joined, or already left: nothing to undo
+        # The master journals the rendezvous right after telling it about departures.
+        _log.info("rendezvous: %s (%s)", what, reason)
+
+    def processes_restarted(self, node_id: int, reason: str) -> None:
+        """Nothing to do: the restarted processes join again, which reopens the round by itself."""
+
+    def job_finished(self, reason: str) -> None:
+        """Close the rendezvous: waiting nodes learn on their next poll that no round will form."""
+        with self._servicer.lock:
+            self._manager.close(self._clock.now())
+
+
+# -------------------------------------------------------------------------------------- shards
+
+
+class _ShardServicer(ShardServicer):
+    """The library's servicer, telling its host after every request that changed the registry."""
+
+    def __init__(self, registry: ShardRegistry, after: Callable[[], None]) -> None:
+        super().__init__(registry)
+        self._after = after
+
+    def RegisterDataset(
+        self, request: spb.RegisterDatasetRequest, context: grpc.ServicerContext
+    ) -> spb.RegisterDatasetResponse:
+        """See `ShardServicer.RegisterDataset`."""
+        response = super().RegisterDataset(request, context)
+        self._after()
+        return response
+
+    def FetchShards(self, request: spb.FetchShardsRequest, context: grpc.ServicerContext) -> spb.FetchShardsResponse:
+        """See `ShardServicer.FetchShards`."""
+        response = super().FetchShards(request, context)
+        self._after()
+        return response
+
+    def ReportProgress(
+        self, request: spb.ReportProgressRequest, context: grpc.ServicerContext
+    ) -> spb.ReportProgressResponse:
+        """See `ShardServicer.ReportProgress`."""
+        response = super().ReportProgress(request, context)
+        self._after()
+        return response
+
+    def ReportDone(self, request: spb.ReportDoneRequest, context: grpc.ServicerContext) -> spb.ReportDoneResponse:
+        """See `ShardServicer.ReportDone`."""
+        response = super().ReportDone(request, context)
+        self._after()
+        return response
+
+    def ReportFailure(
+        self, request: spb.ReportFailureRequest, context: grpc.ServicerContext
+    ) -> spb.ReportFailureResponse:
+        """See `ShardServicer.ReportFailure`."""
+        response = super().ReportFailure(request, context)
+        self._after()
+        return response
+
+    def RemoveWorker(self, request: spb.RemoveWorkerRequest, context: grpc.ServicerContext) -> spb.RemoveWorkerResponse:
+        """See `ShardServicer.RemoveWorker`."""
+        response = super().RemoveWorker(request, context)
+        self._after()
+        return response
+
+    def RestoreCheckpoint(
+        self, request: spb.RestoreCheckpointRequest, context: grpc.ServicerContext
+    ) -> spb.RestoreCheckpointResponse:
+        """See `ShardServicer.RestoreCheckpoint`."""
+        response = super().RestoreCheckpoint(request, context)
+        self._after()
+        return response
+
+
+class HostedShards:
+    """The job's datasets as the master hosts them: served, journaled, and released with departed nodes.
+
+    Journaled as the `shards` blob: `{"format": "dlrover.master.shards", "version": 1, "datasets":
+    [<progress checkpoint of each dataset>]}` (the library's own documents, see
+    `dlrover.shard.progress`). With `journal_every_change`, a request that changed a dataset is
+    journaled before its answer is sent, so an acknowledged sample survives a master restart;
+    leases are never journaled: a shard leased at the time is restored into the queue at its
+    acknowledged position (exactly-once), from its start (at-least-once) or into the failed set
+    (at-most-once), and its old holder's next report is refused, so it moves on to a new shard.
+
+    Args:
+        registry: the shard core (fresh; a restarted master restores into it).
+        journal_every_change: journal after every changing request (else on the export cadence only).
+    """
+
+    state_name = "shards"
+
+    def __init__(self, registry: ShardRegistry, *, journal_every_change: bool = True) -> None:
+        self._registry = registry
+        self._servicer = _ShardServicer(registry, self._after_change)
+        self._every_change = journal_every_change
+        self._state = _VersionedText()
+        self._sink: StateSink | None = None
+
+    @property
+    def servicer(self) -> ShardServicer:
+        """The servicer registered on the master's server."""
+        return self._servicer
+
+    @contextmanager
+    def locked(self) -> Iterator[ShardRegistry]:
+        """The registry, under the lock every RPC holds: the only safe way to touch it while serving."""
+        with self._servicer.locked() as registry:
+            yield registry
+
+    def attach(self, sink: StateSink) -> None:
+        """Journal changes through `sink` from now on."""
+        self._sink = sink
+
+    def register(self, server: GrpcServer) -> None:
+        """Add the ShardService to `server` (before it starts)."""
+        server.add(spb_grpc.add_ShardServiceServicer_to_server, self._servicer)
+
+    def _after_change(self) -> None:
+        if self._every_change and self._sink is not None:
+            self._sink.journal_collaborator(self)
+
+    # StatefulCollaborator
+
+    def export_state(self) -> tuple[int, str]:
+        """Every dataset's progress checkpoint and the state's version (grows with each change)."""
+        with self._servicer.locked() as registry:
+            docs = [registry.checkpoint(name) for name in registry.datasets()]
+            text = json.dumps({"format": SHARD_STATE_FORMAT, "version": 1, "datasets": docs}, separators=(",", ":"))
+            return self._state.update(text)
+
+    def import_state(self, version: int, data: str) -> None:
+        """Resume from a journaled export (before serving).
+
+        Raises:
+            JournalError: the blob is corrupt; datasets restored before the bad one stay restored
+                (the master refuses to start either way).
+        """
+        try:
+            doc = json.loads(data)
+        except ValueError as exc:
+            raise JournalError(f"shard state: not valid JSON: {exc}") from exc
+        if not isinstance(doc, dict) or doc.get("format") != SHARD_STATE_FORMAT or doc.get("version") != 1:
+            raise JournalError(f"shard state: not a {SHARD_STATE_FORMAT!r} version 1 document")
+        datasets = doc.get("datasets")
+        if not isinstance(datasets, list) or not all(isinstance(d, str) for d in datasets):
+            raise JournalError("shard state: datasets must be a list of progress checkpoints")
+        with self._servicer.locked() as registry:
+            for document in datasets:
+                try:
+                    result = registry.restore(document)
+                except (InvalidShardRequestError, ShardStateError) as exc:
+                    raise JournalError(f"shard state: {exc}") from exc
+                _log.info("%s", result.reason)
+            self._state.version = version
+            self._state.text = data
+
+    # NodeMembership
+
+    def release(self, node_id: int, reason: str) -> dict[str, list[int]]:
+        """Return every shard the node's workers hold to the queue; returns dataset -> shard ids."""
+        released: dict[str, list[int]] = {}
+        with self._servicer.locked() as registry:
+            workers = {
+                w.worker
+                for name in registry.datasets()
+                for w in registry.manager(name).status().workers
+                if node_of_worker(w.worker) == node_id
+            }
+            for worker in sorted(workers):
+                for dataset, ids in registry.remove_worker(worker, reason).items():
+                    released.setdefault(dataset, []).extend(ids)
+        released = {d: sorted(ids) for d, ids in released.items() if ids}
+        if released:
+            _log.info("shards of node %d returned to the queue (%s): %s", node_id, reason, released)
+        return released
+
+    def node_departed(self, node_id: int, reason: str) -> None:
+        """Re-dispatch the node's shards (under exactly-once, from their acknowledged positions)."""
+        self.release(node_id, reason)
+
+    def processes_restarted(self, node_id: int, reason: str) -> None:
+        """The processes that held the node's shards are gone: re-dispatch them."""
+        self.release(node_id, reason)
+
+    def job_finished(self, reason: str) -> None:
+        """Nothing to do: the datasets' progress stays journaled."""

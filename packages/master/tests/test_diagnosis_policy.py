@@ -1,0 +1,119 @@
+"""The diagnosis-backed failure policy, alone and inside the lifecycle core."""
+
+from __future__ import annotations
+
+import pytest
+
+from dlrover.common import ConfigError
+from dlrover.diagnosis import ActionPolicy, PolicyConfig
+from dlrover.master.config import LifecycleConfig, MasterConfig, NodeRange
+from dlrover.master.diagnosis_policy import REPORTED_TO_DIAGNOSED, DiagnosisFailurePolicy
+from dlrover.master.factory import default_policy
+from dlrover.master.lifecycle import JobLifecycle
+from dlrover.master.policy import DefaultFailurePolicy, Failure, FailureAction
+from dlrover.master.records import NodeRecord
+from dlrover.master.states import ActionKind, FailureKind, JobState, NodeState
+
+IMPORT_ERROR = """Traceback (most recent call last):
+  File "/home/alice/proj/train.py", line 12, in <module>
+    from transformers import LlamaForCausalLM, get_cosine_with_min_lr_schedule
+ImportError: cannot import name 'get_cosine_with_min_lr_schedule' from 'transformers'
+"""
+
+NCCL_TIMEOUT = (
+    "[rank7]:[E1121 04:18:03.337165 5122 ProcessGroupNCCL.cpp:616] [Rank 7] Watchdog caught collective operation "
+    "timeout: WorkNCCL(SeqNum=4419, OpType=_ALLGATHER_BASE, NumelIn=33554432, NumelOut=268435456, "
+    "Timeout(ms)=600000) ran for 600048 milliseconds before timing out.\n"
+    "terminate called after throwing an instance of 'c10::DistBackendError'\n"
+    "  what():  [PG ID 0 PG GUID 0(default_pg) Rank 7] Process group watchdog thread terminated with exception: "
+    "[Rank 7] Watchdog caught collective operation timeout\n"
+)
+
+
+def failure(kind: FailureKind, evidence: str, *, node_id: int = 3, exit_code: int | None = None) -> Failure:
+    node = NodeRecord(node_id=node_id, rank=1, state=NodeState.RUNNING, host="host-1")
+    return Failure(node, kind, evidence, process_restarts_left=3, relaunches_left=3, exit_code=exit_code)
+
+
+def test_an_import_error_traceback_stops_the_job_with_the_diagnosis_as_reason() -> None:
+    decision = DiagnosisFailurePolicy().decide(failure(FailureKind.PROCESS_CRASH, IMPORT_ERROR, exit_code=1))
+    assert decision.action is FailureAction.STOP_JOB
+    assert "user_code" in decision.reason
+    assert "ImportError" in decision.reason
+
+
+def test_a_collective_timeout_restarts_the_processes() -> None:
+    decision = DiagnosisFailurePolicy().decide(failure(FailureKind.PROCESS_CRASH, NCCL_TIMEOUT, exit_code=-6))
+    assert decision.action is FailureAction.RESTART_PROCESSES
+    assert "communication" in decision.reason
+
+
+def test_failures_the_master_saw_itself_relaunch_the_node_without_classifying() -> None:
+    policy = DiagnosisFailurePolicy()
+    for kind in (FailureKind.HEARTBEAT_TIMEOUT, FailureKind.START_TIMEOUT, FailureKind.NODE_EXIT):
+        # Evidence that would read as a user error must not matter for a node the master lost.
+        decision = policy.decide(failure(kind, IMPORT_ERROR, node_id=10 + len(kind.value)))
+        assert decision.action is FailureAction.RELAUNCH_NODE, kind
+        assert "preemption" in decision.reason
+
+
+def test_an_unexplained_log_falls_back_to_the_reported_kind() -> None:
+    policy = DiagnosisFailurePolicy()
+    decision = policy.decide(failure(FailureKind.HARDWARE, "the agent saw something odd", node_id=4))
+    assert decision.action is FailureAction.RELAUNCH_NODE
+    assert decision.avoid_host
+    assert "reported as hardware" in decision.reason
+    decision = policy.decide(failure(FailureKind.USER_CODE_ERROR, "exit code 1", node_id=5))
+    assert decision.action is FailureAction.STOP_JOB
+
+
+def test_every_reported_kind_has_a_diagnosed_kind() -> None:
+    assert set(REPORTED_TO_DIAGNOSED) == set(FailureKind)
+
+
+def test_the_action_policys_budgets_escalate() -> None:
+    policy = DiagnosisFailurePolicy(actions=ActionPolicy(PolicyConfig(max_process_restarts_per_node=1)))
+    first = policy.decide(failure(FailureKind.PROCESS_CRASH, NCCL_TIMEOUT))
+    second = policy.decide(failure(FailureKind.PROCESS_CRASH, NCCL_TIMEOUT))
+    assert first.action is FailureAction.RESTART_PROCESSES
+    assert second.action is FailureAction.RELAUNCH_NODE
+    assert second.avoid_host
+
+
+def lifecycle(policy: DiagnosisFailurePolicy) -> JobLifecycle:
+    life = JobLifecycle(LifecycleConfig(nodes=NodeRange(2, 2)), policy, 0.0)
+    life.start(0.0)
+    for node_id in sorted(life.nodes()):
+        life.register(node_id, f"agent-{node_id}", f"host-{node_id}", 0.0)
+    return life
+
+
+def test_in_the_lifecycle_a_user_code_error_ends_the_job_after_one_attempt() -> None:
+    life = lifecycle(DiagnosisFailurePolicy())
+    decision, _ = life.report_failure(0, FailureKind.PROCESS_CRASH, IMPORT_ERROR, 1.0, exit_code=1)
+    assert decision.action is FailureAction.STOP_JOB
+    assert life.job_state is JobState.FAILED
+    assert "ImportError" in life.exit_reason
+    assert life.job_failures == 1
+    assert life.node(0).process_restarts == 0
+    assert [life.node(i).state for i in (0, 1)] == [NodeState.FAILED, NodeState.REMOVED]
+
+
+def test_in_the_lifecycle_a_transient_failure_restarts_processes() -> None:
+    life = lifecycle(DiagnosisFailurePolicy())
+    decision, _ = life.report_failure(1, FailureKind.PROCESS_CRASH, NCCL_TIMEOUT, 1.0, exit_code=-6)
+    assert decision.action is FailureAction.RESTART_PROCESSES
+    assert life.job_state is JobState.RUNNING
+    actions, _ = life.heartbeat(1, 2.0)
+    assert [a.kind for a in actions] == [ActionKind.RESTART_PROCESSES]
+
+
+@pytest.mark.parametrize(("name", "kind"), [("diagnosis", DiagnosisFailurePolicy), ("default", DefaultFailurePolicy)])
+def test_the_configured_policy_is_the_default(name: str, kind: type) -> None:
+    config = MasterConfig(lifecycle=LifecycleConfig(nodes=NodeRange(1, 1)), failure_policy=name)
+    assert isinstance(default_policy(config), kind)
+
+
+def test_an_unknown_policy_name_is_refused() -> None:
+    with pytest.raises(ConfigError, match="failure_policy must be one of diagnosis, default, got 'smart'"):
+        MasterConfig(failure_policy="smart")

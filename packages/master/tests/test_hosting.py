@@ -1,0 +1,245 @@
+"""The hosted rendezvous and shard libraries inside a Master: journaled, restored, released with failed nodes.
+
+No gRPC here: the libraries are driven through `locked()`, the way the master's own calls reach them.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from dlrover.common import ManualClock
+from dlrover.master.config import LifecycleConfig, MasterConfig, NodeRange
+from dlrover.master.hosting import HostedRendezvous, HostedShards, node_of_worker
+from dlrover.master.journal import JournalError, MemoryJournal, SqliteJournal, StateJournal
+from dlrover.master.master import Master, StatefulCollaborator
+from dlrover.master.scheduler.fake import FakeScheduler
+from dlrover.master.states import FailureKind, NodeState
+from dlrover.rendezvous import PollState, RendezvousManager
+from dlrover.rendezvous.v1 import rendezvous_pb2 as rpb
+from dlrover.shard import DatasetSpec, DeliveryMode, IndexSource, ShardRegistry, ShardStateError
+
+SPEC = DatasetSpec(
+    name="train", source=IndexSource(100), batch_size=5, batches_per_shard=2, delivery=DeliveryMode.EXACTLY_ONCE
+)
+
+
+def config(**kw: object) -> MasterConfig:
+    return MasterConfig(
+        job_name="hosting",
+        lifecycle=LifecycleConfig(nodes=NodeRange(2, 3), heartbeat_timeout_s=10.0, insufficient_nodes_window_s=600.0),
+        heartbeat_interval_s=1.0,
+        state_export_interval_s=3600.0,
+        rendezvous_last_call_s=1.0,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+class Job:
+    """A master with the hosted libraries, as `create_master` wires them, minus the server."""
+
+    def __init__(
+        self, journal: StateJournal, clock: ManualClock | None = None, *, coupled: bool = True, **kw: object
+    ) -> None:
+        self.clock = clock or ManualClock()
+        cfg = config(**kw)
+        self.rendezvous = HostedRendezvous(RendezvousManager(cfg.rendezvous_config()), self.clock)
+        self.shards = HostedShards(ShardRegistry(self.clock), journal_every_change=cfg.journal_shard_changes)
+        hosted = [self.rendezvous, self.shards]
+        membership = hosted if coupled else []
+        self.master = Master(cfg, FakeScheduler(), journal, self.clock, collaborators=hosted, membership=membership)
+        for library in hosted:
+            library.attach(self.master)
+        self.master.start()
+
+    def register_all(self) -> list[int]:
+        ids = sorted(self.master.nodes())
+        for node_id in ids:
+            self.master.register(node_id, f"agent-{node_id}", f"host-{node_id}")
+        return ids
+
+
+def test_worker_ids_map_to_master_node_ids() -> None:
+    assert node_of_worker("3") == 3
+    assert node_of_worker("3/1") == 3
+    assert node_of_worker("rank-3") is None
+    assert node_of_worker("") is None
+    assert node_of_worker("\uff13") is None  # a full-width 3 is not node 3
+
+
+def test_a_failed_node_leaves_the_rendezvous_and_its_shards_go_back_at_the_acknowledged_position() -> None:
+    job = Job(MemoryJournal())
+    a, b, c = job.register_all()
+    with job.rendezvous.locked() as m:
+        for node in (a, b, c):
+            m.join(str(node), job.clock.now())
+        assert m.round_number == 1
+        ranks = {n: m.poll(str(n), job.clock.now()).rank for n in (a, b, c)}
+    assert sorted(ranks.values()) == [0, 1, 2]
+    with job.shards.locked() as registry:
+        registry.register(SPEC)
+        held = registry.manager("train").fetch(str(c)).shards[0]
+        side = registry.manager("train").fetch(f"{c}/1").shards[0]  # another process of node c
+        other = registry.manager("train").fetch(str(a)).shards[0]
+        registry.manager("train").report_progress(str(c), held.shard_id, 4)
+
+    job.clock.advance(11.0)
+    job.master.heartbeat(a)
+    job.master.heartbeat(b)
+    job.master.tick()  # c is silent: failed, relaunched
+
+    assert job.master.node(c).state is NodeState.RELAUNCHING
+    with job.rendezvous.locked() as m:
+        now = job.clock.now()
+        assert m.current_round is None
+        assert m.num_nodes_waiting(now, str(a)) >= 1
+        poll = m.poll(str(b), now)
+        assert poll.state is PollState.NOT_WAITING
+        assert f"'{c}' left" in poll.reason
+    with job.shards.locked() as registry:
+        snap = registry.manager("train").snapshot()
+        assert held.shard_id in snap.todo
+        assert side.shard_id in snap.todo
+        assert snap.doing == {other.shard_id: str(a)}
+        again = registry.manager("train").fetch(str(b), count=2).shards
+    assert {s.shard_id: s.consumed for s in again} == {held.shard_id: 4, side.shard_id: 0}
+
+
+def test_a_process_restart_releases_the_nodes_shards_but_keeps_it_in_the_round() -> None:
+    job = Job(MemoryJournal())
+    a, b, _c = job.register_all()
+    with job.rendezvous.locked() as m:
+        for node in (a, b):
+            m.join(str(node), job.clock.now())
+        m.poll(str(a), job.clock.now() + 1.0)  # the last call for a third node passed
+        assert m.round_number == 1
+    with job.shards.locked() as registry:
+        registry.register(SPEC)
+        shard = registry.manager("train").fetch(str(a)).shards[0]
+    decision = job.master.report_failure(a, FailureKind.PROCESS_CRASH, "NCCL watchdog timeout", exit_code=-6)
+    assert decision.action.value == "restart_processes"
+    with job.shards.locked() as registry:
+        assert shard.shard_id in registry.manager("train").snapshot().todo
+    with job.rendezvous.locked() as m:
+        assert m.current_round is not None  # the restarted processes join again themselves
+
+
+def test_the_end_of_the_job_closes_the_rendezvous() -> None:
+    job = Job(MemoryJournal())
+    job.register_all()
+    job.master.stop("done here")
+    with job.rendezvous.locked() as m:
+        assert m.closed
+
+
+def test_changes_are_journaled_when_they_happen_and_versions_only_grow() -> None:
+    journal = MemoryJournal()
+    job = Job(journal)
+    a, _b, _c = job.register_all()
+    with job.shards.locked() as registry:
+        registry.register(SPEC)
+        shard = registry.manager("train").fetch(str(a)).shards[0]
+        registry.manager("train").report_progress(str(a), shard.shard_id, 3)
+    assert job.master.journal_collaborator(job.shards)
+    assert not job.master.journal_collaborator(job.shards)  # unchanged: nothing written
+    blob = journal.load().blobs["shards"]
+    assert json.loads(blob.data)["format"] == "dlrover.master.shards"
+    version = blob.version
+    job.master.flush_state()
+    assert journal.load().blobs["shards"].version == version
+
+
+def restart(tmp_path: Path, journal: SqliteJournal, job: Job) -> Job:
+    journal.close()
+    return Job(SqliteJournal(str(tmp_path)), ManualClock(start=500.0))
+
+
+def test_a_restarted_master_resumes_rounds_ranks_and_acknowledged_progress(tmp_path: Path) -> None:
+    journal = SqliteJournal(str(tmp_path))
+    job = Job(journal)
+    a, b, c = job.register_all()
+    with job.rendezvous.locked() as m:
+        for node in (a, b, c):
+            m.join(str(node), job.clock.now())
+        ranks = {n: m.poll(str(n), job.clock.now()).rank for n in (a, b, c)}
+    with job.shards.locked() as registry:
+        registry.register(SPEC)
+        shard = registry.manager("train").fetch(str(a)).shards[0]
+        registry.manager("train").report_progress(str(a), shard.shard_id, 7)
+    job.master.flush_state()  # what every changing RPC does before it answers
+
+    job2 = restart(tmp_path, journal, job)
+    assert job2.master.restored
+    with job2.rendezvous.locked() as m:
+        now = job2.clock.now()
+        assert m.round_number == 1
+        assert {n: m.poll(str(n), now).rank for n in (a, b, c)} == ranks
+    with job2.shards.locked() as registry:
+        manager = registry.manager("train")
+        with pytest.raises(ShardStateError):
+            manager.report_progress(str(a), shard.shard_id, 8)  # the old lease is gone
+        again = manager.fetch(str(b)).shards[0]
+    assert (again.shard_id, again.consumed) == (shard.shard_id, 7)
+
+
+def test_a_restart_catches_up_with_departures_the_libraries_missed(tmp_path: Path) -> None:
+    journal = SqliteJournal(str(tmp_path))
+    job = Job(journal, coupled=False)  # as if the master died between the two journal writes
+    a, b, c = job.register_all()
+    with job.rendezvous.locked() as m:
+        for node in (a, b, c):
+            m.join(str(node), job.clock.now())
+    job.clock.advance(11.0)
+    job.master.heartbeat(a)
+    job.master.heartbeat(b)
+    job.master.tick()
+    assert job.master.node(c).state is NodeState.RELAUNCHING
+    job.master.flush_state()
+    with job.rendezvous.locked() as m:
+        assert m.current_round is not None  # c is still in it
+
+    job2 = restart(tmp_path, journal, job)
+    with job2.rendezvous.locked() as m:
+        assert m.current_round is None
+        assert "left" in m.poll(str(a), job2.clock.now()).reason
+
+
+def test_a_corrupt_shard_blob_is_refused() -> None:
+    shards = HostedShards(ShardRegistry(ManualClock()))
+    for data in ("nope", json.dumps({"format": "x"}), json.dumps({"format": "dlrover.master.shards", "version": 1})):
+        with pytest.raises(JournalError, match="shard state"):
+            shards.import_state(1, data)
+
+
+class RecordingSink:
+    """A `StateSink` that keeps what it was asked to journal."""
+
+    def __init__(self) -> None:
+        self.written: list[tuple[int, str]] = []
+        self.calls = 0
+
+    def journal_collaborator(self, collaborator: StatefulCollaborator) -> bool:
+        self.calls += 1
+        version, data = collaborator.export_state()
+        if self.written and version <= self.written[-1][0]:
+            return False
+        self.written.append((version, data))
+        return True
+
+
+def test_a_call_that_sees_a_round_another_call_formed_answers_only_after_it_is_journaled() -> None:
+    clock = ManualClock()
+    hosted = HostedRendezvous(RendezvousManager(config().rendezvous_config()), clock)
+    sink = RecordingSink()
+    hosted.attach(sink)
+    with hosted.locked() as m:  # another RPC formed the round and has not journaled it yet
+        for node in ("0", "1", "2"):
+            m.join(node, clock.now())
+    reply = hosted.servicer.Poll(rpb.PollRequest(node_id="1"), None)  # type: ignore[arg-type]
+    assert reply.round == 1
+    assert len(sink.written) == 1
+    assert json.loads(sink.written[0][1])["round_number"] == 1
+    hosted.servicer.Poll(rpb.PollRequest(node_id="2"), None)  # type: ignore[arg-type]
+    assert sink.calls == 1  # the journal already holds this round: no export at all

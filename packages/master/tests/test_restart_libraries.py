@@ -1,0 +1,180 @@
+"""A `dlrover-master` process SIGKILLed mid-job and restarted on its state directory keeps the hosted libraries.
+
+Real processes, real gRPC on 127.0.0.1. The export cadence is set to an hour, so whatever the
+restarted master knows about shard progress came from journaling each change before answering.
+The kill happens between calls (the test drives the workers one call at a time): a call in flight
+at the kill is in doubt for any client, see the README.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import grpc
+import pytest
+
+from dlrover.common import RetryPolicy, RpcError, load_token
+from dlrover.master.client import MasterClient
+from dlrover.rendezvous import PollState, RendezvousClient
+from dlrover.shard import DatasetSpec, DeliveryMode, IndexSource, Shard, ShardClient, ShardClientConfig
+
+pytestmark = pytest.mark.integration
+
+SAMPLES = 100
+SPEC = DatasetSpec(
+    name="train",
+    source=IndexSource(SAMPLES),
+    batch_size=5,
+    batches_per_shard=2,
+    shuffle=True,
+    shuffle_samples=True,
+    seed=7,
+    delivery=DeliveryMode.EXACTLY_ONCE,
+)
+POLICY = RetryPolicy(call_timeout_s=20.0, total_timeout_s=60.0, max_attempts=20)
+FLAGS = ["--backend", "external", "--nnodes", "2", "--heartbeat-timeout-s", "60", "--heartbeat-interval-s", "1",
+         "--node-start-timeout-s", "0", "--rdzv-last-call-s", "0", "--state-export-interval-s", "3600",
+         "--tick-interval-s", "0.2"]  # fmt: skip
+
+
+def wait_for(predicate: Callable[[], bool], timeout_s: float = 60.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not met within {timeout_s}s")
+        time.sleep(0.05)
+
+
+def start_master(state: Path, log: Path, port: int = 0) -> tuple[subprocess.Popen[bytes], str]:
+    """`dlrover-master` as a real process; returns it and the address it printed."""
+    start = log.stat().st_size if log.exists() else 0
+    out = open(log, "ab")  # noqa: SIM115 - the child owns it; closed after it exits
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dlrover.master.cli", "--state-dir", str(state), "--port", str(port),
+         "--log-level", "WARNING", *FLAGS],
+        stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    out.close()
+    found: list[str] = []
+
+    def listening() -> bool:
+        text = log.read_text(errors="replace") if log.exists() else ""
+        found.extend(re.findall(r"listening on (\S+)", text[start:]))
+        assert proc.poll() is None, f"the master exited early: {text}"
+        return bool(found)
+
+    wait_for(listening, what="the master listening")
+    return proc, found[-1]
+
+
+class Worker:
+    """Reads shards one sample at a time, acknowledging each, and counts what the master acknowledged."""
+
+    def __init__(self, address: str, token: str, worker: str, acks: Counter[int]) -> None:
+        self.client = ShardClient(
+            address, token, "train", worker, config=ShardClientConfig(prefetch_shards=0, retry=POLICY)
+        )
+        self.acks = acks
+        self.shard: Shard | None = None
+        self.order: list[int] = []
+        self.pos = 0
+        self.abandoned = 0
+        self.finished = False
+
+    def step(self) -> None:
+        """One call: fetch a shard, or acknowledge the next sample (and finish the shard)."""
+        if self.shard is None:
+            result = self.client.fetch()
+            if not result.shards:
+                self.finished = result.finished
+                return
+            self.shard = result.shards[0]
+            self.order, self.pos = self.shard.sample_order(), self.shard.consumed
+            return
+        try:
+            reply = self.client.report_progress(self.shard.shard_id, self.pos + 1)
+        except RpcError as exc:
+            if exc.code is not grpc.StatusCode.FAILED_PRECONDITION:
+                raise
+            # The restarted master took the lease back: the unacknowledged rest goes to whoever fetches next.
+            self.shard, self.abandoned = None, self.abandoned + 1
+            return
+        assert reply.changed, reply.reason
+        self.acks[self.order[self.pos]] += 1
+        self.pos += 1
+        if self.pos == self.shard.size:
+            self.client.report_done(self.shard.shard_id)
+            self.shard = None
+
+    @property
+    def midway(self) -> bool:
+        return self.shard is not None and 0 < self.pos < self.shard.size
+
+
+@pytest.mark.timeout(110)
+def test_sigkill_mid_job_keeps_every_acknowledged_sample_once_and_the_round_and_ranks(tmp_path: Path) -> None:
+    state, log = tmp_path / "state", tmp_path / "master.log"
+    proc, address = start_master(state, log)
+    procs = [proc]
+    clients: list[MasterClient | RendezvousClient | ShardClient] = []
+    try:
+        token = load_token(token_file=state / "token")
+        agents = [MasterClient(address, token, policy=POLICY) for _ in range(2)]
+        ids = [str(agent.register(f"agent-{i}", f"host-{i}").node_id) for i, agent in enumerate(agents)]
+        rdzv = RendezvousClient(address, token, policy=POLICY)
+        clients.extend([*agents, rdzv])
+        for node in ids:
+            assert rdzv.join(node, params=None).accepted
+        before = {node: rdzv.poll(node) for node in ids}
+        assert {p.state for p in before.values()} == {PollState.ASSIGNED}
+        assert sorted(p.rank for p in before.values()) == [0, 1]
+
+        acks: Counter[int] = Counter()
+        workers = [Worker(address, token, node, acks) for node in ids]
+        clients.extend(w.client for w in workers)
+        assert workers[0].client.register(SPEC).created
+        while sum(acks.values()) < SAMPLES * 0.45 or not all(w.midway for w in workers):
+            for w in workers:
+                w.step()
+
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        proc2, address2 = start_master(state, log, port=int(address.rsplit(":", 1)[1]))
+        procs.append(proc2)
+        assert address2 == address
+
+        # The round and the ranks are what they were; nobody joined again.
+        after = {node: rdzv.poll(node) for node in ids}
+        assert {n: (p.state, p.round, p.rank) for n, p in after.items()} == {
+            n: (p.state, p.round, p.rank) for n, p in before.items()
+        }
+
+        deadline = time.monotonic() + 60
+        while not all(w.finished for w in workers):
+            assert time.monotonic() < deadline, f"the data did not finish: {sum(acks.values())} acknowledged"
+            for w in workers:
+                if not w.finished:
+                    w.step()
+        assert sum(w.abandoned for w in workers) == 2  # both leases died with the old master
+        assert sorted(acks) == list(range(SAMPLES))  # nothing lost ...
+        assert set(acks.values()) == {1}  # ... nothing acknowledged twice
+        status = workers[0].client.status()
+        assert (status.done, status.failed, status.doing) == (SAMPLES // 10, 0, 0)
+
+        agents[0].stop_job("test over")
+        assert proc2.wait(timeout=60) == 3
+    finally:
+        for client in clients:
+            client.close()
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait(timeout=30)
