@@ -117,3 +117,10 @@ def test_the_configured_policy_is_the_default(name: str, kind: type) -> None:
 def test_an_unknown_policy_name_is_refused() -> None:
     with pytest.raises(ConfigError, match="failure_policy must be one of diagnosis, default, got 'smart'"):
         MasterConfig(failure_policy="smart")
+
+
+@pytest.mark.parametrize(("signal_name", "code"), [("SIGKILL", 137), ("SIGTERM", 143)])
+def test_a_killed_worker_reported_by_a_live_agent_restarts_processes(signal_name: str, code: int) -> None:
+    evidence = f"local rank 1 exited with signal {signal_name} after 0 restart(s)\n"
+    decision = DiagnosisFailurePolicy().decide(failure(FailureKind.PROCESS_CRASH, evidence, exit_code=code))
+    assert decision.action is FailureAction.RESTART_PROCESSES, decision.reason

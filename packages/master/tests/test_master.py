@@ -16,7 +16,7 @@ from dlrover.master.lifecycle import NodeConflictError
 from dlrover.master.master import Master, ResourceSample
 from dlrover.master.scheduler.base import ObservedState
 from dlrover.master.scheduler.fake import FakeScheduler
-from dlrover.master.states import ActionKind, FailureKind, JobState, NodeState
+from dlrover.master.states import FailureKind, JobState, NodeState
 
 
 def config(nodes: int = 2, **kw: object) -> MasterConfig:
@@ -111,14 +111,14 @@ def test_launch_failures_are_node_failures_within_budget() -> None:
     assert all("launch failed" in n.last_failure for n in master.nodes().values())
 
 
-def test_actions_ride_on_heartbeats_and_resources_are_kept() -> None:
+def test_a_reported_restart_is_not_ordered_twice_and_resources_are_kept() -> None:
     master, _, _ = make(nodes=1)
     master.start()
     master.register(0, "a", "h0")
     decision = master.report_failure(0, FailureKind.PROCESS_CRASH, "exit 1")
     assert decision.action.value == "restart_processes"
     actions, state = master.heartbeat(0, step=3, samples=30, resources=ResourceSample(cpu_percent=50.0))
-    assert [a.kind for a in actions] == [ActionKind.RESTART_PROCESSES]
+    assert actions == ()  # the reply to the report delivered the restart
     assert state is JobState.RUNNING
     assert master.resources(0) == ResourceSample(cpu_percent=50.0)
     assert master.status().step == 3

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import attrs
 
-from dlrover.common import Clock, SystemClock
+from dlrover.common import Clock, DLRoverError, SystemClock
 from dlrover.common.validators import non_negative
 from dlrover.launcher.control import ControlPlane, FailureReport, Progress, RoundAssignment
 from dlrover.launcher.decisions import Step, StepKind, after_failure, assess_workers, first_failure, on_master_actions
@@ -144,7 +144,12 @@ class Agent:
                 self._control.report_success()
                 return AgentResult(0, step.reason, restarts, rounds)
             if step.kind is StepKind.EXIT:
-                self._control.leave()
+                try:
+                    self._control.leave()
+                except DLRoverError as exc:
+                    # Leaving is a courtesy that speeds up the others' next round; the exit and
+                    # its reason stand whether or not the master heard it.
+                    _log.warning("could not leave the rendezvous: %s", exc)
                 return AgentResult(step.exit_code, step.reason, restarts, rounds)
             if step.counts_as_restart:
                 restarts += 1

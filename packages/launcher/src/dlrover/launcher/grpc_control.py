@@ -16,7 +16,9 @@ import socket
 import time
 from collections.abc import Sequence
 
-from dlrover.common import ConfigError, DLRoverError, RetryPolicy, format_host_port
+import grpc
+
+from dlrover.common import ConfigError, DLRoverError, RetryPolicy, RpcError, format_host_port
 from dlrover.launcher.control import (
     AgentAction,
     FailureDecision,
@@ -141,7 +143,13 @@ class GrpcControlPlane:
         self._master.report_success()
 
     def leave(self) -> None:
-        self._rdzv.leave(self._node_id)
+        try:
+            self._rdzv.leave(self._node_id)
+        except RpcError as exc:
+            # The master removes a node it fails or relaunches from the rendezvous itself; a
+            # node that is no longer there has nothing left to leave.
+            if exc.code not in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.NOT_FOUND):
+                raise
 
     def close(self) -> None:
         """Close both channels."""

@@ -8,9 +8,11 @@ Which kind is decided on:
 
 - failures the master observed itself (heartbeat or start timeout, the agent process exited)
   carry no log: they are decided as `preemption` (the node vanished from outside: relaunch it);
-- a reported failure is classified from its evidence; when no rule explains it, the kind the
-  agent reported is used (user code error, OOM as host OOM, hardware, network as communication,
-  hang; a plain process crash or unknown stays `unknown`).
+- a reported failure is classified from its evidence; a worker killed by a signal (what the
+  rules call preemption) is decided as `unknown` (a process restart), since the agent that reports
+  it, and so the node, is alive; when no rule explains it, the kind the agent reported is used
+  (user code error, OOM as host OOM, hardware, network as communication, hang; a plain process
+  crash or unknown stays `unknown`).
 
 The diagnosis action is mapped onto the master's actions: restart processes and roll back to a
 checkpoint restart the processes (they resume from the newest checkpoint); relaunch (with more
@@ -89,6 +91,10 @@ class DiagnosisFailurePolicy:
         if diagnosis.kind is DiagnosedKind.UNKNOWN:
             kind = REPORTED_TO_DIAGNOSED[failure.kind]
             return kind, f"reported as {failure.kind.value}; the log explains no more ({diagnosis.reason})"
+        if diagnosis.kind is DiagnosedKind.PREEMPTION:
+            # A killed worker whose agent is alive to report it: the node itself was not
+            # preempted, so replacing it would waste a healthy node. Restart the processes.
+            return DiagnosedKind.UNKNOWN, f"a worker was killed but its agent is alive ({diagnosis.reason})"
         return diagnosis.kind, diagnosis.reason
 
     def decide(self, failure: Failure) -> FailureDecision:

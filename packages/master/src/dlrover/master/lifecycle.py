@@ -314,9 +314,19 @@ class JobLifecycle:
         return actions, Outcome(changed_nodes=frozenset({node_id}))
 
     def report_failure(
-        self, node_id: int, kind: FailureKind, evidence: str, now: float, *, exit_code: int | None = None
+        self,
+        node_id: int,
+        kind: FailureKind,
+        evidence: str,
+        now: float,
+        *,
+        exit_code: int | None = None,
+        answered: bool = False,
     ) -> tuple[FailureDecision, Outcome]:
         """A node failed; decide and apply what to do (`exit_code`: the failed process's status, if known).
+
+        With `answered`, the decision reaches the node in the reply to its report, so a process
+        restart is not also queued as a heartbeat action (the node would restart twice).
 
         Returns:
             The decision as applied (after budgets), and what changed.
@@ -328,7 +338,7 @@ class JobLifecycle:
         node = self.node(node_id)
         if node.state not in ALIVE_STATES:
             raise NodeStateError(f"node {node_id} is {node.state.value}; it cannot fail")
-        return self._fail(node, kind, _clip(evidence), now, exit_code)
+        return self._fail(node, kind, _clip(evidence), now, exit_code, answered=answered)
 
     def report_success(self, node_id: int, now: float) -> Outcome:
         """The node's training processes finished successfully.
@@ -469,7 +479,14 @@ class JobLifecycle:
         return decision
 
     def _fail(
-        self, node: NodeRecord, kind: FailureKind, evidence: str, now: float, exit_code: int | None = None
+        self,
+        node: NodeRecord,
+        kind: FailureKind,
+        evidence: str,
+        now: float,
+        exit_code: int | None = None,
+        *,
+        answered: bool = False,
     ) -> tuple[FailureDecision, Outcome]:
         self._job_failures += 1
         restarts_left = max(self._config.max_process_restarts - node.process_restarts, 0)
@@ -497,10 +514,11 @@ class JobLifecycle:
         if decision.action is FailureAction.RESTART_PROCESSES:
             node = attrs.evolve(node, process_restarts=node.process_restarts + 1)
             self._nodes[node.node_id] = node
-            self._actions.setdefault(node.node_id, []).append(
-                Action(self._next_action_id, ActionKind.RESTART_PROCESSES, decision.reason)
-            )
-            self._next_action_id += 1
+            if not answered:
+                self._actions.setdefault(node.node_id, []).append(
+                    Action(self._next_action_id, ActionKind.RESTART_PROCESSES, decision.reason)
+                )
+                self._next_action_id += 1
             ev = Event(
                 "process_restart",
                 f"node {node.node_id} restarts its processes ({node.process_restarts}/"

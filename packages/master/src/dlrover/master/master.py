@@ -441,7 +441,8 @@ class Master:
     def report_failure(
         self, node_id: int, kind: FailureKind, evidence: str, *, exit_code: int | None = None
     ) -> FailureDecision:
-        """A node failed; returns the decision as applied.
+        """A node's agent reported a failure; returns the decision as applied, which the reply
+        delivers (a process restart is not queued again for the node's heartbeats).
 
         Args:
             node_id: the node.
@@ -454,7 +455,7 @@ class Master:
         """
         with self._lock:
             decision, outcome = self._lifecycle.report_failure(
-                node_id, kind, evidence, self._clock.now(), exit_code=exit_code
+                node_id, kind, evidence, self._clock.now(), exit_code=exit_code, answered=True
             )
             self._record(outcome)
             return decision

@@ -1,0 +1,145 @@
+"""`dlrover-run` end to end: real agents, an embedded master, real workers over gloo."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+TRAIN = textwrap.dedent(
+    """
+    import json, os, signal, sys
+    import torch, torch.distributed as dist
+
+    out, kill_at = sys.argv[1], int(sys.argv[2])
+    rank = int(os.environ["RANK"])
+    attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+    dist.init_process_group("gloo")
+    ckpt = os.path.join(out, "ckpt.pt")
+    state = torch.load(ckpt) if os.path.exists(ckpt) else {"step": 0, "w": torch.zeros(4)}
+    dist.barrier()
+    for step in range(state["step"], 8):
+        if step == kill_at and attempt == 0 and rank == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+        grad = torch.full((4,), float(rank + 1))
+        dist.all_reduce(grad)
+        state["w"] += grad
+        state["step"] = step + 1
+        if rank == 0:
+            torch.save(state, ckpt + ".tmp")
+            os.replace(ckpt + ".tmp", ckpt)
+        dist.barrier()
+    if rank == 0:
+        with open(os.path.join(out, "result.json"), "w") as f:
+            json.dump({"step": state["step"], "w": state["w"].tolist(), "attempt": attempt}, f)
+    dist.destroy_process_group()
+    """
+)
+
+
+@pytest.fixture
+def run_dir(tmp_path: Path) -> Path:
+    (tmp_path / "train.py").write_text(TRAIN)
+    (tmp_path / "out").mkdir()
+    return tmp_path
+
+
+@pytest.fixture
+def spawn() -> Iterator[list[subprocess.Popen[str]]]:
+    procs: list[subprocess.Popen[str]] = []
+    yield procs
+    for proc in procs:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def _dlrover_run(spawn: list[subprocess.Popen[str]], run_dir: Path, *args: str) -> subprocess.Popen[str]:
+    cmd = [
+        sys.executable, "-m", "dlrover.launcher.cli", "--standalone", "--nproc-per-node=2",
+        f"--log-dir={run_dir / 'logs'}", "--monitor-interval=0.05", "--heartbeat-interval=0.5", *args,
+    ]  # fmt: skip
+    env = {**os.environ, "DLROVER_LOG_LEVEL": "INFO"}
+    env.pop("DLROVER_JOB_TOKEN", None)
+    env.pop("DLROVER_JOB_TOKEN_FILE", None)
+    proc = subprocess.Popen(
+        cmd, cwd=run_dir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
+    spawn.append(proc)
+    return proc
+
+
+def test_a_killed_worker_is_restarted_and_the_job_finishes(run_dir: Path, spawn: list[subprocess.Popen[str]]) -> None:
+    proc = _dlrover_run(spawn, run_dir, "--max-restarts=2", str(run_dir / "train.py"), str(run_dir / "out"), "3")
+    output, _ = proc.communicate(timeout=240)
+    assert proc.returncode == 0, output
+    result = json.loads((run_dir / "out" / "result.json").read_text())
+    assert result["step"] == 8
+    assert result["attempt"] == 1
+    # Every step added 1 + 2 to each weight exactly once, across the restart.
+    assert result["w"] == [24.0] * 4
+    summary = [line for line in output.splitlines() if "finished with exit code 0" in line]
+    assert summary, output
+    assert "after 1 restart(s)" in summary[-1], output
+
+
+def test_a_user_code_error_stops_the_job_instead_of_looping(run_dir: Path, spawn: list[subprocess.Popen[str]]) -> None:
+    bad = run_dir / "bad.py"
+    bad.write_text("import this_module_does_not_exist_anywhere\n")
+    proc = _dlrover_run(spawn, run_dir, "--max-restarts=5", str(bad))
+    output, _ = proc.communicate(timeout=240)
+    assert proc.returncode != 0
+    summary = [line for line in output.splitlines() if "finished with exit code" in line]
+    assert summary, output
+    assert "after 0 restart(s)" in summary[-1], output
+    assert "this_module_does_not_exist_anywhere" in output
+
+
+def _children_of(pid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[-1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid and fields[0] != "Z":
+                found.append(int(entry))
+    return found
+
+
+def test_killing_the_agent_takes_its_workers_with_it(run_dir: Path, spawn: list[subprocess.Popen[str]]) -> None:
+    sleeper = run_dir / "sleep.py"
+    sleeper.write_text("import time\ntime.sleep(600)\n")
+    proc = _dlrover_run(spawn, run_dir, str(sleeper))
+    deadline = time.monotonic() + 120
+    workers: list[int] = []
+    while len(workers) < 2:
+        assert time.monotonic() < deadline, "workers did not start"
+        workers = _children_of(proc.pid)
+        time.sleep(0.1)
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 30
+    while any(os.path.exists(f"/proc/{w}") and _state(w) != "Z" for w in workers):
+        assert time.monotonic() < deadline, f"workers {workers} outlived their agent"
+        time.sleep(0.1)
+
+
+def _state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[-1].split()[0]
+    except OSError:
+        return "Z"
