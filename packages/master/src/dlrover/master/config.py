@@ -8,6 +8,7 @@ from typing import Any
 import attrs
 
 from dlrover.common import ConfigError, TLSConfig
+from dlrover.common.validators import non_negative, positive
 from dlrover.rendezvous import RendezvousConfig
 
 __all__ = ["BACKENDS", "FAILURE_POLICIES", "LifecycleConfig", "MasterConfig", "NodeRange", "parse_node_range"]
@@ -16,23 +17,13 @@ BACKENDS = ("local", "external")
 FAILURE_POLICIES = ("diagnosis", "default")
 
 
-def _positive(_inst: object, attribute: attrs.Attribute[Any], value: float) -> None:
-    if not value > 0:
-        raise ConfigError(f"{attribute.name} must be positive, got {value!r}")
-
-
-def _non_negative(_inst: object, attribute: attrs.Attribute[Any], value: float) -> None:
-    if not value >= 0:
-        raise ConfigError(f"{attribute.name} must be zero or positive, got {value!r}")
-
-
 def _str_tuple(value: Iterable[str]) -> tuple[str, ...]:
     return tuple(str(v) for v in value)
 
 
 def _optional_positive(inst: object, attribute: attrs.Attribute[Any], value: float | None) -> None:
     if value is not None:
-        _positive(inst, attribute, value)
+        positive(inst, attribute, value)
 
 
 @attrs.frozen
@@ -45,9 +36,9 @@ class NodeRange:
         node_unit: nodes join and leave in multiples of this (handed to the rendezvous).
     """
 
-    min_nodes: int = attrs.field(default=1, validator=_positive)
-    max_nodes: int = attrs.field(default=1, validator=_positive)
-    node_unit: int = attrs.field(default=1, validator=_positive)
+    min_nodes: int = attrs.field(default=1, validator=positive)
+    max_nodes: int = attrs.field(default=1, validator=positive)
+    node_unit: int = attrs.field(default=1, validator=positive)
 
     def __attrs_post_init__(self) -> None:
         if self.min_nodes > self.max_nodes:
@@ -85,12 +76,12 @@ class LifecycleConfig:
     """
 
     nodes: NodeRange = attrs.field(factory=NodeRange)
-    heartbeat_timeout_s: float = attrs.field(default=30.0, validator=_positive)
+    heartbeat_timeout_s: float = attrs.field(default=30.0, validator=positive)
     node_start_timeout_s: float | None = attrs.field(default=300.0, validator=_optional_positive)
-    max_process_restarts: int = attrs.field(default=3, validator=_non_negative)
-    max_relaunches: int = attrs.field(default=3, validator=_non_negative)
-    max_job_failures: int = attrs.field(default=20, validator=_non_negative)
-    insufficient_nodes_window_s: float = attrs.field(default=300.0, validator=_positive)
+    max_process_restarts: int = attrs.field(default=3, validator=non_negative)
+    max_relaunches: int = attrs.field(default=3, validator=non_negative)
+    max_job_failures: int = attrs.field(default=20, validator=non_negative)
+    insufficient_nodes_window_s: float = attrs.field(default=300.0, validator=positive)
 
 
 @attrs.frozen
@@ -139,22 +130,22 @@ class MasterConfig:
     token: str | None = attrs.field(default=None, repr=False)
     token_file: str | None = None
     tls: TLSConfig | None = None
-    max_message_bytes: int = attrs.field(default=4 * 1024 * 1024, validator=_positive)
-    max_workers: int = attrs.field(default=16, validator=_positive)
+    max_message_bytes: int = attrs.field(default=4 * 1024 * 1024, validator=positive)
+    max_workers: int = attrs.field(default=16, validator=positive)
     state_dir: str | None = None
     backend: str = "local"
     agent_command: tuple[str, ...] = attrs.field(default=(), converter=_str_tuple)
-    heartbeat_interval_s: float = attrs.field(default=5.0, validator=_positive)
-    tick_interval_s: float = attrs.field(default=1.0, validator=_positive)
-    node_stop_grace_s: float = attrs.field(default=5.0, validator=_non_negative)
+    heartbeat_interval_s: float = attrs.field(default=5.0, validator=positive)
+    tick_interval_s: float = attrs.field(default=1.0, validator=positive)
+    node_stop_grace_s: float = attrs.field(default=5.0, validator=non_negative)
     metrics_port: int | None = None
     metrics_bind_address: str = "127.0.0.1"
     event_log: str | None = None
-    progress_event_interval_s: float = attrs.field(default=10.0, validator=_non_negative)
-    rendezvous_last_call_s: float = attrs.field(default=5.0, validator=_non_negative)
-    rendezvous_join_timeout_s: float = attrs.field(default=600.0, validator=_positive)
-    rendezvous_heartbeat_timeout_s: float = attrs.field(default=30.0, validator=_positive)
-    state_export_interval_s: float = attrs.field(default=5.0, validator=_positive)
+    progress_event_interval_s: float = attrs.field(default=10.0, validator=non_negative)
+    rendezvous_last_call_s: float = attrs.field(default=5.0, validator=non_negative)
+    rendezvous_join_timeout_s: float = attrs.field(default=600.0, validator=positive)
+    rendezvous_heartbeat_timeout_s: float = attrs.field(default=30.0, validator=positive)
+    state_export_interval_s: float = attrs.field(default=5.0, validator=positive)
     journal_shard_changes: bool = True
     failure_policy: str = "diagnosis"
 
