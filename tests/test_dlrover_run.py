@@ -22,6 +22,7 @@ TRAIN = textwrap.dedent(
     import torch, torch.distributed as dist
 
     out, kill_at = sys.argv[1], int(sys.argv[2])
+    fault = getattr(signal, "SIG" + (sys.argv[3] if len(sys.argv) > 3 else "KILL"))
     rank = int(os.environ["RANK"])
     attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
     dist.init_process_group("gloo")
@@ -30,7 +31,7 @@ TRAIN = textwrap.dedent(
     dist.barrier()
     for step in range(state["step"], 8):
         if step == kill_at and attempt == 0 and rank == 1:
-            os.kill(os.getpid(), signal.SIGKILL)
+            os.kill(os.getpid(), fault)
         grad = torch.full((4,), float(rank + 1))
         dist.all_reduce(grad)
         state["w"] += grad
@@ -88,6 +89,19 @@ def test_a_killed_worker_is_restarted_and_the_job_finishes(run_dir: Path, spawn:
     assert result["attempt"] == 1
     # Every step added 1 + 2 to each weight exactly once, across the restart.
     assert result["w"] == [24.0] * 4
+    summary = [line for line in output.splitlines() if "finished with exit code 0" in line]
+    assert summary, output
+    assert "after 1 restart(s)" in summary[-1], output
+
+
+def test_a_hung_worker_is_detected_and_restarted(run_dir: Path, spawn: list[subprocess.Popen[str]]) -> None:
+    args = [str(run_dir / "train.py"), str(run_dir / "out"), "3", "STOP"]
+    proc = _dlrover_run(spawn, run_dir, "--max-restarts=2", "--hang-timeout=3", *args)
+    output, _ = proc.communicate(timeout=240)
+    assert proc.returncode == 0, output
+    result = json.loads((run_dir / "out" / "result.json").read_text())
+    assert (result["step"], result["attempt"], result["w"]) == (8, 1, [24.0] * 4)
+    assert "no CPU progress" in output
     summary = [line for line in output.splitlines() if "finished with exit code 0" in line]
     assert summary, output
     assert "after 1 restart(s)" in summary[-1], output

@@ -19,7 +19,8 @@ from dlrover.common.validators import non_negative
 from dlrover.launcher.control import ControlPlane, FailureReport, Progress, RoundAssignment
 from dlrover.launcher.decisions import Step, StepKind, after_failure, assess_workers, first_failure, on_master_actions
 from dlrover.launcher.env import NODE_ID_ENV_VAR, WorkerIdentity, worker_env
-from dlrover.launcher.workers import WorkerGroup, WorkerSpec
+from dlrover.launcher.hang import HangWatch, read_cpu_seconds
+from dlrover.launcher.workers import WorkerExit, WorkerGroup, WorkerSpec
 
 __all__ = ["Agent", "AgentConfig", "AgentResult"]
 
@@ -44,6 +45,8 @@ class AgentConfig:
         tee: local rank -> streams written to files and the console.
         local_ranks_filter: local ranks whose console output is shown; empty shows all.
         extra_env: variables added to every worker's environment.
+        hang_timeout_s: a worker whose CPU time does not grow for this long is hung and
+            reported as such; 0 turns hang detection off.
     """
 
     worker_argv: tuple[str, ...]
@@ -59,6 +62,7 @@ class AgentConfig:
     tee: Mapping[int, int] = attrs.field(factory=dict)
     local_ranks_filter: tuple[int, ...] = ()
     extra_env: Mapping[str, str] = attrs.field(factory=dict)
+    hang_timeout_s: float = attrs.field(default=0.0, validator=non_negative)
 
 
 @attrs.frozen
@@ -156,6 +160,7 @@ class Agent:
 
     def _watch(self, group: WorkerGroup, restarts: int) -> Step:
         next_heartbeat = self._clock.now()
+        hangs = HangWatch(self._config.hang_timeout_s) if self._config.hang_timeout_s > 0 else None
         while True:
             if self._stop_requested.is_set():
                 return Step(StepKind.EXIT, self._stop_reason or "stop requested", exit_code=128 + 15)
@@ -178,7 +183,31 @@ class Agent:
                 return after_failure(report, decision, reason, self._config.max_restarts)
             if step.kind is not StepKind.CONTINUE:
                 return step
+            if hangs is not None:
+                hung = self._hung_workers(group, exits, hangs, restarts)
+                if hung is not None:
+                    decision, reason = self._control.report_failure(hung)
+                    return after_failure(hung, decision, reason, self._config.max_restarts)
             self._stop_requested.wait(self._config.monitor_interval_s)
+
+    def _hung_workers(
+        self, group: WorkerGroup, exits: Mapping[int, WorkerExit], hangs: HangWatch, restarts: int
+    ) -> FailureReport | None:
+        now = self._clock.now()
+        readings = {}
+        for rank, pid in group.pids.items():
+            cpu = read_cpu_seconds(pid) if rank not in exits else None
+            if cpu is not None:
+                readings[rank] = cpu
+        hung = hangs.observe(readings, now)
+        if not hung:
+            return None
+        stalled_s = hangs.stalled_for(hung[0], now)
+        evidence = (
+            f"hang: local rank(s) {hung} made no CPU progress for {stalled_s:.1f} s "
+            f"(--hang-timeout {self._config.hang_timeout_s} s): stopped, deadlocked, or waiting on a lost peer"
+        )
+        return FailureReport(hung[0], 0, None, evidence, restarts, hang=True)
 
     def _specs(self, assignment: RoundAssignment, restarts: int) -> list[WorkerSpec]:
         cfg = self._config

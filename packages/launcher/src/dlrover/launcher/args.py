@@ -214,7 +214,9 @@ def build_parser() -> argparse.ArgumentParser:
     flag(ours, _both("exclude-straggler"), "leave out nodes the network check finds slow")
     flag(ours, _both("save-at-breakpoint"), "persist the in-memory checkpoint when workers fail")
     option(ours, _both("node-unit"), "1", "the world holds a multiple of this many nodes")
-    option(ours, _both("hang-timeout"), "0", "seconds without progress before a restart; 0: adaptive")
+    option(
+        ours, _both("hang-timeout"), "0", "seconds a worker may go without using CPU before it counts as hung; 0: off"
+    )
     flag(ours, _both("auto-config"), "workers per node from the visible accelerators")
     option(ours, ["--token"], None, "the job token (prefer --token-file)")
     option(ours, _both("token-file"), None, "a 0600 file holding the job token")

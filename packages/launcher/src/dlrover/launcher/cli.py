@@ -110,6 +110,7 @@ def run(cfg: LaunchConfig) -> AgentResult:
                 redirects=dict(cfg.redirects),
                 tee=dict(cfg.tee),
                 local_ranks_filter=cfg.local_ranks_filter,
+                hang_timeout_s=cfg.hang_timeout_s,
                 extra_env={MASTER_ADDR_ENV_VAR: target, TOKEN_FILE_ENV_VAR: str(Path(token_file).resolve())},
             ),
             control,

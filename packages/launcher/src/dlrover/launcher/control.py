@@ -86,6 +86,7 @@ class FailureReport:
         signal_name: the signal that ended it, if any.
         evidence: the tail of its stderr.
         restart_count: restarts of this node's workers so far.
+        hang: the worker did not exit but stopped making progress.
     """
 
     local_rank: int
@@ -93,6 +94,7 @@ class FailureReport:
     signal_name: str | None
     evidence: str
     restart_count: int
+    hang: bool = False
 
 
 class FailureDecision(enum.Enum):

@@ -130,10 +130,14 @@ class GrpcControlPlane:
         return [(_ACTIONS[a.kind], a.reason) for a in response.actions if a.kind in _ACTIONS]
 
     def report_failure(self, report: FailureReport) -> tuple[FailureDecision, str]:
-        how = f"signal {report.signal_name}" if report.signal_name else f"exit code {report.exit_code}"
-        header = f"local rank {report.local_rank} exited with {how} after {report.restart_count} restart(s)\n"
+        if report.hang:
+            header = f"local rank {report.local_rank} hung after {report.restart_count} restart(s)\n"
+        else:
+            how = f"signal {report.signal_name}" if report.signal_name else f"exit code {report.exit_code}"
+            header = f"local rank {report.local_rank} exited with {how} after {report.restart_count} restart(s)\n"
         evidence = header + report.evidence[-(_EVIDENCE_LIMIT - len(header)) :]
-        response = self._master.report_failure(FailureKind.PROCESS_CRASH, evidence, exit_code=report.exit_code)
+        kind = FailureKind.HANG if report.hang else FailureKind.PROCESS_CRASH
+        response = self._master.report_failure(kind, evidence, exit_code=report.exit_code)
         decision = _DECISIONS.get(response.decision)
         if decision is None:
             raise DLRoverError(f"the master answered an unknown decision {response.decision!r}: {response.reason}")

@@ -225,6 +225,8 @@ class WorkerGroup:
         for proc in self._procs.values():
             if proc.poll() is None:
                 _signal_group(proc.pid, signal.SIGTERM)
+                # A stopped (SIGSTOP) worker acts on SIGTERM only once it runs again.
+                _signal_group(proc.pid, signal.SIGCONT)
         deadline = time.monotonic() + grace_s
         for proc in self._procs.values():
             remaining = deadline - time.monotonic()
