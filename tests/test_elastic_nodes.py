@@ -1,0 +1,164 @@
+"""Two `dlrover-run` agents as two nodes of one `dlrover-master` job (`--nnodes=1:2`)."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from dlrover.common import generate_token, write_token_file
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
+
+TRAIN = textwrap.dedent(
+    """
+    import os, sys, time
+    import torch, torch.distributed as dist
+
+    out, last_step = sys.argv[1], int(sys.argv[2])
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    dist.init_process_group("gloo")
+    ckpt = os.path.join(out, "ckpt.pt")
+    step = torch.load(ckpt)["step"] if os.path.exists(ckpt) else 0
+    dist.barrier()
+    while step < last_step:
+        t = torch.ones(1)
+        dist.all_reduce(t)
+        step += 1
+        if rank == 0:
+            torch.save({"step": step}, ckpt + ".tmp")
+            os.replace(ckpt + ".tmp", ckpt)
+            with open(os.path.join(out, "progress.log"), "a") as f:
+                f.write(f"{step} {world} {int(t.item())}\\n")
+        time.sleep(0.2)
+    dist.destroy_process_group()
+    """
+)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def procs() -> Iterator[list[subprocess.Popen[str]]]:
+    started: list[subprocess.Popen[str]] = []
+    yield started
+    for proc in started:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def _start(procs: list[subprocess.Popen[str]], cmd: list[str], log: Path) -> subprocess.Popen[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DLROVER_JOB_TOKEN")}
+    handle = open(log, "w")  # noqa: SIM115 (closed with the process below)
+    proc = subprocess.Popen(cmd, env=env, stdout=handle, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    handle.close()
+    procs.append(proc)
+    return proc
+
+
+def _progress(out: Path) -> list[tuple[int, int]]:
+    path = out / "progress.log"
+    if not path.exists():
+        return []
+    rows = [line.split() for line in path.read_text().splitlines() if line.strip()]
+    return [(int(r[0]), int(r[1])) for r in rows if len(r) == 3]
+
+
+def _wait(what: str, condition: Callable[[], bool], logs: list[Path], timeout_s: float = 150.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            dump = "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in logs if p.exists())
+            raise AssertionError(f"timed out waiting for {what}\n{dump}")
+        time.sleep(0.1)
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[-1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid and fields[0] != "Z":
+                found.append(int(entry))
+    return found
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[-1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def test_a_lost_node_shrinks_the_job_and_a_new_one_grows_it_back(
+    tmp_path: Path, procs: list[subprocess.Popen[str]]
+) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (tmp_path / "train.py").write_text(TRAIN)
+    token_file = write_token_file(tmp_path / "token", generate_token())
+    port = _free_port()
+    master_cmd = [
+        sys.executable, "-m", "dlrover.master.cli", "--backend=external", "--nnodes=1:2", f"--port={port}",
+        f"--token-file={token_file}", "--heartbeat-interval-s=0.5", "--heartbeat-timeout-s=3",
+        "--rdzv-last-call-s=1", "--rdzv-heartbeat-timeout-s=3", "--node-start-timeout-s=0",
+        "--insufficient-nodes-window-s=60",
+    ]  # fmt: skip
+    logs = [tmp_path / "master.log", tmp_path / "agent_a.log", tmp_path / "agent_b.log", tmp_path / "agent_c.log"]
+    master = _start(procs, master_cmd, logs[0])
+
+    def agent(log: Path) -> subprocess.Popen[str]:
+        cmd = [
+            sys.executable, "-m", "dlrover.launcher.cli", f"--master=127.0.0.1:{port}", f"--token-file={token_file}",
+            "--nnodes=1:2", "--nproc-per-node=1", "--local-addr=127.0.0.1", "--max-restarts=3",
+            "--monitor-interval=0.1", "--heartbeat-interval=0.5", f"--log-dir={tmp_path / 'logs' / log.stem}",
+            str(tmp_path / "train.py"), str(out), "400",
+        ]  # fmt: skip
+        return _start(procs, cmd, log)
+
+    a = agent(logs[1])
+    b = agent(logs[2])
+    _wait("training on two nodes", lambda: sum(1 for _, w in _progress(out) if w == 2) >= 5, logs)
+
+    b_workers = _children(b.pid)
+    assert b_workers, "agent b has no workers"
+    b.kill()  # SIGKILL to the agent alone: its workers must follow it
+    b.wait()
+    _wait("agent b's workers to die with it", lambda: all(_gone(w) for w in b_workers), logs, timeout_s=30)
+
+    shrunk_at = len(_progress(out))
+    _wait(
+        "training on one node",
+        lambda: sum(1 for _, w in _progress(out)[shrunk_at:] if w == 1) >= 5,
+        logs,
+    )
+    step_before_growth = _progress(out)[-1][0]
+    agent(logs[3])
+    grown_at = len(_progress(out))
+    _wait("training on two nodes again", lambda: sum(1 for _, w in _progress(out)[grown_at:] if w == 2) >= 5, logs)
+
+    steps = [s for s, _ in _progress(out)]
+    # No step went backwards by more than the one being trained when the node was lost.
+    assert all(later >= earlier - 1 for earlier, later in itertools.pairwise(steps))
+    assert steps[-1] > step_before_growth
+    assert a.poll() is None
+    assert master.poll() is None
