@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from dlrover.common import generate_token, write_token_file
+from dlrover.master import MasterClient
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
 
@@ -162,3 +163,53 @@ def test_a_lost_node_shrinks_the_job_and_a_new_one_grows_it_back(
     assert steps[-1] > step_before_growth
     assert a.poll() is None
     assert master.poll() is None
+
+
+def test_training_goes_on_while_the_master_is_killed_and_restarted(
+    tmp_path: Path, procs: list[subprocess.Popen[str]]
+) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (tmp_path / "train.py").write_text(TRAIN)
+    token_file = write_token_file(tmp_path / "token", generate_token())
+    port = _free_port()
+    master_cmd = [
+        sys.executable, "-m", "dlrover.master.cli", "--backend=external", "--nnodes=1", f"--port={port}",
+        f"--token-file={token_file}", f"--state-dir={tmp_path / 'state'}", "--heartbeat-interval-s=0.5",
+        "--heartbeat-timeout-s=20", "--rdzv-last-call-s=1", "--rdzv-heartbeat-timeout-s=20",
+        "--node-start-timeout-s=0",
+    ]  # fmt: skip
+    logs = [tmp_path / "master1.log", tmp_path / "agent.log", tmp_path / "master2.log"]
+    master = _start(procs, master_cmd, logs[0])
+    agent_cmd = [
+        sys.executable, "-m", "dlrover.launcher.cli", f"--master=127.0.0.1:{port}", f"--token-file={token_file}",
+        "--nnodes=1", "--nproc-per-node=2", "--local-addr=127.0.0.1", "--max-restarts=0",
+        "--monitor-interval=0.1", "--heartbeat-interval=0.5", f"--log-dir={tmp_path / 'logs'}",
+        str(tmp_path / "train.py"), str(out), "400",
+    ]  # fmt: skip
+    agent = _start(procs, agent_cmd, logs[1])
+    _wait("training", lambda: len(_progress(out)) >= 5, logs)
+    workers = sorted(_children(agent.pid))
+    assert len(workers) == 2
+
+    master.kill()
+    master.wait()
+    killed_at = len(_progress(out))
+    _wait("training without a master", lambda: len(_progress(out)) >= killed_at + 5, logs)
+    _start(procs, master_cmd, logs[2])
+    resumed_at = len(_progress(out))
+    _wait("training after the master came back", lambda: len(_progress(out)) >= resumed_at + 10, logs)
+
+    # The restarted master hears the same node again: running, heartbeats fresh, no relaunch.
+    def heard_again() -> bool:
+        with MasterClient(f"127.0.0.1:{port}", token_file.read_text()) as client:
+            (node,) = client.job_status().nodes
+        return node.state == "running" and node.seconds_since_heartbeat < 2.0 and node.relaunch_count == 0
+
+    time.sleep(3.0)  # longer than the heartbeat interval: stale state would show by now
+    _wait("the agent heartbeating the restarted master", heard_again, logs, timeout_s=30)
+    # The same worker processes trained throughout: no restart was needed.
+    assert sorted(_children(agent.pid)) == workers
+    assert agent.poll() is None
+    assert "unreachable" in logs[1].read_text()
+    assert "restart" not in logs[1].read_text().lower().replace("restart(s)", "")

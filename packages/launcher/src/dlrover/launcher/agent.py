@@ -47,6 +47,8 @@ class AgentConfig:
         extra_env: variables added to every worker's environment.
         hang_timeout_s: a worker whose CPU time does not grow for this long is hung and
             reported as such; 0 turns hang detection off.
+        master_lost_timeout_s: how long workers keep training while the master cannot be
+            reached (a restarting master resumes from its journal) before the agent gives up.
     """
 
     worker_argv: tuple[str, ...]
@@ -63,6 +65,7 @@ class AgentConfig:
     local_ranks_filter: tuple[int, ...] = ()
     extra_env: Mapping[str, str] = attrs.field(factory=dict)
     hang_timeout_s: float = attrs.field(default=0.0, validator=non_negative)
+    master_lost_timeout_s: float = attrs.field(default=300.0, validator=non_negative)
 
 
 @attrs.frozen
@@ -160,6 +163,7 @@ class Agent:
 
     def _watch(self, group: WorkerGroup, restarts: int) -> Step:
         next_heartbeat = self._clock.now()
+        master_lost_since: float | None = None
         hangs = HangWatch(self._config.hang_timeout_s) if self._config.hang_timeout_s > 0 else None
         while True:
             if self._stop_requested.is_set():
@@ -167,10 +171,21 @@ class Agent:
             nodes_waiting = 0
             if self._clock.now() >= next_heartbeat:
                 next_heartbeat = self._clock.now() + self._heartbeat_interval_s
-                step = on_master_actions(self._control.heartbeat(self._progress()))
-                if step.kind is not StepKind.CONTINUE:
-                    return step
-                nodes_waiting = self._control.nodes_waiting()
+                try:
+                    step = on_master_actions(self._control.heartbeat(self._progress()))
+                    if step.kind is not StepKind.CONTINUE:
+                        return step
+                    nodes_waiting = self._control.nodes_waiting()
+                    master_lost_since = None
+                except DLRoverError as exc:
+                    # The master may be restarting (it resumes from its journal): training goes
+                    # on untouched while it is away, up to master_lost_timeout_s.
+                    now = self._clock.now()
+                    master_lost_since = now if master_lost_since is None else master_lost_since
+                    lost_s = now - master_lost_since
+                    if lost_s >= self._config.master_lost_timeout_s:
+                        return Step(StepKind.EXIT, f"lost the master for {lost_s:.0f} s: {exc}", exit_code=1)
+                    _log.warning("master unreachable for %.1f s, workers keep running: %s", lost_s, exc)
             exits = group.poll()
             step = assess_workers(exits, self._config.nproc_per_node, nodes_waiting)
             if step.kind is StepKind.REPORT_FAILURE:
