@@ -213,3 +213,26 @@ def test_training_goes_on_while_the_master_is_killed_and_restarted(
     assert agent.poll() is None
     assert "unreachable" in logs[1].read_text()
     assert "restart" not in logs[1].read_text().lower().replace("restart(s)", "")
+
+
+def test_a_master_with_the_local_backend_runs_dlrover_run_agents_to_the_end(
+    tmp_path: Path, procs: list[subprocess.Popen[str]]
+) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (tmp_path / "train.py").write_text(TRAIN)
+    agent = (
+        f"{sys.executable} -m dlrover.launcher.cli --nnodes=2 --nproc-per-node=1 --local-addr=127.0.0.1 "
+        f"--monitor-interval=0.1 --heartbeat-interval=0.5 {tmp_path / 'train.py'} {out} 10"
+    )
+    master_cmd = [
+        sys.executable, "-m", "dlrover.master.cli", "--backend=local", "--nnodes=2", f"--agent-command={agent}",
+        f"--state-dir={tmp_path / 'state'}", "--heartbeat-interval-s=0.5", "--rdzv-last-call-s=1",
+    ]  # fmt: skip
+    log = tmp_path / "master.log"
+    master = _start(procs, master_cmd, log)
+    master.wait(timeout=300)
+    assert master.returncode == 0, log.read_text()[-4000:]
+    progress = _progress(out)
+    assert progress[-1][0] == 10
+    assert {w for _, w in progress} == {2}

@@ -30,7 +30,7 @@ from dlrover.common import (
 )
 from dlrover.launcher.agent import Agent, AgentConfig, AgentResult
 from dlrover.launcher.args import LaunchConfig, parse_args
-from dlrover.launcher.env import MASTER_ADDR_ENV_VAR
+from dlrover.launcher.env import MASTER_ADDR_ENV_VAR, NODE_ID_ENV_VAR
 from dlrover.launcher.grpc_control import GrpcControlPlane, default_node_name
 
 __all__ = ["main", "run"]
@@ -65,13 +65,29 @@ def _master_for(cfg: LaunchConfig) -> Iterator[tuple[str, str]]:
             _log.info("standalone master listening on %s", runtime.address)
             yield runtime.address, runtime.token
         return
-    target = cfg.master or (cfg.rdzv_endpoint if cfg.rdzv_backend == "dlrover" else "")
+    # A master's local backend starts agents with DLROVER_MASTER_ADDR set.
+    target = (
+        cfg.master
+        or (cfg.rdzv_endpoint if cfg.rdzv_backend == "dlrover" else "")
+        or os.environ.get(MASTER_ADDR_ENV_VAR, "")
+    )
     if not target:
         raise ConfigError(
-            "dlrover-run needs a master: --standalone, --master HOST:PORT, or "
-            "--rdzv-backend=dlrover --rdzv-endpoint=HOST:PORT"
+            "dlrover-run needs a master: --standalone, --master HOST:PORT, "
+            "--rdzv-backend=dlrover --rdzv-endpoint=HOST:PORT, or DLROVER_MASTER_ADDR"
         )
     yield target, load_token(cfg.token, token_file=cfg.token_file)
+
+
+def _launched_node_id() -> int | None:
+    """The node id a master's scheduler launched this agent as (DLROVER_NODE_ID), if any."""
+    text = os.environ.get(NODE_ID_ENV_VAR, "")
+    if not text:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise ConfigError(f"{NODE_ID_ENV_VAR} must be an integer node id, got {text!r}") from None
 
 
 def run(cfg: LaunchConfig) -> AgentResult:
@@ -86,6 +102,7 @@ def run(cfg: LaunchConfig) -> AgentResult:
             local_addr=cfg.local_addr or ("127.0.0.1" if cfg.standalone else socket.getfqdn()),
             min_nodes=cfg.nodes.min_nodes,
             max_nodes=cfg.nodes.max_nodes,
+            node_id=_launched_node_id(),
         )
         stack.callback(control.close)
         # Workers reach the master too (shard client, checkpoint coordination): they read the

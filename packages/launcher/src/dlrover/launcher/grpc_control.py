@@ -59,6 +59,7 @@ class GrpcControlPlane:
         min_nodes: this node's `--nnodes` minimum (checked against the rendezvous).
         max_nodes: its maximum.
         policy: deadlines and retries of every call.
+        node_id: the id a master's scheduler launched this agent as; None lets the master choose.
         store_wait_s: how long non-zero ranks wait for rank 0 to publish the store address.
     """
 
@@ -73,6 +74,7 @@ class GrpcControlPlane:
         min_nodes: int,
         max_nodes: int,
         policy: RetryPolicy | None = None,
+        node_id: int | None = None,
         store_wait_s: float = 60.0,
     ) -> None:
         if not target:
@@ -85,9 +87,12 @@ class GrpcControlPlane:
         self._params = NodeParams(min_nodes, max_nodes)
         self._store_wait_s = store_wait_s
         self._node_id = ""
+        self._launched_as = node_id
 
     def register(self, local_world_size: int) -> NodeRegistration:
-        response = self._master.register(self._node_name, self._host, local_world_size=local_world_size)
+        response = self._master.register(
+            self._node_name, self._host, node_id=self._launched_as, local_world_size=local_world_size
+        )
         self._node_id = str(response.node_id)
         return NodeRegistration(self._node_id, float(response.heartbeat_interval_s) or 2.0)
 

@@ -104,7 +104,9 @@ class MasterClient:
             request.progress.CopyFrom(agent_pb2.StepProgress(step=step, samples=samples))
         if resources is not None:
             request.resources.CopyFrom(resources)
-        response: agent_pb2.HeartbeatResponse = self._call(self._agent.Heartbeat, request, idempotent=True)
+        # Not retried: the master hands pending actions out once, so a retry after a lost reply
+        # would drop them. A lost heartbeat is simply followed by the next one.
+        response: agent_pb2.HeartbeatResponse = self._call(self._agent.Heartbeat, request, idempotent=False)
         return response
 
     def report_failure(

@@ -166,7 +166,12 @@ class MasterRuntime:
             self._event_log.close()
 
     def __enter__(self) -> MasterRuntime:
-        self.start()
+        try:
+            self.start()
+        except BaseException:
+            # __exit__ does not run when __enter__ raises: release what start() had opened.
+            self.stop()
+            raise
         return self
 
     def __exit__(self, *_exc: object) -> None:
