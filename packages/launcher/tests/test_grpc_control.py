@@ -1,27 +1,28 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
 
-from dlrover.common import DLRoverError, GrpcServer
+from dlrover.common import DLRoverError
 from dlrover.launcher.control import FailureDecision, FailureReport, Progress, RoundAssignment
 from dlrover.launcher.grpc_control import GrpcControlPlane
-from dlrover.master import MasterConfig, MasterRuntime, create_master
+from dlrover.master import MasterClient, MasterConfig, MasterRuntime, create_master
 from dlrover.master.config import LifecycleConfig, NodeRange
-from dlrover.rendezvous import RendezvousConfig, RendezvousManager, add_rendezvous_service
 
 
 @pytest.fixture
 def master() -> Iterator[MasterRuntime]:
-    manager = RendezvousManager(RendezvousConfig(min_nodes=2, max_nodes=2, last_call_s=0.1))
-
-    def host_rendezvous(server: GrpcServer) -> None:
-        add_rendezvous_service(server, manager)
-
-    config = MasterConfig(backend="external", lifecycle=LifecycleConfig(nodes=NodeRange(2, 2)))
-    with create_master(config, extra_services=[host_rendezvous]) as runtime:
+    config = MasterConfig(
+        backend="external",
+        lifecycle=LifecycleConfig(nodes=NodeRange(2, 2), heartbeat_timeout_s=2.0, node_start_timeout_s=None),
+        heartbeat_interval_s=0.2,
+        tick_interval_s=0.1,
+        rendezvous_last_call_s=0.1,
+    )
+    with create_master(config) as runtime:
         yield runtime
 
 
@@ -90,5 +91,49 @@ def test_refused_join_is_a_clear_error(master: MasterRuntime) -> None:
         plane.register(1)
         with pytest.raises(DLRoverError, match="refused"):
             plane.next_round(timeout_s=5)
+    finally:
+        plane.close()
+
+
+@pytest.mark.integration
+def test_a_node_waiting_for_its_peer_longer_than_the_heartbeat_timeout_stays_alive(master: MasterRuntime) -> None:
+    first, second = _plane(master, "early"), _plane(master, "late")
+    try:
+        first.register(1)
+        waited: list[RoundAssignment] = []
+        thread = threading.Thread(target=lambda: waited.append(first.next_round(timeout_s=120)))
+        thread.start()
+        # Let several heartbeat timeouts pass while the first node waits alone.
+        with MasterClient(master.address, master.token) as client:
+            deadline = time.monotonic() + 60
+            while client.job_status().elapsed_s < 3 * master.master.config.lifecycle.heartbeat_timeout_s:
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+            statuses = {n.name: n for n in client.job_status().nodes}
+        assert statuses["early"].state == "running"
+        assert statuses["early"].relaunch_count == 0
+        second.register(1)
+        late_round = second.next_round(timeout_s=60)
+        thread.join(60)
+        assert waited, "the early node got no round"
+        assert {waited[0].group_rank, late_round.group_rank} == {0, 1}
+    finally:
+        first.close()
+        second.close()
+
+
+@pytest.mark.integration
+def test_a_stop_request_ends_the_wait_for_a_round(master: MasterRuntime) -> None:
+    plane = _plane(master, "alone")
+    polls: list[int] = []
+
+    def stop_after_a_few_polls() -> bool:
+        polls.append(1)
+        return len(polls) > 3
+
+    try:
+        plane.register(1)
+        with pytest.raises(DLRoverError, match="stopped while waiting"):
+            plane.next_round(timeout_s=120, should_stop=stop_after_a_few_polls)
     finally:
         plane.close()

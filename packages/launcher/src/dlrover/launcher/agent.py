@@ -129,7 +129,12 @@ class Agent:
         while True:
             if self._stop_requested.is_set():
                 return AgentResult(128 + 15, self._stop_reason, restarts, rounds)
-            assignment = self._control.next_round(self._config.rendezvous_timeout_s)
+            try:
+                assignment = self._control.next_round(self._config.rendezvous_timeout_s, self._stop_requested.is_set)
+            except DLRoverError:
+                if self._stop_requested.is_set():
+                    return AgentResult(128 + 15, self._stop_reason, restarts, rounds)
+                raise
             rounds += 1
             _log.info(
                 "round %d: node rank %d of %d, store at %s:%d",

@@ -8,7 +8,7 @@ contract.
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import attrs
@@ -113,8 +113,14 @@ class ControlPlane(Protocol):
         """Join the job; idempotent for the same agent."""
         ...
 
-    def next_round(self, timeout_s: float) -> RoundAssignment:
-        """Join the next rendezvous round and block until it completes (or raise on timeout)."""
+    def next_round(self, timeout_s: float, should_stop: Callable[[], bool]) -> RoundAssignment:
+        """Join the next rendezvous round and block until it completes.
+
+        While waiting, the node stays alive in the master's eyes (it keeps heartbeating).
+
+        Raises:
+            DLRoverError: refused, timed out, or `should_stop()` turned true while waiting.
+        """
         ...
 
     def nodes_waiting(self) -> int:

@@ -62,7 +62,7 @@ class FakeControlPlane:
             self.registrations.append(local_world_size)
             return NodeRegistration(node_id="node-0", heartbeat_interval_s=self._interval)
 
-    def next_round(self, timeout_s: float) -> RoundAssignment:
+    def next_round(self, timeout_s: float, should_stop: Callable[[], bool] = lambda: False) -> RoundAssignment:
         with self._lock:
             assignment = RoundAssignment(len(self.rounds) + 1, 0, 1, "127.0.0.1", free_port())
             self.rounds.append(assignment)

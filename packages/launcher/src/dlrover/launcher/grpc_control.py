@@ -11,14 +11,14 @@ wait for that key. A new round gets a new key, so a stale address is never reuse
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
-import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import grpc
 
-from dlrover.common import ConfigError, DLRoverError, RetryPolicy, RpcError, format_host_port
+from dlrover.common import Clock, ConfigError, DLRoverError, RetryPolicy, RpcError, SystemClock, format_host_port
 from dlrover.launcher.control import (
     AgentAction,
     FailureDecision,
@@ -30,7 +30,7 @@ from dlrover.launcher.control import (
 from dlrover.launcher.fake_control import free_port
 from dlrover.master import FailureKind, MasterClient
 from dlrover.master.v1 import agent_pb2
-from dlrover.rendezvous import NodeParams, PollState, RendezvousClient
+from dlrover.rendezvous import NodeParams, PollResult, PollState, RendezvousClient
 
 __all__ = ["GrpcControlPlane", "default_node_name", "store_address_key"]
 
@@ -40,6 +40,11 @@ _ACTIONS = {
     agent_pb2.ACTION_KIND_STOP_NODE: AgentAction.STOP_NODE,
 }
 _DECISIONS = {d.value: d for d in FailureDecision}
+_log = logging.getLogger(__name__)
+
+
+def _never() -> bool:
+    return False
 
 
 def store_address_key(round_number: int) -> str:
@@ -61,6 +66,7 @@ class GrpcControlPlane:
         policy: deadlines and retries of every call.
         node_id: the id a master's scheduler launched this agent as; None lets the master choose.
         store_wait_s: how long non-zero ranks wait for rank 0 to publish the store address.
+        clock: time source of every wait.
     """
 
     def __init__(
@@ -76,6 +82,7 @@ class GrpcControlPlane:
         policy: RetryPolicy | None = None,
         node_id: int | None = None,
         store_wait_s: float = 60.0,
+        clock: Clock | None = None,
     ) -> None:
         if not target:
             raise ConfigError("the master's address is empty")
@@ -88,19 +95,22 @@ class GrpcControlPlane:
         self._store_wait_s = store_wait_s
         self._node_id = ""
         self._launched_as = node_id
+        self._clock = clock or SystemClock()
+        self._heartbeat_interval_s = 2.0
 
     def register(self, local_world_size: int) -> NodeRegistration:
         response = self._master.register(
             self._node_name, self._host, node_id=self._launched_as, local_world_size=local_world_size
         )
         self._node_id = str(response.node_id)
-        return NodeRegistration(self._node_id, float(response.heartbeat_interval_s) or 2.0)
+        self._heartbeat_interval_s = float(response.heartbeat_interval_s) or 2.0
+        return NodeRegistration(self._node_id, self._heartbeat_interval_s)
 
-    def next_round(self, timeout_s: float) -> RoundAssignment:
+    def next_round(self, timeout_s: float, should_stop: Callable[[], bool] = _never) -> RoundAssignment:
         joined = self._rdzv.join(self._node_id, params=self._params)
         if not joined.accepted:
             raise DLRoverError(f"the rendezvous refused node {self._node_id}: {joined.reason}")
-        result = self._rdzv.wait_assigned(self._node_id, timeout_s=timeout_s)
+        result = self._wait_assigned(timeout_s, should_stop)
         if result.state is not PollState.ASSIGNED:
             raise DLRoverError(f"node {self._node_id} got no rank in round {result.round}: {result.reason}")
         key = store_address_key(result.round)
@@ -108,22 +118,48 @@ class GrpcControlPlane:
             address = format_host_port(self._local_addr, free_port(self._local_addr))
             self._rdzv.kv_set([key], [address.encode()])
         else:
-            address = self._wait_for_key(key)
+            address = self._wait_for_key(key, should_stop)
         host, _, port = address.rpartition(":")
         return RoundAssignment(result.round, result.rank, result.world_size, host.strip("[]"), int(port))
 
-    def _wait_for_key(self, key: str) -> str:
+    def _wait_assigned(self, timeout_s: float, should_stop: Callable[[], bool]) -> PollResult:
+        # The node keeps heartbeating the master while it waits, so a long wait for late or
+        # relaunched peers is not mistaken for a dead node.
+        give_up_at = self._clock.now() + timeout_s
+        next_heartbeat = self._clock.now()
+        interval = 0.05
+        while True:
+            result = self._rdzv.poll(self._node_id)
+            if result.state is not PollState.WAITING:
+                return result
+            if should_stop():
+                raise DLRoverError(f"stopped while waiting for a round: {result.reason}")
+            now = self._clock.now()
+            if now >= give_up_at:
+                raise DLRoverError(f"node {self._node_id} got no round within {timeout_s} s: {result.reason}")
+            if now >= next_heartbeat:
+                next_heartbeat = now + self._heartbeat_interval_s
+                try:
+                    self._master.heartbeat()
+                except DLRoverError as exc:
+                    _log.warning("heartbeat while waiting for a round failed: %s", exc)
+            self._clock.sleep(min(interval, max(give_up_at - now, 0.0)))
+            interval = min(interval * 2, 1.0)
+
+    def _wait_for_key(self, key: str, should_stop: Callable[[], bool]) -> str:
         # Rank 0 publishes right after its own poll answers, so this wait is short; it is bounded
         # so a rank 0 that died in between is noticed instead of waited on forever.
-        give_up_at = time.monotonic() + self._store_wait_s
+        give_up_at = self._clock.now() + self._store_wait_s
         interval = 0.02
         while True:
             (value,) = self._rdzv.kv_get([key])
             if value is not None:
                 return value.decode()
-            if time.monotonic() >= give_up_at:
+            if should_stop():
+                raise DLRoverError(f"stopped while waiting for node rank 0's store address ({key})")
+            if self._clock.now() >= give_up_at:
                 raise DLRoverError(f"node rank 0 did not publish its store address ({key}) in {self._store_wait_s} s")
-            time.sleep(interval)
+            self._clock.sleep(interval)
             interval = min(interval * 2, 0.5)
 
     def nodes_waiting(self) -> int:
