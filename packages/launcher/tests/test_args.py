@@ -14,7 +14,7 @@ def test_torchrun_flags_are_accepted_with_torchruns_meaning() -> None:
         "--rdzv-backend=c10d",
         "--rdzv_endpoint=127.0.0.1:29400",
         "--rdzv-id=job7",
-        "--rdzv-conf=timeout=30,read_timeout=5",
+        "--rdzv-conf=join_timeout=30,store_timeout=5",
         "--max_restarts=3",
         "--monitor-interval=0.5",
         "--log-dir=/tmp/x",
@@ -35,7 +35,8 @@ def test_torchrun_flags_are_accepted_with_torchruns_meaning() -> None:
     assert ours.rdzv_backend == theirs.rdzv_backend
     assert ours.rdzv_endpoint == theirs.rdzv_endpoint
     assert ours.rdzv_id == theirs.rdzv_id
-    assert ours.rdzv_conf == (("timeout", "30"), ("read_timeout", "5"))
+    assert ours.rdzv_conf == (("join_timeout", "30"), ("store_timeout", "5"))
+    assert (ours.rendezvous_timeout_s, ours.store_wait_s) == (30.0, 5.0)
     assert ours.max_restarts == int(theirs.max_restarts)
     assert ours.monitor_interval_s == float(theirs.monitor_interval)
     assert ours.log_dir == theirs.log_dir
@@ -60,9 +61,9 @@ def test_dlrover_flags() -> None:
     cfg = parse_args(
         [
             "--standalone",
-            "--network-check",
-            "--exclude-straggler",
             "--save-at-breakpoint",
+            "--master-lost-timeout=60",
+            "--heartbeat-interval=0.5",
             "--node-unit=2",
             "--nnodes=2:4",
             "--hang-timeout=30",
@@ -71,9 +72,10 @@ def test_dlrover_flags() -> None:
         ]
     )
     assert cfg.standalone
-    assert cfg.network_check
-    assert cfg.exclude_straggler
     assert cfg.save_at_breakpoint
+    assert cfg.master_lost_timeout_s == 60.0
+    assert cfg.heartbeat_interval_s == 0.5
+    assert parse_args(["t.py"]).heartbeat_interval_s is None  # the master's interval applies
     assert cfg.node_unit == 2
     assert cfg.hang_timeout_s == 30.0
     assert cfg.token_file == "/run/token"
@@ -107,6 +109,9 @@ def test_auto_config_uses_visible_accelerators() -> None:
         (["--standalone", "--master=h:1", "t.py"], "--master"),
         (["--nnodes=3", "--node-unit=2", "t.py"], "node-unit"),
         (["--rdzv-conf=novalue", "t.py"], "novalue"),
+        (["--rdzv-conf=read_timeout=5", "t.py"], "read_timeout=5 is not understood.*join_timeout"),
+        (["--network-check", "t.py"], "--network-check is not supported yet"),
+        (["--exclude-straggler", "t.py"], "--exclude-straggler is not supported yet"),
         (["--redirects=7", "t.py"], "'7'"),
         (["--tee=5:1", "t.py"], "local rank 5"),
     ],

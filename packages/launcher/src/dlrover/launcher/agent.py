@@ -47,6 +47,7 @@ class AgentConfig:
         extra_env: variables added to every worker's environment.
         hang_timeout_s: a worker whose CPU time does not grow for this long is hung and
             reported as such; 0 turns hang detection off.
+        heartbeat_interval_s: heartbeat this often instead of at the master's interval.
         master_lost_timeout_s: how long workers keep training while the master cannot be
             reached (a restarting master resumes from its journal) before the agent gives up.
     """
@@ -66,6 +67,7 @@ class AgentConfig:
     extra_env: Mapping[str, str] = attrs.field(factory=dict)
     hang_timeout_s: float = attrs.field(default=0.0, validator=non_negative)
     master_lost_timeout_s: float = attrs.field(default=300.0, validator=non_negative)
+    heartbeat_interval_s: float | None = None
 
 
 @attrs.frozen
@@ -124,7 +126,7 @@ class Agent:
         """Run until the workers succeed, the job stops, or this node gives up."""
         registration = self._control.register(self._config.nproc_per_node)
         self._node_id = registration.node_id
-        self._heartbeat_interval_s = registration.heartbeat_interval_s
+        self._heartbeat_interval_s = self._config.heartbeat_interval_s or registration.heartbeat_interval_s
         restarts = rounds = 0
         while True:
             if self._stop_requested.is_set():

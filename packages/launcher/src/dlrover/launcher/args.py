@@ -124,7 +124,10 @@ class LaunchConfig:
     auto_config: bool = False
     token: str | None = None
     token_file: str | None = None
-    heartbeat_interval_s: float = 2.0
+    heartbeat_interval_s: float | None = None
+    rendezvous_timeout_s: float = 600.0
+    store_wait_s: float = 60.0
+    master_lost_timeout_s: float = 300.0
     shutdown_grace_s: float = 10.0
 
     def worker_command(self, python: str) -> list[str]:
@@ -212,7 +215,12 @@ def build_parser() -> argparse.ArgumentParser:
     option(ours, ["--master"], None, "HOST:PORT of a running dlrover-master to join")
     flag(ours, _both("network-check"), "check nodes' health before training")
     flag(ours, _both("exclude-straggler"), "leave out nodes the network check finds slow")
-    flag(ours, _both("save-at-breakpoint"), "persist the in-memory checkpoint when workers fail")
+    flag(
+        ours,
+        _both("save-at-breakpoint"),
+        "accepted for DLRover compatibility: the flash checkpoint saver always persists the newest "
+        "in-memory snapshot when workers fail",
+    )
     option(ours, _both("node-unit"), "1", "the world holds a multiple of this many nodes")
     option(
         ours, _both("hang-timeout"), "0", "seconds a worker may go without using CPU before it counts as hung; 0: off"
@@ -220,7 +228,8 @@ def build_parser() -> argparse.ArgumentParser:
     flag(ours, _both("auto-config"), "workers per node from the visible accelerators")
     option(ours, ["--token"], None, "the job token (prefer --token-file)")
     option(ours, _both("token-file"), None, "a 0600 file holding the job token")
-    option(ours, _both("heartbeat-interval"), "2.0", "seconds between heartbeats")
+    option(ours, _both("heartbeat-interval"), None, "seconds between heartbeats (default: the master's choice)")
+    option(ours, _both("master-lost-timeout"), "300", "seconds workers keep training while the master is unreachable")
     option(ours, _both("shutdown-grace"), "10.0", "seconds workers get to exit after SIGTERM")
     p.add_argument("training_script", help="the script, module or executable to run")
     p.add_argument("training_script_args", nargs=argparse.REMAINDER)
@@ -260,6 +269,26 @@ def _conf(text: str) -> tuple[tuple[str, str], ...]:
     return tuple(pairs)
 
 
+# torchrun --rdzv-conf keys that mean something to the dlrover backend, and the settings they feed.
+_RDZV_CONF_TIMEOUTS = {"join_timeout": "rendezvous_timeout_s", "timeout": "rendezvous_timeout_s"}
+_RDZV_CONF_STORE = {"store_timeout": "store_wait_s"}
+# Keys of torch's c10d backend that have no meaning here; refused so nobody believes they apply.
+_RDZV_CONF_KNOWN = {*_RDZV_CONF_TIMEOUTS, *_RDZV_CONF_STORE}
+
+
+def _rdzv_timeouts(conf: tuple[tuple[str, str], ...]) -> dict[str, float]:
+    settings: dict[str, float] = {}
+    for key, value in conf:
+        target = _RDZV_CONF_TIMEOUTS.get(key) or _RDZV_CONF_STORE.get(key)
+        if target is None:
+            raise ConfigError(
+                f"--rdzv-conf {key}={value} is not understood by dlrover-run; it knows "
+                + ", ".join(sorted(_RDZV_CONF_KNOWN))
+            )
+        settings[target] = float(_number(value, f"--rdzv-conf {key}", float, 0.001))
+    return settings
+
+
 def parse_args(
     argv: Sequence[str] | None = None,
     *,
@@ -284,6 +313,16 @@ def parse_args(
         raise ConfigError(f"{' and '.join(modes)} cannot be used together")
     if ns.standalone and ns.master:
         raise ConfigError("--standalone starts its own master; do not also give --master")
+    for flag_name, on, why in (
+        (
+            "--network-check",
+            ns.network_check,
+            "the node health probe exists (dlrover.diagnosis) but the agent does not run it yet",
+        ),
+        ("--exclude-straggler", ns.exclude_straggler, "it needs --network-check"),
+    ):
+        if on:
+            raise ConfigError(f"{flag_name} is not supported yet: {why}")
     node_unit = int(_number(ns.node_unit, "--node-unit", int, 1))
     if nodes.max_nodes % node_unit and nodes.min_nodes == nodes.max_nodes:
         raise ConfigError(f"--nnodes={nodes} is not a multiple of --node-unit={node_unit}")
@@ -323,6 +362,12 @@ def parse_args(
         auto_config=ns.auto_config,
         token=ns.token,
         token_file=ns.token_file,
-        heartbeat_interval_s=float(_number(ns.heartbeat_interval, "--heartbeat-interval", float, 0.01)),
+        heartbeat_interval_s=(
+            None
+            if ns.heartbeat_interval in (None, "")
+            else float(_number(ns.heartbeat_interval, "--heartbeat-interval", float, 0.01))
+        ),
+        master_lost_timeout_s=float(_number(ns.master_lost_timeout, "--master-lost-timeout", float, 0.0)),
+        **_rdzv_timeouts(_conf(ns.rdzv_conf)),
         shutdown_grace_s=float(_number(ns.shutdown_grace, "--shutdown-grace", float, 0.0)),
     )

@@ -103,6 +103,7 @@ def run(cfg: LaunchConfig) -> AgentResult:
             min_nodes=cfg.nodes.min_nodes,
             max_nodes=cfg.nodes.max_nodes,
             node_id=_launched_node_id(),
+            store_wait_s=cfg.store_wait_s,
         )
         stack.callback(control.close)
         # Workers reach the master too (shard client, checkpoint coordination): they read the
@@ -128,6 +129,9 @@ def run(cfg: LaunchConfig) -> AgentResult:
                 tee=dict(cfg.tee),
                 local_ranks_filter=cfg.local_ranks_filter,
                 hang_timeout_s=cfg.hang_timeout_s,
+                heartbeat_interval_s=cfg.heartbeat_interval_s,
+                rendezvous_timeout_s=cfg.rendezvous_timeout_s,
+                master_lost_timeout_s=cfg.master_lost_timeout_s,
                 extra_env={MASTER_ADDR_ENV_VAR: target, TOKEN_FILE_ENV_VAR: str(Path(token_file).resolve())},
             ),
             control,
