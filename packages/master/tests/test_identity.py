@@ -1,10 +1,14 @@
-"""Per-node credentials: derived from the job token, checked in constant time, bound to one node."""
+"""Per-node credentials: derived from the master's node secret, checked in constant time, bound to one node."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
 from dlrover.common import generate_token
+from dlrover.master.config import MasterConfig
+from dlrover.master.factory import resolve_node_secret, resolve_token
 from dlrover.master.identity import (
     NODE_CREDENTIAL_METADATA_KEY,
     NODE_ID_METADATA_KEY,
@@ -55,3 +59,15 @@ def test_another_nodes_credential_does_not_work() -> None:
     auth = NodeAuthenticator(generate_token(), "job")
     with pytest.raises(NodeIdentityError, match="wrong node credential for node 2"):
         auth.authenticate(node_metadata(2, auth.credential(1)))
+
+
+def test_the_job_token_does_not_forge_credentials_issued_by_a_master(tmp_path: Path) -> None:
+    """Workers hold the job token; the credentials come from a secret only the master holds."""
+    config = MasterConfig(backend="external", state_dir=str(tmp_path))
+    token, _ = resolve_token(config)
+    secret = resolve_node_secret(config)
+    assert secret != token
+    assert resolve_node_secret(config) == secret  # a restarted master issues the same credentials
+    assert (tmp_path / "node-secret").stat().st_mode & 0o777 == 0o600
+    forged = NodeAuthenticator(token, config.job_name).credential(0)
+    assert forged != NodeAuthenticator(secret, config.job_name).credential(0)

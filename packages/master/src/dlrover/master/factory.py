@@ -40,6 +40,7 @@ _log = logging.getLogger(__name__)
 
 MASTER_ADDR_ENV_VAR = "DLROVER_MASTER_ADDR"
 TOKEN_FILE_NAME = "token"  # noqa: S105 (a file name, not a secret)
+NODE_SECRET_FILE_NAME = "node-secret"  # noqa: S105 (a file name, not a secret)
 EVENT_LOG_NAME = "events.jsonl"
 
 
@@ -69,6 +70,21 @@ def resolve_token(config: MasterConfig) -> tuple[str, str | None]:
         write_token_file(path, token)
         return token, str(path)
     return generate_token(), None
+
+
+def resolve_node_secret(config: MasterConfig) -> str:
+    """The key of node credentials: `<state_dir>/node-secret` (created 0600 on first start), or
+    a fresh in-memory secret for a master without a state directory (it cannot resume anyway).
+    """
+    if config.state_dir is None:
+        return generate_token()
+    path = Path(config.state_dir) / NODE_SECRET_FILE_NAME
+    if path.exists():
+        return load_token(token_file=path)
+    Path(config.state_dir).mkdir(mode=0o700, parents=True, exist_ok=True)
+    secret = generate_token()
+    write_token_file(path, secret)
+    return secret
 
 
 def _scheduler(config: MasterConfig) -> SchedulerBackend:
@@ -171,7 +187,7 @@ def create_master(
                 max_message_bytes=config.max_message_bytes,
                 tls=config.tls,
             ),
-            authenticator=NodeAuthenticator(token, config.job_name),
+            authenticator=NodeAuthenticator(resolve_node_secret(config), config.job_name),
             scheduler=backend,
             journal=journal,
             tick_interval_s=config.tick_interval_s,

@@ -1,14 +1,15 @@
 """Per-node identity: one node cannot speak for another.
 
 The job token lets a caller into the job; it does not say which node the caller is. On
-registration the master hands each node a credential, `HMAC-SHA256(job token, job name + node
+registration the master hands each node a credential, `HMAC-SHA256(node secret, job name + node
 id)`, hex-encoded. Every later agent call carries the node id and that credential in metadata;
 the master recomputes the HMAC and compares in constant time, then checks that the request's
 `node_id` is the authenticated one.
 
-The credential is derived, not stored: a master restarted with the same token recognises every
-node's credential without journaling secrets, and a node's credential is worthless for any other
-node id or job.
+The node secret is the master's alone (never the job token, which every agent and training
+process holds, so any of them could otherwise compute any node's credential). It lives in a 0600
+file in the state directory, so a restarted master recognises every node's credential without
+journaling credentials; a node's credential is worthless for any other node id or job.
 """
 
 from __future__ import annotations
@@ -51,12 +52,12 @@ class NodeAuthenticator:
     """Issues and checks node credentials for one job.
 
     Args:
-        token: the job token (the HMAC key).
+        secret: the master's node secret (the HMAC key); never the job token.
         job_name: binds credentials to this job.
     """
 
-    def __init__(self, token: str, job_name: str) -> None:
-        self._key = validate_token(token).encode("ascii")
+    def __init__(self, secret: str, job_name: str) -> None:
+        self._key = validate_token(secret).encode("ascii")
         self._job = job_name.encode("utf-8")
 
     def credential(self, node_id: int) -> str:
