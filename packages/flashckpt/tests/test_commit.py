@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from dlrover.common import ConfigError
 from dlrover.flashckpt.ckpt_format import TRACKER_PATH, manifest_path, rank_manifest_path, safetensors_path
 from dlrover.flashckpt.commit import Committer, RetentionPolicy, Tracker, decide_commit, select_removals
-from dlrover.flashckpt.errors import NoCheckpointError, StateStructureError, WorldSizeError
+from dlrover.flashckpt.errors import NoCheckpointError, StateStructureError, StorageError, WorldSizeError
 from dlrover.flashckpt.payloads import payload_from_state
 from dlrover.flashckpt.persist import persist_rank
 from dlrover.flashckpt.storage import InMemoryStorage, PosixStorage, Storage
@@ -152,6 +152,22 @@ def test_retention_applied_on_commit() -> None:
             persist_rank(storage, payload_from_state(step, rank, 2, _rank_state(step, rank)))
         assert committer.try_commit(step, 2).commit
     assert committer.steps() == ([4, 5, 6], [])
+
+
+def test_a_retention_failure_does_not_undo_a_commit() -> None:
+    class UndeletableStorage(InMemoryStorage):
+        def remove_tree(self, path: str) -> None:
+            raise StorageError(f"cannot remove {path}: read-only")
+
+    storage = UndeletableStorage()
+    committer = Committer(storage, RetentionPolicy(keep_last=1))
+    for step in (1, 2):
+        for rank in range(2):
+            persist_rank(storage, payload_from_state(step, rank, 2, _rank_state(step, rank)))
+        decision = committer.try_commit(step, 2)
+        assert decision.commit
+    assert "retention failed" in decision.reason
+    assert committer.tracker() == Tracker(2, 2)
 
 
 @given(crash_at=st.integers(0, 9))

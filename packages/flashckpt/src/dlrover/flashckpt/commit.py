@@ -11,6 +11,7 @@ complete checkpoint, and a step without ``manifest.json`` is never loaded.
 from __future__ import annotations
 
 import json
+import logging
 import re
 from collections.abc import Iterable
 
@@ -32,6 +33,8 @@ from dlrover.flashckpt.ckpt_format import (
 )
 from dlrover.flashckpt.errors import LayoutError, StorageError
 from dlrover.flashckpt.storage.base import Storage
+
+_log = logging.getLogger(__name__)
 
 __all__ = [
     "CommitDecision",
@@ -214,7 +217,13 @@ class Committer:
         tracker = {"format": TRACKER_FORMAT, "version": FORMAT_VERSION, "step": step, "world_size": world_size}
         self.storage.write_file(TRACKER_PATH, [dump_json(tracker)])
         if self.retention is not None:
-            self.apply_retention()
+            try:
+                self.apply_retention()
+            except StorageError as exc:
+                # The step is committed (the tracker moved); failing to delete old steps only
+                # costs space, and the next commit tries again.
+                _log.warning("step %d committed, but removing old checkpoints failed: %s", step, exc)
+                return attrs.evolve(decision, reason=f"{decision.reason}; retention failed: {exc}")
         return decision
 
     def apply_retention(self) -> list[int]:
