@@ -101,6 +101,15 @@ def test_a_failed_worker_is_reported_with_evidence_and_restarted(tmp_path: Path)
 
 
 @pytest.mark.integration
+def test_a_failure_report_is_retried_while_the_master_is_unreachable(tmp_path: Path) -> None:
+    control = FakeControlPlane(unreachable_reports=2)
+    result = _agent(tmp_path, "fail_first", control, max_restarts=2).run()
+    assert result.exit_code == 0, result.reason
+    assert result.restarts == 1
+    assert len(control.failures) == 1
+
+
+@pytest.mark.integration
 def test_restarts_are_bounded(tmp_path: Path) -> None:
     control = FakeControlPlane()
     result = _agent(tmp_path, "always_fail", control, max_restarts=1).run()

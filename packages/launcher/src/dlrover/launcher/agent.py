@@ -201,16 +201,35 @@ class Agent:
                 report = FailureReport(
                     failed.local_rank, failed.exit_code, failed.signal_name, failed.stderr_tail, restarts
                 )
-                decision, reason = self._control.report_failure(report)
-                return after_failure(report, decision, reason, self._config.max_restarts)
+                return self._report(report)
             if step.kind is not StepKind.CONTINUE:
                 return step
             if hangs is not None:
                 hung = self._hung_workers(group, exits, hangs, restarts)
                 if hung is not None:
-                    decision, reason = self._control.report_failure(hung)
-                    return after_failure(hung, decision, reason, self._config.max_restarts)
+                    return self._report(hung)
             self._stop_requested.wait(self._config.monitor_interval_s)
+
+    def _report(self, report: FailureReport) -> Step:
+        """Report a failure and turn the master's answer into a step.
+
+        A master that cannot be reached (it may be restarting) is asked again, with backoff, for
+        up to `master_lost_timeout_s`; the report is not idempotent, so in the rare case that a
+        reply was lost after the master acted, the failure counts twice against the budgets.
+        """
+        started = self._clock.now()
+        wait = 0.5
+        while True:
+            try:
+                decision, reason = self._control.report_failure(report)
+                return after_failure(report, decision, reason, self._config.max_restarts)
+            except DLRoverError as exc:
+                lost_s = self._clock.now() - started
+                if lost_s >= self._config.master_lost_timeout_s or self._stop_requested.is_set():
+                    return Step(StepKind.EXIT, f"could not report a failure for {lost_s:.0f} s: {exc}", exit_code=1)
+                _log.warning("could not report a failure (retrying in %.1f s): %s", wait, exc)
+                self._stop_requested.wait(wait)
+                wait = min(wait * 2, 10.0)
 
     def _hung_workers(
         self, group: WorkerGroup, exits: Mapping[int, WorkerExit], hangs: HangWatch, restarts: int

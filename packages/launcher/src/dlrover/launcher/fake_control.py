@@ -6,6 +6,7 @@ import socket
 import threading
 from collections.abc import Callable, Sequence
 
+from dlrover.common import DLRoverError
 from dlrover.launcher.control import (
     AgentAction,
     FailureDecision,
@@ -34,6 +35,7 @@ class FakeControlPlane:
             function that answers each call.
         actions: actions returned by successive heartbeats; none once used up.
         heartbeat_interval_s: the interval handed out at registration.
+        unreachable_reports: how many failure reports fail as if the master were unreachable.
     """
 
     def __init__(
@@ -43,6 +45,7 @@ class FakeControlPlane:
         nodes_waiting: Sequence[int] | Callable[[], int] = (),
         actions: Sequence[Sequence[tuple[AgentAction, str]]] = (),
         heartbeat_interval_s: float = 0.05,
+        unreachable_reports: int = 0,
     ) -> None:
         self._lock = threading.Lock()
         self._decisions = list(failure_decisions)
@@ -50,6 +53,7 @@ class FakeControlPlane:
         self._waiting = [] if callable(nodes_waiting) else list(nodes_waiting)
         self._actions = [list(a) for a in actions]
         self._interval = heartbeat_interval_s
+        self._unreachable_reports = unreachable_reports
         self.registrations: list[int] = []
         self.rounds: list[RoundAssignment] = []
         self.failures: list[FailureReport] = []
@@ -81,6 +85,9 @@ class FakeControlPlane:
 
     def report_failure(self, report: FailureReport) -> tuple[FailureDecision, str]:
         with self._lock:
+            if self._unreachable_reports > 0:
+                self._unreachable_reports -= 1
+                raise DLRoverError("the master is unreachable (scripted)")
             self.failures.append(report)
             return self._decisions.pop(0) if len(self._decisions) > 1 else self._decisions[0]
 
