@@ -266,10 +266,17 @@ def _map(fd: int, path: Path, size: int, grow: bool) -> mmap.mmap:
         # A zero-length file is a segment whose creator died before sizing it: nothing to read.
         raise FlashCkptError(f"shared-memory segment {path} has size {size}")
     if grow:
+        before = os.fstat(fd).st_size
         try:
-            os.ftruncate(fd, size)
-            if size:
+            if size > before:
+                # fallocate sets the size only once every page is allocated: a full /dev/shm
+                # leaves the file as it was, never a sized file of unbacked pages (which would
+                # kill the next writer with SIGBUS).
                 os.posix_fallocate(fd, 0, size)
+            elif size < before:
+                os.ftruncate(fd, size)
         except OSError as e:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, before)
             raise FlashCkptError(f"cannot allocate {size} bytes of shared memory for {path}: {e}") from e
     return mmap.mmap(fd, size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE)
