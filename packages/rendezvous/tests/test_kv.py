@@ -86,3 +86,22 @@ def test_matches_a_dict_model(ops: list[tuple[str, str, int]]) -> None:
             assert answer == model.get(key, value)
         assert kv.num_keys() == len(model)
         assert kv.multi_get(list("abc")) == [model.get(k) for k in "abc"]
+
+
+def test_total_bytes_are_bounded_and_a_refused_write_changes_nothing() -> None:
+    kv = KeyValueStore(KvLimits(max_total_bytes=100))
+    kv.set("a", b"x" * 50)  # 51 bytes with its key
+    with pytest.raises(StoreFullError, match="max_total_bytes=100"):
+        kv.multi_set(["b", "c"], [b"y" * 10, b"z" * 40])
+    assert (kv.num_keys(), kv.get("b"), kv.get("c")) == (1, None, None)
+    with pytest.raises(StoreFullError):
+        kv.compare_set("a", b"x" * 50, b"w" * 100)
+    assert kv.get("a") == b"x" * 50
+    kv.set("a", b"x" * 10)  # shrinking a value frees room
+    kv.set("b", b"y" * 80)
+    assert kv.delete_key("a")
+    kv.set("c", b"z" * 9)
+    for i in range(3):
+        kv.add(f"n{i}", 7)
+    with pytest.raises(StoreFullError):
+        kv.set("d", b"q" * 5)

@@ -33,11 +33,13 @@ class KvLimits:
         max_key_bytes: the longest key, in UTF-8 bytes.
         max_value_bytes: the largest value.
         max_keys: how many keys the store holds at most.
+        max_total_bytes: the most bytes of keys and values the store holds in all.
     """
 
     max_key_bytes: int = attrs.field(default=1024, validator=_positive)
     max_value_bytes: int = attrs.field(default=1024 * 1024, validator=_positive)
     max_keys: int = attrs.field(default=1_000_000, validator=_positive)
+    max_total_bytes: int = attrs.field(default=256 * 1024 * 1024, validator=_positive)
 
 
 class KeyValueStore:
@@ -52,6 +54,7 @@ class KeyValueStore:
     def __init__(self, limits: KvLimits | None = None) -> None:
         self._limits = limits or KvLimits()
         self._data: dict[str, bytes] = {}
+        self._bytes = 0
 
     def _key(self, key: object) -> str:
         if not isinstance(key, str) or not key:
@@ -72,9 +75,20 @@ class KeyValueStore:
             )
         return value
 
-    def _room_for(self, new_keys: int) -> None:
+    def _room_for(self, new_keys: int, changes: Sequence[tuple[str, bytes]] = ()) -> None:
         if len(self._data) + new_keys > self._limits.max_keys:
             raise StoreFullError(f"the store holds {len(self._data)} keys; max_keys={self._limits.max_keys} reached")
+        after = self._bytes + sum(self._size_change(k, v) for k, v in dict(changes).items())
+        if after > self._limits.max_total_bytes:
+            raise StoreFullError(f"the store would hold {after} bytes; max_total_bytes={self._limits.max_total_bytes}")
+
+    def _size_change(self, key: str, value: bytes) -> int:
+        old = self._data.get(key)
+        return len(value) - (len(old) if old is not None else -len(key.encode("utf-8")))
+
+    def _put(self, key: str, value: bytes) -> None:
+        self._bytes += self._size_change(key, value)
+        self._data[key] = value
 
     def set(self, key: str, value: bytes) -> None:
         """Set `key` to `value`."""
@@ -90,9 +104,9 @@ class KeyValueStore:
         if len(keys) != len(values):
             raise InvalidRequestError(f"multi_set got {len(keys)} keys but {len(values)} values")
         checked = [(self._key(k), self._value(k, v)) for k, v in zip(keys, values, strict=True)]
-        self._room_for(len({k for k, _ in checked if k not in self._data}))
+        self._room_for(len({k for k, _ in checked if k not in self._data}), checked)
         for k, v in checked:
-            self._data[k] = v
+            self._put(k, v)
 
     def get(self, key: str) -> bytes | None:
         """The value of `key`, or None when it is not set."""
@@ -120,9 +134,9 @@ class KeyValueStore:
         total = base + amount
         if not _INT64_MIN <= total <= _INT64_MAX:
             raise InvalidRequestError(f"adding {amount} to key {key!r} leaves the int64 range")
-        if current is None:
-            self._room_for(1)
-        self._data[key] = str(total).encode("ascii")
+        encoded = str(total).encode("ascii")
+        self._room_for(1 if current is None else 0, [(key, encoded)])
+        self._put(key, encoded)
         return total
 
     def compare_set(self, key: str, expected: bytes, desired: bytes) -> bytes:
@@ -139,11 +153,12 @@ class KeyValueStore:
         if current is None:
             if expected:
                 return expected
-            self._room_for(1)
-            self._data[key] = desired
+            self._room_for(1, [(key, desired)])
+            self._put(key, desired)
             return desired
         if current == expected:
-            self._data[key] = desired
+            self._room_for(0, [(key, desired)])
+            self._put(key, desired)
             return desired
         return current
 
@@ -154,7 +169,12 @@ class KeyValueStore:
 
     def delete_key(self, key: str) -> bool:
         """Delete `key`; whether it existed."""
-        return self._data.pop(self._key(key), None) is not None
+        key = self._key(key)
+        old = self._data.pop(key, None)
+        if old is None:
+            return False
+        self._bytes -= len(key.encode("utf-8")) + len(old)
+        return True
 
     def num_keys(self) -> int:
         """How many keys are set."""
