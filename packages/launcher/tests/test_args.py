@@ -78,6 +78,9 @@ def test_dlrover_flags() -> None:
     assert parse_args(["t.py"]).heartbeat_interval_s is None  # the master's interval applies
     assert cfg.node_unit == 2
     assert cfg.hang_timeout_s == 30.0
+    # Hang detection is on by default, so a worker that never rejoins is noticed in bounded time.
+    assert parse_args(["t.py"]).hang_timeout_s == 180.0
+    assert parse_args(["--hang-timeout=0", "t.py"]).hang_timeout_s == 0.0
     assert cfg.token_file == "/run/token"
 
 

@@ -120,7 +120,7 @@ class LaunchConfig:
     exclude_straggler: bool = False
     save_at_breakpoint: bool = False
     node_unit: int = 1
-    hang_timeout_s: float = 0.0
+    hang_timeout_s: float = 180.0
     auto_config: bool = False
     token: str | None = None
     token_file: str | None = None
@@ -223,7 +223,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     option(ours, _both("node-unit"), "1", "the world holds a multiple of this many nodes")
     option(
-        ours, _both("hang-timeout"), "0", "seconds a worker may go without using CPU before it counts as hung; 0: off"
+        ours,
+        _both("hang-timeout"),
+        "180",
+        "seconds a worker may go without using CPU before it counts as hung and is restarted (a worker stopped, "
+        "deadlocked, or stuck joining after a restart); 0: off",
     )
     flag(ours, _both("auto-config"), "workers per node from the visible accelerators")
     option(ours, ["--token"], None, "the job token (prefer --token-file)")
