@@ -114,7 +114,9 @@ def test_the_demo_recovers_from_memory_without_losing_or_repeating_a_sample(tmp_
 @pytest.mark.timeout(240)
 def test_train_runs_under_plain_torchrun_and_resumes_from_its_checkpoint(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    base = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    # --log-dir keeps torch's run folders in tmp_path instead of /tmp/torchelastic_*.
+    logs = f"--log-dir={tmp_path / 'torchrun-logs'}"
+    base = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", logs]
     train = [str(ROOT / "examples" / "gpt" / "train.py"), f"--out={out}", "--persist-every=5", "--log-every=5"]
     first = _run([*base, *train, "--steps=10"], 200)
     assert first.returncode == 0, first.stdout
