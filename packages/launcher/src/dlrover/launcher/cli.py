@@ -150,6 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging()
     try:
         cfg = parse_args(argv, accelerators=_visible_accelerators())
+        if cfg.token is not None:
+            _log.warning("--token is visible to every user of this host (ps, /proc); prefer --token-file")
         result = run(cfg)
     except (ConfigError, DLRoverError) as exc:
         print(f"dlrover-run: {exc}", file=sys.stderr)

@@ -178,6 +178,8 @@ def _status(argv: Sequence[str]) -> int:
 def _run(argv: Sequence[str]) -> int:
     args = _run_parser().parse_args(argv)
     configure_logging(args.log_level)
+    if args.token is not None:
+        _log.warning("--token is visible to every user of this host (ps, /proc); prefer --token-file")
     try:
         runtime = create_master(build_config(args))
     except DLRoverError as exc:
