@@ -23,7 +23,15 @@ from dlrover.common.ping import PingServicer, add_ping_service
 from dlrover.common.retry import RETRYABLE_CODES, RetryPolicy, RpcError, call_unary
 from dlrover.common.server import DEFAULT_MAX_MESSAGE_BYTES, GrpcServer, ServerConfig, format_host_port
 from dlrover.common.tls import TLSConfig
-from dlrover.common.validators import non_negative, port, positive
+from dlrover.common.validators import (
+    non_negative,
+    non_negative_finite,
+    non_negative_int,
+    port,
+    positive,
+    positive_finite,
+    positive_int,
+)
 
 __all__ = [
     "AUTH_METADATA_KEY",
@@ -55,8 +63,12 @@ __all__ = [
     "generate_token",
     "load_token",
     "non_negative",
+    "non_negative_finite",
+    "non_negative_int",
     "port",
     "positive",
+    "positive_finite",
+    "positive_int",
     "validate_token",
     "write_token_file",
 ]

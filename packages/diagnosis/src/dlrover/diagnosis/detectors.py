@@ -25,15 +25,11 @@ from collections.abc import Callable, Iterable, Mapping
 import attrs
 
 from dlrover.common import ConfigError
+from dlrover.common.validators import positive_finite
 from dlrover.diagnosis.evidence import DEFAULT_PHASE, HangReport, StepReport
 from dlrover.diagnosis.timeline import RankProgress, StepTimeline
 
 __all__ = ["HangConfig", "HangDetector", "StragglerConfig", "StragglerDetector", "StragglerReport"]
-
-
-def _positive_float(_inst: object, attribute: attrs.Attribute[float], value: float) -> None:
-    if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value) or value <= 0:
-        raise ConfigError(f"{attribute.name} must be a finite number > 0, got {value!r}")
 
 
 def _int_at_least(low: int) -> Callable[[object, attrs.Attribute[int], int], None]:
@@ -74,13 +70,13 @@ class HangConfig:
         history_steps: clean durations kept per rank for the median (default 32).
     """
 
-    k: float = attrs.field(default=5.0, validator=_positive_float)
-    floor_s: float = attrs.field(default=30.0, validator=_positive_float)
+    k: float = attrs.field(default=5.0, validator=positive_finite)
+    floor_s: float = attrs.field(default=30.0, validator=positive_finite)
     warmup_steps: int = attrs.field(default=2, validator=_int_at_least(0))
-    first_steps_allowance_s: float = attrs.field(default=600.0, validator=_positive_float)
+    first_steps_allowance_s: float = attrs.field(default=600.0, validator=positive_finite)
     min_step_samples: int = attrs.field(default=3, validator=_int_at_least(1))
     phase_allowance_s: Mapping[str, float] = attrs.field(default=_DEFAULT_PHASES, converter=_phase_allowances, eq=False)
-    default_phase_allowance_s: float = attrs.field(default=600.0, validator=_positive_float)
+    default_phase_allowance_s: float = attrs.field(default=600.0, validator=positive_finite)
     history_steps: int = attrs.field(default=32, validator=_int_at_least(1))
 
 
@@ -178,7 +174,7 @@ class StragglerConfig:
         warmup_steps: steps per rank never measured (default 2).
     """
 
-    k: float = attrs.field(default=2.0, validator=_positive_float)
+    k: float = attrs.field(default=2.0, validator=positive_finite)
     window_steps: int = attrs.field(default=20, validator=_int_at_least(1))
     min_samples: int = attrs.field(default=5, validator=_int_at_least(1))
     warmup_steps: int = attrs.field(default=2, validator=_int_at_least(0))

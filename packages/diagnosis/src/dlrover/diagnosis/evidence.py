@@ -12,6 +12,7 @@ from collections.abc import Sequence
 import attrs
 
 from dlrover.common import ConfigError
+from dlrover.common.validators import non_negative_finite, non_negative_int
 from dlrover.diagnosis.exitinfo import ExitInfo
 from dlrover.diagnosis.logtail import LogTail, TailConfig, fold_case, tail_from_bytes
 from dlrover.diagnosis.tracebacks import PythonTraceback, extract_tracebacks
@@ -29,16 +30,6 @@ __all__ = [
 
 DEFAULT_PHASE = "train"
 """The phase of ordinary training steps; other phases (``checkpoint``, ``eval``) get their own allowance."""
-
-
-def _non_negative_int(_inst: object, attribute: attrs.Attribute[int], value: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise ConfigError(f"{attribute.name} must be a non-negative integer, got {value!r}")
-
-
-def _finite_non_negative(_inst: object, attribute: attrs.Attribute[float], value: float) -> None:
-    if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value) or value < 0:
-        raise ConfigError(f"{attribute.name} must be a finite number >= 0, got {value!r}")
 
 
 def _finite(_inst: object, attribute: attrs.Attribute[float], value: float) -> None:
@@ -63,8 +54,8 @@ class StepReport:
             ``"eval"`` that may legitimately take longer than a step.
     """
 
-    rank: int = attrs.field(validator=_non_negative_int)
-    step: int = attrs.field(validator=_non_negative_int)
+    rank: int = attrs.field(validator=non_negative_int)
+    step: int = attrs.field(validator=non_negative_int)
     time_s: float = attrs.field(validator=_finite)
     phase: str = attrs.field(default=DEFAULT_PHASE, validator=_phase)
 
@@ -73,10 +64,10 @@ class StepReport:
 class GpuSample:
     """One accelerator's state at sampling time."""
 
-    index: int = attrs.field(validator=_non_negative_int)
-    memory_used_bytes: int = attrs.field(validator=_non_negative_int)
-    memory_total_bytes: int = attrs.field(validator=_non_negative_int)
-    utilization_percent: float = attrs.field(default=0.0, validator=_finite_non_negative)
+    index: int = attrs.field(validator=non_negative_int)
+    memory_used_bytes: int = attrs.field(validator=non_negative_int)
+    memory_total_bytes: int = attrs.field(validator=non_negative_int)
+    utilization_percent: float = attrs.field(default=0.0, validator=non_negative_finite)
 
 
 @attrs.frozen
@@ -93,10 +84,10 @@ class ResourceSample:
     """
 
     time_s: float = attrs.field(validator=_finite)
-    cpu_percent: float = attrs.field(validator=_finite_non_negative)
-    rss_bytes: int = attrs.field(validator=_non_negative_int)
-    host_memory_used_bytes: int = attrs.field(validator=_non_negative_int)
-    host_memory_total_bytes: int = attrs.field(validator=_non_negative_int)
+    cpu_percent: float = attrs.field(validator=non_negative_finite)
+    rss_bytes: int = attrs.field(validator=non_negative_int)
+    host_memory_used_bytes: int = attrs.field(validator=non_negative_int)
+    host_memory_total_bytes: int = attrs.field(validator=non_negative_int)
     gpus: tuple[GpuSample, ...] = ()
 
     @property
@@ -123,12 +114,12 @@ class ProbeResult:
         node_id: the node this rank ran on, when the caller knows it.
     """
 
-    rank: int = attrs.field(validator=_non_negative_int)
-    world_size: int = attrs.field(validator=_non_negative_int)
+    rank: int = attrs.field(validator=non_negative_int)
+    world_size: int = attrs.field(validator=non_negative_int)
     ok: bool
-    matmul_s: float = attrs.field(default=0.0, validator=_finite_non_negative)
-    allreduce_s: float = attrs.field(default=0.0, validator=_finite_non_negative)
-    allgather_s: float = attrs.field(default=0.0, validator=_finite_non_negative)
+    matmul_s: float = attrs.field(default=0.0, validator=non_negative_finite)
+    allreduce_s: float = attrs.field(default=0.0, validator=non_negative_finite)
+    allgather_s: float = attrs.field(default=0.0, validator=non_negative_finite)
     backend: str = "gloo"
     error: str = ""
     node_id: str = ""
@@ -143,9 +134,9 @@ class ProbeResult:
 class LossSample:
     """A training loss as a rank reported it (NaN and infinity allowed: that is the point)."""
 
-    step: int = attrs.field(validator=_non_negative_int)
+    step: int = attrs.field(validator=non_negative_int)
     value: float = attrs.field(converter=float)
-    rank: int = attrs.field(default=0, validator=_non_negative_int)
+    rank: int = attrs.field(default=0, validator=non_negative_int)
 
     @property
     def finite(self) -> bool:

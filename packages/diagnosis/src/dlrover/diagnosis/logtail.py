@@ -16,18 +16,13 @@ from typing import BinaryIO
 
 import attrs
 
-from dlrover.common import ConfigError
+from dlrover.common.validators import positive_int
 
 __all__ = ["LogTail", "TailConfig", "fold_case", "read_log_tail", "read_tail_from_stream", "tail_from_bytes"]
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 # Everything below space except tab; DEL; and the replacement character that undecodable bytes become.
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f\ufffd]")
-
-
-def _positive(_inst: object, attribute: attrs.Attribute[int], value: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ConfigError(f"TailConfig.{attribute.name} must be a positive integer, got {value!r}")
 
 
 @attrs.frozen
@@ -41,9 +36,9 @@ class TailConfig:
         max_line_chars: lines longer than this are cut, so one giant line cannot stall a rule.
     """
 
-    max_bytes: int = attrs.field(default=256 * 1024, validator=_positive)
-    max_lines: int = attrs.field(default=4000, validator=_positive)
-    max_line_chars: int = attrs.field(default=2000, validator=_positive)
+    max_bytes: int = attrs.field(default=256 * 1024, validator=positive_int)
+    max_lines: int = attrs.field(default=4000, validator=positive_int)
+    max_line_chars: int = attrs.field(default=2000, validator=positive_int)
 
 
 @attrs.frozen

@@ -42,6 +42,7 @@ from typing import Literal
 import attrs
 
 from dlrover.common import ConfigError
+from dlrover.common.validators import non_negative_int
 from dlrover.diagnosis.kinds import ActionKind, FailureKind
 
 __all__ = ["ActionPolicy", "Decision", "DEFAULT_LADDERS", "LadderStep", "PolicyConfig"]
@@ -124,11 +125,6 @@ def _ladders(value: Mapping[FailureKind, tuple[LadderStep, ...]]) -> Mapping[Fai
     return types.MappingProxyType(merged)
 
 
-def _non_negative(_inst: object, attribute: attrs.Attribute[int], value: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise ConfigError(f"PolicyConfig.{attribute.name} must be an integer >= 0, got {value!r}")
-
-
 @attrs.frozen
 class PolicyConfig:
     """The action policy's settings.
@@ -144,8 +140,8 @@ class PolicyConfig:
     ladders: Mapping[FailureKind, tuple[LadderStep, ...]] = attrs.field(
         default=DEFAULT_LADDERS, converter=_ladders, eq=False
     )
-    max_process_restarts_per_node: int = attrs.field(default=3, validator=_non_negative)
-    max_node_relaunches: int = attrs.field(default=16, validator=_non_negative)
+    max_process_restarts_per_node: int = attrs.field(default=3, validator=non_negative_int)
+    max_node_relaunches: int = attrs.field(default=16, validator=non_negative_int)
 
 
 @attrs.frozen
