@@ -13,6 +13,13 @@ round trip seen by the agent (time.perf_counter). A warm-up period is excluded.
 The peer for comparison is the offered load: N heartbeats per second. If achieved < offered, the
 master (or the clients sharing its cores) could not keep up. Clients run on the same machine and
 compete with the master for CPU, so this is a lower bound on the master's capacity.
+
+Baseline in the same run: the master also serves dlrover.common's no-op PingService
+(`--serve-ping`), and every agent sends one Ping (same token and node metadata) half a second
+after every `--ping-every`-th heartbeat (default 10: a tenth of the heartbeat rate, so the
+baseline barely adds load), so both see the same server, load and machine noise. The ratio of heartbeat
+to Ping latency is what the master's own work costs over the bare authenticated gRPC path. With
+`--ping-every 0` only heartbeats are sent (the offered load of earlier runs).
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ import grpc
 import psutil
 
 from dlrover.common import AUTH_METADATA_KEY, load_token
+from dlrover.common.v1 import ping_pb2, ping_pb2_grpc
 from dlrover.master.identity import node_metadata
 from dlrover.master.v1 import agent_pb2, agent_pb2_grpc
 
@@ -47,21 +55,52 @@ class _Window:
     end_at: float
     latencies: list[float]
     errors: list[str]
+    ping_latencies: list[float]
+    ping_every: int  # 0: no pings
 
 
-async def _agent(stub: agent_pb2_grpc.AgentServiceStub, token_md: tuple[str, str], index: int, w: _Window) -> None:
+async def _ping(stub: ping_pb2_grpc.PingServiceStub, md: tuple[tuple[str, str], ...], at: float, w: _Window) -> None:
+    delay = at - time.monotonic()
+    if delay > 0:
+        await asyncio.sleep(delay)
+    if time.monotonic() >= w.end_at:
+        return
+    t0 = time.perf_counter()
+    try:
+        await stub.Ping(ping_pb2.PingRequest(), metadata=md, timeout=30)
+    except grpc.aio.AioRpcError as exc:
+        w.errors.append(f"ping {exc.code().name}")
+        return
+    if time.monotonic() >= w.warm_until:
+        w.ping_latencies.append(time.perf_counter() - t0)
+
+
+async def _agent(
+    stub: agent_pb2_grpc.AgentServiceStub,
+    pinger: ping_pb2_grpc.PingServiceStub,
+    token_md: tuple[str, str],
+    index: int,
+    w: _Window,
+) -> None:
     name = f"bench-{os.getpid()}-{index}"
     reg = await stub.RegisterNode(agent_pb2.RegisterNodeRequest(node_name=name, host="bench"), metadata=(token_md,))
     md = (token_md, *node_metadata(reg.node_id, reg.node_credential))
     step = 0
     start_at, warm_until, end_at, latencies, errors = w.start_at, w.warm_until, w.end_at, w.latencies, w.errors
     next_at = start_at + random.random()  # a random phase within the first second
+    pings: set[asyncio.Task[None]] = set()
     while True:
         delay = next_at - time.monotonic()
         if delay > 0:
             await asyncio.sleep(delay)
         if time.monotonic() >= end_at:
+            await asyncio.gather(*pings)
             return
+        if w.ping_every and (step + index) % w.ping_every == 0:  # staggered: no bursts
+            # Half a period later, the baseline: it must not wait for the heartbeat's answer.
+            task = asyncio.create_task(_ping(pinger, md, next_at + 0.5, w))
+            pings.add(task)
+            task.add_done_callback(pings.discard)
         step += 1
         request = agent_pb2.HeartbeatRequest(
             node_id=reg.node_id,
@@ -85,17 +124,21 @@ async def _client(args: argparse.Namespace) -> dict[str, object]:
     token_md = (AUTH_METADATA_KEY, f"Bearer {token}")
     channels = [grpc.aio.insecure_channel(args.addr) for _ in range(args.channels)]
     stubs = [agent_pb2_grpc.AgentServiceStub(c) for c in channels]  # type: ignore[no-untyped-call]
+    pingers = [ping_pb2_grpc.PingServiceStub(c) for c in channels]  # type: ignore[no-untyped-call]
     latencies: list[float] = []
+    ping_latencies: list[float] = []
     errors: list[str] = []
     now = time.monotonic()
     start_at = now + args.register_s
     warm_until = start_at + args.warmup_s
     end_at = warm_until + args.duration_s
-    window = _Window(start_at, warm_until, end_at, latencies, errors)
-    await asyncio.gather(*(_agent(stubs[i % len(stubs)], token_md, i, window) for i in range(args.agents)))
+    window = _Window(start_at, warm_until, end_at, latencies, errors, ping_latencies, args.ping_every)
+    await asyncio.gather(
+        *(_agent(stubs[i % len(stubs)], pingers[i % len(stubs)], token_md, i, window) for i in range(args.agents))
+    )
     for c in channels:
         await c.close()
-    return {"latencies": latencies, "errors": errors}
+    return {"latencies": latencies, "errors": errors, "ping_latencies": ping_latencies}
 
 
 def client_main(args: argparse.Namespace) -> None:
@@ -108,7 +151,7 @@ def _start_master(state: Path, agents: int, workers: int) -> tuple[subprocess.Po
     proc = subprocess.Popen(
         [sys.executable, "-m", "dlrover.master.cli", "--backend", "external", "--nnodes", f"{agents}:{agents}",
          "--state-dir", str(state / "state"), "--heartbeat-timeout-s", "60", "--heartbeat-interval-s", "1",
-         "--node-start-timeout-s", "0", "--log-level", "WARNING", "--max-workers", str(workers)],
+         "--node-start-timeout-s", "0", "--log-level", "WARNING", "--max-workers", str(workers), "--serve-ping"],
         stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
     )  # fmt: skip
     out.close()
@@ -140,6 +183,9 @@ def main() -> None:
     parser.add_argument("--client-procs", type=int, default=2)
     parser.add_argument("--master-workers", type=int, default=16, help="the master's RPC threads")
     parser.add_argument("--channels", type=int, default=8, help="channels per client process")
+    parser.add_argument(
+        "--ping-every", type=int, default=10, help="one Ping per this many heartbeats per agent (0: no Ping)"
+    )
     parser.add_argument("--client", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--addr", help=argparse.SUPPRESS)
     parser.add_argument("--token-file", help=argparse.SUPPRESS)
@@ -180,6 +226,8 @@ def main() -> None:
                             str(args.register_s),
                             "--channels",
                             str(args.channels),
+                            "--ping-every",
+                            str(args.ping_every),
                         ],
                         stdout=subprocess.PIPE,
                         text=True,
@@ -196,11 +244,13 @@ def main() -> None:
             t1 = time.monotonic()
             rss_peak = max(rss_peak, mproc.memory_info().rss)
             latencies: list[float] = []
+            ping_latencies: list[float] = []
             errors: list[str] = []
             for c in clients:
                 out, _ = c.communicate(timeout=args.duration_s + 120)
                 result = json.loads(out.strip().splitlines()[-1])
                 latencies += result["latencies"]
+                ping_latencies += result["ping_latencies"]
                 errors += result["errors"]
         finally:
             for c in clients:
@@ -217,14 +267,22 @@ def main() -> None:
     rows = [
         ("agents", f"{args.agents}"),
         ("offered heartbeats/s", f"{args.agents:.0f}"),
+        ("offered Pings/s", f"{args.agents / args.ping_every:.0f}" if args.ping_every else "0"),
         ("achieved heartbeats/s", f"{achieved:.0f}"),
         ("errors", f"{len(errors)} {sorted(set(errors))}" if errors else "0"),
         ("latency p50 (ms)", f"{_pct(latencies, 0.50) * 1e3:.2f}"),
         ("latency p99 (ms)", f"{_pct(latencies, 0.99) * 1e3:.2f}"),
         ("latency max (ms)", f"{max(latencies, default=float('nan')) * 1e3:.2f}"),
         ("latency mean (ms)", f"{statistics.fmean(latencies) * 1e3:.2f}" if latencies else "nan"),
+        ("Ping baseline p50 (ms)", f"{_pct(ping_latencies, 0.50) * 1e3:.2f}" if ping_latencies else "not sent"),
+        ("Ping baseline p99 (ms)", f"{_pct(ping_latencies, 0.99) * 1e3:.2f}" if ping_latencies else "not sent"),
+        ("heartbeat / Ping p50", f"{_pct(latencies, 0.5) / _pct(ping_latencies, 0.5):.2f}x" if ping_latencies else "-"),
+        (
+            "heartbeat / Ping p99",
+            f"{_pct(latencies, 0.99) / _pct(ping_latencies, 0.99):.2f}x" if ping_latencies else "-",
+        ),
         ("master CPU (% of one core)", f"{(cpu1 - cpu0) / (t1 - t0) * 100:.1f}"),
-        ("master CPU per heartbeat (us)", f"{(cpu1 - cpu0) / max(len(latencies), 1) * 1e6:.0f}"),
+        ("master CPU per RPC (us)", f"{(cpu1 - cpu0) / max(len(latencies) + len(ping_latencies), 1) * 1e6:.0f}"),
         ("master RSS peak (MiB)", f"{rss_peak / 2**20:.1f}"),
         ("master RPC threads", f"{args.master_workers}"),
         ("host CPUs", f"{os.cpu_count()}"),

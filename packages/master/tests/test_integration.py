@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -21,10 +23,12 @@ from dlrover.master.eventlog import read_event_log
 from dlrover.master.factory import create_master
 from dlrover.master.scheduler.local import LocalScheduler
 from dlrover.master.states import NodeState
+from dlrover.rendezvous import RendezvousClient
 
 pytestmark = pytest.mark.integration
 
 SIM_AGENT = str(Path(__file__).with_name("sim_agent.py"))
+STORE_KEY = "dlrover/launcher/round/1/store_addr"  # where the launcher publishes the torch store address
 
 
 def wait_for(predicate: Callable[[], bool], timeout_s: float = 60.0, what: str = "condition") -> None:
@@ -240,3 +244,103 @@ def test_master_sigkill_with_local_agents_keeps_them_training(tmp_path: Path) ->
         for pid in agent_pids:
             if alive(pid):
                 os.killpg(pid, signal.SIGKILL)
+
+
+def journaled_blob(state_dir: Path, name: str) -> dict[str, object] | None:
+    """A blob as the journal holds it now, read without disturbing the master that writes it."""
+    db = sqlite3.connect(f"file:{state_dir / 'master.db'}?mode=ro", uri=True)
+    try:
+        row = db.execute("SELECT data FROM blobs WHERE name=?", (name,)).fetchone()
+    finally:
+        db.close()
+    return None if row is None else dict(json.loads(row[0]))
+
+
+@pytest.mark.timeout(110)
+def test_a_restarted_master_adopts_the_local_agents_observes_and_stops_them(tmp_path: Path) -> None:
+    """After a SIGKILL, the new master treats the old one's agents as its own: no duplicates,
+    an agent that dies is noticed at once (not after a heartbeat timeout) and replaced, and at the
+    job's end an agent that never heartbeats (so never hears the stop) is stopped by signal."""
+    state, log, pid_dir = tmp_path / "state", tmp_path / "master.log", tmp_path / "pids"
+    pid_dir.mkdir()
+    extra = ["--backend", "local", "--nnodes", "2", "--agent-command", f"{sys.executable} {SIM_AGENT}",
+             "--heartbeat-timeout-s", "300", "--heartbeat-interval-s", "0.2", "--node-start-timeout-s", "0",
+             "--tick-interval-s", "0.2", "--node-stop-grace-s", "2"]  # fmt: skip
+    # Rank 1's first agent registers, then hangs silently (it would sleep 600 s).
+    env = {**os.environ, "SIM_PID_DIR": str(pid_dir), "SIM_SILENT_RANK": "1"}
+    proc, address = start_master_process(state, log, extra=extra, env=env)
+    port = int(address.rsplit(":", 1)[1])
+    procs = [proc]
+    pids: dict[int, int] = {}
+    try:
+        token = load_token(token_file=state / "token")
+        client = MasterClient(
+            address, token, policy=RetryPolicy(call_timeout_s=20, total_timeout_s=90, max_attempts=50)
+        )
+        wait_for(lambda: all(n.state == "running" for n in client.job_status().nodes), what="both agents registered")
+        wait_for(lambda: len(list(pid_dir.iterdir())) == 2, what="both pid files")
+        pids = {int(p.name): int(p.read_text()) for p in pid_dir.iterdir()}
+        launched = journaled_blob(state, "local_scheduler")
+        assert launched is not None
+        assert sorted(launched["nodes"]) == ["0", "1"]  # type: ignore[call-overload]
+
+        os.kill(proc.pid, signal.SIGKILL)  # the master only: agents run in their own sessions
+        proc.wait(timeout=30)
+        proc2, _ = start_master_process(state, log, port=port, extra=extra, env=env)
+        procs.append(proc2)
+        wait_for(lambda: client.job_status().nodes[0].step > 0, what="rank 0 heartbeating to the new master")
+        assert sorted(int(p.name) for p in pid_dir.iterdir()) == [0, 1]  # nothing launched twice
+
+        os.kill(pids[0], signal.SIGKILL)  # rank 0's agent dies; only its adopted pid tells the new master
+
+        def replaced() -> bool:
+            node = client.job_status().nodes[0]
+            return node.node_id == 2 and node.state == "running"
+
+        wait_for(replaced, what="rank 0 replaced after its adopted agent died")
+        pids.update({int(p.name): int(p.read_text()) for p in pid_dir.iterdir()})
+        assert alive(pids[1])
+
+        client.stop_job("test over")
+        client.close()
+        assert proc2.wait(timeout=60) == 3
+        # The silent agent never heard the stop: the new master signalled the process it adopted.
+        wait_for(lambda: not alive(pids[1]), what="the adopted silent agent stopped")
+        wait_for(lambda: not any(alive(p) for p in pids.values()), what="every agent gone")
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait(timeout=30)
+        for pid in pids.values():
+            if alive(pid):
+                os.killpg(pid, signal.SIGKILL)
+
+
+@pytest.mark.timeout(110)
+def test_a_restarted_master_serves_the_key_value_store_it_journaled(tmp_path: Path) -> None:
+    state, log = tmp_path / "state", tmp_path / "master.log"
+    extra = [*EXTERNAL, "--state-export-interval-s", "0.2", "--tick-interval-s", "0.1"]
+    proc, address = start_master_process(state, log, extra=extra)
+    procs = [proc]
+    try:
+        token = load_token(token_file=state / "token")
+        policy = RetryPolicy(call_timeout_s=20.0, total_timeout_s=60.0, max_attempts=20)
+        with RendezvousClient(address, token, policy=policy) as rdzv:
+            rdzv.kv_set([STORE_KEY], [b"10.0.0.7:29500"])
+
+            def journaled() -> bool:
+                blob = journaled_blob(state, "rendezvous_kv")
+                return blob is not None and STORE_KEY in blob["items"]  # type: ignore[operator]
+
+            wait_for(journaled, what="the store journaled on the export cadence")
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+            proc2, _ = start_master_process(state, log, port=int(address.rsplit(":", 1)[1]), extra=extra)
+            procs.append(proc2)
+            assert rdzv.kv_get([STORE_KEY]) == [b"10.0.0.7:29500"]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait(timeout=30)

@@ -21,6 +21,7 @@ from dlrover.master.states import (
     ALIVE_STATES,
     TRANSITIONS,
     FailureKind,
+    IllegalTransitionError,
     JobState,
     NodeState,
 )
@@ -190,6 +191,33 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.life.stop("operator", self.now)
         if not was_finished:
             assert self.life.job_state is JobState.STOPPED
+
+    @rule(
+        rank=st.integers(0, MAX_NODES - 1),
+        change=st.sampled_from(["fail", "tick", "stop", "register", "succeed"]),
+        kind=st.sampled_from(FailureKind),
+    )
+    def change_rolled_back(self, rank: int, change: str, kind: FailureKind) -> None:
+        """A change whose journal write failed is rolled back: the state is exactly as before."""
+        before, current = self.life.snapshot(), self.life.current_nodes()
+        savepoint = self.life.savepoint()
+        node_id = self._current(rank)
+        try:
+            if change == "fail":
+                self.life.report_failure(node_id, kind, "boom", self.now + 1.0)
+            elif change == "tick":
+                self.life.tick(self.now + 2 * WINDOW)
+            elif change == "stop":
+                self.life.stop("operator", self.now)
+            elif change == "register":
+                self.life.register(node_id, f"r{node_id}", f"h{node_id}", self.now)
+            else:
+                self.life.report_success(node_id, self.now)
+        except (LifecycleError, IllegalTransitionError):
+            pass
+        self.life.rollback(savepoint)
+        assert self.life.snapshot() == before
+        assert self.life.current_nodes() == current
 
     # ------------------------------------------------------------- invariants
 

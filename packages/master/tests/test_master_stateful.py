@@ -3,13 +3,20 @@
 Rules drive a Master (fake scheduler, manual clock) through registrations, heartbeats, failures,
 successes, scheduler observations, timeouts, checkpoint commits and stops; `restart` builds a new
 Master from the same journal. The invariant compares the restarted master with the live one: same
-nodes (ids, ranks, states, histories, budgets), same job state and reason, same commits. Heartbeat
-times, steps and pending actions are deliberately not journaled and are left out of the comparison.
+nodes (ids, ranks, states, histories, budgets), same job state and reason, same commits, same
+actions waiting for delivery. Heartbeat times and steps are deliberately not journaled and are
+left out of the comparison.
+
+The journal fails at times (`break_journal`): a request whose change it refuses raises
+`JournalError` and leaves the master exactly as it was (same digest), so the invariant, memory
+equals journal, holds through failures too; a process restart whose delivery failed is delivered
+later, once.
 """
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 
 import attrs
 from hypothesis import settings
@@ -19,16 +26,37 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from dlrover.common import ManualClock
 from dlrover.master.checkpoints import CheckpointError
 from dlrover.master.config import LifecycleConfig, MasterConfig, NodeRange
-from dlrover.master.journal import MemoryJournal
+from dlrover.master.journal import JournalBatch, JournalError, MemoryJournal
 from dlrover.master.lifecycle import LifecycleError
 from dlrover.master.master import Master
 from dlrover.master.metrics import MasterMetrics
+from dlrover.master.policy import DefaultFailurePolicy, Failure, FailureAction, FailureDecision
 from dlrover.master.records import NodeRecord
 from dlrover.master.scheduler.base import ObservedState
 from dlrover.master.scheduler.fake import FakeScheduler
-from dlrover.master.states import FailureKind, IllegalTransitionError
+from dlrover.master.states import ActionKind, FailureKind, IllegalTransitionError
 
 NODES = 3
+
+
+class FlakyJournal(MemoryJournal):
+    """A memory journal whose commits fail while `failing` is set (a full disk)."""
+
+    failing = False
+
+    def commit(self, batch: JournalBatch) -> tuple[int, ...]:
+        if self.failing and not batch.empty:
+            raise JournalError("disk full")
+        return super().commit(batch)
+
+
+class RestartOddExits(DefaultFailurePolicy):
+    """The default policy, except that an exit with an odd status restarts processes (a queued action)."""
+
+    def decide(self, failure: Failure) -> FailureDecision:
+        if failure.kind is FailureKind.NODE_EXIT and failure.exit_code is not None and failure.exit_code % 2:
+            return FailureDecision(FailureAction.RESTART_PROCESSES, f"odd exit {failure.exit_code}")
+        return super().decide(failure)
 
 
 def durable(node: NodeRecord) -> NodeRecord:
@@ -51,12 +79,24 @@ class MasterRestartMachine(RuleBasedStateMachine):
             heartbeat_interval_s=1.0,
             progress_event_interval_s=0.0,
         )
-        self.journal = MemoryJournal()
+        self.journal = FlakyJournal()
+        self.delivered: dict[int, int] = {}  # action id -> times handed out
         self.check_metrics = MasterMetrics("check")  # one registry for every check: building one is slow
         self.clock = ManualClock()
         self.scheduler = FakeScheduler()
-        self.master = Master(self.config, self.scheduler, self.journal, self.clock)
+        self.master = Master(self.config, self.scheduler, self.journal, self.clock, policy=RestartOddExits())
         self.master.start()
+
+    def _attempt(self, call: Callable[[], object]) -> None:
+        """Run a request; refused input or a refused journal write must change nothing."""
+        before = self.master.state_digest()
+        try:
+            call()
+        except JournalError:
+            assert self.journal.failing
+            assert self.master.state_digest() == before
+        except (LifecycleError, IllegalTransitionError):
+            assert self.master.state_digest() == before
 
     def _rank_node(self, rank: int) -> int:
         return self.master.status().nodes[rank].node_id
@@ -64,49 +104,58 @@ class MasterRestartMachine(RuleBasedStateMachine):
     @rule(rank=st.integers(0, NODES - 1))
     def register(self, rank: int) -> None:
         node_id = self._rank_node(rank)
-        with contextlib.suppress(LifecycleError, IllegalTransitionError):
-            self.master.register(node_id, f"a{node_id}", f"h{node_id}")
+        self._attempt(lambda: self.master.register(node_id, f"a{node_id}", f"h{node_id}"))
 
     @rule(rank=st.integers(0, NODES - 1), step=st.integers(0, 50))
     def heartbeat(self, rank: int, step: int) -> None:
-        with contextlib.suppress(LifecycleError, IllegalTransitionError):
-            self.master.heartbeat(self._rank_node(rank), step=step, samples=step)
+        def call() -> None:
+            actions, _ = self.master.heartbeat(self._rank_node(rank), step=step, samples=step)
+            for action in actions:
+                if action.kind is ActionKind.RESTART_PROCESSES:
+                    self.delivered[action.action_id] = self.delivered.get(action.action_id, 0) + 1
+
+        self._attempt(call)
 
     @rule(rank=st.integers(0, NODES - 1), kind=st.sampled_from(FailureKind))
     def fail(self, rank: int, kind: FailureKind) -> None:
-        with contextlib.suppress(LifecycleError, IllegalTransitionError):
-            self.master.report_failure(self._rank_node(rank), kind, "boom")
+        self._attempt(lambda: self.master.report_failure(self._rank_node(rank), kind, "boom"))
 
     @rule(rank=st.integers(0, NODES - 1))
     def succeed(self, rank: int) -> None:
-        with contextlib.suppress(LifecycleError, IllegalTransitionError):
-            self.master.report_success(self._rank_node(rank))
+        self._attempt(lambda: self.master.report_success(self._rank_node(rank)))
 
     @rule(rank=st.integers(0, NODES - 1), state=st.sampled_from(ObservedState), code=st.integers(-9, 3))
     def observe(self, rank: int, state: ObservedState, code: int) -> None:
         self.scheduler.set_state(self._rank_node(rank), state, code)
-        self.master.tick()
+        # A tick is several changes, each journaled on its own: some may stand before one fails.
+        with contextlib.suppress(JournalError):
+            self.master.tick()
 
     @rule(seconds=st.sampled_from([1.0, 11.0, 45.0]))
     def advance(self, seconds: float) -> None:
         self.clock.advance(seconds)
-        self.master.tick()
+        self._attempt(self.master.tick)
 
     @rule(step=st.integers(0, 5))
     def checkpoint(self, step: int) -> None:
-        self.master.report_checkpoint_steps(2, {0: [step], 1: [step]})
+        self.master.report_checkpoint_steps(2, {0: [step], 1: [step]})  # held steps are not journaled
         with contextlib.suppress(CheckpointError):
-            self.master.commit_checkpoint(step, f"/ck/{step}")
+            self._attempt(lambda: self.master.commit_checkpoint(step, f"/ck/{step}"))
 
     @rule()
     def stop(self) -> None:
-        self.master.stop("operator")
+        self._attempt(lambda: self.master.stop("operator"))
+
+    @rule(failing=st.booleans())
+    def break_journal(self, failing: bool) -> None:
+        self.journal.failing = failing
 
     @rule()
     def restart(self) -> None:
         """The master dies and a new one resumes from the journal (a new, empty scheduler)."""
+        self.journal.failing = False  # a master that cannot journal its restart does not start
         self.scheduler = FakeScheduler()
-        self.master = Master(self.config, self.scheduler, self.journal, self.clock)
+        self.master = Master(self.config, self.scheduler, self.journal, self.clock, policy=RestartOddExits())
         self.master.start()
         assert self.master.restored
         assert self.scheduler.specs == {}
@@ -124,6 +173,13 @@ class MasterRestartMachine(RuleBasedStateMachine):
             b.committed_step,
         )
         assert [n.node_id for n in a.nodes] == [n.node_id for n in b.nodes]
+        assert {i: live.pending_actions(i) for i in live.nodes()} == {
+            i: resumed.pending_actions(i) for i in live.nodes()
+        }
+
+    @invariant()
+    def no_action_is_delivered_twice(self) -> None:
+        assert all(times == 1 for times in self.delivered.values()), self.delivered
 
 
 class _Readonly(MemoryJournal):

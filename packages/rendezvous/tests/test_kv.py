@@ -105,3 +105,23 @@ def test_total_bytes_are_bounded_and_a_refused_write_changes_nothing() -> None:
         kv.add(f"n{i}", 7)
     with pytest.raises(StoreFullError):
         kv.set("d", b"q" * 5)
+
+
+def test_items_and_restore_round_trip_and_keep_the_byte_budget() -> None:
+    kv = KeyValueStore(KvLimits(max_total_bytes=100))
+    kv.set("a", b"x" * 40)
+    kv.add("n", 3)
+    copy = KeyValueStore(KvLimits(max_total_bytes=100))
+    copy.restore(kv.items())
+    assert copy.items() == {"a": b"x" * 40, "n": b"3"}
+    # The restored byte count is enforced: the store is as full as the original.
+    with pytest.raises(StoreFullError, match="max_total_bytes=100"):
+        copy.set("b", b"y" * 60)
+    kv.set("b", b"y" * 50)
+    small = KeyValueStore(KvLimits(max_total_bytes=60))
+    small.set("keep", b"1")
+    with pytest.raises(StoreFullError, match="cannot restore"):
+        small.restore(kv.items())
+    with pytest.raises(InvalidRequestError):
+        small.restore({"": b"1"})
+    assert small.items() == {"keep": b"1"}  # a refused restore changes nothing

@@ -14,7 +14,15 @@ from dlrover.master.config import FAILURE_POLICIES, LifecycleConfig, MasterConfi
 from dlrover.master.diagnosis_policy import REPORTED_TO_DIAGNOSED, DiagnosisFailurePolicy
 from dlrover.master.eventlog import EventLog, Goodput, GoodputTracker, compute_goodput, read_event_log
 from dlrover.master.factory import MASTER_ADDR_ENV_VAR, create_master, default_policy, resolve_token
-from dlrover.master.hosting import SHARD_STATE_FORMAT, HostedRendezvous, HostedShards, StateSink, node_of_worker
+from dlrover.master.hosting import (
+    KV_STATE_FORMAT,
+    SHARD_STATE_FORMAT,
+    HostedKeyValueStore,
+    HostedRendezvous,
+    HostedShards,
+    StateSink,
+    node_of_worker,
+)
 from dlrover.master.identity import (
     NODE_CREDENTIAL_METADATA_KEY,
     NODE_ID_METADATA_KEY,
@@ -42,11 +50,21 @@ from dlrover.master.lifecycle import (
     LifecycleError,
     NodeConflictError,
     NodeStateError,
+    Savepoint,
     UnknownNodeError,
 )
 from dlrover.master.master import JobStatus, Master, NodeMembership, ResourceSample, StatefulCollaborator
 from dlrover.master.metrics import MasterMetrics, MetricsEndpoint
-from dlrover.master.policy import DefaultFailurePolicy, Failure, FailureAction, FailureDecision, FailurePolicy
+from dlrover.master.policy import (
+    Classification,
+    ClassifyingPolicy,
+    DefaultFailurePolicy,
+    Failure,
+    FailureAction,
+    FailureDecision,
+    FailurePolicy,
+    StatefulPolicy,
+)
 from dlrover.master.records import Action, Event, LaunchNode, LifecycleSnapshot, NodeRecord, Outcome, StopNode
 from dlrover.master.rendezvous_state import export_rendezvous, restore_rendezvous
 from dlrover.master.runtime import MasterRuntime, ServiceRegistration
@@ -112,17 +130,23 @@ __all__ = [
     "JobFinishedError",
     "JobFullError",
     "HostAvoidedError",
+    "Savepoint",
     # failure policy seam
     "FailurePolicy",
     "DefaultFailurePolicy",
     "Failure",
     "FailureAction",
     "FailureDecision",
+    "Classification",
+    "ClassifyingPolicy",
+    "StatefulPolicy",
     "DiagnosisFailurePolicy",
     "REPORTED_TO_DIAGNOSED",
     # hosted libraries (rendezvous, shards)
     "HostedRendezvous",
     "HostedShards",
+    "HostedKeyValueStore",
+    "KV_STATE_FORMAT",
     "NodeMembership",
     "StateSink",
     "node_of_worker",

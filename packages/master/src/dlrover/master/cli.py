@@ -95,6 +95,17 @@ def _run_parser() -> argparse.ArgumentParser:
         default="diagnosis",
         help="diagnosis: classify the evidence (default); default: decide on the reported kind",
     )
+    p.add_argument(
+        "--journal-busy-timeout-s",
+        type=float,
+        default=5.0,
+        help="a journal write waits this long for a database lock held elsewhere, then the request fails",
+    )
+    p.add_argument(
+        "--serve-ping",
+        action="store_true",
+        help="also serve the no-op PingService (a baseline for benchmarks; the token is still required)",
+    )
     p.add_argument("--linger-max-s", type=float, default=10.0, help="most time to tell agents the job ended")
     p.add_argument("--log-level", default="INFO")
     return p
@@ -154,6 +165,8 @@ def build_config(args: argparse.Namespace) -> MasterConfig:
         state_export_interval_s=args.state_export_interval_s,
         journal_shard_changes=not args.no_journal_shard_changes,
         failure_policy=args.failure_policy,
+        serve_ping=args.serve_ping,
+        journal_busy_timeout_s=args.journal_busy_timeout_s,
     )
 
 

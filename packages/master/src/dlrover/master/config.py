@@ -119,6 +119,10 @@ class MasterConfig:
         journal_shard_changes: journal the shard state after every request that changed it,
             before answering (an acknowledged sample is never lost by a master restart); when
             False, shard progress reaches the journal only every `state_export_interval_s`.
+        journal_busy_timeout_s: how long a journal write waits for a lock another process holds on
+            the database before it fails (the request then gets UNAVAILABLE and changes nothing).
+        serve_ping: also serve dlrover.common's no-op PingService (token required, like every
+            RPC): the baseline benchmarks compare the master's RPCs with.
         failure_policy: `diagnosis` (classify the evidence and use dlrover.diagnosis' action
             policy) or `default` (`DefaultFailurePolicy`, decided on the reported kind alone).
     """
@@ -147,6 +151,8 @@ class MasterConfig:
     rendezvous_heartbeat_timeout_s: float = attrs.field(default=30.0, validator=positive)
     state_export_interval_s: float = attrs.field(default=5.0, validator=positive)
     journal_shard_changes: bool = True
+    journal_busy_timeout_s: float = attrs.field(default=5.0, validator=positive)
+    serve_ping: bool = False
     failure_policy: str = "diagnosis"
 
     def __attrs_post_init__(self) -> None:

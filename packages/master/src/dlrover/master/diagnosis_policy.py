@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from dlrover.diagnosis import ActionKind, ActionPolicy, Evidence, RuleRegistry, classify
 from dlrover.diagnosis import FailureKind as DiagnosedKind
-from dlrover.master.policy import Failure, FailureAction, FailureDecision
+from dlrover.master.policy import Classification, Failure, FailureAction, FailureDecision
 from dlrover.master.states import FailureKind
 
 __all__ = ["REPORTED_TO_DIAGNOSED", "DiagnosisFailurePolicy"]
@@ -69,38 +69,75 @@ class DiagnosisFailurePolicy:
 
     Args:
         registry: the classification rules; the built-in rules when None.
-        actions: the action policy; `ActionPolicy()` (the default ladders) when None.
+        actions: the action policy; `ActionPolicy()` (the default ladders) when None. Pass a
+            fresh one: a rollback rebuilds it from its configuration and this policy's decisions.
     """
 
     def __init__(self, registry: RuleRegistry | None = None, actions: ActionPolicy | None = None) -> None:
         self._registry = registry or RuleRegistry.with_builtin_rules()
         self._actions = actions or ActionPolicy()
+        self._decided: list[tuple[str, DiagnosedKind]] = []  # every decision, to replay on a rollback
 
     @property
     def actions(self) -> ActionPolicy:
         """The action policy and its counters."""
         return self._actions
 
+    def classify(self, node_id: int, kind: FailureKind, evidence: str, exit_code: int | None) -> Classification:
+        """The diagnosis of a failure's full evidence (pure: the master runs it outside its lock)."""
+        diagnosed, why = self._diagnose(node_id, kind, evidence, exit_code)
+        return Classification(diagnosed.value, why)
+
     def diagnose(self, failure: Failure) -> tuple[DiagnosedKind, str]:
-        """The kind decided on for `failure`, and why."""
-        if failure.kind in _OBSERVED_BY_MASTER:
-            kind = REPORTED_TO_DIAGNOSED[failure.kind]
-            return kind, f"{failure.kind.value} observed by the master ({failure.evidence})"
-        evidence = Evidence.from_text(failure.evidence, returncode=failure.exit_code, node_id=str(failure.node.node_id))
+        """The kind decided on for `failure`, and why (its `classification`, when it has one)."""
+        if failure.classification is not None:
+            try:
+                return DiagnosedKind(failure.classification.kind), failure.classification.reason
+            except ValueError:
+                pass  # classified by another policy: read the evidence ourselves
+        return self._diagnose(failure.node.node_id, failure.kind, failure.evidence, failure.exit_code)
+
+    def _diagnose(
+        self, node_id: int, reported: FailureKind, text: str, exit_code: int | None
+    ) -> tuple[DiagnosedKind, str]:
+        if reported in _OBSERVED_BY_MASTER:
+            kind = REPORTED_TO_DIAGNOSED[reported]
+            return kind, f"{reported.value} observed by the master ({text})"
+        evidence = Evidence.from_text(text, returncode=exit_code, node_id=str(node_id))
         diagnosis = classify(evidence, self._registry)
         if diagnosis.kind is DiagnosedKind.UNKNOWN:
-            kind = REPORTED_TO_DIAGNOSED[failure.kind]
-            return kind, f"reported as {failure.kind.value}; the log explains no more ({diagnosis.reason})"
+            kind = REPORTED_TO_DIAGNOSED[reported]
+            return kind, f"reported as {reported.value}; the log explains no more ({diagnosis.reason})"
         if diagnosis.kind is DiagnosedKind.PREEMPTION:
             # A killed worker whose agent is alive to report it: the node itself was not
             # preempted, so replacing it would waste a healthy node. Restart the processes.
             return DiagnosedKind.UNKNOWN, f"a worker was killed but its agent is alive ({diagnosis.reason})"
         return diagnosis.kind, diagnosis.reason
 
+    def savepoint(self) -> object:
+        """How many decisions were taken so far (see `StatefulPolicy`)."""
+        return len(self._decided)
+
+    def rollback(self, savepoint: object) -> None:
+        """Forget the decisions taken after `savepoint`: they were never journaled.
+
+        The action policy has no way to undo a decision, so a fresh one (same configuration) is
+        fed the decisions that stand, in order: it is deterministic, so it ends in the same state.
+        """
+        if not isinstance(savepoint, int) or not 0 <= savepoint <= len(self._decided):
+            raise ValueError(f"not a savepoint of this policy: {savepoint!r}")
+        if savepoint == len(self._decided):
+            return
+        del self._decided[savepoint:]
+        self._actions = ActionPolicy(self._actions.config)
+        for node_id, kind in self._decided:
+            self._actions.decide(node_id, kind)
+
     def decide(self, failure: Failure) -> FailureDecision:
         """Classify, then let the action policy decide; see the module docstring for the mapping."""
         kind, why = self.diagnose(failure)
         decision = self._actions.decide(str(failure.node.node_id), kind)
+        self._decided.append((str(failure.node.node_id), kind))
         action = _ACTIONS[decision.action]
         reason = f"{decision.reason} [diagnosed {kind.value}: {why}]"
         if decision.action is ActionKind.ROLLBACK_CHECKPOINT:

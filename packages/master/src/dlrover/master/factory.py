@@ -14,6 +14,7 @@ from dlrover.common import (
     ConfigError,
     ServerConfig,
     SystemClock,
+    add_ping_service,
     generate_token,
     load_token,
     write_token_file,
@@ -137,7 +138,11 @@ def create_master(
         ConfigError, AuthError, JournalError: the configuration cannot be served.
     """
     token, token_file = resolve_token(config)
-    journal: StateJournal = SqliteJournal(config.state_dir) if config.state_dir else MemoryJournal()
+    journal: StateJournal = (
+        SqliteJournal(config.state_dir, busy_timeout_s=config.journal_busy_timeout_s)
+        if config.state_dir
+        else MemoryJournal()
+    )
     event_log: EventLog | None = None
     backend: SchedulerBackend | None = None
     holder: list[MasterRuntime] = []
@@ -163,13 +168,18 @@ def create_master(
             shards = HostedShards(ShardRegistry(the_clock), journal_every_change=config.journal_shard_changes)
             hosted = [rendezvous, shards]
         membership: list[NodeMembership] = list(hosted)
+        journaled: list[StatefulCollaborator] = [*hosted]
+        if rendezvous is not None:
+            journaled.append(rendezvous.kv_state)
+        if isinstance(backend, StatefulCollaborator):
+            journaled.append(backend)  # the local backend's processes, re-adopted after a restart
         master = Master(
             config,
             backend,
             journal,
             the_clock,
             policy=policy or default_policy(config),
-            collaborators=[*hosted, *collaborators],
+            collaborators=[*journaled, *collaborators],
             metrics=MasterMetrics(config.job_name),
             event_log=event_log,
             agent_env=agent_env,
@@ -191,7 +201,11 @@ def create_master(
             scheduler=backend,
             journal=journal,
             tick_interval_s=config.tick_interval_s,
-            extra_services=[*(library.register for library in hosted), *extra_services],
+            extra_services=[
+                *(library.register for library in hosted),
+                *((add_ping_service,) if config.serve_ping else ()),
+                *extra_services,
+            ],
             rendezvous=rendezvous,
             shards=shards,
             metrics_bind_address=config.metrics_bind_address,

@@ -15,6 +15,7 @@ back under a new id and takes the free rank (the rendezvous gives free ranks low
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 from collections.abc import Callable, Iterator
@@ -27,7 +28,14 @@ from dlrover.common import Clock, GrpcServer
 from dlrover.master.journal import JournalError
 from dlrover.master.master import StatefulCollaborator
 from dlrover.master.rendezvous_state import export_rendezvous, restore_rendezvous
-from dlrover.rendezvous import KeyValueStore, RendezvousManager, RendezvousServicer, UnknownNodeError
+from dlrover.rendezvous import (
+    InvalidRequestError,
+    KeyValueStore,
+    RendezvousManager,
+    RendezvousServicer,
+    StoreFullError,
+    UnknownNodeError,
+)
 from dlrover.rendezvous.v1 import rendezvous_pb2 as rpb
 from dlrover.rendezvous.v1 import rendezvous_pb2_grpc as rpb_grpc
 from dlrover.shard import InvalidShardRequestError, ShardRegistry, ShardServicer, ShardStateError
@@ -35,7 +43,9 @@ from dlrover.shard.v1 import shard_pb2 as spb
 from dlrover.shard.v1 import shard_pb2_grpc as spb_grpc
 
 __all__ = [
+    "KV_STATE_FORMAT",
     "SHARD_STATE_FORMAT",
+    "HostedKeyValueStore",
     "HostedRendezvous",
     "HostedShards",
     "StateSink",
@@ -61,6 +71,19 @@ def node_of_worker(worker: str) -> int | None:
     return int(head) if head.isascii() and head.isdigit() else None
 
 
+def _journal_or_abort(after: Callable[[], None], context: grpc.ServicerContext) -> None:
+    """Journal a library's change before its answer leaves; a journal failure answers UNAVAILABLE.
+
+    The library has changed in memory already (its core is not transactional): the caller learns
+    that the change is not durable, and retries; the change reaches the journal with the next
+    export that succeeds.
+    """
+    try:
+        after()
+    except JournalError as exc:
+        context.abort(grpc.StatusCode.UNAVAILABLE, f"the change could not be journaled yet; retry later: {exc}")
+
+
 class _VersionedText:
     """A state's latest export and its version, which grows whenever the text changes."""
 
@@ -81,28 +104,56 @@ class _VersionedText:
 class _RendezvousServicer(RendezvousServicer):
     """The library's servicer, telling its host after every call that may have formed or ended a round."""
 
-    def __init__(
-        self, manager: RendezvousManager, kv: KeyValueStore | None, clock: Clock, after: Callable[[], None]
-    ) -> None:
+    def __init__(self, manager: RendezvousManager, kv: KeyValueStore, clock: Clock, after: Callable[[], None]) -> None:
         super().__init__(manager, kv, clock)
         self._after = after
+        self.kv_writes = 0
+        """Calls that may have changed the key-value store, counted after each returns."""
+
+    def _count_kv_write(self) -> None:
+        with self.lock:  # gRPC threads count concurrently
+            self.kv_writes += 1
+
+    def KvSet(self, request: rpb.KvSetRequest, context: grpc.ServicerContext) -> rpb.KvSetResponse:
+        """See `RendezvousServicer.KvSet`."""
+        response = super().KvSet(request, context)
+        self._count_kv_write()
+        return response
+
+    def KvAdd(self, request: rpb.KvAddRequest, context: grpc.ServicerContext) -> rpb.KvAddResponse:
+        """See `RendezvousServicer.KvAdd`."""
+        response = super().KvAdd(request, context)
+        self._count_kv_write()
+        return response
+
+    def KvCompareSet(self, request: rpb.KvCompareSetRequest, context: grpc.ServicerContext) -> rpb.KvCompareSetResponse:
+        """See `RendezvousServicer.KvCompareSet`."""
+        response = super().KvCompareSet(request, context)
+        self._count_kv_write()
+        return response
+
+    def KvDelete(self, request: rpb.KvDeleteRequest, context: grpc.ServicerContext) -> rpb.KvDeleteResponse:
+        """See `RendezvousServicer.KvDelete`."""
+        response = super().KvDelete(request, context)
+        self._count_kv_write()
+        return response
 
     def Join(self, request: rpb.JoinRequest, context: grpc.ServicerContext) -> rpb.JoinResponse:
         """See `RendezvousServicer.Join`."""
         response = super().Join(request, context)
-        self._after()
+        _journal_or_abort(self._after, context)
         return response
 
     def Poll(self, request: rpb.PollRequest, context: grpc.ServicerContext) -> rpb.PollResponse:
         """See `RendezvousServicer.Poll`."""
         response = super().Poll(request, context)
-        self._after()
+        _journal_or_abort(self._after, context)
         return response
 
     def Heartbeat(self, request: rpb.HeartbeatRequest, context: grpc.ServicerContext) -> rpb.HeartbeatResponse:
         """See `RendezvousServicer.Heartbeat`."""
         response = super().Heartbeat(request, context)
-        self._after()
+        _journal_or_abort(self._after, context)
         return response
 
     def NumNodesWaiting(
@@ -110,19 +161,19 @@ class _RendezvousServicer(RendezvousServicer):
     ) -> rpb.NumNodesWaitingResponse:
         """See `RendezvousServicer.NumNodesWaiting`."""
         response = super().NumNodesWaiting(request, context)
-        self._after()
+        _journal_or_abort(self._after, context)
         return response
 
     def Leave(self, request: rpb.LeaveRequest, context: grpc.ServicerContext) -> rpb.LeaveResponse:
         """See `RendezvousServicer.Leave`."""
         response = super().Leave(request, context)
-        self._after()
+        _journal_or_abort(self._after, context)
         return response
 
     def Close(self, request: rpb.CloseRequest, context: grpc.ServicerContext) -> rpb.CloseResponse:
         """See `RendezvousServicer.Close`."""
         response = super().Close(request, context)
-        self._after()
+        _journal_or_abort(self._after, context)
         return response
 
 
@@ -132,7 +183,9 @@ class HostedRendezvous:
     Journaled as the `rendezvous` blob (see `dlrover.master.rendezvous_state`): whenever a round
     forms or dissolves or the rendezvous closes, before any call that saw the change is answered;
     on the master's export cadence otherwise (which catches changes of the waiting list). The
-    key-value store is not journaled.
+    key-value store served beside it is journaled separately, as the `rendezvous_kv` blob of
+    `kv_state`, on the export cadence and at shutdown (agents publish the torch store address
+    there; a write made less than `state_export_interval_s` before a SIGKILL is lost).
 
     Args:
         manager: the rendezvous core (fresh; a restarted master restores into it).
@@ -145,7 +198,9 @@ class HostedRendezvous:
     def __init__(self, manager: RendezvousManager, clock: Clock, kv: KeyValueStore | None = None) -> None:
         self._manager = manager
         self._clock = clock
-        self._servicer = _RendezvousServicer(manager, kv, clock, self._after_call)
+        self._kv = kv if kv is not None else KeyValueStore()
+        self._servicer = _RendezvousServicer(manager, self._kv, clock, self._after_call)
+        self._kv_state = HostedKeyValueStore(self._kv, self._servicer)
         self._state = _VersionedText()
         self._journaled = self._round_fingerprint()  # the round state the journal is known to hold
         self._sink: StateSink | None = None
@@ -154,6 +209,11 @@ class HostedRendezvous:
     def servicer(self) -> RendezvousServicer:
         """The servicer registered on the master's server."""
         return self._servicer
+
+    @property
+    def kv_state(self) -> HostedKeyValueStore:
+        """The key-value store as a journaled collaborator (hand it to the master with this one)."""
+        return self._kv_state
 
     @contextmanager
     def locked(self) -> Iterator[RendezvousManager]:
@@ -226,6 +286,71 @@ class HostedRendezvous:
             self._manager.close(self._clock.now())
 
 
+KV_STATE_FORMAT = "dlrover.master.kv"
+
+
+class HostedKeyValueStore:
+    """The rendezvous key-value store as a journaled collaborator: the `rendezvous_kv` blob.
+
+    `{"format": "dlrover.master.kv", "version": 1, "items": {key: base64 of the value}}`, bounded
+    by the store's own `max_total_bytes` (a third more for base64). Exported only after a call that
+    may have written the store, so an idle store costs nothing per tick. Keys of old rounds are not
+    pruned: the store does not know which keys belong to a round (the names are the clients').
+
+    Args:
+        kv: the store.
+        servicer: the servicer serving it (its lock guards the store, its counter tells writes).
+    """
+
+    state_name = "rendezvous_kv"
+
+    def __init__(self, kv: KeyValueStore, servicer: _RendezvousServicer) -> None:
+        self._kv = kv
+        self._servicer = servicer
+        self._exported_writes = -1
+        self._state = _VersionedText()
+
+    def export_state(self) -> tuple[int, str]:
+        """The store's content and its version (grows with each change)."""
+        writes = self._servicer.kv_writes
+        if writes == self._exported_writes:
+            return self._state.version, self._state.text
+        with self._servicer.lock:
+            items = self._kv.items()
+        doc = {
+            "format": KV_STATE_FORMAT,
+            "version": 1,
+            "items": {k: base64.b64encode(v).decode("ascii") for k, v in sorted(items.items())},
+        }
+        self._exported_writes = writes
+        return self._state.update(json.dumps(doc, separators=(",", ":")))
+
+    def import_state(self, version: int, data: str) -> None:
+        """Resume from a journaled export (before serving).
+
+        Raises:
+            JournalError: the blob is corrupt or does not fit the store's limits; nothing changed.
+        """
+        try:
+            doc = json.loads(data)
+            if not isinstance(doc, dict) or doc.get("format") != KV_STATE_FORMAT or doc.get("version") != 1:
+                raise ValueError(f"not a {KV_STATE_FORMAT!r} version 1 document")
+            encoded = doc.get("items")
+            if not isinstance(encoded, dict):
+                raise ValueError("items must be an object")
+            items = {str(k): base64.b64decode(v, validate=True) for k, v in encoded.items()}
+        except (ValueError, TypeError) as exc:  # binascii.Error is a ValueError
+            raise JournalError(f"key-value store state: {exc}") from exc
+        with self._servicer.lock:
+            try:
+                self._kv.restore(items)
+            except (InvalidRequestError, StoreFullError) as exc:
+                raise JournalError(f"key-value store state: {exc}") from exc
+        self._state.version = version
+        self._state.text = data
+        self._exported_writes = self._servicer.kv_writes
+
+
 # -------------------------------------------------------------------------------------- shards
 
 
@@ -241,13 +366,13 @@ class _ShardServicer(ShardServicer):
     ) -> spb.RegisterDatasetResponse:
         """See `ShardServicer.RegisterDataset`."""
         response = super().RegisterDataset(request, context)
-        self._after()
+        _journal_or_abort(self._after, context)
         return response
 
     def FetchShards(self, request: spb.FetchShardsRequest, context: grpc.ServicerContext) -> spb.FetchShardsResponse:
         """See `ShardServicer.FetchShards`."""
         response = super().FetchShards(request, context)
-        self._after()
+        _journal_or_abort(self._after, context)
         return response
 
     def ReportProgress(
@@ -255,13 +380,13 @@ class _ShardServicer(ShardServicer):
     ) -> spb.ReportProgressResponse:
         """See `ShardServicer.ReportProgress`."""
         response = super().ReportProgress(request, context)
-        self._after()
+        _journal_or_abort(self._after, context)
         return response
 
     def ReportDone(self, request: spb.ReportDoneRequest, context: grpc.ServicerContext) -> spb.ReportDoneResponse:
         """See `ShardServicer.ReportDone`."""
         response = super().ReportDone(request, context)
-        self._after()
+        _journal_or_abort(self._after, context)
         return response
 
     def ReportFailure(
@@ -269,13 +394,13 @@ class _ShardServicer(ShardServicer):
     ) -> spb.ReportFailureResponse:
         """See `ShardServicer.ReportFailure`."""
         response = super().ReportFailure(request, context)
-        self._after()
+        _journal_or_abort(self._after, context)
         return response
 
     def RemoveWorker(self, request: spb.RemoveWorkerRequest, context: grpc.ServicerContext) -> spb.RemoveWorkerResponse:
         """See `ShardServicer.RemoveWorker`."""
         response = super().RemoveWorker(request, context)
-        self._after()
+        _journal_or_abort(self._after, context)
         return response
 
     def RestoreCheckpoint(
@@ -283,7 +408,7 @@ class _ShardServicer(ShardServicer):
     ) -> spb.RestoreCheckpointResponse:
         """See `ShardServicer.RestoreCheckpoint`."""
         response = super().RestoreCheckpoint(request, context)
-        self._after()
+        _journal_or_abort(self._after, context)
         return response
 
 

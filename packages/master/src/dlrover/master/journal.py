@@ -11,18 +11,26 @@ timestamps and resource samples are not: they are stale by the time anyone reads
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sqlite3
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import attrs
 
-from dlrover.common import DLRoverError
-from dlrover.master.records import LifecycleSnapshot, NodeRecord, node_from_dict, node_to_dict
+from dlrover.common import ConfigError, DLRoverError
+from dlrover.master.records import (
+    LifecycleSnapshot,
+    NodeRecord,
+    actions_from_json,
+    actions_to_json,
+    node_from_dict,
+    node_to_dict,
+)
 from dlrover.master.states import JobState
 
 __all__ = [
@@ -124,6 +132,7 @@ def job_fields(snapshot: LifecycleSnapshot) -> dict[str, Any]:
         "next_action_id": snapshot.next_action_id,
         "avoid_hosts": dict(snapshot.avoid_hosts),
         "started": snapshot.started,
+        "pending_actions": actions_to_json(snapshot.actions),
     }
 
 
@@ -140,8 +149,10 @@ def _snapshot(job: Mapping[str, Any] | None, nodes: Sequence[NodeRecord]) -> Lif
             next_action_id=int(job["next_action_id"]),
             avoid_hosts={str(k): str(v) for k, v in dict(job["avoid_hosts"]).items()},
             started=bool(job["started"]),
+            # Absent in journals written before pending actions were journaled.
+            actions=actions_from_json(job.get("pending_actions", {})),
         )
-    except (KeyError, TypeError, ValueError) as exc:
+    except (KeyError, TypeError, ValueError, DLRoverError) as exc:
         raise JournalError(f"corrupt job record {dict(job)!r}: {exc}") from exc
 
 
@@ -258,21 +269,30 @@ class SqliteJournal:
     The directory is created with mode 0700 if missing. `synchronous=FULL` makes each commit
     durable when it returns, so a commit that answered an agent is never lost.
 
+    Every sqlite3 error surfaces as a `JournalError` naming the file; a commit that fails (a full
+    disk, a database another process holds locked) stores nothing of its batch.
+
     Args:
         state_dir: the state directory.
+        busy_timeout_s: how long a commit waits for a lock another connection holds before it fails.
 
     Raises:
+        ConfigError: `busy_timeout_s` is not positive.
         JournalError: the database cannot be opened, or was written by an unknown schema version.
     """
 
-    def __init__(self, state_dir: str | os.PathLike[str]) -> None:
+    def __init__(self, state_dir: str | os.PathLike[str], *, busy_timeout_s: float = 5.0) -> None:
+        if not busy_timeout_s > 0:
+            raise ConfigError(f"busy_timeout_s must be positive, got {busy_timeout_s!r}")
         directory = Path(state_dir)
         self._path = directory / DB_FILE_NAME
         self._lock = threading.Lock()
         try:
             directory.mkdir(mode=0o700, parents=True, exist_ok=True)
             # One connection, used under our lock from the server's threads.
-            self._db = sqlite3.connect(self._path, check_same_thread=False, isolation_level=None)
+            self._db = sqlite3.connect(
+                self._path, timeout=busy_timeout_s, check_same_thread=False, isolation_level=None
+            )
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")
             self._db.executescript(_SCHEMA)
@@ -328,7 +348,7 @@ class SqliteJournal:
         """See `StateJournal.commit`."""
         if batch.empty:
             return ()
-        with self._lock:
+        with self._lock, self._errors("write"):
             if self._closed:
                 raise JournalError(f"the journal {str(self._path)!r} is closed")
             existing = {}
@@ -337,17 +357,26 @@ class SqliteJournal:
                 if row is not None:
                     existing[name] = Blob(row[0], row[1])
             _check_blobs(existing, batch.blobs)
+            self._db.execute("BEGIN IMMEDIATE")
             try:
-                self._db.execute("BEGIN IMMEDIATE")
-                try:
-                    seqs = self._write(batch)
-                except BaseException:
-                    self._db.execute("ROLLBACK")
-                    raise
+                seqs = self._write(batch)
                 self._db.execute("COMMIT")
-            except sqlite3.Error as exc:
-                raise JournalError(f"cannot write the journal {str(self._path)!r}: {exc}") from exc
+            except BaseException:
+                # A failed COMMIT (disk full, read-only file) leaves the transaction open: end it,
+                # so nothing of the batch stays and the next commit starts clean.
+                if self._db.in_transaction:
+                    with contextlib.suppress(sqlite3.Error):
+                        self._db.execute("ROLLBACK")
+                raise
             return seqs
+
+    @contextlib.contextmanager
+    def _errors(self, what: str) -> Iterator[None]:
+        """Every sqlite3 error surfaces as a `JournalError` naming the file."""
+        try:
+            yield
+        except sqlite3.Error as exc:
+            raise JournalError(f"cannot {what} the journal {str(self._path)!r}: {exc}") from exc
 
     def _write(self, batch: JournalBatch) -> tuple[int, ...]:
         db = self._db
@@ -375,7 +404,7 @@ class SqliteJournal:
 
     def events(self, after_seq: int = 0, limit: int = 1000) -> tuple[JournaledEvent, ...]:
         """See `StateJournal.events`."""
-        with self._lock:
+        with self._lock, self._errors("read"):
             rows = self._db.execute(
                 "SELECT seq, wall_time, kind, message, node_id, rank, data FROM events WHERE seq > ? "
                 "ORDER BY seq LIMIT ?",
@@ -388,13 +417,13 @@ class SqliteJournal:
 
     def blob(self, name: str) -> Blob | None:
         """See `StateJournal.blob`."""
-        with self._lock:
+        with self._lock, self._errors("read"):
             row = self._db.execute("SELECT version, data FROM blobs WHERE name=?", (name,)).fetchone()
         return None if row is None else Blob(row[0], row[1])
 
     def close(self) -> None:
         """Close the database; safe to call twice."""
-        with self._lock:
+        with self._lock, self._errors("close"):
             if not self._closed:
                 self._closed = True
                 self._db.close()

@@ -14,7 +14,14 @@ import attrs
 
 from dlrover.common import DLRoverError
 from dlrover.master.config import LifecycleConfig
-from dlrover.master.policy import Failure, FailureAction, FailureDecision, FailurePolicy
+from dlrover.master.policy import (
+    Classification,
+    Failure,
+    FailureAction,
+    FailureDecision,
+    FailurePolicy,
+    StatefulPolicy,
+)
 from dlrover.master.records import (
     Action,
     Event,
@@ -43,6 +50,7 @@ __all__ = [
     "LifecycleError",
     "NodeConflictError",
     "NodeStateError",
+    "Savepoint",
     "UnknownNodeError",
 ]
 
@@ -75,6 +83,27 @@ class JobFullError(LifecycleError):
 
 class HostAvoidedError(LifecycleError):
     """The host failed a health check or a hardware failure happened there."""
+
+
+@attrs.frozen
+class Savepoint:
+    """The lifecycle's state at one instant, to roll back to when a change cannot be journaled.
+
+    Node records are immutable, so copying the containers is enough.
+    """
+
+    nodes: dict[int, NodeRecord]
+    current: dict[int, int]
+    actions: dict[int, list[Action]]
+    job_state: JobState
+    exit_reason: str
+    job_failures: int
+    next_node_id: int
+    next_action_id: int
+    avoid_hosts: dict[str, str]
+    started: bool
+    insufficient_since: float | None
+    policy: object | None
 
 
 def _clip(text: str) -> str:
@@ -133,6 +162,7 @@ class JobLifecycle:
         self._next_action_id = snap.next_action_id
         self._avoid_hosts = dict(snap.avoid_hosts)
         self._started = snap.started
+        self._actions = {node_id: list(queued) for node_id, queued in snap.actions.items() if queued}
 
     # ----------------------------------------------------------------- queries
 
@@ -195,7 +225,41 @@ class JobLifecycle:
             next_action_id=self._next_action_id,
             avoid_hosts=dict(self._avoid_hosts),
             started=self._started,
+            actions={node_id: tuple(queued) for node_id, queued in self._actions.items() if queued},
         )
+
+    def savepoint(self) -> Savepoint:
+        """The state now (and the policy's, when it keeps any), for `rollback`."""
+        return Savepoint(
+            nodes=dict(self._nodes),
+            current=dict(self._current),
+            actions={k: list(v) for k, v in self._actions.items()},
+            job_state=self._job_state,
+            exit_reason=self._exit_reason,
+            job_failures=self._job_failures,
+            next_node_id=self._next_node_id,
+            next_action_id=self._next_action_id,
+            avoid_hosts=dict(self._avoid_hosts),
+            started=self._started,
+            insufficient_since=self._insufficient_since,
+            policy=self._policy.savepoint() if isinstance(self._policy, StatefulPolicy) else None,
+        )
+
+    def rollback(self, savepoint: Savepoint) -> None:
+        """Go back to `savepoint`: the change made since could not be journaled, so it never happened."""
+        self._nodes = dict(savepoint.nodes)
+        self._current = dict(savepoint.current)
+        self._actions = {k: list(v) for k, v in savepoint.actions.items()}
+        self._job_state = savepoint.job_state
+        self._exit_reason = savepoint.exit_reason
+        self._job_failures = savepoint.job_failures
+        self._next_node_id = savepoint.next_node_id
+        self._next_action_id = savepoint.next_action_id
+        self._avoid_hosts = dict(savepoint.avoid_hosts)
+        self._started = savepoint.started
+        self._insufficient_since = savepoint.insufficient_since
+        if isinstance(self._policy, StatefulPolicy) and savepoint.policy is not None:
+            self._policy.rollback(savepoint.policy)
 
     def count(self, state: NodeState) -> int:
         """How many incarnations are in `state`."""
@@ -287,6 +351,8 @@ class JobLifecycle:
     ) -> tuple[tuple[Action, ...], Outcome]:
         """A sign of life with progress; returns the actions waiting for the node.
 
+        Handing out actions changes the journaled state (`job_changed`): the caller journals that
+        before it answers, so an action is delivered once, even across a master restart.
         A node the master has given up on (replaced, removed, or the job ended) is told to stop;
         that changes no state.
 
@@ -311,7 +377,7 @@ class JobLifecycle:
             samples=node.samples if samples is None else samples,
         )
         actions = tuple(self._actions.pop(node_id, ()))
-        return actions, Outcome(changed_nodes=frozenset({node_id}))
+        return actions, Outcome(changed_nodes=frozenset({node_id}), job_changed=bool(actions))
 
     def report_failure(
         self,
@@ -322,11 +388,14 @@ class JobLifecycle:
         *,
         exit_code: int | None = None,
         answered: bool = False,
+        classification: Classification | None = None,
     ) -> tuple[FailureDecision, Outcome]:
         """A node failed; decide and apply what to do (`exit_code`: the failed process's status, if known).
 
-        With `answered`, the decision reaches the node in the reply to its report, so a process
-        restart is not also queued as a heartbeat action (the node would restart twice).
+        `classification` is what the policy made of the full evidence beforehand (see
+        `ClassifyingPolicy`); it is handed to the policy with the failure. With `answered`, the
+        decision reaches the node in the reply to its report, so a process restart is not also
+        queued as a heartbeat action (the node would restart twice).
 
         Returns:
             The decision as applied (after budgets), and what changed.
@@ -338,7 +407,7 @@ class JobLifecycle:
         node = self.node(node_id)
         if node.state not in ALIVE_STATES:
             raise NodeStateError(f"node {node_id} is {node.state.value}; it cannot fail")
-        return self._fail(node, kind, _clip(evidence), now, exit_code, answered=answered)
+        return self._fail(node, kind, _clip(evidence), now, exit_code, answered=answered, classification=classification)
 
     def report_success(self, node_id: int, now: float) -> Outcome:
         """The node's training processes finished successfully.
@@ -487,6 +556,7 @@ class JobLifecycle:
         exit_code: int | None = None,
         *,
         answered: bool = False,
+        classification: Classification | None = None,
     ) -> tuple[FailureDecision, Outcome]:
         self._job_failures += 1
         restarts_left = max(self._config.max_process_restarts - node.process_restarts, 0)
@@ -507,7 +577,8 @@ class JobLifecycle:
                 f"too many failures: {self._job_failures} > max_job_failures {self._config.max_job_failures}",
             )
         else:
-            proposed = self._policy.decide(Failure(node, kind, evidence, restarts_left, relaunches_left, exit_code))
+            failure = Failure(node, kind, evidence, restarts_left, relaunches_left, exit_code, classification)
+            proposed = self._policy.decide(failure)
             decision = self._enforce(node, proposed, restarts_left, relaunches_left)
         if decision.avoid_host and node.host:
             out = out.merge(self.mark_host_unhealthy(node.host, f"{kind.value} on node {node.node_id}"))

@@ -2,7 +2,10 @@
 
 Every public method takes the master's lock, calls one core method, journals what changed, then
 applies the effects (launch or stop nodes) and publishes events. A refused request raises the
-core's error before anything changes. Time comes from the injected `Clock`; `tick()` is called
+core's error before anything changes. A change the journal cannot take (a full disk, a locked
+database) is rolled back before the `JournalError` reaches the caller: memory never runs ahead of
+the journal, and no effect or event of that change is emitted, so the same request succeeds
+once the journal works again. Time comes from the injected `Clock`; `tick()` is called
 periodically by whoever hosts the master (see `MasterRuntime`).
 """
 
@@ -13,7 +16,7 @@ import json
 import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import attrs
 
@@ -26,12 +29,13 @@ from dlrover.master.journal import (
     CheckpointCommit,
     JournalBatch,
     JournaledEvent,
+    JournalError,
     StateJournal,
     job_fields,
 )
 from dlrover.master.lifecycle import JobLifecycle, LifecycleError
 from dlrover.master.metrics import MasterMetrics
-from dlrover.master.policy import DefaultFailurePolicy, FailureDecision, FailurePolicy
+from dlrover.master.policy import ClassifyingPolicy, DefaultFailurePolicy, FailureDecision, FailurePolicy
 from dlrover.master.records import Action, Event, LaunchNode, NodeRecord, Outcome, StopNode
 from dlrover.master.scheduler.base import NodeSpec, ObservedState, SchedulerBackend, SchedulerError
 from dlrover.master.states import ALIVE_STATES, FailureKind, JobState, NodeState
@@ -39,6 +43,8 @@ from dlrover.master.states import ALIVE_STATES, FailureKind, JobState, NodeState
 __all__ = ["JobStatus", "Master", "NodeMembership", "ResourceSample", "StatefulCollaborator"]
 
 _log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
 
 _GONE_STATES = frozenset({NodeState.FAILED, NodeState.RELAUNCHING, NodeState.REMOVED})
 
@@ -186,7 +192,8 @@ class Master:
         self._restored = restored.lifecycle is not None
         self._job_journaled = self._restored
         now = clock.now()
-        self._lifecycle = JobLifecycle(config.lifecycle, policy or DefaultFailurePolicy(), now, restored.lifecycle)
+        self._policy = policy or DefaultFailurePolicy()
+        self._lifecycle = JobLifecycle(config.lifecycle, self._policy, now, restored.lifecycle)
         self._checkpoints = checkpoints or CheckpointTracker(restored.checkpoints)
         self._blob_versions: dict[str, int] = {}
         self._deferred: list[LaunchNode | StopNode] = []
@@ -284,7 +291,37 @@ class Master:
         checkpoint: CheckpointCommit | None = None,
         blobs: Mapping[str, Blob] | None = None,
     ) -> None:
-        """Journal what changed, then apply effects and publish events."""
+        """Journal what changed, then apply effects and publish events (the core is already changed)."""
+        journaled = self._journal_outcome(outcome, checkpoint=checkpoint, blobs=blobs)
+        self._publish(outcome, journaled)
+
+    def _transact(self, change: Callable[[], tuple[_T, Outcome]]) -> _T:
+        """Run one core change and journal it; if either fails, the core goes back to where it was.
+
+        Called under the lock. Effects and events are published only once the change is journaled.
+
+        Raises:
+            JournalError: the journal refused the change; nothing changed.
+            LifecycleError: the core refused it; nothing changed.
+        """
+        savepoint = self._lifecycle.savepoint()
+        try:
+            result, outcome = change()
+            journaled = self._journal_outcome(outcome)
+        except BaseException:
+            self._lifecycle.rollback(savepoint)
+            raise
+        self._publish(outcome, journaled)
+        return result
+
+    def _journal_outcome(
+        self,
+        outcome: Outcome,
+        *,
+        checkpoint: CheckpointCommit | None = None,
+        blobs: Mapping[str, Blob] | None = None,
+    ) -> tuple[JournaledEvent, ...]:
+        """Write what changed in one journal transaction; returns the events as numbered."""
         stamped = self._stamp(outcome.events)
         nodes = tuple(self._lifecycle.node(i) for i in sorted(outcome.changed_nodes))
         job = None
@@ -293,7 +330,10 @@ class Master:
         batch = JournalBatch(nodes=nodes, job=job, events=stamped, checkpoint=checkpoint, blobs=blobs or {})
         seqs = self._journal.commit(batch)
         self._job_journaled = True
-        journaled = tuple(attrs.evolve(e, seq=s) for e, s in zip(stamped, seqs, strict=False))
+        return tuple(attrs.evolve(e, seq=s) for e, s in zip(stamped, seqs, strict=False))
+
+    def _publish(self, outcome: Outcome, journaled: tuple[JournaledEvent, ...]) -> None:
+        """Publish a journaled change: log, metrics, effects, and the libraries' part."""
         for event in journaled:
             _log.info("%s", event.message)
             self._goodput.add(event_to_dict(event))
@@ -306,7 +346,12 @@ class Master:
             self._apply(effect)
         if self._membership and self._notify_membership(outcome.events):
             # A departure changed the rendezvous and shards: journal that now, not a cadence later.
-            self._journal_collaborators()
+            try:
+                self._journal_collaborators()
+            except JournalError:
+                # The departure itself is journaled (a restarted master repeats it to the
+                # libraries); their new state follows with the next export.
+                _log.exception("could not journal the rendezvous and shards after a departure; the next export will")
 
     def _notify_membership(self, events: Iterable[Event]) -> bool:
         """Tell the libraries about departures, process restarts and the job's end; True if any."""
@@ -357,10 +402,24 @@ class Master:
             # A launch that fails is a failure of that node: relaunch or give up within budgets.
             node = self._lifecycle.node(effect.node_id)
             if node.state in ALIVE_STATES and not self._lifecycle.job_state.finished:
-                _decision, outcome = self._lifecycle.report_failure(
-                    effect.node_id, FailureKind.NODE_EXIT, f"launch failed: {exc}", self._clock.now()
-                )
-                self._record(outcome)
+                evidence = f"launch failed: {exc}"
+                try:
+                    self._transact(
+                        lambda: self._lifecycle.report_failure(
+                            effect.node_id, FailureKind.NODE_EXIT, evidence, self._clock.now()
+                        )
+                    )
+                except JournalError:
+                    # The change that launched it is journaled; this failure is not. The node
+                    # stays pending, and its start timeout (or the next master) handles it.
+                    _log.exception("node %d: %s; the failure could not be journaled", effect.node_id, evidence)
+            return
+        if isinstance(self._scheduler, StatefulCollaborator):
+            # Which process serves the node must survive a restart of the master (re-adoption).
+            try:
+                self._journal_collaborator_locked(self._scheduler)
+            except JournalError:
+                _log.exception("node %d launched, but its process could not be journaled yet", effect.node_id)
 
     # ---------------------------------------------------------------- commands
 
@@ -372,9 +431,12 @@ class Master:
         nodes to register.
         """
         with self._lock:
-            outcome = self._lifecycle.start(self._clock.now())
+            outcome = self._transact(lambda: self._deferred_start(self._clock.now()))
             self._deferred.extend(outcome.effects)
-            self._record(attrs.evolve(outcome, effects=()))
+
+    def _deferred_start(self, now: float) -> tuple[Outcome, Outcome]:
+        outcome = self._lifecycle.start(now)
+        return outcome, attrs.evolve(outcome, effects=())
 
     def start(self) -> None:
         """Create (if `prepare` did not) and launch the job's nodes; nothing to do for a resumed job."""
@@ -391,11 +453,9 @@ class Master:
             LifecycleError: refused; nothing changed.
         """
         with self._lock:
-            node, outcome = self._lifecycle.register(
-                node_id, name, host, self._clock.now(), proven_node_id=proven_node_id
+            return self._transact(
+                lambda: self._lifecycle.register(node_id, name, host, self._clock.now(), proven_node_id=proven_node_id)
             )
-            self._record(outcome)
-            return node
 
     def heartbeat(
         self,
@@ -407,19 +467,38 @@ class Master:
     ) -> tuple[tuple[Action, ...], JobState]:
         """A node's heartbeat; returns the actions waiting for it and the job's state.
 
-        Heartbeats are not journaled: liveness is re-established after a restart anyway.
+        Heartbeats are not journaled: liveness is re-established after a restart anyway. Handing
+        out actions is: they are journaled as delivered before the answer leaves, so an action
+        is delivered once, and one decided before a master restart is still delivered after it.
+        (An answer lost on the wire loses its actions: the agent has no acknowledgement to send.)
 
         Raises:
             LifecycleError: refused; nothing changed.
+            JournalError: actions were due but their delivery could not be journaled; they stay
+                queued for the next heartbeat.
         """
         with self._lock:
-            actions, outcome = self._lifecycle.heartbeat(node_id, self._clock.now(), step=step, samples=samples)
+            now = self._clock.now()
+            if self._lifecycle.pending_actions(node_id):
+                actions, outcome = self._transact(
+                    lambda: self._with_outcome(self._lifecycle.heartbeat(node_id, now, step=step, samples=samples))
+                )
+            else:
+                actions, outcome = self._lifecycle.heartbeat(node_id, now, step=step, samples=samples)
             self._metrics.heartbeat()
             if outcome.changed_nodes:
                 if resources is not None:
                     self._resources[node_id] = resources
                 self._maybe_progress()
             return actions, self._lifecycle.job_state
+
+    @staticmethod
+    def _with_outcome(result: tuple[_T, Outcome]) -> tuple[tuple[_T, Outcome], Outcome]:
+        return result, result[1]
+
+    @staticmethod
+    def _just(outcome: Outcome) -> tuple[Outcome, Outcome]:
+        return outcome, outcome
 
     def _maybe_progress(self) -> None:
         # Cheap check first: this runs on every heartbeat, the scan below once per interval.
@@ -432,11 +511,16 @@ class Master:
         if step < 0 or (last is not None and step <= last[1]):
             return
         samples = sum(n.samples for n in current)
+        try:
+            self._record(Outcome(events=(Event("progress", f"step {step}", data={"step": step, "samples": samples}),)))
+        except JournalError:
+            # Progress is an observation, not a decision: the heartbeat stands, the next one retries.
+            _log.warning("could not journal progress (step %d); retried on a later heartbeat", step, exc_info=True)
+            return
         if last is not None and wall > last[0]:
             dt = wall - last[0]
             self._metrics.observe_progress(step, (step - last[1]) / dt, max(samples - last[2], 0) / dt)
         self._progress = (wall, step, samples)
-        self._record(Outcome(events=(Event("progress", f"step {step}", data={"step": step, "samples": samples}),)))
 
     def report_failure(
         self, node_id: int, kind: FailureKind, evidence: str, *, exit_code: int | None = None
@@ -450,15 +534,29 @@ class Master:
             evidence: what the agent saw (a log tail, a traceback).
             exit_code: the failed process's exit status, when known.
 
+        The evidence is classified before the master's lock is taken (see `ClassifyingPolicy`):
+        reading a 64 KiB log tail takes tens of milliseconds, which heartbeats must not wait for.
+
         Raises:
             LifecycleError: refused; nothing changed.
+            JournalError: the decision could not be journaled; nothing changed.
         """
+        policy = self._policy
+        classification = (
+            policy.classify(node_id, kind, evidence, exit_code) if isinstance(policy, ClassifyingPolicy) else None
+        )
         with self._lock:
-            decision, outcome = self._lifecycle.report_failure(
-                node_id, kind, evidence, self._clock.now(), exit_code=exit_code, answered=True
+            return self._transact(
+                lambda: self._lifecycle.report_failure(
+                    node_id,
+                    kind,
+                    evidence,
+                    self._clock.now(),
+                    exit_code=exit_code,
+                    answered=True,
+                    classification=classification,
+                )
             )
-            self._record(outcome)
-            return decision
 
     def report_success(self, node_id: int) -> JobState:
         """A node's training finished successfully; returns the job's state.
@@ -467,13 +565,13 @@ class Master:
             LifecycleError: refused; nothing changed.
         """
         with self._lock:
-            self._record(self._lifecycle.report_success(node_id, self._clock.now()))
+            self._transact(lambda: self._just(self._lifecycle.report_success(node_id, self._clock.now())))
             return self._lifecycle.job_state
 
     def mark_host_unhealthy(self, host: str, reason: str) -> None:
         """Avoid `host` for future nodes (a failed health check)."""
         with self._lock:
-            self._record(self._lifecycle.mark_host_unhealthy(host, reason))
+            self._transact(lambda: self._just(self._lifecycle.mark_host_unhealthy(host, reason)))
 
     def report_checkpoint_steps(
         self, world_size: int, ranks: Mapping[int, Iterable[int]]
@@ -498,15 +596,20 @@ class Master:
         """
         with self._lock:
             self._checkpoints.check_commit(step)
-            commit = self._checkpoints.commit(step, path, self._clock.wall_time())
+            wall = self._clock.wall_time()
             ev = Event("checkpoint", f"checkpoint step {step} committed", data={"step": step, "path": path})
-            self._record(Outcome(events=(ev,)), checkpoint=commit)
+            # Journaled first: the tracker records the commit only once it is durable.
+            pending = CheckpointCommit(step=step, wall_time=wall, world_size=self._checkpoints.world_size, path=path)
+            outcome = Outcome(events=(ev,))
+            journaled = self._journal_outcome(outcome, checkpoint=pending)
+            commit = self._checkpoints.commit(step, path, wall)
+            self._publish(outcome, journaled)
             return commit
 
     def stop(self, reason: str) -> JobState:
         """Stop the job on request; returns the job's final state."""
         with self._lock:
-            self._record(self._lifecycle.stop(reason, self._clock.now()))
+            self._transact(lambda: self._just(self._lifecycle.stop(reason, self._clock.now())))
             return self._lifecycle.job_state
 
     def tick(self) -> None:
@@ -514,7 +617,7 @@ class Master:
         with self._lock:
             self._observe_scheduler()
             now = self._clock.now()
-            self._record(self._lifecycle.tick(now))
+            self._transact(lambda: self._just(self._lifecycle.tick(now)))
             if self._last_export is None or now - self._last_export >= self._config.state_export_interval_s:
                 self._journal_collaborators()
             self._metrics.set_goodput(self._goodput.goodput(self._clock.wall_time()).ratio)
@@ -523,24 +626,29 @@ class Master:
         for node_id, seen in self._scheduler.observe().items():
             if self._observed.get(node_id) is seen.state:
                 continue
+            self._observe_node(node_id, seen.state, seen.exit_code)
+            # Marked seen only once handled: an observation whose journal write failed comes again.
             self._observed[node_id] = seen.state
-            try:
-                node = self._lifecycle.node(node_id)
-            except LifecycleError:
-                continue  # launched by a previous master incarnation and forgotten: not ours to judge
-            if node.state not in ALIVE_STATES or self._lifecycle.job_state.finished:
-                continue
-            now = self._clock.now()
-            if seen.state is ObservedState.RUNNING:
-                self._record(self._lifecycle.node_started(node_id, now))
-            elif seen.state is ObservedState.SUCCEEDED and node.state is NodeState.RUNNING:
-                self._record(self._lifecycle.report_success(node_id, now))
-            elif seen.state in (ObservedState.SUCCEEDED, ObservedState.FAILED, ObservedState.STOPPED):
-                evidence = f"the agent exited with status {seen.exit_code} ({seen.state.value})"
-                _decision, outcome = self._lifecycle.report_failure(
-                    node_id, FailureKind.NODE_EXIT, evidence, now, exit_code=seen.exit_code
+
+    def _observe_node(self, node_id: int, seen: ObservedState, exit_code: int | None) -> None:
+        try:
+            node = self._lifecycle.node(node_id)
+        except LifecycleError:
+            return  # launched by a previous master incarnation and forgotten: not ours to judge
+        if node.state not in ALIVE_STATES or self._lifecycle.job_state.finished:
+            return
+        now = self._clock.now()
+        if seen is ObservedState.RUNNING:
+            self._transact(lambda: self._just(self._lifecycle.node_started(node_id, now)))
+        elif seen is ObservedState.SUCCEEDED and node.state is NodeState.RUNNING:
+            self._transact(lambda: self._just(self._lifecycle.report_success(node_id, now)))
+        elif seen in (ObservedState.SUCCEEDED, ObservedState.FAILED, ObservedState.STOPPED):
+            evidence = f"the agent exited with status {exit_code} ({seen.value})"
+            self._transact(
+                lambda: self._lifecycle.report_failure(
+                    node_id, FailureKind.NODE_EXIT, evidence, now, exit_code=exit_code
                 )
-                self._record(outcome)
+            )
 
     def journal_collaborator(self, collaborator: StatefulCollaborator) -> bool:
         """Export one collaborator now and journal it if its version grew; True when it was written.
@@ -552,11 +660,18 @@ class Master:
         """
         version, data = collaborator.export_state()
         with self._lock:
-            if version <= self._blob_versions.get(collaborator.state_name, -1):
-                return False
-            self._record(Outcome(), blobs={collaborator.state_name: Blob(version, data)})
-            self._blob_versions[collaborator.state_name] = version
-            return True
+            return self._journal_blob(collaborator.state_name, version, data)
+
+    def _journal_collaborator_locked(self, collaborator: StatefulCollaborator) -> bool:
+        version, data = collaborator.export_state()
+        return self._journal_blob(collaborator.state_name, version, data)
+
+    def _journal_blob(self, name: str, version: int, data: str) -> bool:
+        if version <= self._blob_versions.get(name, -1):
+            return False
+        self._record(Outcome(), blobs={name: Blob(version, data)})
+        self._blob_versions[name] = version
+        return True
 
     def flush_state(self) -> None:
         """Journal every collaborator whose state changed (called at shutdown)."""
@@ -590,6 +705,11 @@ class Master:
         """Every node incarnation by id."""
         with self._lock:
             return self._lifecycle.nodes()
+
+    def pending_actions(self, node_id: int) -> tuple[Action, ...]:
+        """Actions decided for a node and waiting for its next heartbeat (journaled)."""
+        with self._lock:
+            return self._lifecycle.pending_actions(node_id)
 
     def resources(self, node_id: int) -> ResourceSample | None:
         """A node's latest resource sample."""

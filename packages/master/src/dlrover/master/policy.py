@@ -16,7 +16,16 @@ import attrs
 from dlrover.master.records import NodeRecord
 from dlrover.master.states import FailureKind
 
-__all__ = ["DefaultFailurePolicy", "Failure", "FailureAction", "FailureDecision", "FailurePolicy"]
+__all__ = [
+    "Classification",
+    "ClassifyingPolicy",
+    "DefaultFailurePolicy",
+    "Failure",
+    "FailureAction",
+    "FailureDecision",
+    "FailurePolicy",
+    "StatefulPolicy",
+]
 
 
 class FailureAction(enum.StrEnum):
@@ -26,6 +35,19 @@ class FailureAction(enum.StrEnum):
     RELAUNCH_NODE = "relaunch_node"
     REMOVE_NODE = "remove_node"
     STOP_JOB = "stop_job"
+
+
+@attrs.frozen
+class Classification:
+    """What a policy made of a failure's evidence before deciding (see `ClassifyingPolicy`).
+
+    Attributes:
+        kind: the policy's own name for the kind of failure.
+        reason: why, in words.
+    """
+
+    kind: str
+    reason: str
 
 
 @attrs.frozen
@@ -39,6 +61,8 @@ class Failure:
         process_restarts_left: restarts of training processes still allowed on this node.
         relaunches_left: replacements still allowed for this rank.
         exit_code: the failed process's exit status, when the reporter knew it.
+        classification: the policy's `classify` of the full evidence, when it has one and the
+            failure was reported with evidence (the `evidence` here may be clipped).
     """
 
     node: NodeRecord
@@ -47,6 +71,7 @@ class Failure:
     process_restarts_left: int
     relaunches_left: int
     exit_code: int | None = None
+    classification: Classification | None = None
 
 
 @attrs.frozen
@@ -70,6 +95,33 @@ class FailurePolicy(Protocol):
 
     def decide(self, failure: Failure) -> FailureDecision:
         """The action for `failure`, and why."""
+        ...
+
+
+@runtime_checkable
+class ClassifyingPolicy(FailurePolicy, Protocol):
+    """A policy whose costly part, reading the evidence, is pure and needs no job state.
+
+    The master calls `classify` before it takes its lock, so a slow classification never holds
+    up heartbeats; `decide` then gets the result in `Failure.classification`.
+    """
+
+    def classify(self, node_id: int, kind: FailureKind, evidence: str, exit_code: int | None) -> Classification:
+        """What the evidence says; must be pure (no state read or changed, no I/O)."""
+        ...
+
+
+@runtime_checkable
+class StatefulPolicy(FailurePolicy, Protocol):
+    """A policy that keeps state across decisions (budget counters), which the master rolls back
+    together with its own when a decision cannot be journaled."""
+
+    def savepoint(self) -> object:
+        """The policy's state now."""
+        ...
+
+    def rollback(self, savepoint: object) -> None:
+        """Go back to a state `savepoint` returned."""
         ...
 
 

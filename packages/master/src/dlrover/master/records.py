@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -19,6 +19,8 @@ __all__ = [
     "Outcome",
     "StopNode",
     "TransitionRecord",
+    "actions_from_json",
+    "actions_to_json",
     "node_from_dict",
     "node_to_dict",
 ]
@@ -166,6 +168,32 @@ class LifecycleSnapshot:
     next_action_id: int
     avoid_hosts: Mapping[str, str]
     started: bool
+    actions: Mapping[int, tuple[Action, ...]] = attrs.field(factory=dict)
+    """Actions decided for a node and not yet handed to it, by node id."""
+
+
+def actions_to_json(actions: Mapping[int, Sequence[Action]]) -> dict[str, list[dict[str, Any]]]:
+    """A JSON-serialisable form of pending actions (for the journal's job record)."""
+    return {
+        str(node_id): [{"action_id": a.action_id, "kind": a.kind.value, "reason": a.reason} for a in queued]
+        for node_id, queued in sorted(actions.items())
+        if queued
+    }
+
+
+def actions_from_json(data: Mapping[str, Any]) -> dict[int, tuple[Action, ...]]:
+    """The inverse of `actions_to_json`.
+
+    Raises:
+        DLRoverError: the data is not what `actions_to_json` writes.
+    """
+    try:
+        return {
+            int(node_id): tuple(Action(int(a["action_id"]), ActionKind(a["kind"]), str(a["reason"])) for a in queued)
+            for node_id, queued in dict(data).items()
+        }
+    except (KeyError, TypeError, ValueError) as exc:
+        raise DLRoverError(f"corrupt pending actions {dict(data)!r}: {exc}") from exc
 
 
 def node_to_dict(node: NodeRecord) -> dict[str, Any]:

@@ -32,6 +32,7 @@ from dlrover.master.states import ActionKind, FailureKind, IllegalTransitionErro
 from dlrover.master.v1 import agent_pb2, agent_pb2_grpc, checkpoint_pb2, checkpoint_pb2_grpc, job_pb2, job_pb2_grpc
 
 __all__ = [
+    "JOURNAL_FAILED",
     "MAX_EVIDENCE_CHARS",
     "AgentServicer",
     "CheckpointServicer",
@@ -41,6 +42,7 @@ __all__ = [
     "add_master_services",
 ]
 
+JOURNAL_FAILED = "the master could not journal the change, so nothing changed; retry later"
 MAX_NAME_CHARS = 256
 MAX_EVIDENCE_CHARS = 64 * 1024
 MAX_REASON_CHARS = 4096
@@ -79,7 +81,8 @@ _STATUS: tuple[tuple[type[Exception], grpc.StatusCode], ...] = (
     (NodeStateError, grpc.StatusCode.FAILED_PRECONDITION),
     (IllegalTransitionError, grpc.StatusCode.FAILED_PRECONDITION),
     (CheckpointError, grpc.StatusCode.FAILED_PRECONDITION),
-    (JournalError, grpc.StatusCode.INTERNAL),
+    # A full disk or a locked database: the change was rolled back, and a retry may succeed.
+    (JournalError, grpc.StatusCode.UNAVAILABLE),
 )
 
 
@@ -95,6 +98,8 @@ def _translate(context: grpc.ServicerContext) -> Iterator[None]:
     """Turn a refusal into the matching status; anything else is a bug and surfaces as INTERNAL."""
     try:
         yield
+    except JournalError as exc:
+        _abort(context, grpc.StatusCode.UNAVAILABLE, f"{JOURNAL_FAILED}: {exc}")
     except DLRoverError as exc:
         _abort(context, _status_for(exc), str(exc))
 

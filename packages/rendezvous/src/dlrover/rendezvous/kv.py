@@ -7,7 +7,7 @@ implemented over it, but it is plain Python and knows nothing of torch.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -179,3 +179,23 @@ class KeyValueStore:
     def num_keys(self) -> int:
         """How many keys are set."""
         return len(self._data)
+
+    def items(self) -> dict[str, bytes]:
+        """A copy of every key and its value (what a host persists to restore the store later)."""
+        return dict(self._data)
+
+    def restore(self, items: Mapping[str, bytes]) -> None:
+        """Replace the whole content with `items` (a persisted copy of `items()`), all or none.
+
+        Raises:
+            InvalidRequestError: a key or value is malformed; nothing changed.
+            StoreFullError: `items` exceed `max_keys` or `max_total_bytes`; nothing changed.
+        """
+        checked = {self._key(k): self._value(k, v) for k, v in items.items()}
+        if len(checked) > self._limits.max_keys:
+            raise StoreFullError(f"cannot restore {len(checked)} keys; max_keys={self._limits.max_keys}")
+        total = sum(len(k.encode("utf-8")) + len(v) for k, v in checked.items())
+        if total > self._limits.max_total_bytes:
+            raise StoreFullError(f"cannot restore {total} bytes; max_total_bytes={self._limits.max_total_bytes}")
+        self._data = checked
+        self._bytes = total

@@ -2,13 +2,23 @@
 
 Each agent runs in its own session (process group), so stopping a node signals the agent and
 every process it started; SIGTERM first, SIGKILL after a grace period. `close()` stops and reaps
-everything, so nothing outlives the master that exits normally. (A master killed with SIGKILL
-leaves its agents running on purpose: a restarted master picks the job up again.)
+everything, so nothing outlives the master that exits normally.
+
+A master killed with SIGKILL leaves its agents running on purpose, and a restarted master on the
+same state directory adopts them: the backend is a `StatefulCollaborator` whose journaled state
+is each node's agent pid and process start time. An adopted agent is not the new master's child,
+so it cannot be waited for: it is observed through its pid, checked against the recorded start
+time so a reused pid is never mistaken for it (and never signalled), and its exit status is
+unknown (observed as failed with no exit code, or stopped when the master stopped it). Stopping it
+signals its process group like any other; `close()` waits for it to vanish instead of reaping it.
+An agent whose own process has exited is not signalled after an adoption: its group can no longer
+be told apart from a new one with the same id.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -19,18 +29,51 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import attrs
+import psutil  # type: ignore[import-untyped, unused-ignore]  # no stubs in the pinned set
 
 from dlrover.common import ConfigError
+from dlrover.master.journal import JournalError
 from dlrover.master.scheduler.base import NodeSpec, ObservedNode, ObservedState, SchedulerError
 
-__all__ = ["LocalScheduler"]
+__all__ = ["LOCAL_STATE_FORMAT", "LocalScheduler"]
+
+LOCAL_STATE_FORMAT = "dlrover.master.local"
+_START_TIME_TOLERANCE_S = 0.05  # start times are read from /proc in clock ticks (1/100 s)
+_ADOPTED_POLL_S = 0.05
+
+
+def _start_time(pid: int) -> float | None:
+    """The start time of process `pid` (seconds since the epoch), or None when there is none."""
+    try:
+        return float(psutil.Process(pid).create_time())
+    except psutil.Error:
+        return None
 
 
 @attrs.define
 class _Proc:
-    popen: subprocess.Popen[bytes]
+    pid: int
+    start_time: float
+    popen: subprocess.Popen[bytes] | None  # None: adopted from a previous master, not our child
     stop_requested_at: float | None = None
     killed: bool = False
+
+    def exited(self) -> tuple[bool, int | None]:
+        """Whether the agent has exited, and its status when known."""
+        if self.popen is not None:
+            code = self.popen.poll()
+            return code is not None, code
+        return not self.is_alive_adopted(), None
+
+    def is_alive_adopted(self) -> bool:
+        """Whether the adopted agent still runs: same pid, same start time, not a zombie."""
+        try:
+            proc = psutil.Process(self.pid)
+            if abs(proc.create_time() - self.start_time) > _START_TIME_TOLERANCE_S:
+                return False  # the pid was reused by another process
+            return bool(proc.status() != psutil.STATUS_ZOMBIE)
+        except psutil.Error:
+            return False
 
 
 class LocalScheduler:
@@ -44,6 +87,7 @@ class LocalScheduler:
     """
 
     name = "local"
+    state_name = "local_scheduler"
 
     def __init__(
         self,
@@ -65,6 +109,7 @@ class LocalScheduler:
         self._procs: dict[int, _Proc] = {}
         self._host = socket.gethostname()
         self._closed = False
+        self._version = 0
 
     def launch(self, spec: NodeSpec) -> None:
         """Start the agent of `spec` in a new session.
@@ -96,11 +141,16 @@ class LocalScheduler:
                     )  # fmt: skip
             except OSError as exc:
                 raise SchedulerError(f"cannot start node {spec.node_id} ({self._command[0]!r}): {exc}") from exc
-            self._procs[spec.node_id] = _Proc(popen)
+            # Our unreaped child: its pid cannot be reused, so its start time is its own.
+            started = _start_time(popen.pid)
+            self._procs[spec.node_id] = _Proc(popen.pid, started if started is not None else 0.0, popen)
+            self._version += 1
 
     def _signal(self, proc: _Proc, sig: signal.Signals) -> None:
+        if proc.popen is None and not proc.is_alive_adopted():
+            return  # not ours any more: the pid may belong to someone else now
         with contextlib.suppress(ProcessLookupError, PermissionError):  # the group is gone already
-            os.killpg(proc.popen.pid, sig)
+            os.killpg(proc.pid, sig)
 
     def stop(self, node_id: int) -> None:
         """SIGTERM the node's process group; `observe` escalates to SIGKILL after the grace."""
@@ -109,16 +159,17 @@ class LocalScheduler:
             if proc is None or proc.stop_requested_at is not None:
                 return
             proc.stop_requested_at = self._now()
-            if proc.popen.poll() is None:
+            self._version += 1
+            if not proc.exited()[0]:
                 self._signal(proc, signal.SIGTERM)
             else:
                 # The agent is gone, but what it started may not be.
                 self._signal(proc, signal.SIGKILL)
 
     def _state(self, proc: _Proc) -> ObservedNode:
-        code = proc.popen.poll()
+        exited, code = proc.exited()
         node_id = -1
-        if code is None:
+        if not exited:
             stopping = proc.stop_requested_at
             if stopping is not None and not proc.killed and self._now() - stopping >= self._grace:
                 self._signal(proc, signal.SIGKILL)
@@ -126,6 +177,7 @@ class LocalScheduler:
             return ObservedNode(node_id, ObservedState.RUNNING, None, self._host)
         if proc.stop_requested_at is not None:
             return ObservedNode(node_id, ObservedState.STOPPED, code, self._host)
+        # An adopted agent's status is unknown (None): it is not ours to wait for.
         state = ObservedState.SUCCEEDED if code == 0 else ObservedState.FAILED
         return ObservedNode(node_id, state, code, self._host)
 
@@ -138,25 +190,88 @@ class LocalScheduler:
         """The agent's process id (its process group id too), for diagnostics and tests."""
         with self._lock:
             proc = self._procs.get(node_id)
-            return None if proc is None else proc.popen.pid
+            return None if proc is None else proc.pid
+
+    def adopted(self) -> frozenset[int]:
+        """The nodes whose agents were adopted from a previous master (not children of this one)."""
+        with self._lock:
+            return frozenset(nid for nid, p in self._procs.items() if p.popen is None)
+
+    # StatefulCollaborator: the agents' identities survive a master restart.
+
+    def export_state(self) -> tuple[int, str]:
+        """Every launched node's agent pid, start time and whether it was told to stop."""
+        with self._lock:
+            nodes = {
+                str(nid): {"pid": p.pid, "start_time": p.start_time, "stopping": p.stop_requested_at is not None}
+                for nid, p in sorted(self._procs.items())
+            }
+            doc = {"format": LOCAL_STATE_FORMAT, "version": 1, "nodes": nodes}
+            return self._version, json.dumps(doc, separators=(",", ":"))
+
+    def import_state(self, version: int, data: str) -> None:
+        """Adopt the agents a previous master launched (before anything is launched here).
+
+        An agent that still runs (same pid and start time) is observed as running and stopped
+        like any other; one that is gone is observed as failed (or stopped, if it was told to
+        stop), with no exit status.
+
+        Raises:
+            JournalError: the state is corrupt; nothing changed.
+        """
+        try:
+            doc = json.loads(data)
+            if not isinstance(doc, dict) or doc.get("format") != LOCAL_STATE_FORMAT or doc.get("version") != 1:
+                raise ValueError(f"not a {LOCAL_STATE_FORMAT!r} version 1 document")
+            adopted = {
+                int(nid): _Proc(int(entry["pid"]), float(entry["start_time"]), None)
+                for nid, entry in dict(doc["nodes"]).items()
+            }
+            stopping = {int(nid) for nid, entry in dict(doc["nodes"]).items() if entry.get("stopping")}
+        except (KeyError, TypeError, ValueError) as exc:
+            raise JournalError(f"local scheduler state: {exc}") from exc
+        with self._lock:
+            now = self._now()
+            for nid, proc in adopted.items():
+                if nid in self._procs:
+                    continue  # launched by this master already: it is its own
+                if nid in stopping:
+                    proc.stop_requested_at = now  # the grace period starts again
+                self._procs[nid] = proc
+            self._version = max(self._version, version)
 
     def close(self) -> None:
-        """SIGTERM every agent's group, SIGKILL after the grace, and reap them all."""
+        """SIGTERM every agent's group, SIGKILL after the grace, and reap them all (adopted ones:
+        wait until they are gone, for the grace and then once more after SIGKILL)."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
             procs = list(self._procs.values())
             for proc in procs:
-                if proc.stop_requested_at is None and proc.popen.poll() is None:
+                if proc.stop_requested_at is None and not proc.exited()[0]:
                     proc.stop_requested_at = self._now()
         for proc in procs:
-            if proc.popen.poll() is None:
+            if not proc.exited()[0]:
                 self._signal(proc, signal.SIGTERM)
         deadline = self._now() + self._grace
         for proc in procs:
+            if proc.popen is None:
+                self._close_adopted(proc, deadline)
+                continue
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.popen.wait(timeout=max(deadline - self._now(), 0.0))
             # SIGKILL the group even if the agent exited: its children must not survive it.
             self._signal(proc, signal.SIGKILL)
             proc.popen.wait()
+
+    def _close_adopted(self, proc: _Proc, deadline: float) -> None:
+        # Not our child: no waitpid. Poll until it is gone (its parent, init or a subreaper,
+        # reaps it), SIGKILL after the grace, and give it one more grace to vanish.
+        while proc.is_alive_adopted() and self._now() < deadline:
+            time.sleep(_ADOPTED_POLL_S)
+        if proc.is_alive_adopted():
+            self._signal(proc, signal.SIGKILL)
+            last = self._now() + max(self._grace, 1.0)
+            while proc.is_alive_adopted() and self._now() < last:
+                time.sleep(_ADOPTED_POLL_S)
