@@ -16,7 +16,7 @@ from dlrover.shard import (
     StreamPartitions,
     TaskType,
 )
-from dlrover.shard.convert import shard_from_proto, shard_to_proto, spec_from_proto, spec_to_proto
+from dlrover.shard.convert import fill_shard_proto, shard_from_proto, shard_to_proto, spec_from_proto, spec_to_proto
 from dlrover.shard.progress import spec_from_json, spec_to_json
 from dlrover.shard.v1 import shard_pb2 as pb
 
@@ -47,9 +47,24 @@ def test_spec_round_trips_through_proto_and_json(spec: DatasetSpec) -> None:
     assert spec_from_json(spec_to_json(spec)) == spec
 
 
+SHARDS = [
+    Shard("d", 3, 1, 4, 8, 2, 99, "", 2),
+    Shard("d", 0, 0, 0, 1, partition="p"),
+    Shard("d", 5, 0, 10, 20, consumed=7, order_seed=0, partition="q", attempt=3),
+]
+
+
 def test_shard_round_trips() -> None:
-    for shard in (Shard("d", 3, 1, 4, 8, 2, 99, "", 2), Shard("d", 0, 0, 0, 1, partition="p")):
+    for shard in SHARDS:
         assert shard_from_proto(shard_to_proto(shard)) == shard
+
+
+def test_shards_filled_into_a_repeated_field_survive_the_wire() -> None:
+    response = pb.FetchShardsResponse(finished=False, reason="r")
+    for shard in SHARDS:
+        fill_shard_proto(response.shards.add(), shard)
+    back = pb.FetchShardsResponse.FromString(response.SerializeToString())
+    assert [shard_from_proto(m) for m in back.shards] == SHARDS
 
 
 def test_bad_proto_values_are_invalid_arguments() -> None:

@@ -102,6 +102,19 @@ def test_lease_expires_without_progress_and_progress_renews_it() -> None:
     assert m.fetch("v").shards[0].shard_id == b.shard_id  # re-queued shards go first
 
 
+def test_leases_expire_in_deadline_order_even_when_renewed_ones_are_overdue_too() -> None:
+    # Found by the state machine: a renewed lease's old heap entry comes out first, and its
+    # shard must not be re-queued ahead of a lease that was due earlier.
+    clock = ManualClock()
+    m = ShardManager(_spec(8, lease_timeout_s=5.0), clock)
+    a, b = m.fetch("w", 2).shards
+    clock.advance(1)
+    m.report_progress("w", a.shard_id, 1)  # a due at 6, b at 5
+    clock.advance(10)
+    assert m.expire_leases() == [b.shard_id, a.shard_id]
+    assert [s.shard_id for s in m.fetch("v", 2).shards] == [b.shard_id, a.shard_id]
+
+
 def test_task_types_have_their_own_lease_timeouts() -> None:
     cfg = ShardManagerConfig(training_lease_timeout_s=5, evaluation_lease_timeout_s=7, prediction_lease_timeout_s=9)
     for task, timeout in [(TaskType.TRAINING, 5), (TaskType.EVALUATION, 7), (TaskType.PREDICTION, 9)]:

@@ -137,7 +137,7 @@ class ShardClient:
             request_id=self._request_id(),
         )
         res = self._call(self._stub.FetchShards, req)
-        return FetchResult(tuple(shard_from_proto(s) for s in res.shards), res.finished, res.reason)
+        return FetchResult(tuple([shard_from_proto(s) for s in res.shards]), res.finished, res.reason)
 
     def next_shard(self, timeout_s: float | None = None) -> Shard | None:
         """The next shard to work on, waiting while none is available; None when the dataset is finished.

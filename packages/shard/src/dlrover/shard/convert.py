@@ -21,6 +21,7 @@ __all__ = [
     "spec_to_proto",
     "spec_from_proto",
     "shard_to_proto",
+    "fill_shard_proto",
     "shard_from_proto",
     "status_to_proto",
     "status_from_proto",
@@ -122,16 +123,26 @@ def spec_to_proto(spec: DatasetSpec) -> pb.DatasetSpec:
 
 def shard_to_proto(shard: Shard) -> pb.Shard:
     """The message of a `Shard`."""
-    msg = pb.Shard(
-        dataset=shard.dataset,
-        shard_id=shard.shard_id,
-        epoch=shard.epoch,
-        start=shard.start,
-        end=shard.end,
-        consumed=shard.consumed,
-        partition=shard.partition,
-        attempt=shard.attempt,
-    )
+    return fill_shard_proto(pb.Shard(), shard)
+
+
+def fill_shard_proto(msg: pb.Shard, shard: Shard) -> pb.Shard:
+    """Write `shard` into an empty `msg` in place, e.g. `response.shards.add()`; returns `msg`.
+
+    Filling the element a repeated field adds avoids building a message and copying it in,
+    which is most of the cost of a one-shard `FetchShards` reply. Fields at their proto3
+    default are left unset; they read back the same.
+    """
+    msg.dataset = shard.dataset
+    msg.shard_id = shard.shard_id
+    msg.epoch = shard.epoch
+    msg.start = shard.start
+    msg.end = shard.end
+    if shard.consumed:
+        msg.consumed = shard.consumed
+    if shard.partition:
+        msg.partition = shard.partition
+    msg.attempt = shard.attempt
     if shard.order_seed is not None:
         msg.order_seed = shard.order_seed
     return msg

@@ -140,26 +140,29 @@ class ShardManager:
         count = check_int("count", count)
         if not 1 <= count <= self._config.max_fetch_count:
             raise InvalidShardRequestError(f"count must be in 1..{self._config.max_fetch_count}, got {count}")
-        self.expire_leases()
-        cached = self._cached(worker, "fetch", request_id)
-        if isinstance(cached, FetchResult):
-            held = tuple(
-                self._doing[s.shard_id].parked.to_shard(self._spec.name)
-                for s in cached.shards
-                if s.shard_id in self._doing and self._doing[s.shard_id].worker == worker
-            )
-            return FetchResult(held, cached.finished, f"retried request {request_id!r}: {cached.reason}")
-        stats = self._stats_of(worker)
-        stats.last_seen = self._clock.now()
+        now = self._now_expiring()
+        if request_id:
+            cached = self._cached(worker, "fetch", request_id)
+            if isinstance(cached, FetchResult):
+                held = tuple(
+                    self._doing[s.shard_id].parked.to_shard(self._spec.name)
+                    for s in cached.shards
+                    if s.shard_id in self._doing and self._doing[s.shard_id].worker == worker
+                )
+                return FetchResult(held, cached.finished, f"retried request {request_id!r}: {cached.reason}")
+        self._stats_of(worker, now).last_seen = now
         shards: list[Shard] = []
         while len(shards) < count:
             parked = self._next_todo()
             if parked is None:
                 break
-            shards.append(self._lease(parked, worker))
-        finished = self.finished
+            shards.append(self._lease(parked, worker, now))
+        # A leased shard keeps the dataset unfinished, so `finished` only needs working out
+        # when nothing was leased.
+        finished = False if shards else self.finished
         result = FetchResult(tuple(shards), finished, self._fetch_reason(len(shards), count, finished))
-        self._remember(worker, "fetch", request_id, result)
+        if request_id:
+            self._remember(worker, "fetch", request_id, result)
         return result
 
     def report_progress(self, worker: str, shard_id: int, consumed: int, request_id: str = "") -> ReportResult:
@@ -178,14 +181,14 @@ class ShardManager:
         check_request_id(request_id)
         shard_id = check_int("shard_id", shard_id)
         consumed = check_int("consumed", consumed)
-        self.expire_leases()
+        now = self._now_expiring()
         lease = self._held(worker, shard_id, "progress")
         parked = lease.parked
         if not 0 <= consumed <= parked.size:
             raise InvalidShardRequestError(f"consumed must be in 0..{parked.size} for shard {shard_id}, got {consumed}")
-        self._renew(lease)
-        stats = self._stats_of(worker)
-        stats.last_seen = self._clock.now()
+        lease.deadline = now + self._lease_timeout_s
+        stats = self._stats_of(worker, now)
+        stats.last_seen = now
         if consumed <= parked.consumed:
             return ReportResult(
                 False, f"lease renewed; shard {shard_id} was already at {parked.consumed} >= {consumed}"
@@ -205,17 +208,17 @@ class ShardManager:
         check_worker(worker)
         check_request_id(request_id)
         shard_id = check_int("shard_id", shard_id)
-        self.expire_leases()
+        now = self._now_expiring()
         cached = self._cached(worker, "done", request_id)
         if isinstance(cached, ReportResult):
             return cached
         lease = self._held(worker, shard_id, "done")
         parked = lease.parked
         self._unlease(lease)
-        stats = self._stats_of(worker)
+        stats = self._stats_of(worker, now)
         stats.samples += parked.size - parked.consumed
         stats.shards_done += 1
-        stats.last_seen = self._clock.now()
+        stats.last_seen = now
         parked.consumed = parked.size
         self._mark_done(parked)
         result = ReportResult(True, f"shard {shard_id} done by {worker}")
@@ -244,7 +247,7 @@ class ShardManager:
         shard_id = check_int("shard_id", shard_id)
         if not isinstance(reason, str) or not reason.strip():
             raise InvalidShardRequestError(f"a failure needs a reason, got {reason!r}")
-        self.expire_leases()
+        now = self._now_expiring()
         cached = self._cached(worker, "fail", request_id)
         if isinstance(cached, ReportResult):
             return cached
@@ -256,7 +259,7 @@ class ShardManager:
                     f"consumed must be in 0..{lease.parked.size} for shard {shard_id}, got {consumed}"
                 )
             if consumed > lease.parked.consumed:
-                self._stats_of(worker).samples += consumed - lease.parked.consumed
+                self._stats_of(worker, now).samples += consumed - lease.parked.consumed
                 lease.parked.consumed = consumed
         outcome = self._release(lease, f"worker {worker} reported failure: {reason.strip()}")
         result = ReportResult(True, outcome)
@@ -278,17 +281,32 @@ class ShardManager:
         return ids
 
     def expire_leases(self) -> list[int]:
-        """Take back every lease whose deadline has passed; returns their shard ids in expiry order."""
+        """Take back every lease whose deadline has passed; returns their shard ids in expiry order.
+
+        Deadlines sit in a min-heap, so this costs O(log n) per lease that ended or was renewed
+        since its entry was filed, and O(1) when nothing is due: every request calls it.
+        """
+        return self._expire(self._clock.now())
+
+    def _now_expiring(self) -> float:
+        """The time of the request being handled, after taking back the leases due by then."""
         now = self._clock.now()
+        if self._deadlines and self._deadlines[0][0] <= now:
+            self._expire(now)
+        return now
+
+    def _expire(self, now: float) -> list[int]:
         expired: list[int] = []
         while self._deadlines and self._deadlines[0][0] <= now:
-            _deadline, sid, version = heapq.heappop(self._deadlines)
+            deadline, sid, version = heapq.heappop(self._deadlines)
             lease = self._doing.get(sid)
             if lease is None or lease.version != version:
                 continue  # that lease ended; its entry was left behind
-            if lease.deadline > now:
+            if lease.deadline != deadline:
                 # Renewed since the entry was pushed: renewals only move the deadline, and the
-                # entry is re-filed here, so the heap holds about one entry per lease.
+                # entry is re-filed here, so the heap holds about one entry per lease. It is
+                # re-filed even when the new deadline has passed too, so that leases expire
+                # (and their shards are re-queued) in deadline order.
                 heapq.heappush(self._deadlines, (lease.deadline, sid, version))
                 continue
             expired.append(sid)
@@ -501,10 +519,10 @@ class ShardManager:
     def _book_size(self) -> int:
         return 0 if self._splitter is None else self._splitter.num_shards
 
-    def _stats_of(self, worker: str) -> WorkerStats:
+    def _stats_of(self, worker: str, now: float) -> WorkerStats:
         st = self._stats.get(worker)
         if st is None:
-            st = self._stats[worker] = WorkerStats(self._clock.now())
+            st = self._stats[worker] = WorkerStats(now)
         return st
 
     def _cached(self, worker: str, op: str, request_id: str) -> Any:
@@ -516,7 +534,9 @@ class ShardManager:
     def _remember(self, worker: str, op: str, request_id: str, result: Any) -> None:
         if not request_id:
             return
-        replies = self._replies.setdefault(worker, OrderedDict())
+        replies = self._replies.get(worker)
+        if replies is None:
+            replies = self._replies[worker] = OrderedDict()
         replies[(op, request_id)] = result
         while len(replies) > self._config.request_cache_size:
             replies.popitem(last=False)
@@ -578,17 +598,14 @@ class ShardManager:
                 return Parked(sid, 0, start, end, None, partition=p)
         return None
 
-    def _lease(self, parked: Parked, worker: str) -> Shard:
+    def _lease(self, parked: Parked, worker: str, now: float) -> Shard:
         parked.dispatches += 1
         self._lease_versions += 1
-        lease = Lease(parked, worker, self._clock.now() + self._lease_timeout_s, self._lease_versions)
+        lease = Lease(parked, worker, now + self._lease_timeout_s, self._lease_versions)
         self._doing[parked.shard_id] = lease
         self._by_worker.setdefault(worker, set()).add(parked.shard_id)
         heapq.heappush(self._deadlines, (lease.deadline, parked.shard_id, lease.version))
         return parked.to_shard(self._spec.name)
-
-    def _renew(self, lease: Lease) -> None:
-        lease.deadline = self._clock.now() + self._lease_timeout_s
 
     def _unlease(self, lease: Lease) -> None:
         sid = lease.parked.shard_id

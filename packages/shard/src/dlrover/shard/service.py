@@ -15,7 +15,7 @@ from typing import NoReturn, TypeVar
 import grpc
 
 from dlrover.common import ConfigError, GrpcServer
-from dlrover.shard.convert import shard_to_proto, spec_from_proto, status_to_proto
+from dlrover.shard.convert import fill_shard_proto, spec_from_proto, status_to_proto
 from dlrover.shard.errors import (
     InvalidShardRequestError,
     ShardStateError,
@@ -81,9 +81,10 @@ class ShardServicer(shard_pb2_grpc.ShardServiceServicer):
         res = self._call(
             context, lambda r: r.manager(request.dataset).fetch(request.worker, request.count, request.request_id)
         )
-        return pb.FetchShardsResponse(
-            shards=[shard_to_proto(s) for s in res.shards], finished=res.finished, reason=res.reason
-        )
+        response = pb.FetchShardsResponse(finished=res.finished, reason=res.reason)
+        for shard in res.shards:
+            fill_shard_proto(response.shards.add(), shard)
+        return response
 
     def ReportProgress(
         self, request: pb.ReportProgressRequest, context: grpc.ServicerContext

@@ -38,6 +38,7 @@ import torch
 from torch.utils.data import IterableDataset, Sampler, get_worker_info
 
 from dlrover.common import ConfigError
+from dlrover.shard._data_state import check_state, make_state
 from dlrover.shard.client import ShardClient, ShardClientConfig
 from dlrover.shard.shard import Shard
 
@@ -49,21 +50,11 @@ _T = TypeVar("_T")
 
 
 def _state(dataset: str, document: str) -> dict[str, Any]:
-    return {"format": STATE_FORMAT, "version": STATE_VERSION, "dataset": dataset, "progress": document}
+    return make_state(STATE_FORMAT, STATE_VERSION, dataset, document)
 
 
 def _check_state(state: dict[str, Any], dataset: str) -> str:
-    if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
-        raise ConfigError(
-            f"not a dlrover.shard data state: format {state.get('format') if isinstance(state, dict) else state!r}"
-        )
-    if state.get("version") != STATE_VERSION:
-        raise ConfigError(
-            f"data state version {state.get('version')!r} is not supported (this build reads {STATE_VERSION})"
-        )
-    if state.get("dataset") != dataset:
-        raise ConfigError(f"data state is for dataset {state.get('dataset')!r}, not {dataset!r}")
-    return str(state["progress"])
+    return check_state(STATE_FORMAT, STATE_VERSION, state, dataset)
 
 
 class _Acks:
