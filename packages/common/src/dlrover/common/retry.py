@@ -105,7 +105,8 @@ def call_unary(
         RpcError: the call failed with a non-retryable status, or retries ran out.
     """
     clk = clock or SystemClock()
-    jitter = rng or random.Random()
+    # Seeding a Random reads the OS entropy pool (tens of microseconds): only a retry needs one.
+    jitter = rng
     label = name or getattr(method, "_method", None) or getattr(method, "__name__", "rpc")
     if isinstance(label, bytes):
         label = label.decode("utf-8", "replace")
@@ -121,6 +122,8 @@ def call_unary(
             last = RpcError(str(label), code, details, attempts)
             if not idempotent or code not in policy.retryable_codes or attempts >= policy.max_attempts:
                 raise last from exc
+            if jitter is None:
+                jitter = random.Random()
             wait = policy.backoff_s(attempts, jitter)
             if clk.now() + wait >= give_up_at:
                 raise last from exc
