@@ -159,6 +159,20 @@ def proto(session: nox.Session) -> None:
     session.run("python", "tools/gen_proto.py", *session.posargs)
 
 
+@nox.session(name="tests-shard-tf")
+def tests_shard_tf(session: nox.Session) -> None:
+    """dlrover.shard's TensorFlow adapter tests, in a venv with TensorFlow (its absence fails them)."""
+    session.install(*CONSTRAINTS, "-e", "packages/common", "-e", "packages/shard[tf,test]")
+    session.run(
+        "pytest",
+        "packages/shard/tests",
+        "-m",
+        "tensorflow",
+        *session.posargs,
+        env={"DLROVER_REQUIRE_TENSORFLOW": "1"},
+    )
+
+
 @nox.session
 @nox.parametrize("pkg", PACKAGES)
 def isolation(session: nox.Session, pkg: str) -> None:
