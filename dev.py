@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Set up and run DLRover's development tasks on a machine with only Python 3.11.
 
-    python3 dev.py test    lint, typecheck, proto check, every test, each package in isolation, TF tests
+    python3 dev.py test    lint, typecheck, proto check, every test, each package in isolation, TF and DeepSpeed tests
     python3 dev.py demo    the main job: train a small GPT, kill a worker, recover from memory
     python3 dev.py setup   only prepare .venv
     python3 dev.py nox ... any nox command inside .venv (e.g. `python3 dev.py nox -s tests-shard`)
@@ -86,6 +86,7 @@ def main(argv: list[str]) -> int:
         nox("--no-venv", "--no-install", "-s", "proto", "--", "--check")
         nox("-s", "isolation")
         nox("-s", "tests-shard-tf")
+        nox("-s", "tests-flashckpt-deepspeed")
         return 0
     if command == "demo":
         nox("--no-venv", "--no-install", "-s", "demo", "--", *argv[1:])

@@ -173,6 +173,20 @@ def tests_shard_tf(session: nox.Session) -> None:
     )
 
 
+@nox.session(name="tests-flashckpt-deepspeed")
+def tests_flashckpt_deepspeed(session: nox.Session) -> None:
+    """dlrover.flashckpt's DeepSpeed adapter on CPU, in a venv with DeepSpeed (its absence fails them)."""
+    session.install(TORCH_PIN)
+    session.install(*CONSTRAINTS, "-e", "packages/common", "-e", "packages/flashckpt[deepspeed,test]")
+    session.run(
+        "pytest",
+        "packages/flashckpt/tests/test_deepspeed.py",
+        "packages/flashckpt/tests/test_deepspeed_state.py",
+        *session.posargs,
+        env={"DLROVER_REQUIRE_DEEPSPEED": "1", "DS_ACCELERATOR": "cpu"},
+    )
+
+
 @nox.session
 @nox.parametrize("pkg", PACKAGES)
 def isolation(session: nox.Session, pkg: str) -> None:

@@ -7,14 +7,19 @@ Each row compares flashckpt with the physical limit or a peer measured in the sa
 * beside ``torch.save`` to local disk with fsync;
 * restore from memory into existing tensors beside ``torch.load`` from disk;
 * persist throughput from shared memory to disk (with fsync) beside ``dd ... conv=fsync``;
-* step time of a CPU training loop while a detached saver persists (goal: <= 5 % slower).
+* step time of a CPU training loop after a save, while the stager seals and while the saver
+  persists (goal: <= 5 % slower), with the saver hosted in a stand-in agent process (how
+  ``dlrover-run`` runs it) and as a detached saver.
 
     python benchmarks/flashckpt_save.py            # 256 MB and 1 GB
     python benchmarks/flashckpt_save.py --quick    # 64 MB, fewer repetitions
     python benchmarks/flashckpt_save.py --big      # also 4 GB
+    python benchmarks/flashckpt_save.py --slowdown-only --rounds 20 --persist-bandwidth-mb-s 100
 
-Timings on a shared machine vary between runs; each row is the best of several repetitions, and
-flashckpt and its baseline are timed interleaved so both see the same load.
+Timings on a shared machine vary between runs; each save row is the best of several repetitions,
+and flashckpt and its baseline are timed interleaved so both see the same load. Slowdown rows are
+medians over rounds of busy windows each compared with the alone windows just around it, with
+the spread (IQR, range) and the machine's load average printed beside them.
 """
 
 from __future__ import annotations
@@ -41,11 +46,13 @@ from dlrover.flashckpt import (
     PosixStorage,
     Stager,
     StagerConfig,
+    checksum,
     payload_from_slot,
     persist_rank,
     remove_run,
 )
 from dlrover.flashckpt.copier import Copier
+from dlrover.flashckpt.host import HOST_SOCKET_ENV_VAR
 from dlrover.flashckpt.segment import ShmSegment, segment_path
 from dlrover.flashckpt.slotio import read_header
 
@@ -239,59 +246,218 @@ def bench_save(size: int, reps: int, tmp: Path, threads: int) -> list[tuple[str,
     return rows
 
 
-def bench_slowdown(size: int, tmp: Path, steps: int, nice: int) -> list[tuple[str, float, str]]:
-    """Step time of a CPU training loop, alone and while a detached saver persists."""
-    model = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1024))
-    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    x = torch.randn(256, 1024)
+def _quartiles(values: list[float]) -> tuple[float, float, float]:
+    """(first quartile, median, third quartile); a single value for all three when n < 2."""
+    if len(values) < 2:
+        return values[0], values[0], values[0]
+    q = statistics.quantiles(values, n=4, method="inclusive")
+    return q[0], q[1], q[2]
 
-    def step() -> float:
+
+class _TrainLoop:
+    """A CPU training loop (two linear layers) whose step times are measured in windows."""
+
+    def __init__(self) -> None:
+        self.model = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1024))
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=1e-3)
+        self.x = torch.randn(256, 1024)
+        for _ in range(5):
+            self.step()
+
+    def step(self) -> float:
         t = time.perf_counter()
-        opt.zero_grad()
-        model(x).square().mean().backward()
-        opt.step()
+        self.opt.zero_grad()
+        self.model(self.x).square().mean().backward()
+        self.opt.step()
         return time.perf_counter() - t
 
-    for _ in range(5):
-        step()
+    def window(self, seconds: float, min_steps: int = 5) -> float:
+        """Median step time over `seconds` (and at least `min_steps` steps)."""
+        times: list[float] = []
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end or len(times) < min_steps:
+            times.append(self.step())
+        return statistics.median(times)
+
+    def until(self, done: threading.Event) -> tuple[float, int]:
+        """Median step time while `done` is unset, counting the step during which it was set."""
+        times: list[float] = []
+        while True:
+            finished = done.is_set()
+            times.append(self.step())
+            if finished:
+                break
+        # The last step started after the work ended: it is an undisturbed step, leave it out
+        # unless it is the only one.
+        busy = times[:-1] or times
+        return statistics.median(busy), len(busy)
+
+
+class _StandInAgent:
+    """A `SaverHost` in a separate process and session, as the ``dlrover-run`` agent hosts it.
+
+    The agent starts training processes in sessions of their own, so this one does too.
+    """
+
+    def __init__(self, socket: Path, bandwidth_mb_s: float) -> None:
+        code = (
+            "import sys\n"
+            "from dlrover.flashckpt.host import SaverHost, SaverHostConfig\n"
+            "kw = {'persist_bandwidth_mb_s': float(sys.argv[2])} if float(sys.argv[2]) else {}\n"
+            "host = SaverHost(SaverHostConfig(socket_path=sys.argv[1], persist_nice=19, **kw))\n"
+            "host.start()\n"
+            "print('ready', flush=True)\n"
+            "sys.stdin.read()\n"
+            "host.stop(remove_memory=True)\n"
+        )
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", code, str(socket), str(bandwidth_mb_s)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            start_new_session=True,
+        )
+        assert self.proc.stdout is not None
+        if self.proc.stdout.readline().strip() != b"ready":
+            self.close()
+            raise RuntimeError("the stand-in agent did not start")
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+class _Background:
+    """Runs `fn` on a thread; `done` is set when it returns, `seconds` is how long it took."""
+
+    def __init__(self, fn: Any) -> None:
+        self.done = threading.Event()
+        self.seconds = 0.0
+        self._error: BaseException | None = None
+        self._fn = fn
+        self._thread = threading.Thread(target=self._run)
+        self._thread.start()
+
+    def _run(self) -> None:
+        t = time.perf_counter()
+        try:
+            self._fn()
+        except BaseException as e:  # re-raised by join, on the benchmark's thread
+            self._error = e
+        finally:
+            self.seconds = time.perf_counter() - t
+            self.done.set()
+
+    def join(self) -> None:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+
+
+def _check_persisted(outcome: Any) -> None:
+    if not outcome.ok:
+        raise RuntimeError(f"persist failed: {outcome.reason}")
+
+
+def bench_slowdown(
+    size: int, tmp: Path, rounds: int, *, mode: str, nice: int, bandwidth_mb_s: float, seal_nice: int | None
+) -> list[tuple[str, float, str]]:
+    """Step time of a CPU training loop alone, after a save, while sealing, and while persisting.
+
+    Each round: an alone window; a save (not timed: that is the blocking-save row above), the
+    first step after it, the steps while the stager seals; an alone window; the persist of that
+    snapshot by the saver (what ``save(step, state, persist=True)`` then costs); an alone window.
+    Each busy part is compared with the mean of the alone windows around it, so load from other
+    users of the machine, which drifts over seconds, affects both sides of a ratio alike; the
+    rows give the median ratio over rounds and its spread (IQR and range).
+    """
+    loop = _TrainLoop()
     job = "benchs" + uuid.uuid4().hex[:8]
-    cfg = StagerConfig(job_id=job, run_id="r")
-    ckpt = FlashCheckpointer(cfg, str(tmp / "slow"), idle_exit_s=5, saver_nice=nice)
+    extra: dict[str, Any] = {} if seal_nice is None else {"seal_nice": seal_nice}
+    cfg = StagerConfig(job_id=job, run_id="r", **extra)
+    agent: _StandInAgent | None = None
+    saved_env = os.environ.get(HOST_SOCKET_ENV_VAR)
+    if mode == "hosted":
+        agent = _StandInAgent(tmp / f"agent-{job}.sock", bandwidth_mb_s)
+        os.environ[HOST_SOCKET_ENV_VAR] = str(agent.proc.args[3])  # type: ignore[index]
+    else:
+        os.environ.pop(HOST_SOCKET_ENV_VAR, None)
     state = make_state(size)
+    real = nbytes(state)
+    step_no = 0
+    try:
+        cap: dict[str, Any] = {"persist_bandwidth_mb_s": bandwidth_mb_s} if bandwidth_mb_s else {}
+        ckpt = FlashCheckpointer(cfg, str(tmp / f"slow-{mode}"), idle_exit_s=5, saver_nice=nice, **cap)
+    finally:
+        if saved_env is None:
+            os.environ.pop(HOST_SOCKET_ENV_VAR, None)
+        else:
+            os.environ[HOST_SOCKET_ENV_VAR] = saved_env
     try:
         ckpt.prepare(state)
-        ckpt.save(1, state)
-        ckpt.stager.flush()
-        assert ckpt.client is not None
-        before = [step() for _ in range(steps)]
-        during: list[float] = []
-        done = threading.Event()
-
-        def wait() -> None:
-            ckpt.wait_persisted(1, 300)
-            done.set()
-
-        ckpt.client.request_persist(1)
-        waiter = threading.Thread(target=wait)
-        waiter.start()
-        while not done.is_set():
-            during.append(step())
-        waiter.join()
-        after = [step() for _ in range(steps)]
-        # Alone: steps just before and just after the persist, so load from other users of the
-        # machine affects both sides alike.
-        alone = statistics.median(before + after)
-        busy = statistics.median(during) if during else float("nan")
-        return [
-            ("train step alone", alone, ""),
-            (
-                "train step while persisting",
-                busy,
-                f"{(busy / alone - 1) * 100:+.1f}% over {len(during)} steps",
-            ),
-        ]
+        for _ in range(2):  # warm both slots and the saver
+            step_no += 1
+            ckpt.save(step_no, state, persist=True)
+            _check_persisted(ckpt.wait_persisted(step_no, 300))
+        alone: list[float] = []
+        ratios: dict[str, list[float]] = {"first": [], "seal": [], "persist": []}
+        steps = {"first": 0, "seal": 0, "persist": 0}
+        persist_s: list[float] = []
+        load_start = os.getloadavg()[0]
+        for _ in range(rounds):
+            a1 = loop.window(1.5)
+            step_no += 1
+            ckpt.save(step_no, state)
+            sealing = _Background(lambda: ckpt.stager.flush(300))
+            # The first step after a save refills caches the copy evicted (and overlaps sealing).
+            first = loop.step()
+            seal, n = loop.until(sealing.done)
+            sealing.join()
+            steps["first"] += 1
+            steps["seal"] += n
+            a2 = loop.window(1.5)
+            # The sealed snapshot is persisted as `save(..., persist=True)` has it persisted.
+            assert ckpt.client is not None
+            ckpt.client.request_persist(step_no)
+            persisting = _Background(lambda target=step_no: _check_persisted(ckpt.wait_persisted(target, 300)))
+            busy, n = loop.until(persisting.done)
+            persisting.join()
+            persist_s.append(persisting.seconds)
+            steps["persist"] += n
+            a3 = loop.window(1.5)
+            alone += [a1, a2, a3]
+            ratios["first"].append(first / ((a1 + a2) / 2) - 1)
+            ratios["seal"].append(seal / ((a1 + a2) / 2) - 1)
+            ratios["persist"].append(busy / ((a2 + a3) / 2) - 1)
+        load_end = os.getloadavg()[0]
+        med_alone = statistics.median(alone)
+        rows = [("train step alone (median of windows)", med_alone, f"{len(alone)} windows")]
+        for key, name in (
+            ("first", "  first step after a save"),
+            ("seal", "  later steps while sealing (CRC-32)"),
+            ("persist", "  steps while the saver persists"),
+        ):
+            q1, med, q3 = _quartiles(ratios[key])
+            rows.append(
+                (
+                    name,
+                    med_alone * (1 + med),
+                    f"{med * 100:+.1f}% median of {rounds} rounds (IQR {q1 * 100:+.0f}%..{q3 * 100:+.0f}%, "
+                    f"range {min(ratios[key]) * 100:+.0f}%..{max(ratios[key]) * 100:+.0f}%; {steps[key]} steps)",
+                )
+            )
+        pt = statistics.median(persist_s)
+        rows.append(("  persist request -> persisted, under training", pt, f"{real / pt / 1e9:.2f} GB/s, median"))
+        rows.append(("  1-min load average, start / end", load_end, f"{load_start:.1f} / {load_end:.1f}"))
+        return rows
     finally:
         ckpt.close(job_end=True)
+        if agent is not None:
+            agent.close()
 
 
 def main() -> int:
@@ -302,22 +468,45 @@ def main() -> int:
     p.add_argument("--big", action="store_true", help="also 4 GB")
     p.add_argument("--threads", type=int, default=max(1, min(4, os.cpu_count() or 1)))
     p.add_argument("--saver-nice", type=int, default=19, help="niceness of the detached saver (0: none)")
+    p.add_argument(
+        "--saver", choices=["hosted", "detached", "both"], default="both", help="saver(s) for the slowdown rows"
+    )
+    p.add_argument("--rounds", type=int, default=0, help="slowdown rounds (default: 5 quick, 12 otherwise)")
+    p.add_argument("--persist-bandwidth-mb-s", type=float, default=0.0, help="persist rate cap (0: none)")
+    p.add_argument("--seal-nice", type=int, default=None, help="StagerConfig.seal_nice (default: the config's)")
+    p.add_argument("--slowdown-only", action="store_true", help="only the training-loop slowdown rows")
     args = p.parse_args()
     sizes = [64 * MB] if args.quick else [256 * MB, 1024 * MB] + ([4096 * MB] if args.big else [])
     reps = 3 if args.quick else 9
     py = sys.version.split()[0]
-    print(f"torch {torch.__version__}, {os.cpu_count()} cores, {args.threads} copy threads, python {py}")
+    print(
+        f"torch {torch.__version__}, {os.cpu_count()} cores, {args.threads} copy threads, python {py}, "
+        f"CRC-32 by {getattr(checksum, 'CRC32_BACKEND', 'zlib')}"
+    )
     with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR")) as d:
         tmp = Path(d)
-        for size in sizes:
+        for size in [] if args.slowdown_only else sizes:
             print(f"\n== state of {size // MB} MB ==")
             print(f"{'measurement':48s} {'seconds':>10s}  note")
             for name, secs, note in bench_save(size, reps, tmp, args.threads):
                 print(f"{name:48s} {secs:10.4f}  {note}")
         slow_size = 64 * MB if args.quick else 256 * MB
-        print(f"\n== training loop while a detached saver (nice +{args.saver_nice}) persists {slow_size // MB} MB ==")
-        for name, secs, note in bench_slowdown(slow_size, tmp, 20 if args.quick else 40, args.saver_nice):
-            print(f"{name:48s} {secs:10.4f}  {note}")
+        rounds = args.rounds or (5 if args.quick else 12)
+        cap = f"{args.persist_bandwidth_mb_s:g} MB/s" if args.persist_bandwidth_mb_s else "none"
+        for mode in ("hosted", "detached") if args.saver == "both" else (args.saver,):
+            who = "a stand-in agent process (persist thread nice +19)" if mode == "hosted" else "a detached saver"
+            print(f"\n== training loop, {slow_size // MB} MB saved and persisted by {who}; rate cap {cap} ==")
+            rows = bench_slowdown(
+                slow_size,
+                tmp,
+                rounds,
+                mode=mode,
+                nice=args.saver_nice,
+                bandwidth_mb_s=args.persist_bandwidth_mb_s,
+                seal_nice=args.seal_nice,
+            )
+            for name, secs, note in rows:
+                print(f"{name:48s} {secs:10.4f}  {note}")
     return 0
 
 

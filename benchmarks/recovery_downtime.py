@@ -65,6 +65,7 @@ rank = int(os.environ["RANK"])
 world = int(os.environ["WORLD_SIZE"])
 attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 log = open(out / f"rank{rank}.log", "a", buffering=1)
+(out / f"rank{rank}.pid").write_text(f"{os.getpid()}\n")
 
 
 def mark(event, step=-1, t=None):
@@ -193,17 +194,17 @@ def _read(path: str) -> bytes:
         return b""
 
 
-def environ_of(pid: int) -> dict[str, str]:
-    pairs = (i.split(b"=", 1) for i in _read(f"/proc/{pid}/environ").split(b"\0") if b"=" in i)
-    return {k.decode(errors="replace"): v.decode(errors="replace") for k, v in pairs}
+def worker_pid(root: int, out: Path, rank: int) -> int | None:
+    """The worker of `rank` (from the pid file it writes at start) if it is among `root`'s descendants.
 
-
-def worker_pid(root: int, rank: int, script: str) -> int | None:
-    """The worker running `script` with RANK=`rank` among `root`'s descendants."""
-    for pid in descendants(root):
-        if script.encode() in _read(f"/proc/{pid}/cmdline") and environ_of(pid).get("RANK") == str(rank):
-            return pid
-    return None
+    Not from /proc/PID/environ: a worker started from a standby (``--prewarm``) got its RANK after
+    exec, and /proc shows only the environment a process was exec'ed with.
+    """
+    text = _read(str(out / f"rank{rank}.pid")).decode().strip()
+    if not text.isdigit():
+        return None
+    pid = int(text)
+    return pid if pid in descendants(root) else None
 
 
 def processes_mentioning(text: str) -> list[int]:
@@ -311,7 +312,7 @@ class Job:
 
     def kill_rank(self, rank: int) -> tuple[int | None, float]:
         assert self.proc is not None
-        pid = worker_pid(self.proc.pid, rank, str(self.script))
+        pid = worker_pid(self.proc.pid, self.out, rank)
         t = time.monotonic()
         if pid is not None:
             with contextlib.suppress(ProcessLookupError):
@@ -376,6 +377,7 @@ class Trial:
     launcher: str
     mode: str
     size_mb: int
+    label: str = ""  # launcher + checkpoint mode + extra flags
     outcome: str = "ok"  # ok | hang | failed (...) | no worker to kill
     startup_s: float | None = None
     step_s: float | None = None  # steady step time before the kill, checkpoint included
@@ -401,7 +403,7 @@ def run_trial(
     env: dict[str, str] | None = None,
 ) -> Trial:
     """Launch, wait for steady state, SIGKILL rank 1, wait for both ranks to step again, stop."""
-    trial = Trial(launcher, mode, size_mb)
+    trial = Trial(launcher, mode, size_mb, label=_label(launcher, mode, extra or []))
     job = Job(launcher, mode, size_mb * MB, max_restarts=3, extra=extra)
     try:
         job.start(env)
@@ -477,6 +479,10 @@ def _fmt(x: float | None) -> str:
     return "-" if x is None else f"{x:.2f}"
 
 
+def _label(launcher: str, mode: str, extra: list[str]) -> str:
+    return " + ".join([launcher, mode, *extra])
+
+
 def _median(xs: list[float | None]) -> float | None:
     vals = [x for x in xs if x is not None]
     return statistics.median(vals) if vals else None
@@ -492,21 +498,27 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     sizes = [64] if args.quick else [int(s) for s in args.sizes.split(",")]
     runs = 1 if args.quick else args.runs
-    configs = [("dlrover-run", "flash"), ("torchrun", "disk")]
+    # --prewarm=torch: workers (first start and restarts) come from interpreters that already
+    # imported torch (dlrover.launcher.StandbyPool); opt-in, so measured beside the default.
+    configs: list[tuple[str, str, list[str]]] = [
+        ("dlrover-run", "flash", []),
+        ("dlrover-run", "flash", ["--prewarm=torch"]),
+        ("torchrun", "disk", []),
+    ]
     if args.also_dlrover_disk:
-        configs.append(("dlrover-run", "disk"))
+        configs.append(("dlrover-run", "disk", []))
     print(f"# recovery downtime: sizes {sizes} MB/rank, {runs} run(s), 2 ranks, gloo, {os.cpu_count()} CPUs")
     results: list[Trial] = []
     leaks: list[str] = []
     for size in sizes:
         for rep in range(runs):
-            for launcher, mode in configs:  # interleaved so both see the same machine load
-                t = run_trial(launcher, mode, size, recover_timeout_s=args.recover_timeout_s)
+            for launcher, mode, extra in configs:  # interleaved so all see the same machine load
+                t = run_trial(launcher, mode, size, recover_timeout_s=args.recover_timeout_s, extra=extra)
                 results.append(t)
                 leaks += t.leaks
                 bd = " ".join(f"{k}={v:.2f}" for k, v in t.breakdown.items())
                 print(
-                    f"  {size:>5} MB rep {rep} {launcher:<11} {mode:<5} {t.outcome:<10} "
+                    f"  {size:>5} MB rep {rep} {_label(launcher, mode, extra):<34} {t.outcome:<10} "
                     f"startup={_fmt(t.startup_s)} step={_fmt(t.step_s)} downtime={_fmt(t.downtime_s)} "
                     f"[{bd}] {t.loaded}{t.stuck_at}",
                     flush=True,
@@ -520,15 +532,16 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---|---|---|---|---|---|---|")
     for size in sizes:
         base = _median([t.downtime_s for t in results if t.size_mb == size and t.launcher == "torchrun"])
-        for launcher, mode in configs:
-            ts = [t for t in results if t.size_mb == size and t.launcher == launcher and t.mode == mode]
+        for launcher, mode, extra in configs:
+            ts = [t for t in results if t.size_mb == size and t.label == _label(launcher, mode, extra)]
             dts = [t.downtime_s for t in ts if t.downtime_s is not None]
             med = _median(list(dts))
             ratio = f"{med / base:.2f}x" if med is not None and base else "-"
             rng = f"{min(dts):.2f}..{max(dts):.2f}" if dts else "-"
             ok = sum(t.outcome == "ok" for t in ts)
+            label = _label(launcher, mode, extra)
             print(
-                f"| {size} MB | {launcher} + {mode} | {ok}/{len(ts)} | {_fmt(_median([t.startup_s for t in ts]))} "
+                f"| {size} MB | {label} | {ok}/{len(ts)} | {_fmt(_median([t.startup_s for t in ts]))} "
                 f"| {_fmt(_median([t.step_s for t in ts]))} | {_fmt(med)} | {rng} | {ratio} |"
             )
     left = shm_leftovers()

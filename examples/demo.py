@@ -322,6 +322,7 @@ class Demo:
             "wall_s": time.time() - self.started,
             "run_dir": str(self.run_dir),
             "job_id": self.job_id,
+            "launcher_pid": self.proc.pid if self.proc is not None else None,
         }
 
     def report(self, tail: list[str]) -> int:
@@ -416,8 +417,9 @@ class Demo:
             say(f"removed {len(removed)} leftover shared-memory file(s) of job {self.job_id}")
 
     def _stop_saver(self) -> None:
-        # The detached checkpoint saver lives in its own session; at a clean end the job tells
-        # it to exit, after a failure it would wait for its idle timeout: end it now.
+        # Under dlrover-run the checkpoint saver runs inside the agent and ends with it. A detached
+        # saver (train.py started some other way) lives in its own session: at a clean end the job
+        # tells it to exit, after a failure it would wait for its idle timeout: end it now.
         pid_file = self.run_dir / "saver.pid"
         try:
             pid = int(pid_file.read_text().strip())

@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -19,6 +20,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 TRAIN = textwrap.dedent(
     """
     import json, os, signal, sys
+    preloaded = "torch" in sys.modules  # a standby of --prewarm=torch imported it already
     import torch, torch.distributed as dist
 
     out, kill_at = sys.argv[1], int(sys.argv[2])
@@ -42,7 +44,7 @@ TRAIN = textwrap.dedent(
         dist.barrier()
     if rank == 0:
         with open(os.path.join(out, "result.json"), "w") as f:
-            json.dump({"step": state["step"], "w": state["w"].tolist(), "attempt": attempt}, f)
+            json.dump({"step": state["step"], "w": state["w"].tolist(), "attempt": attempt, "preloaded": preloaded}, f)
     dist.destroy_process_group()
     """
 )
@@ -80,13 +82,22 @@ def _dlrover_run(spawn: list[subprocess.Popen[str]], run_dir: Path, *args: str) 
     return proc
 
 
-def test_a_killed_worker_is_restarted_and_the_job_finishes(run_dir: Path, spawn: list[subprocess.Popen[str]]) -> None:
-    proc = _dlrover_run(spawn, run_dir, "--max-restarts=2", str(run_dir / "train.py"), str(run_dir / "out"), "3")
+@pytest.mark.parametrize("prewarm", [False, True])
+def test_a_killed_worker_is_restarted_and_the_job_finishes(
+    run_dir: Path, spawn: list[subprocess.Popen[str]], prewarm: bool
+) -> None:
+    flags = ["--max-restarts=2", *(["--prewarm=torch"] if prewarm else [])]
+    proc = _dlrover_run(spawn, run_dir, *flags, str(run_dir / "train.py"), str(run_dir / "out"), "3")
     output, _ = proc.communicate(timeout=240)
     assert proc.returncode == 0, output
     result = json.loads((run_dir / "out" / "result.json").read_text())
     assert result["step"] == 8
     assert result["attempt"] == 1
+    # With --prewarm the restarted workers came from standbys that had imported torch; none of
+    # those standbys outlives the job.
+    assert result["preloaded"] is prewarm
+    standbys = [p for p in psutil.process_iter(["cmdline"]) if str(run_dir) in " ".join(p.info["cmdline"] or [])]
+    assert not standbys, standbys
     # Every step added 1 + 2 to each weight exactly once, across the restart.
     assert result["w"] == [24.0] * 4
     summary = [line for line in output.splitlines() if "finished with exit code 0" in line]
@@ -120,17 +131,7 @@ def test_a_user_code_error_stops_the_job_instead_of_looping(run_dir: Path, spawn
 
 
 def _children_of(pid: int) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[-1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == pid and fields[0] != "Z":
-                found.append(int(entry))
-    return found
+    return [c.pid for c in psutil.Process(pid).children() if _alive(c.pid)]
 
 
 def test_killing_the_agent_takes_its_workers_with_it(run_dir: Path, spawn: list[subprocess.Popen[str]]) -> None:
@@ -146,14 +147,13 @@ def test_killing_the_agent_takes_its_workers_with_it(run_dir: Path, spawn: list[
     proc.kill()
     proc.wait()
     deadline = time.monotonic() + 30
-    while any(os.path.exists(f"/proc/{w}") and _state(w) != "Z" for w in workers):
+    while any(_alive(w) for w in workers):
         assert time.monotonic() < deadline, f"workers {workers} outlived their agent"
         time.sleep(0.1)
 
 
-def _state(pid: int) -> str:
+def _alive(pid: int) -> bool:
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[-1].split()[0]
-    except OSError:
-        return "Z"
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False

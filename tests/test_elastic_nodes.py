@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from dlrover.common import generate_token, write_token_file
@@ -89,24 +90,13 @@ def _wait(what: str, condition: Callable[[], bool], logs: list[Path], timeout_s:
 
 
 def _children(pid: int) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[-1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == pid and fields[0] != "Z":
-                found.append(int(entry))
-    return found
+    return [c.pid for c in psutil.Process(pid).children() if not _gone(c.pid)]
 
 
 def _gone(pid: int) -> bool:
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[-1].split()[0] == "Z"
-    except OSError:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
         return True
 
 

@@ -227,7 +227,8 @@ class DlroverBackend:
             agree=torch_distributed_agree(),
         )
         if rank == 0 and self.ckpt.client is not None:
-            # The detached saver outlives the workers; the demo ends it if the job fails.
+            # The process running the saver: dlrover-run's agent, which hosts it and ends it with
+            # the job (a detached saver, started without dlrover-run, the demo would end itself).
             (Path(args.out) / "saver.pid").write_text(f"{self.ckpt.client.saver_pid}\n")
 
     def resume(self, model: torch.nn.Module, optim: torch.optim.Optimizer, progress: JsonLines) -> int:

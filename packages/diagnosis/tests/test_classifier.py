@@ -260,3 +260,19 @@ def test_case_insensitive_patterns_use_the_folded_scan() -> None:
     assert Scanner.of(re.compile(r"GPU is lost", re.IGNORECASE)).folded is not None
     assert Scanner.of(re.compile(r"\S+ lost", re.IGNORECASE)).folded is None  # \S would become \s
     assert Scanner.of(re.compile(r"GPU is lost")).folded is None
+
+
+def test_a_node_left_out_by_the_node_check_is_a_hardware_fault_despite_the_probes_gloo_errors() -> None:
+    from dlrover.diagnosis import NODE_CHECK_FAILED, classify
+
+    log = (
+        f"{NODE_CHECK_FAILED}: the network check left this node out before training\n"
+        "round 1 pair 0-1: failed (node 0: RuntimeError: [gloo] Timed out waiting 3000ms for recv; node 1: ok)\n"
+        "torch.distributed.DistNetworkError: Connection reset by peer\n"
+    )
+    diagnosis = classify(Evidence.from_text(log, returncode=1), RuleRegistry.with_builtin_rules())
+    assert diagnosis.kind is FailureKind.HARDWARE
+    assert NODE_CHECK_FAILED in diagnosis.reason or "node-check-failed" in diagnosis.reason
+    # The same probe errors without the marker stay a communication failure.
+    plain = classify(Evidence.from_text(log.split("\n", 1)[1], returncode=1), RuleRegistry.with_builtin_rules())
+    assert plain.kind is FailureKind.COMMUNICATION

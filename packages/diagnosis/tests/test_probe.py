@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 from datetime import timedelta
@@ -77,6 +78,27 @@ def test_two_gloo_ranks_probe_each_other() -> None:
     assert all(r.ok and r.backend == "gloo" and r.world_size == 2 for r in results)
     assert all(r.matmul_s > 0 and r.allreduce_s > 0 and r.allgather_s > 0 for r in results)
     assert assess_probes(results).failed == ()
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(150)
+def test_one_rank_can_host_the_pairs_store() -> None:
+    pytest.importorskip("torch.distributed")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = int(sock.getsockname()[1])
+    procs = [_spawn(0, port, "--store-master", "--backend", "gloo", "--timeout-s", "60")]
+    procs.append(_spawn(1, port, "--backend", "gloo", "--timeout-s", "60"))
+    try:
+        outputs = [p.communicate(timeout=120) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for p, (_out, err) in zip(procs, outputs, strict=True):
+        assert p.returncode == 0, err[-2000:]
+    assert all(ProbeResult(**json.loads(out.strip().splitlines()[-1])).ok for out, _err in outputs)
 
 
 @pytest.mark.integration

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from flashckpt_testlib import our_files
 
 from dlrover.common import ConfigError
 from dlrover.flashckpt import FlashCheckpointer, StagerConfig
@@ -36,8 +37,8 @@ def test_memory_then_storage(job_id: str, tmp_path: Path) -> None:
         with pytest.raises(FlashCkptError, match="no saver"):
             ckpt.wait_persisted(2)
     finally:
-        ckpt.close()
-    # The memory is gone with the stager that owned it: a new process falls back to storage.
+        ckpt.close(job_end=True)
+    # The job ended: its memory is gone, so a new process falls back to storage.
     again = FlashCheckpointer(cfg, str(tmp_path), saver="none")
     try:
         target = _state(0)
@@ -45,7 +46,24 @@ def test_memory_then_storage(job_id: str, tmp_path: Path) -> None:
         assert (loaded.source, loaded.step) == ("storage", 2)
         assert target["step"] == 2
     finally:
-        again.close()
+        again.close(job_end=True)
+
+
+def test_close_keeps_memory_and_only_job_end_removes_it(job_id: str, tmp_path: Path) -> None:
+    cfg = StagerConfig(job_id=job_id, run_id="r")
+    first = FlashCheckpointer(cfg, str(tmp_path), saver="none")
+    first.save(4, _state(4))
+    first.close()  # a plain close (a process about to restart): the snapshot stays
+    assert our_files(job_id) != []
+    second = FlashCheckpointer(cfg, str(tmp_path), saver="none")
+    try:
+        target = _state(0)
+        loaded = second.load(target=target)
+        assert (loaded.source, loaded.step) == ("memory", 4)
+        assert torch.equal(target["model"]["w"], torch.full((4, 4), 4.0))  # type: ignore[index]
+    finally:
+        second.close(job_end=True)
+    assert our_files(job_id) == []
 
 
 def test_bad_construction(job_id: str, tmp_path: Path) -> None:
@@ -79,4 +97,4 @@ def test_damaged_memory_snapshot_falls_back_to_storage(job_id: str, tmp_path: Pa
         assert (loaded.source, loaded.step) == ("storage", 1)
         assert any(e.kind == "fallback" and "step 2" in e.reason for e in ckpt.events.snapshot())
     finally:
-        ckpt.close()
+        ckpt.close(job_end=True)

@@ -70,7 +70,7 @@ def test_trainer_snapshots_memory_every_step_and_storage_every_two(job_id: str, 
         for k in before:
             assert torch.equal(before[k]["exp_avg"], after[k]["exp_avg"])
     finally:
-        ckpt.close()
+        ckpt.close(job_end=True)
 
 
 def test_bad_intervals(job_id: str, tmp_path: Path) -> None:
@@ -81,4 +81,4 @@ def test_bad_intervals(job_id: str, tmp_path: Path) -> None:
         with pytest.raises(StateStructureError, match="storage_every"):
             FlashCheckpointCallback(ckpt, memory_every=2, storage_every=3)
     finally:
-        ckpt.close()
+        ckpt.close(job_end=True)

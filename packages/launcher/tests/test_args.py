@@ -82,6 +82,37 @@ def test_dlrover_flags() -> None:
     assert parse_args(["t.py"]).hang_timeout_s == 180.0
     assert parse_args(["--hang-timeout=0", "t.py"]).hang_timeout_s == 0.0
     assert cfg.token_file == "/run/token"
+    assert cfg.prewarm == ()  # off unless asked
+    assert parse_args(["--prewarm=torch, numpy.linalg", "t.py"]).prewarm == ("torch", "numpy.linalg")
+    assert parse_args(["--prewarm=torch", "-m", "pkg.train"]).prewarm == ("torch",)
+
+
+def test_network_check_flags() -> None:
+    off = parse_args(["t.py"])
+    assert not off.network_check
+    assert not off.exclude_straggler
+    assert (off.network_check_timeout_s, off.network_check_results_timeout_s, off.straggler_factor) == (60.0, None, 2.0)
+    on = parse_args(
+        [
+            "--network-check",
+            "--exclude_straggler",
+            "--network-check-timeout=20",
+            "--network_check_results_timeout=90",
+            "--straggler-factor=3",
+            "t.py",
+        ]
+    )
+    assert on.network_check
+    assert on.exclude_straggler
+    assert (on.network_check_timeout_s, on.network_check_results_timeout_s, on.straggler_factor) == (20.0, 90.0, 3.0)
+
+
+def test_network_check_flags_take_torchrun_style_environment_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PET_NETWORK_CHECK", "1")
+    monkeypatch.setenv("PET_NETWORK_CHECK_TIMEOUT", "15")
+    cfg = parse_args(["t.py"])
+    assert cfg.network_check
+    assert cfg.network_check_timeout_s == 15.0
 
 
 def test_environment_defaults_like_torchrun(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -113,10 +144,21 @@ def test_auto_config_uses_visible_accelerators() -> None:
         (["--nnodes=3", "--node-unit=2", "t.py"], "node-unit"),
         (["--rdzv-conf=novalue", "t.py"], "novalue"),
         (["--rdzv-conf=read_timeout=5", "t.py"], "read_timeout=5 is not understood.*join_timeout"),
-        (["--network-check", "t.py"], "--network-check is not supported yet"),
-        (["--exclude-straggler", "t.py"], "--exclude-straggler is not supported yet"),
+        (["--exclude-straggler", "t.py"], "--exclude-straggler needs --network-check"),
+        (["--network-check", "--network-check-timeout=0", "t.py"], "--network-check-timeout must be at least"),
+        (["--network-check", "--network-check-timeout=inf", "t.py"], "--network-check-timeout must be a finite"),
+        (["--network-check-timeout=nan", "t.py"], "--network-check-timeout must be a finite"),
+        (
+            ["--network-check", "--network-check-timeout=30", "--network-check-results-timeout=10", "t.py"],
+            "--network-check-results-timeout=10 must be at least --network-check-timeout=30",
+        ),
+        (["--network-check", "--straggler-factor=0.5", "t.py"], "--straggler-factor must be at least 1"),
+        (["--network-check", "--straggler-factor=x", "t.py"], "--straggler-factor must be a number, got 'x'"),
         (["--redirects=7", "t.py"], "'7'"),
         (["--tee=5:1", "t.py"], "local rank 5"),
+        (["--prewarm=torch;rm", "t.py"], "module names, got 'torch;rm'"),
+        (["--prewarm=torch", "--no-python", "t.sh"], "cannot be used with --no-python"),
+        (["--prewarm=torch", "--run-path", "t.py"], "cannot be used with --run-path"),
     ],
 )
 def test_bad_flags_are_named(argv: list[str], message: str) -> None:

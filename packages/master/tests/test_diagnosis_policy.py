@@ -48,6 +48,19 @@ def test_a_collective_timeout_restarts_the_processes() -> None:
     assert "communication" in decision.reason
 
 
+def test_a_node_the_network_check_left_out_is_relaunched_on_another_host() -> None:
+    from dlrover.diagnosis import NODE_CHECK_FAILED
+
+    evidence = (
+        f"{NODE_CHECK_FAILED}: the network check left this node out before training, after 0 restart(s)\n"
+        "round 1 pair 0-1: failed (node 0: RuntimeError: [gloo] Timed out waiting for recv; node 1: ok)\n"
+    )
+    decision = DiagnosisFailurePolicy().decide(failure(FailureKind.NETWORK, evidence, exit_code=1))
+    assert decision.action is FailureAction.RELAUNCH_NODE
+    assert decision.avoid_host
+    assert "hardware" in decision.reason
+
+
 def test_failures_the_master_saw_itself_relaunch_the_node_without_classifying() -> None:
     policy = DiagnosisFailurePolicy()
     for kind in (FailureKind.HEARTBEAT_TIMEOUT, FailureKind.START_TIMEOUT, FailureKind.NODE_EXIT):

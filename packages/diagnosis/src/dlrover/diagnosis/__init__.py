@@ -43,7 +43,15 @@ from dlrover.diagnosis.probe import (
 )
 from dlrover.diagnosis.registry import ENTRY_POINT_GROUP, RuleRegistry
 from dlrover.diagnosis.resources import PsutilSampler, ResourceSampler, StaticSampler, sample_gpus
-from dlrover.diagnosis.rules import ExceptionRule, FunctionRule, LogPatternRule, Rule, builtin_rules, validate_rule
+from dlrover.diagnosis.rules import (
+    NODE_CHECK_FAILED,
+    ExceptionRule,
+    FunctionRule,
+    LogPatternRule,
+    Rule,
+    builtin_rules,
+    validate_rule,
+)
 from dlrover.diagnosis.stackdump import (
     DEFAULT_DUMP_SIGNAL,
     StackDump,
@@ -83,6 +91,7 @@ __all__ = [
     "FunctionRule",
     "KIND_PRECEDENCE",
     "LogPatternRule",
+    "NODE_CHECK_FAILED",
     "Rule",
     "RuleMatch",
     "RuleRegistry",

@@ -213,8 +213,16 @@ def run_paired_probe(
         torch.cuda.set_device(rank % max(1, torch.cuda.device_count()))
     timeout = timedelta(seconds=cfg.timeout_s)
     try:
+        # The hosting rank must not wait in the constructor for the others: a client built
+        # without a world size never counts itself in, so that wait would last the whole
+        # timeout. init_process_group below meets the peers through the store anyway.
         store = dist.TCPStore(
-            store_host, store_port, world_size if is_store_master else None, is_store_master, timeout=timeout
+            store_host,
+            store_port,
+            world_size if is_store_master else None,
+            is_store_master,
+            timeout=timeout,
+            wait_for_workers=False,
         )
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
     except Exception as exc:

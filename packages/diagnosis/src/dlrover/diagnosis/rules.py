@@ -22,6 +22,7 @@ from dlrover.diagnosis.evidence import Evidence
 from dlrover.diagnosis.kinds import FailureKind
 
 __all__ = [
+    "NODE_CHECK_FAILED",
     "ExceptionRule",
     "FunctionRule",
     "LogPatternRule",
@@ -31,6 +32,11 @@ __all__ = [
     "matching_lines",
     "validate_rule",
 ]
+
+NODE_CHECK_FAILED = "dlrover node check failed"
+"""Starts the evidence of a node that a pre-training node check (``dlrover-run --network-check``)
+left out. The check already compared the node with its peers, so the fault is taken to stay with
+the node (hardware): replace it on another host rather than retry in place."""
 
 MAX_LINES_PER_MATCH = 5
 """A rule reports at most this many deciding lines, the last ones (closest to the failure)."""
@@ -467,6 +473,8 @@ def builtin_rules() -> tuple[Rule, ...]:
         ),
         LogPatternRule("cuda-illegal-access", k.HARDWARE, 0.55, [r"illegal memory access was encountered"]),
         FunctionRule("health-probe-failed", k.HARDWARE, 0.8, _failed_probe),
+        # Above the communication rules: the probes' own errors (gloo timeouts) are in this log.
+        LogPatternRule("node-check-failed", k.HARDWARE, 0.97, [re.escape(NODE_CHECK_FAILED)]),
         # -- user code
         ExceptionRule("user-exception", k.USER_CODE, 0.9, _USER_EXCEPTIONS),
         ExceptionRule("user-runtime-error", k.USER_CODE, 0.88, (), "|".join(_USER_RUNTIME_MESSAGES)),

@@ -3,8 +3,10 @@ restore in seconds.
 
 Start with `FlashCheckpointer`. The parts: `Stager` (training-process side, copies a state into a
 shared-memory slot), `MemoryReader` (restores from memory in place), `Saver` (node side, persists
-slots to storage and commits), `Committer` and `StorageReader` (the commit protocol and loading
-with fallback), `PosixStorage` / `InMemoryStorage` behind the `Storage` protocol.
+slots to storage and commits), `SaverHost` (the node's savers inside the ``dlrover-run`` agent,
+which names its socket in ``DLROVER_FLASHCKPT_HOST``), `Committer` and `StorageReader` (the
+commit protocol and loading with fallback), `PosixStorage` / `InMemoryStorage` behind the
+`Storage` protocol.
 
 Names are imported lazily, so a process that only persists bytes (the saver) never imports torch.
 """
@@ -16,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from dlrover.flashckpt.checkpointer import AgreeFn, FlashCheckpointer, agree_single
+    from dlrover.flashckpt.checksum import CRC32_BACKEND, crc32
     from dlrover.flashckpt.client import DetachedSaverSpec, PersistOutcome, SaverClient, ensure_saver
     from dlrover.flashckpt.commit import (
         CommitDecision,
@@ -26,6 +29,7 @@ if TYPE_CHECKING:
         select_removals,
     )
     from dlrover.flashckpt.config import StagerConfig
+    from dlrover.flashckpt.deepspeed_state import deepspeed_state, load_deepspeed_state
     from dlrover.flashckpt.dist import common_newest, torch_distributed_agree
     from dlrover.flashckpt.errors import (
         ChecksumError,
@@ -39,17 +43,37 @@ if TYPE_CHECKING:
         WorldSizeError,
     )
     from dlrover.flashckpt.events import EventLog, FlashEvent
+    from dlrover.flashckpt.host import (
+        HOST_SOCKET_ENV_VAR,
+        EnsureAction,
+        EnsureDecision,
+        HostedSaver,
+        HostRuns,
+        SaverHost,
+        SaverHostConfig,
+        SaverRequest,
+        host_socket_path,
+        request_saver,
+    )
     from dlrover.flashckpt.memory import LoadedState, MemoryReader, MemorySnapshot
+    from dlrover.flashckpt.pacing import Pacer, pace_delay
     from dlrover.flashckpt.payloads import payload_from_slot, payload_from_state
     from dlrover.flashckpt.persist import RankPayload, RankRecord, persist_rank
+    from dlrover.flashckpt.priority import lower_process_priority
     from dlrover.flashckpt.saver import Saver, SaverConfig, socket_path
     from dlrover.flashckpt.segment import cleanup_stale, remove_run
+    from dlrover.flashckpt.sharded import ShardedCheckpointer, get_sharded_state, set_sharded_state
     from dlrover.flashckpt.slots import BusyPolicy
     from dlrover.flashckpt.stager import SaveResult, SealedNotice, Stager
     from dlrover.flashckpt.storage import FsspecStorage, InMemoryStorage, PosixStorage, Storage
     from dlrover.flashckpt.storage_loader import StorageReader
 
 _EXPORTS: dict[str, str] = {
+    "CRC32_BACKEND": "dlrover.flashckpt.checksum",
+    "crc32": "dlrover.flashckpt.checksum",
+    "Pacer": "dlrover.flashckpt.pacing",
+    "pace_delay": "dlrover.flashckpt.pacing",
+    "lower_process_priority": "dlrover.flashckpt.priority",
     "AgreeFn": "dlrover.flashckpt.checkpointer",
     "FlashCheckpointer": "dlrover.flashckpt.checkpointer",
     "agree_single": "dlrover.flashckpt.checkpointer",
@@ -70,6 +94,16 @@ _EXPORTS: dict[str, str] = {
     "PersistOutcome": "dlrover.flashckpt.client",
     "SaverClient": "dlrover.flashckpt.client",
     "ensure_saver": "dlrover.flashckpt.client",
+    "HOST_SOCKET_ENV_VAR": "dlrover.flashckpt.host",
+    "EnsureAction": "dlrover.flashckpt.host",
+    "EnsureDecision": "dlrover.flashckpt.host",
+    "HostedSaver": "dlrover.flashckpt.host",
+    "HostRuns": "dlrover.flashckpt.host",
+    "SaverHost": "dlrover.flashckpt.host",
+    "SaverHostConfig": "dlrover.flashckpt.host",
+    "SaverRequest": "dlrover.flashckpt.host",
+    "host_socket_path": "dlrover.flashckpt.host",
+    "request_saver": "dlrover.flashckpt.host",
     "CommitDecision": "dlrover.flashckpt.commit",
     "Committer": "dlrover.flashckpt.commit",
     "RetentionPolicy": "dlrover.flashckpt.commit",
@@ -90,6 +124,11 @@ _EXPORTS: dict[str, str] = {
     "FlashEvent": "dlrover.flashckpt.events",
     "cleanup_stale": "dlrover.flashckpt.segment",
     "remove_run": "dlrover.flashckpt.segment",
+    "ShardedCheckpointer": "dlrover.flashckpt.sharded",
+    "get_sharded_state": "dlrover.flashckpt.sharded",
+    "set_sharded_state": "dlrover.flashckpt.sharded",
+    "deepspeed_state": "dlrover.flashckpt.deepspeed_state",
+    "load_deepspeed_state": "dlrover.flashckpt.deepspeed_state",
     "ChecksumError": "dlrover.flashckpt.errors",
     "FlashCkptError": "dlrover.flashckpt.errors",
     "LayoutError": "dlrover.flashckpt.errors",
@@ -108,6 +147,11 @@ __all__ = [
     "StagerConfig",
     "common_newest",
     "torch_distributed_agree",
+    "CRC32_BACKEND",
+    "crc32",
+    "Pacer",
+    "pace_delay",
+    "lower_process_priority",
     "SaveResult",
     "SealedNotice",
     "Stager",
@@ -122,6 +166,16 @@ __all__ = [
     "PersistOutcome",
     "SaverClient",
     "ensure_saver",
+    "HOST_SOCKET_ENV_VAR",
+    "EnsureAction",
+    "EnsureDecision",
+    "HostedSaver",
+    "HostRuns",
+    "SaverHost",
+    "SaverHostConfig",
+    "SaverRequest",
+    "host_socket_path",
+    "request_saver",
     "CommitDecision",
     "Committer",
     "RetentionPolicy",
@@ -142,6 +196,11 @@ __all__ = [
     "FlashEvent",
     "cleanup_stale",
     "remove_run",
+    "ShardedCheckpointer",
+    "get_sharded_state",
+    "set_sharded_state",
+    "deepspeed_state",
+    "load_deepspeed_state",
     "ChecksumError",
     "FlashCkptError",
     "LayoutError",

@@ -9,9 +9,17 @@
         ckpt.save(step, state, persist=step % 100 == 0)   # blocks only for the memory copy
     ckpt.close(job_end=True)
 
-Saver modes: ``"auto"`` connects to the node's saver (hosted by ``dlrover-run``) or starts a
-detached one; ``"connect"`` requires one; ``"none"`` persists synchronously in this process
-(single-process jobs and tests).
+Saver modes:
+
+* ``"auto"``: under ``dlrover-run`` (``DLROVER_FLASHCKPT_HOST`` names the agent's `SaverHost`),
+  the agent's saver for this run, which outlives this process and follows elastic resizes; an
+  unreachable host is an error, never a reason to start another saver. Without it (plain
+  torchrun, one process), a detached saver process, started by the first rank on the node.
+* ``"connect"``: a saver must already listen at the run's socket.
+* ``"none"``: persist synchronously in this process (single-process jobs and tests).
+
+Memory outlives `FlashCheckpointer.close`: a restarted process loads from it. Only
+``close(job_end=True)`` removes it (the saver does, or this rank's stager with ``"none"``).
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ from dlrover.flashckpt.errors import (
     SaverUnavailableError,
 )
 from dlrover.flashckpt.events import EventLog, FlashEvent
+from dlrover.flashckpt.host import HOST_SOCKET_ENV_VAR, SaverRequest, request_saver
 from dlrover.flashckpt.memory import LoadedState, MemoryReader
 from dlrover.flashckpt.payloads import payload_from_slot
 from dlrover.flashckpt.persist import persist_rank
@@ -66,9 +75,18 @@ class FlashCheckpointer:
         agree: cross-rank agreement on the step to load from memory (default: `agree_single`,
             which is only right for one rank; multi-rank jobs pass a collective).
         retention: for ``saver="none"``, which committed checkpoints to keep.
-        idle_exit_s: a detached saver's idle exit time.
+        idle_exit_s: a detached saver's idle exit time (a hosted saver has none).
         saver_nice: niceness added to a detached saver (persisting yields the CPU to training).
+        persist_bandwidth_mb_s: a detached saver's persist rate cap in MB/s (0: none; a hosted
+            saver takes the agent's setting).
         clock: time source.
+        host_timeout_s: bound on the agent's answer to a saver request (replacing a saver
+            after a resize first finishes the old one's queued persists).
+
+    Raises:
+        ConfigError: inconsistent arguments.
+        SaverUnavailableError: (``auto``, ``connect``) no saver can be reached; under
+            ``dlrover-run`` the message names the host's socket.
     """
 
     def __init__(
@@ -82,7 +100,9 @@ class FlashCheckpointer:
         retention: RetentionPolicy | None = None,
         idle_exit_s: float = 60.0,
         saver_nice: int = 19,
+        persist_bandwidth_mb_s: float = 0.0,
         clock: Clock | None = None,
+        host_timeout_s: float = 180.0,
     ) -> None:
         if saver not in ("auto", "connect", "none"):
             raise ConfigError(f"saver must be 'auto', 'connect' or 'none', got {saver!r}")
@@ -101,7 +121,29 @@ class FlashCheckpointer:
         self.client: SaverClient | None = None
         self.events = EventLog()
         self._spec: DetachedSaverSpec | None = None
-        if saver == "auto":
+        self._host: tuple[str, SaverRequest] | None = None
+        self._host_timeout_s = host_timeout_s
+        # torchrun's node rank: node 0's saver coordinates the commit.
+        coordinator = os.environ.get("GROUP_RANK", "0") == "0"
+        host_socket = os.environ.get(HOST_SOCKET_ENV_VAR, "") if saver == "auto" else ""
+        if host_socket:
+            assert storage_dir is not None
+            try:
+                request = SaverRequest(
+                    config.job_id,
+                    config.run_id,
+                    config.world_size,
+                    # The agent's working directory may differ from this process's.
+                    os.path.abspath(storage_dir),
+                    coordinator,
+                    shm_dir=os.path.abspath(config.shm_dir),
+                    num_slots=config.num_slots,
+                )
+            except FlashCkptError as e:
+                raise ConfigError(f"cannot ask the agent for a saver: {e}") from None
+            self._host = (host_socket, request)
+            self.client = self._connect()
+        elif saver == "auto":
             assert storage_dir is not None
             spec = DetachedSaverSpec(
                 config.job_id,
@@ -111,8 +153,8 @@ class FlashCheckpointer:
                 config.shm_dir,
                 idle_exit_s,
                 nice=saver_nice,
-                # torchrun's node rank: node 0's saver coordinates the commit.
-                coordinator=os.environ.get("GROUP_RANK", "0") == "0",
+                persist_bandwidth_mb_s=persist_bandwidth_mb_s,
+                coordinator=coordinator,
             )
             self._spec = spec
             self.client = self._connect()
@@ -124,8 +166,14 @@ class FlashCheckpointer:
         self.stager.events = self.events  # one event log per rank
 
     def _connect(self) -> SaverClient:
-        assert self._spec is not None
-        client = ensure_saver(self._spec, self.config.rank, self._clock)
+        """The run's saver: the agent's (through its host), else a detached one."""
+        if self._host is not None:
+            host_socket, request = self._host
+            hosted = request_saver(host_socket, request, self._host_timeout_s)
+            client = SaverClient(hosted.path, self.config.rank, self.config.world_size, clock=self._clock)
+        else:
+            assert self._spec is not None
+            client = ensure_saver(self._spec, self.config.rank, self._clock)
         client.events = self.events
         return client
 
@@ -146,11 +194,12 @@ class FlashCheckpointer:
             return
         except SaverUnavailableError as e:
             reason = f"the saver is unreachable ({e})"
-        if self._spec is not None:
+        if self._mode == "auto":
             try:
                 self.client.close()
                 self.client = self._connect()
-                self._record("saver_restarted", step, f"{reason}; a new saver was started")
+                how = "the agent provided its saver again" if self._host is not None else "a new saver was started"
+                self._record("saver_restarted", step, f"{reason}; {how}")
                 self.client.request_persist(step)
                 return
             except SaverUnavailableError as e:
@@ -166,7 +215,8 @@ class FlashCheckpointer:
 
         Returns once the memory copy is done; persisting happens in the saver (or, with
         ``saver="none"``, right here after sealing). A saver that cannot be reached never stops
-        training: ``auto`` mode starts a new one, otherwise a ``persist_failed`` event is recorded
+        training: ``auto`` mode reconnects (through the agent when it hosts the saver, else by
+        starting a detached one), otherwise a ``persist_failed`` event is recorded
         and the snapshot stays in memory.
         """
         result = self.stager.save(step, state)
@@ -235,7 +285,13 @@ class FlashCheckpointer:
         )
 
     def close(self, job_end: bool = False) -> None:
-        """Detach. With `job_end`, tell the saver the job is over (it removes the shared memory)."""
-        self.stager.close(remove=None if self._mode == "none" else False)
+        """Detach, keeping the snapshots in memory for a restarted process.
+
+        Args:
+            job_end: the job is over: remove the run's shared memory. The saver does it when told
+                (call this on one rank, after every rank's last save); with ``saver="none"`` this
+                rank's stager removes its own segments.
+        """
+        self.stager.close(remove=job_end if self._mode == "none" else False)
         if self.client is not None:
             self.client.close(shutdown_saver=job_end)

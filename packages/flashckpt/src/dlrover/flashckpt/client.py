@@ -15,6 +15,7 @@ from typing import Any
 import attrs
 
 from dlrover.common import Clock, SystemClock
+from dlrover.common.validators import non_negative_finite
 from dlrover.flashckpt.channel import ChannelError, recv_message, send_message
 from dlrover.flashckpt.errors import SaverUnavailableError
 from dlrover.flashckpt.events import EventLog, FlashEvent
@@ -187,8 +188,11 @@ class DetachedSaverSpec:
         idle_exit_s: the saver exits (removing the run's memory) after this long with no stager.
         start_timeout_s: how long to wait for its socket.
         log_path: where its log goes (None: discarded).
-        nice: niceness added to the saver, so persisting yields the CPU to training (0: none).
+        nice: niceness added to the saver, so persisting yields the CPU to training (0: none). The
+            saver runs in a session of its own, so it also gives its session's autogroup this
+            niceness (see `dlrover.flashckpt.priority`).
         coordinator: whether this node's saver moves the tracker (exactly one node's does).
+        persist_bandwidth_mb_s: the saver's persist rate cap in MB/s (0: none; see `SaverConfig`).
     """
 
     job_id: str
@@ -201,6 +205,7 @@ class DetachedSaverSpec:
     log_path: str | None = None
     nice: int = 19
     coordinator: bool = True
+    persist_bandwidth_mb_s: float = attrs.field(default=0.0, validator=non_negative_finite)
 
 
 def ensure_saver(spec: DetachedSaverSpec, rank: int, clock: Clock | None = None) -> SaverClient:
@@ -255,6 +260,8 @@ def _spawn(spec: DetachedSaverSpec) -> None:
         str(spec.idle_exit_s),
         "--nice",
         str(spec.nice),
+        "--persist-bandwidth-mb-s",
+        repr(float(spec.persist_bandwidth_mb_s)),
         *([] if spec.coordinator else ["--not-coordinator"]),
     ]
     out = open(spec.log_path, "ab") if spec.log_path else subprocess.DEVNULL  # noqa: SIM115

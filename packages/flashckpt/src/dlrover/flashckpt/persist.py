@@ -2,20 +2,21 @@
 
 The tensor bytes stream from wherever they are (a shared-memory slot, or tensors in this process)
 straight into the file. A sealed slot's checksums are written as they are (recomputing them would
-cost a fifth of the disk's throughput; bytes damaged in memory after sealing are still caught, by
-the loader, which then uses the previous checkpoint); with `verify=True`, or for a snapshot that
-has none, each tensor's CRC-32 is computed on the way and must match the sealed one.
+only spend CPU the training job may need; bytes damaged in memory after sealing are still caught,
+by the loader, which then uses the previous checkpoint); with `verify=True`, or for a snapshot that
+has none, each tensor's CRC-32 is computed on the way and must match the sealed one. A `Pacer`
+bounds the average rate, for jobs that must keep a persist's share of CPU and disk small.
 """
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from typing import Any
 
 import attrs
 
+from dlrover.flashckpt.checksum import crc32
 from dlrover.flashckpt.ckpt_format import (
     FORMAT_VERSION,
     RANK_FORMAT,
@@ -26,6 +27,7 @@ from dlrover.flashckpt.ckpt_format import (
 )
 from dlrover.flashckpt.errors import ChecksumError
 from dlrover.flashckpt.layout import TensorSpec
+from dlrover.flashckpt.pacing import Pacer
 from dlrover.flashckpt.safetensors_format import build_header, pack_specs
 from dlrover.flashckpt.storage.base import Chunk, Storage
 
@@ -76,13 +78,16 @@ class RankRecord:
         }
 
 
-def persist_rank(storage: Storage, payload: RankPayload, verify: bool = False) -> RankRecord:
+def persist_rank(
+    storage: Storage, payload: RankPayload, verify: bool = False, pacer: Pacer | None = None
+) -> RankRecord:
     """Write a rank's files and then its done marker.
 
     Args:
         storage: where to write.
         payload: the snapshot.
         verify: recompute checksums even when the payload has them, and refuse a mismatch.
+        pacer: bounds the rate at which tensor bytes are handed to storage (None: no bound).
 
     Raises:
         StorageError: a write failed (full disk...); no done marker is written.
@@ -102,8 +107,10 @@ def persist_rank(storage: Storage, payload: RankPayload, verify: bool = False) -
                 for off in range(0, spec.nbytes, _CHUNK):
                     with view[off : off + _CHUNK] as part:
                         if compute:
-                            crc = zlib.crc32(part, crc)
+                            crc = crc32(part, crc)
                         yield part
+                        if pacer is not None:
+                            pacer.wrote(len(part))
             if payload.expected_crcs is not None:
                 if compute and payload.expected_crcs[i] != crc:
                     msg = f"rank {payload.rank} step {payload.step}: tensor {spec.name!r} changed in memory"
@@ -127,6 +134,6 @@ def persist_rank(storage: Storage, payload: RankPayload, verify: bool = False) -
         }
     )
     storage.write_file(rank_manifest_path(payload.step, payload.rank), [manifest])
-    record = RankRecord(payload.rank, payload.step, file_bytes, zlib.crc32(manifest))
+    record = RankRecord(payload.rank, payload.step, file_bytes, crc32(manifest))
     storage.write_file(done_path(payload.step, payload.rank), [dump_json(record.to_json())])
     return record

@@ -26,6 +26,7 @@ from types import FrameType
 
 from dlrover.common import SystemClock, configure_logging
 from dlrover.flashckpt.commit import RetentionPolicy
+from dlrover.flashckpt.priority import lower_process_priority
 from dlrover.flashckpt.saver import Saver, SaverConfig
 from dlrover.flashckpt.storage.base import Chunk
 from dlrover.flashckpt.storage.posix import PosixStorage
@@ -89,11 +90,18 @@ def main(argv: list[str] | None = None) -> int:
         default=19,
         help="raise the saver's niceness by this much, so persisting yields the CPU to training (0: off)",
     )
+    p.add_argument(
+        "--persist-bandwidth-mb-s",
+        type=float,
+        default=0.0,
+        help="cap on the rate a persist writes at, in MB/s (0: none, the disk's speed)",
+    )
     args = p.parse_args(argv)
-    if args.nice:
-        os.nice(args.nice)
     configure_logging()
     log = logging.getLogger("dlrover.flashckpt.saver")
+    # This process leads a session of its own: niceness alone would not rank it below training.
+    _, why = lower_process_priority(min(19, max(0, args.nice)))
+    log.info("saver priority: %s", why)
     retention = (
         RetentionPolicy(keep_last=args.keep_last, keep_every=args.keep_every or None) if args.keep_last else None
     )
@@ -105,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         lock_timeout_s=args.lock_timeout_s,
         retention=retention,
         coordinator=not args.not_coordinator,
+        persist_bandwidth_mb_s=args.persist_bandwidth_mb_s,
     )
     exit_before = _parse_fault(os.environ.get(FAULT_EXIT_ENV))
     pause_before = _parse_fault(os.environ.get(FAULT_PAUSE_ENV))

@@ -8,12 +8,12 @@ reaches the caller's state, so a damaged checkpoint changes nothing.
 
 from __future__ import annotations
 
-import zlib
 from typing import Any
 
 import torch
 
 from dlrover.common import Clock, SystemClock
+from dlrover.flashckpt.checksum import crc32
 from dlrover.flashckpt.ckpt_format import (
     CHECKPOINT_FORMAT,
     RANK_FORMAT,
@@ -114,7 +114,7 @@ class StorageReader:
             raise LayoutError(f"{manifest_path(step)} lists no rank {rank}")
         rpath = rank_manifest_path(step, rank)
         raw = self.storage.read_bytes(rpath)
-        if zlib.crc32(raw) != entry.get("manifest_crc32"):
+        if crc32(raw) != entry.get("manifest_crc32"):
             raise ChecksumError(f"{rpath} does not match its checksum in {manifest_path(step)}")
         doc = load_json(raw, RANK_FORMAT, rpath)
         tree = doc["tree"]
@@ -150,7 +150,7 @@ class StorageReader:
         value = 0
         for off in range(0, spec.nbytes, _CHUNK):
             n = min(_CHUNK, spec.nbytes - off)
-            value = zlib.crc32(self.storage.read_bytes(fpath, data_start + spec.offset + off, n), value)
+            value = crc32(self.storage.read_bytes(fpath, data_start + spec.offset + off, n), value)
         if value != crc:
             raise ChecksumError(f"tensor {spec.name!r} in {fpath} does not match its checksum")
 
@@ -169,4 +169,4 @@ class StorageReader:
 def _crc_tensor(t: torch.Tensor) -> int:
     if t.numel() == 0:
         return 0
-    return zlib.crc32(t.detach().reshape(-1).view(torch.uint8).numpy().data)
+    return crc32(t.detach().reshape(-1).view(torch.uint8).numpy().data)

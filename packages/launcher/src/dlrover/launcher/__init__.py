@@ -27,7 +27,15 @@ from dlrover.launcher.env import (
     worker_env,
 )
 from dlrover.launcher.fake_control import FakeControlPlane
-from dlrover.launcher.workers import WorkerExit, WorkerGroup, WorkerSpec
+from dlrover.launcher.netcheck import (
+    InMemoryRoundStore,
+    NetworkCheck,
+    NetworkCheckConfig,
+    NetworkCheckStopped,
+    RoundStore,
+)
+from dlrover.launcher.netcheck_plan import NETWORK_CHECK_FAULT_ENV_VAR, CheckAction, CheckOutcome
+from dlrover.launcher.workers import StandbyPool, WorkerExit, WorkerGroup, WorkerSpec
 
 __all__ = [
     "Agent",
@@ -38,6 +46,14 @@ __all__ = [
     "FailureDecision",
     "FailureReport",
     "FakeControlPlane",
+    "CheckAction",
+    "CheckOutcome",
+    "InMemoryRoundStore",
+    "NETWORK_CHECK_FAULT_ENV_VAR",
+    "NetworkCheck",
+    "NetworkCheckConfig",
+    "NetworkCheckStopped",
+    "RoundStore",
     "NodeRegistration",
     "Progress",
     "RoundAssignment",
@@ -48,6 +64,7 @@ __all__ = [
     "NODE_ID_ENV_VAR",
     "LaunchConfig",
     "NodeRange",
+    "StandbyPool",
     "WorkerExit",
     "WorkerGroup",
     "WorkerIdentity",

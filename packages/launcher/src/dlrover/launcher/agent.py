@@ -15,12 +15,22 @@ from pathlib import Path
 import attrs
 
 from dlrover.common import Clock, DLRoverError, SystemClock
-from dlrover.common.validators import non_negative
+from dlrover.common.validators import non_negative, positive
+from dlrover.flashckpt.host import SaverHost, SaverHostConfig, host_socket_path
+from dlrover.flashckpt.segment import DEFAULT_SHM_DIR
 from dlrover.launcher.control import ControlPlane, FailureReport, Progress, RoundAssignment
 from dlrover.launcher.decisions import Step, StepKind, after_failure, assess_workers, first_failure, on_master_actions
-from dlrover.launcher.env import NODE_ID_ENV_VAR, WorkerIdentity, worker_env
+from dlrover.launcher.env import (
+    CHECKPOINT_SOCKET_ENV_VAR,
+    NODE_ID_ENV_VAR,
+    PER_ROUND_ENV_VARS,
+    WorkerIdentity,
+    worker_env,
+)
 from dlrover.launcher.hang import HangWatch, read_cpu_seconds
-from dlrover.launcher.workers import WorkerExit, WorkerGroup, WorkerSpec
+from dlrover.launcher.netcheck import NetworkCheck, NetworkCheckStopped
+from dlrover.launcher.netcheck_plan import after_check_report, check_step
+from dlrover.launcher.workers import StandbyPool, WorkerExit, WorkerGroup, WorkerSpec
 
 __all__ = ["Agent", "AgentConfig", "AgentResult"]
 
@@ -50,6 +60,16 @@ class AgentConfig:
         heartbeat_interval_s: heartbeat this often instead of at the master's interval.
         master_lost_timeout_s: how long workers keep training while the master cannot be
             reached (a restarting master resumes from its journal) before the agent gives up.
+        host_checkpoint_saver: run the node's flash-checkpoint savers in this agent (workers
+            find them through ``DLROVER_FLASHCKPT_HOST``), so they outlive crashed workers and
+            their shared memory is removed when the agent exits.
+        checkpoint_shm_dir: where the saver host's socket lives (named so `cleanup_stale`
+            removes it if the agent is killed).
+        checkpoint_stop_timeout_s: at exit, bound on finishing the savers' persists (on a
+            failure or stop: the newest snapshot) before the memory is removed.
+        prewarm_modules: modules that standby interpreters import ahead of time, so workers
+            (the first ones and every restart) skip that cost (`--prewarm`, see `StandbyPool`);
+            empty: every worker starts a fresh interpreter.
     """
 
     worker_argv: tuple[str, ...]
@@ -68,6 +88,10 @@ class AgentConfig:
     hang_timeout_s: float = attrs.field(default=0.0, validator=non_negative)
     master_lost_timeout_s: float = attrs.field(default=300.0, validator=non_negative)
     heartbeat_interval_s: float | None = None
+    host_checkpoint_saver: bool = True
+    checkpoint_shm_dir: str = DEFAULT_SHM_DIR
+    checkpoint_stop_timeout_s: float = attrs.field(default=120.0, validator=positive)
+    prewarm_modules: tuple[str, ...] = ()
 
 
 @attrs.frozen
@@ -96,6 +120,8 @@ class Agent:
         clock: time source for intervals.
         environ: the environment workers inherit.
         progress: reads this node's training progress for heartbeats.
+        network_check: checks the nodes of every round before its workers start
+            (`--network-check`); None skips the check.
     """
 
     def __init__(
@@ -106,7 +132,10 @@ class Agent:
         clock: Clock | None = None,
         environ: Mapping[str, str] | None = None,
         progress: Callable[[], Progress] | None = None,
+        network_check: NetworkCheck | None = None,
     ) -> None:
+        self._network_check = network_check
+        self._check_heartbeat_at = 0.0
         self._config = config
         self._control = control
         self._clock = clock or SystemClock()
@@ -116,6 +145,8 @@ class Agent:
         self._stop_reason = ""
         self._node_id = ""
         self._heartbeat_interval_s = 2.0
+        self._host_env: dict[str, str] = {}
+        self._standby: StandbyPool | None = None
 
     def request_stop(self, reason: str) -> None:
         """Ask the loop to stop its workers and exit (safe from a signal handler)."""
@@ -123,7 +154,79 @@ class Agent:
         self._stop_requested.set()
 
     def run(self) -> AgentResult:
-        """Run until the workers succeed, the job stops, or this node gives up."""
+        """Run until the workers succeed, the job stops, or this node gives up.
+
+        The node's checkpoint savers run in this process for the whole job (see
+        `AgentConfig.host_checkpoint_saver`). Whatever the exit, once the workers are stopped
+        they finish their persists (after a failure, a stop or a signal: the newest snapshot
+        every rank holds) and the job's shared memory is removed.
+        """
+        host = self._start_saver_host() if self._config.host_checkpoint_saver else None
+        result: AgentResult | None = None
+        try:
+            self._standby = self._start_standby_pool()
+            result = self._run_rounds()
+            return result
+        finally:
+            if self._standby is not None:
+                self._standby.close(self._config.shutdown_grace_s)
+                self._standby = None
+            if host is not None:
+                succeeded = result is not None and result.exit_code == 0
+                _log.info("stopping the checkpoint saver host (%s)", "job done" if succeeded else "persisting newest")
+                host.stop(remove_memory=True, persist_newest=not succeeded)
+                self._host_env = {}
+
+    def _start_standby_pool(self) -> StandbyPool | None:
+        """Standbys import `prewarm_modules` while this node registers and waits for its round."""
+        cfg = self._config
+        if not cfg.prewarm_modules:
+            return None
+        nproc = cfg.nproc_per_node
+        identity = WorkerIdentity(
+            rank=0,
+            local_rank=0,
+            world_size=nproc,
+            local_world_size=nproc,
+            group_rank=0,
+            group_world_size=1,
+            role_rank=0,
+            role_world_size=nproc,
+            role_name=cfg.role,
+        )
+        env = worker_env(
+            self._environ,
+            identity,
+            master_addr="",
+            master_port=0,
+            run_id=cfg.run_id,
+            restart_count=0,
+            max_restarts=cfg.max_restarts,
+            extra={**self._host_env, **cfg.extra_env},
+        )
+        # What a worker learns only when it is taken is left out, so no module reads a stand-in.
+        for name in PER_ROUND_ENV_VARS:
+            env.pop(name, None)
+        pool = StandbyPool(cfg.worker_argv, cfg.prewarm_modules, env, size=cfg.nproc_per_node)
+        pool.fill()
+        _log.info("%d standby worker(s) importing %s", cfg.nproc_per_node, ", ".join(cfg.prewarm_modules))
+        return pool
+
+    def _start_saver_host(self) -> SaverHost:
+        cfg = self._config
+        host = SaverHost(
+            SaverHostConfig(
+                str(host_socket_path(cfg.checkpoint_shm_dir)),
+                stop_timeout_s=cfg.checkpoint_stop_timeout_s,
+            ),
+            clock=self._clock,
+        )
+        host.start()
+        self._host_env = {CHECKPOINT_SOCKET_ENV_VAR: str(host.socket_path)}
+        _log.info("checkpoint saver host listening on %s", host.socket_path)
+        return host
+
+    def _run_rounds(self) -> AgentResult:
         registration = self._control.register(self._config.nproc_per_node)
         self._node_id = registration.node_id
         self._heartbeat_interval_s = self._config.heartbeat_interval_s or registration.heartbeat_interval_s
@@ -146,8 +249,14 @@ class Agent:
                 assignment.master_addr,
                 assignment.master_port,
             )
-            group = WorkerGroup(self._specs(assignment, restarts))
-            group.start()
+            checked = self._check_nodes(assignment, restarts)
+            if checked is not None:
+                _log.info("%s: %s", checked.kind.value, checked.reason)
+                if checked.kind is StepKind.EXIT:
+                    self._leave_quietly()
+                    return AgentResult(checked.exit_code, checked.reason, restarts, rounds)
+                continue
+            group = self._start_workers(assignment, restarts)
             try:
                 step = self._watch(group, restarts)
             finally:
@@ -167,6 +276,13 @@ class Agent:
                 return AgentResult(step.exit_code, step.reason, restarts, rounds)
             if step.counts_as_restart:
                 restarts += 1
+
+    def _start_workers(self, assignment: RoundAssignment, restarts: int) -> WorkerGroup:
+        group = WorkerGroup(self._specs(assignment, restarts), standby=self._standby)
+        group.start()
+        if self._standby is not None:
+            self._standby.fill()  # warm again for the next restart
+        return group
 
     def _watch(self, group: WorkerGroup, restarts: int) -> Step:
         next_heartbeat = self._clock.now()
@@ -209,6 +325,52 @@ class Agent:
                 if hung is not None:
                     return self._report(hung)
             self._stop_requested.wait(self._config.monitor_interval_s)
+
+    def _check_nodes(self, assignment: RoundAssignment, restarts: int) -> Step | None:
+        """Run the network check of this round, if on; None when this node goes on to train.
+
+        A node the check leaves out reports itself to the master with the probes as evidence and
+        exits without training; the others start a new round without it.
+        """
+        if self._network_check is None:
+            return None
+        try:
+            outcome = self._network_check.run(
+                assignment, should_stop=self._stop_requested.is_set, keepalive=self._keepalive_during_check
+            )
+        except NetworkCheckStopped:
+            return Step(StepKind.EXIT, self._stop_reason or "stop requested", exit_code=128 + 15)
+        step = check_step(outcome)
+        if step is None or step.kind is not StepKind.REPORT_FAILURE:
+            return step
+        _log.error("%s", outcome.reason)
+        report = FailureReport(-1, 1, None, outcome.evidence, restarts, network_check=True)
+        try:
+            answer = self._control.report_failure(report)
+        except DLRoverError as exc:
+            return after_check_report(outcome, None, str(exc))
+        return after_check_report(outcome, answer)
+
+    def _keepalive_during_check(self) -> None:
+        """Heartbeat at the usual interval while the check runs, so the node is not taken for dead."""
+        now = self._clock.now()
+        if now < self._check_heartbeat_at:
+            return
+        self._check_heartbeat_at = now + self._heartbeat_interval_s
+        try:
+            step = on_master_actions(self._control.heartbeat(self._progress()))
+        except DLRoverError as exc:
+            _log.warning("heartbeat during the network check failed: %s", exc)
+            return
+        if step.kind is StepKind.EXIT:
+            self.request_stop(step.reason)
+
+    def _leave_quietly(self) -> None:
+        try:
+            self._control.leave()
+        except DLRoverError as exc:
+            # As after any exit: leaving only speeds up the others' next round.
+            _log.warning("could not leave the rendezvous: %s", exc)
 
     def _report(self, report: FailureReport) -> Step:
         """Report a failure and turn the master's answer into a step.
@@ -277,7 +439,7 @@ class Agent:
                 run_id=cfg.run_id,
                 restart_count=restarts,
                 max_restarts=cfg.max_restarts,
-                extra={NODE_ID_ENV_VAR: self._node_id, **cfg.extra_env},
+                extra={NODE_ID_ENV_VAR: self._node_id, **cfg.extra_env, **self._host_env},
             )
             specs.append(
                 WorkerSpec(

@@ -7,7 +7,9 @@ takes its default from a `PET_<NAME>` environment variable when one is set (`PET
 from __future__ import annotations
 
 import argparse
+import math
 import os
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -118,6 +120,9 @@ class LaunchConfig:
     local_addr: str | None = None
     network_check: bool = False
     exclude_straggler: bool = False
+    network_check_timeout_s: float = 60.0
+    network_check_results_timeout_s: float | None = None
+    straggler_factor: float = 2.0
     save_at_breakpoint: bool = False
     node_unit: int = 1
     hang_timeout_s: float = 180.0
@@ -129,6 +134,7 @@ class LaunchConfig:
     store_wait_s: float = 60.0
     master_lost_timeout_s: float = 300.0
     shutdown_grace_s: float = 10.0
+    prewarm: tuple[str, ...] = ()
 
     def worker_command(self, python: str) -> list[str]:
         """The argv that starts one worker, as torchrun builds it."""
@@ -214,7 +220,26 @@ def build_parser() -> argparse.ArgumentParser:
     ours = p.add_argument_group("DLRover options")
     option(ours, ["--master"], None, "HOST:PORT of a running dlrover-master to join")
     flag(ours, _both("network-check"), "check nodes' health before training")
-    flag(ours, _both("exclude-straggler"), "leave out nodes the network check finds slow")
+    flag(ours, _both("exclude-straggler"), "leave out nodes the network check finds slow (needs --network-check)")
+    option(
+        ours,
+        _both("network-check-timeout"),
+        "60",
+        "seconds one probe of the network check may run (process start included) before it is killed and fails",
+    )
+    option(
+        ours,
+        _both("network-check-results-timeout"),
+        None,
+        "seconds a node waits for the other nodes' probe results in each check round before counting the "
+        "missing ones as failed (default: twice --network-check-timeout plus 60)",
+    )
+    option(
+        ours,
+        _both("straggler-factor"),
+        "2.0",
+        "the network check calls a node a straggler when its best probe time is over this multiple of the median",
+    )
     flag(
         ours,
         _both("save-at-breakpoint"),
@@ -235,6 +260,14 @@ def build_parser() -> argparse.ArgumentParser:
     option(ours, _both("heartbeat-interval"), None, "seconds between heartbeats (default: the master's choice)")
     option(ours, _both("master-lost-timeout"), "300", "seconds workers keep training while the master is unreachable")
     option(ours, _both("shutdown-grace"), "10.0", "seconds workers get to exit after SIGTERM")
+    option(
+        ours,
+        ["--prewarm"],
+        "",
+        "comma-separated modules (e.g. torch) that standby interpreters import ahead of time, so workers and "
+        "every restart skip that import; they import before the script runs, so a variable the script sets "
+        "before its own import of them does not reach them",
+    )
     p.add_argument("training_script", help="the script, module or executable to run")
     p.add_argument("training_script_args", nargs=argparse.REMAINDER)
     return p
@@ -250,6 +283,13 @@ def _number(value: Any, flag: str, kind: type[int] | type[float], minimum: float
     return number
 
 
+def _finite(value: Any, flag: str, minimum: float) -> float:
+    number = float(_number(value, flag, float, minimum))
+    if not math.isfinite(number):
+        raise ConfigError(f"{flag} must be a finite number, got {value!r}")
+    return number
+
+
 def _nproc(value: str, auto_config: bool, accelerators: int, cpus: int) -> int:
     text = str(value).lower()
     if auto_config or text == "auto":
@@ -261,6 +301,19 @@ def _nproc(value: str, auto_config: bool, accelerators: int, cpus: int) -> int:
     if text == "cpu":
         return max(cpus, 1)
     return int(_number(value, "--nproc-per-node", int, 1))
+
+
+_MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+
+
+def _prewarm(text: str, modes: list[str]) -> tuple[str, ...]:
+    modules = tuple(m.strip() for m in str(text).split(",") if m.strip())
+    for name in modules:
+        if not _MODULE_NAME.fullmatch(name):
+            raise ConfigError(f"--prewarm takes comma-separated module names, got {name!r}")
+    if modules and {"--no-python", "--run-path"} & set(modes):
+        raise ConfigError(f"--prewarm needs a Python script or -m module; it cannot be used with {modes[0]}")
+    return modules
 
 
 def _conf(text: str) -> tuple[tuple[str, str], ...]:
@@ -317,16 +370,20 @@ def parse_args(
         raise ConfigError(f"{' and '.join(modes)} cannot be used together")
     if ns.standalone and ns.master:
         raise ConfigError("--standalone starts its own master; do not also give --master")
-    for flag_name, on, why in (
-        (
-            "--network-check",
-            ns.network_check,
-            "the node health probe exists (dlrover.diagnosis) but the agent does not run it yet",
-        ),
-        ("--exclude-straggler", ns.exclude_straggler, "it needs --network-check"),
-    ):
-        if on:
-            raise ConfigError(f"{flag_name} is not supported yet: {why}")
+    if ns.exclude_straggler and not ns.network_check:
+        raise ConfigError("--exclude-straggler needs --network-check: stragglers are found by the network check")
+    check_timeout_s = _finite(ns.network_check_timeout, "--network-check-timeout", 0.001)
+    results_timeout_s = (
+        None
+        if ns.network_check_results_timeout in (None, "")
+        else _finite(ns.network_check_results_timeout, "--network-check-results-timeout", 0.001)
+    )
+    if results_timeout_s is not None and results_timeout_s < check_timeout_s:
+        raise ConfigError(
+            f"--network-check-results-timeout={ns.network_check_results_timeout} must be at least "
+            f"--network-check-timeout={ns.network_check_timeout}: nodes wait for each other's probes"
+        )
+    straggler_factor = _finite(ns.straggler_factor, "--straggler-factor", 1.0)
     node_unit = int(_number(ns.node_unit, "--node-unit", int, 1))
     if nodes.max_nodes % node_unit and nodes.min_nodes == nodes.max_nodes:
         raise ConfigError(f"--nnodes={nodes} is not a multiple of --node-unit={node_unit}")
@@ -360,6 +417,9 @@ def parse_args(
         local_addr=ns.local_addr,
         network_check=ns.network_check,
         exclude_straggler=ns.exclude_straggler,
+        network_check_timeout_s=check_timeout_s,
+        network_check_results_timeout_s=results_timeout_s,
+        straggler_factor=straggler_factor,
         save_at_breakpoint=ns.save_at_breakpoint,
         node_unit=node_unit,
         hang_timeout_s=float(_number(ns.hang_timeout, "--hang-timeout", float, 0.0)),
@@ -374,4 +434,5 @@ def parse_args(
         master_lost_timeout_s=float(_number(ns.master_lost_timeout, "--master-lost-timeout", float, 0.0)),
         **_rdzv_timeouts(_conf(ns.rdzv_conf)),
         shutdown_grace_s=float(_number(ns.shutdown_grace, "--shutdown-grace", float, 0.0)),
+        prewarm=_prewarm(ns.prewarm, modes),
     )

@@ -32,6 +32,7 @@ from dlrover.launcher.agent import Agent, AgentConfig, AgentResult
 from dlrover.launcher.args import LaunchConfig, parse_args
 from dlrover.launcher.env import MASTER_ADDR_ENV_VAR, NODE_ID_ENV_VAR
 from dlrover.launcher.grpc_control import GrpcControlPlane, default_node_name
+from dlrover.launcher.netcheck import NetworkCheck, NetworkCheckConfig
 
 __all__ = ["main", "run"]
 
@@ -90,16 +91,30 @@ def _launched_node_id() -> int | None:
         raise ConfigError(f"{NODE_ID_ENV_VAR} must be an integer node id, got {text!r}") from None
 
 
+def _network_check(cfg: LaunchConfig, control: GrpcControlPlane, local_addr: str) -> NetworkCheck | None:
+    """The `--network-check` runner over the master's key-value store, or None when it is off."""
+    if not cfg.network_check:
+        return None
+    config = NetworkCheckConfig(
+        probe_timeout_s=cfg.network_check_timeout_s,
+        results_timeout_s=cfg.network_check_results_timeout_s,
+        straggler_factor=cfg.straggler_factor,
+        exclude_stragglers=cfg.exclude_straggler,
+    )
+    return NetworkCheck(config, control, local_addr=local_addr)
+
+
 def run(cfg: LaunchConfig) -> AgentResult:
     """Run this node's share of the job described by `cfg`."""
     with ExitStack() as stack:
         target, token = stack.enter_context(_master_for(cfg))
+        local_addr = cfg.local_addr or ("127.0.0.1" if cfg.standalone else socket.getfqdn())
         control = GrpcControlPlane(
             target,
             token,
             node_name=os.environ.get("DLROVER_NODE_NAME") or default_node_name(cfg.node_rank),
             host=socket.gethostname(),
-            local_addr=cfg.local_addr or ("127.0.0.1" if cfg.standalone else socket.getfqdn()),
+            local_addr=local_addr,
             min_nodes=cfg.nodes.min_nodes,
             max_nodes=cfg.nodes.max_nodes,
             node_id=_launched_node_id(),
@@ -132,9 +147,11 @@ def run(cfg: LaunchConfig) -> AgentResult:
                 heartbeat_interval_s=cfg.heartbeat_interval_s,
                 rendezvous_timeout_s=cfg.rendezvous_timeout_s,
                 master_lost_timeout_s=cfg.master_lost_timeout_s,
+                prewarm_modules=cfg.prewarm,
                 extra_env={MASTER_ADDR_ENV_VAR: target, TOKEN_FILE_ENV_VAR: str(Path(token_file).resolve())},
             ),
             control,
+            network_check=_network_check(cfg, control, local_addr),
         )
 
         def on_signal(signum: int, _frame: FrameType | None) -> None:

@@ -87,6 +87,9 @@ class FailureReport:
         evidence: the tail of its stderr.
         restart_count: restarts of this node's workers so far.
         hang: the worker did not exit but stopped making progress.
+        network_check: the node failed `--network-check` before any worker started (faulty, or
+            a straggler under `--exclude-straggler`); `evidence` holds the verdict and every
+            probe's time or error, and `local_rank` is -1.
     """
 
     local_rank: int
@@ -95,6 +98,7 @@ class FailureReport:
     evidence: str
     restart_count: int
     hang: bool = False
+    network_check: bool = False
 
 
 class FailureDecision(enum.Enum):

@@ -6,17 +6,21 @@ from collections.abc import Mapping
 
 import attrs
 
+from dlrover.flashckpt.host import HOST_SOCKET_ENV_VAR
+
 __all__ = [
     "CHECKPOINT_SOCKET_ENV_VAR",
     "MASTER_ADDR_ENV_VAR",
     "NODE_ID_ENV_VAR",
+    "PER_ROUND_ENV_VARS",
     "WorkerIdentity",
     "worker_env",
 ]
 
 MASTER_ADDR_ENV_VAR = "DLROVER_MASTER_ADDR"
 NODE_ID_ENV_VAR = "DLROVER_NODE_ID"
-CHECKPOINT_SOCKET_ENV_VAR = "DLROVER_CKPT_SOCKET"
+CHECKPOINT_SOCKET_ENV_VAR = HOST_SOCKET_ENV_VAR
+"""Names the agent's flash-checkpoint saver host to workers (``DLROVER_FLASHCKPT_HOST``)."""
 
 
 @attrs.frozen
@@ -46,6 +50,22 @@ class WorkerIdentity:
     role_name: str = "default"
 
 
+PER_ROUND_ENV_VARS = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "GROUP_WORLD_SIZE",
+    "ROLE_RANK",
+    "ROLE_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RESTART_COUNT",
+)
+"""Variables of `worker_env` that depend on the round and the worker, not only on the node."""
+
+
 def worker_env(
     base: Mapping[str, str],
     identity: WorkerIdentity,
@@ -60,7 +80,8 @@ def worker_env(
     """The full environment of one worker process.
 
     Starts from `base` (normally the agent's own environment), then sets every variable torchrun
-    sets, then DLRover's `extra` ones (master address, token file, checkpoint socket, node id).
+    sets, then DLRover's `extra` ones (master address, token file, the checkpoint saver host's
+    socket, node id).
     Like torchrun, it sets `OMP_NUM_THREADS=1` when several workers share a node and the user
     did not choose a value, so they do not oversubscribe the cores.
     """

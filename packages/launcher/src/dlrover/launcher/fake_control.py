@@ -15,6 +15,7 @@ from dlrover.launcher.control import (
     Progress,
     RoundAssignment,
 )
+from dlrover.rendezvous import KeyValueStore
 
 __all__ = ["FakeControlPlane", "free_port"]
 
@@ -60,6 +61,7 @@ class FakeControlPlane:
         self.heartbeats: list[Progress] = []
         self.successes = 0
         self.left = 0
+        self._kv = KeyValueStore()
 
     def register(self, local_world_size: int) -> NodeRegistration:
         with self._lock:
@@ -98,3 +100,13 @@ class FakeControlPlane:
     def leave(self) -> None:
         with self._lock:
             self.left += 1
+
+    def kv_get(self, keys: Sequence[str]) -> list[bytes | None]:
+        """Read keys of this fake master's key-value store."""
+        with self._lock:
+            return self._kv.multi_get(list(keys))
+
+    def kv_compare_set(self, key: str, expected: bytes, desired: bytes) -> bytes:
+        """Compare-and-set in this fake master's key-value store."""
+        with self._lock:
+            return self._kv.compare_set(key, expected, desired)

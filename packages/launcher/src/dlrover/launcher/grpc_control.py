@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 import grpc
 
 from dlrover.common import Clock, ConfigError, DLRoverError, RetryPolicy, RpcError, SystemClock, format_host_port
+from dlrover.diagnosis import NODE_CHECK_FAILED
 from dlrover.launcher.control import (
     AgentAction,
     FailureDecision,
@@ -176,8 +177,15 @@ class GrpcControlPlane:
         else:
             how = f"signal {report.signal_name}" if report.signal_name else f"exit code {report.exit_code}"
             header = f"local rank {report.local_rank} exited with {how} after {report.restart_count} restart(s)\n"
+        if report.network_check:
+            header = (
+                f"{NODE_CHECK_FAILED}: the network check left this node out before training, "
+                f"after {report.restart_count} restart(s)\n"
+            )
         evidence = header + report.evidence[-(_EVIDENCE_LIMIT - len(header)) :]
         kind = FailureKind.HANG if report.hang else FailureKind.PROCESS_CRASH
+        if report.network_check:
+            kind = FailureKind.NETWORK
         response = self._master.report_failure(kind, evidence, exit_code=report.exit_code)
         decision = _DECISIONS.get(response.decision)
         if decision is None:
@@ -186,6 +194,14 @@ class GrpcControlPlane:
 
     def report_success(self) -> None:
         self._master.report_success()
+
+    def kv_get(self, keys: Sequence[str]) -> list[bytes | None]:
+        """Read keys of the master's rendezvous key-value store (None for each key not set)."""
+        return self._rdzv.kv_get(keys)
+
+    def kv_compare_set(self, key: str, expected: bytes, desired: bytes) -> bytes:
+        """Compare-and-set in the master's key-value store; returns the value the key holds after."""
+        return self._rdzv.kv_compare_set(key, expected, desired)
 
     def leave(self) -> None:
         try:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -25,7 +26,7 @@ import attrs
 
 from dlrover.common import DLRoverError
 
-__all__ = ["WorkerExit", "WorkerGroup", "WorkerSpec"]
+__all__ = ["StandbyPool", "WorkerExit", "WorkerGroup", "WorkerSpec"]
 
 STDOUT, STDERR = 1, 2
 
@@ -142,19 +143,124 @@ def _console_for(spec: WorkerSpec, stream: int) -> tuple[IO[bytes] | None, bytes
     return target, b""
 
 
+class StandbyPool:
+    """Interpreters that have already imported `modules`, waiting to become the next workers.
+
+    See `dlrover.launcher._standby`. The pool keeps `size` of them; `WorkerGroup` takes one per
+    worker it starts (falling back to a fresh process when none is ready) and the agent refills
+    the pool once the group runs, so the next restart finds them warm. Call `fill` from the
+    agent's long-lived main thread: the parent-death signal fires when the spawning thread exits.
+
+    Args:
+        program: the worker command every standby will run (must be `_standby.runnable`).
+        modules: modules to import ahead of time, e.g. ``("torch",)``.
+        env: the environment standbys import under (the agent's worker environment); each
+            worker's own environment replaces it when the standby is taken.
+        size: standbys kept ready (normally the workers per node).
+    """
+
+    def __init__(self, program: Sequence[str], modules: Sequence[str], env: Mapping[str, str], size: int) -> None:
+        from dlrover.launcher._standby import runnable
+
+        if not runnable(program):
+            raise DLRoverError(
+                f"a standby cannot run {list(program)!r}: only `python -u SCRIPT` or `python -u -m MODULE`"
+            )
+        if size < 1:
+            raise DLRoverError(f"a standby pool needs a size of at least 1, got {size}")
+        self.program = tuple(program)
+        self._modules = ",".join(modules)
+        self._env = dict(env)
+        self._size = size
+        self._ready: list[subprocess.Popen[bytes]] = []
+        self.taken = 0
+
+    def fill(self) -> None:
+        """Start standbys until `size` are alive (dead ones, e.g. a failed import, are reaped)."""
+        alive = []
+        for proc in self._ready:
+            if proc.poll() is None:
+                alive.append(proc)
+            else:
+                _close_pipes(proc)
+        self._ready = alive
+        while len(self._ready) < self._size:
+            command = [sys.executable, "-u", "-m", "dlrover.launcher._standby", str(os.getpid()), self._modules, "--"]
+            self._ready.append(
+                subprocess.Popen(
+                    [*command, *self.program],
+                    env=self._env,
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    start_new_session=True,
+                )
+            )
+
+    def take(self, env: Mapping[str, str]) -> subprocess.Popen[bytes] | None:
+        """Hand a live standby the worker environment `env` and return it, or None when none is ready."""
+        while self._ready:
+            proc = self._ready.pop(0)
+            assert proc.stdin is not None
+            try:
+                proc.stdin.write(json.dumps({"env": dict(env)}).encode() + b"\n")
+                proc.stdin.close()
+            except OSError:  # it died (its import failed, or it was killed): a fresh worker instead
+                _discard(proc)
+                continue
+            self.taken += 1
+            return proc
+        return None
+
+    def close(self, grace_s: float = 5.0) -> None:
+        """End every standby not taken: end of input asks them to exit, SIGKILL after `grace_s`."""
+        for proc in self._ready:
+            with contextlib.suppress(OSError):
+                assert proc.stdin is not None
+                proc.stdin.close()
+        deadline = time.monotonic() + grace_s
+        for proc in self._ready:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=max(deadline - time.monotonic(), 0.0))
+            _discard(proc)
+        self._ready = []
+
+
+def _close_pipes(proc: subprocess.Popen[bytes]) -> None:
+    for pipe in (proc.stdin, proc.stdout, proc.stderr):
+        if pipe is not None:
+            with contextlib.suppress(OSError):
+                pipe.close()
+
+
+def _discard(proc: subprocess.Popen[bytes]) -> None:
+    _signal_group(proc.pid, signal.SIGKILL)
+    proc.wait()
+    _close_pipes(proc)
+
+
 class WorkerGroup:
     """The workers of one node for one attempt.
 
     Args:
         specs: one per local rank.
         stderr_tail_bytes: how much of each worker's stderr is kept as evidence.
+        standby: warm interpreters to start the workers from (see `StandbyPool`); workers whose
+            command differs from the pool's, or for which none is ready, start fresh.
     """
 
-    def __init__(self, specs: Sequence[WorkerSpec], *, stderr_tail_bytes: int = 64 * 1024) -> None:
+    def __init__(
+        self,
+        specs: Sequence[WorkerSpec],
+        *,
+        stderr_tail_bytes: int = 64 * 1024,
+        standby: StandbyPool | None = None,
+    ) -> None:
         if not specs:
             raise DLRoverError("a worker group needs at least one worker")
         self._specs = list(specs)
         self._tail_bytes = stderr_tail_bytes
+        self._standby = standby
         self._procs: dict[int, subprocess.Popen[bytes]] = {}
         self._pumps: dict[int, list[_StreamPump]] = {}
         self._exits: dict[int, WorkerExit] = {}
@@ -176,17 +282,21 @@ class WorkerGroup:
             raise
 
     def _start_one(self, spec: WorkerSpec) -> None:
-        guard = [sys.executable, "-m", "dlrover.launcher._orphan_guard", str(os.getpid()), "--", *spec.argv]
         if spec.log_dir is not None:
             spec.log_dir.mkdir(parents=True, exist_ok=True)
-        proc = subprocess.Popen(
-            guard,
-            env=dict(spec.env),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-        )
+        proc = None
+        if self._standby is not None and tuple(spec.argv) == self._standby.program:
+            proc = self._standby.take(spec.env)
+        if proc is None:
+            guard = [sys.executable, "-m", "dlrover.launcher._orphan_guard", str(os.getpid()), "--", *spec.argv]
+            proc = subprocess.Popen(
+                guard,
+                env=dict(spec.env),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+            )
         self._procs[spec.local_rank] = proc
         pumps = []
         for stream, pipe, name in ((STDOUT, proc.stdout, "stdout.log"), (STDERR, proc.stderr, "stderr.log")):

@@ -1,0 +1,175 @@
+"""Sharded (FSDP2) flash checkpoint beside plain DCP, 2 ranks on CPU (gloo), in one run.
+
+Rows (each the slowest rank, best of several repetitions, the two sides interleaved):
+
+* blocking save: ``ShardedCheckpointer.save`` (local shards -> shared memory) beside
+  ``torch.distributed.checkpoint.save`` of the live state to local disk with fsync (what training
+  blocks for without flashckpt); the ratio is the speed-up;
+* persist: our DCP write of the staged snapshot with checksums and commit, beside the same
+  plain DCP save (the cost of checksums and the commit protocol);
+* restore: from shared memory into the existing shards beside ``torch.distributed.checkpoint.load``
+  from disk.
+
+    python benchmarks/flashckpt_sharded.py                # about 256 MB of state in all
+    python benchmarks/flashckpt_sharded.py --mb 1024
+
+Every row starts after ``os.sync()``. The machine may be shared: numbers vary between runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import shutil
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.filesystem import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+
+from dlrover.flashckpt.config import StagerConfig
+from dlrover.flashckpt.segment import remove_run
+from dlrover.flashckpt.sharded import ShardedCheckpointer, get_sharded_state
+
+MB = 1 << 20
+WORLD = 2
+
+
+def timed(fn: Callable[[], object]) -> float:
+    """Seconds of `fn` on the slowest rank (all ranks start together).
+
+    Dirty pages of the previous row are flushed first: otherwise whichever write comes second
+    pays for the disk still writing back the first.
+    """
+    os.sync()
+    dist.barrier()
+    start = time.perf_counter()
+    fn()
+    took = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+    dist.all_reduce(took, op=dist.ReduceOp.MAX)
+    return float(took.item())
+
+
+def rank_main(rank: int, init: str, job: str, *, tmp: str, total_mb: int, reps: int, out: str) -> None:
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=WORLD)
+    mesh = init_device_mesh("cpu", (WORLD,))
+    width = 1024
+    # A Linear(width, width) holds 4 MB of weights; AdamW adds two more copies: 12 MB of state.
+    layers = max(1, total_mb // 12)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(layers)])
+    for layer in model:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    model(torch.randn(2, width)).sum().backward()
+    opt.step()
+    state = get_sharded_state(model, opt)
+    state_bytes = sum(
+        t.to_local().numel() * t.element_size() if hasattr(t, "to_local") else t.numel() * t.element_size()
+        for t in _tensors(state)
+    )
+    cfg = StagerConfig(job_id=job, run_id="bench", rank=rank, world_size=WORLD, copy_threads=2)
+    ckpt = ShardedCheckpointer(cfg, Path(tmp) / "flash")
+    ckpt.prepare(state)
+    rows: dict[str, list[float]] = {"save_mem": [], "save_dcp": [], "persist": [], "load_mem": [], "load_dcp": []}
+    for i in range(reps):
+        step = i + 1
+        rows["save_mem"].append(timed(lambda step=step: ckpt.save(step, state)))
+        ckpt.stager.flush()
+        plain = Path(tmp) / f"plain{step}"
+
+        def plain_save(path: Path = plain) -> None:
+            dcp_save(state, storage_writer=FileSystemWriter(path, sync_files=True))
+
+        # The two disk writers take turns going first: the second one here runs measurably slower
+        # (the virtual disk is still absorbing the first one's data after os.sync returns).
+        writers = [("save_dcp", plain_save), ("persist", lambda step=step: ckpt.persist(step))]
+        for name, fn in writers if i % 2 == 0 else writers[::-1]:
+            rows[name].append(timed(fn))
+        rows["load_mem"].append(timed(lambda: ckpt.load(state)))
+
+        def plain_load(path: Path = plain) -> None:
+            dcp_load(state, storage_reader=FileSystemReader(path))
+
+        rows["load_dcp"].append(timed(plain_load))
+        dist.barrier()
+        if rank == 0:
+            shutil.rmtree(plain, ignore_errors=True)
+    if rank == 0:
+        result = {"rank_state_mb": state_bytes / MB, "layers": layers, "rows": rows}
+        Path(out).write_text(json.dumps(result))
+    dist.barrier()
+    ckpt.close(remove=True)
+    dist.destroy_process_group()
+
+
+def _tensors(obj: Any) -> list[torch.Tensor]:
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, dict):
+        return [t for v in obj.values() for t in _tensors(v)]
+    if isinstance(obj, list | tuple):
+        return [t for v in obj for t in _tensors(v)]
+    return []
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--mb", type=int, default=256, help="model + optimizer state over both ranks, MB")
+    p.add_argument("--reps", type=int, default=4)
+    p.add_argument("--dir", default=None, help="where checkpoints go (default: a temporary dir)")
+    a = p.parse_args()
+    job = "bench" + uuid.uuid4().hex[:8]
+    tmp = tempfile.mkdtemp(prefix="flashckpt-sharded-", dir=a.dir)
+    out = str(Path(tmp) / "result.json")
+    try:
+        # torch and FSDP are imported here once; the ranks are forked.
+        ctx = mp.get_context("fork")
+        init = f"file://{Path(tmp) / 'pg'}"
+        procs = [
+            ctx.Process(
+                target=rank_main,
+                args=(r, init, job),
+                kwargs={"tmp": tmp, "total_mb": a.mb, "reps": a.reps, "out": out},
+            )
+            for r in range(WORLD)
+        ]
+        for proc in procs:
+            proc.start()
+        for proc in procs:
+            proc.join(1800)
+        if any(proc.exitcode != 0 for proc in procs):
+            raise SystemExit(f"a rank failed: exit codes {[proc.exitcode for proc in procs]}")
+        result = json.loads(Path(out).read_text())
+    finally:
+        remove_run("/dev/shm", job, "bench")
+        shutil.rmtree(tmp, ignore_errors=True)
+    rows = {k: min(v) for k, v in result["rows"].items()}
+    print(f"FSDP2, {WORLD} ranks, {result['rank_state_mb']:.0f} MB of state per rank, best of {a.reps}")
+    print(f"{'what':<44}{'flashckpt s':>12}{'DCP s':>10}{'ratio':>9}")
+    table = [
+        ("blocking save (memory vs DCP to disk)", rows["save_mem"], rows["save_dcp"]),
+        ("persist (DCP + checksums + commit vs DCP)", rows["persist"], rows["save_dcp"]),
+        ("restore (memory in place vs DCP load)", rows["load_mem"], rows["load_dcp"]),
+    ]
+    for name, ours, theirs in table:
+        print(f"{name:<44}{ours:>12.4f}{theirs:>10.4f}{theirs / ours:>8.1f}x")
+    print("every repetition (s):")
+    for name, values in result["rows"].items():
+        print(f"  {name:<10}" + " ".join(f"{v:.3f}" for v in values))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,635 @@
+"""Flash checkpoints of sharded (FSDP2 / DTensor) state: local shards in shared memory, DCP in storage.
+
+Use::
+
+    from dlrover.flashckpt.sharded import ShardedCheckpointer, get_sharded_state, set_sharded_state
+
+    ckpt = ShardedCheckpointer(StagerConfig(job_id, run_id, rank=rank, world_size=ws), "/ckpt")
+    state = get_sharded_state(model, optimizer)          # DTensor leaves, via the public DSD API
+    loaded = ckpt.load(state)                            # collective: memory, else storage (resharded)
+    set_sharded_state(model, optimizer, loaded.state)
+    for step in ...:
+        train_step()
+        ckpt.save(step, state)                           # local shards -> shared memory, returns
+        if step % 100 == 0:
+            ckpt.persist(step)                           # collective: DCP save, checksums, commit
+
+What goes where:
+
+* `save` copies each rank's **local** shards (``DTensor.to_local()``) and the non-tensor values
+  into its shared-memory slots through the ordinary `Stager`, beside a JSON description of the
+  sharding (world size, each DTensor's global shape, placements and mesh shape).
+* `load` first asks every rank which steps it holds in memory *with the current sharding*; when
+  all ranks hold one, each copies its shards from memory into the existing local tensors (no
+  allocation). Otherwise it loads the newest committed checkpoint from storage through
+  ``torch.distributed.checkpoint.load``, which reshards: a checkpoint saved on N ranks loads on
+  M. Every DCP file's CRC-32 is checked first (the ranks share the reading); a damaged step is
+  skipped with a warning naming the file, and the previous committed one is used.
+* `persist` writes the staged snapshot of a step (not the live tensors, which training may be
+  changing) with ``torch.distributed.checkpoint.save`` and a ``FileSystemWriter`` into
+  ``<root>/<step>/``, then each rank checksums its share of the files and writes its done marker,
+  and the coordinator (rank 0) writes the manifest and moves the tracker (see `dcp_store`).
+
+Every method marked collective must be called by every rank of the process group in the same
+order. Without an initialised process group the checkpointer runs as a single rank (plain tensor
+states; useful for tests and tools).
+
+Storage is a POSIX path (local disk or a shared filesystem mounted on every node): DCP's public
+``FileSystemWriter``/``FileSystemReader`` write it. Object stores are not supported for sharded
+state yet.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.filesystem import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_state_dict,
+    set_state_dict,
+)
+from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
+from torch.distributed.tensor import DTensor
+
+from dlrover.common import Clock, ConfigError, SystemClock
+from dlrover.flashckpt.ckpt_format import (
+    FORMAT_VERSION,
+    TRACKER_FORMAT,
+    TRACKER_PATH,
+    done_path,
+    dump_json,
+    load_json,
+    manifest_path,
+    step_dir,
+)
+from dlrover.flashckpt.commit import CommitDecision, Committer, RetentionPolicy, decide_commit
+from dlrover.flashckpt.config import StagerConfig
+from dlrover.flashckpt.dcp_store import (
+    DCP_DONE_FORMAT,
+    checksum_file,
+    dcp_files,
+    done_doc,
+    manifest_doc,
+    parse_manifest,
+    verify_file,
+)
+from dlrover.flashckpt.dtypes import dtype_from_name
+from dlrover.flashckpt.errors import (
+    ChecksumError,
+    FlashCkptError,
+    LayoutError,
+    NoCheckpointError,
+    StateStructureError,
+    StorageError,
+)
+from dlrover.flashckpt.events import EventLog, FlashEvent
+from dlrover.flashckpt.layout import SlotState, TensorSpec, decode_manifest
+from dlrover.flashckpt.memory import LoadedState, MemoryReader
+from dlrover.flashckpt.restore import apply_values
+from dlrover.flashckpt.segment import ShmSegment, segment_path
+from dlrover.flashckpt.sharded_state import ShardedSplit, rejoin, skeleton, split_sharded
+from dlrover.flashckpt.slotio import peek_header, read_header, read_manifest
+from dlrover.flashckpt.stager import SaveResult, Stager
+from dlrover.flashckpt.storage.posix import PosixStorage
+from dlrover.flashckpt.tree import build_tree, flatten_state
+
+__all__ = ["ShardedCheckpointer", "get_sharded_state", "set_sharded_state"]
+
+
+def get_sharded_state(
+    model: torch.nn.Module,
+    optimizers: torch.optim.Optimizer | Sequence[torch.optim.Optimizer] = (),
+    options: StateDictOptions | None = None,
+) -> dict[str, Any]:
+    """``{"model": ..., "optim": ...}`` from ``torch.distributed.checkpoint.state_dict.get_state_dict``.
+
+    With the default options an FSDP2 model's tensors are DTensors sharing memory with its
+    parameters and optimizer state, so restoring into them restores the training state.
+
+    Args:
+        model: the (FSDP-wrapped, DDP or plain) model.
+        optimizers: its optimizer(s); none for a model-only state.
+        options: passed to ``get_state_dict`` (``full_state_dict`` must stay False: the point is
+            saving shards).
+    """
+    opts = options or StateDictOptions()
+    if opts.full_state_dict:
+        raise StateStructureError("get_sharded_state needs full_state_dict=False (sharded state)")
+    optims = _optims(optimizers)
+    model_sd, optim_sd = get_state_dict(model, optims, options=opts)
+    return {"model": model_sd, "optim": optim_sd} if optims else {"model": model_sd}
+
+
+def set_sharded_state(
+    model: torch.nn.Module,
+    optimizers: torch.optim.Optimizer | Sequence[torch.optim.Optimizer],
+    state: dict[str, Any],
+    options: StateDictOptions | None = None,
+) -> None:
+    """Apply a state from `get_sharded_state` (restored by `ShardedCheckpointer.load`) to the model
+    and optimizers through ``torch.distributed.checkpoint.state_dict.set_state_dict``."""
+    optims = _optims(optimizers)
+    set_state_dict(
+        model,
+        optims,
+        model_state_dict=state["model"],
+        optim_state_dict=state.get("optim", {}) if optims else {},
+        options=options or StateDictOptions(),
+    )
+
+
+def _optims(optimizers: torch.optim.Optimizer | Sequence[torch.optim.Optimizer]) -> tuple[torch.optim.Optimizer, ...]:
+    if isinstance(optimizers, torch.optim.Optimizer):
+        return (optimizers,)
+    return tuple(optimizers)
+
+
+class _Group:
+    """The few collectives the checkpointer needs; a single rank when no process group is up."""
+
+    def __init__(self, group: Any) -> None:
+        self.active = dist.is_available() and dist.is_initialized()
+        self.group = group
+        self.rank = dist.get_rank(group) if self.active else 0
+        self.size = dist.get_world_size(group) if self.active else 1
+        nccl = self.active and dist.get_backend(group) == "nccl"
+        # NCCL only moves CUDA tensors; gloo and others take CPU ones.
+        self.device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
+
+    def gather_ints(self, values: Sequence[int], width: int) -> list[list[int]]:
+        """Every rank's `values` (at most `width`, padded with -1), by rank; no pickle."""
+        local = torch.full((width,), -1, dtype=torch.int64, device=self.device)
+        if values:
+            local[: len(values)] = torch.tensor(list(values)[:width], dtype=torch.int64, device=self.device)
+        if not self.active:
+            return [local.tolist()]
+        out = [torch.empty_like(local) for _ in range(self.size)]
+        dist.all_gather(out, local, group=self.group)
+        return [t.tolist() for t in out]
+
+    def broadcast_int(self, value: int) -> int:
+        """Rank 0's `value` on every rank."""
+        if not self.active:
+            return value
+        t = torch.tensor([value], dtype=torch.int64, device=self.device)
+        dist.broadcast(t, src=dist.get_global_rank(self.group, 0) if self.group is not None else 0, group=self.group)
+        return int(t.item())
+
+    def barrier(self) -> None:
+        if self.active:
+            dist.barrier(group=self.group)
+
+
+class ShardedCheckpointer:
+    """Saves sharded state to shared memory and persists it with DCP (see the module docstring).
+
+    Args:
+        config: the stager's settings; `rank` and `world_size` must be this process's in `group`.
+        storage_dir: the checkpoint directory (a POSIX path every rank can reach).
+        group: the process group (None: the default group, or a single rank when none is up).
+        retention: which committed steps the coordinator keeps (None keeps all).
+        dcp_thread_count: DCP writer threads per rank.
+        clock: time source for the stager and events.
+    """
+
+    def __init__(
+        self,
+        config: StagerConfig,
+        storage_dir: str | os.PathLike[str],
+        *,
+        group: Any = None,
+        retention: RetentionPolicy | None = None,
+        dcp_thread_count: int = 1,
+        clock: Clock | None = None,
+    ) -> None:
+        self._g = _Group(group)
+        if (config.rank, config.world_size) != (self._g.rank, self._g.size):
+            raise FlashCkptError(
+                f"config says rank {config.rank} of {config.world_size}, "
+                f"the process group rank {self._g.rank} of {self._g.size}"
+            )
+        if dcp_thread_count < 1:
+            raise ConfigError(f"dcp_thread_count must be >= 1, got {dcp_thread_count!r}")
+        self.config = config
+        self.root = Path(storage_dir)
+        self.storage = PosixStorage(self.root)
+        self._committer = Committer(self.storage, retention)
+        self._clock = clock or SystemClock()
+        self._threads = dcp_thread_count
+        self.events = EventLog()
+        self.stager = Stager(config, clock=self._clock)
+        self._reader = MemoryReader(config, self._clock)
+        self._last: ShardedSplit | None = None
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="flashckpt-dcp")
+        self._pending: list[Future[CommitDecision]] = []
+
+    # -- memory --------------------------------------------------------------------------------
+
+    def prepare(self, state: Any) -> None:
+        """Allocate and pre-fault the shared memory for `state` (optional; see `Stager.prepare`)."""
+        split = split_sharded(state)
+        self.stager.prepare(self._staged(split))
+
+    def save(self, step: int, state: Any) -> SaveResult:
+        """Copy this rank's shards of `state` into shared memory and return (not collective).
+
+        Raises:
+            StateStructureError: an unsupported leaf (nothing is written).
+            SlotBusyError: no slot was free and the busy policy is ``raise``.
+        """
+        split = split_sharded(state)
+        result = self.stager.save(step, self._staged(split))
+        if result.saved:
+            self._last = split
+        return result
+
+    def _staged(self, split: ShardedSplit) -> dict[str, Any]:
+        return {"sharding": split.describe(self.config.world_size), "state": split.local}
+
+    def _snapshot_sharding(self, slot: int) -> tuple[int, dict[str, Any]] | None:
+        """(step, sharding description) of a complete snapshot, or None.
+
+        Reads the header and manifest with ``pread`` (mapping a slot would fault in all of it);
+        the manifest's CRC catches a torn read, and `MemoryReader.load` re-checks under the lock.
+        """
+        c = self.config
+        path = segment_path(c.shm_dir, c.job_id, c.run_id, c.rank, slot)
+        header = peek_header(path)
+        if header is None or header.state < SlotState.COMPLETE:
+            return None
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            return None
+        try:
+            raw = os.pread(fd, header.manifest_len, header.manifest_off)
+            tree, _ = decode_manifest(raw, header.manifest_crc)
+            return header.step, _sharding_of(tree)
+        except (OSError, LayoutError, StateStructureError):
+            return None
+        finally:
+            os.close(fd)
+
+    def memory_steps(self, state: Any) -> list[int]:
+        """Steps this rank holds in memory with the sharding `state` has now, newest first."""
+        return self._memory_steps(split_sharded(state))
+
+    def _memory_steps(self, split: ShardedSplit) -> list[int]:
+        wanted = split.describe(self.config.world_size)
+        found = (self._snapshot_sharding(s.slot) for s in self._reader.snapshots())
+        return [f[0] for f in found if f is not None and f[1] == wanted]
+
+    # -- load ----------------------------------------------------------------------------------
+
+    def load(self, state: Any, from_memory: bool = True) -> LoadedState:
+        """Restore `state` in place: from memory when every rank holds a step, else from storage.
+
+        Collective. Then apply it to the model with `set_sharded_state` (FSDP2 shares memory with
+        the state, but other wrappers may not).
+
+        Args:
+            state: the current state (e.g. from `get_sharded_state`), sharded as this job is now.
+            from_memory: try shared memory first.
+
+        Returns:
+            The restored state (`state` itself, tensors restored in place, other values replaced).
+
+        Raises:
+            NoCheckpointError: nothing loadable in memory or storage.
+            StateStructureError: `state` does not match the checkpoint (nothing was changed).
+        """
+        self._wait_background()
+        split = split_sharded(state)
+        if from_memory:
+            mine = self._memory_steps(split)
+            per_rank = self._g.gather_ints(mine, self.config.num_slots)
+            step = _common_newest([[s for s in r if s >= 0] for r in per_rank])
+            if step is not None:
+                loaded: LoadedState | None = None
+                error = ""
+                try:
+                    target = {"sharding": split.describe(self.config.world_size), "state": split.local}
+                    loaded = self._reader.load(target=target, step=step)
+                except (ChecksumError, NoCheckpointError, StateStructureError, LayoutError) as e:
+                    error = str(e)
+                ok = self._g.gather_ints([0 if loaded is not None else 1], 1)
+                if all(r[0] == 0 for r in ok) and loaded is not None:
+                    restored = rejoin(state, loaded.state["state"])
+                    self._last = split  # a restarted process may persist what it found in memory
+                    return LoadedState(restored, step, "memory", loaded.verified, loaded.detail)
+                self._event("fallback", step, f"memory load of step {step} failed on some rank ({error or 'peer'})")
+        return self._load_storage(state, split)
+
+    def _load_storage(self, state: Any, split: ShardedSplit) -> LoadedState:
+        committed, _ = self._committer.steps()
+        try:
+            tracker = self._committer.tracker()
+        except (LayoutError, StorageError) as e:
+            self._event("fallback", -1, f"the tracker is unreadable ({e}); using the newest committed step")
+            tracker = None
+        candidates = sorted((s for s in committed if tracker is None or s <= tracker.step), reverse=True)
+        if tracker is not None and tracker.step not in committed:
+            self._event("fallback", tracker.step, f"the tracker names step {tracker.step}, which is missing")
+        local_tree = flatten_state(split.local).tree
+        reasons = []
+        for step in candidates:
+            problem, man = self._check_step(step)
+            if man is not None and problem is None:
+                if skeleton(man["tree"]) != skeleton(local_tree) or list(man["tensor_keys"]) != list(split.keys):
+                    raise StateStructureError(
+                        f"checkpoint step {step} holds another state structure than the one to restore into "
+                        f"(tensor keys saved {len(man['tensor_keys'])}, now {len(split.keys)})"
+                    )
+                dcp_load(
+                    split.dcp,
+                    storage_reader=FileSystemReader(self.root / step_dir(step)),
+                    process_group=self._g.group,
+                    no_dist=not self._g.active,
+                )
+                values = apply_values(split.local, man["tree"])
+                restored = rejoin(state, values)
+                self._last = split
+                detail = f"{self.root / step_dir(step)} (step {step}, saved by {man['world_size']} ranks)"
+                return LoadedState(restored, step, "storage", True, detail)
+            reasons.append(f"step {step}: {problem}")
+            self._event("fallback", step, f"checkpoint step {step} is unusable: {problem}; trying the previous one")
+        raise NoCheckpointError(
+            "no loadable committed checkpoint" + (": " + "; ".join(reasons) if reasons else " in storage")
+        )
+
+    def _check_step(self, step: int) -> tuple[str | None, dict[str, Any] | None]:
+        """Verify a step's manifest and files, the ranks sharing the reading. Collective.
+
+        Returns:
+            (a sentence naming the first bad file, or None; the manifest when readable)
+        """
+        man: dict[str, Any] | None = None
+        bad = -1  # -1: fine; -2: manifest unreadable; i >= 0: file i is bad
+        try:
+            man = parse_manifest(self.storage.read_bytes(manifest_path(step)), step)
+        except (LayoutError, StorageError):
+            bad = -2
+        names = sorted(man["files"]) if man is not None else []
+        for i, name in enumerate(names):
+            if i % self._g.size != self._g.rank:
+                continue
+            try:
+                verify_file(self.root / step_dir(step) / name, man["files"][name] if man else {})
+            except (ChecksumError, StorageError) as e:
+                self._event("checksum_mismatch", step, str(e))
+                bad = i
+                break
+        per_rank = [r[0] for r in self._g.gather_ints([bad], 1)]
+        if any(b == -2 for b in per_rank):
+            return f"{manifest_path(step)} is unreadable", man
+        for b in per_rank:
+            if b >= 0:
+                name = names[b] if b < len(names) else f"file #{b}"
+                return f"{self.root / step_dir(step) / name} is missing, truncated or corrupt (checksum)", man
+        return None, man
+
+    # -- persist -------------------------------------------------------------------------------
+
+    def persist(self, step: int) -> CommitDecision:
+        """Write the staged snapshot of `step` with DCP, checksum it and commit it. Collective.
+
+        Blocks until done (see `persist_async` for the background). The tracker moves only after
+        every rank's done marker is written; a failure or crash at any point leaves it at the
+        previous committed checkpoint.
+
+        Returns:
+            Whether the step was committed, and why (not); every rank gets the same answer.
+        """
+        self._wait_background()
+        return self._persist(step, self._last)
+
+    def persist_async(self, step: int) -> Future[CommitDecision]:
+        """`persist` on a background thread; training goes on meanwhile. Collective.
+
+        The snapshot stays in its shared-memory slot, held under a shared lock, so `save` uses
+        the other slot meanwhile (and waits per the busy policy if both are held). Every rank
+        must call it for the same steps in the same order.
+
+        Returns:
+            A future of the commit decision (never raises for a failed persist: the decision says).
+
+        Raises:
+            FlashCkptError: in a distributed job, the checkpointer was not given a process group
+                of its own (its collectives would interleave with training's).
+        """
+        if self._g.active and self._g.group is None:
+            raise FlashCkptError(
+                "persist_async needs a process group used by nothing else, e.g. "
+                "ShardedCheckpointer(..., group=torch.distributed.new_group(backend='gloo'))"
+            )
+        future = self._pool.submit(self._persist, step, self._last)
+        self._pending.append(future)
+        return future
+
+    def _wait_background(self) -> None:
+        while self._pending:
+            self._pending.pop(0).result()
+
+    def _persist(self, step: int, last: ShardedSplit | None) -> CommitDecision:
+        g = self._g
+        go = 1
+        if g.rank == 0:
+            try:
+                tracker = self._committer.tracker()
+            except (LayoutError, StorageError):
+                tracker = None  # a new commit replaces an unreadable tracker
+            if tracker is not None and step <= tracker.step:
+                go = 0
+            else:
+                try:
+                    self.storage.remove_tree(step_dir(step))  # leftovers of an attempt that crashed
+                except StorageError as e:
+                    self._event("persist_failed", step, f"cannot clear {step_dir(step)}: {e}")
+                    go = -1
+        go = g.broadcast_int(go)
+        if go != 1:
+            why = "is not newer than the committed step" if go == 0 else "cannot be cleared of leftovers"
+            return CommitDecision(False, f"step {step} {why}")
+        held = int(last is not None and step in self._memory_steps(last))
+        if not all(r[0] == 1 for r in g.gather_ints([held], 1)):
+            return CommitDecision(False, f"step {step} is not in memory with the current sharding on every rank")
+        assert last is not None
+        ok = 1
+        reason = ""
+        record: tuple[dict[str, Any], list[str]] = ({}, [])
+        try:
+            with self._snapshot_views(step) as (tree, views):
+                # The manifest records the snapshot's own values, not the live state's.
+                record = (_state_node(tree), [])
+                staged = split_sharded(build_tree(tree, views, ndarray_as_numpy=False)["state"])
+                record[1].extend(staged.keys)
+                state = {k: _as_dtensor(v, k, last) for k, v in staged.dcp.items()}
+                dcp_save(
+                    state,
+                    storage_writer=FileSystemWriter(
+                        self.root / step_dir(step), sync_files=True, thread_count=self._threads
+                    ),
+                    process_group=g.group,
+                    no_dist=not g.active,
+                )
+                del views, staged, state
+            self._write_done(step)
+        except Exception as e:  # reported in the decision; raising here would strand the other ranks
+            ok, reason = 0, f"rank {g.rank}: {type(e).__name__}: {e}"
+            self._event("persist_failed", step, reason)
+        g.barrier()
+        if not all(r[0] == 1 for r in g.gather_ints([ok], 1)):
+            return CommitDecision(False, reason or f"step {step}: another rank failed to persist")
+        committed = 0
+        message = ""
+        if g.rank == 0:
+            try:
+                decision = self._commit(step, record[0], record[1], last.describe(self.config.world_size))
+                committed, message = int(decision.commit), decision.reason
+            except Exception as e:  # reported in the decision; raising here would strand the other ranks
+                message = f"commit of step {step} failed: {e}"
+                self._event("persist_failed", step, message)
+        committed = g.broadcast_int(committed)
+        if g.rank != 0:
+            message = f"step {step} {'committed' if committed else 'not committed'} by rank 0"
+        return CommitDecision(bool(committed), message)
+
+    @contextlib.contextmanager
+    def _snapshot_views(self, step: int) -> Iterator[tuple[dict[str, Any], list[torch.Tensor]]]:
+        """The staged snapshot of `step` as views into shared memory, held under a shared lock."""
+        c = self.config
+        for snap in self._reader.snapshots():
+            if snap.step != step:
+                continue
+            seg = ShmSegment.attach(segment_path(c.shm_dir, c.job_id, c.run_id, c.rank, snap.slot))
+            try:
+                deadline = self._clock.now() + c.lock_timeout_s
+                while not seg.try_lock(exclusive=False):
+                    if self._clock.now() >= deadline:
+                        raise FlashCkptError(f"{seg.path} stayed locked for {c.lock_timeout_s}s")
+                    self._clock.sleep(c.busy_poll_interval_s)
+                try:
+                    header = read_header(seg)
+                    if header is None or header.step != step or header.state < SlotState.COMPLETE:
+                        raise NoCheckpointError(f"rank {c.rank}: step {step} was overwritten in memory")
+                    tree, specs = read_manifest(seg, header)
+                    views = _exact_views(seg, header.data_off, specs)
+                    yield tree, views
+                    del views
+                finally:
+                    seg.unlock()
+            finally:
+                seg.close()
+            return
+        raise NoCheckpointError(f"rank {c.rank}: no complete snapshot of step {step} in memory")
+
+    def _write_done(self, step: int) -> None:
+        names = dcp_files(self.root / step_dir(step))
+        g = self._g
+        files = {n: checksum_file(self.root / step_dir(step) / n) for i, n in enumerate(names) if i % g.size == g.rank}
+        # Written through PosixStorage: atomic, and its directory fsync also makes DCP's renames durable.
+        self.storage.write_file(done_path(step, g.rank), [dump_json(done_doc(step, g.rank, files))])
+
+    def _commit(self, step: int, tree: dict[str, Any], keys: list[str], sharding: dict[str, Any]) -> CommitDecision:
+        ws = self.config.world_size
+        decision = decide_commit(step, ws, self._committer.done_ranks(step), self._committer.tracker())
+        if not decision.commit:
+            return decision
+        done = [
+            load_json(self.storage.read_bytes(done_path(step, r)), DCP_DONE_FORMAT, done_path(step, r))
+            for r in range(ws)
+        ]
+        man = manifest_doc(
+            step,
+            world_size=ws,
+            done=done,
+            listed=dcp_files(self.root / step_dir(step)),
+            tree=tree,
+            tensor_keys=keys,
+            sharding=sharding,
+        )
+        self.storage.write_file(manifest_path(step), [dump_json(man)])
+        tracker = {"format": TRACKER_FORMAT, "version": FORMAT_VERSION, "step": step, "world_size": ws}
+        self.storage.write_file(TRACKER_PATH, [dump_json(tracker)])
+        if self._committer.retention is not None:
+            try:
+                self._committer.apply_retention()
+            except StorageError as e:
+                self._event("retention_failed", step, str(e))
+        return decision
+
+    # -- misc ----------------------------------------------------------------------------------
+
+    def _event(self, kind: str, step: int, reason: str) -> None:
+        self.events.record(FlashEvent(kind, step, reason, self._clock.wall_time()))
+
+    def close(self, remove: bool | None = None) -> None:
+        """Finish background persists, then close the stager (see `Stager.close`; `remove` unlinks
+        this rank's shared memory)."""
+        self._pool.shutdown(wait=True)
+        self._pending.clear()
+        self.stager.close(remove=remove)
+
+
+def _exact_views(seg: ShmSegment, data_off: int, specs: tuple[TensorSpec, ...]) -> list[torch.Tensor]:
+    """Each tensor of a slot as a view whose storage is exactly its bytes.
+
+    DCP's writer clones a tensor whose storage is larger than the tensor (it would otherwise
+    serialize the whole storage); slices of one big mapping would all be cloned, costing a copy
+    and fresh pages per persist.
+    """
+    views = []
+    for spec in specs:
+        dtype = dtype_from_name(spec.dtype)
+        if spec.nbytes == 0:
+            views.append(torch.empty(spec.shape, dtype=dtype))
+            continue
+        raw = torch.frombuffer(seg.mm, dtype=torch.uint8, count=spec.nbytes, offset=data_off + spec.offset)
+        views.append(raw.view(dtype).view(spec.shape))
+    return views
+
+
+def _as_dtensor(view: torch.Tensor, key: str, live: ShardedSplit) -> torch.Tensor:
+    info = live.shards.get(key)
+    if info is None:
+        return view
+    return DTensor.from_local(
+        view, info.mesh, list(info.placements), run_check=False, shape=info.shape, stride=info.stride
+    )
+
+
+def _sharding_of(tree: dict[str, Any]) -> dict[str, Any]:
+    """The staged sharding description inside a snapshot's tree (it holds no tensors)."""
+    if not isinstance(tree, dict) or "dict" not in tree:
+        raise StateStructureError("the snapshot is not a sharded snapshot")
+    for key, node in tree["dict"]:
+        if key == {"str": "sharding"}:
+            value = build_tree(node, [])
+            if isinstance(value, dict):
+                return value
+    raise StateStructureError("the snapshot is not a sharded snapshot")
+
+
+def _state_node(tree: dict[str, Any]) -> dict[str, Any]:
+    """The ``state`` part of a staged snapshot's tree (its tensor indices start at 0: the
+    ``sharding`` part before it holds no tensors)."""
+    for key, node in tree.get("dict", []):
+        if key == {"str": "state"} and isinstance(node, dict):
+            return node
+    raise StateStructureError("the snapshot is not a sharded snapshot")
+
+
+def _common_newest(per_rank: list[list[int]]) -> int | None:
+    common = set(per_rank[0]) if per_rank else set()
+    for steps in per_rank[1:]:
+        common &= set(steps)
+    return max(common) if common else None

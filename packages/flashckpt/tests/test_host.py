@@ -1,0 +1,347 @@
+"""SaverHost with a real Unix socket and real files in a private shm dir (no torch): ensure starts,
+reuses and (on a resize) replaces a run's saver, bad requests change nothing, stop removes or keeps
+memory, a job-end shutdown ends the run. Plus the pure decision table as a state machine."""
+
+from __future__ import annotations
+
+import os
+import socket
+import stat
+import struct
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+
+from dlrover.common import ConfigError
+from dlrover.flashckpt.channel import recv_message, send_message
+from dlrover.flashckpt.client import SaverClient
+from dlrover.flashckpt.errors import FlashCkptError, SaverUnavailableError
+from dlrover.flashckpt.host import (
+    EnsureAction,
+    HostRuns,
+    SaverHost,
+    SaverHostConfig,
+    SaverRequest,
+    host_socket_path,
+    request_saver,
+)
+from dlrover.flashckpt.saver import Saver, SaverConfig, socket_path
+from dlrover.flashckpt.segment import cleanup_stale, segment_path
+from dlrover.flashckpt.storage import InMemoryStorage
+
+WAIT_S = 60.0
+
+
+def _wait_until(predicate: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.01)
+
+
+@pytest.fixture
+def shm(tmp_path: Path) -> Path:
+    d = tmp_path / "shm"
+    d.mkdir()
+    return d
+
+
+@pytest.fixture
+def host(shm: Path) -> Iterator[SaverHost]:
+    h = SaverHost(
+        SaverHostConfig(str(host_socket_path(shm)), stop_timeout_s=WAIT_S, drain_timeout_s=5.0, max_runs=2),
+        storage_factory=lambda _dir: InMemoryStorage(),
+    )
+    h.start()
+    yield h
+    h.stop(remove_memory=True)
+    assert list(shm.iterdir()) == []  # nothing of the host or its runs is left
+
+
+def _request(shm: Path, tmp_path: Path, **kw: Any) -> SaverRequest:
+    fields: dict[str, Any] = {
+        "job_id": "job",
+        "run_id": "run",
+        "world_size": 2,
+        "storage_dir": str(tmp_path / "ckpt"),
+        "shm_dir": str(shm),
+    }
+    fields.update(kw)
+    return SaverRequest(**fields)
+
+
+def _raw(host: SaverHost, msg: dict[str, Any]) -> dict[str, Any]:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(WAIT_S)
+        s.connect(str(host.socket_path))
+        send_message(s, msg)
+        reply = recv_message(s)
+    assert reply is not None
+    return reply
+
+
+def _fake_segment(shm: Path, rank: int, job: str = "job", run: str = "run") -> Path:
+    path = segment_path(shm, job, run, rank, 0)
+    path.write_bytes(b"\0" * 64)
+    return path
+
+
+def test_ensure_starts_a_saver_then_reuses_it(host: SaverHost, shm: Path, tmp_path: Path) -> None:
+    assert stat.S_IMODE(host.socket_path.stat().st_mode) == 0o600
+    first = request_saver(host.socket_path, _request(shm, tmp_path))
+    assert first.action == "started"
+    assert first.path == socket_path(shm, "job", "run")
+    assert stat.S_IMODE(first.path.stat().st_mode) == 0o600
+    assert first.saver_pid == os.getpid()  # the saver runs in the host's process
+    saver = host.saver("job", "run")
+    again = request_saver(host.socket_path, _request(shm, tmp_path))
+    assert (again.action, again.path) == ("reused", first.path)
+    assert host.saver("job", "run") is saver
+    client = SaverClient(first.path, 0, 2)  # the saver answers like a detached one
+    try:
+        assert client.saver_pid == os.getpid()
+    finally:
+        client.close()
+
+
+def test_a_resize_replaces_the_saver_and_keeps_the_memory(host: SaverHost, shm: Path, tmp_path: Path) -> None:
+    request_saver(host.socket_path, _request(shm, tmp_path, world_size=2))
+    old = host.saver("job", "run")
+    assert old is not None
+    client = SaverClient(old.socket_path, 1, 2)
+    segments = [_fake_segment(shm, 0), _fake_segment(shm, 1)]
+    try:
+        shrunk = request_saver(host.socket_path, _request(shm, tmp_path, world_size=1))
+        assert shrunk.action == "replaced"
+        assert "world size 2 -> 1" in shrunk.reason
+        new = host.saver("job", "run")
+        assert new is not None
+        assert new is not old
+        assert new.config.world_size == 1
+        assert all(p.exists() for p in segments)  # replacing never removes snapshots
+        _wait_until(lambda: client.closed)  # the old saver's stagers learn it is gone
+        grown = request_saver(host.socket_path, _request(shm, tmp_path, world_size=2, coordinator=False))
+        assert grown.action == "replaced"
+        final = host.saver("job", "run")
+        assert final is not None
+        assert (final.config.world_size, final.config.coordinator) == (2, False)
+        SaverClient(grown.path, 0, 2).close()  # the new saver listens
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        ({"type": "persist"}, "unknown message type 'persist'"),
+        ({"world_size": None}, "needs ['world_size']"),
+        ({"world_size": 0}, "world_size must be an integer >= 1, got 0"),
+        ({"world_size": True}, "world_size must be an integer >= 1, got True"),
+        ({"num_slots": 1}, "num_slots must be an integer >= 2, got 1"),
+        ({"job_id": "../etc"}, "job id '../etc'"),
+        ({"storage_dir": "relative/ckpt"}, "storage_dir must be an absolute path, got 'relative/ckpt'"),
+        ({"shm_dir": "/no/such/dir"}, "shm_dir '/no/such/dir' is not a directory"),
+        ({"coordinator": "yes"}, "coordinator must be true or false, got 'yes'"),
+        ({"storage_dir": "/elsewhere"}, "is served with storage_dir="),
+        ({"job_id": "other"}, "already serves 2 runs"),
+    ],
+)
+def test_bad_requests_get_errors_and_change_nothing(
+    host: SaverHost, shm: Path, tmp_path: Path, change: dict[str, Any], match: str
+) -> None:
+    request_saver(host.socket_path, _request(shm, tmp_path))
+    request_saver(host.socket_path, _request(shm, tmp_path, run_id="run2"))  # max_runs=2 reached
+    before, saver = host.runs(), host.saver("job", "run")
+    msg = _request(shm, tmp_path).to_message()
+    for key, value in change.items():
+        if value is None:
+            del msg[key]
+        else:
+            msg[key] = value
+    reply = _raw(host, msg)
+    assert reply["type"] == "error"
+    assert match in reply["reason"], reply
+    assert host.runs() == before
+    assert host.saver("job", "run") is saver
+    with pytest.raises(SaverUnavailableError, match="refused"):
+        request_saver(host.socket_path, _request(shm, tmp_path, storage_dir="/elsewhere"))
+
+
+def test_a_bad_frame_is_answered_and_the_host_keeps_serving(host: SaverHost, shm: Path, tmp_path: Path) -> None:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(WAIT_S)
+        s.connect(str(host.socket_path))
+        s.sendall(struct.pack(">I", 5) + b"{bad}")
+        reply = recv_message(s)
+    assert reply is not None
+    assert reply["type"] == "error"
+    assert "not JSON" in reply["reason"]
+    assert request_saver(host.socket_path, _request(shm, tmp_path)).action == "started"
+
+
+def test_unusable_storage_is_refused_before_a_running_saver_is_touched(shm: Path, tmp_path: Path) -> None:
+    def storage(path: str) -> InMemoryStorage:
+        if "bad" in path:
+            raise OSError(f"permission denied: {path}")
+        return InMemoryStorage()
+
+    host = SaverHost(SaverHostConfig(str(shm / "host.sock"), stop_timeout_s=WAIT_S), storage_factory=storage)
+    host.start()
+    try:
+        request_saver(host.socket_path, _request(shm, tmp_path, storage_dir="/ok"))
+        saver = host.saver("job", "run")
+        with pytest.raises(SaverUnavailableError, match="storage '/bad' is unusable"):
+            request_saver(host.socket_path, _request(shm, tmp_path, run_id="r2", storage_dir="/bad"))
+        assert set(host.runs()) == {("job", "run")}
+        assert host.saver("job", "run") is saver
+    finally:
+        host.stop(remove_memory=True)
+    assert list(shm.iterdir()) == []
+
+
+@pytest.mark.parametrize("remove_memory", [True, False])
+def test_stop_removes_or_keeps_the_memory(shm: Path, tmp_path: Path, remove_memory: bool) -> None:
+    host = SaverHost(
+        SaverHostConfig(str(host_socket_path(shm)), stop_timeout_s=WAIT_S), storage_factory=lambda _d: InMemoryStorage()
+    )
+    host.start()
+    request_saver(host.socket_path, _request(shm, tmp_path))
+    segment = _fake_segment(shm, 0)
+    host.stop(remove_memory=remove_memory)
+    left = sorted(p.name for p in shm.iterdir())
+    if remove_memory:
+        assert left == []
+    else:
+        # The snapshot and its owner record stay; the host's and the saver's sockets go.
+        assert left == sorted([segment.name, "dlrover-fc.job.run.owner"])
+    with pytest.raises(SaverUnavailableError, match=str(host.socket_path)):
+        request_saver(host.socket_path, _request(shm, tmp_path))
+
+
+def test_a_job_end_shutdown_stops_the_run_and_removes_its_memory(host: SaverHost, shm: Path, tmp_path: Path) -> None:
+    hosted = request_saver(host.socket_path, _request(shm, tmp_path))
+    _fake_segment(shm, 0)
+    SaverClient(hosted.path, 0, 2).close(shutdown_saver=True)
+    _wait_until(lambda: host.runs() == {})
+    assert sorted(p.name for p in shm.iterdir() if "job.run" in p.name) == []
+    # A later request starts a fresh saver.
+    assert request_saver(host.socket_path, _request(shm, tmp_path)).action == "started"
+
+
+def test_an_unreachable_host_fails_naming_its_socket(tmp_path: Path) -> None:
+    missing = tmp_path / "no-host.sock"
+    with pytest.raises(SaverUnavailableError, match=str(missing)):
+        request_saver(missing, _request(tmp_path, tmp_path), timeout_s=5)
+
+
+def test_a_host_socket_named_like_a_run_survives_stale_cleanup_while_the_host_runs(shm: Path) -> None:
+    host = SaverHost(SaverHostConfig(str(host_socket_path(shm))))
+    host.start()
+    try:
+        assert cleanup_stale(shm) == []
+        assert host.socket_path.exists()
+    finally:
+        host.stop(remove_memory=True)
+    assert list(shm.iterdir()) == []
+
+
+def test_the_persist_thread_runs_at_a_lower_priority(shm: Path) -> None:
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    saver = Saver(SaverConfig(job_id="nice", run_id="r", shm_dir=str(shm), worker_nice=5), InMemoryStorage())
+    saver.start()
+    try:
+        worker = next(t for t in threading.enumerate() if t.name == "flashckpt-saver-worker" and t.is_alive())
+        assert worker.native_id is not None
+        tid = worker.native_id
+        _wait_until(lambda: os.getpriority(os.PRIO_PROCESS, tid) == min(19, base + 5))
+        assert os.getpriority(os.PRIO_PROCESS, 0) == base  # the rest of the process is untouched
+    finally:
+        saver.stop(remove_memory=True)
+
+
+def test_configs_reject_nonsense(shm: Path, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="socket_path must be absolute"):
+        SaverHostConfig("relative.sock")
+    with pytest.raises(ConfigError, match="not in an existing directory"):
+        SaverHostConfig(str(tmp_path / "missing" / "h.sock"))
+    with pytest.raises(ConfigError, match="persist_nice must be at most 19"):
+        SaverHostConfig(str(shm / "h.sock"), persist_nice=20)
+    with pytest.raises(ConfigError, match="stop_timeout_s"):
+        SaverHostConfig(str(shm / "h.sock"), stop_timeout_s=0)
+    with pytest.raises(ConfigError, match="worker_nice must be at most 19"):
+        SaverConfig(job_id="j", run_id="r", worker_nice=25)
+    with pytest.raises(ConfigError, match="max_runs"):
+        HostRuns(0)
+    with pytest.raises(FlashCkptError, match="storage_dir must be an absolute path"):
+        _request(shm, tmp_path, storage_dir="ckpt")
+
+
+# -- the decision table ----------------------------------------------------------------------------
+
+SHM_DIRS = ["/tmp", "/"]  # existing directories; decisions never write there
+
+
+@st.composite
+def requests(draw: st.DrawFn) -> SaverRequest:
+    return SaverRequest(
+        job_id=draw(st.sampled_from(["a", "b"])),
+        run_id=draw(st.sampled_from(["r", "s"])),
+        world_size=draw(st.integers(1, 3)),
+        storage_dir=draw(st.sampled_from(["/c1", "/c2"])),
+        coordinator=draw(st.booleans()),
+        shm_dir=draw(st.sampled_from(SHM_DIRS)),
+        num_slots=draw(st.sampled_from([2, 3])),
+    )
+
+
+class HostRunsMachine(RuleBasedStateMachine):
+    """HostRuns against a dict model: one saver per run, refusals change nothing."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.runs = HostRuns(max_runs=3)
+        self.model: dict[tuple[str, str], SaverRequest] = {}
+
+    @rule(request=requests())
+    def ensure(self, request: SaverRequest) -> None:
+        before = self.runs.runs()
+        decision = self.runs.decide(request)
+        assert self.runs.runs() == before  # deciding alone changes nothing
+        current = self.model.get(request.key)
+        if current is None:
+            expected = EnsureAction.START if len(self.model) < 3 else EnsureAction.REFUSE
+        elif (current.storage_dir, current.shm_dir, current.num_slots) != (
+            request.storage_dir,
+            request.shm_dir,
+            request.num_slots,
+        ):
+            expected = EnsureAction.REFUSE
+        elif (current.world_size, current.coordinator) != (request.world_size, request.coordinator):
+            expected = EnsureAction.REPLACE
+        else:
+            expected = EnsureAction.REUSE
+        assert decision.action is expected, decision.reason
+        assert decision.reason
+        self.runs.apply(request, decision)
+        if expected is not EnsureAction.REFUSE:
+            self.model[request.key] = request
+
+    @rule(job=st.sampled_from(["a", "b"]), run=st.sampled_from(["r", "s"]))
+    def forget(self, job: str, run: str) -> None:
+        assert self.runs.forget((job, run)) == self.model.pop((job, run), None)
+
+    @invariant()
+    def matches_the_model(self) -> None:
+        assert self.runs.runs() == self.model
+        assert len(self.model) <= 3
+
+
+TestHostRunsMachine = HostRunsMachine.TestCase
+TestHostRunsMachine.settings = settings(stateful_step_count=20, deadline=None)

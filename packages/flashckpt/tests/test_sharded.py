@@ -1,0 +1,429 @@
+"""Sharded state: splitting, the DCP store's checksums and commit, and real FSDP2 jobs resharding."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+import uuid
+import zlib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from flashckpt_testlib import keys, same_bits, states, zeros_like_state
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch.distributed.checkpoint.filesystem import FileSystemReader
+from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+
+from dlrover.flashckpt.ckpt_format import TRACKER_PATH, manifest_path
+from dlrover.flashckpt.commit import Committer, RetentionPolicy, Tracker
+from dlrover.flashckpt.config import StagerConfig
+from dlrover.flashckpt.dcp_store import checksum_file, manifest_doc, parse_manifest, verify_file
+from dlrover.flashckpt.errors import (
+    ChecksumError,
+    FlashCkptError,
+    LayoutError,
+    NoCheckpointError,
+    StateStructureError,
+    StorageError,
+)
+from dlrover.flashckpt.segment import remove_run
+from dlrover.flashckpt.sharded import ShardedCheckpointer
+from dlrover.flashckpt.sharded_state import rejoin, skeleton, split_sharded
+from dlrover.flashckpt.storage import PosixStorage
+from dlrover.flashckpt.tree import flatten_state
+
+WORKER = str(Path(__file__).with_name("flashckpt_sharded_worker.py"))
+KILLED = str(Path(__file__).with_name("flashckpt_sharded_kill.py"))
+
+# Single-rank tests run DCP without a process group on purpose.
+pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+
+
+def _state(seed: float) -> dict[str, Any]:
+    return {
+        "model": {"0.weight": torch.full((4, 3), seed), "0.bias": torch.arange(3, dtype=torch.int16)},
+        "optim": {"state": {"0.weight": {"step": torch.tensor(seed)}}, "param_groups": [{"lr": seed, "n": None}]},
+        "rng": np.arange(5, dtype=np.uint32) + int(seed),
+        "step": int(seed),
+    }
+
+
+# -- splitting ---------------------------------------------------------------------------------
+
+
+def test_split_keys_follow_dcp_flattening_and_share_memory() -> None:
+    s = _state(1.0)
+    split = split_sharded(s)
+    assert split.keys == ("model.0.weight", "model.0.bias", "optim.state.0.weight.step", "rng")
+    assert split.dcp["model.0.weight"] is s["model"]["0.weight"]
+    assert split.dcp["rng"].data_ptr() == s["rng"].ctypes.data  # a view, not a copy
+    assert split.local["model"]["0.weight"] is s["model"]["0.weight"]
+    assert split.local["rng"] is s["rng"]
+    assert split.local["optim"]["param_groups"] == [{"lr": 1.0, "n": None}]
+    assert split.shards == {}
+    assert split.describe(1) == {"world_size": 1, "shards": {}}
+
+
+def test_split_refuses_colliding_keys_and_odd_keys() -> None:
+    t = torch.zeros(1)
+    with pytest.raises(StateStructureError, match=r"'a\.b'"):
+        split_sharded({"a.b": t, "a": {"b": t}})
+    with pytest.raises(StateStructureError, match="str or int keys"):
+        split_sharded({("x", 1): t})
+    with pytest.raises(StateStructureError, match="is a dict"):
+        split_sharded([t])
+
+
+@given(st.dictionaries(keys, states(), max_size=4))
+def test_split_views_every_tensor_once_and_rejoins(state: dict[Any, Any]) -> None:
+    error = ""
+    try:
+        split = split_sharded(state)
+    except StateStructureError as e:
+        error = str(e)
+    if error:
+        assert "DCP key" in error  # int 1 beside str "1", or "a.b" beside "a" -> "b"
+        return
+    assert same_bits(split.local, state)  # no DTensor: the local view is the state itself
+    leaves = [leaf.tensor for leaf in flatten_state(state).leaves]
+    assert len(set(split.keys)) == len(split.keys) == len(leaves)
+    assert all(split.dcp[k].data_ptr() == t.data_ptr() for k, t in zip(split.keys, leaves, strict=True))
+    # rejoin takes every non-tensor value and keeps every tensor of the target.
+    target = zeros_like_state(state)
+    assert same_bits(rejoin(target, state), _tensors_zeroed(state))
+
+
+def _tensors_zeroed(s: Any) -> Any:
+    if isinstance(s, torch.Tensor):
+        return torch.zeros_like(s)
+    if isinstance(s, dict):
+        return {k: _tensors_zeroed(v) for k, v in s.items()}
+    if isinstance(s, list | tuple):
+        return type(s)(_tensors_zeroed(v) for v in s)
+    return s
+
+
+@settings(max_examples=8, deadline=None)
+@given(st.dictionaries(st.text(alphabet="abc", min_size=1, max_size=3), states(), min_size=1, max_size=3))
+def test_storage_roundtrip_bit_for_bit(state: dict[str, Any]) -> None:
+    try:
+        split_sharded(state)
+    except StateStructureError:
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = StagerConfig(job_id="t" + uuid.uuid4().hex[:12], run_id="prop", copy_threads=1)
+        c = ShardedCheckpointer(cfg, tmp)
+        try:
+            assert c.save(1, state).saved
+            c.stager.flush()
+            assert c.persist(1).commit
+            target = zeros_like_state(state)
+            loaded = c.load(target, from_memory=False)
+            assert loaded.source == "storage"
+            assert same_bits(loaded.state, state)
+            target = zeros_like_state(state)
+            assert same_bits(c.load(target).state, state)  # and through memory
+        finally:
+            c.close(remove=True)
+
+
+def test_rejoin_takes_values_keeps_tensors() -> None:
+    live = _state(1.0)
+    weight = live["model"]["0.weight"]
+    values = _state(2.0)
+    out = rejoin(live, values)
+    assert out is live
+    assert live["model"]["0.weight"] is weight  # tensors are restored in place, never replaced
+    assert live["optim"]["param_groups"][0]["lr"] == 2.0
+    assert live["step"] == 2
+    with pytest.raises(StateStructureError, match="other keys"):
+        rejoin(_state(1.0), {"model": {}})
+
+
+def test_skeleton_ignores_values_not_structure() -> None:
+    a = flatten_state(_state(1.0)).tree
+    b = flatten_state(_state(2.0)).tree
+    assert skeleton(a) == skeleton(b)
+    other = _state(1.0)
+    other["optim"]["param_groups"].append({"lr": 1.0, "n": None})
+    assert skeleton(flatten_state(other).tree) != skeleton(a)
+
+
+# -- the DCP store -----------------------------------------------------------------------------
+
+
+def test_verify_file_names_the_damage(tmp_path: Path) -> None:
+    f = tmp_path / "x.distcp"
+    f.write_bytes(b"abcdef")
+    good = checksum_file(f)
+    assert good == {"bytes": 6, "crc32": zlib.crc32(b"abcdef")}
+    verify_file(f, good)
+    f.write_bytes(b"abcdeX")
+    with pytest.raises(ChecksumError, match=r"x\.distcp does not match"):
+        verify_file(f, good)
+    f.write_bytes(b"abc")
+    with pytest.raises(ChecksumError, match="truncated"):
+        verify_file(f, good)
+    f.unlink()
+    with pytest.raises(ChecksumError, match="missing"):
+        verify_file(f, good)
+
+
+def test_manifest_needs_exactly_one_checksum_per_file() -> None:
+    fs = {"bytes": 1, "crc32": 2}
+    done = [{"files": {"a": fs}}, {"files": {"b": fs}}]
+    doc = manifest_doc(3, world_size=2, done=done, listed=["a", "b"], tree={}, tensor_keys=[], sharding={})
+    assert parse_manifest(json.dumps(doc).encode(), 3)["files"] == {"a": fs, "b": fs}
+    with pytest.raises(LayoutError, match=r"without a checksum \['c'\]"):
+        manifest_doc(3, world_size=2, done=done, listed=["a", "b", "c"], tree={}, tensor_keys=[], sharding={})
+    with pytest.raises(LayoutError, match="twice"):
+        manifest_doc(3, world_size=2, done=done + done, listed=["a", "b"], tree={}, tensor_keys=[], sharding={})
+    with pytest.raises(LayoutError, match="names step"):
+        parse_manifest(json.dumps(doc).encode(), 4)
+    with pytest.raises(LayoutError):
+        parse_manifest(b'{"format": "dlrover-flashckpt/checkpoint", "version": 1}', 3)
+
+
+# -- one rank (no process group): memory, storage, checksums, commit ------------------------------
+
+
+@pytest.fixture
+def ckpt(config: StagerConfig, tmp_path: Path) -> Any:
+    c = ShardedCheckpointer(config, tmp_path / "ck", retention=RetentionPolicy(keep_last=2))
+    yield c
+    c.close(remove=True)
+
+
+def _save(c: ShardedCheckpointer, step: int, persist: bool = True) -> None:
+    assert c.save(step, _state(float(step))).saved
+    c.stager.flush()
+    if persist:
+        assert c.persist(step).commit
+
+
+def test_memory_restore_is_in_place(ckpt: ShardedCheckpointer) -> None:
+    _save(ckpt, 1, persist=False)
+    _save(ckpt, 2, persist=False)
+    target = _state(0.0)
+    ptrs = [t.data_ptr() for t in split_sharded(target).dcp.values()]
+    loaded = ckpt.load(target)
+    assert (loaded.source, loaded.step, loaded.verified) == ("memory", 2, True)
+    assert loaded.state is target
+    assert [t.data_ptr() for t in split_sharded(target).dcp.values()] == ptrs
+    assert same_bits(target, _state(2.0))
+
+
+def test_storage_roundtrip_and_readable_by_plain_dcp(ckpt: ShardedCheckpointer, tmp_path: Path) -> None:
+    _save(ckpt, 1)
+    _save(ckpt, 2)
+    _save(ckpt, 3, persist=False)
+    target = _state(0.0)
+    loaded = ckpt.load(target, from_memory=False)
+    assert (loaded.source, loaded.step) == ("storage", 2)
+    assert same_bits(target, _state(2.0))
+    # A user with only torch: a nested template of the tensors loads with DCP's defaults.
+    plain = {"model": {"0.weight": torch.zeros(4, 3), "0.bias": torch.zeros(3, dtype=torch.int16)}}
+    dcp_load(plain, storage_reader=FileSystemReader(tmp_path / "ck" / "2"), no_dist=True)
+    assert same_bits(plain["model"], _state(2.0)["model"])
+    man = json.loads((tmp_path / "ck" / manifest_path(2)).read_text())
+    assert man["tensor_keys"][0] == "model.0.weight"
+    assert set(man["files"]) >= {".metadata"}
+
+
+def test_corrupt_file_falls_back_naming_it(ckpt: ShardedCheckpointer, tmp_path: Path) -> None:
+    _save(ckpt, 1)
+    _save(ckpt, 2)
+    data = sorted((tmp_path / "ck" / "2").glob("*.distcp"))[0]
+    raw = bytearray(data.read_bytes())
+    raw[len(raw) // 2] ^= 0x01
+    data.write_bytes(bytes(raw))
+    target = _state(0.0)
+    loaded = ckpt.load(target, from_memory=False)
+    assert loaded.step == 1
+    assert same_bits(target, _state(1.0))
+    reasons = [e.reason for e in ckpt.events.snapshot() if e.kind == "fallback"]
+    assert any(data.name in r and "step 2" in r for r in reasons), reasons
+
+
+def test_damaged_metadata_is_never_unpickled(ckpt: ShardedCheckpointer, tmp_path: Path) -> None:
+    _save(ckpt, 1)
+    (tmp_path / "ck" / "1" / ".metadata").write_bytes(b"not a pickle")
+    with pytest.raises(NoCheckpointError, match=r"\.metadata is missing, truncated or corrupt"):
+        ckpt.load(_state(0.0), from_memory=False)
+
+
+def test_failed_commit_keeps_previous_checkpoint(
+    ckpt: ShardedCheckpointer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _save(ckpt, 1)
+    real = ckpt.storage.write_file
+
+    def failing(path: str, chunks: Any) -> int:
+        if path == manifest_path(2):
+            raise StorageError(f"{path}: No space left on device")
+        return real(path, chunks)
+
+    monkeypatch.setattr(ckpt.storage, "write_file", failing)
+    _save(ckpt, 2, persist=False)
+    decision = ckpt.persist(2)
+    assert not decision.commit
+    assert "No space left" in decision.reason
+    assert Committer(ckpt.storage).tracker() == Tracker(1, 1)
+    target = _state(0.0)
+    assert ckpt.load(target, from_memory=False).step == 1
+    assert same_bits(target, _state(1.0))
+    # The partial step 2 (DCP files and a done marker, no manifest) is replaced by the next try.
+    monkeypatch.setattr(ckpt.storage, "write_file", real)
+    assert ckpt.persist(2).commit
+    assert ckpt.load(_state(0.0), from_memory=False).step == 2
+
+
+def test_persist_writes_the_staged_snapshot_not_the_live_state(ckpt: ShardedCheckpointer) -> None:
+    state = _state(1.0)
+    assert ckpt.save(1, state).saved
+    ckpt.stager.flush()
+    state["model"]["0.weight"].fill_(-5.0)  # training went on after the snapshot
+    assert ckpt.persist(1).commit
+    future = ckpt.persist_async(2)  # not staged yet: refused, in the background too
+    assert not future.result(timeout=60).commit
+    assert ckpt.save(2, state).saved
+    future = ckpt.persist_async(2)
+    state["model"]["0.weight"].fill_(-6.0)
+    assert future.result(timeout=60).commit
+    target = _state(0.0)
+    assert ckpt.load(target, from_memory=False).step == 2
+    expected = _state(1.0)
+    expected["model"]["0.weight"].fill_(-5.0)
+    assert same_bits(target, expected)
+    step1 = {"model": {"0.weight": torch.zeros(4, 3)}}
+    dcp_load(step1, storage_reader=FileSystemReader(ckpt.root / "1"), no_dist=True)
+    assert same_bits(step1["model"]["0.weight"], torch.full((4, 3), 1.0))
+
+
+def test_persisting_an_older_snapshot_records_its_own_values(ckpt: ShardedCheckpointer) -> None:
+    state = _state(2.0)
+    assert ckpt.save(2, state).saved
+    state["step"] = 3
+    state["optim"]["param_groups"][0]["lr"] = 0.5
+    state["model"]["0.weight"].fill_(3.0)
+    assert ckpt.save(3, state).saved
+    ckpt.stager.flush()
+    assert ckpt.persist(2).commit  # the older of the two snapshots in memory
+    target = _state(0.0)
+    assert ckpt.load(target, from_memory=False).step == 2
+    assert same_bits(target, _state(2.0))
+
+
+def test_persist_refusals(ckpt: ShardedCheckpointer, tmp_path: Path) -> None:
+    _save(ckpt, 5)
+    assert "not newer" in ckpt.persist(5).reason
+    assert "not in memory" in ckpt.persist(9).reason
+    assert json.loads((tmp_path / "ck" / TRACKER_PATH).read_text())["step"] == 5
+
+
+def test_structure_change_is_refused_and_changes_nothing(ckpt: ShardedCheckpointer) -> None:
+    _save(ckpt, 1)
+    target = _state(0.0)
+    target["model"]["extra"] = torch.zeros(2)
+    with pytest.raises(StateStructureError, match="another state structure"):
+        ckpt.load(target, from_memory=False)
+    assert same_bits(target["model"]["0.weight"], torch.zeros(4, 3))
+
+
+def test_nothing_to_load(ckpt: ShardedCheckpointer) -> None:
+    with pytest.raises(NoCheckpointError):
+        ckpt.load(_state(0.0))
+
+
+def test_config_must_match_the_process_group(job_id: str, tmp_path: Path) -> None:
+    cfg = StagerConfig(job_id=job_id, run_id="r1", rank=1, world_size=2)
+    with pytest.raises(FlashCkptError, match="rank 1 of 2"):
+        ShardedCheckpointer(cfg, tmp_path)
+
+
+# -- a process killed while persisting --------------------------------------------------------
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("point", ["mid_dcp", "before_done", "before_tracker"])
+def test_killed_during_persist_leaves_previous_checkpoint(job_id: str, tmp_path: Path, point: str) -> None:
+    storage = tmp_path / "ck"
+    try:
+        proc = subprocess.run(
+            [sys.executable, KILLED, job_id, str(storage), point],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=80,
+        )
+        assert proc.returncode == -9, proc.stderr[-2000:]
+        assert Committer(PosixStorage(storage)).tracker() == Tracker(1, 1)
+        cfg = StagerConfig(job_id=job_id, run_id="kill", copy_threads=1)
+        c = ShardedCheckpointer(cfg, storage)
+        try:
+            target = {"model": {"w": torch.zeros(64, 64), "b": torch.zeros(3)}, "step": -1}
+            loaded = c.load(target, from_memory=False)
+            assert (loaded.step, target["step"]) == (1, 1)
+            assert bool((target["model"]["w"] == 1.0).all())
+            # The restarted process finds step 2 in memory and persists it over the leftovers.
+            assert c.load(target).step == 2
+            assert c.persist(2).commit
+            assert c.load(target, from_memory=False).step == 2
+        finally:
+            c.close(remove=True)
+    finally:
+        remove_run("/dev/shm", job_id, "kill")
+
+
+# -- real FSDP2 jobs (gloo, CPU) ------------------------------------------------------------------
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(150)
+def test_fsdp2_saved_on_2_loads_on_2_from_memory_and_on_1_and_3_from_storage(job_id: str, tmp_path: Path) -> None:
+    storage = tmp_path / "ck"
+    try:
+        proc = subprocess.run(
+            [
+                *(sys.executable, WORKER, "--job", job_id, "--storage", str(storage), "--tmp", str(tmp_path)),
+                *("train:2", "restore:1", "corrupt:2", "restore:3"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=140,
+            check=False,
+        )
+    finally:
+        remove_run("/dev/shm", job_id, "fsdp")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    events = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    full = {e["step"]: e["full"] for e in events if e["event"] == "trained"}
+    # Step 1 persisted in the foreground; step 2 in the background, reported after step 3.
+    assert [e["committed"] for e in events if e["event"] == "trained"] == [True, None, True]
+    assert full[1] != full[2] != full[3]
+    loaded = {(e["world"], e["rank"]): e for e in events if e["event"] == "loaded"}
+    assert sorted(loaded) == [(1, 0), (2, 0), (2, 1), (3, 0), (3, 1), (3, 2)]
+    # Same size: step 3 (never persisted) from memory, into the existing shards, bit for bit.
+    for r in (0, 1):
+        e = loaded[(2, r)]
+        assert (e["source"], e["step"], e["state_step"], e["same_memory"]) == ("memory", 3, 3, True)
+        assert e["full"] == full[3]
+    # One rank: rank 0's snapshot is sharded for two, so the committed step 2 is resharded.
+    e = loaded[(1, 0)]
+    assert (e["source"], e["step"], e["state_step"]) == ("storage", 2, 2)
+    assert e["full"] == full[2]
+    # Three ranks after a DCP file of step 2 was damaged: every rank names it and uses step 1.
+    corrupted = next(e["file"] for e in events if e["event"] == "corrupted")
+    for r in range(3):
+        e = loaded[(3, r)]
+        assert (e["source"], e["step"], e["state_step"]) == ("storage", 1, 1)
+        assert e["full"] == full[1]
+        assert any(k == "fallback" and corrupted in reason for k, _, reason in e["events"])
+    assert Committer(PosixStorage(storage)).tracker() == Tracker(2, 2)

@@ -1,0 +1,170 @@
+"""The agent hosts the flash-checkpoint saver: real agent (fake control plane), real workers using
+FlashCheckpointer. A killed worker's newest snapshot is persisted by the agent's saver and its
+successor loads it from memory; a stopped (SIGTERM'd) agent persists the newest snapshot, stops
+its workers and leaves no process or shared memory behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import textwrap
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dlrover.common import ConfigError
+from dlrover.flashckpt.commit import Committer
+from dlrover.flashckpt.storage import PosixStorage
+from dlrover.launcher.agent import Agent, AgentConfig, AgentResult
+from dlrover.launcher.fake_control import FakeControlPlane
+
+WAIT_S = 90.0
+
+WORKER = textwrap.dedent(
+    """
+    import json, os, signal, sys, time
+    import torch
+    from dlrover.flashckpt import FlashCheckpointer, NoCheckpointError, StagerConfig
+
+    out, mode, job, shm = sys.argv[1:5]
+    attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+    ckpt = FlashCheckpointer(
+        StagerConfig(job_id=job, run_id="r", shm_dir=shm, copy_threads=1), os.path.join(out, "ckpt")
+    )
+    state = {"w": torch.zeros(4096), "step": 0}
+    record = {"attempt": attempt, "saver_pid": ckpt.client.saver_pid, "host": os.environ.get("DLROVER_FLASHCKPT_HOST")}
+    try:
+        loaded = ckpt.load(target=state)
+        record.update(source=loaded.source, step=loaded.step, consistent=bool((state["w"] == loaded.step).all()))
+    except NoCheckpointError:
+        record.update(source=None, step=0)
+    with open(os.path.join(out, f"attempt{attempt}.json"), "w") as f:
+        json.dump(record, f)
+
+    def save(step, persist=False):
+        state["w"].fill_(float(step))
+        state["step"] = step
+        assert ckpt.save(step, state, persist=persist).saved
+        ckpt.stager.flush()
+
+    if attempt == 0:
+        save(1, persist=True)
+        assert ckpt.wait_persisted(1, 60).committed
+        save(2)
+        save(3)  # newest, never asked to persist
+        with open(os.path.join(out, "ready"), "w") as f:
+            f.write("3")
+        if mode == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(600)  # "stop": wait for the agent's SIGTERM
+    final = record["step"] + 1
+    save(final, persist=True)
+    assert ckpt.wait_persisted(final, 60).committed
+    ckpt.close(job_end=True)
+    """
+)
+
+
+def _agent(tmp_path: Path, mode: str, control: FakeControlPlane, **kwargs: Any) -> tuple[Agent, Path, str]:
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    out = tmp_path / "out"
+    out.mkdir()
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    job = "a" + uuid.uuid4().hex[:10]
+    config = AgentConfig(
+        worker_argv=(sys.executable, str(script), str(out), mode, job, str(shm)),
+        nproc_per_node=1,
+        run_id="job1",
+        monitor_interval_s=0.05,
+        shutdown_grace_s=10.0,
+        log_dir=tmp_path / "logs",
+        redirects={0: 3},
+        checkpoint_shm_dir=str(shm),
+        checkpoint_stop_timeout_s=WAIT_S,
+        **kwargs,
+    )
+    return Agent(config, control), out, job
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != os.getpid():
+            try:
+                if text.encode() in Path(f"/proc/{entry}/cmdline").read_bytes():
+                    found.append(int(entry))
+            except OSError:
+                continue
+    return found
+
+
+def _logs(tmp_path: Path) -> str:
+    return "\n".join(p.read_text(errors="replace")[-3000:] for p in sorted((tmp_path / "logs").rglob("*.log")))
+
+
+def _wait_for(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not in time")
+        time.sleep(0.05)
+
+
+def _assert_nothing_left(tmp_path: Path, job: str) -> None:
+    assert list((tmp_path / "shm").iterdir()) == []  # segments, owner records, sockets: all gone
+    assert not _processes_mentioning(job)  # no worker, no detached saver
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(180)
+def test_a_killed_worker_resumes_from_memory_and_the_agent_persisted_its_newest_step(tmp_path: Path) -> None:
+    control = FakeControlPlane()
+    agent, out, job = _agent(tmp_path, "kill", control, max_restarts=1)
+    result = agent.run()
+    assert result.exit_code == 0, (result.reason, _logs(tmp_path))
+    assert result.restarts == 1
+    first = json.loads((out / "attempt0.json").read_text())
+    second = json.loads((out / "attempt1.json").read_text())
+    assert first["saver_pid"] == second["saver_pid"] == os.getpid()  # hosted by the agent
+    assert first["host"] == second["host"]
+    assert first["host"].startswith(str(tmp_path / "shm"))
+    # The restarted worker loaded the newest step from memory, bit-consistent.
+    assert (second["source"], second["step"], second["consistent"]) == ("memory", 3, True)
+    # Nobody asked to persist step 3: the agent's saver did when the worker died.
+    committed, _ = Committer(PosixStorage(out / "ckpt")).steps()
+    assert committed == [1, 3, 4]
+    _assert_nothing_left(tmp_path, job)
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(180)
+def test_a_stopped_agent_persists_the_newest_step_and_leaves_nothing(tmp_path: Path) -> None:
+    control = FakeControlPlane()
+    agent, out, job = _agent(tmp_path, "stop", control)
+    outcome: list[AgentResult] = []
+    thread = threading.Thread(target=lambda: outcome.append(agent.run()))
+    thread.start()
+    try:
+        _wait_for(lambda: (out / "ready").exists() or not thread.is_alive(), "the worker saved step 3")
+    finally:
+        agent.request_stop("received SIGTERM")  # what dlrover-run's signal handler does
+        thread.join(WAIT_S)
+    assert not thread.is_alive()
+    assert outcome[0].exit_code == 143, (outcome[0].reason, _logs(tmp_path))
+    tracker = Committer(PosixStorage(out / "ckpt")).tracker()
+    assert tracker is not None
+    assert tracker.step == 3
+    _assert_nothing_left(tmp_path, job)
+
+
+def test_the_checkpoint_settings_are_validated() -> None:
+    with pytest.raises(ConfigError, match="checkpoint_stop_timeout_s"):
+        AgentConfig(worker_argv=("x",), checkpoint_stop_timeout_s=0)
