@@ -4,6 +4,7 @@ exactly as a fresh `python -u SCRIPT` would, with its modules already imported."
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -131,19 +132,48 @@ def test_a_standby_runs_the_worker_as_a_fresh_interpreter_would(
         assert "RuntimeError: the script failed on purpose" in warm_tail
 
 
-def test_a_standby_whose_import_fails_is_replaced_by_a_fresh_worker(workdir: Path, tmp_path: Path) -> None:
+def test_a_standby_whose_import_fails_is_replaced_by_a_fresh_worker_and_said_once(
+    workdir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     program = (PY, "-u", str(workdir / "facts.py"), "0")
     pool = StandbyPool(program, ["no_such_module_for_dlrover_tests"], _env(workdir, tmp_path / "x.json"), size=1)
     try:
         pool.fill()
-        standby = pool._ready[0]
-        standby.wait(timeout=60)  # its import fails
+        pool._ready[0].wait(timeout=60)  # its import fails
         facts, code, _ = _run_one(program, _env(workdir, tmp_path / "run.json"), pool, tmp_path / "logs")
+        pool.fill()
+        pool._ready[0].wait(timeout=60)
+        with caplog.at_level(logging.WARNING, logger="dlrover.launcher.workers"):
+            pool.fill()  # reaps the dead one, says why, starts another
+            pool._ready[0].wait(timeout=60)
+            pool.fill()  # the same failure again: not said again
     finally:
         pool.close()
     assert code == 0
     assert facts["preloaded"] is False
     assert pool.taken == 0
+    warnings = [r.getMessage() for r in caplog.records if "exited before it was used" in r.getMessage()]
+    assert len(warnings) == 1
+    assert "No module named 'no_such_module_for_dlrover_tests'" in warnings[0]
+
+
+def test_an_environment_too_big_for_the_pipe_starts_the_worker_fresh_without_blocking(
+    workdir: Path, tmp_path: Path
+) -> None:
+    program = (PY, "-u", str(workdir / "facts.py"), "0")
+    pool = StandbyPool(program, ["prewarm_marker"], _env(workdir, tmp_path / "x.json"), size=1)
+    # 1.5 MB: beyond the 1 MiB pipe (and the 64 KiB default), within exec's limits.
+    big = _env(workdir, tmp_path / "run.json", **{f"BIG_{i}": "x" * 100_000 for i in range(15)})
+    try:
+        pool.fill()
+        standby = pool._ready[0].pid
+        facts, code, _ = _run_one(program, big, pool, tmp_path / "logs")
+    finally:
+        pool.close()
+    assert code == 0
+    assert facts["preloaded"] is False  # a fresh interpreter ran it
+    assert pool.taken == 0
+    assert _gone(standby)
 
 
 def test_closing_the_pool_ends_every_standby(workdir: Path, tmp_path: Path) -> None:

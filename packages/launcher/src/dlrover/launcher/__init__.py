@@ -1,41 +1,88 @@
 """dlrover.launcher: the per-node elastic agent and the torchrun-compatible `dlrover-run` command.
 
-Built so far: the command line (every torchrun flag plus DLRover's), the worker environment
-contract, worker process management (own sessions, parent-death signal, log redirection and tee,
-bounded stderr tails for diagnosis), and the agent loop with its pure decisions, talking to the
-job through the `ControlPlane` protocol (an in-memory fake is included). The gRPC adapter to the
-master and the `dlrover-run` entry point arrive with the rest of the dlrover-run issue.
+`dlrover.launcher.cli` is the `dlrover-run` entry point. The parts: the command line (`parse_args`:
+every torchrun flag plus DLRover's), the worker environment contract (`worker_env`), worker
+processes (`WorkerGroup`, `StandbyPool`), the agent loop (`Agent`) with its pure decisions, talking
+to the job through the `ControlPlane` protocol (`FakeControlPlane` in memory, the gRPC one in
+`dlrover.launcher.grpc_control`), and the network check (`NetworkCheck`).
+
+Names are imported lazily: a worker process started through `dlrover.launcher._orphan_guard` or
+`dlrover.launcher._standby` imports this package, and must not pay for gRPC and the agent.
 """
 
-from dlrover.launcher.agent import Agent, AgentConfig, AgentResult
-from dlrover.launcher.args import LaunchConfig, NodeRange, build_parser, parse_args, parse_std_streams
-from dlrover.launcher.control import (
-    AgentAction,
-    ControlPlane,
-    FailureDecision,
-    FailureReport,
-    NodeRegistration,
-    Progress,
-    RoundAssignment,
-)
-from dlrover.launcher.decisions import Step, StepKind
-from dlrover.launcher.env import (
-    CHECKPOINT_SOCKET_ENV_VAR,
-    MASTER_ADDR_ENV_VAR,
-    NODE_ID_ENV_VAR,
-    WorkerIdentity,
-    worker_env,
-)
-from dlrover.launcher.fake_control import FakeControlPlane
-from dlrover.launcher.netcheck import (
-    InMemoryRoundStore,
-    NetworkCheck,
-    NetworkCheckConfig,
-    NetworkCheckStopped,
-    RoundStore,
-)
-from dlrover.launcher.netcheck_plan import NETWORK_CHECK_FAULT_ENV_VAR, CheckAction, CheckOutcome
-from dlrover.launcher.workers import StandbyPool, WorkerExit, WorkerGroup, WorkerSpec
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from dlrover.launcher.agent import Agent, AgentConfig, AgentResult
+    from dlrover.launcher.args import LaunchConfig, NodeRange, build_parser, parse_args, parse_std_streams
+    from dlrover.launcher.control import (
+        AgentAction,
+        ControlPlane,
+        FailureDecision,
+        FailureReport,
+        NodeRegistration,
+        Progress,
+        RoundAssignment,
+    )
+    from dlrover.launcher.decisions import Step, StepKind
+    from dlrover.launcher.env import (
+        CHECKPOINT_SOCKET_ENV_VAR,
+        MASTER_ADDR_ENV_VAR,
+        NODE_ID_ENV_VAR,
+        WorkerIdentity,
+        worker_env,
+    )
+    from dlrover.launcher.fake_control import FakeControlPlane
+    from dlrover.launcher.netcheck import (
+        InMemoryRoundStore,
+        NetworkCheck,
+        NetworkCheckConfig,
+        NetworkCheckStopped,
+        RoundStore,
+    )
+    from dlrover.launcher.netcheck_plan import NETWORK_CHECK_FAULT_ENV_VAR, CheckAction, CheckOutcome
+    from dlrover.launcher.workers import StandbyPool, WorkerExit, WorkerGroup, WorkerSpec
+
+_EXPORTS: dict[str, str] = {
+    "Agent": "dlrover.launcher.agent",
+    "AgentConfig": "dlrover.launcher.agent",
+    "AgentResult": "dlrover.launcher.agent",
+    "LaunchConfig": "dlrover.launcher.args",
+    "NodeRange": "dlrover.launcher.args",
+    "build_parser": "dlrover.launcher.args",
+    "parse_args": "dlrover.launcher.args",
+    "parse_std_streams": "dlrover.launcher.args",
+    "AgentAction": "dlrover.launcher.control",
+    "ControlPlane": "dlrover.launcher.control",
+    "FailureDecision": "dlrover.launcher.control",
+    "FailureReport": "dlrover.launcher.control",
+    "NodeRegistration": "dlrover.launcher.control",
+    "Progress": "dlrover.launcher.control",
+    "RoundAssignment": "dlrover.launcher.control",
+    "Step": "dlrover.launcher.decisions",
+    "StepKind": "dlrover.launcher.decisions",
+    "CHECKPOINT_SOCKET_ENV_VAR": "dlrover.launcher.env",
+    "MASTER_ADDR_ENV_VAR": "dlrover.launcher.env",
+    "NODE_ID_ENV_VAR": "dlrover.launcher.env",
+    "WorkerIdentity": "dlrover.launcher.env",
+    "worker_env": "dlrover.launcher.env",
+    "FakeControlPlane": "dlrover.launcher.fake_control",
+    "InMemoryRoundStore": "dlrover.launcher.netcheck",
+    "NetworkCheck": "dlrover.launcher.netcheck",
+    "NetworkCheckConfig": "dlrover.launcher.netcheck",
+    "NetworkCheckStopped": "dlrover.launcher.netcheck",
+    "RoundStore": "dlrover.launcher.netcheck",
+    "NETWORK_CHECK_FAULT_ENV_VAR": "dlrover.launcher.netcheck_plan",
+    "CheckAction": "dlrover.launcher.netcheck_plan",
+    "CheckOutcome": "dlrover.launcher.netcheck_plan",
+    "StandbyPool": "dlrover.launcher.workers",
+    "WorkerExit": "dlrover.launcher.workers",
+    "WorkerGroup": "dlrover.launcher.workers",
+    "WorkerSpec": "dlrover.launcher.workers",
+}
 
 __all__ = [
     "Agent",
@@ -74,3 +121,12 @@ __all__ = [
     "parse_std_streams",
     "worker_env",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'dlrover.launcher' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

@@ -164,7 +164,7 @@ class Agent:
         host = self._start_saver_host() if self._config.host_checkpoint_saver else None
         result: AgentResult | None = None
         try:
-            self._standby = self._start_standby_pool()
+            self._start_standby_pool()
             result = self._run_rounds()
             return result
         finally:
@@ -177,11 +177,11 @@ class Agent:
                 host.stop(remove_memory=True, persist_newest=not succeeded)
                 self._host_env = {}
 
-    def _start_standby_pool(self) -> StandbyPool | None:
+    def _start_standby_pool(self) -> None:
         """Standbys import `prewarm_modules` while this node registers and waits for its round."""
         cfg = self._config
         if not cfg.prewarm_modules:
-            return None
+            return
         nproc = cfg.nproc_per_node
         identity = WorkerIdentity(
             rank=0,
@@ -202,15 +202,24 @@ class Agent:
             run_id=cfg.run_id,
             restart_count=0,
             max_restarts=cfg.max_restarts,
-            extra={**self._host_env, **cfg.extra_env},
+            extra={**cfg.extra_env, **self._host_env},  # the order `_specs` uses
         )
         # What a worker learns only when it is taken is left out, so no module reads a stand-in.
         for name in PER_ROUND_ENV_VARS:
             env.pop(name, None)
-        pool = StandbyPool(cfg.worker_argv, cfg.prewarm_modules, env, size=cfg.nproc_per_node)
-        pool.fill()
+        # Owned before it starts anything, so `run` closes whatever a failing fill started.
+        self._standby = StandbyPool(cfg.worker_argv, cfg.prewarm_modules, env, size=cfg.nproc_per_node)
+        self._refill_standbys()
         _log.info("%d standby worker(s) importing %s", cfg.nproc_per_node, ", ".join(cfg.prewarm_modules))
-        return pool
+
+    def _refill_standbys(self) -> None:
+        """Warm standbys for the next start; a failure only costs that start its head start."""
+        if self._standby is None:
+            return
+        try:
+            self._standby.fill()
+        except OSError as exc:
+            _log.warning("could not start standby workers (%s); the next workers start fresh", exc)
 
     def _start_saver_host(self) -> SaverHost:
         cfg = self._config
@@ -280,8 +289,7 @@ class Agent:
     def _start_workers(self, assignment: RoundAssignment, restarts: int) -> WorkerGroup:
         group = WorkerGroup(self._specs(assignment, restarts), standby=self._standby)
         group.start()
-        if self._standby is not None:
-            self._standby.fill()  # warm again for the next restart
+        self._refill_standbys()  # warm again for the next restart
         return group
 
     def _watch(self, group: WorkerGroup, restarts: int) -> Step:

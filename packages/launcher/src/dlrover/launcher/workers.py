@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import fcntl
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -29,6 +31,13 @@ from dlrover.common import DLRoverError
 __all__ = ["StandbyPool", "WorkerExit", "WorkerGroup", "WorkerSpec"]
 
 STDOUT, STDERR = 1, 2
+
+_log = logging.getLogger(__name__)
+
+# Linux's F_SETPIPE_SZ: a standby's go message (the worker's whole environment) must fit in its
+# pipe, so handing it over never blocks the agent.
+_F_SETPIPE_SZ = 1031
+_GO_PIPE_BYTES = 1 << 20
 
 
 @attrs.frozen
@@ -173,6 +182,7 @@ class StandbyPool:
         self._env = dict(env)
         self._size = size
         self._ready: list[subprocess.Popen[bytes]] = []
+        self._warned = False
         self.taken = 0
 
     def fill(self) -> None:
@@ -181,33 +191,59 @@ class StandbyPool:
         for proc in self._ready:
             if proc.poll() is None:
                 alive.append(proc)
-            else:
-                _close_pipes(proc)
+                continue
+            if not self._warned:  # a typo in --prewarm would otherwise respawn silently every round
+                self._warned = True
+                tail = proc.stderr.read()[-2000:].decode("utf-8", "replace") if proc.stderr is not None else ""
+                _log.warning(
+                    "a standby worker importing %s exited before it was used (exit code %s); workers start "
+                    "fresh when none is ready:\n%s",
+                    self._modules,
+                    proc.returncode,
+                    tail,
+                )
+            _close_pipes(proc)
         self._ready = alive
         while len(self._ready) < self._size:
             command = [sys.executable, "-u", "-m", "dlrover.launcher._standby", str(os.getpid()), self._modules, "--"]
-            self._ready.append(
-                subprocess.Popen(
-                    [*command, *self.program],
-                    env=self._env,
-                    stdin=subprocess.PIPE,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                    start_new_session=True,
-                )
+            proc = subprocess.Popen(
+                [*command, *self.program],
+                env=self._env,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
             )
+            assert proc.stdin is not None
+            with contextlib.suppress(OSError):  # the default 64 KiB pipe is the fallback
+                fcntl.fcntl(proc.stdin.fileno(), _F_SETPIPE_SZ, _GO_PIPE_BYTES)
+            os.set_blocking(proc.stdin.fileno(), False)
+            self._ready.append(proc)
 
     def take(self, env: Mapping[str, str]) -> subprocess.Popen[bytes] | None:
         """Hand a live standby the worker environment `env` and return it, or None when none is ready."""
+        message = json.dumps({"env": dict(env)}).encode() + b"\n"
         while self._ready:
             proc = self._ready.pop(0)
             assert proc.stdin is not None
             try:
-                proc.stdin.write(json.dumps({"env": dict(env)}).encode() + b"\n")
-                proc.stdin.close()
-            except OSError:  # it died (its import failed, or it was killed): a fresh worker instead
+                # Never blocks: the pipe is empty and non-blocking, so the whole message goes in
+                # at once or the standby is not used.
+                written = os.write(proc.stdin.fileno(), message)
+            except BlockingIOError:
+                written = 0
+            except OSError:  # it died (its import failed, or it was killed): the next one, or fresh
                 _discard(proc)
                 continue
+            if written < len(message):
+                _log.warning(
+                    "a worker environment of %d bytes does not fit a standby's pipe; starting workers fresh",
+                    len(message),
+                )
+                _discard(proc)
+                return None
+            with contextlib.suppress(OSError):
+                proc.stdin.close()
             self.taken += 1
             return proc
         return None
