@@ -12,9 +12,10 @@ import threading
 from collections import Counter, deque
 from typing import Any
 
+import grpc
 import pytest
 
-from dlrover.common import ConfigError, RetryPolicy
+from dlrover.common import ConfigError, RetryPolicy, RpcError
 from dlrover.shard import DatasetSpec, DeliveryMode, IndexSource, Shard
 from dlrover.shard.client import ShardClient, ShardClientConfig
 from dlrover.shard.tf_data import ShardTFDataset, make_tf_dataset
@@ -98,6 +99,31 @@ def test_commits_acknowledge_positions_and_report_a_finished_shard_done() -> Non
     feed.commit([got[7][1]])
     assert client.reports[-2:] == [("progress", 1, 3), ("done", 1, -1)]
     assert feed.pending() == 0
+
+
+def test_a_commit_cut_short_by_a_failed_report_keeps_what_the_service_acknowledged() -> None:
+    class FlakyClient(_FakeClient):
+        fail_on = 1  # the report of shard 1 fails once
+
+        def report_progress(self, shard_id: int, consumed: int) -> None:
+            if shard_id == self.fail_on:
+                self.fail_on = -1
+                raise RpcError("ReportProgress", grpc.StatusCode.UNAVAILABLE, "the service is restarting", 3)
+            super().report_progress(shard_id, consumed)
+
+    client = FlakyClient(_shards())
+    feed = ShardTFDataset(client)  # type: ignore[arg-type]
+    cursors = [c for _, c in feed.samples()]
+    batch = cursors[:6]  # shard 0 whole, then two samples of shard 1
+    with pytest.raises(RpcError):
+        feed.commit(batch)
+    assert client.reports == [("done", 0, -1)]
+    # Retrying the rest commits shard 1 only; shard 0 is not reported done twice.
+    with pytest.raises(ConfigError, match="does not hold"):
+        feed.commit(batch)
+    feed.commit(batch[4:])
+    assert client.reports == [("done", 0, -1), ("progress", 1, 2)]
+    assert feed.pending() == 2
 
 
 def test_out_of_order_foreign_or_malformed_cursors_are_refused_and_acknowledge_nothing() -> None:

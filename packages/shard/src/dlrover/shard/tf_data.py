@@ -263,7 +263,9 @@ class ShardTFDataset:
                 self._client.report_done(shard_id)
             else:
                 self._client.report_progress(shard_id, position)
-        self._tracker.apply(acks)
+            # Recorded shard by shard: when a later report fails, the ones the service already
+            # acknowledged are not reported again by a retried commit.
+            self._tracker.apply({shard_id: (position, size)})
 
     def state_dict(self) -> dict[str, Any]:
         """The data position to store in the model checkpoint (the committed samples)."""
