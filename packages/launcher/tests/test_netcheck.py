@@ -25,8 +25,22 @@ from dlrover.launcher.agent import Agent, AgentConfig, AgentResult
 from dlrover.launcher.control import RoundAssignment
 from dlrover.launcher.fake_control import FakeControlPlane
 from dlrover.launcher.grpc_control import GrpcControlPlane
-from dlrover.launcher.netcheck import InMemoryRoundStore, NetworkCheck, NetworkCheckConfig, RoundStore
-from dlrover.launcher.netcheck_plan import NETWORK_CHECK_FAULT_ENV_VAR, CheckAction, CheckOutcome, SideResult, side_key
+from dlrover.launcher.netcheck import (
+    InMemoryRoundStore,
+    NetworkCheck,
+    NetworkCheckConfig,
+    NetworkCheckSettingsMismatch,
+    RoundStore,
+)
+from dlrover.launcher.netcheck_plan import (
+    NETWORK_CHECK_FAULT_ENV_VAR,
+    CheckAction,
+    CheckOutcome,
+    SideResult,
+    settings_key,
+    side_key,
+    solo_key,
+)
 from dlrover.master import MasterClient, MasterConfig, MasterRuntime, create_master
 from dlrover.master.config import LifecycleConfig, NodeRange
 
@@ -244,12 +258,19 @@ def test_dlrover_run_reports_a_node_that_fails_the_check_and_exits_without_train
 # -- several nodes: pairs, two check rounds, one verdict -------------------------------------------
 
 
-def _check_nodes(faults: Mapping[int, str], config: NetworkCheckConfig) -> dict[int, CheckOutcome]:
-    store = InMemoryRoundStore()
-    world = 3
+def _check_nodes(
+    faults: Mapping[int, str],
+    config: NetworkCheckConfig,
+    world: int = 3,
+    store: InMemoryRoundStore | None = None,
+    checks: dict[int, NetworkCheck] | None = None,
+) -> dict[int, CheckOutcome]:
+    store = store or InMemoryRoundStore()
+    checks = {} if checks is None else checks
 
     def node(rank: int) -> Callable[[], object]:
         check = NetworkCheck(config, store, local_addr="127.0.0.1", environ=_env(faults.get(rank, "")))
+        checks[rank] = check
         return lambda: check.run(RoundAssignment(5, rank, world, "127.0.0.1", 1))
 
     results = _run_threads({str(rank): node(rank) for rank in range(world)}, timeout_s=300)
@@ -273,20 +294,41 @@ class _FlakyStore(InMemoryRoundStore):
 @pytest.mark.integration
 def test_a_node_that_never_reports_is_recorded_missing_once_for_every_node() -> None:
     store = _FlakyStore(failures=2)
-    config = NetworkCheckConfig(probe_timeout_s=3.0, results_timeout_s=3.0, poll_interval_s=0.1)
+    config = NetworkCheckConfig(probe_timeout_s=10.0, results_timeout_s=10.0, poll_interval_s=0.1)
     check = NetworkCheck(config, store, local_addr="127.0.0.1", environ=_env())
     # Node rank 1 of the round never shows up.
     outcome = check.run(RoundAssignment(8, 0, 2, "127.0.0.1", 1))
     assert store.failures == 0, "the scripted write failures never happened"
-    # Two nodes cannot tell which of them is bad: the one that is there leaves too.
-    assert outcome.action is CheckAction.EXCLUDE_SELF
-    assert "no result within the network check's results timeout of 3 s" in outcome.evidence
-    # The absent node's result, arriving late, cannot replace what every node has read.
+    # The node that is there passed alone; the absent one is the one left out.
+    assert outcome.action is CheckAction.NEW_ROUND
+    assert "no result within the network check's results timeout of 10 s" in outcome.reason
+    # The absent node's results, arriving late, cannot replace what every node has read.
     late = SideResult(True, 0.01).encode()
-    for phase in (1, 2):
-        held = store.kv_compare_set(side_key(8, phase, 0, "1"), b"", late)
-        assert not SideResult.decode(held).ok
+    for key in (side_key(8, 1, 0, "1"), solo_key(8, 2, "1")):
+        assert not SideResult.decode(store.kv_compare_set(key, b"", late)).ok
+    # Round two would only have repeated the pair: it was not probed again.
+    assert store.kv_get([side_key(8, 2, 0, "0")]) == [None]
     assert _probe_processes() == []
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(300)
+def test_of_two_nodes_only_the_one_whose_probe_crashes_leaves_and_its_partner_cleans_up() -> None:
+    store = InMemoryRoundStore()
+    checks: dict[int, NetworkCheck] = {}
+    outcomes = _check_nodes({1: "exit"}, CHECK, world=2, store=store, checks=checks)
+    assert outcomes[1].action is CheckAction.EXCLUDE_SELF, outcomes[1].reason
+    assert "alone failed" in outcomes[1].reason
+    assert outcomes[0].action is CheckAction.NEW_ROUND, outcomes[0].reason
+    assert outcomes[0].verdict == outcomes[1].verdict
+    assert _probe_processes() == []
+    # Node 0's next check (refused here at once: other settings were published for round 6)
+    # first deletes every key node 0 wrote in round 5. Node 1 left the job, so its own two
+    # results stay: the leak is bounded by the nodes that leave, not by the rounds.
+    store.kv_compare_set(settings_key(6), b"", b"{}")
+    with pytest.raises(NetworkCheckSettingsMismatch):
+        checks[0].run(RoundAssignment(6, 0, 2, "127.0.0.1", 1))
+    assert store.keys() == sorted([side_key(5, 1, 0, "1"), solo_key(5, 2, "1"), settings_key(6)])
 
 
 @pytest.mark.integration

@@ -26,8 +26,13 @@ from dlrover.launcher.netcheck_plan import (
     describe_pairs,
     needs_second_round,
     pairs_of,
+    plan_second_phase,
+    round_keys_prefix,
+    settings_key,
     side_key,
+    solo_key,
     store_key,
+    with_solos,
 )
 from dlrover.rendezvous import CheckVerdict, Pair
 
@@ -185,31 +190,47 @@ def test_a_node_left_out_exits_whatever_the_master_answers(decision: FailureDeci
 
 
 Probe = Callable[[int, Sequence[Pair]], list[PairOutcome]]
+Solo = Callable[[int, Sequence[str]], dict[str, SideResult]]
 
 
-def _model(health: Mapping[str, float | None]) -> tuple[list[int], Probe]:
-    """A probe over a model: None is a dead node (every probe with it fails), else its time."""
+def _model(
+    health: Mapping[str, float | None], broken_links: Sequence[Pair] = ()
+) -> tuple[list[int], Probe, list[tuple[int, tuple[str, ...]]], Solo]:
+    """Probes over a model: None is a dead node (every probe with it, and alone, fails), else its
+    time; a pair in `broken_links` fails though both of its nodes are healthy."""
     phases: list[int] = []
+    solo_calls: list[tuple[int, tuple[str, ...]]] = []
+    broken = {frozenset(p) for p in broken_links}
 
     def probe(phase: int, pairs: Sequence[Pair]) -> list[PairOutcome]:
         phases.append(phase)
         outcomes = []
         for a, b in pairs:
+            down = health[a] is None or health[b] is None or frozenset((a, b)) in broken
             sides = tuple(
-                SideResult(False, 0.0, "peer lost") if health[a] is None or health[b] is None else SideResult(True, t)
+                SideResult(False, 0.0, "peer lost") if down else SideResult(True, t)
                 for t in (health[a] or 0.0, health[b] or 0.0)
             )
             outcomes.append(PairOutcome(phase, (a, b), (sides[0], sides[1])))
         return outcomes
 
-    return phases, probe
+    def solo(phase: int, nodes: Sequence[str]) -> dict[str, SideResult]:
+        solo_calls.append((phase, tuple(nodes)))
+        return {
+            n: SideResult(False, 0.0, "crashed alone") if (t := health[n]) is None else SideResult(True, t)
+            for n in nodes
+        }
+
+    return phases, probe, solo_calls, solo
 
 
-def _run(health: Mapping[str, float | None], exclude: bool = False) -> dict[str, CheckOutcome]:
+def _run(
+    health: Mapping[str, float | None], exclude: bool = False, broken_links: Sequence[Pair] = ()
+) -> dict[str, CheckOutcome]:
     results = {}
     for me in health:
-        _, probe = _model(health)
-        results[me] = check_round(9, len(health), me, probe, exclude_stragglers=exclude)
+        _, probe, _, solo = _model(health, broken_links)
+        results[me] = check_round(9, len(health), me, probe, exclude_stragglers=exclude, solo=solo)
     return results
 
 
@@ -224,8 +245,10 @@ def _run(health: Mapping[str, float | None], exclude: bool = False) -> dict[str,
             False,
             {"0": "new_round", "1": "exclude_self", "2": "new_round", "3": "new_round"},
         ),
-        # Two nodes cannot tell which of them is bad: both leave and are replaced.
-        ({"0": 0.01, "1": None}, False, {"0": "exclude_self", "1": "exclude_self"}),
+        # Two nodes: the solo probes tell the bad node from the good one; only the bad one leaves.
+        ({"0": 0.01, "1": None}, False, {"0": "new_round", "1": "exclude_self"}),
+        ({"0": None, "1": 0.01}, False, {"0": "exclude_self", "1": "new_round"}),
+        ({"0": None, "1": None}, False, {"0": "exclude_self", "1": "exclude_self"}),
         ({"0": 0.01, "1": 0.01, "2": 5.0}, False, {"0": "train", "1": "train", "2": "train"}),
         ({"0": 0.01, "1": 0.01, "2": 5.0}, True, {"0": "new_round", "1": "new_round", "2": "exclude_self"}),
     ],
@@ -235,12 +258,104 @@ def test_whole_checks_against_a_model(health: dict[str, float | None], exclude: 
 
 
 def test_a_healthy_round_is_probed_once_and_a_suspect_twice() -> None:
-    phases, probe = _model({"0": 0.01, "1": 0.01, "2": 0.01})
-    check_round(1, 3, "0", probe)
-    assert phases == [1]
-    phases, probe = _model({"0": 0.01, "1": 0.01, "2": None})
-    check_round(1, 3, "0", probe)
-    assert phases == [1, 2]
+    phases, probe, solos, solo = _model({"0": 0.01, "1": 0.01, "2": 0.01})
+    check_round(1, 3, "0", probe, solo=solo)
+    assert (phases, solos) == ([1], [])
+    phases, probe, solos, solo = _model({"0": 0.01, "1": 0.01, "2": None})
+    check_round(1, 3, "0", probe, solo=solo)
+    # Node 2 gets a new partner (1); node 0's only new pairing would repeat (0, 2): it is not
+    # a suspect, so nobody probes alone.
+    assert (phases, solos) == ([1, 2], [])
+
+
+def test_two_nodes_never_repeat_their_pair_and_a_suspect_pair_probes_alone() -> None:
+    phases, probe, solos, solo = _model({"0": 0.01, "1": None})
+    check_round(1, 2, "0", probe, solo=solo)
+    assert (phases, solos) == ([1], [(2, ("0", "1"))])
+
+
+def test_a_failed_link_between_two_healthy_nodes_excludes_neither_and_warns() -> None:
+    outcomes = _run({"0": 0.01, "1": 0.01}, broken_links=[("0", "1")])
+    for outcome in outcomes.values():
+        assert outcome.action is CheckAction.TRAIN
+        assert outcome.verdict is not None
+        assert outcome.verdict.faulty == ()
+        assert len(outcome.warnings) == 2
+        assert "passed alone" in outcome.reason
+        assert "warning" in outcome.reason
+    assert outcomes["0"].verdict == outcomes["1"].verdict
+
+
+def test_without_solo_probes_two_nodes_keep_the_old_verdict() -> None:
+    _, probe, _, _ = _model({"0": 0.01, "1": None})
+    assert check_round(1, 2, "0", probe).action is CheckAction.EXCLUDE_SELF
+
+
+def _outcomes(phase: int, pairs: Sequence[tuple[str, str, bool]]) -> list[PairOutcome]:
+    bad = SideResult(False, 0.0, "peer lost")
+    return [PairOutcome(phase, (a, b), (OK, OK) if ok else (bad, bad)) for a, b, ok in pairs]
+
+
+@pytest.mark.parametrize(
+    ("nodes", "round_one", "faulty", "pairs", "solos"),
+    [
+        # Two nodes: round two could only repeat the pair; both suspects probe alone.
+        (["0", "1"], [("0", "1", False)], ["0", "1"], (), ("0", "1")),
+        # Three nodes, node 0 dead: 1 and 2 meet anew; 0 (its only new pairing would repeat) alone.
+        (["0", "1", "2"], [("0", "1", False), ("0", "2", False)], ["0", "1", "2"], (("1", "2"),), ("0",)),
+        # Four nodes, node 1 dead: it gets a healthy new partner; nobody probes alone.
+        (
+            ["0", "1", "2", "3"],
+            [("0", "1", False), ("2", "3", True)],
+            ["0", "1"],
+            (("2", "1"), ("3", "0")),
+            (),
+        ),
+    ],
+)
+def test_the_second_phase_drops_repeated_pairs_and_sends_unpartnered_suspects_alone(
+    nodes: list[str],
+    round_one: list[tuple[str, str, bool]],
+    faulty: list[str],
+    pairs: tuple[Pair, ...],
+    solos: tuple[str, ...],
+) -> None:
+    second = plan_second_phase(nodes, _outcomes(1, round_one), _verdict(faulty, nodes=nodes))
+    assert (second.pairs, second.solos) == (pairs, solos)
+    assert not {frozenset(p) for p in second.pairs} & {frozenset((a, b)) for a, b, _ in round_one}
+
+
+BAD = SideResult(False, 0.0, "crashed alone")
+
+
+@pytest.mark.parametrize(
+    ("faulty", "solos", "still_faulty", "warned"),
+    [
+        (["0", "1"], {"0": OK, "1": BAD}, ("1",), ["0"]),
+        (["0", "1"], {"0": BAD, "1": BAD}, ("0", "1"), []),
+        (["0", "1"], {"0": OK, "1": OK}, (), ["0", "1"]),
+        # A node that did well with a partner but fails alone is faulty all the same.
+        ([], {"2": BAD}, ("2",), []),
+    ],
+)
+def test_solo_probes_settle_the_blame(
+    faulty: list[str], solos: dict[str, SideResult], still_faulty: tuple[str, ...], warned: list[str]
+) -> None:
+    verdict, warnings = with_solos(_verdict(faulty), solos)
+    assert verdict.faulty == still_faulty
+    assert [w.split()[2] for w in warnings] == warned
+    for node in still_faulty:
+        assert "alone failed" in verdict.reasons[node]
+    for node in warned:
+        assert node not in verdict.reasons
+        assert verdict.best_time_s[node] == pytest.approx(0.01)
+
+
+def test_every_key_of_a_round_lives_under_its_prefix() -> None:
+    prefix = round_keys_prefix(7) + "/"
+    for key in (side_key(7, 1, 0, "1"), store_key(7, 2, 1), solo_key(7, 2, "0"), settings_key(7)):
+        assert key.startswith(prefix)
+    assert len({side_key(7, 2, 0, "0"), solo_key(7, 2, "0"), settings_key(7)}) == 3
 
 
 @given(st.integers(min_value=3, max_value=12), st.data())

@@ -18,7 +18,7 @@ from dlrover.common import Clock, DLRoverError, SystemClock
 from dlrover.common.validators import non_negative, positive
 from dlrover.flashckpt.host import SaverHost, SaverHostConfig, host_socket_path
 from dlrover.flashckpt.segment import DEFAULT_SHM_DIR
-from dlrover.launcher.control import ControlPlane, FailureReport, Progress, RoundAssignment
+from dlrover.launcher.control import ControlPlane, FailureDecision, FailureReport, Progress, RoundAssignment
 from dlrover.launcher.decisions import Step, StepKind, after_failure, assess_workers, first_failure, on_master_actions
 from dlrover.launcher.env import (
     CHECKPOINT_SOCKET_ENV_VAR,
@@ -28,8 +28,8 @@ from dlrover.launcher.env import (
     worker_env,
 )
 from dlrover.launcher.hang import HangWatch, read_cpu_seconds
-from dlrover.launcher.netcheck import NetworkCheck, NetworkCheckStopped
-from dlrover.launcher.netcheck_plan import after_check_report, check_step
+from dlrover.launcher.netcheck import NetworkCheck, NetworkCheckSettingsMismatch, NetworkCheckStopped
+from dlrover.launcher.netcheck_plan import CheckOutcome, after_check_report, check_step
 from dlrover.launcher.workers import StandbyPool, WorkerExit, WorkerGroup, WorkerSpec
 
 __all__ = ["Agent", "AgentConfig", "AgentResult"]
@@ -136,6 +136,8 @@ class Agent:
     ) -> None:
         self._network_check = network_check
         self._check_heartbeat_at = 0.0
+        # What the master asked for during the network check, carried out when the check ends.
+        self._check_action: Step | None = None
         self._config = config
         self._control = control
         self._clock = clock or SystemClock()
@@ -338,29 +340,71 @@ class Agent:
         """Run the network check of this round, if on; None when this node goes on to train.
 
         A node the check leaves out reports itself to the master with the probes as evidence and
-        exits without training; the others start a new round without it.
+        exits without training; the others start a new round without it. What the master asks
+        for during the check is carried out when it ends: a stop ends the check at once and
+        exits as a stop does while training; a restart starts a new round instead of training.
+        A master that stays unreachable past `master_lost_timeout_s` ends the agent (status 1);
+        settings that differ from the other nodes' are a configuration error (status 2).
         """
         if self._network_check is None:
             return None
+        self._check_action = None
         try:
-            outcome = self._network_check.run(
-                assignment, should_stop=self._stop_requested.is_set, keepalive=self._keepalive_during_check
+            outcome = self._run_check(self._network_check, assignment, restarts)
+        finally:
+            action = self._take_check_action()
+        if isinstance(outcome, Step):
+            return outcome
+        step = check_step(outcome)
+        if step is not None and step.kind is StepKind.REPORT_FAILURE:
+            _log.error("%s", outcome.reason)
+            delivered = self._deliver(FailureReport(-1, 1, None, outcome.evidence, restarts, network_check=True))
+            if isinstance(delivered, str):
+                return after_check_report(outcome, None, delivered)
+            return after_check_report(outcome, delivered)
+        if action is not None:
+            # A restart the master asked for during the check: a new round, no workers started.
+            return Step(StepKind.RESTART, f"{action.reason} (during the network check: {outcome.reason})")
+        return step
+
+    def _run_check(self, check: NetworkCheck, assignment: RoundAssignment, restarts: int) -> CheckOutcome | Step:
+        """The check's outcome, or the exit step when it could not reach one."""
+        try:
+            return check.run(
+                assignment,
+                should_stop=self._check_should_stop,
+                keepalive=self._keepalive_during_check,
+                store_retry_s=self._config.master_lost_timeout_s,
             )
         except NetworkCheckStopped:
+            if self._check_action is not None and self._check_action.kind is StepKind.EXIT:
+                return self._check_action
             return Step(StepKind.EXIT, self._stop_reason or "stop requested", exit_code=128 + 15)
-        step = check_step(outcome)
-        if step is None or step.kind is not StepKind.REPORT_FAILURE:
-            return step
-        _log.error("%s", outcome.reason)
-        report = FailureReport(-1, 1, None, outcome.evidence, restarts, network_check=True)
-        try:
-            answer = self._control.report_failure(report)
+        except NetworkCheckSettingsMismatch as exc:
+            reason = f"configuration error: {exc}"
+            _log.error("%s", reason)
+            answer = self._deliver(FailureReport(-1, 2, None, reason, restarts, network_check=True))
+            if isinstance(answer, str):
+                return Step(StepKind.EXIT, f"{reason}; the report did not reach the master: {answer}", exit_code=2)
+            told = f"reported to the master, which answered {answer[0].value}: {answer[1]}"
+            return Step(StepKind.EXIT, f"{reason}; {told}", exit_code=2)
         except DLRoverError as exc:
-            return after_check_report(outcome, None, str(exc))
-        return after_check_report(outcome, answer)
+            return Step(StepKind.EXIT, f"network check of round {assignment.round} gave up: {exc}", exit_code=1)
+
+    def _take_check_action(self) -> Step | None:
+        action, self._check_action = self._check_action, None
+        return action
+
+    def _check_should_stop(self) -> bool:
+        return self._stop_requested.is_set() or (
+            self._check_action is not None and self._check_action.kind is StepKind.EXIT
+        )
 
     def _keepalive_during_check(self) -> None:
-        """Heartbeat at the usual interval while the check runs, so the node is not taken for dead."""
+        """Heartbeat at the usual interval while the check runs, so the node is not taken for dead.
+
+        The master's actions come once, with one heartbeat: they are kept for `_check_nodes`.
+        """
         now = self._clock.now()
         if now < self._check_heartbeat_at:
             return
@@ -370,8 +414,11 @@ class Agent:
         except DLRoverError as exc:
             _log.warning("heartbeat during the network check failed: %s", exc)
             return
-        if step.kind is StepKind.EXIT:
-            self.request_stop(step.reason)
+        if step.kind is StepKind.CONTINUE:
+            return
+        _log.info("master action during the network check: %s", step.reason)
+        if self._check_action is None or step.kind is StepKind.EXIT:
+            self._check_action = step
 
     def _leave_quietly(self) -> None:
         try:
@@ -387,16 +434,22 @@ class Agent:
         up to `master_lost_timeout_s`; the report is not idempotent, so in the rare case that a
         reply was lost after the master acted, the failure counts twice against the budgets.
         """
+        answer = self._deliver(report)
+        if isinstance(answer, str):
+            return Step(StepKind.EXIT, answer, exit_code=1)
+        return after_failure(report, answer[0], answer[1], self._config.max_restarts)
+
+    def _deliver(self, report: FailureReport) -> tuple[FailureDecision, str] | str:
+        """Report a failure, retrying as `_report` says; the master's answer, or why it failed."""
         started = self._clock.now()
         wait = 0.5
         while True:
             try:
-                decision, reason = self._control.report_failure(report)
-                return after_failure(report, decision, reason, self._config.max_restarts)
+                return self._control.report_failure(report)
             except DLRoverError as exc:
                 lost_s = self._clock.now() - started
                 if lost_s >= self._config.master_lost_timeout_s or self._stop_requested.is_set():
-                    return Step(StepKind.EXIT, f"could not report a failure for {lost_s:.0f} s: {exc}", exit_code=1)
+                    return f"could not report a failure for {lost_s:.0f} s: {exc}"
                 _log.warning("could not report a failure (retrying in %.1f s): %s", wait, exc)
                 self._stop_requested.wait(wait)
                 wait = min(wait * 2, 10.0)

@@ -110,3 +110,8 @@ class FakeControlPlane:
         """Compare-and-set in this fake master's key-value store."""
         with self._lock:
             return self._kv.compare_set(key, expected, desired)
+
+    def kv_delete(self, key: str) -> bool:
+        """Delete a key of this fake master's key-value store; whether it was set."""
+        with self._lock:
+            return self._kv.delete_key(key)

@@ -203,6 +203,10 @@ class GrpcControlPlane:
         """Compare-and-set in the master's key-value store; returns the value the key holds after."""
         return self._rdzv.kv_compare_set(key, expected, desired)
 
+    def kv_delete(self, key: str) -> bool:
+        """Delete a key of the master's key-value store; whether it was set."""
+        return self._rdzv.kv_delete(key)
+
     def leave(self) -> None:
         try:
             self._rdzv.leave(self._node_id)

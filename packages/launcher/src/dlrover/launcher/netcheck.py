@@ -8,11 +8,18 @@ After a rendezvous round completes, every agent of the round runs `NetworkCheck.
    probe (`python -m dlrover.launcher.netcheck_probe`: matrix products, all-reduce, all-gather)
    in a child process killed after `probe_timeout_s`, and publishes its side's result.
 2. When round one found a suspect (a failed pair, a slow one), round two re-pairs the suspects
-   with nodes that did well (`plan_round_two`).
+   with nodes that did well (`plan_round_two`), never repeating a round-one pair; a faulty node
+   left without a new partner (both nodes of a two-node round) probes itself alone, which tells
+   a broken node from a broken link (`netcheck_plan.plan_second_phase`, `with_solos`).
 3. Every agent reads all results back and computes `judge`: the faulty nodes (failed with every
    partner) and the stragglers. `dlrover.launcher.netcheck_plan.decide` says what this node does.
 
-Keys live under `dlrover/launcher/round/<round>/netcheck/`, so no round reads another's results.
+Before any probe, each node publishes the check's settings under a write-once key of the round;
+a node whose settings differ from what is there refuses (`NetworkCheckSettingsMismatch`).
+
+Keys live under `dlrover/launcher/round/<round>/netcheck/`, so no round reads another's results;
+each node deletes the keys it wrote at the start of its next check. Every store call is retried
+while the master is unreachable, up to a bound (`NetworkCheckStoreLost` after it).
 Every result is written once (compare-and-set on an absent key). An agent that waits in vain for
 a node's result until `results_timeout_s` writes a "missing" result in its place the same way, so
 every agent reads the same value for every key and reaches the same verdict, even when a late
@@ -35,7 +42,7 @@ import sys
 import tempfile
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from typing import IO, Any, Protocol
+from typing import IO, Any, Protocol, TypeVar
 
 import attrs
 
@@ -51,16 +58,26 @@ from dlrover.launcher.netcheck_plan import (
     decide_single,
     describe_pairs,
     pairs_of,
+    settings_key,
     side_key,
+    solo_key,
     store_key,
 )
 from dlrover.rendezvous import KeyValueStore, Pair
 
-__all__ = ["InMemoryRoundStore", "NetworkCheck", "NetworkCheckConfig", "NetworkCheckStopped", "RoundStore"]
+__all__ = [
+    "InMemoryRoundStore",
+    "NetworkCheck",
+    "NetworkCheckConfig",
+    "NetworkCheckSettingsMismatch",
+    "NetworkCheckStopped",
+    "NetworkCheckStoreLost",
+    "RoundStore",
+]
 
 _log = logging.getLogger(__name__)
 _STDERR_TAIL = 2000
-_WRITE_ATTEMPTS = 4
+_T = TypeVar("_T")
 
 
 def _never() -> bool:
@@ -117,6 +134,9 @@ class NetworkCheckConfig:
         poll_interval_s: the longest pause between two reads of the store while waiting.
         matmul_size: side of the probe's square matrices.
         collective_numel: float32 elements in each of the probe's all-reduces and all-gathers.
+        store_retry_s: how long the check keeps retrying a store read or write while the
+            master cannot be reached (it may be restarting) before it gives up; the agent
+            passes its `master_lost_timeout_s` to `NetworkCheck.run` instead.
     """
 
     probe_timeout_s: float = attrs.field(default=60.0, validator=_positive_finite)
@@ -126,6 +146,19 @@ class NetworkCheckConfig:
     poll_interval_s: float = attrs.field(default=0.5, validator=_positive_finite)
     matmul_size: int = attrs.field(default=256, validator=_count)
     collective_numel: int = attrs.field(default=262_144, validator=_count)
+    store_retry_s: float = attrs.field(default=300.0, validator=_positive_finite)
+
+    def settings(self) -> bytes:
+        """The settings every node of a round must share, as canonical JSON (published per round)."""
+        shared = {
+            "probe_timeout_s": self.probe_timeout_s,
+            "results_wait_s": self.results_wait_s,
+            "straggler_factor": self.straggler_factor,
+            "exclude_stragglers": self.exclude_stragglers,
+            "matmul_size": self.matmul_size,
+            "collective_numel": self.collective_numel,
+        }
+        return json.dumps(shared, sort_keys=True).encode()
 
     @property
     def results_wait_s(self) -> float:
@@ -149,6 +182,10 @@ class RoundStore(Protocol):
         """Set `key` to `desired` if it holds `expected` (absent counts as b""); returns what it holds."""
         ...
 
+    def kv_delete(self, key: str) -> bool:
+        """Delete `key`; whether it was set."""
+        ...
+
 
 class InMemoryRoundStore:
     """A `RoundStore` in memory, safe to share between threads: for tests and single-process use."""
@@ -165,9 +202,26 @@ class InMemoryRoundStore:
         with self._lock:
             return self._kv.compare_set(key, expected, desired)
 
+    def kv_delete(self, key: str) -> bool:
+        with self._lock:
+            return self._kv.delete_key(key)
+
+    def keys(self) -> list[str]:
+        """Every key set, sorted (for tests)."""
+        with self._lock:
+            return sorted(self._kv.items())
+
 
 class NetworkCheckStopped(DLRoverError):
     """The agent was asked to stop while the check ran; its probe process was killed."""
+
+
+class NetworkCheckStoreLost(DLRoverError):
+    """The master's store stayed unreachable for longer than the check's retry bound."""
+
+
+class NetworkCheckSettingsMismatch(ConfigError):
+    """This node's check settings differ from those the round's first node published."""
 
 
 class _ProbeProcess:
@@ -275,6 +329,12 @@ class NetworkCheck:
         self._should_stop: Callable[[], bool] = _never
         self._keepalive: Callable[[], None] = _nothing
         self._spares: list[_ProbeProcess] = []
+        self._store_retry_s = config.store_retry_s
+        # Keys this node wrote in its last check, deleted at the start of its next one: by then
+        # every node of that round has read the verdict (a new round completes only once its
+        # nodes are done with the last one), and the master journals its whole store.
+        self._written: list[str] = []
+        self._writing: list[str] = []
 
     @property
     def config(self) -> NetworkCheckConfig:
@@ -287,6 +347,7 @@ class NetworkCheck:
         *,
         should_stop: Callable[[], bool] = _never,
         keepalive: Callable[[], None] = _nothing,
+        store_retry_s: float | None = None,
     ) -> CheckOutcome:
         """Check the nodes of `assignment`'s round; every node of the round must call this.
 
@@ -294,16 +355,23 @@ class NetworkCheck:
             assignment: the completed round, as this node sees it.
             should_stop: polled while waiting; when it turns true the check ends at once.
             keepalive: called while waiting, so the agent can keep heartbeating the master.
+            store_retry_s: how long to retry the master's store while it cannot be reached
+                (the agent's `master_lost_timeout_s`); None: `config.store_retry_s`.
 
         Returns:
             What this node does next, and why.
 
         Raises:
             NetworkCheckStopped: `should_stop()` turned true; no probe process is left running.
-            DLRoverError: the master's store could not be reached.
+            NetworkCheckStoreLost: the master's store stayed unreachable past the retry bound.
+            NetworkCheckSettingsMismatch: the round's first node published other settings.
         """
         self._should_stop, self._keepalive = should_stop, keepalive
+        if store_retry_s is not None and not (math.isfinite(store_retry_s) and store_retry_s >= 0):
+            raise ConfigError(f"store_retry_s must be a finite number >= 0, got {store_retry_s!r}")
+        self._store_retry_s = self._config.store_retry_s if store_retry_s is None else store_retry_s
         try:
+            self._delete_previous()
             if assignment.group_world_size == 1:
                 proc = self._spawn()
                 try:
@@ -313,20 +381,51 @@ class NetworkCheck:
                     proc.close()
                 outcome = decide_single(assignment.round, side)
             else:
+                self._check_settings(assignment.round)
                 outcome = self._check_pairs(assignment)
         finally:
             self._should_stop, self._keepalive = _never, _nothing
             for spare in self._spares:
                 spare.close()
             self._spares = []
+            self._written, self._writing = self._written + self._writing, []
+        for warning in outcome.warnings:
+            _log.warning("network check of round %d: %s", assignment.round, warning)
         _log.info("%s", outcome.reason)
         return outcome
+
+    def _delete_previous(self) -> None:
+        """Delete the keys this node wrote in its previous check (see `__init__`)."""
+        left = []
+        for key in self._written:
+            try:
+                self._store.kv_delete(key)
+            except DLRoverError as exc:
+                # Only journal size is at stake: try again at the next check.
+                _log.warning("could not delete the network check key %s: %s", key, exc)
+                left.append(key)
+        self._written = left
+
+    def _check_settings(self, round_number: int) -> None:
+        """Refuse to check a round whose first node published other settings than this node's."""
+        mine = self._config.settings()
+        held = self._write_once(settings_key(round_number), mine)
+        if held != mine:
+            raise NetworkCheckSettingsMismatch(
+                f"this node's network check settings {mine.decode()} differ from the ones of round "
+                f"{round_number}'s other nodes {held.decode('utf-8', 'replace')}: every node must run "
+                "dlrover-run with the same --network-check-timeout, --network-check-results-timeout, "
+                "--straggler-factor and --exclude-straggler"
+            )
 
     def _check_pairs(self, assignment: RoundAssignment) -> CheckOutcome:
         me = str(assignment.group_rank)
 
         def probe(phase: int, pairs: Sequence[Pair]) -> list[PairOutcome]:
             return self._phase(assignment.round, phase, pairs, me)
+
+        def solo(phase: int, nodes: Sequence[str]) -> dict[str, SideResult]:
+            return self._solo(assignment.round, phase, nodes, me)
 
         return check_round(
             assignment.round,
@@ -335,7 +434,23 @@ class NetworkCheck:
             probe,
             straggler_factor=self._config.straggler_factor,
             exclude_stragglers=self._config.exclude_stragglers,
+            solo=solo,
         )
+
+    def _solo(self, round_number: int, phase: int, nodes: Sequence[str], me: str) -> dict[str, SideResult]:
+        """Probe this node alone if it is named, publish that, and read every named node's result."""
+        deadline = self._clock.now() + self._config.results_wait_s
+        _log.info("network check of round %d, check round %d: nodes %s probe alone", round_number, phase, nodes)
+        if me in nodes:
+            proc = self._spares.pop() if self._spares else self._spawn()
+            try:
+                proc.go(0, 1, "127.0.0.1", free_port("127.0.0.1"), master=True)
+                side = self._await(proc)
+            finally:
+                proc.close()
+            self._write_once(solo_key(round_number, phase, me), side.encode())
+        values = self._collect_keys([solo_key(round_number, phase, node) for node in nodes], deadline)
+        return {node: SideResult.decode(value) for node, value in zip(nodes, values, strict=True)}
 
     def _spawn(self) -> _ProbeProcess:
         cfg = self._config
@@ -415,7 +530,7 @@ class NetworkCheck:
             dead = proc.poll()
             if dead is not None:
                 return dead
-            address, partner_side = self._store.kv_get([address_key, partner_key])
+            address, partner_side = self._read([address_key, partner_key])
             if address is not None:
                 return address.decode("utf-8", "replace")
             if partner_side is not None:
@@ -450,7 +565,7 @@ class NetworkCheck:
             if partner_key and now >= next_look:
                 # A failed partner fails the pair whatever this side does: stop waiting on it.
                 next_look = now + cfg.poll_interval_s
-                (raw,) = self._store.kv_get([partner_key])
+                (raw,) = self._read([partner_key])
                 if raw is not None and not (theirs := SideResult.decode(raw)).ok:
                     proc.kill()
                     return SideResult(False, 0.0, f"stopped: partner node {partner}'s side failed: {theirs.error}")
@@ -461,38 +576,53 @@ class NetworkCheck:
         self, round_number: int, phase: int, pairs: Sequence[Pair], deadline: float
     ) -> dict[tuple[int, str], SideResult]:
         wanted = [(index, node) for index, pair in enumerate(pairs) for node in pair]
-        keys = [side_key(round_number, phase, index, node) for index, node in wanted]
+        values = self._collect_keys([side_key(round_number, phase, index, node) for index, node in wanted], deadline)
+        return dict(zip(wanted, (SideResult.decode(value) for value in values), strict=True))
+
+    def _collect_keys(self, keys: Sequence[str], deadline: float) -> list[bytes]:
+        """Wait for every key; at the deadline, write the missing marker into those still absent."""
         interval = 0.02
         while True:
-            values = self._store.kv_get(keys)
+            values = self._read(keys)
             if all(v is not None for v in values):
-                break
+                return [v for v in values if v is not None]
             if self._clock.now() >= deadline:
                 # Whatever is in the store after this is what every node reads: a late result
                 # loses to the marker, and the verdict stays the same everywhere.
                 marker = SideResult.missing(self._config.results_wait_s).encode()
-                values = [
-                    v if v is not None else self._write_once(k, marker) for k, v in zip(keys, values, strict=True)
-                ]
-                break
+                return [v if v is not None else self._write_once(k, marker) for k, v in zip(keys, values, strict=True)]
             interval = self._pause(interval)
-        return {
-            where: SideResult.decode(value) for where, value in zip(wanted, values, strict=True) if value is not None
-        }
+
+    def _read(self, keys: Sequence[str]) -> list[bytes | None]:
+        return self._retrying(f"read {keys[0]}", lambda: self._store.kv_get(keys))
 
     def _write_once(self, key: str, value: bytes) -> bytes:
         """Set an absent key; returns what it holds. Retried: a repeat cannot change what was written."""
+        self._writing.append(key)
+        return self._retrying(f"write {key}", lambda: self._store.kv_compare_set(key, b"", value))
+
+    def _retrying(self, what: str, call: Callable[[], _T]) -> _T:
+        """Run a store call, retrying with backoff while the master is unreachable, up to the bound."""
+        lost_since: float | None = None
         wait = 0.25
-        for attempt in range(1, _WRITE_ATTEMPTS + 1):
+        while True:
             try:
-                return self._store.kv_compare_set(key, b"", value)
+                return call()
             except DLRoverError as exc:
-                if attempt == _WRITE_ATTEMPTS:
-                    raise
-                _log.warning("could not write %s (attempt %d of %d): %s", key, attempt, _WRITE_ATTEMPTS, exc)
-                self._clock.sleep(wait)
-                wait *= 2
-        raise AssertionError("unreachable")
+                now = self._clock.now()
+                lost_since = now if lost_since is None else lost_since
+                lost_s = now - lost_since
+                if lost_s >= self._store_retry_s:
+                    raise NetworkCheckStoreLost(
+                        f"the network check could not {what} for {lost_s:.1f} s, giving up after "
+                        f"{self._store_retry_s:g} s without the master: {exc}"
+                    ) from exc
+                _log.warning("network check: could not %s (master unreachable for %.1f s): %s", what, lost_s, exc)
+                if self._should_stop():
+                    raise NetworkCheckStopped("stopped during the network check") from exc
+                self._keepalive()
+                self._clock.sleep(min(wait, self._store_retry_s - lost_s))
+                wait = min(wait * 2, 5.0)
 
     def _pause(self, interval: float) -> float:
         if self._should_stop():

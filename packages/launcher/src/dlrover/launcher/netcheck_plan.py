@@ -29,6 +29,7 @@ __all__ = [
     "CheckAction",
     "CheckOutcome",
     "PairOutcome",
+    "SecondPhase",
     "SideResult",
     "after_check_report",
     "check_nodes",
@@ -40,8 +41,13 @@ __all__ = [
     "describe_pairs",
     "needs_second_round",
     "pairs_of",
+    "plan_second_phase",
+    "round_keys_prefix",
+    "settings_key",
     "side_key",
+    "solo_key",
     "store_key",
+    "with_solos",
 ]
 
 _ERROR_CHARS = 400
@@ -50,8 +56,23 @@ NETWORK_CHECK_FAULT_ENV_VAR = "DLROVER_NETWORK_CHECK_FAULT"
 """Test hook read by the probe process (`exit`, `hang` or `slow`); see `dlrover.launcher.netcheck_probe`."""
 
 
+def round_keys_prefix(round_number: int) -> str:
+    """The prefix of every key the check of a round writes."""
+    return f"dlrover/launcher/round/{round_number}/netcheck"
+
+
 def _key_prefix(round_number: int, phase: int) -> str:
-    return f"dlrover/launcher/round/{round_number}/netcheck/{phase}"
+    return f"{round_keys_prefix(round_number)}/{phase}"
+
+
+def solo_key(round_number: int, phase: int, node: str) -> str:
+    """Where `node` publishes the result of probing itself alone in check round `phase`."""
+    return f"{_key_prefix(round_number, phase)}/solo/{node}"
+
+
+def settings_key(round_number: int) -> str:
+    """Where the first node to check a round publishes the check's settings (write-once)."""
+    return f"{round_keys_prefix(round_number)}/settings"
 
 
 def side_key(round_number: int, phase: int, index: int, node: str) -> str:
@@ -191,6 +212,82 @@ def needs_second_round(verdict: CheckVerdict) -> bool:
     return bool(verdict.faulty or verdict.stragglers or verdict.unchecked)
 
 
+@attrs.frozen
+class SecondPhase:
+    """What check round two probes.
+
+    Attributes:
+        pairs: new pairs, each re-pairing a suspect with a node it has not probed with yet.
+        solos: suspects left without a new partner (in a round of two nodes: both nodes); each
+            probes itself alone, which tells a broken node from a broken link.
+    """
+
+    pairs: tuple[Pair, ...]
+    solos: tuple[str, ...]
+
+
+def plan_second_phase(nodes: Sequence[str], round_one: Sequence[PairOutcome], verdict: CheckVerdict) -> SecondPhase:
+    """Round two's pairs and solo probes, given round one's outcomes and verdict.
+
+    `plan_round_two` may repeat a round-one pair when a suspect has nobody new to pair with (in
+    a round of two nodes it always does); repeating a probe only repeats its verdict, so such
+    pairs are dropped. A faulty or unchecked node left without a new pair probes itself alone.
+    """
+    planned = plan_round_two(list(nodes), [p.as_probe() for p in round_one])
+    seen = {frozenset(p.pair) for p in round_one}
+    fresh = tuple(pair for pair in planned if frozenset(pair) not in seen)
+    covered = {node for pair in fresh for node in pair}
+    suspects = set(verdict.faulty) | set(verdict.unchecked)
+    return SecondPhase(fresh, tuple(sorted(suspects - covered, key=int)))
+
+
+def with_solos(verdict: CheckVerdict, solos: Mapping[str, SideResult]) -> tuple[CheckVerdict, tuple[str, ...]]:
+    """Settle the blame of suspects that probed themselves alone; returns the verdict and warnings.
+
+    A node whose solo probe failed is faulty, whatever its pairs said. A node that failed with
+    every partner but passed alone is not: its partners (which are themselves suspects, or it
+    would have had a new pair) are to blame, or the link between them. When every node of such
+    a failed pair passed alone, the link failed, not a node: no node is excluded for it and a
+    warning says so. Excluding both would end a two-node job over what may be a transient or
+    switch-wide problem that replacements would meet as well, and excluding one would be a
+    guess; if the link is really broken, the workers' first collective fails and the ordinary
+    worker-failure handling (restart budgets, relaunch) takes over with real evidence.
+
+    A node kept this way gets its solo probe's time in `best_time_s`; stragglers are not
+    recomputed (a solo time is no measure of a link).
+    """
+    faulty = set(verdict.faulty)
+    unchecked = set(verdict.unchecked)
+    reasons = dict(verdict.reasons)
+    best = dict(verdict.best_time_s)
+    warnings = []
+    for node in sorted(solos, key=int):
+        side = solos[node]
+        if not side.ok:
+            before = reasons.get(node, "")
+            faulty.add(node)
+            unchecked.discard(node)
+            reasons[node] = f"{before + '; ' if before else ''}its probe alone failed too: {side.error}"
+        elif node in faulty or node in unchecked:
+            faulty.discard(node)
+            unchecked.discard(node)
+            before = reasons.pop(node, "")
+            best[node] = side.elapsed_s
+            warnings.append(
+                f"node rank {node} {before or 'had no pair result'} but passed alone in {side.elapsed_s:.4f} s: "
+                "not excluded (a failed link or a failed partner, not this node); if the link is broken, "
+                "the workers' collectives will fail and be handled as worker failures"
+            )
+    new = CheckVerdict(
+        faulty=tuple(sorted(faulty)),
+        stragglers=verdict.stragglers,
+        best_time_s=best,
+        reasons=reasons,
+        unchecked=tuple(sorted(unchecked)),
+    )
+    return new, tuple(warnings)
+
+
 def describe_pairs(pairs: Sequence[PairOutcome]) -> str:
     """One line per probed pair, with its time or both sides' errors: the check's evidence."""
     lines = []
@@ -231,12 +328,15 @@ class CheckOutcome:
         reason: why, in a sentence.
         evidence: for EXCLUDE_SELF, what to report to the master (the reason and every probe).
         verdict: the verdict of a multi-node check; None for a single-node probe.
+        warnings: what the check found but did not act on (a failed link between nodes that
+            each passed alone); also part of `reason`.
     """
 
     action: CheckAction
     reason: str
     evidence: str = ""
     verdict: CheckVerdict | None = None
+    warnings: tuple[str, ...] = ()
 
 
 def decide(
@@ -246,6 +346,8 @@ def decide(
     pairs: Sequence[PairOutcome],
     *,
     exclude_stragglers: bool,
+    warnings: Sequence[str] = (),
+    solos: Mapping[str, SideResult] | None = None,
 ) -> CheckOutcome:
     """What node `me` does, given the verdict every node of the round computed alike.
 
@@ -259,25 +361,32 @@ def decide(
         verdict: `judge` over every pair of the check.
         pairs: those pairs, for the evidence.
         exclude_stragglers: whether stragglers leave too.
+        warnings: findings not acted on (see `with_solos`), added to the reason.
+        solos: nodes that probed themselves alone, with their results, for the evidence.
     """
     table = describe_pairs(pairs)
+    for node in sorted(solos or {}, key=int):
+        side = (solos or {})[node]
+        table += f"\nnode {node} alone: {'ok in ' + format(side.elapsed_s, '.4f') + ' s' if side.ok else side.error}"
+    warned = tuple(warnings)
+    note = "".join(f"; warning: {w}" for w in warned)
     head = f"network check of round {round_number}"
     if me in verdict.faulty:
-        reason = f"{head}: node rank {me} is faulty: {verdict.reasons[me]}"
-        return CheckOutcome(CheckAction.EXCLUDE_SELF, reason, f"{reason}\n{table}", verdict)
+        reason = f"{head}: node rank {me} is faulty: {verdict.reasons[me]}{note}"
+        return CheckOutcome(CheckAction.EXCLUDE_SELF, reason, f"{reason}\n{table}", verdict, warned)
     if exclude_stragglers and me in verdict.stragglers:
-        reason = f"{head}: node rank {me} is a straggler (--exclude-straggler): {verdict.reasons[me]}"
-        return CheckOutcome(CheckAction.EXCLUDE_SELF, reason, f"{reason}\n{table}", verdict)
+        reason = f"{head}: node rank {me} is a straggler (--exclude-straggler): {verdict.reasons[me]}{note}"
+        return CheckOutcome(CheckAction.EXCLUDE_SELF, reason, f"{reason}\n{table}", verdict, warned)
     leaving = set(verdict.faulty) | (set(verdict.stragglers) if exclude_stragglers else set())
     if leaving:
         whys = "; ".join(f"node rank {n}: {verdict.reasons[n]}" for n in sorted(leaving, key=int))
         reason = f"{head} left out node rank(s) {_ranks(list(leaving))} ({whys}): rendezvous again without them"
-        return CheckOutcome(CheckAction.NEW_ROUND, reason, verdict=verdict)
+        return CheckOutcome(CheckAction.NEW_ROUND, reason + note, verdict=verdict, warnings=warned)
     reason = f"{head} passed on all {len(verdict.best_time_s) + len(verdict.unchecked)} nodes"
     if verdict.stragglers:
         kept = "; ".join(f"node rank {n}: {verdict.reasons[n]}" for n in sorted(verdict.stragglers, key=int))
         reason += f"; straggler(s) kept, as --exclude-straggler is off: {kept}"
-    return CheckOutcome(CheckAction.TRAIN, reason, verdict=verdict)
+    return CheckOutcome(CheckAction.TRAIN, reason + note, verdict=verdict, warnings=warned)
 
 
 def check_round(
@@ -288,11 +397,14 @@ def check_round(
     *,
     straggler_factor: float = 2.0,
     exclude_stragglers: bool = False,
+    solo: Callable[[int, Sequence[str]], Mapping[str, SideResult]] | None = None,
 ) -> CheckOutcome:
     """The whole check of a round of two or more nodes, given a way to probe a plan's pairs.
 
     Round one probes neighbours; when it found a suspect, round two re-pairs the suspects with
-    nodes that did well; `judge` reads both; `decide` says what `me` does. Deterministic given
+    nodes that did well, and suspects left without a new partner probe themselves alone
+    (`plan_second_phase`); `judge` reads both rounds, `with_solos` the solo probes, and `decide`
+    says what `me` does. Deterministic given
     what `probe` returns, which is what lets every agent reach the same verdict: `probe` returns
     the pairs' outcomes as read back from the shared store.
 
@@ -304,15 +416,27 @@ def check_round(
             outcome, in plan order.
         straggler_factor: see `NodeCheckConfig`.
         exclude_stragglers: whether stragglers leave too.
+        solo: runs this node's part of the solo probes of check round `phase` (when it is named)
+            and returns every named node's result, read back from the shared store. None: no
+            solo probes, and a suspect without a new partner keeps its round-one verdict.
     """
     nodes = check_nodes(world_size)
     config = NodeCheckConfig(straggler_factor=straggler_factor)
     pairs = probe(1, plan_round_one(nodes))
     verdict = judge(nodes, [p.as_probe() for p in pairs], config)
+    warnings: tuple[str, ...] = ()
+    solos: Mapping[str, SideResult] = {}
     if needs_second_round(verdict):
-        pairs = pairs + probe(2, plan_round_two(nodes, [p.as_probe() for p in pairs]))
-        verdict = judge(nodes, [p.as_probe() for p in pairs], config)
-    return decide(me, round_number, verdict, pairs, exclude_stragglers=exclude_stragglers)
+        second = plan_second_phase(nodes, pairs, verdict)
+        if second.pairs:
+            pairs = pairs + probe(2, second.pairs)
+            verdict = judge(nodes, [p.as_probe() for p in pairs], config)
+        if second.solos and solo is not None:
+            solos = solo(2, second.solos)
+            verdict, warnings = with_solos(verdict, solos)
+    return decide(
+        me, round_number, verdict, pairs, exclude_stragglers=exclude_stragglers, warnings=warnings, solos=solos
+    )
 
 
 def decide_single(round_number: int, side: SideResult) -> CheckOutcome:
