@@ -80,8 +80,8 @@ class FlashCheckpointer:
         persist_bandwidth_mb_s: a detached saver's persist rate cap in MB/s (0: none; a hosted
             saver takes the agent's setting).
         clock: time source.
-        host_timeout_s: bound on the agent's answer to a saver request (replacing a saver
-            after a resize first finishes the old one's queued persists).
+        host_timeout_s: bound on the agent's answer to a saver request (the agent answers
+            without waiting on persists, even when a resize replaces the saver).
 
     Raises:
         ConfigError: inconsistent arguments.

@@ -185,7 +185,8 @@ class DetachedSaverSpec:
         world_size: ranks in the job.
         storage_dir: the POSIX checkpoint directory.
         shm_dir: where segments and the socket live.
-        idle_exit_s: the saver exits (removing the run's memory) after this long with no stager.
+        idle_exit_s: the saver exits (removing the run's memory) after this long with no stager,
+            or this long after its start if no stager ever connects.
         start_timeout_s: how long to wait for its socket.
         log_path: where its log goes (None: discarded).
         nice: niceness added to the saver, so persisting yields the CPU to training (0: none). The

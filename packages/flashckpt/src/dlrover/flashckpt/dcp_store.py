@@ -94,10 +94,14 @@ def verify_file(path: Path, expected: FileSum) -> None:
 
     Raises:
         ChecksumError: the file is missing, truncated, extended or changed; the message names it.
+        StorageError: the file cannot be examined or read (the message names it).
     """
     if not path.is_file():
         raise ChecksumError(f"{path} is missing")
-    size = path.stat().st_size
+    try:
+        size = path.stat().st_size
+    except OSError as e:  # removed since is_file, or unreadable metadata: a storage failure
+        raise StorageError(f"cannot stat {path}: {e}") from None
     if size != expected.get("bytes"):
         raise ChecksumError(f"{path} has {size} bytes, the manifest says {expected.get('bytes')} (truncated?)")
     got = checksum_file(path)

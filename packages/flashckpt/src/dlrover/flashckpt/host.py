@@ -33,11 +33,16 @@ Host to stager:
             run, too many runs) or the saver could not be started
 ==========  ================================================================================
 
-A run's saver is replaced (stopped without removing memory, then started again) when a request
-names another ``world_size`` or ``coordinator``: after a resize every new worker asks with the
-new values. A ``shutdown`` a stager sends its saver (``close(job_end=True)``) stops that saver and
-removes the run's memory, as a detached saver would. There is no idle exit: the agent calls
-`SaverHost.stop` when it exits.
+A run's saver is replaced when a request names another ``world_size`` or ``coordinator``: after
+a resize every new worker asks with the new values. The new saver is started first and takes the
+run's socket over (an atomic rename); only then is the old one retired: from that moment it never
+commits (its queued persists may still write rank files) and it is stopped, without removing
+memory, in the background, so a slow persist never delays the answer. If the new saver cannot
+start, the old one keeps serving (and committing) and the answer is an ``error`` saying so.
+
+A ``shutdown`` a stager sends its saver (``close(job_end=True)``) stops that saver and removes the
+run's memory, as a detached saver would (requests for the run are refused until it is gone).
+There is no idle exit: the agent calls `SaverHost.stop` when it exits.
 
 This module never imports torch: the agent loads it.
 """
@@ -175,6 +180,8 @@ class SaverHost:
         self._conns: set[socket.socket] = set()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
+        self._retiring: list[threading.Thread] = []  # stopping replaced savers (under _lock)
+        self._ending: set[tuple[str, str]] = set()  # runs whose saver stops after a shutdown (under _lock)
         self._listener: socket.socket | None = None
         self._owner_key: tuple[str, str] | None = None
         self._stopped = False
@@ -226,9 +233,7 @@ class SaverHost:
             decision's reason then says why).
         """
         with self._lock:
-            if self._stopped:
-                return EnsureDecision(EnsureAction.REFUSE, "the host is stopping"), None
-            decision = self._table.decide(request)
+            decision = self._decide(request)
             if decision.action is EnsureAction.REFUSE:
                 self._record("request_refused", decision.reason)
                 return decision, None
@@ -242,21 +247,45 @@ class SaverHost:
                 refused = EnsureDecision(EnsureAction.REFUSE, f"storage {request.storage_dir!r} is unusable: {e}")
                 self._record("request_refused", refused.reason)
                 return refused, None
-            if decision.action is EnsureAction.REPLACE:
-                old = self._savers.pop(request.key)
-                self._table.forget(request.key)
-                old.stop(remove_memory=False, timeout_s=self.config.stop_timeout_s)
+            old = self._savers.get(request.key) if decision.action is EnsureAction.REPLACE else None
+            if old is not None:
+                # Retired before the new saver listens: never two savers of the run committing.
+                old.retire()
             saver = Saver(self._saver_config(request), storage, clock=self._clock)
             try:
                 saver.start()
             except OSError as e:
-                failed = EnsureDecision(EnsureAction.REFUSE, f"cannot start the saver of {request.key}: {e}")
+                reason = f"cannot start the saver of {request.key}: {e}"
+                if old is not None:
+                    old.unretire()
+                    reason += f"; the previous saver (world size {old.config.world_size}) keeps serving the run"
+                failed = EnsureDecision(EnsureAction.REFUSE, reason)
                 self._record("request_refused", failed.reason)
                 return failed, None
+            if old is not None:
+                # Stopped outside the lock: its queued persists may take long on slow storage,
+                # and every other request (the resized workers') must be answered meanwhile.
+                t = threading.Thread(target=self._stop_replaced, args=(request.key, old), daemon=True)
+                t.start()
+                self._retiring = [r for r in self._retiring if r.is_alive()] + [t]
             self._savers[request.key] = saver
             self._table.apply(request, decision)
             self._record(f"saver_{decision.action.value}", decision.reason)
             return decision, saver
+
+    def _decide(self, request: SaverRequest) -> EnsureDecision:
+        if self._stopped:
+            return EnsureDecision(EnsureAction.REFUSE, "the host is stopping")
+        if request.key in self._ending:
+            return EnsureDecision(
+                EnsureAction.REFUSE, f"run {request.key} is ending (its job sent shutdown): its saver is stopping"
+            )
+        return self._table.decide(request)
+
+    def _stop_replaced(self, key: tuple[str, str], old: Saver) -> None:
+        # Training goes on with the new saver: the old one's persists keep their rate cap.
+        old.stop(remove_memory=False, timeout_s=self.config.stop_timeout_s, uncap=False)
+        self._record("saver_retired", f"replaced saver of run {key[0]}/{key[1]} stopped")
 
     def _saver_config(self, request: SaverRequest) -> SaverConfig:
         c = self.config
@@ -306,7 +335,10 @@ class SaverHost:
             self._savers.clear()
             for key in savers:
                 self._table.forget(key)
+            retiring = list(self._retiring)
         self._stop.set()
+        for t in retiring:
+            t.join(self.config.stop_timeout_s)
         # The accept loop and the watcher first (no connection thread is added after that), then
         # every connection thread, woken by shutting its socket down.
         for t in self._threads[:2]:
@@ -342,12 +374,19 @@ class SaverHost:
         """Stop, and remove the memory of, a run whose stager said the job ended."""
         while not self._stop.wait(self.config.poll_interval_s):
             with self._lock:
-                done = [key for key, saver in self._savers.items() if saver.wait_shutdown(0)]
+                done = {key: saver for key, saver in self._savers.items() if saver.wait_shutdown(0)}
                 for key in done:
-                    saver = self._savers.pop(key)
+                    del self._savers[key]
+                self._ending.update(done)
+            # Stopped outside the lock (its last persists may be slow): other runs are served
+            # meanwhile, and requests for this run are refused (and `runs` still lists it) until
+            # its memory is gone.
+            for key, saver in done.items():
+                saver.stop(remove_memory=True, timeout_s=self.config.stop_timeout_s)
+                with self._lock:
+                    self._ending.discard(key)
                     self._table.forget(key)
-                    saver.stop(remove_memory=True, timeout_s=self.config.stop_timeout_s)
-                    self._record("saver_stopped", f"run {key[0]}/{key[1]} ended (shutdown): memory removed")
+                self._record("saver_stopped", f"run {key[0]}/{key[1]} ended (shutdown): memory removed")
 
     # -- the socket ---------------------------------------------------------------------------------
 
@@ -437,8 +476,8 @@ class HostedSaver:
 def request_saver(host_socket: str | Path, request: SaverRequest, timeout_s: float = 180.0) -> HostedSaver:
     """Ask the host at `host_socket` for the saver of `request`'s run.
 
-    `timeout_s` bounds the whole exchange; it is long because replacing a saver first finishes
-    the old one's queued persists.
+    `timeout_s` bounds the whole exchange. The host answers without waiting on persists (a
+    replaced saver is stopped in the background), but it may be busy stopping a run that ended.
 
     Raises:
         SaverUnavailableError: the host cannot be reached, or refused (the message names the

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import queue
+import secrets
 import socket
 import threading
 from pathlib import Path
@@ -153,6 +154,12 @@ class Saver:
         self._pending: set[int] = set()  # steps waiting for other savers' ranks (worker thread only)
         self._threads: list[threading.Thread] = []
         self._listener: socket.socket | None = None
+        self._socket_ino: int | None = None  # the socket file this saver bound (not a successor's)
+        # Held while committing: once `retire` returns, this saver never moves the tracker again.
+        self._commit_lock = threading.Lock()
+        self._retired = False
+        self._uncapped = threading.Event()  # set at stop: persists run at full speed from then on
+        self._pacer: Pacer | None = None  # the running persist's (worker thread; read by `stop`)
         self.connections_seen = 0
 
     @property
@@ -165,14 +172,24 @@ class Saver:
         c = self.config
         write_owner(c.shm_dir, c.job_id, c.run_id)
         path = self.socket_path
-        path.unlink(missing_ok=True)
+        # Bound under a temporary name, then renamed over the run's socket: a saver replacing
+        # another takes the name over atomically, and one that fails to start leaves the running
+        # saver's socket in place.
+        tmp = path.with_name(f"{path.name}.{secrets.token_hex(3)}")  # short: sun_path is 108 bytes
+        tmp.unlink(missing_ok=True)
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         old_umask = os.umask(0o177)  # the socket file is created 0600
         try:
-            listener.bind(str(path))
+            listener.bind(str(tmp))
+            listener.listen(64)
+            self._socket_ino = tmp.stat().st_ino
+            os.replace(tmp, path)
+        except OSError:
+            listener.close()
+            tmp.unlink(missing_ok=True)
+            raise
         finally:
             os.umask(old_umask)
-        listener.listen(64)
         listener.settimeout(c.poll_interval_s)
         self._listener = listener
         for target, name in ((self._accept_loop, "accept"), (self._worker, "worker")):
@@ -193,8 +210,10 @@ class Saver:
 
         What a dying training process triggers; a host calls it before stopping for good (the
         agent got SIGTERM) so the newest snapshot reaches storage even if every worker exited
-        cleanly. A step already persisted is not written again.
+        cleanly. A step already persisted is not written again. Training has stopped then, so
+        this persist, and every one after it, ignores `persist_bandwidth_mb_s`.
         """
+        self._uncap()
         self._submit(_Job("failure"))
 
     def _submit(self, job: _Job) -> None:
@@ -216,13 +235,34 @@ class Saver:
         with self._lock:
             return len(self._conns)
 
-    def stop(self, remove_memory: bool = True, timeout_s: float = 30.0) -> None:
+    def retire(self) -> None:
+        """Stop committing: another saver now serves the run (a resize replaced this one).
+
+        Persists still queued or running finish writing their rank files, but from the moment
+        this returns this saver never writes a manifest, moves the tracker or removes old steps,
+        so two savers of one run never commit concurrently. Steps it would have committed are kept
+        pending; `unretire` (the replacement could not start) commits them again.
+        """
+        with self._commit_lock:
+            self._retired = True
+
+    def unretire(self) -> None:
+        """Undo `retire`: this saver serves the run again."""
+        with self._commit_lock:
+            self._retired = False
+
+    def stop(self, remove_memory: bool = True, timeout_s: float = 30.0, uncap: bool = True) -> None:
         """Finish queued persists, close every connection, and (as owner) remove the run's memory.
 
         Args:
             remove_memory: unlink the run's segments, owner record and socket (job end).
             timeout_s: bound on waiting for the worker.
+            uncap: drop `persist_bandwidth_mb_s` for the persists still to finish (training has
+                stopped; a capped persist of a large state could not finish within `timeout_s`).
+                False for a saver replaced while training goes on.
         """
+        if uncap:
+            self._uncap()
         self.wait_idle(timeout_s)
         self._stop.set()
         self._queue.put(None)
@@ -241,8 +281,21 @@ class Saver:
             self._listener.close()
         if remove_memory:
             remove_run(self.config.shm_dir, self.config.job_id, self.config.run_id)
-        else:
+        elif self._owns_socket_file():
             self.socket_path.unlink(missing_ok=True)
+
+    def _owns_socket_file(self) -> bool:
+        # A saver that replaced this one has renamed its own socket over the path: leave it.
+        try:
+            return self.socket_path.stat().st_ino == self._socket_ino
+        except OSError:
+            return False
+
+    def _uncap(self) -> None:
+        with self._lock:
+            self._uncapped.set()
+            if self._pacer is not None:
+                self._pacer.rate_bytes_s = 0.0  # the running persist stops pausing
 
     # -- threads ----------------------------------------------------------------------------------
 
@@ -363,11 +416,15 @@ class Saver:
     def _try_commit(self, step: int) -> tuple[bool, str]:
         if not self.config.coordinator:
             return False, "this saver is not the coordinator"
-        try:
-            decision = self.committer.try_commit(step, self.config.world_size)
-        except FlashCkptError as e:
-            self._record("persist_failed", step, f"commit of step {step} failed: {e}")
-            return False, str(e)
+        with self._commit_lock:
+            if self._retired:
+                self._pending.add(step)  # committed again only if `unretire` is called
+                return False, "this saver was replaced: the run's new saver commits"
+            try:
+                decision = self.committer.try_commit(step, self.config.world_size)
+            except FlashCkptError as e:
+                self._record("persist_failed", step, f"commit of step {step} failed: {e}")
+                return False, str(e)
         if decision.commit:
             self._record("committed", step, decision.reason)
             self._pending = {s for s in self._pending if s > step}
@@ -413,8 +470,15 @@ class Saver:
                     locked = _header(seg)
                     if locked is None or locked.seq != header.seq or locked.state < SlotState.COMPLETE:
                         continue  # overwritten meanwhile
-                    pacer = Pacer(c.persist_bandwidth_mb_s * 1e6, self._clock) if c.persist_bandwidth_mb_s else None
-                    persist_rank(self.storage, payload_from_slot(seg, locked, rank, c.world_size), pacer=pacer)
+                    with self._lock:
+                        capped = bool(c.persist_bandwidth_mb_s) and not self._uncapped.is_set()
+                        self._pacer = Pacer(c.persist_bandwidth_mb_s * 1e6, self._clock) if capped else None
+                    try:
+                        payload = payload_from_slot(seg, locked, rank, c.world_size)
+                        persist_rank(self.storage, payload, pacer=self._pacer)
+                    finally:
+                        with self._lock:
+                            self._pacer = None
                 finally:
                     seg.unlock()
             except FlashCkptError as e:

@@ -1,8 +1,9 @@
 """``python -m dlrover.flashckpt.saver_main``: a detached saver for one run on this node.
 
 Started by the first stager on a node when no ``dlrover-run`` agent hosts a saver. It exits, and
-removes the run's shared memory, on a ``shutdown`` message, on SIGTERM/SIGINT, or once no stager
-has been attached for ``--idle-exit-s`` seconds (after persisting on failure if one died).
+removes the run's shared memory, on a ``shutdown`` message, on SIGTERM/SIGINT, once no stager
+has been attached for ``--idle-exit-s`` seconds (after persisting on failure if one died), or when
+no stager has connected at all within ``--first-connect-timeout-s`` (its starter died first).
 
 Test seams (faults enter at the storage seam, never by patching internals):
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import signal
 import threading
@@ -67,8 +69,7 @@ class _FaultyStorage(PosixStorage):
         return super().write_file(path, chunks)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run a saver until shutdown, a signal, or idleness; returns the exit status."""
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--job", required=True)
     p.add_argument("--run", required=True)
@@ -76,6 +77,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--storage-dir", required=True)
     p.add_argument("--shm-dir", default="/dev/shm")  # noqa: S108 (the POSIX shared-memory mount)
     p.add_argument("--idle-exit-s", type=float, default=60.0)
+    p.add_argument(
+        "--first-connect-timeout-s",
+        type=float,
+        default=None,
+        help="exit if no stager connects within this many seconds of start (default: --idle-exit-s)",
+    )
     p.add_argument("--lock-timeout-s", type=float, default=60.0)
     p.add_argument("--keep-last", type=int, default=0, help="retention: keep the last N (0: keep all)")
     p.add_argument("--keep-every", type=int, default=0, help="retention: also keep every K-th step")
@@ -97,6 +104,19 @@ def main(argv: list[str] | None = None) -> int:
         help="cap on the rate a persist writes at, in MB/s (0: none, the disk's speed)",
     )
     args = p.parse_args(argv)
+    if args.first_connect_timeout_s is None:
+        args.first_connect_timeout_s = args.idle_exit_s
+    bounds = (("--idle-exit-s", args.idle_exit_s), ("--first-connect-timeout-s", args.first_connect_timeout_s))
+    for flag, value in bounds:
+        if not math.isfinite(value) or value <= 0:
+            p.error(f"{flag} must be a positive number of seconds, got {value!r}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run a saver until shutdown, a signal, idleness, or no first stager; returns the exit status."""
+    args = _parse_args(argv)
+    first_connect_s: float = args.first_connect_timeout_s
     configure_logging()
     log = logging.getLogger("dlrover.flashckpt.saver")
     # This process leads a session of its own: niceness alone would not rank it below training.
@@ -133,9 +153,15 @@ def main(argv: list[str] | None = None) -> int:
     saver.start()
     log.info("flashckpt saver for %s/%s listening on %s", args.job, args.run, saver.socket_path)
     clock = SystemClock()
+    started = clock.now()
     idle_since: float | None = None
     while not stop.is_set() and not saver.wait_shutdown(0.05):
-        if saver.connections_seen and saver.active_connections() == 0 and saver.wait_idle(0):
+        if not saver.connections_seen:
+            # Without this, a saver whose starter died before connecting would run forever.
+            if clock.now() - started >= first_connect_s:
+                log.info("no stager connected within %.1fs: exiting", first_connect_s)
+                break
+        elif saver.active_connections() == 0 and saver.wait_idle(0):
             idle_since = clock.now() if idle_since is None else idle_since
             if clock.now() - idle_since >= args.idle_exit_s:
                 log.info("no stager attached for %.1fs: exiting", args.idle_exit_s)

@@ -384,8 +384,11 @@ class ShardedCheckpointer:
                 continue
             try:
                 verify_file(self.root / step_dir(step) / name, man["files"][name] if man else {})
-            except (ChecksumError, StorageError) as e:
-                self._event("checksum_mismatch", step, str(e))
+            except Exception as e:  # any failure is this rank's verdict: raising would strand the others
+                if isinstance(e, (ChecksumError, StorageError)):
+                    self._event("checksum_mismatch", step, str(e))
+                else:
+                    self._event("verify_failed", step, f"unexpected error verifying {name}: {e!r}")
                 bad = i
                 break
         per_rank = [r[0] for r in self._g.gather_ints([bad], 1)]

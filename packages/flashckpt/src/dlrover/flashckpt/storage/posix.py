@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import os
 import shutil
 import sys
@@ -151,6 +152,11 @@ class _Writeback:
 
     Window k is queued for writeback when it is full, and waited for (then dropped) when window
     k + 1 is full: the disk works on one window while the writer fills the next.
+
+    A failed ``sync_file_range`` raises `OSError`: waiting on writeback reports *and clears* the
+    file's writeback error, so the final fsync would return 0 for a window the disk lost. Where the
+    call is unsupported (ENOSYS, EINVAL, ESPIPE) windowing is switched off for this file and the
+    fsync alone makes it durable.
     """
 
     def __init__(self, fd: int, window: int) -> None:
@@ -163,9 +169,13 @@ class _Writeback:
         if not self._window:
             return
         while total - self._started >= self._window:
-            _sync_range(self._fd, self._started, self._window, _SYNC_START)
+            if not _sync_range(self._fd, self._started, self._window, _SYNC_START):
+                self._window = 0
+                return
             if self._started > self._dropped:
-                _sync_range(self._fd, self._dropped, self._started - self._dropped, _SYNC_WAIT)
+                if not _sync_range(self._fd, self._dropped, self._started - self._dropped, _SYNC_WAIT):
+                    self._window = 0
+                    return
                 _drop(self._fd, self._dropped, self._started - self._dropped)
                 self._dropped = self._started
             self._started += self._window
@@ -197,11 +207,22 @@ def _load_sync_file_range() -> Callable[[int, int, int, int], int] | None:
 _sync_file_range = _load_sync_file_range()
 
 
-def _sync_range(fd: int, offset: int, nbytes: int, flags: int) -> None:
-    # Only a hint about *when* to write: the fsync after the last byte makes the file durable
-    # whatever happens here, so a failure (an unsupported filesystem) is ignored.
-    if _sync_file_range is not None:
-        _sync_file_range(fd, offset, nbytes, flags)
+# sync_file_range is not available for this file (filesystem, file type or kernel): skip windowing.
+_UNSUPPORTED = frozenset({errno.ENOSYS, errno.EINVAL, errno.ESPIPE})
+
+
+def _sync_range(fd: int, offset: int, nbytes: int, flags: int) -> bool:
+    """Runs sync_file_range; False where it is unsupported, `OSError` where it failed."""
+    if _sync_file_range is None:
+        return False
+    if _sync_file_range(fd, offset, nbytes, flags) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in _UNSUPPORTED:
+        return False
+    # Any other error (EIO, ENOSPC...) means written data may be lost, and the wait has already
+    # consumed the error the final fsync would have reported: fail the write here.
+    raise OSError(err, f"sync_file_range failed: {os.strerror(err)}")
 
 
 def _drop(fd: int, offset: int, nbytes: int) -> None:

@@ -1,0 +1,34 @@
+"""A detached saver no stager ever connects to exits on its own and removes what it created."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+
+def _run(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    cmd = [sys.executable, "-m", "dlrover.flashckpt.saver_main", "--job", "j", "--run", "r"]
+    cmd += ["--storage-dir", str(tmp_path / "ckpt"), "--shm-dir", str(shm), "--nice", "0", *extra]
+    # Before the fix it never exits: the bound turns that into a failure instead of a hang.
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=90, check=False)
+
+
+def test_a_saver_nobody_connects_to_exits_and_cleans_up(tmp_path: Path) -> None:
+    done = _run(tmp_path, "--idle-exit-s", "0.5")  # the first-connection bound defaults to it
+    assert done.returncode == 0, done.stderr
+    assert "no stager connected within 0.5s" in done.stderr
+    assert list((tmp_path / "shm").iterdir()) == []  # no socket, no owner record left
+
+
+def test_a_bad_first_connect_timeout_is_refused(tmp_path: Path) -> None:
+    done = _run(tmp_path, "--first-connect-timeout-s", "0")
+    assert done.returncode == 2
+    assert "--first-connect-timeout-s must be a positive number of seconds, got 0.0" in done.stderr
+    assert list((tmp_path / "shm").iterdir()) == []
