@@ -17,7 +17,7 @@ from dlrover.launcher.control import (
 )
 from dlrover.rendezvous import KeyValueStore
 
-__all__ = ["FakeControlPlane", "free_port"]
+__all__ = ["FakeControlPlane", "InMemoryRoundStore", "free_port"]
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -25,6 +25,31 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+class InMemoryRoundStore:
+    """A `RoundStore` in memory, safe to share between threads: for tests and single-process use."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._kv = KeyValueStore()
+
+    def kv_get(self, keys: Sequence[str]) -> list[bytes | None]:
+        with self._lock:
+            return self._kv.multi_get(list(keys))
+
+    def kv_compare_set(self, key: str, expected: bytes, desired: bytes) -> bytes:
+        with self._lock:
+            return self._kv.compare_set(key, expected, desired)
+
+    def kv_delete(self, key: str) -> bool:
+        with self._lock:
+            return self._kv.delete_key(key)
+
+    def keys(self) -> list[str]:
+        """Every key set, sorted (for tests)."""
+        with self._lock:
+            return sorted(self._kv.items())
 
 
 class FakeControlPlane:
@@ -61,7 +86,7 @@ class FakeControlPlane:
         self.heartbeats: list[Progress] = []
         self.successes = 0
         self.left = 0
-        self._kv = KeyValueStore()
+        self._store = InMemoryRoundStore()
 
     def register(self, local_world_size: int) -> NodeRegistration:
         with self._lock:
@@ -103,15 +128,12 @@ class FakeControlPlane:
 
     def kv_get(self, keys: Sequence[str]) -> list[bytes | None]:
         """Read keys of this fake master's key-value store."""
-        with self._lock:
-            return self._kv.multi_get(list(keys))
+        return self._store.kv_get(keys)
 
     def kv_compare_set(self, key: str, expected: bytes, desired: bytes) -> bytes:
         """Compare-and-set in this fake master's key-value store."""
-        with self._lock:
-            return self._kv.compare_set(key, expected, desired)
+        return self._store.kv_compare_set(key, expected, desired)
 
     def kv_delete(self, key: str) -> bool:
         """Delete a key of this fake master's key-value store; whether it was set."""
-        with self._lock:
-            return self._kv.delete_key(key)
+        return self._store.kv_delete(key)

@@ -40,7 +40,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import IO, Any, Protocol, TypeVar
 
@@ -48,7 +47,7 @@ import attrs
 
 from dlrover.common import Clock, ConfigError, DLRoverError, SystemClock, format_host_port
 from dlrover.launcher.control import RoundAssignment
-from dlrover.launcher.fake_control import free_port
+from dlrover.launcher.fake_control import InMemoryRoundStore, free_port
 from dlrover.launcher.netcheck_plan import (
     CheckOutcome,
     PairOutcome,
@@ -63,7 +62,7 @@ from dlrover.launcher.netcheck_plan import (
     solo_key,
     store_key,
 )
-from dlrover.rendezvous import KeyValueStore, Pair
+from dlrover.rendezvous import Pair
 
 __all__ = [
     "InMemoryRoundStore",
@@ -185,31 +184,6 @@ class RoundStore(Protocol):
     def kv_delete(self, key: str) -> bool:
         """Delete `key`; whether it was set."""
         ...
-
-
-class InMemoryRoundStore:
-    """A `RoundStore` in memory, safe to share between threads: for tests and single-process use."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._kv = KeyValueStore()
-
-    def kv_get(self, keys: Sequence[str]) -> list[bytes | None]:
-        with self._lock:
-            return self._kv.multi_get(list(keys))
-
-    def kv_compare_set(self, key: str, expected: bytes, desired: bytes) -> bytes:
-        with self._lock:
-            return self._kv.compare_set(key, expected, desired)
-
-    def kv_delete(self, key: str) -> bool:
-        with self._lock:
-            return self._kv.delete_key(key)
-
-    def keys(self) -> list[str]:
-        """Every key set, sorted (for tests)."""
-        with self._lock:
-            return sorted(self._kv.items())
 
 
 class NetworkCheckStopped(DLRoverError):
