@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from dlrover.common import ConfigError
-from dlrover.flashckpt.channel import recv_message, send_message
+from dlrover.flashckpt.channel import recv_message, send_message, unix_address
 from dlrover.flashckpt.client import SaverClient
 from dlrover.flashckpt.errors import FlashCkptError, SaverUnavailableError
 from dlrover.flashckpt.host import (
@@ -80,7 +80,8 @@ def _request(shm: Path, tmp_path: Path, **kw: Any) -> SaverRequest:
 def _raw(host: SaverHost, msg: dict[str, Any]) -> dict[str, Any]:
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(WAIT_S)
-        s.connect(str(host.socket_path))
+        with unix_address(host.socket_path) as address:
+            s.connect(address)
         send_message(s, msg)
         reply = recv_message(s)
     assert reply is not None
@@ -177,7 +178,8 @@ def test_bad_requests_get_errors_and_change_nothing(
 def test_a_bad_frame_is_answered_and_the_host_keeps_serving(host: SaverHost, shm: Path, tmp_path: Path) -> None:
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(WAIT_S)
-        s.connect(str(host.socket_path))
+        with unix_address(host.socket_path) as address:
+            s.connect(address)
         s.sendall(struct.pack(">I", 5) + b"{bad}")
         reply = recv_message(s)
     assert reply is not None
@@ -345,3 +347,26 @@ class HostRunsMachine(RuleBasedStateMachine):
 
 TestHostRunsMachine = HostRunsMachine.TestCase
 TestHostRunsMachine.settings = settings(stateful_step_count=20, deadline=None)
+
+
+def test_sockets_in_a_directory_deeper_than_sun_path_still_work(tmp_path: Path) -> None:
+    # sockaddr_un holds 107 bytes of path; CI temp dirs and container shm mounts can be deeper.
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    deep.mkdir(parents=True)
+    h = SaverHost(
+        SaverHostConfig(str(host_socket_path(deep)), stop_timeout_s=WAIT_S, drain_timeout_s=5.0),
+        storage_factory=lambda _dir: InMemoryStorage(),
+    )
+    assert len(str(h.socket_path)) > 107
+    h.start()
+    try:
+        answer = request_saver(h.socket_path, _request(deep, tmp_path))
+        assert len(str(answer.path)) > 107
+        client = SaverClient(answer.path, 0, 2)
+        try:
+            assert client.saver_pid == os.getpid()
+        finally:
+            client.close()
+    finally:
+        h.stop(remove_memory=True)
+    assert list(deep.iterdir()) == []

@@ -13,7 +13,7 @@ import torch
 from flashckpt_testlib import our_files
 
 from dlrover.common import ConfigError
-from dlrover.flashckpt.channel import MAX_FRAME_BYTES, ChannelError, recv_message, send_message
+from dlrover.flashckpt.channel import MAX_FRAME_BYTES, ChannelError, recv_message, send_message, unix_address
 from dlrover.flashckpt.client import SaverClient
 from dlrover.flashckpt.commit import Committer, Tracker
 from dlrover.flashckpt.config import StagerConfig
@@ -176,7 +176,8 @@ def test_full_disk_is_reported_and_training_goes_on(node: Node) -> None:
 def test_bad_messages_get_errors_and_change_nothing(node: Node) -> None:
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(WAIT_S)
-        s.connect(str(node.saver.socket_path))
+        with unix_address(node.saver.socket_path) as address:
+            s.connect(address)
         send_message(s, {"type": "persist", "rank": -1, "step": 1})
         reply = recv_message(s)
         assert reply is not None

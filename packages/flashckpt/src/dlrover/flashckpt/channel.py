@@ -21,17 +21,43 @@ Saver to stager: ``welcome`` (``saver_pid``), ``persisted`` (``rank``, ``step``,
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import socket
 import struct
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from dlrover.flashckpt.errors import FlashCkptError
 
-__all__ = ["MAX_FRAME_BYTES", "ChannelError", "recv_message", "send_message"]
+__all__ = ["MAX_FRAME_BYTES", "ChannelError", "recv_message", "send_message", "unix_address"]
 
 MAX_FRAME_BYTES = 1 << 20
 _LEN = struct.Struct(">I")
+_SUN_PATH_BYTES = 107  # sockaddr_un.sun_path holds 108 bytes, the last one NUL
+
+
+@contextlib.contextmanager
+def unix_address(path: str | Path) -> Iterator[str]:
+    """An address to bind or connect a Unix socket at `path`, however long the path is.
+
+    sun_path holds 107 bytes; shared-memory and temp directories can be deeper than that. A path
+    that does not fit is reached through an open descriptor of its directory
+    (``/proc/self/fd/N/NAME``), which names the same file; the descriptor is closed on exit, once
+    the bind or connect is done.
+    """
+    text = os.fspath(path)
+    if len(os.fsencode(text)) <= _SUN_PATH_BYTES:
+        yield text
+        return
+    parent, name = os.path.split(text)
+    fd = os.open(parent or ".", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        yield f"/proc/self/fd/{fd}/{name}"
+    finally:
+        os.close(fd)
 
 
 class ChannelError(FlashCkptError):

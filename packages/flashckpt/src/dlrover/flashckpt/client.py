@@ -16,7 +16,7 @@ import attrs
 
 from dlrover.common import Clock, SystemClock
 from dlrover.common.validators import non_negative_finite
-from dlrover.flashckpt.channel import ChannelError, recv_message, send_message
+from dlrover.flashckpt.channel import ChannelError, recv_message, send_message, unix_address
 from dlrover.flashckpt.errors import SaverUnavailableError
 from dlrover.flashckpt.events import EventLog, FlashEvent
 from dlrover.flashckpt.saver import socket_path
@@ -69,7 +69,8 @@ class SaverClient:
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             self._sock.settimeout(connect_timeout_s)
-            self._sock.connect(str(path))
+            with unix_address(path) as address:
+                self._sock.connect(address)
             send_message(self._sock, {"type": "hello", "rank": rank, "world_size": world_size, "pid": os.getpid()})
             reply = recv_message(self._sock)
             if reply is None or reply["type"] != "welcome":

@@ -63,7 +63,7 @@ import attrs
 
 from dlrover.common import Clock, ConfigError, SystemClock
 from dlrover.common.validators import non_negative_finite, non_negative_int, positive, positive_int
-from dlrover.flashckpt.channel import ChannelError, recv_message, send_message
+from dlrover.flashckpt.channel import ChannelError, recv_message, send_message, unix_address
 from dlrover.flashckpt.commit import RetentionPolicy
 from dlrover.flashckpt.errors import FlashCkptError, SaverUnavailableError
 from dlrover.flashckpt.events import EventLog, FlashEvent
@@ -207,7 +207,8 @@ class SaverHost:
         path.unlink(missing_ok=True)
         old_umask = os.umask(0o177)  # the socket file is created 0600
         try:
-            listener.bind(str(path))
+            with unix_address(path) as address:
+                listener.bind(address)
         except OSError as e:
             listener.close()
             self._remove_files()
@@ -487,7 +488,8 @@ def request_saver(host_socket: str | Path, request: SaverRequest, timeout_s: flo
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
             sock.settimeout(timeout_s)
-            sock.connect(str(path))
+            with unix_address(path) as address:
+                sock.connect(address)
             send_message(sock, request.to_message())
             reply = recv_message(sock)
     except (OSError, ChannelError) as e:

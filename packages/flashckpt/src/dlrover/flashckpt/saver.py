@@ -25,7 +25,7 @@ import attrs
 
 from dlrover.common import Clock, ConfigError, SystemClock
 from dlrover.common.validators import non_negative_finite, non_negative_int, positive
-from dlrover.flashckpt.channel import ChannelError, recv_message, send_message
+from dlrover.flashckpt.channel import ChannelError, recv_message, send_message, unix_address
 from dlrover.flashckpt.commit import Committer, RetentionPolicy
 from dlrover.flashckpt.errors import FlashCkptError, LayoutError
 from dlrover.flashckpt.events import EventLog, FlashEvent
@@ -180,7 +180,8 @@ class Saver:
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         old_umask = os.umask(0o177)  # the socket file is created 0600
         try:
-            listener.bind(str(tmp))
+            with unix_address(tmp) as address:
+                listener.bind(address)
             listener.listen(64)
             self._socket_ino = tmp.stat().st_ino
             os.replace(tmp, path)
