@@ -1,4 +1,5 @@
-"""Lowering a whole process's CPU priority, including against other sessions (Linux autogroups).
+"""Lowering CPU priority: of one thread (`lower_thread_priority`), or of a whole process including
+against other sessions (`lower_process_priority`, Linux autogroups).
 
 Why `os.nice` alone is not enough: with ``CONFIG_SCHED_AUTOGROUP`` (on by default in most
 distribution kernels; ``/proc/sys/kernel/sched_autogroup_enabled``), every session is one
@@ -12,9 +13,10 @@ the whole session, which is what makes it yield to training.
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
-__all__ = ["AUTOGROUP_PATH", "lower_process_priority"]
+__all__ = ["AUTOGROUP_PATH", "lower_process_priority", "lower_thread_priority"]
 
 AUTOGROUP_PATH = Path("/proc/self/autogroup")
 
@@ -45,3 +47,16 @@ def lower_process_priority(nice: int, autogroup_path: Path = AUTOGROUP_PATH) -> 
     except OSError as e:
         return False, f"niceness {value}; cannot set the session's autogroup niceness: {e}"
     return True, f"niceness {value} for this process and its session's autogroup"
+
+
+def lower_thread_priority(nice: int) -> None:
+    """Add `nice` to the calling thread's niceness (capped at 19), leaving the process's other threads.
+
+    On Linux a thread id names one thread for setpriority, so only the calling thread yields.
+
+    Raises:
+        OSError: the kernel refused.
+    """
+    tid = threading.get_native_id()
+    current = os.getpriority(os.PRIO_PROCESS, tid)
+    os.setpriority(os.PRIO_PROCESS, tid, min(19, current + nice))

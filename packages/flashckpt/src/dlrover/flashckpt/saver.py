@@ -33,6 +33,7 @@ from dlrover.flashckpt.layout import SlotHeader, SlotState
 from dlrover.flashckpt.pacing import Pacer
 from dlrover.flashckpt.payloads import payload_from_slot
 from dlrover.flashckpt.persist import persist_rank
+from dlrover.flashckpt.priority import lower_thread_priority
 from dlrover.flashckpt.saver_core import choose_failure_step
 from dlrover.flashckpt.segment import (
     DEFAULT_SHM_DIR,
@@ -388,11 +389,8 @@ class Saver:
                     self._idle.notify_all()
 
     def _lower_priority(self) -> None:
-        # On Linux a thread id names one thread for setpriority, so only persisting is slowed.
-        tid = threading.get_native_id()
         try:
-            current = os.getpriority(os.PRIO_PROCESS, tid)
-            os.setpriority(os.PRIO_PROCESS, tid, min(19, current + self.config.worker_nice))
+            lower_thread_priority(self.config.worker_nice)  # only persisting is slowed
         except OSError as e:
             self._record("priority_unchanged", -1, f"cannot lower the persist thread's priority: {e}")
 

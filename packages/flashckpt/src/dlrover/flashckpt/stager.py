@@ -45,6 +45,7 @@ from dlrover.flashckpt.layout import (
     encode_manifest,
 )
 from dlrover.flashckpt.planner import plan_layout
+from dlrover.flashckpt.priority import lower_thread_priority
 from dlrover.flashckpt.segment import (
     ShmSegment,
     cleanup_stale,
@@ -365,10 +366,8 @@ class Stager:
         # only sealing yields; the copy threads and the training threads keep their priority.
         if not self.config.seal_nice:
             return
-        tid = threading.get_native_id()
         try:
-            current = os.getpriority(os.PRIO_PROCESS, tid)
-            os.setpriority(os.PRIO_PROCESS, tid, min(19, current + self.config.seal_nice))
+            lower_thread_priority(self.config.seal_nice)
         except OSError as e:
             self._record("priority_unchanged", -1, f"cannot lower the sealing thread's priority: {e}")
 
