@@ -83,6 +83,8 @@ def test_dlrover_flags() -> None:
     assert parse_args(["--hang-timeout=0", "t.py"]).hang_timeout_s == 0.0
     assert cfg.token_file == "/run/token"
     assert cfg.prewarm == ()  # off unless asked
+    assert cfg.checkpoint_stop_timeout_s == 120.0
+    assert parse_args(["--checkpoint-stop-timeout=30", "t.py"]).checkpoint_stop_timeout_s == 30.0
     assert parse_args(["--prewarm=torch, numpy.linalg", "t.py"]).prewarm == ("torch", "numpy.linalg")
     assert parse_args(["--prewarm=torch", "-m", "pkg.train"]).prewarm == ("torch",)
 
@@ -157,6 +159,8 @@ def test_auto_config_uses_visible_accelerators() -> None:
         (["--redirects=7", "t.py"], "'7'"),
         (["--tee=5:1", "t.py"], "local rank 5"),
         (["--prewarm=torch;rm", "t.py"], "module names, got 'torch;rm'"),
+        (["--checkpoint-stop-timeout=0", "t.py"], "checkpoint-stop-timeout"),
+        (["--checkpoint-stop-timeout=inf", "t.py"], "checkpoint-stop-timeout must be a finite number"),
         (["--prewarm=torch", "--no-python", "t.sh"], "cannot be used with --no-python"),
         (["--prewarm=torch", "--run-path", "t.py"], "cannot be used with --run-path"),
     ],

@@ -135,6 +135,7 @@ class LaunchConfig:
     master_lost_timeout_s: float = 300.0
     shutdown_grace_s: float = 10.0
     prewarm: tuple[str, ...] = ()
+    checkpoint_stop_timeout_s: float = 120.0
 
     def worker_command(self, python: str) -> list[str]:
         """The argv that starts one worker, as torchrun builds it."""
@@ -260,6 +261,13 @@ def build_parser() -> argparse.ArgumentParser:
     option(ours, _both("heartbeat-interval"), None, "seconds between heartbeats (default: the master's choice)")
     option(ours, _both("master-lost-timeout"), "300", "seconds workers keep training while the master is unreachable")
     option(ours, _both("shutdown-grace"), "10.0", "seconds workers get to exit after SIGTERM")
+    option(
+        ours,
+        _both("checkpoint-stop-timeout"),
+        "120",
+        "seconds the agent's checkpoint savers get at exit to finish persisting (after a failure or a stop: "
+        "the newest in-memory snapshot) before the job's shared memory is removed",
+    )
     option(
         ours,
         ["--prewarm"],
@@ -435,4 +443,5 @@ def parse_args(
         **_rdzv_timeouts(_conf(ns.rdzv_conf)),
         shutdown_grace_s=float(_number(ns.shutdown_grace, "--shutdown-grace", float, 0.0)),
         prewarm=_prewarm(ns.prewarm, modes),
+        checkpoint_stop_timeout_s=_finite(ns.checkpoint_stop_timeout, "--checkpoint-stop-timeout", 0.001),
     )
