@@ -9,7 +9,12 @@ Each row compares flashckpt with the physical limit or a peer measured in the sa
 * persist throughput from shared memory to disk (with fsync) beside ``dd ... conv=fsync``;
 * step time of a CPU training loop after a save, while the stager seals and while the saver
   persists (goal: <= 5 % slower), with the saver hosted in a stand-in agent process (how
-  ``dlrover-run`` runs it) and as a detached saver.
+  ``dlrover-run`` runs it) and as a detached saver. Beside it, the same loop next to a busy loop
+  at idle scheduling priority (``SCHED_IDLE``) in another session: the least that any background
+  work costs this loop on this machine. A loop whose intra-op threads occupy every core (the
+  default of torch on CPU) is slowed several-fold even by that idle busy loop, since its threads
+  wait for each other at every operator; so by default the loop uses all cores but one
+  (``--train-threads``), the share of the CPU a GPU job's training process actually keeps busy.
 
     python benchmarks/flashckpt_save.py            # 256 MB and 1 GB
     python benchmarks/flashckpt_save.py --quick    # 64 MB, fewer repetitions
@@ -363,6 +368,46 @@ def _check_persisted(outcome: Any) -> None:
         raise RuntimeError(f"persist failed: {outcome.reason}")
 
 
+_IDLE_SPIN = (
+    "import os, sys, time\n"
+    "os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))\n"
+    "end = time.monotonic() + float(sys.argv[1])\n"
+    "while time.monotonic() < end:\n"
+    "    pass\n"
+)
+
+
+def bench_idle_neighbour(rounds: int, seconds: float = 1.0) -> list[tuple[str, float, str]]:
+    """The loop's steps beside a busy loop at SCHED_IDLE priority in another session.
+
+    No background work can cost this loop less than a neighbour the scheduler runs only on
+    otherwise idle cores, so this is the floor for the persist rows below.
+    """
+    loop = _TrainLoop()
+    ratios: list[float] = []
+    alone: list[float] = []
+    for _ in range(rounds):
+        a1 = loop.window(1.0)
+        spinner = subprocess.Popen([sys.executable, "-c", _IDLE_SPIN, str(seconds)], start_new_session=True)
+        spinning = _Background(spinner.wait)
+        busy, _ = loop.until(spinning.done)
+        spinning.join()
+        a2 = loop.window(1.0)
+        alone += [a1, a2]
+        ratios.append(busy / ((a1 + a2) / 2) - 1)
+    q1, med, q3 = _quartiles(ratios)
+    med_alone = statistics.median(alone)
+    return [
+        ("train step alone (median of windows)", med_alone, f"{len(alone)} windows"),
+        (
+            "  steps beside an idle-priority busy loop",
+            med_alone * (1 + med),
+            f"{med * 100:+.1f}% median of {rounds} rounds (IQR {q1 * 100:+.0f}%..{q3 * 100:+.0f}%, "
+            f"range {min(ratios) * 100:+.0f}%..{max(ratios) * 100:+.0f}%)",
+        ),
+    ]
+
+
 def bench_slowdown(
     size: int, tmp: Path, rounds: int, *, mode: str, nice: int, bandwidth_mb_s: float, seal_nice: int | None
 ) -> list[tuple[str, float, str]]:
@@ -474,6 +519,12 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=0, help="slowdown rounds (default: 5 quick, 12 otherwise)")
     p.add_argument("--persist-bandwidth-mb-s", type=float, default=0.0, help="persist rate cap (0: none)")
     p.add_argument("--seal-nice", type=int, default=None, help="StagerConfig.seal_nice (default: the config's)")
+    p.add_argument(
+        "--train-threads",
+        type=int,
+        default=max(1, (os.cpu_count() or 1) - 1),
+        help="torch intra-op threads of the training loop (default: all cores but one)",
+    )
     p.add_argument("--slowdown-only", action="store_true", help="only the training-loop slowdown rows")
     args = p.parse_args()
     sizes = [64 * MB] if args.quick else [256 * MB, 1024 * MB] + ([4096 * MB] if args.big else [])
@@ -493,6 +544,10 @@ def main() -> int:
         slow_size = 64 * MB if args.quick else 256 * MB
         rounds = args.rounds or (5 if args.quick else 12)
         cap = f"{args.persist_bandwidth_mb_s:g} MB/s" if args.persist_bandwidth_mb_s else "none"
+        torch.set_num_threads(args.train_threads)  # the loop's; copy threads are the Copier's own
+        print(f"\n== training loop on {args.train_threads} intra-op thread(s), {os.cpu_count()} cores ==")
+        for name, secs, note in bench_idle_neighbour(rounds):
+            print(f"{name:48s} {secs:10.4f}  {note}")
         for mode in ("hosted", "detached") if args.saver == "both" else (args.saver,):
             who = "a stand-in agent process (persist thread nice +19)" if mode == "hosted" else "a detached saver"
             print(f"\n== training loop, {slow_size // MB} MB saved and persisted by {who}; rate cap {cap} ==")

@@ -15,7 +15,9 @@ Workers append ``event attempt step CLOCK_MONOTONIC`` lines to one file per rank
 clock is system-wide on Linux, so the driver's kill time and the workers' step times compare
 directly. Measured per repetition:
 
-* downtime: SIGKILL of rank 1 -> both ranks completed their first step after the restart;
+* downtime: SIGKILL of rank 1 -> both ranks completed their first step after the restart (the
+  kill comes once the job is in steady state: a few checkpoints saved and at least ``--settle-s``
+  after the first step);
 * startup: launcher start -> both ranks completed their first step.
 
     python benchmarks/recovery_downtime.py              # 256 MB and 1 GB, 3 repetitions
@@ -87,6 +89,7 @@ model = torch.nn.Linear(16, 16)
 state = {f"t{i}": torch.zeros(numel) for i in range(n_big)}
 state["model"] = model.state_dict()
 state["step"] = 0
+mark("allocated")
 ckpt_dir = out / "ckpt"
 ckpt_dir.mkdir(exist_ok=True)
 
@@ -99,6 +102,7 @@ if mode == "flash":
         str(ckpt_dir),
         agree=torch_distributed_agree(),
     )
+    mark("checkpointer")
     if rank == 0 and ckpt.client is not None:
         (out / "saver.pid").write_text(f"{ckpt.client.saver_pid}\n")
     try:
@@ -396,6 +400,7 @@ def run_trial(
     size_mb: int,
     *,
     steady_steps: int = 3,
+    settle_s: float = 5.0,
     start_timeout_s: float = 180.0,
     recover_timeout_s: float = 180.0,
     stop_timeout_s: float = 60.0,
@@ -424,6 +429,11 @@ def run_trial(
         if status != "ok":
             trial.outcome, trial.stuck_at = f"no steady state: {status}", _stage(ev)
             return trial
+        # A job in steady state, not one still starting: the kill comes `settle_s` after the
+        # first step at the earliest (with --prewarm, the standbys for the restart are started
+        # once the workers are training, and need about as long as a worker's imports).
+        time.sleep(max(0.0, t_first + settle_s - time.monotonic()))
+        ev = job.events()
         saved = [x[3] for x in ev.by_rank[0] if x[0] == "saved"]
         trial.step_s = statistics.median(b - a for a, b in itertools.pairwise(saved))
         pid, t_kill = job.kill_rank(KILL_RANK)
@@ -438,7 +448,12 @@ def run_trial(
         t_back = ev.first_all("step", 2, min_attempt=1)
         assert t_back is not None
         trial.downtime_s = t_back - t_kill
-        for label, event in (("workers started", "start"), ("process group joined", "joined")):
+        for label, event in (
+            ("workers started", "start"),
+            ("process group joined", "joined"),
+            ("state allocated", "allocated"),
+            ("checkpointer ready", "checkpointer"),
+        ):
             t = ev.first_all(event, 2, min_attempt=1)
             if t is not None:
                 trial.breakdown[label] = t - t_kill
@@ -494,6 +509,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sizes", default="256,1024", help="MB of state per rank, comma-separated")
     p.add_argument("--runs", type=int, default=3, help="repetitions per launcher and size")
     p.add_argument("--also-dlrover-disk", action="store_true", help="add dlrover-run with torch.save to disk")
+    p.add_argument("--settle-s", type=float, default=5.0, help="least time from the first step to the kill")
+    p.add_argument("--only", default="", help="run only the launchers whose label contains this text")
     p.add_argument("--recover-timeout-s", type=float, default=60.0, help="bound on one recovery; past it: a hang")
     args = p.parse_args(argv)
     sizes = [64] if args.quick else [int(s) for s in args.sizes.split(",")]
@@ -507,13 +524,17 @@ def main(argv: list[str] | None = None) -> int:
     ]
     if args.also_dlrover_disk:
         configs.append(("dlrover-run", "disk", []))
+    if args.only:
+        configs = [c for c in configs if args.only in _label(*c)]
     print(f"# recovery downtime: sizes {sizes} MB/rank, {runs} run(s), 2 ranks, gloo, {os.cpu_count()} CPUs")
     results: list[Trial] = []
     leaks: list[str] = []
     for size in sizes:
         for rep in range(runs):
             for launcher, mode, extra in configs:  # interleaved so all see the same machine load
-                t = run_trial(launcher, mode, size, recover_timeout_s=args.recover_timeout_s, extra=extra)
+                t = run_trial(
+                    launcher, mode, size, recover_timeout_s=args.recover_timeout_s, settle_s=args.settle_s, extra=extra
+                )
                 results.append(t)
                 leaks += t.leaks
                 bd = " ".join(f"{k}={v:.2f}" for k, v in t.breakdown.items())

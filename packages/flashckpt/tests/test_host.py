@@ -19,7 +19,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from dlrover.common import ConfigError
+from dlrover.common import ConfigError, ManualClock
 from dlrover.flashckpt.channel import recv_message, send_message, unix_address
 from dlrover.flashckpt.client import SaverClient
 from dlrover.flashckpt.errors import FlashCkptError, SaverUnavailableError
@@ -34,6 +34,7 @@ from dlrover.flashckpt.host import (
 )
 from dlrover.flashckpt.saver import Saver, SaverConfig, socket_path
 from dlrover.flashckpt.segment import cleanup_stale, segment_path
+from dlrover.flashckpt.stager import SealedNotice
 from dlrover.flashckpt.storage import InMemoryStorage
 
 WAIT_S = 60.0
@@ -110,6 +111,34 @@ def test_ensure_starts_a_saver_then_reuses_it(host: SaverHost, shm: Path, tmp_pa
         assert client.saver_pid == os.getpid()
     finally:
         client.close()
+
+
+def test_the_host_says_which_ranks_sealed_a_snapshot_since_a_time(shm: Path, tmp_path: Path) -> None:
+    # The agent starts standbys for the next restart once its workers are training again.
+    clock = ManualClock(start=100.0)
+    host = SaverHost(
+        SaverHostConfig(str(host_socket_path(shm)), stop_timeout_s=WAIT_S, drain_timeout_s=5.0),
+        storage_factory=lambda _dir: InMemoryStorage(),
+        clock=clock,
+    )
+    host.start()
+    try:
+        assert host.ranks_sealed_since(0.0) == frozenset()  # no run yet
+        hosted = request_saver(host.socket_path, _request(shm, tmp_path))
+        clients = [SaverClient(hosted.path, rank, 2) for rank in (0, 1)]
+        try:
+            clients[1].notify_sealed(SealedNotice(rank=1, slot=0, seq=1, step=5))
+            _wait_until(lambda: host.ranks_sealed_since(100.0) == {1})
+            clock.advance(10.0)
+            assert host.ranks_sealed_since(105.0) == frozenset()  # sealed before that
+            clients[0].notify_sealed(SealedNotice(rank=0, slot=0, seq=1, step=6))
+            _wait_until(lambda: host.ranks_sealed_since(105.0) == {0})
+            assert host.ranks_sealed_since(100.0) == {0, 1}
+        finally:
+            for client in clients:
+                client.close()
+    finally:
+        host.stop(remove_memory=True)
 
 
 def test_a_resize_replaces_the_saver_and_keeps_the_memory(host: SaverHost, shm: Path, tmp_path: Path) -> None:

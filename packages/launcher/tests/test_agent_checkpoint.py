@@ -168,3 +168,72 @@ def test_a_stopped_agent_persists_the_newest_step_and_leaves_nothing(tmp_path: P
 def test_the_checkpoint_settings_are_validated() -> None:
     with pytest.raises(ConfigError, match="checkpoint_stop_timeout_s"):
         AgentConfig(worker_argv=("x",), checkpoint_stop_timeout_s=0)
+
+
+PREWARM_WORKER = textwrap.dedent(
+    """
+    import json, os, sys, time
+    import torch
+    from dlrover.flashckpt import FlashCheckpointer, StagerConfig
+
+    out, job, shm = sys.argv[1:4]
+    script = os.path.abspath(sys.argv[0]).encode()
+
+    def standbys():
+        found = 0
+        for entry in os.listdir("/proc"):
+            if entry.isdigit() and int(entry) != os.getpid():
+                try:
+                    cmdline = open(f"/proc/{entry}/cmdline", "rb").read()
+                except OSError:
+                    continue
+                found += b"dlrover.launcher._standby" in cmdline and script in cmdline
+        return found
+
+    record = {"before_save": standbys()}
+    ckpt = FlashCheckpointer(
+        StagerConfig(job_id=job, run_id="r", shm_dir=shm, copy_threads=1), os.path.join(out, "ckpt")
+    )
+    ckpt.save(1, {"w": torch.ones(1024)})
+    ckpt.stager.flush()  # sealed: the agent hears this worker is training
+    deadline = time.monotonic() + 60
+    while not standbys() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    record["after_save"] = standbys()
+    with open(os.path.join(out, "standbys.json"), "w") as f:
+        json.dump(record, f)
+    ckpt.close(job_end=True)
+    """
+)
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(180)
+def test_standbys_for_the_next_restart_start_once_the_workers_have_checkpointed(tmp_path: Path) -> None:
+    script = tmp_path / "worker.py"
+    script.write_text(PREWARM_WORKER)
+    out = tmp_path / "out"
+    out.mkdir()
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    job = "p" + uuid.uuid4().hex[:10]
+    config = AgentConfig(
+        worker_argv=(sys.executable, "-u", str(script), str(out), job, str(shm)),
+        nproc_per_node=1,
+        run_id="job1",
+        monitor_interval_s=0.05,
+        log_dir=tmp_path / "logs",
+        redirects={0: 3},
+        checkpoint_shm_dir=str(shm),
+        checkpoint_stop_timeout_s=WAIT_S,
+        prewarm_modules=("json",),
+        prewarm_refill_after_s=600.0,  # only the checkpoint can trigger the refill in time
+    )
+    result = Agent(config, FakeControlPlane()).run()
+    assert result.exit_code == 0, (result.reason, _logs(tmp_path))
+    record = json.loads((out / "standbys.json").read_text())
+    # The worker came from the standby started with the agent; the next one was started only
+    # after the worker had sealed a checkpoint, not while it was starting.
+    assert record == {"before_save": 0, "after_save": 1}
+    assert not _processes_mentioning(str(script))
+    _assert_nothing_left(tmp_path, job)

@@ -84,6 +84,8 @@ def test_dlrover_flags() -> None:
     assert cfg.token_file == "/run/token"
     assert cfg.prewarm == ()  # off unless asked
     assert cfg.checkpoint_stop_timeout_s == 120.0
+    assert cfg.prewarm_refill_after_s == 30.0
+    assert parse_args(["--prewarm-refill-after=0", "t.py"]).prewarm_refill_after_s == 0.0
     assert parse_args(["--checkpoint-stop-timeout=30", "t.py"]).checkpoint_stop_timeout_s == 30.0
     assert parse_args(["--prewarm=torch, numpy.linalg", "t.py"]).prewarm == ("torch", "numpy.linalg")
     assert parse_args(["--prewarm=torch", "-m", "pkg.train"]).prewarm == ("torch",)
@@ -161,6 +163,7 @@ def test_auto_config_uses_visible_accelerators() -> None:
         (["--prewarm=torch;rm", "t.py"], "module names, got 'torch;rm'"),
         (["--checkpoint-stop-timeout=0", "t.py"], "checkpoint-stop-timeout"),
         (["--checkpoint-stop-timeout=inf", "t.py"], "checkpoint-stop-timeout must be a finite number"),
+        (["--prewarm-refill-after=-1", "t.py"], "--prewarm-refill-after must be at least 0"),
         (["--prewarm=torch", "--no-python", "t.sh"], "cannot be used with --no-python"),
         (["--prewarm=torch", "--run-path", "t.py"], "cannot be used with --run-path"),
     ],

@@ -3,7 +3,14 @@ from __future__ import annotations
 import pytest
 
 from dlrover.launcher.control import AgentAction, FailureDecision, FailureReport
-from dlrover.launcher.decisions import StepKind, after_failure, assess_workers, first_failure, on_master_actions
+from dlrover.launcher.decisions import (
+    StepKind,
+    after_failure,
+    assess_workers,
+    first_failure,
+    on_master_actions,
+    refill_due,
+)
 from dlrover.launcher.workers import WorkerExit
 
 
@@ -70,3 +77,17 @@ def test_stop_wins_over_restart() -> None:
     assert on_master_actions(actions).kind is StepKind.EXIT
     assert on_master_actions(actions[:1]).kind is StepKind.RESTART
     assert on_master_actions([]).kind is StepKind.CONTINUE
+
+
+@pytest.mark.parametrize(
+    ("now", "sealed", "due"),
+    [
+        (10.0, set(), False),  # restoring: no standby imports take its CPU
+        (10.0, {4}, False),  # one of the node's two workers is training again, not both
+        (10.0, {4, 5}, True),  # both sealed a checkpoint since the start
+        (10.0, {4, 5, 9}, True),  # other nodes' ranks do not matter
+        (40.0, set(), True),  # workers that never checkpoint: after refill_after_s
+    ],
+)
+def test_standbys_are_refilled_once_the_workers_train_again(now: float, sealed: set[int], due: bool) -> None:
+    assert refill_due(now, started_at=10.0, refill_after_s=30.0, sealed=sealed, ranks={4, 5}) is due

@@ -2,36 +2,88 @@
 
 gRPC servers and channels with per-job token authentication and optional TLS, a deadline and
 retry policy for client calls, an injectable clock, logging set-up and the base error class.
+
+Names are imported lazily (see `dlrover.common.lazy`): ``from dlrover.common import Clock`` loads
+the clock alone, not gRPC and protobuf, so a training process that uses only the clock and the
+validators starts quickly.
 """
 
-from dlrover.common.auth import (
-    AUTH_METADATA_KEY,
-    TOKEN_ENV_VAR,
-    TOKEN_FILE_ENV_VAR,
-    TokenAuthServerInterceptor,
-    TokenClientInterceptor,
-    generate_token,
-    load_token,
-    validate_token,
-    write_token_file,
-)
-from dlrover.common.channel import ChannelConfig, create_channel
-from dlrover.common.clock import Clock, ManualClock, SystemClock
-from dlrover.common.errors import AuthError, ConfigError, DLRoverError
-from dlrover.common.log import JsonLinesFormatter, configure_logging
-from dlrover.common.ping import PingServicer, add_ping_service
-from dlrover.common.retry import RETRYABLE_CODES, RetryPolicy, RpcError, call_unary
-from dlrover.common.server import DEFAULT_MAX_MESSAGE_BYTES, GrpcServer, ServerConfig, format_host_port
-from dlrover.common.tls import TLSConfig
-from dlrover.common.validators import (
-    non_negative,
-    non_negative_finite,
-    non_negative_int,
-    port,
-    positive,
-    positive_finite,
-    positive_int,
-)
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from dlrover.common.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from dlrover.common.auth import (
+        AUTH_METADATA_KEY,
+        TOKEN_ENV_VAR,
+        TOKEN_FILE_ENV_VAR,
+        TokenAuthServerInterceptor,
+        TokenClientInterceptor,
+        generate_token,
+        load_token,
+        validate_token,
+        write_token_file,
+    )
+    from dlrover.common.channel import ChannelConfig, create_channel
+    from dlrover.common.clock import Clock, ManualClock, SystemClock
+    from dlrover.common.errors import AuthError, ConfigError, DLRoverError
+    from dlrover.common.log import JsonLinesFormatter, configure_logging
+    from dlrover.common.ping import PingServicer, add_ping_service
+    from dlrover.common.retry import RETRYABLE_CODES, RetryPolicy, RpcError, call_unary
+    from dlrover.common.server import DEFAULT_MAX_MESSAGE_BYTES, GrpcServer, ServerConfig, format_host_port
+    from dlrover.common.tls import TLSConfig
+    from dlrover.common.validators import (
+        non_negative,
+        non_negative_finite,
+        non_negative_int,
+        port,
+        positive,
+        positive_finite,
+        positive_int,
+    )
+
+_EXPORTS: dict[str, str] = {
+    "AUTH_METADATA_KEY": "dlrover.common.auth",
+    "TOKEN_ENV_VAR": "dlrover.common.auth",
+    "TOKEN_FILE_ENV_VAR": "dlrover.common.auth",
+    "TokenAuthServerInterceptor": "dlrover.common.auth",
+    "TokenClientInterceptor": "dlrover.common.auth",
+    "generate_token": "dlrover.common.auth",
+    "load_token": "dlrover.common.auth",
+    "validate_token": "dlrover.common.auth",
+    "write_token_file": "dlrover.common.auth",
+    "ChannelConfig": "dlrover.common.channel",
+    "create_channel": "dlrover.common.channel",
+    "Clock": "dlrover.common.clock",
+    "ManualClock": "dlrover.common.clock",
+    "SystemClock": "dlrover.common.clock",
+    "AuthError": "dlrover.common.errors",
+    "ConfigError": "dlrover.common.errors",
+    "DLRoverError": "dlrover.common.errors",
+    "lazy_exports": "dlrover.common.lazy",
+    "JsonLinesFormatter": "dlrover.common.log",
+    "configure_logging": "dlrover.common.log",
+    "PingServicer": "dlrover.common.ping",
+    "add_ping_service": "dlrover.common.ping",
+    "RETRYABLE_CODES": "dlrover.common.retry",
+    "RetryPolicy": "dlrover.common.retry",
+    "RpcError": "dlrover.common.retry",
+    "call_unary": "dlrover.common.retry",
+    "DEFAULT_MAX_MESSAGE_BYTES": "dlrover.common.server",
+    "GrpcServer": "dlrover.common.server",
+    "ServerConfig": "dlrover.common.server",
+    "format_host_port": "dlrover.common.server",
+    "TLSConfig": "dlrover.common.tls",
+    "non_negative": "dlrover.common.validators",
+    "non_negative_finite": "dlrover.common.validators",
+    "non_negative_int": "dlrover.common.validators",
+    "port": "dlrover.common.validators",
+    "positive": "dlrover.common.validators",
+    "positive_finite": "dlrover.common.validators",
+    "positive_int": "dlrover.common.validators",
+}
 
 __all__ = [
     "AUTH_METADATA_KEY",
@@ -61,6 +113,7 @@ __all__ = [
     "create_channel",
     "format_host_port",
     "generate_token",
+    "lazy_exports",
     "load_token",
     "non_negative",
     "non_negative_finite",
@@ -72,3 +125,5 @@ __all__ = [
     "validate_token",
     "write_token_file",
 ]
+
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

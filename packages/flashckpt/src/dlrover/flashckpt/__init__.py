@@ -13,8 +13,9 @@ Names are imported lazily, so a process that only persists bytes (the saver) nev
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from dlrover.common.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from dlrover.flashckpt.checkpointer import AgreeFn, FlashCheckpointer, agree_single
@@ -213,14 +214,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'dlrover.flashckpt' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

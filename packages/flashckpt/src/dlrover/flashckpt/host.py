@@ -310,6 +310,15 @@ class SaverHost:
         with self._lock:
             return self._savers.get((job_id, run_id))
 
+    def ranks_sealed_since(self, since: float) -> frozenset[int]:
+        """Ranks of any run that sealed a snapshot at or after `since` (this host's clock).
+
+        The agent reads it as "these workers are training again" after it (re)starts them.
+        """
+        with self._lock:
+            savers = list(self._savers.values())
+        return frozenset().union(*(s.ranks_sealed_since(since) for s in savers))
+
     def runs(self) -> dict[tuple[str, str], SaverRequest]:
         """The runs served now and the request each saver was started for."""
         with self._lock:

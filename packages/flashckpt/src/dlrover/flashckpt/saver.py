@@ -151,6 +151,7 @@ class Saver:
         self._lock = threading.Lock()
         self._conns: list[_Conn] = []
         self._ranks: set[int] = set()
+        self._sealed_at: dict[int, float] = {}  # rank -> when its newest snapshot was sealed (clock)
         self._persisted: set[tuple[int, int]] = set()
         self._pending: set[int] = set()  # steps waiting for other savers' ranks (worker thread only)
         self._threads: list[threading.Thread] = []
@@ -231,6 +232,11 @@ class Saver:
     def wait_shutdown(self, timeout_s: float | None = None) -> bool:
         """Wait for a ``shutdown`` message; False on timeout."""
         return self._shutdown_requested.wait(timeout_s)
+
+    def ranks_sealed_since(self, since: float) -> frozenset[int]:
+        """Ranks that sealed a snapshot at or after `since` (this saver's clock): they are training."""
+        with self._lock:
+            return frozenset(rank for rank, at in self._sealed_at.items() if at >= since)
 
     def active_connections(self) -> int:
         """Stagers attached now."""
@@ -348,7 +354,10 @@ class Saver:
                     self._ranks.add(conn.rank)
                 conn.send({"type": "welcome", "saver_pid": os.getpid()})
             elif kind == "sealed":
-                pass  # the saver reads snapshots from memory itself; the notice only wakes waits
+                # The saver reads snapshots from memory itself; the notice only says when.
+                rank = _int(msg, "rank")
+                with self._lock:
+                    self._sealed_at[rank] = self._clock.now()
             elif kind == "persist":
                 self._submit(_Job("persist", _int(msg, "rank"), _int(msg, "step"), conn))
             elif kind == "bye":

@@ -12,8 +12,9 @@ Names are imported lazily: a worker process started through `dlrover.launcher._o
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from dlrover.common.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from dlrover.launcher.agent import Agent, AgentConfig, AgentResult
@@ -129,10 +130,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'dlrover.launcher' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

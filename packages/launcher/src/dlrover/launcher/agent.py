@@ -19,7 +19,15 @@ from dlrover.common.validators import non_negative, positive
 from dlrover.flashckpt.host import SaverHost, SaverHostConfig, host_socket_path
 from dlrover.flashckpt.segment import DEFAULT_SHM_DIR
 from dlrover.launcher.control import ControlPlane, FailureDecision, FailureReport, Progress, RoundAssignment
-from dlrover.launcher.decisions import Step, StepKind, after_failure, assess_workers, first_failure, on_master_actions
+from dlrover.launcher.decisions import (
+    Step,
+    StepKind,
+    after_failure,
+    assess_workers,
+    first_failure,
+    on_master_actions,
+    refill_due,
+)
 from dlrover.launcher.env import (
     CHECKPOINT_SOCKET_ENV_VAR,
     NODE_ID_ENV_VAR,
@@ -70,6 +78,9 @@ class AgentConfig:
         prewarm_modules: modules that standby interpreters import ahead of time, so workers
             (the first ones and every restart) skip that cost (`--prewarm`, see `StandbyPool`);
             empty: every worker starts a fresh interpreter.
+        prewarm_refill_after_s: the standbys for the next start are started once every
+            worker has sealed a flash checkpoint since it started, or this long after the
+            start, whichever comes first (see `refill_due`).
     """
 
     worker_argv: tuple[str, ...]
@@ -92,6 +103,7 @@ class AgentConfig:
     checkpoint_shm_dir: str = DEFAULT_SHM_DIR
     checkpoint_stop_timeout_s: float = attrs.field(default=120.0, validator=positive)
     prewarm_modules: tuple[str, ...] = ()
+    prewarm_refill_after_s: float = attrs.field(default=30.0, validator=non_negative)
 
 
 @attrs.frozen
@@ -149,6 +161,9 @@ class Agent:
         self._heartbeat_interval_s = 2.0
         self._host_env: dict[str, str] = {}
         self._standby: StandbyPool | None = None
+        self._saver_host: SaverHost | None = None
+        # (when, global ranks) of the workers whose start used the standbys not yet replaced.
+        self._refill_pending: tuple[float, frozenset[int]] | None = None
 
     def request_stop(self, reason: str) -> None:
         """Ask the loop to stop its workers and exit (safe from a signal handler)."""
@@ -164,6 +179,7 @@ class Agent:
         every rank holds) and the job's shared memory is removed.
         """
         host = self._start_saver_host() if self._config.host_checkpoint_saver else None
+        self._saver_host = host
         result: AgentResult | None = None
         try:
             self._start_standby_pool()
@@ -178,6 +194,7 @@ class Agent:
                 _log.info("stopping the checkpoint saver host (%s)", "job done" if succeeded else "persisting newest")
                 host.stop(remove_memory=True, persist_newest=not succeeded)
                 self._host_env = {}
+                self._saver_host = None
 
     def _start_standby_pool(self) -> None:
         """Standbys import `prewarm_modules` while this node registers and waits for its round."""
@@ -291,8 +308,23 @@ class Agent:
     def _start_workers(self, assignment: RoundAssignment, restarts: int) -> WorkerGroup:
         group = WorkerGroup(self._specs(assignment, restarts), standby=self._standby)
         group.start()
-        self._refill_standbys()  # warm again for the next restart
+        if self._standby is not None:
+            # Warm again for the next restart, but not while these workers restore: the imports
+            # would take their CPU (see `refill_due`).
+            nproc = self._config.nproc_per_node
+            ranks = frozenset(range(assignment.group_rank * nproc, (assignment.group_rank + 1) * nproc))
+            self._refill_pending = (self._clock.now(), ranks)
         return group
+
+    def _refill_when_training(self) -> None:
+        if self._refill_pending is None:
+            return
+        started_at, ranks = self._refill_pending
+        host = self._saver_host
+        sealed = host.ranks_sealed_since(started_at) if host is not None else frozenset()
+        if refill_due(self._clock.now(), started_at, self._config.prewarm_refill_after_s, sealed, ranks):
+            self._refill_pending = None
+            self._refill_standbys()
 
     def _watch(self, group: WorkerGroup, restarts: int) -> Step:
         next_heartbeat = self._clock.now()
@@ -334,6 +366,7 @@ class Agent:
                 hung = self._hung_workers(group, exits, hangs, restarts)
                 if hung is not None:
                     return self._report(hung)
+            self._refill_when_training()
             self._stop_requested.wait(self._config.monitor_interval_s)
 
     def _check_nodes(self, assignment: RoundAssignment, restarts: int) -> Step | None:

@@ -135,6 +135,7 @@ class LaunchConfig:
     master_lost_timeout_s: float = 300.0
     shutdown_grace_s: float = 10.0
     prewarm: tuple[str, ...] = ()
+    prewarm_refill_after_s: float = 30.0
     checkpoint_stop_timeout_s: float = 120.0
 
     def worker_command(self, python: str) -> list[str]:
@@ -275,6 +276,14 @@ def build_parser() -> argparse.ArgumentParser:
         "comma-separated modules (e.g. torch) that standby interpreters import ahead of time, so workers and "
         "every restart skip that import; they import before the script runs, so a variable the script sets "
         "before its own import of them does not reach them",
+    )
+    option(
+        ours,
+        _both("prewarm-refill-after"),
+        "30",
+        "with --prewarm, the standbys for the next restart are started once every worker of the node has "
+        "saved a flash checkpoint since it started (it is training again), or this many seconds after the "
+        "start, whichever comes first, so they never take CPU from workers that are restoring",
     )
     p.add_argument("training_script", help="the script, module or executable to run")
     p.add_argument("training_script_args", nargs=argparse.REMAINDER)
@@ -443,5 +452,6 @@ def parse_args(
         **_rdzv_timeouts(_conf(ns.rdzv_conf)),
         shutdown_grace_s=float(_number(ns.shutdown_grace, "--shutdown-grace", float, 0.0)),
         prewarm=_prewarm(ns.prewarm, modes),
+        prewarm_refill_after_s=_finite(ns.prewarm_refill_after, "--prewarm-refill-after", 0.0),
         checkpoint_stop_timeout_s=_finite(ns.checkpoint_stop_timeout, "--checkpoint-stop-timeout", 0.001),
     )

@@ -148,6 +148,7 @@ def run(cfg: LaunchConfig) -> AgentResult:
                 rendezvous_timeout_s=cfg.rendezvous_timeout_s,
                 master_lost_timeout_s=cfg.master_lost_timeout_s,
                 prewarm_modules=cfg.prewarm,
+                prewarm_refill_after_s=cfg.prewarm_refill_after_s,
                 checkpoint_stop_timeout_s=cfg.checkpoint_stop_timeout_s,
                 extra_env={MASTER_ADDR_ENV_VAR: target, TOKEN_FILE_ENV_VAR: str(Path(token_file).resolve())},
             ),

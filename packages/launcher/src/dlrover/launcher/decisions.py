@@ -8,14 +8,22 @@ steps out. That keeps the interesting logic (when to restart, when a restart cou
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 import attrs
 
 from dlrover.launcher.control import AgentAction, FailureDecision, FailureReport
 from dlrover.launcher.workers import WorkerExit
 
-__all__ = ["Step", "StepKind", "after_failure", "assess_workers", "first_failure", "on_master_actions"]
+__all__ = [
+    "Step",
+    "StepKind",
+    "after_failure",
+    "assess_workers",
+    "first_failure",
+    "on_master_actions",
+    "refill_due",
+]
 
 
 class StepKind(enum.Enum):
@@ -105,3 +113,24 @@ def on_master_actions(actions: Sequence[tuple[AgentAction, str]]) -> Step:
         if action is AgentAction.RESTART_WORKERS:
             return Step(StepKind.RESTART, f"the master asked for a restart: {reason}")
     return Step(StepKind.CONTINUE, "no action")
+
+
+def refill_due(
+    now: float, started_at: float, refill_after_s: float, sealed: Collection[int], ranks: Collection[int]
+) -> bool:
+    """Whether to start the standbys for the next restart (``--prewarm``).
+
+    Not while the workers just started restore: a standby's import takes a core for a second or
+    more, which on a busy node lengthens the very recovery it is meant to shorten. A worker that
+    has sealed a flash checkpoint since its start is training again; once every one of this
+    node's workers has, or `refill_after_s` after the start (workers that do not checkpoint),
+    the standbys start.
+
+    Args:
+        now: the current time.
+        started_at: when the workers started (same clock).
+        refill_after_s: the longest wait.
+        sealed: ranks that sealed a checkpoint since `started_at`.
+        ranks: the global ranks of this node's workers.
+    """
+    return now - started_at >= refill_after_s or (bool(ranks) and set(ranks) <= set(sealed))
