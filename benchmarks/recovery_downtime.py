@@ -400,7 +400,7 @@ def run_trial(
     size_mb: int,
     *,
     steady_steps: int = 3,
-    settle_s: float = 5.0,
+    settle_s: float = 10.0,
     start_timeout_s: float = 180.0,
     recover_timeout_s: float = 180.0,
     stop_timeout_s: float = 60.0,
@@ -509,7 +509,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sizes", default="256,1024", help="MB of state per rank, comma-separated")
     p.add_argument("--runs", type=int, default=3, help="repetitions per launcher and size")
     p.add_argument("--also-dlrover-disk", action="store_true", help="add dlrover-run with torch.save to disk")
-    p.add_argument("--settle-s", type=float, default=5.0, help="least time from the first step to the kill")
+    p.add_argument("--settle-s", type=float, default=10.0, help="least time from the first step to the kill")
     p.add_argument("--only", default="", help="run only the launchers whose label contains this text")
     p.add_argument("--recover-timeout-s", type=float, default=60.0, help="bound on one recovery; past it: a hang")
     args = p.parse_args(argv)

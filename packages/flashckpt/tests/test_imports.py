@@ -26,3 +26,11 @@ def test_the_saver_does_not_import_torch() -> None:
     code = "import sys\nfrom dlrover.flashckpt import Saver, SaverHost, persist_rank\nprint('torch' in sys.modules)\n"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_every_public_name_resolves() -> None:
+    import dlrover.flashckpt
+
+    for name in dlrover.flashckpt.__all__:
+        assert getattr(dlrover.flashckpt, name) is not None, name
+    assert sorted(dlrover.flashckpt.__all__) == dir(dlrover.flashckpt)
