@@ -8,12 +8,13 @@ only on verdicts, reports and which workers ran.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
 import textwrap
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import attrs
@@ -350,10 +351,16 @@ def test_a_slow_node_is_found_as_a_straggler_and_left_out_with_exclude_straggler
 
 
 def _agents(
-    master: MasterRuntime, tmp_path: Path, faults: Mapping[str, str], names: list[str]
+    master: MasterRuntime,
+    tmp_path: Path,
+    faults: Mapping[str, str],
+    names: list[str],
+    *,
+    worker: str = WORKER,
+    max_restarts: int = 0,
 ) -> dict[str, AgentResult]:
     script = tmp_path / "worker.py"
-    script.write_text(WORKER)
+    script.write_text(worker)
     out = tmp_path / "out"
     out.mkdir()
     planes = {name: _plane(master, name) for name in names}
@@ -367,6 +374,7 @@ def _agents(
             monitor_interval_s=0.05,
             shutdown_grace_s=5.0,
             rendezvous_timeout_s=240.0,
+            max_restarts=max_restarts,
         )
         return Agent(config, planes[name], environ=env, network_check=check).run
 
@@ -420,3 +428,93 @@ def test_a_node_whose_probe_crashes_is_reported_and_left_out_and_the_others_trai
     assert not nodes["good1"].last_failure
     assert not nodes["good2"].last_failure
     assert _probe_processes() == []
+
+
+FAILING_ONCE_WORKER = textwrap.dedent(
+    """
+    import os, sys, time
+    out, name = sys.argv[1], sys.argv[2]
+    first = os.path.join(out, f"{name}_ran")
+    if os.path.exists(first):
+        sys.exit(0)  # the round after the restart: done
+    open(first, "w").close()
+    if name == "a":
+        sys.exit("a worker failure")
+    time.sleep(600)  # node b's first worker trains until the restart stops it
+    """
+)
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(360)
+def test_a_restart_after_a_worker_failure_skips_the_probes_of_the_nodes_that_passed(
+    pair_master: MasterRuntime, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="dlrover.launcher.netcheck")
+    results = _agents(pair_master, tmp_path, {}, ["a", "b"], worker=FAILING_ONCE_WORKER, max_restarts=1)
+    assert {n: r.exit_code for n, r in results.items()} == {"a": 0, "b": 0}, results
+    assert results["a"].restarts == 1
+    checks = [r.getMessage() for r in caplog.records if r.getMessage().startswith("network check of round")]
+    probed = [m for m in checks if m.startswith("network check of round 1 passed on all 2 nodes")]
+    skipped = [m for m in checks if m.startswith("network check of round 2 skipped")]
+    # Both nodes probed in the first round, and skipped the probes in the round after the failure.
+    assert len(probed) == 2, checks
+    assert len(skipped) == 2, checks
+    assert _probe_processes() == []
+
+
+def _round(checks: Mapping[int, NetworkCheck], number: int, ids: Sequence[str]) -> dict[int, CheckOutcome]:
+    """Round `number` of the nodes `ids` (by node rank), each checking with its own NetworkCheck."""
+
+    def node(rank: int) -> Callable[[], object]:
+        assignment = RoundAssignment(number, rank, len(ids), "127.0.0.1", 1)
+        return lambda: checks[rank].run(assignment, node_id=ids[rank])
+
+    results = _run_threads({str(rank): node(rank) for rank in range(len(ids))}, timeout_s=300)
+    return {int(name): outcome for name, outcome in results.items()}  # type: ignore[misc]
+
+
+def _probed(store: InMemoryRoundStore, number: int) -> bool:
+    return store.kv_get([side_key(number, 1, 0, "0")]) != [None]
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(300)
+def test_the_same_nodes_skip_the_probes_after_passing_together_and_check_again_when_one_changes() -> None:
+    store = InMemoryRoundStore()
+    checks = {rank: NetworkCheck(CHECK, store, local_addr="127.0.0.1", environ=_env()) for rank in (0, 1)}
+    first = _round(checks, 5, ["node-a", "node-b"])
+    assert all(o.action is CheckAction.TRAIN and "skipped" not in o.reason for o in first.values()), first
+    assert _probed(store, 5)
+    # A restart after a worker failure: the same two nodes, in swapped node ranks. No probes.
+    second = _round({0: checks[1], 1: checks[0]}, 6, ["node-b", "node-a"])
+    assert all(o.action is CheckAction.TRAIN and "skipped" in o.reason for o in second.values()), second
+    assert not _probed(store, 6)
+    # node-b is replaced by node-c (a fresh agent): every node checks again, then may skip again.
+    checks[1] = NetworkCheck(CHECK, store, local_addr="127.0.0.1", environ=_env())
+    third = _round(checks, 7, ["node-a", "node-c"])
+    assert all(o.action is CheckAction.TRAIN and "skipped" not in o.reason for o in third.values()), third
+    assert _probed(store, 7)
+    fourth = _round(checks, 8, ["node-a", "node-c"])
+    assert all("skipped" in o.reason for o in fourth.values()), fourth
+    # A node whose agent restarted under the same id remembers no pass: every node checks.
+    checks[0] = NetworkCheck(CHECK, store, local_addr="127.0.0.1", environ=_env())
+    fifth = _round(checks, 9, ["node-a", "node-c"])
+    assert all("skipped" not in o.reason for o in fifth.values()), fifth
+    assert _probed(store, 9)
+    assert _probe_processes() == []
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(300)
+def test_a_node_that_failed_the_check_makes_every_node_check_next_time() -> None:
+    store = InMemoryRoundStore()
+    checks = {rank: NetworkCheck(CHECK, store, local_addr="127.0.0.1", environ=_env()) for rank in (0, 1)}
+    checks[1] = NetworkCheck(CHECK, store, local_addr="127.0.0.1", environ=_env("exit"))
+    first = _round(checks, 5, ["node-a", "node-b"])
+    assert first[1].action is CheckAction.EXCLUDE_SELF, first
+    # Had node-b stayed (it does not: it reports itself and exits), nobody passed: no skip.
+    checks[1] = NetworkCheck(CHECK, store, local_addr="127.0.0.1", environ=_env())
+    second = _round(checks, 6, ["node-a", "node-b"])
+    assert all(o.action is CheckAction.TRAIN and "skipped" not in o.reason for o in second.values()), second
+    assert _probed(store, 6)

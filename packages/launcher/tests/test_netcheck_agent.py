@@ -133,6 +133,7 @@ class _ScriptedCheck(NetworkCheck):
         self._outcomes = list(outcomes)
         self._beats = beats
         self.retry_bounds: list[float | None] = []
+        self.node_ids: list[str] = []
 
     def run(
         self,
@@ -141,8 +142,10 @@ class _ScriptedCheck(NetworkCheck):
         should_stop: Callable[[], bool] = lambda: False,
         keepalive: Callable[[], None] = lambda: None,
         store_retry_s: float | None = None,
+        node_id: str = "",
     ) -> CheckOutcome:
         self.retry_bounds.append(store_retry_s)
+        self.node_ids.append(node_id)
         target = len(self._fake.heartbeats) + self._beats
         for _ in range(100_000):
             if should_stop():
@@ -187,6 +190,8 @@ def test_a_restart_asked_during_the_check_starts_a_new_round_without_workers() -
     assert result.exit_code == 0, result.reason
     assert len(control.rounds) == 2, "the restart was lost: the workers of the first round ran"
     assert len(check.retry_bounds) == 2
+    # The check learns the node's id, so the same nodes can skip the probes after passing together.
+    assert check.node_ids == ["node-0"] * 2  # FakeControlPlane registers "node-0"
 
 
 def test_a_stop_asked_during_the_check_exits_with_the_stops_code() -> None:

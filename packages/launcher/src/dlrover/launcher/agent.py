@@ -408,6 +408,7 @@ class Agent:
                 should_stop=self._check_should_stop,
                 keepalive=self._keepalive_during_check,
                 store_retry_s=self._config.master_lost_timeout_s,
+                node_id=self._node_id,
             )
         except NetworkCheckStopped:
             if self._check_action is not None and self._check_action.kind is StepKind.EXIT:

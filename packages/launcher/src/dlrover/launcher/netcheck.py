@@ -48,7 +48,9 @@ import attrs
 from dlrover.common import Clock, ConfigError, DLRoverError, SystemClock, format_host_port
 from dlrover.launcher.control import RoundAssignment
 from dlrover.launcher.fake_control import InMemoryRoundStore, free_port
+from dlrover.launcher.netcheck_members import MemberReport, may_skip, member_key, membership_digest
 from dlrover.launcher.netcheck_plan import (
+    CheckAction,
     CheckOutcome,
     PairOutcome,
     SideResult,
@@ -309,6 +311,9 @@ class NetworkCheck:
         # nodes are done with the last one), and the master journals its whole store.
         self._written: list[str] = []
         self._writing: list[str] = []
+        # `membership_digest` of the nodes of the last check this node passed ("" none): the
+        # same nodes, all having passed together, skip the next check (netcheck_members).
+        self._passed = ""
 
     @property
     def config(self) -> NetworkCheckConfig:
@@ -322,8 +327,12 @@ class NetworkCheck:
         should_stop: Callable[[], bool] = _never,
         keepalive: Callable[[], None] = _nothing,
         store_retry_s: float | None = None,
+        node_id: str = "",
     ) -> CheckOutcome:
         """Check the nodes of `assignment`'s round; every node of the round must call this.
+
+        The probes are skipped when every node of the round passed the check together last
+        time (a restart after a worker failure): see `dlrover.launcher.netcheck_members`.
 
         Args:
             assignment: the completed round, as this node sees it.
@@ -331,6 +340,8 @@ class NetworkCheck:
             keepalive: called while waiting, so the agent can keep heartbeating the master.
             store_retry_s: how long to retry the master's store while it cannot be reached
                 (the agent's `master_lost_timeout_s`); None: `config.store_retry_s`.
+            node_id: this node's id with the master; "" never skips (every node of the round
+                must then pass "").
 
         Returns:
             What this node does next, and why.
@@ -346,17 +357,21 @@ class NetworkCheck:
         self._store_retry_s = self._config.store_retry_s if store_retry_s is None else store_retry_s
         try:
             self._delete_previous()
-            if assignment.group_world_size == 1:
-                proc = self._spawn()
-                try:
-                    proc.go(0, 1, "127.0.0.1", free_port("127.0.0.1"), master=True)
-                    side = self._await(proc)
-                finally:
-                    proc.close()
-                outcome = decide_single(assignment.round, side)
-            else:
+            if assignment.group_world_size > 1:
                 self._check_settings(assignment.round)
-                outcome = self._check_pairs(assignment)
+            skip, members = self._agree_on_skip(assignment, node_id)
+            self._passed = ""  # until this check passes
+            if skip:
+                n = assignment.group_world_size
+                outcome = CheckOutcome(
+                    CheckAction.TRAIN,
+                    f"network check of round {assignment.round} skipped: its {n} node(s) passed the check "
+                    "together last time and none joined or left since",
+                )
+            else:
+                outcome = self._probe(assignment)
+            if outcome.action is CheckAction.TRAIN:
+                self._passed = members
         finally:
             self._should_stop, self._keepalive = _never, _nothing
             for spare in self._spares:
@@ -367,6 +382,34 @@ class NetworkCheck:
             _log.warning("network check of round %d: %s", assignment.round, warning)
         _log.info("%s", outcome.reason)
         return outcome
+
+    def _agree_on_skip(self, assignment: RoundAssignment, node_id: str) -> tuple[bool, str]:
+        """Exchange `MemberReport`s: (whether every node skips the probes, this round's membership digest).
+
+        The digest is "" unless every node's report was read (a node without one never passes).
+        """
+        if not node_id:
+            return False, ""
+        deadline = self._clock.now() + self._config.results_wait_s
+        mine = MemberReport(node_id, self._passed)
+        self._write_once(member_key(assignment.round, str(assignment.group_rank)), mine.encode())
+        keys = [member_key(assignment.round, str(node)) for node in range(assignment.group_world_size)]
+        reports = [MemberReport.decode(value) for value in self._collect_keys(keys, deadline)]
+        known = [r.node_id for r in reports if r is not None]
+        members = membership_digest(known) if len(known) == len(reports) else ""
+        return may_skip(reports) is not None, members
+
+    def _probe(self, assignment: RoundAssignment) -> CheckOutcome:
+        """Probe the round's nodes: alone for a round of one, else in pairs."""
+        if assignment.group_world_size > 1:
+            return self._check_pairs(assignment)
+        proc = self._spawn()
+        try:
+            proc.go(0, 1, "127.0.0.1", free_port("127.0.0.1"), master=True)
+            side = self._await(proc)
+        finally:
+            proc.close()
+        return decide_single(assignment.round, side)
 
     def _delete_previous(self) -> None:
         """Delete the keys this node wrote in its previous check (see `__init__`)."""
