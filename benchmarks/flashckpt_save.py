@@ -395,6 +395,8 @@ def bench_idle_neighbour(rounds: int, seconds: float = 1.0) -> list[tuple[str, f
         spinning = _Background(spinner.wait)
         busy, _ = loop.until(spinning.done)
         spinning.join()
+        if spinner.returncode != 0:  # e.g. SCHED_IDLE refused: the row would show a false floor
+            raise RuntimeError(f"the idle-priority neighbour failed (exit code {spinner.returncode})")
         a2 = loop.window(1.0)
         alone += [a1, a2]
         ratios.append(busy / ((a1 + a2) / 2) - 1)
@@ -530,6 +532,8 @@ def main() -> int:
     )
     p.add_argument("--slowdown-only", action="store_true", help="only the training-loop slowdown rows")
     args = p.parse_args()
+    if args.train_threads < 1:
+        p.error(f"--train-threads must be at least 1, got {args.train_threads}")
     sizes = [64 * MB] if args.quick else [256 * MB, 1024 * MB] + ([4096 * MB] if args.big else [])
     reps = 3 if args.quick else 9
     py = sys.version.split()[0]

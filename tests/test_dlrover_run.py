@@ -86,8 +86,8 @@ def _dlrover_run(spawn: list[subprocess.Popen[str]], run_dir: Path, *args: str) 
 def test_a_killed_worker_is_restarted_and_the_job_finishes(
     run_dir: Path, spawn: list[subprocess.Popen[str]], prewarm: bool
 ) -> None:
-    # Standbys for the restart right after the start: the kill comes before any flash checkpoint.
-    flags = ["--max-restarts=2", *(["--prewarm=torch", "--prewarm-refill-after=0"] if prewarm else [])]
+    # The kill comes before any flash checkpoint: the restart's standbys start when the group stops.
+    flags = ["--max-restarts=2", *(["--prewarm=torch"] if prewarm else [])]
     proc = _dlrover_run(spawn, run_dir, *flags, str(run_dir / "train.py"), str(run_dir / "out"), "3")
     output, _ = proc.communicate(timeout=240)
     assert proc.returncode == 0, output

@@ -16,7 +16,7 @@ import deepspeed
 import torch
 
 from dlrover.flashckpt.config import StagerConfig
-from dlrover.flashckpt.deepspeed_state import deepspeed_state, load_deepspeed_state
+from dlrover.flashckpt.deepspeed_adapter import deepspeed_state, load_deepspeed_state
 from dlrover.flashckpt.memory import MemoryReader
 from dlrover.flashckpt.stager import Stager
 

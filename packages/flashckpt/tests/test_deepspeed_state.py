@@ -10,7 +10,7 @@ import torch
 from flashckpt_testlib import same_bits
 
 from dlrover.flashckpt.config import StagerConfig
-from dlrover.flashckpt.deepspeed_state import deepspeed_state, load_deepspeed_state
+from dlrover.flashckpt.deepspeed_adapter import deepspeed_state, load_deepspeed_state
 from dlrover.flashckpt.errors import StateStructureError
 from dlrover.flashckpt.memory import MemoryReader
 from dlrover.flashckpt.stager import Stager

@@ -31,8 +31,10 @@ from dlrover.launcher.netcheck import (
     NetworkCheck,
     NetworkCheckConfig,
     NetworkCheckSettingsMismatch,
+    NetworkCheckStopped,
     RoundStore,
 )
+from dlrover.launcher.netcheck_members import MemberReport, member_key, membership_digest
 from dlrover.launcher.netcheck_plan import (
     NETWORK_CHECK_FAULT_ENV_VAR,
     CheckAction,
@@ -480,29 +482,72 @@ def _probed(store: InMemoryRoundStore, number: int) -> bool:
 
 @pytest.mark.integration
 @pytest.mark.timeout(300)
-def test_the_same_nodes_skip_the_probes_after_passing_together_and_check_again_when_one_changes() -> None:
+def test_the_same_nodes_skip_the_probes_once_after_passing_together_and_probe_when_one_changes() -> None:
     store = InMemoryRoundStore()
     checks = {rank: NetworkCheck(CHECK, store, local_addr="127.0.0.1", environ=_env()) for rank in (0, 1)}
-    first = _round(checks, 5, ["node-a", "node-b"])
-    assert all(o.action is CheckAction.TRAIN and "skipped" not in o.reason for o in first.values()), first
-    assert _probed(store, 5)
+
+    def expect(outcomes: dict[int, CheckOutcome], number: int, *, skipped: bool) -> None:
+        assert all(o.action is CheckAction.TRAIN for o in outcomes.values()), outcomes
+        assert all(("skipped" in o.reason) is skipped for o in outcomes.values()), outcomes
+        assert _probed(store, number) is not skipped
+
+    expect(_round(checks, 5, ["node-a", "node-b"]), 5, skipped=False)
     # A restart after a worker failure: the same two nodes, in swapped node ranks. No probes.
-    second = _round({0: checks[1], 1: checks[0]}, 6, ["node-b", "node-a"])
-    assert all(o.action is CheckAction.TRAIN and "skipped" in o.reason for o in second.values()), second
-    assert not _probed(store, 6)
-    # node-b is replaced by node-c (a fresh agent): every node checks again, then may skip again.
+    expect(_round({0: checks[1], 1: checks[0]}, 6, ["node-b", "node-a"]), 6, skipped=True)
+    # A pass is good for one skip: a node that keeps failing is probed at the restart after next.
+    expect(_round(checks, 7, ["node-a", "node-b"]), 7, skipped=False)
+    # node-b is replaced by node-c (a fresh agent): every node probes, then may skip once.
     checks[1] = NetworkCheck(CHECK, store, local_addr="127.0.0.1", environ=_env())
-    third = _round(checks, 7, ["node-a", "node-c"])
-    assert all(o.action is CheckAction.TRAIN and "skipped" not in o.reason for o in third.values()), third
-    assert _probed(store, 7)
-    fourth = _round(checks, 8, ["node-a", "node-c"])
-    assert all("skipped" in o.reason for o in fourth.values()), fourth
-    # A node whose agent restarted under the same id remembers no pass: every node checks.
+    expect(_round(checks, 8, ["node-a", "node-c"]), 8, skipped=False)
+    expect(_round(checks, 9, ["node-a", "node-c"]), 9, skipped=True)
+    expect(_round(checks, 10, ["node-a", "node-c"]), 10, skipped=False)
+    # A node whose agent restarted under the same id remembers no pass: every node probes.
     checks[0] = NetworkCheck(CHECK, store, local_addr="127.0.0.1", environ=_env())
-    fifth = _round(checks, 9, ["node-a", "node-c"])
-    assert all("skipped" not in o.reason for o in fifth.values()), fifth
-    assert _probed(store, 9)
+    expect(_round(checks, 11, ["node-a", "node-c"]), 11, skipped=False)
     assert _probe_processes() == []
+
+
+def _member(store: InMemoryRoundStore, number: int, node: str) -> MemberReport | None:
+    (raw,) = store.kv_get([member_key(number, node)])
+    assert raw is not None
+    return MemberReport.decode(raw)
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(120)
+def test_a_node_without_a_member_report_makes_every_node_start_a_new_round_without_probing() -> None:
+    store = InMemoryRoundStore()
+    config = NetworkCheckConfig(probe_timeout_s=5.0, results_timeout_s=5.0, poll_interval_s=0.1)
+    check = NetworkCheck(config, store, local_addr="127.0.0.1", environ=_env())
+    # Node rank 1 of the round never shows up.
+    outcome = check.run(RoundAssignment(8, 0, 2, "127.0.0.1", 1), node_id="node-a")
+    assert outcome.action is CheckAction.NEW_ROUND
+    assert "node(s) 1 did not report" in outcome.reason
+    assert not _probed(store, 8)
+    # Its report, arriving late, cannot replace the marker every node read.
+    late = MemberReport("node-b").encode()
+    assert MemberReport.decode(store.kv_compare_set(member_key(8, "1"), b"", late)) is None
+    assert _probe_processes() == []
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(120)
+def test_a_check_that_is_stopped_forgets_the_pass_it_had() -> None:
+    store = InMemoryRoundStore()
+    check = NetworkCheck(CHECK, store, local_addr="127.0.0.1", environ=_env())
+    alone = check.run(RoundAssignment(1, 0, 1, "127.0.0.1", 1), node_id="node-a")
+    assert alone.action is CheckAction.TRAIN
+    assert "skipped" not in alone.reason
+    assert _member(store, 1, "0") == MemberReport("node-a", "")
+    # Stopped while waiting for the other node's report in a round of two.
+    with pytest.raises(NetworkCheckStopped):
+        check.run(RoundAssignment(2, 0, 2, "127.0.0.1", 1), should_stop=lambda: True, node_id="node-a")
+    assert _member(store, 2, "0") == MemberReport("node-a", membership_digest(["node-a"]))
+    # The pass was spent on round 2's report: alone again, the node probes.
+    again = check.run(RoundAssignment(3, 0, 1, "127.0.0.1", 1), node_id="node-a")
+    assert again.action is CheckAction.TRAIN
+    assert "skipped" not in again.reason
+    assert _member(store, 3, "0") == MemberReport("node-a", "")
 
 
 @pytest.mark.integration
@@ -518,3 +563,5 @@ def test_a_node_that_failed_the_check_makes_every_node_check_next_time() -> None
     second = _round(checks, 6, ["node-a", "node-b"])
     assert all(o.action is CheckAction.TRAIN and "skipped" not in o.reason for o in second.values()), second
     assert _probed(store, 6)
+    # node-a kept no pass from the failed round (its report would have named it).
+    assert _member(store, 6, "0") == MemberReport("node-a", "")

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from dlrover.common.channel import ChannelConfig, create_channel
     from dlrover.common.clock import Clock, ManualClock, SystemClock
     from dlrover.common.errors import AuthError, ConfigError, DLRoverError
+    from dlrover.common.lazy import lazy_export_problems
     from dlrover.common.log import JsonLinesFormatter, configure_logging
     from dlrover.common.ping import PingServicer, add_ping_service
     from dlrover.common.retry import RETRYABLE_CODES, RetryPolicy, RpcError, call_unary
@@ -62,6 +63,7 @@ _EXPORTS: dict[str, str] = {
     "AuthError": "dlrover.common.errors",
     "ConfigError": "dlrover.common.errors",
     "DLRoverError": "dlrover.common.errors",
+    "lazy_export_problems": "dlrover.common.lazy",
     "lazy_exports": "dlrover.common.lazy",
     "JsonLinesFormatter": "dlrover.common.log",
     "configure_logging": "dlrover.common.log",
@@ -113,6 +115,7 @@ __all__ = [
     "create_channel",
     "format_host_port",
     "generate_token",
+    "lazy_export_problems",
     "lazy_exports",
     "load_token",
     "non_negative",
@@ -126,4 +129,5 @@ __all__ = [
     "write_token_file",
 ]
 
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+if not TYPE_CHECKING:  # so mypy checks every imported name against the imports above
+    __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
         select_removals,
     )
     from dlrover.flashckpt.config import StagerConfig
-    from dlrover.flashckpt.deepspeed_state import deepspeed_state, load_deepspeed_state
+    from dlrover.flashckpt.deepspeed_adapter import deepspeed_state, load_deepspeed_state
     from dlrover.flashckpt.dist import common_newest, torch_distributed_agree
     from dlrover.flashckpt.errors import (
         ChecksumError,
@@ -128,8 +128,8 @@ _EXPORTS: dict[str, str] = {
     "ShardedCheckpointer": "dlrover.flashckpt.sharded",
     "get_sharded_state": "dlrover.flashckpt.sharded",
     "set_sharded_state": "dlrover.flashckpt.sharded",
-    "deepspeed_state": "dlrover.flashckpt.deepspeed_state",
-    "load_deepspeed_state": "dlrover.flashckpt.deepspeed_state",
+    "deepspeed_state": "dlrover.flashckpt.deepspeed_adapter",
+    "load_deepspeed_state": "dlrover.flashckpt.deepspeed_adapter",
     "ChecksumError": "dlrover.flashckpt.errors",
     "FlashCkptError": "dlrover.flashckpt.errors",
     "LayoutError": "dlrover.flashckpt.errors",
@@ -214,4 +214,5 @@ __all__ = [
 ]
 
 
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+if not TYPE_CHECKING:  # so mypy checks every imported name against the imports above
+    __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -175,6 +175,7 @@ class SaverHost:
         self._clock = clock or SystemClock()
         self._table = HostRuns(config.max_runs)
         self._savers: dict[tuple[str, str], Saver] = {}
+        self._serving: tuple[Saver, ...] = ()  # the values of `_savers`, for lock-free readers
         self._lock = threading.Lock()  # serialises every change of the runs and their savers
         self._conn_lock = threading.Lock()
         self._conns: set[socket.socket] = set()
@@ -270,6 +271,7 @@ class SaverHost:
                 t.start()
                 self._retiring = [r for r in self._retiring if r.is_alive()] + [t]
             self._savers[request.key] = saver
+            self._serving = tuple(self._savers.values())
             self._table.apply(request, decision)
             self._record(f"saver_{decision.action.value}", decision.reason)
             return decision, saver
@@ -313,10 +315,11 @@ class SaverHost:
     def ranks_sealed_since(self, since: float) -> frozenset[int]:
         """Ranks of any run that sealed a snapshot at or after `since` (this host's clock).
 
-        The agent reads it as "these workers are training again" after it (re)starts them.
+        The agent reads it as "these workers are training again" after it (re)starts them, from
+        its monitoring loop: so it does not take the host's lock, which `ensure` holds while it
+        starts or replaces a saver.
         """
-        with self._lock:
-            savers = list(self._savers.values())
+        savers = self._serving  # replaced whole under the lock, read without it
         return frozenset().union(*(s.ranks_sealed_since(since) for s in savers))
 
     def runs(self) -> dict[tuple[str, str], SaverRequest]:
@@ -343,6 +346,7 @@ class SaverHost:
             self._stopped = True
             savers = dict(self._savers)
             self._savers.clear()
+            self._serving = ()
             for key in savers:
                 self._table.forget(key)
             retiring = list(self._retiring)
@@ -387,6 +391,7 @@ class SaverHost:
                 done = {key: saver for key, saver in self._savers.items() if saver.wait_shutdown(0)}
                 for key in done:
                     del self._savers[key]
+                self._serving = tuple(self._savers.values())
                 self._ending.update(done)
             # Stopped outside the lock (its last persists may be slow): other runs are served
             # meanwhile, and requests for this run are refused (and `runs` still lists it) until

@@ -343,6 +343,8 @@ class Saver:
                     self._submit(_Job("failure"))
             with self._lock:
                 self._conns.remove(conn)
+                if conn.rank is not None:
+                    self._sealed_at.pop(conn.rank, None)  # a process that left is not training
             conn.sock.close()
 
     def _handle(self, conn: _Conn, msg: dict[str, Any]) -> None:
@@ -354,10 +356,12 @@ class Saver:
                     self._ranks.add(conn.rank)
                 conn.send({"type": "welcome", "saver_pid": os.getpid()})
             elif kind == "sealed":
-                # The saver reads snapshots from memory itself; the notice only says when.
-                rank = _int(msg, "rank")
+                # The saver reads snapshots from memory itself; the notice only says when, for the
+                # rank this connection said hello as.
+                if conn.rank is None:
+                    raise ChannelError("'sealed' before 'hello'")
                 with self._lock:
-                    self._sealed_at[rank] = self._clock.now()
+                    self._sealed_at[conn.rank] = self._clock.now()
             elif kind == "persist":
                 self._submit(_Job("persist", _int(msg, "rank"), _int(msg, "step"), conn))
             elif kind == "bye":

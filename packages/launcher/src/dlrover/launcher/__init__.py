@@ -130,4 +130,5 @@ __all__ = [
 ]
 
 
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+if not TYPE_CHECKING:  # so mypy checks every imported name against the imports above
+    __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

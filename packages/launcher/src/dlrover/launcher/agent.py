@@ -284,12 +284,7 @@ class Agent:
                     self._leave_quietly()
                     return AgentResult(checked.exit_code, checked.reason, restarts, rounds)
                 continue
-            group = self._start_workers(assignment, restarts)
-            try:
-                step = self._watch(group, restarts)
-            finally:
-                if group.running():
-                    group.stop(self._config.shutdown_grace_s)
+            step = self._run_group(assignment, restarts)
             _log.info("%s: %s", step.kind.value, step.reason)
             if step.kind is StepKind.SUCCEED:
                 self._control.report_success()
@@ -305,15 +300,32 @@ class Agent:
             if step.counts_as_restart:
                 restarts += 1
 
+    def _run_group(self, assignment: RoundAssignment, restarts: int) -> Step:
+        """Start this round's workers, watch them until a step other than CONTINUE, stop them."""
+        group = self._start_workers(assignment, restarts)
+        step: Step | None = None
+        try:
+            step = self._watch(group, restarts)
+            return step
+        finally:
+            if group.running():
+                group.stop(self._config.shutdown_grace_s)
+            pending, self._refill_pending = self._refill_pending, None
+            if pending is not None and step is not None and step.kind is StepKind.RESTART:
+                # The group ended before it trained again (a crash loop, a failure while restoring):
+                # start the next standbys now that its workers are gone, overlapping the rendezvous.
+                self._refill_standbys()
+
     def _start_workers(self, assignment: RoundAssignment, restarts: int) -> WorkerGroup:
         group = WorkerGroup(self._specs(assignment, restarts), standby=self._standby)
+        started_at = self._clock.now()  # before the start: no checkpoint of these workers is older
         group.start()
         if self._standby is not None:
             # Warm again for the next restart, but not while these workers restore: the imports
             # would take their CPU (see `refill_due`).
             nproc = self._config.nproc_per_node
             ranks = frozenset(range(assignment.group_rank * nproc, (assignment.group_rank + 1) * nproc))
-            self._refill_pending = (self._clock.now(), ranks)
+            self._refill_pending = (started_at, ranks)
         return group
 
     def _refill_when_training(self) -> None:

@@ -283,7 +283,8 @@ def build_parser() -> argparse.ArgumentParser:
         "30",
         "with --prewarm, the standbys for the next restart are started once every worker of the node has "
         "saved a flash checkpoint since it started (it is training again), or this many seconds after the "
-        "start, whichever comes first, so they never take CPU from workers that are restoring",
+        "start, or when the workers stop, whichever comes first, so they do not take CPU from workers that "
+        "are restoring; 0 starts them with the workers",
     )
     p.add_argument("training_script", help="the script, module or executable to run")
     p.add_argument("training_script_args", nargs=argparse.REMAINDER)

@@ -132,5 +132,9 @@ def refill_due(
         refill_after_s: the longest wait.
         sealed: ranks that sealed a checkpoint since `started_at`.
         ranks: the global ranks of this node's workers.
+
+    Returns:
+        Whether the standbys start now. (A group that ends before this is true gets its
+        standbys started once its workers are stopped.)
     """
     return now - started_at >= refill_after_s or (bool(ranks) and set(ranks) <= set(sealed))

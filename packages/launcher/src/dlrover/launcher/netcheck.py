@@ -152,6 +152,9 @@ class NetworkCheckConfig:
     def settings(self) -> bytes:
         """The settings every node of a round must share, as canonical JSON (published per round)."""
         shared = {
+            # 2: nodes exchange `MemberReport`s before probing; a node that does not would probe
+            # while the others wait for its report, so mixed versions must refuse each other.
+            "protocol": 2,
             "probe_timeout_s": self.probe_timeout_s,
             "results_wait_s": self.results_wait_s,
             "straggler_factor": self.straggler_factor,
@@ -331,8 +334,9 @@ class NetworkCheck:
     ) -> CheckOutcome:
         """Check the nodes of `assignment`'s round; every node of the round must call this.
 
-        The probes are skipped when every node of the round passed the check together last
-        time (a restart after a worker failure): see `dlrover.launcher.netcheck_members`.
+        The probes are skipped when every node of the round passed the probes together in its
+        previous check (a restart after a worker failure), at most once per such pass: see
+        `dlrover.launcher.netcheck_members`.
 
         Args:
             assignment: the completed round, as this node sees it.
@@ -340,8 +344,8 @@ class NetworkCheck:
             keepalive: called while waiting, so the agent can keep heartbeating the master.
             store_retry_s: how long to retry the master's store while it cannot be reached
                 (the agent's `master_lost_timeout_s`); None: `config.store_retry_s`.
-            node_id: this node's id with the master; "" never skips (every node of the round
-                must then pass "").
+            node_id: this node's id with the master (the agent's). Every node of a round must
+                pass one, or every node "", which turns the exchange off and probes every round.
 
         Returns:
             What this node does next, and why.
@@ -355,23 +359,34 @@ class NetworkCheck:
         if store_retry_s is not None and not (math.isfinite(store_retry_s) and store_retry_s >= 0):
             raise ConfigError(f"store_retry_s must be a finite number >= 0, got {store_retry_s!r}")
         self._store_retry_s = self._config.store_retry_s if store_retry_s is None else store_retry_s
+        # A pass is good for one skip: it is cleared here whatever happens next, and only a check
+        # whose probes ran and found nothing to warn about records a new one.
+        passed, self._passed = self._passed, ""
         try:
             self._delete_previous()
             if assignment.group_world_size > 1:
                 self._check_settings(assignment.round)
-            skip, members = self._agree_on_skip(assignment, node_id)
-            self._passed = ""  # until this check passes
-            if skip:
-                n = assignment.group_world_size
+            members, absent, skip = self._exchange_members(assignment, node_id, passed)
+            n = assignment.group_world_size
+            if absent:
+                # Every node read the same missing markers: all start a new round without them,
+                # rather than wait for them a second time in the probes.
+                outcome = CheckOutcome(
+                    CheckAction.NEW_ROUND,
+                    f"network check of round {assignment.round}: node(s) {', '.join(absent)} did not report "
+                    f"within the network check's results timeout of {self._config.results_wait_s:g} s; "
+                    "a new round without them",
+                )
+            elif skip:
                 outcome = CheckOutcome(
                     CheckAction.TRAIN,
                     f"network check of round {assignment.round} skipped: its {n} node(s) passed the check "
-                    "together last time and none joined or left since",
+                    "together in the round before and none joined or left since",
                 )
             else:
                 outcome = self._probe(assignment)
-            if outcome.action is CheckAction.TRAIN:
-                self._passed = members
+                if outcome.action is CheckAction.TRAIN and not outcome.warnings:
+                    self._passed = members
         finally:
             self._should_stop, self._keepalive = _never, _nothing
             for spare in self._spares:
@@ -383,21 +398,24 @@ class NetworkCheck:
         _log.info("%s", outcome.reason)
         return outcome
 
-    def _agree_on_skip(self, assignment: RoundAssignment, node_id: str) -> tuple[bool, str]:
-        """Exchange `MemberReport`s: (whether every node skips the probes, this round's membership digest).
+    def _exchange_members(self, assignment: RoundAssignment, node_id: str, passed: str) -> tuple[str, list[str], bool]:
+        """Publish this node's `MemberReport` and read every node's.
 
-        The digest is "" unless every node's report was read (a node without one never passes).
+        Returns:
+            (this round's `membership_digest`, "" unless every report was read; the node ranks
+            whose report is missing or damaged; whether every node skips the probes).
         """
         if not node_id:
-            return False, ""
+            return "", [], False
         deadline = self._clock.now() + self._config.results_wait_s
-        mine = MemberReport(node_id, self._passed)
-        self._write_once(member_key(assignment.round, str(assignment.group_rank)), mine.encode())
+        self._write_once(
+            member_key(assignment.round, str(assignment.group_rank)), MemberReport(node_id, passed).encode()
+        )
         keys = [member_key(assignment.round, str(node)) for node in range(assignment.group_world_size)]
         reports = [MemberReport.decode(value) for value in self._collect_keys(keys, deadline)]
-        known = [r.node_id for r in reports if r is not None]
-        members = membership_digest(known) if len(known) == len(reports) else ""
-        return may_skip(reports) is not None, members
+        absent = [str(node) for node, report in enumerate(reports) if report is None]
+        members = "" if absent else membership_digest([r.node_id for r in reports if r is not None])
+        return members, absent, may_skip(reports) is not None
 
     def _probe(self, assignment: RoundAssignment) -> CheckOutcome:
         """Probe the round's nodes: alone for a round of one, else in pairs."""

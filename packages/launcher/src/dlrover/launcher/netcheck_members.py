@@ -1,13 +1,16 @@
-"""When the network check may be skipped: the same nodes already passed it together. Pure.
+"""When the network check may skip its probes: the same nodes just passed them together. Pure.
 
-The check costs every node its probes (seconds) before any worker starts. Run again after a
-worker failure with the same nodes, it would only add to the downtime: the machines and links it
-measured are the ones it measured a moment ago. So at the start of a round's check every node
-publishes its node id and the membership of the last check it passed (`MemberReport`, under
-`member_key`), and reads every other node's. The check is skipped when every node of the round
-reports a pass with exactly this round's set of nodes (`may_skip`). Each node decides from the
-same keys, so all skip or all check; a node whose agent restarted remembers no pass, and a node
-that joined or left changes the set, so either makes every node check.
+The check costs every node its probes (seconds) before any worker starts, and a restart after a
+worker failure pays them again for the same machines and links. So at the start of a round's
+check every node publishes its node id and, if its previous check probed and passed without a
+warning, the membership of that check (`MemberReport`, under `member_key`), and reads every other
+node's. The probes are skipped when every node of the round reports a pass with exactly this
+round's set of nodes (`may_skip`). Each node decides from the same keys, so all skip or all probe.
+
+A pass is good for one skip (the check that uses it records none), so a node that keeps failing
+is probed again at the restart after next rather than burning every restart. A node whose agent
+restarted remembers no pass, and a node that joined, left or was replaced changes the set: either
+makes every node probe.
 """
 
 from __future__ import annotations
@@ -39,13 +42,15 @@ class MemberReport:
 
     Attributes:
         node_id: the node's id with the master.
-        passed: `membership_digest` of the nodes of the last check it passed; "" when none.
+        passed: `membership_digest` of the nodes of its previous check, if that check probed and
+            passed without a warning; "" otherwise.
     """
 
     node_id: str
     passed: str = ""
 
     def encode(self) -> bytes:
+        """Canonical JSON, as published in the master's store."""
         return json.dumps({"node_id": self.node_id, "passed": self.passed}, sort_keys=True).encode()
 
     @classmethod
