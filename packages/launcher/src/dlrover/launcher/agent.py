@@ -314,6 +314,7 @@ class Agent:
             if pending is not None and step is not None and step.kind is StepKind.RESTART:
                 # The group ended before it trained again (a crash loop, a failure while restoring):
                 # start the next standbys now that its workers are gone, overlapping the rendezvous.
+                _log.info("starting standby workers for the next restart: the workers stopped before training again")
                 self._refill_standbys()
 
     def _start_workers(self, assignment: RoundAssignment, restarts: int) -> WorkerGroup:
@@ -334,8 +335,11 @@ class Agent:
         started_at, ranks = self._refill_pending
         host = self._saver_host
         sealed = host.ranks_sealed_since(started_at) if host is not None else frozenset()
-        if refill_due(self._clock.now(), started_at, self._config.prewarm_refill_after_s, sealed, ranks):
+        now = self._clock.now()
+        if refill_due(now, started_at, self._config.prewarm_refill_after_s, sealed, ranks):
             self._refill_pending = None
+            why = "the workers are training again" if set(ranks) <= set(sealed) else "the refill timer ran out"
+            _log.info("starting standby workers for the next restart %.1f s after the start: %s", now - started_at, why)
             self._refill_standbys()
 
     def _watch(self, group: WorkerGroup, restarts: int) -> Step:
