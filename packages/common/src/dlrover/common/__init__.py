@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from dlrover.common.channel import ChannelConfig, create_channel
     from dlrover.common.clock import Clock, ManualClock, SystemClock
     from dlrover.common.errors import AuthError, ConfigError, DLRoverError
-    from dlrover.common.lazy import lazy_export_problems
+    from dlrover.common.lazy import lazy_export_problems, modules_loaded_by
     from dlrover.common.log import JsonLinesFormatter, configure_logging
     from dlrover.common.ping import PingServicer, add_ping_service
     from dlrover.common.retry import RETRYABLE_CODES, RetryPolicy, RpcError, call_unary
@@ -65,6 +65,7 @@ _EXPORTS: dict[str, str] = {
     "DLRoverError": "dlrover.common.errors",
     "lazy_export_problems": "dlrover.common.lazy",
     "lazy_exports": "dlrover.common.lazy",
+    "modules_loaded_by": "dlrover.common.lazy",
     "JsonLinesFormatter": "dlrover.common.log",
     "configure_logging": "dlrover.common.log",
     "PingServicer": "dlrover.common.ping",
@@ -117,6 +118,7 @@ __all__ = [
     "generate_token",
     "lazy_export_problems",
     "lazy_exports",
+    "modules_loaded_by",
     "load_token",
     "non_negative",
     "non_negative_finite",

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+import subprocess
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from types import ModuleType
 from typing import Any
 
-__all__ = ["lazy_export_problems", "lazy_exports"]
+__all__ = ["lazy_export_problems", "lazy_exports", "modules_loaded_by"]
 
 
 def lazy_exports(package: str, exports: Mapping[str, str]) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
@@ -74,3 +75,25 @@ def lazy_export_problems(package: ModuleType, exports: Mapping[str, str]) -> lis
         if getattr(package, name) is not getattr(importlib.import_module(module), name):
             problems.append(f"{package.__name__}.{name} is not {module}.{name}")
     return problems
+
+
+GRPC_MODULES = ("grpc", "google.protobuf")
+"""The modules a training process should not pay for before it restores (over 0.1 s to import)."""
+
+
+def modules_loaded_by(statement: str, packages: Sequence[str] = GRPC_MODULES, timeout_s: float = 120.0) -> list[str]:
+    """The modules of `packages` that `statement` loads in a fresh interpreter, for import-cost tests.
+
+    Args:
+        statement: Python code, e.g. ``"from dlrover.common import Clock"``.
+        packages: top-level packages or dotted prefixes to report (a module or any submodule).
+        timeout_s: bound on the interpreter's run.
+
+    Raises:
+        subprocess.CalledProcessError: the statement failed (its stderr is on the exception).
+    """
+    # Only sys is imported around the statement, and it is loaded in every interpreter anyway.
+    code = f"import sys\n{statement}\nprint('MODULES', *sorted(sys.modules))\n"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout_s, check=True)
+    loaded = next(line for line in reversed(out.stdout.splitlines()) if line.startswith("MODULES")).split()[1:]
+    return [m for m in loaded if any(m == p or m.startswith(p + ".") for p in packages)]
