@@ -512,6 +512,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sizes", default="256,1024", help="MB of state per rank, comma-separated")
     p.add_argument("--runs", type=int, default=3, help="repetitions per launcher and size")
     p.add_argument("--also-dlrover-disk", action="store_true", help="add dlrover-run with torch.save to disk")
+    p.add_argument(
+        "--also-breakpoint",
+        action="store_true",
+        help="add --prewarm=torch --save-at-breakpoint (the failure persist at once, not after the restore)",
+    )
     p.add_argument("--settle-s", type=float, default=10.0, help="least time from the first step to the kill")
     p.add_argument("--only", default="", help="run only the launchers whose label contains this text")
     p.add_argument("--recover-timeout-s", type=float, default=60.0, help="bound on one recovery; past it: a hang")
@@ -525,6 +530,8 @@ def main(argv: list[str] | None = None) -> int:
         ("dlrover-run", "flash", ["--prewarm=torch"]),
         ("torchrun", "disk", []),
     ]
+    if args.also_breakpoint:
+        configs.insert(2, ("dlrover-run", "flash", ["--prewarm=torch", "--save-at-breakpoint"]))
     if args.also_dlrover_disk:
         configs.append(("dlrover-run", "disk", []))
     if args.only:

@@ -102,6 +102,12 @@ def test_the_demo_recovers_from_memory_without_losing_or_repeating_a_sample(tmp_
         after_kill = [e["step"] for e in _lines(run_dir / "samples" / f"rank{r}.jsonl") if e["attempt"] > 0]
         assert min(after_kill) == resumed + 1, f"rank {r}"
 
+    # The agent held the failure persist back while the restarted workers restored, then ran it.
+    agent_log = (run_dir / "dlrover-run.log").read_text()
+    held_at = agent_log.find("flashckpt failure_persist_held")
+    assert held_at >= 0, agent_log[-4000:]
+    assert agent_log.find("flashckpt failure_persist_released", held_at) > held_at, agent_log[-4000:]
+
     # The persisted checkpoint is where the summary says, and nothing is left behind.
     assert json.loads((Path(summary["checkpoint"]) / "tracker.json").read_text())
     assert not list(Path("/dev/shm").glob(f"*{summary['job_id']}*"))

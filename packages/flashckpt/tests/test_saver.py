@@ -12,13 +12,13 @@ import pytest
 import torch
 from flashckpt_testlib import our_files
 
-from dlrover.common import ConfigError
+from dlrover.common import ConfigError, ManualClock
 from dlrover.flashckpt.channel import MAX_FRAME_BYTES, ChannelError, recv_message, send_message, unix_address
 from dlrover.flashckpt.client import SaverClient
 from dlrover.flashckpt.commit import Committer, Tracker
 from dlrover.flashckpt.config import StagerConfig
 from dlrover.flashckpt.saver import Saver, SaverConfig
-from dlrover.flashckpt.saver_core import choose_failure_step
+from dlrover.flashckpt.saver_core import HeldFailure, choose_failure_step, failure_persist_due
 from dlrover.flashckpt.segment import remove_run
 from dlrover.flashckpt.stager import Stager
 from dlrover.flashckpt.storage import InMemoryStorage
@@ -89,23 +89,81 @@ def test_choose_failure_step() -> None:
     assert choose_failure_step({}, [], [])[0] is None
 
 
+def test_choose_failure_step_prefers_the_step_held_at_the_failure() -> None:
+    # Restarted ranks sealed step 3 since; step 2 (held by all at the failure) is still in memory.
+    step, reason = choose_failure_step({0: [2, 3], 1: [2, 3]}, [0, 1], [], preferred=2)
+    assert step == 2
+    assert "when the failure happened" in reason
+    # Overwritten meanwhile on rank 1: the newest common step instead, saying so.
+    step, reason = choose_failure_step({0: [2, 3], 1: [3, 4]}, [0, 1], [], preferred=2)
+    assert step == 3
+    assert "overwritten" in reason
+    step, reason = choose_failure_step({0: [2, 3], 1: [2, 3]}, [0, 1], [2], preferred=2)
+    assert step is None
+    assert "already persisted" in reason
+    step, reason = choose_failure_step({0: [2, 3], 1: [2, 3]}, [0, 1], [3], preferred=2)
+    assert step is None
+    assert "older than step 3, already persisted" in reason
+
+
+def test_failure_persist_due() -> None:
+    held = HeldFailure(first_lost_at=10.0, last_lost_at=11.0, step=2)
+    assert not failure_persist_due(held, 12.0, 30.0, {0: 12.0}, [0, 1])[0]  # rank 1 not back yet
+    assert not failure_persist_due(held, 12.0, 30.0, {0: 12.0, 1: 10.5}, [0, 1])[0]  # sealed before the loss
+    due, reason = failure_persist_due(held, 12.0, 30.0, {0: 12.0, 1: 11.0}, [0, 1])
+    assert due
+    assert "train again" in reason
+    due, reason = failure_persist_due(held, 40.0, 30.0, {}, [0, 1])
+    assert due
+    assert "longest hold" in reason
+    assert not failure_persist_due(held, 39.9, 30.0, {}, [])[0]  # no rank known: only the bound ends it
+
+
 # -- the saver ---------------------------------------------------------------------------------
 
 
 class Node:
     """A saver and two ranks' stagers and clients in this process (world size 2)."""
 
-    def __init__(self, job: str, storage: InMemoryStorage) -> None:
+    def __init__(
+        self, job: str, storage: InMemoryStorage, hold_s: float = 0.0, clock: ManualClock | None = None
+    ) -> None:
+        self.job = job
         self.storage = storage
-        self.saver = Saver(SaverConfig(job_id=job, run_id="r", world_size=2, lock_timeout_s=WAIT_S), storage)
+        config = SaverConfig(
+            job_id=job,
+            run_id="r",
+            world_size=2,
+            lock_timeout_s=WAIT_S,
+            failure_persist_hold_s=hold_s,
+            commit_poll_interval_s=0.01,
+        )
+        self.saver = Saver(config, storage, clock=clock)
         self.saver.start()
         self.stagers: list[Stager] = []
         self.clients: list[SaverClient] = []
         for rank in range(2):
-            cfg = StagerConfig(job_id=job, run_id="r", rank=rank, world_size=2, seal_in_background=False)
-            client = SaverClient(self.saver.socket_path, rank, 2)
-            self.clients.append(client)
-            self.stagers.append(Stager(cfg, on_sealed=client.notify_sealed))
+            self.clients.append(SaverClient(self.saver.socket_path, rank, 2))
+            self.stagers.append(self._stager(rank))
+
+    def _stager(self, rank: int) -> Stager:
+        cfg = StagerConfig(job_id=self.job, run_id="r", rank=rank, world_size=2, seal_in_background=False)
+        return Stager(cfg, on_sealed=self.clients[rank].notify_sealed)
+
+    def kill(self, rank: int) -> None:
+        """Rank `rank`'s process dies: its connection closes without 'bye'."""
+        dying = self.clients[rank]
+        attached = self.saver.active_connections()
+        dying._sock.shutdown(socket.SHUT_RDWR)
+        dying._reader.join(WAIT_S)
+        self.stagers[rank].close()
+        _wait_until(lambda: self.saver.active_connections() < attached)  # the saver saw it go
+
+    def restart(self, rank: int) -> None:
+        """A new process for rank `rank`: a new connection and stager on the same memory."""
+        self.clients[rank].close()
+        self.clients[rank] = SaverClient(self.saver.socket_path, rank, 2)
+        self.stagers[rank] = self._stager(rank)
 
     def save(self, rank: int, step: int) -> None:
         assert self.stagers[rank].save(step, {"w": torch.full((8,), float(step * 10 + rank)), "s": step}).saved
@@ -196,10 +254,7 @@ def test_persist_on_failure_commits_newest_common_step(node: Node) -> None:
         for rank in range(2):
             node.save(rank, step)
     node.save(1, 3)  # rank 1 got one step further; rank 0 holds {1, 2}, rank 1 holds {2, 3}
-    # Rank 0's process dies: its connection closes without 'bye'.
-    dying = node.clients[0]
-    dying._sock.shutdown(socket.SHUT_RDWR)
-    dying._reader.join(WAIT_S)
+    node.kill(0)
     _wait_until(lambda: "committed" in node.saver.events.kinds())
     assert "stager_lost" in node.saver.events.kinds()
     assert Committer(node.storage).tracker() == Tracker(2, 2)
@@ -207,11 +262,92 @@ def test_persist_on_failure_commits_newest_common_step(node: Node) -> None:
         assert StorageReader(node.storage).load(rank, 2).state["s"] == 2
 
 
+def _held_node(job_id: str, clock: ManualClock) -> Node:
+    """Two ranks that saved steps 1 and 2, a saver that holds failure persists back for 30 s."""
+    node = Node(job_id, InMemoryStorage(), hold_s=30.0, clock=clock)
+    for step in (1, 2):
+        for rank in range(2):
+            node.save(rank, step)
+    _wait_until(lambda: node.saver.ranks_sealed_since(0.0) == frozenset({0, 1}))
+    return node
+
+
+def _close_held_node(node: Node) -> None:
+    node.close()
+    assert our_files(node.job) == []
+
+
+def test_failure_persist_waits_until_the_restarted_ranks_train(job_id: str) -> None:
+    clock = ManualClock()
+    node = _held_node(job_id, clock)
+    try:
+        clock.advance(1.0)
+        node.kill(1)
+        _wait_until(lambda: "failure_persist_held" in node.saver.events.kinds())
+        clock.advance(1.0)
+        node.kill(0)  # the agent stops the surviving rank for the restart
+        node.restart(0)
+        node.restart(1)
+        clock.advance(1.0)
+        node.save(0, 3)
+        assert node.saver.wait_idle(WAIT_S)
+        assert "failure_persist_released" not in node.saver.events.kinds()  # rank 1 is not back yet
+        node.save(1, 3)
+        _wait_until(lambda: "committed" in node.saver.events.kinds())
+        # The step every rank held at the failure, not the newer step 3: other nodes choose it too.
+        assert Committer(node.storage).tracker() == Tracker(2, 2)
+        released = [e for e in node.saver.events.snapshot() if e.kind == "failure_persist_released"]
+        assert len(released) == 1
+        assert "train again" in released[0].reason
+    finally:
+        _close_held_node(node)
+
+
+def test_failure_persist_hold_ends_after_its_bound(job_id: str) -> None:
+    clock = ManualClock()
+    node = _held_node(job_id, clock)
+    try:
+        node.kill(1)
+        _wait_until(lambda: "failure_persist_held" in node.saver.events.kinds())
+        clock.advance(29.0)
+        assert node.saver.wait_idle(WAIT_S)
+        assert node.storage.list_dir("") == []
+        clock.advance(1.0)  # the worker thread looks again within commit_poll_interval_s
+        _wait_until(lambda: "committed" in node.saver.events.kinds())
+        assert Committer(node.storage).tracker() == Tracker(2, 2)
+    finally:
+        _close_held_node(node)
+
+
+@pytest.mark.parametrize("how", ["persist_newest", "stop"])
+def test_held_failure_persist_runs_at_once_when_the_saver_stops(job_id: str, how: str) -> None:
+    clock = ManualClock()
+    node = _held_node(job_id, clock)
+    closed = False
+    try:
+        node.kill(1)
+        _wait_until(lambda: "failure_persist_held" in node.saver.events.kinds())
+        if how == "persist_newest":
+            node.saver.persist_newest()
+            _wait_until(lambda: "committed" in node.saver.events.kinds())
+        else:
+            node.close()
+            closed = True
+        assert "failure_persist_released" in node.saver.events.kinds()
+        assert Committer(node.storage).tracker() == Tracker(2, 2)
+    finally:
+        if not closed:
+            node.close()
+        assert our_files(job_id) == []
+
+
 def test_saver_config_validation() -> None:
     with pytest.raises(ConfigError, match="'bad id'"):
         SaverConfig(job_id="bad id", run_id="r")
     with pytest.raises(ConfigError, match="lock_timeout_s"):
         SaverConfig(job_id="j", run_id="r", lock_timeout_s=0)
+    with pytest.raises(ConfigError, match="failure_persist_hold_s"):
+        SaverConfig(job_id="j", run_id="r", failure_persist_hold_s=-1)
 
 
 def test_lost_saver_never_stops_training(job_id: str) -> None:

@@ -1,11 +1,13 @@
 """The agent hosts the flash-checkpoint saver: real agent (fake control plane), real workers using
-FlashCheckpointer. A killed worker's newest snapshot is persisted by the agent's saver and its
-successor loads it from memory; a stopped (SIGTERM'd) agent persists the newest snapshot, stops
-its workers and leaves no process or shared memory behind."""
+FlashCheckpointer. A killed worker's newest snapshot is persisted by the agent's saver (at once,
+or once its successor has restored) and its successor loads it from memory; a stopped (SIGTERM'd)
+agent persists the newest snapshot, stops its workers and leaves no process or shared memory
+behind."""
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 import textwrap
@@ -64,6 +66,17 @@ WORKER = textwrap.dedent(
             os.kill(os.getpid(), signal.SIGKILL)
         time.sleep(600)  # "stop": wait for the agent's SIGTERM
     final = record["step"] + 1
+    if mode == "kill":
+        # Training again: the agent's saver persists the step the failure left (at once, or
+        # held back until now), before the last step is persisted.
+        save(final)
+        from dlrover.flashckpt.commit import Committer
+        from dlrover.flashckpt.storage import PosixStorage
+        committer, deadline = Committer(PosixStorage(os.path.join(out, "ckpt"))), time.monotonic() + 60
+        while record["step"] not in committer.steps()[0]:
+            assert time.monotonic() < deadline, "the failure step was not persisted"
+            time.sleep(0.05)
+        final += 1
     save(final, persist=True)
     assert ckpt.wait_persisted(final, 60).committed
     ckpt.close(job_end=True)
@@ -125,10 +138,14 @@ def _assert_nothing_left(tmp_path: Path, job: str) -> None:
 
 @pytest.mark.integration
 @pytest.mark.timeout(180)
-def test_a_killed_worker_resumes_from_memory_and_the_agent_persisted_its_newest_step(tmp_path: Path) -> None:
+@pytest.mark.parametrize("hold_s", [0.0, 30.0])
+def test_a_killed_worker_resumes_from_memory_and_the_agent_persisted_its_newest_step(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, hold_s: float
+) -> None:
     control = FakeControlPlane()
-    agent, out, job = _agent(tmp_path, "kill", control, max_restarts=1)
-    result = agent.run()
+    agent, out, job = _agent(tmp_path, "kill", control, max_restarts=1, failure_persist_hold_s=hold_s)
+    with caplog.at_level(logging.INFO, logger="dlrover.flashckpt"):
+        result = agent.run()
     assert result.exit_code == 0, (result.reason, _logs(tmp_path))
     assert result.restarts == 1
     first = json.loads((out / "attempt0.json").read_text())
@@ -138,9 +155,12 @@ def test_a_killed_worker_resumes_from_memory_and_the_agent_persisted_its_newest_
     assert first["host"].startswith(str(tmp_path / "shm"))
     # The restarted worker loaded the newest step from memory, bit-consistent.
     assert (second["source"], second["step"], second["consistent"]) == ("memory", 3, True)
-    # Nobody asked to persist step 3: the agent's saver did when the worker died.
+    # Nobody asked to persist step 3: the agent's saver did when the worker died, or (held
+    # back) once its successor had restored and saved step 4 (or the hold ran out).
     committed, _ = Committer(PosixStorage(out / "ckpt")).steps()
-    assert committed == [1, 3, 4]
+    assert committed == [1, 3, 5]
+    held = [r.getMessage() for r in caplog.records if "failure_persist_held" in r.getMessage()]
+    assert len(held) == (1 if hold_s else 0), held
     _assert_nothing_left(tmp_path, job)
 
 

@@ -1,7 +1,8 @@
 """dlrover.common: what every DLRover service and client shares.
 
 gRPC servers and channels with per-job token authentication and optional TLS, a deadline and
-retry policy for client calls, an injectable clock, logging set-up and the base error class.
+retry policy for client calls, an injectable clock, logging set-up and the base error class;
+process identities read from /proc and private temp dirs that are removed even after a SIGKILL.
 
 Names are imported lazily (see `dlrover.common.lazy`): ``from dlrover.common import Clock`` loads
 the clock alone, not gRPC and protobuf, so a training process that uses only the clock and the
@@ -32,8 +33,10 @@ if TYPE_CHECKING:
     from dlrover.common.lazy import lazy_export_problems, modules_loaded_by
     from dlrover.common.log import JsonLinesFormatter, configure_logging
     from dlrover.common.ping import PingServicer, add_ping_service
+    from dlrover.common.process import ProcessIdentity, pid_namespace, proc_stat_fields, process_start_ticks
     from dlrover.common.retry import RETRYABLE_CODES, RetryPolicy, RpcError, call_unary
     from dlrover.common.server import DEFAULT_MAX_MESSAGE_BYTES, GrpcServer, ServerConfig, format_host_port
+    from dlrover.common.tempdirs import owned_temp_dir, remove_dead_owners
     from dlrover.common.tls import TLSConfig
     from dlrover.common.validators import (
         non_negative,
@@ -70,6 +73,10 @@ _EXPORTS: dict[str, str] = {
     "configure_logging": "dlrover.common.log",
     "PingServicer": "dlrover.common.ping",
     "add_ping_service": "dlrover.common.ping",
+    "ProcessIdentity": "dlrover.common.process",
+    "pid_namespace": "dlrover.common.process",
+    "proc_stat_fields": "dlrover.common.process",
+    "process_start_ticks": "dlrover.common.process",
     "RETRYABLE_CODES": "dlrover.common.retry",
     "RetryPolicy": "dlrover.common.retry",
     "RpcError": "dlrover.common.retry",
@@ -78,6 +85,8 @@ _EXPORTS: dict[str, str] = {
     "GrpcServer": "dlrover.common.server",
     "ServerConfig": "dlrover.common.server",
     "format_host_port": "dlrover.common.server",
+    "owned_temp_dir": "dlrover.common.tempdirs",
+    "remove_dead_owners": "dlrover.common.tempdirs",
     "TLSConfig": "dlrover.common.tls",
     "non_negative": "dlrover.common.validators",
     "non_negative_finite": "dlrover.common.validators",
@@ -103,6 +112,7 @@ __all__ = [
     "JsonLinesFormatter",
     "ManualClock",
     "PingServicer",
+    "ProcessIdentity",
     "RetryPolicy",
     "RpcError",
     "ServerConfig",
@@ -123,10 +133,15 @@ __all__ = [
     "non_negative",
     "non_negative_finite",
     "non_negative_int",
+    "owned_temp_dir",
+    "pid_namespace",
     "port",
     "positive",
     "positive_finite",
     "positive_int",
+    "proc_stat_fields",
+    "process_start_ticks",
+    "remove_dead_owners",
     "validate_token",
     "write_token_file",
 ]

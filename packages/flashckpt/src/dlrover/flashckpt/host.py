@@ -127,6 +127,9 @@ class SaverHostConfig:
         persist_bandwidth_mb_s: each saver's cap on its persist rate in MB/s (0: none); see
             `SaverConfig`.
         retention: which committed checkpoints to keep (None: all).
+        failure_persist_hold_s: how long each saver may hold back the persist a dead training
+            process triggers while the restarted ones restore (0: persist at once); see
+            `SaverConfig`.
     """
 
     socket_path: str = attrs.field(converter=str)
@@ -140,6 +143,7 @@ class SaverHostConfig:
     persist_nice: int = attrs.field(default=19, validator=non_negative_int)
     persist_bandwidth_mb_s: float = attrs.field(default=0.0, validator=non_negative_finite)
     retention: RetentionPolicy | None = None
+    failure_persist_hold_s: float = attrs.field(default=0.0, validator=non_negative_finite)
 
     def __attrs_post_init__(self) -> None:
         if self.persist_nice > 19:
@@ -305,6 +309,7 @@ class SaverHost:
             retention=c.retention,
             worker_nice=c.persist_nice,
             persist_bandwidth_mb_s=c.persist_bandwidth_mb_s,
+            failure_persist_hold_s=c.failure_persist_hold_s,
         )
 
     def saver(self, job_id: str, run_id: str) -> Saver | None:

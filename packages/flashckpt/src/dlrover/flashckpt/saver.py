@@ -7,7 +7,8 @@ start and removes every segment of the run when it stops.
 Threads: one accepts connections on the Unix socket, one per connection reads its messages, and
 one worker persists snapshots one at a time (the disk is the bottleneck; parallel writers would
 only interleave). When a connection drops without ``bye``, the training process died: the worker
-persists the newest step every local rank still holds complete in memory.
+persists the newest step every local rank still holds complete in memory, at once or, with
+`SaverConfig.failure_persist_hold_s`, once the restarted processes have restored.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from dlrover.flashckpt.pacing import Pacer
 from dlrover.flashckpt.payloads import payload_from_slot
 from dlrover.flashckpt.persist import persist_rank
 from dlrover.flashckpt.priority import lower_thread_priority
-from dlrover.flashckpt.saver_core import choose_failure_step
+from dlrover.flashckpt.saver_core import FailureHold, HeldFailure, choose_failure_step, newest_common_steps
 from dlrover.flashckpt.segment import (
     DEFAULT_SHM_DIR,
     SEGMENT_PREFIX,
@@ -67,6 +68,13 @@ class SaverConfig:
         num_slots: slots per rank.
         coordinator: whether this saver moves the tracker (one saver per job does).
         persist_on_failure: persist the newest common snapshot when a training process dies.
+        failure_persist_hold_s: 0 (the default): that persist starts at once. Otherwise it is
+            held back while the restarted processes restore, so it does not take CPU and memory
+            bandwidth from them: it starts once every rank has sealed a snapshot again, or this
+            long after the death, whichever comes first, and at once on `persist_newest` or
+            `stop`. It persists the step every rank held at the death if still in memory (the
+            step other nodes' savers choose too), else the newest common one. Meanwhile the
+            snapshot is only in memory, as between two persists while training.
         lock_timeout_s: how long a persist waits for a slot the stager is still sealing.
         poll_interval_s: how often waits re-check (slot locks, the accept loop's stop flag).
         commit_poll_interval_s: how often the coordinator re-checks steps waiting for ranks that
@@ -91,6 +99,7 @@ class SaverConfig:
     num_slots: int = 2
     coordinator: bool = True
     persist_on_failure: bool = True
+    failure_persist_hold_s: float = attrs.field(default=0.0, validator=non_negative_finite)
     lock_timeout_s: float = attrs.field(default=60.0, validator=positive)
     poll_interval_s: float = attrs.field(default=0.05, validator=positive)
     commit_poll_interval_s: float = attrs.field(default=1.0, validator=positive)
@@ -112,7 +121,7 @@ class SaverConfig:
 class _Job:
     kind: str  # "persist" or "failure"
     rank: int = -1
-    step: int = -1
+    step: int = -1  # for "failure": the step to prefer (-1: the newest common one)
     reply: _Conn | None = None
 
 
@@ -154,6 +163,7 @@ class Saver:
         self._sealed_at: dict[int, float] = {}  # rank -> when its newest snapshot was sealed (clock)
         self._persisted: set[tuple[int, int]] = set()
         self._pending: set[int] = set()  # steps waiting for other savers' ranks (worker thread only)
+        self._hold = FailureHold(config.failure_persist_hold_s)  # under _lock
         self._threads: list[threading.Thread] = []
         self._listener: socket.socket | None = None
         self._socket_ino: int | None = None  # the socket file this saver bound (not a successor's)
@@ -217,6 +227,10 @@ class Saver:
         this persist, and every one after it, ignores `persist_bandwidth_mb_s`.
         """
         self._uncap()
+        with self._lock:
+            held = self._hold.release()
+        if held is not None:
+            self._record("failure_persist_released", -1, "the newest snapshot is persisted instead")
         self._submit(_Job("failure"))
 
     def _submit(self, job: _Job) -> None:
@@ -271,6 +285,7 @@ class Saver:
         """
         if uncap:
             self._uncap()
+        self._release_held("the saver stops")
         self.wait_idle(timeout_s)
         self._stop.set()
         self._queue.put(None)
@@ -340,11 +355,12 @@ class Saver:
             if conn.rank is not None and not conn.clean and not self._stop.is_set():
                 self._record("stager_lost", -1, f"rank {conn.rank} disconnected without 'bye': process died?")
                 if self.config.persist_on_failure:
-                    self._submit(_Job("failure"))
+                    self._on_stager_lost()
             with self._lock:
                 self._conns.remove(conn)
-                if conn.rank is not None:
-                    self._sealed_at.pop(conn.rank, None)  # a process that left is not training
+                # A process that left is not training, unless its successor already said hello.
+                if conn.rank is not None and not any(c.rank == conn.rank for c in self._conns):
+                    self._sealed_at.pop(conn.rank, None)
             conn.sock.close()
 
     def _handle(self, conn: _Conn, msg: dict[str, Any]) -> None:
@@ -362,6 +378,7 @@ class Saver:
                     raise ChannelError("'sealed' before 'hello'")
                 with self._lock:
                     self._sealed_at[conn.rank] = self._clock.now()
+                self._release_held_if_due()
             elif kind == "persist":
                 self._submit(_Job("persist", _int(msg, "rank"), _int(msg, "step"), conn))
             elif kind == "bye":
@@ -382,6 +399,7 @@ class Saver:
                 job = self._queue.get(timeout=self.config.commit_poll_interval_s)
             except queue.Empty:
                 self._retry_pending_commits()
+                self._release_held_if_due()
                 continue
             if job is None:
                 return
@@ -389,7 +407,7 @@ class Saver:
                 if job.kind == "persist":
                     self._persist_and_reply(job)
                 else:
-                    self._persist_on_failure()
+                    self._persist_on_failure(None if job.step < 0 else job.step)
             except Exception as e:  # a bug must not kill the worker: report it and go on
                 reason = f"unexpected error: {e!r}"
                 self._record("persist_failed", job.step, reason)
@@ -516,12 +534,48 @@ class Saver:
                 steps.append(header.step)
         return steps
 
-    def _persist_on_failure(self) -> None:
+    # -- persisting on failure ----------------------------------------------------------------------
+
+    def _on_stager_lost(self) -> None:
+        """A training process died: persist its newest snapshot now, or hold the persist back."""
+        if self.config.failure_persist_hold_s <= 0:
+            self._submit(_Job("failure"))
+            return
+        with self._lock:
+            ranks = set(self._ranks)
+        common = newest_common_steps({r: self.held_steps(r) for r in ranks}, ranks)
+        with self._lock:
+            held = self._hold.lost(self._clock.now(), max(common) if common else None)
+        if held is not None:
+            self._record(
+                "failure_persist_held",
+                -1 if held.step is None else held.step,
+                f"held back up to {self._hold.hold_s:g} s, until every rank has sealed a snapshot again",
+            )
+
+    def _release_held_if_due(self) -> None:
+        with self._lock:
+            due = self._hold.release_if_due(self._clock.now(), self._sealed_at, self._ranks)
+        if due is not None:
+            self._run_held(*due)
+
+    def _release_held(self, reason: str) -> None:
+        with self._lock:
+            held = self._hold.release()
+        if held is not None:
+            self._run_held(held, reason)
+
+    def _run_held(self, held: HeldFailure, reason: str) -> None:
+        step = -1 if held.step is None else held.step
+        self._record("failure_persist_released", step, reason)
+        self._submit(_Job("failure", step=step))
+
+    def _persist_on_failure(self, preferred: int | None) -> None:
         with self._lock:
             ranks = set(self._ranks)
         held = {r: self.held_steps(r) for r in ranks}
         persisted = {s for s in {s for _, s in self._persisted} if all((r, s) in self._persisted for r in ranks)}
-        step, reason = choose_failure_step(held, ranks, persisted)
+        step, reason = choose_failure_step(held, ranks, persisted, preferred)
         self._record("failure_persist", -1 if step is None else step, reason)
         if step is None:
             return

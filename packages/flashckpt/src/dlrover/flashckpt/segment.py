@@ -30,6 +30,8 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+# process_start_ticks moved to dlrover.common.process; it stays importable from here (in __all__).
+from dlrover.common.process import ProcessIdentity, process_start_ticks
 from dlrover.flashckpt.errors import FlashCkptError
 
 if TYPE_CHECKING:
@@ -77,23 +79,6 @@ def owner_path(shm_dir: str | Path, job: str, run: str) -> Path:
     return Path(shm_dir) / f"{SEGMENT_PREFIX}{job}.{run}.owner"
 
 
-def process_start_ticks(pid: int) -> int | None:
-    """The start time of process `pid` in clock ticks since boot, or None if it does not exist.
-
-    Together with the pid it identifies a process even after the pid is reused.
-    """
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    # The command name (field 2) may contain spaces and parentheses: split after the last ')'.
-    fields = stat[stat.rfind(")") + 2 :].split()
-    try:
-        return int(fields[19])
-    except (IndexError, ValueError):
-        return None
-
-
 def write_owner(shm_dir: str | Path, job: str, run: str, pid: int | None = None) -> Path:
     """Record `pid` (default: this process) as the owner of a run's segments; returns the file."""
     pid = os.getpid() if pid is None else pid
@@ -105,14 +90,16 @@ def write_owner(shm_dir: str | Path, job: str, run: str, pid: int | None = None)
 
 
 def owner_alive(path: Path) -> bool:
-    """Whether the process named in an owner file still runs (same pid and start time)."""
+    """Whether the process named in an owner file still runs (same pid and start time, no zombie)."""
     try:
         doc = json.loads(path.read_text())
         pid, ticks = int(doc["pid"]), doc.get("start_ticks")
     except (OSError, ValueError, KeyError, TypeError):
         return False
     # No start time recorded means the process was already gone when the record was written.
-    return ticks is not None and process_start_ticks(pid) == ticks
+    if not isinstance(ticks, int) or isinstance(ticks, bool) or ticks < 0 or pid <= 0:
+        return False
+    return ProcessIdentity(pid, ticks).alive()
 
 
 def list_run_files(shm_dir: str | Path, job: str, run: str) -> list[Path]:

@@ -73,6 +73,10 @@ class AgentConfig:
             their shared memory is removed when the agent exits.
         checkpoint_shm_dir: where the saver host's socket lives (named so `cleanup_stale`
             removes it if the agent is killed).
+        failure_persist_hold_s: after a worker dies, how long the savers may hold back the
+            persist of the newest snapshot while the restarted workers restore from memory (it
+            starts once every rank has sealed a snapshot again, or after this long, or at exit);
+            0 persists at once, before the restart (`--save-at-breakpoint`).
         checkpoint_stop_timeout_s: at exit, bound on finishing the savers' persists (on a
             failure or stop: the newest snapshot) before the memory is removed.
         prewarm_modules: modules that standby interpreters import ahead of time, so workers
@@ -102,6 +106,7 @@ class AgentConfig:
     host_checkpoint_saver: bool = True
     checkpoint_shm_dir: str = DEFAULT_SHM_DIR
     checkpoint_stop_timeout_s: float = attrs.field(default=120.0, validator=positive)
+    failure_persist_hold_s: float = attrs.field(default=30.0, validator=non_negative)
     prewarm_modules: tuple[str, ...] = ()
     prewarm_refill_after_s: float = attrs.field(default=30.0, validator=non_negative)
 
@@ -246,6 +251,7 @@ class Agent:
             SaverHostConfig(
                 str(host_socket_path(cfg.checkpoint_shm_dir)),
                 stop_timeout_s=cfg.checkpoint_stop_timeout_s,
+                failure_persist_hold_s=cfg.failure_persist_hold_s,
             ),
             clock=self._clock,
         )

@@ -124,6 +124,7 @@ class LaunchConfig:
     network_check_results_timeout_s: float | None = None
     straggler_factor: float = 2.0
     save_at_breakpoint: bool = False
+    failure_persist_hold_s: float = 30.0
     node_unit: int = 1
     hang_timeout_s: float = 180.0
     auto_config: bool = False
@@ -183,93 +184,111 @@ def _both(name: str) -> list[str]:
     return [dashed] if dashed == underscored else [dashed, underscored]
 
 
+def _option(group: argparse._ArgumentGroup, names: list[str], default: str | None, text: str = "") -> None:
+    group.add_argument(*names, default=default, help=text or None, action=_EnvDefault)
+
+
+def _flag(group: argparse._ArgumentGroup, names: list[str], text: str) -> None:
+    group.add_argument(*names, help=text, action=_EnvFlag)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser: torchrun's flags first, then DLRover's."""
     p = argparse.ArgumentParser(
         prog="dlrover-run",
         description="Run a torchrun-style training script with fault tolerance, flash checkpoints and diagnosis.",
     )
+    _add_torchrun_options(p.add_argument_group("torchrun-compatible options"))
+    _add_dlrover_options(p.add_argument_group("DLRover options"))
+    p.add_argument("training_script", help="the script, module or executable to run")
+    p.add_argument("training_script_args", nargs=argparse.REMAINDER)
+    return p
 
-    def option(group: argparse._ArgumentGroup, names: list[str], default: str | None, text: str = "") -> None:
-        group.add_argument(*names, default=default, help=text or None, action=_EnvDefault)
 
-    def flag(group: argparse._ArgumentGroup, names: list[str], text: str) -> None:
-        group.add_argument(*names, help=text, action=_EnvFlag)
+def _add_torchrun_options(tr: argparse._ArgumentGroup) -> None:
+    _option(tr, ["--nnodes"], "1:1", "N, or MIN:MAX for an elastic job")
+    _option(tr, _both("nproc-per-node"), "1", "workers per node: N, auto, cpu or gpu")
+    _option(tr, _both("rdzv-backend"), "dlrover")
+    _option(tr, _both("rdzv-endpoint"), "")
+    _option(tr, _both("rdzv-id"), "none")
+    _option(tr, _both("rdzv-conf"), "", "key1=v1,key2=v2")
+    _flag(tr, ["--standalone"], "run master, agent and workers on this machine")
+    _option(tr, _both("max-restarts"), "0")
+    _option(tr, _both("monitor-interval"), "0.1", "seconds between worker checks")
+    _option(tr, _both("start-method"), "spawn", "accepted for compatibility; workers are always new processes")
+    _option(tr, ["--role"], "default")
+    _flag(tr, ["-m", "--module"], "run the entrypoint as a module (python -m)")
+    _flag(tr, _both("no-python"), "run the entrypoint as an executable")
+    _flag(tr, _both("run-path"), "run the entrypoint with runpy.run_path")
+    _option(tr, _both("log-dir"), None)
+    _option(tr, ["-r", "--redirects"], "0", "0..3 or LOCAL_RANK:MASK,... (1=stdout, 2=stderr)")
+    _option(tr, ["-t", "--tee"], "0", "0..3 or LOCAL_RANK:MASK,... (1=stdout, 2=stderr)")
+    _option(tr, _both("local-ranks-filter"), "", "local ranks whose output is shown")
+    _option(tr, _both("node-rank"), None)
+    _option(tr, _both("master-addr"), "127.0.0.1")
+    _option(tr, _both("master-port"), None)
+    _option(tr, _both("local-addr"), None)
 
-    tr = p.add_argument_group("torchrun-compatible options")
-    option(tr, ["--nnodes"], "1:1", "N, or MIN:MAX for an elastic job")
-    option(tr, _both("nproc-per-node"), "1", "workers per node: N, auto, cpu or gpu")
-    option(tr, _both("rdzv-backend"), "dlrover")
-    option(tr, _both("rdzv-endpoint"), "")
-    option(tr, _both("rdzv-id"), "none")
-    option(tr, _both("rdzv-conf"), "", "key1=v1,key2=v2")
-    flag(tr, ["--standalone"], "run master, agent and workers on this machine")
-    option(tr, _both("max-restarts"), "0")
-    option(tr, _both("monitor-interval"), "0.1", "seconds between worker checks")
-    option(tr, _both("start-method"), "spawn", "accepted for compatibility; workers are always new processes")
-    option(tr, ["--role"], "default")
-    flag(tr, ["-m", "--module"], "run the entrypoint as a module (python -m)")
-    flag(tr, _both("no-python"), "run the entrypoint as an executable")
-    flag(tr, _both("run-path"), "run the entrypoint with runpy.run_path")
-    option(tr, _both("log-dir"), None)
-    option(tr, ["-r", "--redirects"], "0", "0..3 or LOCAL_RANK:MASK,... (1=stdout, 2=stderr)")
-    option(tr, ["-t", "--tee"], "0", "0..3 or LOCAL_RANK:MASK,... (1=stdout, 2=stderr)")
-    option(tr, _both("local-ranks-filter"), "", "local ranks whose output is shown")
-    option(tr, _both("node-rank"), None)
-    option(tr, _both("master-addr"), "127.0.0.1")
-    option(tr, _both("master-port"), None)
-    option(tr, _both("local-addr"), None)
-    ours = p.add_argument_group("DLRover options")
-    option(ours, ["--master"], None, "HOST:PORT of a running dlrover-master to join")
-    flag(ours, _both("network-check"), "check nodes' health before training")
-    flag(ours, _both("exclude-straggler"), "leave out nodes the network check finds slow (needs --network-check)")
-    option(
+
+def _add_dlrover_options(ours: argparse._ArgumentGroup) -> None:
+    _option(ours, ["--master"], None, "HOST:PORT of a running dlrover-master to join")
+    _flag(ours, _both("network-check"), "check nodes' health before training")
+    _flag(ours, _both("exclude-straggler"), "leave out nodes the network check finds slow (needs --network-check)")
+    _option(
         ours,
         _both("network-check-timeout"),
         "60",
         "seconds one probe of the network check may run (process start included) before it is killed and fails",
     )
-    option(
+    _option(
         ours,
         _both("network-check-results-timeout"),
         None,
         "seconds a node waits for the other nodes' probe results in each check round before counting the "
         "missing ones as failed (default: twice --network-check-timeout plus 60)",
     )
-    option(
+    _option(
         ours,
         _both("straggler-factor"),
         "2.0",
         "the network check calls a node a straggler when its best probe time is over this multiple of the median",
     )
-    flag(
+    _flag(
         ours,
         _both("save-at-breakpoint"),
-        "accepted for DLRover compatibility: the flash checkpoint saver always persists the newest "
-        "in-memory snapshot when workers fail",
+        "persist the newest in-memory flash checkpoint as soon as a worker fails, before the workers "
+        "restart (same as --failure-persist-hold 0)",
     )
-    option(ours, _both("node-unit"), "1", "the world holds a multiple of this many nodes")
-    option(
+    _option(
+        ours,
+        _both("failure-persist-hold"),
+        "30",
+        "after a worker fails, the flash checkpoint saver persists the newest in-memory snapshot once every "
+        "restarted worker of the node has saved a checkpoint again (so the persist does not slow their restore "
+        "from memory), or after this many seconds, or when the agent exits, whichever comes first; 0: at once",
+    )
+    _option(ours, _both("node-unit"), "1", "the world holds a multiple of this many nodes")
+    _option(
         ours,
         _both("hang-timeout"),
         "180",
         "seconds a worker may go without using CPU before it counts as hung and is restarted (a worker stopped, "
         "deadlocked, or stuck joining after a restart); 0: off",
     )
-    flag(ours, _both("auto-config"), "workers per node from the visible accelerators")
-    option(ours, ["--token"], None, "the job token (prefer --token-file)")
-    option(ours, _both("token-file"), None, "a 0600 file holding the job token")
-    option(ours, _both("heartbeat-interval"), None, "seconds between heartbeats (default: the master's choice)")
-    option(ours, _both("master-lost-timeout"), "300", "seconds workers keep training while the master is unreachable")
-    option(ours, _both("shutdown-grace"), "10.0", "seconds workers get to exit after SIGTERM")
-    option(
+    _flag(ours, _both("auto-config"), "workers per node from the visible accelerators")
+    _option(ours, ["--token"], None, "the job token (prefer --token-file)")
+    _option(ours, _both("token-file"), None, "a 0600 file holding the job token")
+    _option(ours, _both("heartbeat-interval"), None, "seconds between heartbeats (default: the master's choice)")
+    _option(ours, _both("master-lost-timeout"), "300", "seconds workers keep training while the master is unreachable")
+    _option(ours, _both("shutdown-grace"), "10.0", "seconds workers get to exit after SIGTERM")
+    _option(
         ours,
         _both("checkpoint-stop-timeout"),
         "120",
         "seconds the agent's checkpoint savers get at exit to finish persisting (after a failure or a stop: "
         "the newest in-memory snapshot) before the job's shared memory is removed",
     )
-    option(
+    _option(
         ours,
         ["--prewarm"],
         "",
@@ -277,7 +296,7 @@ def build_parser() -> argparse.ArgumentParser:
         "every restart skip that import; they import before the script runs, so a variable the script sets "
         "before its own import of them does not reach them",
     )
-    option(
+    _option(
         ours,
         _both("prewarm-refill-after"),
         "30",
@@ -286,9 +305,6 @@ def build_parser() -> argparse.ArgumentParser:
         "start, or when the workers stop, whichever comes first, so they do not take CPU from workers that "
         "are restoring; 0 starts them with the workers",
     )
-    p.add_argument("training_script", help="the script, module or executable to run")
-    p.add_argument("training_script_args", nargs=argparse.REMAINDER)
-    return p
 
 
 def _number(value: Any, flag: str, kind: type[int] | type[float], minimum: float) -> Any:
@@ -407,6 +423,7 @@ def parse_args(
         raise ConfigError(f"--nnodes={nodes} is not a multiple of --node-unit={node_unit}")
     node_rank = None if ns.node_rank in (None, "") else int(_number(ns.node_rank, "--node-rank", int, 0))
     master_port = None if ns.master_port in (None, "") else int(_number(ns.master_port, "--master-port", int, 1))
+    failure_persist_hold_s = _finite(ns.failure_persist_hold, "--failure-persist-hold", 0.0)
     filters = tuple(int(_number(r, "--local-ranks-filter", int, 0)) for r in str(ns.local_ranks_filter).split(",") if r)
     return LaunchConfig(
         nodes=nodes,
@@ -439,6 +456,7 @@ def parse_args(
         network_check_results_timeout_s=results_timeout_s,
         straggler_factor=straggler_factor,
         save_at_breakpoint=ns.save_at_breakpoint,
+        failure_persist_hold_s=0.0 if ns.save_at_breakpoint else failure_persist_hold_s,
         node_unit=node_unit,
         hang_timeout_s=float(_number(ns.hang_timeout, "--hang-timeout", float, 0.0)),
         auto_config=ns.auto_config,

@@ -14,7 +14,6 @@ import os
 import signal
 import socket
 import sys
-import tempfile
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -26,6 +25,8 @@ from dlrover.common import (
     DLRoverError,
     configure_logging,
     load_token,
+    owned_temp_dir,
+    remove_dead_owners,
     write_token_file,
 )
 from dlrover.launcher.agent import Agent, AgentConfig, AgentResult
@@ -37,6 +38,11 @@ from dlrover.launcher.netcheck import NetworkCheck, NetworkCheckConfig
 __all__ = ["main", "run"]
 
 _log = logging.getLogger("dlrover.launcher")
+
+# The private temp dirs a run makes; named after their dlrover-run so that the next one on this
+# host removes those of a dlrover-run that was killed (SIGKILL skips every cleanup).
+TOKEN_DIR_PREFIX = "dlrover-token-"  # noqa: S105 (a dir name, not a secret)
+LOG_DIR_PREFIX = "dlrover-run-"
 
 
 def _visible_accelerators() -> int:
@@ -106,6 +112,8 @@ def _network_check(cfg: LaunchConfig, control: GrpcControlPlane, local_addr: str
 
 def run(cfg: LaunchConfig) -> AgentResult:
     """Run this node's share of the job described by `cfg`."""
+    for prefix in (TOKEN_DIR_PREFIX, LOG_DIR_PREFIX):
+        remove_dead_owners(prefix)
     with ExitStack() as stack:
         target, token = stack.enter_context(_master_for(cfg))
         local_addr = cfg.local_addr or ("127.0.0.1" if cfg.standalone else socket.getfqdn())
@@ -125,11 +133,11 @@ def run(cfg: LaunchConfig) -> AgentResult:
         # token from a private 0600 file rather than from the command line or the environment.
         token_file = cfg.token_file or os.environ.get(TOKEN_FILE_ENV_VAR)
         if not token_file:
-            private = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="dlrover-token-")))
+            private = stack.enter_context(owned_temp_dir(TOKEN_DIR_PREFIX))
             token_file = str(write_token_file(private / "token", token))
         log_dir = Path(cfg.log_dir) if cfg.log_dir else None
         if log_dir is None and any(mask for _, mask in (*cfg.redirects, *cfg.tee)):
-            log_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="dlrover-run-")))
+            log_dir = stack.enter_context(owned_temp_dir(LOG_DIR_PREFIX))
         agent = Agent(
             AgentConfig(
                 worker_argv=tuple(cfg.worker_command(sys.executable)),
@@ -150,6 +158,7 @@ def run(cfg: LaunchConfig) -> AgentResult:
                 prewarm_modules=cfg.prewarm,
                 prewarm_refill_after_s=cfg.prewarm_refill_after_s,
                 checkpoint_stop_timeout_s=cfg.checkpoint_stop_timeout_s,
+                failure_persist_hold_s=cfg.failure_persist_hold_s,
                 extra_env={MASTER_ADDR_ENV_VAR: target, TOKEN_FILE_ENV_VAR: str(Path(token_file).resolve())},
             ),
             control,

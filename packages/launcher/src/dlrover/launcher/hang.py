@@ -17,6 +17,8 @@ from collections.abc import Mapping
 
 import attrs
 
+from dlrover.common.process import proc_stat_fields
+
 __all__ = ["HangWatch", "read_cpu_seconds"]
 
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -59,11 +61,12 @@ class HangWatch:
 
 def read_cpu_seconds(pid: int) -> float | None:
     """User plus system CPU seconds of a process and its reaped children, or None if it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
+    fields = proc_stat_fields(pid)
+    if fields is None or len(fields) < 15:
         return None
     # Fields after the command: state is [0]; utime, stime, cutime, cstime are [11]..[14].
-    ticks = sum(int(x) for x in fields[11:15])
+    try:
+        ticks = sum(int(x) for x in fields[11:15])
+    except ValueError:
+        return None
     return ticks / _CLOCK_TICKS

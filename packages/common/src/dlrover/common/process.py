@@ -1,0 +1,116 @@
+"""Which process is which, from ``/proc``: a pid plus its start time names one process for good.
+
+A pid alone is reused once its process is gone, so a record that names its owner by pid (a
+shared-memory segment's owner file, a temp dir's name) also holds the owner's start time in clock
+ticks since boot; the owner is alive while a process with that pid *and* that start time runs.
+Linux only: elsewhere nothing is known (`process_start_ticks` returns None).
+"""
+
+from __future__ import annotations
+
+import os
+
+import attrs
+
+from dlrover.common.validators import non_negative_int, positive_int
+
+__all__ = ["ProcessIdentity", "pid_namespace", "proc_stat_fields", "process_start_ticks"]
+
+# Indices into `proc_stat_fields` (proc(5) field numbers minus 3: the pid and command come first).
+_STATE = 0
+_START_TIME = 19
+_GONE_STATES = frozenset("ZXx")  # zombie or dead: the pid is still taken but the process runs no more
+
+
+def proc_stat_fields(pid: int) -> list[str] | None:
+    """The fields of ``/proc/<pid>/stat`` after the command name, or None if there is no such process.
+
+    The command name (field 2) is in parentheses and may itself hold spaces and parentheses, so the
+    fields start after the *last* ``)``. The first returned field is the state (proc(5) field 3).
+
+    Args:
+        pid: a process id.
+
+    Returns:
+        The whitespace-separated fields from the state on, or None if the process does not exist,
+        its stat file cannot be read, or the file is not in the expected shape.
+    """
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            text = f.read()
+    except OSError:
+        return None
+    end = text.rfind(")")
+    if end < 0:
+        return None
+    fields = text[end + 1 :].split()
+    return fields or None
+
+
+def process_start_ticks(pid: int) -> int | None:
+    """The start time of process `pid` in clock ticks since boot, or None if it does not exist.
+
+    Together with the pid it identifies a process even after the pid is reused. A zombie (exited,
+    not yet reaped) still has its start time.
+    """
+    fields = proc_stat_fields(pid)
+    if fields is None:
+        return None
+    try:
+        return int(fields[_START_TIME])
+    except (IndexError, ValueError):
+        return None
+
+
+def pid_namespace() -> int | None:
+    """An id of this process's pid namespace (the inode of ``/proc/self/ns/pid``), None if unknown.
+
+    Pids, and so `ProcessIdentity`, mean something only inside one pid namespace: containers that
+    share a directory (a host's /tmp mounted into each) must not judge each other's processes.
+    """
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return None
+
+
+@attrs.frozen
+class ProcessIdentity:
+    """One process: its pid and its start time, which together are never reused.
+
+    Args:
+        pid: the process id.
+        start_ticks: its start time in clock ticks since boot (see `process_start_ticks`).
+
+    Raises:
+        ConfigError: the pid is not a positive integer or the start time is negative.
+    """
+
+    pid: int = attrs.field(validator=positive_int)
+    start_ticks: int = attrs.field(validator=non_negative_int)
+
+    @classmethod
+    def of(cls, pid: int) -> ProcessIdentity | None:
+        """The identity of the process running now as `pid`, or None if there is none."""
+        ticks = process_start_ticks(pid)
+        return None if ticks is None else cls(pid, ticks)
+
+    @classmethod
+    def current(cls) -> ProcessIdentity | None:
+        """The identity of this process, or None where ``/proc`` cannot tell (not Linux)."""
+        return cls.of(os.getpid())
+
+    def alive(self) -> bool:
+        """Whether this process still runs: its pid has its start time and it is no zombie.
+
+        A zombie has exited (only its parent has not collected the exit status yet), so whatever it
+        owned is no longer in use.
+        """
+        fields = proc_stat_fields(self.pid)
+        if fields is None:
+            return False
+        try:
+            ticks = int(fields[_START_TIME])
+        except (IndexError, ValueError):
+            return False
+        return ticks == self.start_ticks and fields[_STATE] not in _GONE_STATES
