@@ -1,19 +1,22 @@
 """Sharded (FSDP2) flash checkpoint beside plain DCP, 2 ranks on CPU (gloo), in one run.
 
-Rows (each the slowest rank, best of several repetitions, the two sides interleaved):
+Rows (each the slowest rank; the median and range of several repetitions, the two disk writers
+interleaved and taking turns going first):
 
 * blocking save: ``ShardedCheckpointer.save`` (local shards -> shared memory) beside
   ``torch.distributed.checkpoint.save`` of the live state to local disk with fsync (what training
   blocks for without flashckpt); the ratio is the speed-up;
 * persist: our DCP write of the staged snapshot with checksums and commit, beside the same
-  plain DCP save (the cost of checksums and the commit protocol);
+  plain DCP save (the cost of reading the snapshot, checksums and the commit protocol);
 * restore: from shared memory into the existing shards beside ``torch.distributed.checkpoint.load``
   from disk.
 
     python benchmarks/flashckpt_sharded.py                # about 256 MB of state in all
-    python benchmarks/flashckpt_sharded.py --mb 1024
+    python benchmarks/flashckpt_sharded.py --mb 1024 --reps 6
 
-Every row starts after ``os.sync()``. The machine may be shared: numbers vary between runs.
+Every row starts after ``os.sync()``, and both writers' directories are removed after each
+repetition (outside the timing), so neither writes onto a fuller disk than the other. The machine
+may be shared: numbers vary between runs; compare medians, and the ranges.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import json
 import multiprocessing as mp
 import os
 import shutil
+import statistics
 import tempfile
 import time
 import uuid
@@ -106,7 +110,10 @@ def rank_main(rank: int, init: str, job: str, *, tmp: str, total_mb: int, reps: 
         rows["load_dcp"].append(timed(plain_load))
         dist.barrier()
         if rank == 0:
+            # Both writers' output goes, so each writes onto the same disk state (nothing reads a
+            # persisted step back: restores here come from memory).
             shutil.rmtree(plain, ignore_errors=True)
+            shutil.rmtree(Path(tmp) / "flash" / str(step), ignore_errors=True)
     if rank == 0:
         result = {"rank_state_mb": state_bytes / MB, "layers": layers, "rows": rows}
         Path(out).write_text(json.dumps(result))
@@ -156,18 +163,20 @@ def main() -> None:
     finally:
         remove_run("/dev/shm", job, "bench")
         shutil.rmtree(tmp, ignore_errors=True)
-    rows = {k: min(v) for k, v in result["rows"].items()}
-    print(f"FSDP2, {WORLD} ranks, {result['rank_state_mb']:.0f} MB of state per rank, best of {a.reps}")
-    print(f"{'what':<44}{'flashckpt s':>12}{'DCP s':>10}{'ratio':>9}")
+    runs = result["rows"]
+    rows = {k: statistics.median(v) for k, v in runs.items()}
+    print(f"FSDP2, {WORLD} ranks, {result['rank_state_mb']:.0f} MB of state per rank, median of {a.reps}")
+    print(f"{'what':<44}{'flashckpt s':>12}{'DCP s':>10}{'ratio':>9}   ranges (s)")
     table = [
-        ("blocking save (memory vs DCP to disk)", rows["save_mem"], rows["save_dcp"]),
-        ("persist (DCP + checksums + commit vs DCP)", rows["persist"], rows["save_dcp"]),
-        ("restore (memory in place vs DCP load)", rows["load_mem"], rows["load_dcp"]),
+        ("blocking save (memory vs DCP to disk)", "save_mem", "save_dcp"),
+        ("persist (DCP + checksums + commit vs DCP)", "persist", "save_dcp"),
+        ("restore (memory in place vs DCP load)", "load_mem", "load_dcp"),
     ]
     for name, ours, theirs in table:
-        print(f"{name:<44}{ours:>12.4f}{theirs:>10.4f}{theirs / ours:>8.1f}x")
+        spans = f"{min(runs[ours]):.3f}-{max(runs[ours]):.3f} vs {min(runs[theirs]):.3f}-{max(runs[theirs]):.3f}"
+        print(f"{name:<44}{rows[ours]:>12.4f}{rows[theirs]:>10.4f}{rows[theirs] / rows[ours]:>8.2f}x   {spans}")
     print("every repetition (s):")
-    for name, values in result["rows"].items():
+    for name, values in runs.items():
         print(f"  {name:<10}" + " ".join(f"{v:.3f}" for v in values))
 
 

@@ -11,6 +11,7 @@ import zlib
 from pathlib import Path
 from typing import Any
 
+import attrs
 import numpy as np
 import pytest
 import torch
@@ -23,7 +24,7 @@ from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from dlrover.flashckpt.ckpt_format import TRACKER_PATH, manifest_path
 from dlrover.flashckpt.commit import Committer, RetentionPolicy, Tracker
 from dlrover.flashckpt.config import StagerConfig
-from dlrover.flashckpt.dcp_store import checksum_file, manifest_doc, parse_manifest, verify_file
+from dlrover.flashckpt.dcp_store import checksum_file, checksum_owners, manifest_doc, parse_manifest, verify_file
 from dlrover.flashckpt.errors import (
     ChecksumError,
     FlashCkptError,
@@ -32,9 +33,9 @@ from dlrover.flashckpt.errors import (
     StateStructureError,
     StorageError,
 )
-from dlrover.flashckpt.segment import remove_run
+from dlrover.flashckpt.segment import ShmSegment, remove_run, segment_path
 from dlrover.flashckpt.sharded import ShardedCheckpointer
-from dlrover.flashckpt.sharded_state import rejoin, skeleton, split_sharded
+from dlrover.flashckpt.sharded_state import dcp_grouped, rejoin, skeleton, split_sharded
 from dlrover.flashckpt.storage import PosixStorage
 from dlrover.flashckpt.tree import flatten_state
 
@@ -133,6 +134,32 @@ def test_storage_roundtrip_bit_for_bit(state: dict[str, Any]) -> None:
             c.close(remove=True)
 
 
+@given(st.lists(st.text(alphabet="ab.", max_size=5), unique=True, max_size=8))
+def test_dcp_grouping_keeps_every_dcp_key(names: list[str]) -> None:
+    flat = {n: torch.full((1,), float(i)) for i, n in enumerate(names)}
+    grouped = dcp_grouped(flat)
+    # DCP names a nested value by its path joined with "."; a grouped leaf's path is (head, rest).
+    joined = {}
+    for head, value in grouped.items():
+        if isinstance(value, dict):
+            assert value, "no empty groups"
+            joined.update({f"{head}.{rest}": t for rest, t in value.items()})
+        else:
+            assert "." not in head or grouped == flat
+            joined[head] = value
+    assert joined.keys() == flat.keys()
+    assert all(joined[k] is flat[k] for k in flat)  # the same tensors, nothing copied
+    heads = {n.partition(".")[0] for n in names if "." in n}
+    if heads.isdisjoint(names):
+        assert len(grouped) == len(heads) + sum("." not in n for n in names)
+
+
+def test_dcp_grouping_keeps_a_key_that_is_also_a_head_flat() -> None:
+    t, u = torch.zeros(1), torch.ones(1)
+    assert dcp_grouped({"model.w": t, "model.b": u, "rng": t}) == {"model": {"w": t, "b": u}, "rng": t}
+    assert dcp_grouped({"a": t, "a.b": u}) == {"a": t, "a.b": u}
+
+
 def test_rejoin_takes_values_keeps_tensors() -> None:
     live = _state(1.0)
     weight = live["model"]["0.weight"]
@@ -173,6 +200,20 @@ def test_verify_file_names_the_damage(tmp_path: Path) -> None:
     f.unlink()
     with pytest.raises(ChecksumError, match="missing"):
         verify_file(f, good)
+
+
+def test_each_rank_checksums_the_files_it_wrote() -> None:
+    names = [".metadata", "__0_0.distcp", "__0_1.distcp", "__1_0.distcp", "__7_0.distcp", "other"]
+    assert checksum_owners(names, 2) == {
+        ".metadata": 0,  # not a rank's file: in turns
+        "__0_0.distcp": 0,
+        "__0_1.distcp": 0,
+        "__1_0.distcp": 1,
+        "__7_0.distcp": 1,  # names no rank of this world: in turns
+        "other": 0,
+    }
+    assert set(checksum_owners(names, 1).values()) == {0}
+    assert checksum_owners([], 3) == {}
 
 
 def test_manifest_needs_exactly_one_checksum_per_file() -> None:
@@ -233,6 +274,9 @@ def test_storage_roundtrip_and_readable_by_plain_dcp(ckpt: ShardedCheckpointer, 
     assert same_bits(plain["model"], _state(2.0)["model"])
     man = json.loads((tmp_path / "ck" / manifest_path(2)).read_text())
     assert man["tensor_keys"][0] == "model.0.weight"
+    # DCP was handed the tensors grouped (`dcp_grouped`): its keys are still exactly ours.
+    saved = FileSystemReader(tmp_path / "ck" / "2").read_metadata().state_dict_metadata
+    assert sorted(saved) == sorted(man["tensor_keys"])
     assert set(man["files"]) >= {".metadata"}
 
 
@@ -325,6 +369,34 @@ def test_persist_refusals(ckpt: ShardedCheckpointer, tmp_path: Path) -> None:
     assert "not newer" in ckpt.persist(5).reason
     assert "not in memory" in ckpt.persist(9).reason
     assert json.loads((tmp_path / "ck" / TRACKER_PATH).read_text())["step"] == 5
+
+
+def test_a_snapshot_held_by_another_party_is_refused_naming_it(config: StagerConfig, tmp_path: Path) -> None:
+    c = ShardedCheckpointer(attrs.evolve(config, lock_timeout_s=0.0), tmp_path / "ck")
+    held: list[ShmSegment] = []
+    try:
+        _save(c, 1, persist=False)
+        for slot in range(config.num_slots):
+            path = segment_path(config.shm_dir, config.job_id, config.run_id, config.rank, slot)
+            if path.exists():
+                seg = ShmSegment.attach(path)
+                held.append(seg)
+                assert seg.try_lock(exclusive=True)  # e.g. a loader of another process
+        decision = c.persist(1)
+        assert not decision.commit
+        assert "not in memory" in decision.reason
+        assert "stayed locked" in decision.reason
+        assert "persist_failed" in c.events.kinds()
+        for seg in held:
+            seg.unlock()
+        assert c.persist(1).commit  # nothing was left half done
+        target = _state(0.0)
+        assert c.load(target, from_memory=False).step == 1
+        assert same_bits(target, _state(1.0))
+    finally:
+        for seg in held:
+            seg.close()
+        c.close(remove=True)
 
 
 def test_structure_change_is_refused_and_changes_nothing(ckpt: ShardedCheckpointer) -> None:

@@ -22,14 +22,17 @@ Non-tensor values are kept out of DCP and stored in the manifest's JSON tree. A 
 tensors with plain ``torch.distributed.checkpoint.load`` (keys are dict paths joined by ``.``,
 as DCP's planner flattens nested dicts) and the other values from ``manifest.json``.
 
-Files are checksummed by the ranks in turns (file i by rank ``i % world_size``), so the reading
-back is spread over the ranks.
+After a save each rank checksums the data files it wrote itself (DCP names them ``__<rank>_<n>.distcp``),
+so on a shared filesystem it reads back pages its own node still caches rather than a peer's over
+the network; any other file (``.metadata``, or names DCP may pick in a later version) is taken by
+the ranks in turns. Loading verifies the files in turns (file i by rank ``i % world_size``).
 """
 
 from __future__ import annotations
 
 import mmap
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +45,7 @@ __all__ = [
     "DCP_DONE_FORMAT",
     "FileSum",
     "checksum_file",
+    "checksum_owners",
     "dcp_files",
     "done_doc",
     "manifest_doc",
@@ -70,6 +74,32 @@ def dcp_files(directory: Path) -> list[str]:
     except OSError as e:
         raise StorageError(f"cannot list {directory}: {e}") from None
     return sorted(n for n in names if not _ours(n) and (directory / n).is_file())
+
+
+_RANK_FILE = re.compile(r"__(\d+)_\d+\.distcp")
+
+
+def checksum_owners(names: list[str], world_size: int) -> dict[str, int]:
+    """Which rank checksums each of a step's DCP files after a save.
+
+    A data file DCP's ``FileSystemWriter`` names after a rank of this world goes to that rank (it
+    wrote it); every other file goes to the ranks in turns. Each file gets exactly one rank, and
+    every rank computes the same answer from the same listing.
+
+    Args:
+        names: the step's DCP files (`dcp_files`), in the same order on every rank.
+        world_size: the ranks that saved the step.
+    """
+    owners: dict[str, int] = {}
+    turn = 0
+    for name in names:
+        m = _RANK_FILE.fullmatch(name)
+        if m is not None and int(m.group(1)) < world_size:
+            owners[name] = int(m.group(1))
+        else:
+            owners[name] = turn % world_size
+            turn += 1
+    return owners
 
 
 def checksum_file(path: Path) -> FileSum:

@@ -76,6 +76,7 @@ from dlrover.flashckpt.config import StagerConfig
 from dlrover.flashckpt.dcp_store import (
     DCP_DONE_FORMAT,
     checksum_file,
+    checksum_owners,
     dcp_files,
     done_doc,
     manifest_doc,
@@ -96,7 +97,7 @@ from dlrover.flashckpt.layout import SlotState, TensorSpec, decode_manifest
 from dlrover.flashckpt.memory import LoadedState, MemoryReader
 from dlrover.flashckpt.restore import apply_values
 from dlrover.flashckpt.segment import ShmSegment, segment_path
-from dlrover.flashckpt.sharded_state import ShardedSplit, rejoin, skeleton, split_sharded
+from dlrover.flashckpt.sharded_state import ShardedSplit, dcp_grouped, rejoin, skeleton, split_sharded
 from dlrover.flashckpt.slotio import peek_header, read_header, read_manifest
 from dlrover.flashckpt.stager import SaveResult, Stager
 from dlrover.flashckpt.storage.posix import PosixStorage
@@ -444,8 +445,56 @@ class ShardedCheckpointer:
 
     def _persist(self, step: int, last: ShardedSplit | None) -> CommitDecision:
         g = self._g
-        go = 1
+        refused = self._refuse(step)
+        if refused is not None:
+            return refused
+        sharding = None if last is None else last.describe(self.config.world_size)
+        ok = 1
+        reason = ""
+        record: tuple[dict[str, Any], list[str]] = ({}, [])
+        with contextlib.ExitStack() as hold:
+            # The snapshot is held (shared lock) from this check until DCP has written it, and its
+            # manifest is read once: the check and the write see the same snapshot.
+            snapshot, detail = self._hold_snapshot(hold, step, sharding)
+            held = all(r[0] == 1 for r in g.gather_ints([int(snapshot is not None)], 1))
+            if held and snapshot is not None and last is not None:
+                try:
+                    record = self._write_dcp(step, snapshot, last)
+                except Exception as e:  # reported in the decision; raising here would strand the other ranks
+                    ok, reason = 0, f"rank {g.rank}: {type(e).__name__}: {e}"
+                    self._event("persist_failed", step, reason)
+            snapshot = None  # the views go before the slot is unmapped
+        if not held or sharding is None:
+            why = f"step {step} is not in memory with the current sharding on every rank"
+            return CommitDecision(False, f"{why} ({detail})" if detail else why)
+        if ok:
+            try:
+                self._write_done(step)
+            except Exception as e:  # as above
+                ok, reason = 0, f"rank {g.rank}: {type(e).__name__}: {e}"
+                self._event("persist_failed", step, reason)
+        g.barrier()
+        if not all(r[0] == 1 for r in g.gather_ints([ok], 1)):
+            return CommitDecision(False, reason or f"step {step}: another rank failed to persist")
+        committed = 0
+        message = ""
         if g.rank == 0:
+            try:
+                decision = self._commit(step, record[0], record[1], sharding)
+                committed, message = int(decision.commit), decision.reason
+            except Exception as e:  # reported in the decision; raising here would strand the other ranks
+                message = f"commit of step {step} failed: {e}"
+                self._event("persist_failed", step, message)
+        committed = g.broadcast_int(committed)
+        if g.rank != 0:
+            message = f"step {step} {'committed' if committed else 'not committed'} by rank 0"
+        return CommitDecision(bool(committed), message)
+
+    def _refuse(self, step: int) -> CommitDecision | None:
+        """Rank 0's verdict on starting to persist `step` (clearing a crashed attempt's leftovers),
+        on every rank: a refusal, or None to go on. Collective."""
+        go = 1
+        if self._g.rank == 0:
             try:
                 tracker = self._committer.tracker()
             except (LayoutError, StorageError):
@@ -458,53 +507,11 @@ class ShardedCheckpointer:
                 except StorageError as e:
                     self._event("persist_failed", step, f"cannot clear {step_dir(step)}: {e}")
                     go = -1
-        go = g.broadcast_int(go)
-        if go != 1:
-            why = "is not newer than the committed step" if go == 0 else "cannot be cleared of leftovers"
-            return CommitDecision(False, f"step {step} {why}")
-        held = int(last is not None and step in self._memory_steps(last))
-        if not all(r[0] == 1 for r in g.gather_ints([held], 1)):
-            return CommitDecision(False, f"step {step} is not in memory with the current sharding on every rank")
-        assert last is not None
-        ok = 1
-        reason = ""
-        record: tuple[dict[str, Any], list[str]] = ({}, [])
-        try:
-            with self._snapshot_views(step) as (tree, views):
-                # The manifest records the snapshot's own values, not the live state's.
-                record = (_state_node(tree), [])
-                staged = split_sharded(build_tree(tree, views, ndarray_as_numpy=False)["state"])
-                record[1].extend(staged.keys)
-                state = {k: _as_dtensor(v, k, last) for k, v in staged.dcp.items()}
-                dcp_save(
-                    state,
-                    storage_writer=FileSystemWriter(
-                        self.root / step_dir(step), sync_files=True, thread_count=self._threads
-                    ),
-                    process_group=g.group,
-                    no_dist=not g.active,
-                )
-                del views, staged, state
-            self._write_done(step)
-        except Exception as e:  # reported in the decision; raising here would strand the other ranks
-            ok, reason = 0, f"rank {g.rank}: {type(e).__name__}: {e}"
-            self._event("persist_failed", step, reason)
-        g.barrier()
-        if not all(r[0] == 1 for r in g.gather_ints([ok], 1)):
-            return CommitDecision(False, reason or f"step {step}: another rank failed to persist")
-        committed = 0
-        message = ""
-        if g.rank == 0:
-            try:
-                decision = self._commit(step, record[0], record[1], last.describe(self.config.world_size))
-                committed, message = int(decision.commit), decision.reason
-            except Exception as e:  # reported in the decision; raising here would strand the other ranks
-                message = f"commit of step {step} failed: {e}"
-                self._event("persist_failed", step, message)
-        committed = g.broadcast_int(committed)
-        if g.rank != 0:
-            message = f"step {step} {'committed' if committed else 'not committed'} by rank 0"
-        return CommitDecision(bool(committed), message)
+        go = self._g.broadcast_int(go)
+        if go == 1:
+            return None
+        why = "is not newer than the committed step" if go == 0 else "cannot be cleared of leftovers"
+        return CommitDecision(False, f"step {step} {why}")
 
     @contextlib.contextmanager
     def _snapshot_views(self, step: int) -> Iterator[tuple[dict[str, Any], list[torch.Tensor]]]:
@@ -535,10 +542,54 @@ class ShardedCheckpointer:
             return
         raise NoCheckpointError(f"rank {c.rank}: no complete snapshot of step {step} in memory")
 
+    def _hold_snapshot(
+        self, hold: contextlib.ExitStack, step: int, sharding: dict[str, Any] | None
+    ) -> tuple[tuple[dict[str, Any], list[torch.Tensor]] | None, str]:
+        """Enter `_snapshot_views` of `step` on `hold` if it was staged with `sharding`.
+
+        Returns:
+            (the tree and views, or None; a sentence on why not when it is this rank's failure
+            rather than a step simply not in memory)
+        """
+        if sharding is None:  # nothing was saved or loaded by this checkpointer yet
+            return None, ""
+        try:
+            tree, views = hold.enter_context(self._snapshot_views(step))
+        except NoCheckpointError:
+            return None, ""
+        except Exception as e:  # a lock held too long, a damaged manifest: this rank's verdict, reported
+            detail = f"rank {self._g.rank}: {type(e).__name__}: {e}"
+            self._event("persist_failed", step, detail)
+            return None, detail
+        try:
+            same = _sharding_of(tree) == sharding
+        except StateStructureError:
+            same = False
+        return ((tree, views) if same else None), ""
+
+    def _write_dcp(
+        self, step: int, snapshot: tuple[dict[str, Any], list[torch.Tensor]], last: ShardedSplit
+    ) -> tuple[dict[str, Any], list[str]]:
+        """DCP-save a held snapshot into the step's directory. Collective.
+
+        Returns:
+            The snapshot's own tree and DCP keys, for the manifest (not the live state's values).
+        """
+        tree, views = snapshot
+        staged = split_sharded(build_tree(tree, views, ndarray_as_numpy=False)["state"])
+        state = dcp_grouped({k: _as_dtensor(v, k, last) for k, v in staged.dcp.items()})
+        dcp_save(
+            state,
+            storage_writer=FileSystemWriter(self.root / step_dir(step), sync_files=True, thread_count=self._threads),
+            process_group=self._g.group,
+            no_dist=not self._g.active,
+        )
+        return _state_node(tree), list(staged.keys)
+
     def _write_done(self, step: int) -> None:
-        names = dcp_files(self.root / step_dir(step))
         g = self._g
-        files = {n: checksum_file(self.root / step_dir(step) / n) for i, n in enumerate(names) if i % g.size == g.rank}
+        owners = checksum_owners(dcp_files(self.root / step_dir(step)), g.size)
+        files = {n: checksum_file(self.root / step_dir(step) / n) for n, r in owners.items() if r == g.rank}
         # Written through PosixStorage: atomic, and its directory fsync also makes DCP's renames durable.
         self.storage.write_file(done_path(step, g.rank), [dump_json(done_doc(step, g.rank, files))])
 

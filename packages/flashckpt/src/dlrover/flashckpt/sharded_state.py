@@ -29,7 +29,7 @@ from torch.distributed.tensor import DTensor
 from dlrover.flashckpt.errors import StateStructureError
 from dlrover.flashckpt.tree import path_name
 
-__all__ = ["ShardInfo", "ShardedSplit", "rejoin", "skeleton", "split_sharded"]
+__all__ = ["ShardInfo", "ShardedSplit", "dcp_grouped", "rejoin", "skeleton", "split_sharded"]
 
 
 @attrs.frozen
@@ -144,6 +144,38 @@ def split_sharded(state: Any) -> ShardedSplit:
         raise StateStructureError(f"a sharded state is a dict (DCP saves dicts), not a {type(state).__name__}")
     local = visit(state, ())
     return ShardedSplit(local, dcp, shards, tuple(keys))
+
+
+def dcp_grouped(flat: Mapping[str, torch.Tensor]) -> dict[str, Any]:
+    """`flat` with its keys grouped by their part before the first ``.``: the same DCP keys.
+
+    ``torch.distributed.checkpoint.save`` names a value by its path joined with ``.``, so
+    ``{"model": {"0.weight": t}}`` is saved under ``model.0.weight`` exactly as
+    ``{"model.0.weight": t}`` is, and is loaded by a flat or a nested template alike. The grouping
+    matters for speed alone: ``save`` makes a logged call per *top-level* entry (about 0.1 ms each
+    on the 2-core development machine: 0.05-0.1 s for the ~700 tensors of the 1 GB FSDP2 + AdamW
+    state of ``benchmarks/flashckpt_sharded.py``), as much as the rest of its planning.
+
+    Args:
+        flat: tensors by DCP key (see `ShardedSplit.dcp`).
+
+    Returns:
+        A dict of tensors and one-level dicts of tensors with the same joined keys; `flat` itself
+        (copied) when a key is also the head of another (``"a"`` and ``"a.b"``), which cannot be
+        grouped.
+    """
+    top: dict[str, Any] = {}
+    groups: dict[str, dict[str, torch.Tensor]] = {}
+    for key, tensor in flat.items():
+        head, dot, rest = key.partition(".")
+        if dot:
+            groups.setdefault(head, {})[rest] = tensor
+        else:
+            top[key] = tensor
+    if not groups.keys().isdisjoint(top):
+        return dict(flat)
+    top.update(groups)
+    return top
 
 
 def rejoin(live: Any, values: Any) -> Any:
