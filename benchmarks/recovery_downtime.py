@@ -18,6 +18,10 @@ directly. Measured per repetition:
 * downtime: SIGKILL of rank 1 -> both ranks completed their first step after the restart (the
   kill comes once the job is in steady state: a few checkpoints saved and at least ``--settle-s``
   after the first step);
+* time lost: over the kill and the first ``--after-steps`` steps after the restart, the time
+  beyond what those steps take in steady state, ``t(both ranks completed step N after the
+  restart) - t(kill) - N * step``; it also counts what slows the steps right after the restart
+  (a persist still running beside them), which the downtime cannot see;
 * startup: launcher start -> both ranks completed their first step.
 
     python benchmarks/recovery_downtime.py              # 256 MB and 1 GB, 3 repetitions
@@ -243,6 +247,16 @@ class Events:
         ts = [self.first(r, event, min_attempt) for r in range(ranks)]
         return max(e[3] for e in ts if e is not None) if all(ts) else None
 
+    def nth_all(self, event: str, ranks: int, n: int, min_attempt: int = 0) -> float | None:
+        """When every rank had logged `event` `n` times (in attempts >= min_attempt), or None."""
+        ts = []
+        for r in range(ranks):
+            hits = [e[3] for e in self.by_rank.get(r, []) if e[0] == event and e[1] >= min_attempt]
+            if len(hits) < n:
+                return None
+            ts.append(hits[n - 1])
+        return max(ts)
+
     def last(self, rank: int) -> tuple[str, int, int, float] | None:
         lines = self.by_rank.get(rank, [])
         return lines[-1] if lines else None
@@ -389,6 +403,7 @@ class Trial:
     startup_s: float | None = None
     step_s: float | None = None  # steady step time before the kill, checkpoint included
     downtime_s: float | None = None
+    lost_s: float | None = None  # kill -> N steps after the restart, minus N steady steps
     breakdown: dict[str, float] = field(default_factory=dict)
     stuck_at: str = ""  # where each rank's log stopped, when it did not recover
     loaded: str = ""  # how the restarted ranks got their state: loaded-memory, loaded-disk, fresh
@@ -403,6 +418,7 @@ def run_trial(
     size_mb: int,
     *,
     steady_steps: int = 3,
+    after_steps: int = 5,
     settle_s: float = 10.0,
     start_timeout_s: float = 180.0,
     recover_timeout_s: float = 180.0,
@@ -467,6 +483,12 @@ def run_trial(
         if all(loads):
             trial.breakdown["state loaded"] = max(x[3] for x in loads if x is not None) - t_kill
             trial.loaded = ",".join(sorted({x[0] for x in loads if x is not None}))
+        ev, status = job.wait_for(
+            lambda e: e.nth_all("step", 2, after_steps, min_attempt=1) is not None, recover_timeout_s
+        )
+        t_after = ev.nth_all("step", 2, after_steps, min_attempt=1)
+        if t_after is not None and trial.step_s is not None:
+            trial.lost_s = t_after - t_kill - after_steps * trial.step_s
         status = job.stop(stop_timeout_s)
         if status != "ok":
             trial.outcome = f"recovered, then {status}"
@@ -513,10 +535,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", type=int, default=3, help="repetitions per launcher and size")
     p.add_argument("--also-dlrover-disk", action="store_true", help="add dlrover-run with torch.save to disk")
     p.add_argument(
-        "--also-breakpoint",
+        "--also-hold",
         action="store_true",
-        help="add --prewarm=torch --save-at-breakpoint (the failure persist at once, not after the restore)",
+        help="add --prewarm=torch --failure-persist-hold=30 (the failure persist after the restore)",
     )
+    p.add_argument("--after-steps", type=int, default=5, help="steps after the restart that time lost covers")
     p.add_argument("--settle-s", type=float, default=10.0, help="least time from the first step to the kill")
     p.add_argument("--only", default="", help="run only the launchers whose label contains this text")
     p.add_argument("--recover-timeout-s", type=float, default=60.0, help="bound on one recovery; past it: a hang")
@@ -530,8 +553,8 @@ def main(argv: list[str] | None = None) -> int:
         ("dlrover-run", "flash", ["--prewarm=torch"]),
         ("torchrun", "disk", []),
     ]
-    if args.also_breakpoint:
-        configs.insert(2, ("dlrover-run", "flash", ["--prewarm=torch", "--save-at-breakpoint"]))
+    if args.also_hold:
+        configs.insert(2, ("dlrover-run", "flash", ["--prewarm=torch", "--failure-persist-hold=30"]))
     if args.also_dlrover_disk:
         configs.append(("dlrover-run", "disk", []))
     if args.only:
@@ -543,7 +566,13 @@ def main(argv: list[str] | None = None) -> int:
         for rep in range(runs):
             for launcher, mode, extra in configs:  # interleaved so all see the same machine load
                 t = run_trial(
-                    launcher, mode, size, recover_timeout_s=args.recover_timeout_s, settle_s=args.settle_s, extra=extra
+                    launcher,
+                    mode,
+                    size,
+                    recover_timeout_s=args.recover_timeout_s,
+                    settle_s=args.settle_s,
+                    after_steps=args.after_steps,
+                    extra=extra,
                 )
                 results.append(t)
                 leaks += t.leaks
@@ -551,6 +580,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(
                     f"  {size:>5} MB rep {rep} {_label(launcher, mode, extra):<34} {t.outcome:<10} "
                     f"startup={_fmt(t.startup_s)} step={_fmt(t.step_s)} downtime={_fmt(t.downtime_s)} "
+                    f"lost={_fmt(t.lost_s)} "
                     f"[{bd}] {t.loaded}{t.stuck_at}",
                     flush=True,
                 )
@@ -558,11 +588,12 @@ def main(argv: list[str] | None = None) -> int:
                     print("    launcher tail:\n      " + t.tail.replace("\n", "\n      "), flush=True)
     print(
         "\n| state/rank | launcher + checkpoint | recovered | startup s (median) | step s | downtime s (median) "
-        "| downtime min..max | ratio vs torchrun |"
+        "| downtime min..max | ratio vs torchrun | time lost s (median) | lost vs torchrun |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for size in sizes:
         base = _median([t.downtime_s for t in results if t.size_mb == size and t.launcher == "torchrun"])
+        lost_base = _median([t.lost_s for t in results if t.size_mb == size and t.launcher == "torchrun"])
         for launcher, mode, extra in configs:
             ts = [t for t in results if t.size_mb == size and t.label == _label(launcher, mode, extra)]
             dts = [t.downtime_s for t in ts if t.downtime_s is not None]
@@ -571,9 +602,12 @@ def main(argv: list[str] | None = None) -> int:
             rng = f"{min(dts):.2f}..{max(dts):.2f}" if dts else "-"
             ok = sum(t.outcome == "ok" for t in ts)
             label = _label(launcher, mode, extra)
+            lost = _median([t.lost_s for t in ts])
+            lost_ratio = f"{lost / lost_base:.2f}x" if lost is not None and lost_base else "-"
             print(
                 f"| {size} MB | {label} | {ok}/{len(ts)} | {_fmt(_median([t.startup_s for t in ts]))} "
-                f"| {_fmt(_median([t.step_s for t in ts]))} | {_fmt(med)} | {rng} | {ratio} |"
+                f"| {_fmt(_median([t.step_s for t in ts]))} | {_fmt(med)} | {rng} | {ratio} | {_fmt(lost)} "
+                f"| {lost_ratio} |"
             )
     left = shm_leftovers()
     print(f"\nleaks during runs: {leaks or 'none'}; /dev/shm bench segments now: {left or 'none'}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -102,11 +103,10 @@ def test_the_demo_recovers_from_memory_without_losing_or_repeating_a_sample(tmp_
         after_kill = [e["step"] for e in _lines(run_dir / "samples" / f"rank{r}.jsonl") if e["attempt"] > 0]
         assert min(after_kill) == resumed + 1, f"rank {r}"
 
-    # The agent held the failure persist back while the restarted workers restored, then ran it.
+    # The agent's saver persisted the step the kill left in memory (nobody asked it to), unless
+    # the regular schedule had persisted it already.
     agent_log = (run_dir / "dlrover-run.log").read_text()
-    held_at = agent_log.find("flashckpt failure_persist_held")
-    assert held_at >= 0, agent_log[-4000:]
-    assert agent_log.find("flashckpt failure_persist_released", held_at) > held_at, agent_log[-4000:]
+    assert re.search(rf"flashckpt failure_persist step=(-1|{resumed}): ", agent_log), agent_log[-4000:]
 
     # The persisted checkpoint is where the summary says, and nothing is left behind.
     assert json.loads((Path(summary["checkpoint"]) / "tracker.json").read_text())

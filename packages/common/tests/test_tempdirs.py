@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from dlrover.common import ProcessIdentity, owned_temp_dir, pid_namespace, remove_dead_owners
+from dlrover.common import ProcessIdentity, owned_temp_dir, pid_scope, remove_dead_owners
 
 pytestmark = [
     pytest.mark.timeout(60),
@@ -36,9 +36,9 @@ def dead() -> ProcessIdentity:
     return identity
 
 
-def _named(root: Path, owner: ProcessIdentity, namespace: int | None = None, rest: str = "abc123_x") -> Path:
-    namespace = pid_namespace() if namespace is None else namespace
-    return root / f"{PREFIX}{owner.pid}-{owner.start_ticks}-{namespace}-{rest}"
+def _named(root: Path, owner: ProcessIdentity, scope: int | None = None, rest: str = "abc123_x") -> Path:
+    scope = pid_scope() if scope is None else scope
+    return root / f"{PREFIX}{owner.pid}-{owner.start_ticks}-{scope}-{rest}"
 
 
 def _dir_of(root: Path, owner: ProcessIdentity, **kwargs: object) -> Path:
@@ -56,7 +56,7 @@ def test_an_owned_dir_is_private_named_after_this_process_and_removed_on_exit(tm
     assert me is not None
     with owned_temp_dir(PREFIX, dir=tmp_path) as path:
         assert path.parent == tmp_path
-        assert path.name.startswith(f"{PREFIX}{me.pid}-{me.start_ticks}-{pid_namespace()}-")
+        assert path.name.startswith(f"{PREFIX}{me.pid}-{me.start_ticks}-{pid_scope()}-")
         assert stat.S_IMODE(path.stat().st_mode) == 0o700
         (path / "nested").mkdir()
         (path / "nested" / "file").write_text("x")
@@ -146,17 +146,17 @@ def test_a_reused_pid_does_not_keep_the_dead_owner_s_dir(tmp_path: Path) -> None
     ],
 )
 def test_a_name_that_does_not_parse_is_left_alone(tmp_path: Path, name: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    name = name.replace("56", str(pid_namespace()))
+    name = name.replace("56", str(pid_scope()))
     (tmp_path / name).mkdir()
     monkeypatch.setattr(ProcessIdentity, "alive", lambda self: False)  # every parsed owner is dead
     assert remove_dead_owners(PREFIX, dir=tmp_path) == []
     assert (tmp_path / name).is_dir()
 
 
-def test_a_dir_of_another_pid_namespace_is_left_alone(tmp_path: Path, dead: ProcessIdentity) -> None:
-    namespace = pid_namespace()
-    assert namespace is not None
-    other = _dir_of(tmp_path, dead, namespace=namespace + 1)
+def test_a_dir_of_another_host_or_pid_namespace_is_left_alone(tmp_path: Path, dead: ProcessIdentity) -> None:
+    scope = pid_scope()
+    assert scope is not None
+    other = _dir_of(tmp_path, dead, scope=scope + 1)
     assert remove_dead_owners(PREFIX, dir=tmp_path) == []
     assert other.is_dir()
 

@@ -143,6 +143,34 @@ def test_the_host_says_which_ranks_sealed_a_snapshot_since_a_time(shm: Path, tmp
         host.stop(remove_memory=True)
 
 
+def test_the_agent_releases_held_failure_persists(shm: Path, tmp_path: Path) -> None:
+    # A worker died with a hold configured; the node's ranks then change, and the agent says so.
+    host = SaverHost(
+        SaverHostConfig(
+            str(host_socket_path(shm)), stop_timeout_s=WAIT_S, drain_timeout_s=5.0, failure_persist_hold_s=3600.0
+        ),
+        storage_factory=lambda _dir: InMemoryStorage(),
+    )
+    host.start()
+    try:
+        request = _request(shm, tmp_path)
+        hosted = request_saver(host.socket_path, request)
+        saver = host.saver(request.job_id, request.run_id)
+        assert saver is not None
+        client = SaverClient(hosted.path, 0, 2)
+        client._sock.shutdown(socket.SHUT_RDWR)  # the process died: no 'bye'
+        client._reader.join(WAIT_S)
+        client.close()
+        _wait_until(lambda: "failure_persist_held" in saver.events.kinds())
+        assert "failure_persist_released" not in saver.events.kinds()
+        host.release_held_failures("this node's ranks changed")
+        _wait_until(lambda: "failure_persist" in saver.events.kinds())  # it ran (nothing to persist here)
+        released = [e for e in saver.events.snapshot() if e.kind == "failure_persist_released"]
+        assert [e.reason for e in released] == ["this node's ranks changed"]
+    finally:
+        host.stop(remove_memory=True)
+
+
 def test_a_resize_replaces_the_saver_and_keeps_the_memory(host: SaverHost, shm: Path, tmp_path: Path) -> None:
     request_saver(host.socket_path, _request(shm, tmp_path, world_size=2))
     old = host.saver("job", "run")

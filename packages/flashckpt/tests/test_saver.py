@@ -290,6 +290,7 @@ def test_failure_persist_waits_until_the_restarted_ranks_train(job_id: str) -> N
         node.restart(1)
         clock.advance(1.0)
         node.save(0, 3)
+        _wait_until(lambda: node.saver.ranks_sealed_since(3.0) == frozenset({0}))  # the saver saw it
         assert node.saver.wait_idle(WAIT_S)
         assert "failure_persist_released" not in node.saver.events.kinds()  # rank 1 is not back yet
         node.save(1, 3)
@@ -307,6 +308,7 @@ def test_failure_persist_hold_ends_after_its_bound(job_id: str) -> None:
     clock = ManualClock()
     node = _held_node(job_id, clock)
     try:
+        clock.advance(1.0)
         node.kill(1)
         _wait_until(lambda: "failure_persist_held" in node.saver.events.kinds())
         clock.advance(29.0)
@@ -319,7 +321,7 @@ def test_failure_persist_hold_ends_after_its_bound(job_id: str) -> None:
         _close_held_node(node)
 
 
-@pytest.mark.parametrize("how", ["persist_newest", "stop"])
+@pytest.mark.parametrize("how", ["persist_newest", "release_held", "stop"])
 def test_held_failure_persist_runs_at_once_when_the_saver_stops(job_id: str, how: str) -> None:
     clock = ManualClock()
     node = _held_node(job_id, clock)
@@ -329,6 +331,9 @@ def test_held_failure_persist_runs_at_once_when_the_saver_stops(job_id: str, how
         _wait_until(lambda: "failure_persist_held" in node.saver.events.kinds())
         if how == "persist_newest":
             node.saver.persist_newest()
+            _wait_until(lambda: "committed" in node.saver.events.kinds())
+        elif how == "release_held":  # the agent's node ranks changed
+            node.saver.release_held("this node's ranks changed")
             _wait_until(lambda: "committed" in node.saver.events.kinds())
         else:
             node.close()

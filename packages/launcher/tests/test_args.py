@@ -73,8 +73,8 @@ def test_dlrover_flags() -> None:
     )
     assert cfg.standalone
     assert cfg.save_at_breakpoint
-    assert cfg.failure_persist_hold_s == 0.0  # persist at the failure, before the restart
-    assert parse_args(["t.py"]).failure_persist_hold_s == 30.0
+    assert cfg.failure_persist_hold_s == 0.0  # persist at the failure, while the workers restart
+    assert parse_args(["t.py"]).failure_persist_hold_s == 0.0
     assert parse_args(["--failure-persist-hold=5", "t.py"]).failure_persist_hold_s == 5.0
     assert cfg.master_lost_timeout_s == 60.0
     assert cfg.heartbeat_interval_s == 0.5
@@ -167,7 +167,8 @@ def test_auto_config_uses_visible_accelerators() -> None:
         (["--checkpoint-stop-timeout=0", "t.py"], "checkpoint-stop-timeout"),
         (["--checkpoint-stop-timeout=inf", "t.py"], "checkpoint-stop-timeout must be a finite number"),
         (["--prewarm-refill-after=-1", "t.py"], "--prewarm-refill-after must be at least 0"),
-        (["--save-at-breakpoint", "--failure-persist-hold=-1", "t.py"], "--failure-persist-hold must be at least 0"),
+        (["--failure-persist-hold=-1", "t.py"], "--failure-persist-hold must be at least 0"),
+        (["--save-at-breakpoint", "--failure-persist-hold=5", "t.py"], "give one of them"),
         (["--failure-persist-hold=inf", "t.py"], "--failure-persist-hold must be a finite"),
         (["--prewarm=torch", "--no-python", "t.sh"], "cannot be used with --no-python"),
         (["--prewarm=torch", "--run-path", "t.py"], "cannot be used with --run-path"),

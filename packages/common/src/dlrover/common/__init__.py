@@ -33,7 +33,13 @@ if TYPE_CHECKING:
     from dlrover.common.lazy import lazy_export_problems, modules_loaded_by
     from dlrover.common.log import JsonLinesFormatter, configure_logging
     from dlrover.common.ping import PingServicer, add_ping_service
-    from dlrover.common.process import ProcessIdentity, pid_namespace, proc_stat_fields, process_start_ticks
+    from dlrover.common.process import (
+        ProcessIdentity,
+        pid_namespace,
+        pid_scope,
+        proc_stat_fields,
+        process_start_ticks,
+    )
     from dlrover.common.retry import RETRYABLE_CODES, RetryPolicy, RpcError, call_unary
     from dlrover.common.server import DEFAULT_MAX_MESSAGE_BYTES, GrpcServer, ServerConfig, format_host_port
     from dlrover.common.tempdirs import owned_temp_dir, remove_dead_owners
@@ -75,6 +81,7 @@ _EXPORTS: dict[str, str] = {
     "add_ping_service": "dlrover.common.ping",
     "ProcessIdentity": "dlrover.common.process",
     "pid_namespace": "dlrover.common.process",
+    "pid_scope": "dlrover.common.process",
     "proc_stat_fields": "dlrover.common.process",
     "process_start_ticks": "dlrover.common.process",
     "RETRYABLE_CODES": "dlrover.common.retry",
@@ -135,6 +142,7 @@ __all__ = [
     "non_negative_int",
     "owned_temp_dir",
     "pid_namespace",
+    "pid_scope",
     "port",
     "positive",
     "positive_finite",

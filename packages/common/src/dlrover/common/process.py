@@ -14,7 +14,7 @@ import attrs
 
 from dlrover.common.validators import non_negative_int, positive_int
 
-__all__ = ["ProcessIdentity", "pid_namespace", "proc_stat_fields", "process_start_ticks"]
+__all__ = ["ProcessIdentity", "pid_namespace", "pid_scope", "proc_stat_fields", "process_start_ticks"]
 
 # Indices into `proc_stat_fields` (proc(5) field numbers minus 3: the pid and command come first).
 _STATE = 0
@@ -72,6 +72,24 @@ def pid_namespace() -> int | None:
         return os.stat("/proc/self/ns/pid").st_ino
     except OSError:
         return None
+
+
+def pid_scope() -> int | None:
+    """An id of the set of processes whose pids this process can judge, None if unknown.
+
+    That is this boot of this host (the kernel's random ``boot_id``) and this pid namespace. The
+    namespace alone is not enough where a directory is shared between hosts (a cluster's /tmp on
+    a network filesystem): the initial pid namespace has the same inode on every Linux host.
+    """
+    namespace = pid_namespace()
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = int(f.read().strip().replace("-", "")[:8], 16)
+    except (OSError, ValueError):
+        return None
+    if namespace is None:
+        return None
+    return (boot << 32) | (namespace & 0xFFFFFFFF)
 
 
 @attrs.frozen

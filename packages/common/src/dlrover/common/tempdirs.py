@@ -5,12 +5,13 @@ SIGKILL (a test killing an agent, the OOM killer, a node failure) never reaches:
 holding a secret such as the job token, stays in /tmp for good. `owned_temp_dir` names the dir
 after its owner instead::
 
-    <tempdir>/<prefix><pid>-<start ticks>-<pid namespace>-<random>
+    <tempdir>/<prefix><pid>-<start ticks>-<pid scope>-<random>
 
 and `remove_dead_owners`, run by the next process that uses the same prefix, removes every such
 dir whose owner no longer runs. It is careful, as it deletes in a shared directory: only real
 directories (never a symlink, never followed), only of the current user, only of an owner in
-this pid namespace that is known to be gone (pid and start time, see
+this pid scope (this boot of this host, this pid namespace: `dlrover.common.process.pid_scope`)
+that is known to be gone (pid and start time, see
 `dlrover.common.process.ProcessIdentity`); a name in any other shape is left alone. Two processes
 sweeping at once is fine: what the other one removed first is skipped.
 """
@@ -28,7 +29,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from dlrover.common.process import ProcessIdentity, pid_namespace
+from dlrover.common.process import ProcessIdentity, pid_scope
 
 __all__ = ["owned_temp_dir", "remove_dead_owners"]
 
@@ -68,8 +69,8 @@ def owned_temp_dir(prefix: str, dir: str | Path | None = None) -> Iterator[Path]
         OSError: the directory cannot be created.
     """
     _check_prefix(prefix)
-    me, namespace = ProcessIdentity.current(), pid_namespace()
-    named = prefix if me is None or namespace is None else f"{prefix}{me.pid}-{me.start_ticks}-{namespace}-"
+    me, scope = ProcessIdentity.current(), pid_scope()
+    named = prefix if me is None or scope is None else f"{prefix}{me.pid}-{me.start_ticks}-{scope}-"
     path = Path(tempfile.mkdtemp(prefix=named, dir=dir))  # mkdtemp creates it 0700
     try:
         yield path
@@ -82,10 +83,10 @@ def owned_temp_dir(prefix: str, dir: str | Path | None = None) -> Iterator[Path]
 def remove_dead_owners(prefix: str, dir: str | Path | None = None) -> list[Path]:
     """Remove the dirs `owned_temp_dir` made with `prefix` whose owner process is gone.
 
-    A dir is removed only if its name parses (prefix, pid, start ticks, pid namespace), the owner
-    is in this process's pid namespace and no longer runs, and it is a real directory (not a
-    symlink, which is never followed) owned by the current user. Errors removing one dir are
-    logged and the sweep goes on; a dir another process removes at the same time is skipped.
+    A dir is removed only if its name parses (prefix, pid, start ticks, pid scope), the owner is
+    in this process's pid scope (same host boot, same pid namespace) and no longer runs, and it is
+    a real directory (not a symlink, which is never followed) owned by the current user. Errors
+    removing one dir are logged and the sweep goes on; a dir another process removes at the same time is skipped.
 
     Args:
         prefix: the prefix given to `owned_temp_dir`.
@@ -98,8 +99,8 @@ def remove_dead_owners(prefix: str, dir: str | Path | None = None) -> list[Path]
         ValueError: the prefix is empty, too long or has other characters.
     """
     pattern = _owner_pattern(_check_prefix(prefix))
-    namespace = pid_namespace()
-    if namespace is None:
+    scope = pid_scope()
+    if scope is None:
         return []  # owners cannot be judged: keep everything
     root = Path(tempfile.gettempdir() if dir is None else dir)
     try:
@@ -113,8 +114,8 @@ def remove_dead_owners(prefix: str, dir: str | Path | None = None) -> list[Path]
         match = pattern.fullmatch(entry.name)
         if match is None:
             continue
-        pid, ticks, owner_namespace = (int(g) for g in match.groups())
-        if owner_namespace != namespace or pid == 0:
+        pid, ticks, owner_scope = (int(g) for g in match.groups())
+        if owner_scope != scope or pid == 0:
             continue
         try:
             info = entry.stat(follow_symlinks=False)

@@ -32,9 +32,12 @@ that step, so the restored log history lacks the snapshot step's own entry, and 
 from the global RNGs in between (an evaluation's data loader) is not replayed. Callback states
 other than the Trainer's ``TrainerControl`` are those of the training start (callbacks do not see
 each other). The fp16 loss scaler is not captured (bf16 and fp32 need none). Plain PyTorch models
-only: DeepSpeed and FSDP load checkpoints their own way. ``DIR`` briefly holds a copy of the
-weights in host memory; it is removed in ``on_train_begin``, when the callback is collected or the
-process exits, and by the next ``prepare_resume`` of any job once its owner was killed.
+only: DeepSpeed and FSDP load checkpoints their own way. With ``ignore_data_skip`` the RNG is
+restored at the epoch's start (transformers restores none in that case). ``DIR`` briefly holds a
+copy of the weights in host memory, one per local rank (plan that much room in ``shm_dir``); it is
+removed in ``on_train_begin``, when the callback is collected or the process exits, and by the
+next ``prepare_resume`` of any job once its owner was killed. Resuming needs transformers 5 (4.x
+reads ``model.safetensors`` only with ``save_safetensors=True``).
 
 Import this module only where transformers is installed (``pip install dlrover-flashckpt[hf]``).
 """

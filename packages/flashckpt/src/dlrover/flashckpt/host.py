@@ -327,6 +327,15 @@ class SaverHost:
         savers = self._serving  # replaced whole under the lock, read without it
         return frozenset().union(*(s.ranks_sealed_since(since) for s in savers))
 
+    def release_held_failures(self, reason: str) -> None:
+        """Start every held failure persist now (see `SaverHostConfig.failure_persist_hold_s`).
+
+        The agent calls it when its workers' ranks or the world size change: a replaced saver no
+        longer commits, and ranks that moved to another node never seal here again.
+        """
+        for saver in self._serving:  # replaced whole under the lock, read without it
+            saver.release_held(reason)
+
     def runs(self) -> dict[tuple[str, str], SaverRequest]:
         """The runs served now and the request each saver was started for."""
         with self._lock:

@@ -68,13 +68,16 @@ class SaverConfig:
         num_slots: slots per rank.
         coordinator: whether this saver moves the tracker (one saver per job does).
         persist_on_failure: persist the newest common snapshot when a training process dies.
-        failure_persist_hold_s: 0 (the default): that persist starts at once. Otherwise it is
-            held back while the restarted processes restore, so it does not take CPU and memory
-            bandwidth from them: it starts once every rank has sealed a snapshot again, or this
-            long after the death, whichever comes first, and at once on `persist_newest` or
-            `stop`. It persists the step every rank held at the death if still in memory (the
-            step other nodes' savers choose too), else the newest common one. Meanwhile the
-            snapshot is only in memory, as between two persists while training.
+        failure_persist_hold_s: 0 (the default): that persist starts at once and overlaps the
+            restart. Otherwise it is held back while the restarted processes restore, so it does
+            not take CPU and memory bandwidth from them on a node with few cores: it starts once
+            every rank has sealed a snapshot again, or this long after the death, whichever comes
+            first, and at once on `release_held`, `persist_newest` or `stop`. It persists the
+            step every rank held at the death if still in memory (the step other nodes' savers
+            usually choose too), else the newest common one. The costs: meanwhile the snapshot
+            is only in memory, as between two persists while training; and the persist then
+            holds that step's slot while training runs, so with two slots the processes' next
+            save but one waits for it (the stager's `busy_policy`).
         lock_timeout_s: how long a persist waits for a slot the stager is still sealing.
         poll_interval_s: how often waits re-check (slot locks, the accept loop's stop flag).
         commit_poll_interval_s: how often the coordinator re-checks steps waiting for ranks that
@@ -164,6 +167,7 @@ class Saver:
         self._persisted: set[tuple[int, int]] = set()
         self._pending: set[int] = set()  # steps waiting for other savers' ranks (worker thread only)
         self._hold = FailureHold(config.failure_persist_hold_s)  # under _lock
+        self._stopping = False  # under _lock: set by `stop`, after which nothing is held
         self._threads: list[threading.Thread] = []
         self._listener: socket.socket | None = None
         self._socket_ino: int | None = None  # the socket file this saver bound (not a successor's)
@@ -239,7 +243,11 @@ class Saver:
         self._queue.put(job)
 
     def wait_idle(self, timeout_s: float) -> bool:
-        """Wait until no persist is queued or running; False on timeout."""
+        """Wait until no persist is queued or running; False on timeout.
+
+        A held failure persist (`SaverConfig.failure_persist_hold_s`) is not counted until it is
+        released; `stop` releases it first.
+        """
         with self._idle:
             return self._idle.wait_for(lambda: self._busy == 0, timeout=timeout_s)
 
@@ -285,7 +293,9 @@ class Saver:
         """
         if uncap:
             self._uncap()
-        self._release_held("the saver stops")
+        with self._lock:
+            self._stopping = True  # a process that dies from now on is persisted at once
+        self.release_held("the saver stops")
         self.wait_idle(timeout_s)
         self._stop.set()
         self._queue.put(None)
@@ -350,17 +360,19 @@ class Saver:
         except (ChannelError, OSError) as e:
             self._record("channel_error", -1, f"connection of rank {conn.rank}: {e}")
         finally:
-            # The failure persist is queued before the connection leaves the list, so a host that
-            # sees no connection left also sees the persist in `wait_idle`.
+            with self._lock:
+                # A process that left is not training, unless its successor already said hello;
+                # forgotten before a hold starts, so its old seal cannot end the hold.
+                if conn.rank is not None and not any(c.rank == conn.rank for c in self._conns if c is not conn):
+                    self._sealed_at.pop(conn.rank, None)
+            # The failure persist is queued (or held) before the connection leaves the list, so a
+            # host that sees no connection left also sees it: in `wait_idle`, or released by `stop`.
             if conn.rank is not None and not conn.clean and not self._stop.is_set():
                 self._record("stager_lost", -1, f"rank {conn.rank} disconnected without 'bye': process died?")
                 if self.config.persist_on_failure:
                     self._on_stager_lost()
             with self._lock:
                 self._conns.remove(conn)
-                # A process that left is not training, unless its successor already said hello.
-                if conn.rank is not None and not any(c.rank == conn.rank for c in self._conns):
-                    self._sealed_at.pop(conn.rank, None)
             conn.sock.close()
 
     def _handle(self, conn: _Conn, msg: dict[str, Any]) -> None:
@@ -408,6 +420,7 @@ class Saver:
                     self._persist_and_reply(job)
                 else:
                     self._persist_on_failure(None if job.step < 0 else job.step)
+                self._release_held_if_due()  # a steady stream of jobs must not stretch the hold
             except Exception as e:  # a bug must not kill the worker: report it and go on
                 reason = f"unexpected error: {e!r}"
                 self._record("persist_failed", job.step, reason)
@@ -538,15 +551,22 @@ class Saver:
 
     def _on_stager_lost(self) -> None:
         """A training process died: persist its newest snapshot now, or hold the persist back."""
-        if self.config.failure_persist_hold_s <= 0:
-            self._submit(_Job("failure"))
-            return
         with self._lock:
             ranks = set(self._ranks)
+            at_once = self.config.failure_persist_hold_s <= 0 or self._stopping
+        if at_once:
+            self._submit(_Job("failure"))
+            return
         common = newest_common_steps({r: self.held_steps(r) for r in ranks}, ranks)
         with self._lock:
-            held = self._hold.lost(self._clock.now(), max(common) if common else None)
-        if held is not None:
+            if self._stopping:  # `stop` began meanwhile: it releases only what was held before
+                held = None
+                at_once = True
+            else:
+                held = self._hold.lost(self._clock.now(), max(common) if common else None)
+        if at_once:
+            self._submit(_Job("failure"))
+        elif held is not None:
             self._record(
                 "failure_persist_held",
                 -1 if held.step is None else held.step,
@@ -559,7 +579,12 @@ class Saver:
         if due is not None:
             self._run_held(*due)
 
-    def _release_held(self, reason: str) -> None:
+    def release_held(self, reason: str) -> None:
+        """Run a held failure persist now, if one is held (`SaverConfig.failure_persist_hold_s`).
+
+        The agent calls it when the job's membership changes: the run's saver may be replaced
+        then, and a replaced saver no longer commits.
+        """
         with self._lock:
             held = self._hold.release()
         if held is not None:

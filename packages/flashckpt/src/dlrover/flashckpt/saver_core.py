@@ -25,7 +25,8 @@ def choose_failure_step(
             not persisted either).
         preferred: the step to persist if every rank still holds it, even when a newer one is
             common: the step chosen when the failure happened (see `HeldFailure`), which the
-            other nodes' savers choose too, so their rank files make one complete checkpoint.
+            other nodes' savers usually choose too (each releases its hold at its own time), so
+            their rank files make one complete checkpoint.
 
     Returns:
         (step, reason), or (None, reason) when there is nothing to do.

@@ -154,7 +154,10 @@ def dcp_grouped(flat: Mapping[str, torch.Tensor]) -> dict[str, Any]:
     ``{"model.0.weight": t}`` is, and is loaded by a flat or a nested template alike. The grouping
     matters for speed alone: ``save`` makes a logged call per *top-level* entry (about 0.1 ms each
     on the 2-core development machine: 0.05-0.1 s for the ~700 tensors of the 1 GB FSDP2 + AdamW
-    state of ``benchmarks/flashckpt_sharded.py``), as much as the rest of its planning.
+    state of ``benchmarks/flashckpt_sharded.py``), as much as the rest of its planning. One
+    difference shows: a reader *without* a template (``dcp_to_torch_save``) rebuilds the nesting
+    of the save, ``{"model": {"0.weight": t}}``, where checkpoints written before this grouping
+    give the flat ``{"model.0.weight": t}``; `ShardedCheckpointer` always loads with a template.
 
     Args:
         flat: tensors by DCP key (see `ShardedSplit.dcp`).

@@ -15,7 +15,7 @@ from pathlib import Path
 import attrs
 
 from dlrover.common import Clock, DLRoverError, SystemClock
-from dlrover.common.validators import non_negative, positive
+from dlrover.common.validators import non_negative, non_negative_finite, positive
 from dlrover.flashckpt.host import SaverHost, SaverHostConfig, host_socket_path
 from dlrover.flashckpt.segment import DEFAULT_SHM_DIR
 from dlrover.launcher.control import ControlPlane, FailureDecision, FailureReport, Progress, RoundAssignment
@@ -73,10 +73,13 @@ class AgentConfig:
             their shared memory is removed when the agent exits.
         checkpoint_shm_dir: where the saver host's socket lives (named so `cleanup_stale`
             removes it if the agent is killed).
-        failure_persist_hold_s: after a worker dies, how long the savers may hold back the
-            persist of the newest snapshot while the restarted workers restore from memory (it
-            starts once every rank has sealed a snapshot again, or after this long, or at exit);
-            0 persists at once, before the restart (`--save-at-breakpoint`).
+        failure_persist_hold_s: 0 (the default): when a worker dies, the savers persist the
+            newest snapshot every local rank holds at once, while the workers restart. Otherwise
+            they hold that persist back while the restarted workers restore from memory, so it
+            does not take CPU from them on a node with few cores: until every rank has sealed a
+            snapshot again, this long, the node's ranks change, or the agent exits. The persist
+            then takes a slot the workers' next-but-one save may wait for (see
+            `dlrover.flashckpt.SaverConfig`).
         checkpoint_stop_timeout_s: at exit, bound on finishing the savers' persists (on a
             failure or stop: the newest snapshot) before the memory is removed.
         prewarm_modules: modules that standby interpreters import ahead of time, so workers
@@ -106,7 +109,7 @@ class AgentConfig:
     host_checkpoint_saver: bool = True
     checkpoint_shm_dir: str = DEFAULT_SHM_DIR
     checkpoint_stop_timeout_s: float = attrs.field(default=120.0, validator=positive)
-    failure_persist_hold_s: float = attrs.field(default=30.0, validator=non_negative)
+    failure_persist_hold_s: float = attrs.field(default=0.0, validator=non_negative_finite)
     prewarm_modules: tuple[str, ...] = ()
     prewarm_refill_after_s: float = attrs.field(default=30.0, validator=non_negative)
 
@@ -169,6 +172,7 @@ class Agent:
         self._saver_host: SaverHost | None = None
         # (when, global ranks) of the workers whose start used the standbys not yet replaced.
         self._refill_pending: tuple[float, frozenset[int]] | None = None
+        self._layout: tuple[int, int] | None = None  # (node rank, nodes) of the last workers started
 
     def request_stop(self, reason: str) -> None:
         """Ask the loop to stop its workers and exit (safe from a signal handler)."""
@@ -308,6 +312,16 @@ class Agent:
 
     def _run_group(self, assignment: RoundAssignment, restarts: int) -> Step:
         """Start this round's workers, watch them until a step other than CONTINUE, stop them."""
+        layout = (assignment.group_rank, assignment.group_world_size)
+        if self._saver_host is not None and self._layout not in (None, layout):
+            # The ranks this node holds, or the world size, changed: a held failure persist would
+            # wait for ranks that never seal here again, or end on a replaced saver that no longer
+            # commits.
+            self._saver_host.release_held_failures(
+                f"this node's ranks changed (node rank {self._layout[0]} of {self._layout[1]} -> "
+                f"{layout[0]} of {layout[1]})"
+            )
+        self._layout = layout
         group = self._start_workers(assignment, restarts)
         step: Step | None = None
         try:

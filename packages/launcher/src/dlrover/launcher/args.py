@@ -124,7 +124,7 @@ class LaunchConfig:
     network_check_results_timeout_s: float | None = None
     straggler_factor: float = 2.0
     save_at_breakpoint: bool = False
-    failure_persist_hold_s: float = 30.0
+    failure_persist_hold_s: float = 0.0
     node_unit: int = 1
     hang_timeout_s: float = 180.0
     auto_config: bool = False
@@ -256,16 +256,17 @@ def _add_dlrover_options(ours: argparse._ArgumentGroup) -> None:
     _flag(
         ours,
         _both("save-at-breakpoint"),
-        "persist the newest in-memory flash checkpoint as soon as a worker fails, before the workers "
-        "restart (same as --failure-persist-hold 0)",
+        "persist the newest in-memory flash checkpoint as soon as a worker fails, while the workers restart "
+        "(the default; DLRover's flag, accepted so its command lines run unchanged)",
     )
     _option(
         ours,
         _both("failure-persist-hold"),
-        "30",
-        "after a worker fails, the flash checkpoint saver persists the newest in-memory snapshot once every "
-        "restarted worker of the node has saved a checkpoint again (so the persist does not slow their restore "
-        "from memory), or after this many seconds, or when the agent exits, whichever comes first; 0: at once",
+        "0",
+        "seconds the flash checkpoint saver may hold back the persist a worker failure triggers, so that on a "
+        "node with few cores it does not slow the restarted workers' restore from memory: it starts once every "
+        "restarted worker of the node has saved a checkpoint again, or after this long, or when the node's ranks "
+        "change or the agent exits; the workers' next-but-one save may then wait for it; 0: at once",
     )
     _option(ours, _both("node-unit"), "1", "the world holds a multiple of this many nodes")
     _option(
@@ -424,6 +425,11 @@ def parse_args(
     node_rank = None if ns.node_rank in (None, "") else int(_number(ns.node_rank, "--node-rank", int, 0))
     master_port = None if ns.master_port in (None, "") else int(_number(ns.master_port, "--master-port", int, 1))
     failure_persist_hold_s = _finite(ns.failure_persist_hold, "--failure-persist-hold", 0.0)
+    if ns.save_at_breakpoint and failure_persist_hold_s:
+        raise ConfigError(
+            f"--save-at-breakpoint persists at once, --failure-persist-hold={ns.failure_persist_hold} holds "
+            "the persist back: give one of them"
+        )
     filters = tuple(int(_number(r, "--local-ranks-filter", int, 0)) for r in str(ns.local_ranks_filter).split(",") if r)
     return LaunchConfig(
         nodes=nodes,
@@ -456,7 +462,7 @@ def parse_args(
         network_check_results_timeout_s=results_timeout_s,
         straggler_factor=straggler_factor,
         save_at_breakpoint=ns.save_at_breakpoint,
-        failure_persist_hold_s=0.0 if ns.save_at_breakpoint else failure_persist_hold_s,
+        failure_persist_hold_s=failure_persist_hold_s,
         node_unit=node_unit,
         hang_timeout_s=float(_number(ns.hang_timeout, "--hang-timeout", float, 0.0)),
         auto_config=ns.auto_config,
