@@ -21,7 +21,9 @@ directly. Measured per repetition:
 * time lost: over the kill and the first ``--after-steps`` steps after the restart, the time
   beyond what those steps take in steady state, ``t(both ranks completed step N after the
   restart) - t(kill) - N * step``; it also counts what slows the steps right after the restart
-  (a persist still running beside them), which the downtime cannot see;
+  (a persist still running beside them), which the downtime cannot see. For ``torchrun`` + disk
+  the steady step is mostly its own ``torch.save``, whose speed swings with the page cache, so
+  its time lost is rough (it can even come out negative; no ratio is printed then);
 * startup: launcher start -> both ranks completed their first step.
 
     python benchmarks/recovery_downtime.py              # 256 MB and 1 GB, 3 repetitions
@@ -603,7 +605,9 @@ def main(argv: list[str] | None = None) -> int:
             ok = sum(t.outcome == "ok" for t in ts)
             label = _label(launcher, mode, extra)
             lost = _median([t.lost_s for t in ts])
-            lost_ratio = f"{lost / lost_base:.2f}x" if lost is not None and lost_base else "-"
+            # torchrun's steady step is mostly its own torch.save, whose speed swings with the page
+            # cache: its "time lost" can come out negative, and then no ratio means anything.
+            lost_ratio = f"{lost / lost_base:.2f}x" if lost is not None and lost_base and lost_base > 0 else "-"
             print(
                 f"| {size} MB | {label} | {ok}/{len(ts)} | {_fmt(_median([t.startup_s for t in ts]))} "
                 f"| {_fmt(_median([t.step_s for t in ts]))} | {_fmt(med)} | {rng} | {ratio} | {_fmt(lost)} "
