@@ -58,6 +58,14 @@ def _one_thread_and_no_dirs_left() -> Iterator[None]:
     assert set(_resume_dirs()) - before == set(), "resume directory left behind"
 
 
+@pytest.fixture
+def ckpt(job_id: str, tmp_path: Path) -> Iterator[FlashCheckpointer]:
+    """A rank's checkpointer without a saver process (persists, if asked, in this process)."""
+    checkpointer = FlashCheckpointer(StagerConfig(job_id=job_id, run_id="r"), str(tmp_path / "ck"), saver="none")
+    yield checkpointer
+    checkpointer.close(job_end=True)
+
+
 class _Data(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
     def __len__(self) -> int:
         return 32
@@ -67,59 +75,51 @@ class _Data(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
         return {"input_ids": ids, "labels": ids}
 
 
-def test_trainer_snapshots_memory_every_step_and_storage_every_two(job_id: str, tmp_path: Path) -> None:
-    ckpt = FlashCheckpointer(StagerConfig(job_id=job_id, run_id="r"), str(tmp_path / "ck"), saver="none")
-    try:
-        callback = FlashCheckpointCallback(ckpt, memory_every=1, storage_every=2)
-        model = _model()
-        args = transformers.TrainingArguments(
-            output_dir=str(tmp_path / "out"),
-            max_steps=4,
-            per_device_train_batch_size=4,
-            learning_rate=1e-2,
-            save_strategy="no",
-            report_to=[],
-            use_cpu=True,
-            logging_steps=1,
-            dataloader_num_workers=0,
-        )
-        trainer = transformers.Trainer(model=model, args=args, train_dataset=_Data(), callbacks=[callback])
-        trainer.train()
-        assert callback.saved_steps == [1, 2, 3, 4]
-        committed, _ = Committer(ckpt.storage).steps()
-        assert committed == [2, 4]
+def test_trainer_snapshots_memory_every_step_and_storage_every_two(ckpt: FlashCheckpointer, tmp_path: Path) -> None:
+    callback = FlashCheckpointCallback(ckpt, memory_every=1, storage_every=2)
+    model = _model()
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path / "out"),
+        max_steps=4,
+        per_device_train_batch_size=4,
+        learning_rate=1e-2,
+        save_strategy="no",
+        report_to=[],
+        use_cpu=True,
+        logging_steps=1,
+        dataloader_num_workers=0,
+    )
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=_Data(), callbacks=[callback])
+    trainer.train()
+    assert callback.saved_steps == [1, 2, 3, 4]
+    committed, _ = Committer(ckpt.storage).steps()
+    assert committed == [2, 4]
 
-        fresh = _model()
-        torch.manual_seed(1)
-        for p in fresh.parameters():
-            p.data.normal_()
-        # A restarted job: a new Trainer builds its optimizer (same parameter groups), then loads.
-        trainer2 = transformers.Trainer(model=fresh, args=args, train_dataset=_Data())
-        opt = trainer2.create_optimizer()
-        trainer_state, loaded = load_trainer_state(ckpt, fresh, opt)
-        assert (loaded.source, loaded.step, trainer_state["global_step"]) == ("memory", 4, 4)
-        # on_step_end runs before the Trainer logs that step: steps 1-3 are in the history.
-        assert [round(e["epoch"], 3) for e in trainer_state["log_history"]] == [0.125, 0.25, 0.375]
-        for (name, a), b in zip(model.state_dict().items(), fresh.state_dict().values(), strict=True):
-            assert torch.equal(a, b), name
-        before = trainer.optimizer.state_dict()["state"]
-        after = opt.state_dict()["state"]
-        assert before.keys() == after.keys()
-        for k in before:
-            assert torch.equal(before[k]["exp_avg"], after[k]["exp_avg"])
-    finally:
-        ckpt.close(job_end=True)
+    fresh = _model()
+    torch.manual_seed(1)
+    for p in fresh.parameters():
+        p.data.normal_()
+    # A restarted job: a new Trainer builds its optimizer (same parameter groups), then loads.
+    trainer2 = transformers.Trainer(model=fresh, args=args, train_dataset=_Data())
+    opt = trainer2.create_optimizer()
+    trainer_state, loaded = load_trainer_state(ckpt, fresh, opt)
+    assert (loaded.source, loaded.step, trainer_state["global_step"]) == ("memory", 4, 4)
+    # on_step_end runs before the Trainer logs that step: steps 1-3 are in the history.
+    assert [round(e["epoch"], 3) for e in trainer_state["log_history"]] == [0.125, 0.25, 0.375]
+    for (name, a), b in zip(model.state_dict().items(), fresh.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name
+    before = trainer.optimizer.state_dict()["state"]
+    after = opt.state_dict()["state"]
+    assert before.keys() == after.keys()
+    for k in before:
+        assert torch.equal(before[k]["exp_avg"], after[k]["exp_avg"])
 
 
-def test_bad_intervals(job_id: str, tmp_path: Path) -> None:
-    ckpt = FlashCheckpointer(StagerConfig(job_id=job_id, run_id="r"), str(tmp_path), saver="none")
-    try:
-        with pytest.raises(StateStructureError, match="memory_every"):
-            FlashCheckpointCallback(ckpt, memory_every=0)
-        with pytest.raises(StateStructureError, match="storage_every"):
-            FlashCheckpointCallback(ckpt, memory_every=2, storage_every=3)
-    finally:
-        ckpt.close(job_end=True)
+def test_bad_intervals(ckpt: FlashCheckpointer) -> None:
+    with pytest.raises(StateStructureError, match="memory_every"):
+        FlashCheckpointCallback(ckpt, memory_every=0)
+    with pytest.raises(StateStructureError, match="storage_every"):
+        FlashCheckpointCallback(ckpt, memory_every=2, storage_every=3)
 
 
 def _args(out: Path) -> Any:
@@ -235,16 +235,14 @@ def test_resume_inside_train_ends_as_a_fault_free_run(
         ckpt.close(job_end=True)
 
 
-def test_no_snapshot_means_training_from_scratch(job_id: str, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    ckpt = FlashCheckpointer(StagerConfig(job_id=job_id, run_id="r"), str(tmp_path / "ck"), saver="none")
-    try:
-        callback = FlashCheckpointCallback(ckpt)
-        with caplog.at_level(logging.INFO, logger="dlrover.flashckpt.hf"):
-            assert callback.prepare_resume(_model()) is None
-        assert "training starts from scratch" in caplog.text
-        assert callback.resumed is None
-    finally:
-        ckpt.close(job_end=True)
+def test_no_snapshot_means_training_from_scratch(
+    ckpt: FlashCheckpointer, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    callback = FlashCheckpointCallback(ckpt)
+    with caplog.at_level(logging.INFO, logger="dlrover.flashckpt.hf"):
+        assert callback.prepare_resume(_model()) is None
+    assert "training starts from scratch" in caplog.text
+    assert callback.resumed is None
 
 
 def _snapshot_of_step_one(ckpt: FlashCheckpointer, tmp_path: Path, model: torch.nn.Module) -> None:
@@ -255,56 +253,44 @@ def _snapshot_of_step_one(ckpt: FlashCheckpointer, tmp_path: Path, model: torch.
     assert callback.saved_steps == [1]
 
 
-def test_a_snapshot_of_another_model_is_refused_and_nothing_is_written(job_id: str, tmp_path: Path) -> None:
-    ckpt = FlashCheckpointer(StagerConfig(job_id=job_id, run_id="r"), str(tmp_path / "ck"), saver="none")
-    try:
-        _snapshot_of_step_one(ckpt, tmp_path, _model(n_embd=16))
-        callback = FlashCheckpointCallback(ckpt)
-        with pytest.raises(StateStructureError, match=r"transformer\.wte\.weight is \(32, 16\).* \(32, 8\)"):
-            callback.prepare_resume(_model(n_embd=8))
-        assert callback.resumed is None
-        assert _resume_dirs() == []
+def test_a_snapshot_of_another_model_is_refused_and_nothing_is_written(ckpt: FlashCheckpointer, tmp_path: Path) -> None:
+    _snapshot_of_step_one(ckpt, tmp_path, _model(n_embd=16))
+    callback = FlashCheckpointCallback(ckpt)
+    with pytest.raises(StateStructureError, match=r"transformer\.wte\.weight is \(32, 16\).* \(32, 8\)"):
+        callback.prepare_resume(_model(n_embd=8))
+    assert callback.resumed is None
+    assert _resume_dirs() == []
 
-        # A snapshot that is not the callback's (no trainer state) is refused too.
-        model = _model()
-        ckpt.save(2, {"model": model.state_dict()})
-        with pytest.raises(StateStructureError, match="step 2 holds no trainer state"):
-            callback.prepare_resume(model)
-    finally:
-        ckpt.close(job_end=True)
+    # A snapshot that is not the callback's (no trainer state) is refused too.
+    model = _model()
+    ckpt.save(2, {"model": model.state_dict()})
+    with pytest.raises(StateStructureError, match="step 2 holds no trainer state"):
+        callback.prepare_resume(model)
 
 
-def test_training_without_the_prepared_directory_is_refused(job_id: str, tmp_path: Path) -> None:
-    ckpt = FlashCheckpointer(StagerConfig(job_id=job_id, run_id="r"), str(tmp_path / "ck"), saver="none")
-    try:
-        model = _model()
-        _snapshot_of_step_one(ckpt, tmp_path, model)
-        callback = FlashCheckpointCallback(ckpt)
-        trainer = transformers.Trainer(model=model, args=_args(tmp_path), train_dataset=_Data(), callbacks=[callback])
-        path = callback.prepare_resume(model)
-        assert path is not None
-        assert os.path.isdir(path)
-        # Forgetting resume_from_checkpoint would pair a fresh model with the restored optimizer.
-        with pytest.raises(FlashCkptError, match="prepared step 1 but the Trainer starts at step 0"):
-            trainer.train()
-        assert not os.path.exists(path)
-    finally:
-        ckpt.close(job_end=True)
+def test_training_without_the_prepared_directory_is_refused(ckpt: FlashCheckpointer, tmp_path: Path) -> None:
+    model = _model()
+    _snapshot_of_step_one(ckpt, tmp_path, model)
+    callback = FlashCheckpointCallback(ckpt)
+    trainer = transformers.Trainer(model=model, args=_args(tmp_path), train_dataset=_Data(), callbacks=[callback])
+    path = callback.prepare_resume(model)
+    assert path is not None
+    assert os.path.isdir(path)
+    # Forgetting resume_from_checkpoint would pair a fresh model with the restored optimizer.
+    with pytest.raises(FlashCkptError, match="prepared step 1 but the Trainer starts at step 0"):
+        trainer.train()
+    assert not os.path.exists(path)
 
 
-def test_the_directory_goes_when_training_never_begins(job_id: str, tmp_path: Path) -> None:
-    ckpt = FlashCheckpointer(StagerConfig(job_id=job_id, run_id="r"), str(tmp_path / "ck"), saver="none")
-    try:
-        model = _model()
-        _snapshot_of_step_one(ckpt, tmp_path, model)
-        callback = FlashCheckpointCallback(ckpt)
-        path = callback.prepare_resume(model)
-        assert path is not None
-        assert os.path.isdir(path)
-        with pytest.raises(FlashCkptError, match="already prepared"):
-            callback.prepare_resume(model)
-        del callback
-        gc.collect()
-        assert not os.path.exists(path)
-    finally:
-        ckpt.close(job_end=True)
+def test_the_directory_goes_when_training_never_begins(ckpt: FlashCheckpointer, tmp_path: Path) -> None:
+    model = _model()
+    _snapshot_of_step_one(ckpt, tmp_path, model)
+    callback = FlashCheckpointCallback(ckpt)
+    path = callback.prepare_resume(model)
+    assert path is not None
+    assert os.path.isdir(path)
+    with pytest.raises(FlashCkptError, match="already prepared"):
+        callback.prepare_resume(model)
+    del callback
+    gc.collect()
+    assert not os.path.exists(path)

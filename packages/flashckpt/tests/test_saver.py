@@ -3,6 +3,7 @@ messages, a full disk, and persist on failure. Plus the channel's framing."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import struct
 import time
@@ -140,6 +141,7 @@ class Node:
         )
         self.saver = Saver(config, storage, clock=clock)
         self.saver.start()
+        self.closed = False
         self.stagers: list[Stager] = []
         self.clients: list[SaverClient] = []
         for rank in range(2):
@@ -169,6 +171,9 @@ class Node:
         assert self.stagers[rank].save(step, {"w": torch.full((8,), float(step * 10 + rank)), "s": step}).saved
 
     def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
         for stager in self.stagers:
             stager.close()
         for client in self.clients:
@@ -262,28 +267,27 @@ def test_persist_on_failure_commits_newest_common_step(node: Node) -> None:
         assert StorageReader(node.storage).load(rank, 2).state["s"] == 2
 
 
-def _held_node(job_id: str, clock: ManualClock) -> Node:
-    """Two ranks that saved steps 1 and 2, a saver that holds failure persists back for 30 s."""
-    node = Node(job_id, InMemoryStorage(), hold_s=30.0, clock=clock)
-    for step in (1, 2):
-        for rank in range(2):
-            node.save(rank, step)
-    _wait_until(lambda: node.saver.ranks_sealed_since(0.0) == frozenset({0, 1}))
-    return node
-
-
-def _close_held_node(node: Node) -> None:
-    node.close()
-    assert our_files(node.job) == []
-
-
-def test_failure_persist_waits_until_the_restarted_ranks_train(job_id: str) -> None:
+@contextlib.contextmanager
+def _held_failure(job_id: str) -> Iterator[tuple[Node, ManualClock]]:
+    """Two ranks saved steps 1 and 2, then rank 1 died at t=1: its saver holds the persist (30 s)."""
     clock = ManualClock()
-    node = _held_node(job_id, clock)
+    node = Node(job_id, InMemoryStorage(), hold_s=30.0, clock=clock)
     try:
+        for step in (1, 2):
+            for rank in range(2):
+                node.save(rank, step)
+        _wait_until(lambda: node.saver.ranks_sealed_since(0.0) == frozenset({0, 1}))
         clock.advance(1.0)
         node.kill(1)
         _wait_until(lambda: "failure_persist_held" in node.saver.events.kinds())
+        yield node, clock
+    finally:
+        node.close()
+    assert our_files(job_id) == []
+
+
+def test_failure_persist_waits_until_the_restarted_ranks_train(job_id: str) -> None:
+    with _held_failure(job_id) as (node, clock):
         clock.advance(1.0)
         node.kill(0)  # the agent stops the surviving rank for the restart
         node.restart(0)
@@ -300,35 +304,21 @@ def test_failure_persist_waits_until_the_restarted_ranks_train(job_id: str) -> N
         released = [e for e in node.saver.events.snapshot() if e.kind == "failure_persist_released"]
         assert len(released) == 1
         assert "train again" in released[0].reason
-    finally:
-        _close_held_node(node)
 
 
 def test_failure_persist_hold_ends_after_its_bound(job_id: str) -> None:
-    clock = ManualClock()
-    node = _held_node(job_id, clock)
-    try:
-        clock.advance(1.0)
-        node.kill(1)
-        _wait_until(lambda: "failure_persist_held" in node.saver.events.kinds())
+    with _held_failure(job_id) as (node, clock):
         clock.advance(29.0)
         assert node.saver.wait_idle(WAIT_S)
         assert node.storage.list_dir("") == []
         clock.advance(1.0)  # the worker thread looks again within commit_poll_interval_s
         _wait_until(lambda: "committed" in node.saver.events.kinds())
         assert Committer(node.storage).tracker() == Tracker(2, 2)
-    finally:
-        _close_held_node(node)
 
 
 @pytest.mark.parametrize("how", ["persist_newest", "release_held", "stop"])
 def test_held_failure_persist_runs_at_once_when_the_saver_stops(job_id: str, how: str) -> None:
-    clock = ManualClock()
-    node = _held_node(job_id, clock)
-    closed = False
-    try:
-        node.kill(1)
-        _wait_until(lambda: "failure_persist_held" in node.saver.events.kinds())
+    with _held_failure(job_id) as (node, _clock):
         if how == "persist_newest":
             node.saver.persist_newest()
             _wait_until(lambda: "committed" in node.saver.events.kinds())
@@ -337,13 +327,8 @@ def test_held_failure_persist_runs_at_once_when_the_saver_stops(job_id: str, how
             _wait_until(lambda: "committed" in node.saver.events.kinds())
         else:
             node.close()
-            closed = True
         assert "failure_persist_released" in node.saver.events.kinds()
         assert Committer(node.storage).tracker() == Tracker(2, 2)
-    finally:
-        if not closed:
-            node.close()
-        assert our_files(job_id) == []
 
 
 def test_saver_config_validation() -> None:

@@ -10,8 +10,6 @@ module when the name is first read, and caches the value on the package.
 from __future__ import annotations
 
 import importlib
-import pkgutil
-import subprocess
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from types import ModuleType
@@ -60,6 +58,8 @@ def lazy_export_problems(package: ModuleType, exports: Mapping[str, str]) -> lis
         One sentence per problem: ``__all__`` differs from the table, or a name does not resolve to
         the object its module defines.
     """
+    import pkgutil  # here, not at the top: every `import dlrover.common` loads this module
+
     problems = []
     if sorted(getattr(package, "__all__", ())) != sorted(exports):
         problems.append(f"{package.__name__}.__all__ differs from its lazy exports")
@@ -92,6 +92,8 @@ def modules_loaded_by(statement: str, packages: Sequence[str] = GRPC_MODULES, ti
     Raises:
         subprocess.CalledProcessError: the statement failed (its stderr is on the exception).
     """
+    import subprocess  # here, not at the top: every `import dlrover.common` loads this module
+
     # Only sys is imported around the statement, and it is loaded in every interpreter anyway.
     code = f"import sys\n{statement}\nprint('MODULES', *sorted(sys.modules))\n"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout_s, check=True)

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 # process_start_ticks moved to dlrover.common.process; it stays importable from here (in __all__).
+from dlrover.common import ConfigError
 from dlrover.common.process import ProcessIdentity, process_start_ticks
 from dlrover.flashckpt.errors import FlashCkptError
 
@@ -93,13 +94,11 @@ def owner_alive(path: Path) -> bool:
     """Whether the process named in an owner file still runs (same pid and start time, no zombie)."""
     try:
         doc = json.loads(path.read_text())
-        pid, ticks = int(doc["pid"]), doc.get("start_ticks")
-    except (OSError, ValueError, KeyError, TypeError):
+        # No start time recorded (None) means the process was already gone when it was written.
+        owner = ProcessIdentity(doc["pid"], doc.get("start_ticks"))
+    except (OSError, ValueError, KeyError, TypeError, ConfigError):
         return False
-    # No start time recorded means the process was already gone when the record was written.
-    if not isinstance(ticks, int) or isinstance(ticks, bool) or ticks < 0 or pid <= 0:
-        return False
-    return ProcessIdentity(pid, ticks).alive()
+    return owner.alive()
 
 
 def list_run_files(shm_dir: str | Path, job: str, run: str) -> list[Path]:
