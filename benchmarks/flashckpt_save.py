@@ -302,12 +302,14 @@ class _TrainLoop:
 
 
 class _StandInAgent:
-    """A `SaverHost` in a separate process and session, as the ``dlrover-run`` agent hosts it.
+    """A `SaverHost` in a separate process, as the ``dlrover-run`` agent hosts it.
 
-    The agent starts training processes in sessions of their own, so this one does too.
+    The agent starts training processes in process groups of its own session, so the persist
+    thread's niceness ranks it against them (one autogroup); `own_session` puts the stand-in in a
+    session of its own instead, where the thread's niceness does not count against the loop.
     """
 
-    def __init__(self, socket: Path, bandwidth_mb_s: float) -> None:
+    def __init__(self, socket: Path, bandwidth_mb_s: float, own_session: bool = False) -> None:
         code = (
             "import sys\n"
             "from dlrover.flashckpt.host import SaverHost, SaverHostConfig\n"
@@ -322,7 +324,7 @@ class _StandInAgent:
             [sys.executable, "-c", code, str(socket), str(bandwidth_mb_s)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            start_new_session=True,
+            start_new_session=own_session,
         )
         assert self.proc.stdout is not None
         if self.proc.stdout.readline().strip() != b"ready":
@@ -431,8 +433,8 @@ def bench_slowdown(
     cfg = StagerConfig(job_id=job, run_id="r", **extra)
     agent: _StandInAgent | None = None
     saved_env = os.environ.get(HOST_SOCKET_ENV_VAR)
-    if mode == "hosted":
-        agent = _StandInAgent(tmp / f"agent-{job}.sock", bandwidth_mb_s)
+    if mode.startswith("hosted"):
+        agent = _StandInAgent(tmp / f"agent-{job}.sock", bandwidth_mb_s, own_session=mode == "hosted-own-session")
         os.environ[HOST_SOCKET_ENV_VAR] = str(agent.proc.args[3])  # type: ignore[index]
     else:
         os.environ.pop(HOST_SOCKET_ENV_VAR, None)
@@ -519,7 +521,10 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=max(1, min(4, os.cpu_count() or 1)))
     p.add_argument("--saver-nice", type=int, default=19, help="niceness of the detached saver (0: none)")
     p.add_argument(
-        "--saver", choices=["hosted", "detached", "both"], default="both", help="saver(s) for the slowdown rows"
+        "--saver",
+        choices=["hosted", "hosted-own-session", "detached", "both"],
+        default="both",
+        help="saver(s) for the slowdown rows (hosted-own-session: the stand-in agent in a session of its own)",
     )
     p.add_argument("--rounds", type=int, default=0, help="slowdown rounds (default: 5 quick, 12 otherwise)")
     p.add_argument("--persist-bandwidth-mb-s", type=float, default=0.0, help="persist rate cap (0: none)")
@@ -556,7 +561,11 @@ def main() -> int:
         for name, secs, note in bench_idle_neighbour(rounds):
             print(f"{name:48s} {secs:10.4f}  {note}")
         for mode in ("hosted", "detached") if args.saver == "both" else (args.saver,):
-            who = "a stand-in agent process (persist thread nice +19)" if mode == "hosted" else "a detached saver"
+            who = {
+                "hosted": "a stand-in agent process (persist thread nice +19)",
+                "hosted-own-session": "a stand-in agent process in its own session (persist thread nice +19)",
+                "detached": "a detached saver",
+            }[mode]
             print(f"\n== training loop, {slow_size // MB} MB saved and persisted by {who}; rate cap {cap} ==")
             rows = bench_slowdown(
                 slow_size,

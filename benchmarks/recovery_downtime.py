@@ -53,6 +53,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dlrover.common import proc_stat_fields, processes_mentioning
+
 PYTHON = sys.executable
 TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
 SHM_DIR = "/dev/shm"  # where flashckpt keeps its segments
@@ -174,20 +176,12 @@ mark("done", step)
 # ---------------------------------------------------------------------------------- processes
 
 
-def _stat_fields(pid: int) -> list[str] | None:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[-1].split()
-    except OSError:
-        return None
-
-
 def descendants(root: int) -> list[int]:
     """Live descendants of `root` (by parent pid), from /proc."""
     parent: dict[int, int] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
-            fields = _stat_fields(int(entry))
+            fields = proc_stat_fields(int(entry))
             if fields is not None and fields[0] != "Z":
                 parent[int(entry)] = int(fields[1])
     found: list[int] = []
@@ -218,18 +212,6 @@ def worker_pid(root: int, out: Path, rank: int) -> int | None:
         return None
     pid = int(text)
     return pid if pid in descendants(root) else None
-
-
-def processes_mentioning(text: str) -> list[int]:
-    """Processes whose command line mentions `text` (our temp dir): stragglers of a run."""
-    me = os.getpid()
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and int(entry) != me:
-            fields = _stat_fields(int(entry))
-            if fields is not None and fields[0] != "Z" and text.encode() in _read(f"/proc/{entry}/cmdline"):
-                out.append(int(entry))
-    return out
 
 
 # ---------------------------------------------------------------------------------- one job

@@ -18,6 +18,8 @@ from typing import Any
 
 import pytest
 
+from dlrover.common import processes_mentioning
+
 pytestmark = [pytest.mark.integration]
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -46,18 +48,6 @@ def _run(cmd: list[str], timeout_s: float) -> subprocess.CompletedProcess[str]:
 
 def _lines(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def _processes_mentioning(text: str) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and int(entry) != os.getpid():
-            try:
-                if text.encode() in Path(f"/proc/{entry}/cmdline").read_bytes():
-                    found.append(int(entry))
-            except OSError:
-                continue
-    return found
 
 
 @pytest.mark.timeout(560)
@@ -112,12 +102,12 @@ def test_the_demo_recovers_from_memory_without_losing_or_repeating_a_sample(tmp_
     assert json.loads((Path(summary["checkpoint"]) / "tracker.json").read_text())
     assert not list(Path("/dev/shm").glob(f"*{summary['job_id']}*"))
     assert not (run_dir / "tmp").exists()
-    assert not _processes_mentioning(summary["job_id"])
+    assert not processes_mentioning(summary["job_id"])
     # The saver ran inside dlrover-run's agent (no detached saver process was started), and went
     # with it.
     saver_pid = int((run_dir / "saver.pid").read_text())
     assert saver_pid == summary["launcher_pid"]
-    assert not _processes_mentioning("dlrover.flashckpt.saver_main\0--job\0" + summary["job_id"])
+    assert not processes_mentioning("dlrover.flashckpt.saver_main\0--job\0" + summary["job_id"])
 
     # Bit for bit: a fault-free run with the same seeds ends with the same files for the final
     # step (every rank's model and optimizer tensors, and its data position), byte for byte.

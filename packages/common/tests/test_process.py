@@ -10,7 +10,14 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from dlrover.common import ConfigError, ProcessIdentity, pid_namespace, proc_stat_fields, process_start_ticks
+from dlrover.common import (
+    ConfigError,
+    ProcessIdentity,
+    pid_namespace,
+    proc_stat_fields,
+    process_start_ticks,
+    processes_mentioning,
+)
 
 pytestmark = [
     pytest.mark.timeout(60),
@@ -93,6 +100,22 @@ def test_a_zombie_still_has_its_start_time_but_is_not_alive(blocker: Callable[..
     assert process_start_ticks(proc.pid) == identity.start_ticks
     assert not identity.alive()
     proc.wait(timeout=WAIT_S)
+
+
+def test_processes_mentioning_finds_live_children_by_argument_but_not_zombies_or_itself(
+    blocker: Callable[..., subprocess.Popen[str]],
+) -> None:
+    token = f"mention-{os.getpid()}-{time.monotonic_ns()}"
+    first, second = blocker(token), blocker(token + "x")
+    assert sorted(processes_mentioning(token)) == sorted([first.pid, second.pid])
+    assert processes_mentioning(token + "x") == [second.pid]
+    assert processes_mentioning("no-such-" + token) == []
+    assert os.getpid() not in processes_mentioning(sys.executable)  # the caller never counts itself
+    assert first.stdin is not None
+    first.stdin.close()  # exits; a zombie until reaped
+    _wait_for(lambda: _state(first.pid) == "Z", "child became a zombie")
+    assert processes_mentioning(token) == [second.pid]
+    first.wait(timeout=WAIT_S)
 
 
 def test_the_same_pid_with_another_start_time_is_another_process() -> None:

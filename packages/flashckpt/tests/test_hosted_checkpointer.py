@@ -22,6 +22,7 @@ import pytest
 import torch
 from flashckpt_testlib import our_files
 
+from dlrover.common import processes_mentioning
 from dlrover.flashckpt import FlashCheckpointer, StagerConfig
 from dlrover.flashckpt.commit import Committer
 from dlrover.flashckpt.errors import SaverUnavailableError
@@ -38,18 +39,6 @@ def _wait_until(predicate: Callable[[], bool]) -> None:
     while not predicate():
         assert time.monotonic() < deadline, "condition not reached"
         time.sleep(0.02)
-
-
-def _processes_mentioning(text: str) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and int(entry) != os.getpid():
-            try:
-                if text.encode() in Path(f"/proc/{entry}/cmdline").read_bytes():
-                    found.append(int(entry))
-            except OSError:
-                continue
-    return found
 
 
 @pytest.fixture
@@ -84,7 +73,7 @@ def test_persist_and_reconnect_go_through_the_host(host: SaverHost, tmp_path: Pa
         assert not ckpt.stager.owns_segments  # the hosted saver owns the memory
         assert set(host.runs()) == {("hosted", "r")}
         assert not list(shm.glob("*.spawnlock"))  # the detached path was never taken
-        assert not _processes_mentioning("dlrover.flashckpt.saver_main\0--job\0hosted")
+        assert not processes_mentioning("dlrover.flashckpt.saver_main\0--job\0hosted")
         ckpt.save(1, _state(1), persist=True)
         outcome = ckpt.wait_persisted(1, WAIT_S)
         assert (outcome.ok, outcome.committed) == (True, True), outcome
@@ -159,7 +148,7 @@ def test_an_unreachable_host_is_an_error_not_a_detached_saver(tmp_path: Path, mo
     with pytest.raises(SaverUnavailableError, match=str(missing)):
         FlashCheckpointer(cfg, str(tmp_path / "ckpt"))
     assert list(shm.iterdir()) == []  # no spawn lock, no segment, no saver socket
-    assert not _processes_mentioning("dlrover.flashckpt.saver_main\0--job\0nohost")
+    assert not processes_mentioning("dlrover.flashckpt.saver_main\0--job\0nohost")
 
 
 # -- real processes ---------------------------------------------------------------------------------
@@ -233,5 +222,5 @@ def test_the_host_persists_a_killed_process_snapshot_and_its_successor_loads_it_
     assert loaded == {"event": "loaded", "step": 3, "source": "memory", "consistent": True, "verified": True}
     _wait_until(lambda: host.runs() == {})  # resume closed with job_end: the run is over
     assert our_files(job_id) == []
-    assert not _processes_mentioning(job_id)  # no detached saver was ever started
+    assert not processes_mentioning(job_id)  # no detached saver was ever started
     assert StorageReader(storage).load(0, 1).step == 3

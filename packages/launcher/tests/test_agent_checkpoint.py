@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from dlrover.common import ConfigError
+from dlrover.common import ConfigError, processes_mentioning
 from dlrover.flashckpt.commit import Committer
 from dlrover.flashckpt.storage import PosixStorage
 from dlrover.launcher.agent import Agent, AgentConfig, AgentResult
@@ -107,18 +107,6 @@ def _agent(tmp_path: Path, mode: str, control: FakeControlPlane, **kwargs: Any) 
     return Agent(config, control), out, job
 
 
-def _processes_mentioning(text: str) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and int(entry) != os.getpid():
-            try:
-                if text.encode() in Path(f"/proc/{entry}/cmdline").read_bytes():
-                    found.append(int(entry))
-            except OSError:
-                continue
-    return found
-
-
 def _logs(tmp_path: Path) -> str:
     return "\n".join(p.read_text(errors="replace")[-3000:] for p in sorted((tmp_path / "logs").rglob("*.log")))
 
@@ -133,7 +121,7 @@ def _wait_for(condition: Callable[[], bool], what: str) -> None:
 
 def _assert_nothing_left(tmp_path: Path, job: str) -> None:
     assert list((tmp_path / "shm").iterdir()) == []  # segments, owner records, sockets: all gone
-    assert not _processes_mentioning(job)  # no worker, no detached saver
+    assert not processes_mentioning(job)  # no worker, no detached saver
 
 
 @pytest.mark.integration
@@ -259,5 +247,5 @@ def test_standbys_for_the_next_restart_start_once_the_workers_have_checkpointed(
     # The worker came from the standby started with the agent; the next one was started only
     # after the worker had sealed a checkpoint, not while it was starting.
     assert record == {"before_save": 0, "after_save": 1}
-    assert not _processes_mentioning(str(script))
+    assert not processes_mentioning(str(script))
     _assert_nothing_left(tmp_path, job)

@@ -39,6 +39,7 @@ if TYPE_CHECKING:
         pid_scope,
         proc_stat_fields,
         process_start_ticks,
+        processes_mentioning,
     )
     from dlrover.common.retry import RETRYABLE_CODES, RetryPolicy, RpcError, call_unary
     from dlrover.common.server import DEFAULT_MAX_MESSAGE_BYTES, GrpcServer, ServerConfig, format_host_port
@@ -84,6 +85,7 @@ _EXPORTS: dict[str, str] = {
     "pid_scope": "dlrover.common.process",
     "proc_stat_fields": "dlrover.common.process",
     "process_start_ticks": "dlrover.common.process",
+    "processes_mentioning": "dlrover.common.process",
     "RETRYABLE_CODES": "dlrover.common.retry",
     "RetryPolicy": "dlrover.common.retry",
     "RpcError": "dlrover.common.retry",
@@ -149,6 +151,7 @@ __all__ = [
     "positive_int",
     "proc_stat_fields",
     "process_start_ticks",
+    "processes_mentioning",
     "remove_dead_owners",
     "validate_token",
     "write_token_file",

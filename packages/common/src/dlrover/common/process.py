@@ -14,7 +14,14 @@ import attrs
 
 from dlrover.common.validators import non_negative_int, positive_int
 
-__all__ = ["ProcessIdentity", "pid_namespace", "pid_scope", "proc_stat_fields", "process_start_ticks"]
+__all__ = [
+    "ProcessIdentity",
+    "pid_namespace",
+    "pid_scope",
+    "proc_stat_fields",
+    "process_start_ticks",
+    "processes_mentioning",
+]
 
 # Indices into `proc_stat_fields` (proc(5) field numbers minus 3: the pid and command come first).
 _STATE = 0
@@ -60,6 +67,40 @@ def process_start_ticks(pid: int) -> int | None:
         return int(fields[_START_TIME])
     except (IndexError, ValueError):
         return None
+
+
+def processes_mentioning(text: str) -> list[int]:
+    """Live processes other than this one whose command line contains `text`.
+
+    What a leak check asks after a job ends: is anything still running that was started for it
+    (its command line names the job's temp dir, a unique token)? Zombies are left out: they run no
+    more and hold nothing but their pid until their parent reaps them.
+
+    Args:
+        text: the substring to look for in each NUL-separated command line.
+
+    Returns:
+        Their pids, in no particular order (empty where /proc does not exist).
+    """
+    needle = text.encode()
+    me = os.getpid()
+    found = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for entry in entries:
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read()
+        except OSError:
+            continue
+        fields = proc_stat_fields(int(entry))
+        if needle in cmdline and fields is not None and fields[_STATE] not in _GONE_STATES:
+            found.append(int(entry))
+    return found
 
 
 def pid_namespace() -> int | None:
