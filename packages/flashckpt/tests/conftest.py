@@ -15,6 +15,20 @@ sys.path.insert(0, str(Path(__file__).parent))
 from flashckpt_testlib import our_files
 
 
+@pytest.fixture(scope="module")
+def s3_endpoint() -> Iterator[str]:
+    """moto's S3-compatible server on 127.0.0.1 (skips where the ``s3test`` extra is missing)."""
+    pytest.importorskip("s3fs")
+    server_mod = pytest.importorskip("moto.server")
+    server = server_mod.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        yield f"http://{host}:{port}"
+    finally:
+        server.stop()
+
+
 @pytest.fixture
 def job_id() -> Iterator[str]:
     """A job id unique to the test; the test fails if any of its shared memory is left behind."""

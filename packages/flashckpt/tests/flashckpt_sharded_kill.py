@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from dlrover.flashckpt import sharded
+from dlrover.flashckpt import dcp_site, sharded
 from dlrover.flashckpt.config import StagerConfig
 from dlrover.flashckpt.storage.posix import PosixStorage
 
@@ -44,7 +44,7 @@ def main() -> None:
 
         torch.save = save_then_die  # type: ignore[assignment]
     elif point == "before_done":
-        sharded.checksum_file = die  # type: ignore[assignment]
+        dcp_site.checksum_file = die  # type: ignore[assignment]
     elif point == "before_tracker":
         real_write = PosixStorage.write_file
 

@@ -20,6 +20,7 @@ import argparse
 import json
 import multiprocessing as mp
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -178,40 +179,56 @@ def main() -> None:
     p.add_argument("--timeout-s", type=float, default=100.0)
     p.add_argument("phases", nargs="+", help="train:WORLD, restore:WORLD or corrupt:STEP, run in order")
     a = p.parse_args()
-    # torch and FSDP are imported once here and the ranks are forked: importing them in every rank
-    # would cost seconds per process on a busy machine. Nothing here has started a thread yet.
-    ctx = mp.get_context("fork")
     for n, phase in enumerate(a.phases):
         mode, arg = phase.split(":")
         if mode == "corrupt":
             corrupt(a.storage, int(arg))
             continue
         world = int(arg)
-        init = f"file://{Path(a.tmp) / f'pg.{n}'}"
-        sinks = [Path(a.tmp) / f"events.{n}.{r}.jsonl" for r in range(world)]
-        procs = [
-            ctx.Process(
-                target=run_rank,
-                args=(mode, r, world),
-                kwargs={"init": init, "job": a.job, "storage": a.storage, "sink": sinks[r]},
-            )
-            for r in range(world)
-        ]
-        for proc in procs:
-            proc.start()
-        for proc in procs:
-            proc.join(a.timeout_s)
-        codes = [proc.exitcode for proc in procs]
-        for proc in procs:
-            if proc.exitcode is None:
-                proc.kill()
-                proc.join()
-        for sink in sinks:
-            if sink.exists():
-                sys.stdout.write(sink.read_text())
-        sys.stdout.flush()
-        if codes != [0] * world:
-            raise SystemExit(f"phase {phase} failed: exit codes {codes}")
+        run_ranks(run_rank, (mode,), world, tmp=Path(a.tmp), n=n, timeout_s=a.timeout_s, job=a.job, storage=a.storage)
+
+
+def run_ranks(
+    target: Callable[..., None],
+    args: tuple[Any, ...],
+    world: int,
+    *,
+    tmp: Path,
+    n: int,
+    timeout_s: float,
+    **kwargs: Any,
+) -> None:
+    """Phase `n`: `world` ranks forked from this process, each ``target(*args, rank, world, init=...,
+    sink=..., **kwargs)``; their output is copied to stdout.
+
+    torch and FSDP are imported once by the driver and the ranks are forked: importing them in
+    every rank would cost seconds per process on a busy machine. Nothing has started a thread yet.
+
+    Raises:
+        SystemExit: a rank failed or did not finish within `timeout_s`.
+    """
+    ctx = mp.get_context("fork")
+    init = f"file://{tmp / f'pg.{n}'}"
+    sinks = [tmp / f"events.{n}.{r}.jsonl" for r in range(world)]
+    procs = [
+        ctx.Process(target=target, args=(*args, r, world), kwargs={"init": init, "sink": sinks[r], **kwargs})
+        for r in range(world)
+    ]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(timeout_s)
+    codes = [proc.exitcode for proc in procs]
+    for proc in procs:
+        if proc.exitcode is None:
+            proc.kill()
+            proc.join()
+    for sink in sinks:
+        if sink.exists():
+            sys.stdout.write(sink.read_text())
+    sys.stdout.flush()
+    if codes != [0] * world:
+        raise SystemExit(f"phase {n} ({args}, world {world}) failed: exit codes {codes}")
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -11,8 +12,39 @@ import torch
 from hypothesis import strategies as st
 
 from dlrover.flashckpt.segment import SEGMENT_PREFIX
+from dlrover.flashckpt.storage import FsspecStorage
 
 SHM = "/dev/shm"
+
+
+def s3_bucket(endpoint: str) -> str:
+    """A new, uniquely named bucket on the S3 server at `endpoint` (moto's; test credentials)."""
+    import boto3
+
+    bucket = "b" + uuid.uuid4().hex[:12]
+    boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+        region_name="us-east-1",
+    ).create_bucket(Bucket=bucket)
+    return bucket
+
+
+def s3_storage(endpoint: str, bucket: str, prefix: str = "ckpt") -> FsspecStorage:
+    """`FsspecStorage` on ``<bucket>/<prefix>`` of the S3 server at `endpoint`, through s3fs."""
+    import s3fs
+
+    fs: Any = s3fs.S3FileSystem(
+        key="testing",
+        secret="testing",
+        endpoint_url=endpoint,
+        client_kwargs={"region_name": "us-east-1"},
+        use_listings_cache=False,
+        skip_instance_cache=True,  # a forked rank must not reuse its parent's client
+    )
+    return FsspecStorage(fs, f"{bucket}/{prefix}")
 
 
 def our_files(job: str) -> list[Path]:

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from dlrover.flashckpt import sharded as sharded_mod
+from dlrover.flashckpt import dcp_site as dcp_site_mod
 from dlrover.flashckpt.config import StagerConfig
 from dlrover.flashckpt.dcp_store import FileSum, verify_file
 from dlrover.flashckpt.errors import StorageError
@@ -52,14 +52,14 @@ def test_an_unexpected_verify_error_reaches_the_gather(
         assert ckpt.save(step, {"w": torch.full((8,), float(step))}).saved
         ckpt.stager.flush()
         assert ckpt.persist(step).commit
-    real_verify = sharded_mod.verify_file
+    real_verify = dcp_site_mod.verify_file
 
     def flaky(path: Path, expected: FileSum) -> None:
         if path.parent.name == "2":
             raise PermissionError(13, "Permission denied", str(path))
         real_verify(path, expected)
 
-    monkeypatch.setattr(sharded_mod, "verify_file", flaky)
+    monkeypatch.setattr(dcp_site_mod, "verify_file", flaky)
     group = _RecordingGroup(ckpt._g)
     monkeypatch.setattr(ckpt, "_g", group)
     target = {"w": torch.zeros(8)}

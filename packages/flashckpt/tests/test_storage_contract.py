@@ -6,48 +6,14 @@ it needs the optional ``s3`` and ``s3test`` extras).
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
+from flashckpt_testlib import s3_bucket, s3_storage
 
 from dlrover.flashckpt.errors import StorageError
-from dlrover.flashckpt.storage import FsspecStorage, InMemoryStorage, PosixStorage, Storage
-
-
-@pytest.fixture(scope="module")
-def s3_endpoint() -> Iterator[str]:
-    pytest.importorskip("s3fs")
-    server_mod = pytest.importorskip("moto.server")
-    server = server_mod.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
-
-
-def _s3_storage(endpoint: str) -> FsspecStorage:
-    import boto3
-    import s3fs
-
-    bucket = "b" + uuid.uuid4().hex[:12]
-    boto3.client(
-        "s3",
-        endpoint_url=endpoint,
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-        region_name="us-east-1",
-    ).create_bucket(Bucket=bucket)
-    fs: Any = s3fs.S3FileSystem(
-        key="testing",
-        secret="testing",
-        endpoint_url=endpoint,
-        client_kwargs={"region_name": "us-east-1"},
-        use_listings_cache=False,
-    )
-    return FsspecStorage(fs, f"{bucket}/ckpt")
+from dlrover.flashckpt.storage import InMemoryStorage, PosixStorage, Storage
 
 
 @pytest.fixture(params=["posix", "memory", pytest.param("s3", marks=pytest.mark.integration)])
@@ -57,7 +23,8 @@ def storage(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Storage]
     elif request.param == "memory":
         yield InMemoryStorage()
     else:
-        yield _s3_storage(request.getfixturevalue("s3_endpoint"))
+        endpoint = request.getfixturevalue("s3_endpoint")
+        yield s3_storage(endpoint, s3_bucket(endpoint))
 
 
 def test_write_read_roundtrip(storage: Storage) -> None:

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
         select_removals,
     )
     from dlrover.flashckpt.config import StagerConfig
+    from dlrover.flashckpt.dcp_transfer import StagingConfig
     from dlrover.flashckpt.deepspeed_adapter import deepspeed_state, load_deepspeed_state
     from dlrover.flashckpt.dist import common_newest, torch_distributed_agree
     from dlrover.flashckpt.errors import (
@@ -126,6 +127,7 @@ _EXPORTS: dict[str, str] = {
     "cleanup_stale": "dlrover.flashckpt.segment",
     "remove_run": "dlrover.flashckpt.segment",
     "ShardedCheckpointer": "dlrover.flashckpt.sharded",
+    "StagingConfig": "dlrover.flashckpt.dcp_transfer",
     "get_sharded_state": "dlrover.flashckpt.sharded",
     "set_sharded_state": "dlrover.flashckpt.sharded",
     "deepspeed_state": "dlrover.flashckpt.deepspeed_adapter",
@@ -198,6 +200,7 @@ __all__ = [
     "cleanup_stale",
     "remove_run",
     "ShardedCheckpointer",
+    "StagingConfig",
     "get_sharded_state",
     "set_sharded_state",
     "deepspeed_state",

@@ -26,6 +26,8 @@ After a save each rank checksums the data files it wrote itself (DCP names them 
 so on a shared filesystem it reads back pages its own node still caches rather than a peer's over
 the network; any other file (``.metadata``, or names DCP may pick in a later version) is taken by
 the ranks in turns. Loading verifies the files in turns (file i by rank ``i % world_size``).
+When DCP wrote into per-rank staging directories (an object store, see `dcp_site`), a rank holds
+only its own files; `checksum_owners` then picks each file's owner among the ranks holding it.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from __future__ import annotations
 import mmap
 import os
 import re
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,9 +50,11 @@ __all__ = [
     "checksum_file",
     "checksum_owners",
     "dcp_files",
+    "dcp_names",
     "done_doc",
     "manifest_doc",
     "parse_manifest",
+    "staged_owners",
     "verify_file",
 ]
 
@@ -63,6 +68,11 @@ def _ours(name: str) -> bool:
     return name == "manifest.json" or (name.startswith("rank_") and name.endswith(".done")) or ".tmp-" in name
 
 
+def dcp_names(names: Iterable[str]) -> list[str]:
+    """The names of DCP's files among a step directory's entries (ours left out), sorted."""
+    return sorted(n for n in names if not _ours(n))
+
+
 def dcp_files(directory: Path) -> list[str]:
     """The names of DCP's files in a step directory (ours excluded), sorted.
 
@@ -73,14 +83,16 @@ def dcp_files(directory: Path) -> list[str]:
         names = os.listdir(directory)
     except OSError as e:
         raise StorageError(f"cannot list {directory}: {e}") from None
-    return sorted(n for n in names if not _ours(n) and (directory / n).is_file())
+    return dcp_names(n for n in names if (directory / n).is_file())
 
 
 _RANK_FILE = re.compile(r"__(\d+)_\d+\.distcp")
 
 
-def checksum_owners(names: list[str], world_size: int) -> dict[str, int]:
-    """Which rank checksums each of a step's DCP files after a save.
+def checksum_owners(
+    names: list[str], world_size: int, holders: Mapping[str, Collection[int]] | None = None
+) -> dict[str, int]:
+    """Which rank checksums (and, for an object store, uploads) each of a step's DCP files.
 
     A data file DCP's ``FileSystemWriter`` names after a rank of this world goes to that rank (it
     wrote it); every other file goes to the ranks in turns. Each file gets exactly one rank, and
@@ -89,17 +101,53 @@ def checksum_owners(names: list[str], world_size: int) -> dict[str, int]:
     Args:
         names: the step's DCP files (`dcp_files`), in the same order on every rank.
         world_size: the ranks that saved the step.
+        holders: the ranks that hold each file (None: every rank sees every file, as in a shared
+            directory). With per-rank staging directories a rank can only read what it holds, so
+            a file goes to one of its holders: the rank it is named after if that one holds it,
+            else its holders in turns.
+
+    Raises:
+        LayoutError: (with `holders`) a file is held by no rank of this world.
     """
     owners: dict[str, int] = {}
     turn = 0
     for name in names:
+        if holders is None:
+            can: list[int] | range = range(world_size)
+        else:
+            can = sorted({r for r in holders.get(name, ()) if 0 <= r < world_size})
+            if not can:
+                raise LayoutError(f"{name} is held by no rank of a world of {world_size}")
         m = _RANK_FILE.fullmatch(name)
-        if m is not None and int(m.group(1)) < world_size:
+        if m is not None and int(m.group(1)) in can:
             owners[name] = int(m.group(1))
         else:
-            owners[name] = turn % world_size
+            owners[name] = can[turn % len(can)]
             turn += 1
     return owners
+
+
+def staged_owners(listings: Sequence[Iterable[str]], world_size: int) -> dict[str, int]:
+    """Which rank uploads each file when every rank staged its own part of a step.
+
+    Args:
+        listings: the DCP files each rank holds in its staging directory, by rank.
+        world_size: the ranks that saved the step (``len(listings)``).
+
+    Returns:
+        Every file any rank holds, mapped to exactly one of the ranks holding it (see
+        `checksum_owners`), so each file is uploaded once.
+
+    Raises:
+        LayoutError: `listings` does not have one entry per rank.
+    """
+    if len(listings) != world_size:
+        raise LayoutError(f"expected the listings of {world_size} ranks, got {len(listings)}")
+    holders: dict[str, list[int]] = {}
+    for rank, listing in enumerate(listings):
+        for name in listing:
+            holders.setdefault(name, []).append(rank)
+    return checksum_owners(sorted(holders), world_size, holders)
 
 
 def checksum_file(path: Path) -> FileSum:

@@ -34,14 +34,17 @@ Every method marked collective must be called by every rank of the process group
 order. Without an initialised process group the checkpointer runs as a single rank (plain tensor
 states; useful for tests and tools).
 
-Storage is a POSIX path (local disk or a shared filesystem mounted on every node): DCP's public
-``FileSystemWriter``/``FileSystemReader`` write it. Object stores are not supported for sharded
-state yet.
+Storage: a POSIX path (local disk or a shared filesystem mounted on every node), which DCP's
+public ``FileSystemWriter``/``FileSystemReader`` write and read in place; or any other `Storage`
+(S3 through `FsspecStorage`), for which DCP writes and reads a private local staging copy that is
+streamed to and from the storage, checksummed on the way (see `dcp_site` for the flow and its
+cost: local disk for this rank's shard while persisting, for the whole checkpoint while loading).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -49,7 +52,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch.distributed.checkpoint.filesystem import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
@@ -71,18 +73,20 @@ from dlrover.flashckpt.ckpt_format import (
     manifest_path,
     step_dir,
 )
+from dlrover.flashckpt.collectives import RankGroup
 from dlrover.flashckpt.commit import CommitDecision, Committer, RetentionPolicy, decide_commit
 from dlrover.flashckpt.config import StagerConfig
+from dlrover.flashckpt.dcp_site import DcpSite, dcp_site
 from dlrover.flashckpt.dcp_store import (
     DCP_DONE_FORMAT,
-    checksum_file,
     checksum_owners,
     dcp_files,
     done_doc,
     manifest_doc,
     parse_manifest,
-    verify_file,
+    staged_owners,
 )
+from dlrover.flashckpt.dcp_transfer import StagingConfig
 from dlrover.flashckpt.dtypes import dtype_from_name
 from dlrover.flashckpt.errors import (
     ChecksumError,
@@ -100,6 +104,7 @@ from dlrover.flashckpt.segment import ShmSegment, segment_path
 from dlrover.flashckpt.sharded_state import ShardedSplit, dcp_grouped, rejoin, skeleton, split_sharded
 from dlrover.flashckpt.slotio import peek_header, read_header, read_manifest
 from dlrover.flashckpt.stager import SaveResult, Stager
+from dlrover.flashckpt.storage.base import Storage
 from dlrover.flashckpt.storage.posix import PosixStorage
 from dlrover.flashckpt.tree import build_tree, flatten_state
 
@@ -154,65 +159,41 @@ def _optims(optimizers: torch.optim.Optimizer | Sequence[torch.optim.Optimizer])
     return tuple(optimizers)
 
 
-class _Group:
-    """The few collectives the checkpointer needs; a single rank when no process group is up."""
-
-    def __init__(self, group: Any) -> None:
-        self.active = dist.is_available() and dist.is_initialized()
-        self.group = group
-        self.rank = dist.get_rank(group) if self.active else 0
-        self.size = dist.get_world_size(group) if self.active else 1
-        nccl = self.active and dist.get_backend(group) == "nccl"
-        # NCCL only moves CUDA tensors; gloo and others take CPU ones.
-        self.device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
-
-    def gather_ints(self, values: Sequence[int], width: int) -> list[list[int]]:
-        """Every rank's `values` (at most `width`, padded with -1), by rank; no pickle."""
-        local = torch.full((width,), -1, dtype=torch.int64, device=self.device)
-        if values:
-            local[: len(values)] = torch.tensor(list(values)[:width], dtype=torch.int64, device=self.device)
-        if not self.active:
-            return [local.tolist()]
-        out = [torch.empty_like(local) for _ in range(self.size)]
-        dist.all_gather(out, local, group=self.group)
-        return [t.tolist() for t in out]
-
-    def broadcast_int(self, value: int) -> int:
-        """Rank 0's `value` on every rank."""
-        if not self.active:
-            return value
-        t = torch.tensor([value], dtype=torch.int64, device=self.device)
-        dist.broadcast(t, src=dist.get_global_rank(self.group, 0) if self.group is not None else 0, group=self.group)
-        return int(t.item())
-
-    def barrier(self) -> None:
-        if self.active:
-            dist.barrier(group=self.group)
-
-
 class ShardedCheckpointer:
     """Saves sharded state to shared memory and persists it with DCP (see the module docstring).
 
     Args:
         config: the stager's settings; `rank` and `world_size` must be this process's in `group`.
-        storage_dir: the checkpoint directory (a POSIX path every rank can reach).
+        storage_dir: the checkpoint directory, a POSIX path every rank can reach (or pass `storage`).
+        storage: where checkpoints go instead of `storage_dir`: a `PosixStorage` is used in place
+            exactly like `storage_dir`; any other `Storage` (e.g. `FsspecStorage` on S3) through a
+            local staging copy (see `dlrover.flashckpt.dcp_site`).
         group: the process group (None: the default group, or a single rank when none is up).
         retention: which committed steps the coordinator keeps (None keeps all).
         dcp_thread_count: DCP writer threads per rank.
+        staging: where a non-POSIX `storage` is staged on local disk (default `StagingConfig()`:
+            the system temp dir); not used for POSIX storage, which DCP writes in place.
         clock: time source for the stager and events.
+
+    Raises:
+        ConfigError: neither or both of `storage_dir` and `storage`, a `storage` that is not a
+            `Storage`, a missing staging parent directory, or a bad `dcp_thread_count`.
+        FlashCkptError: `config` disagrees with the process group on rank or world size.
     """
 
     def __init__(
         self,
         config: StagerConfig,
-        storage_dir: str | os.PathLike[str],
+        storage_dir: str | os.PathLike[str] | None = None,
         *,
+        storage: Storage | None = None,
         group: Any = None,
         retention: RetentionPolicy | None = None,
         dcp_thread_count: int = 1,
+        staging: StagingConfig | None = None,
         clock: Clock | None = None,
     ) -> None:
-        self._g = _Group(group)
+        self._g = RankGroup(group)
         if (config.rank, config.world_size) != (self._g.rank, self._g.size):
             raise FlashCkptError(
                 f"config says rank {config.rank} of {config.world_size}, "
@@ -220,9 +201,17 @@ class ShardedCheckpointer:
             )
         if dcp_thread_count < 1:
             raise ConfigError(f"dcp_thread_count must be >= 1, got {dcp_thread_count!r}")
+        if storage_dir is not None and storage is None:
+            storage = PosixStorage(Path(storage_dir))
+        elif storage_dir is not None or storage is None:
+            raise ConfigError(
+                f"ShardedCheckpointer needs exactly one of storage_dir or storage, got {storage_dir!r} and {storage!r}"
+            )
         self.config = config
-        self.root = Path(storage_dir)
-        self.storage = PosixStorage(self.root)
+        self._site: DcpSite = dcp_site(storage, staging)
+        self.storage = self._site.storage
+        # The checkpoint directory when DCP writes in place (POSIX), else None.
+        self.root: Path | None = self.storage.root if isinstance(self.storage, PosixStorage) else None
         self._committer = Committer(self.storage, retention)
         self._clock = clock or SystemClock()
         self._threads = dcp_thread_count
@@ -343,48 +332,66 @@ class ShardedCheckpointer:
         local_tree = flatten_state(split.local).tree
         reasons = []
         for step in candidates:
-            problem, man = self._check_step(step)
-            if man is not None and problem is None:
-                if skeleton(man["tree"]) != skeleton(local_tree) or list(man["tensor_keys"]) != list(split.keys):
-                    raise StateStructureError(
-                        f"checkpoint step {step} holds another state structure than the one to restore into "
-                        f"(tensor keys saved {len(man['tensor_keys'])}, now {len(split.keys)})"
+            # POSIX: the step's own directory; other storage: a private staging copy, removed
+            # when this block ends (whether the load succeeded, fell back or raised).
+            with contextlib.ExitStack() as stage:
+                local: Path | None = None
+                try:
+                    local = stage.enter_context(self._site.reading(step))
+                except Exception as e:  # this rank's verdict, agreed on in _check_step: raising would strand the others
+                    self._event("load_failed", step, f"rank {self._g.rank}: cannot make a staging directory: {e}")
+                problem, man = self._check_step(step, local)
+                if man is not None and problem is None and local is not None:
+                    if skeleton(man["tree"]) != skeleton(local_tree) or list(man["tensor_keys"]) != list(split.keys):
+                        raise StateStructureError(
+                            f"checkpoint step {step} holds another state structure than the one to restore into "
+                            f"(tensor keys saved {len(man['tensor_keys'])}, now {len(split.keys)})"
+                        )
+                    dcp_load(
+                        split.dcp,
+                        storage_reader=FileSystemReader(local),
+                        process_group=self._g.group,
+                        no_dist=not self._g.active,
                     )
-                dcp_load(
-                    split.dcp,
-                    storage_reader=FileSystemReader(self.root / step_dir(step)),
-                    process_group=self._g.group,
-                    no_dist=not self._g.active,
-                )
-                values = apply_values(split.local, man["tree"])
-                restored = rejoin(state, values)
-                self._last = split
-                detail = f"{self.root / step_dir(step)} (step {step}, saved by {man['world_size']} ranks)"
-                return LoadedState(restored, step, "storage", True, detail)
+                    values = apply_values(split.local, man["tree"])
+                    restored = rejoin(state, values)
+                    self._last = split
+                    detail = f"{self._site.where(step)} (step {step}, saved by {man['world_size']} ranks)"
+                    return LoadedState(restored, step, "storage", True, detail)
             reasons.append(f"step {step}: {problem}")
             self._event("fallback", step, f"checkpoint step {step} is unusable: {problem}; trying the previous one")
         raise NoCheckpointError(
             "no loadable committed checkpoint" + (": " + "; ".join(reasons) if reasons else " in storage")
         )
 
-    def _check_step(self, step: int) -> tuple[str | None, dict[str, Any] | None]:
-        """Verify a step's manifest and files, the ranks sharing the reading. Collective.
+    def _check_step(self, step: int, local: Path | None) -> tuple[str | None, dict[str, Any] | None]:
+        """Verify a step's manifest and files into `local` (None: its staging failed). Collective.
+
+        On POSIX storage the ranks share the reading; otherwise each rank downloads (and checks)
+        every file into its own staging directory, since DCP may ask any rank for any file.
 
         Returns:
             (a sentence naming the first bad file, or None; the manifest when readable)
+
+        Raises:
+            StorageError: a rank could not make its staging directory (on every rank).
         """
         man: dict[str, Any] | None = None
-        bad = -1  # -1: fine; -2: manifest unreadable; i >= 0: file i is bad
-        try:
-            man = parse_manifest(self.storage.read_bytes(manifest_path(step)), step)
-        except (LayoutError, StorageError):
-            bad = -2
+        bad = -1  # -1: fine; -2: manifest unreadable; -3: no staging directory; i >= 0: file i is bad
+        if local is None:
+            bad = -3
+        else:
+            try:
+                man = parse_manifest(self.storage.read_bytes(manifest_path(step)), step)
+            except (LayoutError, StorageError):
+                bad = -2
         names = sorted(man["files"]) if man is not None else []
         for i, name in enumerate(names):
-            if i % self._g.size != self._g.rank:
+            if self._site.shared and i % self._g.size != self._g.rank:
                 continue
+            assert local is not None  # no names without a staging directory (no manifest was read)
             try:
-                verify_file(self.root / step_dir(step) / name, man["files"][name] if man else {})
+                self._site.fetch(step, local, name, man["files"][name] if man else {})
             except Exception as e:  # any failure is this rank's verdict: raising would strand the others
                 if isinstance(e, (ChecksumError, StorageError)):
                     self._event("checksum_mismatch", step, str(e))
@@ -393,12 +400,15 @@ class ShardedCheckpointer:
                 bad = i
                 break
         per_rank = [r[0] for r in self._g.gather_ints([bad], 1)]
+        if any(b == -3 for b in per_rank):
+            ranks = [r for r, b in enumerate(per_rank) if b == -3]
+            raise StorageError(f"ranks {ranks} could not make a local staging directory to load step {step}")
         if any(b == -2 for b in per_rank):
             return f"{manifest_path(step)} is unreadable", man
         for b in per_rank:
             if b >= 0:
                 name = names[b] if b < len(names) else f"file #{b}"
-                return f"{self.root / step_dir(step) / name} is missing, truncated or corrupt (checksum)", man
+                return f"{self._site.where(step, name)} is missing, truncated or corrupt (checksum)", man
         return None, man
 
     # -- persist -------------------------------------------------------------------------------
@@ -452,27 +462,28 @@ class ShardedCheckpointer:
         ok = 1
         reason = ""
         record: tuple[dict[str, Any], list[str]] = ({}, [])
-        with contextlib.ExitStack() as hold:
-            # The snapshot is held (shared lock) from this check until DCP has written it, and its
-            # manifest is read once: the check and the write see the same snapshot.
-            snapshot, detail = self._hold_snapshot(hold, step, sharding)
-            held = all(r[0] == 1 for r in g.gather_ints([int(snapshot is not None)], 1))
-            if held and snapshot is not None and last is not None:
-                try:
-                    record = self._write_dcp(step, snapshot, last)
-                except Exception as e:  # reported in the decision; raising here would strand the other ranks
-                    ok, reason = 0, f"rank {g.rank}: {type(e).__name__}: {e}"
-                    self._event("persist_failed", step, reason)
-            snapshot = None  # the views go before the slot is unmapped
-        if not held or sharding is None:
-            why = f"step {step} is not in memory with the current sharding on every rank"
-            return CommitDecision(False, f"{why} ({detail})" if detail else why)
-        if ok:
-            try:
-                self._write_done(step)
-            except Exception as e:  # as above
-                ok, reason = 0, f"rank {g.rank}: {type(e).__name__}: {e}"
-                self._event("persist_failed", step, reason)
+        # DCP writes into `local`: the step's own directory (POSIX), or a private staging copy
+        # that this block removes once uploaded, or on any failure (other storage).
+        with contextlib.ExitStack() as stage:
+            local, detail = self._stage_for_writing(stage, step)
+            with contextlib.ExitStack() as hold:
+                # The snapshot is held (shared lock) from this check until DCP has written it, and
+                # its manifest is read once: the check and the write see the same snapshot.
+                snapshot = None
+                if local is not None:
+                    snapshot, detail = self._hold_snapshot(hold, step, sharding)
+                held = all(r[0] == 1 for r in g.gather_ints([int(snapshot is not None)], 1))
+                if held and snapshot is not None and last is not None and local is not None:
+                    try:
+                        record = self._write_dcp(step, snapshot, last, local)
+                    except Exception as e:  # reported in the decision; raising here would strand the other ranks
+                        ok, reason = 0, f"rank {g.rank}: {type(e).__name__}: {e}"
+                        self._event("persist_failed", step, reason)
+                snapshot = None  # the views go before the slot is unmapped
+            if not held or sharding is None or local is None:
+                why = f"step {step} is not in memory with the current sharding on every rank"
+                return CommitDecision(False, f"{why} ({detail})" if detail else why)
+            ok, reason = self._publish(step, local, ok, reason)
         g.barrier()
         if not all(r[0] == 1 for r in g.gather_ints([ok], 1)):
             return CommitDecision(False, reason or f"step {step}: another rank failed to persist")
@@ -567,10 +578,19 @@ class ShardedCheckpointer:
             same = False
         return ((tree, views) if same else None), ""
 
+    def _stage_for_writing(self, stage: contextlib.ExitStack, step: int) -> tuple[Path | None, str]:
+        """Enter the site's directory for writing `step` on `stage`: (it, "") or (None, why not)."""
+        try:
+            return stage.enter_context(self._site.writing(step)), ""
+        except Exception as e:  # this rank's verdict, agreed on with the others: raising would strand them
+            detail = f"rank {self._g.rank}: cannot make a staging directory: {type(e).__name__}: {e}"
+            self._event("persist_failed", step, detail)
+            return None, detail
+
     def _write_dcp(
-        self, step: int, snapshot: tuple[dict[str, Any], list[torch.Tensor]], last: ShardedSplit
+        self, step: int, snapshot: tuple[dict[str, Any], list[torch.Tensor]], last: ShardedSplit, local: Path
     ) -> tuple[dict[str, Any], list[str]]:
-        """DCP-save a held snapshot into the step's directory. Collective.
+        """DCP-save a held snapshot into `local` (the step's directory or its staging copy). Collective.
 
         Returns:
             The snapshot's own tree and DCP keys, for the manifest (not the live state's values).
@@ -580,18 +600,48 @@ class ShardedCheckpointer:
         state = dcp_grouped({k: _as_dtensor(v, k, last) for k, v in staged.dcp.items()})
         dcp_save(
             state,
-            storage_writer=FileSystemWriter(self.root / step_dir(step), sync_files=True, thread_count=self._threads),
+            storage_writer=FileSystemWriter(local, sync_files=self._site.sync_files, thread_count=self._threads),
             process_group=self._g.group,
             no_dist=not self._g.active,
         )
         return _state_node(tree), list(staged.keys)
 
-    def _write_done(self, step: int) -> None:
+    def _publish(self, step: int, local: Path, ok: int, reason: str) -> tuple[int, str]:
+        """Checksum (and, staged, upload) this rank's share of the step's files, then write its
+        done marker. Collective when staged (the ranks tell each other which files they hold).
+
+        Returns:
+            (1, "") when done, else (0, why): this rank's verdict, for the gather that follows.
+        """
         g = self._g
-        owners = checksum_owners(dcp_files(self.root / step_dir(step)), g.size)
-        files = {n: checksum_file(self.root / step_dir(step) / n) for n, r in owners.items() if r == g.rank}
-        # Written through PosixStorage: atomic, and its directory fsync also makes DCP's renames durable.
-        self.storage.write_file(done_path(step, g.rank), [dump_json(done_doc(step, g.rank, files))])
+        held: list[str] = []
+        if ok:
+            try:
+                held = dcp_files(local)
+            except StorageError as e:
+                ok, reason = 0, f"rank {g.rank}: {type(e).__name__}: {e}"
+                self._event("persist_failed", step, reason)
+        listings: list[list[str]] = []
+        if not self._site.shared:
+            # Each rank holds only the files it wrote: every rank learns who holds what, so that
+            # every file gets exactly one uploader (one small gather; no pickle).
+            for raw in self._g.gather_bytes(json.dumps(held if ok else None).encode()):
+                listing = json.loads(raw)
+                if listing is None:
+                    return 0, reason  # some rank failed: nobody uploads, and the gather that follows says so
+                listings.append([str(n) for n in listing])
+        if not ok:
+            return ok, reason
+        try:
+            owners = staged_owners(listings, g.size) if listings else checksum_owners(held, g.size)
+            files = self._site.publish(step, local, [n for n, r in owners.items() if r == g.rank])
+            # On POSIX written through PosixStorage: atomic, and its directory fsync also makes
+            # DCP's renames durable.
+            self.storage.write_file(done_path(step, g.rank), [dump_json(done_doc(step, g.rank, files))])
+        except Exception as e:  # reported in the decision; raising here would strand the other ranks
+            ok, reason = 0, f"rank {g.rank}: {type(e).__name__}: {e}"
+            self._event("persist_failed", step, reason)
+        return ok, reason
 
     def _commit(self, step: int, tree: dict[str, Any], keys: list[str], sharding: dict[str, Any]) -> CommitDecision:
         ws = self.config.world_size
@@ -606,7 +656,7 @@ class ShardedCheckpointer:
             step,
             world_size=ws,
             done=done,
-            listed=dcp_files(self.root / step_dir(step)),
+            listed=self._site.listed(step),
             tree=tree,
             tensor_keys=keys,
             sharding=sharding,
