@@ -101,6 +101,31 @@ def test_stop_terminates_workers_and_their_children(tmp_path: Path) -> None:
 
 
 @pytest.mark.integration
+def test_a_worker_leads_its_own_process_group_in_the_agents_session(tmp_path: Path) -> None:
+    # Its own group: stopping it reaches its children. The agent's session (Python >= 3.11): the
+    # autogroup scheduler then ranks the agent's low-priority persist thread below the workers.
+    ids_file = tmp_path / "ids"
+    code = f"""
+        import os, time
+        open({str(ids_file)!r} + ".tmp", "w").write(f"{{os.getpgid(0)}} {{os.getsid(0)}}")
+        os.rename({str(ids_file)!r} + ".tmp", {str(ids_file)!r})
+        time.sleep(600)
+    """
+    group = WorkerGroup([_spec(0, code)])
+    group.start()
+    try:
+        _wait_until(ids_file.exists)
+        pgid, sid = (int(n) for n in ids_file.read_text().split())
+        assert pgid == group.pids[0]
+        if sys.version_info >= (3, 11):
+            assert sid == os.getsid(0)
+        else:
+            assert sid == group.pids[0]
+    finally:
+        group.stop(grace_s=5.0)
+
+
+@pytest.mark.integration
 def test_workers_die_with_a_killed_agent(tmp_path: Path) -> None:
     """SIGKILL of the agent takes its workers with it (parent-death signal)."""
     pid_file = tmp_path / "worker.pid"

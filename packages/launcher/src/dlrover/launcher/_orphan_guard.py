@@ -4,8 +4,8 @@
 
 Linux's parent-death signal (prctl PR_SET_PDEATHSIG) makes the kernel send SIGKILL to this
 process when the agent that spawned it dies, even by SIGKILL; it survives the `exec` below, so
-the worker program inherits it. Workers run in their own session (the agent stops them by
-process group), so without this a killed agent would leave them training, holding ports and
+the worker program inherits it. Workers lead their own process group (the agent stops them
+by process group), so without this a killed agent would leave them training, holding ports and
 GPUs. Setting it here, in a fresh interpreter, avoids `preexec_fn`, which is unsafe in a process
 with threads (the agent has gRPC threads).
 

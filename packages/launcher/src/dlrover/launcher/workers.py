@@ -1,7 +1,11 @@
 """Start, watch and stop the training processes of one node.
 
-Each worker runs in its own session, so stopping it also stops whatever it started, and carries
-a parent-death signal (see `_orphan_guard`), so it dies with the agent. Its stdout and stderr go
+Each worker leads its own process group, so stopping it also stops whatever it started, and
+carries a parent-death signal (see `_orphan_guard`), so it dies with the agent. It stays in the
+agent's session (on Python 3.10, which cannot ask for a bare process group, it gets its own):
+Linux's autogroup scheduler shares the CPU fairly between sessions first, so a worker in a
+session of its own would compete as an equal with the agent's whole session, and the low
+priority the agent gives its background checkpoint persist would not rank it below the workers. Its stdout and stderr go
 through the agent, which writes them to the log directory, echoes them to the console as asked
 (`--redirects`, `--tee`, `--local-ranks-filter`), and keeps the tail of stderr as evidence for
 diagnosis.
@@ -22,7 +26,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import attrs
 
@@ -38,6 +42,12 @@ _log = logging.getLogger(__name__)
 # pipe, so handing it over never blocks the agent.
 _F_SETPIPE_SZ = 1031
 _GO_PIPE_BYTES = 1 << 20
+
+# Python 3.10 cannot start a child in a new process group of the same session without a
+# preexec_fn (unsafe with the agent's threads), so there it gets a session of its own.
+_OWN_PROCESS_GROUP: dict[str, Any] = (
+    {"process_group": 0} if sys.version_info >= (3, 11) else {"start_new_session": True}
+)
 
 
 @attrs.frozen
@@ -206,14 +216,7 @@ class StandbyPool:
         self._ready = alive
         while len(self._ready) < self._size:
             command = [sys.executable, "-u", "-m", "dlrover.launcher._standby", str(os.getpid()), self._modules, "--"]
-            proc = subprocess.Popen(
-                [*command, *self.program],
-                env=self._env,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                start_new_session=True,
-            )
+            proc = _spawn([*command, *self.program], self._env, stdin=subprocess.PIPE)
             assert proc.stdin is not None
             with contextlib.suppress(OSError):  # the default 64 KiB pipe is the fallback
                 fcntl.fcntl(proc.stdin.fileno(), _F_SETPIPE_SZ, _GO_PIPE_BYTES)
@@ -325,14 +328,7 @@ class WorkerGroup:
             proc = self._standby.take(spec.env)
         if proc is None:
             guard = [sys.executable, "-m", "dlrover.launcher._orphan_guard", str(os.getpid()), "--", *spec.argv]
-            proc = subprocess.Popen(
-                guard,
-                env=dict(spec.env),
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                start_new_session=True,
-            )
+            proc = _spawn(guard, spec.env, stdin=subprocess.DEVNULL)
         self._procs[spec.local_rank] = proc
         pumps = []
         for stream, pipe, name in ((STDOUT, proc.stdout, "stdout.log"), (STDERR, proc.stderr, "stderr.log")):
@@ -383,6 +379,16 @@ class WorkerGroup:
             _signal_group(proc.pid, signal.SIGKILL)
             proc.wait()
         return self.poll()
+
+
+def _spawn(argv: Sequence[str], env: Mapping[str, str], stdin: int) -> subprocess.Popen[bytes]:
+    """Start a worker or standby with piped output, leading its own process group (pgid == pid).
+
+    It stays in the agent's session where Python allows (see the module docstring).
+    """
+    return subprocess.Popen(
+        argv, env=dict(env), stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **_OWN_PROCESS_GROUP
+    )
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:
