@@ -83,21 +83,18 @@ def children_of(pid: int) -> list[int]:
     return found
 
 
-def environ_of(pid: int) -> dict[str, str]:
+def worker_with_rank(launcher_pid: int, run_dir: Path, rank: int) -> int | None:
+    """The worker process of `rank` among the launcher's children, or None.
+
+    From the pid file train.py writes at start, not /proc/PID/environ: a worker dlrover-run started
+    from a warm standby (the default) got its RANK after the standby started, and /proc shows only
+    the environment a process was started with.
+    """
     try:
-        raw = Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return {}
-    pairs = (item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
-    return {k.decode(errors="replace"): v.decode(errors="replace") for k, v in pairs}
-
-
-def worker_with_rank(launcher_pid: int, rank: int) -> int | None:
-    """The worker process of `rank` among the launcher's children, or None."""
-    for pid in children_of(launcher_pid):
-        if environ_of(pid).get("RANK") == str(rank):
-            return pid
-    return None
+        pid = int((run_dir / f"rank{rank}.pid").read_text())
+    except (OSError, ValueError):
+        return None
+    return pid if pid in children_of(launcher_pid) else None
 
 
 def is_saver(pid: int) -> bool:
@@ -272,7 +269,7 @@ class Demo:
         pid = None
         deadline = time.time() + 30.0
         while pid is None and time.time() < deadline and self.proc.poll() is None:
-            pid = worker_with_rank(self.proc.pid, RANK_TO_KILL)
+            pid = worker_with_rank(self.proc.pid, self.run_dir, RANK_TO_KILL)
             if pid is None:
                 time.sleep(0.05)
         if pid is None:

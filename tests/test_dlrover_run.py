@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 TRAIN = textwrap.dedent(
     """
     import json, os, signal, sys
-    preloaded = "torch" in sys.modules  # a standby of --prewarm=torch imported it already
+    preloaded = "torch" in sys.modules  # a standby worker (the default) imported it already
     import torch, torch.distributed as dist
 
     out, kill_at = sys.argv[1], int(sys.argv[2])
@@ -87,14 +87,15 @@ def test_a_killed_worker_is_restarted_and_the_job_finishes(
     run_dir: Path, spawn: list[subprocess.Popen[str]], prewarm: bool
 ) -> None:
     # The kill comes before any flash checkpoint: the restart's standbys start when the group stops.
-    flags = ["--max-restarts=2", *(["--prewarm=torch"] if prewarm else [])]
+    # Standby workers are the default; --prewarm=none asks for fresh ones.
+    flags = ["--max-restarts=2", *([] if prewarm else ["--prewarm=none"])]
     proc = _dlrover_run(spawn, run_dir, *flags, str(run_dir / "train.py"), str(run_dir / "out"), "3")
     output, _ = proc.communicate(timeout=240)
     assert proc.returncode == 0, output
     result = json.loads((run_dir / "out" / "result.json").read_text())
     assert result["step"] == 8
     assert result["attempt"] == 1
-    # With --prewarm the restarted workers came from standbys that had imported torch; none of
+    # By default the restarted workers came from standbys that had imported torch; none of
     # those standbys outlives the job.
     assert result["preloaded"] is prewarm
     standbys = [p for p in psutil.process_iter(["cmdline"]) if str(run_dir) in " ".join(p.info["cmdline"] or [])]

@@ -17,6 +17,7 @@ acknowledged) only after every rank finished it.
 Rank 0 appends one JSON object per line to `<out>/progress.jsonl` (started, resumed, step,
 finished); `--record-samples` makes every rank append the indices it trained to
 `<out>/samples/rank<R>.jsonl`, and the steps it staged to memory to `<out>/staged/rank<R>.jsonl`.
+Every rank writes its process id to `<out>/rank<R>.pid` when it starts.
 """
 
 from __future__ import annotations
@@ -363,6 +364,12 @@ def main(argv: list[str] | None = None) -> int:
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     sharded = bool(os.environ.get("DLROVER_MASTER_ADDR"))
     out = Path(args.out)
+    # Where tools that watch the job (examples/demo.py) find a rank's process: /proc/PID/environ of
+    # a worker that dlrover-run started from a warm standby shows the standby's environment, which
+    # has no RANK (the worker got it after the standby started).
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"rank{rank}.pid.tmp").write_text(f"{os.getpid()}\n")
+    os.replace(out / f"rank{rank}.pid.tmp", out / f"rank{rank}.pid")
     num_samples = args.steps * args.batch * world
     data = Path(args.corpus).read_bytes() if args.corpus else generate(num_samples * args.context + 1, args.seed)
     corpus = Corpus(data, args.context, num_samples)

@@ -85,13 +85,31 @@ def test_dlrover_flags() -> None:
     assert parse_args(["t.py"]).hang_timeout_s == 180.0
     assert parse_args(["--hang-timeout=0", "t.py"]).hang_timeout_s == 0.0
     assert cfg.token_file == "/run/token"
-    assert cfg.prewarm == ()  # off unless asked
+    assert cfg.prewarm == ("torch",)  # standby workers by default
     assert cfg.checkpoint_stop_timeout_s == 120.0
     assert cfg.prewarm_refill_after_s == 30.0
     assert parse_args(["--prewarm-refill-after=0", "t.py"]).prewarm_refill_after_s == 0.0
     assert parse_args(["--checkpoint-stop-timeout=30", "t.py"]).checkpoint_stop_timeout_s == 30.0
     assert parse_args(["--prewarm=torch, numpy.linalg", "t.py"]).prewarm == ("torch", "numpy.linalg")
     assert parse_args(["--prewarm=torch", "-m", "pkg.train"]).prewarm == ("torch",)
+
+
+def test_standby_workers_import_torch_by_default_for_python_workers_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PET_PREWARM", raising=False)
+    assert parse_args(["t.py"]).prewarm == ("torch",)
+    assert parse_args(["-m", "pkg.train"]).prewarm == ("torch",)
+    # A standby cannot run an executable or a run-path wrapper: those start fresh without a word.
+    assert parse_args(["--no-python", "t.sh"]).prewarm == ()
+    assert parse_args(["--run-path", "t.py"]).prewarm == ()
+    # Turned off by `none` (any case) or an empty value, also through torchrun-style PET_ variables.
+    assert parse_args(["--prewarm=none", "t.py"]).prewarm == ()
+    assert parse_args(["--prewarm", "NONE", "t.py"]).prewarm == ()
+    assert parse_args(["--prewarm=", "t.py"]).prewarm == ()
+    assert parse_args(["--prewarm=none", "--no-python", "t.sh"]).prewarm == ()
+    monkeypatch.setenv("PET_PREWARM", "none")
+    assert parse_args(["t.py"]).prewarm == ()
+    monkeypatch.setenv("PET_PREWARM", "numpy")
+    assert parse_args(["t.py"]).prewarm == ("numpy",)
 
 
 def test_network_check_flags() -> None:
@@ -163,7 +181,8 @@ def test_auto_config_uses_visible_accelerators() -> None:
         (["--network-check", "--straggler-factor=x", "t.py"], "--straggler-factor must be a number, got 'x'"),
         (["--redirects=7", "t.py"], "'7'"),
         (["--tee=5:1", "t.py"], "local rank 5"),
-        (["--prewarm=torch;rm", "t.py"], "module names, got 'torch;rm'"),
+        (["--prewarm=torch;rm", "t.py"], "module names or none, got 'torch;rm'"),
+        (["--prewarm=torch,none", "t.py"], "module names or none, got 'none'"),
         (["--checkpoint-stop-timeout=0", "t.py"], "checkpoint-stop-timeout"),
         (["--checkpoint-stop-timeout=inf", "t.py"], "checkpoint-stop-timeout must be a finite number"),
         (["--prewarm-refill-after=-1", "t.py"], "--prewarm-refill-after must be at least 0"),

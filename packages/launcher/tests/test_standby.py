@@ -26,14 +26,23 @@ pytestmark = [pytest.mark.integration]
 PY = sys.executable
 
 FACTS = """
-import json, os, sys
+import json, os, signal, sys, warnings
 facts = {
+    "flags": list(sys.flags),
+    "orig_argv": sys.orig_argv,
+    "warnings": [repr(f) for f in warnings.filters],
+    "signals": {s.name: repr(signal.getsignal(s)) for s in signal.Signals if s not in (signal.SIGKILL, signal.SIGSTOP)},
+    "main": sys.modules["__main__"].__dict__ is globals(),
+    "globals": sorted(globals()),
+    "loader": type(__loader__).__name__,
+    "builtins": type(__builtins__).__name__,
+    "spec": repr(__spec__.name if __spec__ else None),
     "argv": sys.argv,
     "name": __name__,
     "path0": sys.path[0],
-    "file": os.path.realpath(__file__),
+    "file": __file__,
     "rank": os.environ.get("RANK"),
-    "leftover": os.environ.get("ONLY_IN_STANDBY_ENV"),
+    "leftover": os.environ.get("DLROVER_TEST_ONLY_IN_STANDBY_ENV"),
     "preloaded": "prewarm_marker" in sys.modules,
     "stdin": sys.stdin.read(),
     "cwd": os.getcwd(),
@@ -43,6 +52,17 @@ with open(os.environ["FACTS_OUT"], "w") as f:
 if len(sys.argv) > 1 and sys.argv[1] == "raise":
     raise RuntimeError("the script failed on purpose")
 sys.exit(int(sys.argv[1]) if len(sys.argv) > 1 else 0)
+"""
+
+
+# The script sets a filter, then imports the prewarmed module, which adds filters of its own.
+FILTERS = """
+import json, os, sys, warnings
+preloaded = "prewarm_marker" in sys.modules
+warnings.filterwarnings("ignore", message="set by the script")
+import prewarm_marker
+with open(os.environ["FACTS_OUT"], "w") as f:
+    json.dump({"preloaded": preloaded, "filters": [repr(f) for f in warnings.filters]}, f)
 """
 
 
@@ -64,11 +84,15 @@ def _gone(pid: int) -> bool:
 @pytest.fixture
 def workdir(tmp_path: Path) -> Path:
     # Imported after the standby armed its parent-death signal; leaves a file naming its process.
+    # Its warnings filters are held back until the program imports it, as a fresh run adds them.
     (tmp_path / "prewarm_marker.py").write_text(
-        "import os, pathlib\n"
+        "import os, pathlib, warnings\n"
+        "warnings.filterwarnings('ignore', message='marker in front')\n"
+        "warnings.filterwarnings('ignore', message='marker behind', append=True)\n"
         "if os.environ.get('MARKER_DIR'):\n"
         "    pathlib.Path(os.environ['MARKER_DIR'], str(os.getpid())).touch()\n"
     )
+    (tmp_path / "filters.py").write_text(FILTERS)
     (tmp_path / "facts.py").write_text(FACTS)
     pkg = tmp_path / "factspkg"
     pkg.mkdir()
@@ -98,17 +122,26 @@ def _run_one(
 
 
 @pytest.mark.parametrize(
-    ("form", "args", "code"),
-    [("script", ("0",), 0), ("script", ("7",), 7), ("script", ("raise",), 1), ("module", ("5",), 5)],
+    ("form", "args"),
+    [("script", ("0",)), ("script", ("7",)), ("script", ("raise",)), ("module", ("5",)), ("relative script", ("0",))],
 )
 def test_a_standby_runs_the_worker_as_a_fresh_interpreter_would(
-    workdir: Path, tmp_path: Path, form: str, args: tuple[str, ...], code: int
+    workdir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, form: str, args: tuple[str, ...]
 ) -> None:
-    target = ("-m", "factspkg") if form == "module" else (str(workdir / "facts.py"),)
+    code = 1 if args == ("raise",) else int(args[0])
+    target = {"module": ("-m", "factspkg"), "relative script": ("facts.py",)}.get(form, (str(workdir / "facts.py"),))
+    if form == "relative script":
+        # `dlrover-run train.py`: a fresh interpreter makes __file__ absolute, argv[0] stays relative.
+        monkeypatch.chdir(workdir)
     program = (PY, "-u", *target, *args)
     fresh, fresh_code, fresh_tail = _run_one(program, _env(workdir, tmp_path / "fresh.json"), None, tmp_path / "f")
 
-    standby_env = _env(workdir, tmp_path / "unused.json", ONLY_IN_STANDBY_ENV="yes")
+    # As the agent's: the worker's rank comes only with the go message. The other difference is a
+    # name the standby's environment guard lets through (a worker-contract name), so the warm
+    # interpreter runs the script (a difference the modules may have read re-executes: see
+    # test_standby_env_guard.py).
+    standby_env = _env(workdir, tmp_path / "warm.json", DLROVER_TEST_ONLY_IN_STANDBY_ENV="yes")
+    del standby_env["RANK"]
     pool = StandbyPool(program, ["prewarm_marker"], standby_env, size=1)
     try:
         pool.fill()
@@ -124,6 +157,7 @@ def test_a_standby_runs_the_worker_as_a_fresh_interpreter_would(
         facts.pop("preloaded")
     assert warm == fresh
     assert fresh["name"] == "__main__"
+    assert fresh["file"] == str(workdir / ("factspkg/__main__.py" if form == "module" else "facts.py"))
     assert fresh["rank"] == "3"
     assert fresh["leftover"] is None
     assert warm_code == fresh_code == code
@@ -237,3 +271,160 @@ def test_standbys_die_with_their_agent(workdir: Path, tmp_path: Path, spawned: l
     os.kill(agent.pid, signal.SIGKILL)
     agent.wait()
     _wait_until(lambda: all(_gone(pid) for pid in pids), timeout_s=30.0)
+
+
+SPAWN = """
+import json, multiprocessing, os, sys
+
+
+class Scaled:
+    def __init__(self, factor):
+        self.factor = factor
+
+
+def scale(pair):
+    value, scaled = pair
+    return value * scaled.factor, type(scaled).__module__
+
+
+if __name__ == "__main__":
+    # As a DataLoader with num_workers > 0 and the spawn start method: the children import the
+    # main module again from its file, and objects of classes defined in it travel by reference.
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        results = pool.map(scale, [(2, Scaled(3))])
+    with open(os.environ["FACTS_OUT"], "w") as f:
+        json.dump({"results": results, "argv": sys.argv, "preloaded": "prewarm_marker" in sys.modules}, f)
+"""
+
+
+def test_multiprocessing_spawn_reimports_the_scripts_main_module_in_a_standby(workdir: Path, tmp_path: Path) -> None:
+    (workdir / "spawner.py").write_text(SPAWN)
+    program = (PY, "-u", str(workdir / "spawner.py"))
+    fresh_env = _env(workdir, tmp_path / "fresh.json")
+    fresh, fresh_code, fresh_tail = _run_one(program, fresh_env, None, tmp_path / "f")
+    warm_env = _env(workdir, tmp_path / "warm.json")
+    pool = StandbyPool(program, ["prewarm_marker"], warm_env, size=1)
+    try:
+        pool.fill()
+        warm, warm_code, warm_tail = _run_one(program, warm_env, pool, tmp_path / "w")
+    finally:
+        pool.close()
+    assert pool.taken == 1
+    assert fresh_code == 0, fresh_tail
+    assert warm_code == 0, warm_tail
+    assert fresh.pop("preloaded") is False
+    assert warm.pop("preloaded") is True
+    # The child saw the class as the main module's (`__mp_main__` is how spawn imports it).
+    assert warm == fresh == {"results": [[6, "__mp_main__"]], "argv": [str(workdir / "spawner.py")]}
+
+
+def test_the_prewarmed_modules_warnings_filters_land_where_the_programs_import_puts_them(
+    workdir: Path, tmp_path: Path
+) -> None:
+    program = (PY, "-u", str(workdir / "filters.py"))
+    fresh, fresh_code, fresh_tail = _run_one(program, _env(workdir, tmp_path / "fresh.json"), None, tmp_path / "f")
+    warm_env = _env(workdir, tmp_path / "warm.json")
+    pool = StandbyPool(program, ["prewarm_marker"], warm_env, size=1)
+    try:
+        pool.fill()
+        warm, warm_code, warm_tail = _run_one(program, warm_env, pool, tmp_path / "w")
+    finally:
+        pool.close()
+    assert fresh_code == 0, fresh_tail
+    assert warm_code == 0, warm_tail
+    assert (fresh["preloaded"], warm["preloaded"]) == (False, True)
+    filters = warm["filters"]
+    assert isinstance(filters, list)
+    # In front of the script's own filter, and the appended one behind the defaults.
+    assert "marker in front" in filters[0]
+    assert "set by the script" in filters[1]
+    assert "marker behind" in filters[-1]
+    assert filters == fresh["filters"]
+
+
+def test_a_worker_environment_that_differs_where_the_modules_may_read_reexecs_before_the_program(
+    workdir: Path, tmp_path: Path
+) -> None:
+    # Every name but the worker contract may be read by a module other than torch while it loads:
+    # the standby imported prewarm_marker under MARKER_SETTING=standby, the worker wants "worker".
+    program = (PY, "-u", str(workdir / "facts.py"), "0")
+    standby_env = _env(workdir, tmp_path / "warm.json", MARKER_SETTING="standby")
+    pool = StandbyPool(program, ["prewarm_marker"], standby_env, size=1)
+    try:
+        pool.fill()
+        standby_pid = pool._ready[0].pid
+        worker_env = _env(workdir, tmp_path / "warm.json", MARKER_SETTING="worker")
+        group = WorkerGroup([WorkerSpec(local_rank=0, argv=program, env=worker_env)], standby=pool)
+        group.start()
+        try:
+            _wait_until(lambda: not group.running())
+        finally:
+            exits = group.stop(grace_s=0.0)
+    finally:
+        pool.close()
+    assert pool.taken == 1
+    assert exits[0].exit_code == 0, exits[0].stderr_tail
+    assert exits[0].pid == standby_pid  # re-executed in place
+    facts = json.loads((tmp_path / "warm.json").read_text())
+    assert facts["preloaded"] is False  # a fresh interpreter ran the script
+    assert facts["argv"] == [str(workdir / "facts.py"), "0"]
+    assert "MARKER_SETTING" in exits[0].stderr_tail
+    assert "restarting as a fresh interpreter (same pid)" in exits[0].stderr_tail
+
+
+THREADED = """
+import json, os, sys, threading
+stop = threading.Event()
+waiter = threading.Thread(target=stop.wait)
+waiter.start()
+os.environ["MARKER_SETTING"] = "late"  # prewarm_marker was imported without it
+stop.set()
+waiter.join()
+with open(os.environ["FACTS_OUT"], "w") as f:
+    json.dump({"preloaded": "prewarm_marker" in sys.modules, "pid": os.getpid()}, f)
+"""
+
+
+def test_a_late_variable_after_the_program_started_a_thread_only_warns(workdir: Path, tmp_path: Path) -> None:
+    # An exec would end the thread mid-work, so the standby keeps running the program and says why.
+    (workdir / "threaded.py").write_text(THREADED)
+    program = (PY, "-u", str(workdir / "threaded.py"))
+    env = _env(workdir, tmp_path / "warm.json")
+    pool = StandbyPool(program, ["prewarm_marker"], env, size=1)
+    try:
+        pool.fill()
+        standby_pid = pool._ready[0].pid
+        facts, code, stderr = _run_one(program, env, pool, tmp_path / "w")
+    finally:
+        pool.close()
+    assert code == 0, stderr
+    assert facts == {"preloaded": True, "pid": standby_pid}
+    assert "warning: MARKER_SETTING was set before the program imported prewarm_marker" in stderr
+    assert "started a thread" in stderr
+
+
+def _exit_of(program: tuple[str, ...], env: dict[str, str], pool: StandbyPool | None) -> tuple[int, str]:
+    group = WorkerGroup([WorkerSpec(local_rank=0, argv=program, env=env)], standby=pool)
+    group.start()
+    try:
+        _wait_until(lambda: not group.running())
+    finally:
+        exits = group.stop(grace_s=0.0)
+    return exits[0].exit_code, exits[0].stderr_tail
+
+
+def test_a_missing_script_fails_as_in_a_fresh_interpreter(workdir: Path, tmp_path: Path) -> None:
+    program = (PY, "-u", str(workdir / "no_such_script.py"))
+    env = _env(workdir, tmp_path / "x.json")
+    fresh_code, fresh_tail = _exit_of(program, env, None)
+    pool = StandbyPool(program, ["prewarm_marker"], env, size=1)
+    try:
+        pool.fill()
+        warm_code, warm_tail = _exit_of(program, env, pool)
+    finally:
+        pool.close()
+    assert pool.taken == 1
+    assert warm_code == fresh_code == 2
+    message = f"can't open file {str(workdir / 'no_such_script.py')!r}: [Errno 2] No such file or directory"
+    assert message in fresh_tail
+    assert message in warm_tail

@@ -4,7 +4,8 @@
 every torchrun flag plus DLRover's), the worker environment contract (`worker_env`), worker
 processes (`WorkerGroup`, `StandbyPool`), the agent loop (`Agent`) with its pure decisions, talking
 to the job through the `ControlPlane` protocol (`FakeControlPlane` in memory, the gRPC one in
-`dlrover.launcher.grpc_control`), and the network check (`NetworkCheck`).
+`dlrover.launcher.grpc_control`), the round's torch.distributed store that node rank 0's agent
+hosts (`StoreHost`: `TorchStoreHost`, `FakeStoreHost`), and the network check (`NetworkCheck`).
 
 Names are imported lazily: a worker process started through `dlrover.launcher._orphan_guard` or
 `dlrover.launcher._standby` imports this package, and must not pay for gRPC and the agent.
@@ -36,6 +37,14 @@ if TYPE_CHECKING:
         WorkerIdentity,
         worker_env,
     )
+    from dlrover.launcher.env_guard import (
+        EnvGuard,
+        EnvWriteAction,
+        EnvWriteDecision,
+        decide_env_write,
+        import_time_sensitive,
+        side_effect_of,
+    )
     from dlrover.launcher.fake_control import FakeControlPlane
     from dlrover.launcher.netcheck import (
         InMemoryRoundStore,
@@ -47,6 +56,7 @@ if TYPE_CHECKING:
         RoundStore,
     )
     from dlrover.launcher.netcheck_plan import NETWORK_CHECK_FAULT_ENV_VAR, CheckAction, CheckOutcome
+    from dlrover.launcher.store_host import FakeStoreHost, StoreHost, TorchStoreHost, TorchStoreHostConfig
     from dlrover.launcher.workers import StandbyPool, WorkerExit, WorkerGroup, WorkerSpec
 
 _EXPORTS: dict[str, str] = {
@@ -72,6 +82,12 @@ _EXPORTS: dict[str, str] = {
     "NODE_ID_ENV_VAR": "dlrover.launcher.env",
     "WorkerIdentity": "dlrover.launcher.env",
     "worker_env": "dlrover.launcher.env",
+    "EnvGuard": "dlrover.launcher.env_guard",
+    "EnvWriteAction": "dlrover.launcher.env_guard",
+    "EnvWriteDecision": "dlrover.launcher.env_guard",
+    "decide_env_write": "dlrover.launcher.env_guard",
+    "import_time_sensitive": "dlrover.launcher.env_guard",
+    "side_effect_of": "dlrover.launcher.env_guard",
     "FakeControlPlane": "dlrover.launcher.fake_control",
     "InMemoryRoundStore": "dlrover.launcher.netcheck",
     "NetworkCheck": "dlrover.launcher.netcheck",
@@ -83,6 +99,10 @@ _EXPORTS: dict[str, str] = {
     "NETWORK_CHECK_FAULT_ENV_VAR": "dlrover.launcher.netcheck_plan",
     "CheckAction": "dlrover.launcher.netcheck_plan",
     "CheckOutcome": "dlrover.launcher.netcheck_plan",
+    "FakeStoreHost": "dlrover.launcher.store_host",
+    "StoreHost": "dlrover.launcher.store_host",
+    "TorchStoreHost": "dlrover.launcher.store_host",
+    "TorchStoreHostConfig": "dlrover.launcher.store_host",
     "StandbyPool": "dlrover.launcher.workers",
     "WorkerExit": "dlrover.launcher.workers",
     "WorkerGroup": "dlrover.launcher.workers",
@@ -90,6 +110,12 @@ _EXPORTS: dict[str, str] = {
 }
 
 __all__ = [
+    "EnvGuard",
+    "EnvWriteAction",
+    "EnvWriteDecision",
+    "decide_env_write",
+    "import_time_sensitive",
+    "side_effect_of",
     "Agent",
     "AgentAction",
     "AgentConfig",
@@ -98,6 +124,10 @@ __all__ = [
     "FailureDecision",
     "FailureReport",
     "FakeControlPlane",
+    "FakeStoreHost",
+    "StoreHost",
+    "TorchStoreHost",
+    "TorchStoreHostConfig",
     "CheckAction",
     "CheckOutcome",
     "InMemoryRoundStore",

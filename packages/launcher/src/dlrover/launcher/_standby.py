@@ -9,27 +9,73 @@ parent-death signal (as `_orphan_guard` does, so it dies with its agent), import
 (comma-separated), then blocks reading one line from standard input. The line is the JSON object
 ``{"env": {NAME: VALUE, ...}}``: the standby replaces its environment with that one, points fd 0 at
 /dev/null, and runs the worker program the way ``python -u SCRIPT`` or ``python -u -m MODULE``
-would (``sys.argv``, ``sys.path[0]``, ``__name__ == "__main__"``). End of input without a line
-means the agent no longer needs it: it exits 0 without running anything.
+would (``sys.argv``, ``sys.path[0]``, ``__name__ == "__main__"``, ``__file__``,
+``sys.modules["__main__"]`` for pickling and multiprocessing's spawn, the same ``sys.flags``, the
+modules' warnings filters placed where the program's own import would place them). End of input
+without a line means the agent no longer needs it: it exits 0 without running anything.
 
-What differs from a fresh start, and why it is opt-in (``dlrover-run --prewarm``): the modules in
-`MODULES` were imported before the worker's own environment was set, so variables they read at
-import time (for example ``OMP_NUM_THREADS`` for the OpenMP runtime that torch loads) come from
-the agent's environment, not from anything the script sets before its first import.
+`dlrover-run` uses standbys by default (``--prewarm torch``). What could differ from a fresh start
+is that `MODULES` were imported before the worker's own environment was set, so a variable they
+read at import time (``OMP_NUM_THREADS`` for the OpenMP runtime torch loads) would miss anything
+the program sets before its own first import of them. The standby guards against that
+(decisions in `dlrover.launcher.env_guard`):
+
+- The go message's environment is compared with the one the modules were imported under; a
+  difference in a name they may read at import re-executes at once (below).
+- While the program runs, an audit hook sees every environment write (``os.putenv``,
+  ``os.unsetenv``: ``os.environ`` item set and delete) and the events that a second run would
+  repeat (files opened for writing, sockets, child processes, ...); wrappers around
+  ``builtins.__import__`` and ``importlib.import_module`` see the program's own first import of
+  each prewarmed module, and are removed then (the hook does nothing more from then on).
+- A write, before that import, of a name the modules may read at import (every name except the
+  worker contract and a short list torch 2.13 reads only when used; see `import_time_sensitive`)
+  makes the standby re-execute in place: ``os.execve`` of this interpreter with the worker's
+  original argv and the go message's environment, after restoring the working directory, the
+  signal mask and the signal dispositions the program may have changed. The pid stays the same
+  (the agent's bookkeeping holds), the parent-death signal survives the exec (this is not a
+  set-user-ID program), fds 0, 1 and 2 are what a fresh worker has (/dev/null and the agent's
+  pipes; everything Python opens is close-on-exec). The fresh interpreter runs the program again
+  from the start, which sets the variable again before its own import.
+- If the program already did something a second run would repeat, the standby does not re-exec:
+  it writes a warning naming the variable to stderr (``--prewarm none`` avoids it). Writes after
+  the program's own import change nothing that a fresh start would not also ignore.
+
+Limits: output the program wrote before a re-exec is written again by the second run; writes made
+from C (``setenv`` through ctypes or an extension) are not seen; a side effect that raises no
+audit event (writing through a file descriptor opened before, process state such as the CPU
+affinity or niceness) does not stop the re-exec; a prewarmed module that changes ``os.environ``
+while it imports (torch 2.13 does not) has those changes replaced by the worker's environment.
+Seen from outside, ``/proc/PID/environ`` of a standby that runs a program still shows the
+environment the standby was started with (the kernel keeps the one a process was exec'ed with).
 """
 
 from __future__ import annotations
 
+import builtins
+import contextlib
 import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import io
 import json
 import os
 import runpy
+import signal
 import sys
-from collections.abc import Sequence
+import threading
+import types
+import warnings
+import zipfile
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, cast
 
 from dlrover.launcher._orphan_guard import ORPHANED_EXIT_CODE, _arm_parent_death_signal
+from dlrover.launcher.env_guard import EnvGuard, EnvWriteAction, EnvWriteDecision, side_effect_of
 
 USAGE = "usage: python -u -m dlrover.launcher._standby PARENT_PID MODULES -- PYTHON -u (SCRIPT | -m MODULE) [ARGS...]"
+
+_Filter = tuple[Any, ...]
 
 
 def runnable(program: Sequence[str]) -> bool:
@@ -59,21 +105,238 @@ def _detach_stdin() -> None:
     sys.stdin = open(0, closefd=False)  # noqa: SIM115 (fd 0 lives as long as the process)
 
 
+def _set_filters(filters: list[_Filter]) -> None:
+    # resetwarnings bumps the filters' version, so no warning registry filled under the old list
+    # (during the prewarm imports) is trusted afterwards.
+    warnings.resetwarnings()
+    cast("list[_Filter]", warnings.filters)[:] = filters
+
+
+class _ImportFilters:
+    """The warnings filters the prewarm imports added, held back until the program imports the modules.
+
+    A fresh run adds them when the program imports torch, in front of (or behind, for appended
+    ones) whatever the program had set by then; adding them at the same moment keeps their order.
+    """
+
+    def __init__(self, before: list[_Filter]) -> None:
+        old = {id(f) for f in before}
+        after = list(warnings.filters)
+        first_old = next((i for i, f in enumerate(after) if id(f) in old), len(after))
+        self._front = [f for f in after[:first_old] if id(f) not in old]
+        self._back = [f for f in after[first_old:] if id(f) not in old]
+        _set_filters([f for f in after if id(f) in old])
+
+    def restore(self) -> None:
+        if self._front or self._back:
+            _set_filters([*self._front, *warnings.filters, *self._back])
+            self._front = self._back = []
+
+
+class _ProcessState:
+    """What a fresh worker starts with and the program may change before a re-exec keeps it."""
+
+    def __init__(self) -> None:
+        self.cwd = os.getcwd()
+        self.mask = signal.pthread_sigmask(signal.SIG_BLOCK, ())
+        self.handlers: dict[signal.Signals, Any] = {}
+        for sig in signal.valid_signals():
+            if isinstance(sig, signal.Signals) and sig not in (signal.SIGKILL, signal.SIGSTOP):
+                self.handlers[sig] = signal.getsignal(sig)
+
+    def restore(self) -> None:
+        os.chdir(self.cwd)
+        for sig, handler in self.handlers.items():
+            if handler is not None and signal.getsignal(sig) is not handler:
+                with contextlib.suppress(OSError, ValueError):
+                    signal.signal(sig, handler)
+        signal.pthread_sigmask(signal.SIG_SETMASK, self.mask)
+
+
+def _say(text: str) -> None:
+    with contextlib.suppress(OSError):
+        os.write(2, f"dlrover-run standby worker: {text}\n".encode())
+
+
+def _reexec(program: Sequence[str], env: dict[str, str], state: _ProcessState, decision: EnvWriteDecision) -> None:
+    """Replace this process with a fresh interpreter running `program`; returns only if exec failed."""
+    _say(decision.reason)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    state.restore()
+    try:
+        os.execve(sys.executable, list(program), env)  # noqa: S606 (the worker's own argv, no shell)
+    except OSError as exc:
+        _say(f"could not restart as a fresh interpreter ({exc}); {decision.name} may not take effect")
+
+
+class _Watch:
+    """The adapter around `EnvGuard`: the audit hook, the import wrappers and the re-exec."""
+
+    def __init__(
+        self,
+        guard: EnvGuard,
+        program: Sequence[str],
+        env: dict[str, str],
+        state: _ProcessState,
+        filters: _ImportFilters,
+    ) -> None:
+        self._guard = guard
+        self._program = program
+        self._env = env
+        self._state = state
+        self._filters = filters
+        self._threads = threading.active_count()
+        self.active = False
+        self._import = builtins.__import__
+        self._import_module = importlib.import_module
+        self._guarded_import: Callable[..., Any] | None = None
+        self._guarded_import_module: Callable[..., Any] | None = None
+
+    def install(self) -> None:
+        original_import, original_import_module = self._import, self._import_module
+
+        def guarded_import(
+            name: str,
+            globals: Mapping[str, object] | None = None,  # builtins.__import__'s own parameter names
+            locals: Mapping[str, object] | None = None,
+            fromlist: Sequence[str] | None = (),
+            level: int = 0,
+        ) -> types.ModuleType:
+            if level == 0 and self.active:
+                self._imported(name)
+            return original_import(name, globals, locals, fromlist, level)
+
+        def guarded_import_module(name: str, package: str | None = None) -> types.ModuleType:
+            if self.active:
+                absolute = name
+                if name.startswith("."):
+                    with contextlib.suppress(ImportError, ValueError):
+                        absolute = importlib.util.resolve_name(name, package)
+                self._imported(absolute)
+            return original_import_module(name, package)
+
+        self._guarded_import, self._guarded_import_module = guarded_import, guarded_import_module
+        self.active = True
+        builtins.__import__ = guarded_import
+        importlib.import_module = guarded_import_module
+        # Audit hooks cannot be removed: once the guard is settled this one returns at once.
+        sys.addaudithook(self._audit)
+
+    def _settle(self) -> None:
+        self.active = False
+        # Steady-state imports must cost nothing: unwrap, unless the program wrapped them again.
+        if builtins.__import__ is self._guarded_import:
+            builtins.__import__ = self._import
+        if importlib.import_module is self._guarded_import_module:
+            importlib.import_module = self._import_module
+
+    def _imported(self, name: str) -> None:
+        pending = self._guard.pending
+        self._guard.on_import(name)
+        if self._guard.pending != pending:
+            self._filters.restore()
+        if self._guard.settled:
+            self._settle()
+
+    def _audit(self, event: str, args: tuple[Any, ...]) -> None:
+        if not self.active:
+            return
+        try:
+            if event in ("os.putenv", "os.unsetenv"):
+                if threading.active_count() > self._threads:
+                    self._guard.on_side_effect("started a thread")
+                value = os.fsdecode(args[1]) if event == "os.putenv" else None
+                self._decided(self._guard.on_env_write(os.fsdecode(args[0]), value))
+                return
+            what = side_effect_of(event, args)
+            if what is not None:
+                self._guard.on_side_effect(what)
+        except Exception as exc:  # an audit hook that raises breaks the audited call in the program
+            self._settle()
+            _say(f"the environment guard stopped after an internal error ({exc!r}); writes are no longer checked")
+
+    def _decided(self, decision: EnvWriteDecision) -> None:
+        if decision.action is EnvWriteAction.WARN:
+            _say(f"warning: {decision.reason}")
+        elif decision.action is EnvWriteAction.REEXEC:
+            self._settle()  # were the exec to fail, the program goes on unwatched and unwrapped
+            _reexec(self._program, self._env, self._state, decision)
+
+
 def _run(program: list[str]) -> None:
+    sys.orig_argv = list(program)  # what a fresh `python -u ...` was started with
     if program[2] == "-m":
         module, args = program[3], program[4:]
         # As `python -m`: the current directory first on the path; argv[0] becomes the module's file.
         sys.path[0] = os.getcwd()
         sys.argv = [module, *args]
-        runpy.run_module(module, run_name="__main__", alter_sys=True)
+        _run_module(module)
         return
     script, args = program[2], program[3:]
     sys.path[0] = os.path.dirname(os.path.realpath(script))
     sys.argv = [script, *args]
-    runpy.run_path(script, run_name="__main__")
+    path = os.path.abspath(script)
+    if not os.path.exists(path):
+        # As the interpreter says it, with its exit status (a usage error, not the script's failure).
+        print(f"{sys.executable}: can't open file {path!r}: [Errno 2] No such file or directory", file=sys.stderr)
+        raise SystemExit(2)
+    if not os.path.isfile(path) or zipfile.is_zipfile(path):
+        runpy.run_path(path, run_name="__main__")  # a folder or zip archive with a __main__.py
+        return
+    _run_file(path)
+
+
+def _run_module(name: str) -> None:
+    """Run module `name` (a package: its ``__main__``) as the main module, as `python -m` does.
+
+    Not `runpy.run_module`: its main module would get ``__builtins__`` as a dict and no
+    ``__annotations__``, unlike the one `python -m` runs in.
+    """
+    spec = importlib.util.find_spec(name)
+    if spec is not None and spec.submodule_search_locations is not None:
+        spec = importlib.util.find_spec(f"{name}.__main__")
+    if spec is None or spec.origin is None or not isinstance(spec.loader, importlib.abc.InspectLoader):
+        raise ImportError(f"No module named {name!r} that can be run as the main module", name=name)
+    code = spec.loader.get_code(spec.name)
+    if code is None:
+        raise ImportError(f"No code object available for {name!r}", name=name)
+    sys.argv[0] = spec.origin
+    _exec_as_main(code, spec.origin, spec.loader, spec)
+
+
+def _run_file(path: str) -> None:
+    """Run the script at absolute `path` as the main module, as `python SCRIPT` does.
+
+    Not `runpy.run_path`: it would set ``sys.argv[0]`` to its argument and ``__loader__`` to None,
+    while a fresh interpreter keeps ``argv[0]`` as given and makes ``__file__`` absolute.
+    """
+    with io.open_code(path) as source:
+        # dont_inherit: this module's `from __future__` flags must not change how the script compiles.
+        code = compile(source.read(), path, "exec", dont_inherit=True)
+    _exec_as_main(code, path, importlib.machinery.SourceFileLoader("__main__", path), None)
+
+
+def _exec_as_main(
+    code: types.CodeType, origin: str, loader: importlib.abc.Loader, spec: importlib.machinery.ModuleSpec | None
+) -> None:
+    main = types.ModuleType("__main__")
+    main.__dict__.update(
+        __file__=origin,
+        __loader__=loader,
+        __cached__=spec.cached if spec is not None else None,
+        __package__=spec.parent if spec is not None else None,
+        __spec__=spec,
+        __annotations__={},
+        __builtins__=builtins,
+    )
+    sys.modules["__main__"] = main
+    exec(code, main.__dict__)  # noqa: S102 (the worker's own program, as the interpreter would run it)
 
 
 def main(argv: list[str]) -> int:
+    """Run as a standby worker (see the module's docstring); returns the exit status."""
     if len(argv) < 3 or argv[2] != "--" or not runnable(argv[3:]):
         print(USAGE, file=sys.stderr)
         return 2
@@ -81,14 +344,32 @@ def main(argv: list[str]) -> int:
     _arm_parent_death_signal()
     if os.getppid() != expected_parent:
         return ORPHANED_EXIT_CODE
-    for name in filter(None, modules.split(",")):
+    prewarmed = [name for name in modules.split(",") if name]
+    import_env = dict(os.environ)
+    filters_before = list(warnings.filters)
+    for name in prewarmed:
         importlib.import_module(name)
+    filters = _ImportFilters(filters_before)
     env = _read_go_message()
     if env is None:
         return 0
+    state = _ProcessState()
     os.environ.clear()
     os.environ.update(env)
     _detach_stdin()
+    guard = EnvGuard(prewarmed, import_env)
+    # The worker's environment against the one the modules were imported under: the agent's
+    # writes come before the program's, so they are judged the same way.
+    for name in sorted(set(env) | set(import_env)):
+        if env.get(name) != import_env.get(name):
+            decision = guard.on_env_write(name, env.get(name))
+            if decision.action is EnvWriteAction.REEXEC:
+                _reexec(program, env, state, decision)
+                break
+    if not guard.settled:
+        _Watch(guard, program, env, state, filters).install()
+    else:
+        filters.restore()
     _run(program)
     return 0
 

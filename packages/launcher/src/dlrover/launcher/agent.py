@@ -38,6 +38,7 @@ from dlrover.launcher.env import (
 from dlrover.launcher.hang import HangWatch, read_cpu_seconds
 from dlrover.launcher.netcheck import NetworkCheck, NetworkCheckSettingsMismatch, NetworkCheckStopped
 from dlrover.launcher.netcheck_plan import CheckOutcome, after_check_report, check_step
+from dlrover.launcher.store_host import StoreHost
 from dlrover.launcher.workers import StandbyPool, WorkerExit, WorkerGroup, WorkerSpec
 
 __all__ = ["Agent", "AgentConfig", "AgentResult"]
@@ -142,6 +143,10 @@ class Agent:
         progress: reads this node's training progress for heartbeats.
         network_check: checks the nodes of every round before its workers start
             (`--network-check`); None skips the check.
+        store_host: hosts each round's torch.distributed store when this node gets rank 0, as
+            torchrun's agent does (`dlrover-run` passes a `TorchStoreHost`): a fresh store per
+            round, listening before its address is published, closed once the round's workers
+            have stopped and when the agent exits. None: worker rank 0 hosts the store instead.
     """
 
     def __init__(
@@ -153,8 +158,10 @@ class Agent:
         environ: Mapping[str, str] | None = None,
         progress: Callable[[], Progress] | None = None,
         network_check: NetworkCheck | None = None,
+        store_host: StoreHost | None = None,
     ) -> None:
         self._network_check = network_check
+        self._store_host = store_host
         self._check_heartbeat_at = 0.0
         # What the master asked for during the network check, carried out when the check ends.
         self._check_action: Step | None = None
@@ -187,6 +194,9 @@ class Agent:
         they finish their persists (after a failure, a stop or a signal: the newest snapshot
         every rank holds) and the job's shared memory is removed.
         """
+        if self._store_host is not None:
+            # The torch import behind the store overlaps registration and the first rendezvous.
+            self._store_host.prepare()
         host = self._start_saver_host() if self._config.host_checkpoint_saver else None
         self._saver_host = host
         result: AgentResult | None = None
@@ -195,6 +205,7 @@ class Agent:
             result = self._run_rounds()
             return result
         finally:
+            self._close_store()
             if self._standby is not None:
                 self._standby.close(self._config.shutdown_grace_s)
                 self._standby = None
@@ -269,46 +280,66 @@ class Agent:
         self._node_id = registration.node_id
         self._heartbeat_interval_s = self._config.heartbeat_interval_s or registration.heartbeat_interval_s
         restarts = rounds = 0
+        open_store = self._open_store if self._store_host is not None else None
         while True:
             if self._stop_requested.is_set():
                 return AgentResult(128 + 15, self._stop_reason, restarts, rounds)
+            # Every exit from one round's body, a `continue`, a return or an exception, comes after
+            # the round's workers have stopped (`_run_group` stops them): then its store goes.
             try:
-                assignment = self._control.next_round(self._config.rendezvous_timeout_s, self._stop_requested.is_set)
-            except DLRoverError:
-                if self._stop_requested.is_set():
-                    return AgentResult(128 + 15, self._stop_reason, restarts, rounds)
-                raise
-            rounds += 1
-            _log.info(
-                "round %d: node rank %d of %d, store at %s:%d",
-                assignment.round,
-                assignment.group_rank,
-                assignment.group_world_size,
-                assignment.master_addr,
-                assignment.master_port,
-            )
-            checked = self._check_nodes(assignment, restarts)
-            if checked is not None:
-                _log.info("%s: %s", checked.kind.value, checked.reason)
-                if checked.kind is StepKind.EXIT:
-                    self._leave_quietly()
-                    return AgentResult(checked.exit_code, checked.reason, restarts, rounds)
-                continue
-            step = self._run_group(assignment, restarts)
-            _log.info("%s: %s", step.kind.value, step.reason)
-            if step.kind is StepKind.SUCCEED:
-                self._control.report_success()
-                return AgentResult(0, step.reason, restarts, rounds)
-            if step.kind is StepKind.EXIT:
                 try:
-                    self._control.leave()
-                except DLRoverError as exc:
-                    # Leaving is a courtesy that speeds up the others' next round; the exit and
-                    # its reason stand whether or not the master heard it.
-                    _log.warning("could not leave the rendezvous: %s", exc)
-                return AgentResult(step.exit_code, step.reason, restarts, rounds)
-            if step.counts_as_restart:
-                restarts += 1
+                    assignment = self._control.next_round(
+                        self._config.rendezvous_timeout_s, self._stop_requested.is_set, open_store
+                    )
+                except DLRoverError:
+                    if self._stop_requested.is_set():
+                        return AgentResult(128 + 15, self._stop_reason, restarts, rounds)
+                    raise
+                rounds += 1
+                _log.info(
+                    "round %d: node rank %d of %d, store at %s:%d (hosted by %s)",
+                    assignment.round,
+                    assignment.group_rank,
+                    assignment.group_world_size,
+                    assignment.master_addr,
+                    assignment.master_port,
+                    "node rank 0's agent" if assignment.agent_store else "worker rank 0",
+                )
+                checked = self._check_nodes(assignment, restarts)
+                if checked is not None:
+                    _log.info("%s: %s", checked.kind.value, checked.reason)
+                    if checked.kind is StepKind.EXIT:
+                        self._leave_quietly()
+                        return AgentResult(checked.exit_code, checked.reason, restarts, rounds)
+                    continue
+                step = self._run_group(assignment, restarts)
+                _log.info("%s: %s", step.kind.value, step.reason)
+                if step.kind is StepKind.SUCCEED:
+                    self._control.report_success()
+                    return AgentResult(0, step.reason, restarts, rounds)
+                if step.kind is StepKind.EXIT:
+                    try:
+                        self._control.leave()
+                    except DLRoverError as exc:
+                        # Leaving is a courtesy that speeds up the others' next round; the exit and
+                        # its reason stand whether or not the master heard it.
+                        _log.warning("could not leave the rendezvous: %s", exc)
+                    return AgentResult(step.exit_code, step.reason, restarts, rounds)
+                if step.counts_as_restart:
+                    restarts += 1
+            finally:
+                self._close_store()
+
+    def _open_store(self, host: str) -> int:
+        """Open this round's store (this node got rank 0); the control plane publishes its address."""
+        assert self._store_host is not None
+        port = self._store_host.open(host)
+        _log.info("hosting this round's torch.distributed store on %s:%d", host, port)
+        return port
+
+    def _close_store(self) -> None:
+        if self._store_host is not None:
+            self._store_host.close()
 
     def _run_group(self, assignment: RoundAssignment, restarts: int) -> Step:
         """Start this round's workers, watch them until a step other than CONTINUE, stop them."""
@@ -570,6 +601,7 @@ class Agent:
                 run_id=cfg.run_id,
                 restart_count=restarts,
                 max_restarts=cfg.max_restarts,
+                agent_store=assignment.agent_store,
                 extra={NODE_ID_ENV_VAR: self._node_id, **cfg.extra_env, **self._host_env},
             )
             specs.append(

@@ -135,6 +135,7 @@ class LaunchConfig:
     store_wait_s: float = 60.0
     master_lost_timeout_s: float = 300.0
     shutdown_grace_s: float = 10.0
+    # Built by hand: no standbys. `parse_args` fills in DEFAULT_PREWARM for a Python worker.
     prewarm: tuple[str, ...] = ()
     prewarm_refill_after_s: float = 30.0
     checkpoint_stop_timeout_s: float = 120.0
@@ -292,10 +293,12 @@ def _add_dlrover_options(ours: argparse._ArgumentGroup) -> None:
     _option(
         ours,
         ["--prewarm"],
-        "",
-        "comma-separated modules (e.g. torch) that standby interpreters import ahead of time, so workers and "
-        "every restart skip that import; they import before the script runs, so a variable the script sets "
-        "before its own import of them does not reach them",
+        None,
+        "comma-separated modules that standby interpreters import ahead of time, one per local rank, so the "
+        "workers and every restart skip that import (default: torch, for a `python SCRIPT` or `-m MODULE` "
+        "worker; an executable or --run-path starts fresh); each standby holds its imports' memory while it "
+        "waits; a variable the script sets before its own import of them makes the standby restart as a fresh "
+        "interpreter (or, after the script's first side effect, warn); none: start every worker fresh",
     )
     _option(
         ours,
@@ -341,12 +344,23 @@ def _nproc(value: str, auto_config: bool, accelerators: int, cpus: int) -> int:
 _MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 
 
-def _prewarm(text: str, modes: list[str]) -> tuple[str, ...]:
+DEFAULT_PREWARM = ("torch",)
+"""What standbys import when `--prewarm` is not given and the worker program is runnable by one."""
+
+
+def _prewarm(text: str | None, modes: list[str]) -> tuple[str, ...]:
+    non_runnable = {"--no-python", "--run-path"} & set(modes)
+    if text is None:
+        # The default: a standby cannot run an executable or a run-path wrapper, so those start fresh.
+        return () if non_runnable else DEFAULT_PREWARM
+    if str(text).strip().lower() == "none":
+        return ()
     modules = tuple(m.strip() for m in str(text).split(",") if m.strip())
     for name in modules:
-        if not _MODULE_NAME.fullmatch(name):
-            raise ConfigError(f"--prewarm takes comma-separated module names, got {name!r}")
-    if modules and {"--no-python", "--run-path"} & set(modes):
+        # `none` among modules is a mistake, not a module to import (which would fail in every standby).
+        if not _MODULE_NAME.fullmatch(name) or name.lower() == "none":
+            raise ConfigError(f"--prewarm takes comma-separated module names or none, got {name!r}")
+    if modules and non_runnable:
         raise ConfigError(f"--prewarm needs a Python script or -m module; it cannot be used with {modes[0]}")
     return modules
 

@@ -45,8 +45,11 @@ class RoundAssignment:
         round: the round number; rounds only increase.
         group_rank: this node's rank among nodes.
         group_world_size: nodes in the round.
-        master_addr: where rank 0's torch.distributed store listens.
-        master_port: its port.
+        master_addr: where the round's torch.distributed store listens (MASTER_ADDR).
+        master_port: its port (MASTER_PORT).
+        agent_store: the agent of node rank 0 hosts that store and it listens already, so every
+            worker is a client of it (`TORCHELASTIC_USE_AGENT_STORE=True`, as under torchrun);
+            False: worker rank 0 starts the store in `init_process_group` on that free port.
     """
 
     round: int
@@ -54,6 +57,7 @@ class RoundAssignment:
     group_world_size: int
     master_addr: str
     master_port: int
+    agent_store: bool = False
 
 
 @attrs.frozen
@@ -117,13 +121,26 @@ class ControlPlane(Protocol):
         """Join the job; idempotent for the same agent."""
         ...
 
-    def next_round(self, timeout_s: float, should_stop: Callable[[], bool]) -> RoundAssignment:
+    def next_round(
+        self,
+        timeout_s: float,
+        should_stop: Callable[[], bool],
+        open_store: Callable[[str], int] | None = None,
+    ) -> RoundAssignment:
         """Join the next rendezvous round and block until it completes.
 
         While waiting, the node stays alive in the master's eyes (it keeps heartbeating).
 
+        The node that gets rank 0 makes the round's store address known to every node. With
+        `open_store`, it first calls `open_store(its own address)`, which must return the port of
+        a store server that already listens, and publishes that address with `agent_store` set;
+        the caller owns that store and closes it after the round. Without, it publishes a port
+        that was free a moment ago, for worker rank 0 to host the store. Nodes of other ranks
+        never call `open_store`; they wait for rank 0's address and take `agent_store` from it.
+
         Raises:
-            DLRoverError: refused, timed out, or `should_stop()` turned true while waiting.
+            DLRoverError: refused, timed out, `should_stop()` turned true while waiting, or
+                `open_store` failed (nothing is published then).
         """
         ...
 

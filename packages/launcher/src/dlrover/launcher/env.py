@@ -7,6 +7,7 @@ from collections.abc import Mapping
 import attrs
 
 from dlrover.flashckpt.host import HOST_SOCKET_ENV_VAR
+from dlrover.launcher.env_names import PER_ROUND_ENV_VARS
 
 __all__ = [
     "CHECKPOINT_SOCKET_ENV_VAR",
@@ -50,22 +51,6 @@ class WorkerIdentity:
     role_name: str = "default"
 
 
-PER_ROUND_ENV_VARS = (
-    "RANK",
-    "LOCAL_RANK",
-    "WORLD_SIZE",
-    "LOCAL_WORLD_SIZE",
-    "GROUP_RANK",
-    "GROUP_WORLD_SIZE",
-    "ROLE_RANK",
-    "ROLE_WORLD_SIZE",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "TORCHELASTIC_RESTART_COUNT",
-)
-"""Variables of `worker_env` that depend on the round and the worker, not only on the node."""
-
-
 def worker_env(
     base: Mapping[str, str],
     identity: WorkerIdentity,
@@ -75,6 +60,7 @@ def worker_env(
     run_id: str,
     restart_count: int,
     max_restarts: int,
+    agent_store: bool = False,
     extra: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
     """The full environment of one worker process.
@@ -82,7 +68,9 @@ def worker_env(
     Starts from `base` (normally the agent's own environment), then sets every variable torchrun
     sets, then DLRover's `extra` ones (master address, token file, the checkpoint saver host's
     socket, node id).
-    Like torchrun, it sets `OMP_NUM_THREADS=1` when several workers share a node and the user
+    `agent_store` says that the agent of node rank 0 hosts the store at `master_addr:master_port`
+    (`TORCHELASTIC_USE_AGENT_STORE=True`): torch then makes every rank a client of it; otherwise
+    worker rank 0 starts it. Like torchrun, it sets `OMP_NUM_THREADS=1` when several workers share a node and the user
     did not choose a value, so they do not oversubscribe the cores.
     """
     env = dict(base)
@@ -102,7 +90,8 @@ def worker_env(
             "TORCHELASTIC_RESTART_COUNT": str(restart_count),
             "TORCHELASTIC_MAX_RESTARTS": str(max_restarts),
             "TORCHELASTIC_RUN_ID": run_id,
-            "TORCHELASTIC_USE_AGENT_STORE": "False",
+            # torch reads exactly "True" (`str(True)`), as torchrun writes it.
+            "TORCHELASTIC_USE_AGENT_STORE": str(bool(agent_store)),
             "TORCH_NCCL_ASYNC_ERROR_HANDLING": base.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
             "PYTHONUNBUFFERED": base.get("PYTHONUNBUFFERED", "1"),
         }

@@ -93,9 +93,25 @@ class FakeControlPlane:
             self.registrations.append(local_world_size)
             return NodeRegistration(node_id="node-0", heartbeat_interval_s=self._interval)
 
-    def next_round(self, timeout_s: float, should_stop: Callable[[], bool] = lambda: False) -> RoundAssignment:
+    def next_round(
+        self,
+        timeout_s: float,
+        should_stop: Callable[[], bool] = lambda: False,
+        open_store: Callable[[str], int] | None = None,
+    ) -> RoundAssignment:
+        """Complete the next round at once; this single node is rank 0 (see `ControlPlane`).
+
+        With `open_store`, the round's store is the one it opens on 127.0.0.1; the assignment is
+        "published" (recorded in `rounds`) only after it returned.
+        """
         with self._lock:
-            assignment = RoundAssignment(len(self.rounds) + 1, 0, 1, "127.0.0.1", free_port())
+            number = len(self.rounds) + 1
+        if open_store is not None:
+            # Outside the lock: opening may wait for an import, and a test's hook may read `rounds`.
+            assignment = RoundAssignment(number, 0, 1, "127.0.0.1", open_store("127.0.0.1"), agent_store=True)
+        else:
+            assignment = RoundAssignment(number, 0, 1, "127.0.0.1", free_port())
+        with self._lock:
             self.rounds.append(assignment)
             return assignment
 

@@ -3,14 +3,21 @@
 Ids: the master numbers nodes (int); the rendezvous and the shard service know a node by the
 decimal string of that number, so one id follows a node everywhere.
 
-The address of rank 0's torch.distributed store (MASTER_ADDR/MASTER_PORT) is chosen by the
-agent of node rank 0 once a round completes: it picks a free port on its own address and
-publishes `host:port` in the rendezvous key-value store under the round's key; the other agents
-wait for that key. A new round gets a new key, so a stale address is never reused.
+The round's torch.distributed store (MASTER_ADDR/MASTER_PORT) is made known by the agent of node
+rank 0 once a round completes. As torchrun does, that agent hosts a fresh store for the round:
+`next_round(..., open_store=...)` calls `open_store(local_addr)`, which returns the port of a
+server bound to port 0 that already listens, and only then publishes the address in the
+rendezvous key-value store under the round's key (`store_address_key`), so no worker of any node
+can start before the store listens and no other process can take the port in between. Without
+`open_store` (tests with fake workers) it publishes a port that was free a moment ago, for worker
+rank 0 to host the store. The published value says which it is (`agent_store`), so every node
+sets `TORCHELASTIC_USE_AGENT_STORE` alike. The other agents wait for that key. A new round gets a
+new key, so a stale address is never reused.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
@@ -18,7 +25,7 @@ from collections.abc import Callable, Sequence
 
 import grpc
 
-from dlrover.common import Clock, ConfigError, DLRoverError, RetryPolicy, RpcError, SystemClock, format_host_port
+from dlrover.common import Clock, ConfigError, DLRoverError, RetryPolicy, RpcError, SystemClock
 from dlrover.diagnosis import NODE_CHECK_FAILED
 from dlrover.launcher.control import (
     AgentAction,
@@ -33,7 +40,13 @@ from dlrover.master import FailureKind, MasterClient
 from dlrover.master.v1 import agent_pb2
 from dlrover.rendezvous import NodeParams, PollResult, PollState, RendezvousClient
 
-__all__ = ["GrpcControlPlane", "default_node_name", "store_address_key"]
+__all__ = [
+    "GrpcControlPlane",
+    "decode_store_address",
+    "default_node_name",
+    "encode_store_address",
+    "store_address_key",
+]
 
 _EVIDENCE_LIMIT = 60 * 1024
 _ACTIONS = {
@@ -51,6 +64,34 @@ def _never() -> bool:
 def store_address_key(round_number: int) -> str:
     """The key under which node rank 0 publishes the store address of a round."""
     return f"dlrover/launcher/round/{round_number}/store_addr"
+
+
+def encode_store_address(host: str, port: int, agent_store: bool) -> bytes:
+    """The value node rank 0 publishes under `store_address_key`: JSON, host, port and who hosts it."""
+    return json.dumps({"host": host, "port": port, "agent_store": agent_store}, sort_keys=True).encode()
+
+
+def decode_store_address(value: bytes) -> tuple[str, int, bool]:
+    """(host, port, agent_store) of a value written by `encode_store_address`.
+
+    Raises:
+        DLRoverError: the value is not such a record; the message quotes it.
+    """
+    try:
+        record = json.loads(value.decode())
+        host, port, agent_store = record["host"], record["port"], record["agent_store"]
+    except (UnicodeDecodeError, ValueError, TypeError, KeyError) as exc:
+        raise DLRoverError(f"node rank 0 published a malformed store address {value!r}: {exc}") from None
+    if (
+        not isinstance(host, str)
+        or not host
+        or isinstance(port, bool)
+        or not isinstance(port, int)
+        or not 0 < port < 65536
+        or not isinstance(agent_store, bool)
+    ):
+        raise DLRoverError(f"node rank 0 published a malformed store address {value!r}")
+    return host, port, agent_store
 
 
 class GrpcControlPlane:
@@ -107,7 +148,13 @@ class GrpcControlPlane:
         self._heartbeat_interval_s = float(response.heartbeat_interval_s) or 2.0
         return NodeRegistration(self._node_id, self._heartbeat_interval_s)
 
-    def next_round(self, timeout_s: float, should_stop: Callable[[], bool] = _never) -> RoundAssignment:
+    def next_round(
+        self,
+        timeout_s: float,
+        should_stop: Callable[[], bool] = _never,
+        open_store: Callable[[str], int] | None = None,
+    ) -> RoundAssignment:
+        """Join the next round and wait for it and its store address (see `ControlPlane.next_round`)."""
         joined = self._rdzv.join(self._node_id, params=self._params)
         if not joined.accepted:
             raise DLRoverError(f"the rendezvous refused node {self._node_id}: {joined.reason}")
@@ -116,12 +163,16 @@ class GrpcControlPlane:
             raise DLRoverError(f"node {self._node_id} got no rank in round {result.round}: {result.reason}")
         key = store_address_key(result.round)
         if result.rank == 0:
-            address = format_host_port(self._local_addr, free_port(self._local_addr))
-            self._rdzv.kv_set([key], [address.encode()])
+            if open_store is not None:
+                # Listening before it is published: no worker of any node can start before it.
+                value = encode_store_address(self._local_addr, open_store(self._local_addr), True)
+            else:
+                value = encode_store_address(self._local_addr, free_port(self._local_addr), False)
+            self._rdzv.kv_set([key], [value])
         else:
-            address = self._wait_for_key(key, should_stop)
-        host, _, port = address.rpartition(":")
-        return RoundAssignment(result.round, result.rank, result.world_size, host.strip("[]"), int(port))
+            value = self._wait_for_key(key, should_stop)
+        host, port, agent_store = decode_store_address(value)
+        return RoundAssignment(result.round, result.rank, result.world_size, host, port, agent_store=agent_store)
 
     def _wait_assigned(self, timeout_s: float, should_stop: Callable[[], bool]) -> PollResult:
         # The node keeps heartbeating the master while it waits, so a long wait for late or
@@ -147,7 +198,7 @@ class GrpcControlPlane:
             self._clock.sleep(min(interval, max(give_up_at - now, 0.0)))
             interval = min(interval * 2, 1.0)
 
-    def _wait_for_key(self, key: str, should_stop: Callable[[], bool]) -> str:
+    def _wait_for_key(self, key: str, should_stop: Callable[[], bool]) -> bytes:
         # Rank 0 publishes right after its own poll answers, so this wait is short; it is bounded
         # so a rank 0 that died in between is noticed instead of waited on forever.
         give_up_at = self._clock.now() + self._store_wait_s
@@ -155,7 +206,7 @@ class GrpcControlPlane:
         while True:
             (value,) = self._rdzv.kv_get([key])
             if value is not None:
-                return value.decode()
+                return value
             if should_stop():
                 raise DLRoverError(f"stopped while waiting for node rank 0's store address ({key})")
             if self._clock.now() >= give_up_at:
