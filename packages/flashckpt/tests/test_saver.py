@@ -267,6 +267,27 @@ def test_persist_on_failure_commits_newest_common_step(node: Node) -> None:
         assert StorageReader(node.storage).load(rank, 2).state["s"] == 2
 
 
+def test_a_peer_stopped_after_a_failure_queues_no_second_failure_persist(node: Node) -> None:
+    for step in (1, 2):
+        for rank in range(2):
+            node.save(rank, step)
+    node.kill(1)
+    _wait_until(lambda: "committed" in node.saver.events.kinds())
+    node.kill(0)  # the agent stops the surviving rank for the restart: the same failure
+    _wait_until(lambda: "failure_persist_covered" in node.saver.events.kinds())
+    assert node.saver.wait_idle(WAIT_S)
+    assert node.saver.events.kinds().count("failure_persist") == 1
+    # The restarted processes are a new generation: their loss is a failure of its own.
+    node.restart(0)
+    node.restart(1)
+    for rank in range(2):
+        node.save(rank, 3)
+    node.kill(1)
+    _wait_until(lambda: Committer(node.storage).tracker() == Tracker(3, 2))
+    assert node.saver.events.kinds().count("failure_persist") == 2
+    assert node.saver.events.kinds().count("failure_persist_covered") == 1
+
+
 @contextlib.contextmanager
 def _held_failure(job_id: str) -> Iterator[tuple[Node, ManualClock]]:
     """Two ranks saved steps 1 and 2, then rank 1 died at t=1: its saver holds the persist (30 s)."""

@@ -129,8 +129,9 @@ class _Job:
 
 
 class _Conn:
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, serial: int) -> None:
         self.sock = sock
+        self.serial = serial  # the order of acceptance: connections of later processes are higher
         self.rank: int | None = None
         self.clean = False
         self._send_lock = threading.Lock()
@@ -177,6 +178,8 @@ class Saver:
         self._uncapped = threading.Event()  # set at stop: persists run at full speed from then on
         self._pacer: Pacer | None = None  # the running persist's (worker thread; read by `stop`)
         self.connections_seen = 0
+        # Connections up to this serial were open when a failure persist was last queued at once.
+        self._failure_covers_serial = 0
 
     @property
     def socket_path(self) -> Path:
@@ -342,10 +345,10 @@ class Saver:
             except OSError:
                 return
             sock.settimeout(None)
-            conn = _Conn(sock)
             with self._lock:
-                self._conns.append(conn)
                 self.connections_seen += 1
+                conn = _Conn(sock, self.connections_seen)
+                self._conns.append(conn)
             t = threading.Thread(target=self._serve, args=(conn,), name="flashckpt-saver-conn", daemon=True)
             t.start()
             self._threads.append(t)
@@ -370,7 +373,7 @@ class Saver:
             if conn.rank is not None and not conn.clean and not self._stop.is_set():
                 self._record("stager_lost", -1, f"rank {conn.rank} disconnected without 'bye': process died?")
                 if self.config.persist_on_failure:
-                    self._on_stager_lost()
+                    self._on_stager_lost(conn)
             with self._lock:
                 self._conns.remove(conn)
             conn.sock.close()
@@ -549,11 +552,26 @@ class Saver:
 
     # -- persisting on failure ----------------------------------------------------------------------
 
-    def _on_stager_lost(self) -> None:
+    def _on_stager_lost(self, conn: _Conn) -> None:
         """A training process died: persist its newest snapshot now, or hold the persist back."""
         with self._lock:
             ranks = set(self._ranks)
             at_once = self.config.failure_persist_hold_s <= 0 or self._stopping
+            # A process that was already connected when an earlier loss queued a failure persist
+            # is its peer in the same failure (typically stopped by the agent for the restart):
+            # without the dead rank it could seal no newer step every rank holds, so that persist
+            # covers it. Queuing another would persist the restarted processes' newest step
+            # while they overwrite it.
+            covered = at_once and conn.serial <= self._failure_covers_serial
+            if at_once and not covered:
+                self._failure_covers_serial = self.connections_seen
+        if covered:
+            self._record(
+                "failure_persist_covered",
+                -1,
+                f"rank {conn.rank} left after an earlier loss among the same processes; that failure persist covers it",
+            )
+            return
         if at_once:
             self._submit(_Job("failure"))
             return
