@@ -32,14 +32,21 @@ pytestmark = pytest.mark.timeout(120)
 # Writes its environment to <out>/rank<R>_attempt<A>_pid<P>.json, then acts as `mode` says.
 RECORDING_WORKER = textwrap.dedent(
     """
-    import json, os, sys, time
+    import glob, json, os, sys, time
     out, mode = sys.argv[1], sys.argv[2]
     rank = int(os.environ["RANK"])
     attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
     keys = ["MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE"]
-    with open(os.path.join(out, f"rank{rank}_attempt{attempt}_pid{os.getpid()}.json"), "w") as f:
+    record = os.path.join(out, f"rank{rank}_attempt{attempt}_pid{os.getpid()}.json")
+    with open(record + ".tmp", "w") as f:  # renamed whole: a reader never sees half a record
         json.dump({k: os.environ.get(k) for k in keys}, f)
+    os.replace(record + ".tmp", record)
     if mode == "fail_first" and attempt == 0 and rank == 1:
+        # Fail only once rank 0 has recorded itself: the agent stops it at once after this exit,
+        # and a rank 0 slow to start would otherwise be stopped before it wrote anything.
+        deadline = time.monotonic() + 60
+        while not glob.glob(os.path.join(out, "rank0_attempt0_pid*.json")) and time.monotonic() < deadline:
+            time.sleep(0.01)
         sys.exit(7)
     if mode == "sleep":
         time.sleep(600)
@@ -304,7 +311,7 @@ def test_without_a_store_host_worker_rank_0_hosts_the_store(tmp_path: Path) -> N
 # nobody listens while rank 0 waits, and both give up.
 HANDSHAKE_WORKER = textwrap.dedent(
     """
-    import datetime, json, os, sys, time
+    import datetime, glob, json, os, sys, time
     import torch, torch.distributed as dist
     out, mode = sys.argv[1], sys.argv[2]
     rank = int(os.environ["RANK"])
@@ -331,9 +338,15 @@ HANDSHAKE_WORKER = textwrap.dedent(
     dist.all_reduce(t)
     record["sum"] = t.item()
     dist.destroy_process_group()
-    with open(os.path.join(out, f"rank{rank}_attempt{attempt}_pid{os.getpid()}.json"), "w") as f:
+    path = os.path.join(out, f"rank{rank}_attempt{attempt}_pid{os.getpid()}.json")
+    with open(path + ".tmp", "w") as f:  # renamed whole: a reader never sees half a record
         json.dump(record, f)
+    os.replace(path + ".tmp", path)
     if mode == "fail_first" and attempt == 0 and rank == 1:
+        # Fail only once rank 0 has recorded itself: the agent stops it at once after this exit.
+        deadline = time.monotonic() + 60
+        while not glob.glob(os.path.join(out, "rank0_attempt0_pid*.json")) and time.monotonic() < deadline:
+            time.sleep(0.01)
         sys.exit(7)
     """
 )
