@@ -120,8 +120,9 @@ def test_a_torch_store_that_cannot_start_is_a_clear_error_and_leaves_nothing_ope
         with pytest.raises(DLRoverError, match=r"no-such-host\.invalid"):
             host.open("no-such-host.invalid")
         assert host.address is None
-        # The server it had bound before its own client gave up does not listen any more.
-        assert _listening_ports() == before
+        # The server it had bound before its own client gave up does not listen any more. (No
+        # new port: one of an earlier test's servers may close meanwhile, so not equality.)
+        assert _listening_ports() <= before
         assert host.open("127.0.0.1") > 0  # and the host is still usable
     finally:
         host.close()
