@@ -24,7 +24,7 @@ from dlrover.launcher.agent import Agent, AgentConfig, AgentResult
 from dlrover.launcher.control import AgentAction, Progress, RoundAssignment
 from dlrover.launcher.env import PER_ROUND_ENV_VARS, WorkerIdentity, worker_env
 from dlrover.launcher.fake_control import FakeControlPlane
-from dlrover.launcher.grpc_control import decode_store_address, encode_store_address
+from dlrover.launcher.grpc_control import GrpcControlPlane, decode_store_address, encode_store_address
 from dlrover.launcher.store_host import FakeStoreHost, TorchStoreHost
 
 pytestmark = pytest.mark.timeout(120)
@@ -399,16 +399,15 @@ def two_node_master() -> Iterator[object]:
         yield runtime
 
 
-@pytest.mark.integration
-def test_node_rank_0_publishes_the_store_only_once_it_is_open(two_node_master: object) -> None:
-    from dlrover.launcher.grpc_control import GrpcControlPlane, store_address_key
+def _two_node_planes(runtime: object) -> list[GrpcControlPlane]:
+    """One gRPC control plane per "node" of the two-node master, both on this host."""
     from dlrover.master import MasterRuntime
 
-    assert isinstance(two_node_master, MasterRuntime)
-    planes = [
+    assert isinstance(runtime, MasterRuntime)
+    return [
         GrpcControlPlane(
-            two_node_master.address,
-            two_node_master.token,
+            runtime.address,
+            runtime.token,
             node_name=f"node-{i}",
             host="localhost",
             local_addr="127.0.0.1",
@@ -417,6 +416,15 @@ def test_node_rank_0_publishes_the_store_only_once_it_is_open(two_node_master: o
         )
         for i in range(2)
     ]
+
+
+@pytest.mark.integration
+def test_node_rank_0_publishes_the_store_only_once_it_is_open(two_node_master: object) -> None:
+    from dlrover.launcher.grpc_control import store_address_key
+    from dlrover.master import MasterRuntime
+
+    assert isinstance(two_node_master, MasterRuntime)
+    planes = _two_node_planes(two_node_master)
     # What the other node could read under each round's key when node rank 0 opened its store.
     seen_at_open: list[dict[int, bytes | None]] = []
 
@@ -463,7 +471,6 @@ def test_node_rank_0_publishes_the_store_only_once_it_is_open(two_node_master: o
 @pytest.mark.integration
 @pytest.mark.timeout(240)
 def test_two_nodes_train_on_the_store_node_rank_0s_agent_hosts(tmp_path: Path, two_node_master: object) -> None:
-    from dlrover.launcher.grpc_control import GrpcControlPlane
     from dlrover.master import MasterRuntime
 
     assert isinstance(two_node_master, MasterRuntime)
@@ -471,18 +478,7 @@ def test_two_nodes_train_on_the_store_node_rank_0s_agent_hosts(tmp_path: Path, t
     script.write_text(HANDSHAKE_WORKER)
     out = tmp_path / "out"
     out.mkdir()
-    planes = [
-        GrpcControlPlane(
-            two_node_master.address,
-            two_node_master.token,
-            node_name=f"node-{i}",
-            host="localhost",
-            local_addr="127.0.0.1",
-            min_nodes=2,
-            max_nodes=2,
-        )
-        for i in range(2)
-    ]
+    planes = _two_node_planes(two_node_master)
     config = AgentConfig(
         worker_argv=(sys.executable, str(script), str(out), "ok"),
         nproc_per_node=1,

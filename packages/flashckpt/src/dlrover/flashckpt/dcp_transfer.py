@@ -16,6 +16,7 @@ from pathlib import Path
 import attrs
 
 from dlrover.common import ConfigError
+from dlrover.common.validators import positive_int
 from dlrover.flashckpt.checksum import crc32
 from dlrover.flashckpt.dcp_store import FileSum
 from dlrover.flashckpt.errors import ChecksumError, StorageError
@@ -27,11 +28,6 @@ __all__ = ["StagingConfig", "download_file", "upload_file"]
 def _check_parent(_inst: object, _attr: object, value: str | None) -> None:
     if value is not None and (not isinstance(value, str) or not value):
         raise ConfigError(f"staging parent_dir must be a non-empty path string or None, got {value!r}")
-
-
-def _check_chunk(_inst: object, _attr: object, value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"staging chunk_bytes must be an int >= 1, got {value!r}")
 
 
 @attrs.frozen
@@ -48,7 +44,7 @@ class StagingConfig:
     """
 
     parent_dir: str | None = attrs.field(default=None, validator=_check_parent)
-    chunk_bytes: int = attrs.field(default=16 << 20, validator=_check_chunk)
+    chunk_bytes: int = attrs.field(default=16 << 20, validator=positive_int)
 
 
 def _read_chunks(path: Path, chunk_bytes: int, sums: dict[str, int]) -> Iterator[bytes]:
