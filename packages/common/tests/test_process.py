@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -13,6 +14,7 @@ import pytest
 from dlrover.common import (
     ConfigError,
     ProcessIdentity,
+    exiting_status,
     pid_namespace,
     proc_stat_fields,
     process_start_ticks,
@@ -28,9 +30,11 @@ WAIT_S = 30.0
 # Blocks until stdin closes; renames itself first when given a name (/proc/self/comm, 15 bytes).
 _BLOCKER = (
     "import sys\n"
-    "if len(sys.argv) > 1:\n"
+    "if len(sys.argv) > 1 and sys.argv[1]:\n"
     "    open('/proc/self/comm', 'w').write(sys.argv[1])\n"
     "print('ready', flush=True)\n"
+    "if len(sys.argv) > 2:\n"  # 'exit-on-line': a line 'exit N' ends it with status N
+    "    sys.exit(int(sys.stdin.readline().split()[1]))\n"
     "sys.stdin.read()\n"
 )
 
@@ -140,6 +144,39 @@ def test_a_command_name_with_spaces_and_parentheses_does_not_shift_the_fields(
     identity = ProcessIdentity.of(proc.pid)
     assert identity is not None
     assert identity.alive()
+
+
+def _exited_unreaped(proc: subprocess.Popen[str]) -> None:
+    """Block until `proc` has exited, leaving it a zombie: its exit status stays readable."""
+    os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)
+
+
+@pytest.mark.parametrize(
+    ("how", "status"),
+    [(signal.SIGKILL, signal.SIGKILL), (signal.SIGTERM, signal.SIGTERM), (3, 3 << 8), (0, 0)],
+    ids=["sigkill", "sigterm", "exit-3", "exit-0"],
+)
+def test_an_exiting_process_shows_its_wait_status_before_it_is_reaped(
+    blocker: Callable[..., subprocess.Popen[str]], how: int, status: int
+) -> None:
+    proc = blocker("", "exit-on-line")
+    assert exiting_status(proc.pid) is None  # running
+    if isinstance(how, signal.Signals):
+        os.kill(proc.pid, how)
+    else:
+        assert proc.stdin is not None
+        proc.stdin.write(f"exit {how}\n")
+        proc.stdin.flush()
+    _exited_unreaped(proc)
+    assert exiting_status(proc.pid) == status
+    proc.wait()
+    assert os.waitstatus_to_exitcode(status) == proc.returncode
+    assert exiting_status(proc.pid) is None  # reaped: gone
+
+
+def test_a_running_process_and_a_missing_one_are_not_exiting() -> None:
+    assert exiting_status(os.getpid()) is None
+    assert exiting_status(2**22 + 12345) is None
 
 
 def test_no_such_process_gives_none() -> None:

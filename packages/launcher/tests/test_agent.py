@@ -4,12 +4,13 @@ import json
 import sys
 import textwrap
 import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from dlrover.launcher.agent import Agent, AgentConfig
-from dlrover.launcher.control import AgentAction, FailureDecision
+from dlrover.launcher.control import AgentAction, FailureDecision, FailureReport
 from dlrover.launcher.fake_control import FakeControlPlane
 
 WORKER = textwrap.dedent(
@@ -38,6 +39,19 @@ WORKER = textwrap.dedent(
         sys.exit(3)
     if mode == "sleep":
         time.sleep(600)
+    if mode == "peer_fails" and attempt == 0:
+        ready = os.path.join(out, "rank0_ready")
+        if rank == 0:
+            import signal
+            def on_term(signum, frame):
+                open(os.path.join(out, "rank0_sigterm"), "w").close()
+                os._exit(143)
+            signal.signal(signal.SIGTERM, on_term)
+            open(ready, "w").close()
+            time.sleep(600)
+        while not os.path.exists(ready):
+            time.sleep(0.01)
+        sys.exit(7)
     """
 )
 
@@ -98,6 +112,32 @@ def test_a_failed_worker_is_reported_with_evidence_and_restarted(tmp_path: Path)
     records = _records(tmp_path)
     assert {"rank0_attempt1", "rank1_attempt1"} <= set(records)
     assert records["rank1_attempt1"]["TORCHELASTIC_RESTART_COUNT"] == "1"
+
+
+class _ReportAfterSurvivorStopped(FakeControlPlane):
+    """Answers a failure report only once the surviving worker has been sent SIGTERM."""
+
+    def __init__(self, sigterm_file: Path) -> None:
+        super().__init__()
+        self._sigterm_file = sigterm_file
+
+    def report_failure(self, report: FailureReport) -> tuple[FailureDecision, str]:
+        deadline = time.monotonic() + 60.0
+        while not self._sigterm_file.exists():
+            assert time.monotonic() < deadline, "the surviving worker was not stopped before the master answered"
+            time.sleep(0.01)
+        return super().report_failure(report)
+
+
+@pytest.mark.integration
+def test_the_other_workers_are_stopped_as_soon_as_one_fails_without_waiting_for_the_master(tmp_path: Path) -> None:
+    # Every answer to a failure stops this node's workers, so their teardown (seconds for a
+    # worker holding tens of GB) need not wait for the report's round trip.
+    control = _ReportAfterSurvivorStopped(tmp_path / "out" / "rank0_sigterm")
+    result = _agent(tmp_path, "peer_fails", control, max_restarts=1).run()
+    assert result.exit_code == 0, result.reason
+    assert [(r.local_rank, r.exit_code) for r in control.failures] == [(1, 7)]  # not rank 0's SIGTERM
+    assert {"rank0_attempt1", "rank1_attempt1"} <= set(_records(tmp_path))
 
 
 @pytest.mark.integration

@@ -38,6 +38,29 @@ def test_any_failure_is_reported_naming_the_lowest_failed_rank() -> None:
     assert failed.local_rank == 1
 
 
+def test_the_first_failure_seen_is_reported_once_it_has_exited_not_the_lowest_rank() -> None:
+    # Local rank 2 was seen exiting first; rank 1 failed after (stopped by the agent, or its
+    # collective broke): rank 2 is the one to report, and only once it has exited.
+    exits = {0: _exit(0, 0), 1: _exit(1, 143, "SIGTERM")}
+    waiting = assess_workers(exits, 3, 0, failing=(2, 1))
+    assert waiting.kind is StepKind.CONTINUE
+    assert "local rank 2 is exiting" in waiting.reason
+    assert first_failure(exits, (2, 1)) is None
+    exits[2] = _exit(2, 137, "SIGKILL")
+    step = assess_workers(exits, 3, 0, failing=(2, 1))
+    assert step.kind is StepKind.REPORT_FAILURE
+    assert "local rank 2 failed with signal SIGKILL" in step.reason
+    failed = first_failure(exits, (2, 1))
+    assert failed is not None
+    assert failed.local_rank == 2
+
+
+def test_a_failing_worker_still_exiting_holds_off_success_and_a_new_round() -> None:
+    # The others finished (or were stopped cleanly) while the failed one's memory is released.
+    exits = {0: _exit(0, 0), 1: _exit(1, 0)}
+    assert assess_workers(exits, 3, 4, failing=(2,)).kind is StepKind.CONTINUE
+
+
 def test_waiting_nodes_start_a_new_round_without_using_a_restart() -> None:
     step = assess_workers({}, 2, 1)
     assert step.kind is StepKind.RESTART

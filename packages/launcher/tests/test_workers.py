@@ -81,6 +81,75 @@ def test_stderr_tail_is_bounded(tmp_path: Path) -> None:
     assert tail.endswith("line 19999\n")
 
 
+_SLEEPER = "import time; time.sleep(600)"
+
+
+@pytest.mark.integration
+def test_a_worker_seen_exiting_with_a_failure_is_failing_before_it_is_reaped(tmp_path: Path) -> None:
+    # The kernel frees a dying worker's memory before it can be reaped; what /proc shows during
+    # that teardown (`exiting_status`) is played here by a stand-in, for workers that still run.
+    # Rank 2, the one "exiting", ignores SIGTERM as a process in its teardown does.
+    ready = tmp_path / "ignoring-sigterm"
+    dying = f"""
+        import signal, time
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        open({str(ready)!r}, "w").close()
+        time.sleep(600)
+    """
+    exiting: dict[int, int] = {}
+    group = WorkerGroup([_spec(0, _SLEEPER), _spec(1, _SLEEPER), _spec(2, dying)], read_exiting_status=exiting.get)
+    group.start()
+    try:
+        _wait_until(ready.exists)
+        assert group.poll() == {}
+        assert group.failing == ()
+        exiting[group.pids[1]] = 0  # exiting cleanly: nothing to act on early
+        exiting[group.pids[2]] = signal.SIGKILL  # wait status of a SIGKILL
+        assert group.poll() == {}
+        assert group.failing == (2,)
+        assert not group.terminated
+        group.terminate()
+        assert group.terminated
+        _wait_until(lambda: set(group.poll()) == {0, 1})  # the others end; rank 2 "still exiting"
+        assert group.failing[0] == 2
+        assert set(group.failing) == {0, 1, 2}
+        assert group.poll()[0].signal_name == "SIGTERM"
+        os.kill(group.pids[2], signal.SIGKILL)
+        _wait_until(lambda: 2 in group.poll())
+        assert group.poll()[2].signal_name == "SIGKILL"
+        assert group.failing[0] == 2
+    finally:
+        group.stop(grace_s=1.0)
+
+
+@pytest.mark.integration
+def test_a_failing_worker_never_reaped_is_reported_with_the_status_it_was_seen_exiting_with() -> None:
+    group = WorkerGroup([_spec(0, _SLEEPER)], read_exiting_status=lambda pid: 3 << 8, reap_timeout_s=0.0)
+    group.start()
+    try:
+        exits = group.poll()
+        assert exits[0].exit_code == 3
+        assert exits[0].signal_name is None
+        assert group.failing == (0,)
+    finally:
+        group.stop(grace_s=1.0)
+
+
+@pytest.mark.integration
+def test_real_failures_are_failing_in_the_order_seen_and_a_success_is_not() -> None:
+    group = WorkerGroup([_spec(0, _SLEEPER), _spec(1, "pass"), _spec(2, "import sys; sys.exit(5)"), _spec(3, _SLEEPER)])
+    group.start()
+    try:
+        _wait_until(lambda: {1, 2} <= set(group.poll()))
+        assert group.failing == (2,)
+        os.kill(group.pids[0], signal.SIGKILL)
+        _wait_until(lambda: 0 in group.poll())
+        assert group.failing == (2, 0)
+    finally:
+        group.stop(grace_s=1.0)
+    assert group.failing == (2, 0, 3)
+
+
 @pytest.mark.integration
 def test_stop_terminates_workers_and_their_children(tmp_path: Path) -> None:
     pid_file = tmp_path / "child.pid"

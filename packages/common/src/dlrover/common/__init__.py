@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from dlrover.common.ping import PingServicer, add_ping_service
     from dlrover.common.process import (
         ProcessIdentity,
+        exiting_status,
         pid_namespace,
         pid_scope,
         proc_stat_fields,
@@ -81,6 +82,7 @@ _EXPORTS: dict[str, str] = {
     "PingServicer": "dlrover.common.ping",
     "add_ping_service": "dlrover.common.ping",
     "ProcessIdentity": "dlrover.common.process",
+    "exiting_status": "dlrover.common.process",
     "pid_namespace": "dlrover.common.process",
     "pid_scope": "dlrover.common.process",
     "proc_stat_fields": "dlrover.common.process",
@@ -133,6 +135,7 @@ __all__ = [
     "call_unary",
     "configure_logging",
     "create_channel",
+    "exiting_status",
     "format_host_port",
     "generate_token",
     "lazy_export_problems",

@@ -419,9 +419,16 @@ class Agent:
                         return Step(StepKind.EXIT, f"lost the master for {lost_s:.0f} s: {exc}", exit_code=1)
                     _log.warning("master unreachable for %.1f s, workers keep running: %s", lost_s, exc)
             exits = group.poll()
-            step = assess_workers(exits, self._config.nproc_per_node, nodes_waiting)
+            failing = group.failing
+            if failing and not group.terminated:
+                # Whatever the master answers, this node's workers stop; stopping the others now
+                # lets their teardown overlap the failed one's (the kernel frees a dying worker's
+                # memory before it can be reaped: tenths of a second per GB).
+                _log.info("local rank %d is failing: stopping the other workers now", failing[0])
+                group.terminate()
+            step = assess_workers(exits, self._config.nproc_per_node, nodes_waiting, failing)
             if step.kind is StepKind.REPORT_FAILURE:
-                failed = first_failure(exits)
+                failed = first_failure(exits, failing)
                 assert failed is not None
                 report = FailureReport(
                     failed.local_rank, failed.exit_code, failed.signal_name, failed.stderr_tail, restarts

@@ -54,24 +54,40 @@ class Step:
     exit_code: int = 0
 
 
-def first_failure(exits: Mapping[int, WorkerExit]) -> WorkerExit | None:
-    """The failed worker to report: the lowest local rank among those that failed."""
+def first_failure(exits: Mapping[int, WorkerExit], failing: Sequence[int] = ()) -> WorkerExit | None:
+    """The failed worker to report, once it has exited.
+
+    Args:
+        exits: workers that have exited, by local rank.
+        failing: local ranks seen failing, in the order seen (`WorkerGroup.failing`): the first
+            is the one to report, and None is returned until it has exited. Without it, the
+            lowest local rank among those that failed.
+    """
+    if failing:
+        return exits.get(failing[0])
     failed = [e for e in exits.values() if not e.succeeded]
     return min(failed, key=lambda e: e.local_rank) if failed else None
 
 
-def assess_workers(exits: Mapping[int, WorkerExit], num_workers: int, nodes_waiting: int) -> Step:
+def assess_workers(
+    exits: Mapping[int, WorkerExit], num_workers: int, nodes_waiting: int, failing: Sequence[int] = ()
+) -> Step:
     """Decide from the workers' exits and the rendezvous.
 
     Args:
         exits: workers that have exited, by local rank.
         num_workers: workers started on this node.
         nodes_waiting: nodes waiting to join the next round.
+        failing: local ranks seen failing, in the order seen, including any still exiting (see
+            `first_failure`); a failure is reported once the first of them has exited, so the
+            report holds all it wrote to stderr.
     """
-    failed = first_failure(exits)
+    failed = first_failure(exits, failing)
     if failed is not None:
         how = f"signal {failed.signal_name}" if failed.signal_name else f"exit code {failed.exit_code}"
         return Step(StepKind.REPORT_FAILURE, f"local rank {failed.local_rank} failed with {how}")
+    if failing:
+        return Step(StepKind.CONTINUE, f"local rank {failing[0]} is exiting after a failure")
     if len(exits) == num_workers:
         return Step(StepKind.SUCCEED, f"all {num_workers} workers finished successfully")
     if nodes_waiting > 0:

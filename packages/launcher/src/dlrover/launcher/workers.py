@@ -24,13 +24,14 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
 import attrs
 
 from dlrover.common import DLRoverError
+from dlrover.common.process import exiting_status
 
 __all__ = ["StandbyPool", "WorkerExit", "WorkerGroup", "WorkerSpec"]
 
@@ -286,6 +287,10 @@ class WorkerGroup:
         stderr_tail_bytes: how much of each worker's stderr is kept as evidence.
         standby: warm interpreters to start the workers from (see `StandbyPool`); workers whose
             command differs from the pool's, or for which none is ready, start fresh.
+        read_exiting_status: how a worker that has begun to exit, but is not reaped yet, is
+            recognised (`dlrover.common.exiting_status`); tests replace it.
+        reap_timeout_s: a worker seen exiting with a failure that is still not reaped this long
+            after is reported as exited, with the status it was seen exiting with.
     """
 
     def __init__(
@@ -294,15 +299,24 @@ class WorkerGroup:
         *,
         stderr_tail_bytes: int = 64 * 1024,
         standby: StandbyPool | None = None,
+        read_exiting_status: Callable[[int], int | None] = exiting_status,
+        reap_timeout_s: float = 30.0,
     ) -> None:
         if not specs:
             raise DLRoverError("a worker group needs at least one worker")
         self._specs = list(specs)
         self._tail_bytes = stderr_tail_bytes
         self._standby = standby
+        self._read_exiting_status = read_exiting_status
+        self._reap_timeout_s = reap_timeout_s
         self._procs: dict[int, subprocess.Popen[bytes]] = {}
         self._pumps: dict[int, list[_StreamPump]] = {}
         self._exits: dict[int, WorkerExit] = {}
+        # Local ranks that failed or are exiting with a failure status, in the order first seen,
+        # and when each was first seen exiting (before it could be reaped).
+        self._failing: list[int] = []
+        self._exiting_since: dict[int, tuple[float, int]] = {}
+        self._terminated = False
 
     @property
     def pids(self) -> dict[int, int]:
@@ -339,16 +353,50 @@ class WorkerGroup:
         self._pumps[spec.local_rank] = pumps
 
     def poll(self) -> dict[int, WorkerExit]:
-        """Exits seen so far, by local rank; workers still running are absent."""
+        """Exits seen so far, by local rank; workers still running are absent.
+
+        It also notes workers that have begun to exit with a failure but are not reaped yet
+        (see `failing`): the kernel releases a dying process's memory before it can be reaped,
+        which takes seconds for a worker holding tens of GB.
+        """
+        now = time.monotonic()
         for rank, proc in self._procs.items():
-            if rank not in self._exits and proc.poll() is not None:
-                self._exits[rank] = self._exit_of(rank, proc)
+            if rank in self._exits:
+                continue
+            if proc.poll() is not None:
+                self._exits[rank] = self._exit_of(rank, proc, proc.returncode)
+                if not self._exits[rank].succeeded and rank not in self._failing:
+                    self._failing.append(rank)
+                continue
+            status = self._read_exiting_status(proc.pid)
+            if not status:  # running, or exiting cleanly: only a failure is acted on early
+                continue
+            seen = self._exiting_since.setdefault(rank, (now, status))
+            if rank not in self._failing:
+                self._failing.append(rank)
+            if now - seen[0] >= self._reap_timeout_s:
+                _log.warning(
+                    "local rank %d (pid %d) began to exit %.0f s ago and is still not reaped; reported as exited",
+                    rank,
+                    proc.pid,
+                    now - seen[0],
+                )
+                self._exits[rank] = self._exit_of(rank, proc, os.waitstatus_to_exitcode(seen[1]))
         return dict(self._exits)
 
-    def _exit_of(self, rank: int, proc: subprocess.Popen[bytes]) -> WorkerExit:
+    @property
+    def failing(self) -> tuple[int, ...]:
+        """Local ranks that failed, or have begun to exit with a failure status, in the order seen.
+
+        Up to date as of the last `poll`. The first is the failure to report: the others are
+        usually its consequence (a peer's collective broke, or `terminate` stopped them).
+        """
+        return tuple(self._failing)
+
+    def _exit_of(self, rank: int, proc: subprocess.Popen[bytes], returncode: int) -> WorkerExit:
         for pump in self._pumps[rank]:
             pump.join(timeout_s=2.0)
-        code = proc.returncode
+        code = returncode
         signal_name = None
         if code < 0:
             try:
@@ -362,13 +410,23 @@ class WorkerGroup:
         """Whether any worker is still running."""
         return len(self.poll()) < len(self._procs)
 
-    def stop(self, grace_s: float) -> dict[int, WorkerExit]:
-        """SIGTERM every worker's process group, SIGKILL what is left after `grace_s`, reap all."""
+    @property
+    def terminated(self) -> bool:
+        """Whether `terminate` (or `stop`) has been called."""
+        return self._terminated
+
+    def terminate(self) -> None:
+        """SIGTERM every running worker's process group and return at once (`stop` waits)."""
+        self._terminated = True
         for proc in self._procs.values():
             if proc.poll() is None:
                 _signal_group(proc.pid, signal.SIGTERM)
                 # A stopped (SIGSTOP) worker acts on SIGTERM only once it runs again.
                 _signal_group(proc.pid, signal.SIGCONT)
+
+    def stop(self, grace_s: float) -> dict[int, WorkerExit]:
+        """SIGTERM every worker's process group, SIGKILL what is left after `grace_s`, reap all."""
+        self.terminate()
         deadline = time.monotonic() + grace_s
         for proc in self._procs.values():
             remaining = deadline - time.monotonic()
