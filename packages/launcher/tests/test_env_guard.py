@@ -9,9 +9,18 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from dlrover.launcher import EnvGuard, EnvWriteAction, decide_env_write, import_time_sensitive, side_effect_of
+from dlrover.launcher import (
+    EnvGuard,
+    EnvWriteAction,
+    decide_env_write,
+    import_time_sensitive,
+    reads_environment_at_import,
+    side_effect_of,
+)
 
 TORCH = ("torch",)
+CLIENT = "dlrover.flashckpt.client"
+DEFAULT = ("torch", CLIENT)  # dlrover-run's default --prewarm
 
 
 @pytest.mark.parametrize(
@@ -43,6 +52,39 @@ def test_names_torch_reads_lazily_are_harmless_only_when_torch_alone_was_prewarm
     # transformers reads HF_HOME while it imports: a list checked against torch says nothing about it.
     assert import_time_sensitive(name, ("torch", "transformers"))
     assert import_time_sensitive(name, ("torchvision",))  # a prefix of a name is not a part of torch
+
+
+@pytest.mark.parametrize("name", ["OMP_NUM_THREADS", "NCCL_DEBUG", "HF_HOME", "FOO"])
+def test_the_flash_checkpoint_client_reads_no_name_at_import(name: str) -> None:
+    assert not reads_environment_at_import(CLIENT)
+    assert not reads_environment_at_import("dlrover.flashckpt")
+    assert not import_time_sensitive(name, (CLIENT,))
+    assert not import_time_sensitive(name, ("dlrover.flashckpt", CLIENT))
+    # Alongside torch, torch decides; other parts of dlrover.flashckpt were not checked.
+    assert import_time_sensitive(name, DEFAULT) is import_time_sensitive(name, TORCH)
+    assert reads_environment_at_import("dlrover.flashckpt.hf")
+    assert import_time_sensitive(name, ("dlrover.flashckpt.hf",))
+
+
+def test_a_write_matters_only_for_the_prewarmed_modules_the_program_has_yet_to_import() -> None:
+    def decide(name: str, pending: set[str]) -> EnvWriteAction:
+        return decide_env_write(name, "3", "1", prewarmed=DEFAULT, pending=pending, side_effect=None).action
+
+    assert decide("OMP_NUM_THREADS", {"torch", CLIENT}) is EnvWriteAction.REEXEC
+    # The program imported torch itself and never imports the client: a fresh run's torch would
+    # not see the write either, and the client reads nothing.
+    assert decide("OMP_NUM_THREADS", {CLIENT}) is EnvWriteAction.IGNORE
+    assert decide("NCCL_DEBUG", {"torch", "transformers"}) is EnvWriteAction.REEXEC
+    assert decide("NCCL_DEBUG", {"torch"}) is EnvWriteAction.IGNORE  # transformers is imported
+
+
+def test_the_guard_settles_once_only_modules_that_read_nothing_are_pending() -> None:
+    guard = EnvGuard(DEFAULT, {})
+    assert not guard.settled
+    guard.on_import("torch")
+    assert guard.pending == {CLIENT}
+    assert guard.settled
+    assert guard.on_env_write("OMP_NUM_THREADS", "4").action is EnvWriteAction.IGNORE
 
 
 @pytest.mark.parametrize(
@@ -141,7 +183,16 @@ def test_the_guard_stops_deciding_once_it_decided_to_reexec() -> None:
 
 
 NAMES = ["OMP_NUM_THREADS", "MKL_NUM_THREADS", "NCCL_DEBUG", "RANK", "CUDA_VISIBLE_DEVICES"]
-MODULES = ["torch", "torch.nn", "numpy", "json", "torch.distributed.elastic"]
+MODULES = ["torch", "torch.nn", "numpy", "json", "torch.distributed.elastic", "dlrover.flashckpt", CLIENT]
+
+
+def _model_reads(name: str, module: str) -> bool:
+    """The model of which names a module may read at import, written out independently."""
+    if name == "RANK" or module in ("dlrover.flashckpt", CLIENT):
+        return False
+    if module == "torch" or module.startswith("torch."):
+        return name not in ("NCCL_DEBUG", "CUDA_VISIBLE_DEVICES")
+    return True
 
 
 class GuardMachine(RuleBasedStateMachine):
@@ -150,7 +201,7 @@ class GuardMachine(RuleBasedStateMachine):
     modules = Bundle("modules")
 
     @initialize(
-        prewarmed=st.sampled_from([("torch",), ("torch", "numpy"), ("json",)]),
+        prewarmed=st.sampled_from([("torch",), ("torch", "numpy"), ("json",), DEFAULT, (CLIENT, "numpy")]),
         import_env=st.dictionaries(st.sampled_from(NAMES), st.sampled_from(["1", "2"])),
     )
     def start(self, prewarmed: tuple[str, ...], import_env: dict[str, str]) -> None:
@@ -180,10 +231,9 @@ class GuardMachine(RuleBasedStateMachine):
     @rule(name=st.sampled_from(NAMES), value=st.sampled_from(["1", "2", None]))
     def program_writes(self, name: str, value: str | None) -> None:
         decision = self.guard.on_env_write(name, value)
-        imported_all = all(any(i == m or i.startswith(m + ".") for i in self.imports) for m in self.prewarmed)
-        torch_only = all(m == "torch" or m.startswith("torch.") for m in self.prewarmed)
-        lazy = name in ("RANK",) or (torch_only and name in ("NCCL_DEBUG", "CUDA_VISIBLE_DEVICES"))
-        if imported_all or value == self.import_env.get(name) or lazy:
+        pending = [m for m in self.prewarmed if not any(i == m or i.startswith(m + ".") for i in self.imports)]
+        matters = any(_model_reads(name, m) for m in pending)
+        if not matters or value == self.import_env.get(name):
             expected = EnvWriteAction.IGNORE
         elif self.side_effects:
             expected = EnvWriteAction.IGNORE if name in self.warned else EnvWriteAction.WARN

@@ -19,3 +19,46 @@ def test_the_orphan_guard_does_not_import_grpc() -> None:
     from dlrover.common.lazy import modules_loaded_by
 
     assert modules_loaded_by("import dlrover.launcher._orphan_guard") == []
+
+
+_TRACE_ENV_READS = """
+import json, os, sys
+import torch  # a standby imports torch first; what torch reads is env_guard's torch list
+reads = []
+class Tracing(type(os.environ)):
+    def __getitem__(self, key):
+        reads.append(key)
+        return super().__getitem__(key)
+    def __contains__(self, key):
+        reads.append(key)
+        return super().__contains__(key)
+    def get(self, key, default=None):
+        reads.append(key)
+        return super().get(key, default)
+os.environ.__class__ = Tracing
+real_getenv = os.getenv
+os.getenv = lambda key, default=None: (reads.append(key), real_getenv(key, default))[1]
+import importlib
+for name in sys.argv[1:]:
+    importlib.import_module(name)
+print(json.dumps(sorted(set(reads))))
+"""
+
+
+@pytest.mark.integration
+def test_the_modules_a_standby_may_prewarm_without_a_check_read_no_environment_at_import() -> None:
+    # env_guard lets a script set any variable before it imports these: they must read none.
+    import json
+    import subprocess
+    import sys
+
+    from dlrover.launcher.env_guard import _READS_NOTHING_AT_IMPORT
+
+    out = subprocess.run(
+        [sys.executable, "-c", _TRACE_ENV_READS, *sorted(_READS_NOTHING_AT_IMPORT)],
+        capture_output=True,
+        text=True,
+        timeout=100,
+        check=True,
+    ).stdout
+    assert json.loads(out) == []

@@ -43,6 +43,7 @@ if TYPE_CHECKING:
         EnvWriteDecision,
         decide_env_write,
         import_time_sensitive,
+        reads_environment_at_import,
         side_effect_of,
     )
     from dlrover.launcher.fake_control import FakeControlPlane
@@ -87,6 +88,7 @@ _EXPORTS: dict[str, str] = {
     "EnvWriteDecision": "dlrover.launcher.env_guard",
     "decide_env_write": "dlrover.launcher.env_guard",
     "import_time_sensitive": "dlrover.launcher.env_guard",
+    "reads_environment_at_import": "dlrover.launcher.env_guard",
     "side_effect_of": "dlrover.launcher.env_guard",
     "FakeControlPlane": "dlrover.launcher.fake_control",
     "InMemoryRoundStore": "dlrover.launcher.netcheck",
@@ -115,6 +117,7 @@ __all__ = [
     "EnvWriteDecision",
     "decide_env_write",
     "import_time_sensitive",
+    "reads_environment_at_import",
     "side_effect_of",
     "Agent",
     "AgentAction",

@@ -28,7 +28,8 @@ the program sets before its own first import of them. The standby guards against
   ``builtins.__import__`` and ``importlib.import_module`` see the program's own first import of
   each prewarmed module, and are removed then (the hook does nothing more from then on).
 - A write, before that import, of a name the modules may read at import (every name except the
-  worker contract and a short list torch 2.13 reads only when used; see `import_time_sensitive`)
+  worker contract and a short list torch 2.13 reads only when used; none for the flash checkpoint
+  client; see `import_time_sensitive`)
   makes the standby re-execute in place: ``os.execve`` of this interpreter with the worker's
   original argv and the go message's environment, after restoring the working directory, the
   signal mask and the signal dispositions the program may have changed. The pid stays the same

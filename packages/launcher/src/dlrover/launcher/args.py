@@ -295,7 +295,8 @@ def _add_dlrover_options(ours: argparse._ArgumentGroup) -> None:
         ["--prewarm"],
         None,
         "comma-separated modules that standby interpreters import ahead of time, one per local rank, so the "
-        "workers and every restart skip that import (default: torch, for a `python SCRIPT` or `-m MODULE` "
+        "workers and every restart skip that import (default: torch,dlrover.flashckpt.client, for a "
+        "`python SCRIPT` or `-m MODULE` "
         "worker; an executable or --run-path starts fresh); each standby holds its imports' memory while it "
         "waits; a variable the script sets before its own import of them makes the standby restart as a fresh "
         "interpreter (or, after the script's first side effect, warn); none: start every worker fresh",
@@ -344,8 +345,12 @@ def _nproc(value: str, auto_config: bool, accelerators: int, cpus: int) -> int:
 _MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 
 
-DEFAULT_PREWARM = ("torch",)
-"""What standbys import when `--prewarm` is not given and the worker program is runnable by one."""
+DEFAULT_PREWARM = ("torch", "dlrover.flashckpt.client")
+"""What standbys import when `--prewarm` is not given and the worker program is runnable by one.
+
+The flash checkpoint client (0.13 s to import after torch on 2 cores) reads no environment
+variable at import, so a script may set any before importing it (see `env_guard`).
+"""
 
 
 def _prewarm(text: str | None, modes: list[str]) -> tuple[str, ...]:

@@ -8,8 +8,8 @@ too late. This module decides, for each write, what the standby must do about it
 
 - ``IGNORE``: the write cannot make a difference. The program has already imported every
   prewarmed module itself (a fresh start would not see it at import either), the value is the
-  one the modules were imported with, or the name is one the prewarmed modules read only when
-  they are used (`import_time_sensitive`).
+  one the modules were imported with, or no prewarmed module the program has yet to import reads
+  the name while it imports (`import_time_sensitive`).
 - ``REEXEC``: the standby replaces itself with a fresh interpreter running the same program
   (same pid, the worker's original environment), which then makes the write again before its
   own import. Only while the program has done nothing a second run would repeat.
@@ -38,6 +38,7 @@ __all__ = [
     "EnvWriteDecision",
     "decide_env_write",
     "import_time_sensitive",
+    "reads_environment_at_import",
     "side_effect_of",
 ]
 
@@ -63,30 +64,52 @@ _TORCH_LAZY_NAMES = frozenset(
     {"CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "PYTORCH_CUDA_ALLOC_CONF", "TOKENIZERS_PARALLELISM"}
 )
 _TORCH_LAZY_PREFIXES = ("NCCL_", "TORCH_NCCL_", "GLOO_", "HF_", "TRANSFORMERS_", "WANDB_")
+# Modules of ours that read no environment variable while they are imported, nor does what they
+# import beyond torch (attrs, isal, hmac, secrets): checked by a trace of os.environ and of the
+# native getenv (an LD_PRELOAD shim) while importing them after torch. Exact names: other parts
+# of dlrover.flashckpt import more (its Hugging Face adapter imports transformers).
+# `test_imports` keeps the os.environ half true as the code changes.
+_READS_NOTHING_AT_IMPORT = frozenset({"dlrover.flashckpt", "dlrover.flashckpt.client"})
 
 
 def _covers(prewarmed: str, imported: str) -> bool:
     return imported == prewarmed or imported.startswith(prewarmed + ".")
 
 
-def import_time_sensitive(name: str, prewarmed: Sequence[str]) -> bool:
-    """Whether a prewarmed module may read the variable `name` while it is imported.
+def _reads_at_import(name: str, module: str) -> bool:
+    if module in _READS_NOTHING_AT_IMPORT:
+        return False
+    if _covers("torch", module):
+        return not (name in _TORCH_LAZY_NAMES or name.startswith(_TORCH_LAZY_PREFIXES))
+    return True
 
-    Conservative: every name counts, except the worker contract the agent sets when a standby is
-    taken (``RANK``, ``MASTER_ADDR``, ``TORCHELASTIC_*``, ``DLROVER_*``, ...) and, when every
-    prewarmed module is ``torch`` or a part of it, the short list of names torch 2.13 reads only
-    when used (``CUDA_VISIBLE_DEVICES``, ``CUDA_DEVICE_ORDER``, ``PYTORCH_CUDA_ALLOC_CONF``,
-    ``NCCL_*``, ``TORCH_NCCL_*``, ``GLOO_*``, ``TOKENIZERS_PARALLELISM``, ``HF_*``,
-    ``TRANSFORMERS_*``, ``WANDB_*``).
+
+def reads_environment_at_import(module: str) -> bool:
+    """Whether importing `module` may read any environment variable beyond the worker contract.
+
+    False only for the modules of ours checked to read none (``dlrover.flashckpt`` and
+    ``dlrover.flashckpt.client``, imported after torch); any other module may.
+    """
+    return module not in _READS_NOTHING_AT_IMPORT
+
+
+def import_time_sensitive(name: str, modules: Sequence[str]) -> bool:
+    """Whether one of `modules` may read the variable `name` while it is imported.
+
+    Conservative: a module may read every name, except the worker contract the agent sets when a
+    standby is taken (``RANK``, ``MASTER_ADDR``, ``TORCHELASTIC_*``, ``DLROVER_*``, ...); torch
+    and its parts may read every name but a short list torch 2.13 reads only when used
+    (``CUDA_VISIBLE_DEVICES``, ``CUDA_DEVICE_ORDER``, ``PYTORCH_CUDA_ALLOC_CONF``, ``NCCL_*``,
+    ``TORCH_NCCL_*``, ``GLOO_*``, ``TOKENIZERS_PARALLELISM``, ``HF_*``, ``TRANSFORMERS_*``,
+    ``WANDB_*``); ``dlrover.flashckpt`` and ``dlrover.flashckpt.client`` read none.
 
     Args:
         name: the environment variable.
-        prewarmed: the modules the standby imported ahead of time.
+        modules: the prewarmed modules whose import is still ahead of a fresh run of the program.
     """
     if name in _CONTRACT_NAMES or name.startswith(_CONTRACT_PREFIXES):
         return False
-    only_torch = bool(prewarmed) and all(_covers("torch", module) for module in prewarmed)
-    return not (only_torch and (name in _TORCH_LAZY_NAMES or name.startswith(_TORCH_LAZY_PREFIXES)))
+    return any(_reads_at_import(name, module) for module in modules)
 
 
 class EnvWriteAction(enum.Enum):
@@ -143,11 +166,11 @@ def decide_env_write(
         return EnvWriteDecision(
             EnvWriteAction.IGNORE, name, f"{name} already had this value when {', '.join(prewarmed)} was imported"
         )
-    if not import_time_sensitive(name, prewarmed):
+    if not import_time_sensitive(name, waiting):
         return EnvWriteDecision(
             EnvWriteAction.IGNORE,
             name,
-            f"{name} is not read while {', '.join(prewarmed)} is imported, only when it is used",
+            f"{name} is not read while {', '.join(waiting)} is imported",
         )
     what = "set" if value is not None else "removed"
     if side_effect is not None:
@@ -280,8 +303,9 @@ class EnvGuard:
 
     @property
     def settled(self) -> bool:
-        """Whether no later write can matter: the program imported every prewarmed module, or a re-exec is due."""
-        return not self._pending or self._reexec is not None
+        """Whether no later write can matter: every prewarmed module that may read one was imported
+        by the program, or a re-exec is due."""
+        return self._reexec is not None or not any(reads_environment_at_import(m) for m in self._pending)
 
     @property
     def side_effect(self) -> str | None:
