@@ -6,8 +6,9 @@ from __future__ import annotations
 import contextlib
 import socket
 import struct
+import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import pytest
 import torch
@@ -23,6 +24,7 @@ from dlrover.flashckpt.saver_core import HeldFailure, choose_failure_step, failu
 from dlrover.flashckpt.segment import remove_run
 from dlrover.flashckpt.stager import Stager
 from dlrover.flashckpt.storage import InMemoryStorage
+from dlrover.flashckpt.storage.base import Chunk
 from dlrover.flashckpt.storage_loader import StorageReader
 
 WAIT_S = 60.0
@@ -148,8 +150,10 @@ class Node:
             self.clients.append(SaverClient(self.saver.socket_path, rank, 2))
             self.stagers.append(self._stager(rank))
 
-    def _stager(self, rank: int) -> Stager:
-        cfg = StagerConfig(job_id=self.job, run_id="r", rank=rank, world_size=2, seal_in_background=False)
+    def _stager(self, rank: int, busy_policy: str = "wait") -> Stager:
+        cfg = StagerConfig(
+            job_id=self.job, run_id="r", rank=rank, world_size=2, seal_in_background=False, busy_policy=busy_policy
+        )
         return Stager(cfg, on_sealed=self.clients[rank].notify_sealed)
 
     def kill(self, rank: int) -> None:
@@ -161,14 +165,18 @@ class Node:
         self.stagers[rank].close()
         _wait_until(lambda: self.saver.active_connections() < attached)  # the saver saw it go
 
-    def restart(self, rank: int) -> None:
+    def restart(self, rank: int, busy_policy: str = "wait") -> None:
         """A new process for rank `rank`: a new connection and stager on the same memory."""
         self.clients[rank].close()
         self.clients[rank] = SaverClient(self.saver.socket_path, rank, 2)
-        self.stagers[rank] = self._stager(rank)
+        self.stagers[rank] = self._stager(rank, busy_policy)
 
     def save(self, rank: int, step: int) -> None:
-        assert self.stagers[rank].save(step, {"w": torch.full((8,), float(step * 10 + rank)), "s": step}).saved
+        assert self.try_save(rank, step)
+
+    def try_save(self, rank: int, step: int) -> bool:
+        """Whether the snapshot was taken (False: skipped under the busy policy)."""
+        return self.stagers[rank].save(step, {"w": torch.full((8,), float(step * 10 + rank)), "s": step}).saved
 
     def close(self) -> None:
         if self.closed:
@@ -286,6 +294,84 @@ def test_a_peer_stopped_after_a_failure_queues_no_second_failure_persist(node: N
     _wait_until(lambda: Committer(node.storage).tracker() == Tracker(3, 2))
     assert node.saver.events.kinds().count("failure_persist") == 2
     assert node.saver.events.kinds().count("failure_persist_covered") == 1
+
+
+class _GatedStorage(InMemoryStorage):
+    """Holds one rank's tensor file at a gate the test opens: before storage takes its bytes or,
+    with `after_taking`, after (a slow fsync)."""
+
+    def __init__(self, gated_rank: int, after_taking: bool = False) -> None:
+        super().__init__()
+        self._gated = f"rank_{gated_rank:05d}.safetensors"
+        self._after_taking = after_taking
+        self.reached = threading.Event()
+        self.gate = threading.Event()
+
+    def write_file(self, path: str, chunks: Iterable[Chunk]) -> int:
+        if path.endswith(self._gated):
+            if self._after_taking:
+                chunks = [b"".join(bytes(c) for c in chunks)]
+            self.reached.set()
+            assert self.gate.wait(WAIT_S), "the test never opened the gate"
+        return super().write_file(path, chunks)
+
+
+def test_a_failure_persist_holds_every_ranks_snapshot_before_it_writes_the_first(job_id: str) -> None:
+    # Restarted ranks save again while the failure persist still writes rank 0: rank 1's snapshot
+    # of the failure step, not yet written, must not be overwritten by rank 1's next-but-one save.
+    storage = _GatedStorage(gated_rank=0)
+    node = Node(job_id, storage)
+    try:
+        for step in (1, 2):
+            for rank in range(2):
+                node.save(rank, step)
+        node.kill(1)
+        assert storage.reached.wait(WAIT_S)  # persisting rank 0's step 2, rank 1's is next
+        node.kill(0)  # the agent stops the surviving rank for the restart
+        for rank in range(2):
+            node.restart(rank, busy_policy="skip")
+        node.save(1, 3)  # into the slot of step 1
+        assert not node.try_save(1, 4)  # only step 2's slot is left, and the failure persist holds it
+        skipped = [e for e in node.stagers[1].events.snapshot() if e.kind == "save_skipped"]
+        assert [e.step for e in skipped] == [4]
+        storage.gate.set()
+        _wait_until(lambda: Committer(storage).tracker() == Tracker(2, 2))
+        assert "persist_failed" not in node.saver.events.kinds()
+        for rank in range(2):
+            loaded = StorageReader(storage).load(rank, 2)
+            assert torch.equal(loaded.state["w"], torch.full((8,), float(20 + rank)))
+        assert node.saver.wait_idle(WAIT_S)
+        assert node.try_save(1, 4)  # step 2's slot is free again
+    finally:
+        storage.gate.set()
+        node.close()
+    assert our_files(job_id) == []
+
+
+def test_a_persist_lets_the_slot_go_once_storage_has_its_bytes(job_id: str) -> None:
+    storage = _GatedStorage(gated_rank=1, after_taking=True)
+    node = Node(job_id, storage)
+    try:
+        for step in (1, 2):
+            for rank in range(2):
+                node.save(rank, step)
+        node.stagers[1].close()
+        node.stagers[1] = node._stager(1, busy_policy="skip")
+        node.clients[1].request_persist(2)
+        assert storage.reached.wait(WAIT_S)  # step 2's bytes are with storage, not yet durable
+        node.save(1, 3)  # into the slot of step 1
+        node.save(1, 4)  # into the slot of step 2, which the persist no longer needs
+        storage.gate.set()
+        outcome = node.clients[1].wait_persisted(2, WAIT_S)
+        assert outcome.ok, outcome.reason
+        node.clients[0].request_persist(2)
+        assert node.clients[0].wait_persisted(2, WAIT_S).committed
+        loaded = StorageReader(storage).load(1, 2)
+        assert torch.equal(loaded.state["w"], torch.full((8,), 21.0))
+    finally:
+        storage.gate.set()
+        node.close()
+    assert our_files(job_id) == []
 
 
 @contextlib.contextmanager

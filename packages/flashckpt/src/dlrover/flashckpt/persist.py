@@ -79,7 +79,11 @@ class RankRecord:
 
 
 def persist_rank(
-    storage: Storage, payload: RankPayload, verify: bool = False, pacer: Pacer | None = None
+    storage: Storage,
+    payload: RankPayload,
+    verify: bool = False,
+    pacer: Pacer | None = None,
+    on_streamed: Callable[[], None] | None = None,
 ) -> RankRecord:
     """Write a rank's files and then its done marker.
 
@@ -88,6 +92,9 @@ def persist_rank(
         payload: the snapshot.
         verify: recompute checksums even when the payload has them, and refuse a mismatch.
         pacer: bounds the rate at which tensor bytes are handed to storage (None: no bound).
+        on_streamed: called once storage has taken the last tensor byte (a chunk is handed over
+            only when storage asks for the next one), before it makes the file durable: the
+            tensors' memory may be reused from then on.
 
     Raises:
         StorageError: a write failed (full disk...); no done marker is written.
@@ -117,6 +124,8 @@ def persist_rank(
                     raise ChecksumError(msg)
                 crc = payload.expected_crcs[i]
             crcs.append(crc)
+        if on_streamed is not None:
+            on_streamed()
 
     file_bytes = storage.write_file(safetensors_path(payload.step, payload.rank), chunks())
     manifest = dump_json(

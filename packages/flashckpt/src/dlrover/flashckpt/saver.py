@@ -69,7 +69,9 @@ class SaverConfig:
         coordinator: whether this saver moves the tracker (one saver per job does).
         persist_on_failure: persist the newest common snapshot when a training process dies.
         failure_persist_hold_s: 0 (the default): that persist starts at once and overlaps the
-            restart. Otherwise it is held back while the restarted processes restore, so it does
+            restart; it holds every rank's snapshot of its step until that rank is written, so
+            the restarted processes' save after next may wait for it (the stager's
+            `busy_policy`). Otherwise it is held back while the restarted processes restore, so it does
             not take CPU and memory bandwidth from them on a node with few cores: it starts once
             every rank has sealed a snapshot again, or this long after the death, whichever comes
             first, and at once on `release_held`, `persist_newest` or `stop`. It persists the
@@ -491,6 +493,14 @@ class Saver:
         """Persist one rank's snapshot of `step` from memory. Returns (ok, reason)."""
         if (rank, step) in self._persisted:
             return True, f"rank {rank} step {step} was already persisted"
+        held = self._hold_snapshot(rank, step)
+        if isinstance(held, str):
+            return False, held
+        return self._persist_held(rank, step, held)
+
+    def _hold_snapshot(self, rank: int, step: int) -> _HeldSnapshot | str:
+        """Find `rank`'s complete snapshot of `step` in memory and hold it (a shared lock), so no
+        stager writes over it until `_persist_held` has written it; the reason when there is none."""
         c = self.config
         deadline = self._clock.now() + c.lock_timeout_s
         for slot in range(c.num_slots):
@@ -502,6 +512,7 @@ class Saver:
                 seg = ShmSegment.attach(path)
             except (FileNotFoundError, FlashCkptError):
                 continue
+            held = False
             try:
                 header = _header(seg)
                 if header is None or header.step != step or header.state < SlotState.COMPLETE:
@@ -510,35 +521,45 @@ class Saver:
                     if self._clock.now() >= deadline:
                         reason = f"rank {rank} step {step}: slot {slot} stayed locked for {c.lock_timeout_s}s"
                         self._record("persist_failed", step, reason)
-                        return False, reason
+                        return reason
                     self._clock.sleep(c.poll_interval_s)
-                try:
-                    locked = _header(seg)
-                    if locked is None or locked.seq != header.seq or locked.state < SlotState.COMPLETE:
-                        continue  # overwritten meanwhile
-                    with self._lock:
-                        capped = bool(c.persist_bandwidth_mb_s) and not self._uncapped.is_set()
-                        self._pacer = Pacer(c.persist_bandwidth_mb_s * 1e6, self._clock) if capped else None
-                    try:
-                        payload = payload_from_slot(seg, locked, rank, c.world_size)
-                        persist_rank(self.storage, payload, pacer=self._pacer)
-                    finally:
-                        with self._lock:
-                            self._pacer = None
-                finally:
+                locked = _header(seg)
+                if locked is None or locked.seq != header.seq or locked.state < SlotState.COMPLETE:
                     seg.unlock()
-            except FlashCkptError as e:
-                reason = f"rank {rank} step {step}: {e}"
-                self._record("persist_failed", step, reason)
-                return False, reason
+                    continue  # overwritten meanwhile
+                held = True
+                return _HeldSnapshot(slot, seg, locked)
             finally:
-                seg.close()
-            self._persisted.add((rank, step))
-            self._record("persisted", step, f"rank {rank} step {step} from slot {slot}")
-            return True, f"rank {rank} step {step} persisted"
+                if not held:
+                    seg.close()
         reason = f"rank {rank} holds no complete snapshot of step {step} in memory"
         self._record("persist_failed", step, reason)
-        return False, reason
+        return reason
+
+    def _persist_held(self, rank: int, step: int, held: _HeldSnapshot) -> tuple[bool, str]:
+        """Write a snapshot `_hold_snapshot` holds, then let it go."""
+        c = self.config
+        try:
+            with self._lock:
+                capped = bool(c.persist_bandwidth_mb_s) and not self._uncapped.is_set()
+                self._pacer = Pacer(c.persist_bandwidth_mb_s * 1e6, self._clock) if capped else None
+            try:
+                payload = payload_from_slot(held.seg, held.header, rank, c.world_size)
+                # The slot is let go once its bytes are handed over, not after the fsync: a
+                # stager waiting for it (the save after next) waits no longer than it must.
+                persist_rank(self.storage, payload, pacer=self._pacer, on_streamed=held.release)
+            finally:
+                with self._lock:
+                    self._pacer = None
+        except FlashCkptError as e:
+            reason = f"rank {rank} step {step}: {e}"
+            self._record("persist_failed", step, reason)
+            return False, reason
+        finally:
+            held.release()
+        self._persisted.add((rank, step))
+        self._record("persisted", step, f"rank {rank} step {step} from slot {held.slot}")
+        return True, f"rank {rank} step {step} persisted"
 
     def held_steps(self, rank: int) -> list[int]:
         """Steps of `rank`'s complete snapshots in memory."""
@@ -622,12 +643,49 @@ class Saver:
         self._record("failure_persist", -1 if step is None else step, reason)
         if step is None:
             return
-        for rank in sorted(ranks):
-            ok, why = self._persist(rank, step)
-            if not ok:
-                self._record("persist_failed", step, f"persist on failure: {why}")
-                return
+        # Every rank's snapshot is held before the first is written: the restarted processes stage
+        # into their other slot meanwhile, and cannot write over a rank still waiting its turn
+        # (their next-but-one save waits for it, as their busy policy says).
+        snapshots: dict[int, _HeldSnapshot] = {}
+        try:
+            for rank in sorted(ranks):
+                if (rank, step) in self._persisted:
+                    continue
+                found = self._hold_snapshot(rank, step)
+                if isinstance(found, str):
+                    self._record("persist_failed", step, f"persist on failure: {found}")
+                    return
+                snapshots[rank] = found
+            for rank in sorted(snapshots):
+                ok, why = self._persist_held(rank, step, snapshots.pop(rank))
+                if not ok:
+                    self._record("persist_failed", step, f"persist on failure: {why}")
+                    return
+        finally:
+            for snapshot in snapshots.values():
+                snapshot.release()
         self._try_commit(step)
+
+
+@attrs.define
+class _HeldSnapshot:
+    """One rank's complete snapshot in memory, held by the saver's shared lock on its slot."""
+
+    slot: int
+    seg: ShmSegment
+    header: SlotHeader
+
+    released: bool = False
+
+    def release(self) -> None:
+        """Let the slot go (the stager may write it again); later calls do nothing."""
+        if self.released:
+            return
+        self.released = True
+        try:
+            self.seg.unlock()
+        finally:
+            self.seg.close()
 
 
 def _header(seg: ShmSegment) -> SlotHeader | None:
