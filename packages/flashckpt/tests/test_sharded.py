@@ -260,6 +260,37 @@ def test_memory_restore_is_in_place(ckpt: ShardedCheckpointer) -> None:
     assert same_bits(target, _state(2.0))
 
 
+def test_a_step_restored_from_memory_is_persisted_in_the_background(ckpt: ShardedCheckpointer) -> None:
+    _save(ckpt, 1)
+    _save(ckpt, 2, persist=False)  # the processes died before persisting step 2
+    target = _state(0.0)
+    assert ckpt.load(target).step == 2
+    assert ckpt.restored_persist is not None
+    assert ckpt.restored_persist.result(timeout=60).commit
+    assert "persist_restored" in ckpt.events.kinds()
+    assert Committer(ckpt.storage).tracker() == Tracker(2, 1)
+    # Restored again: storage has it, so the persist is refused and nothing is written twice.
+    assert ckpt.load(target).step == 2
+    assert ckpt.restored_persist is not None
+    refused = ckpt.restored_persist.result(timeout=60)
+    assert not refused.commit
+    assert "not newer" in refused.reason
+    # A load from storage starts nothing.
+    assert ckpt.load(target, from_memory=False).source == "storage"
+    assert ckpt.restored_persist is None
+
+
+def test_persist_restored_can_be_turned_off(config: StagerConfig, tmp_path: Path) -> None:
+    c = ShardedCheckpointer(config, tmp_path / "ck", persist_restored=False)
+    try:
+        _save(c, 1, persist=False)
+        assert c.load(_state(0.0)).source == "memory"
+        assert c.restored_persist is None
+        assert Committer(c.storage).tracker() is None
+    finally:
+        c.close(remove=True)
+
+
 def test_storage_roundtrip_and_readable_by_plain_dcp(ckpt: ShardedCheckpointer, tmp_path: Path) -> None:
     _save(ckpt, 1)
     _save(ckpt, 2)
@@ -444,9 +475,11 @@ def test_killed_during_persist_leaves_previous_checkpoint(job_id: str, tmp_path:
             loaded = c.load(target, from_memory=False)
             assert (loaded.step, target["step"]) == (1, 1)
             assert bool((target["model"]["w"] == 1.0).all())
-            # The restarted process finds step 2 in memory and persists it over the leftovers.
+            # The restarted process finds step 2 in memory and persists it over the leftovers, in
+            # the background (`persist_restored`).
             assert c.load(target).step == 2
-            assert c.persist(2).commit
+            assert c.restored_persist is not None
+            assert c.restored_persist.result(timeout=60).commit
             assert c.load(target, from_memory=False).step == 2
         finally:
             c.close(remove=True)
@@ -465,7 +498,7 @@ def test_fsdp2_saved_on_2_loads_on_2_from_memory_and_on_1_and_3_from_storage(job
         proc = subprocess.run(
             [
                 *(sys.executable, WORKER, "--job", job_id, "--storage", str(storage), "--tmp", str(tmp_path)),
-                *("train:2", "restore:1", "corrupt:2", "restore:3"),
+                *("train:2", "restore:1", "corrupt:3", "restore:3"),
             ],
             capture_output=True,
             text=True,
@@ -482,20 +515,22 @@ def test_fsdp2_saved_on_2_loads_on_2_from_memory_and_on_1_and_3_from_storage(job
     assert full[1] != full[2] != full[3]
     loaded = {(e["world"], e["rank"]): e for e in events if e["event"] == "loaded"}
     assert sorted(loaded) == [(1, 0), (2, 0), (2, 1), (3, 0), (3, 1), (3, 2)]
-    # Same size: step 3 (never persisted) from memory, into the existing shards, bit for bit.
+    # Same size: step 3 (never persisted) from memory, into the existing shards, bit for bit;
+    # then persisted in the background (`persist_restored`), as a node saver persists a failure's.
     for r in (0, 1):
         e = loaded[(2, r)]
         assert (e["source"], e["step"], e["state_step"], e["same_memory"]) == ("memory", 3, 3, True)
         assert e["full"] == full[3]
-    # One rank: rank 0's snapshot is sharded for two, so the committed step 2 is resharded.
+        assert any(k == "persist_restored" for k, _, _ in e["events"])
+    # One rank: rank 0's snapshot is sharded for two, so step 3, committed since, is resharded.
     e = loaded[(1, 0)]
-    assert (e["source"], e["step"], e["state_step"]) == ("storage", 2, 2)
-    assert e["full"] == full[2]
-    # Three ranks after a DCP file of step 2 was damaged: every rank names it and uses step 1.
+    assert (e["source"], e["step"], e["state_step"]) == ("storage", 3, 3)
+    assert e["full"] == full[3]
+    # Three ranks after a DCP file of step 3 was damaged: every rank names it and uses step 2.
     corrupted = next(e["file"] for e in events if e["event"] == "corrupted")
     for r in range(3):
         e = loaded[(3, r)]
-        assert (e["source"], e["step"], e["state_step"]) == ("storage", 1, 1)
-        assert e["full"] == full[1]
+        assert (e["source"], e["step"], e["state_step"]) == ("storage", 2, 2)
+        assert e["full"] == full[2]
         assert any(k == "fallback" and corrupted in reason for k, _, reason in e["events"])
-    assert Committer(PosixStorage(storage)).tracker() == Tracker(2, 2)
+    assert Committer(PosixStorage(storage)).tracker() == Tracker(3, 2)

@@ -32,7 +32,9 @@ class FlashEvent:
 class EventLog:
     """A thread-safe, bounded list of events; each is also logged (warnings for failures)."""
 
-    WARN_KINDS = frozenset({"save_skipped", "persist_failed", "checksum_mismatch", "fallback", "load_failed"})
+    WARN_KINDS = frozenset(
+        {"save_skipped", "persist_failed", "checksum_mismatch", "fallback", "load_failed", "restored_not_persisted"}
+    )
 
     def __init__(self, limit: int = 1000) -> None:
         self._lock = threading.Lock()

@@ -173,6 +173,12 @@ class ShardedCheckpointer:
         dcp_thread_count: DCP writer threads per rank.
         staging: where a non-POSIX `storage` is staged on local disk (default `StagingConfig()`:
             the system temp dir); not used for POSIX storage, which DCP writes in place.
+        persist_restored: when `load` restores a step from memory (the processes restarted, after
+            a failure as a rule), persist it in the background unless storage already has it,
+            as the plain checkpointer's node saver persists a failure's snapshot: a sharded
+            persist needs every rank, so it can only run once they are back. It needs a
+            `group` of the checkpointer's own; without one a ``restored_not_persisted`` event
+            says so and `persist(step)` is left to the caller.
         clock: time source for the stager and events.
 
     Raises:
@@ -191,9 +197,11 @@ class ShardedCheckpointer:
         retention: RetentionPolicy | None = None,
         dcp_thread_count: int = 1,
         staging: StagingConfig | None = None,
+        persist_restored: bool = True,
         clock: Clock | None = None,
     ) -> None:
         self._g = RankGroup(group)
+        self._persist_restored = persist_restored
         if (config.rank, config.world_size) != (self._g.rank, self._g.size):
             raise FlashCkptError(
                 f"config says rank {config.rank} of {config.world_size}, "
@@ -221,6 +229,8 @@ class ShardedCheckpointer:
         self._last: ShardedSplit | None = None
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="flashckpt-dcp")
         self._pending: list[Future[CommitDecision]] = []
+        self.restored_persist: Future[CommitDecision] | None = None
+        """The background persist the last `load` started (`persist_restored`), or None."""
 
     # -- memory --------------------------------------------------------------------------------
 
@@ -298,6 +308,7 @@ class ShardedCheckpointer:
             StateStructureError: `state` does not match the checkpoint (nothing was changed).
         """
         self._wait_background()
+        self.restored_persist = None
         split = split_sharded(state)
         if from_memory:
             mine = self._memory_steps(split)
@@ -315,9 +326,30 @@ class ShardedCheckpointer:
                 if all(r[0] == 0 for r in ok) and loaded is not None:
                     restored = rejoin(state, loaded.state["state"])
                     self._last = split  # a restarted process may persist what it found in memory
+                    self._persist_restored_step(step)
                     return LoadedState(restored, step, "memory", loaded.verified, loaded.detail)
                 self._event("fallback", step, f"memory load of step {step} failed on some rank ({error or 'peer'})")
         return self._load_storage(state, split)
+
+    def _persist_restored_step(self, step: int) -> None:
+        """Start persisting a step just restored from memory (`persist_restored`). Collective.
+
+        Every rank decides alike: the setting and the group are the same on all of them, and the
+        persist itself refuses, on every rank, a step storage has already committed.
+        """
+        if not self._persist_restored:
+            return
+        if self._g.active and self._g.group is None:
+            self._event(
+                "restored_not_persisted",
+                step,
+                f"step {step} was restored from memory and may be only there: persisting it in the background "
+                "needs a process group of the checkpointer's own (group=torch.distributed.new_group(backend="
+                f"'gloo')); call persist({step}) to persist it now",
+            )
+            return
+        self._event("persist_restored", step, f"step {step} was restored from memory; persisting it in the background")
+        self.restored_persist = self.persist_async(step)
 
     def _load_storage(self, state: Any, split: ShardedSplit) -> LoadedState:
         committed, _ = self._committer.steps()
