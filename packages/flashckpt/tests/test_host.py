@@ -134,6 +134,7 @@ def test_the_host_says_which_ranks_sealed_a_snapshot_since_a_time(shm: Path, tmp
             clients[0].notify_sealed(SealedNotice(rank=0, slot=0, seq=1, step=6))
             _wait_until(lambda: host.ranks_sealed_since(105.0) == {0})
             assert host.ranks_sealed_since(100.0) == {0, 1}
+            assert not host.failure_persist_pending()  # nobody died
             clients[1].close()  # a process that left is not training
             _wait_until(lambda: host.ranks_sealed_since(100.0) == {0})
         finally:

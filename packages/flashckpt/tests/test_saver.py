@@ -325,8 +325,10 @@ def test_a_failure_persist_holds_every_ranks_snapshot_before_it_writes_the_first
         for step in (1, 2):
             for rank in range(2):
                 node.save(rank, step)
+        assert not node.saver.failure_persist_pending()
         node.kill(1)
         assert storage.reached.wait(WAIT_S)  # persisting rank 0's step 2, rank 1's is next
+        assert node.saver.failure_persist_pending()
         node.kill(0)  # the agent stops the surviving rank for the restart
         for rank in range(2):
             node.restart(rank, busy_policy="skip")
@@ -341,6 +343,7 @@ def test_a_failure_persist_holds_every_ranks_snapshot_before_it_writes_the_first
             loaded = StorageReader(storage).load(rank, 2)
             assert torch.equal(loaded.state["w"], torch.full((8,), float(20 + rank)))
         assert node.saver.wait_idle(WAIT_S)
+        assert not node.saver.failure_persist_pending()
         assert node.try_save(1, 4)  # step 2's slot is free again
     finally:
         storage.gate.set()
@@ -387,6 +390,7 @@ def _held_failure(job_id: str) -> Iterator[tuple[Node, ManualClock]]:
         clock.advance(1.0)
         node.kill(1)
         _wait_until(lambda: "failure_persist_held" in node.saver.events.kinds())
+        assert node.saver.failure_persist_pending()  # held counts: it is still to run
         yield node, clock
     finally:
         node.close()

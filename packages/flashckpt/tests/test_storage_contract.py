@@ -43,6 +43,23 @@ def test_write_read_roundtrip(storage: Storage) -> None:
     assert storage.list_dir("nope") == []
 
 
+def test_each_chunk_is_taken_before_the_next_is_asked_for(storage: Storage) -> None:
+    # A persist streams views of shared memory and lets the memory go once the last chunk is
+    # handed over (`persist_rank`'s on_streamed): a backend must copy or write each chunk before
+    # asking for the next, never keep the view for later.
+    buffer = bytearray(b"a" * 1000)
+
+    def chunks() -> Iterator[memoryview]:
+        for fill in (b"a", b"b", b"c"):
+            buffer[:] = fill * len(buffer)
+            with memoryview(buffer) as view:
+                yield view
+        buffer[:] = b"x" * len(buffer)  # the memory is reused once the last chunk was taken
+
+    assert storage.write_file("s/chunks.bin", chunks()) == 3000
+    assert storage.read_bytes("s/chunks.bin") == b"a" * 1000 + b"b" * 1000 + b"c" * 1000
+
+
 def test_overwrite_is_whole(storage: Storage) -> None:
     storage.write_file("t.json", [b"old content"])
     storage.write_file("t.json", [b"new"])

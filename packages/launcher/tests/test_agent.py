@@ -1,14 +1,18 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
 import textwrap
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from dlrover.common import exiting_status
 from dlrover.launcher.agent import Agent, AgentConfig
 from dlrover.launcher.control import AgentAction, FailureDecision, FailureReport
 from dlrover.launcher.fake_control import FakeControlPlane
@@ -39,6 +43,12 @@ WORKER = textwrap.dedent(
         sys.exit(3)
     if mode == "sleep":
         time.sleep(600)
+    if mode == "stuck_dying" and attempt == 0:
+        if rank == 1:
+            import signal
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # as a process in its teardown
+            open(os.path.join(out, "rank1_ignoring"), "w").close()
+        time.sleep(600)
     if mode == "peer_fails" and attempt == 0:
         ready = os.path.join(out, "rank0_ready")
         if rank == 0:
@@ -56,7 +66,13 @@ WORKER = textwrap.dedent(
 )
 
 
-def _agent(tmp_path: Path, mode: str, control: FakeControlPlane, **kwargs: object) -> Agent:
+def _agent(
+    tmp_path: Path,
+    mode: str,
+    control: FakeControlPlane,
+    read_exiting_status: Callable[[int], int | None] = exiting_status,
+    **kwargs: object,
+) -> Agent:
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
     out = tmp_path / "out"
@@ -71,7 +87,7 @@ def _agent(tmp_path: Path, mode: str, control: FakeControlPlane, **kwargs: objec
         "redirects": {0: 3, 1: 3},
     }
     defaults.update(kwargs)
-    return Agent(AgentConfig(**defaults), control)  # type: ignore[arg-type]
+    return Agent(AgentConfig(**defaults), control, read_exiting_status=read_exiting_status)  # type: ignore[arg-type]
 
 
 def _records(tmp_path: Path) -> dict[str, dict[str, object]]:
@@ -138,6 +154,41 @@ def test_the_other_workers_are_stopped_as_soon_as_one_fails_without_waiting_for_
     assert result.exit_code == 0, result.reason
     assert [(r.local_rank, r.exit_code) for r in control.failures] == [(1, 7)]  # not rank 0's SIGTERM
     assert {"rank0_attempt1", "rank1_attempt1"} <= set(_records(tmp_path))
+
+
+@pytest.mark.integration
+def test_a_worker_stuck_exiting_is_reported_as_its_failure_not_as_a_hang(tmp_path: Path) -> None:
+    # Rank 1 "begins to exit" with SIGKILL (as /proc would show) but is not reaped for a while,
+    # longer than the hang timeout, as a worker whose memory the kernel is still freeing: the
+    # agent stops rank 0 at once, waits, and reports the SIGKILL, not a hang of the aftermath.
+    out = tmp_path / "out"
+    ignoring = out / "rank1_ignoring"
+
+    def rank1_pid() -> int | None:
+        found = list(out.glob("rank1_attempt0_pid*.json"))
+        return int(found[0].stem.rsplit("_pid", 1)[1]) if found else None
+
+    def exiting(pid: int) -> int | None:
+        return int(signal.SIGKILL) if ignoring.exists() and pid == rank1_pid() else None
+
+    def kill_later() -> None:
+        deadline = time.monotonic() + 60.0
+        while not ignoring.exists():
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        time.sleep(3.0)  # three hang timeouts of "teardown"
+        pid = rank1_pid()
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+
+    control = FakeControlPlane()
+    agent = _agent(tmp_path, "stuck_dying", control, exiting, max_restarts=1, hang_timeout_s=1.0)
+    killer = threading.Thread(target=kill_later)
+    killer.start()
+    result = agent.run()
+    killer.join(60)
+    assert result.exit_code == 0, result.reason
+    assert [(r.local_rank, r.signal_name, r.hang) for r in control.failures] == [(1, "SIGKILL", False)]
 
 
 @pytest.mark.integration

@@ -89,6 +89,8 @@ def test_dlrover_flags() -> None:
     assert cfg.checkpoint_stop_timeout_s == 120.0
     assert cfg.prewarm_refill_after_s == 30.0
     assert parse_args(["--prewarm-refill-after=0", "t.py"]).prewarm_refill_after_s == 0.0
+    assert cfg.worker_reap_timeout_s == 30.0
+    assert parse_args(["--worker-reap-timeout=5", "t.py"]).worker_reap_timeout_s == 5.0
     assert parse_args(["--checkpoint-stop-timeout=30", "t.py"]).checkpoint_stop_timeout_s == 30.0
     assert parse_args(["--prewarm=torch, numpy.linalg", "t.py"]).prewarm == ("torch", "numpy.linalg")
     assert parse_args(["--prewarm=torch", "-m", "pkg.train"]).prewarm == ("torch",)
@@ -186,6 +188,7 @@ def test_auto_config_uses_visible_accelerators() -> None:
         (["--checkpoint-stop-timeout=0", "t.py"], "checkpoint-stop-timeout"),
         (["--checkpoint-stop-timeout=inf", "t.py"], "checkpoint-stop-timeout must be a finite number"),
         (["--prewarm-refill-after=-1", "t.py"], "--prewarm-refill-after must be at least 0"),
+        (["--worker-reap-timeout=-1", "t.py"], "--worker-reap-timeout must be at least 0"),
         (["--failure-persist-hold=-1", "t.py"], "--failure-persist-hold must be at least 0"),
         (["--save-at-breakpoint", "--failure-persist-hold=5", "t.py"], "give one of them"),
         (["--failure-persist-hold=inf", "t.py"], "--failure-persist-hold must be a finite"),

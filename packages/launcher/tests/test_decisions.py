@@ -114,3 +114,10 @@ def test_stop_wins_over_restart() -> None:
 )
 def test_standbys_are_refilled_once_the_workers_train_again(now: float, sealed: set[int], due: bool) -> None:
     assert refill_due(now, started_at=10.0, refill_after_s=30.0, sealed=sealed, ranks={4, 5}) is due
+
+
+def test_standbys_wait_for_the_failure_persist_the_workers_may_be_waiting_on() -> None:
+    kwargs = {"started_at": 10.0, "refill_after_s": 30.0, "sealed": {4, 5}, "ranks": {4, 5}}
+    assert not refill_due(11.0, failure_persisting=True, **kwargs)  # type: ignore[arg-type]
+    assert refill_due(11.0, failure_persisting=False, **kwargs)  # type: ignore[arg-type]
+    assert refill_due(40.0, failure_persisting=True, **kwargs)  # type: ignore[arg-type]  # the bound holds

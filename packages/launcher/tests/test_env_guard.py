@@ -12,6 +12,7 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invar
 from dlrover.launcher import (
     EnvGuard,
     EnvWriteAction,
+    also_imports,
     decide_env_write,
     import_time_sensitive,
     reads_environment_at_import,
@@ -55,15 +56,34 @@ def test_names_torch_reads_lazily_are_harmless_only_when_torch_alone_was_prewarm
 
 
 @pytest.mark.parametrize("name", ["OMP_NUM_THREADS", "NCCL_DEBUG", "HF_HOME", "FOO"])
-def test_the_flash_checkpoint_client_reads_no_name_at_import(name: str) -> None:
+def test_the_flash_checkpoint_client_reads_no_name_at_import_but_imports_torch(name: str) -> None:
     assert not reads_environment_at_import(CLIENT)
     assert not reads_environment_at_import("dlrover.flashckpt")
     assert not import_time_sensitive(name, (CLIENT,))
     assert not import_time_sensitive(name, ("dlrover.flashckpt", CLIENT))
+    assert also_imports(CLIENT) == ("torch",)
+    assert also_imports("dlrover.flashckpt") == ()
     # Alongside torch, torch decides; other parts of dlrover.flashckpt were not checked.
     assert import_time_sensitive(name, DEFAULT) is import_time_sensitive(name, TORCH)
     assert reads_environment_at_import("dlrover.flashckpt.hf")
     assert import_time_sensitive(name, ("dlrover.flashckpt.hf",))
+
+
+def test_prewarming_the_client_alone_prewarmed_torch_too() -> None:
+    guard = EnvGuard((CLIENT,), {})
+    assert guard.pending == {CLIENT, "torch"}
+    assert not guard.settled
+    assert guard.on_env_write("OMP_NUM_THREADS", "8").action is EnvWriteAction.REEXEC
+
+
+def test_a_program_that_imports_the_client_first_has_imported_torch_with_it() -> None:
+    # In a fresh run `from dlrover.flashckpt.client import ...` imports torch; in a standby the
+    # client is already loaded, so its `import torch` never runs where the guard could see it.
+    guard = EnvGuard(DEFAULT, {})
+    guard.on_import(CLIENT)
+    assert guard.pending == frozenset()
+    assert guard.settled
+    assert guard.on_env_write("OMP_NUM_THREADS", "8").action is EnvWriteAction.IGNORE
 
 
 def test_a_write_matters_only_for_the_prewarmed_modules_the_program_has_yet_to_import() -> None:
@@ -231,7 +251,9 @@ class GuardMachine(RuleBasedStateMachine):
     @rule(name=st.sampled_from(NAMES), value=st.sampled_from(["1", "2", None]))
     def program_writes(self, name: str, value: str | None) -> None:
         decision = self.guard.on_env_write(name, value)
-        pending = [m for m in self.prewarmed if not any(i == m or i.startswith(m + ".") for i in self.imports)]
+        prewarmed = [*self.prewarmed, *(["torch"] if CLIENT in self.prewarmed else [])]
+        imports = [*self.imports, *(["torch"] if CLIENT in self.imports else [])]
+        pending = [m for m in prewarmed if not any(i == m or i.startswith(m + ".") for i in imports)]
         matters = any(_model_reads(name, m) for m in pending)
         if not matters or value == self.import_env.get(name):
             expected = EnvWriteAction.IGNORE

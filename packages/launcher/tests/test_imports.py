@@ -62,3 +62,22 @@ def test_the_modules_a_standby_may_prewarm_without_a_check_read_no_environment_a
         check=True,
     ).stdout
     assert json.loads(out) == []
+
+
+@pytest.mark.integration
+def test_what_the_prewarmable_modules_of_ours_import_with_them_is_declared() -> None:
+    # A standby that prewarmed one of them had torch imported too, and the guard counts on it.
+    import subprocess
+    import sys
+
+    from dlrover.launcher.env_guard import _READS_NOTHING_AT_IMPORT, also_imports
+
+    for module in sorted(_READS_NOTHING_AT_IMPORT):
+        out = subprocess.run(
+            [sys.executable, "-c", f"import sys, {module}; print('torch' in sys.modules)"],
+            capture_output=True,
+            text=True,
+            timeout=100,
+            check=True,
+        ).stdout.strip()
+        assert out == str("torch" in also_imports(module)), module

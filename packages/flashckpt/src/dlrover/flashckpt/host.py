@@ -327,6 +327,11 @@ class SaverHost:
         savers = self._serving  # replaced whole under the lock, read without it
         return frozenset().union(*(s.ranks_sealed_since(since) for s in savers))
 
+    def failure_persist_pending(self) -> bool:
+        """Whether any run's saver has a failure persist held, queued or running (read without the
+        host's lock, as `ranks_sealed_since`)."""
+        return any(s.failure_persist_pending() for s in self._serving)
+
     def release_held_failures(self, reason: str) -> None:
         """Start every held failure persist now (see `SaverHostConfig.failure_persist_hold_s`).
 

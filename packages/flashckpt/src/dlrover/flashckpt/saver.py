@@ -163,6 +163,7 @@ class Saver:
         self._shutdown_requested = threading.Event()
         self._idle = threading.Condition()
         self._busy = 0
+        self._failure_jobs = 0  # failure persists queued or running (under _idle)
         self._lock = threading.Lock()
         self._conns: list[_Conn] = []
         self._ranks: set[int] = set()
@@ -245,7 +246,21 @@ class Saver:
     def _submit(self, job: _Job) -> None:
         with self._idle:
             self._busy += 1
+            self._failure_jobs += job.kind == "failure"
         self._queue.put(job)
+
+    def failure_persist_pending(self) -> bool:
+        """Whether a failure persist is held back, queued or running.
+
+        The agent waits for it to end before it starts work that would take the CPU from it
+        (warming standby interpreters): the restarted processes' save after next may be waiting
+        for it, and it runs at a low priority.
+        """
+        with self._idle:
+            if self._failure_jobs:
+                return True
+        with self._lock:
+            return self._hold.held is not None
 
     def wait_idle(self, timeout_s: float) -> bool:
         """Wait until no persist is queued or running; False on timeout.
@@ -435,6 +450,7 @@ class Saver:
             finally:
                 with self._idle:
                     self._busy -= 1
+                    self._failure_jobs -= job.kind == "failure"
                     self._idle.notify_all()
 
     def _lower_priority(self) -> None:

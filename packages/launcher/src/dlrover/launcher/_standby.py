@@ -14,9 +14,9 @@ would (``sys.argv``, ``sys.path[0]``, ``__name__ == "__main__"``, ``__file__``,
 modules' warnings filters placed where the program's own import would place them). End of input
 without a line means the agent no longer needs it: it exits 0 without running anything.
 
-`dlrover-run` uses standbys by default (``--prewarm torch``). What could differ from a fresh start
-is that `MODULES` were imported before the worker's own environment was set, so a variable they
-read at import time (``OMP_NUM_THREADS`` for the OpenMP runtime torch loads) would miss anything
+`dlrover-run` uses standbys by default (``--prewarm torch,dlrover.flashckpt.client``). What could
+differ from a fresh start is that `MODULES` were imported before the worker's own environment was
+set, so a variable they read at import time (``OMP_NUM_THREADS`` for the OpenMP runtime torch loads) would miss anything
 the program sets before its own first import of them. The standby guards against that
 (decisions in `dlrover.launcher.env_guard`):
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import attrs
 
 from dlrover.common import Clock, DLRoverError, SystemClock
+from dlrover.common.process import exiting_status
 from dlrover.common.validators import non_negative, non_negative_finite, positive
 from dlrover.flashckpt.host import SaverHost, SaverHostConfig, host_socket_path
 from dlrover.flashckpt.segment import DEFAULT_SHM_DIR
@@ -89,6 +90,9 @@ class AgentConfig:
         prewarm_refill_after_s: the standbys for the next start are started once every
             worker has sealed a flash checkpoint since it started, or this long after the
             start, whichever comes first (see `refill_due`).
+        worker_reap_timeout_s: a worker seen beginning to exit with a failure (the others are
+            stopped then) is reported once it has exited; if the kernel has still not let it be
+            reaped this long after, it is reported with the status it was seen exiting with.
     """
 
     worker_argv: tuple[str, ...]
@@ -113,6 +117,7 @@ class AgentConfig:
     failure_persist_hold_s: float = attrs.field(default=0.0, validator=non_negative_finite)
     prewarm_modules: tuple[str, ...] = ()
     prewarm_refill_after_s: float = attrs.field(default=30.0, validator=non_negative)
+    worker_reap_timeout_s: float = attrs.field(default=30.0, validator=non_negative)
 
 
 @attrs.frozen
@@ -147,6 +152,8 @@ class Agent:
             torchrun's agent does (`dlrover-run` passes a `TorchStoreHost`): a fresh store per
             round, listening before its address is published, closed once the round's workers
             have stopped and when the agent exits. None: worker rank 0 hosts the store instead.
+        read_exiting_status: how a worker that has begun to exit is recognised before it can be
+            reaped (`dlrover.common.exiting_status`); tests replace it.
     """
 
     def __init__(
@@ -159,7 +166,9 @@ class Agent:
         progress: Callable[[], Progress] | None = None,
         network_check: NetworkCheck | None = None,
         store_host: StoreHost | None = None,
+        read_exiting_status: Callable[[int], int | None] = exiting_status,
     ) -> None:
+        self._read_exiting_status = read_exiting_status
         self._network_check = network_check
         self._store_host = store_host
         self._check_heartbeat_at = 0.0
@@ -369,7 +378,12 @@ class Agent:
                 self._refill_standbys()
 
     def _start_workers(self, assignment: RoundAssignment, restarts: int) -> WorkerGroup:
-        group = WorkerGroup(self._specs(assignment, restarts), standby=self._standby)
+        group = WorkerGroup(
+            self._specs(assignment, restarts),
+            standby=self._standby,
+            read_exiting_status=self._read_exiting_status,
+            reap_timeout_s=self._config.worker_reap_timeout_s,
+        )
         started_at = self._clock.now()  # before the start: no checkpoint of these workers is older
         group.start()
         if self._standby is not None:
@@ -386,8 +400,11 @@ class Agent:
         started_at, ranks = self._refill_pending
         host = self._saver_host
         sealed = host.ranks_sealed_since(started_at) if host is not None else frozenset()
+        persisting = host is not None and host.failure_persist_pending()
         now = self._clock.now()
-        if refill_due(now, started_at, self._config.prewarm_refill_after_s, sealed, ranks):
+        if refill_due(
+            now, started_at, self._config.prewarm_refill_after_s, sealed, ranks, failure_persisting=persisting
+        ):
             self._refill_pending = None
             why = "the workers are training again" if set(ranks) <= set(sealed) else "the refill timer ran out"
             _log.info("starting standby workers for the next restart %.1f s after the start: %s", now - started_at, why)
@@ -436,7 +453,7 @@ class Agent:
                 return self._report(report)
             if step.kind is not StepKind.CONTINUE:
                 return step
-            if hangs is not None:
+            if hangs is not None and not failing:  # a failure is reported, not a hang of its aftermath
                 hung = self._hung_workers(group, exits, hangs, restarts)
                 if hung is not None:
                     return self._report(hung)

@@ -138,6 +138,7 @@ class LaunchConfig:
     # Built by hand: no standbys. `parse_args` fills in DEFAULT_PREWARM for a Python worker.
     prewarm: tuple[str, ...] = ()
     prewarm_refill_after_s: float = 30.0
+    worker_reap_timeout_s: float = 30.0
     checkpoint_stop_timeout_s: float = 120.0
 
     def worker_command(self, python: str) -> list[str]:
@@ -309,6 +310,14 @@ def _add_dlrover_options(ours: argparse._ArgumentGroup) -> None:
         "saved a flash checkpoint since it started (it is training again), or this many seconds after the "
         "start, or when the workers stop, whichever comes first, so they do not take CPU from workers that "
         "are restoring; 0 starts them with the workers",
+    )
+    _option(
+        ours,
+        _both("worker-reap-timeout"),
+        "30",
+        "a failing worker stops the node's other workers at once and is reported once it has exited; one "
+        "that the kernel still has not let go (its memory being freed) this many seconds after it began to "
+        "exit is reported with the status it was exiting with",
     )
 
 
@@ -497,5 +506,6 @@ def parse_args(
         shutdown_grace_s=float(_number(ns.shutdown_grace, "--shutdown-grace", float, 0.0)),
         prewarm=_prewarm(ns.prewarm, modes),
         prewarm_refill_after_s=_finite(ns.prewarm_refill_after, "--prewarm-refill-after", 0.0),
+        worker_reap_timeout_s=_finite(ns.worker_reap_timeout, "--worker-reap-timeout", 0.0),
         checkpoint_stop_timeout_s=_finite(ns.checkpoint_stop_timeout, "--checkpoint-stop-timeout", 0.001),
     )

@@ -132,15 +132,22 @@ def on_master_actions(actions: Sequence[tuple[AgentAction, str]]) -> Step:
 
 
 def refill_due(
-    now: float, started_at: float, refill_after_s: float, sealed: Collection[int], ranks: Collection[int]
+    now: float,
+    started_at: float,
+    refill_after_s: float,
+    sealed: Collection[int],
+    ranks: Collection[int],
+    *,
+    failure_persisting: bool = False,
 ) -> bool:
     """Whether to start the standbys for the next restart (``--prewarm``).
 
     Not while the workers just started restore: a standby's import takes a core for a second or
     more, which on a busy node lengthens the very recovery it is meant to shorten. A worker that
     has sealed a flash checkpoint since its start is training again; once every one of this
-    node's workers has, or `refill_after_s` after the start (workers that do not checkpoint),
-    the standbys start.
+    node's workers has, and the failure's persist is over (the workers' save after next may be
+    waiting for it, and it runs at a low priority), the standbys start; in any case
+    `refill_after_s` after the start (workers that do not checkpoint).
 
     Args:
         now: the current time.
@@ -148,9 +155,11 @@ def refill_due(
         refill_after_s: the longest wait.
         sealed: ranks that sealed a checkpoint since `started_at`.
         ranks: the global ranks of this node's workers.
+        failure_persisting: whether a persist on failure is held, queued or running.
 
     Returns:
         Whether the standbys start now. (A group that ends before this is true gets its
         standbys started once its workers are stopped.)
     """
-    return now - started_at >= refill_after_s or (bool(ranks) and set(ranks) <= set(sealed))
+    training = bool(ranks) and set(ranks) <= set(sealed)
+    return now - started_at >= refill_after_s or (training and not failure_persisting)

@@ -37,6 +37,7 @@ __all__ = [
     "EnvWriteAction",
     "EnvWriteDecision",
     "decide_env_write",
+    "also_imports",
     "import_time_sensitive",
     "reads_environment_at_import",
     "side_effect_of",
@@ -57,9 +58,8 @@ _CONTRACT_PREFIXES = ("TORCHELASTIC_", "DLROVER_")
 # CUDA_DEVICE_ORDER when torch first initialises CUDA, the CUDA caching allocator reads
 # PYTORCH_CUDA_ALLOC_CONF on its first allocation, NCCL and ProcessGroupNCCL read NCCL_* /
 # TORCH_NCCL_* when a process group is created, gloo reads GLOO_* likewise. TOKENIZERS_PARALLELISM,
-# HF_*, TRANSFORMERS_* and WANDB_* appear nowhere in torch. They apply only when every prewarmed
-# module is torch or part of it: other modules (transformers reads HF_HOME while it imports) were
-# not checked, so with them every other name is sensitive.
+# HF_*, TRANSFORMERS_* and WANDB_* appear nowhere in torch. They say nothing of other modules
+# (transformers reads HF_HOME while it imports), for which every other name is sensitive.
 _TORCH_LAZY_NAMES = frozenset(
     {"CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "PYTORCH_CUDA_ALLOC_CONF", "TOKENIZERS_PARALLELISM"}
 )
@@ -70,6 +70,11 @@ _TORCH_LAZY_PREFIXES = ("NCCL_", "TORCH_NCCL_", "GLOO_", "HF_", "TRANSFORMERS_",
 # of dlrover.flashckpt import more (its Hugging Face adapter imports transformers).
 # `test_imports` keeps the os.environ half true as the code changes.
 _READS_NOTHING_AT_IMPORT = frozenset({"dlrover.flashckpt", "dlrover.flashckpt.client"})
+# What importing a module of ours loads that reads the environment: a standby that prewarmed the
+# module had torch imported too, and a program that imports the module first imports torch with
+# it (the module is then already loaded, so the guard never sees that nested import).
+# `test_imports` checks it.
+_ALSO_IMPORTS: Mapping[str, tuple[str, ...]] = {"dlrover.flashckpt.client": ("torch",)}
 
 
 def _covers(prewarmed: str, imported: str) -> bool:
@@ -85,12 +90,22 @@ def _reads_at_import(name: str, module: str) -> bool:
 
 
 def reads_environment_at_import(module: str) -> bool:
-    """Whether importing `module` may read any environment variable beyond the worker contract.
+    """Whether the code of `module` may read any environment variable while it is imported.
 
     False only for the modules of ours checked to read none (``dlrover.flashckpt`` and
-    ``dlrover.flashckpt.client``, imported after torch); any other module may.
+    ``dlrover.flashckpt.client``); any other module may. What a module imports is judged as a
+    module of its own (`also_imports`).
     """
     return module not in _READS_NOTHING_AT_IMPORT
+
+
+def also_imports(module: str) -> tuple[str, ...]:
+    """The modules that may read the environment which importing `module` of ours loads too.
+
+    ``dlrover.flashckpt.client`` imports torch; for any other module nothing is known (its
+    import of a prewarmed module is seen when it runs, as the standby's guard sees every import).
+    """
+    return _ALSO_IMPORTS.get(module, ())
 
 
 def import_time_sensitive(name: str, modules: Sequence[str]) -> bool:
@@ -291,14 +306,16 @@ class EnvGuard:
     def __init__(self, prewarmed: Sequence[str], import_env: Mapping[str, str]) -> None:
         self.prewarmed = tuple(prewarmed)
         self._import_env = dict(import_env)
-        self._pending = set(self.prewarmed)
+        # What the prewarmed modules imported with them was prewarmed too.
+        self._pending = {*self.prewarmed, *(m for p in self.prewarmed for m in also_imports(p))}
         self._side_effect: str | None = None
         self._warned: set[str] = set()
         self._reexec: EnvWriteDecision | None = None
 
     @property
     def pending(self) -> frozenset[str]:
-        """The prewarmed modules the program has not imported itself yet."""
+        """The prewarmed modules (and what they imported, `also_imports`) the program has not
+        imported itself yet."""
         return frozenset(self._pending)
 
     @property
@@ -318,8 +335,10 @@ class EnvGuard:
         return self._reexec
 
     def on_import(self, name: str) -> None:
-        """The program imported module `name` (``import a.b`` imports ``a`` first, so it covers ``a``)."""
-        self._pending = {m for m in self._pending if not _covers(m, name)}
+        """The program imported module `name` (``import a.b`` imports ``a`` first, so it covers
+        ``a``; importing a module covers what it imports, `also_imports`)."""
+        imported = (name, *also_imports(name))
+        self._pending = {m for m in self._pending if not any(_covers(m, i) for i in imported)}
 
     def on_side_effect(self, what: str) -> None:
         """The program did something a second run would repeat (`side_effect_of`)."""

@@ -367,6 +367,10 @@ class WorkerGroup:
                 self._exits[rank] = self._exit_of(rank, proc, proc.returncode)
                 if not self._exits[rank].succeeded and rank not in self._failing:
                     self._failing.append(rank)
+                elif self._exits[rank].succeeded and rank in self._failing:
+                    # Its main thread left with a failure status, yet the process ended cleanly
+                    # (a program whose other threads outlived the main one): no failure after all.
+                    self._failing.remove(rank)
                 continue
             status = self._read_exiting_status(proc.pid)
             if not status:  # running, or exiting cleanly: only a failure is acted on early
@@ -381,7 +385,8 @@ class WorkerGroup:
                     proc.pid,
                     now - seen[0],
                 )
-                self._exits[rank] = self._exit_of(rank, proc, os.waitstatus_to_exitcode(seen[1]))
+                # Its pipes may stay open as long as it is stuck: the tail read so far will do.
+                self._exits[rank] = self._exit_of(rank, proc, os.waitstatus_to_exitcode(seen[1]), join_s=0.1)
         return dict(self._exits)
 
     @property
@@ -393,9 +398,9 @@ class WorkerGroup:
         """
         return tuple(self._failing)
 
-    def _exit_of(self, rank: int, proc: subprocess.Popen[bytes], returncode: int) -> WorkerExit:
+    def _exit_of(self, rank: int, proc: subprocess.Popen[bytes], returncode: int, join_s: float = 2.0) -> WorkerExit:
         for pump in self._pumps[rank]:
-            pump.join(timeout_s=2.0)
+            pump.join(timeout_s=join_s)
         code = returncode
         signal_name = None
         if code < 0:

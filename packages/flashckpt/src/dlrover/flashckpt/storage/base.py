@@ -33,7 +33,11 @@ class Storage(Protocol):
     """Where checkpoints are persisted."""
 
     def write_file(self, path: str, chunks: Iterable[Chunk]) -> int:
-        """Write the concatenation of `chunks` to `path` atomically and durably; returns bytes written."""
+        """Write the concatenation of `chunks` to `path` atomically and durably; returns bytes written.
+
+        A chunk may be a view of memory that is reused once the next chunk is asked for (or once
+        the iterable is exhausted): write or copy each one before asking for the next.
+        """
         ...
 
     def read_bytes(self, path: str, offset: int = 0, length: int | None = None) -> bytes:
