@@ -171,6 +171,7 @@ def test_auto_config_uses_visible_accelerators() -> None:
         (["--nnodes=3", "--node-unit=2", "t.py"], "node-unit"),
         (["--rdzv-conf=novalue", "t.py"], "novalue"),
         (["--rdzv-conf=read_timeout=5", "t.py"], "read_timeout=5 is not understood.*join_timeout"),
+        (["--rdzv-conf=store_timeout=inf", "t.py"], "--rdzv-conf store_timeout must be a finite number"),
         (["--exclude-straggler", "t.py"], "--exclude-straggler needs --network-check"),
         (["--network-check", "--network-check-timeout=0", "t.py"], "--network-check-timeout must be at least"),
         (["--network-check", "--network-check-timeout=inf", "t.py"], "--network-check-timeout must be a finite"),

@@ -405,7 +405,11 @@ def _rdzv_timeouts(conf: tuple[tuple[str, str], ...]) -> dict[str, float]:
                 f"--rdzv-conf {key}={value} is not understood by dlrover-run; it knows "
                 + ", ".join(sorted(_RDZV_CONF_KNOWN))
             )
-        settings[target] = float(_number(value, f"--rdzv-conf {key}", float, 0.001))
+        flag = f"--rdzv-conf {key}"
+        # The store timeout also becomes the TCPStore's own timeout, which must be finite.
+        settings[target] = (
+            _finite(value, flag, 0.001) if key in _RDZV_CONF_STORE else float(_number(value, flag, float, 0.001))
+        )
     return settings
 
 

@@ -34,7 +34,7 @@ from dlrover.launcher.args import LaunchConfig, parse_args
 from dlrover.launcher.env import MASTER_ADDR_ENV_VAR, NODE_ID_ENV_VAR
 from dlrover.launcher.grpc_control import GrpcControlPlane, default_node_name
 from dlrover.launcher.netcheck import NetworkCheck, NetworkCheckConfig
-from dlrover.launcher.store_host import TorchStoreHost
+from dlrover.launcher.store_host import TorchStoreHost, TorchStoreHostConfig
 
 __all__ = ["main", "run"]
 
@@ -166,7 +166,8 @@ def run(cfg: LaunchConfig) -> AgentResult:
             control,
             network_check=_network_check(cfg, control, local_addr),
             # As torchrun: node rank 0's agent hosts each round's store; workers are all clients.
-            store_host=TorchStoreHost(),
+            # `--rdzv-conf store_timeout=` bounds both the wait for its address and its start-up.
+            store_host=TorchStoreHost(TorchStoreHostConfig(store_timeout_s=cfg.store_wait_s)),
         )
 
         def on_signal(signum: int, _frame: FrameType | None) -> None:
