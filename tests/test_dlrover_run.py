@@ -15,6 +15,10 @@ from pathlib import Path
 import psutil
 import pytest
 
+from dlrover.common import remove_dead_owners
+from dlrover.flashckpt import cleanup_stale
+from dlrover.launcher.cli import TOKEN_DIR_PREFIX
+
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 TRAIN = textwrap.dedent(
@@ -152,6 +156,12 @@ def test_killing_the_agent_takes_its_workers_with_it(run_dir: Path, spawn: list[
     while any(_alive(w) for w in workers):
         assert time.monotonic() < deadline, f"workers {workers} outlived their agent"
         time.sleep(0.1)
+    # A SIGKILLed agent cannot clean up after itself: the next dlrover-run on the host sweeps what
+    # it left (its saver host's socket and owner record, its private token dir). Sweep it here.
+    swept = [p.name for p in cleanup_stale("/dev/shm")]
+    assert any(name.startswith(f"dlrover-fc.host{proc.pid}.") for name in swept), swept
+    swept = [p.name for p in remove_dead_owners(TOKEN_DIR_PREFIX)]
+    assert any(name.startswith(f"{TOKEN_DIR_PREFIX}{proc.pid}-") for name in swept), swept
 
 
 def _alive(pid: int) -> bool:
