@@ -105,8 +105,7 @@ scalars = st.one_of(
 keys = st.one_of(st.text(max_size=6), st.integers(-5, 50))
 
 
-def states() -> st.SearchStrategy[Any]:
-    leaves = st.one_of(tensors(), scalars)
+def _nested(leaves: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
     return st.recursive(
         leaves,
         lambda children: st.one_of(
@@ -118,14 +117,78 @@ def states() -> st.SearchStrategy[Any]:
     )
 
 
-def zeros_like_state(s: Any) -> Any:
-    """A state of the same structure with every tensor zeroed and every scalar None (a restore target)."""
+def states() -> st.SearchStrategy[Any]:
+    """Random nested states whose tensors are all distinct."""
+    return _nested(st.one_of(tensors(), scalars))
+
+
+@st.composite
+def tied_states(draw: st.DrawFn) -> Any:
+    """Random nested states in which a tensor may sit at several places (tied weights)."""
+    pool = draw(st.lists(tensors(), min_size=1, max_size=3))
+    return draw(_nested(st.one_of(st.sampled_from(pool), tensors(), scalars)))
+
+
+def tensor_places(s: Any, path: tuple[Any, ...] = ()) -> list[tuple[tuple[Any, ...], torch.Tensor]]:
+    """Every tensor of a state with its path, in depth-first order."""
     if isinstance(s, torch.Tensor):
-        return torch.zeros_like(s)
+        return [(path, s)]
     if isinstance(s, dict):
-        return {k: zeros_like_state(v) for k, v in s.items()}
+        return [p for k, v in s.items() for p in tensor_places(v, (*path, k))]
+    if isinstance(s, list | tuple):
+        return [p for i, v in enumerate(s) for p in tensor_places(v, (*path, i))]
+    return []
+
+
+def ties(s: Any) -> list[list[tuple[Any, ...]]]:
+    """The paths of every non-empty tensor object that sits at more than one place of a state."""
+    by_object: dict[int, list[tuple[Any, ...]]] = {}
+    for path, t in tensor_places(s):
+        if t.numel():
+            by_object.setdefault(id(t), []).append(path)
+    return [paths for paths in by_object.values() if len(paths) > 1]
+
+
+def at(s: Any, path: tuple[Any, ...]) -> Any:
+    for key in path:
+        s = s[key]
+    return s
+
+
+def zeros_like_state(s: Any, memo: dict[int, torch.Tensor] | None = None) -> Any:
+    """A state of the same structure with every tensor zeroed and every scalar None (a restore target).
+
+    With `memo` (a dict, empty at first) a tensor that sits at several places of `s` becomes one
+    zeroed tensor at those places, so the target keeps the state's ties; without, every place gets
+    its own.
+    """
+    if isinstance(s, torch.Tensor):
+        if memo is None:
+            return torch.zeros_like(s)
+        return memo.setdefault(id(s), torch.zeros_like(s))
+    if isinstance(s, dict):
+        return {k: zeros_like_state(v, memo) for k, v in s.items()}
     if isinstance(s, list):
-        return [zeros_like_state(v) for v in s]
+        return [zeros_like_state(v, memo) for v in s]
     if isinstance(s, tuple):
-        return tuple(zeros_like_state(v) for v in s)
+        return tuple(zeros_like_state(v, memo) for v in s)
     return None
+
+
+def assert_restores(state: Any, load: Any) -> None:
+    """Check a saved state's round trip through `load(target)` (None: a fresh load), ties included.
+
+    A fresh load gives one tensor at the places where the state had one; a load in place fills a
+    target whose places are apart, and one that keeps the state's ties, bit for bit, writing only
+    into the target's own tensors.
+    """
+    fresh = load(None)
+    assert same_bits(state, fresh)
+    for paths in ties(state):
+        assert all(at(fresh, p) is at(fresh, paths[0]) for p in paths), paths
+    for memo in (None, {}):
+        target = zeros_like_state(state, memo)
+        before = [(path, t, t.data_ptr()) for path, t in tensor_places(target)]
+        restored = load(target)
+        assert same_bits(state, restored)
+        assert all(at(restored, path) is t and t.data_ptr() == ptr for path, t, ptr in before)

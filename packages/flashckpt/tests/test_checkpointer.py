@@ -10,6 +10,7 @@ from flashckpt_testlib import our_files
 
 from dlrover.common import ConfigError
 from dlrover.flashckpt import FlashCheckpointer, StagerConfig
+from dlrover.flashckpt.ckpt_format import safetensors_path
 from dlrover.flashckpt.commit import Committer, RetentionPolicy
 from dlrover.flashckpt.errors import FlashCkptError, NoCheckpointError
 
@@ -45,6 +46,45 @@ def test_memory_then_storage(job_id: str, tmp_path: Path) -> None:
         loaded = again.load(target=target)
         assert (loaded.source, loaded.step) == ("storage", 2)
         assert target["step"] == 2
+    finally:
+        again.close(job_end=True)
+
+
+def _tied_model(seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    model = torch.nn.ModuleDict({"emb": torch.nn.Embedding(64, 32), "head": torch.nn.Linear(32, 64, bias=False)})
+    model["head"].weight = model["emb"].weight
+    return model
+
+
+def test_tied_weights_are_stored_once_and_stay_tied(job_id: str, tmp_path: Path) -> None:
+    from safetensors import safe_open
+
+    model = _tied_model(0)
+    state = {"model": model.state_dict(), "step": 1}
+    ckpt = FlashCheckpointer(StagerConfig(job_id=job_id, run_id="r"), str(tmp_path), saver="none")
+    try:
+        ckpt.save(1, state, persist=True)
+        with safe_open(str(tmp_path / safetensors_path(1, 0)), "pt") as f:
+            assert list(f.keys()) == ["model/emb.weight"]  # one copy on disk, under the first name
+        fresh = ckpt.load().state["model"]
+        assert fresh["head.weight"] is fresh["emb.weight"]
+        assert torch.equal(fresh["emb.weight"], model["emb"].weight)
+        restored = _tied_model(1)
+        ckpt.load(target={"model": restored.state_dict(), "step": 0})
+        assert restored["head"].weight is restored["emb"].weight
+        assert torch.equal(restored["emb"].weight, model["emb"].weight)
+    finally:
+        ckpt.close(job_end=True)
+    again = FlashCheckpointer(StagerConfig(job_id=job_id, run_id="r"), str(tmp_path), saver="none")
+    try:
+        loaded = again.load()
+        assert loaded.source == "storage"
+        assert loaded.state["model"]["head.weight"] is loaded.state["model"]["emb.weight"]
+        untied = torch.nn.ModuleDict({"emb": torch.nn.Embedding(64, 32), "head": torch.nn.Linear(32, 64, bias=False)})
+        again.load(target={"model": untied.state_dict(), "step": 0})
+        assert torch.equal(untied["head"].weight, model["emb"].weight)
+        assert torch.equal(untied["emb"].weight, model["emb"].weight)
     finally:
         again.close(job_end=True)
 

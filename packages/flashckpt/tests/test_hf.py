@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import safetensors
 import torch
 
 transformers = pytest.importorskip("transformers")
@@ -20,7 +21,7 @@ from flashckpt_testlib import SHM, same_bits  # noqa: E402
 
 from dlrover.flashckpt import Committer, FlashCheckpointer, StagerConfig  # noqa: E402
 from dlrover.flashckpt.errors import FlashCkptError, StateStructureError  # noqa: E402
-from dlrover.flashckpt.hf import FlashCheckpointCallback, load_trainer_state  # noqa: E402
+from dlrover.flashckpt.hf import FlashCheckpointCallback, _untied, load_trainer_state  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -213,12 +214,18 @@ def test_resume_inside_train_ends_as_a_fault_free_run(
         assert Path(path).name.startswith(f"{RESUME_PREFIX}{os.getpid()}-")
         assert stat.S_IMODE(os.stat(path).st_mode) == 0o700
         assert sorted(os.listdir(path)) == ["model.safetensors", "trainer_state.json"]
+        # The tied output embedding is written once, under the input embedding's name, as
+        # save_pretrained writes it; loading that name fills both.
+        with safetensors.safe_open(os.path.join(path, "model.safetensors"), "pt") as f:
+            written = set(f.keys())
+        assert written == set(model.state_dict()) - {"lm_head.weight"}
         assert callback.resumed is not None
         assert (callback.resumed.step, callback.resumed.source) == (crash_at, source)
 
         out = trainer.train(resume_from_checkpoint=path)
 
         assert not os.path.exists(path)
+        assert trainer.model.lm_head.weight is trainer.model.transformer.wte.weight
         assert steps.steps == list(range(crash_at + 1, TOTAL_STEPS + 1))  # exactly the missing steps
         assert callback.saved_steps == steps.steps
         assert out.global_step == trainer.state.global_step == TOTAL_STEPS
@@ -233,6 +240,23 @@ def test_resume_inside_train_ends_as_a_fault_free_run(
         ]
     finally:
         ckpt.close(job_end=True)
+
+
+def test_resume_weights_drop_a_tie_only_where_the_model_keeps_it() -> None:
+    tied_model, apart_model = torch.nn.ModuleDict(), torch.nn.ModuleDict()
+    for m in (tied_model, apart_model):
+        m["emb"] = torch.nn.Embedding(4, 2)
+        m["head"] = torch.nn.Linear(2, 4, bias=False)
+    tied_model["head"].weight = tied_model["emb"].weight
+    shared = torch.arange(8.0).reshape(4, 2)
+    snapshot = {"emb.weight": shared, "head.weight": shared}  # a fresh load keeps the tie: one tensor
+
+    tied = _untied(snapshot, tied_model.state_dict())
+    assert list(tied) == ["emb.weight"]
+    apart = _untied(snapshot, apart_model.state_dict())
+    assert list(apart) == ["emb.weight", "head.weight"]
+    assert apart["head.weight"].data_ptr() != apart["emb.weight"].data_ptr()  # safetensors refuses shared memory
+    assert torch.equal(apart["head.weight"], shared)
 
 
 def test_no_snapshot_means_training_from_scratch(

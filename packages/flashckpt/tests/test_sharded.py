@@ -15,7 +15,7 @@ import attrs
 import numpy as np
 import pytest
 import torch
-from flashckpt_testlib import keys, same_bits, states, zeros_like_state
+from flashckpt_testlib import keys, same_bits, states, tied_states, zeros_like_state
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.distributed.checkpoint.filesystem import FileSystemReader
@@ -130,6 +130,30 @@ def test_storage_roundtrip_bit_for_bit(state: dict[str, Any]) -> None:
             assert same_bits(loaded.state, state)
             target = zeros_like_state(state)
             assert same_bits(c.load(target).state, state)  # and through memory
+        finally:
+            c.close(remove=True)
+
+
+@settings(max_examples=8, deadline=None)
+@given(tied_states())
+def test_tied_tensors_round_trip_through_memory_and_storage(inner: Any) -> None:
+    state = {"a": inner, "b": inner}  # every tensor of `a` is tied to its place in `b`
+    try:
+        split_sharded(state)
+    except StateStructureError:
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = StagerConfig(job_id="t" + uuid.uuid4().hex[:12], run_id="prop", copy_threads=1)
+        c = ShardedCheckpointer(cfg, tmp)
+        try:
+            assert c.save(1, state).saved
+            c.stager.flush()
+            assert c.persist(1).commit
+            for memo in (None, {}):  # into a target whose tensors are apart, then one keeping the ties
+                target = zeros_like_state(state, memo)
+                assert same_bits(c.load(target, from_memory=False).state, state)
+                target = zeros_like_state(state, memo)
+                assert same_bits(c.load(target).state, state)
         finally:
             c.close(remove=True)
 

@@ -52,8 +52,8 @@ def test_restore_keeps_container_types() -> None:
     flat = flatten_state(saved)
     specs = plan_layout(flat, 0).specs
     target = OrderedDict(p=Point(torch.zeros(2), 0), n=[0, 0])
-    tensors = match_targets(target, flat.tree, specs)
-    for dst, leaf in zip(tensors, flat.leaves, strict=True):
+    places = match_targets(target, flat.tree, specs)
+    for (dst,), leaf in zip(places, flat.leaves, strict=True):
         dst.copy_(leaf.tensor)
     out = apply_values(target, flat.tree)
     assert out is target
@@ -61,6 +61,66 @@ def test_restore_keeps_container_types() -> None:
     assert out["p"].y == 5
     assert out["n"] == [1, 2]
     assert torch.equal(out["p"].x, torch.ones(2))
+
+
+def test_exact_aliases_are_one_leaf_and_other_views_are_not() -> None:
+    emb = torch.nn.Embedding(5, 3)
+    head = torch.nn.Linear(3, 5, bias=False)
+    head.weight = emb.weight  # tied, as language models tie their input and output embeddings
+    base = torch.arange(12.0).reshape(3, 4)
+    cplx = torch.ones(2, dtype=torch.complex64)
+    state = {
+        "emb": emb.state_dict()["weight"],  # state_dict() detaches: new objects, same memory
+        "head": head.state_dict()["weight"],
+        "same": base,
+        "again": base,
+        "slice": base[1:],  # overlaps `base` but is not it
+        "t": base.t(),  # same memory, other strides
+        "bytes": base.view(torch.int32),  # same memory, other dtype
+        "c": cplx,
+        "conj": cplx.conj(),  # same memory, conjugate bit
+        "e1": torch.empty(0),
+        "e2": torch.empty(0),
+    }
+    flat = flatten_state(state)
+    index = {key: node["tensor"] for key_node, node in flat.tree["dict"] for key in [decode_scalar(key_node)]}
+    assert index["emb"] == index["head"] == 0
+    assert index["same"] == index["again"] == 1
+    distinct = [index[k] for k in ("same", "slice", "t", "bytes", "c", "conj", "e1", "e2")]
+    assert len(set(distinct)) == len(distinct)
+    assert len(flat.leaves) == 1 + len(distinct)
+    assert [leaf.path for leaf in flat.leaves][:2] == [("emb",), ("same",)]
+    # A fresh rebuild keeps the ties: one tensor at both places.
+    rebuilt = build_tree(flat.tree, [leaf.tensor.clone() for leaf in flat.leaves])
+    assert rebuilt["emb"] is rebuilt["head"]
+    assert rebuilt["same"] is rebuilt["again"]
+    assert rebuilt["same"] is not rebuilt["slice"]
+
+
+def test_restoring_ties_into_tied_and_untied_states() -> None:
+    w = torch.arange(6.0)
+    saved = {"a": w, "b": w}
+    flat = flatten_state(saved)
+    specs = plan_layout(flat, 0).specs
+    assert len(specs) == 1
+    # Into a state that keeps the tie: its memory is written once.
+    tied = torch.zeros(6)
+    assert match_targets({"a": tied, "b": tied.detach()}, flat.tree, specs) == [[tied]]
+    # Into a state whose tensors are apart: each place is written.
+    a, b = torch.zeros(6), torch.zeros(6)
+    (places,) = match_targets({"a": a, "b": b}, flat.tree, specs)
+    assert [p is t for p, t in zip(places, (a, b), strict=True)] == [True, True]
+    # A snapshot that stored tied tensors apart: the first in tree order writes the shared memory.
+    untied = flatten_state({"a": torch.ones(6), "b": torch.full((6,), 2.0)})
+    places = match_targets({"a": tied, "b": tied}, untied.tree, plan_layout(untied, 0).specs)
+    assert places == [[tied], []]
+    # A tensor of the snapshot with no place at all is still refused.
+    with pytest.raises(StateStructureError, match="no place"):
+        match_targets(
+            {"a": tied, "b": tied},
+            {"dict": [[{"str": "a"}, {"tensor": 0}], [{"str": "b"}, {"tensor": 0}]]},
+            plan_layout(untied, 0).specs,
+        )
 
 
 def test_layout_offsets_are_aligned_and_manifest_round_trips() -> None:

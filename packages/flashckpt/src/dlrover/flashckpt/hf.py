@@ -63,6 +63,7 @@ from dlrover.common import owned_temp_dir, remove_dead_owners
 from dlrover.flashckpt.checkpointer import FlashCheckpointer
 from dlrover.flashckpt.errors import FlashCkptError, NoCheckpointError, StateStructureError
 from dlrover.flashckpt.memory import LoadedState
+from dlrover.flashckpt.tree import alias_key
 
 __all__ = ["FlashCheckpointCallback", "ResumeInfo", "load_trainer_state"]
 
@@ -172,7 +173,25 @@ def _check_model(step: int, saved: Any, model: torch.nn.Module) -> dict[str, tor
     if problems:
         shown = "; ".join(problems[:8]) + (f"; and {len(problems) - 8} more" if len(problems) > 8 else "")
         raise StateStructureError(f"the snapshot of step {step} does not match the model: {shown}")
-    return {name: saved[name].contiguous() for name in live}
+    return _untied({name: saved[name] for name in live}, live)
+
+
+def _untied(weights: dict[str, torch.Tensor], live: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`weights` made contiguous, with each tied weight under its first name only.
+
+    A weight tied in the snapshot (one tensor under two names) is written once, as Hugging Face's
+    own ``save_pretrained`` does (``safetensors`` refuses shared tensors): loading into the first
+    name fills the other, provided the model ties them too; a name whose model tensor is apart is
+    kept.
+    """
+    kept: dict[int, str] = {}
+    out: dict[str, torch.Tensor] = {}
+    for name, tensor in weights.items():
+        first = kept.setdefault(id(tensor), name)
+        if first != name and alias_key(live[name]) is not None and alias_key(live[name]) == alias_key(live[first]):
+            continue
+        out[name] = tensor.contiguous() if first == name else tensor.clone(memory_format=torch.contiguous_format)
+    return out
 
 
 def _saved_trainer_state(step: int, saved: Mapping[str, Any]) -> str:

@@ -154,7 +154,7 @@ class MemoryReader:
             if targets is None:
                 state = build_tree(tree, [v.clone() for v in views])
             else:
-                own.copy(list(zip(targets, views, strict=True)))
+                own.copy([(t, view) for ts, view in zip(targets, views, strict=True) for t in ts])
                 state = apply_values(target, tree)
             del views
         finally:

@@ -17,7 +17,7 @@ import torch
 from dlrover.flashckpt.dtypes import dtype_name
 from dlrover.flashckpt.errors import StateStructureError
 from dlrover.flashckpt.layout import TensorSpec
-from dlrover.flashckpt.tree import decode_scalar, path_name
+from dlrover.flashckpt.tree import alias_key, decode_scalar, path_name
 
 __all__ = ["apply_values", "match_targets"]
 
@@ -68,8 +68,13 @@ def _check_tensor(obj: Any, kind: str, spec: TensorSpec, where: str) -> torch.Te
     return tensor
 
 
-def match_targets(target: Any, tree: JsonNode, specs: tuple[TensorSpec, ...]) -> list[torch.Tensor]:
-    """Pair every tensor of a snapshot with the existing tensor it restores into.
+def match_targets(target: Any, tree: JsonNode, specs: tuple[TensorSpec, ...]) -> list[list[torch.Tensor]]:
+    """Pair every tensor of a snapshot with the existing tensors it restores into.
+
+    A snapshot tensor named at several places of the tree (tied weights saved once) restores into
+    the tensor at each place. Places holding the same memory (the state's own ties) are written
+    once: by the first snapshot tensor in tree order that names them, so a snapshot that stored
+    tied tensors apart restores deterministically.
 
     Args:
         target: the existing state (same nesting as the saved one).
@@ -77,12 +82,24 @@ def match_targets(target: Any, tree: JsonNode, specs: tuple[TensorSpec, ...]) ->
         specs: the snapshot's tensor specs (dtype and shape are checked).
 
     Returns:
-        The target tensor for each tensor index (NumPy arrays as CPU tensor views of their memory).
+        For each tensor index, the target tensors it writes (NumPy arrays as CPU tensor views of
+        their memory); empty when an earlier index writes the same memory.
 
     Raises:
         StateStructureError: the structures differ; the message names the first differing path.
     """
-    found: list[torch.Tensor | None] = [None] * len(specs)
+    found: list[list[torch.Tensor]] = [[] for _ in specs]
+    placed = [False] * len(specs)
+    claimed: set[Any] = set()
+
+    def place(index: int, tensor: torch.Tensor) -> None:
+        placed[index] = True
+        key = alias_key(tensor)
+        if key is None:
+            key = ("object", id(tensor))
+        if key not in claimed:
+            claimed.add(key)
+            found[index].append(tensor)
 
     def visit(obj: Any, node: Any, path: tuple[Any, ...]) -> None:
         kind, value = _kind(node, path)
@@ -97,17 +114,17 @@ def match_targets(target: Any, tree: JsonNode, specs: tuple[TensorSpec, ...]) ->
         elif kind in ("tensor", "ndarray"):
             if not isinstance(value, int) or not 0 <= value < len(specs):
                 raise StateStructureError(f"at {where!r} the tree references a missing tensor {value!r}")
-            found[value] = _check_tensor(obj, kind, specs[value], where)
+            place(value, _check_tensor(obj, kind, specs[value], where))
         elif isinstance(obj, torch.Tensor | np.ndarray | Mapping | list) or (
             isinstance(obj, tuple) and not isinstance(obj, torch.Size)
         ):
             raise StateStructureError(f"at {where!r} the snapshot has a {kind} value, the state a {type(obj).__name__}")
 
     visit(target, tree, ())
-    missing = [i for i, t in enumerate(found) if t is None]
+    missing = [i for i, ok in enumerate(placed) if not ok]
     if missing:
         raise StateStructureError(f"snapshot tensors {[specs[i].name for i in missing]} have no place in the state")
-    return [t for t in found if t is not None]
+    return found
 
 
 def apply_values(target: Any, tree: JsonNode) -> Any:

@@ -129,11 +129,7 @@ class StorageReader:
         if start != data_start:
             raise LayoutError(f"{fpath}: header ends at {start}, the manifest says {data_start}")
         if target is not None:
-            targets = match_targets(target, tree, specs)
-            for spec, crc in zip(specs, crcs, strict=True):
-                self._verify(fpath, data_start, spec, crc)
-            for spec, t in zip(specs, targets, strict=True):
-                self._read_tensor(fpath, data_start, spec, t)
+            self._read_in_place(fpath, data_start, specs, crcs, match_targets(target, tree, specs))
             state = apply_values(target, tree)
         else:
             tensors = []
@@ -145,6 +141,25 @@ class StorageReader:
                 tensors.append(t)
             state = build_tree(tree, tensors)
         return LoadedState(state, step, "storage", True, f"{fpath} (step {step})")
+
+    def _read_in_place(
+        self,
+        fpath: str,
+        data_start: int,
+        specs: tuple[TensorSpec, ...],
+        crcs: list[int],
+        places: list[list[torch.Tensor]],
+    ) -> None:
+        """Verify every tensor of the file, then read each into its places (the first read, the others copied)."""
+        for spec, crc in zip(specs, crcs, strict=True):
+            self._verify(fpath, data_start, spec, crc)
+        for spec, targets in zip(specs, places, strict=True):
+            if not targets:
+                continue  # its memory is an earlier tensor's place (tied in the state, saved apart)
+            self._read_tensor(fpath, data_start, spec, targets[0])
+            with torch.no_grad():
+                for t in targets[1:]:
+                    t.copy_(targets[0])
 
     def _verify(self, fpath: str, data_start: int, spec: TensorSpec, crc: int) -> None:
         value = 0

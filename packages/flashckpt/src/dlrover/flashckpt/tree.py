@@ -21,7 +21,10 @@ node                meaning
 ``{"dtype": "float32"}``     a ``torch.dtype``
 ==================  ===========================================================================
 
-Tensors that share storage (tied weights) are stored once per leaf; aliasing is not preserved.
+A tensor that is an exact alias of an earlier one (tied weights: the same memory seen with the same
+dtype, shape, strides and offset) is stored once, and both places in the tree name its index, as
+``torch.save`` keeps them; a fresh load rebuilds them as one tensor. Views that overlap without being
+identical (a slice of another tensor) are stored once each.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ import torch
 
 from dlrover.flashckpt.errors import StateStructureError
 
-__all__ = ["FlatState", "TensorLeaf", "build_tree", "flatten_state", "path_name"]
+__all__ = ["FlatState", "TensorLeaf", "alias_key", "build_tree", "flatten_state", "path_name"]
 
 JsonNode = dict[str, Any]
 
@@ -103,6 +106,33 @@ def _encode_scalar(value: Any, path: tuple[Any, ...]) -> JsonNode:
     )
 
 
+def alias_key(tensor: torch.Tensor) -> tuple[Any, ...] | None:
+    """What makes two tensors the same values in the same memory, or None when it cannot be told.
+
+    Equal keys mean one tensor's bytes are the other's: same device, memory, offset, shape,
+    strides, dtype and conjugate/negative bits. Empty tensors, meta tensors and tensors without
+    a plain storage (wrapper subclasses) never alias.
+    """
+    if tensor.numel() == 0 or tensor.device.type == "meta":
+        return None
+    try:
+        ptr = tensor.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError, TypeError):
+        return None
+    if ptr == 0:
+        return None
+    return (
+        str(tensor.device),
+        ptr,
+        tensor.storage_offset(),
+        tuple(tensor.shape),
+        tuple(tensor.stride()),
+        tensor.dtype,
+        tensor.is_conj(),
+        tensor.is_neg(),
+    )
+
+
 def flatten_state(state: Any) -> FlatState:
     """Split `state` into a JSON tree and its tensor leaves.
 
@@ -111,18 +141,25 @@ def flatten_state(state: Any) -> FlatState:
             tensors, NumPy arrays or scalars listed in the module docstring.
 
     Returns:
-        The tree and the leaves, leaves in depth-first order.
+        The tree and the leaves, leaves in depth-first order; an exact alias of an earlier tensor
+        (see `alias_key`) adds no leaf, its tree node names the earlier leaf's index.
 
     Raises:
         StateStructureError: a leaf has an unsupported type, or a structure is cyclic; the message
             names the path.
     """
     leaves: list[TensorLeaf] = []
+    seen: dict[tuple[Any, ...], int] = {}
     active: set[int] = set()
 
     def visit(obj: Any, path: tuple[Any, ...]) -> JsonNode:
         if isinstance(obj, torch.Tensor):
+            key = alias_key(obj)
+            if key is not None and key in seen:
+                return {"tensor": seen[key]}
             leaves.append(TensorLeaf(path, obj.detach()))
+            if key is not None:
+                seen[key] = len(leaves) - 1
             return {"tensor": len(leaves) - 1}
         if isinstance(obj, np.ndarray):
             if obj.dtype.hasobject:
