@@ -63,6 +63,22 @@ class FailingUpload:
         return getattr(self.inner, name)
 
 
+class CountingReads:
+    """A `Storage` that records the objects this rank downloaded (`read_into`: data, not manifests)."""
+
+    def __init__(self, inner: FsspecStorage) -> None:
+        self.inner = inner
+        self.root = inner.root
+        self.read_paths: set[str] = set()
+
+    def read_into(self, path: str, offset: int, out: Any) -> None:
+        self.read_paths.add(path)
+        self.inner.read_into(path, offset, out)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
 def run_rank(mode: str, rank: int, world: int, *, init: str, sink: Path, a: argparse.Namespace, phase: int) -> None:
     """One rank of one phase (a forked child of the driver)."""
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
@@ -70,6 +86,8 @@ def run_rank(mode: str, rank: int, world: int, *, init: str, sink: Path, a: argp
     storage: Any = s3_storage(a.endpoint, a.bucket)
     if mode == "failpersist" and rank == 1:
         storage = FailingUpload(storage, fail_at=1)
+    if mode == "restore":
+        storage = CountingReads(storage)
     staging = StagingConfig(parent_dir=a.staging, chunk_bytes=UPLOAD_CHUNK)
     ckpt = ShardedCheckpointer(cfg, storage=storage, group=dist.new_group(backend="gloo"), staging=staging)
     try:
@@ -77,6 +95,7 @@ def run_rank(mode: str, rank: int, world: int, *, init: str, sink: Path, a: argp
             train(ckpt, world, rank, sink)
         elif mode == "restore":
             restore(ckpt, world, rank, sink)
+            emit(sink, event="downloads", world=world, rank=rank, paths=sorted(storage.read_paths))
         else:
             fail_persist(ckpt, storage, world, rank, sink=sink, staging=a.staging)
         dist.barrier()

@@ -67,6 +67,17 @@ def test_fsdp2_on_s3_reshards_falls_back_and_survives_a_failed_upload(
         fallbacks = [reason for k, _, reason in e["events"] if k == "fallback"]
         assert any(corrupted in reason and "step 2" in reason for reason in fallbacks), fallbacks
 
+    # The two ranks of one host share one staging copy: each file of the step they loaded was
+    # downloaded once, by one of them, and each of them downloaded a share.
+    downloads = {e["rank"]: e["paths"] for e in events if e["event"] == "downloads" and e["world"] == 2}
+    step1 = {f"1/{n}" for n in json.loads(storage.read_bytes("1/manifest.json"))["files"]}
+    mine = [set(downloads[r]) & step1 for r in (0, 1)]
+    assert mine[0] | mine[1] == step1
+    assert not mine[0] & mine[1]
+    assert all(mine)
+    alone = next(e["paths"] for e in events if e["event"] == "downloads" and e["world"] == 1)
+    assert {p for p in alone if p.startswith("2/")} == {f"2/{n}" for n in manifest["files"]}
+
     # Rank 1's upload failed half way: step 5 is not committed, on every rank, and the tracker
     # stays at 2; nothing staged is left, the training state is untouched; without the fault the
     # same step commits over the leftovers.

@@ -21,7 +21,7 @@ from dlrover.flashckpt import sharded as sharded_mod
 from dlrover.flashckpt.ckpt_format import manifest_path
 from dlrover.flashckpt.commit import Committer, Tracker
 from dlrover.flashckpt.config import StagerConfig
-from dlrover.flashckpt.dcp_site import STAGING_PREFIX, StagedDcpSite, dcp_site
+from dlrover.flashckpt.dcp_site import STAGING_PREFIX, NodeShare, StagedDcpSite, dcp_site, node_share
 from dlrover.flashckpt.dcp_store import staged_owners
 from dlrover.flashckpt.dcp_transfer import StagingConfig, download_file, upload_file
 from dlrover.flashckpt.errors import ChecksumError, LayoutError, StateStructureError, StorageError
@@ -378,3 +378,30 @@ def test_a_manifest_cannot_send_a_download_outside_the_step(tmp_path: Path) -> N
     for name in ("../x", "a/b", "", ".."):
         with pytest.raises(LayoutError, match="not a file name"):
             site.fetch(1, tmp_path, name, {"bytes": 0, "crc32": 0})
+
+
+@given(st.lists(st.sampled_from([b"host-a", b"host-b", b"host-c"]), min_size=1, max_size=9))
+def test_node_shares_split_every_node_among_its_ranks(keys: list[bytes]) -> None:
+    shares = [node_share(keys, r) for r in range(len(keys))]
+    for key in set(keys):
+        ranks = [r for r, k in enumerate(keys) if k == key]
+        mine = [shares[r] for r in ranks]
+        assert {s.leader for s in mine} == {ranks[0]}  # the node's lowest rank leads
+        assert sorted(s.index for s in mine) == list(range(len(ranks)))  # each file gets one fetcher
+        assert {s.size for s in mine} == {len(ranks)}
+    assert node_share([b"x", b"y", b"x"], 2) == NodeShare(leader=0, index=1, size=2)
+
+
+def test_node_keys_name_the_staging_directory_itself(tmp_path: Path) -> None:
+    one, other = tmp_path / "one", tmp_path / "other"
+    one.mkdir()
+    other.mkdir()
+    (tmp_path / "link").symlink_to(one)
+    site = StagedDcpSite(InMemoryStorage(), StagingConfig(parent_dir=str(one)))
+    same = StagedDcpSite(InMemoryStorage(), StagingConfig(parent_dir=str(tmp_path / "link")))
+    apart = StagedDcpSite(InMemoryStorage(), StagingConfig(parent_dir=str(other)))
+    assert site.node_key() == same.node_key() != apart.node_key()
+    assert same.joined("dlrover-fc-dcp-1-x").resolve() == one / "dlrover-fc-dcp-1-x"
+    for name in ("../x", "a/b", "", ".."):
+        with pytest.raises(LayoutError, match="not a file name"):
+            site.joined(name)

@@ -13,16 +13,19 @@ and we use only public torch APIs.) So:
     the rank then checksums and uploads the files it owns (`dcp_store.checksum_owners`, each file
     by exactly one rank, among those holding it) to ``<step>/<name>`` through the `Storage`, and
     writes its done marker; the commit (manifest, tracker) is the same as for POSIX.
-  - load: each rank downloads every file of the step into its own staging directory, checking
-    each one's size and CRC-32 against the manifest as it arrives (before DCP reads a byte), then
-    DCP reads the copy.
+  - load: DCP may ask any rank for any file, so every rank needs the whole step on local disk.
+    The ranks on one host that stage under the same parent directory (`StagedDcpSite.node_key`)
+    share one copy: the lowest of them makes the staging directory, each downloads a share of the
+    files into it, checking each one's size and CRC-32 against the manifest as it arrives (before
+    DCP reads a byte), then DCP on each reads the whole copy. A node downloads the step once,
+    whatever its number of ranks.
 
   The staging directory is removed when the persist or load ends, whether it succeeded or not; one
   left by a process killed meanwhile is removed by the next checkpointer that stages under the
   same parent (`dlrover.common.remove_dead_owners`).
 
 The price of an object store: local disk for the staging copy (this rank's shard of one step while
-persisting; the whole checkpoint, on every rank, while loading), and one extra pass over the bytes
+persisting; the whole checkpoint, once per node, while loading), and one extra pass over the bytes
 (written locally, then read back as they are uploaded; downloaded, then read by DCP). Files are
 moved a chunk at a time (`StagingConfig.chunk_bytes`), never held whole in memory.
 """
@@ -30,10 +33,14 @@ moved a chunk at a time (`StagingConfig.chunk_bytes`), never held whole in memor
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+import tempfile
+import uuid
+from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Protocol
+
+import attrs
 
 from dlrover.common import ConfigError, owned_temp_dir, remove_dead_owners
 from dlrover.flashckpt.ckpt_format import step_dir
@@ -43,7 +50,7 @@ from dlrover.flashckpt.errors import LayoutError
 from dlrover.flashckpt.storage.base import Storage
 from dlrover.flashckpt.storage.posix import PosixStorage
 
-__all__ = ["STAGING_PREFIX", "DcpSite", "PosixDcpSite", "StagedDcpSite", "dcp_site"]
+__all__ = ["STAGING_PREFIX", "DcpSite", "NodeShare", "PosixDcpSite", "StagedDcpSite", "dcp_site", "node_share"]
 
 STAGING_PREFIX = "dlrover-fc-dcp-"
 
@@ -202,10 +209,59 @@ class StagedDcpSite:
         """A new private staging directory, removed when the block ends (see `DcpSite.reading`)."""
         return self._staging()
 
+    def node_key(self) -> bytes:
+        """Equal for two processes exactly when they stage in the same directory as the same user.
+
+        The host's boot id and the staging parent's device and inode name the directory itself,
+        whatever path a container mounts it at; the user id is there because staging directories
+        are private (0700). Where they cannot be read the key is unique: the process shares
+        with nobody.
+        """
+        parent = self.config.parent_dir or tempfile.gettempdir()
+        try:
+            boot = Path(_BOOT_ID).read_text(encoding="ascii").strip()
+            st = os.stat(parent)
+        except (OSError, UnicodeDecodeError):
+            return f"alone:{uuid.uuid4()}".encode()
+        return f"{boot}:{st.st_dev}:{st.st_ino}:{os.getuid()}".encode()
+
+    def joined(self, name: str) -> Path:
+        """The staging directory `name` that a process with the same `node_key` made.
+
+        Raises:
+            LayoutError: `name` is not a plain file name.
+        """
+        return Path(self.config.parent_dir or tempfile.gettempdir()) / _plain_name(name)
+
     def fetch(self, step: int, local: Path, name: str, expected: FileSum) -> None:
         """Downloads the file into `local`, verifying it as it arrives (see `download_file`)."""
         plain = _plain_name(name)
         download_file(self.storage, f"{step_dir(step)}/{plain}", local / plain, expected, self.config.chunk_bytes)
+
+
+_BOOT_ID = "/proc/sys/kernel/random/boot_id"
+
+
+@attrs.frozen
+class NodeShare:
+    """How one rank shares a load's staging copy with the ranks of its node.
+
+    Attributes:
+        leader: the rank that makes (and removes) the node's staging directory.
+        index: this rank's position among the node's ranks (0 for the leader).
+        size: how many ranks the node has; file ``i`` of a step is fetched by the rank whose
+            ``index`` is ``i % size``.
+    """
+
+    leader: int
+    index: int
+    size: int
+
+
+def node_share(keys: Sequence[bytes], rank: int) -> NodeShare:
+    """`rank`'s share, given every rank's `StagedDcpSite.node_key` (by rank). Pure."""
+    mates = [r for r, key in enumerate(keys) if key == keys[rank]]
+    return NodeShare(mates[0], mates.index(rank), len(mates))
 
 
 def _plain_name(name: str) -> str:

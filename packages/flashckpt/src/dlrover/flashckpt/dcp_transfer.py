@@ -35,10 +35,11 @@ class StagingConfig:
     """Where a sharded checkpoint for a non-POSIX storage is staged on local disk.
 
     Attributes:
-        parent_dir: the directory under which each persist and each load makes its own private
+        parent_dir: the directory under which each persist and each load makes a private
             (0700) staging directory, removed when it ends (None: the system temp dir,
             ``$TMPDIR`` or /tmp). It needs room for this rank's shard of one step while
-            persisting and for the whole checkpoint while loading.
+            persisting and for the whole checkpoint while loading; the ranks of a host that use
+            the same parent share one copy for a load.
         chunk_bytes: bytes moved per storage call when uploading or downloading a file (the
             memory one transfer holds).
     """

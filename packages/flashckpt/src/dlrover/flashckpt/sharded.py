@@ -76,7 +76,7 @@ from dlrover.flashckpt.ckpt_format import (
 from dlrover.flashckpt.collectives import RankGroup
 from dlrover.flashckpt.commit import CommitDecision, Committer, RetentionPolicy, decide_commit
 from dlrover.flashckpt.config import StagerConfig
-from dlrover.flashckpt.dcp_site import DcpSite, dcp_site
+from dlrover.flashckpt.dcp_site import DcpSite, NodeShare, StagedDcpSite, dcp_site, node_share
 from dlrover.flashckpt.dcp_store import (
     DCP_DONE_FORMAT,
     checksum_owners,
@@ -229,6 +229,7 @@ class ShardedCheckpointer:
         self._last: ShardedSplit | None = None
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="flashckpt-dcp")
         self._pending: list[Future[CommitDecision]] = []
+        self._share: NodeShare | None = None
         self.restored_persist: Future[CommitDecision] | None = None
         """The background persist the last `load` started (`persist_restored`), or None."""
 
@@ -363,16 +364,13 @@ class ShardedCheckpointer:
             self._event("fallback", tracker.step, f"the tracker names step {tracker.step}, which is missing")
         local_tree = flatten_state(split.local).tree
         reasons = []
+        share = self._node_share()
         for step in candidates:
-            # POSIX: the step's own directory; other storage: a private staging copy, removed
+            # POSIX: the step's own directory; other storage: a staging copy per node, removed
             # when this block ends (whether the load succeeded, fell back or raised).
             with contextlib.ExitStack() as stage:
-                local: Path | None = None
-                try:
-                    local = stage.enter_context(self._site.reading(step))
-                except Exception as e:  # this rank's verdict, agreed on in _check_step: raising would strand the others
-                    self._event("load_failed", step, f"rank {self._g.rank}: cannot make a staging directory: {e}")
-                problem, man = self._check_step(step, local)
+                local = self._staging_for(step, stage, share)
+                problem, man = self._check_step(step, local, share)
                 if man is not None and problem is None and local is not None:
                     if skeleton(man["tree"]) != skeleton(local_tree) or list(man["tensor_keys"]) != list(split.keys):
                         raise StateStructureError(
@@ -385,6 +383,8 @@ class ShardedCheckpointer:
                         process_group=self._g.group,
                         no_dist=not self._g.active,
                     )
+                    if share is not None:
+                        self._g.barrier()  # the node's ranks have all read the copy its leader removes
                     values = apply_values(split.local, man["tree"])
                     restored = rejoin(state, values)
                     self._last = split
@@ -396,11 +396,58 @@ class ShardedCheckpointer:
             "no loadable committed checkpoint" + (": " + "; ".join(reasons) if reasons else " in storage")
         )
 
-    def _check_step(self, step: int, local: Path | None) -> tuple[str | None, dict[str, Any] | None]:
+    def _node_share(self) -> NodeShare | None:
+        """How this rank shares a load's staging copy on its node; None where nothing is staged.
+
+        Collective the first time (every rank's `StagedDcpSite.node_key`), then remembered.
+        """
+        if not isinstance(self._site, StagedDcpSite) or not self._g.active:
+            return None
+        if self._share is None:
+            self._share = node_share(self._g.gather_bytes(self._site.node_key()), self._g.rank)
+        return self._share
+
+    def _staging_for(self, step: int, stage: contextlib.ExitStack, share: NodeShare | None) -> Path | None:
+        """The directory to read `step` from, entered on `stage`; None if it could not be made.
+
+        Collective with a `share`: the node's leader makes the staging directory and every rank
+        learns its name. A failure is this rank's verdict, agreed on in `_check_step`: raising
+        here would strand the others in a collective.
+        """
+        local: Path | None = None
+        if share is None or share.leader == self._g.rank:
+            try:
+                local = stage.enter_context(self._site.reading(step))
+            except Exception as e:
+                self._event("load_failed", step, f"rank {self._g.rank}: cannot make a staging directory: {e}")
+        if share is None:
+            return local
+        names = self._g.gather_bytes(b"" if local is None else local.name.encode())
+        if share.leader == self._g.rank:
+            return local
+        leaders = names[share.leader].decode()
+        if not leaders:
+            self._event("load_failed", step, f"rank {share.leader} could not make the node's staging directory")
+            return None
+        assert isinstance(self._site, StagedDcpSite)  # a share exists only for a staged site
+        return self._site.joined(leaders)
+
+    def _fetch_turn(self, share: NodeShare | None) -> tuple[int, int]:
+        """(stride, offset): this rank fetches the files ``i`` of a step with ``i % stride == offset``."""
+        if self._site.shared:
+            return self._g.size, self._g.rank  # every rank sees every file: the group splits them
+        if share is not None:
+            return share.size, share.index  # one copy per node: the node's ranks split them
+        return 1, 0
+
+    def _check_step(
+        self, step: int, local: Path | None, share: NodeShare | None = None
+    ) -> tuple[str | None, dict[str, Any] | None]:
         """Verify a step's manifest and files into `local` (None: its staging failed). Collective.
 
-        On POSIX storage the ranks share the reading; otherwise each rank downloads (and checks)
-        every file into its own staging directory, since DCP may ask any rank for any file.
+        On POSIX storage the ranks share the reading. Otherwise DCP may ask any rank for any
+        file, so every file is downloaded (and checked) into the staging directory: by this rank
+        alone, or with a `share` by the node's ranks in turn, into the one they share.
 
         Returns:
             (a sentence naming the first bad file, or None; the manifest when readable)
@@ -418,8 +465,9 @@ class ShardedCheckpointer:
             except (LayoutError, StorageError):
                 bad = -2
         names = sorted(man["files"]) if man is not None else []
+        stride, mine = self._fetch_turn(share)
         for i, name in enumerate(names):
-            if self._site.shared and i % self._g.size != self._g.rank:
+            if i % stride != mine:
                 continue
             assert local is not None  # no names without a staging directory (no manifest was read)
             try:
