@@ -8,7 +8,12 @@ The driver runs phases in order, each a job of WORLD ranks forked from it:
 * ``restore:WORLD``: builds the model from another seed, scrambles it, loads (memory when every
   rank holds a step with this sharding, else storage, resharded) and prints where it came from,
   the full state and whether the parameters' local shards kept their memory.
-* ``corrupt:STEP``: flips a byte of one DCP file of that step.
+* ``trainonly:WORLD``: ``train`` without the restore: the processes die with their snapshots in memory.
+* ``corrupt:STEP``: flips a byte of one DCP file of that step; ``corruptrank:STEP`` of the last
+  rank's file of a step saved rank by rank.
+* ``nodesave:WORLD``: plays the node saver after the training processes died: persists each
+  rank's newest complete snapshot from shared memory in the per-rank format (exactly what the
+  saver writes: `payload_from_slot` + `persist_rank`) and commits the step.
 
 Each line on stdout is one JSON object. Segments are kept (``close(remove=False)``) so a later
 phase of the same job sees them; the test removes them.
@@ -30,8 +35,15 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
+from dlrover.flashckpt.commit import Committer
 from dlrover.flashckpt.config import StagerConfig
+from dlrover.flashckpt.layout import SlotState
+from dlrover.flashckpt.payloads import payload_from_slot
+from dlrover.flashckpt.persist import persist_rank
+from dlrover.flashckpt.segment import ShmSegment, segment_path
 from dlrover.flashckpt.sharded import ShardedCheckpointer, get_sharded_state, set_sharded_state
+from dlrover.flashckpt.slotio import peek_header, read_header
+from dlrover.flashckpt.storage import PosixStorage
 
 
 def emit(sink: Path | None, **kw: object) -> None:
@@ -149,10 +161,13 @@ def run_rank(mode: str, rank: int, world: int, *, init: str, job: str, storage: 
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     cfg = StagerConfig(job_id=job, run_id="fsdp", rank=rank, world_size=world, copy_threads=1)
     ckpt = ShardedCheckpointer(cfg, storage, group=dist.new_group(backend="gloo"))
-    if mode == "train":
+    if mode in ("train", "trainonly"):
         train(ckpt, world, rank, sink)
         ckpt.close(remove=False)
         dist.barrier()
+        if mode == "trainonly":  # the processes die here; their snapshots stay in memory
+            dist.destroy_process_group()
+            return
         # A restarted trainer of the same size (played by the same process to stay fast): a
         # fresh checkpointer finds every rank's step 3 in memory.
         ckpt = ShardedCheckpointer(cfg, storage, group=dist.new_group(backend="gloo"))
@@ -162,9 +177,35 @@ def run_rank(mode: str, rank: int, world: int, *, init: str, job: str, storage: 
     dist.destroy_process_group()
 
 
-def corrupt(storage: str, step: int) -> None:
-    """Flip one byte in the middle of the first DCP data file of `step`."""
-    path = sorted(Path(storage, str(step)).glob("*.distcp"))[0]
+def node_save(job: str, storage: str, world: int) -> None:
+    """Persist every rank's newest complete snapshot as a node saver does, without the ranks."""
+    steps = set()
+    for rank in range(world):
+        found = []
+        for slot in range(2):
+            path = segment_path("/dev/shm", job, "fsdp", rank, slot)
+            header = peek_header(path)
+            if header is not None and header.state >= SlotState.COMPLETE:
+                found.append((header.seq, slot))
+        _, slot = max(found)
+        seg = ShmSegment.attach(segment_path("/dev/shm", job, "fsdp", rank, slot))
+        try:
+            assert seg.try_lock(exclusive=False)
+            header = read_header(seg)
+            assert header is not None
+            persist_rank(PosixStorage(storage), payload_from_slot(seg, header, rank, world))
+            steps.add(header.step)
+            seg.unlock()
+        finally:
+            seg.close()
+    (step,) = steps
+    decision = Committer(PosixStorage(storage)).try_commit(step, world)
+    emit(None, event="node_saved", step=step, committed=decision.commit)
+
+
+def corrupt(storage: str, step: int, pattern: str = "*.distcp") -> None:
+    """Flip one byte in the middle of the first DCP data file (or other `pattern`) of `step`."""
+    path = sorted(Path(storage, str(step)).glob(pattern))[-1]
     raw = bytearray(path.read_bytes())
     raw[len(raw) // 2] ^= 0xFF
     path.write_bytes(bytes(raw))
@@ -177,12 +218,18 @@ def main() -> None:
     p.add_argument("--storage", required=True)
     p.add_argument("--tmp", required=True)
     p.add_argument("--timeout-s", type=float, default=100.0)
-    p.add_argument("phases", nargs="+", help="train:WORLD, restore:WORLD or corrupt:STEP, run in order")
+    p.add_argument("phases", nargs="+", help="train:WORLD, restore:WORLD, corrupt:STEP or nodesave:WORLD, in order")
     a = p.parse_args()
     for n, phase in enumerate(a.phases):
         mode, arg = phase.split(":")
         if mode == "corrupt":
             corrupt(a.storage, int(arg))
+            continue
+        if mode == "corruptrank":
+            corrupt(a.storage, int(arg), "rank_*.safetensors")
+            continue
+        if mode == "nodesave":
+            node_save(a.job, a.storage, int(arg))
             continue
         world = int(arg)
         run_ranks(run_rank, (mode,), world, tmp=Path(a.tmp), n=n, timeout_s=a.timeout_s, job=a.job, storage=a.storage)

@@ -514,15 +514,24 @@ def test_killed_during_persist_leaves_previous_checkpoint(job_id: str, tmp_path:
 # -- real FSDP2 jobs (gloo, CPU) ------------------------------------------------------------------
 
 
-@pytest.mark.integration
-@pytest.mark.timeout(150)
-def test_fsdp2_saved_on_2_loads_on_2_from_memory_and_on_1_and_3_from_storage(job_id: str, tmp_path: Path) -> None:
-    storage = tmp_path / "ck"
+def _assert_every_rank_fell_back_to_step_2_naming_the_damage(
+    events: list[dict[str, Any]], loaded: dict[tuple[int, int], dict[str, Any]], full: dict[int, Any]
+) -> None:
+    corrupted = next(e["file"] for e in events if e["event"] == "corrupted")
+    for r in range(3):
+        e = loaded[(3, r)]
+        assert (e["source"], e["step"], e["state_step"]) == ("storage", 2, 2)
+        assert e["full"] == full[2]
+        assert any(k == "fallback" and corrupted in reason for k, _, reason in e["events"])
+
+
+def _run_phases(job_id: str, tmp_path: Path, *phases: str) -> list[dict[str, Any]]:
+    """Run the FSDP2 worker's phases (storage in ``tmp_path/ck``); every JSON event they printed."""
     try:
         proc = subprocess.run(
             [
-                *(sys.executable, WORKER, "--job", job_id, "--storage", str(storage), "--tmp", str(tmp_path)),
-                *("train:2", "restore:1", "corrupt:3", "restore:3"),
+                *(sys.executable, WORKER, "--job", job_id, "--storage", str(tmp_path / "ck"), "--tmp", str(tmp_path)),
+                *phases,
             ],
             capture_output=True,
             text=True,
@@ -532,7 +541,14 @@ def test_fsdp2_saved_on_2_loads_on_2_from_memory_and_on_1_and_3_from_storage(job
     finally:
         remove_run("/dev/shm", job_id, "fsdp")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    events = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(150)
+def test_fsdp2_saved_on_2_loads_on_2_from_memory_and_on_1_and_3_from_storage(job_id: str, tmp_path: Path) -> None:
+    storage = tmp_path / "ck"
+    events = _run_phases(job_id, tmp_path, "train:2", "restore:1", "corrupt:3", "restore:3")
     full = {e["step"]: e["full"] for e in events if e["event"] == "trained"}
     # Step 1 persisted in the foreground; step 2 in the background, reported after step 3.
     assert [e["committed"] for e in events if e["event"] == "trained"] == [True, None, True]
@@ -551,10 +567,22 @@ def test_fsdp2_saved_on_2_loads_on_2_from_memory_and_on_1_and_3_from_storage(job
     assert (e["source"], e["step"], e["state_step"]) == ("storage", 3, 3)
     assert e["full"] == full[3]
     # Three ranks after a DCP file of step 3 was damaged: every rank names it and uses step 2.
-    corrupted = next(e["file"] for e in events if e["event"] == "corrupted")
-    for r in range(3):
-        e = loaded[(3, r)]
-        assert (e["source"], e["step"], e["state_step"]) == ("storage", 2, 2)
-        assert e["full"] == full[2]
-        assert any(k == "fallback" and corrupted in reason for k, _, reason in e["events"])
+    _assert_every_rank_fell_back_to_step_2_naming_the_damage(events, loaded, full)
     assert Committer(PosixStorage(storage)).tracker() == Tracker(3, 2)
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(150)
+def test_fsdp2_step_a_node_saver_wrote_rank_by_rank_loads_resharded(job_id: str, tmp_path: Path) -> None:
+    events = _run_phases(job_id, tmp_path, "trainonly:2", "nodesave:2", "restore:1", "corruptrank:3", "restore:3")
+    full = {e["step"]: e["full"] for e in events if e["event"] == "trained"}
+    # The two training processes died after step 3, which only memory held; the node saver
+    # persisted each rank's local shards and the layout from shared memory, without them.
+    assert [(e["step"], e["committed"]) for e in events if e["event"] == "node_saved"] == [(3, True)]
+    loaded = {(e["world"], e["rank"]): e for e in events if e["event"] == "loaded"}
+    # One rank: the two ranks' shards of step 3, resharded through DCP's planner, bit for bit.
+    e = loaded[(1, 0)]
+    assert (e["source"], e["step"], e["state_step"], e["same_memory"]) == ("storage", 3, 3, True)
+    assert e["full"] == full[3]
+    # Three ranks, once the last rank's file of step 3 is damaged: every rank names it and uses step 2.
+    _assert_every_rank_fell_back_to_step_2_naming_the_damage(events, loaded, full)

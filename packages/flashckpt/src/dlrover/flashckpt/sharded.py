@@ -24,7 +24,10 @@ What goes where:
   allocation). Otherwise it loads the newest committed checkpoint from storage through
   ``torch.distributed.checkpoint.load``, which reshards: a checkpoint saved on N ranks loads on
   M. Every DCP file's CRC-32 is checked first (the ranks share the reading); a damaged step is
-  skipped with a warning naming the file, and the previous committed one is used.
+  skipped with a warning naming the file, and the previous committed one is used. A step can
+  also be one a node saver wrote rank by rank from shared memory, after the training processes
+  died (each rank's local shards in a safetensors file; the staged layout names where each shard
+  lies in its tensor): it loads resharded the same way, through `shard_local.ShardLocalReader`.
 * `persist` writes the staged snapshot of a step (not the live tensors, which training may be
   changing) with ``torch.distributed.checkpoint.save`` and a ``FileSystemWriter`` into
   ``<root>/<step>/``, then each rank checksums its share of the files and writes its done marker,
@@ -64,6 +67,7 @@ from torch.distributed.tensor import DTensor
 
 from dlrover.common import Clock, ConfigError, SystemClock
 from dlrover.flashckpt.ckpt_format import (
+    CHECKPOINT_FORMAT,
     FORMAT_VERSION,
     TRACKER_FORMAT,
     TRACKER_PATH,
@@ -99,9 +103,11 @@ from dlrover.flashckpt.errors import (
 from dlrover.flashckpt.events import EventLog, FlashEvent
 from dlrover.flashckpt.layout import SlotState, TensorSpec, decode_manifest
 from dlrover.flashckpt.memory import LoadedState, MemoryReader
+from dlrover.flashckpt.per_rank_step import check_per_rank_step
 from dlrover.flashckpt.restore import apply_values
 from dlrover.flashckpt.segment import ShmSegment, segment_path
-from dlrover.flashckpt.sharded_state import ShardedSplit, dcp_grouped, rejoin, skeleton, split_sharded
+from dlrover.flashckpt.shard_local import ShardLocalReader, rank_shards, shard_metadata, state_node_of
+from dlrover.flashckpt.sharded_state import ShardedSplit, chunk_offsets, dcp_grouped, rejoin, skeleton, split_sharded
 from dlrover.flashckpt.slotio import peek_header, read_header, read_manifest
 from dlrover.flashckpt.stager import SaveResult, Stager
 from dlrover.flashckpt.storage.base import Storage
@@ -230,6 +236,7 @@ class ShardedCheckpointer:
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="flashckpt-dcp")
         self._pending: list[Future[CommitDecision]] = []
         self._share: NodeShare | None = None
+        self._offsets: dict[tuple[str, str, str], list[int] | None] = {}
         self.restored_persist: Future[CommitDecision] | None = None
         """The background persist the last `load` started (`persist_restored`), or None."""
 
@@ -254,7 +261,21 @@ class ShardedCheckpointer:
         return result
 
     def _staged(self, split: ShardedSplit) -> dict[str, Any]:
-        return {"sharding": split.describe(self.config.world_size), "state": split.local}
+        return {"sharding": self._describe(split), "state": split.local}
+
+    def _describe(self, split: ShardedSplit) -> dict[str, Any]:
+        """The staged sharding description: `ShardedSplit.describe`, plus each DTensor's local
+        chunk offsets (`chunk_offsets`), so a snapshot's files can be read back resharded without
+        DCP's own (see `shard_local`). Offsets are asked once per layout."""
+        desc = split.describe(self.config.world_size)
+        for key, info in desc["shards"].items():
+            tensor = split.dcp[key]
+            assert isinstance(tensor, DTensor)  # shards describe DTensor leaves only
+            layout = (key, json.dumps(info, sort_keys=True), str(tensor.device_mesh.get_coordinate()))
+            if layout not in self._offsets:
+                self._offsets[layout] = chunk_offsets(key, tensor)
+            info["offsets"] = self._offsets[layout]
+        return desc
 
     def _snapshot_sharding(self, slot: int) -> tuple[int, dict[str, Any]] | None:
         """(step, sharding description) of a complete snapshot, or None.
@@ -285,7 +306,7 @@ class ShardedCheckpointer:
         return self._memory_steps(split_sharded(state))
 
     def _memory_steps(self, split: ShardedSplit) -> list[int]:
-        wanted = split.describe(self.config.world_size)
+        wanted = self._describe(split)
         found = (self._snapshot_sharding(s.slot) for s in self._reader.snapshots())
         return [f[0] for f in found if f is not None and f[1] == wanted]
 
@@ -319,7 +340,7 @@ class ShardedCheckpointer:
                 loaded: LoadedState | None = None
                 error = ""
                 try:
-                    target = {"sharding": split.describe(self.config.world_size), "state": split.local}
+                    target = {"sharding": self._describe(split), "state": split.local}
                     loaded = self._reader.load(target=target, step=step)
                 except (ChecksumError, NoCheckpointError, StateStructureError, LayoutError) as e:
                     error = str(e)
@@ -366,35 +387,91 @@ class ShardedCheckpointer:
         reasons = []
         share = self._node_share()
         for step in candidates:
-            # POSIX: the step's own directory; other storage: a staging copy per node, removed
-            # when this block ends (whether the load succeeded, fell back or raised).
-            with contextlib.ExitStack() as stage:
-                local = self._staging_for(step, stage, share)
-                problem, man = self._check_step(step, local, share)
-                if man is not None and problem is None and local is not None:
-                    if skeleton(man["tree"]) != skeleton(local_tree) or list(man["tensor_keys"]) != list(split.keys):
-                        raise StateStructureError(
-                            f"checkpoint step {step} holds another state structure than the one to restore into "
-                            f"(tensor keys saved {len(man['tensor_keys'])}, now {len(split.keys)})"
-                        )
-                    dcp_load(
-                        split.dcp,
-                        storage_reader=FileSystemReader(local),
-                        process_group=self._g.group,
-                        no_dist=not self._g.active,
-                    )
-                    if share is not None:
-                        self._g.barrier()  # the node's ranks have all read the copy its leader removes
-                    values = apply_values(split.local, man["tree"])
-                    restored = rejoin(state, values)
-                    self._last = split
-                    detail = f"{self._site.where(step)} (step {step}, saved by {man['world_size']} ranks)"
-                    return LoadedState(restored, step, "storage", True, detail)
+            if self._saved_rank_by_rank(step):
+                problem, loaded = self._load_per_rank_step(step, state, split, local_tree)
+            else:
+                problem, loaded = self._load_dcp_step(step, state, split, local_tree, share)
+            if loaded is not None:
+                return loaded
             reasons.append(f"step {step}: {problem}")
             self._event("fallback", step, f"checkpoint step {step} is unusable: {problem}; trying the previous one")
         raise NoCheckpointError(
             "no loadable committed checkpoint" + (": " + "; ".join(reasons) if reasons else " in storage")
         )
+
+    def _saved_rank_by_rank(self, step: int) -> bool:
+        """Whether every rank finds `step` in the per-rank format a node saver writes. Collective.
+
+        A rank that cannot tell (the manifest unreadable) votes for DCP, whose check then names
+        the problem on every rank.
+        """
+        try:
+            fmt = json.loads(self.storage.read_bytes(manifest_path(step))).get("format")
+        except (StorageError, ValueError, AttributeError):
+            fmt = None
+        votes = self._g.gather_ints([1 if fmt == CHECKPOINT_FORMAT else 0], 1)
+        return all(v[0] == 1 for v in votes)
+
+    def _load_dcp_step(
+        self, step: int, state: Any, split: ShardedSplit, local_tree: Any, share: NodeShare | None
+    ) -> tuple[str | None, LoadedState | None]:
+        """Load a step DCP wrote; (the problem, None) when it is unusable. Collective."""
+        # POSIX: the step's own directory; other storage: a staging copy per node, removed
+        # when this block ends (whether the load succeeded, fell back or raised).
+        with contextlib.ExitStack() as stage:
+            local = self._staging_for(step, stage, share)
+            problem, man = self._check_step(step, local, share)
+            if man is None or problem is not None or local is None:
+                return problem, None
+            self._check_structure(step, man["tree"], man["tensor_keys"], local_tree, split)
+            dcp_load(
+                split.dcp,
+                storage_reader=FileSystemReader(local),
+                process_group=self._g.group,
+                no_dist=not self._g.active,
+            )
+            if share is not None:
+                self._g.barrier()  # the node's ranks have all read the copy its leader removes
+        restored = rejoin(state, apply_values(split.local, man["tree"]))
+        self._last = split
+        detail = f"{self._site.where(step)} (step {step}, saved by {man['world_size']} ranks)"
+        return None, LoadedState(restored, step, "storage", True, detail)
+
+    def _load_per_rank_step(
+        self, step: int, state: Any, split: ShardedSplit, local_tree: Any
+    ) -> tuple[str | None, LoadedState | None]:
+        """Load a step a node saver wrote rank by rank (see `shard_local`), resharded. Collective."""
+        files, problem = check_per_rank_step(self.storage, self._g, step)
+        if problem is not None:
+            self._event("checksum_mismatch", step, problem)
+            return problem, None
+        try:
+            shards = [rank_shards(f.rank, f.path, f.data_start, f.tree, f.specs) for f in files]
+            metadata, where = shard_metadata(shards)
+            tree, _ = state_node_of(files[0].tree)
+        except (LayoutError, StateStructureError) as e:  # the same verdict on every rank: same files
+            return str(e), None
+        self._check_structure(step, tree, list(metadata.state_dict_metadata), local_tree, split)
+        dcp_load(
+            split.dcp,
+            storage_reader=ShardLocalReader(self.storage, metadata, where),
+            process_group=self._g.group,
+            no_dist=not self._g.active,
+        )
+        restored = rejoin(state, apply_values(split.local, tree))
+        self._last = split
+        detail = f"{self._site.where(step)} (step {step}, saved rank by rank by {len(files)} ranks)"
+        return None, LoadedState(restored, step, "storage", True, detail)
+
+    def _check_structure(
+        self, step: int, saved_tree: Any, saved_keys: list[str], local_tree: Any, split: ShardedSplit
+    ) -> None:
+        """Refuse a step whose state is shaped otherwise than the one to restore into (on every rank alike)."""
+        if skeleton(saved_tree) != skeleton(local_tree) or sorted(saved_keys) != sorted(split.keys):
+            raise StateStructureError(
+                f"checkpoint step {step} holds another state structure than the one to restore into "
+                f"(tensor keys saved {len(saved_keys)}, now {len(split.keys)})"
+            )
 
     def _node_share(self) -> NodeShare | None:
         """How this rank shares a load's staging copy on its node; None where nothing is staged.
@@ -538,7 +615,7 @@ class ShardedCheckpointer:
         refused = self._refuse(step)
         if refused is not None:
             return refused
-        sharding = None if last is None else last.describe(self.config.world_size)
+        sharding = None if last is None else self._describe(last)
         ok = 1
         reason = ""
         record: tuple[dict[str, Any], list[str]] = ({}, [])

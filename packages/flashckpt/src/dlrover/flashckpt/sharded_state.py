@@ -24,12 +24,13 @@ from typing import Any
 import attrs
 import numpy as np
 import torch
+from torch.distributed.checkpoint.default_planner import create_default_local_save_plan
 from torch.distributed.tensor import DTensor
 
 from dlrover.flashckpt.errors import StateStructureError
 from dlrover.flashckpt.tree import path_name
 
-__all__ = ["ShardInfo", "ShardedSplit", "dcp_grouped", "rejoin", "skeleton", "split_sharded"]
+__all__ = ["ShardInfo", "ShardedSplit", "chunk_offsets", "dcp_grouped", "rejoin", "skeleton", "split_sharded"]
 
 
 @attrs.frozen
@@ -144,6 +145,24 @@ def split_sharded(state: Any) -> ShardedSplit:
         raise StateStructureError(f"a sharded state is a dict (DCP saves dicts), not a {type(state).__name__}")
     local = visit(state, ())
     return ShardedSplit(local, dcp, shards, tuple(keys))
+
+
+def chunk_offsets(key: str, tensor: DTensor) -> list[int] | None:
+    """Where this rank's local shard of `tensor` starts in the global tensor, per dimension.
+
+    Asked of DCP's own save planning (``create_default_local_save_plan``, public), so the offsets
+    are the ones DCP would write for this shard. None when this rank holds no part of it (not in
+    its mesh) or when its part is not one box the size of its local tensor (strided shardings):
+    such a shard cannot be read back from this rank's local tensor alone.
+    """
+    items = [i for i in create_default_local_save_plan({key: tensor}, False).items if i.tensor_data is not None]
+    if len(items) != 1:
+        return None
+    data = items[0].tensor_data
+    assert data is not None
+    if tuple(data.chunk.sizes) != tuple(tensor.to_local().shape):
+        return None
+    return [int(o) for o in data.chunk.offsets]
 
 
 def dcp_grouped(flat: Mapping[str, torch.Tensor]) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import attrs
 import torch
 
 from dlrover.common import Clock, SystemClock
@@ -39,9 +40,85 @@ from dlrover.flashckpt.safetensors_format import parse_header
 from dlrover.flashckpt.storage.base import Storage
 from dlrover.flashckpt.tree import build_tree
 
-__all__ = ["StorageReader"]
+__all__ = ["RankFile", "StorageReader", "read_rank_file", "read_step_manifest", "verify_tensor"]
 
 _CHUNK = 16 << 20
+
+
+@attrs.frozen
+class RankFile:
+    """One rank's files of a committed plain-format step, their manifest checked.
+
+    Attributes:
+        rank: the rank.
+        path: its safetensors file.
+        data_start: where the file's data section starts.
+        tree: its state's JSON tree.
+        specs: its tensors (offsets relative to `data_start`).
+        crcs: each tensor's CRC-32.
+    """
+
+    rank: int
+    path: str
+    data_start: int
+    tree: dict[str, Any]
+    specs: tuple[TensorSpec, ...]
+    crcs: tuple[int, ...]
+
+
+def read_step_manifest(storage: Storage, step: int) -> dict[str, Any]:
+    """A committed plain-format step's manifest.
+
+    Raises:
+        LayoutError: it is not one (another format, malformed).
+        StorageError: it cannot be read.
+    """
+    return load_json(storage.read_bytes(manifest_path(step)), CHECKPOINT_FORMAT, manifest_path(step))
+
+
+def read_rank_file(storage: Storage, step: int, rank: int, man: dict[str, Any]) -> RankFile:
+    """Rank `rank`'s manifest of `step`, checked against the step's manifest `man`, and its file's size and header.
+
+    Raises:
+        ChecksumError: the rank manifest does not match its CRC-32, or the file has another size.
+        LayoutError: `man` lists no such rank, or a document or header is malformed.
+        StorageError: a file cannot be read.
+    """
+    entries = {e.get("rank"): e for e in man.get("ranks", []) if isinstance(e, dict)}
+    entry = entries.get(rank)
+    if entry is None:
+        raise LayoutError(f"{manifest_path(step)} lists no rank {rank}")
+    rpath = rank_manifest_path(step, rank)
+    raw = storage.read_bytes(rpath)
+    if crc32(raw) != entry.get("manifest_crc32"):
+        raise ChecksumError(f"{rpath} does not match its checksum in {manifest_path(step)}")
+    doc = load_json(raw, RANK_FORMAT, rpath)
+    specs = tuple(TensorSpec.from_json(t) for t in doc["tensors"])
+    crcs = tuple(int(t["crc32"]) for t in doc["tensors"])
+    fpath = safetensors_path(step, rank)
+    size = storage.size(fpath)
+    if size != doc.get("file_bytes"):
+        raise ChecksumError(f"{fpath} has {size} bytes, its manifest says {doc.get('file_bytes')} (truncated?)")
+    data_start = int(doc["data_start"])
+    start, _ = parse_header(storage.read_bytes(fpath, 0, data_start))
+    if start != data_start:
+        raise LayoutError(f"{fpath}: header ends at {start}, the manifest says {data_start}")
+    return RankFile(rank, fpath, data_start, doc["tree"], specs, crcs)
+
+
+def verify_tensor(storage: Storage, rf: RankFile, index: int) -> None:
+    """Check tensor `index` of a rank's file against its CRC-32, reading it a chunk at a time.
+
+    Raises:
+        ChecksumError: it does not match (the message names the tensor and the file).
+        StorageError: it cannot be read.
+    """
+    spec, value = rf.specs[index], 0
+    for off in range(0, spec.nbytes, _CHUNK):
+        n = min(_CHUNK, spec.nbytes - off)
+        value = crc32(storage.read_bytes(rf.path, rf.data_start + spec.offset + off, n), value)
+    if value != rf.crcs[index]:
+        raise ChecksumError(f"tensor {spec.name!r} in {rf.path} does not match its checksum")
 
 
 class StorageReader:
@@ -102,38 +179,20 @@ class StorageReader:
         )
 
     def _load_step(self, step: int, rank: int, world_size: int, target: Any | None) -> LoadedState:
-        man = load_json(self.storage.read_bytes(manifest_path(step)), CHECKPOINT_FORMAT, manifest_path(step))
+        man = read_step_manifest(self.storage, step)
         if man.get("world_size") != world_size:
             raise WorldSizeError(
                 f"checkpoint step {step} was saved by {man.get('world_size')} ranks; this job has {world_size} "
                 "and plain state dicts cannot be resharded (use the DCP adapter for sharded state)"
             )
-        entries = {e.get("rank"): e for e in man.get("ranks", []) if isinstance(e, dict)}
-        entry = entries.get(rank)
-        if entry is None:
-            raise LayoutError(f"{manifest_path(step)} lists no rank {rank}")
-        rpath = rank_manifest_path(step, rank)
-        raw = self.storage.read_bytes(rpath)
-        if crc32(raw) != entry.get("manifest_crc32"):
-            raise ChecksumError(f"{rpath} does not match its checksum in {manifest_path(step)}")
-        doc = load_json(raw, RANK_FORMAT, rpath)
-        tree = doc["tree"]
-        specs = tuple(TensorSpec.from_json(t) for t in doc["tensors"])
-        crcs = [int(t["crc32"]) for t in doc["tensors"]]
-        fpath = safetensors_path(step, rank)
-        size = self.storage.size(fpath)
-        if size != doc.get("file_bytes"):
-            raise ChecksumError(f"{fpath} has {size} bytes, its manifest says {doc.get('file_bytes')} (truncated?)")
-        data_start = int(doc["data_start"])
-        start, _ = parse_header(self.storage.read_bytes(fpath, 0, data_start))
-        if start != data_start:
-            raise LayoutError(f"{fpath}: header ends at {start}, the manifest says {data_start}")
+        rf = read_rank_file(self.storage, step, rank, man)
+        fpath, data_start, tree, specs = rf.path, rf.data_start, rf.tree, rf.specs
         if target is not None:
-            self._read_in_place(fpath, data_start, specs, crcs, match_targets(target, tree, specs))
+            self._read_in_place(rf, match_targets(target, tree, specs))
             state = apply_values(target, tree)
         else:
             tensors = []
-            for spec, crc in zip(specs, crcs, strict=True):
+            for spec, crc in zip(specs, rf.crcs, strict=True):
                 t = torch.empty(spec.shape, dtype=dtype_from_name(spec.dtype))
                 self._read_tensor(fpath, data_start, spec, t)
                 if _crc_tensor(t) != crc:
@@ -142,32 +201,17 @@ class StorageReader:
             state = build_tree(tree, tensors)
         return LoadedState(state, step, "storage", True, f"{fpath} (step {step})")
 
-    def _read_in_place(
-        self,
-        fpath: str,
-        data_start: int,
-        specs: tuple[TensorSpec, ...],
-        crcs: list[int],
-        places: list[list[torch.Tensor]],
-    ) -> None:
+    def _read_in_place(self, rf: RankFile, places: list[list[torch.Tensor]]) -> None:
         """Verify every tensor of the file, then read each into its places (the first read, the others copied)."""
-        for spec, crc in zip(specs, crcs, strict=True):
-            self._verify(fpath, data_start, spec, crc)
-        for spec, targets in zip(specs, places, strict=True):
+        for i in range(len(rf.specs)):
+            verify_tensor(self.storage, rf, i)
+        for spec, targets in zip(rf.specs, places, strict=True):
             if not targets:
                 continue  # its memory is an earlier tensor's place (tied in the state, saved apart)
-            self._read_tensor(fpath, data_start, spec, targets[0])
+            self._read_tensor(rf.path, rf.data_start, spec, targets[0])
             with torch.no_grad():
                 for t in targets[1:]:
                     t.copy_(targets[0])
-
-    def _verify(self, fpath: str, data_start: int, spec: TensorSpec, crc: int) -> None:
-        value = 0
-        for off in range(0, spec.nbytes, _CHUNK):
-            n = min(_CHUNK, spec.nbytes - off)
-            value = crc32(self.storage.read_bytes(fpath, data_start + spec.offset + off, n), value)
-        if value != crc:
-            raise ChecksumError(f"tensor {spec.name!r} in {fpath} does not match its checksum")
 
     def _read_tensor(self, fpath: str, data_start: int, spec: TensorSpec, t: torch.Tensor) -> None:
         if spec.nbytes == 0:

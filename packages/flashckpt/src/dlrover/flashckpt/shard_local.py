@@ -1,0 +1,309 @@
+"""Read a sharded step written rank by rank, resharded, through DCP's public load API.
+
+A node saver persists a sharded snapshot without the training processes (they may be dead): each
+rank's local shards go to its own safetensors file and rank manifest, exactly as a plain
+checkpoint's do (`persist.persist_rank`), and the staged sharding description travels in the
+rank's tree. That description names, per DTensor, its global shape and where this rank's chunk
+starts in it (`sharded_state.chunk_offsets`). Such a step is read back here:
+
+* `rank_shards` turns one rank's manifest into the chunks its file holds, keyed by DCP key (the
+  dict path joined with ``.``, as `sharded_state.split_sharded` names them);
+* `shard_metadata` merges every rank's chunks into DCP's `Metadata` (global shape and chunks per
+  key), checking that the chunks of each key cover it exactly once: a step missing a rank's
+  chunk is refused, never loaded with a hole;
+* `ShardLocalReader` is a ``torch.distributed.checkpoint.StorageReader`` over a `Storage`: DCP's
+  load planning works out which part of which saved chunk each rank needs, for any new sharding,
+  and the reader copies those parts from the files. Nothing is unpickled: tensors are raw
+  little-endian bytes, and the metadata is built from our JSON.
+
+A plain tensor of a sharded state (not a DTensor) is the same on every rank, as DCP assumes; it
+is read from the lowest rank that saved it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+import attrs
+import torch
+from torch.distributed.checkpoint.metadata import (
+    ChunkStorageMetadata,
+    Metadata,
+    MetadataIndex,
+    TensorProperties,
+    TensorStorageMetadata,
+)
+from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner
+from torch.distributed.checkpoint.storage import StorageReader
+from torch.futures import Future
+
+from dlrover.flashckpt.dtypes import dtype_from_name
+from dlrover.flashckpt.errors import LayoutError, StateStructureError
+from dlrover.flashckpt.layout import TensorSpec
+from dlrover.flashckpt.storage.base import Storage
+from dlrover.flashckpt.tree import build_tree, decode_scalar
+
+__all__ = ["RankShards", "ShardChunk", "ShardLocalReader", "rank_shards", "shard_metadata", "state_node_of"]
+
+JsonNode = dict[str, Any]
+
+
+@attrs.frozen
+class ShardChunk:
+    """One box of one tensor, as one rank's file holds it.
+
+    Attributes:
+        key: the DCP key.
+        offsets: where the box starts in the global tensor.
+        spec: the tensor in the rank's file (dtype, local shape, offset in the data section).
+        global_shape: the whole tensor's shape.
+    """
+
+    key: str
+    offsets: tuple[int, ...]
+    spec: TensorSpec
+    global_shape: tuple[int, ...]
+
+
+@attrs.frozen
+class RankShards:
+    """What one saved rank's file holds.
+
+    Attributes:
+        rank: the saved rank.
+        path: its safetensors file in storage.
+        data_start: where the file's data section starts.
+        chunks: its boxes, in file order (a DTensor whose chunk the rank lacks is absent).
+    """
+
+    rank: int
+    path: str
+    data_start: int
+    chunks: tuple[ShardChunk, ...]
+
+
+def state_node_of(tree: JsonNode) -> tuple[JsonNode, dict[str, Any]]:
+    """(the ``state`` node, the decoded ``sharding`` description) of a sharded snapshot's tree.
+
+    Raises:
+        StateStructureError: the tree is not a sharded snapshot's.
+    """
+    parts = {}
+    for key, node in tree.get("dict", []) if isinstance(tree, dict) else []:
+        if key in ({"str": "state"}, {"str": "sharding"}):
+            parts[key["str"]] = node
+    if set(parts) != {"state", "sharding"}:
+        raise StateStructureError("the rank's tree is not a sharded snapshot's (no 'state' and 'sharding')")
+    sharding = build_tree(parts["sharding"], [])
+    if not isinstance(sharding, dict) or not isinstance(sharding.get("shards"), dict):
+        raise StateStructureError("the sharded snapshot's 'sharding' description is malformed")
+    return parts["state"], sharding
+
+
+def _tensor_keys(node: JsonNode, path: tuple[str, ...] = ()) -> Iterator[tuple[str, int]]:
+    """(DCP key, tensor index) of every tensor node under `node`, depth first."""
+    if not isinstance(node, dict) or len(node) != 1:
+        raise StateStructureError(f"malformed tree node {node!r}")
+    ((kind, value),) = node.items()
+    if kind == "dict":
+        for k, child in value:
+            part = decode_scalar(k)
+            if isinstance(part, bool) or not isinstance(part, str | int):
+                raise StateStructureError(f"key {part!r} of a sharded state is not a str or int")
+            yield from _tensor_keys(child, (*path, str(part)))
+    elif kind in ("list", "tuple"):
+        for i, child in enumerate(value):
+            yield from _tensor_keys(child, (*path, str(i)))
+    elif kind in ("tensor", "ndarray"):
+        yield ".".join(path), value
+
+
+def rank_shards(rank: int, path: str, data_start: int, tree: JsonNode, specs: tuple[TensorSpec, ...]) -> RankShards:
+    """The chunks one saved rank's file holds, from its rank manifest's tree and tensor specs.
+
+    Raises:
+        StateStructureError: the tree is not a sharded snapshot's, or names a missing tensor.
+    """
+    state, sharding = state_node_of(tree)
+    shards: Mapping[str, Any] = sharding["shards"]
+    chunks = []
+    for key, index in _tensor_keys(state):
+        if not isinstance(index, int) or not 0 <= index < len(specs):
+            raise StateStructureError(f"rank {rank}: tensor {key!r} names index {index!r} of {len(specs)}")
+        spec = specs[index]
+        layout = shards.get(key)
+        if layout is None:  # a plain tensor: the whole of it
+            chunks.append(ShardChunk(key, (0,) * len(spec.shape), spec, spec.shape))
+            continue
+        offsets = layout.get("offsets")
+        shape = layout.get("shape")
+        if offsets is None:
+            continue  # no usable chunk on this rank (see sharded_state.chunk_offsets)
+        if not isinstance(shape, list) or not isinstance(offsets, list) or len(offsets) != len(spec.shape):
+            raise StateStructureError(f"rank {rank}: the layout of {key!r} is malformed: {layout!r}")
+        chunks.append(ShardChunk(key, tuple(int(o) for o in offsets), spec, tuple(int(d) for d in shape)))
+    return RankShards(rank, path, data_start, tuple(chunks))
+
+
+def shard_metadata(ranks: Iterable[RankShards]) -> tuple[Metadata, dict[MetadataIndex, tuple[RankShards, ShardChunk]]]:
+    """DCP's metadata for a step saved rank by rank, and where each chunk is.
+
+    Identical chunks (replicated placements, plain tensors) are taken from the lowest rank; empty
+    chunks hold nothing to read and are left out.
+
+    Raises:
+        LayoutError: the ranks disagree on a tensor's dtype or global shape, a chunk lies outside
+            its tensor, two different chunks start at the same place, or the chunks of a tensor
+            do not add up to all of it (a rank's part is missing): loading would leave part of
+            the tensor unwritten.
+    """
+    first: dict[str, tuple[RankShards, ShardChunk]] = {}
+    boxes: dict[str, dict[tuple[int, ...], tuple[RankShards, ShardChunk]]] = {}
+    for rs in sorted(ranks, key=lambda r: r.rank):
+        for chunk in rs.chunks:
+            _, seen = first.setdefault(chunk.key, (rs, chunk))
+            if (chunk.spec.dtype, chunk.global_shape) != (seen.spec.dtype, seen.global_shape):
+                raise LayoutError(
+                    f"{chunk.key!r}: rank {rs.rank} saved {chunk.spec.dtype}{list(chunk.global_shape)}, "
+                    f"a lower rank {seen.spec.dtype}{list(seen.global_shape)}"
+                )
+            _check_bounds(rs, chunk)
+            if math.prod(chunk.spec.shape) == 0:
+                continue
+            kept = boxes.setdefault(chunk.key, {}).setdefault(chunk.offsets, (rs, chunk))[1]
+            if kept.spec.shape != chunk.spec.shape:
+                raise LayoutError(
+                    f"{chunk.key!r}: ranks {_kept_rank(boxes, chunk)} and {rs.rank} saved different chunks at "
+                    f"{list(chunk.offsets)}"
+                )
+    metadata: dict[str, TensorStorageMetadata] = {}
+    where: dict[MetadataIndex, tuple[RankShards, ShardChunk]] = {}
+    for key, (_, seen) in first.items():
+        chunks = []
+        covered = 0
+        for offsets, located in boxes.get(key, {}).items():
+            covered += math.prod(located[1].spec.shape)
+            chunks.append(ChunkStorageMetadata(offsets=torch.Size(offsets), sizes=torch.Size(located[1].spec.shape)))
+            where[MetadataIndex(key, torch.Size(offsets))] = located
+        if covered != math.prod(seen.global_shape):
+            raise LayoutError(
+                f"{key!r}: the saved chunks hold {covered} of its {math.prod(seen.global_shape)} elements "
+                "(a rank's part is missing, or its sharding cannot be read back from per-rank files)"
+            )
+        metadata[key] = TensorStorageMetadata(
+            properties=TensorProperties(dtype=dtype_from_name(seen.spec.dtype)),
+            size=torch.Size(seen.global_shape),
+            chunks=chunks,
+        )
+    return Metadata(state_dict_metadata=dict(metadata)), where
+
+
+def _kept_rank(boxes: Mapping[str, Mapping[tuple[int, ...], tuple[RankShards, ShardChunk]]], chunk: ShardChunk) -> int:
+    """The rank whose chunk of `chunk.key` at `chunk.offsets` was kept."""
+    return boxes[chunk.key][chunk.offsets][0].rank
+
+
+def _check_bounds(rs: RankShards, chunk: ShardChunk) -> None:
+    ends = [o + n for o, n in zip(chunk.offsets, chunk.spec.shape, strict=True)]
+    if (
+        len(chunk.global_shape) != len(ends)
+        or any(o < 0 for o in chunk.offsets)
+        or any(e > d for e, d in zip(ends, chunk.global_shape, strict=True))
+    ):
+        raise LayoutError(
+            f"{chunk.key!r}: rank {rs.rank}'s chunk {list(chunk.spec.shape)} at {list(chunk.offsets)} lies outside "
+            f"the tensor {list(chunk.global_shape)}"
+        )
+
+
+class ShardLocalReader(StorageReader):
+    """A DCP ``StorageReader`` over a step saved rank by rank (see the module docstring).
+
+    Pass it to ``torch.distributed.checkpoint.load(state_dict, storage_reader=...)`` on every
+    rank; the planner reshards. Each needed chunk is read whole from storage once per request
+    (`Storage.read_into`, into a fresh CPU tensor) and the needed part copied into the target.
+    Checksums are the caller's to verify before (a damaged byte must make the step fall back,
+    not fail the load half way).
+
+    Args:
+        storage: where the files are.
+        metadata: from `shard_metadata`.
+        where: from `shard_metadata`.
+    """
+
+    def __init__(
+        self,
+        storage: Storage,
+        metadata: Metadata,
+        where: Mapping[MetadataIndex, tuple[RankShards, ShardChunk]],
+    ) -> None:
+        super().__init__()
+        self._storage = storage
+        self._metadata = metadata
+        self._where = dict(where)
+
+    def reset(self, checkpoint_id: Any = None) -> None:
+        """Nothing to reset: the reader is built for one step."""
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: Any) -> bool:
+        """Never chosen by a checkpoint id: the reader is built for one step and given explicitly."""
+        return False
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        """The step's metadata, built from its rank manifests."""
+        return self._metadata
+
+    def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        """Nothing to set up."""
+
+    def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
+        """The plan as it is."""
+        return plan
+
+    def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
+        """The plans as they are."""
+        return plans
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        """Copy every read item's part of its saved chunk into the planner's target tensor.
+
+        Raises:
+            LayoutError: an item names a chunk the step does not hold, or is not a tensor read.
+            StorageError: a file cannot be read.
+        """
+        cached: tuple[MetadataIndex, torch.Tensor] | None = None
+        for item in plan.items:
+            if item.type is not LoadItemType.TENSOR:
+                raise LayoutError(f"{item.dest_index.fqn!r}: a per-rank sharded step holds tensors only")
+            index = MetadataIndex(item.storage_index.fqn, item.storage_index.offset)
+            if cached is None or cached[0] != index:
+                cached = (index, self._read_chunk(index))
+            source = cached[1]
+            for dim, (start, length) in enumerate(zip(item.storage_offsets, item.lengths, strict=True)):
+                source = source.narrow(dim, start, length)
+            target = planner.resolve_tensor(item).detach()
+            if target.shape != source.shape:
+                raise LayoutError(
+                    f"{item.dest_index.fqn!r}: the planner asked for {list(target.shape)} from a part of "
+                    f"{list(source.shape)}"
+                )
+            with torch.no_grad():
+                target.copy_(source)
+            planner.commit_tensor(item, target)
+        done: Future[None] = Future()
+        done.set_result(None)
+        return done
+
+    def _read_chunk(self, index: MetadataIndex) -> torch.Tensor:
+        located = self._where.get(index)
+        if located is None:
+            raise LayoutError(f"{index.fqn!r}: the step holds no chunk at {list(index.offset or ())}")
+        rs, chunk = located
+        tensor = torch.empty(chunk.spec.shape, dtype=dtype_from_name(chunk.spec.dtype))
+        if chunk.spec.nbytes:
+            raw = tensor.reshape(-1).view(torch.uint8).numpy()
+            self._storage.read_into(rs.path, rs.data_start + chunk.spec.offset, raw.data)
+        return tensor
