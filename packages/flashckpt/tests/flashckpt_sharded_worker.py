@@ -8,12 +8,11 @@ The driver runs phases in order, each a job of WORLD ranks forked from it:
 * ``restore:WORLD``: builds the model from another seed, scrambles it, loads (memory when every
   rank holds a step with this sharding, else storage, resharded) and prints where it came from,
   the full state and whether the parameters' local shards kept their memory.
-* ``trainonly:WORLD``: ``train`` without the restore: the processes die with their snapshots in memory.
+* ``traindie:WORLD``: ``train`` with a detached node saver (``saver="auto"``), then every rank
+  SIGKILLs itself: the saver persists the newest snapshot rank by rank. ``awaitcommit:STEP``
+  waits until that step is committed; ``stopsaver:WORLD`` shuts the saver down.
 * ``corrupt:STEP``: flips a byte of one DCP file of that step; ``corruptrank:STEP`` of the last
   rank's file of a step saved rank by rank.
-* ``nodesave:WORLD``: plays the node saver after the training processes died: persists each
-  rank's newest complete snapshot from shared memory in the per-rank format (exactly what the
-  saver writes: `payload_from_slot` + `persist_rank`) and commits the step.
 
 Each line on stdout is one JSON object. Segments are kept (``close(remove=False)``) so a later
 phase of the same job sees them; the test removes them.
@@ -24,7 +23,10 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
+import os
+import signal
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -35,14 +37,11 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
+from dlrover.flashckpt.client import SaverClient
 from dlrover.flashckpt.commit import Committer
 from dlrover.flashckpt.config import StagerConfig
-from dlrover.flashckpt.layout import SlotState
-from dlrover.flashckpt.payloads import payload_from_slot
-from dlrover.flashckpt.persist import persist_rank
-from dlrover.flashckpt.segment import ShmSegment, segment_path
+from dlrover.flashckpt.saver import socket_path
 from dlrover.flashckpt.sharded import ShardedCheckpointer, get_sharded_state, set_sharded_state
-from dlrover.flashckpt.slotio import peek_header, read_header
 from dlrover.flashckpt.storage import PosixStorage
 
 
@@ -160,14 +159,26 @@ def run_rank(mode: str, rank: int, world: int, *, init: str, job: str, storage: 
     """One rank of one phase (a forked child of the driver)."""
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     cfg = StagerConfig(job_id=job, run_id="fsdp", rank=rank, world_size=world, copy_threads=1)
-    ckpt = ShardedCheckpointer(cfg, storage, group=dist.new_group(backend="gloo"))
-    if mode in ("train", "trainonly"):
+    saver = "auto" if mode == "traindie" else "none"  # a detached node saver, started by the first rank
+    ckpt = ShardedCheckpointer(cfg, storage, group=dist.new_group(backend="gloo"), saver=saver)
+    if mode == "traindie":
+        train(ckpt, world, rank, sink)
+        ckpt.stager.flush()  # every snapshot sealed: the saver was told
+        if rank == 0 and ckpt.client is not None:
+            emit(sink, event="saver", pid=ckpt.client.saver_pid)
+        # Every rank has sealed its last snapshot before any dies: a file barrier, since a gloo
+        # barrier's peers may still be in it when the first one is killed.
+        (sink.parent / f"sealed.{rank}").touch()
+        deadline = time.monotonic() + 60
+        while not all((sink.parent / f"sealed.{r}").exists() for r in range(world)):
+            if time.monotonic() > deadline:
+                raise SystemExit("the other ranks never sealed their last snapshot")
+            time.sleep(0.01)
+        os.kill(os.getpid(), signal.SIGKILL)  # the processes die; the saver outlives them
+    if mode == "train":
         train(ckpt, world, rank, sink)
         ckpt.close(remove=False)
         dist.barrier()
-        if mode == "trainonly":  # the processes die here; their snapshots stay in memory
-            dist.destroy_process_group()
-            return
         # A restarted trainer of the same size (played by the same process to stay fast): a
         # fresh checkpointer finds every rank's step 3 in memory.
         ckpt = ShardedCheckpointer(cfg, storage, group=dist.new_group(backend="gloo"))
@@ -177,30 +188,30 @@ def run_rank(mode: str, rank: int, world: int, *, init: str, job: str, storage: 
     dist.destroy_process_group()
 
 
-def node_save(job: str, storage: str, world: int) -> None:
-    """Persist every rank's newest complete snapshot as a node saver does, without the ranks."""
-    steps = set()
-    for rank in range(world):
-        found = []
-        for slot in range(2):
-            path = segment_path("/dev/shm", job, "fsdp", rank, slot)
-            header = peek_header(path)
-            if header is not None and header.state >= SlotState.COMPLETE:
-                found.append((header.seq, slot))
-        _, slot = max(found)
-        seg = ShmSegment.attach(segment_path("/dev/shm", job, "fsdp", rank, slot))
-        try:
-            assert seg.try_lock(exclusive=False)
-            header = read_header(seg)
-            assert header is not None
-            persist_rank(PosixStorage(storage), payload_from_slot(seg, header, rank, world))
-            steps.add(header.step)
-            seg.unlock()
-        finally:
-            seg.close()
-    (step,) = steps
-    decision = Committer(PosixStorage(storage)).try_commit(step, world)
-    emit(None, event="node_saved", step=step, committed=decision.commit)
+def await_commit(storage: str, step: int, timeout_s: float = 90.0) -> None:
+    """Wait (bounded) until the tracker names `step`; report the step's manifest format."""
+    committer = Committer(PosixStorage(storage))
+    deadline = time.monotonic() + timeout_s
+    while (tracker := committer.tracker()) is None or tracker.step < step:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"step {step} was not committed within {timeout_s} s (tracker {tracker})")
+        time.sleep(0.1)
+    manifest = json.loads(Path(storage, str(tracker.step), "manifest.json").read_text())
+    emit(None, event="committed", step=tracker.step, format=manifest["format"])
+
+
+def stop_saver(job: str, world: int, timeout_s: float = 60.0) -> None:
+    """Tell the run's detached saver the job ended, and wait (bounded) until it is gone."""
+    client = SaverClient(socket_path("/dev/shm", job, "fsdp"), 0, world)
+    pid = client.saver_pid
+    client.close(shutdown_saver=True)
+    deadline = time.monotonic() + timeout_s
+    while Path(f"/proc/{pid}").exists():
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            raise SystemExit(f"the saver {pid} did not exit within {timeout_s} s of its shutdown")
+        time.sleep(0.05)
+    emit(None, event="saver_stopped", pid=pid)
 
 
 def corrupt(storage: str, step: int, pattern: str = "*.distcp") -> None:
@@ -218,7 +229,9 @@ def main() -> None:
     p.add_argument("--storage", required=True)
     p.add_argument("--tmp", required=True)
     p.add_argument("--timeout-s", type=float, default=100.0)
-    p.add_argument("phases", nargs="+", help="train:WORLD, restore:WORLD, corrupt:STEP or nodesave:WORLD, in order")
+    p.add_argument(
+        "phases", nargs="+", help="train:WORLD, restore:WORLD, corrupt:STEP, ... (see the docstring), in order"
+    )
     a = p.parse_args()
     for n, phase in enumerate(a.phases):
         mode, arg = phase.split(":")
@@ -228,11 +241,24 @@ def main() -> None:
         if mode == "corruptrank":
             corrupt(a.storage, int(arg), "rank_*.safetensors")
             continue
-        if mode == "nodesave":
-            node_save(a.job, a.storage, int(arg))
+        if mode == "awaitcommit":
+            await_commit(a.storage, int(arg))
+            continue
+        if mode == "stopsaver":
+            stop_saver(a.job, int(arg))
             continue
         world = int(arg)
-        run_ranks(run_rank, (mode,), world, tmp=Path(a.tmp), n=n, timeout_s=a.timeout_s, job=a.job, storage=a.storage)
+        run_ranks(
+            run_rank,
+            (mode,),
+            world,
+            tmp=Path(a.tmp),
+            n=n,
+            timeout_s=a.timeout_s,
+            expect_code=-signal.SIGKILL if mode == "traindie" else 0,
+            job=a.job,
+            storage=a.storage,
+        )
 
 
 def run_ranks(
@@ -243,6 +269,7 @@ def run_ranks(
     tmp: Path,
     n: int,
     timeout_s: float,
+    expect_code: int = 0,
     **kwargs: Any,
 ) -> None:
     """Phase `n`: `world` ranks forked from this process, each ``target(*args, rank, world, init=...,
@@ -274,7 +301,7 @@ def run_ranks(
         if sink.exists():
             sys.stdout.write(sink.read_text())
     sys.stdout.flush()
-    if codes != [0] * world:
+    if codes != [expect_code] * world:
         raise SystemExit(f"phase {n} ({args}, world {world}) failed: exit codes {codes}")
 
 

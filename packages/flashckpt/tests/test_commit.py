@@ -208,3 +208,18 @@ def test_storage_roundtrip_bit_for_bit(state: Any) -> None:
     persist_rank(storage, payload_from_state(0, 0, 1, state))
     assert Committer(storage).try_commit(0, 1).commit
     assert_restores(state, lambda target: StorageReader(storage).load(0, 1, target=target).state)
+
+
+def test_a_done_marker_of_another_kind_is_waited_for_not_committed(tmp_path: Path) -> None:
+    # A sharded DCP persist of step 3 was cut short after rank 1's done marker; a node saver now
+    # persists step 3 rank by rank, and rank 0's files are there first.
+    storage = PosixStorage(tmp_path)
+    persist_rank(storage, payload_from_state(3, 0, 2, _rank_state(3, 0)))
+    (tmp_path / "3" / "rank_00001.done").write_text(json.dumps({"format": "dlrover-flashckpt/dcp-done", "rank": 1}))
+    decision = Committer(storage).try_commit(3, 2)
+    assert (decision.commit, decision.waiting_for) == (False, (1,))
+    assert Committer(storage).tracker() is None
+    assert not (tmp_path / manifest_path(3)).exists()
+    persist_rank(storage, payload_from_state(3, 1, 2, _rank_state(3, 1)))  # the saver replaces it
+    assert Committer(storage).try_commit(3, 2).commit
+    assert StorageReader(storage).load(1, 2).step == 3

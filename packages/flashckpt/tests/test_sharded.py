@@ -572,17 +572,32 @@ def test_fsdp2_saved_on_2_loads_on_2_from_memory_and_on_1_and_3_from_storage(job
 
 
 @pytest.mark.integration
-@pytest.mark.timeout(150)
-def test_fsdp2_step_a_node_saver_wrote_rank_by_rank_loads_resharded(job_id: str, tmp_path: Path) -> None:
-    events = _run_phases(job_id, tmp_path, "trainonly:2", "nodesave:2", "restore:1", "corruptrank:3", "restore:3")
+@pytest.mark.timeout(170)
+def test_fsdp2_processes_die_and_the_node_saver_persists_their_step_loadable_resharded(
+    job_id: str, tmp_path: Path
+) -> None:
+    phases = ["traindie:2", "awaitcommit:3", "stopsaver:2", "restore:3", "restore:1", "corruptrank:3", "restore:2"]
+    events = _run_phases(job_id, tmp_path, *phases)
     full = {e["step"]: e["full"] for e in events if e["event"] == "trained"}
-    # The two training processes died after step 3, which only memory held; the node saver
-    # persisted each rank's local shards and the layout from shared memory, without them.
-    assert [(e["step"], e["committed"]) for e in events if e["event"] == "node_saved"] == [(3, True)]
+    # Both training processes were SIGKILLed with step 3 only in memory (steps 1 and 2 went to
+    # storage with DCP); the detached node saver persisted step 3 rank by rank, by itself.
+    assert [(e["step"], e["format"]) for e in events if e["event"] == "committed"] == [
+        (3, "dlrover-flashckpt/checkpoint")
+    ]
+    (saver,) = [e["pid"] for e in events if e["event"] == "saver"]
+    assert [e["pid"] for e in events if e["event"] == "saver_stopped"] == [saver]  # and it is gone
     loaded = {(e["world"], e["rank"]): e for e in events if e["event"] == "loaded"}
-    # One rank: the two ranks' shards of step 3, resharded through DCP's planner, bit for bit.
-    e = loaded[(1, 0)]
-    assert (e["source"], e["step"], e["state_step"], e["same_memory"]) == ("storage", 3, 3, True)
-    assert e["full"] == full[3]
-    # Three ranks, once the last rank's file of step 3 is damaged: every rank names it and uses step 2.
-    _assert_every_rank_fell_back_to_step_2_naming_the_damage(events, loaded, full)
+    # The saver removed the memory at the job's end: three ranks, then one, load step 3 from the
+    # two ranks' files, resharded through DCP's planner, bit for bit, into their own shards.
+    for key in [(3, 0), (3, 1), (3, 2), (1, 0)]:
+        e = loaded[key]
+        assert (e["source"], e["step"], e["state_step"], e["same_memory"]) == ("storage", 3, 3, True), key
+        assert e["full"] == full[3]
+    # Once the last rank's file of step 3 is damaged, both ranks name it and load the DCP step 2.
+    corrupted = next(e["file"] for e in events if e["event"] == "corrupted")
+    for r in range(2):
+        e = loaded[(2, r)]
+        assert (e["source"], e["step"], e["state_step"]) == ("storage", 2, 2)
+        assert e["full"] == full[2]
+        assert any(k == "fallback" and corrupted in reason for k, _, reason in e["events"])
+    assert not list(Path("/dev/shm").glob(f"dlrover-fc.{job_id}.*"))

@@ -24,12 +24,11 @@ Memory outlives `FlashCheckpointer.close`: a restarted process loads from it. On
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any
 
 from dlrover.common import Clock, ConfigError, SystemClock
-from dlrover.flashckpt.client import DetachedSaverSpec, PersistOutcome, SaverClient, ensure_saver
+from dlrover.flashckpt.client import PersistOutcome, SaverClient
 from dlrover.flashckpt.commit import Committer, RetentionPolicy
 from dlrover.flashckpt.config import StagerConfig
 from dlrover.flashckpt.errors import (
@@ -37,17 +36,15 @@ from dlrover.flashckpt.errors import (
     FlashCkptError,
     LayoutError,
     NoCheckpointError,
-    SaverUnavailableError,
 )
 from dlrover.flashckpt.events import EventLog, FlashEvent
-from dlrover.flashckpt.host import HOST_SOCKET_ENV_VAR, SaverRequest, request_saver
 from dlrover.flashckpt.memory import LoadedState, MemoryReader
 from dlrover.flashckpt.payloads import payload_from_slot
 from dlrover.flashckpt.persist import persist_rank
-from dlrover.flashckpt.saver import socket_path
+from dlrover.flashckpt.saver_link import SaverLink, SaverMode, check_saver_mode
 from dlrover.flashckpt.segment import ShmSegment, segment_path
 from dlrover.flashckpt.slotio import read_header
-from dlrover.flashckpt.stager import SaveResult, SealedNotice, Stager
+from dlrover.flashckpt.stager import SaveResult, Stager
 from dlrover.flashckpt.storage.base import Storage
 from dlrover.flashckpt.storage.posix import PosixStorage
 from dlrover.flashckpt.storage_loader import StorageReader
@@ -95,7 +92,7 @@ class FlashCheckpointer:
         storage_dir: str | None = None,
         *,
         storage: Storage | None = None,
-        saver: Literal["auto", "connect", "none"] = "auto",
+        saver: SaverMode = "auto",
         agree: AgreeFn | None = None,
         retention: RetentionPolicy | None = None,
         idle_exit_s: float = 60.0,
@@ -104,12 +101,9 @@ class FlashCheckpointer:
         clock: Clock | None = None,
         host_timeout_s: float = 180.0,
     ) -> None:
-        if saver not in ("auto", "connect", "none"):
-            raise ConfigError(f"saver must be 'auto', 'connect' or 'none', got {saver!r}")
+        check_saver_mode(saver, storage_dir)
         if storage is None and storage_dir is None:
             raise ConfigError("FlashCheckpointer needs storage_dir or storage")
-        if saver == "auto" and storage_dir is None:
-            raise ConfigError("saver='auto' needs storage_dir for a detached saver")
         if agree is None and config.world_size > 1:
             raise ConfigError(f"world_size {config.world_size} needs an agree function to load from memory")
         self.config = config
@@ -118,93 +112,29 @@ class FlashCheckpointer:
         self._agree = agree or agree_single
         self._mode = saver
         self._retention = retention
-        self.client: SaverClient | None = None
         self.events = EventLog()
-        self._spec: DetachedSaverSpec | None = None
-        self._host: tuple[str, SaverRequest] | None = None
-        self._host_timeout_s = host_timeout_s
-        # torchrun's node rank: node 0's saver coordinates the commit.
-        coordinator = os.environ.get("GROUP_RANK", "0") == "0"
-        host_socket = os.environ.get(HOST_SOCKET_ENV_VAR, "") if saver == "auto" else ""
-        if host_socket:
-            assert storage_dir is not None
-            try:
-                request = SaverRequest(
-                    config.job_id,
-                    config.run_id,
-                    config.world_size,
-                    # The agent's working directory may differ from this process's.
-                    os.path.abspath(storage_dir),
-                    coordinator,
-                    shm_dir=os.path.abspath(config.shm_dir),
-                    num_slots=config.num_slots,
-                )
-            except FlashCkptError as e:
-                raise ConfigError(f"cannot ask the agent for a saver: {e}") from None
-            self._host = (host_socket, request)
-            self.client = self._connect()
-        elif saver == "auto":
-            assert storage_dir is not None
-            spec = DetachedSaverSpec(
-                config.job_id,
-                config.run_id,
-                config.world_size,
-                storage_dir,
-                config.shm_dir,
-                idle_exit_s,
-                nice=saver_nice,
-                persist_bandwidth_mb_s=persist_bandwidth_mb_s,
-                coordinator=coordinator,
-            )
-            self._spec = spec
-            self.client = self._connect()
-        elif saver == "connect":
-            path = socket_path(config.shm_dir, config.job_id, config.run_id)
-            self.client = SaverClient(path, config.rank, config.world_size, events=self.events, clock=self._clock)
-        on_sealed = self._notify_sealed if self.client is not None else None
+        self._link = SaverLink(
+            config,
+            storage_dir,
+            saver,
+            events=self.events,
+            clock=self._clock,
+            idle_exit_s=idle_exit_s,
+            saver_nice=saver_nice,
+            persist_bandwidth_mb_s=persist_bandwidth_mb_s,
+            host_timeout_s=host_timeout_s,
+        )
+        on_sealed = self._link.notify_sealed if self._link.client is not None else None
         self.stager = Stager(config, clock=self._clock, on_sealed=on_sealed, owner=None if saver == "none" else False)
         self.stager.events = self.events  # one event log per rank
 
-    def _connect(self) -> SaverClient:
-        """The run's saver: the agent's (through its host), else a detached one."""
-        if self._host is not None:
-            host_socket, request = self._host
-            hosted = request_saver(host_socket, request, self._host_timeout_s)
-            client = SaverClient(hosted.path, self.config.rank, self.config.world_size, clock=self._clock)
-        else:
-            assert self._spec is not None
-            client = ensure_saver(self._spec, self.config.rank, self._clock)
-        client.events = self.events
-        return client
-
-    def _notify_sealed(self, notice: SealedNotice) -> None:
-        # The notice only wakes the saver; when the saver is gone a ``saver_lost`` event already
-        # says so, and the next persist request reconnects.
-        if self.client is not None and not self.client.closed:
-            self.client.notify_sealed(notice)
+    @property
+    def client(self) -> SaverClient | None:
+        """The connection to the node's saver (None with ``saver="none"``)."""
+        return self._link.client
 
     def _record(self, kind: str, step: int, reason: str) -> None:
         self.events.record(FlashEvent(kind, step, reason, self._clock.wall_time()))
-
-    def _request_persist(self, step: int) -> None:
-        """Ask the saver to persist `step`; a lost saver is restarted (``auto``) or reported, never fatal."""
-        assert self.client is not None
-        try:
-            self.client.request_persist(step)
-            return
-        except SaverUnavailableError as e:
-            reason = f"the saver is unreachable ({e})"
-        if self._mode == "auto":
-            try:
-                self.client.close()
-                self.client = self._connect()
-                how = "the agent provided its saver again" if self._host is not None else "a new saver was started"
-                self._record("saver_restarted", step, f"{reason}; {how}")
-                self.client.request_persist(step)
-                return
-            except SaverUnavailableError as e:
-                reason = f"{reason}; restarting it failed ({e})"
-        self._record("persist_failed", step, f"step {step} stays in memory only: {reason}")
 
     def prepare(self, state: Any) -> None:
         """Allocate and pre-fault shared memory for `state` (see `Stager.prepare`)."""
@@ -222,7 +152,7 @@ class FlashCheckpointer:
         result = self.stager.save(step, state)
         if persist and result.saved:
             if self.client is not None:
-                self._request_persist(step)
+                self._link.request_persist(step)
             else:
                 self._persist_here(step)
         return result
@@ -233,9 +163,7 @@ class FlashCheckpointer:
         Raises:
             FlashCkptError: there is no saver (``saver="none"`` persists synchronously).
         """
-        if self.client is None:
-            raise FlashCkptError("no saver: persisting was synchronous")
-        return self.client.wait_persisted(step, timeout_s)
+        return self._link.wait_persisted(step, timeout_s)
 
     def _persist_here(self, step: int) -> None:
         self.stager.flush()
@@ -293,5 +221,4 @@ class FlashCheckpointer:
                 rank's stager removes its own segments.
         """
         self.stager.close(remove=job_end if self._mode == "none" else False)
-        if self.client is not None:
-            self.client.close(shutdown_saver=job_end)
+        self._link.close(job_end)

@@ -195,8 +195,20 @@ class Committer:
         if not decision.commit:
             return decision
         ranks = []
-        for rank in range(world_size):
-            done = load_json_any(self.storage.read_bytes(done_path(step, rank)), done_path(step, rank))
+        dones = [
+            load_json_any(self.storage.read_bytes(done_path(step, r)), done_path(step, r)) for r in range(world_size)
+        ]
+        # A done marker of another kind (a sharded DCP persist of the same step, cut short by the
+        # failure a node saver is persisting) does not vouch for this rank's per-rank files: wait
+        # for the saver to replace it, as for a missing one.
+        foreign = tuple(r for r, d in enumerate(dones) if not _is_rank_done(d))
+        if foreign:
+            return CommitDecision(
+                False,
+                f"step {step}: the done markers of ranks {list(foreign)} are not per-rank persists' (yet)",
+                waiting_for=foreign,
+            )
+        for rank, done in enumerate(dones):
             ranks.append(
                 {
                     "rank": rank,
@@ -236,6 +248,13 @@ class Committer:
         for step in gone:
             self.storage.remove_tree(step_dir(step))
         return gone
+
+
+def _is_rank_done(done: dict[str, object]) -> bool:
+    """Whether a done marker is `persist.persist_rank`'s (sizes and checksum of the rank's files)."""
+    return "format" not in done and all(
+        isinstance(done.get(k), int) and not isinstance(done.get(k), bool) for k in ("file_bytes", "manifest_crc32")
+    )
 
 
 def load_json_any(raw: bytes, what: str) -> dict[str, object]:

@@ -158,7 +158,10 @@ class PosixDcpSite:
 
 
 class StagedDcpSite:
-    """DCP works in a private local staging directory; files are streamed to and from `storage`.
+    """DCP works in a local staging directory; files are streamed to and from `storage`.
+
+    A persist stages in a directory of this rank's own; a load in one the ranks of a node share
+    (`NodeShare`: its leader makes it with `reading`, the others find it with `joined`).
 
     Removes, at construction, staging directories under the parent that processes now gone left
     behind (killed mid-persist).
@@ -206,7 +209,7 @@ class StagedDcpSite:
         return dcp_names(self.storage.list_dir(step_dir(step)))
 
     def reading(self, step: int) -> AbstractContextManager[Path]:
-        """A new private staging directory, removed when the block ends (see `DcpSite.reading`)."""
+        """A new staging directory (0700, this process's), removed when the block ends (see `DcpSite.reading`)."""
         return self._staging()
 
     def node_key(self) -> bytes:

@@ -4,28 +4,31 @@ A node saver persists a sharded snapshot in the plain per-rank format (see `shar
 load it, every rank needs every saved rank's manifest (DCP's planning needs all the chunks), and
 every byte must be verified before any reaches the training state. The work is split over the
 group: rank ``i`` reads, checks and verifies the saved ranks ``j`` with ``j % size == i``, then
-one `RankGroup.gather_bytes` hands every rank the checked manifests and every rank's verdict. A
-step thus costs one read of each file in all, however many ranks load it.
+one exchange (`RankGroup.gather_bytes`) hands every rank the checked manifests and every rank's
+verdict. Verifying a step thus reads each file once in all, however many ranks load it.
 """
 
 from __future__ import annotations
 
 import json
 
-from dlrover.flashckpt.ckpt_format import dump_json
+import attrs
+
+from dlrover.flashckpt.ckpt_format import dump_json, safetensors_path
 from dlrover.flashckpt.collectives import RankGroup
-from dlrover.flashckpt.errors import ChecksumError, LayoutError, StateStructureError, StorageError
+from dlrover.flashckpt.errors import ChecksumError, LayoutError
 from dlrover.flashckpt.layout import TensorSpec
 from dlrover.flashckpt.storage.base import Storage
 from dlrover.flashckpt.storage_loader import RankFile, read_rank_file, read_step_manifest, verify_tensor
 
-__all__ = ["check_per_rank_step"]
+__all__ = ["PerRankCheck", "check_per_rank_step"]
 
 
-def _encode(files: list[RankFile], error: str | None) -> bytes:
+def _encode(files: list[RankFile], error: str | None, damaged: bool) -> bytes:
     return dump_json(
         {
             "error": error,
+            "damaged": damaged,
             "files": [
                 {
                     "rank": f.rank,
@@ -41,12 +44,12 @@ def _encode(files: list[RankFile], error: str | None) -> bytes:
     )
 
 
-def _decode(raw: bytes) -> tuple[list[RankFile], str | None]:
+def _decode(raw: bytes, step: int) -> tuple[list[RankFile], str | None, bool]:
     doc = json.loads(raw)
     files = [
         RankFile(
             int(f["rank"]),
-            str(f["path"]),
+            safetensors_path(step, int(f["rank"])),  # named here, never taken from a peer
             int(f["data_start"]),
             f["tree"],
             tuple(TensorSpec.from_json(t) for t in f["tensors"]),
@@ -55,11 +58,12 @@ def _decode(raw: bytes) -> tuple[list[RankFile], str | None]:
         for f in doc["files"]
     ]
     error = doc.get("error")
-    return files, error if isinstance(error, str) else None
+    return files, error if isinstance(error, str) else None, bool(doc.get("damaged"))
 
 
-def _check_mine(storage: Storage, step: int, rank: int, size: int) -> tuple[list[RankFile], str | None]:
-    """This rank's share: the saved ranks it reads and verifies, or the first problem found."""
+def _check_mine(storage: Storage, step: int, rank: int, size: int) -> tuple[list[RankFile], str | None, bool]:
+    """This rank's share: the saved ranks it reads and verifies, or the first problem found (and
+    whether it is damage: a checksum or size that does not match)."""
     try:
         man = read_step_manifest(storage, step)
         world = man.get("world_size")
@@ -76,26 +80,39 @@ def _check_mine(storage: Storage, step: int, rank: int, size: int) -> tuple[list
             listed = {e.get("rank") for e in man.get("ranks", []) if isinstance(e, dict)}
             if listed != set(range(world)):
                 raise LayoutError(f"step {step}'s manifest lists ranks {sorted(map(str, listed))}, not 0..{world - 1}")
-        return files, None
-    except (ChecksumError, LayoutError, StorageError, StateStructureError, KeyError, TypeError, ValueError) as e:
-        return [], str(e) or type(e).__name__
+        return files, None, False
+    except ChecksumError as e:
+        return [], str(e), True
+    except Exception as e:  # this rank's verdict, gathered below: raising here would strand the others
+        return [], f"{type(e).__name__}: {e}", False
 
 
-def check_per_rank_step(storage: Storage, group: RankGroup, step: int) -> tuple[list[RankFile], str | None]:
-    """Every saved rank's checked file description, or the problem (the same on every rank).
+@attrs.frozen
+class PerRankCheck:
+    """The outcome of `check_per_rank_step`, the same on every rank.
 
-    Collective: every rank of `group` must call it for the same step.
-
-    Returns:
-        (the files by saved rank, None) when every file is whole; ([], the first problem, in rank
-        order) otherwise: a missing or damaged file, a bad manifest.
+    Attributes:
+        files: every saved rank's checked file, by rank (empty when there is a problem).
+        problem: the first problem found, in rank order, or None.
+        damaged: the problem is a file that does not match its checksum or size.
     """
-    files, error = _check_mine(storage, step, group.rank, group.size)
-    everything = group.gather_bytes(_encode(files, error))
+
+    files: list[RankFile]
+    problem: str | None = None
+    damaged: bool = False
+
+
+def check_per_rank_step(storage: Storage, group: RankGroup, step: int) -> PerRankCheck:
+    """Read and verify every saved rank's files of `step`, the work split over `group`. Collective.
+
+    Every rank of `group` must call it for the same step; none raises for what it finds.
+    """
+    files, error, damaged = _check_mine(storage, step, group.rank, group.size)
+    everything = group.gather_bytes(_encode(files, error, damaged))
     found: list[RankFile] = []
     for raw in everything:
-        theirs, problem = _decode(raw)
+        theirs, problem, broken = _decode(raw, step)
         if problem is not None:
-            return [], problem
+            return PerRankCheck([], problem, broken)
         found.extend(theirs)
-    return sorted(found, key=lambda f: f.rank), None
+    return PerRankCheck(sorted(found, key=lambda f: f.rank))

@@ -75,13 +75,16 @@ class RankShards:
         rank: the saved rank.
         path: its safetensors file in storage.
         data_start: where the file's data section starts.
-        chunks: its boxes, in file order (a DTensor whose chunk the rank lacks is absent).
+        chunks: its boxes, in file order.
+        unreadable: DTensors whose local shard is in the file but cannot be placed in the whole
+            tensor (no box: a strided or partial layout), or which the rank held no part of.
     """
 
     rank: int
     path: str
     data_start: int
     chunks: tuple[ShardChunk, ...]
+    unreadable: tuple[str, ...] = ()
 
 
 def state_node_of(tree: JsonNode) -> tuple[JsonNode, dict[str, Any]]:
@@ -129,6 +132,7 @@ def rank_shards(rank: int, path: str, data_start: int, tree: JsonNode, specs: tu
     state, sharding = state_node_of(tree)
     shards: Mapping[str, Any] = sharding["shards"]
     chunks = []
+    unreadable = []
     for key, index in _tensor_keys(state):
         if not isinstance(index, int) or not 0 <= index < len(specs):
             raise StateStructureError(f"rank {rank}: tensor {key!r} names index {index!r} of {len(specs)}")
@@ -140,30 +144,36 @@ def rank_shards(rank: int, path: str, data_start: int, tree: JsonNode, specs: tu
         offsets = layout.get("offsets")
         shape = layout.get("shape")
         if offsets is None:
-            continue  # no usable chunk on this rank (see sharded_state.chunk_offsets)
+            unreadable.append(key)  # no box on this rank (see sharded_state.chunk_offsets)
+            continue
         if not isinstance(shape, list) or not isinstance(offsets, list) or len(offsets) != len(spec.shape):
             raise StateStructureError(f"rank {rank}: the layout of {key!r} is malformed: {layout!r}")
         chunks.append(ShardChunk(key, tuple(int(o) for o in offsets), spec, tuple(int(d) for d in shape)))
-    return RankShards(rank, path, data_start, tuple(chunks))
+    return RankShards(rank, path, data_start, tuple(chunks), tuple(unreadable))
 
 
 def shard_metadata(ranks: Iterable[RankShards]) -> tuple[Metadata, dict[MetadataIndex, tuple[RankShards, ShardChunk]]]:
     """DCP's metadata for a step saved rank by rank, and where each chunk is.
 
     Identical chunks (replicated placements, plain tensors) are taken from the lowest rank; empty
-    chunks hold nothing to read and are left out.
+    chunks hold nothing to read and are left out. The chunks of every tensor must tile it exactly:
+    along each dimension their extents partition it, and every box of that grid is saved once
+    (DTensor's `Shard` and `Replicate` placements always give such a grid).
 
     Raises:
         LayoutError: the ranks disagree on a tensor's dtype or global shape, a chunk lies outside
-            its tensor, two different chunks start at the same place, or the chunks of a tensor
-            do not add up to all of it (a rank's part is missing): loading would leave part of
-            the tensor unwritten.
+            its tensor, the chunks do not tile it (a rank's part is missing, or two overlap),
+            or a DTensor has no readable chunk: loading would leave part of a tensor unwritten
+            or written twice.
     """
-    first: dict[str, tuple[RankShards, ShardChunk]] = {}
+    first: dict[str, ShardChunk] = {}
     boxes: dict[str, dict[tuple[int, ...], tuple[RankShards, ShardChunk]]] = {}
+    unreadable: dict[str, int] = {}
     for rs in sorted(ranks, key=lambda r: r.rank):
+        for key in rs.unreadable:
+            unreadable.setdefault(key, rs.rank)
         for chunk in rs.chunks:
-            _, seen = first.setdefault(chunk.key, (rs, chunk))
+            seen = first.setdefault(chunk.key, chunk)
             if (chunk.spec.dtype, chunk.global_shape) != (seen.spec.dtype, seen.global_shape):
                 raise LayoutError(
                     f"{chunk.key!r}: rank {rs.rank} saved {chunk.spec.dtype}{list(chunk.global_shape)}, "
@@ -172,37 +182,68 @@ def shard_metadata(ranks: Iterable[RankShards]) -> tuple[Metadata, dict[Metadata
             _check_bounds(rs, chunk)
             if math.prod(chunk.spec.shape) == 0:
                 continue
-            kept = boxes.setdefault(chunk.key, {}).setdefault(chunk.offsets, (rs, chunk))[1]
-            if kept.spec.shape != chunk.spec.shape:
+            kept = boxes.setdefault(chunk.key, {}).setdefault(chunk.offsets, (rs, chunk))
+            if kept[1].spec.shape != chunk.spec.shape:
                 raise LayoutError(
-                    f"{chunk.key!r}: ranks {_kept_rank(boxes, chunk)} and {rs.rank} saved different chunks at "
-                    f"{list(chunk.offsets)}"
+                    f"{chunk.key!r}: ranks {kept[0].rank} and {rs.rank} saved different chunks at {list(chunk.offsets)}"
                 )
+    for key, rank in unreadable.items():
+        if key not in first:
+            raise LayoutError(
+                f"{key!r}: no rank saved a chunk of it that can be placed (rank {rank}'s layout has none)"
+            )
     metadata: dict[str, TensorStorageMetadata] = {}
     where: dict[MetadataIndex, tuple[RankShards, ShardChunk]] = {}
-    for key, (_, seen) in first.items():
-        chunks = []
-        covered = 0
-        for offsets, located in boxes.get(key, {}).items():
-            covered += math.prod(located[1].spec.shape)
-            chunks.append(ChunkStorageMetadata(offsets=torch.Size(offsets), sizes=torch.Size(located[1].spec.shape)))
+    for key, seen in first.items():
+        saved = boxes.get(key, {})
+        _check_tiling(key, seen.global_shape, [(o, c.spec.shape) for o, (_, c) in saved.items()])
+        for offsets, located in saved.items():
             where[MetadataIndex(key, torch.Size(offsets))] = located
-        if covered != math.prod(seen.global_shape):
-            raise LayoutError(
-                f"{key!r}: the saved chunks hold {covered} of its {math.prod(seen.global_shape)} elements "
-                "(a rank's part is missing, or its sharding cannot be read back from per-rank files)"
-            )
         metadata[key] = TensorStorageMetadata(
             properties=TensorProperties(dtype=dtype_from_name(seen.spec.dtype)),
             size=torch.Size(seen.global_shape),
-            chunks=chunks,
+            chunks=[
+                ChunkStorageMetadata(offsets=torch.Size(o), sizes=torch.Size(c.spec.shape))
+                for o, (_, c) in saved.items()
+            ],
         )
     return Metadata(state_dict_metadata=dict(metadata)), where
 
 
-def _kept_rank(boxes: Mapping[str, Mapping[tuple[int, ...], tuple[RankShards, ShardChunk]]], chunk: ShardChunk) -> int:
-    """The rank whose chunk of `chunk.key` at `chunk.offsets` was kept."""
-    return boxes[chunk.key][chunk.offsets][0].rank
+def _check_tiling(key: str, shape: tuple[int, ...], chunks: list[tuple[tuple[int, ...], tuple[int, ...]]]) -> None:
+    """Refuse chunks (offsets, sizes; none empty, all in bounds) that do not tile `shape` exactly.
+
+    Along each dimension the chunks' extents must partition it (extents that start at the same
+    place end at the same place, and the distinct ones follow each other from 0 to the end);
+    then distinct chunks, each a box of that grid, tile the tensor exactly when there are as many
+    as the grid has boxes. Linear in the chunks, unlike testing every pair for overlap.
+
+    Raises:
+        LayoutError: naming the tensor and what is wrong.
+    """
+    if math.prod(shape) == 0:
+        return
+    grid = 1
+    for dim, size in enumerate(shape):
+        extents: dict[int, int] = {}
+        for offsets, sizes in chunks:
+            end = extents.setdefault(offsets[dim], offsets[dim] + sizes[dim])
+            if end != offsets[dim] + sizes[dim]:
+                raise LayoutError(f"{key!r}: chunks overlap along dimension {dim} at {offsets[dim]}")
+        position = 0
+        for start in sorted(extents):
+            if start != position:
+                what = "overlap" if start < position else "leave a gap"
+                raise LayoutError(f"{key!r}: the saved chunks {what} along dimension {dim} at {min(start, position)}")
+            position = extents[start]
+        if position != size:
+            raise LayoutError(f"{key!r}: the saved chunks cover {position} of {size} along dimension {dim}")
+        grid *= len(extents)
+    if len(chunks) != grid:
+        raise LayoutError(
+            f"{key!r}: {len(chunks)} chunks saved of the {grid} its layout needs "
+            "(a rank's part is missing, or its sharding cannot be read back from per-rank files)"
+        )
 
 
 def _check_bounds(rs: RankShards, chunk: ShardChunk) -> None:

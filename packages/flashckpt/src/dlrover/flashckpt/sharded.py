@@ -55,6 +55,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.filesystem import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
@@ -77,6 +78,7 @@ from dlrover.flashckpt.ckpt_format import (
     manifest_path,
     step_dir,
 )
+from dlrover.flashckpt.client import SaverClient
 from dlrover.flashckpt.collectives import RankGroup
 from dlrover.flashckpt.commit import CommitDecision, Committer, RetentionPolicy, decide_commit
 from dlrover.flashckpt.config import StagerConfig
@@ -105,6 +107,7 @@ from dlrover.flashckpt.layout import SlotState, TensorSpec, decode_manifest
 from dlrover.flashckpt.memory import LoadedState, MemoryReader
 from dlrover.flashckpt.per_rank_step import check_per_rank_step
 from dlrover.flashckpt.restore import apply_values
+from dlrover.flashckpt.saver_link import SaverLink, SaverMode, check_saver_mode
 from dlrover.flashckpt.segment import ShmSegment, segment_path
 from dlrover.flashckpt.shard_local import ShardLocalReader, rank_shards, shard_metadata, state_node_of
 from dlrover.flashckpt.sharded_state import ShardedSplit, chunk_offsets, dcp_grouped, rejoin, skeleton, split_sharded
@@ -179,6 +182,12 @@ class ShardedCheckpointer:
         dcp_thread_count: DCP writer threads per rank.
         staging: where a non-POSIX `storage` is staged on local disk (default `StagingConfig()`:
             the system temp dir); not used for POSIX storage, which DCP writes in place.
+        saver: the node saver (see `saver_link`; ``"none"``, the default, has none). With one
+            (``"auto"`` under ``dlrover-run`` uses the agent's), a training process that dies
+            leaves its snapshot to the saver, which persists the newest step every rank holds
+            rank by rank (`shard_local`), loadable resharded: the step reaches storage even if
+            the processes never come back. `persist_restored` is then left to the saver. Needs
+            POSIX storage (`storage_dir`).
         persist_restored: when `load` restores a step from memory (the processes restarted, after
             a failure as a rule), persist it in the background unless storage already has it,
             as the plain checkpointer's node saver persists a failure's snapshot: a sharded
@@ -204,8 +213,12 @@ class ShardedCheckpointer:
         dcp_thread_count: int = 1,
         staging: StagingConfig | None = None,
         persist_restored: bool = True,
+        saver: SaverMode = "none",
         clock: Clock | None = None,
     ) -> None:
+        check_saver_mode(saver, "")  # the mode itself; where it writes is checked next
+        if saver != "none" and not (storage_dir is not None or isinstance(storage, PosixStorage)):
+            raise ConfigError(f"a node saver (saver={saver!r}) writes to a POSIX storage_dir, not to {storage!r}")
         self._g = RankGroup(group)
         self._persist_restored = persist_restored
         if (config.rank, config.world_size) != (self._g.rank, self._g.size):
@@ -230,7 +243,14 @@ class ShardedCheckpointer:
         self._clock = clock or SystemClock()
         self._threads = dcp_thread_count
         self.events = EventLog()
-        self.stager = Stager(config, clock=self._clock)
+        assert self.root is not None or saver == "none"
+        self._link = SaverLink(
+            config, None if self.root is None else str(self.root), saver, events=self.events, clock=self._clock
+        )
+        on_sealed = self._link.notify_sealed if self._link.client is not None else None
+        # With a saver, the saver removes the run's memory when the job ends.
+        self.stager = Stager(config, clock=self._clock, on_sealed=on_sealed, owner=None if saver == "none" else False)
+        self.stager.events = self.events
         self._reader = MemoryReader(config, self._clock)
         self._last: ShardedSplit | None = None
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="flashckpt-dcp")
@@ -239,6 +259,11 @@ class ShardedCheckpointer:
         self._offsets: dict[tuple[str, str, str], list[int] | None] = {}
         self.restored_persist: Future[CommitDecision] | None = None
         """The background persist the last `load` started (`persist_restored`), or None."""
+
+    @property
+    def client(self) -> SaverClient | None:
+        """The connection to the node's saver (None with ``saver="none"``)."""
+        return self._link.client
 
     # -- memory --------------------------------------------------------------------------------
 
@@ -361,6 +386,13 @@ class ShardedCheckpointer:
         """
         if not self._persist_restored:
             return
+        if self._link.client is not None:
+            # The node saver persisted (or is persisting) the failure's snapshot itself: a DCP
+            # persist of the same step would write into the directory it writes.
+            self._event(
+                "restored_left_to_saver", step, f"step {step} was restored from memory; the node saver persists it"
+            )
+            return
         if self._g.active and self._g.group is None:
             self._event(
                 "restored_not_persisted",
@@ -407,7 +439,7 @@ class ShardedCheckpointer:
         """
         try:
             fmt = json.loads(self.storage.read_bytes(manifest_path(step))).get("format")
-        except (StorageError, ValueError, AttributeError):
+        except Exception:  # any failure is this rank's vote: raising would strand the others
             fmt = None
         votes = self._g.gather_ints([1 if fmt == CHECKPOINT_FORMAT else 0], 1)
         return all(v[0] == 1 for v in votes)
@@ -441,10 +473,11 @@ class ShardedCheckpointer:
         self, step: int, state: Any, split: ShardedSplit, local_tree: Any
     ) -> tuple[str | None, LoadedState | None]:
         """Load a step a node saver wrote rank by rank (see `shard_local`), resharded. Collective."""
-        files, problem = check_per_rank_step(self.storage, self._g, step)
-        if problem is not None:
-            self._event("checksum_mismatch", step, problem)
-            return problem, None
+        check = check_per_rank_step(self.storage, self._g, step)
+        if check.problem is not None:
+            self._event("checksum_mismatch" if check.damaged else "load_failed", step, check.problem)
+            return check.problem, None
+        files = check.files
         try:
             shards = [rank_shards(f.rank, f.path, f.data_start, f.tree, f.specs) for f in files]
             metadata, where = shard_metadata(shards)
@@ -452,12 +485,19 @@ class ShardedCheckpointer:
         except (LayoutError, StateStructureError) as e:  # the same verdict on every rank: same files
             return str(e), None
         self._check_structure(step, tree, list(metadata.state_dict_metadata), local_tree, split)
-        dcp_load(
-            split.dcp,
-            storage_reader=ShardLocalReader(self.storage, metadata, where),
-            process_group=self._g.group,
-            no_dist=not self._g.active,
-        )
+        try:
+            dcp_load(
+                split.dcp,
+                storage_reader=ShardLocalReader(self.storage, metadata, where),
+                process_group=self._g.group,
+                no_dist=not self._g.active,
+            )
+        except CheckpointException as e:
+            # DCP gathers every rank's read errors, so every rank gets here alike. The state may be
+            # part written: the previous step, loaded next, writes all of it again.
+            problem = f"reading it failed after it was verified: {e}"
+            self._event("load_failed", step, problem)
+            return problem, None
         restored = rejoin(state, apply_values(split.local, tree))
         self._last = split
         detail = f"{self._site.where(step)} (step {step}, saved rank by rank by {len(files)} ranks)"
@@ -499,15 +539,25 @@ class ShardedCheckpointer:
                 self._event("load_failed", step, f"rank {self._g.rank}: cannot make a staging directory: {e}")
         if share is None:
             return local
-        names = self._g.gather_bytes(b"" if local is None else local.name.encode())
+        described = b""
+        if local is not None:
+            st = os.stat(local)
+            described = json.dumps([local.name, st.st_dev, st.st_ino]).encode()
+        described = self._g.gather_bytes(described)[share.leader]
         if share.leader == self._g.rank:
             return local
-        leaders = names[share.leader].decode()
-        if not leaders:
-            self._event("load_failed", step, f"rank {share.leader} could not make the node's staging directory")
+        try:
+            name, dev, ino = json.loads(described) if described else (None, 0, 0)
+            assert isinstance(self._site, StagedDcpSite)  # a share exists only for a staged site
+            joined = None if name is None else self._site.joined(name)
+            if joined is not None and (os.stat(joined).st_dev, os.stat(joined).st_ino) != (dev, ino):
+                raise LayoutError(f"{joined} is not the directory rank {share.leader} made")
+        except Exception as e:  # this rank's verdict, agreed on in _check_step
+            self._event("load_failed", step, f"cannot use the node's staging directory: {e}")
             return None
-        assert isinstance(self._site, StagedDcpSite)  # a share exists only for a staged site
-        return self._site.joined(leaders)
+        if joined is None:
+            self._event("load_failed", step, f"rank {share.leader} could not make the node's staging directory")
+        return joined
 
     def _fetch_turn(self, share: NodeShare | None) -> tuple[int, int]:
         """(stride, offset): this rank fetches the files ``i`` of a step with ``i % stride == offset``."""
@@ -833,12 +883,14 @@ class ShardedCheckpointer:
     def _event(self, kind: str, step: int, reason: str) -> None:
         self.events.record(FlashEvent(kind, step, reason, self._clock.wall_time()))
 
-    def close(self, remove: bool | None = None) -> None:
+    def close(self, remove: bool | None = None, job_end: bool = False) -> None:
         """Finish background persists, then close the stager (see `Stager.close`; `remove` unlinks
-        this rank's shared memory)."""
+        this rank's shared memory) and the link to the saver (`job_end`: tell it the job is over,
+        which removes the run's memory; call it on one rank, after every rank's last save)."""
         self._pool.shutdown(wait=True)
         self._pending.clear()
         self.stager.close(remove=remove)
+        self._link.close(job_end)
 
 
 def _exact_views(seg: ShmSegment, data_off: int, specs: tuple[TensorSpec, ...]) -> list[torch.Tensor]:

@@ -25,7 +25,7 @@ import attrs
 import numpy as np
 import torch
 from torch.distributed.checkpoint.default_planner import create_default_local_save_plan
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from dlrover.flashckpt.errors import StateStructureError
 from dlrover.flashckpt.tree import path_name
@@ -151,10 +151,14 @@ def chunk_offsets(key: str, tensor: DTensor) -> list[int] | None:
     """Where this rank's local shard of `tensor` starts in the global tensor, per dimension.
 
     Asked of DCP's own save planning (``create_default_local_save_plan``, public), so the offsets
-    are the ones DCP would write for this shard. None when this rank holds no part of it (not in
-    its mesh) or when its part is not one box the size of its local tensor (strided shardings):
-    such a shard cannot be read back from this rank's local tensor alone.
+    are the ones DCP would write for this shard. None when the shard cannot be read back as one
+    box of the whole tensor from this rank's local tensor alone: a placement other than exactly
+    `Shard` or `Replicate` (a strided shard's rows are not contiguous in the whole tensor; a
+    partial value is not the tensor's), a rank outside the tensor's mesh, or a planned box of
+    another size than the local tensor.
     """
+    if any(type(p) not in (Shard, Replicate) for p in tensor.placements):
+        return None
     items = [i for i in create_default_local_save_plan({key: tensor}, False).items if i.tensor_data is not None]
     if len(items) != 1:
         return None

@@ -1,0 +1,181 @@
+"""A rank's link to its node's saver, however the saver is provided.
+
+Saver modes:
+
+* ``"auto"``: under ``dlrover-run`` (``DLROVER_FLASHCKPT_HOST`` names the agent's `SaverHost`),
+  the agent's saver for this run, which outlives the training process and follows elastic
+  resizes; an unreachable host is an error, never a reason to start another saver. Without it
+  (plain torchrun, one process), a detached saver process, started by the first rank on the node.
+* ``"connect"``: a saver must already listen at the run's socket.
+* ``"none"``: no saver; the checkpointer persists in the training process.
+
+The saver persists what the ranks ask for and, when a training process dies, the newest
+snapshot every rank holds (see `dlrover.flashckpt.saver`).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Literal
+
+from dlrover.common import Clock, ConfigError
+from dlrover.flashckpt.client import DetachedSaverSpec, PersistOutcome, SaverClient, ensure_saver
+from dlrover.flashckpt.config import StagerConfig
+from dlrover.flashckpt.errors import FlashCkptError, SaverUnavailableError
+from dlrover.flashckpt.events import EventLog, FlashEvent
+from dlrover.flashckpt.host import HOST_SOCKET_ENV_VAR, SaverRequest, request_saver
+from dlrover.flashckpt.saver import socket_path
+from dlrover.flashckpt.stager import SealedNotice
+
+__all__ = ["SaverLink", "SaverMode", "check_saver_mode"]
+
+SaverMode = Literal["auto", "connect", "none"]
+
+
+def check_saver_mode(mode: str, storage_dir: str | None) -> None:
+    """Refuse a mode that is not one of `SaverMode`, or ``auto`` without a storage directory.
+
+    Raises:
+        ConfigError: naming the bad value.
+    """
+    if mode not in ("auto", "connect", "none"):
+        raise ConfigError(f"saver must be 'auto', 'connect' or 'none', got {mode!r}")
+    if mode == "auto" and storage_dir is None:
+        raise ConfigError("saver='auto' needs storage_dir for a detached saver")
+
+
+class SaverLink:
+    """Connects a rank to its node's saver (see the module docstring) and keeps it connected.
+
+    Args:
+        config: the rank's stager settings (job, run, rank, world size, shared memory).
+        storage_dir: the POSIX checkpoint directory the saver writes to (``auto`` needs it).
+        mode: ``"auto"``, ``"connect"`` or ``"none"``.
+        events: where saver problems are recorded.
+        clock: time source for event timestamps.
+        idle_exit_s: a detached saver's idle exit time.
+        saver_nice: niceness added to a detached saver.
+        persist_bandwidth_mb_s: a detached saver's persist rate cap in MB/s (0: none).
+        host_timeout_s: bound on the agent's answer to a saver request.
+
+    Raises:
+        ConfigError: a bad mode, ``auto`` without `storage_dir`, or a request the agent cannot take.
+        SaverUnavailableError: (``auto``, ``connect``) no saver can be reached.
+    """
+
+    def __init__(
+        self,
+        config: StagerConfig,
+        storage_dir: str | None,
+        mode: SaverMode,
+        *,
+        events: EventLog,
+        clock: Clock,
+        idle_exit_s: float = 60.0,
+        saver_nice: int = 19,
+        persist_bandwidth_mb_s: float = 0.0,
+        host_timeout_s: float = 180.0,
+    ) -> None:
+        check_saver_mode(mode, storage_dir)
+        self.config = config
+        self.mode: SaverMode = mode
+        self.events = events
+        self._clock = clock
+        self._host_timeout_s = host_timeout_s
+        self._spec: DetachedSaverSpec | None = None
+        self._host: tuple[str, SaverRequest] | None = None
+        self.client: SaverClient | None = None
+        # torchrun's node rank: node 0's saver coordinates the commit.
+        coordinator = os.environ.get("GROUP_RANK", "0") == "0"
+        host_socket = os.environ.get(HOST_SOCKET_ENV_VAR, "") if mode == "auto" else ""
+        if host_socket:
+            assert storage_dir is not None
+            try:
+                request = SaverRequest(
+                    config.job_id,
+                    config.run_id,
+                    config.world_size,
+                    # The agent's working directory may differ from this process's.
+                    os.path.abspath(storage_dir),
+                    coordinator,
+                    shm_dir=os.path.abspath(config.shm_dir),
+                    num_slots=config.num_slots,
+                )
+            except FlashCkptError as e:
+                raise ConfigError(f"cannot ask the agent for a saver: {e}") from None
+            self._host = (host_socket, request)
+            self.client = self._connect()
+        elif mode == "auto":
+            assert storage_dir is not None
+            self._spec = DetachedSaverSpec(
+                config.job_id,
+                config.run_id,
+                config.world_size,
+                storage_dir,
+                config.shm_dir,
+                idle_exit_s,
+                nice=saver_nice,
+                persist_bandwidth_mb_s=persist_bandwidth_mb_s,
+                coordinator=coordinator,
+            )
+            self.client = self._connect()
+        elif mode == "connect":
+            path = socket_path(config.shm_dir, config.job_id, config.run_id)
+            self.client = SaverClient(path, config.rank, config.world_size, events=self.events, clock=self._clock)
+
+    def _connect(self) -> SaverClient:
+        """The run's saver: the agent's (through its host), else a detached one."""
+        if self._host is not None:
+            host_socket, request = self._host
+            hosted = request_saver(host_socket, request, self._host_timeout_s)
+            client = SaverClient(hosted.path, self.config.rank, self.config.world_size, clock=self._clock)
+        else:
+            assert self._spec is not None
+            client = ensure_saver(self._spec, self.config.rank, self._clock)
+        client.events = self.events
+        return client
+
+    def notify_sealed(self, notice: SealedNotice) -> None:
+        """Tell the saver a snapshot is sealed (the stager's ``on_sealed``)."""
+        # The notice only wakes the saver; when the saver is gone a ``saver_lost`` event already
+        # says so, and the next persist request reconnects.
+        if self.client is not None and not self.client.closed:
+            self.client.notify_sealed(notice)
+
+    def request_persist(self, step: int) -> None:
+        """Ask the saver to persist `step`; a lost saver is restarted (``auto``) or reported, never fatal."""
+        assert self.client is not None
+        try:
+            self.client.request_persist(step)
+            return
+        except SaverUnavailableError as e:
+            reason = f"the saver is unreachable ({e})"
+        if self.mode == "auto":
+            try:
+                self.client.close()
+                self.client = self._connect()
+                how = "the agent provided its saver again" if self._host is not None else "a new saver was started"
+                self._record("saver_restarted", step, f"{reason}; {how}")
+                self.client.request_persist(step)
+                return
+            except SaverUnavailableError as e:
+                reason = f"{reason}; restarting it failed ({e})"
+        self._record("persist_failed", step, f"step {step} stays in memory only: {reason}")
+
+    def wait_persisted(self, step: int, timeout_s: float) -> PersistOutcome:
+        """Wait for the saver's answer about persisting `step`.
+
+        Raises:
+            FlashCkptError: there is no saver.
+        """
+        if self.client is None:
+            raise FlashCkptError("no saver: persisting was synchronous")
+        return self.client.wait_persisted(step, timeout_s)
+
+    def close(self, job_end: bool) -> None:
+        """Disconnect; with `job_end`, tell the saver the job is over (it removes the run's memory)."""
+        if self.client is not None:
+            self.client.close(shutdown_saver=job_end)
+
+    def _record(self, kind: str, step: int, reason: str) -> None:
+        self.events.record(FlashEvent(kind, step, reason, self._clock.wall_time()))
