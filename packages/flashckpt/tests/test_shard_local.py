@@ -10,6 +10,8 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch.distributed.checkpoint.metadata import MetadataIndex
+from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, ReadItem
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.tensor import Partial, Replicate
 
@@ -155,3 +157,62 @@ def test_only_plain_shard_and_replicate_placements_get_offsets() -> None:
     # placements before anything else, so a stand-in with placements is enough here.
     stand_in = SimpleNamespace(placements=(Replicate(), Partial()))
     assert chunk_offsets("w", stand_in) is None  # type: ignore[arg-type]
+
+
+class _Planner:
+    """The two calls a StorageReader makes of DCP's load planner, over targets of our own."""
+
+    def __init__(self, targets: dict[str, torch.Tensor]) -> None:
+        self.targets = targets
+        self.committed: list[str] = []
+
+    def resolve_tensor(self, item: ReadItem) -> torch.Tensor:
+        t = self.targets[item.dest_index.fqn]
+        for dim, (o, n) in enumerate(zip(item.dest_offsets, item.lengths, strict=True)):
+            t = t.narrow(dim, o, n)
+        return t
+
+    def commit_tensor(self, item: ReadItem, tensor: torch.Tensor) -> None:
+        self.committed.append(item.dest_index.fqn)
+
+
+def test_the_reader_copies_row_runs_and_other_parts_of_a_chunk() -> None:
+    storage = InMemoryStorage()
+    full = torch.arange(24, dtype=torch.float32).reshape(8, 3)
+    _save_rank_by_rank(storage, 1, {"w": full}, [(0, 4), (4, 8)])
+    reader = _reader(storage, 1)
+    second = MetadataIndex("model.w", torch.Size([4, 0]))  # rank 1's chunk: rows 4..7
+
+    def item(dest: str, dest_at: tuple[int, int], at: tuple[int, int], lengths: tuple[int, int]) -> ReadItem:
+        return ReadItem(
+            LoadItemType.TENSOR, MetadataIndex(dest), torch.Size(dest_at), second, torch.Size(at), torch.Size(lengths)
+        )
+
+    targets = {
+        "rows": torch.zeros(3, 3),  # rows 5..7 of the whole tensor: a run of whole rows of the chunk
+        "cols": torch.zeros(2, 2),  # rows 4..5, columns 1..2: cut from the whole chunk
+        "wider": torch.zeros(2, 3, dtype=torch.float64),  # whole rows into another dtype
+    }
+    plan = LoadPlan(
+        [
+            item("rows", (0, 0), (1, 0), (3, 3)),
+            item("cols", (0, 0), (0, 1), (2, 2)),
+            item("wider", (0, 0), (2, 0), (2, 3)),
+        ]
+    )
+    planner = _Planner(targets)
+    reader.read_data(plan, planner).wait()  # type: ignore[arg-type]
+    assert torch.equal(targets["rows"], full[5:8])
+    assert torch.equal(targets["cols"], full[4:6, 1:3])
+    assert torch.equal(targets["wider"], full[6:8].double())
+    assert planner.committed == ["rows", "cols", "wider"]
+    missing = ReadItem(
+        LoadItemType.TENSOR,
+        MetadataIndex("rows"),
+        torch.Size([0, 0]),
+        MetadataIndex("model.w", torch.Size([2, 0])),
+        torch.Size([0, 0]),
+        torch.Size([1, 3]),
+    )
+    with pytest.raises(LayoutError, match="holds no chunk at"):
+        reader.read_data(LoadPlan([missing]), planner)  # type: ignore[arg-type]

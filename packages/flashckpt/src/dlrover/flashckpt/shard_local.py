@@ -23,7 +23,7 @@ is read from the lowest rank that saved it.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -311,8 +311,13 @@ class ShardLocalReader(StorageReader):
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
         """Copy every read item's part of its saved chunk into the planner's target tensor.
 
+        A part made of whole rows of its chunk (a reshard along the first dimension, as FSDP's
+        is) is read alone, straight into the target when the target can take the bytes; any
+        other part is cut from the whole chunk, read once for the items that follow on it.
+
         Raises:
-            LayoutError: an item names a chunk the step does not hold, or is not a tensor read.
+            LayoutError: an item names a chunk the step does not hold, is not a tensor read, or
+                asks for another shape than its target's.
             StorageError: a file cannot be read.
         """
         cached: tuple[MetadataIndex, torch.Tensor] | None = None
@@ -320,31 +325,56 @@ class ShardLocalReader(StorageReader):
             if item.type is not LoadItemType.TENSOR:
                 raise LayoutError(f"{item.dest_index.fqn!r}: a per-rank sharded step holds tensors only")
             index = MetadataIndex(item.storage_index.fqn, item.storage_index.offset)
-            if cached is None or cached[0] != index:
-                cached = (index, self._read_chunk(index))
-            source = cached[1]
-            for dim, (start, length) in enumerate(zip(item.storage_offsets, item.lengths, strict=True)):
-                source = source.narrow(dim, start, length)
+            rs, chunk = self._locate(index)
             target = planner.resolve_tensor(item).detach()
-            if target.shape != source.shape:
+            if tuple(target.shape) != tuple(item.lengths):
                 raise LayoutError(
-                    f"{item.dest_index.fqn!r}: the planner asked for {list(target.shape)} from a part of "
-                    f"{list(source.shape)}"
+                    f"{item.dest_index.fqn!r}: the planner asked for {list(item.lengths)} into {list(target.shape)}"
                 )
-            with torch.no_grad():
-                target.copy_(source)
+            if _whole_rows(item.storage_offsets, item.lengths, chunk.spec.shape):
+                self._read_rows(rs, chunk, int(item.storage_offsets[0]), target)
+            else:
+                if cached is None or cached[0] != index:
+                    cached = (index, self._read_chunk(rs, chunk))
+                source = cached[1]
+                for dim, (start, length) in enumerate(zip(item.storage_offsets, item.lengths, strict=True)):
+                    source = source.narrow(dim, start, length)
+                with torch.no_grad():
+                    target.copy_(source)
             planner.commit_tensor(item, target)
         done: Future[None] = Future()
         done.set_result(None)
         return done
 
-    def _read_chunk(self, index: MetadataIndex) -> torch.Tensor:
+    def _locate(self, index: MetadataIndex) -> tuple[RankShards, ShardChunk]:
         located = self._where.get(index)
         if located is None:
             raise LayoutError(f"{index.fqn!r}: the step holds no chunk at {list(index.offset or ())}")
-        rs, chunk = located
+        return located
+
+    def _read_chunk(self, rs: RankShards, chunk: ShardChunk) -> torch.Tensor:
         tensor = torch.empty(chunk.spec.shape, dtype=dtype_from_name(chunk.spec.dtype))
         if chunk.spec.nbytes:
             raw = tensor.reshape(-1).view(torch.uint8).numpy()
             self._storage.read_into(rs.path, rs.data_start + chunk.spec.offset, raw.data)
         return tensor
+
+    def _read_rows(self, rs: RankShards, chunk: ShardChunk, first: int, target: torch.Tensor) -> None:
+        """Read rows ``first ..`` of `chunk` (as many as `target` has) into `target`."""
+        dtype = dtype_from_name(chunk.spec.dtype)
+        direct = target.device.type == "cpu" and target.dtype == dtype and target.is_contiguous()
+        buf = target if direct else torch.empty(target.shape, dtype=dtype)
+        if buf.numel():
+            row_bytes = chunk.spec.nbytes // chunk.spec.shape[0]
+            raw = buf.reshape(-1).view(torch.uint8).numpy()
+            self._storage.read_into(rs.path, rs.data_start + chunk.spec.offset + first * row_bytes, raw.data)
+        if not direct:
+            with torch.no_grad():
+                target.copy_(buf)
+
+
+def _whole_rows(offsets: Sequence[int], lengths: Sequence[int], shape: tuple[int, ...]) -> bool:
+    """Whether the part (`offsets`, `lengths`) of a chunk of `shape` is a run of its whole rows."""
+    return len(shape) > 0 and all(
+        o == 0 and n == d for o, n, d in zip(offsets[1:], lengths[1:], shape[1:], strict=True)
+    )
