@@ -2,7 +2,7 @@
 FlashCheckpointer. A killed worker's newest snapshot is persisted by the agent's saver (at once,
 or once its successor has restored) and its successor loads it from memory; a stopped (SIGTERM'd)
 agent persists the newest snapshot, stops its workers and leaves no process or shared memory
-behind."""
+behind, for a ShardedCheckpointer's snapshot too (rank by rank, loadable as a sharded step)."""
 
 from __future__ import annotations
 
@@ -19,9 +19,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from dlrover.common import ConfigError, processes_mentioning
+from dlrover.flashckpt.ckpt_format import CHECKPOINT_FORMAT, manifest_path
 from dlrover.flashckpt.commit import Committer
+from dlrover.flashckpt.config import StagerConfig
+from dlrover.flashckpt.sharded import ShardedCheckpointer
 from dlrover.flashckpt.storage import PosixStorage
 from dlrover.launcher.agent import Agent, AgentConfig, AgentResult
 from dlrover.launcher.fake_control import FakeControlPlane
@@ -84,9 +88,12 @@ WORKER = textwrap.dedent(
 )
 
 
-def _agent(tmp_path: Path, mode: str, control: FakeControlPlane, **kwargs: Any) -> tuple[Agent, Path, str]:
+def _agent(
+    tmp_path: Path, mode: str, control: FakeControlPlane, worker: str = WORKER, **kwargs: Any
+) -> tuple[Agent, Path, str]:
+    """An agent running `worker` with arguments ``OUT MODE JOB SHM``."""
     script = tmp_path / "worker.py"
-    script.write_text(WORKER)
+    script.write_text(worker)
     out = tmp_path / "out"
     out.mkdir()
     shm = tmp_path / "shm"
@@ -174,6 +181,66 @@ def test_a_stopped_agent_persists_the_newest_step_and_leaves_nothing(tmp_path: P
     tracker = Committer(PosixStorage(out / "ckpt")).tracker()
     assert tracker is not None
     assert tracker.step == 3
+    _assert_nothing_left(tmp_path, job)
+
+
+SHARDED_WORKER = textwrap.dedent(
+    """
+    import json, os, sys, time
+    import torch
+    from dlrover.flashckpt import StagerConfig
+    from dlrover.flashckpt.sharded import ShardedCheckpointer
+
+    out, _, job, shm = sys.argv[1:5]
+    ckpt = ShardedCheckpointer(
+        StagerConfig(job_id=job, run_id="r", shm_dir=shm, copy_threads=1), os.path.join(out, "ckpt"), saver="auto"
+    )
+    state = {"model": {"w": torch.zeros(4096)}, "step": 0}
+    for step in (1, 2, 3):  # memory only: nobody asks to persist
+        state["model"]["w"].fill_(float(step))
+        state["step"] = step
+        assert ckpt.save(step, state).saved
+        ckpt.stager.flush()
+    with open(os.path.join(out, "ready"), "w") as f:
+        json.dump({"saver_pid": ckpt.client.saver_pid}, f)
+    time.sleep(600)  # wait for the agent's SIGTERM
+    """
+)
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(180)
+def test_a_stopped_agent_persists_a_sharded_checkpointers_newest_step_rank_by_rank(tmp_path: Path) -> None:
+    control = FakeControlPlane()
+    agent, out, job = _agent(tmp_path, "stop", control, worker=SHARDED_WORKER)
+    outcome: list[AgentResult] = []
+    thread = threading.Thread(target=lambda: outcome.append(agent.run()))
+    thread.start()
+    try:
+        _wait_for(lambda: (out / "ready").exists() or not thread.is_alive(), "the worker saved step 3")
+    finally:
+        agent.request_stop("received SIGTERM")  # a preemption: the workers go, step 3 is only in memory
+        thread.join(WAIT_S)
+    assert not thread.is_alive()
+    assert outcome[0].exit_code == 143, (outcome[0].reason, _logs(tmp_path))
+    assert json.loads((out / "ready").read_text())["saver_pid"] == os.getpid()  # the agent's saver
+    # The agent's saver persisted step 3 from memory in the per-rank format, and it loads as a
+    # sharded step (here one rank's plain tensors) into a fresh state.
+    storage = PosixStorage(out / "ckpt")
+    tracker = Committer(storage).tracker()
+    assert tracker is not None
+    assert tracker.step == 3
+    assert json.loads(storage.read_bytes(manifest_path(3)))["format"] == CHECKPOINT_FORMAT
+    reader = ShardedCheckpointer(
+        StagerConfig(job_id=job + "x", run_id="r", shm_dir=str(tmp_path / "shm")), out / "ckpt"
+    )
+    try:
+        state = {"model": {"w": torch.zeros(4096)}, "step": 0}
+        loaded = reader.load(state, from_memory=False)
+        assert (loaded.source, loaded.step, state["step"]) == ("storage", 3, 3)
+        assert bool((state["model"]["w"] == 3.0).all())
+    finally:
+        reader.close(remove=True)
     _assert_nothing_left(tmp_path, job)
 
 
