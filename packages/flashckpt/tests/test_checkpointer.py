@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -87,6 +88,29 @@ def test_tied_weights_are_stored_once_and_stay_tied(job_id: str, tmp_path: Path)
         assert torch.equal(untied["emb"].weight, model["emb"].weight)
     finally:
         again.close(job_end=True)
+
+
+def test_a_tie_the_snapshot_does_not_hold_keeps_the_first_value_and_says_so(
+    job_id: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    untied = torch.nn.ModuleDict({"emb": torch.nn.Embedding(64, 32), "head": torch.nn.Linear(32, 64, bias=False)})
+    ckpt = FlashCheckpointer(StagerConfig(job_id=job_id, run_id="r"), str(tmp_path), saver="none")
+    try:
+        ckpt.save(1, {"model": untied.state_dict()}, persist=True)
+        for source in ("memory", "storage"):
+            tied = _tied_model(3)
+            if source == "storage":
+                ckpt.close(job_end=True)  # the memory goes: storage it is
+                ckpt = FlashCheckpointer(StagerConfig(job_id=job_id, run_id="r"), str(tmp_path), saver="none")
+            with caplog.at_level(logging.WARNING, logger="dlrover.flashckpt"):
+                loaded = ckpt.load(target={"model": tied.state_dict()})
+            assert loaded.source == source
+            assert torch.equal(tied["emb"].weight, untied["emb"].weight)  # the first name's value, in both
+            assert any("'model/head.weight' (kept 'model/emb.weight')" in r.getMessage() for r in caplog.records)
+            caplog.clear()
+        assert any(e.kind == "tie_conflict" for e in ckpt.events.snapshot())
+    finally:
+        ckpt.close(job_end=True)
 
 
 def test_close_keeps_memory_and_only_job_end_removes_it(job_id: str, tmp_path: Path) -> None:

@@ -223,3 +223,23 @@ def test_a_done_marker_of_another_kind_is_waited_for_not_committed(tmp_path: Pat
     persist_rank(storage, payload_from_state(3, 1, 2, _rank_state(3, 1)))  # the saver replaces it
     assert Committer(storage).try_commit(3, 2).commit
     assert StorageReader(storage).load(1, 2).step == 3
+
+
+def test_the_tracker_never_moves_back_when_another_writer_commits_meanwhile() -> None:
+    storage = InMemoryStorage()
+    for rank in range(2):
+        persist_rank(storage, payload_from_state(2, rank, 2, _rank_state(2, rank)))
+        persist_rank(storage, payload_from_state(3, rank, 2, _rank_state(3, rank)))
+
+    def newer_commit_lands_first(path: str) -> None:
+        # Another writer (the training processes' own persist) commits step 3 while this one
+        # commits step 2: between its decision and its tracker write.
+        if path == manifest_path(2):
+            storage.before_write = None
+            assert Committer(storage).try_commit(3, 2).commit
+
+    storage.before_write = newer_commit_lands_first
+    decision = Committer(storage).try_commit(2, 2)
+    assert not decision.commit
+    assert "step 3 was committed meanwhile" in decision.reason
+    assert Committer(storage).tracker() == Tracker(3, 2)

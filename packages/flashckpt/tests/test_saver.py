@@ -19,6 +19,8 @@ from dlrover.flashckpt.channel import MAX_FRAME_BYTES, ChannelError, recv_messag
 from dlrover.flashckpt.client import SaverClient
 from dlrover.flashckpt.commit import Committer, Tracker
 from dlrover.flashckpt.config import StagerConfig
+from dlrover.flashckpt.payloads import payload_from_state
+from dlrover.flashckpt.persist import persist_rank
 from dlrover.flashckpt.saver import Saver, SaverConfig
 from dlrover.flashckpt.saver_core import HeldFailure, choose_failure_step, failure_persist_due
 from dlrover.flashckpt.segment import remove_run
@@ -273,6 +275,23 @@ def test_persist_on_failure_commits_newest_common_step(node: Node) -> None:
     assert Committer(node.storage).tracker() == Tracker(2, 2)
     for rank in range(2):
         assert StorageReader(node.storage).load(rank, 2).state["s"] == 2
+
+
+def test_a_failure_persist_writes_nothing_for_a_step_storage_committed_already(node: Node) -> None:
+    # The training processes persisted step 2 themselves (a sharded job's DCP persist, here a
+    # plain commit written beside the saver), then died holding nothing newer.
+    for rank in range(2):
+        node.save(rank, 2)
+        persist_rank(node.storage, payload_from_state(2, rank, 2, {"w": torch.zeros(1), "s": 2}))
+    assert Committer(node.storage).try_commit(2, 2).commit
+    writes: list[str] = []
+    node.storage.before_write = writes.append
+    node.kill(0)
+    _wait_until(lambda: "failure_persist" in node.saver.events.kinds())
+    (event,) = [e for e in node.saver.events.snapshot() if e.kind == "failure_persist"]
+    assert "not newer than the committed step 2" in event.reason
+    assert writes == []  # the committed step is not written over
+    assert "persisted" not in node.saver.events.kinds()
 
 
 def test_a_peer_stopped_after_a_failure_queues_no_second_failure_persist(node: Node) -> None:

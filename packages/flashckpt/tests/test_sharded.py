@@ -21,7 +21,8 @@ from hypothesis import strategies as st
 from torch.distributed.checkpoint.filesystem import FileSystemReader
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 
-from dlrover.flashckpt.ckpt_format import TRACKER_PATH, manifest_path
+from dlrover.common import processes_mentioning
+from dlrover.flashckpt.ckpt_format import TRACKER_PATH, manifest_path, safetensors_path
 from dlrover.flashckpt.commit import Committer, RetentionPolicy, Tracker
 from dlrover.flashckpt.config import StagerConfig
 from dlrover.flashckpt.dcp_store import checksum_file, checksum_owners, manifest_doc, parse_manifest, verify_file
@@ -33,9 +34,12 @@ from dlrover.flashckpt.errors import (
     StateStructureError,
     StorageError,
 )
+from dlrover.flashckpt.payloads import payload_from_slot
+from dlrover.flashckpt.persist import persist_rank
 from dlrover.flashckpt.segment import ShmSegment, remove_run, segment_path
 from dlrover.flashckpt.sharded import ShardedCheckpointer
 from dlrover.flashckpt.sharded_state import dcp_grouped, rejoin, skeleton, split_sharded
+from dlrover.flashckpt.slotio import read_header
 from dlrover.flashckpt.storage import PosixStorage
 from dlrover.flashckpt.tree import flatten_state
 
@@ -282,6 +286,52 @@ def test_memory_restore_is_in_place(ckpt: ShardedCheckpointer) -> None:
     assert loaded.state is target
     assert [t.data_ptr() for t in split_sharded(target).dcp.values()] == ptrs
     assert same_bits(target, _state(2.0))
+
+
+def _node_saver_writes(c: ShardedCheckpointer, step: int) -> None:
+    """What a node saver does with this rank's snapshot of `step`: write it rank by rank."""
+    seg, header = _held_slot(c, step)
+    try:
+        persist_rank(c.storage, payload_from_slot(seg, header, 0, 1))
+    finally:
+        seg.unlock()
+        seg.close()
+
+
+def _held_slot(c: ShardedCheckpointer, step: int) -> tuple[ShmSegment, Any]:
+    cfg = c.config
+    for slot in range(cfg.num_slots):
+        seg = ShmSegment.attach(segment_path(cfg.shm_dir, cfg.job_id, cfg.run_id, 0, slot))
+        header = read_header(seg)
+        if header is not None and header.step == step and seg.try_lock(exclusive=False):
+            return seg, header
+        seg.close()
+    raise AssertionError(f"step {step} is not in memory")
+
+
+def test_a_dcp_persist_leaves_a_step_a_node_saver_is_writing_alone(ckpt: ShardedCheckpointer) -> None:
+    _save(ckpt, 1, persist=False)
+    _node_saver_writes(ckpt, 1)  # its done marker is written; the commit has not happened yet
+    decision = ckpt.persist(1)
+    assert not decision.commit
+    assert "being persisted rank by rank by a node saver" in decision.reason
+    assert ckpt.storage.exists(safetensors_path(1, 0))  # its files were not cleared
+    assert Committer(ckpt.storage).try_commit(1, 1).commit  # and the saver's commit goes through
+    loaded = ckpt.load(_state(0.0), from_memory=False)
+    assert (loaded.source, loaded.step) == ("storage", 1)
+
+
+def test_a_step_saved_rank_by_rank_with_other_shapes_is_refused_before_anything_is_written(
+    ckpt: ShardedCheckpointer,
+) -> None:
+    _save(ckpt, 1, persist=False)
+    _node_saver_writes(ckpt, 1)
+    assert Committer(ckpt.storage).try_commit(1, 1).commit
+    other = _state(5.0)
+    other["model"]["0.weight"] = torch.full((5, 3), 5.0)  # same structure, another shape
+    with pytest.raises(StateStructureError, match=r"'model\.0\.weight' with shape \[4, 3\]"):
+        ckpt.load(other, from_memory=False)
+    assert bool((other["model"]["0.weight"] == 5.0).all())  # nothing was written
 
 
 def test_a_step_restored_from_memory_is_persisted_in_the_background(ckpt: ShardedCheckpointer) -> None:
@@ -601,3 +651,53 @@ def test_fsdp2_processes_die_and_the_node_saver_persists_their_step_loadable_res
         assert e["full"] == full[2]
         assert any(k == "fallback" and corrupted in reason for k, _, reason in e["events"])
     assert not list(Path("/dev/shm").glob(f"dlrover-fc.{job_id}.*"))
+
+
+PARTIAL_WITH_SAVER = """
+import os, sys, tempfile
+import torch, torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor, Partial, Shard
+from dlrover.flashckpt.config import StagerConfig
+from dlrover.flashckpt.errors import StateStructureError
+from dlrover.flashckpt.sharded import ShardedCheckpointer
+
+job, storage, init = sys.argv[1:4]
+dist.init_process_group("gloo", init_method=init, rank=0, world_size=1)
+mesh = init_device_mesh("cpu", (1,))
+state = {
+    "w": DTensor.from_local(torch.ones(4), mesh, [Shard(0)]),
+    "p": DTensor.from_local(torch.ones(4), mesh, [Partial()]),
+}
+ckpt = ShardedCheckpointer(StagerConfig(job_id=job, run_id="r"), storage, saver="auto")
+try:
+    ckpt.save(1, state)
+except StateStructureError as e:
+    print("refused:", e)
+else:
+    print("saved")
+finally:
+    ckpt.close(remove=True, job_end=True)
+    dist.destroy_process_group()
+"""
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(90)
+def test_with_a_node_saver_a_layout_its_files_cannot_place_is_refused_at_save(job_id: str, tmp_path: Path) -> None:
+    script = tmp_path / "partial.py"
+    script.write_text(PARTIAL_WITH_SAVER)
+    try:
+        proc = subprocess.run(
+            [sys.executable, str(script), job_id, str(tmp_path / "ck"), f"file://{tmp_path / 'pg'}"],
+            capture_output=True,
+            text=True,
+            timeout=80,
+            check=False,
+        )
+    finally:
+        remove_run("/dev/shm", job_id, "r")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "refused: with a node saver (saver='auto') every DTensor must be placed by Shard or Replicate" in proc.stdout
+    assert "'p' has ['P(sum)']" in proc.stdout
+    assert not processes_mentioning(job_id)  # the detached saver was told the job ended

@@ -14,7 +14,7 @@ from flashckpt_testlib import same_bits
 from dlrover.flashckpt.errors import LayoutError, StateStructureError
 from dlrover.flashckpt.layout import ALIGN, SlotHeader, SlotState, decode_manifest, encode_manifest
 from dlrover.flashckpt.planner import plan_layout
-from dlrover.flashckpt.restore import apply_values, match_targets
+from dlrover.flashckpt.restore import apply_values, match_targets, tie_conflicts
 from dlrover.flashckpt.tree import build_tree, decode_scalar, flatten_state
 
 
@@ -52,8 +52,8 @@ def test_restore_keeps_container_types() -> None:
     flat = flatten_state(saved)
     specs = plan_layout(flat, 0).specs
     target = OrderedDict(p=Point(torch.zeros(2), 0), n=[0, 0])
-    places = match_targets(target, flat.tree, specs)
-    for (dst,), leaf in zip(places, flat.leaves, strict=True):
+    plan = match_targets(target, flat.tree, specs)
+    for (dst,), leaf in zip(plan.places, flat.leaves, strict=True):
         dst.copy_(leaf.tensor)
     out = apply_values(target, flat.tree)
     assert out is target
@@ -105,15 +105,22 @@ def test_restoring_ties_into_tied_and_untied_states() -> None:
     assert len(specs) == 1
     # Into a state that keeps the tie: its memory is written once.
     tied = torch.zeros(6)
-    assert match_targets({"a": tied, "b": tied.detach()}, flat.tree, specs) == [[tied]]
+    plan = match_targets({"a": tied, "b": tied.detach()}, flat.tree, specs)
+    assert (plan.places, plan.shadowed) == ([[tied]], ())
     # Into a state whose tensors are apart: each place is written.
     a, b = torch.zeros(6), torch.zeros(6)
-    (places,) = match_targets({"a": a, "b": b}, flat.tree, specs)
+    (places,) = match_targets({"a": a, "b": b}, flat.tree, specs).places
     assert [p is t for p, t in zip(places, (a, b), strict=True)] == [True, True]
     # A snapshot that stored tied tensors apart: the first in tree order writes the shared memory.
     untied = flatten_state({"a": torch.ones(6), "b": torch.full((6,), 2.0)})
-    places = match_targets({"a": tied, "b": tied}, untied.tree, plan_layout(untied, 0).specs)
-    assert places == [[tied], []]
+    untied_specs = plan_layout(untied, 0).specs
+    plan = match_targets({"a": tied, "b": tied}, untied.tree, untied_specs)
+    assert (plan.places, plan.shadowed) == ([[tied], []], ((1, 0),))
+    # ... and says so when the values it did not keep differ from those it kept.
+    assert tie_conflicts(plan, untied_specs, lambda j, i: False) is None
+    conflict = tie_conflicts(plan, untied_specs, lambda j, i: True)
+    assert conflict is not None
+    assert "'b' (kept 'a')" in conflict
     # A tensor of the snapshot with no place at all is still refused.
     with pytest.raises(StateStructureError, match="no place"):
         match_targets(

@@ -31,7 +31,7 @@ from dlrover.flashckpt.ckpt_format import (
     safetensors_path,
     step_dir,
 )
-from dlrover.flashckpt.errors import LayoutError, StorageError
+from dlrover.flashckpt.errors import FlashCkptError, LayoutError, StorageError
 from dlrover.flashckpt.storage.base import Storage
 
 _log = logging.getLogger(__name__)
@@ -185,6 +185,28 @@ class Committer:
                 ranks.add(int(m.group(1)))
         return ranks
 
+    def newer_tracker(self, step: int) -> int | None:
+        """The tracker's step if it is at or past `step` now (another writer committed since the
+        caller decided), else None; read right before a tracker write, so that the tracker never
+        moves back. An unreadable tracker counts as none."""
+        try:
+            tracker = self.tracker()
+        except FlashCkptError:
+            return None
+        return tracker.step if tracker is not None and tracker.step >= step else None
+
+    def per_rank_done(self, step: int) -> set[int]:
+        """Ranks whose done marker for `step` is a per-rank persist's (`persist.persist_rank`)."""
+        done = set()
+        for rank in self.done_ranks(step):
+            try:
+                doc = load_json_any(self.storage.read_bytes(done_path(step, rank)), done_path(step, rank))
+            except FlashCkptError:
+                continue
+            if _is_rank_done(doc):
+                done.add(rank)
+        return done
+
     def try_commit(self, step: int, world_size: int) -> CommitDecision:
         """Commit `step` if every rank is done and it is newer than the tracker.
 
@@ -226,6 +248,9 @@ class Committer:
             "ranks": ranks,
         }
         self.storage.write_file(manifest_path(step), [dump_json(doc)])
+        newer = self.newer_tracker(step)
+        if newer is not None:
+            return CommitDecision(False, f"step {step} is complete, but step {newer} was committed meanwhile")
         tracker = {"format": TRACKER_FORMAT, "version": FORMAT_VERSION, "step": step, "world_size": world_size}
         self.storage.write_file(TRACKER_PATH, [dump_json(tracker)])
         if self.retention is not None:

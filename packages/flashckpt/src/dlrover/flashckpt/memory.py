@@ -8,6 +8,7 @@ single byte reaches the caller's tensors, so a corrupt snapshot changes nothing.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import attrs
@@ -16,8 +17,8 @@ from dlrover.common import Clock, SystemClock
 from dlrover.flashckpt.config import StagerConfig
 from dlrover.flashckpt.copier import Copier
 from dlrover.flashckpt.errors import ChecksumError, FlashCkptError, NoCheckpointError
-from dlrover.flashckpt.layout import SlotHeader, SlotState
-from dlrover.flashckpt.restore import apply_values, match_targets
+from dlrover.flashckpt.layout import SlotHeader, SlotState, TensorSpec
+from dlrover.flashckpt.restore import apply_values, match_targets, tie_conflicts
 from dlrover.flashckpt.segment import ShmSegment, segment_path
 from dlrover.flashckpt.slotio import (
     compute_checksums,
@@ -30,6 +31,8 @@ from dlrover.flashckpt.slotio import (
 from dlrover.flashckpt.tree import build_tree
 
 __all__ = ["LoadedState", "MemoryReader", "MemorySnapshot"]
+
+_log = logging.getLogger(__name__)
 
 
 @attrs.frozen
@@ -142,7 +145,7 @@ class MemoryReader:
         own = copier or Copier(self.config.copy_threads, self.config.copy_chunk_bytes)
         try:
             # Structure first (cheap), then checksums, then copies: a failure changes nothing.
-            targets = match_targets(target, tree, specs) if target is not None else None
+            plan = match_targets(target, tree, specs) if target is not None else None
             if header.state is SlotState.SEALED and self.config.verify_on_load:
                 expected = read_checksums(seg, header)
                 actual = compute_checksums(seg, header.data_off, specs, own.map)
@@ -151,14 +154,32 @@ class MemoryReader:
                         raise ChecksumError(f"tensor {spec.name!r} in {seg.path} does not match its checksum")
                 verified = True
             views = tensor_views(seg, header.data_off, specs)
-            if targets is None:
+            conflict = None
+            if plan is None:
                 state = build_tree(tree, [v.clone() for v in views])
             else:
-                own.copy([(t, view) for ts, view in zip(targets, views, strict=True) for t in ts])
+                conflict = tie_conflicts(
+                    plan, specs, lambda j, i: not _same_bytes(seg, header.data_off, specs[j], specs[i])
+                )
+                own.copy([(t, view) for ts, view in zip(plan.places, views, strict=True) for t in ts])
                 state = apply_values(target, tree)
             del views
         finally:
             if copier is None:
                 own.close()
         detail = f"slot file {seg.path.name} seq {header.seq}" + ("" if verified else " (checksums not verified)")
+        if conflict is not None:
+            _log.warning("restoring step %d from memory: %s", header.step, conflict)
+            detail += f"; {conflict}"
         return LoadedState(state, header.step, "memory", verified, detail)
+
+
+def _same_bytes(seg: ShmSegment, data_off: int, a: TensorSpec, b: TensorSpec) -> bool:
+    """Whether two tensors of a slot hold the same bytes (compared in place, nothing copied)."""
+    if (a.dtype, a.shape) != (b.dtype, b.shape):
+        return False
+    with memoryview(seg.mm) as whole:
+        return (
+            whole[data_off + a.offset : data_off + a.offset + a.nbytes]
+            == whole[data_off + b.offset : data_off + b.offset + b.nbytes]
+        )

@@ -8,9 +8,10 @@ leaves into the existing containers (tuples, being immutable, are rebuilt).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, MutableMapping, MutableSequence
+from collections.abc import Callable, Mapping, MutableMapping, MutableSequence
 from typing import Any
 
+import attrs
 import numpy as np
 import torch
 
@@ -19,7 +20,7 @@ from dlrover.flashckpt.errors import StateStructureError
 from dlrover.flashckpt.layout import TensorSpec
 from dlrover.flashckpt.tree import alias_key, decode_scalar, path_name
 
-__all__ = ["apply_values", "match_targets"]
+__all__ = ["TargetPlan", "apply_values", "match_targets", "tie_conflicts"]
 
 JsonNode = dict[str, Any]
 
@@ -68,7 +69,24 @@ def _check_tensor(obj: Any, kind: str, spec: TensorSpec, where: str) -> torch.Te
     return tensor
 
 
-def match_targets(target: Any, tree: JsonNode, specs: tuple[TensorSpec, ...]) -> list[list[torch.Tensor]]:
+@attrs.frozen
+class TargetPlan:
+    """Where each tensor of a snapshot goes in an existing state (see `match_targets`).
+
+    Attributes:
+        places: for each tensor index, the target tensors it writes (NumPy arrays as CPU tensor
+            views of their memory); empty when an earlier index writes the same memory.
+        shadowed: (index, earlier index) for every tensor one of whose places is the same memory
+            as an earlier tensor's: the state ties them, the snapshot stored them apart. Its
+            values are not written there; where they differ from the earlier tensor's, the
+            caller says so.
+    """
+
+    places: list[list[torch.Tensor]]
+    shadowed: tuple[tuple[int, int], ...]
+
+
+def match_targets(target: Any, tree: JsonNode, specs: tuple[TensorSpec, ...]) -> TargetPlan:
     """Pair every tensor of a snapshot with the existing tensors it restores into.
 
     A snapshot tensor named at several places of the tree (tied weights saved once) restores into
@@ -82,15 +100,15 @@ def match_targets(target: Any, tree: JsonNode, specs: tuple[TensorSpec, ...]) ->
         specs: the snapshot's tensor specs (dtype and shape are checked).
 
     Returns:
-        For each tensor index, the target tensors it writes (NumPy arrays as CPU tensor views of
-        their memory); empty when an earlier index writes the same memory.
+        The places of every tensor, and the tensors shadowed by an earlier one.
 
     Raises:
         StateStructureError: the structures differ; the message names the first differing path.
     """
     found: list[list[torch.Tensor]] = [[] for _ in specs]
     placed = [False] * len(specs)
-    claimed: set[Any] = set()
+    claimed: dict[Any, int] = {}
+    shadowed: dict[int, int] = {}
 
     def place(index: int, tensor: torch.Tensor) -> None:
         placed[index] = True
@@ -98,8 +116,10 @@ def match_targets(target: Any, tree: JsonNode, specs: tuple[TensorSpec, ...]) ->
         if key is None:
             key = ("object", id(tensor))
         if key not in claimed:
-            claimed.add(key)
+            claimed[key] = index
             found[index].append(tensor)
+        elif claimed[key] != index:
+            shadowed.setdefault(index, claimed[key])
 
     def visit(obj: Any, node: Any, path: tuple[Any, ...]) -> None:
         kind, value = _kind(node, path)
@@ -124,7 +144,25 @@ def match_targets(target: Any, tree: JsonNode, specs: tuple[TensorSpec, ...]) ->
     missing = [i for i, ok in enumerate(placed) if not ok]
     if missing:
         raise StateStructureError(f"snapshot tensors {[specs[i].name for i in missing]} have no place in the state")
-    return found
+    return TargetPlan(found, tuple(shadowed.items()))
+
+
+def tie_conflicts(plan: TargetPlan, specs: tuple[TensorSpec, ...], differ: Callable[[int, int], bool]) -> str | None:
+    """A sentence naming the shadowed tensors whose values were not kept, or None.
+
+    Args:
+        plan: from `match_targets`.
+        specs: the snapshot's tensor specs (for their names).
+        differ: whether snapshot tensors ``j`` and ``i`` hold different values.
+    """
+    lost = [(j, i) for j, i in plan.shadowed if differ(j, i)]
+    if not lost:
+        return None
+    pairs = ", ".join(f"{specs[j].name!r} (kept {specs[i].name!r})" for j, i in lost)
+    return (
+        f"the state ties tensors the snapshot holds apart with different values; their memory keeps the "
+        f"first one's: {pairs}"
+    )
 
 
 def apply_values(target: Any, tree: JsonNode) -> Any:

@@ -509,10 +509,24 @@ class Saver:
         """Persist one rank's snapshot of `step` from memory. Returns (ok, reason)."""
         if (rank, step) in self._persisted:
             return True, f"rank {rank} step {step} was already persisted"
+        committed = self._committed_already(step)
+        if committed is not None:
+            return True, committed
         held = self._hold_snapshot(rank, step)
         if isinstance(held, str):
             return False, held
         return self._persist_held(rank, step, held)
+
+    def _committed_already(self, step: int) -> str | None:
+        """Why `step` needs no writing: storage committed it or a newer step (by any writer:
+        the training processes persist too); None when it may be written."""
+        try:
+            tracker = self.committer.tracker()
+        except FlashCkptError:
+            return None  # an unreadable tracker is replaced by the next commit
+        if tracker is not None and step <= tracker.step:
+            return f"step {step} is not newer than the committed step {tracker.step}"
+        return None
 
     def _hold_snapshot(self, rank: int, step: int) -> _HeldSnapshot | str:
         """Find `rank`'s complete snapshot of `step` in memory and hold it (a shared lock), so no
@@ -656,8 +670,11 @@ class Saver:
         held = {r: self.held_steps(r) for r in ranks}
         persisted = {s for s in {s for _, s in self._persisted} if all((r, s) in self._persisted for r in ranks)}
         step, reason = choose_failure_step(held, ranks, persisted, preferred)
+        committed = None if step is None else self._committed_already(step)
+        if committed is not None:
+            reason = f"{reason}; nothing to write: {committed}"
         self._record("failure_persist", -1 if step is None else step, reason)
-        if step is None:
+        if step is None or committed is not None:
             return
         # Every rank's snapshot is held before the first is written: the restarted processes stage
         # into their other slot meanwhile, and cannot write over a rank still waiting its turn

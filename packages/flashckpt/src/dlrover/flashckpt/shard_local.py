@@ -263,10 +263,11 @@ class ShardLocalReader(StorageReader):
     """A DCP ``StorageReader`` over a step saved rank by rank (see the module docstring).
 
     Pass it to ``torch.distributed.checkpoint.load(state_dict, storage_reader=...)`` on every
-    rank; the planner reshards. Each needed chunk is read whole from storage once per request
-    (`Storage.read_into`, into a fresh CPU tensor) and the needed part copied into the target.
-    Checksums are the caller's to verify before (a damaged byte must make the step fall back,
-    not fail the load half way).
+    rank; the planner reshards. A part made of whole rows of a saved chunk is read alone
+    (`Storage.read_into`, straight into the target when it can take the bytes); any other part is
+    cut from the whole chunk, read once for the items that follow on it. Checksums are the
+    caller's to verify before (a damaged byte must make the step fall back, not fail the load
+    half way).
 
     Args:
         storage: where the files are.

@@ -183,11 +183,14 @@ class ShardedCheckpointer:
         staging: where a non-POSIX `storage` is staged on local disk (default `StagingConfig()`:
             the system temp dir); not used for POSIX storage, which DCP writes in place.
         saver: the node saver (see `saver_link`; ``"none"``, the default, has none). With one
-            (``"auto"`` under ``dlrover-run`` uses the agent's), a training process that dies
-            leaves its snapshot to the saver, which persists the newest step every rank holds
-            rank by rank (`shard_local`), loadable resharded: the step reaches storage even if
-            the processes never come back. `persist_restored` is then left to the saver. Needs
-            POSIX storage (`storage_dir`).
+            (``"auto"`` under ``dlrover-run`` uses the agent's), when a training process dies the
+            saver persists the newest step every rank holds, rank by rank (`shard_local`),
+            loadable resharded, unless storage committed it or a newer step already (a failure
+            persist the saver holds back, `failure_persist_hold_s`, waits for the restart; a
+            process that closes cleanly leaves nothing to persist). `persist_restored` then asks
+            the saver for the restored step instead of writing it with DCP. Every DTensor must
+            be placed by `Shard` or `Replicate` only (`save` refuses others). Needs POSIX
+            storage (`storage_dir`).
         persist_restored: when `load` restores a step from memory (the processes restarted, after
             a failure as a rule), persist it in the background unless storage already has it,
             as the plain checkpointer's node saver persists a failure's snapshot: a sharded
@@ -300,6 +303,12 @@ class ShardedCheckpointer:
             if layout not in self._offsets:
                 self._offsets[layout] = chunk_offsets(key, tensor)
             info["offsets"] = self._offsets[layout]
+            if info["offsets"] is None and self._link.client is not None and tensor.to_local().numel():
+                raise StateStructureError(
+                    f"with a node saver (saver={self._link.mode!r}) every DTensor must be placed by Shard or "
+                    f"Replicate only, so that the saver's files load again: {key!r} has {list(info['placements'])}; "
+                    "use saver='none'"
+                )
         return desc
 
     def _snapshot_sharding(self, slot: int) -> tuple[int, dict[str, Any]] | None:
@@ -387,11 +396,12 @@ class ShardedCheckpointer:
         if not self._persist_restored:
             return
         if self._link.client is not None:
-            # The node saver persisted (or is persisting) the failure's snapshot itself: a DCP
+            # The node saver writes this step rank by rank, as it did (or is doing) for the failure
+            # it came from, unless it persisted it or storage committed it already (a process
+            # that exited cleanly, or a held failure persist, left it only in memory). A DCP
             # persist of the same step would write into the directory it writes.
-            self._event(
-                "restored_left_to_saver", step, f"step {step} was restored from memory; the node saver persists it"
-            )
+            self._event("persist_restored", step, f"step {step} was restored from memory; asking the node saver")
+            self._link.request_persist(step)
             return
         if self._g.active and self._g.group is None:
             self._event(
@@ -415,6 +425,11 @@ class ShardedCheckpointer:
         candidates = sorted((s for s in committed if tracker is None or s <= tracker.step), reverse=True)
         if tracker is not None and tracker.step not in committed:
             self._event("fallback", tracker.step, f"the tracker names step {tracker.step}, which is missing")
+        if self._g.active:
+            # Rank 0's list for all: a saver may commit a step while the ranks list theirs, and
+            # ranks trying different steps would pair up their collectives across steps.
+            mine = json.dumps(candidates).encode() if self._g.rank == 0 else b""
+            candidates = [int(x) for x in json.loads(self._g.gather_bytes(mine)[0])]
         local_tree = flatten_state(split.local).tree
         reasons = []
         share = self._node_share()
@@ -482,9 +497,10 @@ class ShardedCheckpointer:
             shards = [rank_shards(f.rank, f.path, f.data_start, f.tree, f.specs) for f in files]
             metadata, where = shard_metadata(shards)
             tree, _ = state_node_of(files[0].tree)
-        except (LayoutError, StateStructureError) as e:  # the same verdict on every rank: same files
-            return str(e), None
+        except Exception as e:  # the same verdict on every rank: the same files were checked
+            return f"its layout cannot be read: {e}", None
         self._check_structure(step, tree, list(metadata.state_dict_metadata), local_tree, split)
+        _check_shapes(step, metadata, split)
         try:
             dcp_load(
                 split.dcp,
@@ -719,6 +735,8 @@ class ShardedCheckpointer:
                 tracker = None  # a new commit replaces an unreadable tracker
             if tracker is not None and step <= tracker.step:
                 go = 0
+            elif self._committer.per_rank_done(step):
+                go = -2  # a node saver is writing this step rank by rank: clearing it would lose that
             else:
                 try:
                     self.storage.remove_tree(step_dir(step))  # leftovers of an attempt that crashed
@@ -728,7 +746,11 @@ class ShardedCheckpointer:
         go = self._g.broadcast_int(go)
         if go == 1:
             return None
-        why = "is not newer than the committed step" if go == 0 else "cannot be cleared of leftovers"
+        why = {
+            0: "is not newer than the committed step",
+            -1: "cannot be cleared of leftovers",
+            -2: "is being persisted rank by rank by a node saver",
+        }[go]
         return CommitDecision(False, f"step {step} {why}")
 
     @contextlib.contextmanager
@@ -869,6 +891,9 @@ class ShardedCheckpointer:
             sharding=sharding,
         )
         self.storage.write_file(manifest_path(step), [dump_json(man)])
+        newer = self._committer.newer_tracker(step)
+        if newer is not None:  # a node saver committed a newer step meanwhile: the tracker stays there
+            return CommitDecision(False, f"step {step} is complete, but step {newer} was committed meanwhile")
         tracker = {"format": TRACKER_FORMAT, "version": FORMAT_VERSION, "step": step, "world_size": ws}
         self.storage.write_file(TRACKER_PATH, [dump_json(tracker)])
         if self._committer.retention is not None:
@@ -946,3 +971,20 @@ def _common_newest(per_rank: list[list[int]]) -> int | None:
     for steps in per_rank[1:]:
         common &= set(steps)
     return max(common) if common else None
+
+
+def _check_shapes(step: int, metadata: Any, split: ShardedSplit) -> None:
+    """Refuse a step whose tensors have other global shapes than the state's before DCP's load
+    touches anything, as its own planning would refuse them half way (the same verdict on every
+    rank: same files, same structure). Dtypes may differ: DCP converts, as it does for its own
+    checkpoints.
+
+    Raises:
+        StateStructureError: naming the first tensor that differs.
+    """
+    for key, tensor in split.dcp.items():
+        saved = metadata.state_dict_metadata[key]
+        if tuple(saved.size) != tuple(tensor.shape):
+            raise StateStructureError(
+                f"checkpoint step {step} holds {key!r} with shape {list(saved.size)}, the state {list(tensor.shape)}"
+            )

@@ -8,6 +8,7 @@ reaches the caller's state, so a damaged checkpoint changes nothing.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import attrs
@@ -35,12 +36,14 @@ from dlrover.flashckpt.errors import (
 from dlrover.flashckpt.events import EventLog, FlashEvent
 from dlrover.flashckpt.layout import TensorSpec
 from dlrover.flashckpt.memory import LoadedState
-from dlrover.flashckpt.restore import apply_values, match_targets
+from dlrover.flashckpt.restore import apply_values, match_targets, tie_conflicts
 from dlrover.flashckpt.safetensors_format import parse_header
 from dlrover.flashckpt.storage.base import Storage
 from dlrover.flashckpt.tree import build_tree
 
 __all__ = ["RankFile", "StorageReader", "read_rank_file", "read_step_manifest", "verify_tensor"]
+
+_log = logging.getLogger(__name__)
 
 _CHUNK = 16 << 20
 
@@ -188,8 +191,15 @@ class StorageReader:
         rf = read_rank_file(self.storage, step, rank, man)
         fpath, data_start, tree, specs = rf.path, rf.data_start, rf.tree, rf.specs
         if target is not None:
-            self._read_in_place(rf, match_targets(target, tree, specs))
+            plan = match_targets(target, tree, specs)
+            self._read_in_place(rf, plan.places)
             state = apply_values(target, tree)
+            conflict = tie_conflicts(
+                plan, specs, lambda j, i: (specs[j].nbytes, rf.crcs[j]) != (specs[i].nbytes, rf.crcs[i])
+            )
+            if conflict is not None:
+                _log.warning("restoring step %d from %s: %s", step, fpath, conflict)
+                self.events.record(FlashEvent("tie_conflict", step, conflict, self._clock.wall_time()))
         else:
             tensors = []
             for spec, crc in zip(specs, rf.crcs, strict=True):
