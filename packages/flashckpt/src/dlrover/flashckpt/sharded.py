@@ -557,8 +557,11 @@ class ShardedCheckpointer:
             return local
         described = b""
         if local is not None:
-            st = os.stat(local)
-            described = json.dumps([local.name, st.st_dev, st.st_ino]).encode()
+            try:
+                st = os.stat(local)
+                described = json.dumps([local.name, st.st_dev, st.st_ino]).encode()
+            except OSError as e:  # the node's ranks learn it failed: each says so in _check_step
+                self._event("load_failed", step, f"cannot describe the node's staging directory: {e}")
         described = self._g.gather_bytes(described)[share.leader]
         if share.leader == self._g.rank:
             return local
