@@ -6,7 +6,10 @@ shared-memory slot), `MemoryReader` (restores from memory in place), `Saver` (no
 slots to storage and commits), `SaverHost` (the node's savers inside the ``dlrover-run`` agent,
 which names its socket in ``DLROVER_FLASHCKPT_HOST``), `Committer` and `StorageReader` (the
 commit protocol and loading with fallback), `PosixStorage` / `InMemoryStorage` behind the
-`Storage` protocol.
+`Storage` protocol. Sharded (FSDP2/DTensor) state: `ShardedCheckpointer`; a sharded step a node
+saver wrote rank by rank reads, resharded, through ``torch.distributed.checkpoint.load`` with
+`ShardLocalReader` (from `rank_shards` and `shard_metadata`). `SaverLink` connects a rank to its
+node's saver (`SaverMode`).
 
 Names are imported lazily, so a process that only persists bytes (the saver) never imports torch.
 """
@@ -63,7 +66,9 @@ if TYPE_CHECKING:
     from dlrover.flashckpt.persist import RankPayload, RankRecord, persist_rank
     from dlrover.flashckpt.priority import lower_process_priority
     from dlrover.flashckpt.saver import Saver, SaverConfig, socket_path
+    from dlrover.flashckpt.saver_link import SaverLink, SaverMode
     from dlrover.flashckpt.segment import cleanup_stale, remove_run
+    from dlrover.flashckpt.shard_local import ShardLocalReader, rank_shards, shard_metadata
     from dlrover.flashckpt.sharded import ShardedCheckpointer, get_sharded_state, set_sharded_state
     from dlrover.flashckpt.slots import BusyPolicy
     from dlrover.flashckpt.stager import SaveResult, SealedNotice, Stager
@@ -127,6 +132,11 @@ _EXPORTS: dict[str, str] = {
     "cleanup_stale": "dlrover.flashckpt.segment",
     "remove_run": "dlrover.flashckpt.segment",
     "ShardedCheckpointer": "dlrover.flashckpt.sharded",
+    "ShardLocalReader": "dlrover.flashckpt.shard_local",
+    "rank_shards": "dlrover.flashckpt.shard_local",
+    "shard_metadata": "dlrover.flashckpt.shard_local",
+    "SaverLink": "dlrover.flashckpt.saver_link",
+    "SaverMode": "dlrover.flashckpt.saver_link",
     "StagingConfig": "dlrover.flashckpt.dcp_transfer",
     "get_sharded_state": "dlrover.flashckpt.sharded",
     "set_sharded_state": "dlrover.flashckpt.sharded",
@@ -200,6 +210,11 @@ __all__ = [
     "cleanup_stale",
     "remove_run",
     "ShardedCheckpointer",
+    "ShardLocalReader",
+    "rank_shards",
+    "shard_metadata",
+    "SaverLink",
+    "SaverMode",
     "StagingConfig",
     "get_sharded_state",
     "set_sharded_state",
