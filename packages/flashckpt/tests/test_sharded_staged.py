@@ -275,6 +275,13 @@ def test_bad_configuration_is_refused(config: StagerConfig, tmp_path: Path) -> N
     missing = str(tmp_path / "nope")
     with pytest.raises(ConfigError, match="nope"):
         ShardedCheckpointer(config, storage=InMemoryStorage(), staging=StagingConfig(parent_dir=missing))
+    # A node saver writes to a POSIX directory; a bad mode is named as such.
+    with pytest.raises(ConfigError, match="'sometimes'"):
+        ShardedCheckpointer(config, storage=InMemoryStorage(), saver="sometimes")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="saver='auto' needs storage_dir"):
+        ShardedCheckpointer(config, storage=InMemoryStorage(), saver="auto")
+    with pytest.raises(ConfigError, match="writes to a POSIX storage_dir"):
+        ShardedCheckpointer(config, storage=InMemoryStorage(), saver="connect")
 
 
 def test_posix_storage_is_written_in_place(config: StagerConfig, tmp_path: Path) -> None:

@@ -126,6 +126,20 @@ def _wait_for(condition: Callable[[], bool], what: str) -> None:
         time.sleep(0.05)
 
 
+def _stop_once_ready(agent: Agent, out: Path, tmp_path: Path) -> None:
+    """Run `agent` until its worker wrote ``ready``, stop it as SIGTERM does, and check it exited 143."""
+    outcome: list[AgentResult] = []
+    thread = threading.Thread(target=lambda: outcome.append(agent.run()))
+    thread.start()
+    try:
+        _wait_for(lambda: (out / "ready").exists() or not thread.is_alive(), "the worker saved step 3")
+    finally:
+        agent.request_stop("received SIGTERM")  # what dlrover-run's signal handler does
+        thread.join(WAIT_S)
+    assert not thread.is_alive()
+    assert outcome[0].exit_code == 143, (outcome[0].reason, _logs(tmp_path))
+
+
 def _assert_nothing_left(tmp_path: Path, job: str) -> None:
     assert list((tmp_path / "shm").iterdir()) == []  # segments, owner records, sockets: all gone
     assert not processes_mentioning(job)  # no worker, no detached saver
@@ -168,16 +182,7 @@ def test_a_killed_worker_resumes_from_memory_and_the_agent_persisted_its_newest_
 def test_a_stopped_agent_persists_the_newest_step_and_leaves_nothing(tmp_path: Path) -> None:
     control = FakeControlPlane()
     agent, out, job = _agent(tmp_path, "stop", control)
-    outcome: list[AgentResult] = []
-    thread = threading.Thread(target=lambda: outcome.append(agent.run()))
-    thread.start()
-    try:
-        _wait_for(lambda: (out / "ready").exists() or not thread.is_alive(), "the worker saved step 3")
-    finally:
-        agent.request_stop("received SIGTERM")  # what dlrover-run's signal handler does
-        thread.join(WAIT_S)
-    assert not thread.is_alive()
-    assert outcome[0].exit_code == 143, (outcome[0].reason, _logs(tmp_path))
+    _stop_once_ready(agent, out, tmp_path)
     tracker = Committer(PosixStorage(out / "ckpt")).tracker()
     assert tracker is not None
     assert tracker.step == 3
@@ -213,16 +218,7 @@ SHARDED_WORKER = textwrap.dedent(
 def test_a_stopped_agent_persists_a_sharded_checkpointers_newest_step_rank_by_rank(tmp_path: Path) -> None:
     control = FakeControlPlane()
     agent, out, job = _agent(tmp_path, "stop", control, worker=SHARDED_WORKER)
-    outcome: list[AgentResult] = []
-    thread = threading.Thread(target=lambda: outcome.append(agent.run()))
-    thread.start()
-    try:
-        _wait_for(lambda: (out / "ready").exists() or not thread.is_alive(), "the worker saved step 3")
-    finally:
-        agent.request_stop("received SIGTERM")  # a preemption: the workers go, step 3 is only in memory
-        thread.join(WAIT_S)
-    assert not thread.is_alive()
-    assert outcome[0].exit_code == 143, (outcome[0].reason, _logs(tmp_path))
+    _stop_once_ready(agent, out, tmp_path)  # a preemption: the workers go, step 3 is only in memory
     assert json.loads((out / "ready").read_text())["saver_pid"] == os.getpid()  # the agent's saver
     # The agent's saver persisted step 3 from memory in the per-rank format, and it loads as a
     # sharded step (here one rank's plain tensors) into a fresh state.

@@ -14,12 +14,12 @@ import json
 
 import attrs
 
-from dlrover.flashckpt.ckpt_format import dump_json, safetensors_path
+from dlrover.flashckpt.ckpt_format import dump_json, manifest_path, safetensors_path
 from dlrover.flashckpt.collectives import RankGroup
-from dlrover.flashckpt.errors import ChecksumError, LayoutError
+from dlrover.flashckpt.errors import ChecksumError, LayoutError, StorageError
 from dlrover.flashckpt.layout import TensorSpec
 from dlrover.flashckpt.storage.base import Storage
-from dlrover.flashckpt.storage_loader import RankFile, read_rank_file, read_step_manifest, verify_tensor
+from dlrover.flashckpt.storage_loader import RankFile, parse_step_manifest, read_rank_file, verify_tensor
 
 __all__ = ["PerRankCheck", "check_per_rank_step"]
 
@@ -61,11 +61,15 @@ def _decode(raw: bytes, step: int) -> tuple[list[RankFile], str | None, bool]:
     return files, error if isinstance(error, str) else None, bool(doc.get("damaged"))
 
 
-def _check_mine(storage: Storage, step: int, rank: int, size: int) -> tuple[list[RankFile], str | None, bool]:
+def _check_mine(
+    storage: Storage, step: int, raw: bytes | None, rank: int, size: int
+) -> tuple[list[RankFile], str | None, bool]:
     """This rank's share: the saved ranks it reads and verifies, or the first problem found (and
     whether it is damage: a checksum or size that does not match)."""
     try:
-        man = read_step_manifest(storage, step)
+        if raw is None:
+            raise StorageError(f"{manifest_path(step)} cannot be read")
+        man = parse_step_manifest(raw, step)
         world = man.get("world_size")
         if not isinstance(world, int) or world < 1:
             raise LayoutError(f"step {step}'s manifest has no valid world_size ({world!r})")
@@ -102,16 +106,18 @@ class PerRankCheck:
     damaged: bool = False
 
 
-def check_per_rank_step(storage: Storage, group: RankGroup, step: int) -> PerRankCheck:
+def check_per_rank_step(storage: Storage, group: RankGroup, step: int, raw: bytes | None) -> PerRankCheck:
     """Read and verify every saved rank's files of `step`, the work split over `group`. Collective.
+
+    `raw` is the step's manifest as this rank read it (None: it could not).
 
     Every rank of `group` must call it for the same step; none raises for what it finds.
     """
-    files, error, damaged = _check_mine(storage, step, group.rank, group.size)
+    files, error, damaged = _check_mine(storage, step, raw, group.rank, group.size)
     everything = group.gather_bytes(_encode(files, error, damaged))
     found: list[RankFile] = []
-    for raw in everything:
-        theirs, problem, broken = _decode(raw, step)
+    for payload in everything:
+        theirs, problem, broken = _decode(payload, step)
         if problem is not None:
             return PerRankCheck([], problem, broken)
         found.extend(theirs)

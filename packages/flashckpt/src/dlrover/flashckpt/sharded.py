@@ -110,7 +110,15 @@ from dlrover.flashckpt.restore import apply_values
 from dlrover.flashckpt.saver_link import SaverLink, SaverMode, check_saver_mode
 from dlrover.flashckpt.segment import ShmSegment, segment_path
 from dlrover.flashckpt.shard_local import ShardLocalReader, rank_shards, shard_metadata, state_node_of
-from dlrover.flashckpt.sharded_state import ShardedSplit, chunk_offsets, dcp_grouped, rejoin, skeleton, split_sharded
+from dlrover.flashckpt.sharded_state import (
+    ShardedSplit,
+    ShardInfo,
+    chunk_offsets,
+    dcp_grouped,
+    rejoin,
+    skeleton,
+    split_sharded,
+)
 from dlrover.flashckpt.slotio import peek_header, read_header, read_manifest
 from dlrover.flashckpt.stager import SaveResult, Stager
 from dlrover.flashckpt.storage.base import Storage
@@ -219,8 +227,11 @@ class ShardedCheckpointer:
         saver: SaverMode = "none",
         clock: Clock | None = None,
     ) -> None:
-        check_saver_mode(saver, "")  # the mode itself; where it writes is checked next
-        if saver != "none" and not (storage_dir is not None or isinstance(storage, PosixStorage)):
+        posix_dir = storage_dir if storage_dir is not None else getattr(storage, "root", None)
+        if not isinstance(storage, PosixStorage | None):
+            posix_dir = None
+        check_saver_mode(saver, None if posix_dir is None else str(posix_dir))
+        if saver == "connect" and posix_dir is None:
             raise ConfigError(f"a node saver (saver={saver!r}) writes to a POSIX storage_dir, not to {storage!r}")
         self._g = RankGroup(group)
         self._persist_restored = persist_restored
@@ -259,7 +270,7 @@ class ShardedCheckpointer:
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="flashckpt-dcp")
         self._pending: list[Future[CommitDecision]] = []
         self._share: NodeShare | None = None
-        self._offsets: dict[tuple[str, str, str], list[int] | None] = {}
+        self._layouts: dict[tuple[Any, ...], dict[str, Any]] = {}
         self.restored_persist: Future[CommitDecision] | None = None
         """The background persist the last `load` started (`persist_restored`), or None."""
 
@@ -294,22 +305,30 @@ class ShardedCheckpointer:
     def _describe(self, split: ShardedSplit) -> dict[str, Any]:
         """The staged sharding description: `ShardedSplit.describe`, plus each DTensor's local
         chunk offsets (`chunk_offsets`), so a snapshot's files can be read back resharded without
-        DCP's own (see `shard_local`). Offsets are asked once per layout."""
-        desc = split.describe(self.config.world_size)
-        for key, info in desc["shards"].items():
-            tensor = split.dcp[key]
-            assert isinstance(tensor, DTensor)  # shards describe DTensor leaves only
-            layout = (key, json.dumps(info, sort_keys=True), str(tensor.device_mesh.get_coordinate()))
-            if layout not in self._offsets:
-                self._offsets[layout] = chunk_offsets(key, tensor)
-            info["offsets"] = self._offsets[layout]
-            if info["offsets"] is None and self._link.client is not None and tensor.to_local().numel():
+        DCP's own (see `shard_local`).
+
+        Each layout is described once and remembered, keyed by the live objects (the mesh object
+        stands for this rank's place in it): this runs on every save, and describing a layout
+        afresh (the mesh's shape, DCP's planning) costs tens of microseconds a tensor.
+        """
+
+        def describe_shard(key: str, shard: ShardInfo) -> dict[str, Any]:
+            layout = (key, shard.mesh, shard.placements, shard.shape)
+            info = self._layouts.get(layout)
+            if info is None:
+                tensor = split.dcp[key]
+                assert isinstance(tensor, DTensor)  # shards describe DTensor leaves only
+                info = {**shard.describe(), "offsets": chunk_offsets(key, tensor)}
+                self._layouts[layout] = info
+            if info["offsets"] is None and self._link.client is not None and _local_numel(split.dcp[key]):
                 raise StateStructureError(
                     f"with a node saver (saver={self._link.mode!r}) every DTensor must be placed by Shard or "
                     f"Replicate only, so that the saver's files load again: {key!r} has {list(info['placements'])}; "
                     "use saver='none'"
                 )
-        return desc
+            return dict(info)
+
+        return split.describe(self.config.world_size, describe_shard)
 
     def _snapshot_sharding(self, slot: int) -> tuple[int, dict[str, Any]] | None:
         """(step, sharding description) of a complete snapshot, or None.
@@ -434,10 +453,11 @@ class ShardedCheckpointer:
         reasons = []
         share = self._node_share()
         for step in candidates:
-            if self._saved_rank_by_rank(step):
-                problem, loaded = self._load_per_rank_step(step, state, split, local_tree)
+            raw = self._read_manifest(step)  # once per rank and step: both paths take it from here
+            if self._saved_rank_by_rank(raw):
+                problem, loaded = self._load_per_rank_step(step, raw, state, split, local_tree)
             else:
-                problem, loaded = self._load_dcp_step(step, state, split, local_tree, share)
+                problem, loaded = self._load_dcp_step(step, raw, state, split, local_tree, share)
             if loaded is not None:
                 return loaded
             reasons.append(f"step {step}: {problem}")
@@ -446,28 +466,36 @@ class ShardedCheckpointer:
             "no loadable committed checkpoint" + (": " + "; ".join(reasons) if reasons else " in storage")
         )
 
-    def _saved_rank_by_rank(self, step: int) -> bool:
-        """Whether every rank finds `step` in the per-rank format a node saver writes. Collective.
+    def _read_manifest(self, step: int) -> bytes | None:
+        """`step`'s manifest as stored, or None when it cannot be read (each path then says so)."""
+        try:
+            return self.storage.read_bytes(manifest_path(step))
+        except Exception:  # this rank's verdict, agreed on later: raising would strand the others
+            return None
+
+    def _saved_rank_by_rank(self, raw: bytes | None) -> bool:
+        """Whether every rank finds the step's manifest `raw` in the per-rank format a node saver
+        writes. Collective.
 
         A rank that cannot tell (the manifest unreadable) votes for DCP, whose check then names
         the problem on every rank.
         """
         try:
-            fmt = json.loads(self.storage.read_bytes(manifest_path(step))).get("format")
+            fmt = None if raw is None else json.loads(raw).get("format")
         except Exception:  # any failure is this rank's vote: raising would strand the others
             fmt = None
         votes = self._g.gather_ints([1 if fmt == CHECKPOINT_FORMAT else 0], 1)
         return all(v[0] == 1 for v in votes)
 
-    def _load_dcp_step(
-        self, step: int, state: Any, split: ShardedSplit, local_tree: Any, share: NodeShare | None
+    def _load_dcp_step(  # noqa: PLR0917 (one call site; the arguments are the load's parts)
+        self, step: int, raw: bytes | None, state: Any, split: ShardedSplit, local_tree: Any, share: NodeShare | None
     ) -> tuple[str | None, LoadedState | None]:
         """Load a step DCP wrote; (the problem, None) when it is unusable. Collective."""
         # POSIX: the step's own directory; other storage: a staging copy per node, removed
         # when this block ends (whether the load succeeded, fell back or raised).
         with contextlib.ExitStack() as stage:
             local = self._staging_for(step, stage, share)
-            problem, man = self._check_step(step, local, share)
+            problem, man = self._check_step(step, raw, local, share)
             if man is None or problem is not None or local is None:
                 return problem, None
             self._check_structure(step, man["tree"], man["tensor_keys"], local_tree, split)
@@ -485,10 +513,10 @@ class ShardedCheckpointer:
         return None, LoadedState(restored, step, "storage", True, detail)
 
     def _load_per_rank_step(
-        self, step: int, state: Any, split: ShardedSplit, local_tree: Any
+        self, step: int, raw: bytes | None, state: Any, split: ShardedSplit, local_tree: Any
     ) -> tuple[str | None, LoadedState | None]:
         """Load a step a node saver wrote rank by rank (see `shard_local`), resharded. Collective."""
-        check = check_per_rank_step(self.storage, self._g, step)
+        check = check_per_rank_step(self.storage, self._g, step, raw)
         if check.problem is not None:
             self._event("checksum_mismatch" if check.damaged else "load_failed", step, check.problem)
             return check.problem, None
@@ -587,9 +615,10 @@ class ShardedCheckpointer:
         return 1, 0
 
     def _check_step(
-        self, step: int, local: Path | None, share: NodeShare | None = None
+        self, step: int, raw: bytes | None, local: Path | None, share: NodeShare | None = None
     ) -> tuple[str | None, dict[str, Any] | None]:
-        """Verify a step's manifest and files into `local` (None: its staging failed). Collective.
+        """Verify a step's manifest (`raw`, None: unreadable) and files into `local` (None: its
+        staging failed). Collective.
 
         On POSIX storage the ranks share the reading. Otherwise DCP may ask any rank for any
         file, so every file is downloaded (and checked) into the staging directory: by this rank
@@ -606,10 +635,8 @@ class ShardedCheckpointer:
         if local is None:
             bad = -3
         else:
-            try:
-                man = parse_manifest(self.storage.read_bytes(manifest_path(step)), step)
-            except (LayoutError, StorageError):
-                bad = -2
+            man = _parsed_dcp_manifest(raw, step)
+            bad = -2 if man is None else bad
         names = sorted(man["files"]) if man is not None else []
         stride, mine = self._fetch_turn(share)
         for i, name in enumerate(names):
@@ -991,3 +1018,18 @@ def _check_shapes(step: int, metadata: Any, split: ShardedSplit) -> None:
             raise StateStructureError(
                 f"checkpoint step {step} holds {key!r} with shape {list(saved.size)}, the state {list(tensor.shape)}"
             )
+
+
+def _local_numel(tensor: torch.Tensor) -> int:
+    """Elements of this rank's part of a DTensor (of a plain tensor: all of them)."""
+    return tensor.to_local().numel() if isinstance(tensor, DTensor) else tensor.numel()
+
+
+def _parsed_dcp_manifest(raw: bytes | None, step: int) -> dict[str, Any] | None:
+    """A DCP step's manifest from its bytes, or None when they are missing or not one."""
+    if raw is None:
+        return None
+    try:
+        return parse_manifest(raw, step)
+    except LayoutError:
+        return None

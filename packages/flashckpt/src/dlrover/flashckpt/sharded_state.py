@@ -18,7 +18,7 @@ Pure apart from reading tensor attributes; no collectives.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
@@ -75,12 +75,18 @@ class ShardedSplit:
     shards: dict[str, ShardInfo]
     keys: tuple[str, ...]
 
-    def describe(self, world_size: int) -> dict[str, Any]:
-        """JSON metadata staged beside the local state: world size and every DTensor's layout."""
-        return {
-            "world_size": world_size,
-            "shards": {k: info.describe() for k, info in sorted(self.shards.items())},
-        }
+    def describe(
+        self, world_size: int, describe_shard: Callable[[str, ShardInfo], dict[str, Any]] | None = None
+    ) -> dict[str, Any]:
+        """JSON metadata staged beside the local state: world size and every DTensor's layout.
+
+        Args:
+            world_size: the job's.
+            describe_shard: the layout of one DTensor by key (default `ShardInfo.describe`); the
+                checkpointer's adds where the shard lies, and remembers layouts it has seen.
+        """
+        one = describe_shard or (lambda _key, info: info.describe())
+        return {"world_size": world_size, "shards": {k: one(k, info) for k, info in sorted(self.shards.items())}}
 
 
 def _key_part(key: Any, path: tuple[Any, ...]) -> str:

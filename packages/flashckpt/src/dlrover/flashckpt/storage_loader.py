@@ -41,7 +41,7 @@ from dlrover.flashckpt.safetensors_format import parse_header
 from dlrover.flashckpt.storage.base import Storage
 from dlrover.flashckpt.tree import build_tree
 
-__all__ = ["RankFile", "StorageReader", "read_rank_file", "read_step_manifest", "verify_tensor"]
+__all__ = ["RankFile", "StorageReader", "parse_step_manifest", "read_rank_file", "read_step_manifest", "verify_tensor"]
 
 _log = logging.getLogger(__name__)
 
@@ -76,7 +76,16 @@ def read_step_manifest(storage: Storage, step: int) -> dict[str, Any]:
         LayoutError: it is not one (another format, malformed).
         StorageError: it cannot be read.
     """
-    return load_json(storage.read_bytes(manifest_path(step)), CHECKPOINT_FORMAT, manifest_path(step))
+    return parse_step_manifest(storage.read_bytes(manifest_path(step)), step)
+
+
+def parse_step_manifest(raw: bytes, step: int) -> dict[str, Any]:
+    """`read_step_manifest` of bytes already read.
+
+    Raises:
+        LayoutError: they are not a plain-format step manifest.
+    """
+    return load_json(raw, CHECKPOINT_FORMAT, manifest_path(step))
 
 
 def read_rank_file(storage: Storage, step: int, rank: int, man: dict[str, Any]) -> RankFile:
