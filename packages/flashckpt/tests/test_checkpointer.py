@@ -14,6 +14,8 @@ from dlrover.flashckpt import FlashCheckpointer, StagerConfig
 from dlrover.flashckpt.ckpt_format import safetensors_path
 from dlrover.flashckpt.commit import Committer, RetentionPolicy
 from dlrover.flashckpt.errors import FlashCkptError, NoCheckpointError
+from dlrover.flashckpt.memory import MemoryReader
+from dlrover.flashckpt.segment import ShmSegment
 
 
 def _state(step: int) -> dict[str, object]:
@@ -125,6 +127,43 @@ def test_close_keeps_memory_and_only_job_end_removes_it(job_id: str, tmp_path: P
         loaded = second.load(target=target)
         assert (loaded.source, loaded.step) == ("memory", 4)
         assert torch.equal(target["model"]["w"], torch.full((4, 4), 4.0))  # type: ignore[index]
+    finally:
+        second.close(job_end=True)
+    assert our_files(job_id) == []
+
+
+def test_a_restored_slot_is_mapped_once_for_the_load_and_the_saves_after(
+    job_id: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A restarted process maps the slot it loads from; its stager takes that mapping over rather
+    # than mapping (and pre-faulting) the same bytes again for the saves that follow.
+    cfg = StagerConfig(job_id=job_id, run_id="r")
+    first = FlashCheckpointer(cfg, str(tmp_path), saver="none")
+    for step in (3, 4):
+        first.save(step, _state(step))
+    first.close()
+    attached: list[str] = []
+    attach = ShmSegment.attach
+
+    def counting(path: Path) -> ShmSegment:
+        attached.append(Path(path).name)
+        return attach(path)
+
+    monkeypatch.setattr(ShmSegment, "attach", counting)
+    second = FlashCheckpointer(cfg, str(tmp_path), saver="none")
+    try:
+        target = _state(0)
+        assert second.load(target=target).step == 4
+        for step in (5, 6, 7):
+            assert second.save(step, _state(step)).saved
+        second.stager.flush()
+        assert sorted(attached) == sorted(set(attached))  # no slot was mapped twice
+        assert len(attached) == 2
+        monkeypatch.undo()
+        check = _state(0)
+        assert MemoryReader(cfg).load(target=check).step == 7  # the adopted slot took the saves
+        assert torch.equal(check["model"]["w"], torch.full((4, 4), 7.0))  # type: ignore[index]
+        assert sorted(s.step for s in MemoryReader(cfg).snapshots()) == [6, 7]
     finally:
         second.close(job_end=True)
     assert our_files(job_id) == []

@@ -165,10 +165,15 @@ def test_training_process_killed_restart_loads_consistent_state(
     assert bool((from_disk.state["w"] == float(expected_step)).all())
 
 
-def test_saver_killed_during_commit_leaves_previous_checkpoint(job_id: str, storage_dir: str) -> None:
-    # The detached saver exits abruptly before its second tracker write (step 4's commit).
+def test_saver_killed_during_commit_leaves_previous_checkpoint(job_id: str, storage_dir: str, tmp_path: Path) -> None:
+    # The detached saver exits abruptly before its second tracker write (step 4's commit). Its
+    # memory lives in a directory of this test's own: a stager of any other process sharing
+    # /dev/shm would remove the dead run's files as stale before this test looks for them.
+    shm = tmp_path / "shm"
+    shm.mkdir()
     env = {"DLROVER_FLASHCKPT_FAULT_EXIT_BEFORE": "tracker.json:2"}
-    proc = Proc(["train", "--job", job_id, "--storage", storage_dir, "--steps", "4", "--persist-every", "2"], env=env)
+    argv = ["train", "--job", job_id, "--storage", storage_dir, "--steps", "4", "--persist-every", "2"]
+    proc = Proc([*argv, "--shm-dir", str(shm)], env=env)
     saver_pid = proc.wait_for("started")["saver_pid"]
     assert proc.wait_for("persisted", step=2)["committed"] is True
     _wait_gone(saver_pid)  # it died writing step 4's commit
@@ -180,9 +185,9 @@ def test_saver_killed_during_commit_leaves_previous_checkpoint(job_id: str, stor
     assert loaded.step == 2
     assert bool((loaded.state["w"] == 2.0).all())
     # The dead saver's memory is stale; the next run of the job finds and removes it at start.
-    assert our_files(job_id) != []
-    removed = cleanup_stale("/dev/shm")
+    assert list(shm.iterdir()) != []
+    removed = cleanup_stale(shm)
     assert any(job_id in p.name for p in removed)
-    stager = Stager(StagerConfig(job_id=job_id, run_id="run2"))
+    stager = Stager(StagerConfig(job_id=job_id, run_id="run2", shm_dir=str(shm)))
     stager.close()
-    assert our_files(job_id) == []
+    assert list(shm.iterdir()) == []

@@ -15,11 +15,13 @@ from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, ReadIte
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.tensor import Partial, Replicate
 
+from dlrover.common import modules_loaded_by
 from dlrover.flashckpt.commit import Committer
 from dlrover.flashckpt.errors import LayoutError
 from dlrover.flashckpt.payloads import payload_from_state
 from dlrover.flashckpt.persist import persist_rank
 from dlrover.flashckpt.shard_local import ShardLocalReader, rank_shards, shard_metadata
+from dlrover.flashckpt.shard_tree import RANK_FILES_LOADABLE, rank_files_refusal
 from dlrover.flashckpt.sharded_state import chunk_offsets
 from dlrover.flashckpt.storage import InMemoryStorage, Storage
 from dlrover.flashckpt.storage_loader import read_rank_file, read_step_manifest
@@ -159,6 +161,37 @@ def test_only_plain_shard_and_replicate_placements_get_offsets() -> None:
     assert chunk_offsets("w", stand_in) is None  # type: ignore[arg-type]
 
 
+def _staged_payload(
+    offsets: list[int] | None, local_rows: int, loadable: bool | None = True
+) -> tuple[dict[str, object], tuple[object, ...]]:
+    """One rank's tree and specs, as the stager stages a sharded state: a DTensor ``model.w``
+    (its layout's offsets as given), a plain tensor ``bias`` and a non-tensor leaf."""
+    layout = {"shape": [4, 2], "placements": ["S(0)"], "mesh": [2], "mesh_dims": [], "offsets": offsets}
+    sharding: dict[str, object] = {"world_size": 2, "shards": {"model.w": layout}}
+    if loadable is not None:
+        sharding[RANK_FILES_LOADABLE] = loadable
+    state = {"model": {"w": torch.ones(local_rows, 2)}, "bias": torch.zeros(3), "step": 1}
+    payload = payload_from_state(1, 0, 2, {"sharding": sharding, "state": state})
+    return payload.tree, payload.specs
+
+
+def test_the_saver_tells_unloadable_rank_files_from_the_tree_alone() -> None:
+    assert rank_files_refusal(*_staged_payload([0, 0], 2)) is None  # placed
+    assert rank_files_refusal(*_staged_payload([0, 0], 2, loadable=None)) is None  # no flag: offsets decide
+    refusal = rank_files_refusal(*_staged_payload([0, 0], 2, loadable=False))
+    assert refusal is not None
+    assert "not all placed by Shard or Replicate" in refusal  # the same on every rank, whatever it holds
+    refusal = rank_files_refusal(*_staged_payload(None, 2))
+    assert refusal is not None
+    assert "['model.w']" in refusal
+    assert rank_files_refusal(*_staged_payload(None, 0)) is None  # this rank holds no part of it
+    # A plain state (no sharding description), or one that only looks like it, is not sharded.
+    plain = payload_from_state(1, 0, 1, {"w": torch.ones(2), "sharding": {"shards": 3}})
+    assert rank_files_refusal(plain.tree, plain.specs) is None
+    assert rank_files_refusal({"list": []}, ()) is None
+    assert modules_loaded_by("import dlrover.flashckpt.shard_tree", ["torch"]) == []  # the agent's saver uses it
+
+
 class _Planner:
     """The two calls a StorageReader makes of DCP's load planner, over targets of our own."""
 
@@ -176,11 +209,24 @@ class _Planner:
         self.committed.append(item.dest_index.fqn)
 
 
+class _CountingStorage(InMemoryStorage):
+    """Records the bytes each `read_into` asks for."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.read: list[int] = []
+
+    def read_into(self, path: str, offset: int, buf: memoryview) -> None:
+        self.read.append(len(buf.cast("B")))
+        super().read_into(path, offset, buf)
+
+
 def test_the_reader_copies_row_runs_and_other_parts_of_a_chunk() -> None:
-    storage = InMemoryStorage()
+    storage = _CountingStorage()
     full = torch.arange(24, dtype=torch.float32).reshape(8, 3)
     _save_rank_by_rank(storage, 1, {"w": full}, [(0, 4), (4, 8)])
     reader = _reader(storage, 1)
+    storage.read.clear()
     second = MetadataIndex("model.w", torch.Size([4, 0]))  # rank 1's chunk: rows 4..7
 
     def item(dest: str, dest_at: tuple[int, int], at: tuple[int, int], lengths: tuple[int, int]) -> ReadItem:
@@ -190,7 +236,7 @@ def test_the_reader_copies_row_runs_and_other_parts_of_a_chunk() -> None:
 
     targets = {
         "rows": torch.zeros(3, 3),  # rows 5..7 of the whole tensor: a run of whole rows of the chunk
-        "cols": torch.zeros(2, 2),  # rows 4..5, columns 1..2: cut from the whole chunk
+        "cols": torch.zeros(2, 2),  # rows 4..5, columns 1..2: cut from those two rows
         "wider": torch.zeros(2, 3, dtype=torch.float64),  # whole rows into another dtype
     }
     plan = LoadPlan(
@@ -206,6 +252,8 @@ def test_the_reader_copies_row_runs_and_other_parts_of_a_chunk() -> None:
     assert torch.equal(targets["cols"], full[4:6, 1:3])
     assert torch.equal(targets["wider"], full[6:8].double())
     assert planner.committed == ["rows", "cols", "wider"]
+    row = 3 * 4  # bytes of one float32 row of three
+    assert storage.read == [3 * row, 2 * row, 2 * row]  # each part's rows alone, never the chunk
     missing = ReadItem(
         LoadItemType.TENSOR,
         MetadataIndex("rows"),

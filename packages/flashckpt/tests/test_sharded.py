@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
 import zlib
 from pathlib import Path
@@ -18,11 +20,11 @@ import torch
 from flashckpt_testlib import keys, same_bits, states, tied_states, zeros_like_state
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from torch.distributed.checkpoint.filesystem import FileSystemReader
+from torch.distributed.checkpoint.filesystem import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 
 from dlrover.common import processes_mentioning
-from dlrover.flashckpt.ckpt_format import TRACKER_PATH, manifest_path, safetensors_path
+from dlrover.flashckpt.ckpt_format import CHECKPOINT_FORMAT, TRACKER_PATH, manifest_path, safetensors_path
 from dlrover.flashckpt.commit import Committer, RetentionPolicy, Tracker
 from dlrover.flashckpt.config import StagerConfig
 from dlrover.flashckpt.dcp_store import checksum_file, checksum_owners, manifest_doc, parse_manifest, verify_file
@@ -391,6 +393,43 @@ def test_corrupt_file_falls_back_naming_it(ckpt: ShardedCheckpointer, tmp_path: 
     assert any(data.name in r and "step 2" in r for r in reasons), reasons
 
 
+def test_dcp_errors_are_decisions_and_fallbacks_not_escaping_exceptions(
+    ckpt: ShardedCheckpointer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # DCP wraps its errors in CheckpointException, a BaseException: `except Exception` misses it.
+    # A failed write must come back as a refused decision with an event (every rank returns,
+    # none is left in a collective), and a failed read of a verified step must fall back.
+    _save(ckpt, 1)
+    _save(ckpt, 2, persist=False)
+
+    def write_fails(self: FileSystemWriter, plan: Any, planner: Any) -> Any:
+        raise OSError(errno.EIO, "injected write error")
+
+    with monkeypatch.context() as m:
+        m.setattr(FileSystemWriter, "write_data", write_fails)
+        decision = ckpt.persist(2)
+    assert not decision.commit
+    failed = [e.reason for e in ckpt.events.snapshot() if e.kind == "persist_failed"]
+    assert any("CheckpointException" in r and "injected write error" in r for r in failed), failed
+    assert Committer(PosixStorage(ckpt.root)).tracker() == Tracker(1, 1)  # type: ignore[arg-type]
+    assert ckpt.persist(2).commit  # the next attempt clears the failed one's leftovers
+
+    real_read = FileSystemReader.read_data
+
+    def step_2_unreadable(self: FileSystemReader, plan: Any, planner: Any) -> Any:
+        if Path(self.path).name == "2":
+            raise OSError(errno.EIO, "injected read error")
+        return real_read(self, plan, planner)
+
+    monkeypatch.setattr(FileSystemReader, "read_data", step_2_unreadable)
+    target = _state(0.0)
+    loaded = ckpt.load(target, from_memory=False)
+    assert loaded.step == 1
+    assert same_bits(target, _state(1.0))
+    failed = [e.reason for e in ckpt.events.snapshot() if e.kind == "load_failed"]
+    assert any("injected read error" in r for r in failed), failed
+
+
 def test_damaged_metadata_is_never_unpickled(ckpt: ShardedCheckpointer, tmp_path: Path) -> None:
     _save(ckpt, 1)
     (tmp_path / "ck" / "1" / ".metadata").write_bytes(b"not a pickle")
@@ -691,4 +730,115 @@ def test_with_a_node_saver_a_layout_its_files_cannot_place_is_refused_at_save(jo
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "refused: with a node saver (saver='auto') every DTensor must be placed by Shard or Replicate" in proc.stdout
     assert "'p' has ['P(sum)']" in proc.stdout
-    assert not processes_mentioning(job_id)  # the detached saver was told the job ended
+    # The detached saver was told the job ended; it exits on its own time (bounded wait).
+    deadline = time.monotonic() + 60
+    while processes_mentioning(job_id):
+        assert time.monotonic() < deadline, f"the detached saver outlived the job: {processes_mentioning(job_id)}"
+        time.sleep(0.05)
+
+
+DEFAULT_SAVER_UNDER_AN_AGENT = """
+import json, os, sys
+from pathlib import Path
+import torch, torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor, Partial, Shard
+from dlrover.flashckpt.config import StagerConfig
+from dlrover.flashckpt.host import HOST_SOCKET_ENV_VAR, SaverHost, SaverHostConfig, host_socket_path
+from dlrover.flashckpt.sharded import ShardedCheckpointer
+
+job, storage, init, host_dir, shm, layout = sys.argv[1:7]
+dist.init_process_group("gloo", init_method=init, rank=0, world_size=1)
+mesh = init_device_mesh("cpu", (1,))
+# The agent's saver, as dlrover-run hosts it: its socket named in the workers' environment.
+host = SaverHost(SaverHostConfig(str(host_socket_path(Path(host_dir))), stop_timeout_s=60))
+host.start()
+os.environ[HOST_SOCKET_ENV_VAR] = str(host.socket_path)
+cfg = StagerConfig(job_id=job, run_id="r", shm_dir=shm)
+second = Partial() if layout == "partial" else Shard(0)
+
+def state(value):
+    return {
+        "w": DTensor.from_local(torch.full((4,), value), mesh, [Shard(0)]),
+        "p": DTensor.from_local(torch.full((4,), value), mesh, [second]),
+    }
+
+out = {}
+ckpt = ShardedCheckpointer(cfg, storage, group=dist.new_group(backend="gloo"))  # saver left to its default
+try:
+    out["hosted"] = ckpt.client is not None and ckpt.client.saver_pid == os.getpid()
+    for step in (1, 2):
+        assert ckpt.save(step, state(float(step))).saved
+    ckpt.stager.flush()
+    out["warned"] = [e.reason for e in ckpt.events.snapshot() if e.kind == "saver_cannot_write"]
+    ckpt.client.request_persist(1)
+    told = ckpt.client.wait_persisted(1, 60)
+    out["saver_persist"] = [told.ok, told.reason]
+finally:
+    ckpt.close(job_end=False)  # as a restart: the memory stays with the agent's saver
+again = ShardedCheckpointer(cfg, storage, group=dist.new_group(backend="gloo"))
+try:
+    target = state(0.0)
+    loaded = again.load(target)
+    out["loaded"] = [loaded.source, loaded.step, target["p"].to_local().tolist()]
+    out["restored_by"] = "saver" if again.restored_persist is None else "dcp"
+    if again.restored_persist is not None:
+        out["restored_committed"] = again.restored_persist.result(60).commit
+        out["persist_failed"] = [e.reason for e in again.events.snapshot() if e.kind == "persist_failed"]
+    else:
+        out["restored_committed"] = again.client.wait_persisted(2, 60).committed
+finally:
+    again.close(job_end=True)
+host.stop(remove_memory=True)
+dist.destroy_process_group()
+print("RESULT " + json.dumps(out))
+"""
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("layout", ["partial", "sharded"])
+def test_under_an_agent_the_default_saver_writes_only_what_it_can_place(
+    job_id: str, tmp_path: Path, layout: str
+) -> None:
+    # Under dlrover-run a ShardedCheckpointer uses the agent's saver without being asked. A state
+    # it cannot write rank by rank (a Partial DTensor) still saves to memory, with one warning;
+    # the saver refuses to persist its steps, and a step restored from memory is left to DCP.
+    script = tmp_path / "default_saver.py"
+    script.write_text(DEFAULT_SAVER_UNDER_AN_AGENT)
+    host_dir, shm, ckpt = tmp_path / "host", tmp_path / "shm", tmp_path / "ck"
+    host_dir.mkdir()
+    shm.mkdir()
+    args = [job_id, str(ckpt), f"file://{tmp_path / 'pg'}", str(host_dir), str(shm), layout]
+    proc = subprocess.run(
+        [sys.executable, str(script), *args], capture_output=True, text=True, timeout=100, check=False
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.split("RESULT ", 1)[1])
+    assert out["hosted"]
+    assert out["loaded"] == ["memory", 2, [2.0] * 4]
+    tracker = Committer(PosixStorage(ckpt)).tracker()
+    if layout == "partial":
+        # Nobody can persist a Partial DTensor (DCP refuses it too): nothing is committed, and
+        # the saver, unable to place it, wrote nothing at all rather than a step that never loads.
+        assert out["restored_committed"] is False
+        assert "CheckpointException" in out["persist_failed"][0]  # DCP's own error, as an event
+        assert tracker is None
+        assert not list(ckpt.glob("*/*.safetensors"))
+        assert len(out["warned"]) == 1  # once, for two saves
+        assert "'p' has ['P(sum)']" in out["warned"][0]
+        assert "will not persist it after a failure" in out["warned"][0]
+        ok, reason = out["saver_persist"]
+        assert not ok
+        assert "not all placed by Shard or Replicate alone" in reason
+        assert out["restored_by"] == "dcp"
+    else:
+        assert out["restored_committed"] is True
+        assert tracker is not None
+        assert tracker.step == 2
+        assert out["warned"] == []
+        assert out["saver_persist"][0]
+        assert out["restored_by"] == "saver"
+        assert json.loads(PosixStorage(ckpt).read_bytes(manifest_path(2)))["format"] == CHECKPOINT_FORMAT
+    assert list(host_dir.iterdir()) == []
+    assert list(shm.iterdir()) == []

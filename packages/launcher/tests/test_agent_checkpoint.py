@@ -198,7 +198,7 @@ SHARDED_WORKER = textwrap.dedent(
 
     out, _, job, shm = sys.argv[1:5]
     ckpt = ShardedCheckpointer(
-        StagerConfig(job_id=job, run_id="r", shm_dir=shm, copy_threads=1), os.path.join(out, "ckpt"), saver="auto"
+        StagerConfig(job_id=job, run_id="r", shm_dir=shm, copy_threads=1), os.path.join(out, "ckpt")
     )
     state = {"model": {"w": torch.zeros(4096)}, "step": 0}
     for step in (1, 2, 3):  # memory only: nobody asks to persist

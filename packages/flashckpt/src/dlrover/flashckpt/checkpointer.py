@@ -200,7 +200,7 @@ class FlashCheckpointer:
         step = self._agree([s.step for s in reader.snapshots()])
         if step is not None:
             try:
-                return reader.load(target=target, step=step)
+                return reader.load(target=target, step=step, keep=self.stager.adopt)
             except NoCheckpointError:
                 pass  # overwritten since we looked: fall back to storage
             except (ChecksumError, LayoutError) as e:

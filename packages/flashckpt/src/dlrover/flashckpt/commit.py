@@ -10,6 +10,7 @@ complete checkpoint, and a step without ``manifest.json`` is never loaded.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import re
@@ -195,6 +196,30 @@ class Committer:
             return None
         return tracker.step if tracker is not None and tracker.step >= step else None
 
+    def move_tracker(self, step: int, world_size: int) -> int | None:
+        """Point the tracker at `step` (of `world_size` ranks) unless a step at or past it is committed.
+
+        The re-read and the write happen under the storage's commit lock where it has one
+        (`CommitLocking`), so two writers committing at once never move the tracker back.
+
+        Returns:
+            None when the tracker now names `step`; else the committed step that kept it (the
+            tracker is then unchanged).
+
+        Raises:
+            StorageError: the lock or the tracker write failed (the tracker is unchanged).
+        """
+        # getattr, not isinstance: a wrapper that delegates through __getattr__ keeps the lock
+        # (isinstance on a runtime Protocol looks attributes up statically from Python 3.12 on).
+        commit_lock = getattr(self.storage, "commit_lock", None)
+        with commit_lock() if commit_lock is not None else contextlib.nullcontext():
+            newer = self.newer_tracker(step)
+            if newer is not None:
+                return newer
+            tracker = {"format": TRACKER_FORMAT, "version": FORMAT_VERSION, "step": step, "world_size": world_size}
+            self.storage.write_file(TRACKER_PATH, [dump_json(tracker)])
+        return None
+
     def per_rank_done(self, step: int) -> set[int]:
         """Ranks whose done marker for `step` is a per-rank persist's (`persist.persist_rank`)."""
         done = set()
@@ -248,11 +273,9 @@ class Committer:
             "ranks": ranks,
         }
         self.storage.write_file(manifest_path(step), [dump_json(doc)])
-        newer = self.newer_tracker(step)
+        newer = self.move_tracker(step, world_size)
         if newer is not None:
             return CommitDecision(False, f"step {step} is complete, but step {newer} was committed meanwhile")
-        tracker = {"format": TRACKER_FORMAT, "version": FORMAT_VERSION, "step": step, "world_size": world_size}
-        self.storage.write_file(TRACKER_PATH, [dump_json(tracker)])
         if self.retention is not None:
             try:
                 self.apply_retention()

@@ -9,6 +9,7 @@ single byte reaches the caller's tensors, so a corrupt snapshot changes nothing.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -93,7 +94,13 @@ class MemoryReader:
                 found.append(MemorySnapshot(slot, header.seq, header.step, header.state is SlotState.SEALED))
         return sorted(found, key=lambda s: s.seq, reverse=True)
 
-    def load(self, target: Any | None = None, step: int | None = None, copier: Copier | None = None) -> LoadedState:
+    def load(
+        self,
+        target: Any | None = None,
+        step: int | None = None,
+        copier: Copier | None = None,
+        keep: Callable[[int, ShmSegment], bool] | None = None,
+    ) -> LoadedState:
         """Load the newest snapshot (or the newest one of `step`).
 
         Args:
@@ -101,6 +108,9 @@ class MemoryReader:
                 is allocated); None returns a freshly allocated state.
             step: load this step instead of the newest.
             copier: copy threads to use (default: a pool per the config, closed afterwards).
+            keep: offered the slot and its mapped segment after a successful load; True takes
+                them over (the reader then leaves the segment open), so that a stager in this
+                process does not map the same gigabytes again (`Stager.adopt`).
 
         Returns:
             The loaded state.
@@ -120,6 +130,7 @@ class MemoryReader:
             seg = self._attach(chosen.slot)
             if seg is None:
                 continue
+            kept = False
             try:
                 if not seg.try_lock(exclusive=False):
                     if self._clock.now() >= deadline:
@@ -133,11 +144,14 @@ class MemoryReader:
                     header = read_header(seg)
                     if header is None or header.seq != chosen.seq or header.state < SlotState.COMPLETE:
                         continue  # overwritten meanwhile: choose again
-                    return self._read(seg, header, target, copier)
+                    loaded = self._read(seg, header, target, copier)
                 finally:
                     seg.unlock()
+                kept = keep is not None and keep(chosen.slot, seg)
+                return loaded
             finally:
-                seg.close()
+                if not kept:
+                    seg.close()
 
     def _read(self, seg: ShmSegment, header: SlotHeader, target: Any | None, copier: Copier | None) -> LoadedState:
         tree, specs = read_manifest(seg, header)

@@ -28,7 +28,7 @@ from dlrover.common import Clock, ConfigError, SystemClock
 from dlrover.common.validators import non_negative_finite, non_negative_int, positive
 from dlrover.flashckpt.channel import ChannelError, recv_message, send_message, unix_address
 from dlrover.flashckpt.commit import Committer, RetentionPolicy
-from dlrover.flashckpt.errors import FlashCkptError, LayoutError
+from dlrover.flashckpt.errors import FlashCkptError, LayoutError, StateStructureError, StorageError
 from dlrover.flashckpt.events import EventLog, FlashEvent
 from dlrover.flashckpt.layout import SlotHeader, SlotState
 from dlrover.flashckpt.pacing import Pacer
@@ -45,6 +45,7 @@ from dlrover.flashckpt.segment import (
     validate_id,
     write_owner,
 )
+from dlrover.flashckpt.shard_tree import rank_files_refusal
 from dlrover.flashckpt.slotio import peek_header, read_header
 from dlrover.flashckpt.storage.base import Storage
 
@@ -488,6 +489,10 @@ class Saver:
                 decision = self.committer.try_commit(step, self.config.world_size)
             except FlashCkptError as e:
                 self._record("persist_failed", step, f"commit of step {step} failed: {e}")
+                if isinstance(e, StorageError):
+                    # A commit lock held too long, a storage hiccup: every file is written, so
+                    # the periodic retry may well commit it.
+                    self._pending.add(step)
                 return False, str(e)
         if decision.commit:
             self._record("committed", step, decision.reason)
@@ -575,6 +580,12 @@ class Saver:
                 self._pacer = Pacer(c.persist_bandwidth_mb_s * 1e6, self._clock) if capped else None
             try:
                 payload = payload_from_slot(held.seg, held.header, rank, c.world_size)
+                refusal = rank_files_refusal(payload.tree, payload.specs)
+                if refusal is not None:
+                    raise StateStructureError(
+                        f"{refusal}, so its per-rank files could never be loaded: such a step is persisted only "
+                        "by the training processes, through DCP"
+                    )
                 # The slot is let go once its bytes are handed over, not after the fsync: a
                 # stager waiting for it (the save after next) waits no longer than it must.
                 persist_rank(self.storage, payload, pacer=self._pacer, on_streamed=held.release)

@@ -23,7 +23,7 @@ is read from the lowest rank that saved it.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -42,12 +42,18 @@ from torch.futures import Future
 from dlrover.flashckpt.dtypes import dtype_from_name
 from dlrover.flashckpt.errors import LayoutError, StateStructureError
 from dlrover.flashckpt.layout import TensorSpec
+from dlrover.flashckpt.shard_tree import JsonNode, sharded_parts, tensor_keys
 from dlrover.flashckpt.storage.base import Storage
-from dlrover.flashckpt.tree import build_tree, decode_scalar
+from dlrover.flashckpt.tree import build_tree
 
-__all__ = ["RankShards", "ShardChunk", "ShardLocalReader", "rank_shards", "shard_metadata", "state_node_of"]
-
-JsonNode = dict[str, Any]
+__all__ = [
+    "RankShards",
+    "ShardChunk",
+    "ShardLocalReader",
+    "rank_shards",
+    "shard_metadata",
+    "state_node_of",
+]
 
 
 @attrs.frozen
@@ -93,34 +99,11 @@ def state_node_of(tree: JsonNode) -> tuple[JsonNode, dict[str, Any]]:
     Raises:
         StateStructureError: the tree is not a sharded snapshot's.
     """
-    parts = {}
-    for key, node in tree.get("dict", []) if isinstance(tree, dict) else []:
-        if key in ({"str": "state"}, {"str": "sharding"}):
-            parts[key["str"]] = node
-    if set(parts) != {"state", "sharding"}:
-        raise StateStructureError("the rank's tree is not a sharded snapshot's (no 'state' and 'sharding')")
-    sharding = build_tree(parts["sharding"], [])
+    state, sharding_node = sharded_parts(tree)
+    sharding = build_tree(sharding_node, [])
     if not isinstance(sharding, dict) or not isinstance(sharding.get("shards"), dict):
         raise StateStructureError("the sharded snapshot's 'sharding' description is malformed")
-    return parts["state"], sharding
-
-
-def _tensor_keys(node: JsonNode, path: tuple[str, ...] = ()) -> Iterator[tuple[str, int]]:
-    """(DCP key, tensor index) of every tensor node under `node`, depth first."""
-    if not isinstance(node, dict) or len(node) != 1:
-        raise StateStructureError(f"malformed tree node {node!r}")
-    ((kind, value),) = node.items()
-    if kind == "dict":
-        for k, child in value:
-            part = decode_scalar(k)
-            if isinstance(part, bool) or not isinstance(part, str | int):
-                raise StateStructureError(f"key {part!r} of a sharded state is not a str or int")
-            yield from _tensor_keys(child, (*path, str(part)))
-    elif kind in ("list", "tuple"):
-        for i, child in enumerate(value):
-            yield from _tensor_keys(child, (*path, str(i)))
-    elif kind in ("tensor", "ndarray"):
-        yield ".".join(path), value
+    return state, sharding
 
 
 def rank_shards(rank: int, path: str, data_start: int, tree: JsonNode, specs: tuple[TensorSpec, ...]) -> RankShards:
@@ -133,7 +116,7 @@ def rank_shards(rank: int, path: str, data_start: int, tree: JsonNode, specs: tu
     shards: Mapping[str, Any] = sharding["shards"]
     chunks = []
     unreadable = []
-    for key, index in _tensor_keys(state):
+    for key, index in tensor_keys(state):
         if not isinstance(index, int) or not 0 <= index < len(specs):
             raise StateStructureError(f"rank {rank}: tensor {key!r} names index {index!r} of {len(specs)}")
         spec = specs[index]
@@ -314,14 +297,15 @@ class ShardLocalReader(StorageReader):
 
         A part made of whole rows of its chunk (a reshard along the first dimension, as FSDP's
         is) is read alone, straight into the target when the target can take the bytes; any
-        other part is cut from the whole chunk, read once for the items that follow on it.
+        other part is cut from the run of rows it lies in, read once for the items that follow
+        on the same run.
 
         Raises:
             LayoutError: an item names a chunk the step does not hold, is not a tensor read, or
                 asks for another shape than its target's.
             StorageError: a file cannot be read.
         """
-        cached: tuple[MetadataIndex, torch.Tensor] | None = None
+        cached: tuple[tuple[MetadataIndex, int, int], torch.Tensor] | None = None
         for item in plan.items:
             if item.type is not LoadItemType.TENSOR:
                 raise LayoutError(f"{item.dest_index.fqn!r}: a per-rank sharded step holds tensors only")
@@ -335,11 +319,15 @@ class ShardLocalReader(StorageReader):
             if _whole_rows(item.storage_offsets, item.lengths, chunk.spec.shape):
                 self._read_rows(rs, chunk, int(item.storage_offsets[0]), target)
             else:
-                if cached is None or cached[0] != index:
-                    cached = (index, self._read_chunk(rs, chunk))
+                # The rows the part lies in are one contiguous run of the chunk: read them (once
+                # for the items that follow on the same run), then cut the part from them.
+                first, count = (int(item.storage_offsets[0]), int(item.lengths[0])) if chunk.spec.shape else (0, 0)
+                run = (index, first, count)
+                if cached is None or cached[0] != run:
+                    cached = (run, self._read_row_run(rs, chunk, first, count))
                 source = cached[1]
                 for dim, (start, length) in enumerate(zip(item.storage_offsets, item.lengths, strict=True)):
-                    source = source.narrow(dim, start, length)
+                    source = source.narrow(dim, start - first if dim == 0 else start, length)
                 with torch.no_grad():
                     target.copy_(source)
             planner.commit_tensor(item, target)
@@ -353,12 +341,17 @@ class ShardLocalReader(StorageReader):
             raise LayoutError(f"{index.fqn!r}: the step holds no chunk at {list(index.offset or ())}")
         return located
 
-    def _read_chunk(self, rs: RankShards, chunk: ShardChunk) -> torch.Tensor:
-        tensor = torch.empty(chunk.spec.shape, dtype=dtype_from_name(chunk.spec.dtype))
-        if chunk.spec.nbytes:
-            raw = tensor.reshape(-1).view(torch.uint8).numpy()
-            self._storage.read_into(rs.path, rs.data_start + chunk.spec.offset, raw.data)
-        return tensor
+    def _read_row_run(self, rs: RankShards, chunk: ShardChunk, first: int, count: int) -> torch.Tensor:
+        """Rows ``first .. first + count`` of `chunk` as a new tensor (a 0-d chunk: all of it)."""
+        shape = (count, *chunk.spec.shape[1:]) if chunk.spec.shape else ()
+        run = torch.empty(shape, dtype=dtype_from_name(chunk.spec.dtype))
+        if not chunk.spec.shape:
+            if chunk.spec.nbytes:
+                raw = run.reshape(-1).view(torch.uint8).numpy()
+                self._storage.read_into(rs.path, rs.data_start + chunk.spec.offset, raw.data)
+            return run
+        self._read_rows(rs, chunk, first, run)
+        return run
 
     def _read_rows(self, rs: RankShards, chunk: ShardChunk, first: int, target: torch.Tensor) -> None:
         """Read rows ``first ..`` of `chunk` (as many as `target` has) into `target`."""

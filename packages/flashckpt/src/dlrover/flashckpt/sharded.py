@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -64,14 +65,12 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
+from torch.distributed.checkpoint.storage import StorageReader
 from torch.distributed.tensor import DTensor
 
 from dlrover.common import Clock, ConfigError, SystemClock
 from dlrover.flashckpt.ckpt_format import (
     CHECKPOINT_FORMAT,
-    FORMAT_VERSION,
-    TRACKER_FORMAT,
-    TRACKER_PATH,
     done_path,
     dump_json,
     load_json,
@@ -103,6 +102,7 @@ from dlrover.flashckpt.errors import (
     StorageError,
 )
 from dlrover.flashckpt.events import EventLog, FlashEvent
+from dlrover.flashckpt.host import HOST_SOCKET_ENV_VAR
 from dlrover.flashckpt.layout import SlotState, TensorSpec, decode_manifest
 from dlrover.flashckpt.memory import LoadedState, MemoryReader
 from dlrover.flashckpt.per_rank_step import check_per_rank_step
@@ -110,6 +110,7 @@ from dlrover.flashckpt.restore import apply_values
 from dlrover.flashckpt.saver_link import SaverLink, SaverMode, check_saver_mode
 from dlrover.flashckpt.segment import ShmSegment, segment_path
 from dlrover.flashckpt.shard_local import ShardLocalReader, rank_shards, shard_metadata, state_node_of
+from dlrover.flashckpt.shard_tree import RANK_FILES_LOADABLE
 from dlrover.flashckpt.sharded_state import (
     ShardedSplit,
     ShardInfo,
@@ -124,6 +125,8 @@ from dlrover.flashckpt.stager import SaveResult, Stager
 from dlrover.flashckpt.storage.base import Storage
 from dlrover.flashckpt.storage.posix import PosixStorage
 from dlrover.flashckpt.tree import build_tree, flatten_state
+
+_log = logging.getLogger(__name__)
 
 __all__ = ["ShardedCheckpointer", "get_sharded_state", "set_sharded_state"]
 
@@ -190,15 +193,22 @@ class ShardedCheckpointer:
         dcp_thread_count: DCP writer threads per rank.
         staging: where a non-POSIX `storage` is staged on local disk (default `StagingConfig()`:
             the system temp dir); not used for POSIX storage, which DCP writes in place.
-        saver: the node saver (see `saver_link`; ``"none"``, the default, has none). With one
-            (``"auto"`` under ``dlrover-run`` uses the agent's), when a training process dies the
+        saver: the node saver (see `saver_link`). With one, when a training process dies the
             saver persists the newest step every rank holds, rank by rank (`shard_local`),
             loadable resharded, unless storage committed it or a newer step already (a failure
             persist the saver holds back, `failure_persist_hold_s`, waits for the restart; a
             process that closes cleanly leaves nothing to persist). `persist_restored` then asks
-            the saver for the restored step instead of writing it with DCP. Every DTensor must
-            be placed by `Shard` or `Replicate` only (`save` refuses others). Needs POSIX
-            storage (`storage_dir`).
+            the saver for the restored step instead of writing it with DCP. Needs POSIX storage.
+            The saver writes only states whose DTensors are all placed by exactly `Shard` or
+            `Replicate` (`sharded_state.boxed_placements`): asked for explicitly (``"auto"``,
+            ``"connect"``), `save` refuses any other; by default (None) the agent's saver is
+            used under ``dlrover-run`` with POSIX storage, and a state with other placements is
+            then left to DCP alone (a ``saver_cannot_write`` event and a warning, once), as is
+            every state with ``"none"`` or outside ``dlrover-run``. With a saver the constructor
+            registers with it (bounded by the agent's answer); the saver owns the run's shared
+            memory (`close` keeps it, the saver removes it when the job ends), its failure
+            persists follow the saver's retention, and a step restored from memory is persisted
+            by it (`restored_persist` stays None). ``saver="none"`` opts out of all of that.
         persist_restored: when `load` restores a step from memory (the processes restarted, after
             a failure as a rule), persist it in the background unless storage already has it,
             as the plain checkpointer's node saver persists a failure's snapshot: a sharded
@@ -211,6 +221,8 @@ class ShardedCheckpointer:
         ConfigError: neither or both of `storage_dir` and `storage`, a `storage` that is not a
             `Storage`, a missing staging parent directory, or a bad `dcp_thread_count`.
         FlashCkptError: `config` disagrees with the process group on rank or world size.
+        SaverUnavailableError: (a saver, by default under ``dlrover-run``) the saver cannot be
+            reached; ``saver="none"`` does without one.
     """
 
     def __init__(
@@ -224,12 +236,15 @@ class ShardedCheckpointer:
         dcp_thread_count: int = 1,
         staging: StagingConfig | None = None,
         persist_restored: bool = True,
-        saver: SaverMode = "none",
+        saver: SaverMode | None = None,
         clock: Clock | None = None,
     ) -> None:
         posix_dir = storage_dir if storage_dir is not None else getattr(storage, "root", None)
         if not isinstance(storage, PosixStorage | None):
             posix_dir = None
+        self._saver_asked = saver is not None
+        if saver is None:
+            saver = "auto" if os.environ.get(HOST_SOCKET_ENV_VAR) and posix_dir is not None else "none"
         check_saver_mode(saver, None if posix_dir is None else str(posix_dir))
         if saver == "connect" and posix_dir is None:
             raise ConfigError(f"a node saver (saver={saver!r}) writes to a POSIX storage_dir, not to {storage!r}")
@@ -271,12 +286,14 @@ class ShardedCheckpointer:
         self._pending: list[Future[CommitDecision]] = []
         self._share: NodeShare | None = None
         self._layouts: dict[tuple[Any, ...], dict[str, Any]] = {}
+        self._warned_saver = False
         self.restored_persist: Future[CommitDecision] | None = None
         """The background persist the last `load` started (`persist_restored`), or None."""
 
     @property
     def client(self) -> SaverClient | None:
-        """The connection to the node's saver (None with ``saver="none"``)."""
+        """The connection to the node's saver (None without one: ``saver="none"``, or the default
+        outside ``dlrover-run`` or with non-POSIX storage)."""
         return self._link.client
 
     # -- memory --------------------------------------------------------------------------------
@@ -310,7 +327,13 @@ class ShardedCheckpointer:
         Each layout is described once and remembered, keyed by the live objects (the mesh object
         stands for this rank's place in it): this runs on every save, and describing a layout
         afresh (the mesh's shape, DCP's planning) costs tens of microseconds a tensor.
+
+        It also says whether a node saver's per-rank files of this state could be loaded again
+        (`RANK_FILES_LOADABLE`): only when every DTensor is placed by exactly `Shard` or
+        `Replicate`. The placements are the same on every rank, so every rank decides alike, and
+        the saver, which reads the flag from the snapshot, refuses the same states.
         """
+        unboxed: list[tuple[str, ShardInfo]] = []
 
         def describe_shard(key: str, shard: ShardInfo) -> dict[str, Any]:
             layout = (key, shard.mesh, shard.placements, shard.shape)
@@ -320,15 +343,33 @@ class ShardedCheckpointer:
                 assert isinstance(tensor, DTensor)  # shards describe DTensor leaves only
                 info = {**shard.describe(), "offsets": chunk_offsets(key, tensor)}
                 self._layouts[layout] = info
-            if info["offsets"] is None and self._link.client is not None and _local_numel(split.dcp[key]):
-                raise StateStructureError(
-                    f"with a node saver (saver={self._link.mode!r}) every DTensor must be placed by Shard or "
-                    f"Replicate only, so that the saver's files load again: {key!r} has {list(info['placements'])}; "
-                    "use saver='none'"
-                )
+            if not shard.boxed:
+                unboxed.append((key, shard))
             return dict(info)
 
-        return split.describe(self.config.world_size, describe_shard)
+        description = split.describe(self.config.world_size, describe_shard)
+        description[RANK_FILES_LOADABLE] = not unboxed
+        if unboxed and self._link.client is not None:
+            key, shard = unboxed[0]
+            self._saver_cannot_write(key, [str(p) for p in shard.placements])
+        return description
+
+    def _saver_cannot_write(self, key: str, placements: list[str]) -> None:
+        """A DTensor the node saver's per-rank files cannot place (see the `saver` argument)."""
+        why = (
+            "every DTensor must be placed by Shard or Replicate only, so that the saver's files load again: "
+            f"{key!r} has {placements}"
+        )
+        if self._saver_asked:
+            raise StateStructureError(f"with a node saver (saver={self._link.mode!r}) {why}; use saver='none'")
+        if not self._warned_saver:
+            self._warned_saver = True
+            reason = (
+                f"the node saver cannot write this state ({why}): it will not persist it after a failure; "
+                "only persist(), persist_async() and persist_restored write it (DCP)"
+            )
+            _log.warning("%s", reason)
+            self._event("saver_cannot_write", -1, reason)
 
     def _snapshot_sharding(self, slot: int) -> tuple[int, dict[str, Any]] | None:
         """(step, sharding description) of a complete snapshot, or None.
@@ -394,19 +435,19 @@ class ShardedCheckpointer:
                 error = ""
                 try:
                     target = {"sharding": self._describe(split), "state": split.local}
-                    loaded = self._reader.load(target=target, step=step)
+                    loaded = self._reader.load(target=target, step=step, keep=self.stager.adopt)
                 except (ChecksumError, NoCheckpointError, StateStructureError, LayoutError) as e:
                     error = str(e)
                 ok = self._g.gather_ints([0 if loaded is not None else 1], 1)
                 if all(r[0] == 0 for r in ok) and loaded is not None:
                     restored = rejoin(state, loaded.state["state"])
                     self._last = split  # a restarted process may persist what it found in memory
-                    self._persist_restored_step(step)
+                    self._persist_restored_step(step, split)
                     return LoadedState(restored, step, "memory", loaded.verified, loaded.detail)
                 self._event("fallback", step, f"memory load of step {step} failed on some rank ({error or 'peer'})")
         return self._load_storage(state, split)
 
-    def _persist_restored_step(self, step: int) -> None:
+    def _persist_restored_step(self, step: int, split: ShardedSplit) -> None:
         """Start persisting a step just restored from memory (`persist_restored`). Collective.
 
         Every rank decides alike: the setting and the group are the same on all of them, and the
@@ -414,7 +455,7 @@ class ShardedCheckpointer:
         """
         if not self._persist_restored:
             return
-        if self._link.client is not None:
+        if self._link.client is not None and self._describe(split)[RANK_FILES_LOADABLE]:
             # The node saver writes this step rank by rank, as it did (or is doing) for the failure
             # it came from, unless it persisted it or storage committed it already (a process
             # that exited cleanly, or a held failure persist, left it only in memory). A DCP
@@ -499,18 +540,29 @@ class ShardedCheckpointer:
             if man is None or problem is not None or local is None:
                 return problem, None
             self._check_structure(step, man["tree"], man["tensor_keys"], local_tree, split)
-            dcp_load(
-                split.dcp,
-                storage_reader=FileSystemReader(local),
-                process_group=self._g.group,
-                no_dist=not self._g.active,
-            )
+            problem = self._dcp_read(step, split, FileSystemReader(local))
             if share is not None:
                 self._g.barrier()  # the node's ranks have all read the copy its leader removes
+            if problem is not None:
+                return problem, None
         restored = rejoin(state, apply_values(split.local, man["tree"]))
         self._last = split
         detail = f"{self._site.where(step)} (step {step}, saved by {man['world_size']} ranks)"
         return None, LoadedState(restored, step, "storage", True, detail)
+
+    def _dcp_read(self, step: int, split: ShardedSplit, reader: StorageReader) -> str | None:
+        """DCP-load `split` through `reader`. Collective. The problem (a ``load_failed`` event), or None.
+
+        DCP gathers every rank's read errors, so every rank gets the same outcome. After a failure
+        the state may be part written: the previous step, loaded next, writes all of it again.
+        """
+        try:
+            dcp_load(split.dcp, storage_reader=reader, process_group=self._g.group, no_dist=not self._g.active)
+        except CheckpointException as e:  # a BaseException: `except Exception` does not see it
+            problem = f"reading it failed after it was verified: {e}"
+            self._event("load_failed", step, problem)
+            return problem
+        return None
 
     def _load_per_rank_step(
         self, step: int, raw: bytes | None, state: Any, split: ShardedSplit, local_tree: Any
@@ -529,18 +581,8 @@ class ShardedCheckpointer:
             return f"its layout cannot be read: {e}", None
         self._check_structure(step, tree, list(metadata.state_dict_metadata), local_tree, split)
         _check_shapes(step, metadata, split)
-        try:
-            dcp_load(
-                split.dcp,
-                storage_reader=ShardLocalReader(self.storage, metadata, where),
-                process_group=self._g.group,
-                no_dist=not self._g.active,
-            )
-        except CheckpointException as e:
-            # DCP gathers every rank's read errors, so every rank gets here alike. The state may be
-            # part written: the previous step, loaded next, writes all of it again.
-            problem = f"reading it failed after it was verified: {e}"
-            self._event("load_failed", step, problem)
+        problem = self._dcp_read(step, split, ShardLocalReader(self.storage, metadata, where))
+        if problem is not None:
             return problem, None
         restored = rejoin(state, apply_values(split.local, tree))
         self._last = split
@@ -725,11 +767,24 @@ class ShardedCheckpointer:
                 snapshot = None
                 if local is not None:
                     snapshot, detail = self._hold_snapshot(hold, step, sharding)
-                held = all(r[0] == 1 for r in g.gather_ints([int(snapshot is not None)], 1))
-                if held and snapshot is not None and last is not None and local is not None:
+                # What DCP saves is built before the ranks agree to go on, so that an error in
+                # building it, this rank's alone, is a vote here and not a rank missing from
+                # DCP's collectives.
+                prepared = None
+                if snapshot is not None and last is not None:
                     try:
-                        record = self._write_dcp(step, snapshot, last, local)
-                    except Exception as e:  # reported in the decision; raising here would strand the other ranks
+                        prepared = _dcp_state(snapshot, last)
+                    except Exception as e:  # this rank's verdict, agreed on just below
+                        detail = f"rank {g.rank}: {type(e).__name__}: {e}"
+                        self._event("persist_failed", step, detail)
+                held = all(r[0] == 1 for r in g.gather_ints([int(prepared is not None)], 1))
+                if held and prepared is not None and local is not None:
+                    try:
+                        self._write_dcp(prepared[0], local)
+                        record = prepared[1], prepared[2]
+                    # Reported in the decision: raising would strand the other ranks. DCP gathers
+                    # every rank's errors into a CheckpointException, a BaseException.
+                    except (Exception, CheckpointException) as e:
                         ok, reason = 0, f"rank {g.rank}: {type(e).__name__}: {e}"
                         self._event("persist_failed", step, reason)
                 snapshot = None  # the views go before the slot is unmapped
@@ -846,24 +901,15 @@ class ShardedCheckpointer:
             self._event("persist_failed", step, detail)
             return None, detail
 
-    def _write_dcp(
-        self, step: int, snapshot: tuple[dict[str, Any], list[torch.Tensor]], last: ShardedSplit, local: Path
-    ) -> tuple[dict[str, Any], list[str]]:
-        """DCP-save a held snapshot into `local` (the step's directory or its staging copy). Collective.
-
-        Returns:
-            The snapshot's own tree and DCP keys, for the manifest (not the live state's values).
-        """
-        tree, views = snapshot
-        staged = split_sharded(build_tree(tree, views, ndarray_as_numpy=False)["state"])
-        state = dcp_grouped({k: _as_dtensor(v, k, last) for k, v in staged.dcp.items()})
+    def _write_dcp(self, state: dict[str, Any], local: Path) -> None:
+        """DCP-save `state` (see `_dcp_state`) into `local`, the step's directory or its staging copy.
+        Collective."""
         dcp_save(
             state,
             storage_writer=FileSystemWriter(local, sync_files=self._site.sync_files, thread_count=self._threads),
             process_group=self._g.group,
             no_dist=not self._g.active,
         )
-        return _state_node(tree), list(staged.keys)
 
     def _publish(self, step: int, local: Path, ok: int, reason: str) -> tuple[int, str]:
         """Checksum (and, staged, upload) this rank's share of the step's files, then write its
@@ -921,11 +967,9 @@ class ShardedCheckpointer:
             sharding=sharding,
         )
         self.storage.write_file(manifest_path(step), [dump_json(man)])
-        newer = self._committer.newer_tracker(step)
+        newer = self._committer.move_tracker(step, ws)
         if newer is not None:  # a node saver committed a newer step meanwhile: the tracker stays there
             return CommitDecision(False, f"step {step} is complete, but step {newer} was committed meanwhile")
-        tracker = {"format": TRACKER_FORMAT, "version": FORMAT_VERSION, "step": step, "world_size": ws}
-        self.storage.write_file(TRACKER_PATH, [dump_json(tracker)])
         if self._committer.retention is not None:
             try:
                 self._committer.apply_retention()
@@ -975,6 +1019,17 @@ def _as_dtensor(view: torch.Tensor, key: str, live: ShardedSplit) -> torch.Tenso
     )
 
 
+def _dcp_state(
+    snapshot: tuple[dict[str, Any], list[torch.Tensor]], last: ShardedSplit
+) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
+    """What DCP saves of a held snapshot (its views, as DTensors laid out like `last`'s), and the
+    snapshot's own tree and DCP keys for the manifest (not the live state's values)."""
+    tree, views = snapshot
+    staged = split_sharded(build_tree(tree, views, ndarray_as_numpy=False)["state"])
+    state = dcp_grouped({k: _as_dtensor(v, k, last) for k, v in staged.dcp.items()})
+    return state, _state_node(tree), list(staged.keys)
+
+
 def _sharding_of(tree: dict[str, Any]) -> dict[str, Any]:
     """The staged sharding description inside a snapshot's tree (it holds no tensors)."""
     if not isinstance(tree, dict) or "dict" not in tree:
@@ -1018,11 +1073,6 @@ def _check_shapes(step: int, metadata: Any, split: ShardedSplit) -> None:
             raise StateStructureError(
                 f"checkpoint step {step} holds {key!r} with shape {list(saved.size)}, the state {list(tensor.shape)}"
             )
-
-
-def _local_numel(tensor: torch.Tensor) -> int:
-    """Elements of this rank's part of a DTensor (of a plain tensor: all of them)."""
-    return tensor.to_local().numel() if isinstance(tensor, DTensor) else tensor.numel()
 
 
 def _parsed_dcp_manifest(raw: bytes | None, step: int) -> dict[str, Any] | None:

@@ -18,7 +18,7 @@ Pure apart from reading tensor attributes; no collectives.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -30,7 +30,16 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 from dlrover.flashckpt.errors import StateStructureError
 from dlrover.flashckpt.tree import path_name
 
-__all__ = ["ShardInfo", "ShardedSplit", "chunk_offsets", "dcp_grouped", "rejoin", "skeleton", "split_sharded"]
+__all__ = [
+    "ShardInfo",
+    "ShardedSplit",
+    "boxed_placements",
+    "chunk_offsets",
+    "dcp_grouped",
+    "rejoin",
+    "skeleton",
+    "split_sharded",
+]
 
 
 @attrs.frozen
@@ -48,6 +57,11 @@ class ShardInfo:
     placements: tuple[Any, ...]
     shape: torch.Size
     stride: tuple[int, ...]
+
+    @property
+    def boxed(self) -> bool:
+        """See `boxed_placements`."""
+        return boxed_placements(self.placements)
 
     def describe(self) -> dict[str, Any]:
         """A JSON description; equal descriptions mean equal local shards on every rank."""
@@ -153,6 +167,13 @@ def split_sharded(state: Any) -> ShardedSplit:
     return ShardedSplit(local, dcp, shards, tuple(keys))
 
 
+def boxed_placements(placements: Sequence[Any]) -> bool:
+    """Whether each rank's shard is one box of the whole tensor: placed by exactly `Shard` or
+    `Replicate`. A strided shard's rows are not contiguous in the whole tensor, and a partial value
+    is not the tensor's; only boxed shards can be read back from per-rank files (`shard_local`)."""
+    return all(type(p) in (Shard, Replicate) for p in placements)
+
+
 def chunk_offsets(key: str, tensor: DTensor) -> list[int] | None:
     """Where this rank's local shard of `tensor` starts in the global tensor, per dimension.
 
@@ -163,7 +184,7 @@ def chunk_offsets(key: str, tensor: DTensor) -> list[int] | None:
     partial value is not the tensor's), a rank outside the tensor's mesh, or a planned box of
     another size than the local tensor.
     """
-    if any(type(p) not in (Shard, Replicate) for p in tensor.placements):
+    if not boxed_placements(tensor.placements):
         return None
     items = [i for i in create_default_local_save_plan({key: tensor}, False).items if i.tensor_data is not None]
     if len(items) != 1:

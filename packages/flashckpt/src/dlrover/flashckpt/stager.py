@@ -146,6 +146,19 @@ class Stager:
             self._segments[slot] = seg
         return seg
 
+    def adopt(self, slot: int, seg: ShmSegment) -> bool:
+        """Take over `seg`, this rank's `slot` mapped by a reader in this process, if the stager
+        has not mapped that slot yet; False leaves `seg` with the caller.
+
+        A restarted process loads its snapshot from one slot and then saves into the slots: the
+        mapping the load made (pre-faulted, a tenth of a second per GB) serves both.
+        """
+        with self._lock:
+            if self._closed or self._segments[slot] is not None or seg.path != self._path(slot):
+                return False
+            self._segments[slot] = seg
+            return True
+
     def _ensure_capacity(self, slot: int, size: int, step: int) -> ShmSegment:
         seg = self._segment(slot)
         if seg is None:

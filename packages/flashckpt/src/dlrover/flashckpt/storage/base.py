@@ -7,14 +7,21 @@ directory; object stores: a single PUT). Failures raise `StorageError` naming th
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
+from contextlib import AbstractContextManager
 from typing import Protocol, runtime_checkable
 
+from dlrover.common import ConfigError
 from dlrover.flashckpt.errors import StorageError
 
-__all__ = ["Chunk", "Storage", "check_path"]
+__all__ = ["COMMIT_LOCK_NAME", "Chunk", "CommitLocking", "Storage", "check_lock_timeout", "check_path"]
 
 Chunk = bytes | bytearray | memoryview
+
+# The lock file a backend with `CommitLocking` keeps at its root. The leading dot keeps it out of
+# the step directories (digits only) and of a user's ``ls``.
+COMMIT_LOCK_NAME = ".commit.lock"
 
 
 def check_path(path: str) -> str:
@@ -26,6 +33,17 @@ def check_path(path: str) -> str:
     if not path or path.startswith("/") or any(part in ("", ".", "..") for part in path.split("/")):
         raise StorageError(f"invalid storage path {path!r}: relative, '/'-separated, no '.', '..' or empty parts")
     return path
+
+
+def check_lock_timeout(timeout_s: object) -> None:
+    """Refuse a commit lock timeout that is not a finite number of seconds >= 0.
+
+    Raises:
+        ConfigError: naming the bad value.
+    """
+    ok = isinstance(timeout_s, int | float) and not isinstance(timeout_s, bool)
+    if not ok or not 0 <= timeout_s < math.inf:  # type: ignore[operator]
+        raise ConfigError(f"commit_lock_timeout_s must be a finite number >= 0, got {timeout_s!r}")
 
 
 @runtime_checkable
@@ -70,4 +88,24 @@ class Storage(Protocol):
 
     def remove_tree(self, path: str) -> None:
         """Remove a directory and everything below it; no error when missing."""
+        ...
+
+
+@runtime_checkable
+class CommitLocking(Protocol):
+    """A storage that can keep the writers of its tracker apart.
+
+    Two writers can commit into one checkpoint directory at once: the training processes (a
+    sharded persist through DCP) and a node saver persisting a failure's snapshot. Each re-reads
+    the tracker right before writing it and leaves a newer one alone; holding this lock over the
+    re-read and the write closes the window between the two. Object stores have no such lock
+    (`FsspecStorage` does not implement it): there the re-read alone narrows the window.
+    """
+
+    def commit_lock(self) -> AbstractContextManager[None]:
+        """A context manager holding the directory's commit lock while its block runs.
+
+        Raises:
+            StorageError: the lock could not be had within the backend's bound (naming the path).
+        """
         ...

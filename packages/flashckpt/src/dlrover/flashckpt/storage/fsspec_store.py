@@ -21,6 +21,9 @@ __all__ = ["FsspecStorage"]
 class FsspecStorage:
     """Files under ``root`` on an fsspec filesystem.
 
+    It has no `commit_lock` (`CommitLocking`): object stores offer no lock to take, so two writers
+    committing at the same moment are kept from moving the tracker back only by its re-read.
+
     Args:
         fs: an ``fsspec.AbstractFileSystem`` (e.g. ``s3fs.S3FileSystem(...)``).
         root: the checkpoint prefix, e.g. ``"bucket/jobs/j1"``.

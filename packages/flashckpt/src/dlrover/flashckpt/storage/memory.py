@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 
 from dlrover.flashckpt.errors import StorageError
-from dlrover.flashckpt.storage.base import Chunk, check_path
+from dlrover.flashckpt.storage.base import Chunk, check_lock_timeout, check_path
 
 __all__ = ["InMemoryStorage"]
 
@@ -16,15 +17,19 @@ class InMemoryStorage:
 
     Args:
         capacity_bytes: total bytes it holds before writes fail like a full disk (None: no limit).
+        commit_lock_timeout_s: how long `commit_lock` waits for another holder before failing.
 
     Attributes:
         before_write: called with each path before it is written; raise from it to inject a crash
             or an I/O error at that point (the file is then not written).
     """
 
-    def __init__(self, capacity_bytes: int | None = None) -> None:
+    def __init__(self, capacity_bytes: int | None = None, commit_lock_timeout_s: float = 60.0) -> None:
         self._files: dict[str, bytes] = {}
         self._lock = threading.Lock()
+        check_lock_timeout(commit_lock_timeout_s)
+        self._commit_lock = threading.Lock()
+        self.commit_lock_timeout_s = commit_lock_timeout_s
         self.capacity_bytes = capacity_bytes
         self.before_write: Callable[[str], None] | None = None
 
@@ -82,6 +87,16 @@ class InMemoryStorage:
         with self._lock:
             for k in [k for k in self._files if k.startswith(prefix)]:
                 del self._files[k]
+
+    @contextlib.contextmanager
+    def commit_lock(self) -> Iterator[None]:
+        """See `CommitLocking.commit_lock` (held across the threads of this process)."""
+        if not self._commit_lock.acquire(timeout=self.commit_lock_timeout_s):
+            raise StorageError(f"the commit lock stayed held by another writer for {self.commit_lock_timeout_s:g} s")
+        try:
+            yield
+        finally:
+            self._commit_lock.release()
 
     def corrupt(self, path: str, offset: int, new: bytes | None = None, truncate: bool = False) -> None:
         """Damage a stored file (test helper): overwrite bytes at `offset`, or truncate there."""

@@ -5,19 +5,23 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import logging
 import os
 import shutil
 import sys
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import cast
 
-from dlrover.common import ConfigError
+from dlrover.common import Clock, ConfigError, SystemClock
 from dlrover.flashckpt.errors import StorageError
-from dlrover.flashckpt.storage.base import Chunk, check_path
+from dlrover.flashckpt.storage.base import COMMIT_LOCK_NAME, Chunk, check_lock_timeout, check_path
+from dlrover.flashckpt.storage.file_lock import exclusive_flock
 
 __all__ = ["PosixStorage"]
+
+_log = logging.getLogger(__name__)
 
 
 class PosixStorage:
@@ -33,20 +37,52 @@ class PosixStorage:
     evicts the training job's cached files with clean copies nobody reads back. The final fsync
     still makes the file durable; these calls only change when the work happens.
 
+    Tracker writers serialise on an ``flock`` of ``<root>/.commit.lock`` (`commit_lock`), which
+    works across processes on one host and on filesystems that support ``flock`` across hosts.
+
     Args:
         root: the checkpoint directory (created if missing).
         writeback_window_bytes: bytes between writeback starts (0: leave it all to the fsync and
             keep the pages cached).
+        commit_lock_timeout_s: how long `commit_lock` waits for another writer before failing.
+        clock: time source for that wait.
     """
 
-    def __init__(self, root: str | os.PathLike[str], writeback_window_bytes: int = 32 << 20) -> None:
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        writeback_window_bytes: int = 32 << 20,
+        *,
+        commit_lock_timeout_s: float = 60.0,
+        clock: Clock | None = None,
+    ) -> None:
         if isinstance(writeback_window_bytes, bool) or not isinstance(writeback_window_bytes, int):
             raise ConfigError(f"writeback_window_bytes must be an int, got {writeback_window_bytes!r}")
         if writeback_window_bytes < 0:
             raise ConfigError(f"writeback_window_bytes must be >= 0 (0: off), got {writeback_window_bytes!r}")
+        check_lock_timeout(commit_lock_timeout_s)
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self.writeback_window_bytes = writeback_window_bytes
+        self.commit_lock_timeout_s = commit_lock_timeout_s
+        self._clock = clock or SystemClock()
+        self._warned_no_flock = False
+
+    @contextlib.contextmanager
+    def commit_lock(self) -> Iterator[None]:
+        """See `CommitLocking.commit_lock`.
+
+        On a filesystem without ``flock`` support the block runs unlocked, with one warning per
+        storage: the tracker's re-read then narrows the window alone, as on object stores.
+        """
+        with exclusive_flock(self.root / COMMIT_LOCK_NAME, self.commit_lock_timeout_s, self._clock) as locked:
+            if not locked and not self._warned_no_flock:
+                self._warned_no_flock = True
+                _log.warning(
+                    "%s supports no flock: tracker writers are kept apart by re-reading the tracker alone",
+                    self.root,
+                )
+            yield
 
     def _p(self, path: str, allow_root: bool = False) -> Path:
         return self.root if path == "" and allow_root else self.root / check_path(path)
