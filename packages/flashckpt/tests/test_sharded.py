@@ -605,23 +605,22 @@ def _assert_every_rank_fell_back_to_step_2_naming_the_damage(
         assert any(k == "fallback" and corrupted in reason for k, _, reason in e["events"])
 
 
+def _python(args: list[str], timeout_s: float, job_id: str, run_id: str) -> str:
+    """Run ``python ARGS`` to success (bounded); its standard output. The job's shared memory of
+    `run_id` is removed whatever happens, so a failed run leaves nothing behind."""
+    try:
+        proc = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout_s, check=False)
+    finally:
+        remove_run("/dev/shm", job_id, run_id)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
 def _run_phases(job_id: str, tmp_path: Path, *phases: str) -> list[dict[str, Any]]:
     """Run the FSDP2 worker's phases (storage in ``tmp_path/ck``); every JSON event they printed."""
-    try:
-        proc = subprocess.run(
-            [
-                *(sys.executable, WORKER, "--job", job_id, "--storage", str(tmp_path / "ck"), "--tmp", str(tmp_path)),
-                *phases,
-            ],
-            capture_output=True,
-            text=True,
-            timeout=140,
-            check=False,
-        )
-    finally:
-        remove_run("/dev/shm", job_id, "fsdp")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    args = [WORKER, "--job", job_id, "--storage", str(tmp_path / "ck"), "--tmp", str(tmp_path), *phases]
+    out = _python(args, 140, job_id, "fsdp")
+    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
 
 
 @pytest.mark.integration
@@ -717,19 +716,9 @@ finally:
 def test_with_a_node_saver_a_layout_its_files_cannot_place_is_refused_at_save(job_id: str, tmp_path: Path) -> None:
     script = tmp_path / "partial.py"
     script.write_text(PARTIAL_WITH_SAVER)
-    try:
-        proc = subprocess.run(
-            [sys.executable, str(script), job_id, str(tmp_path / "ck"), f"file://{tmp_path / 'pg'}"],
-            capture_output=True,
-            text=True,
-            timeout=80,
-            check=False,
-        )
-    finally:
-        remove_run("/dev/shm", job_id, "r")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "refused: with a node saver (saver='auto') every DTensor must be placed by Shard or Replicate" in proc.stdout
-    assert "'p' has ['P(sum)']" in proc.stdout
+    out = _python([str(script), job_id, str(tmp_path / "ck"), f"file://{tmp_path / 'pg'}"], 80, job_id, "r")
+    assert "refused: with a node saver (saver='auto') every DTensor must be placed by Shard or Replicate" in out
+    assert "'p' has ['P(sum)']" in out
     # The detached saver was told the job ended; it exits on its own time (bounded wait).
     deadline = time.monotonic() + 60
     while processes_mentioning(job_id):
@@ -809,12 +798,8 @@ def test_under_an_agent_the_default_saver_writes_only_what_it_can_place(
     host_dir, shm, ckpt = tmp_path / "host", tmp_path / "shm", tmp_path / "ck"
     host_dir.mkdir()
     shm.mkdir()
-    args = [job_id, str(ckpt), f"file://{tmp_path / 'pg'}", str(host_dir), str(shm), layout]
-    proc = subprocess.run(
-        [sys.executable, str(script), *args], capture_output=True, text=True, timeout=100, check=False
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout.split("RESULT ", 1)[1])
+    args = [str(script), job_id, str(ckpt), f"file://{tmp_path / 'pg'}", str(host_dir), str(shm), layout]
+    out = json.loads(_python(args, 100, job_id, "r").split("RESULT ", 1)[1])
     assert out["hosted"]
     assert out["loaded"] == ["memory", 2, [2.0] * 4]
     tracker = Committer(PosixStorage(ckpt)).tracker()
