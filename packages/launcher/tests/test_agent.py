@@ -272,3 +272,31 @@ def test_config_rejects_nonsense() -> None:
         AgentConfig(worker_argv=("x",), nproc_per_node=0)
     with pytest.raises(ValueError, match="monitor_interval_s"):
         AgentConfig(worker_argv=("x",), monitor_interval_s=-1)
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(120)
+def test_an_exit_or_a_stop_is_acted_on_at_once_however_long_the_monitor_interval(tmp_path: Path) -> None:
+    # With an hour between looks at the workers, only the wake on a worker's exit (its pidfd)
+    # lets the failure be reported and the job finish, and only the wake on `request_stop` ends
+    # a run whose workers sleep: the test's timeout fails either otherwise.
+    control = FakeControlPlane()
+    result = _agent(tmp_path, "fail_first", control, max_restarts=2, monitor_interval_s=3600.0).run()
+    assert result.exit_code == 0, result.reason
+    assert result.restarts == 1
+    assert control.failures[0].exit_code == 7
+
+    second = tmp_path / "second"
+    second.mkdir()
+    agent = _agent(second, "sleep", FakeControlPlane(), monitor_interval_s=3600.0, shutdown_grace_s=1.0)
+    outcome: list[object] = []
+    thread = threading.Thread(target=lambda: outcome.append(agent.run()))
+    thread.start()
+    try:
+        _wait_for(lambda: len(list((second / "out").glob("*_attempt0_pid*.json"))) == 2)
+    finally:
+        agent.request_stop("test over")
+        thread.join(60)
+    assert not thread.is_alive()
+    assert outcome[0].exit_code == 143  # type: ignore[attr-defined]
+    agent.request_stop("after the run: the wake pipe is closed, nothing is written")

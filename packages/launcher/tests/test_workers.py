@@ -225,3 +225,37 @@ def test_workers_die_with_a_killed_agent(tmp_path: Path) -> None:
 def test_empty_group_is_refused() -> None:
     with pytest.raises(DLRoverError, match="at least one worker"):
         WorkerGroup([])
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(60)
+def test_wait_returns_when_a_worker_exits_not_when_the_interval_ends() -> None:
+    # An hour-long interval: only the worker's exit can end the wait (the test's timeout fails it
+    # otherwise), whether the worker is gone before the wait starts or while it waits.
+    group = WorkerGroup([_spec(0, "import sys; sys.exit(7)"), _spec(1, _SLEEPER)])
+    group.start()
+    try:
+        group.wait(3600.0)
+        _wait_until(lambda: 0 in group.poll())
+        assert group.poll()[0].exit_code == 7
+        assert 1 not in group.poll()
+        group.wait(0.05)  # the recorded exit no longer wakes it: this wait ends with its interval
+    finally:
+        group.stop(grace_s=1.0)
+    assert group._pidfds == {}  # every exit recorded, every pidfd closed
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(60)
+def test_wait_returns_when_its_wake_descriptor_turns_readable() -> None:
+    group = WorkerGroup([_spec(0, _SLEEPER)])
+    read_fd, write_fd = os.pipe()
+    group.start()
+    try:
+        os.write(write_fd, b"x")
+        group.wait(3600.0, wake_fd=read_fd)
+        assert group.poll() == {}
+    finally:
+        group.stop(grace_s=1.0)
+        os.close(read_fd)
+        os.close(write_fd)

@@ -140,6 +140,34 @@ def test_agents_rendezvous_and_read_shards_at_the_masters_address_and_a_silent_n
             agent.close()
 
 
+def test_a_node_that_finished_first_never_dissolves_the_round_its_peer_still_trains_in(
+    runtime: MasterRuntime, clock: ManualClock
+) -> None:
+    # Nodes finish at different times (rank 0's last evaluation, uneven data). The one done first
+    # stops calling; its silence past every heartbeat timeout must not tell the other to restart.
+    agents = [Agent(runtime, name) for name in ("a", "b")]
+    a, b = agents
+    try:
+        for agent in agents:
+            assert agent.rdzv.join(agent.id).accepted
+        clock.advance(1.5)  # min 2 of max 3: the round forms after its last call
+        assert {agent.rdzv.poll(agent.id).state for agent in agents} == {PollState.ASSIGNED}
+        a.master.report_success()
+        for _ in range(8):  # 40 s: past the master's and the rendezvous' heartbeat timeouts
+            clock.advance(5.0)
+            b.master.heartbeat(step=1)
+            assert b.rdzv.num_nodes_waiting(b.id) == 0
+            runtime.master.tick()
+        poll = b.rdzv.poll(b.id)
+        assert (poll.state, poll.round, poll.world_size) == (PollState.ASSIGNED, 1, 2)
+        assert runtime.master.node(b.node_id).state is NodeState.RUNNING
+        b.master.report_success()
+        assert runtime.master.node(b.node_id).state is NodeState.SUCCEEDED
+    finally:
+        for agent in agents:
+            agent.close()
+
+
 def test_the_same_token_guards_the_hosted_services(runtime: MasterRuntime) -> None:
     with RendezvousClient(runtime.address, generate_token(), policy=ONCE) as stranger, pytest.raises(RpcError) as info:
         stranger.join("0")

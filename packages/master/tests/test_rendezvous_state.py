@@ -64,6 +64,26 @@ def test_members_get_a_fresh_heartbeat_timeout_from_the_restore() -> None:
     assert r.num_nodes_waiting(1011.0, "1") >= 1  # ... and the others are told
 
 
+def test_a_finished_member_stays_untracked_after_a_restore() -> None:
+    m = formed()
+    m.finish("1", 1.0)
+    r = restored(m, now=1000.0)
+    assert r.finished == {"1"}
+    assert r.tracked == {"0", "2"}
+    for t in (1008.0, 1016.0):  # the others call; the finished node never does
+        r.num_nodes_waiting(t, "0")
+        r.num_nodes_waiting(t, "2")
+    assert r.expire(1020.0) == []
+    assert r.current_round is not None
+    assert set(r.current_round.members) == {"0", "1", "2"}
+    old = json.loads(export_rendezvous(m))
+    del old["finished"]  # a document from before the field: every member is tracked
+    legacy = RendezvousManager(CONFIG)
+    restore_rendezvous(legacy, json.dumps(old), 1000.0)
+    assert legacy.finished == frozenset()
+    assert legacy.tracked == {"0", "1", "2"}
+
+
 def test_a_dissolved_round_still_tells_its_members_after_a_restore() -> None:
     m = formed()
     m.leave("1", 1.0)
@@ -95,6 +115,8 @@ def test_a_closed_rendezvous_stays_closed() -> None:
         lambda d: json.dumps({**d, "waiting": [["x"]]}),
         lambda d: json.dumps({**d, "last_ranks": {"": 0}}),
         lambda d: json.dumps({**d, "waiting": [["x", ""], ["x", ""]]}),
+        lambda d: json.dumps({**d, "finished": "0"}),
+        lambda d: json.dumps({**d, "finished": ["9"]}),  # not a member of the current round
     ],
 )
 def test_a_corrupt_document_is_refused_and_changes_nothing(mutate: object) -> None:
@@ -117,6 +139,7 @@ OPS = st.lists(
         st.tuples(st.just("join"), NODES),
         st.tuples(st.just("poll"), NODES),
         st.tuples(st.just("leave"), NODES),
+        st.tuples(st.just("finish"), NODES),
         st.tuples(st.just("wait"), st.sampled_from([0.5, 2.0, 11.0])),
         st.tuples(st.just("close"), st.just("")),
     ),
@@ -138,6 +161,9 @@ def test_any_history_round_trips(ops: list[tuple[str, object]]) -> None:
         elif op == "leave":
             with contextlib.suppress(UnknownNodeError):
                 m.leave(str(arg), now)
+        elif op == "finish":
+            with contextlib.suppress(UnknownNodeError):
+                m.finish(str(arg), now)
         elif op == "close":
             m.close(now)
     # Settle what was due at `now` (lazy expiry, a round whose last call passed): a restore keeps

@@ -225,3 +225,27 @@ def test_late_nodes_wait_for_the_members_and_never_break_a_running_round() -> No
     assert m.poll("b", 11.0).state is PollState.NOT_WAITING
     m.join("b", 12.0)
     assert "round 2 is in force" in m.poll("b", 12.0).reason
+
+
+def test_a_finished_member_keeps_the_round_while_its_peers_train_on() -> None:
+    # Two nodes train; one's processes succeed and it goes silent. Past the heartbeat timeout
+    # the round must stand: dissolving it would restart the peer instead of letting it finish.
+    m = RendezvousManager(RendezvousConfig(min_nodes=2, max_nodes=2, heartbeat_timeout_s=10.0, last_call_s=0.0))
+    for node in ("a", "b"):
+        m.join(node, 0.0)
+    assert m.poll("a", 0.0).state is PollState.ASSIGNED
+    with pytest.raises(UnknownNodeError):
+        m.finish("c", 1.0)  # not a member: refused, nothing changed
+    assert "finished" in m.finish("a", 1.0)
+    assert m.finished == {"a"}
+    assert m.tracked == {"b"}
+    assert m.poll("a", 2.0).state is PollState.ASSIGNED  # a late poll does not track it again
+    for t in (8.0, 16.0, 24.0, 32.0):
+        assert m.num_nodes_waiting(t, "b") == 0
+        assert m.poll("b", t).state is PollState.ASSIGNED
+    assert m.expire(40.0) == []  # b called at 32: not silent long enough either
+    assert m.current_round is not None
+    assert m.current_round.members == ("a", "b")
+    # b going silent too still expires b, and the round dissolves as before.
+    assert m.expire(50.0) == ["b"]
+    assert m.current_round is None

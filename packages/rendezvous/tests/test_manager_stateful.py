@@ -47,6 +47,7 @@ class RendezvousMachine(RuleBasedStateMachine):
         # The model: when each node last showed life (as far as the test knows), and who left.
         self.seen: dict[str, float] = {}
         self.departed: set[str] = set()
+        self.finished_in: dict[str, int] = {}  # node -> the round it finished in
         self.last_round_number = 0
         self.last_members: tuple[str, ...] | None = None
         self.rounds_checked = 0
@@ -133,12 +134,28 @@ class RendezvousMachine(RuleBasedStateMachine):
             assert self._snapshot() == before
         self._after_step()
 
+    @rule(node=nodes)
+    def finish(self, node: str) -> None:
+        current = self.m.current_round
+        if current is not None and current.rank_of(node) is not None:
+            assert self.m.finish(node, self.now)
+            self.finished_in[node] = current.number
+            assert node in self.m.finished
+            assert node not in self.m.tracked
+        else:
+            before = self._snapshot()
+            with pytest.raises(UnknownNodeError):
+                self.m.finish(node, self.now)
+            assert self._snapshot() == before
+        self._after_step()
+
     @rule(seconds=st.sampled_from([0.5, 1.0, 2.5, 6.0, 11.0]))
     def advance(self, seconds: float) -> None:
         self.now += seconds
         expired = self.m.expire(self.now)
         for node in expired:
             assert self.now - self.seen[node] > HEARTBEAT_TIMEOUT_S
+            assert node not in self.m.finished  # a finished member's silence never expires it
         self._after_step()
 
     @rule(config=configs())
@@ -211,7 +228,16 @@ class RendezvousMachine(RuleBasedStateMachine):
             return
         for node in current.members:
             assert node not in self.departed
-            assert self.now - self.seen[node] <= HEARTBEAT_TIMEOUT_S
+            if node not in self.m.finished:  # finished members are silent by design
+                assert self.now - self.seen[node] <= HEARTBEAT_TIMEOUT_S
+
+    @invariant()
+    def a_finished_member_stays_in_its_round(self) -> None:
+        current = self.m.current_round
+        for node, number in self.finished_in.items():
+            if current is not None and current.number == number and node not in self.m.tracked:
+                assert current.rank_of(node) is not None
+                assert node in self.m.finished
 
     @invariant()
     def rounds_only_increase(self) -> None:

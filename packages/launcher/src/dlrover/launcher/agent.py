@@ -6,6 +6,7 @@ from the job goes through a `ControlPlane`.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -181,6 +182,10 @@ class Agent:
         self._progress = progress or Progress
         self._stop_requested = threading.Event()
         self._stop_reason = ""
+        # While `run` runs: a pipe `request_stop` writes to, so that the wait between two looks
+        # at the workers (which also wakes when one exits) ends at once on a stop.
+        self._wake_lock = threading.Lock()
+        self._wake: tuple[int, int] | None = None
         self._node_id = ""
         self._heartbeat_interval_s = 2.0
         self._host_env: dict[str, str] = {}
@@ -194,6 +199,28 @@ class Agent:
         """Ask the loop to stop its workers and exit (safe from a signal handler)."""
         self._stop_reason = reason
         self._stop_requested.set()
+        # Never blocks: a signal handler may interrupt this very thread while it holds the lock
+        # (opening or closing the pipe), and then the loop is not waiting on it anyway.
+        if self._wake_lock.acquire(blocking=False):
+            try:
+                if self._wake is not None:
+                    with contextlib.suppress(OSError):  # full: it is readable already
+                        os.write(self._wake[1], b"\0")
+            finally:
+                self._wake_lock.release()
+
+    def _open_wake(self) -> None:
+        read_fd, write_fd = os.pipe()
+        os.set_blocking(write_fd, False)
+        with self._wake_lock:
+            self._wake = (read_fd, write_fd)
+
+    def _close_wake(self) -> None:
+        with self._wake_lock:
+            wake, self._wake = self._wake, None
+        if wake is not None:
+            os.close(wake[0])
+            os.close(wake[1])
 
     def run(self) -> AgentResult:
         """Run until the workers succeed, the job stops, or this node gives up.
@@ -209,11 +236,13 @@ class Agent:
         host = self._start_saver_host() if self._config.host_checkpoint_saver else None
         self._saver_host = host
         result: AgentResult | None = None
+        self._open_wake()
         try:
             self._start_standby_pool()
             result = self._run_rounds()
             return result
         finally:
+            self._close_wake()
             self._close_store()
             if self._standby is not None:
                 self._standby.close(self._config.shutdown_grace_s)
@@ -458,7 +487,10 @@ class Agent:
                 if hung is not None:
                     return self._report(hung)
             self._refill_when_training()
-            self._stop_requested.wait(self._config.monitor_interval_s)
+            if not self._stop_requested.is_set():
+                # Wakes as soon as a worker exits: the report of a failure (and so the restart)
+                # does not wait for the next tick.
+                group.wait(self._config.monitor_interval_s, None if self._wake is None else self._wake[0])
 
     def _check_nodes(self, assignment: RoundAssignment, restarts: int) -> Step | None:
         """Run the network check of this round, if on; None when this node goes on to train.

@@ -19,6 +19,7 @@ import fcntl
 import json
 import logging
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -317,6 +318,8 @@ class WorkerGroup:
         self._failing: list[int] = []
         self._exiting_since: dict[int, tuple[float, int]] = {}
         self._terminated = False
+        # One pidfd per worker whose exit is not recorded yet: `wait` wakes when one exits.
+        self._pidfds: dict[int, int] = {}
 
     @property
     def pids(self) -> dict[int, int]:
@@ -344,6 +347,9 @@ class WorkerGroup:
             guard = [sys.executable, "-m", "dlrover.launcher._orphan_guard", str(os.getpid()), "--", *spec.argv]
             proc = _spawn(guard, spec.env, stdin=subprocess.DEVNULL)
         self._procs[spec.local_rank] = proc
+        pidfd = _open_pidfd(proc.pid)
+        if pidfd is not None:
+            self._pidfds[spec.local_rank] = pidfd
         pumps = []
         for stream, pipe, name in ((STDOUT, proc.stdout, "stdout.log"), (STDERR, proc.stderr, "stderr.log")):
             assert pipe is not None
@@ -365,6 +371,7 @@ class WorkerGroup:
                 continue
             if proc.poll() is not None:
                 self._exits[rank] = self._exit_of(rank, proc, proc.returncode)
+                self._close_pidfd(rank)
                 if not self._exits[rank].succeeded and rank not in self._failing:
                     self._failing.append(rank)
                 elif self._exits[rank].succeeded and rank in self._failing:
@@ -387,7 +394,35 @@ class WorkerGroup:
                 )
                 # Its pipes may stay open as long as it is stuck: the tail read so far will do.
                 self._exits[rank] = self._exit_of(rank, proc, os.waitstatus_to_exitcode(seen[1]), join_s=0.1)
+                self._close_pidfd(rank)
         return dict(self._exits)
+
+    def wait(self, timeout_s: float, wake_fd: int | None = None) -> None:
+        """Sleep up to `timeout_s`; return early when a worker exits or `wake_fd` turns readable.
+
+        A worker's exit is seen the moment the kernel has torn it down (through a pidfd, on Linux
+        5.3 and later), not at the next tick of the caller's polling interval; elsewhere this
+        sleeps the whole timeout (or until `wake_fd`). It records nothing: `poll` does.
+
+        Args:
+            timeout_s: the longest sleep, in seconds.
+            wake_fd: a readable-when-woken descriptor (e.g. a pipe another thread writes to).
+        """
+        fds = list(self._pidfds.values())
+        if wake_fd is not None:
+            fds.append(wake_fd)
+        if not fds:
+            time.sleep(max(timeout_s, 0.0))
+            return
+        poller = select.poll()  # not select(): an agent's descriptors may be numbered past 1024
+        for fd in fds:
+            poller.register(fd, select.POLLIN)
+        poller.poll(max(timeout_s, 0.0) * 1000.0)
+
+    def _close_pidfd(self, rank: int) -> None:
+        fd = self._pidfds.pop(rank, None)
+        if fd is not None:
+            os.close(fd)
 
     @property
     def failing(self) -> tuple[int, ...]:
@@ -452,6 +487,14 @@ def _spawn(argv: Sequence[str], env: Mapping[str, str], stdin: int) -> subproces
     return subprocess.Popen(
         argv, env=dict(env), stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **_OWN_PROCESS_GROUP
     )
+
+
+def _open_pidfd(pid: int) -> int | None:
+    """A pidfd for `pid` (readable once it exits), or None where the platform has none."""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):  # not Linux, a kernel before 5.3, or seccomp forbids it
+        return None
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:

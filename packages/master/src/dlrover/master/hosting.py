@@ -280,6 +280,15 @@ class HostedRendezvous:
     def processes_restarted(self, node_id: int, reason: str) -> None:
         """Nothing to do: the restarted processes join again, which reopens the round by itself."""
 
+    def node_finished(self, node_id: int, reason: str) -> None:
+        """Keep the node in its round without heartbeats, so its silence never dissolves it under its peers."""
+        with self._servicer.lock:
+            try:
+                what = self._manager.finish(str(node_id), self._clock.now())
+            except UnknownNodeError:
+                return  # not in the round in force (it never trained, or the round is gone)
+        _log.info("rendezvous: %s (%s)", what, reason)
+
     def job_finished(self, reason: str) -> None:
         """Close the rendezvous: waiting nodes learn on their next poll that no round will form."""
         with self._servicer.lock:
@@ -522,6 +531,9 @@ class HostedShards:
     def processes_restarted(self, node_id: int, reason: str) -> None:
         """The processes that held the node's shards are gone: re-dispatch them."""
         self.release(node_id, reason)
+
+    def node_finished(self, node_id: int, reason: str) -> None:
+        """Nothing to do: its processes succeeded, and what they read is acknowledged or journaled."""
 
     def job_finished(self, reason: str) -> None:
         """Nothing to do: the datasets' progress stays journaled."""

@@ -89,6 +89,10 @@ class NodeMembership(Protocol):
         """The node's training processes are being restarted; the node stays."""
         ...
 
+    def node_finished(self, node_id: int, reason: str) -> None:
+        """The node's training processes succeeded: it stops calling, and its peers may still train."""
+        ...
+
     def job_finished(self, reason: str) -> None:
         """The job ended."""
         ...
@@ -218,10 +222,13 @@ class Master:
         libraries' reaction to it; repeating the news is harmless (leaving twice is a no-op).
         """
         gone = [n.node_id for n in self._lifecycle.nodes().values() if n.state in _GONE_STATES]
+        done = [n.node_id for n in self._lifecycle.nodes().values() if n.state is NodeState.SUCCEEDED]
         for member in self._membership:
             try:
                 for node_id in gone:
                     member.node_departed(node_id, "it left the job before the master restarted")
+                for node_id in done:
+                    member.node_finished(node_id, "it finished before the master restarted")
                 if self._lifecycle.job_state.finished:
                     member.job_finished(self._lifecycle.exit_reason)
             except Exception:
@@ -359,9 +366,13 @@ class Master:
         for ev in events:
             if ev.kind == "node_state" and ev.node_id is not None:
                 left = NodeState(ev.data["from"]) in ALIVE_STATES
-                if not left or ev.data["to"] not in (NodeState.FAILED.value, NodeState.REMOVED.value):
+                call: Callable[[NodeMembership], None]
+                if left and ev.data["to"] == NodeState.SUCCEEDED.value:
+                    call = functools.partial(_finished, ev.node_id, ev.message)
+                elif left and ev.data["to"] in (NodeState.FAILED.value, NodeState.REMOVED.value):
+                    call = functools.partial(_departed, ev.node_id, ev.message)
+                else:
                     continue
-                call: Callable[[NodeMembership], None] = functools.partial(_departed, ev.node_id, ev.message)
             elif ev.kind == "process_restart" and ev.node_id is not None:
                 call = functools.partial(_restarted, ev.node_id, ev.message)
             elif ev.kind == "job_end":
@@ -764,6 +775,10 @@ class Master:
 
 def _departed(node_id: int, reason: str, member: NodeMembership) -> None:
     member.node_departed(node_id, reason)
+
+
+def _finished(node_id: int, reason: str, member: NodeMembership) -> None:
+    member.node_finished(node_id, reason)
 
 
 def _restarted(node_id: int, reason: str, member: NodeMembership) -> None:

@@ -11,12 +11,14 @@ Format (version 1)::
       "current": {"number": 3, "members": ["0", "1"], "reason": "..."} | null,
       "last_ranks": {"0": 0, "1": 1}, # who had which rank: a rejoining node keeps its rank
       "waiting": [["2", "topology-key"], ...],   # join order
-      "dropped": {"5": "round 2 dissolved: ..."}  # nodes told to join again, and why
+      "dropped": {"5": "round 2 dissolved: ..."}, # nodes told to join again, and why
+      "finished": ["1"]               # members of the current round whose processes succeeded
     }
 
 What is not kept: times. Monotonic readings of the previous master mean nothing to the next
-one, so on restore every member and waiting node counts as just seen and waiting nodes as just
-joined (the same fresh start the node lifecycle gives live nodes).
+one, so on restore every member (but a finished one, which is never expected to call again) and
+waiting node counts as just seen and waiting nodes as just joined (the same fresh start the node
+lifecycle gives live nodes). ``finished`` may be absent (documents written before it existed).
 
 The rendezvous library has no export of its own yet; this module reads and writes the manager's
 fields directly and is the only place that does. `tests/test_rendezvous_state.py` round-trips
@@ -57,6 +59,7 @@ def export_rendezvous(manager: RendezvousManager) -> str:
         "last_ranks": dict(manager._last_ranks),
         "waiting": waiting,
         "dropped": dict(manager._dropped),
+        "finished": sorted(manager.finished),
     }
     return json.dumps(doc, sort_keys=True, separators=(",", ":"))
 
@@ -134,6 +137,12 @@ def restore_rendezvous(manager: RendezvousManager, text: str, now: float) -> Non
     last_ranks = {_node(k, "last_ranks key"): _int(v, f"last_ranks[{k!r}]") for k, v in last_ranks_raw.items()}
     dropped = {_node(k, "dropped key"): str(v) for k, v in dropped_raw.items()}
     waiting = _waiting(waiting_raw)
+    finished_raw = doc.get("finished", [])
+    if not isinstance(finished_raw, list):
+        raise _bad(f"finished must be a list, got {finished_raw!r}")
+    finished = {_node(n, "finished[]") for n in finished_raw}
+    if finished - set(current.members if current is not None else ()):
+        raise _bad(f"finished names nodes outside the current round: {sorted(finished)!r}")
     if manager.round_number or manager.tracked or manager.current_round is not None:
         raise _bad("restore needs a fresh manager")
     # The document is sound: apply it.
@@ -142,9 +151,11 @@ def restore_rendezvous(manager: RendezvousManager, text: str, now: float) -> Non
     manager._last_ranks = last_ranks
     manager._dropped = dropped
     manager._closed = closed
+    manager._finished = set(finished)
     if current is not None:
         for member in current.members:
-            manager._last_seen[member] = now
+            if member not in finished:
+                manager._last_seen[member] = now
     # Waiting nodes wait on, as if they had just joined; a round they complete forms on the next
     # call, as it would have on the old master.
     for node, key in waiting:

@@ -70,6 +70,9 @@ class RendezvousManager:
         self._last_ranks: dict[str, int] = {}
         self._last_join_at: float | None = None
         self._dropped: dict[str, str] = {}
+        # Members of the current round whose processes finished successfully: they stay in the
+        # round but send no more heartbeats, so they never expire (and never dissolve it).
+        self._finished: set[str] = set()
         self._closed = False
         # While a round is in force, late nodes wait for its members: only a member joining again
         # (its processes restarted) reopens rendezvous, so late nodes alone never break a running world.
@@ -227,7 +230,8 @@ class RendezvousManager:
         if node_id in self._waiting:
             return PollResult(PollState.WAITING, self._round_number + 1, -1, 0, self.status(now).reason)
         if current is not None and (rank := current.rank_of(node_id)) is not None:
-            self._seen(node_id, now)
+            if node_id not in self._finished:  # a finished member is not tracked again
+                self._seen(node_id, now)
             return PollResult(PollState.ASSIGNED, current.number, rank, current.world_size, current.reason)
         if self._closed:
             return PollResult(PollState.CLOSED, upcoming, -1, 0, "the rendezvous is closed; no more rounds form")
@@ -289,6 +293,38 @@ class RendezvousManager:
         what = self._depart(node_id, f"node {node_id!r} left")
         self._try_complete(now)
         return what
+
+    def finish(self, node_id: str, now: float) -> str:
+        """A member of the current round finished its work: keep it in the round without heartbeats.
+
+        A node whose training processes succeeded stops calling, and would otherwise expire after
+        `heartbeat_timeout_s` and dissolve the round under the members still training, making them
+        restart instead of finishing. It stays a member; a later departure or round still removes it.
+
+        Returns:
+            What happened, in a sentence.
+
+        Raises:
+            InvalidRequestError: the node id is malformed; nothing changed.
+            UnknownNodeError: the node is not a member of the current round; nothing changed.
+        """
+        _check_node_id(node_id)
+        now = self._tick(now)
+        current = self._current
+        if current is None or current.rank_of(node_id) is None:
+            held = "none" if current is None else str(current.number)
+            raise UnknownNodeError(f"node {node_id!r} cannot finish: it is not in the current round ({held})")
+        self._finished.add(node_id)
+        self._last_seen.pop(node_id, None)
+        return f"node {node_id!r} finished; round {current.number} keeps it without heartbeats"
+
+    @property
+    def finished(self) -> frozenset[str]:
+        """Members of the current round that finished (see `finish`)."""
+        current = self._current
+        if current is None:
+            return frozenset()
+        return frozenset(n for n in self._finished if current.rank_of(n) is not None)
 
     def expire(self, now: float) -> list[str]:
         """Remove every node silent for longer than `heartbeat_timeout_s`; returns their ids."""
@@ -385,6 +421,7 @@ class RendezvousManager:
         self._round_number += 1
         self._current = Round(self._round_number, members, now, self._config, decision.reason)
         self._reopened = False
+        self._finished.clear()
         self._last_ranks = {node: rank for rank, node in enumerate(members)}
         for node in members:
             del self._waiting[node]
