@@ -249,3 +249,24 @@ def test_a_finished_member_keeps_the_round_while_its_peers_train_on() -> None:
     # b going silent too still expires b, and the round dissolves as before.
     assert m.expire(50.0) == ["b"]
     assert m.current_round is None
+
+
+def test_a_member_that_joined_again_and_then_finished_waits_for_nothing() -> None:
+    m = RendezvousManager(RendezvousConfig(min_nodes=1, max_nodes=2, heartbeat_timeout_s=10.0, last_call_s=1.0))
+    m.join("a", 0.0)
+    assert m.poll("a", 1.0).state is PollState.ASSIGNED  # after the last call
+    m.join("a", 2.0)  # its processes restarted: it waits, and the round reopens
+    assert m.waiting == ("a",)
+    assert m.accepting
+    m.finish("a", 2.5)
+    assert m.waiting == ()
+    assert m.tracked == frozenset()
+    assert not m.accepting  # a late newcomer cannot form a round over the finished one
+    m.join("b", 3.0)
+    assert m.poll("b", 10.0).state is PollState.WAITING
+    assert m.current_round is not None
+    assert m.current_round.members == ("a",)
+    m.join("a", 11.0)  # it calls again after all: no longer finished, tracked, and a round forms
+    assert m.finished == frozenset()
+    assert m.poll("a", 12.5).state is PollState.ASSIGNED
+    assert m.tracked == {"a", "b"}

@@ -142,6 +142,7 @@ class RendezvousMachine(RuleBasedStateMachine):
             self.finished_in[node] = current.number
             assert node in self.m.finished
             assert node not in self.m.tracked
+            assert node not in self.m.waiting
         else:
             before = self._snapshot()
             with pytest.raises(UnknownNodeError):

@@ -194,6 +194,7 @@ class RendezvousManager:
             self._waiting[node_id] = _Waiter(joined_at=now, topology_key=topology_key)
             self._last_join_at = now
             self._dropped.pop(node_id, None)
+            self._finished.discard(node_id)  # it calls again: tracked like any other node
             self._seen(node_id, now)
             reason = f"waiting for round {upcoming}"
         self._try_complete(now)
@@ -316,6 +317,12 @@ class RendezvousManager:
             raise UnknownNodeError(f"node {node_id!r} cannot finish: it is not in the current round ({held})")
         self._finished.add(node_id)
         self._last_seen.pop(node_id, None)
+        if node_id in self._waiting:
+            # It had joined again (its processes restarted) and then finished: it waits for nothing,
+            # and its join no longer reopens the round unless another member joined again too.
+            del self._waiting[node_id]
+            self._refresh_last_join()
+            self._reopened = any(current.rank_of(n) is not None for n in self._waiting)
         return f"node {node_id!r} finished; round {current.number} keeps it without heartbeats"
 
     @property
