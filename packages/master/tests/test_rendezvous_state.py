@@ -117,6 +117,7 @@ def test_a_closed_rendezvous_stays_closed() -> None:
         lambda d: json.dumps({**d, "waiting": [["x", ""], ["x", ""]]}),
         lambda d: json.dumps({**d, "finished": "0"}),
         lambda d: json.dumps({**d, "finished": ["9"]}),  # not a member of the current round
+        lambda d: json.dumps({**d, "finished": ["0"], "waiting": [["0", ""]]}),  # finished yet waiting
     ],
 )
 def test_a_corrupt_document_is_refused_and_changes_nothing(mutate: object) -> None:

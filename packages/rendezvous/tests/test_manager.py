@@ -240,6 +240,8 @@ def test_a_finished_member_keeps_the_round_while_its_peers_train_on() -> None:
     assert m.finished == {"a"}
     assert m.tracked == {"b"}
     assert m.poll("a", 2.0).state is PollState.ASSIGNED  # a late poll does not track it again
+    assert m.heartbeat("a", 2.0).known  # still a member: not told to join again
+    assert m.tracked == {"b"}
     for t in (8.0, 16.0, 24.0, 32.0):
         assert m.num_nodes_waiting(t, "b") == 0
         assert m.poll("b", t).state is PollState.ASSIGNED

@@ -153,10 +153,11 @@ class RendezvousMachine(RuleBasedStateMachine):
     @rule(seconds=st.sampled_from([0.5, 1.0, 2.5, 6.0, 11.0]))
     def advance(self, seconds: float) -> None:
         self.now += seconds
+        finished = set(self.m.finished)
         expired = self.m.expire(self.now)
         for node in expired:
             assert self.now - self.seen[node] > HEARTBEAT_TIMEOUT_S
-            assert node not in self.m.finished  # a finished member's silence never expires it
+            assert node not in finished  # a finished member's silence never expires it
         self._after_step()
 
     @rule(config=configs())
@@ -231,6 +232,13 @@ class RendezvousMachine(RuleBasedStateMachine):
             assert node not in self.departed
             if node not in self.m.finished:  # finished members are silent by design
                 assert self.now - self.seen[node] <= HEARTBEAT_TIMEOUT_S
+
+    @invariant()
+    def tracked_nodes_are_the_waiting_and_the_unfinished_members(self) -> None:
+        current = self.m.current_round
+        members = set(current.members) if current is not None else set()
+        assert self.m.tracked == set(self.m.waiting) | (members - self.m.finished)
+        assert self.m.finished <= members
 
     @invariant()
     def a_finished_member_stays_in_its_round(self) -> None:

@@ -211,7 +211,12 @@ class Agent:
 
     def _open_wake(self) -> None:
         read_fd, write_fd = os.pipe()
-        os.set_blocking(write_fd, False)
+        try:
+            os.set_blocking(write_fd, False)
+        except OSError:
+            os.close(read_fd)
+            os.close(write_fd)
+            raise
         with self._wake_lock:
             self._wake = (read_fd, write_fd)
 

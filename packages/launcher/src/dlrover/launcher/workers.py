@@ -347,9 +347,6 @@ class WorkerGroup:
             guard = [sys.executable, "-m", "dlrover.launcher._orphan_guard", str(os.getpid()), "--", *spec.argv]
             proc = _spawn(guard, spec.env, stdin=subprocess.DEVNULL)
         self._procs[spec.local_rank] = proc
-        pidfd = _open_pidfd(proc.pid)
-        if pidfd is not None:
-            self._pidfds[spec.local_rank] = pidfd
         pumps = []
         for stream, pipe, name in ((STDOUT, proc.stdout, "stdout.log"), (STDERR, proc.stderr, "stderr.log")):
             assert pipe is not None
@@ -357,6 +354,9 @@ class WorkerGroup:
             log_path = spec.log_dir / name if spec.log_dir is not None else None
             pumps.append(_StreamPump(pipe, log_path, console, prefix, self._tail_bytes))
         self._pumps[spec.local_rank] = pumps
+        pidfd = _open_pidfd(proc.pid)
+        if pidfd is not None:
+            self._pidfds[spec.local_rank] = pidfd
 
     def poll(self) -> dict[int, WorkerExit]:
         """Exits seen so far, by local rank; workers still running are absent.
@@ -434,7 +434,8 @@ class WorkerGroup:
         return tuple(self._failing)
 
     def _exit_of(self, rank: int, proc: subprocess.Popen[bytes], returncode: int, join_s: float = 2.0) -> WorkerExit:
-        for pump in self._pumps[rank]:
+        pumps = self._pumps.get(rank, [])  # none when starting it failed part-way
+        for pump in pumps:
             pump.join(timeout_s=join_s)
         code = returncode
         signal_name = None
@@ -444,7 +445,7 @@ class WorkerGroup:
             except ValueError:
                 signal_name = f"signal {-code}"
             code = 128 - code
-        return WorkerExit(rank, proc.pid, code, signal_name, self._pumps[rank][1].tail())
+        return WorkerExit(rank, proc.pid, code, signal_name, pumps[1].tail() if pumps else "")
 
     def running(self) -> bool:
         """Whether any worker is still running."""

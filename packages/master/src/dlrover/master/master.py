@@ -216,23 +216,32 @@ class Master:
             self._record(Outcome(events=(Event("master_restart", "the master restarted and resumed the job"),)))
 
     def _reconcile_membership(self) -> None:
-        """Tell the libraries again which nodes are gone and whether the job ended.
+        """Tell the libraries again which nodes are gone or finished and whether the job ended.
 
-        The previous master may have died after journaling a departure and before journaling the
-        libraries' reaction to it; repeating the news is harmless (leaving twice is a no-op).
+        The previous master may have died after journaling a departure or a success and before
+        journaling the libraries' reaction to it; repeating the news is harmless (leaving or
+        finishing twice is a no-op). Each piece of news is delivered on its own, so one a library
+        cannot take does not keep the others from it.
         """
-        gone = [n.node_id for n in self._lifecycle.nodes().values() if n.state in _GONE_STATES]
-        done = [n.node_id for n in self._lifecycle.nodes().values() if n.state is NodeState.SUCCEEDED]
+        nodes = self._lifecycle.nodes().values()
+        news: list[Callable[[NodeMembership], None]] = [
+            functools.partial(_departed, n.node_id, "it left the job before the master restarted")
+            for n in nodes
+            if n.state in _GONE_STATES
+        ]
+        news += [
+            functools.partial(_finished, n.node_id, "it finished before the master restarted")
+            for n in nodes
+            if n.state is NodeState.SUCCEEDED
+        ]
+        if self._lifecycle.job_state.finished:
+            news.append(functools.partial(_job_finished, self._lifecycle.exit_reason))
         for member in self._membership:
-            try:
-                for node_id in gone:
-                    member.node_departed(node_id, "it left the job before the master restarted")
-                for node_id in done:
-                    member.node_finished(node_id, "it finished before the master restarted")
-                if self._lifecycle.job_state.finished:
-                    member.job_finished(self._lifecycle.exit_reason)
-            except Exception:
-                _log.exception("%s could not catch up with departures after a restart", type(member).__name__)
+            for call in news:
+                try:
+                    call(member)
+                except Exception:
+                    _log.exception("%s could not catch up after a restart", type(member).__name__)
 
     def _identity(self) -> dict[str, Any]:
         """What must not change between a master and the one that resumes its job."""
@@ -361,7 +370,7 @@ class Master:
                 _log.exception("could not journal the rendezvous and shards after a departure; the next export will")
 
     def _notify_membership(self, events: Iterable[Event]) -> bool:
-        """Tell the libraries about departures, process restarts and the job's end; True if any."""
+        """Tell the libraries about departures, successes, process restarts and the job's end; True if any."""
         notified = False
         for ev in events:
             if ev.kind == "node_state" and ev.node_id is not None:
@@ -778,7 +787,10 @@ def _departed(node_id: int, reason: str, member: NodeMembership) -> None:
 
 
 def _finished(node_id: int, reason: str, member: NodeMembership) -> None:
-    member.node_finished(node_id, reason)
+    # A library written before `node_finished` existed has nothing to do on a success.
+    notify = getattr(member, "node_finished", None)
+    if notify is not None:
+        notify(node_id, reason)
 
 
 def _restarted(node_id: int, reason: str, member: NodeMembership) -> None:

@@ -143,6 +143,8 @@ def restore_rendezvous(manager: RendezvousManager, text: str, now: float) -> Non
     finished = {_node(n, "finished[]") for n in finished_raw}
     if finished - set(current.members if current is not None else ()):
         raise _bad(f"finished names nodes outside the current round: {sorted(finished)!r}")
+    if finished & {node for node, _ in waiting}:
+        raise _bad(f"finished names nodes that are waiting: {sorted(finished)!r}")
     if manager.round_number or manager.tracked or manager.current_round is not None:
         raise _bad("restore needs a fresh manager")
     # The document is sound: apply it.

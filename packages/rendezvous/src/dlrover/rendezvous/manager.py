@@ -2,8 +2,9 @@
 
 Nodes join, poll until a round holds them, heartbeat while they train, and leave. Time comes in as
 `now` on every call (monotonic seconds), so tests drive the clock and nothing here reads it. Every
-call that names a node counts as a heartbeat from it, and every call first removes nodes whose
-heartbeats stopped (and forms a round that became due), so no thread is needed.
+call that names a node counts as a heartbeat from it (but from a member that finished, which is
+no longer expected to call), and every call first removes nodes whose heartbeats stopped (and forms
+a round that became due), so no thread is needed.
 
 While a round is in force, late nodes wait; a member of the round joining again (its processes
 restarted) reopens rendezvous, and the round dissolves when a member leaves or expires. Deciding is
@@ -109,7 +110,7 @@ class RendezvousManager:
 
     @property
     def tracked(self) -> frozenset[str]:
-        """Every node the rendezvous considers alive: waiting or in the current round."""
+        """Every node whose heartbeats the rendezvous expects: waiting, or in the current round and not finished."""
         return frozenset(self._last_seen)
 
     def world(self, round_number: int) -> Round:
@@ -247,6 +248,8 @@ class RendezvousManager:
         """
         _check_node_id(node_id)
         now = self._tick(now)
+        if node_id in self.finished:
+            return HeartbeatResult(True, f"node {node_id!r} finished; no heartbeats are needed")
         if node_id not in self._last_seen:
             why = self._dropped.get(node_id, f"node {node_id!r} is neither waiting nor in the current round")
             return HeartbeatResult(False, f"{why}; join again")
@@ -323,6 +326,7 @@ class RendezvousManager:
             del self._waiting[node_id]
             self._refresh_last_join()
             self._reopened = any(current.rank_of(n) is not None for n in self._waiting)
+            self._try_complete(now)
         return f"node {node_id!r} finished; round {current.number} keeps it without heartbeats"
 
     @property
@@ -401,6 +405,7 @@ class RendezvousManager:
             # A round must never hold a departed node: it dissolves, and its other members are told
             # why when they next ask.
             self._current = None
+            self._finished.clear()
             for member in current.members:
                 if member != node_id and member not in self._waiting:
                     self._dropped[member] = f"round {current.number} dissolved: {why}"
