@@ -48,6 +48,9 @@ class RendezvousMachine(RuleBasedStateMachine):
         self.seen: dict[str, float] = {}
         self.departed: set[str] = set()
         self.finished_in: dict[str, int] = {}  # node -> the round it finished in
+        # Nodes that expired or left since the last round formed: the rendezvous forgets their
+        # ranks, so joining again they are newcomers and need not get their old rank back.
+        self.forgotten: set[str] = set()
         self.last_round_number = 0
         self.last_members: tuple[str, ...] | None = None
         self.rounds_checked = 0
@@ -127,6 +130,7 @@ class RendezvousMachine(RuleBasedStateMachine):
         if node in self.m.waiting or in_round:
             self.m.leave(node, self.now)
             self.departed.add(node)
+            self.forgotten.add(node)
             assert node not in self.m.tracked
         else:
             with pytest.raises(UnknownNodeError):
@@ -155,6 +159,7 @@ class RendezvousMachine(RuleBasedStateMachine):
         self.now += seconds
         finished = set(self.m.finished)
         expired = self.m.expire(self.now)
+        self.forgotten.update(expired)
         for node in expired:
             assert self.now - self.seen[node] > HEARTBEAT_TIMEOUT_S
             assert node not in finished  # a finished member's silence never expires it
@@ -200,11 +205,14 @@ class RendezvousMachine(RuleBasedStateMachine):
         current = self.m.current_round
         if current is None or current.number == self.last_round_number:
             return
-        # A new round formed: a rejoining node keeps its rank while membership is unchanged.
-        if self.last_members is not None and set(self.last_members) == set(current.members):
+        # A new round formed: a rejoining node keeps its rank while membership is unchanged (a
+        # node that expired or left in between comes back as a newcomer).
+        same = self.last_members is not None and set(self.last_members) == set(current.members)
+        if same and not self.forgotten & set(current.members):
             assert current.members == self.last_members
             self.rounds_checked += 1
         self.last_members = current.members
+        self.forgotten.clear()
 
     @invariant()
     def ranks_unique_and_contiguous(self) -> None:
