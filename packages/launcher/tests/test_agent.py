@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from dlrover.common import exiting_status
-from dlrover.launcher.agent import Agent, AgentConfig
+from dlrover.launcher.agent import Agent, AgentConfig, AgentResult
 from dlrover.launcher.control import AgentAction, FailureDecision, FailureReport
 from dlrover.launcher.fake_control import FakeControlPlane
 
@@ -235,18 +235,24 @@ def test_membership_change_starts_a_new_round_without_using_a_restart(tmp_path: 
     control = FakeControlPlane(nodes_waiting=nodes_waiting)
     # A sleeping worker never finishes, so the test stops the agent once the second round started.
     agent = _agent(tmp_path, "sleep", control, max_restarts=0, shutdown_grace_s=1.0)
-    outcome: list[object] = []
+    result = _run_until_stopped(agent, lambda: len(list((tmp_path / "out").glob("*_attempt0_pid*.json"))) == 4)
+    assert len(control.rounds) == 2
+    assert result.restarts == 0
+    assert result.exit_code == 143
+
+
+def _run_until_stopped(agent: Agent, condition: Callable[[], bool]) -> AgentResult:
+    """Run `agent` on a thread until `condition` holds, then stop it as a signal would; its result."""
+    outcome: list[AgentResult] = []
     thread = threading.Thread(target=lambda: outcome.append(agent.run()))
     thread.start()
     try:
-        _wait_for(lambda: len(list((tmp_path / "out").glob("*_attempt0_pid*.json"))) == 4)
+        _wait_for(condition)
     finally:
         agent.request_stop("test over")
         thread.join(60)
     assert not thread.is_alive()
-    assert len(control.rounds) == 2
-    assert outcome[0].restarts == 0  # type: ignore[attr-defined]
-    assert outcome[0].exit_code == 143  # type: ignore[attr-defined]
+    return outcome[0]
 
 
 @pytest.mark.integration
@@ -289,14 +295,6 @@ def test_an_exit_or_a_stop_is_acted_on_at_once_however_long_the_monitor_interval
     second = tmp_path / "second"
     second.mkdir()
     agent = _agent(second, "sleep", FakeControlPlane(), monitor_interval_s=3600.0, shutdown_grace_s=1.0)
-    outcome: list[object] = []
-    thread = threading.Thread(target=lambda: outcome.append(agent.run()))
-    thread.start()
-    try:
-        _wait_for(lambda: len(list((second / "out").glob("*_attempt0_pid*.json"))) == 2)
-    finally:
-        agent.request_stop("test over")
-        thread.join(60)
-    assert not thread.is_alive()
-    assert outcome[0].exit_code == 143  # type: ignore[attr-defined]
+    stopped = _run_until_stopped(agent, lambda: len(list((second / "out").glob("*_attempt0_pid*.json"))) == 2)
+    assert stopped.exit_code == 143
     agent.request_stop("after the run: the wake pipe is closed, nothing is written")

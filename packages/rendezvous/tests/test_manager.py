@@ -272,3 +272,14 @@ def test_a_member_that_joined_again_and_then_finished_waits_for_nothing() -> Non
     assert m.finished == frozenset()
     assert m.poll("a", 12.5).state is PollState.ASSIGNED
     assert m.tracked == {"a", "b"}
+
+
+def test_finishing_in_a_round_that_expiry_ends_first_keeps_nothing() -> None:
+    m = RendezvousManager(RendezvousConfig(min_nodes=2, max_nodes=2, heartbeat_timeout_s=10.0, last_call_s=0.0))
+    for node in ("a", "b"):
+        m.join(node, 0.0)
+    assert m.poll("a", 0.0).state is PollState.ASSIGNED
+    # b went silent: at 20 s the round dissolves before a's success is recorded.
+    assert "ended before" in m.finish("a", 20.0)
+    assert m.current_round is None
+    assert m.finished == frozenset()

@@ -289,9 +289,8 @@ class RendezvousManager:
         _check_node_id(node_id)
         in_round = self._current is not None and self._current.rank_of(node_id) is not None
         if node_id not in self._waiting and not in_round:
-            held = "none" if self._current is None else str(self._current.number)
             raise UnknownNodeError(
-                f"node {node_id!r} cannot leave: it is neither waiting nor in the current round ({held})"
+                f"node {node_id!r} cannot leave: it is neither waiting nor in the current round ({self._held()})"
             )
         now = self._tick(now)
         what = self._depart(node_id, f"node {node_id!r} left")
@@ -313,11 +312,12 @@ class RendezvousManager:
             UnknownNodeError: the node is not a member of the current round; nothing changed.
         """
         _check_node_id(node_id)
-        now = self._tick(now)
         current = self._current
-        if current is None or current.rank_of(node_id) is None:
-            held = "none" if current is None else str(current.number)
-            raise UnknownNodeError(f"node {node_id!r} cannot finish: it is not in the current round ({held})")
+        if current is None or current.rank_of(node_id) is None:  # checked before any expiry: nothing changes
+            raise UnknownNodeError(f"node {node_id!r} cannot finish: it is not in the current round ({self._held()})")
+        now = self._tick(now)
+        if self._current is not current:
+            return f"round {current.number} ended before node {node_id!r} finished; nothing to keep"
         self._finished.add(node_id)
         self._last_seen.pop(node_id, None)
         if node_id in self._waiting:
@@ -360,6 +360,9 @@ class RendezvousManager:
         self._closed = True
 
     # -- internals -----------------------------------------------------------------------------
+
+    def _held(self) -> str:
+        return "none" if self._current is None else str(self._current.number)
 
     def _tick(self, now: float) -> float:
         # Callers on several threads may read the clock in one order and reach the lock in another;
