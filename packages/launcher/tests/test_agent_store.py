@@ -303,6 +303,146 @@ def test_without_a_store_host_worker_rank_0_hosts_the_store(tmp_path: Path) -> N
     assert {r["TORCHELASTIC_USE_AGENT_STORE"] for r in _records(tmp_path).values()} == {"False"}
 
 
+# --- the exit barrier: node rank 0 keeps the store open for the nodes still training -------------
+
+
+def _run_in_thread(agent: Agent) -> tuple[threading.Thread, list[AgentResult]]:
+    outcome: list[AgentResult] = []
+    thread = threading.Thread(target=lambda: outcome.append(agent.run()))
+    thread.start()
+    return thread, outcome
+
+
+def test_node_rank_0_keeps_the_store_open_until_every_node_of_the_round_finished(tmp_path: Path) -> None:
+    peer_done = threading.Event()
+    asked: list[int] = []
+
+    def peers_finished(assignment: RoundAssignment) -> int:
+        asked.append(assignment.round)
+        return 1 if peer_done.is_set() else 0
+
+    store = FakeStoreHost()
+    control = FakeControlPlane(group_world_size=2, peers_finished=peers_finished)
+    thread, outcome = _run_in_thread(_agent(tmp_path, "ok", control, store))
+    try:
+        # Its own workers succeeded and it said so; the peer has not finished: the store stays.
+        _wait_for(lambda: control.successes == 1 and len(asked) >= 3)
+        assert store.is_open
+        assert thread.is_alive()
+    finally:
+        peer_done.set()
+        thread.join(60)
+    assert not thread.is_alive()
+    assert outcome[0].exit_code == 0, outcome[0].reason
+    assert not store.is_open
+    assert set(asked) == {1}  # the round its store served
+    assert control.succeeded_rounds == [1]
+
+
+def test_the_exit_barrier_gives_up_after_its_timeout(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    store = FakeStoreHost()
+    control = FakeControlPlane(group_world_size=2, peers_finished=lambda _: 0)
+    with caplog.at_level("WARNING", logger="dlrover.launcher.agent"):
+        result = _agent(tmp_path, "ok", control, store, exit_barrier_timeout_s=0.3).run()
+    assert result.exit_code == 0, result.reason
+    assert not store.is_open
+    assert "only 1 of 2 nodes of round 1 finished within the exit barrier timeout" in caplog.text
+
+
+def test_the_exit_barrier_ends_when_the_round_ends_another_way(tmp_path: Path) -> None:
+    # A peer that failed rejoins (or left, or expired): the others' next round gets its own store.
+    succeeded = threading.Event()
+    store = FakeStoreHost()
+    control = FakeControlPlane(
+        group_world_size=2,
+        peers_finished=lambda _: 0,
+        nodes_waiting=lambda: 1 if succeeded.is_set() else 0,
+    )
+    original = control.report_success
+
+    def report_success(assignment: RoundAssignment) -> None:
+        original(assignment)
+        succeeded.set()
+
+    control.report_success = report_success  # type: ignore[method-assign]
+    result = _agent(tmp_path, "ok", control, store).run()
+    assert result.exit_code == 0, result.reason
+    assert not store.is_open
+
+
+def test_a_stop_ends_the_exit_barrier_at_once(tmp_path: Path) -> None:
+    store = FakeStoreHost()
+    control = FakeControlPlane(group_world_size=2, peers_finished=lambda _: 0)
+    agent = _agent(tmp_path, "ok", control, store)
+    thread, outcome = _run_in_thread(agent)
+    try:
+        _wait_for(lambda: control.successes == 1)
+        assert thread.is_alive()
+    finally:
+        agent.request_stop("test over")
+        thread.join(60)
+    assert not thread.is_alive()
+    assert outcome[0].exit_code == 0  # the node's work is done; only the wait was cut short
+    assert not store.is_open
+
+
+class _FlakyFinishedNodes(FakeControlPlane):
+    """`finished_nodes` fails as an unreachable master would, `failures` times, then the peer is done."""
+
+    def __init__(self, failures: int) -> None:
+        super().__init__(group_world_size=2, peers_finished=lambda _: 1)
+        self.failures_left = failures
+
+    def finished_nodes(self, assignment: RoundAssignment) -> int:
+        if self.failures_left > 0:
+            self.failures_left -= 1
+            raise DLRoverError("the master is unreachable (scripted)")
+        return super().finished_nodes(assignment)
+
+
+def test_the_exit_barrier_waits_out_an_unreachable_master(tmp_path: Path) -> None:
+    store = FakeStoreHost()
+    control = _FlakyFinishedNodes(failures=3)
+    result = _agent(tmp_path, "ok", control, store).run()
+    assert result.exit_code == 0, result.reason
+    assert control.failures_left == 0
+    assert not store.is_open
+
+
+@pytest.mark.parametrize("rank_0", [False, True])
+def test_only_the_agent_hosting_the_store_waits(tmp_path: Path, rank_0: bool) -> None:
+    class _Rank1(FakeControlPlane):
+        def next_round(
+            self,
+            timeout_s: float,
+            should_stop: Callable[[], bool] = lambda: False,
+            open_store: Callable[[str], int] | None = None,
+        ) -> RoundAssignment:
+            # Node rank 1 opens no store: it connects to rank 0's.
+            assignment = RoundAssignment(1, 1, 2, "127.0.0.1", 40999, agent_store=True)
+            self.rounds.append(assignment)
+            return assignment
+
+    peers = FakeControlPlane if rank_0 else _Rank1
+    store = FakeStoreHost()
+    control = peers(group_world_size=2, peers_finished=lambda _: 0)
+    # Node rank 0 would wait the whole (hour-long) timeout: it is stopped once it reported.
+    agent = _agent(tmp_path, "ok", control, store, exit_barrier_timeout_s=3600.0)
+    thread, outcome = _run_in_thread(agent)
+    try:
+        _wait_for(lambda: control.successes == 1)
+        if rank_0:
+            assert thread.is_alive()
+        else:
+            thread.join(60)
+            assert not thread.is_alive()
+    finally:
+        agent.request_stop("test over")
+        thread.join(60)
+    assert outcome[0].exit_code == 0
+    assert store.opened == (["127.0.0.1:40000"] if rank_0 else [])
+
+
 # --- real stores, real gloo workers ----------------------------------------------------------------
 
 # Rank 1 connects to the store and sets a key before rank 0 does anything with torch.distributed;
@@ -524,3 +664,97 @@ def test_two_nodes_train_on_the_store_node_rank_0s_agent_hosts(tmp_path: Path, t
     assert first["sum"] == second["sum"] == 3.0
     assert all(store.address is None for store in stores)
     assert _refused(int(first["MASTER_PORT"]))  # type: ignore[call-overload]
+
+
+# Both ranks train; rank 1 then waits for the test's word and only then uses the store, as a
+# node that finishes later (a last evaluation, a save, NCCL's watchdog) does.
+LATE_STORE_WORKER = textwrap.dedent(
+    """
+    import datetime, json, os, sys, time
+    import torch, torch.distributed as dist
+    out = sys.argv[1]
+    rank = int(os.environ["RANK"])
+    addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+    t = torch.tensor([rank + 1.0])
+    dist.all_reduce(t)
+    dist.destroy_process_group()
+    if rank == 1:
+        deadline = time.monotonic() + 120
+        while not os.path.exists(os.path.join(out, "go")):
+            if time.monotonic() > deadline:
+                sys.exit("never told to go on")
+            time.sleep(0.05)
+        client = dist.TCPStore(addr, port, is_master=False, timeout=datetime.timedelta(seconds=10))
+        client.set("late", "still served")
+        path = os.path.join(out, "rank1.json")
+        with open(path + ".tmp", "w") as f:
+            json.dump({"late": client.get("late").decode(), "MASTER_PORT": port}, f)
+        os.replace(path + ".tmp", path)
+    """
+)
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(240)
+def test_a_node_finishing_later_still_has_the_store_after_node_rank_0_finished(
+    tmp_path: Path, two_node_master: object
+) -> None:
+    from dlrover.master import MasterRuntime, NodeState
+
+    assert isinstance(two_node_master, MasterRuntime)
+    runtime = two_node_master
+    script = tmp_path / "worker.py"
+    script.write_text(LATE_STORE_WORKER)
+    out = tmp_path / "out"
+    out.mkdir()
+    planes = _two_node_planes(runtime)
+    config = AgentConfig(
+        worker_argv=(sys.executable, str(script), str(out)),
+        nproc_per_node=1,
+        run_id="exit-barrier",
+        monitor_interval_s=0.05,
+        shutdown_grace_s=5.0,
+        host_checkpoint_saver=False,
+    )
+    stores = [TorchStoreHost(), TorchStoreHost()]
+    agents = [Agent(config, planes[i], store_host=stores[i]) for i in range(2)]
+    results: dict[int, AgentResult] = {}
+    errors: list[BaseException] = []
+
+    def run(i: int) -> None:
+        try:
+            results[i] = agents[i].run()
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    try:
+        for thread in threads:
+            thread.start()
+        # Node rank 0's workers finished and the master heard so; node rank 1's still run.
+        _wait_for(
+            lambda: [n.state for n in runtime.master.status().nodes].count(NodeState.SUCCEEDED) == 1 or bool(errors),
+            timeout_s=180,
+        )
+        assert not errors, errors
+        # Time for an agent that does not wait to close the store and exit (not a measurement:
+        # the agent that hosts the store must not return before the other node finishes at all).
+        time.sleep(1.0)
+        assert all(thread.is_alive() for thread in threads), results
+        (out / "go").touch()
+        for thread in threads:
+            thread.join(120)
+    finally:
+        for agent in agents:
+            agent.request_stop("test over")
+        for thread in threads:
+            thread.join(60)
+        for plane in planes:
+            plane.close()
+    assert not errors, errors
+    assert [results[i].exit_code for i in range(2)] == [0, 0], results
+    record = json.loads((out / "rank1.json").read_text())
+    assert record["late"] == "still served"
+    assert all(store.address is None for store in stores)
+    assert _refused(int(record["MASTER_PORT"]))

@@ -39,7 +39,7 @@ def _plane(runtime: MasterRuntime, name: str) -> GrpcControlPlane:
 
 
 @pytest.mark.integration
-def test_two_nodes_register_rendezvous_and_share_one_store_address(master: MasterRuntime) -> None:
+def test_two_nodes_register_rendezvous_share_one_store_address_and_see_each_other_finish(master: MasterRuntime) -> None:
     planes = [_plane(master, f"node-{i}") for i in range(2)]
     try:
         ids = {p.register(1).node_id for p in planes}
@@ -65,6 +65,14 @@ def test_two_nodes_register_rendezvous_and_share_one_store_address(master: Maste
         assert rounds[0].master_addr == "127.0.0.1"
         assert planes[0].heartbeat(Progress(step=3, samples=96)) == []
         assert planes[0].nodes_waiting() == 0
+        # Each node's success is seen by the other (node rank 0 keeps its store open until all are).
+        (first, r0), (second, r1) = sorted(((planes[i], r) for i, r in rounds.items()), key=lambda p: p[1].group_rank)
+        assert first.finished_nodes(r0) == 0
+        second.report_success(r1)
+        assert first.finished_nodes(r0) == 1
+        assert first.nodes_waiting() == 0  # a finished node does not end the round
+        first.report_success(r0)
+        assert second.finished_nodes(r1) == first.finished_nodes(r0) == 2
     finally:
         for p in planes:
             p.close()

@@ -94,6 +94,9 @@ class AgentConfig:
         worker_reap_timeout_s: a worker seen beginning to exit with a failure (the others are
             stopped then) is reported once it has exited; if the kernel has still not let it be
             reaped this long after, it is reported with the status it was seen exiting with.
+        exit_barrier_timeout_s: when this node's workers succeed and its agent hosts the
+            round's store, the longest the agent keeps that store open for the nodes still
+            training (torchrun's exit barrier; see `Agent`); 0 closes it at once.
     """
 
     worker_argv: tuple[str, ...]
@@ -119,6 +122,7 @@ class AgentConfig:
     prewarm_modules: tuple[str, ...] = ()
     prewarm_refill_after_s: float = attrs.field(default=30.0, validator=non_negative)
     worker_reap_timeout_s: float = attrs.field(default=30.0, validator=non_negative)
+    exit_barrier_timeout_s: float = attrs.field(default=300.0, validator=non_negative_finite)
 
 
 @attrs.frozen
@@ -358,7 +362,8 @@ class Agent:
                 step = self._run_group(assignment, restarts)
                 _log.info("%s: %s", step.kind.value, step.reason)
                 if step.kind is StepKind.SUCCEED:
-                    self._control.report_success()
+                    self._control.report_success(assignment)
+                    self._exit_barrier(assignment)
                     return AgentResult(0, step.reason, restarts, rounds)
                 if step.kind is StepKind.EXIT:
                     try:
@@ -372,6 +377,72 @@ class Agent:
                     restarts += 1
             finally:
                 self._close_store()
+
+    def _exit_barrier(self, assignment: RoundAssignment) -> None:
+        """Keep this round's store open until every node of the round has finished.
+
+        Only the agent that hosts the store waits, as torchrun's agents do in their exit barrier:
+        workers of a node that finishes later may still use it (NCCL's watchdog polls it, and
+        user code and `destroy_process_group` may read it), and would fail on a closed one. The
+        wait ends when every node of the round reported success, when the round ends otherwise
+        (a node rejoins, leaves or expires: a next round has a new store), on a stop request, or
+        after `exit_barrier_timeout_s`. An unreachable master is waited out up to that bound:
+        the other nodes keep training through it too.
+        """
+        cfg = self._config
+        world = assignment.group_world_size
+        hosts_store = assignment.agent_store and assignment.group_rank == 0 and self._store_host is not None
+        if not hosts_store or world < 2 or cfg.exit_barrier_timeout_s <= 0:
+            return
+        started = self._clock.now()
+        deadline = started + cfg.exit_barrier_timeout_s
+        _log.info(
+            "keeping round %d's store open until its other %d node(s) finish (at most %.0f s)",
+            assignment.round,
+            world - 1,
+            cfg.exit_barrier_timeout_s,
+        )
+        finished = 1
+        unreachable = False
+        interval = 0.05
+        while True:
+            if self._stop_requested.is_set():
+                _log.info("closing round %d's store: %s", assignment.round, self._stop_reason or "stop requested")
+                return
+            try:
+                finished = self._control.finished_nodes(assignment)
+                if finished >= world:
+                    waited = self._clock.now() - started
+                    _log.info("every node of round %d finished (waited %.1f s)", assignment.round, waited)
+                    return
+                waiting = self._control.nodes_waiting()
+                unreachable = False
+            except DLRoverError as exc:
+                if not unreachable:  # once per outage, not every poll
+                    _log.warning("exit barrier: the master is unreachable, still waiting: %s", exc)
+                unreachable = True
+            else:
+                if waiting > 0:
+                    _log.info(
+                        "round %d ended with %d of %d nodes finished (a node rejoins or left); closing its store",
+                        assignment.round,
+                        finished,
+                        world,
+                    )
+                    return
+            now = self._clock.now()
+            if now >= deadline:
+                _log.warning(
+                    "only %d of %d nodes of round %d finished within the exit barrier timeout (%.0f s); "
+                    "closing its store, which the others' workers can no longer use",
+                    finished,
+                    world,
+                    assignment.round,
+                    cfg.exit_barrier_timeout_s,
+                )
+                return
+            self._clock.sleep(min(interval, deadline - now))
+            interval = min(interval * 2, 0.5)
 
     def _open_store(self, host: str) -> int:
         """Open this round's store (this node got rank 0); the control plane publishes its address."""

@@ -139,6 +139,7 @@ class LaunchConfig:
     prewarm: tuple[str, ...] = ()
     prewarm_refill_after_s: float = 30.0
     worker_reap_timeout_s: float = 30.0
+    exit_barrier_timeout_s: float = 300.0
     checkpoint_stop_timeout_s: float = 120.0
 
     def worker_command(self, python: str) -> list[str]:
@@ -318,6 +319,14 @@ def _add_dlrover_options(ours: argparse._ArgumentGroup) -> None:
         "a failing worker stops the node's other workers at once and is reported once it has exited; one "
         "that the kernel still has not let go (its memory being freed) this many seconds after it began to "
         "exit is reported with the status it was exiting with",
+    )
+    _option(
+        ours,
+        _both("exit-barrier-timeout"),
+        "300",
+        "when this node's workers succeed and its agent hosts the round's torch.distributed store (node rank "
+        "0), the longest it keeps the store open for the workers of nodes still training, as torchrun's exit "
+        "barrier does; 0 closes it at once",
     )
 
 
@@ -511,5 +520,6 @@ def parse_args(
         prewarm=_prewarm(ns.prewarm, modes),
         prewarm_refill_after_s=_finite(ns.prewarm_refill_after, "--prewarm-refill-after", 0.0),
         worker_reap_timeout_s=_finite(ns.worker_reap_timeout, "--worker-reap-timeout", 0.0),
+        exit_barrier_timeout_s=_finite(ns.exit_barrier_timeout, "--exit-barrier-timeout", 0.0),
         checkpoint_stop_timeout_s=_finite(ns.checkpoint_stop_timeout, "--checkpoint-stop-timeout", 0.001),
     )

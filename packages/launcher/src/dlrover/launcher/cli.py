@@ -159,6 +159,7 @@ def run(cfg: LaunchConfig) -> AgentResult:
                 prewarm_modules=cfg.prewarm,
                 prewarm_refill_after_s=cfg.prewarm_refill_after_s,
                 worker_reap_timeout_s=cfg.worker_reap_timeout_s,
+                exit_barrier_timeout_s=cfg.exit_barrier_timeout_s,
                 checkpoint_stop_timeout_s=cfg.checkpoint_stop_timeout_s,
                 failure_persist_hold_s=cfg.failure_persist_hold_s,
                 extra_env={MASTER_ADDR_ENV_VAR: target, TOKEN_FILE_ENV_VAR: str(Path(token_file).resolve())},

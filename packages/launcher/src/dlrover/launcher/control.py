@@ -156,8 +156,19 @@ class ControlPlane(Protocol):
         """Report a failure; returns what to do, and why."""
         ...
 
-    def report_success(self) -> None:
-        """Report that every worker of this node finished successfully."""
+    def report_success(self, assignment: RoundAssignment) -> None:
+        """Report that every worker of this node finished successfully in `assignment`'s round.
+
+        The round's other nodes see it through `finished_nodes`.
+        """
+        ...
+
+    def finished_nodes(self, assignment: RoundAssignment) -> int:
+        """How many nodes of `assignment`'s round have reported success, this one included.
+
+        The agent hosting the round's store keeps it open until this reaches the round's size
+        (torchrun's exit barrier): workers of a node that finishes later may still use it.
+        """
         ...
 
     def leave(self) -> None:

@@ -53,7 +53,7 @@ class InMemoryRoundStore:
 
 
 class FakeControlPlane:
-    """A master for a single-node job, whose answers a test scripts.
+    """A master whose answers a test scripts, seen from the node that gets rank 0 of every round.
 
     Args:
         failure_decisions: answers to successive failure reports; the last one repeats.
@@ -62,6 +62,9 @@ class FakeControlPlane:
         actions: actions returned by successive heartbeats; none once used up.
         heartbeat_interval_s: the interval handed out at registration.
         unreachable_reports: how many failure reports fail as if the master were unreachable.
+        group_world_size: nodes in every round; the others are only counted (by `peers_finished`).
+        peers_finished: how many of the other nodes have finished the round asked about; none
+            when not given.
     """
 
     def __init__(
@@ -72,7 +75,13 @@ class FakeControlPlane:
         actions: Sequence[Sequence[tuple[AgentAction, str]]] = (),
         heartbeat_interval_s: float = 0.05,
         unreachable_reports: int = 0,
+        group_world_size: int = 1,
+        peers_finished: Callable[[RoundAssignment], int] | None = None,
     ) -> None:
+        if group_world_size < 1:
+            raise ValueError(f"group_world_size must be at least 1, got {group_world_size}")
+        self._world = group_world_size
+        self._peers_finished = peers_finished
         self._lock = threading.Lock()
         self._decisions = list(failure_decisions)
         self._waiting_fn = nodes_waiting if callable(nodes_waiting) else None
@@ -85,6 +94,7 @@ class FakeControlPlane:
         self.failures: list[FailureReport] = []
         self.heartbeats: list[Progress] = []
         self.successes = 0
+        self.succeeded_rounds: list[int] = []
         self.left = 0
         self._store = InMemoryRoundStore()
 
@@ -99,7 +109,7 @@ class FakeControlPlane:
         should_stop: Callable[[], bool] = lambda: False,
         open_store: Callable[[str], int] | None = None,
     ) -> RoundAssignment:
-        """Complete the next round at once; this single node is rank 0 (see `ControlPlane`).
+        """Complete the next round at once; this node is rank 0 (see `ControlPlane`).
 
         With `open_store`, the round's store is the one it opens on 127.0.0.1; the assignment is
         "published" (recorded in `rounds`) only after it returned.
@@ -108,9 +118,9 @@ class FakeControlPlane:
             number = len(self.rounds) + 1
         if open_store is not None:
             # Outside the lock: opening may wait for an import, and a test's hook may read `rounds`.
-            assignment = RoundAssignment(number, 0, 1, "127.0.0.1", open_store("127.0.0.1"), agent_store=True)
+            assignment = RoundAssignment(number, 0, self._world, "127.0.0.1", open_store("127.0.0.1"), agent_store=True)
         else:
-            assignment = RoundAssignment(number, 0, 1, "127.0.0.1", free_port())
+            assignment = RoundAssignment(number, 0, self._world, "127.0.0.1", free_port())
         with self._lock:
             self.rounds.append(assignment)
             return assignment
@@ -134,9 +144,15 @@ class FakeControlPlane:
             self.failures.append(report)
             return self._decisions.pop(0) if len(self._decisions) > 1 else self._decisions[0]
 
-    def report_success(self) -> None:
+    def report_success(self, assignment: RoundAssignment) -> None:
         with self._lock:
             self.successes += 1
+            self.succeeded_rounds.append(assignment.round)
+
+    def finished_nodes(self, assignment: RoundAssignment) -> int:
+        peers = 0 if self._peers_finished is None else self._peers_finished(assignment)
+        with self._lock:
+            return peers + (assignment.round in self.succeeded_rounds)
 
     def leave(self) -> None:
         with self._lock:

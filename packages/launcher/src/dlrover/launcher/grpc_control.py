@@ -13,6 +13,10 @@ can start before the store listens and no other process can take the port in bet
 rank 0 to host the store. The published value says which it is (`agent_store`), so every node
 sets `TORCHELASTIC_USE_AGENT_STORE` alike. The other agents wait for that key. A new round gets a
 new key, so a stale address is never reused.
+
+A node whose workers of a round succeeded sets `finished_key(round, its rank)` before it reports
+success to the master; node rank 0's agent counts those marks (`finished_nodes`) to keep the
+round's store open until every node is done with it.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ __all__ = [
     "decode_store_address",
     "default_node_name",
     "encode_store_address",
+    "finished_key",
     "store_address_key",
 ]
 
@@ -64,6 +69,11 @@ def _never() -> bool:
 def store_address_key(round_number: int) -> str:
     """The key under which node rank 0 publishes the store address of a round."""
     return f"dlrover/launcher/round/{round_number}/store_addr"
+
+
+def finished_key(round_number: int, group_rank: int) -> str:
+    """The key a node sets once its workers of a round succeeded (see `ControlPlane.finished_nodes`)."""
+    return f"dlrover/launcher/round/{round_number}/finished/{group_rank}"
 
 
 def encode_store_address(host: str, port: int, agent_store: bool) -> bytes:
@@ -243,8 +253,25 @@ class GrpcControlPlane:
             raise DLRoverError(f"the master answered an unknown decision {response.decision!r}: {response.reason}")
         return decision, response.reason
 
-    def report_success(self) -> None:
+    def report_success(self, assignment: RoundAssignment) -> None:
+        key = finished_key(assignment.round, assignment.group_rank)
+        try:
+            # Before the master hears it: a master that ends the job on this report may be gone
+            # before node rank 0 reads the mark.
+            self._rdzv.kv_set([key], [b"1"])
+        except DLRoverError as exc:
+            _log.warning(
+                "could not mark node rank %d finished in round %d (%s): node rank 0 keeps the round's store "
+                "open until its exit barrier times out",
+                assignment.group_rank,
+                assignment.round,
+                exc,
+            )
         self._master.report_success()
+
+    def finished_nodes(self, assignment: RoundAssignment) -> int:
+        keys = [finished_key(assignment.round, rank) for rank in range(assignment.group_world_size)]
+        return sum(value is not None for value in self._rdzv.kv_get(keys))
 
     def kv_get(self, keys: Sequence[str]) -> list[bytes | None]:
         """Read keys of the master's rendezvous key-value store (None for each key not set)."""
