@@ -95,6 +95,29 @@ def _fake_segment(shm: Path, rank: int, job: str = "job", run: str = "run") -> P
     return path
 
 
+def test_sockets_are_0600_under_a_lax_umask_which_is_never_changed(
+    shm: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The umask is process-wide: narrowing it for a bind would race with other threads' files and
+    # be inherited by any process forked meanwhile (a worker the agent starts then).
+    umask_calls: list[int] = []
+    real_umask = os.umask
+    previous = real_umask(0o000)  # a lax umask: without the chmod the sockets would be 0777
+    try:
+        monkeypatch.setattr(os, "umask", lambda mask: umask_calls.append(mask) or 0)
+        h = SaverHost(SaverHostConfig(str(host_socket_path(shm)), stop_timeout_s=WAIT_S, drain_timeout_s=5.0))
+        h.start()
+        try:
+            assert stat.S_IMODE(h.socket_path.stat().st_mode) == 0o600
+            started = request_saver(h.socket_path, _request(shm, tmp_path))
+            assert stat.S_IMODE(started.path.stat().st_mode) == 0o600
+        finally:
+            h.stop(remove_memory=True)
+    finally:
+        real_umask(previous)
+    assert umask_calls == []
+
+
 def test_ensure_starts_a_saver_then_reuses_it(host: SaverHost, shm: Path, tmp_path: Path) -> None:
     assert stat.S_IMODE(host.socket_path.stat().st_mode) == 0o600
     first = request_saver(host.socket_path, _request(shm, tmp_path))

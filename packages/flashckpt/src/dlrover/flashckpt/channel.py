@@ -32,7 +32,7 @@ from typing import Any
 
 from dlrover.flashckpt.errors import FlashCkptError
 
-__all__ = ["MAX_FRAME_BYTES", "ChannelError", "recv_message", "send_message", "unix_address"]
+__all__ = ["MAX_FRAME_BYTES", "ChannelError", "bind_owner_only", "recv_message", "send_message", "unix_address"]
 
 MAX_FRAME_BYTES = 1 << 20
 _LEN = struct.Struct(">I")
@@ -58,6 +58,22 @@ def unix_address(path: str | Path) -> Iterator[str]:
         yield f"/proc/self/fd/{fd}/{name}"
     finally:
         os.close(fd)
+
+
+def bind_owner_only(listener: socket.socket, path: str | Path) -> None:
+    """Bind a Unix socket at `path` and make its file 0600; the caller listens only afterwards.
+
+    The process umask is left alone: it is process-wide, so narrowing it for the bind would race
+    with every other thread creating files and with every process forked meanwhile (a worker
+    started then would keep it). The file is created with the umask's mode instead, and nobody
+    can connect to it until the caller listens, which comes after the mode is 0600.
+
+    Raises:
+        OSError: the bind or the chmod failed (a bound file is left for the caller to remove).
+    """
+    with unix_address(path) as address:
+        listener.bind(address)
+    os.chmod(path, 0o600)
 
 
 class ChannelError(FlashCkptError):

@@ -63,7 +63,7 @@ import attrs
 
 from dlrover.common import Clock, ConfigError, SystemClock
 from dlrover.common.validators import non_negative_finite, non_negative_int, positive, positive_int
-from dlrover.flashckpt.channel import ChannelError, recv_message, send_message, unix_address
+from dlrover.flashckpt.channel import ChannelError, bind_owner_only, recv_message, send_message, unix_address
 from dlrover.flashckpt.commit import RetentionPolicy
 from dlrover.flashckpt.errors import FlashCkptError, SaverUnavailableError
 from dlrover.flashckpt.events import EventLog, FlashEvent
@@ -210,16 +210,12 @@ class SaverHost:
             write_owner(path.parent, *self._owner_key)
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         path.unlink(missing_ok=True)
-        old_umask = os.umask(0o177)  # the socket file is created 0600
         try:
-            with unix_address(path) as address:
-                listener.bind(address)
+            bind_owner_only(listener, path)
         except OSError as e:
             listener.close()
             self._remove_files()
             raise FlashCkptError(f"cannot listen on {path}: {e}") from e
-        finally:
-            os.umask(old_umask)
         listener.listen(64)
         listener.settimeout(self.config.poll_interval_s)
         self._listener = listener

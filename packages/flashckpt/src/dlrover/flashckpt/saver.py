@@ -26,7 +26,7 @@ import attrs
 
 from dlrover.common import Clock, ConfigError, SystemClock
 from dlrover.common.validators import non_negative_finite, non_negative_int, positive
-from dlrover.flashckpt.channel import ChannelError, recv_message, send_message, unix_address
+from dlrover.flashckpt.channel import ChannelError, bind_owner_only, recv_message, send_message
 from dlrover.flashckpt.commit import Committer, RetentionPolicy
 from dlrover.flashckpt.errors import FlashCkptError, LayoutError, StateStructureError, StorageError
 from dlrover.flashckpt.events import EventLog, FlashEvent
@@ -201,10 +201,8 @@ class Saver:
         tmp = path.with_name(f"{path.name}.{secrets.token_hex(3)}")  # short: sun_path is 108 bytes
         tmp.unlink(missing_ok=True)
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        old_umask = os.umask(0o177)  # the socket file is created 0600
         try:
-            with unix_address(tmp) as address:
-                listener.bind(address)
+            bind_owner_only(listener, tmp)
             listener.listen(64)
             self._socket_ino = tmp.stat().st_ino
             os.replace(tmp, path)
@@ -212,8 +210,6 @@ class Saver:
             listener.close()
             tmp.unlink(missing_ok=True)
             raise
-        finally:
-            os.umask(old_umask)
         listener.settimeout(c.poll_interval_s)
         self._listener = listener
         for target, name in ((self._accept_loop, "accept"), (self._worker, "worker")):
