@@ -47,8 +47,33 @@ def _live_children(pid: int) -> list[tuple[int, str]]:
     return found
 
 
+# Where DLRover and torch's elastic launcher leave things a test could leak: shared memory
+# (checkpoint segments, saver sockets and owner records) and temp dirs (tokens, logs, staging).
+_LEAK_PATTERNS = (("/dev/shm", "dlrover-*"), (None, "dlrover-*"), (None, "torchelastic_*"))  # noqa: S108 (only read)
+_present_at_start: set[str] = set()
+
+
+def _leakable() -> set[str]:
+    import glob
+    import tempfile
+
+    found: set[str] = set()
+    for where, pattern in _LEAK_PATTERNS:
+        found.update(glob.glob(os.path.join(where or tempfile.gettempdir(), pattern)))
+    return found
+
+
+def pytest_sessionstart(session: object) -> None:
+    """Note what is already there, so only what the tests leave is called a leak."""
+    _present_at_start.update(_leakable())
+
+
 def pytest_sessionfinish(session: object, exitstatus: int) -> None:
-    """Fail the run if any test left a child process behind (and kill it, so CI is not held up)."""
+    """Fail the run if any test left a child process, shared memory or a temp dir behind.
+
+    What is found is removed (processes killed), so CI is not held up and later runs start clean.
+    """
+    import shutil
     import signal
     import time
 
@@ -57,11 +82,21 @@ def pytest_sessionfinish(session: object, exitstatus: int) -> None:
     while leftovers and time.monotonic() < deadline:
         time.sleep(0.1)
         leftovers = _live_children(os.getpid())
-    if not leftovers:
-        return
-    print("\nprocesses left behind by the tests (a leak):")
-    for pid, cmdline in leftovers:
-        print(f"  {pid}: {cmdline[:200]}")
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGKILL)
-    session.exitstatus = 1  # type: ignore[attr-defined]
+    if leftovers:
+        print("\nprocesses left behind by the tests (a leak):")
+        for pid, cmdline in leftovers:
+            print(f"  {pid}: {cmdline[:200]}")
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        session.exitstatus = 1  # type: ignore[attr-defined]
+    left = sorted(_leakable() - _present_at_start)
+    if left:
+        print("\nfiles left behind by the tests (a leak):")
+        for path in left:
+            print(f"  {path}")
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+        session.exitstatus = 1  # type: ignore[attr-defined]

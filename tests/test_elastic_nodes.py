@@ -16,7 +16,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from dlrover.common import generate_token, write_token_file
+from dlrover.common import generate_token, remove_dead_owners, write_token_file
+from dlrover.flashckpt import cleanup_stale
+from dlrover.flashckpt.segment import DEFAULT_SHM_DIR
+from dlrover.launcher.cli import TOKEN_DIR_PREFIX
 from dlrover.master import MasterClient
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
@@ -57,10 +60,21 @@ def _free_port() -> int:
 def procs() -> Iterator[list[subprocess.Popen[str]]]:
     started: list[subprocess.Popen[str]] = []
     yield started
+    # What still runs is stopped as a scheduler stops a job, so each agent stops its workers and
+    # removes what it owns; SIGKILL only for one that does not exit in time.
     for proc in started:
         if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+    for proc in started:
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+            proc.wait()
+    # An agent a test SIGKILLed (a lost node) cannot clean up: the next dlrover-run on the host
+    # sweeps what it left (its saver host's socket and owner record, its token dir); so does this.
+    cleanup_stale(DEFAULT_SHM_DIR)
+    remove_dead_owners(TOKEN_DIR_PREFIX)
 
 
 def _start(procs: list[subprocess.Popen[str]], cmd: list[str], log: Path) -> subprocess.Popen[str]:
