@@ -8,6 +8,7 @@ Deadlines are off in both: tests never assert on wall time, and this machine has
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 
 from hypothesis import HealthCheck, settings
@@ -63,6 +64,43 @@ def _leakable() -> set[str]:
     return found
 
 
+def _owner_alive(path: str) -> bool | None:
+    """Whether the process that owns `path` runs: from a shared-memory run's owner record, or an
+    `owned_temp_dir` name; None when the name says nothing about its owner.
+
+    Other runs on the host (a developer's second test run, a real job) share /dev/shm and, outside
+    nox, the temp dir: what a live process owns is never called this run's leak.
+    """
+    import re
+
+    name = os.path.basename(path)
+    try:
+        from dlrover.common import DLRoverError, ProcessIdentity
+    except ImportError:
+        return None
+    owner: tuple[int, int | None] | None = None
+    run = re.fullmatch(r"dlrover-fc\.([^.]+)\.([^.]+)\..+", name)
+    owned = re.fullmatch(r"dlrover-[a-z]+-([0-9]{1,10})-([0-9]{1,20})-[0-9]{1,20}-[^/]+", name)
+    if run is not None and os.path.dirname(path) == "/dev/shm":  # noqa: S108 (only read)
+        record = os.path.join("/dev/shm", f"dlrover-fc.{run.group(1)}.{run.group(2)}.owner")  # noqa: S108
+        try:
+            with open(record) as f:
+                doc = json.load(f)
+            owner = (int(doc["pid"]), doc.get("start_ticks"))
+        except (OSError, ValueError, KeyError, TypeError):
+            return False  # no readable owner record: nobody can clean it up but a sweep
+    elif owned is not None:
+        owner = (int(owned.group(1)), int(owned.group(2)))
+    if owner is None:
+        return None
+    if owner[0] == os.getpid():
+        return False  # this test process owns it and is about to exit: a leak all the same
+    try:
+        return ProcessIdentity(owner[0], owner[1]).alive()
+    except DLRoverError:
+        return False
+
+
 def pytest_sessionstart(session: object) -> None:
     """Note what is already there, so only what the tests leave is called a leak."""
     _present_at_start.update(_leakable())
@@ -71,7 +109,8 @@ def pytest_sessionstart(session: object) -> None:
 def pytest_sessionfinish(session: object, exitstatus: int) -> None:
     """Fail the run if any test left a child process, shared memory or a temp dir behind.
 
-    What is found is removed (processes killed), so CI is not held up and later runs start clean.
+    Leftover processes are killed and files whose owner is gone removed, so CI is not held up and
+    later runs start clean.
     """
     import shutil
     import signal
@@ -89,11 +128,15 @@ def pytest_sessionfinish(session: object, exitstatus: int) -> None:
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
         session.exitstatus = 1  # type: ignore[attr-defined]
-    left = sorted(_leakable() - _present_at_start)
+    owners = {path: _owner_alive(path) for path in sorted(_leakable() - _present_at_start)}
+    left = [path for path, alive in owners.items() if not alive]
     if left:
         print("\nfiles left behind by the tests (a leak):")
         for path in left:
-            print(f"  {path}")
+            if owners[path] is None:  # no owner to judge by: maybe another run's, so kept
+                print(f"  {path} (kept)")
+                continue
+            print(f"  {path} (its owner is gone: removed)")
             if os.path.isdir(path) and not os.path.islink(path):
                 shutil.rmtree(path, ignore_errors=True)
             else:

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import itertools
+import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from collections.abc import Callable, Iterator
@@ -16,9 +19,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from dlrover.common import generate_token, remove_dead_owners, write_token_file
-from dlrover.flashckpt import cleanup_stale
-from dlrover.flashckpt.segment import DEFAULT_SHM_DIR
+from dlrover.common import generate_token, write_token_file
+from dlrover.flashckpt.segment import DEFAULT_SHM_DIR, remove_run
 from dlrover.launcher.cli import TOKEN_DIR_PREFIX
 from dlrover.master import MasterClient
 
@@ -72,9 +74,24 @@ def procs() -> Iterator[list[subprocess.Popen[str]]]:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     # An agent a test SIGKILLed (a lost node) cannot clean up: the next dlrover-run on the host
-    # sweeps what it left (its saver host's socket and owner record, its token dir); so does this.
-    cleanup_stale(DEFAULT_SHM_DIR)
-    remove_dead_owners(TOKEN_DIR_PREFIX)
+    # sweeps what it left (its saver host's socket and owner record, its token dir); so does this,
+    # for those agents only, so that what a stopped agent failed to remove still shows as a leak.
+    killed = {proc.pid for proc in started if proc.returncode == -signal.SIGKILL}
+    _sweep_after(killed)
+
+
+def _sweep_after(killed: set[int]) -> None:
+    """Remove the shared memory runs and temp dirs owned by the `killed` processes."""
+    for record in Path(DEFAULT_SHM_DIR).glob("dlrover-fc.*.owner"):
+        try:
+            owner = json.loads(record.read_text())
+        except (OSError, ValueError):
+            continue
+        if owner.get("pid") in killed:
+            remove_run(DEFAULT_SHM_DIR, owner["job"], owner["run"])
+    for pid in killed:
+        for path in Path(tempfile.gettempdir()).glob(f"{TOKEN_DIR_PREFIX}{pid}-*"):
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def _start(procs: list[subprocess.Popen[str]], cmd: list[str], log: Path) -> subprocess.Popen[str]:

@@ -26,13 +26,14 @@ import json
 import os
 import socket
 import struct
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from dlrover.flashckpt.errors import FlashCkptError
 
-__all__ = ["MAX_FRAME_BYTES", "ChannelError", "bind_owner_only", "recv_message", "send_message", "unix_address"]
+__all__ = ["MAX_FRAME_BYTES", "ChannelError", "listen_owner_only", "recv_message", "send_message", "unix_address"]
 
 MAX_FRAME_BYTES = 1 << 20
 _LEN = struct.Struct(">I")
@@ -60,20 +61,40 @@ def unix_address(path: str | Path) -> Iterator[str]:
         os.close(fd)
 
 
-def bind_owner_only(listener: socket.socket, path: str | Path) -> None:
-    """Bind a Unix socket at `path` and make its file 0600; the caller listens only afterwards.
+def listen_owner_only(path: str | Path, backlog: int = 64) -> tuple[socket.socket, int]:
+    """A Unix socket listening at `path` whose file nobody else could reach at any moment.
 
-    The process umask is left alone: it is process-wide, so narrowing it for the bind would race
-    with every other thread creating files and with every process forked meanwhile (a worker
-    started then would keep it). The file is created with the umask's mode instead, and nobody
-    can connect to it until the caller listens, which comes after the mode is 0600.
+    It is bound inside a fresh 0700 directory beside `path`, made 0600 there, set listening, and
+    only then renamed over `path` (atomically replacing a socket already there). The process
+    umask is left alone: it is process-wide, so narrowing it for the bind would race with every
+    other thread creating files and with every process forked meanwhile (a worker started then
+    would keep it).
+
+    Returns:
+        The listening socket, and the inode of its file (to tell later whether `path` is still it).
 
     Raises:
-        OSError: the bind or the chmod failed (a bound file is left for the caller to remove).
+        OSError: it cannot be created; nothing is left behind.
     """
-    with unix_address(path) as address:
-        listener.bind(address)
-    os.chmod(path, 0o600)
+    path = Path(path)
+    private = Path(tempfile.mkdtemp(prefix=".dlrover-bind-", dir=path.parent))  # created 0700
+    staged = private / "s"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        with unix_address(staged) as address:
+            listener.bind(address)
+        os.chmod(staged, 0o600)
+        listener.listen(backlog)
+        inode = staged.stat().st_ino
+        os.replace(staged, path)
+    except BaseException:
+        listener.close()
+        staged.unlink(missing_ok=True)
+        raise
+    finally:
+        with contextlib.suppress(OSError):
+            private.rmdir()
+    return listener, inode
 
 
 class ChannelError(FlashCkptError):

@@ -63,7 +63,7 @@ import attrs
 
 from dlrover.common import Clock, ConfigError, SystemClock
 from dlrover.common.validators import non_negative_finite, non_negative_int, positive, positive_int
-from dlrover.flashckpt.channel import ChannelError, bind_owner_only, recv_message, send_message, unix_address
+from dlrover.flashckpt.channel import ChannelError, listen_owner_only, recv_message, send_message, unix_address
 from dlrover.flashckpt.commit import RetentionPolicy
 from dlrover.flashckpt.errors import FlashCkptError, SaverUnavailableError
 from dlrover.flashckpt.events import EventLog, FlashEvent
@@ -208,15 +208,11 @@ class SaverHost:
             # Named like a run: record this process as its owner, for cleanup_stale.
             self._owner_key = (match.group(1), match.group(2))
             write_owner(path.parent, *self._owner_key)
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        path.unlink(missing_ok=True)
         try:
-            bind_owner_only(listener, path)
+            listener, _ = listen_owner_only(path)
         except OSError as e:
-            listener.close()
             self._remove_files()
             raise FlashCkptError(f"cannot listen on {path}: {e}") from e
-        listener.listen(64)
         listener.settimeout(self.config.poll_interval_s)
         self._listener = listener
         for target, name in ((self._accept_loop, "accept"), (self._watch_shutdowns, "watch")):

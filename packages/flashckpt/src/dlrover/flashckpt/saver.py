@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import os
 import queue
-import secrets
 import socket
 import threading
 from pathlib import Path
@@ -26,7 +25,7 @@ import attrs
 
 from dlrover.common import Clock, ConfigError, SystemClock
 from dlrover.common.validators import non_negative_finite, non_negative_int, positive
-from dlrover.flashckpt.channel import ChannelError, bind_owner_only, recv_message, send_message
+from dlrover.flashckpt.channel import ChannelError, listen_owner_only, recv_message, send_message
 from dlrover.flashckpt.commit import Committer, RetentionPolicy
 from dlrover.flashckpt.errors import FlashCkptError, LayoutError, StateStructureError, StorageError
 from dlrover.flashckpt.events import EventLog, FlashEvent
@@ -195,21 +194,10 @@ class Saver:
         c = self.config
         write_owner(c.shm_dir, c.job_id, c.run_id)
         path = self.socket_path
-        # Bound under a temporary name, then renamed over the run's socket: a saver replacing
-        # another takes the name over atomically, and one that fails to start leaves the running
-        # saver's socket in place.
-        tmp = path.with_name(f"{path.name}.{secrets.token_hex(3)}")  # short: sun_path is 108 bytes
-        tmp.unlink(missing_ok=True)
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            bind_owner_only(listener, tmp)
-            listener.listen(64)
-            self._socket_ino = tmp.stat().st_ino
-            os.replace(tmp, path)
-        except OSError:
-            listener.close()
-            tmp.unlink(missing_ok=True)
-            raise
+        # Set listening under a private name, then renamed over the run's socket: a saver
+        # replacing another takes the name over atomically, and one that fails to start leaves
+        # the running saver's socket in place.
+        listener, self._socket_ino = listen_owner_only(path)
         listener.settimeout(c.poll_interval_s)
         self._listener = listener
         for target, name in ((self._accept_loop, "accept"), (self._worker, "worker")):
