@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from collections.abc import Iterator
@@ -169,3 +170,117 @@ def _alive(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+# Reaches the master the way a shard or checkpoint client in a worker does: its address and a
+# token file from the environment the agent gave.
+ASK_THE_MASTER = textwrap.dedent(
+    """
+    import json, os, sys
+    from dlrover.common import load_token
+    from dlrover.master import MasterClient
+    token_file = os.environ["DLROVER_JOB_TOKEN_FILE"]
+    with MasterClient(os.environ["DLROVER_MASTER_ADDR"], load_token(token_file=token_file)) as client:
+        status = client.job_status()
+    with open(os.path.join(sys.argv[1], f"rank{os.environ['RANK']}.json"), "w") as f:
+        json.dump({"state": status.state, "nodes": len(status.nodes), "token_file": token_file}, f)
+    """
+)
+
+
+@pytest.mark.parametrize("token_flag", [False, True])
+def test_a_single_node_job_needs_no_master_flags_and_its_workers_reach_the_master(
+    run_dir: Path, spawn: list[subprocess.Popen[str]], token_flag: bool
+) -> None:
+    # As `torchrun --nproc-per-node=2 script` runs a one-node job with no rendezvous flags.
+    from dlrover.common import generate_token, write_token_file
+
+    script = run_dir / "ask.py"
+    script.write_text(ASK_THE_MASTER)
+    out = run_dir / "out"
+    given = write_token_file(run_dir / "token", generate_token()) if token_flag else None
+    cmd = [
+        sys.executable, "-m", "dlrover.launcher.cli", "--nproc-per-node=2", f"--log-dir={run_dir / 'logs'}",
+        *([f"--token-file={given}"] if given else []), str(script), str(out),
+    ]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DLROVER_")}
+    proc = subprocess.Popen(
+        cmd, cwd=run_dir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
+    spawn.append(proc)
+    output, _ = proc.communicate(timeout=240)
+    assert proc.returncode == 0, output
+    for rank in range(2):
+        seen = json.loads((out / f"rank{rank}.json").read_text())
+        assert seen["state"] == "running"
+        assert seen["nodes"] == 1
+        if given is not None:
+            # The workers read the very file given: the embedded master took its token.
+            assert seen["token_file"] == str(given.resolve())
+
+
+def test_a_multi_node_job_without_a_master_is_refused_with_the_ways_to_name_one(tmp_path: Path) -> None:
+    script = tmp_path / "noop.py"
+    script.write_text("")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DLROVER_")}
+    cmd = [sys.executable, "-m", "dlrover.launcher.cli", "--nnodes=1:2", str(script)]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 2
+    assert "--nnodes=1:2 needs a master" in done.stderr
+    assert "--master HOST:PORT" in done.stderr
+
+
+# Saves a flash checkpoint of step 1, records that it did, then ignores SIGTERM and sleeps: only
+# the agent's SIGKILL after the grace period ends it.
+STUBBORN = textwrap.dedent(
+    """
+    import os, signal, sys, time
+    import torch, torch.distributed as dist
+    from dlrover.flashckpt import FlashCheckpointer, StagerConfig, torch_distributed_agree
+    out, ckpt_dir = sys.argv[1], sys.argv[2]
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    dist.init_process_group("gloo")
+    ckpt = FlashCheckpointer(
+        StagerConfig(job_id="sigterm", run_id="r", rank=rank, world_size=world),
+        ckpt_dir,
+        agree=torch_distributed_agree(),
+    )
+    state = {"w": torch.full((1024,), float(rank)), "step": 1}
+    ckpt.save(1, state)
+    dist.barrier()
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    with open(os.path.join(out, f"rank{rank}.pid"), "w") as f:
+        f.write(str(os.getpid()))
+    time.sleep(600)
+    """
+)
+
+
+def test_sigterm_persists_the_newest_snapshot_stops_stubborn_workers_and_leaves_nothing(
+    run_dir: Path, spawn: list[subprocess.Popen[str]]
+) -> None:
+    script = run_dir / "stubborn.py"
+    script.write_text(STUBBORN)
+    out, ckpt_dir = run_dir / "out", run_dir / "ckpt"
+    proc = _dlrover_run(spawn, run_dir, "--shutdown-grace=1", str(script), str(out), str(ckpt_dir))
+    deadline = time.monotonic() + 180
+    while not all((out / f"rank{r}.pid").exists() for r in range(2)):
+        assert proc.poll() is None, proc.communicate()[0]
+        assert time.monotonic() < deadline, "the workers did not save and settle"
+        time.sleep(0.1)
+    workers = [int((out / f"rank{r}.pid").read_text()) for r in range(2)]
+    token_dirs = list(Path(tempfile.gettempdir()).glob(f"{TOKEN_DIR_PREFIX}{proc.pid}-*"))
+    assert token_dirs  # the agent's private token copy, to be removed on the way out
+    proc.send_signal(signal.SIGTERM)
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, output
+    # Workers that ignored SIGTERM were killed after the grace period, and reaped: no orphan,
+    # no zombie.
+    assert not any(_alive(pid) for pid in workers), output
+    # The step that was only in memory reached storage, committed by every rank.
+    tracker = json.loads((ckpt_dir / "tracker.json").read_text())
+    assert (tracker["step"], tracker["world_size"]) == (1, 2)
+    # Nothing of the job is left in shared memory or the temp dir.
+    assert not list(Path("/dev/shm").glob("dlrover-fc.sigterm.*")), output
+    assert not list(Path("/dev/shm").glob(f"dlrover-fc.host{proc.pid}.*")), output
+    assert not any(path.exists() for path in token_dirs)

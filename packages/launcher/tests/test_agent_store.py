@@ -346,10 +346,12 @@ def test_the_exit_barrier_gives_up_after_its_timeout(tmp_path: Path, caplog: pyt
         result = _agent(tmp_path, "ok", control, store, exit_barrier_timeout_s=0.3).run()
     assert result.exit_code == 0, result.reason
     assert not store.is_open
-    assert "only 1 of 2 nodes of round 1 finished within the exit barrier timeout" in caplog.text
+    assert "node rank(s) [1] of round 1 did not finish within the exit barrier timeout" in caplog.text
 
 
-def test_the_exit_barrier_ends_when_the_round_ends_another_way(tmp_path: Path) -> None:
+def test_the_exit_barrier_ends_when_the_round_ends_another_way(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     # A peer that failed rejoins (or left, or expired): the others' next round gets its own store.
     succeeded = threading.Event()
     store = FakeStoreHost()
@@ -365,9 +367,12 @@ def test_the_exit_barrier_ends_when_the_round_ends_another_way(tmp_path: Path) -
         succeeded.set()
 
     control.report_success = report_success  # type: ignore[method-assign]
-    result = _agent(tmp_path, "ok", control, store).run()
+    with caplog.at_level("INFO", logger="dlrover.launcher.agent"):
+        # Only the round's end can end this wait: the timeout is an hour (the test's is shorter).
+        result = _agent(tmp_path, "ok", control, store, exit_barrier_timeout_s=3600.0).run()
     assert result.exit_code == 0, result.reason
     assert not store.is_open
+    assert "round 1 ended before node rank(s) [1] finished" in caplog.text
 
 
 def test_a_stop_ends_the_exit_barrier_at_once(tmp_path: Path) -> None:
@@ -386,23 +391,23 @@ def test_a_stop_ends_the_exit_barrier_at_once(tmp_path: Path) -> None:
     assert not store.is_open
 
 
-class _FlakyFinishedNodes(FakeControlPlane):
-    """`finished_nodes` fails as an unreachable master would, `failures` times, then the peer is done."""
+class _FlakyFinishedRanks(FakeControlPlane):
+    """`finished_ranks` fails as an unreachable master would, `failures` times, then the peer is done."""
 
     def __init__(self, failures: int) -> None:
         super().__init__(group_world_size=2, peers_finished=lambda _: 1)
         self.failures_left = failures
 
-    def finished_nodes(self, assignment: RoundAssignment) -> int:
+    def finished_ranks(self, assignment: RoundAssignment) -> frozenset[int]:
         if self.failures_left > 0:
             self.failures_left -= 1
             raise DLRoverError("the master is unreachable (scripted)")
-        return super().finished_nodes(assignment)
+        return super().finished_ranks(assignment)
 
 
 def test_the_exit_barrier_waits_out_an_unreachable_master(tmp_path: Path) -> None:
     store = FakeStoreHost()
-    control = _FlakyFinishedNodes(failures=3)
+    control = _FlakyFinishedRanks(failures=3)
     result = _agent(tmp_path, "ok", control, store).run()
     assert result.exit_code == 0, result.reason
     assert control.failures_left == 0

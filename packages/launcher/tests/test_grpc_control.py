@@ -67,12 +67,15 @@ def test_two_nodes_register_rendezvous_share_one_store_address_and_see_each_othe
         assert planes[0].nodes_waiting() == 0
         # Each node's success is seen by the other (node rank 0 keeps its store open until all are).
         (first, r0), (second, r1) = sorted(((planes[i], r) for i, r in rounds.items()), key=lambda p: p[1].group_rank)
-        assert first.finished_nodes(r0) == 0
+        assert first.finished_ranks(r0) == frozenset()
         second.report_success(r1)
-        assert first.finished_nodes(r0) == 1
+        assert first.finished_ranks(r0) == {1}
         assert first.nodes_waiting() == 0  # a finished node does not end the round
         first.report_success(r0)
-        assert second.finished_nodes(r1) == first.finished_nodes(r0) == 2
+        assert second.finished_ranks(r1) == first.finished_ranks(r0) == {0, 1}
+        # A round that ends another way (here a node leaves) is seen by a finished node too.
+        second.leave()
+        assert first.nodes_waiting() >= 1
     finally:
         for p in planes:
             p.close()

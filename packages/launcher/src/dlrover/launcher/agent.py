@@ -242,8 +242,7 @@ class Agent:
         if self._store_host is not None:
             # The torch import behind the store overlaps registration and the first rendezvous.
             self._store_host.prepare()
-        host = self._start_saver_host() if self._config.host_checkpoint_saver else None
-        self._saver_host = host
+        self._saver_host = self._start_saver_host() if self._config.host_checkpoint_saver else None
         result: AgentResult | None = None
         self._open_wake()
         try:
@@ -253,15 +252,19 @@ class Agent:
         finally:
             self._close_wake()
             self._close_store()
-            if self._standby is not None:
-                self._standby.close(self._config.shutdown_grace_s)
-                self._standby = None
-            if host is not None:
-                succeeded = result is not None and result.exit_code == 0
-                _log.info("stopping the checkpoint saver host (%s)", "job done" if succeeded else "persisting newest")
-                host.stop(remove_memory=True, persist_newest=not succeeded)
-                self._host_env = {}
-                self._saver_host = None
+            self._stop_node_services(succeeded=result is not None and result.exit_code == 0)
+
+    def _stop_node_services(self, succeeded: bool) -> None:
+        """Close the standby workers and stop the saver host (idempotent): after a success its
+        memory is simply removed; otherwise the newest snapshot is persisted first."""
+        if self._standby is not None:
+            self._standby.close(self._config.shutdown_grace_s)
+            self._standby = None
+        host, self._saver_host = self._saver_host, None
+        if host is not None:
+            _log.info("stopping the checkpoint saver host (%s)", "job done" if succeeded else "persisting newest")
+            host.stop(remove_memory=True, persist_newest=not succeeded)
+            self._host_env = {}
 
     def _start_standby_pool(self) -> None:
         """Standbys import `prewarm_modules` while this node registers and waits for its round."""
@@ -363,6 +366,9 @@ class Agent:
                 _log.info("%s: %s", step.kind.value, step.reason)
                 if step.kind is StepKind.SUCCEED:
                     self._control.report_success(assignment)
+                    # Only the round's store may still be needed (below): standbys and checkpoint
+                    # memory go now, not after a wait for the other nodes.
+                    self._stop_node_services(succeeded=True)
                     self._exit_barrier(assignment)
                     return AgentResult(0, step.reason, restarts, rounds)
                 if step.kind is StepKind.EXIT:
@@ -396,22 +402,26 @@ class Agent:
             return
         started = self._clock.now()
         deadline = started + cfg.exit_barrier_timeout_s
+        others = frozenset(range(world)) - {assignment.group_rank}  # its own mark is not needed
         _log.info(
             "keeping round %d's store open until its other %d node(s) finish (at most %.0f s)",
             assignment.round,
-            world - 1,
+            len(others),
             cfg.exit_barrier_timeout_s,
         )
-        finished = 1
+        # A master whose job just ended lingers about two heartbeat intervals before it exits:
+        # polls come faster than that, so the last node's mark is read before it is gone.
+        longest_interval = max(min(0.5, self._heartbeat_interval_s / 4), 0.01)
+        interval = min(0.05, longest_interval)
+        pending = others
         unreachable = False
-        interval = 0.05
         while True:
             if self._stop_requested.is_set():
                 _log.info("closing round %d's store: %s", assignment.round, self._stop_reason or "stop requested")
                 return
             try:
-                finished = self._control.finished_nodes(assignment)
-                if finished >= world:
+                pending = others - self._control.finished_ranks(assignment)
+                if not pending:
                     waited = self._clock.now() - started
                     _log.info("every node of round %d finished (waited %.1f s)", assignment.round, waited)
                     return
@@ -424,25 +434,23 @@ class Agent:
             else:
                 if waiting > 0:
                     _log.info(
-                        "round %d ended with %d of %d nodes finished (a node rejoins or left); closing its store",
+                        "round %d ended before node rank(s) %s finished (a node rejoins or left); closing its store",
                         assignment.round,
-                        finished,
-                        world,
+                        sorted(pending),
                     )
                     return
             now = self._clock.now()
             if now >= deadline:
                 _log.warning(
-                    "only %d of %d nodes of round %d finished within the exit barrier timeout (%.0f s); "
-                    "closing its store, which the others' workers can no longer use",
-                    finished,
-                    world,
+                    "node rank(s) %s of round %d did not finish within the exit barrier timeout (%.0f s); "
+                    "closing its store, which their workers can no longer use",
+                    sorted(pending),
                     assignment.round,
                     cfg.exit_barrier_timeout_s,
                 )
                 return
             self._clock.sleep(min(interval, deadline - now))
-            interval = min(interval * 2, 0.5)
+            interval = min(interval * 2, longest_interval)
 
     def _open_store(self, host: str) -> int:
         """Open this round's store (this node got rank 0); the control plane publishes its address."""

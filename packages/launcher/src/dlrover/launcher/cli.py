@@ -1,10 +1,13 @@
 """The `dlrover-run` command: torchrun's interface, DLRover's fault tolerance.
 
-Three ways to find the job's master:
-- `--standalone`: start one in this process on 127.0.0.1 with a random port and a fresh token.
+Ways to find the job's master:
 - `--master HOST:PORT`: join a running `dlrover-master` (bare metal, Slurm), with the token from
-  `--token-file`, `--token`, `DLROVER_JOB_TOKEN_FILE` or `DLROVER_JOB_TOKEN`.
+  `--token`, `--token-file`, `DLROVER_JOB_TOKEN_FILE` or `DLROVER_JOB_TOKEN`.
 - `--rdzv-backend=dlrover --rdzv-endpoint=HOST:PORT`: the same, spelled the torchrun way.
+- `DLROVER_MASTER_ADDR`: the same, set by a master that launched this agent.
+- `--standalone`, or a single-node job (`--nnodes=1`, torchrun's default) that names no master:
+  start one in this process on 127.0.0.1 with a random port, as `torchrun` alone runs a
+  single-node job. Its token is the one given (as above), else a fresh one.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from pathlib import Path
 from types import FrameType
 
 from dlrover.common import (
+    TOKEN_ENV_VAR,
     TOKEN_FILE_ENV_VAR,
     ConfigError,
     DLRoverError,
@@ -55,10 +59,43 @@ def _visible_accelerators() -> int:
         return 0
 
 
+def _named_master(cfg: LaunchConfig) -> str:
+    """The address of the running master this agent joins; empty when none is named."""
+    # A master's local backend starts agents with DLROVER_MASTER_ADDR set.
+    return (
+        cfg.master
+        or (cfg.rdzv_endpoint if cfg.rdzv_backend == "dlrover" else "")
+        or os.environ.get(MASTER_ADDR_ENV_VAR, "")
+    )
+
+
+def _runs_own_master(cfg: LaunchConfig) -> bool:
+    """Whether this `dlrover-run` starts its job's master itself (`--standalone`, or a single-node
+    job that names none, as `torchrun` alone runs one)."""
+    return cfg.standalone or (not _named_master(cfg) and cfg.nodes.max_nodes == 1)
+
+
+def _given_token(cfg: LaunchConfig) -> tuple[str | None, str | None]:
+    """The job token given (`--token`, `--token-file` or the environment) and the file it was
+    read from; (None, None) when none was given.
+
+    Raises:
+        AuthError: the token given is unusable.
+    """
+    env_file = os.environ.get(TOKEN_FILE_ENV_VAR) or None
+    if cfg.token is None and cfg.token_file is None and env_file is None and not os.environ.get(TOKEN_ENV_VAR):
+        return None, None
+    token = load_token(cfg.token, token_file=cfg.token_file)
+    # load_token's order: the flag, the file flag, the file variable, the value variable.
+    return token, None if cfg.token is not None else (cfg.token_file or env_file)
+
+
 @contextmanager
-def _master_for(cfg: LaunchConfig) -> Iterator[tuple[str, str]]:
-    """The master's address and the job token: an embedded master, or the one named."""
-    if cfg.standalone:
+def _master_for(cfg: LaunchConfig) -> Iterator[tuple[str, str, str | None]]:
+    """The master's address, the job token and the file holding it (None: not in a file the
+    workers can read): an embedded master, or the one named."""
+    given, given_file = _given_token(cfg)
+    if _runs_own_master(cfg):
         from dlrover.master import MasterConfig, create_master
         from dlrover.master.config import LifecycleConfig, NodeRange
 
@@ -67,24 +104,22 @@ def _master_for(cfg: LaunchConfig) -> Iterator[tuple[str, str]]:
             job_name=cfg.rdzv_id if cfg.rdzv_id != "none" else "standalone",
             backend="external",
             lifecycle=LifecycleConfig(nodes=nodes, max_process_restarts=max(cfg.max_restarts, 1)),
-            token=cfg.token,
+            token=given,
         )
         with create_master(config) as runtime:
             _log.info("standalone master listening on %s", runtime.address)
-            yield runtime.address, runtime.token
+            yield runtime.address, runtime.token, given_file
         return
-    # A master's local backend starts agents with DLROVER_MASTER_ADDR set.
-    target = (
-        cfg.master
-        or (cfg.rdzv_endpoint if cfg.rdzv_backend == "dlrover" else "")
-        or os.environ.get(MASTER_ADDR_ENV_VAR, "")
-    )
+    target = _named_master(cfg)
     if not target:
         raise ConfigError(
-            "dlrover-run needs a master: --standalone, --master HOST:PORT, "
-            "--rdzv-backend=dlrover --rdzv-endpoint=HOST:PORT, or DLROVER_MASTER_ADDR"
+            f"a job of --nnodes={cfg.nodes} needs a master for its nodes to meet at: --master HOST:PORT "
+            "(a running dlrover-master), --rdzv-backend=dlrover --rdzv-endpoint=HOST:PORT, or "
+            "DLROVER_MASTER_ADDR; or --standalone for one machine"
         )
-    yield target, load_token(cfg.token, token_file=cfg.token_file)
+    if given is None:
+        given = load_token()  # raises, naming where a token may come from
+    yield target, given, given_file
 
 
 def _launched_node_id() -> int | None:
@@ -116,8 +151,8 @@ def run(cfg: LaunchConfig) -> AgentResult:
     for prefix in (TOKEN_DIR_PREFIX, LOG_DIR_PREFIX):
         remove_dead_owners(prefix)
     with ExitStack() as stack:
-        target, token = stack.enter_context(_master_for(cfg))
-        local_addr = cfg.local_addr or ("127.0.0.1" if cfg.standalone else socket.getfqdn())
+        target, token, token_file = stack.enter_context(_master_for(cfg))
+        local_addr = cfg.local_addr or ("127.0.0.1" if _runs_own_master(cfg) else socket.getfqdn())
         control = GrpcControlPlane(
             target,
             token,
@@ -132,7 +167,6 @@ def run(cfg: LaunchConfig) -> AgentResult:
         stack.callback(control.close)
         # Workers reach the master too (shard client, checkpoint coordination): they read the
         # token from a private 0600 file rather than from the command line or the environment.
-        token_file = cfg.token_file or os.environ.get(TOKEN_FILE_ENV_VAR)
         if not token_file:
             private = stack.enter_context(owned_temp_dir(TOKEN_DIR_PREFIX))
             token_file = str(write_token_file(private / "token", token))

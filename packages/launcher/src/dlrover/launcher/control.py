@@ -159,15 +159,15 @@ class ControlPlane(Protocol):
     def report_success(self, assignment: RoundAssignment) -> None:
         """Report that every worker of this node finished successfully in `assignment`'s round.
 
-        The round's other nodes see it through `finished_nodes`.
+        The round's other nodes see it through `finished_ranks`.
         """
         ...
 
-    def finished_nodes(self, assignment: RoundAssignment) -> int:
-        """How many nodes of `assignment`'s round have reported success, this one included.
+    def finished_ranks(self, assignment: RoundAssignment) -> frozenset[int]:
+        """The node ranks of `assignment`'s round that have reported success.
 
-        The agent hosting the round's store keeps it open until this reaches the round's size
-        (torchrun's exit barrier): workers of a node that finishes later may still use it.
+        The agent hosting the round's store keeps it open until every other node's rank is in
+        it (torchrun's exit barrier): workers of a node that finishes later may still use it.
         """
         ...
 

@@ -62,9 +62,9 @@ class FakeControlPlane:
         actions: actions returned by successive heartbeats; none once used up.
         heartbeat_interval_s: the interval handed out at registration.
         unreachable_reports: how many failure reports fail as if the master were unreachable.
-        group_world_size: nodes in every round; the others are only counted (by `peers_finished`).
-        peers_finished: how many of the other nodes have finished the round asked about; none
-            when not given.
+        group_world_size: nodes in every round; the others exist only in `finished_ranks`.
+        peers_finished: how many of the other nodes (ranks 1, 2, ...) have finished the round
+            asked about; none when not given.
     """
 
     def __init__(
@@ -149,10 +149,12 @@ class FakeControlPlane:
             self.successes += 1
             self.succeeded_rounds.append(assignment.round)
 
-    def finished_nodes(self, assignment: RoundAssignment) -> int:
+    def finished_ranks(self, assignment: RoundAssignment) -> frozenset[int]:
+        """This node (rank 0) once it reported success, and the first `peers_finished` others."""
         peers = 0 if self._peers_finished is None else self._peers_finished(assignment)
         with self._lock:
-            return peers + (assignment.round in self.succeeded_rounds)
+            mine = {0} if assignment.round in self.succeeded_rounds else set()
+        return frozenset(mine | set(range(1, 1 + peers)))
 
     def leave(self) -> None:
         with self._lock:

@@ -15,7 +15,7 @@ sets `TORCHELASTIC_USE_AGENT_STORE` alike. The other agents wait for that key. A
 new key, so a stale address is never reused.
 
 A node whose workers of a round succeeded sets `finished_key(round, its rank)` before it reports
-success to the master; node rank 0's agent counts those marks (`finished_nodes`) to keep the
+success to the master; node rank 0's agent reads those marks (`finished_ranks`) to keep the
 round's store open until every node is done with it.
 """
 
@@ -72,7 +72,7 @@ def store_address_key(round_number: int) -> str:
 
 
 def finished_key(round_number: int, group_rank: int) -> str:
-    """The key a node sets once its workers of a round succeeded (see `ControlPlane.finished_nodes`)."""
+    """The key a node sets once its workers of a round succeeded (see `ControlPlane.finished_ranks`)."""
     return f"dlrover/launcher/round/{round_number}/finished/{group_rank}"
 
 
@@ -269,9 +269,10 @@ class GrpcControlPlane:
             )
         self._master.report_success()
 
-    def finished_nodes(self, assignment: RoundAssignment) -> int:
-        keys = [finished_key(assignment.round, rank) for rank in range(assignment.group_world_size)]
-        return sum(value is not None for value in self._rdzv.kv_get(keys))
+    def finished_ranks(self, assignment: RoundAssignment) -> frozenset[int]:
+        ranks = range(assignment.group_world_size)
+        values = self._rdzv.kv_get([finished_key(assignment.round, rank) for rank in ranks])
+        return frozenset(rank for rank, value in zip(ranks, values, strict=True) if value is not None)
 
     def kv_get(self, keys: Sequence[str]) -> list[bytes | None]:
         """Read keys of the master's rendezvous key-value store (None for each key not set)."""
