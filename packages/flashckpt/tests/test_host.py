@@ -147,19 +147,27 @@ def test_the_host_says_which_ranks_sealed_a_snapshot_since_a_time(shm: Path, tmp
     host.start()
     try:
         assert host.ranks_sealed_since(0.0) == frozenset()  # no run yet
+        assert host.newest_step_sealed_by([0, 1]) is None
         hosted = request_saver(host.socket_path, _request(shm, tmp_path))
         clients = [SaverClient(hosted.path, rank, 2) for rank in (0, 1)]
         try:
             clients[1].notify_sealed(SealedNotice(rank=1, slot=0, seq=1, step=5))
             _wait_until(lambda: host.ranks_sealed_since(100.0) == {1})
+            # The node's progress: the newest step every one of its ranks sealed.
+            assert host.newest_step_sealed_by([1]) == 5
+            assert host.newest_step_sealed_by([0, 1]) is None  # rank 0 sealed nothing yet
             clock.advance(10.0)
             assert host.ranks_sealed_since(105.0) == frozenset()  # sealed before that
             clients[0].notify_sealed(SealedNotice(rank=0, slot=0, seq=1, step=6))
             _wait_until(lambda: host.ranks_sealed_since(105.0) == {0})
             assert host.ranks_sealed_since(100.0) == {0, 1}
+            assert host.newest_step_sealed_by([0, 1]) == 5
+            assert host.newest_step_sealed_by([0]) == 6
+            assert host.newest_step_sealed_by([]) is None
             assert not host.failure_persist_pending()  # nobody died
             clients[1].close()  # a process that left is not training
             _wait_until(lambda: host.ranks_sealed_since(100.0) == {0})
+            assert host.newest_step_sealed_by([0, 1]) == 5  # progress made stays made
         finally:
             for client in clients:
                 client.close()

@@ -312,3 +312,32 @@ def test_standbys_for_the_next_restart_start_once_the_workers_have_checkpointed(
     assert record == {"before_save": 0, "after_save": 1}
     assert not processes_mentioning(str(script))
     _assert_nothing_left(tmp_path, job)
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(180)
+def test_heartbeats_carry_the_newest_sealed_step_and_the_nodes_resource_use(tmp_path: Path) -> None:
+    # No progress source is given: the agent's default reads its saver host and its process tree.
+    control = FakeControlPlane(heartbeat_interval_s=0.05)
+    agent, _, job = _agent(tmp_path, "stop", control)
+    outcome: list[AgentResult] = []
+    thread = threading.Thread(target=lambda: outcome.append(agent.run()))
+    thread.start()
+    try:
+        # The worker sealed steps 1, 2 and 3, then sleeps: a heartbeat reports step 3.
+        _wait_for(lambda: any(h.step == 3 for h in control.heartbeats) or not thread.is_alive(), "step 3 reported")
+    finally:
+        agent.request_stop("test over")
+        thread.join(WAIT_S)
+    assert not thread.is_alive()
+    assert outcome[0].exit_code == 143, (outcome[0].reason, _logs(tmp_path))
+    steps = [h.step for h in control.heartbeats]
+    assert 3 in steps, steps
+    assert steps == sorted(steps)  # progress never goes back within a run
+    assert all(h.resources is not None for h in control.heartbeats)
+    reported = next(h.resources for h in control.heartbeats if h.step == 3)
+    assert reported is not None
+    # The agent and a worker that imported torch: well over a few megabytes resident.
+    assert reported.memory_bytes > 16 << 20
+    assert reported.cpu_percent >= 0.0
+    _assert_nothing_left(tmp_path, job)

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 
 from dlrover.common import DLRoverError
-from dlrover.launcher.control import FailureDecision, FailureReport, Progress, RoundAssignment
+from dlrover.launcher.control import FailureDecision, FailureReport, Progress, ResourceUsage, RoundAssignment
 from dlrover.launcher.grpc_control import GrpcControlPlane
 from dlrover.master import MasterClient, MasterConfig, MasterRuntime, create_master
 from dlrover.master.config import LifecycleConfig, NodeRange
@@ -42,8 +42,8 @@ def _plane(runtime: MasterRuntime, name: str) -> GrpcControlPlane:
 def test_two_nodes_register_rendezvous_share_one_store_address_and_see_each_other_finish(master: MasterRuntime) -> None:
     planes = [_plane(master, f"node-{i}") for i in range(2)]
     try:
-        ids = {p.register(1).node_id for p in planes}
-        assert len(ids) == 2
+        ids = [p.register(1).node_id for p in planes]
+        assert len(set(ids)) == 2
         rounds: dict[int, RoundAssignment] = {}
         errors: list[BaseException] = []
 
@@ -64,6 +64,18 @@ def test_two_nodes_register_rendezvous_share_one_store_address_and_see_each_othe
         assert len({(r.master_addr, r.master_port) for r in rounds.values()}) == 1
         assert rounds[0].master_addr == "127.0.0.1"
         assert planes[0].heartbeat(Progress(step=3, samples=96)) == []
+        usage = ResourceUsage(cpu_percent=150.0, memory_bytes=3 << 30, gpu_percent=40.0, gpu_memory_bytes=5 << 30)
+        assert planes[1].heartbeat(Progress(step=4, resources=usage)) == []
+        assert master.master.status().step == 4
+        seen = master.master.resources(int(ids[1]))
+        assert seen is not None
+        assert (seen.cpu_percent, seen.memory_bytes, seen.gpu_percent, seen.gpu_memory_bytes) == (
+            150.0,
+            3 << 30,
+            40.0,
+            5 << 30,
+        )
+        assert master.master.resources(int(ids[0])) is None  # no sample sent, none recorded
         assert planes[0].nodes_waiting() == 0
         # Each node's success is seen by the other (node rank 0 keeps its store open until all are).
         (first, r0), (second, r1) = sorted(((planes[i], r) for i, r in rounds.items()), key=lambda p: p[1].group_rank)

@@ -55,7 +55,7 @@ import re
 import secrets
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -318,6 +318,21 @@ class SaverHost:
         """
         savers = self._serving  # replaced whole under the lock, read without it
         return frozenset().union(*(s.ranks_sealed_since(since) for s in savers))
+
+    def newest_step_sealed_by(self, ranks: Iterable[int]) -> int | None:
+        """The newest step every one of `ranks` has sealed a snapshot of, in any run; None when
+        one of them has sealed none (read without the host's lock, as `ranks_sealed_since`).
+
+        The agent reports it as its node's training progress.
+        """
+        newest: dict[int, int] = {}
+        for saver in self._serving:  # replaced whole under the lock, read without it
+            for rank, step in saver.sealed_steps().items():
+                newest[rank] = max(step, newest.get(rank, step))
+        wanted = list(ranks)
+        if not wanted or any(rank not in newest for rank in wanted):
+            return None
+        return min(newest[rank] for rank in wanted)
 
     def failure_persist_pending(self) -> bool:
         """Whether any run's saver has a failure persist held, queued or running (read without the

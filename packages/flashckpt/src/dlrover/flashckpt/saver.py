@@ -168,6 +168,7 @@ class Saver:
         self._conns: list[_Conn] = []
         self._ranks: set[int] = set()
         self._sealed_at: dict[int, float] = {}  # rank -> when its newest snapshot was sealed (clock)
+        self._sealed_step: dict[int, int] = {}  # rank -> the step of that snapshot
         self._persisted: set[tuple[int, int]] = set()
         self._pending: set[int] = set()  # steps waiting for other savers' ranks (worker thread only)
         self._hold = FailureHold(config.failure_persist_hold_s)  # under _lock
@@ -264,6 +265,11 @@ class Saver:
         """Ranks that sealed a snapshot at or after `since` (this saver's clock): they are training."""
         with self._lock:
             return frozenset(rank for rank, at in self._sealed_at.items() if at >= since)
+
+    def sealed_steps(self) -> dict[int, int]:
+        """The step of each rank's newest sealed snapshot (ranks that sealed none are absent)."""
+        with self._lock:
+            return dict(self._sealed_step)
 
     def active_connections(self) -> int:
         """Stagers attached now."""
@@ -393,8 +399,11 @@ class Saver:
                 # rank this connection said hello as.
                 if conn.rank is None:
                     raise ChannelError("'sealed' before 'hello'")
+                step = msg.get("step")  # any int: training steps may be numbered from anywhere
                 with self._lock:
                     self._sealed_at[conn.rank] = self._clock.now()
+                    if isinstance(step, int) and not isinstance(step, bool):
+                        self._sealed_step[conn.rank] = step
                 self._release_held_if_due()
             elif kind == "persist":
                 self._submit(_Job("persist", _int(msg, "rank"), _int(msg, "step"), conn))

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
         FailureReport,
         NodeRegistration,
         Progress,
+        ResourceUsage,
         RoundAssignment,
     )
     from dlrover.launcher.decisions import Step, StepKind
@@ -58,6 +59,7 @@ if TYPE_CHECKING:
         RoundStore,
     )
     from dlrover.launcher.netcheck_plan import NETWORK_CHECK_FAULT_ENV_VAR, CheckAction, CheckOutcome
+    from dlrover.launcher.resource_usage import ProcessTreeSampler
     from dlrover.launcher.store_host import FakeStoreHost, StoreHost, TorchStoreHost, TorchStoreHostConfig
     from dlrover.launcher.workers import StandbyPool, WorkerExit, WorkerGroup, WorkerSpec
 
@@ -76,7 +78,9 @@ _EXPORTS: dict[str, str] = {
     "FailureReport": "dlrover.launcher.control",
     "NodeRegistration": "dlrover.launcher.control",
     "Progress": "dlrover.launcher.control",
+    "ResourceUsage": "dlrover.launcher.control",
     "RoundAssignment": "dlrover.launcher.control",
+    "ProcessTreeSampler": "dlrover.launcher.resource_usage",
     "Step": "dlrover.launcher.decisions",
     "StepKind": "dlrover.launcher.decisions",
     "CHECKPOINT_SOCKET_ENV_VAR": "dlrover.launcher.env",
@@ -145,7 +149,9 @@ __all__ = [
     "NetworkCheckStoreLost",
     "RoundStore",
     "NodeRegistration",
+    "ProcessTreeSampler",
     "Progress",
+    "ResourceUsage",
     "RoundAssignment",
     "Step",
     "StepKind",

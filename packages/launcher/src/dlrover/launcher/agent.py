@@ -40,6 +40,7 @@ from dlrover.launcher.env import (
 from dlrover.launcher.hang import HangWatch, read_cpu_seconds
 from dlrover.launcher.netcheck import NetworkCheck, NetworkCheckSettingsMismatch, NetworkCheckStopped
 from dlrover.launcher.netcheck_plan import CheckOutcome, after_check_report, check_step
+from dlrover.launcher.resource_usage import ProcessTreeSampler
 from dlrover.launcher.store_host import StoreHost
 from dlrover.launcher.workers import StandbyPool, WorkerExit, WorkerGroup, WorkerSpec
 
@@ -150,7 +151,10 @@ class Agent:
         control: the master, as seen from this node.
         clock: time source for intervals.
         environ: the environment workers inherit.
-        progress: reads this node's training progress for heartbeats.
+        progress: reads this node's training progress for heartbeats; by default, the newest
+            step every local worker has sealed as a flash checkpoint in this agent's saver host
+            (-1 before that, or without the host) and what the agent and its workers use
+            (`ProcessTreeSampler`; GPUs with `sample_gpus`).
         network_check: checks the nodes of every round before its workers start
             (`--network-check`); None skips the check.
         store_host: hosts each round's torch.distributed store when this node gets rank 0, as
@@ -172,6 +176,7 @@ class Agent:
         network_check: NetworkCheck | None = None,
         store_host: StoreHost | None = None,
         read_exiting_status: Callable[[int], int | None] = exiting_status,
+        sample_gpus: bool = False,
     ) -> None:
         self._read_exiting_status = read_exiting_status
         self._network_check = network_check
@@ -183,7 +188,9 @@ class Agent:
         self._control = control
         self._clock = clock or SystemClock()
         self._environ = dict(os.environ if environ is None else environ)
-        self._progress = progress or Progress
+        self._progress = progress or self._node_progress
+        self._sample_gpus = sample_gpus
+        self._sampler: ProcessTreeSampler | None = None
         self._stop_requested = threading.Event()
         self._stop_reason = ""
         # While `run` runs: a pipe `request_stop` writes to, so that the wait between two looks
@@ -265,6 +272,18 @@ class Agent:
             _log.info("stopping the checkpoint saver host (%s)", "job done" if succeeded else "persisting newest")
             host.stop(remove_memory=True, persist_newest=not succeeded)
             self._host_env = {}
+
+    def _node_progress(self) -> Progress:
+        """The default progress: the newest step every local worker sealed, and resource use."""
+        step = -1
+        host, layout = self._saver_host, self._layout
+        if host is not None and layout is not None:
+            nproc = self._config.nproc_per_node
+            newest = host.newest_step_sealed_by(range(layout[0] * nproc, (layout[0] + 1) * nproc))
+            step = -1 if newest is None or newest < 0 else newest
+        if self._sampler is None:
+            self._sampler = ProcessTreeSampler(os.getpid(), include_gpus=self._sample_gpus)
+        return Progress(step=step, resources=self._sampler.sample())
 
     def _start_standby_pool(self) -> None:
         """Standbys import `prewarm_modules` while this node registers and waits for its round."""

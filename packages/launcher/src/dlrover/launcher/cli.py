@@ -146,8 +146,9 @@ def _network_check(cfg: LaunchConfig, control: GrpcControlPlane, local_addr: str
     return NetworkCheck(config, control, local_addr=local_addr)
 
 
-def run(cfg: LaunchConfig) -> AgentResult:
-    """Run this node's share of the job described by `cfg`."""
+def run(cfg: LaunchConfig, *, sample_gpus: bool = False) -> AgentResult:
+    """Run this node's share of the job described by `cfg`; with `sample_gpus`, heartbeats carry
+    the GPUs' use (through nvidia-ml-py, when installed)."""
     for prefix in (TOKEN_DIR_PREFIX, LOG_DIR_PREFIX):
         remove_dead_owners(prefix)
     with ExitStack() as stack:
@@ -203,6 +204,7 @@ def run(cfg: LaunchConfig) -> AgentResult:
             # As torchrun: node rank 0's agent hosts each round's store; workers are all clients.
             # `--rdzv-conf store_timeout=` bounds both the wait for its address and its start-up.
             store_host=TorchStoreHost(TorchStoreHostConfig(store_timeout_s=cfg.store_wait_s)),
+            sample_gpus=sample_gpus,
         )
 
         def on_signal(signum: int, _frame: FrameType | None) -> None:
@@ -217,10 +219,11 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of `dlrover-run`."""
     configure_logging()
     try:
-        cfg = parse_args(argv, accelerators=_visible_accelerators())
+        accelerators = _visible_accelerators()
+        cfg = parse_args(argv, accelerators=accelerators)
         if cfg.token is not None:
             _log.warning("--token is visible to every user of this host (ps, /proc); prefer --token-file")
-        result = run(cfg)
+        result = run(cfg, sample_gpus=accelerators > 0)
     except (ConfigError, DLRoverError) as exc:
         print(f"dlrover-run: {exc}", file=sys.stderr)
         return 2 if isinstance(exc, ConfigError) else 1

@@ -20,6 +20,7 @@ __all__ = [
     "FailureReport",
     "NodeRegistration",
     "Progress",
+    "ResourceUsage",
     "RoundAssignment",
 ]
 
@@ -61,16 +62,38 @@ class RoundAssignment:
 
 
 @attrs.frozen
+class ResourceUsage:
+    """What one node's training uses, carried by heartbeats.
+
+    Attributes:
+        cpu_percent: CPU time of the agent and its workers since the previous sample, in percent
+            of one core (400 is four cores busy).
+        memory_bytes: resident memory of the agent and its workers.
+        gpu_percent: mean utilisation of the node's GPUs (0 without GPU sampling).
+        gpu_memory_bytes: GPU memory in use on the node (0 without GPU sampling).
+    """
+
+    cpu_percent: float = 0.0
+    memory_bytes: int = 0
+    gpu_percent: float = 0.0
+    gpu_memory_bytes: int = 0
+
+
+@attrs.frozen
 class Progress:
     """Training progress of one node, carried by heartbeats.
 
     Attributes:
-        step: newest finished step, -1 before the first.
+        step: newest finished step, -1 before the first. `dlrover-run` reports the newest step
+            every local worker has sealed as a flash checkpoint: a lower bound that moves as
+            often as the script checkpoints.
         samples: samples consumed so far.
+        resources: what the node uses; None sends no sample.
     """
 
     step: int = -1
     samples: int = 0
+    resources: ResourceUsage | None = None
 
 
 class AgentAction(enum.Enum):

@@ -229,7 +229,18 @@ class GrpcControlPlane:
 
     def heartbeat(self, progress: Progress) -> Sequence[tuple[AgentAction, str]]:
         step = progress.step if progress.step >= 0 else None
-        response = self._master.heartbeat(step=step, samples=progress.samples)
+        usage = progress.resources
+        resources = (
+            None
+            if usage is None
+            else agent_pb2.ResourceSample(
+                cpu_percent=usage.cpu_percent,
+                memory_bytes=usage.memory_bytes,
+                gpu_percent=usage.gpu_percent,
+                gpu_memory_bytes=usage.gpu_memory_bytes,
+            )
+        )
+        response = self._master.heartbeat(step=step, samples=progress.samples, resources=resources)
         return [(_ACTIONS[a.kind], a.reason) for a in response.actions if a.kind in _ACTIONS]
 
     def report_failure(self, report: FailureReport) -> tuple[FailureDecision, str]:
