@@ -41,6 +41,14 @@ WORKER = textwrap.dedent(
         sys.exit(7)
     if mode == "always_fail" and rank == 0:
         sys.exit(3)
+    if mode == "record_fail" and attempt == 0 and rank == 1:
+        from torch.distributed.elastic.multiprocessing.errors import record
+
+        @record
+        def train():
+            raise ValueError("boom from a function under @record")
+
+        train()
     if mode == "sleep":
         time.sleep(600)
     if mode == "stuck_dying" and attempt == 0:
@@ -125,9 +133,28 @@ def test_a_failed_worker_is_reported_with_evidence_and_restarted(tmp_path: Path)
     assert report.local_rank == 1
     assert report.exit_code == 7
     assert "injected failure" in report.evidence
+    assert "its error file" not in report.evidence  # it wrote none
     records = _records(tmp_path)
     assert {"rank0_attempt1", "rank1_attempt1"} <= set(records)
     assert records["rank1_attempt1"]["TORCHELASTIC_RESTART_COUNT"] == "1"
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("beside_logs", [True, False])
+def test_what_a_worker_records_in_its_error_file_reaches_the_failure_report(tmp_path: Path, beside_logs: bool) -> None:
+    # As under torchrun, every worker gets TORCHELASTIC_ERROR_FILE; torch's @record writes there.
+    control = FakeControlPlane()
+    where = {"log_dir": tmp_path / "logs"} if beside_logs else {"log_dir": None, "error_dir": tmp_path / "errors"}
+    result = _agent(tmp_path, "record_fail", control, max_restarts=1, **where).run()
+    assert result.exit_code == 0, result.reason
+    (report,) = control.failures
+    assert report.local_rank == 1
+    _, marker, recorded = report.evidence.partition("--- its error file (torch.distributed.elastic @record) ---\n")
+    assert marker, report.evidence
+    assert recorded.startswith("ValueError: boom from a function under @record")
+    assert "Traceback" in recorded  # the call stack @record saved
+    root = tmp_path / ("logs" if beside_logs else "errors")
+    assert (root / "job1" / "attempt_0" / "1" / "error.json").exists()
 
 
 class _ReportAfterSurvivorStopped(FakeControlPlane):

@@ -69,7 +69,14 @@ from dlrover.flashckpt.errors import FlashCkptError, SaverUnavailableError
 from dlrover.flashckpt.events import EventLog, FlashEvent
 from dlrover.flashckpt.host_runs import EnsureAction, EnsureDecision, HostRuns, SaverRequest
 from dlrover.flashckpt.saver import Saver, SaverConfig
-from dlrover.flashckpt.segment import DEFAULT_SHM_DIR, SEGMENT_PREFIX, remove_run, write_owner
+from dlrover.flashckpt.segment import (
+    DEFAULT_SHM_DIR,
+    SEGMENT_PREFIX,
+    owner_alive,
+    owner_path,
+    remove_run,
+    write_owner,
+)
 from dlrover.flashckpt.storage.base import Storage
 from dlrover.flashckpt.storage.posix import PosixStorage
 
@@ -83,6 +90,7 @@ __all__ = [
     "SaverHostConfig",
     "SaverRequest",
     "host_socket_path",
+    "remove_dead_hosts",
     "request_saver",
 ]
 
@@ -90,6 +98,27 @@ HOST_SOCKET_ENV_VAR = "DLROVER_FLASHCKPT_HOST"
 """The environment variable naming the agent's `SaverHost` socket to training processes."""
 
 _HOST_NAME_RE = re.compile(re.escape(SEGMENT_PREFIX) + r"([A-Za-z0-9_-]{1,64})\.([A-Za-z0-9_-]{1,64})\.sock$")
+
+
+def remove_dead_hosts(shm_dir: str | Path) -> list[Path]:
+    """Remove the socket and owner record of every saver host in `shm_dir` whose process is gone.
+
+    A SIGKILLed agent leaves them behind; the next host on the node removes them when it starts.
+    Only hosts' own files go: a dead job's checkpoint segments may still be loaded by its
+    restarted workers, whose stagers sweep the rest (`cleanup_stale` keeps their own run).
+
+    Returns:
+        The files removed.
+    """
+    removed: list[Path] = []
+    for sock in Path(shm_dir).glob(f"{SEGMENT_PREFIX}host*.sock"):
+        match = _HOST_NAME_RE.fullmatch(sock.name)
+        if match is None or not re.fullmatch(r"host[0-9]+", match.group(1)):
+            continue
+        job, run = match.group(1), match.group(2)
+        if not owner_alive(owner_path(shm_dir, job, run)):
+            removed += remove_run(shm_dir, job, run)
+    return removed
 
 
 def host_socket_path(shm_dir: str | Path = DEFAULT_SHM_DIR) -> Path:
@@ -203,6 +232,8 @@ class SaverHost:
             FlashCkptError: the socket cannot be bound (the message names it).
         """
         path = self.socket_path
+        for removed in remove_dead_hosts(path.parent):
+            self._record("stale_host_removed", f"removed {removed}: the saver host that made it is gone")
         match = _HOST_NAME_RE.fullmatch(path.name)
         if match is not None:
             # Named like a run: record this process as its owner, for cleanup_stale.

@@ -63,6 +63,9 @@ class AgentConfig:
         shutdown_grace_s: how long workers get between SIGTERM and SIGKILL.
         rendezvous_timeout_s: the longest wait for a round to complete.
         log_dir: root of the workers' log files; None keeps none.
+        error_dir: root of the workers' error files (``TORCHELASTIC_ERROR_FILE``, written by
+            torch's ``@record``) when there is no `log_dir`; with one they go beside the logs, at
+            ``<run_id>/attempt_<n>/<local_rank>/error.json``. None of both: no error files.
         redirects: local rank -> streams written only to files (1 stdout, 2 stderr).
         tee: local rank -> streams written to files and the console.
         local_ranks_filter: local ranks whose console output is shown; empty shows all.
@@ -109,6 +112,7 @@ class AgentConfig:
     shutdown_grace_s: float = attrs.field(default=10.0, validator=non_negative)
     rendezvous_timeout_s: float = attrs.field(default=600.0, validator=non_negative)
     log_dir: Path | None = None
+    error_dir: Path | None = None
     redirects: Mapping[int, int] = attrs.field(factory=dict)
     tee: Mapping[int, int] = attrs.field(factory=dict)
     local_ranks_filter: tuple[int, ...] = ()
@@ -579,10 +583,7 @@ class Agent:
             if step.kind is StepKind.REPORT_FAILURE:
                 failed = first_failure(exits, failing)
                 assert failed is not None
-                report = FailureReport(
-                    failed.local_rank, failed.exit_code, failed.signal_name, failed.stderr_tail, restarts
-                )
-                return self._report(report)
+                return self._report(_failure_report(failed, restarts))
             if step.kind is not StepKind.CONTINUE:
                 return step
             if hangs is not None and not failing:  # a failure is reported, not a hang of its aftermath
@@ -738,6 +739,8 @@ class Agent:
         nproc = cfg.nproc_per_node
         world_size = assignment.group_world_size * nproc
         attempt_dir = cfg.log_dir / cfg.run_id / f"attempt_{restarts}" if cfg.log_dir is not None else None
+        root = cfg.log_dir if cfg.log_dir is not None else cfg.error_dir
+        errors_dir = root / cfg.run_id / f"attempt_{restarts}" if root is not None else None
         specs = []
         for local_rank in range(nproc):
             rank = assignment.group_rank * nproc + local_rank
@@ -773,6 +776,16 @@ class Agent:
                     tee=cfg.tee.get(local_rank, 0),
                     show=not cfg.local_ranks_filter or local_rank in cfg.local_ranks_filter,
                     prefix=f"[{cfg.role}{rank}]:",
+                    error_file=errors_dir / str(local_rank) / "error.json" if errors_dir is not None else None,
                 )
             )
         return specs
+
+
+def _failure_report(failed: WorkerExit, restarts: int) -> FailureReport:
+    """The report of a worker that failed: its stderr tail, then what its error file says."""
+    evidence = failed.stderr_tail
+    if failed.error:
+        # Last: the master keeps the end of a long evidence.
+        evidence += f"\n--- its error file (torch.distributed.elastic @record) ---\n{failed.error}"
+    return FailureReport(failed.local_rank, failed.exit_code, failed.signal_name, evidence, restarts)

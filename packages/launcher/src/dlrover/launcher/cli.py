@@ -174,6 +174,8 @@ def run(cfg: LaunchConfig, *, sample_gpus: bool = False) -> AgentResult:
         log_dir = Path(cfg.log_dir) if cfg.log_dir else None
         if log_dir is None and any(mask for _, mask in (*cfg.redirects, *cfg.tee)):
             log_dir = stack.enter_context(owned_temp_dir(LOG_DIR_PREFIX))
+        # Workers' @record error files (TORCHELASTIC_ERROR_FILE) go beside the logs, or here.
+        error_dir = None if log_dir is not None else stack.enter_context(owned_temp_dir(LOG_DIR_PREFIX))
         agent = Agent(
             AgentConfig(
                 worker_argv=tuple(cfg.worker_command(sys.executable)),
@@ -184,6 +186,7 @@ def run(cfg: LaunchConfig, *, sample_gpus: bool = False) -> AgentResult:
                 monitor_interval_s=cfg.monitor_interval_s,
                 shutdown_grace_s=cfg.shutdown_grace_s,
                 log_dir=log_dir,
+                error_dir=error_dir,
                 redirects=dict(cfg.redirects),
                 tee=dict(cfg.tee),
                 local_ranks_filter=cfg.local_ranks_filter,

@@ -21,5 +21,6 @@ PER_ROUND_ENV_VARS = (
     "MASTER_PORT",
     "TORCHELASTIC_RESTART_COUNT",
     "TORCHELASTIC_USE_AGENT_STORE",
+    "TORCHELASTIC_ERROR_FILE",
 )
 """Variables of `worker_env` that depend on the round and the worker, not only on the node."""

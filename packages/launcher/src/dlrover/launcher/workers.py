@@ -33,6 +33,7 @@ import attrs
 
 from dlrover.common import DLRoverError
 from dlrover.common.process import exiting_status
+from dlrover.launcher.error_file import ERROR_FILE_ENV_VAR, read_error_file
 
 __all__ = ["StandbyPool", "WorkerExit", "WorkerGroup", "WorkerSpec"]
 
@@ -64,6 +65,9 @@ class WorkerSpec:
         redirect: bit mask (1 stdout, 2 stderr) of streams that go only to files.
         tee: bit mask of streams that go to files and to the console, prefixed with the rank.
         show: whether its console output is shown at all (`--local-ranks-filter`).
+        error_file: where the worker's ``@record`` writes why it failed
+            (``TORCHELASTIC_ERROR_FILE``, see `dlrover.launcher.error_file`); None sets none.
+            An earlier file there is removed when the worker starts.
     """
 
     local_rank: int
@@ -74,6 +78,7 @@ class WorkerSpec:
     tee: int = 0
     show: bool = True
     prefix: str = ""
+    error_file: Path | None = None
 
 
 @attrs.frozen
@@ -86,6 +91,7 @@ class WorkerExit:
         exit_code: its exit status; for a signal, 128 + the signal number (as a shell reports it).
         signal_name: the signal that killed it, e.g. "SIGKILL", or None.
         stderr_tail: the last lines it wrote to stderr.
+        error: what it wrote to its error file (`WorkerSpec.error_file`); "" for none.
     """
 
     local_rank: int
@@ -93,6 +99,7 @@ class WorkerExit:
     exit_code: int
     signal_name: str | None
     stderr_tail: str
+    error: str = ""
 
     @property
     def succeeded(self) -> bool:
@@ -306,6 +313,7 @@ class WorkerGroup:
         if not specs:
             raise DLRoverError("a worker group needs at least one worker")
         self._specs = list(specs)
+        self._specs_by_rank = {spec.local_rank: spec for spec in self._specs}
         self._tail_bytes = stderr_tail_bytes
         self._standby = standby
         self._read_exiting_status = read_exiting_status
@@ -340,12 +348,17 @@ class WorkerGroup:
     def _start_one(self, spec: WorkerSpec) -> None:
         if spec.log_dir is not None:
             spec.log_dir.mkdir(parents=True, exist_ok=True)
+        env = spec.env
+        if spec.error_file is not None:
+            spec.error_file.parent.mkdir(parents=True, exist_ok=True)
+            spec.error_file.unlink(missing_ok=True)  # an earlier run's, never this worker's
+            env = {**spec.env, ERROR_FILE_ENV_VAR: str(spec.error_file)}
         proc = None
         if self._standby is not None and tuple(spec.argv) == self._standby.program:
-            proc = self._standby.take(spec.env)
+            proc = self._standby.take(env)
         if proc is None:
             guard = [sys.executable, "-m", "dlrover.launcher._orphan_guard", str(os.getpid()), "--", *spec.argv]
-            proc = _spawn(guard, spec.env, stdin=subprocess.DEVNULL)
+            proc = _spawn(guard, env, stdin=subprocess.DEVNULL)
         self._procs[spec.local_rank] = proc
         pumps = []
         for stream, pipe, name in ((STDOUT, proc.stdout, "stdout.log"), (STDERR, proc.stderr, "stderr.log")):
@@ -445,7 +458,9 @@ class WorkerGroup:
             except ValueError:
                 signal_name = f"signal {-code}"
             code = 128 - code
-        return WorkerExit(rank, proc.pid, code, signal_name, pumps[1].tail() if pumps else "")
+        error_file = self._specs_by_rank[rank].error_file
+        error = read_error_file(error_file) if error_file is not None and code != 0 else ""
+        return WorkerExit(rank, proc.pid, code, signal_name, pumps[1].tail() if pumps else "", error)
 
     def running(self) -> bool:
         """Whether any worker is still running."""
