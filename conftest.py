@@ -101,13 +101,51 @@ def _owner_alive(path: str) -> bool | None:
         return False
 
 
+# Set for the session and inherited by every process a test starts (unless a test hands one a
+# fresh environment), so one that outlives its parent, re-parented to init, is still found. A
+# process detached on purpose (a flashckpt detached saver) counts too: tests wait for theirs.
+_SESSION_MARKER = "PYTEST_DLROVER_SESSION"
+
+
+def _marked_processes(marker: str) -> list[tuple[int, str]]:
+    """Running processes (zombies excluded) other than this one whose environment holds `marker`."""
+    found = []
+    needle = marker.encode()
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if needle not in f.read().split(b"\0"):
+                    continue
+            with open(f"/proc/{entry}/stat") as f:
+                state = f.read().rsplit(")", 1)[-1].split()[0]
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()
+        except OSError:  # gone meanwhile, or another user's
+            continue
+        if state != "Z":
+            found.append((int(entry), cmdline))
+    return found
+
+
+def _left_running() -> list[tuple[int, str]]:
+    marker = f"{_SESSION_MARKER}={os.environ.get(_SESSION_MARKER, '')}"
+    return sorted(set(_live_children(os.getpid())) | set(_marked_processes(marker)))
+
+
 def pytest_sessionstart(session: object) -> None:
-    """Note what is already there, so only what the tests leave is called a leak."""
+    """Note what is already there, so only what the tests leave is called a leak; mark this
+    session's processes."""
+    import uuid
+
     _present_at_start.update(_leakable())
+    os.environ[_SESSION_MARKER] = uuid.uuid4().hex
 
 
 def pytest_sessionfinish(session: object, exitstatus: int) -> None:
-    """Fail the run if any test left a child process, shared memory or a temp dir behind.
+    """Fail the run if any test left a process (a child, or an orphan of this session), shared
+    memory or a temp dir behind.
 
     Leftover processes are killed and files whose owner is gone removed, so CI is not held up and
     later runs start clean.
@@ -117,10 +155,10 @@ def pytest_sessionfinish(session: object, exitstatus: int) -> None:
     import time
 
     deadline = time.monotonic() + 5.0
-    leftovers = _live_children(os.getpid())
+    leftovers = _left_running()
     while leftovers and time.monotonic() < deadline:
         time.sleep(0.1)
-        leftovers = _live_children(os.getpid())
+        leftovers = _left_running()
     if leftovers:
         print("\nprocesses left behind by the tests (a leak):")
         for pid, cmdline in leftovers:

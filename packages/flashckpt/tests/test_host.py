@@ -464,23 +464,29 @@ def test_sockets_in_a_directory_deeper_than_sun_path_still_work(tmp_path: Path) 
 
 
 def test_a_starting_host_removes_the_files_of_dead_hosts_only(shm: Path) -> None:
+    from dlrover.common import pid_scope
     from dlrover.flashckpt.segment import owner_path, write_owner
 
-    def files_of(job: str, run: str, pid: int) -> list[Path]:
-        write_owner(shm, job, run, pid=pid)
+    def files_of(job: str, run: str, pid: int, **extra: object) -> list[Path]:
+        write_owner(shm, job, run, pid=pid, extra=extra)
         sock = shm / f"dlrover-fc.{job}.{run}.sock"
         sock.write_bytes(b"")  # a socket file left by its dead or living host
         return [sock, owner_path(shm, job, run)]
 
-    dead = files_of("host999999", "deadbeef", 999999)  # a SIGKILLed agent's host
-    living = files_of(f"host{os.getpid()}", "cafe", os.getpid())
+    host = {"kind": "saver-host", "pid_scope": pid_scope()}
+    dead = files_of("host999999", "deadbeef", 999999, **host)  # a SIGKILLed agent's host
+    living = files_of(f"host{os.getpid()}", "cafe", os.getpid(), **host)
+    # Another container's live agent sharing /dev/shm: its pid means nothing here.
+    elsewhere = files_of("host999998", "feed", 999998, kind="saver-host", pid_scope=12345)
+    # A job that happens to be named like a host: its saver's socket is not a host's.
+    named_so = files_of("host7", "r", 999999)
     write_owner(shm, "job", "run", pid=999999)  # a dead job's memory: its restarted workers may load it
     segment = _fake_segment(shm, 0, "job", "run")
     h = SaverHost(SaverHostConfig(str(host_socket_path(shm)), stop_timeout_s=WAIT_S, drain_timeout_s=5.0))
     h.start()
     try:
         assert not any(path.exists() for path in dead)
-        assert all(path.exists() for path in living)
+        assert all(path.exists() for path in living + elsewhere + named_so)
         assert segment.exists()
         assert owner_path(shm, "job", "run").exists()
         assert any(e.kind == "stale_host_removed" for e in h.events.snapshot())

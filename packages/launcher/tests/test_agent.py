@@ -154,7 +154,7 @@ def test_what_a_worker_records_in_its_error_file_reaches_the_failure_report(tmp_
     assert recorded.startswith("ValueError: boom from a function under @record")
     assert "Traceback" in recorded  # the call stack @record saved
     root = tmp_path / ("logs" if beside_logs else "errors")
-    assert (root / "job1" / "attempt_0" / "1" / "error.json").exists()
+    assert (root / "job1" / "attempt_0" / "1" / "error-rank1.json").exists()
 
 
 class _ReportAfterSurvivorStopped(FakeControlPlane):

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import uuid
+
 import pytest
 import torch.distributed.run as torchrun
 
@@ -152,7 +154,10 @@ def test_environment_defaults_like_torchrun(monkeypatch: pytest.MonkeyPatch) -> 
 
 def test_auto_config_uses_visible_accelerators() -> None:
     assert parse_args(["--auto-config", "t.py"], accelerators=8).nproc_per_node == 8
-    assert parse_args(["--nproc-per-node=auto", "t.py"], accelerators=0).nproc_per_node == 1
+    assert parse_args(["--auto-config", "t.py"], accelerators=0).nproc_per_node == 1
+    # torchrun's "auto": one per accelerator, else one per usable CPU.
+    assert parse_args(["--nproc-per-node=auto", "t.py"], accelerators=4, cpus=16).nproc_per_node == 4
+    assert parse_args(["--nproc-per-node=auto", "t.py"], accelerators=0, cpus=16).nproc_per_node == 16
     assert parse_args(["--nproc-per-node=cpu", "t.py"], cpus=6).nproc_per_node == 6
     with pytest.raises(ConfigError, match="no GPU"):
         parse_args(["--nproc-per-node=gpu", "t.py"], accelerators=0)
@@ -205,3 +210,35 @@ def test_bad_flags_are_named(argv: list[str], message: str) -> None:
 def test_std_stream_masks() -> None:
     assert parse_std_streams("2", 3, "--tee") == {0: 2, 1: 2, 2: 2}
     assert parse_std_streams("1:3", 3, "--tee") == {0: 0, 1: 3, 2: 0}
+
+
+def test_a_standalone_job_without_an_id_gets_a_fresh_run_id_as_under_torchrun() -> None:
+    from dlrover.launcher.cli import _run_id
+
+    first = _run_id(parse_args(["--standalone", "t.py"]))
+    assert first != _run_id(parse_args(["--standalone", "t.py"]))
+    assert str(uuid.UUID(first)) == first
+    assert _run_id(parse_args(["--standalone", "--rdzv-id=mine", "t.py"])) == "mine"
+    assert _run_id(parse_args(["t.py"])) == "none"  # torchrun's default outside --standalone
+
+
+@pytest.mark.parametrize("bad", ["", ".", "..", "/abs", "a/b"])
+def test_a_run_id_that_is_not_a_folder_name_is_refused(bad: str) -> None:
+    # It names the folder of the job's logs and error files.
+    with pytest.raises(ConfigError, match="--rdzv-id"):
+        parse_args([f"--rdzv-id={bad}", "t.py"])
+
+
+def test_flags_that_have_no_effect_here_are_named_not_dropped_silently(caplog: pytest.LogCaptureFixture) -> None:
+    from dlrover.launcher.cli import _warn_ignored_flags
+
+    with caplog.at_level("WARNING", logger="dlrover.launcher"):
+        _warn_ignored_flags(parse_args(["--master-addr=10.0.0.1", "--master-port=29500", "t.py"]))
+        _warn_ignored_flags(parse_args(["--master=h:1", "--node-unit=2", "--nnodes=2:4", "t.py"]))
+    text = caplog.text
+    assert "--master-addr, --master-port: no effect under dlrover-run" in text
+    assert "--node-unit=2: no effect when joining a running master" in text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="dlrover.launcher"):
+        _warn_ignored_flags(parse_args(["--standalone", "--node-unit=1", "t.py"]))
+    assert caplog.text == ""

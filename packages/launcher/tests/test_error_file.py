@@ -39,6 +39,12 @@ def test_no_file_says_nothing_and_a_bad_one_says_why(tmp_path: Path) -> None:
     wrong = tmp_path / "wrong.json"
     wrong.write_text(json.dumps({"error": "elsewhere"}))
     assert "not torch's error file format" in read_error_file(wrong)
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000)  # deeper than the JSON parser goes, well under the size limit
+    assert "not torch's error file format: RecursionError" in read_error_file(deep)
+    huge_message = tmp_path / "huge_message.json"
+    huge_message.write_text(json.dumps({"message": {"message": "M" * 50_000, "extraInfo": {}}}))
+    assert len(read_error_file(huge_message)) == 4096
     big = tmp_path / "big.json"
     big.write_text(json.dumps({"message": "y" * 1000}))
     assert "is over 100 bytes; not read" in read_error_file(big, limit_bytes=100)

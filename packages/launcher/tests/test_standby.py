@@ -428,3 +428,40 @@ def test_a_missing_script_fails_as_in_a_fresh_interpreter(workdir: Path, tmp_pat
     message = f"can't open file {str(workdir / 'no_such_script.py')!r}: [Errno 2] No such file or directory"
     assert message in fresh_tail
     assert message in warm_tail
+
+
+RECORDED = """
+from torch.distributed.elastic.multiprocessing.errors import record
+
+@record
+def main():
+    raise ValueError("recorded by a worker a standby became")
+
+main()
+"""
+
+
+def test_a_worker_taken_from_a_standby_writes_its_error_file(workdir: Path, tmp_path: Path) -> None:
+    # TORCHELASTIC_ERROR_FILE comes with the go message, as the rank does, and @record finds it.
+    (workdir / "recorded.py").write_text(RECORDED)
+    program = (PY, "-u", str(workdir / "recorded.py"))
+    standby_env = _env(workdir, tmp_path / "unused.json")
+    del standby_env["RANK"]
+    pool = StandbyPool(program, ["prewarm_marker"], standby_env, size=1)
+    error_file = tmp_path / "errors" / "0" / "error-rank3.json"
+    try:
+        pool.fill()
+        spec = WorkerSpec(
+            local_rank=0, argv=program, env=_env(workdir, tmp_path / "unused.json"), error_file=error_file
+        )
+        group = WorkerGroup([spec], standby=pool)
+        group.start()
+        try:
+            _wait_until(lambda: not group.running())
+        finally:
+            exits = group.stop(grace_s=0.0)
+    finally:
+        pool.close()
+    assert pool.taken == 1
+    assert exits[0].exit_code == 1
+    assert exits[0].error.startswith("ValueError: recorded by a worker a standby became")

@@ -50,6 +50,7 @@ This module never imports torch: the agent loads it.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import secrets
@@ -61,7 +62,7 @@ from typing import Any
 
 import attrs
 
-from dlrover.common import Clock, ConfigError, SystemClock
+from dlrover.common import Clock, ConfigError, SystemClock, pid_scope
 from dlrover.common.validators import non_negative_finite, non_negative_int, positive, positive_int
 from dlrover.flashckpt.channel import ChannelError, listen_owner_only, recv_message, send_message, unix_address
 from dlrover.flashckpt.commit import RetentionPolicy
@@ -73,7 +74,6 @@ from dlrover.flashckpt.segment import (
     DEFAULT_SHM_DIR,
     SEGMENT_PREFIX,
     owner_alive,
-    owner_path,
     remove_run,
     write_owner,
 )
@@ -100,24 +100,47 @@ HOST_SOCKET_ENV_VAR = "DLROVER_FLASHCKPT_HOST"
 _HOST_NAME_RE = re.compile(re.escape(SEGMENT_PREFIX) + r"([A-Za-z0-9_-]{1,64})\.([A-Za-z0-9_-]{1,64})\.sock$")
 
 
+_HOST_RECORD_KIND = "saver-host"
+
+
 def remove_dead_hosts(shm_dir: str | Path) -> list[Path]:
-    """Remove the socket and owner record of every saver host in `shm_dir` whose process is gone.
+    """Remove the socket and owner record of every saver host in `shm_dir` whose agent is gone.
 
     A SIGKILLed agent leaves them behind; the next host on the node removes them when it starts.
-    Only hosts' own files go: a dead job's checkpoint segments may still be loaded by its
-    restarted workers, whose stagers sweep the rest (`cleanup_stale` keeps their own run).
+    Only files a host recorded as its own are judged: owned by this user, with an owner record
+    that says it is a saver host's and names this pid scope (same boot, same pid namespace: a
+    live agent in another container sharing /dev/shm is never taken for a dead one). Checkpoint
+    segments are never touched: a dead job's restarted workers may still load them, and their
+    stagers sweep the rest (`cleanup_stale`). A file that cannot be removed is skipped.
 
     Returns:
         The files removed.
     """
+    scope = pid_scope()
+    if scope is None:
+        return []  # owners cannot be judged here
+    uid = os.getuid()
     removed: list[Path] = []
-    for sock in Path(shm_dir).glob(f"{SEGMENT_PREFIX}host*.sock"):
-        match = _HOST_NAME_RE.fullmatch(sock.name)
-        if match is None or not re.fullmatch(r"host[0-9]+", match.group(1)):
+    for record in Path(shm_dir).glob(f"{SEGMENT_PREFIX}host*.owner"):
+        try:
+            if record.lstat().st_uid != uid:
+                continue
+            doc = json.loads(record.read_text())
+        except (OSError, ValueError):
             continue
-        job, run = match.group(1), match.group(2)
-        if not owner_alive(owner_path(shm_dir, job, run)):
-            removed += remove_run(shm_dir, job, run)
+        if not isinstance(doc, dict) or doc.get("kind") != _HOST_RECORD_KIND or doc.get("pid_scope") != scope:
+            continue
+        if owner_alive(record):
+            continue
+        sock = record.with_name(record.name[: -len(".owner")] + ".sock")
+        for path in (sock, record):
+            try:
+                path.unlink()
+            except FileNotFoundError:
+                continue
+            except OSError:
+                break  # not ours to remove after all: leave the pair as it is
+            removed.append(path)
     return removed
 
 
@@ -238,7 +261,7 @@ class SaverHost:
         if match is not None:
             # Named like a run: record this process as its owner, for cleanup_stale.
             self._owner_key = (match.group(1), match.group(2))
-            write_owner(path.parent, *self._owner_key)
+            write_owner(path.parent, *self._owner_key, extra={"kind": _HOST_RECORD_KIND, "pid_scope": pid_scope()})
         try:
             listener, _ = listen_owner_only(path)
         except OSError as e:

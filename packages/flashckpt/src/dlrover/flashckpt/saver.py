@@ -402,7 +402,7 @@ class Saver:
                 step = msg.get("step")  # any int: training steps may be numbered from anywhere
                 with self._lock:
                     self._sealed_at[conn.rank] = self._clock.now()
-                    if isinstance(step, int) and not isinstance(step, bool):
+                    if isinstance(step, int) and not isinstance(step, bool) and -(2**63) <= step < 2**63:
                         self._sealed_step[conn.rank] = step
                 self._release_held_if_due()
             elif kind == "persist":

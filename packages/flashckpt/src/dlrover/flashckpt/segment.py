@@ -28,7 +28,7 @@ import mmap
 import os
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 # process_start_ticks moved to dlrover.common.process; it stays importable from here (in __all__).
 from dlrover.common import ConfigError
@@ -80,12 +80,19 @@ def owner_path(shm_dir: str | Path, job: str, run: str) -> Path:
     return Path(shm_dir) / f"{SEGMENT_PREFIX}{job}.{run}.owner"
 
 
-def write_owner(shm_dir: str | Path, job: str, run: str, pid: int | None = None) -> Path:
-    """Record `pid` (default: this process) as the owner of a run's segments; returns the file."""
+def write_owner(
+    shm_dir: str | Path, job: str, run: str, pid: int | None = None, extra: dict[str, Any] | None = None
+) -> Path:
+    """Record `pid` (default: this process) as the owner of a run's segments; returns the file.
+
+    `extra` adds fields (a saver host records what it is and its pid scope, see
+    `dlrover.flashckpt.host.remove_dead_hosts`).
+    """
     pid = os.getpid() if pid is None else pid
     path = owner_path(shm_dir, job, run)
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps({"pid": pid, "start_ticks": process_start_ticks(pid), "job": job, "run": run}))
+    record = {**(extra or {}), "pid": pid, "start_ticks": process_start_ticks(pid), "job": job, "run": run}
+    tmp.write_text(json.dumps(record))
     os.replace(tmp, path)
     return path
 

@@ -20,7 +20,14 @@ from dlrover.common.process import exiting_status
 from dlrover.common.validators import non_negative, non_negative_finite, positive
 from dlrover.flashckpt.host import SaverHost, SaverHostConfig, host_socket_path
 from dlrover.flashckpt.segment import DEFAULT_SHM_DIR
-from dlrover.launcher.control import ControlPlane, FailureDecision, FailureReport, Progress, RoundAssignment
+from dlrover.launcher.control import (
+    ControlPlane,
+    FailureDecision,
+    FailureReport,
+    Progress,
+    ResourceUsage,
+    RoundAssignment,
+)
 from dlrover.launcher.decisions import (
     Step,
     StepKind,
@@ -65,7 +72,7 @@ class AgentConfig:
         log_dir: root of the workers' log files; None keeps none.
         error_dir: root of the workers' error files (``TORCHELASTIC_ERROR_FILE``, written by
             torch's ``@record``) when there is no `log_dir`; with one they go beside the logs, at
-            ``<run_id>/attempt_<n>/<local_rank>/error.json``. None of both: no error files.
+            ``<run_id>/attempt_<n>/<local_rank>/error-rank<rank>.json``. None of both: none.
         redirects: local rank -> streams written only to files (1 stdout, 2 stderr).
         tee: local rank -> streams written to files and the console.
         local_ranks_filter: local ranks whose console output is shown; empty shows all.
@@ -98,6 +105,8 @@ class AgentConfig:
         worker_reap_timeout_s: a worker seen beginning to exit with a failure (the others are
             stopped then) is reported once it has exited; if the kernel has still not let it be
             reaped this long after, it is reported with the status it was seen exiting with.
+        resource_sample_interval_s: resource use is sampled for heartbeats at most this often
+            (a sample walks the process table); heartbeats in between repeat the last one.
         exit_barrier_timeout_s: when this node's workers succeed and its agent hosts the
             round's store, the longest the agent keeps that store open for the nodes still
             training (torchrun's exit barrier; see `Agent`); 0 closes it at once.
@@ -128,6 +137,7 @@ class AgentConfig:
     prewarm_refill_after_s: float = attrs.field(default=30.0, validator=non_negative)
     worker_reap_timeout_s: float = attrs.field(default=30.0, validator=non_negative)
     exit_barrier_timeout_s: float = attrs.field(default=300.0, validator=non_negative_finite)
+    resource_sample_interval_s: float = attrs.field(default=1.0, validator=non_negative_finite)
 
 
 @attrs.frozen
@@ -195,6 +205,7 @@ class Agent:
         self._progress = progress or self._node_progress
         self._sample_gpus = sample_gpus
         self._sampler: ProcessTreeSampler | None = None
+        self._last_usage: tuple[float, ResourceUsage | None] | None = None  # (when, sample)
         self._stop_requested = threading.Event()
         self._stop_reason = ""
         # While `run` runs: a pipe `request_stop` writes to, so that the wait between two looks
@@ -264,6 +275,9 @@ class Agent:
             self._close_wake()
             self._close_store()
             self._stop_node_services(succeeded=result is not None and result.exit_code == 0)
+            if self._sampler is not None:
+                self._sampler.close()
+                self._sampler = None
 
     def _stop_node_services(self, succeeded: bool) -> None:
         """Close the standby workers and stop the saver host (idempotent): after a success its
@@ -285,9 +299,18 @@ class Agent:
             nproc = self._config.nproc_per_node
             newest = host.newest_step_sealed_by(range(layout[0] * nproc, (layout[0] + 1) * nproc))
             step = -1 if newest is None or newest < 0 else newest
-        if self._sampler is None:
-            self._sampler = ProcessTreeSampler(os.getpid(), include_gpus=self._sample_gpus)
-        return Progress(step=step, resources=self._sampler.sample())
+        now = self._clock.now()
+        last = self._last_usage
+        if last is None or now - last[0] >= self._config.resource_sample_interval_s:
+            try:
+                if self._sampler is None:
+                    self._sampler = ProcessTreeSampler(os.getpid(), include_gpus=self._sample_gpus)
+                last = self._last_usage = (now, self._sampler.sample())
+            except Exception as exc:  # a sample is a courtesy to the master: it never ends training
+                if last is None or last[1] is not None:
+                    _log.warning("no resource samples in heartbeats: %s", exc)
+                last = self._last_usage = (now, None)
+        return Progress(step=step, resources=last[1])
 
     def _start_standby_pool(self) -> None:
         """Standbys import `prewarm_modules` while this node registers and waits for its round."""
@@ -776,7 +799,9 @@ class Agent:
                     tee=cfg.tee.get(local_rank, 0),
                     show=not cfg.local_ranks_filter or local_rank in cfg.local_ranks_filter,
                     prefix=f"[{cfg.role}{rank}]:",
-                    error_file=errors_dir / str(local_rank) / "error.json" if errors_dir is not None else None,
+                    # Named by global rank too: nodes sharing a --log-dir have the same attempt
+                    # and local rank numbers.
+                    error_file=errors_dir / str(local_rank) / f"error-rank{rank}.json" if errors_dir else None,
                 )
             )
         return specs

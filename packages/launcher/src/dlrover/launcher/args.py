@@ -347,10 +347,28 @@ def _finite(value: Any, flag: str, minimum: float) -> float:
     return number
 
 
+def _run_id(value: str) -> str:
+    """`--rdzv-id`, checked: it names the job's log and error-file folder."""
+    text = str(value)
+    if not text or text in (".", "..") or "/" in text or "\0" in text:
+        raise ConfigError(f"--rdzv-id must be a name without '/', got {value!r}")
+    return text
+
+
+def _usable_cpus() -> int:
+    """CPUs this process may run on (its affinity, as torchrun counts them), else all of them."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 def _nproc(value: str, auto_config: bool, accelerators: int, cpus: int) -> int:
     text = str(value).lower()
-    if auto_config or text == "auto":
+    if auto_config:
         return accelerators if accelerators > 0 else 1
+    if text == "auto":  # as torchrun: one per accelerator, else one per usable CPU
+        return accelerators if accelerators > 0 else max(cpus, 1)
     if text == "gpu":
         if accelerators == 0:
             raise ConfigError("--nproc-per-node=gpu, but no GPU is visible")
@@ -433,14 +451,14 @@ def parse_args(
     Args:
         argv: the arguments after the program name.
         accelerators: visible GPUs, for `--nproc-per-node=auto|gpu` and `--auto-config`.
-        cpus: CPU count, for `--nproc-per-node=cpu`.
+        cpus: usable CPUs, for `--nproc-per-node=cpu|auto` (default: this process's affinity).
 
     Raises:
         ConfigError: any flag is out of range or contradicts another; the message names it.
     """
     ns = build_parser().parse_args(argv)
     nodes = NodeRange.parse(ns.nnodes)
-    nproc = _nproc(ns.nproc_per_node, ns.auto_config, accelerators, cpus or os.cpu_count() or 1)
+    nproc = _nproc(ns.nproc_per_node, ns.auto_config, accelerators, cpus or _usable_cpus())
     modes = [name for name, on in (("-m", ns.module), ("--no-python", ns.no_python), ("--run-path", ns.run_path)) if on]
     if len(modes) > 1:
         raise ConfigError(f"{' and '.join(modes)} cannot be used together")
@@ -484,7 +502,7 @@ def parse_args(
         master=ns.master,
         rdzv_backend=ns.rdzv_backend,
         rdzv_endpoint=ns.rdzv_endpoint,
-        rdzv_id=ns.rdzv_id,
+        rdzv_id=_run_id(ns.rdzv_id),
         rdzv_conf=_conf(ns.rdzv_conf),
         max_restarts=int(_number(ns.max_restarts, "--max-restarts", int, 0)),
         monitor_interval_s=float(_number(ns.monitor_interval, "--monitor-interval", float, 0.001)),

@@ -17,6 +17,7 @@ import os
 import signal
 import socket
 import sys
+import uuid
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -146,9 +147,35 @@ def _network_check(cfg: LaunchConfig, control: GrpcControlPlane, local_addr: str
     return NetworkCheck(config, control, local_addr=local_addr)
 
 
+def _run_id(cfg: LaunchConfig) -> str:
+    """TORCHELASTIC_RUN_ID: `--rdzv-id`; as under torchrun, a fresh uuid for a standalone job
+    that was given none."""
+    return str(uuid.uuid4()) if cfg.standalone and cfg.rdzv_id == "none" else cfg.rdzv_id
+
+
+def _warn_ignored_flags(cfg: LaunchConfig) -> None:
+    """Say which torchrun-style flags given have no effect here, rather than drop them silently."""
+    ignored = [
+        flag
+        for flag, given in (("--master-addr", cfg.master_addr != "127.0.0.1"), ("--master-port", cfg.master_port))
+        if given
+    ]
+    if ignored:
+        _log.warning(
+            "%s: no effect under dlrover-run; node rank 0's agent hosts each round's torch.distributed store "
+            "on an address and port it picks, and MASTER_ADDR/MASTER_PORT tell the workers where",
+            ", ".join(ignored),
+        )
+    if cfg.node_unit != 1 and not _runs_own_master(cfg):
+        _log.warning(
+            "--node-unit=%d: no effect when joining a running master; its own --node-unit applies", cfg.node_unit
+        )
+
+
 def run(cfg: LaunchConfig, *, sample_gpus: bool = False) -> AgentResult:
     """Run this node's share of the job described by `cfg`; with `sample_gpus`, heartbeats carry
     the GPUs' use (through nvidia-ml-py, when installed)."""
+    _warn_ignored_flags(cfg)
     for prefix in (TOKEN_DIR_PREFIX, LOG_DIR_PREFIX):
         remove_dead_owners(prefix)
     with ExitStack() as stack:
@@ -175,13 +202,18 @@ def run(cfg: LaunchConfig, *, sample_gpus: bool = False) -> AgentResult:
         if log_dir is None and any(mask for _, mask in (*cfg.redirects, *cfg.tee)):
             log_dir = stack.enter_context(owned_temp_dir(LOG_DIR_PREFIX))
         # Workers' @record error files (TORCHELASTIC_ERROR_FILE) go beside the logs, or here.
-        error_dir = None if log_dir is not None else stack.enter_context(owned_temp_dir(LOG_DIR_PREFIX))
+        error_dir = None
+        if log_dir is None:
+            try:
+                error_dir = stack.enter_context(owned_temp_dir(LOG_DIR_PREFIX))
+            except OSError as exc:
+                _log.warning("workers get no TORCHELASTIC_ERROR_FILE: no temp dir for it (%s)", exc)
         agent = Agent(
             AgentConfig(
                 worker_argv=tuple(cfg.worker_command(sys.executable)),
                 nproc_per_node=cfg.nproc_per_node,
                 max_restarts=cfg.max_restarts,
-                run_id=cfg.rdzv_id,
+                run_id=_run_id(cfg),
                 role=cfg.role,
                 monitor_interval_s=cfg.monitor_interval_s,
                 shutdown_grace_s=cfg.shutdown_grace_s,

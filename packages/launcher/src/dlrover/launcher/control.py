@@ -68,7 +68,8 @@ class ResourceUsage:
     Attributes:
         cpu_percent: CPU time of the agent and its workers since the previous sample, in percent
             of one core (400 is four cores busy).
-        memory_bytes: resident memory of the agent and its workers.
+        memory_bytes: anonymous resident memory of the agent and its workers (shared memory and
+            file pages left out, so that nothing mapped by several processes counts twice).
         gpu_percent: mean utilisation of the node's GPUs (0 without GPU sampling).
         gpu_memory_bytes: GPU memory in use on the node (0 without GPU sampling).
     """

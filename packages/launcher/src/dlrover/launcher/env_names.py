@@ -23,4 +23,5 @@ PER_ROUND_ENV_VARS = (
     "TORCHELASTIC_USE_AGENT_STORE",
     "TORCHELASTIC_ERROR_FILE",
 )
-"""Variables of `worker_env` that depend on the round and the worker, not only on the node."""
+"""Worker variables that depend on the round and the worker, not only on the node (set by
+`worker_env`, and ``TORCHELASTIC_ERROR_FILE`` by `WorkerGroup`): a standby gets them only when taken."""

@@ -19,6 +19,7 @@ __all__ = ["ERROR_FILE_ENV_VAR", "read_error_file"]
 ERROR_FILE_ENV_VAR = "TORCHELASTIC_ERROR_FILE"
 
 _LIMIT_BYTES = 256 * 1024
+_MESSAGE_CHARS = 4 * 1024
 _CALLSTACK_CHARS = 8 * 1024
 
 
@@ -26,7 +27,8 @@ def read_error_file(path: Path, limit_bytes: int = _LIMIT_BYTES) -> str:
     """What a worker's ``@record`` wrote to `path`, as text for a failure report.
 
     Returns:
-        ``"<message>"`` plus the tail of the Python call stack when it wrote one; "" when there
+        ``"<message>"`` (its first 4 KiB) plus the last 8 KiB of the Python call stack when it
+        wrote one, so that it never crowds out the stderr tail of the evidence; "" when there
         is no file (the worker did not use ``@record``, or did not fail through it); a note
         saying why when the file is unreadable, too large or not torch's format.
     """
@@ -43,11 +45,13 @@ def read_error_file(path: Path, limit_bytes: int = _LIMIT_BYTES) -> str:
         doc = json.loads(raw.decode("utf-8", "replace"))
         message: Any = doc["message"]
         if isinstance(message, str):  # an error file written by hand, not by @record
-            return message
-        text = str(message["message"])
+            return message[:_MESSAGE_CHARS]
+        text = str(message["message"])[:_MESSAGE_CHARS]
         callstack = message.get("extraInfo", {}).get("py_callstack", "")
-    except (ValueError, TypeError, KeyError, AttributeError) as exc:
-        return f"(its error file {path} is not torch's error file format: {exc!r})"
+    except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
+        # RecursionError: JSON nested deeper than the parser goes. Whatever the file holds, the
+        # agent goes on: it is only evidence.
+        return f"(its error file {path} is not torch's error file format: {type(exc).__name__})"
     if callstack:
         text += "\n" + str(callstack)[-_CALLSTACK_CHARS:]
     return text

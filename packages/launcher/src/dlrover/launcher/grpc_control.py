@@ -118,6 +118,7 @@ class GrpcControlPlane:
         policy: deadlines and retries of every call.
         node_id: the id a master's scheduler launched this agent as; None lets the master choose.
         store_wait_s: how long non-zero ranks wait for rank 0 to publish the store address.
+        poll_timeout_s: deadline of each `finished_ranks` call (one attempt: its caller polls).
         clock: time source of every wait.
     """
 
@@ -134,12 +135,18 @@ class GrpcControlPlane:
         policy: RetryPolicy | None = None,
         node_id: int | None = None,
         store_wait_s: float = 60.0,
+        poll_timeout_s: float = 2.0,
         clock: Clock | None = None,
     ) -> None:
         if not target:
             raise ConfigError("the master's address is empty")
+        # Built first: a bad timeout is refused before any channel is open.
+        once = RetryPolicy(call_timeout_s=poll_timeout_s, total_timeout_s=poll_timeout_s, max_attempts=1)
         self._master = MasterClient(target, token, policy=policy)
         self._rdzv = RendezvousClient(target, token, policy=policy)
+        # The exit barrier polls with its own loop: one short attempt per poll, so that neither
+        # its deadline nor a stop waits out the retries of a master that cannot be reached.
+        self._poll_rdzv = RendezvousClient(target, token, policy=once)
         self._node_name = node_name
         self._host = host
         self._local_addr = local_addr
@@ -282,7 +289,7 @@ class GrpcControlPlane:
 
     def finished_ranks(self, assignment: RoundAssignment) -> frozenset[int]:
         ranks = range(assignment.group_world_size)
-        values = self._rdzv.kv_get([finished_key(assignment.round, rank) for rank in ranks])
+        values = self._poll_rdzv.kv_get([finished_key(assignment.round, rank) for rank in ranks])
         return frozenset(rank for rank, value in zip(ranks, values, strict=True) if value is not None)
 
     def kv_get(self, keys: Sequence[str]) -> list[bytes | None]:
@@ -307,9 +314,10 @@ class GrpcControlPlane:
                 raise
 
     def close(self) -> None:
-        """Close both channels."""
+        """Close every channel."""
         self._master.close()
         self._rdzv.close()
+        self._poll_rdzv.close()
 
 
 def default_node_name(node_rank: int | None) -> str:
