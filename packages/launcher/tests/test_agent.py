@@ -119,7 +119,8 @@ def test_workers_get_torchruns_environment_and_run_a_gloo_all_reduce(tmp_path: P
         assert env["DLROVER_NODE_ID"] == "node-0"
         assert env["sum"] == 3.0
     assert control.successes == 1
-    assert (tmp_path / "logs" / "job1" / "attempt_0" / "0" / "stdout.log").exists()
+    (run_dir,) = (tmp_path / "logs").glob("job1_*")  # this agent's own folder, as torchrun's
+    assert (run_dir / "attempt_0" / "0" / "stdout.log").exists()
 
 
 @pytest.mark.integration
@@ -154,7 +155,8 @@ def test_what_a_worker_records_in_its_error_file_reaches_the_failure_report(tmp_
     assert recorded.startswith("ValueError: boom from a function under @record")
     assert "Traceback" in recorded  # the call stack @record saved
     root = tmp_path / ("logs" if beside_logs else "errors")
-    assert (root / "job1" / "attempt_0" / "1" / "error-rank1.json").exists()
+    (run_dir,) = root.glob("job1_*")
+    assert (run_dir / "attempt_0" / "1" / "error-rank1.json").exists()
 
 
 class _ReportAfterSurvivorStopped(FakeControlPlane):

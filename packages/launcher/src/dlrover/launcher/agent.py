@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import tempfile
 import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -69,10 +70,12 @@ class AgentConfig:
         monitor_interval_s: how often the workers are checked.
         shutdown_grace_s: how long workers get between SIGTERM and SIGKILL.
         rendezvous_timeout_s: the longest wait for a round to complete.
-        log_dir: root of the workers' log files; None keeps none.
+        log_dir: root of the workers' log files, kept in ``<run_id>_<unique>/attempt_<n>/
+            <local_rank>/`` (a folder of this agent's own, as torchrun's); None keeps none.
         error_dir: root of the workers' error files (``TORCHELASTIC_ERROR_FILE``, written by
             torch's ``@record``) when there is no `log_dir`; with one they go beside the logs, at
-            ``<run_id>/attempt_<n>/<local_rank>/error-rank<rank>.json``. None of both: none.
+            ``<run_id>_<unique>/attempt_<n>/<local_rank>/error-rank<rank>.json``. None of both:
+            none.
         redirects: local rank -> streams written only to files (1 stdout, 2 stderr).
         tee: local rank -> streams written to files and the console.
         local_ranks_filter: local ranks whose console output is shown; empty shows all.
@@ -204,6 +207,7 @@ class Agent:
         self._environ = dict(os.environ if environ is None else environ)
         self._progress = progress or self._node_progress
         self._sample_gpus = sample_gpus
+        self._run_dir_path: Path | None = None
         self._sampler: ProcessTreeSampler | None = None
         self._last_usage: tuple[float, ResourceUsage | None] | None = None  # (when, sample)
         self._stop_requested = threading.Event()
@@ -757,13 +761,27 @@ class Agent:
         )
         return FailureReport(hung[0], 0, None, evidence, restarts, hang=True)
 
+    def _run_dir(self) -> Path | None:
+        """This agent's folder for worker logs and error files, made on first use: as torchrun's,
+        ``<log dir>/<run id>_<unique>``, so that nodes sharing a log dir, and later runs of the
+        same job id, never write into each other's files. None without a log or error dir."""
+        cfg = self._config
+        root = cfg.log_dir if cfg.log_dir is not None else cfg.error_dir
+        if root is None:
+            return None
+        if self._run_dir_path is None:
+            root.mkdir(parents=True, exist_ok=True)
+            self._run_dir_path = Path(tempfile.mkdtemp(prefix=f"{cfg.run_id}_", dir=root))
+            _log.info("worker logs and error files go under %s", self._run_dir_path)
+        return self._run_dir_path
+
     def _specs(self, assignment: RoundAssignment, restarts: int) -> list[WorkerSpec]:
         cfg = self._config
         nproc = cfg.nproc_per_node
         world_size = assignment.group_world_size * nproc
-        attempt_dir = cfg.log_dir / cfg.run_id / f"attempt_{restarts}" if cfg.log_dir is not None else None
-        root = cfg.log_dir if cfg.log_dir is not None else cfg.error_dir
-        errors_dir = root / cfg.run_id / f"attempt_{restarts}" if root is not None else None
+        run_dir = self._run_dir()
+        attempt_dir = run_dir / f"attempt_{restarts}" if run_dir is not None and cfg.log_dir is not None else None
+        errors_dir = run_dir / f"attempt_{restarts}" if run_dir is not None else None
         specs = []
         for local_rank in range(nproc):
             rank = assignment.group_rank * nproc + local_rank
@@ -799,8 +817,6 @@ class Agent:
                     tee=cfg.tee.get(local_rank, 0),
                     show=not cfg.local_ranks_filter or local_rank in cfg.local_ranks_filter,
                     prefix=f"[{cfg.role}{rank}]:",
-                    # Named by global rank too: nodes sharing a --log-dir have the same attempt
-                    # and local rank numbers.
                     error_file=errors_dir / str(local_rank) / f"error-rank{rank}.json" if errors_dir else None,
                 )
             )
