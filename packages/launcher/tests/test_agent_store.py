@@ -7,6 +7,7 @@ tiny scripts that import nothing heavy); integration tests run gloo workers agai
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -613,6 +614,53 @@ def test_node_rank_0_publishes_the_store_only_once_it_is_open(two_node_master: o
             plane.close()
 
 
+class _TwoAgents:
+    """Two agents as two "nodes" of one master, each running on its own thread."""
+
+    def __init__(self, agents: list[Agent], stores: list[TorchStoreHost]) -> None:
+        self.agents, self.stores = agents, stores
+        self.results: dict[int, AgentResult] = {}
+        self.errors: list[BaseException] = []
+        self.threads = [threading.Thread(target=self._run, args=(i,)) for i in range(len(agents))]
+
+    def _run(self, i: int) -> None:
+        try:
+            self.results[i] = self.agents[i].run()
+        except BaseException as exc:  # surfaced by the test
+            self.errors.append(exc)
+
+
+@contextlib.contextmanager
+def _two_agents(runtime: object, worker_argv: tuple[str, ...], run_id: str) -> Iterator[_TwoAgents]:
+    """Start one agent per "node" of the two-node master; stop them and close their planes after.
+
+    Each agent runs on its own long-lived thread (workers die with the thread that started them)
+    with its own store host; only the one that gets node rank 0 opens one.
+    """
+    planes = _two_node_planes(runtime)
+    config = AgentConfig(
+        worker_argv=worker_argv,
+        nproc_per_node=1,
+        run_id=run_id,
+        monitor_interval_s=0.05,
+        shutdown_grace_s=5.0,
+        host_checkpoint_saver=False,
+    )
+    stores = [TorchStoreHost(), TorchStoreHost()]
+    two = _TwoAgents([Agent(config, planes[i], store_host=stores[i]) for i in range(2)], stores)
+    try:
+        for thread in two.threads:
+            thread.start()
+        yield two
+    finally:
+        for agent in two.agents:
+            agent.request_stop("test over")
+        for thread in two.threads:
+            thread.join(60)
+        for plane in planes:
+            plane.close()
+
+
 @pytest.mark.integration
 @pytest.mark.timeout(240)
 def test_two_nodes_train_on_the_store_node_rank_0s_agent_hosts(tmp_path: Path, two_node_master: object) -> None:
@@ -623,41 +671,10 @@ def test_two_nodes_train_on_the_store_node_rank_0s_agent_hosts(tmp_path: Path, t
     script.write_text(HANDSHAKE_WORKER)
     out = tmp_path / "out"
     out.mkdir()
-    planes = _two_node_planes(two_node_master)
-    config = AgentConfig(
-        worker_argv=(sys.executable, str(script), str(out), "ok"),
-        nproc_per_node=1,
-        run_id="two-nodes",
-        monitor_interval_s=0.05,
-        shutdown_grace_s=5.0,
-        host_checkpoint_saver=False,
-    )
-    # One agent per "node", each on its own long-lived thread (workers die with the thread that
-    # started them), each with its own store host; only the one that gets node rank 0 opens one.
-    stores = [TorchStoreHost(), TorchStoreHost()]
-    agents = [Agent(config, planes[i], store_host=stores[i]) for i in range(2)]
-    results: dict[int, object] = {}
-    errors: list[BaseException] = []
-
-    def run(i: int) -> None:
-        try:
-            results[i] = agents[i].run()
-        except BaseException as exc:  # surfaced below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
-    try:
-        for thread in threads:
-            thread.start()
-        for thread in threads:
+    with _two_agents(two_node_master, (sys.executable, str(script), str(out), "ok"), "two-nodes") as two:
+        for thread in two.threads:
             thread.join(200)
-    finally:
-        for agent in agents:
-            agent.request_stop("test over")
-        for thread in threads:
-            thread.join(60)
-        for plane in planes:
-            plane.close()
+    errors, results, stores = two.errors, two.results, two.stores
     assert not errors, errors
     assert [results[i].exit_code for i in range(2)] == [0, 0], results  # type: ignore[attr-defined]
     records = _records(tmp_path)
@@ -713,50 +730,23 @@ def test_a_node_finishing_later_still_has_the_store_after_node_rank_0_finished(
     script.write_text(LATE_STORE_WORKER)
     out = tmp_path / "out"
     out.mkdir()
-    planes = _two_node_planes(runtime)
-    config = AgentConfig(
-        worker_argv=(sys.executable, str(script), str(out)),
-        nproc_per_node=1,
-        run_id="exit-barrier",
-        monitor_interval_s=0.05,
-        shutdown_grace_s=5.0,
-        host_checkpoint_saver=False,
-    )
-    stores = [TorchStoreHost(), TorchStoreHost()]
-    agents = [Agent(config, planes[i], store_host=stores[i]) for i in range(2)]
-    results: dict[int, AgentResult] = {}
-    errors: list[BaseException] = []
-
-    def run(i: int) -> None:
-        try:
-            results[i] = agents[i].run()
-        except BaseException as exc:  # surfaced below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
-    try:
-        for thread in threads:
-            thread.start()
+    with _two_agents(runtime, (sys.executable, str(script), str(out)), "exit-barrier") as two:
         # Node rank 0's workers finished and the master heard so; node rank 1's still run.
         _wait_for(
-            lambda: [n.state for n in runtime.master.status().nodes].count(NodeState.SUCCEEDED) == 1 or bool(errors),
+            lambda: (
+                [n.state for n in runtime.master.status().nodes].count(NodeState.SUCCEEDED) == 1 or bool(two.errors)
+            ),
             timeout_s=180,
         )
-        assert not errors, errors
+        assert not two.errors, two.errors
         # Time for an agent that does not wait to close the store and exit (not a measurement:
         # the agent that hosts the store must not return before the other node finishes at all).
         time.sleep(1.0)
-        assert all(thread.is_alive() for thread in threads), results
+        assert all(thread.is_alive() for thread in two.threads), two.results
         (out / "go").touch()
-        for thread in threads:
+        for thread in two.threads:
             thread.join(120)
-    finally:
-        for agent in agents:
-            agent.request_stop("test over")
-        for thread in threads:
-            thread.join(60)
-        for plane in planes:
-            plane.close()
+    errors, results, stores = two.errors, two.results, two.stores
     assert not errors, errors
     assert [results[i].exit_code for i in range(2)] == [0, 0], results
     record = json.loads((out / "rank1.json").read_text())

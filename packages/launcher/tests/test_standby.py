@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 from dlrover.common import DLRoverError
-from dlrover.launcher import StandbyPool, WorkerGroup, WorkerSpec
+from dlrover.launcher import StandbyPool, WorkerExit, WorkerGroup, WorkerSpec
 from dlrover.launcher._standby import runnable
 
 pytestmark = [pytest.mark.integration]
@@ -108,17 +108,23 @@ def _env(workdir: Path, out: Path, **extra: str) -> dict[str, str]:
     return env
 
 
-def _run_one(
-    program: tuple[str, ...], env: dict[str, str], pool: StandbyPool | None, tmp: Path
-) -> tuple[dict[str, object], int, str]:
-    group = WorkerGroup([WorkerSpec(local_rank=0, argv=program, env=env, log_dir=tmp)], standby=pool)
+def _run_to_exit(spec: WorkerSpec, pool: StandbyPool | None) -> WorkerExit:
+    """Start one worker (from `pool` when it has a standby) and wait for its exit."""
+    group = WorkerGroup([spec], standby=pool)
     group.start()
     try:
         _wait_until(lambda: not group.running())
     finally:
         exits = group.stop(grace_s=0.0)
+    return exits[spec.local_rank]
+
+
+def _run_one(
+    program: tuple[str, ...], env: dict[str, str], pool: StandbyPool | None, tmp: Path
+) -> tuple[dict[str, object], int, str]:
+    ended = _run_to_exit(WorkerSpec(local_rank=0, argv=program, env=env, log_dir=tmp), pool)
     facts = json.loads(Path(env["FACTS_OUT"]).read_text())
-    return facts, exits[0].exit_code, exits[0].stderr_tail
+    return facts, ended.exit_code, ended.stderr_tail
 
 
 @pytest.mark.parametrize(
@@ -451,17 +457,10 @@ def test_a_worker_taken_from_a_standby_writes_its_error_file(workdir: Path, tmp_
     error_file = tmp_path / "errors" / "0" / "error-rank3.json"
     try:
         pool.fill()
-        spec = WorkerSpec(
-            local_rank=0, argv=program, env=_env(workdir, tmp_path / "unused.json"), error_file=error_file
-        )
-        group = WorkerGroup([spec], standby=pool)
-        group.start()
-        try:
-            _wait_until(lambda: not group.running())
-        finally:
-            exits = group.stop(grace_s=0.0)
+        env = _env(workdir, tmp_path / "unused.json")
+        ended = _run_to_exit(WorkerSpec(local_rank=0, argv=program, env=env, error_file=error_file), pool)
     finally:
         pool.close()
     assert pool.taken == 1
-    assert exits[0].exit_code == 1
-    assert exits[0].error.startswith("ValueError: recorded by a worker a standby became")
+    assert ended.exit_code == 1
+    assert ended.error.startswith("ValueError: recorded by a worker a standby became")
