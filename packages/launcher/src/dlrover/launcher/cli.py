@@ -194,7 +194,8 @@ def run(cfg: LaunchConfig, *, sample_gpus: bool = False) -> AgentResult:
         )
         stack.callback(control.close)
         # Workers reach the master too (shard client, checkpoint coordination): they read the
-        # token from a private 0600 file rather than from the command line or the environment.
+        # token from a file, the one given or else a private 0600 copy, never from the command
+        # line or the environment.
         if not token_file:
             private = stack.enter_context(owned_temp_dir(TOKEN_DIR_PREFIX))
             token_file = str(write_token_file(private / "token", token))
