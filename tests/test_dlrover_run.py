@@ -17,7 +17,8 @@ import psutil
 import pytest
 
 from dlrover.common import remove_dead_owners
-from dlrover.flashckpt import cleanup_stale
+from dlrover.flashckpt.segment import DEFAULT_SHM_DIR
+from dlrover.launcher.agent import NODE_SHM_PREFIX
 from dlrover.launcher.cli import TOKEN_DIR_PREFIX
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -158,9 +159,10 @@ def test_killing_the_agent_takes_its_workers_with_it(run_dir: Path, spawn: list[
         assert time.monotonic() < deadline, f"workers {workers} outlived their agent"
         time.sleep(0.1)
     # A SIGKILLed agent cannot clean up after itself: the next dlrover-run on the host sweeps what
-    # it left (its saver host's socket and owner record, its private token dir). Sweep it here.
-    swept = [p.name for p in cleanup_stale("/dev/shm")]
-    assert any(name.startswith(f"dlrover-fc.host{proc.pid}.") for name in swept), swept
+    # it left (its shared-memory dir with its saver host's socket, its private token dir). Sweep
+    # it here.
+    swept = [p.name for p in remove_dead_owners(NODE_SHM_PREFIX, dir=DEFAULT_SHM_DIR)]
+    assert any(name.startswith(f"{NODE_SHM_PREFIX}{proc.pid}-") for name in swept), swept
     swept = [p.name for p in remove_dead_owners(TOKEN_DIR_PREFIX)]
     assert any(name.startswith(f"{TOKEN_DIR_PREFIX}{proc.pid}-") for name in swept), swept
 
@@ -271,6 +273,9 @@ def test_sigterm_persists_the_newest_snapshot_stops_stubborn_workers_and_leaves_
     workers = [int((out / f"rank{r}.pid").read_text()) for r in range(2)]
     token_dirs = list(Path(tempfile.gettempdir()).glob(f"{TOKEN_DIR_PREFIX}{proc.pid}-*"))
     assert token_dirs  # the agent's private token copy, to be removed on the way out
+    # The workers' snapshots are in a shared-memory dir of the agent's own.
+    (node_dir,) = Path(DEFAULT_SHM_DIR).glob(f"{NODE_SHM_PREFIX}{proc.pid}-*")
+    assert list(node_dir.glob("dlrover-fc.sigterm.r.r1.s*"))
     proc.send_signal(signal.SIGTERM)
     output, _ = proc.communicate(timeout=120)
     assert proc.returncode == 128 + signal.SIGTERM, output
@@ -281,6 +286,6 @@ def test_sigterm_persists_the_newest_snapshot_stops_stubborn_workers_and_leaves_
     tracker = json.loads((ckpt_dir / "tracker.json").read_text())
     assert (tracker["step"], tracker["world_size"]) == (1, 2)
     # Nothing of the job is left in shared memory or the temp dir.
-    assert not list(Path("/dev/shm").glob("dlrover-fc.sigterm.*")), output
-    assert not list(Path("/dev/shm").glob(f"dlrover-fc.host{proc.pid}.*")), output
+    assert not node_dir.exists(), output
+    assert not list(Path(DEFAULT_SHM_DIR).glob("dlrover-fc.sigterm.*")), output
     assert not any(path.exists() for path in token_dirs)

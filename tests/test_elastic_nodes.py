@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import shutil
@@ -15,12 +14,14 @@ import textwrap
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
 
 from dlrover.common import generate_token, write_token_file
 from dlrover.flashckpt.segment import DEFAULT_SHM_DIR, remove_run
+from dlrover.launcher.agent import NODE_SHM_PREFIX
 from dlrover.launcher.cli import TOKEN_DIR_PREFIX
 from dlrover.master import MasterClient
 
@@ -50,6 +51,92 @@ TRAIN = textwrap.dedent(
     dist.destroy_process_group()
     """
 )
+
+
+# DDP with replicated flash checkpoints. The batch depends on the step alone and every rank trains
+# on the same one, so the weights after each step are the same at any world size (the average of
+# one or two equal gradients is exact) and a test can compute them without a process group.
+FLASH_TRAIN = textwrap.dedent(
+    """
+    import hashlib, json, os, sys, time
+    import torch, torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+    from dlrover.flashckpt import FlashCheckpointer, NoCheckpointError, StagerConfig
+
+    out, last_step = sys.argv[1], int(sys.argv[2])
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    model = DistributedDataParallel(torch.nn.Linear(8, 8))
+    optim = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    ckpt = FlashCheckpointer(
+        StagerConfig(job_id="elastic", run_id="nodes", rank=rank, world_size=world),
+        os.path.join(out, "ckpt"),
+        replicated=True,
+    )
+    try:
+        loaded = ckpt.load()  # a collective: the newest step any rank's node holds
+        model.module.load_state_dict(loaded.state["model"])
+        optim.load_state_dict(loaded.state["optim"])
+        step, source, detail = int(loaded.state["step"]), loaded.source, loaded.detail
+    except NoCheckpointError:
+        step, source, detail = 0, "none", ""
+    with open(os.path.join(out, "resumed.jsonl"), "a") as f:
+        resumed = {"rank": rank, "world": world, "step": step, "source": source, "detail": detail, "pid": os.getpid()}
+        f.write(json.dumps(resumed) + "\\n")
+    while step < last_step:
+        optim.zero_grad()
+        model(torch.full((4, 8), float(step % 7))).square().mean().backward()
+        optim.step()
+        step += 1
+        state = {"model": model.module.state_dict(), "optim": optim.state_dict(), "step": step}
+        ckpt.save(step, state, persist=step % 50 == 0)
+        if rank == 0:
+            digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters()))
+            with open(os.path.join(out, "progress.log"), "a") as f:
+                f.write(f"{step} {world} {digest.hexdigest()[:16]}\\n")
+        time.sleep(0.2)
+    ckpt.close(job_end=rank == 0)
+    dist.destroy_process_group()
+    """
+)
+
+
+def _weights(out: Path) -> dict[int, str]:
+    """The weights' digest rank 0 logged after each step (a step logged twice must agree)."""
+    rows: dict[int, str] = {}
+    for line in (out / "progress.log").read_text().splitlines():
+        step, _, digest = line.split()
+        assert rows.setdefault(int(step), digest) == digest, f"step {step} trained to other weights"
+    return rows
+
+
+def _fault_free_weights(last_step: int) -> dict[int, str]:
+    """The digests FLASH_TRAIN logs, computed in one process without faults."""
+    import hashlib
+
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 8)
+    optim = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    digests = {}
+    for step in range(last_step):
+        optim.zero_grad()
+        model(torch.full((4, 8), float(step % 7))).square().mean().backward()
+        optim.step()
+        raw = b"".join(p.detach().numpy().tobytes() for p in model.parameters())
+        digests[step + 1] = hashlib.sha256(raw).hexdigest()[:16]
+    return digests
+
+
+def _job_files(tmp_path: Path, script: str) -> tuple[Path, Path, int]:
+    """The output folder, the job's token file and a free port for a job running `script`
+    (written to ``tmp_path/train.py``)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (tmp_path / "train.py").write_text(script)
+    return out, write_token_file(tmp_path / "token", generate_token()), _free_port()
 
 
 def _free_port() -> int:
@@ -82,6 +169,9 @@ def procs() -> Iterator[list[subprocess.Popen[str]]]:
 
 def _sweep_after(killed: set[int]) -> None:
     """Remove the shared memory runs and temp dirs owned by the `killed` processes."""
+    for pid in killed:
+        for path in Path(DEFAULT_SHM_DIR).glob(f"{NODE_SHM_PREFIX}{pid}-*"):
+            shutil.rmtree(path, ignore_errors=True)
     for record in Path(DEFAULT_SHM_DIR).glob("dlrover-fc.*.owner"):
         try:
             owner = json.loads(record.read_text())
@@ -124,6 +214,11 @@ def _children(pid: int) -> list[int]:
     return [c.pid for c in psutil.Process(pid).children() if not _gone(c.pid)]
 
 
+def _resumes(out: Path) -> list[dict[str, Any]]:
+    """What each FLASH_TRAIN worker loaded when it started, in start order."""
+    return [json.loads(line) for line in (out / "resumed.jsonl").read_text().splitlines()]
+
+
 def _gone(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
@@ -131,14 +226,10 @@ def _gone(pid: int) -> bool:
         return True
 
 
-def test_a_lost_node_shrinks_the_job_and_a_new_one_grows_it_back(
+def test_a_lost_node_shrinks_the_job_from_memory_and_a_new_one_grows_it_back(
     tmp_path: Path, procs: list[subprocess.Popen[str]]
 ) -> None:
-    out = tmp_path / "out"
-    out.mkdir()
-    (tmp_path / "train.py").write_text(TRAIN)
-    token_file = write_token_file(tmp_path / "token", generate_token())
-    port = _free_port()
+    out, token_file, port = _job_files(tmp_path, FLASH_TRAIN)
     master_cmd = [
         sys.executable, "-m", "dlrover.master.cli", "--backend=external", "--nnodes=1:2", f"--port={port}",
         f"--token-file={token_file}", "--heartbeat-interval-s=0.5", "--heartbeat-timeout-s=3",
@@ -161,11 +252,15 @@ def test_a_lost_node_shrinks_the_job_and_a_new_one_grows_it_back(
     b = agent(logs[2])
     _wait("training on two nodes", lambda: sum(1 for _, w in _progress(out) if w == 2) >= 5, logs)
 
-    b_workers = _children(b.pid)
-    assert b_workers, "agent b has no workers"
-    b.kill()  # SIGKILL to the agent alone: its workers must follow it
-    b.wait()
-    _wait("agent b's workers to die with it", lambda: all(_gone(w) for w in b_workers), logs, timeout_s=30)
+    # Node rank 0 is lost: the node hosting the round's store and rank 0's snapshots.
+    pids = {r["rank"]: r["pid"] for r in _resumes(out) if r["world"] == 2}
+    lost, kept = (a, b) if pids[0] in _children(a.pid) else (b, a)
+    assert pids[0] in _children(lost.pid)
+    assert pids[1] in _children(kept.pid)
+    lost_workers = _children(lost.pid)
+    lost.kill()  # SIGKILL to the agent alone: its workers must follow it
+    lost.wait()
+    _wait("the lost agent's workers to die with it", lambda: all(_gone(w) for w in lost_workers), logs, timeout_s=30)
 
     shrunk_at = len(_progress(out))
     _wait(
@@ -173,27 +268,37 @@ def test_a_lost_node_shrinks_the_job_and_a_new_one_grows_it_back(
         lambda: sum(1 for _, w in _progress(out)[shrunk_at:] if w == 1) >= 5,
         logs,
     )
-    step_before_growth = _progress(out)[-1][0]
     agent(logs[3])
     grown_at = len(_progress(out))
     _wait("training on two nodes again", lambda: sum(1 for _, w in _progress(out)[grown_at:] if w == 2) >= 5, logs)
 
-    steps = [s for s, _ in _progress(out)]
-    # No step went backwards by more than the one being trained when the node was lost.
-    assert all(later >= earlier - 1 for earlier, later in itertools.pairwise(steps))
-    assert steps[-1] > step_before_growth
-    assert a.poll() is None
+    # Both resizes resumed from memory: the kept node's worker, renumbered rank 0, from the
+    # snapshot it saved as rank 1; node c's new worker from that copy, sent over the process group.
+    resumes = _resumes(out)
+    first, *later = [r for r in resumes if r["source"] != "none"]
+    assert (first["world"], first["rank"], first["source"]) == (1, 0, "memory"), resumes
+    assert ".r1.s" in first["detail"], resumes
+    grown = [r for r in later if r["world"] == 2]
+    assert {r["source"] for r in grown} == {"memory"}, resumes
+    assert any(r["rank"] == 1 and r["detail"].endswith("received from rank 0") for r in grown), resumes
+    # Every step trained, before and after each resize, holds exactly the weights a fault-free run
+    # has after that step: no step lost or trained twice from another state, nothing diverged.
+    rows = _weights(out)
+    expected = _fault_free_weights(max(rows))
+    assert {step: expected[step] for step in rows} == rows
+    assert max(rows) > first["step"]
+    # Each agent has shared memory of its own, as separate hosts do; the kept node removed what it
+    # saved as rank 1 once its renumbered worker had a snapshot of its own.
+    kept_log = logs[1] if kept is a else logs[2]
+    assert "snapshot files of ranks this node no longer runs" in kept_log.read_text()
+    assert kept.poll() is None
     assert master.poll() is None
 
 
 def test_training_goes_on_while_the_master_is_killed_and_restarted(
     tmp_path: Path, procs: list[subprocess.Popen[str]]
 ) -> None:
-    out = tmp_path / "out"
-    out.mkdir()
-    (tmp_path / "train.py").write_text(TRAIN)
-    token_file = write_token_file(tmp_path / "token", generate_token())
-    port = _free_port()
+    out, token_file, port = _job_files(tmp_path, TRAIN)
     master_cmd = [
         sys.executable, "-m", "dlrover.master.cli", "--backend=external", "--nnodes=1", f"--port={port}",
         f"--token-file={token_file}", f"--state-dir={tmp_path / 'state'}", "--heartbeat-interval-s=0.5",
@@ -257,3 +362,51 @@ def test_a_master_with_the_local_backend_runs_dlrover_run_agents_to_the_end(
     progress = _progress(out)
     assert progress[-1][0] == 10
     assert {w for _, w in progress} == {2}
+
+
+@pytest.mark.parametrize("form", ["c10d", "static"])
+def test_a_torchrun_multi_node_command_line_runs_with_one_agent_serving_the_master(
+    tmp_path: Path, procs: list[subprocess.Popen[str]], form: str
+) -> None:
+    out, token_file, port = _job_files(tmp_path, TRAIN)
+    logs = [tmp_path / "node0.log", tmp_path / "node1.log"]
+    agents = []
+    for node in (0, 1):
+        meet = (
+            ["--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=job1"]
+            if form == "c10d"
+            else ["--master-addr=127.0.0.1", f"--master-port={port}", f"--node-rank={node}"]
+        )
+        cmd = [
+            sys.executable, "-m", "dlrover.launcher.cli", "--nnodes=2", "--nproc-per-node=1", *meet,
+            f"--token-file={token_file}", "--local-addr=127.0.0.1", "--monitor-interval=0.1",
+            "--heartbeat-interval=0.5", f"--log-dir={tmp_path / 'logs' / str(node)}",
+            str(tmp_path / "train.py"), str(out), "10",
+        ]  # fmt: skip
+        agents.append(_start(procs, cmd, logs[node]))
+    for proc, log in zip(agents, logs, strict=True):
+        try:
+            proc.wait(timeout=240)
+        except subprocess.TimeoutExpired:
+            raise AssertionError("\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in logs)) from None
+        assert proc.returncode == 0, log.read_text()[-4000:]
+    progress = _progress(out)
+    assert progress[-1][0] == 10
+    assert {w for _, w in progress} == {2}
+    serving = [log for log in logs if "serving the job's master" in log.read_text()]
+    assert len(serving) == 1, [log.read_text()[-2000:] for log in logs]
+    if form == "static":
+        assert serving == [logs[0]]  # node rank 0 serves it, as it would torchrun's store
+
+
+def test_a_torchrun_multi_node_command_line_without_a_token_is_refused(tmp_path: Path) -> None:
+    script = tmp_path / "noop.py"
+    script.write_text("")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DLROVER_")}
+    cmd = [
+        sys.executable, "-m", "dlrover.launcher.cli", "--nnodes=2", "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=127.0.0.1:{_free_port()}", str(script),
+    ]  # fmt: skip
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 2
+    assert "give every node the same job token" in done.stderr

@@ -6,8 +6,9 @@
 Under `dlrover-run` (DLROVER_MASTER_ADDR is set) the sample indices come from the master's shard
 service with exactly-once delivery (`ShardSampler`), and the whole state (model, optimizer, step
 and the sampler's position) is staged to shared memory with `FlashCheckpointer` after every step
-and persisted every `--persist-every` steps. A restarted worker loads the newest step every rank
-holds in memory and goes on from there. Under plain `torchrun` it falls back to a
+and persisted every `--persist-every` steps. A restarted worker loads the newest step in memory
+and goes on from there; the state is the same on every rank (DDP), so after an elastic resize a
+rank whose node holds no copy receives one from a rank that does (`replicated=True`). Under plain `torchrun` it falls back to a
 `DistributedSampler` and a `torch.save` checkpoint every `--persist-every` steps.
 
 Both ranks must step in lockstep (DDP). Each shard holds exactly one batch and each rank leases one
@@ -190,7 +191,7 @@ class DlroverBackend:
 
     def __init__(self, args: argparse.Namespace, num_samples: int, rank: int, world: int, staged: JsonLines) -> None:
         from dlrover.common import load_token
-        from dlrover.flashckpt import FlashCheckpointer, StagerConfig, torch_distributed_agree
+        from dlrover.flashckpt import FlashCheckpointer, StagerConfig
         from dlrover.shard import DatasetSpec, DeliveryMode, IndexSource, ShardClient, ShardClientConfig
         from dlrover.shard.torch_data import ShardSampler
 
@@ -225,7 +226,7 @@ class DlroverBackend:
         self.ckpt = FlashCheckpointer(
             StagerConfig(job_id=_job_id(args), run_id=RUN_ID, rank=rank, world_size=world),
             str(self.storage_dir),
-            agree=torch_distributed_agree(),
+            replicated=True,
         )
         if rank == 0 and self.ckpt.client is not None:
             # The process running the saver: dlrover-run's agent, which hosts it and ends it with
@@ -237,7 +238,7 @@ class DlroverBackend:
 
         t0 = time.time()
         try:
-            loaded = self.ckpt.load()  # a collective: the newest step every rank holds in memory
+            loaded = self.ckpt.load()  # a collective: the newest step in memory, sent to ranks without it
         except NoCheckpointError:
             loaded = None
         dist.barrier()  # every rank has read its snapshot before anybody saves again

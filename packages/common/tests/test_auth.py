@@ -12,6 +12,7 @@ from dlrover.common import (
     AuthError,
     GrpcServer,
     create_channel,
+    find_token,
     generate_token,
     load_token,
     validate_token,
@@ -60,6 +61,20 @@ def test_token_precedence(tmp_path: Path) -> None:
     assert load_token(environ={TOKEN_ENV_VAR: from_env}) == from_env
     with pytest.raises(AuthError, match=TOKEN_ENV_VAR):
         load_token(environ={})
+
+
+def test_find_token_says_which_file_the_token_came_from(tmp_path: Path) -> None:
+    arg, from_file, flag_file, from_env = (generate_token() for _ in range(4))
+    path = write_token_file(tmp_path / "t", from_file)
+    flag_path = write_token_file(tmp_path / "f", flag_file)
+    env = {TOKEN_ENV_VAR: from_env, TOKEN_FILE_ENV_VAR: str(path)}
+    assert find_token(arg, token_file=flag_path, environ=env) == (arg, None)
+    assert find_token(token_file=flag_path, environ=env) == (flag_file, flag_path)
+    assert find_token(environ=env) == (from_file, path)
+    assert find_token(environ={TOKEN_ENV_VAR: from_env, TOKEN_FILE_ENV_VAR: ""}) == (from_env, None)
+    assert find_token(environ={}) is None
+    with pytest.raises(AuthError):
+        find_token("not a token", environ={})
 
 
 def _ping(server: GrpcServer, token: str) -> bytes:

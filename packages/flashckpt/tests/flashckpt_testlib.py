@@ -192,3 +192,22 @@ def assert_restores(state: Any, load: Any) -> None:
         restored = load(target)
         assert same_bits(state, restored)
         assert all(at(restored, path) is t and t.data_ptr() == ptr for path, t, ptr in before)
+
+
+def replica_state(seed: int, step: int) -> dict[str, Any]:
+    """A DDP-like state (model, optimizer, RNG, NumPy and plain values, a tied weight), by seed."""
+    g = torch.Generator().manual_seed(seed)
+    weight = torch.randn(48, 16, generator=g)
+    return {
+        "model": {"weight": weight, "bias": torch.randn(16, generator=g).to(torch.bfloat16), "head": weight},
+        "optim": {
+            "state": {0: {"momentum": torch.randn(48, 16, generator=g), "step": torch.tensor(float(step))}},
+            "param_groups": [{"lr": 0.1, "params": [0], "betas": (0.9, 0.99)}],
+        },
+        "rng": torch.randint(0, 255, (816,), dtype=torch.uint8, generator=g),
+        "mask": torch.rand(7, generator=g) > 0.5,
+        "empty": torch.empty(0, 3, dtype=torch.float16),
+        "counts": np.arange(seed, seed + 5, dtype=np.int64),
+        "step": step,
+        "note": f"seed {seed}",
+    }

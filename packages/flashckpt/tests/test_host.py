@@ -492,3 +492,27 @@ def test_a_starting_host_removes_the_files_of_dead_hosts_only(shm: Path) -> None
         assert any(e.kind == "stale_host_removed" for e in h.events.snapshot())
     finally:
         h.stop(remove_memory=True)
+
+
+def test_remove_departed_ranks_unlinks_other_ranks_slots_in_the_hosts_own_dir_only(
+    host: SaverHost, shm: Path, tmp_path: Path
+) -> None:
+    elsewhere = tmp_path / "shared"
+    elsewhere.mkdir()
+    request_saver(host.socket_path, _request(shm, tmp_path, world_size=1))
+    request_saver(host.socket_path, _request(elsewhere, tmp_path, run_id="other", world_size=1))
+    for directory, run in ((shm, "run"), (elsewhere, "other")):
+        for rank in (0, 1, 5):
+            for slot in (0, 1):
+                segment_path(directory, "job", run, rank, slot).write_bytes(b"x")
+    removed = host.remove_departed_ranks([0])
+    assert sorted(p.name for p in removed) == [
+        f"dlrover-fc.job.run.r{rank}.s{slot}" for rank in (1, 5) for slot in (0, 1)
+    ]
+    assert all(segment_path(shm, "job", "run", 0, slot).exists() for slot in (0, 1))
+    # A directory others may share (a script's own shm_dir) is left alone.
+    assert len(list(elsewhere.glob("dlrover-fc.job.other.r*"))) == 6
+    assert any(e.kind == "departed_ranks_removed" for e in host.events.snapshot())
+    assert host.remove_departed_ranks([0]) == []
+    for path in elsewhere.glob("dlrover-fc.job.other.r*"):
+        path.unlink()

@@ -374,6 +374,8 @@ def test_the_exit_barrier_ends_when_the_round_ends_another_way(
     assert result.exit_code == 0, result.reason
     assert not store.is_open
     assert "round 1 ended before node rank(s) [1] finished" in caplog.text
+    # The barrier's polls take one short attempt each: a stop or its deadline never waits out retries.
+    assert control.waiting_polls[-1] is True
 
 
 def test_a_stop_ends_the_exit_barrier_at_once(tmp_path: Path) -> None:

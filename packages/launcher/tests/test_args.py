@@ -94,6 +94,11 @@ def test_dlrover_flags() -> None:
     assert cfg.worker_reap_timeout_s == 30.0
     assert parse_args(["--worker-reap-timeout=5", "t.py"]).worker_reap_timeout_s == 5.0
     assert parse_args(["--checkpoint-stop-timeout=30", "t.py"]).checkpoint_stop_timeout_s == 30.0
+    assert cfg.checkpoint_shm_dir == "/dev/shm"
+    assert (cfg.exit_barrier_poll_timeout_s, cfg.resource_sample_interval_s) == (2.0, 1.0)
+    tuned = parse_args(["--exit-barrier-poll-timeout=0.5", "--resource-sample-interval=0", "t.py"])
+    assert (tuned.exit_barrier_poll_timeout_s, tuned.resource_sample_interval_s) == (0.5, 0.0)
+    assert parse_args(["--checkpoint-shm-dir=/tmp/../tmp", "t.py"]).checkpoint_shm_dir == "/tmp"
     assert parse_args(["--prewarm=torch, numpy.linalg", "t.py"]).prewarm == ("torch", "numpy.linalg")
     assert parse_args(["--prewarm=torch", "-m", "pkg.train"]).prewarm == ("torch",)
 
@@ -192,6 +197,9 @@ def test_auto_config_uses_visible_accelerators() -> None:
         (["--prewarm=torch;rm", "t.py"], "module names or none, got 'torch;rm'"),
         (["--prewarm=torch,none", "t.py"], "module names or none, got 'none'"),
         (["--checkpoint-stop-timeout=0", "t.py"], "checkpoint-stop-timeout"),
+        (["--checkpoint-shm-dir=/no/such/dir", "t.py"], "--checkpoint-shm-dir must be an existing directory"),
+        (["--exit-barrier-poll-timeout=0", "t.py"], "--exit-barrier-poll-timeout must be at least"),
+        (["--resource-sample-interval=-1", "t.py"], "--resource-sample-interval must be at least 0"),
         (["--checkpoint-stop-timeout=inf", "t.py"], "checkpoint-stop-timeout must be a finite number"),
         (["--prewarm-refill-after=-1", "t.py"], "--prewarm-refill-after must be at least 0"),
         (["--worker-reap-timeout=-1", "t.py"], "--worker-reap-timeout must be at least 0"),
@@ -241,4 +249,6 @@ def test_flags_that_have_no_effect_here_are_named_not_dropped_silently(caplog: p
     caplog.clear()
     with caplog.at_level("WARNING", logger="dlrover.launcher"):
         _warn_ignored_flags(parse_args(["--standalone", "--node-unit=1", "t.py"]))
+        # A static multi-node command line: they name where the nodes meet (node rank 0 hosts).
+        _warn_ignored_flags(parse_args(["--nnodes=2", "--node-rank=1", "--master-addr=h", "--master-port=9", "t.py"]))
     assert caplog.text == ""

@@ -160,3 +160,56 @@ def test_a_stop_request_ends_the_wait_for_a_round(master: MasterRuntime) -> None
             plane.next_round(timeout_s=120, should_stop=stop_after_a_few_polls)
     finally:
         plane.close()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.integration
+def test_register_waits_for_a_master_that_starts_later_and_gives_up_on_one_that_never_does() -> None:
+    from dlrover.common import generate_token
+
+    port, token = _free_port(), generate_token()
+    config = MasterConfig(backend="external", port=port, token=token, lifecycle=LifecycleConfig(nodes=NodeRange(1, 1)))
+    plane = GrpcControlPlane(
+        f"127.0.0.1:{port}", token, node_name="late", host="localhost", local_addr="127.0.0.1", min_nodes=1,
+        max_nodes=1, connect_timeout_s=60.0,
+    )  # fmt: skip
+    started = threading.Event()
+    runtime = create_master(config)
+
+    def start_later() -> None:
+        time.sleep(1.5)  # the agent starts first, as a node may under a torchrun-style command line
+        runtime.start()
+        started.set()
+
+    thread = threading.Thread(target=start_later)
+    thread.start()
+    try:
+        registration = plane.register(1)
+        assert started.is_set()
+        assert registration.node_id == "0"
+    finally:
+        thread.join()
+        plane.close()
+        runtime.stop()
+
+    nobody = f"127.0.0.1:{_free_port()}"
+    stopping = GrpcControlPlane(
+        nobody, token, node_name="x", host="localhost", local_addr="127.0.0.1", min_nodes=1, max_nodes=1
+    )
+    with pytest.raises(DLRoverError, match="stopped while waiting for the master"):
+        stopping.register(1, should_stop=lambda: True)
+    stopping.close()
+    impatient = GrpcControlPlane(
+        nobody, token, node_name="x", host="localhost", local_addr="127.0.0.1", min_nodes=1, max_nodes=1,
+        connect_timeout_s=0.5,
+    )  # fmt: skip
+    with pytest.raises(DLRoverError, match=r"did not accept a connection in 0\.5 s"):
+        impatient.register(1)
+    impatient.close()

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
         TOKEN_FILE_ENV_VAR,
         TokenAuthServerInterceptor,
         TokenClientInterceptor,
+        find_token,
         generate_token,
         load_token,
         validate_token,
@@ -43,7 +44,13 @@ if TYPE_CHECKING:
         processes_mentioning,
     )
     from dlrover.common.retry import RETRYABLE_CODES, RetryPolicy, RpcError, call_unary
-    from dlrover.common.server import DEFAULT_MAX_MESSAGE_BYTES, GrpcServer, ServerConfig, format_host_port
+    from dlrover.common.server import (
+        DEFAULT_MAX_MESSAGE_BYTES,
+        GrpcServer,
+        ServerConfig,
+        format_host_port,
+        parse_host_port,
+    )
     from dlrover.common.tempdirs import owned_temp_dir, remove_dead_owners
     from dlrover.common.tls import TLSConfig
     from dlrover.common.validators import (
@@ -63,6 +70,7 @@ _EXPORTS: dict[str, str] = {
     "TokenAuthServerInterceptor": "dlrover.common.auth",
     "TokenClientInterceptor": "dlrover.common.auth",
     "generate_token": "dlrover.common.auth",
+    "find_token": "dlrover.common.auth",
     "load_token": "dlrover.common.auth",
     "validate_token": "dlrover.common.auth",
     "write_token_file": "dlrover.common.auth",
@@ -96,6 +104,7 @@ _EXPORTS: dict[str, str] = {
     "GrpcServer": "dlrover.common.server",
     "ServerConfig": "dlrover.common.server",
     "format_host_port": "dlrover.common.server",
+    "parse_host_port": "dlrover.common.server",
     "owned_temp_dir": "dlrover.common.tempdirs",
     "remove_dead_owners": "dlrover.common.tempdirs",
     "TLSConfig": "dlrover.common.tls",
@@ -137,10 +146,12 @@ __all__ = [
     "create_channel",
     "exiting_status",
     "format_host_port",
+    "parse_host_port",
     "generate_token",
     "lazy_export_problems",
     "lazy_exports",
     "modules_loaded_by",
+    "find_token",
     "load_token",
     "non_negative",
     "non_negative_finite",

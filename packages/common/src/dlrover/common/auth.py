@@ -26,6 +26,7 @@ __all__ = [
     "TokenAuthServerInterceptor",
     "TokenClientInterceptor",
     "generate_token",
+    "find_token",
     "load_token",
     "validate_token",
     "write_token_file",
@@ -112,6 +113,32 @@ def _read_token_file(path: Path) -> str:
     return validate_token(path.read_text(encoding="ascii").strip())
 
 
+def find_token(
+    token: str | None = None,
+    *,
+    token_file: str | os.PathLike[str] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> tuple[str, Path | None] | None:
+    """The job token, where `load_token` looks for it, and the file it was read from.
+
+    Returns:
+        (token, file; None when it was not read from a file), or None when no token is given
+        anywhere.
+
+    Raises:
+        AuthError: the token found is unusable.
+    """
+    env = os.environ if environ is None else environ
+    if token is not None:
+        return validate_token(token), None
+    path = token_file if token_file is not None else env.get(TOKEN_FILE_ENV_VAR) or None
+    if path is not None:
+        return _read_token_file(Path(path)), Path(path)
+    if env.get(TOKEN_ENV_VAR):
+        return validate_token(env[TOKEN_ENV_VAR]), None
+    return None
+
+
 def load_token(
     token: str | None = None,
     *,
@@ -127,16 +154,10 @@ def load_token(
     Raises:
         AuthError: no token was found, or the one found is unusable.
     """
-    env = os.environ if environ is None else environ
-    if token is not None:
-        return validate_token(token)
-    if token_file is not None:
-        return _read_token_file(Path(token_file))
-    if env.get(TOKEN_FILE_ENV_VAR):
-        return _read_token_file(Path(env[TOKEN_FILE_ENV_VAR]))
-    if env.get(TOKEN_ENV_VAR):
-        return validate_token(env[TOKEN_ENV_VAR])
-    raise AuthError(f"no job token: pass one, or set {TOKEN_FILE_ENV_VAR} to a 0600 file, or set {TOKEN_ENV_VAR}")
+    found = find_token(token, token_file=token_file, environ=environ)
+    if found is None:
+        raise AuthError(f"no job token: pass one, or set {TOKEN_FILE_ENV_VAR} to a 0600 file, or set {TOKEN_ENV_VAR}")
+    return found[0]
 
 
 def _tokens_equal(presented: str, expected: bytes) -> bool:

@@ -15,7 +15,7 @@ from dlrover.common.auth import TokenAuthServerInterceptor
 from dlrover.common.errors import ConfigError, DLRoverError
 from dlrover.common.tls import TLSConfig
 
-__all__ = ["DEFAULT_MAX_MESSAGE_BYTES", "GrpcServer", "ServerConfig", "format_host_port"]
+__all__ = ["DEFAULT_MAX_MESSAGE_BYTES", "GrpcServer", "ServerConfig", "format_host_port", "parse_host_port"]
 
 _log = logging.getLogger(__name__)
 
@@ -28,6 +28,39 @@ def format_host_port(host: str, port: int) -> str:
     if ":" in host and not host.startswith("["):
         return f"[{host}]:{port}"
     return f"{host}:{port}"
+
+
+def parse_host_port(address: str, default_port: int | None = None) -> tuple[str, int]:
+    """Split `host:port` (`[v6]:port` for IPv6 literals) as `format_host_port` writes it.
+
+    Args:
+        address: the address.
+        default_port: the port of an address that names none (None: one must be named).
+
+    Raises:
+        ValueError: no host, or a port that is missing, not a number, or out of range.
+    """
+    text = address.strip()
+    if text.startswith("["):
+        host, _, rest = text[1:].partition("]")
+        port_text = rest[1:] if rest.startswith(":") else rest
+    elif text.count(":") == 1:
+        host, _, port_text = text.partition(":")
+    else:
+        host, port_text = text, ""
+    if not host:
+        raise ValueError(f"{address!r} names no host")
+    if not port_text:
+        if default_port is None:
+            raise ValueError(f"{address!r} names no port")
+        return host, default_port
+    try:
+        port = int(port_text)
+    except ValueError:
+        raise ValueError(f"{address!r}: the port must be a number") from None
+    if not 0 < port < 65536:
+        raise ValueError(f"{address!r}: the port must be from 1 to 65535")
+    return host, port
 
 
 @attrs.frozen

@@ -65,6 +65,7 @@ if TYPE_CHECKING:
     from dlrover.flashckpt.payloads import payload_from_slot, payload_from_state
     from dlrover.flashckpt.persist import RankPayload, RankRecord, persist_rank
     from dlrover.flashckpt.priority import lower_process_priority
+    from dlrover.flashckpt.replicated import ReplicatedLoader
     from dlrover.flashckpt.saver import Saver, SaverConfig, socket_path
     from dlrover.flashckpt.saver_link import SaverLink, SaverMode
     from dlrover.flashckpt.segment import cleanup_stale, remove_run
@@ -94,6 +95,7 @@ _EXPORTS: dict[str, str] = {
     "MemoryReader": "dlrover.flashckpt.memory",
     "MemorySnapshot": "dlrover.flashckpt.memory",
     "StorageReader": "dlrover.flashckpt.storage_loader",
+    "ReplicatedLoader": "dlrover.flashckpt.replicated",
     "Saver": "dlrover.flashckpt.saver",
     "SaverConfig": "dlrover.flashckpt.saver",
     "socket_path": "dlrover.flashckpt.saver",
@@ -172,6 +174,7 @@ __all__ = [
     "MemoryReader",
     "MemorySnapshot",
     "StorageReader",
+    "ReplicatedLoader",
     "Saver",
     "SaverConfig",
     "socket_path",

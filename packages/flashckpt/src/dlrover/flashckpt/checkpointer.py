@@ -29,6 +29,7 @@ from typing import Any
 
 from dlrover.common import Clock, ConfigError, SystemClock
 from dlrover.flashckpt.client import PersistOutcome, SaverClient
+from dlrover.flashckpt.collectives import RankGroup
 from dlrover.flashckpt.commit import Committer, RetentionPolicy
 from dlrover.flashckpt.config import StagerConfig
 from dlrover.flashckpt.errors import (
@@ -41,8 +42,9 @@ from dlrover.flashckpt.events import EventLog, FlashEvent
 from dlrover.flashckpt.memory import LoadedState, MemoryReader
 from dlrover.flashckpt.payloads import payload_from_slot
 from dlrover.flashckpt.persist import persist_rank
+from dlrover.flashckpt.replicated import ReplicatedLoader
 from dlrover.flashckpt.saver_link import SaverLink, SaverMode, check_saver_mode
-from dlrover.flashckpt.segment import ShmSegment, segment_path
+from dlrover.flashckpt.segment import ShmSegment, run_ranks, segment_path
 from dlrover.flashckpt.slotio import read_header
 from dlrover.flashckpt.stager import SaveResult, Stager
 from dlrover.flashckpt.storage.base import Storage
@@ -70,7 +72,14 @@ class FlashCheckpointer:
             `PosixStorage(storage_dir)`).
         saver: ``"auto"``, ``"connect"`` or ``"none"`` (see the module docstring).
         agree: cross-rank agreement on the step to load from memory (default: `agree_single`,
-            which is only right for one rank; multi-rank jobs pass a collective).
+            which is only right for one rank; multi-rank jobs pass a collective, or set
+            `replicated`).
+        replicated: the state is the same on every rank (DDP's model and optimizer), so `load`
+            restores the newest copy any rank holds, in memory first, and sends it to the ranks
+            without one: a job resized by an elastic restart resumes from memory, and from a
+            storage checkpoint of any world size (see `dlrover.flashckpt.replicated`). Needs
+            torch.distributed initialised before `load` when ``world_size > 1``.
+        group: with `replicated`, the process group to load over (default: the world).
         retention: for ``saver="none"``, which committed checkpoints to keep.
         idle_exit_s: a detached saver's idle exit time (a hosted saver has none).
         saver_nice: niceness added to a detached saver (persisting yields the CPU to training).
@@ -94,6 +103,8 @@ class FlashCheckpointer:
         storage: Storage | None = None,
         saver: SaverMode = "auto",
         agree: AgreeFn | None = None,
+        replicated: bool = False,
+        group: Any = None,
         retention: RetentionPolicy | None = None,
         idle_exit_s: float = 60.0,
         saver_nice: int = 19,
@@ -104,12 +115,18 @@ class FlashCheckpointer:
         check_saver_mode(saver, storage_dir)
         if storage is None and storage_dir is None:
             raise ConfigError("FlashCheckpointer needs storage_dir or storage")
-        if agree is None and config.world_size > 1:
-            raise ConfigError(f"world_size {config.world_size} needs an agree function to load from memory")
+        if replicated and agree is not None:
+            raise ConfigError("a replicated checkpointer agrees on its own; pass agree or replicated, not both")
+        if agree is None and not replicated and config.world_size > 1:
+            raise ConfigError(
+                f"world_size {config.world_size} needs an agree function (or replicated=True) to load from memory"
+            )
         self.config = config
         self._clock = clock or SystemClock()
         self.storage: Storage = storage if storage is not None else PosixStorage(str(storage_dir))
         self._agree = agree or agree_single
+        self._replicated = replicated
+        self._group = group
         self._mode = saver
         self._retention = retention
         self.events = EventLog()
@@ -190,12 +207,19 @@ class FlashCheckpointer:
         """Load the newest state: from memory when every rank holds the agreed step, else storage.
 
         A damaged memory snapshot (checksum) falls back to storage in a one-rank job; with several
-        ranks it raises, since one rank falling back alone could resume from another step.
+        ranks it raises, since one rank falling back alone could resume from another step. A
+        `replicated` checkpointer loads the newest copy any rank holds instead (a collective).
 
         Raises:
             NoCheckpointError: neither memory nor storage holds a loadable checkpoint.
             ChecksumError: (several ranks) the agreed memory snapshot is damaged on this rank.
         """
+        if self._replicated:
+            group = RankGroup(self._group)
+            loader = ReplicatedLoader(
+                self.config, self.storage, group, events=self.events, clock=self._clock, keep=self.stager.adopt
+            )
+            return loader.load(target)
         reader = MemoryReader(self.config, self._clock)
         step = self._agree([s.step for s in reader.snapshots()])
         if step is not None:
@@ -218,7 +242,14 @@ class FlashCheckpointer:
         Args:
             job_end: the job is over: remove the run's shared memory. The saver does it when told
                 (call this on one rank, after every rank's last save); with ``saver="none"`` this
-                rank's stager removes its own segments.
+                rank's stager removes its own segments, and those of ranks beyond the world size
+                (saved before the job shrank; no rank of the job owns them now).
         """
+        if job_end and self._mode == "none":
+            c = self.config
+            for rank in run_ranks(c.shm_dir, c.job_id, c.run_id):
+                if rank >= c.world_size:
+                    for slot in range(c.num_slots):
+                        segment_path(c.shm_dir, c.job_id, c.run_id, rank, slot).unlink(missing_ok=True)
         self.stager.close(remove=job_end if self._mode == "none" else False)
         self._link.close(job_end)

@@ -42,13 +42,36 @@ class RankGroup:
         dist.all_gather(out, local, group=self.group)
         return [t.tolist() for t in out]
 
-    def broadcast_int(self, value: int) -> int:
-        """Rank 0's `value` on every rank."""
+    def _global(self, group_rank: int) -> int:
+        return dist.get_global_rank(self.group, group_rank) if self.group is not None else group_rank
+
+    def broadcast_int(self, value: int, src: int = 0) -> int:
+        """Group rank `src`'s `value` on every rank."""
         if not self.active:
             return value
         t = torch.tensor([value], dtype=torch.int64, device=self.device)
-        dist.broadcast(t, src=dist.get_global_rank(self.group, 0) if self.group is not None else 0, group=self.group)
+        dist.broadcast(t, src=self._global(src), group=self.group)
         return int(t.item())
+
+    def broadcast_bytes(self, data: bytes, src: int) -> bytes:
+        """Group rank `src`'s `data` on every rank (others pass anything); no pickle."""
+        if not self.active:
+            return data
+        size = self.broadcast_int(len(data), src)
+        buf = torch.zeros(max(size, 1), dtype=torch.uint8)
+        if self.rank == src and data:
+            buf[:size] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        buf = buf.to(self.device)
+        dist.broadcast(buf, src=self._global(src), group=self.group)
+        return buf[:size].cpu().numpy().tobytes()
+
+    def broadcast_into(self, tensor: torch.Tensor, src: int) -> None:
+        """Overwrite `tensor` (contiguous, on `device`) with group rank `src`'s, byte for byte.
+
+        Moved as bytes, so every dtype crosses whatever the backend supports.
+        """
+        if self.active and tensor.numel() > 0:
+            dist.broadcast(tensor.reshape(-1).view(torch.uint8), src=self._global(src), group=self.group)
 
     def gather_bytes(self, data: bytes) -> list[bytes]:
         """Every rank's `data`, by rank; no pickle (the lengths, then the padded bytes)."""

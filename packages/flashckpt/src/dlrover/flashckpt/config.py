@@ -10,7 +10,7 @@ import attrs
 from dlrover.common import ConfigError
 from dlrover.common.validators import non_negative, positive
 from dlrover.flashckpt.errors import FlashCkptError
-from dlrover.flashckpt.segment import DEFAULT_SHM_DIR, validate_id
+from dlrover.flashckpt.segment import default_shm_dir, validate_id
 from dlrover.flashckpt.slots import BusyPolicy
 
 __all__ = ["StagerConfig"]
@@ -39,7 +39,8 @@ class StagerConfig:
         run_id: names this run of the job; segments of other runs of dead jobs are cleaned up.
         rank: the global rank whose state this stager holds.
         world_size: ranks in the job.
-        shm_dir: where segments live (``/dev/shm``).
+        shm_dir: where segments live (default: ``$DLROVER_FLASHCKPT_SHM_DIR``, which
+            ``dlrover-run --checkpoint-shm-dir`` sets for its workers, else ``/dev/shm``).
         num_slots: slots per rank (two for double buffering).
         copy_threads: threads copying tensors into shared memory.
         copy_chunk_bytes: large tensors are copied in pieces of this size.
@@ -60,7 +61,7 @@ class StagerConfig:
     run_id: str = attrs.field(validator=_id("run"))
     rank: int = attrs.field(default=0, validator=non_negative)
     world_size: int = attrs.field(default=1, validator=positive)
-    shm_dir: str = DEFAULT_SHM_DIR
+    shm_dir: str = attrs.field(factory=default_shm_dir)
     num_slots: int = attrs.field(default=2)
     copy_threads: int = attrs.field(factory=_default_threads, validator=positive)
     copy_chunk_bytes: int = attrs.field(default=32 << 20, validator=positive)

@@ -73,8 +73,10 @@ from dlrover.flashckpt.saver import Saver, SaverConfig
 from dlrover.flashckpt.segment import (
     DEFAULT_SHM_DIR,
     SEGMENT_PREFIX,
-    owner_alive,
+    owner_record_alive,
     remove_run,
+    run_ranks,
+    segment_path,
     write_owner,
 )
 from dlrover.flashckpt.storage.base import Storage
@@ -130,7 +132,7 @@ def remove_dead_hosts(shm_dir: str | Path) -> list[Path]:
             continue
         if not isinstance(doc, dict) or doc.get("kind") != _HOST_RECORD_KIND or doc.get("pid_scope") != scope:
             continue
-        if owner_alive(record):
+        if owner_record_alive(doc):
             continue
         sock = record.with_name(record.name[: -len(".owner")] + ".sock")
         for path in (sock, record):
@@ -401,6 +403,37 @@ class SaverHost:
         """
         for saver in self._serving:  # replaced whole under the lock, read without it
             saver.release_held(reason)
+
+    def remove_departed_ranks(self, ranks: Iterable[int]) -> list[Path]:
+        """Unlink the slot files of ranks other than `ranks` (this node's ranks now), in every run
+        whose memory lives in this host's own directory (the one holding its socket).
+
+        After an elastic resize renumbers the node's workers, what they saved under their old
+        ranks is read again only until every new rank has sealed a snapshot of its own; left, it
+        would hold shared memory until the job ends, once more with every renumbering. The agent
+        calls this then. A directory other processes may share (a script's own ``shm_dir``) is
+        never touched.
+
+        Returns:
+            The files removed.
+        """
+        keep = set(ranks)
+        own = self.socket_path.parent
+        removed = []
+        for (job, run), request in self.runs().items():
+            if Path(request.shm_dir) != own:
+                continue
+            for rank in run_ranks(own, job, run):
+                if rank in keep:
+                    continue
+                for slot in range(request.num_slots):
+                    path = segment_path(own, job, run, rank, slot)
+                    with contextlib.suppress(FileNotFoundError):
+                        path.unlink()  # a saver still reading it keeps its mapping until done
+                        removed.append(path)
+        if removed:
+            self._record("departed_ranks_removed", f"removed {len(removed)} slot files of ranks no longer on this node")
+        return removed
 
     def runs(self) -> dict[tuple[str, str], SaverRequest]:
         """The runs served now and the request each saver was started for."""

@@ -71,16 +71,20 @@ class MemoryReader:
     Args:
         config: the same job, run, rank and directory the stager used.
         clock: time source for waiting on a held slot.
+        rank: read this rank's snapshots instead of ``config.rank`` (a replicated state may be
+            restored from the snapshot another rank of the node saved, of this or an earlier
+            world size).
     """
 
-    def __init__(self, config: StagerConfig, clock: Clock | None = None) -> None:
+    def __init__(self, config: StagerConfig, clock: Clock | None = None, rank: int | None = None) -> None:
         self.config = config
+        self.rank = config.rank if rank is None else rank
         self._clock = clock or SystemClock()
 
     def _attach(self, slot: int) -> ShmSegment | None:
         c = self.config
         try:
-            return ShmSegment.attach(segment_path(c.shm_dir, c.job_id, c.run_id, c.rank, slot))
+            return ShmSegment.attach(segment_path(c.shm_dir, c.job_id, c.run_id, self.rank, slot))
         except (FileNotFoundError, FlashCkptError):
             return None
 
@@ -89,7 +93,7 @@ class MemoryReader:
         c = self.config
         found = []
         for slot in range(c.num_slots):
-            header = peek_header(segment_path(c.shm_dir, c.job_id, c.run_id, c.rank, slot))
+            header = peek_header(segment_path(c.shm_dir, c.job_id, c.run_id, self.rank, slot))
             if header is not None and header.state in (SlotState.COMPLETE, SlotState.SEALED):
                 found.append(MemorySnapshot(slot, header.seq, header.step, header.state is SlotState.SEALED))
         return sorted(found, key=lambda s: s.seq, reverse=True)
@@ -125,7 +129,7 @@ class MemoryReader:
             candidates = [s for s in self.snapshots() if step is None or s.step == step]
             if not candidates:
                 wanted = "any step" if step is None else f"step {step}"
-                raise NoCheckpointError(f"rank {self.config.rank}: no complete snapshot of {wanted} in memory")
+                raise NoCheckpointError(f"rank {self.rank}: no complete snapshot of {wanted} in memory")
             chosen = candidates[0]
             seg = self._attach(chosen.slot)
             if seg is None:
@@ -135,8 +139,7 @@ class MemoryReader:
                 if not seg.try_lock(exclusive=False):
                     if self._clock.now() >= deadline:
                         raise FlashCkptError(
-                            f"slot {chosen.slot} of rank {self.config.rank} stayed locked for "
-                            f"{self.config.lock_timeout_s}s"
+                            f"slot {chosen.slot} of rank {self.rank} stayed locked for {self.config.lock_timeout_s}s"
                         )
                     self._clock.sleep(self.config.busy_poll_interval_s)
                     continue

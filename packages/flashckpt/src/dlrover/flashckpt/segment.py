@@ -41,21 +41,34 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_SHM_DIR",
     "SEGMENT_PREFIX",
+    "SHM_DIR_ENV_VAR",
     "ShmSegment",
     "cleanup_stale",
+    "default_shm_dir",
     "list_run_files",
     "owner_alive",
+    "owner_record_alive",
     "owner_path",
     "process_start_ticks",
     "remove_run",
+    "run_ranks",
     "segment_path",
     "validate_id",
     "write_owner",
 ]
 
 DEFAULT_SHM_DIR = "/dev/shm"  # noqa: S108 (the POSIX shared-memory mount, not a temp file)
+SHM_DIR_ENV_VAR = "DLROVER_FLASHCKPT_SHM_DIR"
+"""Where a process's snapshots go by default: ``dlrover-run --checkpoint-shm-dir`` sets it for its
+workers (the directory its saver host serves), else `DEFAULT_SHM_DIR`."""
 SEGMENT_PREFIX = "dlrover-fc."
 _ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_SLOT_NAME_RE = re.compile(r"r(\d+)\.s\d+")
+
+
+def default_shm_dir() -> str:
+    """`SHM_DIR_ENV_VAR` if set and not empty, else `DEFAULT_SHM_DIR`."""
+    return os.environ.get(SHM_DIR_ENV_VAR) or DEFAULT_SHM_DIR
 
 
 def validate_id(kind: str, value: str) -> str:
@@ -101,9 +114,17 @@ def owner_alive(path: Path) -> bool:
     """Whether the process named in an owner file still runs (same pid and start time, no zombie)."""
     try:
         doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    return owner_record_alive(doc)
+
+
+def owner_record_alive(doc: Any) -> bool:
+    """`owner_alive` of an owner file's parsed contents (False when malformed)."""
+    try:
         # No start time recorded (None) means the process was already gone when it was written.
         owner = ProcessIdentity(doc["pid"], doc.get("start_ticks"))
-    except (OSError, ValueError, KeyError, TypeError, ConfigError):
+    except (KeyError, TypeError, AttributeError, ValueError, ConfigError):
         return False
     return owner.alive()
 
@@ -112,6 +133,17 @@ def list_run_files(shm_dir: str | Path, job: str, run: str) -> list[Path]:
     """Every file of a run (segments and owner record)."""
     prefix = f"{SEGMENT_PREFIX}{job}.{run}."
     return sorted(p for p in Path(shm_dir).glob(f"{SEGMENT_PREFIX}*") if p.name.startswith(prefix))
+
+
+def run_ranks(shm_dir: str | Path, job: str, run: str) -> list[int]:
+    """The ranks that have a slot file of the run in `shm_dir`, ascending."""
+    prefix = f"{SEGMENT_PREFIX}{job}.{run}."
+    ranks = set()
+    for path in list_run_files(shm_dir, job, run):
+        match = _SLOT_NAME_RE.fullmatch(path.name[len(prefix) :])
+        if match is not None:
+            ranks.add(int(match.group(1)))
+    return sorted(ranks)
 
 
 def remove_run(shm_dir: str | Path, job: str, run: str) -> list[Path]:

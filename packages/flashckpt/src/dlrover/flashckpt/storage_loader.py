@@ -164,7 +164,14 @@ class StorageReader:
         limit = tracker.step if tracker is not None else None
         return sorted((s for s in committed if limit is None or s <= limit), reverse=True)
 
-    def load(self, rank: int, world_size: int, target: Any | None = None, step: int | None = None) -> LoadedState:
+    def load(
+        self,
+        rank: int,
+        world_size: int,
+        target: Any | None = None,
+        step: int | None = None,
+        any_world_size: bool = False,
+    ) -> LoadedState:
         """Load `rank`'s state from the newest good committed checkpoint (or from `step`).
 
         Args:
@@ -172,6 +179,8 @@ class StorageReader:
             world_size: the job's world size; a checkpoint of another size is refused.
             target: an existing state to restore into in place, or None for fresh tensors.
             step: load only this step.
+            any_world_size: accept a checkpoint of any world size that has `rank`'s files (a
+                replicated state, which every rank saved alike, fits any number of ranks).
 
         Raises:
             NoCheckpointError: no committed checkpoint could be loaded (reasons listed).
@@ -182,7 +191,7 @@ class StorageReader:
         reasons = []
         for s in steps:
             try:
-                return self._load_step(s, rank, world_size, target)
+                return self._load_step(s, rank, None if any_world_size else world_size, target)
             except (ChecksumError, LayoutError, StorageError) as e:
                 reasons.append(f"step {s}: {e}")
                 self._warn(s, f"checkpoint step {s} is unusable: {e}; trying the previous one")
@@ -190,9 +199,9 @@ class StorageReader:
             "no loadable committed checkpoint" + (": " + "; ".join(reasons) if reasons else " in storage")
         )
 
-    def _load_step(self, step: int, rank: int, world_size: int, target: Any | None) -> LoadedState:
+    def _load_step(self, step: int, rank: int, world_size: int | None, target: Any | None) -> LoadedState:
         man = read_step_manifest(self.storage, step)
-        if man.get("world_size") != world_size:
+        if world_size is not None and man.get("world_size") != world_size:
             raise WorldSizeError(
                 f"checkpoint step {step} was saved by {man.get('world_size')} ranks; this job has {world_size} "
                 "and plain state dicts cannot be resharded (use the DCP adapter for sharded state)"

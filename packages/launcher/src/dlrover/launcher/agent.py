@@ -16,11 +16,11 @@ from pathlib import Path
 
 import attrs
 
-from dlrover.common import Clock, DLRoverError, SystemClock
+from dlrover.common import Clock, DLRoverError, SystemClock, owned_temp_dir, remove_dead_owners
 from dlrover.common.process import exiting_status
 from dlrover.common.validators import non_negative, non_negative_finite, positive
 from dlrover.flashckpt.host import SaverHost, SaverHostConfig, host_socket_path
-from dlrover.flashckpt.segment import DEFAULT_SHM_DIR
+from dlrover.flashckpt.segment import DEFAULT_SHM_DIR, SHM_DIR_ENV_VAR
 from dlrover.launcher.control import (
     ControlPlane,
     FailureDecision,
@@ -56,6 +56,9 @@ __all__ = ["Agent", "AgentConfig", "AgentResult"]
 
 _log = logging.getLogger(__name__)
 
+NODE_SHM_PREFIX = "dlrover-node-"
+"""Names the agent's own directory in ``checkpoint_shm_dir`` (an `owned_temp_dir`)."""
+
 
 @attrs.frozen
 class AgentConfig:
@@ -88,8 +91,10 @@ class AgentConfig:
         host_checkpoint_saver: run the node's flash-checkpoint savers in this agent (workers
             find them through ``DLROVER_FLASHCKPT_HOST``), so they outlive crashed workers and
             their shared memory is removed when the agent exits.
-        checkpoint_shm_dir: where the saver host's socket lives (named so `cleanup_stale`
-            removes it if the agent is killed).
+        checkpoint_shm_dir: the shared-memory directory (a tmpfs) in which the agent makes a
+            directory of its own for the workers' snapshots and the saver host's sockets
+            (removed at exit, or by the next agent on the host if this one is killed); workers
+            are told it in ``DLROVER_FLASHCKPT_SHM_DIR``, the default of `StagerConfig.shm_dir`.
         failure_persist_hold_s: 0 (the default): when a worker dies, the savers persist the
             newest snapshot every local rank holds at once, while the workers restart. Otherwise
             they hold that persist back while the restarted workers restore from memory, so it
@@ -223,6 +228,10 @@ class Agent:
         self._saver_host: SaverHost | None = None
         # (when, global ranks) of the workers whose start used the standbys not yet replaced.
         self._refill_pending: tuple[float, frozenset[int]] | None = None
+        # (when, global ranks) of the workers started, until each has sealed a snapshot: then
+        # what the node saved under other ranks before a resize is removed.
+        self._departed_sweep: tuple[float, frozenset[int]] | None = None
+        self._node_dir = contextlib.ExitStack()
         self._layout: tuple[int, int] | None = None  # (node rank, nodes) of the last workers started
 
     def request_stop(self, reason: str) -> None:
@@ -294,6 +303,7 @@ class Agent:
             _log.info("stopping the checkpoint saver host (%s)", "job done" if succeeded else "persisting newest")
             host.stop(remove_memory=True, persist_newest=not succeeded)
             self._host_env = {}
+        self._node_dir.close()
 
     def _node_progress(self) -> Progress:
         """The default progress: the newest step every local worker sealed, and resource use."""
@@ -362,21 +372,30 @@ class Agent:
 
     def _start_saver_host(self) -> SaverHost:
         cfg = self._config
+        # The workers' snapshots and the host's sockets go in a directory of this agent's own:
+        # another agent on the host (a second "node", another job) never shares a run's socket
+        # or segments with it, and what a SIGKILLed agent left is removed by the next one here.
+        remove_dead_owners(NODE_SHM_PREFIX, dir=cfg.checkpoint_shm_dir)
+        node_dir = self._node_dir.enter_context(owned_temp_dir(NODE_SHM_PREFIX, dir=cfg.checkpoint_shm_dir))
         host = SaverHost(
             SaverHostConfig(
-                str(host_socket_path(cfg.checkpoint_shm_dir)),
+                str(host_socket_path(node_dir)),
                 stop_timeout_s=cfg.checkpoint_stop_timeout_s,
                 failure_persist_hold_s=cfg.failure_persist_hold_s,
             ),
             clock=self._clock,
         )
-        host.start()
-        self._host_env = {CHECKPOINT_SOCKET_ENV_VAR: str(host.socket_path)}
+        try:
+            host.start()
+        except BaseException:
+            self._node_dir.close()  # run() has not reached its cleanup yet
+            raise
+        self._host_env = {CHECKPOINT_SOCKET_ENV_VAR: str(host.socket_path), SHM_DIR_ENV_VAR: str(node_dir)}
         _log.info("checkpoint saver host listening on %s", host.socket_path)
         return host
 
     def _run_rounds(self) -> AgentResult:
-        registration = self._control.register(self._config.nproc_per_node)
+        registration = self._control.register(self._config.nproc_per_node, self._stop_requested.is_set)
         self._node_id = registration.node_id
         self._heartbeat_interval_s = self._config.heartbeat_interval_s or registration.heartbeat_interval_s
         restarts = rounds = 0
@@ -475,7 +494,7 @@ class Agent:
                     waited = self._clock.now() - started
                     _log.info("every node of round %d finished (waited %.1f s)", assignment.round, waited)
                     return
-                waiting = self._control.nodes_waiting()
+                waiting = self._control.nodes_waiting(once=True)
                 unreachable = False
             except DLRoverError as exc:
                 if not unreachable:  # once per outage, not every poll
@@ -549,13 +568,29 @@ class Agent:
         )
         started_at = self._clock.now()  # before the start: no checkpoint of these workers is older
         group.start()
+        nproc = self._config.nproc_per_node
+        ranks = frozenset(range(assignment.group_rank * nproc, (assignment.group_rank + 1) * nproc))
         if self._standby is not None:
             # Warm again for the next restart, but not while these workers restore: the imports
             # would take their CPU (see `refill_due`).
-            nproc = self._config.nproc_per_node
-            ranks = frozenset(range(assignment.group_rank * nproc, (assignment.group_rank + 1) * nproc))
             self._refill_pending = (started_at, ranks)
+        if self._saver_host is not None:
+            self._departed_sweep = (started_at, ranks)
         return group
+
+    def _sweep_departed_ranks(self) -> None:
+        """Once every worker has sealed a snapshot since it started (and no failure persist may
+        still read the old ones), remove the node's snapshots of ranks it no longer runs."""
+        host, pending = self._saver_host, self._departed_sweep
+        if host is None or pending is None:
+            return
+        started_at, ranks = pending
+        if not ranks <= host.ranks_sealed_since(started_at) or host.failure_persist_pending():
+            return
+        self._departed_sweep = None
+        removed = host.remove_departed_ranks(ranks)
+        if removed:
+            _log.info("removed %d snapshot files of ranks this node no longer runs", len(removed))
 
     def _refill_when_training(self) -> None:
         if self._refill_pending is None:
@@ -618,6 +653,7 @@ class Agent:
                 if hung is not None:
                     return self._report(hung)
             self._refill_when_training()
+            self._sweep_departed_ranks()
             if not self._stop_requested.is_set():
                 # Wakes as soon as a worker exits: the report of a failure (and so the restart)
                 # does not wait for the next tick.

@@ -16,6 +16,7 @@ from typing import Any
 import attrs
 
 from dlrover.common import ConfigError
+from dlrover.flashckpt.segment import DEFAULT_SHM_DIR
 
 __all__ = ["LaunchConfig", "NodeRange", "build_parser", "parse_args", "parse_std_streams"]
 
@@ -140,7 +141,10 @@ class LaunchConfig:
     prewarm_refill_after_s: float = 30.0
     worker_reap_timeout_s: float = 30.0
     exit_barrier_timeout_s: float = 300.0
+    exit_barrier_poll_timeout_s: float = 2.0
     checkpoint_stop_timeout_s: float = 120.0
+    checkpoint_shm_dir: str = DEFAULT_SHM_DIR
+    resource_sample_interval_s: float = 1.0
 
     def worker_command(self, python: str) -> list[str]:
         """The argv that starts one worker, as torchrun builds it."""
@@ -294,6 +298,13 @@ def _add_dlrover_options(ours: argparse._ArgumentGroup) -> None:
     )
     _option(
         ours,
+        _both("checkpoint-shm-dir"),
+        DEFAULT_SHM_DIR,
+        "the shared-memory directory (a tmpfs) for the workers' flash checkpoints and the agent's saver "
+        "host; workers find it in DLROVER_FLASHCKPT_SHM_DIR",
+    )
+    _option(
+        ours,
         ["--prewarm"],
         None,
         "comma-separated modules that standby interpreters import ahead of time, one per local rank, so the "
@@ -326,7 +337,21 @@ def _add_dlrover_options(ours: argparse._ArgumentGroup) -> None:
         "300",
         "when this node's workers succeed and its agent hosts the round's torch.distributed store (node rank "
         "0), the longest it keeps the store open for the workers of nodes still training, as torchrun's exit "
-        "barrier does; 0 closes it at once",
+        "barrier does; 0 closes it at once. On the node serving the master of a torchrun-style multi-node "
+        "command line, also the longest it serves the other nodes after its own workers finished",
+    )
+    _option(
+        ours,
+        _both("exit-barrier-poll-timeout"),
+        "2",
+        "deadline of each look the exit barrier takes at the master (one attempt; the barrier polls)",
+    )
+    _option(
+        ours,
+        _both("resource-sample-interval"),
+        "1",
+        "seconds between samples of the workers' CPU, memory and GPU use sent with heartbeats (at most one "
+        "sample per interval; 0: every heartbeat)",
     )
 
 
@@ -345,6 +370,14 @@ def _finite(value: Any, flag: str, minimum: float) -> float:
     if not math.isfinite(number):
         raise ConfigError(f"{flag} must be a finite number, got {value!r}")
     return number
+
+
+def _directory(value: str, flag: str) -> str:
+    """An existing directory, made absolute (workers and the saver host resolve it alike)."""
+    path = os.path.abspath(str(value))
+    if not os.path.isdir(path):
+        raise ConfigError(f"{flag} must be an existing directory, got {value!r}")
+    return path
 
 
 def _run_id(value: str) -> str:
@@ -539,5 +572,8 @@ def parse_args(
         prewarm_refill_after_s=_finite(ns.prewarm_refill_after, "--prewarm-refill-after", 0.0),
         worker_reap_timeout_s=_finite(ns.worker_reap_timeout, "--worker-reap-timeout", 0.0),
         exit_barrier_timeout_s=_finite(ns.exit_barrier_timeout, "--exit-barrier-timeout", 0.0),
+        exit_barrier_poll_timeout_s=_finite(ns.exit_barrier_poll_timeout, "--exit-barrier-poll-timeout", 0.001),
+        resource_sample_interval_s=_finite(ns.resource_sample_interval, "--resource-sample-interval", 0.0),
         checkpoint_stop_timeout_s=_finite(ns.checkpoint_stop_timeout, "--checkpoint-stop-timeout", 0.001),
+        checkpoint_shm_dir=_directory(ns.checkpoint_shm_dir, "--checkpoint-shm-dir"),
     )

@@ -8,6 +8,9 @@ Ways to find the job's master:
 - `--standalone`, or a single-node job (`--nnodes=1`, torchrun's default) that names no master:
   start one in this process on 127.0.0.1 with a random port, as `torchrun` alone runs a
   single-node job. Its token is the one given (as above), else a fresh one.
+- A multi-node torchrun command line (`--rdzv-backend=c10d --rdzv-endpoint=HOST:PORT`, or
+  `--master-addr/--master-port` with `--node-rank`): the agent torchrun would have serve the
+  store serves the job's master there instead (`peer_master`); every node needs the same token.
 """
 
 from __future__ import annotations
@@ -23,12 +26,14 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from types import FrameType
 
+import attrs
+
 from dlrover.common import (
-    TOKEN_ENV_VAR,
     TOKEN_FILE_ENV_VAR,
     ConfigError,
     DLRoverError,
     configure_logging,
+    find_token,
     load_token,
     owned_temp_dir,
     remove_dead_owners,
@@ -39,6 +44,7 @@ from dlrover.launcher.args import LaunchConfig, parse_args
 from dlrover.launcher.env import MASTER_ADDR_ENV_VAR, NODE_ID_ENV_VAR
 from dlrover.launcher.grpc_control import GrpcControlPlane, default_node_name
 from dlrover.launcher.netcheck import NetworkCheck, NetworkCheckConfig
+from dlrover.launcher.peer_master import HostedMaster, peer_endpoint, peer_master
 from dlrover.launcher.store_host import TorchStoreHost, TorchStoreHostConfig
 
 __all__ = ["main", "run"]
@@ -83,18 +89,33 @@ def _given_token(cfg: LaunchConfig) -> tuple[str | None, str | None]:
     Raises:
         AuthError: the token given is unusable.
     """
-    env_file = os.environ.get(TOKEN_FILE_ENV_VAR) or None
-    if cfg.token is None and cfg.token_file is None and env_file is None and not os.environ.get(TOKEN_ENV_VAR):
+    found = find_token(cfg.token, token_file=cfg.token_file)
+    if found is None:
         return None, None
-    token = load_token(cfg.token, token_file=cfg.token_file)
-    # load_token's order: the flag, the file flag, the file variable, the value variable.
-    return token, None if cfg.token is not None else (cfg.token_file or env_file)
+    token, path = found
+    return token, None if path is None else str(path)
+
+
+@attrs.frozen
+class _JobMaster:
+    """Where this agent finds its job's master.
+
+    Attributes:
+        address: the master's ``host:port``.
+        token: the job token.
+        token_file: the file holding it (None: not in a file the workers can read).
+        hosted: the master this agent serves for its peers (torchrun's multi-node forms).
+    """
+
+    address: str
+    token: str
+    token_file: str | None
+    hosted: HostedMaster | None = None
 
 
 @contextmanager
-def _master_for(cfg: LaunchConfig) -> Iterator[tuple[str, str, str | None]]:
-    """The master's address, the job token and the file holding it (None: not in a file the
-    workers can read): an embedded master, or the one named."""
+def _master_for(cfg: LaunchConfig) -> Iterator[_JobMaster]:
+    """The job's master: an embedded one, one this agent serves for its peers, or the one named."""
     given, given_file = _given_token(cfg)
     if _runs_own_master(cfg):
         from dlrover.master import MasterConfig, create_master
@@ -109,18 +130,31 @@ def _master_for(cfg: LaunchConfig) -> Iterator[tuple[str, str, str | None]]:
         )
         with create_master(config) as runtime:
             _log.info("standalone master listening on %s", runtime.address)
-            yield runtime.address, runtime.token, given_file
+            yield _JobMaster(runtime.address, runtime.token, given_file)
         return
     target = _named_master(cfg)
-    if not target:
+    endpoint = None if target else peer_endpoint(cfg)
+    if not target and endpoint is None:
         raise ConfigError(
             f"a job of --nnodes={cfg.nodes} needs a master for its nodes to meet at: --master HOST:PORT "
             "(a running dlrover-master), --rdzv-backend=dlrover --rdzv-endpoint=HOST:PORT, or "
-            "DLROVER_MASTER_ADDR; or --standalone for one machine"
+            "DLROVER_MASTER_ADDR; a node's own address as torchrun takes it (--rdzv-backend=c10d "
+            "--rdzv-endpoint=HOST:PORT, or --master-addr/--master-port with --node-rank); or --standalone "
+            "for one machine"
         )
     if given is None:
+        if endpoint is not None:
+            raise ConfigError(
+                f"the nodes meet at {endpoint.address} ({endpoint.backend}), where this job's master runs, and "
+                "every RPC to it is authenticated: give every node the same job token (--token-file on a shared "
+                "filesystem, or DLROVER_JOB_TOKEN)"
+            )
         given = load_token()  # raises, naming where a token may come from
-    yield target, given, given_file
+    if endpoint is None:
+        yield _JobMaster(target, given, given_file)
+        return
+    with peer_master(cfg, endpoint, given) as hosted:
+        yield _JobMaster(endpoint.address, given, given_file, hosted)
 
 
 def _launched_node_id() -> int | None:
@@ -160,7 +194,9 @@ def _warn_ignored_flags(cfg: LaunchConfig) -> None:
         for flag, given in (("--master-addr", cfg.master_addr != "127.0.0.1"), ("--master-port", cfg.master_port))
         if given
     ]
-    if ignored:
+    # In a static multi-node command line they name where the nodes meet (see peer_master).
+    static = not _runs_own_master(cfg) and not _named_master(cfg) and cfg.rdzv_backend in ("static", "dlrover")
+    if ignored and not static:
         _log.warning(
             "%s: no effect under dlrover-run; node rank 0's agent hosts each round's torch.distributed store "
             "on an address and port it picks, and MASTER_ADDR/MASTER_PORT tell the workers where",
@@ -179,7 +215,8 @@ def run(cfg: LaunchConfig, *, sample_gpus: bool = False) -> AgentResult:
     for prefix in (TOKEN_DIR_PREFIX, LOG_DIR_PREFIX):
         remove_dead_owners(prefix)
     with ExitStack() as stack:
-        target, token, token_file = stack.enter_context(_master_for(cfg))
+        master = stack.enter_context(_master_for(cfg))
+        target, token, token_file = master.address, master.token, master.token_file
         local_addr = cfg.local_addr or ("127.0.0.1" if _runs_own_master(cfg) else socket.getfqdn())
         control = GrpcControlPlane(
             target,
@@ -191,6 +228,8 @@ def run(cfg: LaunchConfig, *, sample_gpus: bool = False) -> AgentResult:
             max_nodes=cfg.nodes.max_nodes,
             node_id=_launched_node_id(),
             store_wait_s=cfg.store_wait_s,
+            poll_timeout_s=cfg.exit_barrier_poll_timeout_s,
+            connect_timeout_s=cfg.rendezvous_timeout_s,
         )
         stack.callback(control.close)
         # Workers reach the master too (shard client, checkpoint coordination): they read the
@@ -232,6 +271,8 @@ def run(cfg: LaunchConfig, *, sample_gpus: bool = False) -> AgentResult:
                 worker_reap_timeout_s=cfg.worker_reap_timeout_s,
                 exit_barrier_timeout_s=cfg.exit_barrier_timeout_s,
                 checkpoint_stop_timeout_s=cfg.checkpoint_stop_timeout_s,
+                checkpoint_shm_dir=cfg.checkpoint_shm_dir,
+                resource_sample_interval_s=cfg.resource_sample_interval_s,
                 failure_persist_hold_s=cfg.failure_persist_hold_s,
                 extra_env={MASTER_ADDR_ENV_VAR: target, TOKEN_FILE_ENV_VAR: str(Path(token_file).resolve())},
             ),
@@ -245,10 +286,15 @@ def run(cfg: LaunchConfig, *, sample_gpus: bool = False) -> AgentResult:
 
         def on_signal(signum: int, _frame: FrameType | None) -> None:
             agent.request_stop(f"received {signal.Signals(signum).name}")
+            if master.hosted is not None:
+                master.hosted.request_stop()
 
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, on_signal)
-        return agent.run()
+        result = agent.run()
+        if master.hosted is not None and result.exit_code == 0:
+            master.hosted.wait_job_end(cfg.exit_barrier_timeout_s)
+        return result
 
 
 def main(argv: list[str] | None = None) -> int:

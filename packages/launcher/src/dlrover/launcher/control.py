@@ -141,8 +141,13 @@ class FailureDecision(enum.Enum):
 class ControlPlane(Protocol):
     """The master, as one node's agent uses it. Implementations raise `DLRoverError` subclasses."""
 
-    def register(self, local_world_size: int) -> NodeRegistration:
-        """Join the job; idempotent for the same agent."""
+    def register(self, local_world_size: int, should_stop: Callable[[], bool] = lambda: False) -> NodeRegistration:
+        """Join the job; idempotent for the same agent. A master that is not up yet (started
+        beside the agents) is waited for, until the control plane's bound or `should_stop()`.
+
+        Raises:
+            DLRoverError: refused, the master never became reachable, or stopped while waiting.
+        """
         ...
 
     def next_round(
@@ -168,8 +173,11 @@ class ControlPlane(Protocol):
         """
         ...
 
-    def nodes_waiting(self) -> int:
-        """Nodes waiting to join: when positive, the running round should be replaced."""
+    def nodes_waiting(self, *, once: bool = False) -> int:
+        """Nodes waiting to join: when positive, the running round should be replaced.
+
+        With `once`, a single short attempt (the caller polls, and must not wait out retries).
+        """
         ...
 
     def heartbeat(self, progress: Progress) -> Sequence[tuple[AgentAction, str]]:

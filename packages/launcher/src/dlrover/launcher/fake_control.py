@@ -90,6 +90,7 @@ class FakeControlPlane:
         self._interval = heartbeat_interval_s
         self._unreachable_reports = unreachable_reports
         self.registrations: list[int] = []
+        self.waiting_polls: list[bool] = []  # each nodes_waiting call's `once`
         self.rounds: list[RoundAssignment] = []
         self.failures: list[FailureReport] = []
         self.heartbeats: list[Progress] = []
@@ -98,7 +99,7 @@ class FakeControlPlane:
         self.left = 0
         self._store = InMemoryRoundStore()
 
-    def register(self, local_world_size: int) -> NodeRegistration:
+    def register(self, local_world_size: int, should_stop: Callable[[], bool] = lambda: False) -> NodeRegistration:
         with self._lock:
             self.registrations.append(local_world_size)
             return NodeRegistration(node_id="node-0", heartbeat_interval_s=self._interval)
@@ -125,7 +126,9 @@ class FakeControlPlane:
             self.rounds.append(assignment)
             return assignment
 
-    def nodes_waiting(self) -> int:
+    def nodes_waiting(self, *, once: bool = False) -> int:
+        with self._lock:
+            self.waiting_polls.append(once)
         if self._waiting_fn is not None:
             return self._waiting_fn()
         with self._lock:

@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 
 import grpc
 
-from dlrover.common import Clock, ConfigError, DLRoverError, RetryPolicy, RpcError, SystemClock
+from dlrover.common import Clock, ConfigError, DLRoverError, RetryPolicy, RpcError, SystemClock, parse_host_port
 from dlrover.diagnosis import NODE_CHECK_FAILED
 from dlrover.launcher.control import (
     AgentAction,
@@ -118,7 +118,9 @@ class GrpcControlPlane:
         policy: deadlines and retries of every call.
         node_id: the id a master's scheduler launched this agent as; None lets the master choose.
         store_wait_s: how long non-zero ranks wait for rank 0 to publish the store address.
-        poll_timeout_s: deadline of each `finished_ranks` call (one attempt: its caller polls).
+        connect_timeout_s: how long `register` waits for the master to accept a connection.
+        poll_timeout_s: deadline of each `finished_ranks` and ``nodes_waiting(once=True)`` call
+            (one attempt: the exit barrier polls them).
         clock: time source of every wait.
     """
 
@@ -136,6 +138,7 @@ class GrpcControlPlane:
         node_id: int | None = None,
         store_wait_s: float = 60.0,
         poll_timeout_s: float = 2.0,
+        connect_timeout_s: float = 600.0,
         clock: Clock | None = None,
     ) -> None:
         if not target:
@@ -147,6 +150,8 @@ class GrpcControlPlane:
         # The exit barrier polls with its own loop: one short attempt per poll, so that neither
         # its deadline nor a stop waits out the retries of a master that cannot be reached.
         self._poll_rdzv = RendezvousClient(target, token, policy=once)
+        self._target = target
+        self._connect_timeout_s = connect_timeout_s
         self._node_name = node_name
         self._host = host
         self._local_addr = local_addr
@@ -157,13 +162,41 @@ class GrpcControlPlane:
         self._clock = clock or SystemClock()
         self._heartbeat_interval_s = 2.0
 
-    def register(self, local_world_size: int) -> NodeRegistration:
+    def register(self, local_world_size: int, should_stop: Callable[[], bool] = _never) -> NodeRegistration:
+        # The master may start beside the agents (one serves it for a torchrun-style command
+        # line): wait for it to accept a connection, as torchrun's agents wait for the store.
+        # Registering is not retried (not idempotent), so a refused connection must not reach it.
+        self._wait_for_master(should_stop)
         response = self._master.register(
             self._node_name, self._host, node_id=self._launched_as, local_world_size=local_world_size
         )
         self._node_id = str(response.node_id)
         self._heartbeat_interval_s = float(response.heartbeat_interval_s) or 2.0
         return NodeRegistration(self._node_id, self._heartbeat_interval_s)
+
+    def _wait_for_master(self, should_stop: Callable[[], bool]) -> None:
+        """Until a TCP connection to the master's address succeeds (a plain connect every half
+        second: gRPC's own reconnect backoff grows to minutes), the bound, or a stop."""
+        try:
+            address = parse_host_port(self._target)
+        except ValueError:
+            return  # not host:port (a gRPC URI): registering reports what is wrong
+        give_up_at = self._clock.now() + self._connect_timeout_s
+        last_error: OSError | None = None
+        while True:
+            try:
+                with socket.create_connection(address, timeout=min(1.0, self._connect_timeout_s)):
+                    return
+            except OSError as exc:
+                last_error = exc
+            if should_stop():
+                raise DLRoverError("stopped while waiting for the master to accept a connection")
+            if self._clock.now() >= give_up_at:
+                raise DLRoverError(
+                    f"the master at {self._target} did not accept a connection in {self._connect_timeout_s} s: "
+                    f"{last_error}"
+                )
+            self._clock.sleep(0.5)
 
     def next_round(
         self,
@@ -231,8 +264,8 @@ class GrpcControlPlane:
             self._clock.sleep(interval)
             interval = min(interval * 2, 0.5)
 
-    def nodes_waiting(self) -> int:
-        return self._rdzv.num_nodes_waiting(self._node_id)
+    def nodes_waiting(self, *, once: bool = False) -> int:
+        return (self._poll_rdzv if once else self._rdzv).num_nodes_waiting(self._node_id)
 
     def heartbeat(self, progress: Progress) -> Sequence[tuple[AgentAction, str]]:
         step = progress.step if progress.step >= 0 else None
