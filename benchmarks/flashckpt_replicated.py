@@ -8,6 +8,8 @@ Rows, each the slower rank's time, median and range of several repetitions:
   tensors (the JSON tree, then each tensor's bytes);
 * raw broadcast: ``dist.broadcast`` of one flat uint8 tensor of the same size, already in memory:
   the transport's own limit here, which the ratio is against;
+* rank 0's own restore: rank 0 alone restoring the snapshot from its memory into its tensors
+  (checksums verified), the part of the replicated load that is not the transfer;
 * torch.load: rank 1 reading the same state with ``torch.load`` from a local file (page cache
   warm), what a joining rank reads from storage without this path.
 
@@ -32,7 +34,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from dlrover.flashckpt import FlashCheckpointer, StagerConfig
+from dlrover.flashckpt import FlashCheckpointer, MemoryReader, StagerConfig
 
 TENSORS = 64
 
@@ -64,12 +66,19 @@ def _rank(rank: int, args: argparse.Namespace, root: str, results: Any) -> None:
     if rank == 1:
         torch.save(_state(args.mb, 1), f"{root}/state.pt")
     flat = torch.zeros(nbytes, dtype=torch.uint8)
-    rows: dict[str, list[float]] = {"replicated load": [], "raw broadcast": [], "torch.load": []}
+    rows: dict[str, list[float]] = {
+        "replicated load": [],
+        "raw broadcast": [],
+        "rank 0's restore": [],
+        "torch.load": [],
+    }
     for _ in range(args.reps):
         ckpt = FlashCheckpointer(cfg, f"{root}/ck", saver="none", replicated=True)
         rows["replicated load"].append(_slowest(lambda c=ckpt: c.load(target=target)))
         ckpt.close()
         rows["raw broadcast"].append(_slowest(lambda: dist.broadcast(flat, src=0)))
+        reader = MemoryReader(cfg)
+        rows["rank 0's restore"].append(_slowest(lambda r=reader: r.load(target=target) if rank == 0 else None))
         rows["torch.load"].append(
             _slowest(lambda: torch.load(f"{root}/state.pt", weights_only=True) if rank == 1 else None)
         )
@@ -100,7 +109,7 @@ def main() -> None:
     p.add_argument("--mb", type=int, default=256, help="state size in MB")
     p.add_argument("--reps", type=int, default=5)
     args = p.parse_args()
-    root = tempfile.mkdtemp(prefix="bench-replicated-", dir="/dev/shm")  # noqa: S108 (the tmpfs measured)
+    root = tempfile.mkdtemp(prefix="bench-replicated-", dir="/dev/shm")  # snapshots live in shared memory
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     try:

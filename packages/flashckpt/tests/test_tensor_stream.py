@@ -1,5 +1,6 @@
-"""`tensor_stream.spans`: the pieces of the byte stream cover every tensor's bytes exactly once, in
-order; `broadcast_stream` in a one-rank group copies every byte and reports a failed copy."""
+"""`tensor_stream.pieces` and `spans`: the pieces of the byte stream cover every tensor's bytes
+exactly once, in order, and a large tensor's pieces hold nothing else; `broadcast_stream` in a
+one-rank group copies every byte and reports a failed copy."""
 
 from __future__ import annotations
 
@@ -8,15 +9,23 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dlrover.flashckpt.collectives import RankGroup
-from dlrover.flashckpt.tensor_stream import broadcast_stream, spans
+from dlrover.flashckpt.tensor_stream import broadcast_stream, pieces, spans
 
 
-@given(st.lists(st.integers(0, 50), max_size=12), st.integers(1, 64))
-def test_pieces_cover_each_tensors_bytes_once_in_order(sizes: list[int], chunk: int) -> None:
-    total = sum(sizes)
+@given(st.lists(st.integers(0, 50), max_size=12), st.integers(1, 64), st.integers(1, 40))
+def test_pieces_cover_each_tensors_bytes_once_in_order(sizes: list[int], chunk: int, alone: int) -> None:
+    cut = pieces(sizes, chunk, alone)
+    position = 0
+    for start, length in cut:  # back to back, none empty, none over the staging size
+        assert start == position
+        assert 0 < length <= chunk
+        position += length
+    assert position == sum(sizes)
     seen: list[list[int]] = [[] for _ in sizes]
-    for start in range(0, total, chunk):
-        length = min(chunk, total - start)
+    for start, length in cut:
+        parts = spans(sizes, start, length)
+        if any(sizes[index] >= alone for index, *_ in parts):
+            assert len(parts) == 1  # a large tensor's pieces hold nothing else: it can move in place
         at_expected = 0
         for index, offset, at, n in spans(sizes, start, length):
             assert n > 0

@@ -230,8 +230,9 @@ class ReplicatedLoader:
             ready, raw = e, b"{}"
         self.group.broadcast_bytes(raw, src)
         self._settle(ready)
+        reader = _Reader([leaf.tensor for leaf in flat.leaves], self.group.device)
         failure = broadcast_stream(
-            self.group, src, [s.nbytes for s in specs], staging, read=_Reader([leaf.tensor for leaf in flat.leaves])
+            self.group, src, [s.nbytes for s in specs], staging, read=reader, direct=reader.direct
         )
         self._settle(failure if failure is not None else _LOADED)
         return loaded
@@ -247,12 +248,14 @@ class ReplicatedLoader:
                 else:
                     fresh = [torch.empty(s.shape, dtype=dtype_from_name(s.dtype)) for s in specs]
                     places = [[t] for t in fresh]
-                writer = _Writer(places, specs)
+                writer = _Writer(places, specs, self.group.device)
                 staging = self._staging(sum(s.nbytes for s in specs))
         except Exception as e:  # made known to every rank by _settle
             ready = e
         self._settle(ready)
-        failure = broadcast_stream(self.group, src, [s.nbytes for s in specs], staging, write=writer)
+        failure = broadcast_stream(
+            self.group, src, [s.nbytes for s in specs], staging, write=writer, direct=writer.direct
+        )
         self._settle(failure if failure is not None else _LOADED)
         state = apply_values(target, doc["tree"]) if fresh is None else build_tree(doc["tree"], fresh)
         detail = f"{doc['detail']}; received from rank {src}"
@@ -262,19 +265,30 @@ class ReplicatedLoader:
         return torch.empty(max(min(self._chunk_bytes, total), 1), dtype=torch.uint8, device=self.group.device)
 
 
+def _flat_bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().reshape(-1).view(torch.uint8)
+
+
 class _Reader:
     """The sender's copy of tensor bytes into the staging buffer (a non-contiguous tensor is made
     contiguous once, while its pieces are sent)."""
 
-    def __init__(self, tensors: list[torch.Tensor]) -> None:
+    def __init__(self, tensors: list[torch.Tensor], device: torch.device) -> None:
         self._tensors = tensors
+        self._device = device
         self._current: tuple[int, torch.Tensor] | None = None
+
+    def direct(self, index: int) -> torch.Tensor | None:
+        t = self._tensors[index]
+        return _flat_bytes(t) if t.is_contiguous() and t.device == self._device else None
 
     def __call__(self, index: int, offset: int, out: torch.Tensor) -> None:
         if self._current is None or self._current[0] != index:
             t = self._tensors[index].detach()
-            self._current = (index, (t if t.is_contiguous() else t.contiguous()).reshape(-1).view(torch.uint8))
-        out.copy_(self._current[1][offset : offset + out.numel()])
+            self._current = (index, _flat_bytes(t if t.is_contiguous() else t.contiguous()))
+        data = self._current[1][offset : offset + out.numel()]
+        if data.data_ptr() != out.data_ptr():
+            out.copy_(data)
 
 
 class _Writer:
@@ -285,10 +299,17 @@ class _Writer:
     A tensor with no place (shadowed by a tie in the target) is received and dropped.
     """
 
-    def __init__(self, places: list[list[torch.Tensor]], specs: tuple[TensorSpec, ...]) -> None:
+    def __init__(self, places: list[list[torch.Tensor]], specs: tuple[TensorSpec, ...], device: torch.device) -> None:
         self._places = places
         self._specs = specs
+        self._device = device
         self._current: tuple[int, torch.Tensor] | None = None
+
+    def direct(self, index: int) -> torch.Tensor | None:
+        places = self._places[index]
+        if not places or not places[0].is_contiguous() or places[0].device != self._device:
+            return None
+        return _flat_bytes(places[0])
 
     def __call__(self, index: int, offset: int, data: torch.Tensor) -> None:
         places = self._places[index]
@@ -299,7 +320,9 @@ class _Writer:
             dest = first if first.is_contiguous() else torch.empty_like(first, memory_format=torch.contiguous_format)
             self._current = (index, dest)
         dest = self._current[1]
-        dest.reshape(-1).view(torch.uint8)[offset : offset + data.numel()].copy_(data)
+        part = _flat_bytes(dest)[offset : offset + data.numel()]
+        if part.data_ptr() != data.data_ptr():  # else the piece was received in place
+            part.copy_(data)
         if offset + data.numel() == self._specs[index].nbytes:
             first = places[0].detach()
             if dest is not first:
