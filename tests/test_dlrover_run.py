@@ -289,3 +289,39 @@ def test_sigterm_persists_the_newest_snapshot_stops_stubborn_workers_and_leaves_
     assert not node_dir.exists(), output
     assert not list(Path(DEFAULT_SHM_DIR).glob("dlrover-fc.sigterm.*")), output
     assert not any(path.exists() for path in token_dirs)
+
+
+FORWARDED = textwrap.dedent(
+    """
+    import os, signal, sys, time
+    out, rank = sys.argv[1], os.environ["LOCAL_RANK"]
+
+    def on_signal(signum, _frame):
+        with open(os.path.join(out, f"got{rank}"), "w") as f:
+            f.write(signal.Signals(signum).name)
+        sys.exit(0)
+
+    signal.signal(signal.SIGUSR1, on_signal)
+    open(os.path.join(out, f"ready{rank}"), "w").close()
+    time.sleep(600)
+    """
+)
+
+
+def test_a_signal_in_signals_to_handle_is_forwarded_to_the_workers_as_torchrun_does(
+    run_dir: Path, spawn: list[subprocess.Popen[str]]
+) -> None:
+    script = run_dir / "forwarded.py"
+    script.write_text(FORWARDED)
+    out = run_dir / "out"
+    out.mkdir(exist_ok=True)
+    proc = _dlrover_run(spawn, run_dir, "--signals-to-handle=SIGTERM,SIGUSR1", str(script), str(out))
+    deadline = time.monotonic() + 180
+    while not all((out / f"ready{r}").exists() for r in range(2)):
+        assert proc.poll() is None, proc.communicate()[0]
+        assert time.monotonic() < deadline, "the workers did not start"
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGUSR1)  # Slurm's warning signal, say
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGUSR1, output
+    assert [(out / f"got{r}").read_text() for r in range(2)] == ["SIGUSR1", "SIGUSR1"]

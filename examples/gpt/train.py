@@ -8,8 +8,9 @@ service with exactly-once delivery (`ShardSampler`), and the whole state (model,
 and the sampler's position) is staged to shared memory with `FlashCheckpointer` after every step
 and persisted every `--persist-every` steps. A restarted worker loads the newest step in memory
 and goes on from there; the state is the same on every rank (DDP), so after an elastic resize a
-rank whose node holds no copy receives one from a rank that does (`replicated=True`). Under plain `torchrun` it falls back to a
-`DistributedSampler` and a `torch.save` checkpoint every `--persist-every` steps.
+rank whose node holds no copy receives one from a rank that does (`replicated=True`). Under plain
+`torchrun` it falls back to a `DistributedSampler` and a `torch.save` checkpoint every
+`--persist-every` steps.
 
 Both ranks must step in lockstep (DDP). Each shard holds exactly one batch and each rank leases one
 shard per step, so ranks draw the same number of batches; a step is complete (and its shard

@@ -96,6 +96,15 @@ def test_dlrover_flags() -> None:
     assert parse_args(["--checkpoint-stop-timeout=30", "t.py"]).checkpoint_stop_timeout_s == 30.0
     assert cfg.checkpoint_shm_dir == "/dev/shm"
     assert (cfg.exit_barrier_poll_timeout_s, cfg.resource_sample_interval_s) == (2.0, 1.0)
+    assert cfg.signals_to_handle == ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")  # torchrun's default
+    assert parse_args(["--signals-to-handle=sigterm, SIGUSR1", "t.py"]).signals_to_handle == ("SIGTERM", "SIGUSR1")
+    assert parse_args(["--shutdown-timeout=3", "t.py"]).shutdown_grace_s == 3.0  # torchrun's name for it
+    assert parse_args(["--shutdown_timeout=3", "--shutdown-grace=3", "t.py"]).shutdown_grace_s == 3.0
+    assert parse_args(["--virtual-local-rank", "t.py"]).virtual_local_rank
+    dup = parse_args(["--duplicate-stdout-filters=apple,orange,,juice,", "--duplicate_stderr_filters=x", "t.py"])
+    assert (dup.duplicate_stdout_filters, dup.duplicate_stderr_filters) == (("apple", "orange,juice"), ("x",))
+    assert cfg.duplicate_stdout_filters == ()
+    assert parse_args(["--event-log-handler=console", "t.py"]).event_log_handler == "console"
     tuned = parse_args(["--exit-barrier-poll-timeout=0.5", "--resource-sample-interval=0", "t.py"])
     assert (tuned.exit_barrier_poll_timeout_s, tuned.resource_sample_interval_s) == (0.5, 0.0)
     assert parse_args(["--checkpoint-shm-dir=/tmp/../tmp", "t.py"]).checkpoint_shm_dir == "/tmp"
@@ -199,6 +208,11 @@ def test_auto_config_uses_visible_accelerators() -> None:
         (["--checkpoint-stop-timeout=0", "t.py"], "checkpoint-stop-timeout"),
         (["--checkpoint-shm-dir=/no/such/dir", "t.py"], "--checkpoint-shm-dir must be an existing directory"),
         (["--exit-barrier-poll-timeout=0", "t.py"], "--exit-barrier-poll-timeout must be at least"),
+        (["--signals-to-handle=SIGTERM,SIGNOPE", "t.py"], "'SIGNOPE' is not a signal name"),
+        (["--signals-to-handle=SIGKILL", "t.py"], "SIGKILL cannot be handled"),
+        (["--shutdown-grace=5", "--shutdown-timeout=7", "t.py"], "the same setting: give one"),
+        (["--logs-specs=mine", "t.py"], "LogsSpecs plug-ins are not supported"),
+        (["--numa-binding=node", "t.py"], "--numa-binding=node is not supported"),
         (["--resource-sample-interval=-1", "t.py"], "--resource-sample-interval must be at least 0"),
         (["--checkpoint-stop-timeout=inf", "t.py"], "checkpoint-stop-timeout must be a finite number"),
         (["--prewarm-refill-after=-1", "t.py"], "--prewarm-refill-after must be at least 0"),
@@ -243,7 +257,11 @@ def test_flags_that_have_no_effect_here_are_named_not_dropped_silently(caplog: p
     with caplog.at_level("WARNING", logger="dlrover.launcher"):
         _warn_ignored_flags(parse_args(["--master-addr=10.0.0.1", "--master-port=29500", "t.py"]))
         _warn_ignored_flags(parse_args(["--master=h:1", "--node-unit=2", "--nnodes=2:4", "t.py"]))
+        _warn_ignored_flags(parse_args(["--event-log-handler=console", "t.py"]))
+        _warn_ignored_flags(parse_args(["--duplicate-stderr-filters=x", "--tee=1", "t.py"]))
     text = caplog.text
+    assert "--duplicate-stderr-filters: no effect, as under torchrun, unless --tee" in text
+    assert "--event-log-handler=console: no effect under dlrover-run" in text
     assert "--master-addr, --master-port: no effect under dlrover-run" in text
     assert "--node-unit=2: no effect when joining a running master" in text
     caplog.clear()

@@ -60,3 +60,19 @@ def test_users_omp_setting_and_single_worker_are_left_alone() -> None:
     kwargs = {"master_addr": "h", "master_port": 1, "run_id": "r", "restart_count": 0, "max_restarts": 0}
     assert worker_env({"OMP_NUM_THREADS": "4"}, _identity(), **kwargs)["OMP_NUM_THREADS"] == "4"  # type: ignore[arg-type]
     assert "OMP_NUM_THREADS" not in worker_env({}, _identity(local_world_size=1), **kwargs)  # type: ignore[arg-type]
+
+
+def test_virtual_local_rank_shows_each_worker_only_its_own_gpu_as_device_0() -> None:
+    import pytest
+
+    from dlrover.common import ConfigError
+
+    kw = {"master_addr": "h", "master_port": 1, "run_id": "r", "restart_count": 0, "max_restarts": 0}
+    env = worker_env({"CUDA_VISIBLE_DEVICES": "4, 6"}, _identity(), virtual_local_rank=True, **kw)  # type: ignore[arg-type]
+    assert (env["LOCAL_RANK"], env["CUDA_VISIBLE_DEVICES"]) == ("0", "6")
+    env = worker_env({}, _identity(), virtual_local_rank=True, **kw)  # type: ignore[arg-type]
+    assert (env["LOCAL_RANK"], env["CUDA_VISIBLE_DEVICES"]) == ("0", "1")
+    plain = worker_env({"CUDA_VISIBLE_DEVICES": "4,6"}, _identity(), **kw)  # type: ignore[arg-type]
+    assert (plain["LOCAL_RANK"], plain["CUDA_VISIBLE_DEVICES"]) == ("1", "4,6")
+    with pytest.raises(ConfigError, match="local rank 1 has no device"):
+        worker_env({"CUDA_VISIBLE_DEVICES": "4"}, _identity(), virtual_local_rank=True, **kw)  # type: ignore[arg-type]

@@ -259,3 +259,30 @@ def test_wait_returns_when_its_wake_descriptor_turns_readable() -> None:
         group.stop(grace_s=1.0)
         os.close(read_fd)
         os.close(write_fd)
+
+
+@pytest.mark.integration
+def test_teed_lines_matching_a_filter_are_also_appended_to_the_attempts_filtered_log(tmp_path: Path) -> None:
+    code = """
+        import sys
+        for word in ("apple pie", "bread", "orange, juice", "cherry"):
+            print(word)
+            print("err " + word, file=sys.stderr)
+    """
+    filters = (("apple", "orange,"), ("cherry",))
+    group = WorkerGroup(
+        [
+            _spec(0, code, tmp_path, tee=3, prefix="[r0]:", duplicate_filters=filters, show=False),
+            _spec(1, code, tmp_path, tee=2, prefix="[r1]:", duplicate_filters=filters, show=False),  # stderr only
+        ]
+    )
+    group.start()
+    _wait_until(lambda: not group.running())
+    group.stop(grace_s=1.0)
+    # One file per stream for the attempt (the folder above the workers' own), lines prefixed.
+    assert sorted((tmp_path / "filtered_stdout.log").read_text().splitlines()) == [
+        "[r0]:apple pie",
+        "[r0]:orange, juice",
+    ]
+    assert sorted((tmp_path / "filtered_stderr.log").read_text().splitlines()) == ["[r0]:err cherry", "[r1]:err cherry"]
+    assert (tmp_path / "1" / "stdout.log").read_text().count("\n") == 4  # the logs themselves are whole

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
 import tempfile
 import threading
 from collections.abc import Callable, Mapping
@@ -113,6 +114,10 @@ class AgentConfig:
         worker_reap_timeout_s: a worker seen beginning to exit with a failure (the others are
             stopped then) is reported once it has exited; if the kernel has still not let it be
             reaped this long after, it is reported with the status it was seen exiting with.
+        duplicate_filters: substrings of tee'd stdout and stderr lines also written to the
+            attempt's ``filtered_stdout.log`` / ``filtered_stderr.log`` (see `WorkerSpec`).
+        virtual_local_rank: every worker sees only its own GPU, as device 0, with
+            ``LOCAL_RANK=0`` (torchrun's ``--virtual-local-rank``; see `worker_env`).
         resource_sample_interval_s: resource use is sampled for heartbeats at most this often
             (a sample walks the process table); heartbeats in between repeat the last one.
         exit_barrier_timeout_s: when this node's workers succeed and its agent hosts the
@@ -146,6 +151,8 @@ class AgentConfig:
     worker_reap_timeout_s: float = attrs.field(default=30.0, validator=non_negative)
     exit_barrier_timeout_s: float = attrs.field(default=300.0, validator=non_negative_finite)
     resource_sample_interval_s: float = attrs.field(default=1.0, validator=non_negative_finite)
+    virtual_local_rank: bool = False
+    duplicate_filters: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())
 
 
 @attrs.frozen
@@ -217,6 +224,7 @@ class Agent:
         self._last_usage: tuple[float, ResourceUsage | None] | None = None  # (when, sample)
         self._stop_requested = threading.Event()
         self._stop_reason = ""
+        self._stop_signal = signal.SIGTERM
         # While `run` runs: a pipe `request_stop` writes to, so that the wait between two looks
         # at the workers (which also wakes when one exits) ends at once on a stop.
         self._wake_lock = threading.Lock()
@@ -234,9 +242,14 @@ class Agent:
         self._node_dir = contextlib.ExitStack()
         self._layout: tuple[int, int] | None = None  # (node rank, nodes) of the last workers started
 
-    def request_stop(self, reason: str) -> None:
-        """Ask the loop to stop its workers and exit (safe from a signal handler)."""
+    def request_stop(self, reason: str, sig: signal.Signals = signal.SIGTERM) -> None:
+        """Ask the loop to stop its workers and exit (safe from a signal handler).
+
+        The workers get `sig` first (the signal the agent received, as torchrun forwards it),
+        SIGKILL after the grace period; the agent exits with 128 + `sig`.
+        """
         self._stop_reason = reason
+        self._stop_signal = sig
         self._stop_requested.set()
         # Never blocks: a signal handler may interrupt this very thread while it holds the lock
         # (opening or closing the pipe), and then the loop is not waiting on it anyway.
@@ -402,7 +415,7 @@ class Agent:
         open_store = self._open_store if self._store_host is not None else None
         while True:
             if self._stop_requested.is_set():
-                return AgentResult(128 + 15, self._stop_reason, restarts, rounds)
+                return AgentResult(128 + self._stop_signal, self._stop_reason, restarts, rounds)
             # Every exit from one round's body, a `continue`, a return or an exception, comes after
             # the round's workers have stopped (`_run_group` stops them): then its store goes.
             try:
@@ -412,7 +425,7 @@ class Agent:
                     )
                 except DLRoverError:
                     if self._stop_requested.is_set():
-                        return AgentResult(128 + 15, self._stop_reason, restarts, rounds)
+                        return AgentResult(128 + self._stop_signal, self._stop_reason, restarts, rounds)
                     raise
                 rounds += 1
                 _log.info(
@@ -551,7 +564,7 @@ class Agent:
             return step
         finally:
             if group.running():
-                group.stop(self._config.shutdown_grace_s)
+                group.stop(self._config.shutdown_grace_s, self._stop_signal)
             pending, self._refill_pending = self._refill_pending, None
             if pending is not None and step is not None and step.kind is StepKind.RESTART:
                 # The group ended before it trained again (a crash loop, a failure while restoring):
@@ -614,7 +627,7 @@ class Agent:
         hangs = HangWatch(self._config.hang_timeout_s) if self._config.hang_timeout_s > 0 else None
         while True:
             if self._stop_requested.is_set():
-                return Step(StepKind.EXIT, self._stop_reason or "stop requested", exit_code=128 + 15)
+                return Step(StepKind.EXIT, self._stop_reason or "stop requested", exit_code=128 + self._stop_signal)
             nodes_waiting = 0
             if self._clock.now() >= next_heartbeat:
                 next_heartbeat = self._clock.now() + self._heartbeat_interval_s
@@ -703,7 +716,7 @@ class Agent:
         except NetworkCheckStopped:
             if self._check_action is not None and self._check_action.kind is StepKind.EXIT:
                 return self._check_action
-            return Step(StepKind.EXIT, self._stop_reason or "stop requested", exit_code=128 + 15)
+            return Step(StepKind.EXIT, self._stop_reason or "stop requested", exit_code=128 + self._stop_signal)
         except NetworkCheckSettingsMismatch as exc:
             reason = f"configuration error: {exc}"
             _log.error("%s", reason)
@@ -842,6 +855,7 @@ class Agent:
                 max_restarts=cfg.max_restarts,
                 agent_store=assignment.agent_store,
                 extra={NODE_ID_ENV_VAR: self._node_id, **cfg.extra_env, **self._host_env},
+                virtual_local_rank=cfg.virtual_local_rank,
             )
             specs.append(
                 WorkerSpec(
@@ -854,6 +868,7 @@ class Agent:
                     show=not cfg.local_ranks_filter or local_rank in cfg.local_ranks_filter,
                     prefix=f"[{cfg.role}{rank}]:",
                     error_file=errors_dir / str(local_rank) / f"error-rank{rank}.json" if errors_dir else None,
+                    duplicate_filters=cfg.duplicate_filters,
                 )
             )
         return specs

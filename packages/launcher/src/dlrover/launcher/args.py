@@ -10,6 +10,7 @@ import argparse
 import math
 import os
 import re
+import signal
 from collections.abc import Sequence
 from typing import Any
 
@@ -17,6 +18,8 @@ import attrs
 
 from dlrover.common import ConfigError
 from dlrover.flashckpt.segment import DEFAULT_SHM_DIR
+
+DEFAULT_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")  # torchrun's default
 
 __all__ = ["LaunchConfig", "NodeRange", "build_parser", "parse_args", "parse_std_streams"]
 
@@ -145,6 +148,11 @@ class LaunchConfig:
     checkpoint_stop_timeout_s: float = 120.0
     checkpoint_shm_dir: str = DEFAULT_SHM_DIR
     resource_sample_interval_s: float = 1.0
+    signals_to_handle: tuple[str, ...] = DEFAULT_SIGNALS
+    duplicate_stdout_filters: tuple[str, ...] = ()
+    duplicate_stderr_filters: tuple[str, ...] = ()
+    virtual_local_rank: bool = False
+    event_log_handler: str = "null"
 
     def worker_command(self, python: str) -> list[str]:
         """The argv that starts one worker, as torchrun builds it."""
@@ -235,6 +243,25 @@ def _add_torchrun_options(tr: argparse._ArgumentGroup) -> None:
     _option(tr, _both("master-addr"), "127.0.0.1")
     _option(tr, _both("master-port"), None)
     _option(tr, _both("local-addr"), None)
+    _option(
+        tr,
+        _both("signals-to-handle"),
+        ",".join(DEFAULT_SIGNALS),
+        "signals the agent handles by stopping: the workers get the same signal, SIGKILL after the grace period",
+    )
+    _option(tr, _both("shutdown-timeout"), None, "torchrun's name for --shutdown-grace")
+    _flag(tr, _both("virtual-local-rank"), "LOCAL_RANK=0 for every worker, which sees only its own GPU")
+    _option(
+        tr,
+        _both("duplicate-stdout-filters"),
+        "",
+        "comma-separated substrings (,, for a comma): tee'd stdout lines holding one are also appended to "
+        "filtered_stdout.log in the attempt's log folder",
+    )
+    _option(tr, _both("duplicate-stderr-filters"), "", "as --duplicate-stdout-filters, for stderr")
+    _option(tr, _both("event-log-handler"), "null", "no effect here: the master keeps the job's event log")
+    _option(tr, _both("logs-specs"), None, "refused: dlrover-run's log layout is fixed (see --log-dir)")
+    _option(tr, _both("numa-binding"), None, "refused: not supported by dlrover-run (bind with numactl)")
 
 
 def _add_dlrover_options(ours: argparse._ArgumentGroup) -> None:
@@ -372,6 +399,39 @@ def _finite(value: Any, flag: str, minimum: float) -> float:
     return number
 
 
+def _shutdown_grace(ns: argparse.Namespace) -> float:
+    """`--shutdown-grace`, or torchrun's `--shutdown-timeout` (or TORCH_ELASTIC_SHUTDOWN_TIMEOUT)."""
+    grace = float(_number(ns.shutdown_grace, "--shutdown-grace", float, 0.0))
+    given = ns.shutdown_timeout if ns.shutdown_timeout is not None else os.environ.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT")
+    if given in (None, ""):
+        return grace
+    timeout = float(_number(given, "--shutdown-timeout", float, 0.0))
+    if ns.shutdown_grace != "10.0" and float(ns.shutdown_grace) != timeout:
+        raise ConfigError(
+            f"--shutdown-grace={ns.shutdown_grace} and --shutdown-timeout={given} are the same setting: give one"
+        )
+    return timeout
+
+
+def _filters(text: str | None) -> tuple[str, ...]:
+    """`--duplicate-*-filters`: comma-separated substrings, a doubled comma standing for a comma."""
+    if not text:
+        return ()
+    marker = "\0"
+    return tuple(part.replace(marker, ",") for part in str(text).replace(",,", marker).split(",") if part)
+
+
+def _signals(text: str) -> tuple[str, ...]:
+    """`--signals-to-handle`: signal names, checked (SIGKILL and SIGSTOP cannot be handled)."""
+    names = tuple(name.strip().upper() for name in str(text).split(",") if name.strip())
+    for name in names:
+        if name not in signal.Signals.__members__:
+            raise ConfigError(f"--signals-to-handle: {name!r} is not a signal name (e.g. SIGTERM,SIGUSR1)")
+        if name in ("SIGKILL", "SIGSTOP"):
+            raise ConfigError(f"--signals-to-handle: {name} cannot be handled")
+    return names
+
+
 def _directory(value: str, flag: str) -> str:
     """An existing directory, made absolute (workers and the saver host resolve it alike)."""
     path = os.path.abspath(str(value))
@@ -499,6 +559,17 @@ def parse_args(
         raise ConfigError("--standalone starts its own master; do not also give --master")
     if ns.exclude_straggler and not ns.network_check:
         raise ConfigError("--exclude-straggler needs --network-check: stragglers are found by the network check")
+    if ns.logs_specs:
+        raise ConfigError(
+            f"--logs-specs={ns.logs_specs}: torch's LogsSpecs plug-ins are not supported; dlrover-run writes "
+            "<log-dir>/<run id>_<unique>/attempt_<n>/<local rank>/{stdout,stderr}.log (see --log-dir, --redirects, "
+            "--tee)"
+        )
+    if ns.numa_binding:
+        raise ConfigError(
+            f"--numa-binding={ns.numa_binding} is not supported by dlrover-run (torch implements it with private "
+            "functions); bind the workers yourself, e.g. --no-python with numactl"
+        )
     check_timeout_s = _finite(ns.network_check_timeout, "--network-check-timeout", 0.001)
     results_timeout_s = (
         None
@@ -567,7 +638,12 @@ def parse_args(
         ),
         master_lost_timeout_s=float(_number(ns.master_lost_timeout, "--master-lost-timeout", float, 0.0)),
         **_rdzv_timeouts(_conf(ns.rdzv_conf)),
-        shutdown_grace_s=float(_number(ns.shutdown_grace, "--shutdown-grace", float, 0.0)),
+        shutdown_grace_s=_shutdown_grace(ns),
+        signals_to_handle=_signals(ns.signals_to_handle),
+        duplicate_stdout_filters=_filters(ns.duplicate_stdout_filters),
+        duplicate_stderr_filters=_filters(ns.duplicate_stderr_filters),
+        virtual_local_rank=ns.virtual_local_rank,
+        event_log_handler=str(ns.event_log_handler),
         prewarm=_prewarm(ns.prewarm, modes),
         prewarm_refill_after_s=_finite(ns.prewarm_refill_after, "--prewarm-refill-after", 0.0),
         worker_reap_timeout_s=_finite(ns.worker_reap_timeout, "--worker-reap-timeout", 0.0),

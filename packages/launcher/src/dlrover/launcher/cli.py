@@ -202,6 +202,17 @@ def _warn_ignored_flags(cfg: LaunchConfig) -> None:
             "on an address and port it picks, and MASTER_ADDR/MASTER_PORT tell the workers where",
             ", ".join(ignored),
         )
+    for flag, filters, bit in (
+        ("--duplicate-stdout-filters", cfg.duplicate_stdout_filters, 1),
+        ("--duplicate-stderr-filters", cfg.duplicate_stderr_filters, 2),
+    ):
+        if filters and not any(mask & bit for _, mask in cfg.tee):
+            _log.warning("%s: no effect, as under torchrun, unless --tee includes that stream", flag)
+    if cfg.event_log_handler not in ("null", ""):
+        _log.warning(
+            "--event-log-handler=%s: no effect under dlrover-run; the master keeps the job's event log",
+            cfg.event_log_handler,
+        )
     if cfg.node_unit != 1 and not _runs_own_master(cfg):
         _log.warning(
             "--node-unit=%d: no effect when joining a running master; its own --node-unit applies", cfg.node_unit
@@ -273,6 +284,8 @@ def run(cfg: LaunchConfig, *, sample_gpus: bool = False) -> AgentResult:
                 checkpoint_stop_timeout_s=cfg.checkpoint_stop_timeout_s,
                 checkpoint_shm_dir=cfg.checkpoint_shm_dir,
                 resource_sample_interval_s=cfg.resource_sample_interval_s,
+                virtual_local_rank=cfg.virtual_local_rank,
+                duplicate_filters=(cfg.duplicate_stdout_filters, cfg.duplicate_stderr_filters),
                 failure_persist_hold_s=cfg.failure_persist_hold_s,
                 extra_env={MASTER_ADDR_ENV_VAR: target, TOKEN_FILE_ENV_VAR: str(Path(token_file).resolve())},
             ),
@@ -285,12 +298,13 @@ def run(cfg: LaunchConfig, *, sample_gpus: bool = False) -> AgentResult:
         )
 
         def on_signal(signum: int, _frame: FrameType | None) -> None:
-            agent.request_stop(f"received {signal.Signals(signum).name}")
+            # As torchrun: the workers get the signal the agent received.
+            agent.request_stop(f"received {signal.Signals(signum).name}", signal.Signals(signum))
             if master.hosted is not None:
                 master.hosted.request_stop()
 
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            signal.signal(sig, on_signal)
+        for name in cfg.signals_to_handle:
+            signal.signal(signal.Signals[name], on_signal)
         result = agent.run()
         if master.hosted is not None and result.exit_code == 0:
             master.hosted.wait_job_end(cfg.exit_barrier_timeout_s)

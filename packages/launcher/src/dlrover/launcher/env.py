@@ -6,6 +6,7 @@ from collections.abc import Mapping
 
 import attrs
 
+from dlrover.common import ConfigError
 from dlrover.flashckpt.host import HOST_SOCKET_ENV_VAR
 from dlrover.launcher.env_names import PER_ROUND_ENV_VARS
 
@@ -62,6 +63,7 @@ def worker_env(
     max_restarts: int,
     agent_store: bool = False,
     extra: Mapping[str, str] | None = None,
+    virtual_local_rank: bool = False,
 ) -> dict[str, str]:
     """The full environment of one worker process.
 
@@ -72,6 +74,13 @@ def worker_env(
     (`TORCHELASTIC_USE_AGENT_STORE=True`): torch then makes every rank a client of it; otherwise
     worker rank 0 starts it. Like torchrun, it sets `OMP_NUM_THREADS=1` when several workers share a node and the user
     did not choose a value, so they do not oversubscribe the cores.
+
+    With `virtual_local_rank` (torchrun's ``--virtual-local-rank``) every worker sees only its
+    own GPU, as device 0: ``LOCAL_RANK=0`` and ``CUDA_VISIBLE_DEVICES`` the local rank's entry of
+    `base`'s list (or the local rank itself when `base` sets none).
+
+    Raises:
+        ConfigError: (`virtual_local_rank`) the local rank has no entry in `base`'s list.
     """
     env = dict(base)
     env.update(
@@ -98,5 +107,19 @@ def worker_env(
     )
     if identity.local_world_size > 1 and "OMP_NUM_THREADS" not in base:
         env["OMP_NUM_THREADS"] = "1"
+    if virtual_local_rank:
+        env["LOCAL_RANK"] = "0"
+        env["CUDA_VISIBLE_DEVICES"] = _own_device(base.get("CUDA_VISIBLE_DEVICES"), identity.local_rank)
     env.update(extra or {})
     return env
+
+
+def _own_device(visible: str | None, local_rank: int) -> str:
+    if visible is None:
+        return str(local_rank)
+    devices = [d.strip() for d in visible.split(",")]
+    if local_rank >= len(devices):
+        raise ConfigError(
+            f"--virtual-local-rank: local rank {local_rank} has no device in CUDA_VISIBLE_DEVICES={visible!r}"
+        )
+    return devices[local_rank]

@@ -68,6 +68,9 @@ class WorkerSpec:
         error_file: where the worker's ``@record`` writes why it failed
             (``TORCHELASTIC_ERROR_FILE``, see `dlrover.launcher.error_file`); None sets none.
             An earlier file there is removed when the worker starts.
+        duplicate_filters: for stdout and stderr, substrings whose lines, in a stream that is
+            tee'd and logged, are also appended, prefixed, to ``filtered_stdout.log`` or
+            ``filtered_stderr.log`` beside `log_dir` (torchrun's ``--duplicate-*-filters``).
     """
 
     local_rank: int
@@ -79,6 +82,7 @@ class WorkerSpec:
     show: bool = True
     prefix: str = ""
     error_file: Path | None = None
+    duplicate_filters: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())
 
 
 @attrs.frozen
@@ -116,9 +120,16 @@ class _StreamPump:
         console: IO[bytes] | None,
         prefix: bytes,
         tail_bytes: int,
+        *,
+        duplicate: tuple[Path, tuple[str, ...]] | None = None,
+        duplicate_prefix: bytes = b"",
     ) -> None:
         self._source = source
         self._log = open(log_path, "ab") if log_path is not None else None  # noqa: SIM115 (closed in run)
+        # Every worker's pump appends to the one filtered file: whole lines, one write each.
+        self._filtered = open(duplicate[0], "ab") if duplicate is not None else None  # noqa: SIM115 (as _log)
+        self._filters = tuple(f.encode() for f in duplicate[1]) if duplicate is not None else ()
+        self._filtered_prefix = duplicate_prefix
         self._console = console
         self._prefix = prefix
         self._tail: collections.deque[bytes] = collections.deque()
@@ -145,11 +156,16 @@ class _StreamPump:
                 if self._console is not None:
                     self._console.write(self._prefix + line)
                     self._console.flush()
+                if self._filtered is not None and any(f in line for f in self._filters):
+                    self._filtered.write(self._filtered_prefix + line)
+                    self._filtered.flush()
         except (OSError, ValueError):
             pass  # the console went away; the worker's exit status still tells what happened
         finally:
             if self._log is not None:
                 self._log.close()
+            if self._filtered is not None:
+                self._filtered.close()
             self._source.close()
 
     def join(self, timeout_s: float) -> None:
@@ -365,7 +381,21 @@ class WorkerGroup:
             assert pipe is not None
             console, prefix = _console_for(spec, stream)
             log_path = spec.log_dir / name if spec.log_dir is not None else None
-            pumps.append(_StreamPump(pipe, log_path, console, prefix, self._tail_bytes))
+            filters = spec.duplicate_filters[0 if stream == STDOUT else 1]
+            duplicate = None
+            if filters and spec.log_dir is not None and spec.tee & stream:
+                duplicate = (spec.log_dir.parent / f"filtered_{name}", filters)
+            pumps.append(
+                _StreamPump(
+                    pipe,
+                    log_path,
+                    console,
+                    prefix,
+                    self._tail_bytes,
+                    duplicate=duplicate,
+                    duplicate_prefix=spec.prefix.encode(),
+                )
+            )
         self._pumps[spec.local_rank] = pumps
         pidfd = _open_pidfd(proc.pid)
         if pidfd is not None:
@@ -471,18 +501,20 @@ class WorkerGroup:
         """Whether `terminate` (or `stop`) has been called."""
         return self._terminated
 
-    def terminate(self) -> None:
-        """SIGTERM every running worker's process group and return at once (`stop` waits)."""
+    def terminate(self, sig: signal.Signals = signal.SIGTERM) -> None:
+        """Send `sig` (SIGTERM) to every running worker's process group and return at once
+        (`stop` waits)."""
         self._terminated = True
         for proc in self._procs.values():
             if proc.poll() is None:
-                _signal_group(proc.pid, signal.SIGTERM)
+                _signal_group(proc.pid, sig)
                 # A stopped (SIGSTOP) worker acts on SIGTERM only once it runs again.
                 _signal_group(proc.pid, signal.SIGCONT)
 
-    def stop(self, grace_s: float) -> dict[int, WorkerExit]:
-        """SIGTERM every worker's process group, SIGKILL what is left after `grace_s`, reap all."""
-        self.terminate()
+    def stop(self, grace_s: float, sig: signal.Signals = signal.SIGTERM) -> dict[int, WorkerExit]:
+        """Send `sig` (SIGTERM) to every worker's process group, SIGKILL what is left after
+        `grace_s`, reap all."""
+        self.terminate(sig)
         deadline = time.monotonic() + grace_s
         for proc in self._procs.values():
             remaining = deadline - time.monotonic()
