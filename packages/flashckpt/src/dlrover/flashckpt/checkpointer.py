@@ -220,7 +220,7 @@ class FlashCheckpointer:
                 self.config, self.storage, group, events=self.events, clock=self._clock, keep=self.stager.adopt
             )
             return loader.load(target)
-        reader = MemoryReader(self.config, self._clock)
+        reader = MemoryReader(self.config, self._clock, pinner=self.stager.pinner)
         step = self._agree([s.step for s in reader.snapshots()])
         if step is not None:
             try:

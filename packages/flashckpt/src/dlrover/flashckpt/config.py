@@ -55,6 +55,10 @@ class StagerConfig:
             takes a core from them right after every save (a 2-core machine measured training
             steps about 2x slower while it ran). At 19 it runs on CPU time training leaves idle.
         lock_timeout_s: how long a loader waits for a slot another party holds.
+        pin_host_memory: page-lock the slots for device copies (`dlrover.flashckpt.pinning`).
+            None (default): when the state holds CUDA tensors, so their copies run on the copy
+            engine straight into shared memory; False: never (copies go through the driver's
+            pageable path, slower, but no memory is locked); True: always.
     """
 
     job_id: str = attrs.field(validator=_id("job"))
@@ -72,6 +76,12 @@ class StagerConfig:
     verify_on_load: bool = True
     lock_timeout_s: float = attrs.field(default=30.0, validator=non_negative)
     seal_nice: int = attrs.field(default=19)
+    pin_host_memory: bool | None = attrs.field(default=None)
+
+    @pin_host_memory.validator
+    def _check_pin(self, _attr: object, value: object) -> None:
+        if value is not None and not isinstance(value, bool):
+            raise ConfigError(f"pin_host_memory must be True, False or None, got {value!r}")
 
     @num_slots.validator
     def _check_slots(self, _attr: object, value: int) -> None:

@@ -1,8 +1,14 @@
-"""Copy many tensors between host memory regions on several threads.
+"""Copy many tensors into or out of host memory: host pairs on several threads, CUDA pairs by DMA.
 
 `torch.Tensor.copy_` releases the GIL, so a few Python threads copying disjoint chunks use several
 cores. Big contiguous tensors are split into chunks; small ones are batched so that thread hand-off
 costs stay small against the bytes moved.
+
+A pair with a CUDA tensor on either side is queued, non-blocking, on a side stream of that device,
+which first waits for the device's current stream (so the copy sees every kernel queued before it,
+such as the optimizer step). Into or out of pinned host memory (`dlrover.flashckpt.pinning`) the
+copy engine then moves the bytes while the host threads copy the CPU tensors; `copy` returns only
+after the side streams are synchronized, so the caller may change its tensors at once.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ class Copier:
         self._threads = threads
         self._chunk_bytes = chunk_bytes
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="flashckpt-copy") if threads > 1 else None
+        self._streams: dict[torch.device, torch.cuda.Stream] = {}
 
     def _jobs(self, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> list[_Job]:
         jobs: list[_Job] = []
@@ -61,6 +68,17 @@ class Copier:
         Args:
             pairs: (destination, source) tensors.
         """
+        host = [(dst, src) for dst, src in pairs if not (dst.is_cuda or src.is_cuda)]
+        queued: list[torch.cuda.Stream] = []
+        try:
+            self._queue_device_copies([(dst, src) for dst, src in pairs if dst.is_cuda or src.is_cuda], queued)
+            self._copy_host(host)
+        finally:
+            # Also after an error: no copy may still be writing once the caller releases the slot.
+            for stream in queued:
+                stream.synchronize()
+
+    def _copy_host(self, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         jobs = self._jobs(pairs)
         if self._pool is None or len(jobs) <= 1:
             for job in jobs:
@@ -69,6 +87,23 @@ class Copier:
         futures: list[Future[None]] = [self._pool.submit(_run, job) for job in jobs]
         for f in futures:
             f.result()
+
+    def _queue_device_copies(
+        self, pairs: list[tuple[torch.Tensor, torch.Tensor]], queued: list[torch.cuda.Stream]
+    ) -> None:
+        """Queue every pair on its device's side stream, appending each stream used to `queued`."""
+        by_device: dict[torch.device, _Job] = {}
+        for dst, src in pairs:
+            by_device.setdefault(src.device if src.is_cuda else dst.device, []).append((dst, src))
+        for device, job in by_device.items():
+            stream = self._streams.get(device)
+            if stream is None:
+                stream = self._streams[device] = torch.cuda.Stream(device=device)  # type: ignore[no-untyped-call]
+            stream.wait_stream(torch.cuda.current_stream(device))
+            queued.append(stream)
+            with torch.cuda.stream(stream), torch.no_grad():
+                for dst, src in job:
+                    dst.copy_(src, non_blocking=True)
 
     def map(self, fn: Callable[[T], R], items: Sequence[T]) -> list[R]:
         """``[fn(x) for x in items]`` on the pool's threads (for work that releases the GIL, like CRC-32)."""

@@ -33,7 +33,15 @@ class EventLog:
     """A thread-safe, bounded list of events; each is also logged (warnings for failures)."""
 
     WARN_KINDS = frozenset(
-        {"save_skipped", "persist_failed", "checksum_mismatch", "fallback", "load_failed", "restored_not_persisted"}
+        {
+            "save_skipped",
+            "persist_failed",
+            "checksum_mismatch",
+            "fallback",
+            "load_failed",
+            "restored_not_persisted",
+            "pin_failed",
+        }
     )
 
     def __init__(self, limit: int = 1000) -> None:

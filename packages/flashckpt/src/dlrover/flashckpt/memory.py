@@ -19,6 +19,7 @@ from dlrover.flashckpt.config import StagerConfig
 from dlrover.flashckpt.copier import Copier
 from dlrover.flashckpt.errors import ChecksumError, FlashCkptError, NoCheckpointError
 from dlrover.flashckpt.layout import SlotHeader, SlotState, TensorSpec
+from dlrover.flashckpt.pinning import CudaHostPinner, HostPinner, PinError
 from dlrover.flashckpt.restore import apply_values, match_targets, tie_conflicts
 from dlrover.flashckpt.segment import ShmSegment, segment_path
 from dlrover.flashckpt.slotio import (
@@ -74,12 +75,21 @@ class MemoryReader:
         rank: read this rank's snapshots instead of ``config.rank`` (a replicated state may be
             restored from the snapshot another rank of the node saved, of this or an earlier
             world size).
+        pinner: page-locks the slot before copying into CUDA targets (unless
+            ``config.pin_host_memory`` is False); default: `CudaHostPinner`.
     """
 
-    def __init__(self, config: StagerConfig, clock: Clock | None = None, rank: int | None = None) -> None:
+    def __init__(
+        self,
+        config: StagerConfig,
+        clock: Clock | None = None,
+        rank: int | None = None,
+        pinner: HostPinner | None = None,
+    ) -> None:
         self.config = config
         self.rank = config.rank if rank is None else rank
         self._clock = clock or SystemClock()
+        self._pinner = pinner
 
     def _attach(self, slot: int) -> ShmSegment | None:
         c = self.config
@@ -178,6 +188,8 @@ class MemoryReader:
                 conflict = tie_conflicts(
                     plan, specs, lambda j, i: not _same_bytes(seg, header.data_off, specs[j], specs[i])
                 )
+                if self.config.pin_host_memory is not False and any(t.is_cuda for ts in plan.places for t in ts):
+                    self._pin(seg)
                 own.copy([(t, view) for ts, view in zip(plan.places, views, strict=True) for t in ts])
                 state = apply_values(target, tree)
             del views
@@ -189,6 +201,16 @@ class MemoryReader:
             _log.warning("restoring step %d from memory: %s", header.step, conflict)
             detail += f"; {conflict}"
         return LoadedState(state, header.step, "memory", verified, detail)
+
+    def _pin(self, seg: ShmSegment) -> None:
+        # Copies into device tensors from pinned memory run on the copy engine at the link's
+        # speed; a stager adopting this mapping afterwards finds it pinned already.
+        try:
+            if self._pinner is None:
+                self._pinner = CudaHostPinner()
+            seg.pin(self._pinner)
+        except PinError as e:
+            _log.warning("restoring from %s through pageable memory: %s", seg.path, e)
 
 
 def _same_bytes(seg: ShmSegment, data_off: int, a: TensorSpec, b: TensorSpec) -> bool:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import logging
 import mmap
 import os
 import re
@@ -34,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 from dlrover.common import ConfigError
 from dlrover.common.process import ProcessIdentity, process_start_ticks
 from dlrover.flashckpt.errors import FlashCkptError
+from dlrover.flashckpt.pinning import HostPinner, PinError
 
 if TYPE_CHECKING:
     import torch
@@ -64,6 +66,7 @@ workers (the directory its saver host serves), else `DEFAULT_SHM_DIR`."""
 SEGMENT_PREFIX = "dlrover-fc."
 _ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _SLOT_NAME_RE = re.compile(r"r(\d+)\.s\d+")
+_log = logging.getLogger(__name__)
 
 
 def default_shm_dir() -> str:
@@ -185,6 +188,9 @@ class ShmSegment:
     `u8` is a torch uint8 view of the whole mapping; every other view is derived from it and must
     be dropped before `resize` or `close`. It is made on first use, so a process that only moves
     bytes (the saver) never imports torch.
+
+    A mapping pinned with `pin` is unpinned before it is unmapped (`resize`, `close`); after a
+    `resize` it is pageable until pinned again.
     """
 
     def __init__(self, path: Path, fd: int, mm: mmap.mmap) -> None:
@@ -192,6 +198,7 @@ class ShmSegment:
         self._fd = fd
         self._mm: mmap.mmap | None = mm
         self._u8: torch.Tensor | None = None
+        self._pin: tuple[HostPinner, int] | None = None
 
     @property
     def u8(self) -> torch.Tensor:
@@ -217,6 +224,36 @@ class ShmSegment:
         if self._mm is None:
             raise FlashCkptError(f"segment {self.path} is closed")
         return self._mm
+
+    @property
+    def pinned(self) -> bool:
+        """Whether the current mapping is page-locked for device copies."""
+        return self._pin is not None
+
+    def pin(self, pinner: HostPinner) -> None:
+        """Page-lock the whole mapping with `pinner` (nothing to do when it already is).
+
+        Raises:
+            PinError: the pinner refused; the mapping stays pageable and usable.
+            FlashCkptError: the segment is closed.
+        """
+        if self._pin is not None:
+            return
+        address = self.u8.data_ptr()
+        pinner.pin(address, self.size)
+        self._pin = (pinner, address)
+
+    def _unpin(self) -> None:
+        if self._pin is None:
+            return
+        pinner, address = self._pin
+        self._pin = None
+        try:
+            pinner.unpin(address)
+        except PinError as e:
+            # The range is unmapped next either way; a runtime that lost track of it has nothing
+            # left to release.
+            _log.warning("unpinning %s before unmapping it: %s", self.path, e)
 
     @classmethod
     def create(cls, path: Path, size: int) -> ShmSegment:
@@ -271,6 +308,7 @@ class ShmSegment:
         fcntl.flock(self._fd, fcntl.LOCK_UN)
 
     def _unmap(self) -> None:
+        self._unpin()
         self._u8 = None
         if self._mm is not None:
             # A view may still exist (e.g. held by a traceback): the mapping then goes when it does.

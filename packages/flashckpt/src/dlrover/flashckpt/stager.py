@@ -44,6 +44,7 @@ from dlrover.flashckpt.layout import (
     SlotState,
     encode_manifest,
 )
+from dlrover.flashckpt.pinning import CudaHostPinner, HostPinner, PinError
 from dlrover.flashckpt.planner import plan_layout
 from dlrover.flashckpt.priority import lower_thread_priority
 from dlrover.flashckpt.segment import (
@@ -102,6 +103,8 @@ class Stager:
         on_sealed: called on the sealing thread after each snapshot is sealed.
         owner: whether this stager owns the run's segments (removes them on `close`). None: own
             them unless a live owner (a saver) is already recorded.
+        pinner: page-locks slots for device copies (see ``StagerConfig.pin_host_memory``);
+            default: `CudaHostPinner`, made when a slot is first pinned.
     """
 
     def __init__(
@@ -110,8 +113,11 @@ class Stager:
         clock: Clock | None = None,
         on_sealed: Callable[[SealedNotice], None] | None = None,
         owner: bool | None = None,
+        pinner: HostPinner | None = None,
     ) -> None:
         self.config = config
+        self._pinner = pinner
+        self._pin_failed = False
         self._clock = clock or SystemClock()
         self._on_sealed = on_sealed
         self.events = EventLog()
@@ -129,6 +135,11 @@ class Stager:
         self.owns_segments = (not owner_alive(owner_file)) if owner is None else owner
         if self.owns_segments:
             write_owner(config.shm_dir, config.job_id, config.run_id)
+
+    @property
+    def pinner(self) -> HostPinner | None:
+        """The pinner given, or the one this stager made when it first pinned a slot."""
+        return self._pinner
 
     # -- segments -------------------------------------------------------------------------------
 
@@ -202,11 +213,14 @@ class Stager:
         self._check_open()
         flat = flatten_state(state)
         layout, _ = self._plan(flat, None)
+        pin = self._wants_pin(flat)
         for slot in range(self.config.num_slots):
             with self._lock:
                 if slot in self._sealing:
                     continue
             seg = self._ensure_capacity(slot, layout.total_size, -1)
+            if pin:
+                self._pin(slot, seg, -1)
             try:
                 header = read_header(seg)
             except LayoutError:
@@ -342,6 +356,8 @@ class Stager:
         seg = self._ensure_capacity(slot, layout.total_size, step)
         if not existed and not seg.try_lock(exclusive=True):  # a fresh file nobody else knows yet
             raise FlashCkptError(f"cannot lock new segment {seg.path}")
+        if self._wants_pin(flat):
+            self._pin(slot, seg, step)
         previous = self._layouts[slot]
         if previous is not None and previous.data_signature != layout.data_signature:
             self._record("relayout", step, f"slot {slot}: the state's tensors changed; the slot is laid out again")
@@ -373,6 +389,24 @@ class Stager:
         header = attrs.evolve(header, state=SlotState.COMPLETE)
         write_header(seg, header)
         return header
+
+    def _wants_pin(self, flat: FlatState) -> bool:
+        choice = self.config.pin_host_memory
+        if choice is False or self._pin_failed:
+            return False
+        return choice is True or any(leaf.tensor.is_cuda for leaf in flat.leaves)
+
+    def _pin(self, slot: int, seg: ShmSegment, step: int) -> None:
+        """Page-lock `seg` unless it is; a refusal turns pinning off for this stager, with an event."""
+        if seg.pinned or self._pin_failed:
+            return
+        try:
+            if self._pinner is None:
+                self._pinner = CudaHostPinner()
+            seg.pin(self._pinner)
+        except PinError as e:
+            self._pin_failed = True
+            self._record("pin_failed", step, f"slot {slot}: {e}; device copies go through pageable memory")
 
     def _lower_seal_priority(self) -> None:
         # Runs on the sealing thread: on Linux a thread id names one thread for setpriority, so

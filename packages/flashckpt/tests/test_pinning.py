@@ -1,0 +1,166 @@
+"""Pinned slots: when the stager and the reader page-lock shared memory, and that every
+registration is released before its mapping goes.
+
+The CUDA runtime is not on these machines: `FakeHostPinner` holds the runtime's rules (a range is
+pinned once; only a pinned address can be unpinned) and every implementation passes the same
+contract test; `CudaHostPinner` runs it where a CUDA device is visible.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+
+from dlrover.common import ConfigError
+from dlrover.flashckpt.config import StagerConfig
+from dlrover.flashckpt.memory import MemoryReader
+from dlrover.flashckpt.pinning import CudaHostPinner, FakeHostPinner, HostPinner, PinError
+from dlrover.flashckpt.segment import ShmSegment, segment_path
+from dlrover.flashckpt.stager import Stager
+
+
+def _state(v: float, n: int = 1000) -> dict[str, object]:
+    return {"w": torch.full((n,), v), "step": int(v)}
+
+
+def _fake() -> HostPinner:
+    return FakeHostPinner()
+
+
+def _cuda() -> HostPinner:
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device visible: CudaHostPinner is exercised on GPU machines only")
+    return CudaHostPinner()
+
+
+@pytest.mark.parametrize("make", [_fake, _cuda], ids=["fake", "cuda"])
+def test_pinner_contract(make: Callable[[], HostPinner], config: StagerConfig) -> None:
+    pinner = make()
+    path = segment_path(config.shm_dir, config.job_id, config.run_id, 0, 0)
+    seg = ShmSegment.create(path, 1 << 20)
+    try:
+        address = seg.u8.data_ptr()
+        pinner.pin(address, seg.size)
+        with pytest.raises(PinError):
+            pinner.pin(address, seg.size)  # pinned twice
+        pinner.unpin(address)
+        with pytest.raises(PinError):
+            pinner.unpin(address)  # no longer pinned
+        # The segment unpins itself before unmapping.
+        seg.pin(pinner)
+        seg.pin(pinner)  # already pinned: nothing to do
+        assert seg.pinned
+        seg.close()
+        assert not seg.pinned
+        with pytest.raises(PinError):
+            pinner.unpin(address)
+    finally:
+        seg.close()
+        path.unlink(missing_ok=True)
+
+
+def test_cpu_state_pins_nothing_by_default(config: StagerConfig) -> None:
+    pinner = FakeHostPinner()
+    stager = Stager(config, pinner=pinner)
+    try:
+        stager.prepare(_state(0))
+        stager.save(1, _state(1))
+        stager.flush()
+        assert pinner.calls == []
+    finally:
+        stager.close()
+
+
+def test_pinned_slots_are_pinned_once_and_released_before_unmapping(config: StagerConfig) -> None:
+    pinner = FakeHostPinner()
+    stager = Stager(attrs_evolve(config, pin_host_memory=True), pinner=pinner)
+    try:
+        stager.prepare(_state(0))
+        assert sorted(pinner.pinned.values()) == [seg.size for seg in _segments(stager)]
+        assert len(pinner.pinned) == config.num_slots
+        for step in range(1, 5):
+            stager.save(step, _state(step))
+        assert [c.op for c in pinner.calls] == ["pin"] * config.num_slots  # saving pins nothing more
+        # A bigger state grows the slot it goes into: the old mapping is unpinned first, the new pinned.
+        stager.save(5, _state(5, n=500_000))
+        stager.flush()
+        ops = [c.op for c in pinner.calls[config.num_slots :]]
+        assert ops == ["unpin", "pin"]
+        assert pinner.calls[-1].nbytes > pinner.calls[-2].nbytes
+        loaded = MemoryReader(config).load()
+        assert loaded.step == 5
+        assert torch.equal(loaded.state["w"], torch.full((500_000,), 5.0))
+    finally:
+        stager.close()
+    assert pinner.pinned == {}  # close released every registration
+
+
+def test_a_refused_pin_is_reported_and_saving_goes_on(config: StagerConfig) -> None:
+    pinner = FakeHostPinner(fail_with="out of lockable memory")
+    stager = Stager(attrs_evolve(config, pin_host_memory=True), pinner=pinner)
+    try:
+        stager.prepare(_state(0))
+        stager.save(1, _state(1))
+        stager.flush()
+        events = [e for e in stager.events.snapshot() if e.kind == "pin_failed"]
+        assert len(events) == 1  # reported once, then pinning is off for this stager
+        assert "out of lockable memory" in events[0].reason
+        assert MemoryReader(config).load().step == 1
+    finally:
+        stager.close()
+
+
+def test_pinning_off_never_pins(config: StagerConfig) -> None:
+    pinner = FakeHostPinner()
+    stager = Stager(attrs_evolve(config, pin_host_memory=False), pinner=pinner)
+    try:
+        stager.save(1, _state(1))
+        stager.flush()
+    finally:
+        stager.close()
+    assert pinner.calls == []
+
+
+def test_a_stager_adopting_a_pinned_mapping_does_not_pin_it_again(config: StagerConfig) -> None:
+    pinner = FakeHostPinner()
+    pinned = attrs_evolve(config, pin_host_memory=True)
+    first = Stager(pinned, pinner=pinner)
+    try:
+        first.save(1, _state(1))
+        first.flush()
+    finally:
+        first.close(remove=False)  # a crashed process leaves its snapshots
+    assert pinner.pinned == {}
+    # A restarted process: its reader mapped (and, for CUDA targets, pinned) the slot it loaded
+    # from, and hands the mapping to the stager.
+    pinner.calls.clear()
+    second = Stager(pinned, pinner=pinner, owner=True)
+    try:
+        slot = MemoryReader(pinned).snapshots()[0].slot
+        seg = ShmSegment.attach(segment_path(config.shm_dir, config.job_id, config.run_id, 0, slot))
+        seg.pin(pinner)
+        assert second.adopt(slot, seg)
+        second.prepare(_state(0))
+        second.save(2, _state(2))
+        second.flush()
+        assert [c.op for c in pinner.calls] == ["pin"] * config.num_slots  # the adopted slot once, the other once
+    finally:
+        second.close()
+    assert pinner.pinned == {}
+
+
+def test_config_rejects_a_non_bool_pin_choice(job_id: str) -> None:
+    with pytest.raises(ConfigError, match="pin_host_memory"):
+        StagerConfig(job_id=job_id, run_id="r1", pin_host_memory="yes")  # type: ignore[arg-type]
+
+
+def _segments(stager: Stager) -> list[ShmSegment]:
+    return [seg for seg in stager._segments if seg is not None]
+
+
+def attrs_evolve(config: StagerConfig, **changes: object) -> StagerConfig:
+    import attrs
+
+    return attrs.evolve(config, **changes)
