@@ -24,6 +24,7 @@ Memory outlives `FlashCheckpointer.close`: a restarted process loads from it. On
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -37,6 +38,7 @@ from dlrover.flashckpt.errors import (
     FlashCkptError,
     LayoutError,
     NoCheckpointError,
+    StorageError,
 )
 from dlrover.flashckpt.events import EventLog, FlashEvent
 from dlrover.flashckpt.memory import LoadedState, MemoryReader
@@ -204,15 +206,19 @@ class FlashCheckpointer:
         raise FlashCkptError(f"step {step} is not in memory")
 
     def load(self, target: Any | None = None) -> LoadedState:
-        """Load the newest state: from memory when every rank holds the agreed step, else storage.
+        """Load the newest state every rank can load: from memory when every rank holds the agreed
+        step, else the newest committed checkpoint every rank can read.
 
-        A damaged memory snapshot (checksum) falls back to storage in a one-rank job; with several
-        ranks it raises, since one rank falling back alone could resume from another step. A
-        `replicated` checkpointer loads the newest copy any rank holds instead (a collective).
+        Every rank takes part (the agree function is a collective) and every rank ends with the
+        same step: a rank whose snapshot or files of a step are damaged makes all ranks fall back
+        to the previous candidate together (a ``fallback`` event on each says why), never only
+        itself. A `replicated` checkpointer loads the newest copy any rank holds instead.
 
         Raises:
-            NoCheckpointError: neither memory nor storage holds a loadable checkpoint.
-            ChecksumError: (several ranks) the agreed memory snapshot is damaged on this rank.
+            NoCheckpointError: neither memory nor storage holds a checkpoint every rank can load.
+            StateStructureError, WorldSizeError: (on the rank concerned; the others raise
+                `FlashCkptError` naming it) the target or the world size does not fit, which no
+                fallback mends.
         """
         if self._replicated:
             group = RankGroup(self._group)
@@ -223,18 +229,56 @@ class FlashCheckpointer:
         reader = MemoryReader(self.config, self._clock, pinner=self.stager.pinner)
         step = self._agree([s.step for s in reader.snapshots()])
         if step is not None:
-            try:
-                return reader.load(target=target, step=step, keep=self.stager.adopt)
-            except NoCheckpointError:
-                pass  # overwritten since we looked: fall back to storage
-            except (ChecksumError, LayoutError) as e:
-                if self.config.world_size > 1:
-                    # Falling back alone could resume this rank from another step than its peers.
-                    raise
-                self._record("fallback", step, f"memory snapshot of step {step} is unusable ({e}); loading storage")
-        return StorageReader(self.storage, self.events, self._clock).load(
-            self.config.rank, self.config.world_size, target=target
-        )
+            loaded = self._load_agreed(step, lambda: reader.load(target=target, step=step, keep=self.stager.adopt))
+            if loaded is not None:
+                return loaded
+        storage = StorageReader(self.storage, self.events, self._clock)
+        remaining = storage.candidates()
+        while True:
+            step = self._agree(remaining[: self.config.num_slots])
+            if step is None:
+                raise NoCheckpointError(
+                    f"rank {self.config.rank}: no checkpoint every rank can load, in memory or in storage"
+                )
+            remaining = [s for s in remaining if s < step]
+            c = self.config
+            load = functools.partial(storage.load, c.rank, c.world_size, target=target, step=step)
+            loaded = self._load_agreed(step, load)
+            if loaded is not None:
+                return loaded
+
+    def _load_agreed(self, step: int, load: Callable[[], LoadedState]) -> LoadedState | None:
+        """Run `load` of `step` on this rank and agree with the others on the outcome.
+
+        Returns:
+            The state when every rank loaded `step`; None when some rank could not (the ranks
+            that did then load an earlier candidate over it).
+
+        Raises:
+            FlashCkptError: some rank hit an error no fallback mends (this rank's own error when
+                it was one of them).
+        """
+        loaded: LoadedState | None = None
+        fallback: FlashCkptError | None = None
+        fatal: FlashCkptError | None = None
+        try:
+            loaded = load()
+        except (ChecksumError, LayoutError, NoCheckpointError, StorageError) as e:
+            fallback = e
+        except FlashCkptError as e:
+            fatal = e
+        # One collective with three outcomes: the newest step in every rank's list is 2 when
+        # every rank loaded, 1 when some only need a fallback, None when some rank cannot go on.
+        verdict = self._agree([1, 2] if loaded is not None else [1] if fallback is not None else [])
+        if verdict == 2:
+            return loaded
+        if verdict is None:
+            if fatal is not None:
+                raise fatal
+            raise FlashCkptError(f"rank {self.config.rank}: another rank cannot load step {step}; see its log")
+        why = f"rank {self.config.rank}: {fallback}" if fallback is not None else "another rank cannot load it"
+        self._record("fallback", step, f"step {step} is not loadable on every rank ({why}); trying an earlier one")
+        return None
 
     def close(self, job_end: bool = False) -> None:
         """Detach, keeping the snapshots in memory for a restarted process.

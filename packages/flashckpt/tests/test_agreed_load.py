@@ -1,0 +1,184 @@
+"""Every rank of a multi-rank `FlashCheckpointer.load` ends on the same step.
+
+The ranks run on threads of one process; their agree function is an in-process collective with
+the rule of `torch_distributed_agree` (the newest step in every rank's list, each list cut to
+`num_slots` steps), so the tests need no process group. `test_ddp.py` runs the real one over gloo.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from dlrover.flashckpt import FlashCheckpointer, InMemoryStorage, StagerConfig
+from dlrover.flashckpt.ckpt_format import safetensors_path
+from dlrover.flashckpt.commit import Committer
+from dlrover.flashckpt.dist import common_newest
+from dlrover.flashckpt.errors import FlashCkptError, NoCheckpointError, StateStructureError
+from dlrover.flashckpt.memory import LoadedState
+from dlrover.flashckpt.payloads import payload_from_state
+from dlrover.flashckpt.persist import persist_rank
+from dlrover.flashckpt.segment import ShmSegment, segment_path
+from dlrover.flashckpt.slotio import read_header
+
+WORLD = 2
+
+
+class ThreadCollective:
+    """`torch_distributed_agree`'s rule for ranks that are threads: gather every list, then answer."""
+
+    def __init__(self, world: int, num_slots: int = 2) -> None:
+        self._barrier = threading.Barrier(world, timeout=30)
+        self._lists: list[list[int]] = [[] for _ in range(world)]
+        self._num_slots = num_slots
+        self.calls = 0
+
+    def agree_for(self, rank: int) -> Callable[[list[int]], int | None]:
+        def agree(steps: list[int]) -> int | None:
+            self._lists[rank] = sorted(steps, reverse=True)[: self._num_slots]
+            self._barrier.wait()
+            answer = common_newest(self._lists)
+            if rank == 0:
+                self.calls += 1
+            self._barrier.wait()  # nobody overwrites a list before every rank has read them
+            return answer
+
+        return agree
+
+
+def _state(step: int, rank: int) -> dict[str, Any]:
+    return {"w": torch.full((64,), float(step * 10 + rank)), "step": step}
+
+
+def _commit(storage: InMemoryStorage, *steps: int) -> None:
+    for step in steps:
+        for rank in range(WORLD):
+            persist_rank(storage, payload_from_state(step, rank, WORLD, _state(step, rank)))
+        assert Committer(storage).try_commit(step, WORLD).commit
+
+
+def _checkpointers(job_id: str, storage: InMemoryStorage, shm: Path) -> list[FlashCheckpointer]:
+    collective = ThreadCollective(WORLD)
+    return [
+        FlashCheckpointer(
+            StagerConfig(job_id=job_id, run_id="r", rank=rank, world_size=WORLD, shm_dir=str(shm)),
+            storage=storage,
+            saver="none",
+            agree=collective.agree_for(rank),
+        )
+        for rank in range(WORLD)
+    ]
+
+
+def _on_every_rank(fn: Callable[[int], Any]) -> list[Any]:
+    """fn(rank) on one thread per rank; the results, or the exceptions raised, in rank order."""
+
+    def guarded(rank: int) -> Any:
+        try:
+            return fn(rank)
+        except Exception as e:
+            return e
+
+    with ThreadPoolExecutor(WORLD) as pool:
+        return list(pool.map(guarded, range(WORLD)))
+
+
+@pytest.fixture
+def shm(tmp_path: Path) -> Path:
+    path = tmp_path / "shm"
+    path.mkdir()
+    return path
+
+
+def test_a_file_damaged_on_one_rank_moves_every_rank_to_the_previous_step(job_id: str, shm: Path) -> None:
+    storage = InMemoryStorage()
+    _commit(storage, 1, 2)
+    f = safetensors_path(2, 0)
+    storage.corrupt(f, storage.size(f) - 3)
+    ckpts = _checkpointers(job_id, storage, shm)
+    try:
+        targets = [_state(0, r) for r in range(WORLD)]
+        loaded = _on_every_rank(lambda r: ckpts[r].load(target=targets[r]))
+        assert [(x.source, x.step) for x in loaded] == [("storage", 1), ("storage", 1)]
+        for rank, target in enumerate(targets):
+            assert torch.equal(target["w"], _state(1, rank)["w"])
+        # Both ranks say why: rank 0 names its damaged file, rank 1 that another rank could not load.
+        assert any("rank_00000.safetensors" in e.reason for e in ckpts[0].events.snapshot() if e.kind == "fallback")
+        assert any("another rank" in e.reason for e in ckpts[1].events.snapshot() if e.kind == "fallback")
+    finally:
+        for c in ckpts:
+            c.close(job_end=True)
+
+
+def test_a_snapshot_damaged_on_one_rank_sends_every_rank_to_storage(job_id: str, shm: Path) -> None:
+    storage = InMemoryStorage()
+    _commit(storage, 1)
+    ckpts = _checkpointers(job_id, storage, shm)
+    try:
+        for rank, c in enumerate(ckpts):
+            c.save(2, _state(2, rank))
+            c.stager.flush()
+        seg = ShmSegment.attach(segment_path(str(shm), job_id, "r", 1, 0))
+        header = read_header(seg)
+        assert header is not None
+        assert header.step == 2
+        seg.mm[header.data_off] ^= 0xFF
+        seg.close()
+        targets = [_state(0, r) for r in range(WORLD)]
+        loaded: list[LoadedState] = _on_every_rank(lambda r: ckpts[r].load(target=targets[r]))
+        assert [(x.source, x.step) for x in loaded] == [("storage", 1), ("storage", 1)]
+        for rank, target in enumerate(targets):
+            assert torch.equal(target["w"], _state(1, rank)["w"])  # rank 0's memory copy was overwritten
+    finally:
+        for c in ckpts:
+            c.close(job_end=True)
+
+
+def test_memory_is_used_when_every_rank_holds_the_step(job_id: str, shm: Path) -> None:
+    storage = InMemoryStorage()
+    _commit(storage, 1)
+    ckpts = _checkpointers(job_id, storage, shm)
+    try:
+        for rank, c in enumerate(ckpts):
+            c.save(2, _state(2, rank))
+            c.stager.flush()
+        loaded = _on_every_rank(lambda r: ckpts[r].load(target=_state(0, r)))
+        assert [(x.source, x.step) for x in loaded] == [("memory", 2), ("memory", 2)]
+    finally:
+        for c in ckpts:
+            c.close(job_end=True)
+
+
+def test_every_rank_raises_when_one_cannot_use_any_step(job_id: str, shm: Path) -> None:
+    storage = InMemoryStorage()
+    _commit(storage, 1)
+    ckpts = _checkpointers(job_id, storage, shm)
+    try:
+        wrong = {"w": torch.zeros(3), "step": 0}  # rank 1's model does not fit the checkpoint
+        results = _on_every_rank(lambda r: ckpts[r].load(target=_state(0, r) if r == 0 else wrong))
+        assert isinstance(results[1], StateStructureError)
+        assert isinstance(results[0], FlashCkptError)
+        assert "another rank" in str(results[0])
+    finally:
+        for c in ckpts:
+            c.close(job_end=True)
+
+
+def test_every_rank_raises_no_checkpoint_when_none_is_loadable_everywhere(job_id: str, shm: Path) -> None:
+    storage = InMemoryStorage()
+    _commit(storage, 1)
+    f = safetensors_path(1, 1)
+    storage.corrupt(f, storage.size(f) - 3)
+    ckpts = _checkpointers(job_id, storage, shm)
+    try:
+        results = _on_every_rank(lambda r: ckpts[r].load(target=_state(0, r)))
+        assert all(isinstance(r, NoCheckpointError) for r in results), results
+    finally:
+        for c in ckpts:
+            c.close(job_end=True)
