@@ -22,7 +22,7 @@ from dlrover.flashckpt.config import StagerConfig
 from dlrover.flashckpt.payloads import payload_from_state
 from dlrover.flashckpt.persist import persist_rank
 from dlrover.flashckpt.saver import Saver, SaverConfig
-from dlrover.flashckpt.saver_core import HeldFailure, choose_failure_step, failure_persist_due
+from dlrover.flashckpt.saver_core import HeldFailure, choose_failure_step, failure_persist_due, steps_to_join
 from dlrover.flashckpt.segment import remove_run
 from dlrover.flashckpt.stager import Stager
 from dlrover.flashckpt.storage import InMemoryStorage
@@ -109,6 +109,20 @@ def test_choose_failure_step_prefers_the_step_held_at_the_failure() -> None:
     step, reason = choose_failure_step({0: [2, 3], 1: [2, 3]}, [0, 1], [3], preferred=2)
     assert step is None
     assert "older than step 3, already persisted" in reason
+
+
+def test_steps_to_join() -> None:
+    # Node 1 (rank 1) persisted step 1; this node (rank 0) holds steps 1 and 2.
+    assert [s for s, _ in steps_to_join({1: [1], 2: [0]}, [0], {0: [1, 2]}, [2])] == [1]
+    # A step only this node's ranks wrote, or that it persisted already, is no join.
+    assert steps_to_join({2: [0]}, [0], {0: [1, 2]}, []) == []
+    assert steps_to_join({1: [1]}, [0], {0: [1, 2]}, [1]) == []
+    # Every rank of this node must hold the step.
+    assert steps_to_join({1: [2]}, [0, 1], {0: [1, 2], 1: [2, 3]}, []) == []
+    joins = steps_to_join({3: [2], 2: [3]}, [0, 1], {0: [2, 3], 1: [2, 3]}, [])
+    assert [s for s, _ in joins] == [3, 2]  # newest first
+    assert "ranks [2] of other nodes persisted step 3" in joins[0][1]
+    assert steps_to_join({1: [1]}, [], {}, []) == []
 
 
 def test_failure_persist_due() -> None:
@@ -520,6 +534,47 @@ def test_coordinator_commits_when_another_node_finishes(job_id: str) -> None:
         assert not outcome.committed  # node 1 is not the coordinator
         _wait_until(lambda: Committer(storage).tracker() == Tracker(5, 2))
         assert "committed" in savers[0].events.kinds()
+    finally:
+        for stager in stagers:
+            stager.close()
+        for client in clients:
+            client.close()
+        for saver in savers:
+            saver.stop(remove_memory=True)
+
+
+def test_nodes_whose_failure_persists_chose_different_steps_still_commit_a_common_one(job_id: str) -> None:
+    """Node 0's rank staged step 2 before dying, node 1's did not: each saver first persists its own
+    newest step (2 and 1); node 0's then sees rank 1's step 1 in storage, writes step 1 from memory
+    too, and step 1, which every rank holds, is committed."""
+    storage = InMemoryStorage()
+    savers, clients, stagers = [], [], []
+    for node in range(2):
+        run = f"n{node}"
+        config = SaverConfig(
+            job_id=job_id, run_id=run, world_size=2, coordinator=node == 0, commit_poll_interval_s=0.01
+        )
+        saver = Saver(config, storage)
+        saver.start()
+        savers.append(saver)
+        clients.append(SaverClient(saver.socket_path, node, 2))
+        cfg = StagerConfig(job_id=job_id, run_id=run, rank=node, world_size=2, seal_in_background=False)
+        stagers.append(Stager(cfg, on_sealed=clients[node].notify_sealed))
+    try:
+        for rank in range(2):
+            assert stagers[rank].save(1, {"w": torch.full((4,), 1.0 + rank)}).saved
+        assert stagers[0].save(2, {"w": torch.full((4,), 2.0)}).saved
+        for node in range(2):
+            attached = savers[node].active_connections()
+            clients[node]._sock.shutdown(socket.SHUT_RDWR)  # the process dies: no 'bye'
+            clients[node]._reader.join(WAIT_S)
+            _wait_until(lambda node=node, attached=attached: savers[node].active_connections() < attached)
+        _wait_until(lambda: Committer(storage).tracker() == Tracker(1, 2))
+        assert "failure_persist_join" in savers[0].events.kinds()
+        assert "failure_persist_join" not in savers[1].events.kinds()  # it does not hold step 2
+        loaded = [StorageReader(storage).load(rank, 2) for rank in range(2)]
+        assert [x.step for x in loaded] == [1, 1]
+        assert torch.equal(loaded[1].state["w"], torch.full((4,), 2.0))
     finally:
         for stager in stagers:
             stager.close()

@@ -34,7 +34,13 @@ from dlrover.flashckpt.pacing import Pacer
 from dlrover.flashckpt.payloads import payload_from_slot
 from dlrover.flashckpt.persist import persist_rank
 from dlrover.flashckpt.priority import lower_thread_priority
-from dlrover.flashckpt.saver_core import FailureHold, HeldFailure, choose_failure_step, newest_common_steps
+from dlrover.flashckpt.saver_core import (
+    FailureHold,
+    HeldFailure,
+    choose_failure_step,
+    newest_common_steps,
+    steps_to_join,
+)
 from dlrover.flashckpt.segment import (
     DEFAULT_SHM_DIR,
     SEGMENT_PREFIX,
@@ -84,6 +90,11 @@ class SaverConfig:
         poll_interval_s: how often waits re-check (slot locks, the accept loop's stop flag).
         commit_poll_interval_s: how often the coordinator re-checks steps waiting for ranks that
             other nodes' savers persist.
+        failure_join_s: for this long after a failure persist, a saver whose ranks are not the
+            whole job checks storage every `commit_poll_interval_s` for uncommitted steps other
+            nodes' savers persisted and writes the same step from its ranks' memory if they all
+            hold it (`saver_core.steps_to_join`): nodes whose failure persists chose different
+            steps then still commit the newest step every rank holds. 0 turns it off.
         retention: which committed checkpoints to keep (None: all).
         worker_nice: niceness added to the persist worker thread only (Linux sets it per thread),
             so a saver hosted inside the agent yields the CPU to training (0: unchanged).
@@ -108,6 +119,7 @@ class SaverConfig:
     lock_timeout_s: float = attrs.field(default=60.0, validator=positive)
     poll_interval_s: float = attrs.field(default=0.05, validator=positive)
     commit_poll_interval_s: float = attrs.field(default=1.0, validator=positive)
+    failure_join_s: float = attrs.field(default=120.0, validator=non_negative_finite)
     retention: RetentionPolicy | None = None
     worker_nice: int = attrs.field(default=0, validator=non_negative_int)
     persist_bandwidth_mb_s: float = attrs.field(default=0.0, validator=non_negative_finite)
@@ -184,6 +196,8 @@ class Saver:
         self.connections_seen = 0
         # Connections up to this serial were open when a failure persist was last queued at once.
         self._failure_covers_serial = 0
+        self._join_until = float("-inf")  # worker thread: see SaverConfig.failure_join_s
+        self._joined: set[int] = set()  # worker thread: steps a join wrote or tried (once each)
 
     @property
     def socket_path(self) -> Path:
@@ -425,6 +439,7 @@ class Saver:
                 job = self._queue.get(timeout=self.config.commit_poll_interval_s)
             except queue.Empty:
                 self._retry_pending_commits()
+                self._join_other_nodes()
                 self._release_held_if_due()
                 continue
             if job is None:
@@ -671,15 +686,23 @@ class Saver:
     def _persist_on_failure(self, preferred: int | None) -> None:
         with self._lock:
             ranks = set(self._ranks)
+        if len(ranks) < self.config.world_size:
+            self._join_until = self._clock.now() + self.config.failure_join_s
         held = {r: self.held_steps(r) for r in ranks}
-        persisted = {s for s in {s for _, s in self._persisted} if all((r, s) in self._persisted for r in ranks)}
-        step, reason = choose_failure_step(held, ranks, persisted, preferred)
+        step, reason = choose_failure_step(held, ranks, self._persisted_by_all(ranks), preferred)
         committed = None if step is None else self._committed_already(step)
         if committed is not None:
             reason = f"{reason}; nothing to write: {committed}"
         self._record("failure_persist", -1 if step is None else step, reason)
         if step is None or committed is not None:
             return
+        self._persist_every_rank(step, ranks, "persist on failure")
+
+    def _persisted_by_all(self, ranks: set[int]) -> set[int]:
+        return {s for s in {s for _, s in self._persisted} if all((r, s) in self._persisted for r in ranks)}
+
+    def _persist_every_rank(self, step: int, ranks: set[int], why: str) -> None:
+        """Persist every one of `ranks`' snapshots of `step` from memory, then try to commit it."""
         # Every rank's snapshot is held before the first is written: the restarted processes stage
         # into their other slot meanwhile, and cannot write over a rank still waiting its turn
         # (their next-but-one save waits for it, as their busy policy says).
@@ -690,18 +713,37 @@ class Saver:
                     continue
                 found = self._hold_snapshot(rank, step)
                 if isinstance(found, str):
-                    self._record("persist_failed", step, f"persist on failure: {found}")
+                    self._record("persist_failed", step, f"{why}: {found}")
                     return
                 snapshots[rank] = found
             for rank in sorted(snapshots):
-                ok, why = self._persist_held(rank, step, snapshots.pop(rank))
+                ok, reason = self._persist_held(rank, step, snapshots.pop(rank))
                 if not ok:
-                    self._record("persist_failed", step, f"persist on failure: {why}")
+                    self._record("persist_failed", step, f"{why}: {reason}")
                     return
         finally:
             for snapshot in snapshots.values():
                 snapshot.release()
         self._try_commit(step)
+
+    def _join_other_nodes(self) -> None:
+        """Within `SaverConfig.failure_join_s` of a failure persist, write the uncommitted steps
+        other nodes' savers persisted that this node's ranks all hold (`steps_to_join`)."""
+        if self._clock.now() > self._join_until:
+            return
+        with self._lock:
+            ranks = set(self._ranks)
+        try:
+            tracker = self.committer.tracker()
+            _, partial = self.committer.steps()
+            uncommitted = {s: self.committer.done_ranks(s) for s in partial if tracker is None or s > tracker.step}
+        except FlashCkptError:
+            return  # storage unreadable now: the next tick looks again
+        held = {r: self.held_steps(r) for r in ranks}
+        for step, reason in steps_to_join(uncommitted, ranks, held, self._persisted_by_all(ranks) | self._joined):
+            self._joined.add(step)
+            self._record("failure_persist_join", step, reason)
+            self._persist_every_rank(step, ranks, "joining another node's failure persist")
 
 
 @attrs.define

@@ -6,7 +6,14 @@ from collections.abc import Collection, Mapping
 
 import attrs
 
-__all__ = ["FailureHold", "HeldFailure", "choose_failure_step", "failure_persist_due", "newest_common_steps"]
+__all__ = [
+    "FailureHold",
+    "HeldFailure",
+    "choose_failure_step",
+    "failure_persist_due",
+    "newest_common_steps",
+    "steps_to_join",
+]
 
 
 def choose_failure_step(
@@ -50,6 +57,43 @@ def choose_failure_step(
         # The tracker never moves back: an older step would only take disk time and space.
         return None, f"{why} is older than step {max(newer)}, already persisted"
     return chosen, f"{why} is persisted"
+
+
+def steps_to_join(
+    uncommitted_done: Mapping[int, Collection[int]],
+    ranks: Collection[int],
+    held: Mapping[int, Collection[int]],
+    persisted: Collection[int],
+) -> list[tuple[int, str]]:
+    """Steps other nodes' savers persisted that this saver can complete from memory.
+
+    After a failure each node's saver persists the newest step its own ranks hold in common, and
+    nodes may differ (one node's processes died before staging step N, the other's after). A step
+    then commits only if every node writes it: a saver that sees another node's done markers for
+    a step its ranks all still hold in memory writes that step too, so the job commits the newest
+    step every rank holds, not nothing.
+
+    Args:
+        uncommitted_done: for each step newer than the committed one that has no manifest yet,
+            the ranks whose done markers are in storage.
+        ranks: this saver's ranks.
+        held: for each of them, the steps of its complete snapshots in memory.
+        persisted: steps this saver already persisted for all of `ranks`.
+
+    Returns:
+        (step, reason) to persist, newest first.
+    """
+    mine = set(ranks)
+    if not mine:
+        return []
+    common = newest_common_steps(held, mine)
+    joins = []
+    for step in sorted(uncommitted_done, reverse=True):
+        others = sorted(set(uncommitted_done[step]) - mine)
+        if not others or step in persisted or step not in common:
+            continue
+        joins.append((step, f"ranks {others} of other nodes persisted step {step}, which ranks {sorted(mine)} hold"))
+    return joins
 
 
 def newest_common_steps(held: Mapping[int, Collection[int]], ranks: Collection[int]) -> set[int]:
