@@ -10,7 +10,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+from collections.abc import Generator, Iterator
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 settings.register_profile(
@@ -134,6 +136,100 @@ def _left_running() -> list[tuple[int, str]]:
     return sorted(set(_live_children(os.getpid())) | set(_marked_processes(marker)))
 
 
+# How long what a test started may take to finish exiting and cleaning up after itself: polled,
+# so a clean test costs one look.
+_GRACE_S = 5.0
+_POLL_S = 0.05
+# Files a test's own check reported and kept (no owner to judge by), so the session's check does
+# not report them again.
+_reported: set[str] = set()
+# Processes and files a module-, class- or session-scoped fixture made while it was set up: they
+# outlive the test that first asked for the fixture, so no single test is to blame for them.
+_held_by_wider_fixtures: set[int | str] = set()
+
+
+def _pids() -> set[int]:
+    return {pid for pid, _ in _left_running()}
+
+
+def _leaks_since(
+    pids_before: set[int], ignored: set[int | str]
+) -> tuple[list[tuple[int, str]], dict[str, bool | None]]:
+    """Processes still running and files whose owner is gone (or unknown), apart from those there
+    before or ignored, once whatever is still exiting is done or the grace is over.
+
+    A file is called dead only after two looks in a row: another run writes its owner record
+    beside its files, and for a moment there is none.
+    """
+    import time
+
+    deadline = time.monotonic() + _GRACE_S
+    dead_before: set[str] = set()
+    while True:
+        procs = [p for p in _left_running() if p[0] not in pids_before and p[0] not in ignored]
+        owners = {path: _owner_alive(path) for path in sorted(_leakable() - ignored)}
+        dead = {path for path, alive in owners.items() if not alive}
+        files = {path: owners[path] for path in dead & dead_before}
+        if (not procs and len(files) == len(dead)) or time.monotonic() >= deadline:
+            return procs, files
+        dead_before = dead
+        time.sleep(_POLL_S)
+
+
+def _end_processes(procs: list[tuple[int, str]]) -> list[str]:
+    """SIGKILL leftover processes of this session, by pid, and wait (bounded) until they are gone,
+    so the files they owned can be judged; returns the report lines."""
+    import signal
+    import time
+
+    lines = []
+    for pid, cmdline in procs:
+        lines.append(f"  {pid}: {cmdline[:200]}")
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    pids = {pid for pid, _ in procs}
+    deadline = time.monotonic() + _GRACE_S
+    while pids & _pids() and time.monotonic() < deadline:
+        time.sleep(_POLL_S)
+    return lines
+
+
+def _remove_files(files: dict[str, bool | None]) -> list[str]:
+    """Remove leaked files whose owner is gone; returns the report lines.
+
+    One with no owner to judge by may be another run's, so it is kept (and reported once).
+    """
+    import shutil
+
+    lines = []
+    for path, alive in sorted(files.items()):
+        if alive is None:
+            lines.append(f"  {path} (kept)")
+            _reported.add(path)
+            continue
+        lines.append(f"  {path} (its owner is gone: removed)")
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+    return lines
+
+
+def _clean_up(pids_before: set[int], ignored: set[int | str]) -> list[str]:
+    """End and remove what leaked since a snapshot; returns the report, empty when nothing did."""
+    ignored = ignored | _reported
+    procs, files = _leaks_since(pids_before, ignored)
+    report = []
+    if procs:
+        report += ["processes left behind (a leak):", *_end_processes(procs)]
+        # The files the ended processes owned are ownerless now: judge them again.
+        _, files = _leaks_since(pids_before, ignored)
+    if files:
+        report += ["files left behind (a leak):", *_remove_files(files)]
+    return report
+
+
 def pytest_sessionstart(session: object) -> None:
     """Note what is already there, so only what the tests leave is called a leak; mark this
     session's processes."""
@@ -143,41 +239,49 @@ def pytest_sessionstart(session: object) -> None:
     os.environ[_SESSION_MARKER] = uuid.uuid4().hex
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_fixture_setup(
+    fixturedef: pytest.FixtureDef[object], request: pytest.FixtureRequest
+) -> Generator[None, object, object]:
+    """Note what a wider-scoped fixture makes while it is set up (see `_held_by_wider_fixtures`)."""
+    if fixturedef.scope == "function":
+        return (yield)
+    pids, files = _pids(), _leakable()
+    try:
+        return (yield)
+    finally:
+        made = (_pids() - pids) | (_leakable() - files)
+        _held_by_wider_fixtures.update(made)
+        # Registered after the fixture's own teardown, so it runs first: once the fixture is gone,
+        # a reused pid or name is judged afresh.
+        fixturedef.addfinalizer(lambda: _held_by_wider_fixtures.difference_update(made))
+
+
+@pytest.fixture(autouse=True)
+def _no_leaks() -> Iterator[None]:
+    """Fail the test that left a process, shared memory or a temp dir behind, at its teardown.
+
+    An autouse fixture of the root conftest is set up after wider-scoped fixtures and before the
+    test's other fixtures, and torn down after them: what their teardown leaves is the test's. A
+    leak is ended and removed at once, so the tests after it start clean.
+    """
+    pids: set[int] = _pids()
+    files: set[int | str] = set(_leakable())
+    yield
+    report = _clean_up(pids, files | _held_by_wider_fixtures)
+    if report:
+        pytest.fail("\n".join(report), pytrace=False)
+
+
 def pytest_sessionfinish(session: object, exitstatus: int) -> None:
-    """Fail the run if any test left a process (a child, or an orphan of this session), shared
-    memory or a temp dir behind.
+    """Fail the run if anything left a process (a child, or an orphan of this session), shared
+    memory or a temp dir behind: the backstop of `_no_leaks`, for what wider-scoped fixtures and
+    hooks leave.
 
     Leftover processes are killed and files whose owner is gone removed, so CI is not held up and
     later runs start clean.
     """
-    import shutil
-    import signal
-    import time
-
-    deadline = time.monotonic() + 5.0
-    leftovers = _left_running()
-    while leftovers and time.monotonic() < deadline:
-        time.sleep(0.1)
-        leftovers = _left_running()
-    if leftovers:
-        print("\nprocesses left behind by the tests (a leak):")
-        for pid, cmdline in leftovers:
-            print(f"  {pid}: {cmdline[:200]}")
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
-        session.exitstatus = 1  # type: ignore[attr-defined]
-    owners = {path: _owner_alive(path) for path in sorted(_leakable() - _present_at_start)}
-    left = [path for path, alive in owners.items() if not alive]
-    if left:
-        print("\nfiles left behind by the tests (a leak):")
-        for path in left:
-            if owners[path] is None:  # no owner to judge by: maybe another run's, so kept
-                print(f"  {path} (kept)")
-                continue
-            print(f"  {path} (its owner is gone: removed)")
-            if os.path.isdir(path) and not os.path.islink(path):
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                with contextlib.suppress(OSError):
-                    os.unlink(path)
+    report = _clean_up(set(), set(_present_at_start))
+    if report:
+        print("\nleft behind by the tests, found at the end of the session:\n" + "\n".join(report))
         session.exitstatus = 1  # type: ignore[attr-defined]
