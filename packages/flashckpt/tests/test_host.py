@@ -36,6 +36,7 @@ from dlrover.flashckpt.saver import Saver, SaverConfig, socket_path
 from dlrover.flashckpt.segment import cleanup_stale, segment_path
 from dlrover.flashckpt.stager import SealedNotice
 from dlrover.flashckpt.storage import InMemoryStorage
+from dlrover.flashckpt.storage.location import StorageLocation
 
 WAIT_S = 60.0
 
@@ -238,10 +239,14 @@ def test_a_resize_replaces_the_saver_and_keeps_the_memory(host: SaverHost, shm: 
         ({"world_size": True}, "world_size must be an integer >= 1, got True"),
         ({"num_slots": 1}, "num_slots must be an integer >= 2, got 1"),
         ({"job_id": "../etc"}, "job id '../etc'"),
-        ({"storage_dir": "relative/ckpt"}, "storage_dir must be an absolute path, got 'relative/ckpt'"),
+        ({"storage_dir": "relative/ckpt"}, "storage directory must be an absolute path, got 'relative/ckpt'"),
         ({"shm_dir": "/no/such/dir"}, "shm_dir '/no/such/dir' is not a directory"),
         ({"coordinator": "yes"}, "coordinator must be true or false, got 'yes'"),
         ({"storage_dir": "/elsewhere"}, "is served with storage_dir="),
+        ({"storage_dir": "s3://"}, "names no bucket or path"),
+        ({"storage_options": {"secret": "s3cr3t"}}, "POSIX storage directory takes no options, got ['secret']"),
+        ({"keep_last": 3}, "is served with keep_last=0; the request names 3"),
+        ({"keep_every": 2}, "keep_every needs keep_last"),
         ({"job_id": "other"}, "already serves 2 runs"),
     ],
 )
@@ -280,9 +285,9 @@ def test_a_bad_frame_is_answered_and_the_host_keeps_serving(host: SaverHost, shm
 
 
 def test_unusable_storage_is_refused_before_a_running_saver_is_touched(shm: Path, tmp_path: Path) -> None:
-    def storage(path: str) -> InMemoryStorage:
-        if "bad" in path:
-            raise OSError(f"permission denied: {path}")
+    def storage(location: StorageLocation) -> InMemoryStorage:
+        if "bad" in location.url:
+            raise OSError(f"permission denied: {location.url}")
         return InMemoryStorage()
 
     host = SaverHost(SaverHostConfig(str(shm / "host.sock"), stop_timeout_s=WAIT_S), storage_factory=storage)
@@ -372,7 +377,7 @@ def test_configs_reject_nonsense(shm: Path, tmp_path: Path) -> None:
         SaverConfig(job_id="j", run_id="r", worker_nice=25)
     with pytest.raises(ConfigError, match="max_runs"):
         HostRuns(0)
-    with pytest.raises(FlashCkptError, match="storage_dir must be an absolute path"):
+    with pytest.raises(FlashCkptError, match="storage directory must be an absolute path"):
         _request(shm, tmp_path, storage_dir="ckpt")
 
 

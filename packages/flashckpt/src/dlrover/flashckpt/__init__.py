@@ -74,7 +74,7 @@ if TYPE_CHECKING:
     from dlrover.flashckpt.sharded import ShardedCheckpointer, get_sharded_state, set_sharded_state
     from dlrover.flashckpt.slots import BusyPolicy
     from dlrover.flashckpt.stager import SaveResult, SealedNotice, Stager
-    from dlrover.flashckpt.storage import FsspecStorage, InMemoryStorage, PosixStorage, Storage
+    from dlrover.flashckpt.storage import FsspecStorage, InMemoryStorage, PosixStorage, Storage, StorageLocation
     from dlrover.flashckpt.storage_loader import StorageReader
 
 _EXPORTS: dict[str, str] = {
@@ -133,6 +133,7 @@ _EXPORTS: dict[str, str] = {
     "InMemoryStorage": "dlrover.flashckpt.storage",
     "PosixStorage": "dlrover.flashckpt.storage",
     "Storage": "dlrover.flashckpt.storage",
+    "StorageLocation": "dlrover.flashckpt.storage",
     "BusyPolicy": "dlrover.flashckpt.slots",
     "EventLog": "dlrover.flashckpt.events",
     "FlashEvent": "dlrover.flashckpt.events",
@@ -216,6 +217,7 @@ __all__ = [
     "InMemoryStorage",
     "PosixStorage",
     "Storage",
+    "StorageLocation",
     "BusyPolicy",
     "EventLog",
     "FlashEvent",

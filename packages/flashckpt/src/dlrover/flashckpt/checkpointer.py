@@ -25,6 +25,7 @@ Memory outlives `FlashCheckpointer.close`: a restarted process loads from it. On
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -50,6 +51,7 @@ from dlrover.flashckpt.segment import ShmSegment, run_ranks, segment_path
 from dlrover.flashckpt.slotio import read_header
 from dlrover.flashckpt.stager import SaveResult, Stager
 from dlrover.flashckpt.storage.base import Storage
+from dlrover.flashckpt.storage.location import StorageLocation
 from dlrover.flashckpt.storage.posix import PosixStorage
 from dlrover.flashckpt.storage_loader import StorageReader
 
@@ -57,6 +59,26 @@ __all__ = ["AgreeFn", "FlashCheckpointer", "agree_single"]
 
 AgreeFn = Callable[[list[int]], int | None]
 """Given this rank's steps in memory, return the newest step every rank holds (or None)."""
+
+
+def _saver_location(storage_dir: str | None, storage: Storage | None) -> StorageLocation:
+    """Where the node's saver writes: the place `storage` (or `storage_dir`) names.
+
+    Raises:
+        ConfigError: a storage another process cannot open, or a `storage_dir` naming another place.
+    """
+    try:
+        location = StorageLocation.of(storage) if storage is not None else None
+        of_dir = StorageLocation(os.path.abspath(storage_dir)) if storage_dir is not None else None
+    except FlashCkptError as e:
+        raise ConfigError(f"{e}") from None
+    if location is not None and of_dir is not None and location.url != of_dir.url:
+        raise ConfigError(
+            f"storage_dir {storage_dir!r} and storage ({location.url}) name different places: pass one of them"
+        )
+    result = location or of_dir
+    assert result is not None
+    return result
 
 
 def agree_single(steps: list[int]) -> int | None:
@@ -69,9 +91,11 @@ class FlashCheckpointer:
 
     Args:
         config: job, run, rank and shared-memory settings.
-        storage_dir: POSIX checkpoint directory (used by a detached saver, and for loading).
-        storage: a storage to load from and, with ``saver="none"``, persist to (default:
-            `PosixStorage(storage_dir)`).
+        storage_dir: POSIX checkpoint directory (or pass `storage`).
+        storage: where checkpoints go and are loaded from (default: `PosixStorage(storage_dir)`).
+            The node's saver, another process, opens the same place itself: a `PosixStorage`, or
+            an `FsspecStorage` (S3 through s3fs) whose filesystem options are JSON-compatible;
+            any other storage (in-memory) needs ``saver="none"``.
         saver: ``"auto"``, ``"connect"`` or ``"none"`` (see the module docstring).
         agree: cross-rank agreement on the step to load from memory (default: `agree_single`,
             which is only right for one rank; multi-rank jobs pass a collective, or set
@@ -82,7 +106,9 @@ class FlashCheckpointer:
             storage checkpoint of any world size (see `dlrover.flashckpt.replicated`). Needs
             torch.distributed initialised before `load` when ``world_size > 1``.
         group: with `replicated`, the process group to load over (default: the world).
-        retention: for ``saver="none"``, which committed checkpoints to keep.
+        retention: which committed checkpoints to keep: applied by whoever commits (this process
+            with ``saver="none"``, else the node's saver; None: keep all, or under ``dlrover-run``
+            the agent's ``--checkpoint-keep-last``).
         idle_exit_s: a detached saver's idle exit time (a hosted saver has none).
         saver_nice: niceness added to a detached saver (persisting yields the CPU to training).
         persist_bandwidth_mb_s: a detached saver's persist rate cap in MB/s (0: none; a hosted
@@ -114,9 +140,11 @@ class FlashCheckpointer:
         clock: Clock | None = None,
         host_timeout_s: float = 180.0,
     ) -> None:
-        check_saver_mode(saver, storage_dir)
         if storage is None and storage_dir is None:
             raise ConfigError("FlashCheckpointer needs storage_dir or storage")
+        # A running saver ("connect") writes where it was started to; "auto" starts it here.
+        location = _saver_location(storage_dir, storage) if saver == "auto" else None
+        check_saver_mode(saver, location if saver == "auto" else storage_dir)
         if replicated and agree is not None:
             raise ConfigError("a replicated checkpointer agrees on its own; pass agree or replicated, not both")
         if agree is None and not replicated and config.world_size > 1:
@@ -134,7 +162,7 @@ class FlashCheckpointer:
         self.events = EventLog()
         self._link = SaverLink(
             config,
-            storage_dir,
+            location,
             saver,
             events=self.events,
             clock=self._clock,
@@ -142,6 +170,7 @@ class FlashCheckpointer:
             saver_nice=saver_nice,
             persist_bandwidth_mb_s=persist_bandwidth_mb_s,
             host_timeout_s=host_timeout_s,
+            retention=retention,
         )
         on_sealed = self._link.notify_sealed if self._link.client is not None else None
         self.stager = Stager(config, clock=self._clock, on_sealed=on_sealed, owner=None if saver == "none" else False)

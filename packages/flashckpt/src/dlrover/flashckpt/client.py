@@ -4,24 +4,27 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import socket
 import subprocess
 import sys
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import attrs
 
-from dlrover.common import Clock, SystemClock
-from dlrover.common.validators import non_negative_finite
+from dlrover.common import Clock, ConfigError, SystemClock
+from dlrover.common.validators import non_negative_finite, non_negative_int
 from dlrover.flashckpt.channel import ChannelError, recv_message, send_message, unix_address
 from dlrover.flashckpt.errors import SaverUnavailableError
 from dlrover.flashckpt.events import EventLog, FlashEvent
 from dlrover.flashckpt.saver import socket_path
 from dlrover.flashckpt.segment import SEGMENT_PREFIX
 from dlrover.flashckpt.stager import SealedNotice
+from dlrover.flashckpt.storage.location import STORAGE_OPTIONS_ENV_VAR
 
 __all__ = ["DetachedSaverSpec", "PersistOutcome", "SaverClient", "ensure_saver"]
 
@@ -184,7 +187,8 @@ class DetachedSaverSpec:
         job_id: the job.
         run_id: the run.
         world_size: ranks in the job.
-        storage_dir: the POSIX checkpoint directory.
+        storage_dir: where checkpoints go: a POSIX directory, or an fsspec URL such as
+            ``s3://bucket/prefix`` (see `StorageLocation`).
         shm_dir: where segments and the socket live.
         idle_exit_s: the saver exits (removing the run's memory) after this long with no stager,
             or this long after its start if no stager ever connects.
@@ -195,6 +199,11 @@ class DetachedSaverSpec:
             niceness (see `dlrover.flashckpt.priority`).
         coordinator: whether this node's saver moves the tracker (exactly one node's does).
         persist_bandwidth_mb_s: the saver's persist rate cap in MB/s (0: none; see `SaverConfig`).
+        storage_options: for a URL, the fsspec filesystem's options; they reach the saver through
+            its environment (`STORAGE_OPTIONS_ENV_VAR`), never its command line, which every
+            user of the machine can read.
+        keep_last: retention: the saver keeps the last N committed checkpoints (0: all).
+        keep_every: retention: and every K-th step (0: none besides the last N).
     """
 
     job_id: str
@@ -208,6 +217,13 @@ class DetachedSaverSpec:
     nice: int = 19
     coordinator: bool = True
     persist_bandwidth_mb_s: float = attrs.field(default=0.0, validator=non_negative_finite)
+    storage_options: Mapping[str, Any] = attrs.field(factory=dict, repr=False)
+    keep_last: int = attrs.field(default=0, validator=non_negative_int)
+    keep_every: int = attrs.field(default=0, validator=non_negative_int)
+
+    def __attrs_post_init__(self) -> None:
+        if self.keep_every and not self.keep_last:
+            raise ConfigError("keep_every needs keep_last (retention keeps the last N, and every K-th step)")
 
 
 def ensure_saver(spec: DetachedSaverSpec, rank: int, clock: Clock | None = None) -> SaverClient:
@@ -264,12 +280,20 @@ def _spawn(spec: DetachedSaverSpec) -> None:
         str(spec.nice),
         "--persist-bandwidth-mb-s",
         repr(float(spec.persist_bandwidth_mb_s)),
+        "--keep-last",
+        str(spec.keep_last),
+        "--keep-every",
+        str(spec.keep_every),
         *([] if spec.coordinator else ["--not-coordinator"]),
     ]
+    env = dict(os.environ)
+    env.pop(STORAGE_OPTIONS_ENV_VAR, None)
+    if spec.storage_options:
+        env[STORAGE_OPTIONS_ENV_VAR] = json.dumps(dict(spec.storage_options))
     out = open(spec.log_path, "ab") if spec.log_path else subprocess.DEVNULL  # noqa: SIM115
     try:
         # A new session: the saver survives the training process and its signals.
-        subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True)
+        subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True, env=env)
     finally:
         if out is not subprocess.DEVNULL:
             out.close()  # type: ignore[union-attr]

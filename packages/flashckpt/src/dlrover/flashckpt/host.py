@@ -18,9 +18,12 @@ Stager to host:
 
 ==========  ================================================================================
 ``ensure``  ``job_id``, ``run_id`` (ids as in `StagerConfig`), ``world_size`` (int >= 1),
-            ``storage_dir`` (absolute path), ``coordinator`` (bool: this node's saver moves
-            the tracker), ``shm_dir`` (absolute path of an existing directory), ``num_slots``
-            (int >= 2): start, reuse or replace the run's saver
+            ``storage_dir`` (absolute path, or an fsspec URL such as ``s3://bucket/prefix``),
+            ``coordinator`` (bool: this node's saver moves the tracker), ``shm_dir``
+            (absolute path of an existing directory), ``num_slots`` (int >= 2), optional
+            ``storage_options`` (a URL's fsspec options, a JSON object), optional
+            ``keep_last`` and ``keep_every`` (ints >= 0: the job's retention; 0 and 0: the
+            host's): start, reuse or replace the run's saver
 ==========  ================================================================================
 
 Host to stager:
@@ -80,7 +83,7 @@ from dlrover.flashckpt.segment import (
     write_owner,
 )
 from dlrover.flashckpt.storage.base import Storage
-from dlrover.flashckpt.storage.posix import PosixStorage
+from dlrover.flashckpt.storage.location import StorageLocation
 
 __all__ = [
     "HOST_SOCKET_ENV_VAR",
@@ -208,7 +211,7 @@ class SaverHostConfig:
             raise ConfigError(f"socket_path {self.socket_path!r} is not in an existing directory")
 
 
-StorageFactory = Callable[[str], Storage]
+StorageFactory = Callable[[StorageLocation], Storage]
 
 
 class SaverHost:
@@ -216,7 +219,8 @@ class SaverHost:
 
     Args:
         config: where to listen and how to run savers.
-        storage_factory: the storage of a run from its ``storage_dir`` (default `PosixStorage`).
+        storage_factory: the storage of a run from its location (default `StorageLocation.open`:
+            a POSIX directory or an fsspec URL).
         clock: time source for waits and event timestamps.
     """
 
@@ -224,7 +228,7 @@ class SaverHost:
         self,
         config: SaverHostConfig,
         *,
-        storage_factory: StorageFactory = PosixStorage,
+        storage_factory: StorageFactory = StorageLocation.open,
         clock: Clock | None = None,
     ) -> None:
         self.config = config
@@ -296,7 +300,7 @@ class SaverHost:
             try:
                 # The storage first: a directory that cannot be made refuses the request before
                 # a running saver is touched.
-                storage = self._storage_factory(request.storage_dir)
+                storage = self._storage_factory(request.location)
             except (OSError, FlashCkptError) as e:
                 refused = EnsureDecision(EnsureAction.REFUSE, f"storage {request.storage_dir!r} is unusable: {e}")
                 self._record("request_refused", refused.reason)
@@ -354,7 +358,9 @@ class SaverHost:
             lock_timeout_s=c.lock_timeout_s,
             poll_interval_s=c.poll_interval_s,
             commit_poll_interval_s=c.commit_poll_interval_s,
-            retention=c.retention,
+            retention=(
+                RetentionPolicy(request.keep_last, request.keep_every or None) if request.keep_last else c.retention
+            ),
             worker_nice=c.persist_nice,
             persist_bandwidth_mb_s=c.persist_bandwidth_mb_s,
             failure_persist_hold_s=c.failure_persist_hold_s,

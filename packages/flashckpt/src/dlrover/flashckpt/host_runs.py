@@ -17,6 +17,7 @@ import attrs
 from dlrover.common import ConfigError
 from dlrover.flashckpt.errors import FlashCkptError
 from dlrover.flashckpt.segment import DEFAULT_SHM_DIR, validate_id
+from dlrover.flashckpt.storage.location import StorageLocation
 
 __all__ = ["EnsureAction", "EnsureDecision", "HostRuns", "SaverRequest"]
 
@@ -32,10 +33,16 @@ class SaverRequest:
         job_id: the job.
         run_id: the run.
         world_size: ranks in the job (now: a resize changes it).
-        storage_dir: absolute path of the POSIX checkpoint directory.
+        storage_dir: where checkpoints go: the absolute path of a POSIX directory, or an fsspec
+            URL such as ``s3://bucket/prefix`` (see `StorageLocation`).
         coordinator: whether this node's saver moves the tracker.
         shm_dir: absolute path of the directory holding the run's segments.
         num_slots: slots per rank.
+        storage_options: for a URL, the fsspec filesystem's options (may hold credentials: kept
+            out of the repr and of every reason string).
+        keep_last: retention the job asks for: keep the last N committed steps (0: the host's
+            own `SaverHostConfig.retention`).
+        keep_every: and every K-th step (0: none besides the last N).
     """
 
     job_id: str
@@ -45,20 +52,35 @@ class SaverRequest:
     coordinator: bool = True
     shm_dir: str = DEFAULT_SHM_DIR
     num_slots: int = 2
+    storage_options: Mapping[str, Any] = attrs.field(factory=dict, repr=False)
+    keep_last: int = 0
+    keep_every: int = 0
 
     def __attrs_post_init__(self) -> None:
         for kind, value in (("job", self.job_id), ("run", self.run_id)):
             validate_id(kind, value)
         _check_int("world_size", self.world_size, 1)
         _check_int("num_slots", self.num_slots, 2)
+        _check_int("keep_last", self.keep_last, 0)
+        _check_int("keep_every", self.keep_every, 0)
+        if self.keep_every and not self.keep_last:
+            raise FlashCkptError("keep_every needs keep_last (retention keeps the last N, and every K-th step)")
         if not isinstance(self.coordinator, bool):
             raise FlashCkptError(f"coordinator must be true or false, got {self.coordinator!r}")
-        for name in ("storage_dir", "shm_dir"):
-            value = getattr(self, name)
-            if not isinstance(value, str) or not os.path.isabs(value) or "\0" in value:
-                raise FlashCkptError(f"{name} must be an absolute path, got {value!r}")
+        if not isinstance(self.shm_dir, str) or not os.path.isabs(self.shm_dir) or "\0" in self.shm_dir:
+            raise FlashCkptError(f"shm_dir must be an absolute path, got {self.shm_dir!r}")
+        self.location  # noqa: B018 (validates storage_dir and storage_options)
         if not os.path.isdir(self.shm_dir):
             raise FlashCkptError(f"shm_dir {self.shm_dir!r} is not a directory")
+
+    @property
+    def location(self) -> StorageLocation:
+        """Where the run's checkpoints go.
+
+        Raises:
+            FlashCkptError: `storage_dir` or `storage_options` is invalid.
+        """
+        return StorageLocation(self.storage_dir, self.storage_options)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -72,10 +94,11 @@ class SaverRequest:
         Raises:
             FlashCkptError: a field is missing or invalid (the message names it).
         """
-        missing = [f.name for f in attrs.fields(cls) if f.name not in msg]
+        optional = {"storage_options", "keep_last", "keep_every"}
+        missing = [f.name for f in attrs.fields(cls) if f.name not in msg and f.name not in optional]
         if missing:
             raise FlashCkptError(f"'ensure' needs {missing}, got fields {sorted(msg)}")
-        return cls(**{f.name: msg[f.name] for f in attrs.fields(cls)})
+        return cls(**{f.name: msg[f.name] for f in attrs.fields(cls) if f.name in msg})
 
     def to_message(self) -> dict[str, Any]:
         """The ``ensure`` message for this request."""
@@ -133,13 +156,17 @@ class HostRuns:
                 EnsureAction.START,
                 f"{run}: no saver yet; starting one for world size {request.world_size}",
             )
-        for name in ("storage_dir", "shm_dir", "num_slots"):
+        for name in ("storage_dir", "shm_dir", "num_slots", "keep_last", "keep_every"):
             ours, theirs = getattr(current, name), getattr(request, name)
             if ours != theirs:
                 return EnsureDecision(
                     EnsureAction.REFUSE,
                     f"{run} is served with {name}={ours!r}; the request names {theirs!r} (ranks disagree?)",
                 )
+        if dict(current.storage_options) != dict(request.storage_options):
+            return EnsureDecision(
+                EnsureAction.REFUSE, f"{run} is served with other storage options than the request's (not shown)"
+            )
         if (current.world_size, current.coordinator) != (request.world_size, request.coordinator):
             return EnsureDecision(
                 EnsureAction.REPLACE,

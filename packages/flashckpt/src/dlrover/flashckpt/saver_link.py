@@ -20,28 +20,30 @@ from typing import Literal
 
 from dlrover.common import Clock, ConfigError
 from dlrover.flashckpt.client import DetachedSaverSpec, PersistOutcome, SaverClient, ensure_saver
+from dlrover.flashckpt.commit import RetentionPolicy
 from dlrover.flashckpt.config import StagerConfig
 from dlrover.flashckpt.errors import FlashCkptError, SaverUnavailableError
 from dlrover.flashckpt.events import EventLog, FlashEvent
 from dlrover.flashckpt.host import HOST_SOCKET_ENV_VAR, SaverRequest, request_saver
 from dlrover.flashckpt.saver import socket_path
 from dlrover.flashckpt.stager import SealedNotice
+from dlrover.flashckpt.storage.location import StorageLocation
 
 __all__ = ["SaverLink", "SaverMode", "check_saver_mode"]
 
 SaverMode = Literal["auto", "connect", "none"]
 
 
-def check_saver_mode(mode: str, storage_dir: str | None) -> None:
-    """Refuse a mode that is not one of `SaverMode`, or ``auto`` without a storage directory.
+def check_saver_mode(mode: str, storage: object | None) -> None:
+    """Refuse a mode that is not one of `SaverMode`, or ``auto`` without a storage to write to.
 
     Raises:
         ConfigError: naming the bad value.
     """
     if mode not in ("auto", "connect", "none"):
         raise ConfigError(f"saver must be 'auto', 'connect' or 'none', got {mode!r}")
-    if mode == "auto" and storage_dir is None:
-        raise ConfigError("saver='auto' needs storage_dir for a detached saver")
+    if mode == "auto" and storage is None:
+        raise ConfigError("saver='auto' needs storage_dir (or a storage another process can open) for the node's saver")
 
 
 class SaverLink:
@@ -49,7 +51,7 @@ class SaverLink:
 
     Args:
         config: the rank's stager settings (job, run, rank, world size, shared memory).
-        storage_dir: the POSIX checkpoint directory the saver writes to (``auto`` needs it).
+        storage: where the saver writes (``auto`` needs it): a POSIX directory or an fsspec URL.
         mode: ``"auto"``, ``"connect"`` or ``"none"``.
         events: where saver problems are recorded.
         clock: time source for event timestamps.
@@ -57,6 +59,8 @@ class SaverLink:
         saver_nice: niceness added to a detached saver.
         persist_bandwidth_mb_s: a detached saver's persist rate cap in MB/s (0: none).
         host_timeout_s: bound on the agent's answer to a saver request.
+        retention: which committed checkpoints the saver keeps (None: a detached saver keeps
+            all, the agent's saver its own setting, ``dlrover-run --checkpoint-keep-last``).
 
     Raises:
         ConfigError: a bad mode, ``auto`` without `storage_dir`, or a request the agent cannot take.
@@ -66,7 +70,7 @@ class SaverLink:
     def __init__(
         self,
         config: StagerConfig,
-        storage_dir: str | None,
+        storage: StorageLocation | None,
         mode: SaverMode,
         *,
         events: EventLog,
@@ -75,8 +79,9 @@ class SaverLink:
         saver_nice: int = 19,
         persist_bandwidth_mb_s: float = 0.0,
         host_timeout_s: float = 180.0,
+        retention: RetentionPolicy | None = None,
     ) -> None:
-        check_saver_mode(mode, storage_dir)
+        check_saver_mode(mode, storage)
         self.config = config
         self.mode: SaverMode = mode
         self.events = events
@@ -88,35 +93,43 @@ class SaverLink:
         # torchrun's node rank: node 0's saver coordinates the commit.
         coordinator = os.environ.get("GROUP_RANK", "0") == "0"
         host_socket = os.environ.get(HOST_SOCKET_ENV_VAR, "") if mode == "auto" else ""
+        keep_last = retention.keep_last if retention is not None else 0
+        keep_every = (retention.keep_every or 0) if retention is not None else 0
         if host_socket:
-            assert storage_dir is not None
+            assert storage is not None
             try:
                 request = SaverRequest(
                     config.job_id,
                     config.run_id,
                     config.world_size,
-                    # The agent's working directory may differ from this process's.
-                    os.path.abspath(storage_dir),
+                    storage.url,
                     coordinator,
+                    # The agent's working directory may differ from this process's.
                     shm_dir=os.path.abspath(config.shm_dir),
                     num_slots=config.num_slots,
+                    storage_options=storage.options,
+                    keep_last=keep_last,
+                    keep_every=keep_every,
                 )
             except FlashCkptError as e:
                 raise ConfigError(f"cannot ask the agent for a saver: {e}") from None
             self._host = (host_socket, request)
             self.client = self._connect()
         elif mode == "auto":
-            assert storage_dir is not None
+            assert storage is not None
             self._spec = DetachedSaverSpec(
                 config.job_id,
                 config.run_id,
                 config.world_size,
-                storage_dir,
+                storage.url,
                 config.shm_dir,
                 idle_exit_s,
                 nice=saver_nice,
                 persist_bandwidth_mb_s=persist_bandwidth_mb_s,
                 coordinator=coordinator,
+                storage_options=storage.options,
+                keep_last=keep_last,
+                keep_every=keep_every,
             )
             self.client = self._connect()
         elif mode == "connect":

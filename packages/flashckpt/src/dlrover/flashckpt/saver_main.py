@@ -17,6 +17,7 @@ Test seams (faults enter at the storage seam, never by patching internals):
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import math
 import os
@@ -28,9 +29,11 @@ from types import FrameType
 
 from dlrover.common import SystemClock, configure_logging
 from dlrover.flashckpt.commit import RetentionPolicy
+from dlrover.flashckpt.errors import FlashCkptError
 from dlrover.flashckpt.priority import lower_process_priority
 from dlrover.flashckpt.saver import Saver, SaverConfig
-from dlrover.flashckpt.storage.base import Chunk
+from dlrover.flashckpt.storage.base import Chunk, Storage
+from dlrover.flashckpt.storage.location import STORAGE_OPTIONS_ENV_VAR, StorageLocation
 from dlrover.flashckpt.storage.posix import PosixStorage
 
 __all__ = ["main"]
@@ -74,7 +77,11 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--job", required=True)
     p.add_argument("--run", required=True)
     p.add_argument("--world-size", type=int, default=1)
-    p.add_argument("--storage-dir", required=True)
+    p.add_argument(
+        "--storage-dir",
+        required=True,
+        help=f"a POSIX directory or an fsspec URL like s3://bucket/dir (options: JSON in ${STORAGE_OPTIONS_ENV_VAR})",
+    )
     p.add_argument("--shm-dir", default="/dev/shm")  # noqa: S108 (the POSIX shared-memory mount)
     p.add_argument("--idle-exit-s", type=float, default=60.0)
     p.add_argument(
@@ -113,6 +120,16 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def _open_storage(url: str, options_json: str) -> Storage:
+    options = json.loads(options_json) if options_json else {}
+    location = StorageLocation(url if "://" in url else os.path.abspath(url), options)
+    exit_before = _parse_fault(os.environ.get(FAULT_EXIT_ENV))
+    pause_before = _parse_fault(os.environ.get(FAULT_PAUSE_ENV))
+    if (exit_before or pause_before) and location.is_posix:
+        return _FaultyStorage(location.url, exit_before, pause_before)
+    return location.open()
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run a saver until shutdown, a signal, idleness, or no first stager; returns the exit status."""
     args = _parse_args(argv)
@@ -135,13 +152,11 @@ def main(argv: list[str] | None = None) -> int:
         coordinator=not args.not_coordinator,
         persist_bandwidth_mb_s=args.persist_bandwidth_mb_s,
     )
-    exit_before = _parse_fault(os.environ.get(FAULT_EXIT_ENV))
-    pause_before = _parse_fault(os.environ.get(FAULT_PAUSE_ENV))
-    storage = (
-        _FaultyStorage(args.storage_dir, exit_before, pause_before)
-        if exit_before or pause_before
-        else PosixStorage(args.storage_dir)
-    )
+    try:
+        storage = _open_storage(args.storage_dir, os.environ.pop(STORAGE_OPTIONS_ENV_VAR, ""))
+    except (FlashCkptError, OSError, ValueError) as e:
+        log.error("cannot open storage %r: %s", args.storage_dir, e)
+        return 2
     saver = Saver(config, storage)
     stop = threading.Event()
 

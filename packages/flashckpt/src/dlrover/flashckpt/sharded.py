@@ -123,6 +123,7 @@ from dlrover.flashckpt.sharded_state import (
 from dlrover.flashckpt.slotio import peek_header, read_header, read_manifest
 from dlrover.flashckpt.stager import SaveResult, Stager
 from dlrover.flashckpt.storage.base import Storage
+from dlrover.flashckpt.storage.location import StorageLocation
 from dlrover.flashckpt.storage.posix import PosixStorage
 from dlrover.flashckpt.tree import build_tree, flatten_state
 
@@ -273,9 +274,8 @@ class ShardedCheckpointer:
         self._threads = dcp_thread_count
         self.events = EventLog()
         assert self.root is not None or saver == "none"
-        self._link = SaverLink(
-            config, None if self.root is None else str(self.root), saver, events=self.events, clock=self._clock
-        )
+        location = None if self.root is None else StorageLocation(os.path.abspath(self.root))
+        self._link = SaverLink(config, location, saver, events=self.events, clock=self._clock)
         on_sealed = self._link.notify_sealed if self._link.client is not None else None
         # With a saver, the saver removes the run's memory when the job ends.
         self.stager = Stager(config, clock=self._clock, on_sealed=on_sealed, owner=None if saver == "none" else False)

@@ -3,6 +3,7 @@
 
 from dlrover.flashckpt.storage.base import COMMIT_LOCK_NAME, Chunk, CommitLocking, Storage, check_path
 from dlrover.flashckpt.storage.fsspec_store import FsspecStorage
+from dlrover.flashckpt.storage.location import StorageLocation
 from dlrover.flashckpt.storage.memory import InMemoryStorage
 from dlrover.flashckpt.storage.posix import PosixStorage
 
@@ -14,5 +15,6 @@ __all__ = [
     "InMemoryStorage",
     "PosixStorage",
     "Storage",
+    "StorageLocation",
     "check_path",
 ]
