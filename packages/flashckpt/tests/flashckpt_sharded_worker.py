@@ -1,4 +1,5 @@
-"""FSDP2 (``fully_shard``, CPU, gloo) jobs of several sizes for test_sharded.py.
+"""FSDP (CPU, gloo) jobs of several sizes for test_sharded.py: FSDP2 (``fully_shard``) by default,
+FSDP1 (``FullyShardedDataParallel`` with a ``device_mesh``) with ``--fsdp 1``.
 
 The driver runs phases in order, each a job of WORLD ranks forked from it:
 
@@ -13,6 +14,12 @@ The driver runs phases in order, each a job of WORLD ranks forked from it:
   waits until that step is committed; ``stopsaver:WORLD`` shuts the saver down.
 * ``corrupt:STEP``: flips a byte of one DCP file of that step; ``corruptrank:STEP`` of the last
   rank's file of a step saved rank by rank.
+
+FSDP1's sharded state dict is made of DTensors only when it is built with a ``device_mesh``;
+on CPU it also needs ``device_id=cpu`` (without one it looks for an accelerator). Its
+parameters are flat parameters (``use_orig_params=False``, the default) and its state dict
+tensors are copies of their shards, not views: "in place" means the flat parameters keep their
+memory.
 
 Each line on stdout is one JSON object. Segments are kept (``close(remove=False)``) so a later
 phase of the same job sees them; the test removes them.
@@ -35,7 +42,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import FullyShardedDataParallel, fully_shard
+from torch.distributed.tensor import DTensor
 
 from dlrover.flashckpt.client import SaverClient
 from dlrover.flashckpt.commit import Committer
@@ -57,15 +65,32 @@ def emit(sink: Path | None, **kw: object) -> None:
             f.write(line)
 
 
-def build(world: int, seed: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+def build(world: int, seed: int, fsdp: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """The model, each Linear and the whole sharded (FSDP1 or FSDP2), and its optimizer."""
     mesh = init_device_mesh("cpu", (world,))
     torch.manual_seed(seed)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 6))
-    for layer in model:
-        if isinstance(layer, torch.nn.Linear):
-            fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+    layers = [torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 6)]
+    model: torch.nn.Module
+    if fsdp == 1:
+        cpu = torch.device("cpu")
+        wrapped = [
+            FullyShardedDataParallel(m, device_mesh=mesh, device_id=cpu) if isinstance(m, torch.nn.Linear) else m
+            for m in layers
+        ]
+        model = FullyShardedDataParallel(torch.nn.Sequential(*wrapped), device_mesh=mesh, device_id=cpu)
+    else:
+        model = torch.nn.Sequential(*layers)
+        for layer in layers:
+            if isinstance(layer, torch.nn.Linear):
+                fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
     return model, torch.optim.AdamW(model.parameters(), lr=0.01)
+
+
+def local_shards(model: torch.nn.Module) -> list[torch.Tensor]:
+    """The memory this rank trains: FSDP2's DTensor parameters' local shards, FSDP1's flat
+    parameters (plain tensors)."""
+    return [p.to_local() if isinstance(p, DTensor) else p for p in model.parameters()]
 
 
 def digest(model: torch.nn.Module, opt: torch.optim.Optimizer) -> dict[str, str]:
@@ -91,17 +116,17 @@ def digest(model: torch.nn.Module, opt: torch.optim.Optimizer) -> dict[str, str]
 
 
 def local_ptrs(model: torch.nn.Module) -> list[int]:
-    return [p.to_local().data_ptr() for p in model.parameters()]  # type: ignore[operator]
+    return [t.data_ptr() for t in local_shards(model)]
 
 
-def restore(ckpt: ShardedCheckpointer, world: int, rank: int, sink: Path) -> None:
+def restore(ckpt: ShardedCheckpointer, world: int, rank: int, sink: Path, fsdp: int) -> None:
     """Build the model from another seed, scramble it, load, and report."""
-    model, opt = build(world, 99)
+    model, opt = build(world, 99, fsdp)
     state = get_sharded_state(model, opt)
     state["step"] = -1
     with torch.no_grad():
-        for param in model.parameters():
-            param.to_local().fill_(7.0)  # type: ignore[operator]
+        for shard in local_shards(model):
+            shard.fill_(7.0)
     before = local_ptrs(model)
     loaded = ckpt.load(state)
     set_sharded_state(model, opt, loaded.state)
@@ -122,9 +147,9 @@ def restore(ckpt: ShardedCheckpointer, world: int, rank: int, sink: Path) -> Non
     )
 
 
-def train(ckpt: ShardedCheckpointer, world: int, rank: int, sink: Path) -> None:
+def train(ckpt: ShardedCheckpointer, world: int, rank: int, sink: Path, fsdp: int) -> None:
     """Train 3 steps, staging each, persisting steps 1 and 2; report the full state of each."""
-    model, opt = build(world, 0)
+    model, opt = build(world, 0, fsdp)
     ckpt.prepare(get_sharded_state(model, opt))
     for step in (1, 2, 3):
         torch.manual_seed(100 + step * 10 + rank)
@@ -155,14 +180,14 @@ def train(ckpt: ShardedCheckpointer, world: int, rank: int, sink: Path) -> None:
             )
 
 
-def run_rank(mode: str, rank: int, world: int, *, init: str, job: str, storage: str, sink: Path) -> None:
+def run_rank(mode: str, rank: int, world: int, *, init: str, job: str, storage: str, sink: Path, fsdp: int) -> None:
     """One rank of one phase (a forked child of the driver)."""
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     cfg = StagerConfig(job_id=job, run_id="fsdp", rank=rank, world_size=world, copy_threads=1)
     saver = "auto" if mode == "traindie" else "none"  # a detached node saver, started by the first rank
     ckpt = ShardedCheckpointer(cfg, storage, group=dist.new_group(backend="gloo"), saver=saver)
     if mode == "traindie":
-        train(ckpt, world, rank, sink)
+        train(ckpt, world, rank, sink, fsdp)
         ckpt.stager.flush()  # every snapshot sealed: the saver was told
         if rank == 0 and ckpt.client is not None:
             emit(sink, event="saver", pid=ckpt.client.saver_pid)
@@ -176,13 +201,13 @@ def run_rank(mode: str, rank: int, world: int, *, init: str, job: str, storage: 
             time.sleep(0.01)
         os.kill(os.getpid(), signal.SIGKILL)  # the processes die; the saver outlives them
     if mode == "train":
-        train(ckpt, world, rank, sink)
+        train(ckpt, world, rank, sink, fsdp)
         ckpt.close(remove=False)
         dist.barrier()
         # A restarted trainer of the same size (played by the same process to stay fast): a
         # fresh checkpointer finds every rank's step 3 in memory.
         ckpt = ShardedCheckpointer(cfg, storage, group=dist.new_group(backend="gloo"))
-    restore(ckpt, world, rank, sink)
+    restore(ckpt, world, rank, sink, fsdp)
     dist.barrier()
     ckpt.close(remove=False)
     dist.destroy_process_group()
@@ -229,6 +254,7 @@ def main() -> None:
     p.add_argument("--storage", required=True)
     p.add_argument("--tmp", required=True)
     p.add_argument("--timeout-s", type=float, default=100.0)
+    p.add_argument("--fsdp", type=int, choices=(1, 2), default=2, help="FSDP1 or FSDP2 (fully_shard)")
     p.add_argument(
         "phases", nargs="+", help="train:WORLD, restore:WORLD, corrupt:STEP, ... (see the docstring), in order"
     )
@@ -258,6 +284,7 @@ def main() -> None:
             expect_code=-signal.SIGKILL if mode == "traindie" else 0,
             job=a.job,
             storage=a.storage,
+            fsdp=a.fsdp,
         )
 
 

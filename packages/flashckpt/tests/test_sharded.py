@@ -1,4 +1,5 @@
-"""Sharded state: splitting, the DCP store's checksums and commit, and real FSDP2 jobs resharding."""
+"""Sharded state: splitting, the DCP store's checksums and commit, and real FSDP1 and FSDP2 jobs
+resharding."""
 
 from __future__ import annotations
 
@@ -591,7 +592,11 @@ def test_killed_during_persist_leaves_previous_checkpoint(job_id: str, tmp_path:
         remove_run("/dev/shm", job_id, "kill")
 
 
-# -- real FSDP2 jobs (gloo, CPU) ------------------------------------------------------------------
+# -- real FSDP jobs (gloo, CPU) -------------------------------------------------------------------
+
+# FSDP2, and FSDP1 built with a device_mesh (so its sharded state dict is DTensors) and, on CPU,
+# device_id=cpu (see the worker).
+FSDP_VERSIONS = pytest.mark.parametrize("fsdp", [1, 2], ids=["fsdp1", "fsdp2"])
 
 
 def _assert_every_rank_fell_back_to_step_2_naming_the_damage(
@@ -616,32 +621,38 @@ def _python(args: list[str], timeout_s: float, job_id: str, run_id: str) -> str:
     return proc.stdout
 
 
-def _run_phases(job_id: str, tmp_path: Path, *phases: str) -> list[dict[str, Any]]:
-    """Run the FSDP2 worker's phases (storage in ``tmp_path/ck``); every JSON event they printed."""
-    args = [WORKER, "--job", job_id, "--storage", str(tmp_path / "ck"), "--tmp", str(tmp_path), *phases]
+def _run_phases(job_id: str, tmp_path: Path, *phases: str, fsdp: int = 2) -> list[dict[str, Any]]:
+    """Run the FSDP worker's phases (storage in ``tmp_path/ck``); every JSON event they printed."""
+    args = [WORKER, "--job", job_id, "--storage", str(tmp_path / "ck"), "--tmp", str(tmp_path), f"--fsdp={fsdp}"]
+    args += phases
     out = _python(args, 140, job_id, "fsdp")
     return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
 
 
 @pytest.mark.integration
 @pytest.mark.timeout(150)
-def test_fsdp2_saved_on_2_loads_on_2_from_memory_and_on_1_and_3_from_storage(job_id: str, tmp_path: Path) -> None:
+@FSDP_VERSIONS
+def test_fsdp_saved_on_2_loads_on_2_from_memory_and_on_1_and_3_from_storage(
+    job_id: str, tmp_path: Path, fsdp: int
+) -> None:
     storage = tmp_path / "ck"
-    events = _run_phases(job_id, tmp_path, "train:2", "restore:1", "corrupt:3", "restore:3")
+    events = _run_phases(job_id, tmp_path, "train:2", "restore:1", "corrupt:3", "restore:3", fsdp=fsdp)
     full = {e["step"]: e["full"] for e in events if e["event"] == "trained"}
     # Step 1 persisted in the foreground; step 2 in the background, reported after step 3.
     assert [e["committed"] for e in events if e["event"] == "trained"] == [True, None, True]
     assert full[1] != full[2] != full[3]
     loaded = {(e["world"], e["rank"]): e for e in events if e["event"] == "loaded"}
     assert sorted(loaded) == [(1, 0), (2, 0), (2, 1), (3, 0), (3, 1), (3, 2)]
-    # Same size: step 3 (never persisted) from memory, into the existing shards, bit for bit;
-    # then persisted in the background (`persist_restored`), as a node saver persists a failure's.
+    # Same size: step 3 (never persisted) from memory, into the existing shards (FSDP1's: its flat
+    # parameters), bit for bit; then persisted in the background (`persist_restored`), as a node
+    # saver persists a failure's.
     for r in (0, 1):
         e = loaded[(2, r)]
         assert (e["source"], e["step"], e["state_step"], e["same_memory"]) == ("memory", 3, 3, True)
         assert e["full"] == full[3]
         assert any(k == "persist_restored" for k, _, _ in e["events"])
-    # One rank: rank 0's snapshot is sharded for two, so step 3, committed since, is resharded.
+    # One rank: rank 0's snapshot is sharded for two, so step 3, committed since, is resharded
+    # (FSDP1 on one rank does not shard at all: NO_SHARD, as torch warns).
     e = loaded[(1, 0)]
     assert (e["source"], e["step"], e["state_step"]) == ("storage", 3, 3)
     assert e["full"] == full[3]
@@ -652,11 +663,12 @@ def test_fsdp2_saved_on_2_loads_on_2_from_memory_and_on_1_and_3_from_storage(job
 
 @pytest.mark.integration
 @pytest.mark.timeout(170)
-def test_fsdp2_processes_die_and_the_node_saver_persists_their_step_loadable_resharded(
-    job_id: str, tmp_path: Path
+@FSDP_VERSIONS
+def test_fsdp_processes_die_and_the_node_saver_persists_their_step_loadable_resharded(
+    job_id: str, tmp_path: Path, fsdp: int
 ) -> None:
     phases = ["traindie:2", "awaitcommit:3", "stopsaver:2", "restore:3", "restore:1", "corruptrank:3", "restore:2"]
-    events = _run_phases(job_id, tmp_path, *phases)
+    events = _run_phases(job_id, tmp_path, *phases, fsdp=fsdp)
     full = {e["step"]: e["full"] for e in events if e["event"] == "trained"}
     # Both training processes were SIGKILLed with step 3 only in memory (steps 1 and 2 went to
     # storage with DCP); the detached node saver persisted step 3 rank by rank, by itself.
