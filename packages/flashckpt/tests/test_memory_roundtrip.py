@@ -1,7 +1,9 @@
-"""load(save(s)) == s bit for bit through shared memory, for random nested states."""
+"""load(save(s)) == s bit for bit through shared memory, and through storage along the saver's own
+path (slot -> rank files on disk -> load), for random nested states."""
 
 from __future__ import annotations
 
+import tempfile
 import uuid
 from typing import Any
 
@@ -11,9 +13,16 @@ import torch
 from flashckpt_testlib import assert_restores, our_files, same_bits, tied_states
 from hypothesis import given
 
+from dlrover.flashckpt.commit import Committer
 from dlrover.flashckpt.config import StagerConfig
 from dlrover.flashckpt.memory import MemoryReader
+from dlrover.flashckpt.payloads import payload_from_slot
+from dlrover.flashckpt.persist import persist_rank
+from dlrover.flashckpt.segment import ShmSegment, segment_path
+from dlrover.flashckpt.slotio import read_header
 from dlrover.flashckpt.stager import Stager
+from dlrover.flashckpt.storage import PosixStorage
+from dlrover.flashckpt.storage_loader import StorageReader
 
 
 def _config(job: str) -> StagerConfig:
@@ -34,6 +43,32 @@ def test_memory_roundtrip_bit_for_bit(state: Any) -> None:
         assert fresh.step == 7
         assert fresh.verified
         assert_restores(state, lambda target: reader.load(target=target).state)
+    finally:
+        stager.close()
+    assert our_files(job) == []
+
+
+@given(state=tied_states())
+def test_storage_roundtrip_through_the_savers_path_bit_for_bit(state: Any) -> None:
+    """What a node saver does: read the sealed slot (checksums verified while streaming), write the
+    rank files into a POSIX directory, commit; then load them back."""
+    job = "h" + uuid.uuid4().hex[:12]
+    cfg = _config(job)
+    stager = Stager(cfg)
+    try:
+        slot = stager.save(9, state).slot
+        stager.flush()
+        seg = ShmSegment.attach(segment_path(cfg.shm_dir, job, "p", 0, slot))
+        try:
+            header = read_header(seg)
+            assert header is not None
+            with tempfile.TemporaryDirectory() as d:
+                storage = PosixStorage(d)
+                persist_rank(storage, payload_from_slot(seg, header, 0, 1))
+                assert Committer(storage).try_commit(9, 1).commit
+                assert_restores(state, lambda target: StorageReader(storage).load(0, 1, target=target).state)
+        finally:
+            seg.close()
     finally:
         stager.close()
     assert our_files(job) == []
