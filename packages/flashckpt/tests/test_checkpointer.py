@@ -15,6 +15,7 @@ from dlrover.flashckpt.ckpt_format import safetensors_path
 from dlrover.flashckpt.commit import Committer, RetentionPolicy
 from dlrover.flashckpt.errors import FlashCkptError, NoCheckpointError
 from dlrover.flashckpt.memory import MemoryReader
+from dlrover.flashckpt.saver_link import coordinator_node
 from dlrover.flashckpt.segment import ShmSegment
 
 
@@ -201,3 +202,22 @@ def test_damaged_memory_snapshot_falls_back_to_storage(job_id: str, tmp_path: Pa
         assert any(e.kind == "fallback" and "step 2" in e.reason for e in ckpt.events.snapshot())
     finally:
         ckpt.close(job_end=True)
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ({"GROUP_RANK": "0", "RANK": "5", "LOCAL_RANK": "1"}, True),  # torchrun / dlrover-run: the node rank
+        ({"GROUP_RANK": "2", "RANK": "1", "LOCAL_RANK": "1"}, False),
+        ({"RANK": "3", "LOCAL_RANK": "3"}, True),  # DeepSpeed's launcher: rank 0 is on this node
+        ({"RANK": "8", "LOCAL_RANK": "0"}, False),
+        ({"SLURM_NODEID": "0"}, True),  # srun alone
+        ({"SLURM_NODEID": "1"}, False),
+        ({}, True),  # one process, one node
+        ({"GROUP_RANK": "", "RANK": "x", "SLURM_NODEID": "3"}, False),  # malformed values are skipped
+    ],
+)
+def test_the_node_of_rank_0_coordinates_whatever_the_launcher(env: dict[str, str], expected: bool) -> None:
+    coordinates, why = coordinator_node(env)
+    assert coordinates is expected
+    assert why

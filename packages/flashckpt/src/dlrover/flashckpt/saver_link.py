@@ -16,6 +16,7 @@ snapshot every rank holds (see `dlrover.flashckpt.saver`).
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import Literal
 
 from dlrover.common import Clock, ConfigError
@@ -29,7 +30,7 @@ from dlrover.flashckpt.saver import socket_path
 from dlrover.flashckpt.stager import SealedNotice
 from dlrover.flashckpt.storage.location import StorageLocation
 
-__all__ = ["SaverLink", "SaverMode", "check_saver_mode"]
+__all__ = ["SaverLink", "SaverMode", "check_saver_mode", "coordinator_node"]
 
 SaverMode = Literal["auto", "connect", "none"]
 
@@ -44,6 +45,25 @@ def check_saver_mode(mode: str, storage: object | None) -> None:
         raise ConfigError(f"saver must be 'auto', 'connect' or 'none', got {mode!r}")
     if mode == "auto" and storage is None:
         raise ConfigError("saver='auto' needs storage_dir (or a storage another process can open) for the node's saver")
+
+
+def coordinator_node(env: Mapping[str, str]) -> tuple[bool, str]:
+    """Whether this node's saver moves the tracker (exactly one node's may), and why.
+
+    The node of global rank 0 coordinates. Launchers say which node that is in different ways:
+    torchrun and ``dlrover-run`` set ``GROUP_RANK`` (the node rank); the DeepSpeed and MPI-style
+    launchers set only ``RANK`` and ``LOCAL_RANK``, and every launcher numbers a node's ranks
+    contiguously, so the node starts at rank 0 exactly when ``RANK - LOCAL_RANK`` is 0; under
+    ``srun`` alone, ``SLURM_NODEID``. With none of them the job is taken to be on one node.
+    """
+    if env.get("GROUP_RANK", "").isdigit():
+        return env["GROUP_RANK"] == "0", f"GROUP_RANK={env['GROUP_RANK']}"
+    rank, local = env.get("RANK", ""), env.get("LOCAL_RANK", "")
+    if rank.isdigit() and local.isdigit():
+        return int(rank) - int(local) == 0, f"RANK={rank} LOCAL_RANK={local}"
+    if env.get("SLURM_NODEID", "").isdigit():
+        return env["SLURM_NODEID"] == "0", f"SLURM_NODEID={env['SLURM_NODEID']}"
+    return True, "no node rank in the environment: one node"
 
 
 class SaverLink:
@@ -90,8 +110,7 @@ class SaverLink:
         self._spec: DetachedSaverSpec | None = None
         self._host: tuple[str, SaverRequest] | None = None
         self.client: SaverClient | None = None
-        # torchrun's node rank: node 0's saver coordinates the commit.
-        coordinator = os.environ.get("GROUP_RANK", "0") == "0"
+        coordinator, _ = coordinator_node(os.environ)
         host_socket = os.environ.get(HOST_SOCKET_ENV_VAR, "") if mode == "auto" else ""
         keep_last = retention.keep_last if retention is not None else 0
         keep_every = (retention.keep_every or 0) if retention is not None else 0
