@@ -8,6 +8,7 @@ Deadlines are off in both: tests never assert on wall time, and this machine has
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 from collections.abc import Generator, Iterator
@@ -27,29 +28,6 @@ settings.register_profile("dev", max_examples=50, deadline=None, suppress_health
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "dev"))
 
 
-def _live_children(pid: int) -> list[tuple[int, str]]:
-    """Direct children of `pid` that are still running (zombies excluded), from /proc."""
-    found = []
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return found
-    for entry in entries:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                cmdline = f.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()
-        except OSError:
-            continue
-        fields = stat.rsplit(")", 1)[-1].split()
-        if len(fields) > 1 and fields[0] != "Z" and int(fields[1]) == pid:
-            found.append((int(entry), cmdline))
-    return found
-
-
 # Where DLRover and torch's elastic launcher leave things a test could leak: shared memory
 # (checkpoint segments, saver sockets and owner records) and temp dirs (tokens, logs, staging).
 _LEAK_PATTERNS = (("/dev/shm", "dlrover-*"), (None, "dlrover-*"), (None, "torchelastic_*"))  # noqa: S108 (only read)
@@ -66,21 +44,17 @@ def _leakable() -> set[str]:
     return found
 
 
-def _owner_alive(path: str) -> bool | None:
-    """Whether the process that owns `path` runs: from a shared-memory run's owner record, or an
-    `owned_temp_dir` name; None when the name says nothing about its owner.
+Owner = tuple[int, int | None]  # pid and start ticks (None: the process had gone when recorded)
+_NO_OWNER_RECORD: Owner = (0, None)
 
-    Other runs on the host (a developer's second test run, a real job) share /dev/shm and, outside
-    nox, the temp dir: what a live process owns is never called this run's leak.
-    """
+
+def _owner(path: str) -> Owner | None:
+    """The process that owns `path`, from a shared-memory run's owner record or an `owned_temp_dir`
+    name; `_NO_OWNER_RECORD` for a run's file whose record cannot be read (nobody can clean it up
+    but a sweep); None when the name says nothing about its owner."""
     import re
 
     name = os.path.basename(path)
-    try:
-        from dlrover.common import DLRoverError, ProcessIdentity
-    except ImportError:
-        return None
-    owner: tuple[int, int | None] | None = None
     run = re.fullmatch(r"dlrover-fc\.([^.]+)\.([^.]+)\..+", name)
     owned = re.fullmatch(r"dlrover-[a-z]+-([0-9]{1,10})-([0-9]{1,20})-[0-9]{1,20}-[^/]+", name)
     if run is not None and os.path.dirname(path) == "/dev/shm":  # noqa: S108 (only read)
@@ -88,15 +62,29 @@ def _owner_alive(path: str) -> bool | None:
         try:
             with open(record) as f:
                 doc = json.load(f)
-            owner = (int(doc["pid"]), doc.get("start_ticks"))
+            return int(doc["pid"]), doc.get("start_ticks")
         except (OSError, ValueError, KeyError, TypeError):
-            return False  # no readable owner record: nobody can clean it up but a sweep
-    elif owned is not None:
-        owner = (int(owned.group(1)), int(owned.group(2)))
+            return _NO_OWNER_RECORD
+    if owned is not None:
+        return int(owned.group(1)), int(owned.group(2))
+    return None
+
+
+def _owner_alive(path: str, owner: Owner | None) -> bool | None:
+    """Whether `owner` (`_owner(path)`) runs; None when nothing says who owns `path`.
+
+    Other runs on the host (a developer's second test run, a real job) share /dev/shm and, outside
+    nox, the temp dir: what a live process owns is never called this run's leak.
+    """
+    try:
+        from dlrover.common import DLRoverError, ProcessIdentity
+    except ImportError:
+        return None
     if owner is None:
         return None
-    if owner[0] == os.getpid():
-        return False  # this test process owns it and is about to exit: a leak all the same
+    if owner[0] in (os.getpid(), _NO_OWNER_RECORD[0]):
+        # This test process owns it and is about to exit, or nobody does: a leak all the same.
+        return False
     try:
         return ProcessIdentity(owner[0], owner[1]).alive()
     except DLRoverError:
@@ -109,31 +97,85 @@ def _owner_alive(path: str) -> bool | None:
 _SESSION_MARKER = "PYTEST_DLROVER_SESSION"
 
 
-def _marked_processes(marker: str) -> list[tuple[int, str]]:
-    """Running processes (zombies excluded) other than this one whose environment holds `marker`."""
-    found = []
-    needle = marker.encode()
-    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
-        if not entry.isdigit() or int(entry) == os.getpid():
+@functools.cache
+def _ancestors() -> frozenset[int]:
+    """This process's parents up to init (a `timeout ... pytest` wrapper is not another run)."""
+    found: set[int] = set()
+    pid = os.getpid()
+    while pid > 1 and pid not in found:
+        found.add(pid)
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                pid = int(f.read().rsplit(")", 1)[-1].split()[1])
+        except (OSError, IndexError, ValueError):
+            break
+    return frozenset(found)
+
+
+def _scan_processes() -> tuple[list[tuple[int, int, str]], bool]:
+    """This session's running processes other than this one (zombies excluded): children of this
+    process and those whose environment holds this session's marker, as (pid, start ticks,
+    cmdline); and whether another test run is going on beside this one (a process with another
+    session's marker, or another pytest: its own process never shows the marker it set)."""
+    me = os.getpid()
+    mine = f"{_SESSION_MARKER}={os.environ.get(_SESSION_MARKER, '')}".encode()
+    prefix = f"{_SESSION_MARKER}=".encode()
+    ours: list[tuple[int, int, str]] = []
+    others = False
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return ours, others
+    for entry in entries:
+        if not entry.isdigit() or int(entry) in _ancestors():
             continue
         try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                if needle not in f.read().split(b"\0"):
-                    continue
             with open(f"/proc/{entry}/stat") as f:
-                state = f.read().rsplit(")", 1)[-1].split()[0]
+                fields = f.read().rsplit(")", 1)[-1].split()
+            if fields[0] == "Z":
+                continue
+            try:
+                with open(f"/proc/{entry}/environ", "rb") as f:
+                    markers = [v for v in f.read().split(b"\0") if v.startswith(prefix)]
+            except OSError:  # another user's process
+                markers = []
+            is_ours = mine in markers or int(fields[1]) == me
+            if not is_ours and (others or any(v != mine for v in markers)):
+                others = True
+                continue
             with open(f"/proc/{entry}/cmdline", "rb") as f:
-                cmdline = f.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()
-        except OSError:  # gone meanwhile, or another user's
+                cmdline = f.read().replace(b"\0", b" ")
+            if is_ours:
+                ours.append((int(entry), int(fields[19]), cmdline.decode("utf-8", "replace").strip()))
+            else:
+                others = b"pytest" in cmdline
+        except (OSError, IndexError, ValueError):  # gone meanwhile
             continue
-        if state != "Z":
-            found.append((int(entry), cmdline))
-    return found
+    return ours, others
 
 
-def _left_running() -> list[tuple[int, str]]:
-    marker = f"{_SESSION_MARKER}={os.environ.get(_SESSION_MARKER, '')}"
-    return sorted(set(_live_children(os.getpid())) | set(_marked_processes(marker)))
+# Every process of this session a check has seen, by (pid, start ticks): a file whose owner is
+# gone is this session's leak when its owner was one of them.
+_seen_ours: set[tuple[int, int]] = set()
+
+
+def _left_running() -> tuple[list[tuple[int, str]], bool]:
+    """This session's running processes as (pid, cmdline), noted in `_seen_ours`; and whether
+    another session runs beside this one."""
+    ours, others = _scan_processes()
+    _seen_ours.update((pid, ticks) for pid, ticks, _ in ours)
+    return sorted((pid, cmdline) for pid, _, cmdline in ours), others
+
+
+def _ours(owner: Owner | None) -> bool:
+    """Whether this session made the file `owner` owns: this process, or one a check saw running."""
+    if owner is None or owner == _NO_OWNER_RECORD:
+        return False
+    if owner[0] == os.getpid():
+        return True
+    if owner[1] is None:
+        return any(pid == owner[0] for pid, _ in _seen_ours)
+    return (owner[0], owner[1]) in _seen_ours
 
 
 # How long what a test started may take to finish exiting and cleaning up after itself: polled,
@@ -149,14 +191,19 @@ _held_by_wider_fixtures: set[int | str] = set()
 
 
 def _pids() -> set[int]:
-    return {pid for pid, _ in _left_running()}
+    return {pid for pid, _ in _left_running()[0]}
 
 
 def _leaks_since(
-    pids_before: set[int], ignored: set[int | str]
+    pids_before: set[int], ignored: set[int | str], others: bool | None
 ) -> tuple[list[tuple[int, str]], dict[str, bool | None]]:
     """Processes still running and files whose owner is gone (or unknown), apart from those there
     before or ignored, once whatever is still exiting is done or the grace is over.
+
+    While another session runs beside this one (`others`, or seen now), a file whose owner is gone
+    or unknown counts only if its owner was this session's: the other session's may be waiting
+    for a later step of its own test. The rest is left to the session's check at the end, which
+    passes `others=None`: every file is judged.
 
     A file is called dead only after two looks in a row: another run writes its owner record
     beside its files, and for a moment there is none.
@@ -166,10 +213,13 @@ def _leaks_since(
     deadline = time.monotonic() + _GRACE_S
     dead_before: set[str] = set()
     while True:
-        procs = [p for p in _left_running() if p[0] not in pids_before and p[0] not in ignored]
-        owners = {path: _owner_alive(path) for path in sorted(_leakable() - ignored)}
-        dead = {path for path, alive in owners.items() if not alive}
-        files = {path: owners[path] for path in dead & dead_before}
+        running, now_others = _left_running()
+        others = None if others is None else others or now_others
+        procs = [p for p in running if p[0] not in pids_before and p[0] not in ignored]
+        owners = {path: _owner(path) for path in sorted(_leakable() - ignored)}
+        alive = {path: _owner_alive(path, owner) for path, owner in owners.items()}
+        dead = {path for path, a in alive.items() if not a and (not others or _ours(owners[path]))}
+        files = {path: alive[path] for path in dead & dead_before}
         if (not procs and len(files) == len(dead)) or time.monotonic() >= deadline:
             return procs, files
         dead_before = dead
@@ -216,15 +266,16 @@ def _remove_files(files: dict[str, bool | None]) -> list[str]:
     return lines
 
 
-def _clean_up(pids_before: set[int], ignored: set[int | str]) -> list[str]:
-    """End and remove what leaked since a snapshot; returns the report, empty when nothing did."""
+def _clean_up(pids_before: set[int], ignored: set[int | str], others: bool | None) -> list[str]:
+    """End and remove what leaked since a snapshot (`_leaks_since`); returns the report, empty when
+    nothing did."""
     ignored = ignored | _reported
-    procs, files = _leaks_since(pids_before, ignored)
+    procs, files = _leaks_since(pids_before, ignored, others)
     report = []
     if procs:
         report += ["processes left behind (a leak):", *_end_processes(procs)]
         # The files the ended processes owned are ownerless now: judge them again.
-        _, files = _leaks_since(pids_before, ignored)
+        _, files = _leaks_since(pids_before, ignored, others)
     if files:
         report += ["files left behind (a leak):", *_remove_files(files)]
     return report
@@ -265,10 +316,11 @@ def _no_leaks() -> Iterator[None]:
     test's other fixtures, and torn down after them: what their teardown leaves is the test's. A
     leak is ended and removed at once, so the tests after it start clean.
     """
-    pids: set[int] = _pids()
+    running, others = _left_running()
+    pids = {pid for pid, _ in running}
     files: set[int | str] = set(_leakable())
     yield
-    report = _clean_up(pids, files | _held_by_wider_fixtures)
+    report = _clean_up(pids, files | _held_by_wider_fixtures, others)
     if report:
         pytest.fail("\n".join(report), pytrace=False)
 
@@ -281,7 +333,7 @@ def pytest_sessionfinish(session: object, exitstatus: int) -> None:
     Leftover processes are killed and files whose owner is gone removed, so CI is not held up and
     later runs start clean.
     """
-    report = _clean_up(set(), set(_present_at_start))
+    report = _clean_up(set(), set(_present_at_start), others=None)
     if report:
         print("\nleft behind by the tests, found at the end of the session:\n" + "\n".join(report))
         session.exitstatus = 1  # type: ignore[attr-defined]
