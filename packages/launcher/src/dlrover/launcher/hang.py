@@ -3,9 +3,12 @@
 A worker that makes progress burns CPU; one that is stopped (SIGSTOP), deadlocked, or blocked in
 a collective whose peer is gone burns almost none. The agent samples each worker's CPU time and
 calls a worker hung when it has not grown by `min_cpu_s` for `timeout_s`. This needs nothing
-from the script, so any torchrun script gains hang detection; the timeout must exceed the
-longest stretch a healthy worker spends idle (loading data from a slow store, waiting at a
-barrier for a slow peer), which is why it is off unless `--hang-timeout` sets it.
+from the script, so any torchrun script gains hang detection. The timeout (``--hang-timeout``,
+180 s by default, 0 turns it off) must exceed the longest stretch a healthy worker spends idle:
+a rank waiting at a gloo barrier while rank 0 preprocesses a dataset for ten minutes is idle
+too, and would be restarted. What it cannot see: a worker that hangs while it spins, as a rank
+does inside an NCCL collective whose peer is gone (its CPU time grows); those are ended by the
+collective's own timeout (``init_process_group(timeout=...)``, NCCL's watchdog).
 
 `HangWatch` is pure: readings and `now` come in as arguments.
 """
