@@ -126,6 +126,61 @@ def test_a_hung_worker_is_detected_and_restarted(run_dir: Path, spawn: list[subp
     assert "after 1 restart(s)" in summary[-1], output
 
 
+# Fails with an error no rule explains (as a transient fault looks) until its attempt number
+# (TORCHELASTIC_RESTART_COUNT) reaches argv[2]; each attempt leaves a mark naming its max restarts.
+FLAKY = textwrap.dedent(
+    """
+    import os, sys
+    out, failures = sys.argv[1], int(sys.argv[2])
+    attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+    with open(os.path.join(out, f"attempt-{attempt}.txt"), "w") as f:
+        f.write(os.environ["TORCHELASTIC_MAX_RESTARTS"])
+    if attempt < failures:
+        raise RuntimeError(f"transient fault on attempt {attempt}")
+    """
+)
+
+
+def _run_flaky(spawn: list[subprocess.Popen[str]], run_dir: Path, max_restarts: int) -> tuple[int, str, dict[int, str]]:
+    """Run FLAKY failing 4 times under `--max-restarts`; (exit status, output, mark of each attempt)."""
+    script = run_dir / "flaky.py"
+    script.write_text(FLAKY)
+    out = run_dir / "out"
+    flags = ["--nproc-per-node=1", f"--max-restarts={max_restarts}", "--prewarm=none"]
+    proc = _dlrover_run(spawn, run_dir, *flags, str(script), str(out), "4")
+    output, _ = proc.communicate(timeout=240)
+    marks = {int(p.stem.removeprefix("attempt-")): p.read_text() for p in out.glob("attempt-*.txt")}
+    return proc.returncode, output, marks
+
+
+def test_max_restarts_beyond_the_masters_defaults_lets_a_flaky_worker_finish(
+    run_dir: Path, spawn: list[subprocess.Popen[str]]
+) -> None:
+    # As under torchrun: --max-restarts=5 restarts the workers up to 5 times; the embedded master
+    # takes its budget from the agent and, relaunching no node, restarts them in place.
+    code, output, marks = _run_flaky(spawn, run_dir, 5)
+    assert code == 0, output
+    assert marks == {attempt: "5" for attempt in range(5)}, output
+    summary = [line for line in output.splitlines() if "finished with exit code 0" in line]
+    assert summary, output
+    assert "after 4 restart(s)" in summary[-1], output
+    assert "restart in place" in output
+    assert "the master relaunches this node" not in output
+
+
+def test_a_worker_failing_past_max_restarts_ends_the_job_with_the_reason(
+    run_dir: Path, spawn: list[subprocess.Popen[str]]
+) -> None:
+    code, output, marks = _run_flaky(spawn, run_dir, 3)
+    assert code == 1, output
+    assert sorted(marks) == [0, 1, 2, 3], output
+    summary = [line for line in output.splitlines() if "finished with exit code 1" in line]
+    assert summary, output
+    assert "after 3 restart(s)" in summary[-1], output
+    assert "all 3 restart(s) (--max-restarts) are used up (local rank 0, exit code 1)" in summary[-1], output
+    assert "transient fault on attempt 3" in output
+
+
 def test_a_user_code_error_stops_the_job_instead_of_looping(run_dir: Path, spawn: list[subprocess.Popen[str]]) -> None:
     bad = run_dir / "bad.py"
     bad.write_text("import this_module_does_not_exist_anywhere\n")

@@ -109,6 +109,56 @@ def test_bad_config_and_input_are_rejected_without_state_change() -> None:
     assert not policy.aborted
 
 
+def test_a_callers_restart_budget_replaces_the_per_node_limit() -> None:
+    # The master passes what is left of the node's agent's --max-restarts.
+    policy = ActionPolicy(PolicyConfig(max_process_restarts_per_node=1))
+    decisions = [policy.decide("n0", K.COMMUNICATION, restarts_left=left) for left in (5, 4, 3)]
+    assert [d.action for d in decisions] == [A.RESTART_PROCESSES] * 3
+    assert policy.process_restarts("n0") == 3
+    # The ladder's relaunch follows its restarts where a scheduler can relaunch.
+    assert policy.decide("n0", K.COMMUNICATION, restarts_left=2).action is A.RELAUNCH_NODE
+    spent = policy.decide("n1", K.UNKNOWN, restarts_left=0)
+    assert (spent.action, spent.escalated, spent.avoid_host) == (A.RELAUNCH_NODE, True, True)
+    assert "no process restarts left" in spent.reason
+
+
+def test_without_a_relaunch_a_relaunch_rung_restarts_in_place_while_restarts_are_left() -> None:
+    policy = ActionPolicy()
+    decisions = [
+        policy.decide("n0", K.UNKNOWN, restarts_left=left, relaunch_possible=False) for left in (5, 4, 3, 2, 1)
+    ]
+    # unknown: restart x2, then its relaunch rung restarts in place, as far as the budget goes.
+    assert [d.action for d in decisions] == [A.RESTART_PROCESSES] * 5
+    assert "2 of 2" in decisions[1].reason
+    in_place = decisions[2]
+    assert "no scheduler can start a replacement node here" in in_place.reason
+    assert "restart in place" in in_place.reason
+    assert "2 restart(s) left" in in_place.reason
+    assert policy.relaunches == 0
+    last = policy.decide("n0", K.UNKNOWN, restarts_left=0, relaunch_possible=False)
+    assert last.action is A.RELAUNCH_NODE
+    assert "no process restarts left" in last.reason
+    assert policy.relaunches == 1
+
+
+def test_without_a_relaunch_hardware_restarts_in_place_and_user_code_still_aborts() -> None:
+    policy = ActionPolicy()
+    hardware = policy.decide("n0", K.HARDWARE, restarts_left=1, relaunch_possible=False)
+    assert hardware.action is A.RESTART_PROCESSES
+    assert not hardware.avoid_host
+    assert policy.decide("n0", K.HARDWARE, restarts_left=0, relaunch_possible=False).action is A.RELAUNCH_NODE
+    user = policy.decide("n1", K.USER_CODE, restarts_left=5, relaunch_possible=False)
+    assert user.action is A.ABORT_JOB
+    assert "bug" in user.reason
+
+
+def test_a_negative_restart_budget_is_refused_and_counts_nothing() -> None:
+    policy = ActionPolicy()
+    with pytest.raises(ConfigError, match="restarts_left"):
+        policy.decide("n0", K.UNKNOWN, restarts_left=-1)
+    assert policy.process_restarts("n0") == 0
+
+
 NODES = ["n0", "n1", "n2"]
 
 
@@ -126,8 +176,23 @@ class PolicyMachine(RuleBasedStateMachine):
         relaunches=st.integers(0, 4),
         comm_budget=st.integers(1, 3),
         nan_budget=st.integers(1, 3),
+        agent_budget=st.none() | st.integers(0, 5),
+        relaunch_possible=st.booleans(),
     )
-    def setup(self, restarts: int, relaunches: int, comm_budget: int, nan_budget: int) -> None:
+    def setup(
+        self,
+        *,
+        restarts: int,
+        relaunches: int,
+        comm_budget: int,
+        nan_budget: int,
+        agent_budget: int | None,
+        relaunch_possible: bool,
+    ) -> None:
+        # agent_budget: the restarts every node's agent allows, passed as `restarts_left` (None:
+        # the policy's own limit); relaunch_possible: whether a scheduler can replace nodes.
+        self.agent_budget = agent_budget
+        self.relaunch_possible = relaunch_possible
         self.config = PolicyConfig(
             ladders={
                 K.COMMUNICATION: (
@@ -154,37 +219,47 @@ class PolicyMachine(RuleBasedStateMachine):
         self.counter += 1
         return f"node-{self.counter}"
 
-    def predict(self, node: str, kind: K) -> tuple[A, int | None]:
-        """The model: walk the ladder from the top with plain counters; returns (action, rung used)."""
+    def restart_limit(self) -> int:
+        return self.config.max_process_restarts_per_node if self.agent_budget is None else self.agent_budget
+
+    def predict(self, node: str, kind: K) -> tuple[A, int | None, bool]:
+        """The model: walk the ladder from the top with plain counters; returns (action, rung
+        used, whether a relaunch rung restarted in place)."""
         if self.aborted:
-            return A.ABORT_JOB, None
+            return A.ABORT_JOB, None, False
         if node in self.retired:
-            return A.NONE, None
+            return A.NONE, None, False
         rung = None
         for i, step in enumerate(self.config.ladders[kind]):
             if self.step_uses.get((node if step.scope == "node" else "*", kind, i), 0) < step.budget:
                 rung = i
                 break
         if rung is None:
-            return A.ABORT_JOB, None
+            return A.ABORT_JOB, None, False
         action = self.config.ladders[kind][rung].action
         can_relaunch = self.relaunches < self.config.max_node_relaunches
-        if action is A.RESTART_PROCESSES and self.restarts.get(node, 0) >= self.config.max_process_restarts_per_node:
-            return (A.RELAUNCH_NODE if can_relaunch else A.ABORT_JOB), None
-        if action in (A.RELAUNCH_NODE, A.RELAUNCH_WITH_MORE_MEMORY) and not can_relaunch:
-            return A.ABORT_JOB, None
-        return action, rung
+        restarts_left = self.restart_limit() - self.restarts.get(node, 0)
+        relaunch = action in (A.RELAUNCH_NODE, A.RELAUNCH_WITH_MORE_MEMORY)
+        if relaunch and not self.relaunch_possible and restarts_left > 0:
+            return A.RESTART_PROCESSES, None, True
+        if action is A.RESTART_PROCESSES and restarts_left <= 0:
+            action, rung, relaunch = A.RELAUNCH_NODE, None, True
+        if relaunch and not can_relaunch:
+            action, rung = A.ABORT_JOB, None
+        return action, rung, False
 
     def apply(self, node: str, kind: K) -> None:
-        expected, rung = self.predict(node, kind)
-        d = self.policy.decide(node, kind)
+        expected, rung, in_place = self.predict(node, kind)
+        left = None if self.agent_budget is None else self.agent_budget - self.restarts.get(node, 0)
+        d = self.policy.decide(node, kind, restarts_left=left, relaunch_possible=self.relaunch_possible)
         assert d.reason
         assert d.action is expected, (d, expected)
         if self.aborted or node in self.retired:
             return
-        prev = self.last_severity.get((node, kind), 0)
-        assert d.action.severity >= prev, (d, prev)
-        self.last_severity[(node, kind)] = d.action.severity
+        if not in_place:  # a restart in place of a relaunch is the one step back a ladder takes
+            prev = self.last_severity.get((node, kind), 0)
+            assert d.action.severity >= prev, (d, prev)
+            self.last_severity[(node, kind)] = d.action.severity
         if d.action is A.RESTART_PROCESSES:
             self.restarts[node] = self.restarts.get(node, 0) + 1
         elif d.action in (A.RELAUNCH_NODE, A.RELAUNCH_WITH_MORE_MEMORY):
@@ -217,7 +292,7 @@ class PolicyMachine(RuleBasedStateMachine):
         if not hasattr(self, "policy"):
             return
         for node, n in self.restarts.items():
-            assert n <= self.config.max_process_restarts_per_node
+            assert n <= self.restart_limit()
             assert self.policy.process_restarts(node) == n
         assert self.relaunches <= self.config.max_node_relaunches
         assert self.policy.relaunches == self.relaunches

@@ -236,8 +236,10 @@ def test_restarts_are_bounded(tmp_path: Path) -> None:
     assert result.exit_code == 1
     assert result.restarts == 1
     assert len(control.failures) == 2
-    assert "restart" in result.reason
+    assert "all 1 restart(s) (--max-restarts) are used up" in result.reason
     assert control.left == 1
+    # The master was told the budget, so its decisions and the agent's count agree.
+    assert control.declared_max_restarts == [1]
 
 
 @pytest.mark.integration

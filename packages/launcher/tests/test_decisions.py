@@ -90,6 +90,20 @@ def test_after_failure(
         assert step.exit_code != 0
 
 
+def test_a_relaunch_after_the_last_restart_says_the_restarts_are_used_up_first() -> None:
+    report = FailureReport(0, 1, None, "boom", 3)
+    step = after_failure(report, FailureDecision.RELAUNCH_NODE, "rank 0 waits for a new agent", 3)
+    assert step.kind is StepKind.EXIT
+    assert step.reason.startswith("workers failed and all 3 restart(s) (--max-restarts) are used up")
+    assert "(local rank 0, exit code 1)" in step.reason
+    assert step.reason.endswith("the master relaunches this node: rank 0 waits for a new agent")
+    # With restarts left, only the master's decision is the reason.
+    early = after_failure(FailureReport(0, 1, None, "boom", 1), FailureDecision.RELAUNCH_NODE, "bad host", 3)
+    assert early.reason == "the master relaunches this node: bad host"
+    killed = after_failure(FailureReport(0, 137, "SIGKILL", "", 0), FailureDecision.RESTART_WORKERS, "x", 0)
+    assert "(local rank 0, signal SIGKILL)" in killed.reason
+
+
 def test_stop_job_reason_carries_the_masters_reason() -> None:
     step = after_failure(FailureReport(0, 1, None, "", 0), FailureDecision.STOP_JOB, "ImportError in user code", 5)
     assert "ImportError in user code" in step.reason

@@ -106,6 +106,26 @@ def test_failure_report_returns_the_masters_decision(master: MasterRuntime) -> N
 
 
 @pytest.mark.integration
+def test_the_agents_max_restarts_is_its_budget_and_a_node_left_out_by_the_check_is_let_go(
+    master: MasterRuntime,
+) -> None:
+    planes = [_plane(master, f"node-{i}") for i in range(2)]
+    try:
+        node_id = int(planes[0].register(1, max_restarts=2).node_id)
+        planes[1].register(1, max_restarts=2)
+        assert master.master.node(node_id).max_process_restarts == 2
+        answers = [planes[0].report_failure(FailureReport(0, 1, None, "boom", n)) for n in range(3)]
+        # The external backend relaunches nothing: two restarts in place, then the node is let go.
+        assert [d for d, _ in answers] == [FailureDecision.RESTART_WORKERS] * 2 + [FailureDecision.RELAUNCH_NODE]
+        # The network check's report says the agent exits, so no restart is decided for it.
+        decision, reason = planes[1].report_failure(FailureReport(-1, 1, None, "probe failed", 0, network_check=True))
+        assert decision is FailureDecision.RELAUNCH_NODE, reason
+    finally:
+        for p in planes:
+            p.close()
+
+
+@pytest.mark.integration
 def test_refused_join_is_a_clear_error(master: MasterRuntime) -> None:
     plane = GrpcControlPlane(
         master.address, master.token, node_name="n", host="h", local_addr="127.0.0.1", min_nodes=1, max_nodes=3

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import attrs
 import pytest
 
 from dlrover.common import ConfigError
@@ -30,9 +31,11 @@ NCCL_TIMEOUT = (
 )
 
 
-def failure(kind: FailureKind, evidence: str, *, node_id: int = 3, exit_code: int | None = None) -> Failure:
+def failure(
+    kind: FailureKind, evidence: str, *, node_id: int = 3, exit_code: int | None = None, restarts_left: int = 3
+) -> Failure:
     node = NodeRecord(node_id=node_id, rank=1, state=NodeState.RUNNING, host="host-1")
-    return Failure(node, kind, evidence, process_restarts_left=3, relaunches_left=3, exit_code=exit_code)
+    return Failure(node, kind, evidence, process_restarts_left=restarts_left, relaunches_left=3, exit_code=exit_code)
 
 
 def test_an_import_error_traceback_stops_the_job_with_the_diagnosis_as_reason() -> None:
@@ -84,13 +87,43 @@ def test_every_reported_kind_has_a_diagnosed_kind() -> None:
     assert set(REPORTED_TO_DIAGNOSED) == set(FailureKind)
 
 
-def test_the_action_policys_budgets_escalate() -> None:
+def test_the_nodes_restart_budget_escalates_in_place_of_the_action_policys_own() -> None:
+    # The lifecycle's budget (the node's agent's --max-restarts) decides, not the per-node limit.
     policy = DiagnosisFailurePolicy(actions=ActionPolicy(PolicyConfig(max_process_restarts_per_node=1)))
-    first = policy.decide(failure(FailureKind.PROCESS_CRASH, NCCL_TIMEOUT))
-    second = policy.decide(failure(FailureKind.PROCESS_CRASH, NCCL_TIMEOUT))
-    assert first.action is FailureAction.RESTART_PROCESSES
-    assert second.action is FailureAction.RELAUNCH_NODE
-    assert second.avoid_host
+    first = policy.decide(failure(FailureKind.PROCESS_CRASH, NCCL_TIMEOUT, restarts_left=2))
+    second = policy.decide(failure(FailureKind.PROCESS_CRASH, NCCL_TIMEOUT, restarts_left=1))
+    third = policy.decide(failure(FailureKind.PROCESS_CRASH, NCCL_TIMEOUT, restarts_left=0))
+    assert [first.action, second.action] == [FailureAction.RESTART_PROCESSES] * 2
+    assert third.action is FailureAction.RELAUNCH_NODE
+    assert third.avoid_host
+    assert "no process restarts left" in third.reason
+
+
+def test_without_a_relaunching_scheduler_an_unexplained_crash_restarts_until_the_budget_is_spent() -> None:
+    policy = DiagnosisFailurePolicy()
+    decisions = [
+        policy.decide(attrs.evolve(failure(FailureKind.PROCESS_CRASH, "exit code 1"), relaunch_possible=False,
+                                   process_restarts_left=left))
+        for left in (4, 3, 2, 1, 0)
+    ]  # fmt: skip
+    assert [d.action for d in decisions[:4]] == [FailureAction.RESTART_PROCESSES] * 4
+    assert "restart in place" in decisions[2].reason
+    assert decisions[4].action is FailureAction.RELAUNCH_NODE
+
+
+def test_a_rollback_replays_the_budgets_the_decisions_were_taken_with() -> None:
+    policy = DiagnosisFailurePolicy()
+    crash = attrs.evolve(failure(FailureKind.PROCESS_CRASH, "exit code 1"), relaunch_possible=False)
+    for left in (4, 3):
+        policy.decide(attrs.evolve(crash, process_restarts_left=left))
+    savepoint = policy.savepoint()
+    policy.decide(attrs.evolve(crash, process_restarts_left=2))
+    policy.rollback(savepoint)
+    # The replayed policy is where it was: its third decision is again the in-place restart.
+    again = policy.decide(attrs.evolve(crash, process_restarts_left=2))
+    assert again.action is FailureAction.RESTART_PROCESSES
+    assert "restart in place" in again.reason
+    assert policy.actions.process_restarts("3") == 3
 
 
 def lifecycle(policy: DiagnosisFailurePolicy) -> JobLifecycle:
@@ -119,6 +152,22 @@ def test_in_the_lifecycle_a_transient_failure_restarts_processes() -> None:
     assert life.job_state is JobState.RUNNING
     actions, _ = life.heartbeat(1, 2.0)
     assert [a.kind for a in actions] == [ActionKind.RESTART_PROCESSES]
+
+
+def test_in_the_lifecycle_without_a_relaunching_scheduler_the_agents_budget_decides() -> None:
+    # A standalone dlrover-run --max-restarts=5 whose worker exits with status 1 every time.
+    cfg = LifecycleConfig(nodes=NodeRange(1, 1))
+    life = JobLifecycle(cfg, DiagnosisFailurePolicy(), 0.0, scheduler_relaunches=False)
+    life.start(0.0)
+    life.register(0, "agent-0", "host-0", 0.0, max_process_restarts=5)
+    decisions = [
+        life.report_failure(0, FailureKind.PROCESS_CRASH, "exit code 1", float(i), exit_code=1, answered=True)[0]
+        for i in range(1, 7)
+    ]
+    assert [d.action for d in decisions] == [FailureAction.RESTART_PROCESSES] * 5 + [FailureAction.RELAUNCH_NODE]
+    assert all("restart in place" in d.reason for d in decisions[2:5])
+    assert "waits for a new agent" in decisions[-1].reason
+    assert life.node(0).process_restarts == 5
 
 
 @pytest.mark.parametrize(("name", "kind"), [("diagnosis", DiagnosisFailurePolicy), ("default", DefaultFailurePolicy)])

@@ -124,6 +124,28 @@ def test_calls_without_identity_are_unauthenticated(make_runtime: MakeRuntime) -
             anonymous.close()
 
 
+def test_an_agents_max_restarts_is_its_nodes_restart_budget(make_runtime: MakeRuntime) -> None:
+    # The external backend relaunches nothing, so a failing node restarts in place up to its
+    # agent's --max-restarts, and only a node whose agent exits anyway is let go at once.
+    from dlrover.diagnosis import NODE_CHECK_FAILED
+
+    rt = make_runtime(nodes=2)
+    with client(rt) as a, client(rt) as b:
+        before = rt.master.state_digest()
+        assert code_of(lambda: a.register("agent-a", "host-a", max_restarts=-1)) is grpc.StatusCode.INVALID_ARGUMENT
+        assert rt.master.state_digest() == before
+        reg = a.register("agent-a", "host-a", max_restarts=4)
+        b.register("agent-b", "host-b", max_restarts=4)
+        assert rt.master.node(reg.node_id).max_process_restarts == 4
+        answers = [a.report_failure(FailureKind.PROCESS_CRASH, "exit code 1", exit_code=1) for _ in range(5)]
+        assert [r.decision for r in answers] == ["restart_processes"] * 4 + ["relaunch_node"]
+        assert "waits for a new agent to register" in answers[-1].reason
+        left_out = b.report_failure(
+            FailureKind.NETWORK, f"{NODE_CHECK_FAILED}: the network check left this node out", agent_exits=True
+        )
+        assert left_out.decision == "relaunch_node"
+
+
 def test_refusals_map_to_clear_status_codes(make_runtime: MakeRuntime) -> None:
     rt = make_runtime(nodes=1)
     with client(rt) as a, client(rt) as b:

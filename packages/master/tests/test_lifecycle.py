@@ -12,6 +12,7 @@ from dlrover.master.lifecycle import (
     JobFinishedError,
     JobFullError,
     JobLifecycle,
+    LifecycleError,
     NodeConflictError,
     NodeStateError,
     UnknownNodeError,
@@ -135,6 +136,70 @@ def test_process_crash_restarts_processes_within_budget_then_relaunches() -> Non
     assert "process restart budget exhausted" in decision.reason
     assert any(isinstance(e, LaunchNode) and e.rank == 0 for e in out.effects)
     assert life.node(0).process_restarts == 2
+
+
+def test_an_agents_declared_restart_budget_replaces_the_configured_one() -> None:
+    life = make(1, max_process_restarts=1)
+    node, _ = life.register(0, "a", "h0", 0.0, max_process_restarts=4)
+    assert (node.max_process_restarts, life.restart_budget(node)) == (4, 4)
+    for i in range(4):
+        decision, out = life.report_failure(0, FailureKind.PROCESS_CRASH, f"exit 1 #{i}", 1.0 + i, answered=True)
+        assert decision.action is FailureAction.RESTART_PROCESSES
+    assert any(e.kind == "process_restart" and "(4/4)" in e.message for e in out.events)
+    decision, _ = life.report_failure(0, FailureKind.PROCESS_CRASH, "exit 1 again", 9.0)
+    assert decision.action is FailureAction.RELAUNCH_NODE
+    # The budget is journaled with the node, so a restarted master keeps it.
+    assert node_from_dict(node_to_dict(life.node(0))).max_process_restarts == 4
+
+
+def test_a_reconnect_keeps_the_declared_budget_and_a_negative_one_is_refused() -> None:
+    life = make(2)
+    life.register(0, "a", "h0", 0.0, max_process_restarts=6)
+    node, _ = life.register(0, "a", "h0", 1.0, proven_node_id=0)
+    assert node.max_process_restarts == 6
+    before = life.snapshot()
+    with pytest.raises(LifecycleError, match="max_process_restarts"):
+        life.register(1, "b", "h1", 1.0, max_process_restarts=-1)
+    assert life.snapshot() == before
+
+
+def external(nodes: int = 1, **kw: object) -> JobLifecycle:
+    """A job whose scheduler starts no node itself (bare metal, Slurm, a standalone dlrover-run)."""
+    cfg = LifecycleConfig(nodes=NodeRange(nodes, nodes), **kw)  # type: ignore[arg-type]
+    life = JobLifecycle(cfg, DefaultFailurePolicy(), 0.0, scheduler_relaunches=False)
+    life.start(0.0)
+    return life
+
+
+def test_without_a_relaunching_scheduler_a_relaunch_of_a_live_agent_restarts_it_in_place() -> None:
+    life = external()
+    life.register(0, "a", "h0", 0.0, max_process_restarts=2)
+    decision, _ = life.report_failure(0, FailureKind.HARDWARE, "GPU fell off the bus", 1.0)
+    assert decision.action is FailureAction.RESTART_PROCESSES
+    assert "the scheduler cannot relaunch nodes" in decision.reason
+    assert "1 restart(s) left after this one" in decision.reason
+    assert not decision.avoid_host
+    assert life.avoid_hosts == {}
+    assert life.report_failure(0, FailureKind.HARDWARE, "again", 2.0)[0].action is FailureAction.RESTART_PROCESSES
+    # Restarts spent: the node leaves, and the reason says nobody starts its replacement.
+    decision, out = life.report_failure(0, FailureKind.HARDWARE, "and again", 3.0)
+    assert decision.action is FailureAction.RELAUNCH_NODE
+    assert "rank 0 waits for a new agent to register" in decision.reason
+    assert any(isinstance(e, LaunchNode) and e.rank == 0 for e in out.effects)
+
+
+def test_without_a_relaunching_scheduler_a_node_that_is_gone_or_leaving_is_still_relaunched() -> None:
+    life = external(2, heartbeat_timeout_s=10.0)
+    register_all(life)
+    # The network check left node 0 out: its agent exits whatever the answer.
+    decision, _ = life.report_failure(0, FailureKind.NETWORK, "node check failed", 1.0, agent_exits=True)
+    assert decision.action is FailureAction.RELAUNCH_NODE
+    assert "its agent exits after this report" in decision.reason
+    assert life.node(0).state is NodeState.RELAUNCHING
+    # A node the master lost has no agent to restart anything.
+    out = life.tick(20.0)
+    assert life.node(1).state is NodeState.RELAUNCHING
+    assert any(isinstance(e, LaunchNode) and e.rank == 1 for e in out.effects)
 
 
 def test_relaunch_budget_exhausted_removes_the_node_and_the_job_fails() -> None:

@@ -7,9 +7,17 @@ reason. Budgets are counted per node (``scope="node"``) or for the whole job (``
 Two job-wide rules sit on top:
 
 * repeated process restarts on one node escalate: once a node has had
-  ``max_process_restarts_per_node`` restarts (for any kinds), the next restart becomes a node
-  relaunch that avoids its host;
+  ``max_process_restarts_per_node`` restarts (for any kinds), or has none left of the budget the
+  caller keeps for it (`ActionPolicy.decide`'s ``restarts_left``: the master passes what is left
+  of the node's agent's ``--max-restarts``), the next restart becomes a node relaunch that avoids
+  its host;
 * at most ``max_node_relaunches`` relaunches per job; the one after that aborts.
+
+Where nothing can start a replacement node (bare metal, Slurm, a standalone job: the caller says
+``relaunch_possible=False``), a relaunch rung restarts the processes in place instead, for as long
+as the node has restarts left, and the reason says so: the alternative, the node's agent exiting
+with nobody to start another, would end the job while restarts remain. The rung's own budget is
+not used by such a restart, so it is the next step once the restarts run out.
 
 A relaunched node id is retired: a late report about it gets `ActionKind.NONE` (the replacement
 node comes back under a new id). Once the job is aborted every decision is to abort.
@@ -200,23 +208,38 @@ class ActionPolicy:
         """Process restarts decided so far for `node_id`."""
         return self._node_restarts.get(node_id, 0)
 
-    def decide(self, node_id: str, kind: FailureKind) -> Decision:
+    def decide(
+        self, node_id: str, kind: FailureKind, *, restarts_left: int | None = None, relaunch_possible: bool = True
+    ) -> Decision:
         """Pick the action for a failure of `kind` on `node_id` and count it against the budgets.
 
         Args:
             node_id: the node the failure happened on (non-empty).
             kind: the diagnosed kind.
+            restarts_left: process restarts the node may still take, when the caller keeps that
+                budget (the master: what is left of the node's agent's ``--max-restarts``); it
+                replaces `PolicyConfig.max_process_restarts_per_node` for this decision. None:
+                this policy's own count against that setting decides.
+            relaunch_possible: False where no scheduler can start a replacement node while the
+                node's agent is alive to restart its processes: a relaunch rung then restarts
+                the processes in place while the node has restarts left (see the module
+                docstring).
 
         Returns:
             The decision, with a reason.
 
         Raises:
-            ConfigError: if `node_id` is empty or `kind` is not a `FailureKind`; nothing is counted.
+            ConfigError: if `node_id` is empty, `kind` is not a `FailureKind` or `restarts_left`
+                is negative; nothing is counted.
         """
         if not isinstance(node_id, str) or not node_id:
             raise ConfigError(f"node_id must be a non-empty string, got {node_id!r}")
         if not isinstance(kind, FailureKind):
             raise ConfigError(f"kind must be a FailureKind, got {kind!r}")
+        if restarts_left is not None and (
+            not isinstance(restarts_left, int) or isinstance(restarts_left, bool) or restarts_left < 0
+        ):
+            raise ConfigError(f"restarts_left must be None or an integer >= 0, got {restarts_left!r}")
         if self._abort_reason is not None:
             return Decision(ActionKind.ABORT_JOB, kind, node_id, f"the job was already aborted: {self._abort_reason}")
         if node_id in self._retired:
@@ -227,9 +250,15 @@ class ActionPolicy:
                 f"node {node_id} was already relaunched ({self._retired[node_id]}); "
                 "a late report about its old processes needs no action",
             )
-        return self._climb(node_id, kind)
+        return self._climb(node_id, kind, restarts_left, relaunch_possible)
 
-    def _climb(self, node_id: str, kind: FailureKind) -> Decision:
+    def _restarts_left(self, node_id: str, given: int | None) -> int:
+        """The node's process restarts still allowed: the caller's budget, else this policy's."""
+        if given is not None:
+            return given
+        return max(self._config.max_process_restarts_per_node - self._node_restarts.get(node_id, 0), 0)
+
+    def _climb(self, node_id: str, kind: FailureKind, restarts_left: int | None, relaunch_possible: bool) -> Decision:
         """Take the first rung of `kind`'s ladder with budget left, or abort when none has."""
         ladder = self._config.ladders[kind]
         index = self._position.get((node_id, kind), 0)
@@ -244,16 +273,35 @@ class ActionPolicy:
         key = self._key(node_id, kind, index, step)
         used = self._used.get(key, 0) + 1
         note = f"{kind.value} on node {node_id}: {step.action.value} {used} of {step.budget} ({step.scope} budget)"
+        restarts = self._node_restarts.get(node_id, 0)
+        left = self._restarts_left(node_id, restarts_left)
         if step.action is ActionKind.RESTART_PROCESSES:
-            restarts = self._node_restarts.get(node_id, 0)
-            if restarts >= self._config.max_process_restarts_per_node:
-                why = (
-                    f"{kind.value} on node {node_id}: it already restarted its processes {restarts} times "
-                    f"(limit {self._config.max_process_restarts_per_node}), so the node is relaunched on another host"
-                )
+            if left <= 0:
+                if restarts_left is None:
+                    spent = (
+                        f"it already restarted its processes {restarts} times "
+                        f"(limit {self._config.max_process_restarts_per_node})"
+                    )
+                else:
+                    spent = f"it has no process restarts left ({restarts} decided here)"
+                where = "on another host" if relaunch_possible else "(nothing here starts a replacement)"
+                why = f"{kind.value} on node {node_id}: {spent}, so the node is relaunched {where}"
                 return self._relaunch(kind, node_id, ActionKind.RELAUNCH_NODE, True, why, escalated=True)
             self._node_restarts[node_id] = restarts + 1
+        elif step.action in (ActionKind.RELAUNCH_NODE, ActionKind.RELAUNCH_WITH_MORE_MEMORY) and (
+            not relaunch_possible and left > 0
+        ):
+            # Not counted against the rung: it stays the next step once the restarts run out.
+            self._node_restarts[node_id] = restarts + 1
+            why = (
+                f"{kind.value} on node {node_id}: the ladder says {step.action.value}, but no scheduler can start a "
+                f"replacement node here, so the processes restart in place instead ({left - 1} restart(s) left after "
+                "this one)"
+            )
+            return Decision(ActionKind.RESTART_PROCESSES, kind, node_id, why)
         elif step.action in (ActionKind.RELAUNCH_NODE, ActionKind.RELAUNCH_WITH_MORE_MEMORY):
+            if not relaunch_possible:
+                note += "; the node has no process restarts left and nothing here starts a replacement"
             decision = self._relaunch(kind, node_id, step.action, step.avoid_host, note, escalated=False)
             if decision.action is step.action:
                 self._used[key] = used

@@ -408,7 +408,9 @@ class Agent:
         return host
 
     def _run_rounds(self) -> AgentResult:
-        registration = self._control.register(self._config.nproc_per_node, self._stop_requested.is_set)
+        registration = self._control.register(
+            self._config.nproc_per_node, self._stop_requested.is_set, max_restarts=self._config.max_restarts
+        )
         self._node_id = registration.node_id
         self._heartbeat_interval_s = self._config.heartbeat_interval_s or registration.heartbeat_interval_s
         restarts = rounds = 0

@@ -44,7 +44,7 @@ from dlrover.launcher.args import LaunchConfig, parse_args
 from dlrover.launcher.env import MASTER_ADDR_ENV_VAR, NODE_ID_ENV_VAR
 from dlrover.launcher.grpc_control import GrpcControlPlane, default_node_name
 from dlrover.launcher.netcheck import NetworkCheck, NetworkCheckConfig
-from dlrover.launcher.peer_master import HostedMaster, peer_endpoint, peer_master
+from dlrover.launcher.peer_master import HostedMaster, embedded_lifecycle, peer_endpoint, peer_master
 from dlrover.launcher.store_host import TorchStoreHost, TorchStoreHostConfig
 
 __all__ = ["main", "run"]
@@ -119,13 +119,13 @@ def _master_for(cfg: LaunchConfig) -> Iterator[_JobMaster]:
     given, given_file = _given_token(cfg)
     if _runs_own_master(cfg):
         from dlrover.master import MasterConfig, create_master
-        from dlrover.master.config import LifecycleConfig, NodeRange
 
-        nodes = NodeRange(cfg.nodes.min_nodes, cfg.nodes.max_nodes, cfg.node_unit)
+        # The external backend relaunches no node: the master restarts a failed node's workers
+        # in place, up to the --max-restarts its agent declares.
         config = MasterConfig(
             job_name=cfg.rdzv_id if cfg.rdzv_id != "none" else "standalone",
             backend="external",
-            lifecycle=LifecycleConfig(nodes=nodes, max_process_restarts=max(cfg.max_restarts, 1)),
+            lifecycle=embedded_lifecycle(cfg),
             token=given,
         )
         with create_master(config) as runtime:

@@ -141,9 +141,13 @@ class FailureDecision(enum.Enum):
 class ControlPlane(Protocol):
     """The master, as one node's agent uses it. Implementations raise `DLRoverError` subclasses."""
 
-    def register(self, local_world_size: int, should_stop: Callable[[], bool] = lambda: False) -> NodeRegistration:
+    def register(
+        self, local_world_size: int, should_stop: Callable[[], bool] = lambda: False, *, max_restarts: int | None = None
+    ) -> NodeRegistration:
         """Join the job; idempotent for the same agent. A master that is not up yet (started
         beside the agents) is waited for, until the control plane's bound or `should_stop()`.
+        `max_restarts` (the agent's ``--max-restarts``) becomes the node's process-restart budget
+        at the master, so its decisions and this agent's count agree.
 
         Raises:
             DLRoverError: refused, the master never became reachable, or stopped while waiting.

@@ -99,20 +99,26 @@ def after_failure(report: FailureReport, decision: FailureDecision, master_reaso
     """Decide what to do after the master answered a failure report.
 
     The master decides for the job (a user code error stops it; a bad host relaunches the node);
-    `--max-restarts` still bounds this node's worker restarts, as with torchrun.
+    `--max-restarts` still bounds this node's worker restarts, as with torchrun. The agent told
+    the master its `max_restarts` when it registered, so the master relaunches or removes a node
+    whose restarts are used up; the reason then leads with that, the cause a torchrun user looks
+    for.
     """
     if decision is FailureDecision.STOP_JOB:
         return Step(StepKind.EXIT, f"the master stopped the job: {master_reason}", exit_code=1)
+    used_up = ""
+    if report.restart_count >= max_restarts:
+        how = f"signal {report.signal_name}" if report.signal_name else f"exit code {report.exit_code}"
+        used_up = (
+            f"workers failed and all {max_restarts} restart(s) (--max-restarts) are used up "
+            f"(local rank {report.local_rank}, {how})"
+        )
     if decision in (FailureDecision.RELAUNCH_NODE, FailureDecision.REMOVE_NODE):
         verb = "relaunches" if decision is FailureDecision.RELAUNCH_NODE else "removes"
-        return Step(StepKind.EXIT, f"the master {verb} this node: {master_reason}", exit_code=1)
-    if report.restart_count >= max_restarts:
-        return Step(
-            StepKind.EXIT,
-            f"workers failed and all {max_restarts} restart(s) are used up "
-            f"(local rank {report.local_rank}, exit code {report.exit_code})",
-            exit_code=1,
-        )
+        told = f"the master {verb} this node: {master_reason}"
+        return Step(StepKind.EXIT, f"{used_up}; {told}" if used_up else told, exit_code=1)
+    if used_up:
+        return Step(StepKind.EXIT, used_up, exit_code=1)
     return Step(
         StepKind.RESTART,
         f"restart {report.restart_count + 1} of {max_restarts}: {master_reason}",

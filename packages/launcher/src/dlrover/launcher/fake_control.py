@@ -90,6 +90,7 @@ class FakeControlPlane:
         self._interval = heartbeat_interval_s
         self._unreachable_reports = unreachable_reports
         self.registrations: list[int] = []
+        self.declared_max_restarts: list[int | None] = []  # each registration's `max_restarts`
         self.waiting_polls: list[bool] = []  # each nodes_waiting call's `once`
         self.rounds: list[RoundAssignment] = []
         self.failures: list[FailureReport] = []
@@ -99,9 +100,12 @@ class FakeControlPlane:
         self.left = 0
         self._store = InMemoryRoundStore()
 
-    def register(self, local_world_size: int, should_stop: Callable[[], bool] = lambda: False) -> NodeRegistration:
+    def register(
+        self, local_world_size: int, should_stop: Callable[[], bool] = lambda: False, *, max_restarts: int | None = None
+    ) -> NodeRegistration:
         with self._lock:
             self.registrations.append(local_world_size)
+            self.declared_max_restarts.append(max_restarts)
             return NodeRegistration(node_id="node-0", heartbeat_interval_s=self._interval)
 
     def next_round(

@@ -162,13 +162,19 @@ class GrpcControlPlane:
         self._clock = clock or SystemClock()
         self._heartbeat_interval_s = 2.0
 
-    def register(self, local_world_size: int, should_stop: Callable[[], bool] = _never) -> NodeRegistration:
+    def register(
+        self, local_world_size: int, should_stop: Callable[[], bool] = _never, *, max_restarts: int | None = None
+    ) -> NodeRegistration:
         # The master may start beside the agents (one serves it for a torchrun-style command
         # line): wait for it to accept a connection, as torchrun's agents wait for the store.
         # Registering is not retried (not idempotent), so a refused connection must not reach it.
         self._wait_for_master(should_stop)
         response = self._master.register(
-            self._node_name, self._host, node_id=self._launched_as, local_world_size=local_world_size
+            self._node_name,
+            self._host,
+            node_id=self._launched_as,
+            local_world_size=local_world_size,
+            max_restarts=max_restarts,
         )
         self._node_id = str(response.node_id)
         self._heartbeat_interval_s = float(response.heartbeat_interval_s) or 2.0
@@ -298,7 +304,11 @@ class GrpcControlPlane:
         kind = FailureKind.HANG if report.hang else FailureKind.PROCESS_CRASH
         if report.network_check:
             kind = FailureKind.NETWORK
-        response = self._master.report_failure(kind, evidence, exit_code=report.exit_code)
+        # A node the network check left out exits whatever the answer: the master must not count
+        # on it restarting its processes.
+        response = self._master.report_failure(
+            kind, evidence, exit_code=report.exit_code, agent_exits=report.network_check
+        )
         decision = _DECISIONS.get(response.decision)
         if decision is None:
             raise DLRoverError(f"the master answered an unknown decision {response.decision!r}: {response.reason}")

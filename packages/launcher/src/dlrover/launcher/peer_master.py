@@ -40,8 +40,9 @@ from dlrover.launcher.args import LaunchConfig
 
 if TYPE_CHECKING:
     from dlrover.master import MasterRuntime
+    from dlrover.master.config import LifecycleConfig
 
-__all__ = ["HostedMaster", "PeerEndpoint", "is_local_host", "peer_endpoint", "peer_master"]
+__all__ = ["HostedMaster", "PeerEndpoint", "embedded_lifecycle", "is_local_host", "peer_endpoint", "peer_master"]
 
 _log = logging.getLogger(__name__)
 
@@ -175,6 +176,24 @@ class HostedMaster:
         return True
 
 
+def embedded_lifecycle(cfg: LaunchConfig) -> LifecycleConfig:
+    """The lifecycle of a master an agent runs itself (`--standalone`, or for its peers).
+
+    Every agent declares its ``--max-restarts`` when it registers, and that is its node's
+    process-restart budget (this one's is only the fallback for an agent that declares none);
+    the job-wide failure limit is raised so that no node is stopped short of it: each node may
+    fail once per restart and once more.
+    """
+    from dlrover.master.config import LifecycleConfig, NodeRange
+
+    default = LifecycleConfig()
+    return LifecycleConfig(
+        nodes=NodeRange(cfg.nodes.min_nodes, cfg.nodes.max_nodes, cfg.node_unit),
+        max_process_restarts=cfg.max_restarts,
+        max_job_failures=max(default.max_job_failures, cfg.nodes.max_nodes * (cfg.max_restarts + 1)),
+    )
+
+
 @contextmanager
 def peer_master(cfg: LaunchConfig, endpoint: PeerEndpoint, token: str) -> Iterator[HostedMaster | None]:
     """Serve the job's master at `endpoint` if this agent is the one to; yields it (None: another
@@ -186,7 +205,6 @@ def peer_master(cfg: LaunchConfig, endpoint: PeerEndpoint, token: str) -> Iterat
             cannot listen at the endpoint.
     """
     from dlrover.master import MasterConfig, create_master
-    from dlrover.master.config import LifecycleConfig, NodeRange
 
     if _is_loopback(endpoint.host):
         _log.warning(
@@ -206,10 +224,7 @@ def peer_master(cfg: LaunchConfig, endpoint: PeerEndpoint, token: str) -> Iterat
         # Every RPC still needs the job token.
         bind_address="::" if ":" in endpoint.host else "0.0.0.0",  # noqa: S104 (the job's nodes connect)
         port=endpoint.port,
-        lifecycle=LifecycleConfig(
-            nodes=NodeRange(cfg.nodes.min_nodes, cfg.nodes.max_nodes, cfg.node_unit),
-            max_process_restarts=max(cfg.max_restarts, 1),
-        ),
+        lifecycle=embedded_lifecycle(cfg),
         token=token,
     )
     runtime = create_master(config)

@@ -50,9 +50,19 @@ def _run_parser() -> argparse.ArgumentParser:
     p.add_argument("--heartbeat-timeout-s", type=float, default=30.0)
     p.add_argument("--node-start-timeout-s", type=float, default=300.0, help="0 waits forever")
     p.add_argument("--insufficient-nodes-window-s", type=float, default=300.0)
-    p.add_argument("--max-process-restarts", type=int, default=3)
+    p.add_argument(
+        "--max-process-restarts",
+        type=int,
+        default=3,
+        help="process restarts per node for an agent that declares none (dlrover-run declares its --max-restarts)",
+    )
     p.add_argument("--max-relaunches", type=int, default=3)
-    p.add_argument("--max-job-failures", type=int, default=20)
+    p.add_argument(
+        "--max-job-failures",
+        type=int,
+        default=20,
+        help="failures of all nodes together before the job stops; raise it with agents' --max-restarts",
+    )
     p.add_argument("--tick-interval-s", type=float, default=1.0)
     p.add_argument("--node-stop-grace-s", type=float, default=5.0)
     p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on this port")

@@ -76,9 +76,18 @@ class MasterClient:
         self.credential = credential
 
     def register(
-        self, node_name: str, host: str, *, node_id: int | None = None, local_world_size: int = 0
+        self,
+        node_name: str,
+        host: str,
+        *,
+        node_id: int | None = None,
+        local_world_size: int = 0,
+        max_restarts: int | None = None,
     ) -> agent_pb2.RegisterNodeResponse:
         """Register and remember the node's identity for later calls.
+
+        `max_restarts`: the worker restarts this agent allows (its ``--max-restarts``), the
+        node's process-restart budget at the master; None leaves the master's own.
 
         Raises:
             RpcError: refused (the status code says why).
@@ -86,6 +95,8 @@ class MasterClient:
         request = agent_pb2.RegisterNodeRequest(node_name=node_name, host=host, local_world_size=local_world_size)
         if node_id is not None:
             request.node_id = node_id
+        if max_restarts is not None:
+            request.max_restarts = max_restarts
         response: agent_pb2.RegisterNodeResponse = self._call(self._agent.RegisterNode, request, idempotent=False)
         self.set_identity(response.node_id, response.node_credential)
         return response
@@ -110,11 +121,22 @@ class MasterClient:
         return response
 
     def report_failure(
-        self, kind: FailureKind, evidence: str, *, exit_code: int = 0, node_id: int | None = None
+        self,
+        kind: FailureKind,
+        evidence: str,
+        *,
+        exit_code: int = 0,
+        node_id: int | None = None,
+        agent_exits: bool = False,
     ) -> agent_pb2.ReportFailureResponse:
-        """Report a failure of this node; the answer is the master's decision."""
+        """Report a failure of this node; the answer is the master's decision (`agent_exits`: this
+        agent exits after the report whatever the answer, so it restarts nothing)."""
         request = agent_pb2.ReportFailureRequest(
-            node_id=self._own_id(node_id), kind=FAILURE_KIND_TO_PROTO[kind], evidence=evidence, exit_code=exit_code
+            node_id=self._own_id(node_id),
+            kind=FAILURE_KIND_TO_PROTO[kind],
+            evidence=evidence,
+            exit_code=exit_code,
+            agent_exits=agent_exits,
         )
         response: agent_pb2.ReportFailureResponse = self._call(self._agent.ReportFailure, request, idempotent=False)
         return response

@@ -14,6 +14,11 @@ Which kind is decided on:
   (user code error, OOM as host OOM, hardware, network as communication, hang; a plain process
   crash or unknown stays `unknown`).
 
+The action policy counts process restarts against the node's own budget, as the lifecycle keeps
+it (what its agent declared, ``dlrover-run --max-restarts``, else the configured one), and is told
+when the scheduler cannot relaunch the node while its agent can restart the processes: a relaunch
+rung then restarts them in place while restarts are left (see `dlrover.diagnosis.policy`).
+
 The diagnosis action is mapped onto the master's actions: restart processes and roll back to a
 checkpoint restart the processes (they resume from the newest checkpoint); relaunch (with more
 memory: not sized yet) relaunches the node, avoiding its host when the decision says so; abort
@@ -76,7 +81,8 @@ class DiagnosisFailurePolicy:
     def __init__(self, registry: RuleRegistry | None = None, actions: ActionPolicy | None = None) -> None:
         self._registry = registry or RuleRegistry.with_builtin_rules()
         self._actions = actions or ActionPolicy()
-        self._decided: list[tuple[str, DiagnosedKind]] = []  # every decision, to replay on a rollback
+        # Every decision's input, to replay on a rollback: node, kind, restarts left, relaunch possible.
+        self._decided: list[tuple[str, DiagnosedKind, int, bool]] = []
 
     @property
     def actions(self) -> ActionPolicy:
@@ -130,14 +136,18 @@ class DiagnosisFailurePolicy:
             return
         del self._decided[savepoint:]
         self._actions = ActionPolicy(self._actions.config)
-        for node_id, kind in self._decided:
-            self._actions.decide(node_id, kind)
+        for node_id, kind, restarts_left, relaunch_possible in self._decided:
+            self._actions.decide(node_id, kind, restarts_left=restarts_left, relaunch_possible=relaunch_possible)
 
     def decide(self, failure: Failure) -> FailureDecision:
         """Classify, then let the action policy decide; see the module docstring for the mapping."""
         kind, why = self.diagnose(failure)
-        decision = self._actions.decide(str(failure.node.node_id), kind)
-        self._decided.append((str(failure.node.node_id), kind))
+        node_id = str(failure.node.node_id)
+        # The lifecycle's budget is the node's own (its agent's --max-restarts, when it said), so
+        # the action policy counts against it rather than against a limit of its own.
+        restarts_left, relaunch_possible = failure.process_restarts_left, failure.relaunch_possible
+        decision = self._actions.decide(node_id, kind, restarts_left=restarts_left, relaunch_possible=relaunch_possible)
+        self._decided.append((node_id, kind, restarts_left, relaunch_possible))
         action = _ACTIONS[decision.action]
         reason = f"{decision.reason} [diagnosed {kind.value}: {why}]"
         if decision.action is ActionKind.ROLLBACK_CHECKPOINT:

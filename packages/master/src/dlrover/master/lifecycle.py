@@ -56,6 +56,9 @@ __all__ = [
 
 _MAX_REASON_CHARS = 2000
 
+# Failures the master sees itself: the node's agent is gone (or unreachable), so it restarts nothing.
+_OBSERVED_BY_MASTER = frozenset({FailureKind.HEARTBEAT_TIMEOUT, FailureKind.START_TIMEOUT, FailureKind.NODE_EXIT})
+
 
 class LifecycleError(DLRoverError):
     """The core refused a request; nothing changed. The message says why."""
@@ -121,6 +124,11 @@ class JobLifecycle:
         policy: decides what to do about failures (budgets are enforced on top of it).
         now: the current time.
         snapshot: resume from this state (after a master restart) instead of starting empty.
+        scheduler_relaunches: whether the scheduler starts a replacement node itself. False (the
+            external backend: bare metal, Slurm, a standalone `dlrover-run`): a relaunch of a
+            node whose agent is alive to restart its processes becomes a process restart while
+            the node has restarts left; any other relaunch leaves the rank waiting for a new
+            agent to register, and its reason says so.
     """
 
     def __init__(
@@ -129,9 +137,12 @@ class JobLifecycle:
         policy: FailurePolicy,
         now: float,
         snapshot: LifecycleSnapshot | None = None,
+        *,
+        scheduler_relaunches: bool = True,
     ) -> None:
         self._config = config
         self._policy = policy
+        self._scheduler_relaunches = scheduler_relaunches
         self._nodes: dict[int, NodeRecord] = {}
         self._current: dict[int, int] = {}
         self._actions: dict[int, list[Action]] = {}
@@ -293,12 +304,17 @@ class JobLifecycle:
         now: float,
         *,
         proven_node_id: int | None = None,
+        max_process_restarts: int | None = None,
     ) -> tuple[NodeRecord, Outcome]:
         """An agent registers, claiming a launched node (`node_id`) or any free slot (None).
 
         A node that already registered can only be claimed again by an agent that proved it is
         that node (`proven_node_id`, from its node credential): a reconnect after a lost answer
         or a master restart. Anyone else is refused.
+
+        `max_process_restarts` is the restarts the agent allows (``dlrover-run --max-restarts``,
+        as torchrun counts them: per agent): the node's process-restart budget, in place of the
+        configured `max_process_restarts`; None keeps the configured one.
 
         Returns:
             The node as registered, and what changed.
@@ -308,6 +324,8 @@ class JobLifecycle:
             HostAvoidedError: the registration is refused; nothing changed.
         """
         self._refuse_if_finished()
+        if max_process_restarts is not None and max_process_restarts < 0:
+            raise LifecycleError(f"max_process_restarts must be None or >= 0, got {max_process_restarts}")
         if not self._started:
             raise NodeStateError("the job has not started yet; no node can register")
         if host in self._avoid_hosts:
@@ -318,13 +336,21 @@ class JobLifecycle:
                 raise NodeConflictError(
                     f"node {node.node_id} is already registered; a reconnecting agent must present its node credential"
                 )
-            updated = attrs.evolve(node, last_heartbeat=now)
+            budget = node.max_process_restarts if max_process_restarts is None else max_process_restarts
+            updated = attrs.evolve(node, last_heartbeat=now, max_process_restarts=budget)
             self._nodes[node.node_id] = updated
             ev = Event("node_reconnect", f"node {node.node_id} reconnected", node.node_id, node.rank)
             return updated, Outcome(events=(ev,), changed_nodes=frozenset({node.node_id}))
         if node.state not in (NodeState.PENDING, NodeState.STARTING):
             raise NodeStateError(f"node {node.node_id} is {node.state.value}; it cannot register")
-        node = attrs.evolve(node, name=name, host=host, registered=True, last_heartbeat=now)
+        node = attrs.evolve(
+            node,
+            name=name,
+            host=host,
+            registered=True,
+            last_heartbeat=now,
+            max_process_restarts=max_process_restarts,
+        )
         self._nodes[node.node_id] = node
         out = self._move(node, NodeState.RUNNING, f"agent {name!r} on {host!r} registered", now)
         return self._nodes[node.node_id], out.merge(self._check_nodes(now))
@@ -389,13 +415,16 @@ class JobLifecycle:
         exit_code: int | None = None,
         answered: bool = False,
         classification: Classification | None = None,
+        agent_exits: bool = False,
     ) -> tuple[FailureDecision, Outcome]:
         """A node failed; decide and apply what to do (`exit_code`: the failed process's status, if known).
 
         `classification` is what the policy made of the full evidence beforehand (see
         `ClassifyingPolicy`); it is handed to the policy with the failure. With `answered`, the
         decision reaches the node in the reply to its report, so a process restart is not also
-        queued as a heartbeat action (the node would restart twice).
+        queued as a heartbeat action (the node would restart twice). `agent_exits`: the node's
+        agent exits after this report whatever the answer (a network check left its node out),
+        so its processes cannot be restarted in place: a restart becomes a relaunch.
 
         Returns:
             The decision as applied (after budgets), and what changed.
@@ -407,7 +436,16 @@ class JobLifecycle:
         node = self.node(node_id)
         if node.state not in ALIVE_STATES:
             raise NodeStateError(f"node {node_id} is {node.state.value}; it cannot fail")
-        return self._fail(node, kind, _clip(evidence), now, exit_code, answered=answered, classification=classification)
+        return self._fail(
+            node,
+            kind,
+            _clip(evidence),
+            now,
+            exit_code,
+            answered=answered,
+            classification=classification,
+            agent_exits=agent_exits,
+        )
 
     def report_success(self, node_id: int, now: float) -> Outcome:
         """The node's training processes finished successfully.
@@ -515,10 +553,39 @@ class JobLifecycle:
         launch = LaunchNode(node_id, rank, relaunch_count, frozenset(self._avoid_hosts))
         return Outcome(effects=(launch,), events=(ev,), changed_nodes=frozenset({node_id}), job_changed=True)
 
-    def _enforce(
-        self, node: NodeRecord, decision: FailureDecision, restarts_left: int, relaunches_left: int
+    def restart_budget(self, node: NodeRecord) -> int:
+        """The process restarts `node` may take: what its agent declared, else the configured."""
+        return self._config.max_process_restarts if node.max_process_restarts is None else node.max_process_restarts
+
+    def _budget_words(self, node: NodeRecord) -> str:
+        budget = self.restart_budget(node)
+        if node.max_process_restarts is None:
+            return f"process restart budget ({budget})"
+        return f"process restart budget ({budget}, its agent's --max-restarts)"
+
+    def _restart_or_relaunch(
+        self, node: NodeRecord, decision: FailureDecision, restarts_left: int, agent_exits: bool
     ) -> FailureDecision:
+        """A restart the policy decided, or the relaunch it becomes when no restart can happen."""
+        if node.state is not NodeState.RUNNING:
+            return FailureDecision(
+                FailureAction.RELAUNCH_NODE, f"{decision.reason}; but the node is not running, so it is relaunched"
+            )
+        if agent_exits:
+            return FailureDecision(
+                FailureAction.RELAUNCH_NODE,
+                f"{decision.reason}; but its agent exits after this report, so the node is relaunched",
+                decision.avoid_host,
+            )
+        if restarts_left <= 0:
+            return FailureDecision(
+                FailureAction.RELAUNCH_NODE, f"{self._budget_words(node)} exhausted", decision.avoid_host
+            )
+        return decision
+
+    def _enforce(self, failure: Failure, decision: FailureDecision, *, agent_exits: bool = False) -> FailureDecision:
         """Budgets and hard rules applied on top of any policy's decision."""
+        node, restarts_left, relaunches_left = failure.node, failure.process_restarts_left, failure.relaunches_left
         action = decision.action
         if action is FailureAction.STOP_JOB:
             return decision
@@ -526,23 +593,35 @@ class JobLifecycle:
             return FailureDecision(
                 FailureAction.REMOVE_NODE, "workers have already succeeded; the node is not relaunched"
             )
+        if action is FailureAction.RELAUNCH_NODE and not failure.relaunch_possible and restarts_left > 0:
+            # The agent would exit for a relaunch nobody carries out, ending the job while it
+            # could still restart its processes.
+            return FailureDecision(
+                FailureAction.RESTART_PROCESSES,
+                f"{decision.reason}; but the scheduler cannot relaunch nodes, so the processes restart in place "
+                f"instead ({restarts_left - 1} restart(s) left after this one)",
+            )
         if action is FailureAction.RESTART_PROCESSES:
-            if node.state is not NodeState.RUNNING:
-                decision = FailureDecision(
-                    FailureAction.RELAUNCH_NODE, f"{decision.reason}; but the node is not running, so it is relaunched"
-                )
-            elif restarts_left <= 0:
-                decision = FailureDecision(
-                    FailureAction.RELAUNCH_NODE,
-                    f"process restart budget ({self._config.max_process_restarts}) exhausted",
-                    decision.avoid_host,
-                )
-            else:
+            decision = self._restart_or_relaunch(node, decision, restarts_left, agent_exits)
+            if decision.action is FailureAction.RESTART_PROCESSES:
                 return decision
-        if decision.action is FailureAction.RELAUNCH_NODE and relaunches_left <= 0:
+        if decision.action is FailureAction.RELAUNCH_NODE:
+            return self._relaunch_or_remove(node, decision, relaunches_left)
+        return decision
+
+    def _relaunch_or_remove(self, node: NodeRecord, decision: FailureDecision, relaunches_left: int) -> FailureDecision:
+        """A relaunch, or the removal it becomes once the rank's relaunches are spent."""
+        if relaunches_left <= 0:
             return FailureDecision(
                 FailureAction.REMOVE_NODE,
                 f"{decision.reason}; relaunch budget of rank {node.rank} ({self._config.max_relaunches}) exhausted",
+                decision.avoid_host,
+            )
+        if not self._scheduler_relaunches:
+            return FailureDecision(
+                FailureAction.RELAUNCH_NODE,
+                f"{decision.reason}; the scheduler does not start nodes itself: rank {node.rank} waits for a new "
+                "agent to register",
                 decision.avoid_host,
             )
         return decision
@@ -557,9 +636,10 @@ class JobLifecycle:
         *,
         answered: bool = False,
         classification: Classification | None = None,
+        agent_exits: bool = False,
     ) -> tuple[FailureDecision, Outcome]:
         self._job_failures += 1
-        restarts_left = max(self._config.max_process_restarts - node.process_restarts, 0)
+        restarts_left = max(self.restart_budget(node) - node.process_restarts, 0)
         relaunches_left = max(self._config.max_relaunches - node.relaunch_count, 0)
         node = attrs.evolve(node, last_failure=f"{kind.value}: {evidence}")
         self._nodes[node.node_id] = node
@@ -577,9 +657,21 @@ class JobLifecycle:
                 f"too many failures: {self._job_failures} > max_job_failures {self._config.max_job_failures}",
             )
         else:
-            failure = Failure(node, kind, evidence, restarts_left, relaunches_left, exit_code, classification)
+            # Only an agent that reported the failure and goes on can restart its processes; a
+            # node the master saw vanish, or whose agent exits, can only be relaunched.
+            restartable = node.state is NodeState.RUNNING and kind not in _OBSERVED_BY_MASTER and not agent_exits
+            failure = Failure(
+                node,
+                kind,
+                evidence,
+                restarts_left,
+                relaunches_left,
+                exit_code,
+                classification,
+                relaunch_possible=self._scheduler_relaunches or not restartable,
+            )
             proposed = self._policy.decide(failure)
-            decision = self._enforce(node, proposed, restarts_left, relaunches_left)
+            decision = self._enforce(failure, proposed, agent_exits=agent_exits)
         if decision.avoid_host and node.host:
             out = out.merge(self.mark_host_unhealthy(node.host, f"{kind.value} on node {node.node_id}"))
         if decision.action is FailureAction.RESTART_PROCESSES:
@@ -593,7 +685,7 @@ class JobLifecycle:
             ev = Event(
                 "process_restart",
                 f"node {node.node_id} restarts its processes ({node.process_restarts}/"
-                f"{self._config.max_process_restarts}): {decision.reason}",
+                f"{self.restart_budget(node)}): {decision.reason}",
                 node.node_id,
                 node.rank,
                 {"kind": kind.value},

@@ -197,7 +197,9 @@ class Master:
         self._job_journaled = self._restored
         now = clock.now()
         self._policy = policy or DefaultFailurePolicy()
-        self._lifecycle = JobLifecycle(config.lifecycle, self._policy, now, restored.lifecycle)
+        self._lifecycle = JobLifecycle(
+            config.lifecycle, self._policy, now, restored.lifecycle, scheduler_relaunches=scheduler.relaunches_nodes
+        )
         self._checkpoints = checkpoints or CheckpointTracker(restored.checkpoints)
         self._blob_versions: dict[str, int] = {}
         self._deferred: list[LaunchNode | StopNode] = []
@@ -466,15 +468,31 @@ class Master:
             for effect in deferred:
                 self._apply(effect)
 
-    def register(self, node_id: int | None, name: str, host: str, *, proven_node_id: int | None = None) -> NodeRecord:
-        """An agent registers; see `JobLifecycle.register`.
+    def register(
+        self,
+        node_id: int | None,
+        name: str,
+        host: str,
+        *,
+        proven_node_id: int | None = None,
+        max_process_restarts: int | None = None,
+    ) -> NodeRecord:
+        """An agent registers; see `JobLifecycle.register` (`max_process_restarts`: the restarts
+        the agent allows, its ``--max-restarts``, when it said).
 
         Raises:
             LifecycleError: refused; nothing changed.
         """
         with self._lock:
             return self._transact(
-                lambda: self._lifecycle.register(node_id, name, host, self._clock.now(), proven_node_id=proven_node_id)
+                lambda: self._lifecycle.register(
+                    node_id,
+                    name,
+                    host,
+                    self._clock.now(),
+                    proven_node_id=proven_node_id,
+                    max_process_restarts=max_process_restarts,
+                )
             )
 
     def heartbeat(
@@ -543,7 +561,13 @@ class Master:
         self._progress = (wall, step, samples)
 
     def report_failure(
-        self, node_id: int, kind: FailureKind, evidence: str, *, exit_code: int | None = None
+        self,
+        node_id: int,
+        kind: FailureKind,
+        evidence: str,
+        *,
+        exit_code: int | None = None,
+        agent_exits: bool = False,
     ) -> FailureDecision:
         """A node's agent reported a failure; returns the decision as applied, which the reply
         delivers (a process restart is not queued again for the node's heartbeats).
@@ -553,6 +577,8 @@ class Master:
             kind: the kind its agent reported.
             evidence: what the agent saw (a log tail, a traceback).
             exit_code: the failed process's exit status, when known.
+            agent_exits: the agent exits after this report whatever the answer (see
+                `JobLifecycle.report_failure`).
 
         The evidence is classified before the master's lock is taken (see `ClassifyingPolicy`):
         reading a 64 KiB log tail takes tens of milliseconds, which heartbeats must not wait for.
@@ -575,6 +601,7 @@ class Master:
                     exit_code=exit_code,
                     answered=True,
                     classification=classification,
+                    agent_exits=agent_exits,
                 )
             )
 

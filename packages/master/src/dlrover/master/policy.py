@@ -3,7 +3,8 @@
 The lifecycle core asks a `FailurePolicy` for a decision, then enforces budgets itself, so no
 policy can make the job exceed them: a restart with no restarts left becomes a relaunch, a
 relaunch with no relaunches left becomes a removal, and nothing is relaunched once any node has
-succeeded.
+succeeded. Where the scheduler cannot relaunch nodes, a relaunch of a node whose agent can
+restart its processes becomes a process restart while restarts are left.
 """
 
 from __future__ import annotations
@@ -63,6 +64,11 @@ class Failure:
         exit_code: the failed process's exit status, when the reporter knew it.
         classification: the policy's `classify` of the full evidence, when it has one and the
             failure was reported with evidence (the `evidence` here may be clipped).
+        relaunch_possible: False when the scheduler cannot start a replacement node (the
+            external backend: bare metal, Slurm, a standalone `dlrover-run`) while the node's
+            agent is alive and reported the failure, so it can restart its processes. A policy
+            should then restart the processes while restarts are left rather than relaunch:
+            the lifecycle turns such a relaunch into a restart anyway.
     """
 
     node: NodeRecord
@@ -72,6 +78,7 @@ class Failure:
     relaunches_left: int
     exit_code: int | None = None
     classification: Classification | None = None
+    relaunch_possible: bool = True
 
 
 @attrs.frozen

@@ -53,6 +53,9 @@ class NodeRecord:
         state: where it is in its life.
         relaunch_count: how many incarnations of this rank came before this one.
         process_restarts: training-process restarts on this incarnation.
+        max_process_restarts: the restarts its agent allows (``dlrover-run --max-restarts``), as
+            the agent declared when it registered; None (an agent that declared none): the
+            lifecycle's `max_process_restarts` applies.
         name: the agent's self-given name (host name and slot), once registered.
         host: the host it runs on, once known.
         registered: whether its agent has registered.
@@ -71,6 +74,7 @@ class NodeRecord:
     state: NodeState
     relaunch_count: int = 0
     process_restarts: int = 0
+    max_process_restarts: int | None = None
     name: str = ""
     host: str = ""
     registered: bool = False

@@ -163,12 +163,15 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             host = _text(request.host, "host", MAX_NAME_CHARS, required=True)
             if request.local_world_size < 0:
                 raise RequestError(f"local_world_size must be non-negative, got {request.local_world_size}")
+            max_restarts = request.max_restarts if request.HasField("max_restarts") else None
+            if max_restarts is not None and max_restarts < 0:
+                raise RequestError(f"max_restarts must be non-negative, got {max_restarts}")
             metadata = _metadata(context)
             # A reconnecting agent proves who it is; a first registration has nothing to prove.
             proven = (
                 self._auth.authenticate(metadata) if any(k.startswith("x-dlrover-node") for k, _ in metadata) else None
             )
-            node = self._master.register(node_id, name, host, proven_node_id=proven)
+            node = self._master.register(node_id, name, host, proven_node_id=proven, max_process_restarts=max_restarts)
             cfg = self._master.config
             nodes = cfg.lifecycle.nodes
             return agent_pb2.RegisterNodeResponse(
@@ -228,7 +231,9 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             evidence = request.evidence or f"exit code {request.exit_code}"
             # proto3 has no "unset" for an int: 0 (a clean exit would not be a failure) means unknown.
             exit_code = request.exit_code or None
-            decision = self._master.report_failure(node_id, kind, evidence, exit_code=exit_code)
+            decision = self._master.report_failure(
+                node_id, kind, evidence, exit_code=exit_code, agent_exits=request.agent_exits
+            )
             return agent_pb2.ReportFailureResponse(decision=decision.action.value, reason=decision.reason)
 
     def ReportSuccess(

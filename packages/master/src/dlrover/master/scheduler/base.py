@@ -83,6 +83,13 @@ class SchedulerBackend(Protocol):
         """The backend's name (`local`, `external`, ...)."""
         ...
 
+    @property
+    def relaunches_nodes(self) -> bool:
+        """Whether `launch` starts a node itself. False (the external backend) only opens a slot
+        that someone else's agent must fill: the master then restarts a failed node's processes
+        rather than relaunch it while it has restarts left."""
+        ...
+
     def launch(self, spec: NodeSpec) -> None:
         """Start a node; returns once it is requested, not once it runs.
 

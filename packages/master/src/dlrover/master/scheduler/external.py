@@ -20,6 +20,8 @@ class ExternalScheduler:
     """Slots for agents that register themselves."""
 
     name = "external"
+    relaunches_nodes = False
+    """A relaunch only opens a slot: nobody here starts the agent that fills it."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()

@@ -17,7 +17,8 @@ class FakeScheduler:
 
     name = "fake"
 
-    def __init__(self) -> None:
+    def __init__(self, *, relaunches_nodes: bool = True) -> None:
+        self.relaunches_nodes = relaunches_nodes
         self._lock = threading.Lock()
         self._nodes: dict[int, ObservedNode] = {}
         self.specs: dict[int, NodeSpec] = {}

@@ -87,6 +87,7 @@ class LocalScheduler:
     """
 
     name = "local"
+    relaunches_nodes = True
     state_name = "local_scheduler"
 
     def __init__(

@@ -56,16 +56,18 @@ class StepProgress(_message.Message):
     def __init__(self, step: _Optional[int] = ..., samples: _Optional[int] = ...) -> None: ...
 
 class RegisterNodeRequest(_message.Message):
-    __slots__ = ("node_id", "node_name", "host", "local_world_size")
+    __slots__ = ("node_id", "node_name", "host", "local_world_size", "max_restarts")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     NODE_NAME_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
     LOCAL_WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    MAX_RESTARTS_FIELD_NUMBER: _ClassVar[int]
     node_id: int
     node_name: str
     host: str
     local_world_size: int
-    def __init__(self, node_id: _Optional[int] = ..., node_name: _Optional[str] = ..., host: _Optional[str] = ..., local_world_size: _Optional[int] = ...) -> None: ...
+    max_restarts: int
+    def __init__(self, node_id: _Optional[int] = ..., node_name: _Optional[str] = ..., host: _Optional[str] = ..., local_world_size: _Optional[int] = ..., max_restarts: _Optional[int] = ...) -> None: ...
 
 class RegisterNodeResponse(_message.Message):
     __slots__ = ("node_id", "rank", "node_credential", "heartbeat_interval_s", "heartbeat_timeout_s", "relaunch_count", "min_nodes", "max_nodes", "node_unit")
@@ -118,16 +120,18 @@ class HeartbeatResponse(_message.Message):
     def __init__(self, actions: _Optional[_Iterable[_Union[Action, _Mapping]]] = ..., job_state: _Optional[str] = ...) -> None: ...
 
 class ReportFailureRequest(_message.Message):
-    __slots__ = ("node_id", "kind", "evidence", "exit_code")
+    __slots__ = ("node_id", "kind", "evidence", "exit_code", "agent_exits")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     EVIDENCE_FIELD_NUMBER: _ClassVar[int]
     EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    AGENT_EXITS_FIELD_NUMBER: _ClassVar[int]
     node_id: int
     kind: FailureKind
     evidence: str
     exit_code: int
-    def __init__(self, node_id: _Optional[int] = ..., kind: _Optional[_Union[FailureKind, str]] = ..., evidence: _Optional[str] = ..., exit_code: _Optional[int] = ...) -> None: ...
+    agent_exits: bool
+    def __init__(self, node_id: _Optional[int] = ..., kind: _Optional[_Union[FailureKind, str]] = ..., evidence: _Optional[str] = ..., exit_code: _Optional[int] = ..., agent_exits: _Optional[bool] = ...) -> None: ...
 
 class ReportFailureResponse(_message.Message):
     __slots__ = ("decision", "reason")
