@@ -11,13 +11,14 @@ import math
 import os
 import re
 import signal
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
 
 from dlrover.common import ConfigError
 from dlrover.flashckpt.segment import DEFAULT_SHM_DIR
+from dlrover.launcher.slurm import SlurmStep, slurm_step
 
 DEFAULT_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")  # torchrun's default
 
@@ -153,6 +154,7 @@ class LaunchConfig:
     duplicate_stderr_filters: tuple[str, ...] = ()
     virtual_local_rank: bool = False
     event_log_handler: str = "null"
+    slurm: SlurmStep | None = None  # the srun step whose environment filled in the job's nodes
 
     def worker_command(self, python: str) -> list[str]:
         """The argv that starts one worker, as torchrun builds it."""
@@ -221,7 +223,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_torchrun_options(tr: argparse._ArgumentGroup) -> None:
-    _option(tr, ["--nnodes"], "1:1", "N, or MIN:MAX for an elastic job")
+    _option(tr, ["--nnodes"], None, "N, or MIN:MAX for an elastic job (default: 1, or the srun step's nodes)")
     _option(tr, _both("nproc-per-node"), "1", "workers per node: N, auto, cpu or gpu")
     _option(tr, _both("rdzv-backend"), "dlrover")
     _option(tr, _both("rdzv-endpoint"), "")
@@ -533,11 +535,36 @@ def _rdzv_timeouts(conf: tuple[tuple[str, str], ...]) -> dict[str, float]:
     return settings
 
 
+def _slurm_defaults(ns: argparse.Namespace, env: Mapping[str, str]) -> SlurmStep | None:
+    """Fill in a multi-node job from the srun step (`dlrover.launcher.slurm`) when the command line
+    names neither the nodes nor where they meet; returns the step used, or None."""
+    named = (
+        ns.nnodes is not None
+        or ns.standalone
+        or ns.master
+        or ns.rdzv_endpoint
+        or ns.rdzv_backend != "dlrover"
+        or ns.node_rank not in (None, "")
+        or env.get("DLROVER_MASTER_ADDR")
+    )
+    step = None if named else slurm_step(env)
+    if step is None:
+        return None
+    ns.nnodes = str(step.num_nodes)
+    ns.rdzv_backend = "static"
+    ns.master_addr = step.first_host
+    ns.node_rank = str(step.node_id)
+    if ns.rdzv_id == "none":
+        ns.rdzv_id = step.run_id
+    return step
+
+
 def parse_args(
     argv: Sequence[str] | None = None,
     *,
     accelerators: int = 0,
     cpus: int | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> LaunchConfig:
     """Parse and validate a `dlrover-run` command line.
 
@@ -545,12 +572,14 @@ def parse_args(
         argv: the arguments after the program name.
         accelerators: visible GPUs, for `--nproc-per-node=auto|gpu` and `--auto-config`.
         cpus: usable CPUs, for `--nproc-per-node=cpu|auto` (default: this process's affinity).
+        env: the environment, for the Slurm step (default: this process's).
 
     Raises:
         ConfigError: any flag is out of range or contradicts another; the message names it.
     """
     ns = build_parser().parse_args(argv)
-    nodes = NodeRange.parse(ns.nnodes)
+    slurm = _slurm_defaults(ns, os.environ if env is None else env)
+    nodes = NodeRange.parse(ns.nnodes or "1:1")
     nproc = _nproc(ns.nproc_per_node, ns.auto_config, accelerators, cpus or _usable_cpus())
     modes = [name for name, on in (("-m", ns.module), ("--no-python", ns.no_python), ("--run-path", ns.run_path)) if on]
     if len(modes) > 1:
@@ -652,4 +681,5 @@ def parse_args(
         resource_sample_interval_s=_finite(ns.resource_sample_interval, "--resource-sample-interval", 0.0),
         checkpoint_stop_timeout_s=_finite(ns.checkpoint_stop_timeout, "--checkpoint-stop-timeout", 0.001),
         checkpoint_shm_dir=_directory(ns.checkpoint_shm_dir, "--checkpoint-shm-dir"),
+        slurm=slurm,
     )

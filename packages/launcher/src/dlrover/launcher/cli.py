@@ -44,7 +44,13 @@ from dlrover.launcher.args import LaunchConfig, parse_args
 from dlrover.launcher.env import MASTER_ADDR_ENV_VAR, NODE_ID_ENV_VAR
 from dlrover.launcher.grpc_control import GrpcControlPlane, default_node_name
 from dlrover.launcher.netcheck import NetworkCheck, NetworkCheckConfig
-from dlrover.launcher.peer_master import HostedMaster, embedded_lifecycle, peer_endpoint, peer_master
+from dlrover.launcher.peer_master import (
+    STATIC_DEFAULT_PORT,
+    HostedMaster,
+    embedded_lifecycle,
+    peer_endpoint,
+    peer_master,
+)
 from dlrover.launcher.store_host import TorchStoreHost, TorchStoreHostConfig
 
 __all__ = ["main", "run"]
@@ -223,6 +229,15 @@ def run(cfg: LaunchConfig, *, sample_gpus: bool = False) -> AgentResult:
     """Run this node's share of the job described by `cfg`; with `sample_gpus`, heartbeats carry
     the GPUs' use (through nvidia-ml-py, when installed)."""
     _warn_ignored_flags(cfg)
+    if cfg.slurm is not None:
+        _log.info(
+            "srun step %s of %d nodes: this is node %d; the job's master runs on %s:%s (the step's first node)",
+            cfg.slurm.run_id,
+            cfg.slurm.num_nodes,
+            cfg.slurm.node_id,
+            cfg.master_addr,
+            cfg.master_port or STATIC_DEFAULT_PORT,
+        )
     for prefix in (TOKEN_DIR_PREFIX, LOG_DIR_PREFIX):
         remove_dead_owners(prefix)
     with ExitStack() as stack:
