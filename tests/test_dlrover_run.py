@@ -190,7 +190,9 @@ def test_a_user_code_error_stops_the_job_instead_of_looping(run_dir: Path, spawn
     summary = [line for line in output.splitlines() if "finished with exit code" in line]
     assert summary, output
     assert "after 0 restart(s)" in summary[-1], output
-    assert "this_module_does_not_exist_anywhere" in output
+    # The reason says why it stopped: the master diagnosed the user's bug from the worker's traceback.
+    assert "the master stopped the job: user_code" in summary[-1], output
+    assert "No module named 'this_module_does_not_exist_anywhere'" in summary[-1], output
 
 
 def _children_of(pid: int) -> list[int]:
@@ -243,6 +245,35 @@ ASK_THE_MASTER = textwrap.dedent(
         json.dump({"state": status.state, "nodes": len(status.nodes), "token_file": token_file}, f)
     """
 )
+
+
+def test_the_same_plain_torch_script_runs_unchanged_under_torchrun_and_dlrover_run(
+    run_dir: Path, spawn: list[subprocess.Popen[str]]
+) -> None:
+    # TRAIN knows nothing of DLRover: torch.distributed and the torchrun environment only.
+    results = {}
+    for launcher in ("torchrun", "dlrover-run"):
+        out = run_dir / f"out-{launcher}"
+        out.mkdir()
+        flags = ["--standalone", "--nproc-per-node=2", f"--log-dir={run_dir / 'logs' / launcher}"]
+        script = [str(run_dir / "train.py"), str(out), "-1"]  # -1: no step kills itself
+        module = "torch.distributed.run" if launcher == "torchrun" else "dlrover.launcher.cli"
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("DLROVER_", "TORCHELASTIC_"))}
+        proc = subprocess.Popen(
+            [sys.executable, "-m", module, *flags, *script],
+            cwd=run_dir,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        spawn.append(proc)
+        output, _ = proc.communicate(timeout=240)
+        assert proc.returncode == 0, f"{launcher}: {output}"
+        results[launcher] = json.loads((out / "result.json").read_text())
+    for result in results.values():
+        assert (result["step"], result["attempt"], result["w"]) == (8, 0, [24.0] * 4)
 
 
 @pytest.mark.parametrize("token_flag", [False, True])
