@@ -169,6 +169,10 @@ def test_environment_defaults_like_torchrun(monkeypatch: pytest.MonkeyPatch) -> 
 def test_auto_config_uses_visible_accelerators() -> None:
     assert parse_args(["--auto-config", "t.py"], accelerators=8).nproc_per_node == 8
     assert parse_args(["--auto-config", "t.py"], accelerators=0).nproc_per_node == 1
+    with pytest.raises(ConfigError, match="do not also give --nproc-per-node=4"):
+        parse_args(["--auto-config", "--nproc-per-node=4", "t.py"], accelerators=8)
+    assert parse_args(["t.py"]).nproc_per_node == 1  # torchrun's default
+    assert parse_args(["--start-method=fork", "t.py"]).start_method == "fork"  # accepted; the agent warns
     # torchrun's "auto": one per accelerator, else one per usable CPU.
     assert parse_args(["--nproc-per-node=auto", "t.py"], accelerators=4, cpus=16).nproc_per_node == 4
     assert parse_args(["--nproc-per-node=auto", "t.py"], accelerators=0, cpus=16).nproc_per_node == 16

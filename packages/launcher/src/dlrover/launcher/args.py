@@ -154,6 +154,7 @@ class LaunchConfig:
     duplicate_stderr_filters: tuple[str, ...] = ()
     virtual_local_rank: bool = False
     event_log_handler: str = "null"
+    start_method: str = "spawn"
     slurm: SlurmStep | None = None  # the srun step whose environment filled in the job's nodes
 
     def worker_command(self, python: str) -> list[str]:
@@ -224,7 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_torchrun_options(tr: argparse._ArgumentGroup) -> None:
     _option(tr, ["--nnodes"], None, "N, or MIN:MAX for an elastic job (default: 1, or the srun step's nodes)")
-    _option(tr, _both("nproc-per-node"), "1", "workers per node: N, auto, cpu or gpu")
+    _option(tr, _both("nproc-per-node"), None, "workers per node: N, auto, cpu or gpu (default: 1)")
     _option(tr, _both("rdzv-backend"), "dlrover")
     _option(tr, _both("rdzv-endpoint"), "")
     _option(tr, _both("rdzv-id"), "none")
@@ -458,10 +459,15 @@ def _usable_cpus() -> int:
         return os.cpu_count() or 1
 
 
-def _nproc(value: str, auto_config: bool, accelerators: int, cpus: int) -> int:
-    text = str(value).lower()
+def _nproc(value: str | None, auto_config: bool, accelerators: int, cpus: int) -> int:
     if auto_config:
+        if value is not None:
+            raise ConfigError(
+                f"--auto-config sets the workers per node from the visible accelerators; do not also give "
+                f"--nproc-per-node={value}"
+            )
         return accelerators if accelerators > 0 else 1
+    text = "1" if value is None else str(value).lower()
     if text == "auto":  # as torchrun: one per accelerator, else one per usable CPU
         return accelerators if accelerators > 0 else max(cpus, 1)
     if text == "gpu":
@@ -470,7 +476,7 @@ def _nproc(value: str, auto_config: bool, accelerators: int, cpus: int) -> int:
         return accelerators
     if text == "cpu":
         return max(cpus, 1)
-    return int(_number(value, "--nproc-per-node", int, 1))
+    return int(_number(text, "--nproc-per-node", int, 1))
 
 
 _MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
@@ -673,6 +679,7 @@ def parse_args(
         duplicate_stderr_filters=_filters(ns.duplicate_stderr_filters),
         virtual_local_rank=ns.virtual_local_rank,
         event_log_handler=str(ns.event_log_handler),
+        start_method=str(ns.start_method),
         prewarm=_prewarm(ns.prewarm, modes),
         prewarm_refill_after_s=_finite(ns.prewarm_refill_after, "--prewarm-refill-after", 0.0),
         worker_reap_timeout_s=_finite(ns.worker_reap_timeout, "--worker-reap-timeout", 0.0),

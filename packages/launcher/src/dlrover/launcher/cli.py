@@ -219,6 +219,11 @@ def _warn_ignored_flags(cfg: LaunchConfig) -> None:
             "--event-log-handler=%s: no effect under dlrover-run; the master keeps the job's event log",
             cfg.event_log_handler,
         )
+    if cfg.start_method != "spawn":
+        _log.warning(
+            "--start-method=%s: no effect under dlrover-run; every worker is a new process (as with spawn)",
+            cfg.start_method,
+        )
     if cfg.node_unit != 1 and not _runs_own_master(cfg):
         _log.warning(
             "--node-unit=%d: no effect when joining a running master; its own --node-unit applies", cfg.node_unit
