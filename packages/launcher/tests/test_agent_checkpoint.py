@@ -23,7 +23,7 @@ import torch
 
 from dlrover.common import ConfigError, processes_mentioning
 from dlrover.flashckpt.ckpt_format import CHECKPOINT_FORMAT, manifest_path
-from dlrover.flashckpt.commit import Committer
+from dlrover.flashckpt.commit import Committer, RetentionPolicy
 from dlrover.flashckpt.config import StagerConfig
 from dlrover.flashckpt.sharded import ShardedCheckpointer
 from dlrover.flashckpt.storage import PosixStorage
@@ -186,6 +186,17 @@ def test_a_stopped_agent_persists_the_newest_step_and_leaves_nothing(tmp_path: P
     tracker = Committer(PosixStorage(out / "ckpt")).tracker()
     assert tracker is not None
     assert tracker.step == 3
+    _assert_nothing_left(tmp_path, job)
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(180)
+def test_the_agents_retention_applies_to_what_its_savers_commit(tmp_path: Path) -> None:
+    # dlrover-run --checkpoint-keep-last=1: the worker persisted step 1, the stop persists step 3.
+    control = FakeControlPlane()
+    agent, out, job = _agent(tmp_path, "stop", control, checkpoint_retention=RetentionPolicy(keep_last=1))
+    _stop_once_ready(agent, out, tmp_path)
+    assert Committer(PosixStorage(out / "ckpt")).steps()[0] == [3]
     _assert_nothing_left(tmp_path, job)
 
 

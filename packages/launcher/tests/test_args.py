@@ -173,6 +173,19 @@ def test_auto_config_uses_visible_accelerators() -> None:
         parse_args(["--auto-config", "--nproc-per-node=4", "t.py"], accelerators=8)
     assert parse_args(["t.py"]).nproc_per_node == 1  # torchrun's default
     assert parse_args(["--start-method=fork", "t.py"]).start_method == "fork"  # accepted; the agent warns
+
+
+def test_checkpoint_retention_and_persist_rate_flags() -> None:
+    cfg = parse_args(
+        ["--checkpoint-keep-last=3", "--checkpoint-keep-every=100", "--persist-bandwidth-mb-s=200", "t.py"]
+    )
+    assert (cfg.checkpoint_keep_last, cfg.checkpoint_keep_every, cfg.persist_bandwidth_mb_s) == (3, 100, 200.0)
+    defaults = parse_args(["t.py"])
+    assert (defaults.checkpoint_keep_last, defaults.persist_bandwidth_mb_s) == (0, 0.0)
+    with pytest.raises(ConfigError, match="--checkpoint-keep-every needs --checkpoint-keep-last"):
+        parse_args(["--checkpoint-keep-every=10", "t.py"])
+    with pytest.raises(ConfigError, match="--persist-bandwidth-mb-s"):
+        parse_args(["--persist-bandwidth-mb-s=-1", "t.py"])
     # torchrun's "auto": one per accelerator, else one per usable CPU.
     assert parse_args(["--nproc-per-node=auto", "t.py"], accelerators=4, cpus=16).nproc_per_node == 4
     assert parse_args(["--nproc-per-node=auto", "t.py"], accelerators=0, cpus=16).nproc_per_node == 16

@@ -130,6 +130,9 @@ class LaunchConfig:
     straggler_factor: float = 2.0
     save_at_breakpoint: bool = False
     failure_persist_hold_s: float = 0.0
+    checkpoint_keep_last: int = 0
+    checkpoint_keep_every: int = 0
+    persist_bandwidth_mb_s: float = 0.0
     node_unit: int = 1
     hang_timeout_s: float = 180.0
     auto_config: bool = False
@@ -304,6 +307,21 @@ def _add_dlrover_options(ours: argparse._ArgumentGroup) -> None:
         "node with few cores it does not slow the restarted workers' restore from memory: it starts once every "
         "restarted worker of the node has saved a checkpoint again, or after this long, or when the node's ranks "
         "change or the agent exits; the workers' next-but-one save may then wait for it; 0: at once",
+    )
+    _option(
+        ours,
+        _both("checkpoint-keep-last"),
+        "0",
+        "flash checkpoints in storage: the node's savers keep the last N committed steps (0: all; a job's own "
+        "RetentionPolicy wins)",
+    )
+    _option(ours, _both("checkpoint-keep-every"), "0", "and every K-th step too (needs --checkpoint-keep-last)")
+    _option(
+        ours,
+        _both("persist-bandwidth-mb-s"),
+        "0",
+        "cap on the rate (MB/s) at which the node's savers write a checkpoint to storage, bounding what a "
+        "background persist takes from training on a node with few free cores; 0: none (disk speed)",
     )
     _option(ours, _both("node-unit"), "1", "the world holds a multiple of this many nodes")
     _option(
@@ -628,6 +646,10 @@ def parse_args(
             f"--save-at-breakpoint persists at once, --failure-persist-hold={ns.failure_persist_hold} holds "
             "the persist back: give one of them"
         )
+    keep_last = int(_number(ns.checkpoint_keep_last, "--checkpoint-keep-last", int, 0))
+    keep_every = int(_number(ns.checkpoint_keep_every, "--checkpoint-keep-every", int, 0))
+    if keep_every and not keep_last:
+        raise ConfigError("--checkpoint-keep-every needs --checkpoint-keep-last (keep the last N, and every K-th step)")
     filters = tuple(int(_number(r, "--local-ranks-filter", int, 0)) for r in str(ns.local_ranks_filter).split(",") if r)
     return LaunchConfig(
         nodes=nodes,
@@ -661,6 +683,9 @@ def parse_args(
         straggler_factor=straggler_factor,
         save_at_breakpoint=ns.save_at_breakpoint,
         failure_persist_hold_s=failure_persist_hold_s,
+        checkpoint_keep_last=keep_last,
+        checkpoint_keep_every=keep_every,
+        persist_bandwidth_mb_s=_finite(ns.persist_bandwidth_mb_s, "--persist-bandwidth-mb-s", 0.0),
         node_unit=node_unit,
         hang_timeout_s=float(_number(ns.hang_timeout, "--hang-timeout", float, 0.0)),
         auto_config=ns.auto_config,

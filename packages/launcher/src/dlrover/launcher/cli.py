@@ -39,6 +39,7 @@ from dlrover.common import (
     remove_dead_owners,
     write_token_file,
 )
+from dlrover.flashckpt.commit import RetentionPolicy
 from dlrover.launcher.agent import Agent, AgentConfig, AgentResult
 from dlrover.launcher.args import LaunchConfig, parse_args
 from dlrover.launcher.env import MASTER_ADDR_ENV_VAR, NODE_ID_ENV_VAR
@@ -307,6 +308,12 @@ def run(cfg: LaunchConfig, *, sample_gpus: bool = False) -> AgentResult:
                 virtual_local_rank=cfg.virtual_local_rank,
                 duplicate_filters=(cfg.duplicate_stdout_filters, cfg.duplicate_stderr_filters),
                 failure_persist_hold_s=cfg.failure_persist_hold_s,
+                checkpoint_retention=(
+                    RetentionPolicy(cfg.checkpoint_keep_last, cfg.checkpoint_keep_every or None)
+                    if cfg.checkpoint_keep_last
+                    else None
+                ),
+                persist_bandwidth_mb_s=cfg.persist_bandwidth_mb_s,
                 extra_env={MASTER_ADDR_ENV_VAR: target, TOKEN_FILE_ENV_VAR: str(Path(token_file).resolve())},
             ),
             control,
