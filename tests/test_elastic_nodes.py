@@ -399,6 +399,67 @@ def test_a_torchrun_multi_node_command_line_runs_with_one_agent_serving_the_mast
         assert serving == [logs[0]]  # node rank 0 serves it, as it would torchrun's store
 
 
+# Records each worker's torchrun variables and what the process group it formed says.
+UNEVEN = textwrap.dedent(
+    """
+    import json, os, sys
+    import torch, torch.distributed as dist
+
+    keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+            "ROLE_RANK", "ROLE_WORLD_SIZE")
+    record = {k: int(os.environ[k]) for k in keys}
+    dist.init_process_group("gloo")
+    ranks = torch.tensor([float(record["RANK"])])
+    dist.all_reduce(ranks)
+    record.update(rank_sum=ranks.item(), dist_rank=dist.get_rank(), dist_world=dist.get_world_size())
+    dist.destroy_process_group()
+    with open(os.path.join(sys.argv[1], f"rank{record['RANK']}.json"), "w") as f:
+        json.dump(record, f)
+    """
+)
+
+
+def test_nodes_with_different_nproc_per_node_get_torchruns_ranks_and_one_world(
+    tmp_path: Path, procs: list[subprocess.Popen[str]]
+) -> None:
+    # As torchrun: ranks follow each node's own worker count in node-rank order, WORLD_SIZE is the sum.
+    out, token_file, port = _job_files(tmp_path, UNEVEN)
+    logs = [tmp_path / "two.log", tmp_path / "one.log"]
+    agents = []
+    for nproc, log in zip((2, 1), logs, strict=True):
+        cmd = [
+            sys.executable, "-m", "dlrover.launcher.cli", "--nnodes=2", f"--nproc-per-node={nproc}",
+            "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=uneven",
+            f"--token-file={token_file}", "--local-addr=127.0.0.1", "--monitor-interval=0.1",
+            "--heartbeat-interval=0.5", "--prewarm=none", f"--log-dir={tmp_path / 'logs' / log.stem}",
+            str(tmp_path / "train.py"), str(out),
+        ]  # fmt: skip
+        agents.append(_start(procs, cmd, log))
+    for proc, log in zip(agents, logs, strict=True):
+        try:
+            proc.wait(timeout=240)
+        except subprocess.TimeoutExpired:
+            raise AssertionError("\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in logs)) from None
+        assert proc.returncode == 0, log.read_text()[-4000:]
+    records = [json.loads(p.read_text()) for p in sorted(out.glob("rank*.json"))]
+    assert sorted(r["RANK"] for r in records) == [0, 1, 2], records
+    for r in records:
+        assert (r["WORLD_SIZE"], r["dist_world"], r["dist_rank"], r["rank_sum"]) == (3, 3, r["RANK"], 3.0), r
+        assert (r["ROLE_RANK"], r["ROLE_WORLD_SIZE"]) == (r["RANK"], 3), r
+        assert r["GROUP_WORLD_SIZE"] == 2, r
+    # Each node's workers hold contiguous ranks after those of the node ranked before it.
+    nodes: dict[int, list[dict[str, int]]] = {}
+    for r in records:
+        nodes.setdefault(r["GROUP_RANK"], []).append(r)
+    assert sorted(len(members) for members in nodes.values()) == [1, 2]
+    first = 0
+    for group_rank in (0, 1):
+        members = sorted(nodes[group_rank], key=lambda r: r["LOCAL_RANK"])
+        assert [r["RANK"] for r in members] == [first + r["LOCAL_RANK"] for r in members], records
+        assert {r["LOCAL_WORLD_SIZE"] for r in members} == {len(members)}, records
+        first += len(members)
+
+
 def test_a_torchrun_multi_node_command_line_without_a_token_is_refused(tmp_path: Path) -> None:
     script = tmp_path / "noop.py"
     script.write_text("")

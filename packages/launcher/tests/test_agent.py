@@ -10,11 +10,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import attrs
 import pytest
 
 from dlrover.common import exiting_status
 from dlrover.launcher.agent import Agent, AgentConfig, AgentResult
-from dlrover.launcher.control import AgentAction, FailureDecision, FailureReport
+from dlrover.launcher.control import AgentAction, FailureDecision, FailureReport, RoundAssignment
 from dlrover.launcher.fake_control import FakeControlPlane
 
 WORKER = textwrap.dedent(
@@ -227,6 +228,35 @@ def test_a_failure_report_is_retried_while_the_master_is_unreachable(tmp_path: P
     assert result.exit_code == 0, result.reason
     assert result.restarts == 1
     assert len(control.failures) == 1
+
+
+class _SecondOfThreeUnevenNodes(FakeControlPlane):
+    """This node is node rank 1 of 3 nodes that run 3, 2 and 4 workers."""
+
+    def next_round(self, *args: object, **kwargs: object) -> RoundAssignment:
+        assignment = super().next_round(*args, **kwargs)  # type: ignore[arg-type]
+        return attrs.evolve(assignment, group_rank=1, group_world_size=3, first_worker_rank=3, worker_world_size=9)
+
+
+@pytest.mark.integration
+def test_workers_of_a_node_among_uneven_nodes_get_the_ranks_torchrun_gives(tmp_path: Path) -> None:
+    control = _SecondOfThreeUnevenNodes()
+    result = _agent(tmp_path, "record", control).run()
+    assert result.exit_code == 0, result.reason
+    records = _records(tmp_path)
+    assert set(records) == {"rank3_attempt0", "rank4_attempt0"}
+    for local_rank in (0, 1):
+        env = records[f"rank{3 + local_rank}_attempt0"]
+        assert env["LOCAL_RANK"] == str(local_rank)
+        assert (env["WORLD_SIZE"], env["LOCAL_WORLD_SIZE"]) == ("9", "2")
+        assert (env["GROUP_RANK"], env["GROUP_WORLD_SIZE"]) == ("1", "3")
+
+
+def test_a_round_assignment_that_says_nothing_stands_for_even_nodes() -> None:
+    even = RoundAssignment(1, 2, 3, "127.0.0.1", 1)
+    assert even.worker_ranks(4) == (8, 12)
+    uneven = attrs.evolve(even, first_worker_rank=5, worker_world_size=7)
+    assert uneven.worker_ranks(4) == (5, 7)
 
 
 @pytest.mark.integration

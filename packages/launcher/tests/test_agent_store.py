@@ -177,7 +177,9 @@ def test_the_fake_control_plane_publishes_only_after_the_store_opened() -> None:
 
     assignment = control.next_round(10.0, open_store=open_store)
     assert published_when_opened == [0]
-    assert assignment == RoundAssignment(1, 0, 1, "127.0.0.1", 4242, agent_store=True)
+    assert assignment == RoundAssignment(
+        1, 0, 1, "127.0.0.1", 4242, agent_store=True, first_worker_rank=0, worker_world_size=1
+    )
     assert control.rounds == [assignment]
     assert control.next_round(10.0).agent_store is False
 

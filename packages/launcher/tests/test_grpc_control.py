@@ -93,6 +93,60 @@ def test_two_nodes_register_rendezvous_share_one_store_address_and_see_each_othe
             p.close()
 
 
+def _rounds(planes: list[GrpcControlPlane]) -> dict[int, RoundAssignment]:
+    """Each plane's next round, joined at once from threads (the round needs them all)."""
+    rounds: dict[int, RoundAssignment] = {}
+    errors: list[BaseException] = []
+
+    def join(i: int) -> None:
+        try:
+            rounds[i] = planes[i].next_round(timeout_s=60)
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=join, args=(i,)) for i in range(len(planes))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(90)
+    assert not errors, errors
+    return rounds
+
+
+@pytest.mark.integration
+def test_nodes_running_different_numbers_of_workers_get_torchruns_ranks(master: MasterRuntime) -> None:
+    planes = [_plane(master, f"node-{i}") for i in range(2)]
+    try:
+        for plane, nproc in zip(planes, (3, 1), strict=True):
+            plane.register(nproc)
+        rounds = _rounds(planes)
+        by_rank = {rounds[i].group_rank: (rounds[i], nproc) for i, nproc in enumerate((3, 1))}
+        (first, first_nproc), (second, _) = by_rank[0], by_rank[1]
+        # Node rank 0's workers come first; WORLD_SIZE counts every node's own number.
+        assert first.worker_ranks(first_nproc) == (0, 4)
+        assert second.worker_ranks(99) == (first_nproc, 4)  # the round says; the argument is no guess
+    finally:
+        for p in planes:
+            p.close()
+
+
+@pytest.mark.integration
+def test_a_round_without_a_worker_layout_is_refused_rather_than_guessed(master: MasterRuntime) -> None:
+    from dlrover.rendezvous import RendezvousClient
+
+    plane = _plane(master, "node-0")
+    try:
+        plane.register(2)
+        # A node of an older version: it joins without saying how many workers it runs.
+        with MasterClient(master.address, master.token) as old, RendezvousClient(master.address, master.token) as rdzv:
+            old_id = str(old.register("old-agent", "localhost").node_id)
+            assert rdzv.join(old_id).accepted
+            with pytest.raises(DLRoverError, match="no worker layout"):
+                plane.next_round(timeout_s=60)
+    finally:
+        plane.close()
+
+
 @pytest.mark.integration
 def test_failure_report_returns_the_masters_decision(master: MasterRuntime) -> None:
     plane = _plane(master, "node-0")

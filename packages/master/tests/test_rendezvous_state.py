@@ -22,17 +22,20 @@ def restored(manager: RendezvousManager, now: float = 1000.0) -> RendezvousManag
     return fresh
 
 
+SIZES = {"0": 4, "1": 2, "2": 1, "7": 3}  # workers per node: uneven --nproc-per-node
+
+
 def formed() -> RendezvousManager:
     m = RendezvousManager(CONFIG)
     for node in ("0", "1", "2"):
-        m.join(node, 0.0)
+        m.join(node, 0.0, local_world_size=SIZES[node])
     assert m.round_number == 1
     return m
 
 
-def test_a_round_survives_with_its_number_and_ranks() -> None:
+def test_a_round_survives_with_its_number_ranks_and_worker_layout() -> None:
     m = formed()
-    m.join("7", 1.0)  # late: waits while the round is in force
+    m.join("7", 1.0, local_world_size=SIZES["7"])  # late: waits while the round is in force
     r = restored(m)
     assert r.round_number == 1
     assert r.waiting == ("7",)
@@ -44,7 +47,19 @@ def test_a_round_survives_with_its_number_and_ranks() -> None:
             before.rank,
             before.world_size,
         )
+        assert (after.first_worker_rank, after.worker_world_size) == (before.first_worker_rank, 7)
     assert export_rendezvous(r) == export_rendezvous(m)
+
+
+def test_a_document_written_before_worker_layouts_restores_without_one() -> None:
+    doc = json.loads(export_rendezvous(formed()))
+    del doc["current"]["local_world_sizes"]
+    doc["waiting"] = [["7", ""]]
+    r = RendezvousManager(CONFIG)
+    restore_rendezvous(r, json.dumps(doc), 1000.0)
+    assert r.waiting == ("7",)
+    result = r.poll("1", 1000.0)
+    assert (result.state, result.rank, result.worker_world_size) == (PollState.ASSIGNED, 1, 0)
 
 
 def test_rounds_only_increase_and_ranks_stay_after_a_restore() -> None:
@@ -118,6 +133,11 @@ def test_a_closed_rendezvous_stays_closed() -> None:
         lambda d: json.dumps({**d, "finished": "0"}),
         lambda d: json.dumps({**d, "finished": ["9"]}),  # not a member of the current round
         lambda d: json.dumps({**d, "finished": ["0"], "waiting": [["0", ""]]}),  # finished yet waiting
+        lambda d: json.dumps({**d, "current": {**d["current"], "local_world_sizes": [1, 2]}}),  # 3 members
+        lambda d: json.dumps({**d, "current": {**d["current"], "local_world_sizes": [1, -2, 3]}}),
+        lambda d: json.dumps({**d, "current": {**d["current"], "local_world_sizes": "1,2,3"}}),
+        lambda d: json.dumps({**d, "waiting": [["x", "", -1]]}),
+        lambda d: json.dumps({**d, "waiting": [["x", "", 1 << 20]]}),
     ],
 )
 def test_a_corrupt_document_is_refused_and_changes_nothing(mutate: object) -> None:
@@ -156,7 +176,7 @@ def test_any_history_round_trips(ops: list[tuple[str, object]]) -> None:
         if op == "wait":
             now += float(arg)  # type: ignore[arg-type]
         elif op == "join":
-            m.join(str(arg), now)
+            m.join(str(arg), now, local_world_size=ord(str(arg)) % 3)  # 0 too: a node that did not say
         elif op == "poll":
             m.poll(str(arg), now)
         elif op == "leave":

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -11,6 +12,7 @@ from dlrover.rendezvous import (
     decide_round,
     largest_world_size,
     select_members,
+    worker_ranks,
 )
 
 
@@ -60,3 +62,29 @@ def test_stable_ranks_are_contiguous_and_keep_what_fits(
     for rank, node in enumerate(ranks):
         if node in prev and prev[node] < size:
             assert prev[node] == rank
+
+
+def test_worker_ranks_follow_the_nodes_ranked_before_as_under_torchrun() -> None:
+    # Node ranks 0, 1, 2 run 4, 2 and 8 workers: RANK starts at 0, 4 and 6; WORLD_SIZE is 14.
+    layout = worker_ranks([4, 2, 8])
+    assert layout is not None
+    assert (layout.first, layout.world_size) == ((0, 4, 6), 14)
+    even = worker_ranks([2, 2])
+    assert even is not None
+    assert (even.first, even.world_size) == ((0, 2), 4)
+
+
+def test_worker_ranks_are_unknown_when_a_node_did_not_say_and_negative_sizes_are_refused() -> None:
+    assert worker_ranks([2, 0, 2]) is None
+    assert worker_ranks([]) is None
+    with pytest.raises(ValueError, match="node rank 1 is negative: -1"):
+        worker_ranks([2, -1])
+
+
+@given(st.lists(st.integers(1, 16), min_size=1, max_size=50))
+def test_worker_ranks_are_unique_and_contiguous_from_zero(sizes: list[int]) -> None:
+    layout = worker_ranks(sizes)
+    assert layout is not None
+    ranks = [layout.first[node] + local for node, size in enumerate(sizes) for local in range(size)]
+    assert ranks == list(range(layout.world_size))
+    assert layout.world_size == sum(sizes)

@@ -54,6 +54,39 @@ def test_round_completes_at_once_at_max_nodes() -> None:
     assert all(p.world_size == 3 and p.round == 1 for p in polls.values())
 
 
+def test_a_round_places_nodes_with_different_local_world_sizes_by_prefix_sums() -> None:
+    m = RendezvousManager(RendezvousConfig(min_nodes=3, max_nodes=3))
+    for node, size in (("a", 4), ("b", 1), ("c", 2)):
+        assert m.join(node, 0.0, local_world_size=size).accepted
+    polls = {n: m.poll(n, 0.0) for n in "abc"}
+    assert [(polls[n].rank, polls[n].first_worker_rank, polls[n].worker_world_size) for n in "abc"] == [
+        (0, 0, 7),
+        (1, 4, 7),
+        (2, 5, 7),
+    ]
+    current = m.current_round
+    assert current is not None
+    assert current.local_world_sizes == (4, 1, 2)
+
+
+def test_a_round_with_a_node_that_did_not_say_has_no_worker_layout() -> None:
+    m = RendezvousManager(RendezvousConfig(min_nodes=2, max_nodes=2))
+    m.join("a", 0.0, local_world_size=2)
+    m.join("b", 0.0)
+    result = m.poll("a", 0.0)
+    assert result.state is PollState.ASSIGNED
+    assert (result.first_worker_rank, result.worker_world_size) == (0, 0)
+
+
+@pytest.mark.parametrize("size", [-1, 1 << 17, True, 1.5])
+def test_a_bad_local_world_size_is_refused_and_changes_nothing(size: object) -> None:
+    m = RendezvousManager(RendezvousConfig(min_nodes=1, max_nodes=2))
+    before = _snapshot(m)
+    with pytest.raises(InvalidRequestError, match="local_world_size"):
+        m.join("a", 0.0, local_world_size=size)  # type: ignore[arg-type]
+    assert _snapshot(m) == before
+
+
 def test_not_yet_answers_carry_reasons() -> None:
     m = RendezvousManager(RendezvousConfig(min_nodes=4, max_nodes=8, last_call_s=12.0))
     _join_all(m, ["a", "b", "c"], 0.0)

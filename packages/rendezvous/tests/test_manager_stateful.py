@@ -67,9 +67,14 @@ class RendezvousMachine(RuleBasedStateMachine):
     def _alive_before(self, node: str) -> bool:
         return node in self.m.tracked
 
+    @staticmethod
+    def _local_world_size(node: str) -> int:
+        """Nodes run different numbers of workers (1, 2 or 3), as with uneven --nproc-per-node."""
+        return 1 + int(node.rsplit("-", 1)[1]) % 3
+
     @rule(node=nodes)
     def join(self, node: str) -> None:
-        result = self.m.join(node, self.now)
+        result = self.m.join(node, self.now, local_world_size=self._local_world_size(node))
         assert result.reason
         if result.accepted:
             self.seen[node] = self.now
@@ -85,7 +90,7 @@ class RendezvousMachine(RuleBasedStateMachine):
                 NodeParams(cfg.min_nodes, cfg.max_nodes + delta)
             return
         params = NodeParams(cfg.min_nodes, cfg.max_nodes + delta)
-        result = self.m.join(node, self.now, params=params)
+        result = self.m.join(node, self.now, params=params, local_world_size=self._local_world_size(node))
         if delta != 0:
             assert not result.accepted
             assert "expects" in result.reason
@@ -107,6 +112,9 @@ class RendezvousMachine(RuleBasedStateMachine):
             assert current is not None
             assert current.members[result.rank] == node
             assert result.world_size == current.world_size
+            sizes = [self._local_world_size(n) for n in current.members]
+            assert result.first_worker_rank == sum(sizes[: result.rank])
+            assert result.worker_world_size == sum(sizes)
         self._after_step()
 
     @rule(node=nodes)
@@ -221,6 +229,17 @@ class RendezvousMachine(RuleBasedStateMachine):
             return
         assert len(set(current.members)) == current.world_size
         assert [current.rank_of(n) for n in current.members] == list(range(current.world_size))
+
+    @invariant()
+    def worker_ranks_unique_and_contiguous(self) -> None:
+        # Every worker of the round gets exactly one global rank, in node-rank order.
+        current = self.m.current_round
+        if current is None:
+            return
+        workers = current.workers
+        assert workers is not None
+        ranks = [workers.first[r] + local for r, size in enumerate(current.local_world_sizes) for local in range(size)]
+        assert ranks == list(range(workers.world_size))
 
     @invariant()
     def world_size_within_bounds_and_a_multiple_of_unit(self) -> None:

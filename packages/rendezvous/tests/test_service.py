@@ -38,6 +38,16 @@ def test_round_forms_over_grpc_and_reports_reasons(client: RendezvousClient, clo
     assert (status.round, status.num_nodes_waiting, status.min_nodes, status.max_nodes) == (1, 1, 2, 3)
 
 
+def test_the_worker_layout_of_uneven_nodes_goes_over_grpc(client: RendezvousClient) -> None:
+    for node, size in (("a", 3), ("b", 1), ("c", 2)):
+        client.join(node, local_world_size=size)
+    c = client.wait_assigned("c", timeout_s=5.0)
+    assert (c.rank, c.first_worker_rank, c.worker_world_size) == (2, 4, 6)
+    with pytest.raises(RpcError, match="local_world_size") as info:
+        client.join("d", local_world_size=-2)
+    assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT
+
+
 def test_wait_assigned_returns_when_the_round_forms(client: RendezvousClient) -> None:
     for node in "abc":
         client.join(node)

@@ -247,7 +247,8 @@ class Agent:
         # what the node saved under other ranks before a resize is removed.
         self._departed_sweep: tuple[float, frozenset[int]] | None = None
         self._node_dir = contextlib.ExitStack()
-        self._layout: tuple[int, int] | None = None  # (node rank, nodes) of the last workers started
+        # (node rank, nodes, RANK of local rank 0, WORLD_SIZE) of the last workers started.
+        self._layout: tuple[int, int, int, int] | None = None
 
     def request_stop(self, reason: str, sig: signal.Signals = signal.SIGTERM) -> None:
         """Ask the loop to stop its workers and exit (safe from a signal handler).
@@ -330,8 +331,8 @@ class Agent:
         step = -1
         host, layout = self._saver_host, self._layout
         if host is not None and layout is not None:
-            nproc = self._config.nproc_per_node
-            newest = host.newest_step_sealed_by(range(layout[0] * nproc, (layout[0] + 1) * nproc))
+            first = layout[2]
+            newest = host.newest_step_sealed_by(range(first, first + self._config.nproc_per_node))
             step = -1 if newest is None or newest < 0 else newest
         now = self._clock.now()
         last = self._last_usage
@@ -558,14 +559,19 @@ class Agent:
 
     def _run_group(self, assignment: RoundAssignment, restarts: int) -> Step:
         """Start this round's workers, watch them until a step other than CONTINUE, stop them."""
-        layout = (assignment.group_rank, assignment.group_world_size)
+        layout = (
+            assignment.group_rank,
+            assignment.group_world_size,
+            *assignment.worker_ranks(self._config.nproc_per_node),
+        )
         if self._saver_host is not None and self._layout not in (None, layout):
             # The ranks this node holds, or the world size, changed: a held failure persist would
             # wait for ranks that never seal here again, or end on a replaced saver that no longer
             # commits.
             self._saver_host.release_held_failures(
-                f"this node's ranks changed (node rank {self._layout[0]} of {self._layout[1]} -> "
-                f"{layout[0]} of {layout[1]})"
+                f"this node's ranks changed (node rank {self._layout[0]} of {self._layout[1]}, first rank "
+                f"{self._layout[2]} of {self._layout[3]} -> node rank {layout[0]} of {layout[1]}, first rank "
+                f"{layout[2]} of {layout[3]})"
             )
         self._layout = layout
         group = self._start_workers(assignment, restarts)
@@ -593,7 +599,8 @@ class Agent:
         started_at = self._clock.now()  # before the start: no checkpoint of these workers is older
         group.start()
         nproc = self._config.nproc_per_node
-        ranks = frozenset(range(assignment.group_rank * nproc, (assignment.group_rank + 1) * nproc))
+        first, _world_size = assignment.worker_ranks(nproc)
+        ranks = frozenset(range(first, first + nproc))
         if self._standby is not None:
             # Warm again for the next restart, but not while these workers restore: the imports
             # would take their CPU (see `refill_due`).
@@ -838,13 +845,15 @@ class Agent:
     def _specs(self, assignment: RoundAssignment, restarts: int) -> list[WorkerSpec]:
         cfg = self._config
         nproc = cfg.nproc_per_node
-        world_size = assignment.group_world_size * nproc
+        # As torchrun: this node's workers follow those of the nodes ranked before it, which may
+        # each run a different number of workers.
+        first, world_size = assignment.worker_ranks(nproc)
         run_dir = self._run_dir()
         attempt_dir = run_dir / f"attempt_{restarts}" if run_dir is not None and cfg.log_dir is not None else None
         errors_dir = run_dir / f"attempt_{restarts}" if run_dir is not None else None
         specs = []
         for local_rank in range(nproc):
-            rank = assignment.group_rank * nproc + local_rank
+            rank = first + local_rank
             identity = WorkerIdentity(
                 rank=rank,
                 local_rank=local_rank,

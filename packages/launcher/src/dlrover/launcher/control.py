@@ -51,6 +51,9 @@ class RoundAssignment:
         agent_store: the agent of node rank 0 hosts that store and it listens already, so every
             worker is a client of it (`TORCHELASTIC_USE_AGENT_STORE=True`, as under torchrun);
             False: worker rank 0 starts the store in `init_process_group` on that free port.
+        first_worker_rank: the global rank (RANK) of this node's local rank 0: the workers of the
+            nodes ranked before it, which may each run a different number (see `worker_ranks`).
+        worker_world_size: the workers of all nodes in the round (WORLD_SIZE).
     """
 
     round: int
@@ -59,6 +62,18 @@ class RoundAssignment:
     master_addr: str
     master_port: int
     agent_store: bool = False
+    first_worker_rank: int | None = None
+    worker_world_size: int | None = None
+
+    def worker_ranks(self, local_world_size: int) -> tuple[int, int]:
+        """(RANK of this node's local rank 0, WORLD_SIZE) for a node running `local_world_size`.
+
+        As the round says; an assignment that says nothing (built by hand, in tests) stands for
+        a round whose every node runs `local_world_size` workers.
+        """
+        if self.first_worker_rank is None or self.worker_world_size is None:
+            return self.group_rank * local_world_size, self.group_world_size * local_world_size
+        return self.first_worker_rank, self.worker_world_size
 
 
 @attrs.frozen

@@ -121,11 +121,20 @@ class FakeControlPlane:
         """
         with self._lock:
             number = len(self.rounds) + 1
-        if open_store is not None:
-            # Outside the lock: opening may wait for an import, and a test's hook may read `rounds`.
-            assignment = RoundAssignment(number, 0, self._world, "127.0.0.1", open_store("127.0.0.1"), agent_store=True)
-        else:
-            assignment = RoundAssignment(number, 0, self._world, "127.0.0.1", free_port())
+            # The other nodes are imagined running as many workers as this one.
+            local = self.registrations[-1] if self.registrations else 1
+        # Outside the lock: opening may wait for an import, and a test's hook may read `rounds`.
+        port = open_store("127.0.0.1") if open_store is not None else free_port()
+        assignment = RoundAssignment(
+            number,
+            0,
+            self._world,
+            "127.0.0.1",
+            port,
+            agent_store=open_store is not None,
+            first_worker_rank=0,
+            worker_world_size=local * self._world,
+        )
         with self._lock:
             self.rounds.append(assignment)
             return assignment

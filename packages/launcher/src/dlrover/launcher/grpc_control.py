@@ -158,6 +158,7 @@ class GrpcControlPlane:
         self._params = NodeParams(min_nodes, max_nodes)
         self._store_wait_s = store_wait_s
         self._node_id = ""
+        self._local_world_size = 0  # set by `register`
         self._launched_as = node_id
         self._clock = clock or SystemClock()
         self._heartbeat_interval_s = 2.0
@@ -169,6 +170,8 @@ class GrpcControlPlane:
         # line): wait for it to accept a connection, as torchrun's agents wait for the store.
         # Registering is not retried (not idempotent), so a refused connection must not reach it.
         self._wait_for_master(should_stop)
+        # Told to the rendezvous with every join, so each round places this node's workers.
+        self._local_world_size = local_world_size
         response = self._master.register(
             self._node_name,
             self._host,
@@ -211,12 +214,20 @@ class GrpcControlPlane:
         open_store: Callable[[str], int] | None = None,
     ) -> RoundAssignment:
         """Join the next round and wait for it and its store address (see `ControlPlane.next_round`)."""
-        joined = self._rdzv.join(self._node_id, params=self._params)
+        joined = self._rdzv.join(self._node_id, params=self._params, local_world_size=self._local_world_size)
         if not joined.accepted:
             raise DLRoverError(f"the rendezvous refused node {self._node_id}: {joined.reason}")
         result = self._wait_assigned(timeout_s, should_stop)
         if result.state is not PollState.ASSIGNED:
             raise DLRoverError(f"node {self._node_id} got no rank in round {result.round}: {result.reason}")
+        if result.worker_world_size <= 0:
+            # Guessing (every node runs as many workers as this one) would give wrong ranks on
+            # nodes with another --nproc-per-node.
+            raise DLRoverError(
+                f"round {result.round} has no worker layout: a node of it did not say how many workers it runs "
+                "(an agent or master of an older version?), so this node cannot tell its workers their RANK "
+                "and WORLD_SIZE"
+            )
         key = store_address_key(result.round)
         if result.rank == 0:
             if open_store is not None:
@@ -228,7 +239,16 @@ class GrpcControlPlane:
         else:
             value = self._wait_for_key(key, should_stop)
         host, port, agent_store = decode_store_address(value)
-        return RoundAssignment(result.round, result.rank, result.world_size, host, port, agent_store=agent_store)
+        return RoundAssignment(
+            result.round,
+            result.rank,
+            result.world_size,
+            host,
+            port,
+            agent_store=agent_store,
+            first_worker_rank=result.first_worker_rank,
+            worker_world_size=result.worker_world_size,
+        )
 
     def _wait_assigned(self, timeout_s: float, should_stop: Callable[[], bool]) -> PollResult:
         # The node keeps heartbeating the master while it waits, so a long wait for late or

@@ -8,9 +8,10 @@ Format (version 1)::
       "round_number": 3,              # the latest completed round; never goes back
       "closed": false,
       "reopened": false,              # a member joined again while its round was in force
-      "current": {"number": 3, "members": ["0", "1"], "reason": "..."} | null,
+      "current": {"number": 3, "members": ["0", "1"], "reason": "...",
+                  "local_world_sizes": [4, 2]} | null,   # workers of each member, by rank
       "last_ranks": {"0": 0, "1": 1}, # who had which rank: a rejoining node keeps its rank
-      "waiting": [["2", "topology-key"], ...],   # join order
+      "waiting": [["2", "topology-key", 4], ...],   # join order; the last: its local world size
       "dropped": {"5": "round 2 dissolved: ..."}, # nodes told to join again, and why
       "finished": ["1"]               # members of the current round whose processes succeeded
     }
@@ -18,7 +19,9 @@ Format (version 1)::
 What is not kept: times. Monotonic readings of the previous master mean nothing to the next
 one, so on restore every member (but a finished one, which is never expected to call again) and
 waiting node counts as just seen and waiting nodes as just joined (the same fresh start the node
-lifecycle gives live nodes). ``finished`` may be absent (documents written before it existed).
+lifecycle gives live nodes). ``finished`` and ``local_world_sizes`` may be absent, and a waiting
+entry may lack its local world size (documents written before they existed): a round restored
+without them has no worker layout, so its members rendezvous again.
 
 The rendezvous library has no export of its own yet; this module reads and writes the manager's
 fields directly and is the only place that does. `tests/test_rendezvous_state.py` round-trips
@@ -31,7 +34,7 @@ import json
 from typing import Any
 
 from dlrover.master.journal import JournalError
-from dlrover.rendezvous import MAX_NODE_ID_CHARS, RendezvousManager, Round
+from dlrover.rendezvous import MAX_LOCAL_WORLD_SIZE, MAX_NODE_ID_CHARS, RendezvousManager, Round
 from dlrover.rendezvous.manager import _Waiter
 
 __all__ = ["RENDEZVOUS_STATE_FORMAT", "RENDEZVOUS_STATE_VERSION", "export_rendezvous", "restore_rendezvous"]
@@ -46,7 +49,9 @@ def export_rendezvous(manager: RendezvousManager) -> str:
     Not thread-safe: hold the lock the rendezvous service uses.
     """
     current = manager.current_round
-    waiting = [[node, manager._waiting[node].topology_key] for node in manager.waiting]
+    waiting = [
+        [node, manager._waiting[node].topology_key, manager._waiting[node].local_world_size] for node in manager.waiting
+    ]
     doc = {
         "format": RENDEZVOUS_STATE_FORMAT,
         "version": RENDEZVOUS_STATE_VERSION,
@@ -55,7 +60,12 @@ def export_rendezvous(manager: RendezvousManager) -> str:
         "reopened": manager._reopened,
         "current": None
         if current is None
-        else {"number": current.number, "members": list(current.members), "reason": current.reason},
+        else {
+            "number": current.number,
+            "members": list(current.members),
+            "reason": current.reason,
+            "local_world_sizes": list(current.local_world_sizes),
+        },
         "last_ranks": dict(manager._last_ranks),
         "waiting": waiting,
         "dropped": dict(manager._dropped),
@@ -103,16 +113,28 @@ def _round(raw: object, round_number: int, manager: RendezvousManager, now: floa
     if _int(raw.get("number"), "current.number") != round_number:
         raise _bad(f"current.number {raw.get('number')!r} is not round_number {round_number}")
     reason = raw.get("reason")
-    return Round(round_number, members, now, manager.config, reason if isinstance(reason, str) else "")
+    sizes_raw = raw.get("local_world_sizes", [])
+    if not isinstance(sizes_raw, list) or (sizes_raw and len(sizes_raw) != len(members)):
+        raise _bad(f"current.local_world_sizes must be a list with one size per member, got {sizes_raw!r}")
+    sizes = tuple(_size(v, "current.local_world_sizes[]") for v in sizes_raw)
+    return Round(round_number, members, now, manager.config, reason if isinstance(reason, str) else "", sizes)
 
 
-def _waiting(raw: list[Any]) -> list[tuple[str, str]]:
-    waiting: list[tuple[str, str]] = []
+def _size(value: object, where: str) -> int:
+    size = _int(value, where)
+    if size > MAX_LOCAL_WORLD_SIZE:
+        raise _bad(f"{where} must be at most {MAX_LOCAL_WORLD_SIZE}, got {size}")
+    return size
+
+
+def _waiting(raw: list[Any]) -> list[tuple[str, str, int]]:
+    waiting: list[tuple[str, str, int]] = []
     for entry in raw:
-        if not isinstance(entry, list) or len(entry) != 2 or not isinstance(entry[1], str):
-            raise _bad(f"waiting entries must be [node id, topology key], got {entry!r}")
-        waiting.append((_node(entry[0], "waiting[]"), entry[1]))
-    if len({node for node, _ in waiting}) != len(waiting):
+        if not isinstance(entry, list) or len(entry) not in (2, 3) or not isinstance(entry[1], str):
+            raise _bad(f"waiting entries must be [node id, topology key, local world size], got {entry!r}")
+        size = _size(entry[2], "waiting[][2]") if len(entry) == 3 else 0
+        waiting.append((_node(entry[0], "waiting[]"), entry[1], size))
+    if len({entry[0] for entry in waiting}) != len(waiting):
         raise _bad(f"waiting lists a node twice: {waiting!r}")
     return waiting
 
@@ -143,7 +165,7 @@ def restore_rendezvous(manager: RendezvousManager, text: str, now: float) -> Non
     finished = {_node(n, "finished[]") for n in finished_raw}
     if finished - set(current.members if current is not None else ()):
         raise _bad(f"finished names nodes outside the current round: {sorted(finished)!r}")
-    if finished & {node for node, _ in waiting}:
+    if finished & {entry[0] for entry in waiting}:
         raise _bad(f"finished names nodes that are waiting: {sorted(finished)!r}")
     if manager.round_number or manager.tracked or manager.current_round is not None:
         raise _bad("restore needs a fresh manager")
@@ -160,8 +182,8 @@ def restore_rendezvous(manager: RendezvousManager, text: str, now: float) -> Non
                 manager._last_seen[member] = now
     # Waiting nodes wait on, as if they had just joined; a round they complete forms on the next
     # call, as it would have on the old master.
-    for node, key in waiting:
-        manager._waiting[node] = _Waiter(joined_at=now, topology_key=key)
+    for node, key, size in waiting:
+        manager._waiting[node] = _Waiter(joined_at=now, topology_key=key, local_world_size=size)
         manager._last_seen[node] = now
     manager._last_join_at = now if waiting else None
     manager._reopened = reopened

@@ -9,7 +9,14 @@ the service) and `dlrover.rendezvous.torchrun` (the `torchrun --rdzv-backend=dlr
 
 from dlrover.rendezvous.client import RendezvousClient, RendezvousStatus
 from dlrover.rendezvous.config import RendezvousConfig, largest_world_size
-from dlrover.rendezvous.decision import RoundDecision, assign_ranks, decide_round, select_members
+from dlrover.rendezvous.decision import (
+    RoundDecision,
+    WorkerRanks,
+    assign_ranks,
+    decide_round,
+    select_members,
+    worker_ranks,
+)
 from dlrover.rendezvous.errors import (
     InvalidRequestError,
     RendezvousError,
@@ -30,6 +37,7 @@ from dlrover.rendezvous.pairing import (
     plan_round_two,
 )
 from dlrover.rendezvous.results import (
+    MAX_LOCAL_WORLD_SIZE,
     MAX_NODE_ID_CHARS,
     HeartbeatResult,
     JoinResult,
@@ -55,8 +63,11 @@ __all__ = [
     "decide_round",
     "select_members",
     "assign_ranks",
+    "worker_ranks",
+    "WorkerRanks",
     "largest_world_size",
     "MAX_NODE_ID_CHARS",
+    "MAX_LOCAL_WORLD_SIZE",
     # key-value store
     "KeyValueStore",
     "KvLimits",

@@ -77,13 +77,15 @@ class RendezvousClient:
 
     # -- rendezvous ----------------------------------------------------------------------------
 
-    def join(self, node_id: str, *, params: NodeParams | None = None, topology_key: str = "") -> JoinResult:
+    def join(
+        self, node_id: str, *, params: NodeParams | None = None, topology_key: str = "", local_world_size: int = 0
+    ) -> JoinResult:
         """Join the waiting list (see `RendezvousManager.join`).
 
         Raises:
             RpcError: the call failed (INVALID_ARGUMENT for a malformed request).
         """
-        request = pb.JoinRequest(node_id=node_id, topology_key=topology_key)
+        request = pb.JoinRequest(node_id=node_id, topology_key=topology_key, local_world_size=local_world_size)
         if params is not None:
             request.min_nodes, request.max_nodes = params.min_nodes, params.max_nodes
         r = self._call(self._stub.Join, request, idempotent=False)
@@ -92,7 +94,15 @@ class RendezvousClient:
     def poll(self, node_id: str) -> PollResult:
         """Where the node stands (see `RendezvousManager.poll`)."""
         r = self._call(self._stub.Poll, pb.PollRequest(node_id=node_id), idempotent=True)
-        return PollResult(_FROM_PB[r.state], r.round, r.rank, r.world_size, r.reason)
+        return PollResult(
+            _FROM_PB[r.state],
+            r.round,
+            r.rank,
+            r.world_size,
+            r.reason,
+            first_worker_rank=r.first_worker_rank,
+            worker_world_size=r.worker_world_size,
+        )
 
     def wait_assigned(
         self,

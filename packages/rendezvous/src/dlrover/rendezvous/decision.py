@@ -13,7 +13,7 @@ import attrs
 from dlrover.rendezvous.config import RendezvousConfig, largest_world_size
 from dlrover.rendezvous.topology import NodeInfo, TopologyOrder
 
-__all__ = ["RoundDecision", "assign_ranks", "decide_round", "select_members"]
+__all__ = ["RoundDecision", "WorkerRanks", "assign_ranks", "decide_round", "select_members", "worker_ranks"]
 
 
 @attrs.frozen
@@ -116,3 +116,46 @@ def assign_ranks(members: Sequence[NodeInfo], topology: TopologyOrder | None = N
     for node in others:
         slots[next(free)] = node
     return [s for s in slots if s is not None]
+
+
+@attrs.frozen
+class WorkerRanks:
+    """Where the workers of every node of a round sit among the job's global ranks.
+
+    Attributes:
+        first: by node rank, the global rank (``RANK``) of that node's local rank 0.
+        world_size: the workers of all nodes together (``WORLD_SIZE``).
+    """
+
+    first: tuple[int, ...]
+    world_size: int
+
+
+def worker_ranks(local_world_sizes: Sequence[int]) -> WorkerRanks | None:
+    """The global ranks of a round's workers, as torchrun assigns them.
+
+    Each node's workers follow those of the nodes ranked before it (a prefix sum of the local
+    world sizes in node-rank order) and the world size is their sum, so nodes may run different
+    numbers of workers (``--nproc-per-node``) and ranks stay unique and contiguous from 0.
+
+    Args:
+        local_world_sizes: by node rank, the workers each node runs; 0 for a node that did not
+            say (a client that predates the field).
+
+    Returns:
+        The layout, or None when some node did not say or there is none: its workers cannot
+        be placed, and nothing may be guessed.
+
+    Raises:
+        ValueError: a size is negative.
+    """
+    first: list[int] = []
+    total = 0
+    for node_rank, size in enumerate(local_world_sizes):
+        if size < 0:
+            raise ValueError(f"the local world size of node rank {node_rank} is negative: {size}")
+        first.append(total)
+        total += size
+    if not first or 0 in local_world_sizes:
+        return None
+    return WorkerRanks(tuple(first), total)

@@ -21,6 +21,7 @@ from dlrover.rendezvous.config import RendezvousConfig
 from dlrover.rendezvous.decision import RoundDecision, assign_ranks, decide_round, select_members
 from dlrover.rendezvous.errors import InvalidRequestError, UnknownNodeError, UnknownRoundError
 from dlrover.rendezvous.results import (
+    MAX_LOCAL_WORLD_SIZE,
     MAX_NODE_ID_CHARS,
     HeartbeatResult,
     JoinResult,
@@ -38,6 +39,7 @@ __all__ = ["RendezvousManager"]
 class _Waiter:
     joined_at: float
     topology_key: str
+    local_world_size: int = 0  # the workers it runs; 0: it did not say
 
 
 def _check_node_id(node_id: object) -> str:
@@ -152,28 +154,41 @@ class RendezvousManager:
         *,
         params: NodeParams | None = None,
         topology_key: str = "",
+        local_world_size: int = 0,
     ) -> JoinResult:
         """Put a node on the waiting list for the next round.
 
-        A node already waiting stays where it is (a retried join changes nothing but its heartbeat).
-        A member of the current round that joins again (its processes restarted) waits for the next
-        round; the others learn it through `num_nodes_waiting`.
+        A node already waiting stays where it is (a retried join changes nothing but its heartbeat
+        and local world size). A member of the current round that joins again (its processes
+        restarted) waits for the next round; the others learn it through `num_nodes_waiting`.
 
         Args:
             node_id: the node's unique id.
             now: the current monotonic time.
             params: the parameters the node expects; rejected when they differ from the config.
             topology_key: where the node sits, for a topology hook.
+            local_world_size: the workers the node runs (its ``--nproc-per-node``), so that a
+                round places every node's workers among the global ranks (see `worker_ranks`);
+                0: it does not say, and no round it is in has a worker layout.
 
         Returns:
             Whether the node was accepted, the round it waits for, and why.
 
         Raises:
-            InvalidRequestError: the node id or topology key is malformed; nothing changed.
+            InvalidRequestError: the node id, topology key or local world size is malformed;
+                nothing changed.
         """
         _check_node_id(node_id)
         if not isinstance(topology_key, str) or len(topology_key) > MAX_NODE_ID_CHARS:
             raise InvalidRequestError(f"topology_key must be a string of at most {MAX_NODE_ID_CHARS} characters")
+        if (
+            isinstance(local_world_size, bool)
+            or not isinstance(local_world_size, int)
+            or not 0 <= local_world_size <= MAX_LOCAL_WORLD_SIZE
+        ):
+            raise InvalidRequestError(
+                f"local_world_size must be an integer in 0..{MAX_LOCAL_WORLD_SIZE}, got {local_world_size!r}"
+            )
         now = self._tick(now)
         upcoming = self._round_number + 1
         if self._closed:
@@ -187,12 +202,15 @@ class RendezvousManager:
                 f"runs {cfg.min_nodes}..{cfg.max_nodes}; fix the node's settings",
             )
         if node_id in self._waiting:
+            self._waiting[node_id].local_world_size = local_world_size
             self._seen(node_id, now)
             reason = f"already waiting; {self.status(now).reason}"
         else:
             if self._current is not None and self._current.rank_of(node_id) is not None:
                 self._reopened = True
-            self._waiting[node_id] = _Waiter(joined_at=now, topology_key=topology_key)
+            self._waiting[node_id] = _Waiter(
+                joined_at=now, topology_key=topology_key, local_world_size=local_world_size
+            )
             self._last_join_at = now
             self._dropped.pop(node_id, None)
             self._finished.discard(node_id)  # it calls again: tracked like any other node
@@ -234,7 +252,16 @@ class RendezvousManager:
         if current is not None and (rank := current.rank_of(node_id)) is not None:
             if node_id not in self._finished:  # a finished member is not tracked again
                 self._seen(node_id, now)
-            return PollResult(PollState.ASSIGNED, current.number, rank, current.world_size, current.reason)
+            workers = current.workers
+            return PollResult(
+                PollState.ASSIGNED,
+                current.number,
+                rank,
+                current.world_size,
+                current.reason,
+                first_worker_rank=workers.first[rank] if workers is not None else 0,
+                worker_world_size=workers.world_size if workers is not None else 0,
+            )
         if self._closed:
             return PollResult(PollState.CLOSED, upcoming, -1, 0, "the rendezvous is closed; no more rounds form")
         why = self._dropped.get(node_id, f"node {node_id!r} is neither waiting nor in the current round")
@@ -434,7 +461,8 @@ class RendezvousManager:
         members = tuple(assign_ranks(infos, self._topology))
         previous = self._current
         self._round_number += 1
-        self._current = Round(self._round_number, members, now, self._config, decision.reason)
+        sizes = tuple(self._waiting[node].local_world_size for node in members)
+        self._current = Round(self._round_number, members, now, self._config, decision.reason, sizes)
         self._reopened = False
         self._finished.clear()
         self._last_ranks = {node: rank for rank, node in enumerate(members)}

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 
 import attrs
 
 from dlrover.rendezvous.config import RendezvousConfig
+from dlrover.rendezvous.decision import WorkerRanks, worker_ranks
 from dlrover.rendezvous.errors import InvalidRequestError
 
 __all__ = [
+    "MAX_LOCAL_WORLD_SIZE",
     "MAX_NODE_ID_CHARS",
     "HeartbeatResult",
     "JoinResult",
@@ -20,6 +23,8 @@ __all__ = [
 ]
 
 MAX_NODE_ID_CHARS = 256
+MAX_LOCAL_WORLD_SIZE = 1 << 16
+"""The most workers one node may say it runs (far above any host's accelerators or cores)."""
 
 
 @attrs.frozen
@@ -43,6 +48,10 @@ class NodeParams:
             raise InvalidRequestError(f"min_nodes ({self.min_nodes}) must not exceed max_nodes ({self.max_nodes})")
 
 
+def _int_tuple(values: Iterable[int]) -> tuple[int, ...]:
+    return tuple(values)
+
+
 @attrs.frozen
 class Round:
     """A completed round.
@@ -53,6 +62,9 @@ class Round:
         completed_at: when it completed (monotonic seconds).
         config: the parameters it completed under.
         reason: why it completed.
+        local_world_sizes: by rank, the workers each member runs (its ``--nproc-per-node``), 0 for
+            a member that did not say; empty when none is known (a round restored from a journal
+            that predates them).
     """
 
     number: int
@@ -60,11 +72,19 @@ class Round:
     completed_at: float
     config: RendezvousConfig
     reason: str
+    local_world_sizes: tuple[int, ...] = attrs.field(default=(), converter=_int_tuple)
     _ranks: dict[str, int] = attrs.field(init=False, eq=False, repr=False)
+    _workers: WorkerRanks | None = attrs.field(init=False, eq=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
-        # A lookup table, so a poll costs O(1) even in a round of thousands of nodes.
+        if self.local_world_sizes and len(self.local_world_sizes) != len(self.members):
+            raise ValueError(
+                f"round {self.number} has {len(self.members)} members but "
+                f"{len(self.local_world_sizes)} local world sizes"
+            )
+        # Lookup tables, so a poll costs O(1) even in a round of thousands of nodes.
         object.__setattr__(self, "_ranks", {node: rank for rank, node in enumerate(self.members)})
+        object.__setattr__(self, "_workers", worker_ranks(self.local_world_sizes))
 
     @property
     def world_size(self) -> int:
@@ -74,6 +94,12 @@ class Round:
     def rank_of(self, node_id: str) -> int | None:
         """The node's rank, or None when it is not a member."""
         return self._ranks.get(node_id)
+
+    @property
+    def workers(self) -> WorkerRanks | None:
+        """Where every member's workers sit among the global ranks; None unless every member said
+        how many it runs (see `worker_ranks`)."""
+        return self._workers
 
 
 @attrs.frozen
@@ -116,6 +142,11 @@ class PollResult:
         rank: the node's rank when ASSIGNED, else -1.
         world_size: the round's size when ASSIGNED, else 0.
         reason: why, always set ("3 of min 4 nodes joined; waiting for 1 more").
+        first_worker_rank: when ASSIGNED and every member said its local world size, the global
+            rank of this node's local rank 0 (torchrun's prefix sum over the nodes ranked before
+            it); else 0.
+        worker_world_size: in that case the workers of all members (``WORLD_SIZE``); else 0, which
+            says the layout is unknown.
     """
 
     state: PollState
@@ -123,6 +154,8 @@ class PollResult:
     rank: int
     world_size: int
     reason: str
+    first_worker_rank: int = 0
+    worker_world_size: int = 0
 
 
 @attrs.frozen

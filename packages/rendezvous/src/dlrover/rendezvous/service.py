@@ -91,7 +91,13 @@ class RendezvousServicer(pb_grpc.RendezvousServiceServicer):
     def Join(self, request: pb.JoinRequest, context: grpc.ServicerContext) -> pb.JoinResponse:
         def call() -> pb.JoinResponse:
             params = _params(request)
-            r = self._manager.join(request.node_id, self._clock.now(), params=params, topology_key=request.topology_key)
+            r = self._manager.join(
+                request.node_id,
+                self._clock.now(),
+                params=params,
+                topology_key=request.topology_key,
+                local_world_size=request.local_world_size,
+            )
             return pb.JoinResponse(accepted=r.accepted, round=r.round, reason=r.reason)
 
         return self._run(context, call)
@@ -100,7 +106,13 @@ class RendezvousServicer(pb_grpc.RendezvousServiceServicer):
         def call() -> pb.PollResponse:
             r = self._manager.poll(request.node_id, self._clock.now())
             return pb.PollResponse(
-                state=POLL_STATES[r.state], round=r.round, rank=r.rank, world_size=r.world_size, reason=r.reason
+                state=POLL_STATES[r.state],
+                round=r.round,
+                rank=r.rank,
+                world_size=r.world_size,
+                reason=r.reason,
+                first_worker_rank=r.first_worker_rank,
+                worker_world_size=r.worker_world_size,
             )
 
         return self._run(context, call)

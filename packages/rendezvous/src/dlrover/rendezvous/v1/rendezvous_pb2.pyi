@@ -23,16 +23,18 @@ POLL_STATE_TIMED_OUT: PollState
 POLL_STATE_CLOSED: PollState
 
 class JoinRequest(_message.Message):
-    __slots__ = ("node_id", "min_nodes", "max_nodes", "topology_key")
+    __slots__ = ("node_id", "min_nodes", "max_nodes", "topology_key", "local_world_size")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     MIN_NODES_FIELD_NUMBER: _ClassVar[int]
     MAX_NODES_FIELD_NUMBER: _ClassVar[int]
     TOPOLOGY_KEY_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     min_nodes: int
     max_nodes: int
     topology_key: str
-    def __init__(self, node_id: _Optional[str] = ..., min_nodes: _Optional[int] = ..., max_nodes: _Optional[int] = ..., topology_key: _Optional[str] = ...) -> None: ...
+    local_world_size: int
+    def __init__(self, node_id: _Optional[str] = ..., min_nodes: _Optional[int] = ..., max_nodes: _Optional[int] = ..., topology_key: _Optional[str] = ..., local_world_size: _Optional[int] = ...) -> None: ...
 
 class JoinResponse(_message.Message):
     __slots__ = ("accepted", "round", "reason")
@@ -51,18 +53,22 @@ class PollRequest(_message.Message):
     def __init__(self, node_id: _Optional[str] = ...) -> None: ...
 
 class PollResponse(_message.Message):
-    __slots__ = ("state", "round", "rank", "world_size", "reason")
+    __slots__ = ("state", "round", "rank", "world_size", "reason", "first_worker_rank", "worker_world_size")
     STATE_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    FIRST_WORKER_RANK_FIELD_NUMBER: _ClassVar[int]
+    WORKER_WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
     state: PollState
     round: int
     rank: int
     world_size: int
     reason: str
-    def __init__(self, state: _Optional[_Union[PollState, str]] = ..., round: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+    first_worker_rank: int
+    worker_world_size: int
+    def __init__(self, state: _Optional[_Union[PollState, str]] = ..., round: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., reason: _Optional[str] = ..., first_worker_rank: _Optional[int] = ..., worker_world_size: _Optional[int] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
     __slots__ = ("node_id",)
