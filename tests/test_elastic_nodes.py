@@ -184,8 +184,11 @@ def _sweep_after(killed: set[int]) -> None:
             shutil.rmtree(path, ignore_errors=True)
 
 
-def _start(procs: list[subprocess.Popen[str]], cmd: list[str], log: Path) -> subprocess.Popen[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DLROVER_JOB_TOKEN")}
+def _start(
+    procs: list[subprocess.Popen[str]], cmd: list[str], log: Path, extra_env: dict[str, str] | None = None
+) -> subprocess.Popen[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DLROVER_JOB_TOKEN", "SLURM_"))}
+    env.update(extra_env or {})
     handle = open(log, "w")  # noqa: SIM115 (closed with the process below)
     proc = subprocess.Popen(cmd, env=env, stdout=handle, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     handle.close()
@@ -397,6 +400,45 @@ def test_a_torchrun_multi_node_command_line_runs_with_one_agent_serving_the_mast
     assert len(serving) == 1, [log.read_text()[-2000:] for log in logs]
     if form == "static":
         assert serving == [logs[0]]  # node rank 0 serves it, as it would torchrun's store
+
+
+def test_srun_with_no_rendezvous_flags_runs_one_job_across_the_steps_nodes(
+    tmp_path: Path, procs: list[subprocess.Popen[str]]
+) -> None:
+    # What `srun -N2 dlrover-run --nproc-per-node=1 --token-file=... train.py` gives each agent:
+    # the step's variables, and nothing on the command line about nodes or where they meet.
+    out, token_file, port = _job_files(tmp_path, TRAIN)
+    logs = [tmp_path / "node0.log", tmp_path / "node1.log"]
+    agents = []
+    for node in (0, 1):
+        step = {
+            "SLURM_JOB_ID": "77",
+            "SLURM_STEP_ID": "3",
+            "SLURM_STEP_NUM_NODES": "2",
+            "SLURM_NODEID": str(node),
+            "SLURM_STEP_NODELIST": "localhost,localhost",
+        }
+        cmd = [
+            sys.executable, "-m", "dlrover.launcher.cli", "--nproc-per-node=1", f"--master-port={port}",
+            f"--token-file={token_file}", "--local-addr=127.0.0.1", "--monitor-interval=0.1",
+            "--heartbeat-interval=0.5", f"--log-dir={tmp_path / 'logs' / str(node)}",
+            str(tmp_path / "train.py"), str(out), "10",
+        ]  # fmt: skip
+        agents.append(_start(procs, cmd, logs[node], step))
+    for proc, log in zip(agents, logs, strict=True):
+        try:
+            proc.wait(timeout=240)
+        except subprocess.TimeoutExpired:
+            raise AssertionError("\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in logs)) from None
+        assert proc.returncode == 0, log.read_text()[-4000:]
+    progress = _progress(out)
+    assert progress[-1][0] == 10
+    assert {w for _, w in progress} == {2}  # one job of two nodes, not two single-node jobs
+    for node, log in enumerate(logs):
+        assert f"srun step 77.3 of 2 nodes: this is node {node}" in log.read_text()
+        assert [p.name.split("_")[0] for p in (tmp_path / "logs" / str(node)).iterdir()] == ["77.3"]
+    serving = [log for log in logs if "serving the job's master" in log.read_text()]
+    assert serving == [logs[0]]  # the step's first node
 
 
 # Records each worker's torchrun variables and what the process group it formed says.
