@@ -196,6 +196,16 @@ def _start(
     return proc
 
 
+def _all_succeed(agents: list[subprocess.Popen[str]], logs: list[Path]) -> None:
+    """Wait for every agent to exit 0 (bounded); a failure shows the logs."""
+    for proc, log in zip(agents, logs, strict=True):
+        try:
+            proc.wait(timeout=240)
+        except subprocess.TimeoutExpired:
+            raise AssertionError("\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in logs)) from None
+        assert proc.returncode == 0, log.read_text()[-4000:]
+
+
 def _progress(out: Path) -> list[tuple[int, int]]:
     path = out / "progress.log"
     if not path.exists():
@@ -387,12 +397,7 @@ def test_a_torchrun_multi_node_command_line_runs_with_one_agent_serving_the_mast
             str(tmp_path / "train.py"), str(out), "10",
         ]  # fmt: skip
         agents.append(_start(procs, cmd, logs[node]))
-    for proc, log in zip(agents, logs, strict=True):
-        try:
-            proc.wait(timeout=240)
-        except subprocess.TimeoutExpired:
-            raise AssertionError("\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in logs)) from None
-        assert proc.returncode == 0, log.read_text()[-4000:]
+    _all_succeed(agents, logs)
     progress = _progress(out)
     assert progress[-1][0] == 10
     assert {w for _, w in progress} == {2}
@@ -425,12 +430,7 @@ def test_srun_with_no_rendezvous_flags_runs_one_job_across_the_steps_nodes(
             str(tmp_path / "train.py"), str(out), "10",
         ]  # fmt: skip
         agents.append(_start(procs, cmd, logs[node], step))
-    for proc, log in zip(agents, logs, strict=True):
-        try:
-            proc.wait(timeout=240)
-        except subprocess.TimeoutExpired:
-            raise AssertionError("\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in logs)) from None
-        assert proc.returncode == 0, log.read_text()[-4000:]
+    _all_succeed(agents, logs)
     progress = _progress(out)
     assert progress[-1][0] == 10
     assert {w for _, w in progress} == {2}  # one job of two nodes, not two single-node jobs
@@ -477,12 +477,7 @@ def test_nodes_with_different_nproc_per_node_get_torchruns_ranks_and_one_world(
             str(tmp_path / "train.py"), str(out),
         ]  # fmt: skip
         agents.append(_start(procs, cmd, log))
-    for proc, log in zip(agents, logs, strict=True):
-        try:
-            proc.wait(timeout=240)
-        except subprocess.TimeoutExpired:
-            raise AssertionError("\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in logs)) from None
-        assert proc.returncode == 0, log.read_text()[-4000:]
+    _all_succeed(agents, logs)
     records = [json.loads(p.read_text()) for p in sorted(out.glob("rank*.json"))]
     assert sorted(r["RANK"] for r in records) == [0, 1, 2], records
     for r in records:

@@ -8,7 +8,7 @@ the rule of `torch_distributed_agree` (the newest step in every rank's list, eac
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -21,7 +21,6 @@ from dlrover.flashckpt.ckpt_format import safetensors_path
 from dlrover.flashckpt.commit import Committer
 from dlrover.flashckpt.dist import common_newest
 from dlrover.flashckpt.errors import FlashCkptError, NoCheckpointError, StateStructureError
-from dlrover.flashckpt.memory import LoadedState
 from dlrover.flashckpt.payloads import payload_from_state
 from dlrover.flashckpt.persist import persist_rank
 from dlrover.flashckpt.segment import ShmSegment, segment_path
@@ -56,24 +55,45 @@ def _state(step: int, rank: int) -> dict[str, Any]:
     return {"w": torch.full((64,), float(step * 10 + rank)), "step": step}
 
 
-def _commit(storage: InMemoryStorage, *steps: int) -> None:
-    for step in steps:
-        for rank in range(WORLD):
-            persist_rank(storage, payload_from_state(step, rank, WORLD, _state(step, rank)))
-        assert Committer(storage).try_commit(step, WORLD).commit
+class Job:
+    """Storage with steps committed by both ranks, and one checkpointer per rank on it."""
 
+    def __init__(self, job_id: str, shm: Path) -> None:
+        self.job_id, self.shm = job_id, shm
+        self.storage = InMemoryStorage()
+        collective = ThreadCollective(WORLD)
+        self.ckpts = [
+            FlashCheckpointer(
+                StagerConfig(job_id=job_id, run_id="r", rank=rank, world_size=WORLD, shm_dir=str(shm)),
+                storage=self.storage,
+                saver="none",
+                agree=collective.agree_for(rank),
+            )
+            for rank in range(WORLD)
+        ]
 
-def _checkpointers(job_id: str, storage: InMemoryStorage, shm: Path) -> list[FlashCheckpointer]:
-    collective = ThreadCollective(WORLD)
-    return [
-        FlashCheckpointer(
-            StagerConfig(job_id=job_id, run_id="r", rank=rank, world_size=WORLD, shm_dir=str(shm)),
-            storage=storage,
-            saver="none",
-            agree=collective.agree_for(rank),
-        )
-        for rank in range(WORLD)
-    ]
+    def commit(self, *steps: int) -> None:
+        for step in steps:
+            for rank in range(WORLD):
+                persist_rank(self.storage, payload_from_state(step, rank, WORLD, _state(step, rank)))
+            assert Committer(self.storage).try_commit(step, WORLD).commit
+
+    def damage_file(self, step: int, rank: int) -> None:
+        f = safetensors_path(step, rank)
+        self.storage.corrupt(f, self.storage.size(f) - 3)
+
+    def snapshot(self, step: int) -> None:
+        """Every rank saves `step` in memory only."""
+        for rank, c in enumerate(self.ckpts):
+            c.save(step, _state(step, rank))
+            c.stager.flush()
+
+    def load(self, targets: list[Any]) -> list[Any]:
+        """Every rank loads into its target at once; the states, or the exceptions raised."""
+        return _on_every_rank(lambda r: self.ckpts[r].load(target=targets[r]))
+
+    def fallbacks(self, rank: int) -> list[str]:
+        return [e.reason for e in self.ckpts[rank].events.snapshot() if e.kind == "fallback"]
 
 
 def _on_every_rank(fn: Callable[[int], Any]) -> list[Any]:
@@ -90,95 +110,62 @@ def _on_every_rank(fn: Callable[[int], Any]) -> list[Any]:
 
 
 @pytest.fixture
-def shm(tmp_path: Path) -> Path:
-    path = tmp_path / "shm"
-    path.mkdir()
-    return path
+def job(job_id: str, tmp_path: Path) -> Iterator[Job]:
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    j = Job(job_id, shm)
+    yield j
+    for c in j.ckpts:
+        c.close(job_end=True)
 
 
-def test_a_file_damaged_on_one_rank_moves_every_rank_to_the_previous_step(job_id: str, shm: Path) -> None:
-    storage = InMemoryStorage()
-    _commit(storage, 1, 2)
-    f = safetensors_path(2, 0)
-    storage.corrupt(f, storage.size(f) - 3)
-    ckpts = _checkpointers(job_id, storage, shm)
-    try:
-        targets = [_state(0, r) for r in range(WORLD)]
-        loaded = _on_every_rank(lambda r: ckpts[r].load(target=targets[r]))
-        assert [(x.source, x.step) for x in loaded] == [("storage", 1), ("storage", 1)]
-        for rank, target in enumerate(targets):
-            assert torch.equal(target["w"], _state(1, rank)["w"])
-        # Both ranks say why: rank 0 names its damaged file, rank 1 that another rank could not load.
-        assert any("rank_00000.safetensors" in e.reason for e in ckpts[0].events.snapshot() if e.kind == "fallback")
-        assert any("another rank" in e.reason for e in ckpts[1].events.snapshot() if e.kind == "fallback")
-    finally:
-        for c in ckpts:
-            c.close(job_end=True)
+def test_a_file_damaged_on_one_rank_moves_every_rank_to_the_previous_step(job: Job) -> None:
+    job.commit(1, 2)
+    job.damage_file(2, 0)
+    targets = [_state(0, r) for r in range(WORLD)]
+    loaded = job.load(targets)
+    assert [(x.source, x.step) for x in loaded] == [("storage", 1), ("storage", 1)]
+    for rank, target in enumerate(targets):
+        assert torch.equal(target["w"], _state(1, rank)["w"])
+    # Both ranks say why: rank 0 names its damaged file, rank 1 that another rank could not load.
+    assert any("rank_00000.safetensors" in reason for reason in job.fallbacks(0))
+    assert any("another rank" in reason for reason in job.fallbacks(1))
 
 
-def test_a_snapshot_damaged_on_one_rank_sends_every_rank_to_storage(job_id: str, shm: Path) -> None:
-    storage = InMemoryStorage()
-    _commit(storage, 1)
-    ckpts = _checkpointers(job_id, storage, shm)
-    try:
-        for rank, c in enumerate(ckpts):
-            c.save(2, _state(2, rank))
-            c.stager.flush()
-        seg = ShmSegment.attach(segment_path(str(shm), job_id, "r", 1, 0))
-        header = read_header(seg)
-        assert header is not None
-        assert header.step == 2
-        seg.mm[header.data_off] ^= 0xFF
-        seg.close()
-        targets = [_state(0, r) for r in range(WORLD)]
-        loaded: list[LoadedState] = _on_every_rank(lambda r: ckpts[r].load(target=targets[r]))
-        assert [(x.source, x.step) for x in loaded] == [("storage", 1), ("storage", 1)]
-        for rank, target in enumerate(targets):
-            assert torch.equal(target["w"], _state(1, rank)["w"])  # rank 0's memory copy was overwritten
-    finally:
-        for c in ckpts:
-            c.close(job_end=True)
+def test_a_snapshot_damaged_on_one_rank_sends_every_rank_to_storage(job: Job) -> None:
+    job.commit(1)
+    job.snapshot(2)
+    seg = ShmSegment.attach(segment_path(str(job.shm), job.job_id, "r", 1, 0))
+    header = read_header(seg)
+    assert header is not None
+    assert header.step == 2
+    seg.mm[header.data_off] ^= 0xFF
+    seg.close()
+    targets = [_state(0, r) for r in range(WORLD)]
+    loaded = job.load(targets)
+    assert [(x.source, x.step) for x in loaded] == [("storage", 1), ("storage", 1)]
+    for rank, target in enumerate(targets):
+        assert torch.equal(target["w"], _state(1, rank)["w"])  # rank 0's memory copy was overwritten
 
 
-def test_memory_is_used_when_every_rank_holds_the_step(job_id: str, shm: Path) -> None:
-    storage = InMemoryStorage()
-    _commit(storage, 1)
-    ckpts = _checkpointers(job_id, storage, shm)
-    try:
-        for rank, c in enumerate(ckpts):
-            c.save(2, _state(2, rank))
-            c.stager.flush()
-        loaded = _on_every_rank(lambda r: ckpts[r].load(target=_state(0, r)))
-        assert [(x.source, x.step) for x in loaded] == [("memory", 2), ("memory", 2)]
-    finally:
-        for c in ckpts:
-            c.close(job_end=True)
+def test_memory_is_used_when_every_rank_holds_the_step(job: Job) -> None:
+    job.commit(1)
+    job.snapshot(2)
+    loaded = job.load([_state(0, r) for r in range(WORLD)])
+    assert [(x.source, x.step) for x in loaded] == [("memory", 2), ("memory", 2)]
 
 
-def test_every_rank_raises_when_one_cannot_use_any_step(job_id: str, shm: Path) -> None:
-    storage = InMemoryStorage()
-    _commit(storage, 1)
-    ckpts = _checkpointers(job_id, storage, shm)
-    try:
-        wrong = {"w": torch.zeros(3), "step": 0}  # rank 1's model does not fit the checkpoint
-        results = _on_every_rank(lambda r: ckpts[r].load(target=_state(0, r) if r == 0 else wrong))
-        assert isinstance(results[1], StateStructureError)
-        assert isinstance(results[0], FlashCkptError)
-        assert "another rank" in str(results[0])
-    finally:
-        for c in ckpts:
-            c.close(job_end=True)
+def test_every_rank_raises_when_one_cannot_use_any_step(job: Job) -> None:
+    job.commit(1)
+    wrong = {"w": torch.zeros(3), "step": 0}  # rank 1's model does not fit the checkpoint
+    results = job.load([_state(0, 0), wrong])
+    assert isinstance(results[1], StateStructureError)
+    assert isinstance(results[0], FlashCkptError)
+    assert "another rank" in str(results[0])
 
 
-def test_every_rank_raises_no_checkpoint_when_none_is_loadable_everywhere(job_id: str, shm: Path) -> None:
-    storage = InMemoryStorage()
-    _commit(storage, 1)
-    f = safetensors_path(1, 1)
-    storage.corrupt(f, storage.size(f) - 3)
-    ckpts = _checkpointers(job_id, storage, shm)
-    try:
-        results = _on_every_rank(lambda r: ckpts[r].load(target=_state(0, r)))
-        assert all(isinstance(r, NoCheckpointError) for r in results), results
-    finally:
-        for c in ckpts:
-            c.close(job_end=True)
+def test_every_rank_raises_no_checkpoint_when_none_is_loadable_everywhere(job: Job) -> None:
+    job.commit(1)
+    job.damage_file(1, 1)
+    results = job.load([_state(0, r) for r in range(WORLD)])
+    assert all(isinstance(r, NoCheckpointError) for r in results), results

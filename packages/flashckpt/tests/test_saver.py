@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 
+import attrs
 import pytest
 import torch
 from flashckpt_testlib import our_files
@@ -507,78 +508,76 @@ def test_lost_saver_never_stops_training(job_id: str) -> None:
         remove_run("/dev/shm", job_id, "r")
 
 
-def test_coordinator_commits_when_another_node_finishes(job_id: str) -> None:
-    """Two nodes (two savers, one rank each) share storage; only node 0's saver coordinates."""
-    storage = InMemoryStorage()
-    savers, clients, stagers = [], [], []
-    for node in range(2):
-        run = f"n{node}"  # each node has its own shared memory; the job's storage is shared
-        saver = Saver(
-            SaverConfig(job_id=job_id, run_id=run, world_size=2, coordinator=node == 0, commit_poll_interval_s=0.01),
-            storage,
-        )
-        saver.start()
-        savers.append(saver)
-        client = SaverClient(saver.socket_path, node, 2)
-        clients.append(client)
-        cfg = StagerConfig(job_id=job_id, run_id=run, rank=node, world_size=2, seal_in_background=False)
-        stagers.append(Stager(cfg))
+@attrs.define
+class TwoNodes:
+    """Two nodes of one rank each: a saver per node (own shared memory), one storage for the job;
+    only node 0's saver coordinates."""
+
+    storage: InMemoryStorage
+    savers: list[Saver]
+    clients: list[SaverClient]
+    stagers: list[Stager]
+
+    def kill(self, node: int) -> None:
+        """Node `node`'s training process dies: its connection closes without 'bye'."""
+        attached = self.savers[node].active_connections()
+        self.clients[node]._sock.shutdown(socket.SHUT_RDWR)
+        self.clients[node]._reader.join(WAIT_S)
+        _wait_until(lambda: self.savers[node].active_connections() < attached)
+
+
+@contextlib.contextmanager
+def _two_nodes(job_id: str) -> Iterator[TwoNodes]:
+    nodes = TwoNodes(InMemoryStorage(), [], [], [])
     try:
+        for node in range(2):
+            run = f"n{node}"  # each node has its own shared memory; the job's storage is shared
+            config = SaverConfig(
+                job_id=job_id, run_id=run, world_size=2, coordinator=node == 0, commit_poll_interval_s=0.01
+            )
+            nodes.savers.append(Saver(config, nodes.storage))
+            nodes.savers[-1].start()
+            nodes.clients.append(SaverClient(nodes.savers[-1].socket_path, node, 2))
+            cfg = StagerConfig(job_id=job_id, run_id=run, rank=node, world_size=2, seal_in_background=False)
+            nodes.stagers.append(Stager(cfg, on_sealed=nodes.clients[-1].notify_sealed))
+        yield nodes
+    finally:
+        for stager in nodes.stagers:
+            stager.close()
+        for client in nodes.clients:
+            client.close()
+        for saver in nodes.savers:
+            saver.stop(remove_memory=True)
+
+
+def test_coordinator_commits_when_another_node_finishes(job_id: str) -> None:
+    with _two_nodes(job_id) as nodes:
+        clients = nodes.clients
         for rank in range(2):
-            assert stagers[rank].save(5, {"w": torch.full((2,), float(rank))}).saved
+            assert nodes.stagers[rank].save(5, {"w": torch.full((2,), float(rank))}).saved
         clients[0].request_persist(5)
         assert not clients[0].wait_persisted(5, WAIT_S).committed  # rank 1 not done yet
         clients[1].request_persist(5)
         outcome = clients[1].wait_persisted(5, WAIT_S)
         assert outcome.ok
         assert not outcome.committed  # node 1 is not the coordinator
-        _wait_until(lambda: Committer(storage).tracker() == Tracker(5, 2))
-        assert "committed" in savers[0].events.kinds()
-    finally:
-        for stager in stagers:
-            stager.close()
-        for client in clients:
-            client.close()
-        for saver in savers:
-            saver.stop(remove_memory=True)
+        _wait_until(lambda: Committer(nodes.storage).tracker() == Tracker(5, 2))
+        assert "committed" in nodes.savers[0].events.kinds()
 
 
 def test_nodes_whose_failure_persists_chose_different_steps_still_commit_a_common_one(job_id: str) -> None:
     """Node 0's rank staged step 2 before dying, node 1's did not: each saver first persists its own
     newest step (2 and 1); node 0's then sees rank 1's step 1 in storage, writes step 1 from memory
     too, and step 1, which every rank holds, is committed."""
-    storage = InMemoryStorage()
-    savers, clients, stagers = [], [], []
-    for node in range(2):
-        run = f"n{node}"
-        config = SaverConfig(
-            job_id=job_id, run_id=run, world_size=2, coordinator=node == 0, commit_poll_interval_s=0.01
-        )
-        saver = Saver(config, storage)
-        saver.start()
-        savers.append(saver)
-        clients.append(SaverClient(saver.socket_path, node, 2))
-        cfg = StagerConfig(job_id=job_id, run_id=run, rank=node, world_size=2, seal_in_background=False)
-        stagers.append(Stager(cfg, on_sealed=clients[node].notify_sealed))
-    try:
+    with _two_nodes(job_id) as nodes:
         for rank in range(2):
-            assert stagers[rank].save(1, {"w": torch.full((4,), 1.0 + rank)}).saved
-        assert stagers[0].save(2, {"w": torch.full((4,), 2.0)}).saved
-        for node in range(2):
-            attached = savers[node].active_connections()
-            clients[node]._sock.shutdown(socket.SHUT_RDWR)  # the process dies: no 'bye'
-            clients[node]._reader.join(WAIT_S)
-            _wait_until(lambda node=node, attached=attached: savers[node].active_connections() < attached)
-        _wait_until(lambda: Committer(storage).tracker() == Tracker(1, 2))
-        assert "failure_persist_join" in savers[0].events.kinds()
-        assert "failure_persist_join" not in savers[1].events.kinds()  # it does not hold step 2
-        loaded = [StorageReader(storage).load(rank, 2) for rank in range(2)]
+            assert nodes.stagers[rank].save(1, {"w": torch.full((4,), 1.0 + rank)}).saved
+        assert nodes.stagers[0].save(2, {"w": torch.full((4,), 2.0)}).saved
+        nodes.kill(0)
+        nodes.kill(1)
+        _wait_until(lambda: Committer(nodes.storage).tracker() == Tracker(1, 2))
+        assert "failure_persist_join" in nodes.savers[0].events.kinds()
+        assert "failure_persist_join" not in nodes.savers[1].events.kinds()  # it does not hold step 2
+        loaded = [StorageReader(nodes.storage).load(rank, 2) for rank in range(2)]
         assert [x.step for x in loaded] == [1, 1]
         assert torch.equal(loaded[1].state["w"], torch.full((4,), 2.0))
-    finally:
-        for stager in stagers:
-            stager.close()
-        for client in clients:
-            client.close()
-        for saver in savers:
-            saver.stop(remove_memory=True)
