@@ -34,6 +34,8 @@ from dlrover.flashckpt.errors import StorageError
 from dlrover.flashckpt.sharded import ShardedCheckpointer, get_sharded_state
 from dlrover.flashckpt.storage import Chunk, FsspecStorage
 
+FSDP2 = 2  # the shared worker's model under fully_shard; the object-store path does not depend on it
+
 UPLOAD_CHUNK = 512  # small, so that a data file goes up in several chunks and can fail half way
 
 
@@ -92,9 +94,9 @@ def run_rank(mode: str, rank: int, world: int, *, init: str, sink: Path, a: argp
     ckpt = ShardedCheckpointer(cfg, storage=storage, group=dist.new_group(backend="gloo"), staging=staging)
     try:
         if mode == "train":
-            train(ckpt, world, rank, sink)
+            train(ckpt, world, rank, sink, FSDP2)
         elif mode == "restore":
-            restore(ckpt, world, rank, sink)
+            restore(ckpt, world, rank, sink, FSDP2)
             emit(sink, event="downloads", world=world, rank=rank, paths=sorted(storage.read_paths))
         else:
             fail_persist(ckpt, storage, world, rank, sink=sink, staging=a.staging)
@@ -105,7 +107,7 @@ def run_rank(mode: str, rank: int, world: int, *, init: str, sink: Path, a: argp
 
 
 def fail_persist(ckpt: ShardedCheckpointer, storage: Any, world: int, rank: int, *, sink: Path, staging: str) -> None:
-    model, opt = build(world, 5)
+    model, opt = build(world, 5, FSDP2)
     state = get_sharded_state(model, opt)
     state["step"] = 5
     assert ckpt.save(5, state).saved
