@@ -56,6 +56,7 @@ __all__ = [
     "align_up",
     "decode_manifest",
     "encode_manifest",
+    "encode_specs",
 ]
 
 MAGIC = b"DLRFCKPT"
@@ -223,15 +224,25 @@ class SlotLayout:
         return tuple((s.dtype, s.shape) for s in self.specs)
 
 
-def encode_manifest(tree: dict[str, Any], specs: tuple[TensorSpec, ...]) -> bytes:
-    """The manifest JSON of a slot, as UTF-8 bytes."""
-    doc = {
-        "format": MANIFEST_FORMAT,
-        "version": LAYOUT_VERSION,
-        "tree": tree,
-        "tensors": [s.to_json() for s in specs],
-    }
-    return json.dumps(doc, separators=(",", ":"), allow_nan=False).encode("utf-8")
+def encode_specs(specs: tuple[TensorSpec, ...]) -> str:
+    """The manifest's ``tensors`` list as JSON text (what `encode_manifest` embeds)."""
+    return json.dumps([s.to_json() for s in specs], separators=(",", ":"), allow_nan=False)
+
+
+def encode_manifest(tree: dict[str, Any], specs: tuple[TensorSpec, ...], specs_json: str | None = None) -> bytes:
+    """The manifest JSON of a slot, as UTF-8 bytes.
+
+    Args:
+        tree: the state's JSON tree.
+        specs: its tensors.
+        specs_json: `encode_specs(specs)`, when the caller kept it from an earlier save of the same
+            layout (the tensor list is most of a manifest's encoding time; the tree changes each step).
+    """
+    tensors = encode_specs(specs) if specs_json is None else specs_json
+    head = json.dumps({"format": MANIFEST_FORMAT, "version": LAYOUT_VERSION}, separators=(",", ":"))
+    tree_json = json.dumps(tree, separators=(",", ":"), allow_nan=False)
+    # The same bytes json.dumps gives for the whole document, keys in this order.
+    return f'{head[:-1]},"tree":{tree_json},"tensors":{tensors}}}'.encode()
 
 
 def decode_manifest(raw: bytes, expected_crc: int | None = None) -> tuple[dict[str, Any], tuple[TensorSpec, ...]]:

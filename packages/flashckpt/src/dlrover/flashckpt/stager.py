@@ -43,6 +43,7 @@ from dlrover.flashckpt.layout import (
     SlotLayout,
     SlotState,
     encode_manifest,
+    encode_specs,
 )
 from dlrover.flashckpt.pinning import CudaHostPinner, HostPinner, PinError
 from dlrover.flashckpt.planner import plan_layout
@@ -128,6 +129,10 @@ class Stager:
         self._segments: list[ShmSegment | None] = [None] * config.num_slots
         self._layouts: list[SlotLayout | None] = [None] * config.num_slots
         self._views: list[list[torch.Tensor] | None] = [None] * config.num_slots
+        # Per slot: the last layout `_plan` made, the leaf signature it was made for, and its encoded
+        # tensor list. A save of the same structure into the same layout reuses them (planning and
+        # encoding cost about a millisecond per hundred tensors: 5% of a 256 MB copy at 14 GB/s).
+        self._planned: list[tuple[tuple[Any, ...], SlotLayout, str] | None] = [None] * config.num_slots
         self._closed = False
         self._invalid_reported: set[int] = set()
         cleanup_stale(config.shm_dir, keep=(config.job_id, config.run_id))
@@ -321,10 +326,19 @@ class Stager:
     def _plan(self, flat: FlatState, slot: int | None) -> tuple[SlotLayout, bytes]:
         """The layout and manifest of `flat` in `slot`, reusing the slot's layout when it fits."""
         current = self._layouts[slot] if slot is not None else None
-        layout = plan_layout(flat, 0, current.manifest_capacity if current else None)
-        manifest = encode_manifest(flat.tree, layout.specs)
+        signature = _leaf_signature(flat)
+        planned = self._planned[slot] if slot is not None else None
+        if current is not None and planned is not None and planned[1] is current and planned[0] == signature:
+            layout, specs_json = current, planned[2]
+        else:
+            layout = plan_layout(flat, 0, current.manifest_capacity if current else None)
+            specs_json = encode_specs(layout.specs)
+        manifest = encode_manifest(flat.tree, layout.specs, specs_json)
         if len(manifest) + ALIGN > layout.manifest_capacity:
             layout = plan_layout(flat, len(manifest))
+            specs_json = encode_specs(layout.specs)
+        if slot is not None:
+            self._planned[slot] = (signature, layout, specs_json)
         return layout, manifest
 
     def _acquire_slot(self, step: int, start: float) -> tuple[int, str]:
@@ -359,11 +373,11 @@ class Stager:
         if self._wants_pin(flat):
             self._pin(slot, seg, step)
         previous = self._layouts[slot]
-        if previous is not None and previous.data_signature != layout.data_signature:
+        if previous is not None and previous is not layout and previous.data_signature != layout.data_signature:
             self._record("relayout", step, f"slot {slot}: the state's tensors changed; the slot is laid out again")
-        moved = previous is None or (previous.data_signature, previous.data_off) != (
-            layout.data_signature,
-            layout.data_off,
+        moved = previous is None or (
+            previous is not layout
+            and (previous.data_signature, previous.data_off) != (layout.data_signature, layout.data_off)
         )
         if moved or self._views[slot] is None:
             self._views[slot] = tensor_views(seg, layout.data_off, layout.specs)
@@ -435,6 +449,11 @@ class Stager:
                 self._on_sealed(SealedNotice(self.config.rank, slot, sealed.seq, sealed.step))
             except Exception as e:  # the saver link reports its own failures; never lose the snapshot
                 self._record("notify_failed", sealed.step, f"on_sealed failed: {e}")
+
+
+def _leaf_signature(flat: FlatState) -> tuple[Any, ...]:
+    """What a slot's layout depends on: each leaf's path, dtype, shape and kind, in order."""
+    return tuple((leaf.path, leaf.tensor.dtype, leaf.tensor.shape, leaf.is_ndarray) for leaf in flat.leaves)
 
 
 def _empty_header(capacity: int) -> SlotHeader:

@@ -113,24 +113,18 @@ def alias_key(tensor: torch.Tensor) -> tuple[Any, ...] | None:
     strides, dtype and conjugate/negative bits. Empty tensors, meta tensors and tensors without
     a plain storage (wrapper subclasses) never alias.
     """
-    if tensor.numel() == 0 or tensor.device.type == "meta":
+    device = tensor.device
+    if device.type == "meta" or tensor.numel() == 0:
         return None
     try:
-        ptr = tensor.untyped_storage().data_ptr()
+        # The first element's address: storage and offset in one call (a save takes a key of
+        # every tensor, and `untyped_storage()` builds a Python object each time).
+        ptr = tensor.data_ptr()
     except (RuntimeError, NotImplementedError, TypeError):
         return None
     if ptr == 0:
         return None
-    return (
-        str(tensor.device),
-        ptr,
-        tensor.storage_offset(),
-        tuple(tensor.shape),
-        tuple(tensor.stride()),
-        tensor.dtype,
-        tensor.is_conj(),
-        tensor.is_neg(),
-    )
+    return (device, ptr, tensor.shape, tensor.stride(), tensor.dtype, tensor.is_conj(), tensor.is_neg())
 
 
 def flatten_state(state: Any) -> FlatState:
