@@ -71,7 +71,7 @@ def _saver_location(storage_dir: str | None, storage: Storage | None) -> Storage
         location = StorageLocation.of(storage) if storage is not None else None
         of_dir = StorageLocation(os.path.abspath(storage_dir)) if storage_dir is not None else None
     except FlashCkptError as e:
-        raise ConfigError(f"{e}") from None
+        raise ConfigError(str(e)) from None
     if location is not None and of_dir is not None and location.url != of_dir.url:
         raise ConfigError(
             f"storage_dir {storage_dir!r} and storage ({location.url}) name different places: pass one of them"

@@ -15,6 +15,7 @@ snapshot every rank holds (see `dlrover.flashckpt.saver`).
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping
 from typing import Literal
@@ -33,6 +34,8 @@ from dlrover.flashckpt.storage.location import StorageLocation
 __all__ = ["SaverLink", "SaverMode", "check_saver_mode", "coordinator_node"]
 
 SaverMode = Literal["auto", "connect", "none"]
+
+_log = logging.getLogger(__name__)
 
 
 def check_saver_mode(mode: str, storage: object | None) -> None:
@@ -110,7 +113,13 @@ class SaverLink:
         self._spec: DetachedSaverSpec | None = None
         self._host: tuple[str, SaverRequest] | None = None
         self.client: SaverClient | None = None
-        coordinator, _ = coordinator_node(os.environ)
+        coordinator, why = coordinator_node(os.environ)
+        _log.info(
+            "rank %d: this node's saver %s commits (%s)",
+            config.rank,
+            "coordinates" if coordinator else "does not coordinate",
+            why,
+        )
         host_socket = os.environ.get(HOST_SOCKET_ENV_VAR, "") if mode == "auto" else ""
         keep_last = retention.keep_last if retention is not None else 0
         keep_every = (retention.keep_every or 0) if retention is not None else 0

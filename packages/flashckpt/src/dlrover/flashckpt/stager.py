@@ -370,7 +370,7 @@ class Stager:
         seg = self._ensure_capacity(slot, layout.total_size, step)
         if not existed and not seg.try_lock(exclusive=True):  # a fresh file nobody else knows yet
             raise FlashCkptError(f"cannot lock new segment {seg.path}")
-        if self._wants_pin(flat):
+        if not seg.pinned and self._wants_pin(flat):
             self._pin(slot, seg, step)
         previous = self._layouts[slot]
         if previous is not None and previous is not layout and previous.data_signature != layout.data_signature:

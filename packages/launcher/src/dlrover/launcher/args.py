@@ -18,6 +18,7 @@ import attrs
 
 from dlrover.common import ConfigError
 from dlrover.flashckpt.segment import DEFAULT_SHM_DIR
+from dlrover.launcher.env import MASTER_ADDR_ENV_VAR
 from dlrover.launcher.slurm import SlurmStep, slurm_step
 
 DEFAULT_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")  # torchrun's default
@@ -569,7 +570,7 @@ def _slurm_defaults(ns: argparse.Namespace, env: Mapping[str, str]) -> SlurmStep
         or ns.rdzv_endpoint
         or ns.rdzv_backend != "dlrover"
         or ns.node_rank not in (None, "")
-        or env.get("DLROVER_MASTER_ADDR")
+        or env.get(MASTER_ADDR_ENV_VAR)
     )
     step = None if named else slurm_step(env)
     if step is None:
