@@ -100,6 +100,45 @@ def test_structure_change_relays_out_and_grows(config: StagerConfig) -> None:
         stager.close()
 
 
+def test_manifest_outgrowing_its_region_lays_the_slot_out_again(config: StagerConfig) -> None:
+    # The same tensors each save, so the slot's layout is reused and the copy starts before the
+    # manifest is encoded; a note that outgrows the manifest region must still end in a whole slot.
+    stager = Stager(config)
+    try:
+        for step in (1, 2, 3):  # each slot holds a layout planned for a short note
+            stager.save(step, {"w": torch.full((1000,), float(step)), "note": "short"})
+        long_note = "n" * (200 * 1024)  # past the 64 KiB a first layout reserves
+        r = stager.save(4, {"w": torch.full((1000,), 4.0), "note": long_note})
+        stager.flush()
+        assert "relayout" not in stager.events.kinds()  # the tensors did not change, only their offset
+        loaded = MemoryReader(config).load()
+        assert (loaded.step, loaded.state["note"]) == (4, long_note)
+        assert torch.equal(loaded.state["w"], torch.full((1000,), 4.0))
+        # The next save into the same slot reuses the larger layout.
+        stager.save(5, {"w": torch.full((1000,), 5.0), "note": long_note})
+        assert stager.save(6, {"w": torch.full((1000,), 6.0), "note": long_note}).slot == r.slot
+        stager.flush()
+        assert torch.equal(MemoryReader(config).load().state["w"], torch.full((1000,), 6.0))
+    finally:
+        stager.close()
+
+
+def test_bad_leaf_after_steady_saves_changes_nothing(config: StagerConfig) -> None:
+    # With a reused layout the copy overlaps the manifest: a state that cannot be encoded must
+    # still be refused before any byte of either slot changes.
+    stager = Stager(config)
+    try:
+        stager.save(1, _state(1))
+        stager.save(2, _state(2))
+        stager.flush()
+        with pytest.raises(StateStructureError, match="'extra'"):
+            stager.save(3, {"w": torch.full((100,), 3.0), "step": 3, "extra": object()})
+        assert [s.step for s in MemoryReader(config).snapshots()] == [2, 1]
+        assert torch.equal(MemoryReader(config).load(step=1).state["w"], torch.full((100,), 1.0))
+    finally:
+        stager.close()
+
+
 def test_half_written_slot_is_never_read(config: StagerConfig) -> None:
     stager = Stager(config)
     try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import json
 import math
 from collections import OrderedDict, namedtuple
@@ -31,6 +32,35 @@ def test_scalars_and_keys_round_trip_through_json() -> None:
     rebuilt = build_tree(tree, [])
     assert same_bits(state, rebuilt)
     assert isinstance(rebuilt["size"], torch.Size)
+
+
+def test_subclasses_encode_as_their_base_types_and_leaves_leave_autograd() -> None:
+    class Colour(enum.IntEnum):
+        RED = 3
+
+    class Name(str):
+        pass
+
+    weight = torch.nn.Parameter(torch.ones(2))
+    computed = weight * 2  # part of a graph
+    plain = torch.zeros(3)
+    state = OrderedDict([(Name("k"), Colour.RED), ("f", np.float64(0.5)), ("p", weight), ("g", computed), ("t", plain)])
+    flat = flatten_state(state)
+    assert flat.tree == {
+        "dict": [
+            [{"str": "k"}, {"int": 3}],
+            [{"str": "f"}, {"float": 0.5}],
+            [{"str": "p"}, {"tensor": 0}],
+            [{"str": "g"}, {"tensor": 1}],
+            [{"str": "t"}, {"tensor": 2}],
+        ]
+    }
+    assert type(flat.tree["dict"][0][1]["int"]) is int
+    leaves = [leaf.tensor for leaf in flat.leaves]
+    assert [t.requires_grad for t in leaves] == [False, False, False]
+    assert type(leaves[0]) is torch.Tensor  # a Parameter is stored as the plain tensor it holds
+    assert leaves[0].data_ptr() == weight.data_ptr()
+    assert leaves[2] is plain  # outside autograd already: no new tensor object is made
 
 
 def test_unsupported_and_cyclic_states_are_refused() -> None:

@@ -19,7 +19,7 @@ from typing import TypeVar
 
 import torch
 
-__all__ = ["Copier"]
+__all__ = ["Copier", "PendingCopy"]
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -68,25 +68,31 @@ class Copier:
         Args:
             pairs: (destination, source) tensors.
         """
-        host = [(dst, src) for dst, src in pairs if not (dst.is_cuda or src.is_cuda)]
-        queued: list[torch.cuda.Stream] = []
-        try:
-            self._queue_device_copies([(dst, src) for dst, src in pairs if dst.is_cuda or src.is_cuda], queued)
-            self._copy_host(host)
-        finally:
-            # Also after an error: no copy may still be writing once the caller releases the slot.
-            for stream in queued:
-                stream.synchronize()
+        self.start(pairs).wait()
 
-    def _copy_host(self, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        jobs = self._jobs(pairs)
-        if self._pool is None or len(jobs) <= 1:
-            for job in jobs:
-                _run(job)
-            return
-        futures: list[Future[None]] = [self._pool.submit(_run, job) for job in jobs]
-        for f in futures:
-            f.result()
+    def start(self, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> PendingCopy:
+        """Begin copying each ``src`` into its ``dst``; the caller may do other work, then must `wait`.
+
+        Host pairs go to the worker threads (a single batch runs here, before this returns: a
+        hand-off would cost more than it hides) and device pairs to the side streams.
+
+        Args:
+            pairs: (destination, source) tensors.
+        """
+        host = [(dst, src) for dst, src in pairs if not (dst.is_cuda or src.is_cuda)]
+        pending = PendingCopy()
+        try:
+            self._queue_device_copies([(dst, src) for dst, src in pairs if dst.is_cuda or src.is_cuda], pending.streams)
+            jobs = self._jobs(host)
+            if self._pool is None or len(jobs) <= 1:
+                for job in jobs:
+                    _run(job)
+            else:
+                pending.futures = [self._pool.submit(_run, job) for job in jobs]
+        except BaseException:
+            pending.wait()  # nothing may still be writing once the caller gives the memory up
+            raise
+        return pending
 
     def _queue_device_copies(
         self, pairs: list[tuple[torch.Tensor, torch.Tensor]], queued: list[torch.cuda.Stream]
@@ -116,6 +122,28 @@ class Copier:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
+
+
+class PendingCopy:
+    """Copies under way: `wait` returns once every one has finished (also when one failed)."""
+
+    def __init__(self) -> None:
+        self.futures: list[Future[None]] = []
+        self.streams: list[torch.cuda.Stream] = []
+
+    def wait(self) -> None:
+        """Wait for every copy, then raise the first error any of them met."""
+        error: BaseException | None = None
+        for f in self.futures:
+            try:
+                f.result()
+            except BaseException as e:  # the others still write into the caller's memory: wait for them
+                error = error or e
+        for stream in self.streams:
+            stream.synchronize()
+        self.futures, self.streams = [], []
+        if error is not None:
+            raise error
 
 
 def _run(job: _Job) -> None:

@@ -33,7 +33,7 @@ import torch
 from dlrover.common import Clock, SystemClock
 from dlrover.flashckpt.checksum import crc32
 from dlrover.flashckpt.config import StagerConfig
-from dlrover.flashckpt.copier import Copier
+from dlrover.flashckpt.copier import Copier, PendingCopy
 from dlrover.flashckpt.errors import FlashCkptError, LayoutError, SlotBusyError
 from dlrover.flashckpt.events import EventLog, FlashEvent
 from dlrover.flashckpt.layout import (
@@ -262,11 +262,11 @@ class Stager:
         self._check_open()
         start = self._clock.now()
         flat = flatten_state(state)
-        slot, choice_reason = self._acquire_slot(step, start)
+        slot, choice_reason, seq = self._acquire_slot(step, start)
         if slot < 0:
             return SaveResult(step, False, -1, -1, self._clock.now() - start, choice_reason)
         try:
-            header = self._write(slot, step, flat)
+            header = self._write(slot, step, flat, seq)
         except BaseException:
             seg = self._segments[slot]
             if seg is not None:
@@ -323,13 +323,19 @@ class Stager:
     def _record(self, kind: str, step: int, reason: str) -> None:
         self.events.record(FlashEvent(kind, step, reason, self._clock.wall_time()))
 
+    def _cached_plan(self, flat: FlatState, slot: int) -> tuple[SlotLayout, str] | None:
+        """The slot's current layout and encoded tensor list, when `flat` has the structure it was made for."""
+        planned, current = self._planned[slot], self._layouts[slot]
+        if current is None or planned is None or planned[1] is not current or planned[0] != _leaf_signature(flat):
+            return None
+        return current, planned[2]
+
     def _plan(self, flat: FlatState, slot: int | None) -> tuple[SlotLayout, bytes]:
         """The layout and manifest of `flat` in `slot`, reusing the slot's layout when it fits."""
         current = self._layouts[slot] if slot is not None else None
-        signature = _leaf_signature(flat)
-        planned = self._planned[slot] if slot is not None else None
-        if current is not None and planned is not None and planned[1] is current and planned[0] == signature:
-            layout, specs_json = current, planned[2]
+        cached = self._cached_plan(flat, slot) if slot is not None else None
+        if cached is not None:
+            layout, specs_json = cached
         else:
             layout = plan_layout(flat, 0, current.manifest_capacity if current else None)
             specs_json = encode_specs(layout.specs)
@@ -338,13 +344,18 @@ class Stager:
             layout = plan_layout(flat, len(manifest))
             specs_json = encode_specs(layout.specs)
         if slot is not None:
-            self._planned[slot] = (signature, layout, specs_json)
+            self._planned[slot] = (_leaf_signature(flat), layout, specs_json)
         return layout, manifest
 
-    def _acquire_slot(self, step: int, start: float) -> tuple[int, str]:
-        """Lock a slot for writing, applying the busy policy. Returns (slot, reason) or (-1, reason)."""
+    def _acquire_slot(self, step: int, start: float) -> tuple[int, str, int]:
+        """Lock a slot for writing, applying the busy policy.
+
+        Returns:
+            (slot, reason, the sequence number its snapshot takes), or (-1, reason, -1).
+        """
         while True:
-            choice = rank_slots(self._slot_views())
+            views = self._slot_views()
+            choice = rank_slots(views)
             for slot in choice.candidates:
                 with self._lock:
                     if slot in self._sealing and not self._sealing[slot].done():
@@ -353,7 +364,7 @@ class Stager:
                 seg = self._segment(slot)
                 # A slot with no file yet is created (and locked) by `_write` once the layout is known.
                 if seg is None or seg.try_lock(exclusive=True):
-                    return slot, choice.reason
+                    return slot, choice.reason, max((v.seq for v in views), default=0) + 1
             waited = self._clock.now() - start
             action, reason = decide_busy(self.config.busy_policy, waited, self.config.busy_wait_timeout_s)
             if action is BusyAction.RAISE:
@@ -361,11 +372,42 @@ class Stager:
                 raise SlotBusyError(f"step {step}: {reason} ({choice.reason})")
             if action is BusyAction.SKIP:
                 self._record("save_skipped", step, f"{reason} ({choice.reason})")
-                return -1, reason
+                return -1, reason, -1
             self._clock.sleep(self.config.busy_poll_interval_s)
 
-    def _write(self, slot: int, step: int, flat: FlatState) -> SlotHeader:
+    def _write(self, slot: int, step: int, flat: FlatState, seq: int) -> SlotHeader:
+        cached = self._cached_plan(flat, slot)
+        if cached is not None:
+            # The slot keeps its layout, so the copy need not wait for the manifest: it is encoded
+            # and written while the copy threads run (the walk and the manifest are the blocking
+            # path's only work besides the copy).
+            layout, specs_json = cached
+            seg, pending = self._start_copy(slot, seq, step, flat, layout)
+            try:
+                manifest = encode_manifest(flat.tree, layout.specs, specs_json)
+                fits = len(manifest) + ALIGN <= layout.manifest_capacity
+                if fits:
+                    write_manifest(seg, manifest, HEADER_SIZE)
+                    header = self._header(SlotState.COMPLETE, seq, step, layout, seg, manifest=manifest)
+            finally:
+                pending.wait()
+            if fits:
+                write_header(seg, header)
+                return header
+            # The non-tensor values outgrew the manifest region: the slot is laid out again below
+            # and the tensors copied again (the slot is locked and marked WRITING throughout).
         layout, manifest = self._plan(flat, slot)
+        seg, pending = self._start_copy(slot, seq, step, flat, layout)
+        pending.wait()
+        write_manifest(seg, manifest, HEADER_SIZE)
+        header = self._header(SlotState.COMPLETE, seq, step, layout, seg, manifest=manifest)
+        write_header(seg, header)
+        return header
+
+    def _start_copy(
+        self, slot: int, seq: int, step: int, flat: FlatState, layout: SlotLayout
+    ) -> tuple[ShmSegment, PendingCopy]:
+        """Make `slot` fit `layout`, mark it WRITING and start copying `flat`'s tensors into it."""
         existed = self._segments[slot] is not None
         seg = self._ensure_capacity(slot, layout.total_size, step)
         if not existed and not seg.try_lock(exclusive=True):  # a fresh file nobody else knows yet
@@ -382,9 +424,18 @@ class Stager:
         if moved or self._views[slot] is None:
             self._views[slot] = tensor_views(seg, layout.data_off, layout.specs)
         self._layouts[slot] = layout
-        seq = max((v.seq for v in self._slot_views()), default=0) + 1
-        header = SlotHeader(
-            state=SlotState.WRITING,
+        # Before the first byte of data: a crash during the copy leaves a slot nobody persists or loads.
+        write_header(seg, self._header(SlotState.WRITING, seq, step, layout, seg, manifest=b""))
+        views = self._views[slot]
+        assert views is not None
+        return seg, self._copier.start([(dst, leaf.tensor) for dst, leaf in zip(views, flat.leaves, strict=True)])
+
+    @staticmethod
+    def _header(
+        state: SlotState, seq: int, step: int, layout: SlotLayout, seg: ShmSegment, *, manifest: bytes
+    ) -> SlotHeader:
+        return SlotHeader(
+            state=state,
             seq=seq,
             step=step,
             manifest_len=len(manifest),
@@ -395,14 +446,6 @@ class Stager:
             data_len=layout.data_len,
             capacity=seg.size,
         )
-        write_header(seg, header)
-        write_manifest(seg, manifest, HEADER_SIZE)
-        views = self._views[slot]
-        assert views is not None
-        self._copier.copy([(dst, leaf.tensor) for dst, leaf in zip(views, flat.leaves, strict=True)])
-        header = attrs.evolve(header, state=SlotState.COMPLETE)
-        write_header(seg, header)
-        return header
 
     def _wants_pin(self, flat: FlatState) -> bool:
         choice = self.config.pin_host_memory

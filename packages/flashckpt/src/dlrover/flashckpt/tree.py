@@ -94,6 +94,16 @@ _ENCODERS: tuple[tuple[type | tuple[type, ...], Any], ...] = (
 )
 
 
+# Exact types the walk encodes without the ordered isinstance chain (subclasses take the chain).
+_FAST_SCALARS: dict[type, Any] = {
+    type(None): lambda v: {"none": None},
+    bool: lambda v: {"bool": v},
+    int: lambda v: {"int": v},
+    float: _encode_float,
+    str: lambda v: {"str": v},
+}
+
+
 def _encode_scalar(value: Any, path: tuple[Any, ...]) -> JsonNode:
     for types, encode in _ENCODERS:
         if isinstance(value, types):
@@ -113,18 +123,24 @@ def alias_key(tensor: torch.Tensor) -> tuple[Any, ...] | None:
     strides, dtype and conjugate/negative bits. Empty tensors, meta tensors and tensors without
     a plain storage (wrapper subclasses) never alias.
     """
-    device = tensor.device
-    if device.type == "meta" or tensor.numel() == 0:
-        return None
     try:
         # The first element's address: storage and offset in one call (a save takes a key of
-        # every tensor, and `untyped_storage()` builds a Python object each time).
+        # every tensor, and `untyped_storage()` builds a Python object each time). Meta tensors
+        # and tensors without a plain storage (wrapper subclasses) answer 0 or raise.
         ptr = tensor.data_ptr()
     except (RuntimeError, NotImplementedError, TypeError):
         return None
-    if ptr == 0:
+    if ptr == 0 or tensor.numel() == 0:
         return None
-    return (device, ptr, tensor.shape, tensor.stride(), tensor.dtype, tensor.is_conj(), tensor.is_neg())
+    return (tensor.device, ptr, tensor.shape, tensor.stride(), tensor.dtype, tensor.is_conj(), tensor.is_neg())
+
+
+def _address(tensor: torch.Tensor) -> int:
+    """The first element's address, or 0 where a tensor has none (meta, wrapper subclasses)."""
+    try:
+        return int(tensor.data_ptr())
+    except (RuntimeError, NotImplementedError, TypeError):
+        return 0
 
 
 def flatten_state(state: Any) -> FlatState:
@@ -143,36 +159,60 @@ def flatten_state(state: Any) -> FlatState:
             names the path.
     """
     leaves: list[TensorLeaf] = []
-    seen: dict[tuple[Any, ...], int] = {}
+    by_address: dict[int, list[tuple[torch.Tensor, int]]] = {}
     active: set[int] = set()
 
+    # A save walks the whole state before its copy can start, so this walk is on the blocking
+    # path: the common types are tested by exact type first (an isinstance against the Mapping
+    # ABC, or the chain of scalar encoders, costs several times more per node).
     def visit(obj: Any, path: tuple[Any, ...]) -> JsonNode:
-        if isinstance(obj, torch.Tensor):
-            key = alias_key(obj)
-            if key is not None and key in seen:
-                return {"tensor": seen[key]}
-            leaves.append(TensorLeaf(path, obj.detach()))
-            if key is not None:
-                seen[key] = len(leaves) - 1
+        kind = type(obj)
+        if kind is torch.Tensor or isinstance(obj, torch.Tensor):
+            # Tensors are bucketed by address, and full alias keys are compared only within a
+            # bucket: most tensors have an address of their own, and a key costs ten calls.
+            address = _address(obj)
+            if address:
+                bucket = by_address.setdefault(address, [])
+                if bucket:
+                    key = alias_key(obj)
+                    for earlier, index in bucket:
+                        if key is not None and alias_key(earlier) == key:
+                            return {"tensor": index}
+                bucket.append((obj, len(leaves)))
+            # Detaching makes a new tensor object; one outside autograd is copied as it is.
+            plain = obj if kind is torch.Tensor and not obj.requires_grad else obj.detach()
+            leaves.append(TensorLeaf(path, plain))
             return {"tensor": len(leaves) - 1}
+        if kind is dict or kind is list or kind is tuple:
+            return visit_container(obj, kind, path)
         if isinstance(obj, np.ndarray):
             if obj.dtype.hasobject:
                 raise StateStructureError(f"object ndarray at {path_name(path)!r} cannot be checkpointed")
             leaves.append(TensorLeaf(path, torch.from_numpy(np.ascontiguousarray(obj)), is_ndarray=True))
             return {"ndarray": len(leaves) - 1}
         if isinstance(obj, Mapping | list | tuple) and not isinstance(obj, torch.Size):
-            if id(obj) in active:
-                raise StateStructureError(f"cyclic structure at {path_name(path)!r}")
-            active.add(id(obj))
-            try:
-                if isinstance(obj, Mapping):
-                    items = [[_encode_key(k, path), visit(v, (*path, k))] for k, v in obj.items()]
-                    return {"dict": items}
-                children = [visit(v, (*path, i)) for i, v in enumerate(obj)]
-                return {"list": children} if isinstance(obj, list) else {"tuple": children}
-            finally:
-                active.discard(id(obj))
-        return _encode_scalar(obj, path)
+            return visit_container(
+                obj, dict if isinstance(obj, Mapping) else list if isinstance(obj, list) else tuple, path
+            )
+        fast = _FAST_SCALARS.get(kind)
+        return fast(obj) if fast is not None else _encode_scalar(obj, path)
+
+    def visit_container(obj: Any, kind: type, path: tuple[Any, ...]) -> JsonNode:
+        if id(obj) in active:
+            raise StateStructureError(f"cyclic structure at {path_name(path)!r}")
+        active.add(id(obj))
+        try:
+            if kind is dict:
+                return {
+                    "dict": [
+                        [{"str": k} if type(k) is str else _encode_key(k, path), visit(v, (*path, k))]
+                        for k, v in obj.items()
+                    ]
+                }
+            children = [visit(v, (*path, i)) for i, v in enumerate(obj)]
+            return {"list": children} if kind is list else {"tuple": children}
+        finally:
+            active.discard(id(obj))
 
     tree = visit(state, ())
     return FlatState(tree, tuple(leaves))
