@@ -32,15 +32,14 @@ WORLD = 2
 class ThreadCollective:
     """`torch_distributed_agree`'s rule for ranks that are threads: gather every list, then answer."""
 
-    def __init__(self, world: int, num_slots: int = 2) -> None:
+    def __init__(self, world: int) -> None:
         self._barrier = threading.Barrier(world, timeout=30)
         self._lists: list[list[int]] = [[] for _ in range(world)]
-        self._num_slots = num_slots
         self.calls = 0
 
     def agree_for(self, rank: int) -> Callable[[list[int]], int | None]:
         def agree(steps: list[int]) -> int | None:
-            self._lists[rank] = sorted(steps, reverse=True)[: self._num_slots]
+            self._lists[rank] = sorted(steps, reverse=True)
             self._barrier.wait()
             answer = common_newest(self._lists)
             if rank == 0:
@@ -58,25 +57,27 @@ def _state(step: int, rank: int) -> dict[str, Any]:
 class Job:
     """Storage with steps committed by both ranks, and one checkpointer per rank on it."""
 
-    def __init__(self, job_id: str, shm: Path) -> None:
+    def __init__(self, job_id: str, shm: Path, storages: list[InMemoryStorage] | None = None) -> None:
         self.job_id, self.shm = job_id, shm
         self.storage = InMemoryStorage()
+        self.storages = storages or [self.storage] * WORLD  # each rank's view of storage
         collective = ThreadCollective(WORLD)
         self.ckpts = [
             FlashCheckpointer(
                 StagerConfig(job_id=job_id, run_id="r", rank=rank, world_size=WORLD, shm_dir=str(shm)),
-                storage=self.storage,
+                storage=self.storages[rank],
                 saver="none",
                 agree=collective.agree_for(rank),
             )
             for rank in range(WORLD)
         ]
 
-    def commit(self, *steps: int) -> None:
+    def commit(self, *steps: int, into: InMemoryStorage | None = None) -> None:
+        storage = into or self.storage
         for step in steps:
             for rank in range(WORLD):
-                persist_rank(self.storage, payload_from_state(step, rank, WORLD, _state(step, rank)))
-            assert Committer(self.storage).try_commit(step, WORLD).commit
+                persist_rank(storage, payload_from_state(step, rank, WORLD, _state(step, rank)))
+            assert Committer(storage).try_commit(step, WORLD).commit
 
     def damage_file(self, step: int, rank: int) -> None:
         f = safetensors_path(step, rank)
@@ -130,6 +131,25 @@ def test_a_file_damaged_on_one_rank_moves_every_rank_to_the_previous_step(job: J
     # Both ranks say why: rank 0 names its damaged file, rank 1 that another rank could not load.
     assert any("rank_00000.safetensors" in reason for reason in job.fallbacks(0))
     assert any("another rank" in reason for reason in job.fallbacks(1))
+
+
+def test_ranks_whose_listings_differ_by_many_steps_load_the_newest_step_all_list(job_id: str, tmp_path: Path) -> None:
+    # Each rank reads its own copy of storage; rank 0's holds four steps rank 1's never got.
+    storages = [InMemoryStorage(), InMemoryStorage()]
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    job = Job(job_id, shm, storages)
+    try:
+        job.commit(1, 2, 3, 4, 5, 6, into=storages[0])
+        job.commit(1, 2, into=storages[1])
+        targets = [_state(0, r) for r in range(WORLD)]
+        loaded = job.load(targets)
+        assert [(x.source, x.step) for x in loaded] == [("storage", 2), ("storage", 2)]
+        for rank, target in enumerate(targets):
+            assert torch.equal(target["w"], _state(2, rank)["w"])
+    finally:
+        for c in job.ckpts:
+            c.close(job_end=True)
 
 
 def test_a_snapshot_damaged_on_one_rank_sends_every_rank_to_storage(job: Job) -> None:

@@ -58,7 +58,10 @@ from dlrover.flashckpt.storage_loader import StorageReader
 __all__ = ["AgreeFn", "FlashCheckpointer", "agree_single"]
 
 AgreeFn = Callable[[list[int]], int | None]
-"""Given this rank's steps in memory, return the newest step every rank holds (or None)."""
+"""Given this rank's steps (any number of them), return the newest step in every rank's list (or None).
+
+Called at the same points on every rank: with the steps in memory, with the committed steps in
+storage, and with small outcome codes (see `FlashCheckpointer.load`)."""
 
 
 def _saver_location(storage_dir: str | None, storage: Storage | None) -> StorageLocation:
@@ -264,7 +267,7 @@ class FlashCheckpointer:
         storage = StorageReader(self.storage, self.events, self._clock)
         remaining = storage.candidates()
         while True:
-            step = self._agree(remaining[: self.config.num_slots])
+            step = self._agree(remaining)
             if step is None:
                 raise NoCheckpointError(
                     f"rank {self.config.rank}: no checkpoint every rank can load, in memory or in storage"

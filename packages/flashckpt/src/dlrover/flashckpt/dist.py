@@ -3,7 +3,8 @@
 Each rank has up to `num_slots` complete snapshots in memory; a restart may only load from memory
 a step that *every* rank holds, or the ranks would resume from different steps. `common_newest`
 is the pure rule; `torch_distributed_agree` gathers every rank's steps with one ``all_gather`` of
-a small int64 tensor (no pickle, unlike ``all_gather_object``).
+a small int64 tensor (no pickle, unlike ``all_gather_object``), and a second one only when some
+rank offers more steps than that tensor holds (committed steps in storage can be many).
 """
 
 from __future__ import annotations
@@ -30,11 +31,12 @@ def torch_distributed_agree(num_slots: int = 2, group: Any = None) -> AgreeFn:
     """An agree function for `FlashCheckpointer` in an initialised torch.distributed job.
 
     Args:
-        num_slots: slots per rank (the most steps a rank can report).
+        num_slots: steps the first gather carries per rank (a longer list costs a second gather).
         group: the process group (default: the world).
 
     Returns:
-        A function every rank must call at the same point (it runs a collective).
+        A function every rank must call at the same point (it runs one or two collectives; all
+        ranks take the same number, since all see the same gathered lengths).
     """
 
     def agree(steps: list[int]) -> int | None:
@@ -43,12 +45,23 @@ def torch_distributed_agree(num_slots: int = 2, group: Any = None) -> AgreeFn:
 
         # NCCL only moves CUDA tensors; gloo and others take CPU ones.
         device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" else "cpu"
-        local = torch.full((num_slots,), -1, dtype=torch.int64, device=device)
-        kept = sorted(steps, reverse=True)[:num_slots]
-        if kept:
-            local[: len(kept)] = torch.tensor(kept, dtype=torch.int64, device=device)
-        gathered = [torch.empty_like(local) for _ in range(dist.get_world_size(group))]
-        dist.all_gather(gathered, local, group=group)
-        return common_newest([[int(s) for s in g.tolist() if s >= 0] for g in gathered])
+        ordered = sorted(set(steps), reverse=True)
+
+        def gather(width: int) -> list[list[int]]:
+            # Element 0 is how many steps this rank has; then its newest `width`, padded with -1.
+            local = torch.full((width + 1,), -1, dtype=torch.int64, device=device)
+            local[0] = len(ordered)
+            if ordered:
+                kept = ordered[:width]
+                local[1 : len(kept) + 1] = torch.tensor(kept, dtype=torch.int64, device=device)
+            gathered = [torch.empty_like(local) for _ in range(dist.get_world_size(group))]
+            dist.all_gather(gathered, local, group=group)
+            return [[int(v) for v in g.tolist()] for g in gathered]
+
+        rows = gather(num_slots)
+        longest = max(row[0] for row in rows)
+        if longest > num_slots:
+            rows = gather(longest)
+        return common_newest([[s for s in row[1:] if s >= 0] for row in rows])
 
     return agree
