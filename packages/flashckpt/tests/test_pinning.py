@@ -9,6 +9,7 @@ contract test; `CudaHostPinner` runs it where a CUDA device is visible.
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,7 +17,14 @@ import torch
 from dlrover.common import ConfigError
 from dlrover.flashckpt.config import StagerConfig
 from dlrover.flashckpt.memory import MemoryReader
-from dlrover.flashckpt.pinning import CudaHostPinner, FakeHostPinner, HostPinner, PinError
+from dlrover.flashckpt.pinning import (
+    CudaHostPinner,
+    FakeHostPinner,
+    HostPinner,
+    PinError,
+    _last_error_reader,
+    cudart_paths,
+)
 from dlrover.flashckpt.segment import ShmSegment, segment_path
 from dlrover.flashckpt.stager import Stager
 
@@ -56,9 +64,30 @@ def test_pinner_contract(make: Callable[[], HostPinner], config: StagerConfig) -
         assert not seg.pinned
         with pytest.raises(PinError):
             pinner.unpin(address)
+        if isinstance(pinner, CudaHostPinner):
+            # The refusals above left no error pending on this thread for the next kernel to raise.
+            torch.ones(1, device="cuda").add_(1)
+            torch.cuda.synchronize()
     finally:
         seg.close()
         path.unlink(missing_ok=True)
+
+
+def test_cuda_runtime_libraries_are_found_in_the_process_maps() -> None:
+    maps = "\n".join(
+        [
+            "7f00-7f10 r-xp 00000000 08:01 11 /usr/lib/libc.so.6",
+            "7f10-7f20 r-xp 00000000 08:01 12 /venv/nvidia/cuda_runtime/lib/libcudart.so.12",
+            "7f20-7f30 r--p 00010000 08:01 12 /venv/nvidia/cuda_runtime/lib/libcudart.so.12",
+            "7f30-7f40 r-xp 00000000 08:01 13 /venv/torch/lib/libcudart-9335f6a2.so.12 (deleted)",
+            "7f40-7f50 rw-p 00000000 00:00 0 ",
+            "7f50-7f60 r-xp 00000000 08:01 14 /opt/libcudart_static_helper.a",
+        ]
+    )
+    assert cudart_paths(maps) == [
+        "/venv/nvidia/cuda_runtime/lib/libcudart.so.12",
+        "/venv/torch/lib/libcudart-9335f6a2.so.12",
+    ]
 
 
 def test_cpu_state_pins_nothing_by_default(config: StagerConfig) -> None:
@@ -164,3 +193,22 @@ def attrs_evolve(config: StagerConfig, **changes: object) -> StagerConfig:
     import attrs
 
     return attrs.evolve(config, **changes)
+
+
+def test_a_refusal_is_cleared_through_the_runtime_torch_loaded() -> None:
+    class BoundRuntime:
+        cleared = 0
+
+        def cudaGetLastError(self) -> int:
+            self.cleared += 1
+            return 712
+
+    runtime = BoundRuntime()
+    reader = _last_error_reader(runtime)
+    assert reader is not None
+    assert reader() == 712
+    assert runtime.cleared == 1
+    # Without a binding, the runtime is looked up among the libraries mapped here; a CPU-only
+    # process maps none, and the pinner then refuses to go on rather than leave an error pending.
+    if not cudart_paths(Path("/proc/self/maps").read_text()):
+        assert _last_error_reader(object()) is None

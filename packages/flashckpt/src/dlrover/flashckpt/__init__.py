@@ -64,7 +64,7 @@ if TYPE_CHECKING:
     from dlrover.flashckpt.pacing import Pacer, pace_delay
     from dlrover.flashckpt.payloads import payload_from_slot, payload_from_state
     from dlrover.flashckpt.persist import RankPayload, RankRecord, persist_rank
-    from dlrover.flashckpt.pinning import CudaHostPinner, FakeHostPinner, HostPinner, PinError
+    from dlrover.flashckpt.pinning import CudaErrorPending, CudaHostPinner, FakeHostPinner, HostPinner, PinError
     from dlrover.flashckpt.priority import lower_process_priority
     from dlrover.flashckpt.replicated import ReplicatedLoader
     from dlrover.flashckpt.saver import Saver, SaverConfig, socket_path
@@ -95,6 +95,7 @@ _EXPORTS: dict[str, str] = {
     "LoadedState": "dlrover.flashckpt.memory",
     "MemoryReader": "dlrover.flashckpt.memory",
     "MemorySnapshot": "dlrover.flashckpt.memory",
+    "CudaErrorPending": "dlrover.flashckpt.pinning",
     "CudaHostPinner": "dlrover.flashckpt.pinning",
     "FakeHostPinner": "dlrover.flashckpt.pinning",
     "HostPinner": "dlrover.flashckpt.pinning",
@@ -179,6 +180,7 @@ __all__ = [
     "LoadedState",
     "MemoryReader",
     "MemorySnapshot",
+    "CudaErrorPending",
     "CudaHostPinner",
     "FakeHostPinner",
     "HostPinner",

@@ -80,7 +80,7 @@ class Copier:
             pairs: (destination, source) tensors.
         """
         host = [(dst, src) for dst, src in pairs if not (dst.is_cuda or src.is_cuda)]
-        pending = PendingCopy()
+        pending = PendingCopy(pairs)
         try:
             self._queue_device_copies([(dst, src) for dst, src in pairs if dst.is_cuda or src.is_cuda], pending.streams)
             jobs = self._jobs(host)
@@ -125,9 +125,14 @@ class Copier:
 
 
 class PendingCopy:
-    """Copies under way: `wait` returns once every one has finished (also when one failed)."""
+    """Copies under way: `wait` returns once every one has finished (also when one failed).
 
-    def __init__(self) -> None:
+    It holds the tensors it copies until then, so no source or destination is freed (and its
+    memory reused) while a worker thread or a device stream still reads or writes it.
+    """
+
+    def __init__(self, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        self.pairs = pairs
         self.futures: list[Future[None]] = []
         self.streams: list[torch.cuda.Stream] = []
 
@@ -140,8 +145,11 @@ class PendingCopy:
             except BaseException as e:  # the others still write into the caller's memory: wait for them
                 error = error or e
         for stream in self.streams:
-            stream.synchronize()
-        self.futures, self.streams = [], []
+            try:
+                stream.synchronize()
+            except BaseException as e:  # another device's stream may still be copying
+                error = error or e
+        self.futures, self.streams, self.pairs = [], [], []
         if error is not None:
             raise error
 

@@ -188,8 +188,10 @@ class MemoryReader:
                 conflict = tie_conflicts(
                     plan, specs, lambda j, i: not _same_bytes(seg, header.data_off, specs[j], specs[i])
                 )
-                if self.config.pin_host_memory is not False and any(t.is_cuda for ts in plan.places for t in ts):
-                    self._pin(seg)
+                if self.config.pin_host_memory is not False:
+                    device = next((t.device.index for ts in plan.places for t in ts if t.is_cuda), None)
+                    if device is not None:
+                        self._pin(seg, device)
                 own.copy([(t, view) for ts, view in zip(plan.places, views, strict=True) for t in ts])
                 state = apply_values(target, tree)
             del views
@@ -202,12 +204,12 @@ class MemoryReader:
             detail += f"; {conflict}"
         return LoadedState(state, header.step, "memory", verified, detail)
 
-    def _pin(self, seg: ShmSegment) -> None:
+    def _pin(self, seg: ShmSegment, device: int | None) -> None:
         # Copies into device tensors from pinned memory run on the copy engine at the link's
         # speed; a stager adopting this mapping afterwards finds it pinned already.
         try:
             if self._pinner is None:
-                self._pinner = CudaHostPinner()
+                self._pinner = CudaHostPinner(device)
             seg.pin(self._pinner)
         except PinError as e:
             _log.warning("restoring from %s through pageable memory: %s", seg.path, e)

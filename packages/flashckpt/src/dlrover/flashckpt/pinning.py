@@ -12,18 +12,35 @@ would otherwise inherit a stale registration), so `ShmSegment` unpins itself in 
 `resize`; the stager and the memory reader only decide *whether* to pin.
 
 `CudaHostPinner` goes through ``torch.cuda.cudart()``, the runtime bindings torch documents
-under ``torch.cuda``. `FakeHostPinner` records calls for tests on machines without a GPU.
+under ``torch.cuda``. A refused registration also stays the calling thread's pending runtime
+error, which torch's check after the next kernel launch (``cudaGetLastError``) would raise as that
+kernel's failure; so a refusal is taken off the thread at once, through the runtime library torch
+loaded, before the caller falls back to pageable memory. `FakeHostPinner` records calls for tests
+on machines without a GPU.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+import contextlib
+import ctypes
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
 
 import attrs
 
 from dlrover.flashckpt.errors import FlashCkptError
 
-__all__ = ["CudaHostPinner", "FakeHostPinner", "HostPinner", "PinError", "PinRecord"]
+__all__ = [
+    "CudaErrorPending",
+    "CudaHostPinner",
+    "FakeHostPinner",
+    "HostPinner",
+    "PinError",
+    "PinRecord",
+    "cudart_paths",
+]
 
 # cudaHostRegisterPortable: the range counts as pinned for every CUDA context in the process
 # (one per device), so a rank that touches two devices copies at full speed from both.
@@ -32,6 +49,11 @@ _HOST_REGISTER_PORTABLE = 1
 
 class PinError(FlashCkptError):
     """Host memory could not be page-locked (or unlocked) for device copies."""
+
+
+class CudaErrorPending(FlashCkptError):
+    """The CUDA runtime refused a call and its error could not be cleared: the next CUDA call
+    of this thread would fail with it, so going on without pinning is not safe."""
 
 
 class HostPinner(Protocol):
@@ -57,28 +79,96 @@ class HostPinner(Protocol):
 class CudaHostPinner:
     """Pins ranges with ``cudaHostRegister`` through ``torch.cuda.cudart()``.
 
+    Args:
+        device: the CUDA device whose context makes the calls (the device of the tensors copied
+            through the pinned memory). Default: the calling thread's current device; a thread
+            that never used CUDA would create a context on device 0 for it.
+
     Raises:
         PinError: at construction, when torch has no usable CUDA runtime.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, device: int | None = None) -> None:
         import torch
 
         if not torch.cuda.is_available():
             raise PinError("no CUDA device is available to pin host memory for")
-        self._cudart = torch.cuda.cudart()  # type: ignore[no-untyped-call]
+        try:
+            self._cudart = torch.cuda.cudart()  # type: ignore[no-untyped-call]
+        except (RuntimeError, AssertionError) as e:  # e.g. CUDA cannot be initialised in a forked child
+            raise PinError(f"the CUDA runtime is not usable here: {e}") from None
+        self._device = device
+        self._get_last_error = _last_error_reader(self._cudart)
 
     def pin(self, address: int, nbytes: int) -> None:
-        """See `HostPinner.pin`."""
-        code = int(self._cudart.cudaHostRegister(address, nbytes, _HOST_REGISTER_PORTABLE))
+        """See `HostPinner.pin`.
+
+        Raises:
+            CudaErrorPending: the runtime refused and its error could not be taken off the thread.
+        """
+        code = self._call(self._cudart.cudaHostRegister, address, nbytes, _HOST_REGISTER_PORTABLE)
         if code != 0:
             raise PinError(f"cudaHostRegister of {nbytes} bytes at {address:#x} failed with cudaError {code}")
 
     def unpin(self, address: int) -> None:
-        """See `HostPinner.unpin`."""
-        code = int(self._cudart.cudaHostUnregister(address))
+        """See `HostPinner.unpin`.
+
+        Raises:
+            CudaErrorPending: the runtime refused and its error could not be taken off the thread.
+        """
+        code = self._call(self._cudart.cudaHostUnregister, address)
         if code != 0:
             raise PinError(f"cudaHostUnregister at {address:#x} failed with cudaError {code}")
+
+    def _call(self, fn: Callable[..., Any], *args: Any) -> int:
+        import torch
+
+        scope = torch.cuda.device(self._device) if self._device is not None else contextlib.nullcontext()
+        with scope:
+            code = int(fn(*args))
+            if code != 0:
+                if self._get_last_error is None:
+                    raise CudaErrorPending(
+                        f"a CUDA runtime call failed with cudaError {code}, and no cudaGetLastError was found "
+                        "in this process to clear it; set pin_host_memory=False to copy through pageable memory"
+                    )
+                self._get_last_error()
+        return code
+
+
+def cudart_paths(maps: str) -> list[str]:
+    """The CUDA runtime libraries mapped in a process, from its ``/proc/<pid>/maps`` text."""
+    paths: list[str] = []
+    for line in maps.splitlines():
+        fields = line.split(maxsplit=5)
+        if len(fields) < 6:
+            continue
+        path = fields[5].removesuffix(" (deleted)")
+        if os.path.basename(path).startswith("libcudart") and ".so" in path and path not in paths:
+            paths.append(path)
+    return paths
+
+
+def _last_error_reader(cudart: Any) -> Callable[[], int] | None:
+    """``cudaGetLastError`` of the runtime torch uses, or None where it cannot be reached."""
+    bound = getattr(cudart, "cudaGetLastError", None)
+    if bound is not None:
+        return lambda: int(bound())
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return None
+    for path in cudart_paths(maps):
+        try:
+            # RTLD_NOLOAD: the library torch already loaded, never a second copy with its own state.
+            lib = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+            fn = lib.cudaGetLastError
+        except (OSError, AttributeError):
+            continue
+        fn.restype = ctypes.c_int
+        fn.argtypes = []
+        return lambda: int(fn())
+    return None
 
 
 @attrs.frozen

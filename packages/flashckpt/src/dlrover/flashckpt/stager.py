@@ -225,7 +225,7 @@ class Stager:
                     continue
             seg = self._ensure_capacity(slot, layout.total_size, -1)
             if pin:
-                self._pin(slot, seg, -1)
+                self._pin(slot, seg, -1, flat)
             try:
                 header = read_header(seg)
             except LayoutError:
@@ -413,7 +413,7 @@ class Stager:
         if not existed and not seg.try_lock(exclusive=True):  # a fresh file nobody else knows yet
             raise FlashCkptError(f"cannot lock new segment {seg.path}")
         if not seg.pinned and self._wants_pin(flat):
-            self._pin(slot, seg, step)
+            self._pin(slot, seg, step, flat)
         previous = self._layouts[slot]
         if previous is not None and previous is not layout and previous.data_signature != layout.data_signature:
             self._record("relayout", step, f"slot {slot}: the state's tensors changed; the slot is laid out again")
@@ -453,13 +453,13 @@ class Stager:
             return False
         return choice is True or any(leaf.tensor.is_cuda for leaf in flat.leaves)
 
-    def _pin(self, slot: int, seg: ShmSegment, step: int) -> None:
+    def _pin(self, slot: int, seg: ShmSegment, step: int, flat: FlatState) -> None:
         """Page-lock `seg` unless it is; a refusal turns pinning off for this stager, with an event."""
         if seg.pinned or self._pin_failed:
             return
         try:
             if self._pinner is None:
-                self._pinner = CudaHostPinner()
+                self._pinner = CudaHostPinner(_cuda_device(flat))
             seg.pin(self._pinner)
         except PinError as e:
             self._pin_failed = True
@@ -492,6 +492,14 @@ class Stager:
                 self._on_sealed(SealedNotice(self.config.rank, slot, sealed.seq, sealed.step))
             except Exception as e:  # the saver link reports its own failures; never lose the snapshot
                 self._record("notify_failed", sealed.step, f"on_sealed failed: {e}")
+
+
+def _cuda_device(flat: FlatState) -> int | None:
+    """The device index of the state's first CUDA tensor (None when it has none)."""
+    for leaf in flat.leaves:
+        if leaf.tensor.is_cuda:
+            return leaf.tensor.device.index
+    return None
 
 
 def _leaf_signature(flat: FlatState) -> tuple[Any, ...]:
