@@ -182,8 +182,9 @@ def bench_save(size: int, reps: int, tmp: Path, threads: int) -> list[tuple[str,
             else:
                 timed_save(i)
                 raw_times.append(best_time(raw.run, 1))
-        # Each flashckpt time is compared with the raw copy timed just before it; the median of
-        # those ratios is robust against other users' load, which drifts between samples.
+        # Each flashckpt time is compared with the raw copy timed next to it (just before a first
+        # save; before or after a steady one, alternately); the median of those ratios is robust
+        # against other users' load, which drifts between samples.
         n_first = len(firsts)
         first_ratio = statistics.median(f / r for f, r in zip(firsts, raw_times[:n_first], strict=True))
         steady_ratio = statistics.median(s / r for s, r in zip(steadies, raw_times[n_first:], strict=True))

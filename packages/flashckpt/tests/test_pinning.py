@@ -18,6 +18,7 @@ from dlrover.common import ConfigError
 from dlrover.flashckpt.config import StagerConfig
 from dlrover.flashckpt.memory import MemoryReader
 from dlrover.flashckpt.pinning import (
+    CudaErrorPending,
     CudaHostPinner,
     FakeHostPinner,
     HostPinner,
@@ -82,11 +83,16 @@ def test_cuda_runtime_libraries_are_found_in_the_process_maps() -> None:
             "7f30-7f40 r-xp 00000000 08:01 13 /venv/torch/lib/libcudart-9335f6a2.so.12 (deleted)",
             "7f40-7f50 rw-p 00000000 00:00 0 ",
             "7f50-7f60 r-xp 00000000 08:01 14 /opt/libcudart_static_helper.a",
+            "7f60-7f70 r-xp 00000000 08:01 15 /opt/rocm/lib/libamdhip64.so.6",
         ]
     )
+    # A runtime another library brought (mapped first here) comes after the ones torch ships.
+    maps = "7e00-7e10 r-xp 00000000 08:01 10 /opt/cupy/libcudart.so.11.0\n" + maps
     assert cudart_paths(maps) == [
         "/venv/nvidia/cuda_runtime/lib/libcudart.so.12",
         "/venv/torch/lib/libcudart-9335f6a2.so.12",
+        "/opt/cupy/libcudart.so.11.0",
+        "/opt/rocm/lib/libamdhip64.so.6",
     ]
 
 
@@ -139,6 +145,46 @@ def test_a_refused_pin_is_reported_and_saving_goes_on(config: StagerConfig) -> N
         assert MemoryReader(config).load().step == 1
     finally:
         stager.close()
+
+
+class _RuntimeThatCannotClear:
+    """A pinner whose runtime refuses, with no way to take the error off the thread."""
+
+    def __init__(self, refuse: str) -> None:
+        self.refuse = refuse
+        self.pins = 0
+
+    def pin(self, address: int, nbytes: int) -> None:
+        self.pins += 1
+        if self.refuse == "pin":
+            raise CudaErrorPending("cudaHostRegister failed with cudaError 2; nothing clears it")
+
+    def unpin(self, address: int) -> None:
+        if self.refuse == "unpin":
+            raise CudaErrorPending("cudaHostUnregister failed with cudaError 1; nothing clears it")
+
+
+def test_an_uncleared_runtime_error_fails_one_save_and_pinning_stops(config: StagerConfig) -> None:
+    pinner = _RuntimeThatCannotClear("pin")
+    stager = Stager(attrs_evolve(config, pin_host_memory=True), pinner=pinner)
+    try:
+        with pytest.raises(CudaErrorPending, match="nothing clears it"):
+            stager.save(1, _state(1))
+        assert stager.save(2, _state(2)).saved  # through pageable memory, not pinned again
+        stager.flush()
+        assert pinner.pins == 1
+        assert MemoryReader(config).load().step == 2
+    finally:
+        stager.close()
+
+
+def test_an_uncleared_unpin_error_still_unmaps_and_removes_every_slot(config: StagerConfig) -> None:
+    stager = Stager(attrs_evolve(config, pin_host_memory=True), pinner=_RuntimeThatCannotClear("unpin"))
+    stager.prepare(_state(0))
+    stager.save(1, _state(1))
+    stager.close()  # logs each refusal and goes on
+    for slot in range(config.num_slots):
+        assert not segment_path(config.shm_dir, config.job_id, config.run_id, 0, slot).exists()
 
 
 def test_pinning_off_never_pins(config: StagerConfig) -> None:

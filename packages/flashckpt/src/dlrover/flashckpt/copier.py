@@ -88,7 +88,8 @@ class Copier:
                 for job in jobs:
                     _run(job)
             else:
-                pending.futures = [self._pool.submit(_run, job) for job in jobs]
+                for job in jobs:  # one at a time: a failed submit leaves the earlier ones to wait for
+                    pending.futures.append(self._pool.submit(_run, job))
         except BaseException:
             pending.wait()  # nothing may still be writing once the caller gives the memory up
             raise
@@ -140,10 +141,14 @@ class PendingCopy:
         """Wait for every copy, then raise the first error any of them met."""
         error: BaseException | None = None
         for f in self.futures:
-            try:
-                f.result()
-            except BaseException as e:  # the others still write into the caller's memory: wait for them
-                error = error or e
+            while True:
+                try:
+                    f.result()
+                    break
+                except BaseException as e:  # the others still write into the caller's memory: wait for them
+                    error = error or e
+                    if f.done():  # else an interrupt (a signal handler's exception) cut the wait short
+                        break
         for stream in self.streams:
             try:
                 stream.synchronize()

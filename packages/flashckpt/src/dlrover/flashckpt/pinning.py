@@ -136,17 +136,27 @@ class CudaHostPinner:
         return code
 
 
+# The runtime libraries whose last error a refused call leaves pending (CUDA; ROCm's HIP, which
+# torch.cuda stands for in a ROCm build), and the function that reads and clears it.
+_RUNTIMES = (("libcudart", "cudaGetLastError"), ("libamdhip64", "hipGetLastError"))
+
+
 def cudart_paths(maps: str) -> list[str]:
-    """The CUDA runtime libraries mapped in a process, from its ``/proc/<pid>/maps`` text."""
+    """The GPU runtime libraries mapped in a process, from its ``/proc/<pid>/maps`` text.
+
+    Copies that torch ships with its wheel (under ``torch/lib`` or ``nvidia/``) come first: another
+    library (CuPy, TensorRT) may map a runtime of its own, whose errors are not torch's.
+    """
     paths: list[str] = []
     for line in maps.splitlines():
         fields = line.split(maxsplit=5)
         if len(fields) < 6:
             continue
         path = fields[5].removesuffix(" (deleted)")
-        if os.path.basename(path).startswith("libcudart") and ".so" in path and path not in paths:
+        name = os.path.basename(path)
+        if any(name.startswith(lib) for lib, _ in _RUNTIMES) and ".so" in name and path not in paths:
             paths.append(path)
-    return paths
+    return sorted(paths, key=lambda p: not ("/torch/lib/" in p or "/nvidia/" in p))
 
 
 def _last_error_reader(cudart: Any) -> Callable[[], int] | None:
@@ -159,10 +169,10 @@ def _last_error_reader(cudart: Any) -> Callable[[], int] | None:
     except OSError:
         return None
     for path in cudart_paths(maps):
+        symbol = next(fn for lib, fn in _RUNTIMES if os.path.basename(path).startswith(lib))
         try:
             # RTLD_NOLOAD: the library torch already loaded, never a second copy with its own state.
-            lib = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
-            fn = lib.cudaGetLastError
+            fn = getattr(ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY), symbol)
         except (OSError, AttributeError):
             continue
         fn.restype = ctypes.c_int

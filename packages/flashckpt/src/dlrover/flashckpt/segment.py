@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 from dlrover.common import ConfigError
 from dlrover.common.process import ProcessIdentity, process_start_ticks
 from dlrover.flashckpt.errors import FlashCkptError
-from dlrover.flashckpt.pinning import HostPinner, PinError
+from dlrover.flashckpt.pinning import CudaErrorPending, HostPinner, PinError
 
 if TYPE_CHECKING:
     import torch
@@ -250,9 +250,9 @@ class ShmSegment:
         self._pin = None
         try:
             pinner.unpin(address)
-        except PinError as e:
+        except (PinError, CudaErrorPending) as e:
             # The range is unmapped next either way; a runtime that lost track of it has nothing
-            # left to release.
+            # left to release (a pending error is the next CUDA call's to report).
             _log.warning("unpinning %s before unmapping it: %s", self.path, e)
 
     @classmethod

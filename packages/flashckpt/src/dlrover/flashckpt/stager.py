@@ -45,7 +45,7 @@ from dlrover.flashckpt.layout import (
     encode_manifest,
     encode_specs,
 )
-from dlrover.flashckpt.pinning import CudaHostPinner, HostPinner, PinError
+from dlrover.flashckpt.pinning import CudaErrorPending, CudaHostPinner, HostPinner, PinError
 from dlrover.flashckpt.planner import plan_layout
 from dlrover.flashckpt.priority import lower_thread_priority
 from dlrover.flashckpt.segment import (
@@ -461,6 +461,9 @@ class Stager:
             if self._pinner is None:
                 self._pinner = CudaHostPinner(_cuda_device(flat))
             seg.pin(self._pinner)
+        except CudaErrorPending:
+            self._pin_failed = True  # not again: this save reports it, later ones copy unpinned
+            raise
         except PinError as e:
             self._pin_failed = True
             self._record("pin_failed", step, f"slot {slot}: {e}; device copies go through pageable memory")

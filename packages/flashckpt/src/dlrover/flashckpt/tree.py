@@ -40,7 +40,7 @@ import torch
 
 from dlrover.flashckpt.errors import StateStructureError
 
-__all__ = ["FlatState", "TensorLeaf", "alias_key", "build_tree", "flatten_state", "path_name"]
+__all__ = ["MAX_DEPTH", "FlatState", "TensorLeaf", "alias_key", "build_tree", "flatten_state", "path_name"]
 
 JsonNode = dict[str, Any]
 
@@ -70,7 +70,14 @@ class FlatState:
 
 def path_name(path: tuple[Any, ...]) -> str:
     """A readable name for a leaf path, e.g. ``model/layer.weight`` or ``optim/state/0/exp_avg``."""
-    return "/".join(str(p) for p in path) if path else "<root>"
+    return "/".join(_part_name(p) for p in path) if path else "<root>"
+
+
+def _part_name(part: Any) -> str:
+    # An int too long for str() (a refused key) is named by its size.
+    if isinstance(part, int) and part.bit_length() > _MAX_INT_BITS:
+        return f"<int of {part.bit_length()} bits>"
+    return str(part)
 
 
 def _encode_float(value: float) -> JsonNode:
@@ -98,13 +105,24 @@ _ENCODERS: tuple[tuple[type | tuple[type, ...], Any], ...] = (
 _FAST_SCALARS: dict[type, Any] = {
     type(None): lambda v: {"none": None},
     bool: lambda v: {"bool": v},
-    int: lambda v: {"int": v},
     float: _encode_float,
     str: lambda v: {"str": v},
 }
 
+# Every state `flatten_state` accepts must encode to JSON and parse back in any process (the
+# stager encodes its manifest while the copy runs, when the slot can no longer be left as it was):
+# Python parses ints of up to 4300 digits by default, and its JSON encoder recurses per level.
+MAX_DEPTH = 100
+"""The deepest nesting of containers a state may have."""
+_MAX_INT_BITS = 14_000  # 4214 decimal digits
+
 
 def _encode_scalar(value: Any, path: tuple[Any, ...]) -> JsonNode:
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > _MAX_INT_BITS:
+        raise StateStructureError(
+            f"int of {value.bit_length()} bits at {path_name(path)!r} cannot be checkpointed: "
+            f"ints of up to {_MAX_INT_BITS} bits (4214 digits) can"
+        )
     for types, encode in _ENCODERS:
         if isinstance(value, types):
             node: JsonNode = encode(value)
@@ -155,8 +173,9 @@ def flatten_state(state: Any) -> FlatState:
         (see `alias_key`) adds no leaf, its tree node names the earlier leaf's index.
 
     Raises:
-        StateStructureError: a leaf has an unsupported type, or a structure is cyclic; the message
-            names the path.
+        StateStructureError: a leaf has an unsupported type or value (a sparse or nested tensor,
+            an int of over 14,000 bits), a structure is cyclic or nests deeper than `MAX_DEPTH`;
+            the message names the path.
     """
     leaves: list[TensorLeaf] = []
     by_address: dict[int, list[tuple[torch.Tensor, int]]] = {}
@@ -168,21 +187,7 @@ def flatten_state(state: Any) -> FlatState:
     def visit(obj: Any, path: tuple[Any, ...]) -> JsonNode:
         kind = type(obj)
         if kind is torch.Tensor or isinstance(obj, torch.Tensor):
-            # Tensors are bucketed by address, and full alias keys are compared only within a
-            # bucket: most tensors have an address of their own, and a key costs ten calls.
-            address = _address(obj)
-            if address:
-                bucket = by_address.setdefault(address, [])
-                if bucket:
-                    key = alias_key(obj)
-                    for earlier, index in bucket:
-                        if key is not None and alias_key(earlier) == key:
-                            return {"tensor": index}
-                bucket.append((obj, len(leaves)))
-            # Detaching makes a new tensor object; one outside autograd is copied as it is.
-            plain = obj if kind is torch.Tensor and not obj.requires_grad else obj.detach()
-            leaves.append(TensorLeaf(path, plain))
-            return {"tensor": len(leaves) - 1}
+            return visit_tensor(obj, kind, path)
         if kind is dict or kind is list or kind is tuple:
             return visit_container(obj, kind, path)
         if isinstance(obj, np.ndarray):
@@ -194,10 +199,36 @@ def flatten_state(state: Any) -> FlatState:
             return visit_container(
                 obj, dict if isinstance(obj, Mapping) else list if isinstance(obj, list) else tuple, path
             )
+        if kind is int and obj.bit_length() <= _MAX_INT_BITS:
+            return {"int": obj}
         fast = _FAST_SCALARS.get(kind)
         return fast(obj) if fast is not None else _encode_scalar(obj, path)
 
+    def visit_tensor(obj: torch.Tensor, kind: type, path: tuple[Any, ...]) -> JsonNode:
+        if obj.layout is not torch.strided or obj.is_nested:
+            raise StateStructureError(
+                f"{'nested' if obj.is_nested else obj.layout} tensor at {path_name(path)!r} cannot be "
+                "checkpointed: only dense (strided) tensors can; convert it first (e.g. to_dense())"
+            )
+        # Tensors are bucketed by address, and full alias keys are compared only within a
+        # bucket: most tensors have an address of their own, and a key costs ten calls.
+        address = _address(obj)
+        if address:
+            bucket = by_address.setdefault(address, [])
+            if bucket:
+                key = alias_key(obj)
+                for earlier, index in bucket:
+                    if key is not None and alias_key(earlier) == key:
+                        return {"tensor": index}
+            bucket.append((obj, len(leaves)))
+        # Detaching makes a new tensor object; one outside autograd is copied as it is.
+        plain = obj if kind is torch.Tensor and not obj.requires_grad else obj.detach()
+        leaves.append(TensorLeaf(path, plain))
+        return {"tensor": len(leaves) - 1}
+
     def visit_container(obj: Any, kind: type, path: tuple[Any, ...]) -> JsonNode:
+        if len(path) >= MAX_DEPTH:
+            raise StateStructureError(f"the state nests deeper than {MAX_DEPTH} levels at {path_name(path)!r}")
         if id(obj) in active:
             raise StateStructureError(f"cyclic structure at {path_name(path)!r}")
         active.add(id(obj))
