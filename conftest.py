@@ -179,8 +179,9 @@ def _ours(owner: Owner | None) -> bool:
 
 
 # How long what a test started may take to finish exiting and cleaning up after itself: polled,
-# so a clean test costs one look.
-_GRACE_S = 5.0
+# so a clean test costs one look. A detached saver told to shut down first finishes the persists
+# it has queued, and a Python process with torch loaded takes seconds to exit on 2 busy cores.
+_GRACE_S = 30.0
 _POLL_S = 0.05
 # Files a test's own check reported and kept (no owner to judge by), so the session's check does
 # not report them again.
@@ -195,15 +196,14 @@ def _pids() -> set[int]:
 
 
 def _leaks_since(
-    pids_before: set[int], ignored: set[int | str], others: bool | None
+    pids_before: set[int], ignored: set[int | str], others: bool
 ) -> tuple[list[tuple[int, str]], dict[str, bool | None]]:
     """Processes still running and files whose owner is gone (or unknown), apart from those there
     before or ignored, once whatever is still exiting is done or the grace is over.
 
     While another session runs beside this one (`others`, or seen now), a file whose owner is gone
     or unknown counts only if its owner was this session's: the other session's may be waiting
-    for a later step of its own test. The rest is left to the session's check at the end, which
-    passes `others=None`: every file is judged.
+    for a later step of its own test.
 
     A file is called dead only after two looks in a row: another run writes its owner record
     beside its files, and for a moment there is none.
@@ -214,7 +214,7 @@ def _leaks_since(
     dead_before: set[str] = set()
     while True:
         running, now_others = _left_running()
-        others = None if others is None else others or now_others
+        others = others or now_others
         procs = [p for p in running if p[0] not in pids_before and p[0] not in ignored]
         owners = {path: _owner(path) for path in sorted(_leakable() - ignored)}
         alive = {path: _owner_alive(path, owner) for path, owner in owners.items()}
@@ -266,7 +266,7 @@ def _remove_files(files: dict[str, bool | None]) -> list[str]:
     return lines
 
 
-def _clean_up(pids_before: set[int], ignored: set[int | str], others: bool | None) -> list[str]:
+def _clean_up(pids_before: set[int], ignored: set[int | str], others: bool) -> list[str]:
     """End and remove what leaked since a snapshot (`_leaks_since`); returns the report, empty when
     nothing did."""
     ignored = ignored | _reported
@@ -333,7 +333,10 @@ def pytest_sessionfinish(session: object, exitstatus: int) -> None:
     Leftover processes are killed and files whose owner is gone removed, so CI is not held up and
     later runs start clean.
     """
-    report = _clean_up(set(), set(_present_at_start), others=None)
+    # While another test run on this host is live, only what this session made is judged: its
+    # files are not ours to report or remove.
+    _, others = _left_running()
+    report = _clean_up(set(), set(_present_at_start), others=others)
     if report:
         print("\nleft behind by the tests, found at the end of the session:\n" + "\n".join(report))
         session.exitstatus = 1  # type: ignore[attr-defined]

@@ -531,7 +531,7 @@ def shm_leftovers(globs: Iterable[str]) -> list[str]:
 def downtime_goal(results: list[Trial], sizes: list[int], label: str) -> list[str]:
     """The goal's verdict: per size run, the ratio of `label`'s median downtime to torchrun's; then
     one ``GOAL PASS`` or ``GOAL MISS`` line (a pass needs the goal's sizes covered)."""
-    lines = [f"goal (issue 9): {label} downtime <= {GOAL_RATIO}x torchrun + disk's at {_sizes(GOAL_SIZES_MB)}"]
+    lines = [f"goal (issue 9): {label} downtime <= {GOAL_RATIO}x torchrun + disk's at {sizes_text(GOAL_SIZES_MB)}"]
     met: dict[int, bool] = {}
     for size in sizes:
         ours = _median([t.downtime_s for t in results if t.size_mb == size and t.label == label])
@@ -546,15 +546,16 @@ def downtime_goal(results: list[Trial], sizes: list[int], label: str) -> list[st
     missing = [s for s in GOAL_SIZES_MB if s not in sizes]
     failed = [s for s, ok in met.items() if not ok]
     if failed:
-        lines.append(f"GOAL MISS: over {GOAL_RATIO}x (or no ratio) at {_sizes(failed)}")
+        lines.append(f"GOAL MISS: over {GOAL_RATIO}x (or no ratio) at {sizes_text(failed)}")
     elif missing:
-        lines.append(f"GOAL MISS: not measured at {_sizes(missing)} (met at {_sizes(sizes)})")
+        lines.append(f"GOAL MISS: not measured at {sizes_text(missing)} (met at {sizes_text(sizes)})")
     else:
-        lines.append(f"GOAL PASS: at most {GOAL_RATIO}x at {_sizes(sizes)}")
+        lines.append(f"GOAL PASS: at most {GOAL_RATIO}x at {sizes_text(sizes)}")
     return lines
 
 
-def _sizes(sizes: Iterable[int]) -> str:
+def sizes_text(sizes: Iterable[int]) -> str:
+    """State sizes for a report line, e.g. ``256 MB and 1024 MB``."""
     return " and ".join(f"{s} MB" for s in sizes)
 
 

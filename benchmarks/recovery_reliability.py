@@ -30,12 +30,11 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from recovery_downtime import Trial, run_trial, shm_leftovers
+from recovery_downtime import Trial, run_trial, shm_leftovers, sizes_text
 
 STALL_ENV = {"BENCH_STALL_RANK_ON_RESTART": "1"}
 GOAL_RUNS = 20
@@ -98,7 +97,9 @@ def _act_time(t: Trial) -> float | None:
 def reliability_goal(kills: list[Tally]) -> list[str]:
     """The goal's verdict from the ``dlrover-run + flash, kill`` rows: one line per size, then one
     ``GOAL PASS`` or ``GOAL MISS`` line (a pass needs the goal's sizes and run count covered)."""
-    lines = [f"goal (issue 9): {OURS_KILL}: {GOAL_RUNS} of {GOAL_RUNS} recovered at each of {_sizes(GOAL_SIZES_MB)}"]
+    lines = [
+        f"goal (issue 9): {OURS_KILL}: {GOAL_RUNS} of {GOAL_RUNS} recovered at each of {sizes_text(GOAL_SIZES_MB)}"
+    ]
     for t in kills:
         ok = t.outcomes.count("recovered")
         verdict = "PASS" if ok == len(t.outcomes) >= GOAL_RUNS else "MISS"
@@ -107,18 +108,14 @@ def reliability_goal(kills: list[Tally]) -> list[str]:
     few = [t.size_mb for t in kills if len(t.outcomes) < GOAL_RUNS]
     missing = [s for s in GOAL_SIZES_MB if s not in {t.size_mb for t in kills if t.outcomes}]
     if failed:
-        lines.append(f"GOAL MISS: a run did not recover at {_sizes(failed)}")
+        lines.append(f"GOAL MISS: a run did not recover at {sizes_text(failed)}")
     elif few or missing:
-        why = [f"fewer than {GOAL_RUNS} runs at {_sizes(few)}"] if few else []
-        why += [f"not run at {_sizes(missing)}"] if missing else []
+        why = [f"fewer than {GOAL_RUNS} runs at {sizes_text(few)}"] if few else []
+        why += [f"not run at {sizes_text(missing)}"] if missing else []
         lines.append(f"GOAL MISS: {'; '.join(why)} (every run that ran recovered)")
     else:
-        lines.append(f"GOAL PASS: every run recovered at {_sizes(t.size_mb for t in kills)}")
+        lines.append(f"GOAL PASS: every run recovered at {sizes_text(t.size_mb for t in kills)}")
     return lines
-
-
-def _sizes(sizes: Iterable[int]) -> str:
-    return " and ".join(f"{s} MB" for s in sizes)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -168,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
                 0 if args.quick else min(1, args.stall_runs),
             ),
         ]
-    print(f"# recovery reliability: {_sizes(sizes)} per rank, 2 ranks, gloo")
+    print(f"# recovery reliability: {sizes_text(sizes)} per rank, 2 ranks, gloo")
     leaks: list[str] = []
     trials: list[Trial] = []
     # Interleave the rows of a size so every launcher sees the same machine load over time.

@@ -197,10 +197,11 @@ def _start(
 
 
 def _all_succeed(agents: list[subprocess.Popen[str]], logs: list[Path]) -> None:
-    """Wait for every agent to exit 0 (bounded); a failure shows the logs."""
+    """Wait for every agent to exit 0 (bounded, all together); a failure shows the logs."""
+    deadline = time.monotonic() + 240
     for proc, log in zip(agents, logs, strict=True):
         try:
-            proc.wait(timeout=240)
+            proc.wait(timeout=max(1.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             raise AssertionError("\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in logs)) from None
         assert proc.returncode == 0, log.read_text()[-4000:]

@@ -20,11 +20,12 @@ from dlrover.flashckpt import FlashCheckpointer, InMemoryStorage, StagerConfig
 from dlrover.flashckpt.ckpt_format import safetensors_path
 from dlrover.flashckpt.commit import Committer
 from dlrover.flashckpt.dist import common_newest
-from dlrover.flashckpt.errors import FlashCkptError, NoCheckpointError, StateStructureError
+from dlrover.flashckpt.errors import FlashCkptError, NoCheckpointError, StateStructureError, StorageError
 from dlrover.flashckpt.payloads import payload_from_state
 from dlrover.flashckpt.persist import persist_rank
 from dlrover.flashckpt.segment import ShmSegment, segment_path
 from dlrover.flashckpt.slotio import read_header
+from dlrover.flashckpt.storage_loader import StorageReader
 
 WORLD = 2
 
@@ -62,15 +63,22 @@ class Job:
         self.storage = InMemoryStorage()
         self.storages = storages or [self.storage] * WORLD  # each rank's view of storage
         collective = ThreadCollective(WORLD)
-        self.ckpts = [
-            FlashCheckpointer(
-                StagerConfig(job_id=job_id, run_id="r", rank=rank, world_size=WORLD, shm_dir=str(shm)),
-                storage=self.storages[rank],
-                saver="none",
-                agree=collective.agree_for(rank),
-            )
-            for rank in range(WORLD)
-        ]
+        self.ckpts: list[FlashCheckpointer] = []
+        try:
+            for rank in range(WORLD):
+                config = StagerConfig(job_id=job_id, run_id="r", rank=rank, world_size=WORLD, shm_dir=str(shm))
+                self.ckpts.append(
+                    FlashCheckpointer(
+                        config, storage=self.storages[rank], saver="none", agree=collective.agree_for(rank)
+                    )
+                )
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        for c in self.ckpts:
+            c.close(job_end=True)
 
     def commit(self, *steps: int, into: InMemoryStorage | None = None) -> None:
         storage = into or self.storage
@@ -116,8 +124,7 @@ def job(job_id: str, tmp_path: Path) -> Iterator[Job]:
     shm.mkdir()
     j = Job(job_id, shm)
     yield j
-    for c in j.ckpts:
-        c.close(job_end=True)
+    j.close()
 
 
 def test_a_file_damaged_on_one_rank_moves_every_rank_to_the_previous_step(job: Job) -> None:
@@ -148,8 +155,7 @@ def test_ranks_whose_listings_differ_by_many_steps_load_the_newest_step_all_list
         for rank, target in enumerate(targets):
             assert torch.equal(target["w"], _state(2, rank)["w"])
     finally:
-        for c in job.ckpts:
-            c.close(job_end=True)
+        job.close()
 
 
 def test_a_snapshot_damaged_on_one_rank_sends_every_rank_to_storage(job: Job) -> None:
@@ -189,3 +195,44 @@ def test_every_rank_raises_no_checkpoint_when_none_is_loadable_everywhere(job: J
     job.damage_file(1, 1)
     results = job.load([_state(0, r) for r in range(WORLD)])
     assert all(isinstance(r, NoCheckpointError) for r in results), results
+
+
+def test_an_error_from_outside_flashckpt_on_one_rank_fails_every_rank_instead_of_hanging(
+    job: Job, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Not a flashckpt error (say torch refusing a copy): rank 0 must not wait for a verdict
+    # rank 1 never sends.
+    job.commit(1)
+    real_load = StorageReader.load
+
+    def load(self: StorageReader, rank: int, *args: Any, **kwargs: Any) -> Any:
+        if rank == 1:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return real_load(self, rank, *args, **kwargs)
+
+    monkeypatch.setattr(StorageReader, "load", load)
+    results = job.load([_state(0, r) for r in range(WORLD)])
+    assert isinstance(results[1], RuntimeError)
+    assert "illegal memory access" in str(results[1])
+    assert isinstance(results[0], FlashCkptError)
+    assert "another rank" in str(results[0])
+
+
+class _UnlistableStorage(InMemoryStorage):
+    def list_dir(self, path: str) -> list[str]:
+        raise StorageError(f"listing {path!r}: permission denied")
+
+
+def test_a_rank_that_cannot_list_storage_fails_every_rank_instead_of_hanging(job_id: str, tmp_path: Path) -> None:
+    shared = InMemoryStorage()
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    job = Job(job_id, shm, [shared, _UnlistableStorage()])
+    try:
+        job.commit(1, into=shared)
+        results = job.load([_state(0, r) for r in range(WORLD)])
+        assert isinstance(results[1], StorageError)
+        assert "permission denied" in str(results[1])
+        assert isinstance(results[0], NoCheckpointError)
+    finally:
+        job.close()

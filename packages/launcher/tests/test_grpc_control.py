@@ -44,21 +44,7 @@ def test_two_nodes_register_rendezvous_share_one_store_address_and_see_each_othe
     try:
         ids = [p.register(1).node_id for p in planes]
         assert len(set(ids)) == 2
-        rounds: dict[int, RoundAssignment] = {}
-        errors: list[BaseException] = []
-
-        def join(i: int) -> None:
-            try:
-                rounds[i] = planes[i].next_round(timeout_s=60)
-            except BaseException as exc:  # surfaced below
-                errors.append(exc)
-
-        threads = [threading.Thread(target=join, args=(i,)) for i in range(2)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(90)
-        assert not errors, errors
+        rounds = _rounds(planes)
         assert sorted(r.group_rank for r in rounds.values()) == [0, 1]
         assert {r.group_world_size for r in rounds.values()} == {2}
         assert len({(r.master_addr, r.master_port) for r in rounds.values()}) == 1
@@ -104,11 +90,13 @@ def _rounds(planes: list[GrpcControlPlane]) -> dict[int, RoundAssignment]:
         except BaseException as exc:  # surfaced below
             errors.append(exc)
 
-    threads = [threading.Thread(target=join, args=(i,)) for i in range(len(planes))]
+    threads = [threading.Thread(target=join, args=(i,), daemon=True) for i in range(len(planes))]
     for t in threads:
         t.start()
+    deadline = time.monotonic() + 90  # next_round's own bound is 60 s: only a hang gets here
     for t in threads:
-        t.join(90)
+        t.join(max(0.1, deadline - time.monotonic()))
+    assert not any(t.is_alive() for t in threads), "next_round hung"
     assert not errors, errors
     return rounds
 

@@ -265,7 +265,11 @@ class FlashCheckpointer:
             if loaded is not None:
                 return loaded
         storage = StorageReader(self.storage, self.events, self._clock)
-        remaining = storage.candidates()
+        try:
+            remaining = storage.candidates()
+        except Exception:
+            self._agree([])  # the others wait in this collective: tell them there is nothing here
+            raise
         while True:
             step = self._agree(remaining)
             if step is None:
@@ -292,12 +296,12 @@ class FlashCheckpointer:
         """
         loaded: LoadedState | None = None
         fallback: FlashCkptError | None = None
-        fatal: FlashCkptError | None = None
+        fatal: Exception | None = None
         try:
             loaded = load()
         except (ChecksumError, LayoutError, NoCheckpointError, StorageError) as e:
             fallback = e
-        except FlashCkptError as e:
+        except Exception as e:  # also torch refusing a copy into the target: the others still agree below
             fatal = e
         # One collective with three outcomes: the newest step in every rank's list is 2 when
         # every rank loaded, 1 when some only need a fallback, None when some rank cannot go on.

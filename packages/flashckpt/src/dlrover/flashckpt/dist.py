@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from dlrover.flashckpt.checkpointer import AgreeFn
+from dlrover.flashckpt.collectives import RankGroup
 
 __all__ = ["common_newest", "torch_distributed_agree"]
 
@@ -40,28 +41,13 @@ def torch_distributed_agree(num_slots: int = 2, group: Any = None) -> AgreeFn:
     """
 
     def agree(steps: list[int]) -> int | None:
-        import torch
-        import torch.distributed as dist
-
-        # NCCL only moves CUDA tensors; gloo and others take CPU ones.
-        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" else "cpu"
+        ranks = RankGroup(group)
         ordered = sorted(set(steps), reverse=True)
-
-        def gather(width: int) -> list[list[int]]:
-            # Element 0 is how many steps this rank has; then its newest `width`, padded with -1.
-            local = torch.full((width + 1,), -1, dtype=torch.int64, device=device)
-            local[0] = len(ordered)
-            if ordered:
-                kept = ordered[:width]
-                local[1 : len(kept) + 1] = torch.tensor(kept, dtype=torch.int64, device=device)
-            gathered = [torch.empty_like(local) for _ in range(dist.get_world_size(group))]
-            dist.all_gather(gathered, local, group=group)
-            return [[int(v) for v in g.tolist()] for g in gathered]
-
-        rows = gather(num_slots)
+        # Element 0 of each row is how many steps that rank has; then its newest ones.
+        rows = ranks.gather_ints([len(ordered), *ordered], num_slots + 1)
         longest = max(row[0] for row in rows)
         if longest > num_slots:
-            rows = gather(longest)
+            rows = ranks.gather_ints([len(ordered), *ordered], longest + 1)
         return common_newest([[s for s in row[1:] if s >= 0] for row in rows])
 
     return agree
