@@ -37,6 +37,7 @@ def test_hostlists_expand_in_order(text: str, hosts: list[str]) -> None:
         ("n[a-b]", "bad range"),
         ("", "names no host"),
         ("n[0-9999999]", "more than"),
+        ("r[1-100000]n[1-100000]", "more than"),  # each range is small; their product is not
     ],
 )
 def test_bad_hostlists_are_refused(text: str, match: str) -> None:
@@ -100,6 +101,7 @@ def test_srun_fills_in_the_nodes_the_meeting_point_and_the_run_id() -> None:
         ["--master=head:5000"],
         ["--rdzv-backend=c10d", "--rdzv-endpoint=head:29400"],
         ["--nnodes=3", "--node-rank=2", "--master-addr=head"],
+        ["--master-addr=head-ib0"],  # where they meet, e.g. another interface of the first host
     ],
 )
 def test_a_command_line_that_names_its_nodes_is_left_alone(flags: list[str]) -> None:

@@ -247,7 +247,7 @@ def _add_torchrun_options(tr: argparse._ArgumentGroup) -> None:
     _option(tr, ["-t", "--tee"], "0", "0..3 or LOCAL_RANK:MASK,... (1=stdout, 2=stderr)")
     _option(tr, _both("local-ranks-filter"), "", "local ranks whose output is shown")
     _option(tr, _both("node-rank"), None)
-    _option(tr, _both("master-addr"), "127.0.0.1")
+    _option(tr, _both("master-addr"), None, "default: 127.0.0.1")
     _option(tr, _both("master-port"), None)
     _option(tr, _both("local-addr"), None)
     _option(
@@ -570,6 +570,7 @@ def _slurm_defaults(ns: argparse.Namespace, env: Mapping[str, str]) -> SlurmStep
         or ns.rdzv_endpoint
         or ns.rdzv_backend != "dlrover"
         or ns.node_rank not in (None, "")
+        or ns.master_addr is not None
         or env.get(MASTER_ADDR_ENV_VAR)
     )
     step = None if named else slurm_step(env)
@@ -674,7 +675,7 @@ def parse_args(
         tee=tuple(sorted(parse_std_streams(ns.tee, nproc, "--tee").items())),
         local_ranks_filter=filters,
         node_rank=node_rank,
-        master_addr=ns.master_addr,
+        master_addr=ns.master_addr or "127.0.0.1",
         master_port=master_port,
         local_addr=ns.local_addr,
         network_check=ns.network_check,

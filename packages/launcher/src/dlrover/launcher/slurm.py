@@ -137,4 +137,6 @@ def _expand_one(item: str, whole: str) -> list[str]:
         width = len(low) if low.startswith("0") else 0  # zero padding is kept: node[01-03]
         for n in range(int(low), int(high) + 1):
             names += [f"{prefix}{n:0{width}d}{tail}" for tail in tails]
+            if len(names) > _MAX_HOSTS:  # groups multiply: bound the product, not only each range
+                raise ConfigError(f"the Slurm node list {whole!r} names more than {_MAX_HOSTS} hosts")
     return names
