@@ -258,3 +258,19 @@ def test_a_refusal_is_cleared_through_the_runtime_torch_loaded() -> None:
     # process maps none, and the pinner then refuses to go on rather than leave an error pending.
     if not cudart_paths(Path("/proc/self/maps").read_text()):
         assert _last_error_reader(object()) is None
+
+
+def test_an_uncleared_unpin_error_during_a_resize_is_raised_with_the_segment_mapped(config: StagerConfig) -> None:
+    # Mid-training (a slot grows), a pending CUDA error is this call's to report, not the next kernel's.
+    path = segment_path(config.shm_dir, config.job_id, config.run_id, 0, 0)
+    seg = ShmSegment.create(path, 1 << 20)
+    try:
+        seg.pin(_RuntimeThatCannotClear("unpin"))
+        with pytest.raises(CudaErrorPending, match="nothing clears it"):
+            seg.resize(2 << 20)
+        assert seg.size == 2 << 20
+        assert not seg.pinned
+        seg.u8[-1] = 7  # the new mapping is usable
+    finally:
+        seg.close()
+        path.unlink(missing_ok=True)

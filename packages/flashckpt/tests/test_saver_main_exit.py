@@ -32,3 +32,13 @@ def test_a_bad_first_connect_timeout_is_refused(tmp_path: Path) -> None:
     assert done.returncode == 2
     assert "--first-connect-timeout-s must be a positive number of seconds, got 0.0" in done.stderr
     assert list((tmp_path / "shm").iterdir()) == []
+
+
+def test_the_failure_join_window_is_configurable_and_checked(tmp_path: Path) -> None:
+    done = _run(tmp_path, "--failure-join-s", "-1")
+    assert done.returncode == 2
+    assert "--failure-join-s must be a non-negative number of seconds, got -1.0" in done.stderr
+    off = tmp_path / "off"
+    off.mkdir()
+    done = _run(off, "--failure-join-s", "0", "--idle-exit-s", "0.5")  # 0 turns joining off
+    assert done.returncode == 0, done.stderr

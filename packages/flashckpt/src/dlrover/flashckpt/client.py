@@ -204,6 +204,8 @@ class DetachedSaverSpec:
             user of the machine can read.
         keep_last: retention: the saver keeps the last N committed checkpoints (0: all).
         keep_every: retention: and every K-th step (0: none besides the last N).
+        failure_join_s: how long after a failure persist the saver writes steps other nodes
+            persisted (see `SaverConfig.failure_join_s`; 0: never).
     """
 
     job_id: str
@@ -220,6 +222,7 @@ class DetachedSaverSpec:
     storage_options: Mapping[str, Any] = attrs.field(factory=dict, repr=False)
     keep_last: int = attrs.field(default=0, validator=non_negative_int)
     keep_every: int = attrs.field(default=0, validator=non_negative_int)
+    failure_join_s: float = attrs.field(default=120.0, validator=non_negative_finite)
 
     def __attrs_post_init__(self) -> None:
         if self.keep_every and not self.keep_last:
@@ -284,6 +287,8 @@ def _spawn(spec: DetachedSaverSpec) -> None:
         str(spec.keep_last),
         "--keep-every",
         str(spec.keep_every),
+        "--failure-join-s",
+        repr(float(spec.failure_join_s)),
         *([] if spec.coordinator else ["--not-coordinator"]),
     ]
     env = dict(os.environ)

@@ -187,6 +187,8 @@ class SaverHostConfig:
         failure_persist_hold_s: how long each saver may hold back the persist a dead training
             process triggers while the restarted ones restore (0: persist at once); see
             `SaverConfig`.
+        failure_join_s: how long after a failure persist each saver writes steps other nodes
+            persisted (0: never); see `SaverConfig`.
     """
 
     socket_path: str = attrs.field(converter=str)
@@ -201,6 +203,7 @@ class SaverHostConfig:
     persist_bandwidth_mb_s: float = attrs.field(default=0.0, validator=non_negative_finite)
     retention: RetentionPolicy | None = None
     failure_persist_hold_s: float = attrs.field(default=0.0, validator=non_negative_finite)
+    failure_join_s: float = attrs.field(default=120.0, validator=non_negative_finite)
 
     def __attrs_post_init__(self) -> None:
         if self.persist_nice > 19:
@@ -364,6 +367,7 @@ class SaverHost:
             worker_nice=c.persist_nice,
             persist_bandwidth_mb_s=c.persist_bandwidth_mb_s,
             failure_persist_hold_s=c.failure_persist_hold_s,
+            failure_join_s=c.failure_join_s,
         )
 
     def saver(self, job_id: str, run_id: str) -> Saver | None:

@@ -739,6 +739,8 @@ class Saver:
             uncommitted = {s: self.committer.done_ranks(s) for s in partial if tracker is None or s > tracker.step}
         except FlashCkptError:
             return  # storage unreadable now: the next tick looks again
+        if not uncommitted:
+            return  # nothing to join: no slot headers to read
         held = {r: self.held_steps(r) for r in ranks}
         for step, reason in steps_to_join(uncommitted, ranks, held, self._persisted_by_all(ranks) | self._joined):
             self._joined.add(step)

@@ -110,7 +110,15 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=0.0,
         help="cap on the rate a persist writes at, in MB/s (0: none, the disk's speed)",
     )
+    p.add_argument(
+        "--failure-join-s",
+        type=float,
+        default=120.0,
+        help="after a failure persist, write steps other nodes persisted for this long (0: never)",
+    )
     args = p.parse_args(argv)
+    if not math.isfinite(args.failure_join_s) or args.failure_join_s < 0:
+        p.error(f"--failure-join-s must be a non-negative number of seconds, got {args.failure_join_s!r}")
     if args.first_connect_timeout_s is None:
         args.first_connect_timeout_s = args.idle_exit_s
     bounds = (("--idle-exit-s", args.idle_exit_s), ("--first-connect-timeout-s", args.first_connect_timeout_s))
@@ -151,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         retention=retention,
         coordinator=not args.not_coordinator,
         persist_bandwidth_mb_s=args.persist_bandwidth_mb_s,
+        failure_join_s=args.failure_join_s,
     )
     try:
         storage = _open_storage(args.storage_dir, os.environ.pop(STORAGE_OPTIONS_ENV_VAR, ""))

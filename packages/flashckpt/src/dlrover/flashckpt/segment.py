@@ -243,17 +243,22 @@ class ShmSegment:
         pinner.pin(address, self.size)
         self._pin = (pinner, address)
 
-    def _unpin(self) -> None:
+    def _unpin(self) -> CudaErrorPending | None:
+        """Release the pin; a runtime error that stays pending is returned for the caller to raise."""
         if self._pin is None:
-            return
+            return None
         pinner, address = self._pin
         self._pin = None
         try:
             pinner.unpin(address)
-        except (PinError, CudaErrorPending) as e:
+        except PinError as e:
             # The range is unmapped next either way; a runtime that lost track of it has nothing
-            # left to release (a pending error is the next CUDA call's to report).
+            # left to release.
             _log.warning("unpinning %s before unmapping it: %s", self.path, e)
+        except CudaErrorPending as e:
+            _log.error("unpinning %s before unmapping it: %s", self.path, e)
+            return e
+        return None
 
     @classmethod
     def create(cls, path: Path, size: int) -> ShmSegment:
@@ -291,9 +296,15 @@ class ShmSegment:
         """Grow or shrink the segment to `size` bytes and map it again (pre-faulted).
 
         Views derived from `u8` become invalid: callers must drop them first.
+
+        Raises:
+            CudaErrorPending: unpinning the old mapping left a CUDA error the next kernel would
+                raise as its own (the segment is mapped again first).
         """
-        self._unmap()
+        pending = self._unmap()
         self._mm = _map(self._fd, self.path, size, grow=True)
+        if pending is not None:
+            raise pending
 
     def try_lock(self, exclusive: bool) -> bool:
         """Take the slot's flock without waiting; False if another holder conflicts."""
@@ -307,17 +318,19 @@ class ShmSegment:
         """Release this descriptor's flock."""
         fcntl.flock(self._fd, fcntl.LOCK_UN)
 
-    def _unmap(self) -> None:
-        self._unpin()
+    def _unmap(self) -> CudaErrorPending | None:
+        pending = self._unpin()
         self._u8 = None
         if self._mm is not None:
             # A view may still exist (e.g. held by a traceback): the mapping then goes when it does.
             with contextlib.suppress(BufferError):
                 self._mm.close()
             self._mm = None
+        return pending
 
     def close(self) -> None:
-        """Unmap and close (the file stays; only the owner unlinks)."""
+        """Unmap and close (the file stays; only the owner unlinks). An unpin error is logged:
+        closing goes on, so every segment of a stager is released."""
         self._unmap()
         if self._fd >= 0:
             os.close(self._fd)

@@ -141,20 +141,16 @@ def alias_key(tensor: torch.Tensor) -> tuple[Any, ...] | None:
     strides, dtype and conjugate/negative bits. Empty tensors, meta tensors and tensors without
     a plain storage (wrapper subclasses) never alias.
     """
-    try:
-        # The first element's address: storage and offset in one call (a save takes a key of
-        # every tensor, and `untyped_storage()` builds a Python object each time). Meta tensors
-        # and tensors without a plain storage (wrapper subclasses) answer 0 or raise.
-        ptr = tensor.data_ptr()
-    except (RuntimeError, NotImplementedError, TypeError):
-        return None
+    ptr = _address(tensor)
     if ptr == 0 or tensor.numel() == 0:
         return None
     return (tensor.device, ptr, tensor.shape, tensor.stride(), tensor.dtype, tensor.is_conj(), tensor.is_neg())
 
 
 def _address(tensor: torch.Tensor) -> int:
-    """The first element's address, or 0 where a tensor has none (meta, wrapper subclasses)."""
+    """The first element's address (storage and offset in one call: `untyped_storage()` builds a
+    Python object each time), or 0 where a tensor has none: meta tensors answer 0, and tensors
+    without a plain storage (wrapper subclasses) raise, which is their answer."""
     try:
         return int(tensor.data_ptr())
     except (RuntimeError, NotImplementedError, TypeError):
