@@ -30,6 +30,14 @@ def s3_endpoint() -> Iterator[str]:
 
 
 @pytest.fixture
+def shm(tmp_path: Path) -> Path:
+    """A shared-memory directory of the test's own (segments, sockets and owner records)."""
+    d = tmp_path / "shm"
+    d.mkdir()
+    return d
+
+
+@pytest.fixture
 def job_id() -> Iterator[str]:
     """A job id unique to the test; the test fails if any of its shared memory is left behind."""
     job = "t" + uuid.uuid4().hex[:12]

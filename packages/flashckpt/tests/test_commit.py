@@ -144,6 +144,16 @@ def test_retention_policy_selection() -> None:
         RetentionPolicy(keep_every=0)
 
 
+def test_retention_travels_as_two_counts() -> None:
+    for policy in (None, RetentionPolicy(keep_last=2), RetentionPolicy(keep_last=3, keep_every=50)):
+        assert RetentionPolicy.from_counts(*RetentionPolicy.counts(policy)) == policy
+    assert RetentionPolicy.counts(None) == (0, 0)
+    with pytest.raises(ConfigError, match="keep_every needs keep_last"):
+        RetentionPolicy.from_counts(0, 10)
+    with pytest.raises(ConfigError, match=">= 0"):
+        RetentionPolicy.from_counts(-1, 0)
+
+
 def test_retention_applied_on_commit() -> None:
     storage = InMemoryStorage()
     committer = Committer(storage, RetentionPolicy(keep_last=2, keep_every=4))

@@ -49,13 +49,6 @@ def _wait_until(predicate: Callable[[], bool]) -> None:
 
 
 @pytest.fixture
-def shm(tmp_path: Path) -> Path:
-    d = tmp_path / "shm"
-    d.mkdir()
-    return d
-
-
-@pytest.fixture
 def host(shm: Path) -> Iterator[SaverHost]:
     h = SaverHost(
         SaverHostConfig(str(host_socket_path(shm)), stop_timeout_s=WAIT_S, drain_timeout_s=5.0, max_runs=2),

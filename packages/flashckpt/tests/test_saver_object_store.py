@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from flashckpt_testlib import s3_bucket, s3_storage
+from flashckpt_testlib import s3_bucket, s3_storage, same_bits
 
 from dlrover.common import ConfigError
 from dlrover.flashckpt import FlashCheckpointer, StagerConfig
@@ -32,20 +32,9 @@ def _state(step: int) -> dict[str, object]:
     return {"w": torch.full((256,), float(step)), "b": torch.arange(step + 3), "step": step}
 
 
-def _same(a: dict[str, object], b: dict[str, object]) -> bool:
-    return all(torch.equal(a[k], b[k]) if isinstance(a[k], torch.Tensor) else a[k] == b[k] for k in a)  # type: ignore[arg-type]
-
-
 @pytest.fixture
 def bucket_storage(s3_endpoint: str) -> FsspecStorage:
     return s3_storage(s3_endpoint, s3_bucket(s3_endpoint), prefix="job")
-
-
-@pytest.fixture
-def shm(tmp_path: Path) -> Path:
-    d = tmp_path / "shm"
-    d.mkdir()
-    return d
 
 
 def _save_persist_and_load(ckpt: FlashCheckpointer, storage: FsspecStorage, steps: range) -> None:
@@ -57,7 +46,7 @@ def _save_persist_and_load(ckpt: FlashCheckpointer, storage: FsspecStorage, step
     assert Committer(storage).tracker() == Tracker(last, 1)
     loaded = StorageReader(storage).load(0, 1)
     assert loaded.step == last
-    assert _same(loaded.state, _state(last))
+    assert same_bits(loaded.state, _state(last))
 
 
 @pytest.mark.timeout(180)

@@ -39,13 +39,6 @@ class _GatedStorage(InMemoryStorage):
         return super().write_file(path, chunks)
 
 
-@pytest.fixture
-def shm(tmp_path: Path) -> Path:
-    d = tmp_path / "shm"
-    d.mkdir()
-    return d
-
-
 def _host(shm: Path, storage: InMemoryStorage) -> SaverHost:
     config = SaverHostConfig(str(host_socket_path(shm)), stop_timeout_s=WAIT_S, drain_timeout_s=5.0)
     return SaverHost(config, storage_factory=lambda _dir: storage)

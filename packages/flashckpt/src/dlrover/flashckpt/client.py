@@ -16,9 +16,10 @@ from typing import Any
 
 import attrs
 
-from dlrover.common import Clock, ConfigError, SystemClock
+from dlrover.common import Clock, SystemClock
 from dlrover.common.validators import non_negative_finite, non_negative_int
 from dlrover.flashckpt.channel import ChannelError, recv_message, send_message, unix_address
+from dlrover.flashckpt.commit import RetentionPolicy
 from dlrover.flashckpt.errors import SaverUnavailableError
 from dlrover.flashckpt.events import EventLog, FlashEvent
 from dlrover.flashckpt.saver import socket_path
@@ -225,8 +226,7 @@ class DetachedSaverSpec:
     failure_join_s: float = attrs.field(default=120.0, validator=non_negative_finite)
 
     def __attrs_post_init__(self) -> None:
-        if self.keep_every and not self.keep_last:
-            raise ConfigError("keep_every needs keep_last (retention keeps the last N, and every K-th step)")
+        RetentionPolicy.from_counts(self.keep_last, self.keep_every)  # raises ConfigError
 
 
 def ensure_saver(spec: DetachedSaverSpec, rank: int, clock: Clock | None = None) -> SaverClient:

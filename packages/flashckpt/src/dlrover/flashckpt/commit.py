@@ -112,6 +112,27 @@ class RetentionPolicy:
         if self.keep_every is not None and self.keep_every < 1:
             raise ConfigError(f"keep_every must be >= 1 or None, got {self.keep_every!r}")
 
+    @classmethod
+    def from_counts(cls, keep_last: int, keep_every: int) -> RetentionPolicy | None:
+        """The policy two counts name where a policy travels as ints (a message, a command line):
+        ``keep_last`` 0 keeps every checkpoint (None), ``keep_every`` 0 keeps no K-th steps.
+
+        Raises:
+            ConfigError: a negative count, or ``keep_every`` without ``keep_last``.
+        """
+        if keep_last < 0 or keep_every < 0:
+            raise ConfigError(f"retention counts must be >= 0, got keep_last={keep_last}, keep_every={keep_every}")
+        if not keep_last:
+            if keep_every:
+                raise ConfigError("keep_every needs keep_last (retention keeps the last N, and every K-th step)")
+            return None
+        return cls(keep_last, keep_every or None)
+
+    @staticmethod
+    def counts(policy: RetentionPolicy | None) -> tuple[int, int]:
+        """``(keep_last, keep_every)`` as `from_counts` reads them back."""
+        return (0, 0) if policy is None else (policy.keep_last, policy.keep_every or 0)
+
 
 def select_removals(
     committed: list[int], partial: list[int], tracker_step: int | None, policy: RetentionPolicy

@@ -361,9 +361,8 @@ class SaverHost:
             lock_timeout_s=c.lock_timeout_s,
             poll_interval_s=c.poll_interval_s,
             commit_poll_interval_s=c.commit_poll_interval_s,
-            retention=(
-                RetentionPolicy(request.keep_last, request.keep_every or None) if request.keep_last else c.retention
-            ),
+            # A request without retention (0 and 0) leaves the agent's own policy.
+            retention=RetentionPolicy.from_counts(request.keep_last, request.keep_every) or c.retention,
             worker_nice=c.persist_nice,
             persist_bandwidth_mb_s=c.persist_bandwidth_mb_s,
             failure_persist_hold_s=c.failure_persist_hold_s,

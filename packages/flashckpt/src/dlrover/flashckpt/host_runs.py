@@ -15,6 +15,7 @@ from typing import Any
 import attrs
 
 from dlrover.common import ConfigError
+from dlrover.flashckpt.commit import RetentionPolicy
 from dlrover.flashckpt.errors import FlashCkptError
 from dlrover.flashckpt.segment import DEFAULT_SHM_DIR, validate_id
 from dlrover.flashckpt.storage.location import StorageLocation
@@ -63,8 +64,10 @@ class SaverRequest:
         _check_int("num_slots", self.num_slots, 2)
         _check_int("keep_last", self.keep_last, 0)
         _check_int("keep_every", self.keep_every, 0)
-        if self.keep_every and not self.keep_last:
-            raise FlashCkptError("keep_every needs keep_last (retention keeps the last N, and every K-th step)")
+        try:
+            RetentionPolicy.from_counts(self.keep_last, self.keep_every)
+        except ConfigError as e:
+            raise FlashCkptError(str(e)) from None
         if not isinstance(self.coordinator, bool):
             raise FlashCkptError(f"coordinator must be true or false, got {self.coordinator!r}")
         if not isinstance(self.shm_dir, str) or not os.path.isabs(self.shm_dir) or "\0" in self.shm_dir:

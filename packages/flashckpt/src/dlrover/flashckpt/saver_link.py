@@ -121,8 +121,7 @@ class SaverLink:
             why,
         )
         host_socket = os.environ.get(HOST_SOCKET_ENV_VAR, "") if mode == "auto" else ""
-        keep_last = retention.keep_last if retention is not None else 0
-        keep_every = (retention.keep_every or 0) if retention is not None else 0
+        keep_last, keep_every = RetentionPolicy.counts(retention)
         if host_socket:
             assert storage is not None
             try:

@@ -27,7 +27,7 @@ import time
 from collections.abc import Iterable
 from types import FrameType
 
-from dlrover.common import SystemClock, configure_logging
+from dlrover.common import ConfigError, SystemClock, configure_logging
 from dlrover.flashckpt.commit import RetentionPolicy
 from dlrover.flashckpt.errors import FlashCkptError
 from dlrover.flashckpt.priority import lower_process_priority
@@ -147,9 +147,11 @@ def main(argv: list[str] | None = None) -> int:
     # This process leads a session of its own: niceness alone would not rank it below training.
     _, why = lower_process_priority(min(19, max(0, args.nice)))
     log.info("saver priority: %s", why)
-    retention = (
-        RetentionPolicy(keep_last=args.keep_last, keep_every=args.keep_every or None) if args.keep_last else None
-    )
+    try:
+        retention = RetentionPolicy.from_counts(args.keep_last, args.keep_every)
+    except ConfigError as e:
+        log.error("bad retention: %s", e)
+        return 2
     config = SaverConfig(
         job_id=args.job,
         run_id=args.run,

@@ -46,7 +46,6 @@ from dlrover.launcher.env import MASTER_ADDR_ENV_VAR, NODE_ID_ENV_VAR
 from dlrover.launcher.grpc_control import GrpcControlPlane, default_node_name
 from dlrover.launcher.netcheck import NetworkCheck, NetworkCheckConfig
 from dlrover.launcher.peer_master import (
-    STATIC_DEFAULT_PORT,
     HostedMaster,
     embedded_lifecycle,
     peer_endpoint,
@@ -235,14 +234,15 @@ def run(cfg: LaunchConfig, *, sample_gpus: bool = False) -> AgentResult:
     """Run this node's share of the job described by `cfg`; with `sample_gpus`, heartbeats carry
     the GPUs' use (through nvidia-ml-py, when installed)."""
     _warn_ignored_flags(cfg)
-    if cfg.slurm is not None:
+    endpoint = peer_endpoint(cfg) if cfg.slurm is not None else None  # the static form srun's step made
+    if cfg.slurm is not None and endpoint is not None:
         _log.info(
             "srun step %s of %d nodes: this is node %d; the job's master runs on %s:%s (the step's first node)",
             cfg.slurm.run_id,
             cfg.slurm.num_nodes,
             cfg.slurm.node_id,
-            cfg.master_addr,
-            cfg.master_port or STATIC_DEFAULT_PORT,
+            endpoint.host,
+            endpoint.port,
         )
     for prefix in (TOKEN_DIR_PREFIX, LOG_DIR_PREFIX):
         remove_dead_owners(prefix)
@@ -308,11 +308,7 @@ def run(cfg: LaunchConfig, *, sample_gpus: bool = False) -> AgentResult:
                 virtual_local_rank=cfg.virtual_local_rank,
                 duplicate_filters=(cfg.duplicate_stdout_filters, cfg.duplicate_stderr_filters),
                 failure_persist_hold_s=cfg.failure_persist_hold_s,
-                checkpoint_retention=(
-                    RetentionPolicy(cfg.checkpoint_keep_last, cfg.checkpoint_keep_every or None)
-                    if cfg.checkpoint_keep_last
-                    else None
-                ),
+                checkpoint_retention=RetentionPolicy.from_counts(cfg.checkpoint_keep_last, cfg.checkpoint_keep_every),
                 persist_bandwidth_mb_s=cfg.persist_bandwidth_mb_s,
                 extra_env={MASTER_ADDR_ENV_VAR: target, TOKEN_FILE_ENV_VAR: str(Path(token_file).resolve())},
             ),

@@ -35,7 +35,7 @@ from __future__ import annotations
 from dlrover.diagnosis import ActionKind, ActionPolicy, Evidence, RuleRegistry, classify
 from dlrover.diagnosis import FailureKind as DiagnosedKind
 from dlrover.master.policy import Classification, Failure, FailureAction, FailureDecision
-from dlrover.master.states import FailureKind
+from dlrover.master.states import OBSERVED_BY_MASTER, FailureKind
 
 __all__ = ["REPORTED_TO_DIAGNOSED", "DiagnosisFailurePolicy"]
 
@@ -53,7 +53,6 @@ REPORTED_TO_DIAGNOSED: dict[FailureKind, DiagnosedKind] = {
 }
 """The diagnosis kind of each reported kind, used when the evidence explains nothing."""
 
-_OBSERVED_BY_MASTER = frozenset({FailureKind.HEARTBEAT_TIMEOUT, FailureKind.START_TIMEOUT, FailureKind.NODE_EXIT})
 
 _ACTIONS: dict[ActionKind, FailureAction] = {
     ActionKind.NONE: FailureAction.RESTART_PROCESSES,
@@ -106,7 +105,7 @@ class DiagnosisFailurePolicy:
     def _diagnose(
         self, node_id: int, reported: FailureKind, text: str, exit_code: int | None
     ) -> tuple[DiagnosedKind, str]:
-        if reported in _OBSERVED_BY_MASTER:
+        if reported in OBSERVED_BY_MASTER:
             kind = REPORTED_TO_DIAGNOSED[reported]
             return kind, f"{reported.value} observed by the master ({text})"
         evidence = Evidence.from_text(text, returncode=exit_code, node_id=str(node_id))

@@ -34,6 +34,7 @@ from dlrover.master.records import (
 )
 from dlrover.master.states import (
     ALIVE_STATES,
+    OBSERVED_BY_MASTER,
     ActionKind,
     FailureKind,
     IllegalTransitionError,
@@ -57,7 +58,6 @@ __all__ = [
 _MAX_REASON_CHARS = 2000
 
 # Failures the master sees itself: the node's agent is gone (or unreachable), so it restarts nothing.
-_OBSERVED_BY_MASTER = frozenset({FailureKind.HEARTBEAT_TIMEOUT, FailureKind.START_TIMEOUT, FailureKind.NODE_EXIT})
 
 
 class LifecycleError(DLRoverError):
@@ -659,7 +659,7 @@ class JobLifecycle:
         else:
             # Only an agent that reported the failure and goes on can restart its processes; a
             # node the master saw vanish, or whose agent exits, can only be relaunched.
-            restartable = node.state is NodeState.RUNNING and kind not in _OBSERVED_BY_MASTER and not agent_exits
+            restartable = node.state is NodeState.RUNNING and kind not in OBSERVED_BY_MASTER and not agent_exits
             failure = Failure(
                 node,
                 kind,

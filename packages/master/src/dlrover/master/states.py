@@ -9,6 +9,7 @@ from dlrover.common import DLRoverError
 
 __all__ = [
     "ALIVE_STATES",
+    "OBSERVED_BY_MASTER",
     "TERMINAL_STATES",
     "TRANSITIONS",
     "ActionKind",
@@ -108,6 +109,11 @@ class FailureKind(enum.StrEnum):
     NODE_EXIT = "node_exit"
     """The scheduler saw the node's agent exit with a failure."""
     UNKNOWN = "unknown"
+
+
+OBSERVED_BY_MASTER = frozenset({FailureKind.HEARTBEAT_TIMEOUT, FailureKind.START_TIMEOUT, FailureKind.NODE_EXIT})
+"""Failures the master sees from outside the node (no agent report): the agent cannot restart
+its processes in place, and there is no process output to diagnose."""
 
 
 class ActionKind(enum.StrEnum):
