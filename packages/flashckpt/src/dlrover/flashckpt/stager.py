@@ -127,12 +127,10 @@ class Stager:
         self._lock = threading.Lock()  # guards _sealing and the segments against the sealer
         self._sealing: dict[int, Future[None]] = {}
         self._segments: list[ShmSegment | None] = [None] * config.num_slots
-        self._layouts: list[SlotLayout | None] = [None] * config.num_slots
-        self._views: list[list[torch.Tensor] | None] = [None] * config.num_slots
-        # Per slot: the last layout `_plan` made, the leaf signature it was made for, and its encoded
-        # tensor list. A save of the same structure into the same layout reuses them (planning and
+        # Per slot: its layout, with what a save of the same structure reuses (planning and
         # encoding cost about a millisecond per hundred tensors: 5% of a 256 MB copy at 14 GB/s).
-        self._planned: list[tuple[tuple[Any, ...], SlotLayout, str] | None] = [None] * config.num_slots
+        self._plans: list[_SlotPlan | None] = [None] * config.num_slots
+        self._views: list[list[torch.Tensor] | None] = [None] * config.num_slots
         self._closed = False
         self._invalid_reported: set[int] = set()
         cleanup_stale(config.shm_dir, keep=(config.job_id, config.run_id))
@@ -217,7 +215,8 @@ class Stager:
         """
         self._check_open()
         flat = flatten_state(state)
-        layout, _ = self._plan(flat, None)
+        plan, _ = self._new_plan(flat, _leaf_signature(flat), None)
+        layout = plan.layout
         pin = self._wants_pin(flat)
         for slot in range(self.config.num_slots):
             with self._lock:
@@ -241,7 +240,7 @@ class Stager:
                 # page and warms the threads, so the first save costs what later ones cost.
                 views = tensor_views(seg, layout.data_off, layout.specs)
                 self._copier.copy([(dst, leaf.tensor) for dst, leaf in zip(views, flat.leaves, strict=True)])
-                self._layouts[slot], self._views[slot] = layout, views
+                self._plans[slot], self._views[slot] = plan, views
             finally:
                 seg.unlock()
 
@@ -323,29 +322,17 @@ class Stager:
     def _record(self, kind: str, step: int, reason: str) -> None:
         self.events.record(FlashEvent(kind, step, reason, self._clock.wall_time()))
 
-    def _cached_plan(self, flat: FlatState, slot: int) -> tuple[SlotLayout, str] | None:
-        """The slot's current layout and encoded tensor list, when `flat` has the structure it was made for."""
-        planned, current = self._planned[slot], self._layouts[slot]
-        if current is None or planned is None or planned[1] is not current or planned[0] != _leaf_signature(flat):
-            return None
-        return current, planned[2]
-
-    def _plan(self, flat: FlatState, slot: int | None) -> tuple[SlotLayout, bytes]:
-        """The layout and manifest of `flat` in `slot`, reusing the slot's layout when it fits."""
-        current = self._layouts[slot] if slot is not None else None
-        cached = self._cached_plan(flat, slot) if slot is not None else None
-        if cached is not None:
-            layout, specs_json = cached
-        else:
-            layout = plan_layout(flat, 0, current.manifest_capacity if current else None)
-            specs_json = encode_specs(layout.specs)
+    def _new_plan(
+        self, flat: FlatState, signature: tuple[Any, ...], current: _SlotPlan | None
+    ) -> tuple[_SlotPlan, bytes]:
+        """A layout for `flat` and its manifest, keeping `current`'s manifest region when it fits."""
+        layout = plan_layout(flat, 0, current.layout.manifest_capacity if current else None)
+        specs_json = encode_specs(layout.specs)
         manifest = encode_manifest(flat.tree, layout.specs, specs_json)
         if len(manifest) + ALIGN > layout.manifest_capacity:
             layout = plan_layout(flat, len(manifest))
             specs_json = encode_specs(layout.specs)
-        if slot is not None:
-            self._planned[slot] = (_leaf_signature(flat), layout, specs_json)
-        return layout, manifest
+        return _SlotPlan(layout, signature, specs_json), manifest
 
     def _acquire_slot(self, step: int, start: float) -> tuple[int, str, int]:
         """Lock a slot for writing, applying the busy policy.
@@ -376,15 +363,16 @@ class Stager:
             self._clock.sleep(self.config.busy_poll_interval_s)
 
     def _write(self, slot: int, step: int, flat: FlatState, seq: int) -> SlotHeader:
-        cached = self._cached_plan(flat, slot)
-        if cached is not None:
+        signature = _leaf_signature(flat)
+        current = self._plans[slot]
+        if current is not None and current.signature == signature:
             # The slot keeps its layout, so the copy need not wait for the manifest: it is encoded
             # and written while the copy threads run (the walk and the manifest are the blocking
             # path's only work besides the copy).
-            layout, specs_json = cached
-            seg, pending = self._start_copy(slot, seq, step, flat, layout)
+            seg, pending = self._start_copy(slot, seq, step, flat, current)
+            layout = current.layout
             try:
-                manifest = encode_manifest(flat.tree, layout.specs, specs_json)
+                manifest = encode_manifest(flat.tree, layout.specs, current.specs_json)
                 fits = len(manifest) + ALIGN <= layout.manifest_capacity
                 if fits:
                     write_manifest(seg, manifest, HEADER_SIZE)
@@ -396,25 +384,27 @@ class Stager:
                 return header
             # The non-tensor values outgrew the manifest region: the slot is laid out again below
             # and the tensors copied again (the slot is locked and marked WRITING throughout).
-        layout, manifest = self._plan(flat, slot)
-        seg, pending = self._start_copy(slot, seq, step, flat, layout)
+        plan, manifest = self._new_plan(flat, signature, current)
+        seg, pending = self._start_copy(slot, seq, step, flat, plan)
         pending.wait()
         write_manifest(seg, manifest, HEADER_SIZE)
-        header = self._header(SlotState.COMPLETE, seq, step, layout, seg, manifest=manifest)
+        header = self._header(SlotState.COMPLETE, seq, step, plan.layout, seg, manifest=manifest)
         write_header(seg, header)
         return header
 
     def _start_copy(
-        self, slot: int, seq: int, step: int, flat: FlatState, layout: SlotLayout
+        self, slot: int, seq: int, step: int, flat: FlatState, plan: _SlotPlan
     ) -> tuple[ShmSegment, PendingCopy]:
-        """Make `slot` fit `layout`, mark it WRITING and start copying `flat`'s tensors into it."""
+        """Make `slot` fit `plan`, mark it WRITING and start copying `flat`'s tensors into it."""
+        layout = plan.layout
         existed = self._segments[slot] is not None
         seg = self._ensure_capacity(slot, layout.total_size, step)
         if not existed and not seg.try_lock(exclusive=True):  # a fresh file nobody else knows yet
             raise FlashCkptError(f"cannot lock new segment {seg.path}")
         if not seg.pinned and self._wants_pin(flat):
             self._pin(slot, seg, step, flat)
-        previous = self._layouts[slot]
+        previous_plan = self._plans[slot]
+        previous = previous_plan.layout if previous_plan is not None else None
         if previous is not None and previous is not layout and previous.data_signature != layout.data_signature:
             self._record("relayout", step, f"slot {slot}: the state's tensors changed; the slot is laid out again")
         moved = previous is None or (
@@ -423,7 +413,7 @@ class Stager:
         )
         if moved or self._views[slot] is None:
             self._views[slot] = tensor_views(seg, layout.data_off, layout.specs)
-        self._layouts[slot] = layout
+        self._plans[slot] = plan
         # Before the first byte of data: a crash during the copy leaves a slot nobody persists or loads.
         write_header(seg, self._header(SlotState.WRITING, seq, step, layout, seg, manifest=b""))
         views = self._views[slot]
@@ -480,11 +470,11 @@ class Stager:
 
     def _seal(self, slot: int, header: SlotHeader) -> None:
         seg = self._segments[slot]
-        layout = self._layouts[slot]
+        plan = self._plans[slot]
         assert seg is not None
-        assert layout is not None
+        assert plan is not None
         try:
-            sealed = seal_slot(seg, header, layout.specs)
+            sealed = seal_slot(seg, header, plan.layout.specs)
         except Exception as e:
             self._record("seal_failed", header.step, f"slot {slot}: {e}")
             seg.unlock()
@@ -495,6 +485,15 @@ class Stager:
                 self._on_sealed(SealedNotice(self.config.rank, slot, sealed.seq, sealed.step))
             except Exception as e:  # the saver link reports its own failures; never lose the snapshot
                 self._record("notify_failed", sealed.step, f"on_sealed failed: {e}")
+
+
+@attrs.frozen
+class _SlotPlan:
+    """A slot's layout, the leaf signature it was planned for, and its encoded tensor list."""
+
+    layout: SlotLayout
+    signature: tuple[Any, ...]
+    specs_json: str
 
 
 def _cuda_device(flat: FlatState) -> int | None:

@@ -194,7 +194,9 @@ class StorageReader:
                 return self._load_step(s, rank, None if any_world_size else world_size, target)
             except (ChecksumError, LayoutError, StorageError) as e:
                 reasons.append(f"step {s}: {e}")
-                self._warn(s, f"checkpoint step {s} is unusable: {e}; trying the previous one")
+                # With one step asked for, the caller decides what comes next (and says so).
+                then = "" if step is not None else "; trying the previous one"
+                self._warn(s, f"checkpoint step {s} is unusable: {e}{then}")
         raise NoCheckpointError(
             "no loadable committed checkpoint" + (": " + "; ".join(reasons) if reasons else " in storage")
         )
