@@ -237,7 +237,10 @@ def test_a_resize_replaces_the_saver_and_keeps_the_memory(host: SaverHost, shm: 
         ({"coordinator": "yes"}, "coordinator must be true or false, got 'yes'"),
         ({"storage_dir": "/elsewhere"}, "is served with storage_dir="),
         ({"storage_dir": "s3://"}, "names no bucket or path"),
-        ({"storage_options": {"secret": "s3cr3t"}}, "POSIX storage directory takes no options, got ['secret']"),
+        (
+            {"storage_options": {"secret": "s3cr3t"}},
+            "takes only the options ['direct_buffer_bytes', 'direct_io', 'writeback_window_bytes'], got ['secret']",
+        ),
         ({"keep_last": 3}, "is served with keep_last=0; the request names 3"),
         ({"keep_every": 2}, "keep_every needs keep_last"),
         ({"job_id": "other"}, "already serves 2 runs"),

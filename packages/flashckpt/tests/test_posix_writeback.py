@@ -1,4 +1,5 @@
-"""Windowed writeback must not swallow the writeback error that the final fsync relies on."""
+"""Windowed writeback (files written through the page cache) must not swallow the writeback error
+that the final fsync relies on."""
 
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ def _failing(err: int) -> Any:
 
 
 def test_sync_file_range_error_fails_write_and_nothing_commits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    storage = PosixStorage(tmp_path, writeback_window_bytes=4096)
+    storage = PosixStorage(tmp_path, writeback_window_bytes=4096, direct_io=False)
     persist_rank(storage, payload_from_state(1, 0, 1, _state(1)))
     assert Committer(storage).try_commit(1, 1).commit
     fake, calls = _failing(errno.EIO)
@@ -56,7 +57,7 @@ def test_sync_file_range_error_fails_write_and_nothing_commits(tmp_path: Path, m
 def test_unsupported_sync_file_range_disables_windowing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     fake, calls = _failing(errno.EINVAL)
     monkeypatch.setattr(posix_mod, "_sync_file_range", fake)
-    storage = PosixStorage(tmp_path, writeback_window_bytes=4096)
+    storage = PosixStorage(tmp_path, writeback_window_bytes=4096, direct_io=False)
     assert storage.write_file("f", [bytes(64 << 10)]) == 64 << 10
     assert calls == [posix_mod._SYNC_START]  # tried once, then windowing is off for the file
     assert (tmp_path / "f").stat().st_size == 64 << 10

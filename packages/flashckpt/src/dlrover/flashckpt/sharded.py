@@ -274,7 +274,7 @@ class ShardedCheckpointer:
         self._threads = dcp_thread_count
         self.events = EventLog()
         assert self.root is not None or saver == "none"
-        location = None if self.root is None else StorageLocation(os.path.abspath(self.root))
+        location = None if self.root is None else StorageLocation.of(self.storage)
         self._link = SaverLink(config, location, saver, events=self.events, clock=self._clock)
         on_sealed = self._link.notify_sealed if self._link.client is not None else None
         # With a saver, the saver removes the run's memory when the job ends.

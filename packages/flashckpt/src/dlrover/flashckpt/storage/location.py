@@ -2,9 +2,10 @@
 
 The node's saver runs in another process (a detached saver, or the ``dlrover-run`` agent), so it
 cannot be handed a `Storage` object: it gets a `StorageLocation` and opens the storage itself.
-A location is a POSIX directory (an absolute path) or an fsspec URL, ``<protocol>://<root>``,
-with the filesystem's keyword options as a JSON object (``fs.storage_options``: endpoint,
-credentials, client settings). The protocol picks an implementation fsspec registered under
+A location is a POSIX directory (an absolute path, with `PosixStorage`'s write settings that
+differ from their defaults as its options) or an fsspec URL, ``<protocol>://<root>``, with the
+filesystem's keyword options as a JSON object (``fs.storage_options``: endpoint, credentials,
+client settings). The protocol picks an implementation fsspec registered under
 that name (``s3`` -> s3fs); nothing is imported by a name the data chooses, and nothing is
 unpickled.
 
@@ -22,10 +23,11 @@ from typing import Any
 
 import attrs
 
+from dlrover.common import ConfigError
 from dlrover.flashckpt.errors import FlashCkptError
 from dlrover.flashckpt.storage.base import Storage
 from dlrover.flashckpt.storage.fsspec_store import FsspecStorage
-from dlrover.flashckpt.storage.posix import PosixStorage
+from dlrover.flashckpt.storage.posix import POSIX_DEFAULTS, PosixStorage, check_posix_settings
 
 __all__ = ["STORAGE_OPTIONS_ENV_VAR", "StorageLocation"]
 
@@ -41,11 +43,13 @@ class StorageLocation:
 
     Attributes:
         url: an absolute POSIX path, or ``<protocol>://<root>`` (e.g. ``s3://bucket/jobs/j1``).
-        options: for a URL, the fsspec filesystem's keyword options (JSON-compatible values).
+        options: for a URL, the fsspec filesystem's keyword options (JSON-compatible values); for
+            a POSIX path, `PosixStorage`'s write settings that differ from their defaults
+            (``direct_io``, ``writeback_window_bytes``, ``direct_buffer_bytes``).
 
     Raises:
-        FlashCkptError: a relative path, a URL without a root, options for a POSIX path, or
-            options that are not a JSON object.
+        FlashCkptError: a relative path, a URL without a root, options a POSIX path does not
+            take, or options that are not a JSON object.
     """
 
     url: str
@@ -65,8 +69,15 @@ class StorageLocation:
         if self.is_posix:
             if not os.path.isabs(self.url):
                 raise FlashCkptError(f"a storage directory must be an absolute path, got {self.url!r}")
-            if self.options:
-                raise FlashCkptError(f"a POSIX storage directory takes no options, got {sorted(self.options)}")
+            unknown = sorted(set(self.options) - set(POSIX_DEFAULTS))
+            if unknown:
+                raise FlashCkptError(
+                    f"a POSIX storage directory takes only the options {sorted(POSIX_DEFAULTS)}, got {unknown}"
+                )
+            try:
+                check_posix_settings(**{**POSIX_DEFAULTS, **self.options})
+            except ConfigError as e:
+                raise FlashCkptError(f"storage options of {self.url!r}: {e}") from None
         elif not self.root:
             raise FlashCkptError(f"storage URL {self.url!r} names no bucket or path after '://'")
 
@@ -94,7 +105,7 @@ class StorageLocation:
             OSError: a POSIX directory cannot be made.
         """
         if self.is_posix:
-            return PosixStorage(self.url)
+            return PosixStorage(self.url, **dict(self.options))
         try:
             import fsspec
         except ImportError:
@@ -114,7 +125,7 @@ class StorageLocation:
                 only), or a filesystem whose options are not JSON-compatible.
         """
         if isinstance(storage, PosixStorage):
-            return cls(os.path.abspath(storage.root))
+            return cls(os.path.abspath(storage.root), storage.options)
         if isinstance(storage, FsspecStorage):
             protocol = storage.fs.protocol
             name = protocol[0] if isinstance(protocol, (tuple, list)) else protocol

@@ -12,16 +12,47 @@ import sys
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 from dlrover.common import Clock, ConfigError, SystemClock
 from dlrover.flashckpt.errors import StorageError
 from dlrover.flashckpt.storage.base import COMMIT_LOCK_NAME, Chunk, check_lock_timeout, check_path
+from dlrover.flashckpt.storage.direct_io import ALIGN, DEFAULT_BUFFER_BYTES, DIRECT_FLAG, write_direct
 from dlrover.flashckpt.storage.file_lock import exclusive_flock
 
-__all__ = ["PosixStorage"]
+__all__ = ["POSIX_DEFAULTS", "PosixStorage", "check_posix_settings"]
 
 _log = logging.getLogger(__name__)
+
+_open = os.open  # tests stand a filesystem that refuses O_DIRECT in for it
+
+
+POSIX_DEFAULTS: dict[str, Any] = {
+    "writeback_window_bytes": 32 << 20,
+    "direct_io": None,
+    "direct_buffer_bytes": DEFAULT_BUFFER_BYTES,
+}
+"""`PosixStorage`'s write settings and their defaults: the options a POSIX `StorageLocation` takes."""
+
+
+def check_posix_settings(writeback_window_bytes: Any, direct_io: Any, direct_buffer_bytes: Any) -> None:
+    """Refuse write settings `PosixStorage` cannot use.
+
+    Raises:
+        ConfigError: a setting of the wrong type or out of range.
+    """
+    if isinstance(writeback_window_bytes, bool) or not isinstance(writeback_window_bytes, int):
+        raise ConfigError(f"writeback_window_bytes must be an int, got {writeback_window_bytes!r}")
+    if writeback_window_bytes < 0:
+        raise ConfigError(f"writeback_window_bytes must be >= 0 (0: off), got {writeback_window_bytes!r}")
+    if direct_io is not None and not isinstance(direct_io, bool):
+        raise ConfigError(f"direct_io must be None, True or False, got {direct_io!r}")
+    if isinstance(direct_buffer_bytes, bool) or not isinstance(direct_buffer_bytes, int):
+        raise ConfigError(f"direct_buffer_bytes must be an int, got {direct_buffer_bytes!r}")
+    if direct_buffer_bytes <= 0 or direct_buffer_bytes % ALIGN:
+        raise ConfigError(f"direct_buffer_bytes must be a positive multiple of {ALIGN}, got {direct_buffer_bytes}")
+    if direct_io is True and not DIRECT_FLAG:
+        raise ConfigError("direct_io=True: this platform has no O_DIRECT")
 
 
 class PosixStorage:
@@ -30,20 +61,27 @@ class PosixStorage:
     `write_file` writes ``<name>.tmp-<random>`` in the target directory, fsyncs it, renames it over
     the target and fsyncs the directory, so a crash at any point leaves the old file or the new one.
 
-    Writeback is started every `writeback_window_bytes` instead of all at the final fsync
-    (``sync_file_range`` on Linux), and written pages are dropped from the page cache once on
-    disk (``posix_fadvise(DONTNEED)``): a multi-GB checkpoint then never fills memory with dirty
-    pages that the kernel would flush in one burst (stalling every writer on the machine), nor
-    evicts the training job's cached files with clean copies nobody reads back. The final fsync
-    still makes the file durable; these calls only change when the work happens.
+    Files are written with ``O_DIRECT`` where the filesystem takes it (`direct_io`; see
+    `dlrover.flashckpt.storage.direct_io`): the disk reads the bytes from a small aligned buffer,
+    so a checkpoint crosses memory once instead of three times and never enters the page cache.
+    Where it does not, writeback is started every `writeback_window_bytes` instead of all at the
+    final fsync (``sync_file_range`` on Linux), and written pages are dropped from the page cache
+    once on disk (``posix_fadvise(DONTNEED)``): a multi-GB checkpoint then never fills memory
+    with dirty pages that the kernel would flush in one burst (stalling every writer on the
+    machine), nor evicts the training job's cached files with clean copies nobody reads back.
+    The final fsync makes the file durable either way; these only change how the work is done.
 
     Tracker writers serialise on an ``flock`` of ``<root>/.commit.lock`` (`commit_lock`), which
     works across processes on one host and on filesystems that support ``flock`` across hosts.
 
     Args:
         root: the checkpoint directory (created if missing).
-        writeback_window_bytes: bytes between writeback starts (0: leave it all to the fsync and
-            keep the pages cached).
+        writeback_window_bytes: bytes between writeback starts for files written through the
+            page cache (0: leave it all to the fsync and keep the pages cached).
+        direct_io: write with ``O_DIRECT``: None (default) where the filesystem takes it (a
+            refusal is logged once, and later files go through the page cache), True to refuse
+            (`StorageError`) a filesystem that does not, False never.
+        direct_buffer_bytes: the aligned buffer of a direct write, a multiple of 4096 bytes.
         commit_lock_timeout_s: how long `commit_lock` waits for another writer before failing.
         clock: time source for that wait.
     """
@@ -51,15 +89,14 @@ class PosixStorage:
     def __init__(
         self,
         root: str | os.PathLike[str],
-        writeback_window_bytes: int = 32 << 20,
+        writeback_window_bytes: int = POSIX_DEFAULTS["writeback_window_bytes"],
         *,
+        direct_io: bool | None = None,
+        direct_buffer_bytes: int = DEFAULT_BUFFER_BYTES,
         commit_lock_timeout_s: float = 60.0,
         clock: Clock | None = None,
     ) -> None:
-        if isinstance(writeback_window_bytes, bool) or not isinstance(writeback_window_bytes, int):
-            raise ConfigError(f"writeback_window_bytes must be an int, got {writeback_window_bytes!r}")
-        if writeback_window_bytes < 0:
-            raise ConfigError(f"writeback_window_bytes must be >= 0 (0: off), got {writeback_window_bytes!r}")
+        check_posix_settings(writeback_window_bytes, direct_io, direct_buffer_bytes)
         check_lock_timeout(commit_lock_timeout_s)
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
@@ -67,6 +104,21 @@ class PosixStorage:
         self.commit_lock_timeout_s = commit_lock_timeout_s
         self._clock = clock or SystemClock()
         self._warned_no_flock = False
+        self.direct_io = direct_io
+        self.direct_buffer_bytes = direct_buffer_bytes
+        # Cleared (with the reason) once the filesystem refuses a direct open under direct_io=None.
+        self._direct = direct_io is not False and bool(DIRECT_FLAG)
+
+    @property
+    def options(self) -> dict[str, Any]:
+        """The settings another process needs to open this storage alike: those not at their
+        defaults, by keyword (see `StorageLocation`)."""
+        settings = {
+            "writeback_window_bytes": self.writeback_window_bytes,
+            "direct_io": self.direct_io,
+            "direct_buffer_bytes": self.direct_buffer_bytes,
+        }
+        return {k: v for k, v in settings.items() if v != POSIX_DEFAULTS[k]}
 
     @contextlib.contextmanager
     def commit_lock(self) -> Iterator[None]:
@@ -91,21 +143,15 @@ class PosixStorage:
         """See `Storage.write_file`."""
         target = self._p(path)
         tmp = target.with_name(f"{target.name}.tmp-{uuid.uuid4().hex[:8]}")
-        written = 0
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            fd, direct = self._open_new(tmp)
             try:
-                window = _Writeback(fd, self.writeback_window_bytes)
-                for chunk in chunks:
-                    view = memoryview(chunk).cast("B")
-                    while view:
-                        n = os.write(fd, view)
-                        view = view[n:]
-                        written += n
-                    window.wrote(written)
-                os.fsync(fd)
-                window.finish(written)
+                if direct:
+                    written = write_direct(fd, chunks, self.direct_buffer_bytes)
+                    os.fsync(fd)
+                else:
+                    written = _write_buffered(fd, chunks, self.writeback_window_bytes)
             finally:
                 os.close(fd)
             os.replace(tmp, target)
@@ -119,6 +165,22 @@ class PosixStorage:
                 raise StorageError(f"cannot write {target}: {e}") from e
             raise
         return written
+
+    def _open_new(self, tmp: Path) -> tuple[int, bool]:
+        """Create `tmp` for writing; with ``O_DIRECT`` unless this filesystem refused it."""
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
+        if self._direct:
+            try:
+                return _open(tmp, flags | DIRECT_FLAG, 0o644), True
+            except OSError as e:
+                if e.errno != errno.EINVAL:
+                    raise
+                tmp.unlink(missing_ok=True)  # some filesystems create the file before refusing the flag
+                if self.direct_io is True:
+                    raise StorageError(f"{self.root} does not support O_DIRECT (direct_io=True): {e}") from e
+                self._direct = False
+                _log.warning("%s refuses O_DIRECT (%s): checkpoints are written through the page cache", self.root, e)
+        return _open(tmp, flags, 0o644), False
 
     def read_bytes(self, path: str, offset: int = 0, length: int | None = None) -> bytes:
         """See `Storage.read_bytes`."""
@@ -181,6 +243,22 @@ class PosixStorage:
         except OSError as e:
             raise StorageError(f"cannot remove {p}: {e}") from e
         _fsync_dir(p.parent)
+
+
+def _write_buffered(fd: int, chunks: Iterable[Chunk], window_bytes: int) -> int:
+    """Write `chunks` through the page cache, window by window (see `_Writeback`), and fsync."""
+    written = 0
+    window = _Writeback(fd, window_bytes)
+    for chunk in chunks:
+        view = memoryview(chunk).cast("B")
+        while view:
+            n = os.write(fd, view)
+            view = view[n:]
+            written += n
+        window.wrote(written)
+    os.fsync(fd)
+    window.finish(written)
+    return written
 
 
 class _Writeback:
