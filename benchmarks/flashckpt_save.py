@@ -19,7 +19,7 @@ Each row compares flashckpt with the physical limit or a peer measured in the sa
     python benchmarks/flashckpt_save.py            # 256 MB, 1 GB and 4 GB (about 17 GB of memory at 4 GB)
     python benchmarks/flashckpt_save.py --quick    # 64 MB, fewer repetitions
     python benchmarks/flashckpt_save.py --sizes 256 1024   # MB
-    python benchmarks/flashckpt_save.py --slowdown-only --rounds 20 --persist-bandwidth-mb-s 100
+    python benchmarks/flashckpt_save.py --slowdown-only --rounds 20 --persist-bandwidth-mb-s 0   # uncapped
 
 Timings on a shared machine vary between runs; each save row is the best of several repetitions,
 and flashckpt and its baseline are timed interleaved so both see the same load. Slowdown rows are
@@ -59,6 +59,7 @@ from dlrover.flashckpt import (
 )
 from dlrover.flashckpt.copier import Copier
 from dlrover.flashckpt.host import HOST_SOCKET_ENV_VAR
+from dlrover.flashckpt.pacing import default_persist_bandwidth_mb_s
 from dlrover.flashckpt.segment import ShmSegment, segment_path
 from dlrover.flashckpt.slotio import read_header
 
@@ -324,11 +325,11 @@ class _StandInAgent:
     session of its own instead, where the thread's niceness does not count against the loop.
     """
 
-    def __init__(self, socket: Path, bandwidth_mb_s: float, own_session: bool = False) -> None:
+    def __init__(self, socket: Path, bandwidth_mb_s: float | None, own_session: bool = False) -> None:
         code = (
             "import sys\n"
             "from dlrover.flashckpt.host import SaverHost, SaverHostConfig\n"
-            "kw = {'persist_bandwidth_mb_s': float(sys.argv[2])} if float(sys.argv[2]) else {}\n"
+            "kw = {'persist_bandwidth_mb_s': float(sys.argv[2])} if sys.argv[2] != 'default' else {}\n"
             "host = SaverHost(SaverHostConfig(socket_path=sys.argv[1], persist_nice=19, **kw))\n"
             "host.start()\n"
             "print('ready', flush=True)\n"
@@ -336,7 +337,7 @@ class _StandInAgent:
             "host.stop(remove_memory=True)\n"
         )
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", code, str(socket), str(bandwidth_mb_s)],
+            [sys.executable, "-c", code, str(socket), "default" if bandwidth_mb_s is None else str(bandwidth_mb_s)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             start_new_session=own_session,
@@ -431,7 +432,7 @@ def bench_idle_neighbour(rounds: int, seconds: float = 1.0) -> list[tuple[str, f
 
 
 def bench_slowdown(
-    size: int, tmp: Path, rounds: int, *, mode: str, nice: int, bandwidth_mb_s: float, seal_nice: int | None
+    size: int, tmp: Path, rounds: int, *, mode: str, nice: int, bandwidth_mb_s: float | None, seal_nice: int | None
 ) -> list[tuple[str, float, str]]:
     """Step time of a CPU training loop alone, after a save, while sealing, and while persisting.
 
@@ -457,8 +458,9 @@ def bench_slowdown(
     real = nbytes(state)
     step_no = 0
     try:
-        cap: dict[str, Any] = {"persist_bandwidth_mb_s": bandwidth_mb_s} if bandwidth_mb_s else {}
-        ckpt = FlashCheckpointer(cfg, str(tmp / f"slow-{mode}"), idle_exit_s=5, saver_nice=nice, **cap)
+        ckpt = FlashCheckpointer(
+            cfg, str(tmp / f"slow-{mode}"), idle_exit_s=5, saver_nice=nice, persist_bandwidth_mb_s=bandwidth_mb_s
+        )
     finally:
         if saved_env is None:
             os.environ.pop(HOST_SOCKET_ENV_VAR, None)
@@ -546,7 +548,12 @@ def main() -> int:
         help="saver(s) for the slowdown rows (hosted-own-session: the stand-in agent in a session of its own)",
     )
     p.add_argument("--rounds", type=int, default=0, help="slowdown rounds (default: 5 quick, 12 otherwise)")
-    p.add_argument("--persist-bandwidth-mb-s", type=float, default=0.0, help="persist rate cap (0: none)")
+    p.add_argument(
+        "--persist-bandwidth-mb-s",
+        type=float,
+        default=None,
+        help="persist rate cap (default: the savers' own, 512 MB/s per CPU; 0: none)",
+    )
     p.add_argument("--seal-nice", type=int, default=None, help="StagerConfig.seal_nice (default: the config's)")
     p.add_argument(
         "--train-threads",
@@ -577,7 +584,14 @@ def main() -> int:
             return 0
         slow_size = 64 * MB if args.quick else 256 * MB
         rounds = args.rounds or (5 if args.quick else 12)
-        cap = f"{args.persist_bandwidth_mb_s:g} MB/s" if args.persist_bandwidth_mb_s else "none"
+        given = args.persist_bandwidth_mb_s
+        cap = (
+            f"{default_persist_bandwidth_mb_s():g} MB/s (the default)"
+            if given is None
+            else f"{given:g} MB/s"
+            if given
+            else "none"
+        )
         torch.set_num_threads(args.train_threads)  # the loop's; copy threads are the Copier's own
         print(f"\n== training loop on {args.train_threads} intra-op thread(s), {os.cpu_count()} cores ==")
         for name, secs, note in bench_idle_neighbour(rounds):

@@ -23,7 +23,7 @@ from dlrover.flashckpt.client import DetachedSaverSpec, SaverClient
 from dlrover.flashckpt.config import StagerConfig
 from dlrover.flashckpt.host import SaverHostConfig
 from dlrover.flashckpt.memory import MemoryReader
-from dlrover.flashckpt.pacing import Pacer, pace_delay
+from dlrover.flashckpt.pacing import PERSIST_MB_S_PER_CPU, Pacer, default_persist_bandwidth_mb_s, pace_delay
 from dlrover.flashckpt.payloads import payload_from_state
 from dlrover.flashckpt.persist import persist_rank
 from dlrover.flashckpt.saver import Saver, SaverConfig
@@ -114,8 +114,32 @@ def test_paced_persist_writes_the_same_checkpoint_and_takes_bytes_over_rate() ->
         assert paced.read_bytes(name) == plain.read_bytes(name)
 
 
+def test_the_default_cap_is_a_share_per_cpu_the_saver_may_run_on() -> None:
+    assert default_persist_bandwidth_mb_s(1) == PERSIST_MB_S_PER_CPU
+    assert default_persist_bandwidth_mb_s(96) == 96 * PERSIST_MB_S_PER_CPU
+    assert default_persist_bandwidth_mb_s() == PERSIST_MB_S_PER_CPU * len(os.sched_getaffinity(0))
+    for bad in (0, -2, True, 1.5):
+        with pytest.raises(ValueError, match="cpus must be an int >= 1"):
+            default_persist_bandwidth_mb_s(bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.timeout(60)
+def test_the_default_cap_follows_the_cpus_a_process_is_confined_to() -> None:
+    # Narrowed to one CPU as a cpuset, taskset or a launcher's binding would.
+    code = (
+        "import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})\n"
+        "from dlrover.flashckpt.pacing import default_persist_bandwidth_mb_s as d; print(d())"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=50)
+    assert float(out.stdout) == PERSIST_MB_S_PER_CPU
+
+
 def test_bandwidth_configs_are_validated(job_id: str, tmp_path: Path) -> None:
-    assert SaverConfig(job_id=job_id, run_id="r").persist_bandwidth_mb_s == 0
+    expected = default_persist_bandwidth_mb_s()
+    assert SaverConfig(job_id=job_id, run_id="r").persist_bandwidth_mb_s == expected
+    assert SaverHostConfig(socket_path=str(tmp_path / "h.sock")).persist_bandwidth_mb_s == expected
+    assert DetachedSaverSpec(job_id, "r", 1, str(tmp_path)).persist_bandwidth_mb_s == expected
+    assert SaverConfig(job_id=job_id, run_id="r", persist_bandwidth_mb_s=0).persist_bandwidth_mb_s == 0  # no cap
     for bad in (-1.0, float("inf")):
         with pytest.raises(ConfigError, match="persist_bandwidth_mb_s"):
             SaverConfig(job_id=job_id, run_id="r", persist_bandwidth_mb_s=bad)

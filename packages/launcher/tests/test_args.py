@@ -181,7 +181,9 @@ def test_checkpoint_retention_and_persist_rate_flags() -> None:
     )
     assert (cfg.checkpoint_keep_last, cfg.checkpoint_keep_every, cfg.persist_bandwidth_mb_s) == (3, 100, 200.0)
     defaults = parse_args(["t.py"])
-    assert (defaults.checkpoint_keep_last, defaults.persist_bandwidth_mb_s) == (0, 0.0)
+    assert (defaults.checkpoint_keep_last, defaults.persist_bandwidth_mb_s) == (0, None)  # auto: the agent's CPUs
+    assert parse_args(["--persist-bandwidth-mb-s=auto", "t.py"]).persist_bandwidth_mb_s is None
+    assert parse_args(["--persist-bandwidth-mb-s=0", "t.py"]).persist_bandwidth_mb_s == 0.0  # no cap
     with pytest.raises(ConfigError, match="--checkpoint-keep-every needs --checkpoint-keep-last"):
         parse_args(["--checkpoint-keep-every=10", "t.py"])
     with pytest.raises(ConfigError, match="--persist-bandwidth-mb-s"):

@@ -61,7 +61,7 @@ if TYPE_CHECKING:
         request_saver,
     )
     from dlrover.flashckpt.memory import LoadedState, MemoryReader, MemorySnapshot
-    from dlrover.flashckpt.pacing import Pacer, pace_delay
+    from dlrover.flashckpt.pacing import PERSIST_MB_S_PER_CPU, Pacer, default_persist_bandwidth_mb_s, pace_delay
     from dlrover.flashckpt.payloads import payload_from_slot, payload_from_state
     from dlrover.flashckpt.persist import RankPayload, RankRecord, persist_rank
     from dlrover.flashckpt.pinning import CudaErrorPending, CudaHostPinner, FakeHostPinner, HostPinner, PinError
@@ -81,6 +81,8 @@ _EXPORTS: dict[str, str] = {
     "CRC32_BACKEND": "dlrover.flashckpt.checksum",
     "crc32": "dlrover.flashckpt.checksum",
     "Pacer": "dlrover.flashckpt.pacing",
+    "PERSIST_MB_S_PER_CPU": "dlrover.flashckpt.pacing",
+    "default_persist_bandwidth_mb_s": "dlrover.flashckpt.pacing",
     "pace_delay": "dlrover.flashckpt.pacing",
     "lower_process_priority": "dlrover.flashckpt.priority",
     "AgreeFn": "dlrover.flashckpt.checkpointer",
@@ -172,6 +174,8 @@ __all__ = [
     "CRC32_BACKEND",
     "crc32",
     "Pacer",
+    "PERSIST_MB_S_PER_CPU",
+    "default_persist_bandwidth_mb_s",
     "pace_delay",
     "lower_process_priority",
     "SaveResult",

@@ -114,8 +114,8 @@ class FlashCheckpointer:
             the agent's ``--checkpoint-keep-last``).
         idle_exit_s: a detached saver's idle exit time (a hosted saver has none).
         saver_nice: niceness added to a detached saver (persisting yields the CPU to training).
-        persist_bandwidth_mb_s: a detached saver's persist rate cap in MB/s (0: none; a hosted
-            saver takes the agent's setting).
+        persist_bandwidth_mb_s: a detached saver's persist rate cap in MB/s (None: the default,
+            `default_persist_bandwidth_mb_s`; 0: none; a hosted saver takes the agent's setting).
         clock: time source.
         host_timeout_s: bound on the agent's answer to a saver request (the agent answers
             without waiting on persists, even when a resize replaces the saver).
@@ -139,7 +139,7 @@ class FlashCheckpointer:
         retention: RetentionPolicy | None = None,
         idle_exit_s: float = 60.0,
         saver_nice: int = 19,
-        persist_bandwidth_mb_s: float = 0.0,
+        persist_bandwidth_mb_s: float | None = None,
         clock: Clock | None = None,
         host_timeout_s: float = 180.0,
     ) -> None:

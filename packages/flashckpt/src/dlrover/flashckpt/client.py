@@ -22,6 +22,7 @@ from dlrover.flashckpt.channel import ChannelError, recv_message, send_message, 
 from dlrover.flashckpt.commit import RetentionPolicy
 from dlrover.flashckpt.errors import SaverUnavailableError
 from dlrover.flashckpt.events import EventLog, FlashEvent
+from dlrover.flashckpt.pacing import default_persist_bandwidth_mb_s
 from dlrover.flashckpt.saver import socket_path
 from dlrover.flashckpt.segment import SEGMENT_PREFIX
 from dlrover.flashckpt.stager import SealedNotice
@@ -199,7 +200,8 @@ class DetachedSaverSpec:
             saver runs in a session of its own, so it also gives its session's autogroup this
             niceness (see `dlrover.flashckpt.priority`).
         coordinator: whether this node's saver moves the tracker (exactly one node's does).
-        persist_bandwidth_mb_s: the saver's persist rate cap in MB/s (0: none; see `SaverConfig`).
+        persist_bandwidth_mb_s: the saver's persist rate cap in MB/s (default: 512 per CPU this
+            process may run on; 0: none; see `SaverConfig`).
         storage_options: for a URL, the fsspec filesystem's options; they reach the saver through
             its environment (`STORAGE_OPTIONS_ENV_VAR`), never its command line, which every
             user of the machine can read.
@@ -219,7 +221,7 @@ class DetachedSaverSpec:
     log_path: str | None = None
     nice: int = 19
     coordinator: bool = True
-    persist_bandwidth_mb_s: float = attrs.field(default=0.0, validator=non_negative_finite)
+    persist_bandwidth_mb_s: float = attrs.field(factory=default_persist_bandwidth_mb_s, validator=non_negative_finite)
     storage_options: Mapping[str, Any] = attrs.field(factory=dict, repr=False)
     keep_last: int = attrs.field(default=0, validator=non_negative_int)
     keep_every: int = attrs.field(default=0, validator=non_negative_int)

@@ -72,6 +72,7 @@ from dlrover.flashckpt.commit import RetentionPolicy
 from dlrover.flashckpt.errors import FlashCkptError, SaverUnavailableError
 from dlrover.flashckpt.events import EventLog, FlashEvent
 from dlrover.flashckpt.host_runs import EnsureAction, EnsureDecision, HostRuns, SaverRequest
+from dlrover.flashckpt.pacing import default_persist_bandwidth_mb_s
 from dlrover.flashckpt.saver import Saver, SaverConfig
 from dlrover.flashckpt.segment import (
     DEFAULT_SHM_DIR,
@@ -181,8 +182,8 @@ class SaverHostConfig:
             thread only against the agent's own threads: training processes run in sessions of
             their own (Linux autogroups), so to bound what a persist takes from them, see
             `persist_bandwidth_mb_s`.
-        persist_bandwidth_mb_s: each saver's cap on its persist rate in MB/s (0: none); see
-            `SaverConfig`.
+        persist_bandwidth_mb_s: each saver's cap on its persist rate in MB/s (default: 512 per
+            CPU this process may run on; 0: none); see `SaverConfig`.
         retention: which committed checkpoints to keep (None: all).
         failure_persist_hold_s: how long each saver may hold back the persist a dead training
             process triggers while the restarted ones restore (0: persist at once); see
@@ -200,7 +201,7 @@ class SaverHostConfig:
     poll_interval_s: float = attrs.field(default=0.05, validator=positive)
     commit_poll_interval_s: float = attrs.field(default=1.0, validator=positive)
     persist_nice: int = attrs.field(default=19, validator=non_negative_int)
-    persist_bandwidth_mb_s: float = attrs.field(default=0.0, validator=non_negative_finite)
+    persist_bandwidth_mb_s: float = attrs.field(factory=default_persist_bandwidth_mb_s, validator=non_negative_finite)
     retention: RetentionPolicy | None = None
     failure_persist_hold_s: float = attrs.field(default=0.0, validator=non_negative_finite)
     failure_join_s: float = attrs.field(default=120.0, validator=non_negative_finite)

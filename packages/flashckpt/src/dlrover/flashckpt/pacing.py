@@ -4,15 +4,43 @@ Writing a snapshot costs CPU (the copy into the page cache) and disk bandwidth, 
 training job may need. Unbounded, a persist finishes as fast as the disk allows (the throughput
 goal); bounded, it spreads the same work over a longer time. `pace_delay` is the pure decision;
 `Pacer` applies it with an injected clock.
+
+The default cap, `default_persist_bandwidth_mb_s`, grows with the CPUs the saver may run on
+(`PERSIST_MB_S_PER_CPU` each), as a host's memory bandwidth roughly does: on a small host, where a
+persist at disk speed measured +3% to +8% on the steps of a memory-bound training loop beside it
+(2 cores, 256 MB at about 2 GB/s), it takes a bounded share; on a GPU node (dozens of cores) it
+is far above what its disks or network take, so it never holds a persist back there.
 """
 
 from __future__ import annotations
+
+import os
 
 import attrs
 
 from dlrover.common import Clock, ConfigError
 
-__all__ = ["Pacer", "pace_delay"]
+__all__ = ["PERSIST_MB_S_PER_CPU", "Pacer", "default_persist_bandwidth_mb_s", "pace_delay"]
+
+PERSIST_MB_S_PER_CPU = 512.0
+"""The default persist rate cap per CPU the saver may run on, in MB/s (10^6 bytes)."""
+
+
+def default_persist_bandwidth_mb_s(cpus: int | None = None) -> float:
+    """The default persist rate cap: `PERSIST_MB_S_PER_CPU` for each of `cpus`.
+
+    Args:
+        cpus: CPUs to count (default: those this process may run on, which a cpuset or
+            ``taskset`` narrows).
+
+    Raises:
+        ValueError: `cpus` is below 1.
+    """
+    if cpus is None:
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    if isinstance(cpus, bool) or not isinstance(cpus, int) or cpus < 1:
+        raise ValueError(f"cpus must be an int >= 1, got {cpus!r}")
+    return PERSIST_MB_S_PER_CPU * cpus
 
 
 def pace_delay(bytes_done: int, elapsed_s: float, rate_bytes_s: float) -> tuple[float, str]:

@@ -30,7 +30,7 @@ from dlrover.flashckpt.commit import Committer, RetentionPolicy
 from dlrover.flashckpt.errors import FlashCkptError, LayoutError, StateStructureError, StorageError
 from dlrover.flashckpt.events import EventLog, FlashEvent
 from dlrover.flashckpt.layout import SlotHeader, SlotState
-from dlrover.flashckpt.pacing import Pacer
+from dlrover.flashckpt.pacing import Pacer, default_persist_bandwidth_mb_s
 from dlrover.flashckpt.payloads import payload_from_slot
 from dlrover.flashckpt.persist import persist_rank
 from dlrover.flashckpt.priority import lower_thread_priority
@@ -99,13 +99,11 @@ class SaverConfig:
         worker_nice: niceness added to the persist worker thread only (Linux sets it per thread),
             so a saver hosted inside the agent yields the CPU to training (0: unchanged).
         persist_bandwidth_mb_s: cap on the average rate (MB/s, 10^6 bytes) at which a persist
-            writes tensor bytes, bounding its share of a core, of memory bandwidth and of the disk.
-            0 (the default): no cap, so a persist runs at disk speed and the snapshot is durable
-            soonest; the right cap depends on the disk and state size, which this class cannot
-            know. Without one, a CPU-bound training job slows while a persist runs wherever the
-            saver cannot be ranked below it (an agent-hosted saver on a machine whose sessions
-            are autogroups: the 2-core benchmark measured +74 %); 100 MB/s measured under +5 %
-            there, at a quarter of the disk's speed.
+            writes tensor bytes, bounding its share of a core, of memory bandwidth and of the disk
+            while training runs (a failure persist drops it). Default:
+            `default_persist_bandwidth_mb_s`, 512 MB/s per CPU this process may run on, which
+            holds a persist back on a small host only; 0: no cap (disk speed, the snapshot
+            durable soonest).
     """
 
     job_id: str
@@ -122,7 +120,7 @@ class SaverConfig:
     failure_join_s: float = attrs.field(default=120.0, validator=non_negative_finite)
     retention: RetentionPolicy | None = None
     worker_nice: int = attrs.field(default=0, validator=non_negative_int)
-    persist_bandwidth_mb_s: float = attrs.field(default=0.0, validator=non_negative_finite)
+    persist_bandwidth_mb_s: float = attrs.field(factory=default_persist_bandwidth_mb_s, validator=non_negative_finite)
 
     def __attrs_post_init__(self) -> None:
         if self.worker_nice > 19:

@@ -27,6 +27,7 @@ from dlrover.flashckpt.config import StagerConfig
 from dlrover.flashckpt.errors import FlashCkptError, SaverUnavailableError
 from dlrover.flashckpt.events import EventLog, FlashEvent
 from dlrover.flashckpt.host import HOST_SOCKET_ENV_VAR, SaverRequest, request_saver
+from dlrover.flashckpt.pacing import default_persist_bandwidth_mb_s
 from dlrover.flashckpt.saver import socket_path
 from dlrover.flashckpt.stager import SealedNotice
 from dlrover.flashckpt.storage.location import StorageLocation
@@ -80,7 +81,8 @@ class SaverLink:
         clock: time source for event timestamps.
         idle_exit_s: a detached saver's idle exit time.
         saver_nice: niceness added to a detached saver.
-        persist_bandwidth_mb_s: a detached saver's persist rate cap in MB/s (0: none).
+        persist_bandwidth_mb_s: a detached saver's persist rate cap in MB/s (None: the default,
+            `default_persist_bandwidth_mb_s`; 0: none).
         host_timeout_s: bound on the agent's answer to a saver request.
         retention: which committed checkpoints the saver keeps (None: a detached saver keeps
             all, the agent's saver its own setting, ``dlrover-run --checkpoint-keep-last``).
@@ -100,7 +102,7 @@ class SaverLink:
         clock: Clock,
         idle_exit_s: float = 60.0,
         saver_nice: int = 19,
-        persist_bandwidth_mb_s: float = 0.0,
+        persist_bandwidth_mb_s: float | None = None,
         host_timeout_s: float = 180.0,
         retention: RetentionPolicy | None = None,
     ) -> None:
@@ -152,11 +154,13 @@ class SaverLink:
                 config.shm_dir,
                 idle_exit_s,
                 nice=saver_nice,
-                persist_bandwidth_mb_s=persist_bandwidth_mb_s,
                 coordinator=coordinator,
                 storage_options=storage.options,
                 keep_last=keep_last,
                 keep_every=keep_every,
+                persist_bandwidth_mb_s=(
+                    default_persist_bandwidth_mb_s() if persist_bandwidth_mb_s is None else persist_bandwidth_mb_s
+                ),
             )
             self.client = self._connect()
         elif mode == "connect":

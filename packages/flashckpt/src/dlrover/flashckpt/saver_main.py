@@ -107,8 +107,9 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--persist-bandwidth-mb-s",
         type=float,
-        default=0.0,
-        help="cap on the rate a persist writes at, in MB/s (0: none, the disk's speed)",
+        default=None,
+        help="cap on the rate a persist writes at, in MB/s (default: 512 per CPU the saver may run on; "
+        "0: none, the disk's speed)",
     )
     p.add_argument(
         "--failure-join-s",
@@ -160,8 +161,8 @@ def main(argv: list[str] | None = None) -> int:
         lock_timeout_s=args.lock_timeout_s,
         retention=retention,
         coordinator=not args.not_coordinator,
-        persist_bandwidth_mb_s=args.persist_bandwidth_mb_s,
         failure_join_s=args.failure_join_s,
+        **({} if args.persist_bandwidth_mb_s is None else {"persist_bandwidth_mb_s": args.persist_bandwidth_mb_s}),
     )
     try:
         storage = _open_storage(args.storage_dir, os.environ.pop(STORAGE_OPTIONS_ENV_VAR, ""))

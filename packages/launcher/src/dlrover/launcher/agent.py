@@ -22,6 +22,7 @@ from dlrover.common.process import exiting_status
 from dlrover.common.validators import non_negative, non_negative_finite, positive
 from dlrover.flashckpt.commit import RetentionPolicy
 from dlrover.flashckpt.host import SaverHost, SaverHostConfig, host_socket_path
+from dlrover.flashckpt.pacing import default_persist_bandwidth_mb_s
 from dlrover.flashckpt.segment import DEFAULT_SHM_DIR, SHM_DIR_ENV_VAR
 from dlrover.launcher.control import (
     ControlPlane,
@@ -108,8 +109,9 @@ class AgentConfig:
             failure or stop: the newest snapshot) before the memory is removed.
         checkpoint_retention: which committed checkpoints the node's savers keep (None: all); a
             job's own `RetentionPolicy` (given to its `FlashCheckpointer`) overrides it.
-        persist_bandwidth_mb_s: the savers' cap on their persist rate in MB/s (0: none), which
-            bounds what a background persist takes from training on a node with few free cores.
+        persist_bandwidth_mb_s: the savers' cap on their persist rate in MB/s (default: 512 per
+            CPU the agent may run on; 0: none), which bounds what a background persist takes from
+            training on a node with few free cores.
         prewarm_modules: modules that standby interpreters import ahead of time, so workers
             (the first ones and every restart) skip that cost (`--prewarm`, see `StandbyPool`);
             empty: every worker starts a fresh interpreter.
@@ -152,7 +154,7 @@ class AgentConfig:
     checkpoint_stop_timeout_s: float = attrs.field(default=120.0, validator=positive)
     failure_persist_hold_s: float = attrs.field(default=0.0, validator=non_negative_finite)
     checkpoint_retention: RetentionPolicy | None = None
-    persist_bandwidth_mb_s: float = attrs.field(default=0.0, validator=non_negative_finite)
+    persist_bandwidth_mb_s: float = attrs.field(factory=default_persist_bandwidth_mb_s, validator=non_negative_finite)
     prewarm_modules: tuple[str, ...] = ()
     prewarm_refill_after_s: float = attrs.field(default=30.0, validator=non_negative)
     worker_reap_timeout_s: float = attrs.field(default=30.0, validator=non_negative)

@@ -133,7 +133,7 @@ class LaunchConfig:
     failure_persist_hold_s: float = 0.0
     checkpoint_keep_last: int = 0
     checkpoint_keep_every: int = 0
-    persist_bandwidth_mb_s: float = 0.0
+    persist_bandwidth_mb_s: float | None = None
     node_unit: int = 1
     hang_timeout_s: float = 180.0
     auto_config: bool = False
@@ -320,9 +320,10 @@ def _add_dlrover_options(ours: argparse._ArgumentGroup) -> None:
     _option(
         ours,
         _both("persist-bandwidth-mb-s"),
-        "0",
+        "auto",
         "cap on the rate (MB/s) at which the node's savers write a checkpoint to storage, bounding what a "
-        "background persist takes from training on a node with few free cores; 0: none (disk speed)",
+        "background persist takes from training on a node with few free cores; auto: 512 per CPU the agent "
+        "may run on; 0: none (disk speed)",
     )
     _option(ours, _both("node-unit"), "1", "the world holds a multiple of this many nodes")
     _option(
@@ -687,7 +688,11 @@ def parse_args(
         failure_persist_hold_s=failure_persist_hold_s,
         checkpoint_keep_last=keep_last,
         checkpoint_keep_every=keep_every,
-        persist_bandwidth_mb_s=_finite(ns.persist_bandwidth_mb_s, "--persist-bandwidth-mb-s", 0.0),
+        persist_bandwidth_mb_s=(
+            None
+            if ns.persist_bandwidth_mb_s == "auto"
+            else _finite(ns.persist_bandwidth_mb_s, "--persist-bandwidth-mb-s", 0.0)
+        ),
         node_unit=node_unit,
         hang_timeout_s=float(_number(ns.hang_timeout, "--hang-timeout", float, 0.0)),
         auto_config=ns.auto_config,
