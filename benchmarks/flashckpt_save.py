@@ -552,7 +552,7 @@ def main() -> int:
         "--persist-bandwidth-mb-s",
         type=float,
         default=None,
-        help="persist rate cap (default: the savers' own, 512 MB/s per CPU; 0: none)",
+        help="persist rate cap (default: the savers' own, 256 MB/s per CPU; 0: none)",
     )
     p.add_argument("--seal-nice", type=int, default=None, help="StagerConfig.seal_nice (default: the config's)")
     p.add_argument(

@@ -23,7 +23,14 @@ from dlrover.flashckpt.client import DetachedSaverSpec, SaverClient
 from dlrover.flashckpt.config import StagerConfig
 from dlrover.flashckpt.host import SaverHostConfig
 from dlrover.flashckpt.memory import MemoryReader
-from dlrover.flashckpt.pacing import PERSIST_MB_S_PER_CPU, Pacer, default_persist_bandwidth_mb_s, pace_delay
+from dlrover.flashckpt.pacing import (
+    PERSIST_MB_S_PER_CPU,
+    Pacer,
+    cpu_quota,
+    default_persist_bandwidth_mb_s,
+    pace_delay,
+    usable_cpus,
+)
 from dlrover.flashckpt.payloads import payload_from_state
 from dlrover.flashckpt.persist import persist_rank
 from dlrover.flashckpt.saver import Saver, SaverConfig
@@ -117,7 +124,8 @@ def test_paced_persist_writes_the_same_checkpoint_and_takes_bytes_over_rate() ->
 def test_the_default_cap_is_a_share_per_cpu_the_saver_may_run_on() -> None:
     assert default_persist_bandwidth_mb_s(1) == PERSIST_MB_S_PER_CPU
     assert default_persist_bandwidth_mb_s(96) == 96 * PERSIST_MB_S_PER_CPU
-    assert default_persist_bandwidth_mb_s() == PERSIST_MB_S_PER_CPU * len(os.sched_getaffinity(0))
+    assert default_persist_bandwidth_mb_s() == PERSIST_MB_S_PER_CPU * usable_cpus()
+    assert 1 <= usable_cpus() <= len(os.sched_getaffinity(0))
     for bad in (0, -2, True, 1.5):
         with pytest.raises(ValueError, match="cpus must be an int >= 1"):
             default_persist_bandwidth_mb_s(bad)  # type: ignore[arg-type]
@@ -132,6 +140,46 @@ def test_the_default_cap_follows_the_cpus_a_process_is_confined_to() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=50)
     assert float(out.stdout) == PERSIST_MB_S_PER_CPU
+
+
+def _cgroup(tmp_path: Path, proc_line: str, files: dict[str, str]) -> tuple[Path, Path]:
+    root = tmp_path / "cgroup"
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    proc = tmp_path / "proc-self-cgroup"
+    proc.write_text(proc_line)
+    return root, proc
+
+
+def test_the_cpu_quota_is_read_from_cgroup_v2_and_v1(tmp_path: Path) -> None:
+    # v2: the tightest cpu.max along the cgroup's path; "max" is no limit.
+    root, proc = _cgroup(
+        tmp_path / "v2",
+        "0::/kubepods/pod1/ctr\n",
+        {
+            "kubepods/cpu.max": "max 100000",
+            "kubepods/pod1/cpu.max": "250000 100000",
+            "kubepods/pod1/ctr/cpu.max": "max",
+        },
+    )
+    assert cpu_quota(root, proc) == 2.5
+    # A cgroup namespace shows the container's own cgroup as "/".
+    root, proc = _cgroup(tmp_path / "ns", "0::/\n", {"cpu.max": "150000 100000\n"})
+    assert cpu_quota(root, proc) == 1.5
+    # v1: cfs_quota_us over cfs_period_us under the cpu controller's mount; -1 is no limit.
+    root, proc = _cgroup(
+        tmp_path / "v1",
+        "4:memory:/x\n3:cpu,cpuacct:/docker/abc\n0::/\n",
+        {"cpu,cpuacct/docker/abc/cpu.cfs_quota_us": "400000", "cpu,cpuacct/docker/abc/cpu.cfs_period_us": "100000"},
+    )
+    assert cpu_quota(root, proc) == 4.0
+    unlimited = {"cpu/cpu.cfs_quota_us": "-1", "cpu/cpu.cfs_period_us": "100000"}
+    root, proc = _cgroup(tmp_path / "none", "1:cpu:/\n0::/\n", unlimited)
+    assert cpu_quota(root, proc) is None
+    assert cpu_quota(tmp_path / "missing", tmp_path / "no-such-file") is None
+    root, proc = _cgroup(tmp_path / "bad", "0::/\n", {"cpu.max": "lots 100000"})
+    assert cpu_quota(root, proc) is None  # unreadable: no limit known
 
 
 def test_bandwidth_configs_are_validated(job_id: str, tmp_path: Path) -> None:

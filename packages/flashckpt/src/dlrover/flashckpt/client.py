@@ -200,7 +200,7 @@ class DetachedSaverSpec:
             saver runs in a session of its own, so it also gives its session's autogroup this
             niceness (see `dlrover.flashckpt.priority`).
         coordinator: whether this node's saver moves the tracker (exactly one node's does).
-        persist_bandwidth_mb_s: the saver's persist rate cap in MB/s (default: 512 per CPU this
+        persist_bandwidth_mb_s: the saver's persist rate cap in MB/s (default: 256 per CPU this
             process may run on; 0: none; see `SaverConfig`).
         storage_options: for a URL, the fsspec filesystem's options; they reach the saver through
             its environment (`STORAGE_OPTIONS_ENV_VAR`), never its command line, which every

@@ -182,8 +182,8 @@ class SaverHostConfig:
             thread only against the agent's own threads: training processes run in sessions of
             their own (Linux autogroups), so to bound what a persist takes from them, see
             `persist_bandwidth_mb_s`.
-        persist_bandwidth_mb_s: each saver's cap on its persist rate in MB/s (default: 512 per
-            CPU this process may run on; 0: none); see `SaverConfig`.
+        persist_bandwidth_mb_s: each saver's cap on its persist rate in MB/s (default: 256 per
+            CPU this process may use; 0: none); see `SaverConfig`.
         retention: which committed checkpoints to keep (None: all).
         failure_persist_hold_s: how long each saver may hold back the persist a dead training
             process triggers while the restarted ones restore (0: persist at once); see

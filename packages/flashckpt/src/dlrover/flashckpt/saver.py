@@ -101,7 +101,7 @@ class SaverConfig:
         persist_bandwidth_mb_s: cap on the average rate (MB/s, 10^6 bytes) at which a persist
             writes tensor bytes, bounding its share of a core, of memory bandwidth and of the disk
             while training runs (a failure persist drops it). Default:
-            `default_persist_bandwidth_mb_s`, 512 MB/s per CPU this process may run on, which
+            `default_persist_bandwidth_mb_s`, 256 MB/s per CPU this process may use, which
             holds a persist back on a small host only; 0: no cap (disk speed, the snapshot
             durable soonest).
     """

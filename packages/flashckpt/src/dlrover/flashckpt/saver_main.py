@@ -108,7 +108,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--persist-bandwidth-mb-s",
         type=float,
         default=None,
-        help="cap on the rate a persist writes at, in MB/s (default: 512 per CPU the saver may run on; "
+        help="cap on the rate a persist writes at, in MB/s (default: 256 per CPU the saver may use; "
         "0: none, the disk's speed)",
     )
     p.add_argument(

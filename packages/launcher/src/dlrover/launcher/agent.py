@@ -109,8 +109,8 @@ class AgentConfig:
             failure or stop: the newest snapshot) before the memory is removed.
         checkpoint_retention: which committed checkpoints the node's savers keep (None: all); a
             job's own `RetentionPolicy` (given to its `FlashCheckpointer`) overrides it.
-        persist_bandwidth_mb_s: the savers' cap on their persist rate in MB/s (default: 512 per
-            CPU the agent may run on; 0: none), which bounds what a background persist takes from
+        persist_bandwidth_mb_s: the savers' cap on their persist rate in MB/s (default: 256 per
+            CPU the agent may use; 0: none), which bounds what a background persist takes from
             training on a node with few free cores.
         prewarm_modules: modules that standby interpreters import ahead of time, so workers
             (the first ones and every restart) skip that cost (`--prewarm`, see `StandbyPool`);

@@ -17,14 +17,19 @@ from typing import Any, cast
 from dlrover.common import Clock, ConfigError, SystemClock
 from dlrover.flashckpt.errors import StorageError
 from dlrover.flashckpt.storage.base import COMMIT_LOCK_NAME, Chunk, check_lock_timeout, check_path
-from dlrover.flashckpt.storage.direct_io import ALIGN, DEFAULT_BUFFER_BYTES, DIRECT_FLAG, write_direct
+from dlrover.flashckpt.storage.direct_io import (
+    ALIGN,
+    DEFAULT_BUFFER_BYTES,
+    DIRECT_FLAG,
+    MAX_BUFFER_BYTES,
+    DirectIORefused,
+    write_direct,
+)
 from dlrover.flashckpt.storage.file_lock import exclusive_flock
 
 __all__ = ["POSIX_DEFAULTS", "PosixStorage", "check_posix_settings"]
 
 _log = logging.getLogger(__name__)
-
-_open = os.open  # tests stand a filesystem that refuses O_DIRECT in for it
 
 
 POSIX_DEFAULTS: dict[str, Any] = {
@@ -49,8 +54,10 @@ def check_posix_settings(writeback_window_bytes: Any, direct_io: Any, direct_buf
         raise ConfigError(f"direct_io must be None, True or False, got {direct_io!r}")
     if isinstance(direct_buffer_bytes, bool) or not isinstance(direct_buffer_bytes, int):
         raise ConfigError(f"direct_buffer_bytes must be an int, got {direct_buffer_bytes!r}")
-    if direct_buffer_bytes <= 0 or direct_buffer_bytes % ALIGN:
-        raise ConfigError(f"direct_buffer_bytes must be a positive multiple of {ALIGN}, got {direct_buffer_bytes}")
+    if not 0 < direct_buffer_bytes <= MAX_BUFFER_BYTES or direct_buffer_bytes % ALIGN:
+        raise ConfigError(
+            f"direct_buffer_bytes must be a multiple of {ALIGN} up to {MAX_BUFFER_BYTES}, got {direct_buffer_bytes}"
+        )
     if direct_io is True and not DIRECT_FLAG:
         raise ConfigError("direct_io=True: this platform has no O_DIRECT")
 
@@ -78,9 +85,10 @@ class PosixStorage:
         root: the checkpoint directory (created if missing).
         writeback_window_bytes: bytes between writeback starts for files written through the
             page cache (0: leave it all to the fsync and keep the pages cached).
-        direct_io: write with ``O_DIRECT``: None (default) where the filesystem takes it (a
-            refusal is logged once, and later files go through the page cache), True to refuse
-            (`StorageError`) a filesystem that does not, False never.
+        direct_io: write files of at least `direct_buffer_bytes` with ``O_DIRECT``: None
+            (default) where the filesystem takes it (a refusal is logged once; the rest of that
+            file and every later one go through the page cache), True to fail the write
+            (`StorageError`) on a filesystem that refuses it, False never.
         direct_buffer_bytes: the aligned buffer of a direct write, a multiple of 4096 bytes.
         commit_lock_timeout_s: how long `commit_lock` waits for another writer before failing.
         clock: time source for that wait.
@@ -106,7 +114,7 @@ class PosixStorage:
         self._warned_no_flock = False
         self.direct_io = direct_io
         self.direct_buffer_bytes = direct_buffer_bytes
-        # Cleared (with the reason) once the filesystem refuses a direct open under direct_io=None.
+        # Cleared once the filesystem refuses O_DIRECT under direct_io=None (the warning says why).
         self._direct = direct_io is not False and bool(DIRECT_FLAG)
 
     @property
@@ -145,13 +153,15 @@ class PosixStorage:
         tmp = target.with_name(f"{target.name}.tmp-{uuid.uuid4().hex[:8]}")
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
-            fd, direct = self._open_new(tmp)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             try:
-                if direct:
-                    written = write_direct(fd, chunks, self.direct_buffer_bytes)
-                    os.fsync(fd)
+                window = _Writeback(fd, self.writeback_window_bytes)
+                if self._direct:
+                    written = self._write_direct(fd, chunks, window)
                 else:
-                    written = _write_buffered(fd, chunks, self.writeback_window_bytes)
+                    written = _write_buffered(fd, chunks, window)
+                os.fsync(fd)
+                window.finish(written)
             finally:
                 os.close(fd)
             os.replace(tmp, target)
@@ -161,26 +171,23 @@ class PosixStorage:
             # streamed), the target keeps its previous content and no temporary file is left.
             with contextlib.suppress(OSError):
                 tmp.unlink()
+            if isinstance(e, DirectIORefused):
+                raise StorageError(f"{self.root} does not support O_DIRECT (direct_io=True): {e}") from e
             if isinstance(e, OSError):
                 raise StorageError(f"cannot write {target}: {e}") from e
             raise
         return written
 
-    def _open_new(self, tmp: Path) -> tuple[int, bool]:
-        """Create `tmp` for writing; with ``O_DIRECT`` unless this filesystem refused it."""
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
-        if self._direct:
-            try:
-                return _open(tmp, flags | DIRECT_FLAG, 0o644), True
-            except OSError as e:
-                if e.errno != errno.EINVAL:
-                    raise
-                tmp.unlink(missing_ok=True)  # some filesystems create the file before refusing the flag
-                if self.direct_io is True:
-                    raise StorageError(f"{self.root} does not support O_DIRECT (direct_io=True): {e}") from e
-                self._direct = False
-                _log.warning("%s refuses O_DIRECT (%s): checkpoints are written through the page cache", self.root, e)
-        return _open(tmp, flags, 0o644), False
+    def _write_direct(self, fd: int, chunks: Iterable[Chunk], window: _Writeback) -> int:
+        done = write_direct(
+            fd, chunks, self.direct_buffer_bytes, fallback=self.direct_io is None, on_buffered=window.wrote
+        )
+        if done.refused is not None and self._direct:
+            self._direct = False  # later files go through the page cache from their start
+            _log.warning(
+                "%s refuses O_DIRECT (%s): checkpoints are written through the page cache", self.root, done.refused
+            )
+        return done.written
 
     def read_bytes(self, path: str, offset: int = 0, length: int | None = None) -> bytes:
         """See `Storage.read_bytes`."""
@@ -245,10 +252,9 @@ class PosixStorage:
         _fsync_dir(p.parent)
 
 
-def _write_buffered(fd: int, chunks: Iterable[Chunk], window_bytes: int) -> int:
-    """Write `chunks` through the page cache, window by window (see `_Writeback`), and fsync."""
+def _write_buffered(fd: int, chunks: Iterable[Chunk], window: _Writeback) -> int:
+    """Write `chunks` through the page cache, window by window (see `_Writeback`)."""
     written = 0
-    window = _Writeback(fd, window_bytes)
     for chunk in chunks:
         view = memoryview(chunk).cast("B")
         while view:
@@ -256,8 +262,6 @@ def _write_buffered(fd: int, chunks: Iterable[Chunk], window_bytes: int) -> int:
             view = view[n:]
             written += n
         window.wrote(written)
-    os.fsync(fd)
-    window.finish(written)
     return written
 
 
