@@ -42,3 +42,12 @@ def test_the_failure_join_window_is_configurable_and_checked(tmp_path: Path) -> 
     off.mkdir()
     done = _run(off, "--failure-join-s", "0", "--idle-exit-s", "0.5")  # 0 turns joining off
     assert done.returncode == 0, done.stderr
+
+
+def test_a_bad_persist_rate_is_refused_with_a_message(tmp_path: Path) -> None:
+    done = _run(tmp_path, "--persist-bandwidth-mb-s", "-5")
+    assert done.returncode == 2
+    assert "bad saver settings" in done.stderr
+    assert "persist_bandwidth_mb_s" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert list((tmp_path / "shm").iterdir()) == []

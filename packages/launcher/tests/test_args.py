@@ -183,6 +183,9 @@ def test_checkpoint_retention_and_persist_rate_flags() -> None:
     defaults = parse_args(["t.py"])
     assert (defaults.checkpoint_keep_last, defaults.persist_bandwidth_mb_s) == (0, None)  # auto: the agent's CPUs
     assert parse_args(["--persist-bandwidth-mb-s=auto", "t.py"]).persist_bandwidth_mb_s is None
+    assert parse_args(["--persist-bandwidth-mb-s=AUTO", "t.py"]).persist_bandwidth_mb_s is None
+    with pytest.raises(ConfigError, match=r"must be a number, got 'fast' \(or auto\)"):
+        parse_args(["--persist-bandwidth-mb-s=fast", "t.py"])
     assert parse_args(["--persist-bandwidth-mb-s=0", "t.py"]).persist_bandwidth_mb_s == 0.0  # no cap
     with pytest.raises(ConfigError, match="--checkpoint-keep-every needs --checkpoint-keep-last"):
         parse_args(["--checkpoint-keep-every=10", "t.py"])

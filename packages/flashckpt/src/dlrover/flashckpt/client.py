@@ -201,8 +201,9 @@ class DetachedSaverSpec:
             niceness (see `dlrover.flashckpt.priority`).
         coordinator: whether this node's saver moves the tracker (exactly one node's does).
         persist_bandwidth_mb_s: the saver's persist rate cap in MB/s (default: 256 per CPU this
-            process may run on; 0: none; see `SaverConfig`).
-        storage_options: for a URL, the fsspec filesystem's options; they reach the saver through
+            process may use; 0: none; see `SaverConfig`).
+        storage_options: for a URL, the fsspec filesystem's options (for a POSIX directory,
+            `PosixStorage`'s write settings that differ from their defaults); they reach the saver through
             its environment (`STORAGE_OPTIONS_ENV_VAR`), never its command line, which every
             user of the machine can read.
         keep_last: retention: the saver keeps the last N committed checkpoints (0: all).

@@ -21,7 +21,8 @@ Stager to host:
             ``storage_dir`` (absolute path, or an fsspec URL such as ``s3://bucket/prefix``),
             ``coordinator`` (bool: this node's saver moves the tracker), ``shm_dir``
             (absolute path of an existing directory), ``num_slots`` (int >= 2), optional
-            ``storage_options`` (a URL's fsspec options, a JSON object), optional
+            ``storage_options`` (a JSON object: a URL's fsspec options, or a POSIX
+            directory's write settings, see `StorageLocation`), optional
             ``keep_last`` and ``keep_every`` (ints >= 0: the job's retention; 0 and 0: the
             host's): start, reuse or replace the run's saver
 ==========  ================================================================================

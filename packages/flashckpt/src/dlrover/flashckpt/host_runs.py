@@ -40,7 +40,8 @@ class SaverRequest:
         shm_dir: absolute path of the directory holding the run's segments.
         num_slots: slots per rank.
         storage_options: for a URL, the fsspec filesystem's options (may hold credentials: kept
-            out of the repr and of every reason string).
+            out of the repr and of every reason string); for a POSIX directory, `PosixStorage`'s
+            write settings that differ from their defaults.
         keep_last: retention the job asks for: keep the last N committed steps (0: the host's
             own `SaverHostConfig.retention`).
         keep_every: and every K-th step (0: none besides the last N).

@@ -30,6 +30,7 @@ from types import FrameType
 from dlrover.common import ConfigError, SystemClock, configure_logging
 from dlrover.flashckpt.commit import RetentionPolicy
 from dlrover.flashckpt.errors import FlashCkptError
+from dlrover.flashckpt.pacing import default_persist_bandwidth_mb_s
 from dlrover.flashckpt.priority import lower_process_priority
 from dlrover.flashckpt.saver import Saver, SaverConfig
 from dlrover.flashckpt.storage.base import Chunk, Storage
@@ -150,20 +151,22 @@ def main(argv: list[str] | None = None) -> int:
     log.info("saver priority: %s", why)
     try:
         retention = RetentionPolicy.from_counts(args.keep_last, args.keep_every)
+        config = SaverConfig(
+            job_id=args.job,
+            run_id=args.run,
+            world_size=args.world_size,
+            shm_dir=args.shm_dir,
+            lock_timeout_s=args.lock_timeout_s,
+            retention=retention,
+            coordinator=not args.not_coordinator,
+            failure_join_s=args.failure_join_s,
+            persist_bandwidth_mb_s=(
+                default_persist_bandwidth_mb_s() if args.persist_bandwidth_mb_s is None else args.persist_bandwidth_mb_s
+            ),
+        )
     except ConfigError as e:
-        log.error("bad retention: %s", e)
+        log.error("bad saver settings: %s", e)
         return 2
-    config = SaverConfig(
-        job_id=args.job,
-        run_id=args.run,
-        world_size=args.world_size,
-        shm_dir=args.shm_dir,
-        lock_timeout_s=args.lock_timeout_s,
-        retention=retention,
-        coordinator=not args.not_coordinator,
-        failure_join_s=args.failure_join_s,
-        **({} if args.persist_bandwidth_mb_s is None else {"persist_bandwidth_mb_s": args.persist_bandwidth_mb_s}),
-    )
     try:
         storage = _open_storage(args.storage_dir, os.environ.pop(STORAGE_OPTIONS_ENV_VAR, ""))
     except (FlashCkptError, OSError, ValueError) as e:

@@ -422,6 +422,16 @@ def _finite(value: Any, flag: str, minimum: float) -> float:
     return number
 
 
+def _rate_or_auto(value: Any, flag: str) -> float | None:
+    """A finite rate >= 0, or None for ``auto`` (the component's own default)."""
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return None
+    try:
+        return _finite(value, flag, 0.0)
+    except ConfigError as e:
+        raise ConfigError(f"{e} (or auto)") from None
+
+
 def _shutdown_grace(ns: argparse.Namespace) -> float:
     """`--shutdown-grace`, or torchrun's `--shutdown-timeout` (or TORCH_ELASTIC_SHUTDOWN_TIMEOUT)."""
     grace = float(_number(ns.shutdown_grace, "--shutdown-grace", float, 0.0))
@@ -688,11 +698,7 @@ def parse_args(
         failure_persist_hold_s=failure_persist_hold_s,
         checkpoint_keep_last=keep_last,
         checkpoint_keep_every=keep_every,
-        persist_bandwidth_mb_s=(
-            None
-            if ns.persist_bandwidth_mb_s == "auto"
-            else _finite(ns.persist_bandwidth_mb_s, "--persist-bandwidth-mb-s", 0.0)
-        ),
+        persist_bandwidth_mb_s=_rate_or_auto(ns.persist_bandwidth_mb_s, "--persist-bandwidth-mb-s"),
         node_unit=node_unit,
         hang_timeout_s=float(_number(ns.hang_timeout, "--hang-timeout", float, 0.0)),
         auto_config=ns.auto_config,
