@@ -240,13 +240,16 @@ def bench_save(size: int, reps: int, tmp: Path, threads: int) -> list[tuple[str,
         assert header is not None
         count = max(1, real // (16 * MB))
         persists, dds = [], []
-        for _ in range(2):
+
+        def persist_once() -> None:
             assert seg.try_lock(exclusive=False)
             t = time.perf_counter()
             persist_rank(storage, payload_from_slot(seg, header, 0, 1))
             Committer(storage).try_commit(header.step, 1)
             persists.append(time.perf_counter() - t)
             seg.unlock()
+
+        def dd_once() -> None:
             t = time.perf_counter()
             subprocess.run(
                 ["dd", "if=/dev/zero", f"of={tmp / 'dd.bin'}", "bs=16M", f"count={count}", "conv=fsync"],
@@ -255,6 +258,12 @@ def bench_save(size: int, reps: int, tmp: Path, threads: int) -> list[tuple[str,
             )
             dds.append(time.perf_counter() - t)
             (tmp / "dd.bin").unlink()
+
+        # Best of four each, in ABBA order: the disk's speed here drifts by tens of percent
+        # between seconds, and two tries each left the ratio to chance.
+        for run_a, run_b in ((persist_once, dd_once), (dd_once, persist_once)) * 2:
+            run_a()
+            run_b()
         seg.close()
         persist, dd = min(persists), min(dds)
         dd_bytes = count * 16 * MB

@@ -16,10 +16,12 @@ from dlrover.flashckpt.errors import StorageError
 from dlrover.flashckpt.storage import InMemoryStorage, PosixStorage, Storage
 
 
-@pytest.fixture(params=["posix", "memory", pytest.param("s3", marks=pytest.mark.integration)])
+@pytest.fixture(params=["posix", "posix-direct", "memory", pytest.param("s3", marks=pytest.mark.integration)])
 def storage(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Storage]:
     if request.param == "posix":
         yield PosixStorage(tmp_path / "ckpt")
+    elif request.param == "posix-direct":  # O_DIRECT from the first full 4 KiB buffer, where taken
+        yield PosixStorage(tmp_path / "ckpt", direct_io=None, direct_buffer_bytes=4096)
     elif request.param == "memory":
         yield InMemoryStorage()
     else:
