@@ -9,8 +9,10 @@ The default cap, `default_persist_bandwidth_mb_s`, grows with the CPUs the saver
 (`PERSIST_MB_S_PER_CPU` each: its affinity mask, bounded by its cgroup's CPU quota), as a host's
 memory bandwidth roughly does. On a small host it takes a bounded share: beside a memory-bound
 training loop on 2 cores, steps measured +5.8% while a 256 MB persist ran at disk speed (1.7
-GB/s), +5.0% at 1 GB/s and +2.6% at 512 MB/s, the default there (medians of 24 rounds). On a
-GPU node (dozens of cores) it is above what the disks or network take, so it holds nothing back.
+GB/s), +5.0% at 1 GB/s and +2.6% at 512 MB/s (O_DIRECT writes, medians of 24 rounds), and
++0.9% / +0.3% (agent-hosted / detached saver, 16 rounds) at 512 MB/s, the default there, with
+the default page-cache writes. On a GPU node (dozens of cores) it is above what the disks or
+network take, so it holds nothing back.
 """
 
 from __future__ import annotations
