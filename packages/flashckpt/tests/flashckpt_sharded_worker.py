@@ -65,19 +65,19 @@ def emit(sink: Path | None, **kw: object) -> None:
             f.write(line)
 
 
-def build(world: int, seed: int, fsdp: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-    """The model, each Linear and the whole sharded (FSDP1 or FSDP2), and its optimizer."""
-    mesh = init_device_mesh("cpu", (world,))
+def build(world: int, seed: int, fsdp: int, device: str = "cpu") -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """The model on `device`, each Linear and the whole sharded (FSDP1 or FSDP2), and its optimizer."""
+    mesh = init_device_mesh(device, (world,))
     torch.manual_seed(seed)
-    layers = [torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 6)]
+    layers = [m.to(device) for m in (torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 6))]
     model: torch.nn.Module
     if fsdp == 1:
-        cpu = torch.device("cpu")
+        on = torch.device(device)
         wrapped = [
-            FullyShardedDataParallel(m, device_mesh=mesh, device_id=cpu) if isinstance(m, torch.nn.Linear) else m
+            FullyShardedDataParallel(m, device_mesh=mesh, device_id=on) if isinstance(m, torch.nn.Linear) else m
             for m in layers
         ]
-        model = FullyShardedDataParallel(torch.nn.Sequential(*wrapped), device_mesh=mesh, device_id=cpu)
+        model = FullyShardedDataParallel(torch.nn.Sequential(*wrapped), device_mesh=mesh, device_id=on)
     else:
         model = torch.nn.Sequential(*layers)
         for layer in layers:

@@ -26,6 +26,7 @@ from flashckpt_testlib import at, same_bits, tensor_places, zeros_like_state
 
 from dlrover.flashckpt import FlashCheckpointer, MemoryReader, Stager, torch_distributed_agree
 from dlrover.flashckpt.config import StagerConfig
+from dlrover.flashckpt.memory import LoadedState
 from dlrover.flashckpt.pinning import CudaHostPinner, PinError
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device visible")
@@ -313,31 +314,28 @@ def test_a_checkpointer_over_nccl_persists_and_loads_device_state(
 def test_fsdp2_on_the_gpu_restores_from_memory_and_from_storage(
     config: StagerConfig, tmp_path: Path, nccl_world_of_one: None
 ) -> None:
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
+    from flashckpt_sharded_worker import build
 
     from dlrover.flashckpt import ShardedCheckpointer, get_sharded_state, set_sharded_state
-
-    mesh = init_device_mesh("cuda", (1,))
-
-    def build(seed: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-        torch.manual_seed(seed)
-        model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 8)).cuda()
-        for layer in model:
-            if isinstance(layer, torch.nn.Linear):
-                fully_shard(layer, mesh=mesh)
-        fully_shard(model, mesh=mesh)
-        return model, torch.optim.AdamW(model.parameters(), lr=0.01)
 
     def snapshot(model: torch.nn.Module) -> list[torch.Tensor]:
         return [p.full_tensor().detach().cpu() for p in model.parameters()]  # type: ignore[attr-defined]
 
+    def restore(ckpt: ShardedCheckpointer, seed: int) -> tuple[LoadedState, list[torch.Tensor]]:
+        """Load into a model built from another seed; the load and the restored parameters."""
+        model, opt = build(1, seed, 2, "cuda")
+        target = get_sharded_state(model, opt)
+        target["step"] = -1
+        loaded = ckpt.load(target)
+        set_sharded_state(model, opt, loaded.state)
+        return loaded, snapshot(model)
+
     storage = str(tmp_path / "dcp")
-    model, opt = build(0)
+    model, opt = build(1, 0, 2, "cuda")
     ckpt = ShardedCheckpointer(config, storage, saver="none")
     try:
         for step in (1, 2):
-            model(torch.randn(4, 64, device="cuda")).square().mean().backward()
+            model(torch.randn(4, 8, device="cuda")).square().mean().backward()
             opt.step()
             opt.zero_grad()
             state = get_sharded_state(model, opt)
@@ -346,25 +344,16 @@ def test_fsdp2_on_the_gpu_restores_from_memory_and_from_storage(
             if step == 1:
                 assert ckpt.persist(1).commit
                 at_step_1 = snapshot(model)
-        trained = snapshot(model)
-        restored, ropt = build(99)
-        target = get_sharded_state(restored, ropt)
-        target["step"] = -1
-        loaded = ckpt.load(target)
+        loaded, params = restore(ckpt, 99)
         assert (loaded.source, loaded.step, loaded.state["step"]) == ("memory", 2, 2)
-        set_sharded_state(restored, ropt, loaded.state)
-        assert all(torch.equal(a, b) for a, b in zip(snapshot(restored), trained, strict=True))
+        assert all(torch.equal(a, b) for a, b in zip(params, snapshot(model), strict=True))
     finally:
         ckpt.close(remove=True)
     fresh = ShardedCheckpointer(attrs.evolve(config, run_id="r2"), storage, saver="none")
     try:
-        restored, ropt = build(98)
-        target = get_sharded_state(restored, ropt)
-        target["step"] = -1
-        loaded = fresh.load(target)
+        loaded, params = restore(fresh, 98)
         assert (loaded.source, loaded.step, loaded.state["step"]) == ("storage", 1, 1)
-        set_sharded_state(restored, ropt, loaded.state)
-        assert all(torch.equal(a, b) for a, b in zip(snapshot(restored), at_step_1, strict=True))
+        assert all(torch.equal(a, b) for a, b in zip(params, at_step_1, strict=True))
     finally:
         fresh.close(remove=True)
     _kernel_runs()

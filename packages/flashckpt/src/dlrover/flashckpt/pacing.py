@@ -31,6 +31,7 @@ __all__ = [
     "cpu_quota",
     "default_persist_bandwidth_mb_s",
     "pace_delay",
+    "persist_bandwidth_or_default",
     "usable_cpus",
 ]
 
@@ -119,6 +120,11 @@ def default_persist_bandwidth_mb_s(cpus: int | None = None) -> float:
     if isinstance(cpus, bool) or not isinstance(cpus, int) or cpus < 1:
         raise ValueError(f"cpus must be an int >= 1, got {cpus!r}")
     return PERSIST_MB_S_PER_CPU * cpus
+
+
+def persist_bandwidth_or_default(mb_s: float | None) -> float:
+    """`mb_s`, or `default_persist_bandwidth_mb_s` where it is None (a setting left at "auto")."""
+    return default_persist_bandwidth_mb_s() if mb_s is None else mb_s
 
 
 def pace_delay(bytes_done: int, elapsed_s: float, rate_bytes_s: float) -> tuple[float, str]:

@@ -27,7 +27,7 @@ from dlrover.flashckpt.config import StagerConfig
 from dlrover.flashckpt.errors import FlashCkptError, SaverUnavailableError
 from dlrover.flashckpt.events import EventLog, FlashEvent
 from dlrover.flashckpt.host import HOST_SOCKET_ENV_VAR, SaverRequest, request_saver
-from dlrover.flashckpt.pacing import default_persist_bandwidth_mb_s
+from dlrover.flashckpt.pacing import persist_bandwidth_or_default
 from dlrover.flashckpt.saver import socket_path
 from dlrover.flashckpt.stager import SealedNotice
 from dlrover.flashckpt.storage.location import StorageLocation
@@ -158,9 +158,7 @@ class SaverLink:
                 storage_options=storage.options,
                 keep_last=keep_last,
                 keep_every=keep_every,
-                persist_bandwidth_mb_s=(
-                    default_persist_bandwidth_mb_s() if persist_bandwidth_mb_s is None else persist_bandwidth_mb_s
-                ),
+                persist_bandwidth_mb_s=persist_bandwidth_or_default(persist_bandwidth_mb_s),
             )
             self.client = self._connect()
         elif mode == "connect":

@@ -30,7 +30,7 @@ from types import FrameType
 from dlrover.common import ConfigError, SystemClock, configure_logging
 from dlrover.flashckpt.commit import RetentionPolicy
 from dlrover.flashckpt.errors import FlashCkptError
-from dlrover.flashckpt.pacing import default_persist_bandwidth_mb_s
+from dlrover.flashckpt.pacing import persist_bandwidth_or_default
 from dlrover.flashckpt.priority import lower_process_priority
 from dlrover.flashckpt.saver import Saver, SaverConfig
 from dlrover.flashckpt.storage.base import Chunk, Storage
@@ -160,9 +160,7 @@ def main(argv: list[str] | None = None) -> int:
             retention=retention,
             coordinator=not args.not_coordinator,
             failure_join_s=args.failure_join_s,
-            persist_bandwidth_mb_s=(
-                default_persist_bandwidth_mb_s() if args.persist_bandwidth_mb_s is None else args.persist_bandwidth_mb_s
-            ),
+            persist_bandwidth_mb_s=persist_bandwidth_or_default(args.persist_bandwidth_mb_s),
         )
     except ConfigError as e:
         log.error("bad saver settings: %s", e)

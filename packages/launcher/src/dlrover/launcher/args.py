@@ -323,7 +323,7 @@ def _add_dlrover_options(ours: argparse._ArgumentGroup) -> None:
         "auto",
         "cap on the rate (MB/s) at which the node's savers write a checkpoint to storage, bounding what a "
         "background persist takes from training on a node with few free cores; auto: 256 per CPU the agent "
-        "may run on; 0: none (disk speed)",
+        "may use; 0: none (disk speed)",
     )
     _option(ours, _both("node-unit"), "1", "the world holds a multiple of this many nodes")
     _option(

@@ -40,7 +40,7 @@ from dlrover.common import (
     write_token_file,
 )
 from dlrover.flashckpt.commit import RetentionPolicy
-from dlrover.flashckpt.pacing import default_persist_bandwidth_mb_s
+from dlrover.flashckpt.pacing import persist_bandwidth_or_default
 from dlrover.launcher.agent import Agent, AgentConfig, AgentResult
 from dlrover.launcher.args import LaunchConfig, parse_args
 from dlrover.launcher.env import MASTER_ADDR_ENV_VAR, NODE_ID_ENV_VAR
@@ -310,11 +310,7 @@ def run(cfg: LaunchConfig, *, sample_gpus: bool = False) -> AgentResult:
                 duplicate_filters=(cfg.duplicate_stdout_filters, cfg.duplicate_stderr_filters),
                 failure_persist_hold_s=cfg.failure_persist_hold_s,
                 checkpoint_retention=RetentionPolicy.from_counts(cfg.checkpoint_keep_last, cfg.checkpoint_keep_every),
-                persist_bandwidth_mb_s=(
-                    default_persist_bandwidth_mb_s()
-                    if cfg.persist_bandwidth_mb_s is None
-                    else cfg.persist_bandwidth_mb_s
-                ),
+                persist_bandwidth_mb_s=persist_bandwidth_or_default(cfg.persist_bandwidth_mb_s),
                 extra_env={MASTER_ADDR_ENV_VAR: target, TOKEN_FILE_ENV_VAR: str(Path(token_file).resolve())},
             ),
             control,

@@ -100,8 +100,8 @@ class PosixStorage:
         root: str | os.PathLike[str],
         writeback_window_bytes: int = POSIX_DEFAULTS["writeback_window_bytes"],
         *,
-        direct_io: bool | None = False,
-        direct_buffer_bytes: int = DEFAULT_BUFFER_BYTES,
+        direct_io: bool | None = POSIX_DEFAULTS["direct_io"],
+        direct_buffer_bytes: int = POSIX_DEFAULTS["direct_buffer_bytes"],
         commit_lock_timeout_s: float = 60.0,
         clock: Clock | None = None,
     ) -> None:
