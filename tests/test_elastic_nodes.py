@@ -355,6 +355,107 @@ def test_training_goes_on_while_the_master_is_killed_and_restarted(
     assert "restart" not in logs[1].read_text().lower().replace("restart(s)", "")
 
 
+# Data from the master's shard service, exactly once. The model's gradient does not depend on
+# its weights and the data are integers in float64, so the final weights are exact and depend
+# only on which samples were trained how often: any sample lost or trained twice changes them.
+SHARD_TRAIN = textwrap.dedent(
+    """
+    import json, os, sys, time
+    import torch, torch.distributed as dist
+    from dlrover.common import load_token
+    from dlrover.shard import DatasetSpec, DeliveryMode, IndexSource, ShardClient, ShardClientConfig
+
+    out, num_samples = sys.argv[1], int(sys.argv[2])
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    dist.init_process_group("gloo")
+    client = ShardClient(
+        os.environ["DLROVER_MASTER_ADDR"], load_token(), "samples", f"rank-{rank}",
+        # On demand, as the GPT example: every rank leases one shard a step.
+        config=ShardClientConfig(prefetch_shards=0),
+    )
+    client.register(DatasetSpec(
+        name="samples", source=IndexSource(num_samples), batch_size=4, batches_per_shard=1,
+        shuffle=True, seed=7, delivery=DeliveryMode.EXACTLY_ONCE,
+    ))
+    weights = torch.zeros(4, dtype=torch.float64)
+    step = 0
+    while True:
+        shard = client.next_shard()
+        have = torch.tensor([0 if shard is None else 1])
+        dist.all_reduce(have, op=dist.ReduceOp.MIN)
+        if have.item() == 0:
+            break
+        samples = shard.remaining_samples()
+        grad = torch.tensor([[s, s % 7, s % 3, 1] for s in samples], dtype=torch.float64).sum(0)
+        dist.all_reduce(grad)
+        weights -= grad
+        time.sleep(0.2)  # the step's compute: the shard stays leased meanwhile
+        client.report_done(shard.shard_id)
+        step += 1
+        with open(os.path.join(out, f"rank{rank}.jsonl"), "a") as f:
+            f.write(json.dumps({"step": step, "pid": os.getpid(), "samples": samples}) + "\\n")
+        if rank == 0:
+            with open(os.path.join(out, "progress.log"), "a") as f:
+                f.write(f"{step} {world} {os.getpid()}\\n")
+    client.close()
+    if rank == 0:
+        with open(os.path.join(out, "final.json"), "w") as f:
+            json.dump(weights.tolist(), f)
+    dist.destroy_process_group()
+    """
+)
+
+
+def test_a_master_killed_and_restarted_mid_training_restarts_no_worker_and_loses_no_sample(
+    tmp_path: Path, procs: list[subprocess.Popen[str]]
+) -> None:
+    """Two external agents train from the shard service; the master is SIGKILLed and started again."""
+    out, token_file, port = _job_files(tmp_path, SHARD_TRAIN)
+    num_samples = 160  # 40 shards of one batch: 20 steps of two ranks
+    master_cmd = [
+        sys.executable, "-m", "dlrover.master.cli", "--backend=external", "--nnodes=2", f"--port={port}",
+        f"--token-file={token_file}", f"--state-dir={tmp_path / 'state'}", "--heartbeat-interval-s=0.5",
+        "--heartbeat-timeout-s=30", "--rdzv-last-call-s=1", "--rdzv-heartbeat-timeout-s=30",
+        "--node-start-timeout-s=0",
+    ]  # fmt: skip
+    logs = [tmp_path / "master1.log", tmp_path / "agent_a.log", tmp_path / "agent_b.log", tmp_path / "master2.log"]
+    master = _start(procs, master_cmd, logs[0])
+    agents = []
+    for name, log in (("a", logs[1]), ("b", logs[2])):
+        agent_cmd = [
+            sys.executable, "-m", "dlrover.launcher.cli", f"--master=127.0.0.1:{port}", f"--token-file={token_file}",
+            "--nnodes=2", "--nproc-per-node=1", "--local-addr=127.0.0.1", "--max-restarts=0",
+            "--monitor-interval=0.1", "--heartbeat-interval=0.5", f"--log-dir={tmp_path / f'logs_{name}'}",
+            str(tmp_path / "train.py"), str(out), str(num_samples),
+        ]  # fmt: skip
+        agents.append(_start(procs, agent_cmd, log))
+    _wait("training", lambda: len(_progress(out)) >= 5, logs)
+    master.kill()
+    master.wait()
+    killed_at = len(_progress(out))
+    # Down longer than the default retry policy's 30 s budget of five attempts would have lasted
+    # in a retry storm, and long enough for the workers to run into it.
+    time.sleep(8.0)
+    _start(procs, master_cmd, logs[3])
+    _all_succeed(agents, logs[1:3])
+
+    rows = [json.loads(line) for rank in (0, 1) for line in (out / f"rank{rank}.jsonl").read_text().splitlines()]
+    trained = sorted(sample for row in rows for sample in row["samples"])
+    assert trained == list(range(num_samples)), "every sample trained exactly once across the master restart"
+    for rank in (0, 1):
+        pids = {json.loads(line)["pid"] for line in (out / f"rank{rank}.jsonl").read_text().splitlines()}
+        assert len(pids) == 1, f"rank {rank} ran in processes {sorted(pids)}: a worker was restarted"
+    assert len(_progress(out)) > killed_at, "training went on after the master came back"
+    # What a run without the kill ends with: every sample's gradient summed once.
+    features = [[s, s % 7, s % 3, 1] for s in range(num_samples)]
+    expected = [-float(sum(column)) for column in zip(*features, strict=True)]
+    assert json.loads((out / "final.json").read_text()) == expected
+    for log in logs[1:3]:
+        text = log.read_text()
+        assert "unreachable" in text, text[-3000:]
+        assert "finished with exit code 0 after 0 restart(s)" in text, text[-3000:]
+
+
 def test_a_master_with_the_local_backend_runs_dlrover_run_agents_to_the_end(
     tmp_path: Path, procs: list[subprocess.Popen[str]]
 ) -> None:

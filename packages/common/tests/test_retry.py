@@ -107,3 +107,28 @@ def test_policy_rejects_nonsense() -> None:
         RetryPolicy(max_attempts=0)
     with pytest.raises(ConfigError, match="call_timeout_s"):
         RetryPolicy(call_timeout_s=-1)
+
+
+def test_the_master_policy_waits_as_long_as_the_agent_and_counts_no_attempts() -> None:
+    from dlrover.common import MASTER_LOST_TIMEOUT_ENV_VAR, master_retry_policy
+
+    assert master_retry_policy(POLICY, env={}) == POLICY
+    waiting = master_retry_policy(POLICY, env={MASTER_LOST_TIMEOUT_ENV_VAR: "300"})
+    assert (waiting.total_timeout_s, waiting.max_attempts, waiting.call_timeout_s) == (300.0, None, 1.0)
+    # An agent that waits less than the policy already does changes nothing.
+    assert master_retry_policy(POLICY, env={MASTER_LOST_TIMEOUT_ENV_VAR: "0"}) == POLICY
+    for bad in ("soon", "-1", "nan", "inf"):
+        with pytest.raises(ConfigError, match=MASTER_LOST_TIMEOUT_ENV_VAR):
+            master_retry_policy(POLICY, env={MASTER_LOST_TIMEOUT_ENV_VAR: bad})
+
+    # A master away for a minute: far more attempts than any count would allow, then the answer.
+    clock = ManualClock()
+    method = FlakyMethod(clock, [grpc.StatusCode.UNAVAILABLE] * 200, cost_s=0.3)
+    assert call_unary(method, "r", idempotent=True, policy=waiting, clock=clock, rng=random.Random(1)) == "reply to r"
+    assert len(method.timeouts) == 201
+    # ... and a master that never comes back is given up on at the agent's limit.
+    clock = ManualClock()
+    method = FlakyMethod(clock, [grpc.StatusCode.UNAVAILABLE] * 100_000, cost_s=0.3)
+    with pytest.raises(RpcError):
+        call_unary(method, "r", idempotent=True, policy=waiting, clock=clock, rng=random.Random(1))
+    assert clock.now() <= 300.0 + 1.0

@@ -361,7 +361,9 @@ def test_restore_rejects_other_versions_datasets_and_specs_without_changing_stat
     reg.manager("ds").fetch("w")
     doc = json.loads(reg.checkpoint("ds"))
     before = reg.checkpoint("ds")
-    with pytest.raises(InvalidShardRequestError, match="version 2 is not supported"):
+    with pytest.raises(InvalidShardRequestError, match="version 3 is not supported"):
+        reg.restore(json.dumps({**doc, "version": 3}))
+    with pytest.raises(InvalidShardRequestError, match=r"version 2 document needs state\.leases"):
         reg.restore(json.dumps({**doc, "version": 2}))
     with pytest.raises(InvalidShardRequestError, match="of dataset 'ds', not 'other'"):
         reg.restore(json.dumps(doc), dataset="other")
@@ -424,3 +426,51 @@ def test_lease_heap_stays_bounded_and_still_expires_exactly_the_due_leases() -> 
     assert sorted(m.expire_leases()) == sorted(held[1:])
     clock.advance(50)  # t = 160
     assert m.expire_leases() == [held[0]]
+
+
+@pytest.mark.parametrize("delivery", list(DeliveryMode))
+def test_a_restart_from_a_checkpoint_with_leases_keeps_them_and_answers_retried_reports(delivery: DeliveryMode) -> None:
+    clock = ManualClock()
+    reg = ShardRegistry(clock)
+    reg.register(_spec(n=12, delivery=delivery, lease_timeout_s=10.0))
+    m = reg.manager("ds")
+    first = m.fetch("a", 2, request_id="a-1").shards
+    m.report_progress("a", first[0].shard_id, 2, request_id="a-2")
+    m.report_done("a", first[1].shard_id, request_id="a-3")
+    held_b = m.fetch("b", 1, request_id="b-1").shards[0]
+    clock.advance(9.0)  # nearly expired: the restart gives every lease a whole period again
+    doc = reg.checkpoint("ds", include_leases=True)
+    assert json.loads(doc)["version"] == 2
+    assert json.loads(reg.checkpoint("ds"))["version"] == 1, "a user's data position never holds leases"
+
+    restarted = ShardRegistry(clock)
+    result = restarted.restore(doc)
+    assert result.returned_to_queue == 0, result.reason
+    r = restarted.manager("ds")
+    assert [s.shard_id for s in r.leased_shards("a")] == [first[0].shard_id]
+    assert r.leased_shards("a")[0].consumed == 2
+    assert [s.shard_id for s in r.leased_shards("b")] == [held_b.shard_id]
+    # The done the old master applied (and journaled) but whose answer was lost is answered again.
+    assert r.report_done("a", first[1].shard_id, request_id="a-3").changed
+    # A retried fetch gets what it leased and still holds, not new shards.
+    again = r.fetch("b", 1, request_id="b-1")
+    assert [s.shard_id for s in again.shards] == [held_b.shard_id]
+    clock.advance(9.0)
+    assert r.expire_leases() == []
+    r.report_done("a", first[0].shard_id, request_id="a-4")
+    clock.advance(1.5)
+    assert r.expire_leases() == [held_b.shard_id]
+
+
+def test_a_checkpoint_with_leases_is_refused_whole_when_a_lease_is_bad() -> None:
+    reg = ShardRegistry(ManualClock())
+    reg.register(_spec())
+    reg.manager("ds").fetch("w", 1)
+    doc = json.loads(reg.checkpoint("ds", include_leases=True))
+    doc["state"]["leases"][0]["worker"] = ""
+    with pytest.raises(InvalidShardRequestError, match=r"state.leases\[0\]"):
+        ShardRegistry(ManualClock()).restore(json.dumps(doc))
+    doc = json.loads(reg.checkpoint("ds", include_leases=True))
+    doc["state"]["queue"].append(doc["state"]["leases"][0]["shard"])
+    with pytest.raises(InvalidShardRequestError, match="more than one state"):
+        ShardRegistry(ManualClock()).restore(json.dumps(doc))

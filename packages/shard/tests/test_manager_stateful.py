@@ -12,7 +12,8 @@ restarts from a checkpoint. After every step the invariants of DESIGN.md are che
   exactly once, except the unacknowledged remainders listed in the failed set;
 - at-most-once: no sample is ever trained twice;
 - restore(checkpoint(s)) behaves as s: the restored manager's checkpoint equals the original, and the
-  model keeps predicting it afterwards.
+  model keeps predicting it afterwards;
+- a restart from a checkpoint that keeps the leases changes nothing but the leases' deadlines.
 """
 
 from __future__ import annotations
@@ -289,6 +290,18 @@ class ShardMachine(RuleBasedStateMachine):
                 self.acked[sid] = 0
             self.state[sid] = "todo"
             self.queue.append(sid)
+
+    @rule()
+    def master_restarts_keeping_leases(self) -> None:
+        """The master journals its leases and restarts: every holder keeps its shards, with a whole lease period."""
+        doc = self.registry.checkpoint("ds", include_leases=True)
+        self.registry = ShardRegistry(self.clock)
+        self.restarts += 1
+        result = self.registry.restore(doc)
+        assert result.returned_to_queue == 0, result.reason
+        assert self.registry.checkpoint("ds", include_leases=True) == doc
+        for sid in self.holder:
+            self.deadline[sid] = self.clock.now() + LEASE_S
 
     # ------------------------------------------------------------------ invariants
 

@@ -273,3 +273,86 @@ def test_concurrent_workers_never_get_the_same_shard(shard_server: Any, token: s
     assert not any(t.is_alive() for t in threads)
     every = [sid for ids in got.values() for sid in ids]
     assert sorted(every) == list(range(100))
+
+
+def test_a_worker_trains_on_while_its_master_restarts_and_nothing_is_lost_or_repeated(
+    token: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The master dies holding the worker's leases and comes back on the same port from its journal."""
+    # As under dlrover-run: the agent tells its workers how long to wait for a lost master.
+    monkeypatch.setenv("DLROVER_MASTER_LOST_TIMEOUT_S", "120")
+    config = ShardClientConfig(prefetch_shards=0, fetch_count=2)
+    assert config.retry.total_timeout_s == 120
+    assert config.retry.max_attempts is None
+    first = GrpcServer(ServerConfig(), token)
+    first_servicer = add_shard_service(first, ShardRegistry(SystemClock()))
+    port = first.start()
+    trained: list[int] = []
+    second: GrpcServer | None = None
+    try:
+        with ShardClient(first.address, token, "ds", "w", config=config) as c:
+            c.register(_spec(delivery=DeliveryMode.EXACTLY_ONCE))
+            a = c.next_shard(timeout_s=30)  # leases two: one to use now, one kept for later
+            assert a is not None
+            trained += a.remaining_samples()
+            assert not c.report_done(a.shard_id).pending
+            b = c.next_shard(timeout_s=30)  # from the client's own buffer
+            assert b is not None
+            with first_servicer.locked() as reg:
+                journal = reg.checkpoint("ds", include_leases=True)  # what the master journaled last
+            first.stop(0)
+
+            trained += b.remaining_samples()
+            queued = c.report_done(b.shard_id)
+            assert queued.pending, queued.reason
+            assert c.queued_reports == 1
+
+            restored = ShardRegistry(SystemClock())
+            assert restored.restore(journal).returned_to_queue == 0
+            second = GrpcServer(ServerConfig(port=port), token)
+            add_shard_service(second, restored)
+            second.start()
+            assert c.flush_reports(timeout_s=120)
+            assert c.queued_reports == 0
+            while (shard := c.next_shard(timeout_s=30)) is not None:
+                trained += shard.remaining_samples()
+                c.report_done(shard.shard_id)
+            status = c.status()
+    finally:
+        first.stop(0)
+        if second is not None:
+            second.stop(0)
+    assert sorted(trained) == list(range(20)), "every sample trained exactly once across the restart"
+    assert (status.done, status.doing, status.todo, status.failed) == (5, 0, 0, 0)
+
+
+def test_a_report_the_restarted_master_refuses_is_raised_by_the_next_call(
+    token: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DLROVER_MASTER_LOST_TIMEOUT_S", "120")
+    first = GrpcServer(ServerConfig(), token)
+    add_shard_service(first, ShardRegistry(SystemClock()))
+    port = first.start()
+    second: GrpcServer | None = None
+    try:
+        with ShardClient(first.address, token, "ds", "w", config=ShardClientConfig(prefetch_shards=0)) as c:
+            c.register(_spec(delivery=DeliveryMode.EXACTLY_ONCE))
+            shard = c.fetch(1).shards[0]
+            first.stop(0)
+            assert c.report_done(shard.shard_id).pending
+            # A master that lost its journal: it knows the dataset but not the lease.
+            fresh = ShardRegistry(SystemClock())
+            fresh.register(_spec(delivery=DeliveryMode.EXACTLY_ONCE))
+            second = GrpcServer(ServerConfig(port=port), token)
+            add_shard_service(second, fresh)
+            second.start()
+            with pytest.raises(RpcError) as info:
+                c.flush_reports(timeout_s=120)
+            assert info.value.code is grpc.StatusCode.FAILED_PRECONDITION
+            assert f"shard {shard.shard_id}" in info.value.details
+            assert c.queued_reports == 0
+            assert c.status().done == 0  # raised once; the client goes on
+    finally:
+        first.stop(0)
+        if second is not None:
+            second.stop(0)

@@ -43,7 +43,14 @@ if TYPE_CHECKING:
         process_start_ticks,
         processes_mentioning,
     )
-    from dlrover.common.retry import RETRYABLE_CODES, RetryPolicy, RpcError, call_unary
+    from dlrover.common.retry import (
+        MASTER_LOST_TIMEOUT_ENV_VAR,
+        RETRYABLE_CODES,
+        RetryPolicy,
+        RpcError,
+        call_unary,
+        master_retry_policy,
+    )
     from dlrover.common.server import (
         DEFAULT_MAX_MESSAGE_BYTES,
         GrpcServer,
@@ -96,6 +103,8 @@ _EXPORTS: dict[str, str] = {
     "proc_stat_fields": "dlrover.common.process",
     "process_start_ticks": "dlrover.common.process",
     "processes_mentioning": "dlrover.common.process",
+    "MASTER_LOST_TIMEOUT_ENV_VAR": "dlrover.common.retry",
+    "master_retry_policy": "dlrover.common.retry",
     "RETRYABLE_CODES": "dlrover.common.retry",
     "RetryPolicy": "dlrover.common.retry",
     "RpcError": "dlrover.common.retry",
@@ -120,6 +129,7 @@ _EXPORTS: dict[str, str] = {
 __all__ = [
     "AUTH_METADATA_KEY",
     "DEFAULT_MAX_MESSAGE_BYTES",
+    "MASTER_LOST_TIMEOUT_ENV_VAR",
     "RETRYABLE_CODES",
     "TOKEN_ENV_VAR",
     "TOKEN_FILE_ENV_VAR",
@@ -142,6 +152,7 @@ __all__ = [
     "TokenClientInterceptor",
     "add_ping_service",
     "call_unary",
+    "master_retry_policy",
     "configure_logging",
     "create_channel",
     "exiting_status",

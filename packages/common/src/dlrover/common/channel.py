@@ -9,6 +9,7 @@ from dlrover.common.auth import TokenClientInterceptor
 from dlrover.common.errors import ConfigError
 from dlrover.common.server import DEFAULT_MAX_MESSAGE_BYTES
 from dlrover.common.tls import TLSConfig
+from dlrover.common.validators import positive
 
 __all__ = ["ChannelConfig", "create_channel"]
 
@@ -22,11 +23,15 @@ class ChannelConfig:
         tls: dial with TLS; plaintext when None.
         keepalive_s: interval of HTTP/2 keepalive pings, so a dead peer is noticed on idle
             connections; 0 turns them off.
+        max_reconnect_backoff_s: the longest wait between two attempts to reconnect a lost
+            connection. gRPC's own default grows to 120 s, so a client that saw its server down
+            for a while would stay away that long after a restarted server is back.
     """
 
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     tls: TLSConfig | None = None
     keepalive_s: float = attrs.field(default=30.0, validator=attrs.validators.ge(0.0))
+    max_reconnect_backoff_s: float = attrs.field(default=2.0, validator=positive)
 
     def __attrs_post_init__(self) -> None:
         if self.max_message_bytes <= 0:
@@ -49,6 +54,8 @@ def create_channel(target: str, token: str, config: ChannelConfig | None = None)
         ("grpc.max_receive_message_length", cfg.max_message_bytes),
         ("grpc.max_send_message_length", cfg.max_message_bytes),
         ("grpc.enable_retries", 0),
+        ("grpc.max_reconnect_backoff_ms", max(int(cfg.max_reconnect_backoff_s * 1000), 100)),
+        ("grpc.initial_reconnect_backoff_ms", max(min(1000, int(cfg.max_reconnect_backoff_s * 1000)), 100)),
     ]
     if cfg.keepalive_s > 0:
         options.append(("grpc.keepalive_time_ms", int(cfg.keepalive_s * 1000)))

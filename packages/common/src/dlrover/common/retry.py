@@ -7,22 +7,34 @@ attempts and by a total time, and back off exponentially with jitter.
 
 from __future__ import annotations
 
+import math
+import os
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 import attrs
 import grpc
 
 from dlrover.common.clock import Clock, SystemClock
-from dlrover.common.errors import DLRoverError
+from dlrover.common.errors import ConfigError, DLRoverError
 from dlrover.common.validators import positive
 
-__all__ = ["RETRYABLE_CODES", "RetryPolicy", "RpcError", "call_unary"]
+__all__ = [
+    "MASTER_LOST_TIMEOUT_ENV_VAR",
+    "RETRYABLE_CODES",
+    "RetryPolicy",
+    "RpcError",
+    "call_unary",
+    "master_retry_policy",
+]
 
 _Resp = TypeVar("_Resp")
 
 RETRYABLE_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+
+MASTER_LOST_TIMEOUT_ENV_VAR = "DLROVER_MASTER_LOST_TIMEOUT_S"
+"""Seconds a node keeps training while its master cannot be reached; the agent sets it for its workers."""
 
 
 @attrs.frozen
@@ -32,7 +44,7 @@ class RetryPolicy:
     Attributes:
         call_timeout_s: deadline of a single attempt.
         total_timeout_s: no attempt starts after this much time, and none runs past it.
-        max_attempts: attempts in all, the first included.
+        max_attempts: attempts in all, the first included; None bounds them by time alone.
         initial_backoff_s: wait before the second attempt.
         max_backoff_s: the longest wait between two attempts.
         backoff_multiplier: growth of the wait after each failed attempt.
@@ -41,7 +53,7 @@ class RetryPolicy:
 
     call_timeout_s: float = attrs.field(default=5.0, validator=positive)
     total_timeout_s: float = attrs.field(default=30.0, validator=positive)
-    max_attempts: int = attrs.field(default=5, validator=positive)
+    max_attempts: int | None = attrs.field(default=5, validator=attrs.validators.optional(positive))  # type: ignore[arg-type]
     initial_backoff_s: float = attrs.field(default=0.05, validator=positive)
     max_backoff_s: float = attrs.field(default=2.0, validator=positive)
     backoff_multiplier: float = attrs.field(default=2.0, validator=attrs.validators.ge(1.0))
@@ -54,6 +66,36 @@ class RetryPolicy:
             self.initial_backoff_s * self.backoff_multiplier ** max(failed_attempts - 1, 0),
         )
         return rng.uniform(0.0, ceiling)
+
+
+def master_retry_policy(base: RetryPolicy | None = None, env: Mapping[str, str] | None = None) -> RetryPolicy:
+    """The retry policy of a training process's calls to its job's master.
+
+    Under `dlrover-run` the agent names how long its node keeps training while the master is
+    unreachable (``DLROVER_MASTER_LOST_TIMEOUT_S``, from ``--master-lost-timeout``): a call then
+    keeps retrying an unreachable master that long, with no limit on the number of attempts, so a
+    master restart delays a step instead of failing it. Elsewhere the policy is `base` unchanged.
+
+    Args:
+        base: per-attempt deadline and back-off to keep (default `RetryPolicy()`).
+        env: the environment to read (default `os.environ`).
+
+    Raises:
+        ConfigError: the variable is set but is not a non-negative number of seconds.
+    """
+    policy = base or RetryPolicy()
+    raw = (os.environ if env is None else env).get(MASTER_LOST_TIMEOUT_ENV_VAR, "").strip()
+    if not raw:
+        return policy
+    try:
+        wait_s = float(raw)
+    except ValueError:
+        wait_s = -1.0
+    if not math.isfinite(wait_s) or wait_s < 0:
+        raise ConfigError(f"{MASTER_LOST_TIMEOUT_ENV_VAR} must be a non-negative number of seconds, got {raw!r}")
+    if wait_s <= policy.total_timeout_s:
+        return policy
+    return attrs.evolve(policy, total_timeout_s=wait_s, max_attempts=None)
 
 
 class RpcError(DLRoverError):
@@ -120,7 +162,8 @@ def call_unary(
         except grpc.RpcError as exc:
             code, details = _status(exc)
             last = RpcError(str(label), code, details, attempts)
-            if not idempotent or code not in policy.retryable_codes or attempts >= policy.max_attempts:
+            out_of_attempts = policy.max_attempts is not None and attempts >= policy.max_attempts
+            if not idempotent or code not in policy.retryable_codes or out_of_attempts:
                 raise last from exc
             if jitter is None:
                 jitter = random.Random()

@@ -17,7 +17,14 @@ from pathlib import Path
 
 import attrs
 
-from dlrover.common import Clock, DLRoverError, SystemClock, owned_temp_dir, remove_dead_owners
+from dlrover.common import (
+    MASTER_LOST_TIMEOUT_ENV_VAR,
+    Clock,
+    DLRoverError,
+    SystemClock,
+    owned_temp_dir,
+    remove_dead_owners,
+)
 from dlrover.common.process import exiting_status
 from dlrover.common.validators import non_negative, non_negative_finite, positive
 from dlrover.flashckpt.commit import RetentionPolicy
@@ -374,7 +381,7 @@ class Agent:
             run_id=cfg.run_id,
             restart_count=0,
             max_restarts=cfg.max_restarts,
-            extra={**cfg.extra_env, **self._host_env},  # the order `_specs` uses
+            extra={**self._node_env(), **cfg.extra_env, **self._host_env},  # the order `_specs` uses
         )
         # What a worker learns only when it is taken is left out, so no module reads a stand-in.
         for name in PER_ROUND_ENV_VARS:
@@ -844,6 +851,12 @@ class Agent:
             _log.info("worker logs and error files go under %s", self._run_dir_path)
         return self._run_dir_path
 
+    def _node_env(self) -> dict[str, str]:
+        """What every worker of this node is told about the node: how long it waits for a lost master."""
+        # The workers' own master clients (shards, reports) wait as long as this agent keeps
+        # them training without a master, so a master restart never fails a step.
+        return {MASTER_LOST_TIMEOUT_ENV_VAR: f"{self._config.master_lost_timeout_s:g}"}
+
     def _specs(self, assignment: RoundAssignment, restarts: int) -> list[WorkerSpec]:
         cfg = self._config
         nproc = cfg.nproc_per_node
@@ -876,7 +889,7 @@ class Agent:
                 restart_count=restarts,
                 max_restarts=cfg.max_restarts,
                 agent_store=assignment.agent_store,
-                extra={NODE_ID_ENV_VAR: self._node_id, **cfg.extra_env, **self._host_env},
+                extra={NODE_ID_ENV_VAR: self._node_id, **self._node_env(), **cfg.extra_env, **self._host_env},
                 virtual_local_rank=cfg.virtual_local_rank,
             )
             specs.append(

@@ -427,10 +427,12 @@ class HostedShards:
     Journaled as the `shards` blob: `{"format": "dlrover.master.shards", "version": 1, "datasets":
     [<progress checkpoint of each dataset>]}` (the library's own documents, see
     `dlrover.shard.progress`). With `journal_every_change`, a request that changed a dataset is
-    journaled before its answer is sent, so an acknowledged sample survives a master restart;
-    leases are never journaled: a shard leased at the time is restored into the queue at its
-    acknowledged position (exactly-once), from its start (at-least-once) or into the failed set
-    (at-most-once), and its old holder's next report is refused, so it moves on to a new shard.
+    journaled before its answer is sent, so an acknowledged sample survives a master restart.
+    Leases are journaled with their holders (progress documents of version 2): a restarted master
+    keeps each shard leased to the worker that held it, for a whole lease period from the restart,
+    so workers that kept training while it was away report what they trained and nothing is
+    handed out twice. A lease whose worker does not come back expires as any other; a node the
+    lifecycle finds gone has its shards released at once.
 
     Args:
         registry: the shard core (fresh; a restarted master restores into it).
@@ -474,7 +476,7 @@ class HostedShards:
     def export_state(self) -> tuple[int, str]:
         """Every dataset's progress checkpoint and the state's version (grows with each change)."""
         with self._servicer.locked() as registry:
-            docs = [registry.checkpoint(name) for name in registry.datasets()]
+            docs = [registry.checkpoint(name, include_leases=True) for name in registry.datasets()]
             text = json.dumps({"format": SHARD_STATE_FORMAT, "version": 1, "datasets": docs}, separators=(",", ":"))
             return self._state.update(text)
 

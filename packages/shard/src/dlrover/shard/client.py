@@ -3,9 +3,17 @@
 Every call is retried (on UNAVAILABLE and DEADLINE_EXCEEDED, within the retry policy's bounds)
 because every call is safe to repeat: fetch, done, failure and restore send a fresh request id
 that is reused by each retry of the same call, so the server answers a repeat with its first
-reply; progress carries an absolute position; reads change nothing. One limit: the server keeps
-recent replies in memory, so a retry that reaches a *restarted* master is answered from the
-restored state (a repeated done is then rejected as "not held", never applied twice).
+reply; progress carries an absolute position; reads change nothing. A master journals its
+leases and each worker's newest replies, so a retry that reaches a *restarted* master is
+answered as the first one was.
+
+A master restart does not fail a step. Under `dlrover-run` every call retries an unreachable
+master as long as the agent keeps its node training without one (`master_retry_policy`).
+Reports (progress, done, failure) are tried once and, when the master cannot be reached, queued
+and delivered in order by a background thread, so training goes on with the shards it holds and
+prefetched; a call that reads the master's state (a checkpoint, a restore, the status, removing
+a worker, registering) first waits until the queue is delivered, so it sees every report made
+before it.
 """
 
 from __future__ import annotations
@@ -20,8 +28,20 @@ from typing import Any
 import attrs
 import grpc
 
-from dlrover.common import ChannelConfig, Clock, ConfigError, RetryPolicy, SystemClock, call_unary, create_channel
+from dlrover.common import (
+    RETRYABLE_CODES,
+    ChannelConfig,
+    Clock,
+    ConfigError,
+    RetryPolicy,
+    RpcError,
+    SystemClock,
+    call_unary,
+    create_channel,
+    master_retry_policy,
+)
 from dlrover.common.validators import non_negative, positive
+from dlrover.shard._report_queue import ReportQueue
 from dlrover.shard.config import DatasetSpec
 from dlrover.shard.convert import shard_from_proto, spec_to_proto, status_from_proto
 from dlrover.shard.results import DatasetStatus, FetchResult, RegisterResult, ReportResult, RestoreResult
@@ -39,7 +59,8 @@ class ShardClientConfig:
     """How a worker talks to ShardService.
 
     Attributes:
-        retry: deadline per attempt and retry bounds of every call.
+        retry: deadline per attempt and retry bounds of every call. The default waits for an
+            unreachable master as long as the node's agent does (see `master_retry_policy`).
         channel: how to dial.
         fetch_count: shards asked for per fetch.
         prefetch_shards: shards kept leased ahead in a background thread; 0 fetches on demand.
@@ -47,14 +68,17 @@ class ShardClientConfig:
         poll_interval_s: wait before asking again when no shard is available yet.
         renew_interval_s: how often the prefetch thread renews the leases of buffered shards;
             keep it well under the lease timeout.
+        queue_reports: queue a report the master cannot take now and deliver it in the
+            background (in order), instead of waiting for the master in the caller's thread.
     """
 
-    retry: RetryPolicy = attrs.field(factory=RetryPolicy)
+    retry: RetryPolicy = attrs.field(factory=master_retry_policy)
     channel: ChannelConfig = attrs.field(factory=ChannelConfig)
     fetch_count: int = attrs.field(default=1, validator=positive)
     prefetch_shards: int = attrs.field(default=1, validator=non_negative)
     poll_interval_s: float = attrs.field(default=0.2, validator=positive)
     renew_interval_s: float = attrs.field(default=10.0, validator=positive)
+    queue_reports: bool = True
 
 
 class ShardClient:
@@ -99,6 +123,8 @@ class ShardClient:
         # Request ids: one random prefix per client and a counter, unique without a syscall per call.
         self._id_prefix = uuid.uuid4().hex[:16]
         self._ids = itertools.count()
+        self._reports = ReportQueue(self._call, f"shard-reports-{worker}", self._clock)
+        self._first_try = attrs.evolve(self._config.retry, max_attempts=1)
 
     @property
     def worker(self) -> str:
@@ -116,6 +142,28 @@ class ShardClient:
     def _call(self, method: Any, request: Any) -> Any:
         return call_unary(method, request, idempotent=True, policy=self._config.retry, clock=self._clock)
 
+    def _read(self, method: Any, request: Any) -> Any:
+        """A call that must see every report made before it: queued reports go first."""
+        self._reports.drain(None)
+        return self._call(method, request)
+
+    def _report(self, method: Any, request: Any, what: str) -> ReportResult:
+        self._reports.raise_error()
+        if self._config.queue_reports:
+            if self._reports.busy():
+                self._reports.put(method, request, what)
+                return ReportResult(False, f"{what} queued behind earlier reports", pending=True)
+            try:
+                res = call_unary(method, request, idempotent=True, policy=self._first_try, clock=self._clock)
+            except RpcError as exc:
+                if exc.code not in RETRYABLE_CODES:
+                    raise
+                self._reports.put(method, request, what)
+                return ReportResult(False, f"{what} queued: {exc.code.name} from the master", pending=True)
+        else:
+            res = self._call(method, request)
+        return ReportResult(res.changed, res.reason)
+
     # ------------------------------------------------------------------ requests
 
     def register(self, spec: DatasetSpec) -> RegisterResult:
@@ -125,7 +173,7 @@ class ShardClient:
             RpcError: INVALID_ARGUMENT for a bad spec, FAILED_PRECONDITION for a different spec
                 under the same name, or a transport failure after retries.
         """
-        res = self._call(self._stub.RegisterDataset, pb.RegisterDatasetRequest(spec=spec_to_proto(spec)))
+        res = self._read(self._stub.RegisterDataset, pb.RegisterDatasetRequest(spec=spec_to_proto(spec)))
         return RegisterResult(res.created, res.reason)
 
     def fetch(self, count: int | None = None) -> FetchResult:
@@ -136,6 +184,7 @@ class ShardClient:
             count=self._config.fetch_count if count is None else count,
             request_id=self._request_id(),
         )
+        self._reports.raise_error()
         res = self._call(self._stub.FetchShards, req)
         return FetchResult(tuple([shard_from_proto(s) for s in res.shards]), res.finished, res.reason)
 
@@ -166,7 +215,12 @@ class ShardClient:
             raise TimeoutError(f"no shard of {self._dataset!r} within {timeout_s}s")
 
     def report_progress(self, shard_id: int, consumed: int) -> ReportResult:
-        """Renew the shard's lease and record (under exactly-once: acknowledge) `consumed` units."""
+        """Renew the shard's lease and record (under exactly-once: acknowledge) `consumed` units.
+
+        Returns a result with `pending` set when the master could not be reached and the report
+        was queued (see the module's notes); the error of a queued report that the master
+        refuses is raised by this client's next call.
+        """
         req = pb.ReportProgressRequest(
             dataset=self._dataset,
             worker=self._worker,
@@ -174,40 +228,53 @@ class ShardClient:
             consumed=consumed,
             request_id=self._request_id(),
         )
-        res = self._call(self._stub.ReportProgress, req)
-        return ReportResult(res.changed, res.reason)
+        return self._report(self._stub.ReportProgress, req, f"progress {consumed} of shard {shard_id}")
 
     def report_done(self, shard_id: int) -> ReportResult:
-        """Record that the shard is used up."""
+        """Record that the shard is used up (queued, as `report_progress`, while the master is away)."""
         req = pb.ReportDoneRequest(
             dataset=self._dataset, worker=self._worker, shard_id=shard_id, request_id=self._request_id()
         )
-        res = self._call(self._stub.ReportDone, req)
-        return ReportResult(res.changed, res.reason)
+        return self._report(self._stub.ReportDone, req, f"done of shard {shard_id}")
 
     def report_failure(self, shard_id: int, reason: str, consumed: int | None = None) -> ReportResult:
-        """Give the shard back as failed (with a last acknowledged position, optionally)."""
+        """Give the shard back as failed (with a last acknowledged position, optionally).
+
+        Queued, as `report_progress`, while the master is away.
+        """
         req = pb.ReportFailureRequest(
             dataset=self._dataset, worker=self._worker, shard_id=shard_id, reason=reason, request_id=self._request_id()
         )
         if consumed is not None:
             req.consumed = consumed
-        res = self._call(self._stub.ReportFailure, req)
-        return ReportResult(res.changed, res.reason)
+        return self._report(self._stub.ReportFailure, req, f"failure of shard {shard_id}")
+
+    def flush_reports(self, timeout_s: float | None = None) -> bool:
+        """Wait until every queued report is delivered; True when none is left.
+
+        Raises:
+            RpcError: a queued report was refused or could not be delivered in time.
+        """
+        return self._reports.drain(timeout_s)
+
+    @property
+    def queued_reports(self) -> int:
+        """Reports waiting for the master."""
+        return len(self._reports)
 
     def remove_worker(self, worker: str | None = None, reason: str = "worker removed") -> dict[str, list[int]]:
         """Take back every shard `worker` (default: this one) holds; returns dataset -> shard ids."""
-        res = self._call(self._stub.RemoveWorker, pb.RemoveWorkerRequest(worker=worker or self._worker, reason=reason))
+        res = self._read(self._stub.RemoveWorker, pb.RemoveWorkerRequest(worker=worker or self._worker, reason=reason))
         return {r.dataset: list(r.shard_ids) for r in res.released}
 
     def checkpoint(self) -> str:
-        """The dataset's progress checkpoint (JSON)."""
-        return str(self._call(self._stub.GetCheckpoint, pb.GetCheckpointRequest(dataset=self._dataset)).document)
+        """The dataset's progress checkpoint (JSON), after every report made before it is delivered."""
+        return str(self._read(self._stub.GetCheckpoint, pb.GetCheckpointRequest(dataset=self._dataset)).document)
 
     def restore(self, document: str) -> RestoreResult:
         """Restore the dataset from a progress checkpoint; drops this client's buffered shards."""
         req = pb.RestoreCheckpointRequest(document=document, dataset=self._dataset, request_id=self._request_id())
-        res = self._call(self._stub.RestoreCheckpoint, req)
+        res = self._read(self._stub.RestoreCheckpoint, req)
         with self._cond:
             self._buffer.clear()  # their leases were dropped by the restore
             self._finished = False
@@ -215,7 +282,7 @@ class ShardClient:
 
     def status(self) -> DatasetStatus:
         """Counts and per-worker throughput of the dataset."""
-        return status_from_proto(self._call(self._stub.GetStatus, pb.GetStatusRequest(dataset=self._dataset)))
+        return status_from_proto(self._read(self._stub.GetStatus, pb.GetStatusRequest(dataset=self._dataset)))
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -234,6 +301,16 @@ class ShardClient:
             self._cond.notify_all()
         if self._thread is not None:
             self._thread.join()
+        try:
+            undelivered = self._reports.close(self._config.retry.total_timeout_s)
+        except Exception as exc:  # a refused report was logged by the queue; closing goes on
+            _log.warning("closing shard client %s: %s", self._worker, exc)
+            undelivered = []
+        if undelivered:
+            _log.error(
+                "closing shard client %s: %d report(s) never reached the master (%s); their leases will expire",
+                self._worker, len(undelivered), ", ".join(undelivered),
+            )  # fmt: skip
         if return_buffered:
             for shard in list(self._buffer):
                 try:
@@ -312,8 +389,16 @@ class ShardClient:
         with self._cond:
             shards = list(self._buffer)
         for shard in shards:
+            req = pb.ReportProgressRequest(
+                dataset=self._dataset,
+                worker=self._worker,
+                shard_id=shard.shard_id,
+                consumed=shard.consumed,
+                request_id=self._request_id(),
+            )
             try:
-                self.report_progress(shard.shard_id, shard.consumed)
+                # Waits for the master in this background thread: a renewal is not worth queuing.
+                self._call(self._stub.ReportProgress, req)
             except Exception as exc:
                 if getattr(exc, "code", None) is grpc.StatusCode.FAILED_PRECONDITION:
                     with self._cond:  # the lease is gone (expired or restored away): do not hand it out

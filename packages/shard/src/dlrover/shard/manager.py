@@ -399,18 +399,32 @@ class ShardManager:
 
     # ------------------------------------------------------------------ checkpoint support
 
-    def export_state(self) -> dict[str, Any]:
+    def export_state(self, *, include_leases: bool = False) -> dict[str, Any]:
         """The remaining work as JSON-ready data (see `dlrover.shard.progress` for the format).
 
         Leased shards are written as re-queued at their acknowledged positions (exactly-once),
         from the start (at-least-once), or into the failed set (at-most-once: they may have been
         partly used and are never dispatched twice).
+
+        Args:
+            include_leases: write the leases as they are instead (with their holders, and each
+                worker's last fetch, done and failure reply), for a service that restarts and
+                must keep the workers that outlived it training on what they hold. A user's data
+                position never includes them: it would hand shards to workers of another run.
         """
         self.expire_leases()
         queue = [self._parked_json(p) for p in self._queue]
         failed = [self._failed_json(f) for _, f in sorted(self._failed.items())]
         books: dict[int, tuple[list[int], int]] = {e: (sorted(b.done), b.failed) for e, b in self._books.items()}
         in_flight = sorted(self._doing)
+        if include_leases:
+            state = self._export_core(queue, failed, books, self._finished_epochs, in_flight)
+            state["leases"] = [
+                {"worker": self._doing[sid].worker, "shard": self._parked_json(self._doing[sid].parked)}
+                for sid in in_flight
+            ]
+            state["replies"] = self._export_replies()
+            return state
         for sid in in_flight:
             parked = self._doing[sid].parked
             if self._spec.delivery is DeliveryMode.AT_MOST_ONCE:
@@ -434,6 +448,16 @@ class ShardManager:
             if len(done_ids) + failed_count >= self._books[e].total:
                 del books[e]
                 finished_epochs += 1
+        return self._export_core(queue, failed, books, finished_epochs, in_flight)
+
+    def _export_core(
+        self,
+        queue: list[dict[str, Any]],
+        failed: list[dict[str, Any]],
+        books: dict[int, tuple[list[int], int]],
+        finished_epochs: int,
+        in_flight: list[int],
+    ) -> dict[str, Any]:
         return {
             "epoch": self._epoch,
             "cursor": self._cursor,
@@ -513,6 +537,42 @@ class ShardManager:
         self._rr = round_robin
         self._stream_done = stream_done
         self._stream_done_floor = stream_done_floor
+
+    def _restore_leases(self, leases: list[tuple[str, Parked]], replies: list[tuple[str, str, str, Any]]) -> None:
+        """Hold `leases` again, each with a whole lease period from now, and the replies that go with them.
+
+        A restarted service calls this so that workers which outlived it report on the shards
+        they hold, and a report it applied but could not answer is answered, not refused, when
+        the worker sends it again.
+        """
+        now = self._clock.now()
+        for worker, parked in leases:
+            self._lease_versions += 1
+            lease = Lease(parked, worker, now + self._lease_timeout_s, self._lease_versions)
+            self._doing[parked.shard_id] = lease
+            self._by_worker.setdefault(worker, set()).add(parked.shard_id)
+            heapq.heappush(self._deadlines, (lease.deadline, parked.shard_id, lease.version))
+            self._stats_of(worker, now)
+        for worker, op, request_id, result in replies:
+            self._remember(worker, op, request_id, result)
+
+    def _export_replies(self) -> list[dict[str, Any]]:
+        """Each worker's newest fetch, done and failure reply: what a retry across a restart asks again."""
+        out: list[dict[str, Any]] = []
+        for worker in sorted(self._replies):
+            newest: dict[str, tuple[str, Any]] = {}
+            for (op, request_id), result in self._replies[worker].items():
+                newest[op] = (request_id, result)
+            for op in sorted(newest):
+                request_id, result = newest[op]
+                entry: dict[str, Any] = {"worker": worker, "op": op, "request_id": request_id, "reason": result.reason}
+                if isinstance(result, FetchResult):
+                    entry["shard_ids"] = [sh.shard_id for sh in result.shards]
+                    entry["finished"] = result.finished
+                else:
+                    entry["changed"] = result.changed
+                out.append(entry)
+        return out
 
     # ------------------------------------------------------------------ internals
 

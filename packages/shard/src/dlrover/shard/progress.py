@@ -32,6 +32,20 @@ Leases are not stored: a shard leased when the checkpoint was taken is written i
 at its acknowledged position under exactly-once and from its start under at-least-once, or into
 the failed set under at-most-once. So restoring gives exactly the remaining work, and a model
 checkpoint saved with this document resumes without repeating or skipping an acknowledged sample.
+
+Version 2 is the same document with the leases kept, written only for a service that journals
+its own state (`encode_progress(manager, include_leases=True)`): a restarted master must let the
+workers that outlived it finish and acknowledge what they hold. Leased shards are then in
+neither the queue nor the failed set but in::
+
+        "leases": [{"worker": "<id>", "shard": shard}, ...],
+        "replies": [{"worker", "op": "fetch" | "done" | "fail", "request_id", "reason",
+                     "changed" (done, fail) | "shard_ids", "finished" (fetch)}, ...]
+
+`replies` holds each worker's newest reply of each kind, so a report the old service applied
+but never answered is answered when it is sent again. A restored lease runs a whole lease period
+from the restore. Builds that read only version 1 refuse a version 2 document instead of losing
+its leased shards.
 """
 
 from __future__ import annotations
@@ -39,7 +53,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-from dlrover.shard._bookkeeping import Parked
+from dlrover.shard._bookkeeping import Parked, check_request_id, check_worker
 from dlrover.shard.config import (
     DatasetSpec,
     DeliveryMode,
@@ -51,7 +65,7 @@ from dlrover.shard.config import (
     TaskType,
 )
 from dlrover.shard.errors import InvalidShardRequestError
-from dlrover.shard.results import FailedShard
+from dlrover.shard.results import FailedShard, FetchResult, ReportResult
 from dlrover.shard.shard import Shard, decode_bitmap
 from dlrover.shard.splitter import make_splitter
 
@@ -61,6 +75,7 @@ if TYPE_CHECKING:
 __all__ = [
     "PROGRESS_FORMAT",
     "PROGRESS_VERSION",
+    "LEASES_VERSION",
     "spec_to_json",
     "spec_from_json",
     "encode_progress",
@@ -70,6 +85,8 @@ __all__ = [
 
 PROGRESS_FORMAT = "dlrover.shard.progress"
 PROGRESS_VERSION = 1
+LEASES_VERSION = 2
+"""The version of a document that keeps the leases (see the module docstring)."""
 
 
 def _bad(message: str) -> InvalidShardRequestError:
@@ -164,14 +181,20 @@ def spec_from_json(data: dict[str, Any]) -> DatasetSpec:
         raise _bad(f"invalid spec: {exc}") from exc
 
 
-def encode_progress(manager: ShardManager) -> str:
-    """The manager's progress checkpoint as a JSON string (keys sorted, so equal states give equal text)."""
+def encode_progress(manager: ShardManager, *, include_leases: bool = False) -> str:
+    """The manager's progress checkpoint as a JSON string (keys sorted, so equal states give equal text).
+
+    Args:
+        manager: the dataset's manager.
+        include_leases: keep the leases and their holders (version 2, for a restarting service);
+            otherwise leased shards are written as the remaining work (version 1).
+    """
     doc = {
         "format": PROGRESS_FORMAT,
-        "version": PROGRESS_VERSION,
+        "version": LEASES_VERSION if include_leases else PROGRESS_VERSION,
         "dataset": manager.spec.name,
         "spec": spec_to_json(manager.spec),
-        "state": manager.export_state(),
+        "state": manager.export_state(include_leases=include_leases),
     }
     return json.dumps(doc, sort_keys=True, separators=(",", ":"))
 
@@ -189,12 +212,20 @@ def decode_progress(text: str | bytes) -> tuple[DatasetSpec, dict[str, Any]]:
     if not isinstance(doc, dict) or doc.get("format") != PROGRESS_FORMAT:
         got = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
         raise _bad(f"format must be {PROGRESS_FORMAT!r}, got {got!r}")
-    if doc.get("version") != PROGRESS_VERSION:
-        raise _bad(f"version {doc.get('version')!r} is not supported; this build reads version {PROGRESS_VERSION}")
+    version = doc.get("version")
+    if version not in (PROGRESS_VERSION, LEASES_VERSION) or isinstance(version, bool):
+        raise _bad(
+            f"version {version!r} is not supported; this build reads versions {PROGRESS_VERSION} and {LEASES_VERSION}"
+        )
     spec = spec_from_json(_field(doc, "spec", dict, "document"))
     if doc.get("dataset") != spec.name:
         raise _bad(f"dataset {doc.get('dataset')!r} does not match its spec's name {spec.name!r}")
-    return spec, _field(doc, "state", dict, "document")
+    state = _field(doc, "state", dict, "document")
+    if (version == LEASES_VERSION) != ("leases" in state):
+        raise _bad(
+            f"a version {version} document {'needs' if version == LEASES_VERSION else 'cannot have'} state.leases"
+        )
+    return spec, state
 
 
 def _int(data: dict[str, Any], key: str, where: str, low: int = 0, high: int | None = None) -> int:
@@ -276,8 +307,10 @@ def load_manager_state(manager: ShardManager, state: dict[str, Any]) -> tuple[Sh
         ):
             raise _bad(f"state.stream offsets of partition {p!r} are invalid")
     stream_done = _field(stream, "done", list, "state.stream")
+    leases = _leases_from(manager, state)
+    replies = _replies_from(state) if "leases" in state else []
     seen: set[int] = set()
-    ids = [p.shard_id for p in queue] + [f.shard.shard_id for f in failed]
+    ids = [p.shard_id for p in queue] + [f.shard.shard_id for f in failed] + [p.shard_id for _, p in leases]
     ids += [d for done, _ in books.values() for d in done] + list(stream_done)
     for sid in ids:
         if sid in seen:
@@ -298,5 +331,50 @@ def load_manager_state(manager: ShardManager, state: dict[str, Any]) -> tuple[Sh
         stream_done=set(stream_done),
         stream_done_floor=_int(stream, "done_floor", "state.stream"),
     )
+    manager._restore_leases(leases, replies)
     in_flight = _field(state, "in_flight", list, "state")
     return manager, len(in_flight)
+
+
+def _leases_from(manager: ShardManager, state: dict[str, Any]) -> list[tuple[str, Parked]]:
+    if "leases" not in state:
+        return []
+    leases = []
+    for i, entry in enumerate(_field(state, "leases", list, "state")):
+        where = f"state.leases[{i}]"
+        worker = _field(entry, "worker", str, where)
+        try:
+            check_worker(worker)
+        except InvalidShardRequestError as exc:
+            raise _bad(f"{where}: {exc}") from None
+        leases.append((worker, _parked_from(manager, _field(entry, "shard", dict, where), f"{where}.shard")))
+    return leases
+
+
+def _replies_from(state: dict[str, Any]) -> list[tuple[str, str, str, Any]]:
+    replies: list[tuple[str, str, str, Any]] = []
+    for i, entry in enumerate(_field(state, "replies", list, "state")):
+        where = f"state.replies[{i}]"
+        worker = _field(entry, "worker", str, where)
+        op = _field(entry, "op", str, where)
+        request_id = _field(entry, "request_id", str, where)
+        reason = _field(entry, "reason", str, where)
+        try:
+            check_worker(worker)
+            check_request_id(request_id)
+        except InvalidShardRequestError as exc:
+            raise _bad(f"{where}: {exc}") from None
+        result: Any
+        if op == "fetch":
+            ids = _field(entry, "shard_ids", list, where)
+            if not all(isinstance(x, int) and not isinstance(x, bool) for x in ids):
+                raise _bad(f"{where}.shard_ids must be integers")
+            # Only the ids matter: a retried fetch is answered with those of them the worker still holds.
+            shards = tuple(Shard("", sid, 0, 0, 1) for sid in ids)
+            result = FetchResult(shards, _field(entry, "finished", bool, where), reason)
+        elif op in ("done", "fail"):
+            result = ReportResult(_field(entry, "changed", bool, where), reason)
+        else:
+            raise _bad(f"{where}.op must be fetch, done or fail, got {op!r}")
+        replies.append((worker, op, request_id, result))
+    return replies

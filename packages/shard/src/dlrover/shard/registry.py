@@ -87,13 +87,18 @@ class ShardRegistry:
         """
         return {name: m.remove_worker(worker, reason) for name, m in sorted(self._managers.items())}
 
-    def checkpoint(self, name: str) -> str:
+    def checkpoint(self, name: str, *, include_leases: bool = False) -> str:
         """The progress checkpoint of dataset `name` (see `dlrover.shard.progress`).
+
+        Args:
+            name: the dataset.
+            include_leases: keep the leases and their holders (for a service journaling its own
+                state, so that a restart keeps workers training on what they hold).
 
         Raises:
             UnknownDatasetError: no such dataset.
         """
-        return encode_progress(self.manager(name))
+        return encode_progress(self.manager(name), include_leases=include_leases)
 
     def restore(self, document: str | bytes, dataset: str = "", request_id: str = "") -> RestoreResult:
         """Replace a dataset's state with a progress checkpoint, registering it if needed.
@@ -127,11 +132,12 @@ class ShardRegistry:
             )
         manager, in_flight = ShardManager.from_state(spec, state, self._clock, self._config)
         self._managers[spec.name] = manager
-        result = RestoreResult(
-            spec.name,
-            in_flight,
-            f"dataset {spec.name!r} restored; {in_flight} shard(s) leased at the checkpoint are queued again",
-        )
+        if "leases" in state:
+            reason = f"dataset {spec.name!r} restored; {in_flight} shard(s) stay leased to the workers holding them"
+            in_flight = 0
+        else:
+            reason = f"dataset {spec.name!r} restored; {in_flight} shard(s) leased at the checkpoint are queued again"
+        result = RestoreResult(spec.name, in_flight, reason)
         if request_id:
             self._restores[request_id] = result
             while len(self._restores) > self._config.request_cache_size:

@@ -41,10 +41,13 @@ class ReportResult:
     Attributes:
         changed: whether the report changed the manager's state (a stale position does not).
         reason: what happened.
+        pending: the master could not be reached and the client queued the report; `changed`
+            is then unknown (False) until it is delivered.
     """
 
     changed: bool
     reason: str
+    pending: bool = False
 
 
 @attrs.frozen
