@@ -19,7 +19,7 @@ from dlrover.common import (
     create_channel,
     generate_token,
 )
-from dlrover.shard import DatasetSpec, DeliveryMode, IndexSource, ShardRegistry
+from dlrover.shard import DatasetSpec, DeliveryMode, IndexSource, ShardRegistry, ShardStateError
 from dlrover.shard.client import ShardClient, ShardClientConfig
 from dlrover.shard.service import ShardServicer, add_shard_service
 from dlrover.shard.v1 import shard_pb2 as pb
@@ -353,6 +353,63 @@ def test_a_report_the_restarted_master_refuses_is_raised_by_the_next_call(
             assert c.queued_reports == 0
             assert c.status().done == 0  # raised once; the client goes on
     finally:
+        first.stop(0)
+        if second is not None:
+            second.stop(0)
+
+
+_EXITS_WITHOUT_CLOSE = """
+import sys
+from dlrover.shard import ShardClient, ShardClientConfig
+client = ShardClient(sys.argv[1], sys.argv[2], "ds", "w", config=ShardClientConfig(prefetch_shards=0))
+shard = client.fetch(1).shards[0]
+print("fetched", shard.shard_id, flush=True)
+sys.stdin.readline()  # the master is down now
+print("queued" if client.report_done(shard.shard_id).pending else "sent", flush=True)
+"""
+
+
+def test_a_worker_that_exits_without_closing_delivers_its_queued_reports_first(tmp_path: Any, token: str) -> None:
+    import os
+    import subprocess
+    import sys
+
+    first = GrpcServer(ServerConfig(), token)
+    first_servicer = add_shard_service(first, ShardRegistry(SystemClock()))
+    port = first.start()
+    with first_servicer.locked() as reg:
+        reg.register(_spec(delivery=DeliveryMode.EXACTLY_ONCE))
+    script = tmp_path / "worker.py"
+    script.write_text(_EXITS_WITHOUT_CLOSE)
+    env = {**os.environ, "DLROVER_MASTER_LOST_TIMEOUT_S": "120"}
+    proc = subprocess.Popen(
+        [sys.executable, str(script), first.address, token],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    second: GrpcServer | None = None
+    try:
+        assert proc.stdout is not None
+        assert proc.stdin is not None
+        shard_id = int(proc.stdout.readline().split()[1])
+        with first_servicer.locked() as reg:
+            journal = reg.checkpoint("ds", include_leases=True)
+        first.stop(0)
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline().strip() == "queued"
+        restored = ShardRegistry(SystemClock())
+        restored.restore(journal)
+        second = GrpcServer(ServerConfig(port=port), token)
+        add_shard_service(second, restored)
+        second.start()
+        assert proc.wait(timeout=120) == 0
+        assert restored.manager("ds").status().done == 1
+        with pytest.raises(ShardStateError, match="already done"):
+            restored.manager("ds").report_done("w", shard_id)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
         first.stop(0)
         if second is not None:
             second.stop(0)

@@ -99,15 +99,24 @@ class ReportQueue:
         return not self.busy()
 
     def close(self, timeout_s: float | None) -> list[str]:
-        """Deliver what is queued (up to `timeout_s`), then stop; returns what was left undelivered."""
+        """Deliver what is queued (up to `timeout_s`), then stop; returns (and logs) what was left undelivered.
+
+        A report that failed for good was logged when it failed; it is not raised here.
+        """
         try:
             self.drain(timeout_s)
+        except Exception:  # noqa: S110 (logged by _deliver when it failed)
+            pass
         finally:
             with self._cond:
                 self._closed = True
                 left = [what for _, _, what in self._pending]
                 self._pending.clear()
                 self._cond.notify_all()
+        if left:
+            _log.error(
+                "%d report(s) never reached the master (%s); their leases will expire", len(left), ", ".join(left)
+            )
         return left
 
     def _deliver(self) -> None:

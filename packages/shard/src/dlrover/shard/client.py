@@ -22,6 +22,7 @@ import itertools
 import logging
 import threading
 import uuid
+import weakref
 from collections import deque
 from typing import Any
 
@@ -124,6 +125,8 @@ class ShardClient:
         self._id_prefix = uuid.uuid4().hex[:16]
         self._ids = itertools.count()
         self._reports = ReportQueue(self._call, f"shard-reports-{worker}", self._clock)
+        # A script that exits without closing still delivers its queued reports first.
+        self._deliver_at_exit = weakref.finalize(self, self._reports.close, self._config.retry.total_timeout_s)
         self._first_try = attrs.evolve(self._config.retry, max_attempts=1)
 
     @property
@@ -301,16 +304,7 @@ class ShardClient:
             self._cond.notify_all()
         if self._thread is not None:
             self._thread.join()
-        try:
-            undelivered = self._reports.close(self._config.retry.total_timeout_s)
-        except Exception as exc:  # a refused report was logged by the queue; closing goes on
-            _log.warning("closing shard client %s: %s", self._worker, exc)
-            undelivered = []
-        if undelivered:
-            _log.error(
-                "closing shard client %s: %d report(s) never reached the master (%s); their leases will expire",
-                self._worker, len(undelivered), ", ".join(undelivered),
-            )  # fmt: skip
+        self._deliver_at_exit()
         if return_buffered:
             for shard in list(self._buffer):
                 try:
