@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import os
@@ -83,6 +84,16 @@ def test_a_second_lock_is_refused_naming_the_holder_and_changes_nothing(tmp_path
         assert first.path.read_bytes() == before
     # Released: the next one gets it.
     StateDirLock.acquire(tmp_path / "s", job_name="job2", clock=CLOCK).release()
+
+
+def test_a_lock_dropped_without_release_is_released_when_collected(tmp_path: Path) -> None:
+    def acquire_and_drop() -> None:
+        StateDirLock.acquire(tmp_path / "s", job_name="dropped", clock=CLOCK)
+
+    with pytest.warns(ResourceWarning):  # said, as any file left open is
+        acquire_and_drop()
+    gc.collect()
+    StateDirLock.acquire(tmp_path / "s", job_name="next", clock=CLOCK).release()
 
 
 def test_a_lock_file_left_by_a_dead_master_does_not_block(tmp_path: Path) -> None:

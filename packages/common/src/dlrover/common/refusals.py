@@ -37,6 +37,7 @@ __all__ = [
 ]
 
 _log = logging.getLogger(__name__)
+_MAX_DETAIL_CHARS = 500  # what the caller was told; a servicer's message may quote its request
 
 MISSING_TOKEN = "missing_token"  # noqa: S105 (a reason's name, not a secret)
 """The call carried no `authorization` metadata."""
@@ -169,6 +170,6 @@ class RefusalLog:
             refusal.method,
             refusal.peer or "an unknown peer",
             refusal.reason,
-            refusal.detail,
+            refusal.detail[:_MAX_DETAIL_CHARS],
             more,
         )

@@ -31,6 +31,7 @@ import socket
 import stat
 import time
 from pathlib import Path
+from typing import BinaryIO
 
 import attrs
 
@@ -186,7 +187,9 @@ class StateDirLock:
 
     def __init__(self, path: Path, fd: int, holder: LockHolder) -> None:
         self._path = path
-        self._fd: int | None = fd
+        # A file object, not a bare descriptor: a lock whose owner is dropped without `release()`
+        # is released when it is collected instead of holding the directory until the process exits.
+        self._file: BinaryIO | None = os.fdopen(fd, "r+b", buffering=0)
         self._holder = holder
 
     @classmethod
@@ -282,18 +285,18 @@ class StateDirLock:
     @property
     def held(self) -> bool:
         """Whether the lock is still held."""
-        return self._fd is not None
+        return self._file is not None
 
     def release(self) -> None:
         """Let the lock go; safe to call twice. The file stays (see the module's docstring)."""
-        fd, self._fd = self._fd, None
-        if fd is not None:
+        file, self._file = self._file, None
+        if file is not None:
             # Emptied first, so a master that locks it next is not described by our stale lines
-            # in the instant before it writes its own.
-            # A read-only disk: the stale lines then only name a holder that has left.
+            # in the instant before it writes its own (on a read-only disk they stay, naming a
+            # holder that has left).
             with contextlib.suppress(OSError):
-                os.ftruncate(fd, 0)
-            os.close(fd)
+                os.ftruncate(file.fileno(), 0)
+            file.close()
 
     def __enter__(self) -> StateDirLock:
         return self
