@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from dlrover.common.channel import ChannelConfig, create_channel
     from dlrover.common.clock import Clock, ManualClock, SystemClock
     from dlrover.common.errors import AuthError, ConfigError, DLRoverError
+    from dlrover.common.guard import SERVICER_REFUSALS, RequestGuardInterceptor, backstop_bytes
     from dlrover.common.lazy import lazy_export_problems, modules_loaded_by
     from dlrover.common.log import JsonLinesFormatter, configure_logging
     from dlrover.common.ping import PingServicer, add_ping_service
@@ -42,6 +43,14 @@ if TYPE_CHECKING:
         proc_stat_fields,
         process_start_ticks,
         processes_mentioning,
+    )
+    from dlrover.common.refusals import (
+        REFUSAL_REASONS,
+        LogRateLimiter,
+        Refusal,
+        RefusalLog,
+        RefusalObserver,
+        report_refusal,
     )
     from dlrover.common.retry import (
         MASTER_LOST_TIMEOUT_ENV_VAR,
@@ -81,6 +90,15 @@ _EXPORTS: dict[str, str] = {
     "load_token": "dlrover.common.auth",
     "validate_token": "dlrover.common.auth",
     "write_token_file": "dlrover.common.auth",
+    "SERVICER_REFUSALS": "dlrover.common.guard",
+    "RequestGuardInterceptor": "dlrover.common.guard",
+    "backstop_bytes": "dlrover.common.guard",
+    "REFUSAL_REASONS": "dlrover.common.refusals",
+    "LogRateLimiter": "dlrover.common.refusals",
+    "Refusal": "dlrover.common.refusals",
+    "RefusalLog": "dlrover.common.refusals",
+    "RefusalObserver": "dlrover.common.refusals",
+    "report_refusal": "dlrover.common.refusals",
     "ChannelConfig": "dlrover.common.channel",
     "create_channel": "dlrover.common.channel",
     "Clock": "dlrover.common.clock",
@@ -180,6 +198,15 @@ __all__ = [
     "remove_dead_owners",
     "validate_token",
     "write_token_file",
+    "SERVICER_REFUSALS",
+    "RequestGuardInterceptor",
+    "backstop_bytes",
+    "REFUSAL_REASONS",
+    "LogRateLimiter",
+    "Refusal",
+    "RefusalLog",
+    "RefusalObserver",
+    "report_refusal",
 ]
 
 if not TYPE_CHECKING:  # so mypy checks every imported name against the imports above

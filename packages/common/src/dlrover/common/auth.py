@@ -11,13 +11,14 @@ import hmac
 import os
 import secrets
 import stat
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import grpc
 
 from dlrover.common.errors import AuthError
+from dlrover.common.refusals import BAD_TOKEN, MISSING_TOKEN, Refusal, RefusalObserver, report_refusal
 
 __all__ = [
     "AUTH_METADATA_KEY",
@@ -164,23 +165,27 @@ def _tokens_equal(presented: str, expected: bytes) -> bool:
     return hmac.compare_digest(presented.encode("utf-8", "replace"), expected)
 
 
-def _deny(handler: grpc.RpcMethodHandler[Any, Any], message: str) -> grpc.RpcMethodHandler[Any, Any]:
-    """A handler of the same kind as `handler` that aborts with UNAUTHENTICATED.
+def _deny(
+    handler: grpc.RpcMethodHandler[Any, Any],
+    method: str,
+    reason: str,
+    message: str,
+    observers: tuple[RefusalObserver, ...],
+) -> grpc.RpcMethodHandler[Any, Any]:
+    """A handler that reports the refusal and aborts with UNAUTHENTICATED, without reading the request.
 
-    The request is left as raw bytes (no deserializer), so an unauthenticated caller's payload
-    is never parsed.
+    It takes the request as a stream it never reads, whatever the method's kind (the wire is the
+    same), so an unauthenticated caller's payload is neither waited for nor parsed, and the
+    caller's address is still known when the refusal is reported.
     """
 
-    def abort(_request: Any, context: grpc.ServicerContext) -> Any:
+    def abort(_requests: Any, context: grpc.ServicerContext) -> Any:
+        report_refusal(observers, Refusal(reason, method, context.peer() or "", message))
         context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
 
-    if handler.request_streaming and handler.response_streaming:
-        return grpc.stream_stream_rpc_method_handler(abort)
-    if handler.request_streaming:
-        return grpc.stream_unary_rpc_method_handler(abort)
     if handler.response_streaming:
-        return grpc.unary_stream_rpc_method_handler(abort)
-    return grpc.unary_unary_rpc_method_handler(abort)
+        return grpc.stream_stream_rpc_method_handler(abort)
+    return grpc.stream_unary_rpc_method_handler(abort)
 
 
 class TokenAuthServerInterceptor(_ServerInterceptor):
@@ -188,16 +193,26 @@ class TokenAuthServerInterceptor(_ServerInterceptor):
 
     Args:
         token: the job token.
+        observers: told about every refused call (`missing_token` or `bad_token`).
     """
 
-    def __init__(self, token: str) -> None:
+    def __init__(self, token: str, observers: Sequence[RefusalObserver] = ()) -> None:
         self._expected = validate_token(token).encode("ascii")
+        self._observers = tuple(observers)
 
-    def _authorized(self, metadata: Any) -> bool:
+    def _refusal(self, metadata: Any) -> tuple[str, str] | None:
+        """None when the call carries the job token, else (reason, what the caller is told)."""
         for key, value in metadata or ():
-            if key == AUTH_METADATA_KEY and isinstance(value, str) and value.startswith(_BEARER):
-                return _tokens_equal(value[len(_BEARER) :], self._expected)
-        return False
+            if key != AUTH_METADATA_KEY:
+                continue
+            if (
+                isinstance(value, str)
+                and value.startswith(_BEARER)
+                and _tokens_equal(value[len(_BEARER) :], self._expected)
+            ):
+                return None
+            return BAD_TOKEN, "wrong job token"
+        return MISSING_TOKEN, f"missing job token ({AUTH_METADATA_KEY}: Bearer <token> metadata)"
 
     def intercept_service(
         self,
@@ -205,9 +220,13 @@ class TokenAuthServerInterceptor(_ServerInterceptor):
         handler_call_details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler[Any, Any] | None:
         handler = continuation(handler_call_details)
-        if handler is None or self._authorized(handler_call_details.invocation_metadata):
+        if handler is None:
             return handler
-        return _deny(handler, "missing or wrong job token")
+        refusal = self._refusal(handler_call_details.invocation_metadata)
+        if refusal is None:
+            return handler
+        reason, message = refusal
+        return _deny(handler, handler_call_details.method, reason, message, self._observers)
 
 
 class TokenClientInterceptor(_UnaryUnary, _UnaryStream, _StreamUnary, _StreamStream):

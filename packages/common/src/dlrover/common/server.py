@@ -12,12 +12,16 @@ import grpc
 
 from dlrover.common import validators
 from dlrover.common.auth import TokenAuthServerInterceptor
+from dlrover.common.clock import Clock, SystemClock
 from dlrover.common.errors import ConfigError, DLRoverError
+from dlrover.common.guard import RequestGuardInterceptor, backstop_bytes
+from dlrover.common.refusals import RefusalLog, RefusalObserver
 from dlrover.common.tls import TLSConfig
 
 __all__ = ["DEFAULT_MAX_MESSAGE_BYTES", "GrpcServer", "ServerConfig", "format_host_port", "parse_host_port"]
 
 _log = logging.getLogger(__name__)
+_refusal_log = logging.getLogger("dlrover.common.refusals")
 
 DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 _S = TypeVar("_S")
@@ -74,6 +78,8 @@ class ServerConfig:
         max_message_bytes: the largest request or response accepted, in bytes.
         tls: serve TLS with these files; plaintext when None.
         stop_grace_s: how long `stop()` lets in-flight calls finish.
+        refusal_log_interval_s: refused calls are logged at most once per reason per this many
+            seconds, with a count of those not logged (0 logs every one).
     """
 
     bind_address: str = "127.0.0.1"
@@ -82,17 +88,26 @@ class ServerConfig:
     max_message_bytes: int = attrs.field(default=DEFAULT_MAX_MESSAGE_BYTES, validator=validators.positive)
     tls: TLSConfig | None = None
     stop_grace_s: float = attrs.field(default=2.0, validator=attrs.validators.ge(0.0))
+    refusal_log_interval_s: float = attrs.field(default=30.0, validator=validators.non_negative_finite)
 
 
 class GrpcServer:
-    """A gRPC server that refuses every call without the job token.
+    """A gRPC server that refuses every call without the job token, and says so.
+
+    Every unary request is received, bounded and parsed by `RequestGuardInterceptor`: a request
+    over `max_message_bytes` gets RESOURCE_EXHAUSTED, one that does not parse INVALID_ARGUMENT.
+    Every refused call (see `dlrover.common.refusals`) is logged at WARNING on the
+    `dlrover.common.refusals` logger, at most once per reason per `refusal_log_interval_s`, and
+    reported to `refusal_observers`.
 
     Register servicers with `add`, then `start()`; use as a context manager to stop it on exit.
 
     Args:
         config: where and how to listen.
         token: the job token every call must carry.
-        interceptors: extra server interceptors, run after authentication.
+        interceptors: extra server interceptors, run after authentication and the request guard.
+        refusal_observers: also told about every refused call (a metric, say).
+        clock: the time source of the refusal log's rate limit (the system clock by default).
     """
 
     def __init__(
@@ -100,14 +115,26 @@ class GrpcServer:
         config: ServerConfig,
         token: str,
         interceptors: Sequence[grpc.ServerInterceptor[Any, Any]] = (),
+        *,
+        refusal_observers: Sequence[RefusalObserver] = (),
+        clock: Clock | None = None,
     ) -> None:
         self._config = config
+        observers = (
+            RefusalLog(_refusal_log, clock or SystemClock(), config.refusal_log_interval_s),
+            *refusal_observers,
+        )
         self._executor = futures.ThreadPoolExecutor(max_workers=config.max_workers, thread_name_prefix="dlrover-grpc")
         self._server = grpc.server(
             self._executor,
-            interceptors=[TokenAuthServerInterceptor(token), *interceptors],
+            interceptors=[
+                TokenAuthServerInterceptor(token, observers),
+                RequestGuardInterceptor(config.max_message_bytes, observers),
+                *interceptors,
+            ],
             options=[
-                ("grpc.max_receive_message_length", config.max_message_bytes),
+                # A backstop: the guard refuses above max_message_bytes itself, where it can say so.
+                ("grpc.max_receive_message_length", backstop_bytes(config.max_message_bytes)),
                 ("grpc.max_send_message_length", config.max_message_bytes),
                 ("grpc.so_reuseport", 0),
             ],

@@ -12,7 +12,14 @@ from dlrover.master.checkpoints import CheckpointError, CheckpointReport, Checkp
 from dlrover.master.client import MasterClient
 from dlrover.master.config import FAILURE_POLICIES, LifecycleConfig, MasterConfig, NodeRange, parse_node_range
 from dlrover.master.diagnosis_policy import REPORTED_TO_DIAGNOSED, DiagnosisFailurePolicy
-from dlrover.master.eventlog import EventLog, Goodput, GoodputTracker, compute_goodput, read_event_log
+from dlrover.master.eventlog import (
+    EventLog,
+    EventLogInUseError,
+    Goodput,
+    GoodputTracker,
+    compute_goodput,
+    read_event_log,
+)
 from dlrover.master.factory import MASTER_ADDR_ENV_VAR, create_master, default_policy, resolve_token
 from dlrover.master.hosting import (
     KV_STATE_FORMAT,
@@ -79,6 +86,14 @@ from dlrover.master.scheduler import (
     SchedulerError,
 )
 from dlrover.master.servicers import AgentServicer, CheckpointServicer, JobServicer, add_master_services
+from dlrover.master.statedir import (
+    LOCK_FILE_NAME,
+    LockHolder,
+    StateDirError,
+    StateDirInUseError,
+    StateDirLock,
+    prepare_state_dir,
+)
 from dlrover.master.states import (
     TRANSITIONS,
     ActionKind,
@@ -167,6 +182,13 @@ __all__ = [
     "CheckpointCommit",
     "Blob",
     "JournalError",
+    # the state directory
+    "StateDirLock",
+    "StateDirError",
+    "StateDirInUseError",
+    "LockHolder",
+    "LOCK_FILE_NAME",
+    "prepare_state_dir",
     # identity
     "NodeAuthenticator",
     "NodeIdentityError",
@@ -193,6 +215,7 @@ __all__ = [
     "MasterMetrics",
     "MetricsEndpoint",
     "EventLog",
+    "EventLogInUseError",
     "Goodput",
     "GoodputTracker",
     "compute_goodput",

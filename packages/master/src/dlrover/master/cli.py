@@ -116,6 +116,13 @@ def _run_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also serve the no-op PingService (a baseline for benchmarks; the token is still required)",
     )
+    p.add_argument(
+        "--refusal-log-interval-s",
+        type=float,
+        default=30.0,
+        help="log refused calls (bad token, malformed or oversized request) at most once per reason per this "
+        "many seconds, with a count of the others (0: every one); all are counted in dlrover_refused_calls_total",
+    )
     p.add_argument("--linger-max-s", type=float, default=10.0, help="most time to tell agents the job ended")
     p.add_argument("--log-level", default="INFO")
     return p
@@ -177,6 +184,7 @@ def build_config(args: argparse.Namespace) -> MasterConfig:
         failure_policy=args.failure_policy,
         serve_ping=args.serve_ping,
         journal_busy_timeout_s=args.journal_busy_timeout_s,
+        refusal_log_interval_s=args.refusal_log_interval_s,
     )
 
 

@@ -8,7 +8,7 @@ from typing import Any
 import attrs
 
 from dlrover.common import ConfigError, TLSConfig
-from dlrover.common.validators import non_negative, positive
+from dlrover.common.validators import non_negative, non_negative_finite, positive
 from dlrover.rendezvous import RendezvousConfig
 
 __all__ = ["BACKENDS", "FAILURE_POLICIES", "LifecycleConfig", "MasterConfig", "NodeRange", "parse_node_range"]
@@ -125,6 +125,9 @@ class MasterConfig:
             RPC): the baseline benchmarks compare the master's RPCs with.
         failure_policy: `diagnosis` (classify the evidence and use dlrover.diagnosis' action
             policy) or `default` (`DefaultFailurePolicy`, decided on the reported kind alone).
+        refusal_log_interval_s: refused calls (a wrong or missing token, a malformed or oversized
+            request...) are logged at most once per reason per this many seconds, with a count
+            of those not logged; every one is counted in `dlrover_refused_calls_total`.
     """
 
     job_name: str = "dlrover-job"
@@ -154,6 +157,7 @@ class MasterConfig:
     journal_busy_timeout_s: float = attrs.field(default=5.0, validator=positive)
     serve_ping: bool = False
     failure_policy: str = "diagnosis"
+    refusal_log_interval_s: float = attrs.field(default=30.0, validator=non_negative_finite)
 
     def __attrs_post_init__(self) -> None:
         if not self.job_name or len(self.job_name) > 128 or not self.job_name.isprintable():

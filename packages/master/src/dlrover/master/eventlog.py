@@ -6,6 +6,7 @@ The log is for people and tools (`jq`, dashboards); the journal is what the mast
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import threading
@@ -21,6 +22,7 @@ from dlrover.master.journal import JournaledEvent
 __all__ = [
     "INTERRUPTION_KINDS",
     "EventLog",
+    "EventLogInUseError",
     "Goodput",
     "GoodputTracker",
     "compute_goodput",
@@ -30,6 +32,10 @@ __all__ = [
 
 # Events that break a stretch of useful training: time across them is not counted as useful.
 INTERRUPTION_KINDS = frozenset({"failure", "process_restart", "relaunch", "job_end", "master_restart"})
+
+
+class EventLogInUseError(DLRoverError):
+    """Another writer holds the event log's lock."""
 
 
 def event_to_dict(event: JournaledEvent) -> dict[str, Any]:
@@ -45,35 +51,33 @@ def event_to_dict(event: JournaledEvent) -> dict[str, Any]:
     }
 
 
-def _drop_torn_tail(path: Path) -> None:
+def _drop_torn_tail(fd: int) -> None:
     """Cut a partial last line left by a crash mid-write, so appended lines stay whole.
 
     The event it held is not lost: the journal, written before the log, still has it.
     """
-    try:
-        fd = os.open(path, os.O_RDWR)
-    except FileNotFoundError:
+    size = os.fstat(fd).st_size
+    if size == 0:
         return
-    try:
-        size = os.fstat(fd).st_size
-        if size == 0:
-            return
-        tail = os.pread(fd, min(size, 1 << 20), max(size - (1 << 20), 0))
-        if tail.endswith(b"\n"):
-            return
-        cut = tail.rfind(b"\n")
-        os.ftruncate(fd, max(size - len(tail), 0) + cut + 1 if cut >= 0 else max(size - len(tail), 0))
-    finally:
-        os.close(fd)
+    tail = os.pread(fd, min(size, 1 << 20), max(size - (1 << 20), 0))
+    if tail.endswith(b"\n"):
+        return
+    cut = tail.rfind(b"\n")
+    os.ftruncate(fd, max(size - len(tail), 0) + cut + 1 if cut >= 0 else max(size - len(tail), 0))
 
 
 class EventLog:
-    """Appends events to a JSON-lines file (created 0600), flushing each line.
+    """Appends events to a JSON-lines file (0600), flushing each line; one writer at a time.
+
+    The file is locked (`flock`, exclusive) while it is open, before anything in it is changed:
+    a second writer, another master given the same `--event-log`, is refused and touches nothing.
+    An existing file is narrowed to mode 0600.
 
     Args:
         path: the file; its directory must exist.
 
     Raises:
+        EventLogInUseError: another `EventLog` holds the file.
         DLRoverError: the file cannot be opened.
     """
 
@@ -81,10 +85,24 @@ class EventLog:
         self._path = Path(path)
         self._lock = threading.Lock()
         try:
-            _drop_torn_tail(self._path)
-            fd = os.open(self._path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            fd = os.open(self._path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
         except OSError as exc:
             raise DLRoverError(f"cannot open the event log {str(self._path)!r}: {exc.strerror}") from exc
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise EventLogInUseError(
+                    f"the event log {str(self._path)!r} is being written by another master; give each job its own"
+                ) from None
+            os.fchmod(fd, 0o600)
+            _drop_torn_tail(fd)
+        except OSError as exc:
+            os.close(fd)
+            raise DLRoverError(f"cannot open the event log {str(self._path)!r}: {exc.strerror}") from exc
+        except BaseException:
+            os.close(fd)
+            raise
         self._file: TextIO | None = os.fdopen(fd, "a", encoding="utf-8")
 
     @property

@@ -32,6 +32,7 @@ from dlrover.master.runtime import MasterRuntime, ServiceRegistration
 from dlrover.master.scheduler.base import SchedulerBackend
 from dlrover.master.scheduler.external import ExternalScheduler
 from dlrover.master.scheduler.local import LocalScheduler
+from dlrover.master.statedir import StateDirLock
 from dlrover.rendezvous import RendezvousManager
 from dlrover.shard import ShardRegistry
 
@@ -116,6 +117,10 @@ def create_master(
 ) -> MasterRuntime:
     """Build a master with its journal, scheduler, metrics, event log and server (not started).
 
+    With a state directory, the master first locks it (`dlrover.master.statedir`): a second
+    master on a directory another one holds is refused with `StateDirInUseError`, naming the
+    holder, before it reads or writes anything there. The runtime holds the lock until `stop()`.
+
     By default the server also hosts the job's RendezvousService (rounds from `config`'s nnodes,
     node_unit and rendezvous timeouts) and ShardService, on the same address and token as
     AgentService; both are journaled and restored, and let go of nodes the master fails or
@@ -135,14 +140,17 @@ def create_master(
         A runtime; `start()` it (or use it as a context manager).
 
     Raises:
-        ConfigError, AuthError, JournalError: the configuration cannot be served.
+        StateDirInUseError: another master holds `config.state_dir`.
+        ConfigError, AuthError, JournalError: the configuration cannot be served (a
+            `StateDirError` when the state directory is unusable).
     """
-    token, token_file = resolve_token(config)
-    journal: StateJournal = (
-        SqliteJournal(config.state_dir, busy_timeout_s=config.journal_busy_timeout_s)
-        if config.state_dir
-        else MemoryJournal()
+    the_clock = clock or SystemClock()
+    # Before anything in the state directory is read or written: a second master on a live
+    # directory must leave its journal, event log, token and secret exactly as they are.
+    state_lock = (
+        StateDirLock.acquire(config.state_dir, job_name=config.job_name, clock=the_clock) if config.state_dir else None
     )
+    journal: StateJournal | None = None
     event_log: EventLog | None = None
     backend: SchedulerBackend | None = None
     holder: list[MasterRuntime] = []
@@ -156,10 +164,15 @@ def create_master(
         return env
 
     try:
+        token, token_file = resolve_token(config)
+        journal = (
+            SqliteJournal(config.state_dir, busy_timeout_s=config.journal_busy_timeout_s)
+            if config.state_dir
+            else MemoryJournal()
+        )
         log_path = config.event_log or (str(Path(config.state_dir) / EVENT_LOG_NAME) if config.state_dir else None)
         event_log = EventLog(log_path) if log_path else None
         backend = scheduler or _scheduler(config)
-        the_clock = clock or SystemClock()
         rendezvous: HostedRendezvous | None = None
         shards: HostedShards | None = None
         hosted: list[HostedRendezvous | HostedShards] = []
@@ -196,6 +209,7 @@ def create_master(
                 max_workers=config.max_workers,
                 max_message_bytes=config.max_message_bytes,
                 tls=config.tls,
+                refusal_log_interval_s=config.refusal_log_interval_s,
             ),
             authenticator=NodeAuthenticator(resolve_node_secret(config), config.job_name),
             scheduler=backend,
@@ -212,14 +226,19 @@ def create_master(
             metrics_port=config.metrics_port,
             event_log=event_log,
             token_file=token_file,
+            state_lock=state_lock,
+            clock=the_clock,
         )
     except BaseException:
         # Nothing started yet; release what was opened so a refused configuration leaks nothing.
-        journal.close()
+        if journal is not None:
+            journal.close()
         if event_log is not None:
             event_log.close()
         if backend is not None and scheduler is None:
             backend.close()
+        if state_lock is not None:
+            state_lock.release()
         raise
     holder.append(runtime)
     return runtime

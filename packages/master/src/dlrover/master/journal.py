@@ -263,11 +263,37 @@ CREATE TABLE IF NOT EXISTS blobs (name TEXT PRIMARY KEY, version INTEGER NOT NUL
 """
 
 
+SIDE_FILE_SUFFIXES = ("-wal", "-shm", "-journal")
+"""SQLite's files beside the database: the write-ahead log, its shared-memory index, the rollback journal."""
+
+
+def _make_private(db_path: Path) -> None:
+    """Create the database file 0600 (empty) if missing, and narrow existing files to 0600.
+
+    SQLite creates a new database file with mode 0644 less the umask, but gives its `-wal`,
+    `-shm` and `-journal` files the database file's own mode (it chmods them to it): so a
+    database file that exists with mode 0600 before SQLite opens it keeps every file 0600,
+    whatever the umask. An empty file is a valid new database to SQLite. Files of a journal
+    written by an older master (0644) are narrowed too.
+    """
+    fd = os.open(db_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+    finally:
+        os.close(fd)
+    for suffix in SIDE_FILE_SUFFIXES:
+        side = db_path.with_name(db_path.name + suffix)
+        with contextlib.suppress(FileNotFoundError):
+            os.chmod(side, 0o600, follow_symlinks=False)
+
+
 class SqliteJournal:
     """The journal in `<state_dir>/master.db`: SQLite in WAL mode, one transaction per commit.
 
-    The directory is created with mode 0700 if missing. `synchronous=FULL` makes each commit
-    durable when it returns, so a commit that answered an agent is never lost.
+    The directory is created with mode 0700 if missing; the database and SQLite's side files
+    are 0600 (see `_make_private`). `synchronous=FULL` makes each commit durable when it
+    returns, so a commit that answered an agent is never lost. Two masters must not share a
+    journal: `create_master` locks the state directory (`dlrover.master.statedir`) first.
 
     Every sqlite3 error surfaces as a `JournalError` naming the file; a commit that fails (a full
     disk, a database another process holds locked) stores nothing of its batch.
@@ -289,6 +315,7 @@ class SqliteJournal:
         self._lock = threading.Lock()
         try:
             directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+            _make_private(self._path)
             # One connection, used under our lock from the server's threads.
             self._db = sqlite3.connect(
                 self._path, timeout=busy_timeout_s, check_same_thread=False, isolation_level=None
@@ -303,6 +330,8 @@ class SqliteJournal:
                 raise JournalError(f"{self._path} has schema version {row[0]}; this master reads {SCHEMA_VERSION}")
         except sqlite3.Error as exc:
             raise JournalError(f"cannot open the journal {str(self._path)!r}: {exc}") from exc
+        except OSError as exc:
+            raise JournalError(f"cannot open the journal {str(self._path)!r}: {exc.strerror}") from exc
         self._closed = False
 
     @property

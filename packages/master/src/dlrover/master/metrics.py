@@ -8,6 +8,7 @@ from collections.abc import Iterable, Mapping
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import generate_latest, start_http_server
 
+from dlrover.common.refusals import REFUSAL_REASONS, Refusal
 from dlrover.master.journal import JournaledEvent
 from dlrover.master.states import NodeState
 
@@ -44,8 +45,17 @@ class MasterMetrics:
             registry=r,
         )
         self.heartbeats = Counter("dlrover_heartbeats", "Heartbeats received.", ["job"], registry=r)
+        self.refused_calls = Counter(
+            "dlrover_refused_calls",
+            "Calls the master's server refused, by reason (see dlrover.common.refusals).",
+            ["job", "reason"],
+            registry=r,
+        )
         for state in NodeState:
             self.nodes.labels(job_name, state.value).set(0)
+        for reason in REFUSAL_REASONS:
+            # Present at 0 from the start, so a dashboard's rate() sees the first refusal.
+            self.refused_calls.labels(job_name, reason)
 
     def set_node_counts(self, counts: Mapping[NodeState, int]) -> None:
         """Publish how many incarnations are in each state."""
@@ -75,6 +85,10 @@ class MasterMetrics:
     def heartbeat(self) -> None:
         """Count one heartbeat."""
         self.heartbeats.labels(self._job).inc()
+
+    def refused(self, refusal: Refusal) -> None:
+        """Count one refused call (a `RefusalObserver` the master's server reports to)."""
+        self.refused_calls.labels(self._job, refusal.reason).inc()
 
     def set_goodput(self, ratio: float) -> None:
         """Publish goodput so far."""

@@ -6,16 +6,16 @@ import logging
 import threading
 from collections.abc import Callable, Sequence
 
-from dlrover.common import GrpcServer, ServerConfig
+from dlrover.common import Clock, GrpcServer, ServerConfig
 from dlrover.master.eventlog import EventLog
 from dlrover.master.hosting import HostedRendezvous, HostedShards
 from dlrover.master.identity import NodeAuthenticator
-from dlrover.master.interceptors import MalformedRequestInterceptor
 from dlrover.master.journal import StateJournal
 from dlrover.master.master import Master
 from dlrover.master.metrics import MetricsEndpoint
 from dlrover.master.scheduler.base import SchedulerBackend
 from dlrover.master.servicers import add_master_services
+from dlrover.master.statedir import StateDirLock
 
 __all__ = ["MasterRuntime", "ServiceRegistration"]
 
@@ -46,6 +46,9 @@ class MasterRuntime:
         token_file: where agents read the token from, if it is in a file.
         rendezvous: the hosted rendezvous (its service is among `extra_services`).
         shards: the hosted shard service (likewise).
+        state_lock: the state directory's lock; released on `stop()`, after everything in the
+            directory is closed.
+        clock: the time source of the refused-call log's rate limit (the system clock by default).
     """
 
     def __init__(
@@ -65,6 +68,8 @@ class MasterRuntime:
         token_file: str | None = None,
         rendezvous: HostedRendezvous | None = None,
         shards: HostedShards | None = None,
+        state_lock: StateDirLock | None = None,
+        clock: Clock | None = None,
     ) -> None:
         self.master = master
         self.token = token
@@ -72,7 +77,8 @@ class MasterRuntime:
         self.rendezvous = rendezvous
         self.shards = shards
         self._authenticator = authenticator
-        self._server = GrpcServer(server_config, token, interceptors=[MalformedRequestInterceptor()])
+        # Every refused call is logged (rate-limited) by the server and counted by reason here.
+        self._server = GrpcServer(server_config, token, refusal_observers=[master.metrics], clock=clock)
         add_master_services(self._server, master, authenticator)
         for register in extra_services:
             register(self._server)
@@ -85,6 +91,7 @@ class MasterRuntime:
         self._metrics: MetricsEndpoint | None = None
         self._stop = threading.Event()
         self._ticker: threading.Thread | None = None
+        self._state_lock = state_lock
         self._stopped = False
 
     @property
@@ -150,20 +157,25 @@ class MasterRuntime:
             return
         self._stopped = True
         self._stop.set()
-        if self._ticker is not None:
-            self._ticker.join(timeout=30)
-        self._server.stop()
         try:
-            # Nothing changes any more: the last export makes a clean restart lose nothing.
-            self.master.flush_state()
-        except Exception:
-            _log.exception("could not journal the final rendezvous and shard state")
-        if self._metrics is not None:
-            self._metrics.close()
-        self._scheduler.close()
-        self._journal.close()
-        if self._event_log is not None:
-            self._event_log.close()
+            if self._ticker is not None:
+                self._ticker.join(timeout=30)
+            self._server.stop()
+            try:
+                # Nothing changes any more: the last export makes a clean restart lose nothing.
+                self.master.flush_state()
+            except Exception:
+                _log.exception("could not journal the final rendezvous and shard state")
+            if self._metrics is not None:
+                self._metrics.close()
+            self._scheduler.close()
+            self._journal.close()
+            if self._event_log is not None:
+                self._event_log.close()
+        finally:
+            # Last, and even when closing failed: nothing of this master writes the directory any more.
+            if self._state_lock is not None:
+                self._state_lock.release()
 
     def __enter__(self) -> MasterRuntime:
         try:

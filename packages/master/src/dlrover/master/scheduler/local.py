@@ -82,7 +82,8 @@ class LocalScheduler:
     Args:
         command: argv of the agent; the node's environment tells it who it is.
         stop_grace_s: wait between SIGTERM and SIGKILL.
-        log_dir: each node's stdout and stderr go to `<log_dir>/node-<id>.log`; discarded when None.
+        log_dir: each node's stdout and stderr go to `<log_dir>/node-<id>.log` (0600, in a 0700
+            directory); discarded when None.
         monotonic: time source for the grace period (injectable for tests).
     """
 
@@ -129,8 +130,15 @@ class LocalScheduler:
             env = {**os.environ, **spec.env}
             try:
                 if self._log_dir is not None:
-                    self._log_dir.mkdir(parents=True, exist_ok=True)
-                    with open(self._log_dir / f"node-{spec.node_id}.log", "ab") as log:
+                    # Private like the rest of the state directory: agents' logs may hold secrets.
+                    self._log_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+                    log_fd = os.open(
+                        self._log_dir / f"node-{spec.node_id}.log",
+                        os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC,
+                        0o600,
+                    )
+                    with open(log_fd, "ab") as log:
+                        os.fchmod(log_fd, 0o600)  # a log an older master created 0644
                         popen = subprocess.Popen(
                             self._command, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                             start_new_session=True,
