@@ -313,7 +313,7 @@ def test_a_multi_node_job_without_a_master_is_refused_with_the_ways_to_name_one(
     script.write_text("")
     env = {k: v for k, v in os.environ.items() if not k.startswith("DLROVER_")}
     cmd = [sys.executable, "-m", "dlrover.launcher.cli", "--nnodes=1:2", str(script)]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120, check=False)
+    done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 2
     assert "--nnodes=1:2 needs a master" in done.stderr
     assert "--master HOST:PORT" in done.stderr
