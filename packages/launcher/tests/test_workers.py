@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -167,6 +168,37 @@ def test_stop_terminates_workers_and_their_children(tmp_path: Path) -> None:
     exits = group.stop(grace_s=5.0)
     assert exits[0].signal_name in ("SIGTERM", "SIGKILL")
     _wait_until(lambda: not _alive(grandchild) and not _alive(worker))
+
+
+@pytest.mark.integration
+def test_stop_says_which_workers_ignored_the_signal_and_were_killed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    ready = tmp_path / "ready"
+    stubborn = f"""
+        import signal, time
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        open({str(ready)!r}, "w").close()
+        time.sleep(600)
+    """
+    env = {**os.environ, "RANK": "7"}
+    group = WorkerGroup(
+        [
+            WorkerSpec(local_rank=0, argv=(PY, "-c", textwrap.dedent(stubborn)), env=env),
+            _spec(1, "import time; time.sleep(600)"),
+        ]
+    )
+    group.start()
+    _wait_until(ready.exists)
+    pids = group.pids
+    with caplog.at_level(logging.WARNING, logger="dlrover.launcher.workers"):
+        exits = group.stop(grace_s=0.5)
+    assert (exits[0].signal_name, exits[1].signal_name) == ("SIGKILL", "SIGTERM")
+    killed = [r.getMessage() for r in caplog.records if "SIGKILL" in r.getMessage()]
+    assert killed == [
+        f"local rank 0 (rank 7, pid {pids[0]}) did not exit within the 0.5 s grace period after SIGTERM: "
+        "sending SIGKILL"
+    ]
 
 
 @pytest.mark.integration
