@@ -369,8 +369,8 @@ def test_a_failure_is_logged_in_one_line_and_its_whole_evidence_kept_in_the_even
         assert "\n" not in event.message, event.message
     failure = next(e for e in out.events if e.kind == "failure")
     assert failure.message.endswith(
-        "failed: user_code: local rank 0 exited with exit code 1 after 0 restart(s): ValueError: bad batch "
-        "(+5 more lines)"
+        f"failed: {FailureKind.USER_CODE_ERROR.value}: local rank 0 exited with exit code 1 after 0 restart(s): "
+        "ValueError: bad batch (+5 more lines)"
     )
     assert failure.data["evidence"] == TRACEBACK_EVIDENCE
-    assert life.node(0).last_failure == f"user_code: {TRACEBACK_EVIDENCE}"
+    assert life.node(0).last_failure == f"{FailureKind.USER_CODE_ERROR.value}: {TRACEBACK_EVIDENCE}"
