@@ -171,6 +171,33 @@ def test_stop_terminates_workers_and_their_children(tmp_path: Path) -> None:
 
 
 @pytest.mark.integration
+def test_a_capped_worker_log_keeps_the_newest_output_and_a_line_without_end_is_read_in_pieces(
+    tmp_path: Path,
+) -> None:
+    code = """
+        import sys
+        for i in range(2000):
+            print(f"progress line {i:04d}", file=sys.stderr)
+        sys.stderr.write("x" * 200_000)  # a progress bar that never ends its line
+        sys.stderr.write("\\nlast words\\n")
+    """
+    group = WorkerGroup([_spec(0, code, tmp_path, redirect=3, log_max_bytes=10_000)])
+    group.start()
+    _wait_until(lambda: not group.running())
+    exits = group.stop(grace_s=0.0)
+    assert exits[0].exit_code == 0
+    log, older = tmp_path / "0" / "stderr.log", tmp_path / "0" / "stderr.log.1"
+    assert log.read_text().endswith("last words\n")
+    assert older.exists()
+    # The endless line was read in pieces of at most 64 KiB (a piece over the cap fills a file alone).
+    kept = log.read_text() + older.read_text()
+    assert max(len(line) for line in kept.split("\n")) <= 64 * 1024
+    assert log.stat().st_size <= 10_000 + 64 * 1024 + 200
+    assert "progress line 0000" not in kept  # the oldest output was dropped
+    assert exits[0].stderr_tail.endswith("last words\n")
+
+
+@pytest.mark.integration
 def test_stop_says_which_workers_ignored_the_signal_and_were_killed(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
