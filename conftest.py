@@ -30,7 +30,13 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.enviro
 
 # Where DLRover and torch's elastic launcher leave things a test could leak: shared memory
 # (checkpoint segments, saver sockets and owner records) and temp dirs (tokens, logs, staging).
-_LEAK_PATTERNS = (("/dev/shm", "dlrover-*"), (None, "dlrover-*"), (None, "torchelastic_*"))  # noqa: S108 (only read)
+_LEAK_PATTERNS = (
+    ("/dev/shm", "dlrover-*"),  # noqa: S108 (only read)
+    (None, "dlrover-*"),
+    (None, "torchelastic_*"),
+    # dlrover-run's default worker log root, had a test run one in the repository without --log-dir.
+    (os.path.dirname(os.path.abspath(__file__)), "dlrover-logs"),
+)
 _present_at_start: set[str] = set()
 
 

@@ -73,10 +73,15 @@ def spawn() -> Iterator[list[subprocess.Popen[str]]]:
         proc.wait()
 
 
-def _dlrover_run(spawn: list[subprocess.Popen[str]], run_dir: Path, *args: str) -> subprocess.Popen[str]:
+def _dlrover_run(
+    spawn: list[subprocess.Popen[str]], run_dir: Path, *args: str, log_dir: bool = True
+) -> subprocess.Popen[str]:
+    """`dlrover-run --standalone` in `run_dir` (without `log_dir`: no --log-dir, so the worker logs
+    go to ./dlrover-logs there)."""
     cmd = [
         sys.executable, "-m", "dlrover.launcher.cli", "--standalone", "--nproc-per-node=2",
-        f"--log-dir={run_dir / 'logs'}", "--monitor-interval=0.05", "--heartbeat-interval=0.5", *args,
+        *([f"--log-dir={run_dir / 'logs'}"] if log_dir else []),
+        "--monitor-interval=0.05", "--heartbeat-interval=0.5", *args,
     ]  # fmt: skip
     env = {**os.environ, "DLROVER_LOG_LEVEL": "INFO"}
     env.pop("DLROVER_JOB_TOKEN", None)
@@ -193,6 +198,70 @@ def test_a_user_code_error_stops_the_job_instead_of_looping(run_dir: Path, spawn
     # The reason says why it stopped: the master diagnosed the user's bug from the worker's traceback.
     assert "the master stopped the job: user_code" in summary[-1], output
     assert "No module named 'this_module_does_not_exist_anywhere'" in summary[-1], output
+
+
+FAILING = textwrap.dedent(
+    """
+    import os, time
+
+    def load_batch():
+        raise ValueError("bad batch in the user's code")
+
+    if os.environ["RANK"] == "1":
+        load_batch()
+    time.sleep(600)
+    """
+)
+
+
+def test_a_failing_scripts_traceback_is_printed_once_from_its_own_frame_and_its_log_outlives_the_run(
+    run_dir: Path, spawn: list[subprocess.Popen[str]]
+) -> None:
+    script = run_dir / "failing.py"
+    script.write_text(FAILING)
+    # No --log-dir: the logs go to ./dlrover-logs, in the (temporary) directory it runs in.
+    proc = _dlrover_run(spawn, run_dir, "--max-restarts=2", str(script), log_dir=False)
+    output, _ = proc.communicate(timeout=240)
+    assert proc.returncode == 1, output
+    lines = output.splitlines()
+    # The traceback is printed once, whole, by the worker, and starts at the script's own frame.
+    assert output.count("Traceback (most recent call last):") == 1, output
+    start = lines.index("Traceback (most recent call last):")
+    assert lines[start + 1].startswith(f'  File "{script}", line '), output
+    assert lines[start + 1 : start + 6] == [
+        f'  File "{script}", line 8, in <module>',
+        "    load_batch()",
+        f'  File "{script}", line 5, in load_batch',
+        '    raise ValueError("bad batch in the user\'s code")',
+        "ValueError: bad batch in the user's code",
+    ], output
+    assert output.count(f'File "{script}", line 5, in load_batch') == 1, output
+    assert "_standby.py" not in output
+    assert "dlrover/launcher" not in output
+    # Its log folder was named at the start, survives dlrover-run, and the summary names it again.
+    (started,) = [line for line in lines if "worker logs and error files go under" in line]
+    folder = Path(started.rsplit(" go under ", 1)[1])
+    assert folder.parent == run_dir / "dlrover-logs", started
+    summary = [line for line in lines if "finished with exit code 1" in line]
+    assert summary, output
+    assert summary[-1].endswith(f"; worker logs in {folder}"), summary[-1]
+    assert lines[-1] == summary[-1]
+    stderr_log = folder / "attempt_0" / "1" / "stderr.log"
+    assert "ValueError: bad batch in the user's code" in stderr_log.read_text()
+    # The agent's own line about the failure names the exception and that file, not the traceback.
+    (failed,) = [line for line in lines if "failed with exit code 1" in line]
+    assert failed.endswith(f": ValueError: bad batch in the user's code; its whole output: {stderr_log}"), failed
+
+
+def test_log_cleanup_on_success_removes_the_runs_logs(run_dir: Path, spawn: list[subprocess.Popen[str]]) -> None:
+    script = run_dir / "fine.py"
+    script.write_text("print('done')\n")
+    flags = ["--log-cleanup=on-success", "--prewarm=none", "--nproc-per-node=1"]
+    proc = _dlrover_run(spawn, run_dir, *flags, str(script), log_dir=False)
+    output, _ = proc.communicate(timeout=240)
+    assert proc.returncode == 0, output
+    assert output.splitlines()[-1].endswith("; worker logs removed (--log-cleanup=on-success)"), output
+    assert not (run_dir / "dlrover-logs").exists()  # its run's folder, then the emptied default root
 
 
 def _children_of(pid: int) -> list[int]:
@@ -313,7 +382,7 @@ def test_a_multi_node_job_without_a_master_is_refused_with_the_ways_to_name_one(
     script.write_text("")
     env = {k: v for k, v in os.environ.items() if not k.startswith("DLROVER_")}
     cmd = [sys.executable, "-m", "dlrover.launcher.cli", "--nnodes=1:2", str(script)]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120, check=False)
+    done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 2
     assert "--nnodes=1:2 needs a master" in done.stderr
     assert "--master HOST:PORT" in done.stderr
@@ -369,6 +438,18 @@ def test_sigterm_persists_the_newest_snapshot_stops_stubborn_workers_and_leaves_
     # Workers that ignored SIGTERM were killed after the grace period, and reaped: no orphan,
     # no zombie.
     assert not any(_alive(pid) for pid in workers), output
+    # The log says so as it happens: the signal when it arrived, then which workers were killed,
+    # and the summary line comes last, once everything has stopped.
+    lines = output.splitlines()
+    (arrived,) = [i for i, line in enumerate(lines) if "received SIGTERM: stopping the workers" in line]
+    assert "SIGKILL after the 1 s grace period" in lines[arrived], lines[arrived]
+    for rank, pid in enumerate(workers):
+        killed = [i for i, line in enumerate(lines) if f"(rank {rank}, pid {pid}) did not exit within" in line]
+        assert len(killed) == 1, output
+        assert killed[0] > arrived
+        assert lines[killed[0]].endswith("grace period after SIGTERM: sending SIGKILL"), lines[killed[0]]
+    assert "finished with exit code 143" in lines[-1], output
+    assert sum("finished with exit code" in line for line in lines) == 1
     # The step that was only in memory reached storage, committed by every rank.
     tracker = json.loads((ckpt_dir / "tracker.json").read_text())
     assert (tracker["step"], tracker["world_size"]) == (1, 2)

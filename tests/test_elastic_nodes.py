@@ -190,7 +190,10 @@ def _start(
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DLROVER_JOB_TOKEN", "SLURM_"))}
     env.update(extra_env or {})
     handle = open(log, "w")  # noqa: SIM115 (closed with the process below)
-    proc = subprocess.Popen(cmd, env=env, stdout=handle, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    # In the test's own directory: an agent without --log-dir keeps its workers' logs in ./dlrover-logs.
+    proc = subprocess.Popen(
+        cmd, cwd=log.parent, env=env, stdout=handle, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
     handle.close()
     procs.append(proc)
     return proc

@@ -1,12 +1,14 @@
 from __future__ import annotations
 
+import argparse
 import uuid
 
 import pytest
 import torch.distributed.run as torchrun
 
-from dlrover.common import ConfigError
-from dlrover.launcher import NodeRange, parse_args, parse_std_streams
+from dlrover.common import ConfigError, default_text
+from dlrover.launcher import NodeRange, build_parser, parse_args, parse_std_streams
+from dlrover.launcher.worker_logs import LogCleanup
 
 
 def test_torchrun_flags_are_accepted_with_torchruns_meaning() -> None:
@@ -292,3 +294,57 @@ def test_flags_that_have_no_effect_here_are_named_not_dropped_silently(caplog: p
         # A static multi-node command line: they name where the nodes meet (node rank 0 hosts).
         _warn_ignored_flags(parse_args(["--nnodes=2", "--node-rank=1", "--master-addr=h", "--master-port=9", "t.py"]))
     assert caplog.text == ""
+
+
+def _options_without_a_shown_default(parser: argparse.ArgumentParser) -> list[str]:
+    """The options whose line in the parser's help says no default (empty: all say one)."""
+    text = " ".join(parser.format_help().split())
+    missing = []
+    for action in parser._actions:  # argparse lists its actions only here
+        if not action.option_strings or action.default is argparse.SUPPRESS:
+            continue
+        said = " ".join((action.help or "").split())
+        shown = default_text(action)
+        line = " ".join(part for part in (said, shown) if part)
+        if "(default" not in line or line not in text:
+            missing.append(action.option_strings[0])
+    return missing
+
+
+def test_help_shows_every_options_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "10000")  # argparse wraps at hyphens too: compare unwrapped lines
+    parser = build_parser()
+    assert _options_without_a_shown_default(parser) == []
+    text = " ".join(parser.format_help().split())
+    for shown in (
+        "--shutdown-grace SHUTDOWN_GRACE, --shutdown_grace SHUTDOWN_GRACE seconds workers get to exit after the stop "
+        "signal (SIGTERM, or the one the agent received) before SIGKILL (default: 10.0)",
+        "--max-restarts MAX_RESTARTS, --max_restarts MAX_RESTARTS worker restarts after failures before the node "
+        "gives up (default: 0)",
+        "--hang-timeout HANG_TIMEOUT, --hang_timeout HANG_TIMEOUT",
+        "--network-check, --network_check check nodes' health before training (default: off)",
+        "--log-cleanup LOG_CLEANUP, --log_cleanup LOG_CLEANUP when the agent removes its folder of worker logs as it "
+        "exits: never, on-success or always (default: never)",
+        "(default: ./dlrover-logs, or $XDG_STATE_HOME/dlrover/logs where that cannot be written)",
+        "(default: SIGTERM,SIGINT,SIGHUP,SIGQUIT)",
+    ):
+        assert shown in text
+
+
+def test_every_torchrun_option_parses_here_and_the_help_change_did_not_touch_parsing() -> None:
+    ours = {s for a in build_parser()._actions for s in a.option_strings}
+    theirs = {s for a in torchrun.get_args_parser()._actions for s in a.option_strings}
+    assert theirs <= ours, sorted(theirs - ours)
+    assert build_parser().parse_args(["--nproc_per_node=2", "--max-restarts", "3", "t.py", "-x"]).max_restarts == "3"
+
+
+def test_log_flags() -> None:
+    cfg = parse_args(["t.py"])
+    assert (cfg.log_dir, cfg.log_cleanup, cfg.log_max_mb) == (None, LogCleanup.NEVER, 100.0)
+    cfg = parse_args(["--log-cleanup=on_success", "--log-max-mb=0.5", "t.py"])
+    assert (cfg.log_cleanup, cfg.log_max_mb) == (LogCleanup.ON_SUCCESS, 0.5)
+    assert parse_args(["--log-cleanup", "ALWAYS", "t.py"]).log_cleanup is LogCleanup.ALWAYS
+    with pytest.raises(ConfigError, match=r"--log-cleanup must be one of never, on-success, always, got 'sometimes'"):
+        parse_args(["--log-cleanup=sometimes", "t.py"])
+    with pytest.raises(ConfigError, match=r"--log-max-mb must be at least 0\.0"):
+        parse_args(["--log-max-mb=-1", "t.py"])

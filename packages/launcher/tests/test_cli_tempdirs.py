@@ -48,11 +48,21 @@ def _env(tmpdir: Path) -> dict[str, str]:
     # Nothing of an enclosing job (a master address, a token file, torchrun's PET_ defaults).
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DLROVER_", "PET_", "TORCHELASTIC_"))}
     env["TMPDIR"] = str(tmpdir)
+    # No default log root can be made (./dlrover-logs is a file, the state dir is below one), so
+    # --redirects without --log-dir makes dlrover-run keep its logs in a private temp dir.
+    env["XDG_STATE_HOME"] = str(tmpdir.parent / "blocked" / "state")
     return env
 
 
+def _unwritable_cwd(tmp_path: Path) -> Path:
+    cwd = tmp_path / "cwd"
+    cwd.mkdir(exist_ok=True)
+    (cwd / "dlrover-logs").write_text("not a directory")
+    (tmp_path / "blocked").write_text("not a directory")
+    return cwd
+
+
 def _command(script: Path, out: Path, mode: str) -> list[str]:
-    # --redirects without --log-dir makes dlrover-run create its own log dir too.
     return [sys.executable, "-m", "dlrover.launcher.cli", "--standalone", "--redirects=3", str(script), str(out), mode]
 
 
@@ -81,8 +91,10 @@ def test_the_next_dlrover_run_removes_the_temp_dirs_of_a_killed_one(
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
 
+    cwd = _unwritable_cwd(tmp_path)
     first = subprocess.Popen(
         _command(script, out, "wait"),
+        cwd=cwd,
         env=_env(tmpdir),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -110,6 +122,7 @@ def test_the_next_dlrover_run_removes_the_temp_dirs_of_a_killed_one(
 
     second = subprocess.run(
         _command(script, out, "exit"),
+        cwd=cwd,
         env=_env(tmpdir),
         capture_output=True,
         text=True,
@@ -121,5 +134,6 @@ def test_the_next_dlrover_run_removes_the_temp_dirs_of_a_killed_one(
     assert (out / "exit.json").exists()
     for path in leaked:
         assert f"removed {path}" in output
+    assert "worker logs are not kept (give --log-dir): cannot make" in output
     # The first run's dirs were swept, the second's removed on its normal exit.
     assert _ours(tmpdir) == []

@@ -245,6 +245,7 @@ def test_dlrover_run_reports_a_node_that_fails_the_check_and_exits_without_train
     cmd = [sys.executable, "-m", "dlrover.launcher.cli", "--standalone", "--network-check"]
     proc = subprocess.run(
         [*cmd, "--network-check-timeout=90", str(script), str(tmp_path), "cli"],
+        cwd=tmp_path,  # where worker logs would go without --log-dir
         env=_env("exit"),
         capture_output=True,
         text=True,

@@ -169,7 +169,52 @@ def test_a_standby_runs_the_worker_as_a_fresh_interpreter_would(
     assert warm_code == fresh_code == code
     if args == ("raise",):
         assert "RuntimeError: the script failed on purpose" in fresh_tail
-        assert "RuntimeError: the script failed on purpose" in warm_tail
+        # The same traceback, printed once, starting at the script's own frame: none of the
+        # standby's frames that ran the script come before it.
+        assert warm_tail == fresh_tail
+        assert fresh_tail.count("Traceback (most recent call last):") == 1
+        assert fresh_tail.splitlines()[1].startswith(f'  File "{workdir / "facts.py"}", line ')
+
+
+UNCAUGHT = {
+    "nested": "def inner():\n    raise ValueError('deep')\n\ndef outer():\n    inner()\n\nouter()\n",
+    "chained": "try:\n    {}['k']\nexcept KeyError as e:\n    raise RuntimeError('wrapped') from e\n",
+    "hooked": (
+        "import sys\n"
+        "sys.excepthook = lambda t, e, tb: print('HOOK', t.__name__, tb.tb_frame.f_code.co_filename, file=sys.stderr)\n"
+        "raise OSError('through the hook')\n"
+    ),
+    "syntax": "def broken(:\n    pass\n",
+    "interrupted": "raise KeyboardInterrupt\n",
+}
+
+
+@pytest.mark.parametrize("case", sorted(UNCAUGHT))
+def test_an_uncaught_exception_is_printed_from_the_programs_own_frame_as_a_fresh_interpreter_does(
+    workdir: Path, tmp_path: Path, case: str
+) -> None:
+    script = workdir / f"uncaught_{case}.py"
+    script.write_text(UNCAUGHT[case])
+    program = (PY, "-u", str(script))
+    env = _env(workdir, tmp_path / "unused.json")
+    fresh = _run_to_exit(WorkerSpec(local_rank=0, argv=program, env=env), None)
+    pool = StandbyPool(program, ["prewarm_marker"], env, size=1)
+    try:
+        pool.fill()
+        warm = _run_to_exit(WorkerSpec(local_rank=0, argv=program, env=env), pool)
+    finally:
+        pool.close()
+    assert pool.taken == 1
+    # Exit status (1, or SIGINT for KeyboardInterrupt) and the whole of stderr, byte for byte.
+    assert (warm.exit_code, warm.signal_name) == (fresh.exit_code, fresh.signal_name)
+    assert warm.stderr_tail == fresh.stderr_tail
+    assert "_standby" not in warm.stderr_tail
+    if case == "hooked":
+        assert warm.stderr_tail == f"HOOK OSError {script}\n"
+    elif case == "interrupted":
+        assert warm.signal_name == "SIGINT"
+    else:
+        assert warm.exit_code == 1
 
 
 def test_a_standby_whose_import_fails_is_replaced_by_a_fresh_worker_and_said_once(

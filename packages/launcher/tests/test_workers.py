@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -167,6 +168,64 @@ def test_stop_terminates_workers_and_their_children(tmp_path: Path) -> None:
     exits = group.stop(grace_s=5.0)
     assert exits[0].signal_name in ("SIGTERM", "SIGKILL")
     _wait_until(lambda: not _alive(grandchild) and not _alive(worker))
+
+
+@pytest.mark.integration
+def test_a_capped_worker_log_keeps_the_newest_output_and_a_line_without_end_is_read_in_pieces(
+    tmp_path: Path,
+) -> None:
+    code = """
+        import sys
+        for i in range(2000):
+            print(f"progress line {i:04d}", file=sys.stderr)
+        sys.stderr.write("x" * 200_000)  # a progress bar that never ends its line
+        sys.stderr.write("\\nlast words\\n")
+    """
+    group = WorkerGroup([_spec(0, code, tmp_path, redirect=3, log_max_bytes=10_000)])
+    group.start()
+    _wait_until(lambda: not group.running())
+    exits = group.stop(grace_s=0.0)
+    assert exits[0].exit_code == 0
+    log, older = tmp_path / "0" / "stderr.log", tmp_path / "0" / "stderr.log.1"
+    assert log.read_text().endswith("last words\n")
+    assert older.exists()
+    # The endless line was read in pieces of at most 64 KiB (a piece over the cap fills a file alone).
+    kept = log.read_text() + older.read_text()
+    assert max(len(line) for line in kept.split("\n")) <= 64 * 1024
+    assert log.stat().st_size <= 10_000 + 64 * 1024 + 200
+    assert "progress line 0000" not in kept  # the oldest output was dropped
+    assert exits[0].stderr_tail.endswith("last words\n")
+
+
+@pytest.mark.integration
+def test_stop_says_which_workers_ignored_the_signal_and_were_killed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    ready = tmp_path / "ready"
+    stubborn = f"""
+        import signal, time
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        open({str(ready)!r}, "w").close()
+        time.sleep(600)
+    """
+    env = {**os.environ, "RANK": "7"}
+    group = WorkerGroup(
+        [
+            WorkerSpec(local_rank=0, argv=(PY, "-c", textwrap.dedent(stubborn)), env=env),
+            _spec(1, "import time; time.sleep(600)"),
+        ]
+    )
+    group.start()
+    _wait_until(ready.exists)
+    pids = group.pids
+    with caplog.at_level(logging.WARNING, logger="dlrover.launcher.workers"):
+        exits = group.stop(grace_s=0.5)
+    assert (exits[0].signal_name, exits[1].signal_name) == ("SIGKILL", "SIGTERM")
+    killed = [r.getMessage() for r in caplog.records if "SIGKILL" in r.getMessage()]
+    assert killed == [
+        f"local rank 0 (rank 7, pid {pids[0]}) did not exit within the 0.5 s grace period after SIGTERM: "
+        "sending SIGKILL"
+    ]
 
 
 @pytest.mark.integration

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import argparse
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from dlrover.master.cli import _run_parser, build_config, main
+from dlrover.common import default_text
+from dlrover.master.cli import _run_parser, _status_parser, build_config, main
 from dlrover.master.config import NodeRange
 from dlrover.master.factory import create_master, resolve_token
 from dlrover.master.status import format_status
@@ -127,3 +130,26 @@ def test_status_command_and_metrics_endpoint(tmp_path: Path, capsys: pytest.Capt
         assert "UNAUTHENTICATED" in capsys.readouterr().err
     finally:
         runtime.stop()
+
+
+@pytest.mark.parametrize("parser", [_run_parser, _status_parser])
+def test_help_shows_every_options_default(
+    parser: Callable[[], argparse.ArgumentParser], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "10000")  # argparse wraps at hyphens too: compare unwrapped lines
+    built = parser()
+    text = " ".join(built.format_help().split())
+    for action in built._actions:  # argparse lists its actions only here
+        if not action.option_strings or action.default is argparse.SUPPRESS:
+            continue
+        said = " ".join((action.help or "").split())
+        line = " ".join(part for part in (said, default_text(action)) if part)
+        assert "(default" in line, action.option_strings
+        assert line in text, action.option_strings
+    if parser is _run_parser:
+        assert (
+            "--heartbeat-timeout-s HEARTBEAT_TIMEOUT_S a node silent this long is taken for lost (default: 30.0)"
+            in text
+        )
+        assert "--serve-ping also serve the no-op PingService" in text
+        assert "(default: off)" in text

@@ -345,3 +345,32 @@ def test_config_validation_names_the_bad_value() -> None:
         parse_node_range("2:x")
     assert parse_node_range("2:4", node_unit=2) == NodeRange(2, 4, 2)
     assert parse_node_range("3") == NodeRange(3, 3)
+
+
+TRACEBACK_EVIDENCE = (
+    "local rank 0 exited with exit code 1 after 0 restart(s)\n"
+    "Traceback (most recent call last):\n"
+    '  File "/job/train.py", line 3, in <module>\n'
+    "    step()\n"
+    '  File "/job/train.py", line 2, in step\n'
+    "    raise ValueError('bad batch')\n"
+    "ValueError: bad batch\n"
+)
+
+
+def test_a_failure_is_logged_in_one_line_and_its_whole_evidence_kept_in_the_event_and_the_node() -> None:
+    # The worker prints its traceback once; the master's messages (logged, and passed on as the
+    # rendezvous reason) name it in one line, while the failure event keeps all of it.
+    life = make(1)
+    register_all(life)
+    _, out = life.report_failure(0, FailureKind.USER_CODE_ERROR, TRACEBACK_EVIDENCE, 1.0)
+    assert out.events
+    for event in out.events:
+        assert "\n" not in event.message, event.message
+    failure = next(e for e in out.events if e.kind == "failure")
+    assert failure.message.endswith(
+        f"failed: {FailureKind.USER_CODE_ERROR.value}: local rank 0 exited with exit code 1 after 0 restart(s): "
+        "ValueError: bad batch (+5 more lines)"
+    )
+    assert failure.data["evidence"] == TRACEBACK_EVIDENCE
+    assert life.node(0).last_failure == f"{FailureKind.USER_CODE_ERROR.value}: {TRACEBACK_EVIDENCE}"

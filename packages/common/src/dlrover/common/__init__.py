@@ -29,6 +29,7 @@ if TYPE_CHECKING:
         write_token_file,
     )
     from dlrover.common.channel import ChannelConfig, create_channel
+    from dlrover.common.cli_help import DefaultsHelpFormatter, default_text
     from dlrover.common.clock import Clock, ManualClock, SystemClock
     from dlrover.common.errors import AuthError, ConfigError, DLRoverError
     from dlrover.common.guard import SERVICER_REFUSALS, RequestGuardInterceptor, backstop_bytes
@@ -101,6 +102,8 @@ _EXPORTS: dict[str, str] = {
     "report_refusal": "dlrover.common.refusals",
     "ChannelConfig": "dlrover.common.channel",
     "create_channel": "dlrover.common.channel",
+    "DefaultsHelpFormatter": "dlrover.common.cli_help",
+    "default_text": "dlrover.common.cli_help",
     "Clock": "dlrover.common.clock",
     "ManualClock": "dlrover.common.clock",
     "SystemClock": "dlrover.common.clock",
@@ -156,6 +159,7 @@ __all__ = [
     "Clock",
     "ConfigError",
     "DLRoverError",
+    "DefaultsHelpFormatter",
     "GrpcServer",
     "JsonLinesFormatter",
     "ManualClock",
@@ -173,6 +177,7 @@ __all__ = [
     "master_retry_policy",
     "configure_logging",
     "create_channel",
+    "default_text",
     "exiting_status",
     "format_host_port",
     "parse_host_port",

@@ -1,6 +1,6 @@
 """dlrover.diagnosis: know why a job failed, find hung, slow and faulty nodes, and pick the action.
 
-* Evidence (`Evidence`, `read_log_tail`, `extract_tracebacks`, `ExitInfo`, `StepReport`, ...):
+* Evidence (`Evidence`, `read_log_tail`, `extract_tracebacks`, `one_line_summary`, `ExitInfo`, `StepReport`, ...):
   frozen values; the log reader never reads more than a configured tail.
 * Classifier (`classify`, `RuleRegistry`, `Rule`): evidence to a `FailureKind` with a
   confidence, the deciding lines and a reason; third parties add rules through the
@@ -59,7 +59,7 @@ from dlrover.diagnosis.stackdump import (
     install_stack_dump_handler,
     request_stack_dump,
 )
-from dlrover.diagnosis.tracebacks import PythonTraceback, extract_tracebacks, strip_rank_prefix
+from dlrover.diagnosis.tracebacks import PythonTraceback, extract_tracebacks, one_line_summary, strip_rank_prefix
 
 __all__ = [
     # kinds
@@ -80,6 +80,7 @@ __all__ = [
     "StepReport",
     "TailConfig",
     "extract_tracebacks",
+    "one_line_summary",
     "read_log_tail",
     "read_tail_from_stream",
     "strip_rank_prefix",

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import attrs
 
-__all__ = ["PythonTraceback", "extract_tracebacks", "strip_rank_prefix"]
+__all__ = ["PythonTraceback", "extract_tracebacks", "one_line_summary", "strip_rank_prefix"]
 
 _RANK_PREFIX = re.compile(
     r"^\s*(?:\[(?:rank|default|local_rank)?\d+\]\s*:?\s?|\[\d+,\d+\]<std(?:err|out)>:\s?|rank\s*\d+\s*:\s)",
@@ -105,3 +105,37 @@ def extract_tracebacks(lines: Sequence[str]) -> tuple[PythonTraceback, ...]:
                 found.append(PythonTraceback(parsed[0], parsed[1], (), i, line.strip()))
         i += 1
     return tuple(found)
+
+
+_SUMMARY_PART_CHARS = 300
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= _SUMMARY_PART_CHARS else text[: _SUMMARY_PART_CHARS - 3] + "..."
+
+
+def one_line_summary(text: str) -> str:
+    """A failure's evidence (or a log tail) in one line, for a log line or a status field.
+
+    A whole traceback belongs in one place (the worker's own output and log file); every other
+    mention of a failure names it in one line: the text's first line, then the exception line of
+    its last traceback (the exception that ended the program), or else its last non-empty line,
+    then how many lines were left out.
+
+    Args:
+        text: the evidence, oldest line first (rank prefixes are allowed).
+
+    Returns:
+        One line, e.g. ``local rank 0 exited with exit code 1: ValueError: bad (+9 more lines)``;
+        the text itself, stripped, when it is one line.
+    """
+    lines = [line.rstrip() for line in text.splitlines() if line.strip()]
+    if len(lines) <= 1:
+        return _clip(lines[0].strip()) if lines else ""
+    first, rest = lines[0].strip(), lines[1:]
+    found = extract_tracebacks(rest)
+    last = found[-1].exception_line if found else strip_rank_prefix(rest[-1]).strip()
+    shown = 1 if last == first else 2
+    summary = _clip(first) if shown == 1 else f"{_clip(first)}: {_clip(last)}"
+    left_out = len(lines) - shown
+    return f"{summary} (+{left_out} more lines)" if left_out > 0 else summary

@@ -12,7 +12,10 @@ parent-death signal (as `_orphan_guard` does, so it dies with its agent), import
 would (``sys.argv``, ``sys.path[0]``, ``__name__ == "__main__"``, ``__file__``,
 ``sys.modules["__main__"]`` for pickling and multiprocessing's spawn, the same ``sys.flags``, the
 modules' warnings filters placed where the program's own import would place them). End of input
-without a line means the agent no longer needs it: it exits 0 without running anything.
+without a line means the agent no longer needs it: it exits 0 without running anything. An
+exception the program does not catch is printed as a fresh interpreter prints it (through
+``sys.excepthook``, exit status 1; SIGINT for ``KeyboardInterrupt``), its traceback starting at the
+program's own first frame: the frames of this runner are left out.
 
 `dlrover-run` uses standbys by default (``--prewarm torch,dlrover.flashckpt.client``). What could
 differ from a fresh start is that `MODULES` were imported before the worker's own environment was
@@ -371,8 +374,54 @@ def main(argv: list[str]) -> int:
         _Watch(guard, program, env, state, filters).install()
     else:
         filters.restore()
-    _run(program)
+    try:
+        _run(program)
+    except SystemExit:
+        raise
+    except KeyboardInterrupt as exc:
+        _report_uncaught(exc)
+        # Printed: the interpreter, which ends a process Ctrl-C stopped by SIGINT (its parent sees
+        # the signal), must not print it again with this runner's frames.
+        sys.excepthook = _printed_already
+        raise
+    except BaseException as exc:
+        _report_uncaught(exc)
+        return 1  # the interpreter's status for an uncaught exception
     return 0
+
+
+def _printed_already(*_args: object) -> None:
+    pass
+
+
+# runpy runs a folder or zip archive; a frozen runpy (3.11+) names its frames "<frozen runpy>".
+_RUNNER_FILES = frozenset({os.path.abspath(__file__), os.path.abspath(runpy.__file__), "<frozen runpy>"})
+
+
+def _runner_file(filename: str) -> bool:
+    return filename in _RUNNER_FILES or os.path.abspath(filename) in _RUNNER_FILES
+
+
+def _program_traceback(tb: types.TracebackType | None) -> types.TracebackType | None:
+    """`tb` without its leading frames of this runner (and of runpy, which runs a folder or zip
+    archive): the traceback starts at the program's own first frame, as in a fresh interpreter."""
+    while tb is not None and _runner_file(tb.tb_frame.f_code.co_filename):
+        tb = tb.tb_next
+    return tb
+
+
+def _report_uncaught(exc: BaseException) -> None:
+    """Print an exception the program did not catch as a fresh interpreter would: through
+    `sys.excepthook` (the program may have installed its own), starting at the program's frame.
+
+    Without this the traceback would begin with the frames of this module that ran the program. A
+    traceback that holds no frame of the program is a fault of this runner, and is printed whole,
+    except for a `SyntaxError` in compiling the program, which Python prints without frames.
+    """
+    tb = _program_traceback(exc.__traceback__)
+    if tb is None and not isinstance(exc, SyntaxError):
+        tb = exc.__traceback__
+    sys.excepthook(type(exc), exc.with_traceback(tb), tb)
 
 
 if __name__ == "__main__":

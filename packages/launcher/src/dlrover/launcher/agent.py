@@ -60,6 +60,7 @@ from dlrover.launcher.netcheck import NetworkCheck, NetworkCheckSettingsMismatch
 from dlrover.launcher.netcheck_plan import CheckOutcome, after_check_report, check_step
 from dlrover.launcher.resource_usage import ProcessTreeSampler
 from dlrover.launcher.store_host import StoreHost
+from dlrover.launcher.worker_logs import failure_line
 from dlrover.launcher.workers import StandbyPool, WorkerExit, WorkerGroup, WorkerSpec
 
 __all__ = ["Agent", "AgentConfig", "AgentResult"]
@@ -137,6 +138,8 @@ class AgentConfig:
         exit_barrier_timeout_s: when this node's workers succeed and its agent hosts the
             round's store, the longest the agent keeps that store open for the nodes still
             training (torchrun's exit barrier; see `Agent`); 0 closes it at once.
+        log_max_bytes: cap on each worker log file; one that reaches it rotates (see
+            `WorkerSpec.log_max_bytes`); 0: none.
     """
 
     worker_argv: tuple[str, ...]
@@ -169,6 +172,7 @@ class AgentConfig:
     resource_sample_interval_s: float = attrs.field(default=1.0, validator=non_negative_finite)
     virtual_local_rank: bool = False
     duplicate_filters: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())
+    log_max_bytes: int = attrs.field(default=0, validator=attrs.validators.ge(0))
 
 
 @attrs.frozen
@@ -180,12 +184,15 @@ class AgentResult:
         reason: why, in a sentence.
         restarts: worker restarts caused by failures.
         rounds: rendezvous rounds this node took part in.
+        logs: where the workers' logs are, in words, for the summary line (`dlrover-run` fills
+            it in: the folder, or that it was removed); "" when none were kept.
     """
 
     exit_code: int
     reason: str
     restarts: int
     rounds: int
+    logs: str = ""
 
 
 class Agent:
@@ -258,6 +265,12 @@ class Agent:
         self._node_dir = contextlib.ExitStack()
         # (node rank, nodes, RANK of local rank 0, WORLD_SIZE) of the last workers started.
         self._layout: tuple[int, int, int, int] | None = None
+
+    @property
+    def run_dir(self) -> Path | None:
+        """This agent's folder of worker logs and error files (``<root>/<run id>_<unique>``), once
+        the first workers have started; None before, or without a log or error dir."""
+        return self._run_dir_path
 
     def request_stop(self, reason: str, sig: signal.Signals = signal.SIGTERM) -> None:
         """Ask the loop to stop its workers and exit (safe from a signal handler).
@@ -685,6 +698,7 @@ class Agent:
             if step.kind is StepKind.REPORT_FAILURE:
                 failed = first_failure(exits, failing)
                 assert failed is not None
+                _log.error("%s", failure_line(failed, group.rank_of(failed.local_rank)))
                 return self._report(_failure_report(failed, restarts))
             if step.kind is not StepKind.CONTINUE:
                 return step
@@ -848,7 +862,8 @@ class Agent:
         if self._run_dir_path is None:
             root.mkdir(parents=True, exist_ok=True)
             self._run_dir_path = Path(tempfile.mkdtemp(prefix=f"{cfg.run_id}_", dir=root))
-            _log.info("worker logs and error files go under %s", self._run_dir_path)
+            what = "worker logs and error files" if cfg.log_dir is not None else "worker error files (no logs)"
+            _log.info("%s go under %s", what, self._run_dir_path)
         return self._run_dir_path
 
     def _node_env(self) -> dict[str, str]:
@@ -904,6 +919,7 @@ class Agent:
                     prefix=f"[{cfg.role}{rank}]:",
                     error_file=errors_dir / str(local_rank) / f"error-rank{rank}.json" if errors_dir else None,
                     duplicate_filters=cfg.duplicate_filters,
+                    log_max_bytes=cfg.log_max_bytes,
                 )
             )
         return specs

@@ -16,10 +16,11 @@ from typing import Any
 
 import attrs
 
-from dlrover.common import ConfigError
+from dlrover.common import ConfigError, DefaultsHelpFormatter
 from dlrover.flashckpt.segment import DEFAULT_SHM_DIR
 from dlrover.launcher.env import MASTER_ADDR_ENV_VAR
 from dlrover.launcher.slurm import SlurmStep, slurm_step
+from dlrover.launcher.worker_logs import LogCleanup
 
 DEFAULT_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")  # torchrun's default
 
@@ -117,6 +118,8 @@ class LaunchConfig:
     monitor_interval_s: float = 0.1
     role: str = "default"
     log_dir: str | None = None
+    log_cleanup: LogCleanup = LogCleanup.NEVER
+    log_max_mb: float = 100.0
     redirects: tuple[tuple[int, int], ...] = ()
     tee: tuple[tuple[int, int], ...] = ()
     local_ranks_filter: tuple[int, ...] = ()
@@ -219,6 +222,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="dlrover-run",
         description="Run a torchrun-style training script with fault tolerance, flash checkpoints and diagnosis.",
+        formatter_class=DefaultsHelpFormatter,
     )
     _add_torchrun_options(p.add_argument_group("torchrun-compatible options"))
     _add_dlrover_options(p.add_argument_group("DLRover options"))
@@ -230,33 +234,50 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_torchrun_options(tr: argparse._ArgumentGroup) -> None:
     _option(tr, ["--nnodes"], None, "N, or MIN:MAX for an elastic job (default: 1, or the srun step's nodes)")
     _option(tr, _both("nproc-per-node"), None, "workers per node: N, auto, cpu or gpu (default: 1)")
-    _option(tr, _both("rdzv-backend"), "dlrover")
-    _option(tr, _both("rdzv-endpoint"), "")
-    _option(tr, _both("rdzv-id"), "none")
+    _option(tr, _both("rdzv-backend"), "dlrover", "dlrover (a running dlrover-master), c10d or static")
+    _option(tr, _both("rdzv-endpoint"), "", "HOST[:PORT] where the nodes meet")
+    _option(tr, _both("rdzv-id"), "none", "the job's run id (TORCHELASTIC_RUN_ID; a fresh uuid with --standalone)")
     _option(tr, _both("rdzv-conf"), "", "key1=v1,key2=v2")
     _flag(tr, ["--standalone"], "run master, agent and workers on this machine")
-    _option(tr, _both("max-restarts"), "0")
+    _option(tr, _both("max-restarts"), "0", "worker restarts after failures before the node gives up")
     _option(tr, _both("monitor-interval"), "0.1", "seconds between worker checks")
     _option(tr, _both("start-method"), "spawn", "accepted for compatibility; workers are always new processes")
-    _option(tr, ["--role"], "default")
+    _option(tr, ["--role"], "default", "the workers' role name")
     _flag(tr, ["-m", "--module"], "run the entrypoint as a module (python -m)")
     _flag(tr, _both("no-python"), "run the entrypoint as an executable")
     _flag(tr, _both("run-path"), "run the entrypoint with runpy.run_path")
-    _option(tr, _both("log-dir"), None)
+    _option(
+        tr,
+        _both("log-dir"),
+        None,
+        "root of the workers' stdout.log, stderr.log and error files, in a folder of this agent's own "
+        "(<run id>_<unique>/attempt_<n>/<local rank>/) that outlives the run (default: ./dlrover-logs, or "
+        "$XDG_STATE_HOME/dlrover/logs where that cannot be written)",
+    )
     _option(tr, ["-r", "--redirects"], "0", "0..3 or LOCAL_RANK:MASK,... (1=stdout, 2=stderr)")
     _option(tr, ["-t", "--tee"], "0", "0..3 or LOCAL_RANK:MASK,... (1=stdout, 2=stderr)")
     _option(tr, _both("local-ranks-filter"), "", "local ranks whose output is shown")
-    _option(tr, _both("node-rank"), None)
-    _option(tr, _both("master-addr"), None, "default: 127.0.0.1")
-    _option(tr, _both("master-port"), None)
-    _option(tr, _both("local-addr"), None)
+    _option(tr, _both("node-rank"), None, "this node's rank (default: given by the rendezvous)")
+    _option(tr, _both("master-addr"), None, "with --node-rank: where node rank 0's agent serves (default: 127.0.0.1)")
+    _option(tr, _both("master-port"), None, "with --master-addr: the port it serves on (default: 29500 in that form)")
+    _option(
+        tr,
+        _both("local-addr"),
+        None,
+        "this node's address for the others (default: 127.0.0.1 for a job of one node, else this host's name)",
+    )
     _option(
         tr,
         _both("signals-to-handle"),
         ",".join(DEFAULT_SIGNALS),
         "signals the agent handles by stopping: the workers get the same signal, SIGKILL after the grace period",
     )
-    _option(tr, _both("shutdown-timeout"), None, "torchrun's name for --shutdown-grace")
+    _option(
+        tr,
+        _both("shutdown-timeout"),
+        None,
+        "torchrun's name for --shutdown-grace (default: TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else --shutdown-grace)",
+    )
     _flag(tr, _both("virtual-local-rank"), "LOCAL_RANK=0 for every worker, which sees only its own GPU")
     _option(
         tr,
@@ -338,7 +359,25 @@ def _add_dlrover_options(ours: argparse._ArgumentGroup) -> None:
     _option(ours, _both("token-file"), None, "a 0600 file holding the job token")
     _option(ours, _both("heartbeat-interval"), None, "seconds between heartbeats (default: the master's choice)")
     _option(ours, _both("master-lost-timeout"), "300", "seconds workers keep training while the master is unreachable")
-    _option(ours, _both("shutdown-grace"), "10.0", "seconds workers get to exit after SIGTERM")
+    _option(
+        ours,
+        _both("shutdown-grace"),
+        "10.0",
+        "seconds workers get to exit after the stop signal (SIGTERM, or the one the agent received) before SIGKILL",
+    )
+    _option(
+        ours,
+        _both("log-cleanup"),
+        "never",
+        "when the agent removes its folder of worker logs as it exits: never, on-success or always",
+    )
+    _option(
+        ours,
+        _both("log-max-mb"),
+        "100",
+        "cap in MB on each worker's stdout.log and stderr.log: one that reaches it is renamed to <name>.1 "
+        "(replacing an older one) and a new file started, so the newest output is kept; 0: no cap",
+    )
     _option(
         ours,
         _both("checkpoint-stop-timeout"),
@@ -682,6 +721,8 @@ def parse_args(
         monitor_interval_s=float(_number(ns.monitor_interval, "--monitor-interval", float, 0.001)),
         role=ns.role,
         log_dir=ns.log_dir,
+        log_cleanup=LogCleanup.parse(ns.log_cleanup),
+        log_max_mb=_finite(ns.log_max_mb, "--log-max-mb", 0.0),
         redirects=tuple(sorted(parse_std_streams(ns.redirects, nproc, "--redirects").items())),
         tee=tuple(sorted(parse_std_streams(ns.tee, nproc, "--tee").items())),
         local_ranks_filter=filters,

@@ -35,7 +35,7 @@ from dlrover.common import DLRoverError
 from dlrover.common.process import exiting_status
 from dlrover.launcher.error_file import ERROR_FILE_ENV_VAR, read_error_file
 
-__all__ = ["StandbyPool", "WorkerExit", "WorkerGroup", "WorkerSpec"]
+__all__ = ["CappedLogFile", "StandbyPool", "WorkerExit", "WorkerGroup", "WorkerSpec"]
 
 STDOUT, STDERR = 1, 2
 
@@ -71,6 +71,10 @@ class WorkerSpec:
         duplicate_filters: for stdout and stderr, substrings whose lines, in a stream that is
             tee'd and logged, are also appended, prefixed, to ``filtered_stdout.log`` or
             ``filtered_stderr.log`` beside `log_dir` (torchrun's ``--duplicate-*-filters``).
+        log_max_bytes: cap on each of `stdout.log` and `stderr.log` (0: none). A file that
+            would pass it is renamed to ``<name>.1`` (replacing an older one) and a new file
+            started, so each stream keeps its newest output, at most twice the cap on disk (see
+            `CappedLogFile`). The filtered files are not capped.
     """
 
     local_rank: int
@@ -83,6 +87,7 @@ class WorkerSpec:
     prefix: str = ""
     error_file: Path | None = None
     duplicate_filters: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())
+    log_max_bytes: int = attrs.field(default=0, validator=attrs.validators.ge(0))
 
 
 @attrs.frozen
@@ -96,6 +101,8 @@ class WorkerExit:
         signal_name: the signal that killed it, e.g. "SIGKILL", or None.
         stderr_tail: the last lines it wrote to stderr.
         error: what it wrote to its error file (`WorkerSpec.error_file`); "" for none.
+        log_dir: the folder of its `stdout.log` and `stderr.log` (`WorkerSpec.log_dir`); None
+            when it kept none.
     """
 
     local_rank: int
@@ -104,10 +111,70 @@ class WorkerExit:
     signal_name: str | None
     stderr_tail: str
     error: str = ""
+    log_dir: Path | None = None
 
     @property
     def succeeded(self) -> bool:
         return self.exit_code == 0
+
+
+class CappedLogFile:
+    """An append-only log file that never grows past a cap: at the cap it rotates.
+
+    When a line would take the file past `max_bytes`, the file is renamed to ``<name>.1``
+    (replacing the one before, whose output is dropped) and a new file is started with a first line
+    that says so. The file and its ``.1`` hold the newest output, at most about twice the cap: the
+    end of a worker's output, where its traceback is, is always kept. A single line longer than the
+    cap is written whole. The first rotation is logged (a warning naming the file).
+
+    Args:
+        path: the log file (created, or appended to).
+        max_bytes: the cap; 0 for none.
+    """
+
+    def __init__(self, path: Path, max_bytes: int = 0) -> None:
+        self._path = path
+        self._max_bytes = max_bytes
+        self._file = open(path, "ab")  # noqa: SIM115 (closed by close())
+        self._size = self._file.tell()
+        self.rotations = 0
+
+    def write(self, data: bytes) -> None:
+        """Append `data` (whole lines), rotating first if it would pass the cap."""
+        if self._max_bytes and self._size and self._size + len(data) > self._max_bytes:
+            self._rotate()
+        self._file.write(data)
+        self._file.flush()
+        self._size += len(data)
+
+    def _rotate(self) -> None:
+        self._file.close()
+        older = self._path.with_name(self._path.name + ".1")
+        os.replace(self._path, older)
+        self._file = open(self._path, "ab")  # noqa: SIM115 (closed by close())
+        self.rotations += 1
+        note = (
+            f"[dlrover-run: this file reached its cap of {self._max_bytes} bytes (--log-max-mb); the output "
+            f"before this line is in {older.name}, older output was dropped ({self.rotations} rotation(s))]\n"
+        ).encode()
+        self._file.write(note)
+        self._size = len(note)
+        if self.rotations == 1:
+            _log.warning(
+                "%s reached its cap of %.1f MB (--log-max-mb): its earlier output moved to %s, and from now on "
+                "only the newest output of this stream is kept",
+                self._path,
+                self._max_bytes / 1e6,
+                older.name,
+            )
+
+    def close(self) -> None:
+        self._file.close()
+
+
+# A pipe is read a line at a time, but never more than this at once: output that never ends a line
+# (a progress bar redrawn with carriage returns) must not grow the agent's memory without bound.
+_MAX_READ_BYTES = 64 * 1024
 
 
 class _StreamPump:
@@ -123,9 +190,10 @@ class _StreamPump:
         *,
         duplicate: tuple[Path, tuple[str, ...]] | None = None,
         duplicate_prefix: bytes = b"",
+        log_max_bytes: int = 0,
     ) -> None:
         self._source = source
-        self._log = open(log_path, "ab") if log_path is not None else None  # noqa: SIM115 (closed in run)
+        self._log = CappedLogFile(log_path, log_max_bytes) if log_path is not None else None
         # Every worker's pump appends to the one filtered file: whole lines, one write each.
         self._filtered = open(duplicate[0], "ab") if duplicate is not None else None  # noqa: SIM115 (as _log)
         self._filters = tuple(f.encode() for f in duplicate[1]) if duplicate is not None else ()
@@ -148,11 +216,10 @@ class _StreamPump:
 
     def _run(self) -> None:
         try:
-            for line in iter(self._source.readline, b""):
+            for line in iter(lambda: self._source.readline(_MAX_READ_BYTES), b""):
                 self._keep(line)
                 if self._log is not None:
-                    self._log.write(line)
-                    self._log.flush()
+                    self._write_log(line)
                 if self._console is not None:
                     self._console.write(self._prefix + line)
                     self._console.flush()
@@ -167,6 +234,17 @@ class _StreamPump:
             if self._filtered is not None:
                 self._filtered.close()
             self._source.close()
+
+    def _write_log(self, line: bytes) -> None:
+        assert self._log is not None
+        try:
+            self._log.write(line)
+        except OSError as exc:
+            # A full disk ends the file, not the console copy or the tail kept for diagnosis.
+            _log.warning("stopped writing a worker's log file: %s", exc)
+            with contextlib.suppress(OSError):
+                self._log.close()
+            self._log = None
 
     def join(self, timeout_s: float) -> None:
         self._thread.join(timeout_s)
@@ -345,6 +423,11 @@ class WorkerGroup:
         # One pidfd per worker whose exit is not recorded yet: `wait` wakes when one exits.
         self._pidfds: dict[int, int] = {}
 
+    def rank_of(self, local_rank: int) -> str:
+        """The global rank given to the worker of `local_rank` (its ``RANK``); "?" if none."""
+        spec = self._specs_by_rank.get(local_rank)
+        return spec.env.get("RANK", "?") if spec is not None else "?"
+
     @property
     def pids(self) -> dict[int, int]:
         """local rank -> pid of every started worker."""
@@ -394,6 +477,7 @@ class WorkerGroup:
                     self._tail_bytes,
                     duplicate=duplicate,
                     duplicate_prefix=spec.prefix.encode(),
+                    log_max_bytes=spec.log_max_bytes,
                 )
             )
         self._pumps[spec.local_rank] = pumps
@@ -490,7 +574,9 @@ class WorkerGroup:
             code = 128 - code
         error_file = self._specs_by_rank[rank].error_file
         error = read_error_file(error_file) if error_file is not None and code != 0 else ""
-        return WorkerExit(rank, proc.pid, code, signal_name, pumps[1].tail() if pumps else "", error)
+        spec = self._specs_by_rank[rank]
+        tail = pumps[1].tail() if pumps else ""
+        return WorkerExit(rank, proc.pid, code, signal_name, tail, error, spec.log_dir)
 
     def running(self) -> bool:
         """Whether any worker is still running."""
@@ -520,7 +606,18 @@ class WorkerGroup:
             remaining = deadline - time.monotonic()
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=max(remaining, 0.0))
-        for proc in self._procs.values():
+        for rank, proc in self._procs.items():
+            if proc.poll() is None:
+                # Said, so that a job whose workers ignore the signal learns why they died by SIGKILL.
+                _log.warning(
+                    "local rank %d (rank %s, pid %d) did not exit within the %g s grace period after %s: "
+                    "sending SIGKILL",
+                    rank,
+                    self.rank_of(rank),
+                    proc.pid,
+                    grace_s,
+                    sig.name,
+                )
             # Kill the group even when the leader has exited: its children may remain.
             _signal_group(proc.pid, signal.SIGKILL)
             proc.wait()

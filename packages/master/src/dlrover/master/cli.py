@@ -17,7 +17,15 @@ import threading
 from collections.abc import Sequence
 from types import FrameType
 
-from dlrover.common import ChannelConfig, DLRoverError, RetryPolicy, TLSConfig, configure_logging, load_token
+from dlrover.common import (
+    ChannelConfig,
+    DefaultsHelpFormatter,
+    DLRoverError,
+    RetryPolicy,
+    TLSConfig,
+    configure_logging,
+    load_token,
+)
 from dlrover.master.client import MasterClient
 from dlrover.master.config import BACKENDS, FAILURE_POLICIES, LifecycleConfig, MasterConfig, parse_node_range
 from dlrover.master.factory import create_master
@@ -32,43 +40,62 @@ EXIT_CODES = {JobState.SUCCEEDED: 0, JobState.FAILED: 1, JobState.STOPPED: 3, Jo
 
 
 def _run_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="dlrover-master", description="Run a DLRover job master.")
-    p.add_argument("--job-name", default="dlrover-job")
-    p.add_argument("--bind-address", default="127.0.0.1", help="interface to listen on (default: loopback)")
+    p = argparse.ArgumentParser(
+        prog="dlrover-master", description="Run a DLRover job master.", formatter_class=DefaultsHelpFormatter
+    )
+    p.add_argument("--job-name", default="dlrover-job", help="the job's name, in events and status")
+    p.add_argument("--bind-address", default="127.0.0.1", help="interface to listen on (0.0.0.0: all)")
     p.add_argument("--port", type=int, default=0, help="gRPC port; 0 picks a free one")
     p.add_argument("--token", default=None, help="the job token (prefer --token-file)")
     p.add_argument("--token-file", default=None, help="a 0600 file holding the job token")
-    p.add_argument("--tls-cert", default=None)
-    p.add_argument("--tls-key", default=None)
+    p.add_argument("--tls-cert", default=None, help="serve TLS with this certificate (PEM)")
+    p.add_argument("--tls-key", default=None, help="the certificate's private key (PEM)")
     p.add_argument("--tls-ca", default=None, help="require client certificates signed by this CA")
     p.add_argument("--nnodes", default="1", help="N or MIN:MAX")
-    p.add_argument("--node-unit", type=int, default=1)
+    p.add_argument("--node-unit", type=int, default=1, help="the world holds a multiple of this many nodes")
     p.add_argument("--state-dir", default=None, help="journal directory; a restarted master resumes from it")
-    p.add_argument("--backend", choices=BACKENDS, default="local")
+    p.add_argument("--backend", choices=BACKENDS, default="local", help="who starts the nodes' agents")
     p.add_argument("--agent-command", default="", help="the agent to run per node (local backend)")
-    p.add_argument("--heartbeat-interval-s", type=float, default=5.0)
-    p.add_argument("--heartbeat-timeout-s", type=float, default=30.0)
-    p.add_argument("--node-start-timeout-s", type=float, default=300.0, help="0 waits forever")
-    p.add_argument("--insufficient-nodes-window-s", type=float, default=300.0)
+    p.add_argument("--heartbeat-interval-s", type=float, default=5.0, help="seconds between an agent's heartbeats")
+    p.add_argument("--heartbeat-timeout-s", type=float, default=30.0, help="a node silent this long is taken for lost")
+    p.add_argument(
+        "--node-start-timeout-s",
+        type=float,
+        default=300.0,
+        help="a launched node that has not registered this long after is taken for failed; 0 waits forever",
+    )
+    p.add_argument(
+        "--insufficient-nodes-window-s",
+        type=float,
+        default=300.0,
+        help="the job stops when it has had fewer than the minimum nodes for this long",
+    )
     p.add_argument(
         "--max-process-restarts",
         type=int,
         default=3,
         help="process restarts per node for an agent that declares none (dlrover-run declares its --max-restarts)",
     )
-    p.add_argument("--max-relaunches", type=int, default=3)
+    p.add_argument("--max-relaunches", type=int, default=3, help="relaunches of each rank's node")
     p.add_argument(
         "--max-job-failures",
         type=int,
         default=20,
         help="failures of all nodes together before the job stops; raise it with agents' --max-restarts",
     )
-    p.add_argument("--tick-interval-s", type=float, default=1.0)
-    p.add_argument("--node-stop-grace-s", type=float, default=5.0)
+    p.add_argument("--tick-interval-s", type=float, default=1.0, help="seconds between the master's checks of timeouts")
+    p.add_argument(
+        "--node-stop-grace-s",
+        type=float,
+        default=5.0,
+        help="seconds a node the master stops gets between SIGTERM and SIGKILL (local backend)",
+    )
     p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on this port")
-    p.add_argument("--metrics-bind-address", default="127.0.0.1")
-    p.add_argument("--event-log", default=None, help="JSON-lines event log (default: <state-dir>/events.jsonl)")
-    p.add_argument("--max-message-bytes", type=int, default=4 * 1024 * 1024)
+    p.add_argument("--metrics-bind-address", default="127.0.0.1", help="interface the metrics are served on")
+    p.add_argument(
+        "--event-log", default=None, help="JSON-lines event log (default: <state-dir>/events.jsonl with --state-dir)"
+    )
+    p.add_argument("--max-message-bytes", type=int, default=4 * 1024 * 1024, help="largest gRPC message")
     p.add_argument("--max-workers", type=int, default=16, help="threads serving RPCs")
     p.add_argument(
         "--rdzv-last-call-s",
@@ -103,7 +130,7 @@ def _run_parser() -> argparse.ArgumentParser:
         "--failure-policy",
         choices=FAILURE_POLICIES,
         default="diagnosis",
-        help="diagnosis: classify the evidence (default); default: decide on the reported kind",
+        help="diagnosis: classify the evidence; default: decide on the reported kind",
     )
     p.add_argument(
         "--journal-busy-timeout-s",
@@ -124,18 +151,20 @@ def _run_parser() -> argparse.ArgumentParser:
         "many seconds, with a count of the others (0: every one); all are counted in dlrover_refused_calls_total",
     )
     p.add_argument("--linger-max-s", type=float, default=10.0, help="most time to tell agents the job ended")
-    p.add_argument("--log-level", default="INFO")
+    p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
     return p
 
 
 def _status_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="dlrover-master status", description="Print a running job's status.")
+    p = argparse.ArgumentParser(
+        prog="dlrover-master status", description="Print a running job's status.", formatter_class=DefaultsHelpFormatter
+    )
     p.add_argument("--master", required=True, help="the master's host:port")
-    p.add_argument("--token", default=None)
-    p.add_argument("--token-file", default=None)
+    p.add_argument("--token", default=None, help="the job token (prefer --token-file)")
+    p.add_argument("--token-file", default=None, help="a file holding the job token")
     p.add_argument("--tls-ca", default=None, help="verify the master's certificate with this CA (enables TLS)")
     p.add_argument("--tls-server-name", default=None, help="the name the master's certificate is valid for")
-    p.add_argument("--timeout-s", type=float, default=10.0)
+    p.add_argument("--timeout-s", type=float, default=10.0, help="seconds to wait for the master's answer")
     return p
 
 

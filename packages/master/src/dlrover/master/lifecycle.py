@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping
 import attrs
 
 from dlrover.common import DLRoverError
+from dlrover.diagnosis import one_line_summary
 from dlrover.master.config import LifecycleConfig
 from dlrover.master.policy import (
     Classification,
@@ -643,12 +644,15 @@ class JobLifecycle:
         relaunches_left = max(self._config.max_relaunches - node.relaunch_count, 0)
         node = attrs.evolve(node, last_failure=f"{kind.value}: {evidence}")
         self._nodes[node.node_id] = node
+        # The evidence (a worker's traceback, say) is printed whole once, by the worker itself;
+        # the messages that are logged carry one line of it, the failure event all of it.
+        headline = one_line_summary(evidence)
         failure_ev = Event(
             "failure",
-            f"node {node.node_id} (rank {node.rank}) failed: {kind.value}: {evidence}",
+            f"node {node.node_id} (rank {node.rank}) failed: {kind.value}: {headline}",
             node.node_id,
             node.rank,
-            {"kind": kind.value},
+            {"kind": kind.value, "evidence": evidence},
         )
         out = Outcome(events=(failure_ev,), changed_nodes=frozenset({node.node_id}), job_changed=True)
         if self._job_failures > self._config.max_job_failures:
@@ -691,7 +695,7 @@ class JobLifecycle:
                 {"kind": kind.value},
             )
             return decision, out.merge(Outcome(events=(ev,)))
-        out = out.merge(self._move(node, NodeState.FAILED, f"{kind.value}: {evidence}", now))
+        out = out.merge(self._move(node, NodeState.FAILED, f"{kind.value}: {headline}", now))
         node = self._nodes[node.node_id]
         self._actions.pop(node.node_id, None)
         # Whatever follows, this incarnation is finished: its agent and processes are stopped.
