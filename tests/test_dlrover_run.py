@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -164,8 +165,8 @@ def test_max_restarts_beyond_the_masters_defaults_lets_a_flaky_worker_finish(
     summary = [line for line in output.splitlines() if "finished with exit code 0" in line]
     assert summary, output
     assert "after 4 restart(s)" in summary[-1], output
-    assert "restart in place" in output
-    assert "the master relaunches this node" not in output
+    assert ", in place: this job's backend starts no new node" in output
+    assert "relaunch" not in output
 
 
 def test_a_worker_failing_past_max_restarts_ends_the_job_with_the_reason(
@@ -177,7 +178,8 @@ def test_a_worker_failing_past_max_restarts_ends_the_job_with_the_reason(
     summary = [line for line in output.splitlines() if "finished with exit code 1" in line]
     assert summary, output
     assert "after 3 restart(s)" in summary[-1], output
-    assert "all 3 restart(s) (--max-restarts) are used up (local rank 0, exit code 1)" in summary[-1], output
+    assert "the master stopped the job: node 0 (rank 0) failed with exit status 1: " in summary[-1], output
+    assert "restarted 3 of 3 times (--max-restarts), no restarts left" in summary[-1], output
     assert "transient fault on attempt 3" in output
 
 
@@ -191,8 +193,58 @@ def test_a_user_code_error_stops_the_job_instead_of_looping(run_dir: Path, spawn
     assert summary, output
     assert "after 0 restart(s)" in summary[-1], output
     # The reason says why it stopped: the master diagnosed the user's bug from the worker's traceback.
-    assert "the master stopped the job: user_code" in summary[-1], output
+    assert "the master stopped the job: node 0 (rank 0) failed with exit status 1: user_code: " in summary[-1], output
     assert "No module named 'this_module_does_not_exist_anywhere'" in summary[-1], output
+
+
+# A worker that fails the way a lost peer makes it fail: NCCL's watchdog timeout, then exit 1.
+COMMUNICATION_FAILURE = textwrap.dedent(
+    """
+    import sys
+    print(
+        "[rank0]:[E1128 04:18:03.337165 5122 ProcessGroupNCCL.cpp:616] [Rank 0] Watchdog caught collective "
+        "operation timeout: WorkNCCL(SeqNum=5, OpType=ALLREDUCE, Timeout(ms)=600000) ran for 600048 "
+        "milliseconds before timing out.",
+        file=sys.stderr,
+    )
+    sys.exit(1)
+    """
+)
+
+
+def test_the_stop_reason_of_a_communication_failure_names_what_happened(
+    run_dir: Path, spawn: list[subprocess.Popen[str]]
+) -> None:
+    script = run_dir / "comm.py"
+    script.write_text(COMMUNICATION_FAILURE)
+    flags = ["--nproc-per-node=1", "--max-restarts=2", "--prewarm=none"]
+    proc = _dlrover_run(spawn, run_dir, *flags, str(script))
+    output, _ = proc.communicate(timeout=240)
+    assert proc.returncode == 1, output
+    summary = [line for line in output.splitlines() if "finished with exit code 1 after 2 restart(s)" in line]
+    assert summary, output
+    printed = summary[-1].split(" round(s): ", 1)[1]
+    # The reason printed is the master's decision as it was taken: the job stopped.
+    assert printed.startswith("the master stopped the job: "), printed
+    reason = printed.removeprefix("the master stopped the job: ")
+    assert reason.startswith("node 0 (rank 0) failed with exit status 1: communication: "), reason
+    assert "Watchdog caught collective operation timeout" in reason
+    assert "restarted 2 of 2 times (--max-restarts), no restarts left" in reason
+    assert reason.endswith("no node is left: the job stops"), reason
+    # Nothing claims a relaunch or a replacement, nor a node created that nothing would start,
+    # and every restart is counted one way: "restart k of 2".
+    assert "relaunch" not in output
+    assert "replace" not in reason
+    assert "created for rank" not in output
+    counts = re.findall(r"restart (\d+) of (\d+)", output)
+    assert counts, output
+    assert {n for _, n in counts} == {"2"}, counts
+    assert {k for k, _ in counts} == {"1", "2"}, counts
+    # The embedded master's event log, in --log-dir, ends the job with the same reason.
+    (log,) = (run_dir / "logs").glob("*_events.jsonl")
+    events = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [e["message"] for e in events if e["kind"] == "job_end"] == [f"job failed: {reason}"]
+    assert [e["kind"] for e in events].count("process_restart") == 2
 
 
 def _children_of(pid: int) -> list[int]:
