@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from dlrover.common import remove_dead_owners
+from dlrover.common import generate_token, remove_dead_owners, write_token_file
 from dlrover.flashckpt.segment import DEFAULT_SHM_DIR
 from dlrover.launcher.agent import NODE_SHM_PREFIX
 from dlrover.launcher.cli import TOKEN_DIR_PREFIX
@@ -245,6 +245,63 @@ def test_the_stop_reason_of_a_communication_failure_names_what_happened(
     events = [json.loads(line) for line in log.read_text().splitlines()]
     assert [e["message"] for e in events if e["kind"] == "job_end"] == [f"job failed: {reason}"]
     assert [e["kind"] for e in events].count("process_restart") == 2
+
+
+def test_a_masters_status_and_event_log_hold_the_stop_reason_its_agent_printed(
+    run_dir: Path, spawn: list[subprocess.Popen[str]]
+) -> None:
+    # The same failure under a dlrover-master with the external backend (bare metal, Slurm): the
+    # master lingers after the job ends (up to --linger-max-s), so its status can be asked.
+    script = run_dir / "comm.py"
+    script.write_text(COMMUNICATION_FAILURE)
+    token_file = write_token_file(run_dir / "token", generate_token())
+    events = run_dir / "events.jsonl"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DLROVER_")}
+    master_log = (run_dir / "master.log").open("w")
+    master = subprocess.Popen(
+        [
+            sys.executable, "-m", "dlrover.master.cli", "--backend=external", "--nnodes=1", "--port=0",
+            f"--token-file={token_file}", f"--event-log={events}", "--heartbeat-interval-s=60",
+            "--heartbeat-timeout-s=120", "--linger-max-s=120", "--node-start-timeout-s=0",
+        ],
+        env=env, stdout=subprocess.PIPE, stderr=master_log, text=True, start_new_session=True,
+    )  # fmt: skip
+    master_log.close()
+    spawn.append(master)
+    assert master.stdout is not None
+    first = master.stdout.readline()
+    assert "dlrover-master listening on " in first, first
+    address = first.split("listening on ", 1)[1].split()[0]
+    agent = subprocess.Popen(
+        [
+            sys.executable, "-m", "dlrover.launcher.cli", f"--master={address}", f"--token-file={token_file}",
+            "--nnodes=1", "--nproc-per-node=1", "--max-restarts=2", "--prewarm=none", "--local-addr=127.0.0.1",
+            "--monitor-interval=0.05", "--heartbeat-interval=0.5", f"--log-dir={run_dir / 'logs'}", str(script),
+        ],
+        env={**env, "DLROVER_LOG_LEVEL": "INFO"}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    spawn.append(agent)
+    output, _ = agent.communicate(timeout=240)
+    assert agent.returncode == 1, output
+    summary = [line for line in output.splitlines() if "finished with exit code 1 after 2 restart(s)" in line]
+    assert summary, output
+    reason = summary[-1].split(" round(s): the master stopped the job: ", 1)[1]
+    assert "restarted 2 of 2 times (--max-restarts), no restarts left" in reason
+    assert "relaunch" not in output
+    # GetJobStatus, through `dlrover-master status`, holds that reason.
+    status = subprocess.run(
+        [sys.executable, "-m", "dlrover.master.cli", "status", f"--master={address}", f"--token-file={token_file}"],
+        env=env, capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    assert status.stdout.splitlines()[0] == f"job dlrover-job: failed ({reason})", status.stdout
+    # So does the event log, and what the master prints as it exits.
+    os.killpg(master.pid, signal.SIGTERM)
+    rest, _ = master.communicate(timeout=60)
+    assert master.returncode == 1, rest
+    assert f"job failed: {reason}" in rest.splitlines()
+    ends = [json.loads(line)["message"] for line in events.read_text().splitlines() if '"job_end"' in line]
+    assert ends == [f"job failed: {reason}"]
 
 
 def _children_of(pid: int) -> list[int]:
