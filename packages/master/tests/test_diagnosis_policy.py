@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import re
+
 import attrs
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dlrover.common import ConfigError
 from dlrover.diagnosis import ActionPolicy, PolicyConfig, RestartBudget
@@ -214,3 +218,60 @@ def test_a_sigkilled_worker_whose_agent_lives_is_said_to_be_killed_not_unknown()
         "out of memory on the host or killed by someone; the agent is alive (rule 'sigkill-exit'); "
         "restart 1 of 3 (--max-restarts)"
     )
+
+
+FAILURES = {
+    "communication": (FailureKind.PROCESS_CRASH, NCCL_TIMEOUT, 1),
+    "unexplained": (FailureKind.PROCESS_CRASH, "exit code 1", 1),
+    "killed": (FailureKind.PROCESS_CRASH, "local rank 0 exited with signal SIGKILL", -9),
+    "hang": (FailureKind.HANG, "no CPU progress", None),
+    "hardware": (FailureKind.HARDWARE, "the agent saw something odd", 1),
+}
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    budget=st.integers(0, 4),
+    failures=st.lists(st.sampled_from(sorted(FAILURES)), min_size=1, max_size=10),
+    scheduler_relaunches=st.booleans(),
+)
+def test_every_decision_counts_a_nodes_restarts_one_way(
+    budget: int, failures: list[str], scheduler_relaunches: bool
+) -> None:
+    """The node's journaled count is the only count: each restart is "restart k of n" with k the
+    count after it and n the agent's budget; a spent budget is said with the same numbers; and
+    where nothing starts a node, nothing is said to be relaunched or created."""
+    cfg = LifecycleConfig(nodes=NodeRange(1, 1), max_relaunches=2, max_job_failures=100)
+    life = JobLifecycle(cfg, DiagnosisFailurePolicy(), 0.0, scheduler_relaunches=scheduler_relaunches)
+    life.start(0.0)
+    life.register(0, "agent", "host-0", 0.0, max_process_restarts=budget)
+    now = 0.0
+    for name in failures:
+        if life.job_state.finished:
+            break
+        node = life.current_nodes()[0]
+        if node.state is not NodeState.RUNNING:
+            life.register(
+                node.node_id, f"agent-{node.node_id}", f"host-{node.node_id}", now, max_process_restarts=budget
+            )
+            node = life.node(node.node_id)
+        kind, evidence, code = FAILURES[name]
+        now += 1.0
+        decision, out = life.report_failure(node.node_id, kind, evidence, now, exit_code=code, answered=True)
+        after = life.node(node.node_id)
+        counts = [(int(k), int(n)) for k, n in re.findall(r"\brestart (\d+) of (\d+)", decision.reason)]
+        spent = [(int(k), int(n)) for k, n in re.findall(r"\brestarted (\d+) of (\d+) times", decision.reason)]
+        if decision.action is FailureAction.RESTART_PROCESSES:
+            assert after.process_restarts == node.process_restarts + 1 <= budget
+            assert counts == [(after.process_restarts, budget)], decision.reason
+        else:
+            assert after.process_restarts == node.process_restarts
+            assert counts == [], decision.reason
+            assert spent in ([], [(node.process_restarts, budget)]), decision.reason
+        if not scheduler_relaunches:
+            # An agent that reported the failure and goes on: nothing here starts another node.
+            assert "relaunch" not in decision.reason
+            assert not any(e.kind in ("node_created", "relaunch") for e in out.events)
+        if life.job_state is JobState.FAILED:
+            assert decision.action is FailureAction.STOP_JOB
+            assert decision.reason == life.exit_reason

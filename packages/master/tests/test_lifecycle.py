@@ -214,10 +214,16 @@ def test_without_a_relaunching_scheduler_a_node_that_is_gone_or_leaving_is_still
     life = external(2, heartbeat_timeout_s=10.0)
     register_all(life)
     # The network check left node 0 out: its agent exits whatever the answer.
-    decision, _ = life.report_failure(0, FailureKind.NETWORK, "node check failed", 1.0, agent_exits=True)
+    decision, out = life.report_failure(0, FailureKind.NETWORK, "node check failed", 1.0, agent_exits=True)
     assert decision.action is FailureAction.RELAUNCH_NODE
     assert "its agent exits after this report" in decision.reason
     assert life.node(0).state is NodeState.RELAUNCHING
+    # Nothing here starts the node: the events say the rank is open for an agent, not that a node
+    # was created or that one replaced the other.
+    messages = [e.message for e in out.events if e.kind in ("node_created", "relaunch")]
+    assert messages[0].startswith("rank 0 open for an agent to register as node 2 (this job's backend starts none)")
+    assert messages[1].startswith("rank 0: node 0 let go; node 2 waits for an agent to register in its place")
+    assert not any("created for rank" in m or "replaced by" in m for m in messages)
     # A node the master lost has no agent to restart anything.
     out = life.tick(20.0)
     assert life.node(1).state is NodeState.RELAUNCHING
