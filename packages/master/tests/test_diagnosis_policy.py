@@ -214,7 +214,7 @@ def test_a_sigkilled_worker_whose_agent_lives_is_said_to_be_killed_not_unknown()
     decision = DiagnosisFailurePolicy().decide(failure(FailureKind.PROCESS_CRASH, evidence, exit_code=-9))
     assert decision.action is FailureAction.RESTART_PROCESSES
     assert decision.reason == (
-        "node 3 (rank 1) failed with exit status -9 (SIGKILL): killed by SIGKILL (signal 9, exit status -9): "
+        "node 3 (rank 1) failed with exit status -9 (SIGKILL): killed by SIGKILL (signal 9): "
         "out of memory on the host or killed by someone; the agent is alive (rule 'sigkill-exit'); "
         "restart 1 of 3 (--max-restarts)"
     )

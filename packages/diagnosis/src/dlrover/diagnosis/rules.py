@@ -351,11 +351,10 @@ def _killed_with_full_memory(evidence: Evidence) -> Sequence[str]:
 
 
 def killed_words(exit_info: ExitInfo) -> str:
-    """What a SIGKILL with no sign of why means: ``"killed by SIGKILL (signal 9, exit status
-    137): out of memory on the host or killed by someone"``."""
+    """What a SIGKILL with no sign of why means: ``"killed by SIGKILL (signal 9): out of memory on
+    the host or killed by someone"``."""
     return (
-        f"killed by {exit_info.signal_name} (signal {exit_info.signal}, exit status {exit_info.returncode}): "
-        "out of memory on the host or killed by someone"
+        f"killed by {exit_info.signal_name} (signal {exit_info.signal}): out of memory on the host or killed by someone"
     )
 
 
