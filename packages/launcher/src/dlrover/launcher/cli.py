@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import socket
 import sys
@@ -129,7 +130,8 @@ def _event_log_path(cfg: LaunchConfig, job_name: str) -> str | None:
     if not cfg.log_dir:
         return None
     Path(cfg.log_dir).mkdir(parents=True, exist_ok=True)
-    fd, path = tempfile.mkstemp(prefix=f"{job_name}_", suffix="_events.jsonl", dir=cfg.log_dir)
+    name = re.sub(r"[^A-Za-z0-9_.-]", "_", job_name)  # an --rdzv-id may hold a path separator
+    fd, path = tempfile.mkstemp(prefix=f"{name}_", suffix="_events.jsonl", dir=cfg.log_dir)
     os.close(fd)
     return path
 
