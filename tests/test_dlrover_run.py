@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -16,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from dlrover.common import remove_dead_owners
+from dlrover.common import generate_token, remove_dead_owners, write_token_file
 from dlrover.flashckpt.segment import DEFAULT_SHM_DIR
 from dlrover.launcher.agent import NODE_SHM_PREFIX
 from dlrover.launcher.cli import TOKEN_DIR_PREFIX
@@ -169,8 +170,8 @@ def test_max_restarts_beyond_the_masters_defaults_lets_a_flaky_worker_finish(
     summary = [line for line in output.splitlines() if "finished with exit code 0" in line]
     assert summary, output
     assert "after 4 restart(s)" in summary[-1], output
-    assert "restart in place" in output
-    assert "the master relaunches this node" not in output
+    assert ", in place: this job's backend starts no new node" in output
+    assert "relaunch" not in output
 
 
 def test_a_worker_failing_past_max_restarts_ends_the_job_with_the_reason(
@@ -182,7 +183,8 @@ def test_a_worker_failing_past_max_restarts_ends_the_job_with_the_reason(
     summary = [line for line in output.splitlines() if "finished with exit code 1" in line]
     assert summary, output
     assert "after 3 restart(s)" in summary[-1], output
-    assert "all 3 restart(s) (--max-restarts) are used up (local rank 0, exit code 1)" in summary[-1], output
+    assert "the master stopped the job: node 0 (rank 0) failed with exit status 1: " in summary[-1], output
+    assert "restarted 3 of 3 times (--max-restarts), no restarts left" in summary[-1], output
     assert "transient fault on attempt 3" in output
 
 
@@ -196,8 +198,120 @@ def test_a_user_code_error_stops_the_job_instead_of_looping(run_dir: Path, spawn
     assert summary, output
     assert "after 0 restart(s)" in summary[-1], output
     # The reason says why it stopped: the master diagnosed the user's bug from the worker's traceback.
-    assert "the master stopped the job: user_code" in summary[-1], output
+    assert "the master stopped the job: node 0 (rank 0) failed with exit status 1: user_code: " in summary[-1], output
     assert "No module named 'this_module_does_not_exist_anywhere'" in summary[-1], output
+
+
+# A worker that fails the way a lost peer makes it fail: NCCL's watchdog timeout, then exit 1.
+COMMUNICATION_FAILURE = textwrap.dedent(
+    """
+    import sys
+    print(
+        "[rank0]:[E1128 04:18:03.337165 5122 ProcessGroupNCCL.cpp:616] [Rank 0] Watchdog caught collective "
+        "operation timeout: WorkNCCL(SeqNum=5, OpType=ALLREDUCE, Timeout(ms)=600000) ran for 600048 "
+        "milliseconds before timing out.",
+        file=sys.stderr,
+    )
+    sys.exit(1)
+    """
+)
+
+
+def test_the_stop_reason_of_a_communication_failure_names_what_happened(
+    run_dir: Path, spawn: list[subprocess.Popen[str]]
+) -> None:
+    script = run_dir / "comm.py"
+    script.write_text(COMMUNICATION_FAILURE)
+    flags = ["--nproc-per-node=1", "--max-restarts=2", "--prewarm=none"]
+    proc = _dlrover_run(spawn, run_dir, *flags, str(script))
+    output, _ = proc.communicate(timeout=240)
+    assert proc.returncode == 1, output
+    summary = [line for line in output.splitlines() if "finished with exit code 1 after 2 restart(s)" in line]
+    assert summary, output
+    # What follows the reason is where the workers' logs are.
+    printed = summary[-1].split(" round(s): ", 1)[1].split("; worker logs in ", 1)[0]
+    # The reason printed is the master's decision as it was taken: the job stopped.
+    assert printed.startswith("the master stopped the job: "), printed
+    reason = printed.removeprefix("the master stopped the job: ")
+    assert reason.startswith("node 0 (rank 0) failed with exit status 1: communication: "), reason
+    assert "Watchdog caught collective operation timeout" in reason
+    assert "restarted 2 of 2 times (--max-restarts), no restarts left" in reason
+    assert reason.endswith("no node is left: the job stops"), reason
+    # Nothing claims a relaunch or a replacement, nor a node created that nothing would start,
+    # and every restart is counted one way: "restart k of 2".
+    assert "relaunch" not in output
+    assert "replace" not in reason
+    assert "created for rank" not in output
+    counts = re.findall(r"restart (\d+) of (\d+)", output)
+    assert counts, output
+    assert {n for _, n in counts} == {"2"}, counts
+    assert {k for k, _ in counts} == {"1", "2"}, counts
+    # The embedded master's event log, in --log-dir, ends the job with the same reason.
+    (log,) = (run_dir / "logs").glob("*_events.jsonl")
+    events = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [e["message"] for e in events if e["kind"] == "job_end"] == [f"job failed: {reason}"]
+    assert [e["kind"] for e in events].count("process_restart") == 2
+
+
+def test_a_masters_status_and_event_log_hold_the_stop_reason_its_agent_printed(
+    run_dir: Path, spawn: list[subprocess.Popen[str]]
+) -> None:
+    # The same failure under a dlrover-master with the external backend (bare metal, Slurm): the
+    # master lingers after the job ends (up to --linger-max-s), so its status can be asked.
+    script = run_dir / "comm.py"
+    script.write_text(COMMUNICATION_FAILURE)
+    token_file = write_token_file(run_dir / "token", generate_token())
+    events = run_dir / "events.jsonl"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DLROVER_")}
+    master_log = (run_dir / "master.log").open("w")
+    master = subprocess.Popen(
+        [
+            sys.executable, "-m", "dlrover.master.cli", "--backend=external", "--nnodes=1", "--port=0",
+            f"--token-file={token_file}", f"--event-log={events}", "--heartbeat-interval-s=60",
+            "--heartbeat-timeout-s=120", "--linger-max-s=120", "--node-start-timeout-s=0",
+        ],
+        env=env, stdout=subprocess.PIPE, stderr=master_log, text=True, start_new_session=True,
+    )  # fmt: skip
+    master_log.close()
+    spawn.append(master)
+    assert master.stdout is not None
+    first = master.stdout.readline()
+    assert "dlrover-master listening on " in first, first
+    address = first.split("listening on ", 1)[1].split()[0]
+    agent = subprocess.Popen(
+        [
+            sys.executable, "-m", "dlrover.launcher.cli", f"--master={address}", f"--token-file={token_file}",
+            "--nnodes=1", "--nproc-per-node=1", "--max-restarts=2", "--prewarm=none", "--local-addr=127.0.0.1",
+            "--monitor-interval=0.05", "--heartbeat-interval=0.5", f"--log-dir={run_dir / 'logs'}", str(script),
+        ],
+        env={**env, "DLROVER_LOG_LEVEL": "INFO"}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    spawn.append(agent)
+    output, _ = agent.communicate(timeout=240)
+    assert agent.returncode == 1, output
+    summary = [line for line in output.splitlines() if "finished with exit code 1 after 2 restart(s)" in line]
+    assert summary, output
+    reason = summary[-1].split(" round(s): the master stopped the job: ", 1)[1].split("; worker logs in ", 1)[0]
+    assert "restarted 2 of 2 times (--max-restarts), no restarts left" in reason
+    assert "relaunch" not in output
+    # GetJobStatus, through `dlrover-master status`, holds that reason.
+    status = subprocess.run(
+        [sys.executable, "-m", "dlrover.master.cli", "status", f"--master={address}", f"--token-file={token_file}"],
+        env=env, capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    assert status.stdout.splitlines()[0] == f"job dlrover-job: failed ({reason})", status.stdout
+    # So does the event log, and what the master prints as it exits.
+    os.killpg(master.pid, signal.SIGTERM)
+    rest, _ = master.communicate(timeout=60)
+    assert master.returncode == 1, rest
+    assert f"job failed: {reason}" in rest.splitlines()
+    ends = [json.loads(line)["message"] for line in events.read_text().splitlines() if '"job_end"' in line]
+    assert ends == [f"job failed: {reason}"]
+
+
+def _children_of(pid: int) -> list[int]:
+    return [c.pid for c in psutil.Process(pid).children() if _alive(c.pid)]
 
 
 FAILING = textwrap.dedent(

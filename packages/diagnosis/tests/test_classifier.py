@@ -176,9 +176,14 @@ def test_structured_evidence_rules(registry: RuleRegistry) -> None:
     full = ResourceSample(0.0, 10.0, 10, host_memory_used_bytes=99, host_memory_total_bytes=100)
     oom = classify(Evidence.from_text("", returncode=-9, resources=[full]), registry)
     assert oom.kind is FailureKind.HOST_OOM
+    # A SIGKILL with no sign of why is a killed process, said as such; not a preemption, not unknown.
     killed = classify(Evidence.from_text("", returncode=-9), registry)
-    assert killed.kind is FailureKind.PREEMPTION
+    assert killed.kind is FailureKind.KILLED
     assert killed.confidence < 0.6
+    assert killed.lines == ("killed by SIGKILL (signal 9): out of memory on the host or killed by someone",)
+    assert classify(Evidence.from_text("", returncode=137), registry).kind is FailureKind.KILLED
+    # SIGTERM stays the sign of a node being taken away.
+    assert classify(Evidence.from_text("", returncode=-15), registry).kind is FailureKind.PREEMPTION
 
 
 def test_torchrun_sigterm_chatter_is_not_preemption(registry: RuleRegistry) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, precondition, rule
 
@@ -15,6 +15,8 @@ from dlrover.diagnosis import (
     FailureKind,
     LadderStep,
     PolicyConfig,
+    RestartBudget,
+    spend_restart,
 )
 
 K = FailureKind
@@ -35,10 +37,11 @@ def test_communication_restarts_then_relaunches_avoiding_host_then_retires_node(
     actions = [policy.decide("n0", K.COMMUNICATION) for _ in range(4)]
     assert [d.action for d in actions] == [A.RESTART_PROCESSES] * 3 + [A.RELAUNCH_NODE]
     assert actions[-1].avoid_host
-    assert "3 of 3" in actions[2].reason
+    assert [d.outcome for d in actions[:3]] == [f"restart {k} of 3 (max_process_restarts_per_node)" for k in (1, 2, 3)]
+    assert "already tried: restart_processes x3" in actions[-1].reason
     late = policy.decide("n0", K.COMMUNICATION)
     assert late.action is A.NONE
-    assert "already relaunched" in late.reason
+    assert "already let go (relaunch_node for communication)" in late.reason
 
 
 def test_restarts_of_different_kinds_on_one_node_escalate() -> None:
@@ -49,7 +52,8 @@ def test_restarts_of_different_kinds_on_one_node_escalate() -> None:
     assert d.action is A.RELAUNCH_NODE
     assert d.escalated
     assert d.avoid_host
-    assert "restarted its processes 2 times" in d.reason
+    assert "restarted 2 of 2 times (max_process_restarts_per_node), no restarts left" in d.reason
+    assert d.reason.endswith("so the node is relaunched on another host")
     # Another node is unaffected.
     assert policy.decide("n1", K.UNKNOWN).action is A.RESTART_PROCESSES
 
@@ -109,54 +113,104 @@ def test_bad_config_and_input_are_rejected_without_state_change() -> None:
     assert not policy.aborted
 
 
-def test_a_callers_restart_budget_replaces_the_per_node_limit() -> None:
-    # The master passes what is left of the node's agent's --max-restarts.
+def test_a_callers_restart_budget_replaces_the_per_node_limit_and_is_not_counted_twice() -> None:
+    # The master passes the node's journaled count against its agent's --max-restarts and counts
+    # the restart itself: the policy keeps no second count of it.
     policy = ActionPolicy(PolicyConfig(max_process_restarts_per_node=1))
-    decisions = [policy.decide("n0", K.COMMUNICATION, restarts_left=left) for left in (5, 4, 3)]
+    decisions = [
+        policy.decide("n0", K.COMMUNICATION, budget=RestartBudget(used, 5, "--max-restarts")) for used in (0, 1, 2)
+    ]
     assert [d.action for d in decisions] == [A.RESTART_PROCESSES] * 3
-    assert policy.process_restarts("n0") == 3
+    assert [d.outcome for d in decisions] == [f"restart {k} of 5 (--max-restarts)" for k in (1, 2, 3)]
+    assert policy.process_restarts("n0") == 0
     # The ladder's relaunch follows its restarts where a scheduler can relaunch.
-    assert policy.decide("n0", K.COMMUNICATION, restarts_left=2).action is A.RELAUNCH_NODE
-    spent = policy.decide("n1", K.UNKNOWN, restarts_left=0)
+    assert policy.decide("n0", K.COMMUNICATION, budget=RestartBudget(3, 5)).action is A.RELAUNCH_NODE
+    spent = policy.decide("n1", K.UNKNOWN, budget=RestartBudget(2, 2, "--max-restarts"))
     assert (spent.action, spent.escalated, spent.avoid_host) == (A.RELAUNCH_NODE, True, True)
-    assert "no process restarts left" in spent.reason
+    assert "restarted 2 of 2 times (--max-restarts), no restarts left" in spent.reason
 
 
-def test_without_a_relaunch_a_relaunch_rung_restarts_in_place_while_restarts_are_left() -> None:
+def test_without_a_relaunch_a_relaunch_rung_restarts_in_place_then_the_node_leaves() -> None:
     policy = ActionPolicy()
     decisions = [
-        policy.decide("n0", K.UNKNOWN, restarts_left=left, relaunch_possible=False) for left in (5, 4, 3, 2, 1)
+        policy.decide("n0", K.UNKNOWN, budget=RestartBudget(used, 5), relaunch_possible=False) for used in range(5)
     ]
     # unknown: restart x2, then its relaunch rung restarts in place, as far as the budget goes.
     assert [d.action for d in decisions] == [A.RESTART_PROCESSES] * 5
-    assert "2 of 2" in decisions[1].reason
-    in_place = decisions[2]
-    assert "no scheduler can start a replacement node here" in in_place.reason
-    assert "restart in place" in in_place.reason
-    assert "2 restart(s) left" in in_place.reason
+    assert decisions[1].outcome == "restart 2 of 5"
+    assert decisions[2].outcome == "restart 3 of 5, in place: this job's backend starts no new node"
     assert policy.relaunches == 0
-    last = policy.decide("n0", K.UNKNOWN, restarts_left=0, relaunch_possible=False)
-    assert last.action is A.RELAUNCH_NODE
-    assert "no process restarts left" in last.reason
-    assert policy.relaunches == 1
+    # Spent, with nothing to start a new node: the node leaves the job, said as such.
+    last = policy.decide("n0", K.UNKNOWN, budget=RestartBudget(5, 5, "--max-restarts"), relaunch_possible=False)
+    assert last.action is A.REMOVE_NODE
+    assert last.outcome == (
+        "restarted 5 of 5 times (--max-restarts), no restarts left, and this job's backend starts no new node: "
+        "the node leaves the job"
+    )
+    assert not last.avoid_host
+    assert policy.relaunches == 0
+    assert policy.decide("n0", K.UNKNOWN, budget=RestartBudget(0, 5)).action is A.NONE
+
+
+def test_without_a_relaunch_a_restart_rung_with_no_restarts_left_removes_the_node() -> None:
+    policy = ActionPolicy()
+    d = policy.decide("n0", K.COMMUNICATION, budget=RestartBudget(3, 3), relaunch_possible=False)
+    assert d.action is A.REMOVE_NODE
+    assert "relaunch" not in d.reason
 
 
 def test_without_a_relaunch_hardware_restarts_in_place_and_user_code_still_aborts() -> None:
     policy = ActionPolicy()
-    hardware = policy.decide("n0", K.HARDWARE, restarts_left=1, relaunch_possible=False)
+    hardware = policy.decide("n0", K.HARDWARE, budget=RestartBudget(0, 1), relaunch_possible=False)
     assert hardware.action is A.RESTART_PROCESSES
     assert not hardware.avoid_host
-    assert policy.decide("n0", K.HARDWARE, restarts_left=0, relaunch_possible=False).action is A.RELAUNCH_NODE
-    user = policy.decide("n1", K.USER_CODE, restarts_left=5, relaunch_possible=False)
+    spent = policy.decide("n0", K.HARDWARE, budget=RestartBudget(1, 1), relaunch_possible=False)
+    assert spent.action is A.REMOVE_NODE
+    user = policy.decide("n1", K.USER_CODE, budget=RestartBudget(0, 5), relaunch_possible=False)
     assert user.action is A.ABORT_JOB
     assert "bug" in user.reason
 
 
-def test_a_negative_restart_budget_is_refused_and_counts_nothing() -> None:
+def test_a_bad_restart_budget_is_refused_and_counts_nothing() -> None:
     policy = ActionPolicy()
-    with pytest.raises(ConfigError, match="restarts_left"):
-        policy.decide("n0", K.UNKNOWN, restarts_left=-1)
+    with pytest.raises(ConfigError, match="used"):
+        RestartBudget(-1, 3)
+    with pytest.raises(ConfigError, match="budget"):
+        policy.decide("n0", K.UNKNOWN, budget=2)  # type: ignore[arg-type]
     assert policy.process_restarts("n0") == 0
+
+
+def test_a_killed_process_restarts_then_relaunches_on_any_host() -> None:
+    policy = ActionPolicy()
+    decisions = [policy.decide("n0", K.KILLED) for _ in range(3)]
+    assert [d.action for d in decisions] == [A.RESTART_PROCESSES] * 2 + [A.RELAUNCH_NODE]
+    assert not decisions[-1].avoid_host
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    used=st.integers(0, 8),
+    limit=st.integers(0, 8),
+    relaunch_possible=st.booleans(),
+    relaunch_wanted=st.booleans(),
+)
+def test_spending_a_restart_follows_the_one_rule(
+    used: int, limit: int, relaunch_possible: bool, relaunch_wanted: bool
+) -> None:
+    budget = RestartBudget(used, limit, "--max-restarts")
+    spending = spend_restart(budget, relaunch_possible=relaunch_possible, relaunch_wanted=relaunch_wanted)
+    # A restart is taken only while one is left, and it is always named "restart k of n" with
+    # k the restart it is; a spent budget is always named with the same count.
+    assert spending.restarts == (used < limit and not (relaunch_wanted and relaunch_possible))
+    if spending.restarts:
+        assert spending.words.startswith(f"restart {used + 1} of {limit} (--max-restarts)")
+    elif spending.action is not A.RELAUNCH_NODE or not relaunch_wanted:
+        assert spending.words.startswith(f"restarted {used} of {limit} times (--max-restarts), no restarts left")
+    # Nothing is relaunched where nothing can start a node, and no node leaves with restarts left.
+    assert spending.action is not A.RELAUNCH_NODE or relaunch_possible
+    assert spending.action is not A.REMOVE_NODE or (budget.spent and not relaunch_possible)
+    if not relaunch_possible:
+        assert "relaunch" not in spending.words
 
 
 NODES = ["n0", "n1", "n2"]
@@ -189,8 +243,9 @@ class PolicyMachine(RuleBasedStateMachine):
         agent_budget: int | None,
         relaunch_possible: bool,
     ) -> None:
-        # agent_budget: the restarts every node's agent allows, passed as `restarts_left` (None:
-        # the policy's own limit); relaunch_possible: whether a scheduler can replace nodes.
+        # agent_budget: the restarts every node's agent allows, passed with the model's count as a
+        # `RestartBudget` (None: the policy counts against its own limit); relaunch_possible:
+        # whether a scheduler can replace nodes.
         self.agent_budget = agent_budget
         self.relaunch_possible = relaunch_possible
         self.config = PolicyConfig(
@@ -239,19 +294,21 @@ class PolicyMachine(RuleBasedStateMachine):
         action = self.config.ladders[kind][rung].action
         can_relaunch = self.relaunches < self.config.max_node_relaunches
         restarts_left = self.restart_limit() - self.restarts.get(node, 0)
-        relaunch = action in (A.RELAUNCH_NODE, A.RELAUNCH_WITH_MORE_MEMORY)
-        if relaunch and not self.relaunch_possible and restarts_left > 0:
-            return A.RESTART_PROCESSES, None, True
-        if action is A.RESTART_PROCESSES and restarts_left <= 0:
-            action, rung, relaunch = A.RELAUNCH_NODE, None, True
-        if relaunch and not can_relaunch:
+        if action in (A.RELAUNCH_NODE, A.RELAUNCH_WITH_MORE_MEMORY):
+            if not self.relaunch_possible:
+                return (A.RESTART_PROCESSES, None, True) if restarts_left > 0 else (A.REMOVE_NODE, None, False)
+        elif restarts_left <= 0:  # a restart or a rollback with no restarts left
+            if not self.relaunch_possible:
+                return A.REMOVE_NODE, None, False
+            action, rung = A.RELAUNCH_NODE, None
+        if action in (A.RELAUNCH_NODE, A.RELAUNCH_WITH_MORE_MEMORY) and not can_relaunch:
             action, rung = A.ABORT_JOB, None
         return action, rung, False
 
     def apply(self, node: str, kind: K) -> None:
         expected, rung, in_place = self.predict(node, kind)
-        left = None if self.agent_budget is None else self.agent_budget - self.restarts.get(node, 0)
-        d = self.policy.decide(node, kind, restarts_left=left, relaunch_possible=self.relaunch_possible)
+        budget = None if self.agent_budget is None else RestartBudget(self.restarts.get(node, 0), self.agent_budget)
+        d = self.policy.decide(node, kind, budget=budget, relaunch_possible=self.relaunch_possible)
         assert d.reason
         assert d.action is expected, (d, expected)
         if self.aborted or node in self.retired:
@@ -260,10 +317,12 @@ class PolicyMachine(RuleBasedStateMachine):
             prev = self.last_severity.get((node, kind), 0)
             assert d.action.severity >= prev, (d, prev)
             self.last_severity[(node, kind)] = d.action.severity
-        if d.action is A.RESTART_PROCESSES:
+        if d.action in (A.RESTART_PROCESSES, A.ROLLBACK_CHECKPOINT):
             self.restarts[node] = self.restarts.get(node, 0) + 1
         elif d.action in (A.RELAUNCH_NODE, A.RELAUNCH_WITH_MORE_MEMORY):
             self.relaunches += 1
+            self.retired.add(node)
+        elif d.action is A.REMOVE_NODE:
             self.retired.add(node)
         elif d.action is A.ABORT_JOB:
             self.aborted = True
@@ -293,7 +352,8 @@ class PolicyMachine(RuleBasedStateMachine):
             return
         for node, n in self.restarts.items():
             assert n <= self.restart_limit()
-            assert self.policy.process_restarts(node) == n
+            # One count: the policy's own only when no caller keeps one.
+            assert self.policy.process_restarts(node) == (n if self.agent_budget is None else 0)
         assert self.relaunches <= self.config.max_node_relaunches
         assert self.policy.relaunches == self.relaunches
         assert self.policy.aborted == self.aborted

@@ -266,10 +266,13 @@ def test_restarts_are_bounded(tmp_path: Path) -> None:
     assert result.exit_code == 1
     assert result.restarts == 1
     assert len(control.failures) == 2
-    assert "all 1 restart(s) (--max-restarts) are used up" in result.reason
-    assert control.left == 1
-    # The master was told the budget, so its decisions and the agent's count agree.
+    # The master keeps the count (the agent declared its budget) and its stop is the reason.
     assert control.declared_max_restarts == [1]
+    assert result.reason == (
+        "the master stopped the job: transient; restarted 1 of 1 times (--max-restarts), no restarts left: "
+        "the job stops"
+    )
+    assert control.left == 1
 
 
 @pytest.mark.integration

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from dlrover.launcher.control import AgentAction, FailureDecision, FailureReport
+from dlrover.launcher.control import AgentAction, FailureDecision
 from dlrover.launcher.decisions import (
     StepKind,
     after_failure,
@@ -68,44 +68,38 @@ def test_waiting_nodes_start_a_new_round_without_using_a_restart() -> None:
 
 
 @pytest.mark.parametrize(
-    ("decision", "restart_count", "max_restarts", "kind", "counts"),
+    ("decision", "kind", "counts"),
     [
-        (FailureDecision.RESTART_WORKERS, 0, 3, StepKind.RESTART, True),
-        (FailureDecision.RESTART_WORKERS, 2, 3, StepKind.RESTART, True),
-        (FailureDecision.RESTART_WORKERS, 3, 3, StepKind.EXIT, False),
-        (FailureDecision.RESTART_WORKERS, 0, 0, StepKind.EXIT, False),
-        (FailureDecision.STOP_JOB, 0, 3, StepKind.EXIT, False),
-        (FailureDecision.RELAUNCH_NODE, 0, 3, StepKind.EXIT, False),
-        (FailureDecision.REMOVE_NODE, 0, 3, StepKind.EXIT, False),
+        (FailureDecision.RESTART_WORKERS, StepKind.RESTART, True),
+        (FailureDecision.STOP_JOB, StepKind.EXIT, False),
+        (FailureDecision.RELAUNCH_NODE, StepKind.EXIT, False),
+        (FailureDecision.REMOVE_NODE, StepKind.EXIT, False),
     ],
 )
-def test_after_failure(
-    decision: FailureDecision, restart_count: int, max_restarts: int, kind: StepKind, counts: bool
+def test_after_failure_carries_out_the_masters_decision(
+    decision: FailureDecision, kind: StepKind, counts: bool
 ) -> None:
-    report = FailureReport(0, 1, None, "boom", restart_count)
-    step = after_failure(report, decision, "because", max_restarts)
+    step = after_failure(decision, "because")
     assert step.kind is kind
     assert step.counts_as_restart is counts
+    assert step.reason.endswith(": because")
     if kind is StepKind.EXIT:
         assert step.exit_code != 0
 
 
-def test_a_relaunch_after_the_last_restart_says_the_restarts_are_used_up_first() -> None:
-    report = FailureReport(0, 1, None, "boom", 3)
-    step = after_failure(report, FailureDecision.RELAUNCH_NODE, "rank 0 waits for a new agent", 3)
-    assert step.kind is StepKind.EXIT
-    assert step.reason.startswith("workers failed and all 3 restart(s) (--max-restarts) are used up")
-    assert "(local rank 0, exit code 1)" in step.reason
-    assert step.reason.endswith("the master relaunches this node: rank 0 waits for a new agent")
-    # With restarts left, only the master's decision is the reason.
-    early = after_failure(FailureReport(0, 1, None, "boom", 1), FailureDecision.RELAUNCH_NODE, "bad host", 3)
-    assert early.reason == "the master relaunches this node: bad host"
-    killed = after_failure(FailureReport(0, 137, "SIGKILL", "", 0), FailureDecision.RESTART_WORKERS, "x", 0)
-    assert "(local rank 0, signal SIGKILL)" in killed.reason
+def test_the_agent_adds_no_count_or_claim_of_its_own_to_the_masters_reason() -> None:
+    # The master keeps the node's restart count; the agent says which decision it carries out.
+    reason = "node 0 (rank 0) failed: communication: ...; restart 2 of 3 (--max-restarts)"
+    assert after_failure(FailureDecision.RESTART_WORKERS, reason).reason == f"the master restarts the workers: {reason}"
+    spent = "node 0 (rank 0) failed: ...; restarted 3 of 3 times (--max-restarts), no restarts left: the job stops"
+    assert after_failure(FailureDecision.STOP_JOB, spent).reason == f"the master stopped the job: {spent}"
+    removed = after_failure(FailureDecision.REMOVE_NODE, "the node leaves the job")
+    assert removed.reason == "the master removed this node from the job: the node leaves the job"
+    assert "relaunch" not in removed.reason
 
 
 def test_stop_job_reason_carries_the_masters_reason() -> None:
-    step = after_failure(FailureReport(0, 1, None, "", 0), FailureDecision.STOP_JOB, "ImportError in user code", 5)
+    step = after_failure(FailureDecision.STOP_JOB, "ImportError in user code")
     assert "ImportError in user code" in step.reason
 
 

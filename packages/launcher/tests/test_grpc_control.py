@@ -157,8 +157,12 @@ def test_the_agents_max_restarts_is_its_budget_and_a_node_left_out_by_the_check_
         planes[1].register(1, max_restarts=2)
         assert master.master.node(node_id).max_process_restarts == 2
         answers = [planes[0].report_failure(FailureReport(0, 1, None, "boom", n)) for n in range(3)]
-        # The external backend relaunches nothing: two restarts in place, then the node is let go.
-        assert [d for d, _ in answers] == [FailureDecision.RESTART_WORKERS] * 2 + [FailureDecision.RELAUNCH_NODE]
+        # The external backend starts no node: two restarts in place, then the node leaves the job
+        # (the other node goes on), and nothing claims it is relaunched.
+        assert [d for d, _ in answers] == [FailureDecision.RESTART_WORKERS] * 2 + [FailureDecision.REMOVE_NODE]
+        assert [r.rsplit("; ", 1)[-1] for _, r in answers[:2]] == [f"restart {k} of 2 (--max-restarts)" for k in (1, 2)]
+        assert "restarted 2 of 2 times (--max-restarts), no restarts left" in answers[2][1]
+        assert "relaunch" not in answers[2][1]
         # The network check's report says the agent exits, so no restart is decided for it.
         decision, reason = planes[1].report_failure(FailureReport(-1, 1, None, "probe failed", 0, network_check=True))
         assert decision is FailureDecision.RELAUNCH_NODE, reason

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 
 from dlrover.common import ManualClock
+from dlrover.diagnosis import RestartBudget
 from dlrover.master.config import LifecycleConfig, MasterConfig, NodeRange
 from dlrover.master.diagnosis_policy import DiagnosisFailurePolicy
 from dlrover.master.journal import MemoryJournal
@@ -70,9 +71,9 @@ def test_the_diagnosis_policy_reads_the_end_of_a_long_log() -> None:
     master = make(DiagnosisFailurePolicy())
     evidence = "noise from the training loop\n" * 2000 + OOM_TAIL
     decision = master.report_failure(0, FailureKind.PROCESS_CRASH, evidence, exit_code=1)
-    assert "diagnosed device_oom" in decision.reason
+    assert "device_oom: rule 'cuda-oom'" in decision.reason
     # Without a classification the policy reads the evidence itself, as before.
     policy = DiagnosisFailurePolicy()
     node = master.node(0)
-    plain = policy.decide(Failure(node, FailureKind.PROCESS_CRASH, OOM_TAIL, 3, 3, 1))
-    assert "diagnosed device_oom" in plain.reason
+    plain = policy.decide(Failure(node, FailureKind.PROCESS_CRASH, OOM_TAIL, RestartBudget(0, 3), 3, 1))
+    assert "device_oom: rule 'cuda-oom'" in plain.reason

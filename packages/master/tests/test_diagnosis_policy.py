@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import re
+
 import attrs
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dlrover.common import ConfigError
-from dlrover.diagnosis import ActionPolicy, PolicyConfig
+from dlrover.diagnosis import ActionPolicy, PolicyConfig, RestartBudget
 from dlrover.master.config import LifecycleConfig, MasterConfig, NodeRange
 from dlrover.master.diagnosis_policy import REPORTED_TO_DIAGNOSED, DiagnosisFailurePolicy
 from dlrover.master.factory import default_policy
@@ -32,10 +36,11 @@ NCCL_TIMEOUT = (
 
 
 def failure(
-    kind: FailureKind, evidence: str, *, node_id: int = 3, exit_code: int | None = None, restarts_left: int = 3
+    kind: FailureKind, evidence: str, *, node_id: int = 3, exit_code: int | None = None, used: int = 0, limit: int = 3
 ) -> Failure:
     node = NodeRecord(node_id=node_id, rank=1, state=NodeState.RUNNING, host="host-1")
-    return Failure(node, kind, evidence, process_restarts_left=restarts_left, relaunches_left=3, exit_code=exit_code)
+    budget = RestartBudget(used, limit, "--max-restarts")
+    return Failure(node, kind, evidence, budget, relaunches_left=3, exit_code=exit_code)
 
 
 def test_an_import_error_traceback_stops_the_job_with_the_diagnosis_as_reason() -> None:
@@ -48,7 +53,10 @@ def test_an_import_error_traceback_stops_the_job_with_the_diagnosis_as_reason() 
 def test_a_collective_timeout_restarts_the_processes() -> None:
     decision = DiagnosisFailurePolicy().decide(failure(FailureKind.PROCESS_CRASH, NCCL_TIMEOUT, exit_code=-6))
     assert decision.action is FailureAction.RESTART_PROCESSES
-    assert "communication" in decision.reason
+    # One sentence: what failed, what the diagnosis found, what is done with the one budget.
+    assert decision.reason.startswith("node 3 (rank 1) failed with exit status -6 (SIGABRT): communication: ")
+    assert "Watchdog caught collective operation timeout" in decision.reason
+    assert decision.reason.endswith("; restart 1 of 3 (--max-restarts)")
 
 
 def test_a_node_the_network_check_left_out_is_relaunched_on_another_host() -> None:
@@ -90,40 +98,44 @@ def test_every_reported_kind_has_a_diagnosed_kind() -> None:
 def test_the_nodes_restart_budget_escalates_in_place_of_the_action_policys_own() -> None:
     # The lifecycle's budget (the node's agent's --max-restarts) decides, not the per-node limit.
     policy = DiagnosisFailurePolicy(actions=ActionPolicy(PolicyConfig(max_process_restarts_per_node=1)))
-    first = policy.decide(failure(FailureKind.PROCESS_CRASH, NCCL_TIMEOUT, restarts_left=2))
-    second = policy.decide(failure(FailureKind.PROCESS_CRASH, NCCL_TIMEOUT, restarts_left=1))
-    third = policy.decide(failure(FailureKind.PROCESS_CRASH, NCCL_TIMEOUT, restarts_left=0))
+    first = policy.decide(failure(FailureKind.PROCESS_CRASH, NCCL_TIMEOUT, used=0, limit=2))
+    second = policy.decide(failure(FailureKind.PROCESS_CRASH, NCCL_TIMEOUT, used=1, limit=2))
+    third = policy.decide(failure(FailureKind.PROCESS_CRASH, NCCL_TIMEOUT, used=2, limit=2))
     assert [first.action, second.action] == [FailureAction.RESTART_PROCESSES] * 2
+    assert second.reason.endswith("restart 2 of 2 (--max-restarts)")
     assert third.action is FailureAction.RELAUNCH_NODE
     assert third.avoid_host
-    assert "no process restarts left" in third.reason
+    assert "restarted 2 of 2 times (--max-restarts), no restarts left, so the node is relaunched" in third.reason
+
+
+def _crash(used: int) -> Failure:
+    return attrs.evolve(failure(FailureKind.PROCESS_CRASH, "exit code 1", used=used, limit=4), relaunch_possible=False)
 
 
 def test_without_a_relaunching_scheduler_an_unexplained_crash_restarts_until_the_budget_is_spent() -> None:
     policy = DiagnosisFailurePolicy()
-    decisions = [
-        policy.decide(attrs.evolve(failure(FailureKind.PROCESS_CRASH, "exit code 1"), relaunch_possible=False,
-                                   process_restarts_left=left))
-        for left in (4, 3, 2, 1, 0)
-    ]  # fmt: skip
+    decisions = [policy.decide(_crash(used)) for used in range(5)]
     assert [d.action for d in decisions[:4]] == [FailureAction.RESTART_PROCESSES] * 4
-    assert "restart in place" in decisions[2].reason
-    assert decisions[4].action is FailureAction.RELAUNCH_NODE
+    assert decisions[2].reason.endswith(
+        "restart 3 of 4 (--max-restarts), in place: this job's backend starts no new node"
+    )
+    assert decisions[4].action is FailureAction.REMOVE_NODE
+    assert "relaunch" not in decisions[4].reason
 
 
 def test_a_rollback_replays_the_budgets_the_decisions_were_taken_with() -> None:
     policy = DiagnosisFailurePolicy()
-    crash = attrs.evolve(failure(FailureKind.PROCESS_CRASH, "exit code 1"), relaunch_possible=False)
-    for left in (4, 3):
-        policy.decide(attrs.evolve(crash, process_restarts_left=left))
+    for used in (0, 1):
+        policy.decide(_crash(used))
     savepoint = policy.savepoint()
-    policy.decide(attrs.evolve(crash, process_restarts_left=2))
+    policy.decide(_crash(2))
     policy.rollback(savepoint)
     # The replayed policy is where it was: its third decision is again the in-place restart.
-    again = policy.decide(attrs.evolve(crash, process_restarts_left=2))
+    again = policy.decide(_crash(2))
     assert again.action is FailureAction.RESTART_PROCESSES
-    assert "restart in place" in again.reason
-    assert policy.actions.process_restarts("3") == 3
+    assert "in place" in again.reason
+    # The budget is the caller's: the action policy keeps no count of its own.
+    assert policy.actions.process_restarts("3") == 0
 
 
 def lifecycle(policy: DiagnosisFailurePolicy) -> JobLifecycle:
@@ -164,10 +176,16 @@ def test_in_the_lifecycle_without_a_relaunching_scheduler_the_agents_budget_deci
         life.report_failure(0, FailureKind.PROCESS_CRASH, "exit code 1", float(i), exit_code=1, answered=True)[0]
         for i in range(1, 7)
     ]
-    assert [d.action for d in decisions] == [FailureAction.RESTART_PROCESSES] * 5 + [FailureAction.RELAUNCH_NODE]
-    assert all("restart in place" in d.reason for d in decisions[2:5])
-    assert "waits for a new agent" in decisions[-1].reason
+    assert [d.action for d in decisions] == [FailureAction.RESTART_PROCESSES] * 5 + [FailureAction.STOP_JOB]
+    assert [d.reason.rsplit("; ", 1)[-1] for d in decisions[:2]] == [
+        f"restart {k} of 5 (--max-restarts)" for k in (1, 2)
+    ]
+    assert all(", in place: this job's backend starts no new node" in d.reason for d in decisions[2:5])
+    assert decisions[-1].reason == life.exit_reason
+    assert "restarted 5 of 5 times (--max-restarts), no restarts left" in life.exit_reason
+    assert "relaunch" not in life.exit_reason
     assert life.node(0).process_restarts == 5
+    assert life.node(0).state is NodeState.REMOVED
 
 
 @pytest.mark.parametrize(("name", "kind"), [("diagnosis", DiagnosisFailurePolicy), ("default", DefaultFailurePolicy)])
@@ -186,3 +204,74 @@ def test_a_killed_worker_reported_by_a_live_agent_restarts_processes(signal_name
     evidence = f"local rank 1 exited with signal {signal_name} after 0 restart(s)\n"
     decision = DiagnosisFailurePolicy().decide(failure(FailureKind.PROCESS_CRASH, evidence, exit_code=code))
     assert decision.action is FailureAction.RESTART_PROCESSES, decision.reason
+    assert "killed" in decision.reason
+    assert "the agent is alive" in decision.reason
+    assert "unknown" not in decision.reason
+
+
+def test_a_sigkilled_worker_whose_agent_lives_is_said_to_be_killed_not_unknown() -> None:
+    evidence = "local rank 1 exited with signal SIGKILL\n"
+    decision = DiagnosisFailurePolicy().decide(failure(FailureKind.PROCESS_CRASH, evidence, exit_code=-9))
+    assert decision.action is FailureAction.RESTART_PROCESSES
+    assert decision.reason == (
+        "node 3 (rank 1) failed with exit status -9 (SIGKILL): killed by SIGKILL (signal 9): "
+        "out of memory on the host or killed by someone; the agent is alive (rule 'sigkill-exit'); "
+        "restart 1 of 3 (--max-restarts)"
+    )
+
+
+FAILURES = {
+    "communication": (FailureKind.PROCESS_CRASH, NCCL_TIMEOUT, 1),
+    "unexplained": (FailureKind.PROCESS_CRASH, "exit code 1", 1),
+    "killed": (FailureKind.PROCESS_CRASH, "local rank 0 exited with signal SIGKILL", -9),
+    "hang": (FailureKind.HANG, "no CPU progress", None),
+    "hardware": (FailureKind.HARDWARE, "the agent saw something odd", 1),
+}
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    budget=st.integers(0, 4),
+    failures=st.lists(st.sampled_from(sorted(FAILURES)), min_size=1, max_size=10),
+    scheduler_relaunches=st.booleans(),
+)
+def test_every_decision_counts_a_nodes_restarts_one_way(
+    budget: int, failures: list[str], scheduler_relaunches: bool
+) -> None:
+    """The node's journaled count is the only count: each restart is "restart k of n" with k the
+    count after it and n the agent's budget; a spent budget is said with the same numbers; and
+    where nothing starts a node, nothing is said to be relaunched or created."""
+    cfg = LifecycleConfig(nodes=NodeRange(1, 1), max_relaunches=2, max_job_failures=100)
+    life = JobLifecycle(cfg, DiagnosisFailurePolicy(), 0.0, scheduler_relaunches=scheduler_relaunches)
+    life.start(0.0)
+    life.register(0, "agent", "host-0", 0.0, max_process_restarts=budget)
+    now = 0.0
+    for name in failures:
+        if life.job_state.finished:
+            break
+        node = life.current_nodes()[0]
+        if node.state is not NodeState.RUNNING:
+            life.register(
+                node.node_id, f"agent-{node.node_id}", f"host-{node.node_id}", now, max_process_restarts=budget
+            )
+            node = life.node(node.node_id)
+        kind, evidence, code = FAILURES[name]
+        now += 1.0
+        decision, out = life.report_failure(node.node_id, kind, evidence, now, exit_code=code, answered=True)
+        after = life.node(node.node_id)
+        counts = [(int(k), int(n)) for k, n in re.findall(r"\brestart (\d+) of (\d+)", decision.reason)]
+        spent = [(int(k), int(n)) for k, n in re.findall(r"\brestarted (\d+) of (\d+) times", decision.reason)]
+        if decision.action is FailureAction.RESTART_PROCESSES:
+            assert after.process_restarts == node.process_restarts + 1 <= budget
+            assert counts == [(after.process_restarts, budget)], decision.reason
+        else:
+            assert after.process_restarts == node.process_restarts
+            assert counts == [], decision.reason
+            assert spent in ([], [(node.process_restarts, budget)]), decision.reason
+        if not scheduler_relaunches:
+            # An agent that reported the failure and goes on: nothing here starts another node.
+            assert "relaunch" not in decision.reason
+            assert not any(e.kind in ("node_created", "relaunch") for e in out.events)
+        if life.job_state is JobState.FAILED:
+            assert decision.action is FailureAction.STOP_JOB
+            assert decision.reason == life.exit_reason

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import grpc
 import pytest
 
 from dlrover.common import RetryPolicy, RpcError, generate_token
 from dlrover.master.client import MasterClient
+from dlrover.master.eventlog import read_event_log
 from dlrover.master.runtime import MasterRuntime
 from dlrover.master.states import FailureKind
 from dlrover.master.v1 import agent_pb2, agent_pb2_grpc
@@ -138,12 +140,52 @@ def test_an_agents_max_restarts_is_its_nodes_restart_budget(make_runtime: MakeRu
         b.register("agent-b", "host-b", max_restarts=4)
         assert rt.master.node(reg.node_id).max_process_restarts == 4
         answers = [a.report_failure(FailureKind.PROCESS_CRASH, "exit code 1", exit_code=1) for _ in range(5)]
-        assert [r.decision for r in answers] == ["restart_processes"] * 4 + ["relaunch_node"]
-        assert "waits for a new agent to register" in answers[-1].reason
+        assert [r.decision for r in answers] == ["restart_processes"] * 4 + ["remove_node"]
+        assert [r.reason.rsplit("; ", 1)[-1].split(",")[0] for r in answers[:4]] == [
+            f"restart {k} of 4 (--max-restarts)" for k in (1, 2, 3, 4)
+        ]
+        assert "restarted 4 of 4 times (--max-restarts), no restarts left" in answers[-1].reason
+        assert "relaunch" not in answers[-1].reason
         left_out = b.report_failure(
             FailureKind.NETWORK, f"{NODE_CHECK_FAILED}: the network check left this node out", agent_exits=True
         )
         assert left_out.decision == "relaunch_node"
+
+
+NCCL_TIMEOUT = (
+    "local rank 0 exited with exit code 1\n"
+    "[rank0]:[E1121 04:18:03 ProcessGroupNCCL.cpp:616] [Rank 0] Watchdog caught collective operation timeout: "
+    "WorkNCCL(SeqNum=5, OpType=ALLREDUCE, Timeout(ms)=600000) ran for 600048 milliseconds before timing out.\n"
+)
+
+
+def test_the_stop_reason_answered_is_the_one_in_the_status_and_the_event_log(
+    make_runtime: MakeRuntime, tmp_path: Path
+) -> None:
+    # A standalone job: one node, the external backend, its agent's --max-restarts=2.
+    events = f"{tmp_path}/events.jsonl"
+    rt = make_runtime(nodes=1, event_log=events)
+    with client(rt) as a:
+        a.register("agent-a", "host-a", max_restarts=2)
+        answers = [a.report_failure(FailureKind.PROCESS_CRASH, NCCL_TIMEOUT, exit_code=1) for _ in range(3)]
+        assert [r.decision for r in answers] == ["restart_processes"] * 2 + ["stop_job"]
+        assert answers[1].reason.endswith("; restart 2 of 2 (--max-restarts)")
+        reason = answers[-1].reason
+        assert reason.startswith("node 0 (rank 0) failed with exit status 1: communication: ")
+        assert "Watchdog caught collective operation timeout" in reason
+        assert "restarted 2 of 2 times (--max-restarts), no restarts left" in reason
+        assert reason.endswith("no node is left: the job stops")
+        assert "relaunch" not in reason
+        assert "replace" not in reason
+        status = a.job_status()
+        assert (status.state, status.exit_reason) == ("failed", reason)
+        listed = list(a.list_events(limit=1000))
+    # No node was said to be created or relaunched for the rank: nothing here would start one.
+    assert [e.kind for e in listed].count("node_created") == 1  # the job's start
+    assert "relaunch" not in [e.kind for e in listed]
+    ends = [e.message for e in listed if e.kind == "job_end"]
+    assert ends == [f"job failed: {reason}"]
+    assert [e["message"] for e in read_event_log(events) if e["kind"] == "job_end"] == ends
 
 
 def test_refusals_map_to_clear_status_codes(make_runtime: MakeRuntime) -> None:

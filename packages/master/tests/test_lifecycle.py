@@ -133,7 +133,9 @@ def test_process_crash_restarts_processes_within_budget_then_relaunches() -> Non
     assert life.heartbeat(0, 1.6)[0] == ()  # delivered once
     decision, out = life.report_failure(0, FailureKind.PROCESS_CRASH, "exit 1 again", 2.0)
     assert decision.action is FailureAction.RELAUNCH_NODE
-    assert "process restart budget exhausted" in decision.reason
+    assert "restarted 2 of 2 times (max_process_restarts), no restarts left, so the node is relaunched" in (
+        decision.reason
+    )
     assert any(isinstance(e, LaunchNode) and e.rank == 0 for e in out.effects)
     assert life.node(0).process_restarts == 2
 
@@ -145,7 +147,9 @@ def test_an_agents_declared_restart_budget_replaces_the_configured_one() -> None
     for i in range(4):
         decision, out = life.report_failure(0, FailureKind.PROCESS_CRASH, f"exit 1 #{i}", 1.0 + i, answered=True)
         assert decision.action is FailureAction.RESTART_PROCESSES
-    assert any(e.kind == "process_restart" and "(4/4)" in e.message for e in out.events)
+    # The one count, in the event as in the decision: "restart k of n".
+    assert any(e.kind == "process_restart" and "restart 4 of 4 (--max-restarts)" in e.message for e in out.events)
+    assert "restart 4 of 4 (--max-restarts)" in decision.reason
     decision, _ = life.report_failure(0, FailureKind.PROCESS_CRASH, "exit 1 again", 9.0)
     assert decision.action is FailureAction.RELAUNCH_NODE
     # The budget is journaled with the node, so a restarted master keeps it.
@@ -176,26 +180,50 @@ def test_without_a_relaunching_scheduler_a_relaunch_of_a_live_agent_restarts_it_
     life.register(0, "a", "h0", 0.0, max_process_restarts=2)
     decision, _ = life.report_failure(0, FailureKind.HARDWARE, "GPU fell off the bus", 1.0)
     assert decision.action is FailureAction.RESTART_PROCESSES
-    assert "the scheduler cannot relaunch nodes" in decision.reason
-    assert "1 restart(s) left after this one" in decision.reason
+    assert decision.reason.endswith("restart 1 of 2 (--max-restarts), in place: this job's backend starts no new node")
     assert not decision.avoid_host
     assert life.avoid_hosts == {}
     assert life.report_failure(0, FailureKind.HARDWARE, "again", 2.0)[0].action is FailureAction.RESTART_PROCESSES
-    # Restarts spent: the node leaves, and the reason says nobody starts its replacement.
+    # Restarts spent: the node leaves the job, which has no other node, so the job stops; no
+    # node is said to be created or relaunched, since nothing would start one.
     decision, out = life.report_failure(0, FailureKind.HARDWARE, "and again", 3.0)
-    assert decision.action is FailureAction.RELAUNCH_NODE
-    assert "rank 0 waits for a new agent to register" in decision.reason
-    assert any(isinstance(e, LaunchNode) and e.rank == 0 for e in out.effects)
+    assert decision.action is FailureAction.STOP_JOB
+    assert decision.reason == life.exit_reason
+    assert "restarted 2 of 2 times (--max-restarts), no restarts left" in decision.reason
+    assert decision.reason.endswith("the node leaves the job; no node is left: the job stops")
+    assert "relaunch" not in decision.reason
+    assert not any(isinstance(e, LaunchNode) for e in out.effects)
+    assert not any(e.kind in ("node_created", "relaunch") for e in out.events)
+    assert life.node(0).state is NodeState.REMOVED
+    assert life.job_state is JobState.FAILED
+
+
+def test_without_a_relaunching_scheduler_a_spent_node_leaves_and_the_others_go_on() -> None:
+    life = external(2)
+    register_all(life)
+    life.register(0, "a", "host-0", 0.5, proven_node_id=0, max_process_restarts=0)
+    decision, out = life.report_failure(0, FailureKind.PROCESS_CRASH, "exit 1", 1.0)
+    assert decision.action is FailureAction.REMOVE_NODE
+    assert "restarted 0 of 0 times (--max-restarts), no restarts left" in decision.reason
+    assert not any(isinstance(e, LaunchNode) for e in out.effects)
+    assert life.job_state is JobState.RUNNING
+    assert life.node(1).state is NodeState.RUNNING
 
 
 def test_without_a_relaunching_scheduler_a_node_that_is_gone_or_leaving_is_still_relaunched() -> None:
     life = external(2, heartbeat_timeout_s=10.0)
     register_all(life)
     # The network check left node 0 out: its agent exits whatever the answer.
-    decision, _ = life.report_failure(0, FailureKind.NETWORK, "node check failed", 1.0, agent_exits=True)
+    decision, out = life.report_failure(0, FailureKind.NETWORK, "node check failed", 1.0, agent_exits=True)
     assert decision.action is FailureAction.RELAUNCH_NODE
     assert "its agent exits after this report" in decision.reason
     assert life.node(0).state is NodeState.RELAUNCHING
+    # Nothing here starts the node: the events say the rank is open for an agent, not that a node
+    # was created or that one replaced the other.
+    messages = [e.message for e in out.events if e.kind in ("node_created", "relaunch")]
+    assert messages[0].startswith("rank 0 open for an agent to register as node 2 (this job's backend starts none)")
+    assert messages[1].startswith("rank 0: node 0 let go; node 2 waits for an agent to register in its place")
+    assert not any("created for rank" in m or "replaced by" in m for m in messages)
     # A node the master lost has no agent to restart anything.
     out = life.tick(20.0)
     assert life.node(1).state is NodeState.RELAUNCHING
@@ -215,11 +243,13 @@ def test_relaunch_budget_exhausted_removes_the_node_and_the_job_fails() -> None:
         life.register(1, "again", "host-0", 1.5)
     life.register(1, "b", "host-1", 2.0)
     decision, out = life.report_failure(1, FailureKind.NODE_EXIT, "exit 137", 3.0)
-    assert decision.action is FailureAction.REMOVE_NODE
+    # The removal left no node: the action taken is the job's stop, with the job's exit reason.
+    assert decision.action is FailureAction.STOP_JOB
     assert "relaunch budget of rank 0 (1) exhausted" in decision.reason
     assert life.node(1).state is NodeState.REMOVED
     assert life.job_state is JobState.FAILED
-    assert "no nodes left" in life.exit_reason
+    assert life.exit_reason == decision.reason
+    assert life.exit_reason.endswith("no node is left: the job stops")
     assert any(isinstance(e, StopNode) and e.node_id == 1 for e in out.effects)
 
 
@@ -246,7 +276,7 @@ def test_user_code_error_stops_the_job_with_a_reason() -> None:
     assert {e.node_id for e in out.effects if isinstance(e, StopNode)} == {0, 1}
     assert decision.action is FailureAction.STOP_JOB
     assert life.job_state is JobState.FAILED
-    assert "user code error on rank 1" in life.exit_reason
+    assert life.exit_reason == "user code error on node 1 (rank 1): the job stops"
     assert life.node(1).state is NodeState.FAILED
     assert life.node(0).state is NodeState.REMOVED
     with pytest.raises(JobFinishedError):
@@ -263,7 +293,9 @@ def test_too_many_failures_stops_the_job() -> None:
     assert life.job_state is JobState.RUNNING
     decision, _ = life.report_failure(0, FailureKind.OOM, "3", 1.0)
     assert decision.action is FailureAction.STOP_JOB
-    assert life.exit_reason == "too many failures: 3 > max_job_failures 2"
+    assert life.exit_reason == (
+        "node 0 (rank 0) failed (oom): 3 failures in the job, more than max_job_failures 2: the job stops"
+    )
 
 
 def test_succeeded_job_is_not_relaunched() -> None:

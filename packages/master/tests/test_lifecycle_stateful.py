@@ -128,9 +128,15 @@ class LifecycleMachine(RuleBasedStateMachine):
             assert self.life.snapshot() == before
             return
         expected = self._expected(self.life.node(node_id), kind)
+        others_alive = any(n.state in ALIVE_STATES and n.node_id != node_id for n in self.life.nodes().values())
+        if expected is FailureAction.REMOVE_NODE and not others_alive and not self.succeeded:
+            # The removal leaves no node: the action taken is the job's stop, with its reason.
+            expected = FailureAction.STOP_JOB
         decision, _ = self.life.report_failure(node_id, kind, "boom", self.now)
         assert decision.action is expected, (decision, expected)
         assert decision.reason
+        if self.life.job_state is JobState.FAILED:
+            assert decision.reason == self.life.exit_reason
         self._account(node_id, decision.action)
 
     @precondition(lambda self: not self.life.job_state.finished)

@@ -5,11 +5,13 @@
 * Classifier (`classify`, `RuleRegistry`, `Rule`): evidence to a `FailureKind` with a
   confidence, the deciding lines and a reason; third parties add rules through the
   ``dlrover.diagnosis.rules`` entry-point group.
-* Action policy (`ActionPolicy`, `PolicyConfig`): kind to `ActionKind`, with budgets and escalation.
+* Action policy (`ActionPolicy`, `PolicyConfig`): kind to `ActionKind`, with budgets and escalation;
+  a node's process restarts are one `RestartBudget`, spent by one rule (`spend_restart`).
 * Detectors (`HangDetector`, `StragglerDetector`): pure, ``now`` passed in.
 * Node health (`run_paired_probe`, `assess_probes`) and stack dumps (`request_stack_dump`).
 """
 
+from dlrover.diagnosis.budget import RestartBudget, Spending, spend_restart
 from dlrover.diagnosis.classifier import KIND_PRECEDENCE, Diagnosis, RuleMatch, classify
 from dlrover.diagnosis.detectors import (
     HangConfig,
@@ -50,6 +52,7 @@ from dlrover.diagnosis.rules import (
     LogPatternRule,
     Rule,
     builtin_rules,
+    killed_words,
     validate_rule,
 )
 from dlrover.diagnosis.stackdump import (
@@ -98,6 +101,7 @@ __all__ = [
     "RuleRegistry",
     "builtin_rules",
     "classify",
+    "killed_words",
     "validate_rule",
     # policy
     "ActionPolicy",
@@ -105,6 +109,9 @@ __all__ = [
     "Decision",
     "LadderStep",
     "PolicyConfig",
+    "RestartBudget",
+    "Spending",
+    "spend_restart",
     # detectors
     "HangConfig",
     "HangDetector",

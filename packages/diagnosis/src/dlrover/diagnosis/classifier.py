@@ -27,6 +27,7 @@ KIND_PRECEDENCE: tuple[FailureKind, ...] = (
     FailureKind.HANG,
     FailureKind.COMMUNICATION,
     FailureKind.PREEMPTION,
+    FailureKind.KILLED,
     FailureKind.UNKNOWN,
 )
 """Ties in confidence go to the kind listed first."""

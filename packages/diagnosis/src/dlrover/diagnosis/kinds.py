@@ -28,14 +28,19 @@ class FailureKind(enum.Enum):
     NAN_LOSS = "nan_loss"
     """The loss became NaN or infinite."""
     PREEMPTION = "preemption"
-    """The process was stopped from outside (SIGTERM, or SIGKILL with no sign of OOM): transient."""
+    """The node is being taken away (SIGTERM, a spot or maintenance notice): transient."""
+    KILLED = "killed"
+    """A process was killed by SIGKILL with no sign of why: the host's OOM killer or someone (a
+    person, a tool) killed it. Its node is usually fine, so a restart is expected to fix it."""
     DATA_ERROR = "data_error"
     """Input data or storage is broken: corrupt or truncated files, undecodable records, a full disk."""
     UNKNOWN = "unknown"
     """No rule explained the evidence well enough."""
 
 
-TRANSIENT_KINDS: frozenset[FailureKind] = frozenset({FailureKind.COMMUNICATION, FailureKind.PREEMPTION})
+TRANSIENT_KINDS: frozenset[FailureKind] = frozenset(
+    {FailureKind.COMMUNICATION, FailureKind.PREEMPTION, FailureKind.KILLED}
+)
 """Kinds that a plain retry is expected to fix. A user code error is never one of them."""
 
 
@@ -52,6 +57,9 @@ class ActionKind(enum.Enum):
     """Replace the node, avoiding its host when the decision says so."""
     RELAUNCH_WITH_MORE_MEMORY = "relaunch_with_more_memory"
     """Replace the node with one that has more host memory."""
+    REMOVE_NODE = "remove_node"
+    """Let the node go without a replacement: it has no process restarts left and nothing can
+    start a new node for it (see `dlrover.diagnosis.spend_restart`). Never a ladder step."""
     ABORT_JOB = "abort_job"
     """Stop the job; the decision's reason says what a person must fix."""
 
@@ -67,5 +75,6 @@ _SEVERITY = {
     ActionKind.ROLLBACK_CHECKPOINT: 2,
     ActionKind.RELAUNCH_NODE: 3,
     ActionKind.RELAUNCH_WITH_MORE_MEMORY: 3,
+    ActionKind.REMOVE_NODE: 3,
     ActionKind.ABORT_JOB: 4,
 }

@@ -2,25 +2,25 @@
 
 Each kind has a *ladder*: steps of (action, budget, scope). A decision takes the first step of the
 kind's ladder whose budget is not spent; when the ladder is exhausted the job is aborted with a
-reason. Budgets are counted per node (``scope="node"``) or for the whole job (``scope="job"``).
+reason. Ladder budgets are counted per node (``scope="node"``) or for the whole job
+(``scope="job"``): they say when a kind has been tried enough ways.
 
-Two job-wide rules sit on top:
+A node's *process restarts* are one budget for all kinds, a `RestartBudget`: the caller that keeps
+it (the master journals it with the node: its agent's ``--max-restarts``) passes it to
+`ActionPolicy.decide`; without one the policy counts restarts itself against
+``max_process_restarts_per_node``. Every restart (a restart rung, a rollback, a restart in place)
+is spent through `spend_restart`, the one rule for it:
 
-* repeated process restarts on one node escalate: once a node has had
-  ``max_process_restarts_per_node`` restarts (for any kinds), or has none left of the budget the
-  caller keeps for it (`ActionPolicy.decide`'s ``restarts_left``: the master passes what is left
-  of the node's agent's ``--max-restarts``), the next restart becomes a node relaunch that avoids
-  its host;
+* with no restarts left, a restart becomes a node relaunch that avoids the host, or, where nothing
+  can start a new node (bare metal, Slurm, a standalone job: ``relaunch_possible=False``), the
+  node leaves the job (`ActionKind.REMOVE_NODE`);
+* where nothing can start a new node, a relaunch rung restarts the processes in place while the
+  node has restarts left; the rung's own budget is not used by such a restart, so it is the next
+  step once the restarts run out;
 * at most ``max_node_relaunches`` relaunches per job; the one after that aborts.
 
-Where nothing can start a replacement node (bare metal, Slurm, a standalone job: the caller says
-``relaunch_possible=False``), a relaunch rung restarts the processes in place instead, for as long
-as the node has restarts left, and the reason says so: the alternative, the node's agent exiting
-with nobody to start another, would end the job while restarts remain. The rung's own budget is
-not used by such a restart, so it is the next step once the restarts run out.
-
-A relaunched node id is retired: a late report about it gets `ActionKind.NONE` (the replacement
-node comes back under a new id). Once the job is aborted every decision is to abort.
+A relaunched or removed node id is retired: a late report about it gets `ActionKind.NONE` (a
+replacement node comes back under a new id). Once the job is aborted every decision is to abort.
 
 Defaults (`DEFAULT_LADDERS`), chosen so that about three failures in four end in a cheap restart
 and nothing loops:
@@ -36,6 +36,7 @@ hardware       relaunch node avoiding host x1 (node), then abort
 hang           restart processes x2 (node), relaunch node avoiding host x1 (node), abort
 nan_loss       roll back to the last good checkpoint x2 (job), then abort
 preemption     relaunch node on any host x1 (node), then abort
+killed         restart processes x2 (node), relaunch node on any host x1 (node), abort
 data_error     abort at once (the data or the disk needs a person)
 unknown        restart processes x2 (node), relaunch node avoiding host x1 (node), abort
 ============== ====================================================================
@@ -51,6 +52,7 @@ import attrs
 
 from dlrover.common import ConfigError
 from dlrover.common.validators import non_negative_int
+from dlrover.diagnosis.budget import RestartBudget, spend_restart
 from dlrover.diagnosis.kinds import ActionKind, FailureKind
 
 __all__ = ["ActionPolicy", "Decision", "DEFAULT_LADDERS", "LadderStep", "PolicyConfig"]
@@ -77,8 +79,11 @@ class LadderStep:
     avoid_host: bool = False
 
     def __attrs_post_init__(self) -> None:
-        if self.action in (ActionKind.NONE, ActionKind.ABORT_JOB):
-            raise ConfigError(f"a ladder step cannot be {self.action.value!r}: abort follows the last step")
+        if self.action in (ActionKind.NONE, ActionKind.ABORT_JOB, ActionKind.REMOVE_NODE):
+            raise ConfigError(
+                f"a ladder step cannot be {self.action.value!r}: abort follows the last step, and a node is "
+                "removed only when its restarts are spent where nothing can start a new one"
+            )
         if not isinstance(self.budget, int) or isinstance(self.budget, bool) or self.budget < 1:
             raise ConfigError(f"LadderStep.budget must be an integer >= 1, got {self.budget!r}")
         if self.scope not in ("node", "job"):
@@ -102,6 +107,7 @@ DEFAULT_LADDERS: Mapping[FailureKind, tuple[LadderStep, ...]] = types.MappingPro
         FailureKind.HANG: (LadderStep(_R, 2), LadderStep(_RN, 1, avoid_host=True)),
         FailureKind.NAN_LOSS: (LadderStep(_RB, 2, "job"),),
         FailureKind.PREEMPTION: (LadderStep(_RN, 1, avoid_host=False),),
+        FailureKind.KILLED: (LadderStep(_R, 2), LadderStep(_RN, 1, avoid_host=False)),
         FailureKind.DATA_ERROR: (),
         FailureKind.UNKNOWN: (LadderStep(_R, 2), LadderStep(_RN, 1, avoid_host=True)),
     }
@@ -160,7 +166,9 @@ class Decision:
         action: the action.
         kind: the failure kind decided on.
         node_id: the node the failure was on.
-        reason: why this action (budgets used, escalation, what a person must fix).
+        outcome: what is done and why, with the budgets (``"restart 2 of 3"``, ``"restarted 3 of
+            3 times, no restarts left, ..."``, what a person must fix); `reason` prefixes the kind
+            and the node.
         avoid_host: for relaunches, whether to avoid the node's host.
         escalated: True when a job-wide rule raised the action above the kind's ladder.
     """
@@ -168,13 +176,18 @@ class Decision:
     action: ActionKind
     kind: FailureKind
     node_id: str
-    reason: str
+    outcome: str
     avoid_host: bool = False
     escalated: bool = False
 
+    @property
+    def reason(self) -> str:
+        """The outcome in a sentence of its own: ``"communication on node n0: restart 1 of 3"``."""
+        return f"{self.kind.value} on node {self.node_id}: {self.outcome}"
+
 
 class ActionPolicy:
-    """Decides actions and keeps the budget counters of one job.
+    """Decides actions and keeps the ladder counters of one job.
 
     Args:
         config: ladders and limits; `PolicyConfig()` when omitted.
@@ -184,7 +197,8 @@ class ActionPolicy:
         self._config = config or PolicyConfig()
         self._used: dict[tuple[str, FailureKind, int], int] = {}
         self._position: dict[tuple[str, FailureKind], int] = {}
-        self._node_restarts: dict[str, int] = {}
+        # Restarts per node, only for decisions whose caller keeps no budget of its own.
+        self._own_restarts: dict[str, int] = {}
         self._relaunches = 0
         self._retired: dict[str, str] = {}
         self._abort_reason: str | None = None
@@ -205,41 +219,48 @@ class ActionPolicy:
         return self._relaunches
 
     def process_restarts(self, node_id: str) -> int:
-        """Process restarts decided so far for `node_id`."""
-        return self._node_restarts.get(node_id, 0)
+        """Process restarts this policy counted for `node_id`: those decided without a caller's
+        `RestartBudget` (a caller that passes one keeps the count itself)."""
+        return self._own_restarts.get(node_id, 0)
+
+    def own_budget(self, node_id: str) -> RestartBudget:
+        """The restart budget this policy keeps for `node_id` when the caller keeps none."""
+        limit = self._config.max_process_restarts_per_node
+        return RestartBudget(self._own_restarts.get(node_id, 0), limit, "max_process_restarts_per_node")
 
     def decide(
-        self, node_id: str, kind: FailureKind, *, restarts_left: int | None = None, relaunch_possible: bool = True
+        self,
+        node_id: str,
+        kind: FailureKind,
+        *,
+        budget: RestartBudget | None = None,
+        relaunch_possible: bool = True,
     ) -> Decision:
         """Pick the action for a failure of `kind` on `node_id` and count it against the budgets.
 
         Args:
             node_id: the node the failure happened on (non-empty).
             kind: the diagnosed kind.
-            restarts_left: process restarts the node may still take, when the caller keeps that
-                budget (the master: what is left of the node's agent's ``--max-restarts``); it
-                replaces `PolicyConfig.max_process_restarts_per_node` for this decision. None:
-                this policy's own count against that setting decides.
-            relaunch_possible: False where no scheduler can start a replacement node while the
-                node's agent is alive to restart its processes: a relaunch rung then restarts
-                the processes in place while the node has restarts left (see the module
-                docstring).
+            budget: the node's process restarts, when the caller keeps them (the master: the
+                node's journaled count against its agent's ``--max-restarts``); the caller counts
+                a restart this decision takes. None: this policy counts them itself against
+                `PolicyConfig.max_process_restarts_per_node` (see `own_budget`).
+            relaunch_possible: False where nothing can start a new node while the node's agent
+                is alive to restart its processes (see `spend_restart`).
 
         Returns:
-            The decision, with a reason.
+            The decision, with its outcome in words.
 
         Raises:
-            ConfigError: if `node_id` is empty, `kind` is not a `FailureKind` or `restarts_left`
-                is negative; nothing is counted.
+            ConfigError: if `node_id` is empty, `kind` is not a `FailureKind` or `budget` is not
+                a `RestartBudget`; nothing is counted.
         """
         if not isinstance(node_id, str) or not node_id:
             raise ConfigError(f"node_id must be a non-empty string, got {node_id!r}")
         if not isinstance(kind, FailureKind):
             raise ConfigError(f"kind must be a FailureKind, got {kind!r}")
-        if restarts_left is not None and (
-            not isinstance(restarts_left, int) or isinstance(restarts_left, bool) or restarts_left < 0
-        ):
-            raise ConfigError(f"restarts_left must be None or an integer >= 0, got {restarts_left!r}")
+        if budget is not None and not isinstance(budget, RestartBudget):
+            raise ConfigError(f"budget must be None or a RestartBudget, got {budget!r}")
         if self._abort_reason is not None:
             return Decision(ActionKind.ABORT_JOB, kind, node_id, f"the job was already aborted: {self._abort_reason}")
         if node_id in self._retired:
@@ -247,18 +268,16 @@ class ActionPolicy:
                 ActionKind.NONE,
                 kind,
                 node_id,
-                f"node {node_id} was already relaunched ({self._retired[node_id]}); "
+                f"node {node_id} was already let go ({self._retired[node_id]}); "
                 "a late report about its old processes needs no action",
             )
-        return self._climb(node_id, kind, restarts_left, relaunch_possible)
+        own = budget is None
+        decision = self._climb(node_id, kind, budget or self.own_budget(node_id), relaunch_possible)
+        if own and decision.action in (ActionKind.RESTART_PROCESSES, ActionKind.ROLLBACK_CHECKPOINT):
+            self._own_restarts[node_id] = self._own_restarts.get(node_id, 0) + 1
+        return decision
 
-    def _restarts_left(self, node_id: str, given: int | None) -> int:
-        """The node's process restarts still allowed: the caller's budget, else this policy's."""
-        if given is not None:
-            return given
-        return max(self._config.max_process_restarts_per_node - self._node_restarts.get(node_id, 0), 0)
-
-    def _climb(self, node_id: str, kind: FailureKind, restarts_left: int | None, relaunch_possible: bool) -> Decision:
+    def _climb(self, node_id: str, kind: FailureKind, budget: RestartBudget, relaunch_possible: bool) -> Decision:
         """Take the first rung of `kind`'s ladder with budget left, or abort when none has."""
         ladder = self._config.ladders[kind]
         index = self._position.get((node_id, kind), 0)
@@ -270,44 +289,48 @@ class ActionPolicy:
         if index >= len(ladder):
             return self._abort(kind, node_id, self._exhausted_reason(kind, ladder))
         step = ladder[index]
+        relaunch = step.action in (ActionKind.RELAUNCH_NODE, ActionKind.RELAUNCH_WITH_MORE_MEMORY)
+        spending = spend_restart(budget, relaunch_possible=relaunch_possible, relaunch_wanted=relaunch)
+        if spending.action is ActionKind.REMOVE_NODE:
+            self._retired[node_id] = f"removed for {kind.value}"
+            return Decision(ActionKind.REMOVE_NODE, kind, node_id, spending.words)
+        if relaunch and spending.restarts:
+            # Not counted against the rung: it stays the next step once the restarts run out.
+            return Decision(ActionKind.RESTART_PROCESSES, kind, node_id, spending.words)
+        if not relaunch and not spending.restarts:
+            # The node's restarts are spent: the job-wide rule escalates to a relaunch elsewhere.
+            words = f"{spending.words} on another host"
+            return self._relaunch(kind, node_id, ActionKind.RELAUNCH_NODE, True, words, escalated=True)
+        return self._take(node_id, kind, ladder, index, spending.words)
+
+    def _take(
+        self, node_id: str, kind: FailureKind, ladder: tuple[LadderStep, ...], index: int, words: str
+    ) -> Decision:
+        """Use rung `index` of `ladder` (`words`: what the restart budget says about it)."""
+        step = ladder[index]
         key = self._key(node_id, kind, index, step)
         used = self._used.get(key, 0) + 1
-        note = f"{kind.value} on node {node_id}: {step.action.value} {used} of {step.budget} ({step.scope} budget)"
-        restarts = self._node_restarts.get(node_id, 0)
-        left = self._restarts_left(node_id, restarts_left)
-        if step.action is ActionKind.RESTART_PROCESSES:
-            if left <= 0:
-                if restarts_left is None:
-                    spent = (
-                        f"it already restarted its processes {restarts} times "
-                        f"(limit {self._config.max_process_restarts_per_node})"
-                    )
-                else:
-                    spent = f"it has no process restarts left ({restarts} decided here)"
-                where = "on another host" if relaunch_possible else "(nothing here starts a replacement)"
-                why = f"{kind.value} on node {node_id}: {spent}, so the node is relaunched {where}"
-                return self._relaunch(kind, node_id, ActionKind.RELAUNCH_NODE, True, why, escalated=True)
-            self._node_restarts[node_id] = restarts + 1
-        elif step.action in (ActionKind.RELAUNCH_NODE, ActionKind.RELAUNCH_WITH_MORE_MEMORY) and (
-            not relaunch_possible and left > 0
-        ):
-            # Not counted against the rung: it stays the next step once the restarts run out.
-            self._node_restarts[node_id] = restarts + 1
-            why = (
-                f"{kind.value} on node {node_id}: the ladder says {step.action.value}, but no scheduler can start a "
-                f"replacement node here, so the processes restart in place instead ({left - 1} restart(s) left after "
-                "this one)"
-            )
-            return Decision(ActionKind.RESTART_PROCESSES, kind, node_id, why)
-        elif step.action in (ActionKind.RELAUNCH_NODE, ActionKind.RELAUNCH_WITH_MORE_MEMORY):
-            if not relaunch_possible:
-                note += "; the node has no process restarts left and nothing here starts a replacement"
-            decision = self._relaunch(kind, node_id, step.action, step.avoid_host, note, escalated=False)
+        count = f"{step.action.value} {used} of {step.budget}, {step.scope}"
+        if step.action in (ActionKind.RELAUNCH_NODE, ActionKind.RELAUNCH_WITH_MORE_MEMORY):
+            host = "on another host" if step.avoid_host else "on any host"
+            what = "with more memory " if step.action is ActionKind.RELAUNCH_WITH_MORE_MEMORY else ""
+            tried = f"; {self._tried(kind, node_id, ladder, index)}" if index else ""
+            words = f"the node is relaunched {what}{host} ({count}){tried}"
+            decision = self._relaunch(kind, node_id, step.action, step.avoid_host, words, escalated=False)
             if decision.action is step.action:
                 self._used[key] = used
             return decision
         self._used[key] = used
-        return Decision(step.action, kind, node_id, note)
+        if step.action is ActionKind.ROLLBACK_CHECKPOINT:
+            words = f"roll back to the newest good checkpoint ({count}): {words}"
+        return Decision(step.action, kind, node_id, words)
+
+    def _tried(self, kind: FailureKind, node_id: str, ladder: tuple[LadderStep, ...], index: int) -> str:
+        done = ", ".join(
+            f"{s.action.value} x{self._used.get(self._key(node_id, kind, i, s), 0)}"
+            for i, s in enumerate(ladder[:index])
+        )
+        return f"already tried: {done}"
 
     @staticmethod
     def _key(node_id: str, kind: FailureKind, index: int, step: LadderStep) -> tuple[str, FailureKind, int]:
@@ -316,24 +339,24 @@ class ActionPolicy:
     def _exhausted_reason(self, kind: FailureKind, ladder: tuple[LadderStep, ...]) -> str:
         advice = _ABORT_ADVICE.get(kind, "the failure keeps coming back; a person must look at it")
         if not ladder:
-            return f"{kind.value}: {advice}"
+            return f"{advice}: the job stops"
         spent = ", ".join(f"{s.action.value} x{s.budget}" for s in ladder)
-        return f"{kind.value}: budgets spent ({spent}); {advice}"
+        return f"budgets spent ({spent}); {advice}: the job stops"
 
     def _abort(self, kind: FailureKind, node_id: str, reason: str) -> Decision:
-        self._abort_reason = reason
+        self._abort_reason = f"{kind.value} on node {node_id}: {reason}"
         return Decision(ActionKind.ABORT_JOB, kind, node_id, reason)
 
     def _relaunch(
-        self, kind: FailureKind, node_id: str, action: ActionKind, avoid_host: bool, reason: str, *, escalated: bool
+        self, kind: FailureKind, node_id: str, action: ActionKind, avoid_host: bool, words: str, *, escalated: bool
     ) -> Decision:
         if self._relaunches >= self._config.max_node_relaunches:
             return self._abort(
                 kind,
                 node_id,
-                f"{reason}; but the job already relaunched {self._relaunches} nodes "
-                f"(limit {self._config.max_node_relaunches})",
+                f"{words}; but the job already relaunched {self._relaunches} nodes "
+                f"(limit {self._config.max_node_relaunches}): the job stops",
             )
         self._relaunches += 1
         self._retired[node_id] = f"{action.value} for {kind.value}"
-        return Decision(action, kind, node_id, reason, avoid_host=avoid_host, escalated=escalated)
+        return Decision(action, kind, node_id, words, avoid_host=avoid_host, escalated=escalated)

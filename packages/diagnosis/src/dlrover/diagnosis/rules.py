@@ -19,6 +19,7 @@ import attrs
 
 from dlrover.common import ConfigError
 from dlrover.diagnosis.evidence import Evidence
+from dlrover.diagnosis.exitinfo import ExitInfo
 from dlrover.diagnosis.kinds import FailureKind
 
 __all__ = [
@@ -29,6 +30,7 @@ __all__ = [
     "Rule",
     "Scanner",
     "builtin_rules",
+    "killed_words",
     "matching_lines",
     "validate_rule",
 ]
@@ -348,6 +350,20 @@ def _killed_with_full_memory(evidence: Evidence) -> Sequence[str]:
     ]
 
 
+def killed_words(exit_info: ExitInfo) -> str:
+    """What a SIGKILL with no sign of why means: ``"killed by SIGKILL (signal 9): out of memory on
+    the host or killed by someone"``."""
+    return (
+        f"killed by {exit_info.signal_name} (signal {exit_info.signal}): out of memory on the host or killed by someone"
+    )
+
+
+def _killed(evidence: Evidence) -> Sequence[str]:
+    if evidence.exit is None or evidence.exit.signal != _SIGKILL:
+        return ()
+    return [killed_words(evidence.exit)]
+
+
 # Exceptions that mean the script itself is wrong: restarting it runs the same bug again.
 _USER_EXCEPTIONS = frozenset(
     {
@@ -389,7 +405,7 @@ def builtin_rules() -> tuple[Rule, ...]:
     """A fresh tuple of the rules DLRover ships with (new objects on every call).
 
     Confidences order the kinds: a clear device fault or OOM outranks the communication errors
-    that follow it on other ranks; a plain SIGKILL is only weak evidence of preemption.
+    that follow it on other ranks; a plain SIGKILL (killed, cause unseen) is weak evidence.
     """
     k = FailureKind
     return (
@@ -576,7 +592,8 @@ def builtin_rules() -> tuple[Rule, ...]:
             unless=[r"Sending process \d+ closing signal"],
         ),
         FunctionRule("sigterm-exit", k.PREEMPTION, 0.7, _exit_signal(_SIGTERM)),
-        FunctionRule("sigkill-exit", k.PREEMPTION, 0.5, _exit_signal(_SIGKILL)),
+        # A SIGKILL with no OOM evidence: the OOM killer left no trace here, or someone killed it.
+        FunctionRule("sigkill-exit", k.KILLED, 0.5, _killed),
         # -- native crashes with no better explanation
         LogPatternRule(
             "native-crash",

@@ -815,7 +815,7 @@ class Agent:
         answer = self._deliver(report)
         if isinstance(answer, str):
             return Step(StepKind.EXIT, answer, exit_code=1)
-        return after_failure(report, answer[0], answer[1], self._config.max_restarts)
+        return after_failure(answer[0], answer[1])
 
     def _deliver(self, report: FailureReport) -> tuple[FailureDecision, str] | str:
         """Report a failure, retrying as `_report` says; the master's answer, or why it failed."""

@@ -7,7 +7,8 @@ Ways to find the job's master:
 - `DLROVER_MASTER_ADDR`: the same, set by a master that launched this agent.
 - `--standalone`, or a single-node job (`--nnodes=1`, torchrun's default) that names no master:
   start one in this process on 127.0.0.1 with a random port, as `torchrun` alone runs a
-  single-node job. Its token is the one given (as above), else a fresh one.
+  single-node job. Its token is the one given (as above), else a fresh one. With `--log-dir`,
+  it writes the job's event log there (`<job>_<unique>_events.jsonl`).
 - A multi-node torchrun command line (`--rdzv-backend=c10d --rdzv-endpoint=HOST:PORT`, or
   `--master-addr/--master-port` with `--node-rank`): the agent torchrun would have serve the
   store serves the job's master there instead (`peer_master`); every node needs the same token.
@@ -19,9 +20,11 @@ import atexit
 import contextlib
 import logging
 import os
+import re
 import signal
 import socket
 import sys
+import tempfile
 import uuid
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -123,6 +126,19 @@ class _JobMaster:
     hosted: HostedMaster | None = None
 
 
+def _event_log_path(cfg: LaunchConfig, job_name: str) -> str | None:
+    """Where an embedded master writes the job's event log: a new file in `--log-dir`, named after
+    the job (``<job>_<unique>_events.jsonl``), so runs sharing the folder never mix their events;
+    None without a log dir."""
+    if not cfg.log_dir:
+        return None
+    Path(cfg.log_dir).mkdir(parents=True, exist_ok=True)
+    name = re.sub(r"[^A-Za-z0-9_.-]", "_", job_name)  # an --rdzv-id may hold a path separator
+    fd, path = tempfile.mkstemp(prefix=f"{name}_", suffix="_events.jsonl", dir=cfg.log_dir)
+    os.close(fd)
+    return path
+
+
 @contextmanager
 def _master_for(cfg: LaunchConfig) -> Iterator[_JobMaster]:
     """The job's master: an embedded one, one this agent serves for its peers, or the one named."""
@@ -130,16 +146,20 @@ def _master_for(cfg: LaunchConfig) -> Iterator[_JobMaster]:
     if _runs_own_master(cfg):
         from dlrover.master import MasterConfig, create_master
 
-        # The external backend relaunches no node: the master restarts a failed node's workers
-        # in place, up to the --max-restarts its agent declares.
+        # The external backend starts no node: the master restarts a failed node's workers in
+        # place, up to the --max-restarts its agent declares, and then stops the job.
+        job_name = cfg.rdzv_id if cfg.rdzv_id != "none" else "standalone"
         config = MasterConfig(
-            job_name=cfg.rdzv_id if cfg.rdzv_id != "none" else "standalone",
+            job_name=job_name,
             backend="external",
             lifecycle=embedded_lifecycle(cfg),
             token=given,
+            event_log=_event_log_path(cfg, job_name),
         )
         with create_master(config) as runtime:
             _log.info("standalone master listening on %s", runtime.address)
+            if config.event_log:
+                _log.info("the master's event log (JSON lines): %s", config.event_log)
             yield _JobMaster(runtime.address, runtime.token, given_file)
         return
     target = _named_master(cfg)

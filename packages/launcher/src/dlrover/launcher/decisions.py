@@ -12,7 +12,7 @@ from collections.abc import Collection, Mapping, Sequence
 
 import attrs
 
-from dlrover.launcher.control import AgentAction, FailureDecision, FailureReport
+from dlrover.launcher.control import AgentAction, FailureDecision
 from dlrover.launcher.workers import WorkerExit
 
 __all__ = [
@@ -95,35 +95,22 @@ def assess_workers(
     return Step(StepKind.CONTINUE, "workers running")
 
 
-def after_failure(report: FailureReport, decision: FailureDecision, master_reason: str, max_restarts: int) -> Step:
+def after_failure(decision: FailureDecision, master_reason: str) -> Step:
     """Decide what to do after the master answered a failure report.
 
-    The master decides for the job (a user code error stops it; a bad host relaunches the node);
-    `--max-restarts` still bounds this node's worker restarts, as with torchrun. The agent told
-    the master its `max_restarts` when it registered, so the master relaunches or removes a node
-    whose restarts are used up; the reason then leads with that, the cause a torchrun user looks
-    for.
+    The master decides for the job and keeps this node's restart count: the agent declared its
+    ``--max-restarts`` when it registered, and the master's reason names the restart it grants
+    ("restart 2 of 3") or the action it took once they are spent. The agent carries the decision
+    out and says what it was, with the master's reason as is: it keeps no count of its own that
+    could contradict it.
     """
     if decision is FailureDecision.STOP_JOB:
         return Step(StepKind.EXIT, f"the master stopped the job: {master_reason}", exit_code=1)
-    used_up = ""
-    if report.restart_count >= max_restarts:
-        how = f"signal {report.signal_name}" if report.signal_name else f"exit code {report.exit_code}"
-        used_up = (
-            f"workers failed and all {max_restarts} restart(s) (--max-restarts) are used up "
-            f"(local rank {report.local_rank}, {how})"
-        )
-    if decision in (FailureDecision.RELAUNCH_NODE, FailureDecision.REMOVE_NODE):
-        verb = "relaunches" if decision is FailureDecision.RELAUNCH_NODE else "removes"
-        told = f"the master {verb} this node: {master_reason}"
-        return Step(StepKind.EXIT, f"{used_up}; {told}" if used_up else told, exit_code=1)
-    if used_up:
-        return Step(StepKind.EXIT, used_up, exit_code=1)
-    return Step(
-        StepKind.RESTART,
-        f"restart {report.restart_count + 1} of {max_restarts}: {master_reason}",
-        counts_as_restart=True,
-    )
+    if decision is FailureDecision.RELAUNCH_NODE:
+        return Step(StepKind.EXIT, f"the master relaunches this node: {master_reason}", exit_code=1)
+    if decision is FailureDecision.REMOVE_NODE:
+        return Step(StepKind.EXIT, f"the master removed this node from the job: {master_reason}", exit_code=1)
+    return Step(StepKind.RESTART, f"the master restarts the workers: {master_reason}", counts_as_restart=True)
 
 
 def on_master_actions(actions: Sequence[tuple[AgentAction, str]]) -> Step:

@@ -7,6 +7,7 @@ import threading
 from collections.abc import Callable, Sequence
 
 from dlrover.common import DLRoverError
+from dlrover.diagnosis import RestartBudget
 from dlrover.launcher.control import (
     AgentAction,
     FailureDecision,
@@ -56,7 +57,10 @@ class FakeControlPlane:
     """A master whose answers a test scripts, seen from the node that gets rank 0 of every round.
 
     Args:
-        failure_decisions: answers to successive failure reports; the last one repeats.
+        failure_decisions: answers to successive failure reports; the last one repeats. As the
+            master does, a restart is granted only within the `max_restarts` the agent declared
+            when it registered, with "restart k of n" in its reason; once they are spent the
+            answer is to stop the job (this one-node job has no node left).
         nodes_waiting: answers to successive `nodes_waiting` calls (0 once used up), or a
             function that answers each call.
         actions: actions returned by successive heartbeats; none once used up.
@@ -91,6 +95,7 @@ class FakeControlPlane:
         self._unreachable_reports = unreachable_reports
         self.registrations: list[int] = []
         self.declared_max_restarts: list[int | None] = []  # each registration's `max_restarts`
+        self.restarts_granted = 0
         self.waiting_polls: list[bool] = []  # each nodes_waiting call's `once`
         self.rounds: list[RoundAssignment] = []
         self.failures: list[FailureReport] = []
@@ -158,7 +163,15 @@ class FakeControlPlane:
                 self._unreachable_reports -= 1
                 raise DLRoverError("the master is unreachable (scripted)")
             self.failures.append(report)
-            return self._decisions.pop(0) if len(self._decisions) > 1 else self._decisions[0]
+            decision, reason = self._decisions.pop(0) if len(self._decisions) > 1 else self._decisions[0]
+            limit = self.declared_max_restarts[-1] if self.declared_max_restarts else None
+            if decision is not FailureDecision.RESTART_WORKERS or limit is None:
+                return decision, reason
+            budget = RestartBudget(self.restarts_granted, limit, "--max-restarts")
+            if budget.spent:
+                return FailureDecision.STOP_JOB, f"{reason}; {budget.used_up()}: the job stops"
+            self.restarts_granted += 1
+            return decision, f"{reason}; {budget.next_restart()}"
 
     def report_success(self, assignment: RoundAssignment) -> None:
         with self._lock:

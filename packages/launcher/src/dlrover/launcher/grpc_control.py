@@ -310,16 +310,14 @@ class GrpcControlPlane:
         return [(_ACTIONS[a.kind], a.reason) for a in response.actions if a.kind in _ACTIONS]
 
     def report_failure(self, report: FailureReport) -> tuple[FailureDecision, str]:
+        # No restart count here: the master keeps the node's count, and its answer names it.
         if report.hang:
-            header = f"local rank {report.local_rank} hung after {report.restart_count} restart(s)\n"
+            header = f"local rank {report.local_rank} hung\n"
         else:
             how = f"signal {report.signal_name}" if report.signal_name else f"exit code {report.exit_code}"
-            header = f"local rank {report.local_rank} exited with {how} after {report.restart_count} restart(s)\n"
+            header = f"local rank {report.local_rank} exited with {how}\n"
         if report.network_check:
-            header = (
-                f"{NODE_CHECK_FAILED}: the network check left this node out before training, "
-                f"after {report.restart_count} restart(s)\n"
-            )
+            header = f"{NODE_CHECK_FAILED}: the network check left this node out before training\n"
         evidence = header + report.evidence[-(_EVIDENCE_LIMIT - len(header)) :]
         kind = FailureKind.HANG if report.hang else FailureKind.PROCESS_CRASH
         if report.network_check:

@@ -1,40 +1,35 @@
 """`DiagnosisFailurePolicy`: the master's failure policy decided by dlrover.diagnosis.
 
 The evidence an agent reports (its exit status and log tail) is classified by the diagnosis
-rules; the diagnosed kind goes to the diagnosis `ActionPolicy`, whose budgets and escalation
-pick the action. The master's lifecycle then enforces its own budgets on top, as for any policy.
+rules; the diagnosed kind goes to the diagnosis `ActionPolicy`, whose ladders pick the action and
+which spends the node's restart budget, the lifecycle's journaled count handed over as a
+`RestartBudget`, through `spend_restart`. The lifecycle checks the answer against the same rule.
 
 Which kind is decided on:
 
 - failures the master observed itself (heartbeat or start timeout, the agent process exited)
   carry no log: they are decided as `preemption` (the node vanished from outside: relaunch it);
-- a reported failure is classified from its evidence; a worker killed by a signal (what the
-  rules call preemption) is decided as `unknown` (a process restart), since the agent that reports
-  it, and so the node, is alive; when no rule explains it, the kind the agent reported is used
-  (user code error, OOM as host OOM, hardware, network as communication, hang; a plain process
-  crash or unknown stays `unknown`).
+- a reported failure is classified from its evidence. A worker killed from outside (what the
+  rules call killed or preemption) whose agent is alive to report it is decided as `killed`: the
+  node itself is fine, so its processes restart. When no rule explains the evidence, the kind
+  the agent reported is used (user code error, OOM as host OOM, hardware, network as
+  communication, hang; a plain process crash or unknown stays `unknown`).
 
-The action policy counts process restarts against the node's own budget, as the lifecycle keeps
-it (what its agent declared, ``dlrover-run --max-restarts``, else the configured one), and is told
-when the scheduler cannot relaunch the node while its agent can restart the processes: a relaunch
-rung then restarts them in place while restarts are left (see `dlrover.diagnosis.policy`).
+The reason is one sentence built here, once: what failed, what the diagnosis found, what is done
+with the budget ("node 0 (rank 0) failed with exit status 1: communication: rule ... matched
+'...'; restart 2 of 3 (--max-restarts)"). The lifecycle records it, answers it to the agent,
+and, when it ends the job, makes it the job's exit reason.
 
-The diagnosis action is mapped onto the master's actions: restart processes and roll back to a
-checkpoint restart the processes (they resume from the newest checkpoint); relaunch (with more
-memory: not sized yet) relaunches the node, avoiding its host when the decision says so; abort
-stops the job with the diagnosis' reason; "no action" (a late report about a retired node)
-becomes the mildest action, a process restart, bounded by the lifecycle's budget.
-
-The action policy's counters live in memory: a restarted master starts them afresh, while the
-lifecycle's journaled budgets (restarts per node, relaunches per rank, failures per job) keep
+The action policy's ladder counters live in memory: a restarted master starts them afresh, while
+the lifecycle's journaled budgets (restarts per node, relaunches per rank, failures per job) keep
 holding, so no restart can make a job loop.
 """
 
 from __future__ import annotations
 
-from dlrover.diagnosis import ActionKind, ActionPolicy, Evidence, RuleRegistry, classify
+from dlrover.diagnosis import ActionPolicy, Evidence, ExitInfo, RestartBudget, RuleRegistry, classify
 from dlrover.diagnosis import FailureKind as DiagnosedKind
-from dlrover.master.policy import Classification, Failure, FailureAction, FailureDecision
+from dlrover.master.policy import FAILURE_ACTIONS, Classification, Failure, FailureDecision
 from dlrover.master.states import OBSERVED_BY_MASTER, FailureKind
 
 __all__ = ["REPORTED_TO_DIAGNOSED", "DiagnosisFailurePolicy"]
@@ -54,16 +49,6 @@ REPORTED_TO_DIAGNOSED: dict[FailureKind, DiagnosedKind] = {
 """The diagnosis kind of each reported kind, used when the evidence explains nothing."""
 
 
-_ACTIONS: dict[ActionKind, FailureAction] = {
-    ActionKind.NONE: FailureAction.RESTART_PROCESSES,
-    ActionKind.RESTART_PROCESSES: FailureAction.RESTART_PROCESSES,
-    ActionKind.ROLLBACK_CHECKPOINT: FailureAction.RESTART_PROCESSES,
-    ActionKind.RELAUNCH_NODE: FailureAction.RELAUNCH_NODE,
-    ActionKind.RELAUNCH_WITH_MORE_MEMORY: FailureAction.RELAUNCH_NODE,
-    ActionKind.ABORT_JOB: FailureAction.STOP_JOB,
-}
-
-
 class DiagnosisFailurePolicy:
     """A `FailurePolicy` that classifies the evidence and asks the diagnosis action policy.
 
@@ -80,8 +65,8 @@ class DiagnosisFailurePolicy:
     def __init__(self, registry: RuleRegistry | None = None, actions: ActionPolicy | None = None) -> None:
         self._registry = registry or RuleRegistry.with_builtin_rules()
         self._actions = actions or ActionPolicy()
-        # Every decision's input, to replay on a rollback: node, kind, restarts left, relaunch possible.
-        self._decided: list[tuple[str, DiagnosedKind, int, bool]] = []
+        # Every decision's input, to replay on a rollback: node, kind, restart budget, relaunch possible.
+        self._decided: list[tuple[str, DiagnosedKind, RestartBudget, bool]] = []
 
     @property
     def actions(self) -> ActionPolicy:
@@ -107,16 +92,19 @@ class DiagnosisFailurePolicy:
     ) -> tuple[DiagnosedKind, str]:
         if reported in OBSERVED_BY_MASTER:
             kind = REPORTED_TO_DIAGNOSED[reported]
-            return kind, f"{reported.value} observed by the master ({text})"
+            return kind, f"{reported.value} observed by the master, decided as {kind.value} ({text})"
         evidence = Evidence.from_text(text, returncode=exit_code, node_id=str(node_id))
         diagnosis = classify(evidence, self._registry)
         if diagnosis.kind is DiagnosedKind.UNKNOWN:
             kind = REPORTED_TO_DIAGNOSED[reported]
             return kind, f"reported as {reported.value}; the log explains no more ({diagnosis.reason})"
+        if diagnosis.kind is DiagnosedKind.KILLED:
+            return DiagnosedKind.KILLED, f"{diagnosis.lines[-1]}; the agent is alive (rule '{diagnosis.rule}')"
         if diagnosis.kind is DiagnosedKind.PREEMPTION:
-            # A killed worker whose agent is alive to report it: the node itself was not
-            # preempted, so replacing it would waste a healthy node. Restart the processes.
-            return DiagnosedKind.UNKNOWN, f"a worker was killed but its agent is alive ({diagnosis.reason})"
+            # A worker stopped from outside whose agent is alive to report it: the node itself
+            # was not taken away, so replacing it would waste a healthy node.
+            how = ExitInfo(exit_code).describe() if exit_code is not None else "a stop from outside"
+            return DiagnosedKind.KILLED, f"killed ({how}) while the agent is alive ({diagnosis.reason})"
         return diagnosis.kind, diagnosis.reason
 
     def savepoint(self) -> object:
@@ -135,20 +123,18 @@ class DiagnosisFailurePolicy:
             return
         del self._decided[savepoint:]
         self._actions = ActionPolicy(self._actions.config)
-        for node_id, kind, restarts_left, relaunch_possible in self._decided:
-            self._actions.decide(node_id, kind, restarts_left=restarts_left, relaunch_possible=relaunch_possible)
+        for node_id, kind, budget, relaunch_possible in self._decided:
+            self._actions.decide(node_id, kind, budget=budget, relaunch_possible=relaunch_possible)
 
     def decide(self, failure: Failure) -> FailureDecision:
-        """Classify, then let the action policy decide; see the module docstring for the mapping."""
+        """Classify, then let the action policy decide; the reason is built here (module docstring)."""
         kind, why = self.diagnose(failure)
-        node_id = str(failure.node.node_id)
-        # The lifecycle's budget is the node's own (its agent's --max-restarts, when it said), so
-        # the action policy counts against it rather than against a limit of its own.
-        restarts_left, relaunch_possible = failure.process_restarts_left, failure.relaunch_possible
-        decision = self._actions.decide(node_id, kind, restarts_left=restarts_left, relaunch_possible=relaunch_possible)
-        self._decided.append((node_id, kind, restarts_left, relaunch_possible))
-        action = _ACTIONS[decision.action]
-        reason = f"{decision.reason} [diagnosed {kind.value}: {why}]"
-        if decision.action is ActionKind.ROLLBACK_CHECKPOINT:
-            reason = f"roll back: the processes restart from the newest checkpoint; {reason}"
-        return FailureDecision(action, reason, avoid_host=decision.avoid_host)
+        node = failure.node
+        # The node's budget is the lifecycle's count (its agent's --max-restarts, when it said):
+        # the action policy spends it and keeps no count of its own.
+        budget, relaunch_possible = failure.restarts, failure.relaunch_possible
+        decision = self._actions.decide(str(node.node_id), kind, budget=budget, relaunch_possible=relaunch_possible)
+        self._decided.append((str(node.node_id), kind, budget, relaunch_possible))
+        how = "" if failure.exit_code is None else f" with {ExitInfo(failure.exit_code).describe()}"
+        reason = f"node {node.node_id} (rank {node.rank}) failed{how}: {why}; {decision.outcome}"
+        return FailureDecision(FAILURE_ACTIONS[decision.action], reason, avoid_host=decision.avoid_host)

@@ -13,9 +13,10 @@ from collections.abc import Iterable, Mapping
 import attrs
 
 from dlrover.common import DLRoverError
-from dlrover.diagnosis import one_line_summary
+from dlrover.diagnosis import RestartBudget, one_line_summary, spend_restart
 from dlrover.master.config import LifecycleConfig
 from dlrover.master.policy import (
+    FAILURE_ACTIONS,
     Classification,
     Failure,
     FailureAction,
@@ -122,14 +123,15 @@ class JobLifecycle:
 
     Args:
         config: budgets, timeouts and early-stop rules.
-        policy: decides what to do about failures (budgets are enforced on top of it).
+        policy: decides what to do about failures; its answer is checked against the budgets.
         now: the current time.
         snapshot: resume from this state (after a master restart) instead of starting empty.
-        scheduler_relaunches: whether the scheduler starts a replacement node itself. False (the
-            external backend: bare metal, Slurm, a standalone `dlrover-run`): a relaunch of a
-            node whose agent is alive to restart its processes becomes a process restart while
-            the node has restarts left; any other relaunch leaves the rank waiting for a new
-            agent to register, and its reason says so.
+        scheduler_relaunches: whether the scheduler starts a new node itself. False (the
+            external backend: bare metal, Slurm, a standalone `dlrover-run`): a node whose agent
+            is alive to restart its processes restarts them in place while it has restarts left
+            and then leaves the job (`spend_restart`); a node whose agent is gone or exits leaves
+            its rank open for a new agent to register, and the events say so rather than that a
+            node was created.
     """
 
     def __init__(
@@ -550,7 +552,13 @@ class JobLifecycle:
         )
         self._nodes[node_id] = node
         self._current[rank] = node_id
-        ev = Event("node_created", f"node {node_id} created for rank {rank}: {reason}", node_id, rank)
+        # A backend that starts no node only opens the rank for an agent to register: say that.
+        made = (
+            f"node {node_id} created for rank {rank}"
+            if self._scheduler_relaunches
+            else f"rank {rank} open for an agent to register as node {node_id} (this job's backend starts none)"
+        )
+        ev = Event("node_created", f"{made}: {reason}", node_id, rank)
         launch = LaunchNode(node_id, rank, relaunch_count, frozenset(self._avoid_hosts))
         return Outcome(effects=(launch,), events=(ev,), changed_nodes=frozenset({node_id}), job_changed=True)
 
@@ -558,56 +566,49 @@ class JobLifecycle:
         """The process restarts `node` may take: what its agent declared, else the configured."""
         return self._config.max_process_restarts if node.max_process_restarts is None else node.max_process_restarts
 
-    def _budget_words(self, node: NodeRecord) -> str:
-        budget = self.restart_budget(node)
-        if node.max_process_restarts is None:
-            return f"process restart budget ({budget})"
-        return f"process restart budget ({budget}, its agent's --max-restarts)"
+    def restarts_of(self, node: NodeRecord) -> RestartBudget:
+        """`node`'s process restarts: the journaled count against its budget, the one count every
+        decision and message uses."""
+        source = "max_process_restarts" if node.max_process_restarts is None else "--max-restarts"
+        return RestartBudget(node.process_restarts, self.restart_budget(node), source)
 
-    def _restart_or_relaunch(
-        self, node: NodeRecord, decision: FailureDecision, restarts_left: int, agent_exits: bool
-    ) -> FailureDecision:
-        """A restart the policy decided, or the relaunch it becomes when no restart can happen."""
-        if node.state is not NodeState.RUNNING:
-            return FailureDecision(
-                FailureAction.RELAUNCH_NODE, f"{decision.reason}; but the node is not running, so it is relaunched"
-            )
-        if agent_exits:
-            return FailureDecision(
-                FailureAction.RELAUNCH_NODE,
-                f"{decision.reason}; but its agent exits after this report, so the node is relaunched",
-                decision.avoid_host,
-            )
-        if restarts_left <= 0:
-            return FailureDecision(
-                FailureAction.RELAUNCH_NODE, f"{self._budget_words(node)} exhausted", decision.avoid_host
-            )
-        return decision
+    def _enforce(self, failure: Failure, decision: FailureDecision, *, agent_exits: bool) -> FailureDecision:
+        """Check any policy's answer against the budgets and the hard rules.
 
-    def _enforce(self, failure: Failure, decision: FailureDecision, *, agent_exits: bool = False) -> FailureDecision:
-        """Budgets and hard rules applied on top of any policy's decision."""
-        node, restarts_left, relaunches_left = failure.node, failure.process_restarts_left, failure.relaunches_left
-        action = decision.action
+        The budget is checked with `spend_restart`, the rule the policies spend it with, so a
+        policy that keeps to it is never overruled here.
+        """
+        node, action = failure.node, decision.action
         if action is FailureAction.STOP_JOB:
             return decision
         if any(n.state is NodeState.SUCCEEDED for n in self._nodes.values()):
             return FailureDecision(
                 FailureAction.REMOVE_NODE, "workers have already succeeded; the node is not relaunched"
             )
-        if action is FailureAction.RELAUNCH_NODE and not failure.relaunch_possible and restarts_left > 0:
-            # The agent would exit for a relaunch nobody carries out, ending the job while it
-            # could still restart its processes.
-            return FailureDecision(
-                FailureAction.RESTART_PROCESSES,
-                f"{decision.reason}; but the scheduler cannot relaunch nodes, so the processes restart in place "
-                f"instead ({restarts_left - 1} restart(s) left after this one)",
+        if action is FailureAction.RESTART_PROCESSES and (node.state is not NodeState.RUNNING or agent_exits):
+            # Nobody is left to restart the processes: only a new node can take the rank.
+            why = (
+                "the node is not running"
+                if node.state is not NodeState.RUNNING
+                else "its agent exits after this report"
             )
-        if action is FailureAction.RESTART_PROCESSES:
-            decision = self._restart_or_relaunch(node, decision, restarts_left, agent_exits)
-            if decision.action is FailureAction.RESTART_PROCESSES:
-                return decision
+            decision = FailureDecision(
+                FailureAction.RELAUNCH_NODE,
+                f"{decision.reason}; but {why}, so the node is relaunched",
+                decision.avoid_host,
+            )
+        elif action in (FailureAction.RESTART_PROCESSES, FailureAction.RELAUNCH_NODE):
+            spending = spend_restart(
+                failure.restarts,
+                relaunch_possible=failure.relaunch_possible,
+                relaunch_wanted=action is FailureAction.RELAUNCH_NODE,
+            )
+            allowed = FAILURE_ACTIONS[spending.action]
+            if allowed is not action:
+                avoid = decision.avoid_host and allowed is FailureAction.RELAUNCH_NODE
+                decision = FailureDecision(allowed, f"{decision.reason}; but {spending.words}", avoid)
         if decision.action is FailureAction.RELAUNCH_NODE:
-            return self._relaunch_or_remove(node, decision, relaunches_left)
+            return self._relaunch_or_remove(node, decision, failure.relaunches_left)
         return decision
 
     def _relaunch_or_remove(self, node: NodeRecord, decision: FailureDecision, relaunches_left: int) -> FailureDecision:
@@ -621,7 +622,7 @@ class JobLifecycle:
         if not self._scheduler_relaunches:
             return FailureDecision(
                 FailureAction.RELAUNCH_NODE,
-                f"{decision.reason}; the scheduler does not start nodes itself: rank {node.rank} waits for a new "
+                f"{decision.reason}; this job's backend starts no node itself: rank {node.rank} waits for a new "
                 "agent to register",
                 decision.avoid_host,
             )
@@ -640,7 +641,6 @@ class JobLifecycle:
         agent_exits: bool = False,
     ) -> tuple[FailureDecision, Outcome]:
         self._job_failures += 1
-        restarts_left = max(self.restart_budget(node) - node.process_restarts, 0)
         relaunches_left = max(self._config.max_relaunches - node.relaunch_count, 0)
         node = attrs.evolve(node, last_failure=f"{kind.value}: {evidence}")
         self._nodes[node.node_id] = node
@@ -658,7 +658,8 @@ class JobLifecycle:
         if self._job_failures > self._config.max_job_failures:
             decision = FailureDecision(
                 FailureAction.STOP_JOB,
-                f"too many failures: {self._job_failures} > max_job_failures {self._config.max_job_failures}",
+                f"node {node.node_id} (rank {node.rank}) failed ({kind.value}): {self._job_failures} failures in the "
+                f"job, more than max_job_failures {self._config.max_job_failures}: the job stops",
             )
         else:
             # Only an agent that reported the failure and goes on can restart its processes; a
@@ -668,7 +669,7 @@ class JobLifecycle:
                 node,
                 kind,
                 evidence,
-                restarts_left,
+                self.restarts_of(node),
                 relaunches_left,
                 exit_code,
                 classification,
@@ -688,8 +689,7 @@ class JobLifecycle:
                 self._next_action_id += 1
             ev = Event(
                 "process_restart",
-                f"node {node.node_id} restarts its processes ({node.process_restarts}/"
-                f"{self.restart_budget(node)}): {decision.reason}",
+                decision.reason,
                 node.node_id,
                 node.rank,
                 {"kind": kind.value},
@@ -707,9 +707,14 @@ class JobLifecycle:
             out = out.merge(self._create_node(node.rank, node.relaunch_count + 1, node.node_id, now, decision.reason))
             new_id = self._current[node.rank]
             self._nodes[node.node_id] = attrs.evolve(self._nodes[node.node_id], replaced_by=new_id)
+            replaced = (
+                f"replaced by node {new_id}"
+                if self._scheduler_relaunches
+                else f"let go; node {new_id} waits for an agent to register in its place"
+            )
             ev = Event(
                 "relaunch",
-                f"rank {node.rank}: node {node.node_id} replaced by node {new_id}: {decision.reason}",
+                f"rank {node.rank}: node {node.node_id} {replaced}: {decision.reason}",
                 node.node_id,
                 node.rank,
                 {"replacement": new_id, "kind": kind.value},
@@ -717,13 +722,21 @@ class JobLifecycle:
             out = out.merge(Outcome(events=(ev,)))
         else:
             out = out.merge(self._move(node, NodeState.REMOVED, decision.reason, now))
-        return decision, out.merge(self._check_nodes(now))
+        out = out.merge(self._check_nodes(now, cause=decision.reason))
+        if self._job_state is JobState.FAILED:
+            # This failure ended the job: the action taken is the stop, and its reason is the
+            # job's exit reason, the same string the agent, the event log and the status show.
+            decision = FailureDecision(FailureAction.STOP_JOB, self._exit_reason)
+        return decision, out
 
     def _alive(self) -> Iterable[NodeRecord]:
         return (n for n in self._nodes.values() if n.state in ALIVE_STATES)
 
-    def _check_nodes(self, now: float) -> Outcome:
-        """End the job when no node is left, or too few have run for too long."""
+    def _check_nodes(self, now: float, *, cause: str = "") -> Outcome:
+        """End the job when no node is left, or too few have run for too long.
+
+        `cause`: what just let a node go, leading the exit reason when that left no node.
+        """
         if self._job_state.finished or not self._started:
             return Outcome()
         alive = list(self._alive())
@@ -731,6 +744,8 @@ class JobLifecycle:
         if not alive:
             if succeeded:
                 return self.stop(f"all nodes finished; {succeeded} succeeded", now, state=JobState.SUCCEEDED)
+            if cause:
+                return self.stop(f"{cause}; no node is left: the job stops", now, state=JobState.FAILED)
             return self.stop("no nodes left: every rank failed beyond its budget", now, state=JobState.FAILED)
         if succeeded:
             # The job is finishing: nodes leave one by one as they succeed.

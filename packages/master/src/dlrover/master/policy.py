@@ -1,10 +1,11 @@
 """What to do about a failure: the seam the diagnosis package's action policy plugs into.
 
-The lifecycle core asks a `FailurePolicy` for a decision, then enforces budgets itself, so no
-policy can make the job exceed them: a restart with no restarts left becomes a relaunch, a
-relaunch with no relaunches left becomes a removal, and nothing is relaunched once any node has
-succeeded. Where the scheduler cannot relaunch nodes, a relaunch of a node whose agent can
-restart its processes becomes a process restart while restarts are left.
+The lifecycle core hands a `FailurePolicy` the failure with the node's restart budget, a
+`dlrover.diagnosis.RestartBudget` built from the node's journaled count: the one count, shown in
+every message as "restart k of n". A policy spends it through `dlrover.diagnosis.spend_restart`,
+the one rule for "restart, relaunch, or let the node go". The lifecycle checks the answer against
+the same rule, so no policy can make the job exceed a budget, turns a relaunch with no relaunches
+left into a removal, and relaunches nothing once any node has succeeded.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from typing import Protocol, runtime_checkable
 
 import attrs
 
+from dlrover.diagnosis import ActionKind as DiagnosedAction
+from dlrover.diagnosis import RestartBudget, spend_restart
 from dlrover.master.records import NodeRecord
 from dlrover.master.states import FailureKind
 
@@ -21,6 +24,7 @@ __all__ = [
     "Classification",
     "ClassifyingPolicy",
     "DefaultFailurePolicy",
+    "FAILURE_ACTIONS",
     "Failure",
     "FailureAction",
     "FailureDecision",
@@ -36,6 +40,19 @@ class FailureAction(enum.StrEnum):
     RELAUNCH_NODE = "relaunch_node"
     REMOVE_NODE = "remove_node"
     STOP_JOB = "stop_job"
+
+
+FAILURE_ACTIONS: dict[DiagnosedAction, FailureAction] = {
+    DiagnosedAction.NONE: FailureAction.RESTART_PROCESSES,
+    DiagnosedAction.RESTART_PROCESSES: FailureAction.RESTART_PROCESSES,
+    DiagnosedAction.ROLLBACK_CHECKPOINT: FailureAction.RESTART_PROCESSES,
+    DiagnosedAction.RELAUNCH_NODE: FailureAction.RELAUNCH_NODE,
+    DiagnosedAction.RELAUNCH_WITH_MORE_MEMORY: FailureAction.RELAUNCH_NODE,
+    DiagnosedAction.REMOVE_NODE: FailureAction.REMOVE_NODE,
+    DiagnosedAction.ABORT_JOB: FailureAction.STOP_JOB,
+}
+"""The master's action for each diagnosis action: a rollback restarts the processes (they resume
+from the newest checkpoint); "no action" (a late report) is the mildest action, a restart."""
 
 
 @attrs.frozen
@@ -59,22 +76,22 @@ class Failure:
         node: the node as it was when the failure arrived.
         kind: what kind of failure.
         evidence: what the reporter saw (a log tail, an exit code, a probe result).
-        process_restarts_left: restarts of training processes still allowed on this node.
+        restarts: the node's process restarts, used and allowed (its journaled count against its
+            agent's ``--max-restarts``, else the configured budget).
         relaunches_left: replacements still allowed for this rank.
         exit_code: the failed process's exit status, when the reporter knew it.
         classification: the policy's `classify` of the full evidence, when it has one and the
             failure was reported with evidence (the `evidence` here may be clipped).
-        relaunch_possible: False when the scheduler cannot start a replacement node (the
-            external backend: bare metal, Slurm, a standalone `dlrover-run`) while the node's
-            agent is alive and reported the failure, so it can restart its processes. A policy
-            should then restart the processes while restarts are left rather than relaunch:
-            the lifecycle turns such a relaunch into a restart anyway.
+        relaunch_possible: False when the scheduler cannot start a new node (the external
+            backend: bare metal, Slurm, a standalone `dlrover-run`) while the node's agent is
+            alive and reported the failure, so it can restart its processes: `spend_restart`
+            then restarts in place while restarts are left and lets the node go after.
     """
 
     node: NodeRecord
     kind: FailureKind
     evidence: str
-    process_restarts_left: int
+    restarts: RestartBudget
     relaunches_left: int
     exit_code: int | None = None
     classification: Classification | None = None
@@ -138,29 +155,27 @@ _NODE_LEVEL = frozenset(
 
 
 class DefaultFailurePolicy:
-    """The policy used until the diagnosis package provides a smarter one.
+    """The policy decided on the reported kind alone (``failure_policy="default"``).
 
     - a user code error stops the job: restarting the same code fails the same way;
     - a node-level failure (heartbeat or start timeout, the node exited, hardware) relaunches the
       node; hardware failures also avoid the host;
-    - anything else restarts the training processes while the node's restart budget lasts, then
-      relaunches the node.
+    - anything else restarts the training processes.
+
+    Restarts, and relaunches nothing can carry out, are spent by `spend_restart`, as by every policy.
     """
 
     def decide(self, failure: Failure) -> FailureDecision:
         """See the class docstring."""
         kind = failure.kind
+        where = f"node {failure.node.node_id} (rank {failure.node.rank})"
         if kind is FailureKind.USER_CODE_ERROR:
-            return FailureDecision(FailureAction.STOP_JOB, f"user code error on rank {failure.node.rank}")
-        if kind in _NODE_LEVEL:
-            return FailureDecision(
-                FailureAction.RELAUNCH_NODE,
-                f"{kind.value} is a node-level failure",
-                avoid_host=kind is FailureKind.HARDWARE,
-            )
-        if failure.process_restarts_left > 0:
-            return FailureDecision(
-                FailureAction.RESTART_PROCESSES,
-                f"{kind.value}: {failure.process_restarts_left} process restart(s) left",
-            )
-        return FailureDecision(FailureAction.RELAUNCH_NODE, f"{kind.value}: process restart budget exhausted")
+            return FailureDecision(FailureAction.STOP_JOB, f"user code error on {where}: the job stops")
+        node_level = kind in _NODE_LEVEL
+        spending = spend_restart(
+            failure.restarts, relaunch_possible=failure.relaunch_possible, relaunch_wanted=node_level
+        )
+        action = FAILURE_ACTIONS[spending.action]
+        why = f"{kind.value} on {where}" + (", a node-level failure" if node_level else "")
+        avoid = action is FailureAction.RELAUNCH_NODE and kind is FailureKind.HARDWARE
+        return FailureDecision(action, f"{why}: {spending.words}", avoid_host=avoid)
