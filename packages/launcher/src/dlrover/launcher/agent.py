@@ -22,6 +22,7 @@ from dlrover.common.process import exiting_status
 from dlrover.common.validators import non_negative, non_negative_finite, positive
 from dlrover.flashckpt.commit import RetentionPolicy
 from dlrover.flashckpt.host import SaverHost, SaverHostConfig, host_socket_path
+from dlrover.flashckpt.job_env import safe_job_id
 from dlrover.flashckpt.pacing import default_persist_bandwidth_mb_s
 from dlrover.flashckpt.segment import DEFAULT_SHM_DIR, SHM_DIR_ENV_VAR
 from dlrover.launcher.control import (
@@ -43,6 +44,7 @@ from dlrover.launcher.decisions import (
 )
 from dlrover.launcher.env import (
     CHECKPOINT_SOCKET_ENV_VAR,
+    JOB_ID_ENV_VAR,
     NODE_ID_ENV_VAR,
     PER_ROUND_ENV_VARS,
     WorkerIdentity,
@@ -72,6 +74,10 @@ class AgentConfig:
         nproc_per_node: workers on this node.
         max_restarts: worker restarts after failures before the node gives up.
         run_id: the job's run id (TORCHELASTIC_RUN_ID).
+        job_id: names the job to the workers in ``DLROVER_JOB_ID`` (what a `FlashCheckpointer`
+            names its shared memory after): the same for every worker this agent starts,
+            restarts included, and unique to the job; empty: `run_id` in a file-name-safe form
+            (`dlrover.flashckpt.safe_job_id`).
         role: the workers' role name.
         monitor_interval_s: how often the workers are checked.
         shutdown_grace_s: how long workers get between SIGTERM and SIGKILL.
@@ -136,6 +142,7 @@ class AgentConfig:
     nproc_per_node: int = attrs.field(default=1, validator=attrs.validators.ge(1))
     max_restarts: int = attrs.field(default=0, validator=attrs.validators.ge(0))
     run_id: str = "none"
+    job_id: str = ""
     role: str = "default"
     monitor_interval_s: float = attrs.field(default=0.1, validator=non_negative)
     shutdown_grace_s: float = attrs.field(default=10.0, validator=non_negative)
@@ -226,6 +233,8 @@ class Agent:
         self._control = control
         self._clock = clock or SystemClock()
         self._environ = dict(os.environ if environ is None else environ)
+        # Named once for the agent's life: restarted workers find their predecessors' snapshots.
+        self._job_env = {JOB_ID_ENV_VAR: config.job_id or safe_job_id(config.run_id)}
         self._progress = progress or self._node_progress
         self._sample_gpus = sample_gpus
         self._run_dir_path: Path | None = None
@@ -374,7 +383,7 @@ class Agent:
             run_id=cfg.run_id,
             restart_count=0,
             max_restarts=cfg.max_restarts,
-            extra={**cfg.extra_env, **self._host_env},  # the order `_specs` uses
+            extra={**self._job_env, **cfg.extra_env, **self._host_env},  # the order `_specs` uses
         )
         # What a worker learns only when it is taken is left out, so no module reads a stand-in.
         for name in PER_ROUND_ENV_VARS:
@@ -876,7 +885,7 @@ class Agent:
                 restart_count=restarts,
                 max_restarts=cfg.max_restarts,
                 agent_store=assignment.agent_store,
-                extra={NODE_ID_ENV_VAR: self._node_id, **cfg.extra_env, **self._host_env},
+                extra={NODE_ID_ENV_VAR: self._node_id, **self._job_env, **cfg.extra_env, **self._host_env},
                 virtual_local_rank=cfg.virtual_local_rank,
             )
             specs.append(
