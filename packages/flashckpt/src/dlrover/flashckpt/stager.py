@@ -291,10 +291,9 @@ class Stager:
                 self._sealing[slot] = self._sealer.submit(self._seal, slot, header)
         else:
             self._seal(slot, header)
-        blocked_s = self._clock.now() - start
         if self.config.prefault_in_background:
             self._start_prefault(slot)
-        return SaveResult(step, True, slot, header.seq, blocked_s, choice_reason)
+        return SaveResult(step, True, slot, header.seq, self._clock.now() - start, choice_reason)
 
     def flush(self, timeout_s: float | None = None) -> None:
         """Wait until every snapshot saved so far is sealed (and the slots being allocated in the
