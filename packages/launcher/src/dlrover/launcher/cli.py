@@ -197,7 +197,7 @@ def _run_id(cfg: LaunchConfig) -> str:
 
 def _job_id(run_id: str, master_address: str, env: Mapping[str, str]) -> str:
     """DLROVER_JOB_ID for the workers: the one this agent was given, else the run id, else (no
-    `--rdzv-id` in a multi-node job) one derived from the master's address and the job's name:
+    `--rdzv-id` outside `--standalone`) one derived from the master's address and the job's name:
     the same on every node, and unique while the job's master runs.
 
     Raises:
