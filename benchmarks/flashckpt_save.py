@@ -20,6 +20,7 @@ Each row compares flashckpt with the physical limit or a peer measured in the sa
     python benchmarks/flashckpt_save.py --quick    # 64 MB, fewer repetitions
     python benchmarks/flashckpt_save.py --sizes 256 1024   # MB
     python benchmarks/flashckpt_save.py --slowdown-only --rounds 20 --persist-bandwidth-mb-s 0   # uncapped
+    python benchmarks/flashckpt_save.py --unprepared-only --sizes 256   # saves without prepare()
 
 Timings on a shared machine vary between runs; each save row is the best of several repetitions,
 and flashckpt and its baseline are timed interleaved so both see the same load. Slowdown rows are
@@ -198,7 +199,8 @@ def bench_save(size: int, reps: int, tmp: Path, threads: int) -> list[tuple[str,
         rows.append(_goal("steady save <= 1.05x raw copy", steady_ratio, steady_ratio <= 1.05))
         rows.append(_goal("first save <= 1.5x raw copy", first_ratio, first_ratio <= 1.5))
 
-        # Lazy allocation (no prepare): what the first save costs without pre-faulting.
+        # Lazy allocation (no prepare): what the first save costs without pre-faulting (the second
+        # and later ones: `bench_unprepared`).
         lazy = Stager(StagerConfig(job_id=job + "l", run_id="r", copy_threads=threads))
         t = time.perf_counter()
         lazy.save(0, state)
@@ -276,6 +278,45 @@ def bench_save(size: int, reps: int, tmp: Path, threads: int) -> list[tuple[str,
         stager.close()
         remove_run(cfg.shm_dir, job, "r")
         remove_run(cfg.shm_dir, job + "l", "r")
+    return rows
+
+
+def bench_unprepared(size: int, trials: int, threads: int, step_s: float) -> list[tuple[str, float, str]]:
+    """First, second and steady saves of a stager nobody prepared, with the other slots faulted in
+    behind the first save (the default) and without (``prefault_in_background=False``: every slot
+    allocated by the save that first takes it), each against the steady save of its own stager.
+
+    Between two saves the loop sleeps `step_s`, a training step during which the CPU is free (as
+    under a GPU step), so the background thread can run. Trials alternate the two kinds.
+    """
+    state = make_state(size)
+    saves = 6
+    times: dict[bool, list[list[float]]] = {True: [], False: []}
+    for trial in range(trials):
+        for background in (True, False) if trial % 2 == 0 else (False, True):
+            job = "bench" + uuid.uuid4().hex[:8]
+            cfg = StagerConfig(job_id=job, run_id="r", copy_threads=threads, prefault_in_background=background)
+            stager = Stager(cfg)
+            try:
+                run = []
+                for step in range(saves):
+                    t = time.perf_counter()
+                    stager.save(step, state)
+                    run.append(time.perf_counter() - t)
+                    time.sleep(step_s)
+                times[background].append(run)
+            finally:
+                stager.close()
+                remove_run(cfg.shm_dir, job, "r")
+    rows: list[tuple[str, float, str]] = []
+    for background, label in ((True, "faulted in behind the first save"), (False, "each save allocates its slot")):
+        runs = times[background]
+        steady = statistics.median(t for run in runs for t in run[2:])
+        first = statistics.median(run[0] for run in runs)
+        second = statistics.median(run[1] for run in runs)
+        rows.append((f"no prepare(), {label}:", steady, f"steady save (median of saves 3-{saves}, {len(runs)} trials)"))
+        rows.append(("  first save", first, f"{first / steady:.2f}x steady"))
+        rows.append(("  second save", second, f"{second / steady:.2f}x steady"))
     return rows
 
 
@@ -572,6 +613,15 @@ def main() -> int:
     )
     p.add_argument("--slowdown-only", action="store_true", help="only the training-loop slowdown rows")
     p.add_argument("--save-only", action="store_true", help="only the save, restore and persist rows")
+    p.add_argument(
+        "--unprepared-only",
+        action="store_true",
+        help="only first/second/steady saves without prepare(), with and without the background pre-fault",
+    )
+    p.add_argument(
+        "--step-interval-s", type=float, default=0.5, help="--unprepared-only: the training step between two saves"
+    )
+    p.add_argument("--trials", type=int, default=5, help="--unprepared-only: fresh stagers of each kind")
     args = p.parse_args()
     if args.train_threads < 1:
         p.error(f"--train-threads must be at least 1, got {args.train_threads}")
@@ -582,6 +632,14 @@ def main() -> int:
         f"torch {torch.__version__}, {os.cpu_count()} cores, {args.threads} copy threads, python {py}, "
         f"CRC-32 by {getattr(checksum, 'CRC32_BACKEND', 'zlib')}"
     )
+    if args.unprepared_only:
+        for size in sizes:
+            between = f"{args.step_interval_s:g} s between saves"
+            print(f"\n== state of {size // MB} MB, saved without prepare(), {between} ==")
+            print(f"{'measurement':48s} {'seconds':>10s}  note")
+            for name, secs, note in bench_unprepared(size, args.trials, args.threads, args.step_interval_s):
+                print(f"{name:48s} {secs:10.4f}  {note}")
+        return 0
     with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR")) as d:
         tmp = Path(d)
         for size in [] if args.slowdown_only else sizes:

@@ -32,7 +32,6 @@ from typing import IO, Any
 ROOT = Path(__file__).resolve().parent.parent
 TRAIN = ROOT / "examples" / "gpt" / "train.py"
 SHM_DIR = "/dev/shm"  # noqa: S108 (where flashckpt keeps its segments, not a temp file)
-RUN_ID = "chargpt"  # train.py's flash checkpoint run id
 RANK_TO_KILL = 1
 
 
@@ -408,8 +407,10 @@ class Demo:
         if self.tmp_dir is not None:
             shutil.rmtree(self.tmp_dir, ignore_errors=True)
         from dlrover.flashckpt import remove_run
+        from dlrover.flashckpt.job_env import run_id_for
 
-        removed = remove_run(SHM_DIR, self.job_id, RUN_ID)
+        # train.py's checkpointer names its run after where it persists.
+        removed = remove_run(SHM_DIR, self.job_id, run_id_for(str(self.run_dir / "checkpoints")))
         if removed:
             say(f"removed {len(removed)} leftover shared-memory file(s) of job {self.job_id}")
 

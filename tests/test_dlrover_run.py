@@ -607,3 +607,149 @@ def test_a_signal_in_signals_to_handle_is_forwarded_to_the_workers_as_torchrun_d
     output, _ = proc.communicate(timeout=120)
     assert proc.returncode == 128 + signal.SIGUSR1, output
     assert [(out / f"got{r}").read_text() for r in range(2)] == ["SIGUSR1", "SIGUSR1"]
+
+
+# The one-line flash checkpoint: no ids, ranks or agreement in the script. With `kill_at` >= 0,
+# rank 1 SIGKILLs itself in the first attempt once step `kill_at` is in memory on both ranks, and
+# the restarted workers load it from memory (agreeing over the default group) and finish. At the
+# end each rank closes its checkpointer and opens another, as a restarted process would: it finds
+# the last step in memory. Each rank records what it loaded and who its checkpointer says it is.
+ONE_LINER = textwrap.dedent(
+    """
+    import json, os, signal, sys
+    import torch, torch.distributed as dist
+    from dlrover.flashckpt import FlashCheckpointer, NoCheckpointError
+
+    out, ckpt_dir, kill_at = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+
+    def record(ckpt, what, source, step):
+        c = ckpt.config
+        with open(os.path.join(out, f"rank{rank}-{what}-{os.getpid()}.json"), "w") as f:
+            json.dump({"attempt": attempt, "source": source, "step": step, "job": c.job_id, "run": c.run_id,
+                       "rank": c.rank, "world": c.world_size, "reason": ckpt.identity_reason}, f)
+
+    ckpt = FlashCheckpointer(ckpt_dir)
+    state = {"w": torch.zeros(4096), "step": 0}
+    try:
+        source = ckpt.load(target=state).source
+    except NoCheckpointError:
+        source = None
+    record(ckpt, "start", source, state["step"])
+    for step in range(state["step"], 6):
+        if step == kill_at and attempt == 0 and rank == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+        grad = torch.full((4096,), float(rank + 1))
+        dist.all_reduce(grad)
+        state["w"] += grad
+        state["step"] = step + 1
+        ckpt.save(step + 1, state, persist=step + 1 == 6)
+        dist.barrier()  # both ranks hold the step before either goes on
+    if state["step"] == 6 and source != "storage":
+        assert ckpt.wait_persisted(6, timeout_s=120).ok
+    dist.barrier()
+    ckpt.close()
+    again = FlashCheckpointer(ckpt_dir)
+    fresh = {"w": torch.zeros(4096), "step": 0}
+    record(again, "reopen", again.load(target=fresh).source, fresh["step"])
+    assert torch.equal(fresh["w"], state["w"])
+    dist.barrier()
+    if rank == 0:
+        with open(os.path.join(out, "result.json"), "w") as f:
+            json.dump({"step": state["step"], "w": sorted(set(state["w"].tolist()))}, f)
+    again.close(job_end=rank == 0)
+    dist.destroy_process_group()
+    """
+)
+
+
+def _records(out: Path, what: str) -> list[dict[str, object]]:
+    return [json.loads(p.read_text()) for p in sorted(out.glob(f"rank*-{what}-*.json"))]
+
+
+def _one_identity(out: Path, run_id: str) -> str:
+    """The job id every checkpointer of every attempt had (with `run_id` and world size 2)."""
+    records = _records(out, "start") + _records(out, "reopen")
+    assert {(r["run"], r["world"]) for r in records} == {(run_id, 2)}, records
+    jobs = {str(r["job"]) for r in records}
+    assert len(jobs) == 1, records
+    return jobs.pop()
+
+
+def _check_result(out: Path, ckpt_dir: Path, reopened_from: str = "memory") -> None:
+    result = json.loads((out / "result.json").read_text())
+    assert result == {"step": 6, "w": [18.0]}  # each step added 1 + 2 exactly once
+    for r in _records(out, "reopen"):
+        assert (r["source"], r["step"]) == (reopened_from, 6), r
+    tracker = json.loads((ckpt_dir / "tracker.json").read_text())
+    assert (tracker["step"], tracker["world_size"]) == (6, 2)
+
+
+def _torchrun(spawn: list[subprocess.Popen[str]], run_dir: Path, logs: str, *args: str) -> subprocess.Popen[str]:
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+        f"--log-dir={run_dir / logs}", *args,
+    ]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DLROVER_", "TORCHELASTIC_"))}
+    proc = subprocess.Popen(
+        cmd, cwd=run_dir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
+    spawn.append(proc)
+    return proc
+
+
+def test_the_one_line_checkpointer_resumes_from_memory_after_a_kill_under_dlrover_run(
+    run_dir: Path, spawn: list[subprocess.Popen[str]]
+) -> None:
+    from dlrover.flashckpt.job_env import run_id_for
+
+    script = run_dir / "one_liner.py"
+    script.write_text(ONE_LINER)
+    out, ckpt_dir = run_dir / "out", run_dir / "ckpt"
+    proc = _dlrover_run(spawn, run_dir, "--max-restarts=2", str(script), str(out), str(ckpt_dir), "3")
+    output, _ = proc.communicate(timeout=240)
+    assert proc.returncode == 0, output
+    _check_result(out, ckpt_dir)
+    starts = sorted((r["attempt"], r["rank"], r["source"], r["step"]) for r in _records(out, "start"))
+    assert starts == [(0, 0, None, 0), (0, 1, None, 0), (1, 0, "memory", 3), (1, 1, "memory", 3)], starts
+    # One identity across the restart: the agent named the job (its run id, a fresh uuid here).
+    job = _one_identity(out, run_id_for(str(ckpt_dir)))
+    assert len(job) == 36, job
+    assert all("DLROVER_JOB_ID (dlrover-run)" in str(r["reason"]) for r in _records(out, "start"))
+    assert not list(Path(DEFAULT_SHM_DIR).glob(f"{NODE_SHM_PREFIX}{proc.pid}-*")), output
+    assert not list(Path(DEFAULT_SHM_DIR).glob(f"dlrover-fc.{job}.*")), output
+
+
+def test_the_one_line_checkpointer_saves_and_loads_with_agreement_under_plain_torchrun(
+    run_dir: Path, spawn: list[subprocess.Popen[str]]
+) -> None:
+    # No agent of ours: torchrun's run id names the job and a detached saver persists. No kill
+    # here: with torch 2.13, a torchrun restart over gloo fails in init_process_group when its
+    # ranks reach it seconds apart (a rank dials its peer's address from the attempt before),
+    # with or without this library; dlrover-run's agent gives every round a fresh store.
+    from dlrover.flashckpt.job_env import run_id_for
+
+    script = run_dir / "one_liner.py"
+    script.write_text(ONE_LINER)
+    ckpt_dir = run_dir / "ckpt"
+    jobs = []
+    for attempt, out in enumerate((run_dir / "out", run_dir / "out-again")):
+        out.mkdir(exist_ok=True)
+        proc = _torchrun(spawn, run_dir, f"logs{attempt}", str(script), str(out), str(ckpt_dir), "-1")
+        output, _ = proc.communicate(timeout=200)
+        assert proc.returncode == 0, output
+        # The second job saves nothing (it starts at the end): its memory stays empty.
+        _check_result(out, ckpt_dir, "memory" if attempt == 0 else "storage")
+        jobs.append(_one_identity(out, run_id_for(str(ckpt_dir))))
+        assert all("TORCHELASTIC_RUN_ID=" in str(r["reason"]) for r in _records(out, "start"))
+        deadline = time.monotonic() + 60  # the detached saver removes the job's memory as it exits
+        while list(Path(DEFAULT_SHM_DIR).glob(f"dlrover-fc.{jobs[-1]}.*")):
+            assert time.monotonic() < deadline, list(Path(DEFAULT_SHM_DIR).glob(f"dlrover-fc.{jobs[-1]}.*"))
+            time.sleep(0.1)
+    # A second job (another torchrun) is another job id: it loads the first's checkpoint from
+    # storage, the committed step every rank agreed on, never the first job's memory.
+    assert jobs[0] != jobs[1]
+    starts = sorted((r["rank"], r["source"], r["step"]) for r in _records(run_dir / "out-again", "start"))
+    assert starts == [(0, "storage", 6), (1, "storage", 6)], starts

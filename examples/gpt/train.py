@@ -25,7 +25,6 @@ Every rank writes its process id to `<out>/rank<R>.pid` when it starts.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import sys
@@ -43,7 +42,6 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DistributedSampler, TensorDataset
 
 DATASET = "chargpt-train"
-RUN_ID = "chargpt"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -61,7 +59,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--persist-every", type=int, default=50, help="persist a checkpoint every K steps")
     p.add_argument("--log-every", type=int, default=20, help="print progress every N steps")
     p.add_argument("--threads", type=int, default=1, help="torch threads per worker")
-    p.add_argument("--job-id", default="", help="names this job's shared memory (default: from the master address)")
+    p.add_argument(
+        "--job-id", default="", help="names this job's shared memory (default: dlrover-run's, DLROVER_JOB_ID)"
+    )
     p.add_argument("--record-samples", action="store_true", help="write the indices each rank trained")
     args = p.parse_args(argv)
     for name in ("steps", "batch", "context", "persist_every", "log_every", "threads"):
@@ -173,14 +173,6 @@ class PlainBackend:
         pass
 
 
-def _job_id(args: argparse.Namespace) -> str:
-    if args.job_id:
-        return str(args.job_id)
-    # The master's address is unique while the job runs, and the same for every restart of it.
-    seed = f"{os.environ['DLROVER_MASTER_ADDR']}|{Path(args.out).resolve()}"
-    return "chargpt-" + hashlib.sha256(seed.encode()).hexdigest()[:12]
-
-
 def _state(model: torch.nn.Module, optim: torch.optim.Optimizer, step: int, data: Any) -> dict[str, Any]:
     # Rebuilt every step: the optimizer's state dict gains entries after its first step.
     return {"model": model.state_dict(), "optim": optim.state_dict(), "step": step, "data": data}
@@ -192,7 +184,7 @@ class DlroverBackend:
 
     def __init__(self, args: argparse.Namespace, num_samples: int, rank: int, world: int, staged: JsonLines) -> None:
         from dlrover.common import load_token
-        from dlrover.flashckpt import FlashCheckpointer, StagerConfig
+        from dlrover.flashckpt import FlashCheckpointer
         from dlrover.shard import DatasetSpec, DeliveryMode, IndexSource, ShardClient, ShardClientConfig
         from dlrover.shard.torch_data import ShardSampler
 
@@ -224,11 +216,9 @@ class DlroverBackend:
         self.sampler = ShardSampler(self.client)
         self._iter: Iterator[int] = iter(self.sampler)
         self.storage_dir = Path(args.out) / "checkpoints"
-        self.ckpt = FlashCheckpointer(
-            StagerConfig(job_id=_job_id(args), run_id=RUN_ID, rank=rank, world_size=world),
-            str(self.storage_dir),
-            replicated=True,
-        )
+        # Job id, rank and world size come from dlrover-run's environment (--job-id overrides the
+        # job id); `replicated`: any rank's copy restores every rank, even after a resize.
+        self.ckpt = FlashCheckpointer(str(self.storage_dir), job_id=args.job_id or None, replicated=True)
         if rank == 0 and self.ckpt.client is not None:
             # The process running the saver: dlrover-run's agent, which hosts it and ends it with
             # the job (a detached saver, started without dlrover-run, the demo would end itself).

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ctypes
 import math
+import mmap
 import uuid
 from pathlib import Path
 from typing import Any
@@ -45,6 +47,24 @@ def s3_storage(endpoint: str, bucket: str, prefix: str = "ckpt") -> FsspecStorag
         skip_instance_cache=True,  # a forked rank must not reuse its parent's client
     )
     return FsspecStorage(fs, f"{bucket}/{prefix}")
+
+
+def resident_pages(path: Path) -> int:
+    """Pages of `path` in the page cache, i.e. backed by memory for a tmpfs file (mincore over
+    a mapping that faults nothing in)."""
+    size = path.stat().st_size
+    pages = (size + mmap.PAGESIZE - 1) // mmap.PAGESIZE
+    vec = (ctypes.c_ubyte * pages)()
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), size, prot=mmap.PROT_READ) as mm:
+        start = np.frombuffer(mm, dtype=np.uint8)
+        try:
+            if libc.mincore(ctypes.c_void_p(start.ctypes.data), size, vec) != 0:
+                raise OSError(ctypes.get_errno(), "mincore failed")
+        finally:
+            del start  # the mapping closes only once nothing exports it
+    return sum(b & 1 for b in vec)
 
 
 def our_files(job: str) -> list[Path]:

@@ -174,11 +174,19 @@ def test_bad_construction(job_id: str, tmp_path: Path) -> None:
     cfg = StagerConfig(job_id=job_id, run_id="r")
     with pytest.raises(ConfigError, match="storage_dir or storage"):
         FlashCheckpointer(cfg, saver="none")
-    with pytest.raises(ConfigError, match="agree"):
-        FlashCheckpointer(StagerConfig(job_id=job_id, run_id="r", world_size=2), str(tmp_path / "x"), saver="none")
     with pytest.raises(ConfigError, match="'sometimes'"):
         FlashCheckpointer(cfg, str(tmp_path / "x"), saver="sometimes")  # type: ignore[arg-type]
     assert not (tmp_path / "x").exists()  # nothing was created for a refused configuration
+
+
+def test_several_ranks_without_agree_agree_over_the_default_group_once_it_exists(job_id: str, tmp_path: Path) -> None:
+    # Built before init_process_group is fine; loading without a process group names what is missing.
+    ckpt = FlashCheckpointer(StagerConfig(job_id=job_id, run_id="r", world_size=2), str(tmp_path / "x"), saver="none")
+    try:
+        with pytest.raises(ConfigError, match=r"world size 2 \(from the StagerConfig\).*init_process_group"):
+            ckpt.load()
+    finally:
+        ckpt.close(job_end=True)
 
 
 def test_damaged_memory_snapshot_falls_back_to_storage(job_id: str, tmp_path: Path) -> None:

@@ -4,7 +4,6 @@ through the page cache with windowed writeback, unless ``direct_io=True`` asked 
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import fcntl
 import json
@@ -17,6 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from flashckpt_testlib import resident_pages
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -51,7 +51,7 @@ def _bypasses_the_page_cache(directory: Path) -> bool:
     finally:
         os.close(fd)
     try:
-        return _resident_pages(probe) == 0
+        return resident_pages(probe) == 0
     finally:
         probe.unlink(missing_ok=True)
 
@@ -61,23 +61,6 @@ def direct_dir(tmp_path: Path) -> Path:
     if not DIRECT_FLAG or not _bypasses_the_page_cache(tmp_path):
         pytest.skip(f"direct writes to {tmp_path} do not bypass the page cache here")
     return tmp_path
-
-
-def _resident_pages(path: Path) -> int:
-    """Pages of `path` in the page cache (mincore over a mapping that faults nothing in)."""
-    size = path.stat().st_size
-    pages = (size + mmap.PAGESIZE - 1) // mmap.PAGESIZE
-    vec = (ctypes.c_ubyte * pages)()
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), size, prot=mmap.PROT_READ) as mm:
-        start = np.frombuffer(mm, dtype=np.uint8)
-        try:
-            if libc.mincore(ctypes.c_void_p(start.ctypes.data), size, vec) != 0:
-                raise OSError(ctypes.get_errno(), "mincore failed")
-        finally:
-            del start  # the mapping closes only once nothing exports it
-    return sum(b & 1 for b in vec)
 
 
 chunk_lists = st.lists(
@@ -112,8 +95,8 @@ def test_a_direct_file_leaves_the_page_cache_alone(direct_dir: Path) -> None:
     assert direct.write_file("f", [data]) == len(data)
     buffered = PosixStorage(direct_dir / "b", writeback_window_bytes=0, direct_io=False)
     buffered.write_file("f", [data])
-    assert _resident_pages(direct_dir / "b" / "f") > len(data) // mmap.PAGESIZE // 2  # the probe sees pages
-    assert _resident_pages(direct_dir / "d" / "f") <= 1  # the tail's page at most
+    assert resident_pages(direct_dir / "b" / "f") > len(data) // mmap.PAGESIZE // 2  # the probe sees pages
+    assert resident_pages(direct_dir / "d" / "f") <= 1  # the tail's page at most
     assert (direct_dir / "d" / "f").read_bytes() == data
 
 
@@ -270,4 +253,4 @@ def test_a_detached_saver_writes_with_the_trainers_settings(
         ckpt.close(job_end=True)
     data = direct_dir / "ckpt" / safetensors_path(1, 0)
     assert data.stat().st_size > 16 << 20
-    assert _resident_pages(data) <= 1  # the tail's page at most
+    assert resident_pages(data) <= 1  # the tail's page at most

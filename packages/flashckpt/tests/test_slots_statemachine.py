@@ -59,6 +59,7 @@ class DoubleBuffering(RuleBasedStateMachine):
     @precondition(lambda self: len(self.held) < 2 and self.completed)
     @rule(slot=st.integers(0, 1))
     def hold(self, slot: int) -> None:
+        self.stager.flush()  # the slots a save allocates in the background exist from here on
         if slot in self.held or not segment_path(self.cfg.shm_dir, self.cfg.job_id, "r", 0, slot).exists():
             return
         seg = self._seg(slot)
@@ -77,6 +78,7 @@ class DoubleBuffering(RuleBasedStateMachine):
     @rule()
     def crash_mid_write(self) -> None:
         """A writer died half way: the slot it was writing (never the newest) says WRITING."""
+        self.stager.flush()
         views = []
         for slot in range(2):
             path = segment_path(self.cfg.shm_dir, self.cfg.job_id, "r", 0, slot)

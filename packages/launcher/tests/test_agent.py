@@ -26,7 +26,7 @@ WORKER = textwrap.dedent(
     attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
     keys = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
             "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
-            "TORCHELASTIC_RUN_ID", "DLROVER_NODE_ID"]
+            "TORCHELASTIC_RUN_ID", "DLROVER_NODE_ID", "DLROVER_JOB_ID"]
     record = {k: os.environ.get(k) for k in keys}
     if mode == "gloo":
         import torch, torch.distributed as dist
@@ -117,6 +117,7 @@ def test_workers_get_torchruns_environment_and_run_a_gloo_all_reduce(tmp_path: P
         assert env["WORLD_SIZE"] == env["LOCAL_WORLD_SIZE"] == "2"
         assert env["GROUP_RANK"] == "0"
         assert env["TORCHELASTIC_RUN_ID"] == "job1"
+        assert env["DLROVER_JOB_ID"] == "job1"  # what a FlashCheckpointer names its memory after
         assert env["DLROVER_NODE_ID"] == "node-0"
         assert env["sum"] == 3.0
     assert control.successes == 1
@@ -139,6 +140,8 @@ def test_a_failed_worker_is_reported_with_evidence_and_restarted(tmp_path: Path)
     records = _records(tmp_path)
     assert {"rank0_attempt1", "rank1_attempt1"} <= set(records)
     assert records["rank1_attempt1"]["TORCHELASTIC_RESTART_COUNT"] == "1"
+    # The job id stays across the restart: restarted workers find their flash checkpoints.
+    assert {r["DLROVER_JOB_ID"] for r in records.values()} == {"job1"}
 
 
 @pytest.mark.integration

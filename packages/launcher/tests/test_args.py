@@ -268,6 +268,23 @@ def test_a_standalone_job_without_an_id_gets_a_fresh_run_id_as_under_torchrun() 
     assert _run_id(parse_args(["t.py"])) == "none"  # torchrun's default outside --standalone
 
 
+def test_the_workers_job_id_is_the_run_id_else_the_masters_address_and_a_given_one_wins() -> None:
+    from dlrover.flashckpt import safe_job_id
+    from dlrover.launcher.cli import _job_id
+
+    uuid_run = str(uuid.uuid4())
+    assert _job_id(uuid_run, "127.0.0.1:5000", {}) == uuid_run
+    assert _job_id("my.job", "127.0.0.1:5000", {}) == safe_job_id("my.job")
+    # No --rdzv-id in a multi-node job: the same on every node, and another for another master.
+    joined = _job_id("none", "10.0.0.1:5000", {"DLROVER_JOB_NAME": "train"})
+    assert joined == _job_id("none", "10.0.0.1:5000", {"DLROVER_JOB_NAME": "train"})
+    assert joined != _job_id("none", "10.0.0.1:5001", {"DLROVER_JOB_NAME": "train"})
+    assert joined.startswith("train-10-0-0-1-5000-")
+    assert _job_id(uuid_run, "x:1", {"DLROVER_JOB_ID": "given_1"}) == "given_1"
+    with pytest.raises(ConfigError, match="DLROVER_JOB_ID='a b'"):
+        _job_id(uuid_run, "x:1", {"DLROVER_JOB_ID": "a b"})
+
+
 @pytest.mark.parametrize("bad", ["", ".", "..", "/abs", "a/b"])
 def test_a_run_id_that_is_not_a_folder_name_is_refused(bad: str) -> None:
     # It names the folder of the job's logs and error files.

@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING
 from dlrover.common.lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from dlrover.flashckpt.checkpointer import AgreeFn, FlashCheckpointer, agree_single
+    from dlrover.flashckpt.agree import AgreeFn, agree_single
+    from dlrover.flashckpt.checkpointer import FlashCheckpointer
     from dlrover.flashckpt.checksum import CRC32_BACKEND, crc32
     from dlrover.flashckpt.client import DetachedSaverSpec, PersistOutcome, SaverClient, ensure_saver
     from dlrover.flashckpt.commit import (
@@ -35,7 +36,7 @@ if TYPE_CHECKING:
     from dlrover.flashckpt.config import StagerConfig
     from dlrover.flashckpt.dcp_transfer import StagingConfig
     from dlrover.flashckpt.deepspeed_adapter import deepspeed_state, load_deepspeed_state
-    from dlrover.flashckpt.dist import common_newest, torch_distributed_agree
+    from dlrover.flashckpt.dist import common_newest, default_group_agree, torch_distributed_agree
     from dlrover.flashckpt.errors import (
         ChecksumError,
         FlashCkptError,
@@ -59,6 +60,14 @@ if TYPE_CHECKING:
         SaverRequest,
         host_socket_path,
         request_saver,
+    )
+    from dlrover.flashckpt.job_env import (
+        JOB_ID_ENV_VAR,
+        CheckpointIdentity,
+        DistState,
+        current_dist_state,
+        resolve_identity,
+        safe_job_id,
     )
     from dlrover.flashckpt.memory import LoadedState, MemoryReader, MemorySnapshot
     from dlrover.flashckpt.pacing import PERSIST_MB_S_PER_CPU, Pacer, default_persist_bandwidth_mb_s, pace_delay
@@ -85,12 +94,19 @@ _EXPORTS: dict[str, str] = {
     "default_persist_bandwidth_mb_s": "dlrover.flashckpt.pacing",
     "pace_delay": "dlrover.flashckpt.pacing",
     "lower_process_priority": "dlrover.flashckpt.priority",
-    "AgreeFn": "dlrover.flashckpt.checkpointer",
+    "AgreeFn": "dlrover.flashckpt.agree",
     "FlashCheckpointer": "dlrover.flashckpt.checkpointer",
-    "agree_single": "dlrover.flashckpt.checkpointer",
+    "agree_single": "dlrover.flashckpt.agree",
     "StagerConfig": "dlrover.flashckpt.config",
     "common_newest": "dlrover.flashckpt.dist",
     "torch_distributed_agree": "dlrover.flashckpt.dist",
+    "default_group_agree": "dlrover.flashckpt.dist",
+    "JOB_ID_ENV_VAR": "dlrover.flashckpt.job_env",
+    "CheckpointIdentity": "dlrover.flashckpt.job_env",
+    "DistState": "dlrover.flashckpt.job_env",
+    "current_dist_state": "dlrover.flashckpt.job_env",
+    "resolve_identity": "dlrover.flashckpt.job_env",
+    "safe_job_id": "dlrover.flashckpt.job_env",
     "SaveResult": "dlrover.flashckpt.stager",
     "SealedNotice": "dlrover.flashckpt.stager",
     "Stager": "dlrover.flashckpt.stager",
@@ -171,6 +187,13 @@ __all__ = [
     "StagerConfig",
     "common_newest",
     "torch_distributed_agree",
+    "default_group_agree",
+    "JOB_ID_ENV_VAR",
+    "CheckpointIdentity",
+    "DistState",
+    "current_dist_state",
+    "resolve_identity",
+    "safe_job_id",
     "CRC32_BACKEND",
     "crc32",
     "Pacer",

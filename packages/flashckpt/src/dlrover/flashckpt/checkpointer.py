@@ -1,13 +1,19 @@
 """`FlashCheckpointer`: the one object a training script uses.
 
-    ckpt = FlashCheckpointer(StagerConfig(job_id="j", run_id="r", rank=rank, world_size=world),
-                             storage_dir="/ckpt")
+    ckpt = FlashCheckpointer("/ckpt")        # ids, rank and world size from the launcher
     state = {"model": model.state_dict(), "optim": optim.state_dict(), "step": 0}
-    ckpt.prepare(state)                      # allocate and pre-fault shared memory once
     loaded = ckpt.load(target=state)         # after a restart: from memory, else from storage
     for step in ...:
         ckpt.save(step, state, persist=step % 100 == 0)   # blocks only for the memory copy
     ckpt.close(job_end=True)
+
+Under ``dlrover-run``, ``torchrun`` or a plain ``python`` the job and run ids, rank and world size
+come from the environment (`dlrover.flashckpt.job_env`); arguments override them, and the
+explicit form ``FlashCheckpointer(StagerConfig(job_id=..., run_id=..., rank=..., world_size=...),
+"/ckpt")`` gives every setting. Ranks agree on the step to load over torch.distributed's default
+process group (`dlrover.flashckpt.dist.default_group_agree`) unless `agree` or `replicated` says
+otherwise. `prepare(state)` allocates and pre-faults the slots before the first save; without it
+the first save pays for its slot and the others are faulted in behind it (see `Stager`).
 
 Saver modes:
 
@@ -25,15 +31,18 @@ Memory outlives `FlashCheckpointer.close`: a restarted process loads from it. On
 from __future__ import annotations
 
 import functools
+import logging
 import os
 from collections.abc import Callable
 from typing import Any
 
 from dlrover.common import Clock, ConfigError, SystemClock
+from dlrover.flashckpt.agree import AgreeFn, agree_single
 from dlrover.flashckpt.client import PersistOutcome, SaverClient
 from dlrover.flashckpt.collectives import RankGroup
 from dlrover.flashckpt.commit import Committer, RetentionPolicy
 from dlrover.flashckpt.config import StagerConfig
+from dlrover.flashckpt.dist import default_group_agree
 from dlrover.flashckpt.errors import (
     ChecksumError,
     FlashCkptError,
@@ -42,6 +51,7 @@ from dlrover.flashckpt.errors import (
     StorageError,
 )
 from dlrover.flashckpt.events import EventLog, FlashEvent
+from dlrover.flashckpt.job_env import current_dist_state, launcher_process, resolve_identity
 from dlrover.flashckpt.memory import LoadedState, MemoryReader
 from dlrover.flashckpt.payloads import payload_from_slot
 from dlrover.flashckpt.persist import persist_rank
@@ -55,13 +65,9 @@ from dlrover.flashckpt.storage.location import StorageLocation
 from dlrover.flashckpt.storage.posix import PosixStorage
 from dlrover.flashckpt.storage_loader import StorageReader
 
-__all__ = ["AgreeFn", "FlashCheckpointer", "agree_single"]
+__all__ = ["AgreeFn", "FlashCheckpointer", "agree_single"]  # AgreeFn and agree_single: from `agree`
 
-AgreeFn = Callable[[list[int]], int | None]
-"""Given this rank's steps (any number of them), return the newest step in every rank's list (or None).
-
-Called at the same points on every rank: with the steps in memory, with the committed steps in
-storage, and with small outcome codes (see `FlashCheckpointer.load`)."""
+_log = logging.getLogger(__name__)
 
 
 def _saver_location(storage_dir: str | None, storage: Storage | None) -> StorageLocation:
@@ -84,25 +90,44 @@ def _saver_location(storage_dir: str | None, storage: Storage | None) -> Storage
     return result
 
 
-def agree_single(steps: list[int]) -> int | None:
-    """The agreement of a one-rank job: its newest step."""
-    return max(steps) if steps else None
+def _storage_location(storage_dir: str | None, storage: Storage | None) -> StorageLocation | None:
+    """Where checkpoints go, when another process can open it (None: an in-memory storage)."""
+    try:
+        return _saver_location(storage_dir, storage)
+    except ConfigError:
+        if storage_dir is None:
+            return None  # a storage only this process can open: its run id is the fixed one
+        raise
 
 
 class FlashCheckpointer:
     """Stage to memory, persist in the background, load from memory or storage.
 
+    ``FlashCheckpointer("/ckpt")`` is all a script under ``dlrover-run``, ``torchrun`` or plain
+    ``python`` needs: who the process is comes from its environment (see
+    `dlrover.flashckpt.job_env`; `identity_reason` says where each part came from), and ranks agree
+    on the step to load over torch.distributed's default process group.
+
     Args:
-        config: job, run, rank and shared-memory settings.
-        storage_dir: POSIX checkpoint directory (or pass `storage`).
+        dir_or_config: the POSIX checkpoint directory; or, in the explicit form
+            ``FlashCheckpointer(config, "/ckpt")``, a `StagerConfig` (then `storage_dir` is the
+            directory).
+        storage_dir: the POSIX checkpoint directory (or pass `storage`).
+        config: every stager setting, ids included (the explicit form); None: the ids from the
+            environment and the other settings' defaults.
         storage: where checkpoints go and are loaded from (default: `PosixStorage(storage_dir)`).
             The node's saver, another process, opens the same place itself: a `PosixStorage`, or
             an `FsspecStorage` (S3 through s3fs) whose filesystem options are JSON-compatible;
             any other storage (in-memory) needs ``saver="none"``.
+        job_id: overrides the job id from the environment (``DLROVER_JOB_ID`` under
+            ``dlrover-run``, ``TORCHELASTIC_RUN_ID`` under torchrun).
+        run_id: overrides the run id derived from the storage location.
+        rank: overrides the rank (torch.distributed's when initialised, else ``RANK``).
+        world_size: overrides the world size (torch.distributed's, else ``WORLD_SIZE``).
         saver: ``"auto"``, ``"connect"`` or ``"none"`` (see the module docstring).
-        agree: cross-rank agreement on the step to load from memory (default: `agree_single`,
-            which is only right for one rank; multi-rank jobs pass a collective, or set
-            `replicated`).
+        agree: cross-rank agreement on the step to load from memory (default:
+            `default_group_agree`: alone with one rank, else over torch.distributed's default
+            process group, which must be initialised by the time of `load`; or set `replicated`).
         replicated: the state is the same on every rank (DDP's model and optimizer), so `load`
             restores the newest copy any rank holds, in memory first, and sends it to the ranks
             without one: a job resized by an elastic restart resumes from memory, and from a
@@ -121,17 +146,23 @@ class FlashCheckpointer:
             without waiting on persists, even when a resize replaces the saver).
 
     Raises:
-        ConfigError: inconsistent arguments.
+        ConfigError: inconsistent arguments, or an environment that does not say who this
+            process is (the message names what is missing; see `resolve_identity`).
         SaverUnavailableError: (``auto``, ``connect``) no saver can be reached; under
             ``dlrover-run`` the message names the host's socket.
     """
 
     def __init__(
         self,
-        config: StagerConfig,
-        storage_dir: str | None = None,
+        dir_or_config: str | os.PathLike[str] | StagerConfig | None = None,
+        storage_dir: str | os.PathLike[str] | None = None,
         *,
+        config: StagerConfig | None = None,
         storage: Storage | None = None,
+        job_id: str | None = None,
+        run_id: str | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
         saver: SaverMode = "auto",
         agree: AgreeFn | None = None,
         replicated: bool = False,
@@ -143,21 +174,53 @@ class FlashCheckpointer:
         clock: Clock | None = None,
         host_timeout_s: float = 180.0,
     ) -> None:
+        if isinstance(dir_or_config, StagerConfig):
+            if config is not None:
+                raise ConfigError("a StagerConfig was passed twice (first argument and config=)")
+            config = dir_or_config
+        elif dir_or_config is not None:
+            if storage_dir is not None:
+                raise ConfigError(
+                    f"the checkpoint directory was passed twice ({dir_or_config!r} and storage_dir={storage_dir!r})"
+                )
+            storage_dir = dir_or_config
+        storage_dir = os.fspath(storage_dir) if storage_dir is not None else None
         if storage is None and storage_dir is None:
             raise ConfigError("FlashCheckpointer needs storage_dir or storage")
+        if config is None:
+            location = _storage_location(storage_dir, storage)
+            identity = resolve_identity(
+                os.environ,
+                current_dist_state(),
+                storage_url=location.url if location is not None else None,
+                launcher=launcher_process(),
+                job_id=job_id,
+                run_id=run_id,
+                rank=rank,
+                world_size=world_size,
+            )
+            config = StagerConfig(
+                job_id=identity.job_id, run_id=identity.run_id, rank=identity.rank, world_size=identity.world_size
+            )
+            self.identity_reason = identity.reason
+            rank_source = identity.rank_source
+        else:
+            given = [name for name, v in (("job_id", job_id), ("run_id", run_id), ("rank", rank),
+                                          ("world_size", world_size)) if v is not None]  # fmt: skip
+            if given:
+                raise ConfigError(f"{', '.join(given)} given beside a StagerConfig: set them in the config")
+            self.identity_reason = "job id, run id, rank and world size given in the StagerConfig"
+            rank_source = "the StagerConfig"
+        _log.info("rank %d: flash checkpoint identity: %s", config.rank, self.identity_reason)
         # A running saver ("connect") writes where it was started to; "auto" starts it here.
         location = _saver_location(storage_dir, storage) if saver == "auto" else None
         check_saver_mode(saver, location if saver == "auto" else storage_dir)
         if replicated and agree is not None:
             raise ConfigError("a replicated checkpointer agrees on its own; pass agree or replicated, not both")
-        if agree is None and not replicated and config.world_size > 1:
-            raise ConfigError(
-                f"world_size {config.world_size} needs an agree function (or replicated=True) to load from memory"
-            )
         self.config = config
         self._clock = clock or SystemClock()
         self.storage: Storage = storage if storage is not None else PosixStorage(str(storage_dir))
-        self._agree = agree or agree_single
+        self._agree = agree or default_group_agree(config.world_size, config.num_slots, rank_source)
         self._replicated = replicated
         self._group = group
         self._mode = saver

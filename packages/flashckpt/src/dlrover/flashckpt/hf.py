@@ -1,7 +1,7 @@
 """A Hugging Face ``transformers`` Trainer callback: memory snapshots every N steps, storage every M.
 
     from dlrover.flashckpt.hf import FlashCheckpointCallback
-    ckpt = FlashCheckpointer(StagerConfig(job_id="j", run_id="r"), storage_dir="/ckpt")
+    ckpt = FlashCheckpointer("/ckpt")
     callback = FlashCheckpointCallback(ckpt, memory_every=1, storage_every=100)
     trainer = Trainer(model=model, ..., callbacks=[callback])
     # A restarted job (the same script run again) goes on from the newest snapshot: memory first,

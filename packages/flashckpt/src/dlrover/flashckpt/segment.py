@@ -28,6 +28,7 @@ import logging
 import mmap
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -276,6 +277,49 @@ class ShmSegment:
         except BaseException:
             os.close(fd)
             raise
+
+    @classmethod
+    def create_unless_stopped(
+        cls, path: Path, size: int, should_stop: Callable[[], bool], chunk_bytes: int = 64 << 20
+    ) -> ShmSegment | None:
+        """Create a new segment at `path` as `create` does, allocating it `chunk_bytes` at a time and
+        giving up between two chunks once `should_stop` says so.
+
+        For a background thread: allocating gigabytes takes seconds (the kernel zeroes every
+        page), and whoever stops the thread should not wait for all of them. The file grows chunk
+        by chunk, each chunk allocated before the size covers it (never a page a writer could
+        fault on and find unbacked), and reads as never written (all zeros) throughout.
+
+        Returns:
+            The mapped segment; None when stopped, the partial file then removed.
+
+        Raises:
+            FlashCkptError: the file exists already, or the memory cannot be allocated (the
+                partial file is removed).
+        """
+        if size <= 0:
+            raise FlashCkptError(f"shared-memory segment {path} cannot have size {size}")
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            raise FlashCkptError(f"segment {path} exists already") from None
+        try:
+            for offset in range(0, size, chunk_bytes):
+                if should_stop():
+                    break
+                try:
+                    os.posix_fallocate(fd, offset, min(chunk_bytes, size - offset))
+                except OSError as e:
+                    raise FlashCkptError(f"cannot allocate {size} bytes of shared memory for {path}: {e}") from e
+            else:
+                return cls(path, fd, mmap.mmap(fd, size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE))
+        except BaseException:
+            os.close(fd)
+            path.unlink(missing_ok=True)
+            raise
+        os.close(fd)
+        path.unlink(missing_ok=True)
+        return None
 
     @classmethod
     def attach(cls, path: Path) -> ShmSegment:

@@ -29,6 +29,7 @@ from dlrover.common.process import exiting_status
 from dlrover.common.validators import non_negative, non_negative_finite, positive
 from dlrover.flashckpt.commit import RetentionPolicy
 from dlrover.flashckpt.host import SaverHost, SaverHostConfig, host_socket_path
+from dlrover.flashckpt.job_env import safe_job_id
 from dlrover.flashckpt.pacing import default_persist_bandwidth_mb_s
 from dlrover.flashckpt.segment import DEFAULT_SHM_DIR, SHM_DIR_ENV_VAR
 from dlrover.launcher.control import (
@@ -50,6 +51,7 @@ from dlrover.launcher.decisions import (
 )
 from dlrover.launcher.env import (
     CHECKPOINT_SOCKET_ENV_VAR,
+    JOB_ID_ENV_VAR,
     NODE_ID_ENV_VAR,
     PER_ROUND_ENV_VARS,
     WorkerIdentity,
@@ -80,6 +82,10 @@ class AgentConfig:
         nproc_per_node: workers on this node.
         max_restarts: worker restarts after failures before the node gives up.
         run_id: the job's run id (TORCHELASTIC_RUN_ID).
+        job_id: names the job to the workers in ``DLROVER_JOB_ID`` (what a `FlashCheckpointer`
+            names its shared memory after): the same for every worker this agent starts,
+            restarts included, and unique to the job; empty: `run_id` in a file-name-safe form
+            (`dlrover.flashckpt.safe_job_id`).
         role: the workers' role name.
         monitor_interval_s: how often the workers are checked.
         shutdown_grace_s: how long workers get between SIGTERM and SIGKILL.
@@ -146,6 +152,7 @@ class AgentConfig:
     nproc_per_node: int = attrs.field(default=1, validator=attrs.validators.ge(1))
     max_restarts: int = attrs.field(default=0, validator=attrs.validators.ge(0))
     run_id: str = "none"
+    job_id: str = ""
     role: str = "default"
     monitor_interval_s: float = attrs.field(default=0.1, validator=non_negative)
     shutdown_grace_s: float = attrs.field(default=10.0, validator=non_negative)
@@ -240,6 +247,8 @@ class Agent:
         self._control = control
         self._clock = clock or SystemClock()
         self._environ = dict(os.environ if environ is None else environ)
+        # Named once for the agent's life: restarted workers find their predecessors' snapshots.
+        self._job_env = {JOB_ID_ENV_VAR: config.job_id or safe_job_id(config.run_id)}
         self._progress = progress or self._node_progress
         self._sample_gpus = sample_gpus
         self._run_dir_path: Path | None = None
@@ -867,10 +876,13 @@ class Agent:
         return self._run_dir_path
 
     def _node_env(self) -> dict[str, str]:
-        """What every worker of this node is told about the node: how long it waits for a lost master."""
-        # The workers' own master clients (shards, reports) wait as long as this agent keeps
-        # them training without a master, so a master restart never fails a step.
-        return {MASTER_LOST_TIMEOUT_ENV_VAR: f"{self._config.master_lost_timeout_s:g}"}
+        """What every worker of this node is told about the job and the node.
+
+        The job id, stable across worker restarts (checkpoints find their memory by it), and how
+        long to wait for a lost master: the workers' own master clients (shards, reports) wait as
+        long as this agent keeps them training without one, so a master restart fails no step.
+        """
+        return {**self._job_env, MASTER_LOST_TIMEOUT_ENV_VAR: f"{self._config.master_lost_timeout_s:g}"}
 
     def _specs(self, assignment: RoundAssignment, restarts: int) -> list[WorkerSpec]:
         cfg = self._config

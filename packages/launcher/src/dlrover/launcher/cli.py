@@ -26,7 +26,7 @@ import socket
 import sys
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from types import FrameType
@@ -45,10 +45,11 @@ from dlrover.common import (
     write_token_file,
 )
 from dlrover.flashckpt.commit import RetentionPolicy
+from dlrover.flashckpt.job_env import safe_job_id
 from dlrover.flashckpt.pacing import persist_bandwidth_or_default
 from dlrover.launcher.agent import Agent, AgentConfig, AgentResult
 from dlrover.launcher.args import LaunchConfig, parse_args
-from dlrover.launcher.env import MASTER_ADDR_ENV_VAR, NODE_ID_ENV_VAR
+from dlrover.launcher.env import JOB_ID_ENV_VAR, MASTER_ADDR_ENV_VAR, NODE_ID_ENV_VAR
 from dlrover.launcher.grpc_control import GrpcControlPlane, default_node_name
 from dlrover.launcher.netcheck import NetworkCheck, NetworkCheckConfig
 from dlrover.launcher.peer_master import (
@@ -217,6 +218,24 @@ def _run_id(cfg: LaunchConfig) -> str:
     return str(uuid.uuid4()) if cfg.standalone and cfg.rdzv_id == "none" else cfg.rdzv_id
 
 
+def _job_id(run_id: str, master_address: str, env: Mapping[str, str]) -> str:
+    """DLROVER_JOB_ID for the workers: the one this agent was given, else the run id, else (no
+    `--rdzv-id` outside `--standalone`) one derived from the master's address and the job's name:
+    the same on every node, and unique while the job's master runs.
+
+    Raises:
+        ConfigError: a given DLROVER_JOB_ID that cannot name shared memory.
+    """
+    given = env.get(JOB_ID_ENV_VAR, "")
+    if given:
+        if safe_job_id(given) != given:
+            raise ConfigError(f"{JOB_ID_ENV_VAR}={given!r} must be 1-64 characters of [A-Za-z0-9_-]")
+        return given
+    if run_id != "none":
+        return safe_job_id(run_id)
+    return safe_job_id(f"{env.get('DLROVER_JOB_NAME') or 'dlrover'}-{master_address}")
+
+
 def _warn_ignored_flags(cfg: LaunchConfig) -> None:
     """Say which torchrun-style flags given have no effect here, rather than drop them silently."""
     ignored = [
@@ -328,12 +347,14 @@ def run(cfg: LaunchConfig, *, sample_gpus: bool = False) -> AgentResult:
                 error_dir = stack.enter_context(owned_temp_dir(LOG_DIR_PREFIX))
             except OSError as exc:
                 _log.warning("workers get no TORCHELASTIC_ERROR_FILE: no temp dir for it (%s)", exc)
+        run_id = _run_id(cfg)
         agent = Agent(
             AgentConfig(
                 worker_argv=tuple(cfg.worker_command(sys.executable)),
                 nproc_per_node=cfg.nproc_per_node,
                 max_restarts=cfg.max_restarts,
-                run_id=_run_id(cfg),
+                run_id=run_id,
+                job_id=_job_id(run_id, target, os.environ),
                 role=cfg.role,
                 monitor_interval_s=cfg.monitor_interval_s,
                 shutdown_grace_s=cfg.shutdown_grace_s,

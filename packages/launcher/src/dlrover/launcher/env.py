@@ -8,10 +8,12 @@ import attrs
 
 from dlrover.common import ConfigError
 from dlrover.flashckpt.host import HOST_SOCKET_ENV_VAR
+from dlrover.flashckpt.job_env import JOB_ID_ENV_VAR
 from dlrover.launcher.env_names import PER_ROUND_ENV_VARS
 
 __all__ = [
     "CHECKPOINT_SOCKET_ENV_VAR",
+    "JOB_ID_ENV_VAR",
     "MASTER_ADDR_ENV_VAR",
     "NODE_ID_ENV_VAR",
     "PER_ROUND_ENV_VARS",
@@ -23,6 +25,8 @@ MASTER_ADDR_ENV_VAR = "DLROVER_MASTER_ADDR"
 NODE_ID_ENV_VAR = "DLROVER_NODE_ID"
 CHECKPOINT_SOCKET_ENV_VAR = HOST_SOCKET_ENV_VAR
 """Names the agent's flash-checkpoint saver host to workers (``DLROVER_FLASHCKPT_HOST``)."""
+# JOB_ID_ENV_VAR (``DLROVER_JOB_ID``) names the job to workers: stable for as long as the agent
+# runs, so restarted workers find their snapshots (`AgentConfig.job_id`).
 
 
 @attrs.frozen
