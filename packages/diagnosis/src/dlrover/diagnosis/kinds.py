@@ -33,7 +33,21 @@ class FailureKind(enum.Enum):
     """A process was killed by SIGKILL with no sign of why: the host's OOM killer or someone (a
     person, a tool) killed it. Its node is usually fine, so a restart is expected to fix it."""
     DATA_ERROR = "data_error"
-    """Input data or storage is broken: corrupt or truncated files, undecodable records, a full disk."""
+    """Input data is broken: corrupt or truncated files (a checkpoint without its zip directory,
+    ``invalid load key``), undecodable records, an unreadable storage volume."""
+    NATIVE_CRASH = "native_crash"
+    """A process died in native code: SIGSEGV, SIGABRT from ``std::terminate`` or glibc, a worker
+    killed by a segmentation fault, a GPU kernel's illegal memory access. Usually a bug in a
+    library, an extension or the environment, sometimes intermittent: one restart, then a person.
+    Not a communication error (the surviving ranks' NCCL errors are its consequences)."""
+    DISK_FULL = "disk_full"
+    """A write failed because a file system or quota is full (``ENOSPC``, ``EDQUOT``, a failed
+    checkpoint write, a pod evicted for disk pressure). The data is fine, but the directory stays
+    full across restarts: a person frees space or raises the quota."""
+    CONFIG_ERROR = "config_error"
+    """The job's launch configuration cannot work: a port already in use, a rendezvous address or
+    network interface that is wrong, more processes per node than GPUs, an unconfigured launcher,
+    a missing setting. Retrying with the same settings fails the same way."""
     UNKNOWN = "unknown"
     """No rule explained the evidence well enough."""
 

@@ -37,7 +37,10 @@ hang           restart processes x2 (node), relaunch node avoiding host x1 (node
 nan_loss       roll back to the last good checkpoint x2 (job), then abort
 preemption     relaunch node on any host x1 (node), then abort
 killed         restart processes x2 (node), relaunch node on any host x1 (node), abort
-data_error     abort at once (the data or the disk needs a person)
+data_error     abort at once (the data needs a person)
+native_crash   restart processes x1 (node; an intermittent crash clears), then abort
+disk_full      abort at once (the directory stays full across restarts)
+config_error   abort at once (the same settings fail the same way)
 unknown        restart processes x2 (node), relaunch node avoiding host x1 (node), abort
 ============== ====================================================================
 """
@@ -109,6 +112,9 @@ DEFAULT_LADDERS: Mapping[FailureKind, tuple[LadderStep, ...]] = types.MappingPro
         FailureKind.PREEMPTION: (LadderStep(_RN, 1, avoid_host=False),),
         FailureKind.KILLED: (LadderStep(_R, 2), LadderStep(_RN, 1, avoid_host=False)),
         FailureKind.DATA_ERROR: (),
+        FailureKind.NATIVE_CRASH: (LadderStep(_R, 1),),
+        FailureKind.DISK_FULL: (),
+        FailureKind.CONFIG_ERROR: (),
         FailureKind.UNKNOWN: (LadderStep(_R, 2), LadderStep(_RN, 1, avoid_host=True)),
     }
 )
@@ -116,7 +122,10 @@ DEFAULT_LADDERS: Mapping[FailureKind, tuple[LadderStep, ...]] = types.MappingPro
 
 _ABORT_ADVICE = {
     FailureKind.USER_CODE: "the training script has a bug; fix it and resubmit (restarting would run the same bug)",
-    FailureKind.DATA_ERROR: "the input data or storage is broken (corrupt file, full disk); fix it and resubmit",
+    FailureKind.DATA_ERROR: "the input data is broken (corrupt or truncated file); fix it and resubmit",
+    FailureKind.DISK_FULL: "a file system or quota is full; free space or raise the quota and resubmit",
+    FailureKind.CONFIG_ERROR: "the launch configuration cannot work; fix the setting the log names and resubmit",
+    FailureKind.NATIVE_CRASH: "the process keeps crashing in native code; the crash site above names the library",
     FailureKind.DEVICE_OOM: "the model does not fit in device memory; reduce the batch size or shard the model",
     FailureKind.HOST_OOM: "the job runs out of host memory even with more; reduce host memory use",
     FailureKind.NAN_LOSS: "the loss keeps diverging after rollbacks; lower the learning rate or check the data",

@@ -289,15 +289,20 @@ class FunctionRule:
 
 # Xid codes NVIDIA documents as hardware, driver-to-board or memory faults. Codes such as 13, 31
 # and 43 usually follow an application fault and are left to the other rules.
-_HARDWARE_XIDS = frozenset({48, 61, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120, 123, 140})
+# 144-150 are the NVLink fault codes of recent drivers.
+_HARDWARE_XIDS = frozenset(
+    {48, 61, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120, 123, 140, 144, 145, 146, 147, 148, 149, 150}
+)
 _XID = re.compile(r"\bXid\b\s*(?:\([^)]*\))?\s*:\s*(\d+)", re.IGNORECASE)
+# A follow-up Xid (45: channel torn down) names the fault that caused it.
+_CAUSED_BY_XID = re.compile(r"caused by previous Xid\s*(\d+)", re.IGNORECASE)
 
 
 def _hardware_xid(evidence: Evidence) -> Sequence[str]:
     hits = []
     for line in evidence.lines():
-        m = _XID.search(line)
-        if m is not None and int(m.group(1)) in _HARDWARE_XIDS:
+        codes = [int(m.group(1)) for m in (_XID.search(line), _CAUSED_BY_XID.search(line)) if m is not None]
+        if any(code in _HARDWARE_XIDS for code in codes):
             hits.append(line)
     return hits
 
@@ -308,6 +313,37 @@ def _non_finite_loss(evidence: Evidence) -> Sequence[str]:
         for s in evidence.losses
         if not math.isfinite(s.value)
     ]
+
+
+# A loss scaler that keeps halving: every step overflows, the fp16 form of a diverged loss.
+_LOSS_SCALE = re.compile(
+    r"(?:loss[ _]scale\w*\s*[:=]\s*|reducing (?:dynamic )?loss scale (?:from \S+ )?to\s*)([0-9][0-9.e+-]*)",
+    re.IGNORECASE,
+)
+LOSS_SCALE_FALLS = 6
+"""This many consecutive falls of the printed loss scale mean the loss diverged (a healthy fp16
+run lowers it a few times at the start, then it climbs back)."""
+
+
+def _falling_loss_scale(evidence: Evidence) -> Sequence[str]:
+    if "scale" not in evidence.folded_text and "scale" not in evidence.text.lower():
+        return ()
+    falls: list[str] = []
+    previous: float | None = None
+    for line in evidence.lines():
+        m = _LOSS_SCALE.search(line)
+        if m is None:
+            continue
+        try:
+            value = float(m.group(1).rstrip(".-+e"))
+        except ValueError:
+            continue
+        if previous is not None and value < previous:
+            falls.append(line)
+        elif previous is not None:
+            falls = []
+        previous = value
+    return falls if len(falls) >= LOSS_SCALE_FALLS else ()
 
 
 def _hang_reported(evidence: Evidence) -> Sequence[str]:
@@ -334,7 +370,7 @@ def _exit_signal(*signums: int) -> Callable[[Evidence], Sequence[str]]:
     return match
 
 
-_SIGKILL, _SIGSEGV, _SIGTERM, _SIGBUS, _SIGABRT = 9, 11, 15, 7, 6
+_SIGHUP, _SIGILL, _SIGABRT, _SIGBUS, _SIGFPE, _SIGKILL, _SIGSEGV, _SIGTERM = 1, 4, 6, 7, 8, 9, 11, 15
 HOST_MEMORY_FULL_FRACTION = 0.95
 
 
@@ -362,6 +398,38 @@ def _killed(evidence: Evidence) -> Sequence[str]:
     if evidence.exit is None or evidence.exit.signal != _SIGKILL:
         return ()
     return [killed_words(evidence.exit)]
+
+
+def _log_patterns(*patterns: str) -> Callable[[Evidence], Sequence[str]]:
+    scanners = tuple(Scanner.of(p) for p in _compile(patterns))
+
+    def match(evidence: Evidence) -> Sequence[str]:
+        lines = evidence.lines()
+        return [lines[i] for i in matching_lines(evidence, scanners)]
+
+    return match
+
+
+# The collective watchdog aborts its process on purpose (std::terminate, SIGABRT) after a
+# collective failed: that abort is the communication failure's, not a native crash.
+_WATCHDOG_ABORT = (
+    Scanner.of(
+        re.compile(
+            r"taking the entire process down|watchdog thread terminated with exception|"
+            r"instance of 'c10::DistBackendError'|what\(\):.*\b(NCCL error|Watchdog caught)",
+            re.IGNORECASE,
+        )
+    ),
+)
+
+
+def _unless_watchdog_abort(fn: Callable[[Evidence], Sequence[str]]) -> Callable[[Evidence], Sequence[str]]:
+    def match(evidence: Evidence) -> Sequence[str]:
+        if matching_lines(evidence, _WATCHDOG_ABORT):
+            return ()
+        return fn(evidence)
+
+    return match
 
 
 # Exceptions that mean the script itself is wrong: restarting it runs the same bug again.
@@ -398,7 +466,43 @@ _USER_RUNTIME_MESSAGES = (
     r"expected scalar type \w+ but found",
     r"unrecognized arguments",
     r"Default process group has not been initialized",
+    r"No module named '",
+    r"Failed to import \S+ because of the following error",
 )
+
+# Launchers whose own code raises when their configuration is wrong, before any training script
+# runs: an exception whose innermost frame is in one of these is a launch setting to fix.
+_LAUNCHER_FRAMES = re.compile(r"[/\\](?:accelerate[/\\]commands|deepspeed[/\\]launcher)[/\\]")
+_LAUNCHER_WRAPPERS = frozenset({"ChildFailedError", "CalledProcessError", "SignalException", "KeyboardInterrupt"})
+
+
+def _launcher_rejected_config(evidence: Evidence) -> Sequence[str]:
+    lines = evidence.lines()
+    return [
+        lines[tb.line_index] if tb.line_index < len(lines) else tb.exception_line
+        for tb in evidence.tracebacks
+        if tb.frames and _LAUNCHER_FRAMES.search(tb.frames[-1]) and tb.exc_name not in _LAUNCHER_WRAPPERS
+    ]
+
+
+# A store or rendezvous that refuses the connection after the client's retries: nothing listens
+# at MASTER_ADDR:MASTER_PORT, which a retry with the same settings does not change.
+_REFUSED = re.compile(r"Connection refused|ECONNREFUSED|errno:? 111\b", re.IGNORECASE)
+_AT_INIT = re.compile(
+    r"init_process_group|_create_c10d_store|_rendezvous_handler|MASTER_ADDR|MASTER_PORT|init_method",
+    re.IGNORECASE,
+)
+
+
+def _refused_at_init(evidence: Evidence) -> Sequence[str]:
+    lines = evidence.lines()
+    hits = [
+        lines[tb.line_index] if tb.line_index < len(lines) else tb.exception_line
+        for tb in evidence.tracebacks
+        if _REFUSED.search(tb.exception_line) and any(_AT_INIT.search(frame) for frame in tb.frames)
+    ]
+    hits += [line for line in lines if _REFUSED.search(line) and _AT_INIT.search(line)]
+    return hits
 
 
 def builtin_rules() -> tuple[Rule, ...]:
@@ -434,7 +538,9 @@ def builtin_rules() -> tuple[Rule, ...]:
                 r"invoked oom-killer",
                 r"\boom-kill\b",
                 r"Memory cgroup out of memory",
-                r"\bOOMKilled\b",
+                r"\bOOM[ -]?Killed\b",
+                r"\boom[_-]kill events?\b",
+                r"task \d+: Out Of Memory",
                 r"std::bad_alloc",
                 r"Cannot allocate memory",
                 r"low on resource: memory",
@@ -487,7 +593,6 @@ def builtin_rules() -> tuple[Rule, ...]:
                 r"NVML.*(Unknown Error|GPU is lost)",
             ],
         ),
-        LogPatternRule("cuda-illegal-access", k.HARDWARE, 0.55, [r"illegal memory access was encountered"]),
         FunctionRule("health-probe-failed", k.HARDWARE, 0.8, _failed_probe),
         # Above the communication rules: the probes' own errors (gloo timeouts) are in this log.
         LogPatternRule("node-check-failed", k.HARDWARE, 0.97, [re.escape(NODE_CHECK_FAILED)]),
@@ -503,17 +608,71 @@ def builtin_rules() -> tuple[Rule, ...]:
                 r"error: unrecognized arguments",
                 r"error: the following arguments are required",
                 r"device-side assert triggered",
+                r"Failed to import \S+ because of the following error",
             ],
         ),
         ExceptionRule("user-exception-weak", k.USER_CODE, 0.6, _WEAK_USER_EXCEPTIONS),
+        # -- launch configuration: above user code (the launcher's own exceptions) and above the
+        # communication rules (a port in use is not a flaky network).
+        LogPatternRule(
+            "launch-config",
+            k.CONFIG_ERROR,
+            0.93,
+            [
+                r"Address already in use",
+                r"\bEADDRINUSE\b",
+                r"invalid device ordinal",
+                r"no socket interface found",
+                r"Socket creation failed",
+                r"Cannot assign requested address",
+                r"\bncclInvalidUsage\b|\binvalid usage\b.*\bNCCL\b|\bNCCL\b.*\binvalid usage\b",
+                r"NCCL_SOCKET_IFNAME.*(not found|no interface|invalid)",
+                r"Name or service not known|nodename nor servname provided|getaddrinfo (failed|error)",
+                r"You need to run .?accelerate config",
+                r"CUDA_VISIBLE_DEVICES.*(invalid|out of range)",
+            ],
+        ),
+        FunctionRule("launcher-rejected-config", k.CONFIG_ERROR, 0.92, _launcher_rejected_config),
+        FunctionRule("store-refused-at-init", k.CONFIG_ERROR, 0.8, _refused_at_init),
+        # -- full disks and quotas: the data is fine, the directory is full
+        LogPatternRule(
+            "disk-full",
+            k.DISK_FULL,
+            0.9,
+            [
+                r"No space left on device",
+                r"Disk quota exceeded",
+                r"\bE(NOSPC|DQUOT)\b",
+                r"\[Errno (28|122)\]",
+                r"os error (28|122)\b",
+                r"PytorchStreamWriter failed writing",
+                r"\bDiskPressure\b",
+                r"low on resource: ephemeral-storage",
+                r"not enough (free )?(disk )?space",
+            ],
+        ),
+        # A checkpoint writer that cannot open its file: the directory is full or not writable.
+        LogPatternRule("checkpoint-write-failed", k.DISK_FULL, 0.6, [r"File \S+ cannot be opened"]),
         # -- data and storage
+        LogPatternRule(
+            "corrupt-checkpoint",
+            k.DATA_ERROR,
+            0.9,
+            [
+                r"PytorchStreamReader failed",
+                r"failed finding central directory",
+                r"invalid load key",
+                r"pickle data was truncated",
+                r"Ran out of input",
+                r"unexpected EOF, expected \d+ more bytes",
+                r"not a zip file|BadZipFile",
+            ],
+        ),
         LogPatternRule(
             "data-or-storage",
             k.DATA_ERROR,
             0.86,
             [
-                r"No space left on device",
-                r"Disk quota exceeded",
                 r"Read-only file system",
                 r"Stale file handle",
                 r"\bcorrupt(ed|ion)?\b",
@@ -547,11 +706,25 @@ def builtin_rules() -> tuple[Rule, ...]:
                 r"(nan|non-finite|infinite) (loss|gradients?) (detected|encountered)",
                 r"returned nan values in its \d+\w* output",
                 r"Minimum loss scale reached",
+                r"loss scale already at minimum",
+                r"\bgrad(ient)?[ _]norm\b[^,;]{0,8}?[:=]\s*[-+]?(nan|inf)\b",
+                # A table of metrics per step whose first value is NaN (``2000  [nan]  [nan]``).
+                r"^\s*\d+\s+\[?\s*nan\s*\]?\s",
             ],
             unless=[r"loss scale(r)? (to|reducing)|reducing loss scale|Gradient overflow"],
         ),
-        # -- hangs (from the detector)
+        FunctionRule("falling-loss-scale", k.NAN_LOSS, 0.7, _falling_loss_scale),
+        # -- hangs (from the detector, or as the collective layer reports them)
         FunctionRule("hang-detector", k.HANG, 0.9, _hang_reported),
+        # Below the collective timeouts: a stuck watchdog alone says an API call hung; next to a
+        # collective that timed out it is the timeout's aftermath.
+        LogPatternRule(
+            "watchdog-stuck",
+            k.HANG,
+            0.7,
+            [r"watchdog got stuck for \d+ seconds without making progress", r"Heartbeat monitor timed out"],
+        ),
+
         # -- communication
         LogPatternRule(
             "collective-failure",
@@ -566,13 +739,17 @@ def builtin_rules() -> tuple[Rule, ...]:
                 r"\bDistNetworkError\b",
                 r"\bDistBackendError\b",
                 r"Connection reset by peer",
-                r"Connection closed by peer",
+                r"Connection closed by (remote )?peer",
+                r"unhandled system error",
+                r"NET/IB\s*:\s*Got completion from peer .* with (status|error)",
                 r"\bgloo\b.*(timed out|timeout|connection|closed|reset)",
                 r"Socket Timeout",
                 r"TCPStore.*(timed out|timeout|failed)",
                 r"ProcessGroupNCCL.*(timeout|timed out|abort)",
                 r"Timed out (waiting|initializing) .*(store|process group|rendezvous|peers?)",
             ],
+            # The watchdog's own heartbeat: a hung API call (see watchdog-stuck), not a collective.
+            unless=[r"watchdog got stuck for"],
         ),
         LogPatternRule("network-glitch", k.COMMUNICATION, 0.6, [r"Connection refused", r"Broken pipe"]),
         # -- preemption
@@ -587,26 +764,56 @@ def builtin_rules() -> tuple[Rule, ...]:
                 r"spot (instance )?(interruption|termination)",
                 r"maintenance event",
                 r"\b(being|been|was) (drained|evicted|preempted)\b",
+                r"termination is imminent|imminent (node )?shutdown|node (is )?shutting down",
+                r"got signal: 1\b|\bSIGHUP\b",
+                r"DUE TO (TIME LIMIT|PREEMPTION)|\bNODE_FAIL\b",
             ],
             # torchrun prints this when it stops the surviving workers of a failed group.
             unless=[r"Sending process \d+ closing signal"],
         ),
-        FunctionRule("sigterm-exit", k.PREEMPTION, 0.7, _exit_signal(_SIGTERM)),
+        FunctionRule("sigterm-exit", k.PREEMPTION, 0.7, _exit_signal(_SIGTERM, _SIGHUP)),
         # A SIGKILL with no OOM evidence: the OOM killer left no trace here, or someone killed it.
         FunctionRule("sigkill-exit", k.KILLED, 0.5, _killed),
-        # -- native crashes with no better explanation
+        # -- native crashes: above the communication rules, whose errors on the other ranks
+        # follow a crashed peer; below device OOM, hardware and user code, which explain a crash.
         LogPatternRule(
             "native-crash",
-            k.UNKNOWN,
-            0.5,
+            k.NATIVE_CRASH,
+            0.8,
             [
-                r"Segmentation fault",
-                r"Fatal Python error",
-                r"core dumped",
-                r"double free or corruption|malloc\(\): |corrupted size vs",
-                r"terminate called after throwing",
-                r"\bBus error\b",
+                r"Segmentation fault|segfault",
+                r"Fatal Python error: (?!Aborted)",
+                r"double free or corruption|malloc\(\): |corrupted size vs|free\(\): invalid",
+                r"\bSIG(SEGV|ILL|FPE)\b",
+                r"Signals\.SIG(SEGV|ILL|FPE)",
+                r"illegal memory access was encountered|CUDA_ERROR_ILLEGAL_ADDRESS|cudaErrorIllegalAddress",
+                r"misaligned address|illegal instruction was encountered",
+                r"exitcode\s*:\s*-(11|4|8)\b",
             ],
         ),
-        FunctionRule("native-crash-exit", k.UNKNOWN, 0.45, _exit_signal(_SIGSEGV, _SIGBUS, _SIGABRT)),
+        FunctionRule(
+            "native-abort",
+            k.NATIVE_CRASH,
+            0.8,
+            _unless_watchdog_abort(
+                _log_patterns(
+                    r"terminate called (after throwing|without an active exception)",
+                    r"\bSIGABRT\b|Signals\.SIGABRT|Fatal Python error: Aborted",
+                    r"exitcode\s*:\s*-6\b",
+                )
+            ),
+        ),
+        # Weaker: also printed after a crash that another rule explains (an OOM abort).
+        FunctionRule(
+            "native-abort-weak",
+            k.NATIVE_CRASH,
+            0.55,
+            _unless_watchdog_abort(_log_patterns(r"core dumped", r"\bAborted\b", r"\bBus error\b")),
+        ),
+        FunctionRule(
+            "native-crash-exit",
+            k.NATIVE_CRASH,
+            0.75,
+            _unless_watchdog_abort(_exit_signal(_SIGSEGV, _SIGABRT, _SIGILL, _SIGFPE, _SIGBUS)),
+        ),
     )
