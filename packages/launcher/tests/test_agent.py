@@ -14,6 +14,7 @@ import attrs
 import pytest
 
 from dlrover.common import exiting_status
+from dlrover.diagnosis import MEMORY_RECORD, Evidence, FailureKind, OomWatch, RuleRegistry, classify
 from dlrover.launcher.agent import Agent, AgentConfig, AgentResult
 from dlrover.launcher.control import AgentAction, FailureDecision, FailureReport, RoundAssignment
 from dlrover.launcher.fake_control import FakeControlPlane
@@ -50,6 +51,13 @@ WORKER = textwrap.dedent(
             raise ValueError("boom from a function under @record")
 
         train()
+    if mode == "oom_killed" and attempt == 0 and rank == 1:
+        # As the kernel's OOM killer: count the kill in the (faked) memory cgroup, then SIGKILL.
+        events = os.path.join(os.path.dirname(out), "cgroup", "memory.events")
+        with open(events, "w") as f:
+            f.write("oom 1\\noom_kill 1\\n")
+        import signal
+        os.kill(os.getpid(), signal.SIGKILL)
     if mode == "sleep":
         time.sleep(600)
     if mode == "stuck_dying" and attempt == 0:
@@ -80,6 +88,7 @@ def _agent(
     mode: str,
     control: FakeControlPlane,
     read_exiting_status: Callable[[int], int | None] = exiting_status,
+    oom_watch: OomWatch | None = None,
     **kwargs: object,
 ) -> Agent:
     script = tmp_path / "worker.py"
@@ -96,7 +105,8 @@ def _agent(
         "redirects": {0: 3, 1: 3},
     }
     defaults.update(kwargs)
-    return Agent(AgentConfig(**defaults), control, read_exiting_status=read_exiting_status)  # type: ignore[arg-type]
+    config = AgentConfig(**defaults)  # type: ignore[arg-type]
+    return Agent(config, control, read_exiting_status=read_exiting_status, oom_watch=oom_watch)
 
 
 def _records(tmp_path: Path) -> dict[str, dict[str, object]]:
@@ -142,6 +152,23 @@ def test_a_failed_worker_is_reported_with_evidence_and_restarted(tmp_path: Path)
     assert records["rank1_attempt1"]["TORCHELASTIC_RESTART_COUNT"] == "1"
     # The job id stays across the restart: restarted workers find their flash checkpoints.
     assert {r["DLROVER_JOB_ID"] for r in records.values()} == {"job1"}
+
+
+@pytest.mark.integration
+def test_the_cgroups_oom_kill_record_reaches_the_failure_report(tmp_path: Path) -> None:
+    cgroup = tmp_path / "cgroup"
+    cgroup.mkdir()
+    (cgroup / "memory.events").write_text("low 0\nhigh 0\nmax 0\noom 0\noom_kill 0\n")
+    control = FakeControlPlane()
+    watch = OomWatch(cgroup_root=cgroup, kmsg=tmp_path / "no-kmsg")
+    result = _agent(tmp_path, "oom_killed", control, oom_watch=watch, max_restarts=2).run()
+    assert result.exit_code == 0, result.reason
+    (report,) = control.failures
+    assert report.signal_name == "SIGKILL"
+    assert f"{MEMORY_RECORD}: the memory cgroup's oom_kill count rose from 0 to 1" in report.evidence
+    # What the master makes of it: an OOM kill, not a SIGKILL of unknown cause.
+    evidence = Evidence.from_text(report.evidence, returncode=report.exit_code)
+    assert classify(evidence, RuleRegistry.with_builtin_rules()).kind is FailureKind.HOST_OOM
 
 
 @pytest.mark.integration

@@ -8,6 +8,8 @@
 * Action policy (`ActionPolicy`, `PolicyConfig`): kind to `ActionKind`, with budgets and escalation;
   a node's process restarts are one `RestartBudget`, spent by one rule (`spend_restart`).
 * Detectors (`HangDetector`, `StragglerDetector`): pure, ``now`` passed in.
+* The host's OOM records (`OomWatch`: the memory cgroup's ``oom_kill`` counter, the kernel log),
+  read by the agent for a failed worker and added to its evidence.
 * Node health (`run_paired_probe`, `assess_probes`) and stack dumps (`request_stack_dump`).
 """
 
@@ -34,6 +36,7 @@ from dlrover.diagnosis.evidence import (
 from dlrover.diagnosis.exitinfo import ExitInfo
 from dlrover.diagnosis.kinds import TRANSIENT_KINDS, ActionKind, FailureKind
 from dlrover.diagnosis.logtail import LogTail, TailConfig, read_log_tail, read_tail_from_stream, tail_from_bytes
+from dlrover.diagnosis.oomrecord import MEMORY_RECORD, OomCount, OomWatch
 from dlrover.diagnosis.policy import DEFAULT_LADDERS, ActionPolicy, Decision, LadderStep, PolicyConfig
 from dlrover.diagnosis.probe import (
     ProbeAssessment,
@@ -88,6 +91,9 @@ __all__ = [
     "read_tail_from_stream",
     "strip_rank_prefix",
     "tail_from_bytes",
+    "MEMORY_RECORD",
+    "OomCount",
+    "OomWatch",
     # classifier
     "Diagnosis",
     "ENTRY_POINT_GROUP",

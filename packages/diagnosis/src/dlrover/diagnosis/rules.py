@@ -21,6 +21,7 @@ from dlrover.common import ConfigError
 from dlrover.diagnosis.evidence import Evidence
 from dlrover.diagnosis.exitinfo import ExitInfo
 from dlrover.diagnosis.kinds import FailureKind
+from dlrover.diagnosis.oomrecord import MEMORY_RECORD
 
 __all__ = [
     "NODE_CHECK_FAILED",
@@ -299,6 +300,8 @@ _CAUSED_BY_XID = re.compile(r"caused by previous Xid\s*(\d+)", re.IGNORECASE)
 
 
 def _hardware_xid(evidence: Evidence) -> Sequence[str]:
+    if "xid" not in (evidence.folded_text or evidence.text.lower()):
+        return ()
     hits = []
     for line in evidence.lines():
         codes = [int(m.group(1)) for m in (_XID.search(line), _CAUSED_BY_XID.search(line)) if m is not None]
@@ -325,12 +328,15 @@ LOSS_SCALE_FALLS = 6
 run lowers it a few times at the start, then it climbs back)."""
 
 
+_LOSS_SCALE_SCANNER = (Scanner.of(_LOSS_SCALE),)
+
+
 def _falling_loss_scale(evidence: Evidence) -> Sequence[str]:
-    if "scale" not in evidence.folded_text and "scale" not in evidence.text.lower():
-        return ()
     falls: list[str] = []
     previous: float | None = None
-    for line in evidence.lines():
+    lines = evidence.lines()
+    for index in matching_lines(evidence, _LOSS_SCALE_SCANNER):
+        line = lines[index]
         m = _LOSS_SCALE.search(line)
         if m is None:
             continue
@@ -494,7 +500,12 @@ _AT_INIT = re.compile(
 )
 
 
+_REFUSED_SCANNER = (Scanner.of(_REFUSED),)
+
+
 def _refused_at_init(evidence: Evidence) -> Sequence[str]:
+    if not matching_lines(evidence, _REFUSED_SCANNER):
+        return ()
     lines = evidence.lines()
     hits = [
         lines[tb.line_index] if tb.line_index < len(lines) else tb.exception_line
@@ -546,6 +557,9 @@ def builtin_rules() -> tuple[Rule, ...]:
                 r"low on resource: memory",
             ],
         ),
+        # The agent's reading of the kernel's own records (`dlrover.diagnosis.OomWatch`): the
+        # evidence that tells an OOM kill from a plain SIGKILL.
+        LogPatternRule("host-memory-record", k.HOST_OOM, 0.93, [r"^" + re.escape(MEMORY_RECORD) + r": "]),
         ExceptionRule("python-memory-error", k.HOST_OOM, 0.9, {"MemoryError"}),
         LogPatternRule(
             "dataloader-worker-killed",
@@ -724,7 +738,6 @@ def builtin_rules() -> tuple[Rule, ...]:
             0.7,
             [r"watchdog got stuck for \d+ seconds without making progress", r"Heartbeat monitor timed out"],
         ),
-
         # -- communication
         LogPatternRule(
             "collective-failure",

@@ -12,7 +12,7 @@ import os
 import signal
 import tempfile
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import attrs
@@ -27,6 +27,7 @@ from dlrover.common import (
 )
 from dlrover.common.process import exiting_status
 from dlrover.common.validators import non_negative, non_negative_finite, positive
+from dlrover.diagnosis import OomCount, OomWatch
 from dlrover.flashckpt.commit import RetentionPolicy
 from dlrover.flashckpt.host import SaverHost, SaverHostConfig, host_socket_path
 from dlrover.flashckpt.job_env import safe_job_id
@@ -222,6 +223,9 @@ class Agent:
             have stopped and when the agent exits. None: worker rank 0 hosts the store instead.
         read_exiting_status: how a worker that has begun to exit is recognised before it can be
             reaped (`dlrover.common.exiting_status`); tests replace it.
+        oom_watch: reads the host's OOM records (the memory cgroup's ``oom_kill`` counter, the
+            kernel log) so that a failed worker's evidence says whether the OOM killer ended it;
+            `OomWatch()` reads the real ones and fails soft where they are not readable.
     """
 
     def __init__(
@@ -236,7 +240,11 @@ class Agent:
         store_host: StoreHost | None = None,
         read_exiting_status: Callable[[int], int | None] = exiting_status,
         sample_gpus: bool = False,
+        oom_watch: OomWatch | None = None,
     ) -> None:
+        self._oom_watch = oom_watch or OomWatch()
+        # The cgroup's OOM kill count when the current workers started (None: not readable).
+        self._oom_before: OomCount | None = None
         self._read_exiting_status = read_exiting_status
         self._network_check = network_check
         self._store_host = store_host
@@ -628,6 +636,7 @@ class Agent:
             reap_timeout_s=self._config.worker_reap_timeout_s,
         )
         started_at = self._clock.now()  # before the start: no checkpoint of these workers is older
+        self._oom_before = self._oom_watch.count()
         group.start()
         nproc = self._config.nproc_per_node
         first, _world_size = assignment.worker_ranks(nproc)
@@ -708,7 +717,8 @@ class Agent:
                 failed = first_failure(exits, failing)
                 assert failed is not None
                 _log.error("%s", failure_line(failed, group.rank_of(failed.local_rank)))
-                return self._report(_failure_report(failed, restarts))
+                memory = self._oom_watch.evidence(self._oom_before, [failed.pid])
+                return self._report(_failure_report(failed, restarts, memory))
             if step.kind is not StepKind.CONTINUE:
                 return step
             if hangs is not None and not failing:  # a failure is reported, not a hang of its aftermath
@@ -937,10 +947,13 @@ class Agent:
         return specs
 
 
-def _failure_report(failed: WorkerExit, restarts: int) -> FailureReport:
-    """The report of a worker that failed: its stderr tail, then what its error file says."""
+def _failure_report(failed: WorkerExit, restarts: int, memory: Sequence[str] = ()) -> FailureReport:
+    """The report of a worker that failed: its stderr tail, what its error file says, then what
+    the host's OOM records say (`OomWatch.evidence`)."""
     evidence = failed.stderr_tail
     if failed.error:
-        # Last: the master keeps the end of a long evidence.
         evidence += f"\n--- its error file (torch.distributed.elastic @record) ---\n{failed.error}"
+    if memory:
+        # Last: the master keeps the end of a long evidence.
+        evidence += "\n" + "\n".join(memory)
     return FailureReport(failed.local_rank, failed.exit_code, failed.signal_name, evidence, restarts)

@@ -1,0 +1,76 @@
+"""The host's OOM records (`OomWatch`) read from faked cgroup and kernel-log files, and the rule
+that turns them into a host OOM verdict where the log alone says only SIGKILL."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from dlrover.diagnosis import MEMORY_RECORD, Evidence, FailureKind, OomCount, OomWatch, RuleRegistry, classify
+from dlrover.diagnosis.oomrecord import parse_oom_kills
+
+EVENTS_V2 = "low 0\nhigh 0\nmax 12\noom {oom}\noom_kill {kills}\noom_group_kill 0\n"
+
+
+def _cgroup_v2(root: Path, kills: int) -> None:
+    (root / "memory.events").write_text(EVENTS_V2.format(oom=kills, kills=kills))
+
+
+def test_parse_reads_the_oom_kill_line_only() -> None:
+    assert parse_oom_kills(EVENTS_V2.format(oom=9, kills=4)) == 4
+    assert parse_oom_kills("oom_kill_disable 0\nunder_oom 0\noom_kill 2\n") == 2
+    assert parse_oom_kills("oom_kill_disable 0\nunder_oom 0\n") is None
+
+
+def test_count_reads_cgroup_v2_then_v1(tmp_path: Path) -> None:
+    watch = OomWatch(cgroup_root=tmp_path, kmsg=tmp_path / "absent")
+    assert watch.count() is None
+    (tmp_path / "memory").mkdir()
+    (tmp_path / "memory" / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 3\n")
+    assert watch.count() == OomCount(3, str(tmp_path / "memory" / "memory.oom_control"))
+    _cgroup_v2(tmp_path, 1)
+    assert watch.count() == OomCount(1, str(tmp_path / "memory.events"))
+
+
+def test_a_risen_counter_and_the_kernel_line_become_evidence(tmp_path: Path) -> None:
+    kmsg = tmp_path / "kmsg"
+    kmsg.write_text(
+        "6,100,5000,-;eth0: link up\n"
+        "3,101,6000,-;Out of memory: Killed process 4242 (python) total-vm:9000kB, anon-rss:8000kB\n"
+        "3,102,7000,-;Out of memory: Killed process 77 (other) total-vm:10kB\n"
+    )
+    watch = OomWatch(cgroup_root=tmp_path, kmsg=kmsg)
+    _cgroup_v2(tmp_path, 0)
+    before = watch.count()
+    _cgroup_v2(tmp_path, 1)
+    lines = watch.evidence(before, [4242])
+    assert len(lines) == 2
+    assert all(line.startswith(MEMORY_RECORD + ": ") for line in lines)
+    assert "rose from 0 to 1" in lines[0]
+    assert "Killed process 4242" in lines[1]
+    assert "77" not in lines[1]
+
+
+def test_unchanged_or_unreadable_records_say_nothing(tmp_path: Path) -> None:
+    watch = OomWatch(cgroup_root=tmp_path, kmsg=tmp_path / "absent")
+    assert watch.evidence(None, [1]) == []
+    _cgroup_v2(tmp_path, 5)
+    assert watch.evidence(watch.count(), [1]) == []
+    unreadable = tmp_path / "kmsg"
+    unreadable.mkdir()  # reading a directory fails: soft
+    assert OomWatch(cgroup_root=tmp_path, kmsg=unreadable).kernel_kills([]) == []
+
+
+def test_the_record_turns_a_plain_sigkill_into_a_host_oom(tmp_path: Path) -> None:
+    registry = RuleRegistry.with_builtin_rules()
+    log = "step 1200 loss 2.31\nstep 1201 loss 2.30\n"
+    plain = classify(Evidence.from_text(log, returncode=-9), registry)
+    assert plain.kind is FailureKind.KILLED
+    watch = OomWatch(cgroup_root=tmp_path, kmsg=tmp_path / "absent")
+    _cgroup_v2(tmp_path, 0)
+    before = watch.count()
+    _cgroup_v2(tmp_path, 2)
+    recorded = log + "\n".join(watch.evidence(before, [99]))
+    diagnosis = classify(Evidence.from_text(recorded, returncode=-9), registry)
+    assert diagnosis.kind is FailureKind.HOST_OOM
+    assert diagnosis.rule == "host-memory-record"
+    assert "oom_kill count rose from 0 to 2" in diagnosis.lines[-1]
