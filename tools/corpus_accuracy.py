@@ -6,9 +6,9 @@ current builtin rules on one part: for every entry it builds the evidence the wa
 ``packages/diagnosis/tests/test_corpus.py`` does (the excerpt as log text, the exit status when the
 excerpt shows one), classifies it, and derives the first action from a fresh default
 ``ActionPolicy`` for the diagnosed kind. An entry's kind is right when the diagnosed kind equals
-the label; its first action is right when that action equals the labelled first action. Labels
-that name a proposed kind (see the corpus README) cannot be matched by today's classifier, but
-their first action can.
+the label; its first action is right when that action equals the labelled first action. A label
+naming a kind the installed classifier lacks is marked "(proposed kind)" and can only be right in
+its first action.
 
 Usage (from the repository root, with the project's virtualenv)::
 

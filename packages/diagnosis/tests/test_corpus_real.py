@@ -1,7 +1,6 @@
-"""The real-world corpus in corpus_real/ is well formed and split by its documented rule.
-
-These tests read the manifest only; they never classify the excerpts, so they reveal nothing about
-the held-out part's scores (tools/corpus_accuracy.py scores the dev part).
+"""The real-world corpus in corpus_real/: well formed, split by its documented rule, and the
+classifier's accuracy on each part (kinds and first actions), printed and held to the measured
+floors. The held-out part was scored once, after the rules were final (see the corpus README).
 """
 
 from __future__ import annotations
@@ -14,11 +13,12 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import pytest
+
 from dlrover.diagnosis import ActionKind, FailureKind
 
 CORPUS = Path(__file__).parent / "corpus_real"
 SCORER = Path(__file__).resolve().parents[3] / "tools" / "corpus_accuracy.py"
-PROPOSED_KINDS = {"native_crash", "disk_full", "config_error"}
 LAUNCHERS = {"torchrun", "deepspeed", "accelerate", "lightning", "megatron", "slurm", "kubernetes", "other"}
 FIELDS = ["file", "source", "project", "launcher", "kind", "action", "exit_code", "signal", "justification", "split"]
 
@@ -47,7 +47,7 @@ def test_every_entry_is_complete_and_points_at_its_excerpt() -> None:
         assert list(e) == FIELDS, e["file"]
         assert e["source"].startswith("https://github.com/" + e["project"] + "/"), e["file"]
         assert e["launcher"] in LAUNCHERS, e["file"]
-        assert e["kind"] in {k.value for k in FailureKind} | PROPOSED_KINDS, e["file"]
+        FailureKind(e["kind"])
         ActionKind(e["action"])
         assert e["exit_code"] is None or isinstance(e["exit_code"], int), e["file"]
         assert e["signal"] is None or e["signal"].startswith("SIG"), e["file"]
@@ -56,12 +56,10 @@ def test_every_entry_is_complete_and_points_at_its_excerpt() -> None:
         assert 0 < len(text) <= 20_000, e["file"]
 
 
-def test_existing_kinds_carry_the_default_policys_first_action() -> None:
+def test_every_label_carries_the_default_policys_first_action() -> None:
     from dlrover.diagnosis import ActionPolicy
 
     for e in _manifest()["entries"]:
-        if e["kind"] in PROPOSED_KINDS:
-            continue
         decision = ActionPolicy().decide("node-0", FailureKind(e["kind"]))
         assert decision.action.value == e["action"], e["file"]
 
@@ -75,3 +73,51 @@ def test_split_follows_the_documented_rule_and_holds_out_a_third() -> None:
     assert sum(held.values()) >= len(entries) / 3
     for kind, n in total.items():
         assert held[kind] >= math.ceil(n / 3), kind
+
+
+# ---- accuracy, per part ----------------------------------------------------------------------
+
+ISSUE_GOAL = 0.95
+"""Issue 27's goal for kinds and first actions on each part."""
+
+FLOORS = {
+    # Measured when the rules were final (commit aa46fd7; see the corpus README): the floors hold
+    # what was measured, not the issue's goal, which neither part reaches: dev 89/97 kinds and
+    # 90/97 first actions; held out, scored once after the rules were final, 47/57 (82.5 %) kinds
+    # and 48/57 (84.2 %) first actions, well below the 95 % goal. Dev misses left: three exit
+    # -9/137 kills and a bare "Killed" that the thread (not the log) calls an OOM, with no kernel
+    # or cgroup record in the excerpt (the agent adds one: `OomWatch`); a configuration whose only
+    # trace is an abort or a silent hang; a bad InfiniBand node whose log reads like any
+    # connection reset; a deadlock whose log shows only collective timeouts.
+    "dev": (89 / 97, 90 / 97),
+    "heldout": (47 / 57, 48 / 57),
+}
+
+
+def _score(split: str) -> tuple[float, float, list[str]]:
+    from dlrover.diagnosis import ActionPolicy, Evidence, RuleRegistry, classify
+
+    registry = RuleRegistry.with_builtin_rules()
+    entries = [e for e in _manifest()["entries"] if e["split"] == split]
+    kinds = actions = 0
+    misses = []
+    for e in entries:
+        evidence = Evidence.from_text((CORPUS / e["file"]).read_bytes(), returncode=e["exit_code"], node_id="node-0")
+        diagnosis = classify(evidence, registry)
+        action = ActionPolicy().decide("node-0", diagnosis.kind).action.value
+        kinds += diagnosis.kind.value == e["kind"]
+        actions += action == e["action"]
+        if diagnosis.kind.value != e["kind"] or action != e["action"]:
+            misses.append(f"{e['file']}: {e['kind']}/{e['action']} -> {diagnosis.kind.value}/{action}")
+    return kinds / len(entries), actions / len(entries), misses
+
+
+@pytest.mark.parametrize("split", ["dev", "heldout"])
+def test_accuracy_per_part(split: str) -> None:
+    kind_accuracy, action_accuracy, misses = _score(split)
+    print(
+        f"\ncorpus_real {split}: kinds {kind_accuracy:.1%}, first actions {action_accuracy:.1%} (goal {ISSUE_GOAL:.0%})"
+    )
+    kind_floor, action_floor = FLOORS[split]
+    assert kind_accuracy >= kind_floor - 1e-9, "\n".join(misses)
+    assert action_accuracy >= action_floor - 1e-9, "\n".join(misses)
