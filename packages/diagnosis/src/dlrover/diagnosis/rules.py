@@ -417,12 +417,14 @@ def _log_patterns(*patterns: str) -> Callable[[Evidence], Sequence[str]]:
 
 
 # The collective watchdog aborts its process on purpose (std::terminate, SIGABRT) after a
-# collective failed: that abort is the communication failure's, not a native crash.
+# collective failed, and so does its heartbeat monitor when the watchdog itself is stuck: that
+# abort is the communication failure's or the hang's, not a native crash.
 _WATCHDOG_ABORT = (
     Scanner.of(
         re.compile(
             r"taking the entire process down|watchdog thread terminated with exception|"
-            r"instance of 'c10::DistBackendError'|what\(\):.*\b(NCCL error|Watchdog caught)",
+            r"instance of 'c10::DistBackendError'|what\(\):.*\b(NCCL error|Watchdog caught)|"
+            r"watchdog got stuck for|Heartbeat monitor timed out",
             re.IGNORECASE,
         )
     ),
