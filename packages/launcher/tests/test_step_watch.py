@@ -30,7 +30,9 @@ class Slots:
         self.now[local] = SlotReading(seq, step, total, end, phase, since, 1000 + local)
 
 
-def run_steps(watch: StepWatch, slots: Slots, start: float, steps: range, step_s: float, ranks: tuple[int, ...]) -> float:
+def run_steps(
+    watch: StepWatch, slots: Slots, start: float, steps: range, *, step_s: float, ranks: tuple[int, ...]
+) -> float:
     t = start
     for step in steps:
         t += step_s
@@ -55,7 +57,7 @@ def test_nothing_is_judged_before_any_worker_reports() -> None:
 def test_a_rank_that_stops_reporting_is_hung_after_k_times_the_median_step() -> None:
     watch = StepWatch({0: 8, 1: 9}, CONFIG)
     slots = Slots()
-    t = run_steps(watch, slots, 0.0, range(1, 12), 1.0, (0, 1))
+    t = run_steps(watch, slots, 0.0, range(1, 12), step_s=1.0, ranks=(0, 1))
     # Rank 9 (local 1) stops; rank 8 waits for it in the next collective and stops too.
     assert watch.window_s() == pytest.approx(5.0)
     assert not watch.check(t + 4.9).hung  # type: ignore[union-attr]
@@ -72,7 +74,7 @@ def test_a_rank_that_stops_reporting_is_hung_after_k_times_the_median_step() -> 
 def test_fast_steps_are_judged_by_the_floor() -> None:
     watch = StepWatch({0: 0}, CONFIG)
     slots = Slots()
-    t = run_steps(watch, slots, 0.0, range(1, 20), 0.1, (0,))
+    t = run_steps(watch, slots, 0.0, range(1, 20), step_s=0.1, ranks=(0,))
     assert not watch.check(t + 1.9).hung  # type: ignore[union-attr]
     verdict = watch.check(t + 2.1)
     assert verdict is not None
@@ -86,7 +88,7 @@ def test_a_checkpoint_phase_gets_its_own_allowance() -> None:
     )
     watch = StepWatch({0: 0}, config)
     slots = Slots()
-    t = run_steps(watch, slots, 0.0, range(1, 10), 1.0, (0,))
+    t = run_steps(watch, slots, 0.0, range(1, 10), step_s=1.0, ranks=(0,))
     slots.write(0, 9, t + 0.5, phase="checkpoint")
     watch.observe(slots.now, t + 0.5)
     assert not watch.check(t + 25.0).hung  # type: ignore[union-attr]
@@ -133,7 +135,7 @@ def test_without_a_hang_config_only_stats_are_kept() -> None:
 def test_an_unchanged_slot_is_not_a_new_report_and_reports_never_go_back_in_time() -> None:
     watch = StepWatch({0: 0}, CONFIG)
     slots = Slots()
-    run_steps(watch, slots, 10.0, range(1, 5), 1.0, (0,))
+    run_steps(watch, slots, 10.0, range(1, 5), step_s=1.0, ranks=(0,))
     # A step end stamped before the watch began (the worker wrote, the agent read later): clamped.
     late = StepWatch({0: 0}, CONFIG)
     late.observe({0: SlotReading(2, 1, 0, 5.0, "train", 5.0, 1)}, 20.0)
