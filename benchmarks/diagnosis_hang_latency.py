@@ -72,7 +72,8 @@ def hang_latency(step_s: float, steps: int, workdir: Path) -> tuple[float, float
             if verdict is not None and verdict.hung:
                 break
             time.sleep(MONITOR_S)
-        last_end = max(r.step_end_s for r in slots.read_all().values())
+        # From the first rank's last step end: the stall the detector measured.
+        last_end = min(r.step_end_s for r in slots.read_all().values())
         latency = now - last_end
         started = time.monotonic()
         methods = set()
@@ -92,20 +93,25 @@ def hang_latency(step_s: float, steps: int, workdir: Path) -> tuple[float, float
 def straggler_latency(step_s: float, heartbeat_s: float) -> tuple[float, int]:
     """(seconds from the slowdown to the report, heartbeats) under a simulated clock."""
     watch = StragglerWatch(StragglerConfig(k=2.0, window_steps=5, min_samples=3))
-    pace = {0: step_s, 1: step_s, 2: step_s, 3: step_s}
-    steps = dict.fromkeys(pace, 0)
-    last_end = dict.fromkeys(pace, 0.0)
+    ranks = (0, 1, 2, 3)
+    steps = dict.fromkeys(ranks, 0)
+    last_end = dict.fromkeys(ranks, 0.0)
     now, beats, slowed_at = 0.0, 0, None
     while True:
+        previous = now
         now += heartbeat_s
-        if slowed_at is None and now >= max(20 * step_s, 10 * heartbeat_s):
-            slowed_at = now
-            pace[1] = 3 * step_s
-        for rank, pace_s in pace.items():
-            while last_end[rank] + pace_s <= now:
+        for rank in ranks:
+            while True:
+                # Steps rank 1 begins after the slowdown are 3x longer.
+                slow = rank == 1 and slowed_at is not None and last_end[rank] >= slowed_at
+                pace_s = 3 * step_s if slow else step_s
+                if last_end[rank] + pace_s > now:
+                    break
                 last_end[rank] += pace_s
                 steps[rank] += 1
-        stats = [RankStepStats(r, steps[r], steps[r], 0.0, now - last_end[r]) for r in pace]
+        if slowed_at is None and previous >= max(20 * step_s, 10 * heartbeat_s):
+            slowed_at = last_end[1]  # rank 1 slows from its next step on
+        stats = [RankStepStats(r, steps[r], steps[r], 0.0, now - last_end[r]) for r in ranks]
         watch.observe(0, stats, now)
         found = watch.check(now)
         if slowed_at is not None:
