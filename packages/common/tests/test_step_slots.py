@@ -6,11 +6,14 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
 
 import pytest
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from dlrover.common import ConfigError
 from dlrover.common.step_slots import (
@@ -188,3 +191,75 @@ def test_a_reporting_process_dumps_its_stacks_on_sigusr1_while_blocked(tmp_path:
         proc.kill()
         proc.wait()
         slots.close()
+
+
+class SlotMachine(RuleBasedStateMachine):
+    """Several writers in one process, a reader, resets: every read equals a trivially correct model."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dir = Path(tempfile.mkdtemp(prefix="slots-"))
+        self.slots = StepSlotFile(self.dir / "s", 2)
+        self.clock = _Clock()
+        # Two writers of slot 0 (the script's own, a library's) and one of slot 1.
+        self.writers = [
+            StepReporter(self.slots.path, 0, clock=self.clock),
+            StepReporter(self.slots.path, 0, clock=self.clock),
+            StepReporter(self.slots.path, 1, clock=self.clock),
+        ]
+        self.model: dict[int, dict[str, object]] = {}
+
+    def _slot(self, writer: int) -> dict[str, object]:
+        index = 0 if writer < 2 else 1
+        if index not in self.model:
+            self.model[index] = {"step": 0, "samples": 0, "end": 0.0, "phase": "train", "since": self.clock.t}
+        return self.model[index]
+
+    @rule(dt=st.floats(0.0, 5.0))
+    def time_passes(self, dt: float) -> None:
+        self.clock.t += dt
+
+    @rule(writer=st.integers(0, 2), step=st.one_of(st.none(), st.integers(0, 50)), samples=st.integers(0, 9))
+    def step(self, writer: int, step: int | None, samples: int) -> None:
+        slot = self._slot(writer)
+        target = int(slot["step"]) + 1 if step is None else step  # type: ignore[call-overload]
+        self.writers[writer].step(step, samples=samples)
+        if target > int(slot["step"]):  # type: ignore[call-overload]
+            slot["step"], slot["end"] = target, self.clock.t
+        slot["samples"] = int(slot["samples"]) + samples  # type: ignore[call-overload]
+
+    @rule(writer=st.integers(0, 2), phase=st.sampled_from(PHASES))
+    def phase(self, writer: int, phase: str) -> None:
+        slot = self._slot(writer)
+        self.writers[writer].phase(phase)
+        if phase != slot["phase"]:
+            slot["phase"], slot["since"] = phase, self.clock.t
+
+    @rule()
+    def reset(self) -> None:
+        self.slots.reset()
+        self.model.clear()
+
+    @invariant()
+    def reads_equal_the_model(self) -> None:
+        got = self.slots.read_all()
+        assert sorted(got) == sorted(self.model)
+        for index, slot in self.model.items():
+            r = got[index]
+            assert (r.step, r.samples, r.step_end_s, r.phase, r.phase_since_s) == (
+                slot["step"],
+                slot["samples"],
+                slot["end"],
+                slot["phase"],
+                slot["since"],
+            )
+            assert r.seq % 2 == 0
+
+    def teardown(self) -> None:
+        for writer in self.writers:
+            writer.close()
+        self.slots.close()
+        self.dir.rmdir()
+
+
+TestSlotMachine = SlotMachine.TestCase

@@ -160,3 +160,43 @@ def test_replace_only_reports_where_the_backend_does_not_relaunch() -> None:
 def test_bad_straggler_settings_are_refused(kw: dict[str, object], message: str) -> None:
     with pytest.raises((ConfigError, ValueError), match=message):
         MasterConfig(**kw)  # type: ignore[arg-type]
+
+
+def test_ranks_left_out_of_their_nodes_heartbeats_are_not_reported_as_stragglers() -> None:
+    watch = StragglerWatch(StragglerConfig(k=2.0, window_steps=5, min_samples=3), stale_after_s=10.0)
+    trainer = Trainer({0: 0.5, 1: 0.5, 2: 0.5, 3: 0.5})
+    now = 0.0
+    for _ in range(10):
+        now += 2.0
+        trainer.advance_to(now)
+        watch.observe(0, trainer.stats(now, (0, 1)), now)
+        watch.observe(1, trainer.stats(now, (2, 3)), now)
+        assert watch.check(now) is None
+    # Node 1's processes restart: its agent heartbeats without stats for a while; node 0's go on.
+    for _ in range(10):
+        now += 2.0
+        trainer.advance_to(now)
+        watch.observe(0, trainer.stats(now, (0, 1)), now)
+        watch.observe(1, [], now)
+        assert watch.check(now) is None
+
+
+def test_the_ranks_of_a_silent_node_are_forgotten_after_the_staleness_bound() -> None:
+    watch = StragglerWatch(StragglerConfig(k=2.0, window_steps=5, min_samples=3), stale_after_s=5.0)
+    trainer = Trainer({0: 0.5, 1: 0.5, 2: 0.5})
+    now = 0.0
+    for _ in range(10):
+        now += 2.0
+        trainer.advance_to(now)
+        watch.observe(0, trainer.stats(now, (0, 1)), now)
+        watch.observe(1, trainer.stats(now, (2,)), now)
+        assert watch.check(now) is None
+    now += 6.0  # node 1 fell silent
+    trainer.advance_to(now)
+    watch.observe(0, trainer.stats(now, (0, 1)), now)
+    assert watch.check(now) is None
+
+
+def test_bad_staleness_is_refused() -> None:
+    with pytest.raises(ConfigError, match="stale_after_s"):
+        StragglerWatch(StragglerConfig(), stale_after_s=0.0)

@@ -198,7 +198,8 @@ class Master:
                 k=config.straggler_factor,
                 window_steps=config.straggler_window,
                 min_samples=config.straggler_min_samples,
-            )
+            ),
+            stale_after_s=config.lifecycle.heartbeat_timeout_s,  # a silent node's ranks
         )
         restored = journal.load()
         self._check_same_job(restored.job)
@@ -543,8 +544,8 @@ class Master:
                 if resources is not None:
                     self._resources[node_id] = resources
                 self._maybe_progress()
+                self._stragglers.observe(node_id, rank_steps, now)
                 if rank_steps:
-                    self._stragglers.observe(node_id, rank_steps, now)
                     finding = self._stragglers.check(now)
                     if finding is not None:
                         self._on_stragglers(finding, now)
@@ -651,7 +652,7 @@ class Master:
             policy.classify(node_id, kind, evidence, exit_code) if isinstance(policy, ClassifyingPolicy) else None
         )
         with self._lock:
-            return self._transact(
+            decision = self._transact(
                 lambda: self._lifecycle.report_failure(
                     node_id,
                     kind,
@@ -663,6 +664,9 @@ class Master:
                     agent_exits=agent_exits,
                 )
             )
+            # Its processes restart or the node goes: its ranks' steps start afresh.
+            self._stragglers.forget_node(node_id)
+            return decision
 
     def report_success(self, node_id: int) -> JobState:
         """A node's training finished successfully; returns the job's state.

@@ -42,18 +42,34 @@ class StragglerWatch:
 
     Args:
         config: the detector's settings (a window counts heartbeats that saw a rank advance).
+        stale_after_s: a rank whose stats have not come for this long is no longer judged (its
+            node died, or its processes restart): its unfinished step would otherwise grow
+            until it looked like a straggler.
     """
 
-    def __init__(self, config: StragglerConfig) -> None:
+    def __init__(self, config: StragglerConfig, stale_after_s: float = 30.0) -> None:
+        if not stale_after_s > 0:
+            raise ConfigError(f"stale_after_s must be > 0, got {stale_after_s!r}")
         self._detector = StragglerDetector(config)
+        self._stale_after_s = stale_after_s
         self._last: dict[int, tuple[int, float]] = {}  # rank -> (steps, step end on our clock)
+        self._heard: dict[int, float] = {}  # rank -> when its stats last came
         self._node_of: dict[int, int] = {}
         self._reported: frozenset[int] = frozenset()
 
     def observe(self, node_id: int, stats: Iterable[RankStepStats], now: float) -> None:
-        """Record one heartbeat's stats from `node_id`, received at `now`."""
+        """Record one heartbeat's stats from `node_id`, received at `now`.
+
+        A rank the node reported before and leaves out now is forgotten: its processes restart
+        (they report again from their first step) or stopped reporting.
+        """
+        stats = tuple(stats)
+        present = {stat.rank for stat in stats}
+        for rank in [r for r, n in self._node_of.items() if n == node_id and r not in present]:
+            self._forget(rank)
         for stat in stats:
             self._node_of[stat.rank] = node_id
+            self._heard[stat.rank] = now
             last = self._last.get(stat.rank)
             end = now - stat.since_step_s
             if last is not None:
@@ -71,13 +87,19 @@ class StragglerWatch:
     def forget_node(self, node_id: int) -> None:
         """Stop judging the ranks of `node_id` (it left, or its processes restart)."""
         for rank in [r for r, n in self._node_of.items() if n == node_id]:
-            self._detector.forget(rank)
-            self._last.pop(rank, None)
-            self._node_of.pop(rank, None)
-        self._reported = frozenset(r for r in self._reported if r in self._node_of)
+            self._forget(rank)
+
+    def _forget(self, rank: int) -> None:
+        self._detector.forget(rank)
+        self._last.pop(rank, None)
+        self._heard.pop(rank, None)
+        self._node_of.pop(rank, None)
+        self._reported = self._reported - {rank}
 
     def check(self, now: float) -> StragglerFinding | None:
         """Newly straggling ranks at `now`; None when there are none (recovered ones may be found again)."""
+        for rank in [r for r, heard in self._heard.items() if now - heard > self._stale_after_s]:
+            self._forget(rank)
         report = self._detector.check(now)
         current = frozenset(report.stragglers)
         new = sorted(current - self._reported)
