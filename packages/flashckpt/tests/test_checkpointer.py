@@ -229,3 +229,24 @@ def test_the_node_of_rank_0_coordinates_whatever_the_launcher(env: dict[str, str
     coordinates, why = coordinator_node(env)
     assert coordinates is expected
     assert why
+
+
+def test_under_dlrover_run_every_save_marks_a_step_in_the_agents_step_slots(
+    job_id: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dlrover.common.step_slots import STEP_SLOT_ENV_VAR, STEP_SLOTS_ENV_VAR, StepSlotFile
+
+    slots = StepSlotFile(tmp_path / "steps.slots", 2)
+    monkeypatch.setenv(STEP_SLOTS_ENV_VAR, str(slots.path))
+    monkeypatch.setenv(STEP_SLOT_ENV_VAR, "1")
+    ckpt = FlashCheckpointer(StagerConfig(job_id=job_id, run_id="r"), str(tmp_path / "store"), saver="none")
+    try:
+        ckpt.save(3, _state(3))
+        ckpt.save(7, _state(7))
+        reading = slots.read(1)
+        assert reading is not None
+        assert reading.step == 7
+        assert slots.read(0) is None
+    finally:
+        ckpt.close(job_end=True)
+        slots.close()

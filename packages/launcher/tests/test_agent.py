@@ -60,6 +60,18 @@ WORKER = textwrap.dedent(
         os.kill(os.getpid(), signal.SIGKILL)
     if mode == "sleep":
         time.sleep(600)
+    if mode == "step_stall":
+        from dlrover.common.step_slots import StepReporter
+        reporter = StepReporter.from_env()
+        def stalled_before_the_collective():
+            time.sleep(600)
+        for step in range(1, 11):
+            if attempt == 0 and step == 6:
+                if rank == 1:
+                    stalled_before_the_collective()
+                time.sleep(600)  # rank 0 waits for its peer
+            time.sleep(0.05)
+            reporter.step(step, samples=2)
     if mode == "stuck_dying" and attempt == 0:
         if rank == 1:
             import signal
@@ -392,3 +404,39 @@ def test_an_exit_or_a_stop_is_acted_on_at_once_however_long_the_monitor_interval
     stopped = _run_until_stopped(agent, lambda: len(list((second / "out").glob("*_attempt0_pid*.json"))) == 2)
     assert stopped.exit_code == 143
     agent.request_stop("after the run: the wake pipe is closed, nothing is written")
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(120)
+def test_workers_whose_step_reports_stop_are_reported_hung_with_every_stack(tmp_path: Path) -> None:
+    from dlrover.diagnosis import HangConfig
+
+    control = FakeControlPlane(heartbeat_interval_s=0.1)
+    hang = HangConfig(k=5.0, floor_s=1.0, warmup_steps=1, first_steps_allowance_s=60.0, min_step_samples=2)
+    result = _agent(tmp_path, "step_stall", control, max_restarts=1, step_hang=hang, heartbeat_interval_s=0.1).run()
+    assert result.exit_code == 0, result.reason
+    assert result.restarts == 1
+    (report,) = control.failures
+    assert report.hang
+    assert "no step progress from rank(s) " in report.evidence
+    assert "longer than its window of 1.0 s (the floor" in report.evidence
+    assert "--- stack of local rank 0 (rank 0" in report.evidence
+    rank1 = report.evidence.split("--- stack of local rank 1 (rank 1")[1]
+    assert "stalled_before_the_collective" in rank1
+    # The heartbeats carried both workers' step stats.
+    carried = [hb for hb in control.heartbeats if len(hb.rank_steps) == 2]
+    assert carried
+    assert max(hb.samples for hb in carried) >= 4
+    assert {r.rank for r in carried[-1].rank_steps} == {0, 1}
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(60)
+def test_workers_that_never_report_steps_are_never_judged_by_them(tmp_path: Path) -> None:
+    from dlrover.diagnosis import HangConfig
+
+    control = FakeControlPlane()
+    hang = HangConfig(k=5.0, floor_s=0.1, first_steps_allowance_s=0.2)
+    result = _agent(tmp_path, "gloo", control, step_hang=hang).run()
+    assert result.exit_code == 0, result.reason
+    assert control.failures == []

@@ -202,3 +202,20 @@ def test_refusals_map_to_clear_status_codes(make_runtime: MakeRuntime) -> None:
         assert code_of(lambda: a.commit_checkpoint(9)) is grpc.StatusCode.FAILED_PRECONDITION
         assert a.report_success().job_state == "succeeded"
         assert code_of(lambda: a.report_failure(FailureKind.OOM, "late")) is grpc.StatusCode.FAILED_PRECONDITION
+
+
+def test_heartbeat_step_stats_reach_the_master_and_bad_ones_are_refused(make_runtime: MakeRuntime) -> None:
+    rt = make_runtime(nodes=1)
+    with client(rt) as a:
+        a.register("agent-a", "host-a", local_world_size=2)
+        good = [
+            agent_pb2.RankStepStats(rank=0, steps=3, samples=12, median_step_s=0.5, since_step_s=0.1, phase="train"),
+            agent_pb2.RankStepStats(rank=1, steps=3, samples=12, median_step_s=0.5, since_step_s=0.2),
+        ]
+        assert a.heartbeat(step=3, rank_steps=good).job_state == "running"
+        for bad in (
+            agent_pb2.RankStepStats(rank=-1, steps=1),
+            agent_pb2.RankStepStats(rank=0, steps=1, since_step_s=float("nan")),
+            agent_pb2.RankStepStats(rank=0, steps=-4),
+        ):
+            assert code_of(lambda b=bad: a.heartbeat(rank_steps=[b])) is grpc.StatusCode.INVALID_ARGUMENT

@@ -116,3 +116,29 @@ def test_state_of_another_dataset_or_version_is_refused(shard_server: Any, token
             sampler.load_state_dict({**state, "dataset": "other"})
         with pytest.raises(ConfigError, match="cannot commit 1 samples"):
             sampler.commit(1)
+
+
+@pytest.mark.timeout(120)
+def test_under_dlrover_run_committed_samples_reach_the_agents_step_slots(
+    shard_server: Any, token: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dlrover.common.step_slots import STEP_SLOT_ENV_VAR, STEP_SLOTS_ENV_VAR, StepSlotFile
+
+    slots = StepSlotFile(tmp_path / "steps.slots", 1)
+    monkeypatch.setenv(STEP_SLOTS_ENV_VAR, str(slots.path))
+    monkeypatch.setenv(STEP_SLOT_ENV_VAR, "0")
+    server, _ = shard_server
+    try:
+        with ShardClient(server.address, token, "ds", "trainer-s", config=CFG) as client:
+            client.register(_spec())
+            sampler = ShardSampler(client)
+            it = iter(sampler)
+            for _ in range(7):
+                next(it)
+            sampler.commit(4)
+            sampler.commit(3)
+        reading = slots.read(0)
+        assert reading is not None
+        assert (reading.samples, reading.step) == (7, 0)
+    finally:
+        slots.close()

@@ -7,12 +7,16 @@
   ``dlrover.diagnosis.rules`` entry-point group.
 * Action policy (`ActionPolicy`, `PolicyConfig`): kind to `ActionKind`, with budgets and escalation;
   a node's process restarts are one `RestartBudget`, spent by one rule (`spend_restart`).
+* Step reports (`StepReporter`, from `dlrover.common.step_slots`): a training process marks step
+  ends, samples and phases in its slot of a file its agent maps; `RankStepStats` batches them to
+  the master.
 * Detectors (`HangDetector`, `StragglerDetector`): pure, ``now`` passed in.
 * The host's OOM records (`OomWatch`: the memory cgroup's ``oom_kill`` counter, the kernel log),
   read by the agent for a failed worker and added to its evidence.
 * Node health (`run_paired_probe`, `assess_probes`) and stack dumps (`request_stack_dump`).
 """
 
+from dlrover.common.step_slots import StepReporter
 from dlrover.diagnosis.budget import RestartBudget, Spending, spend_restart
 from dlrover.diagnosis.classifier import KIND_PRECEDENCE, Diagnosis, RuleMatch, classify
 from dlrover.diagnosis.detectors import (
@@ -30,6 +34,7 @@ from dlrover.diagnosis.evidence import (
     HangReport,
     LossSample,
     ProbeResult,
+    RankStepStats,
     ResourceSample,
     StepReport,
 )
@@ -82,8 +87,10 @@ __all__ = [
     "LossSample",
     "ProbeResult",
     "PythonTraceback",
+    "RankStepStats",
     "ResourceSample",
     "StepReport",
+    "StepReporter",
     "TailConfig",
     "extract_tracebacks",
     "one_line_summary",

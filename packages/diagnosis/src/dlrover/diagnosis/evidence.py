@@ -61,6 +61,27 @@ class StepReport:
 
 
 @attrs.frozen
+class RankStepStats:
+    """A rank's recent step progress, as an agent batches it to the master on a heartbeat.
+
+    Attributes:
+        rank: the global rank.
+        steps: the steps it finished.
+        samples: the samples it consumed in total.
+        median_step_s: the median of its recent clean step durations; 0 while none is known.
+        since_step_s: seconds since it finished its last step (or since it started, before that).
+        phase: what it does now (``train``, ``checkpoint``, ``eval``).
+    """
+
+    rank: int = attrs.field(validator=non_negative_int)
+    steps: int = attrs.field(validator=non_negative_int)
+    samples: int = attrs.field(validator=non_negative_int)
+    median_step_s: float = attrs.field(validator=non_negative_finite)
+    since_step_s: float = attrs.field(validator=non_negative_finite)
+    phase: str = attrs.field(default=DEFAULT_PHASE, validator=_phase)
+
+
+@attrs.frozen
 class GpuSample:
     """One accelerator's state at sampling time."""
 

@@ -37,6 +37,7 @@ from collections.abc import Callable
 from typing import Any
 
 from dlrover.common import Clock, ConfigError, SystemClock
+from dlrover.common.step_slots import optional_reporter
 from dlrover.flashckpt.agree import AgreeFn, agree_single
 from dlrover.flashckpt.client import PersistOutcome, SaverClient
 from dlrover.flashckpt.collectives import RankGroup
@@ -226,6 +227,8 @@ class FlashCheckpointer:
         self._mode = saver
         self._retention = retention
         self.events = EventLog()
+        # Every save ends a step: under dlrover-run the agent's hang detector hears of it.
+        self._steps = optional_reporter()
         self._link = SaverLink(
             config,
             location,
@@ -264,6 +267,8 @@ class FlashCheckpointer:
         and the snapshot stays in memory.
         """
         result = self.stager.save(step, state)
+        if self._steps is not None and step >= 0:
+            self._steps.step(step)
         if persist and result.saved:
             if self.client is not None:
                 self._link.request_persist(step)
@@ -396,3 +401,6 @@ class FlashCheckpointer:
                         segment_path(c.shm_dir, c.job_id, c.run_id, rank, slot).unlink(missing_ok=True)
         self.stager.close(remove=job_end if self._mode == "none" else False)
         self._link.close(job_end)
+        if self._steps is not None:
+            self._steps.close()
+            self._steps = None

@@ -26,8 +26,10 @@ from dlrover.common import (
     remove_dead_owners,
 )
 from dlrover.common.process import exiting_status
+from dlrover.common.step_slots import STACK_DUMP_ENV_VAR, STEP_SLOT_ENV_VAR, STEP_SLOTS_ENV_VAR, StepSlotFile
 from dlrover.common.validators import non_negative, non_negative_finite, positive
 from dlrover.diagnosis import OomCount, OomWatch
+from dlrover.diagnosis import HangConfig, HangReport, request_stack_dump
 from dlrover.flashckpt.commit import RetentionPolicy
 from dlrover.flashckpt.host import SaverHost, SaverHostConfig, host_socket_path
 from dlrover.flashckpt.job_env import safe_job_id
@@ -62,6 +64,7 @@ from dlrover.launcher.hang import HangWatch, read_cpu_seconds
 from dlrover.launcher.netcheck import NetworkCheck, NetworkCheckSettingsMismatch, NetworkCheckStopped
 from dlrover.launcher.netcheck_plan import CheckOutcome, after_check_report, check_step
 from dlrover.launcher.resource_usage import ProcessTreeSampler
+from dlrover.launcher.step_watch import StepWatch
 from dlrover.launcher.store_host import StoreHost
 from dlrover.launcher.worker_logs import failure_line
 from dlrover.launcher.workers import StandbyPool, WorkerExit, WorkerGroup, WorkerSpec
@@ -102,7 +105,13 @@ class AgentConfig:
         local_ranks_filter: local ranks whose console output is shown; empty shows all.
         extra_env: variables added to every worker's environment.
         hang_timeout_s: a worker whose CPU time does not grow for this long is hung and
-            reported as such; 0 turns hang detection off.
+            reported as such; 0 turns the CPU-idle watch off.
+        step_hang: the adaptive hang detector judging the workers' step reports (see
+            `dlrover.launcher.step_watch`): a worker stalled longer than max(k x the median step
+            time, the floor), or its first-steps or phase allowance, is hung; every worker's
+            stack is dumped into the failure evidence and the failure is reported. None: off
+            (the reports still reach the master). Workers that never report are not judged.
+        stack_dump_timeout_s: bound on each worker's stack dump (py-spy, or its faulthandler).
         heartbeat_interval_s: heartbeat this often instead of at the master's interval.
         master_lost_timeout_s: how long workers keep training while the master cannot be
             reached (a restarting master resumes from its journal) before the agent gives up.
@@ -165,6 +174,8 @@ class AgentConfig:
     local_ranks_filter: tuple[int, ...] = ()
     extra_env: Mapping[str, str] = attrs.field(factory=dict)
     hang_timeout_s: float = attrs.field(default=0.0, validator=non_negative)
+    step_hang: HangConfig | None = attrs.field(factory=HangConfig)
+    stack_dump_timeout_s: float = attrs.field(default=10.0, validator=positive)
     master_lost_timeout_s: float = attrs.field(default=300.0, validator=non_negative)
     heartbeat_interval_s: float | None = None
     host_checkpoint_saver: bool = True
@@ -280,6 +291,10 @@ class Agent:
         # what the node saved under other ranks before a resize is removed.
         self._departed_sweep: tuple[float, frozenset[int]] | None = None
         self._node_dir = contextlib.ExitStack()
+        self._node_dir_path: Path | None = None
+        # The node's step slot file (made with the first workers) and the current workers' watch.
+        self._step_slots: StepSlotFile | None = None
+        self._step_watch: StepWatch | None = None
         # (node rank, nodes, RANK of local rank 0, WORLD_SIZE) of the last workers started.
         self._layout: tuple[int, int, int, int] | None = None
 
@@ -363,16 +378,40 @@ class Agent:
             _log.info("stopping the checkpoint saver host (%s)", "job done" if succeeded else "persisting newest")
             host.stop(remove_memory=True, persist_newest=not succeeded)
             self._host_env = {}
+        slots, self._step_slots = self._step_slots, None
+        self._step_watch = None
+        if slots is not None:
+            slots.close()
         self._node_dir.close()
+        self._node_dir_path = None
+
+    def _node_shm_dir(self) -> Path:
+        """This agent's own directory in ``checkpoint_shm_dir``, made on first use.
+
+        The workers' snapshots, the saver host's sockets, the step slot file and the stack dumps
+        go there: another agent on the host never shares them, and what a SIGKILLed agent left
+        is removed by the next one here.
+        """
+        if self._node_dir_path is None:
+            shm = self._config.checkpoint_shm_dir
+            remove_dead_owners(NODE_SHM_PREFIX, dir=shm)
+            self._node_dir_path = Path(self._node_dir.enter_context(owned_temp_dir(NODE_SHM_PREFIX, dir=shm)))
+        return self._node_dir_path
 
     def _node_progress(self) -> Progress:
-        """The default progress: the newest step every local worker sealed, and resource use."""
+        """The default progress: the newest step every local worker finished (by its step reports)
+        or sealed (as a flash checkpoint), the samples they consumed, their step stats, and
+        resource use."""
         step = -1
         host, layout = self._saver_host, self._layout
         if host is not None and layout is not None:
             first = layout[2]
             newest = host.newest_step_sealed_by(range(first, first + self._config.nproc_per_node))
             step = -1 if newest is None or newest < 0 else newest
+        rank_steps = self._step_watch.stats(self._clock.now()) if self._step_watch is not None else ()
+        samples = sum(r.samples for r in rank_steps)
+        if len(rank_steps) == self._config.nproc_per_node:
+            step = max(step, min(r.steps for r in rank_steps))
         now = self._clock.now()
         last = self._last_usage
         if last is None or now - last[0] >= self._config.resource_sample_interval_s:
@@ -384,7 +423,7 @@ class Agent:
                 if last is None or last[1] is not None:
                     _log.warning("no resource samples in heartbeats: %s", exc)
                 last = self._last_usage = (now, None)
-        return Progress(step=step, resources=last[1])
+        return Progress(step=step, samples=samples, resources=last[1], rank_steps=rank_steps)
 
     def _start_standby_pool(self) -> None:
         """Standbys import `prewarm_modules` while this node registers and waits for its round."""
@@ -435,8 +474,7 @@ class Agent:
         # The workers' snapshots and the host's sockets go in a directory of this agent's own:
         # another agent on the host (a second "node", another job) never shares a run's socket
         # or segments with it, and what a SIGKILLed agent left is removed by the next one here.
-        remove_dead_owners(NODE_SHM_PREFIX, dir=cfg.checkpoint_shm_dir)
-        node_dir = self._node_dir.enter_context(owned_temp_dir(NODE_SHM_PREFIX, dir=cfg.checkpoint_shm_dir))
+        node_dir = self._node_shm_dir()
         host = SaverHost(
             SaverHostConfig(
                 str(host_socket_path(node_dir)),
@@ -451,6 +489,7 @@ class Agent:
             host.start()
         except BaseException:
             self._node_dir.close()  # run() has not reached its cleanup yet
+            self._node_dir_path = None
             raise
         self._host_env = {CHECKPOINT_SOCKET_ENV_VAR: str(host.socket_path), SHM_DIR_ENV_VAR: str(node_dir)}
         _log.info("checkpoint saver host listening on %s", host.socket_path)
@@ -629,6 +668,10 @@ class Agent:
                 self._refill_standbys()
 
     def _start_workers(self, assignment: RoundAssignment, restarts: int) -> WorkerGroup:
+        self._prepare_step_slots()
+        nproc = self._config.nproc_per_node
+        first, _world_size = assignment.worker_ranks(nproc)
+        self._step_watch = StepWatch({i: first + i for i in range(nproc)}, self._config.step_hang)
         group = WorkerGroup(
             self._specs(assignment, restarts),
             standby=self._standby,
@@ -638,8 +681,6 @@ class Agent:
         started_at = self._clock.now()  # before the start: no checkpoint of these workers is older
         self._oom_before = self._oom_watch.count()
         group.start()
-        nproc = self._config.nproc_per_node
-        first, _world_size = assignment.worker_ranks(nproc)
         ranks = frozenset(range(first, first + nproc))
         if self._standby is not None:
             # Warm again for the next restart, but not while these workers restore: the imports
@@ -683,6 +724,7 @@ class Agent:
         next_heartbeat = self._clock.now()
         master_lost_since: float | None = None
         hangs = HangWatch(self._config.hang_timeout_s) if self._config.hang_timeout_s > 0 else None
+        steps = self._step_watch
         while True:
             if self._stop_requested.is_set():
                 return Step(StepKind.EXIT, self._stop_reason or "stop requested", exit_code=128 + self._stop_signal)
@@ -721,8 +763,8 @@ class Agent:
                 return self._report(_failure_report(failed, restarts, memory))
             if step.kind is not StepKind.CONTINUE:
                 return step
-            if hangs is not None and not failing:  # a failure is reported, not a hang of its aftermath
-                hung = self._hung_workers(group, exits, hangs, restarts)
+            if not failing:  # a failure is reported, not a hang of its aftermath
+                hung = self._hang_of(group, exits, steps, hangs, restarts)
                 if hung is not None:
                     return self._report(hung)
             self._refill_when_training()
@@ -870,6 +912,48 @@ class Agent:
         )
         return FailureReport(hung[0], 0, None, evidence, restarts, hang=True)
 
+    def _hang_of(
+        self,
+        group: WorkerGroup,
+        exits: Mapping[int, WorkerExit],
+        steps: StepWatch | None,
+        hangs: HangWatch | None,
+        restarts: int,
+    ) -> FailureReport | None:
+        """The report of hung workers, by their step reports first, then by their CPU time; None if none."""
+        if steps is not None and self._step_slots is not None:
+            steps.observe(self._step_slots.read_all(), self._clock.now())
+            verdict = steps.check(self._clock.now())
+            if verdict is not None and verdict.hung:
+                return self._stalled_workers(group, exits, steps, verdict, restarts)
+        if hangs is not None:
+            return self._hung_workers(group, exits, hangs, restarts)
+        return None
+
+    def _stalled_workers(
+        self, group: WorkerGroup, exits: Mapping[int, WorkerExit], steps: StepWatch, verdict: HangReport, restarts: int
+    ) -> FailureReport:
+        """The report of workers whose step reports stopped: the verdict, then every worker's stack."""
+        first = steps.local_rank(verdict.stalled_ranks[0])
+        local_rank = first if first is not None else 0
+        parts = [f"hang: {verdict.reason}"]
+        node_dir = self._node_dir_path
+        for rank, pid in sorted(group.pids.items()):
+            if rank in exits:
+                parts.append(f"--- local rank {rank} (rank {group.rank_of(rank)}) already exited ---")
+                continue
+            dump_path = node_dir / _stack_file(rank) if node_dir is not None else None
+            dump = request_stack_dump(pid, dump_path=dump_path, timeout_s=self._config.stack_dump_timeout_s)
+            how = dump.method if dump.ok else f"no dump: {dump.reason}"
+            parts.append(f"--- stack of local rank {rank} (rank {group.rank_of(rank)}, pid {pid}; {how}) ---")
+            if dump.ok:
+                parts.append(dump.text.rstrip())
+        # The verdict last too: the master keeps (and summarises) the end of a long evidence.
+        parts.append(f"hang: {verdict.reason}; every worker's stack is above")
+        evidence = "\n".join(parts)
+        _log.error("%s", evidence)
+        return FailureReport(local_rank, 0, None, evidence, restarts, hang=True)
+
     def _run_dir(self) -> Path | None:
         """This agent's folder for worker logs and error files, made on first use: as torchrun's,
         ``<log dir>/<run id>_<unique>``, so that nodes sharing a log dir, and later runs of the
@@ -893,6 +977,26 @@ class Agent:
         long as this agent keeps them training without one, so a master restart fails no step.
         """
         return {**self._job_env, MASTER_LOST_TIMEOUT_ENV_VAR: f"{self._config.master_lost_timeout_s:g}"}
+
+    def _step_env(self, local_rank: int) -> dict[str, str]:
+        """Where worker `local_rank` reports its steps and dumps its stacks (none without slots)."""
+        if self._step_slots is None or self._node_dir_path is None:
+            return {}
+        return {
+            STEP_SLOTS_ENV_VAR: str(self._step_slots.path),
+            STEP_SLOT_ENV_VAR: str(local_rank),
+            STACK_DUMP_ENV_VAR: str(self._node_dir_path / _stack_file(local_rank)),
+        }
+
+    def _prepare_step_slots(self) -> None:
+        """A clear slot per worker and no stale stack dumps, before a set of workers starts."""
+        node_dir = self._node_shm_dir()
+        if self._step_slots is None:
+            self._step_slots = StepSlotFile(node_dir / "steps.slots", self._config.nproc_per_node)
+        else:
+            self._step_slots.reset()
+        for local_rank in range(self._config.nproc_per_node):
+            (node_dir / _stack_file(local_rank)).unlink(missing_ok=True)
 
     def _specs(self, assignment: RoundAssignment, restarts: int) -> list[WorkerSpec]:
         cfg = self._config
@@ -926,7 +1030,13 @@ class Agent:
                 restart_count=restarts,
                 max_restarts=cfg.max_restarts,
                 agent_store=assignment.agent_store,
-                extra={NODE_ID_ENV_VAR: self._node_id, **self._node_env(), **cfg.extra_env, **self._host_env},
+                extra={
+                    NODE_ID_ENV_VAR: self._node_id,
+                    **self._node_env(),
+                    **cfg.extra_env,
+                    **self._host_env,
+                    **self._step_env(local_rank),
+                },
                 virtual_local_rank=cfg.virtual_local_rank,
             )
             specs.append(
@@ -945,6 +1055,10 @@ class Agent:
                 )
             )
         return specs
+
+
+def _stack_file(local_rank: int) -> str:
+    return f"stacks-{local_rank}.txt"
 
 
 def _failure_report(failed: WorkerExit, restarts: int, memory: Sequence[str] = ()) -> FailureReport:

@@ -139,6 +139,14 @@ class LaunchConfig:
     persist_bandwidth_mb_s: float | None = None
     node_unit: int = 1
     hang_timeout_s: float = 180.0
+    hang_step_factor: float = 5.0
+    hang_step_floor_s: float = 30.0
+    hang_first_steps_s: float = 600.0
+    hang_checkpoint_s: float = 600.0
+    hang_eval_s: float = 1800.0
+    stack_dump_timeout_s: float = 10.0
+    runtime_straggler_factor: float = 2.0
+    straggler_action: str = "report"
     auto_config: bool = False
     token: str | None = None
     token_file: str | None = None
@@ -354,6 +362,31 @@ def _add_dlrover_options(ours: argparse._ArgumentGroup) -> None:
         "seconds a worker may go without using CPU before it counts as hung and is restarted (a worker stopped, "
         "deadlocked, or stuck joining after a restart); 0: off",
     )
+    _option(
+        ours,
+        _both("hang-step-factor"),
+        "5",
+        "workers that report their steps (dlrover.diagnosis.StepReporter, FlashCheckpointer.save) are hung when "
+        "stalled longer than this many times the median step time (or --hang-step-floor); their stacks are "
+        "dumped into the failure evidence and they are restarted; 0: off",
+    )
+    _option(ours, _both("hang-step-floor"), "30", "seconds: the shortest stall that counts as a hang")
+    _option(ours, _both("hang-first-steps"), "600", "seconds the first steps of each worker may take")
+    _option(ours, _both("hang-checkpoint-allowance"), "600", "seconds a worker may stay in its checkpoint phase")
+    _option(ours, _both("hang-eval-allowance"), "1800", "seconds a worker may stay in its eval phase")
+    _option(ours, _both("stack-dump-timeout"), "10", "seconds to wait for each hung worker's stack dump")
+    _option(
+        ours,
+        _both("runtime-straggler-factor"),
+        "2",
+        "--standalone: the master reports a rank whose step time exceeds this many times the others' median",
+    )
+    _option(
+        ours,
+        _both("straggler-action"),
+        "report",
+        "--standalone: report (an event and a warning) or replace (relaunch the node, where the backend can)",
+    )
     _flag(ours, _both("auto-config"), "workers per node from the visible accelerators")
     _option(ours, ["--token"], None, "the job token (prefer --token-file)")
     _option(ours, _both("token-file"), None, "a 0600 file holding the job token")
@@ -442,6 +475,12 @@ def _add_dlrover_options(ours: argparse._ArgumentGroup) -> None:
         "seconds between samples of the workers' CPU, memory and GPU use sent with heartbeats (at most one "
         "sample per interval; 0: every heartbeat)",
     )
+
+
+def _straggler_action(value: Any) -> str:
+    if value not in ("report", "replace"):
+        raise ConfigError(f"--straggler-action must be report or replace, got {value!r}")
+    return str(value)
 
 
 def _number(value: Any, flag: str, kind: type[int] | type[float], minimum: float) -> Any:
@@ -742,6 +781,14 @@ def parse_args(
         persist_bandwidth_mb_s=_rate_or_auto(ns.persist_bandwidth_mb_s, "--persist-bandwidth-mb-s"),
         node_unit=node_unit,
         hang_timeout_s=float(_number(ns.hang_timeout, "--hang-timeout", float, 0.0)),
+        hang_step_factor=_finite(ns.hang_step_factor, "--hang-step-factor", 0.0),
+        hang_step_floor_s=_finite(ns.hang_step_floor, "--hang-step-floor", 0.001),
+        hang_first_steps_s=_finite(ns.hang_first_steps, "--hang-first-steps", 0.001),
+        hang_checkpoint_s=_finite(ns.hang_checkpoint_allowance, "--hang-checkpoint-allowance", 0.001),
+        hang_eval_s=_finite(ns.hang_eval_allowance, "--hang-eval-allowance", 0.001),
+        stack_dump_timeout_s=_finite(ns.stack_dump_timeout, "--stack-dump-timeout", 0.001),
+        runtime_straggler_factor=_finite(ns.runtime_straggler_factor, "--runtime-straggler-factor", 1.0),
+        straggler_action=_straggler_action(ns.straggler_action),
         auto_config=ns.auto_config,
         token=ns.token,
         token_file=ns.token_file,

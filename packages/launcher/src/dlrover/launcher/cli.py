@@ -44,6 +44,7 @@ from dlrover.common import (
     remove_dead_owners,
     write_token_file,
 )
+from dlrover.diagnosis import HangConfig
 from dlrover.flashckpt.commit import RetentionPolicy
 from dlrover.flashckpt.job_env import safe_job_id
 from dlrover.flashckpt.pacing import persist_bandwidth_or_default
@@ -156,6 +157,8 @@ def _master_for(cfg: LaunchConfig) -> Iterator[_JobMaster]:
             lifecycle=embedded_lifecycle(cfg),
             token=given,
             event_log=_event_log_path(cfg, job_name),
+            straggler_factor=cfg.runtime_straggler_factor,
+            straggler_action=cfg.straggler_action,
         )
         with create_master(config) as runtime:
             _log.info("standalone master listening on %s", runtime.address)
@@ -364,6 +367,8 @@ def run(cfg: LaunchConfig, *, sample_gpus: bool = False) -> AgentResult:
                 tee=dict(cfg.tee),
                 local_ranks_filter=cfg.local_ranks_filter,
                 hang_timeout_s=cfg.hang_timeout_s,
+                step_hang=_step_hang(cfg),
+                stack_dump_timeout_s=cfg.stack_dump_timeout_s,
                 heartbeat_interval_s=cfg.heartbeat_interval_s,
                 rendezvous_timeout_s=cfg.rendezvous_timeout_s,
                 master_lost_timeout_s=cfg.master_lost_timeout_s,
@@ -476,6 +481,18 @@ class _ExitStatus:
             with contextlib.suppress(Exception):
                 stream.flush()
         os._exit(self.code)
+
+
+def _step_hang(cfg: LaunchConfig) -> HangConfig | None:
+    """The agent's step-report hang detector from the flags; None when --hang-step-factor is 0."""
+    if cfg.hang_step_factor <= 0:
+        return None
+    return HangConfig(
+        k=cfg.hang_step_factor,
+        floor_s=cfg.hang_step_floor_s,
+        first_steps_allowance_s=cfg.hang_first_steps_s,
+        phase_allowance_s={"checkpoint": cfg.hang_checkpoint_s, "eval": cfg.hang_eval_s},
+    )
 
 
 if __name__ == "__main__":

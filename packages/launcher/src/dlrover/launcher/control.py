@@ -13,6 +13,8 @@ from typing import Protocol
 
 import attrs
 
+from dlrover.diagnosis import RankStepStats
+
 __all__ = [
     "AgentAction",
     "ControlPlane",
@@ -101,15 +103,18 @@ class Progress:
 
     Attributes:
         step: newest finished step, -1 before the first. `dlrover-run` reports the newest step
-            every local worker has sealed as a flash checkpoint: a lower bound that moves as
-            often as the script checkpoints.
+            every local worker has finished by its step reports, or sealed as a flash
+            checkpoint, whichever is newer.
         samples: samples consumed so far.
         resources: what the node uses; None sends no sample.
+        rank_steps: the step stats of each local worker that reports its steps, batched to the
+            master (its straggler detector compares ranks).
     """
 
     step: int = -1
     samples: int = 0
     resources: ResourceUsage | None = None
+    rank_steps: tuple[RankStepStats, ...] = ()
 
 
 class AgentAction(enum.Enum):

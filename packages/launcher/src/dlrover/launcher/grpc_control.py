@@ -306,7 +306,20 @@ class GrpcControlPlane:
                 gpu_memory_bytes=usage.gpu_memory_bytes,
             )
         )
-        response = self._master.heartbeat(step=step, samples=progress.samples, resources=resources)
+        rank_steps = [
+            agent_pb2.RankStepStats(
+                rank=r.rank,
+                steps=r.steps,
+                samples=r.samples,
+                median_step_s=r.median_step_s,
+                since_step_s=r.since_step_s,
+                phase=r.phase,
+            )
+            for r in progress.rank_steps
+        ]
+        response = self._master.heartbeat(
+            step=step, samples=progress.samples, resources=resources, rank_steps=rank_steps
+        )
         return [(_ACTIONS[a.kind], a.reason) for a in response.actions if a.kind in _ACTIONS]
 
     def report_failure(self, report: FailureReport) -> tuple[FailureDecision, str]:

@@ -27,7 +27,14 @@ from dlrover.common import (
     load_token,
 )
 from dlrover.master.client import MasterClient
-from dlrover.master.config import BACKENDS, FAILURE_POLICIES, LifecycleConfig, MasterConfig, parse_node_range
+from dlrover.master.config import (
+    BACKENDS,
+    FAILURE_POLICIES,
+    STRAGGLER_ACTIONS,
+    LifecycleConfig,
+    MasterConfig,
+    parse_node_range,
+)
 from dlrover.master.factory import create_master
 from dlrover.master.states import JobState
 from dlrover.master.status import format_status
@@ -150,6 +157,23 @@ def _run_parser() -> argparse.ArgumentParser:
         help="log refused calls (bad token, malformed or oversized request) at most once per reason per this "
         "many seconds, with a count of the others (0: every one); all are counted in dlrover_refused_calls_total",
     )
+    p.add_argument(
+        "--straggler-factor",
+        type=float,
+        default=2.0,
+        help="a rank whose step time (from its agent's heartbeats) exceeds this many times the others' median "
+        "is reported as a straggler",
+    )
+    p.add_argument("--straggler-window", type=int, default=5, help="heartbeats with new steps a rank is judged over")
+    p.add_argument(
+        "--straggler-min-samples", type=int, default=3, help="heartbeats with new steps before a rank is judged"
+    )
+    p.add_argument(
+        "--straggler-action",
+        choices=STRAGGLER_ACTIONS,
+        default="report",
+        help="report: an event and a warning; replace: also relaunch the straggler's node where the backend can",
+    )
     p.add_argument("--linger-max-s", type=float, default=10.0, help="most time to tell agents the job ended")
     p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
     return p
@@ -214,6 +238,10 @@ def build_config(args: argparse.Namespace) -> MasterConfig:
         serve_ping=args.serve_ping,
         journal_busy_timeout_s=args.journal_busy_timeout_s,
         refusal_log_interval_s=args.refusal_log_interval_s,
+        straggler_factor=args.straggler_factor,
+        straggler_window=args.straggler_window,
+        straggler_min_samples=args.straggler_min_samples,
+        straggler_action=args.straggler_action,
     )
 
 

@@ -6,7 +6,7 @@ After `register`, every agent call carries the node identity metadata automatica
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import grpc
@@ -108,9 +108,10 @@ class MasterClient:
         samples: int = 0,
         resources: agent_pb2.ResourceSample | None = None,
         node_id: int | None = None,
+        rank_steps: Sequence[agent_pb2.RankStepStats] = (),
     ) -> agent_pb2.HeartbeatResponse:
-        """Send a heartbeat; the answer carries pending actions."""
-        request = agent_pb2.HeartbeatRequest(node_id=self._own_id(node_id))
+        """Send a heartbeat (with the node's per-rank step stats); the answer carries pending actions."""
+        request = agent_pb2.HeartbeatRequest(node_id=self._own_id(node_id), rank_steps=list(rank_steps))
         if step is not None:
             request.progress.CopyFrom(agent_pb2.StepProgress(step=step, samples=samples))
         if resources is not None:

@@ -11,10 +11,19 @@ from dlrover.common import ConfigError, TLSConfig
 from dlrover.common.validators import non_negative, non_negative_finite, positive
 from dlrover.rendezvous import RendezvousConfig
 
-__all__ = ["BACKENDS", "FAILURE_POLICIES", "LifecycleConfig", "MasterConfig", "NodeRange", "parse_node_range"]
+__all__ = [
+    "BACKENDS",
+    "FAILURE_POLICIES",
+    "STRAGGLER_ACTIONS",
+    "LifecycleConfig",
+    "MasterConfig",
+    "NodeRange",
+    "parse_node_range",
+]
 
 BACKENDS = ("local", "external")
 FAILURE_POLICIES = ("diagnosis", "default")
+STRAGGLER_ACTIONS = ("report", "replace")
 
 
 def _str_tuple(value: Iterable[str]) -> tuple[str, ...]:
@@ -128,6 +137,15 @@ class MasterConfig:
         refusal_log_interval_s: refused calls (a wrong or missing token, a malformed or oversized
             request...) are logged at most once per reason per this many seconds, with a count
             of those not logged; every one is counted in `dlrover_refused_calls_total`.
+        straggler_factor: a rank whose recent step time exceeds this many times the other ranks'
+            median is a straggler (compared from the step stats agents send on heartbeats).
+        straggler_window: the heartbeats with new steps a rank's step time is the median over;
+            with `straggler_min_samples` it bounds how soon a slowed rank is found (about
+            `straggler_min_samples` heartbeat intervals after it slowed, its unfinished step
+            counting as soon as it runs long).
+        straggler_min_samples: heartbeats with new steps needed before a rank is judged.
+        straggler_action: `report` (an event and a warning) or `replace` (also relaunch the
+            straggler's node, where the scheduler backend relaunches nodes; else report only).
     """
 
     job_name: str = "dlrover-job"
@@ -158,6 +176,10 @@ class MasterConfig:
     serve_ping: bool = False
     failure_policy: str = "diagnosis"
     refusal_log_interval_s: float = attrs.field(default=30.0, validator=non_negative_finite)
+    straggler_factor: float = attrs.field(default=2.0, validator=positive)
+    straggler_window: int = attrs.field(default=5, validator=positive)
+    straggler_min_samples: int = attrs.field(default=3, validator=positive)
+    straggler_action: str = "report"
 
     def __attrs_post_init__(self) -> None:
         if not self.job_name or len(self.job_name) > 128 or not self.job_name.isprintable():
@@ -171,6 +193,15 @@ class MasterConfig:
         if self.failure_policy not in FAILURE_POLICIES:
             raise ConfigError(
                 f"failure_policy must be one of {', '.join(FAILURE_POLICIES)}, got {self.failure_policy!r}"
+            )
+        if self.straggler_action not in STRAGGLER_ACTIONS:
+            raise ConfigError(
+                f"straggler_action must be one of {', '.join(STRAGGLER_ACTIONS)}, got {self.straggler_action!r}"
+            )
+        if self.straggler_min_samples > self.straggler_window:
+            raise ConfigError(
+                f"straggler_min_samples ({self.straggler_min_samples}) must not exceed "
+                f"straggler_window ({self.straggler_window})"
             )
         self.rendezvous_config()  # refuses node ranges the rendezvous cannot form rounds for
         if self.heartbeat_interval_s >= self.lifecycle.heartbeat_timeout_s:

@@ -21,6 +21,7 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 import attrs
 
 from dlrover.common import Clock, ConfigError
+from dlrover.diagnosis import RankStepStats, StragglerConfig
 from dlrover.master.checkpoints import CheckpointTracker
 from dlrover.master.config import MasterConfig
 from dlrover.master.eventlog import EventLog, GoodputTracker, event_to_dict
@@ -39,6 +40,7 @@ from dlrover.master.policy import ClassifyingPolicy, DefaultFailurePolicy, Failu
 from dlrover.master.records import Action, Event, LaunchNode, NodeRecord, Outcome, StopNode
 from dlrover.master.scheduler.base import NodeSpec, ObservedState, SchedulerBackend, SchedulerError
 from dlrover.master.states import ALIVE_STATES, FailureKind, JobState, NodeState
+from dlrover.master.stragglers import StragglerFinding, StragglerWatch
 
 __all__ = ["JobStatus", "Master", "NodeMembership", "ResourceSample", "StatefulCollaborator"]
 
@@ -191,6 +193,14 @@ class Master:
         self._progress: tuple[float, int, int] | None = None  # (wall time, step, samples) of the last progress event
         self._goodput = GoodputTracker()
         self._event_count = 0
+        self._stragglers = StragglerWatch(
+            StragglerConfig(
+                k=config.straggler_factor,
+                window_steps=config.straggler_window,
+                min_samples=config.straggler_min_samples,
+            ),
+            stale_after_s=config.lifecycle.heartbeat_timeout_s,  # a silent node's ranks
+        )
         restored = journal.load()
         self._check_same_job(restored.job)
         self._restored = restored.lifecycle is not None
@@ -502,8 +512,14 @@ class Master:
         step: int | None = None,
         samples: int | None = None,
         resources: ResourceSample | None = None,
+        rank_steps: Sequence[RankStepStats] = (),
     ) -> tuple[tuple[Action, ...], JobState]:
         """A node's heartbeat; returns the actions waiting for it and the job's state.
+
+        `rank_steps` (the node's training processes' step stats) feed the straggler detector: a
+        rank newly slower than `straggler_factor` x the others is an event (``straggler``) and,
+        with `straggler_action` ``replace`` and a backend that relaunches nodes, its node is
+        relaunched.
 
         Heartbeats are not journaled: liveness is re-established after a restart anyway. Handing
         out actions is: they are journaled as delivered before the answer leaves, so an action
@@ -528,7 +544,51 @@ class Master:
                 if resources is not None:
                     self._resources[node_id] = resources
                 self._maybe_progress()
+                self._stragglers.observe(node_id, rank_steps, now)
+                if rank_steps:
+                    finding = self._stragglers.check(now)
+                    if finding is not None:
+                        self._on_stragglers(finding, now)
             return actions, self._lifecycle.job_state
+
+    def _on_stragglers(self, finding: StragglerFinding, now: float) -> None:
+        """Report newly found stragglers; with ``replace``, relaunch their nodes where the backend can."""
+        times = dict(finding.report.step_time_s)
+        reason = f"straggler(s) rank {', '.join(map(str, finding.ranks))}: {finding.report.reason}"
+        _log.warning("%s", reason)
+        data = {
+            "ranks": list(finding.ranks),
+            "nodes": list(finding.nodes),
+            "step_time_s": {str(r): round(t, 4) for r, t in times.items()},
+            "factor": self._config.straggler_factor,
+            "action": self._config.straggler_action,
+        }
+        try:
+            self._record(Outcome(events=(Event("straggler", reason, data=data),)))
+        except JournalError:
+            _log.warning("could not journal the straggler event: %s", reason, exc_info=True)
+        if self._config.straggler_action != "replace":
+            return
+        if not self._scheduler.relaunches_nodes:
+            _log.warning("straggler action 'replace': the scheduler backend does not relaunch nodes; reported only")
+            return
+        for node_id in sorted(set(finding.nodes)):
+            if self._replace_straggler(node_id, f"straggler: {reason} (straggler_action replace)", now):
+                self._stragglers.forget_node(node_id)
+
+    def _replace_straggler(self, node_id: int, evidence: str, now: float) -> bool:
+        """Relaunch a straggler's node through the failure path (a slow host is avoided, as a
+        hardware fault's); False when the lifecycle or the journal refused."""
+
+        def change() -> tuple[FailureDecision, Outcome]:
+            return self._lifecycle.report_failure(node_id, FailureKind.HARDWARE, evidence, now, agent_exits=True)
+
+        try:
+            self._transact(change)
+        except (LifecycleError, JournalError) as exc:
+            _log.warning("could not replace straggling node %d: %s", node_id, exc)
+            return False
+        return True
 
     @staticmethod
     def _with_outcome(result: tuple[_T, Outcome]) -> tuple[tuple[_T, Outcome], Outcome]:
@@ -592,7 +652,7 @@ class Master:
             policy.classify(node_id, kind, evidence, exit_code) if isinstance(policy, ClassifyingPolicy) else None
         )
         with self._lock:
-            return self._transact(
+            decision = self._transact(
                 lambda: self._lifecycle.report_failure(
                     node_id,
                     kind,
@@ -604,6 +664,9 @@ class Master:
                     agent_exits=agent_exits,
                 )
             )
+            # Its processes restart or the node goes: its ranks' steps start afresh.
+            self._stragglers.forget_node(node_id)
+            return decision
 
     def report_success(self, node_id: int) -> JobState:
         """A node's training finished successfully; returns the job's state.

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import NoReturn
 
 import grpc
 
-from dlrover.common import DLRoverError, GrpcServer
+from dlrover.common import ConfigError, DLRoverError, GrpcServer
+from dlrover.diagnosis import RankStepStats
 from dlrover.master.checkpoints import MAX_STEPS_PER_RANK, MAX_WORLD_SIZE, CheckpointError
 from dlrover.master.identity import NodeAuthenticator, NodeIdentityError, NodeImpersonationError
 from dlrover.master.journal import JournalError
@@ -208,7 +209,10 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                     gpu_percent=_finite(r.gpu_percent, "resources.gpu_percent"),
                     gpu_memory_bytes=_count(r.gpu_memory_bytes, "resources.gpu_memory_bytes"),
                 )
-            actions, job_state = self._master.heartbeat(node_id, step=step, samples=samples, resources=resources)
+            rank_steps = _rank_steps(request.rank_steps)
+            actions, job_state = self._master.heartbeat(
+                node_id, step=step, samples=samples, resources=resources, rank_steps=rank_steps
+            )
             return agent_pb2.HeartbeatResponse(
                 actions=[
                     agent_pb2.Action(action_id=a.action_id, kind=_ACTION_KINDS[a.kind], reason=a.reason)
@@ -381,3 +385,28 @@ def add_master_services(server: GrpcServer, master: Master, authenticator: NodeA
     server.add(agent_pb2_grpc.add_AgentServiceServicer_to_server, AgentServicer(master, authenticator))
     server.add(checkpoint_pb2_grpc.add_CheckpointServiceServicer_to_server, CheckpointServicer(master, authenticator))
     server.add(job_pb2_grpc.add_JobServiceServicer_to_server, JobServicer(master))
+
+
+_MAX_RANK_STEPS = 4096
+
+
+def _rank_steps(items: Iterable[agent_pb2.RankStepStats]) -> tuple[RankStepStats, ...]:
+    """The heartbeat's per-rank step stats, checked; a bad one refuses the whole heartbeat."""
+    out: list[RankStepStats] = []
+    for item in items:
+        if len(out) >= _MAX_RANK_STEPS:
+            raise RequestError(f"a heartbeat carries at most {_MAX_RANK_STEPS} rank_steps")
+        try:
+            out.append(
+                RankStepStats(
+                    rank=item.rank,
+                    steps=item.steps,
+                    samples=item.samples,
+                    median_step_s=item.median_step_s,
+                    since_step_s=item.since_step_s,
+                    phase=item.phase or "train",
+                )
+            )
+        except ConfigError as exc:
+            raise RequestError(f"rank_steps of rank {item.rank}: {exc}") from None
+    return tuple(out)

@@ -38,6 +38,7 @@ import torch
 from torch.utils.data import IterableDataset, Sampler, get_worker_info
 
 from dlrover.common import ConfigError
+from dlrover.common.step_slots import optional_reporter
 from dlrover.shard._data_state import check_state, make_state
 from dlrover.shard.client import ShardClient, ShardClientConfig
 from dlrover.shard.shard import Shard
@@ -93,6 +94,8 @@ class ShardSampler(Sampler[int]):
             raise ConfigError(f"wait_s must be positive, got {wait_s!r}")
         self._client = client
         self._wait_s = wait_s
+        # Committed samples reach the agent's step reports (and so the master) under dlrover-run.
+        self._steps = optional_reporter()
         self._inflight: deque[tuple[Shard, int]] = deque()
         self._finished = False
 
@@ -130,6 +133,8 @@ class ShardSampler(Sampler[int]):
             shard, position = self._inflight.popleft()
             acks.add(self._client.worker, shard.shard_id, position, shard.size)
         acks.flush(lambda _worker: self._client)
+        if self._steps is not None and num_samples:
+            self._steps.add_samples(num_samples)
 
     def state_dict(self) -> dict[str, Any]:
         """The data position to store in the model checkpoint (the committed samples)."""

@@ -55,6 +55,22 @@ class StepProgress(_message.Message):
     samples: int
     def __init__(self, step: _Optional[int] = ..., samples: _Optional[int] = ...) -> None: ...
 
+class RankStepStats(_message.Message):
+    __slots__ = ("rank", "steps", "samples", "median_step_s", "since_step_s", "phase")
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    MEDIAN_STEP_S_FIELD_NUMBER: _ClassVar[int]
+    SINCE_STEP_S_FIELD_NUMBER: _ClassVar[int]
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    rank: int
+    steps: int
+    samples: int
+    median_step_s: float
+    since_step_s: float
+    phase: str
+    def __init__(self, rank: _Optional[int] = ..., steps: _Optional[int] = ..., samples: _Optional[int] = ..., median_step_s: _Optional[float] = ..., since_step_s: _Optional[float] = ..., phase: _Optional[str] = ...) -> None: ...
+
 class RegisterNodeRequest(_message.Message):
     __slots__ = ("node_id", "node_name", "host", "local_world_size", "max_restarts")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -92,14 +108,16 @@ class RegisterNodeResponse(_message.Message):
     def __init__(self, node_id: _Optional[int] = ..., rank: _Optional[int] = ..., node_credential: _Optional[str] = ..., heartbeat_interval_s: _Optional[float] = ..., heartbeat_timeout_s: _Optional[float] = ..., relaunch_count: _Optional[int] = ..., min_nodes: _Optional[int] = ..., max_nodes: _Optional[int] = ..., node_unit: _Optional[int] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("node_id", "resources", "progress")
+    __slots__ = ("node_id", "resources", "progress", "rank_steps")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     RESOURCES_FIELD_NUMBER: _ClassVar[int]
     PROGRESS_FIELD_NUMBER: _ClassVar[int]
+    RANK_STEPS_FIELD_NUMBER: _ClassVar[int]
     node_id: int
     resources: ResourceSample
     progress: StepProgress
-    def __init__(self, node_id: _Optional[int] = ..., resources: _Optional[_Union[ResourceSample, _Mapping]] = ..., progress: _Optional[_Union[StepProgress, _Mapping]] = ...) -> None: ...
+    rank_steps: _containers.RepeatedCompositeFieldContainer[RankStepStats]
+    def __init__(self, node_id: _Optional[int] = ..., resources: _Optional[_Union[ResourceSample, _Mapping]] = ..., progress: _Optional[_Union[StepProgress, _Mapping]] = ..., rank_steps: _Optional[_Iterable[_Union[RankStepStats, _Mapping]]] = ...) -> None: ...
 
 class Action(_message.Message):
     __slots__ = ("action_id", "kind", "reason")

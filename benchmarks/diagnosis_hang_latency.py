@@ -1,0 +1,154 @@
+"""Hang and straggler detection latency, as multiples of the step time.
+
+    python benchmarks/diagnosis_hang_latency.py [--quick]
+
+Hangs (real processes): two worker processes report their steps through a real step slot file
+(`dlrover.common.step_slots`) every ``T`` seconds, then both stop (rank 1 sleeps before a
+collective; rank 0 would wait in it). The agent's side runs as `dlrover-run` does: a `StepWatch`
+fed every monitor interval (0.1 s, `--monitor-interval`'s default), the default k = 5, and a floor below 5 x T so the
+adaptive window is what is measured. Latency is detection time minus the last step end, divided
+by ``T``; the bound is max(5 x median step, floor). The stack dumps of both processes
+(faulthandler, or py-spy when installed) are timed too. The peer is the agent's CPU-idle watch:
+180 s by default (``--hang-timeout``), whatever the step time, and blind to a rank that spins in
+a collective.
+
+Stragglers (simulated clock): ranks step every ``T``; at t0 rank 1 becomes 3x slower; agents
+heartbeat every ``H`` seconds with their step stats and the master's `StragglerWatch` (defaults:
+factor 2, window 5, 3 samples) judges after each heartbeat. Latency is reported in seconds, in
+step times and in heartbeats.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+from dlrover.common.step_slots import STACK_DUMP_ENV_VAR, STEP_SLOT_ENV_VAR, STEP_SLOTS_ENV_VAR, StepSlotFile
+from dlrover.diagnosis import HangConfig, RankStepStats, StragglerConfig, request_stack_dump
+from dlrover.launcher.step_watch import StepWatch
+from dlrover.master.stragglers import StragglerWatch
+
+WORKER = textwrap.dedent(
+    """
+    import sys, time
+    from dlrover.common.step_slots import StepReporter
+    step_s, steps = float(sys.argv[1]), int(sys.argv[2])
+    rep = StepReporter.from_env()
+    for step in range(1, steps + 1):
+        time.sleep(step_s)
+        rep.step(step)
+    time.sleep(100000)  # the hang
+    """
+)
+
+MONITOR_S = 0.1
+
+
+def hang_latency(step_s: float, steps: int, workdir: Path) -> tuple[float, float, float, str]:
+    """(latency / T, window / T, dump seconds, dump method) for one run."""
+    slots = StepSlotFile(workdir / "steps.slots", 2)
+    procs = []
+    try:
+        for local in range(2):
+            env = {
+                **os.environ,
+                STEP_SLOTS_ENV_VAR: str(slots.path),
+                STEP_SLOT_ENV_VAR: str(local),
+                STACK_DUMP_ENV_VAR: str(workdir / f"stacks-{local}.txt"),
+            }
+            procs.append(subprocess.Popen([sys.executable, "-c", WORKER, str(step_s), str(steps)], env=env))
+        watch = StepWatch({0: 0, 1: 1}, HangConfig(k=5.0, floor_s=step_s, warmup_steps=1, min_step_samples=3))
+        while True:
+            now = time.monotonic()
+            watch.observe(slots.read_all(), now)
+            verdict = watch.check(now)
+            if verdict is not None and verdict.hung:
+                break
+            time.sleep(MONITOR_S)
+        # From the first rank's last step end: the stall the detector measured.
+        last_end = min(r.step_end_s for r in slots.read_all().values())
+        latency = now - last_end
+        started = time.monotonic()
+        methods = set()
+        for local, proc in enumerate(procs):
+            dump = request_stack_dump(proc.pid, dump_path=workdir / f"stacks-{local}.txt", timeout_s=10.0)
+            assert dump.ok, dump.reason
+            methods.add(dump.method)
+        dump_s = time.monotonic() - started
+        return latency / step_s, verdict.window_s / step_s, dump_s, ",".join(sorted(methods))
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+        slots.close()
+
+
+def straggler_latency(step_s: float, heartbeat_s: float) -> tuple[float, int]:
+    """(seconds from the slowdown to the report, heartbeats) under a simulated clock."""
+    watch = StragglerWatch(StragglerConfig(k=2.0, window_steps=5, min_samples=3))
+    ranks = (0, 1, 2, 3)
+    steps = dict.fromkeys(ranks, 0)
+    last_end = dict.fromkeys(ranks, 0.0)
+    now, beats, slowed_at = 0.0, 0, None
+    while True:
+        previous = now
+        now += heartbeat_s
+        for rank in ranks:
+            while True:
+                # Steps rank 1 begins after the slowdown are 3x longer.
+                slow = rank == 1 and slowed_at is not None and last_end[rank] >= slowed_at
+                pace_s = 3 * step_s if slow else step_s
+                if last_end[rank] + pace_s > now:
+                    break
+                last_end[rank] += pace_s
+                steps[rank] += 1
+        if slowed_at is None and previous >= max(20 * step_s, 10 * heartbeat_s):
+            slowed_at = last_end[1]  # rank 1 slows from its next step on
+        stats = [RankStepStats(r, steps[r], steps[r], 0.0, now - last_end[r]) for r in ranks]
+        watch.observe(0, stats, now)
+        found = watch.check(now)
+        if slowed_at is not None:
+            beats += 1
+        if found is not None:
+            assert found.ranks == (1,), found
+            assert slowed_at is not None, "a straggler before the slowdown"
+            return now - slowed_at, beats
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer step times and repeats")
+    args = parser.parse_args()
+    step_times = (0.05, 0.2) if args.quick else (0.05, 0.2, 0.5, 1.0)
+    repeats = 1 if args.quick else 3
+    print("Hang detection (real processes, real step slots; k=5, monitor interval 0.1 s)")
+    print(f"{'step T (s)':>10} {'latency/T (median)':>19} {'window/T':>9} {'dump 2 ranks (s)':>17} {'method':>13} "
+          f"{'CPU-idle watch/T':>17}")  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="hangbench-") as tmp:
+        for step_s in step_times:
+            runs = [hang_latency(step_s, 20, Path(tmp)) for _ in range(repeats)]
+            latency = statistics.median(r[0] for r in runs)
+            window = statistics.median(r[1] for r in runs)
+            dump_s = statistics.median(r[2] for r in runs)
+            print(
+                f"{step_s:>10.2f} {latency:>19.2f} {window:>9.2f} {dump_s:>17.3f} {runs[0][3]:>13} "
+                f"{180.0 / step_s:>17.0f}"
+            )
+    print()
+    print("Straggler detection (simulated clock; rank 1 of 4 slowed 3x; factor 2, window 5, 3 samples)")
+    print(f"{'step T (s)':>10} {'heartbeat (s)':>13} {'latency (s)':>12} {'latency/T':>10} {'heartbeats':>11}")
+    for step_s in (0.1, 1.0):
+        for heartbeat_s in (0.5, 2.0, 5.0):
+            seconds, beats = straggler_latency(step_s, heartbeat_s)
+            print(f"{step_s:>10.2f} {heartbeat_s:>13.1f} {seconds:>12.1f} {seconds / step_s:>10.1f} {beats:>11d}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,321 @@
+"""Step reports from training processes to their node's agent through a shared file.
+
+The agent creates one small file (a tmpfs file under its own node directory) with one 64-byte
+slot per local worker and tells every worker its path (`STEP_SLOTS_ENV_VAR`) and its slot
+(`STEP_SLOT_ENV_VAR`). A worker maps the file and writes its progress into its slot; the agent
+reads every slot each monitor tick. A report is a few stores into mapped memory and a read of
+CLOCK_MONOTONIC (a vDSO call): no system call, no RPC, cheap enough for every step.
+
+File layout (little endian):
+
+* header, 64 bytes: magic ``b"DLRSLOT1"``, u32 slot count, u32 slot size (64), zero padding;
+* slot ``i`` at ``64 + 64 * i``: u64 sequence, i64 step, i64 samples, f64 step end (seconds on
+  CLOCK_MONOTONIC, shared by every process of the node), f64 phase start, u32 phase code, u32 pid,
+  zero padding.
+
+The sequence is a seqlock: a writer makes it odd, writes the fields, makes it even again; a reader
+retries while it is odd or changed under it. Sequence 0 means the slot was never written.
+
+Writers read-modify-write the slot itself and keep no copy, so several writers in one process (the
+script's own reports, a checkpointer's, a sampler's) never undo each other's fields.
+
+This module imports only the standard library: training processes load it for free.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import logging
+import mmap
+import os
+import signal
+import struct
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import IO
+
+import attrs
+
+from dlrover.common.errors import ConfigError
+
+__all__ = [
+    "PHASES",
+    "STACK_DUMP_ENV_VAR",
+    "STEP_SLOTS_ENV_VAR",
+    "STEP_SLOT_ENV_VAR",
+    "SlotReading",
+    "StepSlotFile",
+    "StepReporter",
+    "optional_reporter",
+]
+
+STEP_SLOTS_ENV_VAR = "DLROVER_STEP_SLOTS"
+"""The path of the node's step slot file, set by the agent."""
+
+STEP_SLOT_ENV_VAR = "DLROVER_STEP_SLOT"
+"""This worker's slot in that file (its local rank), set by the agent."""
+
+STACK_DUMP_ENV_VAR = "DLROVER_STACK_DUMP_FILE"
+"""The file this worker's faulthandler writes its stacks to on SIGUSR1, set by the agent."""
+
+_log = logging.getLogger(__name__)
+
+PHASES: tuple[str, ...] = ("train", "checkpoint", "eval")
+"""The phases a slot can carry, by code."""
+
+_MAGIC = b"DLRSLOT1"
+_HEADER = struct.Struct("<8sII")
+_SLOT = struct.Struct("<QqqddII")
+_SLOT_SIZE = 64
+_HEADER_SIZE = 64
+_MAX_SLOTS = 4096
+_READ_TRIES = 100
+
+
+@attrs.frozen
+class SlotReading:
+    """One consistent read of a slot.
+
+    Attributes:
+        seq: the slot's sequence (grows with every write; even).
+        step: the steps the worker finished.
+        samples: the samples it consumed, in total.
+        step_end_s: when it finished its last step (CLOCK_MONOTONIC seconds; 0 before the first).
+        phase: what it does now (one of `PHASES`).
+        phase_since_s: when it entered that phase.
+        pid: the writer's process id.
+    """
+
+    seq: int
+    step: int
+    samples: int
+    step_end_s: float
+    phase: str
+    phase_since_s: float
+    pid: int
+
+
+def _offset(index: int) -> int:
+    return _HEADER_SIZE + _SLOT_SIZE * index
+
+
+def _read_slot(buf: mmap.mmap, index: int) -> SlotReading | None:
+    off = _offset(index)
+    for _ in range(_READ_TRIES):
+        seq, step, samples, end_s, since_s, code, pid = _SLOT.unpack_from(buf, off)
+        if seq == 0:
+            return None
+        if seq % 2 == 1:
+            continue  # a write is under way
+        if struct.unpack_from("<Q", buf, off)[0] != seq:
+            continue
+        phase = PHASES[code] if code < len(PHASES) else PHASES[0]
+        return SlotReading(seq, step, samples, end_s, phase, since_s, pid)
+    return None
+
+
+class StepSlotFile:
+    """The agent's side: creates the file and reads every slot.
+
+    Args:
+        path: the file to create (replaced if it exists).
+        slots: how many workers report (1 to 4096).
+
+    Raises:
+        ConfigError: if `slots` is out of range.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], slots: int) -> None:
+        if not isinstance(slots, int) or not 1 <= slots <= _MAX_SLOTS:
+            raise ConfigError(f"slots must be an integer in [1, {_MAX_SLOTS}], got {slots!r}")
+        self.path = Path(path)
+        self.slots = slots
+        size = _offset(slots)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.ftruncate(fd, size)
+            self._buf: mmap.mmap | None = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+        _HEADER.pack_into(self._buf, 0, _MAGIC, slots, _SLOT_SIZE)
+
+    def _mapped(self) -> mmap.mmap:
+        if self._buf is None:
+            raise ConfigError(f"step slot file {self.path} is closed")
+        return self._buf
+
+    def reset(self) -> None:
+        """Clear every slot (before a new set of workers starts)."""
+        buf = self._mapped()
+        buf[_HEADER_SIZE:] = bytes(len(buf) - _HEADER_SIZE)
+
+    def read(self, index: int) -> SlotReading | None:
+        """Slot `index`, or None while it was never written (or no consistent read was possible)."""
+        if not 0 <= index < self.slots:
+            raise ConfigError(f"slot index must be in [0, {self.slots}), got {index!r}")
+        return _read_slot(self._mapped(), index)
+
+    def read_all(self) -> dict[int, SlotReading]:
+        """Every written slot, by index."""
+        buf = self._mapped()
+        out = {}
+        for index in range(self.slots):
+            reading = _read_slot(buf, index)
+            if reading is not None:
+                out[index] = reading
+        return out
+
+    def close(self, *, remove: bool = True) -> None:
+        """Unmap the file and (by default) remove it. Idempotent."""
+        if self._buf is not None:
+            self._buf.close()
+            self._buf = None
+        if remove:
+            self.path.unlink(missing_ok=True)
+
+
+class StepReporter:
+    """A training process's side: writes its own slot.
+
+    Args:
+        path: the slot file the agent created.
+        index: this process's slot.
+        clock: seconds on CLOCK_MONOTONIC (injectable for tests).
+
+    Raises:
+        ConfigError: if the file is not a step slot file or `index` is out of range.
+    """
+
+    def __init__(
+        self, path: str | os.PathLike[str], index: int, *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._clock = clock
+        with open(path, "r+b") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size < _HEADER_SIZE:
+                raise ConfigError(f"{path} is not a step slot file ({size} bytes)")
+            buf = mmap.mmap(f.fileno(), size)
+        magic, slots, slot_size = _HEADER.unpack_from(buf, 0)
+        if magic != _MAGIC or slot_size != _SLOT_SIZE or size < _offset(slots):
+            buf.close()
+            raise ConfigError(f"{path} is not a step slot file (magic {magic!r}, {slots} slots of {slot_size} bytes)")
+        if not isinstance(index, int) or not 0 <= index < slots:
+            buf.close()
+            raise ConfigError(f"slot index must be in [0, {slots}), got {index!r}")
+        self._buf: mmap.mmap | None = buf
+        self._off = _offset(index)
+        self._pid = os.getpid()
+        self._dump_file: IO[str] | None = None
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> StepReporter | None:
+        """The writer the agent set up for this process, or None when not run by `dlrover-run`.
+
+        When the agent names a stack-dump file (`STACK_DUMP_ENV_VAR`), this also registers
+        ``faulthandler`` for SIGUSR1 to write every thread's stack there, so the agent can see
+        where a hung process is blocked; it stays registered for the life of the process.
+
+        Raises:
+            ConfigError: if the variables are set but wrong.
+        """
+        env = os.environ if environ is None else environ
+        path = env.get(STEP_SLOTS_ENV_VAR, "")
+        if not path:
+            return None
+        raw = env.get(STEP_SLOT_ENV_VAR, "")
+        try:
+            index = int(raw)
+        except ValueError:
+            raise ConfigError(f"{STEP_SLOT_ENV_VAR} must be an integer, got {raw!r}") from None
+        writer = cls(path, index)
+        dump = env.get(STACK_DUMP_ENV_VAR, "")
+        if dump:
+            writer._register_stack_dump(dump)
+        return writer
+
+    def _register_stack_dump(self, path: str) -> None:
+        # Opened once and kept: the handler writes from signal context, where nothing can be opened.
+        self._dump_file = open(path, "a", encoding="utf-8")  # noqa: SIM115
+        faulthandler.register(signal.SIGUSR1, file=self._dump_file, all_threads=True, chain=False)
+
+    def _mapped(self) -> mmap.mmap:
+        if self._buf is None:
+            raise ConfigError("the step slot writer is closed")
+        return self._buf
+
+    def _write(
+        self, *, step: int | None = None, add_samples: int = 0, phase: str | None = None, now: float | None = None
+    ) -> None:
+        buf = self._mapped()
+        off = self._off
+        seq, cur_step, samples, end_s, since_s, code, _pid = _SLOT.unpack_from(buf, off)
+        t = self._clock() if now is None else now
+        if seq == 0:
+            since_s = t  # the first write starts the phase clock
+        new_step = cur_step
+        if step is not None and step > cur_step:
+            new_step, end_s = step, t
+        if phase is not None:
+            new_code = PHASES.index(phase)
+            if new_code != code:
+                code, since_s = new_code, t
+        struct.pack_into("<Q", buf, off, seq | 1)
+        _SLOT.pack_into(buf, off, seq | 1, new_step, samples + add_samples, end_s, since_s, code, self._pid)
+        struct.pack_into("<Q", buf, off, (seq | 1) + 1)
+
+    def step(self, step: int | None = None, *, samples: int = 0) -> None:
+        """Mark the end of a step.
+
+        Args:
+            step: the steps finished so far; None counts one more than the slot holds. A value not
+                above the slot's keeps the step (the end time moves only when it grows).
+            samples: samples consumed since the last report.
+
+        Raises:
+            ConfigError: on a negative step or sample count.
+        """
+        if step is not None and step < 0:
+            raise ConfigError(f"step must be >= 0, got {step!r}")
+        if samples < 0:
+            raise ConfigError(f"samples must be >= 0, got {samples!r}")
+        if step is None:
+            step = _SLOT.unpack_from(self._mapped(), self._off)[1] + 1
+        self._write(step=step, add_samples=samples)
+
+    def add_samples(self, samples: int) -> None:
+        """Count `samples` more consumed samples without marking a step.
+
+        Raises:
+            ConfigError: on a negative count.
+        """
+        if samples < 0:
+            raise ConfigError(f"samples must be >= 0, got {samples!r}")
+        self._write(add_samples=samples)
+
+    def phase(self, name: str) -> None:
+        """Enter phase `name` (one of `PHASES`): checkpoint and eval get their own hang allowances.
+
+        Raises:
+            ConfigError: on an unknown phase.
+        """
+        if name not in PHASES:
+            raise ConfigError(f"phase must be one of {', '.join(PHASES)}; got {name!r}")
+        self._write(phase=name)
+
+    def close(self) -> None:
+        """Unmap the slot (the stack-dump handler, if any, stays). Idempotent."""
+        if self._buf is not None:
+            self._buf.close()
+            self._buf = None
+
+
+def optional_reporter(environ: Mapping[str, str] | None = None) -> StepReporter | None:
+    """`StepReporter.from_env`, for libraries that report on the user's behalf (a checkpointer's
+    save, a sampler's commit): None when not under `dlrover-run`, and a warning instead of an
+    error when the agent's file cannot be used, so reporting never stops training."""
+    try:
+        return StepReporter.from_env(environ)
+    except (ConfigError, OSError, ValueError) as exc:
+        _log.warning("step reports are off in this process: %s", exc)
+        return None

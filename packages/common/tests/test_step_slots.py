@@ -1,0 +1,265 @@
+"""The step slot file: what a worker writes is what its agent reads, consistently and cheaply."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+
+from dlrover.common import ConfigError
+from dlrover.common.step_slots import (
+    PHASES,
+    STACK_DUMP_ENV_VAR,
+    STEP_SLOT_ENV_VAR,
+    STEP_SLOTS_ENV_VAR,
+    StepReporter,
+    StepSlotFile,
+    optional_reporter,
+)
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_a_new_file_has_every_slot_empty(tmp_path: Path) -> None:
+    slots = StepSlotFile(tmp_path / "s", 3)
+    try:
+        assert slots.read_all() == {}
+        assert (tmp_path / "s").stat().st_size == 64 + 3 * 64
+    finally:
+        slots.close()
+    assert not (tmp_path / "s").exists()
+
+
+def test_steps_samples_and_phases_round_trip_with_their_times(tmp_path: Path) -> None:
+    slots = StepSlotFile(tmp_path / "s", 2)
+    clock = _Clock()
+    writer = StepReporter(slots.path, 1, clock=clock)
+    try:
+        writer.step(samples=8)
+        first = slots.read(1)
+        assert first is not None
+        assert (first.step, first.samples, first.step_end_s, first.phase, first.pid) == (
+            1,
+            8,
+            100.0,
+            "train",
+            os.getpid(),
+        )
+        clock.t = 101.5
+        writer.phase("checkpoint")
+        clock.t = 103.0
+        writer.step(5, samples=2)
+        writer.add_samples(6)
+        got = slots.read(1)
+        assert got is not None
+        assert (got.step, got.samples, got.step_end_s, got.phase, got.phase_since_s) == (
+            5,
+            16,
+            103.0,
+            "checkpoint",
+            101.5,
+        )
+        assert got.seq > first.seq
+        assert got.seq % 2 == 0
+        assert slots.read(0) is None
+    finally:
+        writer.close()
+        slots.close()
+
+
+def test_a_step_not_above_the_slots_keeps_it_and_its_end_time(tmp_path: Path) -> None:
+    slots = StepSlotFile(tmp_path / "s", 1)
+    clock = _Clock()
+    writer = StepReporter(slots.path, 0, clock=clock)
+    second = StepReporter(slots.path, 0, clock=clock)  # another library in the same process
+    try:
+        writer.step(10)
+        clock.t = 200.0
+        second.step(4, samples=3)  # e.g. a checkpointer saving an older step number
+        got = slots.read(0)
+        assert got is not None
+        assert (got.step, got.samples, got.step_end_s) == (10, 3, 100.0)
+    finally:
+        writer.close()
+        second.close()
+        slots.close()
+
+
+def test_reset_clears_every_slot(tmp_path: Path) -> None:
+    slots = StepSlotFile(tmp_path / "s", 2)
+    writer = StepReporter(slots.path, 0)
+    try:
+        writer.step()
+        assert 0 in slots.read_all()
+        slots.reset()
+        assert slots.read_all() == {}
+    finally:
+        writer.close()
+        slots.close()
+
+
+@pytest.mark.parametrize("slots", [0, -1, 5000, 1.5])
+def test_a_slot_count_out_of_range_is_refused(tmp_path: Path, slots: object) -> None:
+    with pytest.raises(ConfigError, match="slots must be"):
+        StepSlotFile(tmp_path / "s", slots)  # type: ignore[arg-type]
+    assert not (tmp_path / "s").exists()
+
+
+def test_a_writer_refuses_a_file_that_is_not_a_slot_file_and_a_slot_out_of_range(tmp_path: Path) -> None:
+    (tmp_path / "junk").write_bytes(b"x" * 256)
+    with pytest.raises(ConfigError, match="not a step slot file"):
+        StepReporter(tmp_path / "junk", 0)
+    slots = StepSlotFile(tmp_path / "s", 2)
+    try:
+        with pytest.raises(ConfigError, match=r"slot index must be in \[0, 2\)"):
+            StepReporter(slots.path, 2)
+    finally:
+        slots.close()
+
+
+def test_bad_reports_are_refused_and_change_nothing(tmp_path: Path) -> None:
+    slots = StepSlotFile(tmp_path / "s", 1)
+    writer = StepReporter(slots.path, 0)
+    try:
+        writer.step(3)
+        before = slots.read(0)
+        with pytest.raises(ConfigError, match="phase must be one of"):
+            writer.phase("lunch")
+        with pytest.raises(ConfigError, match="step must be"):
+            writer.step(-1)
+        with pytest.raises(ConfigError, match="samples must be"):
+            writer.add_samples(-5)
+        assert slots.read(0) == before
+        assert PHASES == ("train", "checkpoint", "eval")
+    finally:
+        writer.close()
+        slots.close()
+
+
+def test_without_dlrover_run_there_is_no_reporter_and_a_broken_setup_only_warns(tmp_path: Path) -> None:
+    assert StepReporter.from_env({}) is None
+    assert optional_reporter({}) is None
+    bad = {STEP_SLOTS_ENV_VAR: str(tmp_path / "missing"), STEP_SLOT_ENV_VAR: "0"}
+    assert optional_reporter(bad) is None
+    with pytest.raises(ConfigError, match="must be an integer"):
+        StepReporter.from_env({STEP_SLOTS_ENV_VAR: str(tmp_path / "x"), STEP_SLOT_ENV_VAR: "one"})
+
+
+def test_a_reporting_process_dumps_its_stacks_on_sigusr1_while_blocked(tmp_path: Path) -> None:
+    slots = StepSlotFile(tmp_path / "s", 1)
+    dump = tmp_path / "stacks.txt"
+    script = textwrap.dedent(
+        """
+        import threading
+        from dlrover.common.step_slots import StepReporter
+        rep = StepReporter.from_env()
+        rep.step()
+        def blocked_here():
+            threading.Event().wait()
+        blocked_here()
+        """
+    )
+    env = {**os.environ, STEP_SLOTS_ENV_VAR: str(slots.path), STEP_SLOT_ENV_VAR: "0", STACK_DUMP_ENV_VAR: str(dump)}
+    proc = subprocess.Popen([sys.executable, "-c", script], env=env)
+    try:
+        while slots.read(0) is None:  # registered before its first report
+            assert proc.poll() is None
+            time.sleep(0.02)
+        os.kill(proc.pid, signal.SIGUSR1)
+        while "blocked_here" not in (dump.read_text() if dump.exists() else ""):
+            assert proc.poll() is None, "SIGUSR1 killed the process: no handler"
+            time.sleep(0.02)
+        assert proc.poll() is None
+    finally:
+        proc.kill()
+        proc.wait()
+        slots.close()
+
+
+class SlotMachine(RuleBasedStateMachine):
+    """Several writers in one process, a reader, resets: every read equals a trivially correct model."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dir = Path(tempfile.mkdtemp(prefix="slots-"))
+        self.slots = StepSlotFile(self.dir / "s", 2)
+        self.clock = _Clock()
+        # Two writers of slot 0 (the script's own, a library's) and one of slot 1.
+        self.writers = [
+            StepReporter(self.slots.path, 0, clock=self.clock),
+            StepReporter(self.slots.path, 0, clock=self.clock),
+            StepReporter(self.slots.path, 1, clock=self.clock),
+        ]
+        self.model: dict[int, dict[str, object]] = {}
+
+    def _slot(self, writer: int) -> dict[str, object]:
+        index = 0 if writer < 2 else 1
+        if index not in self.model:
+            self.model[index] = {"step": 0, "samples": 0, "end": 0.0, "phase": "train", "since": self.clock.t}
+        return self.model[index]
+
+    @rule(dt=st.floats(0.0, 5.0))
+    def time_passes(self, dt: float) -> None:
+        self.clock.t += dt
+
+    @rule(writer=st.integers(0, 2), step=st.one_of(st.none(), st.integers(0, 50)), samples=st.integers(0, 9))
+    def step(self, writer: int, step: int | None, samples: int) -> None:
+        slot = self._slot(writer)
+        target = int(slot["step"]) + 1 if step is None else step  # type: ignore[call-overload]
+        self.writers[writer].step(step, samples=samples)
+        if target > int(slot["step"]):  # type: ignore[call-overload]
+            slot["step"], slot["end"] = target, self.clock.t
+        slot["samples"] = int(slot["samples"]) + samples  # type: ignore[call-overload]
+
+    @rule(writer=st.integers(0, 2), phase=st.sampled_from(PHASES))
+    def phase(self, writer: int, phase: str) -> None:
+        slot = self._slot(writer)
+        self.writers[writer].phase(phase)
+        if phase != slot["phase"]:
+            slot["phase"], slot["since"] = phase, self.clock.t
+
+    @rule()
+    def reset(self) -> None:
+        self.slots.reset()
+        self.model.clear()
+
+    @invariant()
+    def reads_equal_the_model(self) -> None:
+        got = self.slots.read_all()
+        assert sorted(got) == sorted(self.model)
+        for index, slot in self.model.items():
+            r = got[index]
+            assert (r.step, r.samples, r.step_end_s, r.phase, r.phase_since_s) == (
+                slot["step"],
+                slot["samples"],
+                slot["end"],
+                slot["phase"],
+                slot["since"],
+            )
+            assert r.seq % 2 == 0
+
+    def teardown(self) -> None:
+        for writer in self.writers:
+            writer.close()
+        self.slots.close()
+        self.dir.rmdir()
+
+
+TestSlotMachine = SlotMachine.TestCase

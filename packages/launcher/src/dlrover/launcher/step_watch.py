@@ -1,0 +1,131 @@
+"""The agent's view of its workers' step reports: hang detection and the stats heartbeats carry.
+
+Workers write their progress into their slot of the node's step slot file
+(`dlrover.common.step_slots`); each monitor tick the agent hands the slots it read to a
+`StepWatch`, which turns them into `StepReport`s for the adaptive `HangDetector` and keeps what
+the heartbeat batches to the master (`RankStepStats`). A rank blocked in a collective burns CPU
+while it spins, so the CPU-idle watch (`dlrover.launcher.hang`) misses it; its step reports stop
+all the same.
+
+Pure: readings and ``now`` (CLOCK_MONOTONIC seconds, the clock the workers stamp with) come in as
+arguments. The watch judges nothing before the first report of any worker, so a script that
+never reports is never called hung by it.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping
+
+from dlrover.common import ConfigError
+from dlrover.common.step_slots import SlotReading
+from dlrover.diagnosis import HangConfig, HangDetector, HangReport, RankStepStats, StepReport
+
+__all__ = ["StepWatch"]
+
+
+class StepWatch:
+    """Step progress of one set of workers (one attempt).
+
+    Args:
+        ranks: local rank -> global rank of every worker.
+        hang: the hang detector's settings; None: hangs are not judged (stats are still kept).
+    """
+
+    def __init__(self, ranks: Mapping[int, int], hang: HangConfig | None) -> None:
+        self._ranks = dict(ranks)
+        self._judge = hang is not None
+        self._detector = HangDetector(hang or HangConfig())
+        self._seen: dict[int, SlotReading] = {}
+        self._last_time: dict[int, float] = {}
+        self._started = False
+
+    @property
+    def reporting(self) -> bool:
+        """Whether any worker has reported yet."""
+        return self._started
+
+    def observe(self, readings: Mapping[int, SlotReading], now: float) -> None:
+        """Feed the slots read at `now` (local rank -> reading); unchanged ones are skipped."""
+        for local_rank in sorted(readings):
+            reading = readings[local_rank]
+            rank = self._ranks.get(local_rank)
+            if rank is None:
+                continue
+            before = self._seen.get(local_rank)
+            if before is not None and before.seq == reading.seq:
+                continue
+            if not self._started:
+                # Every worker is expected from the first report of any: they run the same script,
+                # so one that never reports is stuck before its first step.
+                self._detector.start(sorted(self._ranks.values()), now)
+                self._last_time = dict.fromkeys(self._ranks.values(), now)
+                self._started = True
+            self._seen[local_rank] = reading
+            for report in self._reports(rank, before, reading):
+                self._detector.observe(report)
+                self._last_time[rank] = report.time_s
+
+    def _reports(self, rank: int, before: SlotReading | None, now: SlotReading) -> list[StepReport]:
+        floor = self._last_time.get(rank, 0.0)
+        old_step = before.step if before is not None else 0
+        old_phase = before.phase if before is not None else "train"
+        out: list[StepReport] = []
+        try:
+            if now.step > old_step:
+                if now.phase != old_phase and now.phase_since_s > now.step_end_s:
+                    # The step ended in the old phase; the new one began after it.
+                    out.append(StepReport(rank, now.step, max(floor, now.step_end_s), old_phase))
+                    out.append(StepReport(rank, now.step, max(floor, now.phase_since_s), now.phase))
+                else:
+                    out.append(StepReport(rank, now.step, max(floor, now.step_end_s), now.phase))
+            elif now.phase != old_phase:
+                out.append(StepReport(rank, max(now.step, 0), max(floor, now.phase_since_s), now.phase))
+        except ConfigError:
+            return []  # a slot with nonsense (a negative step) says nothing
+        return out
+
+    def check(self, now: float) -> HangReport | None:
+        """The hang detector's verdict at `now`; None while hangs are not judged or nobody reported."""
+        if not self._judge or not self._started:
+            return None
+        return self._detector.check(now)
+
+    def window_s(self) -> float | None:
+        """The current window of the rank judged most leniently, for logs; None before reports."""
+        if not self._started:
+            return None
+        return max(self._detector.window_for(state)[0] for state in self._detector.progress())
+
+    def stats(self, now: float) -> tuple[RankStepStats, ...]:
+        """What the heartbeat carries: every reporting rank's steps, samples and recent step time."""
+        progress = {state.rank: state for state in self._detector.progress()}
+        out = []
+        for local_rank in sorted(self._seen):
+            reading = self._seen[local_rank]
+            rank = self._ranks[local_rank]
+            state = progress.get(rank)
+            median = statistics.median(state.durations) if state is not None and state.durations else 0.0
+            since_mark = reading.step_end_s if reading.step > 0 else reading.phase_since_s
+            out.append(
+                RankStepStats(
+                    rank=rank,
+                    steps=max(reading.step, 0),
+                    samples=max(reading.samples, 0),
+                    median_step_s=median,
+                    since_step_s=max(0.0, now - since_mark),
+                    phase=reading.phase,
+                )
+            )
+        return tuple(out)
+
+    def global_rank(self, local_rank: int) -> int | None:
+        """The global rank of `local_rank`, if it is one of the watched workers."""
+        return self._ranks.get(local_rank)
+
+    def local_rank(self, rank: int) -> int | None:
+        """The local rank of global `rank`, if it is one of the watched workers."""
+        for local, glob in self._ranks.items():
+            if glob == rank:
+                return local
+        return None

@@ -1,0 +1,145 @@
+"""The agent's step watch: slot readings in, hang verdicts and heartbeat stats out (fake time)."""
+
+from __future__ import annotations
+
+import pytest
+
+from dlrover.common.step_slots import SlotReading
+from dlrover.diagnosis import HangConfig
+from dlrover.launcher.step_watch import StepWatch
+
+pytestmark = pytest.mark.timeout(30)
+
+CONFIG = HangConfig(k=5.0, floor_s=2.0, warmup_steps=1, first_steps_allowance_s=60.0, min_step_samples=2)
+
+
+class Slots:
+    """What the workers wrote: one SlotReading per local rank, rewritten as a writer would."""
+
+    def __init__(self) -> None:
+        self.seq: dict[int, int] = {}
+        self.now: dict[int, SlotReading] = {}
+
+    def write(self, local: int, step: int, t: float, phase: str = "train", samples: int = 0) -> None:
+        before = self.now.get(local)
+        seq = self.seq.get(local, 0) + 2
+        self.seq[local] = seq
+        end = t if before is None or step > before.step else before.step_end_s
+        since = t if before is None or phase != before.phase else before.phase_since_s
+        total = samples + (before.samples if before is not None else 0)
+        self.now[local] = SlotReading(seq, step, total, end, phase, since, 1000 + local)
+
+
+def run_steps(
+    watch: StepWatch, slots: Slots, start: float, steps: range, *, step_s: float, ranks: tuple[int, ...]
+) -> float:
+    t = start
+    for step in steps:
+        t += step_s
+        for local in ranks:
+            slots.write(local, step, t, samples=4)
+        watch.observe(slots.now, t)
+        assert watch.check(t) is not None
+        verdict = watch.check(t)
+        assert verdict is not None
+        assert not verdict.hung, verdict.reason
+    return t
+
+
+def test_nothing_is_judged_before_any_worker_reports() -> None:
+    watch = StepWatch({0: 0, 1: 1}, CONFIG)
+    watch.observe({}, 0.0)
+    assert watch.check(10_000.0) is None
+    assert not watch.reporting
+    assert watch.stats(10_000.0) == ()
+
+
+def test_a_rank_that_stops_reporting_is_hung_after_k_times_the_median_step() -> None:
+    watch = StepWatch({0: 8, 1: 9}, CONFIG)
+    slots = Slots()
+    t = run_steps(watch, slots, 0.0, range(1, 12), step_s=1.0, ranks=(0, 1))
+    # Rank 9 (local 1) stops; rank 8 waits for it in the next collective and stops too.
+    assert watch.window_s() == pytest.approx(5.0)
+    assert not watch.check(t + 4.9).hung  # type: ignore[union-attr]
+    verdict = watch.check(t + 5.1)
+    assert verdict is not None
+    assert verdict.hung
+    assert verdict.stalled_ranks == (8, 9)
+    assert verdict.window_s == pytest.approx(5.0)
+    assert "5 x the median step time of 1 s" in verdict.reason
+    assert watch.local_rank(9) == 1
+    assert watch.global_rank(0) == 8
+
+
+def test_fast_steps_are_judged_by_the_floor() -> None:
+    watch = StepWatch({0: 0}, CONFIG)
+    slots = Slots()
+    t = run_steps(watch, slots, 0.0, range(1, 20), step_s=0.1, ranks=(0,))
+    assert not watch.check(t + 1.9).hung  # type: ignore[union-attr]
+    verdict = watch.check(t + 2.1)
+    assert verdict is not None
+    assert verdict.hung
+    assert "the floor" in verdict.reason
+
+
+def test_a_checkpoint_phase_gets_its_own_allowance() -> None:
+    config = HangConfig(
+        k=5.0, floor_s=2.0, warmup_steps=1, min_step_samples=2, phase_allowance_s={"checkpoint": 30.0, "eval": 60.0}
+    )
+    watch = StepWatch({0: 0}, config)
+    slots = Slots()
+    t = run_steps(watch, slots, 0.0, range(1, 10), step_s=1.0, ranks=(0,))
+    slots.write(0, 9, t + 0.5, phase="checkpoint")
+    watch.observe(slots.now, t + 0.5)
+    assert not watch.check(t + 25.0).hung  # type: ignore[union-attr]
+    verdict = watch.check(t + 31.0)
+    assert verdict is not None
+    assert verdict.hung
+    assert "phase 'checkpoint'" in verdict.reason
+    # Back to training: judged by the steps again.
+    slots.write(0, 10, t + 31.5, phase="train")
+    watch.observe(slots.now, t + 31.5)
+    assert not watch.check(t + 32.0).hung  # type: ignore[union-attr]
+
+
+def test_a_rank_that_never_reports_is_caught_once_its_peers_report() -> None:
+    watch = StepWatch({0: 0, 1: 1}, CONFIG)
+    slots = Slots()
+    slots.write(0, 1, 1.0)
+    watch.observe(slots.now, 1.0)
+    assert not watch.check(59.0).hung  # type: ignore[union-attr]
+    verdict = watch.check(62.0)
+    assert verdict is not None
+    assert 1 in verdict.stalled_ranks
+    assert "first-steps allowance" in verdict.reason
+
+
+def test_without_a_hang_config_only_stats_are_kept() -> None:
+    watch = StepWatch({0: 4, 1: 5}, None)
+    slots = Slots()
+    t = 0.0
+    for step in range(1, 8):
+        t += 1.0
+        slots.write(0, step, t, samples=2)
+        slots.write(1, step, t + 1.0 if step > 3 else t, samples=2)
+        watch.observe(slots.now, t + 1.0)
+    assert watch.check(t + 1000.0) is None
+    stats = {s.rank: s for s in watch.stats(t + 1.5)}
+    assert sorted(stats) == [4, 5]
+    assert (stats[4].steps, stats[4].samples, stats[4].phase) == (7, 14, "train")
+    assert stats[4].median_step_s == pytest.approx(1.0)
+    assert stats[4].since_step_s == pytest.approx(1.5)
+    assert stats[5].since_step_s == pytest.approx(0.5)
+
+
+def test_an_unchanged_slot_is_not_a_new_report_and_reports_never_go_back_in_time() -> None:
+    watch = StepWatch({0: 0}, CONFIG)
+    slots = Slots()
+    run_steps(watch, slots, 10.0, range(1, 5), step_s=1.0, ranks=(0,))
+    # A step end stamped before the watch began (the worker wrote, the agent read later): clamped.
+    late = StepWatch({0: 0}, CONFIG)
+    late.observe({0: SlotReading(2, 1, 0, 5.0, "train", 5.0, 1)}, 20.0)
+    late.observe({0: SlotReading(2, 1, 0, 5.0, "train", 5.0, 1)}, 30.0)
+    verdict = late.check(30.0)
+    assert verdict is not None
+    assert not verdict.hung

@@ -1,0 +1,109 @@
+"""Runtime straggler detection from the step stats agents batch on their heartbeats.
+
+Each heartbeat carries, per training process, its step count and the seconds since its last step
+ended (`RankStepStats`). Seconds-ago survive the trip between machines whose monotonic clocks
+differ: the master places each rank's last step end at ``now - since_step_s`` on its own clock and
+feeds that to `dlrover.diagnosis.StragglerDetector`, which compares every rank's recent step time
+with the other ranks' median. A rank over the factor is reported once (an event and a warning)
+until it recovers.
+
+Pure: ``now`` comes in as an argument.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import attrs
+
+from dlrover.common import ConfigError
+from dlrover.diagnosis import RankStepStats, StepReport, StragglerConfig, StragglerDetector, StragglerReport
+
+__all__ = ["StragglerFinding", "StragglerWatch"]
+
+
+@attrs.frozen
+class StragglerFinding:
+    """Ranks newly found straggling.
+
+    Attributes:
+        ranks: the ranks found since the last finding, ascending.
+        nodes: the node each of them runs on, in the same order.
+        report: the detector's whole verdict (every judged rank's step time, the reason).
+    """
+
+    ranks: tuple[int, ...]
+    nodes: tuple[int, ...]
+    report: StragglerReport
+
+
+class StragglerWatch:
+    """Compares the step times of every rank of the job.
+
+    Args:
+        config: the detector's settings (a window counts heartbeats that saw a rank advance).
+        stale_after_s: a rank whose stats have not come for this long is no longer judged (its
+            node died, or its processes restart): its unfinished step would otherwise grow
+            until it looked like a straggler.
+    """
+
+    def __init__(self, config: StragglerConfig, stale_after_s: float = 30.0) -> None:
+        if not stale_after_s > 0:
+            raise ConfigError(f"stale_after_s must be > 0, got {stale_after_s!r}")
+        self._detector = StragglerDetector(config)
+        self._stale_after_s = stale_after_s
+        self._last: dict[int, tuple[int, float]] = {}  # rank -> (steps, step end on our clock)
+        self._heard: dict[int, float] = {}  # rank -> when its stats last came
+        self._node_of: dict[int, int] = {}
+        self._reported: frozenset[int] = frozenset()
+
+    def observe(self, node_id: int, stats: Iterable[RankStepStats], now: float) -> None:
+        """Record one heartbeat's stats from `node_id`, received at `now`.
+
+        A rank the node reported before and leaves out now is forgotten: its processes restart
+        (they report again from their first step) or stopped reporting.
+        """
+        stats = tuple(stats)
+        present = {stat.rank for stat in stats}
+        for rank in [r for r, n in self._node_of.items() if n == node_id and r not in present]:
+            self._forget(rank)
+        for stat in stats:
+            self._node_of[stat.rank] = node_id
+            self._heard[stat.rank] = now
+            last = self._last.get(stat.rank)
+            end = now - stat.since_step_s
+            if last is not None:
+                if stat.steps == last[0]:
+                    if stat.phase == "train":
+                        continue  # no news; the detector measures the unfinished step itself
+                    end = last[1]
+                end = max(end, last[1])  # latency jitter never moves a step end back
+            try:
+                self._detector.observe(StepReport(stat.rank, stat.steps, end, stat.phase))
+            except ConfigError:
+                continue
+            self._last[stat.rank] = (stat.steps, end)
+
+    def forget_node(self, node_id: int) -> None:
+        """Stop judging the ranks of `node_id` (it left, or its processes restart)."""
+        for rank in [r for r, n in self._node_of.items() if n == node_id]:
+            self._forget(rank)
+
+    def _forget(self, rank: int) -> None:
+        self._detector.forget(rank)
+        self._last.pop(rank, None)
+        self._heard.pop(rank, None)
+        self._node_of.pop(rank, None)
+        self._reported = self._reported - {rank}
+
+    def check(self, now: float) -> StragglerFinding | None:
+        """Newly straggling ranks at `now`; None when there are none (recovered ones may be found again)."""
+        for rank in [r for r, heard in self._heard.items() if now - heard > self._stale_after_s]:
+            self._forget(rank)
+        report = self._detector.check(now)
+        current = frozenset(report.stragglers)
+        new = sorted(current - self._reported)
+        self._reported = current
+        if not new:
+            return None
+        return StragglerFinding(tuple(new), tuple(self._node_of[r] for r in new), report)

@@ -1,0 +1,202 @@
+"""Runtime stragglers: the master compares ranks' step times from heartbeat stats (manual clock)."""
+
+from __future__ import annotations
+
+import pytest
+
+from dlrover.common import ConfigError, ManualClock
+from dlrover.diagnosis import RankStepStats, StragglerConfig
+from dlrover.master.config import LifecycleConfig, MasterConfig, NodeRange
+from dlrover.master.journal import MemoryJournal
+from dlrover.master.master import Master
+from dlrover.master.scheduler.fake import FakeScheduler
+from dlrover.master.states import NodeState
+from dlrover.master.stragglers import StragglerWatch
+
+pytestmark = pytest.mark.timeout(30)
+
+
+class Trainer:
+    """Ranks stepping at their own pace; `stats(now)` is what their agents would send."""
+
+    def __init__(self, step_s: dict[int, float]) -> None:
+        self.step_s = dict(step_s)
+        self.steps = dict.fromkeys(step_s, 0)
+        self.last_end = dict.fromkeys(step_s, 0.0)
+
+    def advance_to(self, now: float) -> None:
+        for rank, step_s in self.step_s.items():
+            while self.last_end[rank] + step_s <= now:
+                self.last_end[rank] += step_s
+                self.steps[rank] += 1
+
+    def stats(self, now: float, ranks: tuple[int, ...] | None = None) -> list[RankStepStats]:
+        return [
+            RankStepStats(r, self.steps[r], self.steps[r], 0.0, now - self.last_end[r])
+            for r in (ranks or tuple(self.step_s))
+        ]
+
+
+def test_a_rank_slowed_three_times_is_found_within_a_few_heartbeats_and_reported_once() -> None:
+    watch = StragglerWatch(StragglerConfig(k=2.0, window_steps=5, min_samples=3))
+    trainer = Trainer({0: 0.1, 1: 0.1, 2: 0.1})
+    now = 0.0
+    for _ in range(10):
+        now += 1.0
+        trainer.advance_to(now)
+        watch.observe(7, trainer.stats(now), now)
+        assert watch.check(now) is None
+    slowed_at = now
+    trainer.step_s[2] = 0.3
+    found = None
+    while found is None:
+        now += 1.0
+        assert now - slowed_at <= 30.0, "not found within 30 s"
+        trainer.advance_to(now)
+        watch.observe(7, trainer.stats(now), now)
+        found = watch.check(now)
+    assert found.ranks == (2,)
+    assert found.nodes == (7,)
+    assert "rank 2 takes" in found.report.reason
+    assert now - slowed_at <= 5.0
+    now += 1.0
+    trainer.advance_to(now)
+    watch.observe(7, trainer.stats(now), now)
+    assert watch.check(now) is None  # already reported
+
+
+def test_equal_ranks_on_several_nodes_are_no_stragglers() -> None:
+    watch = StragglerWatch(StragglerConfig(k=2.0, window_steps=5, min_samples=3))
+    trainer = Trainer({0: 0.5, 1: 0.5, 2: 0.52, 3: 0.5})
+    now = 0.0
+    for _ in range(40):
+        now += 2.0
+        trainer.advance_to(now)
+        watch.observe(0, trainer.stats(now, (0, 1)), now)
+        watch.observe(1, trainer.stats(now, (2, 3)), now)
+        assert watch.check(now) is None
+
+
+def test_a_forgotten_node_is_no_longer_judged() -> None:
+    watch = StragglerWatch(StragglerConfig(k=2.0, window_steps=3, min_samples=2, warmup_steps=0))
+    trainer = Trainer({0: 0.1, 1: 1.0})
+    now = 0.0
+    found = None
+    while found is None:
+        now += 2.0
+        trainer.advance_to(now)
+        watch.observe(0, trainer.stats(now, (0,)), now)
+        watch.observe(1, trainer.stats(now, (1,)), now)
+        found = watch.check(now)
+    assert found.nodes == (1,)
+    watch.forget_node(1)
+    assert watch.check(now) is None
+
+
+def _master(action: str, *, relaunches: bool = True) -> tuple[Master, FakeScheduler, ManualClock]:
+    lifecycle = LifecycleConfig(nodes=NodeRange(1, 2), heartbeat_timeout_s=30.0, insufficient_nodes_window_s=60.0)
+    config = MasterConfig(
+        job_name="t", lifecycle=lifecycle, heartbeat_interval_s=1.0, straggler_action=action, straggler_min_samples=3
+    )
+    sched = FakeScheduler(relaunches_nodes=relaunches)
+    clock = ManualClock()
+    master = Master(config, sched, MemoryJournal(), clock)
+    master.start()
+    master.register(0, "a", "h0")
+    master.register(1, "b", "h1")
+    return master, sched, clock
+
+
+def _train_until_found(master: Master, clock: ManualClock) -> None:
+    trainer = Trainer({0: 0.1, 1: 0.1})
+    for i in range(40):
+        if i == 8:
+            trainer.step_s[1] = 0.3
+        clock.advance(1.0)
+        now = clock.now()
+        trainer.advance_to(now)
+        master.heartbeat(0, rank_steps=trainer.stats(now, (0,)))
+        master.heartbeat(1, rank_steps=trainer.stats(now, (1,)))
+        if any(e.kind == "straggler" for e in master.events(limit=1000)):
+            return
+    raise AssertionError("no straggler event")
+
+
+def test_the_master_reports_a_straggler_as_an_event_and_leaves_its_node_alone() -> None:
+    master, sched, clock = _master("report")
+    _train_until_found(master, clock)
+    event = next(e for e in master.events(limit=1000) if e.kind == "straggler")
+    assert event.data["ranks"] == [1]
+    assert event.data["nodes"] == [1]
+    assert event.data["action"] == "report"
+    assert float(event.data["step_time_s"]["1"]) > 2 * float(event.data["step_time_s"]["0"])
+    assert master.node(1).state is NodeState.RUNNING
+    assert 1 not in sched.stopped
+
+
+def test_replace_relaunches_the_stragglers_node_where_the_backend_relaunches() -> None:
+    master, sched, clock = _master("replace")
+    _train_until_found(master, clock)
+    assert master.node(1).state is NodeState.RELAUNCHING
+    assert 1 in sched.stopped
+    assert master.node(0).state is NodeState.RUNNING
+
+
+def test_replace_only_reports_where_the_backend_does_not_relaunch() -> None:
+    master, sched, clock = _master("replace", relaunches=False)
+    _train_until_found(master, clock)
+    assert master.node(1).state is NodeState.RUNNING
+    assert 1 not in sched.stopped
+
+
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        ({"straggler_action": "shout"}, "straggler_action must be one of report, replace"),
+        ({"straggler_min_samples": 9, "straggler_window": 5}, "straggler_min_samples"),
+        ({"straggler_factor": 0.0}, "straggler_factor"),
+    ],
+)
+def test_bad_straggler_settings_are_refused(kw: dict[str, object], message: str) -> None:
+    with pytest.raises((ConfigError, ValueError), match=message):
+        MasterConfig(**kw)  # type: ignore[arg-type]
+
+
+def test_ranks_left_out_of_their_nodes_heartbeats_are_not_reported_as_stragglers() -> None:
+    watch = StragglerWatch(StragglerConfig(k=2.0, window_steps=5, min_samples=3), stale_after_s=10.0)
+    trainer = Trainer({0: 0.5, 1: 0.5, 2: 0.5, 3: 0.5})
+    now = 0.0
+    for _ in range(10):
+        now += 2.0
+        trainer.advance_to(now)
+        watch.observe(0, trainer.stats(now, (0, 1)), now)
+        watch.observe(1, trainer.stats(now, (2, 3)), now)
+        assert watch.check(now) is None
+    # Node 1's processes restart: its agent heartbeats without stats for a while; node 0's go on.
+    for _ in range(10):
+        now += 2.0
+        trainer.advance_to(now)
+        watch.observe(0, trainer.stats(now, (0, 1)), now)
+        watch.observe(1, [], now)
+        assert watch.check(now) is None
+
+
+def test_the_ranks_of_a_silent_node_are_forgotten_after_the_staleness_bound() -> None:
+    watch = StragglerWatch(StragglerConfig(k=2.0, window_steps=5, min_samples=3), stale_after_s=5.0)
+    trainer = Trainer({0: 0.5, 1: 0.5, 2: 0.5})
+    now = 0.0
+    for _ in range(10):
+        now += 2.0
+        trainer.advance_to(now)
+        watch.observe(0, trainer.stats(now, (0, 1)), now)
+        watch.observe(1, trainer.stats(now, (2,)), now)
+        assert watch.check(now) is None
+    now += 6.0  # node 1 fell silent
+    trainer.advance_to(now)
+    watch.observe(0, trainer.stats(now, (0, 1)), now)
+    assert watch.check(now) is None
+
+
+def test_bad_staleness_is_refused() -> None:
+    with pytest.raises(ConfigError, match="stale_after_s"):
+        StragglerWatch(StragglerConfig(), stale_after_s=0.0)

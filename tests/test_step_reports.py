@@ -1,0 +1,189 @@
+"""Step reports under `dlrover-run --standalone`: a collective hang found by its step reports,
+dumped and restarted; a rank slowed at runtime reported as a straggler; a user error still stops."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+# Rank 1 sleeps before an all_reduce in its first attempt: rank 0 blocks inside the collective.
+COLLECTIVE_HANG = textwrap.dedent(
+    """
+    import json, os, sys, time
+    import torch, torch.distributed as dist
+    from dlrover.diagnosis import StepReporter
+
+    out = sys.argv[1]
+    reporter = StepReporter.from_env()
+    assert reporter is not None, "dlrover-run sets up the step slots"
+    rank = int(os.environ["RANK"])
+    attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+    dist.init_process_group("gloo")
+    t = torch.ones(4)
+
+    def sleep_before_all_reduce():
+        time.sleep(100000)
+
+    for step in range(1, 31):
+        if attempt == 0 and rank == 1 and step == 15:
+            sleep_before_all_reduce()
+        dist.all_reduce(t)
+        time.sleep(0.05)
+        reporter.step(step, samples=4)
+    if rank == 0:
+        with open(os.path.join(out, "result.json"), "w") as f:
+            json.dump({"attempt": attempt, "steps": step}, f)
+    dist.destroy_process_group()
+    """
+)
+
+# Each rank steps on its own (no collective per step, so a slow rank does not slow the other);
+# rank 1 becomes 3x slower after 20 steps. Runs until the test creates out/stop.
+RUNTIME_SLOWDOWN = textwrap.dedent(
+    """
+    import os, sys, time
+    from dlrover.diagnosis import StepReporter
+
+    out = sys.argv[1]
+    reporter = StepReporter.from_env()
+    rank = int(os.environ["RANK"])
+    deadline = time.monotonic() + 200
+    step = 0
+    while not os.path.exists(os.path.join(out, "stop")) and time.monotonic() < deadline:
+        step += 1
+        time.sleep(0.3 if rank == 1 and step > 20 else 0.1)
+        reporter.step(step, samples=1)
+    """
+)
+
+USER_ERROR = textwrap.dedent(
+    """
+    from dlrover.diagnosis import StepReporter
+    reporter = StepReporter.from_env()
+    for step in range(1, 4):
+        reporter.step(step)
+    import this_module_does_not_exist_anywhere
+    """
+)
+
+
+@pytest.fixture
+def spawn() -> Iterator[list[subprocess.Popen[str]]]:
+    procs: list[subprocess.Popen[str]] = []
+    yield procs
+    for proc in procs:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def _dlrover_run(spawn: list[subprocess.Popen[str]], run_dir: Path, *args: str) -> subprocess.Popen[str]:
+    cmd = [
+        sys.executable, "-m", "dlrover.launcher.cli", "--standalone", "--nproc-per-node=2",
+        f"--log-dir={run_dir / 'logs'}", "--monitor-interval=0.05", "--heartbeat-interval=0.5", *args,
+    ]  # fmt: skip
+    env = {**os.environ, "DLROVER_LOG_LEVEL": "INFO"}
+    env.pop("DLROVER_JOB_TOKEN", None)
+    env.pop("DLROVER_JOB_TOKEN_FILE", None)
+    proc = subprocess.Popen(
+        cmd, cwd=run_dir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
+    spawn.append(proc)
+    return proc
+
+
+_HANG = re.compile(
+    r"no step progress from rank\(s\) (?P<ranks>[\d, ]+); rank (?P<rank>\d+) has been stalled for "
+    r"(?P<stalled>[\d.]+) s, longer than its window of (?P<window>[\d.]+) s \((?P<why>[^\n]*)\)"
+)
+
+
+def test_a_rank_blocked_in_a_collective_is_found_dumped_and_restarted(
+    tmp_path: Path, spawn: list[subprocess.Popen[str]]
+) -> None:
+    (tmp_path / "train.py").write_text(COLLECTIVE_HANG)
+    (tmp_path / "out").mkdir()
+    floor_s = 3.0
+    proc = _dlrover_run(
+        spawn, tmp_path, "--max-restarts=2", "--hang-timeout=0", "--hang-step-factor=5",
+        f"--hang-step-floor={floor_s}", "--hang-first-steps=120", "--stack-dump-timeout=20",
+        str(tmp_path / "train.py"), str(tmp_path / "out"),
+    )  # fmt: skip
+    output, _ = proc.communicate(timeout=240)
+    assert proc.returncode == 0, output
+    # Restarted once, and the second attempt trained to the end.
+    assert json.loads((tmp_path / "out" / "result.json").read_text()) == {"attempt": 1, "steps": 30}
+    summary = [line for line in output.splitlines() if "finished with exit code 0" in line]
+    assert summary, output
+    assert "after 1 restart(s)" in summary[-1], output
+    # Found by the step reports (the CPU watch is off), within max(5 x median step, floor).
+    found = _HANG.search(output)
+    assert found is not None, output
+    window = float(found["window"])
+    assert float(found["stalled"]) >= window
+    median = re.search(
+        r"k x median step time = ([\d.e-]+) s is shorter|5 x the median step time of ([\d.e-]+) s", found["why"]
+    )
+    assert median is not None, found["why"]
+    median_s = float(median[1] or median[2])
+    assert window == pytest.approx(max(5 * median_s, floor_s), rel=0.01)
+    # Every rank's stack is in the evidence: rank 1 where it sleeps, rank 0 inside the all_reduce.
+    dumps = output[found.start() :]
+    assert "--- stack of local rank 0 (rank 0" in dumps, output
+    assert "--- stack of local rank 1 (rank 1" in dumps, output
+    rank1 = dumps.split("--- stack of local rank 1")[1]
+    assert "sleep_before_all_reduce" in rank1, output
+    rank0 = dumps.split("--- stack of local rank 0")[1].split("--- stack of local rank 1")[0]
+    assert "all_reduce" in rank0, output
+
+
+def test_a_rank_slowed_at_runtime_is_reported_as_a_straggler(
+    tmp_path: Path, spawn: list[subprocess.Popen[str]]
+) -> None:
+    (tmp_path / "train.py").write_text(RUNTIME_SLOWDOWN)
+    out = tmp_path / "out"
+    out.mkdir()
+    proc = _dlrover_run(spawn, tmp_path, "--hang-timeout=0", str(tmp_path / "train.py"), str(out))
+    events: list[dict[str, object]] = []
+    try:
+        while not events:
+            assert proc.poll() is None, proc.communicate()[0]
+            time.sleep(0.2)
+            for log in (tmp_path / "logs").glob("*_events.jsonl"):
+                lines = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+                events = [e for e in lines if e["kind"] == "straggler"]
+    finally:
+        (out / "stop").touch()
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, output
+    first = events[0]
+    data = first["data"]
+    assert isinstance(data, dict)
+    assert data["ranks"] == [1], first
+    times = {int(r): t for r, t in data["step_time_s"].items()}
+    assert times[1] > 2 * times[0], first
+    assert "straggler(s) rank 1" in output
+
+
+def test_a_user_code_error_still_stops_after_one_attempt(tmp_path: Path, spawn: list[subprocess.Popen[str]]) -> None:
+    (tmp_path / "bad.py").write_text(USER_ERROR)
+    proc = _dlrover_run(spawn, tmp_path, "--max-restarts=5", "--hang-step-floor=1", str(tmp_path / "bad.py"))
+    output, _ = proc.communicate(timeout=240)
+    assert proc.returncode != 0
+    summary = [line for line in output.splitlines() if "finished with exit code" in line]
+    assert summary, output
+    assert "after 0 restart(s)" in summary[-1], output
+    assert "user_code: " in summary[-1], output
+    assert "No module named 'this_module_does_not_exist_anywhere'" in summary[-1], output
