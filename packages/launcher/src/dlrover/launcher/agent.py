@@ -28,8 +28,7 @@ from dlrover.common import (
 from dlrover.common.process import exiting_status
 from dlrover.common.step_slots import STACK_DUMP_ENV_VAR, STEP_SLOT_ENV_VAR, STEP_SLOTS_ENV_VAR, StepSlotFile
 from dlrover.common.validators import non_negative, non_negative_finite, positive
-from dlrover.diagnosis import OomCount, OomWatch
-from dlrover.diagnosis import HangConfig, HangReport, request_stack_dump
+from dlrover.diagnosis import HangConfig, HangReport, OomCount, OomWatch, request_stack_dump
 from dlrover.flashckpt.commit import RetentionPolicy
 from dlrover.flashckpt.host import SaverHost, SaverHostConfig, host_socket_path
 from dlrover.flashckpt.job_env import safe_job_id
