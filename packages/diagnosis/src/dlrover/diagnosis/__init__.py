@@ -7,6 +7,9 @@
   ``dlrover.diagnosis.rules`` entry-point group.
 * Action policy (`ActionPolicy`, `PolicyConfig`): kind to `ActionKind`, with budgets and escalation;
   a node's process restarts are one `RestartBudget`, spent by one rule (`spend_restart`).
+* Reported failures (`reported_kind`, `LOST_NODE_KIND`, `diagnose_report`, `kind_decided_alone`):
+  the kind an agent or the master names for what it saw, and the kind decided on once the
+  evidence is read; the master and the agent name no kind themselves.
 * Detectors (`HangDetector`, `StragglerDetector`): pure, ``now`` passed in.
 * Node health (`run_paired_probe`, `assess_probes`) and stack dumps (`request_stack_dump`).
 """
@@ -44,6 +47,7 @@ from dlrover.diagnosis.probe import (
     run_probe,
 )
 from dlrover.diagnosis.registry import ENTRY_POINT_GROUP, RuleRegistry
+from dlrover.diagnosis.reported import LOST_NODE_KIND, diagnose_report, kind_decided_alone, reported_kind
 from dlrover.diagnosis.resources import PsutilSampler, ResourceSampler, StaticSampler, sample_gpus
 from dlrover.diagnosis.rules import (
     NODE_CHECK_FAILED,
@@ -69,6 +73,11 @@ __all__ = [
     "ActionKind",
     "FailureKind",
     "TRANSIENT_KINDS",
+    # the kind of a reported failure
+    "LOST_NODE_KIND",
+    "diagnose_report",
+    "kind_decided_alone",
+    "reported_kind",
     # evidence
     "DEFAULT_PHASE",
     "Evidence",

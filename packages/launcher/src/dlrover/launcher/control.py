@@ -7,16 +7,15 @@ contract.
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import attrs
 
+from dlrover.diagnosis import ActionKind, Decision
+
 __all__ = [
-    "AgentAction",
     "ControlPlane",
-    "FailureDecision",
     "FailureReport",
     "NodeRegistration",
     "Progress",
@@ -112,13 +111,6 @@ class Progress:
     resources: ResourceUsage | None = None
 
 
-class AgentAction(enum.Enum):
-    """What the master can ask of an agent."""
-
-    RESTART_WORKERS = "restart_workers"
-    STOP_NODE = "stop_node"
-
-
 @attrs.frozen
 class FailureReport:
     """A worker failure as the agent saw it.
@@ -142,15 +134,6 @@ class FailureReport:
     restart_count: int
     hang: bool = False
     network_check: bool = False
-
-
-class FailureDecision(enum.Enum):
-    """The master's answer to a failure report."""
-
-    RESTART_WORKERS = "restart_processes"
-    RELAUNCH_NODE = "relaunch_node"
-    REMOVE_NODE = "remove_node"
-    STOP_JOB = "stop_job"
 
 
 class ControlPlane(Protocol):
@@ -199,12 +182,12 @@ class ControlPlane(Protocol):
         """
         ...
 
-    def heartbeat(self, progress: Progress) -> Sequence[tuple[AgentAction, str]]:
+    def heartbeat(self, progress: Progress) -> Sequence[tuple[ActionKind, str]]:
         """Report liveness and progress; returns the actions the master wants, with reasons."""
         ...
 
-    def report_failure(self, report: FailureReport) -> tuple[FailureDecision, str]:
-        """Report a failure; returns what to do, and why."""
+    def report_failure(self, report: FailureReport) -> Decision:
+        """Report a failure; returns the master's decision (`Decision.outcome`: its reason)."""
         ...
 
     def report_success(self, assignment: RoundAssignment) -> None:

@@ -11,7 +11,7 @@ released from failed nodes), and failures are decided by dlrover.diagnosis.
 from dlrover.master.checkpoints import CheckpointError, CheckpointReport, CheckpointTracker
 from dlrover.master.client import MasterClient
 from dlrover.master.config import FAILURE_POLICIES, LifecycleConfig, MasterConfig, NodeRange, parse_node_range
-from dlrover.master.diagnosis_policy import REPORTED_TO_DIAGNOSED, DiagnosisFailurePolicy
+from dlrover.master.diagnosis_policy import DiagnosisFailurePolicy
 from dlrover.master.eventlog import (
     EventLog,
     EventLogInUseError,
@@ -67,8 +67,6 @@ from dlrover.master.policy import (
     ClassifyingPolicy,
     DefaultFailurePolicy,
     Failure,
-    FailureAction,
-    FailureDecision,
     FailurePolicy,
     StatefulPolicy,
 )
@@ -96,8 +94,6 @@ from dlrover.master.statedir import (
 )
 from dlrover.master.states import (
     TRANSITIONS,
-    ActionKind,
-    FailureKind,
     IllegalTransitionError,
     JobState,
     NodeState,
@@ -126,8 +122,6 @@ __all__ = [
     "parse_node_range",
     "NodeState",
     "JobState",
-    "FailureKind",
-    "ActionKind",
     "TRANSITIONS",
     "check_transition",
     "NodeRecord",
@@ -150,13 +144,10 @@ __all__ = [
     "FailurePolicy",
     "DefaultFailurePolicy",
     "Failure",
-    "FailureAction",
-    "FailureDecision",
     "Classification",
     "ClassifyingPolicy",
     "StatefulPolicy",
     "DiagnosisFailurePolicy",
-    "REPORTED_TO_DIAGNOSED",
     # hosted libraries (rendezvous, shards)
     "HostedRendezvous",
     "HostedShards",

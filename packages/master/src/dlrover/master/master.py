@@ -21,6 +21,7 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 import attrs
 
 from dlrover.common import Clock, ConfigError
+from dlrover.diagnosis import Decision, FailureKind
 from dlrover.master.checkpoints import CheckpointTracker
 from dlrover.master.config import MasterConfig
 from dlrover.master.eventlog import EventLog, GoodputTracker, event_to_dict
@@ -35,10 +36,10 @@ from dlrover.master.journal import (
 )
 from dlrover.master.lifecycle import JobLifecycle, LifecycleError
 from dlrover.master.metrics import MasterMetrics
-from dlrover.master.policy import ClassifyingPolicy, DefaultFailurePolicy, FailureDecision, FailurePolicy
+from dlrover.master.policy import ClassifyingPolicy, DefaultFailurePolicy, FailurePolicy
 from dlrover.master.records import Action, Event, LaunchNode, NodeRecord, Outcome, StopNode
 from dlrover.master.scheduler.base import NodeSpec, ObservedState, SchedulerBackend, SchedulerError
-from dlrover.master.states import ALIVE_STATES, FailureKind, JobState, NodeState
+from dlrover.master.states import ALIVE_STATES, JobState, NodeState
 
 __all__ = ["JobStatus", "Master", "NodeMembership", "ResourceSample", "StatefulCollaborator"]
 
@@ -426,11 +427,7 @@ class Master:
             if node.state in ALIVE_STATES and not self._lifecycle.job_state.finished:
                 evidence = f"launch failed: {exc}"
                 try:
-                    self._transact(
-                        lambda: self._lifecycle.report_failure(
-                            effect.node_id, FailureKind.NODE_EXIT, evidence, self._clock.now()
-                        )
-                    )
+                    self._transact(lambda: self._lifecycle.node_lost(effect.node_id, evidence, self._clock.now()))
                 except JournalError:
                     # The change that launched it is journaled; this failure is not. The node
                     # stays pending, and its start timeout (or the next master) handles it.
@@ -568,7 +565,7 @@ class Master:
         *,
         exit_code: int | None = None,
         agent_exits: bool = False,
-    ) -> FailureDecision:
+    ) -> Decision:
         """A node's agent reported a failure; returns the decision as applied, which the reply
         delivers (a process restart is not queued again for the node's heartbeats).
 
@@ -691,11 +688,7 @@ class Master:
             self._transact(lambda: self._just(self._lifecycle.report_success(node_id, now)))
         elif seen in (ObservedState.SUCCEEDED, ObservedState.FAILED, ObservedState.STOPPED):
             evidence = f"the agent exited with status {exit_code} ({seen.value})"
-            self._transact(
-                lambda: self._lifecycle.report_failure(
-                    node_id, FailureKind.NODE_EXIT, evidence, now, exit_code=exit_code
-                )
-            )
+            self._transact(lambda: self._lifecycle.node_lost(node_id, evidence, now, exit_code=exit_code))
 
     def journal_collaborator(self, collaborator: StatefulCollaborator) -> bool:
         """Export one collaborator now and journal it if its version grew; True when it was written.
