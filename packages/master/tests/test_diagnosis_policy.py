@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dlrover.common import ConfigError
+from dlrover.common import ConfigError, DLRoverError
 from dlrover.diagnosis import LOST_NODE_KIND, ActionKind, ActionPolicy, FailureKind, PolicyConfig, RestartBudget
 from dlrover.master.config import LifecycleConfig, MasterConfig, NodeRange
 from dlrover.master.diagnosis_policy import DiagnosisFailurePolicy
@@ -273,3 +273,40 @@ def test_every_decision_counts_a_nodes_restarts_one_way(
         if life.job_state is JobState.FAILED:
             assert decision.action is ActionKind.ABORT_JOB
             assert decision.outcome == life.exit_reason
+
+
+def test_the_action_policys_counters_are_journaled_and_survive_a_master_restart() -> None:
+    # The job may relaunch one node in all (the action policy's budget); the first relaunch is
+    # decided before a master restart, the second after it: it must not be granted again.
+    from dlrover.master.journal import _snapshot, job_fields
+
+    def policy() -> DiagnosisFailurePolicy:
+        return DiagnosisFailurePolicy(actions=ActionPolicy(PolicyConfig(max_node_relaunches=1)))
+
+    cfg = LifecycleConfig(nodes=NodeRange(1, 2))
+    life = JobLifecycle(cfg, policy(), 0.0)
+    life.start(0.0)
+    life.register(0, "agent-0", "host-0", 0.0)
+    life.register(1, "agent-1", "host-1", 0.0)
+    first, _ = life.report_failure(0, FailureKind.HARDWARE, "ECC error", 1.0)
+    assert first.action is ActionKind.RELAUNCH_NODE
+
+    # What the journal keeps of the job, read back by a new master with a fresh policy.
+    snap = life.snapshot()
+    restored_snap = _snapshot(job_fields(snap), snap.nodes)
+    assert restored_snap is not None
+    assert restored_snap.policy_state == snap.policy_state
+    restored_policy = policy()
+    restored = JobLifecycle(cfg, restored_policy, 2.0, restored_snap)
+    assert restored_policy.actions.relaunches == 1
+
+    second, _ = restored.report_failure(1, FailureKind.HARDWARE, "ECC error", 3.0)
+    assert second.action is ActionKind.ABORT_JOB
+    assert "already relaunched 1 nodes (limit 1)" in second.outcome
+
+
+def test_a_corrupt_journaled_policy_state_is_refused_with_a_reason() -> None:
+    policy = DiagnosisFailurePolicy()
+    with pytest.raises(DLRoverError, match="corrupt failure policy state"):
+        policy.import_state('[{"node": "0"}]')
+    assert policy.export_state() == "[]"

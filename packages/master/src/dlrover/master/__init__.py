@@ -68,6 +68,7 @@ from dlrover.master.policy import (
     DefaultFailurePolicy,
     Failure,
     FailurePolicy,
+    JournaledPolicy,
     StatefulPolicy,
 )
 from dlrover.master.records import Action, Event, LaunchNode, LifecycleSnapshot, NodeRecord, Outcome, StopNode
@@ -142,6 +143,7 @@ __all__ = [
     "Savepoint",
     # failure policy seam
     "FailurePolicy",
+    "JournaledPolicy",
     "DefaultFailurePolicy",
     "Failure",
     "Classification",

@@ -14,15 +14,20 @@ with the budget ("node 0 (rank 0) failed with exit status 1: communication: rule
 '...'; restart 2 of 3 (--max-restarts)"). The lifecycle records it, answers it to the agent,
 and, when it ends the job, makes it the job's exit reason.
 
-The action policy's ladder counters live in memory: a restarted master starts them afresh, while
-the lifecycle's journaled budgets (restarts per node, relaunches per rank, failures per job) keep
-holding, so no restart can make a job loop.
+The action policy's counters (ladder steps taken, relaunches of the job) are journaled with the
+lifecycle's state in every decision's transaction (`JournaledPolicy`): the inputs of the
+decisions that stand, which a restarted master replays into a fresh action policy, so it decides
+as the old one would have. The lifecycle's own journaled budgets (restarts per node, relaunches
+per rank, failures per job) hold as well.
 """
 
 from __future__ import annotations
 
+import json
+
 import attrs
 
+from dlrover.common import DLRoverError
 from dlrover.diagnosis import (
     ActionPolicy,
     Decision,
@@ -99,6 +104,46 @@ class DiagnosisFailurePolicy:
         self._actions = ActionPolicy(self._actions.config)
         for node_id, kind, budget, relaunch_possible in self._decided:
             self._actions.decide(node_id, kind, budget=budget, relaunch_possible=relaunch_possible)
+
+    def export_state(self) -> str:
+        """The inputs of the decisions taken so far, as JSON (see `JournaledPolicy`)."""
+        return json.dumps(
+            [
+                {
+                    "node": node_id,
+                    "kind": kind.value,
+                    "used": budget.used,
+                    "limit": budget.limit,
+                    "source": budget.source,
+                    "relaunch_possible": relaunch_possible,
+                }
+                for node_id, kind, budget, relaunch_possible in self._decided
+            ],
+            separators=(",", ":"),
+        )
+
+    def import_state(self, data: str) -> None:
+        """Replay the decisions `export_state` wrote into a fresh action policy (same configuration).
+
+        Raises:
+            DLRoverError: `data` is not what `export_state` writes; nothing changed.
+        """
+        try:
+            decided = [
+                (
+                    str(d["node"]),
+                    FailureKind(d["kind"]),
+                    RestartBudget(int(d["used"]), int(d["limit"]), str(d["source"])),
+                    bool(d["relaunch_possible"]),
+                )
+                for d in json.loads(data)
+            ]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise DLRoverError(f"corrupt failure policy state {data[:200]!r}: {exc}") from exc
+        actions = ActionPolicy(self._actions.config)
+        for node_id, kind, budget, relaunch_possible in decided:
+            actions.decide(node_id, kind, budget=budget, relaunch_possible=relaunch_possible)
+        self._actions, self._decided = actions, decided
 
     def decide(self, failure: Failure) -> Decision:
         """Classify, then let the action policy decide; the reason is built here (module docstring)."""

@@ -23,7 +23,7 @@ from dlrover.diagnosis import (
     spend_restart,
 )
 from dlrover.master.config import LifecycleConfig
-from dlrover.master.policy import Classification, Failure, FailurePolicy, StatefulPolicy
+from dlrover.master.policy import Classification, Failure, FailurePolicy, JournaledPolicy, StatefulPolicy
 from dlrover.master.records import (
     Action,
     Event,
@@ -174,6 +174,8 @@ class JobLifecycle:
         self._avoid_hosts = dict(snap.avoid_hosts)
         self._started = snap.started
         self._actions = {node_id: list(queued) for node_id, queued in snap.actions.items() if queued}
+        if snap.policy_state and isinstance(self._policy, JournaledPolicy):
+            self._policy.import_state(snap.policy_state)
 
     # ----------------------------------------------------------------- queries
 
@@ -237,6 +239,7 @@ class JobLifecycle:
             avoid_hosts=dict(self._avoid_hosts),
             started=self._started,
             actions={node_id: tuple(queued) for node_id, queued in self._actions.items() if queued},
+            policy_state=self._policy.export_state() if isinstance(self._policy, JournaledPolicy) else "",
         )
 
     def savepoint(self) -> Savepoint:

@@ -23,6 +23,7 @@ __all__ = [
     "DefaultFailurePolicy",
     "Failure",
     "FailurePolicy",
+    "JournaledPolicy",
     "StatefulPolicy",
 ]
 
@@ -107,6 +108,25 @@ class StatefulPolicy(FailurePolicy, Protocol):
 
     def rollback(self, savepoint: object) -> None:
         """Go back to a state `savepoint` returned."""
+        ...
+
+
+@runtime_checkable
+class JournaledPolicy(StatefulPolicy, Protocol):
+    """A stateful policy whose state (its budget counters: relaunches of the job, ladder steps
+    taken) the master journals with every decision, in the job record, so a restarted master
+    decides as the old one would have."""
+
+    def export_state(self) -> str:
+        """The policy's state as JSON text."""
+        ...
+
+    def import_state(self, data: str) -> None:
+        """Resume from `export_state`'s text.
+
+        Raises:
+            DLRoverError: the text is not what `export_state` writes; nothing changed.
+        """
         ...
 
 

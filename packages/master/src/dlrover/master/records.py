@@ -179,6 +179,8 @@ class LifecycleSnapshot:
     started: bool
     actions: Mapping[int, tuple[Action, ...]] = attrs.field(factory=dict)
     """Actions decided for a node and not yet handed to it, by node id."""
+    policy_state: str = ""
+    """The failure policy's budget counters (`JournaledPolicy.export_state`); empty when it keeps none."""
 
 
 def actions_to_json(actions: Mapping[int, Sequence[Action]]) -> dict[str, list[dict[str, Any]]]:
