@@ -11,7 +11,7 @@
   the kind an agent or the master names for what it saw, and the kind decided on once the
   evidence is read; the master and the agent name no kind themselves.
 * Detectors (`HangDetector`, `StragglerDetector`): pure, ``now`` passed in.
-* Node health (`run_paired_probe`, `assess_probes`) and stack dumps (`request_stack_dump`).
+* Node health (`run_paired_probe`) and stack dumps (`request_stack_dump`).
 """
 
 from dlrover.diagnosis.budget import RestartBudget, Spending, spend_restart
@@ -38,17 +38,10 @@ from dlrover.diagnosis.exitinfo import ExitInfo
 from dlrover.diagnosis.kinds import TRANSIENT_KINDS, ActionKind, FailureKind
 from dlrover.diagnosis.logtail import LogTail, TailConfig, read_log_tail, read_tail_from_stream, tail_from_bytes
 from dlrover.diagnosis.policy import DEFAULT_LADDERS, ActionPolicy, Decision, LadderStep, PolicyConfig
-from dlrover.diagnosis.probe import (
-    ProbeAssessment,
-    ProbeConfig,
-    assess_probes,
-    pick_backend,
-    run_paired_probe,
-    run_probe,
-)
+from dlrover.diagnosis.probe import ProbeConfig, pick_backend, run_paired_probe, run_probe
 from dlrover.diagnosis.registry import ENTRY_POINT_GROUP, RuleRegistry
 from dlrover.diagnosis.reported import LOST_NODE_KIND, diagnose_report, kind_decided_alone, reported_kind
-from dlrover.diagnosis.resources import PsutilSampler, ResourceSampler, StaticSampler, sample_gpus
+from dlrover.diagnosis.resources import sample_gpus
 from dlrover.diagnosis.rules import (
     NODE_CHECK_FAILED,
     ExceptionRule,
@@ -129,14 +122,9 @@ __all__ = [
     "StragglerReport",
     # resources, probes, stack dumps
     "DEFAULT_DUMP_SIGNAL",
-    "ProbeAssessment",
     "ProbeConfig",
-    "PsutilSampler",
-    "ResourceSampler",
     "StackDump",
     "StackDumpHandler",
-    "StaticSampler",
-    "assess_probes",
     "install_stack_dump_handler",
     "pick_backend",
     "request_stack_dump",
