@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 
 from dlrover.common import ManualClock
-from dlrover.diagnosis import ActionKind, Decision, FailureKind, RestartBudget
+from dlrover.diagnosis import ActionKind, Decision, FailureKind, RelaunchBudget, RestartBudget
 from dlrover.master.config import LifecycleConfig, MasterConfig, NodeRange
 from dlrover.master.diagnosis_policy import DiagnosisFailurePolicy
 from dlrover.master.journal import MemoryJournal
@@ -75,5 +75,5 @@ def test_the_diagnosis_policy_reads_the_end_of_a_long_log() -> None:
     # Without a classification the policy reads the evidence itself, as before.
     policy = DiagnosisFailurePolicy()
     node = master.node(0)
-    plain = policy.decide(Failure(node, FailureKind.UNKNOWN, OOM_TAIL, RestartBudget(0, 3), 3, 1))
+    plain = policy.decide(Failure(node, FailureKind.UNKNOWN, OOM_TAIL, RestartBudget(0, 3), RelaunchBudget(0, 3), 1))
     assert "device_oom: rule 'cuda-oom'" in plain.reason

@@ -10,7 +10,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dlrover.common import ConfigError, DLRoverError
-from dlrover.diagnosis import LOST_NODE_KIND, ActionKind, ActionPolicy, FailureKind, PolicyConfig, RestartBudget
+from dlrover.diagnosis import (
+    LOST_NODE_KIND,
+    ActionKind,
+    ActionPolicy,
+    FailureKind,
+    PolicyConfig,
+    RelaunchBudget,
+    RestartBudget,
+)
 from dlrover.master.config import LifecycleConfig, MasterConfig, NodeRange
 from dlrover.master.diagnosis_policy import DiagnosisFailurePolicy
 from dlrover.master.factory import default_policy
@@ -40,7 +48,7 @@ def failure(
 ) -> Failure:
     node = NodeRecord(node_id=node_id, rank=1, state=NodeState.RUNNING, host="host-1")
     budget = RestartBudget(used, limit, "--max-restarts")
-    return Failure(node, kind, evidence, budget, relaunches_left=3, exit_code=exit_code)
+    return Failure(node, kind, evidence, budget, RelaunchBudget(0, 3, "max_relaunches"), exit_code=exit_code)
 
 
 def test_an_import_error_traceback_stops_the_job_with_the_diagnosis_as_reason() -> None:

@@ -238,7 +238,7 @@ def test_relaunch_budget_exhausted_removes_the_node_and_the_job_fails() -> None:
     decision, out = life.node_lost(1, "exit 137", 3.0)
     # The removal left no node: the action taken is the job's stop, with the job's exit reason.
     assert decision.action is ActionKind.ABORT_JOB
-    assert "relaunch budget of rank 0 (1) exhausted" in decision.outcome
+    assert "relaunched 1 of 1 times (max_relaunches), no relaunches left" in decision.outcome
     assert life.node(1).state is NodeState.REMOVED
     assert life.job_state is JobState.FAILED
     assert life.exit_reason == decision.outcome

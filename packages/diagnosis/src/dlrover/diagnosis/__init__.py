@@ -14,7 +14,7 @@
 * Node health (`run_paired_probe`) and stack dumps (`request_stack_dump`).
 """
 
-from dlrover.diagnosis.budget import RestartBudget, Spending, spend_restart
+from dlrover.diagnosis.budget import RelaunchBudget, RestartBudget, Spending, spend_restart
 from dlrover.diagnosis.classifier import KIND_PRECEDENCE, Diagnosis, RuleMatch, classify
 from dlrover.diagnosis.detectors import (
     HangConfig,
@@ -111,6 +111,7 @@ __all__ = [
     "Decision",
     "LadderStep",
     "PolicyConfig",
+    "RelaunchBudget",
     "RestartBudget",
     "Spending",
     "spend_restart",

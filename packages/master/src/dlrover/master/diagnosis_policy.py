@@ -33,6 +33,7 @@ from dlrover.diagnosis import (
     Decision,
     ExitInfo,
     FailureKind,
+    RelaunchBudget,
     RestartBudget,
     RuleRegistry,
     diagnose_report,
@@ -58,8 +59,9 @@ class DiagnosisFailurePolicy:
     def __init__(self, registry: RuleRegistry | None = None, actions: ActionPolicy | None = None) -> None:
         self._registry = registry or RuleRegistry.with_builtin_rules()
         self._actions = actions or ActionPolicy()
-        # Every decision's input, to replay on a rollback: node, kind, restart budget, relaunch possible.
-        self._decided: list[tuple[str, FailureKind, RestartBudget, bool]] = []
+        # Every decision's input, to replay on a rollback or a master restart: node, kind, restart
+        # budget, relaunch possible, the rank's relaunches.
+        self._decided: list[tuple[str, FailureKind, RestartBudget, bool, RelaunchBudget | None]] = []
 
     @property
     def actions(self) -> ActionPolicy:
@@ -102,8 +104,15 @@ class DiagnosisFailurePolicy:
             return
         del self._decided[savepoint:]
         self._actions = ActionPolicy(self._actions.config)
-        for node_id, kind, budget, relaunch_possible in self._decided:
-            self._actions.decide(node_id, kind, budget=budget, relaunch_possible=relaunch_possible)
+        self._actions = self._replay(self._decided)
+
+    def _replay(
+        self, decided: list[tuple[str, FailureKind, RestartBudget, bool, RelaunchBudget | None]]
+    ) -> ActionPolicy:
+        actions = ActionPolicy(self._actions.config)
+        for node_id, kind, budget, relaunch_possible, relaunches in decided:
+            actions.decide(node_id, kind, budget=budget, relaunch_possible=relaunch_possible, relaunches=relaunches)
+        return actions
 
     def export_state(self) -> str:
         """The inputs of the decisions taken so far, as JSON (see `JournaledPolicy`)."""
@@ -116,8 +125,11 @@ class DiagnosisFailurePolicy:
                     "limit": budget.limit,
                     "source": budget.source,
                     "relaunch_possible": relaunch_possible,
+                    "relaunches": None
+                    if relaunches is None
+                    else [relaunches.used, relaunches.limit, relaunches.source],
                 }
-                for node_id, kind, budget, relaunch_possible in self._decided
+                for node_id, kind, budget, relaunch_possible, relaunches in self._decided
             ],
             separators=(",", ":"),
         )
@@ -135,14 +147,13 @@ class DiagnosisFailurePolicy:
                     FailureKind(d["kind"]),
                     RestartBudget(int(d["used"]), int(d["limit"]), str(d["source"])),
                     bool(d["relaunch_possible"]),
+                    None if d["relaunches"] is None else RelaunchBudget(*_relaunches(d["relaunches"])),
                 )
                 for d in json.loads(data)
             ]
-        except (KeyError, TypeError, ValueError) as exc:
+            actions = self._replay(decided)
+        except (KeyError, TypeError, ValueError, DLRoverError) as exc:
             raise DLRoverError(f"corrupt failure policy state {data[:200]!r}: {exc}") from exc
-        actions = ActionPolicy(self._actions.config)
-        for node_id, kind, budget, relaunch_possible in decided:
-            actions.decide(node_id, kind, budget=budget, relaunch_possible=relaunch_possible)
         self._actions, self._decided = actions, decided
 
     def decide(self, failure: Failure) -> Decision:
@@ -151,9 +162,23 @@ class DiagnosisFailurePolicy:
         node = failure.node
         # The node's budget is the lifecycle's count (its agent's --max-restarts, when it said):
         # the action policy spends it and keeps no count of its own.
-        budget, relaunch_possible = failure.restarts, failure.relaunch_possible
-        decision = self._actions.decide(str(node.node_id), kind, budget=budget, relaunch_possible=relaunch_possible)
-        self._decided.append((str(node.node_id), kind, budget, relaunch_possible))
+        budget, relaunch_possible, relaunches = failure.restarts, failure.relaunch_possible, failure.relaunches
+        decision = self._actions.decide(
+            str(node.node_id), kind, budget=budget, relaunch_possible=relaunch_possible, relaunches=relaunches
+        )
+        self._decided.append((str(node.node_id), kind, budget, relaunch_possible, relaunches))
         how = "" if failure.exit_code is None else f" with {ExitInfo(failure.exit_code).describe()}"
         reason = f"node {node.node_id} (rank {node.rank}) failed{how}: {why}; {decision.outcome}"
         return attrs.evolve(decision, outcome=reason)
+
+
+def _relaunches(value: object) -> tuple[int, int, str]:
+    """A journaled ``[used, limit, source]``."""
+    if not isinstance(value, list) or len(value) != 3:
+        raise ValueError(f"relaunches must be [used, limit, source], got {value!r}")
+    used, limit, source = value
+    return int(used), int(limit), str(source)
+
+
+def _relaunches_json(relaunches: RelaunchBudget | None) -> list[object] | None:
+    return None if relaunches is None else [relaunches.used, relaunches.limit, relaunches.source]

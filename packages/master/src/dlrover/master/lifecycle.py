@@ -18,6 +18,7 @@ from dlrover.diagnosis import (
     ActionKind,
     Decision,
     FailureKind,
+    RelaunchBudget,
     RestartBudget,
     one_line_summary,
     spend_restart,
@@ -618,16 +619,20 @@ class JobLifecycle:
                 if node.state is not NodeState.RUNNING
                 else "its agent exits after this report"
             )
+            spending = spend_restart(
+                failure.restarts, relaunch_possible=True, relaunch_wanted=True, relaunches=failure.relaunches
+            )
             decision = attrs.evolve(
                 decision,
-                action=ActionKind.RELAUNCH_NODE,
-                outcome=f"{decision.outcome}; but {why}, so the node is relaunched",
+                action=spending.action,
+                outcome=f"{decision.outcome}; but {why}, so {spending.words}",
             )
         elif action.restarts_processes or action.relaunches_node:
             spending = spend_restart(
                 failure.restarts,
                 relaunch_possible=failure.relaunch_possible,
                 relaunch_wanted=action.relaunches_node,
+                relaunches=failure.relaunches,
             )
             if spending.action.restarts_processes != action.restarts_processes or (
                 spending.action is ActionKind.REMOVE_NODE
@@ -637,22 +642,9 @@ class JobLifecycle:
                     decision,
                     action=allowed,
                     outcome=f"{decision.outcome}; but {spending.words}",
-                    avoid_host=decision.avoid_host and allowed.relaunches_node,
+                    avoid_host=decision.avoid_host and not allowed.restarts_processes,
                 )
-        if decision.action.relaunches_node:
-            return self._relaunch_or_remove(node, decision, failure.relaunches_left)
-        return decision
-
-    def _relaunch_or_remove(self, node: NodeRecord, decision: Decision, relaunches_left: int) -> Decision:
-        """A relaunch, or the removal it becomes once the rank's relaunches are spent."""
-        if relaunches_left <= 0:
-            return attrs.evolve(
-                decision,
-                action=ActionKind.REMOVE_NODE,
-                outcome=f"{decision.outcome}; relaunch budget of rank {node.rank} "
-                f"({self._config.max_relaunches}) exhausted",
-            )
-        if not self._scheduler_relaunches:
+        if decision.action.relaunches_node and not self._scheduler_relaunches:
             return attrs.evolve(
                 decision,
                 outcome=f"{decision.outcome}; this job's backend starts no node itself: rank {node.rank} waits "
@@ -674,7 +666,9 @@ class JobLifecycle:
         agent_exits: bool = False,
     ) -> tuple[Decision, Outcome]:
         self._job_failures += 1
-        relaunches_left = max(self._config.max_relaunches - node.relaunch_count, 0)
+        relaunches = RelaunchBudget(
+            min(node.relaunch_count, self._config.max_relaunches), self._config.max_relaunches, "max_relaunches"
+        )
         node = attrs.evolve(node, last_failure=f"{kind.value}: {evidence}")
         self._nodes[node.node_id] = node
         # The evidence (a worker's traceback, say) is printed whole once, by the worker itself;
@@ -705,7 +699,7 @@ class JobLifecycle:
                 kind,
                 evidence,
                 self.restarts_of(node),
-                relaunches_left,
+                relaunches,
                 exit_code,
                 classification,
                 relaunch_possible=self._scheduler_relaunches or not restartable,

@@ -14,7 +14,15 @@ from typing import Protocol, runtime_checkable
 
 import attrs
 
-from dlrover.diagnosis import ActionKind, Decision, FailureKind, RestartBudget, kind_decided_alone, spend_restart
+from dlrover.diagnosis import (
+    ActionKind,
+    Decision,
+    FailureKind,
+    RelaunchBudget,
+    RestartBudget,
+    kind_decided_alone,
+    spend_restart,
+)
 from dlrover.master.records import NodeRecord
 
 __all__ = [
@@ -52,7 +60,8 @@ class Failure:
         evidence: what the reporter saw (a log tail, an exit code, a probe result).
         restarts: the node's process restarts, used and allowed (its journaled count against its
             agent's ``--max-restarts``, else the configured budget).
-        relaunches_left: replacements still allowed for this rank.
+        relaunches: the rank's relaunches, used and allowed (the journaled count of the node's
+            incarnations against ``max_relaunches``): spent by `spend_restart` like the restarts.
         exit_code: the failed process's exit status, when the reporter knew it.
         classification: the policy's `classify` of the full evidence, when it has one and the
             failure was reported with evidence (the `evidence` here may be clipped).
@@ -68,7 +77,7 @@ class Failure:
     kind: FailureKind
     evidence: str
     restarts: RestartBudget
-    relaunches_left: int
+    relaunches: RelaunchBudget
     exit_code: int | None = None
     classification: Classification | None = None
     relaunch_possible: bool = True
@@ -151,7 +160,10 @@ class DefaultFailurePolicy:
             return Decision(ActionKind.ABORT_JOB, kind, node_id, f"{kind.value} on {where}: the job stops")
         node_level = wanted.relaunches_node or failure.observed_by_master
         spending = spend_restart(
-            failure.restarts, relaunch_possible=failure.relaunch_possible, relaunch_wanted=node_level
+            failure.restarts,
+            relaunch_possible=failure.relaunch_possible,
+            relaunch_wanted=node_level,
+            relaunches=failure.relaunches,
         )
         why = f"{kind.value} on {where}" + (", a node-level failure" if node_level else "")
         avoid = spending.action is ActionKind.RELAUNCH_NODE and avoid_host
