@@ -9,7 +9,7 @@ released from failed nodes), and failures are decided by dlrover.diagnosis.
 """
 
 from dlrover.master.checkpoints import CheckpointError, CheckpointReport, CheckpointTracker
-from dlrover.master.client import MasterClient
+from dlrover.master.client import HeartbeatAnswer, MasterClient, Registration
 from dlrover.master.config import FAILURE_POLICIES, LifecycleConfig, MasterConfig, NodeRange, parse_node_range
 from dlrover.master.diagnosis_policy import DiagnosisFailurePolicy
 from dlrover.master.eventlog import (
@@ -204,6 +204,8 @@ __all__ = [
     "JobServicer",
     "add_master_services",
     "MasterClient",
+    "Registration",
+    "HeartbeatAnswer",
     # observability
     "MasterMetrics",
     "MetricsEndpoint",
