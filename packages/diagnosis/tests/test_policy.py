@@ -15,6 +15,7 @@ from dlrover.diagnosis import (
     FailureKind,
     LadderStep,
     PolicyConfig,
+    RelaunchBudget,
     RestartBudget,
     spend_restart,
 )
@@ -363,3 +364,30 @@ class PolicyMachine(RuleBasedStateMachine):
 
 PolicyMachine.TestCase.settings = settings(PolicyMachine.TestCase.settings, stateful_step_count=30)
 TestPolicyMachine = PolicyMachine.TestCase
+
+
+def test_a_relaunch_with_no_relaunches_left_for_the_rank_lets_the_node_go() -> None:
+    spent = RelaunchBudget(2, 2, "max_relaunches")
+    left = RelaunchBudget(1, 2, "max_relaunches")
+    wanted = spend_restart(RestartBudget(0, 3), relaunch_possible=True, relaunch_wanted=True, relaunches=spent)
+    assert wanted.action is ActionKind.REMOVE_NODE
+    assert wanted.words == "relaunched 2 of 2 times (max_relaunches), no relaunches left: the node leaves the job"
+    escalated = spend_restart(RestartBudget(3, 3), relaunch_possible=True, relaunches=spent)
+    assert escalated.action is ActionKind.REMOVE_NODE
+    assert "no restarts left, and relaunched 2 of 2 times" in escalated.words
+    assert spend_restart(RestartBudget(0, 3), relaunch_possible=True, relaunch_wanted=True, relaunches=left).action is (
+        ActionKind.RELAUNCH_NODE
+    )
+    # Where no new node can start, the restarts in place come first, as before.
+    in_place = spend_restart(RestartBudget(0, 3), relaunch_possible=False, relaunch_wanted=True, relaunches=spent)
+    assert in_place.action is ActionKind.RESTART_PROCESSES
+
+
+def test_the_action_policy_spends_the_ranks_relaunches_through_the_same_rule() -> None:
+    policy = ActionPolicy()
+    spent = RelaunchBudget(1, 1, "max_relaunches")
+    decision = policy.decide("n0", FailureKind.HARDWARE, relaunches=spent)
+    assert decision.action is ActionKind.REMOVE_NODE
+    assert policy.relaunches == 0
+    with pytest.raises(ConfigError, match="RelaunchBudget"):
+        policy.decide("n1", FailureKind.HARDWARE, relaunches=1)  # type: ignore[arg-type]

@@ -11,30 +11,7 @@ from datetime import timedelta
 import pytest
 
 from dlrover.common import ConfigError
-from dlrover.diagnosis import ProbeConfig, ProbeError, ProbeResult, assess_probes, run_paired_probe
-
-
-def _r(node: str, ok: bool, total: float, error: str = "") -> ProbeResult:
-    return ProbeResult(0, 2, ok, matmul_s=total, error=error, node_id=node)
-
-
-def test_assessment_forgives_a_bad_partner_and_flags_slow_and_failed_nodes() -> None:
-    results = [
-        _r("a", False, 0.0, "peer b timed out"),  # round 1: a paired with broken b
-        _r("b", False, 0.0, "timed out"),
-        _r("a", True, 1.0),  # round 2: a re-paired with healthy c
-        _r("c", True, 1.1),
-        _r("d", True, 0.9),
-        _r("e", True, 5.0),
-    ]
-    verdict = assess_probes(results, k=3.0)
-    assert verdict.failed == ("b",)
-    assert verdict.slow == ("e",)
-    assert verdict.healthy == ("a", "c", "d")
-    assert "node b failed its probe: timed out" in verdict.reason
-    assert assess_probes([]).reason == "all 0 probed nodes are healthy"
-    with pytest.raises(ConfigError, match="k must be"):
-        assess_probes(results, k=1.0)
+from dlrover.diagnosis import ProbeConfig, ProbeError, ProbeResult, run_paired_probe
 
 
 def test_probe_config_validation() -> None:
@@ -77,7 +54,7 @@ def test_two_gloo_ranks_probe_each_other() -> None:
     assert [r.rank for r in results] == [0, 1]
     assert all(r.ok and r.backend == "gloo" and r.world_size == 2 for r in results)
     assert all(r.matmul_s > 0 and r.allreduce_s > 0 and r.allgather_s > 0 for r in results)
-    assert assess_probes(results).failed == ()
+    assert all(r.ok for r in results)
 
 
 @pytest.mark.integration

@@ -17,7 +17,6 @@ from dlrover.common import SystemClock
 from dlrover.diagnosis import (
     HangConfig,
     HangDetector,
-    PsutilSampler,
     StepReport,
     StragglerConfig,
     StragglerDetector,
@@ -207,13 +206,3 @@ def test_stack_dump_refuses_an_unregistered_process_and_reports_a_stopped_one(tm
     assert not stopped.ok
     assert "SIGSTOP" in stopped.reason
     os.kill(target.pid, signal.SIGCONT)
-
-
-@pytest.mark.integration
-def test_psutil_sampler_measures_a_real_process_tree(spawn: object, tmp_path: Path) -> None:
-    proc = spawn(WORKER, str(tmp_path / "p.steps"), "0.05")  # type: ignore[operator]
-    sampler = PsutilSampler(SystemClock(), cpu_interval_s=0.05)
-    sample = sampler.sample(proc.pid)
-    assert sample.rss_bytes > 1024 * 1024
-    assert 0 < sample.host_memory_used_bytes <= sample.host_memory_total_bytes
-    assert sample.gpus == ()

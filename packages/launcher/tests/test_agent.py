@@ -14,9 +14,18 @@ import attrs
 import pytest
 
 from dlrover.common import exiting_status
-from dlrover.diagnosis import MEMORY_RECORD, Evidence, FailureKind, OomWatch, RuleRegistry, classify
+from dlrover.diagnosis import (
+    MEMORY_RECORD,
+    ActionKind,
+    Decision,
+    Evidence,
+    FailureKind,
+    OomWatch,
+    RuleRegistry,
+    classify,
+)
 from dlrover.launcher.agent import Agent, AgentConfig, AgentResult
-from dlrover.launcher.control import AgentAction, FailureDecision, FailureReport, RoundAssignment
+from dlrover.launcher.control import FailureReport, RoundAssignment
 from dlrover.launcher.fake_control import FakeControlPlane
 
 WORKER = textwrap.dedent(
@@ -209,7 +218,7 @@ class _ReportAfterSurvivorStopped(FakeControlPlane):
         super().__init__()
         self._sigterm_file = sigterm_file
 
-    def report_failure(self, report: FailureReport) -> tuple[FailureDecision, str]:
+    def report_failure(self, report: FailureReport) -> Decision:
         deadline = time.monotonic() + 60.0
         while not self._sigterm_file.exists():
             assert time.monotonic() < deadline, "the surviving worker was not stopped before the master answered"
@@ -319,7 +328,7 @@ def test_restarts_are_bounded(tmp_path: Path) -> None:
 
 @pytest.mark.integration
 def test_the_master_can_stop_the_job_after_one_attempt(tmp_path: Path) -> None:
-    control = FakeControlPlane(failure_decisions=[(FailureDecision.STOP_JOB, "user code error: ImportError")])
+    control = FakeControlPlane(failure_decisions=[(ActionKind.ABORT_JOB, "user code error: ImportError")])
     result = _agent(tmp_path, "always_fail", control, max_restarts=5).run()
     assert result.exit_code == 1
     assert result.restarts == 0
@@ -363,7 +372,7 @@ def _run_until_stopped(agent: Agent, condition: Callable[[], bool]) -> AgentResu
 
 @pytest.mark.integration
 def test_master_stop_action_stops_the_workers(tmp_path: Path) -> None:
-    control = FakeControlPlane(actions=[[], [(AgentAction.STOP_NODE, "job stopped by a person")]])
+    control = FakeControlPlane(actions=[[], [(ActionKind.REMOVE_NODE, "job stopped by a person")]])
     result = _agent(tmp_path, "sleep", control, shutdown_grace_s=1.0).run()
     assert result.exit_code == 1
     assert "job stopped by a person" in result.reason

@@ -21,8 +21,9 @@ from pathlib import Path
 import pytest
 
 from dlrover.common import DLRoverError
+from dlrover.diagnosis import ActionKind
 from dlrover.launcher.agent import Agent, AgentConfig, AgentResult
-from dlrover.launcher.control import AgentAction, Progress, RoundAssignment
+from dlrover.launcher.control import Progress, RoundAssignment
 from dlrover.launcher.env import PER_ROUND_ENV_VARS, WorkerIdentity, worker_env
 from dlrover.launcher.fake_control import FakeControlPlane
 from dlrover.launcher.grpc_control import GrpcControlPlane, decode_store_address, encode_store_address
@@ -245,7 +246,7 @@ class _ExplodingHeartbeat(FakeControlPlane):
         self._ready = ready
         self.beats = 0
 
-    def heartbeat(self, progress: Progress) -> Sequence[tuple[AgentAction, str]]:
+    def heartbeat(self, progress: Progress) -> Sequence[tuple[ActionKind, str]]:
         self.beats += 1
         if self.beats >= 2:
             _wait_for(self._ready)

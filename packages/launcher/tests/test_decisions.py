@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from dlrover.launcher.control import AgentAction, FailureDecision
+from dlrover.diagnosis import ActionKind, Decision, FailureKind
 from dlrover.launcher.decisions import (
     StepKind,
     after_failure,
@@ -67,19 +67,24 @@ def test_waiting_nodes_start_a_new_round_without_using_a_restart() -> None:
     assert not step.counts_as_restart
 
 
+def _decided(action: ActionKind, reason: str) -> Decision:
+    return Decision(action, FailureKind.UNKNOWN, "0", reason)
+
+
 @pytest.mark.parametrize(
     ("decision", "kind", "counts"),
     [
-        (FailureDecision.RESTART_WORKERS, StepKind.RESTART, True),
-        (FailureDecision.STOP_JOB, StepKind.EXIT, False),
-        (FailureDecision.RELAUNCH_NODE, StepKind.EXIT, False),
-        (FailureDecision.REMOVE_NODE, StepKind.EXIT, False),
+        (ActionKind.RESTART_PROCESSES, StepKind.RESTART, True),
+        (ActionKind.ABORT_JOB, StepKind.EXIT, False),
+        (ActionKind.RELAUNCH_NODE, StepKind.EXIT, False),
+        (ActionKind.REMOVE_NODE, StepKind.EXIT, False),
+        (ActionKind.ROLLBACK_CHECKPOINT, StepKind.RESTART, True),
+        (ActionKind.RELAUNCH_WITH_MORE_MEMORY, StepKind.EXIT, False),
+        (ActionKind.NONE, StepKind.EXIT, False),
     ],
 )
-def test_after_failure_carries_out_the_masters_decision(
-    decision: FailureDecision, kind: StepKind, counts: bool
-) -> None:
-    step = after_failure(decision, "because")
+def test_after_failure_carries_out_the_masters_decision(decision: ActionKind, kind: StepKind, counts: bool) -> None:
+    step = after_failure(_decided(decision, "because"))
     assert step.kind is kind
     assert step.counts_as_restart is counts
     assert step.reason.endswith(": because")
@@ -90,21 +95,24 @@ def test_after_failure_carries_out_the_masters_decision(
 def test_the_agent_adds_no_count_or_claim_of_its_own_to_the_masters_reason() -> None:
     # The master keeps the node's restart count; the agent says which decision it carries out.
     reason = "node 0 (rank 0) failed: communication: ...; restart 2 of 3 (--max-restarts)"
-    assert after_failure(FailureDecision.RESTART_WORKERS, reason).reason == f"the master restarts the workers: {reason}"
+    assert (
+        after_failure(_decided(ActionKind.RESTART_PROCESSES, reason)).reason
+        == f"the master restarts the workers: {reason}"
+    )
     spent = "node 0 (rank 0) failed: ...; restarted 3 of 3 times (--max-restarts), no restarts left: the job stops"
-    assert after_failure(FailureDecision.STOP_JOB, spent).reason == f"the master stopped the job: {spent}"
-    removed = after_failure(FailureDecision.REMOVE_NODE, "the node leaves the job")
+    assert after_failure(_decided(ActionKind.ABORT_JOB, spent)).reason == f"the master stopped the job: {spent}"
+    removed = after_failure(_decided(ActionKind.REMOVE_NODE, "the node leaves the job"))
     assert removed.reason == "the master removed this node from the job: the node leaves the job"
     assert "relaunch" not in removed.reason
 
 
 def test_stop_job_reason_carries_the_masters_reason() -> None:
-    step = after_failure(FailureDecision.STOP_JOB, "ImportError in user code")
+    step = after_failure(_decided(ActionKind.ABORT_JOB, "ImportError in user code"))
     assert "ImportError in user code" in step.reason
 
 
 def test_stop_wins_over_restart() -> None:
-    actions = [(AgentAction.RESTART_WORKERS, "peer failed"), (AgentAction.STOP_NODE, "job stopped")]
+    actions = [(ActionKind.RESTART_PROCESSES, "peer failed"), (ActionKind.REMOVE_NODE, "job stopped")]
     assert on_master_actions(actions).kind is StepKind.EXIT
     assert on_master_actions(actions[:1]).kind is StepKind.RESTART
     assert on_master_actions([]).kind is StepKind.CONTINUE

@@ -7,7 +7,8 @@ from collections.abc import Iterator
 import pytest
 
 from dlrover.common import DLRoverError
-from dlrover.launcher.control import FailureDecision, FailureReport, Progress, ResourceUsage, RoundAssignment
+from dlrover.diagnosis import ActionKind, Decision, FailureKind
+from dlrover.launcher.control import FailureReport, Progress, ResourceUsage, RoundAssignment
 from dlrover.launcher.grpc_control import GrpcControlPlane
 from dlrover.master import MasterClient, MasterConfig, MasterRuntime, create_master
 from dlrover.master.config import LifecycleConfig, NodeRange
@@ -140,9 +141,11 @@ def test_failure_report_returns_the_masters_decision(master: MasterRuntime) -> N
     plane = _plane(master, "node-0")
     try:
         plane.register(1)
-        decision, reason = plane.report_failure(FailureReport(0, 1, None, "RuntimeError: boom", 0))
-        assert isinstance(decision, FailureDecision)
-        assert reason
+        decision = plane.report_failure(FailureReport(0, 1, None, "RuntimeError: boom", 0))
+        assert isinstance(decision, Decision)
+        assert isinstance(decision.action, ActionKind)
+        assert isinstance(decision.kind, FailureKind)
+        assert decision.outcome
     finally:
         plane.close()
 
@@ -159,13 +162,17 @@ def test_the_agents_max_restarts_is_its_budget_and_a_node_left_out_by_the_check_
         answers = [planes[0].report_failure(FailureReport(0, 1, None, "boom", n)) for n in range(3)]
         # The external backend starts no node: two restarts in place, then the node leaves the job
         # (the other node goes on), and nothing claims it is relaunched.
-        assert [d for d, _ in answers] == [FailureDecision.RESTART_WORKERS] * 2 + [FailureDecision.REMOVE_NODE]
-        assert [r.rsplit("; ", 1)[-1] for _, r in answers[:2]] == [f"restart {k} of 2 (--max-restarts)" for k in (1, 2)]
-        assert "restarted 2 of 2 times (--max-restarts), no restarts left" in answers[2][1]
-        assert "relaunch" not in answers[2][1]
-        # The network check's report says the agent exits, so no restart is decided for it.
-        decision, reason = planes[1].report_failure(FailureReport(-1, 1, None, "probe failed", 0, network_check=True))
-        assert decision is FailureDecision.RELAUNCH_NODE, reason
+        assert [d.action for d in answers] == [ActionKind.RESTART_PROCESSES] * 2 + [ActionKind.REMOVE_NODE]
+        assert [d.outcome.rsplit("; ", 1)[-1] for d in answers[:2]] == [
+            f"restart {k} of 2 (--max-restarts)" for k in (1, 2)
+        ]
+        assert "restarted 2 of 2 times (--max-restarts), no restarts left" in answers[2].outcome
+        assert "relaunch" not in answers[2].outcome
+        # The network check's report says the agent exits, so no restart is decided for it; the
+        # decision names, as enums, the kind the master read in its evidence: a faulty node.
+        decision = planes[1].report_failure(FailureReport(-1, 1, None, "probe failed", 0, network_check=True))
+        assert decision.action is ActionKind.RELAUNCH_NODE, decision.outcome
+        assert decision.kind is FailureKind.HARDWARE
     finally:
         for p in planes:
             p.close()

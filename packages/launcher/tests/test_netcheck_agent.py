@@ -12,8 +12,9 @@ from collections.abc import Callable, Sequence
 import pytest
 
 from dlrover.common import ConfigError, DLRoverError, ManualClock
+from dlrover.diagnosis import ActionKind
 from dlrover.launcher.agent import Agent, AgentConfig, AgentResult
-from dlrover.launcher.control import AgentAction, RoundAssignment
+from dlrover.launcher.control import RoundAssignment
 from dlrover.launcher.fake_control import FakeControlPlane
 from dlrover.launcher.netcheck import (
     InMemoryRoundStore,
@@ -184,7 +185,7 @@ class _TickingClock(ManualClock):
 
 
 def test_a_restart_asked_during_the_check_starts_a_new_round_without_workers() -> None:
-    control = FakeControlPlane(actions=[[(AgentAction.RESTART_WORKERS, "membership changed")]])
+    control = FakeControlPlane(actions=[[(ActionKind.RESTART_PROCESSES, "membership changed")]])
     check = _ScriptedCheck(control, [TRAIN])
     result = _agent(control, check)
     assert result.exit_code == 0, result.reason
@@ -195,10 +196,10 @@ def test_a_restart_asked_during_the_check_starts_a_new_round_without_workers() -
 
 
 def test_a_stop_asked_during_the_check_exits_with_the_stops_code() -> None:
-    control = FakeControlPlane(actions=[[(AgentAction.STOP_NODE, "job cancelled")]])
+    control = FakeControlPlane(actions=[[(ActionKind.REMOVE_NODE, "job cancelled")]])
     result = _agent(control, _ScriptedCheck(control, [TRAIN], beats=100))
     assert result.exit_code == 1
-    assert "the master stopped this node: job cancelled" in result.reason
+    assert "the master removed this node from the job: job cancelled" in result.reason
     assert len(control.rounds) == 1
 
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dlrover.launcher.control import FailureDecision
+from dlrover.diagnosis import ActionKind, Decision, FailureKind
 from dlrover.launcher.decisions import StepKind
 from dlrover.launcher.netcheck_plan import (
     CheckAction,
@@ -175,10 +175,10 @@ def test_the_agents_steps_after_the_check() -> None:
     assert leave.kind is StepKind.REPORT_FAILURE
 
 
-@pytest.mark.parametrize("decision", list(FailureDecision))
-def test_a_node_left_out_exits_whatever_the_master_answers(decision: FailureDecision) -> None:
+@pytest.mark.parametrize("decision", list(ActionKind))
+def test_a_node_left_out_exits_whatever_the_master_answers(decision: ActionKind) -> None:
     outcome = CheckOutcome(CheckAction.EXCLUDE_SELF, "node rank 2 is faulty")
-    step = after_check_report(outcome, (decision, "because"))
+    step = after_check_report(outcome, Decision(decision, FailureKind.COMMUNICATION, "2", "because"))
     assert (step.kind, step.exit_code) == (StepKind.EXIT, 1)
     assert decision.value in step.reason
     lost = after_check_report(outcome, None, "unreachable")

@@ -19,7 +19,6 @@ import grpc
 
 from dlrover.common import RpcError, load_token
 from dlrover.master.client import MasterClient
-from dlrover.master.v1 import agent_pb2
 
 
 def main() -> int:
@@ -52,7 +51,7 @@ def main() -> int:
                 time.sleep(interval)
                 continue
             unreachable_since = None
-            if any(a.kind == agent_pb2.ACTION_KIND_STOP_NODE for a in reply.actions):
+            if any(a.kind.ends_node for a in reply.actions):
                 return 0
             time.sleep(interval)
 

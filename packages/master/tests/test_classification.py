@@ -5,14 +5,13 @@ from __future__ import annotations
 import threading
 
 from dlrover.common import ManualClock
-from dlrover.diagnosis import RestartBudget
+from dlrover.diagnosis import ActionKind, Decision, FailureKind, RelaunchBudget, RestartBudget
 from dlrover.master.config import LifecycleConfig, MasterConfig, NodeRange
 from dlrover.master.diagnosis_policy import DiagnosisFailurePolicy
 from dlrover.master.journal import MemoryJournal
 from dlrover.master.master import Master
-from dlrover.master.policy import Classification, ClassifyingPolicy, Failure, FailureAction, FailureDecision
+from dlrover.master.policy import Classification, ClassifyingPolicy, Failure
 from dlrover.master.scheduler.fake import FakeScheduler
-from dlrover.master.states import FailureKind
 
 OOM_TAIL = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n"
 
@@ -47,11 +46,12 @@ class LockProbe:
         thread.start()
         thread.join()
         self.seen_chars = len(evidence)
-        return Classification("probe", f"classified {len(evidence)} chars")
+        return Classification(FailureKind.COMMUNICATION, f"classified {len(evidence)} chars")
 
-    def decide(self, failure: Failure) -> FailureDecision:
+    def decide(self, failure: Failure) -> Decision:
         assert failure.classification is not None
-        return FailureDecision(FailureAction.RESTART_PROCESSES, failure.classification.reason)
+        node_id = str(failure.node.node_id)
+        return Decision(ActionKind.RESTART_PROCESSES, failure.kind, node_id, failure.classification.reason)
 
 
 def test_classification_runs_outside_the_lock_and_decide_gets_it() -> None:
@@ -60,20 +60,20 @@ def test_classification_runs_outside_the_lock_and_decide_gets_it() -> None:
     master = make(probe)
     probe.master = master
     evidence = "x" * 60_000
-    decision = master.report_failure(0, FailureKind.PROCESS_CRASH, evidence)
+    decision = master.report_failure(0, FailureKind.UNKNOWN, evidence)
     assert probe.lock_was_free == [True]
     assert probe.seen_chars == 60_000  # the whole evidence, not the clipped text kept in the history
-    assert decision.reason == "classified 60000 chars"
+    assert decision.outcome == "classified 60000 chars"
 
 
 def test_the_diagnosis_policy_reads_the_end_of_a_long_log() -> None:
     """The decisive line of a log tail is at its end, past what the node history keeps."""
     master = make(DiagnosisFailurePolicy())
     evidence = "noise from the training loop\n" * 2000 + OOM_TAIL
-    decision = master.report_failure(0, FailureKind.PROCESS_CRASH, evidence, exit_code=1)
-    assert "device_oom: rule 'cuda-oom'" in decision.reason
+    decision = master.report_failure(0, FailureKind.UNKNOWN, evidence, exit_code=1)
+    assert "device_oom: rule 'cuda-oom'" in decision.outcome
     # Without a classification the policy reads the evidence itself, as before.
     policy = DiagnosisFailurePolicy()
     node = master.node(0)
-    plain = policy.decide(Failure(node, FailureKind.PROCESS_CRASH, OOM_TAIL, RestartBudget(0, 3), 3, 1))
+    plain = policy.decide(Failure(node, FailureKind.UNKNOWN, OOM_TAIL, RestartBudget(0, 3), RelaunchBudget(0, 3), 1))
     assert "device_oom: rule 'cuda-oom'" in plain.reason

@@ -9,15 +9,23 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dlrover.common import ConfigError
-from dlrover.diagnosis import ActionPolicy, PolicyConfig, RestartBudget
+from dlrover.common import ConfigError, DLRoverError
+from dlrover.diagnosis import (
+    LOST_NODE_KIND,
+    ActionKind,
+    ActionPolicy,
+    FailureKind,
+    PolicyConfig,
+    RelaunchBudget,
+    RestartBudget,
+)
 from dlrover.master.config import LifecycleConfig, MasterConfig, NodeRange
-from dlrover.master.diagnosis_policy import REPORTED_TO_DIAGNOSED, DiagnosisFailurePolicy
+from dlrover.master.diagnosis_policy import DiagnosisFailurePolicy
 from dlrover.master.factory import default_policy
 from dlrover.master.lifecycle import JobLifecycle
-from dlrover.master.policy import DefaultFailurePolicy, Failure, FailureAction
+from dlrover.master.policy import DefaultFailurePolicy, Failure
 from dlrover.master.records import NodeRecord
-from dlrover.master.states import ActionKind, FailureKind, JobState, NodeState
+from dlrover.master.states import JobState, NodeState
 
 IMPORT_ERROR = """Traceback (most recent call last):
   File "/home/alice/proj/train.py", line 12, in <module>
@@ -40,23 +48,23 @@ def failure(
 ) -> Failure:
     node = NodeRecord(node_id=node_id, rank=1, state=NodeState.RUNNING, host="host-1")
     budget = RestartBudget(used, limit, "--max-restarts")
-    return Failure(node, kind, evidence, budget, relaunches_left=3, exit_code=exit_code)
+    return Failure(node, kind, evidence, budget, RelaunchBudget(0, 3, "max_relaunches"), exit_code=exit_code)
 
 
 def test_an_import_error_traceback_stops_the_job_with_the_diagnosis_as_reason() -> None:
-    decision = DiagnosisFailurePolicy().decide(failure(FailureKind.PROCESS_CRASH, IMPORT_ERROR, exit_code=1))
-    assert decision.action is FailureAction.STOP_JOB
-    assert "user_code" in decision.reason
-    assert "ImportError" in decision.reason
+    decision = DiagnosisFailurePolicy().decide(failure(FailureKind.UNKNOWN, IMPORT_ERROR, exit_code=1))
+    assert decision.action is ActionKind.ABORT_JOB
+    assert "user_code" in decision.outcome
+    assert "ImportError" in decision.outcome
 
 
 def test_a_collective_timeout_restarts_the_processes() -> None:
-    decision = DiagnosisFailurePolicy().decide(failure(FailureKind.PROCESS_CRASH, NCCL_TIMEOUT, exit_code=-6))
-    assert decision.action is FailureAction.RESTART_PROCESSES
+    decision = DiagnosisFailurePolicy().decide(failure(FailureKind.UNKNOWN, NCCL_TIMEOUT, exit_code=-6))
+    assert decision.action is ActionKind.RESTART_PROCESSES
     # One sentence: what failed, what the diagnosis found, what is done with the one budget.
-    assert decision.reason.startswith("node 3 (rank 1) failed with exit status -6 (SIGABRT): communication: ")
-    assert "Watchdog caught collective operation timeout" in decision.reason
-    assert decision.reason.endswith("; restart 1 of 3 (--max-restarts)")
+    assert decision.outcome.startswith("node 3 (rank 1) failed with exit status -6 (SIGABRT): communication: ")
+    assert "Watchdog caught collective operation timeout" in decision.outcome
+    assert decision.outcome.endswith("; restart 1 of 3 (--max-restarts)")
 
 
 def test_a_node_the_network_check_left_out_is_relaunched_on_another_host() -> None:
@@ -66,60 +74,58 @@ def test_a_node_the_network_check_left_out_is_relaunched_on_another_host() -> No
         f"{NODE_CHECK_FAILED}: the network check left this node out before training, after 0 restart(s)\n"
         "round 1 pair 0-1: failed (node 0: RuntimeError: [gloo] Timed out waiting for recv; node 1: ok)\n"
     )
-    decision = DiagnosisFailurePolicy().decide(failure(FailureKind.NETWORK, evidence, exit_code=1))
-    assert decision.action is FailureAction.RELAUNCH_NODE
+    decision = DiagnosisFailurePolicy().decide(failure(FailureKind.COMMUNICATION, evidence, exit_code=1))
+    assert decision.action is ActionKind.RELAUNCH_NODE
     assert decision.avoid_host
-    assert "hardware" in decision.reason
+    assert "hardware" in decision.outcome
 
 
 def test_failures_the_master_saw_itself_relaunch_the_node_without_classifying() -> None:
     policy = DiagnosisFailurePolicy()
-    for kind in (FailureKind.HEARTBEAT_TIMEOUT, FailureKind.START_TIMEOUT, FailureKind.NODE_EXIT):
+    for node_id in (10, 11, 12):
         # Evidence that would read as a user error must not matter for a node the master lost.
-        decision = policy.decide(failure(kind, IMPORT_ERROR, node_id=10 + len(kind.value)))
-        assert decision.action is FailureAction.RELAUNCH_NODE, kind
-        assert "preemption" in decision.reason
+        lost = attrs.evolve(failure(LOST_NODE_KIND, IMPORT_ERROR, node_id=node_id), observed_by_master=True)
+        decision = policy.decide(lost)
+        assert decision.action is ActionKind.RELAUNCH_NODE
+        assert decision.kind is FailureKind.PREEMPTION
+        assert "observed by the master" in decision.outcome
 
 
 def test_an_unexplained_log_falls_back_to_the_reported_kind() -> None:
     policy = DiagnosisFailurePolicy()
     decision = policy.decide(failure(FailureKind.HARDWARE, "the agent saw something odd", node_id=4))
-    assert decision.action is FailureAction.RELAUNCH_NODE
+    assert decision.action is ActionKind.RELAUNCH_NODE
     assert decision.avoid_host
-    assert "reported as hardware" in decision.reason
-    decision = policy.decide(failure(FailureKind.USER_CODE_ERROR, "exit code 1", node_id=5))
-    assert decision.action is FailureAction.STOP_JOB
-
-
-def test_every_reported_kind_has_a_diagnosed_kind() -> None:
-    assert set(REPORTED_TO_DIAGNOSED) == set(FailureKind)
+    assert "reported as hardware" in decision.outcome
+    decision = policy.decide(failure(FailureKind.USER_CODE, "exit code 1", node_id=5))
+    assert decision.action is ActionKind.ABORT_JOB
 
 
 def test_the_nodes_restart_budget_escalates_in_place_of_the_action_policys_own() -> None:
     # The lifecycle's budget (the node's agent's --max-restarts) decides, not the per-node limit.
     policy = DiagnosisFailurePolicy(actions=ActionPolicy(PolicyConfig(max_process_restarts_per_node=1)))
-    first = policy.decide(failure(FailureKind.PROCESS_CRASH, NCCL_TIMEOUT, used=0, limit=2))
-    second = policy.decide(failure(FailureKind.PROCESS_CRASH, NCCL_TIMEOUT, used=1, limit=2))
-    third = policy.decide(failure(FailureKind.PROCESS_CRASH, NCCL_TIMEOUT, used=2, limit=2))
-    assert [first.action, second.action] == [FailureAction.RESTART_PROCESSES] * 2
+    first = policy.decide(failure(FailureKind.UNKNOWN, NCCL_TIMEOUT, used=0, limit=2))
+    second = policy.decide(failure(FailureKind.UNKNOWN, NCCL_TIMEOUT, used=1, limit=2))
+    third = policy.decide(failure(FailureKind.UNKNOWN, NCCL_TIMEOUT, used=2, limit=2))
+    assert [first.action, second.action] == [ActionKind.RESTART_PROCESSES] * 2
     assert second.reason.endswith("restart 2 of 2 (--max-restarts)")
-    assert third.action is FailureAction.RELAUNCH_NODE
+    assert third.action is ActionKind.RELAUNCH_NODE
     assert third.avoid_host
     assert "restarted 2 of 2 times (--max-restarts), no restarts left, so the node is relaunched" in third.reason
 
 
 def _crash(used: int) -> Failure:
-    return attrs.evolve(failure(FailureKind.PROCESS_CRASH, "exit code 1", used=used, limit=4), relaunch_possible=False)
+    return attrs.evolve(failure(FailureKind.UNKNOWN, "exit code 1", used=used, limit=4), relaunch_possible=False)
 
 
 def test_without_a_relaunching_scheduler_an_unexplained_crash_restarts_until_the_budget_is_spent() -> None:
     policy = DiagnosisFailurePolicy()
     decisions = [policy.decide(_crash(used)) for used in range(5)]
-    assert [d.action for d in decisions[:4]] == [FailureAction.RESTART_PROCESSES] * 4
+    assert [d.action for d in decisions[:4]] == [ActionKind.RESTART_PROCESSES] * 4
     assert decisions[2].reason.endswith(
         "restart 3 of 4 (--max-restarts), in place: this job's backend starts no new node"
     )
-    assert decisions[4].action is FailureAction.REMOVE_NODE
+    assert decisions[4].action is ActionKind.REMOVE_NODE
     assert "relaunch" not in decisions[4].reason
 
 
@@ -132,7 +138,7 @@ def test_a_rollback_replays_the_budgets_the_decisions_were_taken_with() -> None:
     policy.rollback(savepoint)
     # The replayed policy is where it was: its third decision is again the in-place restart.
     again = policy.decide(_crash(2))
-    assert again.action is FailureAction.RESTART_PROCESSES
+    assert again.action is ActionKind.RESTART_PROCESSES
     assert "in place" in again.reason
     # The budget is the caller's: the action policy keeps no count of its own.
     assert policy.actions.process_restarts("3") == 0
@@ -148,8 +154,8 @@ def lifecycle(policy: DiagnosisFailurePolicy) -> JobLifecycle:
 
 def test_in_the_lifecycle_a_user_code_error_ends_the_job_after_one_attempt() -> None:
     life = lifecycle(DiagnosisFailurePolicy())
-    decision, _ = life.report_failure(0, FailureKind.PROCESS_CRASH, IMPORT_ERROR, 1.0, exit_code=1)
-    assert decision.action is FailureAction.STOP_JOB
+    decision, _ = life.report_failure(0, FailureKind.UNKNOWN, IMPORT_ERROR, 1.0, exit_code=1)
+    assert decision.action is ActionKind.ABORT_JOB
     assert life.job_state is JobState.FAILED
     assert "ImportError" in life.exit_reason
     assert life.job_failures == 1
@@ -159,8 +165,8 @@ def test_in_the_lifecycle_a_user_code_error_ends_the_job_after_one_attempt() -> 
 
 def test_in_the_lifecycle_a_transient_failure_restarts_processes() -> None:
     life = lifecycle(DiagnosisFailurePolicy())
-    decision, _ = life.report_failure(1, FailureKind.PROCESS_CRASH, NCCL_TIMEOUT, 1.0, exit_code=-6)
-    assert decision.action is FailureAction.RESTART_PROCESSES
+    decision, _ = life.report_failure(1, FailureKind.UNKNOWN, NCCL_TIMEOUT, 1.0, exit_code=-6)
+    assert decision.action is ActionKind.RESTART_PROCESSES
     assert life.job_state is JobState.RUNNING
     actions, _ = life.heartbeat(1, 2.0)
     assert [a.kind for a in actions] == [ActionKind.RESTART_PROCESSES]
@@ -173,15 +179,15 @@ def test_in_the_lifecycle_without_a_relaunching_scheduler_the_agents_budget_deci
     life.start(0.0)
     life.register(0, "agent-0", "host-0", 0.0, max_process_restarts=5)
     decisions = [
-        life.report_failure(0, FailureKind.PROCESS_CRASH, "exit code 1", float(i), exit_code=1, answered=True)[0]
+        life.report_failure(0, FailureKind.UNKNOWN, "exit code 1", float(i), exit_code=1, answered=True)[0]
         for i in range(1, 7)
     ]
-    assert [d.action for d in decisions] == [FailureAction.RESTART_PROCESSES] * 5 + [FailureAction.STOP_JOB]
-    assert [d.reason.rsplit("; ", 1)[-1] for d in decisions[:2]] == [
+    assert [d.action for d in decisions] == [ActionKind.RESTART_PROCESSES] * 5 + [ActionKind.ABORT_JOB]
+    assert [d.outcome.rsplit("; ", 1)[-1] for d in decisions[:2]] == [
         f"restart {k} of 5 (--max-restarts)" for k in (1, 2)
     ]
-    assert all(", in place: this job's backend starts no new node" in d.reason for d in decisions[2:5])
-    assert decisions[-1].reason == life.exit_reason
+    assert all(", in place: this job's backend starts no new node" in d.outcome for d in decisions[2:5])
+    assert decisions[-1].outcome == life.exit_reason
     assert "restarted 5 of 5 times (--max-restarts), no restarts left" in life.exit_reason
     assert "relaunch" not in life.exit_reason
     assert life.node(0).process_restarts == 5
@@ -202,18 +208,18 @@ def test_an_unknown_policy_name_is_refused() -> None:
 @pytest.mark.parametrize(("signal_name", "code"), [("SIGKILL", 137), ("SIGTERM", 143)])
 def test_a_killed_worker_reported_by_a_live_agent_restarts_processes(signal_name: str, code: int) -> None:
     evidence = f"local rank 1 exited with signal {signal_name} after 0 restart(s)\n"
-    decision = DiagnosisFailurePolicy().decide(failure(FailureKind.PROCESS_CRASH, evidence, exit_code=code))
-    assert decision.action is FailureAction.RESTART_PROCESSES, decision.reason
-    assert "killed" in decision.reason
-    assert "the agent is alive" in decision.reason
-    assert "unknown" not in decision.reason
+    decision = DiagnosisFailurePolicy().decide(failure(FailureKind.UNKNOWN, evidence, exit_code=code))
+    assert decision.action is ActionKind.RESTART_PROCESSES, decision.outcome
+    assert "killed" in decision.outcome
+    assert "the agent is alive" in decision.outcome
+    assert "unknown" not in decision.outcome
 
 
 def test_a_sigkilled_worker_whose_agent_lives_is_said_to_be_killed_not_unknown() -> None:
     evidence = "local rank 1 exited with signal SIGKILL\n"
-    decision = DiagnosisFailurePolicy().decide(failure(FailureKind.PROCESS_CRASH, evidence, exit_code=-9))
-    assert decision.action is FailureAction.RESTART_PROCESSES
-    assert decision.reason == (
+    decision = DiagnosisFailurePolicy().decide(failure(FailureKind.UNKNOWN, evidence, exit_code=-9))
+    assert decision.action is ActionKind.RESTART_PROCESSES
+    assert decision.outcome == (
         "node 3 (rank 1) failed with exit status -9 (SIGKILL): killed by SIGKILL (signal 9): "
         "out of memory on the host or killed by someone; the agent is alive (rule 'sigkill-exit'); "
         "restart 1 of 3 (--max-restarts)"
@@ -221,9 +227,9 @@ def test_a_sigkilled_worker_whose_agent_lives_is_said_to_be_killed_not_unknown()
 
 
 FAILURES = {
-    "communication": (FailureKind.PROCESS_CRASH, NCCL_TIMEOUT, 1),
-    "unexplained": (FailureKind.PROCESS_CRASH, "exit code 1", 1),
-    "killed": (FailureKind.PROCESS_CRASH, "local rank 0 exited with signal SIGKILL", -9),
+    "communication": (FailureKind.UNKNOWN, NCCL_TIMEOUT, 1),
+    "unexplained": (FailureKind.UNKNOWN, "exit code 1", 1),
+    "killed": (FailureKind.UNKNOWN, "local rank 0 exited with signal SIGKILL", -9),
     "hang": (FailureKind.HANG, "no CPU progress", None),
     "hardware": (FailureKind.HARDWARE, "the agent saw something odd", 1),
 }
@@ -259,19 +265,56 @@ def test_every_decision_counts_a_nodes_restarts_one_way(
         now += 1.0
         decision, out = life.report_failure(node.node_id, kind, evidence, now, exit_code=code, answered=True)
         after = life.node(node.node_id)
-        counts = [(int(k), int(n)) for k, n in re.findall(r"\brestart (\d+) of (\d+)", decision.reason)]
-        spent = [(int(k), int(n)) for k, n in re.findall(r"\brestarted (\d+) of (\d+) times", decision.reason)]
-        if decision.action is FailureAction.RESTART_PROCESSES:
+        counts = [(int(k), int(n)) for k, n in re.findall(r"\brestart (\d+) of (\d+)", decision.outcome)]
+        spent = [(int(k), int(n)) for k, n in re.findall(r"\brestarted (\d+) of (\d+) times", decision.outcome)]
+        if decision.action is ActionKind.RESTART_PROCESSES:
             assert after.process_restarts == node.process_restarts + 1 <= budget
-            assert counts == [(after.process_restarts, budget)], decision.reason
+            assert counts == [(after.process_restarts, budget)], decision.outcome
         else:
             assert after.process_restarts == node.process_restarts
-            assert counts == [], decision.reason
-            assert spent in ([], [(node.process_restarts, budget)]), decision.reason
+            assert counts == [], decision.outcome
+            assert spent in ([], [(node.process_restarts, budget)]), decision.outcome
         if not scheduler_relaunches:
             # An agent that reported the failure and goes on: nothing here starts another node.
-            assert "relaunch" not in decision.reason
+            assert "relaunch" not in decision.outcome
             assert not any(e.kind in ("node_created", "relaunch") for e in out.events)
         if life.job_state is JobState.FAILED:
-            assert decision.action is FailureAction.STOP_JOB
-            assert decision.reason == life.exit_reason
+            assert decision.action is ActionKind.ABORT_JOB
+            assert decision.outcome == life.exit_reason
+
+
+def test_the_action_policys_counters_are_journaled_and_survive_a_master_restart() -> None:
+    # The job may relaunch one node in all (the action policy's budget); the first relaunch is
+    # decided before a master restart, the second after it: it must not be granted again.
+    from dlrover.master.journal import _snapshot, job_fields
+
+    def policy() -> DiagnosisFailurePolicy:
+        return DiagnosisFailurePolicy(actions=ActionPolicy(PolicyConfig(max_node_relaunches=1)))
+
+    cfg = LifecycleConfig(nodes=NodeRange(1, 2))
+    life = JobLifecycle(cfg, policy(), 0.0)
+    life.start(0.0)
+    life.register(0, "agent-0", "host-0", 0.0)
+    life.register(1, "agent-1", "host-1", 0.0)
+    first, _ = life.report_failure(0, FailureKind.HARDWARE, "ECC error", 1.0)
+    assert first.action is ActionKind.RELAUNCH_NODE
+
+    # What the journal keeps of the job, read back by a new master with a fresh policy.
+    snap = life.snapshot()
+    restored_snap = _snapshot(job_fields(snap), snap.nodes)
+    assert restored_snap is not None
+    assert restored_snap.policy_state == snap.policy_state
+    restored_policy = policy()
+    restored = JobLifecycle(cfg, restored_policy, 2.0, restored_snap)
+    assert restored_policy.actions.relaunches == 1
+
+    second, _ = restored.report_failure(1, FailureKind.HARDWARE, "ECC error", 3.0)
+    assert second.action is ActionKind.ABORT_JOB
+    assert "already relaunched 1 nodes (limit 1)" in second.outcome
+
+
+def test_a_corrupt_journaled_policy_state_is_refused_with_a_reason() -> None:
+    policy = DiagnosisFailurePolicy()
+    with pytest.raises(DLRoverError, match="corrupt failure policy state"):
+        policy.import_state('[{"node": "0"}]')
+    assert policy.export_state() == "[]"

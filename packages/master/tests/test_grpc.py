@@ -9,10 +9,10 @@ import grpc
 import pytest
 
 from dlrover.common import RetryPolicy, RpcError, generate_token
+from dlrover.diagnosis import ActionKind, FailureKind, RankStepStats
 from dlrover.master.client import MasterClient
 from dlrover.master.eventlog import read_event_log
 from dlrover.master.runtime import MasterRuntime
-from dlrover.master.states import FailureKind
 from dlrover.master.v1 import agent_pb2, agent_pb2_grpc
 
 pytestmark = pytest.mark.integration
@@ -41,8 +41,8 @@ def test_register_heartbeat_report_and_status(make_runtime: MakeRuntime) -> None
         assert ra.node_credential != rb.node_credential
         assert ra.heartbeat_timeout_s == rt.master.config.lifecycle.heartbeat_timeout_s
         assert a.heartbeat(step=5, samples=50).job_state == "running"
-        decision = b.report_failure(FailureKind.PROCESS_CRASH, "Traceback ... exit 1")
-        assert decision.decision == "restart_processes"
+        decision = b.report_failure(FailureKind.UNKNOWN, "Traceback ... exit 1")
+        assert decision.action is ActionKind.RESTART_PROCESSES
         # The reply delivered the restart; the next heartbeat does not order it again.
         assert list(b.heartbeat(step=1).actions) == []
         assert a.report_checkpoint_steps(2, {0: [3]}).has_complete_step is False
@@ -60,7 +60,7 @@ def test_register_heartbeat_report_and_status(make_runtime: MakeRuntime) -> None
         stopped = a.stop_job("done testing")
         assert (stopped.state, stopped.exit_reason) == ("stopped", "done testing")
         stop_action = a.heartbeat().actions[0]
-        assert stop_action.kind == agent_pb2.ACTION_KIND_STOP_NODE
+        assert stop_action.kind is ActionKind.REMOVE_NODE
 
 
 def test_wrong_or_missing_token_is_refused_and_changes_nothing(make_runtime: MakeRuntime) -> None:
@@ -139,17 +139,17 @@ def test_an_agents_max_restarts_is_its_nodes_restart_budget(make_runtime: MakeRu
         reg = a.register("agent-a", "host-a", max_restarts=4)
         b.register("agent-b", "host-b", max_restarts=4)
         assert rt.master.node(reg.node_id).max_process_restarts == 4
-        answers = [a.report_failure(FailureKind.PROCESS_CRASH, "exit code 1", exit_code=1) for _ in range(5)]
-        assert [r.decision for r in answers] == ["restart_processes"] * 4 + ["remove_node"]
-        assert [r.reason.rsplit("; ", 1)[-1].split(",")[0] for r in answers[:4]] == [
+        answers = [a.report_failure(FailureKind.UNKNOWN, "exit code 1", exit_code=1) for _ in range(5)]
+        assert [r.action for r in answers] == [ActionKind.RESTART_PROCESSES] * 4 + [ActionKind.REMOVE_NODE]
+        assert [r.outcome.rsplit("; ", 1)[-1].split(",")[0] for r in answers[:4]] == [
             f"restart {k} of 4 (--max-restarts)" for k in (1, 2, 3, 4)
         ]
-        assert "restarted 4 of 4 times (--max-restarts), no restarts left" in answers[-1].reason
-        assert "relaunch" not in answers[-1].reason
+        assert "restarted 4 of 4 times (--max-restarts), no restarts left" in answers[-1].outcome
+        assert "relaunch" not in answers[-1].outcome
         left_out = b.report_failure(
-            FailureKind.NETWORK, f"{NODE_CHECK_FAILED}: the network check left this node out", agent_exits=True
+            FailureKind.COMMUNICATION, f"{NODE_CHECK_FAILED}: the network check left this node out", agent_exits=True
         )
-        assert left_out.decision == "relaunch_node"
+        assert left_out.action is ActionKind.RELAUNCH_NODE
 
 
 NCCL_TIMEOUT = (
@@ -167,10 +167,10 @@ def test_the_stop_reason_answered_is_the_one_in_the_status_and_the_event_log(
     rt = make_runtime(nodes=1, event_log=events)
     with client(rt) as a:
         a.register("agent-a", "host-a", max_restarts=2)
-        answers = [a.report_failure(FailureKind.PROCESS_CRASH, NCCL_TIMEOUT, exit_code=1) for _ in range(3)]
-        assert [r.decision for r in answers] == ["restart_processes"] * 2 + ["stop_job"]
-        assert answers[1].reason.endswith("; restart 2 of 2 (--max-restarts)")
-        reason = answers[-1].reason
+        answers = [a.report_failure(FailureKind.UNKNOWN, NCCL_TIMEOUT, exit_code=1) for _ in range(3)]
+        assert [r.action for r in answers] == [ActionKind.RESTART_PROCESSES] * 2 + [ActionKind.ABORT_JOB]
+        assert answers[1].outcome.endswith("; restart 2 of 2 (--max-restarts)")
+        reason = answers[-1].outcome
         assert reason.startswith("node 0 (rank 0) failed with exit status 1: communication: ")
         assert "Watchdog caught collective operation timeout" in reason
         assert "restarted 2 of 2 times (--max-restarts), no restarts left" in reason
@@ -200,8 +200,8 @@ def test_refusals_map_to_clear_status_codes(make_runtime: MakeRuntime) -> None:
         with pytest.raises(RpcError, match="rank 5 is outside the world of size 1"):
             a.report_checkpoint_steps(1, {5: [1]})
         assert code_of(lambda: a.commit_checkpoint(9)) is grpc.StatusCode.FAILED_PRECONDITION
-        assert a.report_success().job_state == "succeeded"
-        assert code_of(lambda: a.report_failure(FailureKind.OOM, "late")) is grpc.StatusCode.FAILED_PRECONDITION
+        assert a.report_success() == "succeeded"
+        assert code_of(lambda: a.report_failure(FailureKind.HOST_OOM, "late")) is grpc.StatusCode.FAILED_PRECONDITION
 
 
 def test_heartbeat_step_stats_reach_the_master_and_bad_ones_are_refused(make_runtime: MakeRuntime) -> None:
@@ -209,13 +209,16 @@ def test_heartbeat_step_stats_reach_the_master_and_bad_ones_are_refused(make_run
     with client(rt) as a:
         a.register("agent-a", "host-a", local_world_size=2)
         good = [
-            agent_pb2.RankStepStats(rank=0, steps=3, samples=12, median_step_s=0.5, since_step_s=0.1, phase="train"),
-            agent_pb2.RankStepStats(rank=1, steps=3, samples=12, median_step_s=0.5, since_step_s=0.2),
+            RankStepStats(rank=0, steps=3, samples=12, median_step_s=0.5, since_step_s=0.1, phase="train"),
+            RankStepStats(rank=1, steps=3, samples=12, median_step_s=0.5, since_step_s=0.2),
         ]
         assert a.heartbeat(step=3, rank_steps=good).job_state == "running"
+        # The client cannot build bad stats; a peer that sends them on the wire is refused.
         for bad in (
             agent_pb2.RankStepStats(rank=-1, steps=1),
             agent_pb2.RankStepStats(rank=0, steps=1, since_step_s=float("nan")),
             agent_pb2.RankStepStats(rank=0, steps=-4),
         ):
-            assert code_of(lambda b=bad: a.heartbeat(rank_steps=[b])) is grpc.StatusCode.INVALID_ARGUMENT
+            request = agent_pb2.HeartbeatRequest(node_id=a.node_id, rank_steps=[bad])
+            call = lambda r=request: a._call(a._agent.Heartbeat, r, idempotent=False)  # noqa: E731
+            assert code_of(call) is grpc.StatusCode.INVALID_ARGUMENT

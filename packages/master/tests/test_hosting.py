@@ -11,12 +11,13 @@ from pathlib import Path
 import pytest
 
 from dlrover.common import ManualClock
+from dlrover.diagnosis import FailureKind
 from dlrover.master.config import LifecycleConfig, MasterConfig, NodeRange
 from dlrover.master.hosting import HostedRendezvous, HostedShards, node_of_worker
 from dlrover.master.journal import JournalError, MemoryJournal, SqliteJournal, StateJournal
 from dlrover.master.master import Master, StatefulCollaborator
 from dlrover.master.scheduler.fake import FakeScheduler
-from dlrover.master.states import FailureKind, NodeState
+from dlrover.master.states import NodeState
 from dlrover.rendezvous import PollState, RendezvousManager
 from dlrover.rendezvous.v1 import rendezvous_pb2 as rpb
 from dlrover.shard import DatasetSpec, DeliveryMode, IndexSource, ShardRegistry, ShardStateError
@@ -118,7 +119,7 @@ def test_a_process_restart_releases_the_nodes_shards_but_keeps_it_in_the_round()
     with job.shards.locked() as registry:
         registry.register(SPEC)
         shard = registry.manager("train").fetch(str(a)).shards[0]
-    decision = job.master.report_failure(a, FailureKind.PROCESS_CRASH, "NCCL watchdog timeout", exit_code=-6)
+    decision = job.master.report_failure(a, FailureKind.UNKNOWN, "NCCL watchdog timeout", exit_code=-6)
     assert decision.action.value == "restart_processes"
     with job.shards.locked() as registry:
         assert shard.shard_id in registry.manager("train").snapshot().todo

@@ -19,13 +19,14 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from dlrover.common import ManualClock
+from dlrover.diagnosis import FailureKind
 from dlrover.master.config import LifecycleConfig, MasterConfig, NodeRange
 from dlrover.master.hosting import HostedRendezvous, HostedShards, node_of_worker
 from dlrover.master.journal import MemoryJournal
 from dlrover.master.lifecycle import LifecycleError
 from dlrover.master.master import Master
 from dlrover.master.scheduler.fake import FakeScheduler
-from dlrover.master.states import ALIVE_STATES, FailureKind, NodeState
+from dlrover.master.states import ALIVE_STATES, NodeState
 from dlrover.rendezvous import RendezvousManager
 from dlrover.rendezvous.v1 import rendezvous_pb2 as rpb
 from dlrover.shard import DatasetSpec, DeliveryMode, IndexSource, ShardRegistry, decode_progress
@@ -150,12 +151,12 @@ class HostingMachine(RuleBasedStateMachine):
             self.acked[sid] = max(self.acked.get(sid, 0), position)
 
     @precondition(lambda self: self.live)
-    @rule(index=st.integers(0, 2), kind=st.sampled_from([FailureKind.PROCESS_CRASH, FailureKind.HEARTBEAT_TIMEOUT]))
+    @rule(index=st.integers(0, 2), kind=st.sampled_from([FailureKind.UNKNOWN, FailureKind.PREEMPTION]))
     def fail(self, index: int, kind: FailureKind) -> None:
         node = self.pick(index)
         if node is not None:
             with contextlib.suppress(LifecycleError):
-                self.master.report_failure(node, kind, NCCL if kind is FailureKind.PROCESS_CRASH else "silent")
+                self.master.report_failure(node, kind, NCCL if kind is FailureKind.UNKNOWN else "silent")
 
     @rule()
     def crash(self) -> None:

@@ -79,7 +79,7 @@ def test_silent_agent_is_failed_stopped_and_relaunched_by_the_local_backend(
 
         wait_for(lambda: reached(0, NodeState.RUNNING), what="node 0 registered")
         wait_for(lambda: reached(0, NodeState.RELAUNCHING), what="node 0 failed for silence")
-        assert master.node(0).last_failure.startswith("heartbeat_timeout")
+        assert master.node(0).last_failure.startswith("preemption: no heartbeat")
         replacement = master.node(0).replaced_by
         assert replacement is not None
         assert master.node(replacement).rank == 0

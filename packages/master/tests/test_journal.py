@@ -27,7 +27,6 @@ from dlrover.master.journal import (
 )
 from dlrover.master.lifecycle import JobLifecycle
 from dlrover.master.policy import DefaultFailurePolicy
-from dlrover.master.states import FailureKind
 
 
 @pytest.fixture(params=["memory", "sqlite"])
@@ -54,7 +53,7 @@ def test_lifecycle_round_trips(journal: StateJournal) -> None:
     life = JobLifecycle(LifecycleConfig(nodes=NodeRange(1, 2)), DefaultFailurePolicy(), 0.0)
     life.start(0.0)
     life.register(0, "a", "h", 1.0)
-    life.report_failure(0, FailureKind.NODE_EXIT, "exit 1", 2.0)
+    life.node_lost(0, "exit 1", 2.0)
     snap = life.snapshot()
     journal.commit(JournalBatch(nodes=snap.nodes, job=job_fields(snap)))
     assert journal.load().lifecycle == snap
@@ -167,3 +166,17 @@ def test_sqlite_keeps_every_acknowledged_commit_after_sigkill(tmp_path: Path) ->
         assert job == {"i": len(events)}
         # Nothing acknowledged is lost, and each batch is whole: nodes, events and job match.
         assert len(events) >= acknowledged
+
+
+def test_pending_actions_of_an_older_journal_restore_as_the_diagnosis_actions() -> None:
+    # Journals written before the master's own ActionKind was replaced by dlrover.diagnosis'
+    # hold the action as its string value; only restarts were ever queued.
+    from dlrover.diagnosis import ActionKind
+    from dlrover.master.records import actions_from_json, actions_to_json
+
+    older = {"3": [{"action_id": 7, "kind": "restart_processes", "reason": "restart 1 of 3"}]}
+    restored = actions_from_json(older)
+    assert [(a.action_id, a.kind, a.reason) for a in restored[3]] == [
+        (7, ActionKind.RESTART_PROCESSES, "restart 1 of 3")
+    ]
+    assert actions_from_json(actions_to_json(restored)) == restored

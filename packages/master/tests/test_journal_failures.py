@@ -16,6 +16,7 @@ import grpc
 import pytest
 
 from dlrover.common import ManualClock, RetryPolicy, RpcError
+from dlrover.diagnosis import ActionKind, Decision, FailureKind
 from dlrover.master.client import MasterClient
 from dlrover.master.config import LifecycleConfig, MasterConfig, NodeRange
 from dlrover.master.diagnosis_policy import DiagnosisFailurePolicy
@@ -31,12 +32,12 @@ from dlrover.master.journal import (
     StateJournal,
 )
 from dlrover.master.master import Master
-from dlrover.master.policy import Failure, FailureAction, FailureDecision
+from dlrover.master.policy import Failure
 from dlrover.master.runtime import MasterRuntime
 from dlrover.master.scheduler.base import ObservedState
 from dlrover.master.scheduler.fake import FakeScheduler
 from dlrover.master.servicers import JOURNAL_FAILED
-from dlrover.master.states import ActionKind, FailureKind, JobState, NodeState
+from dlrover.master.states import JobState, NodeState
 
 
 class FailingJournal:
@@ -69,8 +70,9 @@ class FailingJournal:
 class RestartEverything:
     """A policy that restarts processes on every failure (so restarts are queued as actions)."""
 
-    def decide(self, failure: Failure) -> FailureDecision:
-        return FailureDecision(FailureAction.RESTART_PROCESSES, f"restart after {failure.kind.value}")
+    def decide(self, failure: Failure) -> Decision:
+        node_id = str(failure.node.node_id)
+        return Decision(ActionKind.RESTART_PROCESSES, failure.kind, node_id, f"restart after {failure.kind.value}")
 
 
 def config(nodes: int = 2, **kw: object) -> MasterConfig:
@@ -124,7 +126,7 @@ def test_a_relaunch_whose_journal_write_failed_is_neither_applied_nor_lost() -> 
     assert master.status().job_failures == 0
     journal.failing = False
     decision = master.report_failure(0, FailureKind.HARDWARE, "ECC error: uncorrectable")
-    assert decision.action is FailureAction.RELAUNCH_NODE
+    assert decision.action is ActionKind.RELAUNCH_NODE
     assert sched.stopped == [0]
     assert sorted(sched.specs) == [0, 1, 2]  # the replacement, launched once
     assert master.node(2).rank == 0
@@ -139,19 +141,19 @@ def test_the_policy_rolls_back_to_exactly_its_earlier_decisions() -> None:
     master, _, _ = make(journal, policy=policy)
     master.register(0, "a", "h")
     master.register(1, "b", "h2")
-    master.report_failure(1, FailureKind.PROCESS_CRASH, "Segmentation fault")
+    master.report_failure(1, FailureKind.UNKNOWN, "Segmentation fault")
     saved = policy.savepoint()
     journal.failing = True
     for _ in range(3):
         with pytest.raises(JournalError):
-            master.report_failure(1, FailureKind.PROCESS_CRASH, "Segmentation fault")
+            master.report_failure(1, FailureKind.UNKNOWN, "Segmentation fault")
     assert policy.savepoint() == saved
     journal.failing = False
     # The unknown kind's ladder allows two restarts before a relaunch: had the failed attempts
     # stayed counted, this would be the relaunch.
-    decision = master.report_failure(1, FailureKind.PROCESS_CRASH, "Segmentation fault")
-    assert decision.action is FailureAction.RESTART_PROCESSES
-    assert decision.reason.endswith("restart 2 of 5 (max_process_restarts)")
+    decision = master.report_failure(1, FailureKind.UNKNOWN, "Segmentation fault")
+    assert decision.action is ActionKind.RESTART_PROCESSES
+    assert decision.outcome.endswith("restart 2 of 5 (max_process_restarts)")
 
 
 def test_an_observed_exit_whose_journal_write_failed_is_handled_on_a_later_tick() -> None:

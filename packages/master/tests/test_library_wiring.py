@@ -16,13 +16,14 @@ import grpc
 import pytest
 
 from dlrover.common import ManualClock, RetryPolicy, RpcError, generate_token
+from dlrover.diagnosis import ActionKind, FailureKind
 from dlrover.master.client import MasterClient
 from dlrover.master.config import LifecycleConfig, MasterConfig, NodeRange
 from dlrover.master.factory import create_master
 from dlrover.master.journal import SqliteJournal
 from dlrover.master.runtime import MasterRuntime
 from dlrover.master.scheduler.external import ExternalScheduler
-from dlrover.master.states import FailureKind, NodeState
+from dlrover.master.states import NodeState
 from dlrover.rendezvous import PollState, RendezvousClient
 from dlrover.shard import DatasetSpec, DeliveryMode, IndexSource, ShardClient, ShardClientConfig
 
@@ -186,9 +187,9 @@ def test_the_same_token_guards_the_hosted_services(runtime: MasterRuntime) -> No
 def test_an_import_error_report_stops_the_job_after_one_attempt(runtime: MasterRuntime) -> None:
     a, b = Agent(runtime, "a"), Agent(runtime, "b")
     try:
-        reply = a.master.report_failure(FailureKind.PROCESS_CRASH, IMPORT_ERROR, exit_code=1)
-        assert reply.decision == "stop_job"
-        assert "user_code" in reply.reason
+        reply = a.master.report_failure(FailureKind.UNKNOWN, IMPORT_ERROR, exit_code=1)
+        assert reply.action is ActionKind.ABORT_JOB
+        assert "user_code" in reply.outcome
         status = b.master.job_status()
         assert status.state == "failed"
         assert "ModuleNotFoundError" in status.exit_reason

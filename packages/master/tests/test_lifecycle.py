@@ -6,6 +6,7 @@ import attrs
 import pytest
 
 from dlrover.common import ConfigError
+from dlrover.diagnosis import ActionKind, FailureKind
 from dlrover.master.config import LifecycleConfig, NodeRange, parse_node_range
 from dlrover.master.lifecycle import (
     HostAvoidedError,
@@ -17,17 +18,9 @@ from dlrover.master.lifecycle import (
     NodeStateError,
     UnknownNodeError,
 )
-from dlrover.master.policy import DefaultFailurePolicy, FailureAction
+from dlrover.master.policy import DefaultFailurePolicy
 from dlrover.master.records import LaunchNode, StopNode, node_from_dict, node_to_dict
-from dlrover.master.states import (
-    TRANSITIONS,
-    ActionKind,
-    FailureKind,
-    IllegalTransitionError,
-    JobState,
-    NodeState,
-    check_transition,
-)
+from dlrover.master.states import TRANSITIONS, IllegalTransitionError, JobState, NodeState, check_transition
 
 
 def make(nodes: int = 2, min_nodes: int | None = None, now: float = 0.0, **kw: object) -> JobLifecycle:
@@ -112,12 +105,12 @@ def test_heartbeat_timeout_relaunches_with_the_same_rank() -> None:
     assert new.rank == old.rank == 1
     assert new.replaces == 1
     assert new.relaunch_count == 1
-    assert "heartbeat_timeout" in old.history[-2].reason
+    assert "preemption: no heartbeat" in old.history[-2].reason
     assert life.node(0).state is NodeState.RUNNING
     assert life.current_nodes()[1].node_id == 2
     # The replaced node, if it comes back, is told to stop and changes nothing.
     actions, out = life.heartbeat(1, 11.0)
-    assert actions[0].kind is ActionKind.STOP_NODE
+    assert actions[0].kind is ActionKind.REMOVE_NODE
     assert "replaced by node 2" in actions[0].reason
     assert out.changed_nodes == frozenset()
 
@@ -126,15 +119,15 @@ def test_process_crash_restarts_processes_within_budget_then_relaunches() -> Non
     life = make(1, max_process_restarts=2)
     register_all(life)
     for i in range(2):
-        decision, _ = life.report_failure(0, FailureKind.PROCESS_CRASH, f"exit 1 #{i}", 1.0)
-        assert decision.action is FailureAction.RESTART_PROCESSES
+        decision, _ = life.report_failure(0, FailureKind.UNKNOWN, f"exit 1 #{i}", 1.0)
+        assert decision.action is ActionKind.RESTART_PROCESSES
     actions, _ = life.heartbeat(0, 1.5)
     assert [a.kind for a in actions] == [ActionKind.RESTART_PROCESSES] * 2
     assert life.heartbeat(0, 1.6)[0] == ()  # delivered once
-    decision, out = life.report_failure(0, FailureKind.PROCESS_CRASH, "exit 1 again", 2.0)
-    assert decision.action is FailureAction.RELAUNCH_NODE
+    decision, out = life.report_failure(0, FailureKind.UNKNOWN, "exit 1 again", 2.0)
+    assert decision.action is ActionKind.RELAUNCH_NODE
     assert "restarted 2 of 2 times (max_process_restarts), no restarts left, so the node is relaunched" in (
-        decision.reason
+        decision.outcome
     )
     assert any(isinstance(e, LaunchNode) and e.rank == 0 for e in out.effects)
     assert life.node(0).process_restarts == 2
@@ -145,13 +138,13 @@ def test_an_agents_declared_restart_budget_replaces_the_configured_one() -> None
     node, _ = life.register(0, "a", "h0", 0.0, max_process_restarts=4)
     assert (node.max_process_restarts, life.restart_budget(node)) == (4, 4)
     for i in range(4):
-        decision, out = life.report_failure(0, FailureKind.PROCESS_CRASH, f"exit 1 #{i}", 1.0 + i, answered=True)
-        assert decision.action is FailureAction.RESTART_PROCESSES
+        decision, out = life.report_failure(0, FailureKind.UNKNOWN, f"exit 1 #{i}", 1.0 + i, answered=True)
+        assert decision.action is ActionKind.RESTART_PROCESSES
     # The one count, in the event as in the decision: "restart k of n".
     assert any(e.kind == "process_restart" and "restart 4 of 4 (--max-restarts)" in e.message for e in out.events)
-    assert "restart 4 of 4 (--max-restarts)" in decision.reason
-    decision, _ = life.report_failure(0, FailureKind.PROCESS_CRASH, "exit 1 again", 9.0)
-    assert decision.action is FailureAction.RELAUNCH_NODE
+    assert "restart 4 of 4 (--max-restarts)" in decision.outcome
+    decision, _ = life.report_failure(0, FailureKind.UNKNOWN, "exit 1 again", 9.0)
+    assert decision.action is ActionKind.RELAUNCH_NODE
     # The budget is journaled with the node, so a restarted master keeps it.
     assert node_from_dict(node_to_dict(life.node(0))).max_process_restarts == 4
 
@@ -179,19 +172,19 @@ def test_without_a_relaunching_scheduler_a_relaunch_of_a_live_agent_restarts_it_
     life = external()
     life.register(0, "a", "h0", 0.0, max_process_restarts=2)
     decision, _ = life.report_failure(0, FailureKind.HARDWARE, "GPU fell off the bus", 1.0)
-    assert decision.action is FailureAction.RESTART_PROCESSES
-    assert decision.reason.endswith("restart 1 of 2 (--max-restarts), in place: this job's backend starts no new node")
+    assert decision.action is ActionKind.RESTART_PROCESSES
+    assert decision.outcome.endswith("restart 1 of 2 (--max-restarts), in place: this job's backend starts no new node")
     assert not decision.avoid_host
     assert life.avoid_hosts == {}
-    assert life.report_failure(0, FailureKind.HARDWARE, "again", 2.0)[0].action is FailureAction.RESTART_PROCESSES
+    assert life.report_failure(0, FailureKind.HARDWARE, "again", 2.0)[0].action is ActionKind.RESTART_PROCESSES
     # Restarts spent: the node leaves the job, which has no other node, so the job stops; no
     # node is said to be created or relaunched, since nothing would start one.
     decision, out = life.report_failure(0, FailureKind.HARDWARE, "and again", 3.0)
-    assert decision.action is FailureAction.STOP_JOB
-    assert decision.reason == life.exit_reason
-    assert "restarted 2 of 2 times (--max-restarts), no restarts left" in decision.reason
-    assert decision.reason.endswith("the node leaves the job; no node is left: the job stops")
-    assert "relaunch" not in decision.reason
+    assert decision.action is ActionKind.ABORT_JOB
+    assert decision.outcome == life.exit_reason
+    assert "restarted 2 of 2 times (--max-restarts), no restarts left" in decision.outcome
+    assert decision.outcome.endswith("the node leaves the job; no node is left: the job stops")
+    assert "relaunch" not in decision.outcome
     assert not any(isinstance(e, LaunchNode) for e in out.effects)
     assert not any(e.kind in ("node_created", "relaunch") for e in out.events)
     assert life.node(0).state is NodeState.REMOVED
@@ -202,9 +195,9 @@ def test_without_a_relaunching_scheduler_a_spent_node_leaves_and_the_others_go_o
     life = external(2)
     register_all(life)
     life.register(0, "a", "host-0", 0.5, proven_node_id=0, max_process_restarts=0)
-    decision, out = life.report_failure(0, FailureKind.PROCESS_CRASH, "exit 1", 1.0)
-    assert decision.action is FailureAction.REMOVE_NODE
-    assert "restarted 0 of 0 times (--max-restarts), no restarts left" in decision.reason
+    decision, out = life.report_failure(0, FailureKind.UNKNOWN, "exit 1", 1.0)
+    assert decision.action is ActionKind.REMOVE_NODE
+    assert "restarted 0 of 0 times (--max-restarts), no restarts left" in decision.outcome
     assert not any(isinstance(e, LaunchNode) for e in out.effects)
     assert life.job_state is JobState.RUNNING
     assert life.node(1).state is NodeState.RUNNING
@@ -214,9 +207,9 @@ def test_without_a_relaunching_scheduler_a_node_that_is_gone_or_leaving_is_still
     life = external(2, heartbeat_timeout_s=10.0)
     register_all(life)
     # The network check left node 0 out: its agent exits whatever the answer.
-    decision, out = life.report_failure(0, FailureKind.NETWORK, "node check failed", 1.0, agent_exits=True)
-    assert decision.action is FailureAction.RELAUNCH_NODE
-    assert "its agent exits after this report" in decision.reason
+    decision, out = life.report_failure(0, FailureKind.COMMUNICATION, "node check failed", 1.0, agent_exits=True)
+    assert decision.action is ActionKind.RELAUNCH_NODE
+    assert "its agent exits after this report" in decision.outcome
     assert life.node(0).state is NodeState.RELAUNCHING
     # Nothing here starts the node: the events say the rank is open for an agent, not that a node
     # was created or that one replaced the other.
@@ -234,7 +227,7 @@ def test_relaunch_budget_exhausted_removes_the_node_and_the_job_fails() -> None:
     life = make(1, max_relaunches=1, insufficient_nodes_window_s=5.0)
     register_all(life)
     decision, _ = life.report_failure(0, FailureKind.HARDWARE, "GPU fell off the bus", 1.0)
-    assert decision.action is FailureAction.RELAUNCH_NODE
+    assert decision.action is ActionKind.RELAUNCH_NODE
     assert decision.avoid_host
     assert "host-0" in life.avoid_hosts
     launch = [e for e in life.start(0.0).effects]  # idempotent, nothing new
@@ -242,13 +235,13 @@ def test_relaunch_budget_exhausted_removes_the_node_and_the_job_fails() -> None:
     with pytest.raises(HostAvoidedError, match="host-0"):
         life.register(1, "again", "host-0", 1.5)
     life.register(1, "b", "host-1", 2.0)
-    decision, out = life.report_failure(1, FailureKind.NODE_EXIT, "exit 137", 3.0)
+    decision, out = life.node_lost(1, "exit 137", 3.0)
     # The removal left no node: the action taken is the job's stop, with the job's exit reason.
-    assert decision.action is FailureAction.STOP_JOB
-    assert "relaunch budget of rank 0 (1) exhausted" in decision.reason
+    assert decision.action is ActionKind.ABORT_JOB
+    assert "relaunched 1 of 1 times (max_relaunches), no relaunches left" in decision.outcome
     assert life.node(1).state is NodeState.REMOVED
     assert life.job_state is JobState.FAILED
-    assert life.exit_reason == decision.reason
+    assert life.exit_reason == decision.outcome
     assert life.exit_reason.endswith("no node is left: the job stops")
     assert any(isinstance(e, StopNode) and e.node_id == 1 for e in out.effects)
 
@@ -256,8 +249,8 @@ def test_relaunch_budget_exhausted_removes_the_node_and_the_job_fails() -> None:
 def test_insufficient_nodes_for_longer_than_the_window_stops_the_job() -> None:
     life = make(3, min_nodes=2, max_relaunches=0, insufficient_nodes_window_s=30.0)
     register_all(life)
-    life.report_failure(0, FailureKind.NODE_EXIT, "gone", 1.0)
-    life.report_failure(1, FailureKind.NODE_EXIT, "gone", 1.0)
+    life.node_lost(0, "gone", 1.0)
+    life.node_lost(1, "gone", 1.0)
     assert life.job_state is JobState.RUNNING  # one node left, below min 2: the window starts
     life.heartbeat(2, 20.0)
     life.tick(20.0)
@@ -272,29 +265,29 @@ def test_insufficient_nodes_for_longer_than_the_window_stops_the_job() -> None:
 def test_user_code_error_stops_the_job_with_a_reason() -> None:
     life = make(2)
     register_all(life)
-    decision, out = life.report_failure(1, FailureKind.USER_CODE_ERROR, "ZeroDivisionError", 1.0)
+    decision, out = life.report_failure(1, FailureKind.USER_CODE, "ZeroDivisionError", 1.0)
     assert {e.node_id for e in out.effects if isinstance(e, StopNode)} == {0, 1}
-    assert decision.action is FailureAction.STOP_JOB
+    assert decision.action is ActionKind.ABORT_JOB
     assert life.job_state is JobState.FAILED
-    assert life.exit_reason == "user code error on node 1 (rank 1): the job stops"
+    assert life.exit_reason == "user_code on node 1 (rank 1): the job stops"
     assert life.node(1).state is NodeState.FAILED
     assert life.node(0).state is NodeState.REMOVED
     with pytest.raises(JobFinishedError):
-        life.report_failure(0, FailureKind.OOM, "x", 2.0)
+        life.report_failure(0, FailureKind.HOST_OOM, "x", 2.0)
     actions, _ = life.heartbeat(0, 2.0)
-    assert actions[0].kind is ActionKind.STOP_NODE
+    assert actions[0].kind is ActionKind.REMOVE_NODE
 
 
 def test_too_many_failures_stops_the_job() -> None:
     life = make(1, max_job_failures=2, max_process_restarts=10)
     register_all(life)
-    life.report_failure(0, FailureKind.OOM, "1", 1.0)
-    life.report_failure(0, FailureKind.OOM, "2", 1.0)
+    life.report_failure(0, FailureKind.HOST_OOM, "1", 1.0)
+    life.report_failure(0, FailureKind.HOST_OOM, "2", 1.0)
     assert life.job_state is JobState.RUNNING
-    decision, _ = life.report_failure(0, FailureKind.OOM, "3", 1.0)
-    assert decision.action is FailureAction.STOP_JOB
+    decision, _ = life.report_failure(0, FailureKind.HOST_OOM, "3", 1.0)
+    assert decision.action is ActionKind.ABORT_JOB
     assert life.exit_reason == (
-        "node 0 (rank 0) failed (oom): 3 failures in the job, more than max_job_failures 2: the job stops"
+        "node 0 (rank 0) failed (host_oom): 3 failures in the job, more than max_job_failures 2: the job stops"
     )
 
 
@@ -305,10 +298,10 @@ def test_succeeded_job_is_not_relaunched() -> None:
     with pytest.raises(IllegalTransitionError, match="terminal"):
         life.report_success(0, 1.5)
     with pytest.raises(NodeStateError):
-        life.report_failure(0, FailureKind.NODE_EXIT, "late", 1.5)
-    decision, out = life.report_failure(1, FailureKind.NODE_EXIT, "exit 1", 2.0)
-    assert decision.action is FailureAction.REMOVE_NODE
-    assert "already succeeded" in decision.reason
+        life.node_lost(0, "late", 1.5)
+    decision, out = life.node_lost(1, "exit 1", 2.0)
+    assert decision.action is ActionKind.REMOVE_NODE
+    assert "already succeeded" in decision.outcome
     assert not any(isinstance(e, LaunchNode) for e in out.effects)
     assert life.job_state is JobState.SUCCEEDED
 
@@ -329,7 +322,7 @@ def test_start_timeout_relaunches_a_node_that_never_registers() -> None:
     out = life.tick(61.0)
     assert any(isinstance(e, LaunchNode) and e.rank == 0 for e in out.effects)
     assert life.node(0).state is NodeState.RELAUNCHING
-    assert "start_timeout" in life.node(0).last_failure
+    assert "preemption: not registered" in life.node(0).last_failure
 
 
 def test_heartbeat_before_register_is_refused_without_change() -> None:
@@ -395,14 +388,14 @@ def test_a_failure_is_logged_in_one_line_and_its_whole_evidence_kept_in_the_even
     # rendezvous reason) name it in one line, while the failure event keeps all of it.
     life = make(1)
     register_all(life)
-    _, out = life.report_failure(0, FailureKind.USER_CODE_ERROR, TRACEBACK_EVIDENCE, 1.0)
+    _, out = life.report_failure(0, FailureKind.USER_CODE, TRACEBACK_EVIDENCE, 1.0)
     assert out.events
     for event in out.events:
         assert "\n" not in event.message, event.message
     failure = next(e for e in out.events if e.kind == "failure")
     assert failure.message.endswith(
-        f"failed: {FailureKind.USER_CODE_ERROR.value}: local rank 0 exited with exit code 1 after 0 restart(s): "
+        f"failed: {FailureKind.USER_CODE.value}: local rank 0 exited with exit code 1 after 0 restart(s): "
         "ValueError: bad batch (+5 more lines)"
     )
     assert failure.data["evidence"] == TRACEBACK_EVIDENCE
-    assert life.node(0).last_failure == f"{FailureKind.USER_CODE_ERROR.value}: {TRACEBACK_EVIDENCE}"
+    assert life.node(0).last_failure == f"{FailureKind.USER_CODE.value}: {TRACEBACK_EVIDENCE}"

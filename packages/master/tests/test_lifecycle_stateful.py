@@ -13,18 +13,12 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from dlrover.diagnosis import LOST_NODE_KIND, ActionKind, FailureKind
 from dlrover.master.config import LifecycleConfig, NodeRange
 from dlrover.master.lifecycle import JobLifecycle, LifecycleError
-from dlrover.master.policy import DefaultFailurePolicy, FailureAction
+from dlrover.master.policy import DefaultFailurePolicy
 from dlrover.master.records import LifecycleSnapshot, NodeRecord
-from dlrover.master.states import (
-    ALIVE_STATES,
-    TRANSITIONS,
-    FailureKind,
-    IllegalTransitionError,
-    JobState,
-    NodeState,
-)
+from dlrover.master.states import ALIVE_STATES, TRANSITIONS, IllegalTransitionError, JobState, NodeState
 
 MAX_NODES = 3
 MIN_NODES = 2
@@ -34,7 +28,9 @@ MAX_FAILURES = 8
 TIMEOUT = 15.0
 START_TIMEOUT = 20.0
 WINDOW = 30.0
-NODE_LEVEL = {FailureKind.HEARTBEAT_TIMEOUT, FailureKind.START_TIMEOUT, FailureKind.NODE_EXIT, FailureKind.HARDWARE}
+# Kinds the default policy relaunches for (dlrover.diagnosis.kind_decided_alone); failures the
+# master observed itself are relaunched whatever their kind.
+NODE_LEVEL = {FailureKind.HARDWARE, FailureKind.PREEMPTION}
 
 
 def _timeless(snap: LifecycleSnapshot) -> LifecycleSnapshot:
@@ -67,24 +63,24 @@ class LifecycleMachine(RuleBasedStateMachine):
     def _current(self, rank: int) -> int:
         return self.life.current_nodes()[rank].node_id
 
-    def _expected(self, node: NodeRecord, kind: FailureKind) -> FailureAction:
+    def _expected(self, node: NodeRecord, kind: FailureKind, *, observed: bool = False) -> ActionKind:
         self.failures += 1
-        if self.failures > MAX_FAILURES or kind is FailureKind.USER_CODE_ERROR:
-            return FailureAction.STOP_JOB
+        if self.failures > MAX_FAILURES or kind is FailureKind.USER_CODE:
+            return ActionKind.ABORT_JOB
         if self.succeeded:
-            return FailureAction.REMOVE_NODE
-        restartable = kind not in NODE_LEVEL and node.state is NodeState.RUNNING
+            return ActionKind.REMOVE_NODE
+        restartable = not observed and kind not in NODE_LEVEL and node.state is NodeState.RUNNING
         if restartable and self.restarts.get(node.node_id, 0) < MAX_RESTARTS:
-            return FailureAction.RESTART_PROCESSES
+            return ActionKind.RESTART_PROCESSES
         if self.relaunches[node.rank] < MAX_RELAUNCHES:
-            return FailureAction.RELAUNCH_NODE
-        return FailureAction.REMOVE_NODE
+            return ActionKind.RELAUNCH_NODE
+        return ActionKind.REMOVE_NODE
 
-    def _account(self, node_id: int, action: FailureAction) -> None:
+    def _account(self, node_id: int, action: ActionKind) -> None:
         rank = self.life.node(node_id).rank
-        if action is FailureAction.RESTART_PROCESSES:
+        if action is ActionKind.RESTART_PROCESSES:
             self.restarts[node_id] = self.restarts.get(node_id, 0) + 1
-        elif action is FailureAction.RELAUNCH_NODE:
+        elif action is ActionKind.RELAUNCH_NODE:
             self.relaunches[rank] += 1
             self.created += 1
 
@@ -129,14 +125,14 @@ class LifecycleMachine(RuleBasedStateMachine):
             return
         expected = self._expected(self.life.node(node_id), kind)
         others_alive = any(n.state in ALIVE_STATES and n.node_id != node_id for n in self.life.nodes().values())
-        if expected is FailureAction.REMOVE_NODE and not others_alive and not self.succeeded:
+        if expected is ActionKind.REMOVE_NODE and not others_alive and not self.succeeded:
             # The removal leaves no node: the action taken is the job's stop, with its reason.
-            expected = FailureAction.STOP_JOB
+            expected = ActionKind.ABORT_JOB
         decision, _ = self.life.report_failure(node_id, kind, "boom", self.now)
         assert decision.action is expected, (decision, expected)
-        assert decision.reason
+        assert decision.outcome
         if self.life.job_state is JobState.FAILED:
-            assert decision.reason == self.life.exit_reason
+            assert decision.outcome == self.life.exit_reason
         self._account(node_id, decision.action)
 
     @precondition(lambda self: not self.life.job_state.finished)
@@ -180,13 +176,14 @@ class LifecycleMachine(RuleBasedStateMachine):
                 assert self.life.job_state.finished, f"node {node_id} timed out but was not failed"
                 continue
             old = before[node_id]
-            kind = FailureKind.HEARTBEAT_TIMEOUT if old.state is NodeState.RUNNING else FailureKind.START_TIMEOUT
+            kind = LOST_NODE_KIND
             assert node.last_failure.startswith(kind.value)
-            expected = self._expected(old, kind)
+            assert ("no heartbeat" if old.state is NodeState.RUNNING else "not registered") in node.last_failure
+            expected = self._expected(old, kind, observed=True)
             observed = {
-                NodeState.RELAUNCHING: FailureAction.RELAUNCH_NODE,
-                NodeState.REMOVED: FailureAction.REMOVE_NODE,
-                NodeState.FAILED: FailureAction.STOP_JOB,
+                NodeState.RELAUNCHING: ActionKind.RELAUNCH_NODE,
+                NodeState.REMOVED: ActionKind.REMOVE_NODE,
+                NodeState.FAILED: ActionKind.ABORT_JOB,
             }[node.state]
             assert observed is expected, (node_id, observed, expected)
             self._account(node_id, expected)

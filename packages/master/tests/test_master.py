@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from dlrover.common import ConfigError, ManualClock
+from dlrover.diagnosis import FailureKind
 from dlrover.master.checkpoints import CheckpointError
 from dlrover.master.config import LifecycleConfig, MasterConfig, NodeRange
 from dlrover.master.eventlog import EventLog, read_event_log
@@ -16,7 +17,7 @@ from dlrover.master.lifecycle import NodeConflictError
 from dlrover.master.master import Master, ResourceSample
 from dlrover.master.scheduler.base import ObservedState
 from dlrover.master.scheduler.fake import FakeScheduler
-from dlrover.master.states import FailureKind, JobState, NodeState
+from dlrover.master.states import JobState, NodeState
 
 
 def config(nodes: int = 2, **kw: object) -> MasterConfig:
@@ -81,7 +82,7 @@ def test_silent_node_is_failed_and_relaunched_through_the_scheduler() -> None:
     assert "failure" in kinds
     assert "relaunch" in kinds
     text = master.metrics.render().decode()
-    assert 'dlrover_failures_total{job="t",kind="heartbeat_timeout"} 1.0' in text
+    assert 'dlrover_failures_total{job="t",kind="preemption"} 1.0' in text
     assert 'dlrover_restarts_total{job="t",kind="node"} 1.0' in text
     assert 'dlrover_nodes{job="t",state="relaunching"} 1.0' in text
 
@@ -115,7 +116,7 @@ def test_a_reported_restart_is_not_ordered_twice_and_resources_are_kept() -> Non
     master, _, _ = make(nodes=1)
     master.start()
     master.register(0, "a", "h0")
-    decision = master.report_failure(0, FailureKind.PROCESS_CRASH, "exit 1")
+    decision = master.report_failure(0, FailureKind.UNKNOWN, "exit 1")
     assert decision.action.value == "restart_processes"
     actions, state = master.heartbeat(0, step=3, samples=30, resources=ResourceSample(cpu_percent=50.0))
     assert actions == ()  # the reply to the report delivered the restart
@@ -146,7 +147,7 @@ def test_restart_from_sqlite_keeps_nodes_ranks_commits_and_blobs(tmp_path: Path)
     master.start()
     master.register(0, "a", "h0")
     master.register(1, "b", "h1")
-    master.report_failure(1, FailureKind.NODE_EXIT, "gone")  # relaunched as node 2, rank 1
+    master.report_failure(1, FailureKind.PREEMPTION, "gone")  # relaunched as node 2, rank 1
     master.report_checkpoint_steps(1, {0: [7]})
     master.commit_checkpoint(7, "/ck/7")
     blob.value, blob.version = 42, 3

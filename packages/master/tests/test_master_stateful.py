@@ -24,17 +24,18 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from dlrover.common import ManualClock
+from dlrover.diagnosis import ActionKind, Decision, FailureKind
 from dlrover.master.checkpoints import CheckpointError
 from dlrover.master.config import LifecycleConfig, MasterConfig, NodeRange
 from dlrover.master.journal import JournalBatch, JournalError, MemoryJournal
 from dlrover.master.lifecycle import LifecycleError
 from dlrover.master.master import Master
 from dlrover.master.metrics import MasterMetrics
-from dlrover.master.policy import DefaultFailurePolicy, Failure, FailureAction, FailureDecision
+from dlrover.master.policy import DefaultFailurePolicy, Failure
 from dlrover.master.records import NodeRecord
 from dlrover.master.scheduler.base import ObservedState
 from dlrover.master.scheduler.fake import FakeScheduler
-from dlrover.master.states import ActionKind, FailureKind, IllegalTransitionError
+from dlrover.master.states import IllegalTransitionError
 
 NODES = 3
 
@@ -53,9 +54,10 @@ class FlakyJournal(MemoryJournal):
 class RestartOddExits(DefaultFailurePolicy):
     """The default policy, except that an exit with an odd status restarts processes (a queued action)."""
 
-    def decide(self, failure: Failure) -> FailureDecision:
-        if failure.kind is FailureKind.NODE_EXIT and failure.exit_code is not None and failure.exit_code % 2:
-            return FailureDecision(FailureAction.RESTART_PROCESSES, f"odd exit {failure.exit_code}")
+    def decide(self, failure: Failure) -> Decision:
+        if failure.observed_by_master and failure.exit_code is not None and failure.exit_code % 2:
+            node_id = str(failure.node.node_id)
+            return Decision(ActionKind.RESTART_PROCESSES, failure.kind, node_id, f"odd exit {failure.exit_code}")
         return super().decide(failure)
 
 

@@ -10,14 +10,18 @@
 * Step reports (`StepReporter`, from `dlrover.common.step_slots`): a training process marks step
   ends, samples and phases in its slot of a file its agent maps; `RankStepStats` batches them to
   the master.
+* Reported failures (`reported_kind`, `LOST_NODE_KIND`, `SLOW_NODE_KIND`, `diagnose_report`,
+  `kind_decided_alone`):
+  the kind an agent or the master names for what it saw, and the kind decided on once the
+  evidence is read; the master and the agent name no kind themselves.
 * Detectors (`HangDetector`, `StragglerDetector`): pure, ``now`` passed in.
 * The host's OOM records (`OomWatch`: the memory cgroup's ``oom_kill`` counter, the kernel log),
   read by the agent for a failed worker and added to its evidence.
-* Node health (`run_paired_probe`, `assess_probes`) and stack dumps (`request_stack_dump`).
+* Node health (`run_paired_probe`) and stack dumps (`request_stack_dump`).
 """
 
 from dlrover.common.step_slots import StepReporter
-from dlrover.diagnosis.budget import RestartBudget, Spending, spend_restart
+from dlrover.diagnosis.budget import RelaunchBudget, RestartBudget, Spending, spend_restart
 from dlrover.diagnosis.classifier import KIND_PRECEDENCE, Diagnosis, RuleMatch, classify
 from dlrover.diagnosis.detectors import (
     HangConfig,
@@ -43,16 +47,16 @@ from dlrover.diagnosis.kinds import TRANSIENT_KINDS, ActionKind, FailureKind
 from dlrover.diagnosis.logtail import LogTail, TailConfig, read_log_tail, read_tail_from_stream, tail_from_bytes
 from dlrover.diagnosis.oomrecord import MEMORY_RECORD, OomCount, OomWatch
 from dlrover.diagnosis.policy import DEFAULT_LADDERS, ActionPolicy, Decision, LadderStep, PolicyConfig
-from dlrover.diagnosis.probe import (
-    ProbeAssessment,
-    ProbeConfig,
-    assess_probes,
-    pick_backend,
-    run_paired_probe,
-    run_probe,
-)
+from dlrover.diagnosis.probe import ProbeConfig, pick_backend, run_paired_probe, run_probe
 from dlrover.diagnosis.registry import ENTRY_POINT_GROUP, RuleRegistry
-from dlrover.diagnosis.resources import PsutilSampler, ResourceSampler, StaticSampler, sample_gpus
+from dlrover.diagnosis.reported import (
+    LOST_NODE_KIND,
+    SLOW_NODE_KIND,
+    diagnose_report,
+    kind_decided_alone,
+    reported_kind,
+)
+from dlrover.diagnosis.resources import sample_gpus
 from dlrover.diagnosis.rules import (
     NODE_CHECK_FAILED,
     ExceptionRule,
@@ -77,6 +81,12 @@ __all__ = [
     "ActionKind",
     "FailureKind",
     "TRANSIENT_KINDS",
+    # the kind of a reported failure
+    "LOST_NODE_KIND",
+    "SLOW_NODE_KIND",
+    "diagnose_report",
+    "kind_decided_alone",
+    "reported_kind",
     # evidence
     "DEFAULT_PHASE",
     "Evidence",
@@ -122,6 +132,7 @@ __all__ = [
     "Decision",
     "LadderStep",
     "PolicyConfig",
+    "RelaunchBudget",
     "RestartBudget",
     "Spending",
     "spend_restart",
@@ -133,14 +144,9 @@ __all__ = [
     "StragglerReport",
     # resources, probes, stack dumps
     "DEFAULT_DUMP_SIGNAL",
-    "ProbeAssessment",
     "ProbeConfig",
-    "PsutilSampler",
-    "ResourceSampler",
     "StackDump",
     "StackDumpHandler",
-    "StaticSampler",
-    "assess_probes",
     "install_stack_dump_handler",
     "pick_backend",
     "request_stack_dump",

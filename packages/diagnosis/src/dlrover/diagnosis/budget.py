@@ -15,7 +15,7 @@ import attrs
 from dlrover.common.validators import non_negative_int
 from dlrover.diagnosis.kinds import ActionKind
 
-__all__ = ["RestartBudget", "Spending", "spend_restart"]
+__all__ = ["RelaunchBudget", "RestartBudget", "Spending", "spend_restart"]
 
 
 @attrs.frozen
@@ -55,6 +55,31 @@ class RestartBudget:
 
 
 @attrs.frozen
+class RelaunchBudget:
+    """The relaunches one rank (one logical node) has taken and may take.
+
+    Attributes:
+        used: relaunches already decided for the rank.
+        limit: relaunches it may take in all (the master's ``max_relaunches``).
+        source: what set `limit`, named in the words; empty names nothing.
+    """
+
+    used: int = attrs.field(validator=non_negative_int)
+    limit: int = attrs.field(validator=non_negative_int)
+    source: str = ""
+
+    @property
+    def spent(self) -> bool:
+        """True when no relaunch is left."""
+        return self.used >= self.limit
+
+    def used_up(self) -> str:
+        """Words for a spent budget: ``"relaunched 3 of 3 times (max_relaunches), no relaunches left"``."""
+        source = f" ({self.source})" if self.source else ""
+        return f"relaunched {self.used} of {self.limit} times{source}, no relaunches left"
+
+
+@attrs.frozen
 class Spending:
     """What `spend_restart` decided.
 
@@ -74,7 +99,13 @@ class Spending:
         return self.action is ActionKind.RESTART_PROCESSES
 
 
-def spend_restart(budget: RestartBudget, *, relaunch_possible: bool, relaunch_wanted: bool = False) -> Spending:
+def spend_restart(
+    budget: RestartBudget,
+    *,
+    relaunch_possible: bool,
+    relaunch_wanted: bool = False,
+    relaunches: RelaunchBudget | None = None,
+) -> Spending:
     """Decide what a failed node does under its restart budget.
 
     The rule, the only place it is written:
@@ -84,19 +115,25 @@ def spend_restart(budget: RestartBudget, *, relaunch_possible: bool, relaunch_wa
     * a relaunch is wanted: relaunch where a scheduler can start a new node; where none can,
       restart the processes in place while restarts are left (the alternative, the node's agent
       exiting with nobody to start another, would end the job with restarts unused), else let
-      the node go.
+      the node go;
+    * a relaunch whose rank has no relaunches left (`relaunches` spent) lets the node go instead.
 
     Args:
         budget: the node's restarts, as its owner counts them.
         relaunch_possible: whether anything can start a new node for this one (False: bare metal,
             Slurm, a standalone ``dlrover-run``, while the node's agent is alive).
         relaunch_wanted: True when the caller wanted a relaunch rather than a restart.
+        relaunches: the rank's relaunches, when the caller keeps them (the master journals them
+            with the node); None: relaunches are not limited here.
 
     Returns:
         The action and its words.
     """
     no_new_node = "this job's backend starts no new node"
+    spent_relaunches = relaunches.used_up() if relaunches is not None and relaunches.spent else ""
     if relaunch_wanted and relaunch_possible:
+        if spent_relaunches:
+            return Spending(ActionKind.REMOVE_NODE, f"{spent_relaunches}: the node leaves the job")
         return Spending(ActionKind.RELAUNCH_NODE, "the node is relaunched")
     if not budget.spent:
         words = budget.next_restart()
@@ -104,5 +141,9 @@ def spend_restart(budget: RestartBudget, *, relaunch_possible: bool, relaunch_wa
             words += f", in place: {no_new_node}"
         return Spending(ActionKind.RESTART_PROCESSES, words)
     if relaunch_possible:
+        if spent_relaunches:
+            return Spending(
+                ActionKind.REMOVE_NODE, f"{budget.used_up()}, and {spent_relaunches}: the node leaves the job"
+            )
         return Spending(ActionKind.RELAUNCH_NODE, f"{budget.used_up()}, so the node is relaunched")
     return Spending(ActionKind.REMOVE_NODE, f"{budget.used_up()}, and {no_new_node}: the node leaves the job")

@@ -82,6 +82,22 @@ class ActionKind(enum.Enum):
         """An order on actions: escalation never moves to a lower severity for the same node and kind."""
         return _SEVERITY[self]
 
+    @property
+    def restarts_processes(self) -> bool:
+        """True when the node stays and its training processes restart (a rollback restarts them
+        too: they resume from the newest good checkpoint). Such an action spends a restart."""
+        return self in (ActionKind.RESTART_PROCESSES, ActionKind.ROLLBACK_CHECKPOINT)
+
+    @property
+    def relaunches_node(self) -> bool:
+        """True when the node is replaced by a new one."""
+        return self in (ActionKind.RELAUNCH_NODE, ActionKind.RELAUNCH_WITH_MORE_MEMORY)
+
+    @property
+    def ends_node(self) -> bool:
+        """True when the node's agent stops: it is relaunched, removed, or the job ends."""
+        return self.relaunches_node or self in (ActionKind.REMOVE_NODE, ActionKind.ABORT_JOB)
+
 
 _SEVERITY = {
     ActionKind.NONE: 0,

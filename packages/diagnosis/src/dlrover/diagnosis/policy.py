@@ -55,7 +55,7 @@ import attrs
 
 from dlrover.common import ConfigError
 from dlrover.common.validators import non_negative_int
-from dlrover.diagnosis.budget import RestartBudget, spend_restart
+from dlrover.diagnosis.budget import RelaunchBudget, RestartBudget, spend_restart
 from dlrover.diagnosis.kinds import ActionKind, FailureKind
 
 __all__ = ["ActionPolicy", "Decision", "DEFAULT_LADDERS", "LadderStep", "PolicyConfig"]
@@ -244,6 +244,7 @@ class ActionPolicy:
         *,
         budget: RestartBudget | None = None,
         relaunch_possible: bool = True,
+        relaunches: RelaunchBudget | None = None,
     ) -> Decision:
         """Pick the action for a failure of `kind` on `node_id` and count it against the budgets.
 
@@ -256,6 +257,9 @@ class ActionPolicy:
                 `PolicyConfig.max_process_restarts_per_node` (see `own_budget`).
             relaunch_possible: False where nothing can start a new node while the node's agent
                 is alive to restart its processes (see `spend_restart`).
+            relaunches: the relaunches of the node's rank, when the caller keeps them (the
+                master: the rank's journaled count against ``max_relaunches``); a relaunch with
+                none left lets the node go (`spend_restart`).
 
         Returns:
             The decision, with its outcome in words.
@@ -270,6 +274,8 @@ class ActionPolicy:
             raise ConfigError(f"kind must be a FailureKind, got {kind!r}")
         if budget is not None and not isinstance(budget, RestartBudget):
             raise ConfigError(f"budget must be None or a RestartBudget, got {budget!r}")
+        if relaunches is not None and not isinstance(relaunches, RelaunchBudget):
+            raise ConfigError(f"relaunches must be None or a RelaunchBudget, got {relaunches!r}")
         if self._abort_reason is not None:
             return Decision(ActionKind.ABORT_JOB, kind, node_id, f"the job was already aborted: {self._abort_reason}")
         if node_id in self._retired:
@@ -281,12 +287,19 @@ class ActionPolicy:
                 "a late report about its old processes needs no action",
             )
         own = budget is None
-        decision = self._climb(node_id, kind, budget or self.own_budget(node_id), relaunch_possible)
+        decision = self._climb(node_id, kind, budget or self.own_budget(node_id), relaunch_possible, relaunches)
         if own and decision.action in (ActionKind.RESTART_PROCESSES, ActionKind.ROLLBACK_CHECKPOINT):
             self._own_restarts[node_id] = self._own_restarts.get(node_id, 0) + 1
         return decision
 
-    def _climb(self, node_id: str, kind: FailureKind, budget: RestartBudget, relaunch_possible: bool) -> Decision:
+    def _climb(
+        self,
+        node_id: str,
+        kind: FailureKind,
+        budget: RestartBudget,
+        relaunch_possible: bool,
+        relaunches: RelaunchBudget | None,
+    ) -> Decision:
         """Take the first rung of `kind`'s ladder with budget left, or abort when none has."""
         ladder = self._config.ladders[kind]
         index = self._position.get((node_id, kind), 0)
@@ -299,7 +312,9 @@ class ActionPolicy:
             return self._abort(kind, node_id, self._exhausted_reason(kind, ladder))
         step = ladder[index]
         relaunch = step.action in (ActionKind.RELAUNCH_NODE, ActionKind.RELAUNCH_WITH_MORE_MEMORY)
-        spending = spend_restart(budget, relaunch_possible=relaunch_possible, relaunch_wanted=relaunch)
+        spending = spend_restart(
+            budget, relaunch_possible=relaunch_possible, relaunch_wanted=relaunch, relaunches=relaunches
+        )
         if spending.action is ActionKind.REMOVE_NODE:
             self._retired[node_id] = f"removed for {kind.value}"
             return Decision(ActionKind.REMOVE_NODE, kind, node_id, spending.words)

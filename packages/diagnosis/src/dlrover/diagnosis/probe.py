@@ -4,7 +4,7 @@ Run between paired nodes (the pairing comes from dlrover-rendezvous): each pair 
 two-rank process group, each rank multiplies matrices on its device, then both time a few
 all-reduce and all-gather rounds and check the results. gloo on CPU, nccl when CUDA is available.
 A probe never raises because the node is bad: the failure is the result (``ok=False`` with the
-error), which the classifier's ``health-probe-failed`` rule and `assess_probes` read.
+error), which the classifier's ``health-probe-failed`` rule reads.
 
 torch is an optional dependency (extra ``torch``) imported only when a probe runs.
 """
@@ -12,8 +12,6 @@ torch is an optional dependency (extra ``torch``) imported only when a probe run
 from __future__ import annotations
 
 import math
-import statistics
-from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -23,7 +21,7 @@ from dlrover.common import Clock, ConfigError, SystemClock
 from dlrover.diagnosis.errors import ProbeError
 from dlrover.diagnosis.evidence import ProbeResult
 
-__all__ = ["ProbeAssessment", "ProbeConfig", "assess_probes", "pick_backend", "run_paired_probe", "run_probe"]
+__all__ = ["ProbeConfig", "pick_backend", "run_paired_probe", "run_probe"]
 
 
 def _positive_int(_inst: object, attribute: attrs.Attribute[int], value: int) -> None:
@@ -233,56 +231,3 @@ def run_paired_probe(
         return run_probe(cfg, clock=clock, node_id=node_id)
     finally:
         dist.destroy_process_group()
-
-
-@attrs.frozen
-class ProbeAssessment:
-    """Which nodes the probes point at.
-
-    Attributes:
-        failed: nodes with at least one failed probe and no successful one.
-        slow: nodes whose best probe took more than k x the median of all nodes' best probes.
-        healthy: every other node.
-        reason: one sentence per finding.
-    """
-
-    failed: tuple[str, ...]
-    slow: tuple[str, ...]
-    healthy: tuple[str, ...]
-    reason: str
-
-
-def assess_probes(results: Sequence[ProbeResult], *, k: float = 3.0) -> ProbeAssessment:
-    """Turn probe results (from one or more pairing rounds) into per-node verdicts.
-
-    A node is judged by its best result, so one bad partner in the first round is forgiven when
-    the node probes fine with another partner in the second (the rendezvous re-pairs suspects
-    with healthy nodes). Results without a node id are keyed by ``rank<N>``.
-
-    Args:
-        results: the probe results.
-        k: the slowness factor over the median.
-
-    Returns:
-        The assessment.
-
-    Raises:
-        ConfigError: if `k` is not a finite number > 1.
-    """
-    if not (isinstance(k, int | float) and math.isfinite(k) and k > 1):
-        raise ConfigError(f"k must be a finite number > 1, got {k!r}")
-    best: dict[str, ProbeResult] = {}
-    for r in results:
-        node = r.node_id or f"rank{r.rank}"
-        cur = best.get(node)
-        if cur is None or (r.ok and not cur.ok) or (r.ok == cur.ok and r.total_s < cur.total_s):
-            best[node] = r
-    failed = sorted(n for n, r in best.items() if not r.ok)
-    ok_times = [r.total_s for r in best.values() if r.ok]
-    median = statistics.median(ok_times) if ok_times else 0.0
-    slow = sorted(n for n, r in best.items() if r.ok and len(ok_times) >= 2 and r.total_s > k * median)
-    healthy = sorted(n for n in best if n not in failed and n not in slow)
-    parts = [f"node {n} failed its probe: {best[n].error}" for n in failed]
-    parts += [f"node {n} took {best[n].total_s:.3g} s, over {k:g} x the median {median:.3g} s" for n in slow]
-    reason = "; ".join(parts) if parts else f"all {len(best)} probed nodes are healthy"
-    return ProbeAssessment(tuple(failed), tuple(slow), tuple(healthy), reason)

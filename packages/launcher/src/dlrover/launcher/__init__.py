@@ -21,9 +21,7 @@ if TYPE_CHECKING:
     from dlrover.launcher.agent import Agent, AgentConfig, AgentResult
     from dlrover.launcher.args import LaunchConfig, NodeRange, build_parser, parse_args, parse_std_streams
     from dlrover.launcher.control import (
-        AgentAction,
         ControlPlane,
-        FailureDecision,
         FailureReport,
         NodeRegistration,
         Progress,
@@ -72,9 +70,7 @@ _EXPORTS: dict[str, str] = {
     "build_parser": "dlrover.launcher.args",
     "parse_args": "dlrover.launcher.args",
     "parse_std_streams": "dlrover.launcher.args",
-    "AgentAction": "dlrover.launcher.control",
     "ControlPlane": "dlrover.launcher.control",
-    "FailureDecision": "dlrover.launcher.control",
     "FailureReport": "dlrover.launcher.control",
     "NodeRegistration": "dlrover.launcher.control",
     "Progress": "dlrover.launcher.control",
@@ -127,11 +123,9 @@ __all__ = [
     "reads_environment_at_import",
     "side_effect_of",
     "Agent",
-    "AgentAction",
     "AgentConfig",
     "AgentResult",
     "ControlPlane",
-    "FailureDecision",
     "FailureReport",
     "FakeControlPlane",
     "FakeStoreHost",

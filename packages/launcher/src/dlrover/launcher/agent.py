@@ -28,7 +28,7 @@ from dlrover.common import (
 from dlrover.common.process import exiting_status
 from dlrover.common.step_slots import STACK_DUMP_ENV_VAR, STEP_SLOT_ENV_VAR, STEP_SLOTS_ENV_VAR, StepSlotFile
 from dlrover.common.validators import non_negative, non_negative_finite, positive
-from dlrover.diagnosis import HangConfig, HangReport, OomCount, OomWatch, request_stack_dump
+from dlrover.diagnosis import Decision, HangConfig, HangReport, OomCount, OomWatch, request_stack_dump
 from dlrover.flashckpt.commit import RetentionPolicy
 from dlrover.flashckpt.host import SaverHost, SaverHostConfig, host_socket_path
 from dlrover.flashckpt.job_env import safe_job_id
@@ -36,7 +36,6 @@ from dlrover.flashckpt.pacing import default_persist_bandwidth_mb_s
 from dlrover.flashckpt.segment import DEFAULT_SHM_DIR, SHM_DIR_ENV_VAR
 from dlrover.launcher.control import (
     ControlPlane,
-    FailureDecision,
     FailureReport,
     Progress,
     ResourceUsage,
@@ -824,7 +823,7 @@ class Agent:
             answer = self._deliver(FailureReport(-1, 2, None, reason, restarts, network_check=True))
             if isinstance(answer, str):
                 return Step(StepKind.EXIT, f"{reason}; the report did not reach the master: {answer}", exit_code=2)
-            told = f"reported to the master, which answered {answer[0].value}: {answer[1]}"
+            told = f"reported to the master, which answered {answer.action.value}: {answer.outcome}"
             return Step(StepKind.EXIT, f"{reason}; {told}", exit_code=2)
         except DLRoverError as exc:
             return Step(StepKind.EXIT, f"network check of round {assignment.round} gave up: {exc}", exit_code=1)
@@ -875,9 +874,9 @@ class Agent:
         answer = self._deliver(report)
         if isinstance(answer, str):
             return Step(StepKind.EXIT, answer, exit_code=1)
-        return after_failure(answer[0], answer[1])
+        return after_failure(answer)
 
-    def _deliver(self, report: FailureReport) -> tuple[FailureDecision, str] | str:
+    def _deliver(self, report: FailureReport) -> Decision | str:
         """Report a failure, retrying as `_report` says; the master's answer, or why it failed."""
         started = self._clock.now()
         wait = 0.5

@@ -7,18 +7,15 @@ contract.
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import attrs
 
-from dlrover.diagnosis import RankStepStats
+from dlrover.diagnosis import ActionKind, Decision, RankStepStats
 
 __all__ = [
-    "AgentAction",
     "ControlPlane",
-    "FailureDecision",
     "FailureReport",
     "NodeRegistration",
     "Progress",
@@ -117,13 +114,6 @@ class Progress:
     rank_steps: tuple[RankStepStats, ...] = ()
 
 
-class AgentAction(enum.Enum):
-    """What the master can ask of an agent."""
-
-    RESTART_WORKERS = "restart_workers"
-    STOP_NODE = "stop_node"
-
-
 @attrs.frozen
 class FailureReport:
     """A worker failure as the agent saw it.
@@ -147,15 +137,6 @@ class FailureReport:
     restart_count: int
     hang: bool = False
     network_check: bool = False
-
-
-class FailureDecision(enum.Enum):
-    """The master's answer to a failure report."""
-
-    RESTART_WORKERS = "restart_processes"
-    RELAUNCH_NODE = "relaunch_node"
-    REMOVE_NODE = "remove_node"
-    STOP_JOB = "stop_job"
 
 
 class ControlPlane(Protocol):
@@ -204,12 +185,12 @@ class ControlPlane(Protocol):
         """
         ...
 
-    def heartbeat(self, progress: Progress) -> Sequence[tuple[AgentAction, str]]:
+    def heartbeat(self, progress: Progress) -> Sequence[tuple[ActionKind, str]]:
         """Report liveness and progress; returns the actions the master wants, with reasons."""
         ...
 
-    def report_failure(self, report: FailureReport) -> tuple[FailureDecision, str]:
-        """Report a failure; returns what to do, and why."""
+    def report_failure(self, report: FailureReport) -> Decision:
+        """Report a failure; returns the master's decision (`Decision.outcome`: its reason)."""
         ...
 
     def report_success(self, assignment: RoundAssignment) -> None:

@@ -12,7 +12,7 @@ from collections.abc import Collection, Mapping, Sequence
 
 import attrs
 
-from dlrover.launcher.control import AgentAction, FailureDecision
+from dlrover.diagnosis import ActionKind, Decision
 from dlrover.launcher.workers import WorkerExit
 
 __all__ = [
@@ -95,31 +95,51 @@ def assess_workers(
     return Step(StepKind.CONTINUE, "workers running")
 
 
-def after_failure(decision: FailureDecision, master_reason: str) -> Step:
+def after_failure(decision: Decision) -> Step:
     """Decide what to do after the master answered a failure report.
 
     The master decides for the job and keeps this node's restart count: the agent declared its
-    ``--max-restarts`` when it registered, and the master's reason names the restart it grants
-    ("restart 2 of 3") or the action it took once they are spent. The agent carries the decision
-    out and says what it was, with the master's reason as is: it keeps no count of its own that
-    could contradict it.
+    ``--max-restarts`` when it registered, and the master's reason (`Decision.outcome`) names the
+    restart it grants ("restart 2 of 3") or the action it took once they are spent, including a
+    relaunch that nothing can carry out, which it already turned into a restart in place. The
+    agent carries the decision out and says what it was, with the master's reason as is: it
+    keeps no count of its own that could contradict it.
     """
-    if decision is FailureDecision.STOP_JOB:
-        return Step(StepKind.EXIT, f"the master stopped the job: {master_reason}", exit_code=1)
-    if decision is FailureDecision.RELAUNCH_NODE:
-        return Step(StepKind.EXIT, f"the master relaunches this node: {master_reason}", exit_code=1)
-    if decision is FailureDecision.REMOVE_NODE:
-        return Step(StepKind.EXIT, f"the master removed this node from the job: {master_reason}", exit_code=1)
-    return Step(StepKind.RESTART, f"the master restarts the workers: {master_reason}", counts_as_restart=True)
+    if decision.action is ActionKind.NONE:
+        # The master never answers a live node's failure so (it restarts its processes at the
+        # least); workers that failed cannot be left as they are, so the node stops, visibly.
+        return Step(
+            StepKind.EXIT, f"the master answered no action to a failure of this node: {decision.outcome}", exit_code=1
+        )
+    return _carry_out(decision.action, decision.outcome, counts_as_restart=True)
 
 
-def on_master_actions(actions: Sequence[tuple[AgentAction, str]]) -> Step:
-    """Decide from actions the master sent with a heartbeat; stopping wins over restarting."""
+def _carry_out(action: ActionKind, reason: str, *, counts_as_restart: bool) -> Step:
+    """The step that carries out the master's `action` on this node."""
+    if action is ActionKind.ABORT_JOB:
+        return Step(StepKind.EXIT, f"the master stopped the job: {reason}", exit_code=1)
+    if action.relaunches_node:
+        return Step(StepKind.EXIT, f"the master relaunches this node: {reason}", exit_code=1)
+    if action is ActionKind.REMOVE_NODE:
+        return Step(StepKind.EXIT, f"the master removed this node from the job: {reason}", exit_code=1)
+    if action is ActionKind.ROLLBACK_CHECKPOINT:
+        return Step(
+            StepKind.RESTART,
+            f"the master restarts the workers from the newest checkpoint: {reason}",
+            counts_as_restart=counts_as_restart,
+        )
+    if action is ActionKind.RESTART_PROCESSES:
+        return Step(StepKind.RESTART, f"the master restarts the workers: {reason}", counts_as_restart=counts_as_restart)
+    return Step(StepKind.CONTINUE, f"the master asks for nothing: {reason}")
+
+
+def on_master_actions(actions: Sequence[tuple[ActionKind, str]]) -> Step:
+    """Decide from actions the master sent with a heartbeat; ending the node wins over restarting."""
     for action, reason in actions:
-        if action is AgentAction.STOP_NODE:
-            return Step(StepKind.EXIT, f"the master stopped this node: {reason}", exit_code=1)
+        if action.ends_node:
+            return _carry_out(action, reason, counts_as_restart=False)
     for action, reason in actions:
-        if action is AgentAction.RESTART_WORKERS:
+        if action.restarts_processes:
             return Step(StepKind.RESTART, f"the master asked for a restart: {reason}")
     return Step(StepKind.CONTINUE, "no action")
 

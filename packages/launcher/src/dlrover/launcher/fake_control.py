@@ -2,55 +2,15 @@
 
 from __future__ import annotations
 
-import socket
 import threading
 from collections.abc import Callable, Sequence
 
 from dlrover.common import DLRoverError
-from dlrover.diagnosis import RestartBudget
-from dlrover.launcher.control import (
-    AgentAction,
-    FailureDecision,
-    FailureReport,
-    NodeRegistration,
-    Progress,
-    RoundAssignment,
-)
-from dlrover.rendezvous import KeyValueStore
+from dlrover.diagnosis import ActionKind, Decision, RestartBudget, reported_kind
+from dlrover.launcher.control import FailureReport, NodeRegistration, Progress, RoundAssignment
+from dlrover.launcher.inprocess import InMemoryRoundStore, free_port
 
 __all__ = ["FakeControlPlane", "InMemoryRoundStore", "free_port"]
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago (the usual small race applies)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
-
-
-class InMemoryRoundStore:
-    """A `RoundStore` in memory, safe to share between threads: for tests and single-process use."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._kv = KeyValueStore()
-
-    def kv_get(self, keys: Sequence[str]) -> list[bytes | None]:
-        with self._lock:
-            return self._kv.multi_get(list(keys))
-
-    def kv_compare_set(self, key: str, expected: bytes, desired: bytes) -> bytes:
-        with self._lock:
-            return self._kv.compare_set(key, expected, desired)
-
-    def kv_delete(self, key: str) -> bool:
-        with self._lock:
-            return self._kv.delete_key(key)
-
-    def keys(self) -> list[str]:
-        """Every key set, sorted (for tests)."""
-        with self._lock:
-            return sorted(self._kv.items())
 
 
 class FakeControlPlane:
@@ -74,9 +34,9 @@ class FakeControlPlane:
     def __init__(
         self,
         *,
-        failure_decisions: Sequence[tuple[FailureDecision, str]] = ((FailureDecision.RESTART_WORKERS, "transient"),),
+        failure_decisions: Sequence[tuple[ActionKind, str]] = ((ActionKind.RESTART_PROCESSES, "transient"),),
         nodes_waiting: Sequence[int] | Callable[[], int] = (),
-        actions: Sequence[Sequence[tuple[AgentAction, str]]] = (),
+        actions: Sequence[Sequence[tuple[ActionKind, str]]] = (),
         heartbeat_interval_s: float = 0.05,
         unreachable_reports: int = 0,
         group_world_size: int = 1,
@@ -152,26 +112,31 @@ class FakeControlPlane:
         with self._lock:
             return self._waiting.pop(0) if self._waiting else 0
 
-    def heartbeat(self, progress: Progress) -> Sequence[tuple[AgentAction, str]]:
+    def heartbeat(self, progress: Progress) -> Sequence[tuple[ActionKind, str]]:
         with self._lock:
             self.heartbeats.append(progress)
             return self._actions.pop(0) if self._actions else []
 
-    def report_failure(self, report: FailureReport) -> tuple[FailureDecision, str]:
+    def report_failure(self, report: FailureReport) -> Decision:
         with self._lock:
             if self._unreachable_reports > 0:
                 self._unreachable_reports -= 1
                 raise DLRoverError("the master is unreachable (scripted)")
             self.failures.append(report)
-            decision, reason = self._decisions.pop(0) if len(self._decisions) > 1 else self._decisions[0]
+            action, reason = self._decisions.pop(0) if len(self._decisions) > 1 else self._decisions[0]
             limit = self.declared_max_restarts[-1] if self.declared_max_restarts else None
-            if decision is not FailureDecision.RESTART_WORKERS or limit is None:
-                return decision, reason
+            if not action.restarts_processes or limit is None:
+                return self._decision(action, reason)
             budget = RestartBudget(self.restarts_granted, limit, "--max-restarts")
             if budget.spent:
-                return FailureDecision.STOP_JOB, f"{reason}; {budget.used_up()}: the job stops"
+                return self._decision(ActionKind.ABORT_JOB, f"{reason}; {budget.used_up()}: the job stops")
             self.restarts_granted += 1
-            return decision, f"{reason}; {budget.next_restart()}"
+            return self._decision(action, f"{reason}; {budget.next_restart()}")
+
+    @staticmethod
+    def _decision(action: ActionKind, reason: str) -> Decision:
+        # The fake diagnoses nothing: the decision keeps the kind an agent reports for a crash.
+        return Decision(action, reported_kind(), "0", reason)
 
     def report_success(self, assignment: RoundAssignment) -> None:
         with self._lock:

@@ -30,18 +30,15 @@ from collections.abc import Callable, Sequence
 import grpc
 
 from dlrover.common import Clock, ConfigError, DLRoverError, RetryPolicy, RpcError, SystemClock, parse_host_port
-from dlrover.diagnosis import NODE_CHECK_FAILED
+from dlrover.diagnosis import NODE_CHECK_FAILED, ActionKind, Decision, reported_kind
 from dlrover.launcher.control import (
-    AgentAction,
-    FailureDecision,
     FailureReport,
     NodeRegistration,
     Progress,
     RoundAssignment,
 )
-from dlrover.launcher.fake_control import free_port
-from dlrover.master import FailureKind, MasterClient
-from dlrover.master.v1 import agent_pb2
+from dlrover.launcher.inprocess import free_port
+from dlrover.master import MasterClient, ResourceSample
 from dlrover.rendezvous import NodeParams, PollResult, PollState, RendezvousClient
 
 __all__ = [
@@ -54,11 +51,6 @@ __all__ = [
 ]
 
 _EVIDENCE_LIMIT = 60 * 1024
-_ACTIONS = {
-    agent_pb2.ACTION_KIND_RESTART_PROCESSES: AgentAction.RESTART_WORKERS,
-    agent_pb2.ACTION_KIND_STOP_NODE: AgentAction.STOP_NODE,
-}
-_DECISIONS = {d.value: d for d in FailureDecision}
 _log = logging.getLogger(__name__)
 
 
@@ -293,36 +285,25 @@ class GrpcControlPlane:
     def nodes_waiting(self, *, once: bool = False) -> int:
         return (self._poll_rdzv if once else self._rdzv).num_nodes_waiting(self._node_id)
 
-    def heartbeat(self, progress: Progress) -> Sequence[tuple[AgentAction, str]]:
+    def heartbeat(self, progress: Progress) -> Sequence[tuple[ActionKind, str]]:
         step = progress.step if progress.step >= 0 else None
         usage = progress.resources
         resources = (
             None
             if usage is None
-            else agent_pb2.ResourceSample(
+            else ResourceSample(
                 cpu_percent=usage.cpu_percent,
                 memory_bytes=usage.memory_bytes,
                 gpu_percent=usage.gpu_percent,
                 gpu_memory_bytes=usage.gpu_memory_bytes,
             )
         )
-        rank_steps = [
-            agent_pb2.RankStepStats(
-                rank=r.rank,
-                steps=r.steps,
-                samples=r.samples,
-                median_step_s=r.median_step_s,
-                since_step_s=r.since_step_s,
-                phase=r.phase,
-            )
-            for r in progress.rank_steps
-        ]
         response = self._master.heartbeat(
-            step=step, samples=progress.samples, resources=resources, rank_steps=rank_steps
+            step=step, samples=progress.samples, resources=resources, rank_steps=progress.rank_steps
         )
-        return [(_ACTIONS[a.kind], a.reason) for a in response.actions if a.kind in _ACTIONS]
+        return [(a.kind, a.reason) for a in response.actions]
 
-    def report_failure(self, report: FailureReport) -> tuple[FailureDecision, str]:
+    def report_failure(self, report: FailureReport) -> Decision:
         # No restart count here: the master keeps the node's count, and its answer names it.
         if report.hang:
             header = f"local rank {report.local_rank} hung\n"
@@ -332,18 +313,10 @@ class GrpcControlPlane:
         if report.network_check:
             header = f"{NODE_CHECK_FAILED}: the network check left this node out before training\n"
         evidence = header + report.evidence[-(_EVIDENCE_LIMIT - len(header)) :]
-        kind = FailureKind.HANG if report.hang else FailureKind.PROCESS_CRASH
-        if report.network_check:
-            kind = FailureKind.NETWORK
+        kind = reported_kind(hung=report.hang, node_check_failed=report.network_check)
         # A node the network check left out exits whatever the answer: the master must not count
         # on it restarting its processes.
-        response = self._master.report_failure(
-            kind, evidence, exit_code=report.exit_code, agent_exits=report.network_check
-        )
-        decision = _DECISIONS.get(response.decision)
-        if decision is None:
-            raise DLRoverError(f"the master answered an unknown decision {response.decision!r}: {response.reason}")
-        return decision, response.reason
+        return self._master.report_failure(kind, evidence, exit_code=report.exit_code, agent_exits=report.network_check)
 
     def report_success(self, assignment: RoundAssignment) -> None:
         key = finished_key(assignment.round, assignment.group_rank)

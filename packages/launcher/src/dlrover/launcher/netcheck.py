@@ -47,7 +47,7 @@ import attrs
 
 from dlrover.common import Clock, ConfigError, DLRoverError, SystemClock, format_host_port
 from dlrover.launcher.control import RoundAssignment
-from dlrover.launcher.fake_control import InMemoryRoundStore, free_port
+from dlrover.launcher.inprocess import InMemoryRoundStore, free_port
 from dlrover.launcher.netcheck_members import MemberReport, may_skip, member_key, membership_digest
 from dlrover.launcher.netcheck_plan import (
     CheckAction,

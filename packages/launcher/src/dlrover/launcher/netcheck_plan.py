@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import attrs
 
-from dlrover.launcher.control import FailureDecision
+from dlrover.diagnosis import Decision
 from dlrover.launcher.decisions import Step, StepKind
 from dlrover.rendezvous import CheckVerdict, NodeCheckConfig, Pair, judge, plan_round_one, plan_round_two
 from dlrover.rendezvous import ProbeResult as PairProbe
@@ -461,7 +461,7 @@ def check_step(outcome: CheckOutcome) -> Step | None:
     return Step(StepKind.REPORT_FAILURE, outcome.reason)
 
 
-def after_check_report(outcome: CheckOutcome, answer: tuple[FailureDecision, str] | None, error: str = "") -> Step:
+def after_check_report(outcome: CheckOutcome, answer: Decision | None, error: str = "") -> Step:
     """The step after reporting a node the check left out: always exit, so no training starts.
 
     Whatever the master answers, this node's agent exits with status 1: the node must not train,
@@ -469,14 +469,14 @@ def after_check_report(outcome: CheckOutcome, answer: tuple[FailureDecision, str
 
     Args:
         outcome: the check's outcome for this node.
-        answer: the master's decision and reason; None when the report could not be delivered.
+        answer: the master's decision (its `outcome`: the reason); None when the report could not
+            be delivered.
         error: why it could not be delivered.
     """
     if answer is None:
         return Step(StepKind.EXIT, f"{outcome.reason}; the report did not reach the master: {error}", exit_code=1)
-    decision, master_reason = answer
     return Step(
         StepKind.EXIT,
-        f"{outcome.reason}; reported to the master, which answered {decision.value}: {master_reason}",
+        f"{outcome.reason}; reported to the master, which answered {answer.action.value}: {answer.outcome}",
         exit_code=1,
     )

@@ -9,9 +9,9 @@ released from failed nodes), and failures are decided by dlrover.diagnosis.
 """
 
 from dlrover.master.checkpoints import CheckpointError, CheckpointReport, CheckpointTracker
-from dlrover.master.client import MasterClient
+from dlrover.master.client import HeartbeatAnswer, MasterClient, Registration
 from dlrover.master.config import FAILURE_POLICIES, LifecycleConfig, MasterConfig, NodeRange, parse_node_range
-from dlrover.master.diagnosis_policy import REPORTED_TO_DIAGNOSED, DiagnosisFailurePolicy
+from dlrover.master.diagnosis_policy import DiagnosisFailurePolicy
 from dlrover.master.eventlog import (
     EventLog,
     EventLogInUseError,
@@ -67,9 +67,8 @@ from dlrover.master.policy import (
     ClassifyingPolicy,
     DefaultFailurePolicy,
     Failure,
-    FailureAction,
-    FailureDecision,
     FailurePolicy,
+    JournaledPolicy,
     StatefulPolicy,
 )
 from dlrover.master.records import Action, Event, LaunchNode, LifecycleSnapshot, NodeRecord, Outcome, StopNode
@@ -96,8 +95,6 @@ from dlrover.master.statedir import (
 )
 from dlrover.master.states import (
     TRANSITIONS,
-    ActionKind,
-    FailureKind,
     IllegalTransitionError,
     JobState,
     NodeState,
@@ -126,8 +123,6 @@ __all__ = [
     "parse_node_range",
     "NodeState",
     "JobState",
-    "FailureKind",
-    "ActionKind",
     "TRANSITIONS",
     "check_transition",
     "NodeRecord",
@@ -148,15 +143,13 @@ __all__ = [
     "Savepoint",
     # failure policy seam
     "FailurePolicy",
+    "JournaledPolicy",
     "DefaultFailurePolicy",
     "Failure",
-    "FailureAction",
-    "FailureDecision",
     "Classification",
     "ClassifyingPolicy",
     "StatefulPolicy",
     "DiagnosisFailurePolicy",
-    "REPORTED_TO_DIAGNOSED",
     # hosted libraries (rendezvous, shards)
     "HostedRendezvous",
     "HostedShards",
@@ -211,6 +204,8 @@ __all__ = [
     "JobServicer",
     "add_master_services",
     "MasterClient",
+    "Registration",
+    "HeartbeatAnswer",
     # observability
     "MasterMetrics",
     "MetricsEndpoint",

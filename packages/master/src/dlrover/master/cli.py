@@ -292,7 +292,7 @@ def _run(argv: Sequence[str]) -> int:
         if not runtime.master.job_state.finished:
             runtime.master.stop("the master received a stop signal")
         else:
-            # Linger so agents' next heartbeats are answered with STOP_NODE instead of silence.
+            # Linger so agents' next heartbeats are answered with REMOVE_NODE instead of silence.
             stop_requested.wait(min(2 * args.heartbeat_interval_s, args.linger_max_s))
         status = runtime.master.status()
         print(f"job {status.state.value}: {status.exit_reason}", flush=True)

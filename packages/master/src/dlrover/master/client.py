@@ -9,24 +9,57 @@ import functools
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+import attrs
 import grpc
 
 from dlrover.common import ChannelConfig, Clock, RetryPolicy, call_unary, create_channel
+from dlrover.diagnosis import ActionKind, Decision, FailureKind, RankStepStats
 from dlrover.master.identity import node_metadata
-from dlrover.master.states import FailureKind
+from dlrover.master.master import ResourceSample
+from dlrover.master.records import Action
+from dlrover.master.states import JobState
 from dlrover.master.v1 import agent_pb2, agent_pb2_grpc, checkpoint_pb2, checkpoint_pb2_grpc, job_pb2, job_pb2_grpc
+from dlrover.master.wire import from_proto, proto_name
 
-__all__ = ["FAILURE_KIND_TO_PROTO", "MasterClient"]
+__all__ = ["HeartbeatAnswer", "MasterClient", "Registration"]
 
-FAILURE_KIND_TO_PROTO = {
-    FailureKind.PROCESS_CRASH: agent_pb2.FAILURE_KIND_PROCESS_CRASH,
-    FailureKind.USER_CODE_ERROR: agent_pb2.FAILURE_KIND_USER_CODE_ERROR,
-    FailureKind.OOM: agent_pb2.FAILURE_KIND_OOM,
-    FailureKind.HARDWARE: agent_pb2.FAILURE_KIND_HARDWARE,
-    FailureKind.NETWORK: agent_pb2.FAILURE_KIND_NETWORK,
-    FailureKind.HANG: agent_pb2.FAILURE_KIND_HANG,
-    FailureKind.UNKNOWN: agent_pb2.FAILURE_KIND_UNKNOWN,
-}
+
+@attrs.frozen
+class Registration:
+    """The master's answer to `MasterClient.register`.
+
+    Attributes:
+        node_id: the node's id (the one asked for, or a new one).
+        rank: its rank in the job.
+        node_credential: what proves the node's identity on later calls (sent automatically).
+        heartbeat_interval_s: how often to heartbeat.
+        heartbeat_timeout_s: how long a silent node is waited for.
+        relaunch_count: how many times this rank was relaunched.
+        min_nodes, max_nodes, node_unit: the job's node range.
+    """
+
+    node_id: int
+    rank: int
+    node_credential: str
+    heartbeat_interval_s: float
+    heartbeat_timeout_s: float
+    relaunch_count: int
+    min_nodes: int
+    max_nodes: int
+    node_unit: int
+
+
+@attrs.frozen
+class HeartbeatAnswer:
+    """The master's answer to `MasterClient.heartbeat`.
+
+    Attributes:
+        actions: what the node is asked to do (kinds are `dlrover.diagnosis.ActionKind`).
+        job_state: the job's state.
+    """
+
+    actions: tuple[Action, ...]
+    job_state: JobState
 
 
 class MasterClient:
@@ -83,7 +116,7 @@ class MasterClient:
         node_id: int | None = None,
         local_world_size: int = 0,
         max_restarts: int | None = None,
-    ) -> agent_pb2.RegisterNodeResponse:
+    ) -> Registration:
         """Register and remember the node's identity for later calls.
 
         `max_restarts`: the worker restarts this agent allows (its ``--max-restarts``), the
@@ -99,27 +132,66 @@ class MasterClient:
             request.max_restarts = max_restarts
         response: agent_pb2.RegisterNodeResponse = self._call(self._agent.RegisterNode, request, idempotent=False)
         self.set_identity(response.node_id, response.node_credential)
-        return response
+        return Registration(
+            node_id=response.node_id,
+            rank=response.rank,
+            node_credential=response.node_credential,
+            heartbeat_interval_s=response.heartbeat_interval_s,
+            heartbeat_timeout_s=response.heartbeat_timeout_s,
+            relaunch_count=response.relaunch_count,
+            min_nodes=response.min_nodes,
+            max_nodes=response.max_nodes,
+            node_unit=response.node_unit,
+        )
 
     def heartbeat(
         self,
         *,
         step: int | None = None,
         samples: int = 0,
-        resources: agent_pb2.ResourceSample | None = None,
+        resources: ResourceSample | None = None,
         node_id: int | None = None,
-        rank_steps: Sequence[agent_pb2.RankStepStats] = (),
-    ) -> agent_pb2.HeartbeatResponse:
-        """Send a heartbeat (with the node's per-rank step stats); the answer carries pending actions."""
-        request = agent_pb2.HeartbeatRequest(node_id=self._own_id(node_id), rank_steps=list(rank_steps))
+        rank_steps: Sequence[RankStepStats] = (),
+    ) -> HeartbeatAnswer:
+        """Send a heartbeat (with the node's per-rank step stats); the answer carries pending actions.
+
+        Raises:
+            RpcError: refused (the status code says why).
+            WireEnumError: the master sent an action this client does not know.
+        """
+        request = agent_pb2.HeartbeatRequest(
+            node_id=self._own_id(node_id),
+            rank_steps=[
+                agent_pb2.RankStepStats(
+                    rank=r.rank,
+                    steps=r.steps,
+                    samples=r.samples,
+                    median_step_s=r.median_step_s,
+                    since_step_s=r.since_step_s,
+                    phase=r.phase,
+                )
+                for r in rank_steps
+            ],
+        )
         if step is not None:
             request.progress.CopyFrom(agent_pb2.StepProgress(step=step, samples=samples))
         if resources is not None:
-            request.resources.CopyFrom(resources)
+            request.resources.CopyFrom(
+                agent_pb2.ResourceSample(
+                    cpu_percent=resources.cpu_percent,
+                    memory_bytes=resources.memory_bytes,
+                    gpu_percent=resources.gpu_percent,
+                    gpu_memory_bytes=resources.gpu_memory_bytes,
+                )
+            )
         # Not retried: the master hands pending actions out once, so a retry after a lost reply
         # would drop them. A lost heartbeat is simply followed by the next one.
         response: agent_pb2.HeartbeatResponse = self._call(self._agent.Heartbeat, request, idempotent=False)
-        return response
+        actions = tuple(
+            Action(a.action_id, from_proto(a.kind, agent_pb2.ActionKind, ActionKind), a.reason)
+            for a in response.actions
+        )
+        return HeartbeatAnswer(actions, JobState(response.job_state))
 
     def report_failure(
         self,
@@ -129,24 +201,38 @@ class MasterClient:
         exit_code: int = 0,
         node_id: int | None = None,
         agent_exits: bool = False,
-    ) -> agent_pb2.ReportFailureResponse:
+    ) -> Decision:
         """Report a failure of this node; the answer is the master's decision (`agent_exits`: this
-        agent exits after the report whatever the answer, so it restarts nothing)."""
+        agent exits after the report whatever the answer, so it restarts nothing).
+
+        `kind` is what the reporter saw (`dlrover.diagnosis.reported_kind`); the decision's kind
+        is the one the master decided on, its `outcome` the master's reason.
+
+        Raises:
+            RpcError: refused (the status code says why).
+            WireEnumError: the answer names an action or kind this client does not know.
+        """
         request = agent_pb2.ReportFailureRequest(
             node_id=self._own_id(node_id),
-            kind=FAILURE_KIND_TO_PROTO[kind],
+            kind=proto_name(kind, agent_pb2.FailureKind),
             evidence=evidence,
             exit_code=exit_code,
             agent_exits=agent_exits,
         )
         response: agent_pb2.ReportFailureResponse = self._call(self._agent.ReportFailure, request, idempotent=False)
-        return response
+        return Decision(
+            from_proto(response.action, agent_pb2.ActionKind, ActionKind),
+            from_proto(response.kind, agent_pb2.FailureKind, FailureKind),
+            str(request.node_id),
+            response.reason,
+            avoid_host=response.avoid_host,
+        )
 
-    def report_success(self, *, node_id: int | None = None) -> agent_pb2.ReportSuccessResponse:
-        """Report that this node's training processes succeeded."""
+    def report_success(self, *, node_id: int | None = None) -> JobState:
+        """Report that this node's training processes succeeded; returns the job's state."""
         request = agent_pb2.ReportSuccessRequest(node_id=self._own_id(node_id))
         response: agent_pb2.ReportSuccessResponse = self._call(self._agent.ReportSuccess, request, idempotent=False)
-        return response
+        return JobState(response.job_state)
 
     def report_checkpoint_steps(
         self, world_size: int, ranks: Mapping[int, Iterable[int]], *, node_id: int | None = None

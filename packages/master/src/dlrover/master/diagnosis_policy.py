@@ -5,48 +5,42 @@ rules; the diagnosed kind goes to the diagnosis `ActionPolicy`, whose ladders pi
 which spends the node's restart budget, the lifecycle's journaled count handed over as a
 `RestartBudget`, through `spend_restart`. The lifecycle checks the answer against the same rule.
 
-Which kind is decided on:
-
-- failures the master observed itself (heartbeat or start timeout, the agent process exited)
-  carry no log: they are decided as `preemption` (the node vanished from outside: relaunch it);
-- a reported failure is classified from its evidence. A worker killed from outside (what the
-  rules call killed or preemption) whose agent is alive to report it is decided as `killed`: the
-  node itself is fine, so its processes restart. When no rule explains the evidence, the kind
-  the agent reported is used (user code error, OOM as host OOM, hardware, network as
-  communication, hang; a plain process crash or unknown stays `unknown`).
+Which kind is decided on is the diagnosis package's call (`dlrover.diagnosis.diagnose_report`):
+a failure the master observed itself is decided as reported (`LOST_NODE_KIND`); a reported one
+is classified from its evidence, falling back to the kind the agent reported.
 
 The reason is one sentence built here, once: what failed, what the diagnosis found, what is done
 with the budget ("node 0 (rank 0) failed with exit status 1: communication: rule ... matched
 '...'; restart 2 of 3 (--max-restarts)"). The lifecycle records it, answers it to the agent,
 and, when it ends the job, makes it the job's exit reason.
 
-The action policy's ladder counters live in memory: a restarted master starts them afresh, while
-the lifecycle's journaled budgets (restarts per node, relaunches per rank, failures per job) keep
-holding, so no restart can make a job loop.
+The action policy's counters (ladder steps taken, relaunches of the job) are journaled with the
+lifecycle's state in every decision's transaction (`JournaledPolicy`): the inputs of the
+decisions that stand, which a restarted master replays into a fresh action policy, so it decides
+as the old one would have. The lifecycle's own journaled budgets (restarts per node, relaunches
+per rank, failures per job) hold as well.
 """
 
 from __future__ import annotations
 
-from dlrover.diagnosis import ActionPolicy, Evidence, ExitInfo, RestartBudget, RuleRegistry, classify
-from dlrover.diagnosis import FailureKind as DiagnosedKind
-from dlrover.master.policy import FAILURE_ACTIONS, Classification, Failure, FailureDecision
-from dlrover.master.states import OBSERVED_BY_MASTER, FailureKind
+import json
 
-__all__ = ["REPORTED_TO_DIAGNOSED", "DiagnosisFailurePolicy"]
+import attrs
 
-REPORTED_TO_DIAGNOSED: dict[FailureKind, DiagnosedKind] = {
-    FailureKind.PROCESS_CRASH: DiagnosedKind.UNKNOWN,
-    FailureKind.USER_CODE_ERROR: DiagnosedKind.USER_CODE,
-    FailureKind.OOM: DiagnosedKind.HOST_OOM,
-    FailureKind.HARDWARE: DiagnosedKind.HARDWARE,
-    FailureKind.NETWORK: DiagnosedKind.COMMUNICATION,
-    FailureKind.HANG: DiagnosedKind.HANG,
-    FailureKind.HEARTBEAT_TIMEOUT: DiagnosedKind.PREEMPTION,
-    FailureKind.START_TIMEOUT: DiagnosedKind.PREEMPTION,
-    FailureKind.NODE_EXIT: DiagnosedKind.PREEMPTION,
-    FailureKind.UNKNOWN: DiagnosedKind.UNKNOWN,
-}
-"""The diagnosis kind of each reported kind, used when the evidence explains nothing."""
+from dlrover.common import DLRoverError
+from dlrover.diagnosis import (
+    ActionPolicy,
+    Decision,
+    ExitInfo,
+    FailureKind,
+    RelaunchBudget,
+    RestartBudget,
+    RuleRegistry,
+    diagnose_report,
+)
+from dlrover.master.policy import Classification, Failure
+
+__all__ = ["DiagnosisFailurePolicy"]
 
 
 class DiagnosisFailurePolicy:
@@ -65,8 +59,9 @@ class DiagnosisFailurePolicy:
     def __init__(self, registry: RuleRegistry | None = None, actions: ActionPolicy | None = None) -> None:
         self._registry = registry or RuleRegistry.with_builtin_rules()
         self._actions = actions or ActionPolicy()
-        # Every decision's input, to replay on a rollback: node, kind, restart budget, relaunch possible.
-        self._decided: list[tuple[str, DiagnosedKind, RestartBudget, bool]] = []
+        # Every decision's input, to replay on a rollback or a master restart: node, kind, restart
+        # budget, relaunch possible, the rank's relaunches.
+        self._decided: list[tuple[str, FailureKind, RestartBudget, bool, RelaunchBudget | None]] = []
 
     @property
     def actions(self) -> ActionPolicy:
@@ -75,37 +70,23 @@ class DiagnosisFailurePolicy:
 
     def classify(self, node_id: int, kind: FailureKind, evidence: str, exit_code: int | None) -> Classification:
         """The diagnosis of a failure's full evidence (pure: the master runs it outside its lock)."""
-        diagnosed, why = self._diagnose(node_id, kind, evidence, exit_code)
-        return Classification(diagnosed.value, why)
+        diagnosed, why = diagnose_report(
+            kind, evidence, registry=self._registry, exit_code=exit_code, node_id=str(node_id)
+        )
+        return Classification(diagnosed, why)
 
-    def diagnose(self, failure: Failure) -> tuple[DiagnosedKind, str]:
+    def diagnose(self, failure: Failure) -> tuple[FailureKind, str]:
         """The kind decided on for `failure`, and why (its `classification`, when it has one)."""
-        if failure.classification is not None:
-            try:
-                return DiagnosedKind(failure.classification.kind), failure.classification.reason
-            except ValueError:
-                pass  # classified by another policy: read the evidence ourselves
-        return self._diagnose(failure.node.node_id, failure.kind, failure.evidence, failure.exit_code)
-
-    def _diagnose(
-        self, node_id: int, reported: FailureKind, text: str, exit_code: int | None
-    ) -> tuple[DiagnosedKind, str]:
-        if reported in OBSERVED_BY_MASTER:
-            kind = REPORTED_TO_DIAGNOSED[reported]
-            return kind, f"{reported.value} observed by the master, decided as {kind.value} ({text})"
-        evidence = Evidence.from_text(text, returncode=exit_code, node_id=str(node_id))
-        diagnosis = classify(evidence, self._registry)
-        if diagnosis.kind is DiagnosedKind.UNKNOWN:
-            kind = REPORTED_TO_DIAGNOSED[reported]
-            return kind, f"reported as {reported.value}; the log explains no more ({diagnosis.reason})"
-        if diagnosis.kind is DiagnosedKind.KILLED:
-            return DiagnosedKind.KILLED, f"{diagnosis.lines[-1]}; the agent is alive (rule '{diagnosis.rule}')"
-        if diagnosis.kind is DiagnosedKind.PREEMPTION:
-            # A worker stopped from outside whose agent is alive to report it: the node itself
-            # was not taken away, so replacing it would waste a healthy node.
-            how = ExitInfo(exit_code).describe() if exit_code is not None else "a stop from outside"
-            return DiagnosedKind.KILLED, f"killed ({how}) while the agent is alive ({diagnosis.reason})"
-        return diagnosis.kind, diagnosis.reason
+        if failure.classification is not None and not failure.observed_by_master:
+            return failure.classification.kind, failure.classification.reason
+        return diagnose_report(
+            failure.kind,
+            failure.evidence,
+            registry=self._registry,
+            exit_code=failure.exit_code,
+            node_id=str(failure.node.node_id),
+            observed_by_master=failure.observed_by_master,
+        )
 
     def savepoint(self) -> object:
         """How many decisions were taken so far (see `StatefulPolicy`)."""
@@ -123,18 +104,81 @@ class DiagnosisFailurePolicy:
             return
         del self._decided[savepoint:]
         self._actions = ActionPolicy(self._actions.config)
-        for node_id, kind, budget, relaunch_possible in self._decided:
-            self._actions.decide(node_id, kind, budget=budget, relaunch_possible=relaunch_possible)
+        self._actions = self._replay(self._decided)
 
-    def decide(self, failure: Failure) -> FailureDecision:
+    def _replay(
+        self, decided: list[tuple[str, FailureKind, RestartBudget, bool, RelaunchBudget | None]]
+    ) -> ActionPolicy:
+        actions = ActionPolicy(self._actions.config)
+        for node_id, kind, budget, relaunch_possible, relaunches in decided:
+            actions.decide(node_id, kind, budget=budget, relaunch_possible=relaunch_possible, relaunches=relaunches)
+        return actions
+
+    def export_state(self) -> str:
+        """The inputs of the decisions taken so far, as JSON (see `JournaledPolicy`)."""
+        return json.dumps(
+            [
+                {
+                    "node": node_id,
+                    "kind": kind.value,
+                    "used": budget.used,
+                    "limit": budget.limit,
+                    "source": budget.source,
+                    "relaunch_possible": relaunch_possible,
+                    "relaunches": None
+                    if relaunches is None
+                    else [relaunches.used, relaunches.limit, relaunches.source],
+                }
+                for node_id, kind, budget, relaunch_possible, relaunches in self._decided
+            ],
+            separators=(",", ":"),
+        )
+
+    def import_state(self, data: str) -> None:
+        """Replay the decisions `export_state` wrote into a fresh action policy (same configuration).
+
+        Raises:
+            DLRoverError: `data` is not what `export_state` writes; nothing changed.
+        """
+        try:
+            decided = [
+                (
+                    str(d["node"]),
+                    FailureKind(d["kind"]),
+                    RestartBudget(int(d["used"]), int(d["limit"]), str(d["source"])),
+                    bool(d["relaunch_possible"]),
+                    None if d["relaunches"] is None else RelaunchBudget(*_relaunches(d["relaunches"])),
+                )
+                for d in json.loads(data)
+            ]
+            actions = self._replay(decided)
+        except (KeyError, TypeError, ValueError, DLRoverError) as exc:
+            raise DLRoverError(f"corrupt failure policy state {data[:200]!r}: {exc}") from exc
+        self._actions, self._decided = actions, decided
+
+    def decide(self, failure: Failure) -> Decision:
         """Classify, then let the action policy decide; the reason is built here (module docstring)."""
         kind, why = self.diagnose(failure)
         node = failure.node
         # The node's budget is the lifecycle's count (its agent's --max-restarts, when it said):
         # the action policy spends it and keeps no count of its own.
-        budget, relaunch_possible = failure.restarts, failure.relaunch_possible
-        decision = self._actions.decide(str(node.node_id), kind, budget=budget, relaunch_possible=relaunch_possible)
-        self._decided.append((str(node.node_id), kind, budget, relaunch_possible))
+        budget, relaunch_possible, relaunches = failure.restarts, failure.relaunch_possible, failure.relaunches
+        decision = self._actions.decide(
+            str(node.node_id), kind, budget=budget, relaunch_possible=relaunch_possible, relaunches=relaunches
+        )
+        self._decided.append((str(node.node_id), kind, budget, relaunch_possible, relaunches))
         how = "" if failure.exit_code is None else f" with {ExitInfo(failure.exit_code).describe()}"
         reason = f"node {node.node_id} (rank {node.rank}) failed{how}: {why}; {decision.outcome}"
-        return FailureDecision(FAILURE_ACTIONS[decision.action], reason, avoid_host=decision.avoid_host)
+        return attrs.evolve(decision, outcome=reason)
+
+
+def _relaunches(value: object) -> tuple[int, int, str]:
+    """A journaled ``[used, limit, source]``."""
+    if not isinstance(value, list) or len(value) != 3:
+        raise ValueError(f"relaunches must be [used, limit, source], got {value!r}")
+    used, limit, source = value
+    return int(used), int(limit), str(source)
+
+
+def _relaunches_json(relaunches: RelaunchBudget | None) -> list[object] | None:
+    return None if relaunches is None else [relaunches.used, relaunches.limit, relaunches.source]

@@ -133,6 +133,7 @@ def job_fields(snapshot: LifecycleSnapshot) -> dict[str, Any]:
         "avoid_hosts": dict(snapshot.avoid_hosts),
         "started": snapshot.started,
         "pending_actions": actions_to_json(snapshot.actions),
+        "policy_state": snapshot.policy_state,
     }
 
 
@@ -151,6 +152,8 @@ def _snapshot(job: Mapping[str, Any] | None, nodes: Sequence[NodeRecord]) -> Lif
             started=bool(job["started"]),
             # Absent in journals written before pending actions were journaled.
             actions=actions_from_json(job.get("pending_actions", {})),
+            # Absent in journals written before the policy's counters were journaled: it starts afresh.
+            policy_state=str(job.get("policy_state", "")),
         )
     except (KeyError, TypeError, ValueError, DLRoverError) as exc:
         raise JournalError(f"corrupt job record {dict(job)!r}: {exc}") from exc

@@ -13,17 +13,18 @@ from collections.abc import Iterable, Mapping
 import attrs
 
 from dlrover.common import DLRoverError
-from dlrover.diagnosis import RestartBudget, one_line_summary, spend_restart
-from dlrover.master.config import LifecycleConfig
-from dlrover.master.policy import (
-    FAILURE_ACTIONS,
-    Classification,
-    Failure,
-    FailureAction,
-    FailureDecision,
-    FailurePolicy,
-    StatefulPolicy,
+from dlrover.diagnosis import (
+    LOST_NODE_KIND,
+    ActionKind,
+    Decision,
+    FailureKind,
+    RelaunchBudget,
+    RestartBudget,
+    one_line_summary,
+    spend_restart,
 )
+from dlrover.master.config import LifecycleConfig
+from dlrover.master.policy import Classification, Failure, FailurePolicy, JournaledPolicy, StatefulPolicy
 from dlrover.master.records import (
     Action,
     Event,
@@ -36,9 +37,6 @@ from dlrover.master.records import (
 )
 from dlrover.master.states import (
     ALIVE_STATES,
-    OBSERVED_BY_MASTER,
-    ActionKind,
-    FailureKind,
     IllegalTransitionError,
     JobState,
     NodeState,
@@ -177,6 +175,8 @@ class JobLifecycle:
         self._avoid_hosts = dict(snap.avoid_hosts)
         self._started = snap.started
         self._actions = {node_id: list(queued) for node_id, queued in snap.actions.items() if queued}
+        if snap.policy_state and isinstance(self._policy, JournaledPolicy):
+            self._policy.import_state(snap.policy_state)
 
     # ----------------------------------------------------------------- queries
 
@@ -240,6 +240,7 @@ class JobLifecycle:
             avoid_hosts=dict(self._avoid_hosts),
             started=self._started,
             actions={node_id: tuple(queued) for node_id, queued in self._actions.items() if queued},
+            policy_state=self._policy.export_state() if isinstance(self._policy, JournaledPolicy) else "",
         )
 
     def savepoint(self) -> Savepoint:
@@ -391,14 +392,14 @@ class JobLifecycle:
         node = self.node(node_id)
         if self._job_state.finished:
             reason = f"job {self._job_state.value}: {self._exit_reason}"
-            return (Action(0, ActionKind.STOP_NODE, reason),), Outcome()
+            return (Action(0, ActionKind.REMOVE_NODE, reason),), Outcome()
         if node.state is not NodeState.RUNNING:
             if node.state in (NodeState.PENDING, NodeState.STARTING):
                 raise NodeStateError(f"node {node_id} has not registered; register before heartbeating")
             reason = f"node {node_id} is {node.state.value}"
             if node.replaced_by is not None:
                 reason += f"; replaced by node {node.replaced_by}"
-            return (Action(0, ActionKind.STOP_NODE, reason),), Outcome()
+            return (Action(0, ActionKind.REMOVE_NODE, reason),), Outcome()
         self._nodes[node_id] = attrs.evolve(
             node,
             last_heartbeat=now,
@@ -419,8 +420,9 @@ class JobLifecycle:
         answered: bool = False,
         classification: Classification | None = None,
         agent_exits: bool = False,
-    ) -> tuple[FailureDecision, Outcome]:
-        """A node failed; decide and apply what to do (`exit_code`: the failed process's status, if known).
+    ) -> tuple[Decision, Outcome]:
+        """A node's agent reported a failure; decide and apply what to do (`kind`: the kind it
+        reported, `exit_code`: the failed process's status, if known).
 
         `classification` is what the policy made of the full evidence beforehand (see
         `ClassifyingPolicy`); it is handed to the policy with the failure. With `answered`, the
@@ -449,6 +451,22 @@ class JobLifecycle:
             classification=classification,
             agent_exits=agent_exits,
         )
+
+    def node_lost(
+        self, node_id: int, evidence: str, now: float, *, exit_code: int | None = None
+    ) -> tuple[Decision, Outcome]:
+        """The master saw a node fail from outside (its agent exited, its launch failed): no agent
+        reports it, so it is decided as `dlrover.diagnosis.LOST_NODE_KIND` on `evidence` alone
+        and the node can only be relaunched. Heartbeat and start timeouts take this path too.
+
+        Raises:
+            JobFinishedError, UnknownNodeError, NodeStateError: nothing changed.
+        """
+        self._refuse_if_finished()
+        node = self.node(node_id)
+        if node.state not in ALIVE_STATES:
+            raise NodeStateError(f"node {node_id} is {node.state.value}; it cannot fail")
+        return self._fail(node, LOST_NODE_KIND, _clip(evidence), now, exit_code, observed=True)
 
     def report_success(self, node_id: int, now: float) -> Outcome:
         """The node's training processes finished successfully.
@@ -483,14 +501,14 @@ class JobLifecycle:
             if node.state is NodeState.RUNNING and now - node.last_heartbeat > timeout:
                 silent = now - node.last_heartbeat
                 evidence = f"no heartbeat for {silent:.1f}s (timeout {timeout:g}s)"
-                out = out.merge(self._fail(node, FailureKind.HEARTBEAT_TIMEOUT, evidence, now)[1])
+                out = out.merge(self._fail(node, LOST_NODE_KIND, evidence, now, observed=True)[1])
             elif (
                 node.state in (NodeState.PENDING, NodeState.STARTING)
                 and start_timeout is not None
                 and now - node.state_since > start_timeout
             ):
                 evidence = f"not registered {now - node.state_since:.1f}s after launch (timeout {start_timeout:g}s)"
-                out = out.merge(self._fail(node, FailureKind.START_TIMEOUT, evidence, now)[1])
+                out = out.merge(self._fail(node, LOST_NODE_KIND, evidence, now, observed=True)[1])
         return out.merge(self._check_nodes(now))
 
     def stop(self, reason: str, now: float, *, state: JobState = JobState.STOPPED) -> Outcome:
@@ -572,59 +590,65 @@ class JobLifecycle:
         source = "max_process_restarts" if node.max_process_restarts is None else "--max-restarts"
         return RestartBudget(node.process_restarts, self.restart_budget(node), source)
 
-    def _enforce(self, failure: Failure, decision: FailureDecision, *, agent_exits: bool) -> FailureDecision:
+    def _enforce(self, failure: Failure, decision: Decision, *, agent_exits: bool) -> Decision:
         """Check any policy's answer against the budgets and the hard rules.
 
         The budget is checked with `spend_restart`, the rule the policies spend it with, so a
-        policy that keeps to it is never overruled here.
+        policy that keeps to it is never overruled here. `Decision.outcome` is the sentence
+        recorded; an amendment is appended to it.
         """
         node, action = failure.node, decision.action
-        if action is FailureAction.STOP_JOB:
+        if action is ActionKind.ABORT_JOB:
             return decision
+        if action is ActionKind.NONE:
+            # "Nothing to do" is for a late report about a node already let go; this node is
+            # alive and its processes failed, so the mildest action is to restart them.
+            decision = attrs.evolve(decision, action=ActionKind.RESTART_PROCESSES)
+            action = decision.action
         if any(n.state is NodeState.SUCCEEDED for n in self._nodes.values()):
-            return FailureDecision(
-                FailureAction.REMOVE_NODE, "workers have already succeeded; the node is not relaunched"
+            return attrs.evolve(
+                decision,
+                action=ActionKind.REMOVE_NODE,
+                outcome="workers have already succeeded; the node is not relaunched",
+                avoid_host=False,
             )
-        if action is FailureAction.RESTART_PROCESSES and (node.state is not NodeState.RUNNING or agent_exits):
+        if action.restarts_processes and (node.state is not NodeState.RUNNING or agent_exits):
             # Nobody is left to restart the processes: only a new node can take the rank.
             why = (
                 "the node is not running"
                 if node.state is not NodeState.RUNNING
                 else "its agent exits after this report"
             )
-            decision = FailureDecision(
-                FailureAction.RELAUNCH_NODE,
-                f"{decision.reason}; but {why}, so the node is relaunched",
-                decision.avoid_host,
+            spending = spend_restart(
+                failure.restarts, relaunch_possible=True, relaunch_wanted=True, relaunches=failure.relaunches
             )
-        elif action in (FailureAction.RESTART_PROCESSES, FailureAction.RELAUNCH_NODE):
+            decision = attrs.evolve(
+                decision,
+                action=spending.action,
+                outcome=f"{decision.outcome}; but {why}, so {spending.words}",
+            )
+        elif action.restarts_processes or action.relaunches_node:
             spending = spend_restart(
                 failure.restarts,
                 relaunch_possible=failure.relaunch_possible,
-                relaunch_wanted=action is FailureAction.RELAUNCH_NODE,
+                relaunch_wanted=action.relaunches_node,
+                relaunches=failure.relaunches,
             )
-            allowed = FAILURE_ACTIONS[spending.action]
-            if allowed is not action:
-                avoid = decision.avoid_host and allowed is FailureAction.RELAUNCH_NODE
-                decision = FailureDecision(allowed, f"{decision.reason}; but {spending.words}", avoid)
-        if decision.action is FailureAction.RELAUNCH_NODE:
-            return self._relaunch_or_remove(node, decision, failure.relaunches_left)
-        return decision
-
-    def _relaunch_or_remove(self, node: NodeRecord, decision: FailureDecision, relaunches_left: int) -> FailureDecision:
-        """A relaunch, or the removal it becomes once the rank's relaunches are spent."""
-        if relaunches_left <= 0:
-            return FailureDecision(
-                FailureAction.REMOVE_NODE,
-                f"{decision.reason}; relaunch budget of rank {node.rank} ({self._config.max_relaunches}) exhausted",
-                decision.avoid_host,
-            )
-        if not self._scheduler_relaunches:
-            return FailureDecision(
-                FailureAction.RELAUNCH_NODE,
-                f"{decision.reason}; this job's backend starts no node itself: rank {node.rank} waits for a new "
-                "agent to register",
-                decision.avoid_host,
+            if spending.action.restarts_processes != action.restarts_processes or (
+                spending.action is ActionKind.REMOVE_NODE
+            ):
+                allowed = spending.action
+                decision = attrs.evolve(
+                    decision,
+                    action=allowed,
+                    outcome=f"{decision.outcome}; but {spending.words}",
+                    avoid_host=decision.avoid_host and not allowed.restarts_processes,
+                )
+        if decision.action.relaunches_node and not self._scheduler_relaunches:
+            return attrs.evolve(
+                decision,
+                outcome=f"{decision.outcome}; this job's backend starts no node itself: rank {node.rank} waits "
+                "for a new agent to register",
             )
         return decision
 
@@ -636,12 +660,15 @@ class JobLifecycle:
         now: float,
         exit_code: int | None = None,
         *,
+        observed: bool = False,
         answered: bool = False,
         classification: Classification | None = None,
         agent_exits: bool = False,
-    ) -> tuple[FailureDecision, Outcome]:
+    ) -> tuple[Decision, Outcome]:
         self._job_failures += 1
-        relaunches_left = max(self._config.max_relaunches - node.relaunch_count, 0)
+        relaunches = RelaunchBudget(
+            min(node.relaunch_count, self._config.max_relaunches), self._config.max_relaunches, "max_relaunches"
+        )
         node = attrs.evolve(node, last_failure=f"{kind.value}: {evidence}")
         self._nodes[node.node_id] = node
         # The evidence (a worker's traceback, say) is printed whole once, by the worker itself;
@@ -652,44 +679,46 @@ class JobLifecycle:
             f"node {node.node_id} (rank {node.rank}) failed: {kind.value}: {headline}",
             node.node_id,
             node.rank,
-            {"kind": kind.value, "evidence": evidence},
+            {"kind": kind.value, "evidence": evidence, "observed_by_master": observed},
         )
         out = Outcome(events=(failure_ev,), changed_nodes=frozenset({node.node_id}), job_changed=True)
         if self._job_failures > self._config.max_job_failures:
-            decision = FailureDecision(
-                FailureAction.STOP_JOB,
+            decision = Decision(
+                ActionKind.ABORT_JOB,
+                kind,
+                str(node.node_id),
                 f"node {node.node_id} (rank {node.rank}) failed ({kind.value}): {self._job_failures} failures in the "
                 f"job, more than max_job_failures {self._config.max_job_failures}: the job stops",
             )
         else:
             # Only an agent that reported the failure and goes on can restart its processes; a
             # node the master saw vanish, or whose agent exits, can only be relaunched.
-            restartable = node.state is NodeState.RUNNING and kind not in OBSERVED_BY_MASTER and not agent_exits
+            restartable = node.state is NodeState.RUNNING and not observed and not agent_exits
             failure = Failure(
                 node,
                 kind,
                 evidence,
                 self.restarts_of(node),
-                relaunches_left,
+                relaunches,
                 exit_code,
                 classification,
                 relaunch_possible=self._scheduler_relaunches or not restartable,
+                observed_by_master=observed,
             )
             proposed = self._policy.decide(failure)
             decision = self._enforce(failure, proposed, agent_exits=agent_exits)
+        reason = decision.outcome
         if decision.avoid_host and node.host:
             out = out.merge(self.mark_host_unhealthy(node.host, f"{kind.value} on node {node.node_id}"))
-        if decision.action is FailureAction.RESTART_PROCESSES:
+        if decision.action.restarts_processes:
             node = attrs.evolve(node, process_restarts=node.process_restarts + 1)
             self._nodes[node.node_id] = node
             if not answered:
-                self._actions.setdefault(node.node_id, []).append(
-                    Action(self._next_action_id, ActionKind.RESTART_PROCESSES, decision.reason)
-                )
+                self._actions.setdefault(node.node_id, []).append(Action(self._next_action_id, decision.action, reason))
                 self._next_action_id += 1
             ev = Event(
                 "process_restart",
-                decision.reason,
+                reason,
                 node.node_id,
                 node.rank,
                 {"kind": kind.value},
@@ -699,12 +728,12 @@ class JobLifecycle:
         node = self._nodes[node.node_id]
         self._actions.pop(node.node_id, None)
         # Whatever follows, this incarnation is finished: its agent and processes are stopped.
-        out = out.merge(Outcome(effects=(StopNode(node.node_id, decision.reason),)))
-        if decision.action is FailureAction.STOP_JOB:
-            return decision, out.merge(self.stop(decision.reason, now, state=JobState.FAILED))
-        if decision.action is FailureAction.RELAUNCH_NODE:
-            out = out.merge(self._move(node, NodeState.RELAUNCHING, decision.reason, now))
-            out = out.merge(self._create_node(node.rank, node.relaunch_count + 1, node.node_id, now, decision.reason))
+        out = out.merge(Outcome(effects=(StopNode(node.node_id, reason),)))
+        if decision.action is ActionKind.ABORT_JOB:
+            return decision, out.merge(self.stop(reason, now, state=JobState.FAILED))
+        if decision.action.relaunches_node:
+            out = out.merge(self._move(node, NodeState.RELAUNCHING, reason, now))
+            out = out.merge(self._create_node(node.rank, node.relaunch_count + 1, node.node_id, now, reason))
             new_id = self._current[node.rank]
             self._nodes[node.node_id] = attrs.evolve(self._nodes[node.node_id], replaced_by=new_id)
             replaced = (
@@ -714,19 +743,19 @@ class JobLifecycle:
             )
             ev = Event(
                 "relaunch",
-                f"rank {node.rank}: node {node.node_id} {replaced}: {decision.reason}",
+                f"rank {node.rank}: node {node.node_id} {replaced}: {reason}",
                 node.node_id,
                 node.rank,
                 {"replacement": new_id, "kind": kind.value},
             )
             out = out.merge(Outcome(events=(ev,)))
         else:
-            out = out.merge(self._move(node, NodeState.REMOVED, decision.reason, now))
-        out = out.merge(self._check_nodes(now, cause=decision.reason))
+            out = out.merge(self._move(node, NodeState.REMOVED, reason, now))
+        out = out.merge(self._check_nodes(now, cause=reason))
         if self._job_state is JobState.FAILED:
             # This failure ended the job: the action taken is the stop, and its reason is the
             # job's exit reason, the same string the agent, the event log and the status show.
-            decision = FailureDecision(FailureAction.STOP_JOB, self._exit_reason)
+            decision = attrs.evolve(decision, action=ActionKind.ABORT_JOB, outcome=self._exit_reason, avoid_host=False)
         return decision, out
 
     def _alive(self) -> Iterable[NodeRecord]:

@@ -21,7 +21,7 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 import attrs
 
 from dlrover.common import Clock, ConfigError
-from dlrover.diagnosis import RankStepStats, StragglerConfig
+from dlrover.diagnosis import SLOW_NODE_KIND, Decision, FailureKind, RankStepStats, StragglerConfig
 from dlrover.master.checkpoints import CheckpointTracker
 from dlrover.master.config import MasterConfig
 from dlrover.master.eventlog import EventLog, GoodputTracker, event_to_dict
@@ -36,10 +36,10 @@ from dlrover.master.journal import (
 )
 from dlrover.master.lifecycle import JobLifecycle, LifecycleError
 from dlrover.master.metrics import MasterMetrics
-from dlrover.master.policy import ClassifyingPolicy, DefaultFailurePolicy, FailureDecision, FailurePolicy
+from dlrover.master.policy import ClassifyingPolicy, DefaultFailurePolicy, FailurePolicy
 from dlrover.master.records import Action, Event, LaunchNode, NodeRecord, Outcome, StopNode
 from dlrover.master.scheduler.base import NodeSpec, ObservedState, SchedulerBackend, SchedulerError
-from dlrover.master.states import ALIVE_STATES, FailureKind, JobState, NodeState
+from dlrover.master.states import ALIVE_STATES, JobState, NodeState
 from dlrover.master.stragglers import StragglerFinding, StragglerWatch
 
 __all__ = ["JobStatus", "Master", "NodeMembership", "ResourceSample", "StatefulCollaborator"]
@@ -436,11 +436,7 @@ class Master:
             if node.state in ALIVE_STATES and not self._lifecycle.job_state.finished:
                 evidence = f"launch failed: {exc}"
                 try:
-                    self._transact(
-                        lambda: self._lifecycle.report_failure(
-                            effect.node_id, FailureKind.NODE_EXIT, evidence, self._clock.now()
-                        )
-                    )
+                    self._transact(lambda: self._lifecycle.node_lost(effect.node_id, evidence, self._clock.now()))
                 except JournalError:
                     # The change that launched it is journaled; this failure is not. The node
                     # stays pending, and its start timeout (or the next master) handles it.
@@ -580,8 +576,8 @@ class Master:
         """Relaunch a straggler's node through the failure path (a slow host is avoided, as a
         hardware fault's); False when the lifecycle or the journal refused."""
 
-        def change() -> tuple[FailureDecision, Outcome]:
-            return self._lifecycle.report_failure(node_id, FailureKind.HARDWARE, evidence, now, agent_exits=True)
+        def change() -> tuple[Decision, Outcome]:
+            return self._lifecycle.report_failure(node_id, SLOW_NODE_KIND, evidence, now, agent_exits=True)
 
         try:
             self._transact(change)
@@ -628,7 +624,7 @@ class Master:
         *,
         exit_code: int | None = None,
         agent_exits: bool = False,
-    ) -> FailureDecision:
+    ) -> Decision:
         """A node's agent reported a failure; returns the decision as applied, which the reply
         delivers (a process restart is not queued again for the node's heartbeats).
 
@@ -754,11 +750,7 @@ class Master:
             self._transact(lambda: self._just(self._lifecycle.report_success(node_id, now)))
         elif seen in (ObservedState.SUCCEEDED, ObservedState.FAILED, ObservedState.STOPPED):
             evidence = f"the agent exited with status {exit_code} ({seen.value})"
-            self._transact(
-                lambda: self._lifecycle.report_failure(
-                    node_id, FailureKind.NODE_EXIT, evidence, now, exit_code=exit_code
-                )
-            )
+            self._transact(lambda: self._lifecycle.node_lost(node_id, evidence, now, exit_code=exit_code))
 
     def journal_collaborator(self, collaborator: StatefulCollaborator) -> bool:
         """Export one collaborator now and journal it if its version grew; True when it was written.

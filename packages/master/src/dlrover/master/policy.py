@@ -10,49 +10,30 @@ left into a removal, and relaunches nothing once any node has succeeded.
 
 from __future__ import annotations
 
-import enum
 from typing import Protocol, runtime_checkable
 
 import attrs
 
-from dlrover.diagnosis import ActionKind as DiagnosedAction
-from dlrover.diagnosis import RestartBudget, spend_restart
+from dlrover.diagnosis import (
+    ActionKind,
+    Decision,
+    FailureKind,
+    RelaunchBudget,
+    RestartBudget,
+    kind_decided_alone,
+    spend_restart,
+)
 from dlrover.master.records import NodeRecord
-from dlrover.master.states import FailureKind
 
 __all__ = [
     "Classification",
     "ClassifyingPolicy",
     "DefaultFailurePolicy",
-    "FAILURE_ACTIONS",
     "Failure",
-    "FailureAction",
-    "FailureDecision",
     "FailurePolicy",
+    "JournaledPolicy",
     "StatefulPolicy",
 ]
-
-
-class FailureAction(enum.StrEnum):
-    """The possible answers to a failure, mildest first."""
-
-    RESTART_PROCESSES = "restart_processes"
-    RELAUNCH_NODE = "relaunch_node"
-    REMOVE_NODE = "remove_node"
-    STOP_JOB = "stop_job"
-
-
-FAILURE_ACTIONS: dict[DiagnosedAction, FailureAction] = {
-    DiagnosedAction.NONE: FailureAction.RESTART_PROCESSES,
-    DiagnosedAction.RESTART_PROCESSES: FailureAction.RESTART_PROCESSES,
-    DiagnosedAction.ROLLBACK_CHECKPOINT: FailureAction.RESTART_PROCESSES,
-    DiagnosedAction.RELAUNCH_NODE: FailureAction.RELAUNCH_NODE,
-    DiagnosedAction.RELAUNCH_WITH_MORE_MEMORY: FailureAction.RELAUNCH_NODE,
-    DiagnosedAction.REMOVE_NODE: FailureAction.REMOVE_NODE,
-    DiagnosedAction.ABORT_JOB: FailureAction.STOP_JOB,
-}
-"""The master's action for each diagnosis action: a rollback restarts the processes (they resume
-from the newest checkpoint); "no action" (a late report) is the mildest action, a restart."""
 
 
 @attrs.frozen
@@ -60,11 +41,11 @@ class Classification:
     """What a policy made of a failure's evidence before deciding (see `ClassifyingPolicy`).
 
     Attributes:
-        kind: the policy's own name for the kind of failure.
+        kind: the kind the evidence shows.
         reason: why, in words.
     """
 
-    kind: str
+    kind: FailureKind
     reason: str
 
 
@@ -74,11 +55,13 @@ class Failure:
 
     Attributes:
         node: the node as it was when the failure arrived.
-        kind: what kind of failure.
+        kind: the kind its reporter named (`dlrover.diagnosis.reported_kind`, or
+            `dlrover.diagnosis.LOST_NODE_KIND` for a failure the master observed).
         evidence: what the reporter saw (a log tail, an exit code, a probe result).
         restarts: the node's process restarts, used and allowed (its journaled count against its
             agent's ``--max-restarts``, else the configured budget).
-        relaunches_left: replacements still allowed for this rank.
+        relaunches: the rank's relaunches, used and allowed (the journaled count of the node's
+            incarnations against ``max_relaunches``): spent by `spend_restart` like the restarts.
         exit_code: the failed process's exit status, when the reporter knew it.
         classification: the policy's `classify` of the full evidence, when it has one and the
             failure was reported with evidence (the `evidence` here may be clipped).
@@ -86,39 +69,27 @@ class Failure:
             backend: bare metal, Slurm, a standalone `dlrover-run`) while the node's agent is
             alive and reported the failure, so it can restart its processes: `spend_restart`
             then restarts in place while restarts are left and lets the node go after.
+        observed_by_master: the master saw the failure from outside the node (no heartbeat, never
+            registered, the agent exited, the launch failed): there is no log to diagnose.
     """
 
     node: NodeRecord
     kind: FailureKind
     evidence: str
     restarts: RestartBudget
-    relaunches_left: int
+    relaunches: RelaunchBudget
     exit_code: int | None = None
     classification: Classification | None = None
     relaunch_possible: bool = True
-
-
-@attrs.frozen
-class FailureDecision:
-    """A policy's answer, with the reason it gives.
-
-    Attributes:
-        action: what to do.
-        reason: why, in words; recorded in the node's history and the event log.
-        avoid_host: whether the node's host must not be used again.
-    """
-
-    action: FailureAction
-    reason: str
-    avoid_host: bool = False
+    observed_by_master: bool = False
 
 
 @runtime_checkable
 class FailurePolicy(Protocol):
     """Decides what to do about one failure. Must be pure: no I/O, no clock."""
 
-    def decide(self, failure: Failure) -> FailureDecision:
-        """The action for `failure`, and why."""
+    def decide(self, failure: Failure) -> Decision:
+        """The action for `failure`, and why (`Decision.outcome`: the sentence the master records)."""
         ...
 
 
@@ -149,33 +120,51 @@ class StatefulPolicy(FailurePolicy, Protocol):
         ...
 
 
-_NODE_LEVEL = frozenset(
-    {FailureKind.HEARTBEAT_TIMEOUT, FailureKind.START_TIMEOUT, FailureKind.NODE_EXIT, FailureKind.HARDWARE}
-)
+@runtime_checkable
+class JournaledPolicy(StatefulPolicy, Protocol):
+    """A stateful policy whose state (its budget counters: relaunches of the job, ladder steps
+    taken) the master journals with every decision, in the job record, so a restarted master
+    decides as the old one would have."""
+
+    def export_state(self) -> str:
+        """The policy's state as JSON text."""
+        ...
+
+    def import_state(self, data: str) -> None:
+        """Resume from `export_state`'s text.
+
+        Raises:
+            DLRoverError: the text is not what `export_state` writes; nothing changed.
+        """
+        ...
 
 
 class DefaultFailurePolicy:
     """The policy decided on the reported kind alone (``failure_policy="default"``).
 
-    - a user code error stops the job: restarting the same code fails the same way;
-    - a node-level failure (heartbeat or start timeout, the node exited, hardware) relaunches the
-      node; hardware failures also avoid the host;
-    - anything else restarts the training processes.
+    The kind's own action (`dlrover.diagnosis.kind_decided_alone`): a user code error stops the
+    job, restarting the same code fails the same way; a hardware fault relaunches the node on
+    another host; a node the master lost (or saw exit) is relaunched; anything else restarts the
+    training processes.
 
     Restarts, and relaunches nothing can carry out, are spent by `spend_restart`, as by every policy.
     """
 
-    def decide(self, failure: Failure) -> FailureDecision:
+    def decide(self, failure: Failure) -> Decision:
         """See the class docstring."""
         kind = failure.kind
+        node_id = str(failure.node.node_id)
         where = f"node {failure.node.node_id} (rank {failure.node.rank})"
-        if kind is FailureKind.USER_CODE_ERROR:
-            return FailureDecision(FailureAction.STOP_JOB, f"user code error on {where}: the job stops")
-        node_level = kind in _NODE_LEVEL
+        wanted, avoid_host = kind_decided_alone(kind)
+        if wanted is ActionKind.ABORT_JOB:
+            return Decision(ActionKind.ABORT_JOB, kind, node_id, f"{kind.value} on {where}: the job stops")
+        node_level = wanted.relaunches_node or failure.observed_by_master
         spending = spend_restart(
-            failure.restarts, relaunch_possible=failure.relaunch_possible, relaunch_wanted=node_level
+            failure.restarts,
+            relaunch_possible=failure.relaunch_possible,
+            relaunch_wanted=node_level,
+            relaunches=failure.relaunches,
         )
-        action = FAILURE_ACTIONS[spending.action]
         why = f"{kind.value} on {where}" + (", a node-level failure" if node_level else "")
-        avoid = action is FailureAction.RELAUNCH_NODE and kind is FailureKind.HARDWARE
-        return FailureDecision(action, f"{why}: {spending.words}", avoid_host=avoid)
+        avoid = spending.action is ActionKind.RELAUNCH_NODE and avoid_host
+        return Decision(spending.action, kind, node_id, f"{why}: {spending.words}", avoid_host=avoid)

@@ -8,7 +8,8 @@ from typing import Any
 import attrs
 
 from dlrover.common import DLRoverError
-from dlrover.master.states import ActionKind, JobState, NodeState
+from dlrover.diagnosis import ActionKind
+from dlrover.master.states import JobState, NodeState
 
 __all__ = [
     "Action",
@@ -90,7 +91,11 @@ class NodeRecord:
 
 @attrs.frozen
 class Action:
-    """Something an agent is asked to do; delivered on its next heartbeat answer."""
+    """Something an agent is asked to do; delivered on its next heartbeat answer.
+
+    Journaled by `kind`'s value, so pending actions of older journals (``"restart_processes"``)
+    restore as they were.
+    """
 
     action_id: int
     kind: ActionKind
@@ -174,6 +179,8 @@ class LifecycleSnapshot:
     started: bool
     actions: Mapping[int, tuple[Action, ...]] = attrs.field(factory=dict)
     """Actions decided for a node and not yet handed to it, by node id."""
+    policy_state: str = ""
+    """The failure policy's budget counters (`JournaledPolicy.export_state`); empty when it keeps none."""
 
 
 def actions_to_json(actions: Mapping[int, Sequence[Action]]) -> dict[str, list[dict[str, Any]]]:

@@ -16,7 +16,7 @@ from typing import NoReturn
 import grpc
 
 from dlrover.common import ConfigError, DLRoverError, GrpcServer
-from dlrover.diagnosis import RankStepStats
+from dlrover.diagnosis import FailureKind, RankStepStats
 from dlrover.master.checkpoints import MAX_STEPS_PER_RANK, MAX_WORLD_SIZE, CheckpointError
 from dlrover.master.identity import NodeAuthenticator, NodeIdentityError, NodeImpersonationError
 from dlrover.master.journal import JournalError
@@ -29,8 +29,9 @@ from dlrover.master.lifecycle import (
     UnknownNodeError,
 )
 from dlrover.master.master import Master, ResourceSample
-from dlrover.master.states import ActionKind, FailureKind, IllegalTransitionError
+from dlrover.master.states import IllegalTransitionError
 from dlrover.master.v1 import agent_pb2, agent_pb2_grpc, checkpoint_pb2, checkpoint_pb2_grpc, job_pb2, job_pb2_grpc
+from dlrover.master.wire import WireEnumError, from_proto, proto_name
 
 __all__ = [
     "JOURNAL_FAILED",
@@ -50,20 +51,6 @@ MAX_REASON_CHARS = 4096
 MAX_NODE_ID = 2**53
 MAX_EVENTS_PAGE = 1000
 MAX_RANKS_PER_REPORT = 4096
-
-_FAILURE_KINDS = {
-    agent_pb2.FAILURE_KIND_PROCESS_CRASH: FailureKind.PROCESS_CRASH,
-    agent_pb2.FAILURE_KIND_USER_CODE_ERROR: FailureKind.USER_CODE_ERROR,
-    agent_pb2.FAILURE_KIND_OOM: FailureKind.OOM,
-    agent_pb2.FAILURE_KIND_HARDWARE: FailureKind.HARDWARE,
-    agent_pb2.FAILURE_KIND_NETWORK: FailureKind.NETWORK,
-    agent_pb2.FAILURE_KIND_HANG: FailureKind.HANG,
-    agent_pb2.FAILURE_KIND_UNKNOWN: FailureKind.UNKNOWN,
-}
-_ACTION_KINDS = {
-    ActionKind.RESTART_PROCESSES: agent_pb2.ACTION_KIND_RESTART_PROCESSES,
-    ActionKind.STOP_NODE: agent_pb2.ACTION_KIND_STOP_NODE,
-}
 
 
 class RequestError(DLRoverError):
@@ -215,7 +202,9 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             )
             return agent_pb2.HeartbeatResponse(
                 actions=[
-                    agent_pb2.Action(action_id=a.action_id, kind=_ACTION_KINDS[a.kind], reason=a.reason)
+                    agent_pb2.Action(
+                        action_id=a.action_id, kind=proto_name(a.kind, agent_pb2.ActionKind), reason=a.reason
+                    )
                     for a in actions
                 ],
                 job_state=job_state.value,
@@ -227,9 +216,10 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         """Report a failure of the calling node; answers the decision taken."""
         with _translate(context):
             node_id = self._auth.authorize(_metadata(context), _node_id(request.node_id))
-            kind = _FAILURE_KINDS.get(request.kind)
-            if kind is None:
-                raise RequestError(f"kind must be a known failure kind, got {request.kind}")
+            try:
+                kind = from_proto(request.kind, agent_pb2.FailureKind, FailureKind)
+            except WireEnumError as exc:
+                raise RequestError(f"kind must be a known failure kind: {exc}") from None
             if len(request.evidence) > MAX_EVIDENCE_CHARS:
                 raise RequestError(f"evidence has {len(request.evidence)} characters; at most {MAX_EVIDENCE_CHARS}")
             evidence = request.evidence or f"exit code {request.exit_code}"
@@ -238,7 +228,12 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             decision = self._master.report_failure(
                 node_id, kind, evidence, exit_code=exit_code, agent_exits=request.agent_exits
             )
-            return agent_pb2.ReportFailureResponse(decision=decision.action.value, reason=decision.reason)
+            return agent_pb2.ReportFailureResponse(
+                action=proto_name(decision.action, agent_pb2.ActionKind),
+                kind=proto_name(decision.kind, agent_pb2.FailureKind),
+                reason=decision.outcome,
+                avoid_host=decision.avoid_host,
+            )
 
     def ReportSuccess(
         self, request: agent_pb2.ReportSuccessRequest, context: grpc.ServicerContext

@@ -1,4 +1,7 @@
-"""The vocabulary of the node lifecycle: states, the legal transitions between them, failure kinds."""
+"""The vocabulary of the node lifecycle: states and the legal transitions between them.
+
+Failure kinds and actions are `dlrover.diagnosis.FailureKind` and `dlrover.diagnosis.ActionKind`.
+"""
 
 from __future__ import annotations
 
@@ -9,11 +12,8 @@ from dlrover.common import DLRoverError
 
 __all__ = [
     "ALIVE_STATES",
-    "OBSERVED_BY_MASTER",
     "TERMINAL_STATES",
     "TRANSITIONS",
-    "ActionKind",
-    "FailureKind",
     "IllegalTransitionError",
     "JobState",
     "NodeState",
@@ -88,36 +88,3 @@ class JobState(enum.StrEnum):
     def finished(self) -> bool:
         """Whether the job has ended."""
         return self is not JobState.RUNNING
-
-
-class FailureKind(enum.StrEnum):
-    """What kind of failure a node suffered; the action policy decides on it."""
-
-    PROCESS_CRASH = "process_crash"
-    """A training process exited abnormally for a reason not known to be the user's code."""
-    USER_CODE_ERROR = "user_code_error"
-    """The user's script raised (a Python exception, a bad argument): restarting will not help."""
-    OOM = "oom"
-    HARDWARE = "hardware"
-    """A GPU, NIC or disk fault; the host is avoided from then on."""
-    NETWORK = "network"
-    HANG = "hang"
-    HEARTBEAT_TIMEOUT = "heartbeat_timeout"
-    """The master stopped hearing from the node's agent."""
-    START_TIMEOUT = "start_timeout"
-    """The node never registered after launch."""
-    NODE_EXIT = "node_exit"
-    """The scheduler saw the node's agent exit with a failure."""
-    UNKNOWN = "unknown"
-
-
-OBSERVED_BY_MASTER = frozenset({FailureKind.HEARTBEAT_TIMEOUT, FailureKind.START_TIMEOUT, FailureKind.NODE_EXIT})
-"""Failures the master sees from outside the node (no agent report): the agent cannot restart
-its processes in place, and there is no process output to diagnose."""
-
-
-class ActionKind(enum.StrEnum):
-    """What the master asks an agent to do, piggy-backed on heartbeat answers."""
-
-    RESTART_PROCESSES = "restart_processes"
-    STOP_NODE = "stop_node"

@@ -11,29 +11,53 @@ class ActionKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     ACTION_KIND_UNSPECIFIED: _ClassVar[ActionKind]
     ACTION_KIND_RESTART_PROCESSES: _ClassVar[ActionKind]
-    ACTION_KIND_STOP_NODE: _ClassVar[ActionKind]
+    ACTION_KIND_REMOVE_NODE: _ClassVar[ActionKind]
+    ACTION_KIND_NONE: _ClassVar[ActionKind]
+    ACTION_KIND_ROLLBACK_CHECKPOINT: _ClassVar[ActionKind]
+    ACTION_KIND_RELAUNCH_NODE: _ClassVar[ActionKind]
+    ACTION_KIND_RELAUNCH_WITH_MORE_MEMORY: _ClassVar[ActionKind]
+    ACTION_KIND_ABORT_JOB: _ClassVar[ActionKind]
 
 class FailureKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     FAILURE_KIND_UNSPECIFIED: _ClassVar[FailureKind]
-    FAILURE_KIND_PROCESS_CRASH: _ClassVar[FailureKind]
-    FAILURE_KIND_USER_CODE_ERROR: _ClassVar[FailureKind]
-    FAILURE_KIND_OOM: _ClassVar[FailureKind]
+    FAILURE_KIND_USER_CODE: _ClassVar[FailureKind]
+    FAILURE_KIND_HOST_OOM: _ClassVar[FailureKind]
     FAILURE_KIND_HARDWARE: _ClassVar[FailureKind]
-    FAILURE_KIND_NETWORK: _ClassVar[FailureKind]
+    FAILURE_KIND_COMMUNICATION: _ClassVar[FailureKind]
     FAILURE_KIND_HANG: _ClassVar[FailureKind]
     FAILURE_KIND_UNKNOWN: _ClassVar[FailureKind]
+    FAILURE_KIND_DEVICE_OOM: _ClassVar[FailureKind]
+    FAILURE_KIND_NAN_LOSS: _ClassVar[FailureKind]
+    FAILURE_KIND_PREEMPTION: _ClassVar[FailureKind]
+    FAILURE_KIND_KILLED: _ClassVar[FailureKind]
+    FAILURE_KIND_DATA_ERROR: _ClassVar[FailureKind]
+    FAILURE_KIND_NATIVE_CRASH: _ClassVar[FailureKind]
+    FAILURE_KIND_DISK_FULL: _ClassVar[FailureKind]
+    FAILURE_KIND_CONFIG_ERROR: _ClassVar[FailureKind]
 ACTION_KIND_UNSPECIFIED: ActionKind
 ACTION_KIND_RESTART_PROCESSES: ActionKind
-ACTION_KIND_STOP_NODE: ActionKind
+ACTION_KIND_REMOVE_NODE: ActionKind
+ACTION_KIND_NONE: ActionKind
+ACTION_KIND_ROLLBACK_CHECKPOINT: ActionKind
+ACTION_KIND_RELAUNCH_NODE: ActionKind
+ACTION_KIND_RELAUNCH_WITH_MORE_MEMORY: ActionKind
+ACTION_KIND_ABORT_JOB: ActionKind
 FAILURE_KIND_UNSPECIFIED: FailureKind
-FAILURE_KIND_PROCESS_CRASH: FailureKind
-FAILURE_KIND_USER_CODE_ERROR: FailureKind
-FAILURE_KIND_OOM: FailureKind
+FAILURE_KIND_USER_CODE: FailureKind
+FAILURE_KIND_HOST_OOM: FailureKind
 FAILURE_KIND_HARDWARE: FailureKind
-FAILURE_KIND_NETWORK: FailureKind
+FAILURE_KIND_COMMUNICATION: FailureKind
 FAILURE_KIND_HANG: FailureKind
 FAILURE_KIND_UNKNOWN: FailureKind
+FAILURE_KIND_DEVICE_OOM: FailureKind
+FAILURE_KIND_NAN_LOSS: FailureKind
+FAILURE_KIND_PREEMPTION: FailureKind
+FAILURE_KIND_KILLED: FailureKind
+FAILURE_KIND_DATA_ERROR: FailureKind
+FAILURE_KIND_NATIVE_CRASH: FailureKind
+FAILURE_KIND_DISK_FULL: FailureKind
+FAILURE_KIND_CONFIG_ERROR: FailureKind
 
 class ResourceSample(_message.Message):
     __slots__ = ("cpu_percent", "memory_bytes", "gpu_percent", "gpu_memory_bytes")
@@ -152,12 +176,16 @@ class ReportFailureRequest(_message.Message):
     def __init__(self, node_id: _Optional[int] = ..., kind: _Optional[_Union[FailureKind, str]] = ..., evidence: _Optional[str] = ..., exit_code: _Optional[int] = ..., agent_exits: _Optional[bool] = ...) -> None: ...
 
 class ReportFailureResponse(_message.Message):
-    __slots__ = ("decision", "reason")
-    DECISION_FIELD_NUMBER: _ClassVar[int]
+    __slots__ = ("reason", "action", "kind", "avoid_host")
     REASON_FIELD_NUMBER: _ClassVar[int]
-    decision: str
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    AVOID_HOST_FIELD_NUMBER: _ClassVar[int]
     reason: str
-    def __init__(self, decision: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+    action: ActionKind
+    kind: FailureKind
+    avoid_host: bool
+    def __init__(self, reason: _Optional[str] = ..., action: _Optional[_Union[ActionKind, str]] = ..., kind: _Optional[_Union[FailureKind, str]] = ..., avoid_host: _Optional[bool] = ...) -> None: ...
 
 class ReportSuccessRequest(_message.Message):
     __slots__ = ("node_id",)
