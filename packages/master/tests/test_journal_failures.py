@@ -141,17 +141,17 @@ def test_the_policy_rolls_back_to_exactly_its_earlier_decisions() -> None:
     master, _, _ = make(journal, policy=policy)
     master.register(0, "a", "h")
     master.register(1, "b", "h2")
-    master.report_failure(1, FailureKind.UNKNOWN, "Segmentation fault")
+    master.report_failure(1, FailureKind.UNKNOWN, "the worker exited with status 1")
     saved = policy.savepoint()
     journal.failing = True
     for _ in range(3):
         with pytest.raises(JournalError):
-            master.report_failure(1, FailureKind.UNKNOWN, "Segmentation fault")
+            master.report_failure(1, FailureKind.UNKNOWN, "the worker exited with status 1")
     assert policy.savepoint() == saved
     journal.failing = False
     # The unknown kind's ladder allows two restarts before a relaunch: had the failed attempts
     # stayed counted, this would be the relaunch.
-    decision = master.report_failure(1, FailureKind.UNKNOWN, "Segmentation fault")
+    decision = master.report_failure(1, FailureKind.UNKNOWN, "the worker exited with status 1")
     assert decision.action is ActionKind.RESTART_PROCESSES
     assert decision.outcome.endswith("restart 2 of 5 (max_process_restarts)")
 
