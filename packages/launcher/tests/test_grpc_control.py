@@ -253,19 +253,22 @@ def test_register_waits_for_a_master_that_starts_later_and_gives_up_on_one_that_
         f"127.0.0.1:{port}", token, node_name="late", host="localhost", local_addr="127.0.0.1", min_nodes=1,
         max_nodes=1, connect_timeout_s=60.0,
     )  # fmt: skip
-    started = threading.Event()
+    registering, starting = threading.Event(), threading.Event()
     runtime = create_master(config)
 
     def start_later() -> None:
-        time.sleep(1.5)  # the agent starts first, as a node may under a torchrun-style command line
+        # The agent starts first, as a node may under a torchrun-style command line.
+        registering.wait(timeout=60)
+        time.sleep(1.5)
+        starting.set()  # before the master serves: a registration can only succeed after this
         runtime.start()
-        started.set()
 
     thread = threading.Thread(target=start_later)
     thread.start()
     try:
+        registering.set()
         registration = plane.register(1)
-        assert started.is_set()
+        assert starting.is_set()
         assert registration.node_id == "0"
     finally:
         thread.join()
