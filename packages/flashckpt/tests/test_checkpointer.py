@@ -247,6 +247,13 @@ def test_under_dlrover_run_every_save_marks_a_step_in_the_agents_step_slots(
         assert reading is not None
         assert reading.step == 7
         assert slots.read(0) is None
+        # Persisting in the training process is a checkpoint phase, back to training after it.
+        ckpt.save(9, _state(9), persist=True)
+        after = slots.read(1)
+        assert after is not None
+        assert (after.step, after.phase) == (9, "train")
+        assert after.phase_since_s >= after.step_end_s
+        assert after.seq >= reading.seq + 6  # the step, into checkpoint, back to train
     finally:
         ckpt.close(job_end=True)
         slots.close()

@@ -102,16 +102,36 @@ def test_a_checkpoint_phase_gets_its_own_allowance() -> None:
     assert not watch.check(t + 32.0).hung  # type: ignore[union-attr]
 
 
-def test_a_rank_that_never_reports_is_caught_once_its_peers_report() -> None:
+def test_only_ranks_that_marked_enough_steps_to_know_their_pace_are_judged() -> None:
+    # CONFIG: one warm-up step and two clean durations, so a rank is judged from its third mark.
     watch = StepWatch({0: 0, 1: 1}, CONFIG)
     slots = Slots()
+    # Rank 1 never marks a step (say only rank 0 saves checkpoints): never judged, however long.
     slots.write(0, 1, 1.0)
     watch.observe(slots.now, 1.0)
-    assert not watch.check(59.0).hung  # type: ignore[union-attr]
-    verdict = watch.check(62.0)
+    # Marks far apart at first (a checkpoint every half hour) are no hang either.
+    assert not watch.check(1_800.0).hung  # type: ignore[union-attr]
+    slots.write(0, 2, 1_801.0)
+    watch.observe(slots.now, 1_801.0)
+    assert not watch.check(3_600.0).hung  # type: ignore[union-attr]
+    slots.write(0, 3, 3_601.0)
+    watch.observe(slots.now, 3_601.0)
+    # From its third mark rank 0's pace is known (1800 s a step) and it is judged by it.
+    assert not watch.check(3_601.0 + 5 * 1_800.0 - 1).hung  # type: ignore[union-attr]
+    verdict = watch.check(3_601.0 + 5 * 1_800.0 + 1)
     assert verdict is not None
-    assert 1 in verdict.stalled_ranks
-    assert "first-steps allowance" in verdict.reason
+    assert verdict.stalled_ranks == (0,)
+
+
+def test_samples_alone_never_start_the_watch() -> None:
+    watch = StepWatch({0: 0, 1: 1}, CONFIG)
+    slots = Slots()
+    for t in range(1, 700, 10):  # a sampler counting what it hands out, no step marks
+        slots.write(0, 0, float(t), samples=4)
+        slots.write(1, 0, float(t), samples=4)
+        watch.observe(slots.now, float(t))
+    assert watch.check(700.0) is None
+    assert {s.samples for s in watch.stats(700.0)} == {4 * 70}
 
 
 def test_without_a_hang_config_only_stats_are_kept() -> None:

@@ -474,3 +474,27 @@ def test_a_checkpoint_with_leases_is_refused_whole_when_a_lease_is_bad() -> None
     doc["state"]["queue"].append(doc["state"]["leases"][0]["shard"])
     with pytest.raises(InvalidShardRequestError, match="more than one state"):
         ShardRegistry(ManualClock()).restore(json.dumps(doc))
+
+
+def test_a_checkpoint_holding_a_shard_that_was_never_handed_out_is_refused() -> None:
+    reg = ShardRegistry(ManualClock())
+    reg.register(_spec(n=12))  # not shuffled: shards 0..2 of epoch 0 in order
+    reg.manager("ds").fetch("a", 1)
+    good = json.loads(reg.checkpoint("ds", include_leases=True))
+    assert good["state"]["cursor"] == 1
+    # Leased to 'a' but still at the cursor: it would be handed to someone else as well.
+    fresh = json.loads(json.dumps(good))
+    fresh["state"]["leases"][0]["shard"].update({"shard_id": 1, "start": 4, "end": 8})
+    with pytest.raises(InvalidShardRequestError, match="leased shard 1 was never handed out"):
+        ShardRegistry(ManualClock()).restore(json.dumps(fresh))
+    # A lease in an epoch the state records as finished.
+    booked = json.loads(json.dumps(good))
+    booked["state"]["epochs"] = {}
+    with pytest.raises(InvalidShardRequestError, match="which the state records as finished"):
+        ShardRegistry(ManualClock()).restore(json.dumps(booked))
+    # The same holes in a version 1 document's queue.
+    reg.manager("ds").report_failure("a", 0, "give it back")
+    queued = json.loads(reg.checkpoint("ds"))
+    queued["state"]["cursor"] = 0
+    with pytest.raises(InvalidShardRequestError, match="queued shard 0 was never handed out"):
+        ShardRegistry(ManualClock()).restore(json.dumps(queued))

@@ -413,3 +413,14 @@ def test_a_worker_that_exits_without_closing_delivers_its_queued_reports_first(t
         first.stop(0)
         if second is not None:
             second.stop(0)
+
+
+def test_a_client_nobody_closed_is_collected_with_its_channel(token: str) -> None:
+    import gc
+    import weakref
+
+    client = ShardClient("127.0.0.1:1", token, "ds", "w", config=FAST)
+    alive = weakref.ref(client)
+    del client
+    gc.collect()
+    assert alive() is None, "the exit-time delivery of queued reports must not keep the client alive"

@@ -20,7 +20,7 @@ import math
 import statistics
 import types
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 
 import attrs
 
@@ -130,24 +130,27 @@ class HangDetector:
             return cfg.floor_s, f"the floor (k x median step time = {adaptive:.3g} s is shorter)"
         return adaptive, f"{cfg.k:g} x the median step time of {median:.3g} s"
 
-    def check(self, now: float) -> HangReport:
-        """Judge every rank at `now`.
+    def check(self, now: float, judged: Collection[int] | None = None) -> HangReport:
+        """Judge every rank (or only those in `judged`) at `now`.
 
         Args:
             now: the current time on the clock the reports were stamped with.
+            judged: the ranks to judge; None judges every rank.
 
         Returns:
             A report naming the stalled ranks, how long each has been stalled, and why.
         """
         stalled: list[tuple[int, float, float, str]] = []
         for state in self._timeline.ranks():
+            if judged is not None and state.rank not in judged:
+                continue
             window, why = self.window_for(state)
             idle = now - state.idle_since_s
             if idle > window:
                 stalled.append((state.rank, idle, window, why))
         if not stalled:
-            n = len(self._timeline.ranks())
-            return HangReport(False, (), (), 0.0, f"all {n} ranks made progress within their windows")
+            n = len(self._timeline.ranks()) if judged is None else len(set(judged))
+            return HangReport(False, (), (), 0.0, f"all {n} judged ranks made progress within their windows")
         worst = max(stalled, key=lambda s: s[1])
         ranks = ", ".join(str(s[0]) for s in stalled)
         reason = (

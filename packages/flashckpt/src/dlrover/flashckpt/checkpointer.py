@@ -272,8 +272,16 @@ class FlashCheckpointer:
         if persist and result.saved:
             if self.client is not None:
                 self._link.request_persist(step)
-            else:
+            elif self._steps is None:
                 self._persist_here(step)
+            else:
+                # Written here, in the training process: judged by the checkpoint phase's
+                # allowance, not by the pace of the steps around it.
+                self._steps.phase("checkpoint")
+                try:
+                    self._persist_here(step)
+                finally:
+                    self._steps.phase("train")
         return result
 
     def wait_persisted(self, step: int, timeout_s: float = 300.0) -> PersistOutcome:

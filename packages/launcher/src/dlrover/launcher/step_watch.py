@@ -8,8 +8,12 @@ while it spins, so the CPU-idle watch (`dlrover.launcher.hang`) misses it; its s
 all the same.
 
 Pure: readings and ``now`` (CLOCK_MONOTONIC seconds, the clock the workers stamp with) come in as
-arguments. The watch judges nothing before the first report of any worker, so a script that
-never reports is never called hung by it.
+arguments. A rank is judged only once it has marked enough steps itself for the detector to know
+its pace (`HangConfig.warmup_steps` + `min_step_samples` step marks): a script that never marks a
+step, a rank that never does (rank 0 alone saving checkpoints), one that only counts samples, or
+one whose marks are far apart at first (a checkpoint saved every half hour) is never called hung
+by it; the CPU-idle watch still covers them. A collective hang stops every rank's steps, so the
+ranks that did mark steps reveal it.
 """
 
 from __future__ import annotations
@@ -35,10 +39,13 @@ class StepWatch:
     def __init__(self, ranks: Mapping[int, int], hang: HangConfig | None) -> None:
         self._ranks = dict(ranks)
         self._judge = hang is not None
-        self._detector = HangDetector(hang or HangConfig())
+        config = hang or HangConfig()
+        self._detector = HangDetector(config)
         self._seen: dict[int, SlotReading] = {}
         self._last_time: dict[int, float] = {}
         self._started = False
+        self._marks: dict[int, int] = {}  # global rank -> step marks seen from it
+        self._marks_to_judge = max(config.warmup_steps + config.min_step_samples, 1)
 
     @property
     def reporting(self) -> bool:
@@ -54,6 +61,13 @@ class StepWatch:
                 continue
             before = self._seen.get(local_rank)
             if before is not None and before.seq == reading.seq:
+                continue
+            old_step = before.step if before is not None else 0
+            old_phase = before.phase if before is not None else "train"
+            if reading.step > old_step:
+                self._marks[rank] = self._marks.get(rank, 0) + 1
+            elif reading.phase == old_phase:
+                self._seen[local_rank] = reading  # samples only: a count, not a step
                 continue
             if not self._started:
                 # Every worker is expected from the first report of any: they run the same script,
@@ -89,7 +103,8 @@ class StepWatch:
         """The hang detector's verdict at `now`; None while hangs are not judged or nobody reported."""
         if not self._judge or not self._started:
             return None
-        return self._detector.check(now)
+        judged = {rank for rank, marks in self._marks.items() if marks >= self._marks_to_judge}
+        return self._detector.check(now, judged)
 
     def window_s(self) -> float | None:
         """The current window of the rank judged most leniently, for logs; None before reports."""

@@ -173,8 +173,15 @@ class MasterRuntime:
             if self._event_log is not None:
                 self._event_log.close()
         finally:
-            # Last, and even when closing failed: nothing of this master writes the directory any more.
-            if self._state_lock is not None:
+            # Last, and even when closing failed: nothing of this master writes the directory any
+            # more, unless its ticker is stuck in a write; then a second master must not start
+            # on the directory while it may still write, so the lock goes with the process.
+            if self._ticker is not None and self._ticker.is_alive():
+                _log.error(
+                    "the master's ticker did not stop within 30 s; the state directory stays locked until this "
+                    "process exits"
+                )
+            elif self._state_lock is not None:
                 self._state_lock.release()
 
     def __enter__(self) -> MasterRuntime:

@@ -43,7 +43,9 @@ class ReportQueue:
         self._cond = threading.Condition()
         self._pending: deque[tuple[Any, Any, str]] = deque()
         self._error: BaseException | None = None
-        self._thread: threading.Thread | None = None
+        # Set and cleared under the lock: a thread that decided to stop clears it before it
+        # lets go, so a report put after that always starts a new one.
+        self._delivering = False
         self._closed = False
 
     def __len__(self) -> int:
@@ -59,10 +61,9 @@ class ReportQueue:
         """Queue a report (`what` names it in messages) and make sure the thread delivers it.
 
         Raises:
-            BaseException: an earlier report failed for good (raised once).
+            RuntimeError: the queue is closed; nothing was queued.
         """
         with self._cond:
-            self.raise_error()
             if self._closed:
                 raise RuntimeError(f"{what}: the shard client is closed")
             self._pending.append((method, request, what))
@@ -70,9 +71,9 @@ class ReportQueue:
                 _log.warning(
                     "%s queued: the master cannot be reached; training goes on and it is sent when it is back", what
                 )
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._deliver, name=self._name, daemon=True)
-                self._thread.start()
+            if not self._delivering:
+                self._delivering = True
+                threading.Thread(target=self._deliver, name=self._name, daemon=True).start()
 
     def raise_error(self) -> None:
         """Raise (once) the error that stopped delivery, if any."""
@@ -123,6 +124,7 @@ class ReportQueue:
         while True:
             with self._cond:
                 if not self._pending or self._closed:
+                    self._delivering = False
                     self._cond.notify_all()
                     return
                 method, request, what = self._pending[0]

@@ -124,7 +124,7 @@ class ShardClient:
         # Request ids: one random prefix per client and a counter, unique without a syscall per call.
         self._id_prefix = uuid.uuid4().hex[:16]
         self._ids = itertools.count()
-        self._reports = ReportQueue(self._call, f"shard-reports-{worker}", self._clock)
+        self._reports = ReportQueue(_sender(self._config.retry, self._clock), f"shard-reports-{worker}", self._clock)
         # A script that exits without closing still delivers its queued reports first.
         self._deliver_at_exit = weakref.finalize(self, self._reports.close, self._config.retry.total_timeout_s)
         self._first_try = attrs.evolve(self._config.retry, max_attempts=1)
@@ -151,20 +151,26 @@ class ShardClient:
         return self._call(method, request)
 
     def _report(self, method: Any, request: Any, what: str) -> ReportResult:
+        # This report is sent or queued first; then an earlier queued report's failure is raised,
+        # so the caller hears of it without this one being lost.
+        result = self._send_or_queue(method, request, what)
         self._reports.raise_error()
-        if self._config.queue_reports:
-            if self._reports.busy():
-                self._reports.put(method, request, what)
-                return ReportResult(False, f"{what} queued behind earlier reports", pending=True)
-            try:
-                res = call_unary(method, request, idempotent=True, policy=self._first_try, clock=self._clock)
-            except RpcError as exc:
-                if exc.code not in RETRYABLE_CODES:
-                    raise
-                self._reports.put(method, request, what)
-                return ReportResult(False, f"{what} queued: {exc.code.name} from the master", pending=True)
-        else:
+        return result
+
+    def _send_or_queue(self, method: Any, request: Any, what: str) -> ReportResult:
+        if not self._config.queue_reports:
             res = self._call(method, request)
+            return ReportResult(res.changed, res.reason)
+        if self._reports.busy():
+            self._reports.put(method, request, what)
+            return ReportResult(False, f"{what} queued behind earlier reports", pending=True)
+        try:
+            res = call_unary(method, request, idempotent=True, policy=self._first_try, clock=self._clock)
+        except RpcError as exc:
+            if exc.code not in RETRYABLE_CODES:
+                raise
+            self._reports.put(method, request, what)
+            return ReportResult(False, f"{what} queued: {exc.code.name} from the master", pending=True)
         return ReportResult(res.changed, res.reason)
 
     # ------------------------------------------------------------------ requests
@@ -400,3 +406,16 @@ class ShardClient:
                             self._buffer.remove(shard)
                     continue
                 raise
+
+
+def _sender(policy: RetryPolicy, clock: Clock) -> Any:
+    """How queued reports are sent: retried as the client's calls are.
+
+    It must not refer to the client: the exit-time finalizer holds it, and an object its own
+    finalizer refers to is never collected.
+    """
+
+    def send(method: Any, request: Any) -> Any:
+        return call_unary(method, request, idempotent=True, policy=policy, clock=clock)
+
+    return send

@@ -316,6 +316,8 @@ def load_manager_state(manager: ShardManager, state: dict[str, Any]) -> tuple[Sh
         if sid in seen:
             raise _bad(f"shard {sid} appears in more than one state")
         seen.add(sid)
+    if n is not None:
+        _check_dispatched(manager, epoch=epoch, cursor=cursor, queue=queue, failed=failed, leases=leases, books=books)
     manager._restore_internals(
         epoch=epoch,
         cursor=cursor,
@@ -334,6 +336,37 @@ def load_manager_state(manager: ShardManager, state: dict[str, Any]) -> tuple[Sh
     manager._restore_leases(leases, replies)
     in_flight = _field(state, "in_flight", list, "state")
     return manager, len(in_flight)
+
+
+def _check_dispatched(
+    manager: ShardManager,
+    *,
+    epoch: int,
+    cursor: int,
+    queue: list[Parked],
+    failed: list[FailedShard],
+    leases: list[tuple[str, Parked]],
+    books: dict[int, tuple[set[int], int]],
+) -> None:
+    """Refuse a bounded dataset's state whose queued, failed or leased shard was never handed out.
+
+    Such a shard is still in the fresh permutation (a later epoch, or at or past the cursor of
+    the current one), so it would be handed out a second time; a queued or leased one must also
+    belong to an epoch that is not finished (one with a book).
+    """
+    n = manager.num_shards_per_epoch
+    assert n is not None
+    perm = manager._permutation(epoch) if epoch >= 0 else None
+    fresh_now = set(range(cursor, n)) if perm is None else set(perm[cursor:])
+    for where, sid, shard_epoch, needs_book in (
+        *(("queued", p.shard_id, p.epoch, True) for p in queue),
+        *(("leased", p.shard_id, p.epoch, True) for _, p in leases),
+        *(("failed", f.shard.shard_id, f.shard.epoch, False) for f in failed),
+    ):
+        if shard_epoch > epoch or (shard_epoch == epoch and sid % n in fresh_now):
+            raise _bad(f"{where} shard {sid} was never handed out (epoch {epoch}, cursor {cursor})")
+        if needs_book and shard_epoch not in books:
+            raise _bad(f"{where} shard {sid} belongs to epoch {shard_epoch}, which the state records as finished")
 
 
 def _leases_from(manager: ShardManager, state: dict[str, Any]) -> list[tuple[str, Parked]]:
