@@ -70,6 +70,8 @@ class ShardMachine(RuleBasedStateMachine):
         self.trained: dict[int, Counter[int]] = {}  # epoch -> sample -> times trained
         self.acked_samples: dict[int, Counter[int]] = {}  # epoch -> sample -> times acknowledged
         self.restarts = 0
+        self.last_done: dict[str, tuple[int, str]] = {}  # worker -> (shard, request id) of its newest done
+        self.request_ids = 0
 
     # ------------------------------------------------------------------ set-up
 
@@ -217,7 +219,10 @@ class ShardMachine(RuleBasedStateMachine):
     def done(self, data: st.DataObject) -> None:
         worker, sid = data.draw(st.sampled_from(self._held()))
         lo, hi = self._bounds(sid)
-        self.m.report_done(worker, sid)
+        self.request_ids += 1
+        request_id = f"done-{self.request_ids}"
+        self.m.report_done(worker, sid, request_id=request_id)
+        self.last_done[worker] = (sid, request_id)
         self._train(sid, hi - lo, worker)
         del self.holder[sid]
         del self.deadline[sid]
@@ -236,6 +241,7 @@ class ShardMachine(RuleBasedStateMachine):
 
     @rule(worker=st.sampled_from(WORKERS))
     def worker_dies(self, worker: str) -> None:
+        self.last_done.pop(worker, None)  # its replies are forgotten with it
         ids = self.m.remove_worker(worker, "killed")
         assert ids == sorted(s for s, w in self.holder.items() if w == worker)
         # A dead worker may have trained some samples it never acknowledged (at-least-once repeats them).
@@ -273,6 +279,7 @@ class ShardMachine(RuleBasedStateMachine):
 
     @rule(fresh_registry=st.booleans())
     def checkpoint_and_restore(self, fresh_registry: bool) -> None:
+        self.last_done.clear()  # a user's restore starts a new manager, with no replies
         doc = self.registry.checkpoint("ds")
         if fresh_registry:  # the master restarted: a new manager built from the checkpoint
             self.registry = ShardRegistry(self.clock)
@@ -302,6 +309,16 @@ class ShardMachine(RuleBasedStateMachine):
         assert self.registry.checkpoint("ds", include_leases=True) == doc
         for sid in self.holder:
             self.deadline[sid] = self.clock.now() + LEASE_S
+
+    @precondition(lambda self: bool(self.last_done))
+    @rule(data=st.data())
+    def a_done_is_sent_again(self, data: st.DataObject) -> None:
+        """A done whose answer was lost is sent again, also to a master restarted since: answered, not applied."""
+        worker = data.draw(st.sampled_from(sorted(self.last_done)))
+        sid, request_id = self.last_done[worker]
+        before = self.registry.checkpoint("ds", include_leases=True)
+        assert self.m.report_done(worker, sid, request_id=request_id).changed
+        assert self.registry.checkpoint("ds", include_leases=True) == before
 
     # ------------------------------------------------------------------ invariants
 
