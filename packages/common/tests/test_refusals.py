@@ -113,6 +113,18 @@ def test_the_log_writes_one_warning_per_reason_per_interval_with_the_count(caplo
     assert all(r.levelno == logging.WARNING for r in caplog.records)
 
 
+def test_a_burst_that_ends_in_silence_is_counted_when_the_log_is_flushed(caplog: pytest.LogCaptureFixture) -> None:
+    log = RefusalLog(logging.getLogger("test.refusals"), ManualClock(), 30.0)
+    with caplog.at_level(logging.WARNING, logger="test.refusals"):
+        for _ in range(7):
+            log.refused(Refusal(BAD_TOKEN, "/s/M", "ipv4:127.0.0.1:5000", "wrong job token"))
+        log.flush()
+        log.flush()  # nothing more to say
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2, lines
+    assert lines[1].startswith("6 more bad_token refusals since the last such line were not logged")
+
+
 def test_an_observer_that_raises_fails_neither_the_call_nor_the_others(caplog: pytest.LogCaptureFixture) -> None:
     class Broken:
         def refused(self, refusal: Refusal) -> None:
@@ -191,7 +203,9 @@ def test_refusals_are_logged_by_the_server_itself(token: str, caplog: pytest.Log
         for _ in range(3):
             assert _raw(plain, b"") is grpc.StatusCode.UNAUTHENTICATED
     lines = [r.getMessage() for r in caplog.records if r.name == "dlrover.common.refusals"]
-    assert len(lines) == 1, lines
+    # One line while it served; the two held back are counted as the server stops.
+    assert len(lines) == 2, lines
+    assert lines[1].startswith("2 more missing_token refusals")
     assert "missing_token" in lines[0]
     assert "127.0.0.1" in lines[0]
     assert PING in lines[0]

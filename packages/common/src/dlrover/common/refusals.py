@@ -136,6 +136,11 @@ class LogRateLimiter:
         self._last[key] = now
         return self._held_back.pop(key, 0)
 
+    def take_held_back(self) -> dict[str, int]:
+        """Every key's count of lines held back since its last written one, cleared: for a last word."""
+        held, self._held_back = self._held_back, {}
+        return held
+
 
 class RefusalLog:
     """A `RefusalObserver` that logs a WARNING per refused call, at most once per reason per interval.
@@ -152,6 +157,19 @@ class RefusalLog:
         self._interval_s = interval_s
         self._limiter = LogRateLimiter(interval_s)
         self._lock = threading.Lock()
+
+    def flush(self) -> None:
+        """Log how many refusals of each reason were held back since its last line (a server stopping
+        calls this, so a burst that ended in silence is still counted in the log)."""
+        with self._lock:
+            held = self._limiter.take_held_back()
+        for reason, count in sorted(held.items()):
+            self._logger.warning(
+                "%d more %s refusals since the last such line were not logged (at most one line per reason every %g s)",
+                count,
+                reason,
+                self._interval_s,
+            )
 
     def refused(self, refusal: Refusal) -> None:
         """Log `refusal` unless a line of its reason was written less than `interval_s` ago."""

@@ -120,10 +120,8 @@ class GrpcServer:
         clock: Clock | None = None,
     ) -> None:
         self._config = config
-        observers = (
-            RefusalLog(_refusal_log, clock or SystemClock(), config.refusal_log_interval_s),
-            *refusal_observers,
-        )
+        self._refusal_log = RefusalLog(_refusal_log, clock or SystemClock(), config.refusal_log_interval_s)
+        observers = (self._refusal_log, *refusal_observers)
         self._executor = futures.ThreadPoolExecutor(max_workers=config.max_workers, thread_name_prefix="dlrover-grpc")
         self._server = grpc.server(
             self._executor,
@@ -191,6 +189,7 @@ class GrpcServer:
         grace = self._config.stop_grace_s if grace_s is None else grace_s
         self._server.stop(grace).wait()
         self._executor.shutdown(wait=True)
+        self._refusal_log.flush()
 
     def wait(self, timeout_s: float | None = None) -> bool:
         """Block until the server stops or `timeout_s` passes; True if it stopped."""
