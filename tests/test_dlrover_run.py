@@ -11,7 +11,7 @@ import sys
 import tempfile
 import textwrap
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -64,44 +64,14 @@ def run_dir(tmp_path: Path) -> Path:
     return tmp_path
 
 
-@pytest.fixture
-def spawn() -> Iterator[list[subprocess.Popen[str]]]:
-    procs: list[subprocess.Popen[str]] = []
-    yield procs
-    for proc in procs:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-
-
-def _dlrover_run(
-    spawn: list[subprocess.Popen[str]], run_dir: Path, *args: str, log_dir: bool = True
-) -> subprocess.Popen[str]:
-    """`dlrover-run --standalone` in `run_dir` (without `log_dir`: no --log-dir, so the worker logs
-    go to ./dlrover-logs there)."""
-    cmd = [
-        sys.executable, "-m", "dlrover.launcher.cli", "--standalone", "--nproc-per-node=2",
-        *([f"--log-dir={run_dir / 'logs'}"] if log_dir else []),
-        "--monitor-interval=0.05", "--heartbeat-interval=0.5", *args,
-    ]  # fmt: skip
-    env = {**os.environ, "DLROVER_LOG_LEVEL": "INFO"}
-    env.pop("DLROVER_JOB_TOKEN", None)
-    env.pop("DLROVER_JOB_TOKEN_FILE", None)
-    proc = subprocess.Popen(
-        cmd, cwd=run_dir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
-    )
-    spawn.append(proc)
-    return proc
-
-
 @pytest.mark.parametrize("prewarm", [False, True])
 def test_a_killed_worker_is_restarted_and_the_job_finishes(
-    run_dir: Path, spawn: list[subprocess.Popen[str]], prewarm: bool
+    run_dir: Path, dlrover_run: Callable[..., subprocess.Popen[str]], prewarm: bool
 ) -> None:
     # The kill comes before any flash checkpoint: the restart's standbys start when the group stops.
     # Standby workers are the default; --prewarm=none asks for fresh ones.
     flags = ["--max-restarts=2", *([] if prewarm else ["--prewarm=none"])]
-    proc = _dlrover_run(spawn, run_dir, *flags, str(run_dir / "train.py"), str(run_dir / "out"), "3")
+    proc = dlrover_run(run_dir, *flags, str(run_dir / "train.py"), str(run_dir / "out"), "3")
     output, _ = proc.communicate(timeout=240)
     assert proc.returncode == 0, output
     result = json.loads((run_dir / "out" / "result.json").read_text())
@@ -119,9 +89,11 @@ def test_a_killed_worker_is_restarted_and_the_job_finishes(
     assert "after 1 restart(s)" in summary[-1], output
 
 
-def test_a_hung_worker_is_detected_and_restarted(run_dir: Path, spawn: list[subprocess.Popen[str]]) -> None:
+def test_a_hung_worker_is_detected_and_restarted(
+    run_dir: Path, dlrover_run: Callable[..., subprocess.Popen[str]]
+) -> None:
     args = [str(run_dir / "train.py"), str(run_dir / "out"), "3", "STOP"]
-    proc = _dlrover_run(spawn, run_dir, "--max-restarts=2", "--hang-timeout=3", *args)
+    proc = dlrover_run(run_dir, "--max-restarts=2", "--hang-timeout=3", *args)
     output, _ = proc.communicate(timeout=240)
     assert proc.returncode == 0, output
     result = json.loads((run_dir / "out" / "result.json").read_text())
@@ -147,24 +119,26 @@ FLAKY = textwrap.dedent(
 )
 
 
-def _run_flaky(spawn: list[subprocess.Popen[str]], run_dir: Path, max_restarts: int) -> tuple[int, str, dict[int, str]]:
+def _run_flaky(
+    dlrover_run: Callable[..., subprocess.Popen[str]], run_dir: Path, max_restarts: int
+) -> tuple[int, str, dict[int, str]]:
     """Run FLAKY failing 4 times under `--max-restarts`; (exit status, output, mark of each attempt)."""
     script = run_dir / "flaky.py"
     script.write_text(FLAKY)
     out = run_dir / "out"
     flags = ["--nproc-per-node=1", f"--max-restarts={max_restarts}", "--prewarm=none"]
-    proc = _dlrover_run(spawn, run_dir, *flags, str(script), str(out), "4")
+    proc = dlrover_run(run_dir, *flags, str(script), str(out), "4")
     output, _ = proc.communicate(timeout=240)
     marks = {int(p.stem.removeprefix("attempt-")): p.read_text() for p in out.glob("attempt-*.txt")}
     return proc.returncode, output, marks
 
 
 def test_max_restarts_beyond_the_masters_defaults_lets_a_flaky_worker_finish(
-    run_dir: Path, spawn: list[subprocess.Popen[str]]
+    run_dir: Path, dlrover_run: Callable[..., subprocess.Popen[str]]
 ) -> None:
     # As under torchrun: --max-restarts=5 restarts the workers up to 5 times; the embedded master
     # takes its budget from the agent and, relaunching no node, restarts them in place.
-    code, output, marks = _run_flaky(spawn, run_dir, 5)
+    code, output, marks = _run_flaky(dlrover_run, run_dir, 5)
     assert code == 0, output
     assert marks == {attempt: "5" for attempt in range(5)}, output
     summary = [line for line in output.splitlines() if "finished with exit code 0" in line]
@@ -175,9 +149,9 @@ def test_max_restarts_beyond_the_masters_defaults_lets_a_flaky_worker_finish(
 
 
 def test_a_worker_failing_past_max_restarts_ends_the_job_with_the_reason(
-    run_dir: Path, spawn: list[subprocess.Popen[str]]
+    run_dir: Path, dlrover_run: Callable[..., subprocess.Popen[str]]
 ) -> None:
-    code, output, marks = _run_flaky(spawn, run_dir, 3)
+    code, output, marks = _run_flaky(dlrover_run, run_dir, 3)
     assert code == 1, output
     assert sorted(marks) == [0, 1, 2, 3], output
     summary = [line for line in output.splitlines() if "finished with exit code 1" in line]
@@ -188,10 +162,12 @@ def test_a_worker_failing_past_max_restarts_ends_the_job_with_the_reason(
     assert "transient fault on attempt 3" in output
 
 
-def test_a_user_code_error_stops_the_job_instead_of_looping(run_dir: Path, spawn: list[subprocess.Popen[str]]) -> None:
+def test_a_user_code_error_stops_the_job_instead_of_looping(
+    run_dir: Path, dlrover_run: Callable[..., subprocess.Popen[str]]
+) -> None:
     bad = run_dir / "bad.py"
     bad.write_text("import this_module_does_not_exist_anywhere\n")
-    proc = _dlrover_run(spawn, run_dir, "--max-restarts=5", str(bad))
+    proc = dlrover_run(run_dir, "--max-restarts=5", str(bad))
     output, _ = proc.communicate(timeout=240)
     assert proc.returncode != 0
     summary = [line for line in output.splitlines() if "finished with exit code" in line]
@@ -218,12 +194,12 @@ COMMUNICATION_FAILURE = textwrap.dedent(
 
 
 def test_the_stop_reason_of_a_communication_failure_names_what_happened(
-    run_dir: Path, spawn: list[subprocess.Popen[str]]
+    run_dir: Path, dlrover_run: Callable[..., subprocess.Popen[str]]
 ) -> None:
     script = run_dir / "comm.py"
     script.write_text(COMMUNICATION_FAILURE)
     flags = ["--nproc-per-node=1", "--max-restarts=2", "--prewarm=none"]
-    proc = _dlrover_run(spawn, run_dir, *flags, str(script))
+    proc = dlrover_run(run_dir, *flags, str(script))
     output, _ = proc.communicate(timeout=240)
     assert proc.returncode == 1, output
     summary = [line for line in output.splitlines() if "finished with exit code 1 after 2 restart(s)" in line]
@@ -329,12 +305,12 @@ FAILING = textwrap.dedent(
 
 
 def test_a_failing_scripts_traceback_is_printed_once_from_its_own_frame_and_its_log_outlives_the_run(
-    run_dir: Path, spawn: list[subprocess.Popen[str]]
+    run_dir: Path, dlrover_run: Callable[..., subprocess.Popen[str]]
 ) -> None:
     script = run_dir / "failing.py"
     script.write_text(FAILING)
     # No --log-dir: the logs go to ./dlrover-logs, in the (temporary) directory it runs in.
-    proc = _dlrover_run(spawn, run_dir, "--max-restarts=2", str(script), log_dir=False)
+    proc = dlrover_run(run_dir, "--max-restarts=2", str(script), log_dir=False)
     output, _ = proc.communicate(timeout=240)
     assert proc.returncode == 1, output
     lines = output.splitlines()
@@ -367,11 +343,13 @@ def test_a_failing_scripts_traceback_is_printed_once_from_its_own_frame_and_its_
     assert failed.endswith(f": ValueError: bad batch in the user's code; its whole output: {stderr_log}"), failed
 
 
-def test_log_cleanup_on_success_removes_the_runs_logs(run_dir: Path, spawn: list[subprocess.Popen[str]]) -> None:
+def test_log_cleanup_on_success_removes_the_runs_logs(
+    run_dir: Path, dlrover_run: Callable[..., subprocess.Popen[str]]
+) -> None:
     script = run_dir / "fine.py"
     script.write_text("print('done')\n")
     flags = ["--log-cleanup=on-success", "--prewarm=none", "--nproc-per-node=1"]
-    proc = _dlrover_run(spawn, run_dir, *flags, str(script), log_dir=False)
+    proc = dlrover_run(run_dir, *flags, str(script), log_dir=False)
     output, _ = proc.communicate(timeout=240)
     assert proc.returncode == 0, output
     assert output.splitlines()[-1].endswith("; worker logs removed (--log-cleanup=on-success)"), output
@@ -382,10 +360,12 @@ def _children_of(pid: int) -> list[int]:
     return [c.pid for c in psutil.Process(pid).children() if _alive(c.pid)]
 
 
-def test_killing_the_agent_takes_its_workers_with_it(run_dir: Path, spawn: list[subprocess.Popen[str]]) -> None:
+def test_killing_the_agent_takes_its_workers_with_it(
+    run_dir: Path, dlrover_run: Callable[..., subprocess.Popen[str]]
+) -> None:
     sleeper = run_dir / "sleep.py"
     sleeper.write_text("import time\ntime.sleep(600)\n")
-    proc = _dlrover_run(spawn, run_dir, str(sleeper))
+    proc = dlrover_run(run_dir, str(sleeper))
     deadline = time.monotonic() + 120
     workers: list[int] = []
     while len(workers) < 2:
@@ -529,12 +509,12 @@ STUBBORN = textwrap.dedent(
 
 
 def test_sigterm_persists_the_newest_snapshot_stops_stubborn_workers_and_leaves_nothing(
-    run_dir: Path, spawn: list[subprocess.Popen[str]]
+    run_dir: Path, dlrover_run: Callable[..., subprocess.Popen[str]]
 ) -> None:
     script = run_dir / "stubborn.py"
     script.write_text(STUBBORN)
     out, ckpt_dir = run_dir / "out", run_dir / "ckpt"
-    proc = _dlrover_run(spawn, run_dir, "--shutdown-grace=1", str(script), str(out), str(ckpt_dir))
+    proc = dlrover_run(run_dir, "--shutdown-grace=1", str(script), str(out), str(ckpt_dir))
     deadline = time.monotonic() + 180
     while not all((out / f"rank{r}.pid").exists() for r in range(2)):
         assert proc.poll() is None, proc.communicate()[0]
@@ -591,13 +571,13 @@ FORWARDED = textwrap.dedent(
 
 
 def test_a_signal_in_signals_to_handle_is_forwarded_to_the_workers_as_torchrun_does(
-    run_dir: Path, spawn: list[subprocess.Popen[str]]
+    run_dir: Path, dlrover_run: Callable[..., subprocess.Popen[str]]
 ) -> None:
     script = run_dir / "forwarded.py"
     script.write_text(FORWARDED)
     out = run_dir / "out"
     out.mkdir(exist_ok=True)
-    proc = _dlrover_run(spawn, run_dir, "--signals-to-handle=SIGTERM,SIGUSR1", str(script), str(out))
+    proc = dlrover_run(run_dir, "--signals-to-handle=SIGTERM,SIGUSR1", str(script), str(out))
     deadline = time.monotonic() + 180
     while not all((out / f"ready{r}").exists() for r in range(2)):
         assert proc.poll() is None, proc.communicate()[0]
@@ -701,14 +681,14 @@ def _torchrun(spawn: list[subprocess.Popen[str]], run_dir: Path, logs: str, *arg
 
 
 def test_the_one_line_checkpointer_resumes_from_memory_after_a_kill_under_dlrover_run(
-    run_dir: Path, spawn: list[subprocess.Popen[str]]
+    run_dir: Path, dlrover_run: Callable[..., subprocess.Popen[str]]
 ) -> None:
     from dlrover.flashckpt.job_env import run_id_for
 
     script = run_dir / "one_liner.py"
     script.write_text(ONE_LINER)
     out, ckpt_dir = run_dir / "out", run_dir / "ckpt"
-    proc = _dlrover_run(spawn, run_dir, "--max-restarts=2", str(script), str(out), str(ckpt_dir), "3")
+    proc = dlrover_run(run_dir, "--max-restarts=2", str(script), str(out), str(ckpt_dir), "3")
     output, _ = proc.communicate(timeout=240)
     assert proc.returncode == 0, output
     _check_result(out, ckpt_dir)

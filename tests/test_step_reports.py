@@ -4,14 +4,11 @@ dumped and restarted; a rank slowed at runtime reported as a straggler; a user e
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
 import subprocess
-import sys
 import textwrap
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -79,31 +76,6 @@ USER_ERROR = textwrap.dedent(
 )
 
 
-@pytest.fixture
-def spawn() -> Iterator[list[subprocess.Popen[str]]]:
-    procs: list[subprocess.Popen[str]] = []
-    yield procs
-    for proc in procs:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-
-
-def _dlrover_run(spawn: list[subprocess.Popen[str]], run_dir: Path, *args: str) -> subprocess.Popen[str]:
-    cmd = [
-        sys.executable, "-m", "dlrover.launcher.cli", "--standalone", "--nproc-per-node=2",
-        f"--log-dir={run_dir / 'logs'}", "--monitor-interval=0.05", "--heartbeat-interval=0.5", *args,
-    ]  # fmt: skip
-    env = {**os.environ, "DLROVER_LOG_LEVEL": "INFO"}
-    env.pop("DLROVER_JOB_TOKEN", None)
-    env.pop("DLROVER_JOB_TOKEN_FILE", None)
-    proc = subprocess.Popen(
-        cmd, cwd=run_dir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
-    )
-    spawn.append(proc)
-    return proc
-
-
 _HANG = re.compile(
     r"no step progress from rank\(s\) (?P<ranks>[\d, ]+); rank (?P<rank>\d+) has been stalled for "
     r"(?P<stalled>[\d.]+) s, longer than its window of (?P<window>[\d.]+) s \((?P<why>[^\n]*)\)"
@@ -111,13 +83,13 @@ _HANG = re.compile(
 
 
 def test_a_rank_blocked_in_a_collective_is_found_dumped_and_restarted(
-    tmp_path: Path, spawn: list[subprocess.Popen[str]]
+    tmp_path: Path, dlrover_run: Callable[..., subprocess.Popen[str]]
 ) -> None:
     (tmp_path / "train.py").write_text(COLLECTIVE_HANG)
     (tmp_path / "out").mkdir()
     floor_s = 3.0
-    proc = _dlrover_run(
-        spawn, tmp_path, "--max-restarts=2", "--hang-timeout=0", "--hang-step-factor=5",
+    proc = dlrover_run(
+        tmp_path, "--max-restarts=2", "--hang-timeout=0", "--hang-step-factor=5",
         f"--hang-step-floor={floor_s}", "--hang-first-steps=120", "--stack-dump-timeout=20",
         str(tmp_path / "train.py"), str(tmp_path / "out"),
     )  # fmt: skip
@@ -150,12 +122,12 @@ def test_a_rank_blocked_in_a_collective_is_found_dumped_and_restarted(
 
 
 def test_a_rank_slowed_at_runtime_is_reported_as_a_straggler(
-    tmp_path: Path, spawn: list[subprocess.Popen[str]]
+    tmp_path: Path, dlrover_run: Callable[..., subprocess.Popen[str]]
 ) -> None:
     (tmp_path / "train.py").write_text(RUNTIME_SLOWDOWN)
     out = tmp_path / "out"
     out.mkdir()
-    proc = _dlrover_run(spawn, tmp_path, "--hang-timeout=0", str(tmp_path / "train.py"), str(out))
+    proc = dlrover_run(tmp_path, "--hang-timeout=0", str(tmp_path / "train.py"), str(out))
     events: list[dict[str, object]] = []
     try:
         while not events:
@@ -177,9 +149,11 @@ def test_a_rank_slowed_at_runtime_is_reported_as_a_straggler(
     assert "straggler(s) rank 1" in output
 
 
-def test_a_user_code_error_still_stops_after_one_attempt(tmp_path: Path, spawn: list[subprocess.Popen[str]]) -> None:
+def test_a_user_code_error_still_stops_after_one_attempt(
+    tmp_path: Path, dlrover_run: Callable[..., subprocess.Popen[str]]
+) -> None:
     (tmp_path / "bad.py").write_text(USER_ERROR)
-    proc = _dlrover_run(spawn, tmp_path, "--max-restarts=5", "--hang-step-floor=1", str(tmp_path / "bad.py"))
+    proc = dlrover_run(tmp_path, "--max-restarts=5", "--hang-step-floor=1", str(tmp_path / "bad.py"))
     output, _ = proc.communicate(timeout=240)
     assert proc.returncode != 0
     summary = [line for line in output.splitlines() if "finished with exit code" in line]

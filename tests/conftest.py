@@ -1,0 +1,51 @@
+"""Fixtures of the cross-package tests: processes they start, and `dlrover-run --standalone` with
+one command line and one environment for every test that runs the launcher on one node."""
+
+from __future__ import annotations
+
+import functools
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture
+def spawn() -> Iterator[list[subprocess.Popen[str]]]:
+    """A list to add started processes to; each one still running is killed with its session at the end."""
+    procs: list[subprocess.Popen[str]] = []
+    yield procs
+    for proc in procs:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+@pytest.fixture
+def dlrover_run(spawn: list[subprocess.Popen[str]]) -> Callable[..., subprocess.Popen[str]]:
+    """`dlrover_run(run_dir, *args, log_dir=True)`: `dlrover-run --standalone --nproc-per-node=2` started
+    in `run_dir` with `args`, its output piped, cleaned up with `spawn`."""
+    return functools.partial(_start_dlrover_run, spawn)
+
+
+def _start_dlrover_run(
+    spawn: list[subprocess.Popen[str]], run_dir: Path, *args: str, log_dir: bool = True
+) -> subprocess.Popen[str]:
+    # Without `log_dir` no --log-dir is given, so the worker logs go to ./dlrover-logs in `run_dir`.
+    cmd = [
+        sys.executable, "-m", "dlrover.launcher.cli", "--standalone", "--nproc-per-node=2",
+        *([f"--log-dir={run_dir / 'logs'}"] if log_dir else []),
+        "--monitor-interval=0.05", "--heartbeat-interval=0.5", *args,
+    ]  # fmt: skip
+    env = {**os.environ, "DLROVER_LOG_LEVEL": "INFO"}
+    env.pop("DLROVER_JOB_TOKEN", None)
+    env.pop("DLROVER_JOB_TOKEN_FILE", None)
+    proc = subprocess.Popen(
+        cmd, cwd=run_dir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
+    spawn.append(proc)
+    return proc
