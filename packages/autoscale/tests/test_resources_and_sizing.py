@@ -20,6 +20,7 @@ from dlrover.autoscale import (
     SizingConfig,
     UsageSample,
     diff_to_target,
+    parse_memory_mb,
     size_ps_options,
     size_worker_options,
 )
@@ -59,6 +60,50 @@ def test_resources_json_round_trip_and_errors() -> None:
     assert Resources.from_json(r.to_json()) == r
     with pytest.raises(ConfigError, match="lack the field 'cpu'"):
         Resources.from_json({"memory_mb": 1})
+
+
+def test_accelerator_type_is_validated_matched_and_round_trips() -> None:
+    h100 = Resources(8, 65536, 8, gpu_type="nvidia-h100")
+    assert Resources.from_json(h100.to_json()) == h100
+    assert "gpu_type" not in Resources(1, 1024, 1).to_json()  # rows written before types existed read the same
+    assert h100.describe() == "8cpu/65536MiB/8gpu(nvidia-h100)"
+    assert Resources(1, 1024, 1, gpu_type="nvidia-h100").fits_in(h100)
+    assert Resources(1, 1024, 1).fits_in(h100)  # no type asked: any type
+    a100 = Resources(1, 1024, 1, gpu_type="nvidia-a100")
+    assert not a100.fits_in(h100)
+    assert a100.exceeded_dimensions(h100) == ["gpu_type 'nvidia-a100' != 'nvidia-h100'"]
+    assert MachineShape("h", h100, 2).fits(a100) == 0
+    assert MachineShape("h", h100, 2).fits(Resources(1, 1024, 1, gpu_type="nvidia-h100")) == 8
+    with pytest.raises(ConfigError, match="gpu_type 'nvidia-h100' is given with gpu=0"):
+        Resources(1, 1024, gpu_type="nvidia-h100")
+    with pytest.raises(ConfigError, match="'bad type!' is not an accelerator type"):
+        Resources(1, 1024, 1, gpu_type="bad type!")
+    with pytest.raises(ConfigError, match="gpu_type must be a string"):
+        Resources(1, 1024, 1, gpu_type=3)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("text", "mib"),
+    [("2048", 2048), ("512Mi", 512), ("512MiB", 512), ("8Gi", 8192), ("1.5gi", 1536), ("1Ti", 1 << 20),
+     ("4096Ki", 4), ("1Ki", 1), (" 300 Mi ", 300), ("0.5", 1)],
+)  # fmt: skip
+def test_memory_sizes_parse_to_whole_mib(text: str, mib: int) -> None:
+    assert parse_memory_mb(text) == mib
+
+
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [("8G", "not understood"), ("", "not understood"), ("-1Gi", "not understood"), ("lots", "not understood"),
+     ("1e3", "not understood"), ("0", "below 1 MiB"), ("0Ki", "below 1 MiB")],
+)  # fmt: skip
+def test_malformed_memory_sizes_are_refused_naming_the_value(text: str, match: str) -> None:
+    with pytest.raises(ConfigError, match=match) as info:
+        parse_memory_mb(text)
+    assert repr(text) in str(info.value)
+
+
+def test_roles_cover_parameter_server_jobs() -> None:
+    assert [r.value for r in Role] == ["worker", "ps", "chief", "evaluator"]
 
 
 def test_diff_to_target_keeps_oldest_and_resizes_changed() -> None:
@@ -116,3 +161,19 @@ def test_ps_sizing_from_load() -> None:
 def test_bad_usage_is_rejected(make: object, error: type[Exception], match: str) -> None:
     with pytest.raises(error, match=match):
         make()  # type: ignore[operator]
+
+
+def test_every_public_name_resolves_lazily_to_its_modules_own() -> None:
+    import dlrover.autoscale
+    from dlrover.common.lazy import lazy_export_problems
+
+    assert lazy_export_problems(dlrover.autoscale, dlrover.autoscale._EXPORTS) == []
+
+
+@pytest.mark.timeout(120)
+def test_the_resource_vocabulary_and_the_oom_heuristic_load_no_solver() -> None:
+    # The master and every agent read Role and Resources; OR-tools takes half a second to import.
+    from dlrover.common.lazy import modules_loaded_by
+
+    statement = "from dlrover.autoscale import Resources, Role, parse_memory_mb, plan_oom_relaunch"
+    assert modules_loaded_by(statement, ("ortools", "pandas")) == []

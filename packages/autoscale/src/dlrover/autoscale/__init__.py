@@ -7,56 +7,122 @@
 - `profile_store`: past jobs in SQLite, and the initial plan of a job without resource configuration.
 
 Every producer returns a `ScalePlan` (launch, remove, resize) with the reason for it; none acts itself.
+
+Names are imported lazily: `from dlrover.autoscale import Resources` (the master and every agent read the
+resource vocabulary) does not load OR-tools, which only the planner needs.
 """
 
-from dlrover.autoscale.errors import AutoscaleError, InsufficientSamplesError, InvalidMetricError, ProfileStoreError
-from dlrover.autoscale.heuristics import (
-    ElasticConfig,
-    HotPsConfig,
-    OomConfig,
-    OomEvent,
-    PendingConfig,
-    PendingNode,
-    PsCpuSeries,
-    StragglerConfig,
-    WorkerSpeedSeries,
-    plan_hot_ps,
-    plan_oom_relaunch,
-    plan_pending,
-    plan_stragglers,
-    plan_toward_target,
-)
-from dlrover.autoscale.model import ThroughputModel, ThroughputSample, fit_throughput_model
-from dlrover.autoscale.plan import LaunchRequest, NodeState, ResizeRequest, ScalePlan, diff_to_target
-from dlrover.autoscale.planner import (
-    JobShape,
-    PlannerConfig,
-    PlanRequest,
-    PlanResult,
-    PlanStatus,
-    ResourcePlanner,
-    predicted_throughput,
-)
-from dlrover.autoscale.profile_store import (
-    SCHEMA_VERSION,
-    InitialPlan,
-    InitialPlanConfig,
-    JobFeatures,
-    JobOutcome,
-    JobProfile,
-    JobProfileStore,
-    initial_plan,
-)
-from dlrover.autoscale.resources import ClusterQuota, MachineShape, Resources, Role
-from dlrover.autoscale.sizing import (
-    PsLoadSample,
-    PsOption,
-    SizingConfig,
-    UsageSample,
-    WorkerOption,
-    size_ps_options,
-    size_worker_options,
-)
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from dlrover.common.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from dlrover.autoscale.errors import AutoscaleError, InsufficientSamplesError, InvalidMetricError, ProfileStoreError
+    from dlrover.autoscale.heuristics import (
+        ElasticConfig,
+        HotPsConfig,
+        OomConfig,
+        OomEvent,
+        PendingConfig,
+        PendingNode,
+        PsCpuSeries,
+        StragglerConfig,
+        WorkerSpeedSeries,
+        plan_hot_ps,
+        plan_oom_relaunch,
+        plan_pending,
+        plan_stragglers,
+        plan_toward_target,
+    )
+    from dlrover.autoscale.model import ThroughputModel, ThroughputSample, fit_throughput_model
+    from dlrover.autoscale.plan import LaunchRequest, NodeState, ResizeRequest, ScalePlan, diff_to_target
+    from dlrover.autoscale.planner import (
+        JobShape,
+        PlannerConfig,
+        PlanRequest,
+        PlanResult,
+        PlanStatus,
+        ResourcePlanner,
+        predicted_throughput,
+    )
+    from dlrover.autoscale.profile_store import (
+        SCHEMA_VERSION,
+        InitialPlan,
+        InitialPlanConfig,
+        JobFeatures,
+        JobOutcome,
+        JobProfile,
+        JobProfileStore,
+        initial_plan,
+    )
+    from dlrover.autoscale.resources import ClusterQuota, MachineShape, Resources, Role, parse_memory_mb
+    from dlrover.autoscale.sizing import (
+        PsLoadSample,
+        PsOption,
+        SizingConfig,
+        UsageSample,
+        WorkerOption,
+        size_ps_options,
+        size_worker_options,
+    )
+
+_EXPORTS: dict[str, str] = {
+    "AutoscaleError": "dlrover.autoscale.errors",
+    "InvalidMetricError": "dlrover.autoscale.errors",
+    "InsufficientSamplesError": "dlrover.autoscale.errors",
+    "ProfileStoreError": "dlrover.autoscale.errors",
+    "Role": "dlrover.autoscale.resources",
+    "Resources": "dlrover.autoscale.resources",
+    "parse_memory_mb": "dlrover.autoscale.resources",
+    "MachineShape": "dlrover.autoscale.resources",
+    "ClusterQuota": "dlrover.autoscale.resources",
+    "NodeState": "dlrover.autoscale.plan",
+    "LaunchRequest": "dlrover.autoscale.plan",
+    "ResizeRequest": "dlrover.autoscale.plan",
+    "ScalePlan": "dlrover.autoscale.plan",
+    "diff_to_target": "dlrover.autoscale.plan",
+    "ThroughputSample": "dlrover.autoscale.model",
+    "ThroughputModel": "dlrover.autoscale.model",
+    "fit_throughput_model": "dlrover.autoscale.model",
+    "UsageSample": "dlrover.autoscale.sizing",
+    "PsLoadSample": "dlrover.autoscale.sizing",
+    "WorkerOption": "dlrover.autoscale.sizing",
+    "PsOption": "dlrover.autoscale.sizing",
+    "SizingConfig": "dlrover.autoscale.sizing",
+    "size_worker_options": "dlrover.autoscale.sizing",
+    "size_ps_options": "dlrover.autoscale.sizing",
+    "PlannerConfig": "dlrover.autoscale.planner",
+    "PlanRequest": "dlrover.autoscale.planner",
+    "PlanResult": "dlrover.autoscale.planner",
+    "PlanStatus": "dlrover.autoscale.planner",
+    "JobShape": "dlrover.autoscale.planner",
+    "ResourcePlanner": "dlrover.autoscale.planner",
+    "predicted_throughput": "dlrover.autoscale.planner",
+    "OomConfig": "dlrover.autoscale.heuristics",
+    "OomEvent": "dlrover.autoscale.heuristics",
+    "plan_oom_relaunch": "dlrover.autoscale.heuristics",
+    "HotPsConfig": "dlrover.autoscale.heuristics",
+    "PsCpuSeries": "dlrover.autoscale.heuristics",
+    "plan_hot_ps": "dlrover.autoscale.heuristics",
+    "StragglerConfig": "dlrover.autoscale.heuristics",
+    "WorkerSpeedSeries": "dlrover.autoscale.heuristics",
+    "plan_stragglers": "dlrover.autoscale.heuristics",
+    "PendingConfig": "dlrover.autoscale.heuristics",
+    "PendingNode": "dlrover.autoscale.heuristics",
+    "plan_pending": "dlrover.autoscale.heuristics",
+    "ElasticConfig": "dlrover.autoscale.heuristics",
+    "plan_toward_target": "dlrover.autoscale.heuristics",
+    "SCHEMA_VERSION": "dlrover.autoscale.profile_store",
+    "JobFeatures": "dlrover.autoscale.profile_store",
+    "JobOutcome": "dlrover.autoscale.profile_store",
+    "JobProfile": "dlrover.autoscale.profile_store",
+    "JobProfileStore": "dlrover.autoscale.profile_store",
+    "InitialPlanConfig": "dlrover.autoscale.profile_store",
+    "InitialPlan": "dlrover.autoscale.profile_store",
+    "initial_plan": "dlrover.autoscale.profile_store",
+}
 
 __all__ = [
     # errors
@@ -67,6 +133,7 @@ __all__ = [
     # resources and plans
     "Role",
     "Resources",
+    "parse_memory_mb",
     "MachineShape",
     "ClusterQuota",
     "NodeState",
@@ -118,3 +185,5 @@ __all__ = [
     "InitialPlan",
     "initial_plan",
 ]
+
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -10,7 +10,7 @@ import attrs
 from dlrover.autoscale._validate import at_least_one, fraction, positive_int, positive_number
 from dlrover.autoscale.heuristics._series import as_series, validate_series, window
 from dlrover.autoscale.plan import LaunchRequest, NodeState, ResizeRequest, ScalePlan
-from dlrover.autoscale.resources import Resources, Role
+from dlrover.autoscale.resources import Role
 from dlrover.common import ConfigError
 
 __all__ = ["HotPsConfig", "PsCpuSeries", "plan_hot_ps"]
@@ -90,7 +90,7 @@ def plan_hot_ps(now_s: float, series: Sequence[PsCpuSeries], ps_count: int, conf
             config.max_node_cpu, math.ceil(r.cpu * config.cpu_growth_factor / config.cpu_step) * config.cpu_step
         )
         if grown > r.cpu:
-            resize.append(ResizeRequest(node.node_id, Role.PS, Resources(grown, r.memory_mb, r.gpu)))
+            resize.append(ResizeRequest(node.node_id, Role.PS, attrs.evolve(r, cpu=grown)))
             reasons.append(
                 f"PS {node.node_id} hot ({ratio:.0%} of {r.cpu:g} CPU for {config.hot_duration_s:g}s) -> {grown:g} CPU"
             )

@@ -6,7 +6,6 @@ import attrs
 
 from dlrover.autoscale._validate import at_least_one, check_count, check_metric, non_negative_int, positive_int
 from dlrover.autoscale.plan import NodeState, ResizeRequest, ScalePlan
-from dlrover.autoscale.resources import Resources
 
 __all__ = ["OomConfig", "OomEvent", "plan_oom_relaunch"]
 
@@ -80,7 +79,7 @@ def plan_oom_relaunch(event: OomEvent, config: OomConfig) -> ScalePlan:
         new = int(min(config.cap_mb, event.peak_memory_mb + config.min_step_mb))
     if new <= old:
         return ScalePlan.empty(f"{who} ran out of memory at {old} MiB and the configured growth adds nothing")
-    resources = Resources(cpu=node.resources.cpu, memory_mb=new, gpu=node.resources.gpu)
+    resources = attrs.evolve(node.resources, memory_mb=new)
     capped = " (capped)" if new == config.cap_mb else ""
     return ScalePlan(
         resize=[ResizeRequest(node.node_id, node.role, resources)],

@@ -42,7 +42,7 @@ class PendingConfig:
             min(self.min_request.memory_mb, r.memory_mb),
             (int(r.memory_mb * self.shrink_factor) // self.memory_step_mb) * self.memory_step_mb,
         )
-        return Resources(cpu=cpu, memory_mb=mem, gpu=r.gpu)
+        return attrs.evolve(r, cpu=cpu, memory_mb=mem)
 
 
 @attrs.frozen
