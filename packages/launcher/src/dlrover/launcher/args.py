@@ -12,7 +12,7 @@ import os
 import re
 import signal
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
@@ -21,6 +21,9 @@ from dlrover.flashckpt.segment import DEFAULT_SHM_DIR
 from dlrover.launcher.env import MASTER_ADDR_ENV_VAR
 from dlrover.launcher.slurm import SlurmStep, slurm_step
 from dlrover.launcher.worker_logs import LogCleanup
+
+if TYPE_CHECKING:
+    from dlrover.autoscale import Resources
 
 DEFAULT_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")  # torchrun's default
 
@@ -171,6 +174,9 @@ class LaunchConfig:
     event_log_handler: str = "null"
     start_method: str = "spawn"
     slurm: SlurmStep | None = None  # the srun step whose environment filled in the job's nodes
+    # What each node asks for (--node-cpu, --node-memory, --node-gpus, --node-gpu-type): recorded by the
+    # master this agent runs (--standalone); None when no flag was given.
+    node_resources: Resources | None = None
 
     def worker_command(self, python: str) -> list[str]:
         """The argv that starts one worker, as torchrun builds it."""
@@ -223,6 +229,17 @@ def _option(group: argparse._ArgumentGroup, names: list[str], default: str | Non
 
 def _flag(group: argparse._ArgumentGroup, names: list[str], text: str) -> None:
     group.add_argument(*names, help=text, action=_EnvFlag)
+
+
+def _node_resources(ns: argparse.Namespace) -> Resources | None:
+    """The node resources the flags ask for (None when none was given), checked as dlrover-master checks them."""
+    given = (ns.node_cpu, ns.node_memory, ns.node_gpus, ns.node_gpu_type)
+    if all(v in (None, "") for v in given):
+        return None
+    # Here, not at the top: the master's modules are loaded only by a run that asks for resources.
+    from dlrover.master.resource_flags import resources_from_flags
+
+    return resources_from_flags(*(None if v in (None, "") else str(v) for v in given))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -388,6 +405,16 @@ def _add_dlrover_options(ours: argparse._ArgumentGroup) -> None:
         "--standalone: report (an event and a warning) or replace (relaunch the node, where the backend can)",
     )
     _flag(ours, _both("auto-config"), "workers per node from the visible accelerators")
+    _option(ours, _both("node-cpu"), None, "--standalone: CPU cores each node asks for (recorded by the master)")
+    _option(
+        ours,
+        _both("node-memory"),
+        None,
+        "--standalone: memory each node asks for, MiB (2048) or with a binary unit (512Mi, 8Gi); recorded by the "
+        "master (enforced by dlrover-master's local backend, not by a standalone run)",
+    )
+    _option(ours, _both("node-gpus"), None, "--standalone: accelerators each node asks for")
+    _option(ours, _both("node-gpu-type"), None, "--standalone: their type (e.g. nvidia-h100)")
     _option(ours, ["--token"], None, "the job token (prefer --token-file)")
     _option(ours, _both("token-file"), None, "a 0600 file holding the job token")
     _option(ours, _both("heartbeat-interval"), None, "seconds between heartbeats (default: the master's choice)")
@@ -815,4 +842,5 @@ def parse_args(
         checkpoint_stop_timeout_s=_finite(ns.checkpoint_stop_timeout, "--checkpoint-stop-timeout", 0.001),
         checkpoint_shm_dir=_directory(ns.checkpoint_shm_dir, "--checkpoint-shm-dir"),
         slurm=slurm,
+        node_resources=_node_resources(ns),
     )

@@ -191,6 +191,7 @@ def embedded_lifecycle(cfg: LaunchConfig) -> LifecycleConfig:
         nodes=NodeRange(cfg.nodes.min_nodes, cfg.nodes.max_nodes, cfg.node_unit),
         max_process_restarts=cfg.max_restarts,
         max_job_failures=max(default.max_job_failures, cfg.nodes.max_nodes * (cfg.max_restarts + 1)),
+        node_resources=cfg.node_resources,
     )
 
 

@@ -10,7 +10,14 @@ released from failed nodes), and failures are decided by dlrover.diagnosis.
 
 from dlrover.master.checkpoints import CheckpointError, CheckpointReport, CheckpointTracker
 from dlrover.master.client import HeartbeatAnswer, MasterClient, Registration
-from dlrover.master.config import FAILURE_POLICIES, LifecycleConfig, MasterConfig, NodeRange, parse_node_range
+from dlrover.master.config import (
+    FAILURE_POLICIES,
+    LifecycleConfig,
+    MasterConfig,
+    NodeGroup,
+    NodeRange,
+    parse_node_range,
+)
 from dlrover.master.diagnosis_policy import DiagnosisFailurePolicy
 from dlrover.master.eventlog import (
     EventLog,
@@ -75,14 +82,22 @@ from dlrover.master.records import Action, Event, LaunchNode, LifecycleSnapshot,
 from dlrover.master.rendezvous_state import export_rendezvous, restore_rendezvous
 from dlrover.master.runtime import MasterRuntime, ServiceRegistration
 from dlrover.master.scheduler import (
+    CgroupMemoryGroups,
     ExternalScheduler,
+    FakeMemoryGroups,
     FakeScheduler,
     LocalScheduler,
+    MemoryGroups,
+    MemoryRecord,
+    NodeMemoryRecords,
+    NodeShapeLimit,
     NodeSpec,
     ObservedNode,
     ObservedState,
     SchedulerBackend,
     SchedulerError,
+    UnavailableMemoryGroups,
+    detect_memory_groups,
 )
 from dlrover.master.servicers import AgentServicer, CheckpointServicer, JobServicer, add_master_services
 from dlrover.master.statedir import (
@@ -119,6 +134,7 @@ __all__ = [
     # lifecycle core
     "JobLifecycle",
     "LifecycleConfig",
+    "NodeGroup",
     "NodeRange",
     "parse_node_range",
     "NodeState",
@@ -198,6 +214,14 @@ __all__ = [
     "FakeScheduler",
     "LocalScheduler",
     "ExternalScheduler",
+    "NodeShapeLimit",
+    "NodeMemoryRecords",
+    "MemoryRecord",
+    "MemoryGroups",
+    "CgroupMemoryGroups",
+    "UnavailableMemoryGroups",
+    "FakeMemoryGroups",
+    "detect_memory_groups",
     # transport
     "AgentServicer",
     "CheckpointServicer",

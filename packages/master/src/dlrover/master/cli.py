@@ -36,6 +36,7 @@ from dlrover.master.config import (
     parse_node_range,
 )
 from dlrover.master.factory import create_master
+from dlrover.master.resource_flags import add_resource_flags, lifecycle_resources
 from dlrover.master.states import JobState
 from dlrover.master.status import format_status
 
@@ -174,6 +175,7 @@ def _run_parser() -> argparse.ArgumentParser:
         default="report",
         help="report: an event and a warning; replace: also relaunch the straggler's node where the backend can",
     )
+    add_resource_flags(p)
     p.add_argument("--linger-max-s", type=float, default=10.0, help="most time to tell agents the job ended")
     p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
     return p
@@ -209,6 +211,7 @@ def build_config(args: argparse.Namespace) -> MasterConfig:
         max_relaunches=args.max_relaunches,
         max_job_failures=args.max_job_failures,
         insufficient_nodes_window_s=args.insufficient_nodes_window_s,
+        **lifecycle_resources(args),
     )
     return MasterConfig(
         job_name=args.job_name,

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from typing import Any
 
 import attrs
 
+from dlrover.autoscale import Resources, Role
 from dlrover.common import ConfigError, TLSConfig
 from dlrover.common.validators import non_negative, non_negative_finite, positive
 from dlrover.rendezvous import RendezvousConfig
@@ -17,6 +19,7 @@ __all__ = [
     "STRAGGLER_ACTIONS",
     "LifecycleConfig",
     "MasterConfig",
+    "NodeGroup",
     "NodeRange",
     "parse_node_range",
 ]
@@ -69,6 +72,34 @@ def parse_node_range(text: str, node_unit: int = 1) -> NodeRange:
     return NodeRange(min_nodes=low, max_nodes=high, node_unit=node_unit)
 
 
+def _optional_resources(_inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if value is not None and not isinstance(value, Resources):
+        raise ConfigError(f"{attribute.name} must be dlrover.autoscale.Resources or None, got {value!r}")
+
+
+def _optional_memory_mb(_inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ConfigError(f"{attribute.name} must be None or a whole number of MiB >= 1, got {value!r}")
+
+
+@attrs.frozen
+class NodeGroup:
+    """One group of a job's nodes: same role, same resources, a range of counts.
+
+    A job is a set of node groups; today the master runs one, the workers (`LifecycleConfig.worker_group`).
+
+    Attributes:
+        role: what the nodes do (`dlrover.autoscale.Role`).
+        nodes: how many of them, at least and at most.
+        resources: what each node is launched with; None when the job asks for nothing (the backend's default,
+            and no memory limit).
+    """
+
+    role: Role = attrs.field(default=Role.WORKER, validator=attrs.validators.instance_of(Role))
+    nodes: NodeRange = attrs.field(factory=NodeRange, validator=attrs.validators.instance_of(NodeRange))
+    resources: Resources | None = attrs.field(default=None, validator=_optional_resources)
+
+
 @attrs.frozen
 class LifecycleConfig:
     """Budgets, timeouts and early-stop rules of the node lifecycle.
@@ -82,6 +113,11 @@ class LifecycleConfig:
         max_relaunches: replacements allowed per logical rank.
         max_job_failures: failures allowed in the whole job; one more stops it.
         insufficient_nodes_window_s: the job stops when fewer than `min_nodes` nodes run for this long.
+        node_resources: what each worker node is launched with; None asks for nothing in particular.
+        oom_memory_growth: a node killed for host OOM (`RELAUNCH_WITH_MORE_MEMORY`) is relaunched with its
+            memory times this (>= 1).
+        max_node_memory_mb: the most memory an OOM relaunch may grow a node to; one that ran out of memory at
+            this size stops the job. None: no cap beyond what the backend can provide.
     """
 
     nodes: NodeRange = attrs.field(factory=NodeRange)
@@ -91,6 +127,29 @@ class LifecycleConfig:
     max_relaunches: int = attrs.field(default=3, validator=non_negative)
     max_job_failures: int = attrs.field(default=20, validator=non_negative)
     insufficient_nodes_window_s: float = attrs.field(default=300.0, validator=positive)
+    node_resources: Resources | None = attrs.field(default=None, validator=_optional_resources)
+    oom_memory_growth: float = attrs.field(default=1.5, validator=positive)
+    max_node_memory_mb: int | None = attrs.field(default=None, validator=_optional_memory_mb)
+
+    def __attrs_post_init__(self) -> None:
+        if not math.isfinite(self.oom_memory_growth) or self.oom_memory_growth < 1:
+            raise ConfigError(f"oom_memory_growth must be a finite number >= 1, got {self.oom_memory_growth!r}")
+        memory = self.node_resources.memory_mb if self.node_resources is not None else 0
+        if self.max_node_memory_mb is not None and memory > self.max_node_memory_mb:
+            raise ConfigError(
+                f"node memory {memory} MiB exceeds max_node_memory_mb {self.max_node_memory_mb}: "
+                "the cap would forbid the first launch"
+            )
+
+    @property
+    def worker_group(self) -> NodeGroup:
+        """The workers: `nodes` as the range, `node_resources` as each node's resources."""
+        return NodeGroup(Role.WORKER, self.nodes, self.node_resources)
+
+    @property
+    def groups(self) -> tuple[NodeGroup, ...]:
+        """Every node group of the job (today only the workers)."""
+        return (self.worker_group,)
 
 
 @attrs.frozen

@@ -29,7 +29,8 @@ from dlrover.master.master import Master, NodeMembership, StatefulCollaborator
 from dlrover.master.metrics import MasterMetrics
 from dlrover.master.policy import DefaultFailurePolicy, FailurePolicy
 from dlrover.master.runtime import MasterRuntime, ServiceRegistration
-from dlrover.master.scheduler.base import SchedulerBackend
+from dlrover.master.scheduler.base import SchedulerBackend, check_node_fits
+from dlrover.master.scheduler.cgroups import detect_memory_groups
 from dlrover.master.scheduler.external import ExternalScheduler
 from dlrover.master.scheduler.local import LocalScheduler
 from dlrover.master.statedir import StateDirLock
@@ -95,7 +96,13 @@ def _scheduler(config: MasterConfig) -> SchedulerBackend:
     if not config.agent_command:
         raise ConfigError("the local backend needs agent_command (the agent to run per node)")
     log_dir = Path(config.state_dir) / "logs" if config.state_dir else None
-    return LocalScheduler(config.agent_command, stop_grace_s=config.node_stop_grace_s, log_dir=log_dir)
+    # One child memory cgroup per node where this host allows it; else the master says why at start.
+    return LocalScheduler(
+        config.agent_command,
+        stop_grace_s=config.node_stop_grace_s,
+        log_dir=log_dir,
+        memory_groups=detect_memory_groups(),
+    )
 
 
 def default_policy(config: MasterConfig) -> FailurePolicy:
@@ -142,7 +149,8 @@ def create_master(
     Raises:
         StateDirInUseError: another master holds `config.state_dir`.
         ConfigError, AuthError, JournalError: the configuration cannot be served (a
-            `StateDirError` when the state directory is unusable).
+            `StateDirError` when the state directory is unusable; a `ConfigError` naming the value when
+            the node resources exceed what any node of the backend can have).
     """
     the_clock = clock or SystemClock()
     # Before anything in the state directory is read or written: a second master on a live
@@ -173,6 +181,8 @@ def create_master(
         log_path = config.event_log or (str(Path(config.state_dir) / EVENT_LOG_NAME) if config.state_dir else None)
         event_log = EventLog(log_path) if log_path else None
         backend = scheduler or _scheduler(config)
+        # Before anything is launched: resources no node of this backend can ever have are refused.
+        check_node_fits(backend, config.lifecycle.node_resources)
         rendezvous: HostedRendezvous | None = None
         shards: HostedShards | None = None
         hosted: list[HostedRendezvous | HostedShards] = []

@@ -8,10 +8,13 @@ records changed, so the caller can journal exactly those. A call that refuses it
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 
 import attrs
 
+from dlrover.autoscale import NodeState as PlannedNode
+from dlrover.autoscale import OomConfig, OomEvent, Resources, plan_oom_relaunch
 from dlrover.common import DLRoverError
 from dlrover.diagnosis import (
     LOST_NODE_KIND,
@@ -453,11 +456,19 @@ class JobLifecycle:
         )
 
     def node_lost(
-        self, node_id: int, evidence: str, now: float, *, exit_code: int | None = None
+        self,
+        node_id: int,
+        evidence: str,
+        now: float,
+        *,
+        exit_code: int | None = None,
+        kind: FailureKind = LOST_NODE_KIND,
     ) -> tuple[Decision, Outcome]:
         """The master saw a node fail from outside (its agent exited, its launch failed): no agent
-        reports it, so it is decided as `dlrover.diagnosis.LOST_NODE_KIND` on `evidence` alone
-        and the node can only be relaunched. Heartbeat and start timeouts take this path too.
+        reports it, so it is decided as `kind` on `evidence` alone and the node can only be
+        relaunched. Heartbeat and start timeouts take this path too. `kind` is
+        `dlrover.diagnosis.LOST_NODE_KIND` unless a record the master read itself says more (the
+        kernel's OOM count of the node's memory cgroup: `HOST_OOM`).
 
         Raises:
             JobFinishedError, UnknownNodeError, NodeStateError: nothing changed.
@@ -466,7 +477,7 @@ class JobLifecycle:
         node = self.node(node_id)
         if node.state not in ALIVE_STATES:
             raise NodeStateError(f"node {node_id} is {node.state.value}; it cannot fail")
-        return self._fail(node, LOST_NODE_KIND, _clip(evidence), now, exit_code, observed=True)
+        return self._fail(node, kind, _clip(evidence), now, exit_code, observed=True)
 
     def report_success(self, node_id: int, now: float) -> Outcome:
         """The node's training processes finished successfully.
@@ -555,7 +566,19 @@ class JobLifecycle:
         )
         return Outcome(events=(ev,), changed_nodes=frozenset({node.node_id}))
 
-    def _create_node(self, rank: int, relaunch_count: int, replaces: int | None, now: float, reason: str) -> Outcome:
+    def _create_node(
+        self,
+        rank: int,
+        relaunch_count: int,
+        replaces: int | None,
+        now: float,
+        reason: str,
+        *,
+        resources: Resources | None = None,
+    ) -> Outcome:
+        """A new PENDING node for `rank`, launched with `resources` (the worker group's when None)."""
+        group = self._config.worker_group
+        resources = group.resources if resources is None else resources
         node_id = self._next_node_id
         self._next_node_id += 1
         node = NodeRecord(
@@ -567,6 +590,8 @@ class JobLifecycle:
             last_heartbeat=now,
             state_since=now,
             history=(TransitionRecord(None, NodeState.PENDING, reason, now),),
+            role=group.role,
+            resources=resources,
         )
         self._nodes[node_id] = node
         self._current[rank] = node_id
@@ -577,7 +602,7 @@ class JobLifecycle:
             else f"rank {rank} open for an agent to register as node {node_id} (this job's backend starts none)"
         )
         ev = Event("node_created", f"{made}: {reason}", node_id, rank)
-        launch = LaunchNode(node_id, rank, relaunch_count, frozenset(self._avoid_hosts))
+        launch = LaunchNode(node_id, rank, relaunch_count, frozenset(self._avoid_hosts), group.role, resources)
         return Outcome(effects=(launch,), events=(ev,), changed_nodes=frozenset({node_id}), job_changed=True)
 
     def restart_budget(self, node: NodeRecord) -> int:
@@ -707,6 +732,8 @@ class JobLifecycle:
             )
             proposed = self._policy.decide(failure)
             decision = self._enforce(failure, proposed, agent_exits=agent_exits)
+        decision, relaunch_with, grown = self._grow_memory(node, decision)
+        out = out.merge(grown)
         reason = decision.outcome
         if decision.avoid_host and node.host:
             out = out.merge(self.mark_host_unhealthy(node.host, f"{kind.value} on node {node.node_id}"))
@@ -733,7 +760,13 @@ class JobLifecycle:
             return decision, out.merge(self.stop(reason, now, state=JobState.FAILED))
         if decision.action.relaunches_node:
             out = out.merge(self._move(node, NodeState.RELAUNCHING, reason, now))
-            out = out.merge(self._create_node(node.rank, node.relaunch_count + 1, node.node_id, now, reason))
+            if relaunch_with is None:
+                relaunch_with = self._launched_with(node)
+            out = out.merge(
+                self._create_node(
+                    node.rank, node.relaunch_count + 1, node.node_id, now, reason, resources=relaunch_with
+                )
+            )
             new_id = self._current[node.rank]
             self._nodes[node.node_id] = attrs.evolve(self._nodes[node.node_id], replaced_by=new_id)
             replaced = (
@@ -757,6 +790,67 @@ class JobLifecycle:
             # job's exit reason, the same string the agent, the event log and the status show.
             decision = attrs.evolve(decision, action=ActionKind.ABORT_JOB, outcome=self._exit_reason, avoid_host=False)
         return decision, out
+
+    def _grow_memory(self, node: NodeRecord, decision: Decision) -> tuple[Decision, Resources | None, Outcome]:
+        """For a relaunch with more memory: the decision as amended, the resources to relaunch with (None:
+        as the node was) and the `oom_relaunch` event; any other decision passes unchanged."""
+        if decision.action is not ActionKind.RELAUNCH_WITH_MORE_MEMORY:
+            return decision, None, Outcome()
+        relaunch_with, oom_event, refusal = self._more_memory(node)
+        if relaunch_with is not None and decision.avoid_host:
+            # The node reached its own memory limit, which the relaunch raises: the host is not to blame.
+            decision = attrs.evolve(decision, avoid_host=False, outcome=f"{decision.outcome}; the host is not avoided")
+        if refusal:
+            decision = attrs.evolve(
+                decision, action=ActionKind.ABORT_JOB, outcome=f"{decision.outcome}; but {refusal}: the job stops"
+            )
+        return decision, relaunch_with, Outcome(events=(oom_event,))
+
+    def _launched_with(self, node: NodeRecord) -> Resources | None:
+        """What `node` was launched with; the group's resources for a node journaled before records kept them."""
+        return node.resources if node.resources is not None else self._config.worker_group.resources
+
+    def _more_memory(self, node: NodeRecord) -> tuple[Resources | None, Event, str]:
+        """The resources to relaunch a node killed for host OOM with (dlrover.autoscale's `plan_oom_relaunch`).
+
+        Returns:
+            The grown resources (None: relaunch as it was), the `oom_relaunch` event carrying the decision and
+            its inputs, and a refusal (non-empty when the node was already at the memory cap: the job stops).
+        """
+        old = self._launched_with(node)
+        cap = self._config.max_node_memory_mb
+        factor = self._config.oom_memory_growth
+        who = f"node {node.node_id} (rank {node.rank})"
+        data: dict[str, object] = {
+            "memory_mb": None if old is None else old.memory_mb,
+            "growth_factor": factor,
+            "max_node_memory_mb": cap,
+        }
+
+        def event(message: str, new: Resources | None) -> Event:
+            facts = {**data, "new_memory_mb": None if new is None else new.memory_mb}
+            return Event("oom_relaunch", message, node.node_id, node.rank, facts)
+
+        if not self._scheduler_relaunches:
+            why = "this job's backend starts no node itself, so no memory can be added: the next agent brings its own"
+            return None, event(f"{who} ran out of host memory; {why}", None), ""
+        if old is None or old.memory_mb == 0:
+            why = "relaunched as it was (no growth possible without a limit; give --node-memory to have one)"
+            return None, event(f"{who} ran out of host memory with no memory limit: {why}", None), ""
+        if cap is not None and old.memory_mb >= cap:
+            refusal = f"{who} ran out of memory at {old.memory_mb} MiB, already at max_node_memory_mb {cap}"
+            return None, event(f"{refusal}: not relaunched; the job stops", None), refusal
+        # Without a cap the heuristic still needs one: one above the grown size never binds.
+        limit = cap if cap is not None else math.ceil(old.memory_mb * factor) + 1
+        plan = plan_oom_relaunch(
+            # The lifecycle's relaunch budget allowed this relaunch already: the heuristic's own is not used.
+            OomEvent(PlannedNode(node.node_id, node.role, old)),
+            OomConfig(growth_factor=factor, max_step_mb=limit, min_step_mb=0, cap_mb=limit, max_relaunches=1),
+        )
+        if not plan.resize:
+            return None, event(f"{plan.reason}: relaunched as it was", None), ""
+        grown = plan.resize[0].resources
+        return grown, event(f"{plan.reason} (x{factor:g}, max_node_memory_mb {cap})", grown), ""
 
     def _alive(self) -> Iterable[NodeRecord]:
         return (n for n in self._nodes.values() if n.state in ALIVE_STATES)

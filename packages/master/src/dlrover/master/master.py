@@ -21,9 +21,17 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 import attrs
 
 from dlrover.common import Clock, ConfigError
-from dlrover.diagnosis import SLOW_NODE_KIND, Decision, FailureKind, RankStepStats, StragglerConfig
+from dlrover.diagnosis import (
+    LOST_NODE_KIND,
+    MEMORY_RECORD,
+    SLOW_NODE_KIND,
+    Decision,
+    FailureKind,
+    RankStepStats,
+    StragglerConfig,
+)
 from dlrover.master.checkpoints import CheckpointTracker
-from dlrover.master.config import MasterConfig
+from dlrover.master.config import LifecycleConfig, MasterConfig
 from dlrover.master.eventlog import EventLog, GoodputTracker, event_to_dict
 from dlrover.master.journal import (
     Blob,
@@ -38,7 +46,14 @@ from dlrover.master.lifecycle import JobLifecycle, LifecycleError
 from dlrover.master.metrics import MasterMetrics
 from dlrover.master.policy import ClassifyingPolicy, DefaultFailurePolicy, FailurePolicy
 from dlrover.master.records import Action, Event, LaunchNode, NodeRecord, Outcome, StopNode
-from dlrover.master.scheduler.base import NodeSpec, ObservedState, SchedulerBackend, SchedulerError
+from dlrover.master.scheduler.base import (
+    NodeMemoryRecords,
+    NodeShapeLimit,
+    NodeSpec,
+    ObservedState,
+    SchedulerBackend,
+    SchedulerError,
+)
 from dlrover.master.states import ALIVE_STATES, JobState, NodeState
 from dlrover.master.stragglers import StragglerFinding, StragglerWatch
 
@@ -49,6 +64,20 @@ _log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 
 _GONE_STATES = frozenset({NodeState.FAILED, NodeState.RELAUNCHING, NodeState.REMOVED})
+
+
+def _capped_by_backend(config: LifecycleConfig, scheduler: SchedulerBackend) -> LifecycleConfig:
+    """`config` with its OOM memory cap lowered to the largest node the backend can ever place."""
+    if not isinstance(scheduler, NodeShapeLimit):
+        return config
+    largest = scheduler.largest_node().memory_mb
+    cap = config.max_node_memory_mb
+    if largest < 1 or (cap is not None and cap <= largest):
+        return config
+    memory = config.node_resources.memory_mb if config.node_resources is not None else 0
+    if memory > largest:
+        return config  # refused at start (`check_node_fits`), with the value named
+    return attrs.evolve(config, max_node_memory_mb=largest)
 
 
 @runtime_checkable
@@ -207,8 +236,14 @@ class Master:
         self._job_journaled = self._restored
         now = clock.now()
         self._policy = policy or DefaultFailurePolicy()
+        self._oom_kills_seen: dict[int, int] = {}  # per node: the OOM kills already turned into evidence
+        self._memory_announced = False
         self._lifecycle = JobLifecycle(
-            config.lifecycle, self._policy, now, restored.lifecycle, scheduler_relaunches=scheduler.relaunches_nodes
+            _capped_by_backend(config.lifecycle, scheduler),
+            self._policy,
+            now,
+            restored.lifecycle,
+            scheduler_relaunches=scheduler.relaunches_nodes,
         )
         self._checkpoints = checkpoints or CheckpointTracker(restored.checkpoints)
         self._blob_versions: dict[str, int] = {}
@@ -420,6 +455,8 @@ class Master:
             rank=effect.rank,
             relaunch_count=effect.relaunch_count,
             avoid_hosts=effect.avoid_hosts,
+            role=effect.role,
+            resources=effect.resources,
             env={
                 **env,
                 "DLROVER_JOB_NAME": self._config.job_name,
@@ -462,13 +499,52 @@ class Master:
             outcome = self._transact(lambda: self._deferred_start(self._clock.now()))
             self._deferred.extend(outcome.effects)
 
+    def _announce_memory_limits(self) -> None:
+        scheduler = self._scheduler
+        if self._memory_announced or not isinstance(scheduler, NodeMemoryRecords):
+            return
+        self._memory_announced = True
+        resources = self._lifecycle.config.node_resources
+        asked = resources.memory_mb if resources is not None else 0
+        sentence = scheduler.memory_enforcement
+        if not scheduler.enforces_memory:
+            _log.warning("%s", sentence)
+            if asked:
+                sentence += f"; the {asked} MiB asked per node is recorded but not enforced"
+        data = {"enforced": scheduler.enforces_memory, "node_memory_mb": asked or None}
+        self._record(Outcome(events=(Event("memory_limits", sentence, data=data),)))
+
+    def _memory_evidence(self, node_id: int) -> str:
+        """A `MEMORY_RECORD` line when the node's memory cgroup counted OOM kills not yet turned into evidence
+        (the kernel's own record, which the diagnosis rule `host-memory-record` reads); else empty."""
+        scheduler = self._scheduler
+        if not isinstance(scheduler, NodeMemoryRecords):
+            return ""
+        record = scheduler.memory_record(node_id)
+        if record is None or not record.oom_kills:
+            return ""
+        with self._lock:
+            before = self._oom_kills_seen.get(node_id, 0)
+            if record.oom_kills <= before:
+                return ""
+            self._oom_kills_seen[node_id] = record.oom_kills
+        return (
+            f"{MEMORY_RECORD}: the node's memory cgroup counted oom_kill {before} -> {record.oom_kills} "
+            f"(limit {record.limit_mb} MiB, {record.source}): the kernel's OOM killer ended a process of this node"
+        )
+
     def _deferred_start(self, now: float) -> tuple[Outcome, Outcome]:
         outcome = self._lifecycle.start(now)
         return outcome, attrs.evolve(outcome, effects=())
 
     def start(self) -> None:
-        """Create (if `prepare` did not) and launch the job's nodes; nothing to do for a resumed job."""
+        """Create (if `prepare` did not) and launch the job's nodes; nothing to do for a resumed job.
+
+        A backend that limits node memory says once, in the log and as a `memory_limits` event, how it
+        enforces the limits or why it cannot.
+        """
         with self._lock:
+            self._announce_memory_limits()
             self.prepare()
             deferred, self._deferred = self._deferred, []
             for effect in deferred:
@@ -644,6 +720,9 @@ class Master:
             JournalError: the decision could not be journaled; nothing changed.
         """
         policy = self._policy
+        record = self._memory_evidence(node_id)
+        if record:
+            evidence = f"{evidence}\n{record}"
         classification = (
             policy.classify(node_id, kind, evidence, exit_code) if isinstance(policy, ClassifyingPolicy) else None
         )
@@ -750,7 +829,11 @@ class Master:
             self._transact(lambda: self._just(self._lifecycle.report_success(node_id, now)))
         elif seen in (ObservedState.SUCCEEDED, ObservedState.FAILED, ObservedState.STOPPED):
             evidence = f"the agent exited with status {exit_code} ({seen.value})"
-            self._transact(lambda: self._lifecycle.node_lost(node_id, evidence, now, exit_code=exit_code))
+            record = self._memory_evidence(node_id)
+            # The kernel's record says why the node went: it is decided as host OOM, not as a lost node.
+            kind = FailureKind.HOST_OOM if record else LOST_NODE_KIND
+            evidence = f"{evidence}\n{record}" if record else evidence
+            self._transact(lambda: self._lifecycle.node_lost(node_id, evidence, now, exit_code=exit_code, kind=kind))
 
     def journal_collaborator(self, collaborator: StatefulCollaborator) -> bool:
         """Export one collaborator now and journal it if its version grew; True when it was written.

@@ -7,6 +7,7 @@ from typing import Any
 
 import attrs
 
+from dlrover.autoscale import Resources, Role
 from dlrover.common import DLRoverError
 from dlrover.diagnosis import ActionKind
 from dlrover.master.states import JobState, NodeState
@@ -68,6 +69,9 @@ class NodeRecord:
         replaced_by: the node that replaced it.
         last_failure: the kind and evidence of its last failure.
         history: every transition with its reason.
+        role: the node group it belongs to.
+        resources: what it was launched with (None: nothing asked, no limit). A node relaunched after a host
+            OOM has more memory than the one it replaced.
     """
 
     node_id: int
@@ -87,6 +91,8 @@ class NodeRecord:
     replaced_by: int | None = None
     last_failure: str = ""
     history: tuple[TransitionRecord, ...] = ()
+    role: Role = Role.WORKER
+    resources: Resources | None = None
 
 
 @attrs.frozen
@@ -111,12 +117,16 @@ class LaunchNode:
         rank: its logical rank.
         relaunch_count: how many incarnations of the rank came before.
         avoid_hosts: hosts it must not be placed on.
+        role: its node group.
+        resources: what to launch it with; None: nothing asked (the backend's default, no memory limit).
     """
 
     node_id: int
     rank: int
     relaunch_count: int
     avoid_hosts: frozenset[str] = frozenset()
+    role: Role = Role.WORKER
+    resources: Resources | None = None
 
 
 @attrs.frozen
@@ -215,11 +225,14 @@ def node_to_dict(node: NodeRecord) -> dict[str, Any]:
         {"from": t.from_state.value if t.from_state else None, "to": t.to_state.value, "reason": t.reason, "at": t.at}
         for t in node.history
     ]
+    data["role"] = node.role.value
+    data["resources"] = None if node.resources is None else node.resources.to_json()
     return data
 
 
 def node_from_dict(data: Mapping[str, Any]) -> NodeRecord:
-    """The inverse of `node_to_dict`.
+    """The inverse of `node_to_dict`; a node journaled before roles and resources existed reads as a worker
+    launched with nothing asked.
 
     Raises:
         DLRoverError: the data is not a node written by `node_to_dict`.
@@ -236,6 +249,9 @@ def node_from_dict(data: Mapping[str, Any]) -> NodeRecord:
             )
             for t in fields["history"]
         )
+        fields["role"] = Role(fields.get("role", Role.WORKER.value))
+        resources = fields.get("resources")
+        fields["resources"] = None if resources is None else Resources.from_json(resources)
         return NodeRecord(**fields)
-    except (KeyError, TypeError, ValueError) as exc:
+    except (KeyError, TypeError, ValueError, DLRoverError) as exc:
         raise DLRoverError(f"corrupt node record {dict(data)!r}: {exc}") from exc

@@ -1,17 +1,45 @@
 """Scheduler backends: one Protocol, a fake, the local and the external backend."""
 
-from dlrover.master.scheduler.base import NodeSpec, ObservedNode, ObservedState, SchedulerBackend, SchedulerError
+from dlrover.master.scheduler.base import (
+    MemoryRecord,
+    NodeMemoryRecords,
+    NodeShapeLimit,
+    NodeSpec,
+    ObservedNode,
+    ObservedState,
+    SchedulerBackend,
+    SchedulerError,
+    check_node_fits,
+)
+from dlrover.master.scheduler.cgroups import (
+    CgroupMemoryGroups,
+    FakeMemoryGroups,
+    MemoryGroup,
+    MemoryGroups,
+    UnavailableMemoryGroups,
+    detect_memory_groups,
+)
 from dlrover.master.scheduler.external import ExternalScheduler
 from dlrover.master.scheduler.fake import FakeScheduler
 from dlrover.master.scheduler.local import LocalScheduler
 
 __all__ = [
+    "CgroupMemoryGroups",
     "ExternalScheduler",
+    "FakeMemoryGroups",
     "FakeScheduler",
     "LocalScheduler",
+    "MemoryGroup",
+    "MemoryGroups",
+    "MemoryRecord",
+    "NodeMemoryRecords",
+    "NodeShapeLimit",
     "NodeSpec",
     "ObservedNode",
     "ObservedState",
     "SchedulerBackend",
     "SchedulerError",
+    "UnavailableMemoryGroups",
+    "check_node_fits",
+    "detect_memory_groups",
 ]

@@ -13,9 +13,20 @@ from typing import Protocol, runtime_checkable
 
 import attrs
 
-from dlrover.common import DLRoverError
+from dlrover.autoscale import Resources, Role
+from dlrover.common import ConfigError, DLRoverError
 
-__all__ = ["NodeSpec", "ObservedNode", "ObservedState", "SchedulerBackend", "SchedulerError"]
+__all__ = [
+    "MemoryRecord",
+    "NodeMemoryRecords",
+    "NodeShapeLimit",
+    "NodeSpec",
+    "ObservedNode",
+    "ObservedState",
+    "SchedulerBackend",
+    "SchedulerError",
+    "check_node_fits",
+]
 
 
 class SchedulerError(DLRoverError):
@@ -33,6 +44,11 @@ class NodeSpec:
         relaunch_count: how many incarnations of the rank came before.
         avoid_hosts: hosts it must not be placed on.
         env: environment for the agent: master address, node id, token file.
+        role: the node group it belongs to (`worker` today; `ps`, `chief`, `evaluator` for TensorFlow
+            parameter-server jobs).
+        resources: CPU, memory and accelerators (with their type) to give it; None when the job asks for
+            nothing (the backend's default and no limit). A backend that cannot honour a part says so
+            (see `NodeShapeLimit`) rather than ignore it.
     """
 
     job_name: str
@@ -41,6 +57,8 @@ class NodeSpec:
     relaunch_count: int = 0
     avoid_hosts: frozenset[str] = frozenset()
     env: Mapping[str, str] = attrs.field(factory=dict)
+    role: Role = Role.WORKER
+    resources: Resources | None = None
 
 
 class ObservedState(enum.StrEnum):
@@ -109,3 +127,64 @@ class SchedulerBackend(Protocol):
     def close(self) -> None:
         """Stop every node still running and release everything; safe to call twice."""
         ...
+
+
+@attrs.frozen
+class MemoryRecord:
+    """What the kernel recorded about one node's memory (its memory cgroup).
+
+    Attributes:
+        limit_mb: the limit the node ran under, in MiB.
+        oom_kills: how many of its processes the kernel's OOM killer ended; None when unreadable.
+        source: where it was read (the group's directory).
+    """
+
+    limit_mb: int
+    oom_kills: int | None
+    source: str
+
+
+@runtime_checkable
+class NodeMemoryRecords(Protocol):
+    """A backend that limits a node's memory and can show the kernel's record of it (the local backend)."""
+
+    @property
+    def memory_enforcement(self) -> str:
+        """A sentence: how node memory is limited, or why it is not (said once at the master's start)."""
+        ...
+
+    @property
+    def enforces_memory(self) -> bool:
+        """Whether a node's memory request becomes a limit the kernel enforces."""
+        ...
+
+    def memory_record(self, node_id: int) -> MemoryRecord | None:
+        """The node's limit and OOM kill count; None for a node launched without a limit."""
+        ...
+
+
+@runtime_checkable
+class NodeShapeLimit(Protocol):
+    """A backend that knows the most any one of its nodes can ever have (this host, for the local backend)."""
+
+    def largest_node(self) -> Resources:
+        """The largest node this backend could ever place."""
+        ...
+
+
+def check_node_fits(backend: object, resources: Resources | None, what: str = "node_resources") -> None:
+    """Refuse `resources` that no node of `backend` could ever have (a backend that does not know: any).
+
+    Raises:
+        ConfigError: a value exceeds the largest node; the message names the value and the limit.
+    """
+    if resources is None or not isinstance(backend, NodeShapeLimit):
+        return
+    largest = backend.largest_node()
+    exceeded = resources.exceeded_dimensions(largest)
+    if exceeded:
+        name = getattr(backend, "name", type(backend).__name__)
+        raise ConfigError(
+            f"{what} {resources.describe()} can never be provided by the {name} backend, whose largest node is "
+            f"{largest.describe()}: {'; '.join(exceeded)}"
+        )

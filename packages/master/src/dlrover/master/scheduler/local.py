@@ -13,12 +13,21 @@ unknown (observed as failed with no exit code, or stopped when the master stoppe
 signals its process group like any other; `close()` waits for it to vanish instead of reaping it.
 An agent whose own process has exited is not signalled after an adoption: its group can no longer
 be told apart from a new one with the same id.
+
+Memory: a node launched with `resources.memory_mb` runs in a child memory cgroup of its own (see
+`dlrover.master.scheduler.cgroups`), joined before the agent's first instruction, so the node's agent and
+workers together are limited to it and an OOM kill is recorded by the kernel in the group. The group's record
+is the node's `memory_record`; the group is removed once the node's processes are gone (its OOM count is
+kept). Where no group can be made, `memory_enforcement` says why and nodes run unlimited. CPU and
+accelerators are not enforced here: `largest_node` (this host's CPUs and memory, no accelerators) only
+refuses what no node here could ever have.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import signal
 import socket
@@ -31,11 +40,15 @@ from pathlib import Path
 import attrs
 import psutil  # type: ignore[import-untyped, unused-ignore]  # no stubs in the pinned set
 
+from dlrover.autoscale import Resources
 from dlrover.common import ConfigError
 from dlrover.master.journal import JournalError
-from dlrover.master.scheduler.base import NodeSpec, ObservedNode, ObservedState, SchedulerError
+from dlrover.master.scheduler.base import MemoryRecord, NodeSpec, ObservedNode, ObservedState, SchedulerError
+from dlrover.master.scheduler.cgroups import MemoryGroup, MemoryGroups
 
 __all__ = ["LOCAL_STATE_FORMAT", "LocalScheduler"]
+
+_log = logging.getLogger(__name__)
 
 LOCAL_STATE_FORMAT = "dlrover.master.local"
 _START_TIME_TOLERANCE_S = 0.05  # start times are read from /proc in clock ticks (1/100 s)
@@ -50,6 +63,15 @@ def _start_time(pid: int) -> float | None:
         return None
 
 
+def _this_host() -> Resources:
+    """This host's CPUs (those this process may run on) and physical memory, and no accelerators."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    return Resources(cpu=cpus, memory_mb=int(psutil.virtual_memory().total // (1024 * 1024)))
+
+
 @attrs.define
 class _Proc:
     pid: int
@@ -57,6 +79,10 @@ class _Proc:
     popen: subprocess.Popen[bytes] | None  # None: adopted from a previous master, not our child
     stop_requested_at: float | None = None
     killed: bool = False
+    group: MemoryGroup | None = None  # the node's memory cgroup, until it is removed
+    oom_kills: int | None = None  # its OOM record, kept once the group is gone
+    limit_mb: int | None = None
+    group_path: str = ""
 
     def exited(self) -> tuple[bool, int | None]:
         """Whether the agent has exited, and its status when known."""
@@ -76,6 +102,38 @@ class _Proc:
             return False
 
 
+def _export_proc(proc: _Proc) -> dict[str, object]:
+    entry: dict[str, object] = {
+        "pid": proc.pid,
+        "start_time": proc.start_time,
+        "stopping": proc.stop_requested_at is not None,
+    }
+    if proc.limit_mb is not None:
+        entry["memory"] = {
+            "path": proc.group_path,
+            "name": proc.group.name if proc.group is not None else "",
+            "limit_mb": proc.limit_mb,
+            "removed": proc.group is None,
+            "oom_kills": proc.oom_kills,
+        }
+    return entry
+
+
+def _import_proc(entry: Mapping[str, object]) -> _Proc:
+    proc = _Proc(int(entry["pid"]), float(entry["start_time"]), None)  # type: ignore[call-overload, arg-type]
+    memory = entry.get("memory")
+    if memory is not None:
+        if not isinstance(memory, dict):
+            raise ValueError(f"memory must be an object, got {memory!r}")
+        proc.limit_mb = int(memory["limit_mb"])
+        proc.group_path = str(memory["path"])
+        kills = memory.get("oom_kills")
+        proc.oom_kills = None if kills is None else int(kills)
+        if not memory.get("removed"):
+            proc.group = MemoryGroup(str(memory["name"]), proc.group_path, proc.limit_mb)
+    return proc
+
+
 class LocalScheduler:
     """Agents as local subprocesses.
 
@@ -85,6 +143,9 @@ class LocalScheduler:
         log_dir: each node's stdout and stderr go to `<log_dir>/node-<id>.log` (0600, in a 0700
             directory); discarded when None.
         monotonic: time source for the grace period (injectable for tests).
+        memory_groups: where nodes' memory cgroups are made (`detect_memory_groups()` in the master);
+            None enforces no memory limit (and says so in `memory_enforcement`).
+        host_resources: what this host has (`Resources` of its CPUs and memory, no accelerators, when None).
     """
 
     name = "local"
@@ -98,6 +159,8 @@ class LocalScheduler:
         stop_grace_s: float = 5.0,
         log_dir: str | os.PathLike[str] | None = None,
         monotonic: Callable[[], float] = time.monotonic,
+        memory_groups: MemoryGroups | None = None,
+        host_resources: Resources | None = None,
     ) -> None:
         if not command:
             raise ConfigError("the local backend needs an agent command, got an empty one")
@@ -112,6 +175,67 @@ class LocalScheduler:
         self._host = socket.gethostname()
         self._closed = False
         self._version = 0
+        self._groups = memory_groups
+        self._host_resources = host_resources or _this_host()
+
+    @property
+    def memory_enforcement(self) -> str:
+        """A sentence saying how node memory is limited here, or why it is not."""
+        if self._groups is None:
+            return "memory limits are not enforced: the local backend was built without memory groups"
+        return self._groups.describe()
+
+    @property
+    def enforces_memory(self) -> bool:
+        """Whether a node's memory request becomes a limit the kernel enforces."""
+        return self._groups is not None and self._groups.usable
+
+    def largest_node(self) -> Resources:
+        """The most one node can have here: this host's CPUs and memory, and no accelerators."""
+        return self._host_resources
+
+    def memory_record(self, node_id: int) -> MemoryRecord | None:
+        """The node's memory limit and the kernel's count of OOM kills in its group; None without a group."""
+        with self._lock:
+            proc = self._procs.get(node_id)
+            if proc is None or proc.limit_mb is None:
+                return None
+            kills = self._read_kills(proc)
+            return MemoryRecord(proc.limit_mb, kills, proc.group_path)
+
+    def _read_kills(self, proc: _Proc) -> int | None:
+        if proc.group is not None and self._groups is not None:
+            kills = self._groups.oom_kills(proc.group)
+            if kills is not None:
+                proc.oom_kills = kills
+        return proc.oom_kills
+
+    def _release_group(self, proc: _Proc) -> bool:
+        """Remove the node's group once its processes are gone, keeping its OOM record; True when none is left."""
+        if proc.group is None or self._groups is None:
+            return True
+        self._read_kills(proc)
+        try:
+            gone = self._groups.remove(proc.group)
+        except OSError as exc:
+            _log.warning("memory group %s cannot be removed: %s", proc.group.path, exc)
+            return False
+        if gone:
+            proc.group = None
+            self._version += 1
+        return gone
+
+    def _join_group(self, spec: NodeSpec) -> tuple[MemoryGroup | None, list[str]]:
+        """The node's memory group (when it asks for memory and groups work here) and the command to run."""
+        memory = spec.resources.memory_mb if spec.resources is not None else 0
+        if not memory or self._groups is None or not self._groups.usable:
+            return None, list(self._command)
+        name = f"dlrover-{os.getpid()}-node-{spec.node_id}"
+        try:
+            group = self._groups.create(name, memory)
+        except (OSError, ValueError) as exc:
+            raise SchedulerError(f"cannot make the memory group of node {spec.node_id} ({memory} MiB): {exc}") from exc
+        return group, self._groups.join_argv(group, self._command)
 
     def launch(self, spec: NodeSpec) -> None:
         """Start the agent of `spec` in a new session.
@@ -128,6 +252,7 @@ class LocalScheduler:
             if self._host in spec.avoid_hosts:
                 raise SchedulerError(f"cannot launch node {spec.node_id}: this host ({self._host}) is avoided")
             env = {**os.environ, **spec.env}
+            group, command = self._join_group(spec)
             try:
                 if self._log_dir is not None:
                     # Private like the rest of the state directory: agents' logs may hold secrets.
@@ -140,19 +265,28 @@ class LocalScheduler:
                     with open(log_fd, "ab") as log:
                         os.fchmod(log_fd, 0o600)  # a log an older master created 0644
                         popen = subprocess.Popen(
-                            self._command, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                            command, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                             start_new_session=True,
                         )  # fmt: skip
                 else:
                     popen = subprocess.Popen(
-                        self._command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                        command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                         stderr=subprocess.DEVNULL, start_new_session=True,
                     )  # fmt: skip
             except OSError as exc:
+                if group is not None and self._groups is not None:
+                    self._groups.remove(group)
                 raise SchedulerError(f"cannot start node {spec.node_id} ({self._command[0]!r}): {exc}") from exc
             # Our unreaped child: its pid cannot be reused, so its start time is its own.
             started = _start_time(popen.pid)
-            self._procs[spec.node_id] = _Proc(popen.pid, started if started is not None else 0.0, popen)
+            self._procs[spec.node_id] = _Proc(
+                popen.pid,
+                started if started is not None else 0.0,
+                popen,
+                group=group,
+                limit_mb=None if group is None else group.limit_mb,
+                group_path="" if group is None else group.path,
+            )
             self._version += 1
 
     def _signal(self, proc: _Proc, sig: signal.Signals) -> None:
@@ -184,6 +318,7 @@ class LocalScheduler:
                 self._signal(proc, signal.SIGKILL)
                 proc.killed = True
             return ObservedNode(node_id, ObservedState.RUNNING, None, self._host)
+        self._release_group(proc)
         if proc.stop_requested_at is not None:
             return ObservedNode(node_id, ObservedState.STOPPED, code, self._host)
         # An adopted agent's status is unknown (None): it is not ours to wait for.
@@ -211,11 +346,8 @@ class LocalScheduler:
     def export_state(self) -> tuple[int, str]:
         """Every launched node's agent pid, start time and whether it was told to stop."""
         with self._lock:
-            nodes = {
-                str(nid): {"pid": p.pid, "start_time": p.start_time, "stopping": p.stop_requested_at is not None}
-                for nid, p in sorted(self._procs.items())
-            }
-            doc = {"format": LOCAL_STATE_FORMAT, "version": 1, "nodes": nodes}
+            nodes = {str(nid): _export_proc(p) for nid, p in sorted(self._procs.items())}
+            doc = {"format": LOCAL_STATE_FORMAT, "version": 2, "nodes": nodes}
             return self._version, json.dumps(doc, separators=(",", ":"))
 
     def import_state(self, version: int, data: str) -> None:
@@ -223,19 +355,17 @@ class LocalScheduler:
 
         An agent that still runs (same pid and start time) is observed as running and stopped
         like any other; one that is gone is observed as failed (or stopped, if it was told to
-        stop), with no exit status.
+        stop), with no exit status. Their memory groups (version 2 documents) are managed as this
+        master's own; version 1 documents (before memory groups) are read as nodes without one.
 
         Raises:
             JournalError: the state is corrupt; nothing changed.
         """
         try:
             doc = json.loads(data)
-            if not isinstance(doc, dict) or doc.get("format") != LOCAL_STATE_FORMAT or doc.get("version") != 1:
-                raise ValueError(f"not a {LOCAL_STATE_FORMAT!r} version 1 document")
-            adopted = {
-                int(nid): _Proc(int(entry["pid"]), float(entry["start_time"]), None)
-                for nid, entry in dict(doc["nodes"]).items()
-            }
+            if not isinstance(doc, dict) or doc.get("format") != LOCAL_STATE_FORMAT or doc.get("version") not in (1, 2):
+                raise ValueError(f"not a {LOCAL_STATE_FORMAT!r} version 1 or 2 document")
+            adopted = {int(nid): _import_proc(entry) for nid, entry in dict(doc["nodes"]).items()}
             stopping = {int(nid) for nid, entry in dict(doc["nodes"]).items() if entry.get("stopping")}
         except (KeyError, TypeError, ValueError) as exc:
             raise JournalError(f"local scheduler state: {exc}") from exc
@@ -273,6 +403,27 @@ class LocalScheduler:
             # SIGKILL the group even if the agent exited: its children must not survive it.
             self._signal(proc, signal.SIGKILL)
             proc.popen.wait()
+        for proc in procs:
+            self._close_group(proc)
+
+    def _close_group(self, proc: _Proc) -> None:
+        """Remove the node's memory group, killing whatever is left in it (a worker that left the agent's
+        process group): every member is this node's process, so nothing else is touched."""
+        group, groups = proc.group, self._groups
+        if group is None or groups is None:
+            return
+        deadline = self._now() + max(self._grace, 1.0)
+        while True:
+            with self._lock:
+                if self._release_group(proc):
+                    return
+            if self._now() >= deadline:
+                _log.warning("memory group %s still holds processes %s", group.path, groups.pids(group))
+                return
+            for pid in groups.pids(group):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(_ADOPTED_POLL_S)
 
     def _close_adopted(self, proc: _Proc, deadline: float) -> None:
         # Not our child: no waitpid. Poll until it is gone (its parent, init or a subreaper,
