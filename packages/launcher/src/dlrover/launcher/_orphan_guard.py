@@ -12,6 +12,11 @@ with threads (the agent has gRPC threads).
 The signal fires when the spawning *thread* exits, so the agent spawns workers from its
 long-lived main loop. If the agent died before the signal was armed, the parent pid no longer
 matches and the guard exits instead of running an orphan.
+
+The guard also raises the worker's OOM score (``/proc/self/oom_score_adj``, inherited across the
+`exec`; raising needs no privilege): when a node runs out of memory (its memory cgroup's limit, or
+the host's), the kernel's OOM killer takes a worker, which the agent restarts or reports, rather
+than the agent, which holds the node's flash checkpoints in shared memory.
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ import sys
 
 _PR_SET_PDEATHSIG = 1
 ORPHANED_EXIT_CODE = 125
+WORKER_OOM_SCORE_ADJ = 500
+"""Added to a worker's OOM badness (-1000..1000; 500 counts as half the memory limit in use)."""
 
 
 def _arm_parent_death_signal() -> None:
@@ -34,12 +41,25 @@ def _arm_parent_death_signal() -> None:
         raise OSError(errno, f"prctl(PR_SET_PDEATHSIG) failed: {os.strerror(errno)}")
 
 
+def _prefer_for_oom_kill() -> None:
+    """Make this process (and the worker it becomes) the OOM killer's choice before its agent."""
+    try:
+        with open("/proc/self/oom_score_adj", "r+", encoding="ascii") as f:
+            current = int(f.read().strip() or 0)
+            if current < WORKER_OOM_SCORE_ADJ:
+                f.seek(0)
+                f.write(str(WORKER_OOM_SCORE_ADJ))
+    except (OSError, ValueError):
+        pass  # not Linux, or /proc is not mounted: the kernel chooses by size alone
+
+
 def main(argv: list[str]) -> int:
     if len(argv) < 3 or argv[1] != "--":
         print("usage: python -m dlrover.launcher._orphan_guard PARENT_PID -- PROGRAM [ARGS...]", file=sys.stderr)
         return 2
     expected_parent = int(argv[0])
     _arm_parent_death_signal()
+    _prefer_for_oom_kill()
     if os.getppid() != expected_parent:
         return ORPHANED_EXIT_CODE
     program = argv[2:]
