@@ -74,7 +74,7 @@ import zipfile
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
-from dlrover.launcher._orphan_guard import ORPHANED_EXIT_CODE, _arm_parent_death_signal
+from dlrover.launcher._orphan_guard import ORPHANED_EXIT_CODE, _arm_parent_death_signal, _prefer_for_oom_kill
 from dlrover.launcher.env_guard import EnvGuard, EnvWriteAction, EnvWriteDecision, side_effect_of
 
 USAGE = "usage: python -u -m dlrover.launcher._standby PARENT_PID MODULES -- PYTHON -u (SCRIPT | -m MODULE) [ARGS...]"
@@ -346,6 +346,7 @@ def main(argv: list[str]) -> int:
         return 2
     expected_parent, modules, program = int(argv[0]), argv[1], argv[3:]
     _arm_parent_death_signal()
+    _prefer_for_oom_kill()  # as a worker started through the orphan guard
     if os.getppid() != expected_parent:
         return ORPHANED_EXIT_CODE
     prewarmed = [name for name in modules.split(",") if name]
