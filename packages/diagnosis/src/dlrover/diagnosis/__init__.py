@@ -10,7 +10,7 @@
 * Step reports (`StepReporter`, from `dlrover.common.step_slots`): a training process marks step
   ends, samples and phases in its slot of a file its agent maps; `RankStepStats` batches them to
   the master.
-* Reported failures (`reported_kind`, `LOST_NODE_KIND`, `SLOW_NODE_KIND`, `diagnose_report`,
+* Reported failures (`reported_kind`, `LOST_NODE_KIND`, `OOM_RECORD_KIND`, `SLOW_NODE_KIND`, `diagnose_report`,
   `kind_decided_alone`):
   the kind an agent or the master names for what it saw, and the kind decided on once the
   evidence is read; the master and the agent name no kind themselves.
@@ -51,6 +51,7 @@ from dlrover.diagnosis.probe import ProbeConfig, pick_backend, run_paired_probe,
 from dlrover.diagnosis.registry import ENTRY_POINT_GROUP, RuleRegistry
 from dlrover.diagnosis.reported import (
     LOST_NODE_KIND,
+    OOM_RECORD_KIND,
     SLOW_NODE_KIND,
     diagnose_report,
     kind_decided_alone,
@@ -83,6 +84,7 @@ __all__ = [
     "TRANSIENT_KINDS",
     # the kind of a reported failure
     "LOST_NODE_KIND",
+    "OOM_RECORD_KIND",
     "SLOW_NODE_KIND",
     "diagnose_report",
     "kind_decided_alone",

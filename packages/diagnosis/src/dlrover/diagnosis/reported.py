@@ -14,12 +14,24 @@ from dlrover.diagnosis.exitinfo import ExitInfo
 from dlrover.diagnosis.kinds import ActionKind, FailureKind
 from dlrover.diagnosis.registry import RuleRegistry
 
-__all__ = ["LOST_NODE_KIND", "SLOW_NODE_KIND", "diagnose_report", "kind_decided_alone", "reported_kind"]
+__all__ = [
+    "LOST_NODE_KIND",
+    "OOM_RECORD_KIND",
+    "SLOW_NODE_KIND",
+    "diagnose_report",
+    "kind_decided_alone",
+    "reported_kind",
+]
 
 LOST_NODE_KIND = FailureKind.PREEMPTION
 """The kind of a failure the master observed from outside the node, with no agent to report it
 (no heartbeat, never registered, the agent process exited, the launch failed): the node vanished,
 so it is replaced; there is no process output to diagnose."""
+
+OOM_RECORD_KIND = FailureKind.HOST_OOM
+"""The kind of a node the master saw vanish while the kernel's own record (its memory cgroup's
+``oom_kill`` count, a `MEMORY_RECORD` evidence line) says the OOM killer ended one of its processes:
+no agent reported it, but the record says why."""
 
 SLOW_NODE_KIND = FailureKind.HARDWARE
 """The kind of a failure the master decides itself for a node it replaces because its ranks

@@ -24,6 +24,7 @@ from dlrover.common import Clock, ConfigError
 from dlrover.diagnosis import (
     LOST_NODE_KIND,
     MEMORY_RECORD,
+    OOM_RECORD_KIND,
     SLOW_NODE_KIND,
     Decision,
     FailureKind,
@@ -831,7 +832,7 @@ class Master:
             evidence = f"the agent exited with status {exit_code} ({seen.value})"
             record = self._memory_evidence(node_id)
             # The kernel's record says why the node went: it is decided as host OOM, not as a lost node.
-            kind = FailureKind.HOST_OOM if record else LOST_NODE_KIND
+            kind = OOM_RECORD_KIND if record else LOST_NODE_KIND
             evidence = f"{evidence}\n{record}" if record else evidence
             self._transact(lambda: self._lifecycle.node_lost(node_id, evidence, now, exit_code=exit_code, kind=kind))
 
