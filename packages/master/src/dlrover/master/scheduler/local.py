@@ -19,8 +19,8 @@ Memory: a node launched with `resources.memory_mb` runs in a child memory cgroup
 workers together are limited to it and an OOM kill is recorded by the kernel in the group. The group's record
 is the node's `memory_record`; the group is removed once the node's processes are gone (its OOM count is
 kept). Where no group can be made, `memory_enforcement` says why and nodes run unlimited. CPU and
-accelerators are not enforced here: `largest_node` (this host's CPUs and memory, no accelerators) only
-refuses what no node here could ever have.
+accelerators are not enforced here: `largest_node` (this host's CPUs, memory and NVIDIA GPUs) only refuses
+what no node here could ever have.
 """
 
 from __future__ import annotations
@@ -63,13 +63,21 @@ def _start_time(pid: int) -> float | None:
         return None
 
 
+_NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")  # one directory per GPU the NVIDIA driver sees
+
+
 def _this_host() -> Resources:
-    """This host's CPUs (those this process may run on) and physical memory, and no accelerators."""
+    """This host's CPUs (those this process may run on), physical memory and NVIDIA GPUs (of any type: the
+    driver's directory does not say which in a form worth matching)."""
     try:
         cpus = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         cpus = os.cpu_count() or 1
-    return Resources(cpu=cpus, memory_mb=int(psutil.virtual_memory().total // (1024 * 1024)))
+    try:
+        gpus = sum(1 for _ in _NVIDIA_GPUS.iterdir())
+    except OSError:
+        gpus = 0
+    return Resources(cpu=cpus, memory_mb=int(psutil.virtual_memory().total // (1024 * 1024)), gpu=gpus)
 
 
 @attrs.define
@@ -145,7 +153,7 @@ class LocalScheduler:
         monotonic: time source for the grace period (injectable for tests).
         memory_groups: where nodes' memory cgroups are made (`detect_memory_groups()` in the master);
             None enforces no memory limit (and says so in `memory_enforcement`).
-        host_resources: what this host has (`Resources` of its CPUs and memory, no accelerators, when None).
+        host_resources: what this host has (its CPUs, memory and NVIDIA GPUs when None).
     """
 
     name = "local"
@@ -191,7 +199,7 @@ class LocalScheduler:
         return self._groups is not None and self._groups.usable
 
     def largest_node(self) -> Resources:
-        """The most one node can have here: this host's CPUs and memory, and no accelerators."""
+        """The most one node can have here: this host's CPUs, memory and GPUs."""
         return self._host_resources
 
     def memory_record(self, node_id: int) -> MemoryRecord | None:
