@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from dlrover.autoscale import Resources
+from dlrover.master.journal import JournalError
 from dlrover.master.scheduler import (
     CgroupMemoryGroups,
     FakeMemoryGroups,
@@ -94,6 +95,9 @@ def test_a_group_is_limited_counts_oom_kills_and_is_removed_once_empty(
     assert groups.remove(group) is True  # already gone
     assert groups.oom_kills(group) is None
     assert groups.join_argv(group, ["agent", "--x"])[-2:] == ["agent", "--x"]
+    assert groups.adopt(group.name, group.path, 300) == group  # a restarted master's view of it
+    with pytest.raises(ValueError, match="is not 'dlrover-1-node-0' under"):
+        groups.adopt(group.name, "/sys/fs/cgroup/memory/elsewhere", 300)
 
 
 def test_bad_names_and_limits_are_refused_and_leave_nothing(tmp_path: Path) -> None:
@@ -216,6 +220,12 @@ def test_memory_groups_survive_a_master_restart_through_the_backend_state() -> N
     first = LocalScheduler(SLEEPER, stop_grace_s=1.0, memory_groups=groups)
     first.launch(spec(0, 512))
     version, data = first.export_state()
+    # A journal is not trusted to name a directory to remove: a group elsewhere is refused, nothing changes.
+    forged = LocalScheduler(SLEEPER, memory_groups=groups)
+    with pytest.raises(JournalError, match="'fake:elsewhere' is not"):
+        forged.import_state(version, data.replace(groups.created[0].path, "fake:elsewhere"))
+    assert forged.observe() == {}
+    forged.close()
     second = LocalScheduler(SLEEPER, stop_grace_s=1.0, memory_groups=groups)
     second.import_state(version, data)
     record = second.memory_record(0)

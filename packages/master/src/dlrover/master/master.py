@@ -504,7 +504,6 @@ class Master:
         scheduler = self._scheduler
         if self._memory_announced or not isinstance(scheduler, NodeMemoryRecords):
             return
-        self._memory_announced = True
         resources = self._lifecycle.config.node_resources
         asked = resources.memory_mb if resources is not None else 0
         sentence = scheduler.memory_enforcement
@@ -514,6 +513,7 @@ class Master:
                 sentence += f"; the {asked} MiB asked per node is recorded but not enforced"
         data = {"enforced": scheduler.enforces_memory, "node_memory_mb": asked or None}
         self._record(Outcome(events=(Event("memory_limits", sentence, data=data),)))
+        self._memory_announced = True  # once journaled: a start that failed to journal it says it again
 
     def _memory_evidence(self, node_id: int) -> str:
         """A `MEMORY_RECORD` line when the node's memory cgroup counted OOM kills not yet turned into evidence

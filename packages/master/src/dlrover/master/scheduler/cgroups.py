@@ -96,6 +96,16 @@ class MemoryGroups(Protocol):
         """
         ...
 
+    def adopt(self, name: str, path: str, limit_mb: int) -> MemoryGroup:
+        """A group a previous master made (read from its journal), checked to be one this one would make.
+
+        Raises:
+            ValueError: `path` is not the group `name` where this master makes groups (a journal is not trusted
+                to name any other directory to remove or processes to kill).
+            OSError: groups cannot be managed here.
+        """
+        ...
+
     def join_argv(self, group: MemoryGroup, argv: Sequence[str]) -> list[str]:
         """The command that runs `argv` inside `group`, from its first instruction."""
         ...
@@ -195,6 +205,13 @@ class CgroupMemoryGroups:
             raise
         return group
 
+    def adopt(self, name: str, path: str, limit_mb: int) -> MemoryGroup:
+        """See `MemoryGroups.adopt`."""
+        _check_request(name, limit_mb)
+        if Path(path) != self._parent / name:
+            raise ValueError(f"memory group {path!r} is not {name!r} under {self._parent}")
+        return MemoryGroup(name, path, limit_mb)
+
     def join_argv(self, group: MemoryGroup, argv: Sequence[str]) -> list[str]:
         """See `join_command`."""
         return join_command(group.procs_file, argv)
@@ -255,6 +272,14 @@ class UnavailableMemoryGroups:
         """
         raise OSError(errno.ENOTSUP, self.describe())
 
+    def adopt(self, name: str, path: str, limit_mb: int) -> MemoryGroup:
+        """Never works here.
+
+        Raises:
+            OSError: always, with the reason.
+        """
+        raise OSError(errno.ENOTSUP, self.describe())
+
     def join_argv(self, group: MemoryGroup, argv: Sequence[str]) -> list[str]:
         """`argv` unchanged."""
         return list(argv)
@@ -297,6 +322,14 @@ class FakeMemoryGroups:
         self.groups[name] = group
         self.kills[name] = 0
         self.created.append(group)
+        return group
+
+    def adopt(self, name: str, path: str, limit_mb: int) -> MemoryGroup:
+        """The group `create` made under `name` (see `MemoryGroups.adopt`)."""
+        _check_request(name, limit_mb)
+        group = self.groups.get(name)
+        if group is None or group.path != path:
+            raise ValueError(f"memory group {path!r} is not {name!r} of this fake")
         return group
 
     def join_argv(self, group: MemoryGroup, argv: Sequence[str]) -> list[str]:

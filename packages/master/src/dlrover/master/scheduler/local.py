@@ -127,7 +127,8 @@ def _export_proc(proc: _Proc) -> dict[str, object]:
     return entry
 
 
-def _import_proc(entry: Mapping[str, object]) -> _Proc:
+def _import_proc(entry: Mapping[str, object], groups: MemoryGroups | None) -> _Proc:
+    """A node's journaled agent; its memory group is adopted only when `groups` recognises it as its own."""
     proc = _Proc(int(entry["pid"]), float(entry["start_time"]), None)  # type: ignore[call-overload, arg-type]
     memory = entry.get("memory")
     if memory is not None:
@@ -138,7 +139,13 @@ def _import_proc(entry: Mapping[str, object]) -> _Proc:
         kills = memory.get("oom_kills")
         proc.oom_kills = None if kills is None else int(kills)
         if not memory.get("removed"):
-            proc.group = MemoryGroup(str(memory["name"]), proc.group_path, proc.limit_mb)
+            if groups is None:
+                _log.warning("memory group %s of an adopted agent is not managed: no memory groups", proc.group_path)
+                return proc
+            try:
+                proc.group = groups.adopt(str(memory["name"]), proc.group_path, proc.limit_mb)
+            except OSError as exc:
+                _log.warning("memory group %s of an adopted agent is not managed: %s", proc.group_path, exc)
     return proc
 
 
@@ -373,7 +380,7 @@ class LocalScheduler:
             doc = json.loads(data)
             if not isinstance(doc, dict) or doc.get("format") != LOCAL_STATE_FORMAT or doc.get("version") not in (1, 2):
                 raise ValueError(f"not a {LOCAL_STATE_FORMAT!r} version 1 or 2 document")
-            adopted = {int(nid): _import_proc(entry) for nid, entry in dict(doc["nodes"]).items()}
+            adopted = {int(nid): _import_proc(entry, self._groups) for nid, entry in dict(doc["nodes"]).items()}
             stopping = {int(nid) for nid, entry in dict(doc["nodes"]).items() if entry.get("stopping")}
         except (KeyError, TypeError, ValueError) as exc:
             raise JournalError(f"local scheduler state: {exc}") from exc
