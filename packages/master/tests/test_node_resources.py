@@ -17,7 +17,7 @@ from dlrover.master.cli import _run_parser, build_config
 from dlrover.master.config import LifecycleConfig, MasterConfig, NodeGroup, NodeRange
 from dlrover.master.diagnosis_policy import DiagnosisFailurePolicy
 from dlrover.master.factory import create_master
-from dlrover.master.journal import JournalBatch, MemoryJournal, SqliteJournal, job_fields
+from dlrover.master.journal import JournalBatch, JournalError, MemoryJournal, SqliteJournal, job_fields
 from dlrover.master.lifecycle import JobLifecycle
 from dlrover.master.master import Master
 from dlrover.master.records import LaunchNode, NodeRecord, node_from_dict, node_to_dict
@@ -219,6 +219,30 @@ def test_a_worker_sigkill_with_the_groups_oom_count_is_host_oom_from_the_kernels
     (failure,) = events_of(master, "failure")
     assert "the node's memory cgroup counted oom_kill 0 -> 1 (limit 300 MiB, /cg/node-0)" in str(failure["evidence"])
     assert sched.specs[1].resources == Resources(cpu=1, memory_mb=450)
+
+
+def test_an_oom_report_the_journal_refused_still_carries_the_record_when_it_comes_again() -> None:
+    class FailingJournal(MemoryJournal):
+        failing = False
+
+        def commit(self, batch: JournalBatch) -> tuple[int, ...]:
+            if self.failing and not batch.empty:
+                raise JournalError("cannot write the journal: disk full (test)")
+            return super().commit(batch)
+
+    sched = RecordingScheduler()
+    journal = FailingJournal()
+    cfg = MasterConfig(job_name="t", lifecycle=LifecycleConfig(nodes=NodeRange(1, 1), node_resources=SMALL))
+    master = Master(cfg, sched, journal, ManualClock(), policy=DiagnosisFailurePolicy())
+    master.start()
+    master.register(0, "a", "h")
+    sched.kills[0] = 1
+    journal.failing = True
+    with pytest.raises(JournalError):
+        master.report_failure(0, FailureKind.UNKNOWN, "worker 0 exited with -9", exit_code=-9)
+    journal.failing = False
+    decision = master.report_failure(0, FailureKind.UNKNOWN, "worker 0 exited with -9", exit_code=-9)
+    assert decision.kind is FailureKind.HOST_OOM
 
 
 def test_a_sigkill_without_an_oom_count_is_not_called_host_oom() -> None:

@@ -515,24 +515,31 @@ class Master:
         self._record(Outcome(events=(Event("memory_limits", sentence, data=data),)))
         self._memory_announced = True  # once journaled: a start that failed to journal it says it again
 
-    def _memory_evidence(self, node_id: int) -> str:
+    def _memory_evidence(self, node_id: int) -> tuple[str, int]:
         """A `MEMORY_RECORD` line when the node's memory cgroup counted OOM kills not yet turned into evidence
-        (the kernel's own record, which the diagnosis rule `host-memory-record` reads); else empty."""
+        (the kernel's own record, which the diagnosis rule `host-memory-record` reads), else empty; and the
+        count to mark as used (`_used_memory_evidence`) once the failure carrying it is journaled."""
         scheduler = self._scheduler
         if not isinstance(scheduler, NodeMemoryRecords):
-            return ""
+            return "", 0
         record = scheduler.memory_record(node_id)
         if record is None or not record.oom_kills:
-            return ""
+            return "", 0
         with self._lock:
             before = self._oom_kills_seen.get(node_id, 0)
-            if record.oom_kills <= before:
-                return ""
-            self._oom_kills_seen[node_id] = record.oom_kills
-        return (
+        if record.oom_kills <= before:
+            return "", 0
+        line = (
             f"{MEMORY_RECORD}: the node's memory cgroup counted oom_kill {before} -> {record.oom_kills} "
             f"(limit {record.limit_mb} MiB, {record.source}): the kernel's OOM killer ended a process of this node"
         )
+        return line, record.oom_kills
+
+    def _used_memory_evidence(self, node_id: int, kills: int) -> None:
+        """The failure holding the node's OOM count up to `kills` is journaled: later failures need newer kills."""
+        if kills:
+            with self._lock:
+                self._oom_kills_seen[node_id] = max(kills, self._oom_kills_seen.get(node_id, 0))
 
     def _deferred_start(self, now: float) -> tuple[Outcome, Outcome]:
         outcome = self._lifecycle.start(now)
@@ -721,7 +728,7 @@ class Master:
             JournalError: the decision could not be journaled; nothing changed.
         """
         policy = self._policy
-        record = self._memory_evidence(node_id)
+        record, kills = self._memory_evidence(node_id)
         if record:
             evidence = f"{evidence}\n{record}"
         classification = (
@@ -740,6 +747,7 @@ class Master:
                     agent_exits=agent_exits,
                 )
             )
+            self._used_memory_evidence(node_id, kills)
             # Its processes restart or the node goes: its ranks' steps start afresh.
             self._stragglers.forget_node(node_id)
             return decision
@@ -830,11 +838,12 @@ class Master:
             self._transact(lambda: self._just(self._lifecycle.report_success(node_id, now)))
         elif seen in (ObservedState.SUCCEEDED, ObservedState.FAILED, ObservedState.STOPPED):
             evidence = f"the agent exited with status {exit_code} ({seen.value})"
-            record = self._memory_evidence(node_id)
+            record, kills = self._memory_evidence(node_id)
             # The kernel's record says why the node went: it is decided as host OOM, not as a lost node.
             kind = OOM_RECORD_KIND if record else LOST_NODE_KIND
             evidence = f"{evidence}\n{record}" if record else evidence
             self._transact(lambda: self._lifecycle.node_lost(node_id, evidence, now, exit_code=exit_code, kind=kind))
+            self._used_memory_evidence(node_id, kills)
 
     def journal_collaborator(self, collaborator: StatefulCollaborator) -> bool:
         """Export one collaborator now and journal it if its version grew; True when it was written.
