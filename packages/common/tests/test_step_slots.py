@@ -41,7 +41,7 @@ def test_a_new_file_has_every_slot_empty(tmp_path: Path) -> None:
     slots = StepSlotFile(tmp_path / "s", 3)
     try:
         assert slots.read_all() == {}
-        assert (tmp_path / "s").stat().st_size == 64 + 3 * 64
+        assert (tmp_path / "s").stat().st_size == 64 + 3 * 128
     finally:
         slots.close()
     assert not (tmp_path / "s").exists()

@@ -89,13 +89,22 @@ def test_format_status_is_readable() -> None:
         ],
         has_committed_step=True,
         committed_step=10,
+        committed_path="/ckpt/10",
         goodput=0.5,
         elapsed_s=60,
+        samples_per_second=123.4,
+        useful_s=30,
+        goodput_buckets=[
+            job_pb2.GoodputBucket(name="startup", seconds=12),
+            job_pb2.GoodputBucket(name="steps_redone", seconds=18),
+        ],
     )
     text = format_status(status)
     assert "job j: running" in text
     assert "1 running of 1..2" in text
-    assert "committed checkpoint 10; goodput 50.0% over 60s" in text
+    assert "123.4 samples/s; committed checkpoint 10 at /ckpt/10" in text
+    assert "goodput 50.0% over 60s" in text
+    assert "useful 30.0s (50.0%); startup 12.0s (20.0%); steps_redone 18.0s (30.0%)" in text
     assert "oom: killed" in text
 
 
