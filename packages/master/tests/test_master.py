@@ -251,3 +251,32 @@ def test_a_state_dir_of_another_job_is_refused(tmp_path: Path) -> None:
             Master(config(nodes=3), FakeScheduler(), journal, ManualClock())
     finally:
         journal.close()
+
+
+def test_goodput_after_a_master_restart_is_recomputed_from_the_journal(tmp_path: Path) -> None:
+    clock = ManualClock()
+    journal = SqliteJournal(tmp_path)
+    master = Master(config(nodes=1), FakeScheduler(), journal, clock)
+    master.start()
+    master.register(0, "a", "h0")
+    ready = clock.wall_time()
+    for step in range(1, 4):
+        clock.advance(1)
+        marks = (StepMark(step, clock.wall_time()),)
+        report = AttemptReport(node_id=0, attempt=1, rank=0, ready_time=ready, marks=marks)
+        master.heartbeat(0, step=step, attempts=[report])
+    clock.advance(1)
+    master.report_failure(0, FailureKind.UNKNOWN, "exit 1")
+    master.record_checkpoint(2, "/ck/2", 1)
+    clock.advance(1)
+    master.flush_state()  # what a stopping master journals; a killed one replays the last `steps` event
+    live = master.status().breakdown
+    journal.close()
+
+    journal2 = SqliteJournal(tmp_path)
+    master2 = Master(config(nodes=1), FakeScheduler(), journal2, clock)
+    restored = master2.status()
+    assert restored.breakdown.useful_s == pytest.approx(live.useful_s)
+    assert restored.breakdown.buckets == pytest.approx(live.buckets)
+    assert (restored.committed_step, restored.committed_path) == (2, "/ck/2")
+    journal2.close()
