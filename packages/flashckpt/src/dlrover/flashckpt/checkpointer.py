@@ -349,9 +349,14 @@ class FlashCheckpointer:
         # Before the first step, a checkpoint phase is the load (see `save`).
         self._steps.phase("checkpoint")
         try:
-            return self._load(target)
+            loaded = self._load(target)
         finally:
             self._steps.phase("train")
+        if loaded.step > 0:
+            # The restored process has finished these steps: its next mark is one step past them
+            # (the goodput accounting then knows which steps it trains again).
+            self._steps.step(loaded.step)
+        return loaded
 
     def _load(self, target: Any | None) -> LoadedState:
         if self._replicated:
