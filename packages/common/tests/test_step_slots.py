@@ -41,7 +41,7 @@ def test_a_new_file_has_every_slot_empty(tmp_path: Path) -> None:
     slots = StepSlotFile(tmp_path / "s", 3)
     try:
         assert slots.read_all() == {}
-        assert (tmp_path / "s").stat().st_size == 64 + 3 * 64
+        assert (tmp_path / "s").stat().st_size == 64 + 3 * 128
     finally:
         slots.close()
     assert not (tmp_path / "s").exists()
@@ -263,3 +263,24 @@ class SlotMachine(RuleBasedStateMachine):
 
 
 TestSlotMachine = SlotMachine.TestCase
+
+
+def test_checkpoint_phases_before_the_first_step_are_the_load_and_after_it_saves(tmp_path: Path) -> None:
+    slots = StepSlotFile(tmp_path / "s", 1)
+    now = [10.0]
+    writer = StepReporter(slots.path, 0, clock=lambda: now[0])
+    writer.phase("checkpoint")  # the first write: ready at 10
+    now[0] = 12.0
+    writer.phase("train")  # a 2 s load ends: ready at 12
+    now[0] = 13.0
+    writer.step(1, samples=4)
+    writer.phase("checkpoint")
+    now[0] = 13.5
+    writer.step(2)
+    writer.phase("train")  # a 0.5 s save
+    reading = slots.read(0)
+    assert reading is not None
+    assert (reading.ready_s, reading.load_s, reading.save_s) == (12.0, 2.0, 0.5)
+    assert (reading.step, reading.samples, reading.step_end_s) == (2, 4, 13.5)
+    writer.close()
+    slots.close()

@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import argparse
+import time
 import urllib.request
+import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from dlrover.common import default_text
-from dlrover.master.cli import _run_parser, _status_parser, build_config, main
+from dlrover.master.cli import _run_parser, _status_parser, _timeline_parser, build_config, main
+from dlrover.master.client import MasterClient
 from dlrover.master.config import NodeRange
 from dlrover.master.factory import create_master, resolve_token
+from dlrover.master.goodput import AttemptReport, StepMark
 from dlrover.master.status import format_status
 from dlrover.master.v1 import job_pb2
 
@@ -89,13 +93,22 @@ def test_format_status_is_readable() -> None:
         ],
         has_committed_step=True,
         committed_step=10,
+        committed_path="/ckpt/10",
         goodput=0.5,
         elapsed_s=60,
+        samples_per_second=123.4,
+        useful_s=30,
+        goodput_buckets=[
+            job_pb2.GoodputBucket(name="startup", seconds=12),
+            job_pb2.GoodputBucket(name="steps_redone", seconds=18),
+        ],
     )
     text = format_status(status)
     assert "job j: running" in text
     assert "1 running of 1..2" in text
-    assert "committed checkpoint 10; goodput 50.0% over 60s" in text
+    assert "123.4 samples/s; committed checkpoint 10 at /ckpt/10" in text
+    assert "goodput 50.0% over 60s" in text
+    assert "useful 30.0s (50.0%); startup 12.0s (20.0%); steps_redone 18.0s (30.0%)" in text
     assert "oom: killed" in text
 
 
@@ -132,7 +145,43 @@ def test_status_command_and_metrics_endpoint(tmp_path: Path, capsys: pytest.Capt
         runtime.stop()
 
 
-@pytest.mark.parametrize("parser", [_run_parser, _status_parser])
+@pytest.mark.integration
+def test_timeline_command_draws_a_running_job_and_its_event_log(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg = build_config(
+        _run_parser().parse_args(["--backend", "external", "--nnodes", "1", "--state-dir", str(tmp_path / "s")])
+    )
+    runtime = create_master(cfg)
+    runtime.start()
+    try:
+        with MasterClient(runtime.address, runtime.token) as agent:
+            agent.register("a", "h")
+            now = time.time()
+            marks = tuple(StepMark(s, now - 3 + s * 0.5, 0.0, 4 * s) for s in range(1, 5))
+            agent.heartbeat(step=4, attempts=[AttemptReport(0, 1, 0, ready_time=now - 3, marks=marks)])
+            agent.commit_checkpoint(4, "/ck/4", world_size=1)
+        svg = tmp_path / "live.svg"
+        token = str(tmp_path / "s" / "token")
+        assert main(["timeline", "--master", runtime.address, "--token-file", token, "--out", str(svg)]) == 0
+        root = ET.parse(svg).getroot()
+        classes = [el.get("class") for el in root.iter()]
+        assert classes.count("step") == 4
+        assert "checkpoint" in classes
+        runtime.master.flush_state()
+    finally:
+        runtime.stop()
+    after = tmp_path / "after.svg"
+    log = str(tmp_path / "s" / "events.jsonl")
+    assert main(["timeline", "--event-log", log, "--out", str(after), "--title", "job1"]) == 0
+    title = ET.parse(after).getroot().find("{http://www.w3.org/2000/svg}title")
+    assert title is not None
+    assert (title.text or "").startswith("job1: goodput ")
+    assert main(["timeline", "--event-log", str(tmp_path / "missing.jsonl"), "--out", str(after)]) == 1
+    assert "dlrover-master timeline" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("parser", [_run_parser, _status_parser, _timeline_parser])
 def test_help_shows_every_options_default(
     parser: Callable[[], argparse.ArgumentParser], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -12,6 +12,7 @@ from dlrover.common import RetryPolicy, RpcError, generate_token
 from dlrover.diagnosis import ActionKind, FailureKind, RankStepStats
 from dlrover.master.client import MasterClient
 from dlrover.master.eventlog import read_event_log
+from dlrover.master.goodput import AttemptReport, StepMark
 from dlrover.master.runtime import MasterRuntime
 from dlrover.master.v1 import agent_pb2, agent_pb2_grpc
 
@@ -222,3 +223,34 @@ def test_heartbeat_step_stats_reach_the_master_and_bad_ones_are_refused(make_run
             request = agent_pb2.HeartbeatRequest(node_id=a.node_id, rank_steps=[bad])
             call = lambda r=request: a._call(a._agent.Heartbeat, r, idempotent=False)  # noqa: E731
             assert code_of(call) is grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_step_marks_and_saver_commits_reach_the_status(make_runtime: MakeRuntime) -> None:
+    rt = make_runtime(nodes=1)
+    clock = rt.master._clock  # the fixture's ManualClock
+    with client(rt) as a:
+        a.register("agent-a", "host-a", local_world_size=2)
+        t0 = clock.wall_time()
+        marks = tuple(StepMark(step, t0 + step, 0.0, 8 * step) for step in range(1, 5))
+        report = AttemptReport(node_id=0, attempt=1, rank=0, ready_time=t0, marks=marks)
+        clock.advance(4.0)
+        assert a.heartbeat(step=4, samples=32, attempts=[report]).job_state == "running"
+        # A saver committed step 4 of 2 ranks itself: recorded without held-step reports.
+        assert a.commit_checkpoint(4, "/ck/4", world_size=2) == 4
+        assert a.commit_checkpoint(2, "/ck/2", world_size=2) == 4  # older: changes nothing
+        status = a.job_status()
+        assert (status.committed_step, status.committed_path) == (4, "/ck/4")
+        assert status.useful_s == pytest.approx(4.0)
+        assert {b.name for b in status.goodput_buckets} >= {"startup", "steps_redone", "checkpoint_save"}
+        assert status.useful_s + sum(b.seconds for b in status.goodput_buckets) == pytest.approx(status.elapsed_s)
+        before = rt.master.state_digest()
+        for bad in (
+            agent_pb2.AttemptReport(attempt=1, rank=0, marks=[agent_pb2.StepMark(step=-1, end_time=1.0)]),
+            agent_pb2.AttemptReport(attempt=1, rank=0, ready_time=float("nan")),
+            agent_pb2.AttemptReport(attempt=-1, rank=0),
+        ):
+            request = agent_pb2.HeartbeatRequest(node_id=a.node_id, attempts=[bad])
+            call = lambda r=request: a._call(a._agent.Heartbeat, r, idempotent=False)  # noqa: E731
+            assert code_of(call) is grpc.StatusCode.INVALID_ARGUMENT
+        assert code_of(lambda: a.commit_checkpoint(5, "/ck/5", world_size=-2)) is grpc.StatusCode.INVALID_ARGUMENT
+        assert rt.master.state_digest() == before

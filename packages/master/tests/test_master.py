@@ -12,6 +12,7 @@ from dlrover.diagnosis import FailureKind
 from dlrover.master.checkpoints import CheckpointError
 from dlrover.master.config import LifecycleConfig, MasterConfig, NodeRange
 from dlrover.master.eventlog import EventLog, read_event_log
+from dlrover.master.goodput import AttemptReport, StepMark
 from dlrover.master.journal import MemoryJournal, SqliteJournal, StateJournal
 from dlrover.master.lifecycle import NodeConflictError
 from dlrover.master.master import Master, ResourceSample
@@ -189,20 +190,31 @@ def test_stop_stops_every_node() -> None:
     assert master.status().exit_reason == "enough"
 
 
-def test_progress_events_feed_goodput_and_metrics() -> None:
+def test_progress_and_step_marks_feed_goodput_and_metrics() -> None:
     master, _, clock = make(nodes=1)
     master.start()
     master.register(0, "a", "h0")
+    ready = clock.wall_time()
     for step in range(1, 6):
         clock.advance(1)
-        master.heartbeat(0, step=step * 10, samples=step * 100)
+        marks = (StepMark(step * 10, clock.wall_time()),)
+        report = AttemptReport(node_id=0, attempt=1, rank=0, ready_time=ready, marks=marks)
+        master.heartbeat(0, step=step * 10, samples=step * 100, attempts=[report])
     progress = [e for e in master.events(limit=1000) if e.kind == "progress"]
     assert [e.data["step"] for e in progress] == [10, 20, 30, 40, 50]
     master.tick()
-    assert master.status().goodput > 0
+    status = master.status()
+    # Every second since the workers were ready was a new step: all of it useful.
+    assert status.breakdown.useful_s == pytest.approx(5.0)
+    assert status.goodput == pytest.approx(status.breakdown.useful_s / status.elapsed_s)
+    assert status.samples_per_second == pytest.approx(100.0)
     text = master.metrics.render().decode()
     assert 'dlrover_steps_per_second{job="t"} 10.0' in text
     assert 'dlrover_samples_per_second{job="t"} 100.0' in text
+    assert 'dlrover_goodput_seconds{bucket="useful",job="t"} 5.0' in text
+    # The marks are journaled as a `steps` event: a master restarted from the journal agrees.
+    master.flush_state()
+    assert any(e.kind == "steps" for e in master.events(limit=1000))
 
 
 def test_prepare_creates_nodes_that_can_register_before_anything_is_launched() -> None:
@@ -239,3 +251,32 @@ def test_a_state_dir_of_another_job_is_refused(tmp_path: Path) -> None:
             Master(config(nodes=3), FakeScheduler(), journal, ManualClock())
     finally:
         journal.close()
+
+
+def test_goodput_after_a_master_restart_is_recomputed_from_the_journal(tmp_path: Path) -> None:
+    clock = ManualClock()
+    journal = SqliteJournal(tmp_path)
+    master = Master(config(nodes=1), FakeScheduler(), journal, clock)
+    master.start()
+    master.register(0, "a", "h0")
+    ready = clock.wall_time()
+    for step in range(1, 4):
+        clock.advance(1)
+        marks = (StepMark(step, clock.wall_time()),)
+        report = AttemptReport(node_id=0, attempt=1, rank=0, ready_time=ready, marks=marks)
+        master.heartbeat(0, step=step, attempts=[report])
+    clock.advance(1)
+    master.report_failure(0, FailureKind.UNKNOWN, "exit 1")
+    master.record_checkpoint(2, "/ck/2", 1)
+    clock.advance(1)
+    master.flush_state()  # what a stopping master journals; a killed one replays the last `steps` event
+    live = master.status().breakdown
+    journal.close()
+
+    journal2 = SqliteJournal(tmp_path)
+    master2 = Master(config(nodes=1), FakeScheduler(), journal2, clock)
+    restored = master2.status()
+    assert restored.breakdown.useful_s == pytest.approx(live.useful_s)
+    assert restored.breakdown.buckets == pytest.approx(live.buckets)
+    assert (restored.committed_step, restored.committed_path) == (2, "/ck/2")
+    journal2.close()

@@ -8,10 +8,15 @@ CLOCK_MONOTONIC (a vDSO call): no system call, no RPC, cheap enough for every st
 
 File layout (little endian):
 
-* header, 64 bytes: magic ``b"DLRSLOT1"``, u32 slot count, u32 slot size (64), zero padding;
-* slot ``i`` at ``64 + 64 * i``: u64 sequence, i64 step, i64 samples, f64 step end (seconds on
+* header, 64 bytes: magic ``b"DLRSLOT2"``, u32 slot count, u32 slot size (128), zero padding;
+* slot ``i`` at ``64 + 128 * i``: u64 sequence, i64 step, i64 samples, f64 step end (seconds on
   CLOCK_MONOTONIC, shared by every process of the node), f64 phase start, u32 phase code, u32 pid,
-  zero padding.
+  f64 ready (when the worker was ready to train: its first write, or the end of a checkpoint
+  phase before its first step), f64 load seconds (in the checkpoint phase before the first step),
+  f64 save seconds (in the checkpoint phase after it), zero padding.
+
+The goodput accounting reads the last three: a checkpoint phase before the first step is the
+checkpoint load, one after it is training blocked by a save.
 
 The sequence is a seqlock: a writer makes it odd, writes the fields, makes it even again; a reader
 retries while it is odd or changed under it. Sequence 0 means the slot was never written.
@@ -64,10 +69,11 @@ _log = logging.getLogger(__name__)
 PHASES: tuple[str, ...] = ("train", "checkpoint", "eval")
 """The phases a slot can carry, by code."""
 
-_MAGIC = b"DLRSLOT1"
+_MAGIC = b"DLRSLOT2"
 _HEADER = struct.Struct("<8sII")
-_SLOT = struct.Struct("<QqqddII")
-_SLOT_SIZE = 64
+_SLOT = struct.Struct("<QqqddIIddd")
+_SLOT_SIZE = 128
+_CHECKPOINT_CODE = PHASES.index("checkpoint")
 _HEADER_SIZE = 64
 _MAX_SLOTS = 4096
 _READ_TRIES = 100
@@ -85,6 +91,10 @@ class SlotReading:
         phase: what it does now (one of `PHASES`).
         phase_since_s: when it entered that phase.
         pid: the writer's process id.
+        ready_s: when it was ready to train (CLOCK_MONOTONIC seconds): its first write, or the
+            end of its last checkpoint phase before its first step (a checkpoint load).
+        load_s: seconds it spent in the checkpoint phase before its first step.
+        save_s: seconds it spent in the checkpoint phase after that (blocked by saves).
     """
 
     seq: int
@@ -94,6 +104,9 @@ class SlotReading:
     phase: str
     phase_since_s: float
     pid: int
+    ready_s: float = 0.0
+    load_s: float = 0.0
+    save_s: float = 0.0
 
 
 def _offset(index: int) -> int:
@@ -103,7 +116,7 @@ def _offset(index: int) -> int:
 def _read_slot(buf: mmap.mmap, index: int) -> SlotReading | None:
     off = _offset(index)
     for _ in range(_READ_TRIES):
-        seq, step, samples, end_s, since_s, code, pid = _SLOT.unpack_from(buf, off)
+        seq, step, samples, end_s, since_s, code, pid, ready_s, load_s, save_s = _SLOT.unpack_from(buf, off)
         if seq == 0:
             return None
         if seq % 2 == 1:
@@ -111,7 +124,7 @@ def _read_slot(buf: mmap.mmap, index: int) -> SlotReading | None:
         if struct.unpack_from("<Q", buf, off)[0] != seq:
             continue
         phase = PHASES[code] if code < len(PHASES) else PHASES[0]
-        return SlotReading(seq, step, samples, end_s, phase, since_s, pid)
+        return SlotReading(seq, step, samples, end_s, phase, since_s, pid, ready_s, load_s, save_s)
     return None
 
 
@@ -249,19 +262,39 @@ class StepReporter:
     ) -> None:
         buf = self._mapped()
         off = self._off
-        seq, cur_step, samples, end_s, since_s, code, _pid = _SLOT.unpack_from(buf, off)
+        seq, cur_step, samples, end_s, since_s, code, _pid, ready_s, load_s, save_s = _SLOT.unpack_from(buf, off)
         t = self._clock() if now is None else now
         if seq == 0:
-            since_s = t  # the first write starts the phase clock
+            since_s = ready_s = t  # the first write starts the phase clock
         new_step = cur_step
         if step is not None and step > cur_step:
             new_step, end_s = step, t
         if phase is not None:
             new_code = PHASES.index(phase)
             if new_code != code:
+                if code == _CHECKPOINT_CODE and seq != 0:
+                    # Leaving a checkpoint phase: a load before the first step, a save after it.
+                    if cur_step <= 0:
+                        load_s += max(t - since_s, 0.0)
+                        ready_s = t
+                    else:
+                        save_s += max(t - since_s, 0.0)
                 code, since_s = new_code, t
         struct.pack_into("<Q", buf, off, seq | 1)
-        _SLOT.pack_into(buf, off, seq | 1, new_step, samples + add_samples, end_s, since_s, code, self._pid)
+        _SLOT.pack_into(
+            buf,
+            off,
+            seq | 1,
+            new_step,
+            samples + add_samples,
+            end_s,
+            since_s,
+            code,
+            self._pid,
+            ready_s,
+            load_s,
+            save_s,
+        )
         struct.pack_into("<Q", buf, off, (seq | 1) + 1)
 
     def step(self, step: int | None = None, *, samples: int = 0) -> None:

@@ -266,9 +266,18 @@ class FlashCheckpointer:
         starting a detached one), otherwise a ``persist_failed`` event is recorded
         and the snapshot stays in memory.
         """
-        result = self.stager.save(step, state)
-        if self._steps is not None and step >= 0:
-            self._steps.step(step)
+        if self._steps is None:
+            result = self.stager.save(step, state)
+        else:
+            # The copy blocks training: a checkpoint phase, which the goodput accounting counts
+            # as time blocked by saves (a load before the first step, see `load`).
+            self._steps.phase("checkpoint")
+            try:
+                result = self.stager.save(step, state)
+                if step >= 0:
+                    self._steps.step(step)
+            finally:
+                self._steps.phase("train")
         if persist and result.saved:
             if self.client is not None:
                 self._link.request_persist(step)
@@ -290,7 +299,14 @@ class FlashCheckpointer:
         Raises:
             FlashCkptError: there is no saver (``saver="none"`` persists synchronously).
         """
-        return self._link.wait_persisted(step, timeout_s)
+        if self._steps is None:
+            return self._link.wait_persisted(step, timeout_s)
+        # Training waits here: a checkpoint phase, as the save itself (see `save`).
+        self._steps.phase("checkpoint")
+        try:
+            return self._link.wait_persisted(step, timeout_s)
+        finally:
+            self._steps.phase("train")
 
     def _persist_here(self, step: int) -> None:
         self.stager.flush()
@@ -328,6 +344,21 @@ class FlashCheckpointer:
                 `FlashCkptError` naming it) the target or the world size does not fit, which no
                 fallback mends.
         """
+        if self._steps is None:
+            return self._load(target)
+        # Before the first step, a checkpoint phase is the load (see `save`).
+        self._steps.phase("checkpoint")
+        try:
+            loaded = self._load(target)
+        finally:
+            self._steps.phase("train")
+        if loaded.step > 0:
+            # The restored process has finished these steps: its next mark is one step past them
+            # (the goodput accounting then knows which steps it trains again).
+            self._steps.step(loaded.step)
+        return loaded
+
+    def _load(self, target: Any | None) -> LoadedState:
         if self._replicated:
             group = RankGroup(self._group)
             loader = ReplicatedLoader(

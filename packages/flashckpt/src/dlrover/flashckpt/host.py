@@ -69,6 +69,7 @@ import attrs
 from dlrover.common import Clock, ConfigError, SystemClock, pid_scope
 from dlrover.common.validators import non_negative_finite, non_negative_int, positive, positive_int
 from dlrover.flashckpt.channel import ChannelError, listen_owner_only, recv_message, send_message, unix_address
+from dlrover.flashckpt.ckpt_format import step_dir
 from dlrover.flashckpt.commit import RetentionPolicy
 from dlrover.flashckpt.errors import FlashCkptError, SaverUnavailableError
 from dlrover.flashckpt.events import EventLog, FlashEvent
@@ -91,6 +92,7 @@ __all__ = [
     "HOST_SOCKET_ENV_VAR",
     "EnsureAction",
     "EnsureDecision",
+    "HostedCommit",
     "HostedSaver",
     "HostRuns",
     "SaverHost",
@@ -149,6 +151,25 @@ def remove_dead_hosts(shm_dir: str | Path) -> list[Path]:
                 break  # not ours to remove after all: leave the pair as it is
             removed.append(path)
     return removed
+
+
+@attrs.frozen
+class HostedCommit:
+    """A checkpoint a saver of this host committed.
+
+    Attributes:
+        job_id: the run's job.
+        run_id: the run.
+        step: the committed step.
+        world_size: the ranks of the checkpoint.
+        path: where it is (the storage directory or URL and the step's folder).
+    """
+
+    job_id: str
+    run_id: str
+    step: int
+    world_size: int
+    path: str
 
 
 def host_socket_path(shm_dir: str | Path = DEFAULT_SHM_DIR) -> Path:
@@ -243,6 +264,7 @@ class SaverHost:
         self._table = HostRuns(config.max_runs)
         self._savers: dict[tuple[str, str], Saver] = {}
         self._serving: tuple[Saver, ...] = ()  # the values of `_savers`, for lock-free readers
+        self._ended_commits: dict[tuple[str, str], HostedCommit] = {}  # of runs whose saver stopped
         self._lock = threading.Lock()  # serialises every change of the runs and their savers
         self._conn_lock = threading.Lock()
         self._conns: set[socket.socket] = set()
@@ -401,6 +423,30 @@ class SaverHost:
             return None
         return min(newest[rank] for rank in wanted)
 
+    def commits(self) -> list[HostedCommit]:
+        """The newest checkpoint each run's saver on this host committed (runs whose saver is the
+        coordinator and committed one), read under the host's lock.
+
+        The agent tells the master about each new one (`dlrover-master status` shows it).
+        """
+        with self._lock:
+            out = dict(self._ended_commits)
+            for key, saver in self._savers.items():
+                commit = self._commit_of(key, saver)
+                if commit is not None:
+                    out[key] = commit
+            return list(out.values())
+
+    def _commit_of(self, key: tuple[str, str], saver: Saver) -> HostedCommit | None:
+        """The newest commit of `saver` (under the host's lock, while its request is known)."""
+        step = saver.newest_commit
+        if step is None:
+            return None
+        request = self._table.runs().get(key)
+        root = request.storage_dir.rstrip("/") if request is not None else ""
+        path = f"{root}/{step_dir(step)}" if root else step_dir(step)
+        return HostedCommit(key[0], key[1], step, saver.config.world_size, path)
+
     def failure_persist_pending(self) -> bool:
         """Whether any run's saver has a failure persist held, queued or running (read without the
         host's lock, as `ranks_sealed_since`)."""
@@ -513,7 +559,10 @@ class SaverHost:
         while not self._stop.wait(self.config.poll_interval_s):
             with self._lock:
                 done = {key: saver for key, saver in self._savers.items() if saver.wait_shutdown(0)}
-                for key in done:
+                for key, saver in done.items():
+                    commit = self._commit_of(key, saver)
+                    if commit is not None:
+                        self._ended_commits[key] = commit
                     del self._savers[key]
                 self._serving = tuple(self._savers.values())
                 self._ending.update(done)
@@ -523,6 +572,10 @@ class SaverHost:
             for key, saver in done.items():
                 saver.stop(remove_memory=True, timeout_s=self.config.stop_timeout_s)
                 with self._lock:
+                    # An ended run's last commit is still news for the agent's next heartbeat.
+                    commit = self._commit_of(key, saver)
+                    if commit is not None:
+                        self._ended_commits[key] = commit
                     self._ending.discard(key)
                     self._table.forget(key)
                 self._record("saver_stopped", f"run {key[0]}/{key[1]} ended (shutdown): memory removed")

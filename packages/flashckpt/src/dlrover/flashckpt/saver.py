@@ -188,6 +188,7 @@ class Saver:
         self._socket_ino: int | None = None  # the socket file this saver bound (not a successor's)
         # Held while committing: once `retire` returns, this saver never moves the tracker again.
         self._commit_lock = threading.Lock()
+        self._newest_commit: int | None = None  # the newest step this saver committed
         self._retired = False
         self._uncapped = threading.Event()  # set at stop: persists run at full speed from then on
         self._pacer: Pacer | None = None  # the running persist's (worker thread; read by `stop`)
@@ -272,6 +273,12 @@ class Saver:
     def wait_shutdown(self, timeout_s: float | None = None) -> bool:
         """Wait for a ``shutdown`` message; False on timeout."""
         return self._shutdown_requested.wait(timeout_s)
+
+    @property
+    def newest_commit(self) -> int | None:
+        """The newest step this saver committed (moved the tracker to), or None."""
+        with self._lock:
+            return self._newest_commit
 
     def ranks_sealed_since(self, since: float) -> frozenset[int]:
         """Ranks that sealed a snapshot at or after `since` (this saver's clock): they are training."""
@@ -502,6 +509,8 @@ class Saver:
                 return False, str(e)
         if decision.commit:
             self._record("committed", step, decision.reason)
+            with self._lock:
+                self._newest_commit = max(step, self._newest_commit if self._newest_commit is not None else step)
             self._pending = {s for s in self._pending if s > step}
         elif decision.waiting_for:
             # Ranks on other nodes (other savers) may finish later: check again periodically.

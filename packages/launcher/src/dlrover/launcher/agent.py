@@ -26,9 +26,15 @@ from dlrover.common import (
     remove_dead_owners,
 )
 from dlrover.common.process import exiting_status
-from dlrover.common.step_slots import STACK_DUMP_ENV_VAR, STEP_SLOT_ENV_VAR, STEP_SLOTS_ENV_VAR, StepSlotFile
+from dlrover.common.step_slots import (
+    STACK_DUMP_ENV_VAR,
+    STEP_SLOT_ENV_VAR,
+    STEP_SLOTS_ENV_VAR,
+    SlotReading,
+    StepSlotFile,
+)
 from dlrover.common.validators import non_negative, non_negative_finite, positive
-from dlrover.diagnosis import Decision, HangConfig, HangReport, OomCount, OomWatch, request_stack_dump
+from dlrover.diagnosis import ActionKind, Decision, HangConfig, HangReport, OomCount, OomWatch, request_stack_dump
 from dlrover.flashckpt.commit import RetentionPolicy
 from dlrover.flashckpt.host import SaverHost, SaverHostConfig, host_socket_path
 from dlrover.flashckpt.job_env import safe_job_id
@@ -62,6 +68,7 @@ from dlrover.launcher.hang import HangWatch, read_cpu_seconds
 from dlrover.launcher.netcheck import NetworkCheck, NetworkCheckSettingsMismatch, NetworkCheckStopped
 from dlrover.launcher.netcheck_plan import CheckOutcome, after_check_report, check_step
 from dlrover.launcher.resource_usage import ProcessTreeSampler
+from dlrover.launcher.step_ledger import StepLedger
 from dlrover.launcher.step_watch import StepWatch
 from dlrover.launcher.store_host import StoreHost
 from dlrover.launcher.worker_logs import failure_line
@@ -295,6 +302,12 @@ class Agent:
         self._step_watch: StepWatch | None = None
         # (node rank, nodes, RANK of local rank 0, WORLD_SIZE) of the last workers started.
         self._layout: tuple[int, int, int, int] | None = None
+        # Step marks of local rank 0 for the master's goodput accounting, per set of workers, and
+        # when (wall) this agent joined and left the rendezvous of the current round.
+        self._ledger = StepLedger()
+        self._round_times: tuple[float, float] | None = None
+        # The newest checkpoint step of each run the master was told about.
+        self._commits_told: dict[tuple[str, str], int] = {}
 
     @property
     def run_dir(self) -> Path | None:
@@ -421,7 +434,59 @@ class Agent:
                 if last is None or last[1] is not None:
                     _log.warning("no resource samples in heartbeats: %s", exc)
                 last = self._last_usage = (now, None)
-        return Progress(step=step, samples=samples, resources=last[1], rank_steps=rank_steps)
+        return Progress(
+            step=step, samples=samples, resources=last[1], rank_steps=rank_steps, attempts=self._ledger.reports()
+        )
+
+    def _heartbeat(self) -> Sequence[tuple[ActionKind, str]]:
+        """Send a heartbeat with the node's progress; the step marks it carried are not sent again.
+
+        Raises:
+            DLRoverError: the master did not answer (the marks go with the next heartbeat).
+        """
+        progress = self._progress()
+        actions = self._control.heartbeat(progress)
+        self._ledger.acknowledge(progress.attempts)
+        return actions
+
+    def _flush_progress(self) -> None:
+        """One last heartbeat after the workers finished, so their last steps and checkpoint
+        reach the master's accounting before this node reports success (best effort)."""
+        self._read_slots()
+        try:
+            self._heartbeat()
+            self._tell_commits()
+        except DLRoverError as exc:
+            _log.warning("could not send the last steps to the master: %s", exc)
+
+    def _tell_commits(self) -> None:
+        """Tell the master about checkpoints this node's savers committed since it last heard.
+
+        One the master did not take is told again after the next heartbeat; a master that is
+        away is the heartbeat's concern, not this courtesy's.
+        """
+        host = self._saver_host
+        if host is None:
+            return
+        for commit in host.commits():
+            key = (commit.job_id, commit.run_id)
+            if commit.step <= self._commits_told.get(key, -1):
+                continue
+            try:
+                self._control.commit_checkpoint(commit.step, commit.path, commit.world_size)
+            except DLRoverError as exc:
+                _log.warning("could not tell the master about checkpoint step %d: %s", commit.step, exc)
+                return
+            self._commits_told[key] = commit.step
+            _log.info("told the master: checkpoint step %d committed at %s", commit.step, commit.path)
+
+    def _read_slots(self) -> dict[int, SlotReading]:
+        """Read every worker's step slot; local rank 0's goes to the goodput ledger."""
+        if self._step_slots is None:
+            return {}
+        readings = self._step_slots.read_all()
+        self._ledger.observe(readings.get(0))
+        return readings
 
     def _start_standby_pool(self) -> None:
         """Standbys import `prewarm_modules` while this node registers and waits for its round."""
@@ -508,9 +573,11 @@ class Agent:
             # the round's workers have stopped (`_run_group` stops them): then its store goes.
             try:
                 try:
+                    joined = self._clock.wall_time()
                     assignment = self._control.next_round(
                         self._config.rendezvous_timeout_s, self._stop_requested.is_set, open_store
                     )
+                    self._round_times = (joined, self._clock.wall_time())
                 except DLRoverError:
                     if self._stop_requested.is_set():
                         return AgentResult(128 + self._stop_signal, self._stop_reason, restarts, rounds)
@@ -535,6 +602,7 @@ class Agent:
                 step = self._run_group(assignment, restarts)
                 _log.info("%s: %s", step.kind.value, step.reason)
                 if step.kind is StepKind.SUCCEED:
+                    self._flush_progress()
                     self._control.report_success(assignment)
                     # Only the round's store may still be needed (below): standbys and checkpoint
                     # memory go now, not after a wait for the other nodes.
@@ -658,6 +726,7 @@ class Agent:
         finally:
             if group.running():
                 group.stop(self._config.shutdown_grace_s, self._stop_signal)
+            self._read_slots()  # the last steps before the workers ended
             pending, self._refill_pending = self._refill_pending, None
             if pending is not None and step is not None and step.kind is StepKind.RESTART:
                 # The group ended before it trained again (a crash loop, a failure while restoring):
@@ -678,6 +747,15 @@ class Agent:
         )
         started_at = self._clock.now()  # before the start: no checkpoint of these workers is older
         self._oom_before = self._oom_watch.count()
+        wall = self._clock.wall_time()
+        rdzv = self._round_times
+        self._ledger.start_attempt(
+            first,
+            rendezvous_start=rdzv[0] if rdzv else None,
+            rendezvous_end=rdzv[1] if rdzv else None,
+            workers_start=wall,
+            wall_offset=wall - started_at,
+        )
         group.start()
         ranks = frozenset(range(first, first + nproc))
         if self._standby is not None:
@@ -730,7 +808,8 @@ class Agent:
             if self._clock.now() >= next_heartbeat:
                 next_heartbeat = self._clock.now() + self._heartbeat_interval_s
                 try:
-                    step = on_master_actions(self._control.heartbeat(self._progress()))
+                    step = on_master_actions(self._heartbeat())
+                    self._tell_commits()
                     if step.kind is not StepKind.CONTINUE:
                         return step
                     nodes_waiting = self._control.nodes_waiting()
@@ -847,7 +926,7 @@ class Agent:
             return
         self._check_heartbeat_at = now + self._heartbeat_interval_s
         try:
-            step = on_master_actions(self._control.heartbeat(self._progress()))
+            step = on_master_actions(self._heartbeat())
         except DLRoverError as exc:
             _log.warning("heartbeat during the network check failed: %s", exc)
             return
@@ -920,7 +999,7 @@ class Agent:
     ) -> FailureReport | None:
         """The report of hung workers, by their step reports first, then by their CPU time; None if none."""
         if steps is not None and self._step_slots is not None:
-            steps.observe(self._step_slots.read_all(), self._clock.now())
+            steps.observe(self._read_slots(), self._clock.now())
             verdict = steps.check(self._clock.now())
             if verdict is not None and verdict.hung:
                 return self._stalled_workers(group, exits, steps, verdict, restarts)

@@ -13,6 +13,7 @@ from typing import Protocol
 import attrs
 
 from dlrover.diagnosis import ActionKind, Decision, RankStepStats
+from dlrover.master.goodput import AttemptReport
 
 __all__ = [
     "ControlPlane",
@@ -106,12 +107,15 @@ class Progress:
         resources: what the node uses; None sends no sample.
         rank_steps: the step stats of each local worker that reports its steps, batched to the
             master (its straggler detector compares ranks).
+        attempts: step marks of local rank 0 not yet sent, per set of workers (the master's
+            goodput accounting); see `dlrover.launcher.step_ledger`.
     """
 
     step: int = -1
     samples: int = 0
     resources: ResourceUsage | None = None
     rank_steps: tuple[RankStepStats, ...] = ()
+    attempts: tuple[AttemptReport, ...] = ()
 
 
 @attrs.frozen
@@ -191,6 +195,15 @@ class ControlPlane(Protocol):
 
     def report_failure(self, report: FailureReport) -> Decision:
         """Report a failure; returns the master's decision (`Decision.outcome`: its reason)."""
+        ...
+
+    def commit_checkpoint(self, step: int, path: str, world_size: int) -> None:
+        """Tell the master that this node's checkpoint saver committed `step` of `world_size`
+        ranks at `path` (the saver verified every rank's files); idempotent.
+
+        Raises:
+            DLRoverError: refused or unreachable (the caller tells it again later).
+        """
         ...
 
     def report_success(self, assignment: RoundAssignment) -> None:

@@ -60,6 +60,7 @@ class FakeControlPlane:
         self.rounds: list[RoundAssignment] = []
         self.failures: list[FailureReport] = []
         self.heartbeats: list[Progress] = []
+        self.commits: list[tuple[int, str, int]] = []  # (step, path, world size) as committed
         self.successes = 0
         self.succeeded_rounds: list[int] = []
         self.left = 0
@@ -137,6 +138,10 @@ class FakeControlPlane:
     def _decision(action: ActionKind, reason: str) -> Decision:
         # The fake diagnoses nothing: the decision keeps the kind an agent reports for a crash.
         return Decision(action, reported_kind(), "0", reason)
+
+    def commit_checkpoint(self, step: int, path: str, world_size: int) -> None:
+        with self._lock:
+            self.commits.append((step, path, world_size))
 
     def report_success(self, assignment: RoundAssignment) -> None:
         with self._lock:

@@ -299,7 +299,11 @@ class GrpcControlPlane:
             )
         )
         response = self._master.heartbeat(
-            step=step, samples=progress.samples, resources=resources, rank_steps=progress.rank_steps
+            step=step,
+            samples=progress.samples,
+            resources=resources,
+            rank_steps=progress.rank_steps,
+            attempts=progress.attempts,
         )
         return [(a.kind, a.reason) for a in response.actions]
 
@@ -317,6 +321,9 @@ class GrpcControlPlane:
         # A node the network check left out exits whatever the answer: the master must not count
         # on it restarting its processes.
         return self._master.report_failure(kind, evidence, exit_code=report.exit_code, agent_exits=report.network_check)
+
+    def commit_checkpoint(self, step: int, path: str, world_size: int) -> None:
+        self._master.commit_checkpoint(step, path, world_size=world_size)
 
     def report_success(self, assignment: RoundAssignment) -> None:
         key = finished_key(assignment.round, assignment.group_rank)

@@ -3,7 +3,8 @@
 Composes the DLRover libraries behind one authenticated gRPC server: the node lifecycle (an
 explicit transition table, budgets, early-stop rules), scheduler backends (local, external),
 a SQLite state journal a restarted master resumes from, per-node identity, checkpoint
-coordination, Prometheus metrics, a JSON-lines event log with goodput, and `dlrover-master`.
+coordination, Prometheus metrics, a JSON-lines event log, goodput accounting with a timeline
+picture, and `dlrover-master`.
 By default the same server hosts the job's RendezvousService and ShardService (journaled, and
 released from failed nodes), and failures are decided by dlrover.diagnosis.
 """
@@ -19,15 +20,18 @@ from dlrover.master.config import (
     parse_node_range,
 )
 from dlrover.master.diagnosis_policy import DiagnosisFailurePolicy
-from dlrover.master.eventlog import (
-    EventLog,
-    EventLogInUseError,
-    Goodput,
-    GoodputTracker,
-    compute_goodput,
-    read_event_log,
-)
+from dlrover.master.eventlog import EventLog, EventLogInUseError, read_event_log
 from dlrover.master.factory import MASTER_ADDR_ENV_VAR, create_master, default_policy, resolve_token
+from dlrover.master.goodput import (
+    BUCKETS,
+    AttemptReport,
+    GoodputAccountant,
+    GoodputBreakdown,
+    GoodputInputError,
+    SampleRate,
+    StepMark,
+    compute_breakdown,
+)
 from dlrover.master.hosting import (
     KV_STATE_FORMAT,
     SHARD_STATE_FORMAT,
@@ -116,6 +120,7 @@ from dlrover.master.states import (
     check_transition,
 )
 from dlrover.master.status import format_status
+from dlrover.master.timeline import render_timeline
 
 __all__ = [
     # composition
@@ -235,9 +240,16 @@ __all__ = [
     "MetricsEndpoint",
     "EventLog",
     "EventLogInUseError",
-    "Goodput",
-    "GoodputTracker",
-    "compute_goodput",
     "read_event_log",
     "format_status",
+    "render_timeline",
+    # goodput
+    "BUCKETS",
+    "AttemptReport",
+    "GoodputAccountant",
+    "GoodputBreakdown",
+    "GoodputInputError",
+    "SampleRate",
+    "StepMark",
+    "compute_breakdown",
 ]

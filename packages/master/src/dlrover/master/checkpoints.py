@@ -141,6 +141,22 @@ class CheckpointTracker:
         if latest is not None and step < latest.step:
             raise CheckpointError(f"step {step} is older than the committed step {latest.step}")
 
+    def validate_commit(self, step: int, world_size: int) -> None:
+        """Raise unless a saver's commit of `step` of `world_size` ranks can be recorded.
+
+        Raises:
+            CheckpointError: the step is negative or the world size out of range.
+        """
+        if step < 0:
+            raise CheckpointError(f"step must be non-negative, got {step}")
+        if not 1 <= world_size <= MAX_WORLD_SIZE:
+            raise CheckpointError(f"world_size must be in 1..{MAX_WORLD_SIZE}, got {world_size}")
+
+    def record(self, commit: CheckpointCommit) -> None:
+        """Record a commit a checkpoint saver made itself (checked by `validate_commit`)."""
+        self.validate_commit(commit.step, commit.world_size)
+        self._commits[commit.step] = commit
+
     def commit(self, step: int, path: str, wall_time: float) -> CheckpointCommit:
         """Record `step` as committed (idempotent for the same step).
 

@@ -2,6 +2,8 @@
 
     dlrover-master --nnodes 2:4 --backend local --agent-command "dlrover-run ..." --state-dir /tmp/job
     dlrover-master status --master 127.0.0.1:50051 --token-file /tmp/job/token
+    dlrover-master timeline --master 127.0.0.1:50051 --token-file /tmp/job/token --out job.svg
+    dlrover-master timeline --event-log /tmp/job/events.jsonl --out job.svg
 
 Exit status of a run: 0 the job succeeded, 1 it failed, 2 bad usage, 3 it was stopped.
 """
@@ -9,6 +11,7 @@ Exit status of a run: 0 the job succeeded, 1 it failed, 2 bad usage, 3 it was st
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import shlex
 import signal
@@ -35,10 +38,12 @@ from dlrover.master.config import (
     MasterConfig,
     parse_node_range,
 )
+from dlrover.master.eventlog import read_event_log
 from dlrover.master.factory import create_master
 from dlrover.master.resource_flags import add_resource_flags, lifecycle_resources
 from dlrover.master.states import JobState
 from dlrover.master.status import format_status
+from dlrover.master.timeline import render_timeline
 
 __all__ = ["build_config", "main"]
 
@@ -176,6 +181,12 @@ def _run_parser() -> argparse.ArgumentParser:
         help="report: an event and a warning; replace: also relaunch the straggler's node where the backend can",
     )
     add_resource_flags(p)
+    p.add_argument(
+        "--samples-rate-window-s",
+        type=float,
+        default=30.0,
+        help="samples per second (status, dlrover_samples_per_second) are measured over this many recent seconds",
+    )
     p.add_argument("--linger-max-s", type=float, default=10.0, help="most time to tell agents the job ended")
     p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
     return p
@@ -186,12 +197,32 @@ def _status_parser() -> argparse.ArgumentParser:
         prog="dlrover-master status", description="Print a running job's status.", formatter_class=DefaultsHelpFormatter
     )
     p.add_argument("--master", required=True, help="the master's host:port")
+    _add_client_flags(p)
+    return p
+
+
+def _timeline_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="dlrover-master timeline",
+        description="Draw a job's timeline (nodes against time: steps, failures, restarts, resizes, checkpoints; "
+        "goodput in the title) as SVG, from a running master or from an event log after the fact.",
+        formatter_class=DefaultsHelpFormatter,
+    )
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--master", help="a running master's host:port")
+    source.add_argument("--event-log", help="a job's JSON-lines event log (--event-log of dlrover-master)")
+    p.add_argument("--out", required=True, help="the SVG file to write")
+    p.add_argument("--title", default="", help="the job's name in the title")
+    _add_client_flags(p)
+    return p
+
+
+def _add_client_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--token", default=None, help="the job token (prefer --token-file)")
     p.add_argument("--token-file", default=None, help="a file holding the job token")
     p.add_argument("--tls-ca", default=None, help="verify the master's certificate with this CA (enables TLS)")
     p.add_argument("--tls-server-name", default=None, help="the name the master's certificate is valid for")
     p.add_argument("--timeout-s", type=float, default=10.0, help="seconds to wait for the master's answer")
-    return p
 
 
 def build_config(args: argparse.Namespace) -> MasterConfig:
@@ -245,24 +276,73 @@ def build_config(args: argparse.Namespace) -> MasterConfig:
         straggler_window=args.straggler_window,
         straggler_min_samples=args.straggler_min_samples,
         straggler_action=args.straggler_action,
+        samples_rate_window_s=args.samples_rate_window_s,
     )
+
+
+def _client(args: argparse.Namespace) -> MasterClient:
+    token = load_token(args.token, token_file=args.token_file)
+    channel_config = None
+    if args.tls_ca:
+        channel_config = ChannelConfig(tls=TLSConfig(ca_file=args.tls_ca, server_name_override=args.tls_server_name))
+    policy = RetryPolicy(call_timeout_s=args.timeout_s, total_timeout_s=args.timeout_s)
+    return MasterClient(args.master, token, channel_config=channel_config, policy=policy)
 
 
 def _status(argv: Sequence[str]) -> int:
     args = _status_parser().parse_args(argv)
     try:
-        token = load_token(args.token, token_file=args.token_file)
-        channel_config = None
-        if args.tls_ca:
-            channel_config = ChannelConfig(
-                tls=TLSConfig(ca_file=args.tls_ca, server_name_override=args.tls_server_name)
-            )
-        policy = RetryPolicy(call_timeout_s=args.timeout_s, total_timeout_s=args.timeout_s)
-        with MasterClient(args.master, token, channel_config=channel_config, policy=policy) as client:
+        with _client(args) as client:
             print(format_status(client.job_status()))
     except DLRoverError as exc:
         print(f"dlrover-master status: {exc}", file=sys.stderr)
         return 1
+    return 0
+
+
+def _master_events(client: MasterClient) -> list[dict[str, object]]:
+    """Every event of a running job, paged through ListEvents."""
+    out: list[dict[str, object]] = []
+    after = 0
+    while True:
+        page = client.list_events(after_seq=after, limit=1000)
+        if not page:
+            return out
+        for e in page:
+            out.append(
+                {
+                    "seq": e.seq,
+                    "wall_time": e.wall_time,
+                    "kind": e.kind,
+                    "message": e.message,
+                    "node_id": e.node_id if e.has_node else None,
+                    "rank": e.rank,
+                    "data": json.loads(e.data_json) if e.data_json else {},
+                }
+            )
+        after = page[-1].seq
+
+
+def _timeline(argv: Sequence[str]) -> int:
+    args = _timeline_parser().parse_args(argv)
+    try:
+        if args.event_log is not None:
+            events = read_event_log(args.event_log)
+            now = None
+        else:
+            with _client(args) as client:
+                events = _master_events(client)
+                status = client.job_status()
+            # A running job's timeline ends now (its elapsed time as the master counts it).
+            start = next((float(str(e["wall_time"])) for e in events if e["kind"] == "job_start"), None)
+            now = start + status.elapsed_s if start is not None and status.state == "running" else None
+        svg = render_timeline(events, title=args.title, now_wall=now)
+        with open(args.out, "w", encoding="utf-8") as f:
+            f.write(svg)
+    except (DLRoverError, OSError, ValueError) as exc:
+        print(f"dlrover-master timeline: {exc}", file=sys.stderr)
+        return 1
+    print(f"wrote {args.out} ({len(events)} events)")
     return 0
 
 
@@ -314,6 +394,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args and args[0] == "status":
         return _status(args[1:])
+    if args and args[0] == "timeline":
+        return _timeline(args[1:])
     if args and args[0] == "run":
         args = args[1:]
     return _run(args)

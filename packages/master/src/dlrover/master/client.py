@@ -14,6 +14,7 @@ import grpc
 
 from dlrover.common import ChannelConfig, Clock, RetryPolicy, call_unary, create_channel
 from dlrover.diagnosis import ActionKind, Decision, FailureKind, RankStepStats
+from dlrover.master.goodput import AttemptReport
 from dlrover.master.identity import node_metadata
 from dlrover.master.master import ResourceSample
 from dlrover.master.records import Action
@@ -152,6 +153,7 @@ class MasterClient:
         resources: ResourceSample | None = None,
         node_id: int | None = None,
         rank_steps: Sequence[RankStepStats] = (),
+        attempts: Sequence[AttemptReport] = (),
     ) -> HeartbeatAnswer:
         """Send a heartbeat (with the node's per-rank step stats); the answer carries pending actions.
 
@@ -171,6 +173,22 @@ class MasterClient:
                     phase=r.phase,
                 )
                 for r in rank_steps
+            ],
+            attempts=[
+                agent_pb2.AttemptReport(
+                    attempt=a.attempt,
+                    rank=a.rank,
+                    rendezvous_start=a.rendezvous_start or 0.0,
+                    rendezvous_end=a.rendezvous_end or 0.0,
+                    workers_start=a.workers_start or 0.0,
+                    ready_time=a.ready_time or 0.0,
+                    load_s=a.load_s,
+                    marks=[
+                        agent_pb2.StepMark(step=m.step, end_time=m.end_time, save_s=m.save_s, samples=m.samples)
+                        for m in a.marks
+                    ],
+                )
+                for a in attempts
             ],
         )
         if step is not None:
@@ -248,9 +266,16 @@ class MasterClient:
         )
         return response
 
-    def commit_checkpoint(self, step: int, path: str = "", *, node_id: int | None = None) -> int:
-        """Commit a step held by every rank; returns the committed step."""
-        request = checkpoint_pb2.CommitCheckpointRequest(node_id=self._own_id(node_id), step=step, path=path)
+    def commit_checkpoint(self, step: int, path: str = "", *, node_id: int | None = None, world_size: int = 0) -> int:
+        """Commit a step; returns the committed step.
+
+        Without `world_size`, the step must have been reported held by every rank
+        (`report_checkpoint_steps`). With it, the caller (a checkpoint saver) committed the step of
+        `world_size` ranks itself and the master records it as it is.
+        """
+        request = checkpoint_pb2.CommitCheckpointRequest(
+            node_id=self._own_id(node_id), step=step, path=path, world_size=world_size
+        )
         response: checkpoint_pb2.CommitCheckpointResponse = self._call(
             self._ckpt.CommitCheckpoint, request, idempotent=True
         )

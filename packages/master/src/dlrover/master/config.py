@@ -205,6 +205,8 @@ class MasterConfig:
         straggler_min_samples: heartbeats with new steps needed before a rank is judged.
         straggler_action: `report` (an event and a warning) or `replace` (also relaunch the
             straggler's node, where the scheduler backend relaunches nodes; else report only).
+        samples_rate_window_s: samples per second (status, `dlrover_samples_per_second`) are
+            measured over this many recent seconds of the samples the workers report.
     """
 
     job_name: str = "dlrover-job"
@@ -239,6 +241,7 @@ class MasterConfig:
     straggler_window: int = attrs.field(default=5, validator=positive)
     straggler_min_samples: int = attrs.field(default=3, validator=positive)
     straggler_action: str = "report"
+    samples_rate_window_s: float = attrs.field(default=30.0, validator=positive)
 
     def __attrs_post_init__(self) -> None:
         if not self.job_name or len(self.job_name) > 128 or not self.job_name.isprintable():

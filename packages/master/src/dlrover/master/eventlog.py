@@ -1,4 +1,4 @@
-"""The job's timeline as JSON lines, and goodput computed from it.
+"""The job's timeline as JSON lines (goodput is computed from it by `dlrover.master.goodput`).
 
 Each line is one event: `{"seq", "wall_time", "kind", "message", "node_id", "rank", "data"}`.
 The log is for people and tools (`jq`, dashboards); the journal is what the master restores from.
@@ -10,28 +10,19 @@ import fcntl
 import json
 import os
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, TextIO
-
-import attrs
 
 from dlrover.common import DLRoverError
 from dlrover.master.journal import JournaledEvent
 
 __all__ = [
-    "INTERRUPTION_KINDS",
     "EventLog",
     "EventLogInUseError",
-    "Goodput",
-    "GoodputTracker",
-    "compute_goodput",
     "event_to_dict",
     "read_event_log",
 ]
-
-# Events that break a stretch of useful training: time across them is not counted as useful.
-INTERRUPTION_KINDS = frozenset({"failure", "process_restart", "relaunch", "job_end", "master_restart"})
 
 
 class EventLogInUseError(DLRoverError):
@@ -145,73 +136,3 @@ def read_event_log(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
                 break
             raise DLRoverError(f"{path}:{number} is not JSON: {exc}") from exc
     return events
-
-
-@attrs.frozen
-class Goodput:
-    """Useful training time over elapsed time.
-
-    Attributes:
-        useful_s: seconds spent making new progress (steps beyond the best step reached before).
-        elapsed_s: seconds since the job started.
-    """
-
-    useful_s: float
-    elapsed_s: float
-
-    @property
-    def ratio(self) -> float:
-        """useful_s / elapsed_s, 0 before any time has passed."""
-        return self.useful_s / self.elapsed_s if self.elapsed_s > 0 else 0.0
-
-
-class GoodputTracker:
-    """Goodput computed incrementally, one event at a time (see `compute_goodput` for the rule)."""
-
-    def __init__(self) -> None:
-        self._start: float | None = None
-        self._last_time: float | None = None
-        self._previous: tuple[float, int] | None = None
-        self._best = -1
-        self._useful = 0.0
-
-    def add(self, event: Mapping[str, Any]) -> None:
-        """Account for one event (events must arrive in time order)."""
-        t = float(event["wall_time"])
-        kind = event["kind"]
-        if self._start is None or (kind == "job_start" and self._start > t):
-            self._start = t
-        self._last_time = t
-        if kind in INTERRUPTION_KINDS:
-            self._previous = None
-        elif kind == "progress":
-            step = int(event["data"]["step"])
-            prev = self._previous
-            if prev is not None and step > prev[1] and t > prev[0]:
-                new_steps = step - max(prev[1], self._best)
-                if new_steps > 0:
-                    self._useful += (t - prev[0]) * new_steps / (step - prev[1])
-            self._best = max(self._best, step)
-            self._previous = (t, step)
-
-    def goodput(self, now_wall: float | None = None) -> Goodput:
-        """Goodput so far; elapsed time runs to `now_wall` (or the last event)."""
-        if self._start is None:
-            return Goodput(0.0, 0.0)
-        end = now_wall if now_wall is not None else (self._last_time or self._start)
-        return Goodput(self._useful, max(end - self._start, 0.0))
-
-
-def compute_goodput(events: Iterable[Mapping[str, Any]], now_wall: float | None = None) -> Goodput:
-    """Goodput from the event timeline.
-
-    `progress` events carry `data.step`, the job's newest step. Between two consecutive progress
-    events with no interruption (a failure, restart or relaunch) in between, the time counts as
-    useful in proportion to the steps that go beyond the best step reached before: steps redone
-    after restoring an older checkpoint are not useful. Elapsed time runs from `job_start` (or the
-    first event) to `now_wall` (or the last event).
-    """
-    tracker = GoodputTracker()
-    for event in events:
-        tracker.add(event)
-    return tracker.goodput(now_wall)

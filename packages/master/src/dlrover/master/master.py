@@ -20,7 +20,7 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import attrs
 
-from dlrover.common import Clock, ConfigError
+from dlrover.common import Clock, ConfigError, DLRoverError
 from dlrover.diagnosis import (
     LOST_NODE_KIND,
     MEMORY_RECORD,
@@ -33,7 +33,8 @@ from dlrover.diagnosis import (
 )
 from dlrover.master.checkpoints import CheckpointTracker
 from dlrover.master.config import LifecycleConfig, MasterConfig
-from dlrover.master.eventlog import EventLog, GoodputTracker, event_to_dict
+from dlrover.master.eventlog import EventLog, event_to_dict
+from dlrover.master.goodput import STEPS_EVENT, AttemptReport, GoodputAccountant, GoodputBreakdown, SampleRate
 from dlrover.master.journal import (
     Blob,
     CheckpointCommit,
@@ -158,6 +159,10 @@ class JobStatus:
         elapsed_s: seconds since the job started (wall clock).
         total_relaunches: nodes replaced so far.
         now: the master's monotonic time when the status was taken.
+        breakdown: useful time and the rest by bucket (see `dlrover.master.goodput`).
+        samples_per_second: the job's samples per second over `samples_rate_window_s`.
+        committed_path: where the newest committed checkpoint is ("" without one).
+        committed_wall_time: when it was committed (wall seconds; 0 without one).
     """
 
     job_name: str
@@ -173,6 +178,10 @@ class JobStatus:
     elapsed_s: float
     total_relaunches: int
     now: float
+    breakdown: GoodputBreakdown = attrs.field(factory=lambda: GoodputAccountant().breakdown())
+    samples_per_second: float = 0.0
+    committed_path: str = ""
+    committed_wall_time: float = 0.0
 
 
 class Master:
@@ -221,7 +230,11 @@ class Master:
         self._resources: dict[int, ResourceSample] = {}
         self._observed: dict[int, ObservedState] = {}
         self._progress: tuple[float, int, int] | None = None  # (wall time, step, samples) of the last progress event
-        self._goodput = GoodputTracker()
+        self._goodput = GoodputAccountant()
+        self._samples = SampleRate(config.samples_rate_window_s)
+        # Attempt reports accounted but not yet journaled (a `steps` event), and when the last went.
+        self._unjournaled_steps: list[AttemptReport] = []
+        self._steps_journaled_at: float | None = None
         self._event_count = 0
         self._stragglers = StragglerWatch(
             StragglerConfig(
@@ -258,7 +271,7 @@ class Master:
             self._reconcile_membership()
         if restored.last_event_seq:
             for event in self._all_events():
-                self._goodput.add(event_to_dict(event))
+                self._account(event_to_dict(event), replay=True)
                 self._event_count += 1
         if self._restored:
             self._record(Outcome(events=(Event("master_restart", "the master restarted and resumed the job"),)))
@@ -399,8 +412,9 @@ class Master:
     def _publish(self, outcome: Outcome, journaled: tuple[JournaledEvent, ...]) -> None:
         """Publish a journaled change: log, metrics, effects, and the libraries' part."""
         for event in journaled:
-            _log.info("%s", event.message)
-            self._goodput.add(event_to_dict(event))
+            if event.kind != STEPS_EVENT:
+                _log.info("%s", event.message)
+            self._account(event_to_dict(event), replay=False)
             self._event_count += 1
         if self._event_log is not None:
             self._event_log.write(journaled)
@@ -416,6 +430,36 @@ class Master:
                 # The departure itself is journaled (a restarted master repeats it to the
                 # libraries); their new state follows with the next export.
                 _log.exception("could not journal the rendezvous and shards after a departure; the next export will")
+
+    def _account(self, event: Mapping[str, Any], *, replay: bool) -> None:
+        """Feed the goodput accounting; a live `steps` event was accounted when it arrived."""
+        if event["kind"] == STEPS_EVENT and not replay:
+            return
+        try:
+            self._goodput.add_event(event)
+        except DLRoverError as exc:
+            _log.warning("event %s left out of the goodput accounting: %s", event.get("seq"), exc)
+
+    def _journal_steps(self, *, force: bool = False) -> None:
+        """Journal the attempt reports accounted since the last `steps` event, at most once per
+        `progress_event_interval_s` (and whenever `force`): a master restart replays them."""
+        if not self._unjournaled_steps:
+            return
+        wall = self._clock.wall_time()
+        last = self._steps_journaled_at
+        if not force and last is not None and wall - last < self._config.progress_event_interval_s:
+            return
+        merged = _merge_reports(self._unjournaled_steps)
+        marks = sum(len(r.marks) for r in merged)
+        data = {"attempts": [r.to_dict() for r in merged]}
+        try:
+            self._record(Outcome(events=(Event(STEPS_EVENT, f"{marks} step mark(s)", data=data),)))
+        except JournalError:
+            # An observation: kept and journaled with the next one.
+            _log.warning("could not journal %d step mark(s); retried later", marks, exc_info=True)
+            return
+        self._unjournaled_steps = []
+        self._steps_journaled_at = wall
 
     def _notify_membership(self, events: Iterable[Event]) -> bool:
         """Tell the libraries about departures, successes, process restarts and the job's end; True if any."""
@@ -593,13 +637,15 @@ class Master:
         samples: int | None = None,
         resources: ResourceSample | None = None,
         rank_steps: Sequence[RankStepStats] = (),
+        attempts: Sequence[AttemptReport] = (),
     ) -> tuple[tuple[Action, ...], JobState]:
         """A node's heartbeat; returns the actions waiting for it and the job's state.
 
         `rank_steps` (the node's training processes' step stats) feed the straggler detector: a
         rank newly slower than `straggler_factor` x the others is an event (``straggler``) and,
         with `straggler_action` ``replace`` and a backend that relaunches nodes, its node is
-        relaunched.
+        relaunched. `attempts` (step marks of the node's local rank 0) feed the goodput
+        accounting and are journaled as `steps` events; `samples` the samples-per-second rate.
 
         Heartbeats are not journaled: liveness is re-established after a restart anyway. Handing
         out actions is: they are journaled as delivered before the answer leaves, so an action
@@ -623,6 +669,14 @@ class Master:
             if outcome.changed_nodes:
                 if resources is not None:
                     self._resources[node_id] = resources
+                if samples is not None:
+                    self._samples.observe(node_id, samples, self._clock.wall_time())
+                    self._metrics.set_samples_per_second(self._samples.rate(self._clock.wall_time()))
+                if attempts:
+                    stamped = [attrs.evolve(a, node_id=node_id) for a in attempts]
+                    self._goodput.add_attempts(stamped)
+                    self._unjournaled_steps.extend(r for r in stamped if r.rank == 0)
+                    self._journal_steps()
                 self._maybe_progress()
                 self._stragglers.observe(node_id, rank_steps, now)
                 if rank_steps:
@@ -697,7 +751,7 @@ class Master:
             return
         if last is not None and wall > last[0]:
             dt = wall - last[0]
-            self._metrics.observe_progress(step, (step - last[1]) / dt, max(samples - last[2], 0) / dt)
+            self._metrics.observe_progress(step, (step - last[1]) / dt)
         self._progress = (wall, step, samples)
 
     def report_failure(
@@ -800,6 +854,29 @@ class Master:
             self._publish(outcome, journaled)
             return commit
 
+    def record_checkpoint(self, step: int, path: str, world_size: int) -> CheckpointCommit:
+        """Record a checkpoint that a node's checkpoint saver committed itself (it checked every
+        rank's files, see `dlrover.flashckpt.commit`); journaled before it returns. Idempotent: a
+        step not newer than the latest commit changes nothing and returns the latest.
+
+        Raises:
+            CheckpointError: a negative step or a world size out of range; nothing changed.
+        """
+        with self._lock:
+            self._checkpoints.validate_commit(step, world_size)
+            latest = self._checkpoints.latest_commit
+            if latest is not None and step <= latest.step:
+                return latest
+            wall = self._clock.wall_time()
+            data = {"step": step, "path": path, "world_size": world_size}
+            ev = Event("checkpoint", f"checkpoint step {step} committed at {path or '(no path)'}", data=data)
+            pending = CheckpointCommit(step=step, wall_time=wall, world_size=world_size, path=path)
+            outcome = Outcome(events=(ev,))
+            journaled = self._journal_outcome(outcome, checkpoint=pending)
+            self._checkpoints.record(pending)
+            self._publish(outcome, journaled)
+            return pending
+
     def stop(self, reason: str) -> JobState:
         """Stop the job on request; returns the job's final state."""
         with self._lock:
@@ -814,7 +891,10 @@ class Master:
             self._transact(lambda: self._just(self._lifecycle.tick(now)))
             if self._last_export is None or now - self._last_export >= self._config.state_export_interval_s:
                 self._journal_collaborators()
-            self._metrics.set_goodput(self._goodput.goodput(self._clock.wall_time()).ratio)
+            self._journal_steps(force=self._lifecycle.job_state.finished)
+            wall = self._clock.wall_time()
+            self._metrics.set_goodput(self._goodput.breakdown(wall))
+            self._metrics.set_samples_per_second(self._samples.rate(wall))
 
     def _observe_scheduler(self) -> None:
         for node_id, seen in self._scheduler.observe().items():
@@ -869,9 +949,11 @@ class Master:
         return True
 
     def flush_state(self) -> None:
-        """Journal every collaborator whose state changed (called at shutdown)."""
+        """Journal every collaborator whose state changed, and step marks not journaled yet
+        (called at shutdown)."""
         with self._lock:
             self._journal_collaborators()
+            self._journal_steps(force=True)
 
     def _journal_collaborators(self) -> None:
         self._last_export = self._clock.now()
@@ -920,7 +1002,8 @@ class Master:
         with self._lock:
             current = tuple(self._lifecycle.current_nodes().values())
             latest = self._checkpoints.latest_commit
-            goodput = self._goodput.goodput(self._clock.wall_time())
+            wall = self._clock.wall_time()
+            goodput = self._goodput.breakdown(wall)
             return JobStatus(
                 job_name=self._config.job_name,
                 state=self._lifecycle.job_state,
@@ -935,6 +1018,10 @@ class Master:
                 elapsed_s=goodput.elapsed_s,
                 total_relaunches=self._lifecycle.count(NodeState.RELAUNCHING),
                 now=self._clock.now(),
+                breakdown=goodput,
+                samples_per_second=self._samples.rate(wall),
+                committed_path=latest.path if latest else "",
+                committed_wall_time=latest.wall_time if latest else 0.0,
             )
 
     def state_digest(self) -> str:
@@ -974,3 +1061,24 @@ def _restarted(node_id: int, reason: str, member: NodeMembership) -> None:
 
 def _job_finished(reason: str, member: NodeMembership) -> None:
     member.job_finished(reason)
+
+
+def _merge_reports(reports: Sequence[AttemptReport]) -> list[AttemptReport]:
+    """One report per (node, attempt), marks in arrival order, the newest times kept."""
+    merged: dict[tuple[int, int], AttemptReport] = {}
+    for r in reports:
+        key = (r.node_id, r.attempt)
+        known = merged.get(key)
+        if known is None:
+            merged[key] = r
+            continue
+        merged[key] = attrs.evolve(
+            r,
+            rendezvous_start=known.rendezvous_start or r.rendezvous_start,
+            rendezvous_end=known.rendezvous_end or r.rendezvous_end,
+            workers_start=known.workers_start or r.workers_start,
+            ready_time=r.ready_time or known.ready_time,
+            load_s=max(known.load_s, r.load_s),
+            marks=known.marks + r.marks,
+        )
+    return list(merged.values())

@@ -9,6 +9,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import generate_latest, start_http_server
 
 from dlrover.common.refusals import REFUSAL_REASONS, Refusal
+from dlrover.master.goodput import BUCKETS, GoodputBreakdown
 from dlrover.master.journal import JournaledEvent
 from dlrover.master.states import NodeState
 
@@ -37,6 +38,16 @@ class MasterMetrics:
             "dlrover_samples_per_second", "Training samples per second.", ["job"], registry=r
         )
         self.goodput = Gauge("dlrover_goodput_ratio", "Useful training time over elapsed time.", ["job"], registry=r)
+        self.goodput_seconds = Gauge(
+            "dlrover_goodput_seconds",
+            "Elapsed seconds by bucket: useful (kept steps) and where the rest went.",
+            ["job", "bucket"],
+            registry=r,
+        )
+        self.goodput_fraction = Gauge(
+            "dlrover_goodput_fraction", "Each bucket's share of the elapsed time.", ["job", "bucket"], registry=r
+        )
+        self.elapsed = Gauge("dlrover_elapsed_seconds", "Seconds since the job started.", ["job"], registry=r)
         self.checkpoint_latency = Histogram(
             "dlrover_checkpoint_latency_seconds",
             "From the first rank reporting a step to every rank holding it.",
@@ -72,11 +83,14 @@ class MasterMetrics:
             elif event.kind == "relaunch":
                 self.restarts.labels(self._job, "node").inc()
 
-    def observe_progress(self, step: int, steps_per_second: float, samples_per_second: float) -> None:
+    def observe_progress(self, step: int, steps_per_second: float) -> None:
         """Publish training progress."""
         self.step.labels(self._job).set(step)
         self.steps_per_second.labels(self._job).set(steps_per_second)
-        self.samples_per_second.labels(self._job).set(samples_per_second)
+
+    def set_samples_per_second(self, rate: float) -> None:
+        """Publish the job's samples per second (from the samples its workers report)."""
+        self.samples_per_second.labels(self._job).set(rate)
 
     def observe_checkpoint_latency(self, seconds: float) -> None:
         """Record how long a step took to be held by every rank."""
@@ -90,9 +104,15 @@ class MasterMetrics:
         """Count one refused call (a `RefusalObserver` the master's server reports to)."""
         self.refused_calls.labels(self._job, refusal.reason).inc()
 
-    def set_goodput(self, ratio: float) -> None:
-        """Publish goodput so far."""
-        self.goodput.labels(self._job).set(ratio)
+    def set_goodput(self, breakdown: GoodputBreakdown) -> None:
+        """Publish goodput so far and the breakdown of the elapsed time."""
+        job = self._job
+        self.goodput.labels(job).set(breakdown.ratio)
+        self.elapsed.labels(job).set(breakdown.elapsed_s)
+        for bucket, seconds in (("useful", breakdown.useful_s), *((b, breakdown.buckets[b]) for b in BUCKETS)):
+            self.goodput_seconds.labels(job, bucket).set(seconds)
+            share = seconds / breakdown.elapsed_s if breakdown.elapsed_s > 0 else 0.0
+            self.goodput_fraction.labels(job, bucket).set(share)
 
     def render(self) -> bytes:
         """The exposition text of every metric."""

@@ -18,6 +18,7 @@ import grpc
 from dlrover.common import ConfigError, DLRoverError, GrpcServer
 from dlrover.diagnosis import FailureKind, RankStepStats
 from dlrover.master.checkpoints import MAX_STEPS_PER_RANK, MAX_WORLD_SIZE, CheckpointError
+from dlrover.master.goodput import AttemptReport, StepMark
 from dlrover.master.identity import NodeAuthenticator, NodeIdentityError, NodeImpersonationError
 from dlrover.master.journal import JournalError
 from dlrover.master.lifecycle import (
@@ -197,8 +198,9 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                     gpu_memory_bytes=_count(r.gpu_memory_bytes, "resources.gpu_memory_bytes"),
                 )
             rank_steps = _rank_steps(request.rank_steps)
+            attempts = _attempts(node_id, request.attempts)
             actions, job_state = self._master.heartbeat(
-                node_id, step=step, samples=samples, resources=resources, rank_steps=rank_steps
+                node_id, step=step, samples=samples, resources=resources, rank_steps=rank_steps, attempts=attempts
             )
             return agent_pb2.HeartbeatResponse(
                 actions=[
@@ -290,7 +292,12 @@ class CheckpointServicer(checkpoint_pb2_grpc.CheckpointServiceServicer):
             path = _text(request.path, "path", MAX_REASON_CHARS)
             if request.step < 0:
                 raise RequestError(f"step must be non-negative, got {request.step}")
-            commit = self._master.commit_checkpoint(request.step, path)
+            if request.world_size < 0:
+                raise RequestError(f"world_size must be non-negative, got {request.world_size}")
+            if request.world_size:
+                commit = self._master.record_checkpoint(request.step, path, request.world_size)
+            else:
+                commit = self._master.commit_checkpoint(request.step, path)
             return checkpoint_pb2.CommitCheckpointResponse(committed_step=commit.step)
 
 
@@ -335,6 +342,14 @@ class JobServicer(job_pb2_grpc.JobServiceServicer):
                 goodput=status.goodput,
                 elapsed_s=status.elapsed_s,
                 total_relaunches=status.total_relaunches,
+                samples_per_second=status.samples_per_second,
+                useful_s=status.breakdown.useful_s,
+                goodput_buckets=[
+                    job_pb2.GoodputBucket(name=name, seconds=seconds)
+                    for name, seconds in status.breakdown.buckets.items()
+                ],
+                committed_path=status.committed_path,
+                committed_wall_time=status.committed_wall_time,
             )
 
     def ListEvents(
@@ -383,6 +398,49 @@ def add_master_services(server: GrpcServer, master: Master, authenticator: NodeA
 
 
 _MAX_RANK_STEPS = 4096
+
+
+_MAX_ATTEMPTS = 16
+_MAX_MARKS = 4096
+
+
+def _attempts(node_id: int, items: Iterable[agent_pb2.AttemptReport]) -> tuple[AttemptReport, ...]:
+    """The heartbeat's attempt reports, checked; a bad one refuses the whole heartbeat."""
+    out: list[AttemptReport] = []
+    for item in items:
+        if len(out) >= _MAX_ATTEMPTS:
+            raise RequestError(f"a heartbeat carries at most {_MAX_ATTEMPTS} attempts")
+        if len(item.marks) > _MAX_MARKS:
+            raise RequestError(f"an attempt carries at most {_MAX_MARKS} marks, got {len(item.marks)}")
+        if item.attempt < 0 or item.rank < 0:
+            raise RequestError(f"attempt and rank must be non-negative, got {item.attempt} and {item.rank}")
+        times = {
+            name: _finite(getattr(item, name), f"attempts.{name}")
+            for name in ("rendezvous_start", "rendezvous_end", "workers_start", "ready_time", "load_s")
+        }
+        marks = tuple(
+            StepMark(
+                step=_count(m.step, "marks.step"),
+                end_time=_finite(m.end_time, "marks.end_time"),
+                save_s=_finite(m.save_s, "marks.save_s"),
+                samples=_count(m.samples, "marks.samples"),
+            )
+            for m in item.marks
+        )
+        out.append(
+            AttemptReport(
+                node_id=node_id,
+                attempt=item.attempt,
+                rank=item.rank,
+                rendezvous_start=times["rendezvous_start"] or None,
+                rendezvous_end=times["rendezvous_end"] or None,
+                workers_start=times["workers_start"] or None,
+                ready_time=times["ready_time"] or None,
+                load_s=times["load_s"],
+                marks=marks,
+            )
+        )
+    return tuple(out)
 
 
 def _rank_steps(items: Iterable[agent_pb2.RankStepStats]) -> tuple[RankStepStats, ...]:

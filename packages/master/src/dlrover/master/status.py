@@ -2,21 +2,34 @@
 
 from __future__ import annotations
 
+import time
+
 from dlrover.master.v1 import job_pb2
 
 __all__ = ["format_status"]
 
 
 def format_status(status: job_pb2.GetJobStatusResponse) -> str:
-    """Render a job status as a few lines of text and a table of ranks."""
+    """Render a job status as a few lines of text, the goodput breakdown and a table of ranks."""
+    if status.has_committed_step:
+        when = time.strftime("%H:%M:%S", time.localtime(status.committed_wall_time))
+        committed = f"{status.committed_step} at {status.committed_path or '(no path)'} ({when})"
+    else:
+        committed = "none"
     lines = [
         f"job {status.job_name}: {status.state}" + (f" ({status.exit_reason})" if status.exit_reason else ""),
         f"nodes: {sum(1 for n in status.nodes if n.state == 'running')} running of "
         f"{status.min_nodes}..{status.max_nodes}; failures {status.job_failures}; "
         f"relaunches {status.total_relaunches}",
-        f"step {status.step}; committed checkpoint "
-        + (str(status.committed_step) if status.has_committed_step else "none")
-        + f"; goodput {status.goodput:.1%} over {status.elapsed_s:.0f}s",
+        f"step {status.step}; {status.samples_per_second:.1f} samples/s; committed checkpoint {committed}",
+        f"goodput {status.goodput:.1%} over {status.elapsed_s:.0f}s",
+    ]
+    if status.elapsed_s > 0:
+        parts = [("useful", status.useful_s), *((b.name, b.seconds) for b in status.goodput_buckets)]
+        lines.append(
+            "  " + "; ".join(f"{name} {sec:.1f}s ({sec / status.elapsed_s:.1%})" for name, sec in parts if sec > 0)
+        )
+    lines += [
         "",
         f"{'rank':>4}  {'node':>5}  {'state':<11}  {'host':<20}  {'step':>8}  {'hb_age':>7}  {'relaunch':>8}  note",
     ]

@@ -95,6 +95,38 @@ class RankStepStats(_message.Message):
     phase: str
     def __init__(self, rank: _Optional[int] = ..., steps: _Optional[int] = ..., samples: _Optional[int] = ..., median_step_s: _Optional[float] = ..., since_step_s: _Optional[float] = ..., phase: _Optional[str] = ...) -> None: ...
 
+class StepMark(_message.Message):
+    __slots__ = ("step", "end_time", "save_s", "samples")
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    END_TIME_FIELD_NUMBER: _ClassVar[int]
+    SAVE_S_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    step: int
+    end_time: float
+    save_s: float
+    samples: int
+    def __init__(self, step: _Optional[int] = ..., end_time: _Optional[float] = ..., save_s: _Optional[float] = ..., samples: _Optional[int] = ...) -> None: ...
+
+class AttemptReport(_message.Message):
+    __slots__ = ("attempt", "rank", "rendezvous_start", "rendezvous_end", "workers_start", "ready_time", "load_s", "marks")
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    RENDEZVOUS_START_FIELD_NUMBER: _ClassVar[int]
+    RENDEZVOUS_END_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_START_FIELD_NUMBER: _ClassVar[int]
+    READY_TIME_FIELD_NUMBER: _ClassVar[int]
+    LOAD_S_FIELD_NUMBER: _ClassVar[int]
+    MARKS_FIELD_NUMBER: _ClassVar[int]
+    attempt: int
+    rank: int
+    rendezvous_start: float
+    rendezvous_end: float
+    workers_start: float
+    ready_time: float
+    load_s: float
+    marks: _containers.RepeatedCompositeFieldContainer[StepMark]
+    def __init__(self, attempt: _Optional[int] = ..., rank: _Optional[int] = ..., rendezvous_start: _Optional[float] = ..., rendezvous_end: _Optional[float] = ..., workers_start: _Optional[float] = ..., ready_time: _Optional[float] = ..., load_s: _Optional[float] = ..., marks: _Optional[_Iterable[_Union[StepMark, _Mapping]]] = ...) -> None: ...
+
 class RegisterNodeRequest(_message.Message):
     __slots__ = ("node_id", "node_name", "host", "local_world_size", "max_restarts")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -132,16 +164,18 @@ class RegisterNodeResponse(_message.Message):
     def __init__(self, node_id: _Optional[int] = ..., rank: _Optional[int] = ..., node_credential: _Optional[str] = ..., heartbeat_interval_s: _Optional[float] = ..., heartbeat_timeout_s: _Optional[float] = ..., relaunch_count: _Optional[int] = ..., min_nodes: _Optional[int] = ..., max_nodes: _Optional[int] = ..., node_unit: _Optional[int] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("node_id", "resources", "progress", "rank_steps")
+    __slots__ = ("node_id", "resources", "progress", "rank_steps", "attempts")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     RESOURCES_FIELD_NUMBER: _ClassVar[int]
     PROGRESS_FIELD_NUMBER: _ClassVar[int]
     RANK_STEPS_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
     node_id: int
     resources: ResourceSample
     progress: StepProgress
     rank_steps: _containers.RepeatedCompositeFieldContainer[RankStepStats]
-    def __init__(self, node_id: _Optional[int] = ..., resources: _Optional[_Union[ResourceSample, _Mapping]] = ..., progress: _Optional[_Union[StepProgress, _Mapping]] = ..., rank_steps: _Optional[_Iterable[_Union[RankStepStats, _Mapping]]] = ...) -> None: ...
+    attempts: _containers.RepeatedCompositeFieldContainer[AttemptReport]
+    def __init__(self, node_id: _Optional[int] = ..., resources: _Optional[_Union[ResourceSample, _Mapping]] = ..., progress: _Optional[_Union[StepProgress, _Mapping]] = ..., rank_steps: _Optional[_Iterable[_Union[RankStepStats, _Mapping]]] = ..., attempts: _Optional[_Iterable[_Union[AttemptReport, _Mapping]]] = ...) -> None: ...
 
 class Action(_message.Message):
     __slots__ = ("action_id", "kind", "reason")

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"dlrover/master/v1/checkpoint.proto\x12\x11\x64lrover.master.v1\"(\n\tRankSteps\x12\x0c\n\x04rank\x18\x01 \x01(\x05\x12\r\n\x05steps\x18\x02 \x03(\x03\"p\n\x1cReportCheckpointStepsRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\x03\x12\x12\n\nworld_size\x18\x02 \x01(\x05\x12+\n\x05ranks\x18\x03 \x03(\x0b\x32\x1c.dlrover.master.v1.RankSteps\"\x85\x01\n\x1dReportCheckpointStepsResponse\x12\x19\n\x11has_complete_step\x18\x01 \x01(\x08\x12\x15\n\rcomplete_step\x18\x02 \x01(\x03\x12\x1a\n\x12has_committed_step\x18\x03 \x01(\x08\x12\x16\n\x0e\x63ommitted_step\x18\x04 \x01(\x03\"F\n\x17\x43ommitCheckpointRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\x03\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12\x0c\n\x04path\x18\x03 \x01(\t\"2\n\x18\x43ommitCheckpointResponse\x12\x16\n\x0e\x63ommitted_step\x18\x01 \x01(\x03\x32\xfc\x01\n\x11\x43heckpointService\x12z\n\x15ReportCheckpointSteps\x12/.dlrover.master.v1.ReportCheckpointStepsRequest\x1a\x30.dlrover.master.v1.ReportCheckpointStepsResponse\x12k\n\x10\x43ommitCheckpoint\x12*.dlrover.master.v1.CommitCheckpointRequest\x1a+.dlrover.master.v1.CommitCheckpointResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"dlrover/master/v1/checkpoint.proto\x12\x11\x64lrover.master.v1\"(\n\tRankSteps\x12\x0c\n\x04rank\x18\x01 \x01(\x05\x12\r\n\x05steps\x18\x02 \x03(\x03\"p\n\x1cReportCheckpointStepsRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\x03\x12\x12\n\nworld_size\x18\x02 \x01(\x05\x12+\n\x05ranks\x18\x03 \x03(\x0b\x32\x1c.dlrover.master.v1.RankSteps\"\x85\x01\n\x1dReportCheckpointStepsResponse\x12\x19\n\x11has_complete_step\x18\x01 \x01(\x08\x12\x15\n\rcomplete_step\x18\x02 \x01(\x03\x12\x1a\n\x12has_committed_step\x18\x03 \x01(\x08\x12\x16\n\x0e\x63ommitted_step\x18\x04 \x01(\x03\"Z\n\x17\x43ommitCheckpointRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\x03\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12\x0c\n\x04path\x18\x03 \x01(\t\x12\x12\n\nworld_size\x18\x04 \x01(\x05\"2\n\x18\x43ommitCheckpointResponse\x12\x16\n\x0e\x63ommitted_step\x18\x01 \x01(\x03\x32\xfc\x01\n\x11\x43heckpointService\x12z\n\x15ReportCheckpointSteps\x12/.dlrover.master.v1.ReportCheckpointStepsRequest\x1a\x30.dlrover.master.v1.ReportCheckpointStepsResponse\x12k\n\x10\x43ommitCheckpoint\x12*.dlrover.master.v1.CommitCheckpointRequest\x1a+.dlrover.master.v1.CommitCheckpointResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,9 +38,9 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_REPORTCHECKPOINTSTEPSRESPONSE']._serialized_start=214
   _globals['_REPORTCHECKPOINTSTEPSRESPONSE']._serialized_end=347
   _globals['_COMMITCHECKPOINTREQUEST']._serialized_start=349
-  _globals['_COMMITCHECKPOINTREQUEST']._serialized_end=419
-  _globals['_COMMITCHECKPOINTRESPONSE']._serialized_start=421
-  _globals['_COMMITCHECKPOINTRESPONSE']._serialized_end=471
-  _globals['_CHECKPOINTSERVICE']._serialized_start=474
-  _globals['_CHECKPOINTSERVICE']._serialized_end=726
+  _globals['_COMMITCHECKPOINTREQUEST']._serialized_end=439
+  _globals['_COMMITCHECKPOINTRESPONSE']._serialized_start=441
+  _globals['_COMMITCHECKPOINTRESPONSE']._serialized_end=491
+  _globals['_CHECKPOINTSERVICE']._serialized_start=494
+  _globals['_CHECKPOINTSERVICE']._serialized_end=746
 # @@protoc_insertion_point(module_scope)

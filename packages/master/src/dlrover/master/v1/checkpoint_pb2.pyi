@@ -37,14 +37,16 @@ class ReportCheckpointStepsResponse(_message.Message):
     def __init__(self, has_complete_step: _Optional[bool] = ..., complete_step: _Optional[int] = ..., has_committed_step: _Optional[bool] = ..., committed_step: _Optional[int] = ...) -> None: ...
 
 class CommitCheckpointRequest(_message.Message):
-    __slots__ = ("node_id", "step", "path")
+    __slots__ = ("node_id", "step", "path", "world_size")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     PATH_FIELD_NUMBER: _ClassVar[int]
+    WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
     node_id: int
     step: int
     path: str
-    def __init__(self, node_id: _Optional[int] = ..., step: _Optional[int] = ..., path: _Optional[str] = ...) -> None: ...
+    world_size: int
+    def __init__(self, node_id: _Optional[int] = ..., step: _Optional[int] = ..., path: _Optional[str] = ..., world_size: _Optional[int] = ...) -> None: ...
 
 class CommitCheckpointResponse(_message.Message):
     __slots__ = ("committed_step",)

@@ -37,7 +37,7 @@ class NodeStatus(_message.Message):
     def __init__(self, node_id: _Optional[int] = ..., rank: _Optional[int] = ..., state: _Optional[str] = ..., name: _Optional[str] = ..., host: _Optional[str] = ..., relaunch_count: _Optional[int] = ..., process_restarts: _Optional[int] = ..., step: _Optional[int] = ..., seconds_since_heartbeat: _Optional[float] = ..., last_failure: _Optional[str] = ..., last_reason: _Optional[str] = ...) -> None: ...
 
 class GetJobStatusResponse(_message.Message):
-    __slots__ = ("job_name", "state", "exit_reason", "nodes", "min_nodes", "max_nodes", "job_failures", "step", "has_committed_step", "committed_step", "goodput", "elapsed_s", "total_relaunches")
+    __slots__ = ("job_name", "state", "exit_reason", "nodes", "min_nodes", "max_nodes", "job_failures", "step", "has_committed_step", "committed_step", "goodput", "elapsed_s", "total_relaunches", "samples_per_second", "useful_s", "goodput_buckets", "committed_path", "committed_wall_time")
     JOB_NAME_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     EXIT_REASON_FIELD_NUMBER: _ClassVar[int]
@@ -51,6 +51,11 @@ class GetJobStatusResponse(_message.Message):
     GOODPUT_FIELD_NUMBER: _ClassVar[int]
     ELAPSED_S_FIELD_NUMBER: _ClassVar[int]
     TOTAL_RELAUNCHES_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
+    USEFUL_S_FIELD_NUMBER: _ClassVar[int]
+    GOODPUT_BUCKETS_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_PATH_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_WALL_TIME_FIELD_NUMBER: _ClassVar[int]
     job_name: str
     state: str
     exit_reason: str
@@ -64,7 +69,20 @@ class GetJobStatusResponse(_message.Message):
     goodput: float
     elapsed_s: float
     total_relaunches: int
-    def __init__(self, job_name: _Optional[str] = ..., state: _Optional[str] = ..., exit_reason: _Optional[str] = ..., nodes: _Optional[_Iterable[_Union[NodeStatus, _Mapping]]] = ..., min_nodes: _Optional[int] = ..., max_nodes: _Optional[int] = ..., job_failures: _Optional[int] = ..., step: _Optional[int] = ..., has_committed_step: _Optional[bool] = ..., committed_step: _Optional[int] = ..., goodput: _Optional[float] = ..., elapsed_s: _Optional[float] = ..., total_relaunches: _Optional[int] = ...) -> None: ...
+    samples_per_second: float
+    useful_s: float
+    goodput_buckets: _containers.RepeatedCompositeFieldContainer[GoodputBucket]
+    committed_path: str
+    committed_wall_time: float
+    def __init__(self, job_name: _Optional[str] = ..., state: _Optional[str] = ..., exit_reason: _Optional[str] = ..., nodes: _Optional[_Iterable[_Union[NodeStatus, _Mapping]]] = ..., min_nodes: _Optional[int] = ..., max_nodes: _Optional[int] = ..., job_failures: _Optional[int] = ..., step: _Optional[int] = ..., has_committed_step: _Optional[bool] = ..., committed_step: _Optional[int] = ..., goodput: _Optional[float] = ..., elapsed_s: _Optional[float] = ..., total_relaunches: _Optional[int] = ..., samples_per_second: _Optional[float] = ..., useful_s: _Optional[float] = ..., goodput_buckets: _Optional[_Iterable[_Union[GoodputBucket, _Mapping]]] = ..., committed_path: _Optional[str] = ..., committed_wall_time: _Optional[float] = ...) -> None: ...
+
+class GoodputBucket(_message.Message):
+    __slots__ = ("name", "seconds")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    seconds: float
+    def __init__(self, name: _Optional[str] = ..., seconds: _Optional[float] = ...) -> None: ...
 
 class ListEventsRequest(_message.Message):
     __slots__ = ("after_seq", "limit")
