@@ -13,8 +13,8 @@ from dlrover.common import default_text
 from dlrover.master.cli import _run_parser, _status_parser, build_config, main
 from dlrover.master.config import NodeRange
 from dlrover.master.factory import create_master, resolve_token
-from dlrover.master.status import format_status
-from dlrover.master.v1 import job_pb2
+from dlrover.master.states import JobState, NodeState
+from dlrover.master.status import JobSummary, NodeSummary, format_status
 
 
 def test_flags_become_a_validated_config() -> None:
@@ -78,16 +78,16 @@ def test_token_is_generated_once_into_the_state_dir(tmp_path: Path) -> None:
 
 
 def test_format_status_is_readable() -> None:
-    status = job_pb2.GetJobStatusResponse(
+    status = JobSummary(
         job_name="j",
-        state="running",
+        state=JobState.RUNNING,
+        exit_reason="",
         min_nodes=1,
         max_nodes=2,
-        nodes=[
-            job_pb2.NodeStatus(node_id=0, rank=0, state="running", host="h0", step=12),
-            job_pb2.NodeStatus(node_id=3, rank=1, state="pending", relaunch_count=1, last_failure="oom: killed"),
-        ],
-        has_committed_step=True,
+        nodes=(
+            NodeSummary(node_id=0, rank=0, state=NodeState.RUNNING, host="h0", step=12),
+            NodeSummary(node_id=3, rank=1, state=NodeState.PENDING, relaunch_count=1, last_failure="oom: killed"),
+        ),
         committed_step=10,
         goodput=0.5,
         elapsed_s=60,

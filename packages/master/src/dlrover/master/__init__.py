@@ -9,7 +9,7 @@ released from failed nodes), and failures are decided by dlrover.diagnosis.
 """
 
 from dlrover.master.checkpoints import CheckpointError, CheckpointReport, CheckpointTracker
-from dlrover.master.client import HeartbeatAnswer, MasterClient, Registration
+from dlrover.master.client import CheckpointStepsAnswer, HeartbeatAnswer, MasterClient, Registration, StopAnswer
 from dlrover.master.config import FAILURE_POLICIES, LifecycleConfig, MasterConfig, NodeRange, parse_node_range
 from dlrover.master.diagnosis_policy import DiagnosisFailurePolicy
 from dlrover.master.eventlog import (
@@ -100,7 +100,7 @@ from dlrover.master.states import (
     NodeState,
     check_transition,
 )
-from dlrover.master.status import format_status
+from dlrover.master.status import JobSummary, NodeSummary, format_status, summarize
 
 __all__ = [
     # composition
@@ -206,6 +206,8 @@ __all__ = [
     "MasterClient",
     "Registration",
     "HeartbeatAnswer",
+    "CheckpointStepsAnswer",
+    "StopAnswer",
     # observability
     "MasterMetrics",
     "MetricsEndpoint",
@@ -215,5 +217,8 @@ __all__ = [
     "GoodputTracker",
     "compute_goodput",
     "read_event_log",
+    "JobSummary",
+    "NodeSummary",
+    "summarize",
     "format_status",
 ]

@@ -30,6 +30,7 @@ from dlrover.master.lifecycle import (
 )
 from dlrover.master.master import Master, ResourceSample
 from dlrover.master.states import IllegalTransitionError
+from dlrover.master.status import summarize
 from dlrover.master.v1 import agent_pb2, agent_pb2_grpc, checkpoint_pb2, checkpoint_pb2_grpc, job_pb2, job_pb2_grpc
 from dlrover.master.wire import WireEnumError, from_proto, proto_name
 
@@ -305,7 +306,7 @@ class JobServicer(job_pb2_grpc.JobServiceServicer):
     ) -> job_pb2.GetJobStatusResponse:
         """The job's state and the current node of every rank."""
         with _translate(context):
-            status = self._master.status()
+            status = summarize(self._master.status())
             return job_pb2.GetJobStatusResponse(
                 job_name=status.job_name,
                 state=status.state.value,
@@ -320,9 +321,9 @@ class JobServicer(job_pb2_grpc.JobServiceServicer):
                         relaunch_count=n.relaunch_count,
                         process_restarts=n.process_restarts,
                         step=n.step,
-                        seconds_since_heartbeat=max(status.now - n.last_heartbeat, 0.0),
+                        seconds_since_heartbeat=n.seconds_since_heartbeat,
                         last_failure=n.last_failure,
-                        last_reason=n.history[-1].reason if n.history else "",
+                        last_reason=n.last_reason,
                     )
                     for n in status.nodes
                 ],
