@@ -429,10 +429,11 @@ class JobLifecycle:
         decision reaches the node in the reply to its report, so a process restart is not also
         queued as a heartbeat action (the node would restart twice). `agent_exits`: the node's
         agent exits after this report whatever the answer (a network check left its node out),
-        so its processes cannot be restarted in place: a restart becomes a relaunch.
+        so its processes cannot be restarted in place: the policy is told (`Failure.agent_exits`)
+        and decides a relaunch or a removal.
 
         Returns:
-            The decision as applied (after budgets), and what changed.
+            The decision as applied, and what changed.
 
         Raises:
             JobFinishedError, UnknownNodeError, NodeStateError: nothing changed.
