@@ -460,6 +460,9 @@ def test_counters_survive_an_export_and_an_import_and_bad_ones_change_nothing() 
         {**counters, "relaunches": -1},
         {**counters, "used": [["n0", "no-such-kind", 0, 1]]},
         {**counters, "retired": [["", "x"]]},
+        {**counters, "retired": {"n0": "x"}},
+        {**counters, "retired": [["n0", "x"], ["n0", "y"]]},
+        {**counters, "used": ["n0hw"]},
         {**counters, "abort_reason": 3},
         {**counters, "extra": 1},
     ):

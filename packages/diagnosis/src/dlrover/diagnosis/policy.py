@@ -459,11 +459,13 @@ class ActionPolicy:
             PolicyStateError: `counters` is not what `export_counters` writes; nothing changed.
         """
         try:
-            used = {(_node(n), FailureKind(k), _count(i)): _count(c) for n, k, i, c in counters["used"]}
-            position = {(_node(n), FailureKind(k)): _count(i) for n, k, i in counters["position"]}
+            used = {(_node(n), FailureKind(k), _count(i)): _count(c) for n, k, i, c in _rows(counters["used"], 4)}
+            position = {(_node(n), FailureKind(k)): _count(i) for n, k, i in _rows(counters["position"], 3)}
             own = {_node(n): _count(c) for n, c in dict(counters["own_restarts"]).items()}
             relaunches = _count(counters["relaunches"])
-            retired = {_node(n): str(why) for n, why in counters["retired"]}
+            retired = {_node(n): why for n, why in _rows(counters["retired"], 2) if isinstance(why, str)}
+            if len(retired) != len(counters["retired"]):
+                raise ValueError("retired must list distinct nodes, each with why it was let go")
             for forgotten in list(retired)[: max(len(retired) - self._config.retired_nodes_kept, 0)]:
                 del retired[forgotten]
             abort = counters["abort_reason"]
@@ -476,6 +478,12 @@ class ActionPolicy:
             raise PolicyStateError(f"not the counters of an action policy: {exc!r}") from exc
         self._used, self._position, self._own_restarts = used, position, own
         self._relaunches, self._retired, self._abort_reason = relaunches, retired, abort
+
+
+def _rows(value: object, width: int) -> list[list[Any]]:
+    if not isinstance(value, list) or not all(isinstance(row, list) and len(row) == width for row in value):
+        raise ValueError(f"expected a list of {width}-item lists, got {value!r}"[:300])
+    return value
 
 
 def _node(value: object) -> str:
