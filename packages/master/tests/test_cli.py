@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from dlrover.common import default_text
-from dlrover.master.cli import _run_parser, _status_parser, build_config, main
+from dlrover.master.cli import _events_parser, _run_parser, _status_parser, _stop_parser, build_config, main
 from dlrover.master.config import NodeRange
 from dlrover.master.factory import create_master, resolve_token
 from dlrover.master.states import JobState, NodeState
@@ -132,7 +133,39 @@ def test_status_command_and_metrics_endpoint(tmp_path: Path, capsys: pytest.Capt
         runtime.stop()
 
 
-@pytest.mark.parametrize("parser", [_run_parser, _status_parser])
+@pytest.mark.integration
+def test_events_and_stop_commands(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = build_config(
+        _run_parser().parse_args(["--backend", "external", "--nnodes", "1", "--state-dir", str(tmp_path)])
+    )
+    runtime = create_master(cfg)
+    runtime.start()
+    where = ["--master", runtime.address, "--token-file", str(tmp_path / "token")]
+    try:
+        assert main(["events", *where]) == 0
+        started = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+        assert [e["kind"] for e in started][:2] == ["job_start", "node_created"]
+        assert [e["seq"] for e in started] == sorted(e["seq"] for e in started)
+        assert set(started[0]) == {"seq", "wall_time", "kind", "message", "node_id", "rank", "data"}
+        # Paged from a sequence number, at most --limit of them.
+        assert main(["events", *where, "--after-seq", str(started[0]["seq"]), "--limit", "1"]) == 0
+        assert [json.loads(line) for line in capsys.readouterr().out.splitlines()] == started[1:2]
+        assert main(["stop", *where, "--reason", "operator test"]) == 0
+        assert capsys.readouterr().out == "job stopped: operator test\n"
+        assert main(["events", *where, "--after-seq", str(started[-1]["seq"])]) == 0
+        after = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+        ends = [e["message"] for e in after if e["kind"] == "job_end"]
+        assert ends == ["job stopped: operator test"]
+        # An ended job stays as it ended.
+        assert main(["stop", *where, "--reason", "again"]) == 0
+        assert capsys.readouterr().out == "job stopped: operator test\n"
+        assert main(["events", *where, "--limit", "-1"]) == 2
+        assert "must be non-negative" in capsys.readouterr().err
+    finally:
+        runtime.stop()
+
+
+@pytest.mark.parametrize("parser", [_run_parser, _status_parser, _events_parser, _stop_parser])
 def test_help_shows_every_options_default(
     parser: Callable[[], argparse.ArgumentParser], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -2,6 +2,8 @@
 
     dlrover-master --nnodes 2:4 --backend local --agent-command "dlrover-run ..." --state-dir /tmp/job
     dlrover-master status --master 127.0.0.1:50051 --token-file /tmp/job/token
+    dlrover-master events --master 127.0.0.1:50051 --token-file /tmp/job/token --after-seq 120
+    dlrover-master stop --master 127.0.0.1:50051 --token-file /tmp/job/token --reason "data fixed, resubmitting"
 
 Exit status of a run: 0 the job succeeded, 1 it failed, 2 bad usage, 3 it was stopped.
 """
@@ -9,6 +11,7 @@ Exit status of a run: 0 the job succeeded, 1 it failed, 2 bad usage, 3 it was st
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import shlex
 import signal
@@ -35,6 +38,7 @@ from dlrover.master.config import (
     MasterConfig,
     parse_node_range,
 )
+from dlrover.master.eventlog import event_to_dict
 from dlrover.master.factory import create_master
 from dlrover.master.states import JobState
 from dlrover.master.status import format_status
@@ -179,9 +183,10 @@ def _run_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _status_parser() -> argparse.ArgumentParser:
+def _client_parser(command: str, description: str) -> argparse.ArgumentParser:
+    """A parser of the flags every command that calls a running master takes."""
     p = argparse.ArgumentParser(
-        prog="dlrover-master status", description="Print a running job's status.", formatter_class=DefaultsHelpFormatter
+        prog=f"dlrover-master {command}", description=description, formatter_class=DefaultsHelpFormatter
     )
     p.add_argument("--master", required=True, help="the master's host:port")
     p.add_argument("--token", default=None, help="the job token (prefer --token-file)")
@@ -190,6 +195,37 @@ def _status_parser() -> argparse.ArgumentParser:
     p.add_argument("--tls-server-name", default=None, help="the name the master's certificate is valid for")
     p.add_argument("--timeout-s", type=float, default=10.0, help="seconds to wait for the master's answer")
     return p
+
+
+def _status_parser() -> argparse.ArgumentParser:
+    return _client_parser("status", "Print a running job's status.")
+
+
+def _events_parser() -> argparse.ArgumentParser:
+    p = _client_parser("events", "Print a running job's events, one JSON object a line (as in --event-log).")
+    p.add_argument("--after-seq", type=int, default=0, help="print the events after this sequence number")
+    p.add_argument("--limit", type=int, default=0, help="print at most this many events (0: all of them)")
+    return p
+
+
+def _stop_parser() -> argparse.ArgumentParser:
+    p = _client_parser("stop", "Stop a running job: every node is stopped.")
+    p.add_argument("--reason", default="stopped on request", help="why, for the event log and the status")
+    return p
+
+
+def _client(args: argparse.Namespace) -> MasterClient:
+    """A client of the master the parsed flags name.
+
+    Raises:
+        DLRoverError: no token, or the TLS files cannot be read.
+    """
+    token = load_token(args.token, token_file=args.token_file)
+    channel_config = None
+    if args.tls_ca:
+        channel_config = ChannelConfig(tls=TLSConfig(ca_file=args.tls_ca, server_name_override=args.tls_server_name))
+    policy = RetryPolicy(call_timeout_s=args.timeout_s, total_timeout_s=args.timeout_s)
+    return MasterClient(args.master, token, channel_config=channel_config, policy=policy)
 
 
 def build_config(args: argparse.Namespace) -> MasterConfig:
@@ -248,18 +284,50 @@ def build_config(args: argparse.Namespace) -> MasterConfig:
 def _status(argv: Sequence[str]) -> int:
     args = _status_parser().parse_args(argv)
     try:
-        token = load_token(args.token, token_file=args.token_file)
-        channel_config = None
-        if args.tls_ca:
-            channel_config = ChannelConfig(
-                tls=TLSConfig(ca_file=args.tls_ca, server_name_override=args.tls_server_name)
-            )
-        policy = RetryPolicy(call_timeout_s=args.timeout_s, total_timeout_s=args.timeout_s)
-        with MasterClient(args.master, token, channel_config=channel_config, policy=policy) as client:
+        with _client(args) as client:
             print(format_status(client.job_status()))
     except DLRoverError as exc:
         print(f"dlrover-master status: {exc}", file=sys.stderr)
         return 1
+    return 0
+
+
+_EVENTS_PAGE = 1000  # the most JobService.ListEvents answers at once
+
+
+def _events(argv: Sequence[str]) -> int:
+    args = _events_parser().parse_args(argv)
+    if args.after_seq < 0 or args.limit < 0:
+        print("dlrover-master events: --after-seq and --limit must be non-negative", file=sys.stderr)
+        return 2
+    after, printed = args.after_seq, 0
+    try:
+        with _client(args) as client:
+            while not args.limit or printed < args.limit:
+                want = _EVENTS_PAGE if not args.limit else min(_EVENTS_PAGE, args.limit - printed)
+                page = client.list_events(after, want)
+                for event in page:
+                    print(json.dumps(event_to_dict(event), sort_keys=True))
+                printed += len(page)
+                if len(page) < want:
+                    break
+                after = page[-1].seq
+    except DLRoverError as exc:
+        print(f"dlrover-master events: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _stop(argv: Sequence[str]) -> int:
+    args = _stop_parser().parse_args(argv)
+    try:
+        with _client(args) as client:
+            answer = client.stop_job(args.reason)
+    except DLRoverError as exc:
+        print(f"dlrover-master stop: {exc}", file=sys.stderr)
+        return 1
+    # An ended job keeps the state it ended in: the line says which.
+    print(f"job {answer.state.value}: {answer.exit_reason}")
     return 0
 
 
@@ -311,6 +379,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args and args[0] == "status":
         return _status(args[1:])
+    if args and args[0] == "events":
+        return _events(args[1:])
+    if args and args[0] == "stop":
+        return _stop(args[1:])
     if args and args[0] == "run":
         args = args[1:]
     return _run(args)
