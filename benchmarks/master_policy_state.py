@@ -19,6 +19,7 @@ every node let go is remembered, up to `PolicyConfig.retired_nodes_kept` (1,024)
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import time
 from collections.abc import Callable
@@ -94,6 +95,11 @@ def decide(n: int, config: PolicyConfig, registry: RuleRegistry, endless: bool) 
     return policy, json.dumps(version_1, separators=(",", ":"))
 
 
+def restore(text: str, config: PolicyConfig, registry: RuleRegistry) -> None:
+    """A fresh policy resumed from `text`."""
+    DiagnosisFailurePolicy(registry, ActionPolicy(config)).import_state(text)
+
+
 def timed(fn: Callable[[], object], repeat: int) -> float:
     """Mean seconds of `fn()` over `repeat` calls."""
     start = time.perf_counter()
@@ -119,9 +125,7 @@ def main() -> None:
         assert restored.export_state() == version_2
         for version, text in ((1, version_1), (2, version_2)):
             export_s = timed(policy.export_state, 20) if version == 2 else float("nan")
-            import_s = timed(
-                lambda text=text: DiagnosisFailurePolicy(registry, ActionPolicy(config)).import_state(text), 5
-            )
+            import_s = timed(functools.partial(restore, text, config, registry), 5)
             export = f"{export_s * 1e3:>6.2f} ms" if version == 2 else f"{'-':>9}"
             print(f"{n:>9}  {version:>7}  {len(text.encode()) / 1024:>6.1f} KiB  {export}  {import_s * 1e3:>6.2f} ms")
 
