@@ -133,24 +133,64 @@ def test_adding_a_failure_kind_touches_only_diagnosis_and_its_proto_mirror() -> 
     assert DIAGNOSIS / "src" / "dlrover" / "diagnosis" / "kinds.py" in naming
 
 
-def test_the_launcher_imports_no_master_proto_and_nothing_from_a_fake() -> None:
-    """`MasterClient` answers in domain types, so the agent needs no generated proto module; and
-    product code takes nothing from the test fake (`fake_control` itself, and the package's
-    lazy export of `FakeControlPlane`, aside)."""
-    launcher = PACKAGES / "launcher" / "src" / "dlrover" / "launcher"
-    offenders = []
-    for path in sorted(launcher.rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            modules = (
-                [node.module or ""]
-                if isinstance(node, ast.ImportFrom)
-                else [a.name for a in node.names]
-                if isinstance(node, ast.Import)
-                else []
-            )
-            for module in modules:
-                if module.startswith("dlrover.master.v1"):
-                    offenders.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {module}")
-                if module.endswith("fake_control") and path.name not in ("fake_control.py", "__init__.py"):
-                    offenders.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {module}")
+LAUNCHER = PACKAGES / "launcher" / "src" / "dlrover" / "launcher"
+# The launcher's own in-memory fakes of its own seams (ControlPlane, StoreHost) are exported for
+# tests by the package and the module that defines them; no other launcher module imports them.
+_OWN_FAKE_MODULES = {"dlrover.launcher.fake_control"}
+_OWN_FAKE_EXPORTERS = {"fake_control.py", "__init__.py"}
+
+
+def forbidden_imports(source: str, file_name: str) -> list[str]:
+    """The imports in a launcher module of `file_name` that reach a generated proto module (of
+    any package) or a fake (another package's, or the launcher's own outside its exporters)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom):
+            modules = [node.module or ""]
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.Import):
+            modules, names = [a.name for a in node.names], []
+        else:
+            continue
+        for module in modules:
+            parts = module.split(".")
+            if "v1" in parts or any(p.endswith(("_pb2", "_pb2_grpc")) for p in parts):
+                found.append(f"line {node.lineno} imports the generated proto module {module}")
+            elif "fake" in module.lower() and not (module in _OWN_FAKE_MODULES and file_name in _OWN_FAKE_EXPORTERS):
+                found.append(f"line {node.lineno} imports the fake {module}")
+            for name in names:
+                if name.endswith(("_pb2", "_pb2_grpc")) or name == "v1":
+                    found.append(f"line {node.lineno} imports the generated proto module {module}.{name}")
+                elif name.lower().startswith("fake") and not (
+                    module.startswith("dlrover.launcher.") and file_name in _OWN_FAKE_EXPORTERS
+                ):
+                    found.append(f"line {node.lineno} imports the fake {name} from {module}")
+    return found
+
+
+def test_the_import_scan_finds_protos_and_fakes() -> None:
+    """The scan below would catch what issue 27 removed, and leaves domain imports alone."""
+    assert forbidden_imports("from dlrover.master.v1 import agent_pb2\n", "agent.py")
+    assert forbidden_imports("from dlrover.rendezvous.v1 import rendezvous_pb2_grpc\n", "agent.py")
+    assert forbidden_imports("import dlrover.master.v1.job_pb2\n", "agent.py")
+    assert forbidden_imports("from dlrover.master import v1\n", "agent.py")
+    assert forbidden_imports("from dlrover.master import FakeScheduler\n", "agent.py")
+    assert forbidden_imports("from dlrover.master.scheduler.fake import x\n", "agent.py")
+    assert forbidden_imports("from dlrover.launcher.fake_control import FakeControlPlane\n", "agent.py")
+    assert not forbidden_imports("from dlrover.launcher.fake_control import FakeControlPlane\n", "__init__.py")
+    assert not forbidden_imports("from dlrover.master import MasterClient, JobSummary\n", "agent.py")
+    assert not forbidden_imports("from dlrover.launcher.store_host import FakeStoreHost\n", "__init__.py")
+    assert forbidden_imports("from dlrover.launcher.store_host import FakeStoreHost\n", "cli.py")
+
+
+def test_the_launcher_imports_no_proto_module_and_nothing_from_a_fake() -> None:
+    """`MasterClient` answers in domain types, so the agent needs no generated proto module (of
+    the master or any other package); and product code takes nothing from a fake (the master's
+    `FakeScheduler`; the launcher's own `FakeControlPlane` and `FakeStoreHost` only where they are
+    defined and lazily exported)."""
+    offenders = [
+        f"{path.relative_to(ROOT)}: {finding}"
+        for path in sorted(LAUNCHER.rglob("*.py"))
+        for finding in forbidden_imports(path.read_text(encoding="utf-8"), path.name)
+    ]
     assert not offenders, "\n".join(offenders)

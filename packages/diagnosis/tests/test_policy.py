@@ -15,6 +15,7 @@ from dlrover.diagnosis import (
     FailureKind,
     LadderStep,
     PolicyConfig,
+    PolicyStateError,
     RelaunchBudget,
     RestartBudget,
     spend_restart,
@@ -391,3 +392,90 @@ def test_the_action_policy_spends_the_ranks_relaunches_through_the_same_rule() -
     assert policy.relaunches == 0
     with pytest.raises(ConfigError, match="RelaunchBudget"):
         policy.decide("n1", FailureKind.HARDWARE, relaunches=1)  # type: ignore[arg-type]
+
+
+@given(
+    used=st.integers(0, 4),
+    limit=st.integers(0, 4),
+    relaunch_possible=st.booleans(),
+    relaunch_wanted=st.booleans(),
+    relaunches_spent=st.booleans(),
+)
+def test_with_no_agent_to_restart_the_processes_no_restart_is_ever_decided(
+    used: int, limit: int, relaunch_possible: bool, relaunch_wanted: bool, relaunches_spent: bool
+) -> None:
+    relaunches = RelaunchBudget(2 if relaunches_spent else 1, 2, "max_relaunches")
+    spending = spend_restart(
+        RestartBudget(used, limit),
+        relaunch_possible=relaunch_possible,
+        relaunch_wanted=relaunch_wanted,
+        relaunches=relaunches,
+        no_restart="its agent exits after this report",
+    )
+    assert not spending.restarts
+    assert spending.words.startswith("its agent exits after this report")
+    relaunched = relaunch_possible and not relaunches_spent
+    assert spending.action is (A.RELAUNCH_NODE if relaunched else A.REMOVE_NODE)
+
+
+def test_a_restart_rung_with_no_agent_to_restart_relaunches_anywhere_and_counts_the_relaunch() -> None:
+    policy = ActionPolicy(PolicyConfig(max_node_relaunches=1))
+    leaving = "its agent exits after this report"
+    d = policy.decide("n0", K.COMMUNICATION, budget=RestartBudget(0, 3), no_restart=leaving)
+    assert (d.action, d.avoid_host, d.escalated) == (A.RELAUNCH_NODE, False, True)
+    assert d.outcome == "its agent exits after this report, so the node is relaunched"
+    assert policy.relaunches == 1
+    # The job's relaunch budget holds for these relaunches as for any.
+    d = policy.decide("n1", K.COMMUNICATION, budget=RestartBudget(0, 3), no_restart=leaving)
+    assert d.action is A.ABORT_JOB
+    assert "already relaunched 1 nodes (limit 1)" in d.outcome
+
+
+def test_a_node_let_go_keeps_one_line_of_counters_and_late_reports_about_it_need_nothing() -> None:
+    policy = ActionPolicy()
+    for _ in range(3):
+        policy.decide("n0", K.COMMUNICATION)
+    assert [u[0] for u in policy.export_counters()["used"]] == ["n0"]
+    assert policy.decide("n0", K.COMMUNICATION).action is A.RELAUNCH_NODE  # own restarts spent
+    counters = policy.export_counters()
+    assert (counters["used"], counters["position"], counters["own_restarts"]) == ([], [], {})
+    assert counters["retired"] == [["n0", "relaunch_node for communication"]]
+    assert policy.process_restarts("n0") == 0
+    assert policy.decide("n0", K.HANG).action is A.NONE
+
+
+def test_counters_survive_an_export_and_an_import_and_bad_ones_change_nothing() -> None:
+    policy = ActionPolicy()
+    policy.decide("n0", K.NAN_LOSS)
+    policy.decide("n1", K.HANG)
+    policy.decide("n2", K.HARDWARE)
+    counters = policy.export_counters()
+    restored = ActionPolicy()
+    restored.import_counters(counters)
+    assert restored.export_counters() == counters
+    assert restored.decide("n1", K.HANG) == policy.decide("n1", K.HANG)
+    before = restored.export_counters()
+    for bad in (
+        {},
+        {**counters, "relaunches": -1},
+        {**counters, "used": [["n0", "no-such-kind", 0, 1]]},
+        {**counters, "retired": [["", "x"]]},
+        {**counters, "retired": {"n0": "x"}},
+        {**counters, "retired": [["n0", "x"], ["n0", "y"]]},
+        {**counters, "used": ["n0hw"]},
+        {**counters, "abort_reason": 3},
+        {**counters, "extra": 1},
+    ):
+        with pytest.raises(PolicyStateError, match="not the counters of an action policy"):
+            restored.import_counters(bad)
+        assert restored.export_counters() == before
+
+
+def test_only_the_newest_nodes_let_go_are_remembered() -> None:
+    policy = ActionPolicy(PolicyConfig(retired_nodes_kept=2))
+    for node in ("n0", "n1", "n2"):
+        assert policy.decide(node, K.HARDWARE).action is A.RELAUNCH_NODE
+    assert [n for n, _ in policy.export_counters()["retired"]] == ["n1", "n2"]
+    assert policy.decide("n2", K.HARDWARE).action is A.NONE
+    # n0 was forgotten: a report about it is decided as any node's.
+    assert policy.decide("n0", K.HARDWARE).action is A.RELAUNCH_NODE

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import time
 import urllib.request
 import xml.etree.ElementTree as ET
@@ -12,13 +13,21 @@ from pathlib import Path
 import pytest
 
 from dlrover.common import default_text
-from dlrover.master.cli import _run_parser, _status_parser, _timeline_parser, build_config, main
+from dlrover.master.cli import (
+    _events_parser,
+    _run_parser,
+    _status_parser,
+    _stop_parser,
+    _timeline_parser,
+    build_config,
+    main,
+)
 from dlrover.master.client import MasterClient
 from dlrover.master.config import NodeRange
 from dlrover.master.factory import create_master, resolve_token
 from dlrover.master.goodput import AttemptReport, StepMark
-from dlrover.master.status import format_status
-from dlrover.master.v1 import job_pb2
+from dlrover.master.states import JobState, NodeState
+from dlrover.master.status import JobSummary, NodeSummary, format_status
 
 
 def test_flags_become_a_validated_config() -> None:
@@ -82,26 +91,23 @@ def test_token_is_generated_once_into_the_state_dir(tmp_path: Path) -> None:
 
 
 def test_format_status_is_readable() -> None:
-    status = job_pb2.GetJobStatusResponse(
+    status = JobSummary(
         job_name="j",
-        state="running",
+        state=JobState.RUNNING,
+        exit_reason="",
         min_nodes=1,
         max_nodes=2,
-        nodes=[
-            job_pb2.NodeStatus(node_id=0, rank=0, state="running", host="h0", step=12),
-            job_pb2.NodeStatus(node_id=3, rank=1, state="pending", relaunch_count=1, last_failure="oom: killed"),
-        ],
-        has_committed_step=True,
+        nodes=(
+            NodeSummary(node_id=0, rank=0, state=NodeState.RUNNING, host="h0", step=12),
+            NodeSummary(node_id=3, rank=1, state=NodeState.PENDING, relaunch_count=1, last_failure="oom: killed"),
+        ),
         committed_step=10,
         committed_path="/ckpt/10",
         goodput=0.5,
         elapsed_s=60,
         samples_per_second=123.4,
         useful_s=30,
-        goodput_buckets=[
-            job_pb2.GoodputBucket(name="startup", seconds=12),
-            job_pb2.GoodputBucket(name="steps_redone", seconds=18),
-        ],
+        goodput_buckets=(("startup", 12.0), ("steps_redone", 18.0)),
     )
     text = format_status(status)
     assert "job j: running" in text
@@ -181,7 +187,38 @@ def test_timeline_command_draws_a_running_job_and_its_event_log(
     assert "dlrover-master timeline" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("parser", [_run_parser, _status_parser, _timeline_parser])
+def test_events_and_stop_commands(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = build_config(
+        _run_parser().parse_args(["--backend", "external", "--nnodes", "1", "--state-dir", str(tmp_path)])
+    )
+    runtime = create_master(cfg)
+    runtime.start()
+    where = ["--master", runtime.address, "--token-file", str(tmp_path / "token")]
+    try:
+        assert main(["events", *where]) == 0
+        started = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+        assert [e["kind"] for e in started][:2] == ["job_start", "node_created"]
+        assert [e["seq"] for e in started] == sorted(e["seq"] for e in started)
+        assert set(started[0]) == {"seq", "wall_time", "kind", "message", "node_id", "rank", "data"}
+        # Paged from a sequence number, at most --limit of them.
+        assert main(["events", *where, "--after-seq", str(started[0]["seq"]), "--limit", "1"]) == 0
+        assert [json.loads(line) for line in capsys.readouterr().out.splitlines()] == started[1:2]
+        assert main(["stop", *where, "--reason", "operator test"]) == 0
+        assert capsys.readouterr().out == "job stopped: operator test\n"
+        assert main(["events", *where, "--after-seq", str(started[-1]["seq"])]) == 0
+        after = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+        ends = [e["message"] for e in after if e["kind"] == "job_end"]
+        assert ends == ["job stopped: operator test"]
+        # An ended job stays as it ended.
+        assert main(["stop", *where, "--reason", "again"]) == 0
+        assert capsys.readouterr().out == "job stopped: operator test\n"
+        assert main(["events", *where, "--limit", "-1"]) == 2
+        assert "must be non-negative" in capsys.readouterr().err
+    finally:
+        runtime.stop()
+
+
+@pytest.mark.parametrize("parser", [_run_parser, _status_parser, _events_parser, _stop_parser, _timeline_parser])
 def test_help_shows_every_options_default(
     parser: Callable[[], argparse.ArgumentParser], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 import attrs
@@ -18,12 +19,13 @@ from dlrover.diagnosis import (
     PolicyConfig,
     RelaunchBudget,
     RestartBudget,
+    RuleRegistry,
 )
 from dlrover.master.config import LifecycleConfig, MasterConfig, NodeRange
-from dlrover.master.diagnosis_policy import DiagnosisFailurePolicy
+from dlrover.master.diagnosis_policy import POLICY_STATE_VERSION, DiagnosisFailurePolicy
 from dlrover.master.factory import default_policy
 from dlrover.master.lifecycle import JobLifecycle
-from dlrover.master.policy import DefaultFailurePolicy, Failure
+from dlrover.master.policy import Classification, DefaultFailurePolicy, Failure
 from dlrover.master.records import NodeRecord
 from dlrover.master.states import JobState, NodeState
 
@@ -115,7 +117,7 @@ def test_the_nodes_restart_budget_escalates_in_place_of_the_action_policys_own()
 
 
 def _crash(used: int) -> Failure:
-    return attrs.evolve(failure(FailureKind.UNKNOWN, "exit code 1", used=used, limit=4), relaunch_possible=False)
+    return attrs.evolve(failure(FailureKind.UNKNOWN, "exit code 1", used=used, limit=4), backend_relaunches=False)
 
 
 def test_without_a_relaunching_scheduler_an_unexplained_crash_restarts_until_the_budget_is_spent() -> None:
@@ -315,6 +317,126 @@ def test_the_action_policys_counters_are_journaled_and_survive_a_master_restart(
 
 def test_a_corrupt_journaled_policy_state_is_refused_with_a_reason() -> None:
     policy = DiagnosisFailurePolicy()
-    with pytest.raises(DLRoverError, match="corrupt failure policy state"):
-        policy.import_state('[{"node": "0"}]')
-    assert policy.export_state() == "[]"
+    policy.decide(failure(FailureKind.UNKNOWN, NCCL_TIMEOUT, exit_code=1))
+    before = policy.export_state()
+    for corrupt in ('[{"node": "0"}]', "{", '{"version": 2}', '{"version": 2, "counters": {"used": 3}}', "7"):
+        with pytest.raises(DLRoverError, match="corrupt failure policy state"):
+            policy.import_state(corrupt)
+        assert policy.export_state() == before
+    with pytest.raises(DLRoverError, match="failure policy state version 3 is not one this master reads"):
+        policy.import_state('{"version": 3, "counters": {}}')
+    assert policy.export_state() == before
+
+
+REGISTRY = RuleRegistry.with_builtin_rules()
+CONFIGS = [
+    PolicyConfig(),
+    PolicyConfig(max_node_relaunches=2),
+    PolicyConfig(max_process_restarts_per_node=1),
+    PolicyConfig(retired_nodes_kept=1),
+]
+
+
+@st.composite
+def failures(draw: st.DrawFn, *, agent_can_restart: bool = False) -> Failure:
+    """A failure with any facts: its node, diagnosed kind, budgets, backend, whether its agent stays."""
+    observed = False if agent_can_restart else draw(st.booleans())
+    kind = LOST_NODE_KIND if observed else draw(st.sampled_from(FailureKind))
+    running = True if agent_can_restart else draw(st.booleans())
+    node = NodeRecord(
+        node_id=draw(st.integers(0, 5)), rank=0, state=NodeState.RUNNING if running else NodeState.PENDING
+    )
+    limit = draw(st.integers(0, 4))
+    return Failure(
+        node,
+        kind,
+        "x",
+        RestartBudget(draw(st.integers(0, limit)), limit, "--max-restarts"),
+        RelaunchBudget(draw(st.integers(0, 3)), 3, "max_relaunches"),
+        classification=None if observed else Classification(kind, f"classified as {kind.value}"),
+        backend_relaunches=draw(st.booleans()),
+        observed_by_master=observed,
+        agent_exits=False if agent_can_restart else draw(st.booleans()),
+    )
+
+
+def version_1_state(decided: list[Failure]) -> str:
+    """What the policy journaled before version 2: every decision's inputs."""
+    return json.dumps(
+        [
+            {
+                "node": str(f.node.node_id),
+                "kind": f.kind.value,
+                "used": f.restarts.used,
+                "limit": f.restarts.limit,
+                "source": f.restarts.source,
+                "relaunch_possible": f.relaunch_possible,
+                "relaunches": [f.relaunches.used, f.relaunches.limit, f.relaunches.source],
+            }
+            for f in decided
+        ]
+    )
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    config=st.sampled_from(CONFIGS),
+    before=st.lists(failures(), max_size=30),
+    after=st.lists(failures(), max_size=30),
+)
+def test_a_policy_restored_from_its_state_decides_exactly_as_the_original(
+    config: PolicyConfig, before: list[Failure], after: list[Failure]
+) -> None:
+    original = DiagnosisFailurePolicy(REGISTRY, ActionPolicy(config))
+    for f in before:
+        original.decide(f)
+    restored = DiagnosisFailurePolicy(REGISTRY, ActionPolicy(config))
+    restored.import_state(original.export_state())
+    assert restored.export_state() == original.export_state()
+    for f in after:
+        assert restored.decide(f) == original.decide(f)
+    assert restored.export_state() == original.export_state()
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    config=st.sampled_from(CONFIGS),
+    before=st.lists(failures(agent_can_restart=True), max_size=30),
+    after=st.lists(failures(), max_size=30),
+)
+def test_a_version_1_state_is_read_and_decides_as_the_policy_that_wrote_it(
+    config: PolicyConfig, before: list[Failure], after: list[Failure]
+) -> None:
+    # Version 1 held the inputs of decisions about agents that could restart their processes (the
+    # lifecycle turned the others' answers afterwards): replayed, they give the same counters.
+    original = DiagnosisFailurePolicy(REGISTRY, ActionPolicy(config))
+    for f in before:
+        original.decide(f)
+    restored = DiagnosisFailurePolicy(REGISTRY, ActionPolicy(config))
+    restored.import_state(version_1_state(before))
+    assert json.loads(restored.export_state())["version"] == POLICY_STATE_VERSION
+    for f in after:
+        assert restored.decide(f) == original.decide(f)
+
+
+def test_the_journaled_state_does_not_grow_with_the_decisions() -> None:
+    # A node restarted in place again and again (the external backend, a large --max-restarts):
+    # version 1 grew by a decision's inputs each time; the counters stay as they are.
+    policy = DiagnosisFailurePolicy(REGISTRY)
+    node = NodeRecord(node_id=0, rank=0, state=NodeState.RUNNING)
+    sizes = []
+    for used in range(1000):
+        hardware = Classification(FailureKind.HARDWARE, "ECC")
+        f = Failure(
+            node,
+            FailureKind.HARDWARE,
+            "ECC",
+            RestartBudget(used, 10_000, "--max-restarts"),
+            RelaunchBudget(0, 3, "max_relaunches"),
+            classification=hardware,
+            backend_relaunches=False,
+        )
+        assert policy.decide(f).action is ActionKind.RESTART_PROCESSES
+        if used in (9, 999):
+            sizes.append(len(policy.export_state()))
+    assert sizes[0] == sizes[1]

@@ -10,10 +10,13 @@ import pytest
 
 from dlrover.common import RetryPolicy, RpcError, generate_token
 from dlrover.diagnosis import ActionKind, FailureKind, RankStepStats
-from dlrover.master.client import MasterClient
+from dlrover.master.client import CheckpointStepsAnswer, MasterClient, StopAnswer
 from dlrover.master.eventlog import read_event_log
 from dlrover.master.goodput import AttemptReport, StepMark
+from dlrover.master.journal import JournaledEvent
 from dlrover.master.runtime import MasterRuntime
+from dlrover.master.states import JobState, NodeState
+from dlrover.master.status import JobSummary
 from dlrover.master.v1 import agent_pb2, agent_pb2_grpc
 
 pytestmark = pytest.mark.integration
@@ -46,20 +49,25 @@ def test_register_heartbeat_report_and_status(make_runtime: MakeRuntime) -> None
         assert decision.action is ActionKind.RESTART_PROCESSES
         # The reply delivered the restart; the next heartbeat does not order it again.
         assert list(b.heartbeat(step=1).actions) == []
-        assert a.report_checkpoint_steps(2, {0: [3]}).has_complete_step is False
-        resp = b.report_checkpoint_steps(2, {1: [3]})
-        assert (resp.has_complete_step, resp.complete_step) == (True, 3)
+        assert a.report_checkpoint_steps(2, {0: [3]}) == CheckpointStepsAnswer(None, None)
+        assert b.report_checkpoint_steps(2, {1: [3]}) == CheckpointStepsAnswer(complete_step=3, committed_step=None)
         assert a.commit_checkpoint(3, "/ck/3") == 3
+        assert a.report_checkpoint_steps(2, {0: [3, 4]}) == CheckpointStepsAnswer(complete_step=3, committed_step=3)
         status = a.job_status()
-        assert status.state == "running"
+        assert isinstance(status, JobSummary)
+        assert status.state is JobState.RUNNING
         assert status.committed_step == 3
         assert [n.rank for n in status.nodes] == [0, 1]
         assert status.nodes[0].step == 5
-        kinds = [e.kind for e in a.list_events(limit=1000)]
+        assert status.nodes[0].state is NodeState.RUNNING
+        events = a.list_events(limit=1000)
+        assert all(isinstance(e, JournaledEvent) for e in events)
+        # The client's events are the master's own, data included.
+        assert events == rt.master.events(limit=1000)
+        kinds = [e.kind for e in events]
         assert "process_restart" in kinds
         assert "checkpoint" in kinds
-        stopped = a.stop_job("done testing")
-        assert (stopped.state, stopped.exit_reason) == ("stopped", "done testing")
+        assert a.stop_job("done testing") == StopAnswer(JobState.STOPPED, "done testing")
         stop_action = a.heartbeat().actions[0]
         assert stop_action.kind is ActionKind.REMOVE_NODE
 

@@ -6,7 +6,7 @@ import attrs
 import pytest
 
 from dlrover.common import ConfigError
-from dlrover.diagnosis import ActionKind, FailureKind
+from dlrover.diagnosis import ActionKind, Decision, FailureKind
 from dlrover.master.config import LifecycleConfig, NodeRange, parse_node_range
 from dlrover.master.lifecycle import (
     HostAvoidedError,
@@ -18,7 +18,7 @@ from dlrover.master.lifecycle import (
     NodeStateError,
     UnknownNodeError,
 )
-from dlrover.master.policy import DefaultFailurePolicy
+from dlrover.master.policy import DefaultFailurePolicy, Failure
 from dlrover.master.records import LaunchNode, StopNode, node_from_dict, node_to_dict
 from dlrover.master.states import TRANSITIONS, IllegalTransitionError, JobState, NodeState, check_transition
 
@@ -221,6 +221,74 @@ def test_without_a_relaunching_scheduler_a_node_that_is_gone_or_leaving_is_still
     out = life.tick(20.0)
     assert life.node(1).state is NodeState.RELAUNCHING
     assert any(isinstance(e, LaunchNode) and e.rank == 1 for e in out.effects)
+
+
+class Scripted:
+    """A policy that answers `action` to every failure and keeps the failures it was handed."""
+
+    def __init__(self, action: ActionKind) -> None:
+        self.action = action
+        self.seen: list[Failure] = []
+
+    def decide(self, failure: Failure) -> Decision:
+        self.seen.append(failure)
+        return Decision(self.action, failure.kind, str(failure.node.node_id), f"scripted {self.action.value}")
+
+
+def scripted(action: ActionKind, *, scheduler_relaunches: bool = True, **kw: object) -> tuple[JobLifecycle, Scripted]:
+    policy = Scripted(action)
+    cfg = LifecycleConfig(nodes=NodeRange(2, 2), **kw)  # type: ignore[arg-type]
+    life = JobLifecycle(cfg, policy, 0.0, scheduler_relaunches=scheduler_relaunches)
+    life.start(0.0)
+    register_all(life)
+    return life, policy
+
+
+def test_the_policy_is_handed_every_fact_it_decides_on() -> None:
+    life, policy = scripted(ActionKind.RELAUNCH_NODE, scheduler_relaunches=False, max_relaunches=4)
+    life.register(0, "agent-0", "host-0", 0.5, proven_node_id=0, max_process_restarts=7)
+    life.report_failure(0, FailureKind.COMMUNICATION, "node check failed", 1.0, agent_exits=True)
+    life.node_lost(1, "no heartbeat", 2.0)
+    reported, lost = policy.seen
+    assert (reported.restarts.used, reported.restarts.limit, reported.restarts.source) == (0, 7, "--max-restarts")
+    assert (reported.relaunches.used, reported.relaunches.limit) == (0, 4)
+    assert (reported.backend_relaunches, reported.agent_exits, reported.observed_by_master) == (False, True, False)
+    assert reported.no_restart == "its agent exits after this report"
+    assert reported.relaunch_possible  # the agent leaves: its rank opens for a new one
+    assert (lost.agent_exits, lost.observed_by_master, lost.no_restart) == (False, True, "")
+    assert lost.relaunch_possible
+
+
+def test_the_lifecycle_applies_the_policys_restarts_without_a_budget_of_its_own() -> None:
+    # The budgets live in the policy: one that grants restarts beyond max_process_restarts is obeyed.
+    life, _ = scripted(ActionKind.RESTART_PROCESSES, max_process_restarts=1, max_job_failures=10)
+    for i in range(4):
+        decision, _ = life.report_failure(0, FailureKind.UNKNOWN, "exit 1", float(i + 1))
+        assert (decision.action, decision.outcome) == (ActionKind.RESTART_PROCESSES, "scripted restart_processes")
+    assert life.node(0).process_restarts == 4
+
+
+@pytest.mark.parametrize(
+    ("action", "agent_exits", "why"),
+    [
+        (ActionKind.NONE, False, "a node whose processes failed needs an action"),
+        (ActionKind.RESTART_PROCESSES, True, "its agent exits after this report"),
+        (ActionKind.ROLLBACK_CHECKPOINT, True, "its agent exits after this report"),
+    ],
+)
+def test_a_decision_nobody_can_carry_out_lets_the_node_go_and_says_why(
+    action: ActionKind, agent_exits: bool, why: str
+) -> None:
+    life, _ = scripted(action)
+    decision, out = life.report_failure(0, FailureKind.UNKNOWN, "exit 1", 1.0, agent_exits=agent_exits)
+    assert decision.action is ActionKind.REMOVE_NODE
+    assert decision.outcome == (
+        f"scripted {action.value}; but the failure policy's {action.value} cannot be carried out ({why}): "
+        "the node leaves the job"
+    )
+    assert life.node(0).state is NodeState.REMOVED
+    assert life.node(0).process_restarts == 0
+    assert not any(isinstance(e, LaunchNode) for e in out.effects)
 
 
 def test_relaunch_budget_exhausted_removes_the_node_and_the_job_fails() -> None:

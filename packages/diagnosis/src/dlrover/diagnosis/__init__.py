@@ -46,7 +46,14 @@ from dlrover.diagnosis.exitinfo import ExitInfo
 from dlrover.diagnosis.kinds import TRANSIENT_KINDS, ActionKind, FailureKind
 from dlrover.diagnosis.logtail import LogTail, TailConfig, read_log_tail, read_tail_from_stream, tail_from_bytes
 from dlrover.diagnosis.oomrecord import MEMORY_RECORD, OomCount, OomWatch
-from dlrover.diagnosis.policy import DEFAULT_LADDERS, ActionPolicy, Decision, LadderStep, PolicyConfig
+from dlrover.diagnosis.policy import (
+    DEFAULT_LADDERS,
+    ActionPolicy,
+    Decision,
+    LadderStep,
+    PolicyConfig,
+    PolicyStateError,
+)
 from dlrover.diagnosis.probe import ProbeConfig, pick_backend, run_paired_probe, run_probe
 from dlrover.diagnosis.registry import ENTRY_POINT_GROUP, RuleRegistry
 from dlrover.diagnosis.reported import (
@@ -134,6 +141,7 @@ __all__ = [
     "Decision",
     "LadderStep",
     "PolicyConfig",
+    "PolicyStateError",
     "RelaunchBudget",
     "RestartBudget",
     "Spending",

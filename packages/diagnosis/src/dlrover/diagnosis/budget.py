@@ -2,10 +2,11 @@
 
 Whoever keeps a node's restart count (the master journals it with the node; an `ActionPolicy`
 used alone keeps its own) hands it over as a `RestartBudget`, and every decision that restarts a
-node's processes, or would relaunch a node that no scheduler can replace, goes through
-`spend_restart`. So the count is read in one place, the choice between "restart in place",
-"relaunch" and "let the node go" is made in one place, and every message shows the same
-"restart k of n".
+node's processes, relaunches a node, or would relaunch a node that no scheduler can replace, goes
+through `spend_restart`, with the facts it needs (whether a new node can come, whether anyone is
+left to restart the processes in place). So the count is read in one place, the choice between
+"restart in place", "relaunch" and "let the node go" is made in one place, and every message
+shows the same "restart k of n".
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from dlrover.common.validators import non_negative_int
 from dlrover.diagnosis.kinds import ActionKind
 
 __all__ = ["RelaunchBudget", "RestartBudget", "Spending", "spend_restart"]
+
+_NO_NEW_NODE = "this job's backend starts no new node"
 
 
 @attrs.frozen
@@ -105,6 +108,7 @@ def spend_restart(
     relaunch_possible: bool,
     relaunch_wanted: bool = False,
     relaunches: RelaunchBudget | None = None,
+    no_restart: str = "",
 ) -> Spending:
     """Decide what a failed node does under its restart budget.
 
@@ -116,6 +120,9 @@ def spend_restart(
       restart the processes in place while restarts are left (the alternative, the node's agent
       exiting with nobody to start another, would end the job with restarts unused), else let
       the node go;
+    * nobody can restart the processes in place (`no_restart`: the node's agent is gone or exits
+      after its report): relaunch whatever was wanted, where a new node can come, else let the
+      node go; no restart is used;
     * a relaunch whose rank has no relaunches left (`relaunches` spent) lets the node go instead.
 
     Args:
@@ -125,25 +132,33 @@ def spend_restart(
         relaunch_wanted: True when the caller wanted a relaunch rather than a restart.
         relaunches: the rank's relaunches, when the caller keeps them (the master journals them
             with the node); None: relaunches are not limited here.
+        no_restart: why nobody can restart the node's processes in place, in words ("its agent
+            exits after this report"); empty when its agent is alive to restart them.
 
     Returns:
         The action and its words.
     """
-    no_new_node = "this job's backend starts no new node"
     spent_relaunches = relaunches.used_up() if relaunches is not None and relaunches.spent else ""
+    if no_restart and not relaunch_possible:
+        return Spending(ActionKind.REMOVE_NODE, f"{no_restart}, and {_NO_NEW_NODE}: the node leaves the job")
+    if no_restart:
+        return _relaunch_or_leave(no_restart, spent_relaunches)
     if relaunch_wanted and relaunch_possible:
-        if spent_relaunches:
-            return Spending(ActionKind.REMOVE_NODE, f"{spent_relaunches}: the node leaves the job")
-        return Spending(ActionKind.RELAUNCH_NODE, "the node is relaunched")
+        return _relaunch_or_leave("", spent_relaunches)
     if not budget.spent:
         words = budget.next_restart()
         if relaunch_wanted:
-            words += f", in place: {no_new_node}"
+            words += f", in place: {_NO_NEW_NODE}"
         return Spending(ActionKind.RESTART_PROCESSES, words)
     if relaunch_possible:
-        if spent_relaunches:
-            return Spending(
-                ActionKind.REMOVE_NODE, f"{budget.used_up()}, and {spent_relaunches}: the node leaves the job"
-            )
-        return Spending(ActionKind.RELAUNCH_NODE, f"{budget.used_up()}, so the node is relaunched")
-    return Spending(ActionKind.REMOVE_NODE, f"{budget.used_up()}, and {no_new_node}: the node leaves the job")
+        return _relaunch_or_leave(budget.used_up(), spent_relaunches)
+    return Spending(ActionKind.REMOVE_NODE, f"{budget.used_up()}, and {_NO_NEW_NODE}: the node leaves the job")
+
+
+def _relaunch_or_leave(why: str, spent_relaunches: str) -> Spending:
+    """A relaunch (`why`: what led to it, if anything), or, with the rank's relaunches spent, the
+    node leaves the job."""
+    if spent_relaunches:
+        words = f"{why}, and {spent_relaunches}" if why else spent_relaunches
+        return Spending(ActionKind.REMOVE_NODE, f"{words}: the node leaves the job")
+    return Spending(ActionKind.RELAUNCH_NODE, f"{why}, so the node is relaunched" if why else "the node is relaunched")

@@ -17,10 +17,16 @@ is spent through `spend_restart`, the one rule for it:
 * where nothing can start a new node, a relaunch rung restarts the processes in place while the
   node has restarts left; the rung's own budget is not used by such a restart, so it is the next
   step once the restarts run out;
+* where nobody can restart the processes in place (the node's agent is gone or exits after its
+  report: ``no_restart``), a restart or rollback rung becomes a relaunch (on any host: nothing
+  says the host is bad), counted like every relaunch; the rung is not used;
 * at most ``max_node_relaunches`` relaunches per job; the one after that aborts.
 
 A relaunched or removed node id is retired: a late report about it gets `ActionKind.NONE` (a
-replacement node comes back under a new id). Once the job is aborted every decision is to abort.
+replacement node comes back under a new id), and its per-node counters, which no later decision
+reads, are dropped. Once the job is aborted every decision is to abort. So the counters
+(`export_counters`) hold the live nodes' ladder steps, the job-wide ones, and one line per node
+let go (the newest ``retired_nodes_kept``), however many decisions the job took.
 
 Defaults (`DEFAULT_LADDERS`), chosen so that about three failures in four end in a cheap restart
 and nothing loops:
@@ -49,16 +55,17 @@ from __future__ import annotations
 
 import types
 from collections.abc import Mapping
-from typing import Literal
+from typing import Any, Literal
 
 import attrs
 
 from dlrover.common import ConfigError
 from dlrover.common.validators import non_negative_int
 from dlrover.diagnosis.budget import RelaunchBudget, RestartBudget, spend_restart
+from dlrover.diagnosis.errors import DiagnosisError
 from dlrover.diagnosis.kinds import ActionKind, FailureKind
 
-__all__ = ["ActionPolicy", "Decision", "DEFAULT_LADDERS", "LadderStep", "PolicyConfig"]
+__all__ = ["ActionPolicy", "Decision", "DEFAULT_LADDERS", "LadderStep", "PolicyConfig", "PolicyStateError"]
 
 Scope = Literal["node", "job"]
 _JOB = "*job*"
@@ -158,6 +165,9 @@ class PolicyConfig:
         max_process_restarts_per_node: restarts on one node before the next restart is escalated
             to a node relaunch that avoids the host (default 3).
         max_node_relaunches: relaunches of any kind per job before the job is aborted (default 16).
+        retired_nodes_kept: how many of the nodes let go are remembered, the newest (default
+            1024), so a late report about one needs no action; a report about one let go before
+            them is decided as any node's. It bounds the counters however long the job runs.
     """
 
     ladders: Mapping[FailureKind, tuple[LadderStep, ...]] = attrs.field(
@@ -165,6 +175,7 @@ class PolicyConfig:
     )
     max_process_restarts_per_node: int = attrs.field(default=3, validator=non_negative_int)
     max_node_relaunches: int = attrs.field(default=16, validator=non_negative_int)
+    retired_nodes_kept: int = attrs.field(default=1024, validator=non_negative_int)
 
 
 @attrs.frozen
@@ -193,6 +204,10 @@ class Decision:
     def reason(self) -> str:
         """The outcome in a sentence of its own: ``"communication on node n0: restart 1 of 3"``."""
         return f"{self.kind.value} on node {self.node_id}: {self.outcome}"
+
+
+class PolicyStateError(DiagnosisError):
+    """Counters given to `ActionPolicy.import_counters` are not what `export_counters` writes."""
 
 
 class ActionPolicy:
@@ -229,7 +244,8 @@ class ActionPolicy:
 
     def process_restarts(self, node_id: str) -> int:
         """Process restarts this policy counted for `node_id`: those decided without a caller's
-        `RestartBudget` (a caller that passes one keeps the count itself)."""
+        `RestartBudget` (a caller that passes one keeps the count itself); 0 once the node was
+        let go (its counters are dropped then)."""
         return self._own_restarts.get(node_id, 0)
 
     def own_budget(self, node_id: str) -> RestartBudget:
@@ -245,6 +261,7 @@ class ActionPolicy:
         budget: RestartBudget | None = None,
         relaunch_possible: bool = True,
         relaunches: RelaunchBudget | None = None,
+        no_restart: str = "",
     ) -> Decision:
         """Pick the action for a failure of `kind` on `node_id` and count it against the budgets.
 
@@ -260,6 +277,9 @@ class ActionPolicy:
             relaunches: the relaunches of the node's rank, when the caller keeps them (the
                 master: the rank's journaled count against ``max_relaunches``); a relaunch with
                 none left lets the node go (`spend_restart`).
+            no_restart: why nobody can restart the node's processes in place (its agent is gone,
+                or exits after this report), in words; empty when its agent can. A restart is
+                then a relaunch (`spend_restart`).
 
         Returns:
             The decision, with its outcome in words.
@@ -287,7 +307,14 @@ class ActionPolicy:
                 "a late report about its old processes needs no action",
             )
         own = budget is None
-        decision = self._climb(node_id, kind, budget or self.own_budget(node_id), relaunch_possible, relaunches)
+        decision = self._climb(
+            node_id,
+            kind,
+            budget or self.own_budget(node_id),
+            relaunch_possible=relaunch_possible,
+            relaunches=relaunches,
+            no_restart=no_restart,
+        )
         if own and decision.action in (ActionKind.RESTART_PROCESSES, ActionKind.ROLLBACK_CHECKPOINT):
             self._own_restarts[node_id] = self._own_restarts.get(node_id, 0) + 1
         return decision
@@ -297,8 +324,10 @@ class ActionPolicy:
         node_id: str,
         kind: FailureKind,
         budget: RestartBudget,
+        *,
         relaunch_possible: bool,
         relaunches: RelaunchBudget | None,
+        no_restart: str,
     ) -> Decision:
         """Take the first rung of `kind`'s ladder with budget left, or abort when none has."""
         ladder = self._config.ladders[kind]
@@ -313,14 +342,22 @@ class ActionPolicy:
         step = ladder[index]
         relaunch = step.action in (ActionKind.RELAUNCH_NODE, ActionKind.RELAUNCH_WITH_MORE_MEMORY)
         spending = spend_restart(
-            budget, relaunch_possible=relaunch_possible, relaunch_wanted=relaunch, relaunches=relaunches
+            budget,
+            relaunch_possible=relaunch_possible,
+            relaunch_wanted=relaunch,
+            relaunches=relaunches,
+            no_restart=no_restart,
         )
         if spending.action is ActionKind.REMOVE_NODE:
-            self._retired[node_id] = f"removed for {kind.value}"
+            self._retire(node_id, f"removed for {kind.value}")
             return Decision(ActionKind.REMOVE_NODE, kind, node_id, spending.words)
         if relaunch and spending.restarts:
             # Not counted against the rung: it stays the next step once the restarts run out.
             return Decision(ActionKind.RESTART_PROCESSES, kind, node_id, spending.words)
+        if not relaunch and no_restart:
+            # Nobody is left to restart the processes: only a new node can take the rank. The host
+            # is not to blame, so the new node may land anywhere.
+            return self._relaunch(kind, node_id, ActionKind.RELAUNCH_NODE, False, spending.words, escalated=True)
         if not relaunch and not spending.restarts:
             # The node's restarts are spent: the job-wide rule escalates to a relaunch elsewhere.
             words = f"{spending.words} on another host"
@@ -341,7 +378,8 @@ class ActionPolicy:
             tried = f"; {self._tried(kind, node_id, ladder, index)}" if index else ""
             words = f"the node is relaunched {what}{host} ({count}){tried}"
             decision = self._relaunch(kind, node_id, step.action, step.avoid_host, words, escalated=False)
-            if decision.action is step.action:
+            if decision.action is step.action and step.scope == "job":
+                # A node-scope rung needs no count: the relaunch let its node go.
                 self._used[key] = used
             return decision
         self._used[key] = used
@@ -382,5 +420,79 @@ class ActionPolicy:
                 f"(limit {self._config.max_node_relaunches}): the job stops",
             )
         self._relaunches += 1
-        self._retired[node_id] = f"{action.value} for {kind.value}"
+        self._retire(node_id, f"{action.value} for {kind.value}")
         return Decision(action, kind, node_id, words, avoid_host=avoid_host, escalated=escalated)
+
+    def _retire(self, node_id: str, why: str) -> None:
+        """Let `node_id` go: later reports about it need no action, and its counters are dropped
+        (a decision about a retired node reads none of them)."""
+        self._retired[node_id] = why
+        while len(self._retired) > self._config.retired_nodes_kept:
+            del self._retired[next(iter(self._retired))]  # the oldest: dicts keep insertion order
+        self._used = {k: v for k, v in self._used.items() if k[0] != node_id}
+        self._position = {k: v for k, v in self._position.items() if k[0] != node_id}
+        self._own_restarts.pop(node_id, None)
+
+    def export_counters(self) -> dict[str, Any]:
+        """Everything later decisions read, as a JSON-serialisable dict: ladder steps used (per
+        live node and job-wide), ladder positions, the restarts this policy counts itself, the
+        job's relaunches, the nodes let go and why, and the abort reason.
+
+        Its size depends on the live nodes and the nodes let go, not on how many decisions were
+        taken. `import_counters` of it into a policy with the same configuration decides as this
+        one would.
+        """
+        return {
+            "used": sorted([node, kind.value, index, count] for (node, kind, index), count in self._used.items()),
+            "position": sorted([node, kind.value, index] for (node, kind), index in self._position.items()),
+            "own_restarts": dict(sorted(self._own_restarts.items())),
+            "relaunches": self._relaunches,
+            # In the order they were let go: the oldest is forgotten first.
+            "retired": [[node, why] for node, why in self._retired.items()],
+            "abort_reason": self._abort_reason,
+        }
+
+    def import_counters(self, counters: Mapping[str, Any]) -> None:
+        """Resume from `export_counters`' dict (replacing this policy's counters).
+
+        Raises:
+            PolicyStateError: `counters` is not what `export_counters` writes; nothing changed.
+        """
+        try:
+            used = {(_node(n), FailureKind(k), _count(i)): _count(c) for n, k, i, c in _rows(counters["used"], 4)}
+            position = {(_node(n), FailureKind(k)): _count(i) for n, k, i in _rows(counters["position"], 3)}
+            own = {_node(n): _count(c) for n, c in dict(counters["own_restarts"]).items()}
+            relaunches = _count(counters["relaunches"])
+            retired = {_node(n): why for n, why in _rows(counters["retired"], 2) if isinstance(why, str)}
+            if len(retired) != len(counters["retired"]):
+                raise ValueError("retired must list distinct nodes, each with why it was let go")
+            for forgotten in list(retired)[: max(len(retired) - self._config.retired_nodes_kept, 0)]:
+                del retired[forgotten]
+            abort = counters["abort_reason"]
+            if abort is not None and not isinstance(abort, str):
+                raise ValueError(f"abort_reason must be a string or null, got {abort!r}")
+            unknown = set(counters) - {"used", "position", "own_restarts", "relaunches", "retired", "abort_reason"}
+            if unknown:
+                raise ValueError(f"unknown fields {sorted(unknown)}")
+        except (KeyError, TypeError, ValueError) as exc:
+            raise PolicyStateError(f"not the counters of an action policy: {exc!r}") from exc
+        self._used, self._position, self._own_restarts = used, position, own
+        self._relaunches, self._retired, self._abort_reason = relaunches, retired, abort
+
+
+def _rows(value: object, width: int) -> list[list[Any]]:
+    if not isinstance(value, list) or not all(isinstance(row, list) and len(row) == width for row in value):
+        raise ValueError(f"expected a list of {width}-item lists, got {value!r}"[:300])
+    return value
+
+
+def _node(value: object) -> str:
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"a node id must be a non-empty string, got {value!r}")
+    return value
+
+
+def _count(value: object) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"a count must be a non-negative integer, got {value!r}")
+    return value

@@ -10,7 +10,7 @@ released from failed nodes), and failures are decided by dlrover.diagnosis.
 """
 
 from dlrover.master.checkpoints import CheckpointError, CheckpointReport, CheckpointTracker
-from dlrover.master.client import HeartbeatAnswer, MasterClient, Registration
+from dlrover.master.client import CheckpointStepsAnswer, HeartbeatAnswer, MasterClient, Registration, StopAnswer
 from dlrover.master.config import (
     FAILURE_POLICIES,
     LifecycleConfig,
@@ -119,7 +119,7 @@ from dlrover.master.states import (
     NodeState,
     check_transition,
 )
-from dlrover.master.status import format_status
+from dlrover.master.status import JobSummary, NodeSummary, format_status, summarize
 from dlrover.master.timeline import render_timeline
 
 __all__ = [
@@ -235,12 +235,17 @@ __all__ = [
     "MasterClient",
     "Registration",
     "HeartbeatAnswer",
+    "CheckpointStepsAnswer",
+    "StopAnswer",
     # observability
     "MasterMetrics",
     "MetricsEndpoint",
     "EventLog",
     "EventLogInUseError",
     "read_event_log",
+    "JobSummary",
+    "NodeSummary",
+    "summarize",
     "format_status",
     "render_timeline",
     # goodput

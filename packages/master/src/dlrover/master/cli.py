@@ -4,6 +4,8 @@
     dlrover-master status --master 127.0.0.1:50051 --token-file /tmp/job/token
     dlrover-master timeline --master 127.0.0.1:50051 --token-file /tmp/job/token --out job.svg
     dlrover-master timeline --event-log /tmp/job/events.jsonl --out job.svg
+    dlrover-master events --master 127.0.0.1:50051 --token-file /tmp/job/token --after-seq 120
+    dlrover-master stop --master 127.0.0.1:50051 --token-file /tmp/job/token --reason "data fixed, resubmitting"
 
 Exit status of a run: 0 the job succeeded, 1 it failed, 2 bad usage, 3 it was stopped.
 """
@@ -38,7 +40,7 @@ from dlrover.master.config import (
     MasterConfig,
     parse_node_range,
 )
-from dlrover.master.eventlog import read_event_log
+from dlrover.master.eventlog import event_to_dict, read_event_log
 from dlrover.master.factory import create_master
 from dlrover.master.resource_flags import add_resource_flags, lifecycle_resources
 from dlrover.master.states import JobState
@@ -192,9 +194,10 @@ def _run_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _status_parser() -> argparse.ArgumentParser:
+def _client_parser(command: str, description: str) -> argparse.ArgumentParser:
+    """A parser of the flags every command that calls a running master takes."""
     p = argparse.ArgumentParser(
-        prog="dlrover-master status", description="Print a running job's status.", formatter_class=DefaultsHelpFormatter
+        prog=f"dlrover-master {command}", description=description, formatter_class=DefaultsHelpFormatter
     )
     p.add_argument("--master", required=True, help="the master's host:port")
     _add_client_flags(p)
@@ -223,6 +226,37 @@ def _add_client_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tls-ca", default=None, help="verify the master's certificate with this CA (enables TLS)")
     p.add_argument("--tls-server-name", default=None, help="the name the master's certificate is valid for")
     p.add_argument("--timeout-s", type=float, default=10.0, help="seconds to wait for the master's answer")
+
+
+def _status_parser() -> argparse.ArgumentParser:
+    return _client_parser("status", "Print a running job's status.")
+
+
+def _events_parser() -> argparse.ArgumentParser:
+    p = _client_parser("events", "Print a running job's events, one JSON object a line (as in --event-log).")
+    p.add_argument("--after-seq", type=int, default=0, help="print the events after this sequence number")
+    p.add_argument("--limit", type=int, default=0, help="print at most this many events (0: all of them)")
+    return p
+
+
+def _stop_parser() -> argparse.ArgumentParser:
+    p = _client_parser("stop", "Stop a running job: every node is stopped.")
+    p.add_argument("--reason", default="stopped on request", help="why, for the event log and the status")
+    return p
+
+
+def _client(args: argparse.Namespace) -> MasterClient:
+    """A client of the master the parsed flags name.
+
+    Raises:
+        DLRoverError: no token, or the TLS files cannot be read.
+    """
+    token = load_token(args.token, token_file=args.token_file)
+    channel_config = None
+    if args.tls_ca:
+        channel_config = ChannelConfig(tls=TLSConfig(ca_file=args.tls_ca, server_name_override=args.tls_server_name))
+    policy = RetryPolicy(call_timeout_s=args.timeout_s, total_timeout_s=args.timeout_s)
+    return MasterClient(args.master, token, channel_config=channel_config, policy=policy)
 
 
 def build_config(args: argparse.Namespace) -> MasterConfig:
@@ -280,15 +314,6 @@ def build_config(args: argparse.Namespace) -> MasterConfig:
     )
 
 
-def _client(args: argparse.Namespace) -> MasterClient:
-    token = load_token(args.token, token_file=args.token_file)
-    channel_config = None
-    if args.tls_ca:
-        channel_config = ChannelConfig(tls=TLSConfig(ca_file=args.tls_ca, server_name_override=args.tls_server_name))
-    policy = RetryPolicy(call_timeout_s=args.timeout_s, total_timeout_s=args.timeout_s)
-    return MasterClient(args.master, token, channel_config=channel_config, policy=policy)
-
-
 def _status(argv: Sequence[str]) -> int:
     args = _status_parser().parse_args(argv)
     try:
@@ -300,26 +325,18 @@ def _status(argv: Sequence[str]) -> int:
     return 0
 
 
+_EVENTS_PAGE = 1000  # the most JobService.ListEvents answers at once
+
+
 def _master_events(client: MasterClient) -> list[dict[str, object]]:
     """Every event of a running job, paged through ListEvents."""
     out: list[dict[str, object]] = []
     after = 0
     while True:
-        page = client.list_events(after_seq=after, limit=1000)
+        page = client.list_events(after_seq=after, limit=_EVENTS_PAGE)
         if not page:
             return out
-        for e in page:
-            out.append(
-                {
-                    "seq": e.seq,
-                    "wall_time": e.wall_time,
-                    "kind": e.kind,
-                    "message": e.message,
-                    "node_id": e.node_id if e.has_node else None,
-                    "rank": e.rank,
-                    "data": json.loads(e.data_json) if e.data_json else {},
-                }
-            )
+        out.extend(event_to_dict(e) for e in page)
         after = page[-1].seq
 
 
@@ -335,7 +352,7 @@ def _timeline(argv: Sequence[str]) -> int:
                 status = client.job_status()
             # A running job's timeline ends now (its elapsed time as the master counts it).
             start = next((float(str(e["wall_time"])) for e in events if e["kind"] == "job_start"), None)
-            now = start + status.elapsed_s if start is not None and status.state == "running" else None
+            now = start + status.elapsed_s if start is not None and status.state is JobState.RUNNING else None
         svg = render_timeline(events, title=args.title, now_wall=now)
         with open(args.out, "w", encoding="utf-8") as f:
             f.write(svg)
@@ -343,6 +360,42 @@ def _timeline(argv: Sequence[str]) -> int:
         print(f"dlrover-master timeline: {exc}", file=sys.stderr)
         return 1
     print(f"wrote {args.out} ({len(events)} events)")
+    return 0
+
+
+def _events(argv: Sequence[str]) -> int:
+    args = _events_parser().parse_args(argv)
+    if args.after_seq < 0 or args.limit < 0:
+        print("dlrover-master events: --after-seq and --limit must be non-negative", file=sys.stderr)
+        return 2
+    after, printed = args.after_seq, 0
+    try:
+        with _client(args) as client:
+            while not args.limit or printed < args.limit:
+                want = _EVENTS_PAGE if not args.limit else min(_EVENTS_PAGE, args.limit - printed)
+                page = client.list_events(after, want)
+                for event in page:
+                    print(json.dumps(event_to_dict(event), sort_keys=True))
+                printed += len(page)
+                if len(page) < want:
+                    break
+                after = page[-1].seq
+    except DLRoverError as exc:
+        print(f"dlrover-master events: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _stop(argv: Sequence[str]) -> int:
+    args = _stop_parser().parse_args(argv)
+    try:
+        with _client(args) as client:
+            answer = client.stop_job(args.reason)
+    except DLRoverError as exc:
+        print(f"dlrover-master stop: {exc}", file=sys.stderr)
+        return 1
+    # An ended job keeps the state it ended in: the line says which.
+    print(f"job {answer.state.value}: {answer.exit_reason}")
     return 0
 
 
@@ -396,6 +449,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _status(args[1:])
     if args and args[0] == "timeline":
         return _timeline(args[1:])
+    if args and args[0] == "events":
+        return _events(args[1:])
+    if args and args[0] == "stop":
+        return _stop(args[1:])
     if args and args[0] == "run":
         args = args[1:]
     return _run(args)

@@ -5,24 +5,30 @@ After `register`, every agent call carries the node identity metadata automatica
 
 from __future__ import annotations
 
+import enum
 import functools
+import json
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 import grpc
 
-from dlrover.common import ChannelConfig, Clock, RetryPolicy, call_unary, create_channel
+from dlrover.common import ChannelConfig, Clock, DLRoverError, RetryPolicy, call_unary, create_channel
 from dlrover.diagnosis import ActionKind, Decision, FailureKind, RankStepStats
 from dlrover.master.goodput import AttemptReport
 from dlrover.master.identity import node_metadata
+from dlrover.master.journal import JournaledEvent
 from dlrover.master.master import ResourceSample
 from dlrover.master.records import Action
-from dlrover.master.states import JobState
+from dlrover.master.states import JobState, NodeState
+from dlrover.master.status import JobSummary, NodeSummary
 from dlrover.master.v1 import agent_pb2, agent_pb2_grpc, checkpoint_pb2, checkpoint_pb2_grpc, job_pb2, job_pb2_grpc
-from dlrover.master.wire import from_proto, proto_name
+from dlrover.master.wire import WireEnumError, from_proto, proto_name
 
-__all__ = ["HeartbeatAnswer", "MasterClient", "Registration"]
+__all__ = ["CheckpointStepsAnswer", "HeartbeatAnswer", "MasterClient", "Registration", "StopAnswer"]
+
+_S = TypeVar("_S", bound=enum.Enum)
 
 
 @attrs.frozen
@@ -61,6 +67,67 @@ class HeartbeatAnswer:
 
     actions: tuple[Action, ...]
     job_state: JobState
+
+
+@attrs.frozen
+class CheckpointStepsAnswer:
+    """The master's answer to `MasterClient.report_checkpoint_steps`.
+
+    Attributes:
+        complete_step: the newest step every rank holds; None while no step is held by all.
+        committed_step: the newest committed step; None before any commit.
+    """
+
+    complete_step: int | None
+    committed_step: int | None
+
+
+@attrs.frozen
+class StopAnswer:
+    """The master's answer to `MasterClient.stop_job`.
+
+    Attributes:
+        state: the job's state after the stop (an ended job keeps the state it ended in).
+        exit_reason: why the job ended.
+    """
+
+    state: JobState
+    exit_reason: str
+
+
+def _state(value: str, domain: type[_S], what: str) -> _S:
+    """The member of `domain` a reply names by value.
+
+    Raises:
+        WireEnumError: the master named a state this client does not know.
+    """
+    try:
+        return domain(value)
+    except ValueError:
+        raise WireEnumError(f"the master answered {what} {value!r}, which this client does not know") from None
+
+
+def _event(event: job_pb2.JobEvent) -> JournaledEvent:
+    """An event as the master journaled it.
+
+    Raises:
+        DLRoverError: its data is not a JSON object.
+    """
+    try:
+        data = json.loads(event.data_json) if event.data_json else {}
+    except ValueError as exc:
+        raise DLRoverError(f"event {event.seq} carries data that is not JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise DLRoverError(f"event {event.seq} carries data that is not a JSON object: {event.data_json[:200]!r}")
+    return JournaledEvent(
+        seq=event.seq,
+        wall_time=event.wall_time,
+        kind=event.kind,
+        message=event.message,
+        node_id=event.node_id if event.has_node else None,
+        rank=event.rank if event.has_node else None,
+        data=data,
+    )
 
 
 class MasterClient:
@@ -209,7 +276,7 @@ class MasterClient:
             Action(a.action_id, from_proto(a.kind, agent_pb2.ActionKind, ActionKind), a.reason)
             for a in response.actions
         )
-        return HeartbeatAnswer(actions, JobState(response.job_state))
+        return HeartbeatAnswer(actions, _state(response.job_state, JobState, "the job state"))
 
     def report_failure(
         self,
@@ -247,15 +314,24 @@ class MasterClient:
         )
 
     def report_success(self, *, node_id: int | None = None) -> JobState:
-        """Report that this node's training processes succeeded; returns the job's state."""
+        """Report that this node's training processes succeeded; returns the job's state.
+
+        Raises:
+            RpcError: refused (the status code says why).
+            WireEnumError: the master named a job state this client does not know.
+        """
         request = agent_pb2.ReportSuccessRequest(node_id=self._own_id(node_id))
         response: agent_pb2.ReportSuccessResponse = self._call(self._agent.ReportSuccess, request, idempotent=False)
-        return JobState(response.job_state)
+        return _state(response.job_state, JobState, "the job state")
 
     def report_checkpoint_steps(
         self, world_size: int, ranks: Mapping[int, Iterable[int]], *, node_id: int | None = None
-    ) -> checkpoint_pb2.ReportCheckpointStepsResponse:
-        """Report the steps the given ranks hold; the answer names the newest complete step."""
+    ) -> CheckpointStepsAnswer:
+        """Report the steps the given ranks hold; the answer names the newest complete step.
+
+        Raises:
+            RpcError: refused (the status code says why).
+        """
         request = checkpoint_pb2.ReportCheckpointStepsRequest(
             node_id=self._own_id(node_id),
             world_size=world_size,
@@ -264,7 +340,10 @@ class MasterClient:
         response: checkpoint_pb2.ReportCheckpointStepsResponse = self._call(
             self._ckpt.ReportCheckpointSteps, request, idempotent=True
         )
-        return response
+        return CheckpointStepsAnswer(
+            complete_step=response.complete_step if response.has_complete_step else None,
+            committed_step=response.committed_step if response.has_committed_step else None,
+        )
 
     def commit_checkpoint(self, step: int, path: str = "", *, node_id: int | None = None, world_size: int = 0) -> int:
         """Commit a step; returns the committed step.
@@ -272,6 +351,9 @@ class MasterClient:
         Without `world_size`, the step must have been reported held by every rank
         (`report_checkpoint_steps`). With it, the caller (a checkpoint saver) committed the step of
         `world_size` ranks itself and the master records it as it is.
+
+        Raises:
+            RpcError: refused (the status code says why).
         """
         request = checkpoint_pb2.CommitCheckpointRequest(
             node_id=self._own_id(node_id), step=step, path=path, world_size=world_size
@@ -281,26 +363,74 @@ class MasterClient:
         )
         return int(response.committed_step)
 
-    def job_status(self) -> job_pb2.GetJobStatusResponse:
-        """The job's status."""
+    def job_status(self) -> JobSummary:
+        """The job's state and the current incarnation of every rank.
+
+        Raises:
+            RpcError: refused (the status code says why).
+            WireEnumError: the master named a job or node state this client does not know.
+        """
         response: job_pb2.GetJobStatusResponse = self._call(
             self._job.GetJobStatus, job_pb2.GetJobStatusRequest(), idempotent=True, identity=False
         )
-        return response
+        return JobSummary(
+            job_name=response.job_name,
+            state=_state(response.state, JobState, "the job state"),
+            exit_reason=response.exit_reason,
+            nodes=tuple(
+                NodeSummary(
+                    node_id=n.node_id,
+                    rank=n.rank,
+                    state=_state(n.state, NodeState, "the node state"),
+                    name=n.name,
+                    host=n.host,
+                    relaunch_count=n.relaunch_count,
+                    process_restarts=n.process_restarts,
+                    step=n.step,
+                    seconds_since_heartbeat=n.seconds_since_heartbeat,
+                    last_failure=n.last_failure,
+                    last_reason=n.last_reason,
+                )
+                for n in response.nodes
+            ),
+            min_nodes=response.min_nodes,
+            max_nodes=response.max_nodes,
+            job_failures=response.job_failures,
+            step=response.step,
+            committed_step=response.committed_step if response.has_committed_step else None,
+            goodput=response.goodput,
+            elapsed_s=response.elapsed_s,
+            total_relaunches=response.total_relaunches,
+            samples_per_second=response.samples_per_second,
+            useful_s=response.useful_s,
+            goodput_buckets=tuple((b.name, b.seconds) for b in response.goodput_buckets),
+            committed_path=response.committed_path,
+            committed_wall_time=response.committed_wall_time,
+        )
 
-    def list_events(self, after_seq: int = 0, limit: int = 100) -> list[job_pb2.JobEvent]:
-        """Events after `after_seq`."""
+    def list_events(self, after_seq: int = 0, limit: int = 100) -> tuple[JournaledEvent, ...]:
+        """The job's events after `after_seq`, at most `limit` (1..1000), oldest first.
+
+        Raises:
+            RpcError: refused (the status code says why).
+            DLRoverError: an event's data is not a JSON object.
+        """
         request = job_pb2.ListEventsRequest(after_seq=after_seq, limit=limit)
         response: job_pb2.ListEventsResponse = self._call(
             self._job.ListEvents, request, idempotent=True, identity=False
         )
-        return list(response.events)
+        return tuple(_event(e) for e in response.events)
 
-    def stop_job(self, reason: str) -> job_pb2.StopJobResponse:
-        """Stop the job."""
+    def stop_job(self, reason: str) -> StopAnswer:
+        """Stop the job (every node is stopped); an ended job stays as it ended.
+
+        Raises:
+            RpcError: refused (the status code says why).
+            WireEnumError: the master named a job state this client does not know.
+        """
         request = job_pb2.StopJobRequest(reason=reason)
         response: job_pb2.StopJobResponse = self._call(self._job.StopJob, request, idempotent=True, identity=False)
-        return response
+        return StopAnswer(_state(response.state, JobState, "the job state"), response.exit_reason)
 
     @property
     def channel(self) -> grpc.Channel:

@@ -2,8 +2,10 @@
 
 The evidence an agent reports (its exit status and log tail) is classified by the diagnosis
 rules; the diagnosed kind goes to the diagnosis `ActionPolicy`, whose ladders pick the action and
-which spends the node's restart budget, the lifecycle's journaled count handed over as a
-`RestartBudget`, through `spend_restart`. The lifecycle checks the answer against the same rule.
+which spends the node's restart budget and its rank's relaunch budget, the lifecycle's journaled
+counts handed over as a `RestartBudget` and a `RelaunchBudget`, through `spend_restart`, with the
+failure's facts (whether the backend starts nodes, whether the node's agent is there to restart
+its processes). The lifecycle applies the answer.
 
 Which kind is decided on is the diagnosis package's call (`dlrover.diagnosis.diagnose_report`):
 a failure the master observed itself is decided as reported (`LOST_NODE_KIND`); a reported one
@@ -14,16 +16,21 @@ with the budget ("node 0 (rank 0) failed with exit status 1: communication: rule
 '...'; restart 2 of 3 (--max-restarts)"). The lifecycle records it, answers it to the agent,
 and, when it ends the job, makes it the job's exit reason.
 
-The action policy's counters (ladder steps taken, relaunches of the job) are journaled with the
-lifecycle's state in every decision's transaction (`JournaledPolicy`): the inputs of the
-decisions that stand, which a restarted master replays into a fresh action policy, so it decides
-as the old one would have. The lifecycle's own journaled budgets (restarts per node, relaunches
-per rank, failures per job) hold as well.
+The action policy's counters are journaled with the lifecycle's state in every decision's
+transaction (`JournaledPolicy`), so a restarted master decides as the old one would have. What is
+journaled is what later decisions read (`ActionPolicy.export_counters`: the live nodes' ladder
+steps, the job-wide ones, the job's relaunches, the nodes let go), not the history of decisions:
+its size does not grow with the job's failures. The state is versioned: version 2 is those
+counters; version 1, a journal written before, listed every decision's inputs and is still read,
+by replaying them into a fresh action policy. The restart and relaunch counts themselves are the
+lifecycle's, journaled with the nodes and handed over with every failure.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
+from typing import Any
 
 import attrs
 
@@ -33,6 +40,7 @@ from dlrover.diagnosis import (
     Decision,
     ExitInfo,
     FailureKind,
+    PolicyStateError,
     RelaunchBudget,
     RestartBudget,
     RuleRegistry,
@@ -40,7 +48,20 @@ from dlrover.diagnosis import (
 )
 from dlrover.master.policy import Classification, Failure
 
-__all__ = ["DiagnosisFailurePolicy"]
+__all__ = ["POLICY_STATE_VERSION", "DiagnosisFailurePolicy"]
+
+POLICY_STATE_VERSION = 2
+"""The version of `DiagnosisFailurePolicy.export_state`'s text (1: a list of every decision's inputs)."""
+
+
+@attrs.frozen
+class _Savepoint:
+    """The action policy's counters after change number `change` of one policy; equal to another
+    savepoint when the counters are."""
+
+    owner: int = attrs.field(eq=False)
+    change: int = attrs.field(eq=False)
+    counters: Mapping[str, Any]
 
 
 class DiagnosisFailurePolicy:
@@ -53,15 +74,16 @@ class DiagnosisFailurePolicy:
     Args:
         registry: the classification rules; the built-in rules when None.
         actions: the action policy; `ActionPolicy()` (the default ladders) when None. Pass a
-            fresh one: a rollback rebuilds it from its configuration and this policy's decisions.
+            fresh one: a rollback or an import rebuilds it from its configuration.
     """
 
     def __init__(self, registry: RuleRegistry | None = None, actions: ActionPolicy | None = None) -> None:
         self._registry = registry or RuleRegistry.with_builtin_rules()
         self._actions = actions or ActionPolicy()
-        # Every decision's input, to replay on a rollback or a master restart: node, kind, restart
-        # budget, relaunch possible, the rank's relaunches.
-        self._decided: list[tuple[str, FailureKind, RestartBudget, bool, RelaunchBudget | None]] = []
+        # Counts every change of the counters, never going back (a rollback is a change too), so
+        # a savepoint names one state; the last one taken is kept while nothing changed.
+        self._changes = 0
+        self._last_savepoint: _Savepoint | None = None
 
     @property
     def actions(self) -> ActionPolicy:
@@ -89,86 +111,102 @@ class DiagnosisFailurePolicy:
         )
 
     def savepoint(self) -> object:
-        """How many decisions were taken so far (see `StatefulPolicy`)."""
-        return len(self._decided)
+        """The action policy's counters now (see `StatefulPolicy`); cheap while nothing changed."""
+        last = self._last_savepoint
+        if last is None or last.change != self._changes:
+            last = _Savepoint(id(self), self._changes, self._actions.export_counters())
+            self._last_savepoint = last
+        return last
 
     def rollback(self, savepoint: object) -> None:
-        """Forget the decisions taken after `savepoint`: they were never journaled.
+        """Go back to the counters of `savepoint`: the decisions since were never journaled.
 
-        The action policy has no way to undo a decision, so a fresh one (same configuration) is
-        fed the decisions that stand, in order: it is deterministic, so it ends in the same state.
+        Raises:
+            ValueError: `savepoint` is not one this policy took.
         """
-        if not isinstance(savepoint, int) or not 0 <= savepoint <= len(self._decided):
+        if not isinstance(savepoint, _Savepoint) or savepoint.owner != id(self):
             raise ValueError(f"not a savepoint of this policy: {savepoint!r}")
-        if savepoint == len(self._decided):
+        if savepoint.change == self._changes:
             return
-        del self._decided[savepoint:]
-        self._actions = ActionPolicy(self._actions.config)
-        self._actions = self._replay(self._decided)
+        self._actions = self._fresh(savepoint.counters)
+        self._changes += 1
 
-    def _replay(
-        self, decided: list[tuple[str, FailureKind, RestartBudget, bool, RelaunchBudget | None]]
-    ) -> ActionPolicy:
+    def _fresh(self, counters: Mapping[str, Any]) -> ActionPolicy:
         actions = ActionPolicy(self._actions.config)
-        for node_id, kind, budget, relaunch_possible, relaunches in decided:
-            actions.decide(node_id, kind, budget=budget, relaunch_possible=relaunch_possible, relaunches=relaunches)
+        actions.import_counters(counters)
         return actions
 
     def export_state(self) -> str:
-        """The inputs of the decisions taken so far, as JSON (see `JournaledPolicy`)."""
+        """The action policy's counters as versioned JSON (see `JournaledPolicy`)."""
         return json.dumps(
-            [
-                {
-                    "node": node_id,
-                    "kind": kind.value,
-                    "used": budget.used,
-                    "limit": budget.limit,
-                    "source": budget.source,
-                    "relaunch_possible": relaunch_possible,
-                    "relaunches": None
-                    if relaunches is None
-                    else [relaunches.used, relaunches.limit, relaunches.source],
-                }
-                for node_id, kind, budget, relaunch_possible, relaunches in self._decided
-            ],
+            {"version": POLICY_STATE_VERSION, "counters": self._actions.export_counters()},
             separators=(",", ":"),
+            sort_keys=True,
         )
 
     def import_state(self, data: str) -> None:
-        """Replay the decisions `export_state` wrote into a fresh action policy (same configuration).
+        """Resume from `export_state`'s text, of this version or version 1 (a journal written
+        before: its decisions are replayed into a fresh action policy, same configuration).
 
         Raises:
-            DLRoverError: `data` is not what `export_state` writes; nothing changed.
+            DLRoverError: `data` is not what `export_state` writes, of a version this master
+                reads; nothing changed.
         """
         try:
-            decided = [
-                (
-                    str(d["node"]),
-                    FailureKind(d["kind"]),
-                    RestartBudget(int(d["used"]), int(d["limit"]), str(d["source"])),
-                    bool(d["relaunch_possible"]),
-                    None if d["relaunches"] is None else RelaunchBudget(*_relaunches(d["relaunches"])),
+            state = json.loads(data)
+            if isinstance(state, list):
+                actions = self._replay_version_1(state)
+            elif isinstance(state, dict) and state.get("version") == POLICY_STATE_VERSION:
+                if set(state) != {"version", "counters"}:
+                    raise ValueError(f"unknown fields {sorted(set(state) - {'version', 'counters'})}")
+                actions = self._fresh(state["counters"])
+            elif isinstance(state, dict) and "version" in state:
+                raise DLRoverError(
+                    f"failure policy state version {state['version']!r} is not one this master reads "
+                    f"(1 and {POLICY_STATE_VERSION}); a newer master wrote it"
                 )
-                for d in json.loads(data)
-            ]
-            actions = self._replay(decided)
-        except (KeyError, TypeError, ValueError, DLRoverError) as exc:
+            else:
+                raise ValueError("neither a list of decisions (version 1) nor a versioned object")
+        except (KeyError, TypeError, ValueError, PolicyStateError) as exc:
             raise DLRoverError(f"corrupt failure policy state {data[:200]!r}: {exc}") from exc
-        self._actions, self._decided = actions, decided
+        self._actions = actions
+        self._changes += 1
+
+    def _replay_version_1(self, decided: list[Any]) -> ActionPolicy:
+        """An action policy fed the decisions a version-1 state lists, in order: it is
+        deterministic, so it ends with the counters the policy that took them had."""
+        actions = ActionPolicy(self._actions.config)
+        for d in decided:
+            relaunches = None if d["relaunches"] is None else RelaunchBudget(*_relaunches(d["relaunches"]))
+            actions.decide(
+                str(d["node"]),
+                FailureKind(d["kind"]),
+                budget=RestartBudget(int(d["used"]), int(d["limit"]), str(d["source"])),
+                relaunch_possible=bool(d["relaunch_possible"]),
+                relaunches=relaunches,
+            )
+        return actions
 
     def decide(self, failure: Failure) -> Decision:
         """Classify, then let the action policy decide; the reason is built here (module docstring)."""
         kind, why = self.diagnose(failure)
         node = failure.node
-        # The node's budget is the lifecycle's count (its agent's --max-restarts, when it said):
-        # the action policy spends it and keeps no count of its own.
-        budget, relaunch_possible, relaunches = failure.restarts, failure.relaunch_possible, failure.relaunches
+        # The budgets are the lifecycle's counts (the node's agent's --max-restarts, when it
+        # said; the rank's relaunches): the action policy spends them and keeps no count of its own.
         decision = self._actions.decide(
-            str(node.node_id), kind, budget=budget, relaunch_possible=relaunch_possible, relaunches=relaunches
+            str(node.node_id),
+            kind,
+            budget=failure.restarts,
+            relaunch_possible=failure.relaunch_possible,
+            relaunches=failure.relaunches,
+            no_restart=failure.no_restart,
         )
-        self._decided.append((str(node.node_id), kind, budget, relaunch_possible, relaunches))
+        self._changes += 1
         how = "" if failure.exit_code is None else f" with {ExitInfo(failure.exit_code).describe()}"
-        reason = f"node {node.node_id} (rank {node.rank}) failed{how}: {why}; {decision.outcome}"
+        reason = (
+            f"node {node.node_id} (rank {node.rank}) failed{how}: {why}; {decision.outcome}"
+            f"{failure.relaunch_note(decision.action)}"
+        )
         return attrs.evolve(decision, outcome=reason)
 
 
@@ -178,7 +216,3 @@ def _relaunches(value: object) -> tuple[int, int, str]:
         raise ValueError(f"relaunches must be [used, limit, source], got {value!r}")
     used, limit, source = value
     return int(used), int(limit), str(source)
-
-
-def _relaunches_json(relaunches: RelaunchBudget | None) -> list[object] | None:
-    return None if relaunches is None else [relaunches.used, relaunches.limit, relaunches.source]

@@ -24,7 +24,6 @@ from dlrover.diagnosis import (
     RelaunchBudget,
     RestartBudget,
     one_line_summary,
-    spend_restart,
 )
 from dlrover.master.config import LifecycleConfig
 from dlrover.master.policy import Classification, Failure, FailurePolicy, JournaledPolicy, StatefulPolicy
@@ -59,8 +58,6 @@ __all__ = [
 ]
 
 _MAX_REASON_CHARS = 2000
-
-# Failures the master sees itself: the node's agent is gone (or unreachable), so it restarts nothing.
 
 
 class LifecycleError(DLRoverError):
@@ -124,7 +121,10 @@ class JobLifecycle:
 
     Args:
         config: budgets, timeouts and early-stop rules.
-        policy: decides what to do about failures; its answer is checked against the budgets.
+        policy: decides what to do about failures, spending the restart and relaunch budgets it
+            is handed with each `Failure`; its answer is applied as it is, save what cannot be
+            carried out at all (no action for a failed node, a restart with no agent left to do
+            it; a relaunch or restart once workers have succeeded): then the node leaves the job.
         now: the current time.
         snapshot: resume from this state (after a master restart) instead of starting empty.
         scheduler_relaunches: whether the scheduler starts a new node itself. False (the
@@ -432,10 +432,11 @@ class JobLifecycle:
         decision reaches the node in the reply to its report, so a process restart is not also
         queued as a heartbeat action (the node would restart twice). `agent_exits`: the node's
         agent exits after this report whatever the answer (a network check left its node out),
-        so its processes cannot be restarted in place: a restart becomes a relaunch.
+        so its processes cannot be restarted in place: the policy is told (`Failure.agent_exits`)
+        and decides a relaunch or a removal.
 
         Returns:
-            The decision as applied (after budgets), and what changed.
+            The decision as applied, and what changed.
 
         Raises:
             JobFinishedError, UnknownNodeError, NodeStateError: nothing changed.
@@ -615,67 +616,56 @@ class JobLifecycle:
         source = "max_process_restarts" if node.max_process_restarts is None else "--max-restarts"
         return RestartBudget(node.process_restarts, self.restart_budget(node), source)
 
-    def _enforce(self, failure: Failure, decision: Decision, *, agent_exits: bool) -> Decision:
-        """Check any policy's answer against the budgets and the hard rules.
+    def _failure(
+        self,
+        node: NodeRecord,
+        kind: FailureKind,
+        evidence: str,
+        exit_code: int | None,
+        *,
+        observed: bool,
+        classification: Classification | None,
+        agent_exits: bool,
+    ) -> Failure:
+        """The failure with every fact the policy decides on (see `Failure`)."""
+        relaunches = RelaunchBudget(
+            min(node.relaunch_count, self._config.max_relaunches), self._config.max_relaunches, "max_relaunches"
+        )
+        return Failure(
+            node,
+            kind,
+            evidence,
+            self.restarts_of(node),
+            relaunches,
+            exit_code,
+            classification,
+            backend_relaunches=self._scheduler_relaunches,
+            observed_by_master=observed,
+            agent_exits=agent_exits,
+        )
 
-        The budget is checked with `spend_restart`, the rule the policies spend it with, so a
-        policy that keeps to it is never overruled here. `Decision.outcome` is the sentence
-        recorded; an amendment is appended to it.
+    @staticmethod
+    def _applicable(failure: Failure, decision: Decision) -> Decision:
+        """The policy's decision, unless it cannot be carried out at all; then the node leaves the
+        job, and the decision's words say why.
+
+        No budget is checked here: the policy spent them (the built-in ones through
+        `spend_restart`, with the same facts). What is refused is what no one could do: no
+        action for a node whose processes failed, or a restart with no agent to carry it out.
         """
-        node, action = failure.node, decision.action
-        if action is ActionKind.ABORT_JOB:
+        if decision.action is ActionKind.NONE:
+            why = "a node whose processes failed needs an action"
+        elif decision.action.restarts_processes and failure.no_restart:
+            why = failure.no_restart
+        else:
             return decision
-        if action is ActionKind.NONE:
-            # "Nothing to do" is for a late report about a node already let go; this node is
-            # alive and its processes failed, so the mildest action is to restart them.
-            decision = attrs.evolve(decision, action=ActionKind.RESTART_PROCESSES)
-            action = decision.action
-        if any(n.state is NodeState.SUCCEEDED for n in self._nodes.values()):
-            return attrs.evolve(
-                decision,
-                action=ActionKind.REMOVE_NODE,
-                outcome="workers have already succeeded; the node is not relaunched",
-                avoid_host=False,
-            )
-        if action.restarts_processes and (node.state is not NodeState.RUNNING or agent_exits):
-            # Nobody is left to restart the processes: only a new node can take the rank.
-            why = (
-                "the node is not running"
-                if node.state is not NodeState.RUNNING
-                else "its agent exits after this report"
-            )
-            spending = spend_restart(
-                failure.restarts, relaunch_possible=True, relaunch_wanted=True, relaunches=failure.relaunches
-            )
-            decision = attrs.evolve(
-                decision,
-                action=spending.action,
-                outcome=f"{decision.outcome}; but {why}, so {spending.words}",
-            )
-        elif action.restarts_processes or action.relaunches_node:
-            spending = spend_restart(
-                failure.restarts,
-                relaunch_possible=failure.relaunch_possible,
-                relaunch_wanted=action.relaunches_node,
-                relaunches=failure.relaunches,
-            )
-            if spending.action.restarts_processes != action.restarts_processes or (
-                spending.action is ActionKind.REMOVE_NODE
-            ):
-                allowed = spending.action
-                decision = attrs.evolve(
-                    decision,
-                    action=allowed,
-                    outcome=f"{decision.outcome}; but {spending.words}",
-                    avoid_host=decision.avoid_host and not allowed.restarts_processes,
-                )
-        if decision.action.relaunches_node and not self._scheduler_relaunches:
-            return attrs.evolve(
-                decision,
-                outcome=f"{decision.outcome}; this job's backend starts no node itself: rank {node.rank} waits "
-                "for a new agent to register",
-            )
-        return decision
+        return attrs.evolve(
+            decision,
+            action=ActionKind.REMOVE_NODE,
+            outcome=f"{decision.outcome}; but the failure policy's {decision.action.value} cannot be carried out "
+            f"({why}): the node leaves the job",
+            avoid_host=False,
+        )
 
     def _fail(
         self,
@@ -691,9 +681,6 @@ class JobLifecycle:
         agent_exits: bool = False,
     ) -> tuple[Decision, Outcome]:
         self._job_failures += 1
-        relaunches = RelaunchBudget(
-            min(node.relaunch_count, self._config.max_relaunches), self._config.max_relaunches, "max_relaunches"
-        )
         node = attrs.evolve(node, last_failure=f"{kind.value}: {evidence}")
         self._nodes[node.node_id] = node
         # The evidence (a worker's traceback, say) is printed whole once, by the worker itself;
@@ -716,22 +703,26 @@ class JobLifecycle:
                 f"job, more than max_job_failures {self._config.max_job_failures}: the job stops",
             )
         else:
-            # Only an agent that reported the failure and goes on can restart its processes; a
-            # node the master saw vanish, or whose agent exits, can only be relaunched.
-            restartable = node.state is NodeState.RUNNING and not observed and not agent_exits
-            failure = Failure(
+            failure = self._failure(
                 node,
                 kind,
                 evidence,
-                self.restarts_of(node),
-                relaunches,
                 exit_code,
-                classification,
-                relaunch_possible=self._scheduler_relaunches or not restartable,
-                observed_by_master=observed,
+                observed=observed,
+                classification=classification,
+                agent_exits=agent_exits,
             )
-            proposed = self._policy.decide(failure)
-            decision = self._enforce(failure, proposed, agent_exits=agent_exits)
+            decision = self._applicable(failure, self._policy.decide(failure))
+            if decision.action is not ActionKind.ABORT_JOB and self.count(NodeState.SUCCEEDED):
+                # The job is finishing (torchrun's rule): the succeeded nodes left the rendezvous,
+                # so the node can neither restart with them nor be replaced. Not a budget: no
+                # decision of any policy could be carried out, save ending the job.
+                decision = attrs.evolve(
+                    decision,
+                    action=ActionKind.REMOVE_NODE,
+                    outcome=f"{decision.outcome}; but workers have already succeeded: the node is not relaunched",
+                    avoid_host=False,
+                )
         decision, relaunch_with, grown = self._grow_memory(node, decision)
         out = out.merge(grown)
         reason = decision.outcome

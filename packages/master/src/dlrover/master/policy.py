@@ -1,11 +1,14 @@
 """What to do about a failure: the seam the diagnosis package's action policy plugs into.
 
-The lifecycle core hands a `FailurePolicy` the failure with the node's restart budget, a
-`dlrover.diagnosis.RestartBudget` built from the node's journaled count: the one count, shown in
-every message as "restart k of n". A policy spends it through `dlrover.diagnosis.spend_restart`,
-the one rule for "restart, relaunch, or let the node go". The lifecycle checks the answer against
-the same rule, so no policy can make the job exceed a budget, turns a relaunch with no relaunches
-left into a removal, and relaunches nothing once any node has succeeded.
+The lifecycle core hands a `FailurePolicy` the failure with every fact the decision needs: the
+node's restart budget and its rank's relaunch budget (`dlrover.diagnosis.RestartBudget` and
+`RelaunchBudget`, built from the journaled counts: the one count, shown in every message as
+"restart k of n"), whether the backend starts new nodes itself, whether the node's agent is there
+to restart its processes (the node runs, its agent reported the failure and stays). A policy
+decides once, spending the budgets through `dlrover.diagnosis.spend_restart`, the one rule for
+"restart, relaunch, or let the node go" (and so for "relaunch impossible, restart in place").
+The lifecycle applies the answer as it is; it only refuses what cannot be carried out at all
+(see `JobLifecycle`).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from dlrover.diagnosis import (
     spend_restart,
 )
 from dlrover.master.records import NodeRecord
+from dlrover.master.states import NodeState
 
 __all__ = [
     "Classification",
@@ -65,12 +69,16 @@ class Failure:
         exit_code: the failed process's exit status, when the reporter knew it.
         classification: the policy's `classify` of the full evidence, when it has one and the
             failure was reported with evidence (the `evidence` here may be clipped).
-        relaunch_possible: False when the scheduler cannot start a new node (the external
-            backend: bare metal, Slurm, a standalone `dlrover-run`) while the node's agent is
-            alive and reported the failure, so it can restart its processes: `spend_restart`
-            then restarts in place while restarts are left and lets the node go after.
+        backend_relaunches: whether the job's scheduler starts a new node itself. False (the
+            external backend: bare metal, Slurm, a standalone `dlrover-run`): a relaunch only
+            opens the rank for a new agent to register, so while the node's agent is there to
+            restart its processes, `spend_restart` restarts them in place while restarts are
+            left and lets the node go after.
         observed_by_master: the master saw the failure from outside the node (no heartbeat, never
-            registered, the agent exited, the launch failed): there is no log to diagnose.
+            registered, the agent exited, the launch failed): there is no log to diagnose, and
+            a new node can take the rank whatever the backend.
+        agent_exits: the node's agent exits after reporting this failure whatever the answer (a
+            network check left its node out), so it restarts nothing.
     """
 
     node: NodeRecord
@@ -80,8 +88,33 @@ class Failure:
     relaunches: RelaunchBudget
     exit_code: int | None = None
     classification: Classification | None = None
-    relaunch_possible: bool = True
+    backend_relaunches: bool = True
     observed_by_master: bool = False
+    agent_exits: bool = False
+
+    @property
+    def no_restart(self) -> str:
+        """Why nobody can restart the node's processes in place, in words; empty when its agent
+        may (the node runs and its agent stays)."""
+        if self.node.state is not NodeState.RUNNING:
+            return "the node is not running"
+        if self.agent_exits:
+            return "its agent exits after this report"
+        return ""
+
+    @property
+    def relaunch_possible(self) -> bool:
+        """Whether a new node can take the rank: the backend starts one, or the node's agent is
+        gone or leaving (the master saw the node fail, it does not run, its agent exits), so
+        the rank opens for a new agent to register (`spend_restart`)."""
+        return self.backend_relaunches or self.observed_by_master or bool(self.no_restart)
+
+    def relaunch_note(self, action: ActionKind) -> str:
+        """What a relaunch means where the backend starts no node, to end the decision's words
+        with; empty for any other action or backend."""
+        if not action.relaunches_node or self.backend_relaunches:
+            return ""
+        return f"; this job's backend starts no node itself: rank {self.node.rank} waits for a new agent to register"
 
 
 @runtime_checkable
@@ -147,7 +180,7 @@ class DefaultFailurePolicy:
     another host; a node the master lost (or saw exit) is relaunched; anything else restarts the
     training processes.
 
-    Restarts, and relaunches nothing can carry out, are spent by `spend_restart`, as by every policy.
+    Restarts and relaunches are spent by `spend_restart` with the failure's facts, as by every policy.
     """
 
     def decide(self, failure: Failure) -> Decision:
@@ -164,7 +197,9 @@ class DefaultFailurePolicy:
             relaunch_possible=failure.relaunch_possible,
             relaunch_wanted=node_level,
             relaunches=failure.relaunches,
+            no_restart=failure.no_restart,
         )
         why = f"{kind.value} on {where}" + (", a node-level failure" if node_level else "")
         avoid = spending.action is ActionKind.RELAUNCH_NODE and avoid_host
-        return Decision(spending.action, kind, node_id, f"{why}: {spending.words}", avoid_host=avoid)
+        words = f"{why}: {spending.words}{failure.relaunch_note(spending.action)}"
+        return Decision(spending.action, kind, node_id, words, avoid_host=avoid)

@@ -31,6 +31,7 @@ from dlrover.master.lifecycle import (
 )
 from dlrover.master.master import Master, ResourceSample
 from dlrover.master.states import IllegalTransitionError
+from dlrover.master.status import summarize
 from dlrover.master.v1 import agent_pb2, agent_pb2_grpc, checkpoint_pb2, checkpoint_pb2_grpc, job_pb2, job_pb2_grpc
 from dlrover.master.wire import WireEnumError, from_proto, proto_name
 
@@ -312,7 +313,7 @@ class JobServicer(job_pb2_grpc.JobServiceServicer):
     ) -> job_pb2.GetJobStatusResponse:
         """The job's state and the current node of every rank."""
         with _translate(context):
-            status = self._master.status()
+            status = summarize(self._master.status())
             return job_pb2.GetJobStatusResponse(
                 job_name=status.job_name,
                 state=status.state.value,
@@ -327,9 +328,9 @@ class JobServicer(job_pb2_grpc.JobServiceServicer):
                         relaunch_count=n.relaunch_count,
                         process_restarts=n.process_restarts,
                         step=n.step,
-                        seconds_since_heartbeat=max(status.now - n.last_heartbeat, 0.0),
+                        seconds_since_heartbeat=n.seconds_since_heartbeat,
                         last_failure=n.last_failure,
-                        last_reason=n.history[-1].reason if n.history else "",
+                        last_reason=n.last_reason,
                     )
                     for n in status.nodes
                 ],
@@ -343,10 +344,9 @@ class JobServicer(job_pb2_grpc.JobServiceServicer):
                 elapsed_s=status.elapsed_s,
                 total_relaunches=status.total_relaunches,
                 samples_per_second=status.samples_per_second,
-                useful_s=status.breakdown.useful_s,
+                useful_s=status.useful_s,
                 goodput_buckets=[
-                    job_pb2.GoodputBucket(name=name, seconds=seconds)
-                    for name, seconds in status.breakdown.buckets.items()
+                    job_pb2.GoodputBucket(name=name, seconds=seconds) for name, seconds in status.goodput_buckets
                 ],
                 committed_path=status.committed_path,
                 committed_wall_time=status.committed_wall_time,
