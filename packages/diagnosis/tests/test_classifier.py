@@ -230,6 +230,17 @@ _PATTERNS = [
     r"k[a-z]",
     r"\W+s",
     r"\x41b",
+    # Patterns with literal anchors (found with str.find before the pattern is tried).
+    r"kis",
+    r"\bsab\b",
+    r"(?:abs|kix)\s*sa",
+    r"(ab|ss)(?=k)kk",
+    r"(?i:ska)b",
+    r"(?-i:ABS)x",
+    r"sss+|aab",
+    r"(?:abk){1,2}",
+    r"a(?!b)ksa",
+    r"x\u0130s|\u212aab",
 ]
 # Letters that case-fold in surprising ways, so the fast lower-cased scan is checked against them.
 _ALPHABET = "abABsSkKix ,\t\u0130\u0131\u017f\u212a\u00df\u03a3\u03c3\u03c2"
@@ -261,10 +272,20 @@ def test_folded_scan_agrees_with_ignorecase_on_odd_letters(line: str, pattern: s
     assert matching_lines(evidence, [Scanner.of(compiled)]) == [1]
 
 
-def test_case_insensitive_patterns_use_the_folded_scan() -> None:
-    assert Scanner.of(re.compile(r"GPU is lost", re.IGNORECASE)).folded is not None
-    assert Scanner.of(re.compile(r"\S+ lost", re.IGNORECASE)).folded is None  # \S would become \s
-    assert Scanner.of(re.compile(r"GPU is lost")).folded is None
+def test_patterns_get_the_literal_anchors_every_match_contains() -> None:
+    def anchors(pattern: str, flags: int = re.IGNORECASE) -> tuple[frozenset[str], ...]:
+        return Scanner.of(re.compile(pattern, flags)).anchors
+
+    assert anchors(r"GPU is lost") == (frozenset({"gpu is lost"}),)
+    assert anchors(r"GPU is lost", 0) == (frozenset({"gpu is lost"}),)  # searched in the folded text
+    assert anchors(r"\bNCCL error\b") == (frozenset({"nccl error"}),)  # zero-width \b keeps the run
+    assert anchors(r"(received|got) (signal )?SIGTERM") == (frozenset({"sigterm"}), frozenset({"received", "got"}))
+    assert anchors(r"Segmentation fault|segfault") == (frozenset({"segmentation fault", "segfault"}),)
+    # An alternative without a literal, too short a literal, or an optional part: no anchor.
+    assert anchors(r"GPU lost|\d+ xid") == (frozenset({"gpu lost", " xid"}),)
+    assert anchors(r"GPU lost|\d+") == ()
+    assert anchors(r"ab\s+cd") == ()
+    assert anchors(r"(?:lost)?\d+") == ()
 
 
 def test_a_node_left_out_by_the_node_check_is_a_hardware_fault_despite_the_probes_gloo_errors() -> None:

@@ -18,6 +18,7 @@ from typing import Protocol, runtime_checkable
 import attrs
 
 from dlrover.common import ConfigError
+from dlrover.diagnosis.anchors import anchors_of
 from dlrover.diagnosis.evidence import Evidence
 from dlrover.diagnosis.exitinfo import ExitInfo
 from dlrover.diagnosis.kinds import FailureKind
@@ -109,69 +110,75 @@ def _compile(patterns: Iterable[str | re.Pattern[str]]) -> tuple[re.Pattern[str]
     return tuple(p if isinstance(p, re.Pattern) else re.compile(p, re.IGNORECASE) for p in patterns)
 
 
-# Escapes whose meaning survives lower-casing the pattern source (punctuation, \s \d \w \b, \n ...).
-_FOLDABLE_ESCAPE = re.compile(r"\\[^A-Za-z0-9]|\\[sdwbnrtfva0-9]")
-
-
-def _foldable(source: str) -> bool:
-    if not source.isascii() or "(?P" in source:
-        return False
-    # Every backslash must start an escape that means the same after lower-casing.
-    return source.count("\\") == len(_FOLDABLE_ESCAPE.findall(source))
-
-
 @attrs.frozen
 class Scanner:
-    """One pattern prepared for whole-text scanning.
+    """One pattern prepared for scanning a whole log.
 
     Attributes:
         per_line: the pattern as given; the judge of whether a line matches.
-        whole: the same with `re.MULTILINE`, searched over the whole text.
-        folded: for a case-insensitive pattern whose source survives lower-casing, a lower-cased,
-            case-sensitive version searched over `fold_case(text)`: the regex engine finds
-            case-sensitive literals far faster. None otherwise.
+        whole: the same with `re.MULTILINE`, searched over the whole text when the pattern has
+            no anchors.
+        anchors: sets of lower-cased strings such that the lower-cased text of every match
+            contains a member of each (`dlrover.diagnosis.anchors.anchors_of`), most selective
+            first. The first set's members, found with `str.find` in the folded text, name the
+            only lines the pattern needs to be tried on; the others must be in such a line too.
+            Empty when unknown.
     """
 
     per_line: re.Pattern[str]
     whole: re.Pattern[str]
-    folded: re.Pattern[str] | None
+    anchors: tuple[frozenset[str], ...]
 
     @classmethod
     def of(cls, pattern: re.Pattern[str]) -> Scanner:
         """Prepare `pattern`."""
         whole = re.compile(pattern.pattern, pattern.flags | re.MULTILINE)
-        folded = None
-        if pattern.flags & re.IGNORECASE and _foldable(pattern.pattern):
-            folded = re.compile(pattern.pattern.lower(), (pattern.flags & ~re.IGNORECASE) | re.MULTILINE)
-        return cls(pattern, whole, folded)
+        return cls(pattern, whole, anchors_of(pattern))
+
+
+def _next_line(starts: Sequence[int], index: int, end: int) -> int:
+    return starts[index + 1] if index + 1 < len(starts) else end
 
 
 def matching_lines(evidence: Evidence, scanners: Sequence[Scanner]) -> list[int]:
     """Indices of the log lines in which any scanner's pattern is found, ascending.
 
-    Each pattern is searched over the whole text (lower-cased when it is case-insensitive), which
-    lets the regex engine skip ahead with its literal search instead of being called once per line.
-    Every candidate line is confirmed with the per-line pattern and the next search starts at the
-    following line, so the result is exactly the set of lines a per-line search would find: the
-    whole-text search can only propose extra candidates (a match spanning two lines), never miss a
-    line, because each line's own match is also a match in the whole text.
+    A pattern with anchors is tried only on the lines where `str.find` finds one of its anchors
+    in the case-folded text: every line the pattern matches holds an anchor, so no line is missed,
+    and the regex engine never walks the thousands of lines that cannot match. A pattern without
+    anchors is searched over the whole text at once; each candidate line is confirmed with the
+    per-line pattern and the next search starts at the following line. Either way the result is
+    exactly the set of lines a per-line search would find.
     """
     text, starts, lines = evidence.text, evidence.line_starts, evidence.lines()
     found: set[int] = set()
     if not lines:
         return []
-    folded_text = evidence.folded_text
+    folded = evidence.folded_text
     for scanner in scanners:
-        whole, haystack = scanner.whole, text
-        if scanner.folded is not None and folded_text:
-            whole, haystack = scanner.folded, folded_text
+        per_line = scanner.per_line
+        if scanner.anchors and folded:
+            primary, others = scanner.anchors[0], scanner.anchors[1:]
+            tried: set[int] = set()
+            for anchor in primary:
+                pos = folded.find(anchor)
+                while pos >= 0:
+                    index = bisect.bisect_right(starts, pos) - 1
+                    end = _next_line(starts, index, len(folded))
+                    if index not in tried and index not in found:
+                        tried.add(index)
+                        line = folded[starts[index] : end]
+                        if all(any(a in line for a in other) for other in others) and per_line.search(lines[index]):
+                            found.add(index)
+                    pos = folded.find(anchor, end)
+            continue
         pos = 0
-        while pos <= len(haystack):
-            m = whole.search(haystack, pos)
+        while pos <= len(text):
+            m = scanner.whole.search(text, pos)
             if m is None:
                 break
             index = bisect.bisect_right(starts, m.start()) - 1
-            if index not in found and scanner.per_line.search(lines[index]):
+            if index not in found and per_line.search(lines[index]):
                 found.add(index)
             if index + 1 >= len(starts):
                 break
@@ -299,11 +306,14 @@ _XID = re.compile(r"\bXid\b\s*(?:\([^)]*\))?\s*:\s*(\d+)", re.IGNORECASE)
 _CAUSED_BY_XID = re.compile(r"caused by previous Xid\s*(\d+)", re.IGNORECASE)
 
 
+_XID_SCANNERS = (Scanner.of(_XID), Scanner.of(_CAUSED_BY_XID))
+
+
 def _hardware_xid(evidence: Evidence) -> Sequence[str]:
-    if "xid" not in (evidence.folded_text or evidence.text.lower()):
-        return ()
     hits = []
-    for line in evidence.lines():
+    lines = evidence.lines()
+    for index in matching_lines(evidence, _XID_SCANNERS):
+        line = lines[index]
         codes = [int(m.group(1)) for m in (_XID.search(line), _CAUSED_BY_XID.search(line)) if m is not None]
         if any(code in _HARDWARE_XIDS for code in codes):
             hits.append(line)
@@ -514,7 +524,7 @@ def _refused_at_init(evidence: Evidence) -> Sequence[str]:
         for tb in evidence.tracebacks
         if _REFUSED.search(tb.exception_line) and any(_AT_INIT.search(frame) for frame in tb.frames)
     ]
-    hits += [line for line in lines if _REFUSED.search(line) and _AT_INIT.search(line)]
+    hits += [lines[i] for i in matching_lines(evidence, _REFUSED_SCANNER) if _AT_INIT.search(lines[i])]
     return hits
 
 
