@@ -148,12 +148,39 @@ def test_a_raising_rule_is_reported_and_skipped(registry: RuleRegistry) -> None:
 
 
 def test_user_code_error_is_never_transient_even_when_outweighed(registry: RuleRegistry) -> None:
-    # A weak user error (KeyError) beside a stronger communication error.
-    text = "Traceback (most recent call last):\nKeyError: 'lr'\nRuntimeError: Connection reset by peer\n"
+    # A weak user error (KeyError) beside a stronger preemption notice.
+    text = "Traceback (most recent call last):\nKeyError: 'lr'\nReceived SIGTERM, shutting down\n"
     diagnosis = classify(Evidence.from_text(text, returncode=1), registry)
     assert diagnosis.kind is FailureKind.USER_CODE
     assert "never treated as transient" in diagnosis.reason
     assert not diagnosis.transient
+
+
+@pytest.mark.parametrize(
+    ("cause", "kind"),
+    [
+        ("Traceback (most recent call last):\nKeyError: 'lr'", FailureKind.USER_CODE),
+        ("Segmentation fault (core dumped)", FailureKind.NATIVE_CRASH),
+        ("Killed", FailureKind.KILLED),
+        ("OSError: [Errno 28] No space left on device", FailureKind.DISK_FULL),
+    ],
+)
+def test_communication_errors_are_the_aftermath_of_any_other_failure(
+    registry: RuleRegistry, cause: str, kind: FailureKind
+) -> None:
+    # Peers of a rank that failed see broken connections and timed-out collectives, with more
+    # confidence than the (often weak) sign of the failure itself.
+    peers = (
+        "[E ProcessGroupNCCL.cpp:828] [Rank 3] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=9, "
+        "OpType=ALLREDUCE, Timeout(ms)=600000) ran for 600042 milliseconds before timing out.\n"
+        "RuntimeError: Connection reset by peer\n"
+    )
+    diagnosis = classify(Evidence.from_text(cause + "\n" + peers), registry)
+    assert diagnosis.kind is kind
+    # Said so where the cause's own evidence was the weaker.
+    assert "aftermath" in diagnosis.reason or diagnosis.confidence > 0.75
+    alone = classify(Evidence.from_text(peers), registry)
+    assert alone.kind is FailureKind.COMMUNICATION
 
 
 def test_ties_follow_precedence() -> None:

@@ -9,7 +9,6 @@ Third-party rules follow the same `Rule` protocol (see `dlrover.diagnosis.regist
 
 from __future__ import annotations
 
-import bisect
 import math
 import re
 from collections.abc import Callable, Iterable, Sequence
@@ -18,11 +17,13 @@ from typing import Protocol, runtime_checkable
 import attrs
 
 from dlrover.common import ConfigError
-from dlrover.diagnosis.anchors import anchors_of
 from dlrover.diagnosis.evidence import Evidence
 from dlrover.diagnosis.exitinfo import ExitInfo
 from dlrover.diagnosis.kinds import FailureKind
+from dlrover.diagnosis.logsignals import signal_in_log
 from dlrover.diagnosis.oomrecord import MEMORY_RECORD
+from dlrover.diagnosis.scan import Scanner, matching_lines
+from dlrover.diagnosis.tracebacks import PythonTraceback
 
 __all__ = [
     "NODE_CHECK_FAILED",
@@ -108,82 +109,6 @@ def _check_common(name: str, confidence: float) -> None:
 
 def _compile(patterns: Iterable[str | re.Pattern[str]]) -> tuple[re.Pattern[str], ...]:
     return tuple(p if isinstance(p, re.Pattern) else re.compile(p, re.IGNORECASE) for p in patterns)
-
-
-@attrs.frozen
-class Scanner:
-    """One pattern prepared for scanning a whole log.
-
-    Attributes:
-        per_line: the pattern as given; the judge of whether a line matches.
-        whole: the same with `re.MULTILINE`, searched over the whole text when the pattern has
-            no anchors.
-        anchors: sets of lower-cased strings such that the lower-cased text of every match
-            contains a member of each (`dlrover.diagnosis.anchors.anchors_of`), most selective
-            first. The first set's members, found with `str.find` in the folded text, name the
-            only lines the pattern needs to be tried on; the others must be in such a line too.
-            Empty when unknown.
-    """
-
-    per_line: re.Pattern[str]
-    whole: re.Pattern[str]
-    anchors: tuple[frozenset[str], ...]
-
-    @classmethod
-    def of(cls, pattern: re.Pattern[str]) -> Scanner:
-        """Prepare `pattern`."""
-        whole = re.compile(pattern.pattern, pattern.flags | re.MULTILINE)
-        return cls(pattern, whole, anchors_of(pattern))
-
-
-def _next_line(starts: Sequence[int], index: int, end: int) -> int:
-    return starts[index + 1] if index + 1 < len(starts) else end
-
-
-def matching_lines(evidence: Evidence, scanners: Sequence[Scanner]) -> list[int]:
-    """Indices of the log lines in which any scanner's pattern is found, ascending.
-
-    A pattern with anchors is tried only on the lines where `str.find` finds one of its anchors
-    in the case-folded text: every line the pattern matches holds an anchor, so no line is missed,
-    and the regex engine never walks the thousands of lines that cannot match. A pattern without
-    anchors is searched over the whole text at once; each candidate line is confirmed with the
-    per-line pattern and the next search starts at the following line. Either way the result is
-    exactly the set of lines a per-line search would find.
-    """
-    text, starts, lines = evidence.text, evidence.line_starts, evidence.lines()
-    found: set[int] = set()
-    if not lines:
-        return []
-    folded = evidence.folded_text
-    for scanner in scanners:
-        per_line = scanner.per_line
-        if scanner.anchors and folded:
-            primary, others = scanner.anchors[0], scanner.anchors[1:]
-            tried: set[int] = set()
-            for anchor in primary:
-                pos = folded.find(anchor)
-                while pos >= 0:
-                    index = bisect.bisect_right(starts, pos) - 1
-                    end = _next_line(starts, index, len(folded))
-                    if index not in tried and index not in found:
-                        tried.add(index)
-                        line = folded[starts[index] : end]
-                        if all(any(a in line for a in other) for other in others) and per_line.search(lines[index]):
-                            found.add(index)
-                    pos = folded.find(anchor, end)
-            continue
-        pos = 0
-        while pos <= len(text):
-            m = scanner.whole.search(text, pos)
-            if m is None:
-                break
-            index = bisect.bisect_right(starts, m.start()) - 1
-            if index not in found and per_line.search(lines[index]):
-                found.add(index)
-            if index + 1 >= len(starts):
-                break
-            pos = starts[index + 1]
-    return sorted(found)
 
 
 def _names(names: Iterable[str]) -> frozenset[str]:
@@ -482,10 +407,21 @@ _USER_RUNTIME_MESSAGES = (
     r"The size of tensor a \(\d+\) must match",
     r"Expected .* to have \d+ channels",
     r"expected scalar type \w+ but found",
-    r"unrecognized arguments",
     r"Default process group has not been initialized",
     r"No module named '",
     r"Failed to import \S+ because of the following error",
+    # Distributed data parallel and autograd used wrongly.
+    r"Expected to have finished reduction in the prior iteration",
+    r"Expected to mark a variable ready only once",
+    r"modified by an inplace operation",
+    r"not implemented for '\w+'",
+    r"Input type \(\S+\) and weight type \(\S+\) should be the same",
+    r"Sizes of tensors must match",
+    r"index out of range in self",
+    # A build of torch or an extension that does not fit the installed environment: the same
+    # import fails on every restart.
+    r"no kernel image is available for execution on the device",
+    r"undefined symbol:",
 )
 
 # Launchers whose own code raises when their configuration is wrong, before any training script
@@ -494,12 +430,30 @@ _LAUNCHER_FRAMES = re.compile(r"[/\\](?:accelerate[/\\]commands|deepspeed[/\\]la
 _LAUNCHER_WRAPPERS = frozenset({"ChildFailedError", "CalledProcessError", "SignalException", "KeyboardInterrupt"})
 
 
-def _launcher_rejected_config(evidence: Evidence) -> Sequence[str]:
+def _exception_line(evidence: Evidence, tb: PythonTraceback) -> str:
     lines = evidence.lines()
+    return lines[tb.line_index] if tb.line_index < len(lines) else tb.exception_line
+
+
+def _launcher_rejected_config(evidence: Evidence) -> Sequence[str]:
     return [
-        lines[tb.line_index] if tb.line_index < len(lines) else tb.exception_line
+        _exception_line(evidence, tb)
         for tb in evidence.tracebacks
         if tb.frames and _LAUNCHER_FRAMES.search(tb.frames[-1]) and tb.exc_name not in _LAUNCHER_WRAPPERS
+    ]
+
+
+# A frame in the training script itself rather than in an installed library or the interpreter.
+_LIBRARY_FRAME = re.compile(r"[/\\](?:site|dist)-packages[/\\]|[/\\]lib[/\\]python\d|<frozen |[/\\]torch[/\\]")
+
+
+def _raised_in_user_code(evidence: Evidence) -> Sequence[str]:
+    """Generic exceptions (KeyError, IndexError, ValueError) whose innermost frame is the
+    script's own: the script raised them itself or indexed its own data structures wrongly."""
+    return [
+        _exception_line(evidence, tb)
+        for tb in evidence.tracebacks
+        if tb.exc_name in _WEAK_USER_EXCEPTIONS and tb.frames and not _LIBRARY_FRAME.search(tb.frames[-1])
     ]
 
 
@@ -528,11 +482,55 @@ def _refused_at_init(evidence: Evidence) -> Sequence[str]:
     return hits
 
 
+# ---- signals a launcher or shell wrote into the log (see dlrover.diagnosis.logsignals) ------
+
+
+def _log_signal(*signums: int) -> Callable[[Evidence], Sequence[str]]:
+    def match(evidence: Evidence) -> Sequence[str]:
+        if evidence.exit is not None and evidence.exit.signal is not None:
+            return ()  # the agent's own exit status says how it ended (the *-exit rules)
+        found = signal_in_log(evidence)
+        if found is None or found.signal not in signums:
+            return ()
+        return [found.line]
+
+    return match
+
+
+# ---- collectives that timed out in different operations on different ranks ------------------
+
+_WORK = re.compile(
+    r"(?:PG ID (?P<pg>\d+).*)?Watchdog caught collective operation timeout: WorkNCCL\(SeqNum=(?P<seq>\d+), "
+    r"OpType=(?P<op>\w+)(?:, NumelIn=(?P<numel>\d+))?"
+)
+_WORK_SCANNER = (Scanner.of(_WORK),)
+
+
+def _desynchronized_collectives(evidence: Evidence) -> Sequence[str]:
+    """Ranks whose watchdogs timed out the same collective sequence number in different
+    operations or sizes: they called different collectives, so each waits for a partner that
+    never comes (a program that desynchronized its ranks: a hang, not a slow network)."""
+    lines = evidence.lines()
+    seen: dict[tuple[str, str], tuple[str, str, str]] = {}
+    hits: list[str] = []
+    for index in matching_lines(evidence, _WORK_SCANNER):
+        m = _WORK.search(lines[index])
+        if m is None:
+            continue
+        key = (m.group("pg") or "", m.group("seq"))
+        what = (m.group("op"), m.group("numel") or "", lines[index])
+        first = seen.setdefault(key, what)
+        if first[:2] != what[:2] and (first[0] != what[0] or (first[1] and what[1])):
+            hits += [first[2], lines[index]]
+    return hits
+
+
 def builtin_rules() -> tuple[Rule, ...]:
     """A fresh tuple of the rules DLRover ships with (new objects on every call).
 
     Confidences order the kinds: a clear device fault or OOM outranks the communication errors
-    that follow it on other ranks; a plain SIGKILL (killed, cause unseen) is weak evidence.
+    that follow it on other ranks; a message that names its cause outranks a bare exception class;
+    a plain SIGKILL (killed, cause unseen) is weak evidence.
     """
     k = FailureKind
     return (
@@ -543,13 +541,18 @@ def builtin_rules() -> tuple[Rule, ...]:
             0.95,
             [
                 r"CUDA out of memory",
+                r"CUDA error: out of memory|CUDA_ERROR_OUT_OF_MEMORY",
                 r"\bOutOfMemoryError\b",
-                r"CUBLAS_STATUS_ALLOC_FAILED",
-                r"HIP out of memory",
+                r"CUBLAS_STATUS_ALLOC_FAILED|CUDNN_STATUS_NOT_ENOUGH_WORKSPACE",
+                r"(HIP|MPS backend|XPU|NPU) out of memory",
                 r"cudaErrorMemoryAllocation",
                 r"Cuda failure .?out of memory",
                 r"RESOURCE_EXHAUSTED: Out of memory while trying to allocate",
+                r"\bOOM when allocating tensor",
             ],
+            # The JVM's heap (a data loader's Spark or Java tokenizer) and Ray's memory monitor
+            # name host memory.
+            unless=[r"java\.lang\.OutOfMemoryError|running low on memory|memory usage threshold"],
         ),
         # -- host memory
         LogPatternRule(
@@ -560,19 +563,27 @@ def builtin_rules() -> tuple[Rule, ...]:
                 r"Out of memory: Kill(ed)? process",
                 r"invoked oom-killer",
                 r"\boom-kill\b",
+                r"oom_reaper",
                 r"Memory cgroup out of memory",
                 r"\bOOM[ -]?Killed\b",
                 r"\boom[_-]kill events?\b",
                 r"task \d+: Out Of Memory",
+                r"\bOUT_OF_MEMORY\b",
+                r"exceeded (job |step )?memory limit|Exceeded (job|step) memory limit",
                 r"std::bad_alloc",
                 r"Cannot allocate memory",
+                r"DefaultCPUAllocator: (not enough memory|can't allocate memory)",
+                r"Unable to allocate [\d.]+ [KMGTP]i?B for an array",
+                r"java\.lang\.OutOfMemoryError|Java heap space",
                 r"low on resource: memory",
+                r"\bMemoryPressure\b",
+                r"node running low on memory|exceeds the memory usage threshold",
             ],
         ),
         # The agent's reading of the kernel's own records (`dlrover.diagnosis.OomWatch`): the
         # evidence that tells an OOM kill from a plain SIGKILL.
         LogPatternRule("host-memory-record", k.HOST_OOM, 0.93, [r"^" + re.escape(MEMORY_RECORD) + r": "]),
-        ExceptionRule("python-memory-error", k.HOST_OOM, 0.9, {"MemoryError"}),
+        ExceptionRule("python-memory-error", k.HOST_OOM, 0.9, {"MemoryError", "_ArrayMemoryError"}),
         LogPatternRule(
             "dataloader-worker-killed",
             k.HOST_OOM,
@@ -592,7 +603,7 @@ def builtin_rules() -> tuple[Rule, ...]:
             [
                 r"uncorrectable ECC error",
                 r"\bECC errors?\b.*(detected|encountered|uncorrectable|double.bit)",
-                r"double.bit ECC",
+                r"double.bit ECC|cudaErrorECCUncorrectable|CUDA_ERROR_ECC_UNCORRECTABLE",
                 r"GPU is lost",
                 r"fallen off the bus",
                 r"Unable to determine the device handle for GPU",
@@ -600,6 +611,9 @@ def builtin_rules() -> tuple[Rule, ...]:
                 r"uncorrectable NVLink error",
                 r"NVLink.*(fatal|error|down)",
                 r"pending (page )?retirement|row remapping failure",
+                r"GPU requires (a )?reset|requires a GPU reset",
+                r"\[Hardware Error\]|Machine check events? logged|\bUE memory (read |write )?error",
+                r"PCIe Bus Error: severity=Uncorrected|Uncorrected \(Fatal\) error",
             ],
         ),
         FunctionRule("nvidia-xid-hardware", k.HARDWARE, 0.95, _hardware_xid),
@@ -611,19 +625,26 @@ def builtin_rules() -> tuple[Rule, ...]:
                 r"CUDA error: unknown error",
                 r"cudaErrorUnknown",
                 r"busy or unavailable",
-                r"no CUDA-capable device is detected",
-                r"No CUDA GPUs are available",
                 r"CUDA driver initialization failed",
                 r"(device|GPU) residue|still (holds|holding|occupies|occupied)\b.*GPU|leftover process.*GPU",
-                r"ncclUnhandledCudaError",
                 r"NVML.*(Unknown Error|GPU is lost)",
+                r"^No devices were found",
+                # A driver updated under a running node: the node needs a reboot.
+                r"Driver/library version mismatch",
             ],
+        ),
+        # The host channel adapter reports a fault of its own (not a peer's): the node's network.
+        LogPatternRule(
+            "network-adapter-fault",
+            k.HARDWARE,
+            0.8,
+            [r"Got async event\s*:\s*(local catastrophic error|port error|device fatal|local work queue catastrophic)"],
         ),
         FunctionRule("health-probe-failed", k.HARDWARE, 0.8, _failed_probe),
         # Above the communication rules: the probes' own errors (gloo timeouts) are in this log.
         LogPatternRule("node-check-failed", k.HARDWARE, 0.97, [re.escape(NODE_CHECK_FAILED)]),
-        # -- user code
-        ExceptionRule("user-exception", k.USER_CODE, 0.9, _USER_EXCEPTIONS),
+        # -- user code: a class alone is weaker than a message that names a cause
+        ExceptionRule("user-exception", k.USER_CODE, 0.87, _USER_EXCEPTIONS),
         ExceptionRule("user-runtime-error", k.USER_CODE, 0.88, (), "|".join(_USER_RUNTIME_MESSAGES)),
         LogPatternRule(
             "user-launch-error",
@@ -631,12 +652,17 @@ def builtin_rules() -> tuple[Rule, ...]:
             0.88,
             [
                 r"can't open file .*No such file or directory",
-                r"error: unrecognized arguments",
-                r"error: the following arguments are required",
                 r"device-side assert triggered",
                 r"Failed to import \S+ because of the following error",
+                r"cannot open shared object file|undefined symbol: \w+",
+                r": command not found$",
+                # A library too old or too new for the files or the script (tokenizers, torch.load).
+                r"data did not match any variant of untagged enum",
+                r"Weights only load failed",
+                r"no kernel image is available for execution on the device",
             ],
         ),
+        FunctionRule("user-frame-exception", k.USER_CODE, 0.8, _raised_in_user_code),
         ExceptionRule("user-exception-weak", k.USER_CODE, 0.6, _WEAK_USER_EXCEPTIONS),
         # -- launch configuration: above user code (the launcher's own exceptions) and above the
         # communication rules (a port in use is not a flaky network).
@@ -652,13 +678,38 @@ def builtin_rules() -> tuple[Rule, ...]:
                 r"Socket creation failed",
                 r"Cannot assign requested address",
                 r"\bncclInvalidUsage\b|\binvalid usage\b.*\bNCCL\b|\bNCCL\b.*\binvalid usage\b",
+                r"Duplicate GPU detected",
                 r"NCCL_SOCKET_IFNAME.*(not found|no interface|invalid)",
                 r"Name or service not known|nodename nor servname provided|getaddrinfo (failed|error)",
                 r"You need to run .?accelerate config",
                 r"CUDA_VISIBLE_DEVICES.*(invalid|out of range)",
+                # The launcher's environment contract, or the command line, is not met.
+                r"environment variable \w+ expected, but not set",
+                r"KeyError: '(LOCAL_RANK|RANK|WORLD_SIZE|LOCAL_WORLD_SIZE|MASTER_ADDR|MASTER_PORT)'",
+                r"error: unrecognized arguments|error: the following arguments are required",
+                r"error: argument \S+: (invalid|expected)",
+                r"Invalid rendezvous configuration",
+                # Configuration files: Hydra/OmegaConf, DeepSpeed's batch arithmetic.
+                r"\b(ConfigAttributeError|ConfigKeyError|MissingMandatoryValue|ConfigCompositionException)\b",
+                r"Key '[^']+' is not in struct|Missing mandatory value",
+                r"Check batch related parameters",
+            ],
+        ),
+        # A node without usable GPUs: usually the launch settings (visible devices, the
+        # container's GPUs); weaker than a hardware fault in the same log.
+        LogPatternRule(
+            "launch-config-likely",
+            k.CONFIG_ERROR,
+            0.8,
+            [
+                r"No CUDA GPUs are available",
+                r"no CUDA-capable device is detected",
+                r"Found no NVIDIA driver on your system",
             ],
         ),
         FunctionRule("launcher-rejected-config", k.CONFIG_ERROR, 0.92, _launcher_rejected_config),
+        # A path in the settings that points nowhere: restarting finds the same nothing.
+        ExceptionRule("missing-file", k.CONFIG_ERROR, 0.7, {"FileNotFoundError"}),
         FunctionRule("store-refused-at-init", k.CONFIG_ERROR, 0.8, _refused_at_init),
         # -- full disks and quotas: the data is fine, the directory is full
         LogPatternRule(
@@ -671,10 +722,14 @@ def builtin_rules() -> tuple[Rule, ...]:
                 r"\bE(NOSPC|DQUOT)\b",
                 r"\[Errno (28|122)\]",
                 r"os error (28|122)\b",
+                r"\bStorageFull\b",
                 r"PytorchStreamWriter failed writing",
+                # torch.save's zip writer finds fewer bytes on disk than it wrote.
+                r"unexpected pos \d+ vs \d+",
                 r"\bDiskPressure\b",
-                r"low on resource: ephemeral-storage",
+                r"low on resource: ephemeral-storage|ephemeral local storage usage exceeds",
                 r"not enough (free )?(disk )?space",
+                r"database or disk is full|(file ?system|disk) (is )?full\b",
             ],
         ),
         # A checkpoint writer that cannot open its file: the directory is full or not writable.
@@ -692,8 +747,15 @@ def builtin_rules() -> tuple[Rule, ...]:
                 r"Ran out of input",
                 r"unexpected EOF, expected \d+ more bytes",
                 r"not a zip file|BadZipFile",
+                r"MetadataIncompleteBuffer|InvalidHeaderDeserialization",
+                r"file signature not found",
+                r"Compressed file ended before the end-of-stream marker",
+                r"not a gzip(ped)? file",
+                r"ReadError: (unexpected end of data|file could not be opened successfully|empty file)",
+                r"Unable to load weights from pytorch checkpoint file",
             ],
         ),
+        ExceptionRule("truncated-input", k.DATA_ERROR, 0.75, {"EOFError"}),
         LogPatternRule(
             "data-or-storage",
             k.DATA_ERROR,
@@ -701,23 +763,32 @@ def builtin_rules() -> tuple[Rule, ...]:
             [
                 r"Read-only file system",
                 r"Stale file handle",
-                r"\bcorrupt(ed|ion)?\b",
+                r"corrupt(ed|ion)?\b|\bcorrupt",
                 r"\btruncated\b",
                 r"UnicodeDecodeError",
                 r"JSONDecodeError",
-                r"UnidentifiedImageError|cannot identify image file",
+                r"UnidentifiedImageError|cannot identify image file|broken data stream",
                 r"Error -3 while decompressing|invalid (stored block lengths|distance too far|block type)",
                 r"CRC (check )?(failed|mismatch|error)|checksum mismatch",
+                r"NonMatchingChecksumError|Checksums didn't match",
                 r"magic bytes not found|ArrowInvalid|Not a valid (TFRecord|parquet)",
                 r"SafetensorError|HeaderTooLarge",
                 r"DataLossError",
                 r"\[Errno 5\] Input/output error",
+                r"Invalid data found when processing input|moov atom not found|Format not recognised",
+                r"ParseFromArray|DecodeError: Error parsing message",
+                r"Error tokenizing data",
+                # A Git LFS pointer checked out in place of the file it stands for.
+                r"version https://git-lfs",
             ],
-            # glibc heap corruption is a native crash, not bad data.
             unless=[
+                # glibc heap corruption is a native crash, not bad data.
                 r"malloc|free\(\)|double free|size vs\.? prev_size|heap|corrupted (top|double-linked)",
                 # The collective layer warns that data "might be corrupted" after a timeout.
-                r"NCCL|ProcessGroup|Watchdog|\bgloo\b",
+                r"NCCL|ProcessGroup|Watchdog|\bgloo\b|MPI_ERR|message truncated",
+                # Tokenizers and text encoders shorten over-long inputs and say so.
+                r"truncated because|will be truncated|truncated to (a )?(max|\d)",
+                r"(inputs?|sequences?|texts?|tokens?|prompts?) (is|are|was|were|gets?) truncated",
             ],
         ),
         # -- numerics
@@ -727,21 +798,43 @@ def builtin_rules() -> tuple[Rule, ...]:
             k.NAN_LOSS,
             0.9,
             [
-                r"\bloss\b[^,;]{0,24}?[:=\s]\s*[-+]?(nan|inf|infinity)\b",
-                r"\bloss (is|became|has become) (nan|inf|infinite|non-finite)",
-                r"(nan|non-finite|infinite) (loss|gradients?) (detected|encountered)",
+                r"loss(?![ _]?scal)\w*\b[^,;|]{0,24}?[:=\s]\s*[-+]?(nan|inf|infinity)\b",
+                r"\bloss (is|became|has become|becomes|goes to|went to) (nan|inf|infinite|non-finite|not finite)",
+                r"(nan|non-finite|infinite) (loss|gradients?|grad norm) (detected|encountered)",
+                r"\b(nan|inf)s? (values? )?(detected|encountered|found) in (the )?(loss|grad)",
+                r"\bnan loss\b|NanLossDuringTrainingError|Invalid loss, terminating training",
+                r"\bfound (nan|inf)\b",
+                r"\bis non-finite\b|\bis not finite\b",
+                r"\b(nan|inf) ?(or|and|/) ?(nan|inf)\b.{0,40}\b(loss|gradients?|values|found|detected|input)",
+                r"number of nan iterations:\s*[1-9]",
                 r"returned nan values in its \d+\w* output",
+                r"contains (either )?\W?(inf|nan)\b",
+                r"tensor\(\[+\s*nan\b",
                 r"Minimum loss scale reached",
                 r"loss scale already at minimum",
-                r"\bgrad(ient)?[ _]norm\b[^,;]{0,8}?[:=]\s*[-+]?(nan|inf)\b",
+                r"\bgrad(ient)?[ _]norm\b[^,;|]{0,8}?[:=]\s*[-+]?(nan|inf)\b",
                 # A table of metrics per step whose first value is NaN (``2000  [nan]  [nan]``).
                 r"^\s*\d+\s+\[?\s*nan\s*\]?\s",
             ],
             unless=[r"loss scale(r)? (to|reducing)|reducing loss scale|Gradient overflow"],
         ),
+        ExceptionRule("floating-point-error", k.NAN_LOSS, 0.88, {"FloatingPointError"}),
         FunctionRule("falling-loss-scale", k.NAN_LOSS, 0.7, _falling_loss_scale),
         # -- hangs (from the detector, or as the collective layer reports them)
         FunctionRule("hang-detector", k.HANG, 0.9, _hang_reported),
+        # Ranks in different collectives: each waits for a partner that never comes. Above the
+        # collective timeouts, which are how such a deadlock ends.
+        LogPatternRule(
+            "collective-mismatch",
+            k.HANG,
+            0.85,
+            [
+                r"Detected mismatch between collectives",
+                r"\bcollective mismatch\b|mismatched collectives?",
+                r"is running collective: CollectiveFingerPrint.*but Rank \d+ is running collective",
+            ],
+        ),
+        FunctionRule("desynchronized-collectives", k.HANG, 0.8, _desynchronized_collectives),
         # Below the collective timeouts: a stuck watchdog alone says an API call hung; next to a
         # collective that timed out it is the timeout's aftermath.
         LogPatternRule(
@@ -761,44 +854,65 @@ def builtin_rules() -> tuple[Rule, ...]:
                 r"NCCL communicator was aborted",
                 r"\bNCCL error\b",
                 r"nccl(System|Remote|Internal)Error",
-                r"\bDistNetworkError\b",
-                r"\bDistBackendError\b",
+                r"\bDist(Network|Backend|Store)Error\b",
+                r"\bRendezvous(Timeout|Closed|Connection)Error\b",
                 r"Connection reset by peer",
                 r"Connection closed by (remote )?peer",
                 r"unhandled system error",
                 r"NET/IB\s*:\s*Got completion from peer .* with (status|error)",
+                r"\bIBV_WC_\w+_ERR\b|transport retry counter exceeded|Call to ibv_\w+ failed",
                 r"\bgloo\b.*(timed out|timeout|connection|closed|reset)",
                 r"Socket Timeout",
+                r"monitoredBarrier",
                 r"TCPStore.*(timed out|timeout|failed)",
                 r"ProcessGroupNCCL.*(timeout|timed out|abort)",
-                r"Timed out (waiting|initializing) .*(store|process group|rendezvous|peers?)",
+                r"Timed out (waiting|initializing|after) .*(store|process group|rendezvous|peers?|clients)",
             ],
             # The watchdog's own heartbeat: a hung API call (see watchdog-stuck), not a collective.
             unless=[r"watchdog got stuck for"],
         ),
-        LogPatternRule("network-glitch", k.COMMUNICATION, 0.6, [r"Connection refused", r"Broken pipe"]),
-        # -- preemption
+        LogPatternRule(
+            "network-glitch",
+            k.COMMUNICATION,
+            0.6,
+            # A CUDA call inside NCCL failed: the CUDA error itself, printed beside it, decides.
+            [r"Connection refused", r"Broken pipe", r"ncclUnhandledCudaError|unhandled cuda error"],
+        ),
+        # -- preemption: the job or its node was stopped from outside
         LogPatternRule(
             "sigterm-in-log",
             k.PREEMPTION,
             0.8,
             [
-                r"(received|got|caught|handling) (signal )?SIGTERM",
+                r"(received|got|caught|handling) (signal )?SIGTERM|SIGTERM (received|caught)",
                 r"got signal: 15\b",
-                r"\bpreempt(ed|ion)\b",
-                r"spot (instance )?(interruption|termination)",
+                r"\bpreempt(ed|ion|ing)\b",
+                r"spot (instance )?(interruption|termination)|interruption notice",
                 r"maintenance event",
                 r"\b(being|been|was) (drained|evicted|preempted)\b",
                 r"termination is imminent|imminent (node )?shutdown|node (is )?shutting down",
+                r"system is going down|Power key pressed",
                 r"got signal: 1\b|\bSIGHUP\b",
-                r"DUE TO (TIME LIMIT|PREEMPTION)|\bNODE_FAIL\b",
+                r"DUE TO (TIME LIMIT|PREEMPTION|NODE FAIL)|\bNODE_FAIL\b",
+                r"\bTERM_(PREEMPT|RUNLIMIT|REQUEUE_\w+)\b|job killed: walltime \d+ exceeded limit",
+                r"Requeued job|requeu(e|ing) (the )?job|job (was |has been )?requeued",
+                r"TaintManagerEviction|\bNodeNotReady\b|\bNodeLost\b|node \S+ (is )?not ready|Node is not ready",
             ],
             # torchrun prints this when it stops the surviving workers of a failed group.
             unless=[r"Sending process \d+ closing signal"],
         ),
+        # Slurm cancelled the job or step with no reason given: someone or something outside it.
+        LogPatternRule(
+            "scheduler-cancelled",
+            k.PREEMPTION,
+            0.7,
+            [r"\*\*\* (JOB|STEP) \S+ ON \S+ CANCELLED AT", r"srun: Job step aborted", r"srun: forcing job termination"],
+        ),
         FunctionRule("sigterm-exit", k.PREEMPTION, 0.7, _exit_signal(_SIGTERM, _SIGHUP)),
+        FunctionRule("sigterm-in-exit-report", k.PREEMPTION, 0.65, _log_signal(_SIGTERM, _SIGHUP)),
         # A SIGKILL with no OOM evidence: the OOM killer left no trace here, or someone killed it.
         FunctionRule("sigkill-exit", k.KILLED, 0.5, _killed),
+        FunctionRule("sigkill-in-exit-report", k.KILLED, 0.45, _log_signal(_SIGKILL)),
         # -- native crashes: above the communication rules, whose errors on the other ranks
         # follow a crashed peer; below device OOM, hardware and user code, which explain a crash.
         LogPatternRule(
@@ -809,11 +923,22 @@ def builtin_rules() -> tuple[Rule, ...]:
                 r"Segmentation fault|segfault",
                 r"Fatal Python error: (?!Aborted)",
                 r"double free or corruption|malloc\(\): |corrupted size vs|free\(\): invalid",
+                r"corrupted double-linked list|munmap_chunk\(\): invalid pointer|stack smashing detected",
                 r"\bSIG(SEGV|ILL|FPE)\b",
                 r"Signals\.SIG(SEGV|ILL|FPE)",
                 r"illegal memory access was encountered|CUDA_ERROR_ILLEGAL_ADDRESS|cudaErrorIllegalAddress",
                 r"misaligned address|illegal instruction was encountered",
-                r"exitcode\s*:\s*-(11|4|8)\b",
+                r"Windows fatal exception: access violation|0xC0000005",
+            ],
+        ),
+        # A GPU kernel that failed without saying why: usually the kernel's own fault.
+        LogPatternRule(
+            "kernel-launch-failure",
+            k.NATIVE_CRASH,
+            0.72,
+            [
+                r"unspecified launch failure|cudaErrorLaunchFailure|CUDA_ERROR_LAUNCH_FAILED",
+                r"CUBLAS_STATUS_EXECUTION_FAILED|CUDNN_STATUS_EXECUTION_FAILED",
             ],
         ),
         FunctionRule(
@@ -824,7 +949,6 @@ def builtin_rules() -> tuple[Rule, ...]:
                 _log_patterns(
                     r"terminate called (after throwing|without an active exception)",
                     r"\bSIGABRT\b|Signals\.SIGABRT|Fatal Python error: Aborted",
-                    r"exitcode\s*:\s*-6\b",
                 )
             ),
         ),
@@ -833,7 +957,9 @@ def builtin_rules() -> tuple[Rule, ...]:
             "native-abort-weak",
             k.NATIVE_CRASH,
             0.55,
-            _unless_watchdog_abort(_log_patterns(r"core dumped", r"\bAborted\b", r"\bBus error\b")),
+            # The shell's and glibc's own words, capitalised as they print them: "the communicator
+            # was aborted" is a collective's sentence, not a process's death.
+            _unless_watchdog_abort(_log_patterns(r"core dumped", r"(?-i:^\W*Aborted\b)", r"(?-i:^\W*Bus error\b)")),
         ),
         FunctionRule(
             "native-crash-exit",
@@ -841,4 +967,6 @@ def builtin_rules() -> tuple[Rule, ...]:
             0.75,
             _unless_watchdog_abort(_exit_signal(_SIGSEGV, _SIGABRT, _SIGILL, _SIGFPE, _SIGBUS)),
         ),
+        FunctionRule("crash-in-exit-report", k.NATIVE_CRASH, 0.75, _log_signal(_SIGSEGV, _SIGILL, _SIGFPE, _SIGBUS)),
+        FunctionRule("abort-in-exit-report", k.NATIVE_CRASH, 0.55, _unless_watchdog_abort(_log_signal(_SIGABRT))),
     )
