@@ -422,6 +422,7 @@ _USER_RUNTIME_MESSAGES = (
     # import fails on every restart.
     r"no kernel image is available for execution on the device",
     r"undefined symbol:",
+    r"cannot open shared object file",
 )
 
 # Launchers whose own code raises when their configuration is wrong, before any training script
@@ -654,7 +655,6 @@ def builtin_rules() -> tuple[Rule, ...]:
                 r"can't open file .*No such file or directory",
                 r"device-side assert triggered",
                 r"Failed to import \S+ because of the following error",
-                r"cannot open shared object file|undefined symbol: \w+",
                 r": command not found$",
                 # A library too old or too new for the files or the script (tokenizers, torch.load).
                 r"data did not match any variant of untagged enum",
@@ -693,7 +693,11 @@ def builtin_rules() -> tuple[Rule, ...]:
                 r"\b(ConfigAttributeError|ConfigKeyError|MissingMandatoryValue|ConfigCompositionException)\b",
                 r"Key '[^']+' is not in struct|Missing mandatory value",
                 r"Check batch related parameters",
+                r"failed to listen on any local network address",
             ],
+            # c10d's warnings while it tries the addresses of a host in turn (IPv6 first): the
+            # launch goes on; a port really in use ends in the error above.
+            unless=[r"\[W[\d :.]*\w+\.(cpp|cc|h)[:\]]"],
         ),
         # A node without usable GPUs: usually the launch settings (visible devices, the
         # container's GPUs); weaker than a hardware fault in the same log.
@@ -789,6 +793,9 @@ def builtin_rules() -> tuple[Rule, ...]:
                 # Tokenizers and text encoders shorten over-long inputs and say so.
                 r"truncated because|will be truncated|truncated to (a )?(max|\d)",
                 r"(inputs?|sequences?|texts?|tokens?|prompts?) (is|are|was|were|gets?) truncated",
+                # Warnings about inputs the reader recovered from or skipped: training went on.
+                r"extraneous bytes before marker|Premature end of JPEG|skip\w* .{0,30}corrupt|corrupt.{0,40}skip",
+                r"\bwarn(ings?)?\b",
             ],
         ),
         # -- numerics
@@ -798,7 +805,9 @@ def builtin_rules() -> tuple[Rule, ...]:
             k.NAN_LOSS,
             0.9,
             [
-                r"loss(?![ _]?scal)\w*\b[^,;|]{0,24}?[:=\s]\s*[-+]?(nan|inf|infinity)\b",
+                # "loss: nan", "'loss': nan", "lm loss: nan", "val_loss = nan", "loss (avg) inf".
+                r"loss(?![ _]?scal)\w*['\"]?\s*(\([^)]{0,20}\)\s*)?([:=]|\bis\b|\bwas\b)?\s*"
+                r"(tensor\(\[?)?[-+]?(nan|inf|infinity)\b",
                 r"\bloss (is|became|has become|becomes|goes to|went to) (nan|inf|infinite|non-finite|not finite)",
                 r"(nan|non-finite|infinite) (loss|gradients?|grad norm) (detected|encountered)",
                 r"\b(nan|inf)s? (values? )?(detected|encountered|found) in (the )?(loss|grad)",
@@ -812,11 +821,18 @@ def builtin_rules() -> tuple[Rule, ...]:
                 r"tensor\(\[+\s*nan\b",
                 r"Minimum loss scale reached",
                 r"loss scale already at minimum",
-                r"\bgrad(ient)?[ _]norm\b[^,;|]{0,8}?[:=]\s*[-+]?(nan|inf)\b",
+                # NaN only: a mixed-precision trainer logs an infinite norm for the steps its
+                # scaler skips, and goes on.
+                r"\bgrad(ient)?[ _]norm\b[^,;|]{0,8}?[:=]\s*[-+]?nan\b",
                 # A table of metrics per step whose first value is NaN (``2000  [nan]  [nan]``).
                 r"^\s*\d+\s+\[?\s*nan\s*\]?\s",
             ],
-            unless=[r"loss scale(r)? (to|reducing)|reducing loss scale|Gradient overflow"],
+            unless=[
+                r"loss scale(r)? (to|reducing)|reducing loss scale|Gradient overflow",
+                # The starting value of a best-so-far tracker, not a loss.
+                r"(best|min|lowest)\w*[ _](val\w*[ _])?loss\w*['\"]?\s*[:=]?\s*[-+]?inf\b",
+                r"improved from inf\b",
+            ],
         ),
         ExceptionRule("floating-point-error", k.NAN_LOSS, 0.88, {"FloatingPointError"}),
         FunctionRule("falling-loss-scale", k.NAN_LOSS, 0.7, _falling_loss_scale),
@@ -868,8 +884,9 @@ def builtin_rules() -> tuple[Rule, ...]:
                 r"ProcessGroupNCCL.*(timeout|timed out|abort)",
                 r"Timed out (waiting|initializing|after) .*(store|process group|rendezvous|peers?|clients)",
             ],
-            # The watchdog's own heartbeat: a hung API call (see watchdog-stuck), not a collective.
-            unless=[r"watchdog got stuck for"],
+            # The watchdog's own heartbeat: a hung API call (see watchdog-stuck), not a collective;
+            # a connection the client retries.
+            unless=[r"watchdog got stuck for", r"\bretrying\b"],
         ),
         LogPatternRule(
             "network-glitch",
