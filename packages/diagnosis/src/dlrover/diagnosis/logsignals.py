@@ -117,7 +117,12 @@ def signals_in_log(evidence: Evidence) -> list[LogSignal]:
 
 def signal_in_log(evidence: Evidence) -> LogSignal | None:
     """The signal that the log says ended the failed process: the one in torchrun's root cause
-    block when there is one, else the first mention; None when the log names none."""
+    block when there is one, else the first mention; None when the log names none. Computed once
+    per evidence."""
+    return evidence.derived("dlrover.signal_in_log", _signal_in_log)
+
+
+def _signal_in_log(evidence: Evidence) -> LogSignal | None:
     found = signals_in_log(evidence)
     if not found:
         return None

@@ -17,10 +17,12 @@ from typing import Protocol, runtime_checkable
 import attrs
 
 from dlrover.common import ConfigError
+from dlrover.diagnosis.anchors import anchors_of
 from dlrover.diagnosis.evidence import Evidence
 from dlrover.diagnosis.exitinfo import ExitInfo
 from dlrover.diagnosis.kinds import FailureKind
 from dlrover.diagnosis.logsignals import signal_in_log
+from dlrover.diagnosis.logtail import fold_case
 from dlrover.diagnosis.oomrecord import MEMORY_RECORD
 from dlrover.diagnosis.scan import Scanner, matching_lines
 from dlrover.diagnosis.tracebacks import PythonTraceback
@@ -176,11 +178,24 @@ class ExceptionRule:
     confidence: float
     exc_names: frozenset[str] = attrs.field(converter=_names)
     message: re.Pattern[str] | None = attrs.field(default=None, converter=_optional_pattern)
+    _message_anchors: tuple[frozenset[str], ...] = attrs.field(init=False, eq=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
         _check_common(self.name, self.confidence)
         if not self.exc_names and self.message is None:
             raise ConfigError(f"rule {self.name!r} needs exception names or a message pattern")
+        anchors = () if self.message is None else anchors_of(self.message)
+        object.__setattr__(self, "_message_anchors", anchors)
+
+    def _message_matches(self, message: str) -> bool:
+        if self.message is None:
+            return True
+        if self._message_anchors:
+            # Most messages hold none of the pattern's literals: a substring test says so faster.
+            folded = fold_case(message)
+            if folded and not all(any(a in folded for a in anchors) for anchors in self._message_anchors):
+                return False
+        return self.message.search(message) is not None
 
     def match(self, evidence: Evidence) -> Sequence[str]:
         """The log lines (as printed, rank prefix included) of matching exceptions."""
@@ -188,8 +203,7 @@ class ExceptionRule:
         hits = [
             lines[tb.line_index] if tb.line_index < len(lines) else tb.exception_line
             for tb in evidence.tracebacks
-            if (not self.exc_names or tb.exc_name in self.exc_names)
-            and (self.message is None or self.message.search(tb.message))
+            if (not self.exc_names or tb.exc_name in self.exc_names) and self._message_matches(tb.message)
         ]
         return _last(hits)
 
@@ -366,9 +380,13 @@ _WATCHDOG_ABORT = (
 )
 
 
+def _watchdog_abort_lines(evidence: Evidence) -> list[int]:
+    return matching_lines(evidence, _WATCHDOG_ABORT)
+
+
 def _unless_watchdog_abort(fn: Callable[[Evidence], Sequence[str]]) -> Callable[[Evidence], Sequence[str]]:
     def match(evidence: Evidence) -> Sequence[str]:
-        if matching_lines(evidence, _WATCHDOG_ABORT):
+        if evidence.derived("dlrover.watchdog_abort", _watchdog_abort_lines):
             return ()
         return fn(evidence)
 

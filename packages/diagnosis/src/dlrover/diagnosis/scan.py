@@ -30,9 +30,9 @@ class Scanner:
             no anchors.
         anchors: sets of lower-cased strings such that the lower-cased text of every match
             contains a member of each (`dlrover.diagnosis.anchors.anchors_of`), most selective
-            first. The first set's members, found with `str.find` in the folded text, name the
-            only lines the pattern needs to be tried on; the others must be in such a line too.
-            Empty when unknown.
+            first. The members of the set least frequent near the end of the text, found with
+            `str.find` in the folded text, name the only lines the pattern needs to be tried on,
+            and the other sets must be in such a line too. Empty when unknown.
     """
 
     per_line: re.Pattern[str]
@@ -44,6 +44,19 @@ class Scanner:
         """Prepare `pattern`."""
         whole = re.compile(pattern.pattern, pattern.flags | re.MULTILINE)
         return cls(pattern, whole, anchors_of(pattern))
+
+
+SAMPLE_CHARS = 16 * 1024
+"""How much of the end of the text is sampled to tell a pattern's rare anchors from common ones."""
+
+
+def _rarest(anchor_sets: Sequence[frozenset[str]], folded: str) -> frozenset[str]:
+    """The anchor set whose members occur least often near the end of the text (where the
+    failure is): the one whose occurrences are cheapest to visit."""
+    if len(anchor_sets) == 1:
+        return anchor_sets[0]
+    start = max(0, len(folded) - SAMPLE_CHARS)
+    return min(anchor_sets, key=lambda anchors: sum(folded.count(a, start) for a in anchors))
 
 
 def _next_line(starts: Sequence[int], index: int, end: int) -> int:
@@ -68,7 +81,8 @@ def matching_lines(evidence: Evidence, scanners: Sequence[Scanner]) -> list[int]
     for scanner in scanners:
         per_line = scanner.per_line
         if scanner.anchors and folded:
-            primary, others = scanner.anchors[0], scanner.anchors[1:]
+            primary = _rarest(scanner.anchors, folded)
+            others = [a for a in scanner.anchors if a is not primary]
             tried: set[int] = set()
             for anchor in primary:
                 pos = folded.find(anchor)
