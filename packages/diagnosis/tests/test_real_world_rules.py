@@ -329,6 +329,81 @@ CASES = [
         None,
         K.USER_CODE,
     ),
+    # -- /dev/shm is a container setting, not the host's memory or a data disk
+    (
+        "DataLoader shm",
+        "ERROR: Unexpected bus error encountered in worker. This might be caused by insufficient shared memory (shm).",
+        None,
+        K.CONFIG_ERROR,
+    ),
+    (
+        "NCCL shm",
+        "misc/shmutils.cc:88 NCCL WARN Error: failed to extend /dev/shm/nccl-WU88OE to 9637892 bytes, "
+        "error: No space left on device (28)",
+        None,
+        K.CONFIG_ERROR,
+    ),
+    # -- settings rejected where they are validated, ranks given twice
+    (
+        "Megatron's argument check",
+        'Traceback (most recent call last):\n  File "megatron/training/arguments.py", line 561, in validate_args\n'
+        "    assert num_layers % args.transformer_pipeline_model_parallel_size == 0\nAssertionError",
+        None,
+        K.CONFIG_ERROR,
+    ),
+    (
+        "training arguments checking themselves",
+        'Traceback (most recent call last):\n  File "run.py", line 9, in <module>\n'
+        "    args = TrainingArguments(**cfg)\n"
+        '  File "/usr/lib/python3/site-packages/transformers/training_args.py", line 1500, in __post_init__\n'
+        "    raise ValueError(\nValueError: --load_best_model_at_end requires the save and eval strategy to match",
+        None,
+        K.CONFIG_ERROR,
+    ),
+    (
+        "two processes with one global rank",
+        "initializing ddp: GLOBAL_RANK: 1, MEMBER: 2/8\ninitializing ddp: GLOBAL_RANK: 0, MEMBER: 1/8\n"
+        "initializing ddp: GLOBAL_RANK: 1, MEMBER: 2/8",
+        None,
+        K.CONFIG_ERROR,
+    ),
+    # -- stuck processes, stops from outside, a collapsed loss scale, kubelet's disk signals
+    (
+        "a py-spy dump",
+        'Thread 0x7FA6E7C01740 (idle): "MainThread"\n    wait (threading.py:302)\n    get (queue.py:170)',
+        None,
+        K.HANG,
+    ),
+    (
+        "interrupted while waiting",
+        'Traceback (most recent call last):\n  File "/usr/lib/python3.6/multiprocessing/queues.py", line 346, in put\n'
+        "    with self._wlock:\n"
+        '  File "/usr/lib/python3.6/multiprocessing/synchronize.py", line 96, in __enter__\n'
+        "    return self._semlock.__enter__()\nKeyboardInterrupt",
+        None,
+        K.HANG,
+    ),
+    (
+        "torchrun's agent stopped",
+        "torch/distributed/elastic/agent/server/api.py:719] Received 15 death signal, shutting down workers",
+        None,
+        K.PREEMPTION,
+    ),
+    ("hyphenated", "PreemptionError: Nodes of this job got pre-empted.", None, K.PREEMPTION),
+    (
+        "fairseq's loss scale",
+        "fairseq.trainer | NOTE: overflow detected, setting loss scale to: 0.000244",
+        None,
+        K.NAN_LOSS,
+    ),
+    (
+        "a loss scale of 0 is the dynamic setting",
+        '{"fp16": {"enabled": true, "loss_scale": 0, "min_loss_scale": 0.0001}}',
+        None,
+        K.UNKNOWN,
+    ),
+    ("kubelet nodefs", "Reason: Evicted\nMessage: The node was low on resource: nodefs.", None, K.DISK_FULL),
+    ("a bolded shell report", "**Killed**", None, K.KILLED),
 ]
 
 # Lines that real training logs print while nothing is wrong: alone they decide nothing, and

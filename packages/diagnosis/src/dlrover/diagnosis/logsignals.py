@@ -66,7 +66,7 @@ _PATTERNS = (
     re.compile(r"\btask \d+: (?P<word>" + _WORD + r")\s*$", re.IGNORECASE),
     # A shell reporting its child: a line of its own ("Killed", "Segmentation fault (core
     # dumped)"), or bash's "./run.sh: line 4: 1234 Killed  python train.py".
-    re.compile(r"^[\s>`]*(?P<word>" + _WORD + r")(?:\s+\(core dumped\))?[\s`]*$", re.IGNORECASE),
+    re.compile(r"^[\s>`*_]*(?P<word>" + _WORD + r")(?:\s+\(core dumped\))?[\s`*_]*$", re.IGNORECASE),
     re.compile(r"^\S+: line \d+:\s+\d+ (?P<word>" + _WORD + r")\b", re.IGNORECASE),
 )
 _SCANNERS = tuple(Scanner.of(p) for p in _PATTERNS)

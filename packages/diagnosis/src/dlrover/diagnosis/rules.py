@@ -269,7 +269,8 @@ def _non_finite_loss(evidence: Evidence) -> Sequence[str]:
 
 # A loss scaler that keeps halving: every step overflows, the fp16 form of a diverged loss.
 _LOSS_SCALE = re.compile(
-    r"(?:loss[ _]scale\w*\s*[:=]\s*|reducing (?:dynamic )?loss scale (?:from \S+ )?to\s*)([0-9][0-9.e+-]*)",
+    r"(?:(?<!\w)loss[ _]scale\w*\s*[:=]?\s*|(?:reducing|setting|decreasing|lowering) (?:the )?(?:dynamic )?"
+    r"loss scale (?:from \S+ )?to:?\s*)([0-9][0-9.e+-]*)",
     re.IGNORECASE,
 )
 LOSS_SCALE_FALLS = 6
@@ -299,6 +300,26 @@ def _falling_loss_scale(evidence: Evidence) -> Sequence[str]:
             falls = []
         previous = value
     return falls if len(falls) >= LOSS_SCALE_FALLS else ()
+
+
+def _loss_scales(evidence: Evidence) -> list[tuple[float, str]]:
+    lines = evidence.lines()
+    found = []
+    for index in matching_lines(evidence, _LOSS_SCALE_SCANNER):
+        m = _LOSS_SCALE.search(lines[index])
+        if m is None:
+            continue
+        try:
+            found.append((float(m.group(1).rstrip(".-+e")), lines[index]))
+        except ValueError:
+            continue
+    return found
+
+
+def _collapsed_loss_scale(evidence: Evidence) -> Sequence[str]:
+    """A dynamic loss scale halved below 1: every step for many steps overflowed (a healthy fp16
+    run keeps it in the thousands; 0 is the configuration's "dynamic", not a value)."""
+    return [line for value, line in _loss_scales(evidence) if 0.0 < value < 1.0]
 
 
 def _hang_reported(evidence: Evidence) -> Sequence[str]:
@@ -501,6 +522,71 @@ def _refused_at_init(evidence: Evidence) -> Sequence[str]:
     return hits
 
 
+# A frame that validates settings: an exception raised there rejects the configuration (Megatron's
+# validate_args, a dataclass of training arguments checking itself in __post_init__).
+_VALIDATION_FRAME = re.compile(
+    r"(?:arguments|args|argparse\w*|config\w*|configuration\w*|settings)\.py\W.*\bin "
+    r"(?:validate\w*|_validate\w*|check_args|_check\w*|__post_init__|parse_args)\s*$|\bin validate_args\s*$"
+)
+_VALIDATION_SCANNER = (Scanner.of(re.compile(r"\bin (validate_args|_validate_args)\b")),)
+
+
+def _settings_rejected(evidence: Evidence) -> Sequence[str]:
+    hits = [
+        _exception_line(evidence, tb)
+        for tb in evidence.tracebacks
+        if tb.frames and _VALIDATION_FRAME.search(tb.frames[-1]) and tb.exc_name not in _LAUNCHER_WRAPPERS
+    ]
+    if not hits:  # a traceback cut before its exception line still names the validating frame
+        lines = evidence.lines()
+        hits = [lines[i] for i in matching_lines(evidence, _VALIDATION_SCANNER)]
+    return hits
+
+
+# Each process of a job announces its global rank once; the same rank announced by two processes
+# means the launcher gave several processes one rank (srun without --ntasks-per-node).
+_RANK_ANNOUNCEMENT = re.compile(r"initializing (?:ddp|distributed): GLOBAL_RANK: (\d+), MEMBER: \d+/(\d+)", re.I)
+_RANK_SCANNER = (Scanner.of(_RANK_ANNOUNCEMENT),)
+
+
+def _duplicate_ranks(evidence: Evidence) -> Sequence[str]:
+    lines = evidence.lines()
+    seen: dict[tuple[str, str], int] = {}
+    hits = []
+    for index in matching_lines(evidence, _RANK_SCANNER):
+        m = _RANK_ANNOUNCEMENT.search(lines[index])
+        if m is None:
+            continue
+        key = (m.group(1), m.group(2))
+        if key in seen:
+            hits += [lines[seen[key]], lines[index]]
+        seen.setdefault(key, index)
+    return hits
+
+
+# ---- a process that was blocked when its stacks were dumped or when a person interrupted it ----
+
+_PY_SPY_THREAD = re.compile(r'^\s*Thread (?:0x[0-9A-Fa-f]+ |\d+ )?\((?:idle|active)[^)]*\): "')
+_PY_SPY_SCANNER = (Scanner.of(_PY_SPY_THREAD),)
+_BLOCKING_FRAME = re.compile(
+    r"\bin (?:wait|get|put|acquire|__enter__|join|select|poll|recv\w*|_recv\w*|read|accept|sleep|barrier)\s*$"
+)
+
+
+def _blocked_process(evidence: Evidence) -> Sequence[str]:
+    """A stack dump of a live process (py-spy's format: the agent's hang evidence, or a user's),
+    or a KeyboardInterrupt raised while the process waited on a queue, a lock or a socket: the
+    process was stuck, and someone looked or gave up."""
+    lines = evidence.lines()
+    hits = [lines[i] for i in matching_lines(evidence, _PY_SPY_SCANNER)]
+    hits += [
+        _exception_line(evidence, tb)
+        for tb in evidence.tracebacks
+        if tb.exc_name == "KeyboardInterrupt" and tb.frames and _BLOCKING_FRAME.search(tb.frames[-1])
+    ]
+    return hits
+
+
 # ---- signals a launcher or shell wrote into the log (see dlrover.diagnosis.logsignals) ------
 
 
@@ -607,11 +693,7 @@ def builtin_rules() -> tuple[Rule, ...]:
             "dataloader-worker-killed",
             k.HOST_OOM,
             0.85,
-            [
-                r"DataLoader worker \(pid.*\) is killed by signal: Killed",
-                r"insufficient shared memory \(shm\)",
-                r"DataLoader worker \(pid.*\) is killed by signal: Bus error",
-            ],
+            [r"DataLoader worker \(pid.*\) is killed by signal: Killed"],
         ),
         FunctionRule("sigkill-with-full-memory", k.HOST_OOM, 0.85, _killed_with_full_memory),
         # -- hardware and node faults
@@ -729,7 +811,23 @@ def builtin_rules() -> tuple[Rule, ...]:
                 r"Found no NVIDIA driver on your system",
             ],
         ),
+        # /dev/shm full: its size is a container setting (Docker's 64 MB default, a pod without a
+        # memory-backed /dev/shm), not the host's memory and not a data disk; above both.
+        LogPatternRule(
+            "shared-memory-too-small",
+            k.CONFIG_ERROR,
+            0.94,
+            [
+                r"insufficient shared memory \(shm\)|out of shared memory|raise your shared memory limit",
+                r"DataLoader worker \(pid.*\) is killed by signal: Bus error",
+                r"Error while creating shared memory segment|failed to extend /dev/shm",
+                # A pattern for log text, not a path this code opens.
+                r"/dev/shm\S*.*(No space left on device|too small)|posix_fallocate failed: No space left",  # noqa: S108
+            ],
+        ),
         FunctionRule("launcher-rejected-config", k.CONFIG_ERROR, 0.92, _launcher_rejected_config),
+        FunctionRule("settings-rejected", k.CONFIG_ERROR, 0.9, _settings_rejected),
+        FunctionRule("duplicate-ranks", k.CONFIG_ERROR, 0.85, _duplicate_ranks),
         # A path in the settings that points nowhere: restarting finds the same nothing.
         ExceptionRule("missing-file", k.CONFIG_ERROR, 0.7, {"FileNotFoundError"}),
         FunctionRule("store-refused-at-init", k.CONFIG_ERROR, 0.8, _refused_at_init),
@@ -749,7 +847,7 @@ def builtin_rules() -> tuple[Rule, ...]:
                 # torch.save's zip writer finds fewer bytes on disk than it wrote.
                 r"unexpected pos \d+ vs \d+",
                 r"\bDiskPressure\b",
-                r"low on resource: ephemeral-storage|ephemeral local storage usage exceeds",
+                r"low on resource: (ephemeral-storage|nodefs|imagefs)|ephemeral local storage usage exceeds",
                 r"not enough (free )?(disk )?space",
                 r"database or disk is full|(file ?system|disk) (is )?full\b",
             ],
@@ -854,6 +952,7 @@ def builtin_rules() -> tuple[Rule, ...]:
         ),
         ExceptionRule("floating-point-error", k.NAN_LOSS, 0.88, {"FloatingPointError"}),
         FunctionRule("falling-loss-scale", k.NAN_LOSS, 0.7, _falling_loss_scale),
+        FunctionRule("collapsed-loss-scale", k.NAN_LOSS, 0.75, _collapsed_loss_scale),
         # -- hangs (from the detector, or as the collective layer reports them)
         FunctionRule("hang-detector", k.HANG, 0.9, _hang_reported),
         # Ranks in different collectives: each waits for a partner that never comes. Above the
@@ -869,6 +968,7 @@ def builtin_rules() -> tuple[Rule, ...]:
             ],
         ),
         FunctionRule("desynchronized-collectives", k.HANG, 0.8, _desynchronized_collectives),
+        FunctionRule("blocked-process", k.HANG, 0.65, _blocked_process),
         # Below the collective timeouts: a stuck watchdog alone says an API call hung; next to a
         # collective that timed out it is the timeout's aftermath.
         LogPatternRule(
@@ -921,7 +1021,8 @@ def builtin_rules() -> tuple[Rule, ...]:
             [
                 r"(received|got|caught|handling) (signal )?SIGTERM|SIGTERM (received|caught)",
                 r"got signal: 15\b",
-                r"\bpreempt(ed|ion|ing)\b",
+                r"\bpre-?empt(ed|ion|ing)\b|\bPreemptionError\b",
+                r"Received (Signals\.)?(SIGTERM|SIGHUP|15|1) death signal",
                 r"spot (instance )?(interruption|termination)|interruption notice",
                 r"maintenance event",
                 r"\b(being|been|was) (drained|evicted|preempted)\b",
