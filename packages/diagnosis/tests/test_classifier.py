@@ -161,7 +161,7 @@ def test_user_code_error_is_never_transient_even_when_outweighed(registry: RuleR
     [
         ("Traceback (most recent call last):\nKeyError: 'lr'", FailureKind.USER_CODE),
         ("Segmentation fault (core dumped)", FailureKind.NATIVE_CRASH),
-        ("Killed", FailureKind.KILLED),
+        ("Killed", FailureKind.HOST_OOM),
         ("OSError: [Errno 28] No space left on device", FailureKind.DISK_FULL),
     ],
 )

@@ -135,7 +135,7 @@ CASES = [
     ),
     ("a plain SIGKILL stays killed", "step 100 loss 2.1", -9, K.KILLED),
     # -- the signal a launcher or a shell wrote into the log decides like an exit status
-    ("bash reports a kill", "./train.sh: line 12: 40211 Killed                  python train.py", None, K.KILLED),
+    ("bash reports a kill", "./train.sh: line 12: 40211 Killed                  python train.py", None, K.HOST_OOM),
     (
         "DeepSpeed's return code",
         "[launch.py:325:sigkill_handler] ['python', 'train.py'] exits with return code = -11",
@@ -403,7 +403,7 @@ CASES = [
         K.UNKNOWN,
     ),
     ("kubelet nodefs", "Reason: Evicted\nMessage: The node was low on resource: nodefs.", None, K.DISK_FULL),
-    ("a bolded shell report", "**Killed**", None, K.KILLED),
+    ("a bolded shell report", "**Killed**", None, K.HOST_OOM),
 ]
 
 # Lines that real training logs print while nothing is wrong: alone they decide nothing, and

@@ -25,7 +25,7 @@ from dlrover.diagnosis.logsignals import signal_in_log
 from dlrover.diagnosis.logtail import fold_case
 from dlrover.diagnosis.oomrecord import MEMORY_RECORD
 from dlrover.diagnosis.scan import Scanner, matching_lines
-from dlrover.diagnosis.tracebacks import PythonTraceback
+from dlrover.diagnosis.tracebacks import PythonTraceback, strip_rank_prefix
 
 __all__ = [
     "NODE_CHECK_FAILED",
@@ -579,12 +579,26 @@ def _blocked_process(evidence: Evidence) -> Sequence[str]:
     process was stuck, and someone looked or gave up."""
     lines = evidence.lines()
     hits = [lines[i] for i in matching_lines(evidence, _PY_SPY_SCANNER)]
-    hits += [
-        _exception_line(evidence, tb)
-        for tb in evidence.tracebacks
-        if tb.exc_name == "KeyboardInterrupt" and tb.frames and _BLOCKING_FRAME.search(tb.frames[-1])
-    ]
+    for tb in evidence.tracebacks:
+        if tb.exc_name != "KeyboardInterrupt":
+            continue
+        innermost = tb.frames[-1] if tb.frames else _frame_above(lines, tb.line_index)
+        if innermost and _BLOCKING_FRAME.search(innermost):
+            hits.append(_exception_line(evidence, tb))
     return hits
+
+
+_FRAME_LINE = re.compile(r'^\s*File "[^"]*", line \d+, in \S+\s*$')
+FRAME_LOOKBACK_LINES = 12
+"""How far above an exception line its innermost frame is looked for when other processes' output
+broke the traceback apart (interleaved lines end a traceback early)."""
+
+
+def _frame_above(lines: Sequence[str], index: int) -> str:
+    for line in reversed(lines[max(0, index - FRAME_LOOKBACK_LINES) : index]):
+        if _FRAME_LINE.match(strip_rank_prefix(line)):
+            return line.strip()
+    return ""
 
 
 # ---- signals a launcher or shell wrote into the log (see dlrover.diagnosis.logsignals) ------
@@ -1046,9 +1060,14 @@ def builtin_rules() -> tuple[Rule, ...]:
         ),
         FunctionRule("sigterm-exit", k.PREEMPTION, 0.7, _exit_signal(_SIGTERM, _SIGHUP)),
         FunctionRule("sigterm-in-exit-report", k.PREEMPTION, 0.65, _log_signal(_SIGTERM, _SIGHUP)),
-        # A SIGKILL with no OOM evidence: the OOM killer left no trace here, or someone killed it.
+        # A SIGKILL the agent saw itself, with no OOM record: the agent read the host's OOM
+        # records for it (`OomWatch`) and found none, so someone (a person, a tool) may have
+        # killed it as well as an OOM killer it could not see.
         FunctionRule("sigkill-exit", k.KILLED, 0.5, _killed),
-        FunctionRule("sigkill-in-exit-report", k.KILLED, 0.45, _log_signal(_SIGKILL)),
+        # A SIGKILL known only from another launcher's or a shell's words ("Killed", "exitcode:
+        # -9", "Exit Code: 137"): nobody read the host's records for it, and a training process
+        # killed with no word of why was, far more often than not, killed by the OOM killer.
+        FunctionRule("sigkill-in-log", k.HOST_OOM, 0.45, _log_signal(_SIGKILL)),
         # -- native crashes: above the communication rules, whose errors on the other ranks
         # follow a crashed peer; below device OOM, hardware and user code, which explain a crash.
         LogPatternRule(
