@@ -238,7 +238,7 @@ class FunctionRule:
 # and 43 usually follow an application fault and are left to the other rules.
 # 144-150 are the NVLink fault codes of recent drivers.
 _HARDWARE_XIDS = frozenset(
-    {48, 61, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120, 123, 140, 144, 145, 146, 147, 148, 149, 150}
+    {48, 61, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120, 123, 140, 144, 145, 146, 147, 148, 149, 150, 154}
 )
 _XID = re.compile(r"\bXid\b\s*(?:\([^)]*\))?\s*:\s*(\d+)", re.IGNORECASE)
 # A follow-up Xid (45: channel torn down) names the fault that caused it.
@@ -499,7 +499,10 @@ def _raised_in_user_code(evidence: Evidence) -> Sequence[str]:
 
 # A store or rendezvous that refuses the connection after the client's retries: nothing listens
 # at MASTER_ADDR:MASTER_PORT, which a retry with the same settings does not change.
-_REFUSED = re.compile(r"Connection refused|ECONNREFUSED|errno:? 111\b", re.IGNORECASE)
+_REFUSED = re.compile(
+    r"Connection refused|ECONNREFUSED|errno:? 111\b|No route to host|errno:? 113\b|Network is unreachable",
+    re.IGNORECASE,
+)
 _AT_INIT = re.compile(
     r"init_process_group|_create_c10d_store|_rendezvous_handler|MASTER_ADDR|MASTER_PORT|init_method",
     re.IGNORECASE,
@@ -724,11 +727,14 @@ def builtin_rules() -> tuple[Rule, ...]:
                 r"Unable to determine the device handle for GPU",
                 r"RmInitAdapter failed",
                 r"uncorrectable NVLink error",
-                r"NVLink.*(fatal|error|down)",
+                r"NVLink.*(fatal|error|down|inactive)",
                 r"pending (page )?retirement|row remapping failure",
                 r"GPU requires (a )?reset|requires a GPU reset",
                 r"\[Hardware Error\]|Machine check events? logged|\bUE memory (read |write )?error",
                 r"PCIe Bus Error: severity=Uncorrected|Uncorrected \(Fatal\) error",
+                # The Kubernetes device plugin or DCGM took the GPU out of service.
+                r"Critical Xid|XidCriticalError|(mark(ed|ing)|report(ed|ing)) (the )?(device|gpu)\S* .*unhealthy",
+                r"\bunhealthy (gpu|device)s?\b|\b(gpu|device)s? (is |are )?unhealthy\b",
             ],
         ),
         FunctionRule("nvidia-xid-hardware", k.HARDWARE, 0.95, _hardware_xid),
@@ -744,6 +750,9 @@ def builtin_rules() -> tuple[Rule, ...]:
                 r"(device|GPU) residue|still (holds|holding|occupies|occupied)\b.*GPU|leftover process.*GPU",
                 r"NVML.*(Unknown Error|GPU is lost)",
                 r"^No devices were found",
+                r"Cuda failure '?unknown error",
+                # nvidia-smi's table for a GPU it cannot read.
+                r"\|\s+ERR!\s",
                 # A driver updated under a running node: the node needs a reboot.
                 r"Driver/library version mismatch",
             ],
@@ -753,7 +762,11 @@ def builtin_rules() -> tuple[Rule, ...]:
             "network-adapter-fault",
             k.HARDWARE,
             0.8,
-            [r"Got async event\s*:\s*(local catastrophic error|port error|device fatal|local work queue catastrophic)"],
+            [
+                r"Got async event\s*:\s*(local catastrophic error|port error|device fatal)",
+                r"Got async event\s*:\s*local work queue catastrophic",
+                r"health compromised|mlx5_core.*\b(fatal error|internal error|syndrome)\b",
+            ],
         ),
         FunctionRule("health-probe-failed", k.HARDWARE, 0.8, _failed_probe),
         # Above the communication rules: the probes' own errors (gloo timeouts) are in this log.
@@ -808,6 +821,10 @@ def builtin_rules() -> tuple[Rule, ...]:
                 r"Key '[^']+' is not in struct|Missing mandatory value",
                 r"Check batch related parameters",
                 r"failed to listen on any local network address",
+                r"No interface found in the same subnet",
+                r"Distributed package doesn't have NCCL built in",
+                r"mixed precision requires a GPU|\bDeepSpeedConfigError\b|not used by the HfArgumentParser",
+                r"\byaml\.(scanner|parser|constructor|composer)\.\w*Error\b",
             ],
             # c10d's warnings while it tries the addresses of a host in turn (IPv6 first): the
             # launch goes on; a port really in use ends in the error above.
@@ -823,6 +840,7 @@ def builtin_rules() -> tuple[Rule, ...]:
                 r"No CUDA GPUs are available",
                 r"no CUDA-capable device is detected",
                 r"Found no NVIDIA driver on your system",
+                r"is only supported with GPUs, no GPUs found",
             ],
         ),
         # /dev/shm full: its size is a container setting (Docker's 64 MB default, a pod without a
@@ -912,6 +930,9 @@ def builtin_rules() -> tuple[Rule, ...]:
                 r"Invalid data found when processing input|moov atom not found|Format not recognised",
                 r"ParseFromArray|DecodeError: Error parsing message",
                 r"Error tokenizing data",
+                r"Can't (synchronously )?read data|Failed to interpret file .* as a pickle",
+                # serde_json (tokenizers, safetensors' headers) and datasets' schema casts.
+                r"expected value at line \d+ column \d+|CastError: Couldn't cast",
                 # A Git LFS pointer checked out in place of the file it stands for.
                 r"version https://git-lfs",
             ],
@@ -947,7 +968,7 @@ def builtin_rules() -> tuple[Rule, ...]:
                 r"\b(nan|inf) ?(or|and|/) ?(nan|inf)\b.{0,40}\b(loss|gradients?|values|found|detected|input)",
                 r"number of nan iterations:\s*[1-9]",
                 r"returned nan values in its \d+\w* output",
-                r"contains (either )?\W?(inf|nan)\b",
+                r"contains (either )?\W?(inf|nan)\b|Input contains (NaN|infinity)",
                 r"tensor\(\[+\s*nan\b",
                 r"Minimum loss scale reached",
                 r"loss scale already at minimum",
