@@ -404,6 +404,21 @@ CASES = [
     ),
     ("kubelet nodefs", "Reason: Evicted\nMessage: The node was low on resource: nodefs.", None, K.DISK_FULL),
     ("a bolded shell report", "**Killed**", None, K.HOST_OOM),
+    (
+        "srun ending a step after a task failed is not a preemption",
+        "[E ProcessGroupNCCL.cpp:828] [Rank 3] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=9, "
+        "OpType=ALLREDUCE, Timeout(ms)=600000) ran for 600042 milliseconds before timing out.\n"
+        "srun: error: node2: task 5: Exited with exit code 1\n"
+        "slurmstepd: error: *** STEP 123.0 ON node1 CANCELLED AT 2024-01-01T00:00:00 ***",
+        None,
+        K.COMMUNICATION,
+    ),
+    (
+        "a requeue by Slurm",
+        "slurmstepd: error: *** JOB 608 ON n1 CANCELLED AT 2022-08-12T02:06:12 DUE TO JOB REQUEUE ***",
+        None,
+        K.PREEMPTION,
+    ),
 ]
 
 # Lines that real training logs print while nothing is wrong: alone they decide nothing, and

@@ -45,6 +45,9 @@ KIND_PRECEDENCE: tuple[FailureKind, ...] = (
 CONSEQUENCE_KINDS: frozenset[FailureKind] = frozenset({FailureKind.COMMUNICATION})
 """Kinds that follow from any other failure in the same evidence (see `classify`)."""
 _NOT_A_CAUSE = CONSEQUENCE_KINDS | {FailureKind.HANG, FailureKind.UNKNOWN}
+MIN_CAUSE_CONFIDENCE = 0.45
+"""Evidence weaker than this (a step that the scheduler cancelled with no reason, which also
+follows a failed task) is never taken as the cause of a communication failure."""
 
 MAX_DECIDING_LINES = 10
 BINARY_LOG_FRACTION = 0.3
@@ -145,7 +148,7 @@ def classify(evidence: Evidence, registry: RuleRegistry) -> Diagnosis:
     best = matches[0]
     note = ""
     if best.kind in CONSEQUENCE_KINDS:
-        cause = next((m for m in matches if m.kind not in _NOT_A_CAUSE), None)
+        cause = next((m for m in matches if m.kind not in _NOT_A_CAUSE and m.confidence >= MIN_CAUSE_CONFIDENCE), None)
         if cause is not None:
             note = (
                 f"; the {best.kind.value} errors ({best.rule}) are taken as the aftermath of the "

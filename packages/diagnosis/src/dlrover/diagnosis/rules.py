@@ -1064,7 +1064,7 @@ def builtin_rules() -> tuple[Rule, ...]:
                 r"termination is imminent|imminent (node )?shutdown|node (is )?shutting down",
                 r"system is going down|Power key pressed",
                 r"got signal: 1\b|\bSIGHUP\b",
-                r"DUE TO (TIME LIMIT|PREEMPTION|NODE FAIL)|\bNODE_FAIL\b",
+                r"DUE TO (TIME LIMIT|PREEMPTION|NODE FAIL|JOB REQUEUE)|\bNODE_FAIL\b",
                 r"\bTERM_(PREEMPT|RUNLIMIT|REQUEUE_\w+)\b|job killed: walltime \d+ exceeded limit",
                 r"Requeued job|requeu(e|ing) (the )?job|job (was |has been )?requeued",
                 r"TaintManagerEviction|\bNodeNotReady\b|\bNodeLost\b|node \S+ (is )?not ready|Node is not ready",
@@ -1072,11 +1072,12 @@ def builtin_rules() -> tuple[Rule, ...]:
             # torchrun prints this when it stops the surviving workers of a failed group.
             unless=[r"Sending process \d+ closing signal"],
         ),
-        # Slurm cancelled the job or step with no reason given: someone or something outside it.
+        # Slurm cancelled the job or step with no reason given: someone outside it, or srun
+        # ending a step after one of its tasks failed. Too weak to explain other errors.
         LogPatternRule(
             "scheduler-cancelled",
             k.PREEMPTION,
-            0.7,
+            0.4,
             [r"\*\*\* (JOB|STEP) \S+ ON \S+ CANCELLED AT", r"srun: Job step aborted", r"srun: forcing job termination"],
         ),
         FunctionRule("sigterm-exit", k.PREEMPTION, 0.7, _exit_signal(_SIGTERM, _SIGHUP)),
