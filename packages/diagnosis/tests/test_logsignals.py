@@ -23,6 +23,9 @@ from dlrover.diagnosis import Evidence, signal_in_log
         ("      Exit Code:    137", 9),
         ("srun: error: node1: task 0: Killed", 9),
         ("Floating point exception (core dumped)", 8),
+        ("zsh: killed     python main.py", 9),
+        ("[1]    12345 segmentation fault  python train.py", 11),
+        ("Process finished with exit code 137 (interrupted by signal 9: SIGKILL)", 9),
     ],
 )
 def test_each_wording_names_its_signal(log: str, signal: int) -> None:

@@ -45,6 +45,7 @@ _WORDS = {
     "killed": 9,
     "segmentation fault": 11,
     "terminated": 15,
+    "abort": 6,
 }
 _WORD = "|".join(sorted((re.escape(w) for w in _WORDS), key=len, reverse=True))
 _NAME = r"SIG(?:HUP|ILL|ABRT|BUS|FPE|KILL|SEGV|TERM)"
@@ -68,6 +69,11 @@ _PATTERNS = (
     # dumped)"), or bash's "./run.sh: line 4: 1234 Killed  python train.py".
     re.compile(r"^[\s>`*_]*(?P<word>" + _WORD + r")(?:\s+\(core dumped\))?[\s`*_]*$", re.IGNORECASE),
     re.compile(r"^\S+: line \d+:\s+\d+ (?P<word>" + _WORD + r")\b", re.IGNORECASE),
+    # zsh ("zsh: killed     python train.py", "[1]    12345 killed     python train.py") and IDEs
+    # ("Process finished with exit code 137 (interrupted by signal 9: SIGKILL)").
+    re.compile(r"^(?:zsh|bash|sh|fish): (?P<word>" + _WORD + r")\s", re.IGNORECASE),
+    re.compile(r"^\[\d+\]\s+\+?\s*\d+ (?P<word>" + _WORD + r")\s", re.IGNORECASE),
+    re.compile(r"interrupted by signal (?P<signum>\d+)\b"),
 )
 _SCANNERS = tuple(Scanner.of(p) for p in _PATTERNS)
 _ROOT_CAUSE = "Root Cause (first observed failure)"
@@ -97,6 +103,8 @@ def _signal_of(match: re.Match[str]) -> int | None:
         return _NAMES[groups["name"]]
     if groups.get("word"):
         return _WORDS[groups["word"].lower()]
+    if groups.get("signum"):
+        return int(groups["signum"])
     return None
 
 

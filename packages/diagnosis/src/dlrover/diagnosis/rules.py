@@ -462,6 +462,7 @@ _USER_RUNTIME_MESSAGES = (
     r"no kernel image is available for execution on the device",
     r"undefined symbol:",
     r"cannot open shared object file",
+    r"Tensors must be CUDA and dense",
 )
 
 # Launchers whose own code raises when their configuration is wrong, before any training script
@@ -700,6 +701,7 @@ def builtin_rules() -> tuple[Rule, ...]:
                 r"low on resource: memory",
                 r"\bMemoryPressure\b",
                 r"node running low on memory|exceeds the memory usage threshold",
+                r"paging file is too small",
             ],
         ),
         # The agent's reading of the kernel's own records (`dlrover.diagnosis.OomWatch`): the
@@ -841,6 +843,11 @@ def builtin_rules() -> tuple[Rule, ...]:
                 r"no CUDA-capable device is detected",
                 r"Found no NVIDIA driver on your system",
                 r"is only supported with GPUs, no GPUs found",
+                r"device >= 0 && device < num_gpus",
+                # The node's driver or the process's limits, not the script.
+                r"driver on your system is too old|CUDA driver version is insufficient for CUDA runtime version",
+                r"PTX was compiled with an unsupported toolchain",
+                r"Too many open files|received 0 items of ancdata",
             ],
         ),
         # /dev/shm full: its size is a container setting (Docker's 64 MB default, a pod without a
@@ -930,6 +937,8 @@ def builtin_rules() -> tuple[Rule, ...]:
                 r"Invalid data found when processing input|moov atom not found|Format not recognised",
                 r"ParseFromArray|DecodeError: Error parsing message",
                 r"Error tokenizing data",
+                # An image reader that got nothing back: the file is missing or undecodable.
+                r"!_src\.empty\(\)",
                 r"Can't (synchronously )?read data|Failed to interpret file .* as a pickle",
                 # serde_json (tokenizers, safetensors' headers) and datasets' schema casts.
                 r"expected value at line \d+ column \d+|CastError: Couldn't cast",
@@ -1004,6 +1013,8 @@ def builtin_rules() -> tuple[Rule, ...]:
         ),
         FunctionRule("desynchronized-collectives", k.HANG, 0.8, _desynchronized_collectives),
         FunctionRule("blocked-process", k.HANG, 0.65, _blocked_process),
+        # The kernel's hung-task watchdog: a process stuck in uninterruptible sleep (storage, driver).
+        LogPatternRule("hung-task", k.HANG, 0.7, [r"blocked for more than \d+ seconds", r"hung_task_timeout_secs"]),
         # Below the collective timeouts: a stuck watchdog alone says an API call hung; next to a
         # collective that timed out it is the timeout's aftermath.
         LogPatternRule(
