@@ -414,6 +414,14 @@ CASES = [
         K.COMMUNICATION,
     ),
     (
+        "Windows virtual memory",
+        "OSError: [WinError 1455] The paging file is too small for this operation",
+        None,
+        K.HOST_OOM,
+    ),
+    ("the kernel's hung-task watchdog", "INFO: task python:1234 blocked for more than 120 seconds.", None, K.HANG),
+    ("a file descriptor limit", "RuntimeError: received 0 items of ancdata", None, K.CONFIG_ERROR),
+    (
         "a requeue by Slurm",
         "slurmstepd: error: *** JOB 608 ON n1 CANCELLED AT 2022-08-12T02:06:12 DUE TO JOB REQUEUE ***",
         None,
