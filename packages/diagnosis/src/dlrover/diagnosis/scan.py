@@ -63,6 +63,58 @@ def _next_line(starts: Sequence[int], index: int, end: int) -> int:
     return starts[index + 1] if index + 1 < len(starts) else end
 
 
+def _anchor_lines(evidence: Evidence, anchor: str) -> list[int]:
+    """The lines holding `anchor` in the folded text, found once per evidence: several patterns
+    and rules share anchors."""
+
+    def find(ev: Evidence) -> list[int]:
+        folded, starts = ev.folded_text, ev.line_starts
+        indices = []
+        pos = folded.find(anchor)
+        while pos >= 0:
+            index = bisect.bisect_right(starts, pos) - 1
+            indices.append(index)
+            pos = folded.find(anchor, _next_line(starts, index, len(folded)))
+        return indices
+
+    return evidence.derived("dlrover.anchor:" + anchor, find)
+
+
+def _anchored(evidence: Evidence, scanner: Scanner, found: set[int]) -> None:
+    """Add to `found` the lines holding the scanner's anchors where its pattern matches."""
+    folded, starts, lines = evidence.folded_text, evidence.line_starts, evidence.lines()
+    primary = _rarest(scanner.anchors, folded)
+    others = [a for a in scanner.anchors if a is not primary]
+    tried: set[int] = set()
+    for anchor in primary:
+        for index in _anchor_lines(evidence, anchor):
+            if index in tried or index in found:
+                continue
+            tried.add(index)
+            if others:
+                line = folded[starts[index] : _next_line(starts, index, len(folded))]
+                if not all(any(a in line for a in other) for other in others):
+                    continue
+            if scanner.per_line.search(lines[index]):
+                found.add(index)
+
+
+def _searched(evidence: Evidence, scanner: Scanner, found: set[int]) -> None:
+    """Add to `found` the lines where the scanner's pattern matches, searching the whole text."""
+    text, starts, lines = evidence.text, evidence.line_starts, evidence.lines()
+    pos = 0
+    while pos <= len(text):
+        m = scanner.whole.search(text, pos)
+        if m is None:
+            break
+        index = bisect.bisect_right(starts, m.start()) - 1
+        if index not in found and scanner.per_line.search(lines[index]):
+            found.add(index)
+        if index + 1 >= len(starts):
+            break
+        pos = starts[index + 1]
+
+
 def matching_lines(evidence: Evidence, scanners: Sequence[Scanner]) -> list[int]:
     """Indices of the log lines in which any scanner's pattern is found, ascending.
 
@@ -73,38 +125,12 @@ def matching_lines(evidence: Evidence, scanners: Sequence[Scanner]) -> list[int]
     per-line pattern and the next search starts at the following line. Either way the result is
     exactly the set of lines a per-line search would find.
     """
-    text, starts, lines = evidence.text, evidence.line_starts, evidence.lines()
     found: set[int] = set()
-    if not lines:
+    if not evidence.lines():
         return []
-    folded = evidence.folded_text
     for scanner in scanners:
-        per_line = scanner.per_line
-        if scanner.anchors and folded:
-            primary = _rarest(scanner.anchors, folded)
-            others = [a for a in scanner.anchors if a is not primary]
-            tried: set[int] = set()
-            for anchor in primary:
-                pos = folded.find(anchor)
-                while pos >= 0:
-                    index = bisect.bisect_right(starts, pos) - 1
-                    end = _next_line(starts, index, len(folded))
-                    if index not in tried and index not in found:
-                        tried.add(index)
-                        line = folded[starts[index] : end]
-                        if all(any(a in line for a in other) for other in others) and per_line.search(lines[index]):
-                            found.add(index)
-                    pos = folded.find(anchor, end)
-            continue
-        pos = 0
-        while pos <= len(text):
-            m = scanner.whole.search(text, pos)
-            if m is None:
-                break
-            index = bisect.bisect_right(starts, m.start()) - 1
-            if index not in found and per_line.search(lines[index]):
-                found.add(index)
-            if index + 1 >= len(starts):
-                break
-            pos = starts[index + 1]
+        if scanner.anchors and evidence.folded_text:
+            _anchored(evidence, scanner, found)
+        else:
+            _searched(evidence, scanner, found)
     return sorted(found)
