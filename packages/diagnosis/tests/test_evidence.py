@@ -186,6 +186,16 @@ def test_tracebacks_under_a_label_and_in_markdown_are_read() -> None:
     ]
     (tb,) = extract_tracebacks(summary)
     assert (tb.exc_name, tb.frames, tb.line_index) == ("TypeError", ('File "train.py", line 20, in main',), 4)
+    # srun --label puts the task number before every line.
+    labelled = [
+        "3: Traceback (most recent call last):",
+        '3:   File "t.py", line 3, in f',
+        "3:     x()",
+        "3: KeyError: 'a'",
+    ]
+    assert [(t.exc_name, t.frames) for t in extract_tracebacks(labelled)] == [
+        ("KeyError", ('File "t.py", line 3, in f',))
+    ]
     # A pasted log keeps its Markdown: a quote marker, inline code, a fence glued to the text.
     pasted = ["> RuntimeError: boom", "`OSError: [Errno 28] No space left on device`", "```ValueError: bad"]
     assert [(t.exc_name, t.message) for t in extract_tracebacks(pasted)] == [

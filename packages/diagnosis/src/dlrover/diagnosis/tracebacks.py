@@ -17,7 +17,9 @@ import attrs
 __all__ = ["PythonTraceback", "extract_tracebacks", "one_line_summary", "strip_rank_prefix"]
 
 _RANK_PREFIX = re.compile(
-    r"^\s*(?:\[(?:rank|default|local_rank)?\d+\]\s*:?\s?|\[\d+,\d+\]<std(?:err|out)>:\s?|rank\s*\d+\s*:\s)",
+    r"^\s*(?:\[(?:rank|default|local_rank)?\d+\]\s*:?\s?|\[\d+,\d+\]<std(?:err|out)>:\s?|rank\s*\d+\s*:\s"
+    # srun --label ("12: Traceback ..."): a task number, a colon and one space before the text.
+    r"|\d{1,5}: (?=\S|  ))",
     re.IGNORECASE,
 )
 # The header may follow a label on its line (torchrun's failure summary prints
