@@ -463,6 +463,9 @@ _USER_RUNTIME_MESSAGES = (
     r"undefined symbol:",
     r"cannot open shared object file",
     r"Tensors must be CUDA and dense",
+    r"Found dtype \w+ but expected \w+",
+    # An extension the environment cannot build (DeepSpeed's ops, custom kernels).
+    r"Error building extension",
 )
 
 # Launchers whose own code raises when their configuration is wrong, before any training script
@@ -785,6 +788,7 @@ def builtin_rules() -> tuple[Rule, ...]:
                 r"device-side assert triggered",
                 r"Failed to import \S+ because of the following error",
                 r": command not found$",
+                r"Error building extension|ninja: build stopped: subcommand failed|nvcc fatal\s*:",
                 # A library too old or too new for the files or the script (tokenizers, torch.load).
                 r"data did not match any variant of untagged enum",
                 r"Weights only load failed",
