@@ -1151,7 +1151,9 @@ def builtin_rules() -> tuple[Rule, ...]:
             0.55,
             # The shell's and glibc's own words, capitalised as they print them: "the communicator
             # was aborted" is a collective's sentence, not a process's death.
-            _unless_watchdog_abort(_log_patterns(r"core dumped", r"(?-i:^\W*Aborted\b(?!!))", r"(?-i:^\W*Bus error\b)")),
+            _unless_watchdog_abort(
+                _log_patterns(r"core dumped", r"(?-i:^\W*Aborted\b(?!!))", r"(?-i:^\W*Bus error\b)")
+            ),
         ),
         FunctionRule(
             "native-crash-exit",
