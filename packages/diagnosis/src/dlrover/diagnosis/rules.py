@@ -1104,7 +1104,7 @@ def builtin_rules() -> tuple[Rule, ...]:
         # A SIGKILL known only from another launcher's or a shell's words ("Killed", "exitcode:
         # -9", "Exit Code: 137"): nobody read the host's records for it, and a training process
         # killed with no word of why was, far more often than not, killed by the OOM killer.
-        FunctionRule("sigkill-in-log", k.HOST_OOM, 0.45, _log_signal(_SIGKILL)),
+        FunctionRule("sigkill-in-exit-report", k.HOST_OOM, 0.45, _log_signal(_SIGKILL)),
         # -- native crashes: above the communication rules, whose errors on the other ranks
         # follow a crashed peer; below device OOM, hardware and user code, which explain a crash.
         LogPatternRule(
