@@ -148,12 +148,39 @@ def test_a_raising_rule_is_reported_and_skipped(registry: RuleRegistry) -> None:
 
 
 def test_user_code_error_is_never_transient_even_when_outweighed(registry: RuleRegistry) -> None:
-    # A weak user error (KeyError) beside a stronger communication error.
-    text = "Traceback (most recent call last):\nKeyError: 'lr'\nRuntimeError: Connection reset by peer\n"
+    # A weak user error (KeyError) beside a stronger preemption notice.
+    text = "Traceback (most recent call last):\nKeyError: 'lr'\nReceived SIGTERM, shutting down\n"
     diagnosis = classify(Evidence.from_text(text, returncode=1), registry)
     assert diagnosis.kind is FailureKind.USER_CODE
     assert "never treated as transient" in diagnosis.reason
     assert not diagnosis.transient
+
+
+@pytest.mark.parametrize(
+    ("cause", "kind"),
+    [
+        ("Traceback (most recent call last):\nKeyError: 'lr'", FailureKind.USER_CODE),
+        ("Segmentation fault (core dumped)", FailureKind.NATIVE_CRASH),
+        ("Killed", FailureKind.HOST_OOM),
+        ("OSError: [Errno 28] No space left on device", FailureKind.DISK_FULL),
+    ],
+)
+def test_communication_errors_are_the_aftermath_of_any_other_failure(
+    registry: RuleRegistry, cause: str, kind: FailureKind
+) -> None:
+    # Peers of a rank that failed see broken connections and timed-out collectives, with more
+    # confidence than the (often weak) sign of the failure itself.
+    peers = (
+        "[E ProcessGroupNCCL.cpp:828] [Rank 3] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=9, "
+        "OpType=ALLREDUCE, Timeout(ms)=600000) ran for 600042 milliseconds before timing out.\n"
+        "RuntimeError: Connection reset by peer\n"
+    )
+    diagnosis = classify(Evidence.from_text(cause + "\n" + peers), registry)
+    assert diagnosis.kind is kind
+    # Said so where the cause's own evidence was the weaker.
+    assert "aftermath" in diagnosis.reason or diagnosis.confidence > 0.75
+    alone = classify(Evidence.from_text(peers), registry)
+    assert alone.kind is FailureKind.COMMUNICATION
 
 
 def test_ties_follow_precedence() -> None:
@@ -230,6 +257,17 @@ _PATTERNS = [
     r"k[a-z]",
     r"\W+s",
     r"\x41b",
+    # Patterns with literal anchors (found with str.find before the pattern is tried).
+    r"kis",
+    r"\bsab\b",
+    r"(?:abs|kix)\s*sa",
+    r"(ab|ss)(?=k)kk",
+    r"(?i:ska)b",
+    r"(?-i:ABS)x",
+    r"sss+|aab",
+    r"(?:abk){1,2}",
+    r"a(?!b)ksa",
+    r"x\u0130s|\u212aab",
 ]
 # Letters that case-fold in surprising ways, so the fast lower-cased scan is checked against them.
 _ALPHABET = "abABsSkKix ,\t\u0130\u0131\u017f\u212a\u00df\u03a3\u03c3\u03c2"
@@ -261,10 +299,20 @@ def test_folded_scan_agrees_with_ignorecase_on_odd_letters(line: str, pattern: s
     assert matching_lines(evidence, [Scanner.of(compiled)]) == [1]
 
 
-def test_case_insensitive_patterns_use_the_folded_scan() -> None:
-    assert Scanner.of(re.compile(r"GPU is lost", re.IGNORECASE)).folded is not None
-    assert Scanner.of(re.compile(r"\S+ lost", re.IGNORECASE)).folded is None  # \S would become \s
-    assert Scanner.of(re.compile(r"GPU is lost")).folded is None
+def test_patterns_get_the_literal_anchors_every_match_contains() -> None:
+    def anchors(pattern: str, flags: int = re.IGNORECASE) -> tuple[frozenset[str], ...]:
+        return Scanner.of(re.compile(pattern, flags)).anchors
+
+    assert anchors(r"GPU is lost") == (frozenset({"gpu is lost"}),)
+    assert anchors(r"GPU is lost", 0) == (frozenset({"gpu is lost"}),)  # searched in the folded text
+    assert anchors(r"\bNCCL error\b") == (frozenset({"nccl error"}),)  # zero-width \b keeps the run
+    assert anchors(r"(received|got) (signal )?SIGTERM") == (frozenset({"sigterm"}), frozenset({"received", "got"}))
+    assert anchors(r"Segmentation fault|segfault") == (frozenset({"segmentation fault", "segfault"}),)
+    # An alternative without a literal, too short a literal, or an optional part: no anchor.
+    assert anchors(r"GPU lost|\d+ xid") == (frozenset({"gpu lost", " xid"}),)
+    assert anchors(r"GPU lost|\d+") == ()
+    assert anchors(r"ab\s+cd") == ()
+    assert anchors(r"(?:lost)?\d+") == ()
 
 
 def test_a_node_left_out_by_the_node_check_is_a_hardware_fault_despite_the_probes_gloo_errors() -> None:

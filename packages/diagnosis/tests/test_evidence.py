@@ -174,6 +174,37 @@ def test_ordinary_log_lines_are_not_exceptions() -> None:
     assert extract_tracebacks(lines) == ()
 
 
+def test_tracebacks_under_a_label_and_in_markdown_are_read() -> None:
+    # torchrun's failure summary indents the traceback of the root cause under a label.
+    summary = [
+        "Root Cause (first observed failure):",
+        "  traceback : Traceback (most recent call last):",
+        '    File "train.py", line 20, in main',
+        "      model.fit(loader)",
+        "  TypeError: fit() missing 1 required positional argument: 'epochs'",
+        "============================================================",
+    ]
+    (tb,) = extract_tracebacks(summary)
+    assert (tb.exc_name, tb.frames, tb.line_index) == ("TypeError", ('File "train.py", line 20, in main',), 4)
+    # srun --label puts the task number before every line.
+    labelled = [
+        "3: Traceback (most recent call last):",
+        '3:   File "t.py", line 3, in f',
+        "3:     x()",
+        "3: KeyError: 'a'",
+    ]
+    assert [(t.exc_name, t.frames) for t in extract_tracebacks(labelled)] == [
+        ("KeyError", ('File "t.py", line 3, in f',))
+    ]
+    # A pasted log keeps its Markdown: a quote marker, inline code, a fence glued to the text.
+    pasted = ["> RuntimeError: boom", "`OSError: [Errno 28] No space left on device`", "```ValueError: bad"]
+    assert [(t.exc_name, t.message) for t in extract_tracebacks(pasted)] == [
+        ("RuntimeError", "boom"),
+        ("OSError", "[Errno 28] No space left on device"),
+        ("ValueError", "bad"),
+    ]
+
+
 def test_evidence_from_text_computes_tracebacks() -> None:
     ev = Evidence.from_text("Traceback (most recent call last):\nKeyError: 'a'\n", returncode=1)
     assert ev.exit == ExitInfo(1)

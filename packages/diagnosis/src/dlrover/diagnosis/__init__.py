@@ -4,7 +4,8 @@
   frozen values; the log reader never reads more than a configured tail.
 * Classifier (`classify`, `RuleRegistry`, `Rule`): evidence to a `FailureKind` with a
   confidence, the deciding lines and a reason; third parties add rules through the
-  ``dlrover.diagnosis.rules`` entry-point group.
+  ``dlrover.diagnosis.rules`` entry-point group. `signal_in_log` reads the signal a launcher or a
+  shell wrote into a log (``exitcode: -11``, ``Killed``) the way an exit status is read.
 * Action policy (`ActionPolicy`, `PolicyConfig`): kind to `ActionKind`, with budgets and escalation;
   a node's process restarts are one `RestartBudget`, spent by one rule (`spend_restart`).
 * Step reports (`StepReporter`, from `dlrover.common.step_slots`): a training process marks step
@@ -22,7 +23,7 @@
 
 from dlrover.common.step_slots import StepReporter
 from dlrover.diagnosis.budget import RelaunchBudget, RestartBudget, Spending, spend_restart
-from dlrover.diagnosis.classifier import KIND_PRECEDENCE, Diagnosis, RuleMatch, classify
+from dlrover.diagnosis.classifier import CONSEQUENCE_KINDS, KIND_PRECEDENCE, Diagnosis, RuleMatch, classify
 from dlrover.diagnosis.detectors import (
     HangConfig,
     HangDetector,
@@ -44,6 +45,7 @@ from dlrover.diagnosis.evidence import (
 )
 from dlrover.diagnosis.exitinfo import ExitInfo
 from dlrover.diagnosis.kinds import TRANSIENT_KINDS, ActionKind, FailureKind
+from dlrover.diagnosis.logsignals import LogSignal, signal_in_log
 from dlrover.diagnosis.logtail import LogTail, TailConfig, read_log_tail, read_tail_from_stream, tail_from_bytes
 from dlrover.diagnosis.oomrecord import MEMORY_RECORD, OomCount, OomWatch
 from dlrover.diagnosis.policy import (
@@ -121,11 +123,14 @@ __all__ = [
     "OomCount",
     "OomWatch",
     # classifier
+    "LogSignal",
+    "signal_in_log",
     "Diagnosis",
     "ENTRY_POINT_GROUP",
     "ExceptionRule",
     "FunctionRule",
     "KIND_PRECEDENCE",
+    "CONSEQUENCE_KINDS",
     "LogPatternRule",
     "NODE_CHECK_FAILED",
     "Rule",

@@ -1,9 +1,16 @@
 """Evidence to a failure kind, with a confidence, the lines that decided it and a reason.
 
 Every rule of the registry is asked; the kind of the most confident match wins, ties broken by a
-fixed precedence (a node fault explains the errors that follow it, not the other way round). One
-safety rule overrides confidence: when any rule found a user code error, the result is never a
-transient kind, because a transient verdict means "restart", and restarting a bug loops forever.
+fixed precedence (a node fault explains the errors that follow it, not the other way round). Two
+rules override confidence:
+
+* a communication error is a consequence whenever anything else in the evidence explains it: a
+  rank that crashed, was killed, ran out of memory, hit bad data or was stopped from outside
+  leaves its peers with broken connections and timed-out collectives, so the other kind is the
+  failure and the communication errors are its aftermath;
+* when any rule found a user code error, the result is never a transient kind, because a
+  transient verdict means "restart", and restarting a bug loops forever.
+
 A rule that raises is reported in the diagnosis and skipped, never fatal.
 """
 
@@ -15,7 +22,7 @@ from dlrover.diagnosis.evidence import Evidence
 from dlrover.diagnosis.kinds import TRANSIENT_KINDS, FailureKind
 from dlrover.diagnosis.registry import RuleRegistry
 
-__all__ = ["Diagnosis", "RuleMatch", "classify", "KIND_PRECEDENCE"]
+__all__ = ["CONSEQUENCE_KINDS", "Diagnosis", "RuleMatch", "classify", "KIND_PRECEDENCE"]
 
 KIND_PRECEDENCE: tuple[FailureKind, ...] = (
     FailureKind.HARDWARE,
@@ -34,6 +41,13 @@ KIND_PRECEDENCE: tuple[FailureKind, ...] = (
     FailureKind.UNKNOWN,
 )
 """Ties in confidence go to the kind listed first."""
+
+CONSEQUENCE_KINDS: frozenset[FailureKind] = frozenset({FailureKind.COMMUNICATION})
+"""Kinds that follow from any other failure in the same evidence (see `classify`)."""
+_NOT_A_CAUSE = CONSEQUENCE_KINDS | {FailureKind.HANG, FailureKind.UNKNOWN}
+MIN_CAUSE_CONFIDENCE = 0.45
+"""Evidence weaker than this (a step that the scheduler cancelled with no reason, which also
+follows a failed task) is never taken as the cause of a communication failure."""
 
 MAX_DECIDING_LINES = 10
 BINARY_LOG_FRACTION = 0.3
@@ -133,10 +147,18 @@ def classify(evidence: Evidence, registry: RuleRegistry) -> Diagnosis:
         return Diagnosis(FailureKind.UNKNOWN, 0.0, (), _nothing_matched(evidence), rule_errors=tuple(errors))
     best = matches[0]
     note = ""
+    if best.kind in CONSEQUENCE_KINDS:
+        cause = next((m for m in matches if m.kind not in _NOT_A_CAUSE and m.confidence >= MIN_CAUSE_CONFIDENCE), None)
+        if cause is not None:
+            note = (
+                f"; the {best.kind.value} errors ({best.rule}) are taken as the aftermath of the "
+                f"{cause.kind.value} failure"
+            )
+            best = cause
     if best.kind in TRANSIENT_KINDS:
         user = next((m for m in matches if m.kind is FailureKind.USER_CODE), None)
         if user is not None:
-            note = (
+            note += (
                 f"; {best.kind.value} evidence ({best.rule}) was also found, but a user code error is never "
                 "treated as transient"
             )

@@ -7,7 +7,8 @@ the classifier only reads them. Times are monotonic seconds from the caller's `C
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TypeVar, cast
 
 import attrs
 
@@ -27,6 +28,8 @@ __all__ = [
     "ResourceSample",
     "StepReport",
 ]
+
+T = TypeVar("T")
 
 DEFAULT_PHASE = "train"
 """The phase of ordinary training steps; other phases (``checkpoint``, ``eval``) get their own allowance."""
@@ -242,6 +245,8 @@ class Evidence:
         init=False, default=attrs.Factory(_line_starts_of, takes_self=True), eq=False, repr=False
     )
     folded_text: str = attrs.field(init=False, default=attrs.Factory(_folded_of, takes_self=True), eq=False, repr=False)
+    # Views of the evidence that several rules read (the signal in the log, ...), computed once.
+    _derived: dict[str, object] = attrs.field(init=False, factory=dict, eq=False, repr=False)
 
     @classmethod
     def from_text(
@@ -287,3 +292,17 @@ class Evidence:
     def lines(self) -> Sequence[str]:
         """The log lines, or an empty sequence when there is no log."""
         return self.log.lines if self.log is not None else ()
+
+    def derived(self, key: str, compute: Callable[[Evidence], T]) -> T:
+        """A view of this evidence that several rules read, computed by the first to ask.
+
+        Args:
+            key: names the view; one key, one `compute` (``"dlrover.signal_in_log"``).
+            compute: a pure function of the evidence.
+
+        Returns:
+            What `compute` returned for this evidence, computed at most once.
+        """
+        if key not in self._derived:
+            self._derived[key] = compute(self)
+        return cast(T, self._derived[key])

@@ -157,10 +157,16 @@ def read_log_tail(path: str | os.PathLike[str], config: TailConfig | None = None
 
 # Characters that `re.IGNORECASE` equates with an ASCII letter but `str.lower` does not map to it
 # (or maps to two characters); folded first so the lower-cased text matches what IGNORECASE would.
-_FOLD = str.maketrans({"\u0130": "i", "\u0131": "i", "\u017f": "s", "\u212a": "k"})
+_FOLD_SPECIAL = ("\u0130", "\u0131", "\u017f", "\u212a")
+_FOLD = str.maketrans(dict.fromkeys(_FOLD_SPECIAL[:2], "i") | {"\u017f": "s", "\u212a": "k"})
 
 
 def fold_case(text: str) -> str:
     """`text` lower-cased for case-insensitive scanning; empty when that would move characters."""
-    folded = text.translate(_FOLD).lower()
+    if text.isascii():
+        return text.lower()
+    if any(special in text for special in _FOLD_SPECIAL):
+        # str.translate with a mapping is slow per character: only when there is something to map.
+        text = text.translate(_FOLD)
+    folded = text.lower()
     return folded if len(folded) == len(text) else ""

@@ -9,7 +9,6 @@ Third-party rules follow the same `Rule` protocol (see `dlrover.diagnosis.regist
 
 from __future__ import annotations
 
-import bisect
 import math
 import re
 from collections.abc import Callable, Iterable, Sequence
@@ -18,10 +17,15 @@ from typing import Protocol, runtime_checkable
 import attrs
 
 from dlrover.common import ConfigError
+from dlrover.diagnosis.anchors import anchors_of
 from dlrover.diagnosis.evidence import Evidence
 from dlrover.diagnosis.exitinfo import ExitInfo
 from dlrover.diagnosis.kinds import FailureKind
+from dlrover.diagnosis.logsignals import signal_in_log
+from dlrover.diagnosis.logtail import fold_case
 from dlrover.diagnosis.oomrecord import MEMORY_RECORD
+from dlrover.diagnosis.scan import Scanner, matching_lines
+from dlrover.diagnosis.tracebacks import PythonTraceback, strip_rank_prefix
 
 __all__ = [
     "NODE_CHECK_FAILED",
@@ -109,76 +113,6 @@ def _compile(patterns: Iterable[str | re.Pattern[str]]) -> tuple[re.Pattern[str]
     return tuple(p if isinstance(p, re.Pattern) else re.compile(p, re.IGNORECASE) for p in patterns)
 
 
-# Escapes whose meaning survives lower-casing the pattern source (punctuation, \s \d \w \b, \n ...).
-_FOLDABLE_ESCAPE = re.compile(r"\\[^A-Za-z0-9]|\\[sdwbnrtfva0-9]")
-
-
-def _foldable(source: str) -> bool:
-    if not source.isascii() or "(?P" in source:
-        return False
-    # Every backslash must start an escape that means the same after lower-casing.
-    return source.count("\\") == len(_FOLDABLE_ESCAPE.findall(source))
-
-
-@attrs.frozen
-class Scanner:
-    """One pattern prepared for whole-text scanning.
-
-    Attributes:
-        per_line: the pattern as given; the judge of whether a line matches.
-        whole: the same with `re.MULTILINE`, searched over the whole text.
-        folded: for a case-insensitive pattern whose source survives lower-casing, a lower-cased,
-            case-sensitive version searched over `fold_case(text)`: the regex engine finds
-            case-sensitive literals far faster. None otherwise.
-    """
-
-    per_line: re.Pattern[str]
-    whole: re.Pattern[str]
-    folded: re.Pattern[str] | None
-
-    @classmethod
-    def of(cls, pattern: re.Pattern[str]) -> Scanner:
-        """Prepare `pattern`."""
-        whole = re.compile(pattern.pattern, pattern.flags | re.MULTILINE)
-        folded = None
-        if pattern.flags & re.IGNORECASE and _foldable(pattern.pattern):
-            folded = re.compile(pattern.pattern.lower(), (pattern.flags & ~re.IGNORECASE) | re.MULTILINE)
-        return cls(pattern, whole, folded)
-
-
-def matching_lines(evidence: Evidence, scanners: Sequence[Scanner]) -> list[int]:
-    """Indices of the log lines in which any scanner's pattern is found, ascending.
-
-    Each pattern is searched over the whole text (lower-cased when it is case-insensitive), which
-    lets the regex engine skip ahead with its literal search instead of being called once per line.
-    Every candidate line is confirmed with the per-line pattern and the next search starts at the
-    following line, so the result is exactly the set of lines a per-line search would find: the
-    whole-text search can only propose extra candidates (a match spanning two lines), never miss a
-    line, because each line's own match is also a match in the whole text.
-    """
-    text, starts, lines = evidence.text, evidence.line_starts, evidence.lines()
-    found: set[int] = set()
-    if not lines:
-        return []
-    folded_text = evidence.folded_text
-    for scanner in scanners:
-        whole, haystack = scanner.whole, text
-        if scanner.folded is not None and folded_text:
-            whole, haystack = scanner.folded, folded_text
-        pos = 0
-        while pos <= len(haystack):
-            m = whole.search(haystack, pos)
-            if m is None:
-                break
-            index = bisect.bisect_right(starts, m.start()) - 1
-            if index not in found and scanner.per_line.search(lines[index]):
-                found.add(index)
-            if index + 1 >= len(starts):
-                break
-            pos = starts[index + 1]
-    return sorted(found)
-
-
 def _names(names: Iterable[str]) -> frozenset[str]:
     return frozenset(names)
 
@@ -244,11 +178,24 @@ class ExceptionRule:
     confidence: float
     exc_names: frozenset[str] = attrs.field(converter=_names)
     message: re.Pattern[str] | None = attrs.field(default=None, converter=_optional_pattern)
+    _message_anchors: tuple[frozenset[str], ...] = attrs.field(init=False, eq=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
         _check_common(self.name, self.confidence)
         if not self.exc_names and self.message is None:
             raise ConfigError(f"rule {self.name!r} needs exception names or a message pattern")
+        anchors = () if self.message is None else anchors_of(self.message)
+        object.__setattr__(self, "_message_anchors", anchors)
+
+    def _message_matches(self, message: str) -> bool:
+        if self.message is None:
+            return True
+        if self._message_anchors:
+            # Most messages hold none of the pattern's literals: a substring test says so faster.
+            folded = fold_case(message)
+            if folded and not all(any(a in folded for a in anchors) for anchors in self._message_anchors):
+                return False
+        return self.message.search(message) is not None
 
     def match(self, evidence: Evidence) -> Sequence[str]:
         """The log lines (as printed, rank prefix included) of matching exceptions."""
@@ -256,8 +203,7 @@ class ExceptionRule:
         hits = [
             lines[tb.line_index] if tb.line_index < len(lines) else tb.exception_line
             for tb in evidence.tracebacks
-            if (not self.exc_names or tb.exc_name in self.exc_names)
-            and (self.message is None or self.message.search(tb.message))
+            if (not self.exc_names or tb.exc_name in self.exc_names) and self._message_matches(tb.message)
         ]
         return _last(hits)
 
@@ -292,18 +238,21 @@ class FunctionRule:
 # and 43 usually follow an application fault and are left to the other rules.
 # 144-150 are the NVLink fault codes of recent drivers.
 _HARDWARE_XIDS = frozenset(
-    {48, 61, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120, 123, 140, 144, 145, 146, 147, 148, 149, 150}
+    {48, 61, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120, 123, 140, 144, 145, 146, 147, 148, 149, 150, 154}
 )
 _XID = re.compile(r"\bXid\b\s*(?:\([^)]*\))?\s*:\s*(\d+)", re.IGNORECASE)
 # A follow-up Xid (45: channel torn down) names the fault that caused it.
 _CAUSED_BY_XID = re.compile(r"caused by previous Xid\s*(\d+)", re.IGNORECASE)
 
 
+_XID_SCANNERS = (Scanner.of(_XID), Scanner.of(_CAUSED_BY_XID))
+
+
 def _hardware_xid(evidence: Evidence) -> Sequence[str]:
-    if "xid" not in (evidence.folded_text or evidence.text.lower()):
-        return ()
     hits = []
-    for line in evidence.lines():
+    lines = evidence.lines()
+    for index in matching_lines(evidence, _XID_SCANNERS):
+        line = lines[index]
         codes = [int(m.group(1)) for m in (_XID.search(line), _CAUSED_BY_XID.search(line)) if m is not None]
         if any(code in _HARDWARE_XIDS for code in codes):
             hits.append(line)
@@ -320,7 +269,8 @@ def _non_finite_loss(evidence: Evidence) -> Sequence[str]:
 
 # A loss scaler that keeps halving: every step overflows, the fp16 form of a diverged loss.
 _LOSS_SCALE = re.compile(
-    r"(?:loss[ _]scale\w*\s*[:=]\s*|reducing (?:dynamic )?loss scale (?:from \S+ )?to\s*)([0-9][0-9.e+-]*)",
+    r"(?:(?<!\w)loss[ _]scale\w*\s*[:=]?\s*|(?:reducing|setting|decreasing|lowering) (?:the )?(?:dynamic )?"
+    r"loss scale (?:from \S+ )?to:?\s*)([0-9][0-9.e+-]*)",
     re.IGNORECASE,
 )
 LOSS_SCALE_FALLS = 6
@@ -350,6 +300,26 @@ def _falling_loss_scale(evidence: Evidence) -> Sequence[str]:
             falls = []
         previous = value
     return falls if len(falls) >= LOSS_SCALE_FALLS else ()
+
+
+def _loss_scales(evidence: Evidence) -> list[tuple[float, str]]:
+    lines = evidence.lines()
+    found = []
+    for index in matching_lines(evidence, _LOSS_SCALE_SCANNER):
+        m = _LOSS_SCALE.search(lines[index])
+        if m is None:
+            continue
+        try:
+            found.append((float(m.group(1).rstrip(".-+e")), lines[index]))
+        except ValueError:
+            continue
+    return found
+
+
+def _collapsed_loss_scale(evidence: Evidence) -> Sequence[str]:
+    """A dynamic loss scale halved below 1: every step for many steps overflowed (a healthy fp16
+    run keeps it in the thousands; 0 is the configuration's "dynamic", not a value)."""
+    return [line for value, line in _loss_scales(evidence) if 0.0 < value < 1.0]
 
 
 def _hang_reported(evidence: Evidence) -> Sequence[str]:
@@ -431,9 +401,13 @@ _WATCHDOG_ABORT = (
 )
 
 
+def _watchdog_abort_lines(evidence: Evidence) -> list[int]:
+    return matching_lines(evidence, _WATCHDOG_ABORT)
+
+
 def _unless_watchdog_abort(fn: Callable[[Evidence], Sequence[str]]) -> Callable[[Evidence], Sequence[str]]:
     def match(evidence: Evidence) -> Sequence[str]:
-        if matching_lines(evidence, _WATCHDOG_ABORT):
+        if evidence.derived("dlrover.watchdog_abort", _watchdog_abort_lines):
             return ()
         return fn(evidence)
 
@@ -472,10 +446,26 @@ _USER_RUNTIME_MESSAGES = (
     r"The size of tensor a \(\d+\) must match",
     r"Expected .* to have \d+ channels",
     r"expected scalar type \w+ but found",
-    r"unrecognized arguments",
     r"Default process group has not been initialized",
     r"No module named '",
     r"Failed to import \S+ because of the following error",
+    # Distributed data parallel and autograd used wrongly.
+    r"Expected to have finished reduction in the prior iteration",
+    r"Expected to mark a variable ready only once",
+    r"modified by an inplace operation",
+    r"not implemented for '\w+'",
+    r"Input type \(\S+\) and weight type \(\S+\) should be the same",
+    r"Sizes of tensors must match",
+    r"index out of range in self",
+    # A build of torch or an extension that does not fit the installed environment: the same
+    # import fails on every restart.
+    r"no kernel image is available for execution on the device",
+    r"undefined symbol:",
+    r"cannot open shared object file",
+    r"Tensors must be CUDA and dense",
+    r"Found dtype \w+ but expected \w+",
+    # An extension the environment cannot build (DeepSpeed's ops, custom kernels).
+    r"Error building extension",
 )
 
 # Launchers whose own code raises when their configuration is wrong, before any training script
@@ -484,18 +474,39 @@ _LAUNCHER_FRAMES = re.compile(r"[/\\](?:accelerate[/\\]commands|deepspeed[/\\]la
 _LAUNCHER_WRAPPERS = frozenset({"ChildFailedError", "CalledProcessError", "SignalException", "KeyboardInterrupt"})
 
 
-def _launcher_rejected_config(evidence: Evidence) -> Sequence[str]:
+def _exception_line(evidence: Evidence, tb: PythonTraceback) -> str:
     lines = evidence.lines()
+    return lines[tb.line_index] if tb.line_index < len(lines) else tb.exception_line
+
+
+def _launcher_rejected_config(evidence: Evidence) -> Sequence[str]:
     return [
-        lines[tb.line_index] if tb.line_index < len(lines) else tb.exception_line
+        _exception_line(evidence, tb)
         for tb in evidence.tracebacks
         if tb.frames and _LAUNCHER_FRAMES.search(tb.frames[-1]) and tb.exc_name not in _LAUNCHER_WRAPPERS
     ]
 
 
+# A frame in the training script itself rather than in an installed library or the interpreter.
+_LIBRARY_FRAME = re.compile(r"[/\\](?:site|dist)-packages[/\\]|[/\\]lib[/\\]python\d|<frozen |[/\\]torch[/\\]")
+
+
+def _raised_in_user_code(evidence: Evidence) -> Sequence[str]:
+    """Generic exceptions (KeyError, IndexError, ValueError) whose innermost frame is the
+    script's own: the script raised them itself or indexed its own data structures wrongly."""
+    return [
+        _exception_line(evidence, tb)
+        for tb in evidence.tracebacks
+        if tb.exc_name in _WEAK_USER_EXCEPTIONS and tb.frames and not _LIBRARY_FRAME.search(tb.frames[-1])
+    ]
+
+
 # A store or rendezvous that refuses the connection after the client's retries: nothing listens
 # at MASTER_ADDR:MASTER_PORT, which a retry with the same settings does not change.
-_REFUSED = re.compile(r"Connection refused|ECONNREFUSED|errno:? 111\b", re.IGNORECASE)
+_REFUSED = re.compile(
+    r"Connection refused|ECONNREFUSED|errno:? 111\b|No route to host|errno:? 113\b|Network is unreachable",
+    re.IGNORECASE,
+)
 _AT_INIT = re.compile(
     r"init_process_group|_create_c10d_store|_rendezvous_handler|MASTER_ADDR|MASTER_PORT|init_method",
     re.IGNORECASE,
@@ -514,7 +525,129 @@ def _refused_at_init(evidence: Evidence) -> Sequence[str]:
         for tb in evidence.tracebacks
         if _REFUSED.search(tb.exception_line) and any(_AT_INIT.search(frame) for frame in tb.frames)
     ]
-    hits += [line for line in lines if _REFUSED.search(line) and _AT_INIT.search(line)]
+    hits += [lines[i] for i in matching_lines(evidence, _REFUSED_SCANNER) if _AT_INIT.search(lines[i])]
+    return hits
+
+
+# A frame that validates settings: an exception raised there rejects the configuration (Megatron's
+# validate_args, a dataclass of training arguments checking itself in __post_init__).
+_VALIDATION_FRAME = re.compile(
+    r"(?:arguments|args|argparse\w*|config\w*|configuration\w*|settings)\.py\W.*\bin "
+    r"(?:validate\w*|_validate\w*|check_args|_check\w*|__post_init__|parse_args)\s*$|\bin validate_args\s*$"
+)
+_VALIDATION_SCANNER = (Scanner.of(re.compile(r"\bin (validate_args|_validate_args)\b")),)
+
+
+def _settings_rejected(evidence: Evidence) -> Sequence[str]:
+    hits = [
+        _exception_line(evidence, tb)
+        for tb in evidence.tracebacks
+        if tb.frames and _VALIDATION_FRAME.search(tb.frames[-1]) and tb.exc_name not in _LAUNCHER_WRAPPERS
+    ]
+    if not hits:  # a traceback cut before its exception line still names the validating frame
+        lines = evidence.lines()
+        hits = [lines[i] for i in matching_lines(evidence, _VALIDATION_SCANNER)]
+    return hits
+
+
+# Each process of a job announces its global rank once; the same rank announced by two processes
+# means the launcher gave several processes one rank (srun without --ntasks-per-node).
+_RANK_ANNOUNCEMENT = re.compile(r"initializing (?:ddp|distributed): GLOBAL_RANK: (\d+), MEMBER: \d+/(\d+)", re.I)
+_RANK_SCANNER = (Scanner.of(_RANK_ANNOUNCEMENT),)
+
+
+def _duplicate_ranks(evidence: Evidence) -> Sequence[str]:
+    lines = evidence.lines()
+    seen: dict[tuple[str, str], int] = {}
+    hits = []
+    for index in matching_lines(evidence, _RANK_SCANNER):
+        m = _RANK_ANNOUNCEMENT.search(lines[index])
+        if m is None:
+            continue
+        key = (m.group(1), m.group(2))
+        if key in seen:
+            hits += [lines[seen[key]], lines[index]]
+        seen.setdefault(key, index)
+    return hits
+
+
+# ---- a process that was blocked when its stacks were dumped or when a person interrupted it ----
+
+_PY_SPY_THREAD = re.compile(r'^\s*Thread (?:0x[0-9A-Fa-f]+ |\d+ )?\((?:idle|active)[^)]*\): "')
+_PY_SPY_SCANNER = (Scanner.of(_PY_SPY_THREAD),)
+_BLOCKING_FRAME = re.compile(
+    r"\bin (?:wait|get|put|acquire|__enter__|join|select|poll|recv\w*|_recv\w*|read|accept|sleep|barrier)\s*$"
+)
+
+
+def _blocked_process(evidence: Evidence) -> Sequence[str]:
+    """A stack dump of a live process (py-spy's format: the agent's hang evidence, or a user's),
+    or a KeyboardInterrupt raised while the process waited on a queue, a lock or a socket: the
+    process was stuck, and someone looked or gave up."""
+    lines = evidence.lines()
+    hits = [lines[i] for i in matching_lines(evidence, _PY_SPY_SCANNER)]
+    for tb in evidence.tracebacks:
+        if tb.exc_name != "KeyboardInterrupt":
+            continue
+        innermost = tb.frames[-1] if tb.frames else _frame_above(lines, tb.line_index)
+        if innermost and _BLOCKING_FRAME.search(innermost):
+            hits.append(_exception_line(evidence, tb))
+    return hits
+
+
+_FRAME_LINE = re.compile(r'^\s*File "[^"]*", line \d+, in \S+\s*$')
+FRAME_LOOKBACK_LINES = 12
+"""How far above an exception line its innermost frame is looked for when other processes' output
+broke the traceback apart (interleaved lines end a traceback early)."""
+
+
+def _frame_above(lines: Sequence[str], index: int) -> str:
+    for line in reversed(lines[max(0, index - FRAME_LOOKBACK_LINES) : index]):
+        if _FRAME_LINE.match(strip_rank_prefix(line)):
+            return line.strip()
+    return ""
+
+
+# ---- signals a launcher or shell wrote into the log (see dlrover.diagnosis.logsignals) ------
+
+
+def _log_signal(*signums: int) -> Callable[[Evidence], Sequence[str]]:
+    def match(evidence: Evidence) -> Sequence[str]:
+        if evidence.exit is not None and evidence.exit.signal is not None:
+            return ()  # the agent's own exit status says how it ended (the *-exit rules)
+        found = signal_in_log(evidence)
+        if found is None or found.signal not in signums:
+            return ()
+        return [found.line]
+
+    return match
+
+
+# ---- collectives that timed out in different operations on different ranks ------------------
+
+_WORK = re.compile(
+    r"(?:PG ID (?P<pg>\d+).*)?Watchdog caught collective operation timeout: WorkNCCL\(SeqNum=(?P<seq>\d+), "
+    r"OpType=(?P<op>\w+)(?:, NumelIn=(?P<numel>\d+))?"
+)
+_WORK_SCANNER = (Scanner.of(_WORK),)
+
+
+def _desynchronized_collectives(evidence: Evidence) -> Sequence[str]:
+    """Ranks whose watchdogs timed out the same collective sequence number in different
+    operations or sizes: they called different collectives, so each waits for a partner that
+    never comes (a program that desynchronized its ranks: a hang, not a slow network)."""
+    lines = evidence.lines()
+    seen: dict[tuple[str, str], tuple[str, str, str]] = {}
+    hits: list[str] = []
+    for index in matching_lines(evidence, _WORK_SCANNER):
+        m = _WORK.search(lines[index])
+        if m is None:
+            continue
+        key = (m.group("pg") or "", m.group("seq"))
+        what = (m.group("op"), m.group("numel") or "", lines[index])
+        first = seen.setdefault(key, what)
+        if first[:2] != what[:2] and (first[0] != what[0] or (first[1] and what[1])):
+            hits += [first[2], lines[index]]
     return hits
 
 
@@ -522,7 +655,8 @@ def builtin_rules() -> tuple[Rule, ...]:
     """A fresh tuple of the rules DLRover ships with (new objects on every call).
 
     Confidences order the kinds: a clear device fault or OOM outranks the communication errors
-    that follow it on other ranks; a plain SIGKILL (killed, cause unseen) is weak evidence.
+    that follow it on other ranks; a message that names its cause outranks a bare exception class;
+    a plain SIGKILL (killed, cause unseen) is weak evidence.
     """
     k = FailureKind
     return (
@@ -533,13 +667,18 @@ def builtin_rules() -> tuple[Rule, ...]:
             0.95,
             [
                 r"CUDA out of memory",
+                r"CUDA error: out of memory|CUDA_ERROR_OUT_OF_MEMORY",
                 r"\bOutOfMemoryError\b",
-                r"CUBLAS_STATUS_ALLOC_FAILED",
-                r"HIP out of memory",
+                r"CUBLAS_STATUS_ALLOC_FAILED|CUDNN_STATUS_NOT_ENOUGH_WORKSPACE",
+                r"(HIP|MPS backend|XPU|NPU) out of memory",
                 r"cudaErrorMemoryAllocation",
                 r"Cuda failure .?out of memory",
                 r"RESOURCE_EXHAUSTED: Out of memory while trying to allocate",
+                r"\bOOM when allocating tensor",
             ],
+            # The JVM's heap (a data loader's Spark or Java tokenizer) and Ray's memory monitor
+            # name host memory.
+            unless=[r"java\.lang\.OutOfMemoryError|running low on memory|memory usage threshold"],
         ),
         # -- host memory
         LogPatternRule(
@@ -550,28 +689,33 @@ def builtin_rules() -> tuple[Rule, ...]:
                 r"Out of memory: Kill(ed)? process",
                 r"invoked oom-killer",
                 r"\boom-kill\b",
+                r"oom_reaper",
                 r"Memory cgroup out of memory",
                 r"\bOOM[ -]?Killed\b",
                 r"\boom[_-]kill events?\b",
                 r"task \d+: Out Of Memory",
+                r"\bOUT_OF_MEMORY\b",
+                r"exceeded (job |step )?memory limit|Exceeded (job|step) memory limit",
                 r"std::bad_alloc",
                 r"Cannot allocate memory",
+                r"DefaultCPUAllocator: (not enough memory|can't allocate memory)",
+                r"Unable to allocate [\d.]+ [KMGTP]i?B for an array",
+                r"java\.lang\.OutOfMemoryError|Java heap space",
                 r"low on resource: memory",
+                r"\bMemoryPressure\b",
+                r"node running low on memory|exceeds the memory usage threshold",
+                r"paging file is too small",
             ],
         ),
         # The agent's reading of the kernel's own records (`dlrover.diagnosis.OomWatch`): the
         # evidence that tells an OOM kill from a plain SIGKILL.
         LogPatternRule("host-memory-record", k.HOST_OOM, 0.93, [r"^" + re.escape(MEMORY_RECORD) + r": "]),
-        ExceptionRule("python-memory-error", k.HOST_OOM, 0.9, {"MemoryError"}),
+        ExceptionRule("python-memory-error", k.HOST_OOM, 0.9, {"MemoryError", "_ArrayMemoryError"}),
         LogPatternRule(
             "dataloader-worker-killed",
             k.HOST_OOM,
             0.85,
-            [
-                r"DataLoader worker \(pid.*\) is killed by signal: Killed",
-                r"insufficient shared memory \(shm\)",
-                r"DataLoader worker \(pid.*\) is killed by signal: Bus error",
-            ],
+            [r"DataLoader worker \(pid.*\) is killed by signal: Killed"],
         ),
         FunctionRule("sigkill-with-full-memory", k.HOST_OOM, 0.85, _killed_with_full_memory),
         # -- hardware and node faults
@@ -582,14 +726,20 @@ def builtin_rules() -> tuple[Rule, ...]:
             [
                 r"uncorrectable ECC error",
                 r"\bECC errors?\b.*(detected|encountered|uncorrectable|double.bit)",
-                r"double.bit ECC",
+                r"double.bit ECC|cudaErrorECCUncorrectable|CUDA_ERROR_ECC_UNCORRECTABLE",
                 r"GPU is lost",
                 r"fallen off the bus",
                 r"Unable to determine the device handle for GPU",
                 r"RmInitAdapter failed",
                 r"uncorrectable NVLink error",
-                r"NVLink.*(fatal|error|down)",
+                r"NVLink.*(fatal|error|down|inactive)",
                 r"pending (page )?retirement|row remapping failure",
+                r"GPU requires (a )?reset|requires a GPU reset",
+                r"\[Hardware Error\]|Machine check events? logged|\bUE memory (read |write )?error",
+                r"PCIe Bus Error: severity=Uncorrected|Uncorrected \(Fatal\) error",
+                # The Kubernetes device plugin or DCGM took the GPU out of service.
+                r"Critical Xid|XidCriticalError|(mark(ed|ing)|report(ed|ing)) (the )?(device|gpu)\S* .*unhealthy",
+                r"\bunhealthy (gpu|device)s?\b|\b(gpu|device)s? (is |are )?unhealthy\b",
             ],
         ),
         FunctionRule("nvidia-xid-hardware", k.HARDWARE, 0.95, _hardware_xid),
@@ -601,19 +751,33 @@ def builtin_rules() -> tuple[Rule, ...]:
                 r"CUDA error: unknown error",
                 r"cudaErrorUnknown",
                 r"busy or unavailable",
-                r"no CUDA-capable device is detected",
-                r"No CUDA GPUs are available",
                 r"CUDA driver initialization failed",
                 r"(device|GPU) residue|still (holds|holding|occupies|occupied)\b.*GPU|leftover process.*GPU",
-                r"ncclUnhandledCudaError",
                 r"NVML.*(Unknown Error|GPU is lost)",
+                r"^No devices were found",
+                r"Cuda failure '?unknown error",
+                # nvidia-smi's table for a GPU it cannot read.
+                r"\|\s+ERR!\s",
+                # A driver updated under a running node: the node needs a reboot.
+                r"Driver/library version mismatch",
+            ],
+        ),
+        # The host channel adapter reports a fault of its own (not a peer's): the node's network.
+        LogPatternRule(
+            "network-adapter-fault",
+            k.HARDWARE,
+            0.8,
+            [
+                r"Got async event\s*:\s*(local catastrophic error|port error|device fatal)",
+                r"Got async event\s*:\s*local work queue catastrophic",
+                r"health compromised|mlx5_core.*\b(fatal error|internal error|syndrome)\b",
             ],
         ),
         FunctionRule("health-probe-failed", k.HARDWARE, 0.8, _failed_probe),
         # Above the communication rules: the probes' own errors (gloo timeouts) are in this log.
         LogPatternRule("node-check-failed", k.HARDWARE, 0.97, [re.escape(NODE_CHECK_FAILED)]),
-        # -- user code
-        ExceptionRule("user-exception", k.USER_CODE, 0.9, _USER_EXCEPTIONS),
+        # -- user code: a class alone is weaker than a message that names a cause
+        ExceptionRule("user-exception", k.USER_CODE, 0.87, _USER_EXCEPTIONS),
         ExceptionRule("user-runtime-error", k.USER_CODE, 0.88, (), "|".join(_USER_RUNTIME_MESSAGES)),
         LogPatternRule(
             "user-launch-error",
@@ -621,12 +785,17 @@ def builtin_rules() -> tuple[Rule, ...]:
             0.88,
             [
                 r"can't open file .*No such file or directory",
-                r"error: unrecognized arguments",
-                r"error: the following arguments are required",
                 r"device-side assert triggered",
                 r"Failed to import \S+ because of the following error",
+                r": command not found$",
+                r"Error building extension|ninja: build stopped: subcommand failed|nvcc fatal\s*:",
+                # A library too old or too new for the files or the script (tokenizers, torch.load).
+                r"data did not match any variant of untagged enum",
+                r"Weights only load failed",
+                r"no kernel image is available for execution on the device",
             ],
         ),
+        FunctionRule("user-frame-exception", k.USER_CODE, 0.8, _raised_in_user_code),
         ExceptionRule("user-exception-weak", k.USER_CODE, 0.6, _WEAK_USER_EXCEPTIONS),
         # -- launch configuration: above user code (the launcher's own exceptions) and above the
         # communication rules (a port in use is not a flaky network).
@@ -642,13 +811,68 @@ def builtin_rules() -> tuple[Rule, ...]:
                 r"Socket creation failed",
                 r"Cannot assign requested address",
                 r"\bncclInvalidUsage\b|\binvalid usage\b.*\bNCCL\b|\bNCCL\b.*\binvalid usage\b",
+                r"Duplicate GPU detected",
                 r"NCCL_SOCKET_IFNAME.*(not found|no interface|invalid)",
                 r"Name or service not known|nodename nor servname provided|getaddrinfo (failed|error)",
                 r"You need to run .?accelerate config",
                 r"CUDA_VISIBLE_DEVICES.*(invalid|out of range)",
+                # The launcher's environment contract, or the command line, is not met.
+                r"environment variable \w+ expected, but not set",
+                r"KeyError: '(LOCAL_RANK|RANK|WORLD_SIZE|LOCAL_WORLD_SIZE|MASTER_ADDR|MASTER_PORT)'",
+                r"error: unrecognized arguments|error: the following arguments are required",
+                r"error: argument \S+: (invalid|expected)",
+                r"Invalid rendezvous configuration",
+                # Configuration files: Hydra/OmegaConf, DeepSpeed's batch arithmetic.
+                r"\b(ConfigAttributeError|ConfigKeyError|MissingMandatoryValue|ConfigCompositionException)\b",
+                r"Key '[^']+' is not in struct|Missing mandatory value",
+                r"Check batch related parameters",
+                r"failed to listen on any local network address",
+                r"No interface found in the same subnet",
+                r"Distributed package doesn't have NCCL built in",
+                r"mixed precision requires a GPU|\bDeepSpeedConfigError\b|not used by the HfArgumentParser",
+                r"\byaml\.(scanner|parser|constructor|composer)\.\w*Error\b",
+            ],
+            # c10d's warnings while it tries the addresses of a host in turn (IPv6 first): the
+            # launch goes on; a port really in use ends in the error above.
+            unless=[r"\[W[\d :.]*\w+\.(cpp|cc|h)[:\]]"],
+        ),
+        # A node without usable GPUs: usually the launch settings (visible devices, the
+        # container's GPUs); weaker than a hardware fault in the same log.
+        LogPatternRule(
+            "launch-config-likely",
+            k.CONFIG_ERROR,
+            0.8,
+            [
+                r"No CUDA GPUs are available",
+                r"no CUDA-capable device is detected",
+                r"Found no NVIDIA driver on your system",
+                r"is only supported with GPUs, no GPUs found",
+                r"device >= 0 && device < num_gpus",
+                # The node's driver or the process's limits, not the script.
+                r"driver on your system is too old|CUDA driver version is insufficient for CUDA runtime version",
+                r"PTX was compiled with an unsupported toolchain",
+                r"Too many open files|received 0 items of ancdata",
+            ],
+        ),
+        # /dev/shm full: its size is a container setting (Docker's 64 MB default, a pod without a
+        # memory-backed /dev/shm), not the host's memory and not a data disk; above both.
+        LogPatternRule(
+            "shared-memory-too-small",
+            k.CONFIG_ERROR,
+            0.94,
+            [
+                r"insufficient shared memory \(shm\)|out of shared memory|raise your shared memory limit",
+                r"DataLoader worker \(pid.*\) is killed by signal: Bus error",
+                r"Error while creating shared memory segment|failed to extend /dev/shm",
+                # A pattern for log text, not a path this code opens.
+                r"/dev/shm\S*.*(No space left on device|too small)|posix_fallocate failed: No space left",  # noqa: S108
             ],
         ),
         FunctionRule("launcher-rejected-config", k.CONFIG_ERROR, 0.92, _launcher_rejected_config),
+        FunctionRule("settings-rejected", k.CONFIG_ERROR, 0.9, _settings_rejected),
+        FunctionRule("duplicate-ranks", k.CONFIG_ERROR, 0.85, _duplicate_ranks),
+        # A path in the settings that points nowhere: restarting finds the same nothing.
+        ExceptionRule("missing-file", k.CONFIG_ERROR, 0.7, {"FileNotFoundError"}),
         FunctionRule("store-refused-at-init", k.CONFIG_ERROR, 0.8, _refused_at_init),
         # -- full disks and quotas: the data is fine, the directory is full
         LogPatternRule(
@@ -661,10 +885,14 @@ def builtin_rules() -> tuple[Rule, ...]:
                 r"\bE(NOSPC|DQUOT)\b",
                 r"\[Errno (28|122)\]",
                 r"os error (28|122)\b",
+                r"\bStorageFull\b",
                 r"PytorchStreamWriter failed writing",
+                # torch.save's zip writer finds fewer bytes on disk than it wrote.
+                r"unexpected pos \d+ vs \d+",
                 r"\bDiskPressure\b",
-                r"low on resource: ephemeral-storage",
+                r"low on resource: (ephemeral-storage|nodefs|imagefs)|ephemeral local storage usage exceeds",
                 r"not enough (free )?(disk )?space",
+                r"database or disk is full|(file ?system|disk) (is )?full\b",
             ],
         ),
         # A checkpoint writer that cannot open its file: the directory is full or not writable.
@@ -682,8 +910,15 @@ def builtin_rules() -> tuple[Rule, ...]:
                 r"Ran out of input",
                 r"unexpected EOF, expected \d+ more bytes",
                 r"not a zip file|BadZipFile",
+                r"MetadataIncompleteBuffer|InvalidHeaderDeserialization",
+                r"file signature not found",
+                r"Compressed file ended before the end-of-stream marker",
+                r"not a gzip(ped)? file",
+                r"ReadError: (unexpected end of data|file could not be opened successfully|empty file)",
+                r"Unable to load weights from pytorch checkpoint file",
             ],
         ),
+        ExceptionRule("truncated-input", k.DATA_ERROR, 0.75, {"EOFError"}),
         LogPatternRule(
             "data-or-storage",
             k.DATA_ERROR,
@@ -691,23 +926,40 @@ def builtin_rules() -> tuple[Rule, ...]:
             [
                 r"Read-only file system",
                 r"Stale file handle",
-                r"\bcorrupt(ed|ion)?\b",
+                r"corrupt(ed|ion)?\b|\bcorrupt",
                 r"\btruncated\b",
                 r"UnicodeDecodeError",
                 r"JSONDecodeError",
-                r"UnidentifiedImageError|cannot identify image file",
+                r"UnidentifiedImageError|cannot identify image file|broken data stream",
                 r"Error -3 while decompressing|invalid (stored block lengths|distance too far|block type)",
                 r"CRC (check )?(failed|mismatch|error)|checksum mismatch",
+                r"NonMatchingChecksumError|Checksums didn't match",
                 r"magic bytes not found|ArrowInvalid|Not a valid (TFRecord|parquet)",
                 r"SafetensorError|HeaderTooLarge",
                 r"DataLossError",
                 r"\[Errno 5\] Input/output error",
+                r"Invalid data found when processing input|moov atom not found|Format not recognised",
+                r"ParseFromArray|DecodeError: Error parsing message",
+                r"Error tokenizing data",
+                # An image reader that got nothing back: the file is missing or undecodable.
+                r"!_src\.empty\(\)",
+                r"Can't (synchronously )?read data|Failed to interpret file .* as a pickle",
+                # serde_json (tokenizers, safetensors' headers) and datasets' schema casts.
+                r"expected value at line \d+ column \d+|CastError: Couldn't cast",
+                # A Git LFS pointer checked out in place of the file it stands for.
+                r"version https://git-lfs",
             ],
-            # glibc heap corruption is a native crash, not bad data.
             unless=[
+                # glibc heap corruption is a native crash, not bad data.
                 r"malloc|free\(\)|double free|size vs\.? prev_size|heap|corrupted (top|double-linked)",
                 # The collective layer warns that data "might be corrupted" after a timeout.
-                r"NCCL|ProcessGroup|Watchdog|\bgloo\b",
+                r"NCCL|ProcessGroup|Watchdog|\bgloo\b|MPI_ERR|message truncated",
+                # Tokenizers and text encoders shorten over-long inputs and say so.
+                r"truncated because|will be truncated|truncated to (a )?(max|\d)",
+                r"(inputs?|sequences?|texts?|tokens?|prompts?) (is|are|was|were|gets?) truncated",
+                # Warnings about inputs the reader recovered from or skipped: training went on.
+                r"extraneous bytes before marker|Premature end of JPEG|skip\w* .{0,30}corrupt|corrupt.{0,40}skip",
+                r"\bwarn(ings?)?\b",
             ],
         ),
         # -- numerics
@@ -717,21 +969,56 @@ def builtin_rules() -> tuple[Rule, ...]:
             k.NAN_LOSS,
             0.9,
             [
-                r"\bloss\b[^,;]{0,24}?[:=\s]\s*[-+]?(nan|inf|infinity)\b",
-                r"\bloss (is|became|has become) (nan|inf|infinite|non-finite)",
-                r"(nan|non-finite|infinite) (loss|gradients?) (detected|encountered)",
+                # "loss: nan", "'loss': nan", "lm loss: nan", "val_loss = nan", "loss (avg) inf".
+                r"loss(?![ _]?scal)\w*['\"]?\s*(\([^)]{0,20}\)\s*)?([:=]|\bis\b|\bwas\b)?\s*"
+                r"(tensor\(\[?)?[-+]?(nan|inf|infinity)\b",
+                r"\bloss (is|became|has become|becomes|goes to|went to) (nan|inf|infinite|non-finite|not finite)",
+                r"(nan|non-finite|infinite) (loss|gradients?|grad norm) (detected|encountered)",
+                r"\b(nan|inf)s? (values? )?(detected|encountered|found) in (the )?(loss|grad)",
+                r"\bnan loss\b|NanLossDuringTrainingError|Invalid loss, terminating training",
+                r"\bfound (nan|inf)\b",
+                r"\bis non-finite\b|\bis not finite\b",
+                r"\b(nan|inf) ?(or|and|/) ?(nan|inf)\b.{0,40}\b(loss|gradients?|values|found|detected|input)",
+                r"number of nan iterations:\s*[1-9]",
                 r"returned nan values in its \d+\w* output",
+                r"contains (either )?\W?(inf|nan)\b|Input contains (NaN|infinity)",
+                r"tensor\(\[+\s*nan\b",
                 r"Minimum loss scale reached",
                 r"loss scale already at minimum",
-                r"\bgrad(ient)?[ _]norm\b[^,;]{0,8}?[:=]\s*[-+]?(nan|inf)\b",
+                # NaN only: a mixed-precision trainer logs an infinite norm for the steps its
+                # scaler skips, and goes on.
+                r"\bgrad(ient)?[ _]norm\b[^,;|]{0,8}?[:=]\s*[-+]?nan\b",
                 # A table of metrics per step whose first value is NaN (``2000  [nan]  [nan]``).
                 r"^\s*\d+\s+\[?\s*nan\s*\]?\s",
             ],
-            unless=[r"loss scale(r)? (to|reducing)|reducing loss scale|Gradient overflow"],
+            unless=[
+                r"loss scale(r)? (to|reducing)|reducing loss scale|Gradient overflow",
+                # The starting value of a best-so-far tracker, not a loss.
+                r"(best|min|lowest)\w*[ _](val\w*[ _])?loss\w*['\"]?\s*[:=]?\s*[-+]?inf\b",
+                r"improved from inf\b",
+            ],
         ),
+        ExceptionRule("floating-point-error", k.NAN_LOSS, 0.88, {"FloatingPointError"}),
         FunctionRule("falling-loss-scale", k.NAN_LOSS, 0.7, _falling_loss_scale),
+        FunctionRule("collapsed-loss-scale", k.NAN_LOSS, 0.75, _collapsed_loss_scale),
         # -- hangs (from the detector, or as the collective layer reports them)
         FunctionRule("hang-detector", k.HANG, 0.9, _hang_reported),
+        # Ranks in different collectives: each waits for a partner that never comes. Above the
+        # collective timeouts, which are how such a deadlock ends.
+        LogPatternRule(
+            "collective-mismatch",
+            k.HANG,
+            0.85,
+            [
+                r"Detected mismatch between collectives",
+                r"\bcollective mismatch\b|mismatched collectives?",
+                r"is running collective: CollectiveFingerPrint.*but Rank \d+ is running collective",
+            ],
+        ),
+        FunctionRule("desynchronized-collectives", k.HANG, 0.8, _desynchronized_collectives),
+        FunctionRule("blocked-process", k.HANG, 0.65, _blocked_process),
+        # The kernel's hung-task watchdog: a process stuck in uninterruptible sleep (storage, driver).
+        LogPatternRule("hung-task", k.HANG, 0.7, [r"blocked for more than \d+ seconds", r"hung_task_timeout_secs"]),
         # Below the collective timeouts: a stuck watchdog alone says an API call hung; next to a
         # collective that timed out it is the timeout's aftermath.
         LogPatternRule(
@@ -751,44 +1038,73 @@ def builtin_rules() -> tuple[Rule, ...]:
                 r"NCCL communicator was aborted",
                 r"\bNCCL error\b",
                 r"nccl(System|Remote|Internal)Error",
-                r"\bDistNetworkError\b",
-                r"\bDistBackendError\b",
+                r"\bDist(Network|Backend|Store)Error\b",
+                r"\bRendezvous(Timeout|Closed|Connection)Error\b",
                 r"Connection reset by peer",
                 r"Connection closed by (remote )?peer",
                 r"unhandled system error",
                 r"NET/IB\s*:\s*Got completion from peer .* with (status|error)",
+                r"\bIBV_WC_\w+_ERR\b|transport retry counter exceeded|Call to ibv_\w+ failed",
                 r"\bgloo\b.*(timed out|timeout|connection|closed|reset)",
                 r"Socket Timeout",
+                r"monitoredBarrier",
                 r"TCPStore.*(timed out|timeout|failed)",
                 r"ProcessGroupNCCL.*(timeout|timed out|abort)",
-                r"Timed out (waiting|initializing) .*(store|process group|rendezvous|peers?)",
+                r"Timed out (waiting|initializing|after) .*(store|process group|rendezvous|peers?|clients)",
             ],
-            # The watchdog's own heartbeat: a hung API call (see watchdog-stuck), not a collective.
-            unless=[r"watchdog got stuck for"],
+            # The watchdog's own heartbeat: a hung API call (see watchdog-stuck), not a collective;
+            # a connection the client retries.
+            unless=[r"watchdog got stuck for", r"\bretrying\b"],
         ),
-        LogPatternRule("network-glitch", k.COMMUNICATION, 0.6, [r"Connection refused", r"Broken pipe"]),
-        # -- preemption
+        LogPatternRule(
+            "network-glitch",
+            k.COMMUNICATION,
+            0.6,
+            # A CUDA call inside NCCL failed: the CUDA error itself, printed beside it, decides.
+            [r"Connection refused", r"Broken pipe", r"ncclUnhandledCudaError|unhandled cuda error"],
+        ),
+        # -- preemption: the job or its node was stopped from outside
         LogPatternRule(
             "sigterm-in-log",
             k.PREEMPTION,
             0.8,
             [
-                r"(received|got|caught|handling) (signal )?SIGTERM",
+                r"(received|got|caught|handling) (signal )?SIGTERM|SIGTERM (received|caught)",
                 r"got signal: 15\b",
-                r"\bpreempt(ed|ion)\b",
-                r"spot (instance )?(interruption|termination)",
+                r"\bpre-?empt(ed|ion|ing)\b|\bPreemptionError\b",
+                r"Received (Signals\.)?(SIGTERM|SIGHUP|15|1) death signal",
+                r"spot (instance )?(interruption|termination)|interruption notice",
                 r"maintenance event",
                 r"\b(being|been|was) (drained|evicted|preempted)\b",
                 r"termination is imminent|imminent (node )?shutdown|node (is )?shutting down",
+                r"system is going down|Power key pressed",
                 r"got signal: 1\b|\bSIGHUP\b",
-                r"DUE TO (TIME LIMIT|PREEMPTION)|\bNODE_FAIL\b",
+                r"DUE TO (TIME LIMIT|PREEMPTION|NODE FAIL|JOB REQUEUE)|\bNODE_FAIL\b",
+                r"\bTERM_(PREEMPT|RUNLIMIT|REQUEUE_\w+)\b|job killed: walltime \d+ exceeded limit",
+                r"Requeued job|requeu(e|ing) (the )?job|job (was |has been )?requeued",
+                r"TaintManagerEviction|\bNodeNotReady\b|\bNodeLost\b|node \S+ (is )?not ready|Node is not ready",
             ],
             # torchrun prints this when it stops the surviving workers of a failed group.
             unless=[r"Sending process \d+ closing signal"],
         ),
+        # Slurm cancelled the job or step with no reason given: someone outside it, or srun
+        # ending a step after one of its tasks failed. Too weak to explain other errors.
+        LogPatternRule(
+            "scheduler-cancelled",
+            k.PREEMPTION,
+            0.4,
+            [r"\*\*\* (JOB|STEP) \S+ ON \S+ CANCELLED AT", r"srun: Job step aborted", r"srun: forcing job termination"],
+        ),
         FunctionRule("sigterm-exit", k.PREEMPTION, 0.7, _exit_signal(_SIGTERM, _SIGHUP)),
-        # A SIGKILL with no OOM evidence: the OOM killer left no trace here, or someone killed it.
+        FunctionRule("sigterm-in-exit-report", k.PREEMPTION, 0.65, _log_signal(_SIGTERM, _SIGHUP)),
+        # A SIGKILL the agent saw itself, with no OOM record: the agent read the host's OOM
+        # records for it (`OomWatch`) and found none, so someone (a person, a tool) may have
+        # killed it as well as an OOM killer it could not see.
         FunctionRule("sigkill-exit", k.KILLED, 0.5, _killed),
+        # A SIGKILL known only from another launcher's or a shell's words ("Killed", "exitcode:
+        # -9", "Exit Code: 137"): nobody read the host's records for it, and a training process
+        # killed with no word of why was, far more often than not, killed by the OOM killer.
+        FunctionRule("sigkill-in-exit-report", k.HOST_OOM, 0.45, _log_signal(_SIGKILL)),
         # -- native crashes: above the communication rules, whose errors on the other ranks
         # follow a crashed peer; below device OOM, hardware and user code, which explain a crash.
         LogPatternRule(
@@ -799,11 +1115,22 @@ def builtin_rules() -> tuple[Rule, ...]:
                 r"Segmentation fault|segfault",
                 r"Fatal Python error: (?!Aborted)",
                 r"double free or corruption|malloc\(\): |corrupted size vs|free\(\): invalid",
+                r"corrupted double-linked list|munmap_chunk\(\): invalid pointer|stack smashing detected",
                 r"\bSIG(SEGV|ILL|FPE)\b",
                 r"Signals\.SIG(SEGV|ILL|FPE)",
                 r"illegal memory access was encountered|CUDA_ERROR_ILLEGAL_ADDRESS|cudaErrorIllegalAddress",
                 r"misaligned address|illegal instruction was encountered",
-                r"exitcode\s*:\s*-(11|4|8)\b",
+                r"Windows fatal exception: access violation|0xC0000005",
+            ],
+        ),
+        # A GPU kernel that failed without saying why: usually the kernel's own fault.
+        LogPatternRule(
+            "kernel-launch-failure",
+            k.NATIVE_CRASH,
+            0.72,
+            [
+                r"unspecified launch failure|cudaErrorLaunchFailure|CUDA_ERROR_LAUNCH_FAILED",
+                r"CUBLAS_STATUS_EXECUTION_FAILED|CUDNN_STATUS_EXECUTION_FAILED",
             ],
         ),
         FunctionRule(
@@ -814,7 +1141,6 @@ def builtin_rules() -> tuple[Rule, ...]:
                 _log_patterns(
                     r"terminate called (after throwing|without an active exception)",
                     r"\bSIGABRT\b|Signals\.SIGABRT|Fatal Python error: Aborted",
-                    r"exitcode\s*:\s*-6\b",
                 )
             ),
         ),
@@ -823,7 +1149,11 @@ def builtin_rules() -> tuple[Rule, ...]:
             "native-abort-weak",
             k.NATIVE_CRASH,
             0.55,
-            _unless_watchdog_abort(_log_patterns(r"core dumped", r"\bAborted\b", r"\bBus error\b")),
+            # The shell's and glibc's own words, capitalised as they print them: "the communicator
+            # was aborted" is a collective's sentence, not a process's death.
+            _unless_watchdog_abort(
+                _log_patterns(r"core dumped", r"(?-i:^\W*Aborted\b(?!!))", r"(?-i:^\W*Bus error\b)")
+            ),
         ),
         FunctionRule(
             "native-crash-exit",
@@ -831,4 +1161,6 @@ def builtin_rules() -> tuple[Rule, ...]:
             0.75,
             _unless_watchdog_abort(_exit_signal(_SIGSEGV, _SIGABRT, _SIGILL, _SIGFPE, _SIGBUS)),
         ),
+        FunctionRule("crash-in-exit-report", k.NATIVE_CRASH, 0.75, _log_signal(_SIGSEGV, _SIGILL, _SIGFPE, _SIGBUS)),
+        FunctionRule("abort-in-exit-report", k.NATIVE_CRASH, 0.55, _unless_watchdog_abort(_log_signal(_SIGABRT))),
     )

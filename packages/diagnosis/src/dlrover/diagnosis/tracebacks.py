@@ -17,10 +17,17 @@ import attrs
 __all__ = ["PythonTraceback", "extract_tracebacks", "one_line_summary", "strip_rank_prefix"]
 
 _RANK_PREFIX = re.compile(
-    r"^\s*(?:\[(?:rank|default|local_rank)?\d+\]\s*:?\s?|\[\d+,\d+\]<std(?:err|out)>:\s?|rank\s*\d+\s*:\s)",
+    r"^\s*(?:\[(?:rank|default|local_rank)?\d+\]\s*:?\s?|\[\d+,\d+\]<std(?:err|out)>:\s?|rank\s*\d+\s*:\s"
+    # srun --label ("12: Traceback ..."): a task number, a colon and one space before the text.
+    r"|\d{1,5}: (?=\S|  ))",
     re.IGNORECASE,
 )
-_HEADER = re.compile(r"^(?:Original )?Traceback \(most recent call last\):\s*$")
+# The header may follow a label on its line (torchrun's failure summary prints
+# "  traceback : Traceback (most recent call last):" with the frames indented below it) or a
+# Markdown quote or code marker a user pasted with it.
+_HEADER = re.compile(r"(?:^|[\s:>`])(?:Original )?Traceback \(most recent call last\):\s*$")
+# Pasted logs wrap lines in Markdown: a quote marker, inline code or a fence glued to the text.
+_MARKUP = " \t>`"
 # A dotted identifier ending like an exception class, optionally followed by ": message".
 _EXC_LINE = re.compile(r"^([A-Za-z_][\w]*(?:\.[A-Za-z_][\w]*)*)(?::\s?(.*))?$")
 _EXC_SUFFIXES = ("Error", "Exception", "Exit", "Interrupt", "Failure", "Fault")
@@ -56,11 +63,16 @@ class PythonTraceback:
         return self.exc_type.rsplit(".", 1)[-1]
 
 
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip(" \t"))
+
+
 def _looks_like_exception(name: str) -> bool:
     return name.rsplit(".", 1)[-1].endswith(_EXC_SUFFIXES) or name in {"KeyboardInterrupt", "StopIteration"}
 
 
 def _parse_exception_line(line: str) -> tuple[str, str] | None:
+    line = line.strip(_MARKUP)
     match = _EXC_LINE.match(line)
     if match is None or not _looks_like_exception(match.group(1)):
         return None
@@ -81,28 +93,29 @@ def extract_tracebacks(lines: Sequence[str]) -> tuple[PythonTraceback, ...]:
     i = 0
     while i < len(clean):
         line = clean[i]
-        if _HEADER.match(line.strip()):
+        if "Traceback" in line and _HEADER.search(line):
+            base = _indent(line)
             frames: list[str] = []
             j = i + 1
-            # Frame lines and source excerpts are indented; a blank line can appear between them in
-            # interleaved output, so skip blanks instead of ending the traceback there.
-            while j < len(clean) and (not clean[j].strip() or clean[j][:1] in (" ", "\t")):
+            # Frame lines and source excerpts are indented deeper than the header; a blank line can
+            # appear between them in interleaved output, so skip blanks instead of ending there.
+            while j < len(clean) and (not clean[j].strip() or _indent(clean[j]) > base):
                 stripped = clean[j].strip()
                 if stripped.startswith("File "):
                     frames.append(stripped)
                 j += 1
             if j < len(clean):
-                parsed = _parse_exception_line(clean[j].strip())
+                parsed = _parse_exception_line(clean[j])
                 if parsed is not None:
-                    found.append(PythonTraceback(parsed[0], parsed[1], tuple(frames), j, clean[j].strip()))
+                    found.append(PythonTraceback(parsed[0], parsed[1], tuple(frames), j, clean[j].strip(_MARKUP)))
                     i = j + 1
                     continue
             i = j
             continue
         if line[:1] not in (" ", "\t"):
-            parsed = _parse_exception_line(line.strip())
+            parsed = _parse_exception_line(line)
             if parsed is not None:
-                found.append(PythonTraceback(parsed[0], parsed[1], (), i, line.strip()))
+                found.append(PythonTraceback(parsed[0], parsed[1], (), i, line.strip(_MARKUP)))
         i += 1
     return tuple(found)
 
