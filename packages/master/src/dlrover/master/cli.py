@@ -2,6 +2,8 @@
 
     dlrover-master --nnodes 2:4 --backend local --agent-command "dlrover-run ..." --state-dir /tmp/job
     dlrover-master status --master 127.0.0.1:50051 --token-file /tmp/job/token
+    dlrover-master scale 3 --master 127.0.0.1:50051 --token-file /tmp/job/token --reason "more data"
+    dlrover-master capacity 2 --master 127.0.0.1:50051 --token-file /tmp/job/token   # or: unbounded
 
 Exit status of a run: 0 the job succeeded, 1 it failed, 2 bad usage, 3 it was stopped.
 """
@@ -19,6 +21,7 @@ from types import FrameType
 
 from dlrover.common import (
     ChannelConfig,
+    ConfigError,
     DefaultsHelpFormatter,
     DLRoverError,
     RetryPolicy,
@@ -36,6 +39,7 @@ from dlrover.master.config import (
     parse_node_range,
 )
 from dlrover.master.factory import create_master
+from dlrover.master.scheduler.local import parse_slots
 from dlrover.master.states import JobState
 from dlrover.master.status import format_status
 
@@ -70,6 +74,26 @@ def _run_parser() -> argparse.ArgumentParser:
         type=float,
         default=300.0,
         help="a launched node that has not registered this long after is taken for failed; 0 waits forever",
+    )
+    p.add_argument(
+        "--node-pending-timeout-s",
+        type=float,
+        default=60.0,
+        help="a launched node still not running after this long is announced (event nodes_pending): the job "
+        "goes on with the nodes that run; 0 never announces",
+    )
+    p.add_argument(
+        "--capacity",
+        default=None,
+        help="local backend: slots (nodes that may run at once), a number or 'unbounded'; the job starts with "
+        "min(max nodes, capacity) nodes and follows changes (dlrover-master capacity, --capacity-file) "
+        "(default: unbounded)",
+    )
+    p.add_argument(
+        "--capacity-file",
+        default=None,
+        help="local backend: a file holding the slots, re-read whenever it changes (bad content is logged and "
+        "changes nothing)",
     )
     p.add_argument(
         "--insufficient-nodes-window-s",
@@ -179,16 +203,46 @@ def _run_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _status_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="dlrover-master status", description="Print a running job's status.", formatter_class=DefaultsHelpFormatter
-    )
+def _status_parser(
+    prog: str = "dlrover-master status", description: str = "Print a running job's status."
+) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description=description, formatter_class=DefaultsHelpFormatter)
     p.add_argument("--master", required=True, help="the master's host:port")
     p.add_argument("--token", default=None, help="the job token (prefer --token-file)")
     p.add_argument("--token-file", default=None, help="a file holding the job token")
     p.add_argument("--tls-ca", default=None, help="verify the master's certificate with this CA (enables TLS)")
     p.add_argument("--tls-server-name", default=None, help="the name the master's certificate is valid for")
     p.add_argument("--timeout-s", type=float, default=10.0, help="seconds to wait for the master's answer")
+    return p
+
+
+def _non_negative_count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of nodes") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"a node count must be non-negative, got {value}")
+    return value
+
+
+def _slots_arg(text: str) -> int | None:
+    try:
+        return parse_slots(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _scale_parser() -> argparse.ArgumentParser:
+    p = _status_parser("dlrover-master scale", "Grow or shrink a running job to N nodes (within its range).")
+    p.add_argument("nodes", type=_non_negative_count, help="the node count wanted")
+    p.add_argument("--reason", default="", help="why, kept in the job's events")
+    return p
+
+
+def _capacity_parser() -> argparse.ArgumentParser:
+    p = _status_parser("dlrover-master capacity", "Set the local backend's capacity in slots while the job runs.")
+    p.add_argument("slots", type=_slots_arg, help="nodes that may run at once, or 'unbounded'")
     return p
 
 
@@ -209,6 +263,7 @@ def build_config(args: argparse.Namespace) -> MasterConfig:
         max_relaunches=args.max_relaunches,
         max_job_failures=args.max_job_failures,
         insufficient_nodes_window_s=args.insufficient_nodes_window_s,
+        node_pending_timeout_s=args.node_pending_timeout_s or None,
     )
     return MasterConfig(
         job_name=args.job_name,
@@ -242,24 +297,54 @@ def build_config(args: argparse.Namespace) -> MasterConfig:
         straggler_window=args.straggler_window,
         straggler_min_samples=args.straggler_min_samples,
         straggler_action=args.straggler_action,
+        local_slots=parse_slots(args.capacity, source="--capacity") if args.capacity is not None else None,
+        capacity_file=args.capacity_file,
     )
+
+
+def _client(args: argparse.Namespace) -> MasterClient:
+    token = load_token(args.token, token_file=args.token_file)
+    channel_config = None
+    if args.tls_ca:
+        channel_config = ChannelConfig(tls=TLSConfig(ca_file=args.tls_ca, server_name_override=args.tls_server_name))
+    policy = RetryPolicy(call_timeout_s=args.timeout_s, total_timeout_s=args.timeout_s)
+    return MasterClient(args.master, token, channel_config=channel_config, policy=policy)
 
 
 def _status(argv: Sequence[str]) -> int:
     args = _status_parser().parse_args(argv)
     try:
-        token = load_token(args.token, token_file=args.token_file)
-        channel_config = None
-        if args.tls_ca:
-            channel_config = ChannelConfig(
-                tls=TLSConfig(ca_file=args.tls_ca, server_name_override=args.tls_server_name)
-            )
-        policy = RetryPolicy(call_timeout_s=args.timeout_s, total_timeout_s=args.timeout_s)
-        with MasterClient(args.master, token, channel_config=channel_config, policy=policy) as client:
+        with _client(args) as client:
             print(format_status(client.job_status()))
     except DLRoverError as exc:
         print(f"dlrover-master status: {exc}", file=sys.stderr)
         return 1
+    return 0
+
+
+def _scale(argv: Sequence[str]) -> int:
+    args = _scale_parser().parse_args(argv)
+    try:
+        with _client(args) as client:
+            result = client.resize(args.nodes, args.reason or "dlrover-master scale")
+    except DLRoverError as exc:
+        print(f"dlrover-master scale: {exc}", file=sys.stderr)
+        return 1
+    print(result.message)
+    return 0
+
+
+def _capacity(argv: Sequence[str]) -> int:
+    args = _capacity_parser().parse_args(argv)
+    try:
+        with _client(args) as client:
+            free = client.set_capacity(args.slots)
+    except DLRoverError as exc:
+        print(f"dlrover-master capacity: {exc}", file=sys.stderr)
+        return 1
+    slots = "unbounded" if args.slots is None else f"{args.slots} slot(s)"
+    room = "no limit" if free is None else f"{free} free slot(s)"
+    print(f"capacity set to {slots}; the backend now has {room}")
     return 0
 
 
@@ -311,6 +396,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args and args[0] == "status":
         return _status(args[1:])
+    if args and args[0] == "scale":
+        return _scale(args[1:])
+    if args and args[0] == "capacity":
+        return _capacity(args[1:])
     if args and args[0] == "run":
         args = args[1:]
     return _run(args)

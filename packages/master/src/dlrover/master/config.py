@@ -8,7 +8,7 @@ from typing import Any
 import attrs
 
 from dlrover.common import ConfigError, TLSConfig
-from dlrover.common.validators import non_negative, non_negative_finite, positive
+from dlrover.common.validators import non_negative, non_negative_finite, non_negative_int, positive
 from dlrover.rendezvous import RendezvousConfig
 
 __all__ = [
@@ -28,6 +28,11 @@ STRAGGLER_ACTIONS = ("report", "replace")
 
 def _str_tuple(value: Iterable[str]) -> tuple[str, ...]:
     return tuple(str(v) for v in value)
+
+
+def _optional_non_negative(inst: object, attribute: attrs.Attribute[Any], value: int | None) -> None:
+    if value is not None:
+        non_negative_int(inst, attribute, value)
 
 
 def _optional_positive(inst: object, attribute: attrs.Attribute[Any], value: float | None) -> None:
@@ -82,6 +87,9 @@ class LifecycleConfig:
         max_relaunches: replacements allowed per logical rank.
         max_job_failures: failures allowed in the whole job; one more stops it.
         insufficient_nodes_window_s: the job stops when fewer than `min_nodes` nodes run for this long.
+        node_pending_timeout_s: a launched node still not running after this long is announced in a
+            ``nodes_pending`` event: the job goes on with the nodes that run (and says whether that
+            is at least `min_nodes`); the node stays wanted and joins when it starts. None: never.
     """
 
     nodes: NodeRange = attrs.field(factory=NodeRange)
@@ -91,6 +99,7 @@ class LifecycleConfig:
     max_relaunches: int = attrs.field(default=3, validator=non_negative)
     max_job_failures: int = attrs.field(default=20, validator=non_negative)
     insufficient_nodes_window_s: float = attrs.field(default=300.0, validator=positive)
+    node_pending_timeout_s: float | None = attrs.field(default=60.0, validator=_optional_positive)
 
 
 @attrs.frozen
@@ -146,6 +155,9 @@ class MasterConfig:
         straggler_min_samples: heartbeats with new steps needed before a rank is judged.
         straggler_action: `report` (an event and a warning) or `replace` (also relaunch the
             straggler's node, where the scheduler backend relaunches nodes; else report only).
+        local_slots: the local backend's capacity in slots (nodes that may run at once); None:
+            unbounded. The job starts with min(max_nodes, slots) nodes and follows changes.
+        capacity_file: the local backend re-reads its slots from this file whenever it changes.
     """
 
     job_name: str = "dlrover-job"
@@ -180,6 +192,8 @@ class MasterConfig:
     straggler_window: int = attrs.field(default=5, validator=positive)
     straggler_min_samples: int = attrs.field(default=3, validator=positive)
     straggler_action: str = "report"
+    local_slots: int | None = attrs.field(default=None, validator=_optional_non_negative)
+    capacity_file: str | None = None
 
     def __attrs_post_init__(self) -> None:
         if not self.job_name or len(self.job_name) > 128 or not self.job_name.isprintable():

@@ -95,7 +95,13 @@ def _scheduler(config: MasterConfig) -> SchedulerBackend:
     if not config.agent_command:
         raise ConfigError("the local backend needs agent_command (the agent to run per node)")
     log_dir = Path(config.state_dir) / "logs" if config.state_dir else None
-    return LocalScheduler(config.agent_command, stop_grace_s=config.node_stop_grace_s, log_dir=log_dir)
+    return LocalScheduler(
+        config.agent_command,
+        stop_grace_s=config.node_stop_grace_s,
+        log_dir=log_dir,
+        slots=config.local_slots,
+        capacity_file=config.capacity_file,
+    )
 
 
 def default_policy(config: MasterConfig) -> FailurePolicy:

@@ -14,6 +14,8 @@ def format_status(status: job_pb2.GetJobStatusResponse) -> str:
         f"nodes: {sum(1 for n in status.nodes if n.state == 'running')} running of "
         f"{status.min_nodes}..{status.max_nodes}; failures {status.job_failures}; "
         f"relaunches {status.total_relaunches}",
+        f"size: target {status.target_nodes} of {status.wanted_nodes} wanted; backend capacity "
+        + (f"{status.capacity} free slot(s)" if status.HasField("capacity") else "unbounded"),
         f"step {status.step}; committed checkpoint "
         + (str(status.committed_step) if status.has_committed_step else "none")
         + f"; goodput {status.goodput:.1%} over {status.elapsed_s:.0f}s",

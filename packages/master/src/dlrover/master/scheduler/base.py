@@ -15,7 +15,7 @@ import attrs
 
 from dlrover.common import DLRoverError
 
-__all__ = ["NodeSpec", "ObservedNode", "ObservedState", "SchedulerBackend", "SchedulerError"]
+__all__ = ["AdjustableCapacity", "NodeSpec", "ObservedNode", "ObservedState", "SchedulerBackend", "SchedulerError"]
 
 
 class SchedulerError(DLRoverError):
@@ -90,6 +90,16 @@ class SchedulerBackend(Protocol):
         rather than relaunch it while it has restarts left."""
         ...
 
+    def capacity(self) -> int | None:
+        """How many more nodes the backend could place now, beyond those it holds.
+
+        None: unknown or unbounded (the external backend: whoever starts agents decides). Zero:
+        full; a node launched now stays pending until room appears. Negative: the backend holds
+        that many nodes more than it now has room for (its capacity was lowered or lost); the
+        master gives that many back. Nodes the backend was told to stop do not count.
+        """
+        ...
+
     def launch(self, spec: NodeSpec) -> None:
         """Start a node; returns once it is requested, not once it runs.
 
@@ -108,4 +118,17 @@ class SchedulerBackend(Protocol):
 
     def close(self) -> None:
         """Stop every node still running and release everything; safe to call twice."""
+        ...
+
+
+@runtime_checkable
+class AdjustableCapacity(Protocol):
+    """A backend whose capacity a person sets while the job runs (the local backend's slots)."""
+
+    def set_slots(self, slots: int | None) -> None:
+        """Hold at most `slots` nodes from now on (None: unbounded).
+
+        Raises:
+            ConfigError: not None or a non-negative integer; nothing changed.
+        """
         ...

@@ -13,12 +13,22 @@ unknown (observed as failed with no exit code, or stopped when the master stoppe
 signals its process group like any other; `close()` waits for it to vanish instead of reaping it.
 An agent whose own process has exited is not signalled after an adoption: its group can no longer
 be told apart from a new one with the same id.
+
+Capacity is counted in slots, one node each: unbounded by default (`slots=None`), else set at
+construction, with `set_slots` while the job runs (`dlrover-master capacity`), or by a capacity
+file the backend re-reads whenever it changes (a number of slots, or ``unbounded``). A node
+launched while every slot is taken waits, observed as pending, and starts when a slot frees;
+a node being stopped no longer holds its slot. Lowering the slots below what runs stops nothing
+by itself: `capacity` turns negative and the master chooses which nodes give their slots back.
+Waiting launches are not journaled: after a master restart the lifecycle's start timeout handles
+them like any node that never came.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import signal
 import socket
@@ -35,7 +45,9 @@ from dlrover.common import ConfigError
 from dlrover.master.journal import JournalError
 from dlrover.master.scheduler.base import NodeSpec, ObservedNode, ObservedState, SchedulerError
 
-__all__ = ["LOCAL_STATE_FORMAT", "LocalScheduler"]
+__all__ = ["LOCAL_STATE_FORMAT", "LocalScheduler", "parse_slots"]
+
+_log = logging.getLogger(__name__)
 
 LOCAL_STATE_FORMAT = "dlrover.master.local"
 _START_TIME_TOLERANCE_S = 0.05  # start times are read from /proc in clock ticks (1/100 s)
@@ -48,6 +60,30 @@ def _start_time(pid: int) -> float | None:
         return float(psutil.Process(pid).create_time())
     except psutil.Error:
         return None
+
+
+def parse_slots(text: str, *, source: str = "capacity") -> int | None:
+    """A number of slots from text: a non-negative integer, or ``unbounded`` (None).
+
+    Raises:
+        ConfigError: anything else; the message names the text and where it came from.
+    """
+    value = text.strip()
+    if value.lower() in ("unbounded", "none", "inf"):
+        return None
+    if not value.isdecimal():
+        raise ConfigError(f"{source}: {value[:80]!r} is not a number of slots (a non-negative integer or 'unbounded')")
+    return int(value)
+
+
+def _words(slots: int | None) -> str:
+    return "unbounded" if slots is None else str(slots)
+
+
+def _check_slots(slots: int | None) -> int | None:
+    if slots is not None and (isinstance(slots, bool) or not isinstance(slots, int) or slots < 0):
+        raise ConfigError(f"slots must be None (unbounded) or a non-negative integer, got {slots!r}")
+    return slots
 
 
 @attrs.define
@@ -85,6 +121,10 @@ class LocalScheduler:
         log_dir: each node's stdout and stderr go to `<log_dir>/node-<id>.log` (0600, in a 0700
             directory); discarded when None.
         monotonic: time source for the grace period (injectable for tests).
+        slots: how many nodes may run at once (None: unbounded).
+        capacity_file: a file holding the slots (see `parse_slots`), re-read whenever it changes;
+            it overrides `slots` once read. A file with bad content is logged and ignored: the
+            slots stay as they were.
     """
 
     name = "local"
@@ -98,6 +138,8 @@ class LocalScheduler:
         stop_grace_s: float = 5.0,
         log_dir: str | os.PathLike[str] | None = None,
         monotonic: Callable[[], float] = time.monotonic,
+        slots: int | None = None,
+        capacity_file: str | os.PathLike[str] | None = None,
     ) -> None:
         if not command:
             raise ConfigError("the local backend needs an agent command, got an empty one")
@@ -112,6 +154,85 @@ class LocalScheduler:
         self._host = socket.gethostname()
         self._closed = False
         self._version = 0
+        self._slots = _check_slots(slots)
+        self._waiting: dict[int, NodeSpec] = {}  # launched while every slot was taken, in order
+        self._stopped_waiting: set[int] = set()
+        self._spawn_failed: set[int] = set()
+        self._capacity_file = Path(capacity_file) if capacity_file is not None else None
+        self._capacity_seen: tuple[int, int] | None = None  # (mtime_ns, size) last read
+        if self._capacity_file is not None:
+            with self._lock:
+                self._read_capacity_file()
+
+    # ---------------------------------------------------------------- capacity
+
+    @property
+    def slots(self) -> int | None:
+        """How many nodes may run at once (None: unbounded)."""
+        with self._lock:
+            self._read_capacity_file()
+            return self._slots
+
+    def set_slots(self, slots: int | None) -> None:
+        """Change the slots while the job runs; waiting launches start when they fit (next `observe`).
+
+        Raises:
+            ConfigError: not None or a non-negative integer; nothing changed.
+        """
+        checked = _check_slots(slots)
+        with self._lock:
+            if checked != self._slots:
+                _log.info("local backend capacity: %s -> %s slot(s)", _words(self._slots), _words(checked))
+            self._slots = checked
+
+    def capacity(self) -> int | None:
+        """Free slots (negative: more nodes hold slots than there are); None when unbounded."""
+        with self._lock:
+            self._read_capacity_file()
+            if self._slots is None:
+                return None
+            return self._slots - self._held() - len(self._waiting)
+
+    def _held(self) -> int:
+        return sum(1 for p in self._procs.values() if p.stop_requested_at is None and not p.exited()[0])
+
+    def _read_capacity_file(self) -> None:
+        """Re-read the capacity file if it changed (lock held); bad content changes nothing."""
+        path = self._capacity_file
+        if path is None:
+            return
+        try:
+            info = path.stat()
+        except FileNotFoundError:
+            return  # not written yet: the slots stay as they are
+        except OSError as exc:
+            _log.error("capacity file %s cannot be read: %s; the slots stay %s", path, exc, _words(self._slots))
+            return
+        seen = (info.st_mtime_ns, info.st_size)
+        if seen == self._capacity_seen:
+            return
+        self._capacity_seen = seen
+        try:
+            slots = parse_slots(path.read_text(encoding="utf-8"), source=f"capacity file {path}")
+        except (OSError, UnicodeDecodeError, ConfigError) as exc:
+            _log.error("%s; the slots stay %s", exc, _words(self._slots))
+            return
+        if slots != self._slots:
+            _log.info("capacity file %s: %s -> %s slot(s)", path, _words(self._slots), _words(slots))
+        self._slots = slots
+
+    def _start_waiting(self) -> None:
+        """Start waiting launches while slots are free (lock held)."""
+        while self._waiting and not self._closed:
+            if self._slots is not None and self._held() >= self._slots:
+                return
+            node_id = next(iter(self._waiting))
+            spec = self._waiting.pop(node_id)
+            try:
+                self._spawn(spec)
+            except SchedulerError as exc:
+                _log.error("%s", exc)
+                self._spawn_failed.add(node_id)  # observed as failed: the master decides
 
     def launch(self, spec: NodeSpec) -> None:
         """Start the agent of `spec` in a new session.
@@ -125,35 +246,46 @@ class LocalScheduler:
                 raise SchedulerError(f"cannot launch node {spec.node_id}: the local backend is closed")
             if spec.node_id in self._procs:
                 raise SchedulerError(f"node {spec.node_id} was already launched")
+            if spec.node_id in self._waiting or spec.node_id in self._stopped_waiting | self._spawn_failed:
+                raise SchedulerError(f"node {spec.node_id} was already launched")
             if self._host in spec.avoid_hosts:
                 raise SchedulerError(f"cannot launch node {spec.node_id}: this host ({self._host}) is avoided")
-            env = {**os.environ, **spec.env}
-            try:
-                if self._log_dir is not None:
-                    # Private like the rest of the state directory: agents' logs may hold secrets.
-                    self._log_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-                    log_fd = os.open(
-                        self._log_dir / f"node-{spec.node_id}.log",
-                        os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC,
-                        0o600,
-                    )
-                    with open(log_fd, "ab") as log:
-                        os.fchmod(log_fd, 0o600)  # a log an older master created 0644
-                        popen = subprocess.Popen(
-                            self._command, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                            start_new_session=True,
-                        )  # fmt: skip
-                else:
+            self._read_capacity_file()
+            if self._waiting or (self._slots is not None and self._held() >= self._slots):
+                # Every slot is taken: the node waits (pending) for one, as a pod waits for a node.
+                self._waiting[spec.node_id] = spec
+                return
+            self._spawn(spec)
+
+    def _spawn(self, spec: NodeSpec) -> None:
+        """Start the agent process of `spec` (lock held)."""
+        env = {**os.environ, **spec.env}
+        try:
+            if self._log_dir is not None:
+                # Private like the rest of the state directory: agents' logs may hold secrets.
+                self._log_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+                log_fd = os.open(
+                    self._log_dir / f"node-{spec.node_id}.log",
+                    os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC,
+                    0o600,
+                )
+                with open(log_fd, "ab") as log:
+                    os.fchmod(log_fd, 0o600)  # a log an older master created 0644
                     popen = subprocess.Popen(
-                        self._command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                        stderr=subprocess.DEVNULL, start_new_session=True,
+                        self._command, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                        start_new_session=True,
                     )  # fmt: skip
-            except OSError as exc:
-                raise SchedulerError(f"cannot start node {spec.node_id} ({self._command[0]!r}): {exc}") from exc
-            # Our unreaped child: its pid cannot be reused, so its start time is its own.
-            started = _start_time(popen.pid)
-            self._procs[spec.node_id] = _Proc(popen.pid, started if started is not None else 0.0, popen)
-            self._version += 1
+            else:
+                popen = subprocess.Popen(
+                    self._command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL, start_new_session=True,
+                )  # fmt: skip
+        except OSError as exc:
+            raise SchedulerError(f"cannot start node {spec.node_id} ({self._command[0]!r}): {exc}") from exc
+        # Our unreaped child: its pid cannot be reused, so its start time is its own.
+        started = _start_time(popen.pid)
+        self._procs[spec.node_id] = _Proc(popen.pid, started if started is not None else 0.0, popen)
+        self._version += 1
 
     def _signal(self, proc: _Proc, sig: signal.Signals) -> None:
         if proc.popen is None and not proc.is_alive_adopted():
@@ -164,6 +296,9 @@ class LocalScheduler:
     def stop(self, node_id: int) -> None:
         """SIGTERM the node's process group; `observe` escalates to SIGKILL after the grace."""
         with self._lock:
+            if self._waiting.pop(node_id, None) is not None:
+                self._stopped_waiting.add(node_id)  # never started: nothing to signal
+                return
             proc = self._procs.get(node_id)
             if proc is None or proc.stop_requested_at is not None:
                 return
@@ -191,9 +326,16 @@ class LocalScheduler:
         return ObservedNode(node_id, state, code, self._host)
 
     def observe(self) -> Mapping[int, ObservedNode]:
-        """Poll every agent (and escalate stops past their grace period)."""
+        """Poll every agent (and escalate stops past their grace period); start waiting launches
+        that fit now (the capacity file is re-read first)."""
         with self._lock:
-            return {nid: attrs.evolve(self._state(p), node_id=nid) for nid, p in self._procs.items()}
+            self._read_capacity_file()
+            self._start_waiting()
+            seen = {nid: attrs.evolve(self._state(p), node_id=nid) for nid, p in self._procs.items()}
+            seen.update({nid: ObservedNode(nid, ObservedState.PENDING) for nid in self._waiting})
+            seen.update({nid: ObservedNode(nid, ObservedState.STOPPED) for nid in self._stopped_waiting})
+            seen.update({nid: ObservedNode(nid, ObservedState.FAILED) for nid in self._spawn_failed})
+            return seen
 
     def pid(self, node_id: int) -> int | None:
         """The agent's process id (its process group id too), for diagnostics and tests."""
@@ -256,6 +398,8 @@ class LocalScheduler:
             if self._closed:
                 return
             self._closed = True
+            self._stopped_waiting.update(self._waiting)
+            self._waiting.clear()
             procs = list(self._procs.values())
             for proc in procs:
                 if proc.stop_requested_at is None and not proc.exited()[0]:

@@ -37,7 +37,7 @@ class NodeStatus(_message.Message):
     def __init__(self, node_id: _Optional[int] = ..., rank: _Optional[int] = ..., state: _Optional[str] = ..., name: _Optional[str] = ..., host: _Optional[str] = ..., relaunch_count: _Optional[int] = ..., process_restarts: _Optional[int] = ..., step: _Optional[int] = ..., seconds_since_heartbeat: _Optional[float] = ..., last_failure: _Optional[str] = ..., last_reason: _Optional[str] = ...) -> None: ...
 
 class GetJobStatusResponse(_message.Message):
-    __slots__ = ("job_name", "state", "exit_reason", "nodes", "min_nodes", "max_nodes", "job_failures", "step", "has_committed_step", "committed_step", "goodput", "elapsed_s", "total_relaunches")
+    __slots__ = ("job_name", "state", "exit_reason", "nodes", "min_nodes", "max_nodes", "job_failures", "step", "has_committed_step", "committed_step", "goodput", "elapsed_s", "total_relaunches", "target_nodes", "wanted_nodes", "capacity")
     JOB_NAME_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     EXIT_REASON_FIELD_NUMBER: _ClassVar[int]
@@ -51,6 +51,9 @@ class GetJobStatusResponse(_message.Message):
     GOODPUT_FIELD_NUMBER: _ClassVar[int]
     ELAPSED_S_FIELD_NUMBER: _ClassVar[int]
     TOTAL_RELAUNCHES_FIELD_NUMBER: _ClassVar[int]
+    TARGET_NODES_FIELD_NUMBER: _ClassVar[int]
+    WANTED_NODES_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_FIELD_NUMBER: _ClassVar[int]
     job_name: str
     state: str
     exit_reason: str
@@ -64,7 +67,10 @@ class GetJobStatusResponse(_message.Message):
     goodput: float
     elapsed_s: float
     total_relaunches: int
-    def __init__(self, job_name: _Optional[str] = ..., state: _Optional[str] = ..., exit_reason: _Optional[str] = ..., nodes: _Optional[_Iterable[_Union[NodeStatus, _Mapping]]] = ..., min_nodes: _Optional[int] = ..., max_nodes: _Optional[int] = ..., job_failures: _Optional[int] = ..., step: _Optional[int] = ..., has_committed_step: _Optional[bool] = ..., committed_step: _Optional[int] = ..., goodput: _Optional[float] = ..., elapsed_s: _Optional[float] = ..., total_relaunches: _Optional[int] = ...) -> None: ...
+    target_nodes: int
+    wanted_nodes: int
+    capacity: int
+    def __init__(self, job_name: _Optional[str] = ..., state: _Optional[str] = ..., exit_reason: _Optional[str] = ..., nodes: _Optional[_Iterable[_Union[NodeStatus, _Mapping]]] = ..., min_nodes: _Optional[int] = ..., max_nodes: _Optional[int] = ..., job_failures: _Optional[int] = ..., step: _Optional[int] = ..., has_committed_step: _Optional[bool] = ..., committed_step: _Optional[int] = ..., goodput: _Optional[float] = ..., elapsed_s: _Optional[float] = ..., total_relaunches: _Optional[int] = ..., target_nodes: _Optional[int] = ..., wanted_nodes: _Optional[int] = ..., capacity: _Optional[int] = ...) -> None: ...
 
 class ListEventsRequest(_message.Message):
     __slots__ = ("after_seq", "limit")
@@ -113,3 +119,39 @@ class StopJobResponse(_message.Message):
     state: str
     exit_reason: str
     def __init__(self, state: _Optional[str] = ..., exit_reason: _Optional[str] = ...) -> None: ...
+
+class ResizeJobRequest(_message.Message):
+    __slots__ = ("target", "reason")
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    target: int
+    reason: str
+    def __init__(self, target: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class ResizeJobResponse(_message.Message):
+    __slots__ = ("wanted_nodes", "target_nodes", "placeable", "launched_ranks", "leaving_nodes", "message")
+    WANTED_NODES_FIELD_NUMBER: _ClassVar[int]
+    TARGET_NODES_FIELD_NUMBER: _ClassVar[int]
+    PLACEABLE_FIELD_NUMBER: _ClassVar[int]
+    LAUNCHED_RANKS_FIELD_NUMBER: _ClassVar[int]
+    LEAVING_NODES_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    wanted_nodes: int
+    target_nodes: int
+    placeable: int
+    launched_ranks: _containers.RepeatedScalarFieldContainer[int]
+    leaving_nodes: _containers.RepeatedScalarFieldContainer[int]
+    message: str
+    def __init__(self, wanted_nodes: _Optional[int] = ..., target_nodes: _Optional[int] = ..., placeable: _Optional[int] = ..., launched_ranks: _Optional[_Iterable[int]] = ..., leaving_nodes: _Optional[_Iterable[int]] = ..., message: _Optional[str] = ...) -> None: ...
+
+class SetCapacityRequest(_message.Message):
+    __slots__ = ("slots",)
+    SLOTS_FIELD_NUMBER: _ClassVar[int]
+    slots: int
+    def __init__(self, slots: _Optional[int] = ...) -> None: ...
+
+class SetCapacityResponse(_message.Message):
+    __slots__ = ("capacity",)
+    CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    capacity: int
+    def __init__(self, capacity: _Optional[int] = ...) -> None: ...
