@@ -136,6 +136,7 @@ def job_fields(snapshot: LifecycleSnapshot) -> dict[str, Any]:
         "policy_state": snapshot.policy_state,
         "target_nodes": snapshot.target_nodes,
         "wanted_nodes": snapshot.wanted_nodes,
+        "planned_round": {str(k): v for k, v in sorted(snapshot.planned_round.items())},
     }
 
 
@@ -167,6 +168,7 @@ def _snapshot(job: Mapping[str, Any] | None, nodes: Sequence[NodeRecord]) -> Lif
             # Absent in journals written before resizing: the job was sized to max_nodes.
             target_nodes=_optional_int(job.get("target_nodes")),
             wanted_nodes=_optional_int(job.get("wanted_nodes")),
+            planned_round={int(k): int(v) for k, v in dict(job.get("planned_round", {})).items()},
         )
     except (KeyError, TypeError, ValueError, DLRoverError) as exc:
         raise JournalError(f"corrupt job record {dict(job)!r}: {exc}") from exc

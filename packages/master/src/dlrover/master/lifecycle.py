@@ -111,6 +111,7 @@ class Savepoint:
     target_nodes: int
     wanted_nodes: int
     pending_announced: frozenset[int]
+    planned_round: dict[int, int]
 
 
 def _clip(text: str) -> str:
@@ -162,6 +163,7 @@ class JobLifecycle:
         self._target = config.nodes.max_nodes
         self._wanted = config.nodes.max_nodes
         self._pending_announced: set[int] = set()
+        self._planned_round: dict[int, int] = {}  # node id -> the action restarting it for a planned round
         if snapshot is not None:
             self._restore(snapshot, now)
 
@@ -184,6 +186,7 @@ class JobLifecycle:
         max_nodes = self._config.nodes.max_nodes
         self._target = min(max_nodes, snap.target_nodes if snap.target_nodes is not None else max_nodes)
         self._wanted = min(max_nodes, snap.wanted_nodes if snap.wanted_nodes is not None else max_nodes)
+        self._planned_round = dict(snap.planned_round)
         self._actions = {node_id: list(queued) for node_id, queued in snap.actions.items() if queued}
         if snap.policy_state and isinstance(self._policy, JournaledPolicy):
             self._policy.import_state(snap.policy_state)
@@ -273,6 +276,7 @@ class JobLifecycle:
             policy_state=self._policy.export_state() if isinstance(self._policy, JournaledPolicy) else "",
             target_nodes=self._target,
             wanted_nodes=self._wanted,
+            planned_round=dict(self._planned_round),
         )
 
     def savepoint(self) -> Savepoint:
@@ -293,6 +297,7 @@ class JobLifecycle:
             target_nodes=self._target,
             wanted_nodes=self._wanted,
             pending_announced=frozenset(self._pending_announced),
+            planned_round=dict(self._planned_round),
         )
 
     def rollback(self, savepoint: Savepoint) -> None:
@@ -311,6 +316,7 @@ class JobLifecycle:
         self._target = savepoint.target_nodes
         self._wanted = savepoint.wanted_nodes
         self._pending_announced = set(savepoint.pending_announced)
+        self._planned_round = dict(savepoint.planned_round)
         if isinstance(self._policy, StatefulPolicy) and savepoint.policy is not None:
             self._policy.rollback(savepoint.policy)
 
@@ -483,6 +489,19 @@ class JobLifecycle:
             out = out.merge(self._move(node, NodeState.REMOVED, cause, now))
             out = out.merge(Outcome(effects=(StopNode(node.node_id, cause),)))
             self._actions.pop(node.node_id, None)
+            self._planned_round.pop(node.node_id, None)
+        gone = ", ".join(str(n.node_id) for n in leaving)
+        for node in live:
+            if node in leaving or node.state is not NodeState.RUNNING or node.node_id in self._planned_round:
+                continue
+            # The nodes that stay train in a new round without the ones leaving: their workers
+            # restart for it (as for a node that joins), which spends no restart budget.
+            why = f"planned round: node(s) {gone} left the job ({cause})"
+            self._actions.setdefault(node.node_id, []).append(
+                Action(self._next_action_id, ActionKind.RESTART_PROCESSES, why)
+            )
+            self._planned_round[node.node_id] = self._next_action_id
+            self._next_action_id += 1
         return out, [n.node_id for n in leaving]
 
     def node_started(self, node_id: int, now: float) -> Outcome:
@@ -599,6 +618,8 @@ class JobLifecycle:
             samples=node.samples if samples is None else samples,
         )
         actions = tuple(self._actions.pop(node_id, ()))
+        if actions:
+            self._planned_round.pop(node_id, None)  # the planned restart is delivered
         return actions, Outcome(changed_nodes=frozenset({node_id}), job_changed=bool(actions))
 
     def report_failure(
@@ -633,6 +654,8 @@ class JobLifecycle:
         node = self.node(node_id)
         if node.state not in ALIVE_STATES:
             raise NodeStateError(f"node {node_id} is {node.state.value}; it cannot fail")
+        if node_id in self._planned_round and node.state is NodeState.RUNNING and not agent_exits:
+            return self._planned_restart(node, kind, _clip(evidence), answered=answered)
         return self._fail(
             node,
             kind,
@@ -643,6 +666,26 @@ class JobLifecycle:
             classification=classification,
             agent_exits=agent_exits,
         )
+
+    def _planned_restart(
+        self, node: NodeRecord, kind: FailureKind, evidence: str, *, answered: bool
+    ) -> tuple[Decision, Outcome]:
+        """A node told to restart for a planned round (a peer left by a resize) reports its
+        workers failed before that restart reached it: their collective lost the departed peer.
+        It is the planned restart, answered as such, and spends no budget."""
+        action_id = self._planned_round.pop(node.node_id)
+        if answered:
+            # The answer carries the restart: the queued one must not restart the node again.
+            kept = [a for a in self._actions.get(node.node_id, ()) if a.action_id != action_id]
+            self._actions[node.node_id] = kept
+        reason = (
+            f"a planned round is under way (a node left the job by a resize): the workers of node "
+            f"{node.node_id} restart for it; their failure ({kind.value}: {one_line_summary(evidence)}) "
+            "is its consequence and counts against no budget"
+        )
+        decision = Decision(ActionKind.RESTART_PROCESSES, kind, str(node.node_id), reason)
+        ev = Event("planned_restart", reason, node.node_id, node.rank, {"kind": kind.value, "evidence": evidence})
+        return decision, Outcome(events=(ev,), job_changed=True)
 
     def node_lost(
         self, node_id: int, evidence: str, now: float, *, exit_code: int | None = None
