@@ -7,6 +7,7 @@ stops it when it stays below its minimum past the window.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -155,10 +156,8 @@ def procs() -> Iterator[list[subprocess.Popen[str]]]:
     yield started
     descendants: list[psutil.Process] = []
     for proc in started:
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             descendants += psutil.Process(proc.pid).children(recursive=True)
-        except psutil.NoSuchProcess:
-            pass
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGTERM)
     for proc in started:
@@ -168,10 +167,8 @@ def procs() -> Iterator[list[subprocess.Popen[str]]]:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     for child in descendants:
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             child.kill()
-        except psutil.NoSuchProcess:
-            pass
 
 
 def _start(procs: list[subprocess.Popen[str]], cmd: list[str], log: Path) -> subprocess.Popen[str]:
