@@ -29,9 +29,12 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 # Exactly-once data from the master's shard service and a model whose final weights do not depend
 # on how samples are grouped into steps: w -= sum of each sample's features, float64 integers. The
-# data position is saved with the weights in every step's flash checkpoint (replicated: every rank
-# holds the same state) and restored with them, so a restart at any moment loses or repeats no
-# sample: the final weights equal those of a run that never resized.
+# data position is saved with the weights in the flash checkpoint (replicated: every rank holds the
+# same state) and restored with them, so a restart at any moment loses or repeats no sample: the
+# final weights equal those of a run that never resized. Checkpoints are taken at step 1, every
+# SAVE_EVERY steps, and whenever the agent asks for one before a planned round
+# (`save_requested`, agreed across ranks); after such a save the workers wait to be restarted, so
+# no step trained after it can be lost to the restart.
 TRAIN = textwrap.dedent(
     """
     import json, os, sys, time
@@ -41,6 +44,7 @@ TRAIN = textwrap.dedent(
     from dlrover.shard import DatasetSpec, DeliveryMode, IndexSource, ShardClient, ShardClientConfig
 
     DOC_BYTES = 8192
+    SAVE_EVERY = 5
     out, num_samples = sys.argv[1], int(sys.argv[2])
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     dist.init_process_group("gloo")
@@ -98,18 +102,26 @@ TRAIN = textwrap.dedent(
             client.report_done(shard.shard_id)
         dist.barrier()  # every rank's acknowledgement is in before the data position is taken
         step += 1
-        if rank == 0:
-            raw = client.checkpoint().encode()
-            assert len(raw) <= DOC_BYTES, len(raw)
-            data.zero_()
-            data[: len(raw)] = torch.tensor(list(raw), dtype=torch.uint8)
-            data_len[0] = len(raw)
-        dist.broadcast(data, 0)
-        dist.broadcast(data_len, 0)
-        ckpt.save(step, {"weights": weights, "step": step, "data": data, "data_len": data_len})
+        flag = torch.tensor([int(ckpt.save_requested())])
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        requested = bool(flag.item())
+        if requested or step == 1 or step % SAVE_EVERY == 0:
+            if rank == 0:
+                raw = client.checkpoint().encode()
+                assert len(raw) <= DOC_BYTES, len(raw)
+                data.zero_()
+                data[: len(raw)] = torch.tensor(list(raw), dtype=torch.uint8)
+                data_len[0] = len(raw)
+            dist.broadcast(data, 0)
+            dist.broadcast(data_len, 0)
+            ckpt.save(step, {"weights": weights, "step": step, "data": data, "data_len": data_len})
         if rank == 0:
             with open(os.path.join(out, "progress.log"), "a") as f:
-                f.write(f"{step} {world}\\n")
+                f.write(f"{step} {world} {int(requested)}\\n")
+        if requested:
+            held_until = time.monotonic() + 120  # the agent restarts us for the round
+            while time.monotonic() < held_until:
+                time.sleep(0.1)
     client.close()
     ckpt.close(job_end=rank == 0)
     if rank == 0:
@@ -135,7 +147,7 @@ PLAIN_TRAIN = textwrap.dedent(
         step += 1
         if rank == 0:
             with open(os.path.join(out, "progress.log"), "a") as f:
-                f.write(f"{step} {world}\\n")
+                f.write(f"{step} {world} 0\\n")
         time.sleep(0.2)
     dist.destroy_process_group()
     """
@@ -186,7 +198,7 @@ def _progress(out: Path) -> list[tuple[int, int]]:
     if not path.exists():
         return []
     rows = [line.split() for line in path.read_text().splitlines() if line.strip()]
-    return [(int(r[0]), int(r[1])) for r in rows if len(r) == 2]
+    return [(int(r[0]), int(r[1])) for r in rows if len(r) == 3]
 
 
 def _logs(state: Path, master_log: Path) -> str:
@@ -276,6 +288,13 @@ def test_capacity_grows_and_shrinks_a_running_job_and_the_weights_equal_a_run_th
     resumes = [json.loads(line) for line in (out / "resumed.jsonl").read_text().splitlines()]
     assert {r["world"] for r in resumes} >= {2, 4, 6}
     assert all(r["source"] != "none" for r in resumes if r["world"] != 2 or r["step"] > 0), resumes
+    # The planned round of the growth redid no step: the agent asked for a flash checkpoint before
+    # it, and the new round resumed from the last step the old one trained.
+    rows = [line.split() for line in (out / "progress.log").read_text().splitlines()]
+    before_growth = [int(step) for step, world, _requested in rows if world == "2"]
+    first_grown = next(r for r in resumes if r["world"] > 2)
+    assert first_grown["step"] == max(before_growth), (first_grown, before_growth[-3:])
+    assert rows[len(before_growth) - 1][2] == "1", "the last step before the growth was saved on request"
     events = _events(state)
     resizes = [e for e in events if e["kind"] == "resize"]
     assert [(e["data"]["source"], e["data"]["previous_target"], e["data"]["target"]) for e in resizes] == [
