@@ -355,6 +355,14 @@ def test_the_capacity_file_is_followed_and_bad_content_changes_nothing(
         backend.close()
 
 
+def test_a_capacity_in_slots_is_refused_for_a_backend_that_is_not_local() -> None:
+    with pytest.raises(ConfigError, match="for the local backend; the external backend reports its own"):
+        MasterConfig(backend="external", local_slots=2)
+    with pytest.raises(ConfigError, match="local_slots must be a non-negative integer"):
+        MasterConfig(local_slots=-1)
+    assert MasterConfig(local_slots=0).local_slots == 0
+
+
 @pytest.mark.parametrize("text", ["x", "-1", "1.5", ""])
 def test_parse_slots_refuses_what_is_not_a_count(text: str) -> None:
     with pytest.raises(ConfigError, match="not a number of slots"):

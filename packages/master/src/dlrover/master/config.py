@@ -204,6 +204,11 @@ class MasterConfig:
             raise ConfigError(f"metrics_port must be in 0..65535, got {self.metrics_port!r}")
         if self.backend not in BACKENDS:
             raise ConfigError(f"backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
+        if self.backend != "local" and (self.local_slots is not None or self.capacity_file is not None):
+            raise ConfigError(
+                f"a capacity in slots (local_slots {self.local_slots!r}, capacity_file {self.capacity_file!r}) is "
+                f"for the local backend; the {self.backend} backend reports its own"
+            )
         if self.failure_policy not in FAILURE_POLICIES:
             raise ConfigError(
                 f"failure_policy must be one of {', '.join(FAILURE_POLICIES)}, got {self.failure_policy!r}"
