@@ -4,6 +4,8 @@ Composes the DLRover libraries behind one authenticated gRPC server: the node li
 explicit transition table, budgets, early-stop rules), scheduler backends (local, external),
 a SQLite state journal a restarted master resumes from, per-node identity, checkpoint
 coordination, Prometheus metrics, a JSON-lines event log with goodput, and `dlrover-master`.
+A running job grows and shrinks through one path: a `ResizeRequest` (`Master.resize`,
+`dlrover-master scale`, the backend's capacity) to the lifecycle core.
 By default the same server hosts the job's RendezvousService and ShardService (journaled, and
 released from failed nodes), and failures are decided by dlrover.diagnosis.
 """
@@ -73,8 +75,10 @@ from dlrover.master.policy import (
 )
 from dlrover.master.records import Action, Event, LaunchNode, LifecycleSnapshot, NodeRecord, Outcome, StopNode
 from dlrover.master.rendezvous_state import export_rendezvous, restore_rendezvous
+from dlrover.master.resize import ResizeError, ResizeRequest, ResizeResult, ResizeSource, choose_leaving
 from dlrover.master.runtime import MasterRuntime, ServiceRegistration
 from dlrover.master.scheduler import (
+    AdjustableCapacity,
     ExternalScheduler,
     FakeScheduler,
     LocalScheduler,
@@ -83,6 +87,7 @@ from dlrover.master.scheduler import (
     ObservedState,
     SchedulerBackend,
     SchedulerError,
+    parse_slots,
 )
 from dlrover.master.servicers import AgentServicer, CheckpointServicer, JobServicer, add_master_services
 from dlrover.master.statedir import (
@@ -141,6 +146,12 @@ __all__ = [
     "JobFullError",
     "HostAvoidedError",
     "Savepoint",
+    # resizing
+    "ResizeRequest",
+    "ResizeResult",
+    "ResizeSource",
+    "ResizeError",
+    "choose_leaving",
     # failure policy seam
     "FailurePolicy",
     "JournaledPolicy",
@@ -198,6 +209,8 @@ __all__ = [
     "FakeScheduler",
     "LocalScheduler",
     "ExternalScheduler",
+    "AdjustableCapacity",
+    "parse_slots",
     # transport
     "AgentServicer",
     "CheckpointServicer",
