@@ -376,7 +376,7 @@ ROUND_WORKER = textwrap.dedent(
         step += 1
         state["w"].fill_(float(step))
         state["step"] = step
-        requested = ckpt.save_requested()
+        requested = mode != "ignore" and ckpt.save_requested()
         if requested or step == 1:  # else: steps trained and not saved
             ckpt.save(step, state)
         with open(os.path.join(out, "trained"), "a") as f:
@@ -423,3 +423,44 @@ def test_before_a_planned_round_the_agent_has_its_workers_save_so_the_round_redo
         assert all(requested == "0" for _step, requested in trained)
         assert resumed["step"] == 1
         assert len(trained) >= 3
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(180)
+def test_workers_that_never_answer_the_save_request_are_restarted_after_the_timeout_while_the_agent_heartbeats(
+    tmp_path: Path,
+) -> None:
+    out_dir = tmp_path / "out"
+    told: list[float] = []
+    beats: list[float] = []
+
+    def nodes_waiting() -> int:
+        if not told and (out_dir / "ready").exists():
+            told.append(time.monotonic())
+            return 1
+        return 0
+
+    control = FakeControlPlane(nodes_waiting=nodes_waiting, heartbeat_interval_s=0.05)
+    heartbeat = control.heartbeat
+
+    def counted(progress: Any) -> Any:
+        beats.append(time.monotonic())
+        return heartbeat(progress)
+
+    control.heartbeat = counted  # type: ignore[method-assign]
+    rounds: list[float] = []
+    next_round = control.next_round
+
+    def recorded(*args: Any, **kwargs: Any) -> Any:
+        rounds.append(time.monotonic())
+        return next_round(*args, **kwargs)
+
+    control.next_round = recorded  # type: ignore[method-assign]
+    agent, out, _job = _agent(tmp_path, "ignore", control, worker=ROUND_WORKER, round_save_timeout_s=2.0)
+    result = agent.run()
+    assert result.exit_code == 0, (result.reason, _logs(tmp_path))
+    assert json.loads((out / "resumed.json").read_text())["step"] == 1
+    # The node kept heartbeating while it waited for a save that never came, before the new round.
+    assert len(rounds) == 2
+    during = [t for t in beats if told[0] < t < rounds[1]]
+    assert len(during) >= 2, (told, rounds, len(beats))

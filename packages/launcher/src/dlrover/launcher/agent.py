@@ -761,7 +761,7 @@ class Agent:
                 _log.info("local rank %d is failing: stopping the other workers now", failing[0])
                 group.terminate()
             step = assess_workers(exits, self._config.nproc_per_node, nodes_waiting, failing)
-            self._save_before_round(group, step, nodes_waiting)
+            step = self._save_before_round(group, step, nodes_waiting)
             if step.kind is StepKind.REPORT_FAILURE:
                 failed = first_failure(exits, failing)
                 assert failed is not None
@@ -781,42 +781,63 @@ class Agent:
                 # does not wait for the next tick.
                 group.wait(self._config.monitor_interval_s, None if self._wake is None else self._wake[0])
 
-    def _save_before_round(self, group: WorkerGroup, step: Step, nodes_waiting: int) -> None:
+    def _save_before_round(self, group: WorkerGroup, step: Step, nodes_waiting: int) -> Step:
         """Before a planned round (`step` restarts the workers because nodes wait to join), have
         the workers seal a flash checkpoint, so the new round resumes from the step this one
-        reached and redoes none (see `round_save_timeout_s`).
+        reached and redoes none (see `round_save_timeout_s`). Returns the step to take: `step`,
+        or what the master asked for on a heartbeat during the wait.
 
-        Waits on its own monitoring: a worker that exits ends the wait (the restart follows).
+        Waits on its own monitoring, heartbeating meanwhile: a worker that exits, a stop request
+        or a master's action ends the wait.
         """
         if step.kind is not StepKind.RESTART or nodes_waiting <= 0:
-            return
+            return step
         host, slots, timeout = self._saver_host, self._step_slots, self._config.round_save_timeout_s
         if host is None or slots is None or timeout <= 0 or self._group_ranks is None:
-            return
+            return step
         started_at, ranks = self._group_ranks
         if not ranks <= host.ranks_sealed_since(started_at):
-            return  # workers that have not checkpointed since they started are not waited for
+            return step  # workers that have not checkpointed since they started are not waited for
         asked_at = self._clock.now()
         number = slots.request_save()
         _log.info("planned round: asked the workers for a flash checkpoint (request %d)", number)
+        next_heartbeat = asked_at + self._heartbeat_interval_s
         while True:
             sealed = host.ranks_sealed_since(asked_at)
             waited = self._clock.now() - asked_at
             if ranks <= sealed:
                 newest = host.newest_step_sealed_by(ranks)
                 _log.info("planned round: every worker sealed step %s %.2f s after the request", newest, waited)
-                return
+                return step
             if waited >= timeout or group.poll() or self._stop_requested.is_set():
-                missing = sorted(ranks - sealed)
+                missing = ", ".join(map(str, sorted(ranks - sealed)))
                 _log.warning(
                     "planned round: rank(s) %s sealed no flash checkpoint within %.1f s (--round-save-timeout %g); "
                     "the new round resumes from their newest one",
-                    ", ".join(map(str, missing)),
+                    missing,
                     waited,
                     timeout,
                 )
-                return
+                return step
+            if self._clock.now() >= next_heartbeat:
+                next_heartbeat = self._clock.now() + self._heartbeat_interval_s
+                asked = self._heartbeat_while_saving()
+                if asked is not None:
+                    return asked
             group.wait(self._config.monitor_interval_s, None if self._wake is None else self._wake[0])
+
+    def _heartbeat_while_saving(self) -> Step | None:
+        """One heartbeat during the save before a round (the node must not look lost); the
+        master's action, if it asked for one, ends the wait and replaces the round's restart."""
+        try:
+            asked = on_master_actions(self._control.heartbeat(self._progress()))
+        except DLRoverError as exc:
+            _log.warning("heartbeat during the save before a round failed: %s", exc)
+            return None
+        if asked.kind is StepKind.CONTINUE:
+            return None
+        _log.info("planned round: the master asked for more while the workers saved: %s", asked.reason)
+        return asked
 
     def _check_nodes(self, assignment: RoundAssignment, restarts: int) -> Step | None:
         """Run the network check of this round, if on; None when this node goes on to train.
