@@ -284,3 +284,22 @@ def test_checkpoint_phases_before_the_first_step_are_the_load_and_after_it_saves
     assert (reading.step, reading.samples, reading.step_end_s) == (2, 4, 13.5)
     writer.close()
     slots.close()
+
+
+def test_the_agents_save_request_reaches_every_worker_and_survives_a_reset(tmp_path: Path) -> None:
+    slots = StepSlotFile(tmp_path / "steps.slots", 2)
+    first, second = StepReporter(slots.path, 0), StepReporter(slots.path, 1)
+    try:
+        assert (first.save_request(), second.save_request()) == (0, 0)
+        assert slots.request_save() == 1
+        assert (first.save_request(), second.save_request()) == (1, 1)
+        first.step(4)  # a worker's own writes leave the header alone
+        slots.reset()
+        assert second.save_request() == 1
+        assert slots.request_save() == 2
+        assert first.save_request() == 2
+        assert slots.read(0) is None
+    finally:
+        first.close()
+        second.close()
+        slots.close()

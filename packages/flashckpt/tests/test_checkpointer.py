@@ -257,3 +257,40 @@ def test_under_dlrover_run_every_save_marks_a_step_in_the_agents_step_slots(
     finally:
         ckpt.close(job_end=True)
         slots.close()
+
+
+def test_save_requested_answers_the_agents_request_once_until_a_save_serves_it(
+    job_id: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dlrover.common.step_slots import STEP_SLOT_ENV_VAR, STEP_SLOTS_ENV_VAR, StepSlotFile
+
+    slots = StepSlotFile(tmp_path / "steps.slots", 1)
+    slots.request_save()  # a request made before this worker started is not for it
+    monkeypatch.setenv(STEP_SLOTS_ENV_VAR, str(slots.path))
+    monkeypatch.setenv(STEP_SLOT_ENV_VAR, "0")
+    ckpt = FlashCheckpointer(StagerConfig(job_id=job_id, run_id="r"), str(tmp_path / "store"), saver="none")
+    try:
+        assert not ckpt.save_requested()
+        slots.request_save()
+        assert ckpt.save_requested()
+        assert ckpt.save_requested()  # asking changes nothing; a save does
+        ckpt.save(2, _state(2))
+        assert not ckpt.save_requested()
+        slots.request_save()
+        assert ckpt.save_requested()
+    finally:
+        ckpt.close(job_end=True)
+        slots.close()
+
+
+def test_save_requested_is_false_outside_dlrover_run(
+    job_id: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dlrover.common.step_slots import STEP_SLOTS_ENV_VAR
+
+    monkeypatch.delenv(STEP_SLOTS_ENV_VAR, raising=False)
+    ckpt = FlashCheckpointer(StagerConfig(job_id=job_id, run_id="r"), str(tmp_path / "store"), saver="none")
+    try:
+        assert not ckpt.save_requested()
+    finally:
+        ckpt.close(job_end=True)

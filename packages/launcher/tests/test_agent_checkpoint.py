@@ -352,3 +352,115 @@ def test_heartbeats_carry_the_newest_sealed_step_and_the_nodes_resource_use(tmp_
     assert reported.memory_bytes > 16 << 20
     assert reported.cpu_percent >= 0.0
     _assert_nothing_left(tmp_path, job)
+
+
+ROUND_WORKER = textwrap.dedent(
+    """
+    import json, os, sys, time
+    import torch
+    from dlrover.flashckpt import FlashCheckpointer, NoCheckpointError, StagerConfig
+
+    out, mode, job, shm = sys.argv[1:5]
+    ckpt = FlashCheckpointer(
+        StagerConfig(job_id=job, run_id="r", shm_dir=shm, copy_threads=1), os.path.join(out, "ckpt")
+    )
+    state = {"w": torch.zeros(16), "step": 0}
+    if os.path.exists(os.path.join(out, "trained")):  # restarted (a new round counts no restart)
+        loaded = ckpt.load(target=state)
+        with open(os.path.join(out, "resumed.json"), "w") as f:
+            json.dump({"step": loaded.step, "source": loaded.source}, f)
+        ckpt.close(job_end=True)
+        sys.exit(0)
+    step = 0
+    while step < 500:
+        step += 1
+        state["w"].fill_(float(step))
+        state["step"] = step
+        requested = mode != "ignore" and ckpt.save_requested()
+        if requested or step == 1:  # else: steps trained and not saved
+            ckpt.save(step, state)
+        with open(os.path.join(out, "trained"), "a") as f:
+            f.write(f"{step} {int(requested)}\\n")
+        if step == 3:
+            open(os.path.join(out, "ready"), "w").close()
+        if requested:
+            time.sleep(600)  # wait for the agent's restart: no step after the save is trained
+        time.sleep(0.1)
+    """
+)
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("round_save_timeout_s", [30.0, 0.0])
+def test_before_a_planned_round_the_agent_has_its_workers_save_so_the_round_redoes_no_step(
+    tmp_path: Path, round_save_timeout_s: float
+) -> None:
+    out_dir = tmp_path / "out"
+    told: list[int] = []
+
+    def nodes_waiting() -> int:
+        # A node asks to join once the worker has trained a few steps: a planned round.
+        if not told and (out_dir / "ready").exists():
+            told.append(1)
+            return 1
+        return 0
+
+    control = FakeControlPlane(nodes_waiting=nodes_waiting, heartbeat_interval_s=0.05)
+    agent, out, _job = _agent(
+        tmp_path, "round", control, worker=ROUND_WORKER, round_save_timeout_s=round_save_timeout_s
+    )
+    result = agent.run()
+    assert result.exit_code == 0, (result.reason, _logs(tmp_path))
+    resumed = json.loads((out / "resumed.json").read_text())
+    trained = [line.split() for line in (out / "trained").read_text().splitlines()]
+    if round_save_timeout_s:
+        # The last step trained before the round was saved on request, and the round resumed from it.
+        assert trained[-1][1] == "1", trained
+        assert (resumed["step"], resumed["source"]) == (int(trained[-1][0]), "memory")
+    else:
+        # Off: nobody asks, and the steps since the last save are trained again.
+        assert all(requested == "0" for _step, requested in trained)
+        assert resumed["step"] == 1
+        assert len(trained) >= 3
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(180)
+def test_workers_that_never_answer_the_save_request_are_restarted_after_the_timeout_while_the_agent_heartbeats(
+    tmp_path: Path,
+) -> None:
+    out_dir = tmp_path / "out"
+    told: list[float] = []
+    beats: list[float] = []
+
+    def nodes_waiting() -> int:
+        if not told and (out_dir / "ready").exists():
+            told.append(time.monotonic())
+            return 1
+        return 0
+
+    control = FakeControlPlane(nodes_waiting=nodes_waiting, heartbeat_interval_s=0.05)
+    heartbeat = control.heartbeat
+
+    def counted(progress: Any) -> Any:
+        beats.append(time.monotonic())
+        return heartbeat(progress)
+
+    control.heartbeat = counted  # type: ignore[method-assign]
+    rounds: list[float] = []
+    next_round = control.next_round
+
+    def recorded(*args: Any, **kwargs: Any) -> Any:
+        rounds.append(time.monotonic())
+        return next_round(*args, **kwargs)
+
+    control.next_round = recorded  # type: ignore[method-assign]
+    agent, out, _job = _agent(tmp_path, "ignore", control, worker=ROUND_WORKER, round_save_timeout_s=2.0)
+    result = agent.run()
+    assert result.exit_code == 0, (result.reason, _logs(tmp_path))
+    assert json.loads((out / "resumed.json").read_text())["step"] == 1
+    # The node kept heartbeating while it waited for a save that never came, before the new round.
+    assert len(rounds) == 2
+    during = [t for t in beats if told[0] < t < rounds[1]]
+    assert len(during) >= 2, (told, rounds, len(beats))

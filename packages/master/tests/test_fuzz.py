@@ -119,6 +119,19 @@ RPCS: dict[str, tuple[str, Callable[[], st.SearchStrategy[Any]], Any]] = {
         ),
         job_pb2.StopJobResponse,
     ),
+    "ResizeJob": (
+        "/dlrover.master.v1.JobService/ResizeJob",
+        lambda: st.builds(lambda t, r: job_pb2.ResizeJobRequest(target=t, reason=r), I32, TEXT),
+        job_pb2.ResizeJobResponse,
+    ),
+    "SetCapacity": (
+        "/dlrover.master.v1.JobService/SetCapacity",
+        lambda: st.builds(
+            lambda n: job_pb2.SetCapacityRequest() if n is None else job_pb2.SetCapacityRequest(slots=n),
+            st.none() | I32,
+        ),
+        job_pb2.SetCapacityResponse,
+    ),
 }
 
 

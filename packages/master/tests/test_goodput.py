@@ -106,14 +106,14 @@ def test_resize_window_and_the_open_tail_of_a_running_job() -> None:
     events = [
         ev(0.0, "job_start"),
         steps_event(3.0, attempt(1, [(1, 2.0, 0.0), (2, 3.0, 0.0)], ready_time=1.0)),
-        ev(3.5, "resize_started", {"resize_id": "r1"}),
-        ev(6.0, "resize_done", {"resize_id": "r1"}),
+        ev(3.5, "resize", {"target": 2}),
         steps_event(8.0, attempt(2, [(3, 7.0, 0.0), (4, 8.0, 0.0)], ready_time=6.0)),
     ]
     b = compute_breakdown(events, now_wall=9.0)
     assert b.useful_s == pytest.approx(4.0)
+    # From the resize until training resumes (the new attempt's first step began at 6).
     assert b.buckets["resize"] == pytest.approx(2.5)
-    assert b.buckets["restart"] == pytest.approx(0.5)  # 3..3.5 and 6..6: stopped for the resize
+    assert b.buckets["restart"] == pytest.approx(0.5)  # 3..3.5: stopped before the resize
     assert b.buckets["in_progress"] == pytest.approx(1.0)
     assert b.buckets["startup"] == pytest.approx(1.0)
 
@@ -173,7 +173,7 @@ def timelines(draw: st.DrawFn) -> tuple[list[dict[str, Any]], float]:
             marks=tuple(StepMark(s, e, v) for s, e, v in zip(steps, ends, saves, strict=True)),
         )
         events.append(steps_event(draw(t), report))
-    for kind in draw(st.lists(st.sampled_from(["failure", "resize_started", "resize_done", "progress"]), max_size=6)):
+    for kind in draw(st.lists(st.sampled_from(["failure", "resize", "progress"]), max_size=6)):
         events.append(ev(draw(t), kind))
     if draw(st.booleans()):
         events.append(ev(draw(t), "job_end"))
@@ -227,8 +227,7 @@ def test_the_timeline_picture_shows_steps_failures_restarts_resizes_and_checkpoi
         ev(4.5, "checkpoint", {"step": 3, "path": "/ckpt/3"}),
         ev(5.0, "failure", node=1),
         ev(5.2, "process_restart", node=1),
-        ev(6.0, "resize_started"),
-        ev(7.0, "resize_done"),
+        ev(6.0, "resize"),
         steps_event(9.0, attempt(2, [(4, 8.0, 0.0), (5, 9.0, 0.0)], ready_time=7.0)),
         ev(9.5, "job_end"),
     ]

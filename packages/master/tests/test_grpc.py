@@ -250,7 +250,9 @@ def test_step_marks_and_saver_commits_reach_the_status(make_runtime: MakeRuntime
         assert (status.committed_step, status.committed_path) == (4, "/ck/4")
         assert status.useful_s == pytest.approx(4.0)
         assert {name for name, _ in status.goodput_buckets} >= {"startup", "steps_redone", "checkpoint_save"}
-        assert status.useful_s + sum(seconds for _, seconds in status.goodput_buckets) == pytest.approx(status.elapsed_s)
+        assert status.useful_s + sum(seconds for _, seconds in status.goodput_buckets) == pytest.approx(
+            status.elapsed_s
+        )
         before = rt.master.state_digest()
         for bad in (
             agent_pb2.AttemptReport(attempt=1, rank=0, marks=[agent_pb2.StepMark(step=-1, end_time=1.0)]),

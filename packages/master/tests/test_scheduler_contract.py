@@ -93,6 +93,27 @@ def test_contract_launch_observe_stop(backend: SchedulerBackend) -> None:
     assert backend.observe()[1].state in (ObservedState.PENDING, ObservedState.RUNNING)
 
 
+def test_contract_capacity_is_unknown_or_counts_held_nodes(backend: SchedulerBackend) -> None:
+    """None (unknown or unbounded) stays None; a count drops by one per node held and comes back
+    as soon as a node is told to stop."""
+    if isinstance(backend, FakeScheduler):
+        backend.slots = 2  # the fake plays a bounded backend; unbounded is None as for the others
+    if isinstance(backend, LocalScheduler):
+        backend.set_slots(2)
+    before = backend.capacity()
+    backend.launch(spec(0))
+    if before is None:
+        assert backend.capacity() is None
+        return
+    assert backend.capacity() == before - 1
+    backend.launch(spec(1))
+    backend.launch(spec(2))  # one more than fits: it waits (pending) or is held over the room
+    assert backend.capacity() == before - 3
+    assert backend.observe()[2].state is ObservedState.PENDING
+    backend.stop(0)
+    assert backend.capacity() == before - 2
+
+
 def test_contract_close_stops_everything(backend: SchedulerBackend) -> None:
     backend.launch(spec(0))
     backend.close()

@@ -8,7 +8,9 @@ CLOCK_MONOTONIC (a vDSO call): no system call, no RPC, cheap enough for every st
 
 File layout (little endian):
 
-* header, 64 bytes: magic ``b"DLRSLOT2"``, u32 slot count, u32 slot size (128), zero padding;
+* header, 64 bytes: magic ``b"DLRSLOT2"``, u32 slot count, u32 slot size (128), u64 save request
+  (written by the agent only: a counter it raises to ask the workers for a flash checkpoint before
+  a planned rendezvous round; see `StepSlotFile.request_save`), zero padding;
 * slot ``i`` at ``64 + 128 * i``: u64 sequence, i64 step, i64 samples, f64 step end (seconds on
   CLOCK_MONOTONIC, shared by every process of the node), f64 phase start, u32 phase code, u32 pid,
   f64 ready (when the worker was ready to train: its first write, or the end of a checkpoint
@@ -71,6 +73,8 @@ PHASES: tuple[str, ...] = ("train", "checkpoint", "eval")
 
 _MAGIC = b"DLRSLOT2"
 _HEADER = struct.Struct("<8sII")
+_SAVE_REQUEST = struct.Struct("<Q")
+_SAVE_REQUEST_OFFSET = _HEADER.size
 _SLOT = struct.Struct("<QqqddIIddd")
 _SLOT_SIZE = 128
 _CHECKPOINT_CODE = PHASES.index("checkpoint")
@@ -157,6 +161,16 @@ class StepSlotFile:
         if self._buf is None:
             raise ConfigError(f"step slot file {self.path} is closed")
         return self._buf
+
+    def request_save(self) -> int:
+        """Ask every worker for a flash checkpoint (a planned round is coming); returns the new
+        request number. Workers see it through `StepReporter.save_request` (a checkpointer's
+        ``save_requested()``); the counter survives `reset`, so a new worker never mistakes an
+        old request for a new one (it remembers the number it found when it started)."""
+        buf = self._mapped()
+        number = int(_SAVE_REQUEST.unpack_from(buf, _SAVE_REQUEST_OFFSET)[0]) + 1
+        _SAVE_REQUEST.pack_into(buf, _SAVE_REQUEST_OFFSET, number)  # one aligned 8-byte store
+        return number
 
     def reset(self) -> None:
         """Clear every slot (before a new set of workers starts)."""
@@ -315,6 +329,10 @@ class StepReporter:
         if step is None:
             step = _SLOT.unpack_from(self._mapped(), self._off)[1] + 1
         self._write(step=step, add_samples=samples)
+
+    def save_request(self) -> int:
+        """The agent's save request number (see `StepSlotFile.request_save`); 0 before any."""
+        return int(_SAVE_REQUEST.unpack_from(self._mapped(), _SAVE_REQUEST_OFFSET)[0])
 
     def add_samples(self, samples: int) -> None:
         """Count `samples` more consumed samples without marking a step.

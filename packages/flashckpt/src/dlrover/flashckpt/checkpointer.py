@@ -229,6 +229,8 @@ class FlashCheckpointer:
         self.events = EventLog()
         # Every save ends a step: under dlrover-run the agent's hang detector hears of it.
         self._steps = optional_reporter()
+        # Save requests made before this process started are not for it.
+        self._served_request = self._steps.save_request() if self._steps is not None else 0
         self._link = SaverLink(
             config,
             location,
@@ -264,8 +266,10 @@ class FlashCheckpointer:
         ``saver="none"``, right here after sealing). A saver that cannot be reached never stops
         training: ``auto`` mode reconnects (through the agent when it hosts the saver, else by
         starting a detached one), otherwise a ``persist_failed`` event is recorded
-        and the snapshot stays in memory.
+        and the snapshot stays in memory. A save serves any save request the agent made before it
+        (see `save_requested`).
         """
+        request = self._steps.save_request() if self._steps is not None else 0
         if self._steps is None:
             result = self.stager.save(step, state)
         else:
@@ -278,6 +282,8 @@ class FlashCheckpointer:
                     self._steps.step(step)
             finally:
                 self._steps.phase("train")
+        if result.saved:
+            self._served_request = max(self._served_request, request)
         if persist and result.saved:
             if self.client is not None:
                 self._link.request_persist(step)
@@ -292,6 +298,22 @@ class FlashCheckpointer:
                 finally:
                     self._steps.phase("train")
         return result
+
+    def save_requested(self) -> bool:
+        """Whether the node's agent asks for a flash checkpoint now: a planned rendezvous round
+        (nodes joining the job) is coming, and the agent holds the round until every worker of
+        its node has sealed a snapshot since it asked (bounded by ``dlrover-run
+        --round-save-timeout``), so the new round resumes from the step the old one reached
+        and redoes none. Cheap (one read of mapped memory): poll it every step and save when
+        it is true; False when not run by ``dlrover-run``. In a job of several ranks, agree
+        first (an ``all_reduce`` with MAX of the flag), so every rank saves the same step::
+
+            flag = torch.tensor([int(ckpt.save_requested())])
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            if flag.item() or step % save_every == 0:
+                ckpt.save(step, state)
+        """
+        return self._steps is not None and self._steps.save_request() > self._served_request
 
     def wait_persisted(self, step: int, timeout_s: float = 300.0) -> PersistOutcome:
         """Wait for the saver's answer about persisting `step`.

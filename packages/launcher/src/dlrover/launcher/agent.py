@@ -120,6 +120,11 @@ class AgentConfig:
         heartbeat_interval_s: heartbeat this often instead of at the master's interval.
         master_lost_timeout_s: how long workers keep training while the master cannot be
             reached (a restarting master resumes from its journal) before the agent gives up.
+        round_save_timeout_s: before a planned round (nodes waiting to join), the agent asks its
+            workers for a flash checkpoint through the step slot file (the checkpointer's
+            ``save_requested()``) and restarts them once every one has sealed a snapshot since,
+            or after this many seconds; 0 restarts at once. Only with the node's saver hosted
+            here, and only for workers that have sealed a snapshot since they started.
         host_checkpoint_saver: run the node's flash-checkpoint savers in this agent (workers
             find them through ``DLROVER_FLASHCKPT_HOST``), so they outlive crashed workers and
             their shared memory is removed when the agent exits.
@@ -182,6 +187,7 @@ class AgentConfig:
     step_hang: HangConfig | None = attrs.field(factory=HangConfig)
     stack_dump_timeout_s: float = attrs.field(default=10.0, validator=positive)
     master_lost_timeout_s: float = attrs.field(default=300.0, validator=non_negative)
+    round_save_timeout_s: float = attrs.field(default=10.0, validator=non_negative)
     heartbeat_interval_s: float | None = None
     host_checkpoint_saver: bool = True
     checkpoint_shm_dir: str = DEFAULT_SHM_DIR
@@ -299,6 +305,7 @@ class Agent:
         self._node_dir_path: Path | None = None
         # The node's step slot file (made with the first workers) and the current workers' watch.
         self._step_slots: StepSlotFile | None = None
+        self._group_ranks: tuple[float, frozenset[int]] | None = None  # (start time, global ranks) of the workers
         self._step_watch: StepWatch | None = None
         # (node rank, nodes, RANK of local rank 0, WORLD_SIZE) of the last workers started.
         self._layout: tuple[int, int, int, int] | None = None
@@ -764,6 +771,7 @@ class Agent:
             self._refill_pending = (started_at, ranks)
         if self._saver_host is not None:
             self._departed_sweep = (started_at, ranks)
+        self._group_ranks = (started_at, ranks)
         return group
 
     def _sweep_departed_ranks(self) -> None:
@@ -832,6 +840,7 @@ class Agent:
                 _log.info("local rank %d is failing: stopping the other workers now", failing[0])
                 group.terminate()
             step = assess_workers(exits, self._config.nproc_per_node, nodes_waiting, failing)
+            step = self._save_before_round(group, step, nodes_waiting)
             if step.kind is StepKind.REPORT_FAILURE:
                 failed = first_failure(exits, failing)
                 assert failed is not None
@@ -850,6 +859,64 @@ class Agent:
                 # Wakes as soon as a worker exits: the report of a failure (and so the restart)
                 # does not wait for the next tick.
                 group.wait(self._config.monitor_interval_s, None if self._wake is None else self._wake[0])
+
+    def _save_before_round(self, group: WorkerGroup, step: Step, nodes_waiting: int) -> Step:
+        """Before a planned round (`step` restarts the workers because nodes wait to join), have
+        the workers seal a flash checkpoint, so the new round resumes from the step this one
+        reached and redoes none (see `round_save_timeout_s`). Returns the step to take: `step`,
+        or what the master asked for on a heartbeat during the wait.
+
+        Waits on its own monitoring, heartbeating meanwhile: a worker that exits, a stop request
+        or a master's action ends the wait.
+        """
+        if step.kind is not StepKind.RESTART or nodes_waiting <= 0:
+            return step
+        host, slots, timeout = self._saver_host, self._step_slots, self._config.round_save_timeout_s
+        if host is None or slots is None or timeout <= 0 or self._group_ranks is None:
+            return step
+        started_at, ranks = self._group_ranks
+        if not ranks <= host.ranks_sealed_since(started_at):
+            return step  # workers that have not checkpointed since they started are not waited for
+        asked_at = self._clock.now()
+        number = slots.request_save()
+        _log.info("planned round: asked the workers for a flash checkpoint (request %d)", number)
+        next_heartbeat = asked_at + self._heartbeat_interval_s
+        while True:
+            sealed = host.ranks_sealed_since(asked_at)
+            waited = self._clock.now() - asked_at
+            if ranks <= sealed:
+                newest = host.newest_step_sealed_by(ranks)
+                _log.info("planned round: every worker sealed step %s %.2f s after the request", newest, waited)
+                return step
+            if waited >= timeout or group.poll() or self._stop_requested.is_set():
+                missing = ", ".join(map(str, sorted(ranks - sealed)))
+                _log.warning(
+                    "planned round: rank(s) %s sealed no flash checkpoint within %.1f s (--round-save-timeout %g); "
+                    "the new round resumes from their newest one",
+                    missing,
+                    waited,
+                    timeout,
+                )
+                return step
+            if self._clock.now() >= next_heartbeat:
+                next_heartbeat = self._clock.now() + self._heartbeat_interval_s
+                asked = self._heartbeat_while_saving()
+                if asked is not None:
+                    return asked
+            group.wait(self._config.monitor_interval_s, None if self._wake is None else self._wake[0])
+
+    def _heartbeat_while_saving(self) -> Step | None:
+        """One heartbeat during the save before a round (the node must not look lost); the
+        master's action, if it asked for one, ends the wait and replaces the round's restart."""
+        try:
+            asked = on_master_actions(self._control.heartbeat(self._progress()))
+        except DLRoverError as exc:
+            _log.warning("heartbeat during the save before a round failed: %s", exc)
+            return None
+        if asked.kind is StepKind.CONTINUE:
+            return None
+        _log.info("planned round: the master asked for more while the workers saved: %s", asked.reason)
+        return asked
 
     def _check_nodes(self, assignment: RoundAssignment, restarts: int) -> Step | None:
         """Run the network check of this round, if on; None when this node goes on to train.

@@ -157,6 +157,7 @@ class LaunchConfig:
     rendezvous_timeout_s: float = 600.0
     store_wait_s: float = 60.0
     master_lost_timeout_s: float = 300.0
+    round_save_timeout_s: float = 10.0
     shutdown_grace_s: float = 10.0
     # Built by hand: no standbys. `parse_args` fills in DEFAULT_PREWARM for a Python worker.
     prewarm: tuple[str, ...] = ()
@@ -419,6 +420,13 @@ def _add_dlrover_options(ours: argparse._ArgumentGroup) -> None:
     _option(ours, _both("token-file"), None, "a 0600 file holding the job token")
     _option(ours, _both("heartbeat-interval"), None, "seconds between heartbeats (default: the master's choice)")
     _option(ours, _both("master-lost-timeout"), "300", "seconds workers keep training while the master is unreachable")
+    _option(
+        ours,
+        _both("round-save-timeout"),
+        "10",
+        "before a planned round (nodes joining), ask the workers for a flash checkpoint (FlashCheckpointer."
+        "save_requested) and wait at most this many seconds for every one to seal it; 0: restart at once",
+    )
     _option(
         ours,
         _both("shutdown-grace"),
@@ -825,6 +833,7 @@ def parse_args(
             else float(_number(ns.heartbeat_interval, "--heartbeat-interval", float, 0.01))
         ),
         master_lost_timeout_s=float(_number(ns.master_lost_timeout, "--master-lost-timeout", float, 0.0)),
+        round_save_timeout_s=_finite(ns.round_save_timeout, "--round-save-timeout", 0.0),
         **_rdzv_timeouts(_conf(ns.rdzv_conf)),
         shutdown_grace_s=_shutdown_grace(ns),
         signals_to_handle=_signals(ns.signals_to_handle),

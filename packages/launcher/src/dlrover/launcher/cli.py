@@ -372,6 +372,7 @@ def run(cfg: LaunchConfig, *, sample_gpus: bool = False) -> AgentResult:
                 heartbeat_interval_s=cfg.heartbeat_interval_s,
                 rendezvous_timeout_s=cfg.rendezvous_timeout_s,
                 master_lost_timeout_s=cfg.master_lost_timeout_s,
+                round_save_timeout_s=cfg.round_save_timeout_s,
                 prewarm_modules=cfg.prewarm,
                 prewarm_refill_after_s=cfg.prewarm_refill_after_s,
                 worker_reap_timeout_s=cfg.worker_reap_timeout_s,

@@ -5,6 +5,9 @@ explicit transition table, budgets, early-stop rules), scheduler backends (local
 a SQLite state journal a restarted master resumes from, per-node identity, checkpoint
 coordination, Prometheus metrics, a JSON-lines event log, goodput accounting with a timeline
 picture, and `dlrover-master`.
+coordination, Prometheus metrics, a JSON-lines event log with goodput, and `dlrover-master`.
+A running job grows and shrinks through one path: a `ResizeRequest` (`Master.resize`,
+`dlrover-master scale`, the backend's capacity) to the lifecycle core.
 By default the same server hosts the job's RendezvousService and ShardService (journaled, and
 released from failed nodes), and failures are decided by dlrover.diagnosis.
 """
@@ -84,8 +87,10 @@ from dlrover.master.policy import (
 )
 from dlrover.master.records import Action, Event, LaunchNode, LifecycleSnapshot, NodeRecord, Outcome, StopNode
 from dlrover.master.rendezvous_state import export_rendezvous, restore_rendezvous
+from dlrover.master.resize import ResizeError, ResizeRequest, ResizeResult, ResizeSource, choose_leaving
 from dlrover.master.runtime import MasterRuntime, ServiceRegistration
 from dlrover.master.scheduler import (
+    AdjustableCapacity,
     CgroupMemoryGroups,
     ExternalScheduler,
     FakeMemoryGroups,
@@ -102,6 +107,7 @@ from dlrover.master.scheduler import (
     SchedulerError,
     UnavailableMemoryGroups,
     detect_memory_groups,
+    parse_slots,
 )
 from dlrover.master.servicers import AgentServicer, CheckpointServicer, JobServicer, add_master_services
 from dlrover.master.statedir import (
@@ -162,6 +168,12 @@ __all__ = [
     "JobFullError",
     "HostAvoidedError",
     "Savepoint",
+    # resizing
+    "ResizeRequest",
+    "ResizeResult",
+    "ResizeSource",
+    "ResizeError",
+    "choose_leaving",
     # failure policy seam
     "FailurePolicy",
     "JournaledPolicy",
@@ -227,6 +239,8 @@ __all__ = [
     "UnavailableMemoryGroups",
     "FakeMemoryGroups",
     "detect_memory_groups",
+    "AdjustableCapacity",
+    "parse_slots",
     # transport
     "AgentServicer",
     "CheckpointServicer",

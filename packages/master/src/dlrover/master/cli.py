@@ -6,6 +6,8 @@
     dlrover-master timeline --event-log /tmp/job/events.jsonl --out job.svg
     dlrover-master events --master 127.0.0.1:50051 --token-file /tmp/job/token --after-seq 120
     dlrover-master stop --master 127.0.0.1:50051 --token-file /tmp/job/token --reason "data fixed, resubmitting"
+    dlrover-master scale 3 --master 127.0.0.1:50051 --token-file /tmp/job/token --reason "more data"
+    dlrover-master capacity 2 --master 127.0.0.1:50051 --token-file /tmp/job/token   # or: unbounded
 
 Exit status of a run: 0 the job succeeded, 1 it failed, 2 bad usage, 3 it was stopped.
 """
@@ -19,11 +21,12 @@ import shlex
 import signal
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import FrameType
 
 from dlrover.common import (
     ChannelConfig,
+    ConfigError,
     DefaultsHelpFormatter,
     DLRoverError,
     RetryPolicy,
@@ -43,6 +46,7 @@ from dlrover.master.config import (
 from dlrover.master.eventlog import event_to_dict, read_event_log
 from dlrover.master.factory import create_master
 from dlrover.master.resource_flags import add_resource_flags, lifecycle_resources
+from dlrover.master.scheduler.local import parse_slots
 from dlrover.master.states import JobState
 from dlrover.master.status import format_status
 from dlrover.master.timeline import render_timeline
@@ -78,6 +82,26 @@ def _run_parser() -> argparse.ArgumentParser:
         type=float,
         default=300.0,
         help="a launched node that has not registered this long after is taken for failed; 0 waits forever",
+    )
+    p.add_argument(
+        "--node-pending-timeout-s",
+        type=float,
+        default=60.0,
+        help="a launched node still not running after this long is announced (event nodes_pending): the job "
+        "goes on with the nodes that run; 0 never announces",
+    )
+    p.add_argument(
+        "--capacity",
+        default=None,
+        help="local backend: slots (nodes that may run at once), a number or 'unbounded'; the job starts with "
+        "min(max nodes, capacity) nodes and follows changes (dlrover-master capacity, --capacity-file) "
+        "(default: unbounded)",
+    )
+    p.add_argument(
+        "--capacity-file",
+        default=None,
+        help="local backend: a file holding the slots, re-read whenever it changes (bad content is logged and "
+        "changes nothing)",
     )
     p.add_argument(
         "--insufficient-nodes-window-s",
@@ -259,6 +283,36 @@ def _client(args: argparse.Namespace) -> MasterClient:
     return MasterClient(args.master, token, channel_config=channel_config, policy=policy)
 
 
+def _non_negative_count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of nodes") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"a node count must be non-negative, got {value}")
+    return value
+
+
+def _slots_arg(text: str) -> int | None:
+    try:
+        return parse_slots(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _scale_parser() -> argparse.ArgumentParser:
+    p = _client_parser("scale", "Grow or shrink a running job to N nodes (within its range).")
+    p.add_argument("nodes", type=_non_negative_count, help="the node count wanted")
+    p.add_argument("--reason", default="", help="why, kept in the job's events")
+    return p
+
+
+def _capacity_parser() -> argparse.ArgumentParser:
+    p = _client_parser("capacity", "Set the local backend's capacity in slots while the job runs.")
+    p.add_argument("slots", type=_slots_arg, help="nodes that may run at once, or 'unbounded'")
+    return p
+
+
 def build_config(args: argparse.Namespace) -> MasterConfig:
     """A `MasterConfig` from parsed run flags.
 
@@ -277,6 +331,7 @@ def build_config(args: argparse.Namespace) -> MasterConfig:
         max_job_failures=args.max_job_failures,
         insufficient_nodes_window_s=args.insufficient_nodes_window_s,
         **lifecycle_resources(args),
+        node_pending_timeout_s=args.node_pending_timeout_s or None,
     )
     return MasterConfig(
         job_name=args.job_name,
@@ -311,6 +366,8 @@ def build_config(args: argparse.Namespace) -> MasterConfig:
         straggler_min_samples=args.straggler_min_samples,
         straggler_action=args.straggler_action,
         samples_rate_window_s=args.samples_rate_window_s,
+        local_slots=parse_slots(args.capacity, source="--capacity") if args.capacity is not None else None,
+        capacity_file=args.capacity_file,
     )
 
 
@@ -399,6 +456,32 @@ def _stop(argv: Sequence[str]) -> int:
     return 0
 
 
+def _scale(argv: Sequence[str]) -> int:
+    args = _scale_parser().parse_args(argv)
+    try:
+        with _client(args) as client:
+            result = client.resize(args.nodes, args.reason or "dlrover-master scale")
+    except DLRoverError as exc:
+        print(f"dlrover-master scale: {exc}", file=sys.stderr)
+        return 1
+    print(result.message)
+    return 0
+
+
+def _capacity(argv: Sequence[str]) -> int:
+    args = _capacity_parser().parse_args(argv)
+    try:
+        with _client(args) as client:
+            free = client.set_capacity(args.slots)
+    except DLRoverError as exc:
+        print(f"dlrover-master capacity: {exc}", file=sys.stderr)
+        return 1
+    slots = "unbounded" if args.slots is None else f"{args.slots} slot(s)"
+    room = "no limit" if free is None else f"{free} free slot(s)"
+    print(f"capacity set to {slots}; the backend now has {room}")
+    return 0
+
+
 def _run(argv: Sequence[str]) -> int:
     args = _run_parser().parse_args(argv)
     configure_logging(args.log_level)
@@ -442,19 +525,23 @@ def _run(argv: Sequence[str]) -> int:
             signal.signal(sig, handler)
 
 
+_COMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
+    "status": _status,
+    "timeline": _timeline,
+    "events": _events,
+    "stop": _stop,
+    "scale": _scale,
+    "capacity": _capacity,
+    "run": _run,
+}
+"""The subcommands; anything else runs a job (`run` is the default)."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `dlrover-master`."""
     args = list(sys.argv[1:] if argv is None else argv)
-    if args and args[0] == "status":
-        return _status(args[1:])
-    if args and args[0] == "timeline":
-        return _timeline(args[1:])
-    if args and args[0] == "events":
-        return _events(args[1:])
-    if args and args[0] == "stop":
-        return _stop(args[1:])
-    if args and args[0] == "run":
-        args = args[1:]
+    if args and args[0] in _COMMANDS:
+        return _COMMANDS[args[0]](args[1:])
     return _run(args)
 
 

@@ -21,6 +21,7 @@ from dlrover.master.identity import node_metadata
 from dlrover.master.journal import JournaledEvent
 from dlrover.master.master import ResourceSample
 from dlrover.master.records import Action
+from dlrover.master.resize import ResizeResult
 from dlrover.master.states import JobState, NodeState
 from dlrover.master.status import JobSummary, NodeSummary
 from dlrover.master.v1 import agent_pb2, agent_pb2_grpc, checkpoint_pb2, checkpoint_pb2_grpc, job_pb2, job_pb2_grpc
@@ -406,6 +407,9 @@ class MasterClient:
             goodput_buckets=tuple((b.name, b.seconds) for b in response.goodput_buckets),
             committed_path=response.committed_path,
             committed_wall_time=response.committed_wall_time,
+            target_nodes=response.target_nodes,
+            wanted_nodes=response.wanted_nodes,
+            capacity=response.capacity if response.HasField("capacity") else None,
         )
 
     def list_events(self, after_seq: int = 0, limit: int = 100) -> tuple[JournaledEvent, ...]:
@@ -431,6 +435,39 @@ class MasterClient:
         request = job_pb2.StopJobRequest(reason=reason)
         response: job_pb2.StopJobResponse = self._call(self._job.StopJob, request, idempotent=True, identity=False)
         return StopAnswer(_state(response.state, JobState, "the job state"), response.exit_reason)
+
+    def resize(self, target: int, reason: str = "") -> ResizeResult:
+        """Grow or shrink the job to `target` nodes (`Master.resize`); a retry asks for the same
+        count again, which changes nothing more.
+
+        Raises:
+            RpcError: refused (INVALID_ARGUMENT for a count outside the group's range, with the
+                value and the range in the message) or the master is unreachable.
+        """
+        request = job_pb2.ResizeJobRequest(target=target, reason=reason)
+        response: job_pb2.ResizeJobResponse = self._call(self._job.ResizeJob, request, idempotent=True, identity=False)
+        return ResizeResult(
+            wanted_nodes=response.wanted_nodes,
+            target_nodes=response.target_nodes,
+            placeable=response.placeable if response.HasField("placeable") else None,
+            launched_ranks=tuple(response.launched_ranks),
+            leaving_nodes=tuple(response.leaving_nodes),
+            message=response.message,
+        )
+
+    def set_capacity(self, slots: int | None) -> int | None:
+        """Set the backend's capacity in slots (None: unbounded); returns the free capacity
+        afterwards (None: unbounded).
+
+        Raises:
+            RpcError: refused (INVALID_ARGUMENT for negative slots; FAILED_PRECONDITION for a
+                backend whose capacity no person sets) or the master is unreachable.
+        """
+        request = job_pb2.SetCapacityRequest(slots=slots)
+        response: job_pb2.SetCapacityResponse = self._call(
+            self._job.SetCapacity, request, idempotent=True, identity=False
+        )
+        return response.capacity if response.HasField("capacity") else None
 
     @property
     def channel(self) -> grpc.Channel:

@@ -10,7 +10,7 @@ import attrs
 
 from dlrover.autoscale import Resources, Role
 from dlrover.common import ConfigError, TLSConfig
-from dlrover.common.validators import non_negative, non_negative_finite, positive
+from dlrover.common.validators import non_negative, non_negative_finite, non_negative_int, positive
 from dlrover.rendezvous import RendezvousConfig
 
 __all__ = [
@@ -31,6 +31,11 @@ STRAGGLER_ACTIONS = ("report", "replace")
 
 def _str_tuple(value: Iterable[str]) -> tuple[str, ...]:
     return tuple(str(v) for v in value)
+
+
+def _optional_non_negative(inst: object, attribute: attrs.Attribute[Any], value: int | None) -> None:
+    if value is not None:
+        non_negative_int(inst, attribute, value)
 
 
 def _optional_positive(inst: object, attribute: attrs.Attribute[Any], value: float | None) -> None:
@@ -118,6 +123,9 @@ class LifecycleConfig:
             memory times this (>= 1).
         max_node_memory_mb: the most memory an OOM relaunch may grow a node to; one that ran out of memory at
             this size stops the job. None: no cap beyond what the backend can provide.
+        node_pending_timeout_s: a launched node still not running after this long is announced in a
+            ``nodes_pending`` event: the job goes on with the nodes that run (and says whether that
+            is at least `min_nodes`); the node stays wanted and joins when it starts. None: never.
     """
 
     nodes: NodeRange = attrs.field(factory=NodeRange)
@@ -130,6 +138,7 @@ class LifecycleConfig:
     node_resources: Resources | None = attrs.field(default=None, validator=_optional_resources)
     oom_memory_growth: float = attrs.field(default=1.5, validator=positive)
     max_node_memory_mb: int | None = attrs.field(default=None, validator=_optional_memory_mb)
+    node_pending_timeout_s: float | None = attrs.field(default=60.0, validator=_optional_positive)
 
     def __attrs_post_init__(self) -> None:
         if not math.isfinite(self.oom_memory_growth) or self.oom_memory_growth < 1:
@@ -207,6 +216,9 @@ class MasterConfig:
             straggler's node, where the scheduler backend relaunches nodes; else report only).
         samples_rate_window_s: samples per second (status, `dlrover_samples_per_second`) are
             measured over this many recent seconds of the samples the workers report.
+        local_slots: the local backend's capacity in slots (nodes that may run at once); None:
+            unbounded. The job starts with min(max_nodes, slots) nodes and follows changes.
+        capacity_file: the local backend re-reads its slots from this file whenever it changes.
     """
 
     job_name: str = "dlrover-job"
@@ -242,6 +254,8 @@ class MasterConfig:
     straggler_min_samples: int = attrs.field(default=3, validator=positive)
     straggler_action: str = "report"
     samples_rate_window_s: float = attrs.field(default=30.0, validator=positive)
+    local_slots: int | None = attrs.field(default=None, validator=_optional_non_negative)
+    capacity_file: str | None = None
 
     def __attrs_post_init__(self) -> None:
         if not self.job_name or len(self.job_name) > 128 or not self.job_name.isprintable():
@@ -252,6 +266,11 @@ class MasterConfig:
             raise ConfigError(f"metrics_port must be in 0..65535, got {self.metrics_port!r}")
         if self.backend not in BACKENDS:
             raise ConfigError(f"backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
+        if self.backend != "local" and (self.local_slots is not None or self.capacity_file is not None):
+            raise ConfigError(
+                f"a capacity in slots (local_slots {self.local_slots!r}, capacity_file {self.capacity_file!r}) is "
+                f"for the local backend; the {self.backend} backend reports its own"
+            )
         if self.failure_policy not in FAILURE_POLICIES:
             raise ConfigError(
                 f"failure_policy must be one of {', '.join(FAILURE_POLICIES)}, got {self.failure_policy!r}"

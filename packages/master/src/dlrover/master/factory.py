@@ -102,6 +102,8 @@ def _scheduler(config: MasterConfig) -> SchedulerBackend:
         stop_grace_s=config.node_stop_grace_s,
         log_dir=log_dir,
         memory_groups=detect_memory_groups(),
+        slots=config.local_slots,
+        capacity_file=config.capacity_file,
     )
 
 

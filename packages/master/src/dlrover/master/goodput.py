@@ -16,8 +16,8 @@ The rule, computed at query time over `[job_start, job_end or now]`:
   (in arrival order) and ``steps_redone`` for the others (an interval mixing both is split in
   proportion to its steps).
 * **Gaps** between spans are labelled by the windows covering them, first match wins:
-  ``resize`` (between ``resize_started`` and ``resize_done`` events of the same ``data.resize_id``,
-  or the next ``resize_done``), ``rendezvous`` (an attempt's rendezvous), ``checkpoint_load`` (the
+  ``resize`` (from a ``resize`` event, which the lifecycle core records for every resize, until
+  training resumes: the start of the first training span that begins after it), ``rendezvous`` (an attempt's rendezvous), ``checkpoint_load`` (the
   load before an attempt's ready time), ``failure_detection`` (from the last sign of training
   before a ``failure`` event to that event); otherwise ``restart`` after a failure or between two
   stretches of training, ``startup`` before the first, and after the last ``shutdown`` once the job
@@ -43,8 +43,7 @@ from dlrover.common import DLRoverError
 __all__ = [
     "BUCKETS",
     "FAILURE_EVENT",
-    "RESIZE_DONE_EVENT",
-    "RESIZE_STARTED_EVENT",
+    "RESIZE_EVENT",
     "STEPS_EVENT",
     "AttemptReport",
     "GoodputAccountant",
@@ -73,10 +72,8 @@ STEPS_EVENT = "steps"
 """The event kind that carries attempt reports (`data.attempts`, see `AttemptReport.to_dict`)."""
 
 FAILURE_EVENT = "failure"
-RESIZE_STARTED_EVENT = "resize_started"
-"""A planned resize began (`data.resize_id` optional): time until `resize_done` is ``resize``."""
-RESIZE_DONE_EVENT = "resize_done"
-"""A planned resize finished (`data.resize_id` optional, matching its `resize_started`)."""
+RESIZE_EVENT = "resize"
+"""The lifecycle core resized the job: training stopped from then until it resumes is ``resize``."""
 
 _MAX_MARKS = 4096
 
@@ -260,8 +257,7 @@ class GoodputAccountant:
         self._attempts: dict[tuple[int, int], _Attempt] = {}
         self._best = -1
         self._failures: list[float] = []
-        self._resize_open: dict[str, float] = {}
-        self._resizes: list[tuple[float, float]] = []
+        self._resizes: list[float] = []
 
     @property
     def best_step(self) -> int:
@@ -287,16 +283,8 @@ class GoodputAccountant:
             self._end = t
         elif kind == FAILURE_EVENT:
             bisect.insort(self._failures, t)
-        elif kind == RESIZE_STARTED_EVENT:
-            self._resize_open[str(data.get("resize_id", ""))] = t
-        elif kind == RESIZE_DONE_EVENT:
-            key = str(data.get("resize_id", ""))
-            began = self._resize_open.pop(key, None)
-            if began is None and self._resize_open:
-                key = min(self._resize_open, key=lambda k: self._resize_open[k])
-                began = self._resize_open.pop(key)
-            if began is not None and t > began:
-                self._resizes.append((began, t))
+        elif kind == RESIZE_EVENT:
+            bisect.insort(self._resizes, t)
 
     def add_attempts(self, reports: Iterable[AttemptReport]) -> None:
         """Account for attempt reports (only rank 0's are kept), in arrival order."""
@@ -384,8 +372,11 @@ class GoodputAccountant:
 
     def _windows(self) -> list[tuple[str, float, float]]:
         """Labelled windows by priority (first match wins)."""
-        out: list[tuple[str, float, float]] = [("resize", a, b) for a, b in self._resizes]
-        out += [("resize", a, math.inf) for a in self._resize_open.values()]
+        span_starts = sorted(a.span[0] for a in self._attempts.values() if a.span is not None)
+        out: list[tuple[str, float, float]] = []
+        for began in self._resizes:
+            i = bisect.bisect_right(span_starts, began)
+            out.append(("resize", began, span_starts[i] if i < len(span_starts) else math.inf))
         reports = [a.report for a in self._attempts.values()]
         for r in reports:
             if r.rendezvous_start is not None and r.rendezvous_end is not None:

@@ -134,7 +134,18 @@ def job_fields(snapshot: LifecycleSnapshot) -> dict[str, Any]:
         "started": snapshot.started,
         "pending_actions": actions_to_json(snapshot.actions),
         "policy_state": snapshot.policy_state,
+        "target_nodes": snapshot.target_nodes,
+        "wanted_nodes": snapshot.wanted_nodes,
+        "planned_round": {str(k): v for k, v in sorted(snapshot.planned_round.items())},
     }
+
+
+def _optional_int(value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"expected a non-negative integer or null, got {value!r}")
+    return value
 
 
 def _snapshot(job: Mapping[str, Any] | None, nodes: Sequence[NodeRecord]) -> LifecycleSnapshot | None:
@@ -154,6 +165,10 @@ def _snapshot(job: Mapping[str, Any] | None, nodes: Sequence[NodeRecord]) -> Lif
             actions=actions_from_json(job.get("pending_actions", {})),
             # Absent in journals written before the policy's counters were journaled: it starts afresh.
             policy_state=str(job.get("policy_state", "")),
+            # Absent in journals written before resizing: the job was sized to max_nodes.
+            target_nodes=_optional_int(job.get("target_nodes")),
+            wanted_nodes=_optional_int(job.get("wanted_nodes")),
+            planned_round={int(k): int(v) for k, v in dict(job.get("planned_round", {})).items()},
         )
     except (KeyError, TypeError, ValueError, DLRoverError) as exc:
         raise JournalError(f"corrupt job record {dict(job)!r}: {exc}") from exc

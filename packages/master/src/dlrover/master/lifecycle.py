@@ -37,6 +37,7 @@ from dlrover.master.records import (
     StopNode,
     TransitionRecord,
 )
+from dlrover.master.resize import ResizeError, ResizeRequest, choose_leaving
 from dlrover.master.states import (
     ALIVE_STATES,
     IllegalTransitionError,
@@ -107,6 +108,10 @@ class Savepoint:
     started: bool
     insufficient_since: float | None
     policy: object | None
+    target_nodes: int
+    wanted_nodes: int
+    pending_announced: frozenset[int]
+    planned_round: dict[int, int]
 
 
 def _clip(text: str) -> str:
@@ -158,6 +163,10 @@ class JobLifecycle:
         self._avoid_hosts: dict[str, str] = {}
         self._started = False
         self._insufficient_since: float | None = now
+        self._target = config.nodes.max_nodes
+        self._wanted = config.nodes.max_nodes
+        self._pending_announced: set[int] = set()
+        self._planned_round: dict[int, int] = {}  # node id -> the action restarting it for a planned round
         if snapshot is not None:
             self._restore(snapshot, now)
 
@@ -177,6 +186,10 @@ class JobLifecycle:
         self._next_action_id = snap.next_action_id
         self._avoid_hosts = dict(snap.avoid_hosts)
         self._started = snap.started
+        max_nodes = self._config.nodes.max_nodes
+        self._target = min(max_nodes, snap.target_nodes if snap.target_nodes is not None else max_nodes)
+        self._wanted = min(max_nodes, snap.wanted_nodes if snap.wanted_nodes is not None else max_nodes)
+        self._planned_round = dict(snap.planned_round)
         self._actions = {node_id: list(queued) for node_id, queued in snap.actions.items() if queued}
         if snap.policy_state and isinstance(self._policy, JournaledPolicy):
             self._policy.import_state(snap.policy_state)
@@ -207,6 +220,26 @@ class JobLifecycle:
     def avoid_hosts(self) -> Mapping[str, str]:
         """Hosts no node is placed on, with the reason."""
         return dict(self._avoid_hosts)
+
+    @property
+    def started(self) -> bool:
+        """Whether the job's nodes were created (`start`)."""
+        return self._started
+
+    @property
+    def target_nodes(self) -> int:
+        """How many nodes the job is sized to now: the wanted count, or fewer while the backend
+        has no room for more (see `resize`)."""
+        return self._target
+
+    @property
+    def wanted_nodes(self) -> int:
+        """How many nodes the last resize request asked for (`max_nodes` until one does)."""
+        return self._wanted
+
+    def live_nodes(self) -> list[NodeRecord]:
+        """The current incarnation of each rank that is pending, starting or running, by rank."""
+        return [n for n in self.current_nodes().values() if n.state in ALIVE_STATES]
 
     def nodes(self) -> dict[int, NodeRecord]:
         """Every node incarnation by id (a copy)."""
@@ -244,6 +277,9 @@ class JobLifecycle:
             started=self._started,
             actions={node_id: tuple(queued) for node_id, queued in self._actions.items() if queued},
             policy_state=self._policy.export_state() if isinstance(self._policy, JournaledPolicy) else "",
+            target_nodes=self._target,
+            wanted_nodes=self._wanted,
+            planned_round=dict(self._planned_round),
         )
 
     def savepoint(self) -> Savepoint:
@@ -261,6 +297,10 @@ class JobLifecycle:
             started=self._started,
             insufficient_since=self._insufficient_since,
             policy=self._policy.savepoint() if isinstance(self._policy, StatefulPolicy) else None,
+            target_nodes=self._target,
+            wanted_nodes=self._wanted,
+            pending_announced=frozenset(self._pending_announced),
+            planned_round=dict(self._planned_round),
         )
 
     def rollback(self, savepoint: Savepoint) -> None:
@@ -276,6 +316,10 @@ class JobLifecycle:
         self._avoid_hosts = dict(savepoint.avoid_hosts)
         self._started = savepoint.started
         self._insufficient_since = savepoint.insufficient_since
+        self._target = savepoint.target_nodes
+        self._wanted = savepoint.wanted_nodes
+        self._pending_announced = set(savepoint.pending_announced)
+        self._planned_round = dict(savepoint.planned_round)
         if isinstance(self._policy, StatefulPolicy) and savepoint.policy is not None:
             self._policy.rollback(savepoint.policy)
 
@@ -285,16 +329,183 @@ class JobLifecycle:
 
     # ---------------------------------------------------------------- commands
 
-    def start(self, now: float) -> Outcome:
-        """Create the job's nodes (ranks 0..max_nodes-1) in PENDING; idempotent."""
+    def start(self, now: float, *, placeable: int | None = None) -> Outcome:
+        """Create the job's nodes in PENDING (ranks 0..n-1); idempotent.
+
+        Args:
+            now: the current time.
+            placeable: how many nodes the scheduler backend can place now (None: no limit it
+                knows of). The job starts with min(max_nodes, placeable) nodes, fewer than
+                `min_nodes` included (then it waits, up to `insufficient_nodes_window_s`), and
+                grows toward `max_nodes` as capacity appears (`resize` with the `capacity` source).
+        """
         if self._started or self._job_state.finished:
             return Outcome()
+        if placeable is not None and placeable < 0:
+            raise ResizeError(f"placeable must be None or >= 0, got {placeable!r}")
         self._started = True
         self._insufficient_since = now
-        out = Outcome(job_changed=True, events=(Event("job_start", "job started"),))
-        for rank in range(self._config.nodes.max_nodes):
+        max_nodes = self._config.nodes.max_nodes
+        self._target = max_nodes if placeable is None else min(max_nodes, placeable)
+        self._wanted = max_nodes
+        room = "" if placeable is None else f"; the backend has room for {placeable} node(s)"
+        ev = Event(
+            "job_start",
+            f"job started with {self._target} of at most {max_nodes} node(s){room}",
+            data={"target_nodes": self._target, "max_nodes": max_nodes, "placeable": placeable},
+        )
+        out = Outcome(job_changed=True, events=(ev,))
+        for rank in range(self._target):
             out = out.merge(self._create_node(rank, 0, None, now, "job start"))
         return out
+
+    def resize(
+        self,
+        request: ResizeRequest,
+        now: float,
+        *,
+        placeable: int | None = None,
+        step_time_s: Mapping[int, float] | None = None,
+    ) -> Outcome:
+        """Grow or shrink the running job toward `request.target` nodes.
+
+        Every source but `capacity` sets the wanted count, and must ask for one within the worker
+        group's range (`min_nodes`..`max_nodes`, a multiple of `node_unit`). The job is sized to
+        the wanted count or, while the backend has room for fewer (`placeable`), to what fits;
+        the `capacity` source asks for what fits now (below `min_nodes` when the backend lost
+        that room: the job then runs short and stops once that lasts `insufficient_nodes_window_s`).
+
+        Growing creates nodes for the lowest free ranks (launched now, admitted by the rendezvous
+        at its next round); a rank given up before keeps its relaunch count, so a resize spends no
+        relaunch budget. Shrinking lets nodes go in the order of `choose_leaving` (not yet
+        running, on avoided hosts, the slowest by `step_time_s`, the highest rank): each is
+        removed and stopped, which gives its agent the backend's stop grace to save.
+
+        Args:
+            request: the target count, the reason and who asks.
+            now: the current time.
+            placeable: how many nodes the backend can hold now, those it holds included (None:
+                no limit it knows of).
+            step_time_s: recent step time by node id (the master's straggler statistics).
+
+        Returns:
+            What changed: launches, stops, and one ``resize`` event with the inputs and the reason
+            (none when a `capacity` request changes nothing).
+
+        Raises:
+            ResizeError: the target is outside the range or not a multiple of the node unit, or
+                `placeable` is negative; nothing changed.
+            JobFinishedError, NodeStateError: the job has ended or is finishing; nothing changed.
+        """
+        self._check_resize(request, placeable)
+        nodes = self._config.nodes
+        wanted = request.target if request.source.sets_wanted else self._wanted
+        target = request.target if placeable is None else min(request.target, placeable)
+        target = min(target, wanted)
+        live = self.live_nodes()
+        previous_target, previous_wanted = self._target, self._wanted
+        unchanged = (target, wanted) == (previous_target, previous_wanted) and len(live) == target
+        if unchanged and not request.source.sets_wanted:
+            return Outcome()
+        self._target, self._wanted = target, wanted
+        step_times = dict(step_time_s or {})
+        cause = f"resize to {target} node(s) ({request.source.value}): {request.reason}"
+        launched: list[int] = []
+        leaving: list[int] = []
+        if len(live) < target:
+            out, launched = self._grow(live, target, cause, now)
+        else:
+            out, leaving = self._shrink(live, target, cause, step_times, now)
+        room = "no known limit" if placeable is None else f"room for {placeable}"
+        message = (
+            f"resize ({request.source.value}): {request.reason}; wanted {wanted} node(s) (was {previous_wanted}), "
+            f"backend {room}: target {target} (was {previous_target}), {len(live)} live"
+        )
+        if launched:
+            message += f"; launching rank(s) {', '.join(map(str, launched))}"
+        if leaving:
+            message += f"; node(s) {', '.join(map(str, leaving))} leave"
+        if target < nodes.min_nodes:
+            message += (
+                f"; below min_nodes {nodes.min_nodes}: the job stops if that lasts "
+                f"{self._config.insufficient_nodes_window_s:g}s"
+            )
+        data = {
+            "source": request.source.value,
+            "reason": request.reason,
+            "requested": request.target,
+            "wanted": wanted,
+            "previous_wanted": previous_wanted,
+            "target": target,
+            "previous_target": previous_target,
+            "placeable": placeable,
+            "live": len(live),
+            "launched_ranks": launched,
+            "leaving_nodes": leaving,
+            "step_time_s": {str(k): round(v, 4) for k, v in sorted(step_times.items())},
+            "min_nodes": nodes.min_nodes,
+            "max_nodes": nodes.max_nodes,
+        }
+        out = Outcome(events=(Event("resize", message, data=data),), job_changed=True).merge(out)
+        return out.merge(self._check_nodes(now, cause=cause))
+
+    def _check_resize(self, request: ResizeRequest, placeable: int | None) -> None:
+        """Refuse a resize the job cannot take (see `resize`); changes nothing."""
+        self._refuse_if_finished()
+        nodes = self._config.nodes
+        if request.target > nodes.max_nodes or (
+            request.source.sets_wanted and not nodes.min_nodes <= request.target <= nodes.max_nodes
+        ):
+            raise ResizeError(
+                f"cannot resize to {request.target} node(s): the worker group's range is "
+                f"{nodes.min_nodes}..{nodes.max_nodes}"
+            )
+        if request.source.sets_wanted and request.target % nodes.node_unit:
+            raise ResizeError(
+                f"cannot resize to {request.target} node(s): it must be a multiple of node_unit {nodes.node_unit}"
+            )
+        if placeable is not None and placeable < 0:
+            raise ResizeError(f"placeable must be None or >= 0, got {placeable!r}")
+        if not self._started:
+            raise NodeStateError("the job has not started yet; it cannot be resized")
+        if self.count(NodeState.SUCCEEDED):
+            raise NodeStateError("the job is finishing (nodes have succeeded); it is no longer resized")
+
+    def _grow(self, live: list[NodeRecord], target: int, cause: str, now: float) -> tuple[Outcome, list[int]]:
+        """Create nodes for the lowest free ranks until `target` live; returns them too."""
+        taken = {n.rank for n in live}
+        free = [r for r in range(self._config.nodes.max_nodes) if r not in taken][: target - len(live)]
+        out = Outcome()
+        for rank in free:
+            # A rank given up before keeps its relaunch count: a resize spends no relaunch budget.
+            before = self._nodes.get(self._current[rank]) if rank in self._current else None
+            out = out.merge(self._create_node(rank, before.relaunch_count if before else 0, None, now, cause))
+        return out, free
+
+    def _shrink(
+        self, live: list[NodeRecord], target: int, cause: str, step_times: Mapping[int, float], now: float
+    ) -> tuple[Outcome, list[int]]:
+        """Remove and stop the nodes `choose_leaving` picks; returns their ids too."""
+        out = Outcome()
+        leaving = choose_leaving(live, len(live) - target, self._avoid_hosts, step_times)
+        for node in leaving:
+            out = out.merge(self._move(node, NodeState.REMOVED, cause, now))
+            out = out.merge(Outcome(effects=(StopNode(node.node_id, cause),)))
+            self._actions.pop(node.node_id, None)
+            self._planned_round.pop(node.node_id, None)
+        gone = ", ".join(str(n.node_id) for n in leaving)
+        for node in live:
+            if node in leaving or node.state is not NodeState.RUNNING or node.node_id in self._planned_round:
+                continue
+            # The nodes that stay train in a new round without the ones leaving: their workers
+            # restart for it (as for a node that joins), which spends no restart budget.
+            why = f"planned round: node(s) {gone} left the job ({cause})"
+            self._actions.setdefault(node.node_id, []).append(
+                Action(self._next_action_id, ActionKind.RESTART_PROCESSES, why)
+            )
+            self._planned_round[node.node_id] = self._next_action_id
+            self._next_action_id += 1
+        return out, [n.node_id for n in leaving]
 
     def node_started(self, node_id: int, now: float) -> Outcome:
         """The scheduler reports the node started. Repeated reports change nothing."""
@@ -410,6 +621,8 @@ class JobLifecycle:
             samples=node.samples if samples is None else samples,
         )
         actions = tuple(self._actions.pop(node_id, ()))
+        if actions:
+            self._planned_round.pop(node_id, None)  # the planned restart is delivered
         return actions, Outcome(changed_nodes=frozenset({node_id}), job_changed=bool(actions))
 
     def report_failure(
@@ -445,6 +658,8 @@ class JobLifecycle:
         node = self.node(node_id)
         if node.state not in ALIVE_STATES:
             raise NodeStateError(f"node {node_id} is {node.state.value}; it cannot fail")
+        if node_id in self._planned_round and node.state is NodeState.RUNNING and not agent_exits:
+            return self._planned_restart(node, kind, _clip(evidence), answered=answered)
         return self._fail(
             node,
             kind,
@@ -455,6 +670,26 @@ class JobLifecycle:
             classification=classification,
             agent_exits=agent_exits,
         )
+
+    def _planned_restart(
+        self, node: NodeRecord, kind: FailureKind, evidence: str, *, answered: bool
+    ) -> tuple[Decision, Outcome]:
+        """A node told to restart for a planned round (a peer left by a resize) reports its
+        workers failed before that restart reached it: their collective lost the departed peer.
+        It is the planned restart, answered as such, and spends no budget."""
+        action_id = self._planned_round.pop(node.node_id)
+        if answered:
+            # The answer carries the restart: the queued one must not restart the node again.
+            kept = [a for a in self._actions.get(node.node_id, ()) if a.action_id != action_id]
+            self._actions[node.node_id] = kept
+        reason = (
+            f"a planned round is under way (a node left the job by a resize): the workers of node "
+            f"{node.node_id} restart for it; their failure ({kind.value}: {one_line_summary(evidence)}) "
+            "is its consequence and counts against no budget"
+        )
+        decision = Decision(ActionKind.RESTART_PROCESSES, kind, str(node.node_id), reason)
+        ev = Event("planned_restart", reason, node.node_id, node.rank, {"kind": kind.value, "evidence": evidence})
+        return decision, Outcome(events=(ev,), job_changed=True)
 
     def node_lost(
         self,
@@ -521,7 +756,47 @@ class JobLifecycle:
             ):
                 evidence = f"not registered {now - node.state_since:.1f}s after launch (timeout {start_timeout:g}s)"
                 out = out.merge(self._fail(node, LOST_NODE_KIND, evidence, now, observed=True)[1])
+        out = out.merge(self._announce_pending(now))
         return out.merge(self._check_nodes(now))
+
+    def _announce_pending(self, now: float) -> Outcome:
+        """Say once per node when launched nodes stay pending past `node_pending_timeout_s`: the
+        job goes on with the nodes that run (the rendezvous admits the late ones at a later round)."""
+        timeout = self._config.node_pending_timeout_s
+        if timeout is None or self._job_state.finished:
+            return Outcome()
+        late = [
+            n
+            for n in self.live_nodes()
+            if n.state in (NodeState.PENDING, NodeState.STARTING)
+            and now - n.state_since > timeout
+            and n.node_id not in self._pending_announced
+        ]
+        if not late:
+            return Outcome()
+        self._pending_announced.update(n.node_id for n in late)
+        running = sum(1 for n in self.live_nodes() if n.state is NodeState.RUNNING)
+        minimum = self._config.nodes.min_nodes
+        if running >= minimum:
+            goes_on = f"the job goes on with the {running} running node(s) (min_nodes {minimum})"
+        else:
+            goes_on = (
+                f"only {running} node(s) run, below min_nodes {minimum}: the job stops if that lasts "
+                f"{self._config.insufficient_nodes_window_s:g}s"
+            )
+        ids = ", ".join(f"{n.node_id} (rank {n.rank})" for n in late)
+        ev = Event(
+            "nodes_pending",
+            f"node(s) {ids} still not running after {timeout:g}s (node_pending_timeout_s): {goes_on}; "
+            "they join at a later round if they start",
+            data={
+                "nodes": [n.node_id for n in late],
+                "running": running,
+                "min_nodes": minimum,
+                "timeout_s": timeout,
+            },
+        )
+        return Outcome(events=(ev,))
 
     def stop(self, reason: str, now: float, *, state: JobState = JobState.STOPPED) -> Outcome:
         """End the job: every live node is removed and stopped. Idempotent once ended."""

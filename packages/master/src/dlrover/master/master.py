@@ -48,7 +48,9 @@ from dlrover.master.lifecycle import JobLifecycle, LifecycleError
 from dlrover.master.metrics import MasterMetrics
 from dlrover.master.policy import ClassifyingPolicy, DefaultFailurePolicy, FailurePolicy
 from dlrover.master.records import Action, Event, LaunchNode, NodeRecord, Outcome, StopNode
+from dlrover.master.resize import ResizeError, ResizeRequest, ResizeResult, ResizeSource
 from dlrover.master.scheduler.base import (
+    AdjustableCapacity,
     NodeMemoryRecords,
     NodeShapeLimit,
     NodeSpec,
@@ -163,6 +165,10 @@ class JobStatus:
         samples_per_second: the job's samples per second over `samples_rate_window_s`.
         committed_path: where the newest committed checkpoint is ("" without one).
         committed_wall_time: when it was committed (wall seconds; 0 without one).
+        target_nodes: how many nodes the job is sized to now (see `Master.resize`).
+        wanted_nodes: how many nodes the last resize asked for (`max_nodes` until one does).
+        capacity: how many more nodes the backend could place now (None: unknown or unbounded;
+            negative: it holds that many more than it has room for).
     """
 
     job_name: str
@@ -182,6 +188,9 @@ class JobStatus:
     samples_per_second: float = 0.0
     committed_path: str = ""
     committed_wall_time: float = 0.0
+    target_nodes: int = 0
+    wanted_nodes: int = 0
+    capacity: int | None = None
 
 
 class Master:
@@ -586,8 +595,101 @@ class Master:
                 self._oom_kills_seen[node_id] = max(kills, self._oom_kills_seen.get(node_id, 0))
 
     def _deferred_start(self, now: float) -> tuple[Outcome, Outcome]:
-        outcome = self._lifecycle.start(now)
+        outcome = self._lifecycle.start(now, placeable=self._placeable())
         return outcome, attrs.evolve(outcome, effects=())
+
+    def _placeable(self) -> int | None:
+        """How many nodes the backend could hold now, those of the job it holds included (None:
+        no known limit). Called under the lock."""
+        free = self._scheduler.capacity()
+        if free is None:
+            return None
+        return max(len(self._lifecycle.live_nodes()) + free, 0)
+
+    def resize(self, target: int, reason: str, source: ResizeSource | str = ResizeSource.SCALE) -> ResizeResult:
+        """Grow or shrink the running job to `target` nodes (see `JobLifecycle.resize`).
+
+        The one path every resize takes: a person's `dlrover-master scale`, the JobService RPC,
+        the autoscaler and the runtime heuristics call this; the backend's capacity changes
+        come through it from `tick`. The decision is journaled (a restarted master keeps the
+        target) and is an event with its inputs and reason.
+
+        Args:
+            target: the node count wanted, within the worker group's range.
+            reason: why, in a sentence.
+            source: who asks (`ResizeSource`).
+
+        Returns:
+            What was decided.
+
+        Raises:
+            ResizeError: the target is outside the range (the message names the value and the
+                range), or the request is malformed; nothing changed.
+            LifecycleError: the job has ended or is finishing; nothing changed.
+            JournalError: the decision could not be journaled; nothing changed.
+        """
+        request = ResizeRequest(target, reason, source)
+        with self._lock:
+            return self._resize_locked(request)
+
+    def _resize_locked(self, request: ResizeRequest) -> ResizeResult:
+        now = self._clock.now()
+        placeable = self._placeable()
+        step_times = self._stragglers.node_step_times(now)
+        outcome = self._transact(
+            lambda: self._just(self._lifecycle.resize(request, now, placeable=placeable, step_time_s=step_times))
+        )
+        for event in outcome.events:
+            if event.kind == "resize":
+                data = event.data
+                return ResizeResult(
+                    wanted_nodes=int(data["wanted"]),
+                    target_nodes=int(data["target"]),
+                    placeable=data["placeable"],
+                    launched_ranks=tuple(data["launched_ranks"]),
+                    leaving_nodes=tuple(data["leaving_nodes"]),
+                    message=event.message,
+                )
+        return ResizeResult(self._lifecycle.wanted_nodes, self._lifecycle.target_nodes, placeable)
+
+    def set_capacity(self, slots: int | None) -> int | None:
+        """Set the backend's capacity in slots (None: unbounded) and follow it at once: the job
+        grows toward its wanted size into new room, or gives back nodes that no longer fit.
+        Returns the backend's free capacity afterwards.
+
+        Raises:
+            SchedulerError: this job's backend has no capacity a person sets; nothing changed.
+            ConfigError: `slots` is not None or a non-negative integer; nothing changed.
+        """
+        if not isinstance(self._scheduler, AdjustableCapacity):
+            raise SchedulerError(f"the {self._scheduler.name} backend has no capacity to set")
+        with self._lock:
+            self._scheduler.set_slots(slots)
+            self._follow_capacity()
+            return self._scheduler.capacity()
+
+    def _follow_capacity(self) -> None:
+        """Turn a change of the backend's capacity into a resize request (under the lock)."""
+        lifecycle = self._lifecycle
+        if lifecycle.job_state.finished or not lifecycle.started:
+            return
+        placeable = self._placeable()
+        if placeable is None:
+            return
+        live = len(lifecycle.live_nodes())
+        fits = min(lifecycle.wanted_nodes, placeable)
+        if fits == lifecycle.target_nodes and live <= placeable:
+            return
+        if any(n.state is NodeState.SUCCEEDED for n in lifecycle.current_nodes().values()):
+            return  # the job is finishing: nodes leave as they succeed
+        reason = (
+            f"the backend's capacity changed: room for {placeable} node(s), {live} live, "
+            f"{lifecycle.wanted_nodes} wanted"
+        )
+        try:
+            self._resize_locked(ResizeRequest(lifecycle.wanted_nodes, reason, ResizeSource.CAPACITY))
+        except (LifecycleError, ResizeError, JournalError) as exc:
+            _log.warning("could not follow the backend's capacity: %s", exc)
 
     def start(self) -> None:
         """Create (if `prepare` did not) and launch the job's nodes; nothing to do for a resumed job.
@@ -889,6 +991,7 @@ class Master:
             self._observe_scheduler()
             now = self._clock.now()
             self._transact(lambda: self._just(self._lifecycle.tick(now)))
+            self._follow_capacity()
             if self._last_export is None or now - self._last_export >= self._config.state_export_interval_s:
                 self._journal_collaborators()
             self._journal_steps(force=self._lifecycle.job_state.finished)
@@ -1022,6 +1125,9 @@ class Master:
                 samples_per_second=self._samples.rate(wall),
                 committed_path=latest.path if latest else "",
                 committed_wall_time=latest.wall_time if latest else 0.0,
+                target_nodes=self._lifecycle.target_nodes,
+                wanted_nodes=self._lifecycle.wanted_nodes,
+                capacity=self._scheduler.capacity(),
             )
 
     def state_digest(self) -> str:

@@ -191,6 +191,13 @@ class LifecycleSnapshot:
     """Actions decided for a node and not yet handed to it, by node id."""
     policy_state: str = ""
     """The failure policy's budget counters (`JournaledPolicy.export_state`); empty when it keeps none."""
+    target_nodes: int | None = None
+    """How many nodes the job is sized to now (None: a journal from before resizing: `max_nodes`)."""
+    wanted_nodes: int | None = None
+    """How many nodes the last resize request asked for (None: `max_nodes`); the job grows back
+    toward it when the backend's capacity allows."""
+    planned_round: Mapping[int, int] = attrs.field(factory=dict)
+    """Nodes told to restart for a planned round (a peer left by a resize), with the action's id."""
 
 
 def actions_to_json(actions: Mapping[int, Sequence[Action]]) -> dict[str, list[dict[str, Any]]]:

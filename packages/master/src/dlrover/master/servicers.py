@@ -30,6 +30,7 @@ from dlrover.master.lifecycle import (
     UnknownNodeError,
 )
 from dlrover.master.master import Master, ResourceSample
+from dlrover.master.resize import ResizeError, ResizeSource
 from dlrover.master.states import IllegalTransitionError
 from dlrover.master.status import summarize
 from dlrover.master.v1 import agent_pb2, agent_pb2_grpc, checkpoint_pb2, checkpoint_pb2_grpc, job_pb2, job_pb2_grpc
@@ -61,6 +62,7 @@ class RequestError(DLRoverError):
 
 _STATUS: tuple[tuple[type[Exception], grpc.StatusCode], ...] = (
     (RequestError, grpc.StatusCode.INVALID_ARGUMENT),
+    (ResizeError, grpc.StatusCode.INVALID_ARGUMENT),
     (NodeImpersonationError, grpc.StatusCode.PERMISSION_DENIED),
     (NodeIdentityError, grpc.StatusCode.UNAUTHENTICATED),
     (UnknownNodeError, grpc.StatusCode.NOT_FOUND),
@@ -303,7 +305,7 @@ class CheckpointServicer(checkpoint_pb2_grpc.CheckpointServiceServicer):
 
 
 class JobServicer(job_pb2_grpc.JobServiceServicer):
-    """JobService on a `Master`: status, events and stop (job token only)."""
+    """JobService on a `Master`: status, events, stop, resize and capacity (job token only)."""
 
     def __init__(self, master: Master) -> None:
         self._master = master
@@ -350,6 +352,9 @@ class JobServicer(job_pb2_grpc.JobServiceServicer):
                 ],
                 committed_path=status.committed_path,
                 committed_wall_time=status.committed_wall_time,
+                target_nodes=status.target_nodes,
+                wanted_nodes=status.wanted_nodes,
+                capacity=_clamp_int32(status.capacity),
             )
 
     def ListEvents(
@@ -385,6 +390,37 @@ class JobServicer(job_pb2_grpc.JobServiceServicer):
             state = self._master.stop(reason)
             status = self._master.status()
             return job_pb2.StopJobResponse(state=state.value, exit_reason=status.exit_reason)
+
+    def ResizeJob(self, request: job_pb2.ResizeJobRequest, context: grpc.ServicerContext) -> job_pb2.ResizeJobResponse:
+        """Grow or shrink the job to `target` nodes (see `Master.resize`)."""
+        with _translate(context):
+            reason = _text(request.reason, "reason", MAX_REASON_CHARS) or "resized on request"
+            result = self._master.resize(request.target, reason, ResizeSource.SCALE)
+            return job_pb2.ResizeJobResponse(
+                wanted_nodes=result.wanted_nodes,
+                target_nodes=result.target_nodes,
+                placeable=_clamp_int32(result.placeable),
+                launched_ranks=list(result.launched_ranks),
+                leaving_nodes=list(result.leaving_nodes),
+                message=result.message[:MAX_REASON_CHARS],
+            )
+
+    def SetCapacity(
+        self, request: job_pb2.SetCapacityRequest, context: grpc.ServicerContext
+    ) -> job_pb2.SetCapacityResponse:
+        """Set the backend's slots (unset: unbounded) and follow the new capacity at once."""
+        with _translate(context):
+            slots = request.slots if request.HasField("slots") else None
+            if slots is not None and slots < 0:
+                raise RequestError(f"slots must be unset (unbounded) or a non-negative integer, got {slots}")
+            free = self._master.set_capacity(slots)
+            return job_pb2.SetCapacityResponse(capacity=_clamp_int32(free))
+
+
+def _clamp_int32(value: int | None) -> int | None:
+    if value is None:
+        return None
+    return max(min(value, 2**31 - 1), -(2**31))
 
 
 ServiceRegistration = Callable[[GrpcServer], None]

@@ -70,6 +70,10 @@ class JobSummary:
             `dlrover.master.goodput.BUCKETS`.
         committed_path: where the newest committed checkpoint is ("" without one).
         committed_wall_time: when it was committed (wall seconds; 0 without one).
+        target_nodes: how many nodes the job is sized to now.
+        wanted_nodes: how many the last resize asked for.
+        capacity: how many more nodes the backend could place now (negative: it holds more than
+            it has room for); None when unknown or unbounded.
     """
 
     job_name: str
@@ -89,6 +93,9 @@ class JobSummary:
     goodput_buckets: tuple[tuple[str, float], ...] = ()
     committed_path: str = ""
     committed_wall_time: float = 0.0
+    target_nodes: int = 0
+    wanted_nodes: int = 0
+    capacity: int | None = None
 
 
 def summarize(status: JobStatus) -> JobSummary:
@@ -126,6 +133,9 @@ def summarize(status: JobStatus) -> JobSummary:
         goodput_buckets=tuple(status.breakdown.buckets.items()),
         committed_path=status.committed_path,
         committed_wall_time=status.committed_wall_time,
+        target_nodes=status.target_nodes,
+        wanted_nodes=status.wanted_nodes,
+        capacity=status.capacity,
     )
 
 
@@ -141,6 +151,8 @@ def format_status(status: JobSummary) -> str:
         f"nodes: {sum(1 for n in status.nodes if n.state is NodeState.RUNNING)} running of "
         f"{status.min_nodes}..{status.max_nodes}; failures {status.job_failures}; "
         f"relaunches {status.total_relaunches}",
+        f"size: target {status.target_nodes} of {status.wanted_nodes} wanted; backend capacity "
+        + (f"{status.capacity} free slot(s)" if status.capacity is not None else "unbounded"),
         f"step {status.step}; {status.samples_per_second:.1f} samples/s; committed checkpoint {committed}",
         f"goodput {status.goodput:.1%} over {status.elapsed_s:.0f}s",
     ]

@@ -96,6 +96,16 @@ class StragglerWatch:
         self._node_of.pop(rank, None)
         self._reported = self._reported - {rank}
 
+    def node_step_times(self, now: float) -> dict[int, float]:
+        """Each node's recent step time: its slowest judged rank's (nodes with no judged rank are
+        left out). Changes nothing; the shrink order of a resize reads it to let the slowest go."""
+        times: dict[int, float] = {}
+        for rank, seconds in dict(self._detector.check(now).step_time_s).items():
+            node = self._node_of.get(rank)
+            if node is not None and now - self._heard.get(rank, now) <= self._stale_after_s:
+                times[node] = max(times.get(node, 0.0), seconds)
+        return times
+
     def check(self, now: float) -> StragglerFinding | None:
         """Newly straggling ranks at `now`; None when there are none (recovered ones may be found again)."""
         for rank in [r for r, heard in self._heard.items() if now - heard > self._stale_after_s]:

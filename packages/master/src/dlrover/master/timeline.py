@@ -16,8 +16,7 @@ from xml.sax.saxutils import escape, quoteattr
 
 from dlrover.master.goodput import (
     FAILURE_EVENT,
-    RESIZE_DONE_EVENT,
-    RESIZE_STARTED_EVENT,
+    RESIZE_EVENT,
     STEPS_EVENT,
     AttemptReport,
     GoodputAccountant,
@@ -91,7 +90,7 @@ def _draw_rows(c: _Canvas) -> None:
         )
 
 
-def _draw_steps(c: _Canvas, events: Sequence[Mapping[str, Any]]) -> None:
+def _draw_steps(c: _Canvas, events: Sequence[Mapping[str, Any]]) -> list[float]:
     """Each attempt's training span and a tick per step mark, on its node's row."""
     chains: dict[tuple[int, int], list[tuple[float, float, int]]] = {}
     ready: dict[tuple[int, int], float] = {}
@@ -118,25 +117,18 @@ def _draw_steps(c: _Canvas, events: Sequence[Mapping[str, Any]]) -> None:
         for _start, end, step in chain:
             tick = _attr(class_="step", x1=c.x(end), x2=c.x(end), y1=yy + 8, y2=yy + _ROW - 8, data_step=step)
             c.add(f'<line {tick} stroke="#1b5e20" stroke-width="1"><title>step {step}</title></line>')
+    return sorted(chain[0][0] for chain in chains.values() if chain)
 
 
-def _draw_resizes(c: _Canvas, events: Sequence[Mapping[str, Any]]) -> None:
-    """Resize windows shade every row."""
-    open_resizes: dict[str, float] = {}
-    windows: list[tuple[float, float, str]] = []
+def _draw_resizes(c: _Canvas, events: Sequence[Mapping[str, Any]], chain_starts: Sequence[float]) -> None:
+    """Resize windows shade every row: from the resize until training resumes (the first stretch of
+    steps that starts after it), as the goodput accounting counts them."""
     for event in events:
-        kind, t = event.get("kind"), float(event["wall_time"])
-        resize_id = str((event.get("data") or {}).get("resize_id", ""))
-        if kind == RESIZE_STARTED_EVENT:
-            open_resizes[resize_id] = t
-        elif kind == RESIZE_DONE_EVENT:
-            began = open_resizes.pop(resize_id, None)
-            if began is None and open_resizes:
-                began = open_resizes.pop(min(open_resizes, key=lambda k: open_resizes[k]))
-            if began is not None:
-                windows.append((began, t, f"resize {resize_id}".strip()))
-    windows += [(began, c.t_end, "resize under way") for began in open_resizes.values()]
-    for began, ended, tip in windows:
+        if event.get("kind") != RESIZE_EVENT:
+            continue
+        began = float(event["wall_time"])
+        ended = min((t for t in chain_starts if t > began), default=c.t_end)
+        tip = str(event.get("message", "")) or "resize"
         box = _attr(class_="resize", x=c.x(began), y=_TOP, width=max(c.x(ended) - c.x(began), 1), height=c.rows_h)
         c.add(f'<rect {box} fill="#00838f" fill-opacity="0.2"><title>{escape(tip)}</title></rect>')
 
@@ -214,8 +206,8 @@ def render_timeline(events: Iterable[Mapping[str, Any]], *, title: str = "", now
     c.add(f"<title>{escape(heading)}</title>")
     c.add(f"<text {_attr(x=_LEFT, y=24, font_size=16, class_='heading')}>{escape(heading)}</text>")
     _draw_rows(c)
-    _draw_steps(c, events)
-    _draw_resizes(c, events)
+    chain_starts = _draw_steps(c, events)
+    _draw_resizes(c, events, chain_starts)
     _draw_points(c, events)
     _draw_axis_and_bar(c, breakdown)
     c.add("</svg>")

@@ -1,6 +1,7 @@
 """Scheduler backends: one Protocol, a fake, the local and the external backend."""
 
 from dlrover.master.scheduler.base import (
+    AdjustableCapacity,
     MemoryRecord,
     NodeMemoryRecords,
     NodeShapeLimit,
@@ -21,10 +22,11 @@ from dlrover.master.scheduler.cgroups import (
 )
 from dlrover.master.scheduler.external import ExternalScheduler
 from dlrover.master.scheduler.fake import FakeScheduler
-from dlrover.master.scheduler.local import LocalScheduler
+from dlrover.master.scheduler.local import LocalScheduler, parse_slots
 
 __all__ = [
     "CgroupMemoryGroups",
+    "AdjustableCapacity",
     "ExternalScheduler",
     "FakeMemoryGroups",
     "FakeScheduler",
@@ -42,4 +44,5 @@ __all__ = [
     "UnavailableMemoryGroups",
     "check_node_fits",
     "detect_memory_groups",
+    "parse_slots",
 ]

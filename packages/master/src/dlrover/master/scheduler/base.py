@@ -17,6 +17,7 @@ from dlrover.autoscale import Resources, Role
 from dlrover.common import ConfigError, DLRoverError
 
 __all__ = [
+    "AdjustableCapacity",
     "MemoryRecord",
     "NodeMemoryRecords",
     "NodeShapeLimit",
@@ -108,6 +109,16 @@ class SchedulerBackend(Protocol):
         rather than relaunch it while it has restarts left."""
         ...
 
+    def capacity(self) -> int | None:
+        """How many more nodes the backend could place now, beyond those it holds.
+
+        None: unknown or unbounded (the external backend: whoever starts agents decides). Zero:
+        full; a node launched now stays pending until room appears. Negative: the backend holds
+        that many nodes more than it now has room for (its capacity was lowered or lost); the
+        master gives that many back. Nodes the backend was told to stop do not count.
+        """
+        ...
+
     def launch(self, spec: NodeSpec) -> None:
         """Start a node; returns once it is requested, not once it runs.
 
@@ -188,3 +199,16 @@ def check_node_fits(backend: object, resources: Resources | None, what: str = "n
             f"{what} {resources.describe()} can never be provided by the {name} backend, whose largest node is "
             f"{largest.describe()}: {'; '.join(exceeded)}"
         )
+
+
+@runtime_checkable
+class AdjustableCapacity(Protocol):
+    """A backend whose capacity a person sets while the job runs (the local backend's slots)."""
+
+    def set_slots(self, slots: int | None) -> None:
+        """Hold at most `slots` nodes from now on (None: unbounded).
+
+        Raises:
+            ConfigError: not None or a non-negative integer; nothing changed.
+        """
+        ...

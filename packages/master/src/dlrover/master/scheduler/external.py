@@ -27,6 +27,10 @@ class ExternalScheduler:
         self._lock = threading.Lock()
         self._nodes: dict[int, ObservedNode] = {}
 
+    def capacity(self) -> int | None:
+        """Unknown: whoever starts the agents decides how many come (None)."""
+        return None
+
     def launch(self, spec: NodeSpec) -> None:
         """Open a slot; the node stays PENDING as far as this backend can tell."""
         with self._lock:

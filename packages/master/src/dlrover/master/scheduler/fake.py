@@ -25,6 +25,16 @@ class FakeScheduler:
         self.stopped: list[int] = []
         self.closed = False
         self.fail_launches = False
+        self.slots: int | None = None
+        """How many nodes fit (None: no limit); tests change it to play capacity changes."""
+
+    def capacity(self) -> int | None:
+        """`slots` less the nodes pending or running (None when `slots` is None)."""
+        with self._lock:
+            if self.slots is None:
+                return None
+            held = sum(1 for n in self._nodes.values() if n.state in (ObservedState.PENDING, ObservedState.RUNNING))
+            return self.slots - held
 
     def launch(self, spec: NodeSpec) -> None:
         """Record the spec; the node is PENDING until `set_state` says otherwise."""

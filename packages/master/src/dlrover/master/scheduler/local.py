@@ -21,6 +21,15 @@ is the node's `memory_record`; the group is removed once the node's processes ar
 kept). Where no group can be made, `memory_enforcement` says why and nodes run unlimited. CPU and
 accelerators are not enforced here: `largest_node` (this host's CPUs, memory and NVIDIA GPUs) only refuses
 what no node here could ever have.
+
+Capacity is counted in slots, one node each: unbounded by default (`slots=None`), else set at
+construction, with `set_slots` while the job runs (`dlrover-master capacity`), or by a capacity
+file the backend re-reads whenever it changes (a number of slots, or ``unbounded``). A node
+launched while every slot is taken waits, observed as pending, and starts when a slot frees;
+a node being stopped no longer holds its slot. Lowering the slots below what runs stops nothing
+by itself: `capacity` turns negative and the master chooses which nodes give their slots back.
+Waiting launches are not journaled: after a master restart the lifecycle's start timeout handles
+them like any node that never came.
 """
 
 from __future__ import annotations
@@ -46,7 +55,9 @@ from dlrover.master.journal import JournalError
 from dlrover.master.scheduler.base import MemoryRecord, NodeSpec, ObservedNode, ObservedState, SchedulerError
 from dlrover.master.scheduler.cgroups import MemoryGroup, MemoryGroups
 
-__all__ = ["LOCAL_STATE_FORMAT", "LocalScheduler"]
+__all__ = ["LOCAL_STATE_FORMAT", "LocalScheduler", "parse_slots"]
+
+_log = logging.getLogger(__name__)
 
 _log = logging.getLogger(__name__)
 
@@ -78,6 +89,30 @@ def _this_host() -> Resources:
     except OSError:
         gpus = 0
     return Resources(cpu=cpus, memory_mb=int(psutil.virtual_memory().total // (1024 * 1024)), gpu=gpus)
+
+
+def parse_slots(text: str, *, source: str = "capacity") -> int | None:
+    """A number of slots from text: a non-negative integer, or ``unbounded`` (None).
+
+    Raises:
+        ConfigError: anything else; the message names the text and where it came from.
+    """
+    value = text.strip()
+    if value.lower() in ("unbounded", "none", "inf"):
+        return None
+    if not value.isdecimal():
+        raise ConfigError(f"{source}: {value[:80]!r} is not a number of slots (a non-negative integer or 'unbounded')")
+    return int(value)
+
+
+def _words(slots: int | None) -> str:
+    return "unbounded" if slots is None else str(slots)
+
+
+def _check_slots(slots: int | None) -> int | None:
+    if slots is not None and (isinstance(slots, bool) or not isinstance(slots, int) or slots < 0):
+        raise ConfigError(f"slots must be None (unbounded) or a non-negative integer, got {slots!r}")
+    return slots
 
 
 @attrs.define
@@ -161,6 +196,10 @@ class LocalScheduler:
         memory_groups: where nodes' memory cgroups are made (`detect_memory_groups()` in the master);
             None enforces no memory limit (and says so in `memory_enforcement`).
         host_resources: what this host has (its CPUs, memory and NVIDIA GPUs when None).
+        slots: how many nodes may run at once (None: unbounded).
+        capacity_file: a file holding the slots (see `parse_slots`), re-read whenever it changes;
+            it overrides `slots` once read. A file with bad content is logged and ignored: the
+            slots stay as they were.
     """
 
     name = "local"
@@ -176,6 +215,8 @@ class LocalScheduler:
         monotonic: Callable[[], float] = time.monotonic,
         memory_groups: MemoryGroups | None = None,
         host_resources: Resources | None = None,
+        slots: int | None = None,
+        capacity_file: str | os.PathLike[str] | None = None,
     ) -> None:
         if not command:
             raise ConfigError("the local backend needs an agent command, got an empty one")
@@ -192,6 +233,85 @@ class LocalScheduler:
         self._version = 0
         self._groups = memory_groups
         self._host_resources = host_resources or _this_host()
+        self._slots = _check_slots(slots)
+        self._waiting: dict[int, NodeSpec] = {}  # launched while every slot was taken, in order
+        self._stopped_waiting: set[int] = set()
+        self._spawn_failed: set[int] = set()
+        self._capacity_file = Path(capacity_file) if capacity_file is not None else None
+        self._capacity_seen: tuple[int, int] | None = None  # (mtime_ns, size) last read
+        if self._capacity_file is not None:
+            with self._lock:
+                self._read_capacity_file()
+
+    # ---------------------------------------------------------------- capacity
+
+    @property
+    def slots(self) -> int | None:
+        """How many nodes may run at once (None: unbounded)."""
+        with self._lock:
+            self._read_capacity_file()
+            return self._slots
+
+    def set_slots(self, slots: int | None) -> None:
+        """Change the slots while the job runs; waiting launches start when they fit (next `observe`).
+
+        Raises:
+            ConfigError: not None or a non-negative integer; nothing changed.
+        """
+        checked = _check_slots(slots)
+        with self._lock:
+            if checked != self._slots:
+                _log.info("local backend capacity: %s -> %s slot(s)", _words(self._slots), _words(checked))
+            self._slots = checked
+
+    def capacity(self) -> int | None:
+        """Free slots (negative: more nodes hold slots than there are); None when unbounded."""
+        with self._lock:
+            self._read_capacity_file()
+            if self._slots is None:
+                return None
+            return self._slots - self._held() - len(self._waiting)
+
+    def _held(self) -> int:
+        return sum(1 for p in self._procs.values() if p.stop_requested_at is None and not p.exited()[0])
+
+    def _read_capacity_file(self) -> None:
+        """Re-read the capacity file if it changed (lock held); bad content changes nothing."""
+        path = self._capacity_file
+        if path is None:
+            return
+        try:
+            info = path.stat()
+        except FileNotFoundError:
+            return  # not written yet: the slots stay as they are
+        except OSError as exc:
+            _log.error("capacity file %s cannot be read: %s; the slots stay %s", path, exc, _words(self._slots))
+            return
+        seen = (info.st_mtime_ns, info.st_size)
+        if seen == self._capacity_seen:
+            return
+        self._capacity_seen = seen
+        try:
+            slots = parse_slots(path.read_text(encoding="utf-8"), source=f"capacity file {path}")
+        except (OSError, UnicodeDecodeError, ConfigError) as exc:
+            _log.error("%s; the slots stay %s", exc, _words(self._slots))
+            return
+        if slots != self._slots:
+            _log.info("capacity file %s: %s -> %s slot(s)", path, _words(self._slots), _words(slots))
+        self._slots = slots
+
+    def _start_waiting(self) -> None:
+        """Start waiting launches while slots are free (lock held)."""
+        while self._waiting and not self._closed:
+            if self._slots is not None and self._held() >= self._slots:
+                return
+            node_id = next(iter(self._waiting))
+            spec = self._waiting.pop(node_id)
+            try:
+                self._spawn(spec)
+            except SchedulerError as exc:
+                _log.error("%s", exc)
+                self._spawn_failed.add(node_id)  # observed as failed: the master decides
 
     @property
     def memory_enforcement(self) -> str:
@@ -264,45 +384,56 @@ class LocalScheduler:
                 raise SchedulerError(f"cannot launch node {spec.node_id}: the local backend is closed")
             if spec.node_id in self._procs:
                 raise SchedulerError(f"node {spec.node_id} was already launched")
+            if spec.node_id in self._waiting or spec.node_id in self._stopped_waiting | self._spawn_failed:
+                raise SchedulerError(f"node {spec.node_id} was already launched")
             if self._host in spec.avoid_hosts:
                 raise SchedulerError(f"cannot launch node {spec.node_id}: this host ({self._host}) is avoided")
-            env = {**os.environ, **spec.env}
-            group, command = self._join_group(spec)
-            try:
-                if self._log_dir is not None:
-                    # Private like the rest of the state directory: agents' logs may hold secrets.
-                    self._log_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-                    log_fd = os.open(
-                        self._log_dir / f"node-{spec.node_id}.log",
-                        os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC,
-                        0o600,
-                    )
-                    with open(log_fd, "ab") as log:
-                        os.fchmod(log_fd, 0o600)  # a log an older master created 0644
-                        popen = subprocess.Popen(
-                            command, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                            start_new_session=True,
-                        )  # fmt: skip
-                else:
+            self._read_capacity_file()
+            if self._waiting or (self._slots is not None and self._held() >= self._slots):
+                # Every slot is taken: the node waits (pending) for one, as a pod waits for a node.
+                self._waiting[spec.node_id] = spec
+                return
+            self._spawn(spec)
+
+    def _spawn(self, spec: NodeSpec) -> None:
+        """Start the agent process of `spec` (lock held), in its memory group when it has one."""
+        env = {**os.environ, **spec.env}
+        group, command = self._join_group(spec)
+        try:
+            if self._log_dir is not None:
+                # Private like the rest of the state directory: agents' logs may hold secrets.
+                self._log_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+                log_fd = os.open(
+                    self._log_dir / f"node-{spec.node_id}.log",
+                    os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC,
+                    0o600,
+                )
+                with open(log_fd, "ab") as log:
+                    os.fchmod(log_fd, 0o600)  # a log an older master created 0644
                     popen = subprocess.Popen(
-                        command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                        stderr=subprocess.DEVNULL, start_new_session=True,
+                        command, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                        start_new_session=True,
                     )  # fmt: skip
-            except OSError as exc:
-                if group is not None and self._groups is not None:
-                    self._groups.remove(group)
-                raise SchedulerError(f"cannot start node {spec.node_id} ({self._command[0]!r}): {exc}") from exc
-            # Our unreaped child: its pid cannot be reused, so its start time is its own.
-            started = _start_time(popen.pid)
-            self._procs[spec.node_id] = _Proc(
-                popen.pid,
-                started if started is not None else 0.0,
-                popen,
-                group=group,
-                limit_mb=None if group is None else group.limit_mb,
-                group_path="" if group is None else group.path,
-            )
-            self._version += 1
+            else:
+                popen = subprocess.Popen(
+                    command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL, start_new_session=True,
+                )  # fmt: skip
+        except OSError as exc:
+            if group is not None and self._groups is not None:
+                self._groups.remove(group)
+            raise SchedulerError(f"cannot start node {spec.node_id} ({self._command[0]!r}): {exc}") from exc
+        # Our unreaped child: its pid cannot be reused, so its start time is its own.
+        started = _start_time(popen.pid)
+        self._procs[spec.node_id] = _Proc(
+            popen.pid,
+            started if started is not None else 0.0,
+            popen,
+            group=group,
+            limit_mb=None if group is None else group.limit_mb,
+            group_path="" if group is None else group.path,
+        )
+        self._version += 1
 
     def _signal(self, proc: _Proc, sig: signal.Signals) -> None:
         if proc.popen is None and not proc.is_alive_adopted():
@@ -313,6 +444,9 @@ class LocalScheduler:
     def stop(self, node_id: int) -> None:
         """SIGTERM the node's process group; `observe` escalates to SIGKILL after the grace."""
         with self._lock:
+            if self._waiting.pop(node_id, None) is not None:
+                self._stopped_waiting.add(node_id)  # never started: nothing to signal
+                return
             proc = self._procs.get(node_id)
             if proc is None or proc.stop_requested_at is not None:
                 return
@@ -341,9 +475,16 @@ class LocalScheduler:
         return ObservedNode(node_id, state, code, self._host)
 
     def observe(self) -> Mapping[int, ObservedNode]:
-        """Poll every agent (and escalate stops past their grace period)."""
+        """Poll every agent (and escalate stops past their grace period); start waiting launches
+        that fit now (the capacity file is re-read first)."""
         with self._lock:
-            return {nid: attrs.evolve(self._state(p), node_id=nid) for nid, p in self._procs.items()}
+            self._read_capacity_file()
+            self._start_waiting()
+            seen = {nid: attrs.evolve(self._state(p), node_id=nid) for nid, p in self._procs.items()}
+            seen.update({nid: ObservedNode(nid, ObservedState.PENDING) for nid in self._waiting})
+            seen.update({nid: ObservedNode(nid, ObservedState.STOPPED) for nid in self._stopped_waiting})
+            seen.update({nid: ObservedNode(nid, ObservedState.FAILED) for nid in self._spawn_failed})
+            return seen
 
     def pid(self, node_id: int) -> int | None:
         """The agent's process id (its process group id too), for diagnostics and tests."""
@@ -401,6 +542,8 @@ class LocalScheduler:
             if self._closed:
                 return
             self._closed = True
+            self._stopped_waiting.update(self._waiting)
+            self._waiting.clear()
             procs = list(self._procs.values())
             for proc in procs:
                 if proc.stop_requested_at is None and not proc.exited()[0]:

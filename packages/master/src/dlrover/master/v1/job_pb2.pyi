@@ -37,7 +37,7 @@ class NodeStatus(_message.Message):
     def __init__(self, node_id: _Optional[int] = ..., rank: _Optional[int] = ..., state: _Optional[str] = ..., name: _Optional[str] = ..., host: _Optional[str] = ..., relaunch_count: _Optional[int] = ..., process_restarts: _Optional[int] = ..., step: _Optional[int] = ..., seconds_since_heartbeat: _Optional[float] = ..., last_failure: _Optional[str] = ..., last_reason: _Optional[str] = ...) -> None: ...
 
 class GetJobStatusResponse(_message.Message):
-    __slots__ = ("job_name", "state", "exit_reason", "nodes", "min_nodes", "max_nodes", "job_failures", "step", "has_committed_step", "committed_step", "goodput", "elapsed_s", "total_relaunches", "samples_per_second", "useful_s", "goodput_buckets", "committed_path", "committed_wall_time")
+    __slots__ = ("job_name", "state", "exit_reason", "nodes", "min_nodes", "max_nodes", "job_failures", "step", "has_committed_step", "committed_step", "goodput", "elapsed_s", "total_relaunches", "samples_per_second", "useful_s", "goodput_buckets", "committed_path", "committed_wall_time", "target_nodes", "wanted_nodes", "capacity")
     JOB_NAME_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     EXIT_REASON_FIELD_NUMBER: _ClassVar[int]
@@ -56,6 +56,9 @@ class GetJobStatusResponse(_message.Message):
     GOODPUT_BUCKETS_FIELD_NUMBER: _ClassVar[int]
     COMMITTED_PATH_FIELD_NUMBER: _ClassVar[int]
     COMMITTED_WALL_TIME_FIELD_NUMBER: _ClassVar[int]
+    TARGET_NODES_FIELD_NUMBER: _ClassVar[int]
+    WANTED_NODES_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_FIELD_NUMBER: _ClassVar[int]
     job_name: str
     state: str
     exit_reason: str
@@ -74,7 +77,10 @@ class GetJobStatusResponse(_message.Message):
     goodput_buckets: _containers.RepeatedCompositeFieldContainer[GoodputBucket]
     committed_path: str
     committed_wall_time: float
-    def __init__(self, job_name: _Optional[str] = ..., state: _Optional[str] = ..., exit_reason: _Optional[str] = ..., nodes: _Optional[_Iterable[_Union[NodeStatus, _Mapping]]] = ..., min_nodes: _Optional[int] = ..., max_nodes: _Optional[int] = ..., job_failures: _Optional[int] = ..., step: _Optional[int] = ..., has_committed_step: _Optional[bool] = ..., committed_step: _Optional[int] = ..., goodput: _Optional[float] = ..., elapsed_s: _Optional[float] = ..., total_relaunches: _Optional[int] = ..., samples_per_second: _Optional[float] = ..., useful_s: _Optional[float] = ..., goodput_buckets: _Optional[_Iterable[_Union[GoodputBucket, _Mapping]]] = ..., committed_path: _Optional[str] = ..., committed_wall_time: _Optional[float] = ...) -> None: ...
+    target_nodes: int
+    wanted_nodes: int
+    capacity: int
+    def __init__(self, job_name: _Optional[str] = ..., state: _Optional[str] = ..., exit_reason: _Optional[str] = ..., nodes: _Optional[_Iterable[_Union[NodeStatus, _Mapping]]] = ..., min_nodes: _Optional[int] = ..., max_nodes: _Optional[int] = ..., job_failures: _Optional[int] = ..., step: _Optional[int] = ..., has_committed_step: _Optional[bool] = ..., committed_step: _Optional[int] = ..., goodput: _Optional[float] = ..., elapsed_s: _Optional[float] = ..., total_relaunches: _Optional[int] = ..., samples_per_second: _Optional[float] = ..., useful_s: _Optional[float] = ..., goodput_buckets: _Optional[_Iterable[_Union[GoodputBucket, _Mapping]]] = ..., committed_path: _Optional[str] = ..., committed_wall_time: _Optional[float] = ..., target_nodes: _Optional[int] = ..., wanted_nodes: _Optional[int] = ..., capacity: _Optional[int] = ...) -> None: ...
 
 class GoodputBucket(_message.Message):
     __slots__ = ("name", "seconds")
@@ -131,3 +137,39 @@ class StopJobResponse(_message.Message):
     state: str
     exit_reason: str
     def __init__(self, state: _Optional[str] = ..., exit_reason: _Optional[str] = ...) -> None: ...
+
+class ResizeJobRequest(_message.Message):
+    __slots__ = ("target", "reason")
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    target: int
+    reason: str
+    def __init__(self, target: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class ResizeJobResponse(_message.Message):
+    __slots__ = ("wanted_nodes", "target_nodes", "placeable", "launched_ranks", "leaving_nodes", "message")
+    WANTED_NODES_FIELD_NUMBER: _ClassVar[int]
+    TARGET_NODES_FIELD_NUMBER: _ClassVar[int]
+    PLACEABLE_FIELD_NUMBER: _ClassVar[int]
+    LAUNCHED_RANKS_FIELD_NUMBER: _ClassVar[int]
+    LEAVING_NODES_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    wanted_nodes: int
+    target_nodes: int
+    placeable: int
+    launched_ranks: _containers.RepeatedScalarFieldContainer[int]
+    leaving_nodes: _containers.RepeatedScalarFieldContainer[int]
+    message: str
+    def __init__(self, wanted_nodes: _Optional[int] = ..., target_nodes: _Optional[int] = ..., placeable: _Optional[int] = ..., launched_ranks: _Optional[_Iterable[int]] = ..., leaving_nodes: _Optional[_Iterable[int]] = ..., message: _Optional[str] = ...) -> None: ...
+
+class SetCapacityRequest(_message.Message):
+    __slots__ = ("slots",)
+    SLOTS_FIELD_NUMBER: _ClassVar[int]
+    slots: int
+    def __init__(self, slots: _Optional[int] = ...) -> None: ...
+
+class SetCapacityResponse(_message.Message):
+    __slots__ = ("capacity",)
+    CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    capacity: int
+    def __init__(self, capacity: _Optional[int] = ...) -> None: ...

@@ -49,6 +49,16 @@ class JobServiceStub:
                 request_serializer=dlrover_dot_master_dot_v1_dot_job__pb2.StopJobRequest.SerializeToString,
                 response_deserializer=dlrover_dot_master_dot_v1_dot_job__pb2.StopJobResponse.FromString,
                 _registered_method=True)
+        self.ResizeJob = channel.unary_unary(
+                '/dlrover.master.v1.JobService/ResizeJob',
+                request_serializer=dlrover_dot_master_dot_v1_dot_job__pb2.ResizeJobRequest.SerializeToString,
+                response_deserializer=dlrover_dot_master_dot_v1_dot_job__pb2.ResizeJobResponse.FromString,
+                _registered_method=True)
+        self.SetCapacity = channel.unary_unary(
+                '/dlrover.master.v1.JobService/SetCapacity',
+                request_serializer=dlrover_dot_master_dot_v1_dot_job__pb2.SetCapacityRequest.SerializeToString,
+                response_deserializer=dlrover_dot_master_dot_v1_dot_job__pb2.SetCapacityResponse.FromString,
+                _registered_method=True)
 
 
 class JobServiceServicer:
@@ -72,6 +82,18 @@ class JobServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ResizeJob(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetCapacity(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_JobServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -89,6 +111,16 @@ def add_JobServiceServicer_to_server(servicer, server):
                     servicer.StopJob,
                     request_deserializer=dlrover_dot_master_dot_v1_dot_job__pb2.StopJobRequest.FromString,
                     response_serializer=dlrover_dot_master_dot_v1_dot_job__pb2.StopJobResponse.SerializeToString,
+            ),
+            'ResizeJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResizeJob,
+                    request_deserializer=dlrover_dot_master_dot_v1_dot_job__pb2.ResizeJobRequest.FromString,
+                    response_serializer=dlrover_dot_master_dot_v1_dot_job__pb2.ResizeJobResponse.SerializeToString,
+            ),
+            'SetCapacity': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetCapacity,
+                    request_deserializer=dlrover_dot_master_dot_v1_dot_job__pb2.SetCapacityRequest.FromString,
+                    response_serializer=dlrover_dot_master_dot_v1_dot_job__pb2.SetCapacityResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -172,6 +204,60 @@ class JobService:
             '/dlrover.master.v1.JobService/StopJob',
             dlrover_dot_master_dot_v1_dot_job__pb2.StopJobRequest.SerializeToString,
             dlrover_dot_master_dot_v1_dot_job__pb2.StopJobResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResizeJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dlrover.master.v1.JobService/ResizeJob',
+            dlrover_dot_master_dot_v1_dot_job__pb2.ResizeJobRequest.SerializeToString,
+            dlrover_dot_master_dot_v1_dot_job__pb2.ResizeJobResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetCapacity(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dlrover.master.v1.JobService/SetCapacity',
+            dlrover_dot_master_dot_v1_dot_job__pb2.SetCapacityRequest.SerializeToString,
+            dlrover_dot_master_dot_v1_dot_job__pb2.SetCapacityResponse.FromString,
             options,
             channel_credentials,
             insecure,
