@@ -17,11 +17,12 @@ The rule, computed at query time over `[job_start, job_end or now]`:
   proportion to its steps).
 * **Gaps** between spans are labelled by the windows covering them, first match wins:
   ``resize`` (from a ``resize`` event, which the lifecycle core records for every resize, until
-  training resumes: the start of the first training span that begins after it), ``rendezvous`` (an attempt's rendezvous), ``checkpoint_load`` (the
-  load before an attempt's ready time), ``failure_detection`` (from the last sign of training
-  before a ``failure`` event to that event); otherwise ``restart`` after a failure or between two
-  stretches of training, ``startup`` before the first, and after the last ``shutdown`` once the job
-  ended, ``in_progress`` (the step being computed) while it runs.
+  training resumes: the start of the first training span that begins after it), ``rendezvous``
+  (an attempt's rendezvous), ``checkpoint_load`` (the load before an attempt's ready time),
+  ``failure_detection`` (from the last sign of training before a ``failure`` event to that
+  event); otherwise ``restart`` after a failure or between two stretches of training,
+  ``startup`` before the first, and after the last ``shutdown`` once the job ended,
+  ``in_progress`` (the step being computed) while it runs.
 
 Useful time and the buckets always sum to the elapsed time and none is negative. Events that
 arrive late (a failed attempt's last marks come with the next heartbeat) are placed by their
