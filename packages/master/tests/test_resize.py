@@ -396,7 +396,7 @@ def test_resize_and_capacity_over_grpc_and_the_cli(
         result = c.resize(2, "smaller")
         assert (result.wanted_nodes, result.target_nodes, result.leaving_nodes, result.placeable) == (2, 2, (2,), None)
         status = c.job_status()
-        assert (status.target_nodes, status.wanted_nodes, status.HasField("capacity")) == (2, 2, False)
+        assert (status.target_nodes, status.wanted_nodes, status.capacity) == (2, 2, None)
     with MasterClient(rt.address, generate_token(), policy=NO_RETRY) as bad:
         with pytest.raises(RpcError) as info:
             bad.resize(1, "intruder")
