@@ -81,7 +81,8 @@ class SimJob:
         end = self.now + seconds
         while self.now < end:
             self.now += step_s
-            rate = self.curve(len(self.samples)) / max(len(self.samples), 1)
+            count = len(self.samples)
+            rate = self.curve(count) / count if count else 0.0
             for node in self.samples:
                 self.samples[node] += rate * step_s
                 self.scaler.observe_samples(node, int(self.samples[node]), self.now)

@@ -223,6 +223,11 @@ class ThroughputRecorder:
             seconds = min(seconds, last.time - first.time)
         return (rate, seconds) if rate > 0 else None
 
+    def training_steady(self, now: float) -> bool:
+        """Whether every node of the stretch trains again and the warm-up after that has passed."""
+        start = self._measure_from()
+        return start is not None and now >= start
+
     def steady_seconds(self) -> float:
         """Steady seconds measured in the current stretch so far (0 before measuring started)."""
         now = self.current()
@@ -377,6 +382,11 @@ class Autoscaler:
     def observe_samples(self, node_id: int, samples: int, now: float) -> None:
         """A node's running total of samples, from its heartbeat."""
         self._recorder.observe(node_id, samples, now)
+
+    def training_steady(self, now: float) -> bool:
+        """Whether the job trains steadily at `now`: every running node reports samples again since
+        the last disruption, and `warmup_s` has passed since. The master judges stragglers only then."""
+        return self._recorder.training_steady(now)
 
     def disrupted(self, now: float, *, resized: bool = False) -> None:
         """Training was disturbed at `now` (`resized`: by a resize, which starts the cool-down)."""

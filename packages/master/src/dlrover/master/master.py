@@ -446,6 +446,10 @@ class Master:
                 _log.info("%s", event.message)
             if self._autoscaler is not None and event.kind in _DISRUPTIONS:
                 self._autoscaler.disrupted(self._clock.now(), resized=event.kind == "resize")
+            if event.kind == "resize":
+                # Every worker restarts for the new round: step times from before would make the
+                # first slow steps of a joining node look like a straggler.
+                self._stragglers.forget_all()
             self._account(event_to_dict(event), replay=False)
             self._event_count += 1
         if self._event_log is not None:
@@ -860,6 +864,11 @@ class Master:
                     self._unjournaled_steps.extend(r for r in stamped if r.rank == 0)
                     self._journal_steps()
                 self._maybe_progress()
+                if self._autoscaler is not None and not self._autoscaler.training_steady(now):
+                    # A round just changed (a resize, a restart): a joining node's first steps and
+                    # the wait for its peers are not straggling. Judged again once training is steady.
+                    self._stragglers.forget_node(node_id)
+                    rank_steps = ()
                 self._stragglers.observe(node_id, rank_steps, now)
                 if rank_steps:
                     finding = self._stragglers.check(now)
