@@ -162,7 +162,7 @@ def loop_rows(sizes: list[int], repeats: int) -> list[list[str]]:
                 scaler.disrupted(now)
                 scaler.tick(now, view)
                 per_node = curve(n, big) / n
-                for when in (now, now + 1.0, now + 21.0):  # the first report, then 20 steady seconds
+                for when in (now, now + 1.0, now + 2.0, now + 22.0):  # training starts, then 20 steady seconds
                     for node in nodes:
                         scaler.observe_samples(node, int(per_node * 1000 * (when - now)), when)
                 now += 30.0
@@ -172,6 +172,7 @@ def loop_rows(sizes: list[int], repeats: int) -> list[list[str]]:
                 t0 = time.perf_counter()
                 decision = scaler.plan(now, view)
                 times.append(time.perf_counter() - t0)
+                assert "model" in decision.data, decision.reason
                 model = decision.data["model"]
                 t0 = time.perf_counter()
                 ns = np.arange(1, big + 1, dtype=np.float64)

@@ -144,11 +144,11 @@ def test_the_autoscaler_grows_while_a_node_pays_and_gives_back_the_one_that_does
     _wait("the third node given back", lambda: ("autoscaler", 3, 2) in _resizes(state), dump)
     # Stays at two: one more plan at two nodes says so, and no resize follows.
     gave_back = len(_events(state))
-    _wait(
-        "a plan to stay at two nodes",
-        lambda: any(e["kind"] == "autoscale_plan" and e["data"]["action"] == "stay" for e in _events(state)[gave_back:]),
-        dump,
-    )
+
+    def stays() -> bool:
+        return any(e["kind"] == "autoscale_plan" and e["data"]["action"] == "stay" for e in _events(state)[gave_back:])
+
+    _wait("a plan to stay at two nodes", stays, dump)
     (out / "stop").write_text("")
     master.wait(timeout=180)
     assert master.returncode == 0, dump()
