@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -22,7 +23,7 @@ from dlrover.master.autoscaler import (
     efficient_node_count,
 )
 from dlrover.master.config import LifecycleConfig, MasterConfig, NodeRange
-from dlrover.master.journal import MemoryJournal
+from dlrover.master.journal import MemoryJournal, SqliteJournal, StateJournal
 from dlrover.master.master import Master
 from dlrover.master.scheduler import FakeScheduler
 
@@ -298,7 +299,7 @@ def test_plans_stay_in_range_and_capacity_and_never_flap(
 # -------------------------------------------------------------------------- the master
 
 
-def autoscaled_master(mode: str) -> tuple[Master, FakeScheduler, ManualClock]:
+def autoscaled_master(mode: str, journal: StateJournal | None = None) -> tuple[Master, FakeScheduler, ManualClock]:
     lifecycle = LifecycleConfig(nodes=NodeRange(1, 3), heartbeat_timeout_s=1000.0, insufficient_nodes_window_s=600.0)
     cfg = MasterConfig(
         job_name="auto",
@@ -307,7 +308,7 @@ def autoscaled_master(mode: str) -> tuple[Master, FakeScheduler, ManualClock]:
         autoscale=AutoscalerConfig(mode=mode, interval_s=5.0, min_measure_s=20.0, warmup_s=1.0, cooldown_s=5.0),
     )
     sched, clock = FakeScheduler(), ManualClock()
-    return Master(cfg, sched, MemoryJournal(), clock), sched, clock
+    return Master(cfg, sched, journal or MemoryJournal(), clock), sched, clock
 
 
 def drive(master: Master, clock: ManualClock, curve: Curve, seconds: int) -> None:
@@ -358,3 +359,19 @@ def test_advise_records_plans_and_changes_nothing() -> None:
     assert "would grow (advise: nothing changes)" in advice[0].message
     assert advice[0].data["measured"].keys() == {"1"}
     assert master.status().wanted_nodes == 1
+
+
+def test_a_restarted_master_keeps_the_measurements_and_never_asks_again_for_a_count_given_back(tmp_path: Path) -> None:
+    path = tmp_path / "journal.db"
+    master, _sched, clock = autoscaled_master("on", SqliteJournal(path))
+    master.start()
+    drive(master, clock, linear_then_flat(2), 400)
+    assert master.status().wanted_nodes == 2
+    resumed, _sched2, clock2 = autoscaled_master("on", SqliteJournal(path))
+    scaler = resumed._autoscaler
+    assert scaler is not None
+    assert scaler.ceiling == 2
+    assert sorted(scaler.measurements()) == [1, 2, 3]
+    drive(resumed, clock2, linear_then_flat(2), 200)
+    resizes = [e for e in resumed.events(limit=10_000) if e.kind == "resize"]
+    assert [e.data["target"] for e in resizes] == [2, 3, 2]  # nothing new after the restart

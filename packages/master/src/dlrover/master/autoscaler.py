@@ -244,6 +244,11 @@ class ThroughputRecorder:
         self._first.clear()
         self._training_at.clear()
 
+    def seed(self, measured: Mapping[int, tuple[float, float]]) -> None:
+        """Start from earlier measurements (node count -> (samples per second, seconds)), replacing
+        what was kept: a restarted master resumes from its journaled plan."""
+        self._done = {n: [(rate, seconds)] for n, (rate, seconds) in measured.items() if rate > 0 and seconds > 0}
+
     def measurements(self) -> dict[int, SizeMeasurement]:
         """Every node count measured long enough, the current stretch included once it qualifies."""
         stretches = {n: list(v) for n, v in self._done.items()}
@@ -401,6 +406,21 @@ class Autoscaler:
             limit = given_back - 1
             self._ceiling = limit if self._ceiling is None else min(self._ceiling, limit)
         self._last_resize = now
+
+    def replay(self, data: Mapping[str, Any]) -> None:
+        """Resume from a journaled ``autoscale_plan`` event's data (a restarted master replays them in
+        order): its measurements, and the ceiling below every count given back. Malformed data is
+        skipped (it was written by this module; nothing else writes that kind)."""
+        try:
+            rates = {int(n): float(t) for n, t in dict(data.get("measured", {})).items()}
+            seconds = {int(n): float(t) for n, t in dict(data.get("measured_s", {})).items()}
+            if rates:
+                self._recorder.seed({n: (rates[n], seconds.get(n, self._config.min_measure_s)) for n in rates})
+            if data.get("applied") and data.get("action") == "shrink":
+                limit = int(data["wanted"]) - 1
+                self._ceiling = limit if self._ceiling is None else min(self._ceiling, limit)
+        except (TypeError, ValueError, KeyError):
+            return
 
     def should_publish(self, decision: AutoscaleDecision) -> bool:
         """Whether `decision` differs from the last one published (an unchanged plan is not repeated)."""

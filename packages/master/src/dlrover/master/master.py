@@ -302,6 +302,9 @@ class Master:
         if restored.last_event_seq:
             for event in self._all_events():
                 self._account(event_to_dict(event), replay=True)
+                if self._autoscaler is not None and event.kind == AUTOSCALE_EVENT:
+                    # Its measurements and the counts it gave back survive a master restart: no flapping.
+                    self._autoscaler.replay(event.data)
                 self._event_count += 1
         if self._restored:
             self._record(Outcome(events=(Event("master_restart", "the master restarted and resumed the job"),)))
