@@ -8,6 +8,7 @@
     dlrover-master stop --master 127.0.0.1:50051 --token-file /tmp/job/token --reason "data fixed, resubmitting"
     dlrover-master scale 3 --master 127.0.0.1:50051 --token-file /tmp/job/token --reason "more data"
     dlrover-master capacity 2 --master 127.0.0.1:50051 --token-file /tmp/job/token   # or: unbounded
+    dlrover-master --nnodes 1:8 --autoscale on --agent-command "dlrover-run ..."     # or: --autoscale advise
 
 Exit status of a run: 0 the job succeeded, 1 it failed, 2 bad usage, 3 it was stopped.
 """
