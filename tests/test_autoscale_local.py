@@ -120,8 +120,8 @@ def test_the_autoscaler_grows_while_a_node_pays_and_gives_back_the_one_that_does
         "--autoscale=on", "--autoscale-interval-s=1", "--autoscale-min-measure-s=8", "--autoscale-warmup-s=2",
         "--autoscale-cooldown-s=2",
         # Stragglers are not what this test is about. On this loaded 2-core machine the detector has
-        # taken the joining node for a straggler seconds into the grown round (rank 1 "0.6 s per step"
-        # against rank 0's 0.2 s, though both step together), and with the autoscaler on a straggler
+        # taken one rank of the grown round for a straggler seconds into it ("0.6-0.77 s per step" against
+        # the other's 0.2 s, though both step together), and with the autoscaler on a straggler
         # is replaced with its host avoided: on the local backend's single host that rank can never
         # start again. Open, see the master README's autoscaler section.
         "--straggler-factor=1000",
