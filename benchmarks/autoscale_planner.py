@@ -1,7 +1,14 @@
-"""Solve time of the dlrover.autoscale resource planner on clusters of mixed machine shapes.
+"""Solve time of the dlrover.autoscale resource planner on clusters of mixed machine shapes, and the
+decision time of the master's autoscaler inside its loop.
 
     python benchmarks/autoscale_planner.py            # 1,000 and 10,000 machines, 5 runs per row
     python benchmarks/autoscale_planner.py --quick    # the same rows, 1 run each
+
+The second table is `dlrover.master.autoscaler.Autoscaler.plan()` as the master's tick calls it for a
+worker-only job of 1,000 and 10,000 nodes (range 1..N, capacity N): fit the throughput model to the
+measured node counts, walk the node counts up while each step pays, ask the OR-tools planner, decide.
+The peer, measured in the same run, is a plain evaluation of the fitted model over every node count
+of the range (numpy, vectorised) and its argmax: the least any decision over the range could cost.
 
 Each row plans one job on a cluster whose machines come in six shapes (four CPU sizes, two GPU sizes, 80% of each
 free). Jobs: an all-reduce CPU job with a full-speed and a throttled worker size; a parameter-server job with two
@@ -131,6 +138,72 @@ def run(name: str, machines: int, req: PlanRequest, repeats: int, planner: Resou
     ]
 
 
+def loop_rows(sizes: list[int], repeats: int) -> list[list[str]]:
+    """The autoscaler's decision time at each size, beside a plain model evaluation over the range."""
+    import numpy as np
+
+    from dlrover.master.autoscaler import AutoscaleMode, Autoscaler, AutoscalerConfig, JobView
+
+    rows = []
+    curves = {
+        "peak beyond N": lambda n, big: 1.0 / (1e-6 + 1.0 / n + 1e-4 * n / big**2),
+        "peak at N/3": lambda n, big: 1.0 / (1e-6 + 1.0 / n + 9.0 * n / big**2),
+    }
+    for big in sizes:
+        for name, curve in curves.items():
+            config = AutoscalerConfig(mode=AutoscaleMode.ON, interval_s=1.0, min_measure_s=10.0, warmup_s=0.0)
+            scaler = Autoscaler(config, 0.0)
+            now, next_id = 0.0, 0
+            measured = [max(1, big // 8), max(1, big // 4)]
+            for n in measured:
+                nodes = frozenset(range(next_id, next_id + n))
+                next_id += n
+                view = JobView(wanted=n, running=nodes, placeable=big, min_nodes=1, max_nodes=big)
+                scaler.disrupted(now)
+                scaler.tick(now, view)
+                per_node = curve(n, big) / n
+                for when in (now, now + 1.0, now + 2.0, now + 22.0):  # training starts, then 20 steady seconds
+                    for node in nodes:
+                        scaler.observe_samples(node, int(per_node * 1000 * (when - now)), when)
+                now += 30.0
+            times, peer_times = [], []
+            decision = None
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                decision = scaler.plan(now, view)
+                times.append(time.perf_counter() - t0)
+                assert "model" in decision.data, decision.reason
+                model = decision.data["model"]
+                t0 = time.perf_counter()
+                ns = np.arange(1, big + 1, dtype=np.float64)
+                predicted = 1.0 / (model["a"] + model["b"] / ns + model["c"] * ns)
+                int(np.argmax(predicted))
+                peer_times.append(time.perf_counter() - t0)
+            assert decision is not None
+            median, peer = statistics.median(times), statistics.median(peer_times)
+            rows.append(
+                [
+                    f"{big:,}",
+                    name,
+                    f"{measured[-1]} -> {decision.target}",
+                    decision.action,
+                    str(decision.data.get("planner", {}).get("status", "-")),
+                    f"{median * 1000:.1f}",
+                    f"{max(times) * 1000:.1f}",
+                    f"{peer * 1000:.2f}",
+                    f"{median / peer:.0f}x",
+                ]
+            )
+    return rows
+
+
+def print_table(rows: list[list[str]], right_from: int) -> None:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        cells = [c.rjust(w) if i >= right_from else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True))]
+        print("  ".join(cells))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="one run per row instead of five")
@@ -145,11 +218,12 @@ def main() -> None:
         quota = cluster(machines)
         for name, req in jobs(quota).items():
             rows.append(run(name, machines, req, repeats, planner))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-    for r in rows:
-        cells = [c.rjust(w) if i >= 7 else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True))]
-        print("  ".join(cells))
+    print_table(rows, 7)
     print(f"\n{repeats} run(s) per row, time limit {args.time_limit_s:g} s, 1 CP-SAT search worker")
+    print("\nThe master's autoscaler: one decision (fit, efficiency walk, planner) inside its loop")
+    loop_header = ["nodes", "curve", "measured -> plan", "action", "planner", "median ms", "max ms", "peer ms", "ratio"]
+    print_table([loop_header, *loop_rows([int(s) for s in args.sizes.split(",")], repeats)], 5)
+    print("peer: the fitted model evaluated over every node count of the range and its argmax (numpy)")
 
 
 if __name__ == "__main__":

@@ -57,6 +57,11 @@ def test_flags_become_a_validated_config() -> None:
         (["--backend", "external", "--rdzv-join-timeout-s", "0"], "rendezvous_join_timeout_s must be positive"),
         (["--backend", "external", "--state-export-interval-s", "0"], "state_export_interval_s must be positive"),
         (["--backend", "external", "--nnodes", "3:3", "--node-unit", "2"], "no multiple of node_unit=2"),
+        (
+            ["--backend", "external", "--autoscale-min-scaling-efficiency", "1.2"],
+            "min_scaling_efficiency must be a number in (0, 1], got 1.2",
+        ),
+        (["--backend", "external", "--autoscale-cooldown-s", "-5"], "cooldown_s must be a finite number >= 0"),
     ],
 )
 def test_bad_flags_exit_2_with_a_message(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -239,3 +244,15 @@ def test_help_shows_every_options_default(
         )
         assert "--serve-ping also serve the no-op PingService" in text
         assert "(default: off)" in text
+
+
+def test_autoscale_flags_reach_the_config() -> None:
+    args = _run_parser().parse_args(
+        ["--backend", "external", "--autoscale", "advise", "--autoscale-interval-s", "7",
+         "--autoscale-min-scaling-efficiency", "0.6", "--autoscale-min-measure-s", "40", "--autoscale-warmup-s", "3",
+         "--autoscale-cooldown-s", "20"]
+    )  # fmt: skip
+    auto = build_config(args).autoscale
+    assert (auto.mode.value, auto.interval_s, auto.min_scaling_efficiency) == ("advise", 7, 0.6)
+    assert (auto.min_measure_s, auto.warmup_s, auto.cooldown_s) == (40, 3, 20)
+    assert build_config(_run_parser().parse_args(["--backend", "external"])).autoscale.mode.value == "off"

@@ -6,6 +6,7 @@ import pytest
 
 from dlrover.common import ConfigError, ManualClock
 from dlrover.diagnosis import RankStepStats, StragglerConfig
+from dlrover.master.autoscaler import AutoscalerConfig
 from dlrover.master.config import LifecycleConfig, MasterConfig, NodeRange
 from dlrover.master.journal import MemoryJournal
 from dlrover.master.master import Master
@@ -93,10 +94,19 @@ def test_a_forgotten_node_is_no_longer_judged() -> None:
     assert watch.check(now) is None
 
 
-def _master(action: str, *, relaunches: bool = True) -> tuple[Master, FakeScheduler, ManualClock]:
-    lifecycle = LifecycleConfig(nodes=NodeRange(1, 2), heartbeat_timeout_s=30.0, insufficient_nodes_window_s=60.0)
+def _master(
+    action: str, *, relaunches: bool = True, autoscale: str = "off"
+) -> tuple[Master, FakeScheduler, ManualClock]:
+    # With the autoscaler on the job starts at its minimum: the range is 2:2 so both nodes start.
+    low = 2 if autoscale == "on" else 1
+    lifecycle = LifecycleConfig(nodes=NodeRange(low, 2), heartbeat_timeout_s=30.0, insufficient_nodes_window_s=60.0)
     config = MasterConfig(
-        job_name="t", lifecycle=lifecycle, heartbeat_interval_s=1.0, straggler_action=action, straggler_min_samples=3
+        job_name="t",
+        lifecycle=lifecycle,
+        heartbeat_interval_s=1.0,
+        straggler_action=action,
+        straggler_min_samples=3,
+        autoscale=AutoscalerConfig(mode=autoscale, warmup_s=1.0),
     )
     sched = FakeScheduler(relaunches_nodes=relaunches)
     clock = ManualClock()
@@ -115,8 +125,9 @@ def _train_until_found(master: Master, clock: ManualClock) -> None:
         clock.advance(1.0)
         now = clock.now()
         trainer.advance_to(now)
-        master.heartbeat(0, rank_steps=trainer.stats(now, (0,)))
-        master.heartbeat(1, rank_steps=trainer.stats(now, (1,)))
+        master.heartbeat(0, rank_steps=trainer.stats(now, (0,)), samples=trainer.steps[0])
+        master.heartbeat(1, rank_steps=trainer.stats(now, (1,)), samples=trainer.steps[1])
+        master.tick()  # the autoscaler (when on) follows the running nodes: stragglers count in steady training
         if any(e.kind == "straggler" for e in master.events(limit=1000)):
             return
     raise AssertionError("no straggler event")
@@ -200,3 +211,28 @@ def test_the_ranks_of_a_silent_node_are_forgotten_after_the_staleness_bound() ->
 def test_bad_staleness_is_refused() -> None:
     with pytest.raises(ConfigError, match="stale_after_s"):
         StragglerWatch(StragglerConfig(), stale_after_s=0.0)
+
+
+def test_with_the_autoscaler_on_a_straggler_is_replaced_through_the_same_relaunch_path() -> None:
+    master, sched, clock = _master("report", autoscale="on")
+    _train_until_found(master, clock)
+    event = next(e for e in master.events(limit=1000) if e.kind == "straggler")
+    assert event.data["action"] == "replace"
+    assert master.node(1).state is NodeState.RELAUNCHING
+    assert 1 in sched.stopped
+    failure = next(e for e in master.events(limit=1000) if e.kind == "failure")
+    assert "the autoscaler is on: a straggler's node is replaced" in failure.data["evidence"]
+
+
+def test_a_rank_whose_steps_start_over_is_judged_afresh() -> None:
+    watch = StragglerWatch(StragglerConfig(k=2.0, window_steps=5, min_samples=3), stale_after_s=30.0)
+    trainer = Trainer({0: 0.1, 1: 0.1})
+    for t in range(1, 10):
+        trainer.advance_to(float(t))
+        watch.observe(0, trainer.stats(float(t), (0,)), float(t))
+        watch.observe(1, trainer.stats(float(t), (1,)), float(t))
+    # Rank 1's process restarted (a new round) and took 5 s to start: its first new step is no straggle.
+    watch.observe(1, [RankStepStats(1, 1, 1, 0.0, 0.0)], 15.0)
+    trainer.advance_to(15.0)
+    watch.observe(0, trainer.stats(15.0, (0,)), 15.0)
+    assert watch.check(15.0) is None

@@ -7,11 +7,21 @@ coordination, Prometheus metrics, a JSON-lines event log, goodput accounting wit
 picture, and `dlrover-master`.
 coordination, Prometheus metrics, a JSON-lines event log with goodput, and `dlrover-master`.
 A running job grows and shrinks through one path: a `ResizeRequest` (`Master.resize`,
-`dlrover-master scale`, the backend's capacity) to the lifecycle core.
+`dlrover-master scale`, the backend's capacity, the autoscaler) to the lifecycle core.
 By default the same server hosts the job's RendezvousService and ShardService (journaled, and
 released from failed nodes), and failures are decided by dlrover.diagnosis.
 """
 
+from dlrover.master.autoscaler import (
+    AutoscaleDecision,
+    AutoscaleMode,
+    Autoscaler,
+    AutoscalerConfig,
+    JobView,
+    SizeMeasurement,
+    ThroughputRecorder,
+    efficient_node_count,
+)
 from dlrover.master.checkpoints import CheckpointError, CheckpointReport, CheckpointTracker
 from dlrover.master.client import CheckpointStepsAnswer, HeartbeatAnswer, MasterClient, Registration, StopAnswer
 from dlrover.master.config import (
@@ -129,6 +139,15 @@ from dlrover.master.status import JobSummary, NodeSummary, format_status, summar
 from dlrover.master.timeline import render_timeline
 
 __all__ = [
+    # autoscaler
+    "AutoscaleDecision",
+    "AutoscaleMode",
+    "Autoscaler",
+    "AutoscalerConfig",
+    "JobView",
+    "SizeMeasurement",
+    "ThroughputRecorder",
+    "efficient_node_count",
     # composition
     "Master",
     "MasterConfig",

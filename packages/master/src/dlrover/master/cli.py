@@ -8,6 +8,7 @@
     dlrover-master stop --master 127.0.0.1:50051 --token-file /tmp/job/token --reason "data fixed, resubmitting"
     dlrover-master scale 3 --master 127.0.0.1:50051 --token-file /tmp/job/token --reason "more data"
     dlrover-master capacity 2 --master 127.0.0.1:50051 --token-file /tmp/job/token   # or: unbounded
+    dlrover-master --nnodes 1:8 --autoscale on --agent-command "dlrover-run ..."     # or: --autoscale advise
 
 Exit status of a run: 0 the job succeeded, 1 it failed, 2 bad usage, 3 it was stopped.
 """
@@ -34,6 +35,7 @@ from dlrover.common import (
     configure_logging,
     load_token,
 )
+from dlrover.master.autoscaler import AutoscaleMode, AutoscalerConfig
 from dlrover.master.client import MasterClient
 from dlrover.master.config import (
     BACKENDS,
@@ -206,6 +208,7 @@ def _run_parser() -> argparse.ArgumentParser:
         default="report",
         help="report: an event and a warning; replace: also relaunch the straggler's node where the backend can",
     )
+    _add_autoscale_flags(p)
     add_resource_flags(p)
     p.add_argument(
         "--samples-rate-window-s",
@@ -216,6 +219,39 @@ def _run_parser() -> argparse.ArgumentParser:
     p.add_argument("--linger-max-s", type=float, default=10.0, help="most time to tell agents the job ended")
     p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
     return p
+
+
+def _add_autoscale_flags(p: argparse.ArgumentParser) -> None:
+    """The autoscaler's flags (`AutoscalerConfig`)."""
+    p.add_argument(
+        "--autoscale",
+        choices=[m.value for m in AutoscaleMode],
+        default="off",
+        help="off; advise: log the autoscaler's plans as events and change nothing; on: start at the minimum "
+        "node count, grow while the measured speed-up pays, give back nodes that do not, replace stragglers",
+    )
+    p.add_argument("--autoscale-interval-s", type=float, default=30.0, help="seconds between the autoscaler's plans")
+    p.add_argument(
+        "--autoscale-min-scaling-efficiency",
+        type=float,
+        default=0.8,
+        help="add nodes while the throughput they add is at least this fraction of linear scaling (0..1]",
+    )
+    p.add_argument(
+        "--autoscale-min-measure-s",
+        type=float,
+        default=60.0,
+        help="steady seconds of training a node count is measured before the autoscaler trusts it",
+    )
+    p.add_argument(
+        "--autoscale-warmup-s",
+        type=float,
+        default=10.0,
+        help="seconds skipped after training resumed (every node reports samples again) before measuring",
+    )
+    p.add_argument(
+        "--autoscale-cooldown-s", type=float, default=60.0, help="seconds after any resize before the next plan"
+    )
 
 
 def _client_parser(command: str, description: str) -> argparse.ArgumentParser:
@@ -368,6 +404,14 @@ def build_config(args: argparse.Namespace) -> MasterConfig:
         samples_rate_window_s=args.samples_rate_window_s,
         local_slots=parse_slots(args.capacity, source="--capacity") if args.capacity is not None else None,
         capacity_file=args.capacity_file,
+        autoscale=AutoscalerConfig(
+            mode=args.autoscale,
+            interval_s=args.autoscale_interval_s,
+            min_scaling_efficiency=args.autoscale_min_scaling_efficiency,
+            min_measure_s=args.autoscale_min_measure_s,
+            warmup_s=args.autoscale_warmup_s,
+            cooldown_s=args.autoscale_cooldown_s,
+        ),
     )
 
 

@@ -11,6 +11,7 @@ import attrs
 from dlrover.autoscale import Resources, Role
 from dlrover.common import ConfigError, TLSConfig
 from dlrover.common.validators import non_negative, non_negative_finite, non_negative_int, positive
+from dlrover.master.autoscaler import AutoscalerConfig
 from dlrover.rendezvous import RendezvousConfig
 
 __all__ = [
@@ -219,6 +220,10 @@ class MasterConfig:
         local_slots: the local backend's capacity in slots (nodes that may run at once); None:
             unbounded. The job starts with min(max_nodes, slots) nodes and follows changes.
         capacity_file: the local backend re-reads its slots from this file whenever it changes.
+        autoscale: the autoscaler (`dlrover.master.autoscaler`): `off` (the default), `advise` (plans
+            are events, nothing changes) or `on` (the job starts at its minimum, grows while the
+            measured speed-up pays, gives back nodes that do not, and a straggler's node is
+            replaced as with `straggler_action` ``replace``).
     """
 
     job_name: str = "dlrover-job"
@@ -256,8 +261,11 @@ class MasterConfig:
     samples_rate_window_s: float = attrs.field(default=30.0, validator=positive)
     local_slots: int | None = attrs.field(default=None, validator=_optional_non_negative)
     capacity_file: str | None = None
+    autoscale: AutoscalerConfig = attrs.field(factory=AutoscalerConfig)
 
     def __attrs_post_init__(self) -> None:
+        if not isinstance(self.autoscale, AutoscalerConfig):
+            raise ConfigError(f"autoscale must be an AutoscalerConfig, got {self.autoscale!r}")
         if not self.job_name or len(self.job_name) > 128 or not self.job_name.isprintable():
             raise ConfigError(f"job_name must be 1..128 printable characters, got {self.job_name!r}")
         if not 0 <= self.port <= 65535:

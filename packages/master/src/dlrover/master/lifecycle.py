@@ -329,30 +329,44 @@ class JobLifecycle:
 
     # ---------------------------------------------------------------- commands
 
-    def start(self, now: float, *, placeable: int | None = None) -> Outcome:
+    def start(self, now: float, *, placeable: int | None = None, initial_nodes: int | None = None) -> Outcome:
         """Create the job's nodes in PENDING (ranks 0..n-1); idempotent.
 
         Args:
             now: the current time.
             placeable: how many nodes the scheduler backend can place now (None: no limit it
-                knows of). The job starts with min(max_nodes, placeable) nodes, fewer than
+                knows of). The job starts with min(wanted, placeable) nodes, fewer than
                 `min_nodes` included (then it waits, up to `insufficient_nodes_window_s`), and
-                grows toward `max_nodes` as capacity appears (`resize` with the `capacity` source).
+                grows toward the wanted count as capacity appears (`resize` with the `capacity` source).
+            initial_nodes: the node count wanted at start (the autoscaler starts a job at its
+                minimum and grows it while that pays); None wants `max_nodes`.
+
+        Raises:
+            ResizeError: `placeable` is negative, or `initial_nodes` is outside the range or not a
+                multiple of the node unit; nothing changed.
         """
         if self._started or self._job_state.finished:
             return Outcome()
         if placeable is not None and placeable < 0:
             raise ResizeError(f"placeable must be None or >= 0, got {placeable!r}")
+        nodes = self._config.nodes
+        max_nodes = nodes.max_nodes
+        wanted = max_nodes if initial_nodes is None else initial_nodes
+        if not nodes.min_nodes <= wanted <= max_nodes or wanted % nodes.node_unit:
+            raise ResizeError(
+                f"cannot start with {wanted} node(s): the worker group's range is {nodes.min_nodes}..{max_nodes} "
+                f"in multiples of {nodes.node_unit}"
+            )
         self._started = True
         self._insufficient_since = now
-        max_nodes = self._config.nodes.max_nodes
-        self._target = max_nodes if placeable is None else min(max_nodes, placeable)
-        self._wanted = max_nodes
+        self._target = wanted if placeable is None else min(wanted, placeable)
+        self._wanted = wanted
         room = "" if placeable is None else f"; the backend has room for {placeable} node(s)"
+        want = "" if wanted == max_nodes else f", {wanted} wanted"
         ev = Event(
             "job_start",
-            f"job started with {self._target} of at most {max_nodes} node(s){room}",
-            data={"target_nodes": self._target, "max_nodes": max_nodes, "placeable": placeable},
+            f"job started with {self._target} of at most {max_nodes} node(s){want}{room}",
+            data={"target_nodes": self._target, "max_nodes": max_nodes, "placeable": placeable, "wanted_nodes": wanted},
         )
         out = Outcome(job_changed=True, events=(ev,))
         for rank in range(self._target):

@@ -31,6 +31,7 @@ from dlrover.diagnosis import (
     RankStepStats,
     StragglerConfig,
 )
+from dlrover.master.autoscaler import AutoscaleDecision, AutoscaleMode, Autoscaler, JobView
 from dlrover.master.checkpoints import CheckpointTracker
 from dlrover.master.config import LifecycleConfig, MasterConfig
 from dlrover.master.eventlog import EventLog, event_to_dict
@@ -68,6 +69,24 @@ _log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 
 _GONE_STATES = frozenset({NodeState.FAILED, NodeState.RELAUNCHING, NodeState.REMOVED})
+
+# Events after which the job trains at another pace for a while: the autoscaler measures none of that time.
+_DISRUPTIONS = frozenset(
+    {
+        "job_start",
+        "master_restart",
+        "resize",
+        "failure",
+        "process_restart",
+        "planned_restart",
+        "relaunch",
+        "oom_relaunch",
+        "node_created",
+        "node_state",
+        "node_reconnect",
+    }
+)
+AUTOSCALE_EVENT = "autoscale_plan"
 
 
 def _capped_by_backend(config: LifecycleConfig, scheduler: SchedulerBackend) -> LifecycleConfig:
@@ -259,6 +278,8 @@ class Master:
         self._job_journaled = self._restored
         now = clock.now()
         self._policy = policy or DefaultFailurePolicy()
+        auto = config.autoscale
+        self._autoscaler = Autoscaler(auto, now) if auto.mode is not AutoscaleMode.OFF else None
         self._oom_kills_seen: dict[int, int] = {}  # per node: the OOM kills already turned into evidence
         self._memory_announced = False
         self._lifecycle = JobLifecycle(
@@ -281,6 +302,9 @@ class Master:
         if restored.last_event_seq:
             for event in self._all_events():
                 self._account(event_to_dict(event), replay=True)
+                if self._autoscaler is not None and event.kind == AUTOSCALE_EVENT:
+                    # Its measurements and the counts it gave back survive a master restart: no flapping.
+                    self._autoscaler.replay(event.data)
                 self._event_count += 1
         if self._restored:
             self._record(Outcome(events=(Event("master_restart", "the master restarted and resumed the job"),)))
@@ -423,6 +447,12 @@ class Master:
         for event in journaled:
             if event.kind != STEPS_EVENT:
                 _log.info("%s", event.message)
+            if self._autoscaler is not None and event.kind in _DISRUPTIONS:
+                self._autoscaler.disrupted(self._clock.now(), resized=event.kind == "resize")
+            if event.kind == "resize":
+                # Every worker restarts for the new round: step times from before would make the
+                # first slow steps of a joining node look like a straggler.
+                self._stragglers.forget_all()
             self._account(event_to_dict(event), replay=False)
             self._event_count += 1
         if self._event_log is not None:
@@ -595,7 +625,12 @@ class Master:
                 self._oom_kills_seen[node_id] = max(kills, self._oom_kills_seen.get(node_id, 0))
 
     def _deferred_start(self, now: float) -> tuple[Outcome, Outcome]:
-        outcome = self._lifecycle.start(now, placeable=self._placeable())
+        initial = None
+        if self._autoscaler is not None and self._autoscaler.config.mode is AutoscaleMode.ON:
+            # The autoscaler grows the job from its minimum while the measured speed-up pays.
+            nodes = self._config.lifecycle.nodes
+            initial = -(-nodes.min_nodes // nodes.node_unit) * nodes.node_unit
+        outcome = self._lifecycle.start(now, placeable=self._placeable(), initial_nodes=initial)
         return outcome, attrs.evolve(outcome, effects=())
 
     def _placeable(self) -> int | None:
@@ -691,6 +726,56 @@ class Master:
         except (LifecycleError, ResizeError, JournalError) as exc:
             _log.warning("could not follow the backend's capacity: %s", exc)
 
+    def _autoscale(self, now: float) -> None:
+        """Run the autoscaler's loop (under the lock): record its plan as an event when it changed,
+        and with `--autoscale on` apply it through the one resize path."""
+        scaler = self._autoscaler
+        if scaler is None:
+            return
+        lifecycle = self._lifecycle
+        current = lifecycle.current_nodes().values()
+        nodes = lifecycle.config.nodes
+        view = JobView(
+            wanted=lifecycle.wanted_nodes,
+            running=frozenset(n.node_id for n in current if n.state is NodeState.RUNNING),
+            placeable=self._placeable(),
+            min_nodes=nodes.min_nodes,
+            max_nodes=nodes.max_nodes,
+            node_unit=nodes.node_unit,
+            resources=lifecycle.config.node_resources,
+            resizable=lifecycle.started
+            and not lifecycle.job_state.finished
+            and not any(n.state is NodeState.SUCCEEDED for n in current),
+        )
+        decision = scaler.tick(now, view)
+        if decision is None:
+            return
+        mode = scaler.config.mode
+        apply = decision.changes and mode is AutoscaleMode.ON
+        if apply or scaler.should_publish(decision):
+            self._record_plan(decision, mode, apply)
+        if not apply:
+            return
+        try:
+            self._resize_locked(
+                ResizeRequest(decision.target, f"autoscaler: {decision.reason}", ResizeSource.AUTOSCALER)
+            )
+        except (LifecycleError, ResizeError, JournalError) as exc:
+            _log.warning("the autoscaler's plan could not be applied: %s", exc)
+            return
+        scaler.applied(decision, now)
+
+    def _record_plan(self, decision: AutoscaleDecision, mode: AutoscaleMode, apply: bool) -> None:
+        verb = decision.action
+        if decision.changes and not apply:
+            verb = f"would {decision.action} (advise: nothing changes)"
+        message = f"autoscaler ({mode.value}): {verb}: {decision.reason}"
+        data = {"action": decision.action, "target": decision.target, "applied": apply, **decision.data}
+        try:
+            self._record(Outcome(events=(Event(AUTOSCALE_EVENT, message, data=data),)))
+        except JournalError:
+            _log.warning("could not journal the autoscaler's plan: %s", message, exc_info=True)
+
     def start(self) -> None:
         """Create (if `prepare` did not) and launch the job's nodes; nothing to do for a resumed job.
 
@@ -773,6 +858,8 @@ class Master:
                     self._resources[node_id] = resources
                 if samples is not None:
                     self._samples.observe(node_id, samples, self._clock.wall_time())
+                    if self._autoscaler is not None:
+                        self._autoscaler.observe_samples(node_id, samples, now)
                     self._metrics.set_samples_per_second(self._samples.rate(self._clock.wall_time()))
                 if attempts:
                     stamped = [attrs.evolve(a, node_id=node_id) for a in attempts]
@@ -780,6 +867,11 @@ class Master:
                     self._unjournaled_steps.extend(r for r in stamped if r.rank == 0)
                     self._journal_steps()
                 self._maybe_progress()
+                if self._autoscaler is not None and not self._autoscaler.training_steady(now):
+                    # A round just changed (a resize, a restart): a joining node's first steps and
+                    # the wait for its peers are not straggling. Judged again once training is steady.
+                    self._stragglers.forget_node(node_id)
+                    rank_steps = ()
                 self._stragglers.observe(node_id, rank_steps, now)
                 if rank_steps:
                     finding = self._stragglers.check(now)
@@ -797,20 +889,34 @@ class Master:
             "nodes": list(finding.nodes),
             "step_time_s": {str(r): round(t, 4) for r, t in times.items()},
             "factor": self._config.straggler_factor,
-            "action": self._config.straggler_action,
+            "action": self._straggler_action,
         }
         try:
             self._record(Outcome(events=(Event("straggler", reason, data=data),)))
         except JournalError:
             _log.warning("could not journal the straggler event: %s", reason, exc_info=True)
-        if self._config.straggler_action != "replace":
+        if self._straggler_action != "replace":
             return
         if not self._scheduler.relaunches_nodes:
             _log.warning("straggler action 'replace': the scheduler backend does not relaunch nodes; reported only")
             return
         for node_id in sorted(set(finding.nodes)):
-            if self._replace_straggler(node_id, f"straggler: {reason} (straggler_action replace)", now):
+            if self._replace_straggler(node_id, f"straggler: {reason} ({self._straggler_why})", now):
                 self._stragglers.forget_node(node_id)
+
+    @property
+    def _straggler_action(self) -> str:
+        """`replace` with `straggler_action` replace or with the autoscaler on (a runtime heuristic acts
+        through the relaunch path), else `report`."""
+        if self._autoscaler is not None and self._autoscaler.config.mode is AutoscaleMode.ON:
+            return "replace"
+        return self._config.straggler_action
+
+    @property
+    def _straggler_why(self) -> str:
+        if self._config.straggler_action == "replace":
+            return "straggler_action replace"
+        return "the autoscaler is on: a straggler's node is replaced"
 
     def _replace_straggler(self, node_id: int, evidence: str, now: float) -> bool:
         """Relaunch a straggler's node through the failure path (a slow host is avoided, as a
@@ -992,6 +1098,7 @@ class Master:
             now = self._clock.now()
             self._transact(lambda: self._just(self._lifecycle.tick(now)))
             self._follow_capacity()
+            self._autoscale(now)
             if self._last_export is None or now - self._last_export >= self._config.state_export_interval_s:
                 self._journal_collaborators()
             self._journal_steps(force=self._lifecycle.job_state.finished)

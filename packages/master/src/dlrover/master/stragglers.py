@@ -71,6 +71,12 @@ class StragglerWatch:
             self._node_of[stat.rank] = node_id
             self._heard[stat.rank] = now
             last = self._last.get(stat.rank)
+            if last is not None and stat.steps < last[0]:
+                # Its process restarted (a new rendezvous round): steps before mean nothing now.
+                self._forget(stat.rank)
+                self._node_of[stat.rank] = node_id
+                self._heard[stat.rank] = now
+                last = None
             end = now - stat.since_step_s
             if last is not None:
                 if stat.steps == last[0]:
@@ -87,6 +93,11 @@ class StragglerWatch:
     def forget_node(self, node_id: int) -> None:
         """Stop judging the ranks of `node_id` (it left, or its processes restart)."""
         for rank in [r for r, n in self._node_of.items() if n == node_id]:
+            self._forget(rank)
+
+    def forget_all(self) -> None:
+        """Stop judging every rank (a resize starts a new round: every worker restarts)."""
+        for rank in list(self._node_of):
             self._forget(rank)
 
     def _forget(self, rank: int) -> None:
