@@ -14,6 +14,13 @@ from pathlib import Path
 import pytest
 
 
+@pytest.fixture(autouse=True)
+def _own_profile_store(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test's masters record and plan from a store of their own, never the user's ~/.cache one."""
+    store = tmp_path_factory.mktemp("profiles") / "profiles.sqlite"
+    monkeypatch.setenv("DLROVER_PROFILE_STORE", str(store))
+
+
 @pytest.fixture
 def spawn() -> Iterator[list[subprocess.Popen[str]]]:
     """A list to add started processes to; each one still running is killed with its session at the end."""

@@ -13,6 +13,13 @@ from dlrover.master.scheduler.external import ExternalScheduler
 MakeRuntime = Callable[..., MasterRuntime]
 
 
+@pytest.fixture(autouse=True)
+def _own_profile_store(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test's masters record and plan from a store of their own, never the user's ~/.cache one."""
+    store = tmp_path_factory.mktemp("profiles") / "profiles.sqlite"
+    monkeypatch.setenv("DLROVER_PROFILE_STORE", str(store))
+
+
 @pytest.fixture
 def make_runtime() -> Iterator[MakeRuntime]:
     """Start masters on 127.0.0.1:0 with a manual clock (no timeouts fire unless a test advances it)."""
