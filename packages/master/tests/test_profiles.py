@@ -199,7 +199,7 @@ def test_a_job_that_asks_for_nothing_is_planned_from_the_most_similar_profile_an
     assert capped.nodes == 2
     # Explicit flags always win.
     same, flags = plan_job(cfg, nodes_given=True, resources_given=False, wall_time=1.0)
-    assert same is cfg
+    assert same == attrs.evolve(cfg, initial_plan=flags)
     assert flags.source == "flags"
     # Another kind: the defaults.
     kinded = attrs.evolve(cfg, job_kind="bert")

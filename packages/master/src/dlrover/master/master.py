@@ -231,6 +231,7 @@ class Master:
         self._config = config
         self._profile_recorder = profile_recorder
         self._profile_recorded = False
+        self._plan_announced = False
         self._throughput = ThroughputBySize()
         self._peak_memory: dict[int, int] = {}  # per node: the most host memory its agent reported, bytes
         self._peak_gpu_memory: dict[int, int] = {}
@@ -558,6 +559,7 @@ class Master:
         nodes to register.
         """
         with self._lock:
+            self._announce_initial_plan()
             outcome = self._transact(lambda: self._deferred_start(self._clock.now()))
             self._deferred.extend(outcome.effects)
 
@@ -579,7 +581,7 @@ class Master:
     def _announce_initial_plan(self) -> None:
         """Say once where the job's node counts and resources came from (an `initial_plan` event)."""
         choice = self._config.initial_plan
-        if choice is None or self._restored or self._lifecycle.started:
+        if choice is None or self._restored or self._plan_announced:
             return
         if choice.store_notice:
             _log.warning("job profile store: %s", choice.store_notice)
@@ -588,6 +590,7 @@ class Master:
             )
             self._record(Outcome(events=(notice,)))
         self._record(Outcome(events=(Event("initial_plan", f"initial plan: {choice.reason}", data=choice.to_data()),)))
+        self._plan_announced = True
 
     def _record_profile(self) -> None:
         """Record the ended job's profile once (under the lock); a failure is logged and an event, never raised."""
@@ -755,7 +758,6 @@ class Master:
         """
         with self._lock:
             self._announce_memory_limits()
-            self._announce_initial_plan()
             self.prepare()
             deferred, self._deferred = self._deferred, []
             for effect in deferred:

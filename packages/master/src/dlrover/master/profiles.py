@@ -145,10 +145,10 @@ def plan_job(
 ) -> tuple[MasterConfig, JobPlanChoice]:
     """Size a job from the profile store when it asked for neither node counts nor resources.
 
-    Explicit flags always win: when `nodes_given` or `resources_given`, `config` comes back as it is (source
-    `flags`). Otherwise the node range and resources come from the most similar earlier profile, else from the
-    defaults (one node, nothing asked). A store that cannot be read never stops the job: it is set aside and the
-    defaults are used, and the choice's `store_notice` says so.
+    Explicit flags always win: when `nodes_given` or `resources_given`, `config` comes back sized as it is (source
+    `flags`, announced as such). Otherwise the node range and resources come from the most similar earlier
+    profile, else from the defaults (one node, nothing asked). A store that cannot be read never stops the job: it
+    is set aside and the defaults are used, and the choice's `store_notice` says so.
 
     Args:
         config: the job as submitted (`profile_store` names the store; None: no store, the defaults).
@@ -164,9 +164,10 @@ def plan_job(
     if nodes_given or resources_given:
         given = [w for w, g in (("--nnodes", nodes_given), ("--node-*", resources_given)) if g]
         reason = f"sized by the flags given ({' and '.join(given)}); no profile was consulted"
-        return config, JobPlanChoice(
+        flagged = JobPlanChoice(
             "flags", reason, None, config.lifecycle.nodes.max_nodes, config.lifecycle.node_resources
         )
+        return attrs.evolve(config, initial_plan=flagged), flagged
     cfg = plan_config or RunPlanConfig(max_nodes=config.local_slots or None)
     notes: list[str] = []
     runs: list[RunProfile] = []
