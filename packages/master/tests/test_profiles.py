@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import sys
 from pathlib import Path
 
 import attrs
@@ -16,6 +17,7 @@ from dlrover.autoscale import SCHEMA_VERSION, JobProfileStore, JobSignature, Res
 from dlrover.common import ConfigError, ManualClock
 from dlrover.master.cli import main
 from dlrover.master.config import LifecycleConfig, MasterConfig, NodeRange
+from dlrover.master.eventlog import read_event_log
 from dlrover.master.journal import MemoryJournal
 from dlrover.master.master import Master, ResourceSample
 from dlrover.master.profiles import (
@@ -254,3 +256,22 @@ def test_dlrover_master_plan_prints_the_plan_and_its_source(tmp_path: Path, caps
     assert "--node-memory: memory size '8G' is not understood" in capsys.readouterr().err
     assert main(["plan", "--profile-store", ""]) == 2
     assert "--profile-store must be a file path or 'none', got ''" in capsys.readouterr().err
+
+
+def test_a_profile_that_asks_more_than_this_backend_has_falls_back_to_the_defaults(tmp_path: Path) -> None:
+    store = tmp_path / "p.sqlite"
+    script = tmp_path / "missing_train.py"  # the node's agent fails at once: the job ends quickly
+    with JobProfileStore(str(store)) as s:
+        sig = JobSignature("huge", str(script))
+        add_run(s, RunProfile(sig, "succeeded", node_resources=Resources(cpu=4096, memory_mb=1024)))
+    log = tmp_path / "events.jsonl"
+    code = main([
+        "--backend", "local", "--job-name", "huge", "--agent-command", f"{sys.executable} {script}",
+        "--profile-store", str(store), "--event-log", str(log), "--max-relaunches", "0", "--linger-max-s", "0",
+        "--tick-interval-s", "0.1", "--heartbeat-interval-s", "0.5",
+    ])  # fmt: skip
+    assert code == 1  # the agent's script does not exist; what matters is that the job started
+    (plan,) = [e for e in read_event_log(log) if e["kind"] == "initial_plan"]
+    assert plan["data"]["source"] == "defaults"
+    assert plan["message"].startswith("initial plan: the plan from profile 1 cannot run here: node_resources")
+    assert plan["message"].endswith("starting from the defaults instead, 1 node(s) of nothing asked")

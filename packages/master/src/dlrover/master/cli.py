@@ -47,8 +47,15 @@ from dlrover.master.config import (
 )
 from dlrover.master.eventlog import event_to_dict, read_event_log
 from dlrover.master.factory import create_master
-from dlrover.master.profiles import PROFILE_STORE_ENV_VAR, JobPlanChoice, plan_job, resolve_profile_store
+from dlrover.master.profiles import (
+    PROFILE_STORE_ENV_VAR,
+    JobPlanChoice,
+    defaults_instead,
+    plan_job,
+    resolve_profile_store,
+)
 from dlrover.master.resource_flags import add_resource_flags, lifecycle_resources
+from dlrover.master.runtime import MasterRuntime
 from dlrover.master.scheduler.local import parse_slots
 from dlrover.master.states import JobState
 from dlrover.master.status import format_status
@@ -553,16 +560,36 @@ def _capacity(argv: Sequence[str]) -> int:
     return 0
 
 
+def _create_planned(args: argparse.Namespace) -> MasterRuntime:
+    """The master of a job sized by `planned_config`, said in the log.
+
+    Raises:
+        DLRoverError: the configuration cannot be served.
+    """
+    config, choice = planned_config(args, time.time())
+    try:
+        runtime = create_master(config)
+    except ConfigError as exc:
+        if choice.source != "profile":
+            raise
+        # A profile from another host may ask for more than this backend has: the job still starts.
+        config = defaults_instead(config, f"the plan from profile {choice.profile_id} cannot run here: {exc}")
+        assert config.initial_plan is not None
+        choice = config.initial_plan
+        _log.warning("%s", choice.reason)
+        runtime = create_master(config)
+    if choice.source != "flags":
+        _log.info("initial plan (%s): %s", choice.source, choice.reason)
+    return runtime
+
+
 def _run(argv: Sequence[str]) -> int:
     args = _run_parser().parse_args(argv)
     configure_logging(args.log_level)
     if args.token is not None:
         _log.warning("--token is visible to every user of this host (ps, /proc); prefer --token-file")
     try:
-        config, choice = planned_config(args, time.time())
-        if choice.source != "flags":
-            _log.info("initial plan (%s): %s", choice.source, choice.reason)
-        runtime = create_master(config)
+        runtime = _create_planned(args)
     except DLRoverError as exc:
         print(f"dlrover-master: {exc}", file=sys.stderr)
         return 2

@@ -48,6 +48,7 @@ __all__ = [
     "build_run_profile",
     "checkpoint_sizes",
     "default_profile_store",
+    "defaults_instead",
     "plan_job",
     "resolve_profile_store",
     "script_of",
@@ -203,6 +204,15 @@ def plan_job(
         notice,
     )
     return attrs.evolve(config, lifecycle=lifecycle, initial_plan=choice), choice
+
+
+def defaults_instead(config: MasterConfig, why: str) -> MasterConfig:
+    """`config` sized by the defaults (one node, nothing asked) because its planned size cannot be used (`why`),
+    e.g. a profile recorded on a larger host asks for more than any node of this backend has."""
+    reason = f"{why}; starting from the defaults instead, 1 node(s) of nothing asked"
+    choice = JobPlanChoice("defaults", reason, None, 1, None)
+    lifecycle = attrs.evolve(config.lifecycle, nodes=NodeRange(1, 1, 1), node_resources=None)
+    return attrs.evolve(config, lifecycle=lifecycle, initial_plan=choice)
 
 
 def _int_field(doc: Mapping[str, Any], key: str) -> int | None:
