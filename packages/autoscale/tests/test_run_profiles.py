@@ -199,10 +199,16 @@ def test_a_store_of_a_newer_version_is_set_aside_unchanged(tmp_path: Path) -> No
     opened.store.close()
 
 
-def test_a_store_that_cannot_be_opened_at_all_is_no_store(tmp_path: Path) -> None:
-    opened = open_or_set_aside(str(tmp_path / "missing-dir" / "p.sqlite"), 1.0)
+def test_a_missing_directory_is_made_and_a_store_that_cannot_be_made_is_no_store(tmp_path: Path) -> None:
+    made = open_or_set_aside(str(tmp_path / "cache" / "dlrover" / "p.sqlite"), 1.0)
+    assert made.store is not None
+    assert made.notice == ""
+    made.store.close()
+    assert (tmp_path / "cache" / "dlrover" / "p.sqlite").is_file()
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    opened = open_or_set_aside(str(blocker / "p.sqlite"), 1.0)
     assert opened.store is None
-    assert "cannot be opened" in opened.notice
-    assert opened.notice.endswith("no profile store is used")
+    assert "its directory cannot be made" in opened.notice
     assert open_or_set_aside(str(tmp_path / "absent.sqlite"), 1.0, look_only=True).store is None
     assert not (tmp_path / "absent.sqlite").exists()

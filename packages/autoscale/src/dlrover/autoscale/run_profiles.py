@@ -383,12 +383,18 @@ def open_or_set_aside(path: str, wall_time: float, *, look_only: bool = False) -
         path: the store's file.
         wall_time: now, in wall-clock seconds (names the set-aside file).
         look_only: change nothing: a missing file is not created (no store, no notice), an unreadable one is not
-            moved (no store, and the notice says it would be set aside).
+            moved (no store, and the notice says it would be set aside). Otherwise a missing directory is made.
 
     Never raises for the file's content: a store that cannot be opened at all comes back as None with the reason.
     """
     if look_only and not os.path.exists(path):
         return OpenedStore(None)
+    parent = os.path.dirname(path)
+    if not look_only and path != ":memory:" and parent and not os.path.isdir(parent):
+        try:
+            os.makedirs(parent, mode=0o700, exist_ok=True)  # the default lives in a cache directory made on demand
+        except OSError as exc:
+            return OpenedStore(None, f"job profile store {path!r}: its directory cannot be made ({exc}): no store")
     try:
         return OpenedStore(JobProfileStore(path, read_only=look_only))
     except (CorruptProfileStoreError, NewerProfileStoreError) as exc:
