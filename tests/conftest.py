@@ -14,6 +14,22 @@ from pathlib import Path
 import pytest
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _own_cache_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Masters that run with an environment stripped of DLROVER_* variables keep their default profile store
+    ($XDG_CACHE_HOME/dlrover) in this session's own directory, never the user's."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
+        yield
+
+
+@pytest.fixture(autouse=True)
+def _own_profile_store(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test's masters record and plan from a store of their own, never the user's ~/.cache one."""
+    store = tmp_path_factory.mktemp("profiles") / "profiles.sqlite"
+    monkeypatch.setenv("DLROVER_PROFILE_STORE", str(store))
+
+
 @pytest.fixture
 def spawn() -> Iterator[list[subprocess.Popen[str]]]:
     """A list to add started processes to; each one still running is killed with its session at the end."""

@@ -5,6 +5,7 @@
 - `planner`: the CP-SAT planner choosing worker/PS counts and sizes within a `ClusterQuota`.
 - `heuristics`: OOM relaunch, hot PS, stragglers, pending nodes and elastic sizing, as pure functions.
 - `profile_store`: past jobs in SQLite, and the initial plan of a job without resource configuration.
+- `run_profiles`: what a master measured about a finished job, and the plan of a job that asks for nothing.
 
 Every producer returns a `ScalePlan` (launch, remove, resize) with the reason for it; none acts itself.
 
@@ -19,7 +20,14 @@ from typing import TYPE_CHECKING
 from dlrover.common.lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from dlrover.autoscale.errors import AutoscaleError, InsufficientSamplesError, InvalidMetricError, ProfileStoreError
+    from dlrover.autoscale.errors import (
+        AutoscaleError,
+        CorruptProfileStoreError,
+        InsufficientSamplesError,
+        InvalidMetricError,
+        NewerProfileStoreError,
+        ProfileStoreError,
+    )
     from dlrover.autoscale.heuristics import (
         ElasticConfig,
         HotPsConfig,
@@ -58,6 +66,18 @@ if TYPE_CHECKING:
         initial_plan,
     )
     from dlrover.autoscale.resources import ClusterQuota, MachineShape, Resources, Role, parse_memory_mb
+    from dlrover.autoscale.run_profiles import (
+        JobSignature,
+        OpenedStore,
+        RunPlan,
+        RunPlanConfig,
+        RunProfile,
+        add_run,
+        most_similar,
+        open_or_set_aside,
+        plan_from_runs,
+        read_runs,
+    )
     from dlrover.autoscale.sizing import (
         PsLoadSample,
         PsOption,
@@ -73,6 +93,8 @@ _EXPORTS: dict[str, str] = {
     "InvalidMetricError": "dlrover.autoscale.errors",
     "InsufficientSamplesError": "dlrover.autoscale.errors",
     "ProfileStoreError": "dlrover.autoscale.errors",
+    "CorruptProfileStoreError": "dlrover.autoscale.errors",
+    "NewerProfileStoreError": "dlrover.autoscale.errors",
     "Role": "dlrover.autoscale.resources",
     "Resources": "dlrover.autoscale.resources",
     "parse_memory_mb": "dlrover.autoscale.resources",
@@ -122,6 +144,16 @@ _EXPORTS: dict[str, str] = {
     "InitialPlanConfig": "dlrover.autoscale.profile_store",
     "InitialPlan": "dlrover.autoscale.profile_store",
     "initial_plan": "dlrover.autoscale.profile_store",
+    "JobSignature": "dlrover.autoscale.run_profiles",
+    "RunProfile": "dlrover.autoscale.run_profiles",
+    "RunPlanConfig": "dlrover.autoscale.run_profiles",
+    "RunPlan": "dlrover.autoscale.run_profiles",
+    "OpenedStore": "dlrover.autoscale.run_profiles",
+    "add_run": "dlrover.autoscale.run_profiles",
+    "read_runs": "dlrover.autoscale.run_profiles",
+    "most_similar": "dlrover.autoscale.run_profiles",
+    "plan_from_runs": "dlrover.autoscale.run_profiles",
+    "open_or_set_aside": "dlrover.autoscale.run_profiles",
 }
 
 __all__ = [
@@ -130,6 +162,8 @@ __all__ = [
     "InvalidMetricError",
     "InsufficientSamplesError",
     "ProfileStoreError",
+    "CorruptProfileStoreError",
+    "NewerProfileStoreError",
     # resources and plans
     "Role",
     "Resources",
@@ -184,6 +218,17 @@ __all__ = [
     "InitialPlanConfig",
     "InitialPlan",
     "initial_plan",
+    # run profiles (what a master records at job end, and plans from)
+    "JobSignature",
+    "RunProfile",
+    "RunPlanConfig",
+    "RunPlan",
+    "OpenedStore",
+    "add_run",
+    "read_runs",
+    "most_similar",
+    "plan_from_runs",
+    "open_or_set_aside",
 ]
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

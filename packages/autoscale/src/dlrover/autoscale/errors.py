@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from dlrover.common import DLRoverError
 
-__all__ = ["AutoscaleError", "InvalidMetricError", "InsufficientSamplesError", "ProfileStoreError"]
+__all__ = [
+    "AutoscaleError",
+    "InvalidMetricError",
+    "InsufficientSamplesError",
+    "ProfileStoreError",
+    "CorruptProfileStoreError",
+    "NewerProfileStoreError",
+]
 
 
 class AutoscaleError(DLRoverError):
@@ -21,3 +28,11 @@ class InsufficientSamplesError(AutoscaleError, ValueError):
 
 class ProfileStoreError(AutoscaleError):
     """The job profile store holds a row or schema it cannot read; the message names the row or version."""
+
+
+class CorruptProfileStoreError(ProfileStoreError):
+    """The profile store file is not an SQLite database this code can read (corrupt, truncated, or another file)."""
+
+
+class NewerProfileStoreError(ProfileStoreError):
+    """The profile store was written by a newer schema version than this code reads; the message names both."""

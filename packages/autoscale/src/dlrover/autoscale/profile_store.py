@@ -16,6 +16,7 @@ import math
 import sqlite3
 import statistics
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -28,7 +29,7 @@ from dlrover.autoscale._validate import (
     positive_int,
     positive_number,
 )
-from dlrover.autoscale.errors import ProfileStoreError
+from dlrover.autoscale.errors import CorruptProfileStoreError, NewerProfileStoreError, ProfileStoreError
 from dlrover.autoscale.plan import NodeState, ScalePlan, diff_to_target
 from dlrover.autoscale.resources import Resources, Role
 from dlrover.common import ConfigError
@@ -44,7 +45,8 @@ __all__ = [
     "initial_plan",
 ]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""Version 2 added the `run_profiles` table (`dlrover.autoscale.run_profiles`); a version-1 file is upgraded."""
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -58,6 +60,14 @@ CREATE TABLE IF NOT EXISTS job_profiles (
     outcome_json TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS job_profiles_framework ON job_profiles (framework);
+CREATE TABLE IF NOT EXISTS run_profiles (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    job_name TEXT NOT NULL,
+    job_kind TEXT NOT NULL,
+    script TEXT NOT NULL,
+    finished_at REAL NOT NULL,
+    profile_json TEXT NOT NULL
+);
 """
 
 
@@ -171,32 +181,69 @@ class JobProfileStore:
 
     Args:
         path: the database file, created if absent; `":memory:"` for a store that lives as long as the object.
+        read_only: open an existing file without writing anything to it (no upgrade of an older version, no
+            tables created); for tools that only look.
 
     Raises:
-        ProfileStoreError: if the file holds a schema version this code does not know.
+        NewerProfileStoreError: the file holds a newer schema version (it is left unchanged).
+        CorruptProfileStoreError: the file is not a database this code can read.
+        ProfileStoreError: the file cannot be opened at all (a missing directory, no permission).
     """
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, *, read_only: bool = False) -> None:
         self._path = path
-        self._db = sqlite3.connect(path)
         try:
-            self._db.executescript(_SCHEMA)
-            row = self._db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-            if row is None:
-                with self._db:
-                    self._db.execute(
-                        "INSERT INTO meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
-                    )
-            elif row[0] != str(SCHEMA_VERSION):
-                raise ProfileStoreError(
-                    f"job profile store {path!r} has schema version {row[0]!r}; "
-                    f"this code reads version {SCHEMA_VERSION}"
-                )
-        except (sqlite3.DatabaseError, ProfileStoreError) as e:
-            self._db.close()
-            if isinstance(e, ProfileStoreError):
-                raise
+            if read_only:
+                self._db = sqlite3.connect(Path(path).resolve().as_uri() + "?mode=ro", uri=True)
+            else:
+                self._db = sqlite3.connect(path)
+        except sqlite3.Error as e:
             raise ProfileStoreError(f"job profile store {path!r} cannot be opened: {e}") from e
+        try:
+            # The version is read before anything is written: a newer file is left exactly as it is.
+            has_meta = self._db.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table' AND name = 'meta'"
+            ).fetchone()
+            row = (
+                self._db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() if has_meta else None
+            )
+            if row is not None:
+                try:
+                    found = int(row[0])
+                except (TypeError, ValueError):
+                    raise CorruptProfileStoreError(
+                        f"job profile store {path!r} has schema version {row[0]!r}, which is not a number"
+                    ) from None
+                if found > SCHEMA_VERSION:
+                    raise NewerProfileStoreError(
+                        f"job profile store {path!r} has schema version {row[0]!r}; this code reads versions up to "
+                        f"{SCHEMA_VERSION}"
+                    )
+            if read_only:
+                if row is None and has_meta is None:
+                    self._db.execute("SELECT count(*) FROM sqlite_master").fetchone()  # is it a database at all?
+                return
+            self._db.executescript(_SCHEMA)
+            with self._db:
+                self._db.execute(
+                    "INSERT OR REPLACE INTO meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
+                )
+        except ProfileStoreError:
+            self._db.close()
+            raise
+        except sqlite3.DatabaseError as e:
+            self._db.close()
+            raise CorruptProfileStoreError(f"job profile store {path!r} cannot be opened: {e}") from e
+
+    @property
+    def path(self) -> str:
+        """The database file (or `":memory:"`)."""
+        return self._path
+
+    @property
+    def connection(self) -> sqlite3.Connection:
+        """The open database, for the modules of this package that keep their own tables in it."""
+        return self._db
 
     def close(self) -> None:
         """Close the database."""

@@ -8,6 +8,8 @@ picture, and `dlrover-master`.
 coordination, Prometheus metrics, a JSON-lines event log with goodput, and `dlrover-master`.
 A running job grows and shrinks through one path: a `ResizeRequest` (`Master.resize`,
 `dlrover-master scale`, the backend's capacity, the autoscaler) to the lifecycle core.
+At its end a job's profile is recorded in the profile store; a job that asks for no node count
+or resources is planned from the most similar earlier profile (`plan_job`, `dlrover-master plan`).
 By default the same server hosts the job's RendezvousService and ShardService (journaled, and
 released from failed nodes), and failures are decided by dlrover.diagnosis.
 """
@@ -94,6 +96,18 @@ from dlrover.master.policy import (
     FailurePolicy,
     JournaledPolicy,
     StatefulPolicy,
+)
+from dlrover.master.profiles import (
+    PROFILE_STORE_ENV_VAR,
+    JobPlanChoice,
+    ProfileRecorder,
+    ThroughputBySize,
+    build_run_profile,
+    checkpoint_sizes,
+    default_profile_store,
+    plan_job,
+    resolve_profile_store,
+    signature_of,
 )
 from dlrover.master.records import Action, Event, LaunchNode, LifecycleSnapshot, NodeRecord, Outcome, StopNode
 from dlrover.master.rendezvous_state import export_rendezvous, restore_rendezvous
@@ -193,6 +207,17 @@ __all__ = [
     "ResizeSource",
     "ResizeError",
     "choose_leaving",
+    # job profiles: recorded at job end, planned from at submission
+    "PROFILE_STORE_ENV_VAR",
+    "JobPlanChoice",
+    "ProfileRecorder",
+    "ThroughputBySize",
+    "build_run_profile",
+    "checkpoint_sizes",
+    "default_profile_store",
+    "plan_job",
+    "resolve_profile_store",
+    "signature_of",
     # failure policy seam
     "FailurePolicy",
     "JournaledPolicy",

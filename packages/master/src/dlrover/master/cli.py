@@ -9,6 +9,7 @@
     dlrover-master scale 3 --master 127.0.0.1:50051 --token-file /tmp/job/token --reason "more data"
     dlrover-master capacity 2 --master 127.0.0.1:50051 --token-file /tmp/job/token   # or: unbounded
     dlrover-master --nnodes 1:8 --autoscale on --agent-command "dlrover-run ..."     # or: --autoscale advise
+    dlrover-master plan --backend local --agent-command "dlrover-run ... train.py" --job-kind gpt-small
 
 Exit status of a run: 0 the job succeeded, 1 it failed, 2 bad usage, 3 it was stopped.
 """
@@ -22,6 +23,7 @@ import shlex
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
 from types import FrameType
 
@@ -47,13 +49,21 @@ from dlrover.master.config import (
 )
 from dlrover.master.eventlog import event_to_dict, read_event_log
 from dlrover.master.factory import create_master
+from dlrover.master.profiles import (
+    PROFILE_STORE_ENV_VAR,
+    JobPlanChoice,
+    defaults_instead,
+    plan_job,
+    resolve_profile_store,
+)
 from dlrover.master.resource_flags import add_resource_flags, lifecycle_resources
+from dlrover.master.runtime import MasterRuntime
 from dlrover.master.scheduler.local import parse_slots
 from dlrover.master.states import JobState
 from dlrover.master.status import format_status
 from dlrover.master.timeline import render_timeline
 
-__all__ = ["build_config", "main"]
+__all__ = ["build_config", "main", "planned_config"]
 
 _log = logging.getLogger("dlrover.master")
 
@@ -72,7 +82,12 @@ def _run_parser() -> argparse.ArgumentParser:
     p.add_argument("--tls-cert", default=None, help="serve TLS with this certificate (PEM)")
     p.add_argument("--tls-key", default=None, help="the certificate's private key (PEM)")
     p.add_argument("--tls-ca", default=None, help="require client certificates signed by this CA")
-    p.add_argument("--nnodes", default="1", help="N or MIN:MAX")
+    p.add_argument(
+        "--nnodes",
+        default=None,
+        help="N or MIN:MAX; not given (and no --node-* flag): planned from the most similar earlier job's profile, "
+        "else 1 (see --profile-store)",
+    )
     p.add_argument("--node-unit", type=int, default=1, help="the world holds a multiple of this many nodes")
     p.add_argument("--state-dir", default=None, help="journal directory; a restarted master resumes from it")
     p.add_argument("--backend", choices=BACKENDS, default="local", help="who starts the nodes' agents")
@@ -210,6 +225,7 @@ def _run_parser() -> argparse.ArgumentParser:
     )
     _add_autoscale_flags(p)
     add_resource_flags(p)
+    _add_profile_flags(p)
     p.add_argument(
         "--samples-rate-window-s",
         type=float,
@@ -219,6 +235,23 @@ def _run_parser() -> argparse.ArgumentParser:
     p.add_argument("--linger-max-s", type=float, default=10.0, help="most time to tell agents the job ended")
     p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
     return p
+
+
+def _add_profile_flags(p: argparse.ArgumentParser) -> None:
+    """The job profile flags (`MasterConfig.profile_store`, `job_kind`)."""
+    p.add_argument(
+        "--profile-store",
+        default=None,
+        help=f"the job profile store (SQLite): the job's profile is recorded there at its end, and a job given "
+        f"neither --nnodes nor --node-* is planned from it; 'none' disables it (default: ${PROFILE_STORE_ENV_VAR}, "
+        "else $XDG_CACHE_HOME/dlrover/profiles.sqlite, i.e. ~/.cache/dlrover/profiles.sqlite)",
+    )
+    p.add_argument(
+        "--job-kind",
+        default="",
+        help="a tag naming which earlier jobs are like this one: a job planned from profiles uses only profiles of "
+        "its kind (without one: the same script or job name)",
+    )
 
 
 def _add_autoscale_flags(p: argparse.ArgumentParser) -> None:
@@ -359,7 +392,7 @@ def build_config(args: argparse.Namespace) -> MasterConfig:
     if args.tls_cert or args.tls_key or args.tls_ca:
         tls = TLSConfig(cert_file=args.tls_cert, key_file=args.tls_key, ca_file=args.tls_ca)
     lifecycle = LifecycleConfig(
-        nodes=parse_node_range(args.nnodes, args.node_unit),
+        nodes=parse_node_range(args.nnodes if args.nnodes is not None else "1", args.node_unit),
         heartbeat_timeout_s=args.heartbeat_timeout_s,
         node_start_timeout_s=args.node_start_timeout_s or None,
         max_process_restarts=args.max_process_restarts,
@@ -412,7 +445,57 @@ def build_config(args: argparse.Namespace) -> MasterConfig:
             warmup_s=args.autoscale_warmup_s,
             cooldown_s=args.autoscale_cooldown_s,
         ),
+        profile_store=resolve_profile_store(args.profile_store),
+        job_kind=args.job_kind,
     )
+
+
+def _resources_given(args: argparse.Namespace) -> bool:
+    return any(v is not None for v in (args.node_cpu, args.node_memory, args.node_gpus, args.node_gpu_type))
+
+
+def planned_config(
+    args: argparse.Namespace, wall_time: float, *, look_only: bool = False
+) -> tuple[MasterConfig, JobPlanChoice]:
+    """`build_config`, then sized from the profile store when neither --nnodes nor a --node-* flag was given
+    (`dlrover.master.profiles.plan_job`; explicit flags always win). `look_only` leaves the store as it is.
+
+    Raises:
+        ConfigError: a flag's value is invalid (the message names it).
+    """
+    config = build_config(args)
+    return plan_job(
+        config,
+        nodes_given=args.nnodes is not None,
+        resources_given=_resources_given(args),
+        wall_time=wall_time,
+        look_only=look_only,
+    )
+
+
+def _plan(argv: Sequence[str]) -> int:
+    parser = _run_parser()
+    parser.prog = "dlrover-master plan"
+    parser.description = (
+        "Print the node count and resources a job with these flags would get, and where they came from, "
+        "without starting it."
+    )
+    args = parser.parse_args(argv)
+    configure_logging(args.log_level)
+    try:
+        config, choice = planned_config(args, time.time(), look_only=True)
+    except DLRoverError as exc:
+        print(f"dlrover-master plan: {exc}", file=sys.stderr)
+        return 2
+    nodes = config.lifecycle.nodes
+    resources = config.lifecycle.node_resources
+    print(f"nodes: {nodes.min_nodes}:{nodes.max_nodes} (node unit {nodes.node_unit})")
+    print(f"node resources: {'nothing asked' if resources is None else resources.describe()}")
+    print(f"from: {choice.source}" + (f" (profile {choice.profile_id})" if choice.profile_id is not None else ""))
+    if choice.store_notice:
+        print(f"profile store: {choice.store_notice}")
+    print(f"why: {choice.reason}")
+    return 0
 
 
 def _status(argv: Sequence[str]) -> int:
@@ -526,13 +609,36 @@ def _capacity(argv: Sequence[str]) -> int:
     return 0
 
 
+def _create_planned(args: argparse.Namespace) -> MasterRuntime:
+    """The master of a job sized by `planned_config`, said in the log.
+
+    Raises:
+        DLRoverError: the configuration cannot be served.
+    """
+    config, choice = planned_config(args, time.time())
+    try:
+        runtime = create_master(config)
+    except ConfigError as exc:
+        if choice.source != "profile":
+            raise
+        # A profile from another host may ask for more than this backend has: the job still starts.
+        config = defaults_instead(config, f"the plan from profile {choice.profile_id} cannot run here: {exc}")
+        assert config.initial_plan is not None
+        choice = config.initial_plan
+        _log.warning("%s", choice.reason)
+        runtime = create_master(config)
+    if choice.source != "flags":
+        _log.info("initial plan (%s): %s", choice.source, choice.reason)
+    return runtime
+
+
 def _run(argv: Sequence[str]) -> int:
     args = _run_parser().parse_args(argv)
     configure_logging(args.log_level)
     if args.token is not None:
         _log.warning("--token is visible to every user of this host (ps, /proc); prefer --token-file")
     try:
-        runtime = create_master(build_config(args))
+        runtime = _create_planned(args)
     except DLRoverError as exc:
         print(f"dlrover-master: {exc}", file=sys.stderr)
         return 2
@@ -576,6 +682,7 @@ _COMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
     "stop": _stop,
     "scale": _scale,
     "capacity": _capacity,
+    "plan": _plan,
     "run": _run,
 }
 """The subcommands; anything else runs a job (`run` is the default)."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
@@ -13,6 +13,9 @@ from dlrover.common import ConfigError, TLSConfig
 from dlrover.common.validators import non_negative, non_negative_finite, non_negative_int, positive
 from dlrover.master.autoscaler import AutoscalerConfig
 from dlrover.rendezvous import RendezvousConfig
+
+if TYPE_CHECKING:
+    from dlrover.master.profiles import JobPlanChoice
 
 __all__ = [
     "BACKENDS",
@@ -224,6 +227,11 @@ class MasterConfig:
             are events, nothing changes) or `on` (the job starts at its minimum, grows while the
             measured speed-up pays, gives back nodes that do not, and a straggler's node is
             replaced as with `straggler_action` ``replace``).
+        profile_store: the job profile store (SQLite file) the job's profile is recorded in at its end; None records
+            none (`dlrover.master.profiles.resolve_profile_store` gives the CLI's default).
+        job_kind: a tag saying which earlier jobs are like this one (similarity of profiles); "" for none.
+        initial_plan: where the node counts and resources came from (`dlrover.master.profiles.plan_job`); the
+            master announces it at start. None: nothing was planned.
     """
 
     job_name: str = "dlrover-job"
@@ -262,10 +270,17 @@ class MasterConfig:
     local_slots: int | None = attrs.field(default=None, validator=_optional_non_negative)
     capacity_file: str | None = None
     autoscale: AutoscalerConfig = attrs.field(factory=AutoscalerConfig)
+    profile_store: str | None = None
+    job_kind: str = ""
+    initial_plan: JobPlanChoice | None = None
 
     def __attrs_post_init__(self) -> None:
         if not isinstance(self.autoscale, AutoscalerConfig):
             raise ConfigError(f"autoscale must be an AutoscalerConfig, got {self.autoscale!r}")
+        if self.profile_store is not None and not self.profile_store.strip():
+            raise ConfigError(f"profile_store must be a file path or None, got {self.profile_store!r}")
+        if len(self.job_kind) > 256 or not self.job_kind.isprintable():
+            raise ConfigError(f"job_kind must be at most 256 printable characters, got {self.job_kind!r}")
         if not self.job_name or len(self.job_name) > 128 or not self.job_name.isprintable():
             raise ConfigError(f"job_name must be 1..128 printable characters, got {self.job_name!r}")
         if not 0 <= self.port <= 65535:

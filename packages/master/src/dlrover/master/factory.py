@@ -28,6 +28,7 @@ from dlrover.master.journal import MemoryJournal, SqliteJournal, StateJournal
 from dlrover.master.master import Master, NodeMembership, StatefulCollaborator
 from dlrover.master.metrics import MasterMetrics
 from dlrover.master.policy import DefaultFailurePolicy, FailurePolicy
+from dlrover.master.profiles import ProfileRecorder
 from dlrover.master.runtime import MasterRuntime, ServiceRegistration
 from dlrover.master.scheduler.base import SchedulerBackend, check_node_fits
 from dlrover.master.scheduler.cgroups import detect_memory_groups
@@ -209,6 +210,7 @@ def create_master(
             event_log=event_log,
             agent_env=agent_env,
             membership=membership,
+            profile_recorder=ProfileRecorder(config.profile_store) if config.profile_store else None,
         )
         for library in hosted:
             library.attach(master)

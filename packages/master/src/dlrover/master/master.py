@@ -48,6 +48,7 @@ from dlrover.master.journal import (
 from dlrover.master.lifecycle import JobLifecycle, LifecycleError
 from dlrover.master.metrics import MasterMetrics
 from dlrover.master.policy import ClassifyingPolicy, DefaultFailurePolicy, FailurePolicy
+from dlrover.master.profiles import ProfileRecorder, ThroughputBySize, build_run_profile
 from dlrover.master.records import Action, Event, LaunchNode, NodeRecord, Outcome, StopNode
 from dlrover.master.resize import ResizeError, ResizeRequest, ResizeResult, ResizeSource
 from dlrover.master.scheduler.base import (
@@ -227,6 +228,7 @@ class Master:
         event_log: JSON-lines timeline; none when None.
         agent_env: environment handed to every launched agent (master address, token file).
         membership: libraries told when nodes depart, restart their processes, or the job ends.
+        profile_recorder: records the job's profile when it ends (`dlrover.master.profiles`); None records none.
     """
 
     def __init__(
@@ -243,8 +245,15 @@ class Master:
         event_log: EventLog | None = None,
         agent_env: Mapping[str, str] | Callable[[], Mapping[str, str]] | None = None,
         membership: Sequence[NodeMembership] = (),
+        profile_recorder: ProfileRecorder | None = None,
     ) -> None:
         self._config = config
+        self._profile_recorder = profile_recorder
+        self._profile_recorded = False
+        self._plan_announced = False
+        self._throughput = ThroughputBySize()
+        self._peak_memory: dict[int, int] = {}  # per node: the most host memory its agent reported, bytes
+        self._peak_gpu_memory: dict[int, int] = {}
         self._scheduler = scheduler
         self._journal = journal
         self._clock = clock
@@ -300,14 +309,18 @@ class Master:
         if self._restored and self._membership:
             self._reconcile_membership()
         if restored.last_event_seq:
-            for event in self._all_events():
-                self._account(event_to_dict(event), replay=True)
-                if self._autoscaler is not None and event.kind == AUTOSCALE_EVENT:
-                    # Its measurements and the counts it gave back survive a master restart: no flapping.
-                    self._autoscaler.replay(event.data)
-                self._event_count += 1
+            self._replay_events()
         if self._restored:
             self._record(Outcome(events=(Event("master_restart", "the master restarted and resumed the job"),)))
+
+    def _replay_events(self) -> None:
+        """Account for the journaled events again, as a restarted master: goodput, samples, and the
+        autoscaler's measurements and the counts it gave back (so it does not flap)."""
+        for event in self._all_events():
+            self._account(event_to_dict(event), replay=True)
+            if self._autoscaler is not None and event.kind == AUTOSCALE_EVENT:
+                self._autoscaler.replay(event.data)
+            self._event_count += 1
 
     def _reconcile_membership(self) -> None:
         """Tell the libraries again which nodes are gone or finished and whether the job ended.
@@ -580,6 +593,7 @@ class Master:
         nodes to register.
         """
         with self._lock:
+            self._announce_initial_plan()
             outcome = self._transact(lambda: self._deferred_start(self._clock.now()))
             self._deferred.extend(outcome.effects)
 
@@ -597,6 +611,55 @@ class Master:
         data = {"enforced": scheduler.enforces_memory, "node_memory_mb": asked or None}
         self._record(Outcome(events=(Event("memory_limits", sentence, data=data),)))
         self._memory_announced = True  # once journaled: a start that failed to journal it says it again
+
+    def _announce_initial_plan(self) -> None:
+        """Say once where the job's node counts and resources came from (an `initial_plan` event)."""
+        choice = self._config.initial_plan
+        if choice is None or self._restored or self._plan_announced:
+            return
+        if choice.store_notice:
+            _log.warning("job profile store: %s", choice.store_notice)
+            notice = Event(
+                "profile_store", f"job profile store: {choice.store_notice}", data={"path": self._config.profile_store}
+            )
+            self._record(Outcome(events=(notice,)))
+        self._record(Outcome(events=(Event("initial_plan", f"initial plan: {choice.reason}", data=choice.to_data()),)))
+        self._plan_announced = True
+
+    def _record_profile(self) -> None:
+        """Record the ended job's profile once (under the lock); a failure is logged and an event, never raised."""
+        recorder = self._profile_recorder
+        if recorder is None or self._profile_recorded:
+            return
+        self._profile_recorded = True
+        wall = self._clock.wall_time()
+        latest = self._checkpoints.latest_commit
+        try:
+            profile = build_run_profile(
+                self._config,
+                outcome=self._lifecycle.job_state.value,
+                exit_reason=self._lifecycle.exit_reason,
+                launched=[n.resources for n in self._lifecycle.nodes().values()],
+                final_nodes=self._lifecycle.target_nodes,
+                throughput=self._throughput.rates(),
+                peak_memory_bytes=self._peak_memory,
+                peak_gpu_memory_bytes=self._peak_gpu_memory,
+                checkpoint_path=latest.path if latest is not None and latest.path else None,
+                wall_time=wall,
+            )
+            pid, message = recorder.record(profile, wall)
+        except Exception as exc:  # a profile is a courtesy to later jobs: it never fails this one
+            _log.exception("the job's profile could not be recorded")
+            pid, message, profile = None, f"the job's profile was not recorded: {exc!r}", None
+        if pid is None:
+            _log.warning("%s", message)
+        data: dict[str, Any] = {"path": recorder.path, "profile_id": pid}
+        if profile is not None:
+            data.update(json.loads(profile.to_json()))
+        try:
+            self._record(Outcome(events=(Event("profile", message, data=data),)))
+        except JournalError:
+            _log.warning("could not journal the profile event: %s", message, exc_info=True)
 
     def _memory_evidence(self, node_id: int) -> tuple[str, int]:
         """A `MEMORY_RECORD` line when the node's memory cgroup counted OOM kills not yet turned into evidence
@@ -856,6 +919,10 @@ class Master:
             if outcome.changed_nodes:
                 if resources is not None:
                     self._resources[node_id] = resources
+                    self._peak_memory[node_id] = max(self._peak_memory.get(node_id, 0), resources.memory_bytes)
+                    self._peak_gpu_memory[node_id] = max(
+                        self._peak_gpu_memory.get(node_id, 0), resources.gpu_memory_bytes
+                    )
                 if samples is not None:
                     self._samples.observe(node_id, samples, self._clock.wall_time())
                     if self._autoscaler is not None:
@@ -1105,6 +1172,10 @@ class Master:
             wall = self._clock.wall_time()
             self._metrics.set_goodput(self._goodput.breakdown(wall))
             self._metrics.set_samples_per_second(self._samples.rate(wall))
+            running = sum(1 for n in self._lifecycle.current_nodes().values() if n.state is NodeState.RUNNING)
+            self._throughput.observe(wall, self._samples.total, running)
+            if self._lifecycle.job_state.finished:
+                self._record_profile()
 
     def _observe_scheduler(self) -> None:
         for node_id, seen in self._scheduler.observe().items():
@@ -1164,6 +1235,8 @@ class Master:
         with self._lock:
             self._journal_collaborators()
             self._journal_steps(force=True)
+            if self._lifecycle.job_state.finished:
+                self._record_profile()
 
     def _journal_collaborators(self) -> None:
         self._last_export = self._clock.now()
