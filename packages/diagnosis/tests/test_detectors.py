@@ -234,6 +234,28 @@ def test_rank_that_just_became_slow_is_found_before_its_step_ends() -> None:
     assert dict(report.step_time_s)[3] == pytest.approx(3.5)
 
 
+def test_an_unfinished_step_is_measured_only_up_to_when_the_rank_was_last_known() -> None:
+    # Reports that come in batches: rank 3's last batch came 1.5 s after its last step ended; that
+    # it has not stepped since then is not known, so it is judged by 1.5 s, not by the 3.5 s to now.
+    clock = ManualClock()
+    det = StragglerDetector(StragglerConfig(k=2.0, min_samples=3))
+    last = _steady(det, clock, 10)
+    last_end = clock.now()
+    for step in range(last + 1, last + 4):
+        clock.advance(1.0)
+        for r in (0, 1, 2):
+            det.observe(StepReport(r, step, clock.now()))
+    clock.advance(0.5)
+    known = {0: clock.now(), 1: clock.now(), 2: clock.now(), 3: last_end + 1.5}
+    report = det.check(clock.now(), known_at=known)
+    assert report.stragglers == ()
+    assert dict(report.step_time_s)[3] == pytest.approx(1.5)
+    # Known later still unfinished: then it straggles; a time after `now` counts as `now`.
+    assert det.check(clock.now(), known_at={**known, 3: clock.now()}).stragglers == (3,)
+    assert det.check(clock.now(), known_at={**known, 3: clock.now() + 9.0}).stragglers == (3,)
+    assert dict(det.check(clock.now(), known_at={**known, 3: clock.now() + 9.0}).step_time_s)[3] == pytest.approx(3.5)
+
+
 def test_straggler_ignores_warmup_and_checkpoint_time() -> None:
     clock = ManualClock()
     det = StragglerDetector(StragglerConfig(k=2.0, min_samples=3, warmup_steps=2))

@@ -78,6 +78,64 @@ def test_equal_ranks_on_several_nodes_are_no_stragglers() -> None:
         assert watch.check(now) is None
 
 
+def _interleaved(watch: StragglerWatch, trainer: Trainer, heartbeats: int, start: float = 0.0) -> float:
+    """Two nodes (rank r on node r) heartbeating every 0.5 s, each 0.25 s after the other, the
+    master judging on every heartbeat as it does; returns the time of the last one."""
+    now = start
+    for i in range(heartbeats):
+        now += 0.25
+        trainer.advance_to(now)
+        node = i % 2
+        watch.observe(node, trainer.stats(now, (node,)), now)
+        finding = watch.check(now)
+        if finding is not None:
+            raise AssertionError(f"straggler at {now}: {finding.report.reason}")
+    return now
+
+
+def test_ranks_stepping_together_on_nodes_heartbeating_at_different_moments_are_no_stragglers() -> None:
+    # Just before node 1's heartbeat its rank's last known step end lies a heartbeat interval back:
+    # measured up to now, 0.2 s steps looked like 0.5-0.7 s against the other node's 0.2 s.
+    watch = StragglerWatch(StragglerConfig())
+    _interleaved(watch, Trainer({0: 0.2, 1: 0.2}), heartbeats=200)
+
+
+def test_a_slowed_rank_on_nodes_heartbeating_at_different_moments_is_still_found() -> None:
+    watch = StragglerWatch(StragglerConfig(window_steps=5, min_samples=3))
+    trainer = Trainer({0: 0.2, 1: 0.2})
+    now = _interleaved(watch, trainer, heartbeats=40)
+    trainer.step_s[1] = 0.8
+    found = None
+    for i in range(40):
+        now += 0.25
+        trainer.advance_to(now)
+        node = i % 2
+        watch.observe(node, trainer.stats(now, (node,)), now)
+        found = watch.check(now)
+        if found is not None:
+            break
+    assert found is not None
+    assert found.ranks == (1,), found.report.reason
+
+
+def test_a_rank_stuck_in_its_step_while_its_node_heartbeats_is_found() -> None:
+    watch = StragglerWatch(StragglerConfig(window_steps=5, min_samples=3))
+    trainer = Trainer({0: 0.2, 1: 0.2})
+    now = _interleaved(watch, trainer, heartbeats=40)
+    trainer.step_s[1] = 1000.0  # its current step never ends; its agent still sends the stats
+    found = None
+    for i in range(20):
+        now += 0.25
+        trainer.advance_to(now)
+        node = i % 2
+        watch.observe(node, trainer.stats(now, (node,)), now)
+        found = watch.check(now)
+        if found is not None:
+            break
+    assert found is not None
+    assert found.ranks == (1,), found.report.reason
+
+
 def test_a_forgotten_node_is_no_longer_judged() -> None:
     watch = StragglerWatch(StragglerConfig(k=2.0, window_steps=3, min_samples=2, warmup_steps=0))
     trainer = Trainer({0: 0.1, 1: 1.0})
@@ -140,7 +198,8 @@ def test_the_master_reports_a_straggler_as_an_event_and_leaves_its_node_alone() 
     assert event.data["ranks"] == [1]
     assert event.data["nodes"] == [1]
     assert event.data["action"] == "report"
-    assert float(event.data["step_time_s"]["1"]) > 2 * float(event.data["step_time_s"]["0"])
+    # The event rounds the times to 4 digits: a rank found just over the factor may equal it there.
+    assert float(event.data["step_time_s"]["1"]) >= 2 * float(event.data["step_time_s"]["0"])
     assert master.node(1).state is NodeState.RUNNING
     assert 1 not in sched.stopped
 

@@ -226,7 +226,7 @@ class StragglerDetector:
         """Stop watching `rank`."""
         self._timeline.forget(rank)
 
-    def check(self, now: float) -> StragglerReport:
+    def check(self, now: float, known_at: Mapping[int, float] | None = None) -> StragglerReport:
         """Judge every rank with enough samples at `now`.
 
         A rank in the middle of a ``train`` step that has already run longer than its window
@@ -235,18 +235,24 @@ class StragglerDetector:
 
         Args:
             now: the current time on the clock the reports were stamped with.
+            known_at: per rank, when its progress was last known, for reports that come in
+                batches (heartbeats): the unfinished step is measured up to then, not to `now`,
+                since a rank may well have stepped after its last batch was sent. Ranks left out
+                are measured up to `now` (reports come as each step ends).
 
         Returns:
             The stragglers and every judged rank's step time.
         """
         cfg = self._config
+        known = dict(known_at or {})
         times: dict[int, float] = {}
         for state in self._timeline.ranks():
             if len(state.durations) < cfg.min_samples:
                 continue
             value = statistics.median(state.durations)
             if state.phase == DEFAULT_PHASE and state.clean:
-                value = max(value, now - state.last_advance_s)
+                until = min(now, known.get(state.rank, now))
+                value = max(value, until - state.last_advance_s)
             times[state.rank] = value
         judged = tuple(sorted(times.items()))
         if len(times) < 2:

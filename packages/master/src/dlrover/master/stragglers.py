@@ -7,6 +7,12 @@ feeds that to `dlrover.diagnosis.StragglerDetector`, which compares every rank's
 with the other ranks' median. A rank over the factor is reported once (an event and a warning)
 until it recovers.
 
+A rank's unfinished step is measured only up to when its node's last heartbeat came, not up to
+now: the nodes' heartbeats come at their own moments, so just before one node's next heartbeat its
+ranks' last known step end lies a whole heartbeat interval back (0.5 s + a 0.2 s step looks like
+0.7 s), while a node heard a moment ago shows its true step time, and ranks stepping together in
+one collective would look unequal.
+
 Pure: ``now`` comes in as an argument.
 """
 
@@ -81,7 +87,7 @@ class StragglerWatch:
             if last is not None:
                 if stat.steps == last[0]:
                     if stat.phase == "train":
-                        continue  # no news; the detector measures the unfinished step itself
+                        continue  # no news; the detector measures the unfinished step up to `_heard`
                     end = last[1]
                 end = max(end, last[1])  # latency jitter never moves a step end back
             try:
@@ -111,7 +117,7 @@ class StragglerWatch:
         """Each node's recent step time: its slowest judged rank's (nodes with no judged rank are
         left out). Changes nothing; the shrink order of a resize reads it to let the slowest go."""
         times: dict[int, float] = {}
-        for rank, seconds in dict(self._detector.check(now).step_time_s).items():
+        for rank, seconds in dict(self._detector.check(now, known_at=self._heard).step_time_s).items():
             node = self._node_of.get(rank)
             if node is not None and now - self._heard.get(rank, now) <= self._stale_after_s:
                 times[node] = max(times.get(node, 0.0), seconds)
@@ -121,7 +127,7 @@ class StragglerWatch:
         """Newly straggling ranks at `now`; None when there are none (recovered ones may be found again)."""
         for rank in [r for r, heard in self._heard.items() if now - heard > self._stale_after_s]:
             self._forget(rank)
-        report = self._detector.check(now)
+        report = self._detector.check(now, known_at=self._heard)
         current = frozenset(report.stragglers)
         new = sorted(current - self._reported)
         self._reported = current
