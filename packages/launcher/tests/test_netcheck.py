@@ -81,7 +81,14 @@ def _probe_processes() -> list[psutil.Process]:
     return found
 
 
-def _run_threads(targets: Mapping[str, Callable[[], object]], timeout_s: float) -> dict[str, object]:
+def _run_threads(
+    targets: Mapping[str, Callable[[], object]], timeout_s: float, stop: Callable[[], None] | None = None
+) -> dict[str, object]:
+    """Run each target in a thread of its own and wait up to `timeout_s` for all of them.
+
+    Targets still running then are ended by `stop` (they are waited for once more, so that they
+    clean up: an agent removes its shared memory on the way out) before the test fails.
+    """
     results: dict[str, object] = {}
     errors: list[BaseException] = []
 
@@ -96,7 +103,12 @@ def _run_threads(targets: Mapping[str, Callable[[], object]], timeout_s: float) 
         t.start()
     for t in threads:
         t.join(timeout_s)
-    assert not any(t.is_alive() for t in threads), "a node never finished"
+    stuck = [name for name, t in zip(targets, threads, strict=True) if t.is_alive()]
+    if stuck and stop is not None:
+        stop()
+        for t in threads:
+            t.join(45)
+    assert not stuck, f"node(s) {stuck} never finished"
     assert not errors, errors
     return results
 
@@ -379,10 +391,17 @@ def _agents(
             rendezvous_timeout_s=240.0,
             max_restarts=max_restarts,
         )
-        return Agent(config, planes[name], environ=env, network_check=check).run
+        agents[name] = Agent(config, planes[name], environ=env, network_check=check)
+        return agents[name].run
+
+    agents: dict[str, Agent] = {}
+
+    def stop() -> None:
+        for running in agents.values():
+            running.request_stop("the test's timeout")
 
     try:
-        results = _run_threads({name: agent(name) for name in names}, timeout_s=330)
+        results = _run_threads({name: agent(name) for name in names}, timeout_s=300, stop=stop)
     finally:
         for plane in planes.values():
             plane.close()
@@ -434,6 +453,10 @@ def test_a_node_whose_probe_crashes_is_reported_and_left_out_and_the_others_trai
     assert _probe_processes() == []
 
 
+# Node a's first worker fails once node b's first worker has started: the restart that a's failure
+# brings must find b's marker written, or b's worker after the restart would take itself for the
+# first one and train until the test's timeout (b's interpreter may start seconds after a's on a
+# loaded machine, and the restart stops it wherever it is).
 FAILING_ONCE_WORKER = textwrap.dedent(
     """
     import os, sys, time
@@ -443,6 +466,11 @@ FAILING_ONCE_WORKER = textwrap.dedent(
         sys.exit(0)  # the round after the restart: done
     open(first, "w").close()
     if name == "a":
+        partner = os.path.join(out, "b_ran")
+        for _ in range(3000):
+            if os.path.exists(partner):
+                break
+            time.sleep(0.1)
         sys.exit("a worker failure")
     time.sleep(600)  # node b's first worker trains until the restart stops it
     """
