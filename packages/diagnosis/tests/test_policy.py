@@ -354,8 +354,10 @@ class PolicyMachine(RuleBasedStateMachine):
             return
         for node, n in self.restarts.items():
             assert n <= self.restart_limit()
-            # One count: the policy's own only when no caller keeps one.
-            assert self.policy.process_restarts(node) == (n if self.agent_budget is None else 0)
+            # One count: the policy's own only when no caller keeps one, and only while the node is
+            # in the job (a node let go has its counters dropped: nothing decides on them again).
+            kept = self.agent_budget is None and node not in self.retired
+            assert self.policy.process_restarts(node) == (n if kept else 0)
         assert self.relaunches <= self.config.max_node_relaunches
         assert self.policy.relaunches == self.relaunches
         assert self.policy.aborted == self.aborted
