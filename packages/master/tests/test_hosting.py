@@ -127,6 +127,36 @@ def test_a_process_restart_releases_the_nodes_shards_but_keeps_it_in_the_round()
         assert m.current_round is not None  # the restarted processes join again themselves
 
 
+def test_a_planned_rounds_restart_releases_the_nodes_shards_at_once() -> None:
+    job = Job(MemoryJournal())
+    a, b, c = job.register_all()
+    with job.shards.locked() as registry:
+        registry.register(SPEC)
+        manager = registry.manager("train")
+        on_a = manager.fetch(str(a)).shards[0]
+        on_b = manager.fetch(f"{b}/1").shards[0]
+        manager.report_progress(str(a), on_a.shard_id, 4)
+    result = job.master.resize(2, "shrink by one")
+    assert result.leaving_nodes == (c,)
+    with job.shards.locked() as registry:
+        # a's workers still run until its heartbeat delivers the restart: its lease stands.
+        assert registry.manager("train").snapshot().doing.get(on_a.shard_id) == str(a)
+    actions, _state = job.master.heartbeat(a)
+    assert [x.kind.value for x in actions] == ["restart_processes"]
+    # b's workers fail first (their peer on c is gone): the planned restart, answered in the reply.
+    decision = job.master.report_failure(b, FailureKind.UNKNOWN, "gloo: connection closed")
+    assert "planned round" in decision.outcome
+    with job.shards.locked() as registry:
+        manager = registry.manager("train")
+        snap = manager.snapshot()
+        assert {on_a.shard_id, on_b.shard_id} <= set(snap.todo)
+        assert snap.doing == {}
+        again = manager.fetch(str(b), count=2).shards  # re-leasable now, not when the leases expire
+    assert {s.shard_id: s.consumed for s in again} == {on_a.shard_id: 4, on_b.shard_id: 0}
+    kinds = [(e.kind, e.node_id) for e in job.master.events(limit=1000) if e.kind == "planned_restart"]
+    assert sorted(kinds) == [("planned_restart", a), ("planned_restart", b)]
+
+
 def test_the_end_of_the_job_closes_the_rendezvous() -> None:
     job = Job(MemoryJournal())
     job.register_all()

@@ -169,6 +169,59 @@ def test_the_nodes_that_stay_restart_for_a_planned_round_without_spending_budget
     assert life.job_failures == 1
 
 
+@pytest.mark.parametrize("source", list(ResizeSource))
+def test_a_resize_to_the_current_size_changes_nothing_whoever_asks(source: ResizeSource) -> None:
+    life = lifecycle(max_nodes=3)
+    register_pending(life)
+    life.resize(scale(2), 1.0)
+    for node_id in (0, 1):
+        life.heartbeat(node_id, 2.0)  # the shrink's planned round is delivered
+    before = life.snapshot()
+    out = life.resize(ResizeRequest(2, "again", source), 3.0)
+    assert (out.events, out.effects, out.changed_nodes, out.job_changed) == ((), (), frozenset(), False)
+    assert life.snapshot() == before
+    assert all(life.pending_actions(n) == () for n in (0, 1))
+
+
+def test_a_new_wanted_count_with_no_node_to_move_restarts_nothing_and_is_no_resize_event() -> None:
+    life = lifecycle(max_nodes=4, placeable=2)
+    register_pending(life)
+    out = life.resize(scale(3), 1.0, placeable=2)  # wanted 4 -> 3; room for 2, 2 live
+    assert out.effects == ()
+    assert [e.kind for e in out.events] == ["resize_target"]
+    assert (life.target_nodes, life.wanted_nodes) == (2, 3)
+    assert life.pending_actions(0) == life.pending_actions(1) == ()
+
+
+def test_only_never_registered_nodes_leaving_restart_no_running_node() -> None:
+    life = lifecycle(max_nodes=3)
+    life.register(0, "a0", "h0", 0.0)
+    life.register(1, "a1", "h1", 0.0)  # node 2 stays pending
+    out = life.resize(scale(2), 1.0)
+    assert [e.node_id for e in out.effects if isinstance(e, StopNode)] == [2]
+    assert [e.kind for e in out.events] == ["resize", "node_state"]
+    assert life.pending_actions(0) == life.pending_actions(1) == ()
+
+
+def test_a_master_asked_for_its_current_size_answers_without_recording_or_restarting() -> None:
+    master, sched = make_master(slots=None)
+    master.start()
+    for node_id in range(3):
+        master.register(node_id, f"n{node_id}", f"h{node_id}")
+    before = master.state_digest()
+    count = len(master.events(limit=1000))
+    for source in (ResizeSource.SCALE, ResizeSource.SCALE, ResizeSource.AUTOSCALER):  # a retried RPC included
+        result = master.resize(3, "same size", source)
+        assert (result.wanted_nodes, result.target_nodes, result.launched_ranks, result.leaving_nodes) == (3, 3, (), ())
+        assert "nothing changed" in result.message
+    assert len(master.events(limit=1000)) == count
+    assert master.state_digest() == before
+    assert sched.stopped == []
+    for node_id in range(3):
+        actions, _state = master.heartbeat(node_id)
+        assert actions == ()
+
+
 def test_capacity_lost_below_the_minimum_shrinks_and_the_window_stops_the_job() -> None:
     life = lifecycle(min_nodes=2, max_nodes=3, insufficient_nodes_window_s=10.0)
     register_pending(life)

@@ -4,7 +4,8 @@ Laws checked after every step: the target and the wanted count stay within the w
 range (the target may drop below the minimum only when the backend's capacity did), the job never
 has more live nodes than its target, a refused request changes nothing, the nodes a shrink stops
 are the first ones by the documented order (checked against a model of that order), and the state
-survives the journal's round trip (job fields and node records through JSON) unchanged.
+survives the journal's round trip (job fields and node records through JSON) unchanged, and a
+resize that neither launches nor removes a node queues no restart and is no ``resize`` event.
 """
 
 from __future__ import annotations
@@ -21,7 +22,15 @@ from dlrover.master.config import LifecycleConfig, NodeRange
 from dlrover.master.journal import _snapshot, job_fields
 from dlrover.master.lifecycle import JobLifecycle, LifecycleError
 from dlrover.master.policy import DefaultFailurePolicy
-from dlrover.master.records import LifecycleSnapshot, NodeRecord, StopNode, node_from_dict, node_to_dict
+from dlrover.master.records import (
+    LaunchNode,
+    LifecycleSnapshot,
+    NodeRecord,
+    Outcome,
+    StopNode,
+    node_from_dict,
+    node_to_dict,
+)
 from dlrover.master.resize import ResizeError, ResizeRequest, ResizeSource
 from dlrover.master.states import JobState, NodeState
 
@@ -105,18 +114,21 @@ class ResizeMachine(RuleBasedStateMachine):
         assert MIN_NODES <= count <= MAX_NODES
         self.capacity_limited = placeable is not None and placeable < MIN_NODES
         self._check_leaving(out.effects, live_before, times)
+        self._check_no_move_no_restart(out, live_before, before)
 
     @rule(placeable=st.integers(0, MAX_NODES + 2))
     def capacity(self, placeable: int) -> None:
         if self.life.job_state.finished or self.life.count(NodeState.SUCCEEDED):
             return
         live_before = {n.node_id: n for n in self.life.live_nodes()}
+        before = self.life.snapshot()
         self._tick()
         out = self.life.resize(
             ResizeRequest(self.life.wanted_nodes, "capacity", ResizeSource.CAPACITY), self.now, placeable=placeable
         )
         self.capacity_limited = placeable < MIN_NODES
         self._check_leaving(out.effects, live_before, {})
+        self._check_no_move_no_restart(out, live_before, before)
 
     @rule(data=st.data(), kind=st.sampled_from([FailureKind.UNKNOWN, FailureKind.HARDWARE]))
     def fail(self, data: st.DataObject, kind: FailureKind) -> None:
@@ -132,6 +144,22 @@ class ResizeMachine(RuleBasedStateMachine):
     def tick(self) -> None:
         self._tick()
         self.life.tick(self.now)
+
+    def _check_no_move_no_restart(
+        self, out: Outcome, live_before: dict[int, NodeRecord], before: LifecycleSnapshot
+    ) -> None:
+        """A resize that neither launches nor removes a node queues no action and is no ``resize``
+        event; one that also changes neither the target nor the wanted count changes nothing."""
+        launched = [e for e in out.effects if isinstance(e, LaunchNode)]
+        stopped = [e for e in out.effects if isinstance(e, StopNode) and e.node_id in live_before]
+        if launched or stopped:
+            return
+        assert "resize" not in [e.kind for e in out.events], out.events
+        assert self.life.snapshot().actions == before.actions
+        assert self.life.snapshot().planned_round == before.planned_round
+        if (self.life.target_nodes, self.life.wanted_nodes) == (before.target_nodes, before.wanted_nodes):
+            assert out == Outcome()
+            assert self.life.snapshot() == before
 
     def _check_leaving(
         self, effects: tuple[object, ...], live_before: dict[int, NodeRecord], times: dict[int, float]

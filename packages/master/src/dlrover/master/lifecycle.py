@@ -37,7 +37,7 @@ from dlrover.master.records import (
     StopNode,
     TransitionRecord,
 )
-from dlrover.master.resize import ResizeError, ResizeRequest, choose_leaving
+from dlrover.master.resize import RESIZE_EVENT, RESIZE_TARGET_EVENT, ResizeError, ResizeRequest, choose_leaving
 from dlrover.master.states import (
     ALIVE_STATES,
     IllegalTransitionError,
@@ -402,9 +402,14 @@ class JobLifecycle:
                 no limit it knows of).
             step_time_s: recent step time by node id (the master's straggler statistics).
 
+        Shrinking restarts the workers of the running nodes that stay (a planned round) only when
+        a running node leaves. A request that changes neither the target, the wanted count nor
+        the live nodes changes nothing, whoever asks (a `scale` to the current size, a retry).
+
         Returns:
-            What changed: launches, stops, and one ``resize`` event with the inputs and the reason
-            (none when a `capacity` request changes nothing).
+            What changed: launches, stops, and one event with the inputs and the reason: ``resize``
+            when nodes launch or leave, ``resize_target`` when only the target or the wanted
+            count changed; nothing when nothing changed.
 
         Raises:
             ResizeError: the target is outside the range or not a multiple of the node unit, or
@@ -418,17 +423,19 @@ class JobLifecycle:
         target = min(target, wanted)
         live = self.live_nodes()
         previous_target, previous_wanted = self._target, self._wanted
-        unchanged = (target, wanted) == (previous_target, previous_wanted) and len(live) == target
-        if unchanged and not request.source.sets_wanted:
+        if (target, wanted) == (previous_target, previous_wanted) and len(live) == target:
+            # Whoever asks (a `scale` to the current size, a retried RPC, an autoscaler plan equal
+            # to the live count): the job is already there, so nothing restarts and nothing is told.
             return Outcome()
         self._target, self._wanted = target, wanted
         step_times = dict(step_time_s or {})
         cause = f"resize to {target} node(s) ({request.source.value}): {request.reason}"
         launched: list[int] = []
         leaving: list[int] = []
+        out = Outcome()
         if len(live) < target:
             out, launched = self._grow(live, target, cause, now)
-        else:
+        elif len(live) > target:
             out, leaving = self._shrink(live, target, cause, step_times, now)
         room = "no known limit" if placeable is None else f"room for {placeable}"
         message = (
@@ -460,7 +467,10 @@ class JobLifecycle:
             "min_nodes": nodes.min_nodes,
             "max_nodes": nodes.max_nodes,
         }
-        out = Outcome(events=(Event("resize", message, data=data),), job_changed=True).merge(out)
+        # Only a launch or a departure starts a new round; a new target or wanted count alone
+        # is recorded under its own kind, so nothing reads it as the job's pace changing.
+        kind = RESIZE_EVENT if launched or leaving else RESIZE_TARGET_EVENT
+        out = Outcome(events=(Event(kind, message, data=data),), job_changed=True).merge(out)
         return out.merge(self._check_nodes(now, cause=cause))
 
     def _check_resize(self, request: ResizeRequest, placeable: int | None) -> None:
@@ -508,6 +518,9 @@ class JobLifecycle:
             self._actions.pop(node.node_id, None)
             self._planned_round.pop(node.node_id, None)
         gone = ", ".join(str(n.node_id) for n in leaving)
+        if not any(n.state is NodeState.RUNNING for n in leaving):
+            # Only nodes that never registered leave: no round held them, so none is broken.
+            return out, [n.node_id for n in leaving]
         for node in live:
             if node in leaving or node.state is not NodeState.RUNNING or node.node_id in self._planned_round:
                 continue
@@ -610,7 +623,9 @@ class JobLifecycle:
         """A sign of life with progress; returns the actions waiting for the node.
 
         Handing out actions changes the journaled state (`job_changed`): the caller journals that
-        before it answers, so an action is delivered once, even across a master restart.
+        before it answers, so an action is delivered once, even across a master restart. Handing
+        out a planned round's restart (see `resize`) is a ``planned_restart`` event: the workers
+        it restarts let go of what they held, as for a process restart.
         A node the master has given up on (replaced, removed, or the job ended) is told to stop;
         that changes no state.
 
@@ -635,9 +650,23 @@ class JobLifecycle:
             samples=node.samples if samples is None else samples,
         )
         actions = tuple(self._actions.pop(node_id, ()))
+        events: tuple[Event, ...] = ()
         if actions:
-            self._planned_round.pop(node_id, None)  # the planned restart is delivered
-        return actions, Outcome(changed_nodes=frozenset({node_id}), job_changed=bool(actions))
+            planned = self._planned_round.pop(node_id, None)  # the planned restart is delivered
+            delivered = next((a for a in actions if a.action_id == planned), None)
+            if delivered is not None:
+                # Its agent now restarts the workers: what they held (shard leases) is let go of
+                # now, as for any process restart, not when it expires.
+                events = (
+                    Event(
+                        "planned_restart",
+                        f"node {node_id}'s workers restart for a planned round: {delivered.reason}",
+                        node_id,
+                        node.rank,
+                        {"action_id": delivered.action_id, "delivered": True},
+                    ),
+                )
+        return actions, Outcome(changed_nodes=frozenset({node_id}), job_changed=bool(actions), events=events)
 
     def report_failure(
         self,

@@ -50,7 +50,14 @@ from dlrover.master.metrics import MasterMetrics
 from dlrover.master.policy import ClassifyingPolicy, DefaultFailurePolicy, FailurePolicy
 from dlrover.master.profiles import ProfileRecorder, ThroughputBySize, build_run_profile
 from dlrover.master.records import Action, Event, LaunchNode, NodeRecord, Outcome, StopNode
-from dlrover.master.resize import ResizeError, ResizeRequest, ResizeResult, ResizeSource
+from dlrover.master.resize import (
+    RESIZE_EVENT,
+    RESIZE_TARGET_EVENT,
+    ResizeError,
+    ResizeRequest,
+    ResizeResult,
+    ResizeSource,
+)
 from dlrover.master.scheduler.base import (
     AdjustableCapacity,
     NodeMemoryRecords,
@@ -526,7 +533,8 @@ class Master:
                     call = functools.partial(_departed, ev.node_id, ev.message)
                 else:
                     continue
-            elif ev.kind == "process_restart" and ev.node_id is not None:
+            elif ev.kind in ("process_restart", "planned_restart") and ev.node_id is not None:
+                # A planned round's restart kills the node's workers as surely as a failure's.
                 call = functools.partial(_restarted, ev.node_id, ev.message)
             elif ev.kind == "job_end":
                 call = functools.partial(_job_finished, ev.message)
@@ -738,7 +746,7 @@ class Master:
             lambda: self._just(self._lifecycle.resize(request, now, placeable=placeable, step_time_s=step_times))
         )
         for event in outcome.events:
-            if event.kind == "resize":
+            if event.kind in (RESIZE_EVENT, RESIZE_TARGET_EVENT):
                 data = event.data
                 return ResizeResult(
                     wanted_nodes=int(data["wanted"]),
@@ -748,7 +756,9 @@ class Master:
                     leaving_nodes=tuple(data["leaving_nodes"]),
                     message=event.message,
                 )
-        return ResizeResult(self._lifecycle.wanted_nodes, self._lifecycle.target_nodes, placeable)
+        wanted, target = self._lifecycle.wanted_nodes, self._lifecycle.target_nodes
+        message = f"nothing changed: the job is already sized to {target} node(s), {wanted} wanted"
+        return ResizeResult(wanted, target, placeable, message=message)
 
     def set_capacity(self, slots: int | None) -> int | None:
         """Set the backend's capacity in slots (None: unbounded) and follow it at once: the job

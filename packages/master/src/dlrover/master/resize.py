@@ -19,7 +19,24 @@ from dlrover.common import DLRoverError
 from dlrover.master.records import NodeRecord
 from dlrover.master.states import NodeState
 
-__all__ = ["ResizeError", "ResizeRequest", "ResizeResult", "ResizeSource", "choose_leaving", "leaving_order_key"]
+__all__ = [
+    "RESIZE_EVENT",
+    "RESIZE_TARGET_EVENT",
+    "ResizeError",
+    "ResizeRequest",
+    "ResizeResult",
+    "ResizeSource",
+    "choose_leaving",
+    "leaving_order_key",
+]
+
+RESIZE_EVENT = "resize"
+"""The event of a resize that launches or removes nodes: a new round starts (goodput's ``resize``
+window, the autoscaler's cool-down and the straggler statistics' reset follow it)."""
+
+RESIZE_TARGET_EVENT = "resize_target"
+"""The event of a resize that changes only the target or the wanted count (the backend has no
+room for more, or the live nodes already match): no node launches or leaves, nothing restarts."""
 
 _MAX_REASON_CHARS = 2000
 
