@@ -16,10 +16,12 @@ from dlrover.autoscale import (
     JobProfileStore,
     JobSignature,
     NewerProfileStoreError,
+    ProfileStoreError,
     Resources,
     RunPlanConfig,
     RunProfile,
     add_run,
+    is_corruption,
     most_similar,
     open_or_set_aside,
     plan_from_runs,
@@ -212,3 +214,64 @@ def test_a_missing_directory_is_made_and_a_store_that_cannot_be_made_is_no_store
     assert "its directory cannot be made" in opened.notice
     assert open_or_set_aside(str(tmp_path / "absent.sqlite"), 1.0, look_only=True).store is None
     assert not (tmp_path / "absent.sqlite").exists()
+
+
+def test_a_locked_store_is_not_set_aside(tmp_path: Path) -> None:
+    path = tmp_path / "p.sqlite"
+    with JobProfileStore(str(path)) as store:
+        add_run(store, profile("a"))
+    before = path.read_bytes()
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")  # another job holds the store
+    try:
+        with pytest.raises(ProfileStoreError, match="database is locked") as raised:
+            JobProfileStore(str(path))
+        assert not isinstance(raised.value, CorruptProfileStoreError)
+        opened = open_or_set_aside(str(path), 1234.0)
+        assert opened.store is None
+        assert opened.set_aside_to == ""
+        assert "no profile store is used" in opened.notice
+    finally:
+        holder.rollback()
+        holder.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["p.sqlite"]  # nothing renamed
+    assert path.read_bytes() == before
+    reopened = open_or_set_aside(str(path), 1234.0)
+    assert reopened.store is not None
+    assert [r.signature.job_name for r in read_runs(reopened.store)[0]] == ["a"]
+    reopened.store.close()
+
+
+def test_a_read_only_store_is_not_set_aside(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "p.sqlite"
+    with JobProfileStore(str(path)) as store:
+        add_run(store, profile("a"))
+    before = path.read_bytes()
+    # File permissions do not stop root, so the file is opened the way SQLite opens one it may not write: read-only.
+    connect = sqlite3.connect
+
+    def read_only_connect(database: str, *args: object, **kwargs: object) -> sqlite3.Connection:
+        return connect(Path(database).resolve().as_uri() + "?mode=ro", uri=True)
+
+    monkeypatch.setattr(sqlite3, "connect", read_only_connect)
+    with pytest.raises(ProfileStoreError, match="readonly database") as raised:
+        JobProfileStore(str(path))
+    assert not isinstance(raised.value, CorruptProfileStoreError)
+    opened = open_or_set_aside(str(path), 1234.0)
+    assert opened.store is None
+    assert opened.set_aside_to == ""
+    assert "no profile store is used" in opened.notice
+    monkeypatch.undo()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["p.sqlite"]  # nothing renamed
+    assert path.read_bytes() == before
+
+
+def test_only_damage_counts_as_corruption() -> None:
+    damaged = sqlite3.connect(":memory:")
+    try:
+        with pytest.raises(sqlite3.Error) as not_a_db:
+            damaged.execute("SELECT 1 FROM no_such_table")
+    finally:
+        damaged.close()
+    assert not is_corruption(not_a_db.value)  # a missing table is a query error, not a damaged file
+    assert not is_corruption(sqlite3.OperationalError("no code"))

@@ -303,3 +303,21 @@ def test_the_agents_save_request_reaches_every_worker_and_survives_a_reset(tmp_p
         first.close()
         second.close()
         slots.close()
+
+
+def test_the_current_phase_is_read_from_the_slot_whoever_wrote_it(tmp_path: Path) -> None:
+    slots = StepSlotFile(tmp_path / "s", 1)
+    script = StepReporter(slots.path, 0)
+    library = StepReporter(slots.path, 0)  # a checkpointer's own writer of the same slot
+    try:
+        assert library.current_phase == "train"  # nothing written yet
+        script.phase("eval")
+        assert library.current_phase == "eval"
+        library.phase("checkpoint")
+        assert script.current_phase == "checkpoint"
+    finally:
+        script.close()
+        library.close()
+        slots.close()
+    with pytest.raises(ConfigError, match="closed"):
+        script.current_phase  # noqa: B018

@@ -259,6 +259,36 @@ def test_under_dlrover_run_every_save_marks_a_step_in_the_agents_step_slots(
         slots.close()
 
 
+def test_a_save_during_eval_returns_to_eval(job_id: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from dlrover.common.step_slots import STEP_SLOT_ENV_VAR, STEP_SLOTS_ENV_VAR, StepReporter, StepSlotFile
+
+    slots = StepSlotFile(tmp_path / "steps.slots", 1)
+    monkeypatch.setenv(STEP_SLOTS_ENV_VAR, str(slots.path))
+    monkeypatch.setenv(STEP_SLOT_ENV_VAR, "0")
+    script = StepReporter.from_env()  # the training script's own writer of the same slot
+    assert script is not None
+    ckpt = FlashCheckpointer(StagerConfig(job_id=job_id, run_id="r"), str(tmp_path / "store"), saver="none")
+    try:
+        script.step(4)
+        script.phase("eval")
+        before = slots.read(0)
+        assert before is not None
+        ckpt.save(4, _state(4), persist=True)
+        during_eval = slots.read(0)
+        assert during_eval is not None
+        assert during_eval.phase == "eval"  # the eval's hang allowance still applies
+        assert during_eval.seq >= before.seq + 8  # into a checkpoint phase and back out, for the copy and the persist
+        script.phase("train")
+        ckpt.save(5, _state(5))
+        after = slots.read(0)
+        assert after is not None
+        assert (after.step, after.phase) == (5, "train")
+    finally:
+        ckpt.close(job_end=True)
+        script.close()
+        slots.close()
+
+
 def test_save_requested_answers_the_agents_request_once_until_a_save_serves_it(
     job_id: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -14,6 +14,7 @@ import attrs
 import pytest
 
 from dlrover.common import exiting_status
+from dlrover.common.step_slots import SlotReading
 from dlrover.diagnosis import (
     MEMORY_RECORD,
     ActionKind,
@@ -449,3 +450,15 @@ def test_workers_that_never_report_steps_are_never_judged_by_them(tmp_path: Path
     result = _agent(tmp_path, "gloo", control, step_hang=hang).run()
     assert result.exit_code == 0, result.reason
     assert control.failures == []
+
+
+def test_a_heartbeat_during_the_save_before_a_round_acknowledges_the_step_marks_it_carried(tmp_path: Path) -> None:
+    control = FakeControlPlane()
+    agent = _agent(tmp_path, "ok", control)
+    agent._ledger.start_attempt(0, rendezvous_start=None, rendezvous_end=None, workers_start=0.0, wall_offset=0.0)
+    agent._ledger.observe(SlotReading(2, 1, 4, 3.0, "train", 1.0, 1, 1.0, 0.0, 0.0))
+    assert agent._heartbeat_while_saving() is None
+    (carried,) = control.heartbeats[-1].attempts
+    assert [m.step for m in carried.marks] == [1]
+    # The master got the mark: the next heartbeat does not send (nor the master journal) it again.
+    assert agent._ledger.reports()[0].marks == ()

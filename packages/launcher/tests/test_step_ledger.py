@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import logging
+
+import pytest
+
 from dlrover.common.step_slots import SlotReading
 from dlrover.launcher.step_ledger import MAX_PENDING_MARKS, StepLedger
+from dlrover.master.goodput import MAX_ATTEMPTS_PER_HEARTBEAT
 
 
 def reading(
@@ -56,3 +61,40 @@ def test_pending_marks_are_bounded() -> None:
     marks = ledger.reports()[0].marks
     assert len(marks) == MAX_PENDING_MARKS
     assert marks[-1].step == MAX_PENDING_MARKS + 9
+
+
+def test_attempts_waiting_for_the_master_are_capped_at_what_a_heartbeat_carries(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    ledger = StepLedger()
+    # Heartbeats fail throughout: every worker start leaves one unsent mark behind.
+    starts = MAX_ATTEMPTS_PER_HEARTBEAT + 3
+    with caplog.at_level(logging.WARNING, logger="dlrover.launcher.step_ledger"):
+        for n in range(1, starts + 1):
+            ledger.start_attempt(0, rendezvous_start=None, rendezvous_end=None, workers_start=0.0, wall_offset=0.0)
+            ledger.observe(reading(2, n, float(n)))
+            assert len(ledger.reports()) <= MAX_ATTEMPTS_PER_HEARTBEAT
+    sent = ledger.reports()
+    assert len(sent) == MAX_ATTEMPTS_PER_HEARTBEAT  # the master takes it
+    assert [r.attempt for r in sent] == list(range(starts - MAX_ATTEMPTS_PER_HEARTBEAT + 1, starts + 1))
+    assert [m.step for r in sent for m in r.marks] == [r.attempt for r in sent]  # the newest marks are kept
+    assert ledger.dropped_marks == 3
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 3
+    assert "attempt 1 (1 mark(s))" in warnings[0]
+    assert "attempt 3 (1 mark(s))" in warnings[2]
+    ledger.acknowledge(sent)
+    (current,) = ledger.reports()
+    assert (current.attempt, current.marks) == (starts, ())
+
+
+def test_attempts_without_unsent_marks_are_not_dropped_and_not_counted(caplog: pytest.LogCaptureFixture) -> None:
+    ledger = StepLedger()
+    with caplog.at_level(logging.WARNING, logger="dlrover.launcher.step_ledger"):
+        for _ in range(MAX_ATTEMPTS_PER_HEARTBEAT * 2):
+            ledger.start_attempt(0, rendezvous_start=None, rendezvous_end=None, workers_start=0.0, wall_offset=0.0)
+            ledger.observe(reading(2, 1, 1.0))
+            ledger.acknowledge(ledger.reports())  # the master got every mark
+    assert len(ledger.reports()) == 1
+    assert ledger.dropped_marks == 0
+    assert not [r for r in caplog.records if r.levelno == logging.WARNING]

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import sys
@@ -18,6 +19,7 @@ from dlrover.master.scheduler import (
     CgroupMemoryGroups,
     FakeMemoryGroups,
     LocalScheduler,
+    MemoryGroup,
     NodeSpec,
     ObservedState,
     SchedulerError,
@@ -210,6 +212,27 @@ def test_a_node_whose_group_cannot_be_made_is_not_started() -> None:
     try:
         with pytest.raises(SchedulerError, match=r"memory group of node 0 \(300 MiB\).*Permission denied"):
             backend.launch(spec(0, 300))
+        assert backend.observe() == {}
+    finally:
+        backend.close()
+
+
+def test_a_group_that_cannot_be_removed_after_a_failed_start_does_not_hide_why_it_failed(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    class Stuck(FakeMemoryGroups):
+        def remove(self, group: MemoryGroup) -> bool:
+            raise PermissionError(13, "Permission denied")
+
+    groups = Stuck()
+    backend = LocalScheduler(["/nonexistent/agent"], memory_groups=groups)
+    try:
+        with (
+            caplog.at_level(logging.WARNING, logger="dlrover.master.scheduler.local"),
+            pytest.raises(SchedulerError, match=r"cannot start node 0 .*No such file"),
+        ):
+            backend.launch(spec(0, 300))
+        assert any("cannot be removed: [Errno 13] Permission denied" in r.getMessage() for r in caplog.records)
         assert backend.observe() == {}
     finally:
         backend.close()

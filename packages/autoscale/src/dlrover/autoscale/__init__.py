@@ -64,6 +64,7 @@ if TYPE_CHECKING:
         JobProfile,
         JobProfileStore,
         initial_plan,
+        is_corruption,
     )
     from dlrover.autoscale.resources import ClusterQuota, MachineShape, Resources, Role, parse_memory_mb
     from dlrover.autoscale.run_profiles import (
@@ -144,6 +145,7 @@ _EXPORTS: dict[str, str] = {
     "InitialPlanConfig": "dlrover.autoscale.profile_store",
     "InitialPlan": "dlrover.autoscale.profile_store",
     "initial_plan": "dlrover.autoscale.profile_store",
+    "is_corruption": "dlrover.autoscale.profile_store",
     "JobSignature": "dlrover.autoscale.run_profiles",
     "RunProfile": "dlrover.autoscale.run_profiles",
     "RunPlanConfig": "dlrover.autoscale.run_profiles",
@@ -218,6 +220,7 @@ __all__ = [
     "InitialPlanConfig",
     "InitialPlan",
     "initial_plan",
+    "is_corruption",
     # run profiles (what a master records at job end, and plans from)
     "JobSignature",
     "RunProfile",

@@ -43,7 +43,21 @@ __all__ = [
     "InitialPlanConfig",
     "InitialPlan",
     "initial_plan",
+    "is_corruption",
 ]
+
+_CORRUPTION_CODES = frozenset({sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB})
+
+
+def is_corruption(exc: sqlite3.Error) -> bool:
+    """Whether `exc` says the file's content is damaged or not a database (SQLITE_CORRUPT, SQLITE_NOTADB).
+
+    Every other error (a lock held by another connection, a read-only file, a failed read) says nothing about the
+    content, so a store that raised it must not be treated as corrupt.
+    """
+    code = getattr(exc, "sqlite_errorcode", None)
+    return code is not None and code & 0xFF in _CORRUPTION_CODES
+
 
 SCHEMA_VERSION = 2
 """Version 2 added the `run_profiles` table (`dlrover.autoscale.run_profiles`); a version-1 file is upgraded."""
@@ -186,8 +200,9 @@ class JobProfileStore:
 
     Raises:
         NewerProfileStoreError: the file holds a newer schema version (it is left unchanged).
-        CorruptProfileStoreError: the file is not a database this code can read.
-        ProfileStoreError: the file cannot be opened at all (a missing directory, no permission).
+        CorruptProfileStoreError: the file is damaged or not a database (SQLITE_CORRUPT, SQLITE_NOTADB).
+        ProfileStoreError: the file cannot be opened or used now (a missing directory, no permission, a read-only
+            file opened for writing, a lock another connection holds, an I/O error); the file is not corrupt.
     """
 
     def __init__(self, path: str, *, read_only: bool = False) -> None:
@@ -228,12 +243,16 @@ class JobProfileStore:
                 self._db.execute(
                     "INSERT OR REPLACE INTO meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
                 )
-        except ProfileStoreError:
+        except sqlite3.Error as e:
+            self._db.close()
+            if is_corruption(e):
+                raise CorruptProfileStoreError(f"job profile store {path!r} cannot be opened: {e}") from e
+            # Locked, read-only, unreadable or an I/O error: the file may be a healthy store that another job is
+            # using, so it is reported as unusable for now, never as corrupt (which would have it set aside).
+            raise ProfileStoreError(f"job profile store {path!r} cannot be used now: {e}") from e
+        except BaseException:
             self._db.close()
             raise
-        except sqlite3.DatabaseError as e:
-            self._db.close()
-            raise CorruptProfileStoreError(f"job profile store {path!r} cannot be opened: {e}") from e
 
     @property
     def path(self) -> str:

@@ -29,7 +29,7 @@ from typing import Any
 import attrs
 
 from dlrover.autoscale.errors import CorruptProfileStoreError, NewerProfileStoreError, ProfileStoreError
-from dlrover.autoscale.profile_store import JobProfileStore
+from dlrover.autoscale.profile_store import JobProfileStore, is_corruption
 from dlrover.autoscale.resources import Resources
 from dlrover.common import ConfigError
 
@@ -219,7 +219,8 @@ def read_runs(store: JobProfileStore) -> tuple[list[RunProfile], list[str]]:
     """Every stored run profile, oldest first, and a sentence for each row that could not be read (skipped).
 
     Raises:
-        CorruptProfileStoreError: the table itself cannot be read.
+        CorruptProfileStoreError: the table itself is damaged (SQLITE_CORRUPT, SQLITE_NOTADB).
+        ProfileStoreError: the table cannot be read now (a lock held elsewhere, an I/O error).
     """
     try:
         if not store.connection.execute(
@@ -229,8 +230,10 @@ def read_runs(store: JobProfileStore) -> tuple[list[RunProfile], list[str]]:
         rows = store.connection.execute(
             "SELECT id, job_name, job_kind, script, finished_at, profile_json FROM run_profiles ORDER BY id"
         ).fetchall()
-    except sqlite3.DatabaseError as e:
-        raise CorruptProfileStoreError(f"job profile store {store.path!r} cannot be read: {e}") from e
+    except sqlite3.Error as e:
+        if is_corruption(e):
+            raise CorruptProfileStoreError(f"job profile store {store.path!r} cannot be read: {e}") from e
+        raise ProfileStoreError(f"job profile store {store.path!r} cannot be read now: {e}") from e
     out: list[RunProfile] = []
     bad: list[str] = []
     for pid, name, kind, script, finished, doc in rows:
@@ -386,6 +389,8 @@ def open_or_set_aside(path: str, wall_time: float, *, look_only: bool = False) -
             moved (no store, and the notice says it would be set aside). Otherwise a missing directory is made.
 
     Never raises for the file's content: a store that cannot be opened at all comes back as None with the reason.
+    Only a damaged file (SQLITE_CORRUPT, SQLITE_NOTADB) or a newer one is set aside: a store that is locked by
+    another job, read-only, or failing to read is left where it is and this run goes without it.
     """
     if look_only and not os.path.exists(path):
         return OpenedStore(None)

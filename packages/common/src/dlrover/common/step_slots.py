@@ -1,6 +1,6 @@
 """Step reports from training processes to their node's agent through a shared file.
 
-The agent creates one small file (a tmpfs file under its own node directory) with one 64-byte
+The agent creates one small file (a tmpfs file under its own node directory) with one 128-byte
 slot per local worker and tells every worker its path (`STEP_SLOTS_ENV_VAR`) and its slot
 (`STEP_SLOT_ENV_VAR`). A worker maps the file and writes its progress into its slot; the agent
 reads every slot each monitor tick. A report is a few stores into mapped memory and a read of
@@ -343,6 +343,16 @@ class StepReporter:
         if samples < 0:
             raise ConfigError(f"samples must be >= 0, got {samples!r}")
         self._write(add_samples=samples)
+
+    @property
+    def current_phase(self) -> str:
+        """The phase this process is in (one of `PHASES`): the last `phase` entered, "train" before any.
+
+        Raises:
+            ConfigError: the writer is closed.
+        """
+        code = _SLOT.unpack_from(self._mapped(), self._off)[5]
+        return PHASES[code] if code < len(PHASES) else PHASES[0]
 
     def phase(self, name: str) -> None:
         """Enter phase `name` (one of `PHASES`): checkpoint and eval get their own hang allowances.

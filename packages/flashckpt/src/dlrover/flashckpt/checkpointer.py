@@ -33,11 +33,12 @@ from __future__ import annotations
 import functools
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from dlrover.common import Clock, ConfigError, SystemClock
-from dlrover.common.step_slots import optional_reporter
+from dlrover.common.step_slots import StepReporter, optional_reporter
 from dlrover.flashckpt.agree import AgreeFn, agree_single
 from dlrover.flashckpt.client import PersistOutcome, SaverClient
 from dlrover.flashckpt.collectives import RankGroup
@@ -69,6 +70,17 @@ from dlrover.flashckpt.storage_loader import StorageReader
 __all__ = ["AgreeFn", "FlashCheckpointer", "agree_single"]  # AgreeFn and agree_single: from `agree`
 
 _log = logging.getLogger(__name__)
+
+
+@contextmanager
+def _checkpoint_phase(steps: StepReporter) -> Iterator[None]:
+    """A checkpoint phase, then back to the phase the process was in (a save during eval returns to eval)."""
+    before = steps.current_phase
+    steps.phase("checkpoint")
+    try:
+        yield
+    finally:
+        steps.phase(before)
 
 
 def _saver_location(storage_dir: str | None, storage: Storage | None) -> StorageLocation:
@@ -275,13 +287,10 @@ class FlashCheckpointer:
         else:
             # The copy blocks training: a checkpoint phase, which the goodput accounting counts
             # as time blocked by saves (a load before the first step, see `load`).
-            self._steps.phase("checkpoint")
-            try:
+            with _checkpoint_phase(self._steps):
                 result = self.stager.save(step, state)
                 if step >= 0:
                     self._steps.step(step)
-            finally:
-                self._steps.phase("train")
         if result.saved:
             self._served_request = max(self._served_request, request)
         if persist and result.saved:
@@ -292,11 +301,8 @@ class FlashCheckpointer:
             else:
                 # Written here, in the training process: judged by the checkpoint phase's
                 # allowance, not by the pace of the steps around it.
-                self._steps.phase("checkpoint")
-                try:
+                with _checkpoint_phase(self._steps):
                     self._persist_here(step)
-                finally:
-                    self._steps.phase("train")
         return result
 
     def save_requested(self) -> bool:
@@ -324,11 +330,8 @@ class FlashCheckpointer:
         if self._steps is None:
             return self._link.wait_persisted(step, timeout_s)
         # Training waits here: a checkpoint phase, as the save itself (see `save`).
-        self._steps.phase("checkpoint")
-        try:
+        with _checkpoint_phase(self._steps):
             return self._link.wait_persisted(step, timeout_s)
-        finally:
-            self._steps.phase("train")
 
     def _persist_here(self, step: int) -> None:
         self.stager.flush()
@@ -369,11 +372,8 @@ class FlashCheckpointer:
         if self._steps is None:
             return self._load(target)
         # Before the first step, a checkpoint phase is the load (see `save`).
-        self._steps.phase("checkpoint")
-        try:
+        with _checkpoint_phase(self._steps):
             loaded = self._load(target)
-        finally:
-            self._steps.phase("train")
         if loaded.step > 0:
             # The restored process has finished these steps: its next mark is one step past them
             # (the goodput accounting then knows which steps it trains again).

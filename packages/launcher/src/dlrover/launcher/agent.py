@@ -909,7 +909,7 @@ class Agent:
         """One heartbeat during the save before a round (the node must not look lost); the
         master's action, if it asked for one, ends the wait and replaces the round's restart."""
         try:
-            asked = on_master_actions(self._control.heartbeat(self._progress()))
+            asked = on_master_actions(self._heartbeat())  # acknowledges the step marks it carried
         except DLRoverError as exc:
             _log.warning("heartbeat during the save before a round failed: %s", exc)
             return None

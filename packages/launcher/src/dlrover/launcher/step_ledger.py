@@ -5,19 +5,25 @@ each new step the agent reads from its slot into a `StepMark` (wall time, cumula
 blocked in checkpoint saves, samples), and keeps the attempt's rendezvous and start times. A
 `StepLedger` holds the current attempt and what earlier attempts still owe the master (the last
 marks of workers that failed), and hands everything not yet sent to the next heartbeat; marks the
-master did not get (the heartbeat failed) are sent again with the next one.
+master did not get (the heartbeat failed) are sent again with the next one. A heartbeat carries at
+most `MAX_ATTEMPTS_PER_HEARTBEAT` attempts (the master refuses more), so while heartbeats fail the
+ledger keeps that many attempts and drops the marks of the oldest, with a warning that names them.
 
 Pure: readings, CLOCK_MONOTONIC times and the offset to wall time come in as arguments.
 """
 
 from __future__ import annotations
 
+import logging
+
 import attrs
 
 from dlrover.common.step_slots import SlotReading
-from dlrover.master.goodput import AttemptReport, StepMark
+from dlrover.master.goodput import MAX_ATTEMPTS_PER_HEARTBEAT, AttemptReport, StepMark
 
 __all__ = ["AttemptLedger", "StepLedger"]
+
+_log = logging.getLogger(__name__)
 
 MAX_PENDING_MARKS = 1024
 """Marks kept per attempt while heartbeats fail; beyond it the oldest are merged into the next."""
@@ -96,6 +102,12 @@ class StepLedger:
     def __init__(self) -> None:
         self._attempts: list[AttemptLedger] = []
         self._count = 0
+        self._dropped_marks = 0
+
+    @property
+    def dropped_marks(self) -> int:
+        """Unsent marks dropped so far because too many attempts were waiting for the master."""
+        return self._dropped_marks
 
     @property
     def current(self) -> AttemptLedger | None:
@@ -111,9 +123,25 @@ class StepLedger:
         workers_start: float,
         wall_offset: float,
     ) -> AttemptLedger:
-        """New workers started; earlier attempts are kept until their marks are sent."""
+        """New workers started; earlier attempts are kept until their marks are sent.
+
+        At most `MAX_ATTEMPTS_PER_HEARTBEAT` attempts are kept, the new one included: the master refuses a
+        heartbeat with more, and then every later heartbeat would be refused. The oldest attempts beyond that
+        are dropped with their unsent marks, and a warning says which and how many marks.
+        """
         self._count += 1
         self._attempts = [a for a in self._attempts if a.pending]
+        excess = len(self._attempts) + 1 - MAX_ATTEMPTS_PER_HEARTBEAT
+        if excess > 0:
+            dropped, self._attempts = self._attempts[:excess], self._attempts[excess:]
+            self._dropped_marks += sum(len(a.pending) for a in dropped)
+            _log.warning(
+                "the master has not received step marks of %d earlier worker starts; a heartbeat carries at most "
+                "%d, so the oldest are dropped: %s (goodput loses their step boundaries)",
+                len(self._attempts) + len(dropped),
+                MAX_ATTEMPTS_PER_HEARTBEAT,
+                ", ".join(f"attempt {a.attempt} ({len(a.pending)} mark(s))" for a in dropped),
+            )
         ledger = AttemptLedger(self._count, rank, rendezvous_start, rendezvous_end, workers_start, wall_offset)
         self._attempts.append(ledger)
         return ledger

@@ -44,6 +44,7 @@ from dlrover.common import DLRoverError
 __all__ = [
     "BUCKETS",
     "FAILURE_EVENT",
+    "MAX_ATTEMPTS_PER_HEARTBEAT",
     "RESIZE_EVENT",
     "STEPS_EVENT",
     "AttemptReport",
@@ -75,6 +76,9 @@ STEPS_EVENT = "steps"
 FAILURE_EVENT = "failure"
 RESIZE_EVENT = "resize"
 """The lifecycle core resized the job: training stopped from then until it resumes is ``resize``."""
+
+MAX_ATTEMPTS_PER_HEARTBEAT = 16
+"""The most attempt reports one heartbeat may carry; the master refuses a heartbeat with more."""
 
 _MAX_MARKS = 4096
 

@@ -1,7 +1,7 @@
 """Resize requests: the one way anything asks the lifecycle core to grow or shrink a running job.
 
-A person's `dlrover-master scale`, the Python API, the autoscaler's plans, runtime heuristics and
-a scheduler backend's lost capacity all become a `ResizeRequest`; the core (`JobLifecycle.resize`)
+A person's `dlrover-master scale`, the Python API, the autoscaler's plans and a scheduler
+backend's changed capacity all become a `ResizeRequest`; the core (`JobLifecycle.resize`)
 validates it, decides which nodes start or leave, and journals it like every other decision.
 
 Pure: no I/O, no clock. `choose_leaving` is the shrink order, kept apart so it can be tested alone.
@@ -56,8 +56,6 @@ class ResizeSource(enum.StrEnum):
     count) or was lost (give back what no longer fits, even below the minimum)."""
     AUTOSCALER = "autoscaler"
     """A plan of the autoscaler."""
-    HEURISTIC = "heuristic"
-    """A runtime heuristic (stragglers, memory, hot parameter servers)."""
 
     @property
     def sets_wanted(self) -> bool:

@@ -18,7 +18,7 @@ import grpc
 from dlrover.common import ConfigError, DLRoverError, GrpcServer
 from dlrover.diagnosis import FailureKind, RankStepStats
 from dlrover.master.checkpoints import MAX_STEPS_PER_RANK, MAX_WORLD_SIZE, CheckpointError
-from dlrover.master.goodput import AttemptReport, StepMark
+from dlrover.master.goodput import MAX_ATTEMPTS_PER_HEARTBEAT, AttemptReport, StepMark
 from dlrover.master.identity import NodeAuthenticator, NodeIdentityError, NodeImpersonationError
 from dlrover.master.journal import JournalError
 from dlrover.master.lifecycle import (
@@ -436,7 +436,7 @@ def add_master_services(server: GrpcServer, master: Master, authenticator: NodeA
 _MAX_RANK_STEPS = 4096
 
 
-_MAX_ATTEMPTS = 16
+_MAX_ATTEMPTS = MAX_ATTEMPTS_PER_HEARTBEAT
 _MAX_MARKS = 4096
 
 

@@ -59,8 +59,6 @@ __all__ = ["LOCAL_STATE_FORMAT", "LocalScheduler", "parse_slots"]
 
 _log = logging.getLogger(__name__)
 
-_log = logging.getLogger(__name__)
-
 LOCAL_STATE_FORMAT = "dlrover.master.local"
 _START_TIME_TOLERANCE_S = 0.05  # start times are read from /proc in clock ticks (1/100 s)
 _ADOPTED_POLL_S = 0.05
@@ -421,7 +419,13 @@ class LocalScheduler:
                 )  # fmt: skip
         except OSError as exc:
             if group is not None and self._groups is not None:
-                self._groups.remove(group)
+                try:
+                    if not self._groups.remove(group):
+                        _log.warning("memory group %s of a node that did not start still holds processes", group.path)
+                except OSError as remove_exc:  # the failed start is the error to report, not the cleanup's
+                    _log.warning(
+                        "memory group %s of a node that did not start cannot be removed: %s", group.path, remove_exc
+                    )
             raise SchedulerError(f"cannot start node {spec.node_id} ({self._command[0]!r}): {exc}") from exc
         # Our unreaped child: its pid cannot be reused, so its start time is its own.
         started = _start_time(popen.pid)
