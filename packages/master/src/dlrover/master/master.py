@@ -715,10 +715,11 @@ class Master:
     def resize(self, target: int, reason: str, source: ResizeSource | str = ResizeSource.SCALE) -> ResizeResult:
         """Grow or shrink the running job to `target` nodes (see `JobLifecycle.resize`).
 
-        The one path every resize takes: a person's `dlrover-master scale`, the JobService RPC,
-        the autoscaler and the runtime heuristics call this; the backend's capacity changes
-        come through it from `tick`. The decision is journaled (a restarted master keeps the
-        target) and is an event with its inputs and reason.
+        The one path every resize takes: a person's `dlrover-master scale`, the JobService RPC and
+        the autoscaler call this; the backend's capacity changes come through it from `tick`.
+        (The runtime heuristics replace or grow one node through the failure path instead: a
+        straggler's relaunch, a host OOM's relaunch with more memory.) The decision is journaled
+        (a restarted master keeps the target) and is an event with its inputs and reason.
 
         Args:
             target: the node count wanted, within the worker group's range.
