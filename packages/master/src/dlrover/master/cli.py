@@ -24,8 +24,9 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from types import FrameType
+from typing import TypeVar
 
 from dlrover.common import (
     ChannelConfig,
@@ -49,6 +50,7 @@ from dlrover.master.config import (
 )
 from dlrover.master.eventlog import event_to_dict, read_event_log
 from dlrover.master.factory import create_master
+from dlrover.master.journal import JournaledEvent
 from dlrover.master.profiles import (
     PROFILE_STORE_ENV_VAR,
     JobPlanChoice,
@@ -64,6 +66,8 @@ from dlrover.master.status import format_status
 from dlrover.master.timeline import render_timeline
 
 __all__ = ["build_config", "main", "planned_config"]
+
+_T = TypeVar("_T")
 
 _log = logging.getLogger("dlrover.master")
 
@@ -498,29 +502,37 @@ def _plan(argv: Sequence[str]) -> int:
     return 0
 
 
-def _status(argv: Sequence[str]) -> int:
-    args = _status_parser().parse_args(argv)
+def _ask_master(command: str, args: argparse.Namespace, call: Callable[[MasterClient], _T]) -> _T | None:
+    """`call` on a client of the master the flags name; None (the reason printed) when it fails."""
     try:
         with _client(args) as client:
-            print(format_status(client.job_status()))
+            return call(client)
     except DLRoverError as exc:
-        print(f"dlrover-master status: {exc}", file=sys.stderr)
+        print(f"dlrover-master {command}: {exc}", file=sys.stderr)
+        return None
+
+
+def _status(argv: Sequence[str]) -> int:
+    summary = _ask_master("status", _status_parser().parse_args(argv), lambda client: client.job_status())
+    if summary is None:
         return 1
+    print(format_status(summary))
     return 0
 
 
 _EVENTS_PAGE = 1000  # the most JobService.ListEvents answers at once
 
 
-def _master_events(client: MasterClient) -> list[dict[str, object]]:
-    """Every event of a running job, paged through ListEvents."""
-    out: list[dict[str, object]] = []
-    after = 0
-    while True:
-        page = client.list_events(after_seq=after, limit=_EVENTS_PAGE)
-        if not page:
-            return out
-        out.extend(event_to_dict(e) for e in page)
+def _paged_events(client: MasterClient, after_seq: int = 0, limit: int = 0) -> Iterator[JournaledEvent]:
+    """The job's events after `after_seq`, at most `limit` (0: all), paged through ListEvents."""
+    after, given = after_seq, 0
+    while not limit or given < limit:
+        want = _EVENTS_PAGE if not limit else min(_EVENTS_PAGE, limit - given)
+        page = client.list_events(after, want)
+        yield from page
+        given += len(page)
+        if len(page) < want:
+            return
         after = page[-1].seq
 
 
@@ -532,7 +544,7 @@ def _timeline(argv: Sequence[str]) -> int:
             now = None
         else:
             with _client(args) as client:
-                events = _master_events(client)
+                events = [event_to_dict(e) for e in _paged_events(client)]
                 status = client.job_status()
             # A running job's timeline ends now (its elapsed time as the master counts it).
             start = next((float(str(e["wall_time"])) for e in events if e["kind"] == "job_start"), None)
@@ -552,31 +564,19 @@ def _events(argv: Sequence[str]) -> int:
     if args.after_seq < 0 or args.limit < 0:
         print("dlrover-master events: --after-seq and --limit must be non-negative", file=sys.stderr)
         return 2
-    after, printed = args.after_seq, 0
-    try:
-        with _client(args) as client:
-            while not args.limit or printed < args.limit:
-                want = _EVENTS_PAGE if not args.limit else min(_EVENTS_PAGE, args.limit - printed)
-                page = client.list_events(after, want)
-                for event in page:
-                    print(json.dumps(event_to_dict(event), sort_keys=True))
-                printed += len(page)
-                if len(page) < want:
-                    break
-                after = page[-1].seq
-    except DLRoverError as exc:
-        print(f"dlrover-master events: {exc}", file=sys.stderr)
-        return 1
-    return 0
+
+    def print_all(client: MasterClient) -> bool:
+        for event in _paged_events(client, args.after_seq, args.limit):
+            print(json.dumps(event_to_dict(event), sort_keys=True))
+        return True
+
+    return 0 if _ask_master("events", args, print_all) else 1
 
 
 def _stop(argv: Sequence[str]) -> int:
     args = _stop_parser().parse_args(argv)
-    try:
-        with _client(args) as client:
-            answer = client.stop_job(args.reason)
-    except DLRoverError as exc:
-        print(f"dlrover-master stop: {exc}", file=sys.stderr)
+    answer = _ask_master("stop", args, lambda client: client.stop_job(args.reason))
+    if answer is None:
         return 1
     # An ended job keeps the state it ended in: the line says which.
     print(f"job {answer.state.value}: {answer.exit_reason}")
@@ -585,11 +585,8 @@ def _stop(argv: Sequence[str]) -> int:
 
 def _scale(argv: Sequence[str]) -> int:
     args = _scale_parser().parse_args(argv)
-    try:
-        with _client(args) as client:
-            result = client.resize(args.nodes, args.reason or "dlrover-master scale")
-    except DLRoverError as exc:
-        print(f"dlrover-master scale: {exc}", file=sys.stderr)
+    result = _ask_master("scale", args, lambda client: client.resize(args.nodes, args.reason or "dlrover-master scale"))
+    if result is None:
         return 1
     print(result.message)
     return 0
@@ -597,12 +594,11 @@ def _scale(argv: Sequence[str]) -> int:
 
 def _capacity(argv: Sequence[str]) -> int:
     args = _capacity_parser().parse_args(argv)
-    try:
-        with _client(args) as client:
-            free = client.set_capacity(args.slots)
-    except DLRoverError as exc:
-        print(f"dlrover-master capacity: {exc}", file=sys.stderr)
+    # set_capacity answers None for an unbounded backend: box it so a failure stays tellable apart.
+    answer = _ask_master("capacity", args, lambda client: (client.set_capacity(args.slots),))
+    if answer is None:
         return 1
+    (free,) = answer
     slots = "unbounded" if args.slots is None else f"{args.slots} slot(s)"
     room = "no limit" if free is None else f"{free} free slot(s)"
     print(f"capacity set to {slots}; the backend now has {room}")
