@@ -3,6 +3,7 @@ one command line and one environment for every test that runs the launcher on on
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import signal
@@ -11,6 +12,7 @@ import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 
@@ -39,6 +41,30 @@ def spawn() -> Iterator[list[subprocess.Popen[str]]]:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+
+
+@pytest.fixture
+def procs() -> Iterator[list[subprocess.Popen[str]]]:
+    """Masters a test starts (each in its own session); at the end each is stopped as a person stops a
+    job (SIGTERM: it stops its agents), killed after 90 s, and anything it started that still runs is
+    killed."""
+    started: list[subprocess.Popen[str]] = []
+    yield started
+    descendants: list[psutil.Process] = []
+    for proc in started:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            descendants += psutil.Process(proc.pid).children(recursive=True)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+    for proc in started:
+        try:
+            proc.wait(timeout=90)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    for child in descendants:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            child.kill()
 
 
 @pytest.fixture

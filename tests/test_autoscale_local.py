@@ -9,23 +9,20 @@ at two; the events carry the measurements and the reasons.
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
-import signal
 import socket
 import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 
 from dlrover.common import generate_token, write_token_file
+from dlrover.master import read_event_log
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
@@ -58,31 +55,10 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.fixture
-def procs() -> Iterator[list[subprocess.Popen[str]]]:
-    """Masters started by the test; stopped with SIGTERM (they stop their agents), then killed."""
-    started: list[subprocess.Popen[str]] = []
-    yield started
-    descendants: list[psutil.Process] = []
-    for proc in started:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            descendants += psutil.Process(proc.pid).children(recursive=True)
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-    for proc in started:
-        try:
-            proc.wait(timeout=90)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    for child in descendants:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            child.kill()
-
-
 def _events(state: Path) -> list[dict[str, Any]]:
+    # read_event_log skips a line the running master is still writing.
     path = state / "events.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    return read_event_log(path) if path.exists() else []
 
 
 def _wait(what: str, condition: Callable[[], bool], dump: Callable[[], str], timeout_s: float = 400.0) -> None:

@@ -12,7 +12,6 @@ import os
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -41,22 +40,8 @@ HOG = textwrap.dedent(
 )
 
 
-@pytest.fixture
-def master_proc() -> Iterator[list[subprocess.Popen[str]]]:
-    started: list[subprocess.Popen[str]] = []
-    yield started
-    for proc in started:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-
-
 def test_a_node_killed_for_memory_is_relaunched_with_more_and_finishes(
-    tmp_path: Path, master_proc: list[subprocess.Popen[str]]
+    tmp_path: Path, procs: list[subprocess.Popen[str]]
 ) -> None:
     groups = detect_memory_groups()
     if isinstance(groups, UnavailableMemoryGroups):
@@ -79,8 +64,10 @@ def test_a_node_killed_for_memory_is_relaunched_with_more_and_finishes(
     log = tmp_path / "master.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("DLROVER_")}
     with open(log, "w") as handle:
-        proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=handle, stderr=subprocess.STDOUT, text=True)
-    master_proc.append(proc)
+        proc = subprocess.Popen(
+            cmd, cwd=tmp_path, env=env, stdout=handle, stderr=subprocess.STDOUT, text=True, start_new_session=True
+        )
+    procs.append(proc)
     proc.wait(timeout=300)
     text = log.read_text()
     assert proc.returncode == 0, text[-5000:]

@@ -7,23 +7,21 @@ stops it when it stays below its minimum past the window.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 
 from dlrover.common import generate_token, write_token_file
+from dlrover.master import read_event_log
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
@@ -160,29 +158,6 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.fixture
-def procs() -> Iterator[list[subprocess.Popen[str]]]:
-    """Masters started by a test; at the end each is stopped as a person stops a job (SIGTERM: it
-    stops its agents), and anything it started that still runs is killed."""
-    started: list[subprocess.Popen[str]] = []
-    yield started
-    descendants: list[psutil.Process] = []
-    for proc in started:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            descendants += psutil.Process(proc.pid).children(recursive=True)
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-    for proc in started:
-        try:
-            proc.wait(timeout=90)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    for child in descendants:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            child.kill()
-
-
 def _start(procs: list[subprocess.Popen[str]], cmd: list[str], log: Path) -> subprocess.Popen[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DLROVER_JOB_TOKEN", "SLURM_"))}
     with open(log, "w") as handle:
@@ -221,8 +196,9 @@ def _steps_at(out: Path, world: int, after: int = 0) -> int:
 
 
 def _events(state: Path) -> list[dict[str, Any]]:
+    # read_event_log skips a line the running master is still writing.
     path = state / "events.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    return read_event_log(path) if path.exists() else []
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
