@@ -305,6 +305,27 @@ def test_the_agents_save_request_reaches_every_worker_and_survives_a_reset(tmp_p
         slots.close()
 
 
+def test_a_served_save_request_is_read_by_the_agent_and_only_grows(tmp_path: Path) -> None:
+    slots = StepSlotFile(tmp_path / "steps.slots", 1)
+    worker = StepReporter(slots.path, 0)
+    try:
+        worker.step(3, samples=8)
+        assert slots.read(0).served_request == 0  # type: ignore[union-attr]
+        worker.serve_save_request(2)
+        worker.serve_save_request(1)  # an older answer does not undo a newer one
+        reading = slots.read(0)
+        assert reading is not None
+        assert (reading.served_request, reading.step, reading.samples) == (2, 3, 8)
+        worker.step(4)
+        assert slots.read(0).served_request == 2  # type: ignore[union-attr]  # other writes keep it
+        with pytest.raises(ConfigError, match="request"):
+            worker.serve_save_request(-1)
+        assert slots.read(0).served_request == 2  # type: ignore[union-attr]
+    finally:
+        worker.close()
+        slots.close()
+
+
 def test_the_current_phase_is_read_from_the_slot_whoever_wrote_it(tmp_path: Path) -> None:
     slots = StepSlotFile(tmp_path / "s", 1)
     script = StepReporter(slots.path, 0)

@@ -301,12 +301,18 @@ def test_save_requested_answers_the_agents_request_once_until_a_save_serves_it(
     ckpt = FlashCheckpointer(StagerConfig(job_id=job_id, run_id="r"), str(tmp_path / "store"), saver="none")
     try:
         assert not ckpt.save_requested()
+        assert not ckpt.round_pending()
+        ckpt.save(1, _state(1))
+        assert not ckpt.round_pending()  # the old request was not this worker's to answer
+        assert slots.read(0).served_request == 0  # type: ignore[union-attr]
         slots.request_save()
         assert ckpt.save_requested()
         assert ckpt.save_requested()  # asking changes nothing; a save does
         ckpt.save(2, _state(2))
         assert not ckpt.save_requested()
-        slots.request_save()
+        assert ckpt.round_pending()
+        assert slots.read(0).served_request == 2  # type: ignore[union-attr]  # what the agent waits for
+        assert slots.request_save() == 3
         assert ckpt.save_requested()
     finally:
         ckpt.close(job_end=True)

@@ -15,7 +15,8 @@ File layout (little endian):
   CLOCK_MONOTONIC, shared by every process of the node), f64 phase start, u32 phase code, u32 pid,
   f64 ready (when the worker was ready to train: its first write, or the end of a checkpoint
   phase before its first step), f64 load seconds (in the checkpoint phase before the first step),
-  f64 save seconds (in the checkpoint phase after it), zero padding.
+  f64 save seconds (in the checkpoint phase after it), u64 served save request (the newest agent
+  request a sealed flash checkpoint of this worker answered), zero padding.
 
 The goodput accounting reads the last three: a checkpoint phase before the first step is the
 checkpoint load, one after it is training blocked by a save.
@@ -75,7 +76,7 @@ _MAGIC = b"DLRSLOT2"
 _HEADER = struct.Struct("<8sII")
 _SAVE_REQUEST = struct.Struct("<Q")
 _SAVE_REQUEST_OFFSET = _HEADER.size
-_SLOT = struct.Struct("<QqqddIIddd")
+_SLOT = struct.Struct("<QqqddIIdddQ")
 _SLOT_SIZE = 128
 _CHECKPOINT_CODE = PHASES.index("checkpoint")
 _HEADER_SIZE = 64
@@ -99,6 +100,8 @@ class SlotReading:
             end of its last checkpoint phase before its first step (a checkpoint load).
         load_s: seconds it spent in the checkpoint phase before its first step.
         save_s: seconds it spent in the checkpoint phase after that (blocked by saves).
+        served_request: the newest save request (`StepSlotFile.request_save`) a flash checkpoint
+            of this worker answered; 0 before any.
     """
 
     seq: int
@@ -111,6 +114,7 @@ class SlotReading:
     ready_s: float = 0.0
     load_s: float = 0.0
     save_s: float = 0.0
+    served_request: int = 0
 
 
 def _offset(index: int) -> int:
@@ -120,7 +124,7 @@ def _offset(index: int) -> int:
 def _read_slot(buf: mmap.mmap, index: int) -> SlotReading | None:
     off = _offset(index)
     for _ in range(_READ_TRIES):
-        seq, step, samples, end_s, since_s, code, pid, ready_s, load_s, save_s = _SLOT.unpack_from(buf, off)
+        seq, step, samples, end_s, since_s, code, pid, ready_s, load_s, save_s, served = _SLOT.unpack_from(buf, off)
         if seq == 0:
             return None
         if seq % 2 == 1:
@@ -128,7 +132,7 @@ def _read_slot(buf: mmap.mmap, index: int) -> SlotReading | None:
         if struct.unpack_from("<Q", buf, off)[0] != seq:
             continue
         phase = PHASES[code] if code < len(PHASES) else PHASES[0]
-        return SlotReading(seq, step, samples, end_s, phase, since_s, pid, ready_s, load_s, save_s)
+        return SlotReading(seq, step, samples, end_s, phase, since_s, pid, ready_s, load_s, save_s, served)
     return None
 
 
@@ -272,11 +276,19 @@ class StepReporter:
         return self._buf
 
     def _write(
-        self, *, step: int | None = None, add_samples: int = 0, phase: str | None = None, now: float | None = None
+        self,
+        *,
+        step: int | None = None,
+        add_samples: int = 0,
+        phase: str | None = None,
+        served_request: int = 0,
+        now: float | None = None,
     ) -> None:
         buf = self._mapped()
         off = self._off
-        seq, cur_step, samples, end_s, since_s, code, _pid, ready_s, load_s, save_s = _SLOT.unpack_from(buf, off)
+        seq, cur_step, samples, end_s, since_s, code, _pid, ready_s, load_s, save_s, served = _SLOT.unpack_from(
+            buf, off
+        )
         t = self._clock() if now is None else now
         if seq == 0:
             since_s = ready_s = t  # the first write starts the phase clock
@@ -308,6 +320,7 @@ class StepReporter:
             ready_s,
             load_s,
             save_s,
+            max(served, served_request),
         )
         struct.pack_into("<Q", buf, off, (seq | 1) + 1)
 
@@ -333,6 +346,18 @@ class StepReporter:
     def save_request(self) -> int:
         """The agent's save request number (see `StepSlotFile.request_save`); 0 before any."""
         return int(_SAVE_REQUEST.unpack_from(self._mapped(), _SAVE_REQUEST_OFFSET)[0])
+
+    def serve_save_request(self, request: int) -> None:
+        """Record that a sealed flash checkpoint answered the agent's save request `request`
+        (the number `save_request` read before the save began): the agent's wait before a planned
+        round ends once every worker has answered its request. The recorded number only grows.
+
+        Raises:
+            ConfigError: on a negative number.
+        """
+        if not isinstance(request, int) or request < 0:
+            raise ConfigError(f"request must be an integer >= 0, got {request!r}")
+        self._write(served_request=request)
 
     def add_samples(self, samples: int) -> None:
         """Count `samples` more consumed samples without marking a step.

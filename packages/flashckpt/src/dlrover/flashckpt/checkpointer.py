@@ -243,6 +243,7 @@ class FlashCheckpointer:
         self._steps = optional_reporter()
         # Save requests made before this process started are not for it.
         self._served_request = self._steps.save_request() if self._steps is not None else 0
+        self._initial_request = self._served_request
         self._link = SaverLink(
             config,
             location,
@@ -291,8 +292,10 @@ class FlashCheckpointer:
                 result = self.stager.save(step, state)
                 if step >= 0:
                     self._steps.step(step)
-        if result.saved:
-            self._served_request = max(self._served_request, request)
+        if result.saved and request > self._served_request:
+            self._served_request = request
+            assert self._steps is not None  # a request is only read from the agent's step slots
+            self._steps.serve_save_request(request)  # ends the agent's wait once every worker has
         if persist and result.saved:
             if self.client is not None:
                 self._link.request_persist(step)
@@ -320,6 +323,17 @@ class FlashCheckpointer:
                 ckpt.save(step, state)
         """
         return self._steps is not None and self._steps.save_request() > self._served_request
+
+    def round_pending(self) -> bool:
+        """Whether a save of this process answered the agent's request (see `save_requested`): the
+        agent restarts the node's workers for the planned round as soon as every one of them has
+        answered, so a step trained from now on is trained again after the round. A script that
+        would rather not waste that step sleeps until the agent stops it (bounded by
+        ``--round-save-timeout`` plus the agent's monitor interval).
+
+        False when not run by ``dlrover-run`` and until a save answers a request.
+        """
+        return self._served_request > self._initial_request
 
     def wait_persisted(self, step: int, timeout_s: float = 300.0) -> PersistOutcome:
         """Wait for the saver's answer about persisting `step`.

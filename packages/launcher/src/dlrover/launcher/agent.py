@@ -881,18 +881,22 @@ class Agent:
         number = slots.request_save()
         _log.info("planned round: asked the workers for a flash checkpoint (request %d)", number)
         next_heartbeat = asked_at + self._heartbeat_interval_s
+        local_slots = range(self._config.nproc_per_node)
         while True:
-            sealed = host.ranks_sealed_since(asked_at)
+            # A worker answers with a save that began after the request (the checkpointer's own
+            # rule): one under way when it came holds an older step.
+            readings = slots.read_all()
+            answered = {i for i in local_slots if i in readings and readings[i].served_request >= number}
             waited = self._clock.now() - asked_at
-            if ranks <= sealed:
+            if len(answered) == len(local_slots):
                 newest = host.newest_step_sealed_by(ranks)
                 _log.info("planned round: every worker sealed step %s %.2f s after the request", newest, waited)
                 return step
             if waited >= timeout or group.poll() or self._stop_requested.is_set():
-                missing = ", ".join(map(str, sorted(ranks - sealed)))
+                missing = ", ".join(str(i) for i in local_slots if i not in answered)
                 _log.warning(
-                    "planned round: rank(s) %s sealed no flash checkpoint within %.1f s (--round-save-timeout %g); "
-                    "the new round resumes from their newest one",
+                    "planned round: local rank(s) %s sealed no flash checkpoint within %.1f s "
+                    "(--round-save-timeout %g); the new round resumes from their newest one",
                     missing,
                     waited,
                     timeout,
