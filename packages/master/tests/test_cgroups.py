@@ -329,3 +329,33 @@ def _zombie(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
     except FileNotFoundError:
         return True
+
+
+@pytest.mark.parametrize("joinable", [True, False])
+def test_the_probe_starts_a_process_in_its_group_and_names_a_group_nobody_can_join(
+    tmp_path: Path, joinable: bool
+) -> None:
+    from dlrover.master.scheduler.cgroups import _probe
+
+    class CountingGroups(CgroupMemoryGroups):
+        """A fake tree whose groups count OOM kills, so the probe goes on to join one."""
+
+        def create(self, name: str, limit_mb: int) -> MemoryGroup:
+            group = super().create(name, limit_mb)
+            if not joinable:  # a cgroup.procs nobody can write (the kernel's EBUSY or EACCES)
+                (Path(group.path) / "cgroup.procs").mkdir()
+            return group
+
+        def oom_kills(self, group: MemoryGroup) -> int | None:
+            return 0
+
+    def rmdir(path: Path) -> None:
+        shutil.rmtree(path)
+
+    problem = _probe(CountingGroups(1, tmp_path, rmdir=rmdir), "probe")
+    if joinable:
+        assert problem == ""
+        assert (tmp_path / "probe").exists() is False
+    else:
+        assert problem.startswith(f"a process cannot join a child group of {tmp_path}: dlrover: cannot join"), problem
+    assert list(tmp_path.iterdir()) == []

@@ -248,3 +248,30 @@ def test_the_timeline_picture_shows_steps_failures_restarts_resizes_and_checkpoi
     assert f"{b.ratio:.1%}" in title.text
     buckets = {el.get("data-bucket") for el in root.iter() if el.get("class") == "bucket"}
     assert {"useful", "failure_detection", "resize", "shutdown"} <= buckets
+
+
+def test_steps_journaled_over_one_interval_stay_within_the_marks_a_replay_reads() -> None:
+    from dlrover.master.goodput import MAX_MARKS_PER_REPORT, AttemptReport, StepMark
+    from dlrover.master.master import _merge_reports
+
+    def report(node: int, first: int, count: int, **times: float) -> AttemptReport:
+        marks = tuple(StepMark(s, float(s)) for s in range(first, first + count))
+        return AttemptReport(node_id=node, attempt=0, rank=node, marks=marks, **times)  # type: ignore[arg-type]
+
+    # A fast job: three heartbeats of node 0 inside one progress interval hold more marks than
+    # one report may carry; node 1's single report rides along.
+    reports = [
+        report(0, 0, 3000, rendezvous_start=1.0),
+        report(1, 0, 10),
+        report(0, 3000, 3000),
+        report(0, 6000, 100),
+    ]
+    merged = _merge_reports(reports)
+    for r in merged:
+        assert len(r.marks) <= MAX_MARKS_PER_REPORT
+        assert AttemptReport.from_dict(r.to_dict()) == r  # what a restarted master reads back
+    node0 = [m.step for r in merged if r.node_id == 0 for m in r.marks]
+    assert node0 == list(range(6100))  # every mark once, in order
+    assert [len(r.marks) for r in merged if r.node_id == 0] == [3000, 3100]
+    assert next(r.rendezvous_start for r in merged if r.node_id == 0) == 1.0
+    assert [len(r.marks) for r in merged if r.node_id == 1] == [10]

@@ -17,9 +17,10 @@ from dlrover.master.cli import _run_parser, build_config
 from dlrover.master.config import LifecycleConfig, MasterConfig, NodeGroup, NodeRange
 from dlrover.master.diagnosis_policy import DiagnosisFailurePolicy
 from dlrover.master.factory import create_master
-from dlrover.master.journal import JournalBatch, JournalError, MemoryJournal, SqliteJournal, job_fields
+from dlrover.master.journal import Blob, JournalBatch, JournalError, MemoryJournal, SqliteJournal, job_fields
 from dlrover.master.lifecycle import JobLifecycle
 from dlrover.master.master import Master
+from dlrover.master.oom_evidence import OOM_EVIDENCE_BLOB, OomEvidenceLedger
 from dlrover.master.records import LaunchNode, NodeRecord, node_from_dict, node_to_dict
 from dlrover.master.resource_flags import resources_from_flags
 from dlrover.master.scheduler.base import MemoryRecord, ObservedState, check_node_fits
@@ -350,3 +351,45 @@ def test_malformed_resource_flags_are_refused_naming_the_value(argv: tuple[str, 
 def test_resources_from_flags_is_none_when_nothing_is_asked() -> None:
     assert resources_from_flags(None, None, None, None) is None
     assert resources_from_flags(None, "1Gi", None, None) == Resources(cpu=0, memory_mb=1024)
+
+
+def test_the_oom_kills_a_failure_used_are_journaled_with_it_so_a_restarted_master_does_not_reuse_them() -> None:
+    sched = RecordingScheduler()
+    journal = MemoryJournal()
+    cfg = MasterConfig(job_name="t", lifecycle=LifecycleConfig(nodes=NodeRange(1, 1), node_resources=SMALL))
+    master = Master(cfg, sched, journal, ManualClock(), policy=DiagnosisFailurePolicy())
+    master.start()
+    master.register(0, "a", "h")
+    sched.kills[0] = 2
+    assert master.report_failure(0, FailureKind.UNKNOWN, "worker 0 exited with -9", exit_code=-9).kind is (
+        FailureKind.HOST_OOM
+    )
+    ledger = OomEvidenceLedger.from_blob(journal.load().blobs.get(OOM_EVIDENCE_BLOB))
+    assert (ledger.seen(0), ledger.unused(0, 2), ledger.unused(0, 3)) == (2, False, True)
+    # A restarted master resumes from the journaled ledger and writes newer versions over it.
+    restarted = Master(cfg, sched, journal, ManualClock(), policy=DiagnosisFailurePolicy())
+    restarted.start()
+    restarted.register(1, "b", "h")
+    sched.kills[1] = 1
+    assert restarted.report_failure(1, FailureKind.UNKNOWN, "worker 0 exited with -9", exit_code=-9).kind is (
+        FailureKind.HOST_OOM
+    )
+    after = OomEvidenceLedger.from_blob(journal.load().blobs.get(OOM_EVIDENCE_BLOB))
+    assert (after.seen(0), after.seen(1), after.version) == (2, 1, 2)
+
+
+def test_the_oom_evidence_ledger_refuses_a_blob_it_cannot_read_naming_what_is_wrong() -> None:
+    good = OomEvidenceLedger().using(3, 1)
+    assert OomEvidenceLedger.from_blob(good.to_blob()) == good
+    assert good.using(3, 1) is good  # nothing new: no new version to journal
+    assert OomEvidenceLedger.from_blob(None) == OomEvidenceLedger()
+    for data, match in [
+        ("{", "not valid JSON"),
+        ('{"format": "other"}', "not a 'dlrover.oom-evidence' document"),
+        ('{"format": "dlrover.oom-evidence", "version": 2, "used": {}}', "version 2"),
+        ('{"format": "dlrover.oom-evidence", "version": 1, "used": []}', "`used` must map"),
+        ('{"format": "dlrover.oom-evidence", "version": 1, "used": {"x": 1}}', "bad entry 'x'"),
+        ('{"format": "dlrover.oom-evidence", "version": 1, "used": {"1": true}}', "bad entry '1'"),
+    ]:
+        with pytest.raises(JournalError, match=match):
+            OomEvidenceLedger.from_blob(Blob(1, data))

@@ -45,6 +45,7 @@ __all__ = [
     "BUCKETS",
     "FAILURE_EVENT",
     "MAX_ATTEMPTS_PER_HEARTBEAT",
+    "MAX_MARKS_PER_REPORT",
     "RESIZE_EVENT",
     "STEPS_EVENT",
     "AttemptReport",
@@ -80,7 +81,8 @@ RESIZE_EVENT = "resize"
 MAX_ATTEMPTS_PER_HEARTBEAT = 16
 """The most attempt reports one heartbeat may carry; the master refuses a heartbeat with more."""
 
-_MAX_MARKS = 4096
+MAX_MARKS_PER_REPORT = 4096
+"""The most step marks one attempt report may carry (on a heartbeat and in a `steps` event)."""
 
 
 class GoodputInputError(DLRoverError):
@@ -188,8 +190,8 @@ class AttemptReport:
         """
         try:
             marks = raw.get("marks") or []
-            if len(marks) > _MAX_MARKS:
-                raise GoodputInputError(f"at most {_MAX_MARKS} marks per report, got {len(marks)}")
+            if len(marks) > MAX_MARKS_PER_REPORT:
+                raise GoodputInputError(f"at most {MAX_MARKS_PER_REPORT} marks per report, got {len(marks)}")
             return cls(
                 node_id=int(raw["node_id"]),
                 attempt=int(raw["attempt"]),

@@ -35,7 +35,14 @@ from dlrover.master.autoscaler import AutoscaleDecision, AutoscaleMode, Autoscal
 from dlrover.master.checkpoints import CheckpointTracker
 from dlrover.master.config import LifecycleConfig, MasterConfig
 from dlrover.master.eventlog import EventLog, event_to_dict
-from dlrover.master.goodput import STEPS_EVENT, AttemptReport, GoodputAccountant, GoodputBreakdown, SampleRate
+from dlrover.master.goodput import (
+    MAX_MARKS_PER_REPORT,
+    STEPS_EVENT,
+    AttemptReport,
+    GoodputAccountant,
+    GoodputBreakdown,
+    SampleRate,
+)
 from dlrover.master.journal import (
     Blob,
     CheckpointCommit,
@@ -47,6 +54,7 @@ from dlrover.master.journal import (
 )
 from dlrover.master.lifecycle import JobLifecycle, LifecycleError
 from dlrover.master.metrics import MasterMetrics
+from dlrover.master.oom_evidence import OOM_EVIDENCE_BLOB, OomEvidenceLedger
 from dlrover.master.policy import ClassifyingPolicy, DefaultFailurePolicy, FailurePolicy
 from dlrover.master.profiles import ProfileRecorder, ThroughputBySize, build_run_profile
 from dlrover.master.records import Action, Event, LaunchNode, NodeRecord, Outcome, StopNode
@@ -296,7 +304,7 @@ class Master:
         self._policy = policy or DefaultFailurePolicy()
         auto = config.autoscale
         self._autoscaler = Autoscaler(auto, now) if auto.mode is not AutoscaleMode.OFF else None
-        self._oom_kills_seen: dict[int, int] = {}  # per node: the OOM kills already turned into evidence
+        self._oom_evidence = OomEvidenceLedger.from_blob(restored.blobs.get(OOM_EVIDENCE_BLOB))
         self._memory_announced = False
         self._lifecycle = JobLifecycle(
             _capped_by_backend(config.lifecycle, scheduler),
@@ -306,7 +314,7 @@ class Master:
             scheduler_relaunches=scheduler.relaunches_nodes,
         )
         self._checkpoints = checkpoints or CheckpointTracker(restored.checkpoints)
-        self._blob_versions: dict[str, int] = {}
+        self._blob_versions: dict[str, int] = {OOM_EVIDENCE_BLOB: self._oom_evidence.version}
         self._deferred: list[LaunchNode | StopNode] = []
         for collaborator in self._collaborators:
             blob = restored.blobs.get(collaborator.state_name)
@@ -425,8 +433,9 @@ class Master:
         journaled = self._journal_outcome(outcome, checkpoint=checkpoint, blobs=blobs)
         self._publish(outcome, journaled)
 
-    def _transact(self, change: Callable[[], tuple[_T, Outcome]]) -> _T:
-        """Run one core change and journal it; if either fails, the core goes back to where it was.
+    def _transact(self, change: Callable[[], tuple[_T, Outcome]], *, blobs: Mapping[str, Blob] | None = None) -> _T:
+        """Run one core change and journal it (with `blobs` in the same transaction); if either
+        fails, the core goes back to where it was.
 
         Called under the lock. Effects and events are published only once the change is journaled.
 
@@ -437,7 +446,7 @@ class Master:
         savepoint = self._lifecycle.savepoint()
         try:
             result, outcome = change()
-            journaled = self._journal_outcome(outcome)
+            journaled = self._journal_outcome(outcome, blobs=blobs)
         except BaseException:
             self._lifecycle.rollback(savepoint)
             raise
@@ -680,7 +689,7 @@ class Master:
         if record is None or not record.oom_kills:
             return "", 0
         with self._lock:
-            before = self._oom_kills_seen.get(node_id, 0)
+            before = self._oom_evidence.seen(node_id)
         if record.oom_kills <= before:
             return "", 0
         line = (
@@ -689,11 +698,18 @@ class Master:
         )
         return line, record.oom_kills
 
-    def _used_memory_evidence(self, node_id: int, kills: int) -> None:
-        """The failure holding the node's OOM count up to `kills` is journaled: later failures need newer kills."""
-        if kills:
-            with self._lock:
-                self._oom_kills_seen[node_id] = max(kills, self._oom_kills_seen.get(node_id, 0))
+    def _memory_evidence_used(self, node_id: int, kills: int) -> tuple[OomEvidenceLedger, dict[str, Blob]]:
+        """The ledger once the failure holding the node's OOM count up to `kills` is journaled, and
+        the blob to journal with that failure (none when nothing new is used): later failures need
+        newer kills, also after a master restart. Called under the lock."""
+        ledger = self._oom_evidence.using(node_id, kills)
+        return ledger, {} if ledger is self._oom_evidence else {OOM_EVIDENCE_BLOB: ledger.to_blob()}
+
+    def _adopt_memory_evidence(self, ledger: OomEvidenceLedger, blobs: Mapping[str, Blob]) -> None:
+        """The failure and its ledger are journaled: the ledger is the master's. Called under the lock."""
+        self._oom_evidence = ledger
+        for name, blob in blobs.items():
+            self._blob_versions[name] = blob.version
 
     def _deferred_start(self, now: float) -> tuple[Outcome, Outcome]:
         initial = None
@@ -1075,6 +1091,7 @@ class Master:
             policy.classify(node_id, kind, evidence, exit_code) if isinstance(policy, ClassifyingPolicy) else None
         )
         with self._lock:
+            ledger, blobs = self._memory_evidence_used(node_id, kills)
             decision = self._transact(
                 lambda: self._lifecycle.report_failure(
                     node_id,
@@ -1085,9 +1102,10 @@ class Master:
                     answered=True,
                     classification=classification,
                     agent_exits=agent_exits,
-                )
+                ),
+                blobs=blobs,
             )
-            self._used_memory_evidence(node_id, kills)
+            self._adopt_memory_evidence(ledger, blobs)
             # Its processes restart or the node goes: its ranks' steps start afresh.
             self._stragglers.forget_node(node_id)
             return decision
@@ -1214,8 +1232,11 @@ class Master:
             # The kernel's record says why the node went: it is decided as host OOM, not as a lost node.
             kind = OOM_RECORD_KIND if record else LOST_NODE_KIND
             evidence = f"{evidence}\n{record}" if record else evidence
-            self._transact(lambda: self._lifecycle.node_lost(node_id, evidence, now, exit_code=exit_code, kind=kind))
-            self._used_memory_evidence(node_id, kills)
+            ledger, blobs = self._memory_evidence_used(node_id, kills)
+            self._transact(
+                lambda: self._lifecycle.node_lost(node_id, evidence, now, exit_code=exit_code, kind=kind), blobs=blobs
+            )
+            self._adopt_memory_evidence(ledger, blobs)
 
     def journal_collaborator(self, collaborator: StatefulCollaborator) -> bool:
         """Export one collaborator now and journal it if its version grew; True when it was written.
@@ -1361,11 +1382,16 @@ def _job_finished(reason: str, member: NodeMembership) -> None:
 
 
 def _merge_reports(reports: Sequence[AttemptReport]) -> list[AttemptReport]:
-    """One report per (node, attempt), marks in arrival order, the newest times kept."""
+    """One report per (node, attempt), marks in arrival order, the newest times kept; an attempt
+    whose marks exceed `MAX_MARKS_PER_REPORT` continues in further reports (a replay reads each)."""
     merged: dict[tuple[int, int], AttemptReport] = {}
+    full: list[AttemptReport] = []
     for r in reports:
         key = (r.node_id, r.attempt)
         known = merged.get(key)
+        if known is not None and len(known.marks) + len(r.marks) > MAX_MARKS_PER_REPORT:
+            full.append(known)
+            known = None
         if known is None:
             merged[key] = r
             continue
@@ -1378,4 +1404,4 @@ def _merge_reports(reports: Sequence[AttemptReport]) -> list[AttemptReport]:
             load_s=max(known.load_s, r.load_s),
             marks=known.marks + r.marks,
         )
-    return list(merged.values())
+    return full + list(merged.values())

@@ -14,7 +14,8 @@ v1         ``memory.limit_in_bytes``  ``oom_kill N`` in ``memory.oom_control``
 =========  ======================  =========================================
 
 `detect_memory_groups` finds the master's own memory cgroup from ``/proc/self/cgroup`` and
-``/proc/self/mountinfo`` and proves it can create, limit and remove a child there (a probe group); where
+``/proc/self/mountinfo`` and proves it can create, limit and remove a child there and start a process in
+it (a probe group); where
 it cannot (no memory controller, no permission, cgroup v2 without the controller delegated to children),
 it returns `UnavailableMemoryGroups` saying why, and nothing is enforced. A process joins its node's group
 through a shell that writes its own pid to the group's ``cgroup.procs`` and then execs the agent
@@ -31,6 +32,7 @@ import contextlib
 import errno
 import os
 import re
+import subprocess
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -428,8 +430,27 @@ def _probe(groups: CgroupMemoryGroups, name: str) -> str:
                 f"child groups under {groups.parent} record no oom_kill count: an OOM kill could not be told "
                 "from another SIGKILL"
             )
+        joined = _try_join(groups, group)
+        if joined:
+            return joined
     finally:
         groups.remove(group)
+    return ""
+
+
+def _try_join(groups: CgroupMemoryGroups, group: MemoryGroup) -> str:
+    """Start a process that joins `group` as a node's agent would (`join_command`); what failed, or empty.
+
+    Creating a group is not enough: cgroup v2 refuses a process into a group whose parent holds
+    processes (EBUSY), and a delegated subtree may refuse a write to ``cgroup.procs`` (EACCES)."""
+    argv = groups.join_argv(group, ["/bin/true"])
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"no process could be started in a child group of {groups.parent} ({exc})"
+    if done.returncode != 0:
+        why = done.stderr.strip().splitlines()[-1:] or [f"exit status {done.returncode}"]
+        return f"a process cannot join a child group of {groups.parent}: {why[0]}"
     return ""
 
 
