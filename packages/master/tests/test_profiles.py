@@ -275,3 +275,42 @@ def test_a_profile_that_asks_more_than_this_backend_has_falls_back_to_the_defaul
     assert plan["data"]["source"] == "defaults"
     assert plan["message"].startswith("initial plan: the plan from profile 1 cannot run here: node_resources")
     assert plan["message"].endswith("starting from the defaults instead, 1 node(s) of nothing asked")
+
+
+def test_a_restarted_master_resumes_with_the_plan_its_job_started_with_not_a_new_one(tmp_path: Path) -> None:
+    from dlrover.master.cli import _run_parser, planned_config
+    from dlrover.master.journal import SqliteJournal
+
+    store, state = tmp_path / "p.sqlite", tmp_path / "state"
+    stored(store)
+    argv = ["--job-name", "nightly", "--agent-command", "dlrover-run /w/train.py", "--profile-store", str(store),
+            "--state-dir", str(state)]  # fmt: skip
+    first, choice = planned_config(_run_parser().parse_args(argv), 1.0)
+    assert (choice.source, first.lifecycle.nodes, first.lifecycle.node_resources) == (
+        "profile", NodeRange(1, 3, 1), Resources(cpu=1, memory_mb=900)
+    )  # fmt: skip
+    journal = SqliteJournal(state)
+    master = Master(first, FakeScheduler(), journal, ManualClock())
+    master.start()
+    journal.close()  # the master dies
+    # Meanwhile a later job of the same kind recorded another size: a new plan would differ...
+    stored(store, max_nodes=5, final_nodes=5, node_resources=Resources(cpu=2, memory_mb=1800), finished_at=20.0)
+    _, fresh = planned_config(_run_parser().parse_args(argv), 2.0, look_only=True)
+    assert fresh.resources == Resources(cpu=2, memory_mb=1800)
+    # ... but the restarted master resumes with the plan its journal holds, so the job is the same.
+    resumed, again = planned_config(_run_parser().parse_args(argv), 2.0)
+    assert (resumed.lifecycle.nodes, resumed.lifecycle.node_resources) == (
+        NodeRange(1, 3, 1),
+        first.lifecycle.node_resources,
+    )
+    assert (again.source, again.profile_id, again.nodes) == ("profile", choice.profile_id, 3)
+    assert again.reason.startswith("resumed with the plan the job started with (profile): 1:3 node(s)")
+    journal = SqliteJournal(state)
+    try:
+        restarted = Master(resumed, FakeScheduler(), journal, ManualClock())  # the same job: no ConfigError
+        assert restarted.restored
+    finally:
+        journal.close()
+    # Flags still win over the journal (the master itself then says whether the job is the same).
+    flagged, by_flags = planned_config(_run_parser().parse_args([*argv, "--nnodes", "2"]), 2.0)
+    assert (by_flags.source, flagged.lifecycle.nodes.max_nodes) == ("flags", 2)

@@ -51,6 +51,7 @@ from dlrover.master.config import (
 from dlrover.master.eventlog import event_to_dict, read_event_log
 from dlrover.master.factory import create_master
 from dlrover.master.journal import JournaledEvent
+from dlrover.master.plan_resume import journaled_plan
 from dlrover.master.profiles import (
     PROFILE_STORE_ENV_VAR,
     JobPlanChoice,
@@ -463,11 +464,18 @@ def planned_config(
 ) -> tuple[MasterConfig, JobPlanChoice]:
     """`build_config`, then sized from the profile store when neither --nnodes nor a --node-* flag was given
     (`dlrover.master.profiles.plan_job`; explicit flags always win). `look_only` leaves the store as it is.
+    A master restarted on the state directory of a planned job resumes with that job's plan
+    (`dlrover.master.plan_resume.journaled_plan`); `look_only` always plans afresh.
 
     Raises:
         ConfigError: a flag's value is invalid (the message names it).
     """
     config = build_config(args)
+    if not look_only and args.nnodes is None and not _resources_given(args):
+        # A restarted master resumes with the size its job was planned with, not a new plan.
+        resumed = journaled_plan(config)
+        if resumed is not None:
+            return resumed
     return plan_job(
         config,
         nodes_given=args.nnodes is not None,
