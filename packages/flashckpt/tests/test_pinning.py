@@ -274,3 +274,44 @@ def test_an_uncleared_unpin_error_during_a_resize_is_raised_with_the_segment_map
     finally:
         seg.close()
         path.unlink(missing_ok=True)
+
+
+def test_slots_allocated_in_the_background_are_pinned_there_not_on_the_next_save(config: StagerConfig) -> None:
+    pinner = FakeHostPinner()
+    stager = Stager(attrs_evolve(config, pin_host_memory=True, prefault_in_background=True), pinner=pinner)
+    try:
+        stager.save(1, _state(1))  # no prepare: the first save allocates and pins its own slot
+        stager.flush()  # ... and the prefault thread the others
+        assert len(pinner.pinned) == config.num_slots
+        pins = len(pinner.calls)
+        for step in range(2, 2 + config.num_slots):
+            stager.save(step, _state(step))
+        stager.flush()
+        assert len(pinner.calls) == pins  # no save paid for page-locking
+        assert all(seg.pinned for seg in _segments(stager))
+    finally:
+        stager.close()
+    assert pinner.pinned == {}
+
+
+def test_a_pin_refused_in_the_background_is_reported_and_pinning_stops(config: StagerConfig) -> None:
+    class RefusesSecond(FakeHostPinner):
+        def pin(self, address: int, nbytes: int) -> None:
+            if self.pinned:
+                raise PinError("out of lockable memory (test)")
+            super().pin(address, nbytes)
+
+    pinner = RefusesSecond()
+    stager = Stager(attrs_evolve(config, pin_host_memory=True, prefault_in_background=True), pinner=pinner)
+    try:
+        stager.save(1, _state(1))
+        stager.flush()
+        (event,) = [e for e in stager.events.snapshot() if e.kind == "pin_failed"]
+        assert event.reason.startswith("slot 1: out of lockable memory (test)")
+        for step in range(2, 5):
+            assert stager.save(step, _state(step)).saved  # through pageable memory
+        stager.flush()
+        assert MemoryReader(config).load().step == 4
+        assert len(pinner.pinned) == 1
+    finally:
+        stager.close()
