@@ -32,8 +32,9 @@ class MasterAction(NamedTuple):
     Attributes:
         kind: what to do.
         reason: why, in the master's words.
-        planned_round: a restart for a planned round (a resize let nodes go), not for a failure:
-            the agent has its workers seal a flash checkpoint before it restarts them.
+        planned_round: a restart for a planned round (a resize let nodes go), not for a failure,
+            or the removal of a node a shrink let go: the agent has its workers seal a flash
+            checkpoint before it restarts or stops them.
     """
 
     kind: ActionKind
