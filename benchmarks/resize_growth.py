@@ -22,8 +22,10 @@ both see the same machine load:
 
 Workers append ``event world step CLOCK_MONOTONIC`` lines to one file per rank; the monotonic
 clock is system-wide, so the driver's times and the workers' compare directly. The breakdown
-says when (after the raise or the stop) the old job's last step ended, the new workers started
-running the script, every rank had joined the process group and loaded the state.
+says when (after the raise or the stop) the new nodes' agents registered (dlrover, from the
+master's event log) or the old job had exited (torchrun), the old job's last step ended, the new
+workers started running the script (under dlrover-run after their standby interpreter imported
+torch; under torchrun before), every rank had joined the process group and loaded the state.
 
     python benchmarks/resize_growth.py                 # 32 MB/rank, 1 -> 2 nodes, 3 runs each
     python benchmarks/resize_growth.py --quick         # 1 run each
@@ -364,6 +366,20 @@ def _after(
         trial.resumed_from = f"{resumed[0]}/{max(trained)}"
 
 
+def _new_nodes_registered(event_log: Path) -> float | None:
+    """When (wall clock) the last node launched by the growth registered, from the master's event log."""
+    from dlrover.master import read_event_log
+
+    if not event_log.exists():
+        return None
+    running = [
+        e["wall_time"]
+        for e in read_event_log(event_log)
+        if e["kind"] == "node_state" and e["data"].get("to") == "running" and e["node_id"] != 0
+    ]
+    return max(running) if running else None
+
+
 def dlrover_trial(args: argparse.Namespace) -> Trial:
     trial, run = Trial("dlrover"), Run("dlrover", args)
     old, new = NPROC, NPROC * args.nodes
@@ -395,9 +411,12 @@ def dlrover_trial(args: argparse.Namespace) -> Trial:
         from dlrover.master.client import MasterClient
 
         with MasterClient(f"127.0.0.1:{port}", token.read_text().strip(), policy=RetryPolicy(max_attempts=1)) as c:
-            t0 = time.monotonic()
+            t0, t0_wall = time.monotonic(), time.time()
             c.set_capacity(args.nodes)
         _after(run, trial, t0, old=old, new=new, timeout_s=args.grow_timeout_s, alive=lambda: [master])
+        registered = _new_nodes_registered(run.tmp / "state" / "events.jsonl")
+        if registered is not None:
+            trial.breakdown["new agents registered"] = registered - t0_wall
     except Exception as exc:  # a result, not a crash of the whole benchmark
         trial.outcome = f"error: {exc!r}"
     finally:
@@ -497,17 +516,17 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"    leaks: {t.leaks}", flush=True)
     base = _median([t.growth_s for t in results if t.way == "torchrun"])
     print(
-        "\n| way | grown | step s | growth s (median) | min..max | old last step | workers started "
-        "| group joined | state loaded | ratio vs torchrun |"
+        "\n| way | grown | step s | growth s (median) | min..max | new agents registered | old last step "
+        "| workers started | group joined | state loaded | ratio vs torchrun |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for name, _fn in ways:
         ts = [t for t in results if t.way == name]
         gs = [t.growth_s for t in ts if t.growth_s is not None]
         med = _median(list(gs))
         parts = [
             _fmt(_median([t.breakdown.get(k) for t in ts]))
-            for k in ("old last step", "workers started", "group joined", "state loaded")
+            for k in ("new agents registered", "old last step", "workers started", "group joined", "state loaded")
         ]
         ratio = f"{med / base:.2f}x" if med is not None and base else "-"
         rng = f"{min(gs):.2f}..{max(gs):.2f}" if gs else "-"
