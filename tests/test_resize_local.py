@@ -30,10 +30,10 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 # data position is saved with the weights in the flash checkpoint (replicated: every rank holds the
 # same state) and restored with them, so a restart at any moment loses or repeats no sample: the
 # final weights equal those of a run that never resized. Checkpoints are taken at step 1, every
-# SAVE_EVERY steps, and whenever the agent asks for one before a planned round
-# (`save_requested`, agreed across ranks); once a save answered the request (`round_pending`: the
-# requested one, or a periodic one that began after the request) the workers wait to be
-# restarted, so no step trained after it can be lost to the restart.
+# SAVE_EVERY steps, and whenever the agent asks for one before a planned round or before it stops
+# a leaving node (`save_requested`, agreed across ranks); once a save answered the request
+# (`round_pending`: the requested one, or a periodic one that began after the request) the workers
+# wait to be restarted or stopped, so no step trained after it can be lost to the restart.
 TRAIN = textwrap.dedent(
     """
     import json, os, sys, time
@@ -274,6 +274,16 @@ def test_capacity_grows_and_shrinks_a_running_job_and_the_weights_equal_a_run_th
     first_grown = next(r for r in resumes if r["world"] > 2)
     assert first_grown["step"] == max(before_growth), (first_grown, before_growth[-3:])
     last_step, _world, last_requested = rows[len(before_growth) - 1]
+    assert last_requested == "1" or int(last_step) % 5 == 0, f"step {last_step}: not saved on request or periodically"
+    # The planned round of the shrink redid no step either: the leaving node's agent (stopped with
+    # SIGTERM) and the staying ones (told the restart is a planned round's) asked for a flash
+    # checkpoint before the leaving workers stopped, and the shrunk round resumed from the last
+    # step the three nodes trained.
+    before_shrink = [int(step) for step, world, _requested in rows if world == "6"]
+    first_shrunk = next(r for r in resumes if r["world"] == 4)
+    assert first_shrunk["step"] == max(before_shrink), (first_shrunk, before_shrink[-3:])
+    last_step, _world, last_requested = rows[len(before_growth) + len(before_shrink) - 1]
+    assert int(last_step) == max(before_shrink)
     assert last_requested == "1" or int(last_step) % 5 == 0, f"step {last_step}: not saved on request or periodically"
     events = _events(state)
     resizes = [e for e in events if e["kind"] == "resize"]

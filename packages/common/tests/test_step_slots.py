@@ -326,6 +326,27 @@ def test_a_served_save_request_is_read_by_the_agent_and_only_grows(tmp_path: Pat
         slots.close()
 
 
+def test_a_worker_marks_that_it_polls_save_requests_and_the_mark_stays_until_a_reset(tmp_path: Path) -> None:
+    slots = StepSlotFile(tmp_path / "steps.slots", 2)
+    worker = StepReporter(slots.path, 1)
+    try:
+        worker.step(1)
+        assert not slots.read(1).polls_save_requests  # type: ignore[union-attr]
+        worker.mark_polling_save_requests()
+        worker.step(2, samples=4)
+        worker.serve_save_request(1)
+        reading = slots.read(1)
+        assert reading is not None
+        assert (reading.polls_save_requests, reading.step, reading.samples, reading.served_request) == (True, 2, 4, 1)
+        assert slots.read(0) is None  # the other slot is untouched
+        slots.reset()  # the next workers must say so themselves
+        worker.step(3)
+        assert not slots.read(1).polls_save_requests  # type: ignore[union-attr]
+    finally:
+        worker.close()
+        slots.close()
+
+
 def test_the_current_phase_is_read_from_the_slot_whoever_wrote_it(tmp_path: Path) -> None:
     slots = StepSlotFile(tmp_path / "s", 1)
     script = StepReporter(slots.path, 0)

@@ -300,7 +300,11 @@ def test_save_requested_answers_the_agents_request_once_until_a_save_serves_it(
     monkeypatch.setenv(STEP_SLOT_ENV_VAR, "0")
     ckpt = FlashCheckpointer(StagerConfig(job_id=job_id, run_id="r"), str(tmp_path / "store"), saver="none")
     try:
+        # Until the script asks, the agent does not count on an answer (it stops it at once).
+        before = slots.read(0)
+        assert before is None or not before.polls_save_requests
         assert not ckpt.save_requested()
+        assert slots.read(0).polls_save_requests  # type: ignore[union-attr]
         assert not ckpt.round_pending()
         ckpt.save(1, _state(1))
         assert not ckpt.round_pending()  # the old request was not this worker's to answer

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import sys
 import textwrap
 import threading
@@ -22,12 +23,14 @@ import pytest
 import torch
 
 from dlrover.common import ConfigError, processes_mentioning
+from dlrover.diagnosis import ActionKind
 from dlrover.flashckpt.ckpt_format import CHECKPOINT_FORMAT, manifest_path
 from dlrover.flashckpt.commit import Committer, RetentionPolicy
 from dlrover.flashckpt.config import StagerConfig
 from dlrover.flashckpt.sharded import ShardedCheckpointer
 from dlrover.flashckpt.storage import PosixStorage
 from dlrover.launcher.agent import Agent, AgentConfig, AgentResult
+from dlrover.launcher.control import MasterAction
 from dlrover.launcher.fake_control import FakeControlPlane
 
 WAIT_S = 90.0
@@ -464,3 +467,90 @@ def test_workers_that_never_answer_the_save_request_are_restarted_after_the_time
     assert len(rounds) == 2
     during = [t for t in beats if told[0] < t < rounds[1]]
     assert len(during) >= 2, (told, rounds, len(beats))
+
+
+def _actions_once_ready(
+    control: FakeControlPlane, out_dir: Path, action: MasterAction, then: Callable[[], None] | None = None
+) -> list[float]:
+    """Make `control` answer one heartbeat with `action` once the worker wrote ``ready`` (and call
+    `then` as it answers); returns when it did (empty until then)."""
+    told: list[float] = []
+    heartbeat = control.heartbeat
+
+    def answer(progress: Any) -> Any:
+        asked = heartbeat(progress)
+        if not told and (out_dir / "ready").exists():
+            told.append(time.monotonic())
+            if then is not None:
+                then()
+            return [action]
+        return asked
+
+    control.heartbeat = answer  # type: ignore[method-assign]
+    return told
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("planned", [True, False])
+def test_a_restart_the_master_marks_as_a_planned_rounds_saves_first_and_one_for_a_failure_does_not(
+    tmp_path: Path, planned: bool
+) -> None:
+    control = FakeControlPlane(heartbeat_interval_s=0.05)
+    action = MasterAction(ActionKind.RESTART_PROCESSES, "planned round: node 2 left the job", planned_round=planned)
+    told = _actions_once_ready(control, tmp_path / "out", action)
+    agent, out, _job = _agent(tmp_path, "round", control, worker=ROUND_WORKER, round_save_timeout_s=30.0)
+    result = agent.run()
+    assert result.exit_code == 0, (result.reason, _logs(tmp_path))
+    assert told
+    resumed = json.loads((out / "resumed.json").read_text())
+    trained = [line.split() for line in (out / "trained").read_text().splitlines()]
+    if planned:
+        # A shrink's planned round: the last step trained was saved on request and resumed from.
+        assert trained[-1][1] == "1", trained
+        assert (resumed["step"], resumed["source"]) == (int(trained[-1][0]), "memory")
+    else:
+        # A restart for a failure waits for nothing: the steps since step 1 are trained again.
+        assert all(requested == "0" for _step, requested in trained)
+        assert resumed["step"] == 1
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("how", ["SIGTERM", "SIGINT", "removed, then SIGTERM"])
+def test_a_node_stopped_or_removed_for_a_shrink_has_polling_workers_save_first_and_persists_that_step(
+    tmp_path: Path, how: str
+) -> None:
+    control = FakeControlPlane(heartbeat_interval_s=0.05)
+    removed = how.startswith("removed")
+    sig = signal.SIGINT if how == "SIGINT" else signal.SIGTERM
+    agent, out, job = _agent(tmp_path, "round", control, worker=ROUND_WORKER, round_save_timeout_s=30.0)
+    if removed:
+        # The master's answer to a heartbeat of a node a shrink let go, and the backend's SIGTERM
+        # right behind it: the save goes on.
+        leave = MasterAction(ActionKind.REMOVE_NODE, "node 2 is removed", planned_round=True)
+        _actions_once_ready(control, out, leave, then=lambda: agent.request_stop("received SIGTERM"))
+    outcome: list[AgentResult] = []
+    thread = threading.Thread(target=lambda: outcome.append(agent.run()))
+    thread.start()
+    try:
+        _wait_for(lambda: (out / "ready").exists() or not thread.is_alive(), "the worker trained 3 steps")
+    finally:
+        if not removed:
+            agent.request_stop(f"received {sig.name}", sig)  # what dlrover-run's signal handler does
+        thread.join(WAIT_S)
+    assert not thread.is_alive()
+    assert outcome[0].exit_code == (1 if removed else 128 + sig), (outcome[0].reason, _logs(tmp_path))
+    trained = [line.split() for line in (out / "trained").read_text().splitlines()]
+    tracker = Committer(PosixStorage(out / "ckpt")).tracker()
+    assert tracker is not None
+    if sig is signal.SIGTERM:
+        # A backend stopping the node (a shrink's leaving node): the step reached is sealed and
+        # persisted at the stop, so the job's next round redoes none of it.
+        assert trained[-1][1] == "1", trained
+        assert tracker.step == int(trained[-1][0]), (tracker, trained)
+    else:
+        # SIGINT (a person at the terminal) stops at once: the newest snapshot is step 1's.
+        assert all(requested == "0" for _step, requested in trained)
+        assert tracker.step == 1
+    _assert_nothing_left(tmp_path, job)

@@ -3,6 +3,7 @@ from __future__ import annotations
 import pytest
 
 from dlrover.diagnosis import ActionKind, Decision, FailureKind
+from dlrover.launcher.control import MasterAction
 from dlrover.launcher.decisions import (
     StepKind,
     after_failure,
@@ -116,6 +117,23 @@ def test_stop_wins_over_restart() -> None:
     assert on_master_actions(actions).kind is StepKind.EXIT
     assert on_master_actions(actions[:1]).kind is StepKind.RESTART
     assert on_master_actions([]).kind is StepKind.CONTINUE
+
+
+def test_a_restart_is_a_planned_rounds_only_when_every_restart_asked_for_is_one() -> None:
+    planned = MasterAction(ActionKind.RESTART_PROCESSES, "planned round: node 2 left", planned_round=True)
+    failure = MasterAction(ActionKind.RESTART_PROCESSES, "peer failed")
+    step = on_master_actions([planned])
+    assert (step.kind, step.planned_round, step.counts_as_restart) == (StepKind.RESTART, True, False)
+    assert "node 2 left" in step.reason
+    assert not on_master_actions([planned, failure]).planned_round  # a failure does not wait for a save
+    assert not on_master_actions([(ActionKind.RESTART_PROCESSES, "old master")]).planned_round
+    stop = on_master_actions([planned, MasterAction(ActionKind.REMOVE_NODE, "gone")])
+    assert (stop.kind, stop.planned_round) == (StepKind.EXIT, False)
+    # A removal marked so is a shrink's: the node leaves, its workers save first.
+    leave = on_master_actions([MasterAction(ActionKind.REMOVE_NODE, "node 2 is removed", planned_round=True)])
+    assert (leave.kind, leave.planned_round, leave.exit_code) == (StepKind.EXIT, True, 1)
+    abort = on_master_actions([MasterAction(ActionKind.ABORT_JOB, "stop", planned_round=True)])
+    assert (abort.kind, abort.planned_round) == (StepKind.EXIT, False)  # only a removal is a shrink's
 
 
 @pytest.mark.parametrize(

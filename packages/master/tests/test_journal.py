@@ -180,3 +180,16 @@ def test_pending_actions_of_an_older_journal_restore_as_the_diagnosis_actions() 
         (7, ActionKind.RESTART_PROCESSES, "restart 1 of 3")
     ]
     assert actions_from_json(actions_to_json(restored)) == restored
+    assert not restored[3][0].planned_round  # written before planned rounds saved first
+
+
+def test_a_planned_round_restart_keeps_its_mark_through_the_journal_and_a_bad_mark_is_refused() -> None:
+    from dlrover.common import DLRoverError
+    from dlrover.diagnosis import ActionKind
+    from dlrover.master.records import Action, actions_from_json, actions_to_json
+
+    queued = {0: (Action(4, ActionKind.RESTART_PROCESSES, "planned round", planned_round=True),)}
+    assert actions_from_json(actions_to_json(queued)) == queued
+    bad = {"0": [{"action_id": 4, "kind": "restart_processes", "reason": "r", "planned_round": "yes"}]}
+    with pytest.raises(DLRoverError, match="planned_round must be true or false, got 'yes'"):
+        actions_from_json(bad)

@@ -112,6 +112,7 @@ def test_heartbeat_timeout_relaunches_with_the_same_rank() -> None:
     actions, out = life.heartbeat(1, 11.0)
     assert actions[0].kind is ActionKind.REMOVE_NODE
     assert "replaced by node 2" in actions[0].reason
+    assert not actions[0].planned_round  # replaced for a failure: no shrink's save first
     assert out.changed_nodes == frozenset()
 
 

@@ -154,6 +154,7 @@ def test_the_nodes_that_stay_restart_for_a_planned_round_without_spending_budget
     (action,) = life.pending_actions(0)
     assert action.kind is ActionKind.RESTART_PROCESSES
     assert "planned round" in action.reason
+    assert action.planned_round  # its agent has the workers seal a flash checkpoint first
     # Node 1's workers fail first: their peer on node 2 is gone. That is the planned restart.
     decision, out = life.report_failure(1, FailureKind.UNKNOWN, "gloo: connection closed", 2.0, answered=True)
     assert decision.action is ActionKind.RESTART_PROCESSES
@@ -164,7 +165,11 @@ def test_the_nodes_that_stay_restart_for_a_planned_round_without_spending_budget
     assert [e.kind for e in out.events] == ["planned_restart"]
     # Node 0 gets its restart with its heartbeat; a later failure counts as usual.
     actions, _ = life.heartbeat(0, 3.0)
-    assert [a.kind for a in actions] == [ActionKind.RESTART_PROCESSES]
+    assert [(a.kind, a.planned_round) for a in actions] == [(ActionKind.RESTART_PROCESSES, True)]
+    # The leaving node, if it heartbeats before its stop reaches it, is told it leaves for the
+    # resize: its workers save first.
+    actions, _ = life.heartbeat(2, 3.0)
+    assert [(a.kind, a.planned_round) for a in actions] == [(ActionKind.REMOVE_NODE, True)]
     life.report_failure(0, FailureKind.UNKNOWN, "real", 4.0, answered=True)
     assert life.job_failures == 1
 
@@ -432,8 +437,12 @@ def test_resize_and_capacity_over_grpc_and_the_cli(
 
     rt = make_runtime(nodes=3)
     token_file = write_token_file(tmp_path / "token", rt.token)
-    with MasterClient(rt.address, rt.token, policy=NO_RETRY) as c:
-        for name in ("a", "b", "c"):
+    with (
+        MasterClient(rt.address, rt.token, policy=NO_RETRY) as c,
+        MasterClient(rt.address, rt.token, policy=NO_RETRY) as staying,
+    ):
+        staying.register("a", "host-a")
+        for name in ("b", "c"):
             with MasterClient(rt.address, rt.token, policy=NO_RETRY) as agent:
                 agent.register(name, f"host-{name}")
         before = rt.master.state_digest()
@@ -448,6 +457,10 @@ def test_resize_and_capacity_over_grpc_and_the_cli(
         assert rt.master.state_digest() == before
         result = c.resize(2, "smaller")
         assert (result.wanted_nodes, result.target_nodes, result.leaving_nodes, result.placeable) == (2, 2, (2,), None)
+        # The node that stays learns over the wire that its restart is a planned round's (its
+        # agent has the workers save first).
+        answer = staying.heartbeat()
+        assert [(a.kind, a.planned_round) for a in answer.actions] == [(ActionKind.RESTART_PROCESSES, True)]
         status = c.job_status()
         assert (status.target_nodes, status.wanted_nodes, status.capacity) == (2, 2, None)
     with MasterClient(rt.address, generate_token(), policy=NO_RETRY) as bad:

@@ -16,7 +16,8 @@ File layout (little endian):
   f64 ready (when the worker was ready to train: its first write, or the end of a checkpoint
   phase before its first step), f64 load seconds (in the checkpoint phase before the first step),
   f64 save seconds (in the checkpoint phase after it), u64 served save request (the newest agent
-  request a sealed flash checkpoint of this worker answered), zero padding.
+  request a sealed flash checkpoint of this worker answered), u64 polls save requests (1 once the
+  worker's script has asked whether the agent wants a save: it answers requests), zero padding.
 
 The goodput accounting reads the last three: a checkpoint phase before the first step is the
 checkpoint load, one after it is training blocked by a save.
@@ -76,7 +77,7 @@ _MAGIC = b"DLRSLOT2"
 _HEADER = struct.Struct("<8sII")
 _SAVE_REQUEST = struct.Struct("<Q")
 _SAVE_REQUEST_OFFSET = _HEADER.size
-_SLOT = struct.Struct("<QqqddIIdddQ")
+_SLOT = struct.Struct("<QqqddIIdddQQ")
 _SLOT_SIZE = 128
 _CHECKPOINT_CODE = PHASES.index("checkpoint")
 _HEADER_SIZE = 64
@@ -102,6 +103,8 @@ class SlotReading:
         save_s: seconds it spent in the checkpoint phase after that (blocked by saves).
         served_request: the newest save request (`StepSlotFile.request_save`) a flash checkpoint
             of this worker answered; 0 before any.
+        polls_save_requests: the worker's script asks whether the agent wants a save (see
+            `StepReporter.mark_polling_save_requests`), so a request gets an answer.
     """
 
     seq: int
@@ -115,6 +118,7 @@ class SlotReading:
     load_s: float = 0.0
     save_s: float = 0.0
     served_request: int = 0
+    polls_save_requests: bool = False
 
 
 def _offset(index: int) -> int:
@@ -124,7 +128,9 @@ def _offset(index: int) -> int:
 def _read_slot(buf: mmap.mmap, index: int) -> SlotReading | None:
     off = _offset(index)
     for _ in range(_READ_TRIES):
-        seq, step, samples, end_s, since_s, code, pid, ready_s, load_s, save_s, served = _SLOT.unpack_from(buf, off)
+        seq, step, samples, end_s, since_s, code, pid, ready_s, load_s, save_s, served, polls = _SLOT.unpack_from(
+            buf, off
+        )
         if seq == 0:
             return None
         if seq % 2 == 1:
@@ -132,7 +138,7 @@ def _read_slot(buf: mmap.mmap, index: int) -> SlotReading | None:
         if struct.unpack_from("<Q", buf, off)[0] != seq:
             continue
         phase = PHASES[code] if code < len(PHASES) else PHASES[0]
-        return SlotReading(seq, step, samples, end_s, phase, since_s, pid, ready_s, load_s, save_s, served)
+        return SlotReading(seq, step, samples, end_s, phase, since_s, pid, ready_s, load_s, save_s, served, bool(polls))
     return None
 
 
@@ -282,11 +288,12 @@ class StepReporter:
         add_samples: int = 0,
         phase: str | None = None,
         served_request: int = 0,
+        polls_save_requests: bool = False,
         now: float | None = None,
     ) -> None:
         buf = self._mapped()
         off = self._off
-        seq, cur_step, samples, end_s, since_s, code, _pid, ready_s, load_s, save_s, served = _SLOT.unpack_from(
+        seq, cur_step, samples, end_s, since_s, code, _pid, ready_s, load_s, save_s, served, polls = _SLOT.unpack_from(
             buf, off
         )
         t = self._clock() if now is None else now
@@ -321,6 +328,7 @@ class StepReporter:
             load_s,
             save_s,
             max(served, served_request),
+            1 if polls or polls_save_requests else 0,
         )
         struct.pack_into("<Q", buf, off, (seq | 1) + 1)
 
@@ -358,6 +366,13 @@ class StepReporter:
         if not isinstance(request, int) or request < 0:
             raise ConfigError(f"request must be an integer >= 0, got {request!r}")
         self._write(served_request=request)
+
+    def mark_polling_save_requests(self) -> None:
+        """Record that this worker's script asks for the agent's save requests (a checkpointer's
+        ``save_requested()`` does, the first time it is called): the agent then knows a request
+        will be answered, and waits for the answer before it stops the workers on SIGTERM. The
+        mark stays for the life of the slot's worker."""
+        self._write(polls_save_requests=True)
 
     def add_samples(self, samples: int) -> None:
         """Count `samples` more consumed samples without marking a step.

@@ -244,6 +244,7 @@ class FlashCheckpointer:
         # Save requests made before this process started are not for it.
         self._served_request = self._steps.save_request() if self._steps is not None else 0
         self._initial_request = self._served_request
+        self._polling_marked = False  # whether the agent was told this script polls save requests
         self._link = SaverLink(
             config,
             location,
@@ -310,19 +311,27 @@ class FlashCheckpointer:
 
     def save_requested(self) -> bool:
         """Whether the node's agent asks for a flash checkpoint now: a planned rendezvous round
-        (nodes joining the job) is coming, and the agent holds the round until every worker of
-        its node has sealed a snapshot since it asked (bounded by ``dlrover-run
-        --round-save-timeout``), so the new round resumes from the step the old one reached
-        and redoes none. Cheap (one read of mapped memory): poll it every step and save when
-        it is true; False when not run by ``dlrover-run``. In a job of several ranks, agree
-        first (an ``all_reduce`` with MAX of the flag), so every rank saves the same step::
+        (nodes joining or leaving the job) is coming, or the node is being stopped (SIGTERM),
+        and the agent holds the round or the stop until every worker of its node has sealed a
+        snapshot since it asked (bounded by ``dlrover-run --round-save-timeout``), so the new
+        round resumes from the step the old one reached and redoes none. Before a stop the agent
+        waits only for workers whose script has called this at least once. Cheap (one read of
+        mapped memory): poll it every step and save when it is true; False when not run by
+        ``dlrover-run``. In a job of several ranks, agree first (an ``all_reduce`` with MAX of
+        the flag), so every rank saves the same step::
 
             flag = torch.tensor([int(ckpt.save_requested())])
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
             if flag.item() or step % save_every == 0:
                 ckpt.save(step, state)
         """
-        return self._steps is not None and self._steps.save_request() > self._served_request
+        if self._steps is None:
+            return False
+        if not self._polling_marked:
+            # The agent waits for a save before stopping the workers only where they answer.
+            self._steps.mark_polling_save_requests()
+            self._polling_marked = True
+        return self._steps.save_request() > self._served_request
 
     def round_pending(self) -> bool:
         """Whether a save of this process answered the agent's request (see `save_requested`): the

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from dlrover.launcher.control import (
         ControlPlane,
         FailureReport,
+        MasterAction,
         NodeRegistration,
         Progress,
         ResourceUsage,
@@ -72,6 +73,7 @@ _EXPORTS: dict[str, str] = {
     "parse_std_streams": "dlrover.launcher.args",
     "ControlPlane": "dlrover.launcher.control",
     "FailureReport": "dlrover.launcher.control",
+    "MasterAction": "dlrover.launcher.control",
     "NodeRegistration": "dlrover.launcher.control",
     "Progress": "dlrover.launcher.control",
     "ResourceUsage": "dlrover.launcher.control",
@@ -142,6 +144,7 @@ __all__ = [
     "NetworkCheckStopped",
     "NetworkCheckStoreLost",
     "RoundStore",
+    "MasterAction",
     "NodeRegistration",
     "ProcessTreeSampler",
     "Progress",

@@ -43,6 +43,7 @@ from dlrover.flashckpt.segment import DEFAULT_SHM_DIR, SHM_DIR_ENV_VAR
 from dlrover.launcher.control import (
     ControlPlane,
     FailureReport,
+    MasterAction,
     Progress,
     ResourceUsage,
     RoundAssignment,
@@ -120,11 +121,16 @@ class AgentConfig:
         heartbeat_interval_s: heartbeat this often instead of at the master's interval.
         master_lost_timeout_s: how long workers keep training while the master cannot be
             reached (a restarting master resumes from its journal) before the agent gives up.
-        round_save_timeout_s: before a planned round (nodes waiting to join), the agent asks its
-            workers for a flash checkpoint through the step slot file (the checkpointer's
-            ``save_requested()``) and restarts them once every one has sealed a snapshot since,
-            or after this many seconds; 0 restarts at once. Only with the node's saver hosted
-            here, and only for workers that have sealed a snapshot since they started.
+        round_save_timeout_s: before a planned round (nodes waiting to join, or the master's
+            restart for a resize that let nodes go) and before stopping the workers for a
+            SIGTERM (a backend stopping the node, a leaving node of a shrink among them), the
+            agent asks its workers for a flash checkpoint through the step slot file (the
+            checkpointer's ``save_requested()``) and restarts or stops them once every one has
+            sealed a snapshot since, or after this many seconds; 0 restarts or stops at once.
+            A backend's stop grace longer than this leaves the save its time. Only with the
+            node's saver hosted here, and only for workers that poll the request (their
+            checkpointer's ``save_requested()`` was called) or, before a round, have sealed a
+            snapshot since they started.
         host_checkpoint_saver: run the node's flash-checkpoint savers in this agent (workers
             find them through ``DLROVER_FLASHCKPT_HOST``), so they outlive crashed workers and
             their shared memory is removed when the agent exits.
@@ -287,6 +293,7 @@ class Agent:
         self._stop_requested = threading.Event()
         self._stop_reason = ""
         self._stop_signal = signal.SIGTERM
+        self._stop_requests = 0  # a second one ends the save a leaving node waits for
         # While `run` runs: a pipe `request_stop` writes to, so that the wait between two looks
         # at the workers (which also wakes when one exits) ends at once on a stop.
         self._wake_lock = threading.Lock()
@@ -330,6 +337,7 @@ class Agent:
         """
         self._stop_reason = reason
         self._stop_signal = sig
+        self._stop_requests += 1
         self._stop_requested.set()
         # Never blocks: a signal handler may interrupt this very thread while it holds the lock
         # (opening or closing the pipe), and then the loop is not waiting on it anyway.
@@ -445,7 +453,7 @@ class Agent:
             step=step, samples=samples, resources=last[1], rank_steps=rank_steps, attempts=self._ledger.reports()
         )
 
-    def _heartbeat(self) -> Sequence[tuple[ActionKind, str]]:
+    def _heartbeat(self) -> Sequence[tuple[ActionKind, str] | MasterAction]:
         """Send a heartbeat with the node's progress; the step marks it carried are not sent again.
 
         Raises:
@@ -811,7 +819,8 @@ class Agent:
         steps = self._step_watch
         while True:
             if self._stop_requested.is_set():
-                return Step(StepKind.EXIT, self._stop_reason or "stop requested", exit_code=128 + self._stop_signal)
+                stop = Step(StepKind.EXIT, self._stop_reason or "stop requested", exit_code=128 + self._stop_signal)
+                return self._save_before_stop(group, stop)
             nodes_waiting = 0
             if self._clock.now() >= next_heartbeat:
                 next_heartbeat = self._clock.now() + self._heartbeat_interval_s
@@ -819,7 +828,7 @@ class Agent:
                     step = on_master_actions(self._heartbeat())
                     self._tell_commits()
                     if step.kind is not StepKind.CONTINUE:
-                        return step
+                        return self._save_for_resize(group, step)
                     nodes_waiting = self._control.nodes_waiting()
                     master_lost_since = None
                 except DLRoverError as exc:
@@ -871,15 +880,71 @@ class Agent:
         """
         if step.kind is not StepKind.RESTART or nodes_waiting <= 0:
             return step
+        return self._save_first(group, step, "planned round")
+
+    def _save_before_stop(self, group: WorkerGroup, step: Step) -> Step:
+        """Before stopping the workers for a SIGTERM (how a backend stops a node it lets go, a
+        planned shrink among them, within its stop grace), have them seal a flash checkpoint, so
+        the job's next round resumes from the step they reached (see `round_save_timeout_s`).
+
+        Only when every worker's script polls the save request (its checkpointer's
+        ``save_requested()``, marked in its step slot): a request nobody answers would spend the
+        grace the saver needs to persist the newest snapshot. Another stop request ends the wait;
+        any other signal (SIGINT: a person at the terminal) stops at once. Returns `step`.
+        """
+        if self._stop_signal is not signal.SIGTERM:
+            return step
+        return self._save_before_leaving(group, step, "stop")
+
+    def _save_for_resize(self, group: WorkerGroup, step: Step) -> Step:
+        """The master's step on a heartbeat, after the save a resize asks for first: a planned
+        round's restart (nodes left; see `round_save_timeout_s`), or this node's removal by a
+        shrink (`_save_before_leaving`); any other step at once."""
+        if not step.planned_round:
+            return step
+        if step.kind is StepKind.RESTART:
+            return self._save_first(group, step, "planned round")
+        return self._save_before_leaving(group, step, "leaving the job")
+
+    def _save_before_leaving(self, group: WorkerGroup, step: Step, what: str) -> Step:
+        """Have the workers seal a flash checkpoint before this node leaves the job (`step`
+        stops them), so the next round resumes from the step they reached. Only when every
+        worker polls the save request: one nobody answers would spend the backend's stop grace,
+        which the saver needs to persist the newest snapshot. The backend's SIGTERM, which
+        follows a shrink's removal, does not end the wait; a second stop request or a signal
+        other than SIGTERM does."""
+        if not self._workers_poll_save_requests():
+            return step
+        return self._save_first(group, step, what, leaving=True)
+
+    def _workers_poll_save_requests(self) -> bool:
+        """Whether every worker's script polls the save request (marked in its step slot)."""
+        slots = self._step_slots
+        readings = {} if slots is None else slots.read_all()
+        return all(i in readings and readings[i].polls_save_requests for i in range(self._config.nproc_per_node))
+
+    def _save_first(self, group: WorkerGroup, step: Step, what: str, *, leaving: bool = False) -> Step:
+        """Ask the workers for a flash checkpoint and wait until each has sealed one that began
+        after the request, or `round_save_timeout_s`, before `step` is taken (`what` names it in
+        the log). Returns the step to take: `step`, or what the master asked for on a heartbeat
+        during the wait.
+
+        Waits on its own monitoring: a worker that exits or a stop request ends the wait (when
+        `leaving`, see `_save_before_leaving`); unless `leaving` (the master has nothing more to
+        say to this node), it heartbeats meanwhile and a master's action ends it too. Only with
+        the node's saver hosted here, and only for workers that poll the save request or have
+        sealed a snapshot since they started (others may not checkpoint at all: a request would
+        go unanswered).
+        """
         host, slots, timeout = self._saver_host, self._step_slots, self._config.round_save_timeout_s
         if host is None or slots is None or timeout <= 0 or self._group_ranks is None:
             return step
         started_at, ranks = self._group_ranks
-        if not ranks <= host.ranks_sealed_since(started_at):
-            return step  # workers that have not checkpointed since they started are not waited for
+        if not (ranks <= host.ranks_sealed_since(started_at) or self._workers_poll_save_requests()):
+            return step
         asked_at = self._clock.now()
         number = slots.request_save()
-        _log.info("planned round: asked the workers for a flash checkpoint (request %d)", number)
+        _log.info("%s: asked the workers for a flash checkpoint (request %d)", what, number)
         next_heartbeat = asked_at + self._heartbeat_interval_s
         local_slots = range(self._config.nproc_per_node)
         while True:
@@ -890,24 +955,30 @@ class Agent:
             waited = self._clock.now() - asked_at
             if len(answered) == len(local_slots):
                 newest = host.newest_step_sealed_by(ranks)
-                _log.info("planned round: every worker sealed step %s %.2f s after the request", newest, waited)
+                _log.info("%s: every worker sealed step %s %.2f s after the request", what, newest, waited)
                 return step
-            if waited >= timeout or group.poll() or self._stop_requested.is_set():
+            stopped = self._stop_requested.is_set()
+            if leaving:  # the SIGTERM that stops a leaving node is no reason to stop waiting
+                stopped = self._stop_requests > 1 or (stopped and self._stop_signal is not signal.SIGTERM)
+            if waited >= timeout or group.poll() or stopped:
                 missing = ", ".join(str(i) for i in local_slots if i not in answered)
                 _log.warning(
-                    "planned round: local rank(s) %s sealed no flash checkpoint within %.1f s "
-                    "(--round-save-timeout %g); the new round resumes from their newest one",
+                    "%s: local rank(s) %s sealed no flash checkpoint within %.1f s "
+                    "(--round-save-timeout %g); the next round resumes from their newest one",
+                    what,
                     missing,
                     waited,
                     timeout,
                 )
                 return step
-            if self._clock.now() >= next_heartbeat:
+            if not leaving and self._clock.now() >= next_heartbeat:
                 next_heartbeat = self._clock.now() + self._heartbeat_interval_s
                 asked = self._heartbeat_while_saving()
                 if asked is not None:
                     return asked
-            group.wait(self._config.monitor_interval_s, None if self._wake is None else self._wake[0])
+            # Not woken by the stop pipe while leaving: it stays readable once written.
+            wake = None if leaving or self._wake is None else self._wake[0]
+            group.wait(self._config.monitor_interval_s, wake)
 
     def _heartbeat_while_saving(self) -> Step | None:
         """One heartbeat during the save before a round (the node must not look lost); the

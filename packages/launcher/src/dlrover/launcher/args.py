@@ -424,8 +424,9 @@ def _add_dlrover_options(ours: argparse._ArgumentGroup) -> None:
         ours,
         _both("round-save-timeout"),
         "10",
-        "before a planned round (nodes joining), ask the workers for a flash checkpoint (FlashCheckpointer."
-        "save_requested) and wait at most this many seconds for every one to seal it; 0: restart at once",
+        "before a planned round (nodes joining or leaving) and before stopping the workers on SIGTERM, ask the "
+        "workers for a flash checkpoint (FlashCheckpointer.save_requested) and wait at most this many seconds "
+        "for every one to seal it; 0: at once",
     )
     _option(
         ours,

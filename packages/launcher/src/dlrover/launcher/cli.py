@@ -72,7 +72,23 @@ TOKEN_DIR_PREFIX = "dlrover-token-"  # noqa: S105 (a dir name, not a secret)
 LOG_DIR_PREFIX = "dlrover-run-"
 
 
+def _accelerator_driver_present(dev: Path = Path("/dev"), proc: Path = Path("/proc")) -> bool:
+    """Whether the host has a GPU driver torch could count devices through: NVIDIA's (its device
+    files or its /proc entry) or AMD's ROCm (/dev/kfd). Only stats a few paths."""
+    return (
+        (proc / "driver" / "nvidia").exists()
+        or (dev / "nvidiactl").exists()
+        or any(dev.glob("nvidia[0-9]*"))
+        or (dev / "kfd").exists()
+    )
+
+
 def _visible_accelerators() -> int:
+    # Importing torch takes this process seconds of CPU before the node can register, on the path
+    # of every node start (a grown node's and a replacement's included): skipped where no driver
+    # could show torch a device.
+    if not _accelerator_driver_present():
+        return 0
     try:
         import torch
 

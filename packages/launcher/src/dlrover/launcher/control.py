@@ -8,7 +8,7 @@ contract.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import attrs
 
@@ -18,11 +18,28 @@ from dlrover.master.goodput import AttemptReport
 __all__ = [
     "ControlPlane",
     "FailureReport",
+    "MasterAction",
     "NodeRegistration",
     "Progress",
     "ResourceUsage",
     "RoundAssignment",
 ]
+
+
+class MasterAction(NamedTuple):
+    """An action the master sent with a heartbeat answer.
+
+    Attributes:
+        kind: what to do.
+        reason: why, in the master's words.
+        planned_round: a restart for a planned round (a resize let nodes go), not for a failure,
+            or the removal of a node a shrink let go: the agent has its workers seal a flash
+            checkpoint before it restarts or stops them.
+    """
+
+    kind: ActionKind
+    reason: str
+    planned_round: bool = False
 
 
 @attrs.frozen
@@ -189,8 +206,9 @@ class ControlPlane(Protocol):
         """
         ...
 
-    def heartbeat(self, progress: Progress) -> Sequence[tuple[ActionKind, str]]:
-        """Report liveness and progress; returns the actions the master wants, with reasons."""
+    def heartbeat(self, progress: Progress) -> Sequence[tuple[ActionKind, str] | MasterAction]:
+        """Report liveness and progress; returns the actions the master wants, with reasons (a
+        `MasterAction` where it says more than the kind and the reason)."""
         ...
 
     def report_failure(self, report: FailureReport) -> Decision:

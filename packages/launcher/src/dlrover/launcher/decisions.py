@@ -46,12 +46,16 @@ class Step:
         counts_as_restart: for RESTART, whether it uses up one of `--max-restarts` (a failure
             does; a membership change does not, as in torchrun).
         exit_code: for EXIT, the agent's exit status.
+        planned_round: for RESTART, the master announced a planned round (a resize let nodes
+            go); for EXIT, the master removed this node for a resize: the workers seal a flash
+            checkpoint before they are restarted or stopped.
     """
 
     kind: StepKind
     reason: str
     counts_as_restart: bool = False
     exit_code: int = 0
+    planned_round: bool = False
 
 
 def first_failure(exits: Mapping[int, WorkerExit], failing: Sequence[int] = ()) -> WorkerExit | None:
@@ -133,15 +137,25 @@ def _carry_out(action: ActionKind, reason: str, *, counts_as_restart: bool) -> S
     return Step(StepKind.CONTINUE, f"the master asks for nothing: {reason}")
 
 
-def on_master_actions(actions: Sequence[tuple[ActionKind, str]]) -> Step:
-    """Decide from actions the master sent with a heartbeat; ending the node wins over restarting."""
-    for action, reason in actions:
-        if action.ends_node:
-            return _carry_out(action, reason, counts_as_restart=False)
-    for action, reason in actions:
-        if action.restarts_processes:
-            return Step(StepKind.RESTART, f"the master asked for a restart: {reason}")
-    return Step(StepKind.CONTINUE, "no action")
+def on_master_actions(actions: Sequence[tuple[ActionKind, str] | tuple[ActionKind, str, bool]]) -> Step:
+    """Decide from actions the master sent with a heartbeat; ending the node wins over restarting.
+
+    Each action is (kind, reason) or, as `dlrover.launcher.control.MasterAction`, (kind, reason,
+    planned_round): a restart is a planned round's only when every restart asked for is one (a
+    restart for a failure beside it does not wait for a save); a removal marked so is a shrink's
+    (the node leaves; its workers save first).
+    """
+    for action in actions:
+        if action[0].ends_node:
+            step = _carry_out(action[0], action[1], counts_as_restart=False)
+            # Only a removal can be a shrink's (a relaunch or an abort is for a failure).
+            leaves = action[0] is ActionKind.REMOVE_NODE and action[2:] == (True,)
+            return attrs.evolve(step, planned_round=leaves)
+    restarts = [a for a in actions if a[0].restarts_processes]
+    if not restarts:
+        return Step(StepKind.CONTINUE, "no action")
+    planned = all(a[2:] == (True,) for a in restarts)
+    return Step(StepKind.RESTART, f"the master asked for a restart: {restarts[0][1]}", planned_round=planned)
 
 
 def refill_due(

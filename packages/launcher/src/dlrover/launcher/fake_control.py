@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 
 from dlrover.common import DLRoverError
 from dlrover.diagnosis import ActionKind, Decision, RestartBudget, reported_kind
-from dlrover.launcher.control import FailureReport, NodeRegistration, Progress, RoundAssignment
+from dlrover.launcher.control import FailureReport, MasterAction, NodeRegistration, Progress, RoundAssignment
 from dlrover.launcher.inprocess import InMemoryRoundStore, free_port
 
 __all__ = ["FakeControlPlane", "InMemoryRoundStore", "free_port"]
@@ -36,7 +36,7 @@ class FakeControlPlane:
         *,
         failure_decisions: Sequence[tuple[ActionKind, str]] = ((ActionKind.RESTART_PROCESSES, "transient"),),
         nodes_waiting: Sequence[int] | Callable[[], int] = (),
-        actions: Sequence[Sequence[tuple[ActionKind, str]]] = (),
+        actions: Sequence[Sequence[tuple[ActionKind, str] | MasterAction]] = (),
         heartbeat_interval_s: float = 0.05,
         unreachable_reports: int = 0,
         group_world_size: int = 1,
@@ -113,7 +113,7 @@ class FakeControlPlane:
         with self._lock:
             return self._waiting.pop(0) if self._waiting else 0
 
-    def heartbeat(self, progress: Progress) -> Sequence[tuple[ActionKind, str]]:
+    def heartbeat(self, progress: Progress) -> Sequence[tuple[ActionKind, str] | MasterAction]:
         with self._lock:
             self.heartbeats.append(progress)
             return self._actions.pop(0) if self._actions else []

@@ -33,6 +33,7 @@ from dlrover.common import Clock, ConfigError, DLRoverError, RetryPolicy, RpcErr
 from dlrover.diagnosis import NODE_CHECK_FAILED, ActionKind, Decision, reported_kind
 from dlrover.launcher.control import (
     FailureReport,
+    MasterAction,
     NodeRegistration,
     Progress,
     RoundAssignment,
@@ -285,7 +286,7 @@ class GrpcControlPlane:
     def nodes_waiting(self, *, once: bool = False) -> int:
         return (self._poll_rdzv if once else self._rdzv).num_nodes_waiting(self._node_id)
 
-    def heartbeat(self, progress: Progress) -> Sequence[tuple[ActionKind, str]]:
+    def heartbeat(self, progress: Progress) -> Sequence[tuple[ActionKind, str] | MasterAction]:
         step = progress.step if progress.step >= 0 else None
         usage = progress.resources
         resources = (
@@ -305,7 +306,7 @@ class GrpcControlPlane:
             rank_steps=progress.rank_steps,
             attempts=progress.attempts,
         )
-        return [(a.kind, a.reason) for a in response.actions]
+        return [MasterAction(a.kind, a.reason, a.planned_round) for a in response.actions]
 
     def report_failure(self, report: FailureReport) -> Decision:
         # No restart count here: the master keeps the node's count, and its answer names it.

@@ -274,7 +274,7 @@ class MasterClient:
         # would drop them. A lost heartbeat is simply followed by the next one.
         response: agent_pb2.HeartbeatResponse = self._call(self._agent.Heartbeat, request, idempotent=False)
         actions = tuple(
-            Action(a.action_id, from_proto(a.kind, agent_pb2.ActionKind, ActionKind), a.reason)
+            Action(a.action_id, from_proto(a.kind, agent_pb2.ActionKind, ActionKind), a.reason, a.planned_round)
             for a in response.actions
         )
         return HeartbeatAnswer(actions, _state(response.job_state, JobState, "the job state"))

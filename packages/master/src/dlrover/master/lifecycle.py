@@ -403,8 +403,11 @@ class JobLifecycle:
             step_time_s: recent step time by node id (the master's straggler statistics).
 
         Shrinking restarts the workers of the running nodes that stay (a planned round) only when
-        a running node leaves. A request that changes neither the target, the wanted count nor
-        the live nodes changes nothing, whoever asks (a `scale` to the current size, a retry).
+        a running node leaves. Their restart action is marked `Action.planned_round`, so their
+        agents have the workers seal a flash checkpoint first, as a stopped node's agent does
+        within its stop grace (``dlrover-run`` on SIGTERM): the new round redoes no step. A
+        request that changes neither the target, the wanted count nor the live nodes changes
+        nothing, whoever asks (a `scale` to the current size, a retry).
 
         Returns:
             What changed: launches, stops, and one event with the inputs and the reason: ``resize``
@@ -527,8 +530,10 @@ class JobLifecycle:
             # The nodes that stay train in a new round without the ones leaving: their workers
             # restart for it (as for a node that joins), which spends no restart budget.
             why = f"planned round: node(s) {gone} left the job ({cause})"
+            # planned_round: its agent has the workers seal a flash checkpoint first, as the
+            # leaving nodes' agents do when they are stopped, so the new round redoes no step.
             self._actions.setdefault(node.node_id, []).append(
-                Action(self._next_action_id, ActionKind.RESTART_PROCESSES, why)
+                Action(self._next_action_id, ActionKind.RESTART_PROCESSES, why, planned_round=True)
             )
             self._planned_round[node.node_id] = self._next_action_id
             self._next_action_id += 1
@@ -627,7 +632,8 @@ class JobLifecycle:
         out a planned round's restart (see `resize`) is a ``planned_restart`` event: the workers
         it restarts let go of what they held, as for a process restart.
         A node the master has given up on (replaced, removed, or the job ended) is told to stop;
-        that changes no state.
+        that changes no state. A node removed without a replacement while the job runs (a
+        shrink let it go) is told so with `Action.planned_round`: its workers save first.
 
         Raises:
             UnknownNodeError, NodeStateError: nothing changed.
@@ -642,7 +648,12 @@ class JobLifecycle:
             reason = f"node {node_id} is {node.state.value}"
             if node.replaced_by is not None:
                 reason += f"; replaced by node {node.replaced_by}"
-            return (Action(0, ActionKind.REMOVE_NODE, reason),), Outcome()
+            # Removed with no replacement while the job runs: a shrink let it go (a node the
+            # policy gives up on exits on the answer to its failure report and heartbeats no
+            # more). Its agent has the workers save before it stops them, as on the backend's
+            # SIGTERM, whichever of the two reaches it first.
+            leaves = node.state is NodeState.REMOVED and node.replaced_by is None
+            return (Action(0, ActionKind.REMOVE_NODE, reason, planned_round=leaves),), Outcome()
         self._nodes[node_id] = attrs.evolve(
             node,
             last_heartbeat=now,

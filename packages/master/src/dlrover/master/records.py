@@ -101,11 +101,20 @@ class Action:
 
     Journaled by `kind`'s value, so pending actions of older journals (``"restart_processes"``)
     restore as they were.
+
+    Attributes:
+        action_id: unique within the job, increasing.
+        kind: what to do.
+        reason: why, in a sentence.
+        planned_round: a restart for a planned round (a resize let nodes go), not for a failure,
+            or a removal of a node a shrink let go: the agent has its workers seal a flash
+            checkpoint before it restarts or stops them, so the new round redoes no step.
     """
 
     action_id: int
     kind: ActionKind
     reason: str
+    planned_round: bool = False
 
 
 @attrs.frozen
@@ -203,10 +212,19 @@ class LifecycleSnapshot:
 def actions_to_json(actions: Mapping[int, Sequence[Action]]) -> dict[str, list[dict[str, Any]]]:
     """A JSON-serialisable form of pending actions (for the journal's job record)."""
     return {
-        str(node_id): [{"action_id": a.action_id, "kind": a.kind.value, "reason": a.reason} for a in queued]
+        str(node_id): [
+            {"action_id": a.action_id, "kind": a.kind.value, "reason": a.reason, "planned_round": a.planned_round}
+            for a in queued
+        ]
         for node_id, queued in sorted(actions.items())
         if queued
     }
+
+
+def _flag(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"planned_round must be true or false, got {value!r}")
+    return value
 
 
 def actions_from_json(data: Mapping[str, Any]) -> dict[int, tuple[Action, ...]]:
@@ -217,7 +235,13 @@ def actions_from_json(data: Mapping[str, Any]) -> dict[int, tuple[Action, ...]]:
     """
     try:
         return {
-            int(node_id): tuple(Action(int(a["action_id"]), ActionKind(a["kind"]), str(a["reason"])) for a in queued)
+            int(node_id): tuple(
+                # "planned_round" is absent in journals written before planned rounds saved first.
+                Action(
+                    int(a["action_id"]), ActionKind(a["kind"]), str(a["reason"]), _flag(a.get("planned_round", False))
+                )
+                for a in queued
+            )
             for node_id, queued in dict(data).items()
         }
     except (KeyError, TypeError, ValueError) as exc:

@@ -208,7 +208,10 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             return agent_pb2.HeartbeatResponse(
                 actions=[
                     agent_pb2.Action(
-                        action_id=a.action_id, kind=proto_name(a.kind, agent_pb2.ActionKind), reason=a.reason
+                        action_id=a.action_id,
+                        kind=proto_name(a.kind, agent_pb2.ActionKind),
+                        reason=a.reason,
+                        planned_round=a.planned_round,
                     )
                     for a in actions
                 ],

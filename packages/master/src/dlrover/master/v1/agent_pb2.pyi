@@ -178,14 +178,16 @@ class HeartbeatRequest(_message.Message):
     def __init__(self, node_id: _Optional[int] = ..., resources: _Optional[_Union[ResourceSample, _Mapping]] = ..., progress: _Optional[_Union[StepProgress, _Mapping]] = ..., rank_steps: _Optional[_Iterable[_Union[RankStepStats, _Mapping]]] = ..., attempts: _Optional[_Iterable[_Union[AttemptReport, _Mapping]]] = ...) -> None: ...
 
 class Action(_message.Message):
-    __slots__ = ("action_id", "kind", "reason")
+    __slots__ = ("action_id", "kind", "reason", "planned_round")
     ACTION_ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    PLANNED_ROUND_FIELD_NUMBER: _ClassVar[int]
     action_id: int
     kind: ActionKind
     reason: str
-    def __init__(self, action_id: _Optional[int] = ..., kind: _Optional[_Union[ActionKind, str]] = ..., reason: _Optional[str] = ...) -> None: ...
+    planned_round: bool
+    def __init__(self, action_id: _Optional[int] = ..., kind: _Optional[_Union[ActionKind, str]] = ..., reason: _Optional[str] = ..., planned_round: _Optional[bool] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
     __slots__ = ("actions", "job_state")
