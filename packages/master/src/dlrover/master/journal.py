@@ -137,6 +137,7 @@ def job_fields(snapshot: LifecycleSnapshot) -> dict[str, Any]:
         "target_nodes": snapshot.target_nodes,
         "wanted_nodes": snapshot.wanted_nodes,
         "planned_round": {str(k): v for k, v in sorted(snapshot.planned_round.items())},
+        "spare_failures": snapshot.spare_failures,
     }
 
 
@@ -169,6 +170,7 @@ def _snapshot(job: Mapping[str, Any] | None, nodes: Sequence[NodeRecord]) -> Lif
             target_nodes=_optional_int(job.get("target_nodes")),
             wanted_nodes=_optional_int(job.get("wanted_nodes")),
             planned_round={int(k): int(v) for k, v in dict(job.get("planned_round", {})).items()},
+            spare_failures=int(job.get("spare_failures", 0)),
         )
     except (KeyError, TypeError, ValueError, DLRoverError) as exc:
         raise JournalError(f"corrupt job record {dict(job)!r}: {exc}") from exc
