@@ -248,6 +248,11 @@ def test_a_spare_takes_the_rank_of_a_node_killed_outright_and_a_new_spare_is_lau
     spare_rows = [line.split() for line in status.stdout.splitlines() if line.strip().startswith("spare ")]
     assert [(row[1], row[2]) for row in spare_rows] == [(str(spare_id), "running")], status.stdout
 
+    # Each fault comes once training has settled (the standbys refilled after the last start), so the two
+    # times to train again compare like with like on this shared machine.
+    settled = len(_progress(out)) + 20
+    _wait("training to settle", lambda: len(_progress(out)) >= settled, dump)
+
     # An in-place restart first (one worker killed; its agent restarts the node's workers), for comparison.
     before = len(_progress(out))
     worker_pid = int(max(out.glob("pid-node0-rank*"), key=lambda p: p.stat().st_mtime).read_text())
@@ -255,6 +260,9 @@ def test_a_spare_takes_the_rank_of_a_node_killed_outright_and_a_new_spare_is_lau
     os.kill(worker_pid, signal.SIGKILL)
     _wait("training again after the in-place restart", lambda: len(_progress(out)) >= before + 3, dump)
     in_place_s = next(t for _, _, t in _progress(out)[before:] if t > killed_worker_at) - killed_worker_at
+
+    settled = len(_progress(out)) + 20
+    _wait("training to settle", lambda: len(_progress(out)) >= settled, dump)
 
     # Node 1 (logical rank 1) killed outright: its agent and every worker, no report, no goodbye.
     before = len(_progress(out))

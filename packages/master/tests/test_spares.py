@@ -89,6 +89,26 @@ def test_a_relaunched_node_gives_its_rank_to_a_running_spare_and_a_new_spare_fol
     assert life.keep_spares(2.5).effects == ()  # idempotent
 
 
+def test_the_nodes_that_stay_restart_for_the_spares_round_and_spend_no_budget() -> None:
+    life = make(3, 1)
+    register_all(life)
+    life.node_lost(1, "gone", 1.0)
+    for survivor in (0, 2):
+        (action,) = life.pending_actions(survivor)
+        assert action.kind is ActionKind.RESTART_PROCESSES
+        assert action.reason == "planned round: spare node 3 takes rank 1 of node 1"
+    assert life.pending_actions(3) == ()  # the promoted spare simply joins the next round
+    # Node 0's collective broke before the restart reached it: the failure is that planned restart.
+    decision, _ = life.report_failure(0, FailureKind.COMMUNICATION, "peer closed the connection", 1.5, answered=True)
+    assert decision.action is ActionKind.RESTART_PROCESSES
+    assert "a spare takes a failed node's rank" in decision.outcome
+    assert life.node(0).process_restarts == 0
+    assert life.pending_actions(0) == ()
+    actions, out = life.heartbeat(2, 1.6)
+    assert [a.reason for a in actions] == ["planned round: spare node 3 takes rank 1 of node 1"]
+    assert [e.kind for e in out.events] == ["planned_restart"]
+
+
 def test_no_spare_is_promoted_before_it_registered_nor_on_an_avoided_host() -> None:
     life = make(2, 1)
     life.register(0, "a0", "h0", 0.0)

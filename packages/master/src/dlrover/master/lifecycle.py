@@ -188,6 +188,8 @@ class JobLifecycle:
             current = self._current.get(node.rank)
             if current is None or current < node.node_id:
                 self._current[node.rank] = node.node_id
+        if snap.current is not None:
+            self._current = {rank: node_id for rank, node_id in snap.current.items() if node_id in self._nodes}
         self._job_state = snap.job_state
         self._exit_reason = snap.exit_reason
         self._job_failures = snap.job_failures
@@ -300,6 +302,7 @@ class JobLifecycle:
             wanted_nodes=self._wanted,
             planned_round=dict(self._planned_round),
             spare_failures=self._spare_failures,
+            current=dict(self._current),
         )
 
     def savepoint(self) -> Savepoint:
@@ -750,8 +753,9 @@ class JobLifecycle:
     def _planned_restart(
         self, node: NodeRecord, kind: FailureKind, evidence: str, *, answered: bool
     ) -> tuple[Decision, Outcome]:
-        """A node told to restart for a planned round (a peer left by a resize) reports its
-        workers failed before that restart reached it: their collective lost the departed peer.
+        """A node told to restart for a planned round (a peer left by a resize, or a spare takes a
+        failed peer's rank) reports its workers failed before that restart reached it: their
+        collective lost the departed peer.
         It is the planned restart, answered as such, and spends no budget."""
         action_id = self._planned_round.pop(node.node_id)
         if answered:
@@ -759,7 +763,8 @@ class JobLifecycle:
             kept = [a for a in self._actions.get(node.node_id, ()) if a.action_id != action_id]
             self._actions[node.node_id] = kept
         reason = (
-            f"a planned round is under way (a node left the job by a resize): the workers of node "
+            f"a planned round is under way (a node left the job by a resize, or a spare takes a failed node's "
+            f"rank): the workers of node "
             f"{node.node_id} restart for it; their failure ({kind.value}: {one_line_summary(evidence)}) "
             "is its consequence and counts against no budget"
         )
@@ -1084,6 +1089,18 @@ class JobLifecycle:
         )
         return Outcome(events=(ev,), changed_nodes=frozenset({spare.node_id}), job_changed=True)
 
+    def _plan_round(self, nodes: Iterable[NodeRecord], why: str) -> None:
+        """Queue a planned round's restart for each running node not already told (see `_shrink`):
+        delivered with its next heartbeat, or answering its workers' failure first, with no budget spent."""
+        for node in nodes:
+            if node.state is not NodeState.RUNNING or node.node_id in self._planned_round:
+                continue
+            self._actions.setdefault(node.node_id, []).append(
+                Action(self._next_action_id, ActionKind.RESTART_PROCESSES, why)
+            )
+            self._planned_round[node.node_id] = self._next_action_id
+            self._next_action_id += 1
+
     def _fail_observed(self, node: NodeRecord, evidence: str, now: float) -> Outcome:
         """A node the master saw go silent or never register (`tick`)."""
         if node.spare:
@@ -1281,8 +1298,14 @@ class JobLifecycle:
         out = self._move(node, NodeState.RELAUNCHING, reason, now)
         spare = self._ready_spare(relaunch_with)
         if spare is not None:
-            # A warm spare takes the rank at the next round, without waiting for a launch.
+            # A warm spare takes the rank at the next round, without waiting for a launch: the
+            # nodes that stay restart their workers for that round at once (a planned round, as
+            # for a shrink), rather than wait out a save their broken collective cannot finish.
             out = out.merge(self._promote(spare, node.rank, node.relaunch_count + 1, reason, replaces=node))
+            self._plan_round(
+                (n for n in self.live_nodes() if n.node_id not in (node.node_id, spare.node_id)),
+                f"planned round: spare node {spare.node_id} takes rank {node.rank} of node {node.node_id}",
+            )
         else:
             resources = self._launched_with(node) if relaunch_with is None else relaunch_with
             out = out.merge(

@@ -203,6 +203,9 @@ class LifecycleSnapshot:
     """Nodes told to restart for a planned round (a peer left by a resize), with the action's id."""
     spare_failures: int = 0
     """Spare nodes lost so far (they bound how often a lost spare is replaced)."""
+    current: Mapping[int, int] | None = None
+    """The node serving each rank (None: a journal from before spares; the newest node of each rank).
+    A promoted spare may have an older id than a node created for its rank before it."""
 
 
 def actions_to_json(actions: Mapping[int, Sequence[Action]]) -> dict[str, list[dict[str, Any]]]:
