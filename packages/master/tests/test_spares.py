@@ -9,9 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from dlrover.common import ConfigError, ManualClock
+from dlrover.common import ConfigError, ManualClock, generate_token
 from dlrover.diagnosis import ActionKind, FailureKind
+from dlrover.master.client import MasterClient
 from dlrover.master.config import LifecycleConfig, MasterConfig, NodeRange
+from dlrover.master.factory import create_master
 from dlrover.master.hosting import HostedRendezvous
 from dlrover.master.journal import MemoryJournal, SqliteJournal, StateJournal
 from dlrover.master.lifecycle import JobLifecycle, LifecycleError, NodeStateError
@@ -332,3 +334,25 @@ def test_the_cli_refuses_a_bad_spare_count(value: str, backend: str, message: st
     )
     assert done.returncode == 2, done.stderr
     assert message in done.stderr, done.stderr
+
+
+@pytest.mark.integration
+def test_the_status_rpc_carries_the_spares() -> None:
+    config = MasterConfig(
+        job_name="spares-rpc",
+        lifecycle=LifecycleConfig(nodes=NodeRange(1, 1), spare_nodes=1, node_start_timeout_s=None),
+        token=generate_token(),
+        tick_interval_s=3600.0,
+    )
+    runtime = create_master(config, scheduler=FakeScheduler(), clock=ManualClock())
+    runtime.start()
+    try:
+        with MasterClient(runtime.address, runtime.token) as agent:
+            agent.register("spare-agent", "h1", node_id=1)
+            status = agent.job_status()
+        assert status.spare_nodes == 1
+        assert [(n.node_id, n.rank, n.state, n.host) for n in status.spares] == [(1, -1, NodeState.RUNNING, "h1")]
+        assert [n.node_id for n in status.nodes] == [0]
+        assert "spares: 1 ready of 1 kept (0 starting)" in format_status(status)
+    finally:
+        runtime.stop()

@@ -138,9 +138,7 @@ def job_fields(snapshot: LifecycleSnapshot) -> dict[str, Any]:
         "wanted_nodes": snapshot.wanted_nodes,
         "planned_round": {str(k): v for k, v in sorted(snapshot.planned_round.items())},
         "spare_failures": snapshot.spare_failures,
-        "current_ranks": None
-        if snapshot.current is None
-        else {str(k): v for k, v in sorted(snapshot.current.items())},
+        "current_ranks": None if snapshot.current is None else {str(k): v for k, v in sorted(snapshot.current.items())},
     }
 
 

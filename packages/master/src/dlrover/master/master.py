@@ -257,7 +257,9 @@ class Master:
         profile_recorder: records the job's profile when it ends (`dlrover.master.profiles`); None records none.
     """
 
-    _told_spares: frozenset[int] | None = None  # the spare set the libraries were last given
+    # The spare set the libraries were last given: none, as a library starts (a restarted master's
+    # spares differ from it, so they are told again).
+    _told_spares: frozenset[int] = frozenset()
 
     def __init__(
         self,
@@ -575,19 +577,21 @@ class Master:
         return notified
 
     def _sync_spares(self) -> bool:
-        """Tell the libraries the spare set when it changed; True if it did."""
+        """Tell the libraries the spare set when it changed; True if one was told."""
         spares = frozenset(n.node_id for n in self._lifecycle.spare_nodes())
         if spares == self._told_spares:
             return False
         self._told_spares = spares
+        told = False
         for member in self._membership:
             if not isinstance(member, SpareAware):
                 continue
+            told = True
             try:
                 member.spares_changed(spares)
             except Exception:
                 _log.exception("%s could not take the spare nodes %s", type(member).__name__, sorted(spares))
-        return True
+        return told
 
     def _apply(self, effect: LaunchNode | StopNode) -> None:
         if isinstance(effect, StopNode):
