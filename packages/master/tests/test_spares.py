@@ -356,3 +356,33 @@ def test_the_status_rpc_carries_the_spares() -> None:
         assert "spares: 1 ready of 1 kept (0 starting)" in format_status(status)
     finally:
         runtime.stop()
+
+
+def test_a_spare_whose_agent_exits_is_lost_whatever_its_status() -> None:
+    master, sched, _, _ = _master()
+    master.start()
+    for node_id in (0, 1, 2):
+        master.register(node_id, f"a{node_id}", f"h{node_id}")
+    sched.set_state(2, ObservedState.SUCCEEDED, exit_code=0)
+    master.tick()
+    assert master.node(2).state is NodeState.FAILED
+    assert master.job_state is JobState.RUNNING
+    assert [n.node_id for n in master.status().spares] == [3]  # replaced at once
+
+
+def test_a_waiting_spare_survives_a_master_restart_in_the_rendezvous(tmp_path: Path) -> None:
+    journal = SqliteJournal(tmp_path / "master.db")
+    master, _sched, rdzv, clock = _master(journal)
+    master.start()
+    for node_id in (0, 1, 2):
+        master.register(node_id, f"a{node_id}", f"h{node_id}")
+    with rdzv.locked() as m:
+        m.join("2", clock.now())
+    master.flush_state()
+    journal.close()
+    journal2 = SqliteJournal(tmp_path / "master.db")
+    _master2, _sched2, rdzv2, _ = _master(journal2, clock=clock)
+    with rdzv2.locked() as m:
+        polled = m.poll("2", clock.now())
+        assert (polled.state, polled.spare) == (PollState.WAITING, True)
+    journal2.close()

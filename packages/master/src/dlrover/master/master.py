@@ -1264,9 +1264,10 @@ class Master:
         now = self._clock.now()
         if seen is ObservedState.RUNNING:
             self._transact(lambda: self._just(self._lifecycle.node_started(node_id, now)))
-        elif seen is ObservedState.SUCCEEDED and node.state is NodeState.RUNNING:
+        elif seen is ObservedState.SUCCEEDED and node.state is NodeState.RUNNING and not node.spare:
             self._transact(lambda: self._just(self._lifecycle.report_success(node_id, now)))
         elif seen in (ObservedState.SUCCEEDED, ObservedState.FAILED, ObservedState.STOPPED):
+            # (A spare trains nothing: whatever its agent's status, it is lost.)
             evidence = f"the agent exited with status {exit_code} ({seen.value})"
             record, kills = self._memory_evidence(node_id)
             # The kernel's record says why the node went: it is decided as host OOM, not as a lost node.

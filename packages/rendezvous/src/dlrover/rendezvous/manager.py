@@ -116,8 +116,8 @@ class RendezvousManager:
 
     @property
     def waiting(self) -> tuple[str, ...]:
-        """Nodes waiting for the next round, in join order (spares excluded: they wait for a rank)."""
-        return tuple(n for n in self._waiting if n not in self._spares)
+        """Nodes waiting for the next round, in join order (spares included: see `waiting_spares`)."""
+        return tuple(self._waiting)
 
     @property
     def spares(self) -> frozenset[str]:
