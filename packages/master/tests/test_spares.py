@@ -111,6 +111,21 @@ def test_the_nodes_that_stay_restart_for_the_spares_round_and_spend_no_budget() 
     assert [e.kind for e in out.events] == ["planned_restart"]
 
 
+def test_a_node_whose_workers_restarted_after_the_death_is_not_told_to_restart_again() -> None:
+    life = make(3, 1)
+    register_all(life)
+    life.heartbeat(1, 1.0)  # node 1's last sign of life
+    life.report_failure(2, FailureKind.UNKNOWN, "long before", 0.5)  # before it: node 2 is in the old round
+    decision, _ = life.report_failure(0, FailureKind.COMMUNICATION, "peer closed the connection", 2.0)
+    assert decision.action is ActionKind.RESTART_PROCESSES  # node 0's workers restart already
+    life.pending_actions(0)
+    life.heartbeat(0, 2.1)  # the restart is delivered
+    life.heartbeat(2, 2.1)
+    life.node_lost(1, "the agent exited", 3.0)
+    assert life.pending_actions(0) == ()
+    assert [a.reason for a in life.pending_actions(2)] == ["planned round: spare node 3 takes rank 1 of node 1"]
+
+
 def test_no_spare_is_promoted_before_it_registered_nor_on_an_avoided_host() -> None:
     life = make(2, 1)
     life.register(0, "a0", "h0", 0.0)

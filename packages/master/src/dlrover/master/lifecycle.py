@@ -113,6 +113,7 @@ class Savepoint:
     pending_announced: frozenset[int]
     planned_round: dict[int, int]
     spare_failures: int = 0
+    restarted_at: dict[int, float] = attrs.field(factory=dict)
 
 
 def _clip(text: str) -> str:
@@ -174,6 +175,9 @@ class JobLifecycle:
         self._pending_announced: set[int] = set()
         self._planned_round: dict[int, int] = {}  # node id -> the action restarting it for a planned round
         self._spare_failures = 0  # spares lost: bounds how often a lost spare is replaced
+        # node id -> when its processes were last told to restart for a failure. Not journaled: after a
+        # master restart a node may be told once more to restart for a spare's round.
+        self._restarted_at: dict[int, float] = {}
         if snapshot is not None:
             self._restore(snapshot, now)
 
@@ -325,6 +329,7 @@ class JobLifecycle:
             pending_announced=frozenset(self._pending_announced),
             planned_round=dict(self._planned_round),
             spare_failures=self._spare_failures,
+            restarted_at=dict(self._restarted_at),
         )
 
     def rollback(self, savepoint: Savepoint) -> None:
@@ -345,6 +350,7 @@ class JobLifecycle:
         self._pending_announced = set(savepoint.pending_announced)
         self._planned_round = dict(savepoint.planned_round)
         self._spare_failures = savepoint.spare_failures
+        self._restarted_at = dict(savepoint.restarted_at)
         if isinstance(self._policy, StatefulPolicy) and savepoint.policy is not None:
             self._policy.rollback(savepoint.policy)
 
@@ -1261,6 +1267,7 @@ class JobLifecycle:
         if decision.action.restarts_processes:
             node = attrs.evolve(node, process_restarts=node.process_restarts + 1)
             self._nodes[node.node_id] = node
+            self._restarted_at[node.node_id] = now
             if not answered:
                 self._actions.setdefault(node.node_id, []).append(Action(self._next_action_id, decision.action, reason))
                 self._next_action_id += 1
@@ -1302,8 +1309,16 @@ class JobLifecycle:
             # nodes that stay restart their workers for that round at once (a planned round, as
             # for a shrink), rather than wait out a save their broken collective cannot finish.
             out = out.merge(self._promote(spare, node.rank, node.relaunch_count + 1, reason, replaces=node))
+            # A node whose workers already restarted after this one last showed life (their
+            # collective broke when it died) joins the spare's round by itself: told again, it
+            # would restart a second time, in the new round.
             self._plan_round(
-                (n for n in self.live_nodes() if n.node_id not in (node.node_id, spare.node_id)),
+                (
+                    n
+                    for n in self.live_nodes()
+                    if n.node_id not in (node.node_id, spare.node_id)
+                    and self._restarted_at.get(n.node_id, -math.inf) < node.last_heartbeat
+                ),
                 f"planned round: spare node {spare.node_id} takes rank {node.rank} of node {node.node_id}",
             )
         else:
