@@ -12,6 +12,8 @@ from dlrover.launcher.control import FailureReport, Progress, ResourceUsage, Rou
 from dlrover.launcher.grpc_control import GrpcControlPlane
 from dlrover.master import MasterClient, MasterConfig, MasterRuntime, create_master
 from dlrover.master.config import LifecycleConfig, NodeRange
+from dlrover.master.scheduler.base import ObservedState
+from dlrover.master.scheduler.fake import FakeScheduler
 
 
 @pytest.fixture
@@ -289,3 +291,53 @@ def test_register_waits_for_a_master_that_starts_later_and_gives_up_on_one_that_
     with pytest.raises(DLRoverError, match=r"did not accept a connection in 0\.5 s"):
         impatient.register(1)
     impatient.close()
+
+
+@pytest.mark.integration
+def test_a_spare_waits_past_the_round_timeout_and_takes_the_rank_of_a_lost_node() -> None:
+    scheduler = FakeScheduler()
+    config = MasterConfig(
+        lifecycle=LifecycleConfig(nodes=NodeRange(1, 1), spare_nodes=1, node_start_timeout_s=None),
+        heartbeat_interval_s=0.2,
+        tick_interval_s=0.1,
+        rendezvous_last_call_s=0.1,
+    )
+    with create_master(config, scheduler=scheduler) as runtime:
+        planes = [
+            GrpcControlPlane(
+                runtime.address,
+                runtime.token,
+                node_name=f"node-{i}",
+                host="localhost",
+                local_addr="127.0.0.1",
+                min_nodes=1,
+                max_nodes=1,
+                node_id=i,
+            )
+            for i in range(2)
+        ]
+        try:
+            for plane in planes:
+                plane.register(1)
+            assert planes[0].next_round(timeout_s=30).group_rank == 0
+            got: list[RoundAssignment] = []
+            errors: list[BaseException] = []
+
+            def wait_as_spare() -> None:
+                try:
+                    got.append(planes[1].next_round(timeout_s=1.0))
+                except BaseException as exc:  # surfaced below
+                    errors.append(exc)
+
+            thread = threading.Thread(target=wait_as_spare, daemon=True)
+            thread.start()
+            thread.join(3.0)  # three times its round timeout: a spare waits on
+            assert thread.is_alive(), errors
+            scheduler.set_state(0, ObservedState.FAILED, exit_code=-9)  # node 0's agent is gone
+            thread.join(60.0)
+            assert not errors, errors
+            assert [(r.group_rank, r.group_world_size) for r in got] == [(0, 1)]
+            assert runtime.master.node(1).rank == 0
+        finally:
+            for plane in planes:
+                plane.close()

@@ -52,6 +52,9 @@ __all__ = [
 ]
 
 _EVIDENCE_LIMIT = 60 * 1024
+# How often a spare polls the rendezvous: how soon it learns that it took over a rank.
+_SPARE_POLL_INTERVAL_S = 0.25
+
 _log = logging.getLogger(__name__)
 
 
@@ -256,6 +259,11 @@ class GrpcControlPlane:
             if should_stop():
                 raise DLRoverError(f"stopped while waiting for a round: {result.reason}")
             now = self._clock.now()
+            if result.spare:
+                # A spare node (`dlrover-master --spare-nodes`) waits for a rank as long as the
+                # master holds it in reserve, and polls often enough to take one over quickly.
+                give_up_at = now + timeout_s
+                interval = min(interval, _SPARE_POLL_INTERVAL_S)
             if now >= give_up_at:
                 raise DLRoverError(f"node {self._node_id} got no round within {timeout_s} s: {result.reason}")
             if now >= next_heartbeat:

@@ -86,7 +86,7 @@ from dlrover.master.lifecycle import (
     Savepoint,
     UnknownNodeError,
 )
-from dlrover.master.master import JobStatus, Master, NodeMembership, ResourceSample, StatefulCollaborator
+from dlrover.master.master import JobStatus, Master, NodeMembership, ResourceSample, SpareAware, StatefulCollaborator
 from dlrover.master.metrics import MasterMetrics, MetricsEndpoint
 from dlrover.master.policy import (
     Classification,
@@ -167,6 +167,7 @@ __all__ = [
     "MasterConfig",
     "MasterRuntime",
     "ServiceRegistration",
+    "SpareAware",
     "StatefulCollaborator",
     "create_master",
     "resolve_token",

@@ -137,7 +137,7 @@ def _run_parser() -> argparse.ArgumentParser:
         default=3,
         help="process restarts per node for an agent that declares none (dlrover-run declares its --max-restarts)",
     )
-    p.add_argument("--max-relaunches", type=int, default=3, help="relaunches of each rank's node")
+    _add_replacement_flags(p)
     p.add_argument(
         "--max-job-failures",
         type=int,
@@ -357,6 +357,30 @@ def _client(args: argparse.Namespace) -> MasterClient:
     return MasterClient(args.master, token, channel_config=channel_config, policy=policy)
 
 
+def _add_replacement_flags(p: argparse.ArgumentParser) -> None:
+    """How nodes are replaced: relaunches per rank, and the warm spares that take a relaunched node's rank."""
+    p.add_argument("--max-relaunches", type=int, default=3, help="relaunches of each rank's node")
+    p.add_argument(
+        "--spare-nodes",
+        type=_spare_count,
+        default=0,
+        help="warm spare nodes kept beside the ranked ones (not counted in --nnodes): registered agents with "
+        "their standby workers ready and no rank; one takes over the rank of a node the master relaunches, "
+        "and another is launched in the background. They take the backend's capacity after the ranked nodes "
+        "(local backend only)",
+    )
+
+
+def _spare_count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--spare-nodes must be a whole number of nodes, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"--spare-nodes must be 0 or more, got {value}")
+    return value
+
+
 def _non_negative_count(text: str) -> int:
     try:
         value = int(text)
@@ -406,6 +430,7 @@ def build_config(args: argparse.Namespace) -> MasterConfig:
         insufficient_nodes_window_s=args.insufficient_nodes_window_s,
         **lifecycle_resources(args),
         node_pending_timeout_s=args.node_pending_timeout_s or None,
+        spare_nodes=args.spare_nodes,
     )
     return MasterConfig(
         job_name=args.job_name,

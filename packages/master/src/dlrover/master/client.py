@@ -410,6 +410,8 @@ class MasterClient:
             target_nodes=response.target_nodes,
             wanted_nodes=response.wanted_nodes,
             capacity=response.capacity if response.HasField("capacity") else None,
+            spares=tuple(_node_summary(n) for n in response.spares),
+            spare_nodes=response.spare_nodes,
         )
 
     def list_events(self, after_seq: int = 0, limit: int = 100) -> tuple[JournaledEvent, ...]:
@@ -483,3 +485,19 @@ class MasterClient:
 
     def __exit__(self, *_exc: object) -> None:
         self.close()
+
+
+def _node_summary(n: job_pb2.NodeStatus) -> NodeSummary:
+    return NodeSummary(
+        node_id=n.node_id,
+        rank=n.rank,
+        state=_state(n.state, NodeState, "the node state"),
+        name=n.name,
+        host=n.host,
+        relaunch_count=n.relaunch_count,
+        process_restarts=n.process_restarts,
+        step=n.step,
+        seconds_since_heartbeat=n.seconds_since_heartbeat,
+        last_failure=n.last_failure,
+        last_reason=n.last_reason,
+    )

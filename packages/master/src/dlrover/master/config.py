@@ -130,6 +130,10 @@ class LifecycleConfig:
         node_pending_timeout_s: a launched node still not running after this long is announced in a
             ``nodes_pending`` event: the job goes on with the nodes that run (and says whether that
             is at least `min_nodes`); the node stays wanted and joins when it starts. None: never.
+        spare_nodes: warm spares to keep beside the ranked nodes (``--spare-nodes``): nodes whose
+            agents are registered and hold no rank, one of which takes over the rank of a node the
+            master relaunches. They count against the backend's capacity after the ranked nodes
+            (`max_nodes` does not include them); a backend that starts no node keeps none.
     """
 
     nodes: NodeRange = attrs.field(factory=NodeRange)
@@ -143,6 +147,7 @@ class LifecycleConfig:
     oom_memory_growth: float = attrs.field(default=1.5, validator=positive)
     max_node_memory_mb: int | None = attrs.field(default=None, validator=_optional_memory_mb)
     node_pending_timeout_s: float | None = attrs.field(default=60.0, validator=_optional_positive)
+    spare_nodes: int = attrs.field(default=0, validator=non_negative_int)
 
     def __attrs_post_init__(self) -> None:
         if not math.isfinite(self.oom_memory_growth) or self.oom_memory_growth < 1:

@@ -294,6 +294,15 @@ class HostedRendezvous:
         with self._servicer.lock:
             self._manager.close(self._clock.now())
 
+    # SpareAware
+
+    def spares_changed(self, node_ids: frozenset[int]) -> None:
+        """Hold the master's warm spares out of every round (`RendezvousManager.set_spares`); a spare
+        given a rank waits for the next round like any node that joins."""
+        with self._servicer.lock:
+            what = self._manager.set_spares((str(n) for n in node_ids), self._clock.now())
+        _log.info("rendezvous spares: %s", what)
+
 
 KV_STATE_FORMAT = "dlrover.master.kv"
 

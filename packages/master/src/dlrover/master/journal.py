@@ -137,7 +137,16 @@ def job_fields(snapshot: LifecycleSnapshot) -> dict[str, Any]:
         "target_nodes": snapshot.target_nodes,
         "wanted_nodes": snapshot.wanted_nodes,
         "planned_round": {str(k): v for k, v in sorted(snapshot.planned_round.items())},
+        "spare_failures": snapshot.spare_failures,
+        "current_ranks": None if snapshot.current is None else {str(k): v for k, v in sorted(snapshot.current.items())},
     }
+
+
+def _current_ranks(value: Any) -> dict[int, int] | None:
+    """The journaled rank -> node map; None when the journal predates it."""
+    if value is None:
+        return None
+    return {int(k): int(v) for k, v in dict(value).items()}
 
 
 def _optional_int(value: Any) -> int | None:
@@ -169,6 +178,8 @@ def _snapshot(job: Mapping[str, Any] | None, nodes: Sequence[NodeRecord]) -> Lif
             target_nodes=_optional_int(job.get("target_nodes")),
             wanted_nodes=_optional_int(job.get("wanted_nodes")),
             planned_round={int(k): int(v) for k, v in dict(job.get("planned_round", {})).items()},
+            spare_failures=int(job.get("spare_failures", 0)),
+            current=_current_ranks(job.get("current_ranks")),
         )
     except (KeyError, TypeError, ValueError, DLRoverError) as exc:
         raise JournalError(f"corrupt job record {dict(job)!r}: {exc}") from exc

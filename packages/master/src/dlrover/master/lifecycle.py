@@ -112,6 +112,8 @@ class Savepoint:
     wanted_nodes: int
     pending_announced: frozenset[int]
     planned_round: dict[int, int]
+    spare_failures: int = 0
+    restarted_at: dict[int, float] = attrs.field(factory=dict)
 
 
 def _clip(text: str) -> str:
@@ -149,6 +151,11 @@ class JobLifecycle:
         *,
         scheduler_relaunches: bool = True,
     ) -> None:
+        if config.spare_nodes and not scheduler_relaunches:
+            raise LifecycleError(
+                f"spare_nodes {config.spare_nodes}: this job's backend starts no node, so it can keep no spare "
+                "(warm spares need a backend that launches nodes, such as local)"
+            )
         self._config = config
         self._policy = policy
         self._scheduler_relaunches = scheduler_relaunches
@@ -167,6 +174,10 @@ class JobLifecycle:
         self._wanted = config.nodes.max_nodes
         self._pending_announced: set[int] = set()
         self._planned_round: dict[int, int] = {}  # node id -> the action restarting it for a planned round
+        self._spare_failures = 0  # spares lost: bounds how often a lost spare is replaced
+        # node id -> when its processes were last told to restart for a failure. Not journaled: after a
+        # master restart a node may be told once more to restart for a spare's round.
+        self._restarted_at: dict[int, float] = {}
         if snapshot is not None:
             self._restore(snapshot, now)
 
@@ -176,9 +187,13 @@ class JobLifecycle:
         for node in snap.nodes:
             fresh = attrs.evolve(node, last_heartbeat=now, state_since=now)
             self._nodes[node.node_id] = fresh
+            if node.spare:
+                continue  # a spare holds no rank
             current = self._current.get(node.rank)
             if current is None or current < node.node_id:
                 self._current[node.rank] = node.node_id
+        if snap.current is not None:
+            self._current = {rank: node_id for rank, node_id in snap.current.items() if node_id in self._nodes}
         self._job_state = snap.job_state
         self._exit_reason = snap.exit_reason
         self._job_failures = snap.job_failures
@@ -190,6 +205,7 @@ class JobLifecycle:
         self._target = min(max_nodes, snap.target_nodes if snap.target_nodes is not None else max_nodes)
         self._wanted = min(max_nodes, snap.wanted_nodes if snap.wanted_nodes is not None else max_nodes)
         self._planned_round = dict(snap.planned_round)
+        self._spare_failures = snap.spare_failures
         self._actions = {node_id: list(queued) for node_id, queued in snap.actions.items() if queued}
         if snap.policy_state and isinstance(self._policy, JournaledPolicy):
             self._policy.import_state(snap.policy_state)
@@ -245,6 +261,15 @@ class JobLifecycle:
         """Every node incarnation by id (a copy)."""
         return dict(self._nodes)
 
+    def spare_nodes(self) -> list[NodeRecord]:
+        """The warm spares that are pending, starting or running, by node id: they hold no rank."""
+        return [n for _, n in sorted(self._nodes.items()) if n.spare and n.state in ALIVE_STATES]
+
+    @property
+    def spare_failures(self) -> int:
+        """Spares lost so far (see `keep_spares`)."""
+        return self._spare_failures
+
     def node(self, node_id: int) -> NodeRecord:
         """One node.
 
@@ -280,6 +305,8 @@ class JobLifecycle:
             target_nodes=self._target,
             wanted_nodes=self._wanted,
             planned_round=dict(self._planned_round),
+            spare_failures=self._spare_failures,
+            current=dict(self._current),
         )
 
     def savepoint(self) -> Savepoint:
@@ -301,6 +328,8 @@ class JobLifecycle:
             wanted_nodes=self._wanted,
             pending_announced=frozenset(self._pending_announced),
             planned_round=dict(self._planned_round),
+            spare_failures=self._spare_failures,
+            restarted_at=dict(self._restarted_at),
         )
 
     def rollback(self, savepoint: Savepoint) -> None:
@@ -320,6 +349,8 @@ class JobLifecycle:
         self._wanted = savepoint.wanted_nodes
         self._pending_announced = set(savepoint.pending_announced)
         self._planned_round = dict(savepoint.planned_round)
+        self._spare_failures = savepoint.spare_failures
+        self._restarted_at = dict(savepoint.restarted_at)
         if isinstance(self._policy, StatefulPolicy) and savepoint.policy is not None:
             self._policy.rollback(savepoint.policy)
 
@@ -340,6 +371,8 @@ class JobLifecycle:
                 grows toward the wanted count as capacity appears (`resize` with the `capacity` source).
             initial_nodes: the node count wanted at start (the autoscaler starts a job at its
                 minimum and grows it while that pays); None wants `max_nodes`.
+
+        The ranked nodes come first; the warm spares (`spare_nodes`) take what room is left.
 
         Raises:
             ResizeError: `placeable` is negative, or `initial_nodes` is outside the range or not a
@@ -371,7 +404,7 @@ class JobLifecycle:
         out = Outcome(job_changed=True, events=(ev,))
         for rank in range(self._target):
             out = out.merge(self._create_node(rank, 0, None, now, "job start"))
-        return out
+        return out.merge(self.keep_spares(now, placeable=placeable))
 
     def resize(
         self,
@@ -506,7 +539,14 @@ class JobLifecycle:
         for rank in free:
             # A rank given up before keeps its relaunch count: a resize spends no relaunch budget.
             before = self._nodes.get(self._current[rank]) if rank in self._current else None
-            out = out.merge(self._create_node(rank, before.relaunch_count if before else 0, None, now, cause))
+            relaunches = before.relaunch_count if before else 0
+            spare = self._ready_spare(None)
+            if spare is not None:
+                # A warm spare is there already: it takes the new rank at the next round, and the
+                # backend starts another spare in its place (`keep_spares`).
+                out = out.merge(self._promote(spare, rank, relaunches, cause, replaces=None))
+            else:
+                out = out.merge(self._create_node(rank, relaunches, None, now, cause))
         return out, free
 
     def _shrink(
@@ -712,6 +752,8 @@ class JobLifecycle:
         node = self.node(node_id)
         if node.state not in ALIVE_STATES:
             raise NodeStateError(f"node {node_id} is {node.state.value}; it cannot fail")
+        if node.spare:
+            return self._lose_spare(node, kind, _clip(evidence), now)
         if node_id in self._planned_round and node.state is NodeState.RUNNING and not agent_exits:
             return self._planned_restart(node, kind, _clip(evidence), answered=answered)
         return self._fail(
@@ -728,8 +770,9 @@ class JobLifecycle:
     def _planned_restart(
         self, node: NodeRecord, kind: FailureKind, evidence: str, *, answered: bool
     ) -> tuple[Decision, Outcome]:
-        """A node told to restart for a planned round (a peer left by a resize) reports its
-        workers failed before that restart reached it: their collective lost the departed peer.
+        """A node told to restart for a planned round (a peer left by a resize, or a spare takes a
+        failed peer's rank) reports its workers failed before that restart reached it: their
+        collective lost the departed peer.
         It is the planned restart, answered as such, and spends no budget."""
         action_id = self._planned_round.pop(node.node_id)
         if answered:
@@ -737,7 +780,8 @@ class JobLifecycle:
             kept = [a for a in self._actions.get(node.node_id, ()) if a.action_id != action_id]
             self._actions[node.node_id] = kept
         reason = (
-            f"a planned round is under way (a node left the job by a resize): the workers of node "
+            f"a planned round is under way (a node left the job by a resize, or a spare takes a failed node's "
+            f"rank): the workers of node "
             f"{node.node_id} restart for it; their failure ({kind.value}: {one_line_summary(evidence)}) "
             "is its consequence and counts against no budget"
         )
@@ -767,6 +811,8 @@ class JobLifecycle:
         node = self.node(node_id)
         if node.state not in ALIVE_STATES:
             raise NodeStateError(f"node {node_id} is {node.state.value}; it cannot fail")
+        if node.spare:
+            return self._lose_spare(node, kind, _clip(evidence), now)
         return self._fail(node, kind, _clip(evidence), now, exit_code, observed=True)
 
     def report_success(self, node_id: int, now: float) -> Outcome:
@@ -777,6 +823,8 @@ class JobLifecycle:
         """
         self._refuse_if_finished()
         node = self.node(node_id)
+        if node.spare:
+            raise NodeStateError(f"node {node_id} is a spare: it holds no rank, so it trained nothing to succeed at")
         out = self._move(node, NodeState.SUCCEEDED, "its training processes succeeded", now)
         return out.merge(self._check_nodes(now))
 
@@ -802,14 +850,14 @@ class JobLifecycle:
             if node.state is NodeState.RUNNING and now - node.last_heartbeat > timeout:
                 silent = now - node.last_heartbeat
                 evidence = f"no heartbeat for {silent:.1f}s (timeout {timeout:g}s)"
-                out = out.merge(self._fail(node, LOST_NODE_KIND, evidence, now, observed=True)[1])
+                out = out.merge(self._fail_observed(node, evidence, now))
             elif (
                 node.state in (NodeState.PENDING, NodeState.STARTING)
                 and start_timeout is not None
                 and now - node.state_since > start_timeout
             ):
                 evidence = f"not registered {now - node.state_since:.1f}s after launch (timeout {start_timeout:g}s)"
-                out = out.merge(self._fail(node, LOST_NODE_KIND, evidence, now, observed=True)[1])
+                out = out.merge(self._fail_observed(node, evidence, now))
         out = out.merge(self._announce_pending(now))
         return out.merge(self._check_nodes(now))
 
@@ -934,6 +982,176 @@ class JobLifecycle:
         ev = Event("node_created", f"{made}: {reason}", node_id, rank)
         launch = LaunchNode(node_id, rank, relaunch_count, frozenset(self._avoid_hosts), group.role, resources)
         return Outcome(effects=(launch,), events=(ev,), changed_nodes=frozenset({node_id}), job_changed=True)
+
+    # ------------------------------------------------------------------ spares
+
+    def keep_spares(self, now: float, *, placeable: int | None = None) -> Outcome:
+        """Keep `spare_nodes` warm spares within the backend's room; idempotent.
+
+        The ranked nodes come first: spares take the room left beside the live ranked nodes
+        (`placeable`: how many nodes the backend can hold now, those it holds included; None: no
+        limit it knows of). Missing spares are created (launched in the background, holding no
+        rank); spares beyond the room are released, those not yet running first, then the newest.
+        No spare is created once the job is finishing (a node succeeded) or ended, on a backend
+        that starts no node, or once `max_relaunches` x `spare_nodes` spares were lost (the
+        `spare_lost` event of the last one says so).
+
+        Raises:
+            ResizeError: `placeable` is negative; nothing changed.
+        """
+        if placeable is not None and placeable < 0:
+            raise ResizeError(f"placeable must be None or >= 0, got {placeable!r}")
+        wanted = self._config.spare_nodes
+        spares = self.spare_nodes()
+        if not self._started or self._job_state.finished or (not wanted and not spares):
+            return Outcome()
+        room = wanted if placeable is None else max(0, min(wanted, placeable - len(self.live_nodes())))
+        out = Outcome()
+        if len(spares) > room:
+            # Not yet running first (they cost least to give up), then the newest.
+            order = sorted(spares, key=lambda n: (n.state is NodeState.RUNNING, -n.node_id))
+            why = (
+                f"the backend has room for {placeable} node(s) and the {len(self.live_nodes())} ranked node(s) "
+                f"come first: {room} spare(s) fit"
+            )
+            for spare in order[: len(spares) - room]:
+                out = out.merge(self._move(spare, NodeState.REMOVED, f"spare released: {why}", now))
+                out = out.merge(Outcome(effects=(StopNode(spare.node_id, f"spare released: {why}"),)))
+                ev = Event(
+                    "spare_released",
+                    f"spare node {spare.node_id} released: {why}",
+                    spare.node_id,
+                    None,
+                    {"placeable": placeable, "spare_nodes": wanted, "room": room},
+                )
+                out = out.merge(Outcome(events=(ev,), job_changed=True))
+            return out
+        if (
+            len(spares) == room
+            or not self._scheduler_relaunches
+            or self.count(NodeState.SUCCEEDED)
+            or 0 < self._spare_failures >= self._spare_loss_limit()
+        ):
+            return out
+        for _ in range(room - len(spares)):
+            out = out.merge(self._create_spare(now, f"{room} of {wanted} spare(s) fit beside the ranked nodes"))
+        return out
+
+    def _spare_loss_limit(self) -> int:
+        return self._config.max_relaunches * self._config.spare_nodes
+
+    def _create_spare(self, now: float, reason: str) -> Outcome:
+        """A new PENDING spare: launched like a node, holding no rank (-1)."""
+        group = self._config.worker_group
+        node_id = self._next_node_id
+        self._next_node_id += 1
+        node = NodeRecord(
+            node_id=node_id,
+            rank=-1,
+            state=NodeState.PENDING,
+            last_heartbeat=now,
+            state_since=now,
+            history=(TransitionRecord(None, NodeState.PENDING, f"spare: {reason}", now),),
+            role=group.role,
+            resources=group.resources,
+            spare=True,
+        )
+        self._nodes[node_id] = node
+        ev = Event("node_created", f"spare node {node_id} created: {reason}", node_id, None, {"spare": True})
+        launch = LaunchNode(node_id, -1, 0, frozenset(self._avoid_hosts), group.role, group.resources)
+        return Outcome(effects=(launch,), events=(ev,), changed_nodes=frozenset({node_id}), job_changed=True)
+
+    def _ready_spare(self, resources: Resources | None) -> NodeRecord | None:
+        """The spare to promote: registered and running, on a host not avoided, launched with
+        `resources` when a relaunch needs those (a host-OOM relaunch with more memory); the oldest."""
+        for spare in self.spare_nodes():
+            if spare.state is not NodeState.RUNNING or spare.host in self._avoid_hosts:
+                continue
+            if resources is not None and self._launched_with(spare) != resources:
+                continue
+            return spare
+        return None
+
+    def _promote(
+        self, spare: NodeRecord, rank: int, relaunch_count: int, reason: str, *, replaces: NodeRecord | None
+    ) -> Outcome:
+        """`spare` takes `rank` (of `replaces`, when it replaces a node): an ordinary ranked node from now on.
+
+        Its rank is `relaunch_count`'s incarnation, so a promotion spends the relaunch the
+        decision spent; the rendezvous admits it at the next round (the master stops holding it
+        in reserve there).
+        """
+        promoted = attrs.evolve(
+            spare,
+            rank=rank,
+            spare=False,
+            relaunch_count=relaunch_count,
+            replaces=None if replaces is None else replaces.node_id,
+        )
+        self._nodes[spare.node_id] = promoted
+        self._current[rank] = spare.node_id
+        whose = "" if replaces is None else f" of node {replaces.node_id}"
+        ev = Event(
+            "spare_promoted",
+            f"spare node {spare.node_id} takes rank {rank}{whose} at the next round: {reason}",
+            spare.node_id,
+            rank,
+            {
+                "spare": spare.node_id,
+                "rank": rank,
+                "replaces": None if replaces is None else replaces.node_id,
+                "reason": reason,
+                "host": spare.host,
+            },
+        )
+        return Outcome(events=(ev,), changed_nodes=frozenset({spare.node_id}), job_changed=True)
+
+    def _plan_round(self, nodes: Iterable[NodeRecord], why: str) -> None:
+        """Queue a planned round's restart for each running node not already told (see `_shrink`):
+        delivered with its next heartbeat, or answering its workers' failure first, with no budget spent."""
+        for node in nodes:
+            if node.state is not NodeState.RUNNING or node.node_id in self._planned_round:
+                continue
+            self._actions.setdefault(node.node_id, []).append(
+                Action(self._next_action_id, ActionKind.RESTART_PROCESSES, why)
+            )
+            self._planned_round[node.node_id] = self._next_action_id
+            self._next_action_id += 1
+
+    def _fail_observed(self, node: NodeRecord, evidence: str, now: float) -> Outcome:
+        """A node the master saw go silent or never register (`tick`)."""
+        if node.spare:
+            return self._lose_spare(node, LOST_NODE_KIND, evidence, now)[1]
+        return self._fail(node, LOST_NODE_KIND, evidence, now, observed=True)[1]
+
+    def _lose_spare(self, node: NodeRecord, kind: FailureKind, evidence: str, now: float) -> tuple[Decision, Outcome]:
+        """A spare failed: it held no rank, so nothing restarts; it is stopped, and `keep_spares`
+        launches another while fewer than `max_relaunches` x `spare_nodes` spares were lost.
+        Not counted against `max_job_failures`: no training was disturbed."""
+        self._spare_failures += 1
+        headline = one_line_summary(evidence)
+        node = attrs.evolve(node, last_failure=f"{kind.value}: {evidence}")
+        self._nodes[node.node_id] = node
+        limit = self._spare_loss_limit()
+        if self._spare_failures < limit:
+            then = f"another spare is launched when there is room ({self._spare_failures} of {limit} spare losses)"
+        else:
+            then = (
+                f"{self._spare_failures} spares lost, max_relaunches x spare_nodes = {limit}: "
+                "no more spares are launched"
+            )
+        reason = f"spare node {node.node_id} failed ({kind.value}: {headline}); it held no rank: {then}"
+        out = self._move(node, NodeState.FAILED, f"{kind.value}: {headline}", now)
+        self._actions.pop(node.node_id, None)
+        ev = Event(
+            "spare_lost",
+            reason,
+            node.node_id,
+            None,
+            {"kind": kind.value, "evidence": evidence, "spare_failures": self._spare_failures, "limit": limit},
+        )
+        out = out.merge(Outcome(effects=(StopNode(node.node_id, reason),), events=(ev,), job_changed=True))
+        return Decision(ActionKind.REMOVE_NODE, kind, str(node.node_id), reason), out
 
     def restart_budget(self, node: NodeRecord) -> int:
         """The process restarts `node` may take: what its agent declared, else the configured."""
@@ -1060,6 +1278,7 @@ class JobLifecycle:
         if decision.action.restarts_processes:
             node = attrs.evolve(node, process_restarts=node.process_restarts + 1)
             self._nodes[node.node_id] = node
+            self._restarted_at[node.node_id] = now
             if not answered:
                 self._actions.setdefault(node.node_id, []).append(Action(self._next_action_id, decision.action, reason))
                 self._next_action_id += 1
@@ -1079,29 +1298,7 @@ class JobLifecycle:
         if decision.action is ActionKind.ABORT_JOB:
             return decision, out.merge(self.stop(reason, now, state=JobState.FAILED))
         if decision.action.relaunches_node:
-            out = out.merge(self._move(node, NodeState.RELAUNCHING, reason, now))
-            if relaunch_with is None:
-                relaunch_with = self._launched_with(node)
-            out = out.merge(
-                self._create_node(
-                    node.rank, node.relaunch_count + 1, node.node_id, now, reason, resources=relaunch_with
-                )
-            )
-            new_id = self._current[node.rank]
-            self._nodes[node.node_id] = attrs.evolve(self._nodes[node.node_id], replaced_by=new_id)
-            replaced = (
-                f"replaced by node {new_id}"
-                if self._scheduler_relaunches
-                else f"let go; node {new_id} waits for an agent to register in its place"
-            )
-            ev = Event(
-                "relaunch",
-                f"rank {node.rank}: node {node.node_id} {replaced}: {reason}",
-                node.node_id,
-                node.rank,
-                {"replacement": new_id, "kind": kind.value},
-            )
-            out = out.merge(Outcome(events=(ev,)))
+            out = out.merge(self._relaunch(node, kind, reason, relaunch_with, now))
         else:
             out = out.merge(self._move(node, NodeState.REMOVED, reason, now))
         out = out.merge(self._check_nodes(now, cause=reason))
@@ -1110,6 +1307,52 @@ class JobLifecycle:
             # job's exit reason, the same string the agent, the event log and the status show.
             decision = attrs.evolve(decision, action=ActionKind.ABORT_JOB, outcome=self._exit_reason, avoid_host=False)
         return decision, out
+
+    def _relaunch(
+        self, node: NodeRecord, kind: FailureKind, reason: str, relaunch_with: Resources | None, now: float
+    ) -> Outcome:
+        """Replace the failed `node` in its rank: by a ready warm spare, else by a new node launched with
+        `relaunch_with` (as `node` was launched when None)."""
+        out = self._move(node, NodeState.RELAUNCHING, reason, now)
+        spare = self._ready_spare(relaunch_with)
+        if spare is not None:
+            # A warm spare takes the rank at the next round, without waiting for a launch: the
+            # nodes that stay restart their workers for that round at once (a planned round, as
+            # for a shrink), rather than wait out a save their broken collective cannot finish.
+            out = out.merge(self._promote(spare, node.rank, node.relaunch_count + 1, reason, replaces=node))
+            # A node whose workers already restarted after this one last showed life (their
+            # collective broke when it died) joins the spare's round by itself: told again, it
+            # would restart a second time, in the new round.
+            self._plan_round(
+                (
+                    n
+                    for n in self.live_nodes()
+                    if n.node_id not in (node.node_id, spare.node_id)
+                    and self._restarted_at.get(n.node_id, -math.inf) < node.last_heartbeat
+                ),
+                f"planned round: spare node {spare.node_id} takes rank {node.rank} of node {node.node_id}",
+            )
+        else:
+            resources = self._launched_with(node) if relaunch_with is None else relaunch_with
+            out = out.merge(
+                self._create_node(node.rank, node.relaunch_count + 1, node.node_id, now, reason, resources=resources)
+            )
+        new_id = self._current[node.rank]
+        self._nodes[node.node_id] = attrs.evolve(self._nodes[node.node_id], replaced_by=new_id)
+        if spare is not None:
+            replaced = f"replaced by spare node {new_id}"
+        elif self._scheduler_relaunches:
+            replaced = f"replaced by node {new_id}"
+        else:
+            replaced = f"let go; node {new_id} waits for an agent to register in its place"
+        ev = Event(
+            "relaunch",
+            f"rank {node.rank}: node {node.node_id} {replaced}: {reason}",
+            node.node_id,
+            node.rank,
+            {"replacement": new_id, "kind": kind.value, "spare": spare is not None},
+        )
+        return out.merge(Outcome(events=(ev,)))
 
     def _grow_memory(self, node: NodeRecord, decision: Decision) -> tuple[Decision, Resources | None, Outcome]:
         """For a relaunch with more memory: the decision as amended, the resources to relaunch with (None:
@@ -1173,7 +1416,8 @@ class JobLifecycle:
         return grown, event(f"{plan.reason} (x{factor:g}, max_node_memory_mb {cap})", grown), ""
 
     def _alive(self) -> Iterable[NodeRecord]:
-        return (n for n in self._nodes.values() if n.state in ALIVE_STATES)
+        """The ranked nodes that are pending, starting or running (spares train nothing)."""
+        return (n for n in self._nodes.values() if n.state in ALIVE_STATES and not n.spare)
 
     def _check_nodes(self, now: float, *, cause: str = "") -> Outcome:
         """End the job when no node is left, or too few have run for too long.

@@ -78,7 +78,7 @@ from dlrover.master.scheduler.base import (
 from dlrover.master.states import ALIVE_STATES, JobState, NodeState
 from dlrover.master.stragglers import StragglerFinding, StragglerWatch
 
-__all__ = ["JobStatus", "Master", "NodeMembership", "ResourceSample", "StatefulCollaborator"]
+__all__ = ["JobStatus", "Master", "NodeMembership", "ResourceSample", "SpareAware", "StatefulCollaborator"]
 
 _log = logging.getLogger(__name__)
 
@@ -168,6 +168,21 @@ class NodeMembership(Protocol):
         ...
 
 
+@runtime_checkable
+class SpareAware(Protocol):
+    """A library told which nodes are the job's warm spares (the rendezvous: it admits none of them).
+
+    Called under the master's lock with the whole set whenever it changes (a spare created, lost,
+    released, or promoted to a rank), and once at start (a restarted master's spares included),
+    so an implementation simply holds the last set it was given. It may take its own lock, never
+    the master's. Exceptions are logged and do not stop the master.
+    """
+
+    def spares_changed(self, node_ids: frozenset[int]) -> None:
+        """From now on exactly `node_ids` are spares."""
+        ...
+
+
 @attrs.frozen
 class ResourceSample:
     """A node's latest resource use, as its agent reported it."""
@@ -204,6 +219,8 @@ class JobStatus:
         wanted_nodes: how many nodes the last resize asked for (`max_nodes` until one does).
         capacity: how many more nodes the backend could place now (None: unknown or unbounded;
             negative: it holds that many more than it has room for).
+        spares: the warm spares that are pending, starting or running (they hold no rank).
+        spare_nodes: how many spares the job keeps (`LifecycleConfig.spare_nodes`).
     """
 
     job_name: str
@@ -226,6 +243,8 @@ class JobStatus:
     target_nodes: int = 0
     wanted_nodes: int = 0
     capacity: int | None = None
+    spares: tuple[NodeRecord, ...] = ()
+    spare_nodes: int = 0
 
 
 class Master:
@@ -245,6 +264,10 @@ class Master:
         membership: libraries told when nodes depart, restart their processes, or the job ends.
         profile_recorder: records the job's profile when it ends (`dlrover.master.profiles`); None records none.
     """
+
+    # The spare set the libraries were last given: none, as a library starts (a restarted master's
+    # spares differ from it, so they are told again).
+    _told_spares: frozenset[int] = frozenset()
 
     def __init__(
         self,
@@ -338,7 +361,7 @@ class Master:
             self._event_count += 1
 
     def _reconcile_membership(self) -> None:
-        """Tell the libraries again which nodes are gone or finished and whether the job ended.
+        """Tell the libraries again which nodes are gone, finished or spares and whether the job ended.
 
         The previous master may have died after journaling a departure or a success and before
         journaling the libraries' reaction to it; repeating the news is harmless (leaving or
@@ -364,6 +387,7 @@ class Master:
                     call(member)
                 except Exception:
                     _log.exception("%s could not catch up after a restart", type(member).__name__)
+        self._sync_spares()  # and which nodes are spares
 
     def _identity(self) -> dict[str, Any]:
         """What must not change between a master and the one that resumes its job."""
@@ -490,7 +514,10 @@ class Master:
         self._metrics.set_node_counts({s: self._lifecycle.count(s) for s in NodeState})
         for effect in outcome.effects:
             self._apply(effect)
-        if self._membership and self._notify_membership(outcome.events):
+        departed = bool(self._membership) and self._notify_membership(outcome.events)
+        # After the departures: a spare promoted into a failed node's rank joins the round that
+        # the departure dissolved.
+        if self._sync_spares() or departed:
             # A departure changed the rendezvous and shards: journal that now, not a cadence later.
             try:
                 self._journal_collaborators()
@@ -557,6 +584,23 @@ class Master:
                     # One library's bug must not stop the master deciding; it is logged in full.
                     _log.exception("%s could not handle: %s", type(member).__name__, ev.message)
         return notified
+
+    def _sync_spares(self) -> bool:
+        """Tell the libraries the spare set when it changed; True if one was told."""
+        spares = frozenset(n.node_id for n in self._lifecycle.spare_nodes())
+        if spares == self._told_spares:
+            return False
+        self._told_spares = spares
+        told = False
+        for member in self._membership:
+            if not isinstance(member, SpareAware):
+                continue
+            told = True
+            try:
+                member.spares_changed(spares)
+            except Exception:
+                _log.exception("%s could not take the spare nodes %s", type(member).__name__, sorted(spares))
+        return told
 
     def _apply(self, effect: LaunchNode | StopNode) -> None:
         if isinstance(effect, StopNode):
@@ -726,7 +770,9 @@ class Master:
         free = self._scheduler.capacity()
         if free is None:
             return None
-        return max(len(self._lifecycle.live_nodes()) + free, 0)
+        # The spares' slots count: the ranked nodes come first and take them when they need them.
+        held = len(self._lifecycle.live_nodes()) + len(self._lifecycle.spare_nodes())
+        return max(held + free, 0)
 
     def resize(self, target: int, reason: str, source: ResizeSource | str = ResizeSource.SCALE) -> ResizeResult:
         """Grow or shrink the running job to `target` nodes (see `JobLifecycle.resize`).
@@ -791,6 +837,7 @@ class Master:
         with self._lock:
             self._scheduler.set_slots(slots)
             self._follow_capacity()
+            self._keep_spares(self._clock.now())
             return self._scheduler.capacity()
 
     def _follow_capacity(self) -> None:
@@ -815,6 +862,16 @@ class Master:
             self._resize_locked(ResizeRequest(lifecycle.wanted_nodes, reason, ResizeSource.CAPACITY))
         except (LifecycleError, ResizeError, JournalError) as exc:
             _log.warning("could not follow the backend's capacity: %s", exc)
+
+    def _keep_spares(self, now: float) -> None:
+        """Launch missing warm spares into the room the ranked nodes leave, or release those that
+        no longer fit (under the lock; see `JobLifecycle.keep_spares`)."""
+        if not self._config.lifecycle.spare_nodes and not self._lifecycle.spare_nodes():
+            return
+        try:
+            self._transact(lambda: self._just(self._lifecycle.keep_spares(now, placeable=self._placeable())))
+        except (LifecycleError, ResizeError, JournalError) as exc:
+            _log.warning("could not keep the spare nodes: %s", exc)
 
     def _autoscale(self, now: float) -> None:
         """Run the autoscaler's loop (under the lock): record its plan as an event when it changed,
@@ -1194,6 +1251,7 @@ class Master:
             now = self._clock.now()
             self._transact(lambda: self._just(self._lifecycle.tick(now)))
             self._follow_capacity()
+            self._keep_spares(now)
             self._autoscale(now)
             if self._last_export is None or now - self._last_export >= self._config.state_export_interval_s:
                 self._journal_collaborators()
@@ -1224,9 +1282,10 @@ class Master:
         now = self._clock.now()
         if seen is ObservedState.RUNNING:
             self._transact(lambda: self._just(self._lifecycle.node_started(node_id, now)))
-        elif seen is ObservedState.SUCCEEDED and node.state is NodeState.RUNNING:
+        elif seen is ObservedState.SUCCEEDED and node.state is NodeState.RUNNING and not node.spare:
             self._transact(lambda: self._just(self._lifecycle.report_success(node_id, now)))
         elif seen in (ObservedState.SUCCEEDED, ObservedState.FAILED, ObservedState.STOPPED):
+            # (A spare trains nothing: whatever its agent's status, it is lost.)
             evidence = f"the agent exited with status {exit_code} ({seen.value})"
             record, kills = self._memory_evidence(node_id)
             # The kernel's record says why the node went: it is decided as host OOM, not as a lost node.
@@ -1340,6 +1399,8 @@ class Master:
                 target_nodes=self._lifecycle.target_nodes,
                 wanted_nodes=self._lifecycle.wanted_nodes,
                 capacity=self._scheduler.capacity(),
+                spares=tuple(self._lifecycle.spare_nodes()),
+                spare_nodes=self._config.lifecycle.spare_nodes,
             )
 
     def state_digest(self) -> str:

@@ -72,6 +72,8 @@ class NodeRecord:
         role: the node group it belongs to.
         resources: what it was launched with (None: nothing asked, no limit). A node relaunched after a host
             OOM has more memory than the one it replaced.
+        spare: a warm spare (`LifecycleConfig.spare_nodes`): it holds no rank (`rank` is -1) until it
+            takes over the rank of a node the master relaunches; then it is an ordinary node.
     """
 
     node_id: int
@@ -93,6 +95,7 @@ class NodeRecord:
     history: tuple[TransitionRecord, ...] = ()
     role: Role = Role.WORKER
     resources: Resources | None = None
+    spare: bool = False
 
 
 @attrs.frozen
@@ -123,7 +126,7 @@ class LaunchNode:
 
     Attributes:
         node_id: the new node.
-        rank: its logical rank.
+        rank: its logical rank (-1 for a spare, which holds none).
         relaunch_count: how many incarnations of the rank came before.
         avoid_hosts: hosts it must not be placed on.
         role: its node group.
@@ -207,6 +210,11 @@ class LifecycleSnapshot:
     toward it when the backend's capacity allows."""
     planned_round: Mapping[int, int] = attrs.field(factory=dict)
     """Nodes told to restart for a planned round (a peer left by a resize), with the action's id."""
+    spare_failures: int = 0
+    """Spare nodes lost so far (they bound how often a lost spare is replaced)."""
+    current: Mapping[int, int] | None = None
+    """The node serving each rank (None: a journal from before spares; the newest node of each rank).
+    A promoted spare may have an older id than a node created for its rank before it."""
 
 
 def actions_to_json(actions: Mapping[int, Sequence[Action]]) -> dict[str, list[dict[str, Any]]]:

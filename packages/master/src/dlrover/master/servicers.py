@@ -32,7 +32,7 @@ from dlrover.master.lifecycle import (
 from dlrover.master.master import Master, ResourceSample
 from dlrover.master.resize import ResizeError, ResizeSource
 from dlrover.master.states import IllegalTransitionError
-from dlrover.master.status import summarize
+from dlrover.master.status import NodeSummary, summarize
 from dlrover.master.v1 import agent_pb2, agent_pb2_grpc, checkpoint_pb2, checkpoint_pb2_grpc, job_pb2, job_pb2_grpc
 from dlrover.master.wire import WireEnumError, from_proto, proto_name
 
@@ -358,6 +358,8 @@ class JobServicer(job_pb2_grpc.JobServiceServicer):
                 target_nodes=status.target_nodes,
                 wanted_nodes=status.wanted_nodes,
                 capacity=_clamp_int32(status.capacity),
+                spares=[_node_status(n) for n in status.spares],
+                spare_nodes=status.spare_nodes,
             )
 
     def ListEvents(
@@ -502,3 +504,19 @@ def _rank_steps(items: Iterable[agent_pb2.RankStepStats]) -> tuple[RankStepStats
         except ConfigError as exc:
             raise RequestError(f"rank_steps of rank {item.rank}: {exc}") from None
     return tuple(out)
+
+
+def _node_status(n: NodeSummary) -> job_pb2.NodeStatus:
+    return job_pb2.NodeStatus(
+        node_id=n.node_id,
+        rank=n.rank,
+        state=n.state.value,
+        name=n.name,
+        host=n.host,
+        relaunch_count=n.relaunch_count,
+        process_restarts=n.process_restarts,
+        step=n.step,
+        seconds_since_heartbeat=n.seconds_since_heartbeat,
+        last_failure=n.last_failure,
+        last_reason=n.last_reason,
+    )

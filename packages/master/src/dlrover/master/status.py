@@ -11,6 +11,7 @@ import time
 import attrs
 
 from dlrover.master.master import JobStatus
+from dlrover.master.records import NodeRecord
 from dlrover.master.states import JobState, NodeState
 
 __all__ = ["JobSummary", "NodeSummary", "format_status", "summarize"]
@@ -74,6 +75,8 @@ class JobSummary:
         wanted_nodes: how many the last resize asked for.
         capacity: how many more nodes the backend could place now (negative: it holds more than
             it has room for); None when unknown or unbounded.
+        spares: the warm spares that are pending, starting or running (rank -1: they hold none).
+        spare_nodes: how many warm spares the job keeps (``--spare-nodes``).
     """
 
     job_name: str
@@ -96,6 +99,24 @@ class JobSummary:
     target_nodes: int = 0
     wanted_nodes: int = 0
     capacity: int | None = None
+    spares: tuple[NodeSummary, ...] = ()
+    spare_nodes: int = 0
+
+
+def _node_summary(n: NodeRecord, now: float) -> NodeSummary:
+    return NodeSummary(
+        node_id=n.node_id,
+        rank=n.rank,
+        state=n.state,
+        name=n.name,
+        host=n.host,
+        relaunch_count=n.relaunch_count,
+        process_restarts=n.process_restarts,
+        step=n.step,
+        seconds_since_heartbeat=max(now - n.last_heartbeat, 0.0),
+        last_failure=n.last_failure,
+        last_reason=n.history[-1].reason if n.history else "",
+    )
 
 
 def summarize(status: JobStatus) -> JobSummary:
@@ -136,6 +157,8 @@ def summarize(status: JobStatus) -> JobSummary:
         target_nodes=status.target_nodes,
         wanted_nodes=status.wanted_nodes,
         capacity=status.capacity,
+        spares=tuple(_node_summary(n, status.now) for n in status.spares),
+        spare_nodes=status.spare_nodes,
     )
 
 
@@ -153,6 +176,7 @@ def format_status(status: JobSummary) -> str:
         f"relaunches {status.total_relaunches}",
         f"size: target {status.target_nodes} of {status.wanted_nodes} wanted; backend capacity "
         + (f"{status.capacity} free slot(s)" if status.capacity is not None else "unbounded"),
+        *_spare_lines(status),
         f"step {status.step}; {status.samples_per_second:.1f} samples/s; committed checkpoint {committed}",
         f"goodput {status.goodput:.1%} over {status.elapsed_s:.0f}s",
     ]
@@ -171,4 +195,21 @@ def format_status(status: JobSummary) -> str:
             f"{n.rank:>4}  {n.node_id:>5}  {n.state.value:<11}  {n.host[:20]:<20}  {n.step:>8}  "
             f"{n.seconds_since_heartbeat:>6.1f}s  {n.relaunch_count:>8}  {note[:80]}"
         )
+    for n in sorted(status.spares, key=lambda x: x.node_id):
+        note = n.last_failure or n.last_reason
+        lines.append(
+            f"{'spare':>4}  {n.node_id:>5}  {n.state.value:<11}  {n.host[:20]:<20}  {'-':>8}  "
+            f"{n.seconds_since_heartbeat:>6.1f}s  {'-':>8}  {note[:80]}"
+        )
     return "\n".join(lines)
+
+
+def _spare_lines(status: JobSummary) -> list[str]:
+    """The spares' line: only for a job that keeps spares or still has some."""
+    if not status.spare_nodes and not status.spares:
+        return []
+    ready = sum(1 for n in status.spares if n.state is NodeState.RUNNING)
+    return [
+        f"spares: {ready} ready of {status.spare_nodes} kept ({len(status.spares) - ready} starting); "
+        "they hold no rank and take over a relaunched node's"
+    ]

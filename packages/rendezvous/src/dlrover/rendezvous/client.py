@@ -102,6 +102,7 @@ class RendezvousClient:
             r.reason,
             first_worker_rank=r.first_worker_rank,
             worker_world_size=r.worker_world_size,
+            spare=r.spare,
         )
 
     def wait_assigned(
@@ -113,6 +114,9 @@ class RendezvousClient:
         max_poll_interval_s: float = 1.0,
     ) -> PollResult:
         """Poll until the node is assigned a rank or can no longer be (closed, timed out, dropped).
+
+        A spare (`PollResult.spare`) waits with no time limit: `timeout_s` counts from the poll
+        after it was given a rank.
 
         The interval between polls starts at `poll_interval_s` and doubles up to
         `max_poll_interval_s`, so a thousand waiting agents do not flood the master.
@@ -130,6 +134,9 @@ class RendezvousClient:
             result = self.poll(node_id)
             if result.state is not PollState.WAITING:
                 return result
+            if result.spare:
+                # A spare waits for a rank as long as the master holds it in reserve.
+                give_up_at = self._clock.now() + timeout_s
             if self._clock.now() >= give_up_at:
                 raise RendezvousTimeoutError(f"node {node_id!r} not admitted within {timeout_s} s: {result.reason}")
             self._clock.sleep(min(interval, max(give_up_at - self._clock.now(), 0.0)))

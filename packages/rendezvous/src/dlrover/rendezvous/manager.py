@@ -9,11 +9,18 @@ a round that became due), so no thread is needed.
 While a round is in force, late nodes wait; a member of the round joining again (its processes
 restarted) reopens rendezvous, and the round dissolves when a member leaves or expires. Deciding is
 done by the pure functions of `decision.py`; this class only applies what they decide.
+
+Spares (`set_spares`): nodes the caller (the job master) holds in reserve. A spare may join and
+poll like any node, but it is never admitted to a round, never counts toward a round's size and is
+never reported by `num_nodes_waiting`, so a waiting spare neither breaks nor grows a running
+world; it does not time out while it waits. Once the caller gives it a rank (`set_spares` without
+it), it is an ordinary waiting node that joined at that moment.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Iterable
 
 import attrs
 
@@ -82,6 +89,8 @@ class RendezvousManager:
         self._reopened = False
         self._now = float("-inf")
         self._expired: list[str] = []
+        # Nodes held in reserve by the caller: they may wait, but no round takes them (see `set_spares`).
+        self._spares: frozenset[str] = frozenset()
 
     # -- queries -------------------------------------------------------------------------------
 
@@ -107,8 +116,18 @@ class RendezvousManager:
 
     @property
     def waiting(self) -> tuple[str, ...]:
-        """Nodes waiting for the next round, in join order."""
+        """Nodes waiting for the next round, in join order (spares included: see `waiting_spares`)."""
         return tuple(self._waiting)
+
+    @property
+    def spares(self) -> frozenset[str]:
+        """The nodes held in reserve (see `set_spares`), whether or not they joined yet."""
+        return self._spares
+
+    @property
+    def waiting_spares(self) -> tuple[str, ...]:
+        """Spares that joined and wait to be given a rank, in join order."""
+        return tuple(n for n in self._waiting if n in self._spares)
 
     @property
     def tracked(self) -> frozenset[str]:
@@ -136,14 +155,14 @@ class RendezvousManager:
         """What would happen to the waiting nodes at `now`, without changing anything."""
         current = self._current
         if current is not None and not self._reopened:
-            waiting = len(self._waiting)
+            waiting = self._count_waiting()
             return RoundDecision(
                 False,
                 0,
                 f"round {current.number} is in force with {current.world_size} nodes; {waiting} node(s) wait "
                 "for its members to join again",
             )
-        return decide_round(self._config, len(self._waiting), self._last_join_at, max(now, self._now))
+        return decide_round(self._config, self._count_waiting(), self._last_join_at, max(now, self._now))
 
     # -- commands ------------------------------------------------------------------------------
 
@@ -219,6 +238,8 @@ class RendezvousManager:
         self._try_complete(now)
         if node_id not in self._waiting:
             return JoinResult(True, self._round_number, f"admitted to round {self._round_number}")
+        if node_id in self._spares:
+            return JoinResult(True, self._round_number + 1, self._spare_reason(node_id))
         return JoinResult(True, self._round_number + 1, reason)
 
     def poll(self, node_id: str, now: float) -> PollResult:
@@ -234,7 +255,8 @@ class RendezvousManager:
             if self._closed:
                 return PollResult(PollState.CLOSED, upcoming, -1, 0, "the rendezvous is closed; no more rounds form")
             waited = now - self._waiting[node_id].joined_at
-            if waited >= self._config.join_timeout_s:
+            # A spare waits for a rank as long as it is held in reserve: no join timeout.
+            if node_id not in self._spares and waited >= self._config.join_timeout_s:
                 self._forget(node_id)
                 return PollResult(
                     PollState.TIMED_OUT,
@@ -248,7 +270,9 @@ class RendezvousManager:
             self._try_complete(now)
         current = self._current
         if node_id in self._waiting:
-            return PollResult(PollState.WAITING, self._round_number + 1, -1, 0, self.status(now).reason)
+            spare = node_id in self._spares
+            reason = self._spare_reason(node_id) if spare else self.status(now).reason
+            return PollResult(PollState.WAITING, self._round_number + 1, -1, 0, reason, spare=spare)
         if current is not None and (rank := current.rank_of(node_id)) is not None:
             if node_id not in self._finished:  # a finished member is not tracked again
                 self._seen(node_id, now)
@@ -295,7 +319,7 @@ class RendezvousManager:
         if node_id is not None:
             _check_node_id(node_id)
         now = self._tick(now)
-        count = len(self._waiting)
+        count = self._count_waiting()
         if node_id is not None:
             if node_id in self._last_seen:
                 self._seen(node_id, now)
@@ -381,6 +405,45 @@ class RendezvousManager:
         self._try_complete(now)
         return f"parameters changed from {old.min_nodes}..{old.max_nodes} to {config.min_nodes}..{config.max_nodes}"
 
+    def set_spares(self, node_ids: Iterable[str], now: float) -> str:
+        """Hold exactly `node_ids` in reserve from now on (the job master's spare nodes).
+
+        A spare is never admitted to a round nor counted as waiting (see the module docstring); a
+        node given a rank is dropped from the set, after which it is an ordinary waiting node that
+        joined at `now` (it may complete a round at once). A member of the round in force cannot
+        become a spare: it holds a rank.
+
+        Returns:
+            What changed, in a sentence.
+
+        Raises:
+            InvalidRequestError: a node id is malformed, or names a member of the round in force;
+                nothing changed.
+        """
+        spares = frozenset(_check_node_id(n) for n in node_ids)
+        current = self._current
+        members = sorted(n for n in spares - self._spares if current is not None and current.rank_of(n) is not None)
+        if members:
+            raise InvalidRequestError(
+                f"node(s) {', '.join(map(repr, members))} hold a rank in round {self._held()} and cannot be spares"
+            )
+        now = self._tick(now)
+        ranked = self._spares - spares
+        added = spares - self._spares
+        self._spares = spares
+        for node_id in self._waiting:
+            if node_id in ranked:
+                # It waited as a spare: as a ranked node it joins now (the last call counts from here).
+                self._waiting[node_id].joined_at = now
+        self._refresh_last_join()
+        self._try_complete(now)
+        parts = []
+        if added:
+            parts.append(f"held in reserve: {', '.join(sorted(added))}")
+        if ranked:
+            parts.append(f"given a rank: {', '.join(sorted(ranked))}")
+        return "; ".join(parts) or "spares unchanged"
+
     def close(self, now: float) -> None:
         """Close the rendezvous: joins are refused and waiting nodes learn it on their next poll."""
         self._tick(now)
@@ -390,6 +453,14 @@ class RendezvousManager:
 
     def _held(self) -> str:
         return "none" if self._current is None else str(self._current.number)
+
+    def _count_waiting(self) -> int:
+        if not self._spares:
+            return len(self._waiting)
+        return sum(1 for n in self._waiting if n not in self._spares)
+
+    def _spare_reason(self, node_id: str) -> str:
+        return f"node {node_id!r} is a spare: it waits, outside every round, until it is given a rank"
 
     def _tick(self, now: float) -> float:
         # Callers on several threads may read the clock in one order and reach the lock in another;
@@ -444,7 +515,7 @@ class RendezvousManager:
         return why
 
     def _refresh_last_join(self) -> None:
-        self._last_join_at = max((w.joined_at for w in self._waiting.values()), default=None)
+        self._last_join_at = max((w.joined_at for n, w in self._waiting.items() if n not in self._spares), default=None)
 
     def _try_complete(self, now: float) -> None:
         # Cheap checks first: this runs on every call, and building a decision formats its reason.
@@ -453,7 +524,8 @@ class RendezvousManager:
         decision = self.status(now)
         if not decision.complete:
             return
-        selected, _rest = select_members(list(self._waiting), self._last_ranks, decision.world_size)
+        candidates = [n for n in self._waiting if n not in self._spares]
+        selected, _rest = select_members(candidates, self._last_ranks, decision.world_size)
         infos = [
             NodeInfo(node_id=n, topology_key=self._waiting[n].topology_key, previous_rank=self._last_ranks.get(n))
             for n in selected

@@ -147,6 +147,8 @@ class PollResult:
             it); else 0.
         worker_world_size: in that case the workers of all members (``WORLD_SIZE``); else 0, which
             says the layout is unknown.
+        spare: the node is WAITING as a spare (see `RendezvousManager.set_spares`): it waits for a
+            rank with no join timeout.
     """
 
     state: PollState
@@ -156,6 +158,7 @@ class PollResult:
     reason: str
     first_worker_rank: int = 0
     worker_world_size: int = 0
+    spare: bool = False
 
 
 @attrs.frozen

@@ -113,6 +113,7 @@ class RendezvousServicer(pb_grpc.RendezvousServiceServicer):
                 reason=r.reason,
                 first_worker_rank=r.first_worker_rank,
                 worker_world_size=r.worker_world_size,
+                spare=r.spare,
             )
 
         return self._run(context, call)

@@ -41,7 +41,7 @@ class NodeSpec:
     Attributes:
         job_name: the job.
         node_id: the node's unique id (the agent registers with it).
-        rank: its logical rank.
+        rank: its logical rank (-1 for a warm spare, which holds none until it takes over one).
         relaunch_count: how many incarnations of the rank came before.
         avoid_hosts: hosts it must not be placed on.
         env: environment for the agent: master address, node id, token file.

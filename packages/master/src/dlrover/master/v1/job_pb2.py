@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x64lrover/master/v1/job.proto\x12\x11\x64lrover.master.v1\"\x15\n\x13GetJobStatusRequest\"\xe2\x01\n\nNodeStatus\x12\x0f\n\x07node_id\x18\x01 \x01(\x03\x12\x0c\n\x04rank\x18\x02 \x01(\x05\x12\r\n\x05state\x18\x03 \x01(\t\x12\x0c\n\x04name\x18\x04 \x01(\t\x12\x0c\n\x04host\x18\x05 \x01(\t\x12\x16\n\x0erelaunch_count\x18\x06 \x01(\x05\x12\x18\n\x10process_restarts\x18\x07 \x01(\x05\x12\x0c\n\x04step\x18\x08 \x01(\x03\x12\x1f\n\x17seconds_since_heartbeat\x18\t \x01(\x01\x12\x14\n\x0clast_failure\x18\n \x01(\t\x12\x13\n\x0blast_reason\x18\x0b \x01(\t\"\xa4\x04\n\x14GetJobStatusResponse\x12\x10\n\x08job_name\x18\x01 \x01(\t\x12\r\n\x05state\x18\x02 \x01(\t\x12\x13\n\x0b\x65xit_reason\x18\x03 \x01(\t\x12,\n\x05nodes\x18\x04 \x03(\x0b\x32\x1d.dlrover.master.v1.NodeStatus\x12\x11\n\tmin_nodes\x18\x05 \x01(\x05\x12\x11\n\tmax_nodes\x18\x06 \x01(\x05\x12\x14\n\x0cjob_failures\x18\x07 \x01(\x05\x12\x0c\n\x04step\x18\x08 \x01(\x03\x12\x1a\n\x12has_committed_step\x18\t \x01(\x08\x12\x16\n\x0e\x63ommitted_step\x18\n \x01(\x03\x12\x0f\n\x07goodput\x18\x0b \x01(\x01\x12\x11\n\telapsed_s\x18\x0c \x01(\x01\x12\x18\n\x10total_relaunches\x18\r \x01(\x05\x12\x1a\n\x12samples_per_second\x18\x0e \x01(\x01\x12\x10\n\x08useful_s\x18\x0f \x01(\x01\x12\x39\n\x0fgoodput_buckets\x18\x10 \x03(\x0b\x32 .dlrover.master.v1.GoodputBucket\x12\x16\n\x0e\x63ommitted_path\x18\x11 \x01(\t\x12\x1b\n\x13\x63ommitted_wall_time\x18\x12 \x01(\x01\x12\x14\n\x0ctarget_nodes\x18\x13 \x01(\x05\x12\x14\n\x0cwanted_nodes\x18\x14 \x01(\x05\x12\x15\n\x08\x63\x61pacity\x18\x15 \x01(\x05H\x00\x88\x01\x01\x42\x0b\n\t_capacity\".\n\rGoodputBucket\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07seconds\x18\x02 \x01(\x01\"5\n\x11ListEventsRequest\x12\x11\n\tafter_seq\x18\x01 \x01(\x03\x12\r\n\x05limit\x18\x02 \x01(\x05\"\x8d\x01\n\x08JobEvent\x12\x0b\n\x03seq\x18\x01 \x01(\x03\x12\x11\n\twall_time\x18\x02 \x01(\x01\x12\x0c\n\x04kind\x18\x03 \x01(\t\x12\x0f\n\x07message\x18\x04 \x01(\t\x12\x10\n\x08has_node\x18\x05 \x01(\x08\x12\x0f\n\x07node_id\x18\x06 \x01(\x03\x12\x0c\n\x04rank\x18\x07 \x01(\x05\x12\x11\n\tdata_json\x18\x08 \x01(\t\"A\n\x12ListEventsResponse\x12+\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x1b.dlrover.master.v1.JobEvent\" \n\x0eStopJobRequest\x12\x0e\n\x06reason\x18\x01 \x01(\t\"5\n\x0fStopJobResponse\x12\r\n\x05state\x18\x01 \x01(\t\x12\x13\n\x0b\x65xit_reason\x18\x02 \x01(\t\"2\n\x10ResizeJobRequest\x12\x0e\n\x06target\x18\x01 \x01(\x05\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\xa5\x01\n\x11ResizeJobResponse\x12\x14\n\x0cwanted_nodes\x18\x01 \x01(\x05\x12\x14\n\x0ctarget_nodes\x18\x02 \x01(\x05\x12\x16\n\tplaceable\x18\x03 \x01(\x05H\x00\x88\x01\x01\x12\x16\n\x0elaunched_ranks\x18\x04 \x03(\x05\x12\x15\n\rleaving_nodes\x18\x05 \x03(\x03\x12\x0f\n\x07message\x18\x06 \x01(\tB\x0c\n\n_placeable\"2\n\x12SetCapacityRequest\x12\x12\n\x05slots\x18\x01 \x01(\x05H\x00\x88\x01\x01\x42\x08\n\x06_slots\"9\n\x13SetCapacityResponse\x12\x15\n\x08\x63\x61pacity\x18\x01 \x01(\x05H\x00\x88\x01\x01\x42\x0b\n\t_capacity2\xd0\x03\n\nJobService\x12_\n\x0cGetJobStatus\x12&.dlrover.master.v1.GetJobStatusRequest\x1a\'.dlrover.master.v1.GetJobStatusResponse\x12Y\n\nListEvents\x12$.dlrover.master.v1.ListEventsRequest\x1a%.dlrover.master.v1.ListEventsResponse\x12P\n\x07StopJob\x12!.dlrover.master.v1.StopJobRequest\x1a\".dlrover.master.v1.StopJobResponse\x12V\n\tResizeJob\x12#.dlrover.master.v1.ResizeJobRequest\x1a$.dlrover.master.v1.ResizeJobResponse\x12\\\n\x0bSetCapacity\x12%.dlrover.master.v1.SetCapacityRequest\x1a&.dlrover.master.v1.SetCapacityResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x64lrover/master/v1/job.proto\x12\x11\x64lrover.master.v1\"\x15\n\x13GetJobStatusRequest\"\xe2\x01\n\nNodeStatus\x12\x0f\n\x07node_id\x18\x01 \x01(\x03\x12\x0c\n\x04rank\x18\x02 \x01(\x05\x12\r\n\x05state\x18\x03 \x01(\t\x12\x0c\n\x04name\x18\x04 \x01(\t\x12\x0c\n\x04host\x18\x05 \x01(\t\x12\x16\n\x0erelaunch_count\x18\x06 \x01(\x05\x12\x18\n\x10process_restarts\x18\x07 \x01(\x05\x12\x0c\n\x04step\x18\x08 \x01(\x03\x12\x1f\n\x17seconds_since_heartbeat\x18\t \x01(\x01\x12\x14\n\x0clast_failure\x18\n \x01(\t\x12\x13\n\x0blast_reason\x18\x0b \x01(\t\"\xe8\x04\n\x14GetJobStatusResponse\x12\x10\n\x08job_name\x18\x01 \x01(\t\x12\r\n\x05state\x18\x02 \x01(\t\x12\x13\n\x0b\x65xit_reason\x18\x03 \x01(\t\x12,\n\x05nodes\x18\x04 \x03(\x0b\x32\x1d.dlrover.master.v1.NodeStatus\x12\x11\n\tmin_nodes\x18\x05 \x01(\x05\x12\x11\n\tmax_nodes\x18\x06 \x01(\x05\x12\x14\n\x0cjob_failures\x18\x07 \x01(\x05\x12\x0c\n\x04step\x18\x08 \x01(\x03\x12\x1a\n\x12has_committed_step\x18\t \x01(\x08\x12\x16\n\x0e\x63ommitted_step\x18\n \x01(\x03\x12\x0f\n\x07goodput\x18\x0b \x01(\x01\x12\x11\n\telapsed_s\x18\x0c \x01(\x01\x12\x18\n\x10total_relaunches\x18\r \x01(\x05\x12\x1a\n\x12samples_per_second\x18\x0e \x01(\x01\x12\x10\n\x08useful_s\x18\x0f \x01(\x01\x12\x39\n\x0fgoodput_buckets\x18\x10 \x03(\x0b\x32 .dlrover.master.v1.GoodputBucket\x12\x16\n\x0e\x63ommitted_path\x18\x11 \x01(\t\x12\x1b\n\x13\x63ommitted_wall_time\x18\x12 \x01(\x01\x12\x14\n\x0ctarget_nodes\x18\x13 \x01(\x05\x12\x14\n\x0cwanted_nodes\x18\x14 \x01(\x05\x12\x15\n\x08\x63\x61pacity\x18\x15 \x01(\x05H\x00\x88\x01\x01\x12-\n\x06spares\x18\x16 \x03(\x0b\x32\x1d.dlrover.master.v1.NodeStatus\x12\x13\n\x0bspare_nodes\x18\x17 \x01(\x05\x42\x0b\n\t_capacity\".\n\rGoodputBucket\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07seconds\x18\x02 \x01(\x01\"5\n\x11ListEventsRequest\x12\x11\n\tafter_seq\x18\x01 \x01(\x03\x12\r\n\x05limit\x18\x02 \x01(\x05\"\x8d\x01\n\x08JobEvent\x12\x0b\n\x03seq\x18\x01 \x01(\x03\x12\x11\n\twall_time\x18\x02 \x01(\x01\x12\x0c\n\x04kind\x18\x03 \x01(\t\x12\x0f\n\x07message\x18\x04 \x01(\t\x12\x10\n\x08has_node\x18\x05 \x01(\x08\x12\x0f\n\x07node_id\x18\x06 \x01(\x03\x12\x0c\n\x04rank\x18\x07 \x01(\x05\x12\x11\n\tdata_json\x18\x08 \x01(\t\"A\n\x12ListEventsResponse\x12+\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x1b.dlrover.master.v1.JobEvent\" \n\x0eStopJobRequest\x12\x0e\n\x06reason\x18\x01 \x01(\t\"5\n\x0fStopJobResponse\x12\r\n\x05state\x18\x01 \x01(\t\x12\x13\n\x0b\x65xit_reason\x18\x02 \x01(\t\"2\n\x10ResizeJobRequest\x12\x0e\n\x06target\x18\x01 \x01(\x05\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\xa5\x01\n\x11ResizeJobResponse\x12\x14\n\x0cwanted_nodes\x18\x01 \x01(\x05\x12\x14\n\x0ctarget_nodes\x18\x02 \x01(\x05\x12\x16\n\tplaceable\x18\x03 \x01(\x05H\x00\x88\x01\x01\x12\x16\n\x0elaunched_ranks\x18\x04 \x03(\x05\x12\x15\n\rleaving_nodes\x18\x05 \x03(\x03\x12\x0f\n\x07message\x18\x06 \x01(\tB\x0c\n\n_placeable\"2\n\x12SetCapacityRequest\x12\x12\n\x05slots\x18\x01 \x01(\x05H\x00\x88\x01\x01\x42\x08\n\x06_slots\"9\n\x13SetCapacityResponse\x12\x15\n\x08\x63\x61pacity\x18\x01 \x01(\x05H\x00\x88\x01\x01\x42\x0b\n\t_capacity2\xd0\x03\n\nJobService\x12_\n\x0cGetJobStatus\x12&.dlrover.master.v1.GetJobStatusRequest\x1a\'.dlrover.master.v1.GetJobStatusResponse\x12Y\n\nListEvents\x12$.dlrover.master.v1.ListEventsRequest\x1a%.dlrover.master.v1.ListEventsResponse\x12P\n\x07StopJob\x12!.dlrover.master.v1.StopJobRequest\x1a\".dlrover.master.v1.StopJobResponse\x12V\n\tResizeJob\x12#.dlrover.master.v1.ResizeJobRequest\x1a$.dlrover.master.v1.ResizeJobResponse\x12\\\n\x0bSetCapacity\x12%.dlrover.master.v1.SetCapacityRequest\x1a&.dlrover.master.v1.SetCapacityResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,27 +36,27 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_NODESTATUS']._serialized_start=74
   _globals['_NODESTATUS']._serialized_end=300
   _globals['_GETJOBSTATUSRESPONSE']._serialized_start=303
-  _globals['_GETJOBSTATUSRESPONSE']._serialized_end=851
-  _globals['_GOODPUTBUCKET']._serialized_start=853
-  _globals['_GOODPUTBUCKET']._serialized_end=899
-  _globals['_LISTEVENTSREQUEST']._serialized_start=901
-  _globals['_LISTEVENTSREQUEST']._serialized_end=954
-  _globals['_JOBEVENT']._serialized_start=957
-  _globals['_JOBEVENT']._serialized_end=1098
-  _globals['_LISTEVENTSRESPONSE']._serialized_start=1100
-  _globals['_LISTEVENTSRESPONSE']._serialized_end=1165
-  _globals['_STOPJOBREQUEST']._serialized_start=1167
-  _globals['_STOPJOBREQUEST']._serialized_end=1199
-  _globals['_STOPJOBRESPONSE']._serialized_start=1201
-  _globals['_STOPJOBRESPONSE']._serialized_end=1254
-  _globals['_RESIZEJOBREQUEST']._serialized_start=1256
-  _globals['_RESIZEJOBREQUEST']._serialized_end=1306
-  _globals['_RESIZEJOBRESPONSE']._serialized_start=1309
-  _globals['_RESIZEJOBRESPONSE']._serialized_end=1474
-  _globals['_SETCAPACITYREQUEST']._serialized_start=1476
-  _globals['_SETCAPACITYREQUEST']._serialized_end=1526
-  _globals['_SETCAPACITYRESPONSE']._serialized_start=1528
-  _globals['_SETCAPACITYRESPONSE']._serialized_end=1585
-  _globals['_JOBSERVICE']._serialized_start=1588
-  _globals['_JOBSERVICE']._serialized_end=2052
+  _globals['_GETJOBSTATUSRESPONSE']._serialized_end=919
+  _globals['_GOODPUTBUCKET']._serialized_start=921
+  _globals['_GOODPUTBUCKET']._serialized_end=967
+  _globals['_LISTEVENTSREQUEST']._serialized_start=969
+  _globals['_LISTEVENTSREQUEST']._serialized_end=1022
+  _globals['_JOBEVENT']._serialized_start=1025
+  _globals['_JOBEVENT']._serialized_end=1166
+  _globals['_LISTEVENTSRESPONSE']._serialized_start=1168
+  _globals['_LISTEVENTSRESPONSE']._serialized_end=1233
+  _globals['_STOPJOBREQUEST']._serialized_start=1235
+  _globals['_STOPJOBREQUEST']._serialized_end=1267
+  _globals['_STOPJOBRESPONSE']._serialized_start=1269
+  _globals['_STOPJOBRESPONSE']._serialized_end=1322
+  _globals['_RESIZEJOBREQUEST']._serialized_start=1324
+  _globals['_RESIZEJOBREQUEST']._serialized_end=1374
+  _globals['_RESIZEJOBRESPONSE']._serialized_start=1377
+  _globals['_RESIZEJOBRESPONSE']._serialized_end=1542
+  _globals['_SETCAPACITYREQUEST']._serialized_start=1544
+  _globals['_SETCAPACITYREQUEST']._serialized_end=1594
+  _globals['_SETCAPACITYRESPONSE']._serialized_start=1596
+  _globals['_SETCAPACITYRESPONSE']._serialized_end=1653
+  _globals['_JOBSERVICE']._serialized_start=1656
+  _globals['_JOBSERVICE']._serialized_end=2120
 # @@protoc_insertion_point(module_scope)

@@ -37,7 +37,7 @@ class NodeStatus(_message.Message):
     def __init__(self, node_id: _Optional[int] = ..., rank: _Optional[int] = ..., state: _Optional[str] = ..., name: _Optional[str] = ..., host: _Optional[str] = ..., relaunch_count: _Optional[int] = ..., process_restarts: _Optional[int] = ..., step: _Optional[int] = ..., seconds_since_heartbeat: _Optional[float] = ..., last_failure: _Optional[str] = ..., last_reason: _Optional[str] = ...) -> None: ...
 
 class GetJobStatusResponse(_message.Message):
-    __slots__ = ("job_name", "state", "exit_reason", "nodes", "min_nodes", "max_nodes", "job_failures", "step", "has_committed_step", "committed_step", "goodput", "elapsed_s", "total_relaunches", "samples_per_second", "useful_s", "goodput_buckets", "committed_path", "committed_wall_time", "target_nodes", "wanted_nodes", "capacity")
+    __slots__ = ("job_name", "state", "exit_reason", "nodes", "min_nodes", "max_nodes", "job_failures", "step", "has_committed_step", "committed_step", "goodput", "elapsed_s", "total_relaunches", "samples_per_second", "useful_s", "goodput_buckets", "committed_path", "committed_wall_time", "target_nodes", "wanted_nodes", "capacity", "spares", "spare_nodes")
     JOB_NAME_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     EXIT_REASON_FIELD_NUMBER: _ClassVar[int]
@@ -59,6 +59,8 @@ class GetJobStatusResponse(_message.Message):
     TARGET_NODES_FIELD_NUMBER: _ClassVar[int]
     WANTED_NODES_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    SPARES_FIELD_NUMBER: _ClassVar[int]
+    SPARE_NODES_FIELD_NUMBER: _ClassVar[int]
     job_name: str
     state: str
     exit_reason: str
@@ -80,7 +82,9 @@ class GetJobStatusResponse(_message.Message):
     target_nodes: int
     wanted_nodes: int
     capacity: int
-    def __init__(self, job_name: _Optional[str] = ..., state: _Optional[str] = ..., exit_reason: _Optional[str] = ..., nodes: _Optional[_Iterable[_Union[NodeStatus, _Mapping]]] = ..., min_nodes: _Optional[int] = ..., max_nodes: _Optional[int] = ..., job_failures: _Optional[int] = ..., step: _Optional[int] = ..., has_committed_step: _Optional[bool] = ..., committed_step: _Optional[int] = ..., goodput: _Optional[float] = ..., elapsed_s: _Optional[float] = ..., total_relaunches: _Optional[int] = ..., samples_per_second: _Optional[float] = ..., useful_s: _Optional[float] = ..., goodput_buckets: _Optional[_Iterable[_Union[GoodputBucket, _Mapping]]] = ..., committed_path: _Optional[str] = ..., committed_wall_time: _Optional[float] = ..., target_nodes: _Optional[int] = ..., wanted_nodes: _Optional[int] = ..., capacity: _Optional[int] = ...) -> None: ...
+    spares: _containers.RepeatedCompositeFieldContainer[NodeStatus]
+    spare_nodes: int
+    def __init__(self, job_name: _Optional[str] = ..., state: _Optional[str] = ..., exit_reason: _Optional[str] = ..., nodes: _Optional[_Iterable[_Union[NodeStatus, _Mapping]]] = ..., min_nodes: _Optional[int] = ..., max_nodes: _Optional[int] = ..., job_failures: _Optional[int] = ..., step: _Optional[int] = ..., has_committed_step: _Optional[bool] = ..., committed_step: _Optional[int] = ..., goodput: _Optional[float] = ..., elapsed_s: _Optional[float] = ..., total_relaunches: _Optional[int] = ..., samples_per_second: _Optional[float] = ..., useful_s: _Optional[float] = ..., goodput_buckets: _Optional[_Iterable[_Union[GoodputBucket, _Mapping]]] = ..., committed_path: _Optional[str] = ..., committed_wall_time: _Optional[float] = ..., target_nodes: _Optional[int] = ..., wanted_nodes: _Optional[int] = ..., capacity: _Optional[int] = ..., spares: _Optional[_Iterable[_Union[NodeStatus, _Mapping]]] = ..., spare_nodes: _Optional[int] = ...) -> None: ...
 
 class GoodputBucket(_message.Message):
     __slots__ = ("name", "seconds")
