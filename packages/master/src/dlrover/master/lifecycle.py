@@ -564,19 +564,12 @@ class JobLifecycle:
         if not any(n.state is NodeState.RUNNING for n in leaving):
             # Only nodes that never registered leave: no round held them, so none is broken.
             return out, [n.node_id for n in leaving]
-        for node in live:
-            if node in leaving or node.state is not NodeState.RUNNING or node.node_id in self._planned_round:
-                continue
-            # The nodes that stay train in a new round without the ones leaving: their workers
-            # restart for it (as for a node that joins), which spends no restart budget.
-            why = f"planned round: node(s) {gone} left the job ({cause})"
-            # planned_round: its agent has the workers seal a flash checkpoint first, as the
-            # leaving nodes' agents do when they are stopped, so the new round redoes no step.
-            self._actions.setdefault(node.node_id, []).append(
-                Action(self._next_action_id, ActionKind.RESTART_PROCESSES, why, planned_round=True)
-            )
-            self._planned_round[node.node_id] = self._next_action_id
-            self._next_action_id += 1
+        # The nodes that stay train in a new round without the ones leaving: their workers
+        # restart for it (as for a node that joins), which spends no restart budget. Their agents
+        # have the workers seal a flash checkpoint first, as the leaving nodes' agents do when they
+        # are stopped, so the new round redoes no step.
+        staying = [node for node in live if node not in leaving]
+        self._plan_round(staying, f"planned round: node(s) {gone} left the job ({cause})", save_first=True)
         return out, [n.node_id for n in leaving]
 
     def node_started(self, node_id: int, now: float) -> Outcome:
@@ -1106,14 +1099,16 @@ class JobLifecycle:
         )
         return Outcome(events=(ev,), changed_nodes=frozenset({spare.node_id}), job_changed=True)
 
-    def _plan_round(self, nodes: Iterable[NodeRecord], why: str) -> None:
+    def _plan_round(self, nodes: Iterable[NodeRecord], why: str, *, save_first: bool = False) -> None:
         """Queue a planned round's restart for each running node not already told (see `_shrink`):
-        delivered with its next heartbeat, or answering its workers' failure first, with no budget spent."""
+        delivered with its next heartbeat, or answering its workers' failure first, with no budget
+        spent. `save_first` marks it `Action.planned_round` (the workers seal a flash checkpoint
+        before the restart): right for a resize, wrong after a failure, whose collectives are broken."""
         for node in nodes:
             if node.state is not NodeState.RUNNING or node.node_id in self._planned_round:
                 continue
             self._actions.setdefault(node.node_id, []).append(
-                Action(self._next_action_id, ActionKind.RESTART_PROCESSES, why)
+                Action(self._next_action_id, ActionKind.RESTART_PROCESSES, why, planned_round=save_first)
             )
             self._planned_round[node.node_id] = self._next_action_id
             self._next_action_id += 1
