@@ -85,3 +85,23 @@ def test_tls_master_serves_tls_clients(tmp_path: Path) -> None:
             plain.job_status()
     finally:
         runtime.stop()
+
+
+@pytest.mark.parametrize(
+    ("state_dir", "journal_shard_changes", "expected"),
+    [(False, True, False), (True, True, True), (True, False, False)],
+)
+def test_shard_changes_are_journaled_before_answers_only_where_the_journal_outlives_the_master(
+    tmp_path: Path, state_dir: bool, journal_shard_changes: bool, expected: bool
+) -> None:
+    # An in-memory journal (no state dir: the master `dlrover-run --standalone` embeds) dies with
+    # the master, so exporting every dataset's progress before each answer would buy nothing.
+    config = _config(
+        state_dir=str(tmp_path / "state") if state_dir else None, journal_shard_changes=journal_shard_changes
+    )
+    runtime = create_master(config, scheduler=ExternalScheduler(), clock=ManualClock())
+    try:
+        assert runtime.shards is not None
+        assert runtime.shards.journals_every_change is expected
+    finally:
+        runtime.stop()

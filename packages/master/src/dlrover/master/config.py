@@ -204,7 +204,8 @@ class MasterConfig:
             journal when nothing forced an export earlier (see `journal_shard_changes`).
         journal_shard_changes: journal the shard state after every request that changed it,
             before answering (an acknowledged sample is never lost by a master restart); when
-            False, shard progress reaches the journal only every `state_export_interval_s`.
+            False, or without a `state_dir` (an in-memory journal does not outlive the master),
+            shard progress reaches the journal only every `state_export_interval_s`.
         journal_busy_timeout_s: how long a journal write waits for a lock another process holds on
             the database before it fails (the request then gets UNAVAILABLE and changes nothing).
         serve_ping: also serve dlrover.common's no-op PingService (token required, like every

@@ -191,7 +191,13 @@ def create_master(
         hosted: list[HostedRendezvous | HostedShards] = []
         if host_libraries:
             rendezvous = HostedRendezvous(RendezvousManager(config.rendezvous_config()), the_clock)
-            shards = HostedShards(ShardRegistry(the_clock), journal_every_change=config.journal_shard_changes)
+            # Journaling before each answer makes an acknowledged sample survive a master restart;
+            # an in-memory journal (no state dir) dies with the master, so it would only cost every
+            # shard request an export of the whole progress (the standalone master's heaviest work).
+            shards = HostedShards(
+                ShardRegistry(the_clock),
+                journal_every_change=config.journal_shard_changes and config.state_dir is not None,
+            )
             hosted = [rendezvous, shards]
         membership: list[NodeMembership] = list(hosted)
         journaled: list[StatefulCollaborator] = [*hosted]

@@ -462,6 +462,11 @@ class HostedShards:
         """The servicer registered on the master's server."""
         return self._servicer
 
+    @property
+    def journals_every_change(self) -> bool:
+        """Whether a request that changed a dataset is journaled before its answer is sent."""
+        return self._every_change
+
     @contextmanager
     def locked(self) -> Iterator[ShardRegistry]:
         """The registry, under the lock every RPC holds: the only safe way to touch it while serving."""
