@@ -322,6 +322,28 @@ def _collapsed_loss_scale(evidence: Evidence) -> Sequence[str]:
     return [line for value, line in _loss_scales(evidence) if 0.0 < value < 1.0]
 
 
+# DeepSpeed's scaler names the scale it tried and the one it falls to; the same value at or below
+# 1 (its default floor, `min_loss_scale`) means it cannot fall any more: every step overflows.
+_SCALE_STEP = re.compile(r"Attempted loss scale: ([0-9][0-9.e+-]*),? reducing to ([0-9][0-9.e+-]*)", re.IGNORECASE)
+_SCALE_STEP_SCANNER = (Scanner.of(_SCALE_STEP),)
+
+
+def _loss_scale_at_floor(evidence: Evidence) -> Sequence[str]:
+    lines = evidence.lines()
+    hits = []
+    for index in matching_lines(evidence, _SCALE_STEP_SCANNER):
+        m = _SCALE_STEP.search(lines[index])
+        if m is None:
+            continue
+        try:
+            tried, next_scale = (float(g.rstrip(".-+e")) for g in m.groups())
+        except ValueError:
+            continue
+        if tried == next_scale <= 1.0:
+            hits.append(lines[index])
+    return hits
+
+
 def _hang_reported(evidence: Evidence) -> Sequence[str]:
     report = evidence.hang
     if report is None or not report.hung:
@@ -466,6 +488,18 @@ _USER_RUNTIME_MESSAGES = (
     r"Found dtype \w+ but expected \w+",
     # An extension the environment cannot build (DeepSpeed's ops, custom kernels).
     r"Error building extension",
+    # Shapes, dtypes, devices and autograd used wrongly, in torch's other words.
+    r"must match the existing size",
+    r"is invalid for input of size",
+    r"view size is not compatible with input tensor",
+    r"to have the same dtype",
+    r"Expected input batch_size \(\d+\) to match target batch_size",
+    r"Expected target size",
+    r"leaf Variable that requires grad is being used in an in-place operation",
+    r"grad can be implicitly created only for scalar outputs",
+    r"Can't call numpy\(\) on Tensor that requires grad",
+    r"Cannot re-initialize CUDA in forked subprocess",
+    r"is on (CPU|GPU), but expected (it|them) to be on",
 )
 
 # Launchers whose own code raises when their configuration is wrong, before any training script
@@ -672,13 +706,22 @@ def builtin_rules() -> tuple[Rule, ...]:
                 r"CUBLAS_STATUS_ALLOC_FAILED|CUDNN_STATUS_NOT_ENOUGH_WORKSPACE",
                 r"(HIP|MPS backend|XPU|NPU) out of memory",
                 r"cudaErrorMemoryAllocation",
-                r"Cuda failure .?out of memory",
+                r"Cuda failure (\d+ )?.?out of memory",
                 r"RESOURCE_EXHAUSTED: Out of memory while trying to allocate",
                 r"\bOOM when allocating tensor",
+                # Other accelerators' allocators and CUDA libraries that allocate device memory.
+                r"RESOURCE_EXHAUSTED:.{0,40}\b(Failed to allocate|Ran out of memory)",
+                r"Ran out of memory in memory space (hbm|vmem)|Exceeded hbm capacity",
+                r"hipErrorOutOfMemory|OUT_OF_DEVICE_MEMORY",
+                r"\b(CUDNN|CUSOLVER|CUSPARSE|CUBLAS)_STATUS_ALLOC_FAILED|\bCUFFT_ALLOC_FAILED",
+                r"Failed to CUDA (calloc|malloc|host alloc)|\bcuMem\w* failed.{0,40}out of memory",
             ],
-            # The JVM's heap (a data loader's Spark or Java tokenizer) and Ray's memory monitor
-            # name host memory.
-            unless=[r"java\.lang\.OutOfMemoryError|running low on memory|memory usage threshold"],
+            # The JVM's heap (a data loader's Spark or Java tokenizer), Ray's memory monitor and a
+            # container runtime's memory limit name host memory.
+            unless=[
+                r"java\.lang\.OutOfMemoryError|running low on memory|memory usage threshold",
+                r"Container killed due to memory usage",
+            ],
         ),
         # -- host memory
         LogPatternRule(
@@ -695,7 +738,15 @@ def builtin_rules() -> tuple[Rule, ...]:
                 r"\boom[_-]kill events?\b",
                 r"task \d+: Out Of Memory",
                 r"\bOUT_OF_MEMORY\b",
-                r"exceeded (job |step )?memory limit|Exceeded (job|step) memory limit",
+                r"exceeded (job |step )?(virtual )?memory limit|Exceeded (job|step) memory limit",
+                # PBS, LSF, AWS Batch, the kubelet's SystemOOM event, systemd-oomd and earlyoom.
+                r"job killed: v?mem \S+ exceeded limit|\bTERM_MEMLIMIT\b",
+                r"Container killed due to memory usage",
+                r"System OOM encountered|\bSystemOOM\b|\bOOMKilling\b",
+                r"\bKilled \S+ due to memory (pressure|used)\b|systemd-oomd.*\bKilled\b",
+                r"earlyoom: (sending SIG(TERM|KILL)|low memory)",
+                # A notebook host (Colab, Kaggle) restarting the kernel for memory.
+                r"after using all available RAM|used all available RAM",
                 r"std::bad_alloc",
                 r"Cannot allocate memory",
                 r"DefaultCPUAllocator: (not enough memory|can't allocate memory)",
@@ -760,6 +811,10 @@ def builtin_rules() -> tuple[Rule, ...]:
                 r"\|\s+ERR!\s",
                 # A driver updated under a running node: the node needs a reboot.
                 r"Driver/library version mismatch",
+                # NVSwitch systems whose fabric manager is down: no GPU of the node can be used.
+                r"system not yet initialized|cudaErrorSystemNotReady|CUDA_ERROR_SYSTEM_NOT_READY",
+                # ROCm's runtime and the amdgpu driver: a GPU that hung or had to be reset.
+                r"HW Exception by GPU node|reason\s*:\s*GPU Hang|amdgpu\b.*\bGPU reset\b|amdgpu\b.*ring \S+ timeout",
             ],
         ),
         # The host channel adapter reports a fault of its own (not a peer's): the node's network.
@@ -793,6 +848,10 @@ def builtin_rules() -> tuple[Rule, ...]:
                 r"data did not match any variant of untagged enum",
                 r"Weights only load failed",
                 r"no kernel image is available for execution on the device",
+                # The device-side assert's own line (a label out of range, an index past the end).
+                r"block: \[\d+,\d+,\d+\], thread: \[\d+,\d+,\d+\] Assertion .* failed",
+                # torch.compile could not compile the program.
+                r"\bBackendCompilerFailed\b|torch\._dynamo\.exc\.(Unsupported|UserError|TorchRuntimeError)\b",
             ],
         ),
         FunctionRule("user-frame-exception", k.USER_CODE, 0.8, _raised_in_user_code),
@@ -831,6 +890,21 @@ def builtin_rules() -> tuple[Rule, ...]:
                 r"Distributed package doesn't have NCCL built in",
                 r"mixed precision requires a GPU|\bDeepSpeedConfigError\b|not used by the HfArgumentParser",
                 r"\byaml\.(scanner|parser|constructor|composer)\.\w*Error\b",
+                # A port in use by errno; gloo's GLOO_SOCKET_IFNAME; a host without IPv6.
+                r"\berrno:? 98\b",
+                r"Unable to find address for:? \S+",
+                r"Address family not supported by protocol",
+                r"\bInvalid device id\b",
+                # A container image that cannot be pulled or started; a Slurm request that cannot be met.
+                r"\b(ErrImagePull|ImagePullBackOff|InvalidImageName|CreateContainerConfigError)\b",
+                r"Requested node configuration is not available|More processors requested than permitted",
+                r"Batch job submission failed|Invalid generic resource",
+                r"Invalid (account|partition name|qos specification)",
+                # A precision or kernel the node's GPUs do not support.
+                r"doesn't support bf16|Bfloat16 is only supported on GPUs|only supports Ampere GPUs or newer",
+                # A model name or path that resolves to nothing, or a gated model without a token.
+                r"is not a local folder and is not a valid model identifier|Repository Not Found for url",
+                r"\bGatedRepoError\b|access to model .* is restricted|trying to access a gated repo",
             ],
             # c10d's warnings while it tries the addresses of a host in turn (IPv6 first): the
             # launch goes on; a port really in use ends in the error above.
@@ -893,6 +967,11 @@ def builtin_rules() -> tuple[Rule, ...]:
                 r"low on resource: (ephemeral-storage|nodefs|imagefs)|ephemeral local storage usage exceeds",
                 r"not enough (free )?(disk )?space",
                 r"database or disk is full|(file ?system|disk) (is )?full\b",
+                # HDFS's quotas; a pod's ephemeral storage and emptyDir limits (the kubelet evicts).
+                r"\bDSQuotaExceededException\b|DiskSpace quota of .* is exceeded",
+                r"exceeded its local ephemeral storage limit|Usage of EmptyDir volume .* exceeds the limit",
+                r"\b(storage|disk|space|inode|file) quota (has been |was )?exceeded",
+                r"exceeded (the |your )?(storage|disk|inode) quota",
             ],
         ),
         # A checkpoint writer that cannot open its file: the directory is full or not writable.
@@ -916,6 +995,14 @@ def builtin_rules() -> tuple[Rule, ...]:
                 r"not a gzip(ped)? file",
                 r"ReadError: (unexpected end of data|file could not be opened successfully|empty file)",
                 r"Unable to load weights from pytorch checkpoint file",
+                # A file shorter than its header says: numpy memmaps, torch storages, msgpack.
+                r"mmap length is greater than file size|storage has wrong (byte )?size",
+                r"Unpack failed: incomplete input",
+                # HDF5's and LMDB's words for a file whose structure is broken.
+                r"bad object header|bad symbol table|wrong B-tree signature|address of object past end of allocation",
+                r"incorrect metadata checksum|\bMDB_(INVALID|CORRUPTED|PAGE_NOTFOUND)\b|not an LMDB file",
+                # Model files that are Git LFS pointers because git-lfs was missing at clone time.
+                r"cloned a repository without having git-lfs installed",
             ],
         ),
         ExceptionRule("truncated-input", k.DATA_ERROR, 0.75, {"EOFError"}),
@@ -948,6 +1035,9 @@ def builtin_rules() -> tuple[Rule, ...]:
                 r"expected value at line \d+ column \d+|CastError: Couldn't cast",
                 # A Git LFS pointer checked out in place of the file it stands for.
                 r"version https://git-lfs",
+                # csv's NUL bytes, pandas' JSON reader, tensorstore (orbax checkpoints).
+                r"line contains NUL|field larger than field limit|Expected object or value",
+                r"\bDATA_LOSS\b|\bunexpected end of (file|stream|archive)\b",
             ],
             unless=[
                 # glibc heap corruption is a native crash, not bad data.
@@ -960,6 +1050,8 @@ def builtin_rules() -> tuple[Rule, ...]:
                 # Warnings about inputs the reader recovered from or skipped: training went on.
                 r"extraneous bytes before marker|Premature end of JPEG|skip\w* .{0,30}corrupt|corrupt.{0,40}skip",
                 r"\bwarn(ings?)?\b",
+                # A shell script cut short ("syntax error: unexpected end of file").
+                r"syntax error",
             ],
         ),
         # -- numerics
@@ -970,15 +1062,23 @@ def builtin_rules() -> tuple[Rule, ...]:
             0.9,
             [
                 # "loss: nan", "'loss': nan", "lm loss: nan", "val_loss = nan", "loss (avg) inf".
-                r"loss(?![ _]?scal)\w*['\"]?\s*(\([^)]{0,20}\)\s*)?([:=]|\bis\b|\bwas\b)?\s*"
+                r"loss(?![ _]?scal)\w*['\"]?\s*(\([^)]{0,20}\)\s*)?([:=]|\bis\b|\bwas\b)?\s*['\"]?"
                 r"(tensor\(\[?)?[-+]?(nan|inf|infinity)\b",
-                r"\bloss (is|became|has become|becomes|goes to|went to) (nan|inf|infinite|non-finite|not finite)",
+                r"\bloss (is|became|has become|becomes|goes to|went to|went|turned( into)?|turns( into)?) "
+                r"(nan|inf|infinite|non-finite|not finite)",
+                # Lightning: "The loss returned in `training_step` is nan."
+                r"\bloss\b[^.:;,]{0,40}\bis (nan|inf|infinite|non-finite|not finite)\b",
+                r"\b(non-?finite|infinite or nan|nan or inf(inite)?) loss\b|\bloss (has )?(diverged|exploded)\b",
+                r"\b(grad(ient)?[ _]?norm|gradients?) (is|are|was|were|became|has become) "
+                r"(nan|non-finite|not finite)\b",
+                # TensorFlow's check_numerics, Paddle's FLAGS_check_nan_inf.
+                r"Tensor had (NaN|Inf) values|\bnum_(nan|inf)=[1-9]",
                 r"(nan|non-finite|infinite) (loss|gradients?|grad norm) (detected|encountered)",
                 r"\b(nan|inf)s? (values? )?(detected|encountered|found) in (the )?(loss|grad)",
                 r"\bnan loss\b|NanLossDuringTrainingError|Invalid loss, terminating training",
                 r"\bfound (nan|inf)\b",
                 r"\bis non-finite\b|\bis not finite\b",
-                r"\b(nan|inf) ?(or|and|/) ?(nan|inf)\b.{0,40}\b(loss|gradients?|values|found|detected|input)",
+                r"\b(nan|inf) ?(or|and|/|and/or) ?(nan|inf)\b.{0,40}\b(loss|gradients?|values|found|detected|input)",
                 r"number of nan iterations:\s*[1-9]",
                 r"returned nan values in its \d+\w* output",
                 r"contains (either )?\W?(inf|nan)\b|Input contains (NaN|infinity)",
@@ -987,7 +1087,7 @@ def builtin_rules() -> tuple[Rule, ...]:
                 r"loss scale already at minimum",
                 # NaN only: a mixed-precision trainer logs an infinite norm for the steps its
                 # scaler skips, and goes on.
-                r"\bgrad(ient)?[ _]norm\b[^,;|]{0,8}?[:=]\s*[-+]?nan\b",
+                r"(\bgrad(ient)?[ _]?norm|\bgnorm|_grad_norm)\b[^,;|]{0,8}?[:=]\s*['\"]?[-+]?nan\b",
                 # A table of metrics per step whose first value is NaN (``2000  [nan]  [nan]``).
                 r"^\s*\d+\s+\[?\s*nan\s*\]?\s",
             ],
@@ -996,11 +1096,14 @@ def builtin_rules() -> tuple[Rule, ...]:
                 # The starting value of a best-so-far tracker, not a loss.
                 r"(best|min|lowest)\w*[ _](val\w*[ _])?loss\w*['\"]?\s*[:=]?\s*[-+]?inf\b",
                 r"improved from inf\b",
+                # A check that found nothing, or a setting that turns a check on.
+                r"\bno (nan|inf)s?\b|terminate_on_nan|detect_anomaly",
             ],
         ),
         ExceptionRule("floating-point-error", k.NAN_LOSS, 0.88, {"FloatingPointError"}),
         FunctionRule("falling-loss-scale", k.NAN_LOSS, 0.7, _falling_loss_scale),
         FunctionRule("collapsed-loss-scale", k.NAN_LOSS, 0.75, _collapsed_loss_scale),
+        FunctionRule("loss-scale-at-floor", k.NAN_LOSS, 0.85, _loss_scale_at_floor),
         # -- hangs (from the detector, or as the collective layer reports them)
         FunctionRule("hang-detector", k.HANG, 0.9, _hang_reported),
         # Ranks in different collectives: each waits for a partner that never comes. Above the
@@ -1019,6 +1122,18 @@ def builtin_rules() -> tuple[Rule, ...]:
         FunctionRule("blocked-process", k.HANG, 0.65, _blocked_process),
         # The kernel's hung-task watchdog: a process stuck in uninterruptible sleep (storage, driver).
         LogPatternRule("hung-task", k.HANG, 0.7, [r"blocked for more than \d+ seconds", r"hung_task_timeout_secs"]),
+        # A process that dumped its own stacks because a deadline passed (faulthandler's
+        # dump_traceback_later), Horovod's stall inspector, a DataLoader whose workers stopped.
+        LogPatternRule(
+            "stalled-progress",
+            k.HANG,
+            0.72,
+            [
+                r"^\W*Timeout \(\d+:\d\d:\d\d(\.\d+)?\)!\s*$",
+                r"waiting for remainder of ranks for more than \d+ seconds|\bStalled ranks:",
+                r"DataLoader timed out after \d+ seconds",
+            ],
+        ),
         # Below the collective timeouts: a stuck watchdog alone says an API call hung; next to a
         # collective that timed out it is the timeout's aftermath.
         LogPatternRule(
@@ -1043,7 +1158,13 @@ def builtin_rules() -> tuple[Rule, ...]:
                 r"Connection reset by peer",
                 r"Connection closed by (remote )?peer",
                 r"unhandled system error",
-                r"NET/IB\s*:\s*Got completion from peer .* with (status|error)",
+                r"NET/IB\s*:\s*Got completion (from peer .* )?with (status|error)",
+                # AWS EFA's NCCL plugin, MPI, Horovod and JAX's coordination service.
+                r"WARN NET/OFI\b.*\b(error|failed)\b",
+                r"\bMPI_ERR_[A-Z]+\b|An error occurred in MPI_\w+",
+                r"\bHorovodInternalError\b|Horovod has been shut down",
+                r"DEADLINE_EXCEEDED.{0,40}\b(Barrier|heartbeat|coordination)|\bBarrier timed out\b",
+                r"client socket has timed out",
                 r"\bIBV_WC_\w+_ERR\b|transport retry counter exceeded|Call to ibv_\w+ failed",
                 r"\bgloo\b.*(timed out|timeout|connection|closed|reset)",
                 r"Socket Timeout",
@@ -1083,6 +1204,15 @@ def builtin_rules() -> tuple[Rule, ...]:
                 r"\bTERM_(PREEMPT|RUNLIMIT|REQUEUE_\w+)\b|job killed: walltime \d+ exceeded limit",
                 r"Requeued job|requeu(e|ing) (the )?job|job (was |has been )?requeued",
                 r"TaintManagerEviction|\bNodeNotReady\b|\bNodeLost\b|node \S+ (is )?not ready|Node is not ready",
+                # Slurm's job record; Azure's scheduled events; EC2's instance action; spot capacity
+                # taken back in other words; AWS Batch losing the host; Lightning's requeue.
+                r"JobState=(TIMEOUT|NODE_FAIL|DEADLINE)\b",
+                r"\"EventType\"\s*:\s*\"(Preempt|Terminate)\"",
+                r"\"action\"\s*:\s*\"(terminate|stop|hibernate)\"\s*,\s*\"time\"",
+                r"\bspot\b.{0,40}\b(was |were |been )(interrupted|reclaimed|terminated)\b",
+                r"capacity (was |has been )?reclaimed",
+                r"Host EC2 \(instance \S+\) terminated",
+                r"auto-requeue|requeue signal",
             ],
             # torchrun prints this when it stops the surviving workers of a failed group.
             unless=[r"Sending process \d+ closing signal"],
@@ -1093,7 +1223,13 @@ def builtin_rules() -> tuple[Rule, ...]:
             "scheduler-cancelled",
             k.PREEMPTION,
             0.4,
-            [r"\*\*\* (JOB|STEP) \S+ ON \S+ CANCELLED AT", r"srun: Job step aborted", r"srun: forcing job termination"],
+            [
+                r"\*\*\* (JOB|STEP) \S+ ON \S+ CANCELLED AT",
+                r"srun: Job step aborted",
+                r"srun: forcing job termination",
+                # LSF: killed by its owner or an administrator.
+                r"\bTERM_(OWNER|ADMIN|FORCE_OWNER|FORCE_ADMIN)\b",
+            ],
         ),
         FunctionRule("sigterm-exit", k.PREEMPTION, 0.7, _exit_signal(_SIGTERM, _SIGHUP)),
         FunctionRule("sigterm-in-exit-report", k.PREEMPTION, 0.65, _log_signal(_SIGTERM, _SIGHUP)),
@@ -1121,6 +1257,13 @@ def builtin_rules() -> tuple[Rule, ...]:
                 r"illegal memory access was encountered|CUDA_ERROR_ILLEGAL_ADDRESS|cudaErrorIllegalAddress",
                 r"misaligned address|illegal instruction was encountered",
                 r"Windows fatal exception: access violation|0xC0000005",
+                # Windows' NTSTATUS as a signed exit code: access violation, stack buffer overrun,
+                # stack overflow.
+                r"exit code -1073741819\b|exit code -1073740791\b|exit code -1073741571\b|0xC0000409|0xC00000FD",
+                # ROCm's words for an illegal memory access; glog's fatal check (XLA, TF, NCCL).
+                r"Memory access fault by GPU node|hipErrorIllegalAddress",
+                r"HSA_STATUS_ERROR_(MEMORY_APERTURE_VIOLATION|EXCEPTION)",
+                r"\*\*\* Check failure stack trace: \*\*\*",
             ],
         ),
         # A GPU kernel that failed without saying why: usually the kernel's own fault.
