@@ -453,6 +453,168 @@ CASES = [
     ("a bad device id", "AssertionError: Invalid device id", None, K.CONFIG_ERROR),
 ]
 
+MORE_CASES = [
+    # -- the signal in other reporters' words
+    ("bash job control", "[1]+  Killed                  nohup python train.py > out.log", None, K.HOST_OOM),
+    ("a CI runner", "Error: Process completed with exit code 137.", None, K.HOST_OOM),
+    ("Go's exec", "error running trainer: exit status 139", None, K.NATIVE_CRASH),
+    (
+        "Slurm's exit code record",
+        "JobId=77 JobName=train JobState=FAILED Reason=NonZeroExitCode ExitCode=0:11",
+        None,
+        K.NATIVE_CRASH,
+    ),
+    (
+        "a shell-run subprocess",
+        "subprocess.CalledProcessError: Command 'torchrun --nproc_per_node 8 train.py' returned non-zero exit "
+        "status 137.",
+        None,
+        K.HOST_OOM,
+    ),
+    # -- device memory
+    (
+        "XLA reservation",
+        "RESOURCE_EXHAUSTED: Attempting to reserve 3.10G at the bottom of memory. That was not possible. "
+        "There are 2.20G free, 0B reserved, and 2.20G reservable.",
+        None,
+        K.DEVICE_OOM,
+    ),
+    (
+        "TensorFlow's stream executor",
+        "E tensorflow/stream_executor/cuda/cuda_driver.cc:890] failed to allocate 10.76G (11553234944 bytes) "
+        "from device: CUDA_ERROR_OUT_OF_MEMORY: out of memory",
+        None,
+        K.DEVICE_OOM,
+    ),
+    (
+        "TensorFlow's stream executor on ROCm",
+        "E tensorflow/stream_executor/rocm/rocm_driver.cc:615] failed to allocate 15.90G (17072495616 bytes) "
+        "from device: hipError_t(1002)",
+        None,
+        K.DEVICE_OOM,
+    ),
+    (
+        "TensorFlow's allocator",
+        "W tensorflow/core/common_runtime/bfc_allocator.cc:457] Allocator (GPU_0_bfc) ran out of memory trying to "
+        "allocate 256.00MiB (rounded to 268435456)requested by op MatMul",
+        None,
+        K.DEVICE_OOM,
+    ),
+    ("MPS buffer", "RuntimeError: Invalid buffer size: 14.25 GB", None, K.DEVICE_OOM),
+    ("Ascend", "RuntimeError: NPU function error: EL0004: Failed to allocate memory.", None, K.DEVICE_OOM),
+    ("a GPU out of memory in words", "ERROR: GPU 2 ran out of memory while compiling the graph", None, K.DEVICE_OOM),
+    # -- communication
+    (
+        "NCCL's socket calls",
+        "node2:311:340 [0] include/socket.h:423 NCCL WARN Call to send failed : Broken pipe\n"
+        "node2:311:340 [0] proxy.cc:1120 NCCL WARN [Proxy Service 0] Failed to execute operation Connect from rank 1",
+        None,
+        K.COMMUNICATION,
+    ),
+    (
+        "NCCL's proxy thread",
+        "transport/net.cc:870 NCCL WARN transport/net.cc:870 -> 6 [Proxy thread error]",
+        None,
+        K.COMMUNICATION,
+    ),
+    ("a reset with two spaces", "NCCL WARN Net : Connection reset  by peer", None, K.COMMUNICATION),
+    ("libmlx5", "mlx5: gpu-12: got completion with error:", None, K.COMMUNICATION),
+    (
+        "UCX",
+        "[1700000000.123456] [node4:2212 :0]   ib_mlx5_log.c:177  UCX  ERROR Transport retry count exceeded on "
+        "mlx5_0:1/IB (synd 0x15 vend 0x81 hw_synd 0/0)",
+        None,
+        K.COMMUNICATION,
+    ),
+    # -- hardware
+    (
+        "DCGM",
+        "Health check failed: DCGM_FR_VOLATILE_DBE_DETECTED: Detected 2 volatile double-bit ECC error(s) in GPU 5.",
+        None,
+        K.HARDWARE,
+    ),
+    # -- native crashes
+    ("tcache", "free(): double free detected in tcache 2", None, K.NATIVE_CRASH),
+    ("glibc's consolidate", "malloc_consolidate(): invalid chunk size", None, K.NATIVE_CRASH),
+    ("SIGTRAP", "Trace/breakpoint trap (core dumped)", None, K.NATIVE_CRASH),
+    # -- data
+    ("libjpeg", "RuntimeError: Not a JPEG file: starts with 0x89 0x50", None, K.DATA_ERROR),
+    (
+        "a short download",
+        "OSError: Consistency check failed: file should be of size 4976698672 but has size 1254228480 "
+        "(model-00001-of-00002.safetensors).",
+        None,
+        K.DATA_ERROR,
+    ),
+    (
+        "a dataset that cannot be built",
+        'Traceback (most recent call last):\n  File "train.py", line 12, in <module>\n'
+        '    ds = load_dataset("json", data_files="train.jsonl")\n'
+        "datasets.exceptions.DatasetGenerationError: An error occurred while generating the dataset",
+        None,
+        K.DATA_ERROR,
+    ),
+    (
+        "TensorFlow Example",
+        "InvalidArgumentError: Key: image/encoded.  Can't parse serialized Example.",
+        None,
+        K.DATA_ERROR,
+    ),
+    # -- NaN losses
+    ("perplexity", "| epoch 004 | valid on 'valid' subset | loss nan | ppl nan | num_updates 12000", None, K.NAN_LOSS),
+    ("a list of losses", "step 900 losses: [nan, nan, nan]", None, K.NAN_LOSS),
+    # -- stops from outside
+    (
+        "Ray lost a node",
+        "WARNING worker.py:1480 -- The node with node id: 5e1f and address: 10.0.3.7 and node name: 10.0.3.7 has "
+        "been marked dead because the detector has missed too many heartbeats from it.",
+        None,
+        K.PREEMPTION,
+    ),
+    (
+        "GKE node shutdown",
+        "Warning  NodeShutdown  pod/trainer-0  Pod was rejected as the node is shutting down.",
+        None,
+        K.PREEMPTION,
+    ),
+    ("an ssh session that went away", "Connection to 10.0.0.12 closed by remote host.", None, K.PREEMPTION),
+    # -- configuration
+    (
+        "DeepSpeed's own check",
+        'Traceback (most recent call last):\n  File "train.py", line 40, in <module>\n'
+        "    engine, *_ = deepspeed.initialize(model=model, config=cfg)\n"
+        '  File "/opt/conda/lib/python3.10/site-packages/deepspeed/runtime/config.py", line 1020, in '
+        "_do_error_check\n    assert self.train_micro_batch_size_per_gpu, err_msg\n"
+        "AssertionError: DeepSpeedConfig: train_micro_batch_size_per_gpu is not defined",
+        None,
+        K.CONFIG_ERROR,
+    ),
+    ("MPI backend missing", "RuntimeError: Distributed package doesn't have MPI built in", None, K.CONFIG_ERROR),
+    (
+        "accelerate on consumer GPUs",
+        "NotImplementedError: Using RTX 4000 series doesn't support faster communication broadband via P2P or IB. "
+        'Please set `NCCL_P2P_DISABLE="1"` and `NCCL_IB_DISABLE="1" or use `accelerate launch` which will do this '
+        "automatically.",
+        None,
+        K.CONFIG_ERROR,
+    ),
+    # -- root cause over consequence
+    (
+        "Ray's OOM before the lost node",
+        "ray.exceptions.OutOfMemoryError: Task was killed due to the node running low on memory.\n"
+        "The node with node id: 5e1f has been marked dead because the detector has missed too many heartbeats.",
+        None,
+        K.HOST_OOM,
+    ),
+    (
+        "a crashed rank's peers",
+        "[rank0]: Fatal Python error: Segmentation fault\n"
+        "node2:311:340 [1] include/socket.h:423 NCCL WARN Call to recv failed : Connection reset by peer",
+        None,
+        K.NATIVE_CRASH,
+    ),
+]
+
 NEGATIVES = [
     # (name, log, a kind it must not be diagnosed as)
     (
@@ -494,11 +656,27 @@ NEGATIVES = [
         K.PREEMPTION,
     ),
     ("an idle DataLoader setting", "DataLoader(dataset, num_workers=8, timeout=600)", K.HANG),
+    (
+        "gRPC's message limit",
+        "grpc: RESOURCE_EXHAUSTED: Received message larger than max (4194305 vs. 4194304)",
+        K.DEVICE_OOM,
+    ),
+    (
+        "TensorFlow going on with less memory",
+        "W bfc_allocator.cc:275] Allocator (GPU_0_bfc) ran out of memory trying to allocate 2.20GiB with "
+        "freed_by_count=0. The caller indicates that this is not a failure, but may mean that there could be "
+        "performance gains if more memory were available.",
+        K.DEVICE_OOM,
+    ),
+    ("a clean exit status", "Process completed with exit code 0.", K.HOST_OOM),
+    ("an interrupted run", "Process finished with exit code 130", K.HOST_OOM),
     ("NCCL's info about IB", "NCCL INFO NET/IB : Using [0]mlx5_0:1/IB ; OOB ib0:10.0.0.3<0>", K.COMMUNICATION),
 ]
 
 
-@pytest.mark.parametrize(("name", "log", "exit_status", "expected"), CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize(
+    ("name", "log", "exit_status", "expected"), CASES + MORE_CASES, ids=[c[0] for c in CASES + MORE_CASES]
+)
 def test_family_in_another_wording(name: str, log: str, exit_status: int | None, expected: FailureKind) -> None:
     diagnosis = classify(Evidence.from_text(log, returncode=exit_status), RuleRegistry.with_builtin_rules())
     assert diagnosis.kind is expected, (name, diagnosis.reason)

@@ -500,6 +500,7 @@ _USER_RUNTIME_MESSAGES = (
     r"Can't call numpy\(\) on Tensor that requires grad",
     r"Cannot re-initialize CUDA in forked subprocess",
     r"is on (CPU|GPU), but expected (it|them) to be on",
+    r"Placeholder storage has not been allocated on MPS device",
 )
 
 # Launchers whose own code raises when their configuration is wrong, before any training script
@@ -567,7 +568,8 @@ def _refused_at_init(evidence: Evidence) -> Sequence[str]:
 # validate_args, a dataclass of training arguments checking itself in __post_init__).
 _VALIDATION_FRAME = re.compile(
     r"(?:arguments|args|argparse\w*|config\w*|configuration\w*|settings)\.py\W.*\bin "
-    r"(?:validate\w*|_validate\w*|check_args|_check\w*|__post_init__|parse_args)\s*$|\bin validate_args\s*$"
+    r"(?:validate\w*|_validate\w*|check_args|_check\w*|_do_\w*check\w*|_batch_assertion|__post_init__|parse_args)\s*$"
+    r"|\bin validate_args\s*$"
 )
 _VALIDATION_SCANNER = (Scanner.of(re.compile(r"\bin (validate_args|_validate_args)\b")),)
 
@@ -710,11 +712,13 @@ def builtin_rules() -> tuple[Rule, ...]:
                 r"RESOURCE_EXHAUSTED: Out of memory while trying to allocate",
                 r"\bOOM when allocating tensor",
                 # Other accelerators' allocators and CUDA libraries that allocate device memory.
-                r"RESOURCE_EXHAUSTED:.{0,40}\b(Failed to allocate|Ran out of memory)",
+                r"RESOURCE_EXHAUSTED:.{0,40}\b(Failed to allocate|Ran out of memory|Attempting to reserve)",
                 r"Ran out of memory in memory space (hbm|vmem)|Exceeded hbm capacity",
-                r"hipErrorOutOfMemory|OUT_OF_DEVICE_MEMORY",
+                r"hipErrorOutOfMemory|hipErrorMemoryAllocation|OUT_OF_DEVICE_MEMORY",
                 r"\b(CUDNN|CUSOLVER|CUSPARSE|CUBLAS)_STATUS_ALLOC_FAILED|\bCUFFT_ALLOC_FAILED",
                 r"Failed to CUDA (calloc|malloc|host alloc)|\bcuMem\w* failed.{0,40}out of memory",
+                # MPS's allocation limit; Ascend's allocator (CANN error EL0004).
+                r"Invalid buffer size: [\d.]+ ?[KMGT]i?B|\bEL0004\b",
             ],
             # The JVM's heap (a data loader's Spark or Java tokenizer), Ray's memory monitor and a
             # container runtime's memory limit name host memory.
@@ -758,6 +762,22 @@ def builtin_rules() -> tuple[Rule, ...]:
                 r"paging file is too small",
             ],
         ),
+        # TensorFlow's stream executor could not take the device memory it asked for (another
+        # process holds it, or the model does not fit); it may go on with less, so below the rest.
+        LogPatternRule(
+            "device-allocation-failed",
+            k.DEVICE_OOM,
+            0.8,
+            [
+                r"failed to allocate [\d.]+\s?[KMGT]?i?B? \(\d+ bytes\) from device",
+                r"\bran out of memory trying to allocate",
+                # "out of memory" said of a device rather than of the host.
+                r"\b(GPU|VRAM|accelerator|TPU|HBM)\b.{0,30}\bout of memory\b",
+                r"\bout of memory\b.{0,30}\bon (GPU|device)\b",
+            ],
+            # TensorFlow's allocator warns so when it goes on with less memory.
+            unless=[r"not a failure", r"cgroup|Killed process|oom-kill|host memory"],
+        ),
         # The agent's reading of the kernel's own records (`dlrover.diagnosis.OomWatch`): the
         # evidence that tells an OOM kill from a plain SIGKILL.
         LogPatternRule("host-memory-record", k.HOST_OOM, 0.93, [r"^" + re.escape(MEMORY_RECORD) + r": "]),
@@ -791,6 +811,9 @@ def builtin_rules() -> tuple[Rule, ...]:
                 # The Kubernetes device plugin or DCGM took the GPU out of service.
                 r"Critical Xid|XidCriticalError|(mark(ed|ing)|report(ed|ing)) (the )?(device|gpu)\S* .*unhealthy",
                 r"\bunhealthy (gpu|device)s?\b|\b(gpu|device)s? (is |are )?unhealthy\b",
+                # DCGM's health-check failures that stay with the GPU.
+                r"\bDCGM_FR_(VOLATILE_DBE_DETECTED|ROW_REMAP_FAILURE|PENDING_PAGE_RETIREMENTS|FALLEN_OFF_BUS"
+                r"|NVLINK_DOWN|RETIRED_PAGES_LIMIT|UNCONTAINED_ERROR|PCIE_REPLAY_THRESHOLD_VIOLATION)\b",
             ],
         ),
         FunctionRule("nvidia-xid-hardware", k.HARDWARE, 0.95, _hardware_xid),
@@ -887,7 +910,10 @@ def builtin_rules() -> tuple[Rule, ...]:
                 r"Check batch related parameters",
                 r"failed to listen on any local network address",
                 r"No interface found in the same subnet",
-                r"Distributed package doesn't have NCCL built in",
+                r"Distributed package doesn't have \w+ built in",
+                r"CUDA_HOME environment variable is not set",
+                # accelerate refuses P2P/IB on GPUs without it and names the NCCL setting to change.
+                r"doesn't support faster communication broadband via P2P or IB",
                 r"mixed precision requires a GPU|\bDeepSpeedConfigError\b|not used by the HfArgumentParser",
                 r"\byaml\.(scanner|parser|constructor|composer)\.\w*Error\b",
                 # A port in use by errno; gloo's GLOO_SOCKET_IFNAME; a host without IPv6.
@@ -1006,6 +1032,8 @@ def builtin_rules() -> tuple[Rule, ...]:
             ],
         ),
         ExceptionRule("truncated-input", k.DATA_ERROR, 0.75, {"EOFError"}),
+        # HF datasets could not build a dataset from its files (its cause, when printed, is above).
+        ExceptionRule("dataset-generation-failed", k.DATA_ERROR, 0.7, {"DatasetGenerationError"}),
         LogPatternRule(
             "data-or-storage",
             k.DATA_ERROR,
@@ -1038,6 +1066,9 @@ def builtin_rules() -> tuple[Rule, ...]:
                 # csv's NUL bytes, pandas' JSON reader, tensorstore (orbax checkpoints).
                 r"line contains NUL|field larger than field limit|Expected object or value",
                 r"\bDATA_LOSS\b|\bunexpected end of (file|stream|archive)\b",
+                # Images a decoder refused; a download shorter than its size; a TF Example.
+                r"Not a JPEG file|Invalid (PNG|JPEG|GIF|BMP) data|DecompressionBombError",
+                r"Consistency check failed: file should be of size|Can't parse serialized Example",
             ],
             unless=[
                 # glibc heap corruption is a native crash, not bad data.
@@ -1063,7 +1094,7 @@ def builtin_rules() -> tuple[Rule, ...]:
             [
                 # "loss: nan", "'loss': nan", "lm loss: nan", "val_loss = nan", "loss (avg) inf".
                 r"loss(?![ _]?scal)\w*['\"]?\s*(\([^)]{0,20}\)\s*)?([:=]|\bis\b|\bwas\b)?\s*['\"]?"
-                r"(tensor\(\[?)?[-+]?(nan|inf|infinity)\b",
+                r"(tensor\(\[?|\[)?[-+]?(nan|inf|infinity)\b",
                 r"\bloss (is|became|has become|becomes|goes to|went to|went|turned( into)?|turns( into)?) "
                 r"(nan|inf|infinite|non-finite|not finite)",
                 # Lightning: "The loss returned in `training_step` is nan."
@@ -1073,6 +1104,7 @@ def builtin_rules() -> tuple[Rule, ...]:
                 r"(nan|non-finite|not finite)\b",
                 # TensorFlow's check_numerics, Paddle's FLAGS_check_nan_inf.
                 r"Tensor had (NaN|Inf) values|\bnum_(nan|inf)=[1-9]",
+                r"\b(ppl|perplexity)\b['\"]?\s*[:=]\s*['\"]?nan\b",
                 r"(nan|non-finite|infinite) (loss|gradients?|grad norm) (detected|encountered)",
                 r"\b(nan|inf)s? (values? )?(detected|encountered|found) in (the )?(loss|grad)",
                 r"\bnan loss\b|NanLossDuringTrainingError|Invalid loss, terminating training",
@@ -1155,8 +1187,11 @@ def builtin_rules() -> tuple[Rule, ...]:
                 r"nccl(System|Remote|Internal)Error",
                 r"\bDist(Network|Backend|Store)Error\b",
                 r"\bRendezvous(Timeout|Closed|Connection)Error\b",
-                r"Connection reset by peer",
-                r"Connection closed by (remote )?peer",
+                r"Connection reset\s+by\s+peer",
+                r"Connection closed\s+by\s+(remote )?peer",
+                # NCCL's socket transport: a system call on a peer's socket failed, its proxy thread
+                # gave up (Markdown may have bolded the call's name).
+                r"NCCL WARN Call to \W*\w+\W* failed|\[Proxy thread error\]",
                 r"unhandled system error",
                 r"NET/IB\s*:\s*Got completion (from peer .* )?with (status|error)",
                 # AWS EFA's NCCL plugin, MPI, Horovod and JAX's coordination service.
@@ -1165,6 +1200,8 @@ def builtin_rules() -> tuple[Rule, ...]:
                 r"\bHorovodInternalError\b|Horovod has been shut down",
                 r"DEADLINE_EXCEEDED.{0,40}\b(Barrier|heartbeat|coordination)|\bBarrier timed out\b",
                 r"client socket has timed out",
+                # InfiniBand and UCX transports in their own words.
+                r"\bmlx5\w*:.*got completion with error|retry count(er)? exceeded|\bUCX\s+ERROR\b",
                 r"\bIBV_WC_\w+_ERR\b|transport retry counter exceeded|Call to ibv_\w+ failed",
                 r"\bgloo\b.*(timed out|timeout|connection|closed|reset)",
                 r"Socket Timeout",
@@ -1213,6 +1250,11 @@ def builtin_rules() -> tuple[Rule, ...]:
                 r"capacity (was |has been )?reclaimed",
                 r"Host EC2 \(instance \S+\) terminated",
                 r"auto-requeue|requeue signal",
+                # Ray lost a node (terminated, preempted or unreachable): its actors died with it.
+                r"has been marked dead because the detector has missed too many heartbeats|\bNodeDiedError\b",
+                r"\bNodeShutdown\b",
+                # The terminal session of a job started by hand went away: its processes get SIGHUP.
+                r"Connection to \S+ closed by remote host|client_loop: send disconnect",
             ],
             # torchrun prints this when it stops the surviving workers of a failed group.
             unless=[r"Sending process \d+ closing signal"],
@@ -1250,7 +1292,9 @@ def builtin_rules() -> tuple[Rule, ...]:
             [
                 r"Segmentation fault|segfault",
                 r"Fatal Python error: (?!Aborted)",
-                r"double free or corruption|malloc\(\): |corrupted size vs|free\(\): invalid",
+                r"double free or corruption|double free detected|corrupted size vs",
+                r"\b(malloc|free|realloc|malloc_consolidate|_int_malloc|_int_free)\(\): \w+",
+                r"Trace/breakpoint trap",
                 r"corrupted double-linked list|munmap_chunk\(\): invalid pointer|stack smashing detected",
                 r"\bSIG(SEGV|ILL|FPE)\b",
                 r"Signals\.SIG(SEGV|ILL|FPE)",
