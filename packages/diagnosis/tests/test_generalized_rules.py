@@ -598,6 +598,52 @@ MORE_CASES = [
         None,
         K.CONFIG_ERROR,
     ),
+    # -- a name that does not resolve yet is the network's, not the script's
+    (
+        "a master service not yet in DNS",
+        'Traceback (most recent call last):\n  File "train.py", line 30, in <module>\n'
+        '    dist.init_process_group("nccl")\n'
+        '  File "/usr/lib/python3/site-packages/torch/distributed/rendezvous.py", line 180, in '
+        "_env_rendezvous_handler\n"
+        "    store = TCPStore(master_addr, master_port, world_size, start_daemon, timeout)\n"
+        "ValueError: host not found: Name or service not known",
+        None,
+        K.COMMUNICATION,
+    ),
+    ("a DNS hiccup", "socket.gaierror: [Errno -3] Temporary failure in name resolution", None, K.COMMUNICATION),
+    # -- NaN in a trainer's table, the loss named in its header
+    (
+        "a table of losses",
+        "      Epoch    GPU_mem   box_loss   obj_loss   cls_loss  Instances       Size\n"
+        "      12/100      9.1G        nan        nan        nan         31        640: 100%|##########| 50/50",
+        None,
+        K.NAN_LOSS,
+    ),
+    # -- other reporters of a process's end
+    (
+        "joblib's workers",
+        "joblib.externals.loky.process_executor.TerminatedWorkerError: A worker process managed by the executor was "
+        "unexpectedly terminated. This could be caused by a segmentation fault while calling the function or by an "
+        "excessive memory usage causing the Operating System to kill the worker.\n\n"
+        "The exit codes of the workers are {SIGKILL(-9)}",
+        None,
+        K.HOST_OOM,
+    ),
+    ("a negative status in words", "Worker 3 exited with exit code -11", None, K.NATIVE_CRASH),
+    (
+        "a workload manager's stop",
+        "<info> Trial 88 (Experiment 12) was requested to terminate\n<info> container exited successfully with a zero "
+        "exit code",
+        None,
+        K.PREEMPTION,
+    ),
+    (
+        "the watchdog's warning wrapped by a terminal",
+        "[E ProcessGroupNCCL.cpp:455] Some NCCL operations have failed or timed out. Due to the asynchronous nature "
+        "of CUDA kernels, subsequent GPU opera\ntions might run on corrupted/incomplete data.",
+        None,
+        K.COMMUNICATION,
+    ),
     # -- root cause over consequence
     (
         "Ray's OOM before the lost node",
@@ -667,6 +713,17 @@ NEGATIVES = [
         "freed_by_count=0. The caller indicates that this is not a failure, but may mean that there could be "
         "performance gains if more memory were available.",
         K.DEVICE_OOM,
+    ),
+    (
+        "per-class metrics without a loss",
+        "  Class     Images  Instances      P          R\n  bicycle         0          0        nan        nan",
+        K.NAN_LOSS,
+    ),
+    (
+        "a user's ValueError in the script",
+        'Traceback (most recent call last):\n  File "train.py", line 5, in <module>\n    lr = float(args.lr)\n'
+        "ValueError: could not convert string to float: 'fast'",
+        K.COMMUNICATION,
     ),
     ("a clean exit status", "Process completed with exit code 0.", K.HOST_OOM),
     ("an interrupted run", "Process finished with exit code 130", K.HOST_OOM),

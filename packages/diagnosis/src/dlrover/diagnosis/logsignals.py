@@ -58,6 +58,9 @@ _PATTERNS = (
     re.compile(r"return code = (?P<num>-\d+)\b"),
     re.compile(r"returned non-zero exit status (?P<num>-\d+|1[2-5]\d\b)"),
     re.compile(r"died with <Signals\.(?P<name>" + _NAME + r")"),
+    # joblib's loky ("The exit codes of the workers are {SIGKILL(-9)}"), a negative status in words.
+    re.compile(r"exit codes of the workers are \{(?P<name>" + _NAME + r")\("),
+    re.compile(r"(?:exited|terminated|died|failed) with (?:exit ?)?(?:code|status) (?P<num>-\d+)\b", re.I),
     re.compile(r"terminated with signal (?P<name>" + _NAME + r")"),
     re.compile(r"is killed by signal: (?P<word>" + _WORD + r")", re.IGNORECASE),
     # Kubernetes (kubectl describe, kubelet), Docker.

@@ -248,15 +248,21 @@ _CAUSED_BY_XID = re.compile(r"caused by previous Xid\s*(\d+)", re.IGNORECASE)
 _XID_SCANNERS = (Scanner.of(_XID), Scanner.of(_CAUSED_BY_XID))
 
 
-def _hardware_xid(evidence: Evidence) -> Sequence[str]:
-    hits = []
-    lines = evidence.lines()
-    for index in matching_lines(evidence, _XID_SCANNERS):
-        line = lines[index]
-        codes = [int(m.group(1)) for m in (_XID.search(line), _CAUSED_BY_XID.search(line)) if m is not None]
-        if any(code in _HARDWARE_XIDS for code in codes):
-            hits.append(line)
-    return hits
+def _xid_lines(codes_wanted: frozenset[int]) -> Callable[[Evidence], Sequence[str]]:
+    def match(evidence: Evidence) -> Sequence[str]:
+        hits = []
+        lines = evidence.lines()
+        for index in matching_lines(evidence, _XID_SCANNERS):
+            line = lines[index]
+            codes = [int(m.group(1)) for m in (_XID.search(line), _CAUSED_BY_XID.search(line)) if m is not None]
+            if any(code in codes_wanted for code in codes):
+                hits.append(line)
+        return hits
+
+    return match
+
+
+_hardware_xid = _xid_lines(_HARDWARE_XIDS)
 
 
 def _non_finite_loss(evidence: Evidence) -> Sequence[str]:
@@ -340,6 +346,24 @@ def _loss_scale_at_floor(evidence: Evidence) -> Sequence[str]:
         except ValueError:
             continue
         if tried == next_scale <= 1.0:
+            hits.append(lines[index])
+    return hits
+
+
+# A row of a trainer's metrics table with NaN in two columns side by side (YOLO's, mmdetection's
+# and Keras' per-epoch tables), under a header or beside words that name a loss.
+_NAN_COLUMNS = re.compile(r"(?<!\S)nan\s+nan(?!\S)", re.IGNORECASE)
+_NAN_COLUMNS_SCANNER = (Scanner.of(_NAN_COLUMNS),)
+LOSS_HEADER_LOOKBACK_LINES = 20
+"""How far above a row of NaN columns the header naming a loss is looked for."""
+
+
+def _nan_loss_columns(evidence: Evidence) -> Sequence[str]:
+    lines = evidence.lines()
+    hits = []
+    for index in matching_lines(evidence, _NAN_COLUMNS_SCANNER):
+        window = lines[max(0, index - LOSS_HEADER_LOOKBACK_LINES) : index + 1]
+        if any("loss" in line.lower() for line in window):
             hits.append(lines[index])
     return hits
 
@@ -533,6 +557,20 @@ def _raised_in_user_code(evidence: Evidence) -> Sequence[str]:
         _exception_line(evidence, tb)
         for tb in evidence.tracebacks
         if tb.exc_name in _WEAK_USER_EXCEPTIONS and tb.frames and not _LIBRARY_FRAME.search(tb.frames[-1])
+    ]
+
+
+# torch.distributed's rendezvous and store raise ValueError and KeyError about the launch
+# environment and the network (a host that does not resolve), not about the script.
+_DISTRIBUTED_FRAME = re.compile(r"[/\\]torch[/\\]distributed[/\\]")
+
+
+def _weak_user_exception(evidence: Evidence) -> Sequence[str]:
+    """KeyError, IndexError, ValueError anywhere but in torch.distributed's own frames."""
+    return [
+        _exception_line(evidence, tb)
+        for tb in evidence.tracebacks
+        if tb.exc_name in _WEAK_USER_EXCEPTIONS and not (tb.frames and _DISTRIBUTED_FRAME.search(tb.frames[-1]))
     ]
 
 
@@ -878,7 +916,7 @@ def builtin_rules() -> tuple[Rule, ...]:
             ],
         ),
         FunctionRule("user-frame-exception", k.USER_CODE, 0.8, _raised_in_user_code),
-        ExceptionRule("user-exception-weak", k.USER_CODE, 0.6, _WEAK_USER_EXCEPTIONS),
+        FunctionRule("user-exception-weak", k.USER_CODE, 0.6, _weak_user_exception),
         # -- launch configuration: above user code (the launcher's own exceptions) and above the
         # communication rules (a port in use is not a flaky network).
         LogPatternRule(
@@ -895,7 +933,6 @@ def builtin_rules() -> tuple[Rule, ...]:
                 r"\bncclInvalidUsage\b|\binvalid usage\b.*\bNCCL\b|\bNCCL\b.*\binvalid usage\b",
                 r"Duplicate GPU detected",
                 r"NCCL_SOCKET_IFNAME.*(not found|no interface|invalid)",
-                r"Name or service not known|nodename nor servname provided|getaddrinfo (failed|error)",
                 r"You need to run .?accelerate config",
                 r"CUDA_VISIBLE_DEVICES.*(invalid|out of range)",
                 # The launcher's environment contract, or the command line, is not met.
@@ -1075,6 +1112,7 @@ def builtin_rules() -> tuple[Rule, ...]:
                 r"malloc|free\(\)|double free|size vs\.? prev_size|heap|corrupted (top|double-linked)",
                 # The collective layer warns that data "might be corrupted" after a timeout.
                 r"NCCL|ProcessGroup|Watchdog|\bgloo\b|MPI_ERR|message truncated",
+                r"corrupted/incomplete data|might run on corrupted",
                 # Tokenizers and text encoders shorten over-long inputs and say so.
                 r"truncated because|will be truncated|truncated to (a )?(max|\d)",
                 r"(inputs?|sequences?|texts?|tokens?|prompts?) (is|are|was|were|gets?) truncated",
@@ -1136,6 +1174,7 @@ def builtin_rules() -> tuple[Rule, ...]:
         FunctionRule("falling-loss-scale", k.NAN_LOSS, 0.7, _falling_loss_scale),
         FunctionRule("collapsed-loss-scale", k.NAN_LOSS, 0.75, _collapsed_loss_scale),
         FunctionRule("loss-scale-at-floor", k.NAN_LOSS, 0.85, _loss_scale_at_floor),
+        FunctionRule("nan-loss-columns", k.NAN_LOSS, 0.8, _nan_loss_columns),
         # -- hangs (from the detector, or as the collective layer reports them)
         FunctionRule("hang-detector", k.HANG, 0.9, _hang_reported),
         # Ranks in different collectives: each waits for a partner that never comes. Above the
@@ -1219,7 +1258,15 @@ def builtin_rules() -> tuple[Rule, ...]:
             k.COMMUNICATION,
             0.6,
             # A CUDA call inside NCCL failed: the CUDA error itself, printed beside it, decides.
-            [r"Connection refused", r"Broken pipe", r"ncclUnhandledCudaError|unhandled cuda error"],
+            [
+                r"Connection refused",
+                r"Broken pipe",
+                r"ncclUnhandledCudaError|unhandled cuda error",
+                # A name that does not resolve yet: a Kubernetes service or pod gets its DNS record
+                # only once it runs, so a worker that starts first fails to resolve the master.
+                r"Name or service not known|nodename nor servname provided|getaddrinfo (failed|error)",
+                r"Temporary failure in name resolution",
+            ],
         ),
         # -- preemption: the job or its node was stopped from outside
         LogPatternRule(
@@ -1271,6 +1318,8 @@ def builtin_rules() -> tuple[Rule, ...]:
                 r"srun: forcing job termination",
                 # LSF: killed by its owner or an administrator.
                 r"\bTERM_(OWNER|ADMIN|FORCE_OWNER|FORCE_ADMIN)\b",
+                # A workload manager (Determined, a cluster's job controller) asked it to stop.
+                r"\bwas requested to (terminate|stop)\b",
             ],
         ),
         FunctionRule("sigterm-exit", k.PREEMPTION, 0.7, _exit_signal(_SIGTERM, _SIGHUP)),
@@ -1309,6 +1358,9 @@ def builtin_rules() -> tuple[Rule, ...]:
                 r"HSA_STATUS_ERROR_(MEMORY_APERTURE_VIOLATION|EXCEPTION)",
                 r"\*\*\* Check failure stack trace: \*\*\*",
             ],
+            # A library's guess at what might have happened (joblib's "could be caused by a
+            # segmentation fault ... or by an excessive memory usage"), not a report.
+            unless=[r"could be caused by a segmentation fault|may have been caused by a segmentation fault"],
         ),
         # A GPU kernel that failed without saying why: usually the kernel's own fault.
         LogPatternRule(
