@@ -875,7 +875,8 @@ def builtin_rules() -> tuple[Rule, ...]:
                 # NVSwitch systems whose fabric manager is down: no GPU of the node can be used.
                 r"system not yet initialized|cudaErrorSystemNotReady|CUDA_ERROR_SYSTEM_NOT_READY",
                 # ROCm's runtime and the amdgpu driver: a GPU that hung or had to be reset.
-                r"HW Exception by GPU node|reason\s*:\s*GPU Hang|amdgpu\b.*\bGPU reset\b|amdgpu\b.*ring \S+ timeout",
+                r"HW Exception by GPU node|reason\s*:\s*GPU Hang",
+                r"amdgpu\b.*\b(GPU reset|ring \S+ timeout)\b",
             ],
         ),
         # The host channel adapter reports a fault of its own (not a peer's): the node's network.
@@ -1138,8 +1139,10 @@ def builtin_rules() -> tuple[Rule, ...]:
                 # Lightning: "The loss returned in `training_step` is nan."
                 r"\bloss\b[^.:;,]{0,40}\bis (nan|inf|infinite|non-finite|not finite)\b",
                 r"\b(non-?finite|infinite or nan|nan or inf(inite)?) loss\b|\bloss (has )?(diverged|exploded)\b",
-                r"\b(grad(ient)?[ _]?norm|gradients?) (is|are|was|were|became|has become) "
-                r"(nan|non-finite|not finite)\b",
+                # Two patterns: the parser would factor the alternatives' common "n" out of one
+                # group, leaving no anchor but "grad", which every progress line holds.
+                r"\b(grad(ient)?[ _]?norm|gradients?) (is|are|was|were|became|has become) nan\b",
+                r"\b(grad(ient)?[ _]?norm|gradients?) (is|are|was|were|became|has become) (non-finite|not finite)\b",
                 # TensorFlow's check_numerics, Paddle's FLAGS_check_nan_inf.
                 r"Tensor had (NaN|Inf) values|\bnum_(nan|inf)=[1-9]",
                 r"\b(ppl|perplexity)\b['\"]?\s*[:=]\s*['\"]?nan\b",
@@ -1240,7 +1243,8 @@ def builtin_rules() -> tuple[Rule, ...]:
                 r"DEADLINE_EXCEEDED.{0,40}\b(Barrier|heartbeat|coordination)|\bBarrier timed out\b",
                 r"client socket has timed out",
                 # InfiniBand and UCX transports in their own words.
-                r"\bmlx5\w*:.*got completion with error|retry count(er)? exceeded|\bUCX\s+ERROR\b",
+                r"\bmlx5\w*:.*got completion with error|retry count(er)? exceeded",
+                r"\bUCX\s+ERROR\b",
                 r"\bIBV_WC_\w+_ERR\b|transport retry counter exceeded|Call to ibv_\w+ failed",
                 r"\bgloo\b.*(timed out|timeout|connection|closed|reset)",
                 r"Socket Timeout",
