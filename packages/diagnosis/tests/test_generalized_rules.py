@@ -578,6 +578,13 @@ MORE_CASES = [
         K.PREEMPTION,
     ),
     ("an ssh session that went away", "Connection to 10.0.0.12 closed by remote host.", None, K.PREEMPTION),
+    ("submitit's time limit", "Job has timed out. Ran 2880 minutes out of requested 2880 minutes.", None, K.PREEMPTION),
+    (
+        "a Kubernetes Job's deadline",
+        "  Warning  DeadlineExceeded  job/pretrain  Job was active longer than specified deadline",
+        None,
+        K.PREEMPTION,
+    ),
     # -- configuration
     (
         "DeepSpeed's own check",
@@ -731,15 +738,24 @@ NEGATIVES = [
 ]
 
 
+@pytest.fixture(scope="module")
+def registry() -> RuleRegistry:
+    return RuleRegistry.with_builtin_rules()
+
+
 @pytest.mark.parametrize(
     ("name", "log", "exit_status", "expected"), CASES + MORE_CASES, ids=[c[0] for c in CASES + MORE_CASES]
 )
-def test_family_in_another_wording(name: str, log: str, exit_status: int | None, expected: FailureKind) -> None:
-    diagnosis = classify(Evidence.from_text(log, returncode=exit_status), RuleRegistry.with_builtin_rules())
+def test_family_in_another_wording(
+    registry: RuleRegistry, name: str, log: str, exit_status: int | None, expected: FailureKind
+) -> None:
+    diagnosis = classify(Evidence.from_text(log, returncode=exit_status), registry)
     assert diagnosis.kind is expected, (name, diagnosis.reason)
 
 
 @pytest.mark.parametrize(("name", "log", "forbidden"), NEGATIVES, ids=[c[0] for c in NEGATIVES])
-def test_words_of_a_family_that_report_nothing(name: str, log: str, forbidden: FailureKind) -> None:
-    diagnosis = classify(Evidence.from_text(log), RuleRegistry.with_builtin_rules())
+def test_words_of_a_family_that_report_nothing(
+    registry: RuleRegistry, name: str, log: str, forbidden: FailureKind
+) -> None:
+    diagnosis = classify(Evidence.from_text(log), registry)
     assert diagnosis.kind is not forbidden, (name, diagnosis.reason)

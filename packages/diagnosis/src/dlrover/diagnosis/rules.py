@@ -1304,6 +1304,8 @@ def builtin_rules() -> tuple[Rule, ...]:
                 # Ray lost a node (terminated, preempted or unreachable): its actors died with it.
                 r"has been marked dead because the detector has missed too many heartbeats|\bNodeDiedError\b",
                 r"\bNodeShutdown\b",
+                # Time limits in other schedulers' words: submitit's, a Kubernetes Job's deadline.
+                r"Job has timed out\. Ran \d+ minutes out of requested|Job was active longer than specified deadline",
                 # The terminal session of a job started by hand went away: its processes get SIGHUP.
                 r"Connection to \S+ closed by remote host|client_loop: send disconnect",
             ],

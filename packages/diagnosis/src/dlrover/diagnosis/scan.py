@@ -67,7 +67,7 @@ def _next_line(starts: Sequence[int], index: int, end: int) -> int:
 SKELETON_MIN_CHARS = 32 * 1024
 """A text longer than this is first searched in its skeleton (`_line_skeleton`); a shorter one
 is searched directly, which costs less than building the skeleton."""
-SKELETON_MAX_SHARE = 0.5
+SKELETON_MAX_SHARE = 0.75
 """A skeleton longer than this share of the text (a log of lines that are all different) is not
 used: searching it first would cost more than it saves."""
 _ZEROED_DIGITS = bytes.maketrans(b"123456789", b"000000000")
@@ -90,19 +90,35 @@ def _new_anchor_index(_evidence: Evidence) -> dict[str, list[int]]:
     return {}
 
 
+def _searchable(evidence: Evidence) -> tuple[bytes, Sequence[int]]:
+    """The folded text's UTF-8 bytes, in which anchors are searched, with where each line starts in
+    them. A text with one character beyond Latin-1 (a progress bar's block) is stored with 2 or 4
+    bytes a character, which every search of it walks; its UTF-8 form is mostly 1 byte a
+    character, and anchors are ASCII (the same bytes in both)."""
+    folded = evidence.folded_text
+    data = folded.encode("utf-8", errors="replace")
+    if len(data) == len(folded):  # ASCII: the offsets are the same
+        return data, evidence.line_starts
+    starts = [0]
+    for line in data.split(b"\n")[:-1]:
+        starts.append(starts[-1] + len(line) + 1)
+    return data, starts
+
+
 def _find_anchor(evidence: Evidence, anchor: str) -> list[int]:
     """The lines holding `anchor` in the folded text."""
-    folded, starts = evidence.folded_text, evidence.line_starts
-    if len(folded) > SKELETON_MIN_CHARS:
+    needle = anchor.encode("ascii", errors="replace")
+    if len(evidence.folded_text) > SKELETON_MIN_CHARS:
         skeleton = evidence.derived("dlrover.line_skeleton", _line_skeleton)
-        if skeleton is not None and anchor.encode("ascii", errors="replace").translate(_ZEROED_DIGITS) not in skeleton:
+        if skeleton is not None and needle.translate(_ZEROED_DIGITS) not in skeleton:
             return []
+    text, starts = evidence.derived("dlrover.searchable_text", _searchable)
     indices = []
-    pos = folded.find(anchor)
+    pos = text.find(needle)
     while pos >= 0:
         index = bisect.bisect_right(starts, pos) - 1
         indices.append(index)
-        pos = folded.find(anchor, _next_line(starts, index, len(folded)))
+        pos = text.find(needle, _next_line(starts, index, len(text)))
     return indices
 
 
