@@ -738,6 +738,162 @@ NEGATIVES = [
 ]
 
 
+# -- whole failures as a multi-rank job prints them: the root cause, then its consequences (the
+# peers' collective timeouts, torchrun's teardown and its summary)
+_W = (
+    "[rank{r}]:[E ProcessGroupNCCL.cpp:616] [Rank {r}] Watchdog caught collective operation "
+    "timeout: WorkNCCL(SeqNum=88, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) "
+    "ran for 600124 milliseconds before timing out."
+)
+_SUMMARY = (
+    "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:\n"
+    "============================================================\ntrain.py FAILED\n"
+    "------------------------------------------------------------\nFailures:\n  "
+    "<NO_OTHER_FAILURES>\n------------------------------------------------------------\nRoot "
+    "Cause (first observed failure):\n[0]:\n  time      : 2024-05-02_10:00:00\n  host      : "
+    "node1\n  rank      : 0 (local_rank: 0)\n  exitcode  : {code} (pid: 4242)\n  error_file: "
+    "<N/A>\n  traceback : {tb}\n============================================================"
+)
+ROOT_CAUSE_CASES = [
+    (
+        "user KeyError + peers' timeouts",
+        (
+            'Traceback (most recent call last):\n  File "train.py", line 80, in <module>\n    batch = '
+            'next(it)\n  File "/w/data.py", line 12, in __getitem__\n    return self.items[idx]["label"]\n'
+            "KeyError: 'label'\n"
+        )
+        + _W.format(r=1)
+        + "\n"
+        + _SUMMARY.format(code=1, tb="To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html"),
+        K.USER_CODE,
+    ),
+    (
+        "cuda oom + torchrun teardown",
+        (
+            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB.\nW0502 "
+            "torch/distributed/elastic/multiprocessing/api.py:858] Sending process 4243 closing signal "
+            "SIGTERM\n"
+        )
+        + _SUMMARY.format(code=1, tb="To enable traceback"),
+        K.DEVICE_OOM,
+    ),
+    (
+        "disk full while saving + watchdog abort",
+        ("RuntimeError: [enforce fail at inline_container.cc:595] . unexpected pos 1048576 vs 1048512\n")
+        + _W.format(r=2)
+        + ("\n[E ProcessGroupNCCL.cpp:460] To avoid data inconsistency, we are taking the entire process down.\n")
+        + _SUMMARY.format(code=-6, tb="Signal 6 (SIGABRT) received by PID 4242"),
+        K.DISK_FULL,
+    ),
+    (
+        "preempted slurm step",
+        (
+            "slurmstepd: error: *** STEP 123.0 ON n1 CANCELLED AT 2024-05-02T10:00:00 DUE TO "
+            "PREEMPTION ***\ntorch.distributed.elastic.multiprocessing.api.SignalException: Process 17 "
+            "got signal: 15\n"
+        )
+        + _SUMMARY.format(code=-15, tb="Signal 15 (SIGTERM) received by PID 4242"),
+        K.PREEMPTION,
+    ),
+    (
+        "truncated image in a worker",
+        (
+            "OSError: Caught OSError in DataLoader worker process 3.\nOriginal Traceback (most recent "
+            'call last):\n  File "/usr/lib/python3/site-packages/PIL/ImageFile.py", line 249, in load\n  '
+            "  raise OSError(\nOSError: image file is truncated (9 bytes not processed)"
+        ),
+        K.DATA_ERROR,
+    ),
+    (
+        "ECC + peers",
+        "RuntimeError: CUDA error: uncorrectable ECC error encountered\n"
+        + _W.format(r=3)
+        + (
+            "\nterminate called after throwing an instance of 'c10::Error'\n  what():  CUDA error: "
+            "uncorrectable ECC error encountered"
+        ),
+        K.HARDWARE,
+    ),
+    ("SIGKILL root cause", _SUMMARY.format(code=-9, tb="Signal 9 (SIGKILL) received by PID 4242"), K.HOST_OOM),
+    (
+        "user error in a worker",
+        (
+            "KeyError: Caught KeyError in DataLoader worker process 0.\nOriginal Traceback (most recent "
+            'call last):\n  File "/usr/lib/python3/site-packages/torch/utils/data/_utils/worker.py", '
+            'line 308, in _worker_loop\n    data = fetcher.fetch(index)\n  File "/w/ds.py", line 40, in '
+            "__getitem__\n    x = row['pixel_values']\nKeyError: 'pixel_values'"
+        ),
+        K.USER_CODE,
+    ),
+    (
+        "segfault after NCCL INFO",
+        (
+            "node1:1:1 [0] NCCL INFO Bootstrap : Using eth0:10.0.0.1<0>\nnode1:1:1 [0] NCCL INFO NET/IB "
+            ": No device found.\nSegmentation fault (core dumped)"
+        ),
+        K.NATIVE_CRASH,
+    ),
+    (
+        "nan then min scale",
+        (
+            "{'loss': nan, 'grad_norm': nan, 'learning_rate': 1e-05, 'epoch': 0.3}\nException: Current "
+            "loss scale already at minimum - cannot decrease scale anymore. Exiting run.\n"
+        )
+        + _SUMMARY.format(code=1, tb="x"),
+        K.NAN_LOSS,
+    ),
+    (
+        "illegal memory access reported by the watchdog",
+        (
+            "[rank0]:[E ProcessGroupNCCL.cpp:1316] [PG 0 Rank 0] Process group watchdog thread "
+            "terminated with exception: CUDA error: an illegal memory access was encountered\nterminate "
+            "called after throwing an instance of 'c10::DistBackendError'"
+        ),
+        K.NATIVE_CRASH,
+    ),
+    (
+        "host oom by dmesg + peers",
+        "[12345.6] Out of memory: Killed process 4242 (python) total-vm:1kB, anon-rss:1kB\n"
+        + _W.format(r=1)
+        + "\n"
+        + _SUMMARY.format(code=-9, tb="Signal 9 (SIGKILL) received by PID 4242"),
+        K.HOST_OOM,
+    ),
+    (
+        "spot + peers",
+        "2024-05-02 10:00:00 Spot instance interruption notice received, draining\n" + _W.format(r=1),
+        K.PREEMPTION,
+    ),
+    (
+        "NCCL unhandled system error everywhere",
+        (
+            "torch.distributed.DistBackendError: NCCL error in: "
+            "../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:1970, unhandled system error (run "
+            "with NCCL_DEBUG=INFO for details), NCCL version 2.20.5\nncclSystemError: System call (e.g. "
+            "socket, malloc) or external library call failed or device error.\nLast error:\n"
+            "socketStartConnect: Connect to 10.0.0.2<43281> failed : Software caused connection abort"
+        ),
+        K.COMMUNICATION,
+    ),
+    (
+        "config: wrong nproc",
+        (
+            "RuntimeError: CUDA error: invalid device ordinal\nCUDA kernel errors might be "
+            "asynchronously reported at some other API call, so the stacktrace below might be "
+            "incorrect.\n"
+        )
+        + _W.format(r=0),
+        K.CONFIG_ERROR,
+    ),
+]
+
+
+@pytest.mark.parametrize(("name", "log", "expected"), ROOT_CAUSE_CASES, ids=[c[0] for c in ROOT_CAUSE_CASES])
+def test_root_cause_over_its_consequences(registry: RuleRegistry, name: str, log: str, expected: FailureKind) -> None:
+    diagnosis = classify(Evidence.from_text(log), registry)
+    assert diagnosis.kind is expected, (name, diagnosis.reason)
+
+
 @pytest.fixture(scope="module")
 def registry() -> RuleRegistry:
     return RuleRegistry.with_builtin_rules()
