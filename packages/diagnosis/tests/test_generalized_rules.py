@@ -526,7 +526,20 @@ MORE_CASES = [
         None,
         K.COMMUNICATION,
     ),
+    (
+        "torch's shared-memory file",
+        "RuntimeError: unable to write to file </torch_18692_1954506624>: No space left on device (28)",
+        None,
+        K.CONFIG_ERROR,
+    ),
     # -- hardware
+    (
+        "a driver nvidia-smi cannot reach",
+        "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. Make sure that the latest "
+        "NVIDIA driver is installed and running.",
+        None,
+        K.HARDWARE,
+    ),
     (
         "DCGM",
         "Health check failed: DCGM_FR_VOLATILE_DBE_DETECTED: Detected 2 volatile double-bit ECC error(s) in GPU 5.",

@@ -874,6 +874,7 @@ def builtin_rules() -> tuple[Rule, ...]:
                 r"Driver/library version mismatch",
                 # NVSwitch systems whose fabric manager is down: no GPU of the node can be used.
                 r"system not yet initialized|cudaErrorSystemNotReady|CUDA_ERROR_SYSTEM_NOT_READY",
+                r"couldn't communicate with the NVIDIA driver",
                 # ROCm's runtime and the amdgpu driver: a GPU that hung or had to be reset.
                 r"HW Exception by GPU node|reason\s*:\s*GPU Hang",
                 r"amdgpu\b.*\b(GPU reset|ring \S+ timeout)\b",
@@ -1004,6 +1005,8 @@ def builtin_rules() -> tuple[Rule, ...]:
                 r"Error while creating shared memory segment|failed to extend /dev/shm",
                 # A pattern for log text, not a path this code opens.
                 r"/dev/shm\S*.*(No space left on device|too small)|posix_fallocate failed: No space left",  # noqa: S108
+                # torch's shared-memory files ("</torch_4242_1954506624>") live in /dev/shm.
+                r"</torch_\d+_\d+(_\d+)?>.*No space left on device",
             ],
         ),
         FunctionRule("launcher-rejected-config", k.CONFIG_ERROR, 0.92, _launcher_rejected_config),
