@@ -31,6 +31,7 @@ from dlrover.diagnosis import (
     classify,
 )
 from dlrover.diagnosis.rules import Scanner, matching_lines
+from dlrover.diagnosis.scan import SKELETON_MIN_CHARS
 
 
 @pytest.fixture
@@ -282,6 +283,29 @@ def test_whole_text_scan_finds_exactly_the_lines_a_per_line_search_finds(
     lines: list[str], chosen: list[str], ignore_case: bool
 ) -> None:
     evidence = Evidence.from_text("\n".join(lines) + "\n")
+    flags = re.IGNORECASE if ignore_case else 0
+    compiled = [re.compile(p, flags) for p in chosen]
+    expected = [i for i, line in enumerate(evidence.lines()) if any(p.search(line) for p in compiled)]
+    assert matching_lines(evidence, [Scanner.of(p) for p in compiled]) == expected
+
+
+# Patterns with digits in their anchors: a long text is searched in its skeleton first, where
+# every digit is written as 0.
+_LONG_PATTERNS = [*_PATTERNS, r"kis 7\d", r"step 12 ab", r"\bxid 79\b", r"9s"]
+
+
+@given(
+    lines=st.lists(st.text(alphabet=_ALPHABET + "0179", max_size=12), max_size=12),
+    chosen=st.lists(st.sampled_from(_LONG_PATTERNS), min_size=1, max_size=3),
+    ignore_case=st.booleans(),
+)
+def test_long_text_scan_finds_exactly_the_lines_a_per_line_search_finds(
+    lines: list[str], chosen: list[str], ignore_case: bool
+) -> None:
+    # Progress lines that repeat with other numbers make the text long and its skeleton short.
+    progress = [f"step {i} loss 0.{i % 97} xid 7{i % 10} kis 8{i % 10}" for i in range(1500)]
+    assert len("\n".join(progress)) > SKELETON_MIN_CHARS
+    evidence = Evidence.from_text("\n".join(progress[:700] + lines + progress[700:]) + "\n")
     flags = re.IGNORECASE if ignore_case else 0
     compiled = [re.compile(p, flags) for p in chosen]
     expected = [i for i, line in enumerate(evidence.lines()) if any(p.search(line) for p in compiled)]

@@ -56,13 +56,19 @@ _PATTERNS = (
     re.compile(r"exitcode\s*:\s*(?P<num>-\d+)\b"),
     re.compile(r"\bSignal \d+ \((?P<name>" + _NAME + r")\) received by PID"),
     re.compile(r"return code = (?P<num>-\d+)\b"),
-    re.compile(r"returned non-zero exit status (?P<num>-\d+)"),
+    re.compile(r"returned non-zero exit status (?P<num>-\d+|1[2-5]\d\b)"),
     re.compile(r"died with <Signals\.(?P<name>" + _NAME + r")"),
+    # joblib's loky ("The exit codes of the workers are {SIGKILL(-9)}"), a negative status in words.
+    re.compile(r"exit codes of the workers are \{(?P<name>" + _NAME + r")\("),
+    re.compile(r"(?:exited|terminated|died|failed) with (?:exit ?)?(?:code|status) (?P<num>-\d+)\b", re.I),
     re.compile(r"terminated with signal (?P<name>" + _NAME + r")"),
     re.compile(r"is killed by signal: (?P<word>" + _WORD + r")", re.IGNORECASE),
     # Kubernetes (kubectl describe, kubelet), Docker.
     re.compile(r"\bExit ?Code:\s*(?P<num>1[2-5]\d)\b", re.IGNORECASE),
-    re.compile(r"(?:exited|terminated) with (?:exit )?code (?P<num>1[2-5]\d)\b", re.IGNORECASE),
+    re.compile(r"(?:exited|terminated|completed|failed) with (?:exit )?(?:code|status) (?P<num>1[2-5]\d)\b", re.I),
+    # Go's and make's reports of a child ("exit status 137"); Slurm's "ExitCode=0:9" (status:signal).
+    re.compile(r"\bexit status (?P<num>1[2-5]\d)\b", re.IGNORECASE),
+    re.compile(r"\bExitCode=\d+:(?P<signum>[1-9]\d?)\b"),
     # Slurm: "srun: error: node1: task 0: Killed".
     re.compile(r"\btask \d+: (?P<word>" + _WORD + r")\s*$", re.IGNORECASE),
     # A shell reporting its child: a line of its own ("Killed", "Segmentation fault (core
@@ -73,6 +79,8 @@ _PATTERNS = (
     # ("Process finished with exit code 137 (interrupted by signal 9: SIGKILL)").
     re.compile(r"^(?:zsh|bash|sh|fish): (?P<word>" + _WORD + r")\s", re.IGNORECASE),
     re.compile(r"^\[\d+\]\s+\+?\s*\d+ (?P<word>" + _WORD + r")\s", re.IGNORECASE),
+    # bash's job control ("[1]+  Killed                  python train.py").
+    re.compile(r"^\[\d+\][+-]?\s+(?P<word>" + _WORD + r")\s", re.IGNORECASE),
     re.compile(r"interrupted by signal (?P<signum>\d+)\b"),
 )
 _SCANNERS = tuple(Scanner.of(p) for p in _PATTERNS)

@@ -248,15 +248,21 @@ _CAUSED_BY_XID = re.compile(r"caused by previous Xid\s*(\d+)", re.IGNORECASE)
 _XID_SCANNERS = (Scanner.of(_XID), Scanner.of(_CAUSED_BY_XID))
 
 
-def _hardware_xid(evidence: Evidence) -> Sequence[str]:
-    hits = []
-    lines = evidence.lines()
-    for index in matching_lines(evidence, _XID_SCANNERS):
-        line = lines[index]
-        codes = [int(m.group(1)) for m in (_XID.search(line), _CAUSED_BY_XID.search(line)) if m is not None]
-        if any(code in _HARDWARE_XIDS for code in codes):
-            hits.append(line)
-    return hits
+def _xid_lines(codes_wanted: frozenset[int]) -> Callable[[Evidence], Sequence[str]]:
+    def match(evidence: Evidence) -> Sequence[str]:
+        hits = []
+        lines = evidence.lines()
+        for index in matching_lines(evidence, _XID_SCANNERS):
+            line = lines[index]
+            codes = [int(m.group(1)) for m in (_XID.search(line), _CAUSED_BY_XID.search(line)) if m is not None]
+            if any(code in codes_wanted for code in codes):
+                hits.append(line)
+        return hits
+
+    return match
+
+
+_hardware_xid = _xid_lines(_HARDWARE_XIDS)
 
 
 def _non_finite_loss(evidence: Evidence) -> Sequence[str]:
@@ -320,6 +326,46 @@ def _collapsed_loss_scale(evidence: Evidence) -> Sequence[str]:
     """A dynamic loss scale halved below 1: every step for many steps overflowed (a healthy fp16
     run keeps it in the thousands; 0 is the configuration's "dynamic", not a value)."""
     return [line for value, line in _loss_scales(evidence) if 0.0 < value < 1.0]
+
+
+# DeepSpeed's scaler names the scale it tried and the one it falls to; the same value at or below
+# 1 (its default floor, `min_loss_scale`) means it cannot fall any more: every step overflows.
+_SCALE_STEP = re.compile(r"Attempted loss scale: ([0-9][0-9.e+-]*),? reducing to ([0-9][0-9.e+-]*)", re.IGNORECASE)
+_SCALE_STEP_SCANNER = (Scanner.of(_SCALE_STEP),)
+
+
+def _loss_scale_at_floor(evidence: Evidence) -> Sequence[str]:
+    lines = evidence.lines()
+    hits = []
+    for index in matching_lines(evidence, _SCALE_STEP_SCANNER):
+        m = _SCALE_STEP.search(lines[index])
+        if m is None:
+            continue
+        try:
+            tried, next_scale = (float(g.rstrip(".-+e")) for g in m.groups())
+        except ValueError:
+            continue
+        if tried == next_scale <= 1.0:
+            hits.append(lines[index])
+    return hits
+
+
+# A row of a trainer's metrics table with NaN in two columns side by side (YOLO's, mmdetection's
+# and Keras' per-epoch tables), under a header or beside words that name a loss.
+_NAN_COLUMNS = re.compile(r"(?<!\S)nan\s+nan(?!\S)", re.IGNORECASE)
+_NAN_COLUMNS_SCANNER = (Scanner.of(_NAN_COLUMNS),)
+LOSS_HEADER_LOOKBACK_LINES = 20
+"""How far above a row of NaN columns the header naming a loss is looked for."""
+
+
+def _nan_loss_columns(evidence: Evidence) -> Sequence[str]:
+    lines = evidence.lines()
+    hits = []
+    for index in matching_lines(evidence, _NAN_COLUMNS_SCANNER):
+        window = lines[max(0, index - LOSS_HEADER_LOOKBACK_LINES) : index + 1]
+        if any("loss" in line.lower() for line in window):
+            hits.append(lines[index])
+    return hits
 
 
 def _hang_reported(evidence: Evidence) -> Sequence[str]:
@@ -466,6 +512,19 @@ _USER_RUNTIME_MESSAGES = (
     r"Found dtype \w+ but expected \w+",
     # An extension the environment cannot build (DeepSpeed's ops, custom kernels).
     r"Error building extension",
+    # Shapes, dtypes, devices and autograd used wrongly, in torch's other words.
+    r"must match the existing size",
+    r"is invalid for input of size",
+    r"view size is not compatible with input tensor",
+    r"to have the same dtype",
+    r"Expected input batch_size \(\d+\) to match target batch_size",
+    r"Expected target size",
+    r"leaf Variable that requires grad is being used in an in-place operation",
+    r"grad can be implicitly created only for scalar outputs",
+    r"Can't call numpy\(\) on Tensor that requires grad",
+    r"Cannot re-initialize CUDA in forked subprocess",
+    r"is on (CPU|GPU), but expected (it|them) to be on",
+    r"Placeholder storage has not been allocated on MPS device",
 )
 
 # Launchers whose own code raises when their configuration is wrong, before any training script
@@ -501,6 +560,20 @@ def _raised_in_user_code(evidence: Evidence) -> Sequence[str]:
     ]
 
 
+# torch.distributed's rendezvous and store raise ValueError and KeyError about the launch
+# environment and the network (a host that does not resolve), not about the script.
+_DISTRIBUTED_FRAME = re.compile(r"[/\\]torch[/\\]distributed[/\\]")
+
+
+def _weak_user_exception(evidence: Evidence) -> Sequence[str]:
+    """KeyError, IndexError, ValueError anywhere but in torch.distributed's own frames."""
+    return [
+        _exception_line(evidence, tb)
+        for tb in evidence.tracebacks
+        if tb.exc_name in _WEAK_USER_EXCEPTIONS and not (tb.frames and _DISTRIBUTED_FRAME.search(tb.frames[-1]))
+    ]
+
+
 # A store or rendezvous that refuses the connection after the client's retries: nothing listens
 # at MASTER_ADDR:MASTER_PORT, which a retry with the same settings does not change.
 _REFUSED = re.compile(
@@ -533,7 +606,8 @@ def _refused_at_init(evidence: Evidence) -> Sequence[str]:
 # validate_args, a dataclass of training arguments checking itself in __post_init__).
 _VALIDATION_FRAME = re.compile(
     r"(?:arguments|args|argparse\w*|config\w*|configuration\w*|settings)\.py\W.*\bin "
-    r"(?:validate\w*|_validate\w*|check_args|_check\w*|__post_init__|parse_args)\s*$|\bin validate_args\s*$"
+    r"(?:validate\w*|_validate\w*|check_args|_check\w*|_do_\w*check\w*|_batch_assertion|__post_init__|parse_args)\s*$"
+    r"|\bin validate_args\s*$"
 )
 _VALIDATION_SCANNER = (Scanner.of(re.compile(r"\bin (validate_args|_validate_args)\b")),)
 
@@ -672,13 +746,24 @@ def builtin_rules() -> tuple[Rule, ...]:
                 r"CUBLAS_STATUS_ALLOC_FAILED|CUDNN_STATUS_NOT_ENOUGH_WORKSPACE",
                 r"(HIP|MPS backend|XPU|NPU) out of memory",
                 r"cudaErrorMemoryAllocation",
-                r"Cuda failure .?out of memory",
+                r"Cuda failure (\d+ )?.?out of memory",
                 r"RESOURCE_EXHAUSTED: Out of memory while trying to allocate",
                 r"\bOOM when allocating tensor",
+                # Other accelerators' allocators and CUDA libraries that allocate device memory.
+                r"RESOURCE_EXHAUSTED:.{0,40}\b(Failed to allocate|Ran out of memory|Attempting to reserve)",
+                r"Ran out of memory in memory space (hbm|vmem)|Exceeded hbm capacity",
+                r"hipErrorOutOfMemory|hipErrorMemoryAllocation|OUT_OF_DEVICE_MEMORY",
+                r"\b(CUDNN|CUSOLVER|CUSPARSE|CUBLAS)_STATUS_ALLOC_FAILED|\bCUFFT_ALLOC_FAILED",
+                r"Failed to CUDA (calloc|malloc|host alloc)|\bcuMem\w* failed.{0,40}out of memory",
+                # MPS's allocation limit; Ascend's allocator (CANN error EL0004).
+                r"Invalid buffer size: [\d.]+ ?[KMGT]i?B|\bEL0004\b",
             ],
-            # The JVM's heap (a data loader's Spark or Java tokenizer) and Ray's memory monitor
-            # name host memory.
-            unless=[r"java\.lang\.OutOfMemoryError|running low on memory|memory usage threshold"],
+            # The JVM's heap (a data loader's Spark or Java tokenizer), Ray's memory monitor and a
+            # container runtime's memory limit name host memory.
+            unless=[
+                r"java\.lang\.OutOfMemoryError|running low on memory|memory usage threshold",
+                r"Container killed due to memory usage",
+            ],
         ),
         # -- host memory
         LogPatternRule(
@@ -695,7 +780,15 @@ def builtin_rules() -> tuple[Rule, ...]:
                 r"\boom[_-]kill events?\b",
                 r"task \d+: Out Of Memory",
                 r"\bOUT_OF_MEMORY\b",
-                r"exceeded (job |step )?memory limit|Exceeded (job|step) memory limit",
+                r"exceeded (job |step )?(virtual )?memory limit|Exceeded (job|step) memory limit",
+                # PBS, LSF, AWS Batch, the kubelet's SystemOOM event, systemd-oomd and earlyoom.
+                r"job killed: v?mem \S+ exceeded limit|\bTERM_MEMLIMIT\b",
+                r"Container killed due to memory usage",
+                r"System OOM encountered|\bSystemOOM\b|\bOOMKilling\b",
+                r"\bKilled \S+ due to memory (pressure|used)\b|systemd-oomd.*\bKilled\b",
+                r"earlyoom: (sending SIG(TERM|KILL)|low memory)",
+                # A notebook host (Colab, Kaggle) restarting the kernel for memory.
+                r"after using all available RAM|used all available RAM",
                 r"std::bad_alloc",
                 r"Cannot allocate memory",
                 r"DefaultCPUAllocator: (not enough memory|can't allocate memory)",
@@ -706,6 +799,22 @@ def builtin_rules() -> tuple[Rule, ...]:
                 r"node running low on memory|exceeds the memory usage threshold",
                 r"paging file is too small",
             ],
+        ),
+        # TensorFlow's stream executor could not take the device memory it asked for (another
+        # process holds it, or the model does not fit); it may go on with less, so below the rest.
+        LogPatternRule(
+            "device-allocation-failed",
+            k.DEVICE_OOM,
+            0.8,
+            [
+                r"failed to allocate [\d.]+\s?[KMGT]?i?B? \(\d+ bytes\) from device",
+                r"\bran out of memory trying to allocate",
+                # "out of memory" said of a device rather than of the host.
+                r"\b(GPU|VRAM|accelerator|TPU|HBM)\b.{0,30}\bout of memory\b",
+                r"\bout of memory\b.{0,30}\bon (GPU|device)\b",
+            ],
+            # TensorFlow's allocator warns so when it goes on with less memory.
+            unless=[r"not a failure", r"cgroup|Killed process|oom-kill|host memory"],
         ),
         # The agent's reading of the kernel's own records (`dlrover.diagnosis.OomWatch`): the
         # evidence that tells an OOM kill from a plain SIGKILL.
@@ -740,6 +849,9 @@ def builtin_rules() -> tuple[Rule, ...]:
                 # The Kubernetes device plugin or DCGM took the GPU out of service.
                 r"Critical Xid|XidCriticalError|(mark(ed|ing)|report(ed|ing)) (the )?(device|gpu)\S* .*unhealthy",
                 r"\bunhealthy (gpu|device)s?\b|\b(gpu|device)s? (is |are )?unhealthy\b",
+                # DCGM's health-check failures that stay with the GPU.
+                r"\bDCGM_FR_(VOLATILE_DBE_DETECTED|ROW_REMAP_FAILURE|PENDING_PAGE_RETIREMENTS|FALLEN_OFF_BUS"
+                r"|NVLINK_DOWN|RETIRED_PAGES_LIMIT|UNCONTAINED_ERROR|PCIE_REPLAY_THRESHOLD_VIOLATION)\b",
             ],
         ),
         FunctionRule("nvidia-xid-hardware", k.HARDWARE, 0.95, _hardware_xid),
@@ -760,6 +872,12 @@ def builtin_rules() -> tuple[Rule, ...]:
                 r"\|\s+ERR!\s",
                 # A driver updated under a running node: the node needs a reboot.
                 r"Driver/library version mismatch",
+                # NVSwitch systems whose fabric manager is down: no GPU of the node can be used.
+                r"system not yet initialized|cudaErrorSystemNotReady|CUDA_ERROR_SYSTEM_NOT_READY",
+                r"couldn't communicate with the NVIDIA driver",
+                # ROCm's runtime and the amdgpu driver: a GPU that hung or had to be reset.
+                r"HW Exception by GPU node|reason\s*:\s*GPU Hang",
+                r"amdgpu\b.*\b(GPU reset|ring \S+ timeout)\b",
             ],
         ),
         # The host channel adapter reports a fault of its own (not a peer's): the node's network.
@@ -793,10 +911,14 @@ def builtin_rules() -> tuple[Rule, ...]:
                 r"data did not match any variant of untagged enum",
                 r"Weights only load failed",
                 r"no kernel image is available for execution on the device",
+                # The device-side assert's own line (a label out of range, an index past the end).
+                r"block: \[\d+,\d+,\d+\], thread: \[\d+,\d+,\d+\] Assertion .* failed",
+                # torch.compile could not compile the program.
+                r"\bBackendCompilerFailed\b|torch\._dynamo\.exc\.(Unsupported|UserError|TorchRuntimeError)\b",
             ],
         ),
         FunctionRule("user-frame-exception", k.USER_CODE, 0.8, _raised_in_user_code),
-        ExceptionRule("user-exception-weak", k.USER_CODE, 0.6, _WEAK_USER_EXCEPTIONS),
+        FunctionRule("user-exception-weak", k.USER_CODE, 0.6, _weak_user_exception),
         # -- launch configuration: above user code (the launcher's own exceptions) and above the
         # communication rules (a port in use is not a flaky network).
         LogPatternRule(
@@ -813,7 +935,6 @@ def builtin_rules() -> tuple[Rule, ...]:
                 r"\bncclInvalidUsage\b|\binvalid usage\b.*\bNCCL\b|\bNCCL\b.*\binvalid usage\b",
                 r"Duplicate GPU detected",
                 r"NCCL_SOCKET_IFNAME.*(not found|no interface|invalid)",
-                r"Name or service not known|nodename nor servname provided|getaddrinfo (failed|error)",
                 r"You need to run .?accelerate config",
                 r"CUDA_VISIBLE_DEVICES.*(invalid|out of range)",
                 # The launcher's environment contract, or the command line, is not met.
@@ -828,9 +949,27 @@ def builtin_rules() -> tuple[Rule, ...]:
                 r"Check batch related parameters",
                 r"failed to listen on any local network address",
                 r"No interface found in the same subnet",
-                r"Distributed package doesn't have NCCL built in",
+                r"Distributed package doesn't have \w+ built in",
+                r"CUDA_HOME environment variable is not set",
+                # accelerate refuses P2P/IB on GPUs without it and names the NCCL setting to change.
+                r"doesn't support faster communication broadband via P2P or IB",
                 r"mixed precision requires a GPU|\bDeepSpeedConfigError\b|not used by the HfArgumentParser",
                 r"\byaml\.(scanner|parser|constructor|composer)\.\w*Error\b",
+                # A port in use by errno; gloo's GLOO_SOCKET_IFNAME; a host without IPv6.
+                r"\berrno:? 98\b",
+                r"Unable to find address for:? \S+",
+                r"Address family not supported by protocol",
+                r"\bInvalid device id\b",
+                # A container image that cannot be pulled or started; a Slurm request that cannot be met.
+                r"\b(ErrImagePull|ImagePullBackOff|InvalidImageName|CreateContainerConfigError)\b",
+                r"Requested node configuration is not available|More processors requested than permitted",
+                r"Batch job submission failed|Invalid generic resource",
+                r"Invalid (account|partition name|qos specification)",
+                # A precision or kernel the node's GPUs do not support.
+                r"doesn't support bf16|Bfloat16 is only supported on GPUs|only supports Ampere GPUs or newer",
+                # A model name or path that resolves to nothing, or a gated model without a token.
+                r"is not a local folder and is not a valid model identifier|Repository Not Found for url",
+                r"\bGatedRepoError\b|access to model .* is restricted|trying to access a gated repo",
             ],
             # c10d's warnings while it tries the addresses of a host in turn (IPv6 first): the
             # launch goes on; a port really in use ends in the error above.
@@ -866,6 +1005,8 @@ def builtin_rules() -> tuple[Rule, ...]:
                 r"Error while creating shared memory segment|failed to extend /dev/shm",
                 # A pattern for log text, not a path this code opens.
                 r"/dev/shm\S*.*(No space left on device|too small)|posix_fallocate failed: No space left",  # noqa: S108
+                # torch's shared-memory files ("</torch_4242_1954506624>") live in /dev/shm.
+                r"</torch_\d+_\d+(_\d+)?>.*No space left on device",
             ],
         ),
         FunctionRule("launcher-rejected-config", k.CONFIG_ERROR, 0.92, _launcher_rejected_config),
@@ -893,6 +1034,11 @@ def builtin_rules() -> tuple[Rule, ...]:
                 r"low on resource: (ephemeral-storage|nodefs|imagefs)|ephemeral local storage usage exceeds",
                 r"not enough (free )?(disk )?space",
                 r"database or disk is full|(file ?system|disk) (is )?full\b",
+                # HDFS's quotas; a pod's ephemeral storage and emptyDir limits (the kubelet evicts).
+                r"\bDSQuotaExceededException\b|DiskSpace quota of .* is exceeded",
+                r"exceeded its local ephemeral storage limit|Usage of EmptyDir volume .* exceeds the limit",
+                r"\b(storage|disk|space|inode|file) quota (has been |was )?exceeded",
+                r"exceeded (the |your )?(storage|disk|inode) quota",
             ],
         ),
         # A checkpoint writer that cannot open its file: the directory is full or not writable.
@@ -916,9 +1062,19 @@ def builtin_rules() -> tuple[Rule, ...]:
                 r"not a gzip(ped)? file",
                 r"ReadError: (unexpected end of data|file could not be opened successfully|empty file)",
                 r"Unable to load weights from pytorch checkpoint file",
+                # A file shorter than its header says: numpy memmaps, torch storages, msgpack.
+                r"mmap length is greater than file size|storage has wrong (byte )?size",
+                r"Unpack failed: incomplete input",
+                # HDF5's and LMDB's words for a file whose structure is broken.
+                r"bad object header|bad symbol table|wrong B-tree signature|address of object past end of allocation",
+                r"incorrect metadata checksum|\bMDB_(INVALID|CORRUPTED|PAGE_NOTFOUND)\b|not an LMDB file",
+                # Model files that are Git LFS pointers because git-lfs was missing at clone time.
+                r"cloned a repository without having git-lfs installed",
             ],
         ),
         ExceptionRule("truncated-input", k.DATA_ERROR, 0.75, {"EOFError"}),
+        # HF datasets could not build a dataset from its files (its cause, when printed, is above).
+        ExceptionRule("dataset-generation-failed", k.DATA_ERROR, 0.7, {"DatasetGenerationError"}),
         LogPatternRule(
             "data-or-storage",
             k.DATA_ERROR,
@@ -948,18 +1104,27 @@ def builtin_rules() -> tuple[Rule, ...]:
                 r"expected value at line \d+ column \d+|CastError: Couldn't cast",
                 # A Git LFS pointer checked out in place of the file it stands for.
                 r"version https://git-lfs",
+                # csv's NUL bytes, pandas' JSON reader, tensorstore (orbax checkpoints).
+                r"line contains NUL|field larger than field limit|Expected object or value",
+                r"\bDATA_LOSS\b|\bunexpected end of (file|stream|archive)\b",
+                # Images a decoder refused; a download shorter than its size; a TF Example.
+                r"Not a JPEG file|Invalid (PNG|JPEG|GIF|BMP) data|DecompressionBombError",
+                r"Consistency check failed: file should be of size|Can't parse serialized Example",
             ],
             unless=[
                 # glibc heap corruption is a native crash, not bad data.
                 r"malloc|free\(\)|double free|size vs\.? prev_size|heap|corrupted (top|double-linked)",
                 # The collective layer warns that data "might be corrupted" after a timeout.
                 r"NCCL|ProcessGroup|Watchdog|\bgloo\b|MPI_ERR|message truncated",
+                r"corrupted/incomplete data|might run on corrupted",
                 # Tokenizers and text encoders shorten over-long inputs and say so.
                 r"truncated because|will be truncated|truncated to (a )?(max|\d)",
                 r"(inputs?|sequences?|texts?|tokens?|prompts?) (is|are|was|were|gets?) truncated",
                 # Warnings about inputs the reader recovered from or skipped: training went on.
                 r"extraneous bytes before marker|Premature end of JPEG|skip\w* .{0,30}corrupt|corrupt.{0,40}skip",
                 r"\bwarn(ings?)?\b",
+                # A shell script cut short ("syntax error: unexpected end of file").
+                r"syntax error",
             ],
         ),
         # -- numerics
@@ -970,15 +1135,26 @@ def builtin_rules() -> tuple[Rule, ...]:
             0.9,
             [
                 # "loss: nan", "'loss': nan", "lm loss: nan", "val_loss = nan", "loss (avg) inf".
-                r"loss(?![ _]?scal)\w*['\"]?\s*(\([^)]{0,20}\)\s*)?([:=]|\bis\b|\bwas\b)?\s*"
-                r"(tensor\(\[?)?[-+]?(nan|inf|infinity)\b",
-                r"\bloss (is|became|has become|becomes|goes to|went to) (nan|inf|infinite|non-finite|not finite)",
+                r"loss(?![ _]?scal)\w*['\"]?\s*(\([^)]{0,20}\)\s*)?([:=]|\bis\b|\bwas\b)?\s*['\"]?"
+                r"(tensor\(\[?|\[)?[-+]?(nan|inf|infinity)\b",
+                r"\bloss (is|became|has become|becomes|goes to|went to|went|turned( into)?|turns( into)?) "
+                r"(nan|inf|infinite|non-finite|not finite)",
+                # Lightning: "The loss returned in `training_step` is nan."
+                r"\bloss\b[^.:;,]{0,40}\bis (nan|inf|infinite|non-finite|not finite)\b",
+                r"\b(non-?finite|infinite or nan|nan or inf(inite)?) loss\b|\bloss (has )?(diverged|exploded)\b",
+                # Two patterns: the parser would factor the alternatives' common "n" out of one
+                # group, leaving no anchor but "grad", which every progress line holds.
+                r"\b(grad(ient)?[ _]?norm|gradients?) (is|are|was|were|became|has become) nan\b",
+                r"\b(grad(ient)?[ _]?norm|gradients?) (is|are|was|were|became|has become) (non-finite|not finite)\b",
+                # TensorFlow's check_numerics, Paddle's FLAGS_check_nan_inf.
+                r"Tensor had (NaN|Inf) values|\bnum_(nan|inf)=[1-9]",
+                r"\b(ppl|perplexity)\b['\"]?\s*[:=]\s*['\"]?nan\b",
                 r"(nan|non-finite|infinite) (loss|gradients?|grad norm) (detected|encountered)",
                 r"\b(nan|inf)s? (values? )?(detected|encountered|found) in (the )?(loss|grad)",
                 r"\bnan loss\b|NanLossDuringTrainingError|Invalid loss, terminating training",
                 r"\bfound (nan|inf)\b",
                 r"\bis non-finite\b|\bis not finite\b",
-                r"\b(nan|inf) ?(or|and|/) ?(nan|inf)\b.{0,40}\b(loss|gradients?|values|found|detected|input)",
+                r"\b(nan|inf) ?(or|and|/|and/or) ?(nan|inf)\b.{0,40}\b(loss|gradients?|values|found|detected|input)",
                 r"number of nan iterations:\s*[1-9]",
                 r"returned nan values in its \d+\w* output",
                 r"contains (either )?\W?(inf|nan)\b|Input contains (NaN|infinity)",
@@ -987,7 +1163,7 @@ def builtin_rules() -> tuple[Rule, ...]:
                 r"loss scale already at minimum",
                 # NaN only: a mixed-precision trainer logs an infinite norm for the steps its
                 # scaler skips, and goes on.
-                r"\bgrad(ient)?[ _]norm\b[^,;|]{0,8}?[:=]\s*[-+]?nan\b",
+                r"(\bgrad(ient)?[ _]?norm|\bgnorm|_grad_norm)\b[^,;|]{0,8}?[:=]\s*['\"]?[-+]?nan\b",
                 # A table of metrics per step whose first value is NaN (``2000  [nan]  [nan]``).
                 r"^\s*\d+\s+\[?\s*nan\s*\]?\s",
             ],
@@ -996,11 +1172,15 @@ def builtin_rules() -> tuple[Rule, ...]:
                 # The starting value of a best-so-far tracker, not a loss.
                 r"(best|min|lowest)\w*[ _](val\w*[ _])?loss\w*['\"]?\s*[:=]?\s*[-+]?inf\b",
                 r"improved from inf\b",
+                # A check that found nothing, or a setting that turns a check on.
+                r"\bno (nan|inf)s?\b|terminate_on_nan|detect_anomaly",
             ],
         ),
         ExceptionRule("floating-point-error", k.NAN_LOSS, 0.88, {"FloatingPointError"}),
         FunctionRule("falling-loss-scale", k.NAN_LOSS, 0.7, _falling_loss_scale),
         FunctionRule("collapsed-loss-scale", k.NAN_LOSS, 0.75, _collapsed_loss_scale),
+        FunctionRule("loss-scale-at-floor", k.NAN_LOSS, 0.85, _loss_scale_at_floor),
+        FunctionRule("nan-loss-columns", k.NAN_LOSS, 0.8, _nan_loss_columns),
         # -- hangs (from the detector, or as the collective layer reports them)
         FunctionRule("hang-detector", k.HANG, 0.9, _hang_reported),
         # Ranks in different collectives: each waits for a partner that never comes. Above the
@@ -1019,6 +1199,18 @@ def builtin_rules() -> tuple[Rule, ...]:
         FunctionRule("blocked-process", k.HANG, 0.65, _blocked_process),
         # The kernel's hung-task watchdog: a process stuck in uninterruptible sleep (storage, driver).
         LogPatternRule("hung-task", k.HANG, 0.7, [r"blocked for more than \d+ seconds", r"hung_task_timeout_secs"]),
+        # A process that dumped its own stacks because a deadline passed (faulthandler's
+        # dump_traceback_later), Horovod's stall inspector, a DataLoader whose workers stopped.
+        LogPatternRule(
+            "stalled-progress",
+            k.HANG,
+            0.72,
+            [
+                r"^\W*Timeout \(\d+:\d\d:\d\d(\.\d+)?\)!\s*$",
+                r"waiting for remainder of ranks for more than \d+ seconds|\bStalled ranks:",
+                r"DataLoader timed out after \d+ seconds",
+            ],
+        ),
         # Below the collective timeouts: a stuck watchdog alone says an API call hung; next to a
         # collective that timed out it is the timeout's aftermath.
         LogPatternRule(
@@ -1040,10 +1232,22 @@ def builtin_rules() -> tuple[Rule, ...]:
                 r"nccl(System|Remote|Internal)Error",
                 r"\bDist(Network|Backend|Store)Error\b",
                 r"\bRendezvous(Timeout|Closed|Connection)Error\b",
-                r"Connection reset by peer",
-                r"Connection closed by (remote )?peer",
+                r"Connection reset\s+by\s+peer",
+                r"Connection closed\s+by\s+(remote )?peer",
+                # NCCL's socket transport: a system call on a peer's socket failed, its proxy thread
+                # gave up (Markdown may have bolded the call's name).
+                r"NCCL WARN Call to \W*\w+\W* failed|\[Proxy thread error\]",
                 r"unhandled system error",
-                r"NET/IB\s*:\s*Got completion from peer .* with (status|error)",
+                r"NET/IB\s*:\s*Got completion (from peer .* )?with (status|error)",
+                # AWS EFA's NCCL plugin, MPI, Horovod and JAX's coordination service.
+                r"WARN NET/OFI\b.*\b(error|failed)\b",
+                r"\bMPI_ERR_[A-Z]+\b|An error occurred in MPI_\w+",
+                r"\bHorovodInternalError\b|Horovod has been shut down",
+                r"DEADLINE_EXCEEDED.{0,40}\b(Barrier|heartbeat|coordination)|\bBarrier timed out\b",
+                r"client socket has timed out",
+                # InfiniBand and UCX transports in their own words.
+                r"\bmlx5\w*:.*got completion with error|retry count(er)? exceeded",
+                r"\bUCX\s+ERROR\b",
                 r"\bIBV_WC_\w+_ERR\b|transport retry counter exceeded|Call to ibv_\w+ failed",
                 r"\bgloo\b.*(timed out|timeout|connection|closed|reset)",
                 r"Socket Timeout",
@@ -1061,7 +1265,15 @@ def builtin_rules() -> tuple[Rule, ...]:
             k.COMMUNICATION,
             0.6,
             # A CUDA call inside NCCL failed: the CUDA error itself, printed beside it, decides.
-            [r"Connection refused", r"Broken pipe", r"ncclUnhandledCudaError|unhandled cuda error"],
+            [
+                r"Connection refused",
+                r"Broken pipe",
+                r"ncclUnhandledCudaError|unhandled cuda error",
+                # A name that does not resolve yet: a Kubernetes service or pod gets its DNS record
+                # only once it runs, so a worker that starts first fails to resolve the master.
+                r"Name or service not known|nodename nor servname provided|getaddrinfo (failed|error)",
+                r"Temporary failure in name resolution",
+            ],
         ),
         # -- preemption: the job or its node was stopped from outside
         LogPatternRule(
@@ -1083,6 +1295,22 @@ def builtin_rules() -> tuple[Rule, ...]:
                 r"\bTERM_(PREEMPT|RUNLIMIT|REQUEUE_\w+)\b|job killed: walltime \d+ exceeded limit",
                 r"Requeued job|requeu(e|ing) (the )?job|job (was |has been )?requeued",
                 r"TaintManagerEviction|\bNodeNotReady\b|\bNodeLost\b|node \S+ (is )?not ready|Node is not ready",
+                # Slurm's job record; Azure's scheduled events; EC2's instance action; spot capacity
+                # taken back in other words; AWS Batch losing the host; Lightning's requeue.
+                r"JobState=(TIMEOUT|NODE_FAIL|DEADLINE)\b",
+                r"\"EventType\"\s*:\s*\"(Preempt|Terminate)\"",
+                r"\"action\"\s*:\s*\"(terminate|stop|hibernate)\"\s*,\s*\"time\"",
+                r"\bspot\b.{0,40}\b(was |were |been )(interrupted|reclaimed|terminated)\b",
+                r"capacity (was |has been )?reclaimed",
+                r"Host EC2 \(instance \S+\) terminated",
+                r"auto-requeue|requeue signal",
+                # Ray lost a node (terminated, preempted or unreachable): its actors died with it.
+                r"has been marked dead because the detector has missed too many heartbeats|\bNodeDiedError\b",
+                r"\bNodeShutdown\b",
+                # Time limits in other schedulers' words: submitit's, a Kubernetes Job's deadline.
+                r"Job has timed out\. Ran \d+ minutes out of requested|Job was active longer than specified deadline",
+                # The terminal session of a job started by hand went away: its processes get SIGHUP.
+                r"Connection to \S+ closed by remote host|client_loop: send disconnect",
             ],
             # torchrun prints this when it stops the surviving workers of a failed group.
             unless=[r"Sending process \d+ closing signal"],
@@ -1093,7 +1321,15 @@ def builtin_rules() -> tuple[Rule, ...]:
             "scheduler-cancelled",
             k.PREEMPTION,
             0.4,
-            [r"\*\*\* (JOB|STEP) \S+ ON \S+ CANCELLED AT", r"srun: Job step aborted", r"srun: forcing job termination"],
+            [
+                r"\*\*\* (JOB|STEP) \S+ ON \S+ CANCELLED AT",
+                r"srun: Job step aborted",
+                r"srun: forcing job termination",
+                # LSF: killed by its owner or an administrator.
+                r"\bTERM_(OWNER|ADMIN|FORCE_OWNER|FORCE_ADMIN)\b",
+                # A workload manager (Determined, a cluster's job controller) asked it to stop.
+                r"\bwas requested to (terminate|stop)\b",
+            ],
         ),
         FunctionRule("sigterm-exit", k.PREEMPTION, 0.7, _exit_signal(_SIGTERM, _SIGHUP)),
         FunctionRule("sigterm-in-exit-report", k.PREEMPTION, 0.65, _log_signal(_SIGTERM, _SIGHUP)),
@@ -1114,14 +1350,26 @@ def builtin_rules() -> tuple[Rule, ...]:
             [
                 r"Segmentation fault|segfault",
                 r"Fatal Python error: (?!Aborted)",
-                r"double free or corruption|malloc\(\): |corrupted size vs|free\(\): invalid",
+                r"double free or corruption|double free detected|corrupted size vs",
+                r"\b(malloc|free|realloc|malloc_consolidate|_int_malloc|_int_free)\(\): \w+",
+                r"Trace/breakpoint trap",
                 r"corrupted double-linked list|munmap_chunk\(\): invalid pointer|stack smashing detected",
                 r"\bSIG(SEGV|ILL|FPE)\b",
                 r"Signals\.SIG(SEGV|ILL|FPE)",
                 r"illegal memory access was encountered|CUDA_ERROR_ILLEGAL_ADDRESS|cudaErrorIllegalAddress",
                 r"misaligned address|illegal instruction was encountered",
                 r"Windows fatal exception: access violation|0xC0000005",
+                # Windows' NTSTATUS as a signed exit code: access violation, stack buffer overrun,
+                # stack overflow.
+                r"exit code -1073741819\b|exit code -1073740791\b|exit code -1073741571\b|0xC0000409|0xC00000FD",
+                # ROCm's words for an illegal memory access; glog's fatal check (XLA, TF, NCCL).
+                r"Memory access fault by GPU node|hipErrorIllegalAddress",
+                r"HSA_STATUS_ERROR_(MEMORY_APERTURE_VIOLATION|EXCEPTION)",
+                r"\*\*\* Check failure stack trace: \*\*\*",
             ],
+            # A library's guess at what might have happened (joblib's "could be caused by a
+            # segmentation fault ... or by an excessive memory usage"), not a report.
+            unless=[r"could be caused by a segmentation fault|may have been caused by a segmentation fault"],
         ),
         # A GPU kernel that failed without saying why: usually the kernel's own fault.
         LogPatternRule(

@@ -47,15 +47,16 @@ class Scanner:
 
 
 SAMPLE_CHARS = 16 * 1024
-"""How much of the end of the text is sampled to tell a pattern's rare anchors from common ones."""
+"""How much of the end of the text is sampled to tell a pattern's rare anchors from common ones.
+A text no longer than this is not sampled: its first (most selective) anchor set is searched."""
 
 
 def _rarest(anchor_sets: Sequence[frozenset[str]], folded: str) -> frozenset[str]:
     """The anchor set whose members occur least often near the end of the text (where the
     failure is): the one whose occurrences are cheapest to visit."""
-    if len(anchor_sets) == 1:
+    if len(anchor_sets) == 1 or len(folded) <= SAMPLE_CHARS:
         return anchor_sets[0]
-    start = max(0, len(folded) - SAMPLE_CHARS)
+    start = len(folded) - SAMPLE_CHARS
     return min(anchor_sets, key=lambda anchors: sum(folded.count(a, start) for a in anchors))
 
 
@@ -63,31 +64,78 @@ def _next_line(starts: Sequence[int], index: int, end: int) -> int:
     return starts[index + 1] if index + 1 < len(starts) else end
 
 
-def _anchor_lines(evidence: Evidence, anchor: str) -> list[int]:
-    """The lines holding `anchor` in the folded text, found once per evidence: several patterns
-    and rules share anchors."""
-
-    def find(ev: Evidence) -> list[int]:
-        folded, starts = ev.folded_text, ev.line_starts
-        indices = []
-        pos = folded.find(anchor)
-        while pos >= 0:
-            index = bisect.bisect_right(starts, pos) - 1
-            indices.append(index)
-            pos = folded.find(anchor, _next_line(starts, index, len(folded)))
-        return indices
-
-    return evidence.derived("dlrover.anchor:" + anchor, find)
+SKELETON_MIN_CHARS = 32 * 1024
+"""A text longer than this is first searched in its skeleton (`_line_skeleton`); a shorter one
+is searched directly, which costs less than building the skeleton."""
+SKELETON_MAX_SHARE = 0.75
+"""A skeleton longer than this share of the text (a log of lines that are all different) is not
+used: searching it first would cost more than it saves."""
+_ZEROED_DIGITS = bytes.maketrans(b"123456789", b"000000000")
 
 
-def _anchored(evidence: Evidence, scanner: Scanner, found: set[int]) -> None:
-    """Add to `found` the lines holding the scanner's anchors where its pattern matches."""
+def _line_skeleton(evidence: Evidence) -> bytes | None:
+    """The folded text's distinct lines, each digit written as 0, as UTF-8: every anchor found in
+    the text is in it (anchors are ASCII and hold no newline; see `dlrover.diagnosis.anchors`).
+
+    A log tail repeats the same lines with other numbers (progress bars, step reports, rank
+    prefixes), so this is usually far shorter than the text, and ruling out one of the hundreds of
+    anchors that are absent from a failure's log costs a search of it, not of the whole tail.
+    None when it is not much shorter than the text."""
+    folded = evidence.folded_text.encode("utf-8", errors="replace").translate(_ZEROED_DIGITS)
+    skeleton = b"\n".join(dict.fromkeys(folded.split(b"\n")))
+    return skeleton if len(skeleton) <= SKELETON_MAX_SHARE * len(folded) else None
+
+
+def _new_anchor_index(_evidence: Evidence) -> dict[str, list[int]]:
+    return {}
+
+
+def _searchable(evidence: Evidence) -> tuple[bytes, Sequence[int]]:
+    """The folded text's UTF-8 bytes, in which anchors are searched, with where each line starts in
+    them. A text with one character beyond Latin-1 (a progress bar's block) is stored with 2 or 4
+    bytes a character, which every search of it walks; its UTF-8 form is mostly 1 byte a
+    character, and anchors are ASCII (the same bytes in both)."""
+    folded = evidence.folded_text
+    data = folded.encode("utf-8", errors="replace")
+    if len(data) == len(folded):  # ASCII: the offsets are the same
+        return data, evidence.line_starts
+    starts = [0]
+    for line in data.split(b"\n")[:-1]:
+        starts.append(starts[-1] + len(line) + 1)
+    return data, starts
+
+
+def _find_anchor(evidence: Evidence, anchor: str) -> list[int]:
+    """The lines holding `anchor` in the folded text."""
+    needle = anchor.encode("ascii", errors="replace")
+    if len(evidence.folded_text) > SKELETON_MIN_CHARS:
+        skeleton = evidence.derived("dlrover.line_skeleton", _line_skeleton)
+        if skeleton is not None and needle.translate(_ZEROED_DIGITS) not in skeleton:
+            return []
+    text, starts = evidence.derived("dlrover.searchable_text", _searchable)
+    indices = []
+    pos = text.find(needle)
+    while pos >= 0:
+        index = bisect.bisect_right(starts, pos) - 1
+        indices.append(index)
+        pos = text.find(needle, _next_line(starts, index, len(text)))
+    return indices
+
+
+def _anchored(evidence: Evidence, scanner: Scanner, found: set[int], index_of: dict[str, list[int]]) -> None:
+    """Add to `found` the lines holding the scanner's anchors where its pattern matches.
+
+    `index_of` holds the lines of each anchor already looked for in this evidence: several
+    patterns and rules share anchors, so each is found once."""
     folded, starts, lines = evidence.folded_text, evidence.line_starts, evidence.lines()
     primary = _rarest(scanner.anchors, folded)
     others = [a for a in scanner.anchors if a is not primary]
     tried: set[int] = set()
     for anchor in primary:
-        for index in _anchor_lines(evidence, anchor):
+        holding = index_of.get(anchor)
+        if holding is None:
+            holding = index_of[anchor] = _find_anchor(evidence, anchor)
+        for index in holding:
             if index in tried or index in found:
                 continue
             tried.add(index)
@@ -128,9 +176,10 @@ def matching_lines(evidence: Evidence, scanners: Sequence[Scanner]) -> list[int]
     found: set[int] = set()
     if not evidence.lines():
         return []
+    index_of = evidence.derived("dlrover.anchor_lines", _new_anchor_index)
     for scanner in scanners:
         if scanner.anchors and evidence.folded_text:
-            _anchored(evidence, scanner, found)
+            _anchored(evidence, scanner, found, index_of)
         else:
             _searched(evidence, scanner, found)
     return sorted(found)
