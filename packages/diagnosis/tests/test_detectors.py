@@ -234,6 +234,25 @@ def test_rank_that_just_became_slow_is_found_before_its_step_ends() -> None:
     assert dict(report.step_time_s)[3] == pytest.approx(3.5)
 
 
+def test_ranks_waiting_for_one_that_saves_are_not_stragglers() -> None:
+    # Rank 0 alone persists a checkpoint (or the final one at the job's end); the others wait for
+    # it in a collective with their steps unfinished: they are not slow, rank 0's save is long.
+    clock = ManualClock()
+    det = StragglerDetector(StragglerConfig(k=2.0, min_samples=3))
+    last = _steady(det, clock, 10)
+    det.observe(StepReport(0, last, clock.now(), phase="checkpoint"))
+    clock.advance(4.3)
+    report = det.check(clock.now())
+    assert report.stragglers == ()
+    assert dict(report.step_time_s)[1] == pytest.approx(1.0)
+    # Once the save ended, an unfinished step counts again.
+    det.observe(StepReport(0, last, clock.now(), phase="train"))
+    for r in (0, 1, 2):
+        det.observe(StepReport(r, last + 1, clock.now()))
+    clock.advance(3.5)
+    assert det.check(clock.now()).stragglers == (3,)
+
+
 def test_an_unfinished_step_is_measured_only_up_to_when_the_rank_was_last_known() -> None:
     # Reports that come in batches: rank 3's last batch came 1.5 s after its last step ended; that
     # it has not stepped since then is not known, so it is judged by 1.5 s, not by the 3.5 s to now.

@@ -152,8 +152,16 @@ def test_a_forgotten_node_is_no_longer_judged() -> None:
     assert watch.check(now) is None
 
 
+class OneHostScheduler(FakeScheduler):
+    """A fake backend whose nodes all run on one host, as the local backend's."""
+
+    @property
+    def host(self) -> str:
+        return "the-only-host"
+
+
 def _master(
-    action: str, *, relaunches: bool = True, autoscale: str = "off"
+    action: str, *, relaunches: bool = True, autoscale: str = "off", one_host: bool = False
 ) -> tuple[Master, FakeScheduler, ManualClock]:
     # With the autoscaler on the job starts at its minimum: the range is 2:2 so both nodes start.
     low = 2 if autoscale == "on" else 1
@@ -166,7 +174,7 @@ def _master(
         straggler_min_samples=3,
         autoscale=AutoscalerConfig(mode=autoscale, warmup_s=1.0),
     )
-    sched = FakeScheduler(relaunches_nodes=relaunches)
+    sched = (OneHostScheduler if one_host else FakeScheduler)(relaunches_nodes=relaunches)
     clock = ManualClock()
     master = Master(config, sched, MemoryJournal(), clock)
     master.start()
@@ -210,6 +218,19 @@ def test_replace_relaunches_the_stragglers_node_where_the_backend_relaunches() -
     assert master.node(1).state is NodeState.RELAUNCHING
     assert 1 in sched.stopped
     assert master.node(0).state is NodeState.RUNNING
+
+
+@pytest.mark.parametrize("autoscale", ["off", "on"])
+def test_replace_only_reports_where_every_node_runs_on_one_host(autoscale: str) -> None:
+    # The replacement would avoid the slow node's host, the only one: it could never be placed,
+    # and the job would spend its relaunches on launches the backend refuses.
+    master, sched, clock = _master("replace", autoscale=autoscale, one_host=True)
+    _train_until_found(master, clock)
+    event = next(e for e in master.events(limit=1000) if e.kind == "straggler")
+    assert event.data["action"] == "report"
+    assert master.node(1).state is NodeState.RUNNING
+    assert 1 not in sched.stopped
+    assert not [e for e in master.events(limit=1000) if e.kind == "failure"]
 
 
 def test_replace_only_reports_where_the_backend_does_not_relaunch() -> None:

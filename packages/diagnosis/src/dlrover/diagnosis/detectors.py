@@ -231,7 +231,8 @@ class StragglerDetector:
 
         A rank in the middle of a ``train`` step that has already run longer than its window
         median is judged by that elapsed time, so a rank that just became slow is found without
-        waiting for its slow step to finish.
+        waiting for its slow step to finish; not while another rank is in a checkpoint or eval
+        phase, which the others wait for.
 
         Args:
             now: the current time on the clock the reports were stamped with.
@@ -246,11 +247,15 @@ class StragglerDetector:
         cfg = self._config
         known = dict(known_at or {})
         times: dict[int, float] = {}
-        for state in self._timeline.ranks():
+        ranks = list(self._timeline.ranks())
+        # While a rank saves or evaluates, the others usually wait for it in a collective: their
+        # unfinished steps grow for its sake (a rank-0-only save, the final persist), not their own.
+        others_wait = any(state.phase != DEFAULT_PHASE for state in ranks)
+        for state in ranks:
             if len(state.durations) < cfg.min_samples:
                 continue
             value = statistics.median(state.durations)
-            if state.phase == DEFAULT_PHASE and state.clean:
+            if state.phase == DEFAULT_PHASE and state.clean and not others_wait:
                 until = min(now, known.get(state.rank, now))
                 value = max(value, until - state.last_advance_s)
             times[state.rank] = value

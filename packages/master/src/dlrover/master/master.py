@@ -74,6 +74,7 @@ from dlrover.master.scheduler.base import (
     ObservedState,
     SchedulerBackend,
     SchedulerError,
+    SingleHost,
 )
 from dlrover.master.states import ALIVE_STATES, JobState, NodeState
 from dlrover.master.stragglers import StragglerFinding, StragglerWatch
@@ -1035,12 +1036,15 @@ class Master:
         times = dict(finding.report.step_time_s)
         reason = f"straggler(s) rank {', '.join(map(str, finding.ranks))}: {finding.report.reason}"
         _log.warning("%s", reason)
+        action = self._straggler_action
+        if action == "replace" and isinstance(self._scheduler, SingleHost):
+            action = "report"  # a replacement must avoid the only host there is (see below)
         data = {
             "ranks": list(finding.ranks),
             "nodes": list(finding.nodes),
             "step_time_s": {str(r): round(t, 4) for r, t in times.items()},
             "factor": self._config.straggler_factor,
-            "action": self._straggler_action,
+            "action": action,
         }
         try:
             self._record(Outcome(events=(Event("straggler", reason, data=data),)))
@@ -1050,6 +1054,14 @@ class Master:
             return
         if not self._scheduler.relaunches_nodes:
             _log.warning("straggler action 'replace': the scheduler backend does not relaunch nodes; reported only")
+            return
+        if isinstance(self._scheduler, SingleHost):
+            # A replacement avoids the slow node's host, the only one there is: it could not be placed.
+            _log.warning(
+                "straggler action 'replace': every node runs on host %s, so a replacement could not avoid it; "
+                "reported only",
+                self._scheduler.host,
+            )
             return
         for node_id in sorted(set(finding.nodes)):
             if self._replace_straggler(node_id, f"straggler: {reason} ({self._straggler_why})", now):

@@ -26,6 +26,7 @@ __all__ = [
     "ObservedState",
     "SchedulerBackend",
     "SchedulerError",
+    "SingleHost",
     "check_node_fits",
 ]
 
@@ -180,6 +181,17 @@ class NodeShapeLimit(Protocol):
 
     def largest_node(self) -> Resources:
         """The largest node this backend could ever place."""
+        ...
+
+
+@runtime_checkable
+class SingleHost(Protocol):
+    """A backend whose nodes all run on one host (the local backend): a relaunch that avoids that
+    host cannot be placed, so replacing a slow node there cannot help."""
+
+    @property
+    def host(self) -> str:
+        """The one host every node runs on."""
         ...
 
 

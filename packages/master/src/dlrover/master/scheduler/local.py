@@ -312,6 +312,11 @@ class LocalScheduler:
                 self._spawn_failed.add(node_id)  # observed as failed: the master decides
 
     @property
+    def host(self) -> str:
+        """The host every node runs on (see `SingleHost`)."""
+        return self._host
+
+    @property
     def memory_enforcement(self) -> str:
         """A sentence saying how node memory is limited here, or why it is not."""
         if self._groups is None:
