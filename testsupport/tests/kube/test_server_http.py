@@ -12,7 +12,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
-from dlrover_testsupport.kube import ApiServer
+from dlrover_testsupport.kube import ApiServer, Store
 from dlrover_testsupport.kube.samples import GROUP, crd, pod
 
 pytestmark = pytest.mark.timeout(60)
@@ -121,6 +121,25 @@ def test_create_patch_and_delete_over_one_keep_alive_connection(kube_api: ApiSer
     assert all(r.code for r in kube_api.requests())
     assert ("", "pods/status", "patch") in kube_api.verbs_used()
     assert ("", "pods/binding", "create") in kube_api.verbs_used()
+
+
+def test_deletion_options_collections_and_graceful_pods() -> None:
+    with ApiServer(Store(graceful_pod_deletion=True)) as server:
+        client = Client(server)
+        pods = "/api/v1/namespaces/default/pods"
+        uid = client.call("POST", pods, pod("p", nodeName="n1"))[1]["metadata"]["uid"]
+        code, body, _ = client.call("DELETE", f"{pods}/p", {"preconditions": {"uid": "other"}})
+        assert (code, body["reason"]) == (409, "Conflict")
+        code, body, _ = client.call("DELETE", f"{pods}/p", {"preconditions": {"uid": uid}})
+        assert code == 202, "a kubelet finishes the deletion"
+        assert body["metadata"]["deletionGracePeriodSeconds"] == 30
+        assert client.call("DELETE", f"{pods}/p?gracePeriodSeconds=0")[0] == 200
+        for name, labels in (("a", {"x": "1"}), ("b", {"x": "1"}), ("c", {"x": "2"})):
+            client.call("POST", pods, pod(name, labels))
+        assert client.call("DELETE", f"{pods}?labelSelector=x%3D1")[0] == 200
+        assert [i["metadata"]["name"] for i in client.call("GET", pods)[1]["items"]] == ["c"]
+        assert ("", "pods", "deletecollection") in server.verbs_used()
+        client.close()
 
 
 def test_a_watch_streams_chunked_events_and_ends_at_its_timeout(kube_api: ApiServer, client: Client) -> None:

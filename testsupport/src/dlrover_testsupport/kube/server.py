@@ -404,7 +404,9 @@ class _Handler(BaseHTTPRequestHandler):
         request.subresource = rest[2] if len(rest) > 2 else ""
         request.verb = self._verb(request)
         rt = self.api.store.resource_type(group, version, request.resource)
-        if rt.namespaced != bool(namespace) and (request.name or (rt.namespaced is False and namespace)):
+        # A namespaced object needs its namespace in the path, a cluster-scoped one must have none;
+        # only a namespaced collection may be read across namespaces.
+        if (not rt.namespaced and namespace) or (rt.namespaced and not namespace and request.name):
             raise ApiError(404, "NotFound", f"the server could not find the requested resource ({request.path})")
         return lambda req: self._serve(rt, req)
 
@@ -572,7 +574,7 @@ class _Handler(BaseHTTPRequestHandler):
             precondition_rv=preconditions.get("resourceVersion"),
         )
         # 202: deletion started but the object is still there (finalizers, a graceful pod).
-        gone = not result["metadata"].get("deletionTimestamp") or rt.group_resource == ("", "namespaces")
+        gone = not self.api.store.holds(rt, namespace, request.name, result["metadata"]["uid"])
         return self._answer(200 if gone else 202, result)
 
     def _bind(self, rt: ResourceType, request: ApiRequest) -> int:

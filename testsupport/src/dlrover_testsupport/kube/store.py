@@ -261,6 +261,12 @@ class Store:
         with self._cond:
             return self.rendered(rt, self._existing(rt, namespace, name))
 
+    def holds(self, rt: ResourceType, namespace: str | None, name: str, uid: str) -> bool:
+        """Whether the object `uid` is still stored (a deletion may leave it, marked)."""
+        with self._cond:
+            obj = self._bucket(rt).get(self._key(rt, namespace, name))
+            return obj is not None and _meta(obj).get("uid") == uid
+
     def list(
         self,
         rt: ResourceType,
