@@ -224,6 +224,9 @@ def test_injected_failures_latency_and_410(kube_api: ApiServer, client: Client) 
     events = list(client.stream(f"{pods}?watch=true"))
     assert [(e["type"], e["object"]["code"]) for e in events] == [("ERROR", 410)]
     assert [r.code for r in kube_api.requests()][-1] == 200
+    kube_api.clear_requests()
+    assert kube_api.requests() == []
+    assert kube_api.verbs_used() == set()
     with pytest.raises(ValueError, match="count"):
         kube_api.faults.fail_next(0)
 

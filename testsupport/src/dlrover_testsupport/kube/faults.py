@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections.abc import Callable
-from typing import Any
 
 __all__ = ["ApiRequest", "FaultRule", "Faults"]
 
@@ -133,7 +132,3 @@ class Faults:
                     if rule.remaining == 0:
                         self._rules.remove(rule)
         return latency, failing
-
-    def summary(self) -> list[dict[str, Any]]:
-        with self._lock:
-            return [dataclasses.asdict(r) | {"when": repr(r.when)} for r in self._rules]
