@@ -2,6 +2,7 @@
 
     nox -s tests              every package's tests and the cross-package scenarios in tests/
     nox -s tests-shard        one package's tests (tests-common, tests-flashckpt, ...)
+    nox -s tests-testsupport  the shared test support's tests (testsupport/)
     nox -s lint typecheck     ruff; mypy over every src/
     nox -s proto              regenerate protobuf code (`-- --check` fails if it is stale)
     nox -s isolation          each package installed alone, with only its declared dependencies
@@ -42,6 +43,10 @@ DEV_TOOLS = [
     "pytest-timeout",
     "hypothesis",
 ]
+# What the shared test support (testsupport/, see its README) needs: the official Kubernetes
+# client, for the contract tests of the test API server and the suites that use it.
+TESTSUPPORT_DEPS = ["kubernetes"]
+TESTSUPPORT_TESTS = "testsupport/tests"
 
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_venv = "yes"
@@ -97,7 +102,7 @@ def dev_install_args() -> list[str]:
     for pkg in PACKAGES:
         extras = ",".join(["test", *TEST_EXTRAS.get(pkg, [])])
         specs += ["-e", str(ROOT / "packages" / f"{pkg}[{extras}]")]
-    return specs + DEV_TOOLS
+    return specs + DEV_TOOLS + TESTSUPPORT_DEPS
 
 
 def install_dev(session: nox.Session) -> None:
@@ -121,7 +126,7 @@ def _pytest(session: nox.Session, *paths: str) -> None:
 def tests(session: nox.Session) -> None:
     """Every package's tests, then the cross-package scenarios."""
     install_dev(session)
-    _pytest(session, *[f"packages/{p}/tests" for p in PACKAGES], "tests")
+    _pytest(session, *[f"packages/{p}/tests" for p in PACKAGES], TESTSUPPORT_TESTS, "tests")
 
 
 def _package_tests(pkg: str) -> None:
@@ -137,6 +142,13 @@ for _pkg in PACKAGES:
     _package_tests(_pkg)
 
 
+@nox.session(name="tests-testsupport")
+def tests_testsupport(session: nox.Session) -> None:
+    """The shared test support's own tests (the Kubernetes test API server)."""
+    install_dev(session)
+    _pytest(session, TESTSUPPORT_TESTS)
+
+
 @nox.session
 def lint(session: nox.Session) -> None:
     """ruff check and ruff format --check over the repository."""
@@ -147,9 +159,9 @@ def lint(session: nox.Session) -> None:
 
 @nox.session
 def typecheck(session: nox.Session) -> None:
-    """mypy --strict over every package's src/."""
+    """mypy --strict over every package's src/ and the shared test support."""
     install_dev(session)
-    session.run("mypy", *[f"packages/{p}/src" for p in PACKAGES])
+    session.run("mypy", *[f"packages/{p}/src" for p in PACKAGES], "testsupport/src")
 
 
 @nox.session
