@@ -277,6 +277,8 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server: _HTTPServer
     _raw_body = b""
+    _request: ApiRequest | None = None
+    _recorded = False
 
     # The base class logs every request to stderr; the server records them instead.
     def log_message(self, format: str, *args: Any) -> None:
@@ -300,6 +302,16 @@ class _Handler(BaseHTTPRequestHandler):
             return json.loads(self._raw_body)
         except ValueError as e:
             raise ApiError.bad_request(f"the request body is not JSON: {e}") from None
+
+    def send_response(self, code: int, message: str | None = None) -> None:
+        # Recorded before the client can read the answer: a test that asserts on the requests
+        # right after its call returned must find this one there.
+        request = self._request
+        if request is not None and not self._recorded:
+            request.code = code
+            self.api._record(request)
+            self._recorded = True
+        super().send_response(code, message)
 
     def _send_json(self, code: int, body: Any, headers: dict[str, str] | None = None) -> None:
         data = json.dumps(body).encode()
@@ -334,6 +346,7 @@ class _Handler(BaseHTTPRequestHandler):
             query=parse_qs(split.query, keep_blank_values=True),
             user_agent=self.headers.get("User-Agent", ""),
         )
+        self._request, self._recorded = request, False
         try:
             route = self._route(request)
             latency, rule = self.api.faults.decide(request)
@@ -350,7 +363,9 @@ class _Handler(BaseHTTPRequestHandler):
             request.code = request.code or 499
             self.close_connection = True
         finally:
-            self.api._record(request)
+            if not self._recorded:  # no answer was sent (a dropped connection)
+                self.api._record(request)
+            self._request = None
 
     def _inject(self, request: ApiRequest, rule: FaultRule) -> None:
         if rule.code == 410 and request.is_watch:
