@@ -357,6 +357,28 @@ def test_membership_change_starts_a_new_round_without_using_a_restart(tmp_path: 
     assert result.exit_code == 143
 
 
+@pytest.mark.integration
+def test_a_node_waiting_to_join_is_seen_between_heartbeats(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    announced: list[bool] = []
+
+    def nodes_waiting() -> int:
+        # One node "arrives" once both workers of the first round are up.
+        if not announced and len(list(out.glob("*_attempt0_pid*.json"))) == 2:
+            announced.append(True)
+            return 1
+        return 0
+
+    # One heartbeat at the start, the next an hour later: the round can only come from the
+    # check between heartbeats.
+    control = FakeControlPlane(nodes_waiting=nodes_waiting, heartbeat_interval_s=3600.0)
+    agent = _agent(tmp_path, "sleep", control, max_restarts=0, shutdown_grace_s=1.0, waiting_check_interval_s=0.1)
+    result = _run_until_stopped(agent, lambda: len(list(out.glob("*_attempt0_pid*.json"))) == 4)
+    assert len(control.rounds) == 2
+    assert result.restarts == 0
+    assert len(control.heartbeats) <= 2  # the first round's and, at most, the second's first
+
+
 def _run_until_stopped(agent: Agent, condition: Callable[[], bool]) -> AgentResult:
     """Run `agent` on a thread until `condition` holds, then stop it as a signal would; its result."""
     outcome: list[AgentResult] = []

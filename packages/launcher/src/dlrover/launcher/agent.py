@@ -119,6 +119,10 @@ class AgentConfig:
             (the reports still reach the master). Workers that never report are not judged.
         stack_dump_timeout_s: bound on each worker's stack dump (py-spy, or its faulthandler).
         heartbeat_interval_s: heartbeat this often instead of at the master's interval.
+        waiting_check_interval_s: between heartbeats, ask the rendezvous this often whether nodes
+            wait to join (a growth, a spare taking a rank): one small RPC per node each time,
+            so the round starts within this long instead of within a heartbeat interval. 0 or a
+            value at or above the heartbeat interval: with each heartbeat only.
         master_lost_timeout_s: how long workers keep training while the master cannot be
             reached (a restarting master resumes from its journal) before the agent gives up.
         round_save_timeout_s: before a planned round (nodes waiting to join, or the master's
@@ -195,6 +199,7 @@ class AgentConfig:
     master_lost_timeout_s: float = attrs.field(default=300.0, validator=non_negative)
     round_save_timeout_s: float = attrs.field(default=10.0, validator=non_negative)
     heartbeat_interval_s: float | None = None
+    waiting_check_interval_s: float = attrs.field(default=1.0, validator=non_negative)
     host_checkpoint_saver: bool = True
     checkpoint_shm_dir: str = DEFAULT_SHM_DIR
     checkpoint_stop_timeout_s: float = attrs.field(default=120.0, validator=positive)
@@ -814,6 +819,7 @@ class Agent:
 
     def _watch(self, group: WorkerGroup, restarts: int) -> Step:
         next_heartbeat = self._clock.now()
+        next_waiting_check = self._clock.now() + self._config.waiting_check_interval_s
         master_lost_since: float | None = None
         hangs = HangWatch(self._config.hang_timeout_s) if self._config.hang_timeout_s > 0 else None
         steps = self._step_watch
@@ -830,6 +836,7 @@ class Agent:
                     if step.kind is not StepKind.CONTINUE:
                         return self._save_for_resize(group, step)
                     nodes_waiting = self._control.nodes_waiting()
+                    next_waiting_check = self._clock.now() + self._config.waiting_check_interval_s
                     master_lost_since = None
                 except DLRoverError as exc:
                     # The master may be restarting (it resumes from its journal): training goes
@@ -840,6 +847,7 @@ class Agent:
                     if lost_s >= self._config.master_lost_timeout_s:
                         return Step(StepKind.EXIT, f"lost the master for {lost_s:.0f} s: {exc}", exit_code=1)
                     _log.warning("master unreachable for %.1f s, workers keep running: %s", lost_s, exc)
+            nodes_waiting, next_waiting_check = self._waiting_between_heartbeats(nodes_waiting, next_waiting_check)
             exits = group.poll()
             failing = group.failing
             if failing and not group.terminated:
@@ -868,6 +876,19 @@ class Agent:
                 # Wakes as soon as a worker exits: the report of a failure (and so the restart)
                 # does not wait for the next tick.
                 group.wait(self._config.monitor_interval_s, None if self._wake is None else self._wake[0])
+
+    def _waiting_between_heartbeats(self, known: int, due_at: float) -> tuple[int, float]:
+        """The nodes waiting to join (`known` when a heartbeat just said) and when to ask next:
+        asked every `waiting_check_interval_s` between heartbeats, so a round for a joining node
+        starts within that long rather than within a heartbeat interval."""
+        every, now = self._config.waiting_check_interval_s, self._clock.now()
+        if known or not 0 < every < self._heartbeat_interval_s or now < due_at:
+            return known, due_at
+        try:
+            return self._control.nodes_waiting(), now + every
+        except DLRoverError as exc:  # the heartbeats judge whether the master is lost
+            _log.debug("could not ask whether nodes wait to join: %s", exc)
+            return 0, now + every
 
     def _save_before_round(self, group: WorkerGroup, step: Step, nodes_waiting: int) -> Step:
         """Before a planned round (`step` restarts the workers because nodes wait to join), have

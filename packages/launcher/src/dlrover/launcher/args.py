@@ -158,6 +158,7 @@ class LaunchConfig:
     store_wait_s: float = 60.0
     master_lost_timeout_s: float = 300.0
     round_save_timeout_s: float = 10.0
+    waiting_check_interval_s: float = 1.0
     shutdown_grace_s: float = 10.0
     # Built by hand: no standbys. `parse_args` fills in DEFAULT_PREWARM for a Python worker.
     prewarm: tuple[str, ...] = ()
@@ -420,6 +421,13 @@ def _add_dlrover_options(ours: argparse._ArgumentGroup) -> None:
     _option(ours, _both("token-file"), None, "a 0600 file holding the job token")
     _option(ours, _both("heartbeat-interval"), None, "seconds between heartbeats (default: the master's choice)")
     _option(ours, _both("master-lost-timeout"), "300", "seconds workers keep training while the master is unreachable")
+    _option(
+        ours,
+        _both("waiting-check-interval"),
+        "1",
+        "between heartbeats, ask this often whether nodes wait to join (one small RPC per node), so a growth or a "
+        "spare's takeover starts its round within this long; 0: with each heartbeat only",
+    )
     _option(
         ours,
         _both("round-save-timeout"),
@@ -835,6 +843,7 @@ def parse_args(
         ),
         master_lost_timeout_s=float(_number(ns.master_lost_timeout, "--master-lost-timeout", float, 0.0)),
         round_save_timeout_s=_finite(ns.round_save_timeout, "--round-save-timeout", 0.0),
+        waiting_check_interval_s=_finite(ns.waiting_check_interval, "--waiting-check-interval", 0.0),
         **_rdzv_timeouts(_conf(ns.rdzv_conf)),
         shutdown_grace_s=_shutdown_grace(ns),
         signals_to_handle=_signals(ns.signals_to_handle),

@@ -389,6 +389,7 @@ def run(cfg: LaunchConfig, *, sample_gpus: bool = False) -> AgentResult:
                 rendezvous_timeout_s=cfg.rendezvous_timeout_s,
                 master_lost_timeout_s=cfg.master_lost_timeout_s,
                 round_save_timeout_s=cfg.round_save_timeout_s,
+                waiting_check_interval_s=cfg.waiting_check_interval_s,
                 prewarm_modules=cfg.prewarm,
                 prewarm_refill_after_s=cfg.prewarm_refill_after_s,
                 worker_reap_timeout_s=cfg.worker_reap_timeout_s,
