@@ -120,7 +120,7 @@ class AgentConfig:
         stack_dump_timeout_s: bound on each worker's stack dump (py-spy, or its faulthandler).
         heartbeat_interval_s: heartbeat this often instead of at the master's interval.
         waiting_check_interval_s: between heartbeats, ask the rendezvous this often whether nodes
-            wait to join (a growth, a spare taking a rank): one small RPC per node each time,
+            wait to join (a growth, onto a warm spare too): one small RPC per node each time,
             so the round starts within this long instead of within a heartbeat interval. 0 or a
             value at or above the heartbeat interval: with each heartbeat only.
         master_lost_timeout_s: how long workers keep training while the master cannot be

@@ -425,8 +425,8 @@ def _add_dlrover_options(ours: argparse._ArgumentGroup) -> None:
         ours,
         _both("waiting-check-interval"),
         "1",
-        "between heartbeats, ask this often whether nodes wait to join (one small RPC per node), so a growth or a "
-        "spare's takeover starts its round within this long; 0: with each heartbeat only",
+        "between heartbeats, ask this often whether nodes wait to join (one small RPC per node), so a growth "
+        "(onto a warm spare too) starts its round within this long; 0: with each heartbeat only",
     )
     _option(
         ours,
