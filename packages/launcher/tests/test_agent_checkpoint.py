@@ -379,8 +379,8 @@ ROUND_WORKER = textwrap.dedent(
         step += 1
         state["w"].fill_(float(step))
         state["step"] = step
-        requested = mode != "ignore" and ckpt.save_requested()
-        if requested or step == 1:  # else: steps trained and not saved
+        requested = mode not in ("ignore", "periodic") and ckpt.save_requested()
+        if requested or step == 1 or mode == "periodic":  # else: steps trained and not saved
             ckpt.save(step, state)
         with open(os.path.join(out, "trained"), "a") as f:
             f.write(f"{step} {int(requested)}\\n")
@@ -426,6 +426,33 @@ def test_before_a_planned_round_the_agent_has_its_workers_save_so_the_round_redo
         assert all(requested == "0" for _step, requested in trained)
         assert resumed["step"] == 1
         assert len(trained) >= 3
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(180)
+def test_workers_that_save_every_step_without_polling_answer_with_their_next_seal(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A script that never asks save_requested() (a sharded checkpointer's, one on its own
+    # schedule) answers the request with the first snapshot it seals after it: the round does not
+    # wait out --round-save-timeout.
+    out_dir = tmp_path / "out"
+    told: list[int] = []
+
+    def nodes_waiting() -> int:
+        if not told and (out_dir / "ready").exists():
+            told.append(1)
+            return 1
+        return 0
+
+    control = FakeControlPlane(nodes_waiting=nodes_waiting, heartbeat_interval_s=0.05)
+    agent, out, _job = _agent(tmp_path, "periodic", control, worker=ROUND_WORKER, round_save_timeout_s=150.0)
+    with caplog.at_level(logging.INFO, logger="dlrover.launcher.agent"):
+        result = agent.run()
+    assert result.exit_code == 0, (result.reason, _logs(tmp_path))
+    assert any("every worker sealed step" in r.getMessage() for r in caplog.records), _logs(tmp_path)
+    assert not any("sealed no flash checkpoint" in r.getMessage() for r in caplog.records)
+    assert json.loads((out / "resumed.json").read_text())["source"] == "memory"
 
 
 @pytest.mark.integration

@@ -393,3 +393,25 @@ def test_the_oom_evidence_ledger_refuses_a_blob_it_cannot_read_naming_what_is_wr
     ]:
         with pytest.raises(JournalError, match=match):
             OomEvidenceLedger.from_blob(Blob(1, data))
+
+
+def test_a_spare_does_not_stand_in_for_a_node_grown_after_a_host_oom() -> None:
+    life = lifecycle(spare_nodes=1)
+    for node_id, node in sorted(life.nodes().items()):
+        if node.state is NodeState.PENDING:
+            life.register(node_id, f"agent-{node_id}", f"host-{node_id}", 0.0)
+    spares = [n.node_id for n in life.spare_nodes()]
+    assert spares
+    assert all(life.node(n).resources == SMALL for n in spares)
+    action, _, launches = oom(life, 1.0)
+    # The spare has the group's 300 MiB: the rank needs 450, so a node is launched with that.
+    assert action is ActionKind.RELAUNCH_WITH_MORE_MEMORY
+    assert [launch.resources for launch in launches] == [Resources(cpu=1, memory_mb=450)]
+    grown = current(life)
+    life.register(grown.node_id, "agent-grown", "host-grown", 3.0)
+    # The grown node is lost for another reason: its rank still needs 450 MiB, not the spare's 300.
+    decision, out = life.node_lost(grown.node_id, "the agent exited with status -9 (failed)", 4.0)
+    assert decision.action is ActionKind.RELAUNCH_NODE
+    assert [e.resources for e in out.effects if isinstance(e, LaunchNode)] == [Resources(cpu=1, memory_mb=450)]
+    assert [n.node_id for n in life.spare_nodes()] == spares  # the spare is still a spare
+    assert not [e for e in out.events if e.kind == "spare_promoted"]

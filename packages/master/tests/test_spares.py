@@ -401,3 +401,16 @@ def test_a_waiting_spare_survives_a_master_restart_in_the_rendezvous(tmp_path: P
         polled = m.poll("2", clock.now())
         assert (polled.state, polled.spare) == (PollState.WAITING, True)
     journal2.close()
+
+
+def test_a_spares_round_after_a_pending_shrink_restart_does_not_wait_for_a_save() -> None:
+    life = make(3, 1, min_nodes=1)
+    register_all(life)
+    life.resize(ResizeRequest(2, "smaller", ResizeSource.SCALE), 1.0)  # node 2 leaves
+    (queued,) = life.pending_actions(0)
+    assert queued.planned_round  # a resize's round: save first
+    # Before node 0 heard of it, node 1 dies and the spare takes its rank: node 0's workers'
+    # collective is broken, so its restart must no longer wait for a save they cannot make.
+    life.node_lost(1, "the agent exited with status -9 (failed)", 2.0)
+    (still,) = life.pending_actions(0)
+    assert (still.action_id, still.kind, still.planned_round) == (queued.action_id, queued.kind, False)

@@ -296,7 +296,11 @@ class FlashCheckpointer:
         if result.saved and request > self._served_request:
             self._served_request = request
             assert self._steps is not None  # a request is only read from the agent's step slots
-            self._steps.serve_save_request(request)  # ends the agent's wait once every worker has
+            # Answered once sealed (checksums written): the agent stops this process as soon as
+            # every worker has answered. Only a save that answers a request waits for its seal.
+            with _checkpoint_phase(self._steps):
+                self.stager.flush()
+            self._steps.serve_save_request(request)
         if persist and result.saved:
             if self.client is not None:
                 self._link.request_persist(step)

@@ -389,6 +389,8 @@ class Stager:
                 return
             # Published for the caller that joins this thread; the file reads as never written.
             self._segments[slot], self._plans[slot], self._views[slot] = seg, plan, views
+            if self._stop_prefault.is_set():
+                return  # closing: the slot stays unpinned, as one a save would pin
             if pinner is not None and not self._pin_in_background(slot, seg, pinner):
                 pinner = None
 
@@ -397,7 +399,7 @@ class Stager:
         a save's own pin is refused). The caller joins this thread before reading the flag."""
         try:
             seg.pin(pinner)
-        except (PinError, CudaErrorPending) as e:
+        except Exception as e:  # any refusal, reported: this thread has no caller to raise to
             self._pin_failed = True
             self._record("pin_failed", -1, f"slot {slot}: {e}; device copies go through pageable memory")
             return False

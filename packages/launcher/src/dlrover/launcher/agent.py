@@ -827,7 +827,9 @@ class Agent:
             if self._stop_requested.is_set():
                 stop = Step(StepKind.EXIT, self._stop_reason or "stop requested", exit_code=128 + self._stop_signal)
                 return self._save_before_stop(group, stop)
-            nodes_waiting = 0
+            next_heartbeat, next_waiting_check, nodes_waiting = self._waiting_between_heartbeats(
+                next_heartbeat, next_waiting_check
+            )
             if self._clock.now() >= next_heartbeat:
                 next_heartbeat = self._clock.now() + self._heartbeat_interval_s
                 try:
@@ -835,7 +837,7 @@ class Agent:
                     self._tell_commits()
                     if step.kind is not StepKind.CONTINUE:
                         return self._save_for_resize(group, step)
-                    nodes_waiting = self._control.nodes_waiting()
+                    nodes_waiting = max(nodes_waiting, self._control.nodes_waiting())
                     next_waiting_check = self._clock.now() + self._config.waiting_check_interval_s
                     master_lost_since = None
                 except DLRoverError as exc:
@@ -847,7 +849,6 @@ class Agent:
                     if lost_s >= self._config.master_lost_timeout_s:
                         return Step(StepKind.EXIT, f"lost the master for {lost_s:.0f} s: {exc}", exit_code=1)
                     _log.warning("master unreachable for %.1f s, workers keep running: %s", lost_s, exc)
-            nodes_waiting, next_waiting_check = self._waiting_between_heartbeats(nodes_waiting, next_waiting_check)
             exits = group.poll()
             failing = group.failing
             if failing and not group.terminated:
@@ -877,18 +878,23 @@ class Agent:
                 # does not wait for the next tick.
                 group.wait(self._config.monitor_interval_s, None if self._wake is None else self._wake[0])
 
-    def _waiting_between_heartbeats(self, known: int, due_at: float) -> tuple[int, float]:
-        """The nodes waiting to join (`known` when a heartbeat just said) and when to ask next:
-        asked every `waiting_check_interval_s` between heartbeats, so a round for a joining node
-        starts within that long rather than within a heartbeat interval."""
-        every, now = self._config.waiting_check_interval_s, self._clock.now()
-        if known or not 0 < every < self._heartbeat_interval_s or now < due_at:
-            return known, due_at
+    def _waiting_between_heartbeats(self, next_heartbeat: float, due_at: float) -> tuple[float, float, int]:
+        """When to heartbeat next, when to ask again whether nodes wait to join, and how many were
+        seen waiting now (0 when not asked): asked every
+        `waiting_check_interval_s` between heartbeats (one attempt, bounded by the poll timeout),
+        so a round for a joining node starts within that long rather than within a heartbeat
+        interval. Nodes waiting bring the heartbeat forward: the master's word on this node (a
+        restart for a failure's round, which must not wait for a save) comes before the round."""
+        every = self._config.waiting_check_interval_s
+        if not 0 < every < self._heartbeat_interval_s or self._clock.now() < due_at:
+            return next_heartbeat, due_at, 0
         try:
-            return self._control.nodes_waiting(), now + every
+            waiting = self._control.nodes_waiting(once=True)
         except DLRoverError as exc:  # the heartbeats judge whether the master is lost
             _log.debug("could not ask whether nodes wait to join: %s", exc)
-            return 0, now + every
+            waiting = 0
+        now = self._clock.now()
+        return (min(next_heartbeat, now) if waiting else next_heartbeat), now + every, waiting
 
     def _save_before_round(self, group: WorkerGroup, step: Step, nodes_waiting: int) -> Step:
         """Before a planned round (`step` restarts the workers because nodes wait to join), have
@@ -969,10 +975,7 @@ class Agent:
         next_heartbeat = asked_at + self._heartbeat_interval_s
         local_slots = range(self._config.nproc_per_node)
         while True:
-            # A worker answers with a save that began after the request (the checkpointer's own
-            # rule): one under way when it came holds an older step.
-            readings = slots.read_all()
-            answered = {i for i in local_slots if i in readings and readings[i].served_request >= number}
+            answered = self._answered_save_request(group, number, asked_at)
             waited = self._clock.now() - asked_at
             if len(answered) == len(local_slots):
                 newest = host.newest_step_sealed_by(ranks)
@@ -1000,6 +1003,26 @@ class Agent:
             # Not woken by the stop pipe while leaving: it stays readable once written.
             wake = None if leaving or self._wake is None else self._wake[0]
             group.wait(self._config.monitor_interval_s, wake)
+
+    def _answered_save_request(self, group: WorkerGroup, number: int, asked_at: float) -> set[int]:
+        """The local ranks whose workers answered save request `number`: with a save that began
+        after it (the checkpointer's own rule: one under way when it came holds an older step), or,
+        for a worker whose script does not poll requests (a sharded checkpointer saves on its own
+        schedule), with any snapshot sealed since the request was made."""
+        assert self._step_slots is not None
+        assert self._saver_host is not None
+        readings = self._step_slots.read_all()
+        sealed = self._saver_host.ranks_sealed_since(asked_at)
+        answered = set()
+        for local_rank in range(self._config.nproc_per_node):
+            reading = readings.get(local_rank)
+            if reading is not None and reading.served_request >= number:
+                answered.add(local_rank)
+            elif reading is None or not reading.polls_save_requests:
+                rank = group.rank_of(local_rank)
+                if rank.isdigit() and int(rank) in sealed:
+                    answered.add(local_rank)
+        return answered
 
     def _heartbeat_while_saving(self) -> Step | None:
         """One heartbeat during the save before a round (the node must not look lost); the

@@ -117,6 +117,8 @@ class GrpcControlPlane:
         connect_timeout_s: how long `register` waits for the master to accept a connection.
         poll_timeout_s: deadline of each `finished_ranks` and ``nodes_waiting(once=True)`` call
             (one attempt: the exit barrier polls them).
+        spare_poll_interval_s: how often a warm spare asks whether it takes a rank (a spare waits
+            with no join timeout; the master holds it out of rounds until then).
         clock: time source of every wait.
     """
 
@@ -135,12 +137,16 @@ class GrpcControlPlane:
         store_wait_s: float = 60.0,
         poll_timeout_s: float = 2.0,
         connect_timeout_s: float = 600.0,
+        spare_poll_interval_s: float = _SPARE_POLL_INTERVAL_S,
         clock: Clock | None = None,
     ) -> None:
         if not target:
             raise ConfigError("the master's address is empty")
         # Built first: a bad timeout is refused before any channel is open.
         once = RetryPolicy(call_timeout_s=poll_timeout_s, total_timeout_s=poll_timeout_s, max_attempts=1)
+        if not spare_poll_interval_s > 0:
+            raise ConfigError(f"spare_poll_interval_s must be positive, got {spare_poll_interval_s!r}")
+        self._spare_poll_interval_s = spare_poll_interval_s
         self._master = MasterClient(target, token, policy=policy)
         self._rdzv = RendezvousClient(target, token, policy=policy)
         # The exit barrier polls with its own loop: one short attempt per poll, so that neither
@@ -263,7 +269,7 @@ class GrpcControlPlane:
                 # A spare node (`dlrover-master --spare-nodes`) waits for a rank as long as the
                 # master holds it in reserve, and polls often enough to take one over quickly.
                 give_up_at = now + timeout_s
-                interval = min(interval, _SPARE_POLL_INTERVAL_S)
+                interval = min(interval, self._spare_poll_interval_s)
             if now >= give_up_at:
                 raise DLRoverError(f"node {self._node_id} got no round within {timeout_s} s: {result.reason}")
             if now >= next_heartbeat:

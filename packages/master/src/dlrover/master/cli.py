@@ -148,8 +148,9 @@ def _run_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--node-stop-grace-s",
         type=float,
-        default=5.0,
-        help="seconds a node the master stops gets between SIGTERM and SIGKILL (local backend)",
+        default=30.0,
+        help="seconds a node the master stops gets between SIGTERM and SIGKILL (local backend); above the agents' "
+        "--round-save-timeout plus --shutdown-grace, so a leaving node saves and stops its workers in time",
     )
     p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on this port")
     p.add_argument("--metrics-bind-address", default="127.0.0.1", help="interface the metrics are served on")

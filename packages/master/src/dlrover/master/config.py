@@ -190,7 +190,9 @@ class MasterConfig:
         agent_command: the command the local backend runs per node (argv list).
         heartbeat_interval_s: how often agents are told to heartbeat.
         tick_interval_s: how often the master checks timeouts and the scheduler.
-        node_stop_grace_s: how long the local backend waits after SIGTERM before SIGKILL.
+        node_stop_grace_s: how long the local backend waits after SIGTERM before SIGKILL: above
+            the agents' round-save timeout plus their workers' shutdown grace (10 s each by
+            default), so a stopped node's workers save and stop before the kill.
         metrics_port: Prometheus endpoint port; None serves no endpoint, 0 picks a free port.
         metrics_bind_address: interface of the metrics endpoint.
         event_log: path of the JSON-lines event log; None puts it in the state directory (or
@@ -254,7 +256,7 @@ class MasterConfig:
     agent_command: tuple[str, ...] = attrs.field(default=(), converter=_str_tuple)
     heartbeat_interval_s: float = attrs.field(default=5.0, validator=positive)
     tick_interval_s: float = attrs.field(default=1.0, validator=positive)
-    node_stop_grace_s: float = attrs.field(default=5.0, validator=non_negative)
+    node_stop_grace_s: float = attrs.field(default=30.0, validator=non_negative)
     metrics_port: int | None = None
     metrics_bind_address: str = "127.0.0.1"
     event_log: str | None = None

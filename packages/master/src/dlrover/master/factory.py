@@ -198,6 +198,10 @@ def create_master(
                 ShardRegistry(the_clock),
                 journal_every_change=config.journal_shard_changes and config.state_dir is not None,
             )
+            _log.info(
+                "shard progress is journaled %s",
+                "before each answer" if shards.journals_every_change else "on the state export cadence",
+            )
             hosted = [rendezvous, shards]
         membership: list[NodeMembership] = list(hosted)
         journaled: list[StatefulCollaborator] = [*hosted]

@@ -1105,13 +1105,24 @@ class JobLifecycle:
         spent. `save_first` marks it `Action.planned_round` (the workers seal a flash checkpoint
         before the restart): right for a resize, wrong after a failure, whose collectives are broken."""
         for node in nodes:
-            if node.state is not NodeState.RUNNING or node.node_id in self._planned_round:
+            if node.state is not NodeState.RUNNING:
+                continue
+            if node.node_id in self._planned_round:
+                if not save_first:  # a failure's round comes too: broken collectives cannot save
+                    self._drop_save_first(node.node_id)
                 continue
             self._actions.setdefault(node.node_id, []).append(
                 Action(self._next_action_id, ActionKind.RESTART_PROCESSES, why, planned_round=save_first)
             )
             self._planned_round[node.node_id] = self._next_action_id
             self._next_action_id += 1
+
+    def _drop_save_first(self, node_id: int) -> None:
+        """The node's queued planned restart no longer asks its workers to save first."""
+        queued = self._planned_round[node_id]
+        self._actions[node_id] = [
+            attrs.evolve(a, planned_round=False) if a.action_id == queued else a for a in self._actions.get(node_id, [])
+        ]
 
     def _fail_observed(self, node: NodeRecord, evidence: str, now: float) -> Outcome:
         """A node the master saw go silent or never register (`tick`)."""
@@ -1309,7 +1320,9 @@ class JobLifecycle:
         """Replace the failed `node` in its rank: by a ready warm spare, else by a new node launched with
         `relaunch_with` (as `node` was launched when None)."""
         out = self._move(node, NodeState.RELAUNCHING, reason, now)
-        spare = self._ready_spare(relaunch_with)
+        # A spare stands in only with the resources the rank needs: a node grown after a host
+        # OOM must not fall back to the group's base memory because it failed for another reason.
+        spare = self._ready_spare(self._launched_with(node) if relaunch_with is None else relaunch_with)
         if spare is not None:
             # A warm spare takes the rank at the next round, without waiting for a launch: the
             # nodes that stay restart their workers for that round at once (a planned round, as

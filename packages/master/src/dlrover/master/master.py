@@ -591,8 +591,7 @@ class Master:
         spares = frozenset(n.node_id for n in self._lifecycle.spare_nodes())
         if spares == self._told_spares:
             return False
-        self._told_spares = spares
-        told = False
+        told, failed = False, False
         for member in self._membership:
             if not isinstance(member, SpareAware):
                 continue
@@ -600,7 +599,10 @@ class Master:
             try:
                 member.spares_changed(spares)
             except Exception:
+                failed = True  # told again at the next sync, not only when the set changes
                 _log.exception("%s could not take the spare nodes %s", type(member).__name__, sorted(spares))
+        if not failed:
+            self._told_spares = spares
         return told
 
     def _apply(self, effect: LaunchNode | StopNode) -> None:

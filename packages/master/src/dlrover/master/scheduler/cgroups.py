@@ -411,7 +411,7 @@ def _locate(proc_cgroup: str, mounts: str) -> tuple[int, Path] | str:
     return version, parent
 
 
-def _probe(groups: CgroupMemoryGroups, name: str) -> str:
+def _probe(groups: CgroupMemoryGroups, name: str, join_timeout_s: float = 30.0) -> str:
     """Make, read and remove a group, or say what failed (empty when all worked)."""
     try:
         group = groups.create(name, 64)
@@ -430,7 +430,7 @@ def _probe(groups: CgroupMemoryGroups, name: str) -> str:
                 f"child groups under {groups.parent} record no oom_kill count: an OOM kill could not be told "
                 "from another SIGKILL"
             )
-        joined = _try_join(groups, group)
+        joined = _try_join(groups, group, join_timeout_s)
         if joined:
             return joined
     finally:
@@ -438,14 +438,14 @@ def _probe(groups: CgroupMemoryGroups, name: str) -> str:
     return ""
 
 
-def _try_join(groups: CgroupMemoryGroups, group: MemoryGroup) -> str:
+def _try_join(groups: CgroupMemoryGroups, group: MemoryGroup, timeout_s: float) -> str:
     """Start a process that joins `group` as a node's agent would (`join_command`); what failed, or empty.
 
     Creating a group is not enough: cgroup v2 refuses a process into a group whose parent holds
     processes (EBUSY), and a delegated subtree may refuse a write to ``cgroup.procs`` (EACCES)."""
     argv = groups.join_argv(group, ["/bin/true"])
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"no process could be started in a child group of {groups.parent} ({exc})"
     if done.returncode != 0:
@@ -460,6 +460,7 @@ def detect_memory_groups(
     mountinfo: str | os.PathLike[str] = "/proc/self/mountinfo",
     probe_name: str | None = None,
     rmdir: Callable[[Path], None] = os.rmdir,
+    probe_join_timeout_s: float = 30.0,
 ) -> CgroupMemoryGroups | UnavailableMemoryGroups:
     """The memory groups this process can create for its nodes, or why there are none.
 
@@ -469,6 +470,7 @@ def detect_memory_groups(
         probe_name: the name of the probe group made and removed to prove it works (default
             ``dlrover-probe-<pid>``).
         rmdir: see `CgroupMemoryGroups`.
+        probe_join_timeout_s: the longest the probe's process may take to join its group.
     """
     try:
         located = _locate(Path(proc_cgroup).read_text(encoding="utf-8"), Path(mountinfo).read_text(encoding="utf-8"))
@@ -477,7 +479,7 @@ def detect_memory_groups(
     if isinstance(located, str):
         return UnavailableMemoryGroups(located)
     groups = CgroupMemoryGroups(located[0], located[1], rmdir=rmdir)
-    problem = _probe(groups, probe_name or f"dlrover-probe-{os.getpid()}")
+    problem = _probe(groups, probe_name or f"dlrover-probe-{os.getpid()}", probe_join_timeout_s)
     return UnavailableMemoryGroups(problem) if problem else groups
 
 
