@@ -378,22 +378,7 @@ class MasterClient:
             job_name=response.job_name,
             state=_state(response.state, JobState, "the job state"),
             exit_reason=response.exit_reason,
-            nodes=tuple(
-                NodeSummary(
-                    node_id=n.node_id,
-                    rank=n.rank,
-                    state=_state(n.state, NodeState, "the node state"),
-                    name=n.name,
-                    host=n.host,
-                    relaunch_count=n.relaunch_count,
-                    process_restarts=n.process_restarts,
-                    step=n.step,
-                    seconds_since_heartbeat=n.seconds_since_heartbeat,
-                    last_failure=n.last_failure,
-                    last_reason=n.last_reason,
-                )
-                for n in response.nodes
-            ),
+            nodes=tuple(_node_summary(n) for n in response.nodes),
             min_nodes=response.min_nodes,
             max_nodes=response.max_nodes,
             job_failures=response.job_failures,

@@ -323,22 +323,7 @@ class JobServicer(job_pb2_grpc.JobServiceServicer):
                 job_name=status.job_name,
                 state=status.state.value,
                 exit_reason=status.exit_reason,
-                nodes=[
-                    job_pb2.NodeStatus(
-                        node_id=n.node_id,
-                        rank=n.rank,
-                        state=n.state.value,
-                        name=n.name,
-                        host=n.host,
-                        relaunch_count=n.relaunch_count,
-                        process_restarts=n.process_restarts,
-                        step=n.step,
-                        seconds_since_heartbeat=n.seconds_since_heartbeat,
-                        last_failure=n.last_failure,
-                        last_reason=n.last_reason,
-                    )
-                    for n in status.nodes
-                ],
+                nodes=[_node_status(n) for n in status.nodes],
                 min_nodes=status.min_nodes,
                 max_nodes=status.max_nodes,
                 job_failures=status.job_failures,
