@@ -288,6 +288,14 @@ def test_a_lost_node_shrinks_the_job_from_memory_and_a_new_one_grows_it_back(
         lambda: sum(1 for _, w in _progress(out)[shrunk_at:] if w == 1) >= 5,
         logs,
     )
+    # The kept node's workers form a round of one as soon as their collective breaks; the master
+    # lets go of the lost node's rank only after its heartbeat timeout. A new agent is started
+    # once the rank is open to it (before that, the master refuses it: every rank is taken).
+    _wait(
+        "the master to open the lost node's rank",
+        lambda: "waits for an agent to register in its place" in logs[0].read_text(),
+        logs,
+    )
     agent(logs[3])
     grown_at = len(_progress(out))
     _wait("training on two nodes again", lambda: sum(1 for _, w in _progress(out)[grown_at:] if w == 2) >= 5, logs)
