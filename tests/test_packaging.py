@@ -5,8 +5,9 @@ that installs them as the README says.
   package that disagrees is named; `set-version` rewrites the real pyprojects and only their
   version lines and sibling pins.
 - The wheels build (as `nox -s wheels` builds them), `dlrover-shard` installs from them alone into a
-  fresh venv (no torch, no master) and imports from outside the checkout, and the README's
-  whole-system pip line resolves against them.
+  fresh venv (no torch, no master) and imports from outside the checkout, `dlrover-master` then
+  installs with its libraries (still no torch) and its command runs, and the README's whole-system
+  pip line resolves against them.
 - The Dockerfile's pip lines are the README's, and everything it copies exists and is not excluded
   by `.dockerignore` (there is no Docker engine here to build it).
 """
@@ -223,7 +224,7 @@ print(json.dumps({
 
 @pytest.mark.integration
 @pytest.mark.timeout(900)
-def test_wheels_build_and_one_library_installs_alone(tmp_path: Path) -> None:
+def test_wheels_build_and_install_without_a_checkout(tmp_path: Path) -> None:
     dist = tmp_path / "dist"
     dist.mkdir()
     # An earlier release's wheel is removed before building; what is not ours stays.
@@ -282,6 +283,25 @@ def test_wheels_build_and_one_library_installs_alone(tmp_path: Path) -> None:
     assert not found["torch"], "dlrover-shard pulled torch in"
     assert not found["master"]
     assert found["exported"]
+
+    # The master needs no torch either, and its command runs from the wheels alone.
+    master = _closure(dist, "dlrover-master")
+    libraries = ("common", "shard", "rendezvous", "diagnosis", "autoscale", "master")
+    assert set(master) == {f"dlrover-{p}" for p in libraries}
+    _pip(python, "install", "-c", str(ROOT / "constraints.txt"), *map(str, master.values()), cwd=tmp_path)
+    _pip(python, "check", cwd=tmp_path)
+    command = subprocess.run(
+        [str(env_dir / "bin" / "dlrover-master"), "--help"],
+        cwd=tmp_path,
+        env=_clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert command.returncode == 0, command.stderr
+    assert "usage: dlrover-master" in command.stdout
+    assert not list((env_dir / "lib").glob("python*/site-packages/torch")), "dlrover-master pulled torch in"
 
     # The Dockerfile copies the wheels from dist/: its patterns match what the build wrote.
     for source in _copy_sources():
@@ -387,7 +407,7 @@ def test_everything_the_dockerfile_copies_exists_and_is_in_the_context() -> None
     assert f"{wheels.DIST}/*.whl" in sources
     for source in sources:
         if source.startswith(f"{wheels.DIST}/"):
-            # Written by the wheels build (test_wheels_build_and_one_library_installs_alone checks
+            # Written by the wheels build (test_wheels_build_and_install_without_a_checkout checks
             # the pattern matches what it writes); a checkout has none.
             sample = source.replace("*", "dlrover_common-0.1.0-py3-none-any")
         else:
