@@ -29,9 +29,14 @@ RUN pip install -c constraints.txt dist/*.whl "dlrover-master[k8s]"
 # The GPT example (examples/gpt/train.py) that the example ElasticJob trains.
 COPY examples/ examples/
 
-# Not root: the master's state directory and the workers' checkpoint mount belong to uid 1000 (give
-# pods `securityContext.fsGroup: 1000` so mounted volumes are writable).
-RUN useradd --uid 1000 --no-create-home --home-dir /opt/dlrover dlrover \
+# Not root: uid and gid 1000 (`dlrover`), the user the deploy/kubernetes manifests name. Its home is
+# the working directory, so what runs in /opt/dlrover writes there (dlrover-run's ./dlrover-logs,
+# ~/.cache for the master's profile store); the installed files stay root's. Mounted volumes need
+# the pod's `securityContext.fsGroup: 1000` to be writable; a volume's root is never private, so
+# the master's --state-dir is a folder it creates inside its volume.
+RUN groupadd --gid 1000 dlrover \
+    && useradd --uid 1000 --gid 1000 --no-create-home --home-dir /opt/dlrover dlrover \
     && mkdir -p /var/lib/dlrover /checkpoints \
-    && chown dlrover:dlrover /var/lib/dlrover /checkpoints
+    && chown dlrover:dlrover /opt/dlrover /var/lib/dlrover /checkpoints
+ENV HOME=/opt/dlrover
 USER 1000
