@@ -182,11 +182,11 @@ def _closure(dist: Path, name: str) -> dict[str, Path]:
             continue
         (wheel,) = dist.glob(f"{current.replace('-', '_')}-*.whl")
         found[current] = wheel
-        _, requires = wheels._wheel_metadata(wheel)
+        _, requires = wheels.wheel_metadata(wheel)
         for requirement in requires:
             if "extra ==" in requirement:
                 continue
-            dep, _, _ = wheels._split(requirement)
+            dep, _, _ = wheels.split_requirement(requirement)
             assert dep != "torch", f"{current} requires torch: {requirement}"
             if dep.startswith("dlrover-"):
                 todo.append(dep)

@@ -101,7 +101,7 @@ def packages(root: Path = ROOT) -> list[Package]:
     return found
 
 
-def _split(requirement: str) -> tuple[str, str, str]:
+def split_requirement(requirement: str) -> tuple[str, str, str]:
     """(normalized name, extras, specifier) of a requirement string; the marker is dropped."""
     match = _REQUIREMENT.fullmatch(requirement.split(";", maxsplit=1)[0])
     if match is None:
@@ -113,7 +113,7 @@ def pin_problems(where: str, requirements: Iterable[str], siblings: set[str], ve
     """What is wrong with the pins on siblings among `requirements` (each must be `==version`)."""
     problems = []
     for requirement in requirements:
-        name, _, specifier = _split(requirement)
+        name, _, specifier = split_requirement(requirement)
         if name in siblings and specifier != f"=={version}":
             problems.append(
                 f"{where}: requirement {requirement!r} must pin the sibling as {name}=={version} "
@@ -211,7 +211,8 @@ def _artifact_prefix(name: str) -> str:
     return name.replace("-", "_")
 
 
-def _wheel_metadata(wheel: Path) -> tuple[str, list[str]]:
+def wheel_metadata(wheel: Path) -> tuple[str, list[str]]:
+    """The version and the Requires-Dist lines of a built wheel."""
     with zipfile.ZipFile(wheel) as z:
         meta = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
         headers = HeaderParser().parsestr(z.read(meta).decode())
@@ -240,7 +241,7 @@ def check_artifacts(out: Path, version: str, root: Path = ROOT, sdist: bool = Tr
         if [w.name for w in wheels] != expected:
             problems.append(f"{out}: expected {expected[0]} for {package.name}, found {[w.name for w in wheels]}")
             continue
-        wheel_version, requires = _wheel_metadata(wheels[0])
+        wheel_version, requires = wheel_metadata(wheels[0])
         if wheel_version != version:
             problems.append(f"{wheels[0].name}: metadata version {wheel_version}, expected {version}")
         problems += pin_problems(wheels[0].name, requires, siblings, version)
