@@ -589,9 +589,15 @@ class Kubelet:
             ],
             "nodeInfo": {
                 "kubeletVersion": "v1.32.0-dlrover-testsupport",
+                "kubeProxyVersion": "",
                 "containerRuntimeVersion": "dlrover-testsupport://local-processes",
                 "operatingSystem": "linux",
                 "architecture": "amd64",
+                "osImage": "local processes (dlrover test kubelet)",
+                "kernelVersion": os.uname().release,
+                "machineID": node.name,
+                "systemUUID": node.name,
+                "bootID": node.name,
             },
         }
 
@@ -876,12 +882,7 @@ class Kubelet:
         argv = [rewrite(expand(a, env.get), mounts, service) for a in command + args]
         env = {k: rewrite(v, mounts, service) for k, v in env.items()}
         working_dir = container.get("workingDir")
-        if working_dir:
-            cwd = Path(rewrite(str(working_dir), mounts, lambda *_: None))
-            if not cwd.is_dir():
-                raise PodSpecError(f"container {name!r}: workingDir {working_dir} ({cwd}) does not exist")
-        else:
-            cwd = run.directory / "work"
+        cwd = Path(rewrite(str(working_dir), mounts, lambda *_: None)) if working_dir else run.directory / "work"
         base = dict(os.environ)
         base["HOSTNAME"] = run.name
         if self._api_url is not None:
@@ -925,6 +926,9 @@ class Kubelet:
     def _spawn(self, run: _PodRun, index: int, prepared: tuple[list[str], dict[str, str], Path, int]) -> bool:
         argv, env, cwd, limit_mb = prepared
         record = run.records[index]
+        if not cwd.is_dir():  # checked once the pod's volumes exist: it may be one of them
+            self._container_failed_to_start(run, index, f"workingDir {cwd} does not exist")
+            return False
         group = None
         generation = next(self._generations)
         groups = self._groups
@@ -1048,8 +1052,12 @@ class Kubelet:
         self._write_status(run, started=True)
 
     def _finish(self, run: _PodRun) -> None:
-        """Every process of the pod is gone: delete the pod if that was asked, clean up if gone."""
-        if run.alive:
+        """Every process of the pod is gone: delete the pod if that was asked, clean up if gone.
+
+        With cgroups, "gone" includes every process that left the process group: the pod is
+        deleted only once its groups could be removed (the kernel refuses while one holds a
+        process)."""
+        if run.alive or run.groups:
             return
         if run.deleting and not run.gone:
             self._delete_pod(run.namespace, run.name, run.uid, grace_s=0)
@@ -1100,9 +1108,12 @@ class Kubelet:
                 gone = False
             if not gone:
                 remaining.append(group)
+        had_groups = bool(run.groups)
         run.groups = remaining
         if any(id(g) not in in_use for g in remaining):
             self._after(0.05, lambda: self._release_groups(run))
+        elif had_groups and not remaining and not run.alive and run.final:
+            self._finish(run)
 
     def _pod_gone(self, pod: Mapping[str, Any]) -> None:
         """The pod left the store (deleted, or force-deleted): stop what still runs, clean up."""
