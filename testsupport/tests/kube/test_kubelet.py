@@ -507,3 +507,55 @@ def test_a_store_without_graceful_deletion_still_gets_processes_killed() -> None
         assert pid is not None
         store.delete(rt, NS, "x")  # removed at once: the kubelet sees DELETED and stops the processes
         wait_until(lambda: not alive(pid), "the deleted pod's process to die")
+
+
+def test_pod_logs_are_served_and_requests_carry_the_pod_s_service_account(
+    kube_cluster: KubeCluster, v1: client.CoreV1Api
+) -> None:
+    code = (
+        "import os\n"
+        "from kubernetes import client, config\n"
+        "config.load_kube_config()\n"
+        "print('line 1')\n"
+        "print(len(client.CoreV1Api().list_namespaced_pod(os.environ['NS']).items))\n"
+    )
+    spec = pod("logger", code, serviceAccountName="job-master")
+    spec["spec"]["containers"][0]["env"] = [
+        {"name": "NS", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}
+    ]
+    v1.create_namespaced_pod(NS, spec)
+    assert terminated(kube_cluster, "logger")["exitCode"] == 0, kube_cluster.kubelet.read_log(NS, "logger")
+    assert v1.read_namespaced_pod_log("logger", NS) == "line 1\n1\n"
+    assert v1.read_namespaced_pod_log("logger", NS, container="main", tail_lines=1) == "1\n"
+    with pytest.raises(client.ApiException) as info:
+        v1.read_namespaced_pod_log("logger", NS, container="nope")
+    assert info.value.status == 400
+    from_pod = [r for r in kube_cluster.server.requests() if r.user == "serviceaccount:default:job-master"]
+    assert [(r.verb, r.resource, r.namespace) for r in from_pod] == [("list", "pods", NS)]
+
+
+def test_without_cgroups_memory_is_unlimited_and_deletion_still_kills_strays() -> None:
+    from dlrover.master.scheduler.cgroups import UnavailableMemoryGroups
+
+    code = (
+        "import signal, subprocess, time\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "c = subprocess.Popen(['sleep', '300'], start_new_session=True)\n"
+        "print(c.pid, flush=True)\n"
+        "time.sleep(300)\n"
+    )
+    groups = UnavailableMemoryGroups("this test runs without them")
+    with KubeCluster([SimNode("n")], memory_groups=groups) as cluster:
+        assert not cluster.kubelet.memory_enforced
+        assert "this test runs without them" in cluster.kubelet.memory_enforcement
+        with client.ApiClient(client.Configuration(host=cluster.url)) as api:
+            v1 = client.CoreV1Api(api)
+            spec = pod("s", code, terminationGracePeriodSeconds=1)
+            spec["spec"]["containers"][0]["resources"] = {"limits": {"memory": "16Mi"}}
+            v1.create_namespaced_pod(NS, spec)
+            pid = running_pid(cluster, "s")
+            stray = int(wait_until(lambda: cluster.kubelet.read_log(NS, "s").strip(), "the stray's pid"))
+            assert os.getsid(stray) == stray  # it left the pod's session
+            v1.delete_namespaced_pod("s", NS)
+            wait_until(lambda: get(cluster, "s") is None, "the pod to be deleted")
+        wait_until(lambda: not alive(pid) and not alive(stray), "the pod's processes to die")

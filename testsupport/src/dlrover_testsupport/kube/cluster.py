@@ -48,6 +48,7 @@ class KubeCluster:
         try:
             kubelet = Kubelet(self.server.store, self._nodes, api_url=self.server.url, **self._options)
             self._kubelet = kubelet.start()
+            self.server.pod_logs = kubelet.read_log
         except BaseException:
             self.server.stop()
             raise
@@ -57,6 +58,7 @@ class KubeCluster:
         """Stop the kubelet (every process, cgroup and directory it made), then the server."""
         try:
             if self._kubelet is not None:
+                self.server.pod_logs = None
                 self._kubelet.stop()
                 self._kubelet = None
         finally:

@@ -1083,8 +1083,14 @@ class Kubelet:
         # The pid cannot be reused before the waiter reaps it, and the waiter kills the group
         # first: signalling the group of a process still in `procs` reaches only our processes.
         if proc.popen.returncode is None:
+            # Without a cgroup, a SIGKILL also reaches descendants that left the process group
+            # (found while the main process still holds them as its own).
+            strays = _descendants(proc.popen.pid) if sig == signal.SIGKILL and proc.group is None else []
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.popen.pid, sig)
+            for pid in strays:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, sig)
 
     def _release_groups(self, run: _PodRun) -> None:
         """Remove the memory cgroups whose processes are gone, killing stragglers that left the
@@ -1328,6 +1334,26 @@ class Kubelet:
                 self._queue.get_nowait()
             except queue.Empty:
                 break
+
+
+def _descendants(root: int) -> list[int]:
+    """The live descendants of `root` (from /proc), for processes no cgroup tracks."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # gone meanwhile
+        children.setdefault(int(fields[1]), []).append(int(entry.name))
+    found: list[int] = []
+    todo = list(children.get(root, []))
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo.extend(children.get(pid, []))
+    return found
 
 
 def _uid(obj: Mapping[str, Any]) -> str:
