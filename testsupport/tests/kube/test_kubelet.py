@@ -202,7 +202,14 @@ def test_env_resolves_secrets_config_maps_downward_api_and_expansion(
     assert seen["ADDR"] == f"{obj.status.pod_ip}:50001 $(POD_IP) $(UNDEFINED)"
     assert seen["HOSTNAME"] == "e"
     assert Path(seen["KUBECONFIG"]).name == "kubeconfig"
-    assert seen["PATH"] == os.environ["PATH"]  # the kubelet's own environment underneath
+    # The kubelet's own environment underneath, with the test interpreter's scripts on the PATH.
+    assert (
+        seen["PATH"].split(os.pathsep)[-len(os.environ["PATH"].split(os.pathsep)) :]
+        == os.environ["PATH"].split(os.pathsep)
+        or seen["PATH"] == os.environ["PATH"]
+    )
+    assert str(Path(sys.executable).parent) in seen["PATH"].split(os.pathsep)
+    assert seen["PYTHONPATH"] == os.environ["PYTHONPATH"]
 
 
 def test_a_missing_secret_holds_the_container_until_it_exists(kube_cluster: KubeCluster, v1: client.CoreV1Api) -> None:
@@ -559,3 +566,29 @@ def test_without_cgroups_memory_is_unlimited_and_deletion_still_kills_strays() -
             v1.delete_namespaced_pod("s", NS)
             wait_until(lambda: get(cluster, "s") is None, "the pod to be deleted")
         wait_until(lambda: not alive(pid) and not alive(stray), "the pod's processes to die")
+
+
+def test_what_cannot_run_fails_the_pod_saying_why(kube_cluster: KubeCluster, v1: client.CoreV1Api) -> None:
+    missing = pod("missing", "pass")
+    missing["spec"]["containers"][0]["command"] = ["no-such-command-here"]
+    v1.create_namespaced_pod(NS, missing)
+    state = terminated(kube_cluster, "missing")
+    assert (state["exitCode"], state["reason"]) == (128, "StartError")
+    assert 'exec: "no-such-command-here": executable file not found in $PATH' in state["message"]
+    init = pod("init", "pass", initContainers=[{"name": "setup", "image": "x", "command": ["true"]}])
+    v1.create_namespaced_pod(NS, init)
+    wait_until(lambda: phase(kube_cluster, "init") == "Failed", "the pod with init containers to fail")
+    status = v1.read_namespaced_pod("init", NS).status
+    assert status.reason == "UnsupportedByTestKubelet"
+    assert status.message == "initContainers are not run by the test kubelet"
+
+
+def test_the_test_s_console_scripts_are_on_the_pod_s_path(kube_cluster: KubeCluster, v1: client.CoreV1Api) -> None:
+    script = Path(sys.executable).parent / "dlrover-master"
+    if not script.exists():
+        pytest.skip(f"{script} is not installed in this environment")
+    spec = pod("cli", "pass")
+    spec["spec"]["containers"][0]["command"] = ["dlrover-master", "--help"]
+    v1.create_namespaced_pod(NS, spec)
+    assert terminated(kube_cluster, "cli")["exitCode"] == 0
+    assert "--backend" in kube_cluster.kubelet.read_log(NS, "cli")

@@ -29,6 +29,7 @@ import queue
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -884,6 +885,11 @@ class Kubelet:
         working_dir = container.get("workingDir")
         cwd = Path(rewrite(str(working_dir), mounts, lambda *_: None)) if working_dir else run.directory / "work"
         base = dict(os.environ)
+        # The "image" is the test's environment: its interpreter's scripts (dlrover-master,
+        # dlrover-run) are on the PATH, as they would be in an image that installed them.
+        scripts = str(Path(sys.executable).parent)
+        if scripts not in base.get("PATH", "").split(os.pathsep):
+            base["PATH"] = os.pathsep.join(p for p in (scripts, base.get("PATH", "")) if p)
         base["HOSTNAME"] = run.name
         if self._api_url is not None:
             base["KUBECONFIG"] = str(run.directory / "kubeconfig")
@@ -928,6 +934,12 @@ class Kubelet:
         record = run.records[index]
         if not cwd.is_dir():  # checked once the pod's volumes exist: it may be one of them
             self._container_failed_to_start(run, index, f"workingDir {cwd} does not exist")
+            return False
+        executable = argv[0] if "/" in argv[0] else shutil.which(argv[0], path=env.get("PATH"))
+        if executable is None or not os.access(Path(cwd, executable), os.X_OK):
+            # The runtime's words: the container is never created.
+            why = f'exec: "{argv[0]}": executable file not found in $PATH'
+            self._container_failed_to_start(run, index, f"failed to create containerd task: {why}")
             return False
         group = None
         generation = next(self._generations)
@@ -1048,7 +1060,13 @@ class Kubelet:
             self._container_failed_to_start(run, index, str(e))
             self._write_status(run, started=True)
             return
-        self._spawn(run, index, prepared)
+        if not self._spawn(run, index, prepared):
+            # Not started again: back off and retry, as after a crash.
+            record.last_terminated = record.terminated()
+            record.exit_code = None
+            record.waiting = ("CrashLoopBackOff", record.message)
+            run.backoff_s = min(max(run.backoff_s * 2, self._restart_backoff_s), self._max_restart_backoff_s)
+            self._after(run.backoff_s, lambda: self._restart(run, index))
         self._write_status(run, started=True)
 
     def _finish(self, run: _PodRun) -> None:
