@@ -350,6 +350,7 @@ class Kubelet:
 
         Raises:
             KeyError: no such pod on the kubelet's nodes.
+            ValueError: the pod has finished.
         """
         why = message or "The node was low on resource: memory. "
         self._call(lambda: self._evict(namespace, name, why, grace_period_s))
@@ -385,7 +386,7 @@ class Kubelet:
     # ----------------------------------------------------------------- the loop
 
     def _call(self, fn: Callable[[], T]) -> T:
-        if self._loop_thread is None:
+        if self._loop_thread is None or self._stopping:
             raise RuntimeError("the kubelet is not running")
         future: concurrent.futures.Future[T] = concurrent.futures.Future()
         self._queue.put(("call", fn, future))
@@ -754,6 +755,8 @@ class Kubelet:
         meta = pod["metadata"]
         if meta.get("deletionTimestamp"):
             if run is None or not run.alive:
+                if run is not None:
+                    run.terminating = True  # no restart after a back-off
                 self._delete_pod(key[0], key[1], _uid(pod), grace_s=0)
                 return
             run.deleting = True
@@ -1179,6 +1182,8 @@ class Kubelet:
         pod = self._pods.get((namespace, name))
         if pod is None or (pod.get("spec") or {}).get("nodeName") not in self._sim_nodes:
             raise KeyError(f"pod {namespace}/{name} is not on a node of this kubelet")
+        if _phase(pod) in _TERMINAL:
+            raise ValueError(f"pod {namespace}/{name} has finished ({_phase(pod)}): there is nothing to evict")
         run = self._run_of(pod) or self._new_run(pod)
         run.disruption = ("Evicted", message, "TerminationByKubelet", message)
         self._event_pod(run, "Evicted", message, "Warning")
@@ -1186,7 +1191,7 @@ class Kubelet:
             self._write_status(run, started=run.started)
             self._terminate(run, grace_s)
             return
-        run.final = True
+        run.terminating = run.final = True
         self._write_status(run, started=run.started, phase="Failed")
 
     def _preempt(self, namespace: str, name: str, message: str) -> None:
@@ -1346,12 +1351,18 @@ class Kubelet:
             shutil.rmtree(run.directory, ignore_errors=True)
         self._timers = []
         self._runs.clear()
-        # Anything still queued (exits of the processes just reaped) is moot now.
+        self._drain()
+
+    def _drain(self) -> None:
+        """Anything still queued (exits of the processes just reaped) is moot now; a fault method
+        that raced with `stop` learns it."""
         while True:
             try:
-                self._queue.get_nowait()
+                item = self._queue.get_nowait()
             except queue.Empty:
                 break
+            if item[0] == "call":
+                item[2].set_exception(RuntimeError("the kubelet stopped"))
 
 
 def _descendants(root: int) -> list[int]:
