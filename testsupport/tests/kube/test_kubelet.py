@@ -588,3 +588,51 @@ def test_the_test_s_console_scripts_are_on_the_pod_s_path(kube_cluster: KubeClus
     v1.create_namespaced_pod(NS, spec)
     assert terminated(kube_cluster, "cli")["exitCode"] == 0
     assert "--backend" in kube_cluster.kubelet.read_log(NS, "cli")
+
+
+def test_every_container_of_a_pod_runs_and_the_pod_fails_if_one_fails(
+    kube_cluster: KubeCluster, v1: client.CoreV1Api
+) -> None:
+    spec = pod("two", "print('first')")
+    spec["spec"]["containers"].append({"name": "side", "image": "x", "command": [PY, "-c", "print('second'); exit(2)"]})
+    v1.create_namespaced_pod(NS, spec)
+    wait_until(lambda: phase(kube_cluster, "two") == "Failed", "the two-container pod to fail")
+    codes = {s.name: s.state.terminated.exit_code for s in v1.read_namespaced_pod("two", NS).status.container_statuses}
+    assert codes == {"main": 0, "side": 2}
+    assert v1.read_namespaced_pod_log("two", NS, container="side") == "second\n"
+    assert kube_cluster.kubelet.read_log(NS, "two") == "first\n"  # the first container by default
+
+
+def test_the_kubelet_relists_when_the_history_is_compacted_under_it(
+    kube_cluster: KubeCluster, v1: client.CoreV1Api
+) -> None:
+    v1.create_namespaced_pod(NS, pod("before", "import time; time.sleep(300)"))
+    running_pid(kube_cluster, "before")
+    for _ in range(3):
+        kube_cluster.server.faults.compact()
+        v1.create_namespaced_pod(NS, pod(f"after-{_}", "pass"))
+    for i in range(3):
+        wait_until(lambda i=i: phase(kube_cluster, f"after-{i}") == "Succeeded", f"after-{i} to run")
+    kube_cluster.server.faults.compact()
+    v1.delete_namespaced_pod("before", NS)
+    wait_until(lambda: get(kube_cluster, "before") is None, "the deletion to be finished after a relist")
+
+
+def test_pods_run_and_deletions_finish_with_a_history_of_three_events() -> None:
+    # With so short a history the kubelet's watches fall behind and are answered 410 whenever the
+    # writes outpace them; whether or not that happens in a run, every pod must run and go.
+    from dlrover_testsupport.kube import ApiServer
+
+    with ApiServer(Store(graceful_pod_deletion=True, history_limit=3)) as server, Kubelet(server.store) as kubelet:
+        rt = server.store.resource_type("", "v1", "pods")
+        for i in range(8):
+            server.store.create(rt, NS, pod(f"p{i}", "pass"))
+        for i in range(8):
+            wait_until(lambda i=i: server.store.get(rt, NS, f"p{i}")["status"]["phase"] == "Succeeded", f"p{i}")
+        server.store.create(rt, NS, pod("long", "import time; time.sleep(300)"))
+        wait_until(lambda: server.store.get(rt, NS, "long")["status"]["phase"] == "Running", "long running")
+        pid = kubelet.pid("long")
+        assert pid is not None
+        server.store.delete(rt, NS, "long")
+        wait_until(lambda: "long" not in {p["metadata"]["name"] for p in server.store.list(rt, NS)[0]}, "deleted")
+        wait_until(lambda: not alive(pid), "the deleted pod's process to die")
