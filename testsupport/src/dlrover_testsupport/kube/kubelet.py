@@ -35,9 +35,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
-
-from dlrover.master.scheduler.cgroups import MemoryGroup, MemoryGroups, detect_memory_groups
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .errors import ApiError
 from .podenv import (
@@ -64,6 +62,9 @@ from .podstatus import (
 from .quantity import QuantityError, parse_quantity
 from .scheduling import HOSTNAME_LABEL, NodeView, plan
 from .store import Store, WatchEvent
+
+if TYPE_CHECKING:  # imported when a kubelet starts: the API server alone needs no master code
+    from dlrover.master.scheduler.cgroups import MemoryGroup, MemoryGroups
 
 __all__ = ["Kubelet", "SimNode"]
 
@@ -245,6 +246,8 @@ class Kubelet:
         if self._groups_arg is not None:
             self._groups = self._groups_arg
         else:
+            from dlrover.master.scheduler.cgroups import detect_memory_groups
+
             self._groups = detect_memory_groups(probe_name=f"dlrover-kubelet-probe-{os.getpid()}-{id(self)}")
         if not self._groups.usable:
             _log.warning("test kubelet: %s; containers run without memory limits", self._groups.describe())
