@@ -271,3 +271,14 @@ def test_conditions_keep_their_transition_time_while_unchanged() -> None:
         "lastProbeTime": None,
         "lastTransitionTime": "t2",
     }
+
+
+def test_qos_class() -> None:
+    from dlrover_testsupport.kube.podstatus import qos_class
+
+    both = {"cpu": "1", "memory": "1Gi"}
+    assert qos_class([{}]) == "BestEffort"
+    assert qos_class([{"resources": {"limits": both}}]) == "Guaranteed"
+    assert qos_class([{"resources": {"limits": both, "requests": {"cpu": "1000m"}}}]) == "Guaranteed"
+    assert qos_class([{"resources": {"limits": both, "requests": {"cpu": "500m"}}}]) == "Burstable"
+    assert qos_class([{"resources": {"limits": both}}, {}]) == "Burstable"

@@ -57,6 +57,7 @@ from .podstatus import (
     exit_reason,
     merge_conditions,
     pod_phase,
+    qos_class,
     rfc3339,
 )
 from .quantity import QuantityError, parse_quantity
@@ -1235,8 +1236,8 @@ class Kubelet:
 
     def _write_status(self, run: _PodRun, *, started: bool, phase: str | None = None) -> None:
         phase = phase or pod_phase(run.records, run.restart_policy, started)
-        if run.final and phase not in _TERMINAL:
-            phase = "Failed"
+        if run.final and phase not in _TERMINAL:  # stopped for good, whatever the restart policy
+            phase = "Succeeded" if all(r.exit_code == 0 for r in run.records) else "Failed"
         failing = ("NodeLost", "Evicted", "DeadlineExceeded")
         if run.final and run.disruption is not None and run.disruption[0] in failing:
             phase = "Failed"
@@ -1252,6 +1253,8 @@ class Kubelet:
         if disruption is not None and disruption[2]:
             conditions["DisruptionTarget"] = ("True", disruption[2], disruption[3])
         statuses = [container_status(r) for r in run.records]
+        pod = self._pods.get((run.namespace, run.name)) or {}
+        qos = qos_class((pod.get("spec") or {}).get("containers") or [])
         now = self._now()
 
         def update(status: Obj) -> Obj:
@@ -1263,7 +1266,7 @@ class Kubelet:
                 "podIP": run.ip,
                 "podIPs": [{"ip": run.ip}],
                 "containerStatuses": statuses,
-                "qosClass": status.get("qosClass", "BestEffort"),
+                "qosClass": qos,
             }
             if run.started_at or status.get("startTime"):
                 new["startTime"] = status.get("startTime") or run.started_at
