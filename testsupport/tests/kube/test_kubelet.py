@@ -387,6 +387,7 @@ def test_deleting_a_pod_sigterms_its_process_group_and_sigkills_after_the_grace(
     v1.create_namespaced_pod(NS, pod("d", code, terminationGracePeriodSeconds=1))
     pid = running_pid(kube_cluster, "d")
     child = int(wait_until(lambda: kube_cluster.kubelet.read_log(NS, "d").strip(), "the child's pid"))
+    assert kube_cluster.kubelet.processes("d") == [pid, child]
     response = v1.delete_namespaced_pod("d", NS)
     assert response.metadata.deletion_timestamp is not None  # graceful: the kubelet finishes it
     wait_until(lambda: get(kube_cluster, "d") is None, "the pod to be deleted")

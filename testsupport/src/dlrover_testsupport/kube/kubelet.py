@@ -312,6 +312,21 @@ class Kubelet:
         """The process id (and process group id) of a running container of the pod, else None."""
         return self._call(lambda: self._pid(namespace, name, container))
 
+    def processes(self, name: str, namespace: str = "default") -> list[int]:
+        """Every live process of the pod's running containers: each main process and its
+        descendants (a training process under an agent, say), main processes first.
+
+        Raises:
+            KeyError: the kubelet never ran that pod.
+        """
+
+        def collect() -> list[int]:
+            run = self._find_run(namespace, name)
+            mains = [proc.popen.pid for proc in run.procs.values() if proc.popen.returncode is None]
+            return mains + [pid for main in mains for pid in _descendants(main)]
+
+        return self._call(collect)
+
     def log_path(self, name: str, namespace: str = "default", container: str | None = None) -> Path:
         """The file a container's stdout and stderr go to (kept until `stop`).
 
