@@ -385,7 +385,7 @@ class Kubelet:
         self._call(lambda: self._preempt(namespace, name, why))
 
     def kill_process(
-        self, name: str, namespace: str = "default", sig: int = signal.SIGKILL, container: str | None = None
+        self, name: str, sig: int = signal.SIGKILL, *, namespace: str = "default", container: str | None = None
     ) -> int:
         """Send `sig` to a running container's main process (not its group); returns its pid.
 
