@@ -6,8 +6,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .kubelet import Kubelet, SimNode
+from .kubelet import Kubelet
 from .server import ApiServer
+from .simnodes import SimNode
 from .store import Store
 
 __all__ = ["KubeCluster"]

@@ -37,7 +37,10 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from . import processes
 from .errors import ApiError
+from .events import pod_reference, write_event
+from .informer import Informer
 from .podenv import (
     LocalVolume,
     NotReadyYet,
@@ -61,51 +64,23 @@ from .podstatus import (
     rfc3339,
 )
 from .quantity import QuantityError, parse_quantity
-from .scheduling import HOSTNAME_LABEL, NodeView, plan
+from .scheduling import NodeView, plan
+from .simnodes import SimNode, register_node, set_node_ready
 from .store import Store, WatchEvent
 
 if TYPE_CHECKING:  # imported when a kubelet starts: the API server alone needs no master code
     from dlrover.master.scheduler.cgroups import MemoryGroup, MemoryGroups
 
-__all__ = ["Kubelet", "SimNode"]
+__all__ = ["Kubelet"]
 
 _log = logging.getLogger(__name__)
 _TERMINAL = ("Succeeded", "Failed")
 _DEFAULT_SCHEDULER = "default-scheduler"
-_UNREACHABLE_TAINTS = [
-    {"key": "node.kubernetes.io/unreachable", "effect": "NoSchedule"},
-    {"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"},
-]
 _MIB = 1024 * 1024
 Obj = dict[str, Any]
 Key = tuple[str, str]
 T = TypeVar("T")
 _LOST_CONDITION = ("DeletionByTaintManager", "Taint manager: deleting due to NoExecute taint")
-_UNREACHABLE = "node.kubernetes.io/unreachable"
-
-
-@dataclasses.dataclass(frozen=True)
-class SimNode:
-    """One simulated node.
-
-    Attributes:
-        name: the Node's name (and its `kubernetes.io/hostname` label).
-        cpu: allocatable CPUs (a quantity: "4", "3500m").
-        memory: allocatable memory (a quantity: "8Gi").
-        pods: pod slots.
-        labels: labels besides the hostname, os and arch ones.
-        extended: other allocatable resources, e.g. {"nvidia.com/gpu": "2"}.
-    """
-
-    name: str
-    cpu: str = "4"
-    memory: str = "8Gi"
-    pods: int = 110
-    labels: Mapping[str, str] = dataclasses.field(default_factory=dict)
-    extended: Mapping[str, str] = dataclasses.field(default_factory=dict)
-
-    def allocatable(self) -> dict[str, str]:
-        return {"cpu": self.cpu, "memory": self.memory, "pods": str(self.pods), **self.extended}
 
 
 class _Stale(Exception):
@@ -219,10 +194,8 @@ class Kubelet:
         self._stop_grace_s = stop_grace_s
         self._call_timeout_s = call_timeout_s
         self._queue: queue.Queue[tuple[Any, ...]] = queue.Queue()
-        self._threads: list[threading.Thread] = []
+        self._informers: list[Informer] = []
         self._loop_thread: threading.Thread | None = None
-        self._watches_lock = threading.Lock()
-        self._watches: list[Any] = []
         self._stopping = False
         # State of the loop thread.
         self._pods: dict[Key, Obj] = {}
@@ -253,32 +226,36 @@ class Kubelet:
         if not self._groups.usable:
             _log.warning("test kubelet: %s; containers run without memory limits", self._groups.describe())
         for node in self._sim_nodes.values():
-            self._register_node(node)
+            register_node(self.store, node, self._host_ips[node.name], self._now())
         self._stopping = False
         for plural in ("pods", "nodes", "secrets", "configmaps", "services"):
-            thread = threading.Thread(target=self._inform, args=(plural,), name=f"kubelet-watch-{plural}")
-            thread.start()
-            self._threads.append(thread)
+            informer = Informer(self.store, plural, self._feeder(plural))
+            informer.start()
+            self._informers.append(informer)
         self._loop_thread = threading.Thread(target=self._loop, name="kubelet-loop")
         self._loop_thread.start()
         return self
+
+    def _feeder(self, plural: str) -> Callable[[str, Any], None]:
+        """What an informer of `plural` calls: it queues (kind, plural, payload) for the loop."""
+
+        def feed(kind: str, payload: Any) -> None:
+            self._queue.put((kind, plural, payload))
+
+        return feed
 
     def stop(self) -> None:
         """Stop every process it started (SIGTERM, SIGKILL after `stop_grace_s`), remove their
         cgroups and directories (the root too when it made it), and join every thread."""
         if self._loop_thread is None:
             return
-        with self._watches_lock:
-            self._stopping = True
-            watches = list(self._watches)
-        for watch in watches:
-            watch.stop()
-        for thread in self._threads:
-            thread.join()
+        self._stopping = True
+        for informer in self._informers:
+            informer.stop()
+        self._informers.clear()
         self._queue.put(("stop",))
         self._loop_thread.join()
         self._loop_thread = None
-        self._threads.clear()
         if self._own_root:
             shutil.rmtree(self.root, ignore_errors=True)
 
@@ -323,7 +300,7 @@ class Kubelet:
         def collect() -> list[int]:
             run = self._find_run(namespace, name)
             mains = [proc.popen.pid for proc in run.procs.values() if proc.popen.returncode is None]
-            return mains + [pid for main in mains for pid in _descendants(main)]
+            return mains + [pid for main in mains for pid in processes.descendants(main)]
 
         return self._call(collect)
 
@@ -414,39 +391,6 @@ class Kubelet:
     def _check_node(self, node: str) -> None:
         if node not in self._sim_nodes:
             raise KeyError(f"{node!r} is not a node of this kubelet ({sorted(self._sim_nodes)})")
-
-    def _inform(self, plural: str) -> None:
-        """List, then watch from the list's version; relist after a 410. Feeds the loop."""
-        rt = self.store.resource_type("", "v1", plural)
-        while True:
-            items, rv, _ = self.store.list(rt, None)
-            self._queue.put(("relist", plural, items))
-            try:
-                watch = self.store.watch(rt, None, resource_version=rv)
-            except ApiError as e:
-                if e.code == 410:
-                    continue
-                raise
-            with self._watches_lock:
-                if self._stopping:
-                    watch.stop()
-                    return
-                self._watches.append(watch)
-            try:
-                while True:
-                    try:
-                        events = watch.next_events(30.0)
-                    except ApiError as e:
-                        if e.code != 410:
-                            raise
-                        break  # compacted past us: relist
-                    if events is None:
-                        return  # stopped, or the store was closed
-                    if events:
-                        self._queue.put(("events", plural, events))
-            finally:
-                with self._watches_lock:
-                    self._watches.remove(watch)
 
     def _loop(self) -> None:
         stopping = False
@@ -575,70 +519,9 @@ class Kubelet:
 
     # ----------------------------------------------------------------- nodes
 
-    def _register_node(self, node: SimNode) -> None:
-        rt = self.store.resource_type("", "v1", "nodes")
-        labels = {
-            "kubernetes.io/os": "linux",
-            "kubernetes.io/arch": "amd64",
-            **node.labels,
-            HOSTNAME_LABEL: node.name,
-        }
-        body = {"metadata": {"name": node.name, "labels": labels}, "spec": {}}
-        try:
-            self.store.create(rt, None, body)
-        except ApiError as e:
-            if e.code != 409:
-                raise
-            self.store.replace(rt, None, node.name, body)
-        status = {"metadata": {}, "status": self._node_status(node, ready=True)}
-        self.store.replace(rt, None, node.name, status, status=True)
-
-    def _node_status(self, node: SimNode, *, ready: bool) -> Obj:
-        now = rfc3339(self._clock())
-        if ready:
-            condition = {"status": "True", "reason": "KubeletReady", "message": "kubelet is posting ready status"}
-        else:
-            condition = {"status": "Unknown", "reason": "NodeStatusUnknown"}
-            condition["message"] = "Kubelet stopped posting node status."
-        return {
-            "capacity": node.allocatable(),
-            "allocatable": node.allocatable(),
-            "conditions": [{"type": "Ready", "lastHeartbeatTime": now, "lastTransitionTime": now, **condition}],
-            "addresses": [
-                {"type": "InternalIP", "address": self._host_ips[node.name]},
-                {"type": "Hostname", "address": node.name},
-            ],
-            "nodeInfo": {
-                "kubeletVersion": "v1.32.0-dlrover-testsupport",
-                "kubeProxyVersion": "",
-                "containerRuntimeVersion": "dlrover-testsupport://local-processes",
-                "operatingSystem": "linux",
-                "architecture": "amd64",
-                "osImage": "local processes (dlrover test kubelet)",
-                "kernelVersion": os.uname().release,
-                "machineID": node.name,
-                "systemUUID": node.name,
-                "bootID": node.name,
-            },
-        }
-
     def _set_node_ready(self, name: str, ready: bool) -> None:
-        rt = self.store.resource_type("", "v1", "nodes")
-        status = self._node_status(self._sim_nodes[name], ready=ready)
-        self.store.patch(rt, None, name, lambda n: {**n, "status": status}, status=True)
-
-        def taints(node: Obj) -> Obj:
-            new = copy.deepcopy(node)
-            kept = [t for t in new.get("spec", {}).get("taints") or [] if t.get("key") != _UNREACHABLE]
-            if not ready:
-                kept += [{**t, "timeAdded": rfc3339(self._clock())} for t in _UNREACHABLE_TAINTS]
-            new.setdefault("spec", {})["taints"] = kept
-            if not kept:
-                new["spec"].pop("taints")
-            return new
-
-        updated = self.store.patch(rt, None, name, taints)
-        self._nodes[name] = updated
+        node = self._sim_nodes[name]
+        self._nodes[name] = set_node_ready(self.store, node, self._host_ips[name], ready=ready, now=self._now())
 
     def _lose_node(self, node: str) -> list[str]:
         self._lost.add(node)
@@ -977,11 +860,7 @@ class Kubelet:
             command = groups.join_argv(group, argv)
         log_path = run.log_dir / f"{record.name}.log"
         try:
-            with open(log_path, "ab") as log:
-                popen = subprocess.Popen(
-                    command, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )  # fmt: skip
+            popen = processes.start(command, env, cwd, log_path)
         except OSError as e:
             self._container_failed_to_start(run, index, f"cannot start {argv[0]!r}: {e}")
             self._release_groups(run)
@@ -997,14 +876,8 @@ class Kubelet:
         return True
 
     def _wait(self, popen: subprocess.Popen[bytes], uid: str, index: int, generation: int) -> None:
-        """Wait for the container's main process; when it ends, kill what is left of its process
-        group (a container's processes end with it) before the pid can be reused, then reap it."""
-        with contextlib.suppress(ChildProcessError):
-            os.waitid(os.P_PID, popen.pid, os.WEXITED | os.WNOWAIT)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(popen.pid, signal.SIGKILL)
-        code = popen.wait()
-        self._queue.put(("exit", uid, index, generation, code))
+        """The waiter thread of one container process: hands its exit to the loop."""
+        self._queue.put(("exit", uid, index, generation, processes.reap(popen)))
 
     def _container_failed_to_start(self, run: _PodRun, index: int, message: str) -> None:
         record = run.records[index]
@@ -1120,17 +993,8 @@ class Kubelet:
 
     @staticmethod
     def _signal(proc: _Proc, sig: int) -> None:
-        # The pid cannot be reused before the waiter reaps it, and the waiter kills the group
-        # first: signalling the group of a process still in `procs` reaches only our processes.
-        if proc.popen.returncode is None:
-            # Without a cgroup, a SIGKILL also reaches descendants that left the process group
-            # (found while the main process still holds them as its own).
-            strays = _descendants(proc.popen.pid) if sig == signal.SIGKILL and proc.group is None else []
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.popen.pid, sig)
-            for pid in strays:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, sig)
+        # Without a cgroup, a SIGKILL also reaches descendants that left the process group.
+        processes.signal_group(proc.popen, sig, strays=sig == signal.SIGKILL and proc.group is None)
 
     def _release_groups(self, run: _PodRun) -> None:
         """Remove the memory cgroups whose processes are gone, killing stragglers that left the
@@ -1310,12 +1174,11 @@ class Kubelet:
     def _event(self, pod: Mapping[str, Any], reason: str, message: str, kind: str, component: str = "kubelet") -> None:
         meta = pod.get("metadata") or {}
         namespace = str(meta.get("namespace") or "default")
-        self._write_event(namespace, {
-            "kind": "Pod", "namespace": namespace, "name": meta.get("name"), "uid": meta.get("uid"), "apiVersion": "v1",
-        }, reason, message, kind, component=component)  # fmt: skip
+        involved = pod_reference(namespace, str(meta.get("name")), str(meta.get("uid")))
+        self._write_event(namespace, involved, reason, message, kind, component=component)
 
     def _event_pod(self, run: _PodRun, reason: str, message: str, kind: str) -> None:
-        involved = {"kind": "Pod", "namespace": run.namespace, "name": run.name, "uid": run.uid, "apiVersion": "v1"}
+        involved = pod_reference(run.namespace, run.name, run.uid)
         self._write_event(run.namespace, involved, reason, message, kind, component="kubelet")
 
     def _event_node(self, node: str, reason: str, message: str, kind: str) -> None:
@@ -1325,21 +1188,10 @@ class Kubelet:
     def _write_event(
         self, namespace: str, involved: Obj, reason: str, message: str, kind: str, *, component: str
     ) -> None:
-        now = self._now()
-        body = {
-            "metadata": {"generateName": f"{involved.get('name')}.", "namespace": namespace},
-            "involvedObject": involved,
-            "reason": reason,
-            "message": message,
-            "type": kind,
-            "source": {"component": component},
-            "reportingComponent": component,
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
-        }
-        with contextlib.suppress(ApiError):  # a terminating namespace takes no events
-            self.store.create(self.store.resource_type("", "v1", "events"), namespace, body)
+        write_event(
+            self.store, namespace, involved, reason=reason, message=message, kind=kind, component=component,
+            now=self._now(),
+        )  # fmt: skip
 
     # ----------------------------------------------------------------- shutdown
 
@@ -1384,26 +1236,6 @@ class Kubelet:
                 break
             if item[0] == "call":
                 item[2].set_exception(RuntimeError("the kubelet stopped"))
-
-
-def _descendants(root: int) -> list[int]:
-    """The live descendants of `root` (from /proc), for processes no cgroup tracks."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue  # gone meanwhile
-        children.setdefault(int(fields[1]), []).append(int(entry.name))
-    found: list[int] = []
-    todo = list(children.get(root, []))
-    while todo:
-        pid = todo.pop()
-        found.append(pid)
-        todo.extend(children.get(pid, []))
-    return found
 
 
 def _uid(obj: Mapping[str, Any]) -> str:
