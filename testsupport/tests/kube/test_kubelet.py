@@ -455,7 +455,9 @@ def test_preempt_marks_the_pod_and_deletes_it_gracefully(kube_cluster: KubeClust
 def test_kill_process_signals_the_container_s_main_process(kube_cluster: KubeCluster, v1: client.CoreV1Api) -> None:
     v1.create_namespaced_pod(NS, pod("k", "import time; time.sleep(300)"))
     pid = running_pid(kube_cluster, "k")
-    assert kube_cluster.kubelet.kill_process("k", signal.SIGKILL) == pid
+    with pytest.raises(TypeError, match="namespace must be a str"):
+        kube_cluster.kubelet.kill_process("k", signal.SIGKILL)  # type: ignore[arg-type]
+    assert kube_cluster.kubelet.kill_process("k", NS, signal.SIGKILL) == pid
     assert terminated(kube_cluster, "k")["exitCode"] == 137
 
 

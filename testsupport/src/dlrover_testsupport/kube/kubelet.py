@@ -362,13 +362,16 @@ class Kubelet:
         self._call(lambda: self._preempt(namespace, name, why))
 
     def kill_process(
-        self, name: str, sig: int = signal.SIGKILL, *, namespace: str = "default", container: str | None = None
+        self, name: str, namespace: str = "default", sig: int = signal.SIGKILL, container: str | None = None
     ) -> int:
         """Send `sig` to a running container's main process (not its group); returns its pid.
 
         Raises:
             KeyError: the container is not running.
+            TypeError: `namespace` is not a string (a signal given in its place).
         """
+        if not isinstance(namespace, str):
+            raise TypeError(f"kill_process(name, namespace, sig): namespace must be a str, not {namespace!r}")
 
         def kill() -> int:
             pid = self._pid(namespace, name, container)
