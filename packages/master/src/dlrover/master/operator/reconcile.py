@@ -68,6 +68,8 @@ class Condition:
 _TERMINAL_FAILURES = frozenset({"JobFailed", "JobStopped", "MasterFailed", "MasterRestartsExhausted"})
 """Reasons of a `Failed` condition that end the job for good (others clear once the spec is fixed)."""
 
+_ENDED_STATES = {JobState.SUCCEEDED: "JobSucceeded", JobState.FAILED: "JobFailed", JobState.STOPPED: "JobStopped"}
+
 _ENDED_EXIT_CODES = {0: "JobSucceeded", 1: "JobFailed", 2: "MasterFailed", 3: "JobStopped"}
 """dlrover-master's exit statuses: 0 succeeded, 1 failed, 2 bad usage, 3 stopped. Any other end (a
 signal, an OOM kill, an eviction, a lost node) is the master dying, not the job ending."""
@@ -303,6 +305,16 @@ class _Pass:
         if _ended(self.status):
             self.reasons.append(f"the job ended ({self.status.get('phase')}): nothing is recreated")
             return self.answer()
+        end = self.end_by_master(pod)
+        if end is not None:
+            reason, message = end
+            _end(self.status, reason, message, self.now, self.generation)
+            self.reasons.append(f"the master ended the job ({reason}): {message}")
+            return self.answer()
+        if (self.job.get("spec") or {}).get("suspend") is True:
+            # Before the spec check: stopping pods is safe whatever else an edit broke.
+            self.status["observedGeneration"] = self.generation
+            return self.suspend()
         check = check_spec(self.job)
         if check.spec is None:
             return self.refuse(check.errors, "InvalidSpec")
@@ -322,8 +334,6 @@ class _Pass:
         if _is_true(self.status, Condition.FAILED):
             self.clear(Condition.FAILED, "SpecValid")
         self.status["observedGeneration"] = self.generation
-        if spec.suspend:
-            return self.suspend()
         self.clear(Condition.SUSPENDED, "Resumed")
         self.ensure_objects(spec)
         self.master(spec)
@@ -431,21 +441,21 @@ class _Pass:
             self.status["phase"] = "Pending"
         self.reasons.append(f"create the master pod {master_name(self.name)}{fresh}")
 
-    def master_exited(self, pod: Mapping[str, Any], phase: str) -> None:
-        code, reason, message = _terminated(pod)
+    def end_by_master(self, pod: Mapping[str, Any] | None) -> tuple[str, str] | None:
+        """How the job ended, if its master pod says so: its last status, else its exit status."""
+        if pod is None or (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
+            return None
         summary = self.observed.summary
         if summary is not None and summary.state.finished:
-            ended = {
-                JobState.SUCCEEDED: "JobSucceeded", JobState.FAILED: "JobFailed", JobState.STOPPED: "JobStopped"
-            }[summary.state]  # fmt: skip
-            _end(self.status, ended, summary.exit_reason or f"the job {summary.state.value}", self.now, self.generation)
-            self.reasons.append(f"the master ended the job: {summary.state.value}")
-            return
+            return _ENDED_STATES[summary.state], summary.exit_reason or f"the job {summary.state.value}"
+        code, reason, message = _terminated(pod)
         if code in _ENDED_EXIT_CODES and reason != "OOMKilled":
-            said = message.strip() or f"dlrover-master exited with status {code}"
-            _end(self.status, _ENDED_EXIT_CODES[code], said, self.now, self.generation)
-            self.reasons.append(f"the master exited {code}: the job ended ({_ENDED_EXIT_CODES[code]})")
-            return
+            return _ENDED_EXIT_CODES[code], message.strip() or f"dlrover-master exited with status {code}"
+        return None
+
+    def master_exited(self, pod: Mapping[str, Any], phase: str) -> None:
+        """The master pod ended without ending the job (`end_by_master` said no): it died."""
+        code, reason, message = _terminated(pod)
         why = f"the master pod {phase.lower()} ({reason or 'no reason'}, exit code {code}): {message}".rstrip(": ")
         self.status["masterRestarts"] = int(self.status.get("masterRestarts", 0)) + 1
         self.condition(Condition.MASTER_READY, False, "MasterDied", why)
@@ -459,8 +469,8 @@ class _Pass:
             self.status["message"] = ""
             self.reasons.append("mirrored the master's status")
         else:
-            ended = {JobState.SUCCEEDED: "JobSucceeded", JobState.FAILED: "JobFailed", JobState.STOPPED: "JobStopped"}
-            _end(self.status, ended[state], summary.exit_reason or f"the job {state.value}", self.now, self.generation)
+            message = summary.exit_reason or f"the job {state.value}"
+            _end(self.status, _ENDED_STATES[state], message, self.now, self.generation)
             self.reasons.append(f"the master ended the job: {state.value}")
 
     def check_edit(self, spec: JobSpec, pod: Mapping[str, Any], summary: JobSummary | None) -> None:
