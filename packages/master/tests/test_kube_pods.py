@@ -216,7 +216,6 @@ def test_pending_running_and_succeeded() -> None:
 
 def test_unschedulable_carries_the_schedulers_message() -> None:
     message = "0/3 nodes are available: 3 Insufficient memory."
-    why = {"message": message}
     seen = observe_pod(
         7,
         pod(
