@@ -1,5 +1,6 @@
 """dlrover.master.kube.config and names: which configuration is loaded, and the errors when none is."""
 
+# ruff: noqa: F811 (pytest fixtures imported by name are parameters of the tests)
 from __future__ import annotations
 
 from pathlib import Path
@@ -18,7 +19,7 @@ def namespaces(api: object) -> list[str]:
     return [ns.metadata.name for ns in kubernetes.client.CoreV1Api(api).list_namespace().items]
 
 
-def test_an_explicit_kubeconfig_reaches_its_server(kube_api: ApiServer, tmp_path: Path) -> None:  # noqa: F811
+def test_an_explicit_kubeconfig_reaches_its_server(kube_api: ApiServer, tmp_path: Path) -> None:
     path = kube_api.write_kubeconfig(tmp_path / "config")
     api = load_api_client(path, environ={IN_CLUSTER_ENV_VAR: "10.0.0.1"})  # explicit beats in-cluster
     try:
@@ -28,7 +29,7 @@ def test_an_explicit_kubeconfig_reaches_its_server(kube_api: ApiServer, tmp_path
         api.close()
 
 
-def test_kubeconfig_env_is_used_and_its_first_file_read(kube_api: ApiServer, tmp_path: Path) -> None:  # noqa: F811
+def test_kubeconfig_env_is_used_and_its_first_file_read(kube_api: ApiServer, tmp_path: Path) -> None:
     path = kube_api.write_kubeconfig(tmp_path / "config")
     api = load_api_client(environ={KUBECONFIG_ENV_VAR: f"{path}:{tmp_path / 'other'}"})
     try:
@@ -37,7 +38,7 @@ def test_kubeconfig_env_is_used_and_its_first_file_read(kube_api: ApiServer, tmp
         api.close()
 
 
-def test_the_process_default_configuration_is_left_alone(kube_api: ApiServer, tmp_path: Path) -> None:  # noqa: F811
+def test_the_process_default_configuration_is_left_alone(kube_api: ApiServer, tmp_path: Path) -> None:
     before = kubernetes.client.Configuration.get_default_copy().host
     api = load_api_client(kube_api.write_kubeconfig(tmp_path / "config"))
     api.close()

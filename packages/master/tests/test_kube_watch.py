@@ -1,5 +1,6 @@
 """dlrover.master.kube.watch against the test API server: list + watch, resume, relist, backoff, stop."""
 
+# ruff: noqa: F811 (pytest fixtures imported by name are parameters of the tests)
 from __future__ import annotations
 
 import functools
@@ -22,7 +23,7 @@ WAIT_S = 60.0
 
 
 @pytest.fixture
-def core(kube_api: ApiServer) -> Iterator[Any]:  # noqa: F811 (the fixture)
+def core(kube_api: ApiServer) -> Iterator[Any]:
     with kubernetes.client.ApiClient(kubernetes.client.Configuration(host=kube_api.url)) as api:
         yield kubernetes.client.CoreV1Api(api)
 
@@ -148,7 +149,7 @@ def test_only_the_selected_objects_are_seen(core: Any) -> None:
         watcher.stop()
 
 
-def test_a_list_in_pages_sees_every_object(core: Any, kube_api: ApiServer) -> None:  # noqa: F811
+def test_a_list_in_pages_sees_every_object(core: Any, kube_api: ApiServer) -> None:
     for i in range(7):
         core.create_namespaced_pod(NS, pod(f"p{i}"))
     recorder = Recorder()
@@ -163,7 +164,7 @@ def test_a_list_in_pages_sees_every_object(core: Any, kube_api: ApiServer) -> No
 
 
 @pytest.mark.parametrize("abrupt", [False, True])
-def test_dropped_watches_resume_without_losing_an_event(core: Any, kube_api: ApiServer, abrupt: bool) -> None:  # noqa: F811
+def test_dropped_watches_resume_without_losing_an_event(core: Any, kube_api: ApiServer, abrupt: bool) -> None:
     recorder = Recorder()
     watcher = Watcher(ListWatch(list_pods(core), settings=fast()), recorder).start()
     phases = ["Pending", "Running", "Succeeded"]
@@ -192,7 +193,7 @@ def test_dropped_watches_resume_without_losing_an_event(core: Any, kube_api: Api
     assert watcher.error is None
 
 
-def test_a_410_relists_and_reports_what_changed_meanwhile(core: Any, kube_api: ApiServer) -> None:  # noqa: F811
+def test_a_410_relists_and_reports_what_changed_meanwhile(core: Any, kube_api: ApiServer) -> None:
     """Changes made while no watch can be resumed (the history compacted) come out of the relist."""
     for pod_name in ("gone", "kept", "changed"):
         core.create_namespaced_pod(NS, pod(pod_name))
@@ -223,7 +224,7 @@ def test_a_410_relists_and_reports_what_changed_meanwhile(core: Any, kube_api: A
     assert sorted(events.objects()) == ["default/changed", "default/kept", "default/new"]
 
 
-def test_an_injected_410_on_a_watch_relists_and_watches_on(core: Any, kube_api: ApiServer) -> None:  # noqa: F811
+def test_an_injected_410_on_a_watch_relists_and_watches_on(core: Any, kube_api: ApiServer) -> None:
     recorder = Recorder()
     watcher = Watcher(ListWatch(list_pods(core), settings=fast()), recorder).start()
     try:
@@ -242,7 +243,7 @@ def test_an_injected_410_on_a_watch_relists_and_watches_on(core: Any, kube_api: 
         watcher.stop()
 
 
-def test_failed_lists_and_watches_back_off_exponentially(core: Any, kube_api: ApiServer) -> None:  # noqa: F811
+def test_failed_lists_and_watches_back_off_exponentially(core: Any, kube_api: ApiServer) -> None:
     delays: list[float] = []
     events = ListWatch(
         list_pods(core),
@@ -267,7 +268,7 @@ def test_failed_lists_and_watches_back_off_exponentially(core: Any, kube_api: Ap
     assert list(stream) == []
 
 
-def test_too_many_requests_is_retried(core: Any, kube_api: ApiServer) -> None:  # noqa: F811
+def test_too_many_requests_is_retried(core: Any, kube_api: ApiServer) -> None:
     delays: list[float] = []
     events = ListWatch(list_pods(core), settings=fast(), clock=ManualClock(), sleep=delays.append)
     # More 429s than the client's own retries (it honours Retry-After 3 times by itself).
@@ -306,7 +307,7 @@ def test_a_watch_that_ends_at_once_backs_off_instead_of_spinning(core: Any) -> N
     events.stop()
 
 
-def test_stop_ends_a_watch_blocked_in_a_read(core: Any, kube_api: ApiServer) -> None:  # noqa: F811
+def test_stop_ends_a_watch_blocked_in_a_read(core: Any, kube_api: ApiServer) -> None:
     recorder = Recorder()
     watcher = Watcher(ListWatch(list_pods(core), settings=fast(watch_timeout_s=3600)), recorder).start()
     assert watcher.wait_synced(WAIT_S)
@@ -318,7 +319,7 @@ def test_stop_ends_a_watch_blocked_in_a_read(core: Any, kube_api: ApiServer) -> 
     assert watcher.error is None
 
 
-def test_stop_ends_a_backoff_wait(core: Any, kube_api: ApiServer) -> None:  # noqa: F811
+def test_stop_ends_a_backoff_wait(core: Any, kube_api: ApiServer) -> None:
     kube_api.faults.fail_next(1000, 500, when=lambda r: r.verb == "list")
     watcher = Watcher(
         ListWatch(list_pods(core), settings=WatchSettings(backoff_initial_s=3600, backoff_max_s=3600)), Recorder()
@@ -344,7 +345,7 @@ def test_a_failing_handler_stops_the_watcher_and_is_reported(core: Any) -> None:
     assert not watcher.running
 
 
-def test_custom_objects_are_watched_too(kube_api: ApiServer) -> None:  # noqa: F811
+def test_custom_objects_are_watched_too(kube_api: ApiServer) -> None:
     from dlrover_testsupport.kube import samples
 
     with kubernetes.client.ApiClient(kubernetes.client.Configuration(host=kube_api.url)) as api:

@@ -346,6 +346,9 @@ class KubernetesScheduler:
                     raise SchedulerError(f"{what}: {exc}") from exc
                 problem = str(exc)
             else:
+                # Read the answer whole: a connection returned with an unread body would hand it to the next
+                # request as its status line.
+                _ = response.data
                 response.release_conn()
                 return
             delay = backoff.next_delay()
