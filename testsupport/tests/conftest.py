@@ -1,3 +1,3 @@
 """Fixtures of the test-support suites."""
 
-from dlrover_testsupport.kube.fixtures import kube_api  # noqa: F401 (a fixture)
+from dlrover_testsupport.kube.fixtures import kube_api, kube_cluster  # noqa: F401 (fixtures)

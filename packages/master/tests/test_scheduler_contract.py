@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -58,18 +59,35 @@ def local_backend(tmp_path: Path) -> LocalScheduler:
     return LocalScheduler([sys.executable, "-c", "import time; time.sleep(600)"], stop_grace_s=5.0)
 
 
-BACKENDS: dict[str, Callable[[Path], SchedulerBackend]] = {
-    "fake": lambda _p: FakeScheduler(),
-    "external": lambda _p: ExternalScheduler(),
-    "local": local_backend,
+def kubernetes_backend(_tmp_path: Path, stack: contextlib.ExitStack) -> SchedulerBackend:
+    """Worker pods on the test API server (no kubelet runs them: they stay pending)."""
+    pytest.importorskip("kubernetes")
+    from dlrover_testsupport.kube import ApiServer
+    from kubernetes import client
+
+    from dlrover.master.scheduler.kubernetes import KubernetesScheduler, KubernetesSettings, WorkerTemplate
+
+    server = stack.enter_context(ApiServer())
+    api = stack.enter_context(client.ApiClient(client.Configuration(host=server.url)))
+    template = {"spec": {"containers": [{"name": "main", "image": "dlrover", "command": ["dlrover-run"]}]}}
+    settings = KubernetesSettings(namespace="default", job="j", master_address="127.0.0.1:1")
+    return KubernetesScheduler(api, settings, WorkerTemplate(template))
+
+
+BACKENDS: dict[str, Callable[[Path, contextlib.ExitStack], SchedulerBackend]] = {
+    "fake": lambda _p, _s: FakeScheduler(),
+    "external": lambda _p, _s: ExternalScheduler(),
+    "local": lambda p, _s: local_backend(p),
+    "kubernetes": kubernetes_backend,
 }
 
 
 @pytest.fixture(params=sorted(BACKENDS))
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[SchedulerBackend]:
-    b = BACKENDS[request.param](tmp_path)
-    yield b
-    b.close()
+    with contextlib.ExitStack() as stack:
+        b = BACKENDS[request.param](tmp_path, stack)
+        yield b
+        b.close()
 
 
 def spec(node_id: int) -> NodeSpec:

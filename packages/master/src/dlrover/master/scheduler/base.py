@@ -86,12 +86,20 @@ class ObservedNode:
         state: what the backend sees.
         exit_code: the exit status once it ended (negative: killed by that signal).
         host: where it runs, if the backend knows.
+        reason: the platform's word for why it ended or waits (`OOMKilled`, `Evicted`, `Preempted`,
+            `NodeLost`, `DeadlineExceeded`, `Unschedulable`, ...); empty when it has none.
+        evidence: lines for the diagnosis: what the platform said (messages, exit codes, conditions).
+        disruption: the platform took the node away (evicted, preempted, its host lost): not the job's
+            fault, so it is relaunched without charging the failure budget.
     """
 
     node_id: int
     state: ObservedState
     exit_code: int | None = None
     host: str = ""
+    reason: str = ""
+    evidence: str = ""
+    disruption: bool = False
 
 
 @runtime_checkable
