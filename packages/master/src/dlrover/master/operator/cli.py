@@ -26,10 +26,13 @@ from dlrover.master.operator.objects import MasterSettings
 from dlrover.master.operator.reconcile import ReconcileSettings
 from dlrover.master.operator.schema import crd_manifest
 
-__all__ = ["IMAGE_ENV_VAR", "build_settings", "crd_yaml", "main"]
+__all__ = ["IMAGE_ENV_VAR", "USER_AGENT", "build_settings", "crd_yaml", "main"]
 
 IMAGE_ENV_VAR = "DLROVER_OPERATOR_IMAGE"
 """The operator's own image (the Deployment sets it): the masters' default image."""
+
+USER_AGENT = "dlrover-operator"
+"""The operator's User-Agent on API requests (audit logs tell its requests from the masters')."""
 
 _log = logging.getLogger("dlrover.master.operator")
 
@@ -131,6 +134,7 @@ def _run(argv: Sequence[str]) -> int:
     try:
         settings = build_settings(args)
         api_client = load_api_client(args.kubeconfig)
+        api_client.user_agent = USER_AGENT
     except DLRoverError as exc:
         print(f"dlrover-operator: {exc}", file=sys.stderr)
         return 2

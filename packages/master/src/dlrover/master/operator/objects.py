@@ -73,13 +73,12 @@ class RoleRule:
 
 
 MASTER_ROLE_RULES: tuple[RoleRule, ...] = (
-    RoleRule("", ("pods",), ("create", "delete", "get", "list", "watch")),
+    RoleRule("", ("pods",), ("create", "delete", "list", "watch")),
     RoleRule(CRD_GROUP, (CRD_PLURAL,), ("get",)),
-    RoleRule("", ("events",), ("create",)),
-    RoleRule("", ("services",), ("get",)),
 )
-"""Every verb the master's Kubernetes backend calls, in its own namespace only: what its Role grants
-(compare with `ApiServer.verbs_used()` of a test run)."""
+"""Every verb the master's Kubernetes backend calls (`dlrover.master.scheduler.kubernetes`: it reads
+its ElasticJob once, lists and watches the job's worker pods, creates and deletes them), in its own
+namespace only: what its Role grants. A test compares it with the requests a master made."""
 
 
 @attrs.frozen
