@@ -74,7 +74,9 @@ def observed_after(answer: Reconciliation, base: Observed | None = None, **chang
     return attrs.evolve(base or Observed(), **{**fields, **changes})
 
 
-def pod_phase(pod: Mapping[str, Any], phase: str, *, ip: str = "127.0.0.5", exit_code: int | None = None, reason: str = "") -> dict[str, Any]:
+def pod_phase(
+    pod: Mapping[str, Any], phase: str, *, ip: str = "127.0.0.5", exit_code: int | None = None, reason: str = ""
+) -> dict[str, Any]:
     out = copy.deepcopy(dict(pod))
     status: dict[str, Any] = {"phase": phase}
     if phase == "Running":
@@ -97,9 +99,7 @@ def summary(
     wanted: int = 0,
     goodput: float = 0.9,
 ) -> JobSummary:
-    nodes = tuple(
-        NodeSummary(node_id=i, rank=i, state=NodeState.RUNNING, process_restarts=1) for i in range(running)
-    )
+    nodes = tuple(NodeSummary(node_id=i, rank=i, state=NodeState.RUNNING, process_restarts=1) for i in range(running))
     return JobSummary(
         job_name="job1",
         state=state,

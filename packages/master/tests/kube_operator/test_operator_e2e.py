@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from dlrover_testsupport.kube import KubeCluster
 from ej_builders import elastic_job
 from kubernetes import client
 
@@ -20,7 +21,6 @@ from dlrover.master.kube.watch import WatchSettings
 from dlrover.master.operator import MASTER_ROLE_RULES, MasterSettings, ReconcileSettings, crd_manifest
 from dlrover.master.operator.cli import USER_AGENT
 from dlrover.master.operator.controller import Operator, OperatorSettings
-from dlrover_testsupport.kube import KubeCluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
 
@@ -140,9 +140,13 @@ def test_a_master_in_a_pod_is_replaced_resized_and_ends_the_job(
                 wait_for("the master replaced", lambda: status().get("masterRestarts") == 1)
                 wait_for(
                     "the new master serving",
-                    lambda: core.read_namespaced_pod("job1-master", NS).metadata.uid != old_master
-                    and any(c["type"] == "MasterReady" and c["status"] == "True" for c in status().get("conditions", []))
-                    and status().get("nodes", {}).get("running") == 2,
+                    lambda: (
+                        core.read_namespaced_pod("job1-master", NS).metadata.uid != old_master
+                        and any(
+                            c["type"] == "MasterReady" and c["status"] == "True" for c in status().get("conditions", [])
+                        )
+                        and status().get("nodes", {}).get("running") == 2
+                    ),
                 )
                 assert workers() == before, "a worker was restarted by the master's replacement"
                 for pids in (tmp_path / "pids").iterdir():
@@ -165,7 +169,9 @@ def test_a_master_in_a_pod_is_replaced_resized_and_ends_the_job(
         for r in kube_cluster.server.requests()
         if r.user_agent not in (USER_AGENT, TEST_AGENT) and r.verb
     }
-    granted = {(rule.api_group, res, verb) for rule in MASTER_ROLE_RULES for res in rule.resources for verb in rule.verbs}
+    granted = {
+        (rule.api_group, res, verb) for rule in MASTER_ROLE_RULES for res in rule.resources for verb in rule.verbs
+    }
     assert master_verbs == granted
 
     custom.delete_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, "job1")

@@ -28,7 +28,9 @@ from dlrover.master.states import JobState
 SETTINGS = ReconcileSettings(master=MasterSettings(image="dlrover:test"), max_master_restarts=2)
 
 
-def run(job: dict[str, Any], observed: Observed | None = None, settings: ReconcileSettings = SETTINGS) -> Reconciliation:
+def run(
+    job: dict[str, Any], observed: Observed | None = None, settings: ReconcileSettings = SETTINGS
+) -> Reconciliation:
     answer = reconcile(job, observed or Observed(), settings, now="2026-01-01T00:00:00Z", new_token=TOKEN)
     assert schema_errors(STATUS_SCHEMA, dict(answer.status), "status") == []
     return answer
@@ -83,7 +85,12 @@ def test_the_master_pod_runs_the_kubernetes_backend_with_flags_from_the_spec() -
     job = elastic_job(
         rendezvous={"joinTimeoutSeconds": 120, "lastCallSeconds": 2.5},
         timeouts={"nodePendingSeconds": 90, "heartbeatSeconds": 12, "nodeStartSeconds": 0},
-        master={"port": 6000, "image": "mine:1", "tls": {"secretName": "tls"}, "stateVolume": {"persistentVolumeClaim": {"claimName": "st"}}},
+        master={
+            "port": 6000,
+            "image": "mine:1",
+            "tls": {"secretName": "tls"},
+            "stateVolume": {"persistentVolumeClaim": {"claimName": "st"}},
+        },
     )
     job["spec"]["replicaSpecs"]["worker"]["resources"] = {"cpu": "500m", "memory": "4Gi", "nvidia.com/gpu": 1}
     pod = created(run(job, Observed(claims=frozenset({"st"}), secrets=frozenset({"tls"}))), "Pod")
@@ -146,15 +153,32 @@ def test_a_second_pass_over_what_the_first_created_writes_nothing() -> None:
             "needs a command",
         ),
         (
-            {"replicaSpecs": {"worker": {"template": {"spec": {"containers": [{"name": "m", "command": ["a"]}]}}, "minReplicas": 4, "maxReplicas": 2}}},
+            {
+                "replicaSpecs": {
+                    "worker": {
+                        "template": {"spec": {"containers": [{"name": "m", "command": ["a"]}]}},
+                        "minReplicas": 4,
+                        "maxReplicas": 2,
+                    }
+                }
+            },
             "minReplicas (4) exceeds maxReplicas (2)",
         ),
         ({"rendezvous": {"minNodes": 3, "maxNodes": 1}}, "spec.rendezvous.minNodes (3) exceeds maxNodes (1)"),
         ({"rendezvous": {"minNodes": 2}}, "spec.rendezvous.minNodes (2) differs"),
-        ({"checkpoint": {"volume": {"persistentVolumeClaim": {"claimName": "gone"}}}}, "spec.checkpoint.volume: PersistentVolumeClaim 'gone' not found"),
-        ({"checkpoint": {"objectStore": {"uri": "s3://b/p", "secretName": "creds"}}}, "spec.checkpoint.objectStore.secretName: Secret 'creds' not found"),
+        (
+            {"checkpoint": {"volume": {"persistentVolumeClaim": {"claimName": "gone"}}}},
+            "spec.checkpoint.volume: PersistentVolumeClaim 'gone' not found",
+        ),
+        (
+            {"checkpoint": {"objectStore": {"uri": "s3://b/p", "secretName": "creds"}}},
+            "spec.checkpoint.objectStore.secretName: Secret 'creds' not found",
+        ),
         ({"master": {"tls": {"secretName": "tls"}}}, "spec.master.tls.secretName: Secret 'tls' not found"),
-        ({"master": {"stateVolume": {"persistentVolumeClaim": {"claimName": "st"}}}}, "spec.master.stateVolume: PersistentVolumeClaim 'st'"),
+        (
+            {"master": {"stateVolume": {"persistentVolumeClaim": {"claimName": "st"}}}},
+            "spec.master.stateVolume: PersistentVolumeClaim 'st'",
+        ),
         ({"master": {"port": 70000}}, "spec.master.port: must be at most 65535"),
         ({"replicaSpecs": {"ps": {"template": {}}}}, "missing required field 'worker'"),
     ],
@@ -194,7 +218,18 @@ def test_a_running_job_mirrors_its_masters_status() -> None:
 
 def test_an_edit_a_running_job_cannot_take_is_refused_and_the_job_runs_on() -> None:
     job, observed = running(elastic_job())
-    changed = edited(job, {"replicaSpecs": {"worker": {"template": {"spec": {"containers": [{"name": "main", "image": "new", "command": ["x"]}]}}, "minReplicas": 1, "maxReplicas": 2}}})
+    changed = edited(
+        job,
+        {
+            "replicaSpecs": {
+                "worker": {
+                    "template": {"spec": {"containers": [{"name": "main", "image": "new", "command": ["x"]}]}},
+                    "minReplicas": 1,
+                    "maxReplicas": 2,
+                }
+            }
+        },
+    )
     answer = run(changed, observed)
     assert answer.writes == ()
     refused = condition(answer, Condition.SPEC_CHANGE_REFUSED)
@@ -263,7 +298,10 @@ def test_a_master_that_died_is_replaced(code: int | None, reason: str) -> None:
     job, observed = running(elastic_job())
     assert observed.master_pod is not None
     dead = observed_after(
-        Reconciliation((), {}, ""), observed, master_pod=pod_phase(observed.master_pod, "Failed", exit_code=code, reason=reason), summary=None
+        Reconciliation((), {}, ""),
+        observed,
+        master_pod=pod_phase(observed.master_pod, "Failed", exit_code=code, reason=reason),
+        summary=None,
     )
     answer = run(job, dead)
     assert answer.writes == (DeleteObject("Pod", "job1-master", answer.writes[0].reason, 0, "uid-Pod-job1-master"),)
@@ -296,14 +334,22 @@ def test_a_master_dying_past_its_budget_fails_the_job() -> None:
 
 @pytest.mark.parametrize(
     ("code", "phase", "reason"),
-    [(0, "Succeeded", "JobSucceeded"), (1, "Failed", "JobFailed"), (3, "Failed", "JobStopped"), (2, "Failed", "MasterFailed")],
+    [
+        (0, "Succeeded", "JobSucceeded"),
+        (1, "Failed", "JobFailed"),
+        (3, "Failed", "JobStopped"),
+        (2, "Failed", "MasterFailed"),
+    ],
 )
 def test_a_master_that_exited_with_the_jobs_end_is_not_replaced(code: int, phase: str, reason: str) -> None:
     job, observed = running(elastic_job())
     assert observed.master_pod is not None
     pod_state = "Succeeded" if code == 0 else "Failed"
     ended = observed_after(
-        Reconciliation((), {}, ""), observed, master_pod=pod_phase(observed.master_pod, pod_state, exit_code=code), summary=None
+        Reconciliation((), {}, ""),
+        observed,
+        master_pod=pod_phase(observed.master_pod, pod_state, exit_code=code),
+        summary=None,
     )
     answer = run(job, ended)
     assert answer.writes == ()
@@ -334,15 +380,22 @@ def test_a_job_being_deleted_gets_no_writes() -> None:
 def test_a_condition_keeps_its_transition_time_while_its_status_holds() -> None:
     job = elastic_job()
     first = run(job)
-    later = reconcile(with_status(job, first), observed_after(first), SETTINGS, now="2026-01-02T00:00:00Z", new_token=TOKEN)
-    ready = [c for c in later.status["conditions"] if c["type"] == Condition.MASTER_READY][0]
+    later = reconcile(
+        with_status(job, first), observed_after(first), SETTINGS, now="2026-01-02T00:00:00Z", new_token=TOKEN
+    )
+    ready = next(c for c in later.status["conditions"] if c["type"] == Condition.MASTER_READY)
     assert ready["lastTransitionTime"] == "2026-01-01T00:00:00Z"
 
 
 def test_the_default_tls_secret_turns_tls_on_and_must_exist() -> None:
     settings = ReconcileSettings(master=MasterSettings(tls_secret="site-tls"))
     job = elastic_job()
-    assert "--master-tls-secret: Secret 'site-tls' not found" in condition(run(job, settings=settings), Condition.FAILED)["message"]
+    assert (
+        "--master-tls-secret: Secret 'site-tls' not found"
+        in condition(run(job, settings=settings), Condition.FAILED)["message"]
+    )
     pod = created(run(job, Observed(secrets=frozenset({"site-tls"})), settings), "Pod")
     assert "--tls-cert" in pod["spec"]["containers"][0]["command"]
-    assert json.loads(pod["metadata"]["annotations"]["elastic.dlrover.io/applied-spec"])["replicaSpecs"]["worker"].keys() == {"template"}
+    assert json.loads(pod["metadata"]["annotations"]["elastic.dlrover.io/applied-spec"])["replicaSpecs"][
+        "worker"
+    ].keys() == {"template"}

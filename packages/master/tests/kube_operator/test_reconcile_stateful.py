@@ -15,14 +15,13 @@ from dlrover.master.operator import (
     CreateObject,
     DeleteObject,
     MasterSettings,
-    check_spec,
     Observed,
     ReconcileSettings,
     ResizeJob,
+    check_spec,
     reconcile,
 )
 from dlrover.master.operator.schema import STATUS_SCHEMA, schema_errors
-from dlrover.master.states import JobState
 
 MAX_RESTARTS = 3
 SETTINGS = ReconcileSettings(master=MasterSettings(image="img"), max_master_restarts=MAX_RESTARTS)
@@ -116,12 +115,13 @@ class OperatorMachine(RuleBasedStateMachine):
         if self.job["spec"].get("suspend") and not self.ended and self.master is None:
             assert not self.workers
         if self.job["spec"].get("suspend") and status.get("phase") == "Suspended":
-            assert self.master is None and not self.workers
+            assert self.master is None
+            assert not self.workers
         assert self.masters_after_end == 0, "a master was started after the job ended"
-        if not self.ended and not self.job["spec"].get("suspend") and check_spec(self.job).spec is not None:
-            if status.get("phase") != "Failed":
-                assert self.master is not None, status
-                assert set(self.objects) == set(_FIELDS)
+        runs = not self.ended and not self.job["spec"].get("suspend") and check_spec(self.job).spec is not None
+        if runs and status.get("phase") != "Failed":
+            assert self.master is not None, status
+            assert set(self.objects) == set(_FIELDS)
         assert self.last_restarts <= self.deaths
 
     @precondition(lambda self: self.master is not None and self.master["status"]["phase"] == "Pending")
@@ -153,7 +153,9 @@ class OperatorMachine(RuleBasedStateMachine):
         self.running = False
         self.deaths += 1
 
-    @precondition(lambda self: self.master is not None and self.master["status"]["phase"] == "Running" and not self.ended)
+    @precondition(
+        lambda self: self.master is not None and self.master["status"]["phase"] == "Running" and not self.ended
+    )
     @rule(code=st.sampled_from([0, 1, 3]))
     def job_ends(self, code: int) -> None:
         assert self.master is not None
@@ -197,5 +199,5 @@ class OperatorMachine(RuleBasedStateMachine):
 
 TestOperatorMachine = OperatorMachine.TestCase
 TestOperatorMachine.settings = settings(
-    max_examples=150, stateful_step_count=30, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+    max_examples=200, stateful_step_count=30, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )

@@ -61,7 +61,10 @@ def test_the_example_job_is_valid() -> None:
     check = check_spec(example)
     assert check.errors == ()
     assert check.spec is not None
-    assert check.spec.claims == {"spec.checkpoint.volume": "gpt-checkpoints", "spec.master.stateVolume": "gpt-master-state"}
+    assert check.spec.claims == {
+        "spec.checkpoint.volume": "gpt-checkpoints",
+        "spec.master.stateVolume": "gpt-master-state",
+    }
 
 
 def _full() -> dict[str, Any]:
@@ -154,7 +157,10 @@ def test_rules_beyond_the_schema_name_the_field(path: str, value: Any, message: 
 
 
 def test_the_validator_knows_int_or_string_and_anyof() -> None:
-    quantity = {"x-kubernetes-int-or-string": True, "anyOf": [{"type": "integer"}, {"type": "string", "pattern": "^[0-9]+Mi$"}]}
+    quantity = {
+        "x-kubernetes-int-or-string": True,
+        "anyOf": [{"type": "integer"}, {"type": "string", "pattern": "^[0-9]+Mi$"}],
+    }
     assert schema_errors(quantity, 5) == []
     assert schema_errors(quantity, "5Mi") == []
     assert schema_errors(quantity, "5Gi") != []

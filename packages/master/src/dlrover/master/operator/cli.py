@@ -39,9 +39,9 @@ _log = logging.getLogger("dlrover.master.operator")
 
 def crd_yaml() -> str:
     """The ElasticJob CRD as YAML (what deploy/kubernetes/crd.yaml holds)."""
-    import yaml  # noqa: PLC0415 (lazy: PyYAML comes with the k8s extra's client)
+    import yaml  # type: ignore[import-untyped]  # lazy: PyYAML comes with the k8s extra's client
 
-    class _NoAliases(yaml.SafeDumper):
+    class _NoAliases(yaml.SafeDumper):  # type: ignore[misc]
         # The schema reuses sub-schemas; the file spells each out instead of YAML anchors.
         def ignore_aliases(self, data: object) -> bool:
             return True
@@ -64,14 +64,16 @@ def _parser() -> argparse.ArgumentParser:
         help=f"the masters' image when a job's spec.master.image names none (default: ${IMAGE_ENV_VAR})",
     )
     p.add_argument("--master-command", default="dlrover-master", help="the masters' command (a shell-quoted line)")
+    p.add_argument("--master-arg", action="append", default=[], help="one more flag for every master (repeatable)")
     p.add_argument(
-        "--master-arg", action="append", default=[], help="one more flag for every master (repeatable)"
+        "--master-image-pull-policy", default="", help="the masters' imagePullPolicy (default: the cluster's)"
     )
-    p.add_argument("--master-image-pull-policy", default="", help="the masters' imagePullPolicy (default: the cluster's)")
     p.add_argument(
         "--master-fs-group", type=int, default=None, help="the master pods' securityContext.fsGroup (the image's group)"
     )
-    p.add_argument("--master-grace-period-s", type=int, default=30, help="the master pods' terminationGracePeriodSeconds")
+    p.add_argument(
+        "--master-grace-period-s", type=int, default=30, help="the master pods' terminationGracePeriodSeconds"
+    )
     p.add_argument(
         "--master-tls-secret",
         default=None,

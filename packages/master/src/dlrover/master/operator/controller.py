@@ -51,9 +51,10 @@ from dlrover.master.operator.reconcile import (
 )
 from dlrover.master.status import JobSummary
 
-__all__ = ["MasterStatusSource", "Operator", "OperatorSettings"]
+__all__ = ["MasterAddress", "MasterStatusSource", "Operator", "OperatorSettings"]
 
 log = logging.getLogger("dlrover.master.operator")
+
 
 @attrs.frozen
 class OperatorSettings:
@@ -83,32 +84,48 @@ class OperatorSettings:
     sync_timeout_s: float = attrs.field(default=60.0, validator=positive)
 
 
+@attrs.frozen
+class MasterAddress:
+    """Where and how to call one job's master.
+
+    Attributes:
+        namespace, job: the ElasticJob.
+        target: the master pod's `podIP:port`.
+        token: the job token (from the Secret the operator created).
+        tls: the master serves TLS (verified against `OperatorSettings.master_tls_ca`, for the name
+            `<job>-master.<namespace>.svc`).
+    """
+
+    namespace: str
+    job: str
+    target: str
+    token: str = attrs.field(repr=False)
+    tls: bool = False
+
+
 class MasterStatusSource:
-    """Calls masters' JobService with the job's token (the default `StatusCall` and resize)."""
+    """Calls masters' JobService with the job's token: the status mirrored, the resize of an edit."""
 
     def __init__(self, settings: OperatorSettings) -> None:
         self._settings = settings
 
-    def _client(self, namespace: str, job: str, target: str, token: str, tls: bool) -> MasterClient:
+    def _client(self, address: MasterAddress) -> MasterClient:
         timeout = self._settings.master_call_timeout_s
         channel = None
-        if tls:
-            channel = ChannelConfig(
-                tls=TLSConfig(
-                    ca_file=self._settings.master_tls_ca, server_name_override=f"{master_name(job)}.{namespace}.svc"
-                )
-            )
+        if address.tls:
+            name = f"{master_name(address.job)}.{address.namespace}.svc"
+            channel = ChannelConfig(tls=TLSConfig(ca_file=self._settings.master_tls_ca, server_name_override=name))
         policy = RetryPolicy(call_timeout_s=timeout, total_timeout_s=timeout, max_attempts=1)
-        return MasterClient(target, token, channel_config=channel, policy=policy)
+        return MasterClient(address.target, address.token, channel_config=channel, policy=policy)
 
-    def status(self, namespace: str, job: str, target: str, token: str, tls: bool) -> JobSummary:
+    def status(self, address: MasterAddress) -> JobSummary:
         """The master's `job_status`."""
-        with self._client(namespace, job, target, token, tls) as client:
+        with self._client(address) as client:
             return client.job_status()
 
-    def resize(self, namespace: str, job: str, target: str, token: str, tls: bool, nodes: int, reason: str) -> str:
-        """The master's `resize`; returns its message."""
-        with self._client(namespace, job, target, token, tls) as client:
+    def resize(self, address: MasterAddress, nodes: int, reason: str) -> str:
+        """The master's `resize` to `nodes`; returns its message."""
+        with self._client(address) as client:
             return client.resize(nodes, reason).message
 
 
@@ -152,15 +169,16 @@ class Operator:
         masters: MasterStatusSource | None = None,
         token_factory: Callable[[], str] = generate_token,
     ) -> None:
-        from kubernetes import client  # noqa: PLC0415 (lazy: the k8s extra)
+        from kubernetes import client
 
         self._settings = settings or OperatorSettings()
         self._clock = clock or SystemClock()
         self._masters = masters or MasterStatusSource(self._settings)
         self._token_factory = token_factory
-        self._core = client.CoreV1Api(api_client)
-        self._rbac = client.RbacAuthorizationV1Api(api_client)
-        self._custom = client.CustomObjectsApi(api_client)
+        # Typed Any: the client's models are not what this module passes (plain JSON dicts).
+        self._core: Any = client.CoreV1Api(api_client)
+        self._rbac: Any = client.RbacAuthorizationV1Api(api_client)
+        self._custom: Any = client.CustomObjectsApi(api_client)
         self._api_exception = client.exceptions.ApiException
         self._lock = threading.Condition()
         self._queue: list[tuple[float, str]] = []
@@ -180,9 +198,7 @@ class Operator:
         if kind == "ElasticJob":
             if ns is None:
                 return functools.partial(self._custom.list_cluster_custom_object, CRD_GROUP, CRD_VERSION, CRD_PLURAL)
-            return functools.partial(
-                self._custom.list_namespaced_custom_object, CRD_GROUP, CRD_VERSION, ns, CRD_PLURAL
-            )
+            return functools.partial(self._custom.list_namespaced_custom_object, CRD_GROUP, CRD_VERSION, ns, CRD_PLURAL)
         api = self._rbac if kind in _RBAC_KINDS else self._core
         plural = _PLURALS[kind]
         if ns is None:
@@ -224,7 +240,9 @@ class Operator:
         for kind, watcher in self._watchers.items():
             if not watcher.wait_synced(self._settings.sync_timeout_s):
                 self.stop()
-                raise DLRoverError(f"the operator could not list {kind} objects within {self._settings.sync_timeout_s} s")
+                raise DLRoverError(
+                    f"the operator could not list {kind} objects within {self._settings.sync_timeout_s} s"
+                )
         self._worker.start()
         return self
 
@@ -292,7 +310,7 @@ class Operator:
         return None if watcher is None else watcher.list_watch.objects().get(f"{namespace}/{name}")
 
     def _exists(self, kind: str, namespace: str, name: str) -> bool:
-        read = (
+        read: Any = (
             self._core.read_namespaced_persistent_volume_claim
             if kind == "PersistentVolumeClaim"
             else self._core.read_namespaced_secret
@@ -318,9 +336,10 @@ class Operator:
             and ((p.get("metadata") or {}).get("labels") or {}).get(COMPONENT_LABEL) == COMPONENT_WORKER
         )
         master_pod = self._cached("Pod", namespace, master)
-        if master_pod is not None and (master_pod.get("metadata") or {}).get("labels", {}).get(
-            COMPONENT_LABEL
-        ) != COMPONENT_MASTER:
+        if (
+            master_pod is not None
+            and (master_pod.get("metadata") or {}).get("labels", {}).get(COMPONENT_LABEL) != COMPONENT_MASTER
+        ):
             master_pod = None
         secret = self._cached("Secret", namespace, token_secret_name(name))
         claims: set[str] = set()
@@ -369,19 +388,19 @@ class Operator:
         now = self._clock.now()
         if view.polled_at is not None and now - view.polled_at < self._settings.status_interval_s * 0.9:
             return view
-        target, token, tls = self._master_target(job, pod, secret)
+        address = self._master_address(job, pod, secret)
         view.polled_at = now
         try:
-            view.summary = self._masters.status(job["metadata"]["namespace"], job["metadata"]["name"], target, token, tls)
+            view.summary = self._masters.status(address)
             view.error = ""
         except Exception as exc:  # the master may be starting, restarting or gone: said in the status
-            view.error = f"the status call to {target} failed: {exc}"
+            view.error = f"the status call to {address.target} failed: {exc}"
             log.info("%s: %s", key, view.error)
         return view
 
-    def _master_target(
+    def _master_address(
         self, job: Mapping[str, Any], pod: Mapping[str, Any], secret: Mapping[str, Any]
-    ) -> tuple[str, str, bool]:
+    ) -> MasterAddress:
         master = (job.get("spec") or {}).get("master") or {}
         port = int(master.get("port", 50001))
         containers = (pod.get("spec") or {}).get("containers") or []
@@ -389,7 +408,8 @@ class Operator:
             port = int(port_spec.get("containerPort", port))
         token = base64.b64decode((secret.get("data") or {}).get(TOKEN_SECRET_KEY, "")).decode()
         tls = bool(master.get("tls")) or self._settings.reconcile.master.tls_secret is not None
-        return f"{pod['status']['podIP']}:{port}", token, tls
+        meta = job["metadata"]
+        return MasterAddress(meta["namespace"], meta["name"], f"{pod['status']['podIP']}:{port}", token, tls)
 
     def reconcile_job(self, key: str) -> float | None:
         """Reconcile one job now; returns when to look again (None: only on its next event)."""
@@ -422,7 +442,11 @@ class Operator:
             return self._settings.resync_interval_s
         if answer.writes:
             return self._settings.retry_interval_s
-        return self._settings.status_interval_s if phase == "Running" or observed.master_pod else self._settings.resync_interval_s
+        return (
+            self._settings.status_interval_s
+            if phase == "Running" or observed.master_pod
+            else self._settings.resync_interval_s
+        )
 
     def _apply(self, job: Mapping[str, Any], answer: Reconciliation, observed: Observed) -> bool:
         namespace = job["metadata"]["namespace"]
@@ -440,7 +464,9 @@ class Operator:
                     continue  # the cache has not seen our own earlier create yet
                 if exc.status == 404 and isinstance(write, DeleteObject):
                     continue
-                log.warning("%s/%s: %s failed: %s %s", namespace, job["metadata"]["name"], write, exc.status, exc.reason)
+                log.warning(
+                    "%s/%s: %s failed: %s %s", namespace, job["metadata"]["name"], write, exc.status, exc.reason
+                )
                 failed = True
             except DLRoverError as exc:
                 log.warning("%s/%s: %s failed: %s", namespace, job["metadata"]["name"], write, exc)
@@ -465,9 +491,9 @@ class Operator:
     def _resize(self, job: Mapping[str, Any], write: ResizeJob, observed: Observed) -> None:
         if observed.master_pod is None or observed.secret is None:
             raise DLRoverError("no running master to resize")
-        target, token, tls = self._master_target(job, observed.master_pod, observed.secret)
+        address = self._master_address(job, observed.master_pod, observed.secret)
         meta = job["metadata"]
-        message = self._masters.resize(meta["namespace"], meta["name"], target, token, tls, write.target, write.reason)
+        message = self._masters.resize(address, write.target, write.reason)
         log.info("%s/%s: resized to %d: %s", meta["namespace"], meta["name"], write.target, message)
         with self._lock:
             view = self._views.get(f"{meta['namespace']}/{meta['name']}")
@@ -479,7 +505,11 @@ class Operator:
         body = {
             "apiVersion": job.get("apiVersion"),
             "kind": job.get("kind"),
-            "metadata": {"name": meta["name"], "namespace": meta["namespace"], "resourceVersion": meta.get("resourceVersion")},
+            "metadata": {
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "resourceVersion": meta.get("resourceVersion"),
+            },
             "status": dict(answer.status),
         }
         try:

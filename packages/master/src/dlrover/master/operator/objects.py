@@ -143,7 +143,11 @@ def token_secret(job: Mapping[str, Any], token: str) -> dict[str, Any]:
 
 def master_service_account(job: Mapping[str, Any]) -> dict[str, Any]:
     """The master's own ServiceAccount."""
-    return {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _metadata(job, master_name(job["metadata"]["name"]))}
+    return {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": _metadata(job, master_name(job["metadata"]["name"])),
+    }
 
 
 def master_role(job: Mapping[str, Any]) -> dict[str, Any]:
@@ -229,7 +233,7 @@ def master_args(job: Mapping[str, Any], spec: JobSpec) -> list[str]:
 def applied_part(spec: Mapping[str, Any]) -> dict[str, Any]:
     """The part of a spec a running job cannot change: all of it but `suspend` and the node counts
     (those are carried out on the running job)."""
-    part = json.loads(json.dumps(dict(spec)))
+    part: dict[str, Any] = json.loads(json.dumps(dict(spec)))
     part.pop("suspend", None)
     for role in (part.get("replicaSpecs") or {}).values():
         if isinstance(role, dict):
@@ -297,4 +301,3 @@ def changed_fields(applied: Mapping[str, Any], wanted: Mapping[str, Any], prefix
         else:
             out.append(path)
     return out
-

@@ -28,7 +28,7 @@ The rules, in order:
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
@@ -178,7 +178,7 @@ def _is_true(status: Mapping[str, Any], kind: str) -> bool:
 
 
 def _set_condition(
-    status: dict[str, Any], kind: str, true: bool, reason: str, message: str, now: str, generation: int
+    status: dict[str, Any], kind: str, true: bool, reason: str, message: str, *, now: str, generation: int
 ) -> None:
     value = "True" if true else "False"
     old = _condition(status, kind)
@@ -196,15 +196,13 @@ def _set_condition(
 
 def _clear_condition(status: dict[str, Any], kind: str, reason: str, now: str, generation: int) -> None:
     if _condition(status, kind) is not None:
-        _set_condition(status, kind, False, reason, "", now, generation)
+        _set_condition(status, kind, False, reason, "", now=now, generation=generation)
 
 
 def _terminated(pod: Mapping[str, Any]) -> tuple[int | None, str, str]:
     """The master container's exit code, reason and message (None: no exit code known)."""
     for container in (pod.get("status") or {}).get("containerStatuses") or []:
-        state = (container.get("state") or {}).get("terminated") or (container.get("lastState") or {}).get(
-            "terminated"
-        )
+        state = (container.get("state") or {}).get("terminated") or (container.get("lastState") or {}).get("terminated")
         if state:
             return state.get("exitCode"), str(state.get("reason") or ""), str(state.get("message") or "")
     status = pod.get("status") or {}
@@ -245,12 +243,12 @@ def _end(status: dict[str, Any], reason: str, message: str, now: str, generation
     """Mark the job ended for good (`reason` one of `_ENDED_EXIT_CODES`' values)."""
     if reason == "JobSucceeded":
         status["phase"] = "Succeeded"
-        _set_condition(status, Condition.SUCCEEDED, True, reason, message, now, generation)
+        _set_condition(status, Condition.SUCCEEDED, True, reason, message, now=now, generation=generation)
     else:
         status["phase"] = "Failed"
-        _set_condition(status, Condition.FAILED, True, reason, message, now, generation)
+        _set_condition(status, Condition.FAILED, True, reason, message, now=now, generation=generation)
     status["message"] = message
-    _set_condition(status, Condition.MASTER_READY, False, "JobEnded", message, now, generation)
+    _set_condition(status, Condition.MASTER_READY, False, "JobEnded", message, now=now, generation=generation)
 
 
 def _ended(status: Mapping[str, Any]) -> bool:
@@ -285,7 +283,7 @@ class _Pass:
         self.reasons: list[str] = []
 
     def condition(self, kind: str, true: bool, reason: str, message: str = "") -> None:
-        _set_condition(self.status, kind, true, reason, message, self.now, self.generation)
+        _set_condition(self.status, kind, true, reason, message, now=self.now, generation=self.generation)
 
     def clear(self, kind: str, reason: str) -> None:
         _clear_condition(self.status, kind, reason, self.now, self.generation)
@@ -302,19 +300,8 @@ class _Pass:
         pod = self.observed.master_pod
         if self.observed.summary is not None:
             _mirror(self.status, self.observed.summary)
-        if _ended(self.status):
-            self.reasons.append(f"the job ended ({self.status.get('phase')}): nothing is recreated")
+        if self.ended_or_suspended(pod):
             return self.answer()
-        end = self.end_by_master(pod)
-        if end is not None:
-            reason, message = end
-            _end(self.status, reason, message, self.now, self.generation)
-            self.reasons.append(f"the master ended the job ({reason}): {message}")
-            return self.answer()
-        if (self.job.get("spec") or {}).get("suspend") is True:
-            # Before the spec check: stopping pods is safe whatever else an edit broke.
-            self.status["observedGeneration"] = self.generation
-            return self.suspend()
         check = check_spec(self.job)
         if check.spec is None:
             return self.refuse(check.errors, "InvalidSpec")
@@ -338,6 +325,24 @@ class _Pass:
         self.ensure_objects(spec)
         self.master(spec)
         return self.answer()
+
+    def ended_or_suspended(self, pod: Mapping[str, Any] | None) -> bool:
+        """Whether the job ended (nothing more to do) or is suspended (its pods deleted)."""
+        if _ended(self.status):
+            self.reasons.append(f"the job ended ({self.status.get('phase')}): nothing is recreated")
+            return True
+        end = self.end_by_master(pod)
+        if end is not None:
+            reason, message = end
+            _end(self.status, reason, message, self.now, self.generation)
+            self.reasons.append(f"the master ended the job ({reason}): {message}")
+            return True
+        if (self.job.get("spec") or {}).get("suspend") is True:
+            # Before the spec check: stopping pods is safe whatever else an edit broke.
+            self.status["observedGeneration"] = self.generation
+            self.suspend()
+            return True
+        return False
 
     def with_default_tls(self, spec: JobSpec) -> JobSpec:
         default = self.settings.master.tls_secret
@@ -379,7 +384,7 @@ class _Pass:
 
     def ensure_objects(self, spec: JobSpec) -> None:
         observed, job = self.observed, self.job
-        wanted = (
+        wanted: tuple[tuple[str, Mapping[str, Any] | None, Callable[[], dict[str, Any]]], ...] = (
             ("ServiceAccount", observed.service_account, lambda: objects.master_service_account(job)),
             ("Role", observed.role, lambda: objects.master_role(job)),
             ("RoleBinding", observed.role_binding, lambda: objects.master_role_binding(job)),
@@ -389,7 +394,9 @@ class _Pass:
         for kind, present, build in wanted:
             if present is None:
                 self.writes.append(CreateObject(kind, build()))
-                self.reasons.append(f"create the {kind} {token_secret_name(self.name) if kind == 'Secret' else master_name(self.name)}")
+                self.reasons.append(
+                    f"create the {kind} {token_secret_name(self.name) if kind == 'Secret' else master_name(self.name)}"
+                )
 
     def master(self, spec: JobSpec) -> None:
         pod = self.observed.master_pod

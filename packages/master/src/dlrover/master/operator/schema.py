@@ -19,7 +19,15 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from dlrover.master.kube.names import CRD_GROUP, CRD_KIND, CRD_NAME, CRD_PLURAL, CRD_SHORT_NAME, CRD_SINGULAR, CRD_VERSION
+from dlrover.master.kube.names import (
+    CRD_GROUP,
+    CRD_KIND,
+    CRD_NAME,
+    CRD_PLURAL,
+    CRD_SHORT_NAME,
+    CRD_SINGULAR,
+    CRD_VERSION,
+)
 
 __all__ = ["ROLES", "STATUS_SCHEMA", "SPEC_SCHEMA", "crd_manifest", "job_schema", "schema_errors"]
 
@@ -98,7 +106,8 @@ SPEC_SCHEMA: dict[str, Any] = {
         },
         "checkpoint": {
             "type": "object",
-            "description": "where checkpoints persist: a volume (mounted at /checkpoints in workers) or an object store",
+            "description": "where checkpoints persist: a volume (mounted at /checkpoints in workers) or an object "
+            "store",
             "properties": {
                 "volume": _VOLUME_SOURCE,
                 "objectStore": {
@@ -260,7 +269,22 @@ def schema_errors(schema: Mapping[str, Any], value: object, path: str = "") -> l
         pass
     elif "type" in schema and not _type_ok(schema["type"], value):
         return [f"{where}: must be of type {schema['type']}, got {type(value).__name__} {value!r:.80}"]
-    errors: list[str] = []
+    errors = _combinator_errors(schema, value, path, where)
+    if "enum" in schema and value not in schema["enum"]:
+        errors.append(f"{where}: must be one of {', '.join(map(str, schema['enum']))}, got {value!r}")
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        errors.extend(_number_errors(schema, value, where))
+    if isinstance(value, str):
+        errors.extend(_string_errors(schema, value, where))
+    if isinstance(value, list):
+        errors.extend(_array_errors(schema, value, path, where))
+    if isinstance(value, dict):
+        errors.extend(_object_errors(schema, value, path, where))
+    return errors
+
+
+def _combinator_errors(schema: Mapping[str, Any], value: object, path: str, where: str) -> list[str]:
+    errors = []
     for key in ("anyOf", "oneOf"):
         if key in schema:
             matching = sum(not schema_errors(option, value, path) for option in schema[key])
@@ -268,19 +292,15 @@ def schema_errors(schema: Mapping[str, Any], value: object, path: str = "") -> l
                 errors.append(f"{where}: {value!r:.80} matches none of the allowed forms")
             if key == "oneOf" and matching != 1:
                 errors.append(f"{where}: must match exactly one of {_forms(schema[key])}, matches {matching}")
-    if "enum" in schema and value not in schema["enum"]:
-        errors.append(f"{where}: must be one of {', '.join(map(str, schema['enum']))}, got {value!r}")
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        if "minimum" in schema and value < schema["minimum"]:
-            errors.append(f"{where}: must be at least {schema['minimum']}, got {value}")
-        if "maximum" in schema and value > schema["maximum"]:
-            errors.append(f"{where}: must be at most {schema['maximum']}, got {value}")
-    if isinstance(value, str):
-        errors.extend(_string_errors(schema, value, where))
-    if isinstance(value, list):
-        errors.extend(_array_errors(schema, value, path, where))
-    if isinstance(value, dict):
-        errors.extend(_object_errors(schema, value, path, where))
+    return errors
+
+
+def _number_errors(schema: Mapping[str, Any], value: float, where: str) -> list[str]:
+    errors = []
+    if "minimum" in schema and value < schema["minimum"]:
+        errors.append(f"{where}: must be at least {schema['minimum']}, got {value}")
+    if "maximum" in schema and value > schema["maximum"]:
+        errors.append(f"{where}: must be at most {schema['maximum']}, got {value}")
     return errors
 
 

@@ -140,7 +140,9 @@ def _template_errors(role: str, template: Mapping[str, Any]) -> list[str]:
             errors.append(f"{where}[{i}]: a container needs a name")
     main = containers[main_container_index(template)]
     if isinstance(main, Mapping) and not main.get("command") and not main.get("args"):
-        errors.append(f"{where}[{main_container_index(template)}]: the main container needs a command (dlrover-run ...)")
+        errors.append(
+            f"{where}[{main_container_index(template)}]: the main container needs a command (dlrover-run ...)"
+        )
     return errors
 
 
@@ -199,7 +201,8 @@ def check_spec(job: Mapping[str, Any]) -> SpecCheck:
     replicas: Mapping[str, Any] = spec["replicaSpecs"]
     worker: Mapping[str, Any] = replicas["worker"]
     errors.extend(
-        f"spec.replicaSpecs.{role}: only the worker role is run today; remove it" for role in ROLES
+        f"spec.replicaSpecs.{role}: only the worker role is run today; remove it"
+        for role in ROLES
         if role in replicas and role not in _RUN_ROLES
     )
     errors.extend(_template_errors("worker", worker["template"]))
