@@ -316,7 +316,7 @@ class Operator:
             else self._core.read_namespaced_secret
         )
         try:
-            read(name, namespace, _preload_content=False).release_conn()
+            read(name, namespace)
         except self._api_exception as exc:
             if exc.status == 404:
                 return False
