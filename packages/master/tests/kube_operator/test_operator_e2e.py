@@ -4,8 +4,11 @@ worker, the job is resized through the spec, ends Succeeded, and deleting it lea
 
 from __future__ import annotations
 
+import base64
+import shutil
 import signal
 import socket
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -177,3 +180,58 @@ def test_a_master_in_a_pod_is_replaced_resized_and_ends_the_job(
     custom.delete_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, "job1")
     wait_for("no pod left", lambda: not core.list_namespaced_pod(NS).items)
     assert kubelet.pid("job1-master", NS) is None
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command to make a certificate")
+def test_a_master_serves_tls_from_the_jobs_secret_and_the_operator_verifies_it(
+    kube_cluster: KubeCluster, api: Any, tmp_path: Path
+) -> None:
+    cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+         "-keyout", str(key), "-out", str(cert), "-days", "1", "-subj", "/CN=job1-master.default.svc",
+         "-addext", "subjectAltName=DNS:job1-master.default.svc"],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
+    core.create_namespaced_secret(
+        NS,
+        {
+            "metadata": {"name": "master-tls"},
+            "type": "kubernetes.io/tls",
+            "data": {
+                "tls.crt": base64.b64encode(cert.read_bytes()).decode(),
+                "tls.key": base64.b64encode(key.read_bytes()).decode(),
+            },
+        },
+    )
+    job = elastic_job(master={"port": free_port(), "tls": {"secretName": "master-tls"}})
+    # Workers that never dial (the agents' side of TLS is the backend's): this test is the master's.
+    job["spec"]["replicaSpecs"]["worker"]["template"]["spec"]["containers"][0]["command"] = [
+        sys.executable, "-c", "import time; time.sleep(3600)"
+    ]  # fmt: skip
+    job["metadata"] = {"name": "job1"}
+    custom.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, job)
+    settings = OperatorSettings(
+        namespace=NS,
+        reconcile=ReconcileSettings(master=MasterSettings(command=(sys.executable, "-m", "dlrover.master.cli"))),
+        status_interval_s=0.5,
+        resync_interval_s=2.0,
+        master_tls_ca=str(cert),
+        watch=WatchSettings(watch_timeout_s=20, backoff_initial_s=0.05, backoff_max_s=1.0),
+    )
+
+    def ready() -> bool:
+        job = custom.get_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, "job1")
+        conditions = (job.get("status") or {}).get("conditions", [])
+        return any(c["type"] == "MasterReady" and c["status"] == "True" for c in conditions)
+
+    with (
+        client.ApiClient(client.Configuration(host=kube_cluster.url)) as operator_api,
+        Operator(operator_api, settings),
+    ):
+        wait_for("the operator reading the TLS master's status", ready)
+    command = core.read_namespaced_pod("job1-master", NS).spec.containers[0].command
+    assert command[command.index("--tls-cert") + 1] == "/etc/dlrover/tls/tls.crt"
+    custom.delete_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, "job1")
+    wait_for("no pod left", lambda: not core.list_namespaced_pod(NS).items)

@@ -216,6 +216,7 @@ class Operator:
             if event.type is EventType.DELETED:
                 with self._lock:
                     self._views.pop(key, None)
+                    self.last_reason.pop(key, None)
                 return
         else:
             job = (meta.get("labels") or {}).get(JOB_LABEL)
