@@ -307,6 +307,10 @@ def test_a_master_that_died_is_replaced(code: int | None, reason: str) -> None:
     assert answer.writes == (DeleteObject("Pod", "job1-master", answer.writes[0].reason, 0, "uid-Pod-job1-master"),)
     assert answer.status["masterRestarts"] == 1
     assert condition(answer, Condition.MASTER_READY)["reason"] == "MasterDied"
+    # Seen again before its deletion shows: deleted again, not counted again.
+    again = run(with_status(job, answer), dead)
+    assert [type(w) for w in again.writes] == [DeleteObject]
+    assert again.status["masterRestarts"] == 1
     gone = observed_after(Reconciliation((), {}, ""), observed, master_pod=None, summary=None)
     replaced = run(with_status(job, answer), gone)
     assert [w.kind for w in replaced.writes] == ["Pod"]

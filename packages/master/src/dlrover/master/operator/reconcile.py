@@ -464,7 +464,10 @@ class _Pass:
         """The master pod ended without ending the job (`end_by_master` said no): it died."""
         code, reason, message = _terminated(pod)
         why = f"the master pod {phase.lower()} ({reason or 'no reason'}, exit code {code}): {message}".rstrip(": ")
-        self.status["masterRestarts"] = int(self.status.get("masterRestarts", 0)) + 1
+        ready = _condition(self.status, Condition.MASTER_READY)
+        if not (ready and ready.get("reason") == "MasterDied"):
+            # Counted once per death: the dead pod may still be seen while its deletion is under way.
+            self.status["masterRestarts"] = int(self.status.get("masterRestarts", 0)) + 1
         self.condition(Condition.MASTER_READY, False, "MasterDied", why)
         self.writes.append(DeleteObject("Pod", master_name(self.name), why, 0, _uid(pod)))
         self.reasons.append(f"{why}: delete it, then start a replacement")
