@@ -433,6 +433,10 @@ class Operator:
         if answer.reason != self.last_reason.get(key):
             log.info("%s: %s", key, answer.reason)
         self.last_reason[key] = answer.reason
+        if any(isinstance(w, CreateObject) for w in answer.writes) and not self._still_there(job):
+            # The cache lags a deletion: creating now would leave objects owned by a job that is gone.
+            log.info("%s: deleted meanwhile; nothing created", key)
+            return None
         failed = self._apply(job, answer, observed)
         if answer.status != (job.get("status") or {}):
             self._write_status(job, answer)
@@ -448,6 +452,20 @@ class Operator:
             if phase == "Running" or observed.master_pod
             else self._settings.resync_interval_s
         )
+
+    def _still_there(self, job: Mapping[str, Any]) -> bool:
+        """Whether the job still exists as this incarnation (one read before creating for it)."""
+        meta = job["metadata"]
+        try:
+            live = self._custom.get_namespaced_custom_object(
+                CRD_GROUP, CRD_VERSION, meta["namespace"], CRD_PLURAL, meta["name"]
+            )
+        except self._api_exception as exc:
+            if exc.status == 404:
+                return False
+            raise
+        live_meta = live.get("metadata") or {}
+        return bool(live_meta.get("uid") == meta.get("uid") and not live_meta.get("deletionTimestamp"))
 
     def _apply(self, job: Mapping[str, Any], answer: Reconciliation, observed: Observed) -> bool:
         namespace = job["metadata"]["namespace"]
