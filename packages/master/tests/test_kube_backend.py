@@ -20,7 +20,7 @@ from dlrover_testsupport.kube.fixtures import kube_cluster  # noqa: F401 (a fixt
 from dlrover.autoscale import Resources
 from dlrover.master.kube import WatchSettings, names
 from dlrover.master.scheduler.base import NodeSpec, ObservedNode, ObservedState
-from dlrover.master.scheduler.kubernetes import KubernetesScheduler, KubernetesSettings, WorkerTemplate
+from dlrover.master.scheduler.kubernetes import VERBS_USED, KubernetesScheduler, KubernetesSettings, WorkerTemplate
 
 kubernetes = pytest.importorskip("kubernetes")
 
@@ -237,15 +237,23 @@ def test_the_elastic_job_is_read_and_owns_the_pods(kube_cluster: KubeCluster, co
             names.CRD_GROUP, names.CRD_VERSION, NS, names.CRD_PLURAL, elastic_job(template())
         )
     kubeconfig = kube_cluster.write_kubeconfig(tmp_path / "kubeconfig")
+    kube_cluster.server.clear_requests()
     backend = KubernetesScheduler.from_cluster(settings(kubeconfig=str(kubeconfig)))
     try:
         backend.launch(node(0))
         wait(backend, state_is(0, ObservedState.RUNNING))
-        owner = read_pod(core, 0)["metadata"]["ownerReferences"][0]
+        pod = backend.list_watch.objects()[f"{NS}/{names.worker_pod_name(JOB, 0)}"]
+        owner = pod["metadata"]["ownerReferences"][0]
         assert (owner["kind"], owner["name"], owner["uid"]) == ("ElasticJob", JOB, job["metadata"]["uid"])
+        backend.stop(0)
+        wait(backend, state_is(0, ObservedState.STOPPED))
     finally:
         backend.close()
     assert backend.observe()[0].state is ObservedState.STOPPED
+    # The master's Role grants exactly what the backend calls, in its namespace only.
+    used = {(r.group, r.rbac_resource, r.verb) for r in kube_cluster.server.requests()}
+    assert used == VERBS_USED
+    assert {r.namespace for r in kube_cluster.server.requests()} == {NS}
 
 
 def elastic_job_crd() -> dict[str, Any]:

@@ -34,11 +34,23 @@ from dlrover.master.scheduler.kubernetes.manifest import worker_pod
 from dlrover.master.scheduler.kubernetes.observe import observe_deleted_pod, observe_pod
 from dlrover.master.scheduler.kubernetes.settings import KubernetesSettings, WorkerTemplate
 
-__all__ = ["KubernetesScheduler", "read_worker_template"]
+__all__ = ["VERBS_USED", "KubernetesScheduler", "read_worker_template"]
 
 _log = logging.getLogger(__name__)
 
 _RETRIED_STATUSES = frozenset({429, 500, 502, 503, 504})
+
+VERBS_USED: frozenset[tuple[str, str, str]] = frozenset(
+    {
+        ("", "pods", "list"),
+        ("", "pods", "watch"),
+        ("", "pods", "create"),
+        ("", "pods", "delete"),
+        (names.CRD_GROUP, names.CRD_PLURAL, "get"),
+    }
+)
+"""Every (API group, resource, verb) the backend calls, all in the job's namespace: what the master's Role
+must grant it (the tests compare it with the requests the test API server recorded)."""
 
 
 def read_worker_template(custom_api: Any, settings: KubernetesSettings) -> WorkerTemplate:
