@@ -18,6 +18,7 @@ from dlrover_testsupport.kube.cluster import KubeCluster
 from dlrover_testsupport.kube.fixtures import kube_cluster  # noqa: F401 (a fixture)
 
 from dlrover.autoscale import Resources
+from dlrover.common import ConfigError
 from dlrover.master.kube import WatchSettings, names
 from dlrover.master.scheduler.base import NodeSpec, ObservedNode, ObservedState
 from dlrover.master.scheduler.kubernetes import VERBS_USED, KubernetesScheduler, KubernetesSettings, WorkerTemplate
@@ -254,6 +255,12 @@ def test_the_elastic_job_is_read_and_owns_the_pods(kube_cluster: KubeCluster, co
     used = {(r.group, r.rbac_resource, r.verb) for r in kube_cluster.server.requests()}
     assert used == VERBS_USED
     assert {r.namespace for r in kube_cluster.server.requests()} == {NS}
+
+
+def test_a_missing_elastic_job_is_a_clear_error(kube_cluster: KubeCluster, tmp_path: Path) -> None:
+    kubeconfig = kube_cluster.write_kubeconfig(tmp_path / "kubeconfig")
+    with pytest.raises(ConfigError, match=f"cannot read the ElasticJob {NS}/{JOB}: 404"):
+        KubernetesScheduler.from_cluster(settings(kubeconfig=str(kubeconfig)))
 
 
 def elastic_job_crd() -> dict[str, Any]:
