@@ -203,6 +203,17 @@ def test_an_unschedulable_pod_is_pending_with_the_schedulers_message(
     assert "cpu" in seen.evidence
 
 
+def test_a_pod_without_its_token_secret_waits_and_says_why(
+    make_backend: Callable[..., KubernetesScheduler], core: Any
+) -> None:
+    core.delete_namespaced_secret(names.token_secret_name(JOB), NS)
+    backend = make_backend()
+    backend.launch(node(0))
+    seen = wait(backend, lambda s: 0 in s and s[0].reason == "CreateContainerConfigError")[0]
+    assert seen.state is ObservedState.PENDING
+    assert names.token_secret_name(JOB) in seen.evidence
+
+
 def test_watch_faults_lose_no_pod_event(
     make_backend: Callable[..., KubernetesScheduler], kube_cluster: KubeCluster
 ) -> None:

@@ -7,7 +7,8 @@ The rules, in order (the first that applies decides):
    its node was lost, a person): FAILED, a disruption (`Preempted`, `NodeLost`, `Evicted` from its
    last `DisruptionTarget` condition or status reason; `Deleted` otherwise);
 3. phase Pending: PENDING; `Unschedulable` with the scheduler's message when `PodScheduled` is
-   False for that reason;
+   False for that reason, else the main container's waiting reason when it says why it cannot start
+   (`ErrImagePull`, `ImagePullBackOff`, `CreateContainerConfigError` for a missing Secret, ...);
 4. phase Running (or Unknown: the node stopped reporting, the pod may still run): RUNNING;
 5. phase Succeeded: SUCCEEDED, exit 0;
 6. phase Failed: FAILED with the main container's exit code, and the reason
@@ -60,6 +61,8 @@ _DISRUPTION_REASONS = {
     "TerminationByKubelet": EVICTED,
     "DeletionByPodGC": NODE_LOST,
 }
+_STARTING = frozenset({"ContainerCreating", "PodInitializing"})
+"""Waiting reasons of a container on its way to start: no reason to report."""
 _STATUS_DISRUPTIONS = {"Evicted": EVICTED, "NodeLost": NODE_LOST, "Preempting": PREEMPTED, "Shutdown": EVICTED}
 
 
@@ -124,6 +127,21 @@ def _evidence(pod: Mapping[str, Any], headline: str) -> str:
     return "\n".join(lines)
 
 
+def _observe_pending(node_id: int, pod: Mapping[str, Any], host: str) -> ObservedNode:
+    """Rule 3: why a pending pod waits, when the scheduler or the kubelet says."""
+    scheduled = _condition(pod, "PodScheduled")
+    if scheduled is not None and scheduled.get("status") == "False" and scheduled.get("reason") == UNSCHEDULABLE:
+        message = str(scheduled.get("message") or "")
+        evidence = _evidence(pod, f"{UNSCHEDULABLE}: {message}")
+        return ObservedNode(node_id, ObservedState.PENDING, None, host, UNSCHEDULABLE, evidence)
+    waiting = ((_main_status(pod) or {}).get("state") or {}).get("waiting") or {}
+    why = str(waiting.get("reason") or "")
+    if why and why not in _STARTING:
+        evidence = _evidence(pod, f"{why}: {waiting.get('message') or ''}".rstrip(": "))
+        return ObservedNode(node_id, ObservedState.PENDING, None, host, why, evidence)
+    return ObservedNode(node_id, ObservedState.PENDING, None, host)
+
+
 def observe_pod(node_id: int, pod: Mapping[str, Any], *, stop_requested: bool = False) -> ObservedNode:
     """The node a live (not deleted) pod shows (rules 1 and 3-6 of the module)."""
     status = pod.get("status") or {}
@@ -135,13 +153,7 @@ def observe_pod(node_id: int, pod: Mapping[str, Any], *, stop_requested: bool = 
     if stop_requested:
         return ObservedNode(node_id, ObservedState.STOPPED, exit_code, host)
     if phase == "Pending":
-        scheduled = _condition(pod, "PodScheduled")
-        if scheduled is not None and scheduled.get("status") == "False" and scheduled.get("reason") == UNSCHEDULABLE:
-            message = str(scheduled.get("message") or "")
-            return ObservedNode(
-                node_id, ObservedState.PENDING, None, host, UNSCHEDULABLE, _evidence(pod, f"{UNSCHEDULABLE}: {message}")
-            )
-        return ObservedNode(node_id, ObservedState.PENDING, None, host)
+        return _observe_pending(node_id, pod, host)
     if phase in ("Running", "Unknown"):
         return ObservedNode(node_id, ObservedState.RUNNING, None, host)
     if phase == "Succeeded":
