@@ -3,7 +3,8 @@ kubelet: each pod runs a real `dlrover-run` agent (and its training process) tha
 
 - a worker killed for memory: the node is relaunched with more memory, in the new pod's spec, and finishes;
 - a node lost: the new pod carries the anti-affinity, lands on another node, and finishes;
-- a pod evicted: relaunched although the job allows no relaunch and no failure (a disruption is not charged).
+- a pod evicted: relaunched although the job allows no relaunch and no failure (a disruption is not charged);
+- a worker no node can hold: announced with the scheduler's message, and the job below its minimum stops, saying why.
 
 In the last two the master's pod watches are dropped, cut and answered 410 throughout: no pod event is lost.
 
@@ -110,11 +111,11 @@ class Job:
         self.core = kubernetes.client.CoreV1Api(self.api)
         self.proc: subprocess.Popen[str] | None = None
 
-    def start(self, *flags: str, first: str = "") -> None:
+    def start(self, *flags: str, first: str = "", nnodes: str = "1") -> None:
         script = self.tmp / "train.py"
         script.write_text(SCRIPT)
         agent = [
-            sys.executable, "-m", "dlrover.launcher.cli", "--nnodes=1", "--nproc-per-node=1",
+            sys.executable, "-m", "dlrover.launcher.cli", f"--nnodes={nnodes}", "--nproc-per-node=1",
             "--local-addr=127.0.0.1", "--monitor-interval=0.1", "--heartbeat-interval=0.5", "--prewarm=none",
             "--max-restarts=0", str(script), str(self.out),
         ]  # fmt: skip
@@ -168,12 +169,13 @@ class Job:
         assert pod is not None
         return str(pod["spec"]["nodeName"])
 
-    def finish(self) -> dict[str, list[dict[str, Any]]]:
+    def finish(self, returncode: int = 0) -> dict[str, list[dict[str, Any]]]:
         assert self.proc is not None
         self.proc.wait(timeout=WAIT_S)
         text = self.log.read_text()
-        assert self.proc.returncode == 0, text[-6000:]
-        assert (self.out / "done").exists(), text[-3000:]
+        assert self.proc.returncode == returncode, text[-6000:]
+        if returncode == 0:
+            assert (self.out / "done").exists(), text[-3000:]
         self.api.close()
         by_kind: dict[str, list[dict[str, Any]]] = {}
         for event in read_event_log(self.state / "events.jsonl"):
@@ -282,3 +284,31 @@ def test_an_evicted_pod_is_relaunched_without_charging_the_budget(
     assert job.pod(1) is not None
     # Nothing of the job runs any more.
     assert kube_cluster.kubelet.pid(names.worker_pod_name(JOB, 1)) is None
+
+
+@pytest.fixture
+def one_big_node() -> Iterator[KubeCluster]:
+    """A cluster where only one 5 GiB worker fits: node-0 has 8 GiB, node-1 1 GiB."""
+    nodes = [SimNode("node-0", memory="8Gi"), SimNode("node-1", memory="1Gi")]
+    with KubeCluster(nodes, restart_backoff_s=0.2, max_restart_backoff_s=2.0) as cluster:
+        yield cluster
+
+
+def test_a_worker_that_cannot_be_placed_stops_the_job_with_the_schedulers_reason(
+    one_big_node: KubeCluster, tmp_path: Path, procs: list[subprocess.Popen[str]]
+) -> None:
+    job = Job(one_big_node, tmp_path, procs)
+    job.start(
+        "--nnodes=2", "--node-memory=5Gi", "--kube-node-state-mb=1", "--node-pending-timeout-s=1",
+        "--insufficient-nodes-window-s=5", nnodes="2",
+    )  # fmt: skip
+    events = job.finish(returncode=1)
+    # Node 0 runs on node-0; node 1 fits nowhere, and the announcement says why, in the scheduler's words.
+    why = "Unschedulable: 0/2 nodes are available: 2 Insufficient memory."
+    pending = [e for e in events["nodes_pending"] if e["data"]["nodes"] == [1]]
+    assert len(pending) == 1, events["nodes_pending"]
+    assert f"node 1: {why}" in pending[0]["message"]
+    assert "failure" not in events
+    (end,) = events["job_end"]
+    assert "insufficient nodes: 1 running < min_nodes 2" in end["message"]
+    assert f"node 1 pending: {why}" in end["message"]
