@@ -145,6 +145,8 @@ def test_a_lost_node_is_a_disruption_and_the_relaunch_avoids_it(
     backend = make_backend()
     backend.launch(node(0))
     host = wait(backend, state_is(0, ObservedState.RUNNING))[0].host
+    assert backend.placed_host(0) == host
+    assert backend.placed_host(99) == ""
     kube_cluster.kubelet.lose_node(host)
     lost = wait(backend, state_is(0, ObservedState.FAILED))[0]
     assert (lost.reason, lost.disruption, lost.host) == ("NodeLost", True, host)

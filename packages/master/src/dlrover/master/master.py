@@ -69,6 +69,7 @@ from dlrover.master.resize import (
 from dlrover.master.scheduler.base import (
     AdjustableCapacity,
     NodeMemoryRecords,
+    NodePlacement,
     NodeShapeLimit,
     NodeSpec,
     ObservedNode,
@@ -967,11 +968,14 @@ class Master:
         max_process_restarts: int | None = None,
     ) -> NodeRecord:
         """An agent registers; see `JobLifecycle.register` (`max_process_restarts`: the restarts
-        the agent allows, its ``--max-restarts``, when it said).
+        the agent allows, its ``--max-restarts``, when it said). Where the backend knows the host it placed
+        the node on (`NodePlacement`), that host is recorded in place of the agent's `host`.
 
         Raises:
             LifecycleError: refused; nothing changed.
         """
+        if node_id is not None and isinstance(self._scheduler, NodePlacement):
+            host = self._scheduler.placed_host(node_id) or host
         with self._lock:
             return self._transact(
                 lambda: self._lifecycle.register(

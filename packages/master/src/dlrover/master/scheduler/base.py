@@ -20,6 +20,7 @@ __all__ = [
     "AdjustableCapacity",
     "MemoryRecord",
     "NodeMemoryRecords",
+    "NodePlacement",
     "NodeShapeLimit",
     "NodeSpec",
     "ObservedNode",
@@ -180,6 +181,20 @@ class NodeMemoryRecords(Protocol):
 
     def memory_record(self, node_id: int) -> MemoryRecord | None:
         """The node's limit and OOM kill count; None for a node launched without a limit."""
+        ...
+
+
+@runtime_checkable
+class NodePlacement(Protocol):
+    """A backend that knows which host it placed each node on (the Kubernetes backend: the pod's node).
+
+    The master records that host for a registering node in place of the name its agent reports (inside a
+    pod that is the pod's own host name), so a host avoided after a hardware fault or a straggler is one
+    the backend can keep the relaunch off.
+    """
+
+    def placed_host(self, node_id: int) -> str:
+        """The host the node runs on; "" when not known (yet)."""
         ...
 
 

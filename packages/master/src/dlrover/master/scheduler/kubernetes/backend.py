@@ -307,6 +307,12 @@ class KubernetesScheduler:
             return not node.seen and node.pod_name not in self._deleted
         return (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
 
+    def placed_host(self, node_id: int) -> str:
+        """The node its pod was bound to (`spec.nodeName`); "" before it is scheduled (see `NodePlacement`)."""
+        with self._lock:
+            pod = self._pods.get(names.worker_pod_name(self._settings.job, node_id))
+            return str(((pod or {}).get("spec") or {}).get("nodeName") or "")
+
     def close(self) -> None:
         """Delete every pod of the job still pending or running, stop watching, release the client.
         Safe to call twice."""
