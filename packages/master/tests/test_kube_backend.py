@@ -20,7 +20,7 @@ from dlrover_testsupport.kube.fixtures import kube_cluster  # noqa: F401 (a fixt
 from dlrover.autoscale import Resources
 from dlrover.common import ConfigError
 from dlrover.master.kube import WatchSettings, names
-from dlrover.master.scheduler.base import NodeSpec, ObservedNode, ObservedState
+from dlrover.master.scheduler.base import NodeSpec, ObservedNode, ObservedState, SchedulerError
 from dlrover.master.scheduler.kubernetes import VERBS_USED, KubernetesScheduler, KubernetesSettings, WorkerTemplate
 
 kubernetes = pytest.importorskip("kubernetes")
@@ -214,6 +214,27 @@ def test_a_pod_without_its_token_secret_waits_and_says_why(
     seen = wait(backend, lambda s: 0 in s and s[0].reason == "CreateContainerConfigError")[0]
     assert seen.state is ObservedState.PENDING
     assert names.token_secret_name(JOB) in seen.evidence
+
+
+def test_pod_writes_are_retried_then_a_launch_fails_cleanly(
+    make_backend: Callable[..., KubernetesScheduler], kube_cluster: KubeCluster
+) -> None:
+    backend = make_backend(request_retries=2)
+    faults = kube_cluster.server.faults
+    creates = faults.fail_next(2, 500, when=lambda r: r.verb == "create" and r.resource == "pods")
+    backend.launch(node(0))  # two 500s, then created
+    assert creates.fired == 2
+    wait(backend, state_is(0, ObservedState.RUNNING))
+    faults.fail_next(3, 500, when=lambda r: r.verb == "create" and r.resource == "pods")
+    with pytest.raises(SchedulerError, match="create pod j-worker-1: 500"):
+        backend.launch(node(1))
+    assert 1 not in backend.observe()  # refused: nothing changed
+    deletes = faults.fail_next(3, 500, when=lambda r: r.verb == "delete")
+    backend.stop(0)  # every attempt refused: retried at the next observation
+    assert deletes.fired == 3
+    assert kube_cluster.kubelet.pid(names.worker_pod_name(JOB, 0)) is not None
+    assert backend.observe()[0].state is ObservedState.STOPPED  # and the delete is sent again
+    assert backend.wait_for(lambda _: kube_cluster.kubelet.pid(names.worker_pod_name(JOB, 0)) is None, WAIT_S)
 
 
 def test_watch_faults_lose_no_pod_event(
