@@ -29,41 +29,37 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from dlrover.master.scheduler.base import ObservedNode, ObservedState
+from dlrover.master.scheduler.base import (
+    REASON_DEADLINE_EXCEEDED,
+    REASON_DELETED,
+    REASON_EVICTED,
+    REASON_NODE_LOST,
+    REASON_PREEMPTED,
+    REASON_UNSCHEDULABLE,
+    ObservedNode,
+    ObservedState,
+)
 
-__all__ = [
-    "DEADLINE_EXCEEDED",
-    "DELETED",
-    "EVICTED",
-    "NODE_LOST",
-    "OOM_KILLED",
-    "PREEMPTED",
-    "UNSCHEDULABLE",
-    "observe_deleted_pod",
-    "observe_pod",
-]
-
-OOM_KILLED = "OOMKilled"
-EVICTED = "Evicted"
-PREEMPTED = "Preempted"
-NODE_LOST = "NodeLost"
-DEADLINE_EXCEEDED = "DeadlineExceeded"
-UNSCHEDULABLE = "Unschedulable"
-DELETED = "Deleted"
-"""Deleted by someone other than the master, for no reason the pod shows."""
+__all__ = ["observe_deleted_pod", "observe_pod"]
 
 # DisruptionTarget condition reasons (Kubernetes >= 1.26) and what they mean here.
 _DISRUPTION_REASONS = {
-    "PreemptionByScheduler": PREEMPTED,
-    "PreemptionByKubeScheduler": PREEMPTED,
-    "DeletionByTaintManager": NODE_LOST,
-    "EvictionByEvictionAPI": EVICTED,
-    "TerminationByKubelet": EVICTED,
-    "DeletionByPodGC": NODE_LOST,
+    "PreemptionByScheduler": REASON_PREEMPTED,
+    "PreemptionByKubeScheduler": REASON_PREEMPTED,
+    "DeletionByTaintManager": REASON_NODE_LOST,
+    "EvictionByEvictionAPI": REASON_EVICTED,
+    "TerminationByKubelet": REASON_EVICTED,
+    "DeletionByPodGC": REASON_NODE_LOST,
 }
 _STARTING = frozenset({"ContainerCreating", "PodInitializing"})
 """Waiting reasons of a container on its way to start: no reason to report."""
-_STATUS_DISRUPTIONS = {"Evicted": EVICTED, "NodeLost": NODE_LOST, "Preempting": PREEMPTED, "Shutdown": EVICTED}
+# A pod's status.reason (set by the kubelet or the node lifecycle controller) and what it means here.
+_STATUS_DISRUPTIONS = {
+    "Evicted": REASON_EVICTED,
+    "NodeLost": REASON_NODE_LOST,
+    "Preempting": REASON_PREEMPTED,
+    "Shutdown": REASON_EVICTED,
+}
 
 
 def _conditions(pod: Mapping[str, Any]) -> list[Mapping[str, Any]]:
@@ -97,7 +93,7 @@ def _disruption_reason(pod: Mapping[str, Any]) -> str:
     """The platform's reason for taking the pod away, or ""."""
     target = _condition(pod, "DisruptionTarget")
     if target is not None and target.get("status") == "True":
-        return _DISRUPTION_REASONS.get(str(target.get("reason")), EVICTED)
+        return _DISRUPTION_REASONS.get(str(target.get("reason")), REASON_EVICTED)
     return _STATUS_DISRUPTIONS.get(str((pod.get("status") or {}).get("reason") or ""), "")
 
 
@@ -130,10 +126,10 @@ def _evidence(pod: Mapping[str, Any], headline: str) -> str:
 def _observe_pending(node_id: int, pod: Mapping[str, Any], host: str) -> ObservedNode:
     """Rule 3: why a pending pod waits, when the scheduler or the kubelet says."""
     scheduled = _condition(pod, "PodScheduled")
-    if scheduled is not None and scheduled.get("status") == "False" and scheduled.get("reason") == UNSCHEDULABLE:
+    if scheduled is not None and scheduled.get("status") == "False" and scheduled.get("reason") == REASON_UNSCHEDULABLE:
         message = str(scheduled.get("message") or "")
-        evidence = _evidence(pod, f"{UNSCHEDULABLE}: {message}")
-        return ObservedNode(node_id, ObservedState.PENDING, None, host, UNSCHEDULABLE, evidence)
+        evidence = _evidence(pod, f"{REASON_UNSCHEDULABLE}: {message}")
+        return ObservedNode(node_id, ObservedState.PENDING, None, host, REASON_UNSCHEDULABLE, evidence)
     waiting = ((_main_status(pod) or {}).get("state") or {}).get("waiting") or {}
     why = str(waiting.get("reason") or "")
     if why and why not in _STARTING:
@@ -161,8 +157,8 @@ def observe_pod(node_id: int, pod: Mapping[str, Any], *, stop_requested: bool = 
     disruption = _disruption_reason(pod)
     if disruption:
         reason, is_disruption = disruption, True
-    elif status.get("reason") == DEADLINE_EXCEEDED:
-        reason, is_disruption = DEADLINE_EXCEEDED, False
+    elif status.get("reason") == REASON_DEADLINE_EXCEEDED:
+        reason, is_disruption = REASON_DEADLINE_EXCEEDED, False
     else:
         reason, is_disruption = str(terminated.get("reason") or status.get("reason") or ""), False
     headline = f"Kubernetes: {reason or 'Failed'}" + (f" (exit code {exit_code})" if exit_code is not None else "")
@@ -178,7 +174,7 @@ def observe_deleted_pod(node_id: int, last_seen: Mapping[str, Any] | None, *, st
         return ObservedNode(node_id, ObservedState.STOPPED, None, host)
     if pod and (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
         return observe_pod(node_id, pod)
-    reason = _disruption_reason(pod) or DELETED
+    reason = _disruption_reason(pod) or REASON_DELETED
     headline = f"Kubernetes: the pod was deleted by someone other than the master ({reason})"
     evidence = _evidence(pod, headline) if pod else headline
     return ObservedNode(node_id, ObservedState.FAILED, None, host, reason, evidence, True)
