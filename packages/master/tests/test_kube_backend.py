@@ -18,9 +18,10 @@ from dlrover_testsupport.kube.cluster import KubeCluster
 from dlrover_testsupport.kube.fixtures import kube_cluster  # noqa: F401 (a fixture)
 
 from dlrover.autoscale import Resources
+from dlrover.common import ConfigError
 from dlrover.master.kube import WatchSettings, names
-from dlrover.master.scheduler.base import NodeSpec, ObservedNode, ObservedState
-from dlrover.master.scheduler.kubernetes import KubernetesScheduler, KubernetesSettings, WorkerTemplate
+from dlrover.master.scheduler.base import NodeSpec, ObservedNode, ObservedState, SchedulerError
+from dlrover.master.scheduler.kubernetes import VERBS_USED, KubernetesScheduler, KubernetesSettings, WorkerTemplate
 
 kubernetes = pytest.importorskip("kubernetes")
 
@@ -144,6 +145,8 @@ def test_a_lost_node_is_a_disruption_and_the_relaunch_avoids_it(
     backend = make_backend()
     backend.launch(node(0))
     host = wait(backend, state_is(0, ObservedState.RUNNING))[0].host
+    assert backend.placed_host(0) == host
+    assert backend.placed_host(99) == ""
     kube_cluster.kubelet.lose_node(host)
     lost = wait(backend, state_is(0, ObservedState.FAILED))[0]
     assert (lost.reason, lost.disruption, lost.host) == ("NodeLost", True, host)
@@ -202,6 +205,38 @@ def test_an_unschedulable_pod_is_pending_with_the_schedulers_message(
     assert "cpu" in seen.evidence
 
 
+def test_a_pod_without_its_token_secret_waits_and_says_why(
+    make_backend: Callable[..., KubernetesScheduler], core: Any
+) -> None:
+    core.delete_namespaced_secret(names.token_secret_name(JOB), NS)
+    backend = make_backend()
+    backend.launch(node(0))
+    seen = wait(backend, lambda s: 0 in s and s[0].reason == "CreateContainerConfigError")[0]
+    assert seen.state is ObservedState.PENDING
+    assert names.token_secret_name(JOB) in seen.evidence
+
+
+def test_pod_writes_are_retried_then_a_launch_fails_cleanly(
+    make_backend: Callable[..., KubernetesScheduler], kube_cluster: KubeCluster
+) -> None:
+    backend = make_backend(request_retries=2)
+    faults = kube_cluster.server.faults
+    creates = faults.fail_next(2, 500, when=lambda r: r.verb == "create" and r.resource == "pods")
+    backend.launch(node(0))  # two 500s, then created
+    assert creates.fired == 2
+    wait(backend, state_is(0, ObservedState.RUNNING))
+    faults.fail_next(3, 500, when=lambda r: r.verb == "create" and r.resource == "pods")
+    with pytest.raises(SchedulerError, match="create pod j-worker-1: 500"):
+        backend.launch(node(1))
+    assert 1 not in backend.observe()  # refused: nothing changed
+    deletes = faults.fail_next(3, 500, when=lambda r: r.verb == "delete")
+    backend.stop(0)  # every attempt refused: retried at the next observation
+    assert deletes.fired == 3
+    assert kube_cluster.kubelet.pid(names.worker_pod_name(JOB, 0)) is not None
+    assert backend.observe()[0].state is ObservedState.STOPPED  # and the delete is sent again
+    assert backend.wait_for(lambda _: kube_cluster.kubelet.pid(names.worker_pod_name(JOB, 0)) is None, WAIT_S)
+
+
 def test_watch_faults_lose_no_pod_event(
     make_backend: Callable[..., KubernetesScheduler], kube_cluster: KubeCluster
 ) -> None:
@@ -237,15 +272,29 @@ def test_the_elastic_job_is_read_and_owns_the_pods(kube_cluster: KubeCluster, co
             names.CRD_GROUP, names.CRD_VERSION, NS, names.CRD_PLURAL, elastic_job(template())
         )
     kubeconfig = kube_cluster.write_kubeconfig(tmp_path / "kubeconfig")
+    kube_cluster.server.clear_requests()
     backend = KubernetesScheduler.from_cluster(settings(kubeconfig=str(kubeconfig)))
     try:
         backend.launch(node(0))
         wait(backend, state_is(0, ObservedState.RUNNING))
-        owner = read_pod(core, 0)["metadata"]["ownerReferences"][0]
+        pod = backend.list_watch.objects()[f"{NS}/{names.worker_pod_name(JOB, 0)}"]
+        owner = pod["metadata"]["ownerReferences"][0]
         assert (owner["kind"], owner["name"], owner["uid"]) == ("ElasticJob", JOB, job["metadata"]["uid"])
+        backend.stop(0)
+        wait(backend, state_is(0, ObservedState.STOPPED))
     finally:
         backend.close()
     assert backend.observe()[0].state is ObservedState.STOPPED
+    # The master's Role grants exactly what the backend calls, in its namespace only.
+    used = {(r.group, r.rbac_resource, r.verb) for r in kube_cluster.server.requests()}
+    assert used == VERBS_USED
+    assert {r.namespace for r in kube_cluster.server.requests()} == {NS}
+
+
+def test_a_missing_elastic_job_is_a_clear_error(kube_cluster: KubeCluster, tmp_path: Path) -> None:
+    kubeconfig = kube_cluster.write_kubeconfig(tmp_path / "kubeconfig")
+    with pytest.raises(ConfigError, match=f"cannot read the ElasticJob {NS}/{JOB}: 404"):
+        KubernetesScheduler.from_cluster(settings(kubeconfig=str(kubeconfig)))
 
 
 def elastic_job_crd() -> dict[str, Any]:

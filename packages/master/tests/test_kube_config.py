@@ -82,3 +82,59 @@ def test_names_follow_the_contract() -> None:
         "elastic.dlrover.io/rank": "1",
     }
     assert names.worker_selector("j") == "elastic.dlrover.io/job=j,elastic.dlrover.io/component=worker"
+
+
+def test_the_kubernetes_flags_make_the_backends_settings() -> None:
+    from dlrover.master.cli import _run_parser, build_config
+
+    args = _run_parser().parse_args(
+        [
+            "--backend=kubernetes",
+            "--kube-namespace=team",
+            "--kube-job=gpt",
+            "--kubeconfig=/k",
+            "--kube-master-address=10.0.0.1:9",
+            "--kube-watch-timeout-s=5",
+            "--kube-request-timeout-s=6",
+            "--kube-backoff-initial-s=0.5",
+            "--kube-backoff-max-s=2",
+            "--kube-sync-timeout-s=7",
+            "--kube-request-retries=1",
+            "--kube-node-state-mb=512",
+            "--node-stop-grace-s=7.5",
+        ]
+    )
+    config = build_config(args)
+    assert config.job_name == "gpt"  # the ElasticJob names the job
+    settings = config.kubernetes
+    assert settings is not None
+    assert (settings.namespace, settings.job, settings.kubeconfig, settings.master_address) == (
+        "team",
+        "gpt",
+        "/k",
+        "10.0.0.1:9",
+    )
+    watch = settings.watch
+    assert (watch.watch_timeout_s, watch.request_timeout_s, watch.backoff_initial_s, watch.backoff_max_s) == (
+        5,
+        6,
+        0.5,
+        2,
+    )
+    assert (settings.sync_timeout_s, settings.request_retries, settings.node_state_mb) == (7, 1, 512)
+    assert settings.pod_deletion_grace_s == 8  # whole seconds, rounded up
+
+
+def test_kubernetes_flags_need_their_backend_and_each_other() -> None:
+    from dlrover.master.cli import _run_parser, build_config
+
+    with pytest.raises(ConfigError, match="--kube-namespace and --kube-job"):
+        build_config(_run_parser().parse_args(["--backend=kubernetes", "--kube-job=gpt"]))
+    with pytest.raises(ConfigError, match="not the local backend"):
+        build_config(_run_parser().parse_args(["--kube-namespace=a", "--kube-job=b", "--agent-command=x"]))
+    with pytest.raises(ConfigError, match="backoff_max_s"):
+        build_config(
+            _run_parser().parse_args(
+                ["--backend=kubernetes", "--kube-namespace=a", "--kube-job=b", "--kube-backoff-max-s=0.01"]
+            )
+        )

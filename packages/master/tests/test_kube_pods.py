@@ -227,6 +227,21 @@ def test_unschedulable_carries_the_schedulers_message() -> None:
     assert message in seen.evidence
 
 
+def test_a_container_that_cannot_start_says_why() -> None:
+    waiting = [
+        {
+            "name": "main",
+            "state": {"waiting": {"reason": "CreateContainerConfigError", "message": 'secret "gpt-token" not found'}},
+        }
+    ]
+    seen = observe_pod(7, pod("Pending", containerStatuses=waiting))
+    assert (seen.state, seen.reason) == (ObservedState.PENDING, "CreateContainerConfigError")
+    assert 'secret "gpt-token" not found' in seen.evidence
+    creating = [{"name": "main", "state": {"waiting": {"reason": "ContainerCreating"}}}]
+    seen = observe_pod(7, pod("Pending", containerStatuses=creating))
+    assert (seen.state, seen.reason) == (ObservedState.PENDING, "")
+
+
 def test_oom_killed_is_charged_with_its_evidence() -> None:
     seen = observe_pod(7, pod("Failed", containerStatuses=terminated("OOMKilled", 137)))
     assert (seen.state, seen.exit_code, seen.reason, seen.disruption) == (ObservedState.FAILED, 137, "OOMKilled", False)

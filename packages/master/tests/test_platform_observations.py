@@ -7,13 +7,14 @@ import pytest
 
 from dlrover.autoscale import Resources
 from dlrover.common import ManualClock
+from dlrover.diagnosis import FailureKind
 from dlrover.master.config import LifecycleConfig, MasterConfig, NodeRange
 from dlrover.master.diagnosis_policy import DiagnosisFailurePolicy
 from dlrover.master.journal import MemoryJournal
 from dlrover.master.lifecycle import JobLifecycle, NodeStateError
 from dlrover.master.master import Master
 from dlrover.master.policy import DefaultFailurePolicy
-from dlrover.master.scheduler.base import ObservedState
+from dlrover.master.scheduler.base import NodePlacement, ObservedState
 from dlrover.master.scheduler.fake import FakeScheduler
 from dlrover.master.states import JobState, NodeState
 
@@ -189,3 +190,29 @@ def test_an_unschedulable_pending_pod_is_announced_with_the_scheduler_message() 
     pending = [e for e in master.events(limit=1000) if e.kind == "nodes_pending"]
     assert len(pending) == 1
     assert "didn't match Pod's node affinity/selector" in pending[0].message
+
+
+class PlacingScheduler(FakeScheduler):
+    """A fake that knows where it placed each node, as the Kubernetes backend knows a pod's node."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hosts: dict[int, str] = {}
+
+    def placed_host(self, node_id: int) -> str:
+        return self.hosts.get(node_id, "")
+
+
+def test_the_host_the_backend_placed_a_node_on_is_the_one_recorded_and_avoided() -> None:
+    cfg = MasterConfig(job_name="t", lifecycle=LifecycleConfig(nodes=NodeRange(1, 2), heartbeat_timeout_s=10.0))
+    sched = PlacingScheduler()
+    master = Master(cfg, sched, MemoryJournal(), ManualClock(), policy=DiagnosisFailurePolicy())
+    assert isinstance(sched, NodePlacement)
+    master.start()
+    sched.hosts[0] = "k8s-node-1"
+    # Inside a pod the agent's own host name is the pod's: the backend's placement wins.
+    assert master.register(0, "a", "j-worker-0").host == "k8s-node-1"
+    assert master.register(1, "b", "j-worker-1").host == "j-worker-1"  # not placed (yet): the agent's word
+    master.report_failure(0, FailureKind.HARDWARE, "GPU has fallen off the bus")
+    assert [e.data["host"] for e in master.events(limit=1000) if e.kind == "host_avoided"] == ["k8s-node-1"]
+    assert "k8s-node-1" in sched.specs[2].avoid_hosts

@@ -67,8 +67,11 @@ from dlrover.master.resize import (
     ResizeSource,
 )
 from dlrover.master.scheduler.base import (
+    REASON_NODE_LOST,
+    REASON_OOM_KILLED,
     AdjustableCapacity,
     NodeMemoryRecords,
+    NodePlacement,
     NodeShapeLimit,
     NodeSpec,
     ObservedNode,
@@ -105,10 +108,6 @@ _DISRUPTIONS = frozenset(
     }
 )
 AUTOSCALE_EVENT = "autoscale_plan"
-NODE_LOST_REASON = "NodeLost"
-"""`ObservedNode.reason` of a node whose host the platform lost: the relaunch avoids that host."""
-OOM_KILLED_REASON = "OOMKilled"
-"""`ObservedNode.reason` of a node whose container the kernel OOM-killed: decided as host OOM."""
 
 
 def _capped_by_backend(config: LifecycleConfig, scheduler: SchedulerBackend) -> LifecycleConfig:
@@ -755,10 +754,10 @@ class Master:
         """A `MEMORY_RECORD` line when the platform says the node's container was OOM-killed (Kubernetes'
         `OOMKilled`: the kernel's OOM killer ended it at its memory limit), so the node is decided as host
         OOM and relaunched with more memory, as for the local backend's cgroup record; else empty."""
-        if observed.reason != OOM_KILLED_REASON:
+        if observed.reason != REASON_OOM_KILLED:
             return "", 0
         line = (
-            f"{MEMORY_RECORD}: the platform reports the node's container {OOM_KILLED_REASON} (exit code "
+            f"{MEMORY_RECORD}: the platform reports the node's container {REASON_OOM_KILLED} (exit code "
             f"{observed.exit_code}): the kernel's OOM killer ended it at its memory limit"
         )
         return line, 0
@@ -967,11 +966,14 @@ class Master:
         max_process_restarts: int | None = None,
     ) -> NodeRecord:
         """An agent registers; see `JobLifecycle.register` (`max_process_restarts`: the restarts
-        the agent allows, its ``--max-restarts``, when it said).
+        the agent allows, its ``--max-restarts``, when it said). Where the backend knows the host it placed
+        the node on (`NodePlacement`), that host is recorded in place of the agent's `host`.
 
         Raises:
             LifecycleError: refused; nothing changed.
         """
+        if node_id is not None and isinstance(self._scheduler, NodePlacement):
+            host = self._scheduler.placed_host(node_id) or host
         with self._lock:
             return self._transact(
                 lambda: self._lifecycle.register(
@@ -1327,7 +1329,7 @@ class Master:
         elif seen is ObservedState.FAILED and observed is not None and observed.disruption:
             # Taken away by the platform (evicted, preempted, its host lost): relaunched, no budget charged;
             # a lost host is avoided, so the relaunch lands elsewhere.
-            avoid = observed.reason == NODE_LOST_REASON
+            avoid = observed.reason == REASON_NODE_LOST
             self._transact(
                 lambda: self._just(
                     self._lifecycle.node_disrupted(

@@ -34,11 +34,23 @@ from dlrover.master.scheduler.kubernetes.manifest import worker_pod
 from dlrover.master.scheduler.kubernetes.observe import observe_deleted_pod, observe_pod
 from dlrover.master.scheduler.kubernetes.settings import KubernetesSettings, WorkerTemplate
 
-__all__ = ["KubernetesScheduler", "read_worker_template"]
+__all__ = ["VERBS_USED", "KubernetesScheduler", "read_worker_template"]
 
 _log = logging.getLogger(__name__)
 
 _RETRIED_STATUSES = frozenset({429, 500, 502, 503, 504})
+
+VERBS_USED: frozenset[tuple[str, str, str]] = frozenset(
+    {
+        ("", "pods", "list"),
+        ("", "pods", "watch"),
+        ("", "pods", "create"),
+        ("", "pods", "delete"),
+        (names.CRD_GROUP, names.CRD_PLURAL, "get"),
+    }
+)
+"""Every (API group, resource, verb) the backend calls, all in the job's namespace: what the master's Role
+must grant it (the tests compare it with the requests the test API server recorded)."""
 
 
 def read_worker_template(custom_api: Any, settings: KubernetesSettings) -> WorkerTemplate:
@@ -52,14 +64,23 @@ def read_worker_template(custom_api: Any, settings: KubernetesSettings) -> Worke
         ConfigError: the job cannot be read, or has no worker template; the message says which.
     """
     from kubernetes.client.exceptions import ApiException  # lazy: the k8s extra
+    from urllib3.exceptions import HTTPError
 
     where = f"ElasticJob {settings.namespace}/{settings.job}"
     try:
+        timeout = settings.watch.request_timeout_s
         job = custom_api.get_namespaced_custom_object(
-            names.CRD_GROUP, names.CRD_VERSION, settings.namespace, names.CRD_PLURAL, settings.job
+            names.CRD_GROUP,
+            names.CRD_VERSION,
+            settings.namespace,
+            names.CRD_PLURAL,
+            settings.job,
+            _request_timeout=(timeout, timeout),
         )
     except ApiException as exc:
         raise ConfigError(f"cannot read the {where}: {exc.status} {exc.reason}") from exc
+    except (HTTPError, OSError) as exc:
+        raise ConfigError(f"cannot read the {where}: {exc}") from exc
     spec = job.get("spec") or {}
     worker = (spec.get("replicaSpecs") or {}).get("worker") or {}
     template = worker.get("template")
@@ -118,6 +139,8 @@ class KubernetesScheduler:
         self._api_client = api_client
         self._owns_client = owns_client
         self._core: Any = client.CoreV1Api(api_client)
+        # (connect, read) of a create or delete: a hung API server must not hold the master's lock for long.
+        self._timeout = (settings.watch.request_timeout_s, settings.watch.request_timeout_s)
         self._sleep = sleep
         self._lock = threading.Condition()
         self._nodes: dict[int, _Node] = {}
@@ -214,7 +237,7 @@ class KubernetesScheduler:
             self._nodes[spec.node_id] = _Node(pod_name)
         try:
             self._request(f"create pod {pod_name}", lambda: self._core.create_namespaced_pod(
-                self._settings.namespace, manifest, _preload_content=False
+                self._settings.namespace, manifest, _preload_content=False, _request_timeout=self._timeout
             ), ok_statuses=(409,))  # fmt: skip
         except SchedulerError:
             with self._lock:
@@ -247,7 +270,11 @@ class KubernetesScheduler:
             self._request(
                 f"delete pod {node.pod_name}",
                 lambda: self._core.delete_namespaced_pod(
-                    node.pod_name, self._settings.namespace, grace_period_seconds=grace, _preload_content=False
+                    node.pod_name,
+                    self._settings.namespace,
+                    grace_period_seconds=grace,
+                    _preload_content=False,
+                    _request_timeout=self._timeout,
                 ),
                 ok_statuses=(404,),
             )
@@ -294,6 +321,12 @@ class KubernetesScheduler:
         if pod is None:
             return not node.seen and node.pod_name not in self._deleted
         return (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+
+    def placed_host(self, node_id: int) -> str:
+        """The node its pod was bound to (`spec.nodeName`); "" before it is scheduled (see `NodePlacement`)."""
+        with self._lock:
+            pod = self._pods.get(names.worker_pod_name(self._settings.job, node_id))
+            return str(((pod or {}).get("spec") or {}).get("nodeName") or "")
 
     def close(self) -> None:
         """Delete every pod of the job still pending or running, stop watching, release the client.

@@ -7,7 +7,8 @@ The rules, in order (the first that applies decides):
    its node was lost, a person): FAILED, a disruption (`Preempted`, `NodeLost`, `Evicted` from its
    last `DisruptionTarget` condition or status reason; `Deleted` otherwise);
 3. phase Pending: PENDING; `Unschedulable` with the scheduler's message when `PodScheduled` is
-   False for that reason;
+   False for that reason, else the main container's waiting reason when it says why it cannot start
+   (`ErrImagePull`, `ImagePullBackOff`, `CreateContainerConfigError` for a missing Secret, ...);
 4. phase Running (or Unknown: the node stopped reporting, the pod may still run): RUNNING;
 5. phase Succeeded: SUCCEEDED, exit 0;
 6. phase Failed: FAILED with the main container's exit code, and the reason
@@ -28,39 +29,37 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from dlrover.master.scheduler.base import ObservedNode, ObservedState
+from dlrover.master.scheduler.base import (
+    REASON_DEADLINE_EXCEEDED,
+    REASON_DELETED,
+    REASON_EVICTED,
+    REASON_NODE_LOST,
+    REASON_PREEMPTED,
+    REASON_UNSCHEDULABLE,
+    ObservedNode,
+    ObservedState,
+)
 
-__all__ = [
-    "DEADLINE_EXCEEDED",
-    "DELETED",
-    "EVICTED",
-    "NODE_LOST",
-    "OOM_KILLED",
-    "PREEMPTED",
-    "UNSCHEDULABLE",
-    "observe_deleted_pod",
-    "observe_pod",
-]
-
-OOM_KILLED = "OOMKilled"
-EVICTED = "Evicted"
-PREEMPTED = "Preempted"
-NODE_LOST = "NodeLost"
-DEADLINE_EXCEEDED = "DeadlineExceeded"
-UNSCHEDULABLE = "Unschedulable"
-DELETED = "Deleted"
-"""Deleted by someone other than the master, for no reason the pod shows."""
+__all__ = ["observe_deleted_pod", "observe_pod"]
 
 # DisruptionTarget condition reasons (Kubernetes >= 1.26) and what they mean here.
 _DISRUPTION_REASONS = {
-    "PreemptionByScheduler": PREEMPTED,
-    "PreemptionByKubeScheduler": PREEMPTED,
-    "DeletionByTaintManager": NODE_LOST,
-    "EvictionByEvictionAPI": EVICTED,
-    "TerminationByKubelet": EVICTED,
-    "DeletionByPodGC": NODE_LOST,
+    "PreemptionByScheduler": REASON_PREEMPTED,
+    "PreemptionByKubeScheduler": REASON_PREEMPTED,
+    "DeletionByTaintManager": REASON_NODE_LOST,
+    "EvictionByEvictionAPI": REASON_EVICTED,
+    "TerminationByKubelet": REASON_EVICTED,
+    "DeletionByPodGC": REASON_NODE_LOST,
 }
-_STATUS_DISRUPTIONS = {"Evicted": EVICTED, "NodeLost": NODE_LOST, "Preempting": PREEMPTED, "Shutdown": EVICTED}
+_STARTING = frozenset({"ContainerCreating", "PodInitializing"})
+"""Waiting reasons of a container on its way to start: no reason to report."""
+# A pod's status.reason (set by the kubelet or the node lifecycle controller) and what it means here.
+_STATUS_DISRUPTIONS = {
+    "Evicted": REASON_EVICTED,
+    "NodeLost": REASON_NODE_LOST,
+    "Preempting": REASON_PREEMPTED,
+    "Shutdown": REASON_EVICTED,
+}
 
 
 def _conditions(pod: Mapping[str, Any]) -> list[Mapping[str, Any]]:
@@ -94,7 +93,7 @@ def _disruption_reason(pod: Mapping[str, Any]) -> str:
     """The platform's reason for taking the pod away, or ""."""
     target = _condition(pod, "DisruptionTarget")
     if target is not None and target.get("status") == "True":
-        return _DISRUPTION_REASONS.get(str(target.get("reason")), EVICTED)
+        return _DISRUPTION_REASONS.get(str(target.get("reason")), REASON_EVICTED)
     return _STATUS_DISRUPTIONS.get(str((pod.get("status") or {}).get("reason") or ""), "")
 
 
@@ -124,6 +123,21 @@ def _evidence(pod: Mapping[str, Any], headline: str) -> str:
     return "\n".join(lines)
 
 
+def _observe_pending(node_id: int, pod: Mapping[str, Any], host: str) -> ObservedNode:
+    """Rule 3: why a pending pod waits, when the scheduler or the kubelet says."""
+    scheduled = _condition(pod, "PodScheduled")
+    if scheduled is not None and scheduled.get("status") == "False" and scheduled.get("reason") == REASON_UNSCHEDULABLE:
+        message = str(scheduled.get("message") or "")
+        evidence = _evidence(pod, f"{REASON_UNSCHEDULABLE}: {message}")
+        return ObservedNode(node_id, ObservedState.PENDING, None, host, REASON_UNSCHEDULABLE, evidence)
+    waiting = ((_main_status(pod) or {}).get("state") or {}).get("waiting") or {}
+    why = str(waiting.get("reason") or "")
+    if why and why not in _STARTING:
+        evidence = _evidence(pod, f"{why}: {waiting.get('message') or ''}".rstrip(": "))
+        return ObservedNode(node_id, ObservedState.PENDING, None, host, why, evidence)
+    return ObservedNode(node_id, ObservedState.PENDING, None, host)
+
+
 def observe_pod(node_id: int, pod: Mapping[str, Any], *, stop_requested: bool = False) -> ObservedNode:
     """The node a live (not deleted) pod shows (rules 1 and 3-6 of the module)."""
     status = pod.get("status") or {}
@@ -135,13 +149,7 @@ def observe_pod(node_id: int, pod: Mapping[str, Any], *, stop_requested: bool = 
     if stop_requested:
         return ObservedNode(node_id, ObservedState.STOPPED, exit_code, host)
     if phase == "Pending":
-        scheduled = _condition(pod, "PodScheduled")
-        if scheduled is not None and scheduled.get("status") == "False" and scheduled.get("reason") == UNSCHEDULABLE:
-            message = str(scheduled.get("message") or "")
-            return ObservedNode(
-                node_id, ObservedState.PENDING, None, host, UNSCHEDULABLE, _evidence(pod, f"{UNSCHEDULABLE}: {message}")
-            )
-        return ObservedNode(node_id, ObservedState.PENDING, None, host)
+        return _observe_pending(node_id, pod, host)
     if phase in ("Running", "Unknown"):
         return ObservedNode(node_id, ObservedState.RUNNING, None, host)
     if phase == "Succeeded":
@@ -149,8 +157,8 @@ def observe_pod(node_id: int, pod: Mapping[str, Any], *, stop_requested: bool = 
     disruption = _disruption_reason(pod)
     if disruption:
         reason, is_disruption = disruption, True
-    elif status.get("reason") == DEADLINE_EXCEEDED:
-        reason, is_disruption = DEADLINE_EXCEEDED, False
+    elif status.get("reason") == REASON_DEADLINE_EXCEEDED:
+        reason, is_disruption = REASON_DEADLINE_EXCEEDED, False
     else:
         reason, is_disruption = str(terminated.get("reason") or status.get("reason") or ""), False
     headline = f"Kubernetes: {reason or 'Failed'}" + (f" (exit code {exit_code})" if exit_code is not None else "")
@@ -166,7 +174,7 @@ def observe_deleted_pod(node_id: int, last_seen: Mapping[str, Any] | None, *, st
         return ObservedNode(node_id, ObservedState.STOPPED, None, host)
     if pod and (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
         return observe_pod(node_id, pod)
-    reason = _disruption_reason(pod) or DELETED
+    reason = _disruption_reason(pod) or REASON_DELETED
     headline = f"Kubernetes: the pod was deleted by someone other than the master ({reason})"
     evidence = _evidence(pod, headline) if pod else headline
     return ObservedNode(node_id, ObservedState.FAILED, None, host, reason, evidence, True)
