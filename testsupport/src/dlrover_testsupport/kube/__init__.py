@@ -11,11 +11,12 @@ for what they implement and how they differ from a real cluster.
 from .cluster import KubeCluster
 from .errors import ApiError, status_body
 from .faults import ApiRequest, FaultRule, Faults
-from .kubelet import Kubelet, SimNode
+from .kubelet import Kubelet
 from .patches import PatchConflict, PatchError, json_merge_patch, json_patch, strategic_merge_patch
 from .resources import BUILTIN_RESOURCES, ResourceType, resource_types_of_crd
 from .selectors import FieldSelector, LabelSelector, SelectorError
 from .server import ApiServer
+from .simnodes import SimNode
 from .store import Store, StoreEvent, Watch, WatchEvent
 
 __all__ = [

@@ -6,8 +6,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .kubelet import Kubelet, SimNode
+from .kubelet import Kubelet
 from .server import ApiServer
+from .simnodes import SimNode
 from .store import Store
 
 __all__ = ["KubeCluster"]
@@ -48,6 +49,7 @@ class KubeCluster:
         try:
             kubelet = Kubelet(self.server.store, self._nodes, api_url=self.server.url, **self._options)
             self._kubelet = kubelet.start()
+            self.server.pod_logs = kubelet.read_log
         except BaseException:
             self.server.stop()
             raise
@@ -57,6 +59,7 @@ class KubeCluster:
         """Stop the kubelet (every process, cgroup and directory it made), then the server."""
         try:
             if self._kubelet is not None:
+                self.server.pod_logs = None
                 self._kubelet.stop()
                 self._kubelet = None
         finally:

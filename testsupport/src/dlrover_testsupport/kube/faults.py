@@ -29,6 +29,7 @@ class ApiRequest:
     name: str = ""
     user_agent: str = ""
     code: int = 0
+    user: str = ""  # the bearer token it carried (the test kubelet's pods: serviceaccount:<ns>:<name>)
 
     @property
     def is_watch(self) -> bool:

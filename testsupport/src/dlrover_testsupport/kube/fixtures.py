@@ -10,8 +10,8 @@ from collections.abc import Iterator
 import pytest
 
 from .cluster import KubeCluster
-from .kubelet import SimNode
 from .server import ApiServer
+from .simnodes import SimNode
 
 __all__ = ["kube_api", "kube_cluster"]
 

@@ -29,16 +29,18 @@ import queue
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from dlrover.master.scheduler.cgroups import MemoryGroup, MemoryGroups, detect_memory_groups
-
+from . import processes
 from .errors import ApiError
+from .events import pod_reference, write_event
+from .informer import Informer
 from .podenv import (
     LocalVolume,
     NotReadyYet,
@@ -58,51 +60,27 @@ from .podstatus import (
     exit_reason,
     merge_conditions,
     pod_phase,
+    qos_class,
     rfc3339,
 )
 from .quantity import QuantityError, parse_quantity
-from .scheduling import HOSTNAME_LABEL, NodeView, plan
+from .scheduling import NodeView, plan
+from .simnodes import SimNode, register_node, set_node_ready
 from .store import Store, WatchEvent
 
-__all__ = ["Kubelet", "SimNode"]
+if TYPE_CHECKING:  # imported when a kubelet starts: the API server alone needs no master code
+    from dlrover.master.scheduler.cgroups import MemoryGroup, MemoryGroups
+
+__all__ = ["Kubelet"]
 
 _log = logging.getLogger(__name__)
 _TERMINAL = ("Succeeded", "Failed")
 _DEFAULT_SCHEDULER = "default-scheduler"
-_UNREACHABLE_TAINTS = [
-    {"key": "node.kubernetes.io/unreachable", "effect": "NoSchedule"},
-    {"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"},
-]
 _MIB = 1024 * 1024
 Obj = dict[str, Any]
 Key = tuple[str, str]
 T = TypeVar("T")
 _LOST_CONDITION = ("DeletionByTaintManager", "Taint manager: deleting due to NoExecute taint")
-_UNREACHABLE = "node.kubernetes.io/unreachable"
-
-
-@dataclasses.dataclass(frozen=True)
-class SimNode:
-    """One simulated node.
-
-    Attributes:
-        name: the Node's name (and its `kubernetes.io/hostname` label).
-        cpu: allocatable CPUs (a quantity: "4", "3500m").
-        memory: allocatable memory (a quantity: "8Gi").
-        pods: pod slots.
-        labels: labels besides the hostname, os and arch ones.
-        extended: other allocatable resources, e.g. {"nvidia.com/gpu": "2"}.
-    """
-
-    name: str
-    cpu: str = "4"
-    memory: str = "8Gi"
-    pods: int = 110
-    labels: Mapping[str, str] = dataclasses.field(default_factory=dict)
-    extended: Mapping[str, str] = dataclasses.field(default_factory=dict)
-
-    def allocatable(self) -> dict[str, str]:
-        return {"cpu": self.cpu, "memory": self.memory, "pods": str(self.pods), **self.extended}
 
 
 class _Stale(Exception):
@@ -216,10 +194,8 @@ class Kubelet:
         self._stop_grace_s = stop_grace_s
         self._call_timeout_s = call_timeout_s
         self._queue: queue.Queue[tuple[Any, ...]] = queue.Queue()
-        self._threads: list[threading.Thread] = []
+        self._informers: list[Informer] = []
         self._loop_thread: threading.Thread | None = None
-        self._watches_lock = threading.Lock()
-        self._watches: list[Any] = []
         self._stopping = False
         # State of the loop thread.
         self._pods: dict[Key, Obj] = {}
@@ -244,36 +220,42 @@ class Kubelet:
         if self._groups_arg is not None:
             self._groups = self._groups_arg
         else:
+            from dlrover.master.scheduler.cgroups import detect_memory_groups
+
             self._groups = detect_memory_groups(probe_name=f"dlrover-kubelet-probe-{os.getpid()}-{id(self)}")
         if not self._groups.usable:
             _log.warning("test kubelet: %s; containers run without memory limits", self._groups.describe())
         for node in self._sim_nodes.values():
-            self._register_node(node)
+            register_node(self.store, node, self._host_ips[node.name], self._now())
         self._stopping = False
         for plural in ("pods", "nodes", "secrets", "configmaps", "services"):
-            thread = threading.Thread(target=self._inform, args=(plural,), name=f"kubelet-watch-{plural}")
-            thread.start()
-            self._threads.append(thread)
+            informer = Informer(self.store, plural, self._feeder(plural))
+            informer.start()
+            self._informers.append(informer)
         self._loop_thread = threading.Thread(target=self._loop, name="kubelet-loop")
         self._loop_thread.start()
         return self
+
+    def _feeder(self, plural: str) -> Callable[[str, Any], None]:
+        """What an informer of `plural` calls: it queues (kind, plural, payload) for the loop."""
+
+        def feed(kind: str, payload: Any) -> None:
+            self._queue.put((kind, plural, payload))
+
+        return feed
 
     def stop(self) -> None:
         """Stop every process it started (SIGTERM, SIGKILL after `stop_grace_s`), remove their
         cgroups and directories (the root too when it made it), and join every thread."""
         if self._loop_thread is None:
             return
-        with self._watches_lock:
-            self._stopping = True
-            watches = list(self._watches)
-        for watch in watches:
-            watch.stop()
-        for thread in self._threads:
-            thread.join()
+        self._stopping = True
+        for informer in self._informers:
+            informer.stop()
+        self._informers.clear()
         self._queue.put(("stop",))
         self._loop_thread.join()
         self._loop_thread = None
-        self._threads.clear()
         if self._own_root:
             shutil.rmtree(self.root, ignore_errors=True)
 
@@ -306,6 +288,21 @@ class Kubelet:
     def pid(self, name: str, namespace: str = "default", container: str | None = None) -> int | None:
         """The process id (and process group id) of a running container of the pod, else None."""
         return self._call(lambda: self._pid(namespace, name, container))
+
+    def processes(self, name: str, namespace: str = "default") -> list[int]:
+        """Every live process of the pod's running containers: each main process and its
+        descendants (a training process under an agent, say), main processes first.
+
+        Raises:
+            KeyError: the kubelet never ran that pod.
+        """
+
+        def collect() -> list[int]:
+            run = self._find_run(namespace, name)
+            mains = [proc.popen.pid for proc in run.procs.values() if proc.popen.returncode is None]
+            return mains + [pid for main in mains for pid in processes.descendants(main)]
+
+        return self._call(collect)
 
     def log_path(self, name: str, namespace: str = "default", container: str | None = None) -> Path:
         """The file a container's stdout and stderr go to (kept until `stop`).
@@ -349,6 +346,7 @@ class Kubelet:
 
         Raises:
             KeyError: no such pod on the kubelet's nodes.
+            ValueError: the pod has finished.
         """
         why = message or "The node was low on resource: memory. "
         self._call(lambda: self._evict(namespace, name, why, grace_period_s))
@@ -370,7 +368,10 @@ class Kubelet:
 
         Raises:
             KeyError: the container is not running.
+            TypeError: `namespace` is not a string (a signal given in its place).
         """
+        if not isinstance(namespace, str):
+            raise TypeError(f"kill_process(name, namespace, sig): namespace must be a str, not {namespace!r}")
 
         def kill() -> int:
             pid = self._pid(namespace, name, container)
@@ -384,7 +385,7 @@ class Kubelet:
     # ----------------------------------------------------------------- the loop
 
     def _call(self, fn: Callable[[], T]) -> T:
-        if self._loop_thread is None:
+        if self._loop_thread is None or self._stopping:
             raise RuntimeError("the kubelet is not running")
         future: concurrent.futures.Future[T] = concurrent.futures.Future()
         self._queue.put(("call", fn, future))
@@ -393,39 +394,6 @@ class Kubelet:
     def _check_node(self, node: str) -> None:
         if node not in self._sim_nodes:
             raise KeyError(f"{node!r} is not a node of this kubelet ({sorted(self._sim_nodes)})")
-
-    def _inform(self, plural: str) -> None:
-        """List, then watch from the list's version; relist after a 410. Feeds the loop."""
-        rt = self.store.resource_type("", "v1", plural)
-        while True:
-            items, rv, _ = self.store.list(rt, None)
-            self._queue.put(("relist", plural, items))
-            try:
-                watch = self.store.watch(rt, None, resource_version=rv)
-            except ApiError as e:
-                if e.code == 410:
-                    continue
-                raise
-            with self._watches_lock:
-                if self._stopping:
-                    watch.stop()
-                    return
-                self._watches.append(watch)
-            try:
-                while True:
-                    try:
-                        events = watch.next_events(30.0)
-                    except ApiError as e:
-                        if e.code != 410:
-                            raise
-                        break  # compacted past us: relist
-                    if events is None:
-                        return  # stopped, or the store was closed
-                    if events:
-                        self._queue.put(("events", plural, events))
-            finally:
-                with self._watches_lock:
-                    self._watches.remove(watch)
 
     def _loop(self) -> None:
         stopping = False
@@ -554,64 +522,9 @@ class Kubelet:
 
     # ----------------------------------------------------------------- nodes
 
-    def _register_node(self, node: SimNode) -> None:
-        rt = self.store.resource_type("", "v1", "nodes")
-        labels = {
-            "kubernetes.io/os": "linux",
-            "kubernetes.io/arch": "amd64",
-            **node.labels,
-            HOSTNAME_LABEL: node.name,
-        }
-        body = {"metadata": {"name": node.name, "labels": labels}, "spec": {}}
-        try:
-            self.store.create(rt, None, body)
-        except ApiError as e:
-            if e.code != 409:
-                raise
-            self.store.replace(rt, None, node.name, body)
-        status = {"metadata": {}, "status": self._node_status(node, ready=True)}
-        self.store.replace(rt, None, node.name, status, status=True)
-
-    def _node_status(self, node: SimNode, *, ready: bool) -> Obj:
-        now = rfc3339(self._clock())
-        if ready:
-            condition = {"status": "True", "reason": "KubeletReady", "message": "kubelet is posting ready status"}
-        else:
-            condition = {"status": "Unknown", "reason": "NodeStatusUnknown"}
-            condition["message"] = "Kubelet stopped posting node status."
-        return {
-            "capacity": node.allocatable(),
-            "allocatable": node.allocatable(),
-            "conditions": [{"type": "Ready", "lastHeartbeatTime": now, "lastTransitionTime": now, **condition}],
-            "addresses": [
-                {"type": "InternalIP", "address": self._host_ips[node.name]},
-                {"type": "Hostname", "address": node.name},
-            ],
-            "nodeInfo": {
-                "kubeletVersion": "v1.32.0-dlrover-testsupport",
-                "containerRuntimeVersion": "dlrover-testsupport://local-processes",
-                "operatingSystem": "linux",
-                "architecture": "amd64",
-            },
-        }
-
     def _set_node_ready(self, name: str, ready: bool) -> None:
-        rt = self.store.resource_type("", "v1", "nodes")
-        status = self._node_status(self._sim_nodes[name], ready=ready)
-        self.store.patch(rt, None, name, lambda n: {**n, "status": status}, status=True)
-
-        def taints(node: Obj) -> Obj:
-            new = copy.deepcopy(node)
-            kept = [t for t in new.get("spec", {}).get("taints") or [] if t.get("key") != _UNREACHABLE]
-            if not ready:
-                kept += [{**t, "timeAdded": rfc3339(self._clock())} for t in _UNREACHABLE_TAINTS]
-            new.setdefault("spec", {})["taints"] = kept
-            if not kept:
-                new["spec"].pop("taints")
-            return new
-
-        updated = self.store.patch(rt, None, name, taints)
-        self._nodes[name] = updated
+        node = self._sim_nodes[name]
+        self._nodes[name] = set_node_ready(self.store, node, self._host_ips[name], ready=ready, now=self._now())
 
     def _lose_node(self, node: str) -> list[str]:
         self._lost.add(node)
@@ -747,6 +660,8 @@ class Kubelet:
         meta = pod["metadata"]
         if meta.get("deletionTimestamp"):
             if run is None or not run.alive:
+                if run is not None:
+                    run.terminating = True  # no restart after a back-off
                 self._delete_pod(key[0], key[1], _uid(pod), grace_s=0)
                 return
             run.deleting = True
@@ -876,13 +791,13 @@ class Kubelet:
         argv = [rewrite(expand(a, env.get), mounts, service) for a in command + args]
         env = {k: rewrite(v, mounts, service) for k, v in env.items()}
         working_dir = container.get("workingDir")
-        if working_dir:
-            cwd = Path(rewrite(str(working_dir), mounts, lambda *_: None))
-            if not cwd.is_dir():
-                raise PodSpecError(f"container {name!r}: workingDir {working_dir} ({cwd}) does not exist")
-        else:
-            cwd = run.directory / "work"
+        cwd = Path(rewrite(str(working_dir), mounts, lambda *_: None)) if working_dir else run.directory / "work"
         base = dict(os.environ)
+        # The "image" is the test's environment: its interpreter's scripts (dlrover-master,
+        # dlrover-run) are on the PATH, as they would be in an image that installed them.
+        scripts = str(Path(sys.executable).parent)
+        if scripts not in base.get("PATH", "").split(os.pathsep):
+            base["PATH"] = os.pathsep.join(p for p in (scripts, base.get("PATH", "")) if p)
         base["HOSTNAME"] = run.name
         if self._api_url is not None:
             base["KUBECONFIG"] = str(run.directory / "kubeconfig")
@@ -925,6 +840,15 @@ class Kubelet:
     def _spawn(self, run: _PodRun, index: int, prepared: tuple[list[str], dict[str, str], Path, int]) -> bool:
         argv, env, cwd, limit_mb = prepared
         record = run.records[index]
+        if not cwd.is_dir():  # checked once the pod's volumes exist: it may be one of them
+            self._container_failed_to_start(run, index, f"workingDir {cwd} does not exist")
+            return False
+        executable = argv[0] if "/" in argv[0] else shutil.which(argv[0], path=env.get("PATH"))
+        if executable is None or not os.access(Path(cwd, executable), os.X_OK):
+            # The runtime's words: the container is never created.
+            why = f'exec: "{argv[0]}": executable file not found in $PATH'
+            self._container_failed_to_start(run, index, f"failed to create containerd task: {why}")
+            return False
         group = None
         generation = next(self._generations)
         groups = self._groups
@@ -939,11 +863,7 @@ class Kubelet:
             command = groups.join_argv(group, argv)
         log_path = run.log_dir / f"{record.name}.log"
         try:
-            with open(log_path, "ab") as log:
-                popen = subprocess.Popen(
-                    command, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )  # fmt: skip
+            popen = processes.start(command, env, cwd, log_path)
         except OSError as e:
             self._container_failed_to_start(run, index, f"cannot start {argv[0]!r}: {e}")
             self._release_groups(run)
@@ -959,14 +879,8 @@ class Kubelet:
         return True
 
     def _wait(self, popen: subprocess.Popen[bytes], uid: str, index: int, generation: int) -> None:
-        """Wait for the container's main process; when it ends, kill what is left of its process
-        group (a container's processes end with it) before the pid can be reused, then reap it."""
-        with contextlib.suppress(ChildProcessError):
-            os.waitid(os.P_PID, popen.pid, os.WEXITED | os.WNOWAIT)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(popen.pid, signal.SIGKILL)
-        code = popen.wait()
-        self._queue.put(("exit", uid, index, generation, code))
+        """The waiter thread of one container process: hands its exit to the loop."""
+        self._queue.put(("exit", uid, index, generation, processes.reap(popen)))
 
     def _container_failed_to_start(self, run: _PodRun, index: int, message: str) -> None:
         record = run.records[index]
@@ -1044,12 +958,22 @@ class Kubelet:
             self._container_failed_to_start(run, index, str(e))
             self._write_status(run, started=True)
             return
-        self._spawn(run, index, prepared)
+        if not self._spawn(run, index, prepared):
+            # Not started again: back off and retry, as after a crash.
+            record.last_terminated = record.terminated()
+            record.exit_code = None
+            record.waiting = ("CrashLoopBackOff", record.message)
+            run.backoff_s = min(max(run.backoff_s * 2, self._restart_backoff_s), self._max_restart_backoff_s)
+            self._after(run.backoff_s, lambda: self._restart(run, index))
         self._write_status(run, started=True)
 
     def _finish(self, run: _PodRun) -> None:
-        """Every process of the pod is gone: delete the pod if that was asked, clean up if gone."""
-        if run.alive:
+        """Every process of the pod is gone: delete the pod if that was asked, clean up if gone.
+
+        With cgroups, "gone" includes every process that left the process group: the pod is
+        deleted only once its groups could be removed (the kernel refuses while one holds a
+        process)."""
+        if run.alive or run.groups:
             return
         if run.deleting and not run.gone:
             self._delete_pod(run.namespace, run.name, run.uid, grace_s=0)
@@ -1072,11 +996,8 @@ class Kubelet:
 
     @staticmethod
     def _signal(proc: _Proc, sig: int) -> None:
-        # The pid cannot be reused before the waiter reaps it, and the waiter kills the group
-        # first: signalling the group of a process still in `procs` reaches only our processes.
-        if proc.popen.returncode is None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.popen.pid, sig)
+        # Without a cgroup, a SIGKILL also reaches descendants that left the process group.
+        processes.signal_group(proc.popen, sig, strays=sig == signal.SIGKILL and proc.group is None)
 
     def _release_groups(self, run: _PodRun) -> None:
         """Remove the memory cgroups whose processes are gone, killing stragglers that left the
@@ -1100,9 +1021,12 @@ class Kubelet:
                 gone = False
             if not gone:
                 remaining.append(group)
+        had_groups = bool(run.groups)
         run.groups = remaining
         if any(id(g) not in in_use for g in remaining):
             self._after(0.05, lambda: self._release_groups(run))
+        elif had_groups and not remaining and not run.alive and run.final:
+            self._finish(run)
 
     def _pod_gone(self, pod: Mapping[str, Any]) -> None:
         """The pod left the store (deleted, or force-deleted): stop what still runs, clean up."""
@@ -1144,6 +1068,8 @@ class Kubelet:
         pod = self._pods.get((namespace, name))
         if pod is None or (pod.get("spec") or {}).get("nodeName") not in self._sim_nodes:
             raise KeyError(f"pod {namespace}/{name} is not on a node of this kubelet")
+        if _phase(pod) in _TERMINAL:
+            raise ValueError(f"pod {namespace}/{name} has finished ({_phase(pod)}): there is nothing to evict")
         run = self._run_of(pod) or self._new_run(pod)
         run.disruption = ("Evicted", message, "TerminationByKubelet", message)
         self._event_pod(run, "Evicted", message, "Warning")
@@ -1151,7 +1077,7 @@ class Kubelet:
             self._write_status(run, started=run.started)
             self._terminate(run, grace_s)
             return
-        run.final = True
+        run.terminating = run.final = True
         self._write_status(run, started=run.started, phase="Failed")
 
     def _preempt(self, namespace: str, name: str, message: str) -> None:
@@ -1192,8 +1118,8 @@ class Kubelet:
 
     def _write_status(self, run: _PodRun, *, started: bool, phase: str | None = None) -> None:
         phase = phase or pod_phase(run.records, run.restart_policy, started)
-        if run.final and phase not in _TERMINAL:
-            phase = "Failed"
+        if run.final and phase not in _TERMINAL:  # stopped for good, whatever the restart policy
+            phase = "Succeeded" if all(r.exit_code == 0 for r in run.records) else "Failed"
         failing = ("NodeLost", "Evicted", "DeadlineExceeded")
         if run.final and run.disruption is not None and run.disruption[0] in failing:
             phase = "Failed"
@@ -1209,6 +1135,8 @@ class Kubelet:
         if disruption is not None and disruption[2]:
             conditions["DisruptionTarget"] = ("True", disruption[2], disruption[3])
         statuses = [container_status(r) for r in run.records]
+        pod = self._pods.get((run.namespace, run.name)) or {}
+        qos = qos_class((pod.get("spec") or {}).get("containers") or [])
         now = self._now()
 
         def update(status: Obj) -> Obj:
@@ -1220,7 +1148,7 @@ class Kubelet:
                 "podIP": run.ip,
                 "podIPs": [{"ip": run.ip}],
                 "containerStatuses": statuses,
-                "qosClass": status.get("qosClass", "BestEffort"),
+                "qosClass": qos,
             }
             if run.started_at or status.get("startTime"):
                 new["startTime"] = status.get("startTime") or run.started_at
@@ -1249,12 +1177,11 @@ class Kubelet:
     def _event(self, pod: Mapping[str, Any], reason: str, message: str, kind: str, component: str = "kubelet") -> None:
         meta = pod.get("metadata") or {}
         namespace = str(meta.get("namespace") or "default")
-        self._write_event(namespace, {
-            "kind": "Pod", "namespace": namespace, "name": meta.get("name"), "uid": meta.get("uid"), "apiVersion": "v1",
-        }, reason, message, kind, component=component)  # fmt: skip
+        involved = pod_reference(namespace, str(meta.get("name")), str(meta.get("uid")))
+        self._write_event(namespace, involved, reason, message, kind, component=component)
 
     def _event_pod(self, run: _PodRun, reason: str, message: str, kind: str) -> None:
-        involved = {"kind": "Pod", "namespace": run.namespace, "name": run.name, "uid": run.uid, "apiVersion": "v1"}
+        involved = pod_reference(run.namespace, run.name, run.uid)
         self._write_event(run.namespace, involved, reason, message, kind, component="kubelet")
 
     def _event_node(self, node: str, reason: str, message: str, kind: str) -> None:
@@ -1264,21 +1191,10 @@ class Kubelet:
     def _write_event(
         self, namespace: str, involved: Obj, reason: str, message: str, kind: str, *, component: str
     ) -> None:
-        now = self._now()
-        body = {
-            "metadata": {"generateName": f"{involved.get('name')}.", "namespace": namespace},
-            "involvedObject": involved,
-            "reason": reason,
-            "message": message,
-            "type": kind,
-            "source": {"component": component},
-            "reportingComponent": component,
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
-        }
-        with contextlib.suppress(ApiError):  # a terminating namespace takes no events
-            self.store.create(self.store.resource_type("", "v1", "events"), namespace, body)
+        write_event(
+            self.store, namespace, involved, reason=reason, message=message, kind=kind, component=component,
+            now=self._now(),
+        )  # fmt: skip
 
     # ----------------------------------------------------------------- shutdown
 
@@ -1311,12 +1227,18 @@ class Kubelet:
             shutil.rmtree(run.directory, ignore_errors=True)
         self._timers = []
         self._runs.clear()
-        # Anything still queued (exits of the processes just reaped) is moot now.
+        self._drain()
+
+    def _drain(self) -> None:
+        """Anything still queued (exits of the processes just reaped) is moot now; a fault method
+        that raced with `stop` learns it."""
         while True:
             try:
-                self._queue.get_nowait()
+                item = self._queue.get_nowait()
             except queue.Empty:
                 break
+            if item[0] == "call":
+                item[2].set_exception(RuntimeError("the kubelet stopped"))
 
 
 def _uid(obj: Mapping[str, Any]) -> str:

@@ -13,6 +13,8 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
+from .quantity import QuantityError, parse_quantity
+
 __all__ = [
     "ContainerRecord",
     "container_status",
@@ -20,6 +22,7 @@ __all__ = [
     "exit_reason",
     "merge_conditions",
     "pod_phase",
+    "qos_class",
     "rfc3339",
 ]
 
@@ -152,3 +155,29 @@ def merge_conditions(
             entry["message"] = message
         result.append(entry)
     return result
+
+
+def qos_class(containers: Sequence[Mapping[str, Any]]) -> str:
+    """The pod's QoS class: Guaranteed when every container limits cpu and memory and requests
+    what it limits (a missing request is the limit), BestEffort when none asks for either,
+    Burstable otherwise."""
+    any_set = False
+    guaranteed = True
+    for container in containers:
+        resources = container.get("resources") or {}
+        limits = resources.get("limits") or {}
+        requests = {**limits, **(resources.get("requests") or {})}
+        for name in ("cpu", "memory"):
+            any_set = any_set or name in limits or name in requests
+            if name not in limits or not _same_quantity(requests.get(name), limits[name]):
+                guaranteed = False
+    if not any_set:
+        return "BestEffort"
+    return "Guaranteed" if guaranteed and containers else "Burstable"
+
+
+def _same_quantity(a: object, b: object) -> bool:
+    try:
+        return parse_quantity(a) == parse_quantity(b)
+    except QuantityError:
+        return str(a) == str(b)

@@ -163,11 +163,41 @@ def _same_topology(term: Mapping[str, Any], a: NodeView, b: NodeView) -> bool:
     return key in a.labels and key in b.labels and a.labels[key] == b.labels[key]
 
 
-def _inter_pod_problem(pod: Pod, node: NodeView, bound: Sequence[_Bound]) -> str:
+class _Occupancy:
+    """What the bound pods hold: per node the summed requests and pod count, and the pods an
+    inter-pod rule may concern. Built once per `plan`, updated as it places pods."""
+
+    def __init__(self, nodes: Sequence[NodeView], bound: Iterable[tuple[Pod, str]]) -> None:
+        self.by_name = {n.name: n for n in nodes}
+        self.used: dict[str, dict[str, Decimal]] = {n.name: {} for n in nodes}
+        self.count: dict[str, int] = {n.name: 0 for n in nodes}
+        self.bound: list[_Bound] = []
+        self.anti_holders: list[_Bound] = []  # bound pods with required anti-affinity
+        for pod, name in bound:
+            if name in self.by_name:
+                try:
+                    requests = pod_requests(pod)
+                except QuantityError:
+                    requests = {}  # a bound pod's bad quantities hold nothing (it was bound anyway)
+                self.add(pod, name, requests)
+
+    def add(self, pod: Pod, node: str, requests: Mapping[str, Decimal]) -> None:
+        used = self.used[node]
+        for name, amount in requests.items():
+            used[name] = used.get(name, Decimal(0)) + amount
+        self.count[node] += 1
+        entry = _Bound(pod, self.by_name[node])
+        self.bound.append(entry)
+        if _required_terms(pod, "podAntiAffinity"):
+            self.anti_holders.append(entry)
+
+
+def _inter_pod_problem(pod: Pod, node: NodeView, held: _Occupancy) -> str:
+    bound = held.bound
     for term in _required_terms(pod, "podAntiAffinity"):
         if any(_same_topology(term, node, b.node) and _term_selects(term, pod, b.pod) for b in bound):
             return _ANTI_AFFINITY
-    for b in bound:
+    for b in held.anti_holders:
         for term in _required_terms(b.pod, "podAntiAffinity"):
             if _same_topology(term, node, b.node) and _term_selects(term, b.pod, pod):
                 return _EXISTING_ANTI_AFFINITY
@@ -182,19 +212,7 @@ def _inter_pod_problem(pod: Pod, node: NodeView, bound: Sequence[_Bound]) -> str
     return ""
 
 
-def _used(node: NodeView, bound: Sequence[_Bound]) -> tuple[dict[str, Decimal], int]:
-    used: dict[str, Decimal] = {}
-    count = 0
-    for b in bound:
-        if b.node.name != node.name:
-            continue
-        count += 1
-        for name, amount in pod_requests(b.pod).items():
-            used[name] = used.get(name, Decimal(0)) + amount
-    return used, count
-
-
-def _problems(pod: Pod, requests: Mapping[str, Decimal], node: NodeView, bound: Sequence[_Bound]) -> list[str]:
+def _problems(pod: Pod, requests: Mapping[str, Decimal], node: NodeView, held: _Occupancy) -> list[str]:
     """Why `pod` cannot go to `node`, in kube-scheduler's filter order (empty: it can)."""
     if node.unschedulable:
         return [_UNSCHEDULABLE]
@@ -202,21 +220,21 @@ def _problems(pod: Pod, requests: Mapping[str, Decimal], node: NodeView, bound: 
         return [_UNREACHABLE]
     if not _matches_node_affinity(pod, node):
         return [_NODE_AFFINITY]
-    used, count = _used(node, bound)
+    used = held.used[node.name]
     short = []
-    if count + 1 > node.allocatable.get("pods", Decimal(110)):
+    if held.count[node.name] + 1 > node.allocatable.get("pods", Decimal(110)):
         short.append(_TOO_MANY_PODS)
     for name in sorted(requests):
         if requests[name] > 0 and used.get(name, Decimal(0)) + requests[name] > node.allocatable.get(name, Decimal(0)):
             short.append(f"Insufficient {name}")
     if short:
         return short
-    problem = _inter_pod_problem(pod, node, bound)
+    problem = _inter_pod_problem(pod, node, held)
     return [problem] if problem else []
 
 
-def _room_left(node: NodeView, requests: Mapping[str, Decimal], bound: Sequence[_Bound]) -> Decimal:
-    used, _ = _used(node, bound)
+def _room_left(node: NodeView, requests: Mapping[str, Decimal], held: _Occupancy) -> Decimal:
+    used = held.used[node.name]
     fractions = []
     for name in ("cpu", "memory"):
         allocatable = node.allocatable.get(name, Decimal(0))
@@ -225,30 +243,32 @@ def _room_left(node: NodeView, requests: Mapping[str, Decimal], bound: Sequence[
     return sum(fractions, Decimal(0)) / len(fractions) if fractions else Decimal(0)
 
 
-def place(pod: Pod, nodes: Sequence[NodeView], bound: Iterable[tuple[Pod, str]]) -> Placement:
-    """Where `pod` goes among `nodes`, given the pods already bound ((pod, node name) pairs of
-    pods that still hold their node), or why it cannot go anywhere (kube-scheduler's message)."""
-    by_name = {n.name: n for n in nodes}
-    placed = [_Bound(p, by_name[name]) for p, name in bound if name in by_name]
+def _place(pod: Pod, nodes: Sequence[NodeView], held: _Occupancy) -> tuple[Placement, Mapping[str, Decimal]]:
     if not nodes:
-        return Placement(None, "no nodes available to schedule pods")
+        return Placement(None, "no nodes available to schedule pods"), {}
     try:
         requests = pod_requests(pod)
     except QuantityError as e:
-        return Placement(None, f"0/{len(nodes)} nodes are available: the pod's resources are invalid: {e}.")
+        return Placement(None, f"0/{len(nodes)} nodes are available: the pod's resources are invalid: {e}."), {}
     feasible: list[NodeView] = []
     counts: dict[str, int] = {}
     for node in nodes:
-        problems = _problems(pod, requests, node, placed)
+        problems = _problems(pod, requests, node, held)
         if not problems:
             feasible.append(node)
         for problem in problems:
             counts[problem] = counts.get(problem, 0) + 1
     if not feasible:
         reasons = ", ".join(f"{counts[r]} {r}" for r in sorted(counts))
-        return Placement(None, f"0/{len(nodes)} nodes are available: {reasons}.")
-    best = min(feasible, key=lambda n: (-_room_left(n, requests, placed), n.name))
-    return Placement(best.name)
+        return Placement(None, f"0/{len(nodes)} nodes are available: {reasons}."), requests
+    best = min(feasible, key=lambda n: (-_room_left(n, requests, held), n.name))
+    return Placement(best.name), requests
+
+
+def place(pod: Pod, nodes: Sequence[NodeView], bound: Iterable[tuple[Pod, str]]) -> Placement:
+    """Where `pod` goes among `nodes`, given the pods already bound ((pod, node name) pairs of
+    pods that still hold their node), or why it cannot go anywhere (kube-scheduler's message)."""
+    return _place(pod, nodes, _Occupancy(nodes, bound))[0]
 
 
 def _order(pod: Pod) -> tuple[int, str, str, str]:
@@ -262,11 +282,11 @@ def plan(
 ) -> list[tuple[Pod, Placement]]:
     """Decisions for every pending pod, highest priority (then oldest) first; each placed pod
     counts against its node for the pods after it."""
-    placed = list(bound)
+    held = _Occupancy(nodes, bound)
     decisions = []
     for pod in sorted(pending, key=_order):
-        decision = place(pod, nodes, placed)
+        decision, requests = _place(pod, nodes, held)
         if decision.node is not None:
-            placed.append((pod, decision.node))
+            held.add(pod, decision.node, requests)
         decisions.append((pod, decision))
     return decisions

@@ -14,7 +14,7 @@ import json
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -86,6 +86,11 @@ class ApiServer:
         default_watch_timeout_s: how long a watch without `timeoutSeconds` streams before it ends
             cleanly (clients then resume from their last resourceVersion).
         idle_connection_timeout_s: how long a keep-alive connection may sit unused.
+
+    Attributes:
+        pod_logs: what answers `GET pods/<name>/log`: (namespace, pod, container or None) -> the
+            log text, raising KeyError for a container that never ran (a `Kubelet`'s `read_log`;
+            `KubeCluster` sets it). None: the subresource answers 404.
     """
 
     def __init__(
@@ -109,6 +114,7 @@ class ApiServer:
         self._watches: dict[Watch, bool] = {}  # open watch -> cut abruptly when stopped
         self._requests: list[ApiRequest] = []
         self._stopping = False
+        self.pod_logs: Callable[[str, str, str | None], str] | None = None
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -345,6 +351,7 @@ class _Handler(BaseHTTPRequestHandler):
             path=split.path,
             query=parse_qs(split.query, keep_blank_values=True),
             user_agent=self.headers.get("User-Agent", ""),
+            user=self._bearer(),
         )
         self._request, self._recorded = request, False
         try:
@@ -366,6 +373,10 @@ class _Handler(BaseHTTPRequestHandler):
             if not self._recorded:  # no answer was sent (a dropped connection)
                 self.api._record(request)
             self._request = None
+
+    def _bearer(self) -> str:
+        scheme, _, token = (self.headers.get("Authorization") or "").partition(" ")
+        return token.strip() if scheme.lower() == "bearer" else ""
 
     def _inject(self, request: ApiRequest, rule: FaultRule) -> None:
         if rule.code == 410 and request.is_watch:
@@ -479,8 +490,12 @@ class _Handler(BaseHTTPRequestHandler):
     def _serve(self, rt: ResourceType, request: ApiRequest) -> int:
         namespace = request.namespace or None
         status = request.subresource == "status"
-        if request.subresource not in ("", "status", "binding") or (status and not rt.has_status):
+        if request.subresource not in ("", "status", "binding", "log") or (status and not rt.has_status):
             raise ApiError(404, "NotFound", f"the server could not find the requested resource ({request.path})")
+        if request.subresource == "log":
+            if rt.group_resource != ("", "pods") or request.method != "GET":
+                raise ApiError(405, "MethodNotAllowed", "only GET pods/<name>/log is served")
+            return self._log(rt, request)
         if request.subresource == "binding":
             if rt.group_resource != ("", "pods") or request.method != "POST":
                 raise ApiError(405, "MethodNotAllowed", "only POST pods/<name>/binding is served")
@@ -591,6 +606,28 @@ class _Handler(BaseHTTPRequestHandler):
         # 202: deletion started but the object is still there (finalizers, a graceful pod).
         gone = not self.api.store.holds(rt, namespace, request.name, result["metadata"]["uid"])
         return self._answer(200 if gone else 202, result)
+
+    def _log(self, rt: ResourceType, request: ApiRequest) -> int:
+        self.api.store.get(rt, request.namespace or None, request.name)  # 404 for no such pod
+        reader = self.api.pod_logs
+        if reader is None:
+            raise ApiError(404, "NotFound", f"no kubelet serves the logs of pod {request.name}")
+        container = self._query(request, "container")
+        try:
+            text = reader(request.namespace, request.name, container)
+        except KeyError as e:
+            raise ApiError.bad_request(f"pod {request.name}: {e.args[0] if e.args else e}") from None
+        tail = self._int_query(request, "tailLines")
+        if tail is not None and tail >= 0:
+            lines = text.splitlines(keepends=True)
+            text = "".join(lines[len(lines) - tail :]) if tail else ""
+        data = text.encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+        return 200
 
     def _bind(self, rt: ResourceType, request: ApiRequest) -> int:
         body = self._read_body() or {}
