@@ -18,7 +18,6 @@ from dlrover.master.kube.names import (
     COMPONENT_MASTER,
     CRD_GROUP,
     CRD_KIND,
-    CRD_PLURAL,
     MASTER_PORT_NAME,
     TOKEN_SECRET_KEY,
     api_version,
@@ -27,6 +26,7 @@ from dlrover.master.kube.names import (
     token_secret_name,
 )
 from dlrover.master.operator.spec import GPU_RESOURCE, JobSpec, cpu_cores
+from dlrover.master.scheduler.kubernetes import VERBS_USED
 
 __all__ = [
     "APPLIED_SPEC_ANNOTATION",
@@ -72,13 +72,20 @@ class RoleRule:
         return {"apiGroups": [self.api_group], "resources": list(self.resources), "verbs": list(self.verbs)}
 
 
-MASTER_ROLE_RULES: tuple[RoleRule, ...] = (
-    RoleRule("", ("pods",), ("create", "delete", "list", "watch")),
-    RoleRule(CRD_GROUP, (CRD_PLURAL,), ("get",)),
-)
-"""Every verb the master's Kubernetes backend calls (`dlrover.master.scheduler.kubernetes`: it reads
-its ElasticJob once, lists and watches the job's worker pods, creates and deletes them), in its own
-namespace only: what its Role grants. A test compares it with the requests a master made."""
+def _rules(verbs_used: frozenset[tuple[str, str, str]]) -> tuple[RoleRule, ...]:
+    """One rule per (group, resource), its verbs sorted: the PolicyRules granting exactly `verbs_used`."""
+    by_resource: dict[tuple[str, str], set[str]] = {}
+    for group, resource, verb in verbs_used:
+        by_resource.setdefault((group, resource), set()).add(verb)
+    return tuple(
+        RoleRule(group, (resource,), tuple(sorted(verbs))) for (group, resource), verbs in sorted(by_resource.items())
+    )
+
+
+MASTER_ROLE_RULES: tuple[RoleRule, ...] = _rules(VERBS_USED)
+"""What the master's Role grants, in its job's namespace only: exactly the verbs the master's Kubernetes
+backend calls (`dlrover.master.scheduler.kubernetes.VERBS_USED`: it reads its ElasticJob, lists and watches
+the job's worker pods, creates and deletes them). A test compares it with the requests a master in a pod made."""
 
 
 @attrs.frozen
