@@ -56,6 +56,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.failures = 0
         self.restarts: dict[int, int] = {}
         self.relaunches = dict.fromkeys(range(MAX_NODES), 0)
+        self.disruption_relaunches = dict.fromkeys(range(MAX_NODES), 0)  # relaunches charged to no budget
         self.succeeded = False
         self.created = MAX_NODES
         self.low_since: float | None = None  # since when fewer than MIN_NODES run (model of the window rule)
@@ -134,6 +135,36 @@ class LifecycleMachine(RuleBasedStateMachine):
         if self.life.job_state is JobState.FAILED:
             assert decision.outcome == self.life.exit_reason
         self._account(node_id, decision.action)
+
+    @rule(rank=st.integers(0, MAX_NODES - 1), lose_host=st.booleans())
+    def disrupt(self, rank: int, lose_host: bool) -> None:
+        """The platform takes the node away (evicted, preempted, host lost): relaunched, no budget charged."""
+        node_id = self._current(rank)
+        node = self.life.node(node_id)
+        host = node.host or f"h{node_id}"
+        if self.life.job_state.finished or node.state not in ALIVE_STATES:
+            before = self.life.snapshot()
+            try:
+                self.life.node_disrupted(node_id, "Evicted", "the kubelet evicted it", self.now, host=host)
+            except LifecycleError:
+                pass
+            else:
+                raise AssertionError("a disruption of a finished node or job was accepted")
+            assert self.life.snapshot() == before
+            return
+        failures = self.life.job_failures
+        self.life.node_disrupted(node_id, "NodeLost", "the node stopped", self.now, host=host, avoid_host=lose_host)
+        assert self.life.job_failures == failures
+        if lose_host:
+            assert host in self.life.avoid_hosts
+        if self.succeeded:
+            assert self.life.node(node_id).state is NodeState.REMOVED
+            return
+        assert self.life.node(node_id).state is NodeState.RELAUNCHING
+        replacement = self.life.node(self._current(rank))
+        assert replacement.disruptions == node.disruptions + 1
+        self.disruption_relaunches[rank] += 1
+        self.created += 1
 
     @precondition(lambda self: not self.life.job_state.finished)
     @rule(rank=st.integers(0, MAX_NODES - 1))
@@ -252,7 +283,8 @@ class LifecycleMachine(RuleBasedStateMachine):
         assert self.life.job_failures <= MAX_FAILURES + 1
         for node in self.life.nodes().values():
             assert node.process_restarts <= MAX_RESTARTS
-            assert node.relaunch_count <= MAX_RELAUNCHES
+            # Disruptions (the platform's doing) are counted in relaunch_count but charged to no budget.
+            assert node.relaunch_count - node.disruptions <= MAX_RELAUNCHES
 
     @invariant()
     def ranks_are_stable_across_replacement(self) -> None:
@@ -302,7 +334,8 @@ class LifecycleMachine(RuleBasedStateMachine):
         assert len(self.life.nodes()) == self.created
         assert self.life.job_failures == self.failures
         for rank, count in self.relaunches.items():
-            assert sum(1 for n in self.life.nodes().values() if n.rank == rank) == count + 1
+            extra = self.disruption_relaunches[rank]
+            assert sum(1 for n in self.life.nodes().values() if n.rank == rank) == count + extra + 1
 
 
 LifecycleMachine.TestCase.settings = settings(LifecycleMachine.TestCase.settings, stateful_step_count=25)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -58,18 +60,63 @@ def local_backend(tmp_path: Path) -> LocalScheduler:
     return LocalScheduler([sys.executable, "-c", "import time; time.sleep(600)"], stop_grace_s=5.0)
 
 
-BACKENDS: dict[str, Callable[[Path], SchedulerBackend]] = {
-    "fake": lambda _p: FakeScheduler(),
-    "external": lambda _p: ExternalScheduler(),
-    "local": local_backend,
+REAL_CLUSTER_ENV_VAR = "DLROVER_TEST_KUBECONFIG"
+"""A kubeconfig: the kubernetes backend's contract also runs against that cluster (namespace
+`DLROVER_TEST_KUBE_NAMESPACE`, default `default`); skipped when unset."""
+
+
+def _kube_settings(namespace: str, kubeconfig: str | None = None) -> Any:
+    from dlrover.master.scheduler.kubernetes import KubernetesSettings
+
+    job = f"contract-{os.getpid()}-{time.monotonic_ns() % 10**6}"
+    return KubernetesSettings(namespace=namespace, job=job, master_address="127.0.0.1:1", kubeconfig=kubeconfig)
+
+
+_TEMPLATE = {"spec": {"containers": [{"name": "main", "image": "dlrover", "command": ["dlrover-run"]}]}}
+
+
+def kubernetes_backend(_tmp_path: Path, stack: contextlib.ExitStack) -> SchedulerBackend:
+    """Worker pods on the test API server (no kubelet runs them: they stay pending)."""
+    pytest.importorskip("kubernetes")
+    from dlrover_testsupport.kube import ApiServer
+    from kubernetes import client
+
+    from dlrover.master.scheduler.kubernetes import KubernetesScheduler, WorkerTemplate
+
+    server = stack.enter_context(ApiServer())
+    api = stack.enter_context(client.ApiClient(client.Configuration(host=server.url)))
+    return KubernetesScheduler(api, _kube_settings("default"), WorkerTemplate(_TEMPLATE))
+
+
+def real_kubernetes_backend(_tmp_path: Path, _stack: contextlib.ExitStack) -> SchedulerBackend:
+    """Worker pods on the cluster `DLROVER_TEST_KUBECONFIG` names (they may stay pending: the image is a stand-in)."""
+    kubeconfig = os.environ.get(REAL_CLUSTER_ENV_VAR)
+    if not kubeconfig:
+        pytest.skip(f"no real cluster: set {REAL_CLUSTER_ENV_VAR} to a kubeconfig to run the contract against one")
+    pytest.importorskip("kubernetes")
+    from dlrover.master.kube import load_api_client
+    from dlrover.master.scheduler.kubernetes import KubernetesScheduler, WorkerTemplate
+
+    namespace = os.environ.get("DLROVER_TEST_KUBE_NAMESPACE", "default")
+    api = load_api_client(kubeconfig)
+    return KubernetesScheduler(api, _kube_settings(namespace, kubeconfig), WorkerTemplate(_TEMPLATE), owns_client=True)
+
+
+BACKENDS: dict[str, Callable[[Path, contextlib.ExitStack], SchedulerBackend]] = {
+    "fake": lambda _p, _s: FakeScheduler(),
+    "external": lambda _p, _s: ExternalScheduler(),
+    "local": lambda p, _s: local_backend(p),
+    "kubernetes": kubernetes_backend,
+    "kubernetes-real-cluster": real_kubernetes_backend,
 }
 
 
 @pytest.fixture(params=sorted(BACKENDS))
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[SchedulerBackend]:
-    b = BACKENDS[request.param](tmp_path)
-    yield b
-    b.close()
+    with contextlib.ExitStack() as stack:
+        b = BACKENDS[request.param](tmp_path, stack)
+        yield b
+        b.close()
 
 
 def spec(node_id: int) -> NodeSpec:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import shlex
 import signal
 import sys
@@ -51,6 +52,7 @@ from dlrover.master.config import (
 from dlrover.master.eventlog import event_to_dict, read_event_log
 from dlrover.master.factory import create_master
 from dlrover.master.journal import JournaledEvent
+from dlrover.master.kube.watch import WatchSettings
 from dlrover.master.plan_resume import journaled_plan
 from dlrover.master.profiles import (
     PROFILE_STORE_ENV_VAR,
@@ -61,6 +63,7 @@ from dlrover.master.profiles import (
 )
 from dlrover.master.resource_flags import add_resource_flags, lifecycle_resources
 from dlrover.master.runtime import MasterRuntime
+from dlrover.master.scheduler.kubernetes.settings import KubernetesSettings
 from dlrover.master.scheduler.local import parse_slots
 from dlrover.master.states import JobState
 from dlrover.master.status import format_status
@@ -72,6 +75,8 @@ _T = TypeVar("_T")
 
 _log = logging.getLogger("dlrover.master")
 
+_DEFAULT_JOB_NAME = "dlrover-job"
+
 EXIT_CODES = {JobState.SUCCEEDED: 0, JobState.FAILED: 1, JobState.STOPPED: 3, JobState.RUNNING: 1}
 
 
@@ -79,7 +84,7 @@ def _run_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="dlrover-master", description="Run a DLRover job master.", formatter_class=DefaultsHelpFormatter
     )
-    p.add_argument("--job-name", default="dlrover-job", help="the job's name, in events and status")
+    p.add_argument("--job-name", default=_DEFAULT_JOB_NAME, help="the job's name, in events and status")
     p.add_argument("--bind-address", default="127.0.0.1", help="interface to listen on (0.0.0.0: all)")
     p.add_argument("--port", type=int, default=0, help="gRPC port; 0 picks a free one")
     p.add_argument("--token", default=None, help="the job token (prefer --token-file)")
@@ -149,7 +154,8 @@ def _run_parser() -> argparse.ArgumentParser:
         "--node-stop-grace-s",
         type=float,
         default=30.0,
-        help="seconds a node the master stops gets between SIGTERM and SIGKILL (local backend); above the agents' "
+        help="seconds a node the master stops gets between SIGTERM and SIGKILL (local backend; the kubernetes "
+        "backend's pod deletion grace); above the agents' "
         "--round-save-timeout plus --shutdown-grace, so a leaving node saves and stops its workers in time",
     )
     p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on this port")
@@ -229,9 +235,8 @@ def _run_parser() -> argparse.ArgumentParser:
         default="report",
         help="report: an event and a warning; replace: also relaunch the straggler's node where the backend can",
     )
-    _add_autoscale_flags(p)
-    add_resource_flags(p)
-    _add_profile_flags(p)
+    for add_flags in (_add_autoscale_flags, add_resource_flags, _add_profile_flags, _add_kubernetes_flags):
+        add_flags(p)
     p.add_argument(
         "--samples-rate-window-s",
         type=float,
@@ -358,6 +363,85 @@ def _client(args: argparse.Namespace) -> MasterClient:
     return MasterClient(args.master, token, channel_config=channel_config, policy=policy)
 
 
+def _add_kubernetes_flags(p: argparse.ArgumentParser) -> None:
+    """The kubernetes backend: which ElasticJob, how to reach the API server, its timeouts."""
+    g = p.add_argument_group("kubernetes backend (--backend kubernetes)")
+    g.add_argument("--kube-namespace", default=None, help="the ElasticJob's namespace (required)")
+    g.add_argument("--kube-job", default=None, help="the ElasticJob's name (required; also the job name by default)")
+    g.add_argument(
+        "--kubeconfig",
+        default=None,
+        help="kubeconfig file (default: the pod's service account inside a pod, else $KUBECONFIG or ~/.kube/config)",
+    )
+    g.add_argument(
+        "--kube-master-address",
+        default=None,
+        help="host:port workers dial (default: the master Service <job>-master.<namespace>.svc:<port>)",
+    )
+    g.add_argument(
+        "--kube-watch-timeout-s",
+        type=float,
+        default=60.0,
+        help="each pod watch request lasts this long, then resumes from its last resourceVersion",
+    )
+    g.add_argument(
+        "--kube-request-timeout-s",
+        type=float,
+        default=30.0,
+        help="connect timeout of every API request and read timeout of a list",
+    )
+    g.add_argument("--kube-backoff-initial-s", type=float, default=0.2, help="first wait after a failed API request")
+    g.add_argument("--kube-backoff-max-s", type=float, default=10.0, help="the longest wait between retries (the cap)")
+    g.add_argument(
+        "--kube-sync-timeout-s", type=float, default=30.0, help="how long the start waits for the first list of pods"
+    )
+    g.add_argument(
+        "--kube-request-retries",
+        type=int,
+        default=3,
+        help="retries of a pod create or delete answered 429, 5xx or cut, before the launch fails",
+    )
+    g.add_argument(
+        "--kube-node-state-mb",
+        type=int,
+        default=0,
+        help="one snapshot of a node's training state in MiB: /dev/shm is twice this, added to the pod's memory "
+        "(0: a quarter of --node-memory)",
+    )
+    g.add_argument("--kube-gpu-resource", default="nvidia.com/gpu", help="the resource a node's GPUs are asked as")
+    g.add_argument(
+        "--kube-gpu-type-label",
+        default="nvidia.com/gpu.product",
+        help="the node label --node-gpu-type is matched against (nodeSelector)",
+    )
+
+
+def _kubernetes_settings(args: argparse.Namespace) -> KubernetesSettings | None:
+    """The kubernetes backend's settings from its flags; None for another backend given none of them."""
+    if args.backend != "kubernetes" and args.kube_namespace is None and args.kube_job is None:
+        return None
+    if not args.kube_namespace or not args.kube_job:
+        raise ConfigError("--backend kubernetes needs --kube-namespace and --kube-job (the ElasticJob it runs)")
+    return KubernetesSettings(
+        namespace=args.kube_namespace,
+        job=args.kube_job,
+        kubeconfig=args.kubeconfig,
+        master_address=args.kube_master_address,
+        watch=WatchSettings(
+            watch_timeout_s=args.kube_watch_timeout_s,
+            request_timeout_s=args.kube_request_timeout_s,
+            backoff_initial_s=args.kube_backoff_initial_s,
+            backoff_max_s=args.kube_backoff_max_s,
+        ),
+        sync_timeout_s=args.kube_sync_timeout_s,
+        pod_deletion_grace_s=math.ceil(args.node_stop_grace_s),
+        request_retries=args.kube_request_retries,
+        node_state_mb=args.kube_node_state_mb,
+        gpu_resource=args.kube_gpu_resource,
+        gpu_type_label=args.kube_gpu_type_label,
+    )
+
+
 def _add_replacement_flags(p: argparse.ArgumentParser) -> None:
     """How nodes are replaced: relaunches per rank, and the warm spares that take a relaunched node's rank."""
     p.add_argument("--max-relaunches", type=int, default=3, help="relaunches of each rank's node")
@@ -433,8 +517,13 @@ def build_config(args: argparse.Namespace) -> MasterConfig:
         node_pending_timeout_s=args.node_pending_timeout_s or None,
         spare_nodes=args.spare_nodes,
     )
+    kubernetes = _kubernetes_settings(args)
+    job_name = args.job_name
+    if kubernetes is not None and job_name == _DEFAULT_JOB_NAME:
+        job_name = kubernetes.job  # the ElasticJob names the job
     return MasterConfig(
-        job_name=args.job_name,
+        job_name=job_name,
+        kubernetes=kubernetes,
         lifecycle=lifecycle,
         bind_address=args.bind_address,
         port=args.port,

@@ -16,6 +16,7 @@ from dlrover.rendezvous import RendezvousConfig
 
 if TYPE_CHECKING:
     from dlrover.master.profiles import JobPlanChoice
+    from dlrover.master.scheduler.kubernetes.settings import KubernetesSettings
 
 __all__ = [
     "BACKENDS",
@@ -28,7 +29,7 @@ __all__ = [
     "parse_node_range",
 ]
 
-BACKENDS = ("local", "external")
+BACKENDS = ("local", "external", "kubernetes")
 FAILURE_POLICIES = ("diagnosis", "default")
 STRAGGLER_ACTIONS = ("report", "replace")
 
@@ -186,7 +187,8 @@ class MasterConfig:
         max_message_bytes: largest request the server accepts.
         max_workers: threads serving RPCs.
         state_dir: where the journal (and a generated token) live; None keeps state in memory only.
-        backend: `local` (agents as subprocesses) or `external` (agents register themselves).
+        backend: `local` (agents as subprocesses), `external` (agents register themselves) or
+            `kubernetes` (worker pods of an ElasticJob; needs `kubernetes`).
         agent_command: the command the local backend runs per node (argv list).
         heartbeat_interval_s: how often agents are told to heartbeat.
         tick_interval_s: how often the master checks timeouts and the scheduler.
@@ -240,6 +242,8 @@ class MasterConfig:
         job_kind: a tag saying which earlier jobs are like this one (similarity of profiles); "" for none.
         initial_plan: where the node counts and resources came from (`dlrover.master.profiles.plan_job`); the
             master announces it at start. None: nothing was planned.
+        kubernetes: the Kubernetes backend's namespace, ElasticJob, kubeconfig and timeouts
+            (`dlrover.master.scheduler.kubernetes.KubernetesSettings`); only with backend `kubernetes`.
     """
 
     job_name: str = "dlrover-job"
@@ -281,6 +285,20 @@ class MasterConfig:
     profile_store: str | None = None
     job_kind: str = ""
     initial_plan: JobPlanChoice | None = None
+    kubernetes: KubernetesSettings | None = None
+
+    def _check_kubernetes(self) -> None:
+        if self.backend == "kubernetes" and self.kubernetes is None:
+            raise ConfigError(
+                "the kubernetes backend needs its namespace and ElasticJob (--kube-namespace, --kube-job)"
+            )
+        if self.backend != "kubernetes" and self.kubernetes is not None:
+            raise ConfigError(f"Kubernetes settings are for the kubernetes backend, not the {self.backend} backend")
+        if self.kubernetes is not None:
+            from dlrover.master.scheduler.kubernetes.settings import KubernetesSettings
+
+            if not isinstance(self.kubernetes, KubernetesSettings):
+                raise ConfigError(f"kubernetes must be a KubernetesSettings, got {self.kubernetes!r}")
 
     def __attrs_post_init__(self) -> None:
         if not isinstance(self.autoscale, AutoscalerConfig):
@@ -297,6 +315,7 @@ class MasterConfig:
             raise ConfigError(f"metrics_port must be in 0..65535, got {self.metrics_port!r}")
         if self.backend not in BACKENDS:
             raise ConfigError(f"backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
+        self._check_kubernetes()
         if self.backend != "local" and (self.local_slots is not None or self.capacity_file is not None):
             raise ConfigError(
                 f"a capacity in slots (local_slots {self.local_slots!r}, capacity_file {self.capacity_file!r}) is "

@@ -94,6 +94,11 @@ def resolve_node_secret(config: MasterConfig) -> str:
 def _scheduler(config: MasterConfig) -> SchedulerBackend:
     if config.backend == "external":
         return ExternalScheduler()
+    if config.backend == "kubernetes" and config.kubernetes is not None:
+        # Lazily: the official client is the `k8s` extra. Reads the ElasticJob and lists its pods.
+        from dlrover.master.scheduler.kubernetes import KubernetesScheduler
+
+        return KubernetesScheduler.from_cluster(config.kubernetes)
     if not config.agent_command:
         raise ConfigError("the local backend needs agent_command (the agent to run per node)")
     log_dir = Path(config.state_dir) / "logs" if config.state_dir else None

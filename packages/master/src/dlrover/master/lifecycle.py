@@ -173,6 +173,9 @@ class JobLifecycle:
         self._target = config.nodes.max_nodes
         self._wanted = config.nodes.max_nodes
         self._pending_announced: set[int] = set()
+        # node id -> why the platform keeps it pending (an unschedulable pod's message), as last observed.
+        # Not journaled: an observation, renewed at every tick.
+        self._pending_reasons: dict[int, str] = {}
         self._planned_round: dict[int, int] = {}  # node id -> the action restarting it for a planned round
         self._spare_failures = 0  # spares lost: bounds how often a lost spare is replaced
         # node id -> when its processes were last told to restart for a failure. Not journaled: after a
@@ -808,6 +811,58 @@ class JobLifecycle:
             return self._lose_spare(node, kind, _clip(evidence), now)
         return self._fail(node, kind, _clip(evidence), now, exit_code, observed=True)
 
+    def node_disrupted(
+        self, node_id: int, reason: str, evidence: str, now: float, *, host: str = "", avoid_host: bool = False
+    ) -> Outcome:
+        """The platform took the node away (evicted, preempted, its host lost): not the job's fault.
+
+        No policy is asked and no budget is charged: the node fails and its rank is relaunched (a ready
+        warm spare first) without counting against `max_job_failures` or the rank's `max_relaunches`
+        (`NodeRecord.disruptions`). With `avoid_host`, `host` (where the backend saw it run) is avoided
+        from now on, so the relaunch lands elsewhere (a lost host). A spare is let go without counting
+        as a spare loss; `keep_spares` replaces it. A job that is finishing (a node succeeded) cannot
+        take a replacement: the node leaves, as for a failure.
+
+        Args:
+            node_id: the node.
+            reason: the platform's word (`Evicted`, `Preempted`, `NodeLost`, ...).
+            evidence: what the platform said, for the event and the node's `last_failure`.
+            now: monotonic seconds.
+            host: the host it ran on, as the backend saw it.
+            avoid_host: avoid `host` from now on.
+
+        Raises:
+            JobFinishedError, UnknownNodeError, NodeStateError: nothing changed.
+        """
+        self._refuse_if_finished()
+        node = self.node(node_id)
+        if node.state not in ALIVE_STATES:
+            raise NodeStateError(f"node {node_id} is {node.state.value}; it cannot be disrupted")
+        headline = one_line_summary(evidence) if evidence else reason
+        message = (
+            f"node {node_id} (rank {node.rank}) was taken away by the platform ({reason}: {headline}); "
+            "it is not the job's fault and counts against no budget"
+        )
+        out = Outcome()
+        if avoid_host and host:
+            out = out.merge(self.mark_host_unhealthy(host, f"{reason} on node {node_id}"))
+        node = attrs.evolve(node, last_failure=_clip(f"{reason}: {evidence}"))
+        self._nodes[node_id] = node
+        data = {"reason": reason, "evidence": _clip(evidence), "host": host, "host_avoided": avoid_host and bool(host)}
+        ev = Event("disruption", message, node_id, None if node.spare else node.rank, data)
+        out = out.merge(self._move(node, NodeState.FAILED, f"disruption: {reason}", now))
+        self._actions.pop(node_id, None)
+        out = out.merge(Outcome(effects=(StopNode(node_id, message),), events=(ev,), job_changed=True))
+        if node.spare:
+            return out
+        failed = self._nodes[node_id]
+        if self.count(NodeState.SUCCEEDED):
+            gone = f"{message}; but workers have already succeeded: the node is not relaunched"
+            out = out.merge(self._move(failed, NodeState.REMOVED, gone, now))
+            return out.merge(self._check_nodes(now, cause=gone))
+        out = out.merge(self._relaunch(failed, LOST_NODE_KIND, message, None, now, disrupted=True))
+        return out.merge(self._check_nodes(now, cause=message))
+
     def report_success(self, node_id: int, now: float) -> Outcome:
         """The node's training processes finished successfully.
 
@@ -829,8 +884,14 @@ class JobLifecycle:
         ev = Event("host_avoided", f"host {host!r} avoided: {reason}", data={"host": host})
         return Outcome(events=(ev,), job_changed=True)
 
-    def tick(self, now: float) -> Outcome:
-        """Handle heartbeat and start timeouts, and the insufficient-nodes window."""
+    def tick(self, now: float, *, pending_reasons: Mapping[int, str] | None = None) -> Outcome:
+        """Handle heartbeat and start timeouts, and the insufficient-nodes window.
+
+        `pending_reasons`: why the backend keeps nodes pending (by node id, e.g. an unschedulable pod's
+        message), as observed now; the nodes-pending event and an insufficient-nodes stop name them.
+        """
+        if pending_reasons is not None:
+            self._pending_reasons = {nid: _clip(why) for nid, why in pending_reasons.items() if why}
         if self._job_state.finished:
             return Outcome()
         out = Outcome()
@@ -880,15 +941,18 @@ class JobLifecycle:
                 f"{self._config.insufficient_nodes_window_s:g}s"
             )
         ids = ", ".join(f"{n.node_id} (rank {n.rank})" for n in late)
+        reasons = {n.node_id: self._pending_reasons[n.node_id] for n in late if n.node_id in self._pending_reasons}
+        why = "".join(f"; node {nid}: {one_line_summary(text)}" for nid, text in sorted(reasons.items()))
         ev = Event(
             "nodes_pending",
             f"node(s) {ids} still not running after {timeout:g}s (node_pending_timeout_s): {goes_on}; "
-            "they join at a later round if they start",
+            f"they join at a later round if they start{why}",
             data={
                 "nodes": [n.node_id for n in late],
                 "running": running,
                 "min_nodes": minimum,
                 "timeout_s": timeout,
+                "reasons": {str(nid): text for nid, text in sorted(reasons.items())},
             },
         )
         return Outcome(events=(ev,))
@@ -1181,8 +1245,10 @@ class JobLifecycle:
         agent_exits: bool,
     ) -> Failure:
         """The failure with every fact the policy decides on (see `Failure`)."""
+        # Incarnations the platform took away (`node_disrupted`) are not the rank's failures.
+        charged = max(0, node.relaunch_count - node.disruptions)
         relaunches = RelaunchBudget(
-            min(node.relaunch_count, self._config.max_relaunches), self._config.max_relaunches, "max_relaunches"
+            min(charged, self._config.max_relaunches), self._config.max_relaunches, "max_relaunches"
         )
         return Failure(
             node,
@@ -1315,10 +1381,18 @@ class JobLifecycle:
         return decision, out
 
     def _relaunch(
-        self, node: NodeRecord, kind: FailureKind, reason: str, relaunch_with: Resources | None, now: float
+        self,
+        node: NodeRecord,
+        kind: FailureKind,
+        reason: str,
+        relaunch_with: Resources | None,
+        now: float,
+        *,
+        disrupted: bool = False,
     ) -> Outcome:
         """Replace the failed `node` in its rank: by a ready warm spare, else by a new node launched with
-        `relaunch_with` (as `node` was launched when None)."""
+        `relaunch_with` (as `node` was launched when None). `disrupted`: the platform took `node` away, so
+        this relaunch is not charged to the rank (`NodeRecord.disruptions`)."""
         out = self._move(node, NodeState.RELAUNCHING, reason, now)
         # A spare stands in only with the resources the rank needs: a node grown after a host
         # OOM must not fall back to the group's base memory because it failed for another reason.
@@ -1347,6 +1421,8 @@ class JobLifecycle:
             )
         new_id = self._current[node.rank]
         self._nodes[node.node_id] = attrs.evolve(self._nodes[node.node_id], replaced_by=new_id)
+        if node.disruptions or disrupted:
+            self._nodes[new_id] = attrs.evolve(self._nodes[new_id], disruptions=node.disruptions + int(disrupted))
         if spare is not None:
             replaced = f"replaced by spare node {new_id}"
         elif self._scheduler_relaunches:
@@ -1458,9 +1534,15 @@ class JobLifecycle:
         waited = now - self._insufficient_since
         if waited < self._config.insufficient_nodes_window_s:
             return Outcome()
+        pending = sorted(
+            (n.node_id, self._pending_reasons[n.node_id])
+            for n in self._alive()
+            if n.state in (NodeState.PENDING, NodeState.STARTING) and n.node_id in self._pending_reasons
+        )
+        why = "".join(f"; node {nid} pending: {one_line_summary(text)}" for nid, text in pending)
         return self.stop(
             f"insufficient nodes: {running} running < min_nodes {minimum} for {waited:.1f}s "
-            f"(window {self._config.insufficient_nodes_window_s:g}s)",
+            f"(window {self._config.insufficient_nodes_window_s:g}s){why}",
             now,
             state=JobState.FAILED,
         )

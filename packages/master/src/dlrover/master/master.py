@@ -67,10 +67,14 @@ from dlrover.master.resize import (
     ResizeSource,
 )
 from dlrover.master.scheduler.base import (
+    REASON_NODE_LOST,
+    REASON_OOM_KILLED,
     AdjustableCapacity,
     NodeMemoryRecords,
+    NodePlacement,
     NodeShapeLimit,
     NodeSpec,
+    ObservedNode,
     ObservedState,
     SchedulerBackend,
     SchedulerError,
@@ -745,6 +749,19 @@ class Master:
         )
         return line, record.oom_kills
 
+    @staticmethod
+    def _platform_oom_evidence(observed: ObservedNode) -> tuple[str, int]:
+        """A `MEMORY_RECORD` line when the platform says the node's container was OOM-killed (Kubernetes'
+        `OOMKilled`: the kernel's OOM killer ended it at its memory limit), so the node is decided as host
+        OOM and relaunched with more memory, as for the local backend's cgroup record; else empty."""
+        if observed.reason != REASON_OOM_KILLED:
+            return "", 0
+        line = (
+            f"{MEMORY_RECORD}: the platform reports the node's container {REASON_OOM_KILLED} (exit code "
+            f"{observed.exit_code}): the kernel's OOM killer ended it at its memory limit"
+        )
+        return line, 0
+
     def _memory_evidence_used(self, node_id: int, kills: int) -> tuple[OomEvidenceLedger, dict[str, Blob]]:
         """The ledger once the failure holding the node's OOM count up to `kills` is journaled, and
         the blob to journal with that failure (none when nothing new is used): later failures need
@@ -949,11 +966,14 @@ class Master:
         max_process_restarts: int | None = None,
     ) -> NodeRecord:
         """An agent registers; see `JobLifecycle.register` (`max_process_restarts`: the restarts
-        the agent allows, its ``--max-restarts``, when it said).
+        the agent allows, its ``--max-restarts``, when it said). Where the backend knows the host it placed
+        the node on (`NodePlacement`), that host is recorded in place of the agent's `host`.
 
         Raises:
             LifecycleError: refused; nothing changed.
         """
+        if node_id is not None and isinstance(self._scheduler, NodePlacement):
+            host = self._scheduler.placed_host(node_id) or host
         with self._lock:
             return self._transact(
                 lambda: self._lifecycle.register(
@@ -1261,9 +1281,9 @@ class Master:
     def tick(self) -> None:
         """Observe the scheduler, handle timeouts, journal collaborators, refresh metrics."""
         with self._lock:
-            self._observe_scheduler()
+            pending_reasons = self._observe_scheduler()
             now = self._clock.now()
-            self._transact(lambda: self._just(self._lifecycle.tick(now)))
+            self._transact(lambda: self._just(self._lifecycle.tick(now, pending_reasons=pending_reasons)))
             self._follow_capacity()
             self._keep_spares(now)
             self._autoscale(now)
@@ -1278,15 +1298,23 @@ class Master:
             if self._lifecycle.job_state.finished:
                 self._record_profile()
 
-    def _observe_scheduler(self) -> None:
+    def _observe_scheduler(self) -> dict[int, str]:
+        """Handle what changed in the backend's view; returns why nodes are pending (an unschedulable
+        pod's message, by node id), for the lifecycle's pending announcement."""
+        pending: dict[int, str] = {}
         for node_id, seen in self._scheduler.observe().items():
+            if seen.state is ObservedState.PENDING and seen.reason:
+                pending[node_id] = seen.evidence or seen.reason
             if self._observed.get(node_id) is seen.state:
                 continue
-            self._observe_node(node_id, seen.state, seen.exit_code)
+            self._observe_node(node_id, seen.state, seen.exit_code, observed=seen)
             # Marked seen only once handled: an observation whose journal write failed comes again.
             self._observed[node_id] = seen.state
+        return pending
 
-    def _observe_node(self, node_id: int, seen: ObservedState, exit_code: int | None) -> None:
+    def _observe_node(
+        self, node_id: int, seen: ObservedState, exit_code: int | None, *, observed: ObservedNode | None = None
+    ) -> None:
         try:
             node = self._lifecycle.node(node_id)
         except LifecycleError:
@@ -1298,10 +1326,25 @@ class Master:
             self._transact(lambda: self._just(self._lifecycle.node_started(node_id, now)))
         elif seen is ObservedState.SUCCEEDED and node.state is NodeState.RUNNING and not node.spare:
             self._transact(lambda: self._just(self._lifecycle.report_success(node_id, now)))
+        elif seen is ObservedState.FAILED and observed is not None and observed.disruption:
+            # Taken away by the platform (evicted, preempted, its host lost): relaunched, no budget charged;
+            # a lost host is avoided, so the relaunch lands elsewhere.
+            avoid = observed.reason == REASON_NODE_LOST
+            self._transact(
+                lambda: self._just(
+                    self._lifecycle.node_disrupted(
+                        node_id, observed.reason, observed.evidence, now, host=observed.host, avoid_host=avoid
+                    )
+                )
+            )
         elif seen in (ObservedState.SUCCEEDED, ObservedState.FAILED, ObservedState.STOPPED):
             # (A spare trains nothing: whatever its agent's status, it is lost.)
             evidence = f"the agent exited with status {exit_code} ({seen.value})"
-            record, kills = self._memory_evidence(node_id)
+            if observed is not None and observed.evidence:
+                evidence = f"{evidence}\n{observed.evidence}"
+            record, kills = self._platform_oom_evidence(observed) if observed is not None else ("", 0)
+            if not record:
+                record, kills = self._memory_evidence(node_id)
             # The kernel's record says why the node went: it is decided as host OOM, not as a lost node.
             kind = OOM_RECORD_KIND if record else LOST_NODE_KIND
             evidence = f"{evidence}\n{record}" if record else evidence

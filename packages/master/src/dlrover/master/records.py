@@ -74,6 +74,8 @@ class NodeRecord:
             OOM has more memory than the one it replaced.
         spare: a warm spare (`LifecycleConfig.spare_nodes`): it holds no rank (`rank` is -1) until it
             takes over the rank of a node the master relaunches; then it is an ordinary node.
+        disruptions: how many of the incarnations before this one the platform took away (evicted,
+            preempted, their host lost): counted in `relaunch_count` but not charged to `max_relaunches`.
     """
 
     node_id: int
@@ -96,6 +98,7 @@ class NodeRecord:
     role: Role = Role.WORKER
     resources: Resources | None = None
     spare: bool = False
+    disruptions: int = 0
 
 
 @attrs.frozen

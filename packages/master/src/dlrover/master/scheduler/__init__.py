@@ -1,9 +1,17 @@
 """Scheduler backends: one Protocol, a fake, the local and the external backend."""
 
 from dlrover.master.scheduler.base import (
+    REASON_DEADLINE_EXCEEDED,
+    REASON_DELETED,
+    REASON_EVICTED,
+    REASON_NODE_LOST,
+    REASON_OOM_KILLED,
+    REASON_PREEMPTED,
+    REASON_UNSCHEDULABLE,
     AdjustableCapacity,
     MemoryRecord,
     NodeMemoryRecords,
+    NodePlacement,
     NodeShapeLimit,
     NodeSpec,
     ObservedNode,
@@ -25,6 +33,13 @@ from dlrover.master.scheduler.fake import FakeScheduler
 from dlrover.master.scheduler.local import LocalScheduler, parse_slots
 
 __all__ = [
+    "REASON_DEADLINE_EXCEEDED",
+    "REASON_DELETED",
+    "REASON_EVICTED",
+    "REASON_NODE_LOST",
+    "REASON_OOM_KILLED",
+    "REASON_PREEMPTED",
+    "REASON_UNSCHEDULABLE",
     "CgroupMemoryGroups",
     "AdjustableCapacity",
     "ExternalScheduler",
@@ -35,6 +50,7 @@ __all__ = [
     "MemoryGroups",
     "MemoryRecord",
     "NodeMemoryRecords",
+    "NodePlacement",
     "NodeShapeLimit",
     "NodeSpec",
     "ObservedNode",

@@ -17,9 +17,17 @@ from dlrover.autoscale import Resources, Role
 from dlrover.common import ConfigError, DLRoverError
 
 __all__ = [
+    "REASON_DEADLINE_EXCEEDED",
+    "REASON_DELETED",
+    "REASON_EVICTED",
+    "REASON_NODE_LOST",
+    "REASON_OOM_KILLED",
+    "REASON_PREEMPTED",
+    "REASON_UNSCHEDULABLE",
     "AdjustableCapacity",
     "MemoryRecord",
     "NodeMemoryRecords",
+    "NodePlacement",
     "NodeShapeLimit",
     "NodeSpec",
     "ObservedNode",
@@ -77,6 +85,24 @@ class ObservedState(enum.StrEnum):
     """Stopped because the master asked."""
 
 
+# The platform's words a backend puts in `ObservedNode.reason` that the master acts on (a backend may report
+# others, e.g. a container's own terminated or waiting reason: they are evidence only).
+REASON_OOM_KILLED = "OOMKilled"
+"""The kernel's OOM killer ended the node at its memory limit: decided as host OOM (more memory next time)."""
+REASON_EVICTED = "Evicted"
+"""The platform evicted the node (node pressure, the eviction API): a disruption."""
+REASON_PREEMPTED = "Preempted"
+"""The platform's scheduler took the node's place for another: a disruption."""
+REASON_NODE_LOST = "NodeLost"
+"""The host stopped answering: a disruption, and the relaunch avoids that host."""
+REASON_DEADLINE_EXCEEDED = "DeadlineExceeded"
+"""The node ran past its own deadline (a pod's activeDeadlineSeconds): the job's limit, charged."""
+REASON_UNSCHEDULABLE = "Unschedulable"
+"""The node cannot be placed (pending): the evidence carries the scheduler's message."""
+REASON_DELETED = "Deleted"
+"""Someone other than the master removed the node, for no reason it shows: a disruption."""
+
+
 @attrs.frozen
 class ObservedNode:
     """One node as a backend sees it.
@@ -86,12 +112,20 @@ class ObservedNode:
         state: what the backend sees.
         exit_code: the exit status once it ended (negative: killed by that signal).
         host: where it runs, if the backend knows.
+        reason: the platform's word for why it ended or waits (`OOMKilled`, `Evicted`, `Preempted`,
+            `NodeLost`, `DeadlineExceeded`, `Unschedulable`, ...); empty when it has none.
+        evidence: lines for the diagnosis: what the platform said (messages, exit codes, conditions).
+        disruption: the platform took the node away (evicted, preempted, its host lost): not the job's
+            fault, so it is relaunched without charging the failure budget.
     """
 
     node_id: int
     state: ObservedState
     exit_code: int | None = None
     host: str = ""
+    reason: str = ""
+    evidence: str = ""
+    disruption: bool = False
 
 
 @runtime_checkable
@@ -172,6 +206,20 @@ class NodeMemoryRecords(Protocol):
 
     def memory_record(self, node_id: int) -> MemoryRecord | None:
         """The node's limit and OOM kill count; None for a node launched without a limit."""
+        ...
+
+
+@runtime_checkable
+class NodePlacement(Protocol):
+    """A backend that knows which host it placed each node on (the Kubernetes backend: the pod's node).
+
+    The master records that host for a registering node in place of the name its agent reports (inside a
+    pod that is the pod's own host name), so a host avoided after a hardware fault or a straggler is one
+    the backend can keep the relaunch off.
+    """
+
+    def placed_host(self, node_id: int) -> str:
+        """The host the node runs on; "" when not known (yet)."""
         ...
 
 

@@ -61,10 +61,21 @@ class FakeScheduler:
         with self._lock:
             return dict(self._nodes)
 
-    def set_state(self, node_id: int, state: ObservedState, exit_code: int | None = None, host: str = "") -> None:
-        """Play the cluster: the node is now in `state`."""
+    def set_state(
+        self,
+        node_id: int,
+        state: ObservedState,
+        exit_code: int | None = None,
+        host: str = "",
+        *,
+        reason: str = "",
+        evidence: str = "",
+        disruption: bool = False,
+    ) -> None:
+        """Play the cluster: the node is now in `state` (with the platform's `reason`, `evidence` and
+        whether it was a `disruption`, as `ObservedNode` has them)."""
         with self._lock:
-            self._nodes[node_id] = ObservedNode(node_id, state, exit_code, host)
+            self._nodes[node_id] = ObservedNode(node_id, state, exit_code, host, reason, evidence, disruption)
 
     def close(self) -> None:
         """Stop every node still pending or running."""

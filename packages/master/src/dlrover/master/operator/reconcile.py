@@ -1,0 +1,544 @@
+"""The operator's decision: a pure function of (an ElasticJob, what is observed) to writes and a reason.
+
+`reconcile` is level-triggered: it compares what the job asks for with what exists and returns the
+few writes that close the gap, plus the status the job should show. Calling it again on the same
+inputs after its writes were made returns no writes, so a missed or repeated event changes nothing.
+It never reads a clock (`now` comes in), never makes a token (`new_token` comes in) and does no I/O;
+`dlrover.master.operator.controller` feeds it and carries out its answer.
+
+The rules, in order:
+
+1. A job being deleted: nothing (ownership deletes what it owns).
+2. A job that ended (the master said so, or exited 0, 1 or 3): nothing is recreated.
+3. A spec that breaks the schema or a rule the schema cannot express: with no master yet, a
+   `Failed` condition naming the field and nothing created; with a master running, the edit is
+   refused (`SpecChangeRefused`) and the job runs on.
+4. A storage the spec names (a checkpoint PVC, an object-store or TLS Secret) that does not exist:
+   the same, checked before the master starts.
+5. `suspend`: the master pod (at once, so it does not stop the job: dlrover-master stops the job
+   on SIGTERM) and the worker pods are deleted; resuming recreates the master, which resumes from
+   its journal on `spec.master.stateVolume`.
+6. The Secret, ServiceAccount, Role, RoleBinding and Service are created when missing; the master
+   pod is created when missing, and replaced (counted in `masterRestarts`, bounded) when it died
+   for any reason but the job's end.
+7. An edit a running job cannot take (anything but `suspend` and the node counts) is refused in the
+   status; a new node count within the master's range is carried out by its resize RPC.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import attrs
+
+from dlrover.master.kube.names import (
+    master_name,
+    token_secret_name,
+)
+from dlrover.master.operator import objects
+from dlrover.master.operator.spec import JobSpec, check_spec
+from dlrover.master.states import JobState, NodeState
+from dlrover.master.status import JobSummary
+
+__all__ = [
+    "Condition",
+    "CreateObject",
+    "DeleteObject",
+    "Observed",
+    "ReconcileSettings",
+    "Reconciliation",
+    "ResizeJob",
+    "Write",
+    "reconcile",
+]
+
+
+class Condition:
+    """The condition types the operator writes."""
+
+    MASTER_READY = "MasterReady"
+    FAILED = "Failed"
+    SUCCEEDED = "Succeeded"
+    SUSPENDED = "Suspended"
+    SPEC_CHANGE_REFUSED = "SpecChangeRefused"
+
+
+_TERMINAL_FAILURES = frozenset({"JobFailed", "JobStopped", "MasterFailed", "MasterRestartsExhausted"})
+"""Reasons of a `Failed` condition that end the job for good (others clear once the spec is fixed)."""
+
+_ENDED_STATES = {JobState.SUCCEEDED: "JobSucceeded", JobState.FAILED: "JobFailed", JobState.STOPPED: "JobStopped"}
+
+_ENDED_EXIT_CODES = {0: "JobSucceeded", 1: "JobFailed", 2: "MasterFailed", 3: "JobStopped"}
+"""dlrover-master's exit statuses: 0 succeeded, 1 failed, 2 bad usage, 3 stopped. Any other end (a
+signal, an OOM kill, an eviction, a lost node) is the master dying, not the job ending."""
+
+
+@attrs.frozen
+class CreateObject:
+    """Create `obj` (a `kind` in the job's namespace)."""
+
+    kind: str
+    obj: Mapping[str, Any]
+
+    @property
+    def name(self) -> str:
+        return str(self.obj["metadata"]["name"])
+
+
+@attrs.frozen
+class DeleteObject:
+    """Delete the `kind` named `name` in the job's namespace; `grace_period_s` None: the pod's own."""
+
+    kind: str
+    name: str
+    reason: str
+    grace_period_s: int | None = None
+    uid: str = ""
+    """Only that incarnation (a precondition): a newer one of the same name is left alone."""
+
+
+@attrs.frozen
+class ResizeJob:
+    """Ask the master (its resize RPC) to run `target` nodes."""
+
+    target: int
+    reason: str
+
+
+Write = CreateObject | DeleteObject | ResizeJob
+
+
+@attrs.frozen
+class Observed:
+    """What exists for one job (the controller's caches and its last call to the master).
+
+    Attributes:
+        master_pod, service, secret, service_account, role, role_binding: the job's objects by
+            their contract names; None when absent.
+        worker_pods: the job's worker pods (by label).
+        claims: the names of the PersistentVolumeClaims the spec refers to that exist.
+        secrets: the names of the Secrets the spec refers to that exist.
+        summary: the master's last answer to the status RPC (from the current master pod); None
+            before one.
+        master_error: why the last status call failed ("" when it did not).
+    """
+
+    master_pod: Mapping[str, Any] | None = None
+    service: Mapping[str, Any] | None = None
+    secret: Mapping[str, Any] | None = None
+    service_account: Mapping[str, Any] | None = None
+    role: Mapping[str, Any] | None = None
+    role_binding: Mapping[str, Any] | None = None
+    worker_pods: tuple[Mapping[str, Any], ...] = ()
+    claims: frozenset[str] = frozenset()
+    secrets: frozenset[str] = frozenset()
+    summary: JobSummary | None = None
+    master_error: str = ""
+
+
+@attrs.frozen
+class ReconcileSettings:
+    """The operator's settings the decision depends on.
+
+    Attributes:
+        master: how masters are started.
+        max_master_restarts: replacements of a dead master before the job is failed.
+    """
+
+    master: objects.MasterSettings = attrs.field(factory=objects.MasterSettings)
+    max_master_restarts: int = 10
+
+
+@attrs.frozen
+class Reconciliation:
+    """The answer of `reconcile`.
+
+    Attributes:
+        writes: to make, in order.
+        status: the status the job should show (written when it differs from the current one).
+        reason: why, in a sentence or a few.
+    """
+
+    writes: tuple[Write, ...]
+    status: Mapping[str, Any]
+    reason: str
+
+
+def _condition(status: dict[str, Any], kind: str) -> dict[str, Any] | None:
+    for condition in status.get("conditions") or []:
+        if condition.get("type") == kind:
+            return dict(condition)
+    return None
+
+
+def _is_true(status: Mapping[str, Any], kind: str) -> bool:
+    return any(c.get("type") == kind and c.get("status") == "True" for c in status.get("conditions") or [])
+
+
+def _set_condition(
+    status: dict[str, Any], kind: str, true: bool, reason: str, message: str, *, now: str, generation: int
+) -> None:
+    value = "True" if true else "False"
+    old = _condition(status, kind)
+    new = {
+        "type": kind,
+        "status": value,
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": old["lastTransitionTime"] if old and old.get("status") == value else now,
+        "observedGeneration": generation,
+    }
+    others = [c for c in status.get("conditions") or [] if c.get("type") != kind]
+    status["conditions"] = [*others, new]
+
+
+def _clear_condition(status: dict[str, Any], kind: str, reason: str, now: str, generation: int) -> None:
+    if _condition(status, kind) is not None:
+        _set_condition(status, kind, False, reason, "", now=now, generation=generation)
+
+
+def _terminated(pod: Mapping[str, Any]) -> tuple[int | None, str, str]:
+    """The master container's exit code, reason and message (None: no exit code known)."""
+    for container in (pod.get("status") or {}).get("containerStatuses") or []:
+        state = (container.get("state") or {}).get("terminated") or (container.get("lastState") or {}).get("terminated")
+        if state:
+            return state.get("exitCode"), str(state.get("reason") or ""), str(state.get("message") or "")
+    status = pod.get("status") or {}
+    return None, str(status.get("reason") or ""), str(status.get("message") or "")
+
+
+def _pending_message(pod: Mapping[str, Any]) -> str:
+    for condition in (pod.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
+            return f"{condition.get('reason', '')}: {condition.get('message', '')}"
+    return "the master pod is pending"
+
+
+def _mirror(status: dict[str, Any], summary: JobSummary) -> None:
+    counts = {"pending": 0, "running": 0, "succeeded": 0, "failed": 0}
+    for node in summary.nodes:
+        if node.state in (NodeState.PENDING, NodeState.STARTING):
+            counts["pending"] += 1
+        elif node.state is NodeState.RUNNING:
+            counts["running"] += 1
+        elif node.state is NodeState.SUCCEEDED:
+            counts["succeeded"] += 1
+        else:
+            counts["failed"] += 1
+    status.update(
+        nodes=counts,
+        restarts=sum(n.process_restarts for n in summary.nodes),
+        relaunches=summary.total_relaunches,
+        goodput=round(min(max(summary.goodput, 0.0), 1.0), 4),
+        step=summary.step,
+        targetNodes=summary.target_nodes,
+        minNodes=summary.min_nodes,
+        maxNodes=summary.max_nodes,
+    )
+
+
+def _end(status: dict[str, Any], reason: str, message: str, now: str, generation: int) -> None:
+    """Mark the job ended for good (`reason` one of `_ENDED_EXIT_CODES`' values)."""
+    if reason == "JobSucceeded":
+        status["phase"] = "Succeeded"
+        _set_condition(status, Condition.SUCCEEDED, True, reason, message, now=now, generation=generation)
+    else:
+        status["phase"] = "Failed"
+        _set_condition(status, Condition.FAILED, True, reason, message, now=now, generation=generation)
+    status["message"] = message
+    _set_condition(status, Condition.MASTER_READY, False, "JobEnded", message, now=now, generation=generation)
+
+
+def _ended(status: Mapping[str, Any]) -> bool:
+    if _is_true(status, Condition.SUCCEEDED):
+        return True
+    failed = next((c for c in status.get("conditions") or [] if c.get("type") == Condition.FAILED), None)
+    return bool(failed and failed.get("status") == "True" and failed.get("reason") in _TERMINAL_FAILURES)
+
+
+def _deleting(obj: Mapping[str, Any] | None) -> bool:
+    return bool(obj and (obj.get("metadata") or {}).get("deletionTimestamp"))
+
+
+def _uid(obj: Mapping[str, Any]) -> str:
+    return str((obj.get("metadata") or {}).get("uid") or "")
+
+
+class _Pass:
+    """One reconcile pass: the inputs, the status being built, the writes and the reasons."""
+
+    def __init__(
+        self, job: Mapping[str, Any], observed: Observed, settings: ReconcileSettings, now: str, new_token: str
+    ) -> None:
+        self.job = job
+        self.observed = observed
+        self.settings = settings
+        self.now = now
+        self.new_token = new_token
+        self.generation = int(job["metadata"].get("generation") or 0)
+        self.status: dict[str, Any] = json.loads(json.dumps(job.get("status") or {}))
+        self.writes: list[Write] = []
+        self.reasons: list[str] = []
+
+    def condition(self, kind: str, true: bool, reason: str, message: str = "") -> None:
+        _set_condition(self.status, kind, true, reason, message, now=self.now, generation=self.generation)
+
+    def clear(self, kind: str, reason: str) -> None:
+        _clear_condition(self.status, kind, reason, self.now, self.generation)
+
+    def answer(self) -> Reconciliation:
+        return Reconciliation(tuple(self.writes), self.status, "; ".join(self.reasons) or "nothing to do")
+
+    def run(self) -> Reconciliation:
+        if _deleting(self.job):
+            self.reasons.append("the job is being deleted: its owner references delete what it owns")
+            return Reconciliation((), self.job.get("status") or {}, self.reasons[0])
+        self.status.setdefault("phase", "Pending")
+        self.status.setdefault("masterRestarts", 0)
+        pod = self.observed.master_pod
+        if self.observed.summary is not None:
+            _mirror(self.status, self.observed.summary)
+        if self.ended_or_suspended(pod):
+            return self.answer()
+        check = check_spec(self.job)
+        if check.spec is None:
+            return self.refuse(check.errors, "InvalidSpec")
+        spec = self.with_default_tls(check.spec)
+        if pod is None:
+            missing = [
+                f"{field}: PersistentVolumeClaim {name!r} not found"
+                for field, name in spec.claims.items()
+                if name not in self.observed.claims
+            ] + [
+                f"{field}: Secret {name!r} not found"
+                for field, name in spec.secrets.items()
+                if name not in self.observed.secrets
+            ]
+            if missing:
+                return self.refuse(tuple(missing), "StorageNotFound")
+        if _is_true(self.status, Condition.FAILED):
+            self.clear(Condition.FAILED, "SpecValid")
+        self.status["observedGeneration"] = self.generation
+        self.clear(Condition.SUSPENDED, "Resumed")
+        self.ensure_objects(spec)
+        self.master(spec)
+        return self.answer()
+
+    def ended_or_suspended(self, pod: Mapping[str, Any] | None) -> bool:
+        """Whether the job ended (nothing more to do) or is suspended (its pods deleted)."""
+        if _ended(self.status):
+            self.reasons.append(f"the job ended ({self.status.get('phase')}): nothing is recreated")
+            return True
+        end = self.end_by_master(pod)
+        if end is not None:
+            reason, message = end
+            _end(self.status, reason, message, self.now, self.generation)
+            self.reasons.append(f"the master ended the job ({reason}): {message}")
+            return True
+        if (self.job.get("spec") or {}).get("suspend") is True:
+            # Before the spec check: stopping pods is safe whatever else an edit broke.
+            self.status["observedGeneration"] = self.generation
+            self.suspend()
+            return True
+        return False
+
+    def with_default_tls(self, spec: JobSpec) -> JobSpec:
+        default = self.settings.master.tls_secret
+        if spec.tls_secret is not None or default is None:
+            return spec
+        return attrs.evolve(spec, tls_secret=default, secrets={**spec.secrets, "--master-tls-secret": default})
+
+    def refuse(self, errors: tuple[str, ...], reason: str) -> Reconciliation:
+        message = "; ".join(errors)
+        if self.observed.master_pod is None:
+            self.status["phase"] = "Failed"
+            self.status["message"] = message
+            self.condition(Condition.FAILED, True, reason, message)
+            self.reasons.append(f"nothing created: {message}")
+        else:
+            self.condition(Condition.SPEC_CHANGE_REFUSED, True, reason, message)
+            self.reasons.append(f"the edit is refused and the job runs on: {message}")
+        return self.answer()
+
+    def suspend(self) -> Reconciliation:
+        pod = self.observed.master_pod
+        if pod is not None and not _deleting(pod):
+            # At once: dlrover-master stops the job on SIGTERM, and a suspended job must resume.
+            self.writes.append(DeleteObject("Pod", master_name(self.name), "the job is suspended", 0, _uid(pod)))
+        for worker in self.observed.worker_pods:
+            if not _deleting(worker):
+                name = str(worker["metadata"]["name"])
+                self.writes.append(DeleteObject("Pod", name, "the job is suspended", None, _uid(worker)))
+        self.status["phase"] = "Suspended"
+        self.status["message"] = "suspended: the master and the workers are stopped"
+        self.condition(Condition.SUSPENDED, True, "Suspended", "spec.suspend is true")
+        self.condition(Condition.MASTER_READY, False, "Suspended", "the job is suspended")
+        self.reasons.append(f"suspended: {len(self.writes)} pod(s) to delete")
+        return self.answer()
+
+    @property
+    def name(self) -> str:
+        return str(self.job["metadata"]["name"])
+
+    def ensure_objects(self, spec: JobSpec) -> None:
+        observed, job = self.observed, self.job
+        wanted: tuple[tuple[str, Mapping[str, Any] | None, Callable[[], dict[str, Any]]], ...] = (
+            ("ServiceAccount", observed.service_account, lambda: objects.master_service_account(job)),
+            ("Role", observed.role, lambda: objects.master_role(job)),
+            ("RoleBinding", observed.role_binding, lambda: objects.master_role_binding(job)),
+            ("Secret", observed.secret, lambda: objects.token_secret(job, self.new_token)),
+            ("Service", observed.service, lambda: objects.master_service(job, spec)),
+        )
+        for kind, present, build in wanted:
+            if present is None:
+                self.writes.append(CreateObject(kind, build()))
+                self.reasons.append(
+                    f"create the {kind} {token_secret_name(self.name) if kind == 'Secret' else master_name(self.name)}"
+                )
+
+    def master(self, spec: JobSpec) -> None:
+        pod = self.observed.master_pod
+        if pod is None:
+            self.create_master(spec)
+            return
+        if _deleting(pod):
+            self.condition(Condition.MASTER_READY, False, "MasterTerminating", "the old master pod is being deleted")
+            self.reasons.append("wait for the old master pod to go")
+            return
+        phase = (pod.get("status") or {}).get("phase") or "Pending"
+        if phase in ("Succeeded", "Failed"):
+            self.master_exited(pod, phase)
+            return
+        summary = self.observed.summary
+        if phase == "Running" and (pod.get("status") or {}).get("podIP"):
+            ip = pod["status"]["podIP"]
+            self.status["masterAddress"] = f"{ip}:{spec.master_port}"
+            if summary is None:
+                message = self.observed.master_error or "waiting for the master's first status"
+                self.condition(Condition.MASTER_READY, False, "MasterStarting", message)
+                self.reasons.append(f"the master runs; no status yet ({message})")
+            else:
+                self.condition(Condition.MASTER_READY, True, "Running", f"the master serves on {ip}:{spec.master_port}")
+                self.follow_master(summary)
+        else:
+            self.condition(Condition.MASTER_READY, False, "MasterPending", _pending_message(pod))
+            self.reasons.append("the master pod is not running yet")
+        self.check_edit(spec, pod, summary)
+
+    def create_master(self, spec: JobSpec) -> None:
+        restarted = _is_true(self.status, Condition.MASTER_READY)
+        if restarted:
+            # It was running and is gone (deleted by someone, or by its node): a replacement.
+            self.status["masterRestarts"] = int(self.status.get("masterRestarts", 0)) + 1
+        restarts = int(self.status.get("masterRestarts", 0))
+        if restarts > self.settings.max_master_restarts:
+            message = f"the master died {restarts} times (limit {self.settings.max_master_restarts})"
+            _end(self.status, "MasterRestartsExhausted", message, self.now, self.generation)
+            self.reasons.append(message)
+            return
+        self.writes.append(CreateObject("Pod", objects.master_pod(self.job, spec, self.settings.master)))
+        fresh = ""
+        if restarts and spec.state_volume is None:
+            fresh = " (no spec.master.stateVolume: the new master starts the job afresh)"
+        message = f"replacement {restarts} of the master{fresh}" if restarts else "the master pod was created"
+        self.condition(Condition.MASTER_READY, False, "MasterStarting", message)
+        if self.status.get("phase") != "Running":
+            self.status["phase"] = "Pending"
+        self.reasons.append(f"create the master pod {master_name(self.name)}{fresh}")
+
+    def end_by_master(self, pod: Mapping[str, Any] | None) -> tuple[str, str] | None:
+        """How the job ended, if its master pod says so: its last status, else its exit status."""
+        if pod is None or (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
+            return None
+        summary = self.observed.summary
+        if summary is not None and summary.state.finished:
+            return _ENDED_STATES[summary.state], summary.exit_reason or f"the job {summary.state.value}"
+        code, reason, message = _terminated(pod)
+        if code in _ENDED_EXIT_CODES and reason != "OOMKilled":
+            return _ENDED_EXIT_CODES[code], message.strip() or f"dlrover-master exited with status {code}"
+        return None
+
+    def master_exited(self, pod: Mapping[str, Any], phase: str) -> None:
+        """The master pod ended without ending the job (`end_by_master` said no): it died."""
+        code, reason, message = _terminated(pod)
+        why = f"the master pod {phase.lower()} ({reason or 'no reason'}, exit code {code}): {message}".rstrip(": ")
+        ready = _condition(self.status, Condition.MASTER_READY)
+        if not (ready and ready.get("reason") == "MasterDied"):
+            # Counted once per death: the dead pod may still be seen while its deletion is under way.
+            self.status["masterRestarts"] = int(self.status.get("masterRestarts", 0)) + 1
+        self.condition(Condition.MASTER_READY, False, "MasterDied", why)
+        self.writes.append(DeleteObject("Pod", master_name(self.name), why, 0, _uid(pod)))
+        self.reasons.append(f"{why}: delete it, then start a replacement")
+
+    def follow_master(self, summary: JobSummary) -> None:
+        state = summary.state
+        if state is JobState.RUNNING:
+            self.status["phase"] = "Running"
+            self.status["message"] = ""
+            self.reasons.append("mirrored the master's status")
+        else:
+            message = summary.exit_reason or f"the job {state.value}"
+            _end(self.status, _ENDED_STATES[state], message, self.now, self.generation)
+            self.reasons.append(f"the master ended the job: {state.value}")
+
+    def check_edit(self, spec: JobSpec, pod: Mapping[str, Any], summary: JobSummary | None) -> None:
+        applied_text = ((pod.get("metadata") or {}).get("annotations") or {}).get(objects.APPLIED_SPEC_ANNOTATION)
+        refused: list[str] = []
+        if applied_text:
+            try:
+                applied = json.loads(applied_text)
+            except ValueError:
+                applied = None
+            if isinstance(applied, dict):
+                changed = objects.changed_fields(applied, objects.applied_part(spec.raw))
+                if changed:
+                    refused.append(
+                        f"{', '.join(changed)} cannot change while the job runs (suspend and resume the job to "
+                        "start its master with the new spec)"
+                    )
+        if summary is not None and summary.state is JobState.RUNNING and spec.node_range is not None:
+            refused.extend(self.resize(spec.node_range, summary))
+        if refused:
+            self.condition(Condition.SPEC_CHANGE_REFUSED, True, "CannotApply", "; ".join(refused))
+            self.reasons.append(f"edit refused: {'; '.join(refused)}")
+        else:
+            self.clear(Condition.SPEC_CHANGE_REFUSED, "Applied")
+
+    def resize(self, node_range: tuple[int, int], summary: JobSummary) -> list[str]:
+        low, high = node_range
+        if low != summary.min_nodes or not summary.min_nodes <= high <= summary.max_nodes:
+            return [
+                f"spec.replicaSpecs.worker: the range {low}..{high} is not the master's {summary.min_nodes}.."
+                f"{summary.max_nodes} (a running master carries out a new maxReplicas within its range; the "
+                "minimum and the range change when it is started again: suspend and resume the job)"
+            ]
+        wanted = summary.wanted_nodes or summary.max_nodes
+        if wanted != high:
+            self.writes.append(ResizeJob(high, f"spec.replicaSpecs.worker.maxReplicas is {high}"))
+            self.reasons.append(f"resize the job from {wanted} to {high} nodes")
+        return []
+
+
+def reconcile(
+    job: Mapping[str, Any],
+    observed: Observed,
+    settings: ReconcileSettings,
+    *,
+    now: str,
+    new_token: str,
+) -> Reconciliation:
+    """Decide what to write for one ElasticJob (see the module's rules).
+
+    Args:
+        job: the ElasticJob as JSON (metadata, spec, status).
+        observed: the job's objects and the master's last status.
+        settings: how masters are started, the master restart budget.
+        now: the time for conditions' lastTransitionTime (RFC 3339).
+        new_token: the token to put in the Secret if it must be created.
+
+    Returns:
+        The writes, in order, the status to show, and why.
+    """
+    return _Pass(job, observed, settings, now, new_token).run()

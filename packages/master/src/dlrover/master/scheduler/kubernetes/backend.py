@@ -1,0 +1,409 @@
+"""The Kubernetes backend: each node is a worker pod the master creates, watches and deletes.
+
+The backend keeps a cache of the job's worker pods fed by one list + watch (selector: the job's
+worker labels; see `dlrover.master.kube.watch`): `observe()` reads the cache and sends no request,
+so a tick costs nothing however many pods there are. `launch` creates a pod (`manifest.worker_pod`),
+`stop` deletes it with the configured grace; a create or delete answered 429, 5xx or cut is retried
+a few times after the watch's backoff. Observations follow `observe.observe_pod`.
+
+A restarted master adopts the pods its predecessor created: they are in the first list, and
+`observe()` reports every worker pod of the job by its node-id label. A launch whose pod already
+exists (created by the predecessor just before it died) adopts it rather than fail.
+
+`close()` deletes every pod still pending or running that this backend launched or adopted (the
+job ended, or the master was stopped). A master killed outright leaves them running for the next
+master; the ElasticJob's deletion removes them through their ownerReference.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import attrs
+
+from dlrover.common import Clock, ConfigError, SystemClock
+from dlrover.master.kube import EventType, ListWatch, Watcher, WatchEvent, load_api_client, names
+from dlrover.master.kube.watch import Backoff
+from dlrover.master.scheduler.base import NodeSpec, ObservedNode, ObservedState, SchedulerError
+from dlrover.master.scheduler.kubernetes.manifest import worker_pod
+from dlrover.master.scheduler.kubernetes.observe import observe_deleted_pod, observe_pod
+from dlrover.master.scheduler.kubernetes.settings import KubernetesSettings, WorkerTemplate
+
+__all__ = ["VERBS_USED", "KubernetesScheduler", "read_worker_template"]
+
+_log = logging.getLogger(__name__)
+
+_RETRIED_STATUSES = frozenset({429, 500, 502, 503, 504})
+
+VERBS_USED: frozenset[tuple[str, str, str]] = frozenset(
+    {
+        ("", "pods", "list"),
+        ("", "pods", "watch"),
+        ("", "pods", "create"),
+        ("", "pods", "delete"),
+        (names.CRD_GROUP, names.CRD_PLURAL, "get"),
+    }
+)
+"""Every (API group, resource, verb) the backend calls, all in the job's namespace: what the master's Role
+must grant it (the tests compare it with the requests the test API server recorded)."""
+
+
+def read_worker_template(custom_api: Any, settings: KubernetesSettings) -> WorkerTemplate:
+    """Read the ElasticJob `settings.namespace/settings.job`: its worker template, uid and checkpoint volume.
+
+    Args:
+        custom_api: a `kubernetes.client.CustomObjectsApi`.
+        settings: names the job.
+
+    Raises:
+        ConfigError: the job cannot be read, or has no worker template; the message says which.
+    """
+    from kubernetes.client.exceptions import ApiException  # lazy: the k8s extra
+    from urllib3.exceptions import HTTPError
+
+    where = f"ElasticJob {settings.namespace}/{settings.job}"
+    try:
+        timeout = settings.watch.request_timeout_s
+        job = custom_api.get_namespaced_custom_object(
+            names.CRD_GROUP,
+            names.CRD_VERSION,
+            settings.namespace,
+            names.CRD_PLURAL,
+            settings.job,
+            _request_timeout=(timeout, timeout),
+        )
+    except ApiException as exc:
+        raise ConfigError(f"cannot read the {where}: {exc.status} {exc.reason}") from exc
+    except (HTTPError, OSError) as exc:
+        raise ConfigError(f"cannot read the {where}: {exc}") from exc
+    spec = job.get("spec") or {}
+    worker = (spec.get("replicaSpecs") or {}).get("worker") or {}
+    template = worker.get("template")
+    if not isinstance(template, Mapping):
+        raise ConfigError(f"the {where} has no spec.replicaSpecs.worker.template")
+    volume = (spec.get("checkpoint") or {}).get("volume")
+    return WorkerTemplate(
+        template=template,
+        job_uid=str((job.get("metadata") or {}).get("uid") or ""),
+        checkpoint_volume=volume if isinstance(volume, Mapping) else None,
+    )
+
+
+@attrs.define
+class _Node:
+    pod_name: str
+    stop_requested: bool = False
+    deleting: bool = False  # a delete was sent (or is to be retried: `delete_failed`)
+    delete_failed: bool = False
+    seen: bool = False  # the watch has shown its pod at least once
+    last: Mapping[str, Any] | None = None
+
+
+class KubernetesScheduler:
+    """Worker pods of one ElasticJob.
+
+    Args:
+        api_client: a `kubernetes.client.ApiClient`.
+        settings: namespace, job, timeouts.
+        worker: the template and uid read from the ElasticJob (`read_worker_template`).
+        clock: for the watch's stream timing (default: the system clock).
+        sleep: waits between retries (default: real waits; tests inject one).
+        owns_client: close `api_client` in `close()`.
+
+    Raises:
+        SchedulerError: the first list of the job's pods did not come within `settings.sync_timeout_s`.
+    """
+
+    name = "kubernetes"
+    relaunches_nodes = True
+
+    def __init__(
+        self,
+        api_client: Any,
+        settings: KubernetesSettings,
+        worker: WorkerTemplate,
+        *,
+        clock: Clock | None = None,
+        sleep: Callable[[float], None] | None = None,
+        owns_client: bool = False,
+    ) -> None:
+        from kubernetes import client  # lazy: the k8s extra
+
+        self._settings = settings
+        self._worker = worker
+        self._api_client = api_client
+        self._owns_client = owns_client
+        self._core: Any = client.CoreV1Api(api_client)
+        # (connect, read) of a create or delete: a hung API server must not hold the master's lock for long.
+        self._timeout = (settings.watch.request_timeout_s, settings.watch.request_timeout_s)
+        self._sleep = sleep
+        self._lock = threading.Condition()
+        self._nodes: dict[int, _Node] = {}
+        self._pods: dict[str, Mapping[str, Any]] = {}  # by pod name: the cache the watch feeds
+        self._deleted: dict[str, Mapping[str, Any]] = {}  # pods the watch saw go, as last seen
+        self._closed = False
+        lister = functools.partial(
+            self._core.list_namespaced_pod, settings.namespace, label_selector=names.worker_selector(settings.job)
+        )
+        self._list_watch = ListWatch(
+            lister,
+            settings=settings.watch,
+            clock=clock or SystemClock(),
+            sleep=sleep,
+            name=f"worker pods of {settings.namespace}/{settings.job}",
+        )
+        self._watcher = Watcher(self._list_watch, self._on_event, name=f"kube-pods-{settings.job}").start()
+        if not self._watcher.wait_synced(settings.sync_timeout_s):
+            self._watcher.stop()
+            error = self._watcher.error
+            raise SchedulerError(
+                f"could not list the worker pods of {settings.namespace}/{settings.job} within "
+                f"{settings.sync_timeout_s:g} s" + (f": {error}" if error else "")
+            )
+
+    @classmethod
+    def from_cluster(
+        cls, settings: KubernetesSettings, *, clock: Clock | None = None, environ: dict[str, str] | None = None
+    ) -> KubernetesScheduler:
+        """Connect (in-cluster config or `settings.kubeconfig`), read the ElasticJob and start watching.
+
+        Raises:
+            ConfigError: no cluster configuration, or the ElasticJob cannot be read.
+            SchedulerError: the job's pods cannot be listed.
+        """
+        from kubernetes import client  # lazy: the k8s extra
+
+        api = load_api_client(settings.kubeconfig, environ=environ)
+        try:
+            worker = read_worker_template(client.CustomObjectsApi(api), settings)
+            return cls(api, settings, worker, clock=clock, owns_client=True)
+        except BaseException:
+            api.close()
+            raise
+
+    # ---------------------------------------------------------------- the cache
+
+    @property
+    def list_watch(self) -> ListWatch:
+        """The pod watch (its `stats` show resumes and relists)."""
+        return self._list_watch
+
+    def _on_event(self, event: WatchEvent) -> None:
+        if event.type is EventType.SYNCED:
+            return
+        name = str((event.object.get("metadata") or {}).get("name") or "")
+        with self._lock:
+            if event.type is EventType.DELETED:
+                self._pods.pop(name, None)
+                self._deleted[name] = event.object
+            else:
+                self._pods[name] = event.object
+                self._deleted.pop(name, None)
+            self._lock.notify_all()
+
+    def wait_for(self, predicate: Callable[[Mapping[int, ObservedNode]], bool], timeout_s: float) -> bool:
+        """Wait until `predicate(self.observe())` holds (re-checked at every pod event); True if it did."""
+        with self._lock:
+            return self._lock.wait_for(lambda: predicate(self._observe_locked()), timeout_s)
+
+    # ---------------------------------------------------------------- the Protocol
+
+    def capacity(self) -> int | None:
+        """Unknown (None): the cluster's scheduler decides; a pod that does not fit stays pending."""
+        return None
+
+    def launch(self, spec: NodeSpec) -> None:
+        """Create the node's pod.
+
+        Raises:
+            SchedulerError: the node was launched before, the backend is closed, or the API server refused
+                the pod (or kept failing past `request_retries`).
+        """
+        pod_name = names.worker_pod_name(self._settings.job, spec.node_id)
+        with self._lock:
+            if self._closed:
+                raise SchedulerError(f"cannot launch node {spec.node_id}: the Kubernetes backend is closed")
+            if spec.node_id in self._nodes:
+                raise SchedulerError(f"node {spec.node_id} was already launched")
+            try:
+                manifest = worker_pod(spec, self._settings, self._worker)
+            except ConfigError as exc:
+                raise SchedulerError(f"cannot launch node {spec.node_id}: {exc}") from exc
+            self._nodes[spec.node_id] = _Node(pod_name)
+        try:
+            self._request(f"create pod {pod_name}", lambda: self._core.create_namespaced_pod(
+                self._settings.namespace, manifest, _preload_content=False, _request_timeout=self._timeout
+            ), ok_statuses=(409,))  # fmt: skip
+        except SchedulerError:
+            with self._lock:
+                del self._nodes[spec.node_id]
+            raise
+
+    def stop(self, node_id: int) -> None:
+        """Delete the node's pod (its processes get SIGTERM, then SIGKILL after the grace). Idempotent; an
+        unknown node is a no-op. A delete that fails is retried at the next `observe()`."""
+        with self._lock:
+            node = self._nodes.get(node_id) or self._adopt_locked(node_id)
+            if node is None or node.stop_requested:
+                return
+            node.stop_requested = True
+            node.deleting = True
+        self._delete(node)
+
+    def _adopt_locked(self, node_id: int) -> _Node | None:
+        """A pod of this node from a previous master, taken on so it can be stopped."""
+        pod_name = names.worker_pod_name(self._settings.job, node_id)
+        if pod_name not in self._pods:
+            return None
+        node = _Node(pod_name, seen=True)
+        self._nodes[node_id] = node
+        return node
+
+    def _delete(self, node: _Node) -> None:
+        grace = self._settings.pod_deletion_grace_s
+        try:
+            self._request(
+                f"delete pod {node.pod_name}",
+                lambda: self._core.delete_namespaced_pod(
+                    node.pod_name,
+                    self._settings.namespace,
+                    grace_period_seconds=grace,
+                    _preload_content=False,
+                    _request_timeout=self._timeout,
+                ),
+                ok_statuses=(404,),
+            )
+        except SchedulerError as exc:
+            _log.error("%s; retried at the next observation", exc)
+            with self._lock:
+                node.delete_failed = True
+            return
+        with self._lock:
+            node.delete_failed = False
+
+    def observe(self) -> Mapping[int, ObservedNode]:
+        """Every worker pod of the job (launched here or by a previous master), from the watch's cache."""
+        with self._lock:
+            retry = [n for n in self._nodes.values() if n.delete_failed]
+        for node in retry:
+            self._delete(node)
+        with self._lock:
+            return self._observe_locked()
+
+    def _observe_locked(self) -> dict[int, ObservedNode]:
+        seen: dict[int, ObservedNode] = {}
+        for cached in self._pods.values():
+            adopted = _node_id(cached)
+            if adopted is not None and adopted not in self._nodes:
+                seen[adopted] = observe_pod(adopted, cached)
+        for node_id, node in self._nodes.items():
+            pod = self._pods.get(node.pod_name)
+            if pod is not None:
+                node.seen, node.last = True, pod
+                seen[node_id] = observe_pod(node_id, pod, stop_requested=node.stop_requested)
+            elif node.pod_name in self._deleted or node.seen:
+                last = self._deleted.get(node.pod_name, node.last)
+                seen[node_id] = observe_deleted_pod(node_id, last, stop_requested=node.stop_requested)
+            else:
+                # Created, not yet shown by the watch.
+                state = ObservedState.STOPPED if node.stop_requested else ObservedState.PENDING
+                seen[node_id] = ObservedNode(node_id, state)
+        return seen
+
+    def _may_run(self, node: _Node) -> bool:
+        """Whether the node's pod may still run processes: pending or running, or created and not yet seen."""
+        pod = self._pods.get(node.pod_name)
+        if pod is None:
+            return not node.seen and node.pod_name not in self._deleted
+        return (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+
+    def placed_host(self, node_id: int) -> str:
+        """The node its pod was bound to (`spec.nodeName`); "" before it is scheduled (see `NodePlacement`)."""
+        with self._lock:
+            pod = self._pods.get(names.worker_pod_name(self._settings.job, node_id))
+            return str(((pod or {}).get("spec") or {}).get("nodeName") or "")
+
+    def close(self) -> None:
+        """Delete every pod of the job still pending or running, stop watching, release the client.
+        Safe to call twice."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            for pod in self._pods.values():
+                node_id = _node_id(pod)
+                if node_id is not None and node_id not in self._nodes:
+                    self._adopt_locked(node_id)
+            to_delete = [node for node in self._nodes.values() if self._may_run(node)]
+            for node in self._nodes.values():
+                node.stop_requested = True
+        for node in to_delete:
+            self._delete(node)
+        try:
+            self._watcher.stop(timeout_s=max(self._settings.watch.request_timeout_s, 10.0))
+        except TimeoutError as exc:
+            _log.error("%s", exc)
+        if self._owns_client:
+            self._api_client.close()
+
+    # ---------------------------------------------------------------- requests
+
+    def _request(self, what: str, call: Callable[[], Any], *, ok_statuses: tuple[int, ...] = ()) -> None:
+        """Send one write; retried on 429, 5xx and broken connections, `request_retries` times.
+
+        Raises:
+            SchedulerError: refused, or still failing after the retries.
+        """
+        from kubernetes.client.exceptions import ApiException  # lazy: the k8s extra
+        from urllib3.exceptions import HTTPError
+
+        watch = self._settings.watch
+        backoff = Backoff(watch.backoff_initial_s, watch.backoff_max_s, watch.backoff_multiplier)
+        attempts = self._settings.request_retries + 1
+        for attempt in range(1, attempts + 1):
+            try:
+                response = call()
+            except ApiException as exc:
+                if exc.status in ok_statuses:
+                    return
+                if exc.status not in _RETRIED_STATUSES or attempt == attempts:
+                    raise SchedulerError(f"{what}: {exc.status} {exc.reason}: {_message(exc)}") from exc
+                problem = f"{exc.status} {exc.reason}"
+            except (HTTPError, OSError) as exc:
+                if attempt == attempts:
+                    raise SchedulerError(f"{what}: {exc}") from exc
+                problem = str(exc)
+            else:
+                # Read the answer whole: a connection returned with an unread body would hand it to the next
+                # request as its status line.
+                _ = response.data
+                response.release_conn()
+                return
+            delay = backoff.next_delay()
+            _log.warning(
+                "%s failed (%s, attempt %d of %d); retrying in %.2f s", what, problem, attempt, attempts, delay
+            )
+            if self._sleep is not None:
+                self._sleep(delay)
+            else:
+                threading.Event().wait(delay)
+
+
+def _node_id(pod: Mapping[str, Any]) -> int | None:
+    value = ((pod.get("metadata") or {}).get("labels") or {}).get(names.NODE_ID_LABEL)
+    return int(value) if isinstance(value, str) and value.isdecimal() else None
+
+
+def _message(exc: Any) -> str:
+    body = getattr(exc, "body", None)
+    if not body:
+        return ""
+    try:
+        return str(json.loads(body).get("message", ""))[:500]
+    except (ValueError, AttributeError):
+        return str(body)[:500]

@@ -1,0 +1,110 @@
+"""deploy/kubernetes/example-elasticjob.yaml on the test kubelet: the operator starts the master,
+the master creates two worker pods, the GPT example trains to the end, the status says Succeeded,
+and deleting the job leaves no object and no process.
+
+The example runs as written except what only an image provides: `dlrover-run` is this
+interpreter's `-m dlrover.launcher.cli`, the working directory is this checkout instead of
+/opt/dlrover, and it trains 20 steps instead of 240 (two CPU cores here)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from dlrover_testsupport.kube import KubeCluster
+from kubernetes import client
+
+from dlrover.master.kube.watch import WatchSettings
+from dlrover.master.operator import MasterSettings, ReconcileSettings, crd_manifest
+from dlrover.master.operator.controller import Operator, OperatorSettings
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+
+ROOT = Path(__file__).resolve().parents[4]
+GROUP, VERSION, PLURAL, NS = "elastic.dlrover.io", "v1alpha1", "elasticjobs", "default"
+STEPS = 20
+
+
+def wait_for(what: str, check: Callable[[], Any], timeout_s: float, on_timeout: Callable[[], str]) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}\n{on_timeout()}")
+        time.sleep(0.5)
+
+
+def _example_as_run_here() -> dict[str, Any]:
+    job = yaml.safe_load((ROOT / "deploy" / "kubernetes" / "example-elasticjob.yaml").read_text())
+    main = job["spec"]["replicaSpecs"]["worker"]["template"]["spec"]["containers"][0]
+    assert main["command"][0] == "dlrover-run"
+    assert main["workingDir"] == "/opt/dlrover"
+    command = [sys.executable, "-m", "dlrover.launcher.cli", *main["command"][1:]]
+    main["command"] = [f"--steps={STEPS}" if arg.startswith("--steps=") else arg for arg in command]
+    main["command"].append("--persist-every=10")
+    main["workingDir"] = str(ROOT)
+    with socket.socket() as s:  # the example's fixed port may be taken on a shared machine
+        s.bind(("127.0.0.1", 0))
+        job["spec"]["master"]["port"] = s.getsockname()[1]
+    return dict(job)
+
+
+def test_the_example_job_trains_gpt_to_the_end(kube_cluster: KubeCluster) -> None:
+    with client.ApiClient(client.Configuration(host=kube_cluster.url)) as api:
+        client.ApiextensionsV1Api(api).create_custom_resource_definition(crd_manifest())
+        core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
+        for claim in ("gpt-checkpoints", "gpt-master-state"):
+            core.create_namespaced_persistent_volume_claim(NS, {"metadata": {"name": claim}, "spec": {}})
+        custom.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, _example_as_run_here())
+        kubelet = kube_cluster.kubelet
+
+        def status() -> dict[str, Any]:
+            job = custom.get_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, "gpt-example")
+            return dict(job.get("status") or {})
+
+        def logs() -> str:
+            out = [json.dumps(status(), indent=1)]
+            names = {p.metadata.name for p in core.list_namespaced_pod(NS).items} | {"gpt-example-worker-0"}
+            for name in sorted(names):
+                try:
+                    text = kubelet.read_log(NS, name)
+                except KeyError:
+                    continue
+                out.extend(f"{name}: {line}" for line in text.splitlines()[-40:])
+            return "\n".join(out)
+
+        settings = OperatorSettings(
+            namespace=NS,
+            reconcile=ReconcileSettings(
+                master=MasterSettings(command=(sys.executable, "-m", "dlrover.master.cli"), grace_period_s=10)
+            ),
+            status_interval_s=1.0,
+            resync_interval_s=2.0,
+            watch=WatchSettings(watch_timeout_s=30, backoff_initial_s=0.05, backoff_max_s=1.0),
+        )
+        with Operator(api, settings):
+            wait_for("two worker pods", lambda: status().get("nodes", {}).get("running") == 2, 240, logs)
+            workers = core.list_namespaced_pod(NS, label_selector="elastic.dlrover.io/component=worker").items
+            assert {p.spec.node_name for p in workers} != {None}
+            wait_for("Succeeded", lambda: status().get("phase") in ("Succeeded", "Failed"), 400, logs)
+            assert status()["phase"] == "Succeeded", logs()
+        progress = kubelet.root / "pvc" / NS / "gpt-checkpoints" / "gpt-example" / "progress.jsonl"
+        records = [json.loads(line) for line in progress.read_text().splitlines()]
+        assert records[-1]["event"] == "finished", records[-1]
+        assert max(r.get("step", 0) for r in records) == STEPS
+
+        custom.delete_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, "gpt-example")
+        wait_for("no pod left", lambda: not core.list_namespaced_pod(NS).items, 120, logs)
+        for kind in ("service", "secret", "service_account"):
+            listed = getattr(core, f"list_namespaced_{kind}")(NS, label_selector="elastic.dlrover.io/job=gpt-example")
+            assert not listed.items, kind
+        assert kubelet.pid("gpt-example-master", NS) is None

@@ -1,0 +1,405 @@
+"""The operator's pure decision: what it creates, refuses, replaces and mirrors."""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+import pytest
+from ej_builders import TOKEN, created, edited, elastic_job, observed_after, pod_phase, summary, with_status
+
+from dlrover.master.kube.names import COMPONENT_LABEL, JOB_LABEL, MANAGED_BY_LABEL
+from dlrover.master.operator import (
+    MASTER_ROLE_RULES,
+    Condition,
+    CreateObject,
+    DeleteObject,
+    MasterSettings,
+    Observed,
+    ReconcileSettings,
+    Reconciliation,
+    ResizeJob,
+    reconcile,
+)
+from dlrover.master.operator.schema import STATUS_SCHEMA, schema_errors
+from dlrover.master.states import JobState
+
+SETTINGS = ReconcileSettings(master=MasterSettings(image="dlrover:test"), max_master_restarts=2)
+
+
+def run(
+    job: dict[str, Any], observed: Observed | None = None, settings: ReconcileSettings = SETTINGS
+) -> Reconciliation:
+    answer = reconcile(job, observed or Observed(), settings, now="2026-01-01T00:00:00Z", new_token=TOKEN)
+    assert schema_errors(STATUS_SCHEMA, dict(answer.status), "status") == []
+    return answer
+
+
+def condition(answer: Reconciliation, kind: str) -> dict[str, Any]:
+    found = [c for c in answer.status.get("conditions", []) if c["type"] == kind]
+    assert found, (kind, answer.status)
+    return dict(found[0])
+
+
+def running(job: dict[str, Any]) -> tuple[dict[str, Any], Observed]:
+    """A job whose objects exist and whose master runs and answered its status."""
+    first = run(job)
+    observed = observed_after(first)
+    assert observed.master_pod is not None
+    observed = observed_after(first, master_pod=pod_phase(observed.master_pod, "Running"), summary=summary())
+    answer = run(with_status(job, first), observed)
+    return with_status(job, answer), observed
+
+
+def test_a_new_job_gets_its_objects_all_owned_by_it() -> None:
+    job = elastic_job()
+    answer = run(job)
+    kinds = [w.kind for w in answer.writes if isinstance(w, CreateObject)]
+    assert sorted(kinds) == ["Pod", "Role", "RoleBinding", "Secret", "Service", "ServiceAccount"]
+    for write in answer.writes:
+        assert isinstance(write, CreateObject)
+        meta = write.obj["metadata"]
+        assert meta["namespace"] == "default"
+        assert meta["ownerReferences"] == [
+            {
+                "apiVersion": "elastic.dlrover.io/v1alpha1",
+                "kind": "ElasticJob",
+                "name": "job1",
+                "uid": "uid-job1",
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ]
+        assert meta["labels"] == {MANAGED_BY_LABEL: "dlrover", JOB_LABEL: "job1", COMPONENT_LABEL: "master"}
+    assert base64.b64decode(created(answer, "Secret")["data"]["token"]).decode() == TOKEN
+    assert created(answer, "Role")["rules"] == [r.as_policy_rule() for r in MASTER_ROLE_RULES]
+    service = created(answer, "Service")
+    assert service["spec"]["ports"] == [{"name": "grpc", "port": 50001, "targetPort": 50001, "protocol": "TCP"}]
+    assert service["spec"]["selector"] == created(answer, "Pod")["metadata"]["labels"]
+    assert answer.status["phase"] == "Pending"
+    assert condition(answer, Condition.MASTER_READY)["reason"] == "MasterStarting"
+
+
+def test_the_master_pod_runs_the_kubernetes_backend_with_flags_from_the_spec() -> None:
+    job = elastic_job(
+        rendezvous={"joinTimeoutSeconds": 120, "lastCallSeconds": 2.5},
+        timeouts={"nodePendingSeconds": 90, "heartbeatSeconds": 12, "nodeStartSeconds": 0},
+        master={
+            "port": 6000,
+            "image": "mine:1",
+            "tls": {"secretName": "tls"},
+            "stateVolume": {"persistentVolumeClaim": {"claimName": "st"}},
+        },
+    )
+    job["spec"]["replicaSpecs"]["worker"]["resources"] = {"cpu": "500m", "memory": "4Gi", "nvidia.com/gpu": 1}
+    pod = created(run(job, Observed(claims=frozenset({"st"}), secrets=frozenset({"tls"}))), "Pod")
+    container = pod["spec"]["containers"][0]
+    command = container["command"]
+    flags = dict(zip(command[1::2], command[2::2], strict=False))
+    assert command[0] == "dlrover-master"
+    assert flags["--backend"] == "kubernetes"
+    assert flags["--kube-namespace"] == "default"
+    assert flags["--kube-job"] == "job1"
+    assert flags["--bind-address"] == "0.0.0.0"
+    assert flags["--port"] == "6000"
+    assert flags["--state-dir"] == "/var/lib/dlrover/journal"
+    assert flags["--nnodes"] == "1:2"
+    assert flags["--node-cpu"] == "0.5"
+    assert flags["--node-memory"] == "4Gi"
+    assert flags["--node-gpus"] == "1"
+    assert flags["--rdzv-join-timeout-s"] == "120"
+    assert flags["--rdzv-last-call-s"] == "2.5"
+    assert flags["--node-pending-timeout-s"] == "90"
+    assert flags["--node-start-timeout-s"] == "0"
+    assert flags["--heartbeat-timeout-s"] == "12"
+    assert flags["--heartbeat-interval-s"] == "4"
+    assert flags["--tls-cert"] == "/etc/dlrover/tls/tls.crt"
+    assert flags["--tls-key"] == "/etc/dlrover/tls/tls.key"
+    assert container["image"] == "mine:1"
+    assert container["env"] == [
+        {"name": "DLROVER_JOB_TOKEN", "valueFrom": {"secretKeyRef": {"name": "job1-token", "key": "token"}}}
+    ]
+    assert pod["spec"]["serviceAccountName"] == "job1-master"
+    assert pod["spec"]["restartPolicy"] == "Never"
+    assert {"name": "state", "persistentVolumeClaim": {"claimName": "st"}} in pod["spec"]["volumes"]
+    assert {"name": "tls", "secret": {"secretName": "tls"}} in pod["spec"]["volumes"]
+
+
+def test_a_job_without_counts_leaves_them_to_the_masters_plan() -> None:
+    job = elastic_job()
+    job["spec"]["replicaSpecs"]["worker"] = {"template": job["spec"]["replicaSpecs"]["worker"]["template"]}
+    command = created(run(job), "Pod")["spec"]["containers"][0]["command"]
+    assert "--nnodes" not in command
+    assert "--node-memory" not in command
+    assert created(run(job), "Pod")["spec"]["volumes"][0] == {"name": "state", "emptyDir": {}}
+
+
+def test_a_second_pass_over_what_the_first_created_writes_nothing() -> None:
+    job = elastic_job()
+    first = run(job)
+    second = run(with_status(job, first), observed_after(first))
+    assert second.writes == ()
+    assert second.status["phase"] == "Pending"
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"replicaSpecs": {"worker": {"template": {"spec": {"containers": []}}}}}, "template.spec.containers"),
+        ({"replicaSpecs": {"worker": {"template": {"metadata": {}}}}}, "template.spec.containers"),
+        (
+            {"replicaSpecs": {"worker": {"template": {"spec": {"containers": [{"name": "main", "image": "x"}]}}}}},
+            "needs a command",
+        ),
+        (
+            {
+                "replicaSpecs": {
+                    "worker": {
+                        "template": {"spec": {"containers": [{"name": "m", "command": ["a"]}]}},
+                        "minReplicas": 4,
+                        "maxReplicas": 2,
+                    }
+                }
+            },
+            "minReplicas (4) exceeds maxReplicas (2)",
+        ),
+        ({"rendezvous": {"minNodes": 3, "maxNodes": 1}}, "spec.rendezvous.minNodes (3) exceeds maxNodes (1)"),
+        ({"rendezvous": {"minNodes": 2}}, "spec.rendezvous.minNodes (2) differs"),
+        (
+            {"checkpoint": {"volume": {"persistentVolumeClaim": {"claimName": "gone"}}}},
+            "spec.checkpoint.volume: PersistentVolumeClaim 'gone' not found",
+        ),
+        (
+            {"checkpoint": {"objectStore": {"uri": "s3://b/p", "secretName": "creds"}}},
+            "spec.checkpoint.objectStore.secretName: Secret 'creds' not found",
+        ),
+        ({"master": {"tls": {"secretName": "tls"}}}, "spec.master.tls.secretName: Secret 'tls' not found"),
+        (
+            {"master": {"stateVolume": {"persistentVolumeClaim": {"claimName": "st"}}}},
+            "spec.master.stateVolume: PersistentVolumeClaim 'st'",
+        ),
+        ({"master": {"port": 70000}}, "spec.master.port: must be at most 65535"),
+        ({"replicaSpecs": {"ps": {"template": {}}}}, "missing required field 'worker'"),
+    ],
+)
+def test_bad_input_fails_the_job_naming_the_field_and_creates_nothing(change: dict[str, Any], field: str) -> None:
+    job = edited(elastic_job(), change)
+    answer = run(job)
+    assert answer.writes == ()
+    failed = condition(answer, Condition.FAILED)
+    assert failed["status"] == "True"
+    assert field in failed["message"], failed["message"]
+    assert answer.status["phase"] == "Failed"
+
+
+def test_a_fixed_spec_clears_the_failure_and_starts_the_job() -> None:
+    bad = elastic_job(checkpoint={"volume": {"persistentVolumeClaim": {"claimName": "ckpt"}}})
+    answer = run(bad)
+    assert condition(answer, Condition.FAILED)["reason"] == "StorageNotFound"
+    later = run(with_status(bad, answer), Observed(claims=frozenset({"ckpt"})))
+    assert condition(later, Condition.FAILED)["status"] == "False"
+    assert any(isinstance(w, CreateObject) and w.kind == "Pod" for w in later.writes)
+
+
+def test_a_running_job_mirrors_its_masters_status() -> None:
+    job, observed = running(elastic_job())
+    answer = run(job, observed)
+    status = answer.status
+    assert status["phase"] == "Running"
+    assert status["nodes"] == {"pending": 0, "running": 2, "succeeded": 0, "failed": 0}
+    assert status["restarts"] == 2
+    assert status["relaunches"] == 3
+    assert status["goodput"] == 0.9
+    assert status["masterAddress"] == "127.0.0.5:50001"
+    assert condition(answer, Condition.MASTER_READY)["status"] == "True"
+    assert answer.writes == ()
+
+
+def test_an_edit_a_running_job_cannot_take_is_refused_and_the_job_runs_on() -> None:
+    job, observed = running(elastic_job())
+    changed = edited(
+        job,
+        {
+            "replicaSpecs": {
+                "worker": {
+                    "template": {"spec": {"containers": [{"name": "main", "image": "new", "command": ["x"]}]}},
+                    "minReplicas": 1,
+                    "maxReplicas": 2,
+                }
+            }
+        },
+    )
+    answer = run(changed, observed)
+    assert answer.writes == ()
+    refused = condition(answer, Condition.SPEC_CHANGE_REFUSED)
+    assert refused["status"] == "True"
+    assert "spec.replicaSpecs.worker.template" in refused["message"]
+    assert answer.status["phase"] == "Running"
+    # Putting the spec back clears the refusal.
+    back = run(with_status(job, answer), observed)
+    assert condition(back, Condition.SPEC_CHANGE_REFUSED)["status"] == "False"
+
+
+def test_an_invalid_edit_of_a_running_job_is_refused_not_failed() -> None:
+    job, observed = running(elastic_job())
+    changed = edited(job, {"replicaSpecs": {"worker": {"template": {"spec": {"containers": []}}}}})
+    answer = run(changed, observed)
+    assert answer.writes == ()
+    assert "no container" in condition(answer, Condition.SPEC_CHANGE_REFUSED)["message"]
+    assert answer.status["phase"] == "Running"
+    assert not [c for c in answer.status["conditions"] if c["type"] == Condition.FAILED and c["status"] == "True"]
+
+
+def test_a_new_max_within_the_masters_range_is_carried_out_by_a_resize() -> None:
+    job, observed = running(elastic_job())
+    observed = observed_after(Reconciliation((), {}, ""), observed, summary=summary(max_nodes=4, running=2, wanted=4))
+    job["spec"]["replicaSpecs"]["worker"]["maxReplicas"] = 4
+    changed = edited(job, {})
+    changed["spec"]["replicaSpecs"]["worker"]["maxReplicas"] = 3
+    answer = run(changed, observed)
+    assert answer.writes == (ResizeJob(3, "spec.replicaSpecs.worker.maxReplicas is 3"),)
+    # Once the master says it wants 3, nothing more.
+    done = observed_after(Reconciliation((), {}, ""), observed, summary=summary(max_nodes=4, running=2, wanted=3))
+    assert run(with_status(changed, answer), done).writes == ()
+
+
+def test_a_range_beyond_the_masters_is_refused() -> None:
+    job, observed = running(elastic_job())
+    job["spec"]["replicaSpecs"]["worker"]["maxReplicas"] = 8
+    answer = run(edited(job, {}), observed)
+    assert answer.writes == ()
+    assert "1..8 is not the master's 1..2" in condition(answer, Condition.SPEC_CHANGE_REFUSED)["message"]
+
+
+def test_suspend_deletes_the_master_at_once_and_the_workers_and_resume_brings_the_master_back() -> None:
+    job, observed = running(elastic_job())
+    worker = {"metadata": {"name": "job1-worker-0", "uid": "w0", "labels": {}}, "status": {"phase": "Running"}}
+    observed = observed_after(Reconciliation((), {}, ""), observed, worker_pods=(worker,))
+    suspended = edited(job, {"suspend": True})
+    answer = run(suspended, observed)
+    assert answer.writes == (
+        DeleteObject("Pod", "job1-master", "the job is suspended", 0, "uid-Pod-job1-master"),
+        DeleteObject("Pod", "job1-worker-0", "the job is suspended", None, "w0"),
+    )
+    assert answer.status["phase"] == "Suspended"
+    assert condition(answer, Condition.SUSPENDED)["status"] == "True"
+    gone = observed_after(Reconciliation((), {}, ""), observed, master_pod=None, worker_pods=(), summary=None)
+    assert run(with_status(suspended, answer), gone).writes == ()
+    resumed = edited(with_status(suspended, answer), {"suspend": False})
+    again = run(resumed, gone)
+    assert [w.kind for w in again.writes] == ["Pod"]
+    assert again.status["masterRestarts"] == 0
+    assert condition(again, Condition.SUSPENDED)["status"] == "False"
+
+
+@pytest.mark.parametrize(("code", "reason"), [(137, "OOMKilled"), (143, "Error"), (None, "Evicted"), (1, "OOMKilled")])
+def test_a_master_that_died_is_replaced(code: int | None, reason: str) -> None:
+    job, observed = running(elastic_job())
+    assert observed.master_pod is not None
+    dead = observed_after(
+        Reconciliation((), {}, ""),
+        observed,
+        master_pod=pod_phase(observed.master_pod, "Failed", exit_code=code, reason=reason),
+        summary=None,
+    )
+    answer = run(job, dead)
+    assert answer.writes == (DeleteObject("Pod", "job1-master", answer.writes[0].reason, 0, "uid-Pod-job1-master"),)
+    assert answer.status["masterRestarts"] == 1
+    assert condition(answer, Condition.MASTER_READY)["reason"] == "MasterDied"
+    # Seen again before its deletion shows: deleted again, not counted again.
+    again = run(with_status(job, answer), dead)
+    assert [type(w) for w in again.writes] == [DeleteObject]
+    assert again.status["masterRestarts"] == 1
+    gone = observed_after(Reconciliation((), {}, ""), observed, master_pod=None, summary=None)
+    replaced = run(with_status(job, answer), gone)
+    assert [w.kind for w in replaced.writes] == ["Pod"]
+    assert replaced.status["masterRestarts"] == 1  # counted once
+    assert "starts the job afresh" in condition(replaced, Condition.MASTER_READY)["message"]
+
+
+def test_a_master_deleted_while_ready_is_replaced_and_counted() -> None:
+    job, observed = running(elastic_job())
+    gone = observed_after(Reconciliation((), {}, ""), observed, master_pod=None, summary=None)
+    answer = run(job, gone)
+    assert [w.kind for w in answer.writes] == ["Pod"]
+    assert answer.status["masterRestarts"] == 1
+
+
+def test_a_master_dying_past_its_budget_fails_the_job() -> None:
+    job, observed = running(elastic_job())
+    job["status"]["masterRestarts"] = 2
+    gone = observed_after(Reconciliation((), {}, ""), observed, master_pod=None, summary=None)
+    answer = run(job, gone)
+    assert answer.writes == ()
+    assert condition(answer, Condition.FAILED)["reason"] == "MasterRestartsExhausted"
+    assert run(with_status(job, answer), gone).writes == ()
+
+
+@pytest.mark.parametrize(
+    ("code", "phase", "reason"),
+    [
+        (0, "Succeeded", "JobSucceeded"),
+        (1, "Failed", "JobFailed"),
+        (3, "Failed", "JobStopped"),
+        (2, "Failed", "MasterFailed"),
+    ],
+)
+def test_a_master_that_exited_with_the_jobs_end_is_not_replaced(code: int, phase: str, reason: str) -> None:
+    job, observed = running(elastic_job())
+    assert observed.master_pod is not None
+    pod_state = "Succeeded" if code == 0 else "Failed"
+    ended = observed_after(
+        Reconciliation((), {}, ""),
+        observed,
+        master_pod=pod_phase(observed.master_pod, pod_state, exit_code=code),
+        summary=None,
+    )
+    answer = run(job, ended)
+    assert answer.writes == ()
+    assert answer.status["phase"] == phase
+    kind = Condition.SUCCEEDED if code == 0 else Condition.FAILED
+    assert condition(answer, kind)["reason"] == reason
+    gone = observed_after(Reconciliation((), {}, ""), observed, master_pod=None, summary=None)
+    assert run(with_status(job, answer), gone).writes == ()
+
+
+def test_the_masters_last_word_decides_how_the_job_ended() -> None:
+    job, observed = running(elastic_job())
+    finished = observed_after(Reconciliation((), {}, ""), observed, summary=summary(JobState.SUCCEEDED))
+    answer = run(job, finished)
+    assert answer.status["phase"] == "Succeeded"
+    assert condition(answer, Condition.SUCCEEDED)["status"] == "True"
+    assert answer.writes == ()
+
+
+def test_a_job_being_deleted_gets_no_writes() -> None:
+    job = elastic_job()
+    job["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    answer = run(job)
+    assert answer.writes == ()
+    assert "being deleted" in answer.reason
+
+
+def test_a_condition_keeps_its_transition_time_while_its_status_holds() -> None:
+    job = elastic_job()
+    first = run(job)
+    later = reconcile(
+        with_status(job, first), observed_after(first), SETTINGS, now="2026-01-02T00:00:00Z", new_token=TOKEN
+    )
+    ready = next(c for c in later.status["conditions"] if c["type"] == Condition.MASTER_READY)
+    assert ready["lastTransitionTime"] == "2026-01-01T00:00:00Z"
+
+
+def test_the_default_tls_secret_turns_tls_on_and_must_exist() -> None:
+    settings = ReconcileSettings(master=MasterSettings(tls_secret="site-tls"))
+    job = elastic_job()
+    assert (
+        "--master-tls-secret: Secret 'site-tls' not found"
+        in condition(run(job, settings=settings), Condition.FAILED)["message"]
+    )
+    pod = created(run(job, Observed(secrets=frozenset({"site-tls"})), settings), "Pod")
+    assert "--tls-cert" in pod["spec"]["containers"][0]["command"]
+    assert json.loads(pod["metadata"]["annotations"]["elastic.dlrover.io/applied-spec"])["replicaSpecs"][
+        "worker"
+    ].keys() == {"template"}

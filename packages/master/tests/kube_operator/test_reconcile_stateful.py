@@ -1,0 +1,218 @@
+"""The reconcile as a state machine: a simulated cluster carries out its writes while the master
+runs, dies, is deleted, ends the job, and the user suspends, resumes and edits the job."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import hypothesis.strategies as st
+from ej_builders import TOKEN, elastic_job, summary
+from hypothesis import settings
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from dlrover.master.operator import (
+    CreateObject,
+    DeleteObject,
+    MasterSettings,
+    Observed,
+    ReconcileSettings,
+    ResizeJob,
+    check_spec,
+    reconcile,
+)
+from dlrover.master.operator.schema import STATUS_SCHEMA, schema_errors
+
+MAX_RESTARTS = 3
+SETTINGS = ReconcileSettings(master=MasterSettings(image="img"), max_master_restarts=MAX_RESTARTS)
+_FIELDS = {
+    "ServiceAccount": "service_account",
+    "Role": "role",
+    "RoleBinding": "role_binding",
+    "Secret": "secret",
+    "Service": "service",
+}
+
+
+class OperatorMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.job = elastic_job()
+        self.objects: dict[str, dict[str, Any]] = {}
+        self.master: dict[str, Any] | None = None
+        self.workers: dict[str, dict[str, Any]] = {}
+        self.running = False  # the master answers its status
+        self.uid = 0
+        self.deaths = 0  # master pods that died or were deleted after they served
+        self.ended = False
+        self.masters_after_end = 0
+        self.last_restarts = 0
+        self.passes = 0
+        self.previous: Observed | None = None
+
+    def _uid(self) -> str:
+        self.uid += 1
+        return f"u{self.uid}"
+
+    def _observed(self) -> Observed:
+        return Observed(
+            master_pod=self.master,
+            worker_pods=tuple(self.workers.values()),
+            summary=summary(max_nodes=2, running=2) if self.running else None,
+            **{field: self.objects.get(kind) for kind, field in _FIELDS.items()},
+        )
+
+    def _pass(self, stale: Observed | None = None) -> int:
+        observed = stale or self._observed()
+        self.previous = self._observed()
+        answer = reconcile(self.job, observed, SETTINGS, now="t", new_token=TOKEN)
+        again = reconcile(copy.deepcopy(self.job), observed, SETTINGS, now="t", new_token=TOKEN)
+        assert again == answer, "the decision depends only on its inputs"
+        assert schema_errors(STATUS_SCHEMA, dict(answer.status), "status") == []
+        for write in answer.writes:
+            if isinstance(write, CreateObject):
+                obj = copy.deepcopy(dict(write.obj))
+                owner = obj["metadata"]["ownerReferences"][0]
+                assert owner["uid"] == self.job["metadata"]["uid"]
+                assert owner["controller"] is True
+                obj["metadata"]["uid"] = self._uid()
+                if stale is not None and (
+                    (write.kind == "Pod" and self.master is not None) or write.kind in self.objects
+                ):
+                    continue  # the API server answers 409: it exists already
+                if write.kind == "Pod":
+                    assert self.master is None, "a second master pod"
+                    assert check_spec(self.job).spec is not None, "a master created from an invalid spec"
+                    assert not self.job["spec"].get("suspend"), "a master created for a suspended job"
+                    if self.ended:
+                        self.masters_after_end += 1
+                    obj["status"] = {"phase": "Pending"}
+                    self.master = obj
+                else:
+                    assert write.kind not in self.objects, f"a second {write.kind}"
+                    self.objects[write.kind] = obj
+            elif isinstance(write, DeleteObject):
+                if stale is not None and self.master is not None and write.uid != self.master["metadata"]["uid"]:
+                    continue  # the uid precondition fails: a newer master is left alone
+                if self.master is not None and write.name == self.master["metadata"]["name"]:
+                    assert write.uid == self.master["metadata"]["uid"]
+                    self.master = None
+                    self.running = False
+                else:
+                    self.workers.pop(write.name, None)
+            else:
+                assert isinstance(write, ResizeJob)
+        self.job["status"] = copy.deepcopy(dict(answer.status))
+        restarts = int(answer.status.get("masterRestarts", 0))
+        assert restarts >= self.last_restarts, "masterRestarts never goes back"
+        self.last_restarts = restarts
+        self.passes += 1
+        return len(answer.writes)
+
+    @rule()
+    def reconcile_until_quiet(self) -> None:
+        for _ in range(4):
+            if self._pass() == 0:
+                break
+        else:
+            raise AssertionError("the reconcile did not settle in 4 passes of an unchanging world")
+        self._check_settled()
+
+    def _check_settled(self) -> None:
+        status = self.job["status"]
+        if self.job["spec"].get("suspend") and not self.ended and self.master is None:
+            assert not self.workers
+        if self.job["spec"].get("suspend") and status.get("phase") == "Suspended":
+            assert self.master is None
+            assert not self.workers
+        assert self.masters_after_end == 0, "a master was started after the job ended"
+        runs = not self.ended and not self.job["spec"].get("suspend") and check_spec(self.job).spec is not None
+        if runs and status.get("phase") != "Failed":
+            assert self.master is not None, status
+            assert set(self.objects) == set(_FIELDS)
+        assert self.last_restarts <= self.deaths
+
+    @precondition(lambda self: self.previous is not None)
+    @rule()
+    def reconcile_on_a_stale_view(self) -> None:
+        """The caches lag: the decision sees the objects as they were before the last pass's writes."""
+        assert self.previous is not None
+        self._pass(stale=self.previous)
+
+    @precondition(lambda self: self.master is not None and self.master["status"]["phase"] == "Pending")
+    @rule()
+    def master_starts(self) -> None:
+        assert self.master is not None
+        self.master["status"] = {"phase": "Running", "podIP": "127.0.0.9"}
+        self.running = not self.ended
+
+    @precondition(lambda self: self.master is not None and self.master["status"]["phase"] == "Running")
+    @rule(code=st.sampled_from([137, 143]))
+    def master_dies(self, code: int) -> None:
+        assert self.master is not None
+        self.master["status"] = {
+            "phase": "Failed",
+            "containerStatuses": [{"name": "master", "state": {"terminated": {"exitCode": code}}}],
+        }
+        self.running = False
+        self.deaths += 1
+
+    @precondition(lambda self: self.master is not None)
+    @rule()
+    def master_deleted(self) -> None:
+        if self.ended and self.job.get("status", {}).get("phase") not in ("Succeeded", "Failed"):
+            # The pod that said how the job ended is gone before the operator saw it: nothing tells the
+            # operator the job ended, and a replacement master (resuming its journal) says it again.
+            self.ended = False
+        self.master = None
+        self.running = False
+        self.deaths += 1
+
+    @precondition(
+        lambda self: self.master is not None and self.master["status"]["phase"] == "Running" and not self.ended
+    )
+    @rule(code=st.sampled_from([0, 1, 3]))
+    def job_ends(self, code: int) -> None:
+        assert self.master is not None
+        self.master["status"] = {
+            "phase": "Succeeded" if code == 0 else "Failed",
+            "containerStatuses": [{"name": "master", "state": {"terminated": {"exitCode": code}}}],
+        }
+        self.running = False
+        self.ended = True
+
+    @precondition(lambda self: self.master is not None and self.master["status"]["phase"] == "Running")
+    @rule()
+    def master_launches_a_worker(self) -> None:
+        name = f"job1-worker-{len(self.workers)}"
+        self.workers[name] = {"metadata": {"name": name, "uid": self._uid()}, "status": {"phase": "Running"}}
+
+    def _edit(self, change: dict[str, Any]) -> None:
+        self.job["spec"].update(copy.deepcopy(change))
+        self.job["metadata"]["generation"] += 1
+
+    @rule()
+    def toggle_suspend(self) -> None:
+        self._edit({"suspend": not self.job["spec"].get("suspend", False)})
+
+    @rule(image=st.sampled_from(["dlrover:test", "dlrover:new"]))
+    def edit_template(self, image: str) -> None:
+        spec = copy.deepcopy(self.job["spec"]["replicaSpecs"])
+        spec["worker"]["template"]["spec"]["containers"][0]["image"] = image
+        self._edit({"replicaSpecs": spec})
+
+    @rule(broken=st.booleans())
+    def edit_validity(self, broken: bool) -> None:
+        spec = copy.deepcopy(self.job["spec"]["replicaSpecs"])
+        spec["worker"]["minReplicas"] = 3 if broken else 1
+        self._edit({"replicaSpecs": spec})
+
+    @invariant()
+    def restarts_are_bounded(self) -> None:
+        assert self.last_restarts <= MAX_RESTARTS + 1
+        assert self.last_restarts <= self.deaths, "a master death counted twice"
+
+
+# The number of examples comes from the profile (conftest.py: dev, or ci under CI).
+TestOperatorMachine = OperatorMachine.TestCase
+TestOperatorMachine.settings = settings(TestOperatorMachine.settings, stateful_step_count=30)

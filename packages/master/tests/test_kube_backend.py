@@ -1,0 +1,334 @@
+"""The Kubernetes backend against the test API server and its kubelet: real pods as local processes.
+
+Faults come from the kubelet (a lost node, an eviction, a preemption, the kernel's OOM killer at a
+container's memory limit) and from the API server (dropped watches, 410 Gone).
+"""
+
+# ruff: noqa: F811 (pytest fixtures imported by name are parameters of the tests)
+from __future__ import annotations
+
+import base64
+import sys
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+from dlrover_testsupport.kube.cluster import KubeCluster
+from dlrover_testsupport.kube.fixtures import kube_cluster  # noqa: F401 (a fixture)
+
+from dlrover.autoscale import Resources
+from dlrover.common import ConfigError
+from dlrover.master.kube import WatchSettings, names
+from dlrover.master.scheduler.base import NodeSpec, ObservedNode, ObservedState, SchedulerError
+from dlrover.master.scheduler.kubernetes import VERBS_USED, KubernetesScheduler, KubernetesSettings, WorkerTemplate
+
+kubernetes = pytest.importorskip("kubernetes")
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+NS = "default"
+JOB = "j"
+WAIT_S = 120.0
+# A stand-in agent: sleeps SLEEP seconds (default: until stopped), then exits with EXIT; with HOG, first
+# holds that many MiB.
+AGENT = (
+    "import os, sys, time\n"
+    "hog = bytearray(int(os.environ.get('HOG', '0')) * 1024 * 1024)\n"
+    "for i in range(0, len(hog), 4096): hog[i] = 1\n"
+    "time.sleep(float(os.environ.get('SLEEP', '3600')))\n"
+    "sys.exit(int(os.environ.get('EXIT', '0')))\n"
+)
+
+
+def template(command: list[str] | None = None) -> dict[str, Any]:
+    return {
+        "spec": {
+            "containers": [{"name": "main", "image": "dlrover", "command": command or [sys.executable, "-c", AGENT]}]
+        }
+    }
+
+
+def settings(**kw: Any) -> KubernetesSettings:
+    fast = WatchSettings(backoff_initial_s=0.05, backoff_max_s=0.5, watch_timeout_s=30)
+    return KubernetesSettings(
+        namespace=NS, job=JOB, master_address="127.0.0.1:1", watch=fast, pod_deletion_grace_s=2, **kw
+    )
+
+
+def make_secret(core: Any) -> None:
+    token = base64.b64encode(b"t" * 43).decode()
+    core.create_namespaced_secret(NS, {"metadata": {"name": names.token_secret_name(JOB)}, "data": {"token": token}})
+
+
+@pytest.fixture
+def core(kube_cluster: KubeCluster) -> Iterator[Any]:
+    with kubernetes.client.ApiClient(kubernetes.client.Configuration(host=kube_cluster.url)) as api:
+        api_core = kubernetes.client.CoreV1Api(api)
+        make_secret(api_core)
+        yield api_core
+
+
+@pytest.fixture
+def make_backend(kube_cluster: KubeCluster, core: Any) -> Iterator[Callable[..., KubernetesScheduler]]:
+    made: list[KubernetesScheduler] = []
+
+    def make(worker: WorkerTemplate | None = None, **kw: Any) -> KubernetesScheduler:
+        api = kubernetes.client.ApiClient(kubernetes.client.Configuration(host=kube_cluster.url))
+        backend = KubernetesScheduler(api, settings(**kw), worker or WorkerTemplate(template()), owns_client=True)
+        made.append(backend)
+        return backend
+
+    yield make
+    for backend in made:
+        backend.close()
+
+
+def node(node_id: int, **env: str) -> NodeSpec:
+    return NodeSpec(JOB, node_id, node_id, env=env)
+
+
+def state_is(node_id: int, *states: ObservedState) -> Callable[[Mapping[int, ObservedNode]], bool]:
+    return lambda seen: node_id in seen and seen[node_id].state in states
+
+
+def wait(
+    backend: KubernetesScheduler, predicate: Callable[[Mapping[int, ObservedNode]], bool]
+) -> Mapping[int, ObservedNode]:
+    assert backend.wait_for(predicate, WAIT_S), f"not reached; observed {dict(backend.observe())}"
+    return backend.observe()
+
+
+def read_pod(core: Any, node_id: int) -> dict[str, Any]:
+    response = core.read_namespaced_pod(names.worker_pod_name(JOB, node_id), NS, _preload_content=False)
+    import json
+
+    return dict(json.loads(response.data))
+
+
+def test_pods_run_exit_and_stop(
+    make_backend: Callable[..., KubernetesScheduler], kube_cluster: KubeCluster, core: Any
+) -> None:
+    backend = make_backend()
+    backend.launch(node(0))
+    backend.launch(node(1, SLEEP="0", EXIT="3"))
+    backend.launch(node(2, SLEEP="0", EXIT="0"))
+    seen = wait(
+        backend,
+        lambda s: (
+            state_is(0, ObservedState.RUNNING)(s)
+            and state_is(1, ObservedState.FAILED)(s)
+            and state_is(2, ObservedState.SUCCEEDED)(s)
+        ),
+    )
+    assert seen[0].host in kube_cluster.kubelet.node_names
+    assert (seen[1].exit_code, seen[1].disruption) == (3, False)
+    assert seen[2].exit_code == 0
+    pod = read_pod(core, 0)
+    env = {e["name"]: e for e in pod["spec"]["containers"][0]["env"]}
+    assert env["DLROVER_JOB_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "j-token", "key": "token"}
+    pid = kube_cluster.kubelet.pid(names.worker_pod_name(JOB, 0))
+    assert pid is not None
+    backend.stop(0)
+    seen = wait(backend, state_is(0, ObservedState.STOPPED))
+    # The pod is deleted once the kubelet has stopped its process.
+    assert backend.wait_for(lambda _: kube_cluster.kubelet.pid(names.worker_pod_name(JOB, 0)) is None, WAIT_S)
+    assert backend.wait_for(
+        lambda s: names.worker_pod_name(JOB, 0) not in [p.metadata.name for p in core.list_namespaced_pod(NS).items],
+        WAIT_S,
+    )
+
+
+def test_a_lost_node_is_a_disruption_and_the_relaunch_avoids_it(
+    make_backend: Callable[..., KubernetesScheduler], kube_cluster: KubeCluster, core: Any
+) -> None:
+    backend = make_backend()
+    backend.launch(node(0))
+    host = wait(backend, state_is(0, ObservedState.RUNNING))[0].host
+    assert backend.placed_host(0) == host
+    assert backend.placed_host(99) == ""
+    kube_cluster.kubelet.lose_node(host)
+    lost = wait(backend, state_is(0, ObservedState.FAILED))[0]
+    assert (lost.reason, lost.disruption, lost.host) == ("NodeLost", True, host)
+    assert "NodeLost" in lost.evidence
+    backend.launch(NodeSpec(JOB, 1, 0, relaunch_count=1, avoid_hosts=frozenset({host})))
+    moved = wait(backend, state_is(1, ObservedState.RUNNING))[1]
+    assert moved.host != host
+    terms = read_pod(core, 1)["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ]
+    assert {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": [host]} in terms[0]["matchExpressions"]
+
+
+def test_an_evicted_pod_is_a_disruption(
+    make_backend: Callable[..., KubernetesScheduler], kube_cluster: KubeCluster
+) -> None:
+    backend = make_backend()
+    backend.launch(node(0))
+    wait(backend, state_is(0, ObservedState.RUNNING))
+    kube_cluster.kubelet.evict(names.worker_pod_name(JOB, 0))
+    seen = wait(backend, state_is(0, ObservedState.FAILED))[0]
+    assert (seen.reason, seen.disruption) == ("Evicted", True)
+
+
+def test_a_preempted_pod_is_a_disruption(
+    make_backend: Callable[..., KubernetesScheduler], kube_cluster: KubeCluster
+) -> None:
+    backend = make_backend()
+    backend.launch(node(0))
+    wait(backend, state_is(0, ObservedState.RUNNING))
+    kube_cluster.kubelet.preempt(names.worker_pod_name(JOB, 0))
+    seen = wait(backend, state_is(0, ObservedState.FAILED))[0]
+    assert (seen.reason, seen.disruption) == ("Preempted", True)
+
+
+def test_a_container_over_its_memory_limit_is_oom_killed(
+    make_backend: Callable[..., KubernetesScheduler], kube_cluster: KubeCluster, core: Any
+) -> None:
+    if not kube_cluster.kubelet.memory_enforced:
+        pytest.skip(f"the test kubelet cannot enforce memory here: {kube_cluster.kubelet.memory_enforcement}")
+    backend = make_backend(node_state_mb=1)
+    backend.launch(NodeSpec(JOB, 0, 0, env={"HOG": "400"}, resources=Resources(cpu=1, memory_mb=100)))
+    seen = wait(backend, state_is(0, ObservedState.FAILED))[0]
+    assert (seen.reason, seen.exit_code, seen.disruption) == ("OOMKilled", 137, False)
+    limits = read_pod(core, 0)["spec"]["containers"][0]["resources"]["limits"]
+    assert limits["memory"] == "102Mi"  # 100 MiB for the node plus two 1 MiB snapshots in /dev/shm
+
+
+def test_an_unschedulable_pod_is_pending_with_the_schedulers_message(
+    make_backend: Callable[..., KubernetesScheduler],
+) -> None:
+    backend = make_backend()
+    backend.launch(NodeSpec(JOB, 0, 0, resources=Resources(cpu=64, memory_mb=100)))
+    seen = wait(backend, lambda s: 0 in s and s[0].reason == "Unschedulable")[0]
+    assert seen.state is ObservedState.PENDING
+    assert "cpu" in seen.evidence
+
+
+def test_a_pod_without_its_token_secret_waits_and_says_why(
+    make_backend: Callable[..., KubernetesScheduler], core: Any
+) -> None:
+    core.delete_namespaced_secret(names.token_secret_name(JOB), NS)
+    backend = make_backend()
+    backend.launch(node(0))
+    seen = wait(backend, lambda s: 0 in s and s[0].reason == "CreateContainerConfigError")[0]
+    assert seen.state is ObservedState.PENDING
+    assert names.token_secret_name(JOB) in seen.evidence
+
+
+def test_pod_writes_are_retried_then_a_launch_fails_cleanly(
+    make_backend: Callable[..., KubernetesScheduler], kube_cluster: KubeCluster
+) -> None:
+    backend = make_backend(request_retries=2)
+    faults = kube_cluster.server.faults
+    creates = faults.fail_next(2, 500, when=lambda r: r.verb == "create" and r.resource == "pods")
+    backend.launch(node(0))  # two 500s, then created
+    assert creates.fired == 2
+    wait(backend, state_is(0, ObservedState.RUNNING))
+    faults.fail_next(3, 500, when=lambda r: r.verb == "create" and r.resource == "pods")
+    with pytest.raises(SchedulerError, match="create pod j-worker-1: 500"):
+        backend.launch(node(1))
+    assert 1 not in backend.observe()  # refused: nothing changed
+    deletes = faults.fail_next(3, 500, when=lambda r: r.verb == "delete")
+    backend.stop(0)  # every attempt refused: retried at the next observation
+    assert deletes.fired == 3
+    assert kube_cluster.kubelet.pid(names.worker_pod_name(JOB, 0)) is not None
+    assert backend.observe()[0].state is ObservedState.STOPPED  # and the delete is sent again
+    assert backend.wait_for(lambda _: kube_cluster.kubelet.pid(names.worker_pod_name(JOB, 0)) is None, WAIT_S)
+
+
+def test_watch_faults_lose_no_pod_event(
+    make_backend: Callable[..., KubernetesScheduler], kube_cluster: KubeCluster
+) -> None:
+    backend = make_backend()
+    faults = kube_cluster.server.faults
+    expected: dict[int, tuple[ObservedState, int | None]] = {}
+    for i in range(6):
+        code = i % 3  # 0: succeeded; 1, 2: failed with that code
+        backend.launch(node(i, SLEEP="0", EXIT=str(code)))
+        expected[i] = (ObservedState.SUCCEEDED if code == 0 else ObservedState.FAILED, code)
+        if i % 2:
+            faults.drop_watches(abrupt=True)
+        else:
+            faults.fail_next(1, 410, when=lambda r: r.is_watch and r.resource == "pods")
+            faults.drop_watches()
+    seen = wait(
+        backend,
+        lambda s: all(
+            nid in s and s[nid].state is not ObservedState.PENDING and s[nid].state is not ObservedState.RUNNING
+            for nid in expected
+        ),
+    )
+    assert {nid: (n.state, n.exit_code) for nid, n in seen.items()} == expected
+    stats = backend.list_watch.stats
+    assert stats.resumes >= 1
+    assert stats.relists >= 1
+
+
+def test_the_elastic_job_is_read_and_owns_the_pods(kube_cluster: KubeCluster, core: Any, tmp_path: Path) -> None:
+    with kubernetes.client.ApiClient(kubernetes.client.Configuration(host=kube_cluster.url)) as api:
+        kubernetes.client.ApiextensionsV1Api(api).create_custom_resource_definition(elastic_job_crd())
+        job = kubernetes.client.CustomObjectsApi(api).create_namespaced_custom_object(
+            names.CRD_GROUP, names.CRD_VERSION, NS, names.CRD_PLURAL, elastic_job(template())
+        )
+    kubeconfig = kube_cluster.write_kubeconfig(tmp_path / "kubeconfig")
+    kube_cluster.server.clear_requests()
+    backend = KubernetesScheduler.from_cluster(settings(kubeconfig=str(kubeconfig)))
+    try:
+        backend.launch(node(0))
+        wait(backend, state_is(0, ObservedState.RUNNING))
+        pod = backend.list_watch.objects()[f"{NS}/{names.worker_pod_name(JOB, 0)}"]
+        owner = pod["metadata"]["ownerReferences"][0]
+        assert (owner["kind"], owner["name"], owner["uid"]) == ("ElasticJob", JOB, job["metadata"]["uid"])
+        backend.stop(0)
+        wait(backend, state_is(0, ObservedState.STOPPED))
+    finally:
+        backend.close()
+    assert backend.observe()[0].state is ObservedState.STOPPED
+    # The master's Role grants exactly what the backend calls, in its namespace only.
+    used = {(r.group, r.rbac_resource, r.verb) for r in kube_cluster.server.requests()}
+    assert used == VERBS_USED
+    assert {r.namespace for r in kube_cluster.server.requests()} == {NS}
+
+
+def test_a_missing_elastic_job_is_a_clear_error(kube_cluster: KubeCluster, tmp_path: Path) -> None:
+    kubeconfig = kube_cluster.write_kubeconfig(tmp_path / "kubeconfig")
+    with pytest.raises(ConfigError, match=f"cannot read the ElasticJob {NS}/{JOB}: 404"):
+        KubernetesScheduler.from_cluster(settings(kubeconfig=str(kubeconfig)))
+
+
+def elastic_job_crd() -> dict[str, Any]:
+    """A minimal ElasticJob CRD (the operator ships the full schema)."""
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": names.CRD_NAME},
+        "spec": {
+            "group": names.CRD_GROUP,
+            "scope": "Namespaced",
+            "names": {
+                "plural": names.CRD_PLURAL,
+                "singular": names.CRD_SINGULAR,
+                "kind": names.CRD_KIND,
+                "shortNames": [names.CRD_SHORT_NAME],
+            },
+            "versions": [
+                {
+                    "name": names.CRD_VERSION,
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}},
+                }
+            ],
+        },
+    }
+
+
+def elastic_job(worker_template: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": names.api_version(),
+        "kind": names.CRD_KIND,
+        "metadata": {"name": JOB, "namespace": NS},
+        "spec": {"replicaSpecs": {"worker": {"template": worker_template}}},
+    }

@@ -1,0 +1,300 @@
+"""The Kubernetes backend's pure cores: NodeSpec -> pod manifest, pod -> ObservedNode."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from dlrover.autoscale import Resources
+from dlrover.common import ConfigError
+from dlrover.master.scheduler.base import NodeSpec, ObservedState
+from dlrover.master.scheduler.kubernetes import (
+    KubernetesSettings,
+    WorkerTemplate,
+    master_address,
+    observe_deleted_pod,
+    observe_pod,
+    shm_size_mb,
+    worker_pod,
+)
+
+SETTINGS = KubernetesSettings(namespace="team", job="gpt")
+TEMPLATE: dict[str, Any] = {
+    "metadata": {"labels": {"app": "gpt"}, "annotations": {"note": "x"}},
+    "spec": {
+        "containers": [
+            {"name": "sidecar", "image": "busybox"},
+            {
+                "name": "main",
+                "image": "dlrover",
+                "command": ["dlrover-run", "train.py"],
+                "env": [{"name": "USER_VAR", "value": "1"}, {"name": "DLROVER_MASTER_ADDR", "value": "stale"}],
+                "volumeMounts": [{"name": "old-shm", "mountPath": "/dev/shm"}, {"name": "data", "mountPath": "/d"}],
+            },
+        ],
+        "volumes": [{"name": "data", "emptyDir": {}}],
+        "affinity": {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [
+                        {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]},
+                        {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["b"]}]},
+                    ]
+                }
+            }
+        },
+    },
+}
+WORKER = WorkerTemplate(TEMPLATE, job_uid="uid-1", checkpoint_volume={"persistentVolumeClaim": {"claimName": "ck"}})
+
+
+def spec(**kw: Any) -> NodeSpec:
+    env = {
+        "DLROVER_MASTER_ADDR": "0.0.0.0:50001",
+        "DLROVER_JOB_TOKEN": "secret-literal",
+        "DLROVER_JOB_TOKEN_FILE": "/tmp/token",
+        "DLROVER_NODE_ID": "7",
+        "DLROVER_NODE_RANK": "2",
+    }
+    return NodeSpec(job_name="gpt", node_id=7, rank=2, env=env, **kw)
+
+
+def main(pod: dict[str, Any]) -> dict[str, Any]:
+    return next(c for c in pod["spec"]["containers"] if c["name"] == "main")
+
+
+def env_of(pod: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in main(pod)["env"]}
+
+
+def test_names_labels_owner_and_restart_policy() -> None:
+    pod = worker_pod(spec(), SETTINGS, WORKER)
+    meta = pod["metadata"]
+    assert (meta["name"], meta["namespace"]) == ("gpt-worker-7", "team")
+    assert meta["labels"] == {
+        "app": "gpt",
+        "app.kubernetes.io/managed-by": "dlrover",
+        "elastic.dlrover.io/job": "gpt",
+        "elastic.dlrover.io/component": "worker",
+        "elastic.dlrover.io/role": "worker",
+        "elastic.dlrover.io/node-id": "7",
+        "elastic.dlrover.io/rank": "2",
+    }
+    assert meta["annotations"] == {"note": "x"}
+    assert meta["ownerReferences"] == [
+        {
+            "apiVersion": "elastic.dlrover.io/v1alpha1",
+            "kind": "ElasticJob",
+            "name": "gpt",
+            "uid": "uid-1",
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+    ]
+    assert pod["spec"]["restartPolicy"] == "Never"
+    assert pod["spec"]["terminationGracePeriodSeconds"] == 30
+    assert TEMPLATE["spec"]["containers"][1]["env"][1]["value"] == "stale"  # the template is not changed
+
+
+def test_no_owner_without_a_job_uid() -> None:
+    assert "ownerReferences" not in worker_pod(spec(), SETTINGS, WorkerTemplate(TEMPLATE))["metadata"]
+
+
+def test_the_token_comes_only_from_the_secret() -> None:
+    pod = worker_pod(spec(), SETTINGS, WORKER)
+    env = env_of(pod)
+    assert env["DLROVER_JOB_TOKEN"] == {"secretKeyRef": {"name": "gpt-token", "key": "token"}}
+    assert "DLROVER_JOB_TOKEN_FILE" not in env
+    assert "secret-literal" not in repr(pod)
+    assert env["DLROVER_MASTER_ADDR"] == "gpt-master.team.svc:50001"
+    assert [e["name"] for e in main(pod)["env"]].count("DLROVER_MASTER_ADDR") == 1
+    assert env["DLROVER_NODE_ID"] == "7"
+    assert env["DLROVER_NODE_RANK"] == "2"
+    assert env["USER_VAR"] == "1"
+    assert env["POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert env["POD_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+    assert env["POD_IP"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    # The sidecar is the user's: untouched.
+    assert "env" not in pod["spec"]["containers"][0]
+
+
+def test_the_master_address_can_be_given_and_must_be_known() -> None:
+    given = KubernetesSettings(namespace="team", job="gpt", master_address="10.0.0.1:9")
+    assert master_address(spec(), given) == "10.0.0.1:9"
+    with pytest.raises(ConfigError, match="port is unknown"):
+        master_address(NodeSpec("gpt", 1, 1, env={}), SETTINGS)
+
+
+def test_resources_are_requests_and_limits_with_the_shm_counted() -> None:
+    resources = Resources(cpu=1.5, memory_mb=4096, gpu=2, gpu_type="nvidia-h100")
+    pod = worker_pod(spec(resources=resources), SETTINGS, WORKER)
+    shm = 2 * 1024  # two snapshots of a quarter of the node's memory
+    amounts = {"cpu": "1500m", "memory": f"{4096 + shm}Mi", "nvidia.com/gpu": "2"}
+    assert main(pod)["resources"] == {"requests": amounts, "limits": amounts}
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert volumes["dlrover-shm"] == {"name": "dlrover-shm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{shm}Mi"}}
+    assert pod["spec"]["nodeSelector"] == {"nvidia.com/gpu.product": "nvidia-h100"}
+
+
+def test_shm_sizing_rule() -> None:
+    assert shm_size_mb(Resources(cpu=1, memory_mb=1000), SETTINGS) == 500
+    assert shm_size_mb(None, SETTINGS) == 0
+    stated = KubernetesSettings(namespace="a", job="b", node_state_mb=3000)
+    assert shm_size_mb(Resources(cpu=1, memory_mb=1000), stated) == 6000
+    assert shm_size_mb(None, stated) == 6000
+
+
+def test_no_resources_means_no_limits_and_an_unsized_shm() -> None:
+    pod = worker_pod(spec(), SETTINGS, WORKER)
+    assert "resources" not in main(pod)
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert volumes["dlrover-shm"]["emptyDir"] == {"medium": "Memory"}
+
+
+def test_shm_and_checkpoint_mounts_replace_the_templates() -> None:
+    pod = worker_pod(spec(), SETTINGS, WORKER)
+    mounts = {m["mountPath"]: m["name"] for m in main(pod)["volumeMounts"]}
+    assert mounts == {"/dev/shm": "dlrover-shm", "/d": "data", "/checkpoints": "dlrover-checkpoints"}
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert volumes["dlrover-checkpoints"] == {
+        "name": "dlrover-checkpoints",
+        "persistentVolumeClaim": {"claimName": "ck"},
+    }
+    assert "data" in volumes
+
+
+def test_avoided_hosts_are_excluded_in_every_node_selector_term() -> None:
+    pod = worker_pod(spec(avoid_hosts=frozenset({"n2", "n1"})), SETTINGS, WORKER)
+    terms = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ]
+    avoid = {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": ["n1", "n2"]}
+    assert len(terms) == 2
+    assert all(term["matchExpressions"][-1] == avoid for term in terms)
+    bare = WorkerTemplate({"spec": {"containers": [{"name": "c"}]}})
+    pod = worker_pod(spec(avoid_hosts=frozenset({"n1"})), SETTINGS, bare)
+    assert pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"] == {
+        "nodeSelectorTerms": [{"matchExpressions": [{**avoid, "values": ["n1"]}]}]
+    }
+    assert "affinity" not in worker_pod(spec(), SETTINGS, bare)["spec"]
+
+
+def test_bad_settings_and_templates_are_refused() -> None:
+    with pytest.raises(ConfigError, match="namespace"):
+        KubernetesSettings(namespace="Bad_NS", job="x")
+    with pytest.raises(ConfigError, match="job"):
+        KubernetesSettings(namespace="ns", job="")
+    with pytest.raises(ConfigError, match="pod_deletion_grace_s"):
+        KubernetesSettings(namespace="ns", job="x", pod_deletion_grace_s=-1)
+    with pytest.raises(ConfigError, match=r"no spec\.containers"):
+        WorkerTemplate({"spec": {"containers": []}})
+
+
+# ----------------------------------------------------------------- observations
+
+
+def pod(phase: str, **status: Any) -> dict[str, Any]:
+    return {
+        "metadata": {"name": "gpt-worker-7", "namespace": "team"},
+        "spec": {"nodeName": "n1", "containers": [{"name": "main"}]},
+        "status": {"phase": phase, **status},
+    }
+
+
+def terminated(reason: str, code: int) -> list[dict[str, Any]]:
+    return [{"name": "main", "state": {"terminated": {"reason": reason, "exitCode": code}}}]
+
+
+def test_pending_running_and_succeeded() -> None:
+    assert observe_pod(7, pod("Pending")).state is ObservedState.PENDING
+    running = observe_pod(7, pod("Running"))
+    assert (running.state, running.host) == (ObservedState.RUNNING, "n1")
+    done = observe_pod(7, pod("Succeeded", containerStatuses=terminated("Completed", 0)))
+    assert (done.state, done.exit_code) == (ObservedState.SUCCEEDED, 0)
+
+
+def test_unschedulable_carries_the_schedulers_message() -> None:
+    message = "0/3 nodes are available: 3 Insufficient memory."
+    seen = observe_pod(
+        7,
+        pod(
+            "Pending",
+            conditions=[{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}],
+        ),
+    )
+    assert (seen.state, seen.reason) == (ObservedState.PENDING, "Unschedulable")
+    assert message in seen.evidence
+
+
+def test_a_container_that_cannot_start_says_why() -> None:
+    waiting = [
+        {
+            "name": "main",
+            "state": {"waiting": {"reason": "CreateContainerConfigError", "message": 'secret "gpt-token" not found'}},
+        }
+    ]
+    seen = observe_pod(7, pod("Pending", containerStatuses=waiting))
+    assert (seen.state, seen.reason) == (ObservedState.PENDING, "CreateContainerConfigError")
+    assert 'secret "gpt-token" not found' in seen.evidence
+    creating = [{"name": "main", "state": {"waiting": {"reason": "ContainerCreating"}}}]
+    seen = observe_pod(7, pod("Pending", containerStatuses=creating))
+    assert (seen.state, seen.reason) == (ObservedState.PENDING, "")
+
+
+def test_oom_killed_is_charged_with_its_evidence() -> None:
+    seen = observe_pod(7, pod("Failed", containerStatuses=terminated("OOMKilled", 137)))
+    assert (seen.state, seen.exit_code, seen.reason, seen.disruption) == (ObservedState.FAILED, 137, "OOMKilled", False)
+    assert "container main terminated: reason OOMKilled, exitCode 137" in seen.evidence
+
+
+def test_an_ordinary_failure_keeps_the_exit_code() -> None:
+    seen = observe_pod(7, pod("Failed", containerStatuses=terminated("Error", 3)))
+    assert (seen.state, seen.exit_code, seen.reason, seen.disruption) == (ObservedState.FAILED, 3, "Error", False)
+
+
+@pytest.mark.parametrize(
+    ("status", "reason"),
+    [
+        ({"reason": "Evicted", "message": "The node was low on resource: memory."}, "Evicted"),
+        ({"reason": "NodeLost"}, "NodeLost"),
+        (
+            {"conditions": [{"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}]},
+            "Preempted",
+        ),
+        (
+            {"conditions": [{"type": "DisruptionTarget", "status": "True", "reason": "DeletionByTaintManager"}]},
+            "NodeLost",
+        ),
+        ({"conditions": [{"type": "DisruptionTarget", "status": "True", "reason": "TerminationByKubelet"}]}, "Evicted"),
+    ],
+)
+def test_platform_disruptions(status: dict[str, Any], reason: str) -> None:
+    seen = observe_pod(7, pod("Failed", containerStatuses=terminated("Error", 137), **status))
+    assert (seen.state, seen.reason, seen.disruption, seen.host) == (ObservedState.FAILED, reason, True, "n1")
+
+
+def test_deadline_exceeded_is_the_jobs_own_limit() -> None:
+    seen = observe_pod(7, pod("Failed", reason="DeadlineExceeded", message="Pod was active too long"))
+    assert (seen.state, seen.reason, seen.disruption) == (ObservedState.FAILED, "DeadlineExceeded", False)
+    assert "Pod was active too long" in seen.evidence
+
+
+def test_a_stop_the_master_asked_for_is_a_stop() -> None:
+    assert observe_pod(7, pod("Failed"), stop_requested=True).state is ObservedState.STOPPED
+    assert observe_deleted_pod(7, pod("Running"), stop_requested=True).state is ObservedState.STOPPED
+
+
+def test_a_pod_deleted_by_someone_else_is_a_disruption() -> None:
+    preempted = pod(
+        "Running", conditions=[{"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}]
+    )
+    seen = observe_deleted_pod(7, preempted, stop_requested=False)
+    assert (seen.state, seen.reason, seen.disruption, seen.host) == (ObservedState.FAILED, "Preempted", True, "n1")
+    seen = observe_deleted_pod(7, pod("Running"), stop_requested=False)
+    assert (seen.reason, seen.disruption) == ("Deleted", True)
+    seen = observe_deleted_pod(7, None, stop_requested=False)
+    assert (seen.state, seen.reason) == (ObservedState.FAILED, "Deleted")
+    # One that had already ended keeps how it ended.
+    ended = observe_deleted_pod(7, pod("Failed", containerStatuses=terminated("OOMKilled", 137)), stop_requested=False)
+    assert (ended.reason, ended.disruption) == ("OOMKilled", False)
