@@ -35,6 +35,17 @@ if TYPE_CHECKING:
     from dlrover.common.guard import SERVICER_REFUSALS, RequestGuardInterceptor, backstop_bytes
     from dlrover.common.lazy import lazy_export_problems, modules_loaded_by
     from dlrover.common.log import JsonLinesFormatter, configure_logging
+    from dlrover.common.master_tls import (
+        MASTER_TLS_CA_ENV_VAR,
+        MASTER_TLS_CERT_ENV_VAR,
+        MASTER_TLS_ENV_VARS,
+        MASTER_TLS_KEY_ENV_VAR,
+        MASTER_TLS_SERVER_NAME_ENV_VAR,
+        master_channel_config,
+        master_tls_env,
+        master_tls_from_env,
+        master_tls_from_settings,
+    )
     from dlrover.common.ping import PingServicer, add_ping_service
     from dlrover.common.process import (
         ProcessIdentity,
@@ -115,6 +126,15 @@ _EXPORTS: dict[str, str] = {
     "modules_loaded_by": "dlrover.common.lazy",
     "JsonLinesFormatter": "dlrover.common.log",
     "configure_logging": "dlrover.common.log",
+    "MASTER_TLS_CA_ENV_VAR": "dlrover.common.master_tls",
+    "MASTER_TLS_CERT_ENV_VAR": "dlrover.common.master_tls",
+    "MASTER_TLS_ENV_VARS": "dlrover.common.master_tls",
+    "MASTER_TLS_KEY_ENV_VAR": "dlrover.common.master_tls",
+    "MASTER_TLS_SERVER_NAME_ENV_VAR": "dlrover.common.master_tls",
+    "master_channel_config": "dlrover.common.master_tls",
+    "master_tls_env": "dlrover.common.master_tls",
+    "master_tls_from_env": "dlrover.common.master_tls",
+    "master_tls_from_settings": "dlrover.common.master_tls",
     "PingServicer": "dlrover.common.ping",
     "add_ping_service": "dlrover.common.ping",
     "ProcessIdentity": "dlrover.common.process",
@@ -212,6 +232,15 @@ __all__ = [
     "RefusalLog",
     "RefusalObserver",
     "report_refusal",
+    "MASTER_TLS_CA_ENV_VAR",
+    "MASTER_TLS_CERT_ENV_VAR",
+    "MASTER_TLS_ENV_VARS",
+    "MASTER_TLS_KEY_ENV_VAR",
+    "MASTER_TLS_SERVER_NAME_ENV_VAR",
+    "master_channel_config",
+    "master_tls_env",
+    "master_tls_from_env",
+    "master_tls_from_settings",
 ]
 
 if not TYPE_CHECKING:  # so mypy checks every imported name against the imports above

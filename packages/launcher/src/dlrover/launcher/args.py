@@ -16,7 +16,16 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from dlrover.common import ConfigError, DefaultsHelpFormatter
+from dlrover.common import (
+    MASTER_TLS_CA_ENV_VAR,
+    MASTER_TLS_CERT_ENV_VAR,
+    MASTER_TLS_KEY_ENV_VAR,
+    MASTER_TLS_SERVER_NAME_ENV_VAR,
+    ConfigError,
+    DefaultsHelpFormatter,
+    TLSConfig,
+    master_tls_from_settings,
+)
 from dlrover.flashckpt.segment import DEFAULT_SHM_DIR
 from dlrover.launcher.env import MASTER_ADDR_ENV_VAR
 from dlrover.launcher.slurm import SlurmStep, slurm_step
@@ -179,6 +188,9 @@ class LaunchConfig:
     # What each node asks for (--node-cpu, --node-memory, --node-gpus, --node-gpu-type): recorded by the
     # master this agent runs (--standalone); None when no flag was given.
     node_resources: Resources | None = None
+    # How this agent and its workers dial a running master (--master-tls-*, else the
+    # DLROVER_MASTER_TLS_* variables); None: plaintext.
+    master_tls: TLSConfig | None = None
 
     def worker_command(self, python: str) -> list[str]:
         """The argv that starts one worker, as torchrun builds it."""
@@ -231,6 +243,38 @@ def _option(group: argparse._ArgumentGroup, names: list[str], default: str | Non
 
 def _flag(group: argparse._ArgumentGroup, names: list[str], text: str) -> None:
     group.add_argument(*names, help=text, action=_EnvFlag)
+
+
+# The flags that say how to dial a running master with TLS, the variable each defaults from, and
+# what it is; their values are handed to the workers in those variables (see `dlrover.common.master_tls`).
+_MASTER_TLS_FLAGS = (
+    (
+        "--master-tls-ca",
+        MASTER_TLS_CA_ENV_VAR,
+        "a PEM CA bundle that verifies the master's certificate: dial the master (this agent and its workers) "
+        "with TLS",
+    ),
+    (
+        "--master-tls-server-name",
+        MASTER_TLS_SERVER_NAME_ENV_VAR,
+        "the name the master's certificate is valid for, when not the host dialed",
+    ),
+    ("--master-tls-cert", MASTER_TLS_CERT_ENV_VAR, "this node's client certificate (PEM) for a master that requires one"),
+    ("--master-tls-key", MASTER_TLS_KEY_ENV_VAR, "its private key (PEM)"),
+)
+
+
+def _master_tls(ns: argparse.Namespace, env: Mapping[str, str]) -> TLSConfig | None:
+    """The TLS the `--master-tls-*` flags (each defaulting from its variable) ask for; None: plaintext."""
+    settings: dict[str, str | None] = {}
+    origins: dict[str, str] = {}
+    for flag, var, _ in _MASTER_TLS_FLAGS:
+        given = getattr(ns, flag[2:].replace("-", "_"))
+        if given not in (None, ""):
+            settings[var], origins[var] = str(given), flag
+        else:
+            settings[var] = env.get(var)
+    return master_tls_from_settings(settings, origins)
 
 
 def _node_resources(ns: argparse.Namespace) -> Resources | None:
@@ -419,6 +463,8 @@ def _add_dlrover_options(ours: argparse._ArgumentGroup) -> None:
     _option(ours, _both("node-gpu-type"), None, "--standalone: their type (e.g. nvidia-h100)")
     _option(ours, ["--token"], None, "the job token (prefer --token-file)")
     _option(ours, _both("token-file"), None, "a 0600 file holding the job token")
+    for flag, var, text in _MASTER_TLS_FLAGS:
+        _option(ours, _both(flag[2:]), None, f"{text} (default: ${var})")
     _option(ours, _both("heartbeat-interval"), None, "seconds between heartbeats (default: the master's choice)")
     _option(ours, _both("master-lost-timeout"), "300", "seconds workers keep training while the master is unreachable")
     _option(
@@ -731,7 +777,8 @@ def parse_args(
         argv: the arguments after the program name.
         accelerators: visible GPUs, for `--nproc-per-node=auto|gpu` and `--auto-config`.
         cpus: usable CPUs, for `--nproc-per-node=cpu|auto` (default: this process's affinity).
-        env: the environment, for the Slurm step (default: this process's).
+        env: the environment, for the Slurm step and the ``DLROVER_MASTER_TLS_*`` defaults of the
+            `--master-tls-*` flags (default: this process's).
 
     Raises:
         ConfigError: any flag is out of range or contradicts another; the message names it.
@@ -862,4 +909,5 @@ def parse_args(
         checkpoint_shm_dir=_directory(ns.checkpoint_shm_dir, "--checkpoint-shm-dir"),
         slurm=slurm,
         node_resources=_node_resources(ns),
+        master_tls=_master_tls(ns, os.environ if env is None else env),
     )

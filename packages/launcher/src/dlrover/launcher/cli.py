@@ -9,6 +9,11 @@ Ways to find the job's master:
   start one in this process on 127.0.0.1 with a random port, as `torchrun` alone runs a
   single-node job. Its token is the one given (as above), else a fresh one. With `--log-dir`,
   it writes the job's event log there (`<job>_<unique>_events.jsonl`).
+- TLS: a running master that serves TLS is dialed with `--master-tls-ca` (and
+  `--master-tls-server-name`, `--master-tls-cert`/`--master-tls-key` for mutual TLS), each
+  defaulting from its `DLROVER_MASTER_TLS_*` variable; the workers get the same settings in those
+  variables, so their shard and rendezvous clients dial TLS too. A master this `dlrover-run`
+  starts itself (the forms below and above) serves plaintext, and the settings are ignored (said).
 - A multi-node torchrun command line (`--rdzv-backend=c10d --rdzv-endpoint=HOST:PORT`, or
   `--master-addr/--master-port` with `--node-rank`): the agent torchrun would have serve the
   store serves the job's master there instead (`peer_master`); every node needs the same token.
@@ -35,11 +40,13 @@ import attrs
 
 from dlrover.common import (
     TOKEN_FILE_ENV_VAR,
+    ChannelConfig,
     ConfigError,
     DLRoverError,
     configure_logging,
     find_token,
     load_token,
+    master_tls_env,
     owned_temp_dir,
     remove_dead_owners,
     write_token_file,
@@ -47,6 +54,7 @@ from dlrover.common import (
 from dlrover.diagnosis import HangConfig
 from dlrover.flashckpt.commit import RetentionPolicy
 from dlrover.flashckpt.job_env import safe_job_id
+from dlrover.common.tls import TLSConfig
 from dlrover.flashckpt.pacing import persist_bandwidth_or_default
 from dlrover.launcher.agent import Agent, AgentConfig, AgentResult
 from dlrover.launcher.args import LaunchConfig, parse_args
@@ -207,6 +215,24 @@ def _master_for(cfg: LaunchConfig) -> Iterator[_JobMaster]:
         yield _JobMaster(endpoint.address, given, given_file, hosted)
 
 
+def _master_tls(cfg: LaunchConfig, master: _JobMaster) -> TLSConfig | None:
+    """The TLS this agent and its workers dial the job's master with; None: plaintext.
+
+    A master this `dlrover-run` runs itself (embedded, or served for its peers) listens in
+    plaintext, so TLS settings given for it are ignored, and said so.
+    """
+    if cfg.master_tls is None:
+        return None
+    if _runs_own_master(cfg) or master.hosted is not None:
+        _log.warning(
+            "--master-tls-* / DLROVER_MASTER_TLS_* ignored: the master this dlrover-run starts (%s) serves "
+            "plaintext; they apply when joining a running dlrover-master that serves TLS",
+            master.address,
+        )
+        return None
+    return cfg.master_tls
+
+
 def _launched_node_id() -> int | None:
     """The node id a master's scheduler launched this agent as (DLROVER_NODE_ID), if any."""
     text = os.environ.get(NODE_ID_ENV_VAR, "")
@@ -335,6 +361,7 @@ def run(cfg: LaunchConfig, *, sample_gpus: bool = False) -> AgentResult:
         master = stack.enter_context(_master_for(cfg))
         target, token, token_file = master.address, master.token, master.token_file
         local_addr = cfg.local_addr or ("127.0.0.1" if _runs_own_master(cfg) else socket.getfqdn())
+        tls = _master_tls(cfg, master)
         control = GrpcControlPlane(
             target,
             token,
@@ -347,6 +374,7 @@ def run(cfg: LaunchConfig, *, sample_gpus: bool = False) -> AgentResult:
             store_wait_s=cfg.store_wait_s,
             poll_timeout_s=cfg.exit_barrier_poll_timeout_s,
             connect_timeout_s=cfg.rendezvous_timeout_s,
+            channel_config=ChannelConfig(tls=tls),
         )
         stack.callback(control.close)
         # Workers reach the master too (shard client, checkpoint coordination): they read the
@@ -403,7 +431,13 @@ def run(cfg: LaunchConfig, *, sample_gpus: bool = False) -> AgentResult:
                 failure_persist_hold_s=cfg.failure_persist_hold_s,
                 checkpoint_retention=RetentionPolicy.from_counts(cfg.checkpoint_keep_last, cfg.checkpoint_keep_every),
                 persist_bandwidth_mb_s=persist_bandwidth_or_default(cfg.persist_bandwidth_mb_s),
-                extra_env={MASTER_ADDR_ENV_VAR: target, TOKEN_FILE_ENV_VAR: str(Path(token_file).resolve())},
+                # The TLS variables are always set (empty: plaintext), so workers dial as this
+                # agent does, whatever they would inherit.
+                extra_env={
+                    MASTER_ADDR_ENV_VAR: target,
+                    TOKEN_FILE_ENV_VAR: str(Path(token_file).resolve()),
+                    **master_tls_env(tls),
+                },
             ),
             control,
             network_check=_network_check(cfg, control, local_addr),

@@ -29,7 +29,17 @@ from collections.abc import Callable, Sequence
 
 import grpc
 
-from dlrover.common import Clock, ConfigError, DLRoverError, RetryPolicy, RpcError, SystemClock, parse_host_port
+from dlrover.common import (
+    ChannelConfig,
+    Clock,
+    ConfigError,
+    DLRoverError,
+    RetryPolicy,
+    RpcError,
+    SystemClock,
+    master_channel_config,
+    parse_host_port,
+)
 from dlrover.diagnosis import NODE_CHECK_FAILED, ActionKind, Decision, reported_kind
 from dlrover.launcher.control import (
     FailureReport,
@@ -120,6 +130,8 @@ class GrpcControlPlane:
         spare_poll_interval_s: how often a warm spare asks whether it takes a rank (a spare waits
             with no join timeout; the master holds it out of rounds until then).
         clock: time source of every wait.
+        channel_config: how to dial the master (TLS); None: `master_channel_config()`, as the
+            ``DLROVER_MASTER_TLS_*`` variables say.
     """
 
     def __init__(
@@ -139,6 +151,7 @@ class GrpcControlPlane:
         connect_timeout_s: float = 600.0,
         spare_poll_interval_s: float = _SPARE_POLL_INTERVAL_S,
         clock: Clock | None = None,
+        channel_config: ChannelConfig | None = None,
     ) -> None:
         if not target:
             raise ConfigError("the master's address is empty")
@@ -147,11 +160,13 @@ class GrpcControlPlane:
         if not spare_poll_interval_s > 0:
             raise ConfigError(f"spare_poll_interval_s must be positive, got {spare_poll_interval_s!r}")
         self._spare_poll_interval_s = spare_poll_interval_s
-        self._master = MasterClient(target, token, policy=policy)
-        self._rdzv = RendezvousClient(target, token, policy=policy)
+        # Read once, so a bad setting is refused before any channel is open.
+        channel = channel_config if channel_config is not None else master_channel_config()
+        self._master = MasterClient(target, token, policy=policy, channel_config=channel)
+        self._rdzv = RendezvousClient(target, token, policy=policy, channel_config=channel)
         # The exit barrier polls with its own loop: one short attempt per poll, so that neither
         # its deadline nor a stop waits out the retries of a master that cannot be reached.
-        self._poll_rdzv = RendezvousClient(target, token, policy=once)
+        self._poll_rdzv = RendezvousClient(target, token, policy=once, channel_config=channel)
         self._target = target
         self._connect_timeout_s = connect_timeout_s
         self._node_name = node_name

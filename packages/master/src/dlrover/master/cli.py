@@ -93,6 +93,17 @@ def _run_parser() -> argparse.ArgumentParser:
     p.add_argument("--tls-key", default=None, help="the certificate's private key (PEM)")
     p.add_argument("--tls-ca", default=None, help="require client certificates signed by this CA")
     p.add_argument(
+        "--agent-tls-ca",
+        default=None,
+        help="local backend, TLS: the CA bundle its agents verify this master with (default: --tls-ca with it, "
+        "else --tls-cert, right for a self-signed certificate)",
+    )
+    p.add_argument(
+        "--agent-tls-server-name", default=None, help="local backend, TLS: the name the agents expect the cert for"
+    )
+    p.add_argument("--agent-tls-cert", default=None, help="local backend, mutual TLS: the agents' client certificate")
+    p.add_argument("--agent-tls-key", default=None, help="local backend, mutual TLS: its private key")
+    p.add_argument(
         "--nnodes",
         default=None,
         help="N or MIN:MAX; not given (and no --node-* flag): planned from the most similar earlier job's profile, "
@@ -505,6 +516,17 @@ def build_config(args: argparse.Namespace) -> MasterConfig:
     tls = None
     if args.tls_cert or args.tls_key or args.tls_ca:
         tls = TLSConfig(cert_file=args.tls_cert, key_file=args.tls_key, ca_file=args.tls_ca)
+    agent_tls = None
+    agent_flags = (args.agent_tls_ca, args.agent_tls_cert, args.agent_tls_key, args.agent_tls_server_name)
+    if any(agent_flags):
+        if bool(args.agent_tls_cert) != bool(args.agent_tls_key):
+            raise ConfigError("--agent-tls-cert and --agent-tls-key must be given together")
+        agent_tls = TLSConfig(
+            ca_file=args.agent_tls_ca,
+            cert_file=args.agent_tls_cert,
+            key_file=args.agent_tls_key,
+            server_name_override=args.agent_tls_server_name,
+        )
     lifecycle = LifecycleConfig(
         nodes=parse_node_range(args.nnodes if args.nnodes is not None else "1", args.node_unit),
         heartbeat_timeout_s=args.heartbeat_timeout_s,
@@ -530,6 +552,7 @@ def build_config(args: argparse.Namespace) -> MasterConfig:
         token=args.token,
         token_file=args.token_file,
         tls=tls,
+        agent_tls=agent_tls,
         max_message_bytes=args.max_message_bytes,
         max_workers=args.max_workers,
         state_dir=args.state_dir,

@@ -14,7 +14,15 @@ from typing import Any, TypeVar
 import attrs
 import grpc
 
-from dlrover.common import ChannelConfig, Clock, DLRoverError, RetryPolicy, call_unary, create_channel
+from dlrover.common import (
+    ChannelConfig,
+    Clock,
+    DLRoverError,
+    RetryPolicy,
+    call_unary,
+    create_channel,
+    master_channel_config,
+)
 from dlrover.diagnosis import ActionKind, Decision, FailureKind, RankStepStats
 from dlrover.master.goodput import AttemptReport
 from dlrover.master.identity import node_metadata
@@ -137,7 +145,8 @@ class MasterClient:
     Args:
         target: the master's `host:port`.
         token: the job token.
-        channel_config: size limits and TLS.
+        channel_config: size limits and TLS; None: `master_channel_config()` (TLS as the
+            ``DLROVER_MASTER_TLS_*`` variables say, else plaintext).
         policy: deadlines and retries (idempotent calls only are retried).
         clock: time source for retries.
     """
@@ -151,7 +160,9 @@ class MasterClient:
         policy: RetryPolicy | None = None,
         clock: Clock | None = None,
     ) -> None:
-        self._channel = create_channel(target, token, channel_config)
+        self._channel = create_channel(
+            target, token, channel_config if channel_config is not None else master_channel_config()
+        )
         # The generated stubs are untyped; the typed surface is this class's methods.
         self._agent: Any = agent_pb2_grpc.AgentServiceStub(self._channel)  # type: ignore[no-untyped-call]
         self._ckpt: Any = checkpoint_pb2_grpc.CheckpointServiceStub(self._channel)  # type: ignore[no-untyped-call]

@@ -184,6 +184,10 @@ class MasterConfig:
             directory, else generates one.
         token_file: a 0600 file holding the token.
         tls: serve TLS with these files.
+        agent_tls: how the agents the local backend starts dial this master when it serves TLS
+            (``--agent-tls-*``); a field left None takes the default of `dlrover.master.agent_tls`
+            (CA: the ``--tls-ca`` of a mutual-TLS master, else the master's own certificate).
+            Only for the local backend.
         max_message_bytes: largest request the server accepts.
         max_workers: threads serving RPCs.
         state_dir: where the journal (and a generated token) live; None keeps state in memory only.
@@ -253,6 +257,7 @@ class MasterConfig:
     token: str | None = attrs.field(default=None, repr=False)
     token_file: str | None = None
     tls: TLSConfig | None = None
+    agent_tls: TLSConfig | None = None
     max_message_bytes: int = attrs.field(default=4 * 1024 * 1024, validator=positive)
     max_workers: int = attrs.field(default=16, validator=positive)
     state_dir: str | None = None

@@ -19,6 +19,7 @@ from dlrover.common import (
     load_token,
     write_token_file,
 )
+from dlrover.master.agent_tls import agent_tls_env
 from dlrover.master.config import MasterConfig
 from dlrover.master.diagnosis_policy import DiagnosisFailurePolicy
 from dlrover.master.eventlog import EventLog
@@ -177,10 +178,15 @@ def create_master(
             env[TOKEN_FILE_ENV_VAR] = str(Path(token_file).resolve())
         else:
             env[TOKEN_ENV_VAR] = token
+        env.update(tls_env)
         return env
 
     try:
         token, token_file = resolve_token(config)
+        # Local agents share the master's host, so its file paths are theirs (see agent_tls).
+        if config.agent_tls is not None and config.backend != "local":
+            raise ConfigError(f"--agent-tls-* are for the local backend's agents, not the {config.backend} backend's")
+        tls_env = agent_tls_env(config.tls, config.agent_tls) if config.backend == "local" else {}
         journal = (
             SqliteJournal(config.state_dir, busy_timeout_s=config.journal_busy_timeout_s)
             if config.state_dir

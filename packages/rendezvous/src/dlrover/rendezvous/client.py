@@ -7,7 +7,15 @@ from typing import Any
 
 import attrs
 
-from dlrover.common import ChannelConfig, Clock, RetryPolicy, SystemClock, call_unary, create_channel
+from dlrover.common import (
+    ChannelConfig,
+    Clock,
+    RetryPolicy,
+    SystemClock,
+    call_unary,
+    create_channel,
+    master_channel_config,
+)
 from dlrover.rendezvous.errors import RendezvousTimeoutError
 from dlrover.rendezvous.results import HeartbeatResult, JoinResult, NodeParams, PollResult, PollState
 from dlrover.rendezvous.service import POLL_STATES
@@ -49,7 +57,8 @@ class RendezvousClient:
     Args:
         target: `host:port` of the service.
         token: the job token.
-        channel_config: how to dial.
+        channel_config: how to dial; None: `master_channel_config()` (the service is the job
+            master's: TLS as the ``DLROVER_MASTER_TLS_*`` variables say, else plaintext).
         policy: deadlines and retry bounds of each call.
         clock: time source for retries and `wait_assigned`.
 
@@ -65,7 +74,9 @@ class RendezvousClient:
         policy: RetryPolicy | None = None,
         clock: Clock | None = None,
     ) -> None:
-        self._channel = create_channel(target, token, channel_config)
+        self._channel = create_channel(
+            target, token, channel_config if channel_config is not None else master_channel_config()
+        )
         # The generated stub is untyped; each call below converts its answer to domain types.
         self._stub: Any = pb_grpc.RendezvousServiceStub(self._channel)  # type: ignore[no-untyped-call]
         self._policy = policy or RetryPolicy()

@@ -39,6 +39,7 @@ from dlrover.common import (
     SystemClock,
     call_unary,
     create_channel,
+    master_channel_config,
     master_retry_policy,
 )
 from dlrover.common.validators import non_negative, positive
@@ -62,7 +63,9 @@ class ShardClientConfig:
     Attributes:
         retry: deadline per attempt and retry bounds of every call. The default waits for an
             unreachable master as long as the node's agent does (see `master_retry_policy`).
-        channel: how to dial.
+        channel: how to dial; None (the default): `master_channel_config()` when the client is
+            made, i.e. TLS as the ``DLROVER_MASTER_TLS_*`` variables say (`dlrover-run` sets them
+            for its workers), else plaintext.
         fetch_count: shards asked for per fetch.
         prefetch_shards: shards kept leased ahead in a background thread; 0 fetches on demand.
             Buffered shards are leased, so keep this small.
@@ -74,7 +77,7 @@ class ShardClientConfig:
     """
 
     retry: RetryPolicy = attrs.field(factory=master_retry_policy)
-    channel: ChannelConfig = attrs.field(factory=ChannelConfig)
+    channel: ChannelConfig | None = None
     fetch_count: int = attrs.field(default=1, validator=positive)
     prefetch_shards: int = attrs.field(default=1, validator=non_negative)
     poll_interval_s: float = attrs.field(default=0.2, validator=positive)
@@ -112,7 +115,8 @@ class ShardClient:
         self._clock = clock or SystemClock()
         self._dataset = dataset
         self._worker = worker
-        self._channel = create_channel(target, token, self._config.channel)
+        channel = self._config.channel if self._config.channel is not None else master_channel_config()
+        self._channel = create_channel(target, token, channel)
         self._stub: Any = shard_pb2_grpc.ShardServiceStub(self._channel)  # type: ignore[no-untyped-call]
         self._cond = threading.Condition()
         self._buffer: deque[Shard] = deque()
