@@ -6,6 +6,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from dlrover_testsupport.tls import mutual_tls_files, self_signed
 
 from dlrover.common import (
     MASTER_TLS_CA_ENV_VAR,
@@ -26,7 +27,6 @@ from dlrover.common import (
     master_tls_from_settings,
 )
 from dlrover.common.v1 import ping_pb2, ping_pb2_grpc
-from dlrover_testsupport.tls import mutual_tls_files, self_signed
 
 
 def test_unset_and_empty_mean_plaintext() -> None:
@@ -56,7 +56,8 @@ def test_client_certificate_and_key(tmp_path: Path) -> None:
         MASTER_TLS_CERT_ENV_VAR: files.client.cert,
         MASTER_TLS_KEY_ENV_VAR: files.client.key,
     }
-    assert master_tls_from_env(env) == TLSConfig(ca_file=files.ca, cert_file=files.client.cert, key_file=files.client.key)
+    expected = TLSConfig(ca_file=files.ca, cert_file=files.client.cert, key_file=files.client.key)
+    assert master_tls_from_env(env) == expected
 
 
 @pytest.mark.parametrize("given", [MASTER_TLS_CERT_ENV_VAR, MASTER_TLS_KEY_ENV_VAR])

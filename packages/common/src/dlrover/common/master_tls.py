@@ -111,9 +111,8 @@ def master_tls_from_settings(
             )
         return None
     if bool(cert) != bool(key):
-        given, missing = (
-            (MASTER_TLS_CERT_ENV_VAR, MASTER_TLS_KEY_ENV_VAR) if cert else (MASTER_TLS_KEY_ENV_VAR, MASTER_TLS_CERT_ENV_VAR)
-        )
+        pair = (MASTER_TLS_CERT_ENV_VAR, MASTER_TLS_KEY_ENV_VAR)
+        given, missing = pair if cert else pair[::-1]
         raise ConfigError(
             f"{label(given)} is given but {label(missing)} is not: a client certificate needs its private key "
             "and the other way round"

@@ -251,15 +251,18 @@ _MASTER_TLS_FLAGS = (
     (
         "--master-tls-ca",
         MASTER_TLS_CA_ENV_VAR,
-        "a PEM CA bundle that verifies the master's certificate: dial the master (this agent and its workers) "
-        "with TLS",
+        "a PEM CA bundle that verifies the master's certificate: dial the master (this agent and its workers) with TLS",
     ),
     (
         "--master-tls-server-name",
         MASTER_TLS_SERVER_NAME_ENV_VAR,
         "the name the master's certificate is valid for, when not the host dialed",
     ),
-    ("--master-tls-cert", MASTER_TLS_CERT_ENV_VAR, "this node's client certificate (PEM) for a master that requires one"),
+    (
+        "--master-tls-cert",
+        MASTER_TLS_CERT_ENV_VAR,
+        "this node's client certificate (PEM) for a master that requires one",
+    ),
     ("--master-tls-key", MASTER_TLS_KEY_ENV_VAR, "its private key (PEM)"),
 )
 

@@ -51,10 +51,10 @@ from dlrover.common import (
     remove_dead_owners,
     write_token_file,
 )
+from dlrover.common.tls import TLSConfig
 from dlrover.diagnosis import HangConfig
 from dlrover.flashckpt.commit import RetentionPolicy
 from dlrover.flashckpt.job_env import safe_job_id
-from dlrover.common.tls import TLSConfig
 from dlrover.flashckpt.pacing import persist_bandwidth_or_default
 from dlrover.launcher.agent import Agent, AgentConfig, AgentResult
 from dlrover.launcher.args import LaunchConfig, parse_args

@@ -92,17 +92,7 @@ def _run_parser() -> argparse.ArgumentParser:
     p.add_argument("--tls-cert", default=None, help="serve TLS with this certificate (PEM)")
     p.add_argument("--tls-key", default=None, help="the certificate's private key (PEM)")
     p.add_argument("--tls-ca", default=None, help="require client certificates signed by this CA")
-    p.add_argument(
-        "--agent-tls-ca",
-        default=None,
-        help="local backend, TLS: the CA bundle its agents verify this master with (default: --tls-ca with it, "
-        "else --tls-cert, right for a self-signed certificate)",
-    )
-    p.add_argument(
-        "--agent-tls-server-name", default=None, help="local backend, TLS: the name the agents expect the cert for"
-    )
-    p.add_argument("--agent-tls-cert", default=None, help="local backend, mutual TLS: the agents' client certificate")
-    p.add_argument("--agent-tls-key", default=None, help="local backend, mutual TLS: its private key")
+    _add_agent_tls_flags(p)
     p.add_argument(
         "--nnodes",
         default=None,
@@ -333,6 +323,21 @@ def _timeline_parser() -> argparse.ArgumentParser:
     p.add_argument("--title", default="", help="the job's name in the title")
     _add_client_flags(p)
     return p
+
+
+def _add_agent_tls_flags(p: argparse.ArgumentParser) -> None:
+    """How the local backend's agents dial a master that serves TLS (`dlrover.master.agent_tls`)."""
+    p.add_argument(
+        "--agent-tls-ca",
+        default=None,
+        help="local backend, TLS: the CA bundle its agents verify this master with (default: --tls-ca with it, "
+        "else --tls-cert, right for a self-signed certificate)",
+    )
+    p.add_argument(
+        "--agent-tls-server-name", default=None, help="local backend, TLS: the name the agents expect the cert for"
+    )
+    p.add_argument("--agent-tls-cert", default=None, help="local backend, mutual TLS: the agents' client certificate")
+    p.add_argument("--agent-tls-key", default=None, help="local backend, mutual TLS: its private key")
 
 
 def _add_client_flags(p: argparse.ArgumentParser) -> None:

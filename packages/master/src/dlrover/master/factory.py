@@ -114,6 +114,20 @@ def _scheduler(config: MasterConfig) -> SchedulerBackend:
     )
 
 
+def _agent_tls_env(config: MasterConfig) -> dict[str, str]:
+    """The TLS variables of the agents the master starts (`dlrover.master.agent_tls`): the local
+    backend's only, as its agents share the master's host and so its file paths.
+
+    Raises:
+        ConfigError: agent TLS settings for another backend, or as `agent_tls_env`.
+    """
+    if config.backend != "local":
+        if config.agent_tls is not None:
+            raise ConfigError(f"--agent-tls-* are for the local backend's agents, not the {config.backend} backend's")
+        return {}
+    return agent_tls_env(config.tls, config.agent_tls)
+
+
 def default_policy(config: MasterConfig) -> FailurePolicy:
     """The failure policy `config.failure_policy` names (`diagnosis` unless told otherwise)."""
     if config.failure_policy == "default":
@@ -173,20 +187,20 @@ def create_master(
     holder: list[MasterRuntime] = []
 
     def agent_env() -> dict[str, str]:
-        env = {MASTER_ADDR_ENV_VAR: holder[0].address if holder else "", "DLROVER_JOB_NAME": config.job_name}
+        env = {
+            MASTER_ADDR_ENV_VAR: holder[0].address if holder else "",
+            "DLROVER_JOB_NAME": config.job_name,
+            **tls_env,
+        }
         if token_file is not None:
             env[TOKEN_FILE_ENV_VAR] = str(Path(token_file).resolve())
         else:
             env[TOKEN_ENV_VAR] = token
-        env.update(tls_env)
         return env
 
     try:
         token, token_file = resolve_token(config)
-        # Local agents share the master's host, so its file paths are theirs (see agent_tls).
-        if config.agent_tls is not None and config.backend != "local":
-            raise ConfigError(f"--agent-tls-* are for the local backend's agents, not the {config.backend} backend's")
-        tls_env = agent_tls_env(config.tls, config.agent_tls) if config.backend == "local" else {}
+        tls_env = _agent_tls_env(config)
         journal = (
             SqliteJournal(config.state_dir, busy_timeout_s=config.journal_busy_timeout_s)
             if config.state_dir
