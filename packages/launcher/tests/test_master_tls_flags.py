@@ -63,5 +63,12 @@ def test_a_master_this_dlrover_run_starts_ignores_them_and_says_so(
     with caplog.at_level(logging.WARNING, logger="dlrover.launcher"):
         assert _master_tls(standalone, _JobMaster("127.0.0.1:1", "t", None)) is None
     assert "--master-tls-* / DLROVER_MASTER_TLS_* ignored" in caplog.text
+    caplog.clear()
+    # A node of a torchrun-style job whose master another node serves for its peers: plaintext too.
+    argv = ["--nnodes=2", "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:29400", f"--master-tls-ca={pair.cert}"]
+    peer = parse_args([*argv, "t.py"], env={})
+    with caplog.at_level(logging.WARNING, logger="dlrover.launcher"):
+        assert _master_tls(peer, _JobMaster("127.0.0.1:29400", "t", None)) is None
+    assert "serves plaintext" in caplog.text
     joining = parse_args(["--master=127.0.0.1:1", f"--master-tls-ca={pair.cert}", "t.py"], env={})
     assert _master_tls(joining, _JobMaster("127.0.0.1:1", "t", None)) == TLSConfig(ca_file=pair.cert)

@@ -218,15 +218,17 @@ def _master_for(cfg: LaunchConfig) -> Iterator[_JobMaster]:
 def _master_tls(cfg: LaunchConfig, master: _JobMaster) -> TLSConfig | None:
     """The TLS this agent and its workers dial the job's master with; None: plaintext.
 
-    A master this `dlrover-run` runs itself (embedded, or served for its peers) listens in
-    plaintext, so TLS settings given for it are ignored, and said so.
+    They apply to a running master named to this agent (`--master`, `--rdzv-backend=dlrover`,
+    DLROVER_MASTER_ADDR). A master run by `dlrover-run` itself (embedded, or served by one node
+    of a torchrun-style job for its peers, this one or another) listens in plaintext, so TLS
+    settings given for it are ignored, and said so.
     """
     if cfg.master_tls is None:
         return None
-    if _runs_own_master(cfg) or master.hosted is not None:
+    if _runs_own_master(cfg) or not _named_master(cfg):
         _log.warning(
-            "--master-tls-* / DLROVER_MASTER_TLS_* ignored: the master this dlrover-run starts (%s) serves "
-            "plaintext; they apply when joining a running dlrover-master that serves TLS",
+            "--master-tls-* / DLROVER_MASTER_TLS_* ignored: the job's master at %s is run by dlrover-run and "
+            "serves plaintext; they apply when joining a running dlrover-master that serves TLS",
             master.address,
         )
         return None
