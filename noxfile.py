@@ -6,6 +6,7 @@
     nox -s lint typecheck     ruff; mypy over every src/
     nox -s proto              regenerate protobuf code (`-- --check` fails if it is stale)
     nox -s isolation          each package installed alone, with only its declared dependencies
+    nox -s wheels             every package's sdist and wheel, one version (VERSION), into dist/
     nox -s bench              benchmarks/
     nox -s demo               the README's main job
 
@@ -32,6 +33,8 @@ TEST_EXTRAS = {
 }
 TORCH_PIN = "torch==2.13.0"
 CONSTRAINTS = ("-c", str(ROOT / "constraints.txt"))
+# What tools/wheels.py builds the sdists and wheels with (pinned in constraints.txt).
+BUILD_TOOLS = ["build", "hatchling"]
 DEV_TOOLS = [
     "nox",
     "ruff",
@@ -42,6 +45,8 @@ DEV_TOOLS = [
     "pytest",
     "pytest-timeout",
     "hypothesis",
+    # tools/wheels.py builds without isolation with these (tests/test_packaging.py runs it).
+    *BUILD_TOOLS,
 ]
 # What the shared test support (testsupport/, see its README) needs: the official Kubernetes
 # client, for the contract tests of the test API server and the suites that use it.
@@ -227,6 +232,14 @@ def isolation(session: nox.Session, pkg: str) -> None:
         str(test_dir),
         *session.posargs,
     )
+
+
+@nox.session
+def wheels(session: nox.Session) -> None:
+    """Every package's sdist and wheel with the one version in VERSION, into dist/ (`-- --out DIR`
+    elsewhere, `-- --no-sdist` for wheels only); refuses a package whose version or pins disagree."""
+    session.install(*CONSTRAINTS, *BUILD_TOOLS)
+    session.run("python", "tools/wheels.py", "build", *session.posargs)
 
 
 @nox.session
