@@ -150,6 +150,7 @@ class Backoff:
         return min(self._cap, max(delay, at_least_s))
 
     def reset(self) -> None:
+        """Something succeeded: the next failure waits the initial delay again."""
         self._failures = 0
 
 
@@ -247,6 +248,7 @@ class ListWatch:
 
     @property
     def stopped(self) -> bool:
+        """Whether `stop()` was called."""
         return self._stopping.is_set()
 
     def objects(self) -> dict[str, Mapping[str, Any]]:
@@ -507,6 +509,7 @@ class Watcher:
 
     @property
     def list_watch(self) -> ListWatch:
+        """What is watched (its `stats`, `objects()`, `resource_version`)."""
         return self._list_watch
 
     @property
@@ -516,6 +519,7 @@ class Watcher:
 
     @property
     def running(self) -> bool:
+        """Whether the thread was started and has not ended."""
         return self._started and not self._done.is_set()
 
     def start(self) -> Watcher:
