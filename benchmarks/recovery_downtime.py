@@ -58,6 +58,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from benchkit import fmt, median
+
 from dlrover.common import ProcessIdentity, proc_stat_fields, processes_mentioning
 
 PYTHON = sys.executable
@@ -534,11 +536,11 @@ def downtime_goal(results: list[Trial], sizes: list[int], label: str) -> list[st
     lines = [f"goal (issue 9): {label} downtime <= {GOAL_RATIO}x torchrun + disk's at {sizes_text(GOAL_SIZES_MB)}"]
     met: dict[int, bool] = {}
     for size in sizes:
-        ours = _median([t.downtime_s for t in results if t.size_mb == size and t.label == label])
-        base = _median([t.downtime_s for t in results if t.size_mb == size and t.launcher == "torchrun"])
+        ours = median([t.downtime_s for t in results if t.size_mb == size and t.label == label])
+        base = median([t.downtime_s for t in results if t.size_mb == size and t.launcher == "torchrun"])
         if ours is None or not base:
             met[size] = False
-            lines.append(f"  {size} MB: no ratio ({label}: {_fmt(ours)} s, torchrun: {_fmt(base)} s)  MISS")
+            lines.append(f"  {size} MB: no ratio ({label}: {fmt(ours)} s, torchrun: {fmt(base)} s)  MISS")
             continue
         met[size] = ours <= GOAL_RATIO * base
         verdict = "PASS" if met[size] else "MISS"
@@ -562,17 +564,8 @@ def sizes_text(sizes: Iterable[int]) -> str:
 # ---------------------------------------------------------------------------------- report
 
 
-def _fmt(x: float | None) -> str:
-    return "-" if x is None else f"{x:.2f}"
-
-
 def _label(launcher: str, mode: str, extra: list[str]) -> str:
     return " + ".join([launcher, mode, *extra])
-
-
-def _median(xs: list[float | None]) -> float | None:
-    vals = [x for x in xs if x is not None]
-    return statistics.median(vals) if vals else None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -626,8 +619,8 @@ def main(argv: list[str] | None = None) -> int:
                 bd = " ".join(f"{k}={v:.2f}" for k, v in t.breakdown.items())
                 print(
                     f"  {size:>5} MB rep {rep} {_label(launcher, mode, extra):<34} {t.outcome:<10} "
-                    f"startup={_fmt(t.startup_s)} step={_fmt(t.step_s)} downtime={_fmt(t.downtime_s)} "
-                    f"lost={_fmt(t.lost_s)} "
+                    f"startup={fmt(t.startup_s)} step={fmt(t.step_s)} downtime={fmt(t.downtime_s)} "
+                    f"lost={fmt(t.lost_s)} "
                     f"[{bd}] {t.loaded}{t.stuck_at}",
                     flush=True,
                 )
@@ -639,23 +632,23 @@ def main(argv: list[str] | None = None) -> int:
     )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for size in sizes:
-        base = _median([t.downtime_s for t in results if t.size_mb == size and t.launcher == "torchrun"])
-        lost_base = _median([t.lost_s for t in results if t.size_mb == size and t.launcher == "torchrun"])
+        base = median([t.downtime_s for t in results if t.size_mb == size and t.launcher == "torchrun"])
+        lost_base = median([t.lost_s for t in results if t.size_mb == size and t.launcher == "torchrun"])
         for launcher, mode, extra in configs:
             ts = [t for t in results if t.size_mb == size and t.label == _label(launcher, mode, extra)]
             dts = [t.downtime_s for t in ts if t.downtime_s is not None]
-            med = _median(list(dts))
+            med = median(list(dts))
             ratio = f"{med / base:.2f}x" if med is not None and base else "-"
             rng = f"{min(dts):.2f}..{max(dts):.2f}" if dts else "-"
             ok = sum(t.outcome == "ok" for t in ts)
             label = _label(launcher, mode, extra)
-            lost = _median([t.lost_s for t in ts])
+            lost = median([t.lost_s for t in ts])
             # torchrun's steady step is mostly its own torch.save, whose speed swings with the page
             # cache: its "time lost" can come out negative, and then no ratio means anything.
             lost_ratio = f"{lost / lost_base:.2f}x" if lost is not None and lost_base and lost_base > 0 else "-"
             print(
-                f"| {size} MB | {label} | {ok}/{len(ts)} | {_fmt(_median([t.startup_s for t in ts]))} "
-                f"| {_fmt(_median([t.step_s for t in ts]))} | {_fmt(med)} | {rng} | {ratio} | {_fmt(lost)} "
+                f"| {size} MB | {label} | {ok}/{len(ts)} | {fmt(median([t.startup_s for t in ts]))} "
+                f"| {fmt(median([t.step_s for t in ts]))} | {fmt(med)} | {rng} | {ratio} | {fmt(lost)} "
                 f"| {lost_ratio} |"
             )
     left = shm_leftovers(g for t in results for g in t.shm_globs)

@@ -47,7 +47,6 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -57,6 +56,8 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from benchkit import fmt, free_port, median
 
 from dlrover.common import generate_token, processes_mentioning, write_token_file
 
@@ -148,12 +149,6 @@ if ckpt is not None:
 dist.destroy_process_group()
 mark("done", step)
 """
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _read(path: Path) -> str:
@@ -400,7 +395,7 @@ def _dlrover_growth(args: argparse.Namespace, *, spare: bool) -> Trial:
     old, new = NPROC, NPROC * args.nodes
     try:
         token = write_token_file(run.tmp / "token", generate_token())
-        port = _free_port()
+        port = free_port()
         agent = " ".join(
             [
                 PYTHON,
@@ -502,7 +497,7 @@ def torchrun_trial(args: argparse.Namespace) -> Trial:
         one.send_signal(signal.SIGTERM)
         one.wait(timeout=120)
         trial.breakdown["old job exited"] = time.monotonic() - t0
-        port = _free_port()
+        port = free_port()
         nodes = [
             run.start([
                 TORCHRUN, f"--nnodes={args.nodes}", f"--node-rank={i}", f"--nproc-per-node={NPROC}",
@@ -518,15 +513,6 @@ def torchrun_trial(args: argparse.Namespace) -> Trial:
             trial.tail = run.tail()
         trial.leaks = run.cleanup()
     return trial
-
-
-def _fmt(x: float | None) -> str:
-    return "-" if x is None else f"{x:.2f}"
-
-
-def _median(xs: list[float | None]) -> float | None:
-    vals = [x for x in xs if x is not None]
-    return statistics.median(vals) if vals else None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -561,7 +547,7 @@ def main(argv: list[str] | None = None) -> int:
             results.append(t)
             bd = " ".join(f"{k}={v:.2f}" for k, v in t.breakdown.items())
             print(
-                f"  rep {rep} {name:<13} {t.outcome:<8} step={_fmt(t.step_s)} growth={_fmt(t.growth_s)} "
+                f"  rep {rep} {name:<13} {t.outcome:<8} step={fmt(t.step_s)} growth={fmt(t.growth_s)} "
                 f"[{bd}] {t.loaded} resumed/last={t.resumed_from}",
                 flush=True,
             )
@@ -569,7 +555,7 @@ def main(argv: list[str] | None = None) -> int:
                 print("    tail:\n      " + t.tail[-4000:].replace("\n", "\n      "), flush=True)
             if t.leaks:
                 print(f"    leaks: {t.leaks}", flush=True)
-    base = _median([t.growth_s for t in results if t.way == "torchrun"])
+    base = median([t.growth_s for t in results if t.way == "torchrun"])
     print(
         "\n| way | grown | step s | growth s (median) | min..max | new agents registered | old last step "
         "| workers started | group joined | state loaded | ratio vs torchrun |"
@@ -578,24 +564,24 @@ def main(argv: list[str] | None = None) -> int:
     for name, _fn in ways:
         ts = [t for t in results if t.way == name]
         gs = [t.growth_s for t in ts if t.growth_s is not None]
-        med = _median(list(gs))
+        med = median(list(gs))
         parts = [
-            _fmt(_median([t.breakdown.get(k) for t in ts]))
+            fmt(median([t.breakdown.get(k) for t in ts]))
             for k in ("new agents registered", "old last step", "workers started", "group joined", "state loaded")
         ]
         ratio = f"{med / base:.2f}x" if med is not None and base else "-"
         rng = f"{min(gs):.2f}..{max(gs):.2f}" if gs else "-"
         print(
-            f"| {name} | {sum(t.outcome == 'ok' for t in ts)}/{len(ts)} | {_fmt(_median([t.step_s for t in ts]))} "
-            f"| {_fmt(med)} | {rng} | {' | '.join(parts)} | {ratio} |"
+            f"| {name} | {sum(t.outcome == 'ok' for t in ts)}/{len(ts)} | {fmt(median([t.step_s for t in ts]))} "
+            f"| {fmt(med)} | {rng} | {' | '.join(parts)} | {ratio} |"
         )
     print(f"\ngoal (issue 28): dlrover growth <= {GOAL_RATIO}x torchrun's stop and restart from storage")
     for way in ("dlrover", "dlrover+spare"):
-        ours = _median([t.growth_s for t in results if t.way == way])
+        ours = median([t.growth_s for t in results if t.way == way])
         if not any(t.way == way for t in results):
             continue
         if ours is None or not base:
-            print(f"GOAL MISS ({way}): no ratio ({_fmt(ours)} s, torchrun {_fmt(base)} s)")
+            print(f"GOAL MISS ({way}): no ratio ({fmt(ours)} s, torchrun {fmt(base)} s)")
         else:
             verdict = "PASS" if ours <= GOAL_RATIO * base else "MISS"
             print(f"GOAL {verdict} ({way}): {ours:.2f} s / {base:.2f} s = {ours / base:.2f}x")
