@@ -18,6 +18,7 @@ import base64
 import contextlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -33,8 +34,8 @@ from dlrover_testsupport.kube.cluster import KubeCluster
 from dlrover_testsupport.kube.fixtures import kube_cluster  # noqa: F401 (a fixture)
 from dlrover_testsupport.kube.kubelet import SimNode
 
-from dlrover.common import generate_token, write_token_file
-from dlrover.master import read_event_log
+from dlrover.common import DLRoverError, generate_token, write_token_file
+from dlrover.master import MasterClient, read_event_log
 from dlrover.master.kube import names
 
 kubernetes = pytest.importorskip("kubernetes")
@@ -52,6 +53,12 @@ SCRIPT = textwrap.dedent(
     marker = os.path.join(out, "attempted")
     if not os.path.exists(marker):
         open(marker, "w").close()
+        if os.environ.get("FIRST") == "wait":
+            while not os.path.exists(os.path.join(out, "release")):
+                time.sleep(0.1)
+            with open(os.path.join(out, "done"), "w") as f:
+                f.write(os.environ.get("POD_NAME", ""))
+            sys.exit(0)
         if os.environ.get("FIRST") == "hog":
             hog = bytearray(900 * 1024 * 1024)
             for i in range(0, len(hog), 4096):
@@ -110,6 +117,7 @@ class Job:
         self.api = kubernetes.client.ApiClient(kubernetes.client.Configuration(host=cluster.url))
         self.core = kubernetes.client.CoreV1Api(self.api)
         self.proc: subprocess.Popen[str] | None = None
+        self.cmd: list[str] = []
 
     def start(self, *flags: str, first: str = "", nnodes: str = "1") -> None:
         script = self.tmp / "train.py"
@@ -139,6 +147,8 @@ class Job:
         )
         kubeconfig = self.cluster.write_kubeconfig(self.tmp / "kubeconfig")
         port = free_port()
+        self.address = f"127.0.0.1:{port}"
+        self.token = token
         cmd = [
             sys.executable, "-m", "dlrover.master.cli", "--backend=kubernetes", f"--kube-namespace={NS}",
             f"--kube-job={JOB}", f"--kubeconfig={kubeconfig}", f"--kube-master-address=127.0.0.1:{port}",
@@ -146,11 +156,17 @@ class Job:
             "--heartbeat-interval-s=0.5", "--rdzv-last-call-s=0", "--node-stop-grace-s=2",
             "--kube-backoff-max-s=1", *flags,
         ]  # fmt: skip
+        self.cmd = cmd
+        self.start_master()
+
+    def start_master(self) -> None:
+        """Start the master process (again: a successor on the same state directory and port)."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("DLROVER_") and k != "KUBECONFIG"}
-        with open(self.log, "w") as handle:
+        with open(self.log, "a") as handle:
             self.proc = subprocess.Popen(
-                cmd, cwd=self.tmp, env=env, stdout=handle, stderr=subprocess.STDOUT, text=True, start_new_session=True
-            )
+                self.cmd, cwd=self.tmp, env=env, stdout=handle, stderr=subprocess.STDOUT, text=True,
+                start_new_session=True,
+            )  # fmt: skip
         self.procs.append(self.proc)
 
     def pod(self, node_id: int) -> dict[str, Any] | None:
@@ -312,3 +328,50 @@ def test_a_worker_that_cannot_be_placed_stops_the_job_with_the_schedulers_reason
     (end,) = events["job_end"]
     assert "insufficient nodes: 1 running < min_nodes 2" in end["message"]
     assert f"node 1 pending: {why}" in end["message"]
+
+
+def test_a_master_stopped_by_its_platform_hands_the_running_pods_to_its_successor(
+    kube_cluster: KubeCluster, tmp_path: Path, procs: list[subprocess.Popen[str]]
+) -> None:
+    job = Job(kube_cluster, tmp_path, procs)
+    job.start(first="wait")
+    job.running_on(0)
+    worker = kube_cluster.kubelet.pid(names.worker_pod_name(JOB, 0))
+    assert job.proc is not None
+    # The master pod is deleted or evicted: SIGTERM. The job is not over: the pods stay, the journal says running.
+    os.killpg(job.proc.pid, signal.SIGTERM)
+    assert job.proc.wait(timeout=WAIT_S) == 128 + signal.SIGTERM, job.log.read_text()[-3000:]
+    assert "the job goes on" in job.log.read_text()
+    pod = job.pod(0)
+    assert pod is not None
+    assert pod["status"]["phase"] == "Running"
+    assert "deletionTimestamp" not in pod["metadata"]
+    # Its successor (the operator starts one on the same state volume) adopts the pod; the worker never restarted.
+    job.start_master()
+
+    # The successor restarts every node's heartbeat clock when it resumes; a heartbeat that reaches it shows
+    # as that clock going back: the agent is back in touch (before that, the worker must not finish).
+    client = MasterClient(job.address, job.token)
+    since: list[float] = []
+
+    def heartbeat_arrived() -> bool:
+        try:
+            nodes = {n.node_id: n for n in client.job_status().nodes}
+        except DLRoverError:
+            return False  # not serving yet
+        since.append(nodes[0].seconds_since_heartbeat)
+        return len(since) > 1 and since[-1] < since[-2]
+
+    try:
+        wait_for(heartbeat_arrived, "a heartbeat of the running agent at the successor")
+    finally:
+        client.close()
+    (job.out / "release").touch()
+    events = job.finish()
+    assert kube_cluster.kubelet.pid(names.worker_pod_name(JOB, 0)) is None
+    assert worker is not None
+    assert (job.out / "done").read_text() == names.worker_pod_name(JOB, 0)
+    assert job.pod(1) is None  # nothing relaunched
+    assert "failure" not in events
+    assert [e["kind"] for e in events["job_end"]] == ["job_end"]
+    assert "succeeded" in events["job_end"][0]["message"]

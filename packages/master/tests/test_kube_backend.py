@@ -20,7 +20,7 @@ from dlrover_testsupport.kube.fixtures import kube_cluster  # noqa: F401 (a fixt
 from dlrover.autoscale import Resources
 from dlrover.common import ConfigError
 from dlrover.master.kube import WatchSettings, names
-from dlrover.master.scheduler.base import NodeSpec, ObservedNode, ObservedState, SchedulerError
+from dlrover.master.scheduler.base import HandsOverNodes, NodeSpec, ObservedNode, ObservedState, SchedulerError
 from dlrover.master.scheduler.kubernetes import VERBS_USED, KubernetesScheduler, KubernetesSettings, WorkerTemplate
 
 kubernetes = pytest.importorskip("kubernetes")
@@ -235,6 +235,24 @@ def test_pod_writes_are_retried_then_a_launch_fails_cleanly(
     assert kube_cluster.kubelet.pid(names.worker_pod_name(JOB, 0)) is not None
     assert backend.observe()[0].state is ObservedState.STOPPED  # and the delete is sent again
     assert backend.wait_for(lambda _: kube_cluster.kubelet.pid(names.worker_pod_name(JOB, 0)) is None, WAIT_S)
+
+
+def test_detach_leaves_the_pods_to_a_successor_which_adopts_them(
+    make_backend: Callable[..., KubernetesScheduler], kube_cluster: KubeCluster
+) -> None:
+    first = make_backend()
+    assert isinstance(first, HandsOverNodes)
+    first.launch(node(0))
+    wait(first, state_is(0, ObservedState.RUNNING))
+    pid = kube_cluster.kubelet.pid(names.worker_pod_name(JOB, 0))
+    first.detach()
+    first.close()  # after a detach: deletes nothing
+    successor = make_backend()
+    seen = successor.observe()
+    assert seen[0].state is ObservedState.RUNNING  # adopted from the first list
+    assert kube_cluster.kubelet.pid(names.worker_pod_name(JOB, 0)) == pid
+    successor.stop(0)  # an adopted pod is stopped like any other
+    assert successor.wait_for(lambda _: kube_cluster.kubelet.pid(names.worker_pod_name(JOB, 0)) is None, WAIT_S)
 
 
 def test_watch_faults_lose_no_pod_event(

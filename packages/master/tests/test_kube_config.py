@@ -81,6 +81,7 @@ def test_names_follow_the_contract() -> None:
         "elastic.dlrover.io/node-id": "3",
         "elastic.dlrover.io/rank": "1",
     }
+    assert names.worker_labels("j", 4, -1)["elastic.dlrover.io/rank"] == "spare"  # a warm spare: "-1" is no label value
     assert names.worker_selector("j") == "elastic.dlrover.io/job=j,elastic.dlrover.io/component=worker"
 
 

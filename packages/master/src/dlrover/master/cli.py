@@ -63,6 +63,7 @@ from dlrover.master.profiles import (
 )
 from dlrover.master.resource_flags import add_resource_flags, lifecycle_resources
 from dlrover.master.runtime import MasterRuntime
+from dlrover.master.scheduler.base import HandsOverNodes
 from dlrover.master.scheduler.kubernetes.settings import KubernetesSettings
 from dlrover.master.scheduler.local import parse_slots
 from dlrover.master.states import JobState
@@ -790,8 +791,11 @@ def _run(argv: Sequence[str]) -> int:
         print(f"dlrover-master: {exc}", file=sys.stderr)
         return 2
     stop_requested = threading.Event()
+    signalled: list[int] = []
+    hand_over = False
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
+        signalled.append(signum)
         stop_requested.set()
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
@@ -805,6 +809,17 @@ def _run(argv: Sequence[str]) -> int:
         while not stop_requested.wait(0.5):
             if runtime.master.job_state.finished:
                 break
+        if not runtime.master.job_state.finished and isinstance(runtime.scheduler, HandsOverNodes):
+            # A master pod deleted or evicted gets SIGTERM: the job is not over, its pods keep running, and the
+            # master that replaces this one resumes from the journal (a job is stopped through `stop`, a
+            # suspend or the ElasticJob's deletion, not by the master's own pod going away).
+            hand_over = True
+            print(
+                "dlrover-master: stopped by a signal; the job goes on: its nodes keep running for the master "
+                "that replaces this one",
+                flush=True,
+            )
+            return 128 + (signalled[0] if signalled else signal.SIGTERM)
         if not runtime.master.job_state.finished:
             runtime.master.stop("the master received a stop signal")
         else:
@@ -817,7 +832,7 @@ def _run(argv: Sequence[str]) -> int:
         print(f"dlrover-master: {exc}", file=sys.stderr)
         return 2
     finally:
-        runtime.stop()
+        runtime.stop(hand_over=hand_over)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
 

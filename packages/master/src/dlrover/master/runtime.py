@@ -13,7 +13,7 @@ from dlrover.master.identity import NodeAuthenticator
 from dlrover.master.journal import StateJournal
 from dlrover.master.master import Master
 from dlrover.master.metrics import MetricsEndpoint
-from dlrover.master.scheduler.base import SchedulerBackend
+from dlrover.master.scheduler.base import HandsOverNodes, SchedulerBackend
 from dlrover.master.servicers import add_master_services
 from dlrover.master.statedir import StateDirLock
 
@@ -151,8 +151,12 @@ class MasterRuntime:
                     break
         return self.master.job_state.finished
 
-    def stop(self) -> None:
-        """Stop ticking and serving, stop every node the scheduler runs, close the journal; idempotent."""
+    def stop(self, *, hand_over: bool = False) -> None:
+        """Stop ticking and serving, stop every node the scheduler runs, close the journal; idempotent.
+
+        `hand_over`: a backend whose nodes outlive their master (`HandsOverNodes`) keeps them running for the
+        master that replaces this one, instead of stopping them.
+        """
         if self._stopped:
             return
         self._stopped = True
@@ -168,7 +172,10 @@ class MasterRuntime:
                 _log.exception("could not journal the final rendezvous and shard state")
             if self._metrics is not None:
                 self._metrics.close()
-            self._scheduler.close()
+            if hand_over and isinstance(self._scheduler, HandsOverNodes):
+                self._scheduler.detach()
+            else:
+                self._scheduler.close()
             self._journal.close()
             if self._event_log is not None:
                 self._event_log.close()

@@ -25,6 +25,7 @@ __all__ = [
     "NODE_ID_LABEL",
     "RANK_LABEL",
     "ROLE_LABEL",
+    "SPARE_RANK",
     "TOKEN_SECRET_KEY",
     "api_version",
     "job_labels",
@@ -87,10 +88,15 @@ def job_labels(job: str, component: str) -> dict[str, str]:
     return {MANAGED_BY_LABEL: MANAGED_BY, JOB_LABEL: job, COMPONENT_LABEL: component}
 
 
+SPARE_RANK = "spare"
+"""The rank label of a warm spare (which holds no rank): label values cannot start with '-', so not "-1"."""
+
+
 def worker_labels(job: str, node_id: int, rank: int, role: str = "worker") -> dict[str, str]:
-    """The labels of a worker pod: the job's, plus its role, node id and rank."""
+    """The labels of a worker pod: the job's, plus its role, node id and the rank it was launched for
+    (`SPARE_RANK` for a warm spare; labels are not rewritten when a spare later takes a rank)."""
     labels = job_labels(job, COMPONENT_WORKER)
-    labels.update({ROLE_LABEL: role, NODE_ID_LABEL: str(node_id), RANK_LABEL: str(rank)})
+    labels.update({ROLE_LABEL: role, NODE_ID_LABEL: str(node_id), RANK_LABEL: str(rank) if rank >= 0 else SPARE_RANK})
     return labels
 
 

@@ -25,6 +25,7 @@ __all__ = [
     "REASON_PREEMPTED",
     "REASON_UNSCHEDULABLE",
     "AdjustableCapacity",
+    "HandsOverNodes",
     "MemoryRecord",
     "NodeMemoryRecords",
     "NodePlacement",
@@ -206,6 +207,17 @@ class NodeMemoryRecords(Protocol):
 
     def memory_record(self, node_id: int) -> MemoryRecord | None:
         """The node's limit and OOM kill count; None for a node launched without a limit."""
+        ...
+
+
+@runtime_checkable
+class HandsOverNodes(Protocol):
+    """A backend whose nodes outlive their master (the Kubernetes backend's pods): a master that is itself
+    stopped by its platform (its pod deleted or evicted) leaves them to the master that replaces it."""
+
+    def detach(self) -> None:
+        """Release everything this master holds (watches, clients) and stop nothing: the nodes keep
+        running for a successor. Safe to call twice; `close()` after it stops nothing either."""
         ...
 
 

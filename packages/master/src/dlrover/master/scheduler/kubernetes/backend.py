@@ -328,6 +328,23 @@ class KubernetesScheduler:
             pod = self._pods.get(names.worker_pod_name(self._settings.job, node_id))
             return str(((pod or {}).get("spec") or {}).get("nodeName") or "")
 
+    def detach(self) -> None:
+        """Stop watching and release the client, deleting nothing: the pods keep running for the master that
+        replaces this one (see `HandsOverNodes`). `close()` after it does nothing."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._release()
+
+    def _release(self) -> None:
+        try:
+            self._watcher.stop(timeout_s=max(self._settings.watch.request_timeout_s, 10.0))
+        except TimeoutError as exc:
+            _log.error("%s", exc)
+        if self._owns_client:
+            self._api_client.close()
+
     def close(self) -> None:
         """Delete every pod of the job still pending or running, stop watching, release the client.
         Safe to call twice."""
@@ -344,12 +361,7 @@ class KubernetesScheduler:
                 node.stop_requested = True
         for node in to_delete:
             self._delete(node)
-        try:
-            self._watcher.stop(timeout_s=max(self._settings.watch.request_timeout_s, 10.0))
-        except TimeoutError as exc:
-            _log.error("%s", exc)
-        if self._owns_client:
-            self._api_client.close()
+        self._release()
 
     # ---------------------------------------------------------------- requests
 
