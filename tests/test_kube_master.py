@@ -18,6 +18,7 @@ import base64
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -319,14 +320,17 @@ def test_a_worker_that_cannot_be_placed_stops_the_job_with_the_schedulers_reason
         "--insufficient-nodes-window-s=5", nnodes="2",
     )  # fmt: skip
     events = job.finish(returncode=1)
-    # Node 0 runs on node-0; node 1 fits nowhere, and the announcement says why, in the scheduler's words.
+    # Node 0 goes to node-0; node 1 fits nowhere, and the announcement says why, in the scheduler's words.
+    # (Node 0 may still be starting when the 1 s pending timeout passes on a loaded host: then it is
+    # announced too, with no reason, since it is placed.)
     why = "Unschedulable: 0/2 nodes are available: 2 Insufficient memory."
-    pending = [e for e in events["nodes_pending"] if e["data"]["nodes"] == [1]]
+    pending = [e for e in events["nodes_pending"] if 1 in e["data"]["nodes"]]
     assert len(pending) == 1, events["nodes_pending"]
     assert f"node 1: {why}" in pending[0]["message"]
+    assert "node 0:" not in pending[0]["message"]
     assert "failure" not in events
     (end,) = events["job_end"]
-    assert "insufficient nodes: 1 running < min_nodes 2" in end["message"]
+    assert re.search(r"insufficient nodes: [01] running < min_nodes 2", end["message"]), end["message"]
     assert f"node 1 pending: {why}" in end["message"]
 
 

@@ -139,3 +139,10 @@ def test_kubernetes_flags_need_their_backend_and_each_other() -> None:
                 ["--backend=kubernetes", "--kube-namespace=a", "--kube-job=b", "--kube-backoff-max-s=0.01"]
             )
         )
+    # Workers verify a TLS master with the Secret it serves from: one without the other is refused.
+    with pytest.raises(ConfigError, match="--kube-tls-secret and --tls-cert go together"):
+        build_config(
+            _run_parser().parse_args(
+                ["--backend=kubernetes", "--kube-namespace=a", "--kube-job=b", "--kube-tls-secret=t"]
+            )
+        )

@@ -119,6 +119,29 @@ def test_the_token_comes_only_from_the_secret() -> None:
     assert "env" not in pod["spec"]["containers"][0]
 
 
+def test_a_tls_master_is_verified_with_its_secret_mounted_in_the_worker() -> None:
+    tls = KubernetesSettings(namespace="team", job="gpt", tls_secret="gpt-tls", tls_ca_key="ca.crt")
+    node = spec()
+    # The master's own agent variables (its local paths) never reach a pod: the pod's are its own.
+    node = NodeSpec(job_name="gpt", node_id=7, rank=2, env={**node.env, "DLROVER_MASTER_TLS_CA": "/master/ca.pem"})
+    pod = worker_pod(node, tls, WORKER)
+    env = env_of(pod)
+    assert env["DLROVER_MASTER_TLS_CA"] == "/etc/dlrover/master-tls/ca.crt"
+    assert env["DLROVER_MASTER_TLS_SERVER_NAME"] == "gpt-master.team.svc"
+    assert [e["name"] for e in main(pod)["env"]].count("DLROVER_MASTER_TLS_CA") == 1
+    volume = next(v for v in pod["spec"]["volumes"] if v["name"] == "dlrover-master-tls")
+    assert volume["secret"] == {"secretName": "gpt-tls", "items": [{"key": "ca.crt", "path": "ca.crt"}]}
+    mount = next(m for m in main(pod)["volumeMounts"] if m["name"] == "dlrover-master-tls")
+    assert mount == {"name": "dlrover-master-tls", "mountPath": "/etc/dlrover/master-tls", "readOnly": True}
+    # A plaintext master: nothing of it.
+    plain = worker_pod(spec(), SETTINGS, WORKER)
+    assert "DLROVER_MASTER_TLS_CA" not in env_of(plain)
+    assert all(v["name"] != "dlrover-master-tls" for v in plain["spec"]["volumes"])
+    # An address given explicitly: the certificate must be valid for it, so no name is imposed.
+    given = KubernetesSettings(namespace="team", job="gpt", master_address="10.0.0.1:9", tls_secret="gpt-tls")
+    assert "DLROVER_MASTER_TLS_SERVER_NAME" not in env_of(worker_pod(spec(), given, WORKER))
+
+
 def test_the_master_address_can_be_given_and_must_be_known() -> None:
     given = KubernetesSettings(namespace="team", job="gpt", master_address="10.0.0.1:9")
     assert master_address(spec(), given) == "10.0.0.1:9"

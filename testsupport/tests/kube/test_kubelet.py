@@ -255,7 +255,8 @@ def test_service_dns_names_and_volume_paths_are_rewritten(kube_cluster: KubeClus
         "    except OSError:\n"
         "        time.sleep(0.1)\n"
         "open(sys.argv[1] + '/saved', 'w').write(str(code))\n"
-        "print(addr, os.environ['FULL'], os.environ['SHM'], open('/etc/creds/key').read(), os.getcwd())\n"
+        "e = os.environ\n"
+        "print(addr, e['FULL'], e['NAME'], e['SHM'], open('/etc/creds/key').read(), os.getcwd())\n"
     )
     worker = pod("worker", code)
     worker["spec"]["volumes"] = [
@@ -269,7 +270,8 @@ def test_service_dns_names_and_volume_paths_are_rewritten(kube_cluster: KubeClus
     container["workingDir"] = "/scratch"
     container["env"] = [
         {"name": "ADDR", "value": "job-master.default.svc:80"},
-        {"name": "FULL", "value": "job-master.default.svc.cluster.local"},
+        {"name": "FULL", "value": "job-master.default.svc.cluster.local:80"},
+        {"name": "NAME", "value": "job-master.default.svc"},
         {"name": "SHM", "value": "/dev/shm/x"},
     ]
     container["volumeMounts"] = [
@@ -284,9 +286,10 @@ def test_service_dns_names_and_volume_paths_are_rewritten(kube_cluster: KubeClus
     v1.create_namespaced_pod(NS, worker)
     assert terminated(kube_cluster, "worker")["exitCode"] == 0, kube_cluster.kubelet.read_log(NS, "worker")
     master_ip = v1.read_namespaced_pod("master", NS).status.pod_ip
-    addr, full, shm, key, cwd = kube_cluster.kubelet.read_log(NS, "worker").split()
+    addr, full, name, shm, key, cwd = kube_cluster.kubelet.read_log(NS, "worker").split()
     assert addr == f"{master_ip}:{port}"
-    assert full == master_ip
+    assert full == f"{master_ip}:{port}"
+    assert name == "job-master.default.svc"  # not dialed (perhaps a TLS server name): as written
     assert shm == "/dev/shm/x"
     assert key == "k3y"
     assert Path(cwd).name == "work"

@@ -193,9 +193,12 @@ def test_service_names_become_the_selected_pod_s_address_and_target_port() -> No
         calls.append((ns, name, port))
         return None if name == "other" else f"127.20.0.1:{port}" if port else "127.20.0.1"
 
-    text = "job-master.ns.svc:50001 job-master.ns.svc.cluster.local other.ns.svc:1 notasvc.ns.svcx"
-    assert rewrite(text, [], service) == "127.20.0.1:50001 127.20.0.1 other.ns.svc:1 notasvc.ns.svcx"
-    assert calls == [("ns", "job-master", 50001), ("ns", "job-master", None), ("ns", "other", 1)]
+    text = "job-master.ns.svc:50001 job-master.ns.svc.cluster.local:7 job-master.ns.svc other.ns.svc:1 notasvc.ns.svcx"
+    # A name without a port is not dialed (it may be a TLS server name): it stays.
+    assert (
+        rewrite(text, [], service) == "127.20.0.1:50001 127.20.0.1:7 job-master.ns.svc other.ns.svc:1 notasvc.ns.svcx"
+    )
+    assert calls == [("ns", "job-master", 50001), ("ns", "job-master", 7), ("ns", "other", 1)]
 
     svc = {
         "metadata": {"name": "m", "namespace": "ns"},

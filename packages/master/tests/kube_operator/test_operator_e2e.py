@@ -206,10 +206,10 @@ def test_a_master_serves_tls_from_the_jobs_secret_and_the_operator_verifies_it(
         },
     )
     job = elastic_job(master={"port": free_port(), "tls": {"secretName": "master-tls"}})
-    # Workers that never dial (the agents' side of TLS is the backend's): this test is the master's.
-    job["spec"]["replicaSpecs"]["worker"]["template"]["spec"]["containers"][0]["command"] = [
-        sys.executable, "-c", "import time; time.sleep(3600)"
-    ]  # fmt: skip
+    # The workers dial the master over TLS: their clients take the CA and the Service's name the master's
+    # backend put in their pods (the Secret's tls.crt mounted), with no channel configuration of their own.
+    main = job["spec"]["replicaSpecs"]["worker"]["template"]["spec"]["containers"][0]
+    main.update(command=[sys.executable, "-c", AGENT], env=[{"name": "TEST_DIR", "value": str(tmp_path)}])
     job["metadata"] = {"name": "job1"}
     custom.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, job)
     settings = OperatorSettings(
@@ -231,7 +231,22 @@ def test_a_master_serves_tls_from_the_jobs_secret_and_the_operator_verifies_it(
         Operator(operator_api, settings),
     ):
         wait_for("the operator reading the TLS master's status", ready)
+
+        def running() -> int:
+            job = custom.get_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, "job1")
+            return int(((job.get("status") or {}).get("nodes") or {}).get("running") or 0)
+
+        try:
+            wait_for("both workers registered with the TLS master", lambda: running() == 2)
+        finally:
+            for pod in core.list_namespaced_pod(NS).items:
+                print(f"--- {pod.metadata.name}:\n{kube_cluster.kubelet.read_log(NS, pod.metadata.name)[-2000:]}")
     command = core.read_namespaced_pod("job1-master", NS).spec.containers[0].command
     assert command[command.index("--tls-cert") + 1] == "/etc/dlrover/tls/tls.crt"
+    assert command[command.index("--kube-tls-secret") + 1] == "master-tls"
+    worker = core.list_namespaced_pod(NS, label_selector="elastic.dlrover.io/component=worker").items[0]
+    env = {e.name: e.value for e in worker.spec.containers[0].env}
+    assert env["DLROVER_MASTER_TLS_CA"] == "/etc/dlrover/master-tls/ca.crt"
+    assert env["DLROVER_MASTER_TLS_SERVER_NAME"] == "job1-master.default.svc"
     custom.delete_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, "job1")
     wait_for("no pod left", lambda: not core.list_namespaced_pod(NS).items)

@@ -4,8 +4,10 @@ The environment as Kubernetes builds it (envFrom, then env in order; `secretKeyR
 `configMapKeyRef`, downward-API `fieldRef` and `resourceFieldRef` resolved; `$(VAR)` expanded
 exactly as the kubelet's expansion does), the local directories standing in for volumes, and the
 two rewrites that let a pod's configuration run on one host: a volume's mountPath used as a path
-prefix becomes the directory backing the volume, and a Service DNS name
-(`<svc>.<ns>.svc[.cluster.local][:port]`) becomes the address of a pod it selects.
+prefix becomes the directory backing the volume, and a Service address
+(`<svc>.<ns>.svc[.cluster.local]:<port>`) becomes the address of a pod it selects. A Service name
+without a port stays as written: it is what a client resolves, but also what it checks a TLS
+certificate against (`DLROVER_MASTER_TLS_SERVER_NAME`), and only an address is dialed.
 
 Nothing here touches the store, the file system or the clock: the caller passes lookups and
 directories. Two errors tell the kubelet what to do with a pod that cannot start: `NotReadyYet`
@@ -44,7 +46,7 @@ __all__ = [
 Obj = Mapping[str, Any]
 _SERVICE_NAME = re.compile(
     r"(?<![A-Za-z0-9.-])([a-z0-9](?:[-a-z0-9]*[a-z0-9])?)\.([a-z0-9](?:[-a-z0-9]*[a-z0-9])?)"
-    r"\.svc(?:\.cluster\.local)?(?::(\d+))?(?![\w-]|\.[\w-])"
+    r"\.svc(?:\.cluster\.local)?:(\d+)(?![\w-]|\.[\w-])"
 )
 # A memory-backed emptyDir mounted here is the host's shared memory (the contract's rule).
 _HOST_SHM = "/dev/shm"  # noqa: S108 (not a temporary file: the host's shared memory)
@@ -383,7 +385,8 @@ def _literal(value: str) -> Callable[[re.Match[str]], str]:
 
 def rewrite(text: str, mounts: Sequence[tuple[str, str]], service: Callable[[str, str, int | None], str | None]) -> str:
     """`text` with each mountPath used as a path prefix replaced by its local directory and each
-    Service DNS name replaced by the address `service` gives (a name it gives None for stays).
+    Service address (a DNS name with a port) replaced by the address `service` gives (one it gives
+    None for stays; a name without a port always stays).
 
     Raises:
         NotReadyYet: from `service`.

@@ -153,6 +153,12 @@ def _run_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--tick-interval-s", type=float, default=1.0, help="seconds between the master's checks of timeouts")
     p.add_argument(
+        "--min-tick-gap-s",
+        type=float,
+        default=0.05,
+        help="least seconds between two checks woken early by the backend's changes (kubernetes: pod events)",
+    )
+    p.add_argument(
         "--node-stop-grace-s",
         type=float,
         default=30.0,
@@ -431,6 +437,16 @@ def _add_kubernetes_flags(p: argparse.ArgumentParser) -> None:
         default="nvidia.com/gpu.product",
         help="the node label --node-gpu-type is matched against (nodeSelector)",
     )
+    g.add_argument(
+        "--kube-tls-secret",
+        default=None,
+        help="the Secret of the TLS this master serves (--tls-cert): workers mount it to verify the master",
+    )
+    g.add_argument(
+        "--kube-tls-ca-key",
+        default="tls.crt",
+        help="the key of --kube-tls-secret that verifies the master (tls.crt: self-signed; ca.crt: CA-signed)",
+    )
 
 
 def _kubernetes_settings(args: argparse.Namespace) -> KubernetesSettings | None:
@@ -439,6 +455,10 @@ def _kubernetes_settings(args: argparse.Namespace) -> KubernetesSettings | None:
         return None
     if not args.kube_namespace or not args.kube_job:
         raise ConfigError("--backend kubernetes needs --kube-namespace and --kube-job (the ElasticJob it runs)")
+    if (args.kube_tls_secret is None) != (args.tls_cert is None):
+        raise ConfigError(
+            "--kube-tls-secret and --tls-cert go together: workers verify the TLS the master serves with that Secret"
+        )
     return KubernetesSettings(
         namespace=args.kube_namespace,
         job=args.kube_job,
@@ -456,6 +476,8 @@ def _kubernetes_settings(args: argparse.Namespace) -> KubernetesSettings | None:
         node_state_mb=args.kube_node_state_mb,
         gpu_resource=args.kube_gpu_resource,
         gpu_type_label=args.kube_gpu_type_label,
+        tls_secret=args.kube_tls_secret,
+        tls_ca_key=args.kube_tls_ca_key,
     )
 
 
@@ -566,6 +588,7 @@ def build_config(args: argparse.Namespace) -> MasterConfig:
         agent_command=shlex.split(args.agent_command),
         heartbeat_interval_s=args.heartbeat_interval_s,
         tick_interval_s=args.tick_interval_s,
+        min_tick_gap_s=args.min_tick_gap_s,
         node_stop_grace_s=args.node_stop_grace_s,
         metrics_port=args.metrics_port,
         metrics_bind_address=args.metrics_bind_address,

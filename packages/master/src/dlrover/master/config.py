@@ -196,6 +196,8 @@ class MasterConfig:
         agent_command: the command the local backend runs per node (argv list).
         heartbeat_interval_s: how often agents are told to heartbeat.
         tick_interval_s: how often the master checks timeouts and the scheduler.
+        min_tick_gap_s: the least time between two checks woken early by a backend that reports its
+            changes (the Kubernetes backend's pod events): a burst of events is one check per gap.
         node_stop_grace_s: how long the local backend waits after SIGTERM before SIGKILL: above
             the agents' round-save timeout plus their workers' shutdown grace (10 s each by
             default), so a stopped node's workers save and stop before the kill.
@@ -265,6 +267,7 @@ class MasterConfig:
     agent_command: tuple[str, ...] = attrs.field(default=(), converter=_str_tuple)
     heartbeat_interval_s: float = attrs.field(default=5.0, validator=positive)
     tick_interval_s: float = attrs.field(default=1.0, validator=positive)
+    min_tick_gap_s: float = attrs.field(default=0.05, validator=non_negative)
     node_stop_grace_s: float = attrs.field(default=30.0, validator=non_negative)
     metrics_port: int | None = None
     metrics_bind_address: str = "127.0.0.1"

@@ -264,6 +264,7 @@ def create_master(
             scheduler=backend,
             journal=journal,
             tick_interval_s=config.tick_interval_s,
+            min_tick_gap_s=config.min_tick_gap_s,
             extra_services=[
                 *(library.register for library in hosted),
                 *((add_ping_service,) if config.serve_ping else ()),

@@ -6,14 +6,14 @@ import logging
 import threading
 from collections.abc import Callable, Sequence
 
-from dlrover.common import Clock, GrpcServer, ServerConfig
+from dlrover.common import Clock, ConfigError, GrpcServer, ServerConfig
 from dlrover.master.eventlog import EventLog
 from dlrover.master.hosting import HostedRendezvous, HostedShards
 from dlrover.master.identity import NodeAuthenticator
 from dlrover.master.journal import StateJournal
 from dlrover.master.master import Master
 from dlrover.master.metrics import MetricsEndpoint
-from dlrover.master.scheduler.base import HandsOverNodes, SchedulerBackend
+from dlrover.master.scheduler.base import HandsOverNodes, ReportsChanges, SchedulerBackend
 from dlrover.master.servicers import add_master_services
 from dlrover.master.statedir import StateDirLock
 
@@ -38,7 +38,8 @@ class MasterRuntime:
         authenticator: node credentials.
         scheduler: closed on `stop()`.
         journal: closed on `stop()`.
-        tick_interval_s: how often `master.tick()` runs.
+        tick_interval_s: how often `master.tick()` runs; a backend that reports changes (`ReportsChanges`)
+            also has it run at once after each change, at most once per `min_tick_gap_s`.
         extra_services: more services on the same server (shard, rendezvous).
         metrics_bind_address: interface of the Prometheus endpoint.
         metrics_port: its port (0: any free one); no endpoint when None.
@@ -49,6 +50,8 @@ class MasterRuntime:
         state_lock: the state directory's lock; released on `stop()`, after everything in the
             directory is closed.
         clock: the time source of the refused-call log's rate limit (the system clock by default).
+        min_tick_gap_s: the least time between two ticks woken by backend changes (a burst of pod events
+            becomes one tick per gap, not one per event).
     """
 
     def __init__(
@@ -70,7 +73,12 @@ class MasterRuntime:
         shards: HostedShards | None = None,
         state_lock: StateDirLock | None = None,
         clock: Clock | None = None,
+        min_tick_gap_s: float = 0.05,
     ) -> None:
+        if not tick_interval_s > 0:
+            raise ConfigError(f"tick_interval_s must be positive, got {tick_interval_s!r}")
+        if not min_tick_gap_s >= 0:
+            raise ConfigError(f"min_tick_gap_s must not be negative, got {min_tick_gap_s!r}")
         self.master = master
         self.token = token
         self.token_file = token_file
@@ -90,6 +98,8 @@ class MasterRuntime:
         self._metrics_port = metrics_port
         self._metrics: MetricsEndpoint | None = None
         self._stop = threading.Event()
+        self._wake = threading.Event()  # set by the backend's changes and by stop()
+        self._min_tick_gap_s = min(min_tick_gap_s, tick_interval_s)
         self._ticker: threading.Thread | None = None
         self._state_lock = state_lock
         self._stopped = False
@@ -125,12 +135,19 @@ class MasterRuntime:
         if self._metrics_port is not None:
             self._metrics = MetricsEndpoint(self.master.metrics.registry, self._metrics_bind, self._metrics_port)
         self.master.start()
+        if isinstance(self._scheduler, ReportsChanges):
+            self._scheduler.on_change(self._wake.set)
         self._ticker = threading.Thread(target=self._tick_loop, name="dlrover-master-tick", daemon=True)
         self._ticker.start()
         return port
 
     def _tick_loop(self) -> None:
-        while not self._stop.wait(self._tick_interval_s):
+        while True:
+            # A change the backend reported ticks at once (after the gap); otherwise every interval.
+            self._wake.wait(self._tick_interval_s)
+            if self._stop.wait(self._min_tick_gap_s if self._wake.is_set() else 0):
+                return
+            self._wake.clear()
             try:
                 self.master.tick()
             except Exception:
@@ -161,6 +178,7 @@ class MasterRuntime:
             return
         self._stopped = True
         self._stop.set()
+        self._wake.set()
         try:
             if self._ticker is not None:
                 self._ticker.join(timeout=30)

@@ -234,6 +234,7 @@ def master_args(job: Mapping[str, Any], spec: JobSpec) -> list[str]:
         args += ["--heartbeat-interval-s", _seconds(min(5.0, spec.heartbeat_s / 3))]
     if spec.tls_secret is not None:
         args += ["--tls-cert", f"{MASTER_TLS_DIR}/tls.crt", "--tls-key", f"{MASTER_TLS_DIR}/tls.key"]
+        args += ["--kube-tls-secret", spec.tls_secret, "--kube-tls-ca-key", spec.tls_ca_key]
     return args
 
 

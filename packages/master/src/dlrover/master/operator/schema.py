@@ -130,7 +130,15 @@ SPEC_SCHEMA: dict[str, Any] = {
                 "tls": {
                     "type": "object",
                     "required": ["secretName"],
-                    "properties": {"secretName": {"type": "string", "minLength": 1}},
+                    "properties": {
+                        "secretName": {"type": "string", "minLength": 1},
+                        "caKey": {
+                            "type": "string",
+                            "minLength": 1,
+                            "description": "the key of the Secret that verifies the master for workers: tls.crt "
+                            "(default; a self-signed certificate) or ca.crt (a CA-signed one)",
+                        },
+                    },
                 },
                 "resources": {
                     "type": "object",

@@ -49,6 +49,7 @@ class JobSpec:
         master_port: the port the master serves on.
         state_volume: the Volume source of the master's journal; None: an emptyDir.
         tls_secret: the Secret holding the master's `tls.crt`/`tls.key`; None: no TLS.
+        tls_ca_key: the key of `tls_secret` workers verify the master with (`tls.crt` or `ca.crt`).
         master_resources: the master container's ResourceRequirements.
         claims: PersistentVolumeClaims the spec names (they must exist), by field.
         secrets: Secrets the spec names (they must exist), by field.
@@ -68,6 +69,7 @@ class JobSpec:
     master_port: int
     state_volume: Mapping[str, Any] | None
     tls_secret: str | None
+    tls_ca_key: str
     master_resources: Mapping[str, Any]
     claims: Mapping[str, str]
     secrets: Mapping[str, str]
@@ -249,6 +251,7 @@ def check_spec(job: Mapping[str, Any]) -> SpecCheck:
             master_port=int(master.get("port", DEFAULT_MASTER_PORT)),
             state_volume=master.get("stateVolume"),
             tls_secret=(master.get("tls") or {}).get("secretName"),
+            tls_ca_key=(master.get("tls") or {}).get("caKey") or "tls.crt",
             master_resources=master.get("resources") or {},
             claims=claims,
             secrets=secrets,

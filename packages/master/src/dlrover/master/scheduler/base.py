@@ -8,7 +8,7 @@ lifecycle core.
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Protocol, runtime_checkable
 
 import attrs
@@ -32,6 +32,7 @@ __all__ = [
     "NodeShapeLimit",
     "NodeSpec",
     "ObservedNode",
+    "ReportsChanges",
     "ObservedState",
     "SchedulerBackend",
     "SchedulerError",
@@ -207,6 +208,17 @@ class NodeMemoryRecords(Protocol):
 
     def memory_record(self, node_id: int) -> MemoryRecord | None:
         """The node's limit and OOM kill count; None for a node launched without a limit."""
+        ...
+
+
+@runtime_checkable
+class ReportsChanges(Protocol):
+    """A backend that says when what it observes may have changed (the Kubernetes backend, at each pod
+    event of its watch), so the master observes at once instead of at its next tick: a lost node is acted
+    on in milliseconds, not up to a tick interval later."""
+
+    def on_change(self, listener: Callable[[], None]) -> None:
+        """Call `listener` (quick, never blocking, from the backend's own thread) after each change."""
         ...
 
 

@@ -147,6 +147,7 @@ class KubernetesScheduler:
         self._pods: dict[str, Mapping[str, Any]] = {}  # by pod name: the cache the watch feeds
         self._deleted: dict[str, Mapping[str, Any]] = {}  # pods the watch saw go, as last seen
         self._closed = False
+        self._listeners: list[Callable[[], None]] = []
         lister = functools.partial(
             self._core.list_namespaced_pod, settings.namespace, label_selector=names.worker_selector(settings.job)
         )
@@ -205,6 +206,14 @@ class KubernetesScheduler:
                 self._pods[name] = event.object
                 self._deleted.pop(name, None)
             self._lock.notify_all()
+            listeners = tuple(self._listeners)
+        for listener in listeners:
+            listener()
+
+    def on_change(self, listener: Callable[[], None]) -> None:
+        """Call `listener` after every pod event the watch delivers (see `ReportsChanges`)."""
+        with self._lock:
+            self._listeners.append(listener)
 
     def wait_for(self, predicate: Callable[[Mapping[int, ObservedNode]], bool], timeout_s: float) -> bool:
         """Wait until `predicate(self.observe())` holds (re-checked at every pod event); True if it did."""

@@ -31,7 +31,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from dlrover.autoscale import Resources
-from dlrover.common import TOKEN_ENV_VAR, TOKEN_FILE_ENV_VAR, ConfigError
+from dlrover.common import (
+    MASTER_TLS_CA_ENV_VAR,
+    MASTER_TLS_ENV_VARS,
+    MASTER_TLS_SERVER_NAME_ENV_VAR,
+    TOKEN_ENV_VAR,
+    TOKEN_FILE_ENV_VAR,
+    ConfigError,
+)
 from dlrover.master.kube import names
 from dlrover.master.scheduler.base import NodeSpec
 from dlrover.master.scheduler.kubernetes.settings import DEFAULT_SHM_FRACTION, KubernetesSettings, WorkerTemplate
@@ -40,6 +47,7 @@ __all__ = [
     "CHECKPOINT_MOUNT",
     "MAIN_CONTAINER",
     "MASTER_ADDR_ENV",
+    "MASTER_TLS_MOUNT",
     "SHM_VOLUME",
     "main_container_index",
     "master_address",
@@ -53,10 +61,13 @@ SHM_VOLUME = "dlrover-shm"
 SHM_MOUNT = "/dev/shm"  # noqa: S108 (a mount path in the pod, not a file this process opens)
 CHECKPOINT_VOLUME = "dlrover-checkpoints"
 CHECKPOINT_MOUNT = "/checkpoints"
+MASTER_TLS_VOLUME = "dlrover-master-tls"
+MASTER_TLS_MOUNT = "/etc/dlrover/master-tls"
+"""Where a worker finds what verifies the master's TLS certificate (`ca.crt`), when the master serves TLS."""
 MASTER_ADDR_ENV = "DLROVER_MASTER_ADDR"
 _DOWNWARD_API = {"POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace", "POD_IP": "status.podIP"}
 # Set by the backend; the template's own entries of these names are replaced, NodeSpec's literal token dropped.
-_DROPPED_NODE_ENV = frozenset({TOKEN_ENV_VAR, TOKEN_FILE_ENV_VAR, MASTER_ADDR_ENV})
+_DROPPED_NODE_ENV = frozenset({TOKEN_ENV_VAR, TOKEN_FILE_ENV_VAR, MASTER_ADDR_ENV, *MASTER_TLS_ENV_VARS})
 
 
 def main_container_index(template: Mapping[str, Any]) -> int:
@@ -119,6 +130,12 @@ def _env(spec: NodeSpec, settings: KubernetesSettings, address: str) -> list[dic
     env.append({"name": TOKEN_ENV_VAR, "valueFrom": {"secretKeyRef": secret}})
     for name, path in _DOWNWARD_API.items():
         env.append({"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}})
+    if settings.tls_secret is not None:
+        env.append({"name": MASTER_TLS_CA_ENV_VAR, "value": f"{MASTER_TLS_MOUNT}/ca.crt"})
+        if not settings.master_address:
+            # The Service's name, whatever address the node's resolver turns it into.
+            service = f"{names.master_name(settings.job)}.{settings.namespace}.svc"
+            env.append({"name": MASTER_TLS_SERVER_NAME_ENV_VAR, "value": service})
     for name, value in sorted(spec.env.items()):
         if name not in _DROPPED_NODE_ENV:
             env.append({"name": name, "value": str(value)})
@@ -193,14 +210,20 @@ def worker_pod(spec: NodeSpec, settings: KubernetesSettings, worker: WorkerTempl
     shm: dict[str, Any] = {"medium": "Memory"}
     if shm_mb:
         shm["sizeLimit"] = f"{shm_mb}Mi"
-    volumes = [v for v in pod_spec.get("volumes") or [] if v.get("name") not in (SHM_VOLUME, CHECKPOINT_VOLUME)]
+    ours = (SHM_VOLUME, CHECKPOINT_VOLUME, MASTER_TLS_VOLUME)
+    volumes = [v for v in pod_spec.get("volumes") or [] if v.get("name") not in ours]
     volumes.append({"name": SHM_VOLUME, "emptyDir": shm})
     # Ours replaces any /dev/shm the template mounts: an unsized or 64 MB one is what breaks checkpoints.
-    mounts = [m for m in container.get("volumeMounts") or [] if m.get("mountPath") not in (SHM_MOUNT, CHECKPOINT_MOUNT)]
+    ours = (SHM_MOUNT, CHECKPOINT_MOUNT, MASTER_TLS_MOUNT)
+    mounts = [m for m in container.get("volumeMounts") or [] if m.get("mountPath") not in ours]
     mounts.append({"name": SHM_VOLUME, "mountPath": SHM_MOUNT})
     if worker.checkpoint_volume is not None:
         volumes.append({"name": CHECKPOINT_VOLUME, **copy.deepcopy(dict(worker.checkpoint_volume))})
         mounts.append({"name": CHECKPOINT_VOLUME, "mountPath": CHECKPOINT_MOUNT})
+    if settings.tls_secret is not None:
+        items = [{"key": settings.tls_ca_key, "path": "ca.crt"}]
+        volumes.append({"name": MASTER_TLS_VOLUME, "secret": {"secretName": settings.tls_secret, "items": items}})
+        mounts.append({"name": MASTER_TLS_VOLUME, "mountPath": MASTER_TLS_MOUNT, "readOnly": True})
     pod_spec["volumes"] = volumes
     container["volumeMounts"] = mounts
 

@@ -64,6 +64,10 @@ class KubernetesSettings:
             memory (`DEFAULT_SHM_FRACTION`).
         gpu_resource: the extended resource a node's GPUs are asked as.
         gpu_type_label: the node label a node's `gpu_type` is matched against (nodeSelector).
+        tls_secret: the Secret of the TLS the master serves (set when it serves TLS): workers mount its
+            `tls_ca_key` to verify the master, and check its certificate against the Service's name.
+        tls_ca_key: the key of `tls_secret` that verifies the master: `tls.crt` for a self-signed
+            certificate, `ca.crt` for one a CA signed (cert-manager writes it).
     """
 
     namespace: str = attrs.field(validator=_dns_label)
@@ -77,6 +81,8 @@ class KubernetesSettings:
     node_state_mb: int = attrs.field(default=0, validator=_non_negative)
     gpu_resource: str = "nvidia.com/gpu"
     gpu_type_label: str = "nvidia.com/gpu.product"
+    tls_secret: str | None = None
+    tls_ca_key: str = "tls.crt"
 
 
 @attrs.frozen
