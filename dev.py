@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Set up and run DLRover's development tasks on a machine with only Python 3.11.
 
-    python3 dev.py test    lint, typecheck, proto check, every test, each package in isolation, TF and DeepSpeed tests
+    python3 dev.py test    lint, typecheck, proto check, every test (Kubernetes suite included), each package in
+                           isolation, TF and DeepSpeed tests
     python3 dev.py demo    the main job: train a small GPT, kill a worker, recover from memory
     python3 dev.py setup   only prepare .venv
     python3 dev.py nox ... any nox command inside .venv (e.g. `python3 dev.py nox -s tests-shard`)
@@ -115,6 +116,7 @@ def test(pytest_args: list[str]) -> None:
         try:
             main_run = ("--no-venv", "--no-install", "-s", "lint", "typecheck", "tests", *pytest_args)
             _timed("lint, typecheck, tests", timings, *main_run)
+            _timed("kubernetes tests", timings, "--no-venv", "--no-install", "-s", "tests-kubernetes", *pytest_args)
             _timed("proto check", timings, "--no-venv", "--no-install", "-s", "proto", "--", "--check")
         except BaseException:
             installs.terminate()

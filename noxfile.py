@@ -52,6 +52,17 @@ DEV_TOOLS = [
 # client, for the contract tests of the test API server and the suites that use it.
 TESTSUPPORT_DEPS = ["kubernetes"]
 TESTSUPPORT_TESTS = "testsupport/tests"
+# The Kubernetes suite (the test API server and kubelet, the master's backend, the operator, jobs
+# with real processes in pods): its own session, `tests-kubernetes`; `tests` leaves it out.
+KUBERNETES_TESTS = [
+    "testsupport/tests/kube",
+    "packages/master/tests/kube_operator",
+    "packages/master/tests/test_kube_backend.py",
+    "packages/master/tests/test_kube_config.py",
+    "packages/master/tests/test_kube_pods.py",
+    "packages/master/tests/test_kube_watch.py",
+    "tests/test_kube_master.py",
+]
 
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_venv = "yes"
@@ -117,21 +128,32 @@ def install_dev(session: nox.Session) -> None:
 
 
 def _has_tests(path: Path) -> bool:
+    if path.is_file():
+        return path.name.startswith("test_")
     return path.is_dir() and any(path.rglob("test_*.py"))
 
 
-def _pytest(session: nox.Session, *paths: str) -> None:
+def _pytest(session: nox.Session, *paths: str, ignore: tuple[str, ...] = ()) -> None:
     present = [p for p in paths if _has_tests(ROOT / p)]
     if not present:
         session.error(f"no tests found under {', '.join(paths)}")
-    session.run("pytest", *present, *session.posargs)
+    session.run("pytest", *present, *[f"--ignore={p}" for p in ignore], *session.posargs)
 
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """Every package's tests, then the cross-package scenarios."""
+    """Every package's tests, then the cross-package scenarios (the Kubernetes suite has its own session)."""
     install_dev(session)
-    _pytest(session, *[f"packages/{p}/tests" for p in PACKAGES], TESTSUPPORT_TESTS, "tests")
+    paths = [f"packages/{p}/tests" for p in PACKAGES]
+    _pytest(session, *paths, TESTSUPPORT_TESTS, "tests", ignore=tuple(KUBERNETES_TESTS))
+
+
+@nox.session(name="tests-kubernetes")
+def tests_kubernetes(session: nox.Session) -> None:
+    """The Kubernetes suite: the test API server and kubelet, the master's backend, the operator, and jobs
+    whose master and workers run as pods on the test kubelet."""
+    install_dev(session)
+    _pytest(session, *KUBERNETES_TESTS)
 
 
 def _package_tests(pkg: str) -> None:

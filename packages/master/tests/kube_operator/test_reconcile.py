@@ -88,11 +88,12 @@ def test_the_master_pod_runs_the_kubernetes_backend_with_flags_from_the_spec() -
         master={
             "port": 6000,
             "image": "mine:1",
-            "tls": {"secretName": "tls"},
+            "tls": {"secretName": "tls", "caKey": "ca.crt"},
             "stateVolume": {"persistentVolumeClaim": {"claimName": "st"}},
         },
     )
     job["spec"]["replicaSpecs"]["worker"]["resources"] = {"cpu": "500m", "memory": "4Gi", "nvidia.com/gpu": 1}
+    job["spec"]["replicaSpecs"]["worker"]["spareReplicas"] = 1
     pod = created(run(job, Observed(claims=frozenset({"st"}), secrets=frozenset({"tls"}))), "Pod")
     container = pod["spec"]["containers"][0]
     command = container["command"]
@@ -116,6 +117,10 @@ def test_the_master_pod_runs_the_kubernetes_backend_with_flags_from_the_spec() -
     assert flags["--heartbeat-interval-s"] == "4"
     assert flags["--tls-cert"] == "/etc/dlrover/tls/tls.crt"
     assert flags["--tls-key"] == "/etc/dlrover/tls/tls.key"
+    # Workers verify the master with the same Secret's CA key (mounted by the master's backend).
+    assert flags["--kube-tls-secret"] == "tls"
+    assert flags["--kube-tls-ca-key"] == "ca.crt"
+    assert flags["--spare-nodes"] == "1"
     assert container["image"] == "mine:1"
     assert container["env"] == [
         {"name": "DLROVER_JOB_TOKEN", "valueFrom": {"secretKeyRef": {"name": "job1-token", "key": "token"}}}
@@ -132,6 +137,7 @@ def test_a_job_without_counts_leaves_them_to_the_masters_plan() -> None:
     command = created(run(job), "Pod")["spec"]["containers"][0]["command"]
     assert "--nnodes" not in command
     assert "--node-memory" not in command
+    assert "--spare-nodes" not in command
     assert created(run(job), "Pod")["spec"]["volumes"][0] == {"name": "state", "emptyDir": {}}
 
 

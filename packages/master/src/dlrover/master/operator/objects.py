@@ -213,6 +213,8 @@ def master_args(job: Mapping[str, Any], spec: JobSpec) -> list[str]:
     ]  # fmt: skip
     if spec.node_range is not None:
         args += ["--nnodes", f"{spec.node_range[0]}:{spec.node_range[1]}"]
+    if spec.spare_replicas:
+        args += ["--spare-nodes", str(spec.spare_replicas)]
     resources = spec.resources
     if "cpu" in resources:
         args += ["--node-cpu", f"{cpu_cores(resources['cpu']):g}"]

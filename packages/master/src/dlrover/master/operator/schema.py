@@ -68,6 +68,11 @@ _REPLICA_SPEC: dict[str, Any] = {
         "template": _POD_TEMPLATE,
         "minReplicas": {"type": "integer", "minimum": 1, "description": "absent: planned by the master"},
         "maxReplicas": {"type": "integer", "minimum": 1, "description": "absent: planned by the master"},
+        "spareReplicas": {
+            "type": "integer",
+            "minimum": 0,
+            "description": "warm spare pods that take a lost node's rank over from memory (default 0)",
+        },
         "resources": {
             "type": "object",
             "description": "per node, e.g. {cpu: '2', memory: 4Gi, nvidia.com/gpu: '1'}; absent: planned by the master",

@@ -50,6 +50,7 @@ class JobSpec:
         state_volume: the Volume source of the master's journal; None: an emptyDir.
         tls_secret: the Secret holding the master's `tls.crt`/`tls.key`; None: no TLS.
         tls_ca_key: the key of `tls_secret` workers verify the master with (`tls.crt` or `ca.crt`).
+        spare_replicas: warm spare worker pods (`--spare-nodes`).
         master_resources: the master container's ResourceRequirements.
         claims: PersistentVolumeClaims the spec names (they must exist), by field.
         secrets: Secrets the spec names (they must exist), by field.
@@ -70,6 +71,7 @@ class JobSpec:
     state_volume: Mapping[str, Any] | None
     tls_secret: str | None
     tls_ca_key: str
+    spare_replicas: int
     master_resources: Mapping[str, Any]
     claims: Mapping[str, str]
     secrets: Mapping[str, str]
@@ -252,6 +254,7 @@ def check_spec(job: Mapping[str, Any]) -> SpecCheck:
             state_volume=master.get("stateVolume"),
             tls_secret=(master.get("tls") or {}).get("secretName"),
             tls_ca_key=(master.get("tls") or {}).get("caKey") or "tls.crt",
+            spare_replicas=int(worker.get("spareReplicas") or 0),
             master_resources=master.get("resources") or {},
             claims=claims,
             secrets=secrets,
