@@ -295,8 +295,19 @@ class Run:
             parts.append(f"--- {path.name}\n" + "\n".join(path.read_text(errors="replace").splitlines()[-n:]))
         return "\n".join(parts)
 
+    def stop_job(self, proc: subprocess.Popen[bytes], timeout_s: float) -> None:
+        """`dlrover-master stop`: the master ends its job and deletes every pod still running, then exits."""
+        from dlrover.common import DLRoverError
+        from dlrover.master.client import MasterClient
+
+        if proc.poll() is None:
+            with contextlib.suppress(DLRoverError), MasterClient(self.address, self.token) as c:
+                c.stop_job("the job is restarted whole from its persisted checkpoint")
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=timeout_s)
+
     def stop_master(self, proc: subprocess.Popen[bytes], timeout_s: float) -> None:
-        """SIGTERM: the master stops its job and closes its backend, which deletes every pod still running."""
+        """SIGTERM: the master exits and leaves its pods to a successor (the kubelet's stop ends them)."""
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
         with contextlib.suppress(subprocess.TimeoutExpired):
@@ -408,7 +419,7 @@ def _trial(run: Run, trial: Trial, way: str, args: argparse.Namespace) -> None:
     run.cluster.kubelet.lose_node(lost)
     last_before = max((s for s, t in _steps(run.events(), 0) if t <= t0), default=-1)
     if way == "whole restart":
-        run.stop_master(master, args.recover_timeout_s)
+        run.stop_job(master, args.recover_timeout_s)
         gone = run.wait_for("every pod gone", lambda: not run.pods("j"), args.recover_timeout_s, master=None)
         if gone != "ok" or master.poll() is None:
             trial.outcome = gone if gone != "ok" else "the master did not stop"

@@ -334,6 +334,34 @@ def test_a_worker_that_cannot_be_placed_stops_the_job_with_the_schedulers_reason
     assert f"node 1 pending: {why}" in end["message"]
 
 
+def test_a_worker_that_cannot_be_placed_leaves_the_job_training_at_its_minimum(
+    one_big_node: KubeCluster, tmp_path: Path, procs: list[subprocess.Popen[str]]
+) -> None:
+    job = Job(one_big_node, tmp_path, procs)
+    job.start(
+        "--nnodes=1:2", "--node-memory=5Gi", "--kube-node-state-mb=1", "--node-pending-timeout-s=1",
+        "--insufficient-nodes-window-s=5", first="wait", nnodes="1:2",
+    )  # fmt: skip
+    job.running_on(0)
+
+    def announced() -> bool:
+        path = job.state / "events.jsonl"
+        return path.exists() and any(
+            e["kind"] == "nodes_pending" and 1 in e["data"]["nodes"] for e in read_event_log(path)
+        )
+
+    wait_for(announced, "node 1 announced pending")
+    # Well past the insufficient-nodes window: one node is the minimum, so nothing stops the job.
+    (job.out / "release").write_text("")
+    events = job.finish()
+    # (Its wording on whether the job goes on depends on whether node 0 had registered by then.)
+    (pending,) = [e for e in events["nodes_pending"] if 1 in e["data"]["nodes"]]
+    assert "node 1: Unschedulable: 0/2 nodes are available: 2 Insufficient memory." in pending["message"]
+    assert "failure" not in events
+    (end,) = events["job_end"]
+    assert end["data"]["state"] == "succeeded", end
+
+
 def test_a_master_stopped_by_its_platform_hands_the_running_pods_to_its_successor(
     kube_cluster: KubeCluster, tmp_path: Path, procs: list[subprocess.Popen[str]]
 ) -> None:

@@ -385,6 +385,28 @@ def test_all_nodes_succeeding_ends_the_job_succeeded() -> None:
     assert life.exit_reason == "all nodes finished; 2 succeeded"
 
 
+def test_a_node_that_never_joined_is_let_go_when_the_job_finishes() -> None:
+    # Node 1 never started (an unschedulable pod that a finished node's room would place at last): once node 0
+    # succeeded it has no training to join, so it is stopped and the job ends instead of waiting for it.
+    life = make(2, min_nodes=1)
+    life.register(0, "agent-0", "host-0", 0.0)
+    life.node_started(1, 0.5)
+    out = life.report_success(0, 1.0)
+    assert life.node(1).state is NodeState.REMOVED
+    assert "never joined its training" in life.node(1).history[-1].reason
+    assert any(isinstance(e, StopNode) and e.node_id == 1 for e in out.effects)
+    assert life.job_state is JobState.SUCCEEDED
+    assert life.exit_reason == "all nodes finished; 1 succeeded"
+
+
+def test_a_running_node_keeps_training_while_another_finishes() -> None:
+    life = make(2)
+    register_all(life)
+    life.report_success(0, 1.0)
+    assert life.node(1).state is NodeState.RUNNING
+    assert life.job_state is JobState.RUNNING
+
+
 def test_start_timeout_relaunches_a_node_that_never_registers() -> None:
     life = make(1, node_start_timeout_s=60.0, insufficient_nodes_window_s=1000.0)
     assert life.tick(59.0).effects == ()

@@ -1,6 +1,7 @@
 """deploy/kubernetes/example-elasticjob.yaml on the test kubelet: the operator starts the master,
 the master creates two worker pods, the GPT example trains to the end, the status says Succeeded,
-and deleting the job leaves no object and no process.
+and deleting the job leaves no object and no process. Part-way, one worker's training process is
+SIGKILLed: its agent restarts it in place (no pod replaced) and training resumes from memory.
 
 The example runs as written except what only an image provides: `dlrover-run` is this
 interpreter's `-m dlrover.launcher.cli`, the working directory is this checkout instead of
@@ -8,7 +9,10 @@ interpreter's `-m dlrover.launcher.cli`, the working directory is this checkout 
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import socket
 import sys
 import time
@@ -66,6 +70,15 @@ def test_the_example_job_trains_gpt_to_the_end(kube_cluster: KubeCluster) -> Non
             core.create_namespaced_persistent_volume_claim(NS, {"metadata": {"name": claim}, "spec": {}})
         custom.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, _example_as_run_here())
         kubelet = kube_cluster.kubelet
+        run_dir = kubelet.root / "pvc" / NS / "gpt-checkpoints" / "gpt-example"
+        progress = run_dir / "progress.jsonl"
+
+        def records() -> list[dict[str, Any]]:
+            lines = progress.read_text().splitlines()
+            out = [json.loads(line) for line in lines[:-1] if line.strip()]
+            with contextlib.suppress(ValueError, IndexError):  # the last line may be half written
+                out.append(json.loads(lines[-1]))
+            return out
 
         def status() -> dict[str, Any]:
             job = custom.get_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, "gpt-example")
@@ -95,12 +108,26 @@ def test_the_example_job_trains_gpt_to_the_end(kube_cluster: KubeCluster) -> Non
             wait_for("two worker pods", lambda: status().get("nodes", {}).get("running") == 2, 240, logs)
             workers = core.list_namespaced_pod(NS, label_selector="elastic.dlrover.io/component=worker").items
             assert {p.spec.node_name for p in workers} != {None}
+            pods_before = {p.metadata.name: p.metadata.uid for p in workers}
+
+            def steps_done() -> int:
+                if not progress.exists():
+                    return 0
+                return max((r.get("step", 0) for r in records() if r["event"] == "step"), default=0)
+
+            wait_for("a few steps", lambda: steps_done() >= 3, 300, logs)
+            # One worker's training process dies (rank 1: rank 0 writes the progress file).
+            os.kill(int((run_dir / "rank1.pid").read_text()), signal.SIGKILL)
             wait_for("Succeeded", lambda: status().get("phase") in ("Succeeded", "Failed"), 400, logs)
             assert status()["phase"] == "Succeeded", logs()
-        progress = kubelet.root / "pvc" / NS / "gpt-checkpoints" / "gpt-example" / "progress.jsonl"
-        records = [json.loads(line) for line in progress.read_text().splitlines()]
-        assert records[-1]["event"] == "finished", records[-1]
-        assert max(r.get("step", 0) for r in records) == STEPS
+            workers = core.list_namespaced_pod(NS, label_selector="elastic.dlrover.io/component=worker").items
+            assert {p.metadata.name: p.metadata.uid for p in workers} == pods_before, "a worker pod was replaced"
+        done = records()
+        assert done[-1]["event"] == "finished", done[-1]
+        assert max(r.get("step", 0) for r in done) == STEPS
+        resumed = [r for r in done if r["event"] == "resumed"]
+        assert resumed, "the training was not restarted after its process was killed"
+        assert all(r["source"] == "memory" and r["step"] >= 1 for r in resumed), resumed
 
         custom.delete_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, "gpt-example")
         wait_for("no pod left", lambda: not core.list_namespaced_pod(NS).items, 120, logs)

@@ -1519,10 +1519,25 @@ class JobLifecycle:
                 return self.stop(f"{cause}; no node is left: the job stops", now, state=JobState.FAILED)
             return self.stop("no nodes left: every rank failed beyond its budget", now, state=JobState.FAILED)
         if succeeded:
-            # The job is finishing: nodes leave one by one as they succeed.
-            self._insufficient_since = None
-            return Outcome()
+            return self._finishing(alive, succeeded, now)
         return self._check_insufficient(sum(1 for n in alive if n.state is NodeState.RUNNING), now)
+
+    def _finishing(self, alive: list[NodeRecord], succeeded: int, now: float) -> Outcome:
+        """The job is finishing: nodes leave one by one as they succeed. A node that never joined (pending,
+        or started but not registered: a pod placed only once a finished node made room) has no part in the
+        training that is ending: it is let go, not left waiting for a round that never comes."""
+        out = Outcome()
+        for node in [n for n in alive if n.state in (NodeState.PENDING, NodeState.STARTING)]:
+            why = (
+                f"the job is finishing ({succeeded} node(s) succeeded) and node {node.node_id} (rank "
+                f"{node.rank}) never joined its training: it is stopped"
+            )
+            out = out.merge(self._move(node, NodeState.REMOVED, why, now))
+            out = out.merge(Outcome(effects=(StopNode(node.node_id, why),), job_changed=True))
+        self._insufficient_since = None
+        if not any(True for _ in self._alive()):
+            return out.merge(self.stop(f"all nodes finished; {succeeded} succeeded", now, state=JobState.SUCCEEDED))
+        return out
 
     def _check_insufficient(self, running: int, now: float) -> Outcome:
         minimum = self._config.nodes.min_nodes
