@@ -378,6 +378,24 @@ def test_a_master_stopped_by_its_platform_hands_the_running_pods_to_its_successo
     assert pod is not None
     assert pod["status"]["phase"] == "Running"
     assert "deletionTimestamp" not in pod["metadata"]
+    # A successor that cannot start (here: another node range than the journaled job's) exits 2 and leaves
+    # the running pods alone: its failure is not the job's end.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DLROVER_") and k != "KUBECONFIG"}
+    refused = subprocess.run(
+        [*job.cmd, "--nnodes=1:2"],
+        check=False,
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=WAIT_S,
+    )
+    assert refused.returncode == 2, refused.stdout[-2000:] + refused.stderr[-2000:]
+    assert "another job" in refused.stderr
+    pod = job.pod(0)
+    assert pod is not None
+    assert pod["status"]["phase"] == "Running"
+    assert "deletionTimestamp" not in pod["metadata"]
     # Its successor (the operator starts one on the same state volume) adopts the pod; the worker never restarted.
     job.start_master()
 

@@ -187,18 +187,61 @@ def test_shm_and_checkpoint_mounts_replace_the_templates() -> None:
     assert "data" in volumes
 
 
+def test_the_agent_publishes_its_pod_ip_unless_the_template_says_otherwise() -> None:
+    env = env_of(worker_pod(spec(), SETTINGS, WORKER))
+    assert env["PET_LOCAL_ADDR"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    own = WorkerTemplate(
+        {"spec": {"containers": [{"name": "main", "env": [{"name": "PET_LOCAL_ADDR", "value": "gpt-0.gpt"}]}]}}
+    )
+    pod = worker_pod(spec(), SETTINGS, own)
+    assert [e for e in main(pod)["env"] if e["name"] == "PET_LOCAL_ADDR"] == [
+        {"name": "PET_LOCAL_ADDR", "value": "gpt-0.gpt"}
+    ]
+
+
+def test_the_templates_other_resources_are_kept() -> None:
+    from dlrover.autoscale import Resources
+
+    own = WorkerTemplate(
+        {
+            "spec": {
+                "containers": [
+                    {
+                        "name": "main",
+                        "resources": {
+                            "requests": {"ephemeral-storage": "10Gi", "cpu": "1"},
+                            "limits": {"ephemeral-storage": "20Gi", "hugepages-2Mi": "1Gi"},
+                        },
+                    }
+                ]
+            }
+        }
+    )
+    pod = worker_pod(spec(resources=Resources(cpu=4, memory_mb=1024)), SETTINGS, own)
+    resources = main(pod)["resources"]
+    assert resources["requests"]["ephemeral-storage"] == "10Gi"
+    assert resources["limits"]["hugepages-2Mi"] == "1Gi"
+    assert resources["requests"]["cpu"] == resources["limits"]["cpu"] == "4"
+    assert resources["requests"]["memory"] == resources["limits"]["memory"]
+
+
 def test_avoided_hosts_are_excluded_in_every_node_selector_term() -> None:
     pod = worker_pod(spec(avoid_hosts=frozenset({"n2", "n1"})), SETTINGS, WORKER)
     terms = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
         "nodeSelectorTerms"
     ]
     avoid = {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": ["n1", "n2"]}
+    by_name = {"key": "metadata.name", "operator": "NotIn", "values": ["n1", "n2"]}
     assert len(terms) == 2
     assert all(term["matchExpressions"][-1] == avoid for term in terms)
+    # The hostname label need not equal the node's name (the host is a pod's nodeName): both are excluded.
+    assert all(term["matchFields"] == [by_name] for term in terms)
     bare = WorkerTemplate({"spec": {"containers": [{"name": "c"}]}})
     pod = worker_pod(spec(avoid_hosts=frozenset({"n1"})), SETTINGS, bare)
     assert pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"] == {
-        "nodeSelectorTerms": [{"matchExpressions": [{**avoid, "values": ["n1"]}]}]
+        "nodeSelectorTerms": [
+            {"matchExpressions": [{**avoid, "values": ["n1"]}], "matchFields": [{**by_name, "values": ["n1"]}]}
+        ]
     }
     assert "affinity" not in worker_pod(spec(), SETTINGS, bare)["spec"]
 

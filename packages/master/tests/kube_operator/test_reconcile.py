@@ -270,6 +270,22 @@ def test_a_new_max_within_the_masters_range_is_carried_out_by_a_resize() -> None
     assert run(with_status(changed, answer), done).writes == ()
 
 
+def test_the_masters_own_resizes_are_not_undone() -> None:
+    # The master's autoscaler (or `dlrover-master scale`) took the job to 1 of its 2: no edit, no resize.
+    job, observed = running(elastic_job())
+    scaled = observed_after(Reconciliation((), {}, ""), observed, summary=summary(max_nodes=2, running=1, wanted=1))
+    assert not [w for w in run(job, scaled).writes if isinstance(w, ResizeJob)]
+    # An edit of maxReplicas is carried out once; the master's later resizes are its own again.
+    full = observed_after(Reconciliation((), {}, ""), observed, summary=summary(max_nodes=2, running=2, wanted=2))
+    edit = edited(job, {})
+    edit["spec"]["replicaSpecs"]["worker"]["maxReplicas"] = 1
+    first = run(edit, full)
+    assert first.writes == (ResizeJob(1, "spec.replicaSpecs.worker.maxReplicas is 1"),)
+    assert first.status["appliedMaxReplicas"] == 1
+    # A pass that still shows the master at 2 (its answer not yet in) after the edit was applied: no second resize.
+    assert not [w for w in run(with_status(edit, first), full).writes if isinstance(w, ResizeJob)]
+
+
 def test_a_range_beyond_the_masters_is_refused() -> None:
     job, observed = running(elastic_job())
     job["spec"]["replicaSpecs"]["worker"]["maxReplicas"] = 8
@@ -278,14 +294,14 @@ def test_a_range_beyond_the_masters_is_refused() -> None:
     assert "1..8 is not the master's 1..2" in condition(answer, Condition.SPEC_CHANGE_REFUSED)["message"]
 
 
-def test_suspend_deletes_the_master_at_once_and_the_workers_and_resume_brings_the_master_back() -> None:
+def test_suspend_deletes_the_master_and_the_workers_and_resume_brings_the_master_back() -> None:
     job, observed = running(elastic_job())
     worker = {"metadata": {"name": "job1-worker-0", "uid": "w0", "labels": {}}, "status": {"phase": "Running"}}
     observed = observed_after(Reconciliation((), {}, ""), observed, worker_pods=(worker,))
     suspended = edited(job, {"suspend": True})
     answer = run(suspended, observed)
     assert answer.writes == (
-        DeleteObject("Pod", "job1-master", "the job is suspended", 0, "uid-Pod-job1-master"),
+        DeleteObject("Pod", "job1-master", "the job is suspended", None, "uid-Pod-job1-master"),
         DeleteObject("Pod", "job1-worker-0", "the job is suspended", None, "w0"),
     )
     assert answer.status["phase"] == "Suspended"

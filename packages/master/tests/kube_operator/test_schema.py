@@ -170,3 +170,37 @@ def test_the_validator_knows_int_or_string_and_anyof() -> None:
     assert schema_errors({"type": "array", "items": {"type": "string"}, "minItems": 1}, []) == [
         "<root>: must hold at least 1 item(s)"
     ]
+
+
+def _structural_violations(node: Any, path: str = "") -> list[str]:
+    """What a real API server refuses in a CRD's schema (the structural rules the test server does not
+    check): inside anyOf/oneOf/allOf/not no `type`, `properties`, `items` or `additionalProperties`,
+    except the one int-or-string form [{type: integer}, {type: string}]."""
+    out: list[str] = []
+    if isinstance(node, dict):
+        for combinator in ("anyOf", "oneOf", "allOf"):
+            branches = node.get(combinator) or []
+            int_or_string = combinator == "anyOf" and node.get("x-kubernetes-int-or-string") is True
+            if int_or_string and branches == [{"type": "integer"}, {"type": "string"}]:
+                continue
+            for i, branch in enumerate(branches):
+                for key in ("type", "properties", "items", "additionalProperties", "x-kubernetes-int-or-string"):
+                    if key in branch:
+                        out.append(f"{path}.{combinator}[{i}].{key}")
+        for key, value in node.items():
+            out.extend(_structural_violations(value, f"{path}.{key}"))
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            out.extend(_structural_violations(value, f"{path}[{i}]"))
+    return out
+
+
+def test_the_crd_schema_is_structural_as_a_real_api_server_requires() -> None:
+    schema = crd_manifest()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    assert _structural_violations(schema) == []
+    quantity = schema["properties"]["spec"]["properties"]["replicaSpecs"]["properties"]["worker"]["properties"][
+        "resources"
+    ]["additionalProperties"]
+    assert schema_errors(quantity, "4Gi") == []
+    assert schema_errors(quantity, 2) == []
+    assert schema_errors(quantity, "four") != []

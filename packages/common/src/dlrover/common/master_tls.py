@@ -71,8 +71,9 @@ def _pem_file(name: str, path: str, origin: str) -> str:
     marker, what = _PEM_MARKERS[name]
     if marker.encode() not in text:
         raise ConfigError(f"{origin}={path!r}: the file holds no {what}")
-    # Absolute: the value is handed on to processes that may start in another directory.
-    return str(Path(path).resolve())
+    # Absolute, for processes that may start in another directory, but not resolved: a mounted Secret's
+    # file is a symlink into a versioned directory that a rotation replaces.
+    return os.path.abspath(path)
 
 
 def master_tls_from_settings(
@@ -164,7 +165,7 @@ def master_tls_env(tls: TLSConfig | None) -> dict[str, str]:
         )
 
     def absolute(path: str | None) -> str:
-        return str(Path(path).resolve()) if path else ""
+        return os.path.abspath(path) if path else ""
 
     return {
         MASTER_TLS_CA_ENV_VAR: absolute(tls.ca_file),

@@ -855,7 +855,9 @@ def _run(argv: Sequence[str]) -> int:
         print(f"dlrover-master: {exc}", file=sys.stderr)
         return 2
     finally:
-        runtime.stop(hand_over=hand_over)
+        # A master that fails (at start, or later) with its job unfinished leaves a backend's nodes that
+        # outlive it to the master that replaces it, as on SIGTERM: its failure is not the job's end.
+        runtime.stop(hand_over=hand_over or not runtime.master.job_state.finished)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
 

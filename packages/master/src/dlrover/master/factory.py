@@ -31,7 +31,7 @@ from dlrover.master.metrics import MasterMetrics
 from dlrover.master.policy import DefaultFailurePolicy, FailurePolicy
 from dlrover.master.profiles import ProfileRecorder
 from dlrover.master.runtime import MasterRuntime, ServiceRegistration
-from dlrover.master.scheduler.base import SchedulerBackend, check_node_fits
+from dlrover.master.scheduler.base import HandsOverNodes, SchedulerBackend, check_node_fits
 from dlrover.master.scheduler.cgroups import detect_memory_groups
 from dlrover.master.scheduler.external import ExternalScheduler
 from dlrover.master.scheduler.local import LocalScheduler
@@ -133,6 +133,16 @@ def default_policy(config: MasterConfig) -> FailurePolicy:
     if config.failure_policy == "default":
         return DefaultFailurePolicy()
     return DiagnosisFailurePolicy()
+
+
+def _release_unstarted(backend: SchedulerBackend) -> None:
+    """Release the backend of a master that could not be built. Nodes that outlive a master may be a
+    running job's (a replacement master refused at start): they are left to the next master, which adopts
+    them, rather than taken down."""
+    if isinstance(backend, HandsOverNodes):
+        backend.detach()
+    else:
+        backend.close()
 
 
 def create_master(
@@ -286,7 +296,7 @@ def create_master(
         if event_log is not None:
             event_log.close()
         if backend is not None and scheduler is None:
-            backend.close()
+            _release_unstarted(backend)
         if state_lock is not None:
             state_lock.release()
         raise

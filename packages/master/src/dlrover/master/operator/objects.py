@@ -26,7 +26,7 @@ from dlrover.master.kube.names import (
     token_secret_name,
 )
 from dlrover.master.operator.spec import GPU_RESOURCE, JobSpec, cpu_cores
-from dlrover.master.scheduler.kubernetes import VERBS_USED
+from dlrover.master.scheduler.kubernetes import VERBS_ADMITTED, VERBS_USED
 
 __all__ = [
     "APPLIED_SPEC_ANNOTATION",
@@ -82,10 +82,12 @@ def _rules(verbs_used: frozenset[tuple[str, str, str]]) -> tuple[RoleRule, ...]:
     )
 
 
-MASTER_ROLE_RULES: tuple[RoleRule, ...] = _rules(VERBS_USED)
+MASTER_ROLE_RULES: tuple[RoleRule, ...] = _rules(VERBS_USED | VERBS_ADMITTED)
 """What the master's Role grants, in its job's namespace only: exactly the verbs the master's Kubernetes
 backend calls (`dlrover.master.scheduler.kubernetes.VERBS_USED`: it reads its ElasticJob, lists and watches
-the job's worker pods, creates and deletes them). A test compares it with the requests a master in a pod made."""
+the job's worker pods, creates and deletes them), and the one admission checks on its creates (`VERBS_ADMITTED`:
+update on the ElasticJob's finalizers, for its pods' blockOwnerDeletion). A test compares it with the requests a
+master in a pod made."""
 
 
 @attrs.frozen

@@ -365,8 +365,10 @@ class _Pass:
     def suspend(self) -> Reconciliation:
         pod = self.observed.master_pod
         if pod is not None and not _deleting(pod):
-            # At once: dlrover-master stops the job on SIGTERM, and a suspended job must resume.
-            self.writes.append(DeleteObject("Pod", master_name(self.name), "the job is suspended", 0, _uid(pod)))
+            # With its grace: a master given SIGTERM leaves its job resumable (it hands its pods over; they are
+            # deleted here), and a resumed master is created only once this one is gone, so two never share
+            # the journal (a grace-0 delete removes the object while the container may still run).
+            self.writes.append(DeleteObject("Pod", master_name(self.name), "the job is suspended", None, _uid(pod)))
         for worker in self.observed.worker_pods:
             if not _deleting(worker):
                 name = str(worker["metadata"]["name"])
@@ -514,10 +516,15 @@ class _Pass:
                 f"{summary.max_nodes} (a running master carries out a new maxReplicas within its range; the "
                 "minimum and the range change when it is started again: suspend and resume the job)"
             ]
+        # Only an edit is carried out: the master's own resizes (its autoscaler, `dlrover-master scale`) are
+        # not undone. The master starts at its maximum, which the spec's maxReplicas was then.
+        # (A master that already wants it needs no resize: the status read may predate the last write.)
+        applied = self.status.get("appliedMaxReplicas", summary.max_nodes)
         wanted = summary.wanted_nodes or summary.max_nodes
-        if wanted != high:
+        if high not in (applied, wanted):
             self.writes.append(ResizeJob(high, f"spec.replicaSpecs.worker.maxReplicas is {high}"))
             self.reasons.append(f"resize the job from {wanted} to {high} nodes")
+        self.status["appliedMaxReplicas"] = high
         return []
 
 

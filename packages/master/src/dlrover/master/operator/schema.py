@@ -38,9 +38,13 @@ _QUANTITY_PATTERN = r"^[+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][-+]?[0-9]+|[KMGTPE]
 
 _ANY_OBJECT: dict[str, Any] = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
 
+# A structural schema allows types inside anyOf only as exactly [{integer}, {string}] with
+# x-kubernetes-int-or-string (what Kubernetes' own Quantity schema is); the pattern applies to the
+# string form from beside it (an integer has no pattern to fail).
 _QUANTITY: dict[str, Any] = {
     "x-kubernetes-int-or-string": True,
-    "anyOf": [{"type": "integer", "minimum": 0}, {"type": "string", "pattern": _QUANTITY_PATTERN}],
+    "anyOf": [{"type": "integer"}, {"type": "string"}],
+    "pattern": _QUANTITY_PATTERN,
 }
 
 _VOLUME_SOURCE: dict[str, Any] = {
@@ -193,6 +197,11 @@ STATUS_SCHEMA: dict[str, Any] = {
         "message": {"type": "string"},
         "masterRestarts": _COUNT,
         "masterAddress": {"type": "string"},
+        "appliedMaxReplicas": {
+            "type": "integer",
+            "description": "the maxReplicas last carried out on the running master (a resize is sent when the spec's "
+            "differs, so one the master or its autoscaler made later is not undone)",
+        },
     },
 }
 """What the operator writes: `status` of an ElasticJob (a real API server prunes what is not here)."""

@@ -34,7 +34,7 @@ from dlrover.master.scheduler.kubernetes.manifest import worker_pod
 from dlrover.master.scheduler.kubernetes.observe import observe_deleted_pod, observe_pod
 from dlrover.master.scheduler.kubernetes.settings import KubernetesSettings, WorkerTemplate
 
-__all__ = ["VERBS_USED", "KubernetesScheduler", "read_worker_template"]
+__all__ = ["VERBS_ADMITTED", "VERBS_USED", "KubernetesScheduler", "read_worker_template"]
 
 _log = logging.getLogger(__name__)
 
@@ -51,6 +51,13 @@ VERBS_USED: frozenset[tuple[str, str, str]] = frozenset(
 )
 """Every (API group, resource, verb) the backend calls, all in the job's namespace: what the master's Role
 must grant it (the tests compare it with the requests the test API server recorded)."""
+
+VERBS_ADMITTED: frozenset[tuple[str, str, str]] = frozenset(
+    {(names.CRD_GROUP, f"{names.CRD_PLURAL}/finalizers", "update")}
+)
+"""What the master's Role must also grant though no request of it uses it: its pods' owner references set
+`blockOwnerDeletion`, which a cluster with the OwnerReferencesPermissionEnforcement admission plugin (OpenShift,
+hardened clusters) allows only to a subject that may update the owner's finalizers."""
 
 
 def read_worker_template(custom_api: Any, settings: KubernetesSettings) -> WorkerTemplate:

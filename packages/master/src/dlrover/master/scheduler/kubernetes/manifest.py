@@ -65,6 +65,8 @@ MASTER_TLS_VOLUME = "dlrover-master-tls"
 MASTER_TLS_MOUNT = "/etc/dlrover/master-tls"
 """Where a worker finds what verifies the master's TLS certificate (`ca.crt`), when the master serves TLS."""
 MASTER_ADDR_ENV = "DLROVER_MASTER_ADDR"
+LOCAL_ADDR_ENV = "PET_LOCAL_ADDR"
+"""`dlrover-run --local-addr` (torchrun's environment default): set to the pod's IP unless the template sets it."""
 _DOWNWARD_API = {"POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace", "POD_IP": "status.podIP"}
 # Set by the backend; the template's own entries of these names are replaced, NodeSpec's literal token dropped.
 _DROPPED_NODE_ENV = frozenset({TOKEN_ENV_VAR, TOKEN_FILE_ENV_VAR, MASTER_ADDR_ENV, *MASTER_TLS_ENV_VARS})
@@ -150,9 +152,13 @@ def _anti_affinity(pod_spec: dict[str, Any], avoid_hosts: frozenset[str]) -> Non
     node_affinity = affinity.setdefault("nodeAffinity", {})
     required = node_affinity.setdefault("requiredDuringSchedulingIgnoredDuringExecution", {})
     terms = required.get("nodeSelectorTerms") or [{}]
+    # The hosts are the pods' `spec.nodeName`s; the hostname label usually equals the node's name but
+    # need not, so the node's name is excluded too (matchFields), and within a term both must hold.
+    by_name = {"key": "metadata.name", "operator": "NotIn", "values": sorted(avoid_hosts)}
     # Terms are ORed: each must exclude the avoided hosts.
     for term in terms:
         term.setdefault("matchExpressions", []).append(dict(expression))
+        term.setdefault("matchFields", []).append(dict(by_name))
     required["nodeSelectorTerms"] = terms
 
 
@@ -200,13 +206,23 @@ def worker_pod(spec: NodeSpec, settings: KubernetesSettings, worker: WorkerTempl
     container = pod_spec["containers"][main_container_index(template)]
 
     env = _env(spec, settings, master_address(spec, settings))
+    given = container.get("env") or []
+    if all(e.get("name") != LOCAL_ADDR_ENV for e in given):
+        # What the agent tells its peers to dial (the rendezvous store): a pod's host name has no DNS
+        # record without a headless Service, its IP always routes.
+        env.append({"name": LOCAL_ADDR_ENV, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})
     taken = {entry["name"] for entry in env}
-    container["env"] = [e for e in container.get("env") or [] if e.get("name") not in taken] + env
+    container["env"] = [e for e in given if e.get("name") not in taken] + env
 
     shm_mb = shm_size_mb(spec.resources, settings)
     amounts = _resources(spec.resources, shm_mb, settings)
     if amounts:
-        container["resources"] = amounts
+        # The node's cpu, memory and GPUs replace the template's; anything else it asks (ephemeral
+        # storage, hugepages, another device) stays.
+        merged = copy.deepcopy(dict(container.get("resources") or {}))
+        for part, values in amounts.items():
+            merged[part] = {**dict(merged.get(part) or {}), **values}
+        container["resources"] = merged
     shm: dict[str, Any] = {"medium": "Memory"}
     if shm_mb:
         shm["sizeLimit"] = f"{shm_mb}Mi"
