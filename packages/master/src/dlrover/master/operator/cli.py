@@ -39,7 +39,7 @@ _log = logging.getLogger("dlrover.master.operator")
 
 def crd_yaml() -> str:
     """The ElasticJob CRD as YAML (what deploy/kubernetes/crd.yaml holds)."""
-    import yaml  # type: ignore[import-untyped]  # lazy: PyYAML comes with the k8s extra's client
+    import yaml  # type: ignore[import-untyped]  # lazy: PyYAML is in the k8s extra
 
     class _NoAliases(yaml.SafeDumper):  # type: ignore[misc]
         # The schema reuses sub-schemas; the file spells each out instead of YAML anchors.
