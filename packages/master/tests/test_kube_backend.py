@@ -309,6 +309,22 @@ def test_the_elastic_job_is_read_and_owns_the_pods(kube_cluster: KubeCluster, co
     assert {r.namespace for r in kube_cluster.server.requests()} == {NS}
 
 
+def test_a_passing_failure_to_read_the_elastic_job_is_retried(kube_cluster: KubeCluster, tmp_path: Path) -> None:
+    # A replacement master must not fail its job for a hiccup: two 503s, then the read succeeds.
+    with kubernetes.client.ApiClient(kubernetes.client.Configuration(host=kube_cluster.url)) as api:
+        kubernetes.client.ApiextensionsV1Api(api).create_custom_resource_definition(elastic_job_crd())
+        kubernetes.client.CustomObjectsApi(api).create_namespaced_custom_object(
+            names.CRD_GROUP, names.CRD_VERSION, NS, names.CRD_PLURAL, elastic_job(template())
+        )
+    kubeconfig = kube_cluster.write_kubeconfig(tmp_path / "kubeconfig")
+    kube_cluster.server.clear_requests()
+    kube_cluster.server.faults.fail_next(2, 503, when=lambda r: r.resource == names.CRD_PLURAL and r.verb == "get")
+    backend = KubernetesScheduler.from_cluster(settings(kubeconfig=str(kubeconfig)))
+    backend.close()
+    reads = [r.code for r in kube_cluster.server.requests() if r.resource == names.CRD_PLURAL and r.verb == "get"]
+    assert reads == [503, 503, 200]
+
+
 def test_a_missing_elastic_job_is_a_clear_error(kube_cluster: KubeCluster, tmp_path: Path) -> None:
     kubeconfig = kube_cluster.write_kubeconfig(tmp_path / "kubeconfig")
     with pytest.raises(ConfigError, match=f"cannot read the ElasticJob {NS}/{JOB}: 404"):

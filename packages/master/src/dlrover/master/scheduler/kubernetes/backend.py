@@ -60,12 +60,19 @@ VERBS_ADMITTED: frozenset[tuple[str, str, str]] = frozenset(
 hardened clusters) allows only to a subject that may update the owner's finalizers."""
 
 
-def read_worker_template(custom_api: Any, settings: KubernetesSettings) -> WorkerTemplate:
+def read_worker_template(
+    custom_api: Any, settings: KubernetesSettings, *, sleep: Callable[[float], None] | None = None
+) -> WorkerTemplate:
     """Read the ElasticJob `settings.namespace/settings.job`: its worker template, uid and checkpoint volume.
+
+    A read answered 429 or 5xx, one refused 403 (a Role the operator has just created may take a moment to
+    reach every API server), or a broken connection is retried `settings.request_retries` times with the
+    watch's backoff: a master replacing another must not fail its job for a passing hiccup.
 
     Args:
         custom_api: a `kubernetes.client.CustomObjectsApi`.
         settings: names the job.
+        sleep: waits between attempts (tests inject one); a real wait by default.
 
     Raises:
         ConfigError: the job cannot be read, or has no worker template; the message says which.
@@ -74,20 +81,33 @@ def read_worker_template(custom_api: Any, settings: KubernetesSettings) -> Worke
     from urllib3.exceptions import HTTPError
 
     where = f"ElasticJob {settings.namespace}/{settings.job}"
-    try:
-        timeout = settings.watch.request_timeout_s
-        job = custom_api.get_namespaced_custom_object(
-            names.CRD_GROUP,
-            names.CRD_VERSION,
-            settings.namespace,
-            names.CRD_PLURAL,
-            settings.job,
-            _request_timeout=(timeout, timeout),
-        )
-    except ApiException as exc:
-        raise ConfigError(f"cannot read the {where}: {exc.status} {exc.reason}") from exc
-    except (HTTPError, OSError) as exc:
-        raise ConfigError(f"cannot read the {where}: {exc}") from exc
+    watch = settings.watch
+    backoff = Backoff(watch.backoff_initial_s, watch.backoff_max_s, watch.backoff_multiplier)
+    attempts = settings.request_retries + 1
+    timeout = watch.request_timeout_s
+    for attempt in range(1, attempts + 1):
+        try:
+            job = custom_api.get_namespaced_custom_object(
+                names.CRD_GROUP,
+                names.CRD_VERSION,
+                settings.namespace,
+                names.CRD_PLURAL,
+                settings.job,
+                _request_timeout=(timeout, timeout),
+            )
+            break
+        except ApiException as exc:
+            if exc.status not in _RETRIED_STATUSES | {403} or attempt == attempts:
+                raise ConfigError(f"cannot read the {where}: {exc.status} {exc.reason}") from exc
+            problem = f"{exc.status} {exc.reason}"
+        except (HTTPError, OSError) as exc:
+            if attempt == attempts:
+                raise ConfigError(f"cannot read the {where}: {exc}") from exc
+            problem = str(exc)
+        delay = backoff.next_delay()
+        _log.warning("reading the %s failed (%s, attempt %d of %d); retrying in %.2f s", where, problem, attempt,
+                     attempts, delay)  # fmt: skip
+        (sleep or threading.Event().wait)(delay)
     spec = job.get("spec") or {}
     worker = (spec.get("replicaSpecs") or {}).get("worker") or {}
     template = worker.get("template")
