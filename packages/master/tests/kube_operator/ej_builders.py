@@ -1,9 +1,11 @@
-"""Shared builders for the operator's tests: ElasticJobs, observed objects, master summaries."""
+"""Shared builders for the operator's tests: ElasticJobs, observed objects, master summaries, and the
+one bounded wait every suite against an API server uses."""
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
@@ -13,6 +15,27 @@ from dlrover.master.states import JobState, NodeState
 from dlrover.master.status import JobSummary, NodeSummary
 
 TOKEN = "t" * 43
+
+
+def wait_for(
+    what: str,
+    check: Callable[[], Any],
+    timeout_s: float = 150.0,
+    *,
+    poll_s: float = 0.1,
+    explain: Callable[[], str] | None = None,
+) -> Any:
+    """`check()`'s first truthy value, polled every `poll_s`; fails naming `what` (and what `explain` tells)
+    once `timeout_s` passed."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            detail = f"\n{explain()}" if explain is not None else ""
+            raise AssertionError(f"timed out waiting for {what}{detail}")
+        time.sleep(poll_s)
 
 
 def template(**container: Any) -> dict[str, Any]:

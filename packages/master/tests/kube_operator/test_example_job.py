@@ -15,14 +15,13 @@ import os
 import signal
 import socket
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 from dlrover_testsupport.kube import KubeCluster
+from ej_builders import wait_for
 from kubernetes import client
 
 from dlrover.master.kube.watch import WatchSettings
@@ -34,17 +33,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 ROOT = Path(__file__).resolve().parents[4]
 GROUP, VERSION, PLURAL, NS = "elastic.dlrover.io", "v1alpha1", "elasticjobs", "default"
 STEPS = 20
-
-
-def wait_for(what: str, check: Callable[[], Any], timeout_s: float, on_timeout: Callable[[], str]) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}\n{on_timeout()}")
-        time.sleep(0.5)
 
 
 def _example_as_run_here() -> dict[str, Any]:
@@ -105,7 +93,9 @@ def test_the_example_job_trains_gpt_to_the_end(kube_cluster: KubeCluster) -> Non
             watch=WatchSettings(watch_timeout_s=30, backoff_initial_s=0.05, backoff_max_s=1.0),
         )
         with Operator(api, settings):
-            wait_for("two worker pods", lambda: status().get("nodes", {}).get("running") == 2, 240, logs)
+            wait_for(
+                "two worker pods", lambda: status().get("nodes", {}).get("running") == 2, 240, explain=logs, poll_s=0.5
+            )
             workers = core.list_namespaced_pod(NS, label_selector="elastic.dlrover.io/component=worker").items
             assert {p.spec.node_name for p in workers} != {None}
             pods_before = {p.metadata.name: p.metadata.uid for p in workers}
@@ -115,10 +105,12 @@ def test_the_example_job_trains_gpt_to_the_end(kube_cluster: KubeCluster) -> Non
                     return 0
                 return max((r.get("step", 0) for r in records() if r["event"] == "step"), default=0)
 
-            wait_for("a few steps", lambda: steps_done() >= 3, 300, logs)
+            wait_for("a few steps", lambda: steps_done() >= 3, 300, explain=logs, poll_s=0.5)
             # One worker's training process dies (rank 1: rank 0 writes the progress file).
             os.kill(int((run_dir / "rank1.pid").read_text()), signal.SIGKILL)
-            wait_for("Succeeded", lambda: status().get("phase") in ("Succeeded", "Failed"), 400, logs)
+            wait_for(
+                "Succeeded", lambda: status().get("phase") in ("Succeeded", "Failed"), 400, explain=logs, poll_s=0.5
+            )
             assert status()["phase"] == "Succeeded", logs()
             workers = core.list_namespaced_pod(NS, label_selector="elastic.dlrover.io/component=worker").items
             assert {p.metadata.name: p.metadata.uid for p in workers} == pods_before, "a worker pod was replaced"
@@ -130,7 +122,7 @@ def test_the_example_job_trains_gpt_to_the_end(kube_cluster: KubeCluster) -> Non
         assert all(r["source"] == "memory" and r["step"] >= 1 for r in resumed), resumed
 
         custom.delete_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, "gpt-example")
-        wait_for("no pod left", lambda: not core.list_namespaced_pod(NS).items, 120, logs)
+        wait_for("no pod left", lambda: not core.list_namespaced_pod(NS).items, 120, explain=logs, poll_s=0.5)
         for kind in ("service", "secret", "service_account"):
             listed = getattr(core, f"list_namespaced_{kind}")(NS, label_selector="elastic.dlrover.io/job=gpt-example")
             assert not listed.items, kind

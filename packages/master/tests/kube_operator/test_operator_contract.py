@@ -10,12 +10,12 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from dlrover_testsupport.kube import ApiServer
-from ej_builders import elastic_job
+from ej_builders import elastic_job, wait_for
 from kubernetes import client
 
 from dlrover.master.kube import load_api_client
@@ -28,18 +28,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 REAL_CLUSTER_ENV_VAR = "DLROVER_TEST_KUBECONFIG"
 GROUP, VERSION, PLURAL = "elastic.dlrover.io", "v1alpha1", "elasticjobs"
 OWNED = ("pod", "service", "secret", "service_account", "role", "role_binding")
-WAIT_S = 120.0
-
-
-def wait_for(what: str, check: Callable[[], Any], timeout_s: float = WAIT_S) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.2)
 
 
 @pytest.fixture(params=["test-api-server", "real-cluster"])

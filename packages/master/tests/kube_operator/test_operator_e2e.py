@@ -10,14 +10,13 @@ import signal
 import socket
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from dlrover_testsupport.kube import KubeCluster
-from ej_builders import elastic_job
+from ej_builders import elastic_job, wait_for
 from kubernetes import client
 
 from dlrover.master.kube.watch import WatchSettings
@@ -30,7 +29,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
 
 GROUP, VERSION, PLURAL, NS = "elastic.dlrover.io", "v1alpha1", "elasticjobs", "default"
 TEST_AGENT = "dlrover-operator-test"
-WAIT_S = 150.0
 
 # A stand-in for dlrover-run: registers with the node id the master gave it, heartbeats (riding out
 # an unreachable master, as the agent does), appends its pid to <dir>/pids/<node id> at start, and
@@ -69,17 +67,6 @@ with MasterClient(os.environ["DLROVER_MASTER_ADDR"], load_token()) as c:
             sys.exit(0)
         time.sleep(0.3)
 """
-
-
-def wait_for(what: str, check: Callable[[], Any], timeout_s: float = WAIT_S) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.2)
 
 
 def free_port() -> int:

@@ -8,8 +8,7 @@ import signal
 import subprocess
 import sys
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,7 @@ import attrs
 import pytest
 import yaml
 from dlrover_testsupport.kube import ApiServer
-from ej_builders import elastic_job, summary
+from ej_builders import elastic_job, summary, wait_for
 from kubernetes import client
 
 from dlrover.master.kube.watch import WatchSettings
@@ -55,17 +54,6 @@ class FakeMasters:
             if self.answer is not None:  # as a master does: it now wants that many
                 self.answer = attrs.evolve(self.answer, wanted_nodes=nodes)
             return f"resized to {nodes}"
-
-
-def wait_for(what: str, check: Callable[[], Any], timeout_s: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 class Cluster:
