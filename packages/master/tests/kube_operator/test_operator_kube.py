@@ -19,6 +19,7 @@ from dlrover_testsupport.kube import ApiServer
 from ej_builders import elastic_job, summary, wait_for
 from kubernetes import client
 
+from dlrover.common import DLRoverError
 from dlrover.master.kube.watch import WatchSettings
 from dlrover.master.operator import MasterSettings, ReconcileSettings, crd_manifest
 from dlrover.master.operator.controller import MasterAddress, Operator, OperatorSettings
@@ -37,6 +38,7 @@ class FakeMasters:
     def __init__(self) -> None:
         self.answer: JobSummary | None = None
         self.resizes: list[int] = []
+        self.refuse_resizes = 0  # this many resize calls fail first
         self.targets: list[str] = []
         self._lock = threading.Lock()
 
@@ -51,6 +53,9 @@ class FakeMasters:
     def resize(self, address: MasterAddress, nodes: int, reason: str) -> str:
         with self._lock:
             self.resizes.append(nodes)
+            if self.refuse_resizes:
+                self.refuse_resizes -= 1
+                raise DLRoverError("the master cannot be reached")
             if self.answer is not None:  # as a master does: it now wants that many
                 self.answer = attrs.evolve(self.answer, wanted_nodes=nodes)
             return f"resized to {nodes}"
@@ -298,6 +303,18 @@ def test_a_template_edit_is_refused_and_a_new_max_is_resized(
     assert cluster.master_pod().metadata.uid == pod.metadata.uid
     assert cluster.job()["status"]["phase"] == "Running"
     assert masters.resizes == [3]
+
+
+def test_a_resize_that_failed_is_sent_again(cluster: Cluster, operator: Operator, masters: FakeMasters) -> None:
+    job = elastic_job()
+    job["spec"]["replicaSpecs"]["worker"]["maxReplicas"] = 4
+    cluster.create_job(job)
+    _running_master(cluster, masters, max_nodes=4, wanted=4)
+    masters.refuse_resizes = 1
+    cluster.patch_job({"spec": {"replicaSpecs": {"worker": {"maxReplicas": 3}}}})
+    wait_for("the resize sent again and taken", lambda: masters.resizes == [3, 3])
+    wait_for("the edit recorded as applied", lambda: cluster.job()["status"].get("appliedMaxReplicas") == 3)
+    assert masters.resizes == [3, 3]
 
 
 def test_deleting_the_job_deletes_what_it_owns(cluster: Cluster, operator: Operator) -> None:

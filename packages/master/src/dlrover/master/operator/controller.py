@@ -438,6 +438,15 @@ class Operator:
             log.info("%s: deleted meanwhile; nothing created", key)
             return None
         failed = self._apply(job, answer, observed)
+        if ResizeJob in failed:
+            # Not carried out: the status must not say it was, so the next pass sends it again.
+            status = dict(answer.status)
+            previous = (job.get("status") or {}).get("appliedMaxReplicas")
+            if previous is None:
+                status.pop("appliedMaxReplicas", None)
+            else:
+                status["appliedMaxReplicas"] = previous
+            answer = attrs.evolve(answer, status=status)
         if answer.status != (job.get("status") or {}):
             self._write_status(job, answer)
         if failed:
@@ -467,9 +476,10 @@ class Operator:
         live_meta = live.get("metadata") or {}
         return bool(live_meta.get("uid") == meta.get("uid") and not live_meta.get("deletionTimestamp"))
 
-    def _apply(self, job: Mapping[str, Any], answer: Reconciliation, observed: Observed) -> bool:
+    def _apply(self, job: Mapping[str, Any], answer: Reconciliation, observed: Observed) -> set[type]:
+        """Make the writes; the kinds of those that failed (empty: all made)."""
         namespace = job["metadata"]["namespace"]
-        failed = False
+        failed: set[type] = set()
         for write in answer.writes:
             try:
                 if isinstance(write, CreateObject):
@@ -486,10 +496,10 @@ class Operator:
                 log.warning(
                     "%s/%s: %s failed: %s %s", namespace, job["metadata"]["name"], write, exc.status, exc.reason
                 )
-                failed = True
+                failed.add(type(write))
             except DLRoverError as exc:
                 log.warning("%s/%s: %s failed: %s", namespace, job["metadata"]["name"], write, exc)
-                failed = True
+                failed.add(type(write))
         return failed
 
     def _create(self, namespace: str, write: CreateObject) -> None:
