@@ -33,6 +33,7 @@ from typing import Any
 import attrs
 
 from dlrover.common import Clock, ConfigError, SystemClock
+from dlrover.common.validators import positive
 
 __all__ = [
     "Backoff",
@@ -82,11 +83,6 @@ class WatchEvent:
     relisted: bool = False
 
 
-def _positive(_: object, attribute: attrs.Attribute[float], value: float) -> None:
-    if not value > 0:
-        raise ConfigError(f"{attribute.name} must be positive, not {value!r}")
-
-
 @attrs.frozen
 class WatchSettings:
     """How a `ListWatch` talks to the API server. Every value is in seconds unless named otherwise.
@@ -104,10 +100,10 @@ class WatchSettings:
         list_page_size: objects per list page (`limit`); 0 lists everything in one response.
     """
 
-    watch_timeout_s: float = attrs.field(default=60.0, validator=_positive)
-    request_timeout_s: float = attrs.field(default=30.0, validator=_positive)
-    backoff_initial_s: float = attrs.field(default=0.2, validator=_positive)
-    backoff_max_s: float = attrs.field(default=10.0, validator=_positive)
+    watch_timeout_s: float = attrs.field(default=60.0, validator=positive)
+    request_timeout_s: float = attrs.field(default=30.0, validator=positive)
+    backoff_initial_s: float = attrs.field(default=0.2, validator=positive)
+    backoff_max_s: float = attrs.field(default=10.0, validator=positive)
     backoff_multiplier: float = attrs.field(default=2.0)
     list_page_size: int = attrs.field(default=500)
 

@@ -13,6 +13,7 @@ from typing import Any
 import attrs
 
 from dlrover.common import ConfigError
+from dlrover.common.validators import non_negative_int, positive
 from dlrover.master.kube.watch import WatchSettings
 
 __all__ = ["DEFAULT_SHM_FRACTION", "KubernetesSettings", "WorkerTemplate"]
@@ -29,16 +30,6 @@ def _dns_label(_: object, attribute: attrs.Attribute[str], value: str) -> None:
         raise ConfigError(
             f"{attribute.name} must be a DNS label (lowercase letters, digits and '-', at most 63), not {value!r}"
         )
-
-
-def _non_negative(_: object, attribute: attrs.Attribute[Any], value: float) -> None:
-    if not value >= 0:
-        raise ConfigError(f"{attribute.name} must not be negative, not {value!r}")
-
-
-def _positive(_: object, attribute: attrs.Attribute[Any], value: float) -> None:
-    if not value > 0:
-        raise ConfigError(f"{attribute.name} must be positive, not {value!r}")
 
 
 @attrs.frozen
@@ -75,10 +66,10 @@ class KubernetesSettings:
     kubeconfig: str | None = None
     master_address: str | None = None
     watch: WatchSettings = attrs.field(factory=WatchSettings)
-    sync_timeout_s: float = attrs.field(default=30.0, validator=_positive)
-    pod_deletion_grace_s: int = attrs.field(default=30, validator=_non_negative)
-    request_retries: int = attrs.field(default=3, validator=_non_negative)
-    node_state_mb: int = attrs.field(default=0, validator=_non_negative)
+    sync_timeout_s: float = attrs.field(default=30.0, validator=positive)
+    pod_deletion_grace_s: int = attrs.field(default=30, validator=non_negative_int)
+    request_retries: int = attrs.field(default=3, validator=non_negative_int)
+    node_state_mb: int = attrs.field(default=0, validator=non_negative_int)
     gpu_resource: str = "nvidia.com/gpu"
     gpu_type_label: str = "nvidia.com/gpu.product"
     tls_secret: str | None = None
