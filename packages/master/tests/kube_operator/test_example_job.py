@@ -5,7 +5,8 @@ SIGKILLed: its agent restarts it in place (no pod replaced) and training resumes
 
 The example runs as written except what only an image provides: `dlrover-run` is this
 interpreter's `-m dlrover.launcher.cli`, the working directory is this checkout instead of
-/opt/dlrover, and it trains 20 steps instead of 240 (two CPU cores here)."""
+/opt/dlrover, and it trains 20 steps instead of 240 (two CPU cores here),
+with the workers' logs under the kubelet's directory."""
 
 from __future__ import annotations
 
@@ -35,12 +36,14 @@ GROUP, VERSION, PLURAL, NS = "elastic.dlrover.io", "v1alpha1", "elasticjobs", "d
 STEPS = 20
 
 
-def _example_as_run_here() -> dict[str, Any]:
+def _example_as_run_here(log_dir: Path) -> dict[str, Any]:
     job = yaml.safe_load((ROOT / "deploy" / "kubernetes" / "example-elasticjob.yaml").read_text())
     main = job["spec"]["replicaSpecs"]["worker"]["template"]["spec"]["containers"][0]
     assert main["command"][0] == "dlrover-run"
     assert main["workingDir"] == "/opt/dlrover"
-    command = [sys.executable, "-m", "dlrover.launcher.cli", *main["command"][1:]]
+    # --log-dir: in an image the pod's ./dlrover-logs dies with it; here the working directory is
+    # this checkout, which must not keep the workers' logs.
+    command = [sys.executable, "-m", "dlrover.launcher.cli", f"--log-dir={log_dir}", *main["command"][1:]]
     main["command"] = [f"--steps={STEPS}" if arg.startswith("--steps=") else arg for arg in command]
     main["command"].append("--persist-every=10")
     main["workingDir"] = str(ROOT)
@@ -56,7 +59,8 @@ def test_the_example_job_trains_gpt_to_the_end(kube_cluster: KubeCluster) -> Non
         core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
         for claim in ("gpt-checkpoints", "gpt-master-state"):
             core.create_namespaced_persistent_volume_claim(NS, {"metadata": {"name": claim}, "spec": {}})
-        custom.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, _example_as_run_here())
+        example = _example_as_run_here(kube_cluster.kubelet.root / "worker-logs")
+        custom.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, example)
         kubelet = kube_cluster.kubelet
         run_dir = kubelet.root / "pvc" / NS / "gpt-checkpoints" / "gpt-example"
         progress = run_dir / "progress.jsonl"
