@@ -18,7 +18,7 @@ def test_the_orphan_guard_does_not_import_grpc() -> None:
     # Every worker start goes through it, restarts included.
     from dlrover.common.lazy import modules_loaded_by
 
-    assert modules_loaded_by("import dlrover.launcher._orphan_guard") == []
+    assert modules_loaded_by("import dlrover.common.orphan_guard") == []
 
 
 _TRACE_ENV_READS = """

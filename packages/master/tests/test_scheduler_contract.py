@@ -102,12 +102,24 @@ def real_kubernetes_backend(_tmp_path: Path, _stack: contextlib.ExitStack) -> Sc
     return KubernetesScheduler(api, _kube_settings(namespace, kubeconfig), WorkerTemplate(_TEMPLATE), owns_client=True)
 
 
+def ray_backend_on_fake_cluster(_tmp_path: Path, _stack: contextlib.ExitStack) -> SchedulerBackend:
+    """The Ray backend on an in-memory cluster of two one-CPU nodes (the real cluster runs the same contract
+    in tests/ray/test_ray_backend_contract.py)."""
+    from dlrover.master.scheduler.ray import FakeRayCluster, RayScheduler
+
+    cluster = FakeRayCluster()
+    for name in ("ray-node-a", "ray-node-b"):
+        cluster.add_node(name, CPU=1.0)
+    return RayScheduler(["dlrover-run", "train.py"], cluster)
+
+
 BACKENDS: dict[str, Callable[[Path, contextlib.ExitStack], SchedulerBackend]] = {
     "fake": lambda _p, _s: FakeScheduler(),
     "external": lambda _p, _s: ExternalScheduler(),
     "local": lambda p, _s: local_backend(p),
     "kubernetes": kubernetes_backend,
     "kubernetes-real-cluster": real_kubernetes_backend,
+    "ray-fake-cluster": ray_backend_on_fake_cluster,
 }
 
 

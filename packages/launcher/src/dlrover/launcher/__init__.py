@@ -7,7 +7,7 @@ to the job through the `ControlPlane` protocol (`FakeControlPlane` in memory, th
 `dlrover.launcher.grpc_control`), the round's torch.distributed store that node rank 0's agent
 hosts (`StoreHost`: `TorchStoreHost`, `FakeStoreHost`), and the network check (`NetworkCheck`).
 
-Names are imported lazily: a worker process started through `dlrover.launcher._orphan_guard` or
+Names are imported lazily: a worker process started through `dlrover.common.orphan_guard` or
 `dlrover.launcher._standby` imports this package, and must not pay for gRPC and the agent.
 """
 

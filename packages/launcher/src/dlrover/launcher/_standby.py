@@ -5,7 +5,7 @@
 
 Starting a worker costs the interpreter's start and the imports of torch and the like: seconds,
 all of it on the restart path after a failure. A standby pays that ahead of time: it arms the
-parent-death signal (as `_orphan_guard` does, so it dies with its agent), imports `MODULES`
+parent-death signal (as `dlrover.common.orphan_guard` does, so it dies with its agent), imports `MODULES`
 (comma-separated), then blocks reading one line from standard input. The line is the JSON object
 ``{"env": {NAME: VALUE, ...}}``: the standby replaces its environment with that one, points fd 0 at
 /dev/null, and runs the worker program the way ``python -u SCRIPT`` or ``python -u -m MODULE``
@@ -74,7 +74,7 @@ import zipfile
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
-from dlrover.launcher._orphan_guard import ORPHANED_EXIT_CODE, _arm_parent_death_signal, _prefer_for_oom_kill
+from dlrover.common.orphan_guard import ORPHANED_EXIT_CODE, arm_parent_death_signal, prefer_for_oom_kill
 from dlrover.launcher.env_guard import EnvGuard, EnvWriteAction, EnvWriteDecision, side_effect_of
 
 USAGE = "usage: python -u -m dlrover.launcher._standby PARENT_PID MODULES -- PYTHON -u (SCRIPT | -m MODULE) [ARGS...]"
@@ -345,8 +345,8 @@ def main(argv: list[str]) -> int:
         print(USAGE, file=sys.stderr)
         return 2
     expected_parent, modules, program = int(argv[0]), argv[1], argv[3:]
-    _arm_parent_death_signal()
-    _prefer_for_oom_kill()  # as a worker started through the orphan guard
+    arm_parent_death_signal()
+    prefer_for_oom_kill()  # as a worker started through the orphan guard
     if os.getppid() != expected_parent:
         return ORPHANED_EXIT_CODE
     prewarmed = [name for name in modules.split(",") if name]

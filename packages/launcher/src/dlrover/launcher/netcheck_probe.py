@@ -12,7 +12,7 @@ nccl with CUDA) and prints one JSON line: ``{"ok": ..., "elapsed_s": ..., "error
 Exit status 0 when the probe passed, 1 when it ran and failed, 2 on bad arguments, 0 without
 output when stdin closes before a request (the agent did not need it after all).
 
-``--parent-pid`` arms Linux's parent-death signal first thing, as `_orphan_guard` does for
+``--parent-pid`` arms Linux's parent-death signal first thing, as `dlrover.common.orphan_guard` does for
 workers, so a probe never outlives a killed agent.
 
 Test hook: ``DLROVER_NETWORK_CHECK_FAULT`` makes this process misbehave for real, so tests can
@@ -35,7 +35,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from dlrover.launcher._orphan_guard import ORPHANED_EXIT_CODE, _arm_parent_death_signal
+from dlrover.common.orphan_guard import ORPHANED_EXIT_CODE, arm_parent_death_signal
 from dlrover.launcher.netcheck_plan import NETWORK_CHECK_FAULT_ENV_VAR as FAULT_ENV_VAR
 
 __all__ = ["main"]
@@ -78,7 +78,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--parent-pid", type=int, default=None, help="die with this process")
     args = parser.parse_args(argv)
     if args.parent_pid is not None:
-        _arm_parent_death_signal()
+        arm_parent_death_signal()
         if os.getppid() != args.parent_pid:
             return ORPHANED_EXIT_CODE
     fault = os.environ.get(FAULT_ENV_VAR, "")

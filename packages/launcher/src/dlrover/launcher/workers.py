@@ -1,7 +1,7 @@
 """Start, watch and stop the training processes of one node.
 
 Each worker leads its own process group, so stopping it also stops whatever it started, and
-carries a parent-death signal (see `_orphan_guard`), so it dies with the agent. It stays in the
+carries a parent-death signal (see `dlrover.common.orphan_guard`), so it dies with the agent. It stays in the
 agent's session (on Python 3.10, which cannot ask for a bare process group, it gets its own):
 Linux's autogroup scheduler shares the CPU fairly between sessions first, so a worker in a
 session of its own would compete as an equal with the agent's whole session, and the low
@@ -32,6 +32,7 @@ from typing import IO, Any
 import attrs
 
 from dlrover.common import DLRoverError
+from dlrover.common.orphan_guard import guarded_argv
 from dlrover.common.process import exiting_status
 from dlrover.launcher.error_file import ERROR_FILE_ENV_VAR, read_error_file
 
@@ -434,7 +435,7 @@ class WorkerGroup:
         return {rank: proc.pid for rank, proc in self._procs.items()}
 
     def start(self) -> None:
-        """Start every worker. Call from the agent's long-lived main thread (see `_orphan_guard`)."""
+        """Start every worker. Call from the agent's long-lived main thread (see `dlrover.common.orphan_guard`)."""
         if self._procs:
             raise DLRoverError("this worker group has already started")
         try:
@@ -456,7 +457,7 @@ class WorkerGroup:
         if self._standby is not None and tuple(spec.argv) == self._standby.program:
             proc = self._standby.take(env)
         if proc is None:
-            guard = [sys.executable, "-m", "dlrover.launcher._orphan_guard", str(os.getpid()), "--", *spec.argv]
+            guard = guarded_argv(os.getpid(), list(spec.argv))
             proc = _spawn(guard, env, stdin=subprocess.DEVNULL)
         self._procs[spec.local_rank] = proc
         pumps = []

@@ -66,6 +66,7 @@ from dlrover.master.runtime import MasterRuntime
 from dlrover.master.scheduler.base import HandsOverNodes
 from dlrover.master.scheduler.kubernetes.settings import KubernetesSettings
 from dlrover.master.scheduler.local import parse_slots
+from dlrover.master.scheduler.ray.settings import RaySettings
 from dlrover.master.states import JobState
 from dlrover.master.status import format_status
 from dlrover.master.timeline import render_timeline
@@ -103,7 +104,7 @@ def _run_parser() -> argparse.ArgumentParser:
     p.add_argument("--node-unit", type=int, default=1, help="the world holds a multiple of this many nodes")
     p.add_argument("--state-dir", default=None, help="journal directory; a restarted master resumes from it")
     p.add_argument("--backend", choices=BACKENDS, default="local", help="who starts the nodes' agents")
-    p.add_argument("--agent-command", default="", help="the agent to run per node (local backend)")
+    p.add_argument("--agent-command", default="", help="the agent to run per node (local and ray backends)")
     p.add_argument("--heartbeat-interval-s", type=float, default=5.0, help="seconds between an agent's heartbeats")
     p.add_argument("--heartbeat-timeout-s", type=float, default=30.0, help="a node silent this long is taken for lost")
     p.add_argument(
@@ -243,7 +244,13 @@ def _run_parser() -> argparse.ArgumentParser:
         default="report",
         help="report: an event and a warning; replace: also relaunch the straggler's node where the backend can",
     )
-    for add_flags in (_add_autoscale_flags, add_resource_flags, _add_profile_flags, _add_kubernetes_flags):
+    for add_flags in (
+        _add_autoscale_flags,
+        add_resource_flags,
+        _add_profile_flags,
+        _add_kubernetes_flags,
+        _add_ray_flags,
+    ):
         add_flags(p)
     p.add_argument(
         "--samples-rate-window-s",
@@ -449,6 +456,56 @@ def _add_kubernetes_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_ray_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("ray backend (--backend ray)")
+    g.add_argument(
+        "--ray-address",
+        default=None,
+        help="the Ray cluster: its head's host:port, ray://host:port, or auto (RAY_ADDRESS, else the cluster "
+        "started on this host); default auto",
+    )
+    g.add_argument("--ray-namespace", default=None, help="the Ray namespace of the job's actors (dlrover-<job>)")
+    g.add_argument("--ray-temp-dir", default=None, help="where this master's Ray files go (Ray's default: /tmp/ray)")
+    g.add_argument(
+        "--ray-connect-timeout-s", type=float, default=15.0, help="how long the start waits for the cluster's head"
+    )
+    g.add_argument(
+        "--ray-agent-cpus",
+        type=float,
+        default=1.0,
+        help="CPUs each agent actor asks for when no --node-cpus is given (keeps agents off a zero-CPU head)",
+    )
+    g.add_argument(
+        "--ray-death-confirm-s",
+        type=float,
+        default=10.0,
+        help="how long an agent actor Ray calls dead while its node lives waits for the node table to say the "
+        "node died (a lost node, not charged) before it counts as the node's failure",
+    )
+    g.add_argument(
+        "--ray-poll-interval-s", type=float, default=0.5, help="how often the cluster's node table is re-read"
+    )
+
+
+def _ray_settings(args: argparse.Namespace) -> RaySettings | None:
+    """The ray backend's settings from its flags; None for another backend given none of them."""
+    given = args.ray_address is not None or args.ray_namespace is not None or args.ray_temp_dir is not None
+    if args.backend != "ray":
+        if given:
+            raise ConfigError(f"--ray-* flags are for --backend ray, not --backend {args.backend}")
+        return None
+    return RaySettings(
+        address=args.ray_address or "auto",
+        namespace=args.ray_namespace,
+        temp_dir=args.ray_temp_dir,
+        connect_timeout_s=args.ray_connect_timeout_s,
+        agent_cpus=args.ray_agent_cpus,
+        death_confirm_s=args.ray_death_confirm_s,
+        poll_interval_s=args.ray_poll_interval_s,
+        stop_grace_s=args.node_stop_grace_s,
+    )
+
+
 def _kubernetes_settings(args: argparse.Namespace) -> KubernetesSettings | None:
     """The kubernetes backend's settings from its flags; None for another backend given none of them."""
     if args.backend != "kubernetes" and args.kube_namespace is None and args.kube_job is None:
@@ -574,6 +631,7 @@ def build_config(args: argparse.Namespace) -> MasterConfig:
     return MasterConfig(
         job_name=job_name,
         kubernetes=kubernetes,
+        ray=_ray_settings(args),
         lifecycle=lifecycle,
         bind_address=args.bind_address,
         port=args.port,

@@ -17,6 +17,7 @@ from dlrover.rendezvous import RendezvousConfig
 if TYPE_CHECKING:
     from dlrover.master.profiles import JobPlanChoice
     from dlrover.master.scheduler.kubernetes.settings import KubernetesSettings
+    from dlrover.master.scheduler.ray.settings import RaySettings
 
 __all__ = [
     "BACKENDS",
@@ -29,7 +30,7 @@ __all__ = [
     "parse_node_range",
 ]
 
-BACKENDS = ("local", "external", "kubernetes")
+BACKENDS = ("local", "external", "kubernetes", "ray")
 FAILURE_POLICIES = ("diagnosis", "default")
 STRAGGLER_ACTIONS = ("report", "replace")
 
@@ -191,9 +192,10 @@ class MasterConfig:
         max_message_bytes: largest request the server accepts.
         max_workers: threads serving RPCs.
         state_dir: where the journal (and a generated token) live; None keeps state in memory only.
-        backend: `local` (agents as subprocesses), `external` (agents register themselves) or
-            `kubernetes` (worker pods of an ElasticJob; needs `kubernetes`).
-        agent_command: the command the local backend runs per node (argv list).
+        backend: `local` (agents as subprocesses), `external` (agents register themselves),
+            `kubernetes` (worker pods of an ElasticJob; needs `kubernetes`) or `ray` (an agent actor per
+            Ray node; needs `ray`).
+        agent_command: the command the local and Ray backends run per node (argv list).
         heartbeat_interval_s: how often agents are told to heartbeat.
         tick_interval_s: how often the master checks timeouts and the scheduler.
         min_tick_gap_s: the least time between two checks woken early by a backend that reports its
@@ -250,6 +252,9 @@ class MasterConfig:
             master announces it at start. None: nothing was planned.
         kubernetes: the Kubernetes backend's namespace, ElasticJob, kubeconfig and timeouts
             (`dlrover.master.scheduler.kubernetes.KubernetesSettings`); only with backend `kubernetes`.
+        ray: the Ray backend's cluster address, temp dir and timeouts
+            (`dlrover.master.scheduler.ray.RaySettings`); only with backend `ray` (None there: the defaults,
+            `auto` for the address).
     """
 
     job_name: str = "dlrover-job"
@@ -294,6 +299,18 @@ class MasterConfig:
     job_kind: str = ""
     initial_plan: JobPlanChoice | None = None
     kubernetes: KubernetesSettings | None = None
+    ray: RaySettings | None = None
+
+    def _check_ray(self) -> None:
+        if self.backend != "ray" and self.ray is not None:
+            raise ConfigError(f"Ray settings are for the ray backend, not the {self.backend} backend")
+        if self.ray is not None:
+            from dlrover.master.scheduler.ray.settings import RaySettings
+
+            if not isinstance(self.ray, RaySettings):
+                raise ConfigError(f"ray must be a RaySettings, got {self.ray!r}")
+        if self.backend == "ray" and not self.agent_command:
+            raise ConfigError("the ray backend needs agent_command (the agent each node's actor runs)")
 
     def _check_kubernetes(self) -> None:
         if self.backend == "kubernetes" and self.kubernetes is None:
@@ -324,6 +341,7 @@ class MasterConfig:
         if self.backend not in BACKENDS:
             raise ConfigError(f"backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
         self._check_kubernetes()
+        self._check_ray()
         if self.backend != "local" and (self.local_slots is not None or self.capacity_file is not None):
             raise ConfigError(
                 f"a capacity in slots (local_slots {self.local_slots!r}, capacity_file {self.capacity_file!r}) is "

@@ -100,9 +100,20 @@ def _scheduler(config: MasterConfig) -> SchedulerBackend:
         from dlrover.master.scheduler.kubernetes import KubernetesScheduler
 
         return KubernetesScheduler.from_cluster(config.kubernetes)
+    log_dir = Path(config.state_dir) / "logs" if config.state_dir else None
+    if config.backend == "ray":
+        # Lazily: Ray is the `ray` extra. Connects to the cluster and checks a node can hold an agent.
+        from dlrover.master.scheduler.ray import RayScheduler, RaySettings
+
+        return RayScheduler.connect(
+            config.agent_command,
+            config.ray or RaySettings(),
+            job_name=config.job_name,
+            node_resources=config.lifecycle.node_resources,
+            log_dir=log_dir,
+        )
     if not config.agent_command:
         raise ConfigError("the local backend needs agent_command (the agent to run per node)")
-    log_dir = Path(config.state_dir) / "logs" if config.state_dir else None
     # One child memory cgroup per node where this host allows it; else the master says why at start.
     return LocalScheduler(
         config.agent_command,

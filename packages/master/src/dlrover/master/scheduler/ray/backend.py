@@ -1,0 +1,425 @@
+"""The Ray backend: each job node is an agent actor on its own Ray node.
+
+`launch` picks a Ray node for the job node: alive, not one the node must avoid, holding no other
+agent of this job, and big enough for the node's resources; the actor is pinned there (node
+affinity) and runs the agent command the local backend would run. A job node no Ray node can take
+now waits, observed as pending (`Unschedulable`, with what was missing), and is placed as soon as
+a node joins or frees: a pending launch is the lifecycle's to time out, as a pod's.
+
+Failures come from Ray: an agent that exits is told at once (the backend waits on the actors'
+exit calls and wakes the master, see `ReportsChanges`); an actor Ray reports dead or unreachable is
+confirmed against the node table before anything is decided. A dead Ray node makes it `NodeLost`
+(a disruption: relaunched elsewhere without charging the failure budget, the node avoided); an
+actor gone while its node lives, after `death_confirm_s`, is the node's own failure. Nothing is
+keyed by IP: every Ray node on one host has the same one; `placed_host` is the Ray node id.
+
+Capacity is the Ray nodes that could take one more agent, less the launches still waiting: it
+grows when nodes join (the master grows the job at the next round) and turns negative when a
+node that held an agent leaves and its relaunch finds no room (the master goes on with fewer).
+
+Actors belong to the master's Ray driver: a master that exits ends them, and their agents and
+workers die with them (parent-death signals). A master restart therefore restarts the job's
+processes; the journal and the checkpoints persisted by the workers carry the job on.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+import attrs
+
+from dlrover.autoscale import Resources
+from dlrover.common import Clock, ConfigError, SystemClock
+from dlrover.common.auth import TOKEN_ENV_VAR, TOKEN_FILE_ENV_VAR, load_token
+from dlrover.master.scheduler.base import (
+    REASON_NODE_LOST,
+    REASON_UNSCHEDULABLE,
+    NodeSpec,
+    ObservedNode,
+    ObservedState,
+    SchedulerError,
+)
+from dlrover.master.scheduler.ray.cluster import (
+    AgentFate,
+    AgentLaunch,
+    AgentReport,
+    RayApiCluster,
+    RayCluster,
+    RayNode,
+    actor_request,
+    node_shape,
+)
+from dlrover.master.scheduler.ray.settings import RaySettings
+
+__all__ = ["REASON_ACTOR_DIED", "REASON_AGENT_START_FAILED", "RayScheduler"]
+
+_log = logging.getLogger(__name__)
+
+REASON_ACTOR_DIED = "ActorDied"
+"""The agent's actor died while its Ray node stayed alive (its process killed): the node's own failure."""
+REASON_AGENT_START_FAILED = "AgentStartFailed"
+"""The actor could not start the agent command."""
+
+
+@attrs.define
+class _JobNode:
+    spec: NodeSpec
+    request: dict[str, float]
+    ray_node: str = ""  # where its actor was placed; "" while it waits for room
+    stopping: bool = False
+    ended: ObservedNode | None = None  # its final observation, once it ended
+    suspect_since: float | None = None  # when its actor was first reported dead or unreachable on a live node
+    suspect_error: str = ""
+
+
+def _fits(node: RayNode, request: Mapping[str, float]) -> bool:
+    return all(node.resources.get(name, 0.0) >= amount for name, amount in request.items())
+
+
+class RayScheduler:
+    """Agents as Ray actors, one per Ray node.
+
+    Args:
+        command: argv of the agent; the node's environment tells it who it is.
+        cluster: the Ray cluster (`RayApiCluster` connects to one; tests pass a fake).
+        settings: the timeouts and the agent's default CPUs.
+        node_resources: what each job node asks for (None: `settings.agent_cpus` CPUs): the actor's
+            resource request, and what capacity is counted in.
+        log_dir: each node's agent writes `<log_dir>/node-<id>.log` on its Ray node's host; None: into
+            the actor's own Ray log.
+        clock: time source of the death confirmation (injectable for tests).
+        watch: run the thread that wakes the master on agent exits and node-table changes.
+    """
+
+    name = "ray"
+    relaunches_nodes = True
+
+    def __init__(
+        self,
+        command: Sequence[str],
+        cluster: RayCluster,
+        *,
+        settings: RaySettings | None = None,
+        node_resources: Resources | None = None,
+        log_dir: str | Path | None = None,
+        clock: Clock | None = None,
+        watch: bool = True,
+    ) -> None:
+        if not command:
+            raise ConfigError("the Ray backend needs an agent command, got an empty one")
+        self._command = list(command)
+        self._cluster = cluster
+        self._settings = settings or RaySettings()
+        self._request = actor_request(node_resources, self._settings.agent_cpus)
+        self._log_dir = Path(log_dir) if log_dir is not None else None
+        self._clock = clock or SystemClock()
+        self._lock = threading.Lock()
+        self._nodes: dict[int, _JobNode] = {}
+        self._listeners: list[Callable[[], None]] = []
+        self._stoppers: list[threading.Thread] = []
+        self._closed = threading.Event()
+        self._watcher: threading.Thread | None = None
+        if watch:
+            self._watcher = threading.Thread(target=self._watch, name="dlrover-ray-watch", daemon=True)
+            self._watcher.start()
+
+    @classmethod
+    def connect(
+        cls,
+        command: Sequence[str],
+        settings: RaySettings,
+        *,
+        job_name: str,
+        node_resources: Resources | None = None,
+        log_dir: str | Path | None = None,
+    ) -> RayScheduler:
+        """Connect to the cluster `settings.address` names (or use this process's connection) and refuse,
+        before anything starts, node resources no alive Ray node has.
+
+        Raises:
+            ConfigError: no cluster there, an unsupported Ray, or resources no node can provide.
+        """
+        cluster = RayApiCluster(settings, job_name)
+        try:
+            backend = cls(command, cluster, settings=settings, node_resources=node_resources, log_dir=log_dir)
+        except BaseException:
+            cluster.close()
+            raise
+        try:
+            backend.check_any_node_fits()
+        except BaseException:
+            backend.close()
+            raise
+        return backend
+
+    # ------------------------------------------------------------------ the cluster
+
+    def _alive(self) -> dict[str, RayNode]:
+        return {node.node_id: node for node in self._cluster.nodes() if node.alive}
+
+    def check_any_node_fits(self) -> None:
+        """Refuse a node request that no alive Ray node could ever hold.
+
+        Raises:
+            ConfigError: naming the request and the largest nodes there are.
+        """
+        alive = self._alive()
+        if any(_fits(node, self._request) for node in alive.values()):
+            return
+        shapes = sorted({node_shape(node).describe() for node in alive.values()}) or ["none alive"]
+        raise ConfigError(
+            f"no Ray node can hold an agent asking for {_describe(self._request)}: the cluster's nodes have "
+            f"{', '.join(shapes)}"
+        )
+
+    def largest_node(self) -> Resources:
+        """The most of each resource any alive Ray node has (see `NodeShapeLimit`)."""
+        shapes = [node_shape(node) for node in self._alive().values()]
+        return Resources(
+            cpu=max((s.cpu for s in shapes), default=0.0),
+            memory_mb=max((s.memory_mb for s in shapes), default=0),
+            gpu=max((s.gpu for s in shapes), default=0),
+        )
+
+    def _active(self, node: _JobNode) -> bool:
+        return node.ended is None and not node.stopping
+
+    def _held_ray_nodes(self) -> set[str]:
+        return {n.ray_node for n in self._nodes.values() if n.ray_node and self._active(n)}
+
+    def capacity(self) -> int | None:
+        """Ray nodes that could take one more agent, less the launches still waiting for one."""
+        alive = self._alive()
+        with self._lock:
+            held = self._held_ray_nodes()
+            free = sum(1 for node_id, node in alive.items() if node_id not in held and _fits(node, self._request))
+            waiting = sum(1 for n in self._nodes.values() if not n.ray_node and self._active(n))
+        return free - waiting
+
+    def placed_host(self, node_id: int) -> str:
+        """The Ray node id the node's actor was placed on; "" while it waits (see `NodePlacement`)."""
+        with self._lock:
+            node = self._nodes.get(node_id)
+            return node.ray_node if node is not None else ""
+
+    # ------------------------------------------------------------------ launch and stop
+
+    def _agent_env(self, spec: NodeSpec) -> dict[str, str]:
+        env = dict(spec.env)
+        token_file = env.pop(TOKEN_FILE_ENV_VAR, None)
+        if token_file:
+            # The file is on the master's host; the agent may run on another: it gets the token itself.
+            env[TOKEN_ENV_VAR] = load_token(token_file=token_file)
+        return env
+
+    def _place(self, node: _JobNode, alive: Mapping[str, RayNode]) -> str | None:
+        """Start `node`'s actor on a Ray node that can take it (lock held); None: the reason none can."""
+        held = self._held_ray_nodes()
+        avoided = too_small = 0
+        for ray_id in sorted(alive):
+            if ray_id in node.spec.avoid_hosts:
+                avoided += 1
+            elif ray_id in held:
+                continue
+            elif not _fits(alive[ray_id], node.request):
+                too_small += 1
+            else:
+                log_path = str(self._log_dir / f"node-{node.spec.node_id}.log") if self._log_dir else None
+                launch = AgentLaunch(
+                    node.spec.node_id, ray_id, node.request, self._command, self._agent_env(node.spec), log_path
+                )
+                self._cluster.start_agent(launch)
+                node.ray_node = ray_id
+                _log.info("node %d: agent actor placed on Ray node %s", node.spec.node_id, ray_id)
+                return None
+        return (
+            f"no Ray node can take node {node.spec.node_id} ({_describe(node.request)}): {len(alive)} alive, "
+            f"{len(held)} hold this job's agents, {avoided} avoided, {too_small} too small"
+        )
+
+    def launch(self, spec: NodeSpec) -> None:
+        """Place the node's agent actor on a free Ray node, or have it wait for one (pending)."""
+        alive = self._alive()
+        with self._lock:
+            if self._closed.is_set():
+                raise SchedulerError("the Ray backend is closed")
+            if spec.node_id in self._nodes:
+                raise SchedulerError(f"node {spec.node_id} was already launched")
+            request = actor_request(spec.resources, self._settings.agent_cpus) if spec.resources else self._request
+            node = _JobNode(spec, request)
+            self._place(node, alive)  # raises SchedulerError: nothing recorded
+            self._nodes[spec.node_id] = node
+
+    def stop(self, node_id: int) -> None:
+        """Stop the node's agent (SIGTERM, SIGKILL after the grace) and end its actor, in the background."""
+        with self._lock:
+            node = self._nodes.get(node_id)
+            if node is None or node.stopping or node.ended is not None:
+                return
+            node.stopping = True
+            if not node.ray_node:
+                return  # never placed: nothing runs
+            stopper = threading.Thread(
+                target=self._cluster.stop_agent,
+                args=(node_id, self._settings.stop_grace_s),
+                name=f"dlrover-ray-stop-{node_id}",
+                daemon=True,
+            )
+            self._stoppers.append(stopper)
+        stopper.start()
+
+    # ------------------------------------------------------------------ observe
+
+    def observe(self) -> Mapping[int, ObservedNode]:
+        """Every node launched, as Ray shows it now; waiting launches are placed where room appeared."""
+        alive = self._alive()
+        with self._lock:
+            return {node_id: self._observe_node(node, alive) for node_id, node in self._nodes.items()}
+
+    def _observe_node(self, node: _JobNode, alive: Mapping[str, RayNode]) -> ObservedNode:
+        node_id = node.spec.node_id
+        if node.ended is not None:
+            return node.ended
+        if node.stopping:
+            return ObservedNode(node_id, ObservedState.STOPPED, host=node.ray_node)
+        if not node.ray_node:
+            reason = self._place(node, alive)
+            if reason is not None:
+                return ObservedNode(node_id, ObservedState.PENDING, reason=REASON_UNSCHEDULABLE, evidence=reason)
+        return self._observe_placed(node, alive)
+
+    def _observe_placed(self, node: _JobNode, alive: Mapping[str, RayNode]) -> ObservedNode:
+        node_id, host = node.spec.node_id, node.ray_node
+        report = self._cluster.report(node_id)
+        if report.fate is AgentFate.PENDING:
+            if host not in alive:
+                return self._end(node, self._lost(node, "before its agent actor started"))
+            return ObservedNode(node_id, ObservedState.PENDING, host=host)
+        if report.fate is AgentFate.RUNNING:
+            node.suspect_since = None
+            return ObservedNode(node_id, ObservedState.RUNNING, host=host)
+        if report.fate is AgentFate.EXITED:
+            code = report.exit_code
+            state = ObservedState.SUCCEEDED if code == 0 else ObservedState.FAILED
+            return self._end(node, ObservedNode(node_id, state, exit_code=code, host=host))
+        if report.fate is AgentFate.START_FAILED:
+            observed = ObservedNode(
+                node_id, ObservedState.FAILED, host=host, reason=REASON_AGENT_START_FAILED, evidence=report.error
+            )
+            return self._end(node, observed)
+        return self._observe_gone(node, report, alive)
+
+    def _observe_gone(self, node: _JobNode, report: AgentReport, alive: Mapping[str, RayNode]) -> ObservedNode:
+        """An actor Ray reports dead or unreachable: a dead Ray node explains it; else confirm before calling
+        it the node's own failure."""
+        node_id, host = node.spec.node_id, node.ray_node
+        if host not in alive:
+            return self._end(node, self._lost(node, report.error))
+        if report.fate is AgentFate.UNREACHABLE:
+            report = self._cluster.recheck(node_id)
+            if report.fate is AgentFate.RUNNING:
+                node.suspect_since = None
+                return ObservedNode(node_id, ObservedState.RUNNING, host=host)
+        now = self._clock.now()
+        if node.suspect_since is None:
+            node.suspect_since, node.suspect_error = now, report.error
+        if now - node.suspect_since < self._settings.death_confirm_s:
+            return ObservedNode(node_id, ObservedState.RUNNING, host=host)  # not decided yet
+        evidence = report.error or node.suspect_error
+        observed = ObservedNode(
+            node_id,
+            ObservedState.FAILED,
+            host=host,
+            reason=REASON_ACTOR_DIED,
+            evidence=f"the agent's actor on Ray node {host} is gone while the node lives: {evidence}",
+        )
+        return self._end(node, observed)
+
+    def _lost(self, node: _JobNode, error: str) -> ObservedNode:
+        evidence = f"Ray node {node.ray_node} died (the cluster's node table shows it dead)"
+        return ObservedNode(
+            node.spec.node_id,
+            ObservedState.FAILED,
+            host=node.ray_node,
+            reason=REASON_NODE_LOST,
+            evidence=f"{evidence}: {error}" if error else evidence,
+            disruption=True,
+        )
+
+    def _end(self, node: _JobNode, observed: ObservedNode) -> ObservedNode:
+        node.ended = observed
+        # An actor outlives its agent until ended: it would hold its Ray node's resources from the next launch.
+        self._cluster.release(node.spec.node_id)
+        spec = node.spec
+        _log.info("node %d ended: %s %s %s", spec.node_id, observed.state.value, observed.reason, observed.evidence)
+        return observed
+
+    # ------------------------------------------------------------------ changes
+
+    def on_change(self, listener: Callable[[], None]) -> None:
+        """Call `listener` when an agent exits or the cluster's nodes change (see `ReportsChanges`)."""
+        with self._lock:
+            self._listeners.append(listener)
+
+    def _watch(self) -> None:
+        seen: frozenset[str] | None = None
+        while not self._closed.is_set():
+            changed = False
+            try:
+                changed = self._cluster.wait(self._settings.poll_interval_s)
+                alive = frozenset(self._alive())
+            except Exception:
+                _log.warning("the Ray watch failed; retrying", exc_info=True)
+                self._closed.wait(self._settings.poll_interval_s)
+                continue
+            if seen is not None and alive != seen:
+                changed = True
+            seen = alive
+            if not changed:
+                # Nothing to wait on (no actor yet) returns at once: wait the interval here instead.
+                self._closed.wait(self._settings.poll_interval_s)
+                continue
+            with self._lock:
+                listeners = tuple(self._listeners)
+            for listener in listeners:
+                listener()
+
+    def close(self) -> None:
+        """Stop every agent still running (SIGTERM, then SIGKILL after the grace), end every actor, and release
+        the cluster; safe to call twice."""
+        with self._lock:
+            if self._closed.is_set():
+                return
+            self._closed.set()
+            active = [n for n in self._nodes.values() if self._active(n)]
+            running = [n for n in active if n.ray_node]
+            for node in active:
+                node.stopping = True
+            stoppers = list(self._stoppers)
+        for node in running:
+            stopper = threading.Thread(
+                target=self._cluster.stop_agent,
+                args=(node.spec.node_id, self._settings.stop_grace_s),
+                name=f"dlrover-ray-stop-{node.spec.node_id}",
+                daemon=True,
+            )
+            stopper.start()
+            stoppers.append(stopper)
+        for stopper in stoppers:
+            stopper.join()
+        if self._watcher is not None:
+            self._watcher.join()
+        self._cluster.close()
+
+
+def _describe(request: Mapping[str, float]) -> str:
+    parts = []
+    for name, amount in sorted(request.items()):
+        if name == "memory":
+            parts.append(f"memory {amount / (1024 * 1024):.0f}MiB")
+        else:
+            parts.append(f"{name} {amount:g}")
+    return ", ".join(parts) or "nothing"
