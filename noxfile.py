@@ -36,6 +36,8 @@ TEST_EXTRAS = {
 TORCH_PIN = "torch==2.13.0"
 # The Ray version the Ray suite runs against (PLATFORMS.md measured this one).
 RAY_PIN = "ray==2.60.0"
+# Ray Train (pyarrow, tensorboardX beside Ray), the baseline benchmarks/ray_recovery.py measures.
+RAY_TRAIN_PIN = "ray[train]==2.60.0"
 CONSTRAINTS = ("-c", str(ROOT / "constraints.txt"))
 # What tools/wheels.py builds the sdists and wheels with (pinned in constraints.txt).
 BUILD_TOOLS = ["build", "hatchling"]
@@ -295,6 +297,8 @@ def wheels(session: nox.Session) -> None:
 def bench(session: nox.Session) -> None:
     """Run every benchmark under benchmarks/ (or those named after --) and print their tables."""
     install_dev(session)
+    # benchmarks/ray_recovery.py runs Ray Train's TorchTrainer beside DLRover's Ray backend.
+    session.install(*ray_install_args(), RAY_TRAIN_PIN)
     scripts = session.posargs or sorted(str(p) for p in (ROOT / "benchmarks").glob("*_*.py"))
     if not scripts:
         session.error("no benchmarks found under benchmarks/")
