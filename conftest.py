@@ -101,6 +101,12 @@ def _owner_alive(path: str, owner: Owner | None) -> bool | None:
 # fresh environment), so one that outlives its parent, re-parented to init, is still found. A
 # process detached on purpose (a flashckpt detached saver) counts too: tests wait for theirs.
 _SESSION_MARKER = "PYTEST_DLROVER_SESSION"
+# A process whose environment holds this belongs to a module- or session-scoped fixture that
+# checks at its own teardown that its processes are gone (the Ray test cluster: nodes a test adds,
+# pooled workers): the per-test check leaves it to that fixture; the session's check still counts it.
+_HELD_MARKER = b"PYTEST_DLROVER_HELD_BY_FIXTURE=1"
+# This session's processes that carry `_HELD_MARKER`, as of the last scan.
+_held_now: set[int] = set()
 
 
 @functools.cache
@@ -128,6 +134,7 @@ def _scan_processes() -> tuple[list[tuple[int, int, str]], bool]:
     prefix = f"{_SESSION_MARKER}=".encode()
     ours: list[tuple[int, int, str]] = []
     others = False
+    _held_now.clear()
     try:
         entries = os.listdir("/proc")
     except OSError:
@@ -142,9 +149,10 @@ def _scan_processes() -> tuple[list[tuple[int, int, str]], bool]:
                 continue
             try:
                 with open(f"/proc/{entry}/environ", "rb") as f:
-                    markers = [v for v in f.read().split(b"\0") if v.startswith(prefix)]
+                    environ = f.read().split(b"\0")
             except OSError:  # another user's process
-                markers = []
+                environ = []
+            markers = [v for v in environ if v.startswith(prefix)]
             is_ours = mine in markers or int(fields[1]) == me
             if not is_ours and (others or any(v != mine for v in markers)):
                 others = True
@@ -152,6 +160,8 @@ def _scan_processes() -> tuple[list[tuple[int, int, str]], bool]:
             with open(f"/proc/{entry}/cmdline", "rb") as f:
                 cmdline = f.read().replace(b"\0", b" ")
             if is_ours:
+                if _HELD_MARKER in environ:
+                    _held_now.add(int(entry))
                 ours.append((int(entry), int(fields[19]), cmdline.decode("utf-8", "replace").strip()))
             else:
                 others = b"pytest" in cmdline
@@ -202,7 +212,7 @@ def _pids() -> set[int]:
 
 
 def _leaks_since(
-    pids_before: set[int], ignored: set[int | str], others: bool
+    pids_before: set[int], ignored: set[int | str], others: bool, spare_held: bool = False
 ) -> tuple[list[tuple[int, str]], dict[str, bool | None]]:
     """Processes still running and files whose owner is gone (or unknown), apart from those there
     before or ignored, once whatever is still exiting is done or the grace is over.
@@ -212,7 +222,8 @@ def _leaks_since(
     for a later step of its own test.
 
     A file is called dead only after two looks in a row: another run writes its owner record
-    beside its files, and for a moment there is none.
+    beside its files, and for a moment there is none. With `spare_held`, processes marked as held
+    by a wider fixture (`_HELD_MARKER`) are that fixture's to check.
     """
     import time
 
@@ -221,7 +232,11 @@ def _leaks_since(
     while True:
         running, now_others = _left_running()
         others = others or now_others
-        procs = [p for p in running if p[0] not in pids_before and p[0] not in ignored]
+        procs = [
+            p
+            for p in running
+            if p[0] not in pids_before and p[0] not in ignored and not (spare_held and p[0] in _held_now)
+        ]
         owners = {path: _owner(path) for path in sorted(_leakable() - ignored)}
         alive = {path: _owner_alive(path, owner) for path, owner in owners.items()}
         dead = {path for path, a in alive.items() if not a and (not others or _ours(owners[path]))}
@@ -272,16 +287,16 @@ def _remove_files(files: dict[str, bool | None]) -> list[str]:
     return lines
 
 
-def _clean_up(pids_before: set[int], ignored: set[int | str], others: bool) -> list[str]:
+def _clean_up(pids_before: set[int], ignored: set[int | str], others: bool, spare_held: bool = False) -> list[str]:
     """End and remove what leaked since a snapshot (`_leaks_since`); returns the report, empty when
     nothing did."""
     ignored = ignored | _reported
-    procs, files = _leaks_since(pids_before, ignored, others)
+    procs, files = _leaks_since(pids_before, ignored, others, spare_held)
     report = []
     if procs:
         report += ["processes left behind (a leak):", *_end_processes(procs)]
         # The files the ended processes owned are ownerless now: judge them again.
-        _, files = _leaks_since(pids_before, ignored, others)
+        _, files = _leaks_since(pids_before, ignored, others, spare_held)
     if files:
         report += ["files left behind (a leak):", *_remove_files(files)]
     return report
@@ -326,7 +341,7 @@ def _no_leaks() -> Iterator[None]:
     pids = {pid for pid, _ in running}
     files: set[int | str] = set(_leakable())
     yield
-    report = _clean_up(pids, files | _held_by_wider_fixtures, others)
+    report = _clean_up(pids, files | _held_by_wider_fixtures, others, spare_held=True)
     if report:
         pytest.fail("\n".join(report), pytrace=False)
 

@@ -1,15 +1,15 @@
 #!/usr/bin/env python3
 """Set up and run DLRover's development tasks on a machine with only Python 3.11.
 
-    python3 dev.py test    lint, typecheck, proto check, every test (Kubernetes suite included), each package in
-                           isolation, TF and DeepSpeed tests
+    python3 dev.py test    lint, typecheck, proto check, every test (Kubernetes and Ray suites included),
+                           each package in isolation, TF and DeepSpeed tests
     python3 dev.py demo    the main job: train a small GPT, kill a worker, recover from memory
     python3 dev.py setup   only prepare .venv
     python3 dev.py nox ... any nox command inside .venv (e.g. `python3 dev.py nox -s tests-shard`)
 
 Set-up creates `.venv`, installs torch 2.13.0 first (alone and pinned: an unpinned torch would
 pull the CUDA build), then every package editable with `constraints.txt`. It is quick when
-`.venv` is already current.
+`.venv` is already current. Ray (pinned, for the Ray suite) is installed after them.
 """
 
 from __future__ import annotations
@@ -61,6 +61,9 @@ def setup() -> None:
     _run(*pip, "-c", "constraints.txt", "nox")
     # The same install the nox sessions do (noxfile.dev_install_args), done once and reused.
     query = "import json, noxfile; print(json.dumps(noxfile.dev_install_args()))"
+    args = json.loads(subprocess.check_output([str(BIN / "python"), "-c", query], cwd=ROOT, text=True))
+    _run(*pip, *args)
+    query = "import json, noxfile; print(json.dumps(noxfile.ray_install_args()))"
     args = json.loads(subprocess.check_output([str(BIN / "python"), "-c", query], cwd=ROOT, text=True))
     _run(*pip, *args)
     STAMP.write_text(digest)
@@ -117,6 +120,7 @@ def test(pytest_args: list[str]) -> None:
             main_run = ("--no-venv", "--no-install", "-s", "lint", "typecheck", "tests", *pytest_args)
             _timed("lint, typecheck, tests", timings, *main_run)
             _timed("kubernetes tests", timings, "--no-venv", "--no-install", "-s", "tests-kubernetes", *pytest_args)
+            _timed("ray tests", timings, "--no-venv", "--no-install", "-s", "tests-ray", *pytest_args)
             _timed("proto check", timings, "--no-venv", "--no-install", "-s", "proto", "--", "--check")
         except BaseException:
             installs.terminate()

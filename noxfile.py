@@ -3,6 +3,8 @@
     nox -s tests              every package's tests and the cross-package scenarios in tests/
     nox -s tests-shard        one package's tests (tests-common, tests-flashckpt, ...)
     nox -s tests-testsupport  the shared test support's tests (testsupport/)
+    nox -s tests-kubernetes   the Kubernetes suite (test API server and kubelet, backend, operator)
+    nox -s tests-ray          the Ray suite (a real local multi-node Ray cluster)
     nox -s lint typecheck     ruff; mypy over every src/
     nox -s proto              regenerate protobuf code (`-- --check` fails if it is stale)
     nox -s isolation          each package installed alone, with only its declared dependencies
@@ -32,6 +34,10 @@ TEST_EXTRAS = {
     "flashckpt": ["s3", "s3test", "hf"],
 }
 TORCH_PIN = "torch==2.13.0"
+# The Ray version the Ray suite runs against (PLATFORMS.md measured this one).
+RAY_PIN = "ray==2.60.0"
+# Ray Train (pyarrow, tensorboardX beside Ray), the baseline benchmarks/ray_recovery.py measures.
+RAY_TRAIN_PIN = "ray[train]==2.60.0"
 CONSTRAINTS = ("-c", str(ROOT / "constraints.txt"))
 # What tools/wheels.py builds the sdists and wheels with (pinned in constraints.txt).
 BUILD_TOOLS = ["build", "hatchling"]
@@ -62,6 +68,11 @@ KUBERNETES_TESTS = [
     "packages/master/tests/test_kube_pods.py",
     "packages/master/tests/test_kube_watch.py",
     "tests/test_kube_master.py",
+]
+# The Ray suite (tests on a real local multi-node Ray cluster: the test cluster itself, the master's
+# Ray backend, jobs on Ray): its own session, `tests-ray`; `tests` leaves it out.
+RAY_TESTS = [
+    "testsupport/tests/ray",
 ]
 
 nox.options.default_venv_backend = "venv"
@@ -121,6 +132,12 @@ def dev_install_args() -> list[str]:
     return specs + DEV_TOOLS + TESTSUPPORT_DEPS
 
 
+def ray_install_args() -> list[str]:
+    """pip arguments that add the Ray suite's needs to a dev install: the master's `ray` extra,
+    Ray pinned; dev.py uses the same list for `.venv`."""
+    return [*CONSTRAINTS, RAY_PIN, "-e", str(ROOT / "packages" / "master[ray]")]
+
+
 def install_dev(session: nox.Session) -> None:
     """torch first (pinned, CPU wheel), then every package editable with its test extras."""
     session.install(TORCH_PIN)
@@ -142,10 +159,11 @@ def _pytest(session: nox.Session, *paths: str, ignore: tuple[str, ...] = ()) -> 
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """Every package's tests, then the cross-package scenarios (the Kubernetes suite has its own session)."""
+    """Every package's tests, then the cross-package scenarios (the Kubernetes and Ray suites have their own
+    sessions)."""
     install_dev(session)
     paths = [f"packages/{p}/tests" for p in PACKAGES]
-    _pytest(session, *paths, TESTSUPPORT_TESTS, "tests", ignore=tuple(KUBERNETES_TESTS))
+    _pytest(session, *paths, TESTSUPPORT_TESTS, "tests", ignore=(*KUBERNETES_TESTS, *RAY_TESTS))
 
 
 @nox.session(name="tests-kubernetes")
@@ -154,6 +172,16 @@ def tests_kubernetes(session: nox.Session) -> None:
     whose master and workers run as pods on the test kubelet."""
     install_dev(session)
     _pytest(session, *KUBERNETES_TESTS)
+
+
+@nox.session(name="tests-ray")
+def tests_ray(session: nox.Session) -> None:
+    """The Ray suite: the Ray test cluster (testsupport/), the master's Ray backend and jobs on a real local
+    multi-node Ray cluster. Ray missing fails it rather than skipping."""
+    install_dev(session)
+    session.install(*ray_install_args())
+    session.env["DLROVER_REQUIRE_RAY"] = "1"
+    _pytest(session, *RAY_TESTS)
 
 
 def _package_tests(pkg: str) -> None:
@@ -171,9 +199,10 @@ for _pkg in PACKAGES:
 
 @nox.session(name="tests-testsupport")
 def tests_testsupport(session: nox.Session) -> None:
-    """The shared test support's own tests (the Kubernetes test API server)."""
+    """The shared test support's own tests (the Kubernetes test API server; the Ray test cluster's run in
+    tests-ray)."""
     install_dev(session)
-    _pytest(session, TESTSUPPORT_TESTS)
+    _pytest(session, TESTSUPPORT_TESTS, ignore=tuple(RAY_TESTS))
 
 
 @nox.session
@@ -268,6 +297,8 @@ def wheels(session: nox.Session) -> None:
 def bench(session: nox.Session) -> None:
     """Run every benchmark under benchmarks/ (or those named after --) and print their tables."""
     install_dev(session)
+    # benchmarks/ray_recovery.py runs Ray Train's TorchTrainer beside DLRover's Ray backend.
+    session.install(*ray_install_args(), RAY_TRAIN_PIN)
     scripts = session.posargs or sorted(str(p) for p in (ROOT / "benchmarks").glob("*_*.py"))
     if not scripts:
         session.error("no benchmarks found under benchmarks/")
