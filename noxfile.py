@@ -73,6 +73,7 @@ KUBERNETES_TESTS = [
 # Ray backend, jobs on Ray): its own session, `tests-ray`; `tests` leaves it out.
 RAY_TESTS = [
     "testsupport/tests/ray",
+    "tests/ray",
 ]
 
 nox.options.default_venv_backend = "venv"

@@ -48,6 +48,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, help="run folder: progress, sample records, checkpoints")
     p.add_argument("--steps", type=int, default=240, help="optimizer steps (the dataset is sized to match)")
+    p.add_argument(
+        "--samples",
+        type=int,
+        default=0,
+        help="sequences in the dataset; 0: steps x batch x world size. Give it for a job whose world size "
+        "changes (elastic): every rank registers the same dataset, and training ends when it is used up",
+    )
     p.add_argument("--batch", type=int, default=16, help="sequences per rank per step")
     p.add_argument("--context", type=int, default=64)
     p.add_argument("--width", type=int, default=128)
@@ -313,8 +320,9 @@ def train(
         counts = torch.tensor([len(indices), -len(indices)])
         dist.all_reduce(counts, op=dist.ReduceOp.MIN)
         low, high = int(counts[0]), -int(counts[1])
-        if high == 0:
-            break  # every rank saw the end of the data
+        if low == 0:
+            # A rank saw the end of the data: the last, partial step is dropped (as drop_last does).
+            break
         if low != args.batch or high != args.batch:
             raise RuntimeError(f"step {step + 1}: ranks drew {low}..{high} samples, expected {args.batch} each")
         inputs, targets = corpus.batch(indices)
@@ -362,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / f"rank{rank}.pid.tmp").write_text(f"{os.getpid()}\n")
     os.replace(out / f"rank{rank}.pid.tmp", out / f"rank{rank}.pid")
-    num_samples = args.steps * args.batch * world
+    num_samples = args.samples or args.steps * args.batch * world
     data = Path(args.corpus).read_bytes() if args.corpus else generate(num_samples * args.context + 1, args.seed)
     corpus = Corpus(data, args.context, num_samples)
 

@@ -30,6 +30,7 @@ from dlrover.master.scheduler.ray import (
     RayScheduler,
     RaySettings,
 )
+from dlrover.master.scheduler.ray.backend import dialable_address
 from dlrover.master.scheduler.ray.cluster import check_ray_version, check_reachable
 
 pytestmark = pytest.mark.timeout(60)
@@ -306,3 +307,15 @@ def test_bad_settings_and_addresses_are_refused_clearly() -> None:
         check_reachable("127.0.0.1:1", 5.0)
     with pytest.raises(ConfigError, match="no port number"):
         check_reachable("head:http", 5.0)
+
+
+def test_agents_dial_a_master_bound_to_every_interface_at_this_hosts_address() -> None:
+    assert dialable_address("127.0.0.1:5000") == "127.0.0.1:5000"
+    host, _, port = dialable_address("0.0.0.0:5000").rpartition(":")
+    assert port == "5000"
+    assert host not in ("0.0.0.0", "")
+    cluster = cluster_with("a")
+    settings = RaySettings(master_address="head.example:7000")
+    backend = RayScheduler(COMMAND, cluster, settings=settings, watch=False)
+    backend.launch(spec(0, env={"DLROVER_MASTER_ADDR": "0.0.0.0:5000"}))
+    assert cluster.agents[0].env["DLROVER_MASTER_ADDR"] == "head.example:7000"

@@ -1,11 +1,11 @@
 """dlrover.master: the job master.
 
 Composes the DLRover libraries behind one authenticated gRPC server: the node lifecycle (an
-explicit transition table, budgets, early-stop rules), scheduler backends (local, external),
-a SQLite state journal a restarted master resumes from, per-node identity, checkpoint
-coordination, Prometheus metrics, a JSON-lines event log, goodput accounting with a timeline
-picture, and `dlrover-master`.
-coordination, Prometheus metrics, a JSON-lines event log with goodput, and `dlrover-master`.
+explicit transition table, budgets, early-stop rules), scheduler backends (local, external,
+Kubernetes, Ray), a SQLite state journal a restarted master resumes from, per-node identity,
+checkpoint coordination, Prometheus metrics, a JSON-lines event log, goodput accounting with a
+timeline picture, and `dlrover-master`. `RayJob` / `run_on_ray` run a job on a Ray cluster from a
+Python script, the master in the script's process.
 A running job grows and shrinks through one path: a `ResizeRequest` (`Master.resize`,
 `dlrover-master scale`, the backend's capacity, the autoscaler) to the lifecycle core.
 At its end a job's profile is recorded in the profile store; a job that asks for no node count
@@ -109,6 +109,7 @@ from dlrover.master.profiles import (
     resolve_profile_store,
     signature_of,
 )
+from dlrover.master.ray_job import RayJob, run_on_ray
 from dlrover.master.records import Action, Event, LaunchNode, LifecycleSnapshot, NodeRecord, Outcome, StopNode
 from dlrover.master.rendezvous_state import export_rendezvous, restore_rendezvous
 from dlrover.master.resize import ResizeError, ResizeRequest, ResizeResult, ResizeSource, choose_leaving
@@ -170,6 +171,7 @@ __all__ = [
     "SpareAware",
     "StatefulCollaborator",
     "create_master",
+    "run_on_ray",
     "resolve_token",
     "default_policy",
     "FAILURE_POLICIES",
@@ -293,6 +295,7 @@ __all__ = [
     "add_master_services",
     "MasterClient",
     "Registration",
+    "RayJob",
     "HeartbeatAnswer",
     "CheckpointStepsAnswer",
     "StopAnswer",

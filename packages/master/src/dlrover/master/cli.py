@@ -473,7 +473,7 @@ def _add_ray_flags(p: argparse.ArgumentParser) -> None:
         "--ray-agent-cpus",
         type=float,
         default=1.0,
-        help="CPUs each agent actor asks for when no --node-cpus is given (keeps agents off a zero-CPU head)",
+        help="CPUs each agent actor asks for when no --node-cpu is given (keeps agents off a zero-CPU head)",
     )
     g.add_argument(
         "--ray-death-confirm-s",
@@ -485,11 +485,20 @@ def _add_ray_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--ray-poll-interval-s", type=float, default=0.5, help="how often the cluster's node table is re-read"
     )
+    g.add_argument(
+        "--ray-master-address",
+        default=None,
+        help="host:port the agents dial (default: the master's address; with --bind-address 0.0.0.0, this "
+        "host's address as other hosts reach it)",
+    )
 
 
 def _ray_settings(args: argparse.Namespace) -> RaySettings | None:
     """The ray backend's settings from its flags; None for another backend given none of them."""
-    given = args.ray_address is not None or args.ray_namespace is not None or args.ray_temp_dir is not None
+    given = any(
+        value is not None
+        for value in (args.ray_address, args.ray_namespace, args.ray_temp_dir, args.ray_master_address)
+    )
     if args.backend != "ray":
         if given:
             raise ConfigError(f"--ray-* flags are for --backend ray, not --backend {args.backend}")
@@ -503,6 +512,7 @@ def _ray_settings(args: argparse.Namespace) -> RaySettings | None:
         death_confirm_s=args.ray_death_confirm_s,
         poll_interval_s=args.ray_poll_interval_s,
         stop_grace_s=args.node_stop_grace_s,
+        master_address=args.ray_master_address,
     )
 
 

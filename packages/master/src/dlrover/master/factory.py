@@ -31,7 +31,7 @@ from dlrover.master.metrics import MasterMetrics
 from dlrover.master.policy import DefaultFailurePolicy, FailurePolicy
 from dlrover.master.profiles import ProfileRecorder
 from dlrover.master.runtime import MasterRuntime, ServiceRegistration
-from dlrover.master.scheduler.base import HandsOverNodes, SchedulerBackend, check_node_fits
+from dlrover.master.scheduler.base import MASTER_ADDR_ENV_VAR, HandsOverNodes, SchedulerBackend, check_node_fits
 from dlrover.master.scheduler.cgroups import detect_memory_groups
 from dlrover.master.scheduler.external import ExternalScheduler
 from dlrover.master.scheduler.local import LocalScheduler
@@ -43,7 +43,6 @@ __all__ = ["MASTER_ADDR_ENV_VAR", "create_master", "default_policy", "resolve_to
 
 _log = logging.getLogger(__name__)
 
-MASTER_ADDR_ENV_VAR = "DLROVER_MASTER_ADDR"
 TOKEN_FILE_NAME = "token"  # noqa: S105 (a file name, not a secret)
 NODE_SECRET_FILE_NAME = "node-secret"  # noqa: S105 (a file name, not a secret)
 EVENT_LOG_NAME = "events.jsonl"

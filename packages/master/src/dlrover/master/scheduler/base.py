@@ -17,6 +17,7 @@ from dlrover.autoscale import Resources, Role
 from dlrover.common import ConfigError, DLRoverError
 
 __all__ = [
+    "MASTER_ADDR_ENV_VAR",
     "REASON_DEADLINE_EXCEEDED",
     "REASON_DELETED",
     "REASON_EVICTED",
@@ -39,6 +40,10 @@ __all__ = [
     "SingleHost",
     "check_node_fits",
 ]
+
+
+MASTER_ADDR_ENV_VAR = "DLROVER_MASTER_ADDR"
+"""The variable of `NodeSpec.env` that tells a node's agent where its master is (`host:port`)."""
 
 
 class SchedulerError(DLRoverError):

@@ -24,7 +24,9 @@ processes; the journal and the checkpoints persisted by the workers carry the jo
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import socket
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -35,6 +37,7 @@ from dlrover.autoscale import Resources
 from dlrover.common import Clock, ConfigError, SystemClock
 from dlrover.common.auth import TOKEN_ENV_VAR, TOKEN_FILE_ENV_VAR, load_token
 from dlrover.master.scheduler.base import (
+    MASTER_ADDR_ENV_VAR,
     REASON_NODE_LOST,
     REASON_UNSCHEDULABLE,
     NodeSpec,
@@ -54,7 +57,7 @@ from dlrover.master.scheduler.ray.cluster import (
 )
 from dlrover.master.scheduler.ray.settings import RaySettings
 
-__all__ = ["REASON_ACTOR_DIED", "REASON_AGENT_START_FAILED", "RayScheduler"]
+__all__ = ["REASON_ACTOR_DIED", "REASON_AGENT_START_FAILED", "RayScheduler", "dialable_address"]
 
 _log = logging.getLogger(__name__)
 
@@ -209,6 +212,10 @@ class RayScheduler:
 
     def _agent_env(self, spec: NodeSpec) -> dict[str, str]:
         env = dict(spec.env)
+        if self._settings.master_address:
+            env[MASTER_ADDR_ENV_VAR] = self._settings.master_address
+        elif env.get(MASTER_ADDR_ENV_VAR):
+            env[MASTER_ADDR_ENV_VAR] = dialable_address(env[MASTER_ADDR_ENV_VAR])
         token_file = env.pop(TOKEN_FILE_ENV_VAR, None)
         if token_file:
             # The file is on the master's host; the agent may run on another: it gets the token itself.
@@ -413,6 +420,18 @@ class RayScheduler:
         if self._watcher is not None:
             self._watcher.join()
         self._cluster.close()
+
+
+def dialable_address(address: str) -> str:
+    """`address` with a wildcard host (a master bound to every interface) replaced by this host's address as
+    other hosts reach it (the interface of the default route; the host name's address where there is none)."""
+    host, sep, port = address.rpartition(":")
+    if not sep or host.strip("[]") not in ("0.0.0.0", "::", ""):  # noqa: S104 (compared, not bound)
+        return address
+    with contextlib.suppress(OSError), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect(("192.0.2.1", 9))  # TEST-NET-1: no packet is sent; the kernel picks the outgoing interface
+        return f"{probe.getsockname()[0]}:{port}"
+    return f"{socket.gethostbyname(socket.gethostname())}:{port}"
 
 
 def _describe(request: Mapping[str, float]) -> str:

@@ -45,6 +45,8 @@ class RaySettings:
             or died) between agent exits, which it is told of at once.
         stop_grace_s: how long a stopped agent is given between SIGTERM and SIGKILL (its workers save
             a checkpoint first where they poll for it), before its actor is killed.
+        master_address: the `host:port` agents dial; None: the master's own address, with a wildcard bind
+            address (`0.0.0.0`, `::`) replaced by this host's address as other hosts reach it.
     """
 
     address: str = attrs.field(default="auto", validator=_address)
@@ -55,3 +57,4 @@ class RaySettings:
     death_confirm_s: float = attrs.field(default=10.0, validator=non_negative)
     poll_interval_s: float = attrs.field(default=0.5, validator=positive)
     stop_grace_s: float = attrs.field(default=5.0, validator=non_negative)
+    master_address: str | None = None
