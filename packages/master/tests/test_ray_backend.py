@@ -319,3 +319,13 @@ def test_agents_dial_a_master_bound_to_every_interface_at_this_hosts_address() -
     backend = RayScheduler(COMMAND, cluster, settings=settings, watch=False)
     backend.launch(spec(0, env={"DLROVER_MASTER_ADDR": "0.0.0.0:5000"}))
     assert cluster.agents[0].env["DLROVER_MASTER_ADDR"] == "head.example:7000"
+
+
+def test_a_closed_backend_answers_from_what_it_saw_last_without_the_cluster() -> None:
+    cluster = cluster_with("a", "b")
+    backend = backend_on(cluster)
+    backend.launch(spec(0))
+    backend.close()
+    cluster.add_node("c", CPU=1.0)  # no longer read: the connection is gone after close
+    assert backend.capacity() == 2
+    assert backend.observe()[0].state is ObservedState.STOPPED

@@ -76,6 +76,7 @@ class RayJob:
             raise DLRoverError(f"a RayJob runs the ray backend, not {config.backend!r}")
         self._config = config
         self._runtime: MasterRuntime | None = None
+        self._final: JobStatus | None = None
 
     @property
     def address(self) -> str:
@@ -105,7 +106,9 @@ class RayJob:
         return runtime.address
 
     def status(self) -> JobStatus:
-        """The job's state now."""
+        """The job's state now (after `stop`: as it ended)."""
+        if self._final is not None:
+            return self._final
         return self._started().master.status()
 
     def wait(self, timeout_s: float | None = None) -> JobStatus:
@@ -122,11 +125,13 @@ class RayJob:
     def stop(self, reason: str = "stopped by the caller") -> JobStatus:
         """End the job (if it still runs), its agents and the master; the final summary. Idempotent."""
         runtime = self._started()
+        if self._final is not None:
+            return self._final
         if not runtime.master.job_state.finished:
             runtime.master.stop(reason)
-        summary = runtime.master.status()
         runtime.stop()
-        return summary
+        self._final = runtime.master.status()
+        return self._final
 
     def __enter__(self) -> RayJob:
         self.start()

@@ -124,6 +124,7 @@ class RayScheduler:
         self._listeners: list[Callable[[], None]] = []
         self._stoppers: list[threading.Thread] = []
         self._closed = threading.Event()
+        self._last_alive: dict[str, RayNode] = {}
         self._watcher: threading.Thread | None = None
         if watch:
             self._watcher = threading.Thread(target=self._watch, name="dlrover-ray-watch", daemon=True)
@@ -161,7 +162,11 @@ class RayScheduler:
     # ------------------------------------------------------------------ the cluster
 
     def _alive(self) -> dict[str, RayNode]:
-        return {node.node_id: node for node in self._cluster.nodes() if node.alive}
+        if self._closed.is_set():
+            return self._last_alive  # the connection is gone: what was seen last (status after the job)
+        alive = {node.node_id: node for node in self._cluster.nodes() if node.alive}
+        self._last_alive = alive
+        return alive
 
     def check_any_node_fits(self) -> None:
         """Refuse a node request that no alive Ray node could ever hold.
