@@ -323,12 +323,12 @@ def kill_node_of(cluster: RayTestCluster, job: Job, rank: int) -> float:
         RuntimeError: no node of the cluster runs that process.
     """
     pid = rank_pid(job.run_dir, rank)
-    for node in cluster.nodes:
-        if any(p.pid == pid for p in cluster.processes(node)):
-            t = time.time()
-            cluster.kill_node(node)
-            return t
-    raise RuntimeError(f"no Ray node runs rank {rank}'s process {pid}")
+    node = cluster.node_running(pid)
+    if node is None:
+        raise RuntimeError(f"no Ray node runs rank {rank}'s process {pid}")
+    t = time.time()
+    cluster.kill_node(node)
+    return t
 
 
 KILLS: dict[str, Callable[[RayTestCluster, Job, int], float]] = {"worker": kill_worker, "node": kill_node_of}
