@@ -228,6 +228,16 @@ def start_ray_train(cluster: RayTestCluster, run_dir: Path, case: str, args: arg
 # -- the DLRover way ----------------------------------------------------------------------------------
 
 
+def check_dlrover() -> None:
+    """Raises WayUnavailable, saying why, where this checkout's dlrover-master has no Ray backend."""
+    try:
+        from dlrover.master.cli import BACKENDS
+    except ImportError as e:
+        raise WayUnavailable(f"dlrover.master cannot be imported: {e}") from e
+    if "ray" not in BACKENDS:
+        raise WayUnavailable(f"this checkout's dlrover-master has no Ray backend (--backend: {', '.join(BACKENDS)})")
+
+
 def start_dlrover(cluster: RayTestCluster, run_dir: Path, case: str, args: argparse.Namespace) -> Job:
     """DLRover's master on the cluster (`--backend ray`), one agent actor per node running
     `dlrover-run` with examples/gpt/train.py, which writes the same progress records.
@@ -235,12 +245,7 @@ def start_dlrover(cluster: RayTestCluster, run_dir: Path, case: str, args: argpa
     Raises:
         WayUnavailable: this checkout's dlrover-master has no Ray backend.
     """
-    try:
-        from dlrover.master.cli import BACKENDS
-    except ImportError as e:
-        raise WayUnavailable(f"dlrover.master cannot be imported: {e}") from e
-    if "ray" not in BACKENDS:
-        raise WayUnavailable(f"this checkout's dlrover-master has no Ray backend (--backend: {', '.join(BACKENDS)})")
+    check_dlrover()
     from dlrover.common import generate_token
 
     token_file = run_dir / "token"
@@ -266,6 +271,8 @@ WAYS: dict[str, Callable[[RayTestCluster, Path, str, argparse.Namespace], Job]] 
     "ray-train": start_ray_train,
     "dlrover": start_dlrover,
 }
+# What a way needs that a cluster cannot give (checked before starting one): raise WayUnavailable.
+WAY_CHECKS: dict[str, Callable[[], None]] = {"dlrover": check_dlrover}
 
 
 # -- progress records, kill injection, timing (shared by every way) -----------------------------------
@@ -323,12 +330,12 @@ def kill_node_of(cluster: RayTestCluster, job: Job, rank: int) -> float:
         RuntimeError: no node of the cluster runs that process.
     """
     pid = rank_pid(job.run_dir, rank)
-    for node in cluster.nodes:
-        if any(p.pid == pid for p in cluster.processes(node)):
-            t = time.time()
-            cluster.kill_node(node)
-            return t
-    raise RuntimeError(f"no Ray node runs rank {rank}'s process {pid}")
+    node = cluster.node_running(pid)
+    if node is None:
+        raise RuntimeError(f"no Ray node runs rank {rank}'s process {pid}")
+    t = time.time()
+    cluster.kill_node(node)
+    return t
 
 
 KILLS: dict[str, Callable[[RayTestCluster, Job, int], float]] = {"worker": kill_worker, "node": kill_node_of}
@@ -380,6 +387,11 @@ class Trial:
 def run_trial(way: str, case: str, args: argparse.Namespace) -> Trial:
     """One fault on a fresh cluster: start the way's job, wait until steady, kill, time the recovery."""
     trial = Trial(way, case)
+    try:
+        WAY_CHECKS.get(way, lambda: None)()
+    except WayUnavailable as e:
+        trial.error = f"not measured: {e}"
+        return trial
     run_dir = Path(tempfile.mkdtemp(prefix="ray-recovery-"))
     job: Job | None = None
     cluster = RayTestCluster(start_timeout_s=args.start_timeout_s)

@@ -92,6 +92,8 @@ def test_killed_node_takes_its_actor_and_every_process_with_it(driver: RayTestCl
     # The child left the raylet's session but is still found as the node's.
     assert {victim.raylet_pid, actor_pid, child_pid} <= set(on_node)
     assert not {p.pid for p in driver.processes(other)} & set(on_node)
+    assert driver.node_running(child_pid) is victim
+    assert driver.node_running(os.getpid()) is None
 
     killed = driver.kill_node(victim)
 

@@ -249,6 +249,13 @@ class RayTestCluster:
             pids.update(descendants(pid, table))
         return [table[pid] for pid in sorted(pids) if pid in table]
 
+    def node_running(self, pid: int) -> RayNode | None:
+        """The live worker node among whose processes (`processes`) `pid` is; None if none."""
+        for node in self._nodes.values():
+            if any(p.pid == pid for p in self.processes(node)):
+                return node
+        return None
+
     # -- changing the cluster -----------------------------------------------------------------
 
     def add_node(
