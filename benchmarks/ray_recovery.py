@@ -44,6 +44,7 @@ import argparse
 import contextlib
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -252,18 +253,25 @@ def start_dlrover(cluster: RayTestCluster, run_dir: Path, case: str, args: argpa
     token_file.write_text(generate_token())
     token_file.chmod(0o600)
     port = free_port()
+    # The node case keeps the third Ray node as a warm spare (an agent registered, its workers' imports
+    # done), as a DLRover job on a cluster with room would; the worker case restarts in place.
+    spares = ["--spare-nodes=1"] if case == "node" else []
+    agent = [
+        PYTHON, "-m", "dlrover.launcher.cli", "--nnodes=2", "--nproc-per-node=1", "--max-restarts=3",
+        "--monitor-interval=0.1", "--heartbeat-interval=0.5", f"--log-dir={run_dir / 'agent-logs'}",
+        *args.agent_flags.split(),
+        str(GPT_DIR / "train.py"), "--out", str(run_dir), "--steps", str(args.steps), "--persist-every", "50",
+    ]  # fmt: skip
     cmd = [
         PYTHON, "-m", "dlrover.master.cli", "--backend=ray", f"--ray-address={cluster.address}",
         f"--ray-temp-dir={cluster.temp_dir}", "--nnodes=2", f"--port={port}", f"--token-file={token_file}",
-        f"--state-dir={run_dir / 'master'}", "--heartbeat-interval-s=0.5", *args.master_flags.split(),
-        "--",
-        "dlrover-run", "--nnodes=2", "--nproc-per-node=1", f"--log-dir={run_dir / 'agent-logs'}",
-        *args.agent_flags.split(), str(GPT_DIR / "train.py"), "--out", str(run_dir), "--steps", str(args.steps),
-        "--persist-every", "50",
+        f"--state-dir={run_dir / 'master'}", "--heartbeat-interval-s=0.5", "--rdzv-last-call-s=0", *spares,
+        *args.master_flags.split(), "--agent-command", shlex.join(agent),
     ]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if not k.startswith("DLROVER_")}
     env.update(cluster.env)
-    settings = "flash checkpoint every step, " + (" ".join([args.master_flags, args.agent_flags]).strip() or "defaults")
+    flags = " ".join([*spares, args.master_flags, args.agent_flags]).strip()
+    settings = "flash checkpoint every step, " + (flags or "defaults")
     return Job("dlrover", _spawn(cmd, env, run_dir / "master.log"), run_dir, run_dir / "master.log", settings)
 
 
@@ -473,6 +481,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--agent-flags", default="", help="extra dlrover-run flags, space-separated")
     p.add_argument("--keep", action="store_true", help="keep each trial's run folder (logs, progress)")
     args = p.parse_args(argv)
+    # SIGTERM unwinds like Ctrl-C: every cluster and run folder is cleaned up on the way out.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     ways = [w for w in args.ways.split(",") if w]
     cases = [c for c in args.cases.split(",") if c]
     if bad := [w for w in ways if w not in WAYS] + [c for c in cases if c not in CASES]:

@@ -26,7 +26,7 @@ from typing import Any
 
 import psutil
 import pytest
-from dlrover_testsupport.ray import RayNode, RayTestCluster
+from dlrover_testsupport.ray import RayTestCluster
 
 from dlrover.master import read_event_log
 
@@ -149,7 +149,7 @@ def test_two_ray_nodes_train_gpt_through_a_killed_process_and_a_lost_node(
         step_before_loss = job.last_step()
         wait_for("training to go on", lambda: job.last_step() >= step_before_loss + 3, job.dump)
         # The whole Ray node of rank 1's agent dies: the agent is relaunched on the third Ray node.
-        victim = node_running(ray_cluster, job.pid_of_rank(1))
+        victim = ray_cluster.node_running(job.pid_of_rank(1))
         assert victim is not None, job.dump()
         remaining = {node.node_id for node in ray_cluster.nodes} - {victim.node_id}
         ray_cluster.kill_node(victim)
@@ -179,15 +179,9 @@ def test_two_ray_nodes_train_gpt_through_a_killed_process_and_a_lost_node(
         assert not [p for p in ray_cluster.processes(node) if str(TRAIN) in p.cmdline], node
 
 
-def node_running(cluster: RayTestCluster, pid: int) -> RayNode | None:
-    """The Ray node whose processes include `pid`."""
-    for node in cluster.nodes:
-        if any(p.pid == pid for p in cluster.processes(node)):
-            return node
-    return None
-
-
-def test_a_job_grows_when_a_ray_node_joins(ray_cluster: RayTestCluster, tmp_path: Path) -> None:
+def test_a_job_grows_when_a_ray_node_joins_and_goes_on_at_its_minimum_when_one_leaves(
+    ray_cluster: RayTestCluster, tmp_path: Path
+) -> None:
     # Leave exactly one free Ray node: the job starts at its minimum of one node.
     while len(ray_cluster.alive_node_ids()) > 1:
         ray_cluster.remove_node(ray_cluster.nodes[-1])
@@ -207,13 +201,27 @@ def test_a_job_grows_when_a_ray_node_joins(ray_cluster: RayTestCluster, tmp_path
             lambda: any(r.get("event") == "started" and r.get("world") == 2 for r in job.records()),
             job.dump,
         )
+        grown_at = len(job.records())
+        wait_for(
+            "steps on two nodes", lambda: any(r.get("event") == "step" for r in job.records()[grown_at:]), job.dump
+        )
+        # Rank 1's Ray node dies and no other has room: the job goes on with one node, its minimum.
+        victim = ray_cluster.node_running(job.pid_of_rank(1))
+        assert victim is not None, job.dump()
+        ray_cluster.kill_node(victim)
+        wait_for(
+            "training on one node again",
+            lambda: any(r.get("event") == "started" and r.get("world") == 1 for r in job.records()[grown_at:]),
+            job.dump,
+        )
         job.finish()
     finally:
         job.kill()
     records = job.records()
     assert records[-1]["event"] == "finished", records[-5:]
     resumed = [r for r in records if r.get("event") == "resumed"]
-    assert resumed, records  # the second node's round resumed from the first one's state
+    assert len(resumed) >= 2, records  # each new round resumed from the state in memory
+    assert "disruption" in job.events()  # the lost node charged nothing
     wait_for("no training process left", lambda: not training_processes(), job.dump, timeout_s=60)
 
 
@@ -293,3 +301,53 @@ def test_bad_input_is_refused_before_anything_starts(ray_cluster: RayTestCluster
     wrong_flags = master("--ray-address=auto", "--backend=local")
     assert wrong_flags.returncode == 2
     assert "--ray-* flags are for --backend ray" in wrong_flags.stderr
+
+
+def test_no_process_outlives_its_agent_actor(ray_cluster: RayTestCluster, tmp_path: Path) -> None:
+    from dlrover.master import RayJob
+    from dlrover.master.scheduler.ray import RaySettings
+
+    if not ray_cluster.alive_node_ids():
+        ray_cluster.add_node(num_cpus=1)
+    slow = tmp_path / "slow.py"
+    slow.write_text("import time\ntime.sleep(600)\n")
+    command = [
+        sys.executable, "-m", "dlrover.launcher.cli", "--nnodes=1", "--nproc-per-node=1", "--prewarm=none",
+        "--monitor-interval=0.1", "--heartbeat-interval=0.5", f"--log-dir={tmp_path / 'logs'}", str(slow),
+    ]  # fmt: skip
+    settings = RaySettings(address=ray_cluster.address, temp_dir=ray_cluster.temp_dir, death_confirm_s=1.0)
+    with RayJob(command, nnodes="1", ray=settings, job_name="actor-kill") as job:
+        wait_for("the agent and its worker", lambda: _worker_of("actor-kill") is not None, lambda: str(job.status()))
+        agent, worker = _worker_of("actor-kill") or (None, None)
+        assert agent is not None
+        assert worker is not None
+        actor = psutil.Process(agent.ppid())
+        assert "dlrover.launcher.cli" not in " ".join(actor.cmdline())  # Ray's worker process, the actor
+        actor.kill()  # the actor alone, as Ray ends an actor: its node stays alive
+        wait_for("the agent and worker to die with it", lambda: not _alive(agent) and not _alive(worker), str)
+        wait_for(
+            "the node to be relaunched",
+            lambda: job.status().total_relaunches >= 1 and _worker_of("actor-kill") is not None,
+            lambda: str(job.status()),
+        )
+    assert job.status().state.value == "stopped"
+    wait_for("the relaunched agent to end", lambda: not _agents_of("actor-kill"), str, timeout_s=60)
+
+
+def _alive(proc: psutil.Process) -> bool:
+    try:
+        return bool(proc.status() != psutil.STATUS_ZOMBIE)
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _worker_of(job_name: str) -> tuple[psutil.Process, psutil.Process] | None:
+    """A live agent of the job and its training process, once both run."""
+    for agent in _agents_of(job_name):
+        try:
+            for child in agent.children(recursive=True):
+                if "slow.py" in " ".join(child.cmdline()):
+                    return agent, child
+        except psutil.Error:
+            continue
+    return None

@@ -45,7 +45,7 @@ class NodeAgentActor:
             command, env, log_path, answer = self._requests.get()
             try:
                 answer.set_result(self._spawn(command, env, log_path))
-            except BaseException as exc:
+            except BaseException as exc:  # handed to the caller of start, which raises it there
                 answer.set_exception(exc)
                 continue
             assert self._popen is not None

@@ -383,7 +383,7 @@ class RayScheduler:
             try:
                 changed = self._cluster.wait(self._settings.poll_interval_s)
                 alive = frozenset(self._alive())
-            except Exception:
+            except Exception:  # a lost connection must not end the watch; observe says what failed
                 _log.warning("the Ray watch failed; retrying", exc_info=True)
                 self._closed.wait(self._settings.poll_interval_s)
                 continue

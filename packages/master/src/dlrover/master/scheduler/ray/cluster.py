@@ -253,8 +253,8 @@ class RayApiCluster:
                 init_args["_temp_dir"] = settings.temp_dir
             try:
                 ray.init(**init_args)
-            except (ConnectionError, RuntimeError, ValueError) as exc:
-                raise ConfigError(f"no Ray cluster at {settings.address}: {exc}") from exc
+            except Exception as exc:  # Ray raises many kinds; the user needs one sentence
+                raise ConfigError(f"cannot connect to a Ray cluster at {settings.address}: {exc}") from exc
         from dlrover.master.scheduler.ray.actor import NodeAgentActor
 
         self._actor_class: Any = ray.remote(NodeAgentActor)
@@ -299,7 +299,7 @@ class RayApiCluster:
             try:
                 actor = self._actor_class.options(**options).remote()
                 start_ref = actor.start.remote(list(launch.command), dict(launch.env), launch.log_path)
-            except Exception as exc:
+            except Exception as exc:  # Ray raises many kinds; the caller gets one
                 raise SchedulerError(
                     f"cannot create the agent actor of node {launch.node_id} on Ray node {launch.ray_node}: {exc}"
                 ) from exc
