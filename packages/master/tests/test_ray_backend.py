@@ -202,7 +202,7 @@ def test_an_actor_death_is_confirmed_against_the_node_table_before_it_is_decided
     assert "worker process was killed" in died.evidence
 
 
-def test_an_unreachable_actor_that_answers_again_keeps_running() -> None:
+def test_an_unreachable_actor_is_asked_again_and_never_charged_for_silence_alone() -> None:
     clock = ManualClock()
     cluster = cluster_with("a")
     backend = backend_on(cluster, clock=clock)
@@ -210,13 +210,73 @@ def test_an_unreachable_actor_that_answers_again_keeps_running() -> None:
     cluster.set_fate(0, AgentReport(AgentFate.UNREACHABLE, error="connection reset"))
     assert backend.observe()[0].state is ObservedState.RUNNING  # the recheck answered
     assert cluster.report(0).fate is AgentFate.RUNNING
-    # One that stays unreachable past the window fails.
+    # One that stays unreachable keeps running (its agent's heartbeats decide at the master) ...
     cluster.set_fate(0, AgentReport(AgentFate.UNREACHABLE, error="connection reset"))
     cluster.agents[0].recheck_answer = AgentReport(AgentFate.UNREACHABLE, error="still no answer")
+    clock.advance(600.0)
+    assert backend.observe()[0].state is ObservedState.RUNNING
+    # ... until Ray says it died: then the confirmation window runs as for any death on a live node.
+    cluster.agents[0].recheck_answer = AgentReport(AgentFate.DIED, error="the actor died")
     assert backend.observe()[0].state is ObservedState.RUNNING
     clock.advance(5.0)
     gone = backend.observe()[0]
     assert (gone.state, gone.reason) == (ObservedState.FAILED, REASON_ACTOR_DIED)
+
+
+def test_a_waiting_launch_that_cannot_start_when_placed_fails_with_the_reason() -> None:
+    cluster = cluster_with("a")
+    backend = backend_on(cluster)
+    backend.launch(spec(0))
+    backend.launch(spec(1))  # waits for room
+    cluster.agents[0].report = AgentReport(AgentFate.EXITED, exit_code=0)
+    original = cluster.start_agent
+
+    def refuse(launch: object) -> None:
+        raise SchedulerError("an actor named like it exists already")
+
+    cluster.start_agent = refuse  # type: ignore[method-assign]
+    seen = backend.observe()
+    assert (seen[1].state, seen[1].reason) == (ObservedState.FAILED, REASON_AGENT_START_FAILED)
+    assert "exists already" in seen[1].evidence
+    cluster.start_agent = original  # type: ignore[method-assign]
+
+
+def test_a_ray_node_whose_agent_is_being_stopped_takes_no_other_until_it_is_gone() -> None:
+    cluster = cluster_with("a")
+    release = threading.Event()
+    stop_agent = cluster.stop_agent
+
+    def slow_stop(node_id: int, grace_s: float) -> None:
+        release.wait(30)
+        stop_agent(node_id, grace_s)
+
+    cluster.stop_agent = slow_stop  # type: ignore[method-assign]
+    backend = backend_on(cluster)
+    backend.launch(spec(0))
+    running(cluster, 0)
+    backend.stop(0)
+    assert backend.capacity() == 1  # told to stop: it holds no room (the Protocol's capacity)
+    backend.launch(spec(1))
+    assert backend.observe()[1].reason == REASON_UNSCHEDULABLE  # but its agent still runs there
+    release.set()
+    deadline = threading.Event()
+    while backend.placed_host(1) != "a" and not deadline.wait(0.01):
+        backend.observe()
+    assert backend.placed_host(1) == "a"
+    backend.close()
+
+
+def test_agents_on_other_hosts_are_not_told_a_loopback_master() -> None:
+    cluster = FakeRayCluster(driver_address="10.0.0.1")
+    cluster.add_node("far", address="10.0.0.2", CPU=1.0)
+    backend = backend_on(cluster)
+    with pytest.raises(SchedulerError, match=r"cannot dial: start the master with --bind-address 0\.0\.0\.0"):
+        backend.launch(spec(0, env={"DLROVER_MASTER_ADDR": "127.0.0.1:5000"}))
+    assert 0 not in cluster.agents
+    # A wildcard bind is told as the address of the master's Ray node.
+    cluster.add_node("near", address="10.0.0.1", CPU=1.0)
+    backend.launch(spec(1, env={"DLROVER_MASTER_ADDR": "0.0.0.0:5000"}))
+    assert cluster.agents[1].env["DLROVER_MASTER_ADDR"] == "10.0.0.1:5000"
 
 
 def test_stop_signals_the_agent_with_the_grace_and_a_waiting_node_just_stops() -> None:
@@ -265,7 +325,8 @@ def test_the_agent_gets_the_token_itself_not_a_file_path_of_the_masters_host(tmp
     token_file = tmp_path / "token"
     write_token_file(token_file, "s3cret-token-0123456789abcdef")
     cluster = cluster_with("a")
-    backend = backend_on(cluster, log_dir=tmp_path / "logs")
+    settings = RaySettings(log_dir=str(tmp_path / "logs"))
+    backend = RayScheduler(COMMAND, cluster, settings=settings, clock=ManualClock(), watch=False)
     backend.launch(spec(0, env={TOKEN_FILE_ENV_VAR: str(token_file), "DLROVER_MASTER_ADDR": "10.0.0.1:5000"}))
     env = cluster.agents[0].env
     assert TOKEN_FILE_ENV_VAR not in env

@@ -457,63 +457,96 @@ def _add_kubernetes_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _add_ray_flags(p: argparse.ArgumentParser) -> None:
+    # Defaults None: a flag given to another backend is refused; RaySettings holds the defaults.
+    defaults = RaySettings()
     g = p.add_argument_group("ray backend (--backend ray)")
     g.add_argument(
         "--ray-address",
         default=None,
-        help="the Ray cluster: its head's host:port, ray://host:port, or auto (RAY_ADDRESS, else the cluster "
-        "started on this host); default auto",
+        help="the Ray cluster: its head's host:port (a Ray node must run on this host), ray://host:port (Ray "
+        "Client, from any host), or auto (RAY_ADDRESS, else the cluster started on this host); default auto",
     )
     g.add_argument("--ray-namespace", default=None, help="the Ray namespace of the job's actors (dlrover-<job>)")
-    g.add_argument("--ray-temp-dir", default=None, help="where this master's Ray files go (Ray's default: /tmp/ray)")
     g.add_argument(
-        "--ray-connect-timeout-s", type=float, default=15.0, help="how long the start waits for the cluster's head"
+        "--ray-temp-dir",
+        default=None,
+        help="the temp dir of this host's Ray node (its ray start --temp-dir) when not Ray's default",
+    )
+    g.add_argument(
+        "--ray-log-dir",
+        default=None,
+        help="each agent writes node-<id>.log here on its Ray node's host; default: the actor's Ray log",
+    )
+    g.add_argument(
+        "--ray-connect-timeout-s",
+        type=float,
+        default=None,
+        help=f"how long the start waits for the cluster's head (default {defaults.connect_timeout_s:g})",
     )
     g.add_argument(
         "--ray-agent-cpus",
         type=float,
-        default=1.0,
-        help="CPUs each agent actor asks for when no --node-cpu is given (keeps agents off a zero-CPU head)",
+        default=None,
+        help=f"CPUs each agent actor asks for when no --node-cpu is given (default {defaults.agent_cpus:g}: keeps "
+        "agents off a zero-CPU head)",
     )
     g.add_argument(
         "--ray-death-confirm-s",
         type=float,
-        default=10.0,
+        default=None,
         help="how long an agent actor Ray calls dead while its node lives waits for the node table to say the "
-        "node died (a lost node, not charged) before it counts as the node's failure",
+        "node died (a lost node, not charged) before it counts as the node's failure; keep it above the "
+        f"cluster's node health check (default {defaults.death_confirm_s:g})",
     )
     g.add_argument(
-        "--ray-poll-interval-s", type=float, default=0.5, help="how often the cluster's node table is re-read"
+        "--ray-poll-interval-s",
+        type=float,
+        default=None,
+        help=f"how often the cluster's node table is re-read (default {defaults.poll_interval_s:g})",
+    )
+    g.add_argument(
+        "--ray-call-timeout-s",
+        type=float,
+        default=None,
+        help="how long a call to an agent actor may take beyond what it waits for itself "
+        f"(default {defaults.call_timeout_s:g})",
     )
     g.add_argument(
         "--ray-master-address",
         default=None,
-        help="host:port the agents dial (default: the master's address; with --bind-address 0.0.0.0, this "
-        "host's address as other hosts reach it)",
+        help="host:port the agents dial (default: the master's address; with --bind-address 0.0.0.0, the "
+        "address of the Ray node this master is attached to)",
     )
+
+
+_RAY_FLAGS = {
+    "ray_address": "address",
+    "ray_namespace": "namespace",
+    "ray_temp_dir": "temp_dir",
+    "ray_log_dir": "log_dir",
+    "ray_connect_timeout_s": "connect_timeout_s",
+    "ray_agent_cpus": "agent_cpus",
+    "ray_death_confirm_s": "death_confirm_s",
+    "ray_poll_interval_s": "poll_interval_s",
+    "ray_call_timeout_s": "call_timeout_s",
+    "ray_master_address": "master_address",
+}
+"""Each --ray-* flag's RaySettings field."""
 
 
 def _ray_settings(args: argparse.Namespace) -> RaySettings | None:
-    """The ray backend's settings from its flags; None for another backend given none of them."""
-    given = any(
-        value is not None
-        for value in (args.ray_address, args.ray_namespace, args.ray_temp_dir, args.ray_master_address)
-    )
+    """The ray backend's settings from its flags; None for another backend.
+
+    Raises:
+        ConfigError: a --ray-* flag given to another backend, or a bad value.
+    """
+    given = {field: getattr(args, flag) for flag, field in _RAY_FLAGS.items() if getattr(args, flag) is not None}
     if args.backend != "ray":
         if given:
-            raise ConfigError(f"--ray-* flags are for --backend ray, not --backend {args.backend}")
+            flags = ", ".join(f"--{flag.replace('_', '-')}" for flag in _RAY_FLAGS if getattr(args, flag) is not None)
+            raise ConfigError(f"--ray-* flags are for --backend ray, not --backend {args.backend}: {flags}")
         return None
-    return RaySettings(
-        address=args.ray_address or "auto",
-        namespace=args.ray_namespace,
-        temp_dir=args.ray_temp_dir,
-        connect_timeout_s=args.ray_connect_timeout_s,
-        agent_cpus=args.ray_agent_cpus,
-        death_confirm_s=args.ray_death_confirm_s,
-        poll_interval_s=args.ray_poll_interval_s,
-        stop_grace_s=args.node_stop_grace_s,
-        master_address=args.ray_master_address,
-    )
+    return RaySettings(**given, stop_grace_s=args.node_stop_grace_s)
 
 
 def _kubernetes_settings(args: argparse.Namespace) -> KubernetesSettings | None:

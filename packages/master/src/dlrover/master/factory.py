@@ -109,7 +109,6 @@ def _scheduler(config: MasterConfig) -> SchedulerBackend:
             config.ray or RaySettings(),
             job_name=config.job_name,
             node_resources=config.lifecycle.node_resources,
-            log_dir=log_dir,
         )
     if not config.agent_command:
         raise ConfigError("the local backend needs agent_command (the agent to run per node)")

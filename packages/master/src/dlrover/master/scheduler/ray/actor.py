@@ -55,12 +55,17 @@ class NodeAgentActor:
     def _spawn(self, command: list[str], env: dict[str, str], log_path: str | None) -> subprocess.Popen[bytes]:
         argv = guarded_argv(os.getpid(), command, keep_oom_score=True)  # the agent holds the node's checkpoints
         full_env = {**os.environ, **env}
-        if log_path is None:
+        fd = None
+        if log_path is not None:
+            try:
+                Path(log_path).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+                fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+            except OSError as exc:  # this host cannot have it: the agent's output goes to the actor's log
+                print(f"dlrover: cannot write the agent's log {log_path}: {exc}; it goes here", flush=True)
+        if fd is None:
             # The actor's own output: Ray's worker log of this actor, in the node's session directory.
             popen = subprocess.Popen(argv, env=full_env, stdin=subprocess.DEVNULL, start_new_session=True)
         else:
-            Path(log_path).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
             with open(fd, "ab") as log:
                 popen = subprocess.Popen(
                     argv, env=full_env, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True

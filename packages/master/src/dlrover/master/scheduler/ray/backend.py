@@ -73,6 +73,7 @@ class _JobNode:
     request: dict[str, float]
     ray_node: str = ""  # where its actor was placed; "" while it waits for room
     stopping: bool = False
+    stop_done: bool = False  # its agent and actor are gone after a stop (its Ray node takes another again)
     ended: ObservedNode | None = None  # its final observation, once it ended
     suspect_since: float | None = None  # when its actor was first reported dead or unreachable on a live node
     suspect_error: str = ""
@@ -91,8 +92,6 @@ class RayScheduler:
         settings: the timeouts and the agent's default CPUs.
         node_resources: what each job node asks for (None: `settings.agent_cpus` CPUs): the actor's
             resource request, and what capacity is counted in.
-        log_dir: each node's agent writes `<log_dir>/node-<id>.log` on its Ray node's host; None: into
-            the actor's own Ray log.
         clock: time source of the death confirmation (injectable for tests).
         watch: run the thread that wakes the master on agent exits and node-table changes.
     """
@@ -107,7 +106,6 @@ class RayScheduler:
         *,
         settings: RaySettings | None = None,
         node_resources: Resources | None = None,
-        log_dir: str | Path | None = None,
         clock: Clock | None = None,
         watch: bool = True,
     ) -> None:
@@ -117,7 +115,6 @@ class RayScheduler:
         self._cluster = cluster
         self._settings = settings or RaySettings()
         self._request = actor_request(node_resources, self._settings.agent_cpus)
-        self._log_dir = Path(log_dir) if log_dir is not None else None
         self._clock = clock or SystemClock()
         self._lock = threading.Lock()
         self._nodes: dict[int, _JobNode] = {}
@@ -138,7 +135,6 @@ class RayScheduler:
         *,
         job_name: str,
         node_resources: Resources | None = None,
-        log_dir: str | Path | None = None,
     ) -> RayScheduler:
         """Connect to the cluster `settings.address` names (or use this process's connection) and refuse,
         before anything starts, node resources no alive Ray node has.
@@ -148,7 +144,7 @@ class RayScheduler:
         """
         cluster = RayApiCluster(settings, job_name)
         try:
-            backend = cls(command, cluster, settings=settings, node_resources=node_resources, log_dir=log_dir)
+            backend = cls(command, cluster, settings=settings, node_resources=node_resources)
         except BaseException:
             cluster.close()
             raise
@@ -198,6 +194,11 @@ class RayScheduler:
     def _held_ray_nodes(self) -> set[str]:
         return {n.ray_node for n in self._nodes.values() if n.ray_node and self._active(n)}
 
+    def _busy_ray_nodes(self) -> set[str]:
+        """Ray nodes an agent of this job still runs on: held, or one being stopped (in its grace period)."""
+        stopping = {n.ray_node for n in self._nodes.values() if n.ray_node and n.stopping and not n.stop_done}
+        return self._held_ray_nodes() | stopping
+
     def capacity(self) -> int | None:
         """Ray nodes that could take one more agent, less the launches still waiting for one."""
         alive = self._alive()
@@ -220,36 +221,58 @@ class RayScheduler:
         if self._settings.master_address:
             env[MASTER_ADDR_ENV_VAR] = self._settings.master_address
         elif env.get(MASTER_ADDR_ENV_VAR):
-            env[MASTER_ADDR_ENV_VAR] = dialable_address(env[MASTER_ADDR_ENV_VAR])
+            env[MASTER_ADDR_ENV_VAR] = dialable_address(env[MASTER_ADDR_ENV_VAR], self._cluster.driver_address())
         token_file = env.pop(TOKEN_FILE_ENV_VAR, None)
         if token_file:
             # The file is on the master's host; the agent may run on another: it gets the token itself.
             env[TOKEN_ENV_VAR] = load_token(token_file=token_file)
         return env
 
+    def _unreachable_master(self, env: Mapping[str, str], target: RayNode) -> str:
+        """Why an agent on `target` could not dial the master address in `env` ("" when it can)."""
+        host = env.get(MASTER_ADDR_ENV_VAR, "").rpartition(":")[0].strip("[]")
+        if host not in ("127.0.0.1", "::1", "localhost"):
+            return ""
+        here = self._cluster.driver_address()
+        if not here or not target.address or target.address == here:
+            return ""
+        return (
+            f"the master listens on {host}, which an agent on Ray node {target.node_id} ({target.address}, another "
+            f"host than the master's {here}) cannot dial: start the master with --bind-address 0.0.0.0 or give "
+            "--ray-master-address"
+        )
+
     def _place(self, node: _JobNode, alive: Mapping[str, RayNode]) -> str | None:
-        """Start `node`'s actor on a Ray node that can take it (lock held); None: the reason none can."""
-        held = self._held_ray_nodes()
+        """Start `node`'s actor on a Ray node that can take it (lock held); None: the reason none can.
+
+        Raises:
+            SchedulerError: the actor cannot be started there (nothing is recorded).
+        """
+        busy = self._busy_ray_nodes()
         avoided = too_small = 0
         for ray_id in sorted(alive):
             if ray_id in node.spec.avoid_hosts:
                 avoided += 1
-            elif ray_id in held:
+            elif ray_id in busy:
                 continue
             elif not _fits(alive[ray_id], node.request):
                 too_small += 1
             else:
-                log_path = str(self._log_dir / f"node-{node.spec.node_id}.log") if self._log_dir else None
-                launch = AgentLaunch(
-                    node.spec.node_id, ray_id, node.request, self._command, self._agent_env(node.spec), log_path
+                log_dir = self._settings.log_dir
+                log_path = str(Path(log_dir) / f"node-{node.spec.node_id}.log") if log_dir else None
+                env = self._agent_env(node.spec)
+                unreachable = self._unreachable_master(env, alive[ray_id])
+                if unreachable:
+                    raise SchedulerError(unreachable)
+                self._cluster.start_agent(
+                    AgentLaunch(node.spec.node_id, ray_id, node.request, self._command, env, log_path)
                 )
-                self._cluster.start_agent(launch)
                 node.ray_node = ray_id
                 _log.info("node %d: agent actor placed on Ray node %s", node.spec.node_id, ray_id)
                 return None
         return (
             f"no Ray node can take node {node.spec.node_id} ({_describe(node.request)}): {len(alive)} alive, "
-            f"{len(held)} hold this job's agents, {avoided} avoided, {too_small} too small"
+            f"{len(busy)} hold this job's agents, {avoided} avoided, {too_small} too small"
         )
 
     def launch(self, spec: NodeSpec) -> None:
@@ -275,13 +298,17 @@ class RayScheduler:
             if not node.ray_node:
                 return  # never placed: nothing runs
             stopper = threading.Thread(
-                target=self._cluster.stop_agent,
-                args=(node_id, self._settings.stop_grace_s),
-                name=f"dlrover-ray-stop-{node_id}",
-                daemon=True,
+                target=self._stop_agent, args=(node,), name=f"dlrover-ray-stop-{node_id}", daemon=True
             )
             self._stoppers.append(stopper)
         stopper.start()
+
+    def _stop_agent(self, node: _JobNode) -> None:
+        try:
+            self._cluster.stop_agent(node.spec.node_id, self._settings.stop_grace_s)
+        finally:
+            with self._lock:
+                node.stop_done = True
 
     # ------------------------------------------------------------------ observe
 
@@ -298,7 +325,13 @@ class RayScheduler:
         if node.stopping:
             return ObservedNode(node_id, ObservedState.STOPPED, host=node.ray_node)
         if not node.ray_node:
-            reason = self._place(node, alive)
+            try:
+                reason = self._place(node, alive)
+            except SchedulerError as exc:
+                observed = ObservedNode(
+                    node_id, ObservedState.FAILED, reason=REASON_AGENT_START_FAILED, evidence=str(exc)
+                )
+                return self._end(node, observed)
             if reason is not None:
                 return ObservedNode(node_id, ObservedState.PENDING, reason=REASON_UNSCHEDULABLE, evidence=reason)
         return self._observe_placed(node, alive)
@@ -331,10 +364,13 @@ class RayScheduler:
         if host not in alive:
             return self._end(node, self._lost(node, report.error))
         if report.fate is AgentFate.UNREACHABLE:
+            # Maybe dead, maybe a blip: asked again (answered at a later observe). Never charged for that
+            # alone; an agent that stays silent fails on the master's heartbeat timeout.
             report = self._cluster.recheck(node_id)
-            if report.fate is AgentFate.RUNNING:
-                node.suspect_since = None
+            if report.fate in (AgentFate.RUNNING, AgentFate.UNREACHABLE):
                 return ObservedNode(node_id, ObservedState.RUNNING, host=host)
+            if report.fate is not AgentFate.DIED:
+                return self._observe_placed(node, alive)
         now = self._clock.now()
         if node.suspect_since is None:
             node.suspect_since, node.suspect_error = now, report.error
@@ -413,10 +449,7 @@ class RayScheduler:
             stoppers = list(self._stoppers)
         for node in running:
             stopper = threading.Thread(
-                target=self._cluster.stop_agent,
-                args=(node.spec.node_id, self._settings.stop_grace_s),
-                name=f"dlrover-ray-stop-{node.spec.node_id}",
-                daemon=True,
+                target=self._stop_agent, args=(node,), name=f"dlrover-ray-stop-{node.spec.node_id}", daemon=True
             )
             stopper.start()
             stoppers.append(stopper)
@@ -427,12 +460,14 @@ class RayScheduler:
         self._cluster.close()
 
 
-def dialable_address(address: str) -> str:
-    """`address` with a wildcard host (a master bound to every interface) replaced by this host's address as
-    other hosts reach it (the interface of the default route; the host name's address where there is none)."""
+def dialable_address(address: str, here: str = "") -> str:
+    """`address` with a wildcard host (a master bound to every interface) replaced by `here` (the address of
+    the Ray node the master is attached to), else by this host's outgoing address."""
     host, sep, port = address.rpartition(":")
     if not sep or host.strip("[]") not in ("0.0.0.0", "::", ""):  # noqa: S104 (compared, not bound)
         return address
+    if here:
+        return f"{here}:{port}"
     with contextlib.suppress(OSError), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
         probe.connect(("192.0.2.1", 9))  # TEST-NET-1: no packet is sent; the kernel picks the outgoing interface
         return f"{probe.getsockname()[0]}:{port}"

@@ -3,8 +3,8 @@
 `RayCluster` is the Protocol the backend drives; `RayApiCluster` implements it with Ray's public
 API (`ray.init`, `ray.nodes`, actors placed by `NodeAffinitySchedulingStrategy`, `ray.wait`,
 `ray.kill`), and is the only module of the backend that imports `ray`.
-`dlrover.master.scheduler.ray.fake.FakeRayCluster` implements it in memory for tests; one contract
-test runs against both.
+`dlrover.master.scheduler.ray.fake.FakeRayCluster` implements it in memory for tests;
+tests/ray/test_ray_backend_contract.py checks on a real cluster that Ray does what the fake plays.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import logging
+import secrets
 import socket
 import threading
 from collections.abc import Mapping, Sequence
@@ -146,8 +147,13 @@ class RayCluster(Protocol):
         ...
 
     def recheck(self, node_id: int) -> AgentReport:
-        """After UNREACHABLE: ask the actor again; RUNNING when it answers (its exit is watched anew),
-        DIED when Ray says it died, UNREACHABLE while Ray still cannot tell."""
+        """After UNREACHABLE: ask the actor again, without blocking (a ping sent now is read at a later call);
+        RUNNING once it answered (its exit is watched anew), DIED when Ray says it died, UNREACHABLE while
+        Ray cannot tell yet."""
+        ...
+
+    def driver_address(self) -> str:
+        """The IP of the Ray node this process is attached to ("" when unknown)."""
         ...
 
     def wait(self, timeout_s: float) -> bool:
@@ -207,13 +213,20 @@ def check_reachable(address: str, timeout_s: float) -> None:
         raise ConfigError(f"no Ray cluster at {address}: cannot connect to {host}:{port} ({exc})") from exc
 
 
+_ACTOR_THREADS = 16
+"""Calls an agent actor serves at once: `wait_exit` holds one for the agent's life (more after a connection
+blip, when it is asked again), `stop` and `ping` must still be answered."""
+
+
 class _Agent:
-    """One actor's handles: the call that starts its agent, then the call that waits for its exit."""
+    """One actor's handles: the call that starts its agent, then the call that waits for its exit, and a ping
+    in flight after Ray could not reach it."""
 
     def __init__(self, actor: Any, start_ref: Any) -> None:
         self.actor = actor
         self.start_ref = start_ref
         self.exit_ref: Any = None
+        self.ping_ref: Any = None
         self.final: AgentReport | None = None
 
 
@@ -261,6 +274,7 @@ class RayApiCluster:
         self._lock = threading.Lock()
         self._agents: dict[int, _Agent] = {}
         self._announced: set[Any] = set()  # refs `wait` reported ready: not waited for again
+        self._run_id = secrets.token_hex(4)
         self._closed = False
 
     def nodes(self) -> Sequence[RayNode]:
@@ -278,11 +292,12 @@ class RayApiCluster:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         options: dict[str, Any] = {
-            "name": f"dlrover-{self._job}-node-{launch.node_id}",
+            # The run id: a second master of a job of the same name (on the same cluster) gets its own actors.
+            "name": f"dlrover-{self._job}-{self._run_id}-node-{launch.node_id}",
             "namespace": self._namespace,
             "max_restarts": 0,  # the master decides every relaunch
             "max_task_retries": 0,
-            "max_concurrency": 4,  # `stop` and `ping` are answered while `wait_exit` blocks
+            "max_concurrency": _ACTOR_THREADS,
             "num_cpus": float(launch.request.get("CPU", 0.0)),
             "scheduling_strategy": NodeAffinitySchedulingStrategy(node_id=launch.ray_node, soft=False),
         }
@@ -336,6 +351,10 @@ class RayApiCluster:
             return None, AgentReport(AgentFate.DIED, error=str(exc))
         except errors.RayTaskError as exc:  # the actor's start raised: the command cannot run
             return None, AgentReport(AgentFate.START_FAILED, error=str(exc.cause if exc.cause else exc))
+        except errors.RayError as exc:
+            # Anything else Ray says of the call (the actor unschedulable on a node that died, its worker
+            # failing to start): the actor is gone; the node table tells lost from charged.
+            return None, AgentReport(AgentFate.DIED, error=f"{type(exc).__name__}: {exc}")
 
     def _agent(self, node_id: int) -> _Agent:
         agent = self._agents.get(node_id)
@@ -348,26 +367,31 @@ class RayApiCluster:
             return self._resolve(self._agent(node_id))
 
     def recheck(self, node_id: int) -> AgentReport:
-        errors = self._ray.exceptions
         with self._lock:
             agent = self._agent(node_id)
             if agent.final is not None:
                 return agent.final
-        try:
-            self._ray.get(agent.actor.ping.remote(), timeout=self._settings.poll_interval_s)
-        except errors.ActorUnavailableError as exc:
-            return AgentReport(AgentFate.UNREACHABLE, error=str(exc))
-        except errors.RayActorError as exc:
-            with self._lock:
-                agent.final = agent.final or AgentReport(AgentFate.DIED, error=str(exc))
-                return agent.final
-        except errors.GetTimeoutError:
-            return AgentReport(AgentFate.UNREACHABLE, error="the actor did not answer a ping in time")
-        with self._lock:
-            if agent.final is None:
-                # The exit call was lost with the connection: watch the (running) agent anew.
+            if agent.ping_ref is None:
+                agent.ping_ref = agent.actor.ping.remote()
+                return AgentReport(AgentFate.UNREACHABLE, error="asked again; no answer yet")
+            ready, _ = self._ray.wait([agent.ping_ref], timeout=0)
+            if not ready:
+                return AgentReport(AgentFate.UNREACHABLE, error="asked again; no answer yet")
+            ping, agent.ping_ref = agent.ping_ref, None
+            _, report = self._result(ping)
+            if report is None:
+                # It answered: the exit call was lost with the connection; watch the running agent anew.
                 agent.exit_ref = agent.actor.wait_exit.remote()
-            return AgentReport(AgentFate.RUNNING)
+                return AgentReport(AgentFate.RUNNING)
+            if report.fate is not AgentFate.UNREACHABLE:
+                agent.final = report
+            return report
+
+    def driver_address(self) -> str:
+        try:
+            return str(self._ray.util.get_node_ip_address())
+        except Exception:  # an address is a hint for a message; never worth failing for
+            return ""
 
     def wait(self, timeout_s: float) -> bool:
         with self._lock:
@@ -394,7 +418,7 @@ class RayApiCluster:
         if agent.final is None and agent.exit_ref is not None:
             with contextlib.suppress(errors.RayError):
                 # Bounded: the actor SIGKILLs the agent after the grace; the margin covers Ray's round trip.
-                self._ray.get(agent.actor.stop.remote(grace_s), timeout=grace_s + 10.0)
+                self._ray.get(agent.actor.stop.remote(grace_s), timeout=grace_s + self._settings.call_timeout_s)
         with contextlib.suppress(errors.RayError, ValueError):
             self._ray.kill(agent.actor, no_restart=True)
 

@@ -32,7 +32,8 @@ class FakeAgent:
 class FakeRayCluster:
     """Plays a Ray cluster: `add_node`, `kill_node`, `set_fate`; records what the backend asked."""
 
-    def __init__(self) -> None:
+    def __init__(self, driver_address: str = "127.0.0.1") -> None:
+        self._driver_address = driver_address
         self._cond = threading.Condition()
         self._nodes: dict[str, RayNode] = {}
         self.agents: dict[int, FakeAgent] = {}
@@ -40,10 +41,10 @@ class FakeRayCluster:
         self._changes = 0
         self._seen_changes = 0
 
-    def add_node(self, node_id: str, **resources: float) -> None:
-        """A node joins with `resources` (Ray's names: CPU, GPU, memory in bytes)."""
+    def add_node(self, node_id: str, address: str = "127.0.0.1", **resources: float) -> None:
+        """A node joins with `resources` (Ray's names: CPU, GPU, memory in bytes) at `address`."""
         with self._cond:
-            self._nodes[node_id] = RayNode(node_id, True, dict(resources or {"CPU": 1.0}), "127.0.0.1")
+            self._nodes[node_id] = RayNode(node_id, True, dict(resources or {"CPU": 1.0}), address)
             self._changed()
 
     def kill_node(self, node_id: str, *, table_knows: bool = True) -> None:
@@ -92,6 +93,9 @@ class FakeRayCluster:
             if node_id not in self.agents:
                 raise SchedulerError(f"node {node_id} has no agent actor")
             return self.agents[node_id].report
+
+    def driver_address(self) -> str:
+        return self._driver_address
 
     def recheck(self, node_id: int) -> AgentReport:
         with self._cond:

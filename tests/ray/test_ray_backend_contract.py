@@ -1,0 +1,142 @@
+"""The Ray backend and its `RayApiCluster` on a real local Ray cluster: what the in-memory `FakeRayCluster`
+plays in packages/master/tests/test_ray_backend.py is what Ray does (agent exits, a command that cannot
+start, an actor killed while its node lives), and the scheduler contract every backend passes."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+
+import psutil
+import pytest
+from dlrover_testsupport.ray import RayTestCluster
+
+from dlrover.master.scheduler import NodeSpec, ObservedState, SchedulerError
+from dlrover.master.scheduler.ray import AgentFate, AgentLaunch, RayApiCluster, RayScheduler, RaySettings
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+WAIT_S = 120.0
+
+
+def wait_for(what: str, predicate: Callable[[], bool], timeout_s: float = WAIT_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+def settings_for(cluster: RayTestCluster) -> RaySettings:
+    return RaySettings(address=cluster.address, temp_dir=cluster.temp_dir, death_confirm_s=2.0, stop_grace_s=2.0)
+
+
+@pytest.fixture
+def ray_env(ray_cluster: RayTestCluster, monkeypatch: pytest.MonkeyPatch) -> RayTestCluster:
+    for name, value in ray_cluster.env.items():
+        monkeypatch.setenv(name, value)
+    return ray_cluster
+
+
+@pytest.fixture
+def api(ray_env: RayTestCluster) -> Iterator[RayApiCluster]:
+    cluster = RayApiCluster(settings_for(ray_env), f"contract-{uuid.uuid4().hex[:6]}")
+    yield cluster
+    cluster.close()
+
+
+def _launch(api: RayApiCluster, cluster: RayTestCluster, node_id: int, code: str, marker: str) -> None:
+    ray_node = sorted(cluster.alive_node_ids())[node_id % len(cluster.alive_node_ids())]
+    command = [sys.executable, "-c", code]
+    api.start_agent(AgentLaunch(node_id, ray_node, {"CPU": 1.0}, command, {"CONTRACT_MARKER": marker}))
+
+
+def _processes_marked(marker: str) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get("CONTRACT_MARKER") == marker:
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
+
+def test_the_api_cluster_reports_exits_start_failures_and_killed_actors(
+    api: RayApiCluster, ray_env: RayTestCluster
+) -> None:
+    marker = uuid.uuid4().hex
+    _launch(api, ray_env, 0, "import sys, time; time.sleep(1); sys.exit(3)", marker)
+    wait_for("the agent's exit", lambda: api.report(0).fate is AgentFate.EXITED)
+    assert api.report(0).exit_code == 3
+    api.release(0)
+
+    api.start_agent(AgentLaunch(1, sorted(ray_env.alive_node_ids())[0], {"CPU": 1.0}, ["/nonexistent/dlrover-run"], {}))
+    # The agent starts through the orphan guard, which cannot exec the command: exit 127, as a shell says.
+    wait_for("the start to fail", lambda: api.report(1).fate is AgentFate.EXITED)
+    assert api.report(1).exit_code == 127
+    api.release(1)
+
+    _launch(api, ray_env, 2, "import time; time.sleep(600)", marker)
+    wait_for("the agent to run", lambda: api.report(2).fate is AgentFate.RUNNING and bool(_processes_marked(marker)))
+    (agent,) = _processes_marked(marker)
+    actor = psutil.Process(agent.ppid())
+    assert api.wait(0.01) is False  # nothing changed
+    actor.kill()  # the actor's process alone; its node lives
+    assert api.wait(WAIT_S) is True
+    wait_for("Ray to call it dead", lambda: api.report(2).fate is AgentFate.DIED)
+    wait_for("the agent to die with its actor", lambda: not _processes_marked(marker))
+
+
+@pytest.fixture
+def backend(ray_env: RayTestCluster) -> Iterator[RayScheduler]:
+    command = [sys.executable, "-c", "import time; time.sleep(600)"]
+    scheduler = RayScheduler.connect(command, settings_for(ray_env), job_name=f"contract-{os.getpid()}")
+    yield scheduler
+    scheduler.close()
+
+
+def spec(node_id: int) -> NodeSpec:
+    return NodeSpec(job_name="j", node_id=node_id, rank=node_id)
+
+
+def test_contract_launch_observe_stop(backend: RayScheduler, ray_env: RayTestCluster) -> None:
+    assert backend.observe() == {}
+    backend.launch(spec(0))
+    backend.launch(spec(1))
+    seen = backend.observe()
+    assert sorted(seen) == [0, 1]
+    assert all(n.state in (ObservedState.PENDING, ObservedState.RUNNING) for n in seen.values())
+    with pytest.raises(SchedulerError, match="node 0 was already launched"):
+        backend.launch(spec(0))
+    wait_for("both to run", lambda: all(n.state is ObservedState.RUNNING for n in backend.observe().values()))
+    assert {backend.placed_host(0), backend.placed_host(1)} == ray_env.alive_node_ids()  # one agent per Ray node
+    backend.stop(0)
+    backend.stop(0)
+    backend.stop(99)
+    assert backend.observe()[0].state is ObservedState.STOPPED
+    assert backend.observe()[1].state is ObservedState.RUNNING
+
+
+def test_contract_capacity_counts_held_nodes(backend: RayScheduler) -> None:
+    before = backend.capacity()
+    assert before == 2
+    backend.launch(spec(0))
+    assert backend.capacity() == 1
+    backend.launch(spec(1))
+    backend.launch(spec(2))  # one more than fits: it waits
+    assert backend.capacity() == -1
+    assert backend.observe()[2].state is ObservedState.PENDING
+    backend.stop(0)
+    assert backend.capacity() == 0
+
+
+def test_contract_close_stops_everything(backend: RayScheduler) -> None:
+    backend.launch(spec(0))
+    wait_for("it to run", lambda: backend.observe()[0].state is ObservedState.RUNNING)
+    backend.close()
+    backend.close()
+    assert all(n.state is ObservedState.STOPPED for n in backend.observe().values())
