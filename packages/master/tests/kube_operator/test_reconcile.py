@@ -6,6 +6,7 @@ import base64
 import json
 from typing import Any
 
+import attrs
 import pytest
 from ej_builders import TOKEN, created, edited, elastic_job, observed_after, pod_phase, summary, with_status
 
@@ -346,6 +347,97 @@ def test_a_master_deleted_while_ready_is_replaced_and_counted() -> None:
     answer = run(job, gone)
     assert [w.kind for w in answer.writes] == ["Pod"]
     assert answer.status["masterRestarts"] == 1
+
+
+def _at(now: str, job: dict[str, Any], observed: Observed) -> Reconciliation:
+    answer = reconcile(job, observed, SETTINGS, now=now, new_token=TOKEN)
+    assert schema_errors(STATUS_SCHEMA, dict(answer.status), "status") == []
+    return answer
+
+
+def _not_ready_since(pod: dict[str, Any], since: str) -> dict[str, Any]:
+    """As the node lifecycle controller leaves a pod of a node that stopped answering: Running, Ready=False."""
+    out = pod_phase(pod, "Running")
+    out["spec"]["nodeName"] = "node-0"
+    out["status"]["conditions"] = [{"type": "Ready", "status": "False", "lastTransitionTime": since}]
+    return out
+
+
+def _terminating_until(pod: dict[str, Any], deletion: str) -> dict[str, Any]:
+    """As the taint manager leaves it: a graceful deletion no kubelet finishes (deletionTimestamp: its end)."""
+    out = _not_ready_since(pod, "2026-01-01T00:00:00Z")
+    out["metadata"]["deletionTimestamp"] = deletion
+    out["metadata"]["deletionGracePeriodSeconds"] = 30
+    return out
+
+
+def test_a_master_not_ready_past_the_timeout_is_force_deleted_and_replaced_once() -> None:
+    job, observed = running(elastic_job())
+    assert observed.master_pod is not None
+    assert SETTINGS.master_unready_timeout_s == 120
+    lost = attrs.evolve(observed, master_pod=_not_ready_since(observed.master_pod, "2026-01-01T00:00:00Z"))
+    # Within the timeout: a node that may come back; nothing is written.
+    early = _at("2026-01-01T00:02:00Z", job, lost)
+    assert [w for w in early.writes if isinstance(w, DeleteObject)] == []
+    assert early.status["masterRestarts"] == 0
+    answer = _at("2026-01-01T00:02:01Z", job, lost)
+    assert answer.writes == (DeleteObject("Pod", "job1-master", answer.writes[0].reason, 0, "uid-Pod-job1-master"),)
+    assert "not been ready since 2026-01-01T00:00:00Z" in answer.writes[0].reason
+    assert answer.status["masterRestarts"] == 1
+    assert condition(answer, Condition.MASTER_READY)["reason"] == "MasterLost"
+    # Seen again while the force delete shows: deleted again, not counted again; then replaced.
+    again = _at("2026-01-01T00:02:02Z", with_status(job, answer), lost)
+    assert [type(w) for w in again.writes] == [DeleteObject]
+    assert again.status["masterRestarts"] == 1
+    gone = attrs.evolve(observed, master_pod=None, summary=None)
+    replaced = _at("2026-01-01T00:02:03Z", with_status(job, again), gone)
+    assert [w.kind for w in replaced.writes if isinstance(w, CreateObject)] == ["Pod"]
+    assert replaced.status["masterRestarts"] == 1
+
+
+def test_a_master_left_terminating_past_its_grace_and_the_margin_is_force_deleted() -> None:
+    job, observed = running(elastic_job())
+    assert observed.master_pod is not None
+    assert SETTINGS.master_terminating_margin_s == 30
+    stuck = attrs.evolve(observed, master_pod=_terminating_until(observed.master_pod, "2026-01-01T00:05:00Z"))
+    # Before its deletion time plus the margin: waited for (a live kubelet finishes it), not counted.
+    waiting = _at("2026-01-01T00:05:30Z", job, stuck)
+    assert waiting.writes == ()
+    assert condition(waiting, Condition.MASTER_READY)["reason"] == "MasterTerminating"
+    answer = _at("2026-01-01T00:05:31Z", job, stuck)
+    assert answer.writes == (DeleteObject("Pod", "job1-master", answer.writes[0].reason, 0, "uid-Pod-job1-master"),)
+    assert "Terminating since 2026-01-01T00:05:00Z" in answer.writes[0].reason
+    assert answer.status["masterRestarts"] == 1
+    assert condition(answer, Condition.MASTER_READY)["reason"] == "MasterLost"
+
+
+def test_a_ready_master_and_an_unreadable_time_are_never_taken_for_lost() -> None:
+    job, observed = running(elastic_job())
+    assert observed.master_pod is not None
+    ready = _not_ready_since(observed.master_pod, "2026-01-01T00:00:00Z")
+    ready["status"]["conditions"][0]["status"] = "True"
+    assert _at("2027-01-01T00:00:00Z", job, attrs.evolve(observed, master_pod=ready)).writes == ()
+    unready = attrs.evolve(observed, master_pod=_not_ready_since(observed.master_pod, "not a time"))
+    assert _at("2027-01-01T00:00:00Z", job, unready).writes == ()
+    assert _at("not a time", job, attrs.evolve(observed, master_pod=ready)).writes == ()
+
+
+def test_a_suspended_jobs_master_stuck_terminating_on_a_lost_node_is_force_deleted() -> None:
+    job, observed = running(elastic_job())
+    assert observed.master_pod is not None
+    suspended = edited(job, {"suspend": True})
+    stuck = attrs.evolve(observed, master_pod=_terminating_until(observed.master_pod, "2026-01-01T00:05:00Z"))
+    assert _at("2026-01-01T00:05:00Z", suspended, stuck).writes == ()
+    answer = _at("2026-01-01T00:06:00Z", suspended, stuck)
+    assert [(w.name, w.grace_period_s) for w in answer.writes if isinstance(w, DeleteObject)] == [("job1-master", 0)]
+    assert answer.status["masterRestarts"] == 0  # a suspend, not a death
+
+
+def test_the_lost_master_timeouts_are_validated() -> None:
+    with pytest.raises(ValueError, match="master_unready_timeout_s"):
+        ReconcileSettings(master_unready_timeout_s=0)
+    with pytest.raises(ValueError, match="master_terminating_margin_s"):
+        ReconcileSettings(master_terminating_margin_s=-1)
 
 
 def test_a_master_dying_past_its_budget_fails_the_job() -> None:

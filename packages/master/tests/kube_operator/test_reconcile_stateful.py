@@ -1,9 +1,11 @@
 """The reconcile as a state machine: a simulated cluster carries out its writes while the master
-runs, dies, is deleted, ends the job, and the user suspends, resumes and edits the job."""
+runs, dies, is deleted, loses its node (left Running not ready, then Terminating, as a real cluster
+leaves it), ends the job, and the user suspends, resumes and edits the job; time passes."""
 
 from __future__ import annotations
 
 import copy
+import datetime
 from typing import Any
 
 import hypothesis.strategies as st
@@ -49,6 +51,19 @@ class OperatorMachine(RuleBasedStateMachine):
         self.last_restarts = 0
         self.passes = 0
         self.previous: Observed | None = None
+        self.clock_s = 0.0  # seconds since the start of 2026
+        self.counted: set[str] = set()  # master pods whose death is counted in `deaths`
+
+    def _now(self, offset_s: float = 0.0) -> str:
+        start = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
+        return (start + datetime.timedelta(seconds=self.clock_s + offset_s)).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+    def _death(self) -> None:
+        assert self.master is not None
+        uid = self.master["metadata"]["uid"]
+        if uid not in self.counted:
+            self.counted.add(uid)
+            self.deaths += 1
 
     def _uid(self) -> str:
         self.uid += 1
@@ -65,8 +80,9 @@ class OperatorMachine(RuleBasedStateMachine):
     def _pass(self, stale: Observed | None = None) -> int:
         observed = stale or self._observed()
         self.previous = self._observed()
-        answer = reconcile(self.job, observed, SETTINGS, now="t", new_token=TOKEN)
-        again = reconcile(copy.deepcopy(self.job), observed, SETTINGS, now="t", new_token=TOKEN)
+        now = self._now()
+        answer = reconcile(self.job, observed, SETTINGS, now=now, new_token=TOKEN)
+        again = reconcile(copy.deepcopy(self.job), observed, SETTINGS, now=now, new_token=TOKEN)
         assert again == answer, "the decision depends only on its inputs"
         assert schema_errors(STATUS_SCHEMA, dict(answer.status), "status") == []
         for write in answer.writes:
@@ -123,13 +139,20 @@ class OperatorMachine(RuleBasedStateMachine):
         if self.job["spec"].get("suspend") and not self.ended and self.master is None:
             assert not self.workers
         if self.job["spec"].get("suspend") and status.get("phase") == "Suspended":
-            assert self.master is None
+            # (A master left Terminating on a lost node is force-deleted only past its grace and the margin.)
+            assert self.master is None or self.master["metadata"].get("deletionTimestamp")
             assert not self.workers
         assert self.masters_after_end == 0, "a master was started after the job ended"
         runs = not self.ended and not self.job["spec"].get("suspend") and check_spec(self.job).spec is not None
         if runs and status.get("phase") != "Failed":
             assert self.master is not None, status
             assert set(self.objects) == set(_FIELDS)
+            conditions = self.master["status"].get("conditions", [])
+            lost_since = next((c["lastTransitionTime"] for c in conditions if c["status"] == "False"), None)
+            if lost_since is not None:
+                start = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
+                since = (datetime.datetime.fromisoformat(lost_since) - start).total_seconds()
+                assert self.clock_s - since <= SETTINGS.master_unready_timeout_s, "a lost master was left in place"
         assert self.last_restarts <= self.deaths
 
     @precondition(lambda self: self.previous is not None)
@@ -150,12 +173,12 @@ class OperatorMachine(RuleBasedStateMachine):
     @rule(code=st.sampled_from([137, 143]))
     def master_dies(self, code: int) -> None:
         assert self.master is not None
+        self._death()
         self.master["status"] = {
             "phase": "Failed",
             "containerStatuses": [{"name": "master", "state": {"terminated": {"exitCode": code}}}],
         }
         self.running = False
-        self.deaths += 1
 
     @precondition(lambda self: self.master is not None)
     @rule()
@@ -164,12 +187,53 @@ class OperatorMachine(RuleBasedStateMachine):
             # The pod that said how the job ended is gone before the operator saw it: nothing tells the
             # operator the job ended, and a replacement master (resuming its journal) says it again.
             self.ended = False
+        self._death()
         self.master = None
         self.running = False
-        self.deaths += 1
 
     @precondition(
-        lambda self: self.master is not None and self.master["status"]["phase"] == "Running" and not self.ended
+        lambda self: (
+            self.master is not None
+            and self.master["status"]["phase"] == "Running"
+            and not self.master["status"].get("conditions")
+        )
+    )
+    @rule()
+    def masters_node_lost(self) -> None:
+        """Its node stops answering: the node lifecycle controller marks it not ready; it stays Running."""
+        assert self.master is not None
+        if self.ended and self.job.get("status", {}).get("phase") not in ("Succeeded", "Failed"):
+            self.ended = False  # (as master_deleted: the end the operator never saw is said again by a successor)
+        self._death()
+        self.master["spec"]["nodeName"] = "node-0"
+        self.master["status"]["conditions"] = [{"type": "Ready", "status": "False", "lastTransitionTime": self._now()}]
+        self.running = False
+
+    @precondition(
+        lambda self: (
+            self.master is not None
+            and any(c.get("status") == "False" for c in self.master["status"].get("conditions", []))
+            and not self.master["metadata"].get("deletionTimestamp")
+        )
+    )
+    @rule()
+    def taint_manager_deletes_the_lost_master(self) -> None:
+        """A graceful deletion that no kubelet finishes: the pod stays Terminating."""
+        assert self.master is not None
+        self.master["metadata"]["deletionTimestamp"] = self._now(30)
+        self.master["metadata"]["deletionGracePeriodSeconds"] = 30
+
+    @rule(seconds=st.sampled_from([1.0, 60.0, 200.0]))
+    def time_passes(self, seconds: float) -> None:
+        self.clock_s += seconds
+
+    @precondition(
+        lambda self: (
+            self.master is not None
+            and self.master["status"]["phase"] == "Running"
+            and not self.ended
+            and not self.master["status"].get("conditions")
+        )
     )
     @rule(code=st.sampled_from([0, 1, 3]))
     def job_ends(self, code: int) -> None:

@@ -1,0 +1,130 @@
+"""The operator replaces a master pod whose node is lost, on the test kubelet modelling a real cluster's
+node loss (`Kubelet.lose_node(unreachable=True)`): the pod stays Running with Ready=False, then the taint
+manager's graceful deletion leaves it Terminating, and nothing ever reports it dead."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from dlrover_testsupport.kube import KubeCluster, SimNode
+from ej_builders import elastic_job, summary, wait_for
+from kubernetes import client
+
+from dlrover.master.kube.watch import WatchSettings
+from dlrover.master.operator import MasterSettings, ReconcileSettings, crd_manifest
+from dlrover.master.operator.controller import MasterAddress, Operator, OperatorSettings
+from dlrover.master.status import JobSummary
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+
+GROUP, VERSION, PLURAL, NS = "elastic.dlrover.io", "v1alpha1", "elasticjobs", "default"
+# The master pod's process: the operator only needs a pod that runs (its status comes from `Masters`).
+IDLE_MASTER = (sys.executable, "-c", "import time; time.sleep(600)")
+
+
+class Masters:
+    """Stands in for the masters' JobService: every master answers that the job runs."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.targets: list[str] = []
+
+    def status(self, address: MasterAddress) -> JobSummary:
+        with self._lock:
+            self.targets.append(address.target)
+        return summary()
+
+    def resize(self, address: MasterAddress, nodes: int, reason: str) -> str:
+        raise AssertionError("no resize in these tests")
+
+
+@pytest.fixture
+def two_nodes(request: pytest.FixtureRequest) -> Iterator[KubeCluster]:
+    eviction_s = float(request.param)
+    nodes = [SimNode("node-0"), SimNode("node-1")]
+    with KubeCluster(nodes, restart_backoff_s=0.2, max_restart_backoff_s=2.0, node_lost_eviction_s=eviction_s) as c:
+        yield c
+
+
+@pytest.mark.parametrize(
+    ("two_nodes", "unready_timeout_s", "terminating_margin_s", "seen"),
+    [
+        # The taint manager waits longer than the operator: the pod is still Running, not ready.
+        (600.0, 1.0, 600.0, "not been ready since"),
+        # The taint manager deletes it first: it stays Terminating past its grace (1 s) and the margin.
+        (0.2, 600.0, 0.5, "Terminating since"),
+    ],
+    indirect=["two_nodes"],
+)
+def test_a_master_on_a_lost_node_is_force_deleted_and_replaced_on_another(
+    two_nodes: KubeCluster,
+    unready_timeout_s: float,
+    terminating_margin_s: float,
+    seen: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="dlrover.master.operator")
+    settings = OperatorSettings(
+        namespace=NS,
+        reconcile=ReconcileSettings(
+            master=MasterSettings(image="dlrover:test", command=IDLE_MASTER, grace_period_s=1),
+            master_unready_timeout_s=unready_timeout_s,
+            master_terminating_margin_s=terminating_margin_s,
+        ),
+        status_interval_s=0.3,
+        resync_interval_s=1.0,
+        retry_interval_s=0.3,
+        watch=WatchSettings(watch_timeout_s=20, request_timeout_s=10, backoff_initial_s=0.05, backoff_max_s=1.0),
+    )
+    with client.ApiClient(client.Configuration(host=two_nodes.url)) as api:
+        client.ApiextensionsV1Api(api).create_custom_resource_definition(crd_manifest())
+        core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
+        job = elastic_job()
+        job["metadata"] = {"name": "job1"}
+        custom.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, job)
+
+        def status() -> dict[str, Any]:
+            return dict(custom.get_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, "job1").get("status") or {})
+
+        def ready() -> bool:
+            return any(c["type"] == "MasterReady" and c["status"] == "True" for c in status().get("conditions", []))
+
+        def master() -> Any:
+            try:
+                return core.read_namespaced_pod("job1-master", NS)
+            except client.exceptions.ApiException as exc:
+                if exc.status == 404:
+                    return None
+                raise
+
+        with Operator(api, settings, masters=Masters()) as operator:  # type: ignore[arg-type]
+            try:
+                wait_for("the master serving", lambda: ready() and status().get("phase") == "Running")
+                old = master()
+                lost_node = old.spec.node_name
+                assert two_nodes.kubelet.lose_node(lost_node, unreachable=True) == ["job1-master"]
+                wait_for("the lost master replaced", lambda: status().get("masterRestarts") == 1)
+                wait_for(
+                    "the replacement serving on the other node",
+                    lambda: (
+                        (pod := master()) is not None
+                        and pod.metadata.uid != old.metadata.uid
+                        and pod.status.phase == "Running"
+                        and pod.spec.node_name != lost_node
+                        and ready()
+                    ),
+                )
+                assert status()["masterRestarts"] == 1  # one loss, counted once
+                # Nothing reported the old pod dead: it never showed phase Failed (the operator decided).
+                events = core.list_namespaced_event(NS).items
+                assert not any(e.reason == "NodeLost" for e in events)
+            finally:
+                print(f"operator: {operator.last_reason.get(f'{NS}/job1', '')}")
+    deletes = [r.getMessage() for r in caplog.records if "delete Pod job1-master" in r.getMessage()]
+    assert deletes
+    assert all(seen in d for d in deletes), deletes
