@@ -20,7 +20,14 @@ from dlrover_testsupport.kube.fixtures import kube_cluster  # noqa: F401 (a fixt
 from dlrover.autoscale import Resources
 from dlrover.common import ConfigError
 from dlrover.master.kube import WatchSettings, names
-from dlrover.master.scheduler.base import HandsOverNodes, NodeSpec, ObservedNode, ObservedState, SchedulerError
+from dlrover.master.scheduler.base import (
+    BackendUnavailableError,
+    HandsOverNodes,
+    NodeSpec,
+    ObservedNode,
+    ObservedState,
+    SchedulerError,
+)
 from dlrover.master.scheduler.kubernetes import VERBS_USED, KubernetesScheduler, KubernetesSettings, WorkerTemplate
 
 kubernetes = pytest.importorskip("kubernetes")
@@ -323,6 +330,22 @@ def test_a_passing_failure_to_read_the_elastic_job_is_retried(kube_cluster: Kube
     backend.close()
     reads = [r.code for r in kube_cluster.server.requests() if r.resource == names.CRD_PLURAL and r.verb == "get"]
     assert reads == [503, 503, 200]
+
+
+def test_a_read_of_the_elastic_job_failing_past_its_retries_is_a_passing_unavailability(
+    kube_cluster: KubeCluster, tmp_path: Path
+) -> None:
+    # dlrover-master exits 75 ("retry") for it, not 2: the configuration is fine, the API server is not.
+    with kubernetes.client.ApiClient(kubernetes.client.Configuration(host=kube_cluster.url)) as api:
+        kubernetes.client.ApiextensionsV1Api(api).create_custom_resource_definition(elastic_job_crd())
+        kubernetes.client.CustomObjectsApi(api).create_namespaced_custom_object(
+            names.CRD_GROUP, names.CRD_VERSION, NS, names.CRD_PLURAL, elastic_job(template())
+        )
+    kubeconfig = kube_cluster.write_kubeconfig(tmp_path / "kubeconfig")
+    kube_cluster.server.faults.fail_next(50, 503, when=lambda r: r.resource == names.CRD_PLURAL and r.verb == "get")
+    # (Every read fails: urllib3 itself may retry a 503 that carries Retry-After.)
+    with pytest.raises(BackendUnavailableError, match=f"cannot read the ElasticJob {NS}/{JOB} .*3 attempts.*503"):
+        KubernetesScheduler.from_cluster(settings(kubeconfig=str(kubeconfig), request_retries=2)).close()
 
 
 def test_a_missing_elastic_job_is_a_clear_error(kube_cluster: KubeCluster, tmp_path: Path) -> None:

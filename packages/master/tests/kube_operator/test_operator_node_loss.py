@@ -1,6 +1,7 @@
-"""The operator replaces a master pod whose node is lost, on the test kubelet modelling a real cluster's
-node loss (`Kubelet.lose_node(unreachable=True)`): the pod stays Running with Ready=False, then the taint
-manager's graceful deletion leaves it Terminating, and nothing ever reports it dead."""
+"""The operator replaces masters that nothing reports dead or that could not start yet, on the test kubelet:
+a master pod whose node is lost (`Kubelet.lose_node(unreachable=True)`, as a real cluster shows it: the pod
+stays Running with Ready=False, then the taint manager's graceful deletion leaves it Terminating), and a
+master that exited 75 ("could not start now, retry")."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import logging
 import sys
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -128,3 +130,52 @@ def test_a_master_on_a_lost_node_is_force_deleted_and_replaced_on_another(
     deletes = [r.getMessage() for r in caplog.records if "delete Pod job1-master" in r.getMessage()]
     assert deletes
     assert all(seen in d for d in deletes), deletes
+
+
+def test_a_master_that_could_not_start_now_is_replaced_after_its_backoff(
+    kube_cluster: KubeCluster, tmp_path: Path
+) -> None:
+    # The first master exits 75 (as dlrover-master does while a predecessor holds the state directory); the
+    # replacement runs. Exit 2 would have failed the job for good.
+    marker = tmp_path / "refused-once"
+    flaky_master = (
+        sys.executable,
+        "-c",
+        f"import os, sys, time\nif not os.path.exists({str(marker)!r}):\n"
+        f"    open({str(marker)!r}, 'w').close()\n    sys.exit(75)\ntime.sleep(600)",
+    )
+    settings = OperatorSettings(
+        namespace=NS,
+        reconcile=ReconcileSettings(
+            master=MasterSettings(image="dlrover:test", command=flaky_master, grace_period_s=1),
+            master_retry_backoff_s=0.5,
+        ),
+        status_interval_s=0.3,
+        resync_interval_s=1.0,
+        retry_interval_s=0.3,
+        watch=WatchSettings(watch_timeout_s=20, request_timeout_s=10, backoff_initial_s=0.05, backoff_max_s=1.0),
+    )
+    with client.ApiClient(client.Configuration(host=kube_cluster.url)) as api:
+        client.ApiextensionsV1Api(api).create_custom_resource_definition(crd_manifest())
+        custom = client.CustomObjectsApi(api)
+        job = elastic_job()
+        job["metadata"] = {"name": "job1"}
+        custom.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, job)
+
+        def status() -> dict[str, Any]:
+            return dict(custom.get_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, "job1").get("status") or {})
+
+        def serving() -> bool:
+            ready = {c["type"]: c for c in status().get("conditions", [])}.get("MasterReady", {})
+            return ready.get("status") == "True"
+
+        with Operator(api, settings, masters=Masters()) as operator:  # type: ignore[arg-type]
+            try:
+                wait_for("the second master serving", serving)
+            finally:
+                print(f"operator: {operator.last_reason.get(f'{NS}/job1', '')}")
+            final = status()
+    assert marker.exists()
+    assert final["masterRestarts"] == 1
+    assert final["phase"] == "Running"
+    assert not any(c["type"] == "Failed" and c["status"] == "True" for c in final.get("conditions", []))

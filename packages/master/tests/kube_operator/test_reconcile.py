@@ -12,6 +12,7 @@ from ej_builders import TOKEN, created, edited, elastic_job, observed_after, pod
 
 from dlrover.master.kube.names import COMPONENT_LABEL, JOB_LABEL, MANAGED_BY_LABEL
 from dlrover.master.operator import (
+    MASTER_EXIT_RETRY,
     MASTER_ROLE_RULES,
     Condition,
     CreateObject,
@@ -438,6 +439,62 @@ def test_the_lost_master_timeouts_are_validated() -> None:
         ReconcileSettings(master_unready_timeout_s=0)
     with pytest.raises(ValueError, match="master_terminating_margin_s"):
         ReconcileSettings(master_terminating_margin_s=-1)
+
+
+def _could_not_start(pod: dict[str, Any], finished: str) -> dict[str, Any]:
+    out = pod_phase(pod, "Failed", exit_code=MASTER_EXIT_RETRY)
+    out["status"]["containerStatuses"][0]["state"]["terminated"]["finishedAt"] = finished
+    return out
+
+
+def test_a_master_that_could_not_start_now_is_replaced_after_a_doubling_backoff_counted_once() -> None:
+    job, observed = running(elastic_job())
+    assert observed.master_pod is not None
+    assert (SETTINGS.master_retry_backoff_s, SETTINGS.master_retry_backoff_max_s) == (5.0, 300.0)
+    failed = attrs.evolve(
+        observed, master_pod=_could_not_start(observed.master_pod, "2026-01-01T00:00:00Z"), summary=None
+    )
+    waiting = _at("2026-01-01T00:00:04Z", job, failed)
+    assert waiting.writes == ()  # within the first backoff (5 s): the pod stays, nothing is written
+    assert waiting.status["masterRestarts"] == 1
+    assert condition(waiting, Condition.MASTER_READY)["reason"] == "MasterRetrying"
+    assert waiting.status.get("phase") != "Failed"
+    again = _at("2026-01-01T00:00:04Z", with_status(job, waiting), failed)
+    assert again.status["masterRestarts"] == 1  # counted once however often it is seen
+    due = _at("2026-01-01T00:00:06Z", with_status(job, again), failed)
+    assert due.writes == (DeleteObject("Pod", "job1-master", due.writes[0].reason, 0, "uid-Pod-job1-master"),)
+    assert due.status["masterRestarts"] == 1
+    gone = attrs.evolve(observed, master_pod=None, summary=None)
+    replaced = _at("2026-01-01T00:00:07Z", with_status(job, due), gone)
+    assert [w.kind for w in replaced.writes if isinstance(w, CreateObject)] == ["Pod"]
+    assert replaced.status["masterRestarts"] == 1
+    # The replacement could not start either: the second backoff is 10 s.
+    second = attrs.evolve(failed, master_pod=_could_not_start(observed.master_pod, "2026-01-01T00:01:00Z"))
+    held = _at("2026-01-01T00:01:09Z", with_status(job, replaced), second)
+    assert held.writes == ()
+    assert held.status["masterRestarts"] == 2
+    assert "backoff of 10 s" in condition(held, Condition.MASTER_READY)["message"]
+    assert [type(w) for w in _at("2026-01-01T00:01:11Z", with_status(job, held), second).writes] == [DeleteObject]
+
+
+def test_the_retry_backoff_doubles_up_to_its_maximum() -> None:
+    settings = ReconcileSettings(master_retry_backoff_s=5, master_retry_backoff_max_s=30)
+    assert [settings.retry_backoff_s(n) for n in (0, 1, 2, 3, 4, 9)] == [5, 5, 10, 20, 30, 30]
+
+
+def test_retries_of_a_master_that_cannot_start_are_bounded_by_the_restart_budget() -> None:
+    job, observed = running(elastic_job())
+    assert observed.master_pod is not None
+    job["status"]["masterRestarts"] = SETTINGS.max_master_restarts
+    failed = attrs.evolve(
+        observed, master_pod=_could_not_start(observed.master_pod, "2026-01-01T00:00:00Z"), summary=None
+    )
+    due = _at("2026-01-01T01:00:00Z", job, failed)
+    assert [type(w) for w in due.writes] == [DeleteObject]
+    gone = attrs.evolve(observed, master_pod=None, summary=None)
+    ended = _at("2026-01-01T01:00:01Z", with_status(job, due), gone)
+    assert ended.writes == ()
+    assert condition(ended, Condition.FAILED)["reason"] == "MasterRestartsExhausted"
 
 
 def test_a_master_dying_past_its_budget_fails_the_job() -> None:

@@ -14,6 +14,7 @@ from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from dlrover.master.operator import (
+    MASTER_EXIT_RETRY,
     CreateObject,
     DeleteObject,
     MasterSettings,
@@ -147,6 +148,13 @@ class OperatorMachine(RuleBasedStateMachine):
         if runs and status.get("phase") != "Failed":
             assert self.master is not None, status
             assert set(self.objects) == set(_FIELDS)
+            statuses = self.master["status"].get("containerStatuses", [])
+            finished = [c["state"]["terminated"].get("finishedAt") for c in statuses]
+            if finished and finished[0]:
+                start = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
+                since_s = (datetime.datetime.fromisoformat(finished[0]) - start).total_seconds()
+                wait_s = SETTINGS.retry_backoff_s(self.last_restarts)
+                assert self.clock_s - since_s < wait_s, "a master that could not start was not replaced"
             conditions = self.master["status"].get("conditions", [])
             lost_since = next((c["lastTransitionTime"] for c in conditions if c["status"] == "False"), None)
             if lost_since is not None:
@@ -222,6 +230,16 @@ class OperatorMachine(RuleBasedStateMachine):
         assert self.master is not None
         self.master["metadata"]["deletionTimestamp"] = self._now(30)
         self.master["metadata"]["deletionGracePeriodSeconds"] = 30
+
+    @precondition(lambda self: self.master is not None and self.master["status"]["phase"] == "Pending")
+    @rule()
+    def master_cannot_start_now(self) -> None:
+        """It exits 75: another master still holds the state directory (replaced after a backoff)."""
+        assert self.master is not None
+        self._death()
+        terminated = {"exitCode": MASTER_EXIT_RETRY, "reason": "Error", "finishedAt": self._now()}
+        self.master["status"] = {"phase": "Failed", "containerStatuses": [{"name": "master", "state": {
+            "terminated": terminated}}]}  # fmt: skip
 
     @rule(seconds=st.sampled_from([1.0, 60.0, 200.0]))
     def time_passes(self, seconds: float) -> None:

@@ -97,6 +97,15 @@ def _parser() -> argparse.ArgumentParser:
         help="a master pod still Terminating this long past its grace period (its node is lost) is force-deleted "
         "and replaced",
     )
+    p.add_argument(
+        "--master-retry-backoff-s",
+        type=float,
+        default=5.0,
+        help="wait before replacing a master that could not start now (exit 75); doubled per replacement",
+    )
+    p.add_argument(
+        "--master-retry-backoff-max-s", type=float, default=300.0, help="the longest --master-retry-backoff-s"
+    )
     p.add_argument("--status-interval-s", type=float, default=5.0, help="how often a running job's status is mirrored")
     p.add_argument(
         "--resync-interval-s", type=float, default=30.0, help="how often a job that does not run is looked at again"
@@ -133,6 +142,8 @@ def build_settings(args: argparse.Namespace) -> OperatorSettings:
             max_master_restarts=args.max_master_restarts,
             master_unready_timeout_s=args.master_unready_timeout_s,
             master_terminating_margin_s=args.master_terminating_margin_s,
+            master_retry_backoff_s=args.master_retry_backoff_s,
+            master_retry_backoff_max_s=args.master_retry_backoff_max_s,
         ),
         status_interval_s=args.status_interval_s,
         resync_interval_s=args.resync_interval_s,

@@ -49,6 +49,7 @@ from dlrover.master.states import JobState, NodeState
 from dlrover.master.status import JobSummary
 
 __all__ = [
+    "MASTER_EXIT_RETRY",
     "Condition",
     "CreateObject",
     "DeleteObject",
@@ -78,7 +79,12 @@ _ENDED_STATES = {JobState.SUCCEEDED: "JobSucceeded", JobState.FAILED: "JobFailed
 
 _ENDED_EXIT_CODES = {0: "JobSucceeded", 1: "JobFailed", 2: "MasterFailed", 3: "JobStopped"}
 """dlrover-master's exit statuses: 0 succeeded, 1 failed, 2 bad usage, 3 stopped. Any other end (a
-signal, an OOM kill, an eviction, a lost node) is the master dying, not the job ending."""
+signal, an OOM kill, an eviction, a lost node, `MASTER_EXIT_RETRY`) is the master dying, not the job
+ending."""
+
+MASTER_EXIT_RETRY = 75
+"""dlrover-master's "could not start now, retry" status (`dlrover.master.cli.EXIT_RETRY`): another master
+still holds the state directory, or the API server could not be reached. Replaced after a backoff."""
 
 
 @attrs.frozen
@@ -157,12 +163,21 @@ class ReconcileSettings:
         master_terminating_margin_s: how long past its deletion time (the deletion's time plus the
             pod's grace period) a Terminating master pod may stay before it is taken for dead (its
             node's kubelet, the only one that could finish the deletion, is gone) and force-deleted.
+        master_retry_backoff_s, master_retry_backoff_max_s: how long a master pod that exited with
+            `MASTER_EXIT_RETRY` (it could not start now) is left before it is replaced: the first,
+            doubled per replacement counted, up to the maximum (from the container's finishedAt).
     """
 
     master: objects.MasterSettings = attrs.field(factory=objects.MasterSettings)
     max_master_restarts: int = 10
     master_unready_timeout_s: float = attrs.field(default=120.0, validator=positive)
     master_terminating_margin_s: float = attrs.field(default=30.0, validator=non_negative)
+    master_retry_backoff_s: float = attrs.field(default=5.0, validator=non_negative)
+    master_retry_backoff_max_s: float = attrs.field(default=300.0, validator=non_negative)
+
+    def retry_backoff_s(self, restarts: int) -> float:
+        """The wait before replacing a master that exited `MASTER_EXIT_RETRY`, the `restarts`-th counted."""
+        return float(min(self.master_retry_backoff_s * 2 ** max(restarts - 1, 0), self.master_retry_backoff_max_s))
 
 
 @attrs.frozen
@@ -221,6 +236,15 @@ def _terminated(pod: Mapping[str, Any]) -> tuple[int | None, str, str]:
             return state.get("exitCode"), str(state.get("reason") or ""), str(state.get("message") or "")
     status = pod.get("status") or {}
     return None, str(status.get("reason") or ""), str(status.get("message") or "")
+
+
+def _finished_at(pod: Mapping[str, Any]) -> str:
+    """When the master container ended ("" when not known)."""
+    for container in (pod.get("status") or {}).get("containerStatuses") or []:
+        state = (container.get("state") or {}).get("terminated") or {}
+        if state.get("finishedAt"):
+            return str(state["finishedAt"])
+    return ""
 
 
 def _pending_message(pod: Mapping[str, Any]) -> str:
@@ -536,13 +560,23 @@ class _Pass:
         return None
 
     def master_exited(self, pod: Mapping[str, Any], phase: str) -> None:
-        """The master pod ended without ending the job (`end_by_master` said no): it died."""
+        """The master pod ended without ending the job (`end_by_master` said no): it died, or could not
+        start now (`MASTER_EXIT_RETRY`: replaced once its backoff passed)."""
         code, reason, message = _terminated(pod)
         why = f"the master pod {phase.lower()} ({reason or 'no reason'}, exit code {code}): {message}".rstrip(": ")
         ready = _condition(self.status, Condition.MASTER_READY)
-        if not (ready and ready.get("reason") == "MasterDied"):
+        if not (ready and ready.get("reason") in ("MasterDied", "MasterRetrying")):
             # Counted once per death: the dead pod may still be seen while its deletion is under way.
             self.status["masterRestarts"] = int(self.status.get("masterRestarts", 0)) + 1
+        if code == MASTER_EXIT_RETRY:
+            wait_s = self.settings.retry_backoff_s(int(self.status.get("masterRestarts", 0)))
+            finished = _epoch_s(_finished_at(pod))
+            now_s = _epoch_s(self.now)
+            if finished is not None and now_s is not None and now_s < finished + wait_s:
+                said = f"the master could not start now ({why}); replaced after a backoff of {wait_s:g} s"
+                self.condition(Condition.MASTER_READY, False, "MasterRetrying", said)
+                self.reasons.append(f"{said} ({finished + wait_s - now_s:g} s left)")
+                return
         self.condition(Condition.MASTER_READY, False, "MasterDied", why)
         self.writes.append(DeleteObject("Pod", master_name(self.name), why, 0, _uid(pod)))
         self.reasons.append(f"{why}: delete it, then start a replacement")
@@ -557,7 +591,7 @@ class _Pass:
         mount the state volume until the attach-detach controller detaches it from the lost node;
         on a shared (NFS) volume the lock holds across hosts until the lost host's lease expires,
         after which that host's I/O on the file fails. Until then the replacement is refused the
-        state directory and exits, and is replaced in turn.
+        state directory and exits `MASTER_EXIT_RETRY`, and is replaced in turn after a backoff.
         """
         ready = _condition(self.status, Condition.MASTER_READY)
         if not (ready and ready.get("reason") == "MasterLost"):

@@ -25,6 +25,7 @@ __all__ = [
     "REASON_PREEMPTED",
     "REASON_UNSCHEDULABLE",
     "AdjustableCapacity",
+    "BackendUnavailableError",
     "HandsOverNodes",
     "MemoryRecord",
     "NodeMemoryRecords",
@@ -43,6 +44,13 @@ __all__ = [
 
 class SchedulerError(DLRoverError):
     """A backend could not do what it was asked; the message says what and why."""
+
+
+class BackendUnavailableError(SchedulerError, ConfigError):
+    """The backend's platform could not be reached, or kept failing, while the backend started (an API
+    server answering 429 or 5xx past the retries, a broken connection, a Role not yet in force): nothing
+    is wrong with the configuration, and a master started again later may well succeed (`dlrover-master`
+    exits with its "retry" status, 75, for it)."""
 
 
 @attrs.frozen

@@ -29,7 +29,13 @@ import attrs
 from dlrover.common import Clock, ConfigError, SystemClock
 from dlrover.master.kube import EventType, ListWatch, Watcher, WatchEvent, load_api_client, names
 from dlrover.master.kube.watch import Backoff
-from dlrover.master.scheduler.base import NodeSpec, ObservedNode, ObservedState, SchedulerError
+from dlrover.master.scheduler.base import (
+    BackendUnavailableError,
+    NodeSpec,
+    ObservedNode,
+    ObservedState,
+    SchedulerError,
+)
 from dlrover.master.scheduler.kubernetes.manifest import worker_pod
 from dlrover.master.scheduler.kubernetes.observe import observe_deleted_pod, observe_pod
 from dlrover.master.scheduler.kubernetes.settings import KubernetesSettings, WorkerTemplate
@@ -75,7 +81,8 @@ def read_worker_template(
         sleep: waits between attempts (tests inject one); a real wait by default.
 
     Raises:
-        ConfigError: the job cannot be read, or has no worker template; the message says which.
+        BackendUnavailableError: the read kept failing for a passing reason (a `ConfigError` too).
+        ConfigError: the job cannot be read (404, ...), or has no worker template; the message says which.
     """
     from kubernetes.client.exceptions import ApiException  # lazy: the k8s extra
     from urllib3.exceptions import HTTPError
@@ -97,12 +104,17 @@ def read_worker_template(
             )
             break
         except ApiException as exc:
-            if exc.status not in _RETRIED_STATUSES | {403} or attempt == attempts:
+            passing = exc.status in _RETRIED_STATUSES | {403}
+            if not passing:
                 raise ConfigError(f"cannot read the {where}: {exc.status} {exc.reason}") from exc
+            if attempt == attempts:
+                raise BackendUnavailableError(
+                    f"cannot read the {where} (after {attempts} attempts): {exc.status} {exc.reason}"
+                ) from exc
             problem = f"{exc.status} {exc.reason}"
         except (HTTPError, OSError) as exc:
             if attempt == attempts:
-                raise ConfigError(f"cannot read the {where}: {exc}") from exc
+                raise BackendUnavailableError(f"cannot read the {where} (after {attempts} attempts): {exc}") from exc
             problem = str(exc)
         delay = backoff.next_delay()
         _log.warning("reading the %s failed (%s, attempt %d of %d); retrying in %.2f s", where, problem, attempt,
@@ -143,7 +155,7 @@ class KubernetesScheduler:
         owns_client: close `api_client` in `close()`.
 
     Raises:
-        SchedulerError: the first list of the job's pods did not come within `settings.sync_timeout_s`.
+        BackendUnavailableError: the first list of the job's pods did not come within `settings.sync_timeout_s`.
     """
 
     name = "kubernetes"
@@ -189,7 +201,7 @@ class KubernetesScheduler:
         if not self._watcher.wait_synced(settings.sync_timeout_s):
             self._watcher.stop()
             error = self._watcher.error
-            raise SchedulerError(
+            raise BackendUnavailableError(
                 f"could not list the worker pods of {settings.namespace}/{settings.job} within "
                 f"{settings.sync_timeout_s:g} s" + (f": {error}" if error else "")
             )
