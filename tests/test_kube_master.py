@@ -425,3 +425,30 @@ def test_a_master_stopped_by_its_platform_hands_the_running_pods_to_its_successo
     assert "failure" not in events
     assert [e["kind"] for e in events["job_end"]] == ["job_end"]
     assert "succeeded" in events["job_end"][0]["message"]
+
+
+def test_a_pod_deleted_while_no_master_watched_is_relaunched_at_once_without_charge(
+    kube_cluster: KubeCluster, tmp_path: Path, procs: list[subprocess.Popen[str]]
+) -> None:
+    # No relaunch and no failure allowed, and timeouts far beyond the test's: only the successor's first look
+    # at the pods (the journal holds node 0 alive, no pod has it) can relaunch it, as a disruption.
+    job = Job(kube_cluster, tmp_path, procs)
+    job.start(
+        "--max-relaunches=0", "--max-job-failures=0", "--heartbeat-timeout-s=3600", "--node-start-timeout-s=3600",
+        first="wait",
+    )  # fmt: skip
+    job.running_on(0)
+    assert job.proc is not None
+    os.killpg(job.proc.pid, signal.SIGKILL)
+    job.proc.wait(timeout=WAIT_S)
+    pod_name = names.worker_pod_name(JOB, 0)
+    job.core.delete_namespaced_pod(pod_name, NS, grace_period_seconds=0)
+    wait_for(lambda: job.pod(0) is None and kube_cluster.kubelet.pid(pod_name) is None, "the pod and its process gone")
+    job.start_master()
+    events = job.finish()
+    (disruption,) = events["disruption"]
+    assert disruption["data"]["reason"] == "Deleted", disruption
+    assert "gone when the master resumed the job" in disruption["message"] + json.dumps(disruption["data"])
+    assert "failure" not in events
+    assert (job.out / "done").read_text() == names.worker_pod_name(JOB, 1)  # the relaunch finished the job
+    assert kube_cluster.kubelet.pid(names.worker_pod_name(JOB, 1)) is None

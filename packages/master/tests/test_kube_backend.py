@@ -21,6 +21,8 @@ from dlrover.autoscale import Resources
 from dlrover.common import ConfigError
 from dlrover.master.kube import WatchSettings, names
 from dlrover.master.scheduler.base import (
+    REASON_DELETED,
+    AdoptsNodes,
     BackendUnavailableError,
     HandsOverNodes,
     NodeSpec,
@@ -144,6 +146,39 @@ def test_pods_run_exit_and_stop(
         lambda s: names.worker_pod_name(JOB, 0) not in [p.metadata.name for p in core.list_namespaced_pod(NS).items],
         WAIT_S,
     )
+
+
+def test_adopted_nodes_whose_pods_are_gone_are_disruptions_at_once_and_the_others_are_followed(
+    make_backend: Callable[..., KubernetesScheduler], kube_cluster: KubeCluster
+) -> None:
+    first = make_backend()
+    first.launch(node(0))
+    first.launch(node(1))
+    wait(first, lambda s: state_is(0, ObservedState.RUNNING)(s) and state_is(1, ObservedState.RUNNING)(s))
+    first.detach()  # the master is replaced: its pods stay
+    # While no master watches, node 1's pod is deleted; node 2 was journaled but its pod never created.
+    core = kubernetes.client.CoreV1Api(
+        kubernetes.client.ApiClient(kubernetes.client.Configuration(host=kube_cluster.url))
+    )
+    core.delete_namespaced_pod(names.worker_pod_name(JOB, 1), NS, grace_period_seconds=0)
+    successor = make_backend()
+    assert isinstance(successor, AdoptsNodes)
+    successor.adopt([0, 1, 2])
+    seen = successor.observe()  # at once: no event, no timeout needed
+    assert seen[0].state is ObservedState.RUNNING
+    for gone in (1, 2):
+        assert seen[gone].state is ObservedState.FAILED
+        assert (seen[gone].reason, seen[gone].disruption) == (REASON_DELETED, True)
+        assert f"{names.worker_pod_name(JOB, gone)} of node {gone} was gone when the master resumed" in (
+            seen[gone].evidence
+        )
+    successor.adopt([0, 1])  # known ids are left as they are
+    assert successor.observe()[1] == seen[1]
+    successor.stop(1)  # the master's own stop of a node it relaunches: a stop, not a second disruption
+    assert successor.observe()[1].state is ObservedState.STOPPED
+    successor.stop(0)
+    wait(successor, state_is(0, ObservedState.STOPPED))
+    core.api_client.close()
 
 
 def test_a_lost_node_is_a_disruption_and_the_relaunch_avoids_it(

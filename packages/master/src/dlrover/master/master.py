@@ -70,6 +70,7 @@ from dlrover.master.scheduler.base import (
     REASON_NODE_LOST,
     REASON_OOM_KILLED,
     AdjustableCapacity,
+    AdoptsNodes,
     NodeMemoryRecords,
     NodePlacement,
     NodeShapeLimit,
@@ -354,7 +355,16 @@ class Master:
         if restored.last_event_seq:
             self._replay_events()
         if self._restored:
-            self._record(Outcome(events=(Event("master_restart", "the master restarted and resumed the job"),)))
+            self._resumed()
+
+    def _resumed(self) -> None:
+        """Journal the restart, and tell a backend that adopts nodes which ones the journal holds alive: it
+        reports, at the first tick, one whose pod vanished while no master watched, relaunched at once as a
+        disruption rather than after a heartbeat or start timeout charged to the job."""
+        self._record(Outcome(events=(Event("master_restart", "the master restarted and resumed the job"),)))
+        if isinstance(self._scheduler, AdoptsNodes):
+            alive = [n.node_id for n in self._lifecycle.nodes().values() if n.state in ALIVE_STATES]
+            self._scheduler.adopt(alive)
 
     def _replay_events(self) -> None:
         """Account for the journaled events again, as a restarted master: goodput, samples, and the

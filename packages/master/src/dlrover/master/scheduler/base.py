@@ -8,7 +8,7 @@ lifecycle core.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Protocol, runtime_checkable
 
 import attrs
@@ -25,6 +25,7 @@ __all__ = [
     "REASON_PREEMPTED",
     "REASON_UNSCHEDULABLE",
     "AdjustableCapacity",
+    "AdoptsNodes",
     "BackendUnavailableError",
     "HandsOverNodes",
     "MemoryRecord",
@@ -238,6 +239,19 @@ class HandsOverNodes(Protocol):
     def detach(self) -> None:
         """Release everything this master holds (watches, clients) and stop nothing: the nodes keep
         running for a successor. Safe to call twice; `close()` after it stops nothing either."""
+        ...
+
+
+@runtime_checkable
+class AdoptsNodes(Protocol):
+    """A backend that a master resuming its job tells which nodes its journal holds alive (the Kubernetes
+    backend), so that a node whose pod vanished while no master watched is reported at once instead of
+    waiting for the heartbeat or start timeout (which would also charge its failure to the job)."""
+
+    def adopt(self, node_ids: Iterable[int]) -> None:
+        """Take over `node_ids`, launched by a previous master: `observe()` reports each from now on, and one
+        the backend found no trace of in its first look (its pod gone) as `FAILED`, reason `REASON_DELETED`,
+        a disruption. Ids it already knows are left as they are."""
         ...
 
 

@@ -8,7 +8,9 @@ a few times after the watch's backoff. Observations follow `observe.observe_pod`
 
 A restarted master adopts the pods its predecessor created: they are in the first list, and
 `observe()` reports every worker pod of the job by its node-id label. A launch whose pod already
-exists (created by the predecessor just before it died) adopts it rather than fail.
+exists (created by the predecessor just before it died) adopts it rather than fail. The master tells
+it which nodes its journal holds alive (`adopt`): one with no pod in the first list (deleted while no
+master watched) is reported at once as a disruption (`Deleted`), relaunched without charge.
 
 `close()` deletes every pod still pending or running that this backend launched or adopted (the
 job ended, or the master was stopped). A master killed outright leaves them running for the next
@@ -21,7 +23,7 @@ import functools
 import json
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import attrs
@@ -30,6 +32,7 @@ from dlrover.common import Clock, ConfigError, SystemClock
 from dlrover.master.kube import EventType, ListWatch, Watcher, WatchEvent, load_api_client, names
 from dlrover.master.kube.watch import Backoff
 from dlrover.master.scheduler.base import (
+    REASON_DELETED,
     BackendUnavailableError,
     NodeSpec,
     ObservedNode,
@@ -141,6 +144,7 @@ class _Node:
     delete_failed: bool = False
     seen: bool = False  # the watch has shown its pod at least once
     last: Mapping[str, Any] | None = None
+    missing: bool = False  # adopted from the journal with no pod in the first list
 
 
 class KubernetesScheduler:
@@ -303,6 +307,24 @@ class KubernetesScheduler:
             node.deleting = True
         self._delete(node)
 
+    def adopt(self, node_ids: Iterable[int]) -> None:
+        """Take over the nodes a previous master's journal holds alive (see `AdoptsNodes`).
+
+        The constructor waited for the first list of the job's pods, so a node whose pod is not in the
+        cache now had none when this master started (a pod deleted, by a person or the garbage collector,
+        while no master watched): it is reported FAILED, `Deleted`, a disruption, at the next `observe()`.
+        """
+        with self._lock:
+            for node_id in node_ids:
+                if node_id in self._nodes:
+                    continue
+                pod_name = names.worker_pod_name(self._settings.job, node_id)
+                if pod_name in self._pods or pod_name in self._deleted:
+                    self._nodes[node_id] = _Node(pod_name, seen=True, last=self._deleted.get(pod_name))
+                else:
+                    self._nodes[node_id] = _Node(pod_name, seen=True, missing=True)
+            self._lock.notify_all()
+
     def _adopt_locked(self, node_id: int) -> _Node | None:
         """A pod of this node from a previous master, taken on so it can be stopped."""
         pod_name = names.worker_pod_name(self._settings.job, node_id)
@@ -354,6 +376,8 @@ class KubernetesScheduler:
             if pod is not None:
                 node.seen, node.last = True, pod
                 seen[node_id] = observe_pod(node_id, pod, stop_requested=node.stop_requested)
+            elif node.missing and node.pod_name not in self._deleted and not node.stop_requested:
+                seen[node_id] = _missing_at_adoption(node_id, node.pod_name)
             elif node.pod_name in self._deleted or node.seen:
                 last = self._deleted.get(node.pod_name, node.last)
                 seen[node_id] = observe_deleted_pod(node_id, last, stop_requested=node.stop_requested)
@@ -452,6 +476,15 @@ class KubernetesScheduler:
                 self._sleep(delay)
             else:
                 threading.Event().wait(delay)
+
+
+def _missing_at_adoption(node_id: int, pod_name: str) -> ObservedNode:
+    """A node the journal holds alive whose pod the master found gone when it resumed the job."""
+    evidence = (
+        f"Kubernetes: the pod {pod_name} of node {node_id} was gone when the master resumed the job (its journal "
+        f"holds the node alive; the first list of the job's pods has no such pod): deleted while no master watched"
+    )
+    return ObservedNode(node_id, ObservedState.FAILED, None, "", REASON_DELETED, evidence, True)
 
 
 def _node_id(pod: Mapping[str, Any]) -> int | None:
