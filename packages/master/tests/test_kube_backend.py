@@ -8,7 +8,9 @@ container's memory limit) and from the API server (dropped watches, 410 Gone).
 from __future__ import annotations
 
 import base64
+import re
 import sys
+import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -22,9 +24,11 @@ from dlrover.common import ConfigError
 from dlrover.master.kube import WatchSettings, names
 from dlrover.master.scheduler.base import (
     REASON_DELETED,
+    REASON_QUOTA_EXCEEDED,
     AdoptsNodes,
     BackendUnavailableError,
     HandsOverNodes,
+    NodeRejectedError,
     NodeSpec,
     ObservedNode,
     ObservedState,
@@ -179,6 +183,45 @@ def test_adopted_nodes_whose_pods_are_gone_are_disruptions_at_once_and_the_other
     successor.stop(0)
     wait(successor, state_is(0, ObservedState.STOPPED))
     core.api_client.close()
+
+
+QUOTA = 'pods "j-worker-0" is forbidden: exceeded quota: q, requested: pods=1, used: pods=2, limited: pods=2'
+
+
+def test_a_create_refused_for_quota_is_pending_with_the_apis_message_and_retried_at_each_observation(
+    make_backend: Callable[..., KubernetesScheduler], kube_cluster: KubeCluster
+) -> None:
+    backend = make_backend()
+    creates = lambda r: r.resource == "pods" and r.verb == "create"  # noqa: E731
+    kube_cluster.server.faults.fail_next(2, 403, when=creates, message=QUOTA)
+    backend.launch(node(0))  # not an error: the node waits for room
+    seen = backend.observe()[0]  # the retry here is refused again
+    assert (seen.state, seen.reason, seen.disruption) == (ObservedState.PENDING, REASON_QUOTA_EXCEEDED, False)
+    assert QUOTA in seen.evidence
+    # The master observes at every tick: the next observation's create goes through.
+    deadline = time.monotonic() + WAIT_S
+    while backend.observe()[0].state is not ObservedState.RUNNING:
+        assert time.monotonic() < deadline, f"not running: {backend.observe()}"
+        time.sleep(0.1)
+    codes = [r.code for r in kube_cluster.server.requests() if creates(r)]
+    assert codes == [403, 403, 201]
+
+
+def test_a_forbidden_create_that_is_not_quota_and_an_invalid_pod_are_errors(
+    make_backend: Callable[..., KubernetesScheduler], kube_cluster: KubeCluster
+) -> None:
+    backend = make_backend()
+    creates = lambda r: r.resource == "pods" and r.verb == "create"  # noqa: E731
+    kube_cluster.server.faults.fail_next(1, 403, when=creates, message='pods is forbidden: User "x" cannot create')
+    with pytest.raises(SchedulerError, match="403") as forbidden:
+        backend.launch(node(0))
+    assert not isinstance(forbidden.value, NodeRejectedError)
+    invalid = 'Pod "j-worker-1" is invalid: spec.containers[0].resources.requests: Invalid value: "2": must be <= 1'
+    kube_cluster.server.faults.fail_next(1, 422, when=creates, message=invalid)
+    with pytest.raises(NodeRejectedError, match=re.escape(invalid)):
+        backend.launch(node(1))
+    assert backend.observe() == {}  # neither node is held
+    backend.launch(node(1))  # nothing of the refused launch is left behind
 
 
 def test_a_lost_node_is_a_disruption_and_the_relaunch_avoids_it(

@@ -17,7 +17,7 @@ from dlrover.master.goodput import AttemptReport, StepMark
 from dlrover.master.journal import MemoryJournal, SqliteJournal, StateJournal
 from dlrover.master.lifecycle import NodeConflictError
 from dlrover.master.master import Master, ResourceSample
-from dlrover.master.scheduler.base import REASON_DELETED, ObservedState
+from dlrover.master.scheduler.base import REASON_DELETED, NodeRejectedError, NodeSpec, ObservedState
 from dlrover.master.scheduler.fake import FakeScheduler
 from dlrover.master.states import JobState, NodeState
 
@@ -271,6 +271,23 @@ def test_a_resumed_master_relaunches_a_journaled_node_its_backend_found_gone_at_
     assert sorted(sched.specs) == [relaunch.node_id]
     assert resumed.status().job_failures == 0
     assert nodes[0].state is NodeState.RUNNING
+
+
+class RejectingScheduler(FakeScheduler):
+    """The platform refuses every node's specification (Kubernetes: 422 Invalid)."""
+
+    def launch(self, spec: NodeSpec) -> None:
+        raise NodeRejectedError(f"node {spec.node_id}: 422 Invalid: spec.containers[0].image: Required value")
+
+
+def test_a_node_the_platform_finds_invalid_fails_the_job_with_its_message_and_launches_nothing_more() -> None:
+    master = Master(config(), RejectingScheduler(), MemoryJournal(), ManualClock())
+    master.start()
+    assert master.job_state is JobState.FAILED
+    status = master.status()
+    assert "spec.containers[0].image: Required value" in status.exit_reason
+    assert status.job_failures == 0  # the configuration's fault, not a node's
+    assert all(n.state is NodeState.REMOVED for n in master.nodes().values())
 
 
 def test_a_fresh_master_is_not_restored_and_a_second_one_is(tmp_path: Path) -> None:

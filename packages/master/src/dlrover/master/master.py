@@ -73,6 +73,7 @@ from dlrover.master.scheduler.base import (
     AdoptsNodes,
     NodeMemoryRecords,
     NodePlacement,
+    NodeRejectedError,
     NodeShapeLimit,
     NodeSpec,
     ObservedNode,
@@ -623,6 +624,8 @@ class Master:
         if isinstance(effect, StopNode):
             self._scheduler.stop(effect.node_id)
             return
+        if self._lifecycle.job_state.finished:
+            return  # a launch deferred or queued before the job ended (a node the platform refused stopped it)
         env = self._agent_env() if callable(self._agent_env) else dict(self._agent_env or {})
         spec = NodeSpec(
             job_name=self._config.job_name,
@@ -642,6 +645,16 @@ class Master:
         )
         try:
             self._scheduler.launch(spec)
+        except NodeRejectedError as exc:
+            # The platform refuses the node's specification itself: every relaunch would be refused alike.
+            reason = f"node {effect.node_id} cannot be started: {exc}"
+            try:
+                self._transact(
+                    lambda: self._just(self._lifecycle.stop(reason, self._clock.now(), state=JobState.FAILED))
+                )
+            except JournalError:
+                _log.exception("%s; the job's end could not be journaled", reason)
+            return
         except SchedulerError as exc:
             # A launch that fails is a failure of that node: relaunch or give up within budgets.
             node = self._lifecycle.node(effect.node_id)

@@ -23,6 +23,7 @@ __all__ = [
     "REASON_NODE_LOST",
     "REASON_OOM_KILLED",
     "REASON_PREEMPTED",
+    "REASON_QUOTA_EXCEEDED",
     "REASON_UNSCHEDULABLE",
     "AdjustableCapacity",
     "AdoptsNodes",
@@ -30,6 +31,7 @@ __all__ = [
     "HandsOverNodes",
     "MemoryRecord",
     "NodeMemoryRecords",
+    "NodeRejectedError",
     "NodePlacement",
     "NodeShapeLimit",
     "NodeSpec",
@@ -45,6 +47,11 @@ __all__ = [
 
 class SchedulerError(DLRoverError):
     """A backend could not do what it was asked; the message says what and why."""
+
+
+class NodeRejectedError(SchedulerError):
+    """The platform refused the node's specification itself (Kubernetes: 422 Invalid, with its message): every
+    relaunch would be refused the same way, so the master stops the job with the platform's words."""
 
 
 class BackendUnavailableError(SchedulerError, ConfigError):
@@ -110,6 +117,9 @@ REASON_DEADLINE_EXCEEDED = "DeadlineExceeded"
 """The node ran past its own deadline (a pod's activeDeadlineSeconds): the job's limit, charged."""
 REASON_UNSCHEDULABLE = "Unschedulable"
 """The node cannot be placed (pending): the evidence carries the scheduler's message."""
+REASON_QUOTA_EXCEEDED = "QuotaExceeded"
+"""The platform refused to create the node for now (a namespace's ResourceQuota is used up): pending, the
+evidence carries the platform's message, and the create is retried until the pending timeout decides."""
 REASON_DELETED = "Deleted"
 """Someone other than the master removed the node, for no reason it shows: a disruption."""
 

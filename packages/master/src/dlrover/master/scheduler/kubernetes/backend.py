@@ -33,7 +33,9 @@ from dlrover.master.kube import EventType, ListWatch, Watcher, WatchEvent, load_
 from dlrover.master.kube.watch import Backoff
 from dlrover.master.scheduler.base import (
     REASON_DELETED,
+    REASON_QUOTA_EXCEEDED,
     BackendUnavailableError,
+    NodeRejectedError,
     NodeSpec,
     ObservedNode,
     ObservedState,
@@ -145,6 +147,9 @@ class _Node:
     seen: bool = False  # the watch has shown its pod at least once
     last: Mapping[str, Any] | None = None
     missing: bool = False  # adopted from the journal with no pod in the first list
+    refused: str = ""  # the API server's message while a ResourceQuota refuses the create (retried)
+    create_failed: str = ""  # why a retried create failed for another reason
+    manifest: Mapping[str, Any] | None = None  # what to create again while refused
 
 
 class KubernetesScheduler:
@@ -272,7 +277,12 @@ class KubernetesScheduler:
     def launch(self, spec: NodeSpec) -> None:
         """Create the node's pod.
 
+        A create refused for a ResourceQuota (403, "exceeded quota") is not an error: the node is observed
+        PENDING with reason `QuotaExceeded` and the API's message as evidence, and the create is sent again at
+        each `observe()`.
+
         Raises:
+            NodeRejectedError: the API server found the pod invalid (422): its message says why.
             SchedulerError: the node was launched before, the backend is closed, or the API server refused
                 the pod (or kept failing past `request_retries`).
         """
@@ -288,13 +298,42 @@ class KubernetesScheduler:
                 raise SchedulerError(f"cannot launch node {spec.node_id}: {exc}") from exc
             self._nodes[spec.node_id] = _Node(pod_name)
         try:
-            self._request(f"create pod {pod_name}", lambda: self._core.create_namespaced_pod(
-                self._settings.namespace, manifest, _preload_content=False, _request_timeout=self._timeout
-            ), ok_statuses=(409,))  # fmt: skip
-        except SchedulerError:
+            self._create(pod_name, manifest)
+        except SchedulerError as exc:
+            refusal = _quota_refusal(exc)
             with self._lock:
-                del self._nodes[spec.node_id]
+                if refusal:
+                    # Not the node's failure: it waits (pending, the API's message as evidence) and the create
+                    # is sent again at each observation, until the quota has room or the pending timeout decides.
+                    node = self._nodes[spec.node_id]
+                    node.refused, node.manifest = refusal, manifest
+                else:
+                    del self._nodes[spec.node_id]
+            if refusal:
+                _log.warning("node %d waits: %s", spec.node_id, exc)
+                return
+            if _status_of(exc) == 422:
+                raise NodeRejectedError(f"the API server refused node {spec.node_id}'s pod: {exc}") from exc
             raise
+
+    def _create(self, pod_name: str, manifest: Mapping[str, Any]) -> None:
+        self._request(f"create pod {pod_name}", lambda: self._core.create_namespaced_pod(
+            self._settings.namespace, manifest, _preload_content=False, _request_timeout=self._timeout
+        ), ok_statuses=(409,))  # fmt: skip
+
+    def _retry_create(self, node: _Node) -> None:
+        """Send the create of a node a ResourceQuota refused again."""
+        assert node.manifest is not None
+        try:
+            self._create(node.pod_name, node.manifest)
+        except SchedulerError as exc:
+            refusal = _quota_refusal(exc)
+            with self._lock:
+                node.refused = refusal
+                node.create_failed = "" if refusal else str(exc)
+            return
+        with self._lock:
+            node.refused = ""
 
     def stop(self, node_id: int) -> None:
         """Delete the node's pod (its processes get SIGTERM, then SIGKILL after the grace). Idempotent; an
@@ -360,8 +399,11 @@ class KubernetesScheduler:
         """Every worker pod of the job (launched here or by a previous master), from the watch's cache."""
         with self._lock:
             retry = [n for n in self._nodes.values() if n.delete_failed]
+            refused = [n for n in self._nodes.values() if n.refused and not n.stop_requested]
         for node in retry:
             self._delete(node)
+        for node in refused:
+            self._retry_create(node)
         with self._lock:
             return self._observe_locked()
 
@@ -381,10 +423,16 @@ class KubernetesScheduler:
             elif node.pod_name in self._deleted or node.seen:
                 last = self._deleted.get(node.pod_name, node.last)
                 seen[node_id] = observe_deleted_pod(node_id, last, stop_requested=node.stop_requested)
+            elif node.stop_requested:
+                seen[node_id] = ObservedNode(node_id, ObservedState.STOPPED)
+            elif node.create_failed:
+                evidence = f"Kubernetes: creating the pod {node.pod_name} failed: {node.create_failed}"
+                seen[node_id] = ObservedNode(node_id, ObservedState.FAILED, None, "", "CreateFailed", evidence)
+            elif node.refused:
+                evidence = f"Kubernetes: the pod {node.pod_name} cannot be created yet: {node.refused}"
+                seen[node_id] = ObservedNode(node_id, ObservedState.PENDING, None, "", REASON_QUOTA_EXCEEDED, evidence)
             else:
-                # Created, not yet shown by the watch.
-                state = ObservedState.STOPPED if node.stop_requested else ObservedState.PENDING
-                seen[node_id] = ObservedNode(node_id, state)
+                seen[node_id] = ObservedNode(node_id, ObservedState.PENDING)  # created, not yet shown by the watch
         return seen
 
     def _may_run(self, node: _Node) -> bool:
@@ -485,6 +533,20 @@ def _missing_at_adoption(node_id: int, pod_name: str) -> ObservedNode:
         f"holds the node alive; the first list of the job's pods has no such pod): deleted while no master watched"
     )
     return ObservedNode(node_id, ObservedState.FAILED, None, "", REASON_DELETED, evidence, True)
+
+
+def _status_of(exc: BaseException) -> int | None:
+    """The HTTP status of the API error behind a `SchedulerError` (None: not an answered request)."""
+    status = getattr(exc.__cause__, "status", None)
+    return status if isinstance(status, int) else None
+
+
+def _quota_refusal(exc: BaseException) -> str:
+    """The API's message when a create was refused for a ResourceQuota (403 "exceeded quota"); "" otherwise."""
+    if _status_of(exc) != 403:
+        return ""
+    message = _message(exc.__cause__)
+    return message if "exceeded quota" in message else ""
 
 
 def _node_id(pod: Mapping[str, Any]) -> int | None:
