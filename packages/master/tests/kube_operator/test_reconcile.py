@@ -366,7 +366,7 @@ def _not_ready_since(pod: dict[str, Any], since: str) -> dict[str, Any]:
 
 def _terminating_until(pod: dict[str, Any], deletion: str) -> dict[str, Any]:
     """As the taint manager leaves it: a graceful deletion no kubelet finishes (deletionTimestamp: its end)."""
-    out = _not_ready_since(pod, "2026-01-01T00:00:00Z")
+    out = _not_ready_since(pod, "2026-01-01T00:04:00Z")
     out["metadata"]["deletionTimestamp"] = deletion
     out["metadata"]["deletionGracePeriodSeconds"] = 30
     return out
@@ -410,6 +410,9 @@ def test_a_master_left_terminating_past_its_grace_and_the_margin_is_force_delete
     assert "Terminating since 2026-01-01T00:05:00Z" in answer.writes[0].reason
     assert answer.status["masterRestarts"] == 1
     assert condition(answer, Condition.MASTER_READY)["reason"] == "MasterLost"
+    # Deleted with a long grace on a node lost long before: not ready past the timeout decides first.
+    long_grace = attrs.evolve(observed, master_pod=_terminating_until(observed.master_pod, "2026-01-01T01:00:00Z"))
+    assert "not been ready since" in _at("2026-01-01T00:06:01Z", job, long_grace).writes[0].reason
 
 
 def test_a_ready_master_and_an_unreadable_time_are_never_taken_for_lost() -> None:

@@ -24,6 +24,7 @@ from dlrover.master.operator import (
     check_spec,
     reconcile,
 )
+from dlrover.master.operator.reconcile import _ended
 from dlrover.master.operator.schema import STATUS_SCHEMA, schema_errors
 
 MAX_RESTARTS = 3
@@ -112,19 +113,33 @@ class OperatorMachine(RuleBasedStateMachine):
                 if stale is not None and self.master is not None and write.uid != self.master["metadata"]["uid"]:
                     continue  # the uid precondition fails: a newer master is left alone
                 if self.master is not None and write.name == self.master["metadata"]["name"]:
-                    assert write.uid == self.master["metadata"]["uid"]
-                    self.master = None
-                    self.running = False
+                    self._delete_master(write)
                 else:
                     self.workers.pop(write.name, None)
             else:
                 assert isinstance(write, ResizeJob)
         self.job["status"] = copy.deepcopy(dict(answer.status))
+        if _ended(answer.status):
+            self.ended = True  # the operator saw the end (maybe on a stale view of a pod since deleted)
         restarts = int(answer.status.get("masterRestarts", 0))
         assert restarts >= self.last_restarts, "masterRestarts never goes back"
         self.last_restarts = restarts
         self.passes += 1
         return len(answer.writes)
+
+    def _delete_master(self, write: DeleteObject) -> None:
+        assert self.master is not None
+        assert write.uid == self.master["metadata"]["uid"]
+        meta = self.master["metadata"]
+        if write.grace_period_s is None and not meta.get("deletionTimestamp"):
+            # A graceful delete: Terminating until its kubelet confirms (`graceful_deletion_ends`).
+            meta["deletionTimestamp"] = self._now(30)
+            meta["deletionGracePeriodSeconds"] = 30
+        else:
+            if meta.get("deletionTimestamp") and write.grace_period_s == 0:
+                self._death()  # a pod stuck Terminating, taken for dead
+            self.master = None
+        self.running = False
 
     @rule()
     def reconcile_until_quiet(self) -> None:
@@ -240,6 +255,13 @@ class OperatorMachine(RuleBasedStateMachine):
         terminated = {"exitCode": MASTER_EXIT_RETRY, "reason": "Error", "finishedAt": self._now()}
         self.master["status"] = {"phase": "Failed", "containerStatuses": [{"name": "master", "state": {
             "terminated": terminated}}]}  # fmt: skip
+
+    @precondition(lambda self: self.master is not None and self.master["metadata"].get("deletionTimestamp"))
+    @rule()
+    def graceful_deletion_ends(self) -> None:
+        """The master's kubelet confirms a graceful deletion (the node answers): the pod is gone."""
+        self.master = None
+        self.running = False
 
     @rule(seconds=st.sampled_from([1.0, 60.0, 200.0]))
     def time_passes(self, seconds: float) -> None:

@@ -322,9 +322,11 @@ def _lost_master(pod: Mapping[str, Any], now: str, settings: ReconcileSettings) 
     now_s = _epoch_s(now)
     if now_s is None:
         return ""
+    unready = _unready_too_long(pod, now_s, settings.master_unready_timeout_s)
     if (pod.get("metadata") or {}).get("deletionTimestamp"):
-        return _stuck_terminating(pod, now_s, settings.master_terminating_margin_s)
-    return _unready_too_long(pod, now_s, settings.master_unready_timeout_s)
+        # (A deleted pod on a node lost long before is dead whatever its deletion's time.)
+        return _stuck_terminating(pod, now_s, settings.master_terminating_margin_s) or unready
+    return unready
 
 
 def _stuck_terminating(pod: Mapping[str, Any], now_s: float, margin_s: float) -> str:
