@@ -171,7 +171,8 @@ def test_a_master_that_could_not_start_now_is_replaced_after_its_backoff(
 
         with Operator(api, settings, masters=Masters()) as operator:  # type: ignore[arg-type]
             try:
-                wait_for("the second master serving", serving)
+                # (The first may look ready for a moment: its pod runs before its process exits 75.)
+                wait_for("the second master serving", lambda: status().get("masterRestarts") == 1 and serving())
             finally:
                 print(f"operator: {operator.last_reason.get(f'{NS}/job1', '')}")
             final = status()
