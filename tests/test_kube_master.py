@@ -425,3 +425,72 @@ def test_a_master_stopped_by_its_platform_hands_the_running_pods_to_its_successo
     assert "failure" not in events
     assert [e["kind"] for e in events["job_end"]] == ["job_end"]
     assert "succeeded" in events["job_end"][0]["message"]
+
+
+def test_a_pod_deleted_while_no_master_watched_is_relaunched_at_once_without_charge(
+    kube_cluster: KubeCluster, tmp_path: Path, procs: list[subprocess.Popen[str]]
+) -> None:
+    # No relaunch and no failure allowed, and timeouts far beyond the test's: only the successor's first look
+    # at the pods (the journal holds node 0 alive, no pod has it) can relaunch it, as a disruption.
+    job = Job(kube_cluster, tmp_path, procs)
+    job.start(
+        "--max-relaunches=0", "--max-job-failures=0", "--heartbeat-timeout-s=3600", "--node-start-timeout-s=3600",
+        first="wait",
+    )  # fmt: skip
+    job.running_on(0)
+    assert job.proc is not None
+    os.killpg(job.proc.pid, signal.SIGKILL)
+    job.proc.wait(timeout=WAIT_S)
+    pod_name = names.worker_pod_name(JOB, 0)
+    job.core.delete_namespaced_pod(pod_name, NS, grace_period_seconds=0)
+    wait_for(lambda: job.pod(0) is None and kube_cluster.kubelet.pid(pod_name) is None, "the pod and its process gone")
+    job.start_master()
+    events = job.finish()
+    (disruption,) = events["disruption"]
+    assert disruption["data"]["reason"] == "Deleted", disruption
+    assert "gone when the master resumed the job" in disruption["message"] + json.dumps(disruption["data"])
+    assert "failure" not in events
+    assert (job.out / "done").read_text() == names.worker_pod_name(JOB, 1)  # the relaunch finished the job
+    assert kube_cluster.kubelet.pid(names.worker_pod_name(JOB, 1)) is None
+
+
+QUOTA = 'pods "j-worker-0" is forbidden: exceeded quota: q, requested: pods=1, used: pods=2, limited: pods=2'
+
+
+def test_a_pod_a_quota_refuses_waits_pending_with_the_quotas_message_and_starts_once_there_is_room(
+    kube_cluster: KubeCluster, tmp_path: Path, procs: list[subprocess.Popen[str]]
+) -> None:
+    creates = lambda r: r.resource == "pods" and r.verb == "create"  # noqa: E731
+    quota = kube_cluster.server.faults.fail_next(10_000, 403, when=creates, message=QUOTA)
+    job = Job(kube_cluster, tmp_path, procs)
+    job.start("--max-relaunches=0", "--max-job-failures=0", "--node-pending-timeout-s=1", first="wait")
+
+    def announced() -> bool:
+        events = read_event_log(job.state / "events.jsonl") if (job.state / "events.jsonl").exists() else []
+        return any(e["kind"] == "nodes_pending" and "exceeded quota" in e["message"] for e in events)
+
+    wait_for(announced, "the pending announcement with the quota's message")
+    assert quota.fired >= 2  # the create was sent again
+    kube_cluster.server.faults.remove(quota)  # room in the quota
+    job.running_on(0)
+    (job.out / "release").touch()
+    events = job.finish()
+    assert "failure" not in events
+    assert (job.out / "done").read_text() == names.worker_pod_name(JOB, 0)
+
+
+def test_a_pod_the_api_server_finds_invalid_fails_the_job_with_its_message(
+    kube_cluster: KubeCluster, tmp_path: Path, procs: list[subprocess.Popen[str]]
+) -> None:
+    invalid = 'Pod "j-worker-0" is invalid: spec.containers[0].resources.requests: Invalid value: "2": must be <= 1'
+    creates = lambda r: r.resource == "pods" and r.verb == "create"  # noqa: E731
+    kube_cluster.server.faults.fail_next(1, 422, when=creates, message=invalid)
+    job = Job(kube_cluster, tmp_path, procs)
+    job.start()
+    events = job.finish(returncode=1)
+    (end,) = events["job_end"]
+    assert end["data"]["state"] == "failed", end
+    assert invalid in end["message"]
+    assert "failure" not in events  # not charged as a node's failure: the job stops at once
+    assert job.pod(0) is None
+    assert job.pod(1) is None

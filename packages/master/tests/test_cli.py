@@ -256,3 +256,21 @@ def test_autoscale_flags_reach_the_config() -> None:
     assert (auto.mode.value, auto.interval_s, auto.min_scaling_efficiency) == ("advise", 7, 0.6)
     assert (auto.min_measure_s, auto.warmup_s, auto.cooldown_s) == (40, 3, 20)
     assert build_config(_run_parser().parse_args(["--backend", "external"])).autoscale.mode.value == "off"
+
+
+def test_a_state_dir_held_by_another_master_exits_75_retry_and_bad_usage_stays_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from dlrover.common import ConfigError, SystemClock
+    from dlrover.master.cli import EXIT_RETRY, EXIT_USAGE, _start_failure
+    from dlrover.master.operator import MASTER_EXIT_RETRY
+    from dlrover.master.scheduler.base import BackendUnavailableError
+    from dlrover.master.statedir import StateDirLock
+
+    assert EXIT_RETRY == MASTER_EXIT_RETRY == 75  # the operator's copy of the master's status
+    state = tmp_path / "state"
+    with StateDirLock.acquire(state, job_name="other", clock=SystemClock()):
+        assert main(["--backend", "external", "--state-dir", str(state), "--nnodes", "1"]) == EXIT_RETRY
+    assert "is in use by" in capsys.readouterr().err
+    assert _start_failure(BackendUnavailableError("the API server kept answering 503")) == EXIT_RETRY
+    assert _start_failure(ConfigError("the state directory holds another job")) == EXIT_USAGE == 2

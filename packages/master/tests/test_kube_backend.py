@@ -8,7 +8,9 @@ container's memory limit) and from the API server (dropped watches, 410 Gone).
 from __future__ import annotations
 
 import base64
+import re
 import sys
+import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -20,7 +22,18 @@ from dlrover_testsupport.kube.fixtures import kube_cluster  # noqa: F401 (a fixt
 from dlrover.autoscale import Resources
 from dlrover.common import ConfigError
 from dlrover.master.kube import WatchSettings, names
-from dlrover.master.scheduler.base import HandsOverNodes, NodeSpec, ObservedNode, ObservedState, SchedulerError
+from dlrover.master.scheduler.base import (
+    REASON_DELETED,
+    REASON_QUOTA_EXCEEDED,
+    AdoptsNodes,
+    BackendUnavailableError,
+    HandsOverNodes,
+    NodeRejectedError,
+    NodeSpec,
+    ObservedNode,
+    ObservedState,
+    SchedulerError,
+)
 from dlrover.master.scheduler.kubernetes import VERBS_USED, KubernetesScheduler, KubernetesSettings, WorkerTemplate
 
 kubernetes = pytest.importorskip("kubernetes")
@@ -137,6 +150,78 @@ def test_pods_run_exit_and_stop(
         lambda s: names.worker_pod_name(JOB, 0) not in [p.metadata.name for p in core.list_namespaced_pod(NS).items],
         WAIT_S,
     )
+
+
+def test_adopted_nodes_whose_pods_are_gone_are_disruptions_at_once_and_the_others_are_followed(
+    make_backend: Callable[..., KubernetesScheduler], kube_cluster: KubeCluster
+) -> None:
+    first = make_backend()
+    first.launch(node(0))
+    first.launch(node(1))
+    wait(first, lambda s: state_is(0, ObservedState.RUNNING)(s) and state_is(1, ObservedState.RUNNING)(s))
+    first.detach()  # the master is replaced: its pods stay
+    # While no master watches, node 1's pod is deleted; node 2 was journaled but its pod never created.
+    core = kubernetes.client.CoreV1Api(
+        kubernetes.client.ApiClient(kubernetes.client.Configuration(host=kube_cluster.url))
+    )
+    core.delete_namespaced_pod(names.worker_pod_name(JOB, 1), NS, grace_period_seconds=0)
+    successor = make_backend()
+    assert isinstance(successor, AdoptsNodes)
+    successor.adopt([0, 1, 2])
+    seen = successor.observe()  # at once: no event, no timeout needed
+    assert seen[0].state is ObservedState.RUNNING
+    for gone in (1, 2):
+        assert seen[gone].state is ObservedState.FAILED
+        assert (seen[gone].reason, seen[gone].disruption) == (REASON_DELETED, True)
+        assert f"{names.worker_pod_name(JOB, gone)} of node {gone} was gone when the master resumed" in (
+            seen[gone].evidence
+        )
+    successor.adopt([0, 1])  # known ids are left as they are
+    assert successor.observe()[1] == seen[1]
+    successor.stop(1)  # the master's own stop of a node it relaunches: a stop, not a second disruption
+    assert successor.observe()[1].state is ObservedState.STOPPED
+    successor.stop(0)
+    wait(successor, state_is(0, ObservedState.STOPPED))
+    core.api_client.close()
+
+
+QUOTA = 'pods "j-worker-0" is forbidden: exceeded quota: q, requested: pods=1, used: pods=2, limited: pods=2'
+
+
+def test_a_create_refused_for_quota_is_pending_with_the_apis_message_and_retried_at_each_observation(
+    make_backend: Callable[..., KubernetesScheduler], kube_cluster: KubeCluster
+) -> None:
+    backend = make_backend()
+    creates = lambda r: r.resource == "pods" and r.verb == "create"  # noqa: E731
+    kube_cluster.server.faults.fail_next(2, 403, when=creates, message=QUOTA)
+    backend.launch(node(0))  # not an error: the node waits for room
+    seen = backend.observe()[0]  # the retry here is refused again
+    assert (seen.state, seen.reason, seen.disruption) == (ObservedState.PENDING, REASON_QUOTA_EXCEEDED, False)
+    assert QUOTA in seen.evidence
+    # The master observes at every tick: the next observation's create goes through.
+    deadline = time.monotonic() + WAIT_S
+    while backend.observe()[0].state is not ObservedState.RUNNING:
+        assert time.monotonic() < deadline, f"not running: {backend.observe()}"
+        time.sleep(0.1)
+    codes = [r.code for r in kube_cluster.server.requests() if creates(r)]
+    assert codes == [403, 403, 201]
+
+
+def test_a_forbidden_create_that_is_not_quota_and_an_invalid_pod_are_errors(
+    make_backend: Callable[..., KubernetesScheduler], kube_cluster: KubeCluster
+) -> None:
+    backend = make_backend()
+    creates = lambda r: r.resource == "pods" and r.verb == "create"  # noqa: E731
+    kube_cluster.server.faults.fail_next(1, 403, when=creates, message='pods is forbidden: User "x" cannot create')
+    with pytest.raises(SchedulerError, match="403") as forbidden:
+        backend.launch(node(0))
+    assert not isinstance(forbidden.value, NodeRejectedError)
+    invalid = 'Pod "j-worker-1" is invalid: spec.containers[0].resources.requests: Invalid value: "2": must be <= 1'
+    kube_cluster.server.faults.fail_next(1, 422, when=creates, message=invalid)
+    with pytest.raises(NodeRejectedError, match=re.escape(invalid)):
+        backend.launch(node(1))
+    assert backend.observe() == {}  # neither node is held
+    backend.launch(node(1))  # nothing of the refused launch is left behind
 
 
 def test_a_lost_node_is_a_disruption_and_the_relaunch_avoids_it(
@@ -323,6 +408,22 @@ def test_a_passing_failure_to_read_the_elastic_job_is_retried(kube_cluster: Kube
     backend.close()
     reads = [r.code for r in kube_cluster.server.requests() if r.resource == names.CRD_PLURAL and r.verb == "get"]
     assert reads == [503, 503, 200]
+
+
+def test_a_read_of_the_elastic_job_failing_past_its_retries_is_a_passing_unavailability(
+    kube_cluster: KubeCluster, tmp_path: Path
+) -> None:
+    # dlrover-master exits 75 ("retry") for it, not 2: the configuration is fine, the API server is not.
+    with kubernetes.client.ApiClient(kubernetes.client.Configuration(host=kube_cluster.url)) as api:
+        kubernetes.client.ApiextensionsV1Api(api).create_custom_resource_definition(elastic_job_crd())
+        kubernetes.client.CustomObjectsApi(api).create_namespaced_custom_object(
+            names.CRD_GROUP, names.CRD_VERSION, NS, names.CRD_PLURAL, elastic_job(template())
+        )
+    kubeconfig = kube_cluster.write_kubeconfig(tmp_path / "kubeconfig")
+    kube_cluster.server.faults.fail_next(50, 503, when=lambda r: r.resource == names.CRD_PLURAL and r.verb == "get")
+    # (Every read fails: urllib3 itself may retry a 503 that carries Retry-After.)
+    with pytest.raises(BackendUnavailableError, match=f"cannot read the ElasticJob {NS}/{JOB} .*3 attempts.*503"):
+        KubernetesScheduler.from_cluster(settings(kubeconfig=str(kubeconfig), request_retries=2)).close()
 
 
 def test_a_missing_elastic_job_is_a_clear_error(kube_cluster: KubeCluster, tmp_path: Path) -> None:

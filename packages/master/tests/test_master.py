@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ from dlrover.master.goodput import AttemptReport, StepMark
 from dlrover.master.journal import MemoryJournal, SqliteJournal, StateJournal
 from dlrover.master.lifecycle import NodeConflictError
 from dlrover.master.master import Master, ResourceSample
-from dlrover.master.scheduler.base import ObservedState
+from dlrover.master.scheduler.base import REASON_DELETED, NodeRejectedError, NodeSpec, ObservedState
 from dlrover.master.scheduler.fake import FakeScheduler
 from dlrover.master.states import JobState, NodeState
 
@@ -226,6 +227,67 @@ def test_prepare_creates_nodes_that_can_register_before_anything_is_launched() -
     master.start()
     master.start()
     assert sorted(sched.specs) == [0, 1]
+
+
+class AdoptingScheduler(FakeScheduler):
+    """A backend a resuming master tells its journaled nodes (`AdoptsNodes`); those in `gone` had no trace."""
+
+    def __init__(self, gone: set[int]) -> None:
+        super().__init__()
+        self.gone = gone
+        self.adopted: list[int] = []
+
+    def adopt(self, node_ids: Iterable[int]) -> None:
+        for node_id in node_ids:
+            self.adopted.append(node_id)
+            if node_id in self.gone:
+                self.set_state(node_id, ObservedState.FAILED, reason=REASON_DELETED, evidence="no pod", disruption=True)
+            else:
+                self.set_state(node_id, ObservedState.RUNNING)
+
+
+def test_a_resumed_master_relaunches_a_journaled_node_its_backend_found_gone_at_once_without_charge(
+    tmp_path: Path,
+) -> None:
+    journal = SqliteJournal(tmp_path)
+    master = Master(config(), FakeScheduler(), journal, ManualClock())
+    master.start()
+    master.register(0, "a", "h0")
+    master.register(1, "b", "h1")
+    master.tick()
+    journal.close()  # the master dies; meanwhile node 1's pod is deleted
+
+    sched = AdoptingScheduler(gone={1})
+    resumed = Master(config(), sched, SqliteJournal(tmp_path), ManualClock(start=500.0))
+    assert sorted(sched.adopted) == [0, 1]  # the journal's alive nodes, told before the first tick
+    resumed.start()
+    resumed.tick()  # the first look: no heartbeat or start timeout has passed
+    nodes = resumed.nodes()
+    assert nodes[1].state is not NodeState.RUNNING
+    assert nodes[1].last_failure.startswith("Deleted: no pod")
+    (relaunch,) = [n for i, n in nodes.items() if i > 1]
+    assert relaunch.rank == 1
+    assert relaunch.disruptions == 1  # not charged to the rank
+    assert sorted(sched.specs) == [relaunch.node_id]
+    assert resumed.status().job_failures == 0
+    assert nodes[0].state is NodeState.RUNNING
+
+
+class RejectingScheduler(FakeScheduler):
+    """The platform refuses every node's specification (Kubernetes: 422 Invalid)."""
+
+    def launch(self, spec: NodeSpec) -> None:
+        raise NodeRejectedError(f"node {spec.node_id}: 422 Invalid: spec.containers[0].image: Required value")
+
+
+def test_a_node_the_platform_finds_invalid_fails_the_job_with_its_message_and_launches_nothing_more() -> None:
+    master = Master(config(), RejectingScheduler(), MemoryJournal(), ManualClock())
+    master.start()
+    assert master.job_state is JobState.FAILED
+    status = master.status()
+    assert "spec.containers[0].image: Required value" in status.exit_reason
+    assert status.job_failures == 0  # the configuration's fault, not a node's
+    assert all(n.state is NodeState.REMOVED for n in master.nodes().values())
 
 
 def test_a_fresh_master_is_not_restored_and_a_second_one_is(tmp_path: Path) -> None:

@@ -36,7 +36,7 @@ from dlrover.master import (
     StateDirLock,
     create_master,
 )
-from dlrover.master.cli import main
+from dlrover.master.cli import EXIT_RETRY, main
 from dlrover.master.scheduler.base import NodeSpec
 from dlrover.master.scheduler.external import ExternalScheduler
 from dlrover.master.scheduler.local import LocalScheduler
@@ -348,7 +348,7 @@ def test_a_second_master_on_a_live_state_dir_exits_naming_the_holder_and_changes
             second_log = tmp_path / f"second-{extra[1]}.log"
             second = _master_process(state, second_log, *extra)
             procs.append(second)
-            assert second.wait(timeout=60) == 2
+            assert second.wait(timeout=60) == EXIT_RETRY  # could not start now: retry later
             said = second_log.read_text()
             assert f"in use by pid {first.pid} on host {socket.gethostname()}" in said, said
             assert "listening" not in said

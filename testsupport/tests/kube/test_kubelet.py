@@ -5,6 +5,7 @@ Every test waits on conditions (never on time) and checks that the processes it 
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import signal
@@ -428,6 +429,44 @@ def test_lose_node_kills_its_pods_reports_them_lost_and_deletes_them(
     assert "1 node(s) had untolerated taint {node.kubernetes.io/unreachable: }" in cond["message"]
     kube_cluster.kubelet.restore_node("node-0")
     wait_until(lambda: phase(kube_cluster, "pinned") == "Succeeded", "the pinned pod after the node came back")
+
+
+def test_an_unreachable_node_s_pods_stay_running_not_ready_then_terminating_until_force_deleted() -> None:
+    nodes = [SimNode("node-0"), SimNode("node-1")]
+    with (
+        KubeCluster(nodes, node_lost_eviction_s=0.5) as cluster,
+        client.ApiClient(client.Configuration(host=cluster.url)) as api,
+    ):
+        v1 = client.CoreV1Api(api)
+        body = pod("victim", "import time; time.sleep(300)", nodeSelector={"kubernetes.io/hostname": "node-0"})
+        body["spec"]["terminationGracePeriodSeconds"] = 1
+        v1.create_namespaced_pod(NS, body)
+        pid = running_pid(cluster, "victim")
+        assert cluster.kubelet.lose_node("node-0", unreachable=True) == ["victim"]
+        wait_until(lambda: not alive(pid), "the lost node's process to die")
+        # As a real cluster shows it: not ready, still Running; then deleted by the taint manager and left
+        # Terminating, since no kubelet on the node confirms the deletion.
+        terminating = wait_until(
+            lambda: (p := get(cluster, "victim")) is not None and p["metadata"].get("deletionTimestamp") and p,
+            "the taint manager's deletion",
+        )
+        assert terminating["status"]["phase"] == "Running"
+        assert condition(terminating, "Ready")["status"] == "False"  # type: ignore[index]
+        assert condition(terminating, "DisruptionTarget")["reason"] == "DeletionByTaintManager"  # type: ignore[index]
+        assert terminating["metadata"]["deletionGracePeriodSeconds"] == 1
+        assert not any(p["status"].get("phase") == "Failed" for p in history_of(cluster, "victim"))
+        # Still there once its grace is over (its kubelet is gone): only a force delete removes it.
+        deadline = datetime.datetime.fromisoformat(terminating["metadata"]["deletionTimestamp"]).timestamp()
+        wait_until(lambda: time.time() > deadline + 1.0, "the grace period to pass")
+        stamp = terminating["metadata"]["resourceVersion"]
+        v1.create_namespaced_pod(NS, pod("witness", "pass"))  # the kubelet's loop runs after the grace
+        wait_until(lambda: phase(cluster, "witness") == "Succeeded", "a pod on the other node")
+        current = get(cluster, "victim")
+        assert current is not None
+        assert current["metadata"]["resourceVersion"] == stamp
+        v1.delete_namespaced_pod("victim", NS, grace_period_seconds=0)
+        assert get(cluster, "victim") is None
+        cluster.kubelet.restore_node("node-0")
 
 
 def test_evict_fails_the_pod_with_reason_evicted_and_keeps_it(kube_cluster: KubeCluster, v1: client.CoreV1Api) -> None:

@@ -6,11 +6,13 @@ import base64
 import json
 from typing import Any
 
+import attrs
 import pytest
 from ej_builders import TOKEN, created, edited, elastic_job, observed_after, pod_phase, summary, with_status
 
 from dlrover.master.kube.names import COMPONENT_LABEL, JOB_LABEL, MANAGED_BY_LABEL
 from dlrover.master.operator import (
+    MASTER_EXIT_RETRY,
     MASTER_ROLE_RULES,
     Condition,
     CreateObject,
@@ -346,6 +348,156 @@ def test_a_master_deleted_while_ready_is_replaced_and_counted() -> None:
     answer = run(job, gone)
     assert [w.kind for w in answer.writes] == ["Pod"]
     assert answer.status["masterRestarts"] == 1
+
+
+def _at(now: str, job: dict[str, Any], observed: Observed) -> Reconciliation:
+    answer = reconcile(job, observed, SETTINGS, now=now, new_token=TOKEN)
+    assert schema_errors(STATUS_SCHEMA, dict(answer.status), "status") == []
+    return answer
+
+
+def _not_ready_since(pod: dict[str, Any], since: str) -> dict[str, Any]:
+    """As the node lifecycle controller leaves a pod of a node that stopped answering: Running, Ready=False."""
+    out = pod_phase(pod, "Running")
+    out["spec"]["nodeName"] = "node-0"
+    out["status"]["conditions"] = [{"type": "Ready", "status": "False", "lastTransitionTime": since}]
+    return out
+
+
+def _terminating_until(pod: dict[str, Any], deletion: str) -> dict[str, Any]:
+    """As the taint manager leaves it: a graceful deletion no kubelet finishes (deletionTimestamp: its end)."""
+    out = _not_ready_since(pod, "2026-01-01T00:04:00Z")
+    out["metadata"]["deletionTimestamp"] = deletion
+    out["metadata"]["deletionGracePeriodSeconds"] = 30
+    return out
+
+
+def test_a_master_not_ready_past_the_timeout_is_force_deleted_and_replaced_once() -> None:
+    job, observed = running(elastic_job())
+    assert observed.master_pod is not None
+    assert SETTINGS.master_unready_timeout_s == 120
+    lost = attrs.evolve(observed, master_pod=_not_ready_since(observed.master_pod, "2026-01-01T00:00:00Z"))
+    # Within the timeout: a node that may come back; nothing is written.
+    early = _at("2026-01-01T00:02:00Z", job, lost)
+    assert [w for w in early.writes if isinstance(w, DeleteObject)] == []
+    assert early.status["masterRestarts"] == 0
+    answer = _at("2026-01-01T00:02:01Z", job, lost)
+    assert answer.writes == (DeleteObject("Pod", "job1-master", answer.writes[0].reason, 0, "uid-Pod-job1-master"),)
+    assert "not been ready since 2026-01-01T00:00:00Z" in answer.writes[0].reason
+    assert answer.status["masterRestarts"] == 1
+    assert condition(answer, Condition.MASTER_READY)["reason"] == "MasterLost"
+    # Seen again while the force delete shows: deleted again, not counted again; then replaced.
+    again = _at("2026-01-01T00:02:02Z", with_status(job, answer), lost)
+    assert [type(w) for w in again.writes] == [DeleteObject]
+    assert again.status["masterRestarts"] == 1
+    gone = attrs.evolve(observed, master_pod=None, summary=None)
+    replaced = _at("2026-01-01T00:02:03Z", with_status(job, again), gone)
+    assert [w.kind for w in replaced.writes if isinstance(w, CreateObject)] == ["Pod"]
+    assert replaced.status["masterRestarts"] == 1
+
+
+def test_a_master_left_terminating_past_its_grace_and_the_margin_is_force_deleted() -> None:
+    job, observed = running(elastic_job())
+    assert observed.master_pod is not None
+    assert SETTINGS.master_terminating_margin_s == 30
+    stuck = attrs.evolve(observed, master_pod=_terminating_until(observed.master_pod, "2026-01-01T00:05:00Z"))
+    # Before its deletion time plus the margin: waited for (a live kubelet finishes it), not counted.
+    waiting = _at("2026-01-01T00:05:30Z", job, stuck)
+    assert waiting.writes == ()
+    assert condition(waiting, Condition.MASTER_READY)["reason"] == "MasterTerminating"
+    answer = _at("2026-01-01T00:05:31Z", job, stuck)
+    assert answer.writes == (DeleteObject("Pod", "job1-master", answer.writes[0].reason, 0, "uid-Pod-job1-master"),)
+    assert "Terminating since 2026-01-01T00:05:00Z" in answer.writes[0].reason
+    assert answer.status["masterRestarts"] == 1
+    assert condition(answer, Condition.MASTER_READY)["reason"] == "MasterLost"
+    # Deleted with a long grace on a node lost long before: not ready past the timeout decides first.
+    long_grace = attrs.evolve(observed, master_pod=_terminating_until(observed.master_pod, "2026-01-01T01:00:00Z"))
+    assert "not been ready since" in _at("2026-01-01T00:06:01Z", job, long_grace).writes[0].reason
+
+
+def test_a_ready_master_and_an_unreadable_time_are_never_taken_for_lost() -> None:
+    job, observed = running(elastic_job())
+    assert observed.master_pod is not None
+    ready = _not_ready_since(observed.master_pod, "2026-01-01T00:00:00Z")
+    ready["status"]["conditions"][0]["status"] = "True"
+    assert _at("2027-01-01T00:00:00Z", job, attrs.evolve(observed, master_pod=ready)).writes == ()
+    unready = attrs.evolve(observed, master_pod=_not_ready_since(observed.master_pod, "not a time"))
+    assert _at("2027-01-01T00:00:00Z", job, unready).writes == ()
+    assert _at("not a time", job, attrs.evolve(observed, master_pod=ready)).writes == ()
+
+
+def test_a_suspended_jobs_master_stuck_terminating_on_a_lost_node_is_force_deleted() -> None:
+    job, observed = running(elastic_job())
+    assert observed.master_pod is not None
+    suspended = edited(job, {"suspend": True})
+    stuck = attrs.evolve(observed, master_pod=_terminating_until(observed.master_pod, "2026-01-01T00:05:00Z"))
+    assert _at("2026-01-01T00:05:00Z", suspended, stuck).writes == ()
+    answer = _at("2026-01-01T00:06:00Z", suspended, stuck)
+    assert [(w.name, w.grace_period_s) for w in answer.writes if isinstance(w, DeleteObject)] == [("job1-master", 0)]
+    assert answer.status["masterRestarts"] == 0  # a suspend, not a death
+
+
+def test_the_lost_master_timeouts_are_validated() -> None:
+    with pytest.raises(ValueError, match="master_unready_timeout_s"):
+        ReconcileSettings(master_unready_timeout_s=0)
+    with pytest.raises(ValueError, match="master_terminating_margin_s"):
+        ReconcileSettings(master_terminating_margin_s=-1)
+
+
+def _could_not_start(pod: dict[str, Any], finished: str) -> dict[str, Any]:
+    out = pod_phase(pod, "Failed", exit_code=MASTER_EXIT_RETRY)
+    out["status"]["containerStatuses"][0]["state"]["terminated"]["finishedAt"] = finished
+    return out
+
+
+def test_a_master_that_could_not_start_now_is_replaced_after_a_doubling_backoff_counted_once() -> None:
+    job, observed = running(elastic_job())
+    assert observed.master_pod is not None
+    assert (SETTINGS.master_retry_backoff_s, SETTINGS.master_retry_backoff_max_s) == (5.0, 300.0)
+    failed = attrs.evolve(
+        observed, master_pod=_could_not_start(observed.master_pod, "2026-01-01T00:00:00Z"), summary=None
+    )
+    waiting = _at("2026-01-01T00:00:04Z", job, failed)
+    assert waiting.writes == ()  # within the first backoff (5 s): the pod stays, nothing is written
+    assert waiting.status["masterRestarts"] == 1
+    assert condition(waiting, Condition.MASTER_READY)["reason"] == "MasterRetrying"
+    assert waiting.status.get("phase") != "Failed"
+    again = _at("2026-01-01T00:00:04Z", with_status(job, waiting), failed)
+    assert again.status["masterRestarts"] == 1  # counted once however often it is seen
+    due = _at("2026-01-01T00:00:06Z", with_status(job, again), failed)
+    assert due.writes == (DeleteObject("Pod", "job1-master", due.writes[0].reason, 0, "uid-Pod-job1-master"),)
+    assert due.status["masterRestarts"] == 1
+    gone = attrs.evolve(observed, master_pod=None, summary=None)
+    replaced = _at("2026-01-01T00:00:07Z", with_status(job, due), gone)
+    assert [w.kind for w in replaced.writes if isinstance(w, CreateObject)] == ["Pod"]
+    assert replaced.status["masterRestarts"] == 1
+    # The replacement could not start either: the second backoff is 10 s.
+    second = attrs.evolve(failed, master_pod=_could_not_start(observed.master_pod, "2026-01-01T00:01:00Z"))
+    held = _at("2026-01-01T00:01:09Z", with_status(job, replaced), second)
+    assert held.writes == ()
+    assert held.status["masterRestarts"] == 2
+    assert "backoff of 10 s" in condition(held, Condition.MASTER_READY)["message"]
+    assert [type(w) for w in _at("2026-01-01T00:01:11Z", with_status(job, held), second).writes] == [DeleteObject]
+
+
+def test_the_retry_backoff_doubles_up_to_its_maximum() -> None:
+    settings = ReconcileSettings(master_retry_backoff_s=5, master_retry_backoff_max_s=30)
+    assert [settings.retry_backoff_s(n) for n in (0, 1, 2, 3, 4, 9)] == [5, 5, 10, 20, 30, 30]
+
+
+def test_retries_of_a_master_that_cannot_start_are_bounded_by_the_restart_budget() -> None:
+    job, observed = running(elastic_job())
+    assert observed.master_pod is not None
+    job["status"]["masterRestarts"] = SETTINGS.max_master_restarts
+    failed = attrs.evolve(
+        observed, master_pod=_could_not_start(observed.master_pod, "2026-01-01T00:00:00Z"), summary=None
+    )
+    due = _at("2026-01-01T01:00:00Z", job, failed)
+    assert [type(w) for w in due.writes] == [DeleteObject]
+    gone = attrs.evolve(observed, master_pod=None, summary=None)
+    ended = _at("2026-01-01T01:00:01Z", with_status(job, due), gone)
+    assert ended.writes == ()
+    assert condition(ended, Condition.FAILED)["reason"] == "MasterRestartsExhausted"
 
 
 def test_a_master_dying_past_its_budget_fails_the_job() -> None:

@@ -1,9 +1,11 @@
 """The reconcile as a state machine: a simulated cluster carries out its writes while the master
-runs, dies, is deleted, ends the job, and the user suspends, resumes and edits the job."""
+runs, dies, is deleted, loses its node (left Running not ready, then Terminating, as a real cluster
+leaves it), ends the job, and the user suspends, resumes and edits the job; time passes."""
 
 from __future__ import annotations
 
 import copy
+import datetime
 from typing import Any
 
 import hypothesis.strategies as st
@@ -12,6 +14,7 @@ from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from dlrover.master.operator import (
+    MASTER_EXIT_RETRY,
     CreateObject,
     DeleteObject,
     MasterSettings,
@@ -21,6 +24,7 @@ from dlrover.master.operator import (
     check_spec,
     reconcile,
 )
+from dlrover.master.operator.reconcile import _ended
 from dlrover.master.operator.schema import STATUS_SCHEMA, schema_errors
 
 MAX_RESTARTS = 3
@@ -49,6 +53,19 @@ class OperatorMachine(RuleBasedStateMachine):
         self.last_restarts = 0
         self.passes = 0
         self.previous: Observed | None = None
+        self.clock_s = 0.0  # seconds since the start of 2026
+        self.counted: set[str] = set()  # master pods whose death is counted in `deaths`
+
+    def _now(self, offset_s: float = 0.0) -> str:
+        start = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
+        return (start + datetime.timedelta(seconds=self.clock_s + offset_s)).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+    def _death(self) -> None:
+        assert self.master is not None
+        uid = self.master["metadata"]["uid"]
+        if uid not in self.counted:
+            self.counted.add(uid)
+            self.deaths += 1
 
     def _uid(self) -> str:
         self.uid += 1
@@ -65,8 +82,9 @@ class OperatorMachine(RuleBasedStateMachine):
     def _pass(self, stale: Observed | None = None) -> int:
         observed = stale or self._observed()
         self.previous = self._observed()
-        answer = reconcile(self.job, observed, SETTINGS, now="t", new_token=TOKEN)
-        again = reconcile(copy.deepcopy(self.job), observed, SETTINGS, now="t", new_token=TOKEN)
+        now = self._now()
+        answer = reconcile(self.job, observed, SETTINGS, now=now, new_token=TOKEN)
+        again = reconcile(copy.deepcopy(self.job), observed, SETTINGS, now=now, new_token=TOKEN)
         assert again == answer, "the decision depends only on its inputs"
         assert schema_errors(STATUS_SCHEMA, dict(answer.status), "status") == []
         for write in answer.writes:
@@ -95,19 +113,33 @@ class OperatorMachine(RuleBasedStateMachine):
                 if stale is not None and self.master is not None and write.uid != self.master["metadata"]["uid"]:
                     continue  # the uid precondition fails: a newer master is left alone
                 if self.master is not None and write.name == self.master["metadata"]["name"]:
-                    assert write.uid == self.master["metadata"]["uid"]
-                    self.master = None
-                    self.running = False
+                    self._delete_master(write)
                 else:
                     self.workers.pop(write.name, None)
             else:
                 assert isinstance(write, ResizeJob)
         self.job["status"] = copy.deepcopy(dict(answer.status))
+        if _ended(answer.status):
+            self.ended = True  # the operator saw the end (maybe on a stale view of a pod since deleted)
         restarts = int(answer.status.get("masterRestarts", 0))
         assert restarts >= self.last_restarts, "masterRestarts never goes back"
         self.last_restarts = restarts
         self.passes += 1
         return len(answer.writes)
+
+    def _delete_master(self, write: DeleteObject) -> None:
+        assert self.master is not None
+        assert write.uid == self.master["metadata"]["uid"]
+        meta = self.master["metadata"]
+        if write.grace_period_s is None and not meta.get("deletionTimestamp"):
+            # A graceful delete: Terminating until its kubelet confirms (`graceful_deletion_ends`).
+            meta["deletionTimestamp"] = self._now(30)
+            meta["deletionGracePeriodSeconds"] = 30
+        else:
+            if meta.get("deletionTimestamp") and write.grace_period_s == 0:
+                self._death()  # a pod stuck Terminating, taken for dead
+            self.master = None
+        self.running = False
 
     @rule()
     def reconcile_until_quiet(self) -> None:
@@ -123,13 +155,27 @@ class OperatorMachine(RuleBasedStateMachine):
         if self.job["spec"].get("suspend") and not self.ended and self.master is None:
             assert not self.workers
         if self.job["spec"].get("suspend") and status.get("phase") == "Suspended":
-            assert self.master is None
+            # (A master left Terminating on a lost node is force-deleted only past its grace and the margin.)
+            assert self.master is None or self.master["metadata"].get("deletionTimestamp")
             assert not self.workers
         assert self.masters_after_end == 0, "a master was started after the job ended"
         runs = not self.ended and not self.job["spec"].get("suspend") and check_spec(self.job).spec is not None
         if runs and status.get("phase") != "Failed":
             assert self.master is not None, status
             assert set(self.objects) == set(_FIELDS)
+            statuses = self.master["status"].get("containerStatuses", [])
+            finished = [c["state"]["terminated"].get("finishedAt") for c in statuses]
+            if finished and finished[0]:
+                start = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
+                since_s = (datetime.datetime.fromisoformat(finished[0]) - start).total_seconds()
+                wait_s = SETTINGS.retry_backoff_s(self.last_restarts)
+                assert self.clock_s - since_s < wait_s, "a master that could not start was not replaced"
+            conditions = self.master["status"].get("conditions", [])
+            lost_since = next((c["lastTransitionTime"] for c in conditions if c["status"] == "False"), None)
+            if lost_since is not None:
+                start = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
+                since = (datetime.datetime.fromisoformat(lost_since) - start).total_seconds()
+                assert self.clock_s - since <= SETTINGS.master_unready_timeout_s, "a lost master was left in place"
         assert self.last_restarts <= self.deaths
 
     @precondition(lambda self: self.previous is not None)
@@ -150,12 +196,12 @@ class OperatorMachine(RuleBasedStateMachine):
     @rule(code=st.sampled_from([137, 143]))
     def master_dies(self, code: int) -> None:
         assert self.master is not None
+        self._death()
         self.master["status"] = {
             "phase": "Failed",
             "containerStatuses": [{"name": "master", "state": {"terminated": {"exitCode": code}}}],
         }
         self.running = False
-        self.deaths += 1
 
     @precondition(lambda self: self.master is not None)
     @rule()
@@ -164,12 +210,70 @@ class OperatorMachine(RuleBasedStateMachine):
             # The pod that said how the job ended is gone before the operator saw it: nothing tells the
             # operator the job ended, and a replacement master (resuming its journal) says it again.
             self.ended = False
+        self._death()
         self.master = None
         self.running = False
-        self.deaths += 1
 
     @precondition(
-        lambda self: self.master is not None and self.master["status"]["phase"] == "Running" and not self.ended
+        lambda self: (
+            self.master is not None
+            and self.master["status"]["phase"] == "Running"
+            and not self.master["status"].get("conditions")
+        )
+    )
+    @rule()
+    def masters_node_lost(self) -> None:
+        """Its node stops answering: the node lifecycle controller marks it not ready; it stays Running."""
+        assert self.master is not None
+        if self.ended and self.job.get("status", {}).get("phase") not in ("Succeeded", "Failed"):
+            self.ended = False  # (as master_deleted: the end the operator never saw is said again by a successor)
+        self._death()
+        self.master["spec"]["nodeName"] = "node-0"
+        self.master["status"]["conditions"] = [{"type": "Ready", "status": "False", "lastTransitionTime": self._now()}]
+        self.running = False
+
+    @precondition(
+        lambda self: (
+            self.master is not None
+            and any(c.get("status") == "False" for c in self.master["status"].get("conditions", []))
+            and not self.master["metadata"].get("deletionTimestamp")
+        )
+    )
+    @rule()
+    def taint_manager_deletes_the_lost_master(self) -> None:
+        """A graceful deletion that no kubelet finishes: the pod stays Terminating."""
+        assert self.master is not None
+        self.master["metadata"]["deletionTimestamp"] = self._now(30)
+        self.master["metadata"]["deletionGracePeriodSeconds"] = 30
+
+    @precondition(lambda self: self.master is not None and self.master["status"]["phase"] == "Pending")
+    @rule()
+    def master_cannot_start_now(self) -> None:
+        """It exits 75: another master still holds the state directory (replaced after a backoff)."""
+        assert self.master is not None
+        self._death()
+        terminated = {"exitCode": MASTER_EXIT_RETRY, "reason": "Error", "finishedAt": self._now()}
+        self.master["status"] = {"phase": "Failed", "containerStatuses": [{"name": "master", "state": {
+            "terminated": terminated}}]}  # fmt: skip
+
+    @precondition(lambda self: self.master is not None and self.master["metadata"].get("deletionTimestamp"))
+    @rule()
+    def graceful_deletion_ends(self) -> None:
+        """The master's kubelet confirms a graceful deletion (the node answers): the pod is gone."""
+        self.master = None
+        self.running = False
+
+    @rule(seconds=st.sampled_from([1.0, 60.0, 200.0]))
+    def time_passes(self, seconds: float) -> None:
+        self.clock_s += seconds
+
+    @precondition(
+        lambda self: (
+            self.master is not None
+            and self.master["status"]["phase"] == "Running"
+            and not self.ended
+            and not self.master["status"].get("conditions")
+        )
     )
     @rule(code=st.sampled_from([0, 1, 3]))
     def job_ends(self, code: int) -> None:

@@ -54,6 +54,7 @@ class FaultRule:
     remaining: int | None = None
     retry_after_s: int = 1
     fired: int = 0
+    message: str = ""  # the Status message answered ("" for "injected fault: <code>")
 
 
 def _any(_: ApiRequest) -> bool:
@@ -75,15 +76,16 @@ class Faults:
         self._compact = compact
 
     def fail_next(
-        self, count: int, code: int = 500, *, when: Predicate | None = None, retry_after_s: int = 1
+        self, count: int, code: int = 500, *, when: Predicate | None = None, retry_after_s: int = 1, message: str = ""
     ) -> FaultRule:
         """Answer the next `count` requests that match `when` with `code` (500, 503, 429 with
-        Retry-After, 410: a watch gets an ERROR event with a 410 Status, other requests a 410)."""
+        Retry-After, 410: a watch gets an ERROR event with a 410 Status, other requests a 410; 403
+        and 422 as admission answers them, e.g. with a ResourceQuota's `message`)."""
         if count < 1:
             raise ValueError(f"count must be at least 1, not {count}")
         if not 400 <= code <= 599:
             raise ValueError(f"code must be an HTTP error status, not {code}")
-        rule = FaultRule(when or _any, code=code, remaining=count, retry_after_s=retry_after_s)
+        rule = FaultRule(when or _any, code=code, remaining=count, retry_after_s=retry_after_s, message=message)
         with self._lock:
             self._rules.append(rule)
         return rule

@@ -204,6 +204,7 @@ class Kubelet:
         self._retired: list[_PodRun] = []  # cleaned up; kept for their logs
         self._ips: dict[Key, str] = {}
         self._lost: set[str] = set()
+        self._unreachable: set[str] = set()  # lost nodes whose pods nothing reports (a subset of _lost)
         self._unschedulable_messages: dict[str, str] = {}  # uid -> message written
         self._timers: list[tuple[float, int, Callable[[], None]]] = []
         self._seq = itertools.count()
@@ -326,16 +327,25 @@ class Kubelet:
 
     # ----------------------------------------------------------------- faults
 
-    def lose_node(self, node: str) -> list[str]:
-        """The node stops answering: its pods' processes are SIGKILLed, its Ready condition
-        becomes Unknown (with the unreachable taints), its pods get phase Failed, reason NodeLost
-        and a DisruptionTarget condition, and are deleted after `node_lost_eviction_s`.
-        Returns the names of the pods lost."""
+    def lose_node(self, node: str, *, unreachable: bool = False) -> list[str]:
+        """The node stops answering: its pods' processes are SIGKILLed and its Ready condition
+        becomes Unknown (with the unreachable taints). Returns the names of the pods lost.
+
+        By default its pods are reported at once as a lost node's pods used to be: phase Failed,
+        reason NodeLost and a DisruptionTarget condition, deleted after `node_lost_eviction_s`.
+
+        `unreachable=True` shows what a real cluster shows, where no kubelet is left to report:
+        the node lifecycle controller marks its pods `Ready=False` (phase stays Running); after
+        `node_lost_eviction_s` (the unreachable taint's tolerationSeconds) the taint manager adds a
+        DisruptionTarget condition (DeletionByTaintManager) and deletes them with their grace
+        period; with no kubelet to confirm, they stay Terminating until someone force-deletes
+        them (grace 0) or the node comes back (`restore_node`)."""
         self._check_node(node)
-        return self._call(lambda: self._lose_node(node))
+        return self._call(lambda: self._lose_node(node, unreachable))
 
     def restore_node(self, node: str) -> None:
-        """A lost node is back: Ready again, schedulable (its old pods stay gone)."""
+        """A lost node is back: Ready again, schedulable (its old pods stay gone; those an
+        unreachable node kept are reported Failed/NodeLost, or deleted when being deleted)."""
         self._check_node(node)
         self._call(lambda: self._restore_node(node))
 
@@ -526,16 +536,54 @@ class Kubelet:
         node = self._sim_nodes[name]
         self._nodes[name] = set_node_ready(self.store, node, self._host_ips[name], ready=ready, now=self._now())
 
-    def _lose_node(self, node: str) -> list[str]:
+    def _lose_node(self, node: str, unreachable: bool) -> list[str]:
         self._lost.add(node)
+        if unreachable:
+            self._unreachable.add(node)
         self._set_node_ready(node, False)
         lost = []
         for key, pod in sorted(self._pods.items()):
             if (pod.get("spec") or {}).get("nodeName") == node and _phase(pod) not in _TERMINAL:
-                self._fail_lost(pod)
+                if unreachable:
+                    self._silence_lost(pod)
+                else:
+                    self._fail_lost(pod)
                 lost.append(key[1])
         self._event_node(node, "NodeNotReady", f"Node {node} status is now: NodeNotReady", "Normal")
         return lost
+
+    def _silence_lost(self, pod: Obj) -> None:
+        """An unreachable node's pod: its processes die unreported; the node lifecycle controller
+        marks it not ready, and the taint manager deletes it (gracefully) after the toleration."""
+        run = self._run_of(pod)
+        if run is not None:
+            # final: their exits are never reported (no kubelet is left to see them).
+            run.terminating = run.final = True
+            for proc in run.procs.values():
+                self._signal(proc, signal.SIGKILL)
+        meta = pod["metadata"]
+        namespace, name, uid = meta.get("namespace") or "default", meta["name"], _uid(pod)
+        not_ready = {"Ready": ("False", "", "")}
+        self._patch_status(namespace, name, uid, lambda s: {
+            **s, "conditions": merge_conditions(s.get("conditions") or [], not_ready, self._now())
+        })  # fmt: skip
+        self._after(self._node_lost_eviction_s, lambda: self._taint_evict(namespace, name, uid))
+
+    def _taint_evict(self, namespace: str, name: str, uid: str) -> None:
+        """The taint manager's deletion of an unreachable node's pod (its grace period: it stays
+        Terminating, since no kubelet on that node confirms it)."""
+        pod = self._pods.get((namespace, name))
+        if pod is None or _uid(pod) != uid or pod["metadata"].get("deletionTimestamp"):
+            return
+        if (pod.get("spec") or {}).get("nodeName") not in self._unreachable:
+            return  # the node came back first
+        target = {"DisruptionTarget": ("True", *_LOST_CONDITION)}
+        self._patch_status(namespace, name, uid, lambda s: {
+            **s, "conditions": merge_conditions(s.get("conditions") or [], target, self._now())
+        })  # fmt: skip
+        self._event(pod, "TaintManagerEviction", f"Marking for deletion Pod {namespace}/{name}", "Normal",
+                    "taint-eviction-controller")  # fmt: skip
+        self._delete_pod(namespace, name, uid, grace_s=None)
 
     def _fail_lost(self, pod: Obj) -> None:
         """Kill a lost node's pod, report it Failed/NodeLost and delete it later."""
@@ -561,6 +609,16 @@ class Kubelet:
 
     def _restore_node(self, node: str) -> None:
         self._lost.discard(node)
+        if node in self._unreachable:
+            self._unreachable.discard(node)
+            # Its kubelet answers again: the pods it kept are reported (their processes died with the node).
+            for key, pod in sorted(self._pods.items()):
+                if (pod.get("spec") or {}).get("nodeName") != node:
+                    continue
+                if pod["metadata"].get("deletionTimestamp"):
+                    self._delete_pod(key[0], key[1], _uid(pod), grace_s=0)
+                elif _phase(pod) not in _TERMINAL:
+                    self._fail_lost(pod)
         self._set_node_ready(node, True)
         self._event_node(node, "NodeReady", f"Node {node} status is now: NodeReady", "Normal")
 
@@ -654,8 +712,8 @@ class Kubelet:
         if pod is None:
             return
         node = (pod.get("spec") or {}).get("nodeName")
-        if node not in self._sim_nodes:
-            return
+        if node not in self._sim_nodes or node in self._unreachable:
+            return  # (an unreachable node's kubelet neither stops, starts nor reports anything)
         run = self._run_of(pod)
         meta = pod["metadata"]
         if meta.get("deletionTimestamp"):

@@ -396,9 +396,12 @@ class _Handler(BaseHTTPRequestHandler):
             self._chunk(b"")
             request.code = 200
             return
-        reasons = {429: "TooManyRequests", 500: "InternalError", 503: "ServiceUnavailable", 410: "Expired"}
+        reasons = {
+            403: "Forbidden", 422: "Invalid", 429: "TooManyRequests", 500: "InternalError",
+            503: "ServiceUnavailable", 410: "Expired",
+        }  # fmt: skip
         retry = rule.retry_after_s if rule.code in (429, 503) else None
-        message = f"injected fault: {rule.code}"
+        message = rule.message or f"injected fault: {rule.code}"
         raise ApiError(rule.code, reasons.get(rule.code, "Unknown"), message, retry_after_s=retry)
 
     def do_GET(self) -> None:

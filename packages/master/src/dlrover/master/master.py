@@ -70,8 +70,10 @@ from dlrover.master.scheduler.base import (
     REASON_NODE_LOST,
     REASON_OOM_KILLED,
     AdjustableCapacity,
+    AdoptsNodes,
     NodeMemoryRecords,
     NodePlacement,
+    NodeRejectedError,
     NodeShapeLimit,
     NodeSpec,
     ObservedNode,
@@ -354,7 +356,16 @@ class Master:
         if restored.last_event_seq:
             self._replay_events()
         if self._restored:
-            self._record(Outcome(events=(Event("master_restart", "the master restarted and resumed the job"),)))
+            self._resumed()
+
+    def _resumed(self) -> None:
+        """Journal the restart, and tell a backend that adopts nodes which ones the journal holds alive: it
+        reports, at the first tick, one whose pod vanished while no master watched, relaunched at once as a
+        disruption rather than after a heartbeat or start timeout charged to the job."""
+        self._record(Outcome(events=(Event("master_restart", "the master restarted and resumed the job"),)))
+        if isinstance(self._scheduler, AdoptsNodes):
+            alive = [n.node_id for n in self._lifecycle.nodes().values() if n.state in ALIVE_STATES]
+            self._scheduler.adopt(alive)
 
     def _replay_events(self) -> None:
         """Account for the journaled events again, as a restarted master: goodput, samples, and the
@@ -613,6 +624,8 @@ class Master:
         if isinstance(effect, StopNode):
             self._scheduler.stop(effect.node_id)
             return
+        if self._lifecycle.job_state.finished:
+            return  # a launch deferred or queued before the job ended (a node the platform refused stopped it)
         env = self._agent_env() if callable(self._agent_env) else dict(self._agent_env or {})
         spec = NodeSpec(
             job_name=self._config.job_name,
@@ -632,6 +645,16 @@ class Master:
         )
         try:
             self._scheduler.launch(spec)
+        except NodeRejectedError as exc:
+            # The platform refuses the node's specification itself: every relaunch would be refused alike.
+            reason = f"node {effect.node_id} cannot be started: {exc}"
+            try:
+                self._transact(
+                    lambda: self._just(self._lifecycle.stop(reason, self._clock.now(), state=JobState.FAILED))
+                )
+            except JournalError:
+                _log.exception("%s; the job's end could not be journaled", reason)
+            return
         except SchedulerError as exc:
             # A launch that fails is a failure of that node: relaunch or give up within budgets.
             node = self._lifecycle.node(effect.node_id)

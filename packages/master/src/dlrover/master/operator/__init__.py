@@ -8,6 +8,7 @@ the console script. The official `kubernetes` client (the `k8s` extra) is import
 
 from dlrover.master.operator.objects import MASTER_ROLE_RULES, MasterSettings, RoleRule
 from dlrover.master.operator.reconcile import (
+    MASTER_EXIT_RETRY,
     Condition,
     CreateObject,
     DeleteObject,
@@ -22,6 +23,7 @@ from dlrover.master.operator.schema import crd_manifest, job_schema, schema_erro
 from dlrover.master.operator.spec import JobSpec, SpecCheck, check_spec
 
 __all__ = [
+    "MASTER_EXIT_RETRY",
     "MASTER_ROLE_RULES",
     "Condition",
     "CreateObject",

@@ -84,6 +84,28 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--max-master-restarts", type=int, default=10, help="replacements of a dead master before its job is failed"
     )
+    p.add_argument(
+        "--master-unready-timeout-s",
+        type=float,
+        default=120.0,
+        help="a Running master pod not ready this long (its node stopped answering) is force-deleted and replaced",
+    )
+    p.add_argument(
+        "--master-terminating-margin-s",
+        type=float,
+        default=30.0,
+        help="a master pod still Terminating this long past its grace period (its node is lost) is force-deleted "
+        "and replaced",
+    )
+    p.add_argument(
+        "--master-retry-backoff-s",
+        type=float,
+        default=5.0,
+        help="wait before replacing a master that could not start now (exit 75); doubled per replacement",
+    )
+    p.add_argument(
+        "--master-retry-backoff-max-s", type=float, default=300.0, help="the longest --master-retry-backoff-s"
+    )
     p.add_argument("--status-interval-s", type=float, default=5.0, help="how often a running job's status is mirrored")
     p.add_argument(
         "--resync-interval-s", type=float, default=30.0, help="how often a job that does not run is looked at again"
@@ -115,7 +137,14 @@ def build_settings(args: argparse.Namespace) -> OperatorSettings:
     )
     return OperatorSettings(
         namespace=args.namespace,
-        reconcile=ReconcileSettings(master=master, max_master_restarts=args.max_master_restarts),
+        reconcile=ReconcileSettings(
+            master=master,
+            max_master_restarts=args.max_master_restarts,
+            master_unready_timeout_s=args.master_unready_timeout_s,
+            master_terminating_margin_s=args.master_terminating_margin_s,
+            master_retry_backoff_s=args.master_retry_backoff_s,
+            master_retry_backoff_max_s=args.master_retry_backoff_max_s,
+        ),
         status_interval_s=args.status_interval_s,
         resync_interval_s=args.resync_interval_s,
         master_call_timeout_s=args.master_call_timeout_s,

@@ -20,19 +20,25 @@ The rules, in order:
    its journal on `spec.master.stateVolume`.
 6. The Secret, ServiceAccount, Role, RoleBinding and Service are created when missing; the master
    pod is created when missing, and replaced (counted in `masterRestarts`, bounded) when it died
-   for any reason but the job's end.
+   for any reason but the job's end. A master pod on a lost node is dead too, though nothing
+   reports it so (no kubelet is left to): Running with `Ready=False` for longer than
+   `master_unready_timeout_s`, or Terminating past its deletion time (the taint manager's graceful
+   deletion, which only that node's kubelet could finish) plus `master_terminating_margin_s`. It is
+   force-deleted (grace 0) and replaced; see `_Pass.master_lost` for why that is safe.
 7. An edit a running job cannot take (anything but `suspend` and the node counts) is refused in the
    status; a new node count within the master's range is carried out by its resize RPC.
 """
 
 from __future__ import annotations
 
+import datetime
 import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
 
+from dlrover.common.validators import non_negative, positive
 from dlrover.master.kube.names import (
     master_name,
     token_secret_name,
@@ -43,6 +49,7 @@ from dlrover.master.states import JobState, NodeState
 from dlrover.master.status import JobSummary
 
 __all__ = [
+    "MASTER_EXIT_RETRY",
     "Condition",
     "CreateObject",
     "DeleteObject",
@@ -72,7 +79,12 @@ _ENDED_STATES = {JobState.SUCCEEDED: "JobSucceeded", JobState.FAILED: "JobFailed
 
 _ENDED_EXIT_CODES = {0: "JobSucceeded", 1: "JobFailed", 2: "MasterFailed", 3: "JobStopped"}
 """dlrover-master's exit statuses: 0 succeeded, 1 failed, 2 bad usage, 3 stopped. Any other end (a
-signal, an OOM kill, an eviction, a lost node) is the master dying, not the job ending."""
+signal, an OOM kill, an eviction, a lost node, `MASTER_EXIT_RETRY`) is the master dying, not the job
+ending."""
+
+MASTER_EXIT_RETRY = 75
+"""dlrover-master's "could not start now, retry" status (`dlrover.master.cli.EXIT_RETRY`): another master
+still holds the state directory, or the API server could not be reached. Replaced after a backoff."""
 
 
 @attrs.frozen
@@ -145,10 +157,27 @@ class ReconcileSettings:
     Attributes:
         master: how masters are started.
         max_master_restarts: replacements of a dead master before the job is failed.
+        master_unready_timeout_s: how long a Running master pod may show `Ready=False` (its node
+            stopped answering: the node lifecycle controller marks its pods not ready) before it is
+            taken for dead and replaced.
+        master_terminating_margin_s: how long past its deletion time (the deletion's time plus the
+            pod's grace period) a Terminating master pod may stay before it is taken for dead (its
+            node's kubelet, the only one that could finish the deletion, is gone) and force-deleted.
+        master_retry_backoff_s, master_retry_backoff_max_s: how long a master pod that exited with
+            `MASTER_EXIT_RETRY` (it could not start now) is left before it is replaced: the first,
+            doubled per replacement counted, up to the maximum (from the container's finishedAt).
     """
 
     master: objects.MasterSettings = attrs.field(factory=objects.MasterSettings)
     max_master_restarts: int = 10
+    master_unready_timeout_s: float = attrs.field(default=120.0, validator=positive)
+    master_terminating_margin_s: float = attrs.field(default=30.0, validator=non_negative)
+    master_retry_backoff_s: float = attrs.field(default=5.0, validator=non_negative)
+    master_retry_backoff_max_s: float = attrs.field(default=300.0, validator=non_negative)
+
+    def retry_backoff_s(self, restarts: int) -> float:
+        """The wait before replacing a master that exited `MASTER_EXIT_RETRY`, the `restarts`-th counted."""
+        return float(min(self.master_retry_backoff_s * 2 ** max(restarts - 1, 0), self.master_retry_backoff_max_s))
 
 
 @attrs.frozen
@@ -209,6 +238,15 @@ def _terminated(pod: Mapping[str, Any]) -> tuple[int | None, str, str]:
     return None, str(status.get("reason") or ""), str(status.get("message") or "")
 
 
+def _finished_at(pod: Mapping[str, Any]) -> str:
+    """When the master container ended ("" when not known)."""
+    for container in (pod.get("status") or {}).get("containerStatuses") or []:
+        state = (container.get("state") or {}).get("terminated") or {}
+        if state.get("finishedAt"):
+            return str(state["finishedAt"])
+    return ""
+
+
 def _pending_message(pod: Mapping[str, Any]) -> str:
     for condition in (pod.get("status") or {}).get("conditions") or []:
         if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
@@ -264,6 +302,59 @@ def _deleting(obj: Mapping[str, Any] | None) -> bool:
 
 def _uid(obj: Mapping[str, Any]) -> str:
     return str((obj.get("metadata") or {}).get("uid") or "")
+
+
+def _epoch_s(stamp: object) -> float | None:
+    """An RFC 3339 time as epoch seconds (a time without an offset is UTC); None when not one."""
+    if not isinstance(stamp, str) or not stamp:
+        return None
+    try:
+        when = datetime.datetime.fromisoformat(stamp)
+    except ValueError:
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=datetime.UTC)
+    return when.timestamp()
+
+
+def _lost_master(pod: Mapping[str, Any], now: str, settings: ReconcileSettings) -> str:
+    """Why the master pod is taken for dead though nothing reported it so (its node is lost); "" if not."""
+    now_s = _epoch_s(now)
+    if now_s is None:
+        return ""
+    unready = _unready_too_long(pod, now_s, settings.master_unready_timeout_s)
+    if (pod.get("metadata") or {}).get("deletionTimestamp"):
+        # (A deleted pod on a node lost long before is dead whatever its deletion's time.)
+        return _stuck_terminating(pod, now_s, settings.master_terminating_margin_s) or unready
+    return unready
+
+
+def _stuck_terminating(pod: Mapping[str, Any], now_s: float, margin_s: float) -> str:
+    meta = pod.get("metadata") or {}
+    # deletionTimestamp is the deletion's time plus the grace period (the API server sets it so).
+    deadline = _epoch_s(meta.get("deletionTimestamp"))
+    if deadline is None or now_s <= deadline + margin_s:
+        return ""
+    node = str((pod.get("spec") or {}).get("nodeName") or "?")
+    return (
+        f"the master pod has been Terminating since {meta['deletionTimestamp']} (its grace period over, plus "
+        f"{margin_s:g} s): its node {node} does not confirm the deletion"
+    )
+
+
+def _unready_too_long(pod: Mapping[str, Any], now_s: float, timeout_s: float) -> str:
+    status = pod.get("status") or {}
+    if status.get("phase") != "Running":
+        return ""
+    ready = next((c for c in status.get("conditions") or [] if c.get("type") == "Ready"), None)
+    since = _epoch_s((ready or {}).get("lastTransitionTime"))
+    if ready is None or ready.get("status") != "False" or since is None or now_s - since <= timeout_s:
+        return ""
+    node = str((pod.get("spec") or {}).get("nodeName") or "?")
+    return (
+        f"the master pod has not been ready since {ready.get('lastTransitionTime')} (more than {timeout_s:g} s) "
+        f"on node {node}: the node stopped answering"
+    )
 
 
 class _Pass:
@@ -364,6 +455,10 @@ class _Pass:
 
     def suspend(self) -> Reconciliation:
         pod = self.observed.master_pod
+        lost = _lost_master(pod, self.now, self.settings) if pod is not None and _deleting(pod) else ""
+        if pod is not None and lost:
+            # Its node is lost: no kubelet will finish the graceful delete (see `master_lost` for the journal).
+            self.writes.append(DeleteObject("Pod", master_name(self.name), lost, 0, _uid(pod)))
         if pod is not None and not _deleting(pod):
             # With its grace: a master given SIGTERM leaves its job resumable (it hands its pods over; they are
             # deleted here), and a resumed master is created only once this one is gone, so two never share
@@ -404,6 +499,10 @@ class _Pass:
         pod = self.observed.master_pod
         if pod is None:
             self.create_master(spec)
+            return
+        lost = _lost_master(pod, self.now, self.settings)
+        if lost:
+            self.master_lost(pod, lost)
             return
         if _deleting(pod):
             self.condition(Condition.MASTER_READY, False, "MasterTerminating", "the old master pod is being deleted")
@@ -463,16 +562,46 @@ class _Pass:
         return None
 
     def master_exited(self, pod: Mapping[str, Any], phase: str) -> None:
-        """The master pod ended without ending the job (`end_by_master` said no): it died."""
+        """The master pod ended without ending the job (`end_by_master` said no): it died, or could not
+        start now (`MASTER_EXIT_RETRY`: replaced once its backoff passed)."""
         code, reason, message = _terminated(pod)
         why = f"the master pod {phase.lower()} ({reason or 'no reason'}, exit code {code}): {message}".rstrip(": ")
         ready = _condition(self.status, Condition.MASTER_READY)
-        if not (ready and ready.get("reason") == "MasterDied"):
+        if not (ready and ready.get("reason") in ("MasterDied", "MasterRetrying")):
             # Counted once per death: the dead pod may still be seen while its deletion is under way.
             self.status["masterRestarts"] = int(self.status.get("masterRestarts", 0)) + 1
+        if code == MASTER_EXIT_RETRY:
+            wait_s = self.settings.retry_backoff_s(int(self.status.get("masterRestarts", 0)))
+            finished = _epoch_s(_finished_at(pod))
+            now_s = _epoch_s(self.now)
+            if finished is not None and now_s is not None and now_s < finished + wait_s:
+                said = f"the master could not start now ({why}); replaced after a backoff of {wait_s:g} s"
+                self.condition(Condition.MASTER_READY, False, "MasterRetrying", said)
+                self.reasons.append(f"{said} ({finished + wait_s - now_s:g} s left)")
+                return
         self.condition(Condition.MASTER_READY, False, "MasterDied", why)
         self.writes.append(DeleteObject("Pod", master_name(self.name), why, 0, _uid(pod)))
         self.reasons.append(f"{why}: delete it, then start a replacement")
+
+    def master_lost(self, pod: Mapping[str, Any], why: str) -> None:
+        """The master pod's node is lost (`_lost_master`): force-delete the pod so a replacement can start.
+
+        A grace-0 delete removes the object at once while the old container may still run on the
+        unreachable node. The journal is safe all the same: a master opens it only while holding the
+        state directory's lock (`dlrover.master.statedir`, flock on `master.lock`). The replacement
+        cannot take that lock while the old master lives: on a ReadWriteOnce volume it cannot even
+        mount the state volume until the attach-detach controller detaches it from the lost node;
+        on a shared (NFS) volume the lock holds across hosts until the lost host's lease expires,
+        after which that host's I/O on the file fails. Until then the replacement is refused the
+        state directory and exits `MASTER_EXIT_RETRY`, and is replaced in turn after a backoff.
+        """
+        ready = _condition(self.status, Condition.MASTER_READY)
+        if not (ready and ready.get("reason") == "MasterLost"):
+            # Counted once per loss: the pod may still be seen while the force delete is under way.
+            self.status["masterRestarts"] = int(self.status.get("masterRestarts", 0)) + 1
+        self.condition(Condition.MASTER_READY, False, "MasterLost", why)
+        self.writes.append(DeleteObject("Pod", master_name(self.name), why, 0, _uid(pod)))
+        self.reasons.append(f"{why}: force-delete it, then start a replacement")
 
     def follow_master(self, summary: JobSummary) -> None:
         state = summary.state

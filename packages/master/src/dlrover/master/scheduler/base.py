@@ -8,7 +8,7 @@ lifecycle core.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Protocol, runtime_checkable
 
 import attrs
@@ -24,11 +24,15 @@ __all__ = [
     "REASON_NODE_LOST",
     "REASON_OOM_KILLED",
     "REASON_PREEMPTED",
+    "REASON_QUOTA_EXCEEDED",
     "REASON_UNSCHEDULABLE",
     "AdjustableCapacity",
+    "AdoptsNodes",
+    "BackendUnavailableError",
     "HandsOverNodes",
     "MemoryRecord",
     "NodeMemoryRecords",
+    "NodeRejectedError",
     "NodePlacement",
     "NodeShapeLimit",
     "NodeSpec",
@@ -48,6 +52,18 @@ MASTER_ADDR_ENV_VAR = "DLROVER_MASTER_ADDR"
 
 class SchedulerError(DLRoverError):
     """A backend could not do what it was asked; the message says what and why."""
+
+
+class NodeRejectedError(SchedulerError):
+    """The platform refused the node's specification itself (Kubernetes: 422 Invalid, with its message): every
+    relaunch would be refused the same way, so the master stops the job with the platform's words."""
+
+
+class BackendUnavailableError(SchedulerError, ConfigError):
+    """The backend's platform could not be reached, or kept failing, while the backend started (an API
+    server answering 429 or 5xx past the retries, a broken connection, a Role not yet in force): nothing
+    is wrong with the configuration, and a master started again later may well succeed (`dlrover-master`
+    exits with its "retry" status, 75, for it)."""
 
 
 @attrs.frozen
@@ -106,6 +122,9 @@ REASON_DEADLINE_EXCEEDED = "DeadlineExceeded"
 """The node ran past its own deadline (a pod's activeDeadlineSeconds): the job's limit, charged."""
 REASON_UNSCHEDULABLE = "Unschedulable"
 """The node cannot be placed (pending): the evidence carries the scheduler's message."""
+REASON_QUOTA_EXCEEDED = "QuotaExceeded"
+"""The platform refused to create the node for now (a namespace's ResourceQuota is used up): pending, the
+evidence carries the platform's message, and the create is retried until the pending timeout decides."""
 REASON_DELETED = "Deleted"
 """Someone other than the master removed the node, for no reason it shows: a disruption."""
 
@@ -235,6 +254,19 @@ class HandsOverNodes(Protocol):
     def detach(self) -> None:
         """Release everything this master holds (watches, clients) and stop nothing: the nodes keep
         running for a successor. Safe to call twice; `close()` after it stops nothing either."""
+        ...
+
+
+@runtime_checkable
+class AdoptsNodes(Protocol):
+    """A backend that a master resuming its job tells which nodes its journal holds alive (the Kubernetes
+    backend), so that a node whose pod vanished while no master watched is reported at once instead of
+    waiting for the heartbeat or start timeout (which would also charge its failure to the job)."""
+
+    def adopt(self, node_ids: Iterable[int]) -> None:
+        """Take over `node_ids`, launched by a previous master: `observe()` reports each from now on, and one
+        the backend found no trace of in its first look (its pod gone) as `FAILED`, reason `REASON_DELETED`,
+        a disruption. Ids it already knows are left as they are."""
         ...
 
 

@@ -8,7 +8,9 @@ a few times after the watch's backoff. Observations follow `observe.observe_pod`
 
 A restarted master adopts the pods its predecessor created: they are in the first list, and
 `observe()` reports every worker pod of the job by its node-id label. A launch whose pod already
-exists (created by the predecessor just before it died) adopts it rather than fail.
+exists (created by the predecessor just before it died) adopts it rather than fail. The master tells
+it which nodes its journal holds alive (`adopt`): one with no pod in the first list (deleted while no
+master watched) is reported at once as a disruption (`Deleted`), relaunched without charge.
 
 `close()` deletes every pod still pending or running that this backend launched or adopted (the
 job ended, or the master was stopped). A master killed outright leaves them running for the next
@@ -21,7 +23,7 @@ import functools
 import json
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import attrs
@@ -29,7 +31,16 @@ import attrs
 from dlrover.common import Clock, ConfigError, SystemClock
 from dlrover.master.kube import EventType, ListWatch, Watcher, WatchEvent, load_api_client, names
 from dlrover.master.kube.watch import Backoff
-from dlrover.master.scheduler.base import NodeSpec, ObservedNode, ObservedState, SchedulerError
+from dlrover.master.scheduler.base import (
+    REASON_DELETED,
+    REASON_QUOTA_EXCEEDED,
+    BackendUnavailableError,
+    NodeRejectedError,
+    NodeSpec,
+    ObservedNode,
+    ObservedState,
+    SchedulerError,
+)
 from dlrover.master.scheduler.kubernetes.manifest import worker_pod
 from dlrover.master.scheduler.kubernetes.observe import observe_deleted_pod, observe_pod
 from dlrover.master.scheduler.kubernetes.settings import KubernetesSettings, WorkerTemplate
@@ -75,7 +86,8 @@ def read_worker_template(
         sleep: waits between attempts (tests inject one); a real wait by default.
 
     Raises:
-        ConfigError: the job cannot be read, or has no worker template; the message says which.
+        BackendUnavailableError: the read kept failing for a passing reason (a `ConfigError` too).
+        ConfigError: the job cannot be read (404, ...), or has no worker template; the message says which.
     """
     from kubernetes.client.exceptions import ApiException  # lazy: the k8s extra
     from urllib3.exceptions import HTTPError
@@ -97,12 +109,17 @@ def read_worker_template(
             )
             break
         except ApiException as exc:
-            if exc.status not in _RETRIED_STATUSES | {403} or attempt == attempts:
+            passing = exc.status in _RETRIED_STATUSES | {403}
+            if not passing:
                 raise ConfigError(f"cannot read the {where}: {exc.status} {exc.reason}") from exc
+            if attempt == attempts:
+                raise BackendUnavailableError(
+                    f"cannot read the {where} (after {attempts} attempts): {exc.status} {exc.reason}"
+                ) from exc
             problem = f"{exc.status} {exc.reason}"
         except (HTTPError, OSError) as exc:
             if attempt == attempts:
-                raise ConfigError(f"cannot read the {where}: {exc}") from exc
+                raise BackendUnavailableError(f"cannot read the {where} (after {attempts} attempts): {exc}") from exc
             problem = str(exc)
         delay = backoff.next_delay()
         _log.warning("reading the %s failed (%s, attempt %d of %d); retrying in %.2f s", where, problem, attempt,
@@ -129,6 +146,10 @@ class _Node:
     delete_failed: bool = False
     seen: bool = False  # the watch has shown its pod at least once
     last: Mapping[str, Any] | None = None
+    missing: bool = False  # adopted from the journal with no pod in the first list
+    refused: str = ""  # the API server's message while a ResourceQuota refuses the create (retried)
+    create_failed: str = ""  # why a retried create failed for another reason
+    manifest: Mapping[str, Any] | None = None  # what to create again while refused
 
 
 class KubernetesScheduler:
@@ -143,7 +164,7 @@ class KubernetesScheduler:
         owns_client: close `api_client` in `close()`.
 
     Raises:
-        SchedulerError: the first list of the job's pods did not come within `settings.sync_timeout_s`.
+        BackendUnavailableError: the first list of the job's pods did not come within `settings.sync_timeout_s`.
     """
 
     name = "kubernetes"
@@ -189,7 +210,7 @@ class KubernetesScheduler:
         if not self._watcher.wait_synced(settings.sync_timeout_s):
             self._watcher.stop()
             error = self._watcher.error
-            raise SchedulerError(
+            raise BackendUnavailableError(
                 f"could not list the worker pods of {settings.namespace}/{settings.job} within "
                 f"{settings.sync_timeout_s:g} s" + (f": {error}" if error else "")
             )
@@ -256,7 +277,12 @@ class KubernetesScheduler:
     def launch(self, spec: NodeSpec) -> None:
         """Create the node's pod.
 
+        A create refused for a ResourceQuota (403, "exceeded quota") is not an error: the node is observed
+        PENDING with reason `QuotaExceeded` and the API's message as evidence, and the create is sent again at
+        each `observe()`.
+
         Raises:
+            NodeRejectedError: the API server found the pod invalid (422): its message says why.
             SchedulerError: the node was launched before, the backend is closed, or the API server refused
                 the pod (or kept failing past `request_retries`).
         """
@@ -272,13 +298,42 @@ class KubernetesScheduler:
                 raise SchedulerError(f"cannot launch node {spec.node_id}: {exc}") from exc
             self._nodes[spec.node_id] = _Node(pod_name)
         try:
-            self._request(f"create pod {pod_name}", lambda: self._core.create_namespaced_pod(
-                self._settings.namespace, manifest, _preload_content=False, _request_timeout=self._timeout
-            ), ok_statuses=(409,))  # fmt: skip
-        except SchedulerError:
+            self._create(pod_name, manifest)
+        except SchedulerError as exc:
+            refusal = _quota_refusal(exc)
             with self._lock:
-                del self._nodes[spec.node_id]
+                if refusal:
+                    # Not the node's failure: it waits (pending, the API's message as evidence) and the create
+                    # is sent again at each observation, until the quota has room or the pending timeout decides.
+                    node = self._nodes[spec.node_id]
+                    node.refused, node.manifest = refusal, manifest
+                else:
+                    del self._nodes[spec.node_id]
+            if refusal:
+                _log.warning("node %d waits: %s", spec.node_id, exc)
+                return
+            if _status_of(exc) == 422:
+                raise NodeRejectedError(f"the API server refused node {spec.node_id}'s pod: {exc}") from exc
             raise
+
+    def _create(self, pod_name: str, manifest: Mapping[str, Any]) -> None:
+        self._request(f"create pod {pod_name}", lambda: self._core.create_namespaced_pod(
+            self._settings.namespace, manifest, _preload_content=False, _request_timeout=self._timeout
+        ), ok_statuses=(409,))  # fmt: skip
+
+    def _retry_create(self, node: _Node) -> None:
+        """Send the create of a node a ResourceQuota refused again."""
+        assert node.manifest is not None
+        try:
+            self._create(node.pod_name, node.manifest)
+        except SchedulerError as exc:
+            refusal = _quota_refusal(exc)
+            with self._lock:
+                node.refused = refusal
+                node.create_failed = "" if refusal else str(exc)
+            return
+        with self._lock:
+            node.refused = ""
 
     def stop(self, node_id: int) -> None:
         """Delete the node's pod (its processes get SIGTERM, then SIGKILL after the grace). Idempotent; an
@@ -290,6 +345,24 @@ class KubernetesScheduler:
             node.stop_requested = True
             node.deleting = True
         self._delete(node)
+
+    def adopt(self, node_ids: Iterable[int]) -> None:
+        """Take over the nodes a previous master's journal holds alive (see `AdoptsNodes`).
+
+        The constructor waited for the first list of the job's pods, so a node whose pod is not in the
+        cache now had none when this master started (a pod deleted, by a person or the garbage collector,
+        while no master watched): it is reported FAILED, `Deleted`, a disruption, at the next `observe()`.
+        """
+        with self._lock:
+            for node_id in node_ids:
+                if node_id in self._nodes:
+                    continue
+                pod_name = names.worker_pod_name(self._settings.job, node_id)
+                if pod_name in self._pods or pod_name in self._deleted:
+                    self._nodes[node_id] = _Node(pod_name, seen=True, last=self._deleted.get(pod_name))
+                else:
+                    self._nodes[node_id] = _Node(pod_name, seen=True, missing=True)
+            self._lock.notify_all()
 
     def _adopt_locked(self, node_id: int) -> _Node | None:
         """A pod of this node from a previous master, taken on so it can be stopped."""
@@ -326,8 +399,11 @@ class KubernetesScheduler:
         """Every worker pod of the job (launched here or by a previous master), from the watch's cache."""
         with self._lock:
             retry = [n for n in self._nodes.values() if n.delete_failed]
+            refused = [n for n in self._nodes.values() if n.refused and not n.stop_requested]
         for node in retry:
             self._delete(node)
+        for node in refused:
+            self._retry_create(node)
         with self._lock:
             return self._observe_locked()
 
@@ -342,13 +418,21 @@ class KubernetesScheduler:
             if pod is not None:
                 node.seen, node.last = True, pod
                 seen[node_id] = observe_pod(node_id, pod, stop_requested=node.stop_requested)
+            elif node.missing and node.pod_name not in self._deleted and not node.stop_requested:
+                seen[node_id] = _missing_at_adoption(node_id, node.pod_name)
             elif node.pod_name in self._deleted or node.seen:
                 last = self._deleted.get(node.pod_name, node.last)
                 seen[node_id] = observe_deleted_pod(node_id, last, stop_requested=node.stop_requested)
+            elif node.stop_requested:
+                seen[node_id] = ObservedNode(node_id, ObservedState.STOPPED)
+            elif node.create_failed:
+                evidence = f"Kubernetes: creating the pod {node.pod_name} failed: {node.create_failed}"
+                seen[node_id] = ObservedNode(node_id, ObservedState.FAILED, None, "", "CreateFailed", evidence)
+            elif node.refused:
+                evidence = f"Kubernetes: the pod {node.pod_name} cannot be created yet: {node.refused}"
+                seen[node_id] = ObservedNode(node_id, ObservedState.PENDING, None, "", REASON_QUOTA_EXCEEDED, evidence)
             else:
-                # Created, not yet shown by the watch.
-                state = ObservedState.STOPPED if node.stop_requested else ObservedState.PENDING
-                seen[node_id] = ObservedNode(node_id, state)
+                seen[node_id] = ObservedNode(node_id, ObservedState.PENDING)  # created, not yet shown by the watch
         return seen
 
     def _may_run(self, node: _Node) -> bool:
@@ -440,6 +524,29 @@ class KubernetesScheduler:
                 self._sleep(delay)
             else:
                 threading.Event().wait(delay)
+
+
+def _missing_at_adoption(node_id: int, pod_name: str) -> ObservedNode:
+    """A node the journal holds alive whose pod the master found gone when it resumed the job."""
+    evidence = (
+        f"Kubernetes: the pod {pod_name} of node {node_id} was gone when the master resumed the job (its journal "
+        f"holds the node alive; the first list of the job's pods has no such pod): deleted while no master watched"
+    )
+    return ObservedNode(node_id, ObservedState.FAILED, None, "", REASON_DELETED, evidence, True)
+
+
+def _status_of(exc: BaseException) -> int | None:
+    """The HTTP status of the API error behind a `SchedulerError` (None: not an answered request)."""
+    status = getattr(exc.__cause__, "status", None)
+    return status if isinstance(status, int) else None
+
+
+def _quota_refusal(exc: BaseException) -> str:
+    """The API's message when a create was refused for a ResourceQuota (403 "exceeded quota"); "" otherwise."""
+    if _status_of(exc) != 403:
+        return ""
+    message = _message(exc.__cause__)
+    return message if "exceeded quota" in message else ""
 
 
 def _node_id(pod: Mapping[str, Any]) -> int | None:
