@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -356,6 +357,7 @@ class RayTestCluster:
         # The node's bookkeeping in `Cluster` (its processes are dead: this only reaps them).
         with self._environment():
             cluster.remove_node(node._node, allow_graceful=False)
+        _remove_machine_files(frozen.values())
         return list(frozen.values())
 
     # -- the test process's own driver --------------------------------------------------------
@@ -441,6 +443,33 @@ class RayTestCluster:
             shutil.rmtree(self._root, ignore_errors=True)
         if problems:
             raise RayClusterLeakError("the Ray test cluster left things behind:\n" + "\n".join(problems))
+
+
+# DLRover names what a process owns in shared memory and the temp dir after it:
+# `dlrover-<kind>-<pid>-<start ticks>-...` (see dlrover.common.tempdirs).
+_OWNED_NAME = re.compile(r"^dlrover-[a-z]+-(\d+)-(\d+)-")
+
+
+def _remove_machine_files(killed: Iterable[ProcessInfo]) -> None:
+    """Remove what the killed processes owned in /dev/shm and the temp dir. A lost machine's memory and disk go
+    with it; here every Ray node shares one host, so the dead node's files would stay for the survivors (a
+    real replacement host never sees them)."""
+    owners = {(info.pid, info.start_ticks) for info in killed}
+    for where in (Path("/dev/shm"), Path(tempfile.gettempdir())):  # noqa: S108 (a machine's own files)
+        try:
+            entries = list(os.scandir(where))
+        except OSError:
+            continue
+        for entry in entries:
+            match = _OWNED_NAME.match(entry.name)
+            if match is None or (int(match.group(1)), int(match.group(2))) not in owners:
+                continue
+            path = Path(entry.path)
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                with contextlib.suppress(OSError):
+                    path.unlink()
 
 
 def _watched_dirs() -> dict[str, set[str]]:
