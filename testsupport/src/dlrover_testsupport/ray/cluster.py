@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .procfs import ProcessInfo, alive, descendants, process_table, with_environ
+from .procfs import ProcessInfo, alive, ancestors, descendants, process_table, with_environ
 
 __all__ = ["FAST_HEALTH_CHECKS", "RayClusterError", "RayClusterLeakError", "RayNode", "RayTestCluster"]
 
@@ -420,7 +420,7 @@ class RayTestCluster:
         remove the temp dir; raise naming whatever was left."""
         problems: list[str] = []
         root = str(self._root)
-        exempt = _ancestors()
+        exempt = ancestors()
         deadline = time.monotonic() + self._shutdown_grace_s
         while True:
             table = process_table()
@@ -480,18 +480,4 @@ def _watched_dirs() -> dict[str, set[str]]:
         with contextlib.suppress(OSError):
             found[str(where)] = set(os.listdir(where))
         found.setdefault(str(where), set())
-    return found
-
-
-def _ancestors() -> set[int]:
-    """This process and its parents up to init."""
-    found: set[int] = set()
-    pid = os.getpid()
-    while pid > 1 and pid not in found:
-        found.add(pid)
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                pid = int(f.read().rsplit(")", 1)[-1].split()[1])
-        except (OSError, IndexError, ValueError):
-            break
     return found

@@ -13,7 +13,7 @@ import contextlib
 import os
 from dataclasses import dataclass
 
-__all__ = ["ProcessInfo", "alive", "descendants", "process_table", "with_environ"]
+__all__ = ["ProcessInfo", "alive", "ancestors", "descendants", "process_table", "with_environ"]
 
 
 @dataclass(frozen=True)
@@ -49,6 +49,19 @@ def process_table() -> dict[int, ProcessInfo]:
             if info is not None:
                 table[info.pid] = info
     return table
+
+
+def ancestors(pid: int | None = None) -> set[int]:
+    """`pid` (this process by default) and its parents up to init."""
+    found: set[int] = set()
+    current = os.getpid() if pid is None else pid
+    while current > 1 and current not in found:
+        found.add(current)
+        info = _read(current)
+        if info is None:
+            break
+        current = info.ppid
+    return found
 
 
 def descendants(root: int, table: dict[int, ProcessInfo] | None = None) -> list[int]:

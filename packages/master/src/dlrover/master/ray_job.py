@@ -21,7 +21,7 @@ from types import TracebackType
 from typing import Any
 
 from dlrover.autoscale import Resources
-from dlrover.common import DLRoverError
+from dlrover.common import ConfigError, DLRoverError
 from dlrover.master.config import LifecycleConfig, MasterConfig, parse_node_range
 from dlrover.master.factory import create_master
 from dlrover.master.master import JobStatus
@@ -73,7 +73,7 @@ class RayJob:
                 lifecycle=LifecycleConfig(nodes=parse_node_range(nnodes, 1), node_resources=node_resources),
             )
         elif config.backend != "ray":
-            raise DLRoverError(f"a RayJob runs the ray backend, not {config.backend!r}")
+            raise ConfigError(f"a RayJob runs the ray backend, not {config.backend!r}")
         self._config = config
         self._runtime: MasterRuntime | None = None
         self._final: JobStatus | None = None
