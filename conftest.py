@@ -126,47 +126,73 @@ def _ancestors() -> frozenset[int]:
 
 def _scan_processes() -> tuple[list[tuple[int, int, str]], bool]:
     """This session's running processes other than this one (zombies excluded): children of this
-    process and those whose environment holds this session's marker, as (pid, start ticks,
-    cmdline); and whether another test run is going on beside this one (a process with another
-    session's marker, or another pytest: its own process never shows the marker it set)."""
+    process, those whose environment holds this session's marker, and their descendants, as (pid,
+    start ticks, cmdline); and whether another test run is going on beside this one (a process with
+    another session's marker, or another pytest: its own process never shows the marker it set).
+
+    A process's environment as /proc shows it can be overwritten: one that sets its process title
+    (Ray's agents do) writes over the start of it, and which variables are lost depends on their
+    order. So a child is ours, and held by a fixture, when its parent is, whatever its own
+    environment still shows.
+    """
     me = os.getpid()
     mine = f"{_SESSION_MARKER}={os.environ.get(_SESSION_MARKER, '')}".encode()
     prefix = f"{_SESSION_MARKER}=".encode()
-    ours: list[tuple[int, int, str]] = []
-    others = False
+    # pid -> (parent pid, start ticks, own marker, another session's marker, held marker, cmdline)
+    seen: dict[int, tuple[int, int, bool, bool, bool, bytes]] = {}
     _held_now.clear()
     try:
         entries = os.listdir("/proc")
     except OSError:
-        return ours, others
+        return [], False
     for entry in entries:
         if not entry.isdigit() or int(entry) in _ancestors():
             continue
         try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[-1].split()
+            with open(f"/proc/{entry}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[-1].split()
             if fields[0] == "Z":
                 continue
             try:
-                with open(f"/proc/{entry}/environ", "rb") as f:
-                    environ = f.read().split(b"\0")
+                with open(f"/proc/{entry}/environ", "rb") as env_file:
+                    environ = env_file.read().split(b"\0")
             except OSError:  # another user's process
                 environ = []
             markers = [v for v in environ if v.startswith(prefix)]
-            is_ours = mine in markers or int(fields[1]) == me
-            if not is_ours and (others or any(v != mine for v in markers)):
-                others = True
-                continue
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                cmdline = f.read().replace(b"\0", b" ")
-            if is_ours:
-                if _HELD_MARKER in environ:
-                    _held_now.add(int(entry))
-                ours.append((int(entry), int(fields[19]), cmdline.decode("utf-8", "replace").strip()))
-            else:
-                others = b"pytest" in cmdline
+            with open(f"/proc/{entry}/cmdline", "rb") as cmd_file:
+                cmdline = cmd_file.read().replace(b"\0", b" ")
+            seen[int(entry)] = (
+                int(fields[1]),
+                int(fields[19]),
+                mine in markers,
+                any(v != mine for v in markers),
+                _HELD_MARKER in environ,
+                cmdline,
+            )
         except (OSError, IndexError, ValueError):  # gone meanwhile
             continue
+    verdicts: dict[int, tuple[bool, bool]] = {}
+
+    def ours_and_held(pid: int) -> tuple[bool, bool]:
+        """Whether `pid` is this session's, and whether a fixture holds it."""
+        if pid not in verdicts:
+            verdicts[pid] = (False, False)  # a pid cycle (reuse between reads) ends here
+            ppid, _, own, foreign, held_marker, _ = seen[pid]
+            parent = ours_and_held(ppid) if ppid in seen else (False, False)
+            is_ours = own or ppid == me or (not foreign and parent[0])
+            verdicts[pid] = (is_ours, is_ours and (held_marker or parent[1]))
+        return verdicts[pid]
+
+    ours: list[tuple[int, int, str]] = []
+    others = False
+    for pid, (_, ticks, _, foreign, _, raw_cmdline) in seen.items():
+        is_ours, held = ours_and_held(pid)
+        if is_ours:
+            if held:
+                _held_now.add(pid)
+            ours.append((pid, ticks, raw_cmdline.decode("utf-8", "replace").strip()))
+        elif foreign or b"pytest" in raw_cmdline:
+            others = True
     return ours, others
 
 
