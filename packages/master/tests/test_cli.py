@@ -24,7 +24,8 @@ from dlrover.master.cli import (
 )
 from dlrover.master.client import MasterClient
 from dlrover.master.config import NodeRange
-from dlrover.master.factory import create_master, resolve_token
+from dlrover.master.diagnosis_policy import DiagnosisFailurePolicy
+from dlrover.master.factory import create_master, default_policy, resolve_token
 from dlrover.master.goodput import AttemptReport, StepMark
 from dlrover.master.states import JobState, NodeState
 from dlrover.master.status import JobSummary, NodeSummary, format_status
@@ -62,6 +63,7 @@ def test_flags_become_a_validated_config() -> None:
             "min_scaling_efficiency must be a number in (0, 1], got 1.2",
         ),
         (["--backend", "external", "--autoscale-cooldown-s", "-5"], "cooldown_s must be a finite number >= 0"),
+        (["--backend", "external", "--max-node-relaunches", "-1"], "max_node_relaunches"),
     ],
 )
 def test_bad_flags_exit_2_with_a_message(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -85,6 +87,16 @@ def test_rendezvous_journal_and_policy_flags_reach_the_config() -> None:
     defaults = build_config(_run_parser().parse_args(["--backend", "external"]))
     assert defaults.journal_shard_changes
     assert defaults.failure_policy == "diagnosis"
+
+
+def test_the_relaunch_budget_flag_reaches_the_diagnosis_policy() -> None:
+    raised = build_config(_run_parser().parse_args(["--backend", "external", "--max-node-relaunches", "500"]))
+    policy = default_policy(raised)
+    assert isinstance(policy, DiagnosisFailurePolicy)
+    assert policy.actions.config.max_node_relaunches == 500
+    defaults = default_policy(build_config(_run_parser().parse_args(["--backend", "external"])))
+    assert isinstance(defaults, DiagnosisFailurePolicy)
+    assert defaults.actions.config.max_node_relaunches == 16
 
 
 def test_token_is_generated_once_into_the_state_dir(tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ from dlrover.master.goodput import AttemptReport, StepMark
 from dlrover.master.journal import MemoryJournal, SqliteJournal, StateJournal
 from dlrover.master.lifecycle import NodeConflictError
 from dlrover.master.master import Master, ResourceSample
+from dlrover.master.records import NodeRecord
 from dlrover.master.scheduler.base import REASON_DELETED, NodeRejectedError, NodeSpec, ObservedState
 from dlrover.master.scheduler.fake import FakeScheduler
 from dlrover.master.states import JobState, NodeState
@@ -216,6 +217,31 @@ def test_progress_and_step_marks_feed_goodput_and_metrics() -> None:
     # The marks are journaled as a `steps` event: a master restarted from the journal agrees.
     master.flush_state()
     assert any(e.kind == "steps" for e in master.events(limit=1000))
+
+
+def test_heartbeats_without_a_new_step_do_not_scan_every_node(monkeypatch: pytest.MonkeyPatch) -> None:
+    master, _, clock = make(nodes=2)
+    master.start()
+    master.register(0, "a", "h0")
+    master.register(1, "b", "h1")
+    scans = 0
+    current_nodes = master._lifecycle.current_nodes
+
+    def counted() -> dict[int, NodeRecord]:
+        nonlocal scans
+        scans += 1
+        return current_nodes()
+
+    monkeypatch.setattr(master._lifecycle, "current_nodes", counted)
+    for _ in range(50):  # before the first step, and through a recovery: nothing new to announce
+        clock.advance(30)
+        master.heartbeat(0)
+        master.heartbeat(1, step=-1)
+    assert scans == 0
+    master.heartbeat(0, step=3)
+    master.heartbeat(1, step=3)  # within the interval of the event the first one wrote
+    assert scans == 1
+    assert [e.data["step"] for e in master.events(limit=1000) if e.kind == "progress"] == [3]
 
 
 def test_prepare_creates_nodes_that_can_register_before_anything_is_launched() -> None:

@@ -608,6 +608,13 @@ def _add_replacement_flags(p: argparse.ArgumentParser) -> None:
         "and another is launched in the background. They take the backend's capacity after the ranked nodes "
         "(local backend only)",
     )
+    p.add_argument(
+        "--max-node-relaunches",
+        type=int,
+        default=16,
+        help="node relaunches in the whole job before the next one stops it (the diagnosis policy); a long job on "
+        "many nodes needs more: about one per 2,000 GPU-days at the failure rates large jobs report",
+    )
 
 
 def _spare_count(text: str) -> int:
@@ -715,6 +722,7 @@ def build_config(args: argparse.Namespace) -> MasterConfig:
         state_export_interval_s=args.state_export_interval_s,
         journal_shard_changes=not args.no_journal_shard_changes,
         failure_policy=args.failure_policy,
+        max_node_relaunches=args.max_node_relaunches,
         serve_ping=args.serve_ping,
         journal_busy_timeout_s=args.journal_busy_timeout_s,
         refusal_log_interval_s=args.refusal_log_interval_s,

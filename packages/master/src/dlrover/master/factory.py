@@ -19,6 +19,7 @@ from dlrover.common import (
     load_token,
     write_token_file,
 )
+from dlrover.diagnosis import ActionPolicy, PolicyConfig
 from dlrover.master.agent_tls import agent_tls_env
 from dlrover.master.config import MasterConfig
 from dlrover.master.diagnosis_policy import DiagnosisFailurePolicy
@@ -141,7 +142,7 @@ def default_policy(config: MasterConfig) -> FailurePolicy:
     """The failure policy `config.failure_policy` names (`diagnosis` unless told otherwise)."""
     if config.failure_policy == "default":
         return DefaultFailurePolicy()
-    return DiagnosisFailurePolicy()
+    return DiagnosisFailurePolicy(actions=ActionPolicy(PolicyConfig(max_node_relaunches=config.max_node_relaunches)))
 
 
 def _release_unstarted(backend: SchedulerBackend) -> None:

@@ -361,6 +361,13 @@ class JobLifecycle:
         """How many incarnations are in `state`."""
         return sum(1 for n in self._nodes.values() if n.state is state)
 
+    def counts(self) -> dict[NodeState, int]:
+        """How many incarnations are in each state (every state present), in one pass."""
+        found = dict.fromkeys(NodeState, 0)
+        for node in self._nodes.values():
+            found[node.state] += 1
+        return found
+
     # ---------------------------------------------------------------- commands
 
     def start(self, now: float, *, placeable: int | None = None, initial_nodes: int | None = None) -> Outcome:

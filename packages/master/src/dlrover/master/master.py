@@ -275,6 +275,8 @@ class Master:
     # The spare set the libraries were last given: none, as a library starts (a restarted master's
     # spares differ from it, so they are told again).
     _told_spares: frozenset[int] = frozenset()
+    # A heartbeat brought a step newer than the last progress event's since the last scan for progress.
+    _new_step = False
 
     def __init__(
         self,
@@ -527,7 +529,7 @@ class Master:
         if self._event_log is not None:
             self._event_log.write(journaled)
         self._metrics.observe_events(journaled)
-        self._metrics.set_node_counts({s: self._lifecycle.count(s) for s in NodeState})
+        self._metrics.set_node_counts(self._lifecycle.counts())
         for effect in outcome.effects:
             self._apply(effect)
         departed = bool(self._membership) and self._notify_membership(outcome.events)
@@ -1063,7 +1065,7 @@ class Master:
                     self._goodput.add_attempts(stamped)
                     self._unjournaled_steps.extend(r for r in stamped if r.rank == 0)
                     self._journal_steps()
-                self._maybe_progress()
+                self._maybe_progress(step)
                 if self._autoscaler is not None and not self._autoscaler.training_steady(now):
                     # A round just changed (a resize, a restart): a joining node's first steps and
                     # the wait for its peers are not straggling. Judged again once training is steady.
@@ -1148,12 +1150,20 @@ class Master:
     def _just(outcome: Outcome) -> tuple[Outcome, Outcome]:
         return outcome, outcome
 
-    def _maybe_progress(self) -> None:
-        # Cheap check first: this runs on every heartbeat, the scan below once per interval.
-        wall = self._clock.wall_time()
+    def _maybe_progress(self, step_reported: int | None) -> None:
+        # Cheap checks first: this runs on every heartbeat, the scan of every node below only once a heartbeat
+        # brought a new step, at most once per interval. (It used to scan on every heartbeat while no step was
+        # new: before the first step and through every recovery. At 2,048 nodes that is 4 million node visits
+        # per heartbeat round; the goodput simulator's profile found it.)
         last = self._progress
+        if step_reported is not None and step_reported > (last[1] if last is not None else -1):
+            self._new_step = True
+        if not self._new_step:
+            return
+        wall = self._clock.wall_time()
         if last is not None and wall - last[0] < self._config.progress_event_interval_s:
             return
+        self._new_step = False
         current = [n for n in self._lifecycle.current_nodes().values() if n.state is NodeState.RUNNING]
         step = max((n.step for n in current), default=-1)
         if step < 0 or (last is not None and step <= last[1]):
@@ -1164,6 +1174,7 @@ class Master:
         except JournalError:
             # Progress is an observation, not a decision: the heartbeat stands, the next one retries.
             _log.warning("could not journal progress (step %d); retried on a later heartbeat", step, exc_info=True)
+            self._new_step = True
             return
         if last is not None and wall > last[0]:
             dt = wall - last[0]
