@@ -53,6 +53,8 @@ DEV_TOOLS = [
     "hypothesis",
     # tools/wheels.py builds without isolation with these (tests/test_packaging.py runs it).
     *BUILD_TOOLS,
+    # tools/goodput_sim draws its plots with it (tests/test_goodput_sim.py draws them).
+    "matplotlib",
 ]
 # What the shared test support (testsupport/, see its README) needs: the official Kubernetes
 # client, for the contract tests of the test API server and the suites that use it.

@@ -1,0 +1,316 @@
+"""The goodput simulator (tools/goodput_sim): the real master decides, simulated agents carry its
+decisions out on a virtual clock; the baseline restarts the whole job. Small jobs and single
+interruptions whose cost follows from the scenario's numbers, the real classifier on every cause's
+excerpt, bad input, and the command line with its plots."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+
+from goodput_sim.results import STOPPED, Result, simulate, table  # noqa: E402
+from goodput_sim.scenario import CAUSES, Scenario, ScenarioError, load, parse  # noqa: E402
+from goodput_sim.trace import Interruption, draw, read, write  # noqa: E402
+
+from dlrover.diagnosis import FailureKind  # noqa: E402
+from dlrover.master.diagnosis_policy import DiagnosisFailurePolicy  # noqa: E402
+
+pytestmark = pytest.mark.timeout(300)
+
+LLAMA3 = ROOT / "tools" / "goodput_sim" / "scenarios" / "llama3.toml"
+COSTS = {
+    "node_provision_s": 200.0,
+    "process_restart_s": 30.0,
+    "crash_detection_s": 5.0,
+    "heartbeat_timeout_s": 60.0,
+    "nccl_timeout_s": 600.0,
+    "adaptive_hang_floor_s": 60.0,
+    "flash_save_gib_s": 10.0,
+    "memory_load_gib_s": 2.0,
+    "replica_gib_s": 1.0,
+    "storage_read_gib_s": 8.0,
+    "storage_write_gib_s": 4.0,
+    "rendezvous_last_call_s": 5.0,
+}
+BASELINE = {"name": "restart the job", "kind": "restart_job", "storage_interval_s": 3600.0}
+IN_PLACE = {
+    "name": "in place",
+    "kind": "dlrover",
+    "flash_every_steps": 1,
+    "storage_interval_s": 3600.0,
+    "max_node_relaunches": 100,
+}
+RESIZE = {**IN_PLACE, "name": "resize", "replicated_memory": True, "min_nodes": 7, "hang_detection": "adaptive"}
+SPARE = {**IN_PLACE, "name": "spare", "replicated_memory": True, "spare_nodes": 1}
+DEFAULTS = {**IN_PLACE, "name": "defaults", "max_node_relaunches": 16}
+# 64 accelerators (8 nodes), 10 s steps, 64 GiB of state: 1 GiB per accelerator.
+STEP_S, SHARD_GIB = 10.0, 1.0
+
+
+def scenario(*strategies: dict[str, Any], **job: Any) -> Scenario:
+    return parse(
+        {
+            "job": {"accelerators": 64, "days": 1.0, "step_time_s": STEP_S, "checkpoint_gib": 64.0, **job},
+            "costs": COSTS,
+            "strategy": list(strategies),
+        }
+    )
+
+
+def run(strategy: dict[str, Any], trace: list[Interruption], **job: Any) -> Result:
+    sc = scenario(strategy, **job)
+    return simulate(sc, sc.strategies[0], trace)
+
+
+def lost(result: Result) -> float:
+    return sum(result.buckets.values())
+
+
+def test_every_second_of_a_run_is_useful_or_in_a_bucket() -> None:
+    trace = [Interruption(10_000.0, 3, "software"), Interruption(30_000.0, 5, "gpu")]
+    for strategy in (BASELINE, IN_PLACE, RESIZE, SPARE):
+        result = run(strategy, trace)
+        assert math.isclose(result.useful_s + lost(result), 86_400.0, rel_tol=1e-9), strategy["name"]
+        assert all(v >= 0 for v in result.buckets.values())
+
+
+def test_without_interruptions_only_the_start_and_the_saves_are_lost() -> None:
+    dlrover = run(IN_PLACE, [])
+    # The agents run after node_provision_s, the workers after process_restart_s: then steps, each
+    # blocked SHARD_GIB / flash_save_gib_s by its flash checkpoint.
+    assert dlrover.buckets["startup"] == pytest.approx(230.0)
+    flash_s = SHARD_GIB / COSTS["flash_save_gib_s"]
+    assert dlrover.buckets["checkpoint_save"] / dlrover.useful_s == pytest.approx(flash_s / STEP_S, rel=1e-3)
+    baseline = run(BASELINE, [])
+    assert baseline.buckets["startup"] == pytest.approx(230.0)
+    save_s = 64.0 / COSTS["storage_write_gib_s"]  # the whole state, every hour of training
+    assert baseline.buckets["checkpoint_save"] == pytest.approx(save_s * 23, rel=0.05)
+
+
+def test_a_crash_restarts_in_place_from_memory_and_the_baseline_redoes_what_it_did_not_save() -> None:
+    trace = [Interruption(10_000.0, 3, "software")]
+    dlrover = run(IN_PLACE, trace)
+    assert dlrover.decisions == {"native_crash: restart_processes": 1}
+    assert dlrover.buckets["steps_redone"] == 0.0  # flash every step: the step in progress is all
+    assert dlrover.buckets["restart"] == pytest.approx(COSTS["process_restart_s"])
+    assert dlrover.buckets["checkpoint_load"] == pytest.approx(SHARD_GIB / COSTS["memory_load_gib_s"])
+    # Detection, plus the part of the step in progress when it crashed.
+    assert COSTS["crash_detection_s"] <= dlrover.buckets["failure_detection"] < COSTS["crash_detection_s"] + STEP_S
+    baseline = run(BASELINE, trace)
+    assert baseline.buckets["steps_redone"] > 2000.0  # back to the hourly storage checkpoint
+    assert baseline.buckets["checkpoint_load"] == pytest.approx(64.0 / COSTS["storage_read_gib_s"])
+    assert dlrover.goodput > baseline.goodput
+
+
+def test_a_lost_machine_is_found_by_the_masters_heartbeat_timeout_and_replaced() -> None:
+    trace = [Interruption(10_000.0, 3, "host_maintenance")]
+    waiting = run(IN_PLACE, trace)
+    assert waiting.decisions == {"lost node: relaunch_node": 1}
+    detect = waiting.buckets["failure_detection"]
+    assert COSTS["heartbeat_timeout_s"] < detect < COSTS["heartbeat_timeout_s"] + STEP_S + 1.0
+    # Every rank waits for the replacement, then rolls back to the hourly persisted checkpoint.
+    assert waiting.buckets["restart"] == pytest.approx(COSTS["node_provision_s"] + COSTS["process_restart_s"])
+    assert waiting.buckets["steps_redone"] > 2000.0
+    spare = run(SPARE, trace)
+    # A warm spare takes the rank at once and fetches the lost shard from a peer's replica.
+    assert spare.buckets["restart"] == pytest.approx(COSTS["process_restart_s"])
+    assert spare.buckets["steps_redone"] == 0.0
+    replica = SHARD_GIB / COSTS["replica_gib_s"] + SHARD_GIB / COSTS["memory_load_gib_s"]
+    assert spare.buckets["checkpoint_load"] == pytest.approx(replica)
+    resized = run(RESIZE, trace)
+    # The others go on without it, and take it back at a planned round once it is up.
+    assert resized.decisions == {"lost node: relaunch_node": 1, "replacement up: planned round": 1}
+    assert resized.buckets["steps_redone"] == 0.0
+    assert resized.buckets["rendezvous"] == pytest.approx(COSTS["rendezvous_last_call_s"])
+    assert waiting.goodput < resized.goodput <= spare.goodput
+
+
+def test_a_broken_nic_is_restarted_by_the_policys_ladder_until_the_node_is_replaced() -> None:
+    result = run(IN_PLACE, [Interruption(10_000.0, 3, "nic")])
+    # The real ladder: a communication error is restarted in place three times, then the node goes.
+    assert result.decisions == {"communication: restart_processes": 3, "communication: relaunch_node": 1}
+
+
+def test_a_hang_is_found_by_the_detector_the_strategy_runs() -> None:
+    trace = [Interruption(10_000.0, 3, "nccl_hang")]
+    nccl = run(IN_PLACE, trace)
+    adaptive = run(RESIZE, trace)
+    assert nccl.decisions == {"communication: restart_processes": 1}  # the watchdog's own timeout
+    assert adaptive.decisions == {"hang: restart_processes": 1}  # the agent's hang report
+    assert nccl.buckets["failure_detection"] >= COSTS["nccl_timeout_s"]
+    floor = max(5 * STEP_S, COSTS["adaptive_hang_floor_s"])
+    assert floor <= adaptive.buckets["failure_detection"] < floor + STEP_S
+
+
+def test_the_default_relaunch_budget_stops_a_long_job() -> None:
+    trace = [Interruption(1000.0 + 2000.0 * i, i % 8, "gpu") for i in range(20)]
+    result = run(DEFAULTS, trace)
+    assert "limit 16" in result.stopped
+    assert result.decisions == {"hardware: relaunch_node": 16, "hardware: abort_job": 1}
+    assert result.buckets[STOPPED] > 40_000.0
+    raised = run(IN_PLACE, trace)
+    assert not raised.stopped
+    assert raised.decisions == {"hardware: relaunch_node": 20}
+
+
+def test_a_second_native_crash_on_a_node_stops_the_job_unless_a_what_if_ladder_relaunches_it() -> None:
+    trace = [Interruption(10_000.0, 3, "software"), Interruption(50_000.0, 3, "software")]
+    shipped = run(IN_PLACE, trace)
+    assert shipped.decisions == {"native_crash: restart_processes": 1, "native_crash: abort_job": 1}
+    assert "budgets spent (restart_processes x1)" in shipped.stopped
+    ladder = {"native_crash": [["restart_processes", 1], ["relaunch_node", 1, "node", True]]}
+    what_if = run({**IN_PLACE, "ladders": ladder}, trace)
+    assert what_if.decisions == {"native_crash: restart_processes": 1, "native_crash: relaunch_node": 1}
+    assert not what_if.stopped
+
+
+def test_every_cause_excerpt_is_read_as_its_kind_by_the_real_classifier() -> None:
+    policy = DiagnosisFailurePolicy()
+    wanted = {"crash": {FailureKind.NATIVE_CRASH, FailureKind.COMMUNICATION}, "user": {FailureKind.USER_CODE}}
+    for cause in CAUSES.values():
+        if not cause.evidence:
+            assert cause.effect == "lost"  # a machine that is gone leaves no log
+            continue
+        kind = policy.classify(1, FailureKind.UNKNOWN, cause.evidence, cause.exit_code).kind
+        if cause.effect == "broken":
+            assert kind in {FailureKind.HARDWARE, FailureKind.COMMUNICATION}, cause.name
+        elif cause.effect == "hang":
+            assert kind is FailureKind.COMMUNICATION, cause.name  # what the NCCL watchdog writes
+        else:
+            assert kind in wanted[cause.effect], cause.name
+
+
+def test_a_drawn_trace_is_reproducible_and_has_the_asked_rate(tmp_path: Path) -> None:
+    rate, accelerators, days = 1e-3, 4096, 100.0
+    mix = {"gpu": 3.0, "software": 1.0}
+    trace = draw(rate, mix, accelerators=accelerators, per_node=8, duration_s=days * 86400.0, seed=7)
+    assert trace == draw(rate, mix, accelerators=accelerators, per_node=8, duration_s=days * 86400.0, seed=7)
+    expected = rate * accelerators * days  # 409.6: a Poisson count, within 5 standard deviations
+    assert abs(len(trace) - expected) < 5 * math.sqrt(expected)
+    gpu = sum(1 for i in trace if i.cause == "gpu")
+    assert abs(gpu / len(trace) - 0.75) < 0.1
+    assert all(0 <= i.node < accelerators // 8 for i in trace)
+    path = tmp_path / "trace.jsonl"
+    write(path, trace)
+    assert read(path, accelerators // 8) == trace
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"job": {"accelerators": 60}}, "multiple of accelerators_per_node"),
+        ({"job": {"accelerators": 64, "step_time_s": -1}}, "step_time_s must be a finite number > 0"),
+        ({"job": {"accelerators": 64, "gpus": 8}}, "unknown key"),
+        ({"failures": {"rate_per_gpu_day": 1e-3, "mix": {"cosmic_rays": 1.0}}}, "unknown cause 'cosmic_rays'"),
+        ({"failures": {"rate_per_gpu_day": 1e-3}}, "must give some cause a share"),
+        ({"strategy": [{**IN_PLACE, "flash_every_steps": 0}]}, "needs flash_every_steps"),
+        ({"strategy": [{**IN_PLACE, "min_nodes": 6}]}, "min_nodes needs replicated_memory"),
+        ({"strategy": [{**BASELINE, "spare_nodes": 2}]}, "restart_job has no"),
+        ({"strategy": [{**RESIZE, "min_nodes": 9}]}, "exceeds the job's 8 nodes"),
+        ({"strategy": [IN_PLACE, IN_PLACE]}, "names must differ"),
+        ({"strategy": []}, "at least one"),
+        ({"strategy": [{**IN_PLACE, "ladders": {"gremlins": [["restart_processes", 1]]}}]}, "ladders.gremlins"),
+        ({"strategy": [{**IN_PLACE, "ladders": {"hang": [["abort_job", 1]]}}]}, "ladders.hang"),
+        ({"strategy": [{**BASELINE, "ladders": {"hang": [["restart_processes", 1]]}}]}, "dlrover master's policy"),
+    ],
+)
+def test_a_bad_scenario_is_refused_naming_the_value(change: dict[str, Any], message: str) -> None:
+    raw: dict[str, Any] = {"job": {"accelerators": 64}, "strategy": [IN_PLACE], **change}
+    with pytest.raises(ScenarioError, match=message):
+        parse(raw)
+
+
+def test_a_bad_trace_line_is_refused_naming_it(tmp_path: Path) -> None:
+    path = tmp_path / "trace.jsonl"
+    path.write_text('{"time_s": 10, "node": 1, "cause": "gpu"}\n{"time_s": 20, "node": 99, "cause": "gpu"}\n')
+    with pytest.raises(ScenarioError, match=r"trace.jsonl:2: node 99 is not one of the job's 8 nodes"):
+        read(path, 8)
+
+
+def test_the_llama3_scenario_loads_with_the_reported_rate_and_mix() -> None:
+    sc = load(LLAMA3)
+    assert sc.job.accelerators == 16_384
+    assert sc.failures.rate_per_gpu_day * 16_384 * 54 == pytest.approx(419, rel=1e-3)
+    assert sum(sc.failures.mix.values()) == 419
+    broken_or_lost = sum(n for c, n in sc.failures.mix.items() if CAUSES[c].effect in ("broken", "lost"))
+    assert broken_or_lost / 419 > 0.78  # 78% hardware, and host maintenance
+
+
+def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "goodput_sim"), *args],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=cwd,
+        check=False,
+    )
+
+
+def test_the_command_line_runs_sweeps_draws_its_plots_and_refuses_bad_input(tmp_path: Path) -> None:
+    small = tmp_path / "small.toml"
+    small.write_text(
+        LLAMA3.read_text()
+        .replace("accelerators = 16384", "accelerators = 256")
+        .replace("min_nodes = 2032", "min_nodes = 30")
+    )
+    ran = _cli("run", str(small), "--days", "20", "--out", str(tmp_path / "run"), cwd=tmp_path)
+    assert ran.returncode == 0, ran.stderr
+    assert "| DLRover: everything on | 256 | 20 |" in ran.stdout
+    results = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert {r["strategy"] for r in results} == {
+        "torchrun: restart the job, storage every 30 min",
+        "DLRover defaults",
+        "DLRover: in place, flash every step",
+        "DLRover: everything on",
+        "DLRover: everything on, native crash relaunches (what-if)",
+    }
+    dlrover = next(r for r in results if r["strategy"] == "DLRover: everything on")
+    assert dlrover["master"]["heartbeat"]["calls"] > 0
+    swept = _cli(
+        "sweep",
+        str(small),
+        "--days",
+        "5",
+        "--scales",
+        "64,256",
+        "--intervals-min",
+        "30,120",
+        "--strategy",
+        "DLRover: everything on",
+        "--strategy",
+        "torchrun: restart the job, storage every 30 min",
+        "--out",
+        str(tmp_path / "sweep"),
+        cwd=tmp_path,
+    )
+    assert swept.returncode == 0, swept.stderr
+    for png in ("goodput_by_scale.png", "goodput_by_interval.png", "lost_time_largest.png"):
+        assert (tmp_path / "sweep" / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "## goodput by scale" in swept.stdout
+    traced = _cli("trace", str(small), "--out", str(tmp_path / "t.jsonl"), cwd=tmp_path)
+    assert traced.returncode == 0, traced.stderr
+    assert read(tmp_path / "t.jsonl", 32)
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[job]\naccelerators = 10\n[[strategy]]\nname = "x"\nkind = "restart_job"\n')
+    refused = _cli("run", str(bad), cwd=tmp_path)
+    assert refused.returncode == 2
+    assert "multiple of accelerators_per_node" in refused.stderr
+    assert not list(tmp_path.glob("*.png"))  # nothing written beside what was asked
+
+
+def test_the_table_names_every_bucket_with_time_in_it() -> None:
+    result = run(DEFAULTS, [Interruption(1000.0 + 2000.0 * i, i % 8, "gpu") for i in range(20)])
+    text = table([result])
+    assert "| defaults | 64 | 1 | 20 |" in text
+    assert STOPPED in text.splitlines()[0]
+    assert "stopped: " in text

@@ -1,0 +1,159 @@
+"""The command line: `python tools/goodput_sim run|sweep|trace SCENARIO.toml ...` (see the README)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import attrs
+
+from .results import Result, simulate, table
+from .scenario import Scenario, ScenarioError, load
+from .trace import trace_for, write
+
+__all__ = ["main"]
+
+
+def _at_scale(scenario: Scenario, accelerators: int) -> Scenario:
+    """The scenario at another size: strategies' min_nodes keep their share of the nodes."""
+    job = attrs.evolve(scenario.job, accelerators=accelerators)
+    full = scenario.job.nodes
+
+    def scaled(count: int) -> int:
+        """`count` nodes of the scenario's size, as many of the new size (at least one)."""
+        return max(1, round(count * job.nodes / full)) if count else 0
+
+    strategies = tuple(
+        attrs.evolve(
+            s,
+            # the nodes that may be missing, and the spares, keep their share of the job
+            min_nodes=max(1, job.nodes - scaled(full - s.min_nodes)) if s.min_nodes else 0,
+            spare_nodes=scaled(s.spare_nodes),
+        )
+        for s in scenario.strategies
+    )
+    return attrs.evolve(scenario, job=job, strategies=strategies)
+
+
+def _run(scenario: Scenario, names: Sequence[str]) -> list[Result]:
+    trace = trace_for(scenario)
+    chosen = [s for s in scenario.strategies if not names or s.name in names]
+    results = []
+    for strategy in chosen:
+        result = simulate(scenario, strategy, trace)
+        print(
+            f"  {strategy.name} at {scenario.job.accelerators}: goodput {100 * result.goodput:.1f}% "
+            f"({result.interruptions} interruptions, {result.sim_cpu_s:.1f} s CPU)",
+            file=sys.stderr,
+        )
+        results.append(result)
+    return results
+
+
+def _write(out: Path | None, name: str, results: Sequence[Result]) -> None:
+    if out is None:
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps([r.to_dict() for r in results], indent=1) + "\n")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="goodput_sim", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="every strategy of a scenario on one trace: a table")
+    sweep = sub.add_parser("sweep", help="goodput against scale and against the storage interval: tables and plots")
+    trace = sub.add_parser("trace", help="write the scenario's trace (JSON lines) to replay or edit")
+    for cmd in (run, sweep, trace):
+        cmd.add_argument("scenario", type=Path)
+        cmd.add_argument("--seed", type=int, default=None, help="the trace's seed (default: the scenario's)")
+        cmd.add_argument("--days", type=float, default=None, help="run this long instead (default: the scenario's)")
+    for cmd in (run, sweep):
+        cmd.add_argument("--strategy", action="append", default=[], help="only this strategy (repeatable)")
+        cmd.add_argument("--out", type=Path, default=None, help="write results (JSON) and plots here")
+    run.add_argument("--accelerators", type=int, default=None, help="the job's size (default: the scenario's)")
+    sweep.add_argument(
+        "--scales", default="128,1024,4096,16384", help="comma-separated accelerator counts (default %(default)s)"
+    )
+    sweep.add_argument(
+        "--intervals-min",
+        default="10,30,60,180",
+        help="storage checkpoint intervals for the interval plot, minutes, at the largest scale (default %(default)s)",
+    )
+    trace.add_argument("--out", type=Path, required=True, help="the trace file to write")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        scenario = load(args.scenario)
+        if args.seed is not None:
+            scenario = attrs.evolve(scenario, seed=args.seed)
+        if args.days is not None:
+            scenario = attrs.evolve(scenario, job=attrs.evolve(scenario.job, days=args.days))
+        if args.command == "trace":
+            trace = trace_for(scenario)
+            write(args.out, trace)
+            print(f"{len(trace)} interruptions written to {args.out}")
+            return 0
+        if args.command == "run":
+            if args.accelerators is not None:
+                scenario = _at_scale(scenario, args.accelerators)
+            results = _run(scenario, args.strategy)
+            print(table(results))
+            _write(args.out, "run", results)
+            return 0
+        return _sweep(scenario, args)
+    except ScenarioError as exc:
+        print(f"goodput_sim: {exc}", file=sys.stderr)
+        return 2
+
+
+def _sweep(scenario: Scenario, args: argparse.Namespace) -> int:
+    from .plots import plot_breakdown, plot_interval, plot_scale
+
+    try:
+        scales = sorted({int(x) for x in args.scales.split(",") if x.strip()})
+        intervals = sorted({float(x) for x in args.intervals_min.split(",") if x.strip()})
+    except ValueError as exc:
+        raise ScenarioError(f"--scales and --intervals-min take comma-separated numbers: {exc}") from None
+    if not scales or not intervals or min(scales) < 1 or min(intervals) <= 0:
+        raise ScenarioError("--scales and --intervals-min need at least one number each, all > 0")
+    by_scale: list[Result] = []
+    for accelerators in scales:
+        by_scale += _run(_at_scale(scenario, accelerators), args.strategy)
+    largest = _at_scale(scenario, scales[-1])
+    points: list[tuple[float, Result]] = []
+    for minutes in intervals:
+        varied = attrs.evolve(
+            largest, strategies=tuple(attrs.evolve(s, storage_interval_s=60 * minutes) for s in largest.strategies)
+        )
+        points += [(minutes, r) for r in _run(varied, args.strategy)]
+    at_largest = [r for r in by_scale if r.accelerators == scales[-1]]
+    print("## goodput by scale\n\n" + table(by_scale))
+    print("\n## at the largest scale, by storage interval\n")
+    print(table([attrs.evolve(r, strategy=f"{r.strategy}, {m:g} min") for m, r in points]))
+    print("\n## the master's CPU per call at the largest scale\n")
+    for r in at_largest:
+        for call, cost in r.master.items():
+            print(f"- {r.strategy}: {call}: {1e6 * cost['cpu_s_per_call']:.0f} us x {int(cost['calls'])}")
+    if args.out is not None:
+        _write(args.out, "sweep_scale", by_scale)
+        _write(args.out, "sweep_interval", [attrs.evolve(r, strategy=f"{r.strategy}@{m:g}min") for m, r in points])
+        days = f"{scenario.job.days:g} days"
+        written = [
+            plot_scale(by_scale, args.out / "goodput_by_scale.png", f"Goodput by scale ({days}, same failure rate)"),
+            plot_interval(
+                points,
+                args.out / "goodput_by_interval.png",
+                f"Goodput by storage checkpoint interval at {scales[-1]} accelerators",
+            ),
+            plot_breakdown(
+                at_largest, args.out / "lost_time_largest.png", f"Where the time went at {scales[-1]} accelerators"
+            ),
+        ]
+        print("\n" + "\n".join(f"wrote {p}" for p in written))
+    return 0

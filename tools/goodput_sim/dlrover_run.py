@@ -1,0 +1,391 @@
+"""A DLRover strategy: the real master decides, simulated agents carry its decisions out.
+
+The master is `dlrover.master.Master` itself (node lifecycle, the diagnosis classifier and action
+policy, checkpoint commits, the goodput accounting) on a `ManualClock` and the in-memory
+`FakeScheduler` and journal: no gRPC, no threads, no sleeping. What an agent would send, the
+simulation calls: `register`, `heartbeat` (rank 0's with its attempt reports), `report_failure`
+with the kind the agent reports (`dlrover.diagnosis.reported_kind`) and the cause's log excerpt,
+`record_checkpoint` for each persisted checkpoint. A lost machine just falls silent: the master's
+heartbeat timeout finds it. A round forms when the rendezvous's own rule says so
+(`dlrover.rendezvous.decide_round`). What the simulation decides itself is only what the cluster
+and the training processes do: how long each phase takes (the scenario's costs), that a broken
+node fails again until it is replaced, and which checkpoint a round restores.
+
+Restores: a round whose every node kept its shared memory restores the newest flash checkpoint
+from it (`memory_load_gib_s`); one with a replaced node fetches it from the peer replica first where
+`replicated_memory` is on (`replica_gib_s`), else every rank rolls back to the newest persisted
+checkpoint (`checkpoint_gib / storage_read_gib_s`). Persisting runs in the background every
+`storage_interval_s` and blocks nothing. A planned round (a replacement joining a world that went on
+without it) seals a flash checkpoint first: it redoes no step.
+
+An interruption that arrives while the job is recovering waits until training resumes.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from dlrover.common import ManualClock
+from dlrover.diagnosis import ActionKind, ActionPolicy, PolicyConfig, reported_kind
+from dlrover.master import MasterConfig
+from dlrover.master.config import LifecycleConfig, NodeRange
+from dlrover.master.diagnosis_policy import DiagnosisFailurePolicy
+from dlrover.master.factory import default_policy
+from dlrover.master.goodput import GoodputBreakdown
+from dlrover.master.journal import MemoryJournal
+from dlrover.master.master import Master
+from dlrover.master.scheduler.base import ObservedState
+from dlrover.master.scheduler.fake import FakeScheduler
+from dlrover.master.states import NodeState
+from dlrover.rendezvous import RendezvousConfig
+from dlrover.rendezvous.decision import decide_round
+
+from .scenario import CAUSES, Scenario, Strategy
+from .trace import Interruption
+from .training import Stretch
+
+__all__ = ["DLRoverRun", "simulate_dlrover"]
+
+WALL0 = 1_700_000_000.0
+# Budgets no long job keeps at their defaults: a 16,384-accelerator job meets an interruption every
+# few hours, so max_job_failures 20 would stop it within days. The simulation lets the policy's
+# ladders decide and never stops the job for its count of failures.
+_UNBOUNDED = 10**9
+
+
+class MeteredMaster:
+    """The master, with the CPU time of the calls agents make counted by call: its cost at scale."""
+
+    METERED = ("heartbeat", "register", "report_failure", "tick", "record_checkpoint")
+
+    def __init__(self, master: Master) -> None:
+        self._master = master
+        self._tally: dict[str, list[float]] = {name: [0.0, 0] for name in self.METERED}
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._master, name)
+        if name not in self._tally:
+            return attr
+        tally = self._tally[name]
+
+        def metered(*args: Any, **kwargs: Any) -> Any:
+            started = time.process_time()
+            try:
+                return attr(*args, **kwargs)
+            finally:
+                tally[0] += time.process_time() - started
+                tally[1] += 1
+
+        return metered
+
+    def costs(self) -> dict[str, dict[str, float]]:
+        """CPU seconds per call and calls, by call (those made at least once)."""
+        return {
+            name: {"cpu_s_per_call": total / calls, "calls": calls}
+            for name, (total, calls) in sorted(self._tally.items())
+            if calls
+        }
+
+
+class DLRoverRun:
+    """One run of a ``dlrover`` strategy over a trace; `run` returns the master's breakdown."""
+
+    def __init__(self, scenario: Scenario, strategy: Strategy) -> None:
+        self.job, self.costs, self.strategy = scenario.job, scenario.costs, strategy
+        full = self.job.nodes
+        self.min_nodes = strategy.min_nodes or full
+        lifecycle = LifecycleConfig(
+            nodes=NodeRange(self.min_nodes, full),
+            heartbeat_timeout_s=self.costs.heartbeat_timeout_s,
+            node_start_timeout_s=None,
+            node_pending_timeout_s=None,
+            max_relaunches=_UNBOUNDED,
+            max_job_failures=_UNBOUNDED,
+            insufficient_nodes_window_s=10 * 86400.0,
+            spare_nodes=strategy.spare_nodes,
+        )
+        config = MasterConfig(
+            job_name="goodput-sim",
+            lifecycle=lifecycle,
+            rendezvous_last_call_s=self.costs.rendezvous_last_call_s,
+            progress_event_interval_s=3600.0,
+            max_node_relaunches=strategy.max_node_relaunches,
+        )
+        self.rendezvous = RendezvousConfig(
+            min_nodes=self.min_nodes, max_nodes=full, last_call_s=self.costs.rendezvous_last_call_s
+        )
+        self.clock = ManualClock(0.0, WALL0)
+        self.scheduler = FakeScheduler(relaunches_nodes=True)
+        policy = default_policy(config)
+        if strategy.ladders:  # a what-if the master's flags cannot set yet
+            ladders = strategy.policy_ladders()
+            policy = DiagnosisFailurePolicy(
+                actions=ActionPolicy(PolicyConfig(ladders=ladders, max_node_relaunches=strategy.max_node_relaunches))
+            )
+        self.master = MeteredMaster(Master(config, self.scheduler, MemoryJournal(), self.clock, policy=policy))
+        self.up: dict[int, float] = {}  # node id -> when its agent runs (registered), for launched nodes
+        self.silent: set[int] = set()  # nodes whose machine is gone
+        self.broken: dict[int, str] = {}  # node id -> the cause of a fault that stays until it is replaced
+        self.attempts: dict[int, int] = {}
+        self.members: frozenset[int] = frozenset()  # the node ids of the round in force
+        self.best = 0
+        self.persisted = 0
+        self.flash_step = 0
+        self.decisions: dict[str, int] = {}
+        self.stopped = ""
+        self.beaten_at = float("-inf")
+
+    def master_costs(self) -> dict[str, dict[str, float]]:
+        """The master's CPU seconds per call and the number of calls, by call."""
+        return self.master.costs()
+
+    # -- the master's view -------------------------------------------------------------------
+
+    def _advance(self, t: float) -> None:
+        """Move the clock to `t` with every live agent heartbeating and launched nodes coming up."""
+        if t < self.clock.now():
+            raise AssertionError(f"the simulation went back in time: {t} < {self.clock.now()}")
+        for at in sorted({at for at in self.up.values() if at <= t}):
+            # The nodes up at `at` start, the master sees it at its next tick, and their agents register.
+            self.clock.advance(at - self.clock.now())
+            self._beat()
+            started = sorted(nid for nid, when in self.up.items() if when == at)
+            for node_id in started:
+                del self.up[node_id]
+                self.scheduler.set_state(node_id, ObservedState.RUNNING, host=f"host-{node_id}")
+            self.master.tick()
+            for node_id in started:
+                if self.master.node(node_id).state is NodeState.STARTING:
+                    self.master.register(node_id, f"agent-{node_id}", f"host-{node_id}")
+        self.clock.advance(t - self.clock.now())
+        self._beat()
+        self.master.tick()
+        self._follow_launches()
+
+    def _beat(self) -> None:
+        """Every live agent heartbeats, unless they all did within half the heartbeat timeout: real
+        agents beat every few seconds, but the master reads beats only for its timeout (the
+        simulation sends no step or sample counts on them), so it sees the same as long as none is
+        older than the timeout at a tick."""
+        now = self.clock.now()
+        if now - self.beaten_at < self.costs.heartbeat_timeout_s / 2:
+            return
+        self.beaten_at = now
+        for node_id, node in self.master.nodes().items():
+            if node.state is NodeState.RUNNING and node_id not in self.silent:
+                self.master.heartbeat(node_id)
+
+    def _follow_launches(self) -> None:
+        """Nodes the master launched come up `node_provision_s` later."""
+        observed = self.scheduler.observe()
+        for node_id in self.scheduler.specs:
+            if node_id not in self.up and observed[node_id].state is ObservedState.PENDING:
+                self.up[node_id] = self.clock.now() + self.costs.node_provision_s
+
+    def _ranked(self) -> dict[int, int]:
+        """rank -> node id of the current, running, ranked nodes."""
+        out = {}
+        for node_id, node in self.master.nodes().items():
+            if node.state is NodeState.RUNNING and not node.spare and node.rank >= 0 and node_id not in self.silent:
+                out[node.rank] = node_id
+        return out
+
+    def _pending_ranks(self) -> dict[int, int]:
+        """rank -> node id of ranked nodes not running yet (launched, starting)."""
+        return {
+            n.rank: nid
+            for nid, n in self.master.nodes().items()
+            if n.state in (NodeState.PENDING, NodeState.STARTING) and not n.spare and n.rank >= 0
+        }
+
+    # -- the run -----------------------------------------------------------------------------
+
+    def run(self, trace: Sequence[Interruption]) -> GoodputBreakdown:
+        end = self.job.duration_s
+        self.master.start()
+        self._follow_launches()
+        first_up = max(self.up.values())
+        self._advance(first_up)
+        self._round(first_up, from_step=0)
+        self.queue: list[tuple[float, int, str, int]] = []  # (time, order, what, rank)
+        for order, item in enumerate(trace):
+            heapq.heappush(self.queue, (item.time_s, order, item.cause, item.node))
+        order = len(trace)
+        while self.queue:
+            t, _, what, rank = heapq.heappop(self.queue)
+            if t >= end:
+                break
+            if t < self.stretch.ready:  # recovering: it waits until training resumes
+                order += 1
+                heapq.heappush(self.queue, (self.stretch.ready, order, what, rank))
+                continue
+            if what == _GROW:
+                self._grow(t)
+            elif not self._interrupt(t, rank, what):
+                break
+        if self.master.job_state.finished:
+            self.stopped = self.master.status().exit_reason
+        else:
+            self._report_progress(max(end, self.clock.now()))
+            self.master.stop("the simulated time is over")
+        breakdown: GoodputBreakdown = self.master.status().breakdown
+        return breakdown
+
+    def _push(self, t: float, what: str, rank: int) -> None:
+        heapq.heappush(self.queue, (t, -len(self.queue) - 1, what, rank))
+
+    def _round(self, joined_at: float, *, from_step: int | None = None, planned_step: int | None = None) -> None:
+        """Every running ranked node's agent joined by `joined_at` (an agent outlives its workers, so it
+        rejoins as soon as it is told): the round forms by the rendezvous's rule, the workers start
+        (`process_restart_s`) and restore, and training resumes."""
+        costs = self.costs
+        ranked = self._ranked()
+        members = frozenset(ranked.values())
+        world = len(members)
+        formed = joined_at
+        if not decide_round(self.rendezvous, world, joined_at, formed).complete:
+            formed = joined_at + costs.rendezvous_last_call_s
+            if not decide_round(self.rendezvous, world, joined_at, formed).complete:
+                raise AssertionError(f"no round of {world} nodes can form (min_nodes {self.min_nodes})")
+        workers = formed + costs.process_restart_s
+        # A node that joined or left since the last round had (or took) a shard no shared memory here holds.
+        lost_memory = members != self.members
+        shard = self.job.shard_gib
+        memory_load = shard / costs.memory_load_gib_s
+        replica_load = shard / costs.replica_gib_s + memory_load
+        if planned_step is not None:
+            step, load = planned_step, replica_load if lost_memory else memory_load
+        elif from_step == 0 and not self.members:
+            step, load = 0, 0.0
+        elif not lost_memory:
+            step, load = self.flash_step, memory_load
+        elif self.strategy.replicated_memory:
+            step, load = self.flash_step, replica_load
+        else:
+            step, load = self.persisted, self.job.checkpoint_gib / costs.storage_read_gib_s
+        self._advance(max(formed, self.clock.now()))
+        self.members = members
+        self.rank0 = ranked[min(ranked)]
+        self.attempts[self.rank0] = self.attempts.get(self.rank0, 0) + 1
+        self.round_times = (joined_at, formed, workers, load)
+        self.stretch = Stretch(
+            ready=workers + load,
+            start_step=step,
+            step_s=self.job.step_time_s * self.job.nodes / world,
+            save_every=self.strategy.flash_every_steps,
+            save_s=self.job.shard_gib / costs.flash_save_gib_s,
+        )
+        self.persist_from = self.stretch.ready
+        for node_id, cause in sorted(self.broken.items()):
+            if node_id in members:  # the fault is still there: it fails again at its first step
+                rank = next(r for r, nid in ranked.items() if nid == node_id)
+                self._push(self.stretch.ready + self.stretch.step_s, cause, rank)
+        pending = self._pending_ranks()
+        if pending and world < self.job.nodes:
+            up_at = max(self.up.get(nid, self.clock.now()) for nid in pending.values())
+            self._push(up_at, _GROW, -1)
+
+    def _report_progress(self, until: float) -> None:
+        """Rank 0's attempt report up to `until`, and the checkpoints persisted meanwhile."""
+        joined, formed, workers, load = self.round_times
+        report = self.stretch.report(
+            self.rank0,
+            self.attempts[self.rank0],
+            until,
+            self.best,
+            wall0=WALL0,
+            rendezvous=(joined, formed),
+            workers_start=workers,
+            load_s=load,
+        )
+        self._advance(max(until, self.clock.now()))
+        if self.rank0 in self._ranked().values():
+            self.master.heartbeat(self.rank0, attempts=[report])
+        self.best = max(self.best, self.stretch.start_step + self.stretch.steps_by(until))
+        self.flash_step = self.stretch.last_saved_step(until) if self.strategy.flash_every_steps else self.persisted
+        interval = self.strategy.storage_interval_s
+        write_s = self.job.checkpoint_gib / self.costs.storage_write_gib_s
+        # The newest persist that finished by `until`: one starts every `interval` of training.
+        if until - self.persist_from >= interval + write_s:
+            started = self.persist_from + ((until - write_s - self.persist_from) // interval) * interval
+            step = self.stretch.last_saved_step(started)
+            if step > self.persisted:
+                self.persisted = step
+                self.master.record_checkpoint(step, f"storage://goodput-sim/step-{step}", len(self.members))
+
+    def _interrupt(self, t: float, rank: int, cause_name: str) -> bool:
+        """Handle one interruption at `t` on `rank` (or the member it maps to); False when the job ended."""
+        costs = self.costs
+        cause = CAUSES[cause_name]
+        ranked = self._ranked()
+        in_world = sorted(r for r, nid in ranked.items() if nid in self.members)
+        node_id = (
+            ranked[rank] if rank in ranked and ranked[rank] in self.members else ranked[in_world[rank % len(in_world)]]
+        )
+        self._report_progress(t)
+        if cause.effect == "lost":
+            self.silent.add(node_id)
+            self.broken.pop(node_id, None)
+            self._advance(t + costs.heartbeat_timeout_s + 1.0)  # the master's heartbeat timeout finds it
+            self._count("lost node: relaunch_node")
+        else:
+            if cause.effect == "broken":
+                self.broken[node_id] = cause_name
+            hung = cause.effect == "hang" and self.strategy.hang_detection != "nccl_timeout"
+            detect = costs.crash_detection_s
+            if cause.effect == "hang":
+                detect = {
+                    "nccl_timeout": costs.nccl_timeout_s,
+                    "cpu_idle": costs.cpu_idle_hang_s,
+                    "adaptive": max(5 * self.stretch.step_s, costs.adaptive_hang_floor_s),
+                }[self.strategy.hang_detection]
+            self._advance(t + detect)
+            evidence = f"no step progress for {detect:.0f}s; stacks dumped" if hung else cause.evidence
+            decision = self.master.report_failure(
+                node_id, reported_kind(hung=hung), evidence, exit_code=None if hung else cause.exit_code
+            )
+            self._count(f"{decision.kind.value}: {decision.action.value}")
+            if decision.action is ActionKind.ABORT_JOB or self.master.job_state.finished:
+                return False
+            if decision.action.ends_node:
+                self.silent.add(node_id)
+                self.broken.pop(node_id, None)
+        self._follow_launches()
+        self._recover(self.clock.now())
+        return True
+
+    def _recover(self, decided: float) -> None:
+        """After a decision at `decided`, every running ranked node rejoins; a replacement joins once
+        it is up, or later at a planned round where min_nodes lets the others go on without it."""
+        join = decided
+        pending = self._pending_ranks()
+        if pending and len(self._ranked()) < self.min_nodes:
+            join = max([join, *(self.up.get(nid, join) for nid in pending.values())])
+        self._advance(join)
+        self._round(join)
+
+    def _grow(self, t: float) -> None:
+        """A replacement is up while the world trains without it: a planned round seals a flash
+        checkpoint, and every node restarts into the full world."""
+        self._advance(t)
+        if len(self._ranked()) == len(self.members):
+            return  # nobody new (the replacement failed meanwhile)
+        self._report_progress(t)
+        sealed = self.stretch.start_step + self.stretch.steps_by(t)
+        self.best = max(self.best, sealed)
+        self._count("replacement up: planned round")
+        self._round(t, planned_step=sealed)
+
+    def _count(self, what: str) -> None:
+        self.decisions[what] = self.decisions.get(what, 0) + 1
+
+
+_GROW = "(grow)"
+
+
+def simulate_dlrover(scenario: Scenario, strategy: Strategy, trace: Sequence[Interruption]) -> GoodputBreakdown:
+    """Goodput of `strategy` (kind ``dlrover``) on `trace`."""
+    return DLRoverRun(scenario, strategy).run(trace)

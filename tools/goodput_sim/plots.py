@@ -1,0 +1,83 @@
+"""The figures: goodput against scale per strategy, goodput against the storage checkpoint
+interval, and where the time went at the largest scale. PNG files, drawn with matplotlib's
+non-interactive backend (no display needed)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from dlrover.master.goodput import BUCKETS
+
+from .results import STOPPED, Result
+
+__all__ = ["plot_breakdown", "plot_interval", "plot_scale"]
+
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_scale(results: Sequence[Result], path: Path, title: str) -> Path:
+    """Goodput (%) against accelerators (log scale), one line per strategy."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name in dict.fromkeys(r.strategy for r in results):
+        mine = sorted((r for r in results if r.strategy == name), key=lambda r: r.accelerators)
+        ax.plot([r.accelerators for r in mine], [100 * r.goodput for r in mine], marker="o", label=name)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("accelerators")
+    ax.set_ylabel("goodput (%)")
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def plot_interval(points: Sequence[tuple[float, Result]], path: Path, title: str) -> Path:
+    """Goodput (%) against the storage checkpoint interval (minutes), one line per strategy."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name in dict.fromkeys(r.strategy for _, r in points):
+        mine = sorted((m, r) for m, r in points if r.strategy == name)
+        ax.plot([m for m, _ in mine], [100 * r.goodput for _, r in mine], marker="o", label=name)
+    ax.set_xscale("log")
+    ax.set_xlabel("storage checkpoint interval (minutes)")
+    ax.set_ylabel("goodput (%)")
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def plot_breakdown(results: Sequence[Result], path: Path, title: str) -> Path:
+    """Where the lost time went (% of the run), stacked by bucket, one bar per strategy."""
+    plt = _pyplot()
+    buckets = [b for b in (*BUCKETS, STOPPED) if any(r.buckets.get(b, 0.0) > 0 for r in results)]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    names = [r.strategy for r in results]
+    bottoms = [0.0] * len(results)
+    for bucket in buckets:
+        shares = [100 * r.buckets.get(bucket, 0.0) / (r.days * 86400.0) for r in results]
+        ax.bar(names, shares, bottom=bottoms, label=bucket)
+        bottoms = [b + s for b, s in zip(bottoms, shares, strict=True)]
+    ax.set_ylabel("time lost (% of the run)")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    ax.tick_params(axis="x", labelsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
