@@ -275,3 +275,46 @@ def test_steps_journaled_over_one_interval_stay_within_the_marks_a_replay_reads(
     assert [len(r.marks) for r in merged if r.node_id == 0] == [3000, 3100]
     assert next(r.rendezvous_start for r in merged if r.node_id == 0) == 1.0
     assert [len(r.marks) for r in merged if r.node_id == 1] == [10]
+
+
+_WINDOW = st.tuples(
+    st.sampled_from(["resize", "rendezvous", "checkpoint_load"]),
+    st.floats(0, 1000, allow_nan=False),
+    st.one_of(st.floats(0, 200, allow_nan=False), st.just(math.inf)),
+).map(lambda w: (w[0], w[1], w[1] + w[2]))
+
+
+@given(
+    windows=st.lists(_WINDOW, max_size=30),
+    start=st.floats(0, 1200, allow_nan=False),
+    length=st.floats(0, 300, allow_nan=False),
+)
+def test_the_window_index_finds_exactly_the_overlapping_windows_in_priority_order(
+    windows: list[tuple[str, float, float]], start: float, length: float
+) -> None:
+    from dlrover.master.goodput import _WindowIndex
+
+    end = start + length
+    assert _WindowIndex(windows).overlapping(start, end) == [w for w in windows if w[1] <= end and w[2] >= start]
+
+
+def test_a_breakdown_builds_its_windows_once_however_many_gaps_it_labels(monkeypatch: pytest.MonkeyPatch) -> None:
+    acc = GoodputAccountant()
+    acc.add_event(ev(1000.0, "job_start"))
+    for i in range(50):  # fifty attempts, each ended by a failure: fifty gaps to label
+        t = 1000.0 + 100.0 * i
+        acc.add_attempts([attempt(i + 1, [(i * 10 + 10, t + 50.0, 0.0)], ready_time=t + 10.0, load_s=2.0)])
+        acc.add_event(ev(t + 60.0, "failure"))
+    built = 0
+    windows = acc._windows
+
+    def counted() -> list[tuple[str, float, float]]:
+        nonlocal built
+        built += 1
+        return windows()
+
+    monkeypatch.setattr(acc, "_windows", counted)
+    breakdown = acc.breakdown(7000.0)
+    assert built == 1
+    assert total(breakdown) == pytest.approx(breakdown.elapsed_s)
+    assert breakdown.buckets["failure_detection"] > 0

@@ -373,8 +373,12 @@ class GoodputAccountant:
             buckets["checkpoint_save"] += attempt.save_s * share
             spans.append((start, end))
             cursor = end
+        # Built once per breakdown, not per gap: a month-long job has hundreds of attempts, and the
+        # master asks for a breakdown on every tick (its metrics).
+        windows = _WindowIndex(self._windows())
+        signs = self._training_signs()
         for gap_start, gap_end, position in _gaps(spans, t0, t_end):
-            self._label_gap(gap_start, gap_end, position, buckets)
+            self._label_gap(gap_start, gap_end, position, buckets, index=windows, signs=signs)
         return GoodputBreakdown(t_end - t0, useful, buckets, self._best)
 
     def _windows(self) -> list[tuple[str, float, float]]:
@@ -399,9 +403,17 @@ class GoodputAccountant:
         signs += [a.report.ready_time for a in self._attempts.values() if a.report.ready_time is not None]
         return sorted(signs)
 
-    def _label_gap(self, start: float, end: float, position: str, buckets: dict[str, float]) -> None:
-        windows = self._windows()
-        signs = self._training_signs()
+    def _label_gap(
+        self,
+        start: float,
+        end: float,
+        position: str,
+        buckets: dict[str, float],
+        *,
+        index: _WindowIndex,
+        signs: Sequence[float],
+    ) -> None:
+        windows = index.overlapping(start, end)
         failures = [f for f in self._failures if start < f <= end]
         for f in failures:
             i = bisect.bisect_right(signs, f)
@@ -429,6 +441,28 @@ class GoodputAccountant:
                 else:
                     label = "restart"
             buckets[label] += b - a
+
+
+class _WindowIndex:
+    """Labelled windows (in priority order) found by the stretch of time they overlap, without a scan
+    of every window for every gap."""
+
+    def __init__(self, windows: Sequence[tuple[str, float, float]]) -> None:
+        self._windows = list(windows)
+        self._by_start = sorted(range(len(self._windows)), key=lambda i: self._windows[i][1])
+        self._starts = [self._windows[i][1] for i in self._by_start]
+        finite = [hi - lo for _, lo, hi in self._windows if math.isfinite(hi)]
+        self._longest = max(finite, default=0.0)
+        self._unbounded = [i for i, (_, _, hi) in enumerate(self._windows) if not math.isfinite(hi)]
+
+    def overlapping(self, start: float, end: float) -> list[tuple[str, float, float]]:
+        """The windows that overlap `[start, end]`, in priority order."""
+        first = bisect.bisect_left(self._starts, start - self._longest)
+        last = bisect.bisect_right(self._starts, end)
+        picked = {self._by_start[k] for k in range(first, last)}
+        picked.update(self._unbounded)
+        found = (self._windows[i] for i in sorted(picked))
+        return [w for w in found if w[1] <= end and w[2] >= start]
 
 
 def _gaps(spans: Sequence[tuple[float, float]], t0: float, t_end: float) -> list[tuple[float, float, str]]:
