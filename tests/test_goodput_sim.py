@@ -308,6 +308,24 @@ def test_the_command_line_runs_sweeps_draws_its_plots_and_refuses_bad_input(tmp_
     assert not list(tmp_path.glob("*.png"))  # nothing written beside what was asked
 
 
+def test_the_cost_command_measures_the_masters_calls_beside_a_noop_grpc_call(tmp_path: Path) -> None:
+    measured = _cli("cost", "--nodes", "40", cwd=tmp_path)
+    assert measured.returncode == 0, measured.stderr
+    rows = {line.split(" | ")[0].strip("| "): line for line in measured.stdout.splitlines()[2:]}
+    assert set(rows) == {
+        "register",
+        "heartbeat",
+        "heartbeat, new step",
+        "tick",
+        "failure, relaunch journaled",
+        "rendezvous round, every node",
+        "grpc_noop_call",
+    }
+    assert rows["grpc_noop_call"].endswith("| 1.00x |")
+    assert _cli("cost", "--nodes", "0", cwd=tmp_path).returncode == 2
+    assert not list(tmp_path.iterdir())  # the journal's temporary directory is gone
+
+
 def test_the_table_names_every_bucket_with_time_in_it() -> None:
     result = run(DEFAULTS, [Interruption(1000.0 + 2000.0 * i, i % 8, "gpu") for i in range(20)])
     text = table([result])

@@ -1,4 +1,4 @@
-"""The command line: `python tools/goodput_sim run|sweep|trace SCENARIO.toml ...` (see the README)."""
+"""The command line: `python tools/goodput_sim run|sweep|trace SCENARIO.toml ...` and `cost` (see the README)."""
 
 from __future__ import annotations
 
@@ -18,8 +18,14 @@ __all__ = ["main"]
 
 
 def _at_scale(scenario: Scenario, accelerators: int) -> Scenario:
-    """The scenario at another size: strategies' min_nodes keep their share of the nodes."""
-    job = attrs.evolve(scenario.job, accelerators=accelerators)
+    """The scenario at another size: the state per accelerator stays (a smaller job trains a
+    proportionally smaller model), so do the step time (weak scaling) and the failure rate per
+    accelerator; strategies' missing nodes and spares keep their share of the nodes."""
+    job = attrs.evolve(
+        scenario.job,
+        accelerators=accelerators,
+        checkpoint_gib=scenario.job.checkpoint_gib * accelerators / scenario.job.accelerators,
+    )
     full = scenario.job.nodes
 
     def scaled(count: int) -> int:
@@ -83,11 +89,21 @@ def _parser() -> argparse.ArgumentParser:
         help="storage checkpoint intervals for the interval plot, minutes, at the largest scale (default %(default)s)",
     )
     trace.add_argument("--out", type=Path, required=True, help="the trace file to write")
+    cost = sub.add_parser("cost", help="the master's CPU per call at a node count, beside a no-op gRPC call")
+    cost.add_argument("--nodes", type=int, default=10_000, help="nodes (default %(default)s)")
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "cost":
+        if args.nodes < 1:
+            print("goodput_sim: --nodes must be at least 1", file=sys.stderr)
+            return 2
+        from .master_cost import measure
+
+        print(measure(args.nodes).table())
+        return 0
     try:
         scenario = load(args.scenario)
         if args.seed is not None:

@@ -166,12 +166,12 @@ class DLRoverRun:
         self._follow_launches()
 
     def _beat(self) -> None:
-        """Every live agent heartbeats, unless they all did within half the heartbeat timeout: real
+        """Every live agent heartbeats, unless they all did within 0.9 heartbeat timeouts: real
         agents beat every few seconds, but the master reads beats only for its timeout (the
         simulation sends no step or sample counts on them), so it sees the same as long as none is
-        older than the timeout at a tick."""
+        older than the timeout at a tick, and every tick follows a call of this."""
         now = self.clock.now()
-        if now - self.beaten_at < self.costs.heartbeat_timeout_s / 2:
+        if now - self.beaten_at < 0.9 * self.costs.heartbeat_timeout_s:
             return
         self.beaten_at = now
         for node_id, node in self.master.nodes().items():

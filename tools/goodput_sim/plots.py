@@ -4,6 +4,7 @@ non-interactive backend (no display needed)."""
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -63,20 +64,21 @@ def plot_interval(points: Sequence[tuple[float, Result]], path: Path, title: str
 
 
 def plot_breakdown(results: Sequence[Result], path: Path, title: str) -> Path:
-    """Where the lost time went (% of the run), stacked by bucket, one bar per strategy."""
+    """Where the lost time went (% of the run), stacked by bucket, one horizontal bar per strategy."""
     plt = _pyplot()
     buckets = [b for b in (*BUCKETS, STOPPED) if any(r.buckets.get(b, 0.0) > 0 for r in results)]
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    names = [r.strategy for r in results]
-    bottoms = [0.0] * len(results)
+    fig, ax = plt.subplots(figsize=(9, 1.6 + 0.9 * len(results)))
+    names = [textwrap.fill(r.strategy, 28) for r in results]
+    lefts = [0.0] * len(results)
     for bucket in buckets:
         shares = [100 * r.buckets.get(bucket, 0.0) / (r.days * 86400.0) for r in results]
-        ax.bar(names, shares, bottom=bottoms, label=bucket)
-        bottoms = [b + s for b, s in zip(bottoms, shares, strict=True)]
-    ax.set_ylabel("time lost (% of the run)")
+        ax.barh(names, shares, left=lefts, label=bucket)
+        lefts = [b + s for b, s in zip(lefts, shares, strict=True)]
+    ax.invert_yaxis()
+    ax.set_xlabel("time lost (% of the run)")
     ax.set_title(title)
-    ax.legend(fontsize=8)
-    ax.tick_params(axis="x", labelsize=8)
+    ax.legend(fontsize=8, loc="lower right")
+    ax.tick_params(axis="y", labelsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

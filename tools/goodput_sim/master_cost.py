@@ -1,0 +1,145 @@
+"""The master's own cost at scale: how much CPU one call of each kind takes with `nodes` nodes,
+the real code on a virtual clock with the real SQLite journal, beside a no-op authenticated gRPC
+call measured in the same run (what any RPC costs before the master does anything).
+
+    python tools/goodput_sim cost --nodes 10000
+
+Every node is registered (one journaled transaction each), then measured: a heartbeat round
+without a new step (what most heartbeats are), a round with one (progress), a tick (the master's
+timeout checks), a node failure decided and journaled (a relaunch), and a rendezvous round of every
+node (`dlrover.rendezvous.RendezvousManager`: each joins, then each polls until the round holds
+it). CPU time is this process's (`time.process_time`); the gRPC call's is wall time per round trip
+with client and server in this process, so it counts both sides.
+"""
+
+from __future__ import annotations
+
+import secrets
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import attrs
+
+from dlrover.common import ManualClock
+from dlrover.common.channel import create_channel
+from dlrover.common.ping import add_ping_service
+from dlrover.common.server import GrpcServer, ServerConfig
+from dlrover.common.v1 import ping_pb2, ping_pb2_grpc
+from dlrover.diagnosis import FailureKind
+from dlrover.master import MasterConfig
+from dlrover.master.config import LifecycleConfig, NodeRange
+from dlrover.master.factory import default_policy
+from dlrover.master.journal import SqliteJournal
+from dlrover.master.master import Master
+from dlrover.master.scheduler.base import ObservedState
+from dlrover.master.scheduler.fake import FakeScheduler
+from dlrover.rendezvous import RendezvousConfig, RendezvousManager
+
+from .scenario import CAUSES
+
+__all__ = ["MasterCost", "measure"]
+
+
+@attrs.frozen
+class MasterCost:
+    """Seconds per call by what was measured (CPU; `grpc_noop_call` is wall per round trip)."""
+
+    nodes: int
+    per_call_s: dict[str, float]
+
+    def table(self) -> str:
+        rows = [f"| call, {self.nodes:,} nodes | per call | against a no-op gRPC call |", "|---|---|---|"]
+        base = self.per_call_s["grpc_noop_call"]
+        for name, seconds in self.per_call_s.items():
+            rows.append(f"| {name} | {_fmt(seconds)} | {seconds / base:.2f}x |")
+        return "\n".join(rows)
+
+
+def _fmt(seconds: float) -> str:
+    return f"{seconds * 1e6:.0f} us" if seconds < 0.01 else f"{seconds * 1e3:.1f} ms"
+
+
+def _cpu(calls: int, run: Callable[[], None]) -> float:
+    started = time.process_time()
+    run()
+    return (time.process_time() - started) / max(calls, 1)
+
+
+def _grpc_noop(calls: int) -> float:
+    token = secrets.token_hex(24)
+    server = GrpcServer(ServerConfig(port=0), token)
+    add_ping_service(server)
+    port = server.start()
+    try:
+        with create_channel(f"127.0.0.1:{port}", token) as channel:
+            stub = ping_pb2_grpc.PingServiceStub(channel)  # type: ignore[no-untyped-call]
+            request = ping_pb2.PingRequest(payload=b"x" * 64)
+            for _ in range(100):  # connect and warm up
+                stub.Ping(request, timeout=10)
+            started = time.perf_counter()
+            for _ in range(calls):
+                stub.Ping(request, timeout=10)
+            return (time.perf_counter() - started) / calls
+    finally:
+        server.stop(0)
+
+
+def measure(nodes: int, *, failures: int = 20, grpc_calls: int = 2000) -> MasterCost:
+    """Measure the master's calls with `nodes` nodes (see the module)."""
+    clock = ManualClock(0.0, 1_700_000_000.0)
+    lifecycle = LifecycleConfig(
+        nodes=NodeRange(nodes, nodes),
+        heartbeat_timeout_s=3600.0,
+        node_start_timeout_s=None,
+        node_pending_timeout_s=None,
+        max_relaunches=10**9,
+        max_job_failures=10**9,
+    )
+    config = MasterConfig(
+        job_name="cost", lifecycle=lifecycle, max_node_relaunches=10**9, progress_event_interval_s=0.0
+    )
+    scheduler = FakeScheduler()
+    out: dict[str, float] = {}
+    with tempfile.TemporaryDirectory(prefix="goodput-sim-cost-") as tmp:
+        journal = SqliteJournal(Path(tmp) / "journal.db")
+        try:
+            master = Master(config, scheduler, journal, clock, policy=default_policy(config))
+            master.start()
+            for node_id in range(nodes):
+                scheduler.set_state(node_id, ObservedState.RUNNING)
+            master.tick()
+            out["register"] = _cpu(
+                nodes, lambda: [master.register(i, f"agent-{i}", f"host-{i}") for i in range(nodes)] and None
+            )
+
+            def round_of(step: int | None) -> None:
+                clock.advance(5.0)
+                for i in range(nodes):
+                    master.heartbeat(i, step=step)
+
+            out["heartbeat"] = _cpu(3 * nodes, lambda: [round_of(None) for _ in range(3)] and None)
+            out["heartbeat, new step"] = _cpu(3 * nodes, lambda: [round_of(s) for s in (1, 2, 3)] and None)
+            out["tick"] = _cpu(20, lambda: [master.tick() for _ in range(20)] and None)
+            evidence = CAUSES["gpu"].evidence
+
+            def fail() -> None:
+                for i in range(failures):
+                    master.report_failure(i, FailureKind.UNKNOWN, evidence, exit_code=1)
+
+            out["failure, relaunch journaled"] = _cpu(failures, fail)
+        finally:
+            journal.close()
+    manager = RendezvousManager(RendezvousConfig(min_nodes=nodes, max_nodes=nodes, last_call_s=0.0))
+    names = [f"node-{i}" for i in range(nodes)]
+
+    def rendezvous() -> None:
+        for name in names:
+            manager.join(name, 1.0)
+        for name in names:
+            manager.poll(name, 1.0)
+
+    out["rendezvous round, every node"] = _cpu(1, rendezvous)
+    out["grpc_noop_call"] = _grpc_noop(grpc_calls)
+    return MasterCost(nodes, out)
