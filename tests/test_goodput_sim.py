@@ -20,6 +20,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 from goodput_sim.results import STOPPED, Result, simulate, table  # noqa: E402
 from goodput_sim.scenario import CAUSES, Scenario, ScenarioError, load, parse  # noqa: E402
 from goodput_sim.trace import Interruption, draw, read, write  # noqa: E402
+from goodput_sim.training import Stretch  # noqa: E402
 
 from dlrover.diagnosis import FailureKind  # noqa: E402
 from dlrover.master.diagnosis_policy import DiagnosisFailurePolicy  # noqa: E402
@@ -171,6 +172,39 @@ def test_a_second_native_crash_on_a_node_stops_the_job_unless_a_what_if_ladder_r
     what_if = run({**IN_PLACE, "ladders": ladder}, trace)
     assert what_if.decisions == {"native_crash: restart_processes": 1, "native_crash: relaunch_node": 1}
     assert not what_if.stopped
+
+
+def test_a_lost_machine_past_the_relaunch_budget_stops_the_job_as_the_master_decided() -> None:
+    trace = [Interruption(10_000.0 + 5_000.0 * i, i, "host_maintenance") for i in range(4)]
+    result = run({**IN_PLACE, "max_node_relaunches": 1}, trace)
+    assert result.decisions == {"lost node: relaunch_node": 1, "lost node: abort_job": 1}
+    assert "limit 1" in result.stopped
+
+
+def test_two_interruptions_close_together_cost_what_each_does_alone() -> None:
+    # The NIC fault lands while the world trains without the lost machine: neither leaves a stale repeat
+    # failure or a second planned round behind for the other's node.
+    lost = Interruption(10_000.0, 3, "host_maintenance")
+    nic = Interruption(10_250.0, 5, "nic")
+    both = run(RESIZE, [lost, nic]).decisions
+    alone = [run(RESIZE, [lost]).decisions, run(RESIZE, [nic]).decisions]
+    assert both == {k: alone[0].get(k, 0) + alone[1].get(k, 0) for k in {*alone[0], *alone[1]}}
+
+
+def test_time_after_a_failure_nobody_noticed_before_the_end_is_not_useful() -> None:
+    hung = run(BASELINE, [Interruption(86_400.0 - 500.0, 3, "nccl_hang")])
+    clean = run(BASELINE, [])
+    assert hung.useful_s == pytest.approx(clean.useful_s - 500.0, abs=STEP_S)
+
+
+def test_a_save_counts_once_it_finished_and_a_step_ends_before_the_save_after_it() -> None:
+    stretch = Stretch(ready=0.0, start_step=0, step_s=10.0, save_every=1, save_s=2.0)
+    assert stretch.steps_by(10.5) == 1
+    assert stretch.last_saved_step(10.5) == 0  # the save after step 1 runs until 12
+    assert stretch.last_saved_step(12.0) == 1
+    assert (stretch.end_of(1), stretch.end_of(2)) == (10.0, 22.0)
+    marks = stretch.marks(23.0, best=0, wall0=0.0)
+    assert [(m.step, m.end_time, m.save_s) for m in marks] == [(1, 10.0, 0.0), (2, 22.0, 2.0)]
 
 
 def test_every_cause_excerpt_is_read_as_its_kind_by_the_real_classifier() -> None:

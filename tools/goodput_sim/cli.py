@@ -95,6 +95,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit status (2: a bad scenario, trace or flag)."""
     args = _parser().parse_args(argv)
     if args.command == "cost":
         if args.nodes < 1:

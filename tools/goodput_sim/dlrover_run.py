@@ -126,7 +126,7 @@ class DLRoverRun:
                 actions=ActionPolicy(PolicyConfig(ladders=ladders, max_node_relaunches=strategy.max_node_relaunches))
             )
         self.master = MeteredMaster(Master(config, self.scheduler, MemoryJournal(), self.clock, policy=policy))
-        self.up: dict[int, float] = {}  # node id -> when its agent runs (registered), for launched nodes
+        self.comes_up_at: dict[int, float] = {}  # node id -> when the agent of a launched node starts
         self.silent: set[int] = set()  # nodes whose machine is gone
         self.broken: dict[int, str] = {}  # node id -> the cause of a fault that stays until it is replaced
         self.attempts: dict[int, int] = {}
@@ -137,6 +137,15 @@ class DLRoverRun:
         self.decisions: dict[str, int] = {}
         self.stopped = ""
         self.beaten_at = float("-inf")
+        self.queue: list[tuple[float, int, str, int, int, int]] = []  # see _push
+        self._queued = 0
+        self.round_number = 0  # rounds formed so far
+        self.grow_at: float | None = None  # when the queued planned round for a replacement is due
+        # Set by the first round (`_round`): the training since it, and who reports it.
+        self.stretch = Stretch(ready=0.0, start_step=0, step_s=self.job.step_time_s)
+        self.rank0 = -1
+        self.round_times = (0.0, 0.0, 0.0, 0.0)
+        self.persist_from = 0.0
 
     def master_costs(self) -> dict[str, dict[str, float]]:
         """The master's CPU seconds per call and the number of calls, by call."""
@@ -148,13 +157,13 @@ class DLRoverRun:
         """Move the clock to `t` with every live agent heartbeating and launched nodes coming up."""
         if t < self.clock.now():
             raise AssertionError(f"the simulation went back in time: {t} < {self.clock.now()}")
-        for at in sorted({at for at in self.up.values() if at <= t}):
+        for at in sorted({at for at in self.comes_up_at.values() if at <= t}):
             # The nodes up at `at` start, the master sees it at its next tick, and their agents register.
             self.clock.advance(at - self.clock.now())
             self._beat()
-            started = sorted(nid for nid, when in self.up.items() if when == at)
+            started = sorted(nid for nid, when in self.comes_up_at.items() if when == at)
             for node_id in started:
-                del self.up[node_id]
+                del self.comes_up_at[node_id]
                 self.scheduler.set_state(node_id, ObservedState.RUNNING, host=f"host-{node_id}")
             self.master.tick()
             for node_id in started:
@@ -182,8 +191,8 @@ class DLRoverRun:
         """Nodes the master launched come up `node_provision_s` later."""
         observed = self.scheduler.observe()
         for node_id in self.scheduler.specs:
-            if node_id not in self.up and observed[node_id].state is ObservedState.PENDING:
-                self.up[node_id] = self.clock.now() + self.costs.node_provision_s
+            if node_id not in self.comes_up_at and observed[node_id].state is ObservedState.PENDING:
+                self.comes_up_at[node_id] = self.clock.now() + self.costs.node_provision_s
 
     def _ranked(self) -> dict[int, int]:
         """rank -> node id of the current, running, ranked nodes."""
@@ -204,27 +213,29 @@ class DLRoverRun:
     # -- the run -----------------------------------------------------------------------------
 
     def run(self, trace: Sequence[Interruption]) -> GoodputBreakdown:
+        """Start the job, meet every interruption of `trace` (time-ordered) until the scenario's end or
+        the master stops the job (`stopped` says why), and return the master's breakdown."""
         end = self.job.duration_s
         self.master.start()
         self._follow_launches()
-        first_up = max(self.up.values())
+        first_up = max(self.comes_up_at.values())
         self._advance(first_up)
         self._round(first_up, from_step=0)
-        self.queue: list[tuple[float, int, str, int]] = []  # (time, order, what, rank)
-        for order, item in enumerate(trace):
-            heapq.heappush(self.queue, (item.time_s, order, item.cause, item.node))
-        order = len(trace)
+        for item in trace:
+            self._push(item.time_s, item.cause, item.node)
         while self.queue:
-            t, _, what, rank = heapq.heappop(self.queue)
+            t, _, what, trace_node, node_id, round_number = heapq.heappop(self.queue)
             if t >= end:
                 break
+            if node_id >= 0 and (round_number != self.round_number or node_id not in self.members):
+                continue  # a repeat failure of a node that left the world, or of an earlier round
             if t < self.stretch.ready:  # recovering: it waits until training resumes
-                order += 1
-                heapq.heappush(self.queue, (self.stretch.ready, order, what, rank))
+                self._push(self.stretch.ready, what, trace_node, node_id=node_id, round_number=self.round_number)
                 continue
             if what == _GROW:
+                self.grow_at = None
                 self._grow(t)
-            elif not self._interrupt(t, rank, what):
+            elif not self._interrupt(t, what, trace_node=trace_node, node_id=node_id):
                 break
         if self.master.job_state.finished:
             self.stopped = self.master.status().exit_reason
@@ -234,8 +245,12 @@ class DLRoverRun:
         breakdown: GoodputBreakdown = self.master.status().breakdown
         return breakdown
 
-    def _push(self, t: float, what: str, rank: int) -> None:
-        heapq.heappush(self.queue, (t, -len(self.queue) - 1, what, rank))
+    def _push(self, t: float, what: str, trace_node: int, *, node_id: int = -1, round_number: int = -1) -> None:
+        """Queue an interruption (a cause, or `_GROW`) at `t`. One aimed at a node (`node_id`, a broken node
+        failing again) holds only while that node is in the world of round `round_number`. Equal times are
+        taken in the order they were queued."""
+        self._queued += 1
+        heapq.heappush(self.queue, (t, self._queued, what, trace_node, node_id, round_number))
 
     def _round(self, joined_at: float, *, from_step: int | None = None, planned_step: int | None = None) -> None:
         """Every running ranked node's agent joined by `joined_at` (an agent outlives its workers, so it
@@ -279,14 +294,16 @@ class DLRoverRun:
             save_s=self.job.shard_gib / costs.flash_save_gib_s,
         )
         self.persist_from = self.stretch.ready
+        self.round_number += 1
         for node_id, cause in sorted(self.broken.items()):
             if node_id in members:  # the fault is still there: it fails again at its first step
-                rank = next(r for r, nid in ranked.items() if nid == node_id)
-                self._push(self.stretch.ready + self.stretch.step_s, cause, rank)
+                self._push(
+                    self.stretch.ready + self.stretch.step_s, cause, -1, node_id=node_id, round_number=self.round_number
+                )
         pending = self._pending_ranks()
-        if pending and world < self.job.nodes:
-            up_at = max(self.up.get(nid, self.clock.now()) for nid in pending.values())
-            self._push(up_at, _GROW, -1)
+        if pending and world < self.job.nodes and self.grow_at is None:
+            self.grow_at = max(self.comes_up_at.get(nid, self.clock.now()) for nid in pending.values())
+            self._push(self.grow_at, _GROW, -1)
 
     def _report_progress(self, until: float) -> None:
         """Rank 0's attempt report up to `until`, and the checkpoints persisted meanwhile."""
@@ -316,21 +333,34 @@ class DLRoverRun:
                 self.persisted = step
                 self.master.record_checkpoint(step, f"storage://goodput-sim/step-{step}", len(self.members))
 
-    def _interrupt(self, t: float, rank: int, cause_name: str) -> bool:
-        """Handle one interruption at `t` on `rank` (or the member it maps to); False when the job ended."""
+    def _interrupt(self, t: float, cause_name: str, *, trace_node: int, node_id: int) -> bool:
+        """Handle one interruption at `t` on node `node_id`, or (-1) on the member that the trace's node
+        index maps to (the rank of that index while it trains, else one of the world's); False when the
+        job ended."""
         costs = self.costs
         cause = CAUSES[cause_name]
-        ranked = self._ranked()
-        in_world = sorted(r for r, nid in ranked.items() if nid in self.members)
-        node_id = (
-            ranked[rank] if rank in ranked and ranked[rank] in self.members else ranked[in_world[rank % len(in_world)]]
-        )
+        if node_id < 0:
+            ranked = self._ranked()
+            in_world = sorted(r for r, nid in ranked.items() if nid in self.members)
+            if trace_node in ranked and ranked[trace_node] in self.members:
+                node_id = ranked[trace_node]
+            else:
+                node_id = ranked[in_world[trace_node % len(in_world)]]
         self._report_progress(t)
         if cause.effect == "lost":
             self.silent.add(node_id)
             self.broken.pop(node_id, None)
             self._advance(t + costs.heartbeat_timeout_s + 1.0)  # the master's heartbeat timeout finds it
-            self._count("lost node: relaunch_node")
+            if self.master.job_state.finished:
+                self._count("lost node: abort_job")
+                return False
+            node = self.master.node(node_id)
+            if node.replaced_by is None:
+                self._count(f"lost node: {node.state.value}")
+            else:
+                # A warm spare already runs; a relaunched node is only launched.
+                spare = self.master.node(node.replaced_by).state is NodeState.RUNNING
+                self._count("lost node: spare takes the rank" if spare else "lost node: relaunch_node")
         else:
             if cause.effect == "broken":
                 self.broken[node_id] = cause_name
@@ -363,7 +393,7 @@ class DLRoverRun:
         join = decided
         pending = self._pending_ranks()
         if pending and len(self._ranked()) < self.min_nodes:
-            join = max([join, *(self.up.get(nid, join) for nid in pending.values())])
+            join = max([join, *(self.comes_up_at.get(nid, join) for nid in pending.values())])
         self._advance(join)
         self._round(join)
 

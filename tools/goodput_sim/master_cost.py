@@ -50,6 +50,7 @@ class MasterCost:
     per_call_s: dict[str, float]
 
     def table(self) -> str:
+        """A Markdown table: each call's cost and its ratio to the no-op gRPC call."""
         rows = [f"| call, {self.nodes:,} nodes | per call | against a no-op gRPC call |", "|---|---|---|"]
         base = self.per_call_s["grpc_noop_call"]
         for name, seconds in self.per_call_s.items():
@@ -110,18 +111,28 @@ def measure(nodes: int, *, failures: int = 20, grpc_calls: int = 2000) -> Master
             for node_id in range(nodes):
                 scheduler.set_state(node_id, ObservedState.RUNNING)
             master.tick()
-            out["register"] = _cpu(
-                nodes, lambda: [master.register(i, f"agent-{i}", f"host-{i}") for i in range(nodes)] and None
-            )
 
-            def round_of(step: int | None) -> None:
-                clock.advance(5.0)
+            def register_all() -> None:
                 for i in range(nodes):
-                    master.heartbeat(i, step=step)
+                    master.register(i, f"agent-{i}", f"host-{i}")
 
-            out["heartbeat"] = _cpu(3 * nodes, lambda: [round_of(None) for _ in range(3)] and None)
-            out["heartbeat, new step"] = _cpu(3 * nodes, lambda: [round_of(s) for s in (1, 2, 3)] and None)
-            out["tick"] = _cpu(20, lambda: [master.tick() for _ in range(20)] and None)
+            def rounds(steps: tuple[int | None, ...]) -> Callable[[], None]:
+                def beat() -> None:
+                    for step in steps:
+                        clock.advance(5.0)
+                        for i in range(nodes):
+                            master.heartbeat(i, step=step)
+
+                return beat
+
+            def ticks() -> None:
+                for _ in range(20):
+                    master.tick()
+
+            out["register"] = _cpu(nodes, register_all)
+            out["heartbeat"] = _cpu(3 * nodes, rounds((None, None, None)))
+            out["heartbeat, new step"] = _cpu(3 * nodes, rounds((1, 2, 3)))
+            out["tick"] = _cpu(20, ticks)
             evidence = CAUSES["gpu"].evidence
 
             def fail() -> None:

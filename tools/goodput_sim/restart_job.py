@@ -15,8 +15,9 @@ Per interruption, by its cause's effect:
 * ``user``: the job stops; a person fixes it (`human_response_s`) and resubmits it.
 
 Every restart loads the newest storage checkpoint (`checkpoint_gib / storage_read_gib_s`) and redoes
-the steps after it. An interruption that arrives while the job is down is absorbed by the restart
-under way (its node is part of the new set).
+the steps after it. An interruption that arrives while the job is down meets it once it trains again,
+as in DLRover's runs. (The in-place retry on a broken node is charged its restart and detection, not a
+checkpoint load: it fails before it loads.)
 """
 
 from __future__ import annotations
@@ -74,11 +75,13 @@ def simulate_restart_job(scenario: Scenario, strategy: Strategy, trace: Sequence
         events.append({"wall_time": WALL0 + until, "kind": "steps", "data": {"attempts": [report.to_dict()]}})
 
     stretch, times = start(0.0, costs.node_provision_s, 0)
+    trained_until = end
     for item in trace:
-        if item.time_s >= end:
+        # One that arrives while the job restarts meets it once it trains again, as in DLRover's runs: the
+        # resubmitted job's nodes are new, but a node that breaks meanwhile is broken then.
+        t = max(item.time_s, stretch.ready)
+        if t >= end:
             break
-        if item.time_s < stretch.ready:
-            continue  # the job is restarting anyway: this node is replaced or restarted with the rest
         effect = CAUSES[item.cause].effect
         detect = {
             "crash": costs.crash_detection_s,
@@ -87,13 +90,14 @@ def simulate_restart_job(scenario: Scenario, strategy: Strategy, trace: Sequence
             "lost": costs.lost_node_detection_s,
             "user": costs.crash_detection_s,
         }[effect]
-        found = min(item.time_s + detect, end)
-        account(stretch, times, min(item.time_s, end))
-        best = max(best, stretch.start_step + stretch.steps_by(item.time_s))
-        events.append({"wall_time": WALL0 + found, "kind": "failure", "data": {"cause": item.cause}})
+        account(stretch, times, t)
+        best = max(best, stretch.start_step + stretch.steps_by(t))
+        found = t + detect
         if found >= end:
+            trained_until = t  # training stopped; nobody noticed before the end
             break
-        resume_from = stretch.last_saved_step(item.time_s)
+        events.append({"wall_time": WALL0 + found, "kind": "failure", "data": {"cause": item.cause}})
+        resume_from = stretch.last_saved_step(t)
         at, provision = found, 0.0
         if effect == "broken":
             # The in-place restart meets the same fault once more before the job is resubmitted.
@@ -104,6 +108,7 @@ def simulate_restart_job(scenario: Scenario, strategy: Strategy, trace: Sequence
         elif effect == "user":
             provision = costs.human_response_s + costs.node_provision_s
         stretch, times = start(at, provision, resume_from)
-    account(stretch, times, end)
+    if trained_until == end:
+        account(stretch, times, end)
     events.append({"wall_time": WALL0 + end, "kind": "job_end", "data": {}})
     return compute_breakdown(sorted(events, key=lambda e: e["wall_time"]), WALL0 + end)

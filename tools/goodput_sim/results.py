@@ -55,6 +55,7 @@ class Result:
         return self.useful_s / (self.days * 86400.0)
 
     def to_dict(self) -> dict[str, Any]:
+        """The JSON form written by the command line (every attribute, and `goodput`)."""
         return {**attrs.asdict(self), "goodput": self.goodput}
 
 

@@ -186,6 +186,7 @@ class Job:
 
     @property
     def nodes(self) -> int:
+        """How many nodes the job runs at full size."""
         return self.accelerators // self.accelerators_per_node
 
     @property
@@ -195,6 +196,7 @@ class Job:
 
     @property
     def duration_s(self) -> float:
+        """How long the job runs, in seconds."""
         return self.days * 86400.0
 
 

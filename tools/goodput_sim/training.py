@@ -48,14 +48,8 @@ class Stretch:
             return max(1, math.ceil(self.periodic_save_s / self.step_s))
         return 0
 
-    @property
-    def _cycle_s(self) -> float:
-        """Seconds per step on average, saves included."""
-        per = self._steps_per_save
-        return self.step_s + (self.save_s / per if per else 0.0)
-
     def steps_by(self, t: float) -> int:
-        """Steps finished (all of them, saves included) by `t`."""
+        """Steps finished by `t` (a save blocks after every `_steps_per_save`-th step)."""
         if t <= self.ready:
             return 0
         per = self._steps_per_save
@@ -66,22 +60,22 @@ class Stretch:
         return int(cycles) * per + min(per, int(rest // self.step_s))
 
     def end_of(self, n: int) -> float:
-        """When the `n`-th step of the stretch ends (a save after it included)."""
-        per = self._steps_per_save
-        saves = n // per if per else 0
-        return self.ready + n * self.step_s + saves * self.save_s
+        """When the `n`-th step (n >= 1) of the stretch ends: the saves after the steps before it are
+        behind it, the one after it (if any) not yet."""
+        return self.ready + n * self.step_s + self.saves_in(n) * self.save_s
 
     def saves_in(self, n: int) -> int:
+        """The saves that finished before the `n`-th step ended (n >= 1)."""
         per = self._steps_per_save
-        return n // per if per else 0
+        return (n - 1) // per if per else 0
 
     def last_saved_step(self, t: float) -> int:
         """The newest step whose save had finished by `t` (`start_step` when none)."""
         per = self._steps_per_save
-        if not per:
+        if not per or t <= self.ready:
             return self.start_step
-        n = self.steps_by(t)
-        return self.start_step + (n // per) * per
+        cycle = per * self.step_s + self.save_s
+        return self.start_step + int((t - self.ready) // cycle) * per
 
     def marks(self, until: float, best: int, wall0: float) -> tuple[StepMark, ...]:
         """The stretch's marks up to `until`; `best` is the best step reached before it; times in

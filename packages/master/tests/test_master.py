@@ -6,6 +6,7 @@ import json
 from collections.abc import Iterable
 from pathlib import Path
 
+import attrs
 import pytest
 
 from dlrover.common import ConfigError, ManualClock
@@ -239,9 +240,23 @@ def test_heartbeats_without_a_new_step_do_not_scan_every_node(monkeypatch: pytes
         master.heartbeat(1, step=-1)
     assert scans == 0
     master.heartbeat(0, step=3)
-    master.heartbeat(1, step=3)  # within the interval of the event the first one wrote
+    master.heartbeat(1, step=3)  # not newer than the step the first one announced
     assert scans == 1
     assert [e.data["step"] for e in master.events(limit=1000) if e.kind == "progress"] == [3]
+
+
+def test_a_new_step_seen_within_the_interval_is_announced_at_the_first_heartbeat_after_it() -> None:
+    clock = ManualClock()
+    slow = attrs.evolve(config(nodes=1), progress_event_interval_s=10.0)
+    master = Master(slow, FakeScheduler(), MemoryJournal(), clock)
+    master.start()
+    master.register(0, "a", "h0")
+    master.heartbeat(0, step=1)
+    clock.advance(2)
+    master.heartbeat(0, step=2)  # newer, but within the interval of the step-1 event
+    clock.advance(9)
+    master.heartbeat(0)  # no step of its own: the step 2 seen before is announced now
+    assert [e.data["step"] for e in master.events(limit=1000) if e.kind == "progress"] == [1, 2]
 
 
 def test_prepare_creates_nodes_that_can_register_before_anything_is_launched() -> None:

@@ -429,9 +429,17 @@ class RayTestCluster:
             table = process_table()
             # A process that sets its title (Ray's agents) may have overwritten its environment
             # variable: what the cluster's processes started counts too.
-            marked = with_environ("RAY_TMPDIR", root, table)
-            pids = {*marked, *(child for pid in marked for child in descendants(pid, table))}
-            left = [table[p] for p in sorted(pids) if p not in exempt and p in table]
+            pids = set(with_environ("RAY_TMPDIR", root, table))
+            children: dict[int, list[int]] = {}
+            for info in table.values():
+                children.setdefault(info.ppid, []).append(info.pid)
+            todo = list(pids)
+            while todo:
+                for child in children.get(todo.pop(), ()):
+                    if child not in pids:
+                        pids.add(child)
+                        todo.append(child)
+            left = [table[p] for p in sorted(pids) if p not in exempt]
             if not left or time.monotonic() >= deadline:
                 break
             time.sleep(_POLL_S)

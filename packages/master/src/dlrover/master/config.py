@@ -227,7 +227,7 @@ class MasterConfig:
         max_node_relaunches: the diagnosis policy's node relaunches in the whole job before the next
             one stops it (`PolicyConfig.max_node_relaunches`). A long job on many nodes needs more
             than the default: at the Llama 3 report's rate (419 interruptions in 54 days on 16,384
-            GPUs, most of them a node replaced) a 2,048-GPU job relaunches about 16 nodes a month.
+            GPUs, about 85% of them a node replaced) a 2,048-GPU job relaunches about 25 nodes a month.
         refusal_log_interval_s: refused calls (a wrong or missing token, a malformed or oversized
             request...) are logged at most once per reason per this many seconds, with a count
             of those not logged; every one is counted in `dlrover_refused_calls_total`.
