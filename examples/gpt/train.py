@@ -70,6 +70,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--job-id", default="", help="names this job's shared memory (default: dlrover-run's, DLROVER_JOB_ID)"
     )
     p.add_argument("--record-samples", action="store_true", help="write the indices each rank trained")
+    p.add_argument(
+        "--pause-file",
+        default="",
+        help="while this file exists, training waits before its next step (to hold a job at a point: an "
+        "operator's pause, or a test's that must see the job grow before its data runs out)",
+    )
     args = p.parse_args(argv)
     for name in ("steps", "batch", "context", "persist_every", "log_every", "threads"):
         if getattr(args, name) <= 0:
@@ -316,6 +322,8 @@ def train(
     loss_value = float("nan")
     window_start, window_steps = time.time(), 0
     while step < args.steps:
+        while args.pause_file and os.path.exists(args.pause_file):
+            time.sleep(0.05)
         indices = backend.take(step)
         counts = torch.tensor([len(indices), -len(indices)])
         dist.all_reduce(counts, op=dist.ReduceOp.MIN)

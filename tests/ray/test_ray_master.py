@@ -61,7 +61,16 @@ def training_processes() -> list[psutil.Process]:
 class RayJob:
     """A GPT job run by `dlrover-master --backend ray` on the module's cluster."""
 
-    def __init__(self, cluster: RayTestCluster, tmp_path: Path, nnodes: str, steps: int, samples: int = 0) -> None:
+    def __init__(
+        self,
+        cluster: RayTestCluster,
+        tmp_path: Path,
+        nnodes: str,
+        steps: int,
+        *,
+        samples: int = 0,
+        pause_file: str = "",
+    ) -> None:
         self.cluster = cluster
         self.out = tmp_path / "out"
         self.state = tmp_path / "state"
@@ -70,7 +79,7 @@ class RayJob:
             sys.executable, "-m", "dlrover.launcher.cli", f"--nnodes={nnodes}", "--nproc-per-node=1",
             "--max-restarts=3", "--monitor-interval=0.1", "--heartbeat-interval=0.5", "--prewarm=none",
             f"--log-dir={tmp_path / 'worker-logs'}", str(TRAIN), f"--out={self.out}", f"--steps={steps}",
-            "--persist-every=10", "--log-every=5", f"--samples={samples}",
+            "--persist-every=10", "--log-every=5", f"--samples={samples}", f"--pause-file={pause_file}",
         ]  # fmt: skip
         self.cmd = [
             sys.executable, "-m", "dlrover.master.cli", "--backend=ray", f"--ray-address={cluster.address}",
@@ -189,7 +198,8 @@ def test_a_job_grows_when_a_ray_node_joins_and_goes_on_at_its_minimum_when_one_l
         ray_cluster.remove_node(ray_cluster.nodes[-1])
     ray_cluster.wait_for_nodes(1)
     # A fixed dataset (the world size changes): it ends when the data is used up.
-    job = RayJob(ray_cluster, tmp_path, nnodes="1:2", steps=120, samples=120 * 16)
+    pause = tmp_path / "pause"
+    job = RayJob(ray_cluster, tmp_path, nnodes="1:2", steps=120, samples=120 * 16, pause_file=str(pause))
     try:
         wait_for(
             "training on one node",
@@ -197,12 +207,16 @@ def test_a_job_grows_when_a_ray_node_joins_and_goes_on_at_its_minimum_when_one_l
             job.dump,
         )
         wait_for("a few steps", lambda: job.last_step() >= 5, job.dump)
+        # Held until it grew: however slowly the new node starts on a loaded host, the data must not run
+        # out first (a CI run under load finished all 120 steps on one node before the second registered).
+        pause.touch()
         ray_cluster.add_node(num_cpus=1)
         wait_for(
             "training on two nodes",
             lambda: any(r.get("event") == "started" and r.get("world") == 2 for r in job.records()),
             job.dump,
         )
+        pause.unlink()
         grown_at = len(job.records())
         wait_for(
             "steps on two nodes", lambda: any(r.get("event") == "step" for r in job.records()[grown_at:]), job.dump
