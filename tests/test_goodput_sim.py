@@ -339,6 +339,9 @@ def test_the_command_line_runs_sweeps_draws_its_plots_and_refuses_bad_input(tmp_
     refused = _cli("run", str(bad), cwd=tmp_path)
     assert refused.returncode == 2
     assert "multiple of accelerators_per_node" in refused.stderr
+    negative = _cli("run", str(small), "--days", "-1", cwd=tmp_path)  # refused while the scenario is changed
+    assert negative.returncode == 2
+    assert "days must be a finite number > 0" in negative.stderr
     assert not list(tmp_path.glob("*.png"))  # nothing written beside what was asked
 
 

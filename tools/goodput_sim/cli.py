@@ -10,6 +10,8 @@ from pathlib import Path
 
 import attrs
 
+from dlrover.common import ConfigError
+
 from .results import Result, simulate, table
 from .scenario import Scenario, ScenarioError, load
 from .trace import trace_for, write
@@ -124,7 +126,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             _write(args.out, "run", results)
             return 0
         return _sweep(scenario, args)
-    except ScenarioError as exc:
+    except ConfigError as exc:  # a ScenarioError, or a value refused while the scenario was changed
         print(f"goodput_sim: {exc}", file=sys.stderr)
         return 2
 

@@ -64,22 +64,24 @@ class MeteredMaster:
     def __init__(self, master: Master) -> None:
         self._master = master
         self._tally: dict[str, list[float]] = {name: [0.0, 0] for name in self.METERED}
+        self._calls = {name: self._metered(getattr(master, name), self._tally[name]) for name in self.METERED}
 
-    def __getattr__(self, name: str) -> Any:
-        attr = getattr(self._master, name)
-        if name not in self._tally:
-            return attr
-        tally = self._tally[name]
-
+    @staticmethod
+    def _metered(call: Any, tally: list[float]) -> Any:
         def metered(*args: Any, **kwargs: Any) -> Any:
             started = time.process_time()
             try:
-                return attr(*args, **kwargs)
+                return call(*args, **kwargs)
             finally:
                 tally[0] += time.process_time() - started
                 tally[1] += 1
 
         return metered
+
+    def __getattr__(self, name: str) -> Any:
+        if name in self._calls:
+            return self._calls[name]
+        return getattr(self._master, name)
 
     def costs(self) -> dict[str, dict[str, float]]:
         """CPU seconds per call and calls, by call (those made at least once)."""
@@ -220,7 +222,7 @@ class DLRoverRun:
         self._follow_launches()
         first_up = max(self.comes_up_at.values())
         self._advance(first_up)
-        self._round(first_up, from_step=0)
+        self._round(first_up)
         for item in trace:
             self._push(item.time_s, item.cause, item.node)
         while self.queue:
@@ -252,7 +254,7 @@ class DLRoverRun:
         self._queued += 1
         heapq.heappush(self.queue, (t, self._queued, what, trace_node, node_id, round_number))
 
-    def _round(self, joined_at: float, *, from_step: int | None = None, planned_step: int | None = None) -> None:
+    def _round(self, joined_at: float, *, planned_step: int | None = None) -> None:
         """Every running ranked node's agent joined by `joined_at` (an agent outlives its workers, so it
         rejoins as soon as it is told): the round forms by the rendezvous's rule, the workers start
         (`process_restart_s`) and restore, and training resumes."""
@@ -273,7 +275,7 @@ class DLRoverRun:
         replica_load = shard / costs.replica_gib_s + memory_load
         if planned_step is not None:
             step, load = planned_step, replica_load if lost_memory else memory_load
-        elif from_step == 0 and not self.members:
+        elif not self.members:  # the job's first round
             step, load = 0, 0.0
         elif not lost_memory:
             step, load = self.flash_step, memory_load
@@ -322,7 +324,7 @@ class DLRoverRun:
         if self.rank0 in self._ranked().values():
             self.master.heartbeat(self.rank0, attempts=[report])
         self.best = max(self.best, self.stretch.start_step + self.stretch.steps_by(until))
-        self.flash_step = self.stretch.last_saved_step(until) if self.strategy.flash_every_steps else self.persisted
+        self.flash_step = self.stretch.last_saved_step(until)
         interval = self.strategy.storage_interval_s
         write_s = self.job.checkpoint_gib / self.costs.storage_write_gib_s
         # The newest persist that finished by `until`: one starts every `interval` of training.

@@ -25,15 +25,17 @@ def _pyplot() -> Any:
     return plt
 
 
-def plot_scale(results: Sequence[Result], path: Path, title: str) -> Path:
-    """Goodput (%) against accelerators (log scale), one line per strategy."""
+def _goodput_lines(
+    points: Sequence[tuple[float, Result]], path: Path, title: str, xlabel: str, log_base: float
+) -> Path:
+    """Goodput (%) against the x of each (x, result) on a log axis, one line per strategy."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for name in dict.fromkeys(r.strategy for r in results):
-        mine = sorted((r for r in results if r.strategy == name), key=lambda r: r.accelerators)
-        ax.plot([r.accelerators for r in mine], [100 * r.goodput for r in mine], marker="o", label=name)
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("accelerators")
+    for name in dict.fromkeys(r.strategy for _, r in points):
+        mine = sorted(((x, r) for x, r in points if r.strategy == name), key=lambda point: point[0])
+        ax.plot([x for x, _ in mine], [100 * r.goodput for _, r in mine], marker="o", label=name)
+    ax.set_xscale("log", base=log_base)
+    ax.set_xlabel(xlabel)
     ax.set_ylabel("goodput (%)")
     ax.set_title(title)
     ax.grid(True, alpha=0.3)
@@ -42,25 +44,16 @@ def plot_scale(results: Sequence[Result], path: Path, title: str) -> Path:
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def plot_scale(results: Sequence[Result], path: Path, title: str) -> Path:
+    """Goodput (%) against accelerators (log scale), one line per strategy."""
+    return _goodput_lines([(r.accelerators, r) for r in results], path, title, "accelerators", 2)
 
 
 def plot_interval(points: Sequence[tuple[float, Result]], path: Path, title: str) -> Path:
     """Goodput (%) against the storage checkpoint interval (minutes), one line per strategy."""
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for name in dict.fromkeys(r.strategy for _, r in points):
-        mine = sorted((m, r) for m, r in points if r.strategy == name)
-        ax.plot([m for m, _ in mine], [100 * r.goodput for _, r in mine], marker="o", label=name)
-    ax.set_xscale("log")
-    ax.set_xlabel("storage checkpoint interval (minutes)")
-    ax.set_ylabel("goodput (%)")
-    ax.set_title(title)
-    ax.grid(True, alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _goodput_lines(points, path, title, "storage checkpoint interval (minutes)", 10)
 
 
 def plot_breakdown(results: Sequence[Result], path: Path, title: str) -> Path:

@@ -38,13 +38,15 @@ import attrs
 import tomllib
 
 from dlrover.common import ConfigError
+from dlrover.common.validators import non_negative_finite, non_negative_int, positive_finite, positive_int
 from dlrover.diagnosis import ActionKind, FailureKind, LadderStep
 
 __all__ = ["CAUSES", "Cause", "Costs", "Failures", "Job", "Scenario", "ScenarioError", "Strategy", "load", "parse"]
 
 
-class ScenarioError(ValueError):
-    """A scenario that cannot be run; the message names the value."""
+class ScenarioError(ConfigError):
+    """A scenario that cannot be run; the message names the value. (A value the shared validators refuse
+    while a scenario is changed, as `attrs.evolve` does for another size, is their `ConfigError`.)"""
 
 
 @attrs.frozen
@@ -147,35 +149,15 @@ it down (host maintenance, power, chassis, SSD, CPU, system memory) ``lost``."""
 EFFECTS = ("crash", "hang", "broken", "lost", "user")
 
 
-def _positive(_inst: object, attribute: attrs.Attribute[Any], value: float) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise ScenarioError(f"{attribute.name} must be a finite number > 0, got {value!r}")
-
-
-def _non_negative(_inst: object, attribute: attrs.Attribute[Any], value: float) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        raise ScenarioError(f"{attribute.name} must be a finite number >= 0, got {value!r}")
-
-
-def _count(_inst: object, attribute: attrs.Attribute[Any], value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ScenarioError(f"{attribute.name} must be an integer >= 1, got {value!r}")
-
-
-def _non_negative_int(_inst: object, attribute: attrs.Attribute[Any], value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ScenarioError(f"{attribute.name} must be an integer >= 0, got {value!r}")
-
-
 @attrs.frozen
 class Job:
     """The training job: its size, its step, its state and how long it runs."""
 
-    accelerators: int = attrs.field(validator=_count)
-    accelerators_per_node: int = attrs.field(default=8, validator=_count)
-    step_time_s: float = attrs.field(default=8.0, validator=_positive)
-    checkpoint_gib: float = attrs.field(default=100.0, validator=_positive)
-    days: float = attrs.field(default=30.0, validator=_positive)
+    accelerators: int = attrs.field(validator=positive_int)
+    accelerators_per_node: int = attrs.field(default=8, validator=positive_int)
+    step_time_s: float = attrs.field(default=8.0, validator=positive_finite)
+    checkpoint_gib: float = attrs.field(default=100.0, validator=positive_finite)
+    days: float = attrs.field(default=30.0, validator=positive_finite)
 
     def __attrs_post_init__(self) -> None:
         if self.accelerators % self.accelerators_per_node:
@@ -204,7 +186,7 @@ class Job:
 class Failures:
     """How often the job is interrupted and by what: a rate and a mix, or a trace to replay."""
 
-    rate_per_gpu_day: float = attrs.field(default=0.0, validator=_non_negative)
+    rate_per_gpu_day: float = attrs.field(default=0.0, validator=non_negative_finite)
     mix: Mapping[str, float] = attrs.field(factory=dict)
     trace: Path | None = None
 
@@ -212,7 +194,8 @@ class Failures:
         for name, share in self.mix.items():
             if name not in CAUSES:
                 raise ScenarioError(f"failures.mix: unknown cause {name!r}; known: {', '.join(CAUSES)}")
-            _non_negative(self, attrs.fields(Failures).rate_per_gpu_day.evolve(name=f"failures.mix.{name}"), share)
+            if isinstance(share, bool) or not isinstance(share, int | float) or not math.isfinite(share) or share < 0:
+                raise ScenarioError(f"failures.mix.{name} must be a finite number >= 0, got {share!r}")
         if self.trace is None and self.rate_per_gpu_day > 0 and not any(self.mix.values()):
             raise ScenarioError("failures.mix must give some cause a share > 0 when rate_per_gpu_day > 0")
 
@@ -244,21 +227,21 @@ class Costs:
         heartbeat_timeout_s: the master's heartbeat timeout (a silent node is lost after it).
     """
 
-    process_restart_s: float = attrs.field(default=30.0, validator=_non_negative)
-    crash_detection_s: float = attrs.field(default=5.0, validator=_non_negative)
-    node_provision_s: float = attrs.field(default=300.0, validator=_non_negative)
-    lost_node_detection_s: float = attrs.field(default=600.0, validator=_non_negative)
-    nccl_timeout_s: float = attrs.field(default=600.0, validator=_non_negative)
-    adaptive_hang_floor_s: float = attrs.field(default=60.0, validator=_non_negative)
-    cpu_idle_hang_s: float = attrs.field(default=180.0, validator=_non_negative)
-    human_response_s: float = attrs.field(default=3600.0, validator=_non_negative)
-    flash_save_gib_s: float = attrs.field(default=46.0, validator=_positive)
-    memory_load_gib_s: float = attrs.field(default=7.5, validator=_positive)
-    replica_gib_s: float = attrs.field(default=5.0, validator=_positive)
-    storage_read_gib_s: float = attrs.field(default=20.0, validator=_positive)
-    storage_write_gib_s: float = attrs.field(default=10.0, validator=_positive)
-    rendezvous_last_call_s: float = attrs.field(default=5.0, validator=_non_negative)
-    heartbeat_timeout_s: float = attrs.field(default=60.0, validator=_positive)
+    process_restart_s: float = attrs.field(default=30.0, validator=non_negative_finite)
+    crash_detection_s: float = attrs.field(default=5.0, validator=non_negative_finite)
+    node_provision_s: float = attrs.field(default=300.0, validator=non_negative_finite)
+    lost_node_detection_s: float = attrs.field(default=600.0, validator=non_negative_finite)
+    nccl_timeout_s: float = attrs.field(default=600.0, validator=non_negative_finite)
+    adaptive_hang_floor_s: float = attrs.field(default=60.0, validator=non_negative_finite)
+    cpu_idle_hang_s: float = attrs.field(default=180.0, validator=non_negative_finite)
+    human_response_s: float = attrs.field(default=3600.0, validator=non_negative_finite)
+    flash_save_gib_s: float = attrs.field(default=46.0, validator=positive_finite)
+    memory_load_gib_s: float = attrs.field(default=7.5, validator=positive_finite)
+    replica_gib_s: float = attrs.field(default=5.0, validator=positive_finite)
+    storage_read_gib_s: float = attrs.field(default=20.0, validator=positive_finite)
+    storage_write_gib_s: float = attrs.field(default=10.0, validator=positive_finite)
+    rendezvous_last_call_s: float = attrs.field(default=5.0, validator=non_negative_finite)
+    heartbeat_timeout_s: float = attrs.field(default=60.0, validator=positive_finite)
 
 
 STRATEGY_KINDS = ("restart_job", "dlrover")
@@ -292,13 +275,13 @@ class Strategy:
 
     name: str
     kind: str
-    storage_interval_s: float = attrs.field(default=1800.0, validator=_positive)
-    flash_every_steps: int = attrs.field(default=0, validator=_non_negative_int)
+    storage_interval_s: float = attrs.field(default=1800.0, validator=positive_finite)
+    flash_every_steps: int = attrs.field(default=0, validator=non_negative_int)
     replicated_memory: bool = False
     hang_detection: str = "nccl_timeout"
-    spare_nodes: int = attrs.field(default=0, validator=_non_negative_int)
-    min_nodes: int = attrs.field(default=0, validator=_non_negative_int)
-    max_node_relaunches: int = attrs.field(default=16, validator=_non_negative_int)
+    spare_nodes: int = attrs.field(default=0, validator=non_negative_int)
+    min_nodes: int = attrs.field(default=0, validator=non_negative_int)
+    max_node_relaunches: int = attrs.field(default=16, validator=non_negative_int)
     ladders: Mapping[str, Any] = attrs.field(factory=dict)
 
     def policy_ladders(self) -> dict[FailureKind, tuple[LadderStep, ...]]:
@@ -382,9 +365,7 @@ def _build(cls: type[Any], raw: Mapping[str, Any], where: str) -> Any:
         raise ScenarioError(f"{where}: unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
     try:
         return cls(**raw)
-    except ScenarioError as exc:
-        raise ScenarioError(f"{where}: {exc}") from None
-    except TypeError as exc:
+    except (ConfigError, TypeError) as exc:
         raise ScenarioError(f"{where}: {exc}") from None
 
 
