@@ -30,7 +30,7 @@ BIN = VENV / "bin"
 STAMP = VENV / ".dlrover-setup"
 TORCH_PIN = "torch==2.13.0"
 # Sessions that test in venvs of their own, each installing only what it declares.
-_SEPARATE_VENV_SESSIONS = ("isolation", "tests-shard-tf", "tests-flashckpt-deepspeed")
+_SEPARATE_VENV_SESSIONS = ("isolation", "tests-tensorflow", "tests-flashckpt-deepspeed")
 
 
 def _run(*cmd: str, env: dict[str, str] | None = None) -> None:

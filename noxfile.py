@@ -5,6 +5,7 @@
     nox -s tests-testsupport  the shared test support's tests (testsupport/)
     nox -s tests-kubernetes   the Kubernetes suite (test API server and kubelet, backend, operator)
     nox -s tests-ray          the Ray suite (a real local multi-node Ray cluster)
+    nox -s tests-tensorflow   TensorFlow: the tf.data adapter and parameter-server jobs (real TF processes)
     nox -s lint typecheck     ruff; mypy over every src/
     nox -s proto              regenerate protobuf code (`-- --check` fails if it is stale)
     nox -s isolation          each package installed alone, with only its declared dependencies
@@ -77,6 +78,9 @@ RAY_TESTS = [
     "testsupport/tests/ray",
     "tests/ray",
 ]
+
+# TensorFlow parameter-server jobs: the `tests-tensorflow` session; `tests` leaves them out.
+TENSORFLOW_TESTS = ["tests/tensorflow"]
 
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_venv = "yes"
@@ -166,7 +170,7 @@ def tests(session: nox.Session) -> None:
     sessions)."""
     install_dev(session)
     paths = [f"packages/{p}/tests" for p in PACKAGES]
-    _pytest(session, *paths, TESTSUPPORT_TESTS, "tests", ignore=(*KUBERNETES_TESTS, *RAY_TESTS))
+    _pytest(session, *paths, TESTSUPPORT_TESTS, "tests", ignore=(*KUBERNETES_TESTS, *RAY_TESTS, *TENSORFLOW_TESTS))
 
 
 @nox.session(name="tests-kubernetes")
@@ -230,18 +234,21 @@ def proto(session: nox.Session) -> None:
     session.run("python", "tools/gen_proto.py", *session.posargs)
 
 
-@nox.session(name="tests-shard-tf")
-def tests_shard_tf(session: nox.Session) -> None:
-    """dlrover.shard's TensorFlow adapter tests, in a venv with TensorFlow (its absence fails them)."""
-    session.install(*CONSTRAINTS, "-e", "packages/common", "-e", "packages/shard[tf,test]")
-    session.run(
-        "pytest",
-        "packages/shard/tests",
-        "-m",
-        "tensorflow",
-        *session.posargs,
-        env={"DLROVER_REQUIRE_TENSORFLOW": "1"},
-    )
+@nox.session(name="tests-tensorflow")
+def tests_tensorflow(session: nox.Session) -> None:
+    """Everything that needs TensorFlow, in one venv with it (its absence fails them): dlrover.shard's tf.data
+    adapter, and parameter-server jobs under `dlrover-master ps-job` (real chief, parameter servers and workers;
+    tf_keras, the Keras that has parameter-server training)."""
+    session.install(*CONSTRAINTS, *[arg for p in _tensorflow_packages() for arg in ("-e", p)], "tf-keras")
+    env = {"DLROVER_REQUIRE_TENSORFLOW": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}
+    session.run("pytest", "packages/shard/tests", "-m", "tensorflow", *session.posargs, env=env)
+    session.run("pytest", *TENSORFLOW_TESTS, *session.posargs, env=env)
+
+
+def _tensorflow_packages() -> list[str]:
+    """The master and what it needs, with TensorFlow through the shard and master `tf` extras."""
+    extras = {"shard": "[tf,test]", "master": "[tf,test]"}
+    return [f"packages/{p}{extras.get(p, '')}" for p in PACKAGES if p not in ("flashckpt", "launcher")]
 
 
 @nox.session(name="tests-flashckpt-deepspeed")

@@ -61,6 +61,7 @@ from dlrover.master.profiles import (
     plan_job,
     resolve_profile_store,
 )
+from dlrover.master.psjob.cli import main as ps_job_main
 from dlrover.master.resource_flags import add_resource_flags, lifecycle_resources
 from dlrover.master.runtime import MasterRuntime
 from dlrover.master.scheduler.base import BackendUnavailableError, HandsOverNodes
@@ -995,6 +996,7 @@ _COMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
     "capacity": _capacity,
     "plan": _plan,
     "run": _run,
+    "ps-job": ps_job_main,
 }
 """The subcommands; anything else runs a job (`run` is the default)."""
 

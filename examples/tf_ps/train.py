@@ -1,0 +1,223 @@
+"""A small recommender trained with TensorFlow's parameter-server strategy under `dlrover-master ps-job`.
+
+    dlrover-master ps-job --ps 2 --workers 2 --work-dir /tmp/job -- python examples/tf_ps/train.py --out /tmp/job/out
+
+The chief runs this script: a `ClusterCoordinator` schedules each step on a worker, the variables live on the
+parameter servers. The chief reads sample indices from the master's shard service (exactly once: a batch's
+samples are acknowledged only after its step finished), and every `--checkpoint-every` steps it saves the model,
+the optimizer and the data position together. Started again (its own failure, or a lost parameter server), it
+restores all three from the newest checkpoint and goes on from there.
+
+Keras: `tf.keras` in TensorFlow 2.21 is Keras 3, which has no parameter-server training; this script uses
+`tf_keras` (`pip install tf-keras`), the Keras 2 that TensorFlow keeps for it.
+
+Samples are generated: user `i % USERS`, item `(i * 31) % ITEMS`, and a label the dot product of their
+embeddings and biases can learn. `--pause-file` with `--pause-at` holds training at that step while the file exists;
+tests use it to act at a known step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import tensorflow as tf
+import tf_keras as keras
+
+from dlrover.common import load_token
+from dlrover.shard import DatasetSpec, DeliveryMode, IndexSource, ShardClient, ShardClientConfig
+from dlrover.shard.tf_data import ShardTFDataset
+
+USERS, ITEMS, DIM = 97, 53, 8
+DATASET = "tf-ps-example"
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", required=True, help="checkpoints, the committed-sample ledger and the summary")
+    p.add_argument("--samples", type=int, default=6400)
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--join-every", type=int, default=5, help="steps in flight before they are joined and committed")
+    p.add_argument("--checkpoint-every", type=int, default=20, help="steps between checkpoints")
+    p.add_argument("--lr", type=float, default=0.5)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--pause-file", default="", help="with --pause-at: hold training there while this file exists")
+    p.add_argument("--pause-at", type=int, default=-1, help="the step to hold at (after the steps before it joined)")
+    return p.parse_args(argv)
+
+
+def features(index: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    """User, item and label of sample `index` (a pure function: any incarnation makes the same ones)."""
+    user = index % USERS
+    item = (index * 31) % ITEMS
+    label = tf.cast(user % 7 + item % 5 >= 5, tf.float32)
+    return user, item, label
+
+
+class Recommender(keras.Model):
+    """Dot product of a user and an item embedding, plus a bias per user, per item and overall."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.users = keras.layers.Embedding(USERS, DIM, name="users")
+        self.items = keras.layers.Embedding(ITEMS, DIM, name="items")
+        self.user_bias = keras.layers.Embedding(USERS, 1, name="user_bias")
+        self.item_bias = keras.layers.Embedding(ITEMS, 1, name="item_bias")
+        self.bias = tf.Variable(0.0, name="bias")
+
+    def call(self, inputs: tuple[tf.Tensor, tf.Tensor]) -> tf.Tensor:
+        user, item = inputs
+        dot = tf.reduce_sum(self.users(user) * self.items(item), axis=-1)
+        biases = tf.squeeze(self.user_bias(user), -1) + tf.squeeze(self.item_bias(item), -1)
+        return dot + biases + self.bias
+
+
+class Checkpoints:
+    """Model, optimizer, step and data position, saved together and restored together."""
+
+    def __init__(self, directory: Path, checkpoint: tf.train.Checkpoint) -> None:
+        self.dir = directory
+        self.manager = tf.train.CheckpointManager(checkpoint, str(directory), max_to_keep=3)
+        self.checkpoint = checkpoint
+
+    def save(self, step: int, data_state: dict[str, Any]) -> None:
+        # The data position first: a checkpoint is used only once its data position is there too.
+        tmp = self.dir / f".data-{step}.json.tmp"
+        tmp.write_text(json.dumps(data_state))
+        os.replace(tmp, self.dir / f"data-{step}.json")
+        self.manager.save(checkpoint_number=step)
+
+    def restore(self) -> tuple[int, dict[str, Any]] | None:
+        """(step, data position) of the newest complete checkpoint restored; None when there is none."""
+        for path in reversed(self.manager.checkpoints):
+            step = int(path.rsplit("-", 1)[1])
+            data = self.dir / f"data-{step}.json"
+            if data.exists():
+                self.checkpoint.restore(path).assert_existing_objects_matched()
+                return step, json.loads(data.read_text())
+        return None
+
+
+def main(argv: list[str]) -> int:
+    Trainer(parse(argv)).run()
+    # TensorFlow's coordinator stops its worker-recovery thread when it is collected. Left to the interpreter's
+    # exit, that thread can no longer run, and a chief that finished while a lost worker was still coming back
+    # would wait for it forever; collected here, the thread finishes once the master has relaunched the worker.
+    gc.collect()
+    return 0
+
+
+class Trainer:
+    """The chief's side of the job: variables on the parameter servers, steps on the workers, data and
+    checkpoints here."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.out = Path(args.out)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.incarnation = os.environ.get("DLROVER_NODE_ID", "0")
+        self.started = time.monotonic()
+        resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+        self.strategy = tf.distribute.ParameterServerStrategy(resolver)
+        self.coordinator = tf.distribute.coordinator.ClusterCoordinator(self.strategy)
+        with self.strategy.scope():
+            self.model = Recommender()
+            self.model((tf.zeros([1], tf.int64), tf.zeros([1], tf.int64)))
+            self.optimizer = keras.optimizers.Adagrad(args.lr)
+            self.step_var = tf.Variable(0, dtype=tf.int64, name="step")
+            self.applied = tf.Variable(0, dtype=tf.int64, name="applied_updates")
+        # Built on the chief before the first step, so restoring fills them instead of deferring.
+        self.optimizer.build(self.model.trainable_variables)
+        self.client = ShardClient(os.environ["DLROVER_MASTER_ADDR"], load_token(), DATASET, "chief",
+                                  config=ShardClientConfig(prefetch_shards=0))  # fmt: skip
+        self.client.register(
+            DatasetSpec(name=DATASET, source=IndexSource(args.samples), batch_size=args.batch, batches_per_shard=2,
+                        num_epochs=args.epochs, shuffle=True, seed=args.seed, delivery=DeliveryMode.EXACTLY_ONCE)
+        )  # fmt: skip
+        self.feed = ShardTFDataset(self.client)
+        (self.out / "checkpoints").mkdir(exist_ok=True)
+        checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer, step=self.step_var)
+        self.checkpoints = Checkpoints(self.out / "checkpoints", checkpoint)
+        self.losses: list[float] = []
+        self.in_flight: list[tuple[Any, list[list[int]]]] = []
+        self.ledger = (self.out / "committed.jsonl").open("a")
+
+    @tf.function
+    def train_step(self, user: tf.Tensor, item: tf.Tensor, label: tf.Tensor) -> tf.Tensor:
+        def replica(user: tf.Tensor, item: tf.Tensor, label: tf.Tensor) -> tf.Tensor:
+            with tf.GradientTape() as tape:
+                logits = self.model((user, item))
+                loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=label, logits=logits))
+            variables = self.model.trainable_variables
+            self.optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables, strict=True))
+            self.applied.assign_add(1)
+            return loss
+
+        return self.strategy.run(replica, args=(user, item, label))
+
+    def join_and_commit(self, step: int) -> None:
+        """Wait for the steps in flight, then acknowledge their samples, in the order they were scheduled."""
+        self.coordinator.join()
+        for loss, cursors in self.in_flight:
+            self.losses.append(float(loss.fetch()))
+            self.feed.commit(cursors)
+            entry = {"node": self.incarnation, "step": step, "t": time.time(), "cursors": cursors}
+            self.ledger.write(json.dumps(entry) + "\n")
+        self.ledger.flush()
+        self.in_flight.clear()
+
+    def hold_if_asked(self, step: int) -> None:
+        pause = Path(self.args.pause_file) if self.args.pause_file else None
+        if pause is not None and step == self.args.pause_at and pause.exists():
+            self.join_and_commit(step)
+            (self.out / f"at-step-{step}").touch()
+            while pause.exists():
+                time.sleep(0.05)
+
+    def run(self) -> None:
+        args = self.args
+        restored = self.checkpoints.restore()
+        if restored is not None:
+            self.feed.load_state_dict(restored[1])
+            print(f"restored step {restored[0]} and its data position", flush=True)
+        step = int(self.step_var.numpy())
+        applied_at_start = int(self.applied.numpy())  # a fresh variable after a restart: this incarnation's
+        data = self.feed.dataset().map(lambda i, c: (*features(i), c)).batch(args.batch)
+        while not self.feed.finished:
+            for user, item, label, cursors in data:
+                self.hold_if_asked(step)
+                loss = self.coordinator.schedule(self.train_step, args=(user, item, label))
+                self.in_flight.append((loss, cursors.numpy().tolist()))
+                step += 1
+                if len(self.in_flight) >= args.join_every or step % args.checkpoint_every == 0:
+                    self.join_and_commit(step)
+                if step % args.checkpoint_every == 0:
+                    self.step_var.assign(step)
+                    self.checkpoints.save(step, self.feed.state_dict())
+            self.join_and_commit(step)
+        self.step_var.assign(step)
+        self.checkpoints.save(step, self.feed.state_dict())
+        summary = {
+            "node": self.incarnation,
+            "steps": step,
+            "restored_step": None if restored is None else restored[0],
+            "first_loss": self.losses[0] if self.losses else None,
+            "last_loss": sum(self.losses[-10:]) / len(self.losses[-10:]) if self.losses else None,
+            "updates_applied": int(self.applied.numpy()) - applied_at_start,
+            "seconds": time.monotonic() - self.started,
+        }
+        (self.out / "summary.json").write_text(json.dumps(summary))
+        print(json.dumps(summary), flush=True)
+        self.ledger.close()
+        self.client.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

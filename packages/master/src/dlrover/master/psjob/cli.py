@@ -1,0 +1,139 @@
+"""`dlrover-master ps-job`: run a TensorFlow parameter-server job on this host.
+
+    dlrover-master ps-job --ps 2 --workers 2 --work-dir /tmp/job -- python train.py --out /tmp/job/out
+
+Every task is a process of this host, listening on 127.0.0.1 at a port it keeps for the whole job. The chief runs
+the program after `--`; parameter servers and workers run TensorFlow's server. The job ends when the chief's
+program exits 0 (exit status 0) or when a task fails past its relaunches (exit status 1); SIGTERM or SIGINT stops
+it (exit status 3). Its events are in `<work-dir>/events.jsonl`, each task's output in `<work-dir>/logs/`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from types import FrameType
+
+from dlrover.autoscale import Resources, Role, parse_memory_mb
+from dlrover.common import ConfigError, DLRoverError, configure_logging
+from dlrover.master.psjob.runner import PsJobConfig, PsJobMaster
+from dlrover.master.psjob.spec import PsJobSpec
+from dlrover.master.resource_flags import resources_from_flags
+
+__all__ = ["main"]
+
+EXIT_STOPPED = 3
+EXIT_USAGE = 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="dlrover-master ps-job",
+        description="Run a TensorFlow parameter-server job (chief, parameter servers, workers) on this host.",
+        epilog="Everything after -- is the chief's program, e.g. -- python train.py --epochs 2",
+    )
+    p.add_argument("--ps", type=int, default=1, help="parameter servers (default 1)")
+    p.add_argument("--workers", type=int, default=1, help="workers (default 1)")
+    p.add_argument("--min-workers", type=int, default=None,
+                   help="the job goes on while this many workers run (default: --workers)")  # fmt: skip
+    p.add_argument("--evaluator", action="store_true", help="also run the program as an evaluator task")
+    p.add_argument("--max-relaunches", type=int, default=3, help="relaunches per task (default 3)")
+    p.add_argument("--work-dir", required=True, help="the job's token, event log and task logs")
+    p.add_argument("--job-name", default="ps-job")
+    p.add_argument("--port", type=int, default=0, help="the master's gRPC port (default: any free one)")
+    p.add_argument("--tick-interval", type=float, default=0.5, help="seconds between looks at the tasks")
+    p.add_argument("--stop-grace", type=float, default=5.0, help="seconds a stopped task has before SIGKILL")
+    p.add_argument("--oom-memory-growth", type=float, default=1.5,
+                   help="a task killed for memory comes back with its memory times this")  # fmt: skip
+    p.add_argument("--max-task-memory", default=None, help="the most memory an OOM relaunch may grow a task to")
+    for role in (Role.CHIEF, Role.PS, Role.WORKER, Role.EVALUATOR):
+        p.add_argument(f"--{role.value}-cpu", default=None, help=f"CPU cores per {role.value} task")
+        p.add_argument(
+            f"--{role.value}-memory",
+            default=None,
+            help=f"memory per {role.value} task (2048, 512Mi, 8Gi); enforced where the host allows",
+        )
+    p.add_argument("--log-level", default=None)
+    p.add_argument("command", nargs=argparse.REMAINDER, help="-- PROGRAM [ARGS...]: what the chief runs")
+    return p
+
+
+def build_config(args: argparse.Namespace) -> PsJobConfig:
+    """The job `args` describe.
+
+    Raises:
+        ConfigError: a value is malformed or contradicts another; the message names the flag.
+    """
+    command = list(args.command)
+    if command[:1] == ["--"]:
+        command = command[1:]
+    resources: dict[Role, Resources] = {}
+    for role in (Role.CHIEF, Role.PS, Role.WORKER, Role.EVALUATOR):
+        cpu, memory = getattr(args, f"{role.value}_cpu"), getattr(args, f"{role.value}_memory")
+        try:
+            given = resources_from_flags(cpu, memory, None, None)
+        except ConfigError as exc:
+            raise ConfigError(f"--{role.value}-cpu/--{role.value}-memory: {exc}") from None
+        if given is not None:
+            resources[role] = given
+    cap = None
+    if args.max_task_memory is not None:
+        try:
+            cap = parse_memory_mb(args.max_task_memory)
+        except ConfigError as exc:
+            raise ConfigError(f"--max-task-memory: {exc}") from None
+    spec = PsJobSpec(
+        ps=args.ps,
+        workers=args.workers,
+        min_workers=args.workers if args.min_workers is None else args.min_workers,
+        evaluator=args.evaluator,
+        resources=resources,
+        max_relaunches=args.max_relaunches,
+        oom_memory_growth=args.oom_memory_growth,
+        max_task_memory_mb=cap,
+    )
+    return PsJobConfig(
+        spec=spec,
+        command=tuple(command),
+        work_dir=args.work_dir,
+        job_name=args.job_name,
+        port=args.port,
+        tick_interval_s=args.tick_interval,
+        stop_grace_s=args.stop_grace,
+    )
+
+
+def main(argv: Sequence[str]) -> int:
+    """Entry point of `dlrover-master ps-job`."""
+    args = _parser().parse_args(list(argv))
+    try:
+        configure_logging(args.log_level)
+        master = PsJobMaster(build_config(args))
+    except DLRoverError as exc:
+        print(f"dlrover-master ps-job: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    cancel = threading.Event()
+
+    def on_signal(_signum: int, _frame: FrameType | None) -> None:
+        cancel.set()
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        master.start()
+        print(f"dlrover-master ps-job: serving on {master.address}; events in {master.event_log}", flush=True)
+        outcome = master.run(cancel=cancel)
+    except DLRoverError as exc:
+        print(f"dlrover-master ps-job: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        master.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if outcome is None:
+        print("job stopped: the master received a stop signal", flush=True)
+        return EXIT_STOPPED
+    print(f"job {'succeeded' if outcome.succeeded else 'failed'}: {outcome.reason}", flush=True)
+    return 0 if outcome.succeeded else 1

@@ -1,0 +1,287 @@
+"""`PsJobMaster`: runs a TensorFlow parameter-server job on a scheduler backend.
+
+It gives every task an address for the whole job and its `TF_CONFIG`, serves the shard service the chief reads
+its data from (token-authenticated, on the master's own gRPC server), starts the tasks through the backend, and
+carries out what `PsJobCore` decides from what the backend observes. Every decision is an event in the job's
+event log (`<work_dir>/events.jsonl`), and so is each restore of the chief's data position, with the samples and
+steps it undid.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import sys
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from dlrover.autoscale import Role
+from dlrover.common import (
+    TOKEN_FILE_ENV_VAR,
+    Clock,
+    ConfigError,
+    GrpcServer,
+    ServerConfig,
+    SystemClock,
+    add_ping_service,
+    generate_token,
+    write_token_file,
+)
+from dlrover.common.orphan_guard import guarded_argv
+from dlrover.common.validators import positive
+from dlrover.master.eventlog import EventLog
+from dlrover.master.journal import JournaledEvent
+from dlrover.master.psjob.core import JobOutcome, PsDecision, PsEvent, PsJobCore
+from dlrover.master.psjob.progress import Rewind, RewindWatchingServicer
+from dlrover.master.psjob.spec import PsJobSpec, TaskKey, tf_config
+from dlrover.master.scheduler.base import MASTER_ADDR_ENV_VAR, NodeSpec, SchedulerBackend, check_node_fits
+from dlrover.master.scheduler.local import LocalScheduler
+from dlrover.shard import ShardRegistry
+from dlrover.shard.v1 import shard_pb2_grpc
+
+__all__ = ["TASK_ENV_VAR", "PsJobConfig", "PsJobMaster", "free_ports"]
+
+_log = logging.getLogger(__name__)
+
+TASK_ENV_VAR = "DLROVER_PS_TASK"
+"""Set for every task: its role and index (`worker:1`), the same as its `TF_CONFIG` says."""
+
+EVENT_LOG_NAME = "events.jsonl"
+
+
+def free_ports(host: str, count: int) -> list[int]:
+    """`count` TCP ports on `host` that nothing listens on now (held open together, so all differ)."""
+    sockets = []
+    try:
+        for _ in range(count):
+            s = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+            sockets.append(s)
+            s.bind((host, 0))
+        return [int(s.getsockname()[1]) for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def _argv(value: Iterable[str]) -> tuple[str, ...]:
+    return tuple(value)
+
+
+@attrs.frozen
+class PsJobConfig:
+    """Everything `PsJobMaster` needs.
+
+    Attributes:
+        spec: the task groups, resources and budgets.
+        command: the program the chief (and the evaluator) runs, as an argument list.
+        work_dir: the job's directory: its token (0600), event log and per-task logs.
+        job_name: names the job in events.
+        task_host: the host every task listens on (the local backend runs them all here).
+        bind_address: the interface the master's gRPC server listens on.
+        port: its port; 0 picks a free one.
+        tick_interval_s: how often the backend is looked at.
+        stop_grace_s: how long a stopped task has between SIGTERM and SIGKILL.
+    """
+
+    spec: PsJobSpec = attrs.field(validator=attrs.validators.instance_of(PsJobSpec))
+    command: tuple[str, ...] = attrs.field(converter=_argv)
+    work_dir: str = attrs.field(converter=str)
+    job_name: str = "ps-job"
+    task_host: str = "127.0.0.1"
+    bind_address: str = "127.0.0.1"
+    port: int = 0
+    tick_interval_s: float = attrs.field(default=0.5, validator=positive)
+    stop_grace_s: float = attrs.field(default=5.0, validator=attrs.validators.ge(0.0))
+
+    @command.validator
+    def _check_command(self, _attribute: object, value: tuple[str, ...]) -> None:
+        if not value or not all(isinstance(part, str) and part for part in value):
+            raise ConfigError(f"the chief needs a program to run, got {list(value)!r}")
+
+
+class PsJobMaster:
+    """A PS job's master: addresses, `TF_CONFIG`, the shard service, and the core's decisions carried out.
+
+    Args:
+        config: the job.
+        scheduler: the backend that starts tasks; None: the local backend (tasks are processes of this host,
+            logging to `<work_dir>/logs/node-<id>.log`, and dying with this process).
+        clock: the time source of the event log.
+
+    Use `start()`, then `run()` (or `tick()` repeatedly), then `stop()`; or use it as a context manager.
+    """
+
+    def __init__(
+        self, config: PsJobConfig, *, scheduler: SchedulerBackend | None = None, clock: Clock | None = None
+    ) -> None:
+        self._config = config
+        self._clock = clock or SystemClock()
+        self._core = PsJobCore(config.spec)
+        self._work = Path(config.work_dir)
+        self._work.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self._token = generate_token()
+        self._token_file = write_token_file(self._work / "token", self._token)
+        self._scheduler = scheduler or LocalScheduler(
+            guarded_argv(os.getpid(), [sys.executable, "-m", "dlrover.master.psjob.node", "--", *config.command]),
+            stop_grace_s=config.stop_grace_s,
+            log_dir=self._work / "logs",
+        )
+        for role in Role:
+            check_node_fits(self._scheduler, config.spec.resources.get(role), f"{role.value} resources")
+        self._registry = ShardRegistry(self._clock)
+        self._server = GrpcServer(ServerConfig(config.bind_address, config.port), self._token)
+        add_ping_service(self._server)
+        self._server.add(shard_pb2_grpc.add_ShardServiceServicer_to_server,
+                         RewindWatchingServicer(self._registry, self._on_rewind))  # fmt: skip
+        self._events = EventLog(self._work / EVENT_LOG_NAME)
+        self._events_lock = threading.Lock()
+        self._seq = 0
+        self._cluster: dict[Role, list[str]] = {}
+        self._started = False
+        self._stopped = False
+
+    @property
+    def address(self) -> str:
+        """`host:port` of the master's gRPC server (the shard service)."""
+        return self._server.address
+
+    @property
+    def token_file(self) -> Path:
+        """The file holding the job token (0600)."""
+        return self._token_file
+
+    @property
+    def event_log(self) -> Path:
+        """The job's event log."""
+        return self._events.path
+
+    @property
+    def core(self) -> PsJobCore:
+        """The decisions' core (read its state; drive it only through `tick`)."""
+        return self._core
+
+    @property
+    def scheduler(self) -> SchedulerBackend:
+        """The backend the tasks run on."""
+        return self._scheduler
+
+    @property
+    def cluster(self) -> Mapping[Role, Sequence[str]]:
+        """Each role's task addresses, in index order (fixed at `start()`)."""
+        return self._cluster
+
+    def start(self) -> None:
+        """Serve, give every task its address, and launch them all.
+
+        Raises:
+            RuntimeError: started twice.
+            SchedulerError: the backend refused a task.
+        """
+        if self._started:
+            raise RuntimeError("the PS job master was started already")
+        self._started = True
+        self._server.start()
+        spec = self._config.spec
+        keys = spec.tasks()
+        ports = iter(free_ports(self._config.task_host, len(keys)))
+        host = self._config.task_host
+        self._cluster = {role: [f"{host}:{next(ports)}" for _ in range(spec.count(role))] for role in Role}
+        self._apply(self._core.start())
+
+    def tick(self) -> PsDecision:
+        """Look at the backend once and carry out what the core decides."""
+        decision = self._core.observe(self._scheduler.observe())
+        self._apply(decision)
+        return decision
+
+    def run(self, timeout_s: float | None = None, cancel: threading.Event | None = None) -> JobOutcome | None:
+        """Tick until the job ends (its outcome), `timeout_s` passes or `cancel` is set (None then)."""
+        deadline = None if timeout_s is None else self._clock.now() + timeout_s
+        while self._core.outcome is None and (deadline is None or self._clock.now() < deadline):
+            if self.tick().outcome is not None:
+                break
+            if cancel is None:
+                self._clock.sleep(self._config.tick_interval_s)
+            elif cancel.wait(self._config.tick_interval_s):
+                break
+        return self._core.outcome
+
+    def stop(self) -> None:
+        """Stop every task and the server, close the event log; idempotent."""
+        if self._stopped:
+            return
+        self._stopped = True
+        try:
+            self._scheduler.close()
+        finally:
+            self._server.stop()
+            self._events.close()
+
+    def __enter__(self) -> PsJobMaster:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stop()
+
+    # ------------------------------------------------------------------ carrying out
+
+    def _apply(self, decision: PsDecision) -> None:
+        self._record(decision.events)
+        for stop in decision.stops:
+            self._scheduler.stop(stop.node_id)
+        for launch in decision.launches:
+            self._scheduler.launch(
+                NodeSpec(
+                    job_name=self._config.job_name,
+                    node_id=launch.node_id,
+                    rank=launch.task.index,
+                    relaunch_count=launch.relaunch_count,
+                    env=self._task_env(launch.task, launch.node_id),
+                    role=launch.task.role,
+                    resources=launch.resources,
+                )
+            )
+
+    def _task_env(self, task: TaskKey, node_id: int) -> dict[str, str]:
+        return {
+            "TF_CONFIG": tf_config(self._cluster, task),
+            TASK_ENV_VAR: str(task),
+            MASTER_ADDR_ENV_VAR: self.address,
+            TOKEN_FILE_ENV_VAR: str(self._token_file),
+            "DLROVER_NODE_ID": str(node_id),
+            "DLROVER_JOB_NAME": self._config.job_name,
+        }
+
+    def _on_rewind(self, rewind: Rewind) -> None:
+        if rewind.samples is None:
+            message = f"the chief restored dataset {rewind.dataset!r} to a position this master did not hand out"
+        else:
+            message = (
+                f"the chief restored dataset {rewind.dataset!r} to its checkpoint: {rewind.samples} sample(s), "
+                f"{rewind.steps} step(s), trained since are trained again"
+            )
+        data: dict[str, Any] = {"dataset": rewind.dataset, "samples": rewind.samples, "steps": rewind.steps}
+        self._record([PsEvent("data_rewound", message, data=data)])
+
+    def _record(self, events: Sequence[PsEvent]) -> None:
+        if not events:
+            return
+        with self._events_lock:
+            out = []
+            for event in events:
+                self._seq += 1
+                data = {**event.data, **({"task": str(event.task)} if event.task is not None else {})}
+                out.append(JournaledEvent(self._seq, self._clock.wall_time(), event.kind, event.message,
+                                          event.node_id, None, data))  # fmt: skip
+                _log.info("%s: %s", event.kind, event.message)
+            self._events.write(out)

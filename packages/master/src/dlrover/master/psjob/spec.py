@@ -1,0 +1,123 @@
+"""A TensorFlow parameter-server job's shape: its task groups, their addresses and each task's `TF_CONFIG`.
+
+A PS job is a chief (which runs the user's script and its `ClusterCoordinator`), parameter servers and workers
+(which run TensorFlow's standard server and take what the chief schedules), and optionally an evaluator (which
+runs the user's script beside the cluster, not in it). Every task keeps its address for the whole job: TensorFlow's
+coordinator reconnects to a relaunched worker or parameter server only at the address it knew.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+
+import attrs
+
+from dlrover.autoscale import Resources, Role
+from dlrover.common import ConfigError
+from dlrover.common.validators import non_negative_int
+
+__all__ = ["PS_ROLES", "PsJobSpec", "TaskKey", "tf_config"]
+
+PS_ROLES = (Role.CHIEF, Role.PS, Role.WORKER, Role.EVALUATOR)
+"""The roles of a PS job, in the order their tasks start (servers before the chief that connects to them)."""
+
+_START_ORDER = {Role.PS: 0, Role.WORKER: 1, Role.CHIEF: 2, Role.EVALUATOR: 3}
+
+
+@attrs.frozen(order=False)
+class TaskKey:
+    """One task of the job: its role and its index within the role (stable across relaunches)."""
+
+    role: Role
+    index: int
+
+    def __str__(self) -> str:
+        return f"{self.role.value}:{self.index}"
+
+    @property
+    def start_order(self) -> tuple[int, int]:
+        """Sort key: parameter servers, then workers, then the chief and the evaluator."""
+        return (_START_ORDER[self.role], self.index)
+
+
+def _at_least_one(_inst: object, attribute: attrs.Attribute[int], value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{attribute.name} must be a whole number >= 1, got {value!r}")
+
+
+def _resources_by_role(_inst: object, attribute: attrs.Attribute[object], value: object) -> None:
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{attribute.name} must map roles to Resources, got {value!r}")
+    for role, resources in value.items():
+        if role not in PS_ROLES or not isinstance(resources, Resources):
+            raise ConfigError(f"{attribute.name}: {role!r} -> {resources!r} is not a PS-job role and its Resources")
+
+
+@attrs.frozen
+class PsJobSpec:
+    """What a PS job runs.
+
+    Attributes:
+        ps: parameter servers (at least one).
+        workers: workers (at least one).
+        min_workers: the job goes on while at least this many workers run (a worker that used up its relaunches
+            is left out; TensorFlow's coordinator schedules on the others); fewer stops it.
+        evaluator: whether to run an evaluator (the user's script with `TF_CONFIG` task type `evaluator`).
+        resources: what each task of a role is launched with; a role not named asks for nothing in particular.
+        max_relaunches: relaunches allowed per task (a chief restarted because a parameter server was lost is not
+            charged: it did nothing wrong).
+        oom_memory_growth: a task the kernel killed for memory comes back with its memory times this.
+        max_task_memory_mb: the most memory an OOM relaunch may grow a task to; None: no cap.
+
+    Raises:
+        ConfigError: a count below one, `min_workers` above `workers`, a growth below 1.
+    """
+
+    ps: int = attrs.field(default=1, validator=_at_least_one)
+    workers: int = attrs.field(default=1, validator=_at_least_one)
+    min_workers: int = attrs.field(default=1, validator=_at_least_one)
+    evaluator: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    resources: Mapping[Role, Resources] = attrs.field(factory=dict, validator=_resources_by_role)
+    max_relaunches: int = attrs.field(default=3, validator=non_negative_int)
+    oom_memory_growth: float = 1.5
+    max_task_memory_mb: int | None = None
+
+    def __attrs_post_init__(self) -> None:
+        if self.min_workers > self.workers:
+            raise ConfigError(f"min_workers ({self.min_workers}) must not exceed workers ({self.workers})")
+        growth = self.oom_memory_growth
+        if isinstance(growth, bool) or not isinstance(growth, (int, float)) or not 1 <= growth < float("inf"):
+            raise ConfigError(f"oom_memory_growth must be a finite number >= 1, got {growth!r}")
+        cap = self.max_task_memory_mb
+        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
+            raise ConfigError(f"max_task_memory_mb must be None or a whole number of MiB >= 1, got {cap!r}")
+
+    def count(self, role: Role) -> int:
+        """How many tasks of `role` the job runs."""
+        return {Role.CHIEF: 1, Role.PS: self.ps, Role.WORKER: self.workers, Role.EVALUATOR: int(self.evaluator)}[role]
+
+    def tasks(self) -> list[TaskKey]:
+        """Every task, in start order."""
+        keys = [TaskKey(role, i) for role in PS_ROLES for i in range(self.count(role))]
+        return sorted(keys, key=lambda k: k.start_order)
+
+    def in_cluster(self) -> list[TaskKey]:
+        """The tasks of TensorFlow's cluster spec (all but the evaluator, which TensorFlow keeps outside)."""
+        return [k for k in self.tasks() if k.role is not Role.EVALUATOR]
+
+
+def tf_config(cluster: Mapping[Role, Sequence[str]], task: TaskKey) -> str:
+    """The `TF_CONFIG` of `task` in a cluster of `role -> addresses` (index order), as JSON text.
+
+    The evaluator's addresses, if any, are left out of the cluster, as TensorFlow expects.
+
+    Raises:
+        ConfigError: the task's role has no address at its index (an evaluator needs none).
+    """
+    spec = {
+        role.value: list(addresses) for role, addresses in cluster.items() if role is not Role.EVALUATOR and addresses
+    }
+    if task.role is not Role.EVALUATOR and not 0 <= task.index < len(cluster.get(task.role, ())):
+        raise ConfigError(f"task {task} has no address in the cluster {spec}")
+    return json.dumps({"cluster": spec, "task": {"type": task.role.value, "index": task.index}}, sort_keys=True)

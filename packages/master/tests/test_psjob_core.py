@@ -1,0 +1,161 @@
+"""PsJobCore and the PS job's shape: launches, relaunches at the same address, chief restarts, budgets, OOM."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dlrover.autoscale import Resources, Role
+from dlrover.common import ConfigError
+from dlrover.master.psjob import PsJobCore, PsJobSpec, TaskKey, TaskPhase, tf_config
+from dlrover.master.scheduler.base import REASON_OOM_KILLED, ObservedNode, ObservedState
+
+CHIEF, PS0, PS1, W0, W1 = (TaskKey(Role.CHIEF, 0), TaskKey(Role.PS, 0), TaskKey(Role.PS, 1), TaskKey(Role.WORKER, 0),
+                           TaskKey(Role.WORKER, 1))  # fmt: skip
+
+
+def _failed(node_id: int, code: int = -9, **kw: object) -> dict[int, ObservedNode]:
+    return {node_id: ObservedNode(node_id, ObservedState.FAILED, exit_code=code, **kw)}  # type: ignore[arg-type]
+
+
+def _started(spec: PsJobSpec) -> PsJobCore:
+    core = PsJobCore(spec)
+    core.start()
+    return core
+
+
+def test_tasks_start_servers_first_and_the_chief_last() -> None:
+    core = PsJobCore(PsJobSpec(ps=2, workers=2, evaluator=True))
+    decision = core.start()
+    assert [str(launch.task) for launch in decision.launches] == [
+        "ps:0", "ps:1", "worker:0", "worker:1", "chief:0", "evaluator:0"
+    ]  # fmt: skip
+    assert [launch.node_id for launch in decision.launches] == list(range(6))
+    assert decision.events[0].kind == "job_started"
+    with pytest.raises(RuntimeError):
+        core.start()
+
+
+def test_tf_config_names_the_task_and_leaves_the_evaluator_out_of_the_cluster() -> None:
+    cluster = {Role.CHIEF: ["h:1"], Role.PS: ["h:2", "h:3"], Role.WORKER: ["h:4"], Role.EVALUATOR: ["h:5"]}
+    config = json.loads(tf_config(cluster, PS1))
+    assert config == {"cluster": {"chief": ["h:1"], "ps": ["h:2", "h:3"], "worker": ["h:4"]},
+                      "task": {"type": "ps", "index": 1}}  # fmt: skip
+    assert json.loads(tf_config(cluster, TaskKey(Role.EVALUATOR, 0)))["task"] == {"type": "evaluator", "index": 0}
+    with pytest.raises(ConfigError, match="worker:3 has no address"):
+        tf_config(cluster, TaskKey(Role.WORKER, 3))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"ps": 0}, "ps must be a whole number >= 1"),
+        ({"workers": 2, "min_workers": 3}, "min_workers"),
+        ({"oom_memory_growth": 0.5}, "oom_memory_growth"),
+        ({"max_task_memory_mb": 0}, "max_task_memory_mb"),
+        ({"max_relaunches": -1}, "max_relaunches"),
+        ({"resources": {"gpu": Resources(cpu=1, memory_mb=1)}}, "not a PS-job role"),
+    ],
+)
+def test_a_bad_spec_is_refused_with_the_value_named(kwargs: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        PsJobSpec(**kwargs)  # type: ignore[arg-type]
+
+
+def test_a_lost_worker_is_relaunched_and_the_chief_keeps_training() -> None:
+    core = _started(PsJobSpec(ps=2, workers=2))
+    decision = core.observe(_failed(3))
+    assert [(str(x.task), x.node_id, x.relaunch_count) for x in decision.launches] == [("worker:1", 5, 1)]
+    assert decision.stops == ()
+    assert decision.outcome is None
+    assert [e.kind for e in decision.events] == ["task_failed", "task_relaunched"]
+    assert core.node_of(W1) == 5
+    assert core.task_of(3) == W1
+    assert core.relaunches(W1) == (1, 1)
+    assert core.phase(CHIEF) is TaskPhase.LAUNCHED
+
+
+def test_a_lost_parameter_server_restarts_the_chief_once_its_old_incarnation_ended() -> None:
+    core = _started(PsJobSpec(ps=2, workers=2))
+    core.observe({4: ObservedNode(4, ObservedState.RUNNING)})
+    decision = core.observe(_failed(1))
+    assert [str(x.task) for x in decision.launches] == ["ps:1"]
+    assert [(str(s.task), s.node_id) for s in decision.stops] == [("chief:0", 4)]
+    assert core.phase(CHIEF) is TaskPhase.WAITING
+    # Still running: the new chief would share its address with the old one.
+    assert core.observe({4: ObservedNode(4, ObservedState.RUNNING)}).launches == ()
+    decision = core.observe({4: ObservedNode(4, ObservedState.STOPPED)})
+    assert [(str(x.task), x.node_id) for x in decision.launches] == [("chief:0", 6)]
+    assert core.relaunches(CHIEF) == (1, 0), "a chief restarted for a lost parameter server is not charged"
+
+
+def test_two_parameter_servers_lost_together_restart_the_chief_once() -> None:
+    core = _started(PsJobSpec(ps=2, workers=1))
+    decision = core.observe({**_failed(0), **_failed(1)})
+    assert sorted(str(x.task) for x in decision.launches) == ["ps:0", "ps:1"]
+    assert len(decision.stops) == 1
+
+
+def test_the_chief_succeeding_ends_the_job_and_stops_the_servers() -> None:
+    core = _started(PsJobSpec(ps=1, workers=1))
+    decision = core.observe({2: ObservedNode(2, ObservedState.SUCCEEDED, exit_code=0)})
+    assert decision.outcome is not None
+    assert decision.outcome.succeeded
+    assert sorted(s.node_id for s in decision.stops) == [0, 1]
+    assert core.observe(_failed(0)) == type(decision)(), "nothing is decided after the end"
+
+
+def test_a_failing_chief_is_relaunched_until_its_budget_is_spent() -> None:
+    core = _started(PsJobSpec(ps=1, workers=1, max_relaunches=1))
+    decision = core.observe(_failed(2, code=1))
+    assert [str(x.task) for x in decision.launches] == ["chief:0"]
+    decision = core.observe(_failed(3, code=1))
+    assert decision.outcome is not None
+    assert not decision.outcome.succeeded
+    assert "chief:0 exited with status 1 after 1 relaunches" in decision.outcome.reason
+
+
+def test_a_disruption_is_relaunched_without_charging_the_budget() -> None:
+    core = _started(PsJobSpec(ps=1, workers=1, max_relaunches=0))
+    decision = core.observe(_failed(1, reason="Preempted", disruption=True))
+    assert [str(x.task) for x in decision.launches] == ["worker:0"]
+    assert core.relaunches(W0) == (1, 0)
+
+
+def test_a_worker_past_its_budget_is_left_out_while_enough_run() -> None:
+    core = _started(PsJobSpec(ps=1, workers=2, min_workers=1, max_relaunches=0))
+    decision = core.observe(_failed(2))
+    assert decision.launches == ()
+    assert decision.outcome is None
+    assert core.phase(W1) is TaskPhase.LEFT_OUT
+    decision = core.observe(_failed(1))
+    assert decision.outcome is not None
+    assert "fewer than min_workers 1" in decision.outcome.reason
+
+
+def test_a_task_killed_for_memory_comes_back_with_more_up_to_the_cap() -> None:
+    spec = PsJobSpec(ps=1, workers=1, resources={Role.PS: Resources(cpu=1, memory_mb=1000)}, max_task_memory_mb=1800)
+    core = _started(spec)
+    decision = core.observe(_failed(0, reason=REASON_OOM_KILLED))
+    assert [x.resources.memory_mb for x in decision.launches if x.resources] == [1500]
+    assert "oom_more_memory" in [e.kind for e in decision.events]
+    decision = core.observe(_failed(3, reason=REASON_OOM_KILLED))
+    assert [x.resources.memory_mb for x in decision.launches if x.resources] == [1800]
+    decision = core.observe(_failed(4, reason=REASON_OOM_KILLED))
+    assert decision.outcome is not None
+    assert "out of memory at 1800 MiB" in decision.outcome.reason
+
+
+def test_an_oom_without_a_memory_request_comes_back_as_it_was() -> None:
+    core = _started(PsJobSpec(ps=1, workers=1))
+    decision = core.observe(_failed(1, reason=REASON_OOM_KILLED))
+    assert [x.resources for x in decision.launches] == [None]
+    assert "oom_no_limit" in [e.kind for e in decision.events]
+
+
+def test_a_server_that_exits_zero_is_a_failure() -> None:
+    core = _started(PsJobSpec(ps=1, workers=1))
+    decision = core.observe({1: ObservedNode(1, ObservedState.SUCCEEDED, exit_code=0)})
+    assert [str(x.task) for x in decision.launches] == ["worker:0"]
+    assert "which a server never does" in decision.events[0].message

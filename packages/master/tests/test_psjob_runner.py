@@ -1,0 +1,165 @@
+"""PsJobMaster with real processes on this host and no TensorFlow: stand-in tasks that record the environment the
+master gave them (a server sleeps; the chief reads its data from the master's shard service and exits), so the
+addresses, `TF_CONFIG`, the token, relaunches and events are checked end to end. The suite with TensorFlow itself
+is `tests/tensorflow` (`nox -s tests-tensorflow`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from dlrover.autoscale import Role
+from dlrover.common import ConfigError, RetryPolicy, RpcError
+from dlrover.master.eventlog import read_event_log
+from dlrover.master.psjob import PsJobConfig, PsJobMaster, PsJobSpec, TaskKey
+from dlrover.master.psjob.cli import _parser, build_config
+from dlrover.master.psjob.cli import main as ps_job_main
+from dlrover.master.scheduler.local import LocalScheduler
+from dlrover.shard import ShardClient, ShardClientConfig
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+STAND_IN = textwrap.dedent(
+    """
+    import json, os, sys, time
+    from pathlib import Path
+    out = Path(sys.argv[1])
+    config = json.loads(os.environ["TF_CONFIG"])
+    task = os.environ["DLROVER_PS_TASK"]
+    node = os.environ["DLROVER_NODE_ID"]
+    (out / f"{task}-{node}.json").write_text(json.dumps(config))
+    if config["task"]["type"] != "chief":
+        time.sleep(3600)
+    from dlrover.common import load_token
+    from dlrover.shard import DatasetSpec, DeliveryMode, IndexSource, ShardClient
+    with ShardClient(os.environ["DLROVER_MASTER_ADDR"], load_token(), "d", "chief") as client:
+        client.register(DatasetSpec(name="d", source=IndexSource(40), batch_size=4, batches_per_shard=1,
+                                    delivery=DeliveryMode.EXACTLY_ONCE))
+        if (out / "restore").exists():
+            client.restore((out / "restore").read_text())
+        while (shard := client.next_shard()) is not None:
+            client.report_done(shard.shard_id)
+            if shard.shard_id == 3 and not (out / "restore").exists():
+                (out / "restore").write_text(client.checkpoint())
+            if shard.shard_id == 6 and (out / "fail-once").exists():
+                (out / "fail-once").unlink()
+                sys.exit(5)
+    """
+)
+
+
+def _master(tmp_path: Path, spec: PsJobSpec) -> tuple[PsJobMaster, Path]:
+    out = tmp_path / "out"
+    out.mkdir()
+    program = tmp_path / "stand_in.py"
+    program.write_text(STAND_IN)
+    command = [sys.executable, str(program), str(out)]
+    scheduler = LocalScheduler(command, stop_grace_s=1.0, log_dir=tmp_path / "logs")
+    config = PsJobConfig(spec=spec, command=("unused",), work_dir=str(tmp_path / "job"), tick_interval_s=0.05)
+    return PsJobMaster(config, scheduler=scheduler), out
+
+
+def _configs(out: Path, task: str) -> list[dict[str, object]]:
+    return [json.loads(p.read_text()) for p in sorted(out.glob(f"{task}-*.json"))]
+
+
+def _wait_for(path_glob: tuple[Path, str], count: int) -> None:
+    directory, pattern = path_glob
+    deadline = time.monotonic() + 60
+    while len(list(directory.glob(pattern))) < count:
+        assert time.monotonic() < deadline, f"{pattern} never appeared {count} time(s)"
+        time.sleep(0.05)
+
+
+def test_every_task_gets_its_address_and_a_relaunch_keeps_it(tmp_path: Path) -> None:
+    master, out = _master(tmp_path, PsJobSpec(ps=2, workers=2))
+    (out / "fail-once").touch()
+    with master:
+        _wait_for((out, "worker:1-*.json"), 1)
+        worker = master.core.node_of(TaskKey(Role.WORKER, 1))
+        assert isinstance(master.scheduler, LocalScheduler)
+        assert worker is not None
+        os.kill(master.scheduler.pid(worker) or 0, signal.SIGKILL)
+        outcome = master.run(timeout_s=60)
+    assert outcome is not None
+    assert outcome.succeeded, outcome
+    cluster = {role.value: list(addresses) for role, addresses in master.cluster.items() if addresses}
+    assert len({a for addresses in cluster.values() for a in addresses}) == 5, "every task has its own port"
+    for task in ("ps:0", "ps:1", "worker:0", "worker:1", "chief:0"):
+        configs = _configs(out, task)
+        role, index = task.split(":")
+        assert configs
+        assert all(c == {"cluster": cluster, "task": {"type": role, "index": int(index)}} for c in configs)
+    assert len(_configs(out, "worker:1")) == 2
+    assert len(_configs(out, "chief:0")) == 2
+    kinds = [(e["kind"], e["data"].get("task")) for e in read_event_log(master.event_log)]
+    assert ("task_relaunched", "worker:1") in kinds
+    assert ("task_relaunched", "chief:0") in kinds
+    # The relaunched chief restored the data position of shard 3: shards 4-6 (12 samples, 3 steps) again.
+    rewound = [e["data"] for e in read_event_log(master.event_log) if e["kind"] == "data_rewound"]
+    assert rewound == [{"dataset": "d", "samples": 12, "steps": 3}]
+    observed = master.scheduler.observe().values()
+    assert all(n.state.value != "running" for n in observed), "every task was stopped"
+
+
+def test_the_shard_service_refuses_a_call_without_the_token(tmp_path: Path) -> None:
+    master, _out = _master(tmp_path, PsJobSpec())
+    with master:
+        config = ShardClientConfig(retry=RetryPolicy(max_attempts=1, total_timeout_s=5))
+        client = ShardClient(master.address, "x" * 32, "d", "intruder", config=config)
+        try:
+            with pytest.raises(RpcError, match="UNAUTHENTICATED"):
+                client.status()
+        finally:
+            client.close()
+    assert (tmp_path / "job" / "token").stat().st_mode & 0o777 == 0o600
+
+
+def test_a_chief_that_keeps_failing_fails_the_job_with_the_reason(tmp_path: Path) -> None:
+    master, _out = _master(tmp_path, PsJobSpec(max_relaunches=1))
+    program = tmp_path / "stand_in.py"
+    program.write_text("import os, sys, time\nif 'chief' in os.environ['DLROVER_PS_TASK']: sys.exit(7)\ntime.sleep(60)")
+    with master:
+        outcome = master.run(timeout_s=60)
+    assert outcome is not None
+    assert not outcome.succeeded
+    assert outcome.reason == "chief:0 exited with status 7 after 1 relaunches"
+
+
+def test_the_cli_builds_the_job_and_refuses_bad_values(tmp_path: Path) -> None:
+    args = _parser().parse_args(["--ps", "2", "--workers", "3", "--min-workers", "2", "--ps-memory", "2Gi",
+                                 "--work-dir", str(tmp_path), "--", "python", "train.py", "--epochs", "2"])  # fmt: skip
+    config = build_config(args)
+    assert config.command == ("python", "train.py", "--epochs", "2")
+    assert (config.spec.ps, config.spec.workers, config.spec.min_workers) == (2, 3, 2)
+    assert config.spec.resources[Role.PS].memory_mb == 2048
+    with pytest.raises(ConfigError, match="--worker-cpu/--worker-memory"):
+        build_config(_parser().parse_args(["--worker-memory", "2G", "--work-dir", str(tmp_path), "--", "x"]))
+    assert ps_job_main(["--ps", "0", "--work-dir", str(tmp_path / "j"), "--", "x"]) == 2
+    assert ps_job_main(["--work-dir", str(tmp_path / "k")]) == 2
+
+
+def _node(env: dict[str, str], *program: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "dlrover.master.psjob.node", "--", *program]
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=60, check=False)
+
+
+def test_the_node_entry_becomes_the_chiefs_program_and_refuses_a_bad_config() -> None:
+    chief = json.dumps({"cluster": {"chief": ["127.0.0.1:1"]}, "task": {"type": "chief", "index": 0}})
+    env = {**os.environ, "TF_CONFIG": chief}
+    assert _node(env, sys.executable, "-c", "import sys; sys.exit(7)").returncode == 7
+    missing = _node({k: v for k, v in os.environ.items() if k != "TF_CONFIG"}, "true")
+    assert missing.returncode == 2
+    assert "TF_CONFIG is not set" in missing.stderr
+    broken = _node({**env, "TF_CONFIG": "{not json"}, "true")
+    assert broken.returncode != 0
+    assert "TF_CONFIG is not a task's configuration" in broken.stderr
+    assert _node(env).returncode == 2, "the chief without a program"
