@@ -11,9 +11,8 @@ restores all three from the newest checkpoint and goes on from there.
 Keras: `tf.keras` in TensorFlow 2.21 is Keras 3, which has no parameter-server training; this script uses
 `tf_keras` (`pip install tf-keras`), the Keras 2 that TensorFlow keeps for it.
 
-Samples are generated: user `i % USERS`, item `(i * 31) % ITEMS`, and a label the dot product of their
-embeddings and biases can learn. `--pause-file` with `--pause-at` holds training at that step while the file exists;
-tests use it to act at a known step.
+The model and the samples are `recommender.py`'s. `--pause-file` with `--pause-at` holds training at that step
+while the file exists; tests use it to act at a known step.
 """
 
 from __future__ import annotations
@@ -29,12 +28,12 @@ from typing import Any
 
 import tensorflow as tf
 import tf_keras as keras
+from recommender import Recommender, features
 
 from dlrover.common import load_token
 from dlrover.shard import DatasetSpec, DeliveryMode, IndexSource, ShardClient, ShardClientConfig
 from dlrover.shard.tf_data import ShardTFDataset
 
-USERS, ITEMS, DIM = 97, 53, 8
 DATASET = "tf-ps-example"
 
 
@@ -51,32 +50,6 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--pause-file", default="", help="with --pause-at: hold training there while this file exists")
     p.add_argument("--pause-at", type=int, default=-1, help="the step to hold at (after the steps before it joined)")
     return p.parse_args(argv)
-
-
-def features(index: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
-    """User, item and label of sample `index` (a pure function: any incarnation makes the same ones)."""
-    user = index % USERS
-    item = (index * 31) % ITEMS
-    label = tf.cast(user % 7 + item % 5 >= 5, tf.float32)
-    return user, item, label
-
-
-class Recommender(keras.Model):
-    """Dot product of a user and an item embedding, plus a bias per user, per item and overall."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.users = keras.layers.Embedding(USERS, DIM, name="users")
-        self.items = keras.layers.Embedding(ITEMS, DIM, name="items")
-        self.user_bias = keras.layers.Embedding(USERS, 1, name="user_bias")
-        self.item_bias = keras.layers.Embedding(ITEMS, 1, name="item_bias")
-        self.bias = tf.Variable(0.0, name="bias")
-
-    def call(self, inputs: tuple[tf.Tensor, tf.Tensor]) -> tf.Tensor:
-        user, item = inputs
-        dot = tf.reduce_sum(self.users(user) * self.items(item), axis=-1)
-        biases = tf.squeeze(self.user_bias(user), -1) + tf.squeeze(self.item_bias(item), -1)
-        return dot + biases + self.bias
 
 
 class Checkpoints:

@@ -23,20 +23,27 @@ from dlrover.master.scheduler.local import LocalScheduler
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tf_ps" / "train.py"
+FIT_EXAMPLE = EXAMPLE.with_name("fit.py")
 SAMPLES, BATCH, CHECKPOINT_EVERY, PAUSE_AT = 6400, 64, 20, 30
+FIT_EPOCHS, FIT_PAUSE_AT = 8, 3
 STEPS = SAMPLES // BATCH
 
 
 class Job:
     """One run of the example: the master in this thread, a choreographer beside it."""
 
-    def __init__(self, tmp_path: Path) -> None:
+    def __init__(self, tmp_path: Path, program: Path = EXAMPLE) -> None:
         self.work = tmp_path / "job"
         self.out = tmp_path / "out"
         self.pause = tmp_path / "pause"
-        command = (sys.executable, str(EXAMPLE), "--out", str(self.out), "--samples", str(SAMPLES),
-                   "--batch", str(BATCH), "--checkpoint-every", str(CHECKPOINT_EVERY),
-                   "--pause-file", str(self.pause), "--pause-at", str(PAUSE_AT))  # fmt: skip
+        if program == EXAMPLE:
+            args = ["--samples", str(SAMPLES), "--batch", str(BATCH), "--checkpoint-every", str(CHECKPOINT_EVERY),
+                    "--pause-at", str(PAUSE_AT)]  # fmt: skip
+            self.marker = self.out / f"at-step-{PAUSE_AT}"
+        else:
+            args = ["--epochs", str(FIT_EPOCHS), "--pause-at", str(FIT_PAUSE_AT)]
+            self.marker = self.out / f"at-epoch-{FIT_PAUSE_AT}"
+        command = (sys.executable, str(program), "--out", str(self.out), "--pause-file", str(self.pause), *args)
         spec = PsJobSpec(ps=2, workers=2, max_relaunches=2)
         self.config = PsJobConfig(spec=spec, command=command, work_dir=str(self.work), stop_grace_s=2.0,
                                   tick_interval_s=0.2)  # fmt: skip
@@ -52,8 +59,7 @@ class Job:
 
             def choreograph() -> None:
                 try:
-                    marker = self.out / f"at-step-{PAUSE_AT}"
-                    while not marker.exists() and master.core.outcome is None:
+                    while not self.marker.exists() and master.core.outcome is None:
                         threading.Event().wait(0.05)
                     assert victim is not None
                     node = master.core.node_of(victim)
@@ -162,3 +168,16 @@ def test_a_killed_chief_is_relaunched_and_resumes_from_the_checkpoint(tmp_path: 
     job.run(victim=TaskKey(Role.CHIEF, 0))
     assert _kinds(job.events(), "chief:0") == ["task_failed", "task_relaunched"]
     _assert_resumed_from_the_checkpoint(job)
+
+
+def test_model_fit_resumes_from_its_backup_after_a_lost_parameter_server(tmp_path: Path) -> None:
+    job = Job(tmp_path, FIT_EXAMPLE)
+    job.run(victim=TaskKey(Role.PS, 1))
+    events = job.events()
+    assert _kinds(events, "ps:1") == ["task_failed", "task_relaunched"]
+    assert _kinds(events, "chief:0") == ["chief_restarting", "task_restarted"]
+    summary = job.summary()
+    # BackupAndRestore saved at the end of the epoch the job was held at; the new chief starts at the next one.
+    assert summary["first_epoch"] == FIT_PAUSE_AT + 1
+    first = json.loads((job.out / "epoch-0.json").read_text())
+    assert summary["last_loss"] < 0.85 * first["loss"], (first, summary)

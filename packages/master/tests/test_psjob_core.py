@@ -21,20 +21,20 @@ def _failed(node_id: int, code: int = -9, **kw: object) -> dict[int, ObservedNod
 
 def _started(spec: PsJobSpec) -> PsJobCore:
     core = PsJobCore(spec)
-    core.start()
+    core.start(0.0)
     return core
 
 
 def test_tasks_start_servers_first_and_the_chief_last() -> None:
     core = PsJobCore(PsJobSpec(ps=2, workers=2, evaluator=True))
-    decision = core.start()
+    decision = core.start(0.0)
     assert [str(launch.task) for launch in decision.launches] == [
         "ps:0", "ps:1", "worker:0", "worker:1", "chief:0", "evaluator:0"
     ]  # fmt: skip
     assert [launch.node_id for launch in decision.launches] == list(range(6))
     assert decision.events[0].kind == "job_started"
     with pytest.raises(RuntimeError):
-        core.start()
+        core.start(0.0)
 
 
 def test_tf_config_names_the_task_and_leaves_the_evaluator_out_of_the_cluster() -> None:
@@ -65,7 +65,7 @@ def test_a_bad_spec_is_refused_with_the_value_named(kwargs: dict[str, object], m
 
 def test_a_lost_worker_is_relaunched_and_the_chief_keeps_training() -> None:
     core = _started(PsJobSpec(ps=2, workers=2))
-    decision = core.observe(_failed(3))
+    decision = core.observe(_failed(3), 1.0)
     assert [(str(x.task), x.node_id, x.relaunch_count) for x in decision.launches] == [("worker:1", 5, 1)]
     assert decision.stops == ()
     assert decision.outcome is None
@@ -78,39 +78,39 @@ def test_a_lost_worker_is_relaunched_and_the_chief_keeps_training() -> None:
 
 def test_a_lost_parameter_server_restarts_the_chief_once_its_old_incarnation_ended() -> None:
     core = _started(PsJobSpec(ps=2, workers=2))
-    core.observe({4: ObservedNode(4, ObservedState.RUNNING)})
-    decision = core.observe(_failed(1))
+    core.observe({4: ObservedNode(4, ObservedState.RUNNING)}, 1.0)
+    decision = core.observe(_failed(1), 1.0)
     assert [str(x.task) for x in decision.launches] == ["ps:1"]
     assert [(str(s.task), s.node_id) for s in decision.stops] == [("chief:0", 4)]
     assert core.phase(CHIEF) is TaskPhase.WAITING
     # Still running: the new chief would share its address with the old one.
-    assert core.observe({4: ObservedNode(4, ObservedState.RUNNING)}).launches == ()
-    decision = core.observe({4: ObservedNode(4, ObservedState.STOPPED)})
+    assert core.observe({4: ObservedNode(4, ObservedState.RUNNING)}, 1.0).launches == ()
+    decision = core.observe({4: ObservedNode(4, ObservedState.STOPPED)}, 1.0)
     assert [(str(x.task), x.node_id) for x in decision.launches] == [("chief:0", 6)]
     assert core.relaunches(CHIEF) == (1, 0), "a chief restarted for a lost parameter server is not charged"
 
 
 def test_two_parameter_servers_lost_together_restart_the_chief_once() -> None:
     core = _started(PsJobSpec(ps=2, workers=1))
-    decision = core.observe({**_failed(0), **_failed(1)})
+    decision = core.observe({**_failed(0), **_failed(1)}, 1.0)
     assert sorted(str(x.task) for x in decision.launches) == ["ps:0", "ps:1"]
     assert len(decision.stops) == 1
 
 
 def test_the_chief_succeeding_ends_the_job_and_stops_the_servers() -> None:
     core = _started(PsJobSpec(ps=1, workers=1))
-    decision = core.observe({2: ObservedNode(2, ObservedState.SUCCEEDED, exit_code=0)})
+    decision = core.observe({2: ObservedNode(2, ObservedState.SUCCEEDED, exit_code=0)}, 1.0)
     assert decision.outcome is not None
     assert decision.outcome.succeeded
     assert sorted(s.node_id for s in decision.stops) == [0, 1]
-    assert core.observe(_failed(0)) == type(decision)(), "nothing is decided after the end"
+    assert core.observe(_failed(0), 1.0) == type(decision)(), "nothing is decided after the end"
 
 
 def test_a_failing_chief_is_relaunched_until_its_budget_is_spent() -> None:
     core = _started(PsJobSpec(ps=1, workers=1, max_relaunches=1))
-    decision = core.observe(_failed(2, code=1))
+    decision = core.observe(_failed(2, code=1), 1.0)
     assert [str(x.task) for x in decision.launches] == ["chief:0"]
-    decision = core.observe(_failed(3, code=1))
+    decision = core.observe(_failed(3, code=1), 1.0)
     assert decision.outcome is not None
     assert not decision.outcome.succeeded
     assert "chief:0 exited with status 1 after 1 relaunches" in decision.outcome.reason
@@ -118,18 +118,18 @@ def test_a_failing_chief_is_relaunched_until_its_budget_is_spent() -> None:
 
 def test_a_disruption_is_relaunched_without_charging_the_budget() -> None:
     core = _started(PsJobSpec(ps=1, workers=1, max_relaunches=0))
-    decision = core.observe(_failed(1, reason="Preempted", disruption=True))
+    decision = core.observe(_failed(1, reason="Preempted", disruption=True), 1.0)
     assert [str(x.task) for x in decision.launches] == ["worker:0"]
     assert core.relaunches(W0) == (1, 0)
 
 
 def test_a_worker_past_its_budget_is_left_out_while_enough_run() -> None:
     core = _started(PsJobSpec(ps=1, workers=2, min_workers=1, max_relaunches=0))
-    decision = core.observe(_failed(2))
+    decision = core.observe(_failed(2), 1.0)
     assert decision.launches == ()
     assert decision.outcome is None
     assert core.phase(W1) is TaskPhase.LEFT_OUT
-    decision = core.observe(_failed(1))
+    decision = core.observe(_failed(1), 1.0)
     assert decision.outcome is not None
     assert "fewer than min_workers 1" in decision.outcome.reason
 
@@ -137,25 +137,97 @@ def test_a_worker_past_its_budget_is_left_out_while_enough_run() -> None:
 def test_a_task_killed_for_memory_comes_back_with_more_up_to_the_cap() -> None:
     spec = PsJobSpec(ps=1, workers=1, resources={Role.PS: Resources(cpu=1, memory_mb=1000)}, max_task_memory_mb=1800)
     core = _started(spec)
-    decision = core.observe(_failed(0, reason=REASON_OOM_KILLED))
+    decision = core.observe(_failed(0, reason=REASON_OOM_KILLED), 1.0)
     assert [x.resources.memory_mb for x in decision.launches if x.resources] == [1500]
     assert "oom_more_memory" in [e.kind for e in decision.events]
-    decision = core.observe(_failed(3, reason=REASON_OOM_KILLED))
+    decision = core.observe(_failed(3, reason=REASON_OOM_KILLED), 1.0)
     assert [x.resources.memory_mb for x in decision.launches if x.resources] == [1800]
-    decision = core.observe(_failed(4, reason=REASON_OOM_KILLED))
+    decision = core.observe(_failed(4, reason=REASON_OOM_KILLED), 1.0)
     assert decision.outcome is not None
     assert "out of memory at 1800 MiB" in decision.outcome.reason
 
 
 def test_an_oom_without_a_memory_request_comes_back_as_it_was() -> None:
     core = _started(PsJobSpec(ps=1, workers=1))
-    decision = core.observe(_failed(1, reason=REASON_OOM_KILLED))
+    decision = core.observe(_failed(1, reason=REASON_OOM_KILLED), 1.0)
     assert [x.resources for x in decision.launches] == [None]
     assert "oom_no_limit" in [e.kind for e in decision.events]
 
 
 def test_a_server_that_exits_zero_is_a_failure() -> None:
     core = _started(PsJobSpec(ps=1, workers=1))
-    decision = core.observe({1: ObservedNode(1, ObservedState.SUCCEEDED, exit_code=0)})
+    decision = core.observe({1: ObservedNode(1, ObservedState.SUCCEEDED, exit_code=0)}, 1.0)
     assert [str(x.task) for x in decision.launches] == ["worker:0"]
     assert "which a server never does" in decision.events[0].message
+
+
+def test_a_chief_that_succeeds_while_a_restart_is_on_its_way_ends_the_job() -> None:
+    core = _started(PsJobSpec(ps=1, workers=1))
+    decision = core.observe({**_failed(0), 2: ObservedNode(2, ObservedState.SUCCEEDED, exit_code=0)}, 1.0)
+    assert decision.outcome is not None, decision
+    assert decision.outcome.succeeded
+    assert decision.launches == (), "nothing starts after the end, not even the lost server's relaunch"
+    # The worker, and the chief's stop sent before its end was seen.
+    assert {s.node_id for s in decision.stops} <= {1, 2}
+
+
+def test_nothing_is_launched_in_the_look_that_ends_the_job() -> None:
+    core = _started(PsJobSpec(ps=1, workers=2))
+    decision = core.observe({**_failed(1), 3: ObservedNode(3, ObservedState.SUCCEEDED, exit_code=0)}, 1.0)
+    assert decision.outcome is not None
+    assert decision.outcome.succeeded
+    assert decision.launches == ()
+    assert sorted(s.node_id for s in decision.stops) == [0, 2], "only nodes that run are stopped"
+
+
+def test_an_evaluator_that_finishes_is_done_and_not_relaunched() -> None:
+    core = _started(PsJobSpec(ps=1, workers=1, evaluator=True))
+    decision = core.observe({3: ObservedNode(3, ObservedState.SUCCEEDED, exit_code=0)}, 1.0)
+    assert decision.launches == ()
+    assert [e.kind for e in decision.events] == ["task_succeeded"]
+    assert core.phase(TaskKey(Role.EVALUATOR, 0)) is TaskPhase.SUCCEEDED
+
+
+def test_a_worker_out_of_memory_at_the_cap_is_left_out_while_enough_run() -> None:
+    spec = PsJobSpec(ps=1, workers=2, min_workers=1, resources={Role.WORKER: Resources(cpu=1, memory_mb=100)},
+                     max_task_memory_mb=100)  # fmt: skip
+    core = _started(spec)
+    decision = core.observe(_failed(1, reason=REASON_OOM_KILLED), 1.0)
+    assert decision.outcome is None
+    assert decision.launches == ()
+    assert [e.kind for e in decision.events] == ["task_failed", "task_left_out"]
+    assert "ran out of memory at 100 MiB" in decision.events[1].message
+
+
+def test_role_memory_above_the_cap_is_refused() -> None:
+    with pytest.raises(ConfigError, match="ps memory 200 MiB exceeds max_task_memory_mb 100"):
+        PsJobSpec(resources={Role.PS: Resources(cpu=1, memory_mb=200)}, max_task_memory_mb=100)
+
+
+def test_a_task_that_never_starts_is_stopped_and_relaunched_once_its_node_ended() -> None:
+    core = PsJobCore(PsJobSpec(ps=1, workers=1, task_start_timeout_s=10))
+    core.start(0.0)
+    running = {n: ObservedNode(n, ObservedState.RUNNING) for n in (0, 2)}
+    pending = {1: ObservedNode(1, ObservedState.PENDING)}
+    assert core.observe({**running, **pending}, 10.0).stops == ()
+    decision = core.observe({**running, **pending}, 10.5)
+    assert [(str(s.task), s.node_id) for s in decision.stops] == [("worker:0", 1)]
+    assert decision.launches == (), "the new node waits for the old one, which would hold the same address"
+    assert "did not start within 10 s" in decision.events[0].message
+    decision = core.observe({**running, 1: ObservedNode(1, ObservedState.STOPPED)}, 11.0)
+    assert [(str(x.task), x.node_id) for x in decision.launches] == [("worker:0", 3)]
+    assert core.relaunches(W0) == (1, 1)
+
+
+def test_an_old_node_the_backend_no_longer_reports_counts_as_ended() -> None:
+    core = _started(PsJobSpec(ps=1, workers=1))
+    core.observe(_failed(0), 1.0)  # the chief (node 2) is told to stop
+    decision = core.observe({}, 2.0)
+    assert [(str(x.task), x.node_id) for x in decision.launches] == [("chief:0", 4)]
+
+
+def test_the_chiefs_restart_and_a_relaunch_are_told_apart_in_the_events() -> None:
+    core = _started(PsJobSpec(ps=1, workers=1))
+    core.observe(_failed(0), 1.0)
+    decision = core.observe({2: ObservedNode(2, ObservedState.STOPPED)}, 2.0)
+    assert [e.kind for e in decision.events] == ["task_restarted"]

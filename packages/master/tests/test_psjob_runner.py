@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from dlrover.autoscale import Role
+from dlrover.autoscale import Resources, Role
 from dlrover.common import ConfigError, RetryPolicy, RpcError
+from dlrover.master import UnavailableMemoryGroups, detect_memory_groups
 from dlrover.master.eventlog import read_event_log
 from dlrover.master.psjob import PsJobConfig, PsJobMaster, PsJobSpec, TaskKey
 from dlrover.master.psjob.cli import _parser, build_config
@@ -38,6 +39,10 @@ STAND_IN = textwrap.dedent(
     (out / f"{task}-{node}.json").write_text(json.dumps(config))
     if config["task"]["type"] != "chief":
         time.sleep(3600)
+    if (out / "await-worker-relaunch").exists():  # the relaunched worker:1 must have started before the end
+        deadline = time.monotonic() + 60
+        while len(list(out.glob("worker:1-*.json"))) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
     from dlrover.common import load_token
     from dlrover.shard import DatasetSpec, DeliveryMode, IndexSource, ShardClient
     with ShardClient(os.environ["DLROVER_MASTER_ADDR"], load_token(), "d", "chief") as client:
@@ -82,6 +87,7 @@ def _wait_for(path_glob: tuple[Path, str], count: int) -> None:
 def test_every_task_gets_its_address_and_a_relaunch_keeps_it(tmp_path: Path) -> None:
     master, out = _master(tmp_path, PsJobSpec(ps=2, workers=2))
     (out / "fail-once").touch()
+    (out / "await-worker-relaunch").touch()
     with master:
         _wait_for((out, "worker:1-*.json"), 1)
         worker = master.core.node_of(TaskKey(Role.WORKER, 1))
@@ -163,3 +169,49 @@ def test_the_node_entry_becomes_the_chiefs_program_and_refuses_a_bad_config() ->
     assert broken.returncode != 0
     assert "TF_CONFIG is not a task's configuration" in broken.stderr
     assert _node(env).returncode == 2, "the chief without a program"
+
+
+OOM_STAND_IN = textwrap.dedent(
+    """
+    import json, os, sys, time
+    from pathlib import Path
+    out = Path(sys.argv[1])
+    task, node = os.environ["DLROVER_PS_TASK"], os.environ["DLROVER_NODE_ID"]
+    (out / f"{task}-{node}.json").write_text(os.environ["TF_CONFIG"])
+    if task == "ps:0":
+        if len(list(out.glob("ps:0-*.json"))) == 1:
+            hog = bytearray(1024 * 1024 * 1024)  # 1 GiB, every page touched, in a 128 MiB group
+            for i in range(0, len(hog), 4096):
+                hog[i] = 1
+        time.sleep(3600)
+    if task == "chief:0":
+        deadline = time.monotonic() + 60
+        while len(list(out.glob("ps:0-*.json"))) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        sys.exit(0)
+    time.sleep(3600)
+    """
+)
+
+
+def test_a_task_killed_for_memory_comes_back_with_more(tmp_path: Path) -> None:
+    groups = detect_memory_groups()
+    if isinstance(groups, UnavailableMemoryGroups):
+        pytest.skip(f"memory cgroups are not usable on this host: {groups.reason}")
+    out = tmp_path / "out"
+    out.mkdir()
+    program = tmp_path / "oom.py"
+    program.write_text(OOM_STAND_IN)
+    scheduler = LocalScheduler([sys.executable, str(program), str(out)], stop_grace_s=1.0,
+                               log_dir=tmp_path / "logs", memory_groups=groups)  # fmt: skip
+    spec = PsJobSpec(resources={Role.PS: Resources(cpu=0, memory_mb=128)})
+    config = PsJobConfig(spec=spec, command=("unused",), work_dir=str(tmp_path / "job"), tick_interval_s=0.05)
+    with PsJobMaster(config, scheduler=scheduler) as master:
+        outcome = master.run(timeout_s=90)
+    assert outcome is not None
+    assert outcome.succeeded, outcome
+    events = read_event_log(master.event_log)
+    grown = [e["data"] for e in events if e["kind"] == "oom_more_memory"]
+    assert grown == [{"old_memory_mb": 128, "memory_mb": 192, "task": "ps:0"}]
+    failed = [e for e in events if e["kind"] == "task_failed" and e["data"]["task"] == "ps:0"]
+    assert [e["data"]["reason"] for e in failed] == ["OOMKilled"]

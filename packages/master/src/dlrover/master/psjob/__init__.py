@@ -6,11 +6,14 @@ shard service (`dlrover.shard.tf_data`) and restores from its newest checkpoint 
 """
 
 from dlrover.master.psjob.core import JobOutcome, Launch, PsDecision, PsEvent, PsJobCore, Stop, TaskPhase
+from dlrover.master.psjob.node import ADDRESS_IN_USE_EXIT_CODE
+from dlrover.master.psjob.ports import task_ports
 from dlrover.master.psjob.progress import Rewind, RewindWatchingServicer
-from dlrover.master.psjob.runner import TASK_ENV_VAR, PsJobConfig, PsJobMaster, free_ports
+from dlrover.master.psjob.runner import TASK_ENV_VAR, PsJobConfig, PsJobMaster
 from dlrover.master.psjob.spec import PS_ROLES, PsJobSpec, TaskKey, tf_config
 
 __all__ = [
+    "ADDRESS_IN_USE_EXIT_CODE",
     "PS_ROLES",
     "TASK_ENV_VAR",
     "JobOutcome",
@@ -26,6 +29,6 @@ __all__ = [
     "Stop",
     "TaskKey",
     "TaskPhase",
-    "free_ports",
+    "task_ports",
     "tf_config",
 ]

@@ -1,19 +1,23 @@
 """The PS job's decisions: which task to launch, relaunch, restart or leave out, and when the job ends.
 
-A pure core: it is given what the scheduler backend observes and returns what to do, with a reason for each
-decision. What TensorFlow's parameter-server architecture needs of it:
+A pure core: it is given what the scheduler backend observes, and the time, and returns what to do, with a reason
+for each decision. What TensorFlow's parameter-server architecture needs of it:
 
 - A worker that ends is relaunched at its address; the chief's `ClusterCoordinator` retries the steps it had on
   the others meanwhile and schedules on the worker again once it answers. A worker past its relaunches is left
   out while `min_workers` still run.
 - A parameter server that ends takes its variables with it: the chief's coordinator fails. The server is
   relaunched at its address and the chief restarted (not charged: it did nothing wrong), which restores the
-  variables from its newest checkpoint. The chief's old incarnation must have ended before the new one starts,
-  since both would serve the chief's address.
+  variables from its newest checkpoint.
 - A chief that fails is relaunched (charged) and resumes from its newest checkpoint; a chief that succeeds ends
-  the job, and every other task is stopped.
-- A task the kernel killed for memory comes back with more (`PsJobSpec.oom_memory_growth`), up to the cap.
+  the job, and every other task is stopped. An evaluator that succeeds is done; one that fails is relaunched.
+- A task the kernel killed for memory comes back with more (`PsJobSpec.oom_memory_growth`), up to the cap; one
+  that ran out at the cap is out of relaunches.
 - A task the platform took away (eviction, preemption, a lost host) is relaunched without charging its budget.
+- A task whose node has not started within `PsJobSpec.task_start_timeout_s` is stopped and relaunched (charged).
+
+A task's new node is launched only once its old one has ended (or is no longer reported): both would serve the
+task's address.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from typing import Any
 import attrs
 
 from dlrover.autoscale import Resources, Role
+from dlrover.master.psjob.node import ADDRESS_IN_USE_EXIT_CODE
 from dlrover.master.psjob.spec import PsJobSpec, TaskKey
 from dlrover.master.scheduler.base import REASON_OOM_KILLED, ObservedNode, ObservedState
 
@@ -41,7 +46,7 @@ class TaskPhase(enum.StrEnum):
     """Its current node was asked for and has not been seen running yet."""
     RUNNING = "running"
     WAITING = "waiting"
-    """Between incarnations: the chief, waiting for its old incarnation to end before the new one starts."""
+    """Between incarnations: waiting for the old node to end before the new one starts at the same address."""
     SUCCEEDED = "succeeded"
     LEFT_OUT = "left_out"
     """Ended for good: out of relaunches, the job going on without it."""
@@ -103,17 +108,19 @@ class _Task:
     phase: TaskPhase = TaskPhase.LAUNCHED
     launches: int = 0
     charged: int = 0
-    stopping: int | None = None  # a node of this task the core asked to stop, whose end is expected
+    launched_at: float = 0.0
+    restart: bool = False  # WAITING for a restart the task did not cause (the chief after a lost PS)
+    waiting_since: int = -1  # the look that put it into WAITING
 
 
 class PsJobCore:
     """Decides the PS job's launches, relaunches and end from what its scheduler backend observes.
 
     Args:
-        spec: the job's task groups, resources and budgets.
+        spec: the job's task groups, resources, budgets and start timeout.
 
-    Call `start()` once, then `observe()` with every look at the backend; carry out each decision's stops, then
-    its launches.
+    Call `start(now)` once, then `observe(observed, now)` with every look at the backend; carry out each
+    decision's stops, then its launches. `now` is any monotonic time in seconds.
     """
 
     def __init__(self, spec: PsJobSpec) -> None:
@@ -123,6 +130,7 @@ class PsJobCore:
         self._started = False
         self._outcome: JobOutcome | None = None
         self._owner: dict[int, TaskKey] = {}
+        self._looks = 0
 
     @property
     def spec(self) -> PsJobSpec:
@@ -139,7 +147,7 @@ class PsJobCore:
         return self._tasks[task].phase
 
     def node_of(self, task: TaskKey) -> int | None:
-        """The task's current node (None before its first launch)."""
+        """The task's newest node (None before its first launch)."""
         return self._tasks[task].node_id
 
     def task_of(self, node_id: int) -> TaskKey | None:
@@ -151,7 +159,7 @@ class PsJobCore:
         t = self._tasks[task]
         return max(t.launches - 1, 0), t.charged
 
-    def start(self) -> PsDecision:
+    def start(self, now: float) -> PsDecision:
         """Launch every task, servers first.
 
         Raises:
@@ -160,33 +168,23 @@ class PsJobCore:
         if self._started:
             raise RuntimeError("the PS job was started already")
         self._started = True
-        launches = tuple(self._launch(self._tasks[key]) for key in self._spec.tasks())
+        launches = tuple(self._launch(self._tasks[key], now) for key in self._spec.tasks())
         counts = {role.value: self._spec.count(role) for role in Role if self._spec.count(role)}
         event = PsEvent("job_started", f"PS job started: {counts}", data={"tasks": counts})
         return PsDecision(launches=launches, events=(event,))
 
-    def observe(self, observed: Mapping[int, ObservedNode]) -> PsDecision:
-        """Act on what the backend sees now; nodes it does not report are left as they were."""
+    def observe(self, observed: Mapping[int, ObservedNode], now: float) -> PsDecision:
+        """Act on what the backend sees now.
+
+        A task's node the backend does not report stays as it was (until its start timeout, if it never ran);
+        an old node a task waits on that is no longer reported counts as ended.
+        """
         if not self._started or self._outcome is not None:
             return PsDecision()
-        out = _Collector()
+        self._looks += 1
+        out = _Collector(now)
         for task in sorted(self._tasks.values(), key=lambda t: t.key.start_order):
-            if task.stopping is not None:
-                seen = observed.get(task.stopping)
-                if seen is not None and seen.state in _ENDED:
-                    task.stopping = None
-                    if task.phase is TaskPhase.WAITING:
-                        out.launches.append(self._launch(task))
-                        out.event("task_restarted", f"{task.key} starts again as node {task.node_id}", task)
-            if task.node_id is None or task.phase in (TaskPhase.WAITING, TaskPhase.SUCCEEDED, TaskPhase.LEFT_OUT):
-                continue
-            seen = observed.get(task.node_id)
-            if seen is None:
-                continue
-            if seen.state is ObservedState.RUNNING and task.phase is TaskPhase.LAUNCHED:
-                task.phase = TaskPhase.RUNNING
-            elif seen.state in _ENDED:
-                self._ended(task, seen, out)
+            self._look_at(task, observed, now, out)
             if self._finished():
                 break
         return out.decision(self._outcome)
@@ -196,96 +194,153 @@ class PsJobCore:
     def _finished(self) -> bool:
         return self._outcome is not None
 
+    def _look_at(self, task: _Task, observed: Mapping[int, ObservedNode], now: float, out: _Collector) -> None:
+        if task.node_id is None or task.phase in (TaskPhase.SUCCEEDED, TaskPhase.LEFT_OUT):
+            return
+        seen = observed.get(task.node_id)
+        if task.phase is TaskPhase.WAITING:
+            if task.key.role is Role.CHIEF and seen is not None and seen.state is ObservedState.SUCCEEDED:
+                task.phase = TaskPhase.SUCCEEDED  # it finished before the restart reached it
+                self._finish(True, f"the chief (node {seen.node_id}) finished the training", out)
+                return
+            if task.waiting_since == self._looks or (seen is not None and seen.state not in _ENDED):
+                return  # told to stop in this very look, or still running
+            old = task.node_id
+            kind = "task_restarted" if task.restart else "task_relaunched"
+            out.launches.append(self._launch(task, now))
+            out.event(kind, f"{task.key} starts again at its address as node {task.node_id} (node {old} ended)",
+                      task, charged=task.charged, budget=self._spec.max_relaunches)  # fmt: skip
+            return
+        if seen is not None and seen.state in _ENDED:
+            self._ended(task, seen, out)
+        elif seen is not None and seen.state is ObservedState.RUNNING:
+            task.phase = TaskPhase.RUNNING
+        elif task.phase is TaskPhase.LAUNCHED and self._start_timed_out(task, now):
+            timeout = self._spec.task_start_timeout_s
+            stuck = ObservedNode(task.node_id, ObservedState.PENDING, reason="StartTimeout")
+            self._failed(task, stuck, f"did not start within {timeout:g} s", out, old_ended=False)
+
+    def _start_timed_out(self, task: _Task, now: float) -> bool:
+        timeout = self._spec.task_start_timeout_s
+        return timeout is not None and now - task.launched_at > timeout
+
     def _ended(self, task: _Task, seen: ObservedNode, out: _Collector) -> None:
         key = task.key
-        if key.role is Role.CHIEF and seen.state is ObservedState.SUCCEEDED:
+        if seen.state is ObservedState.SUCCEEDED and key.role in (Role.CHIEF, Role.EVALUATOR):
             task.phase = TaskPhase.SUCCEEDED
-            self._finish(True, f"the chief (node {seen.node_id}) finished the training", out)
+            if key.role is Role.CHIEF:
+                self._finish(True, f"the chief (node {seen.node_id}) finished the training", out)
+            else:
+                out.event("task_succeeded", f"{key} (node {seen.node_id}) finished", task)
             return
-        how = _how_it_ended(seen)
+        self._failed(task, seen, _how_it_ended(seen), out, old_ended=True)
+
+    def _failed(self, task: _Task, seen: ObservedNode, how: str, out: _Collector, *, old_ended: bool) -> None:
+        key = task.key
         out.event("task_failed", f"{key} (node {seen.node_id}) {how}", task, exit_code=seen.exit_code,
                   reason=seen.reason, disruption=seen.disruption)  # fmt: skip
-        comes_back, resources = self._next_resources(task, seen, out)
-        if not comes_back:
-            return
+        if not old_ended:  # whatever comes next, the node that failed to start must go
+            out.stops.append(Stop(key, seen.node_id, f"replaced: {how}"))
         charged = not seen.disruption
         if charged and task.charged >= self._spec.max_relaunches:
-            self._out_of_relaunches(task, how, out)
+            self._out_of_relaunches(task, f"{how} after {self._spec.max_relaunches} relaunches", out)
             return
+        resources, why_not = self._next_resources(task, seen)
+        if why_not:
+            self._out_of_relaunches(task, f"{how}: {why_not}", out)
+            return
+        if resources is not task.resources and task.resources is not None and resources is not None:
+            out.event("oom_more_memory", f"{key} was killed for memory at {task.resources.memory_mb} MiB: it comes "
+                      f"back with {resources.memory_mb} MiB", task, old_memory_mb=task.resources.memory_mb,
+                      memory_mb=resources.memory_mb)  # fmt: skip
+        elif seen.reason == REASON_OOM_KILLED:
+            out.event("oom_no_limit", f"{key} was killed for memory but ran without a memory request: it comes "
+                      "back as it was", task)  # fmt: skip
         task.charged += int(charged)
         task.resources = resources
-        out.launches.append(self._launch(task))
-        out.event("task_relaunched", f"{key} relaunched at its address as node {task.node_id}"
-                  + ("" if charged else " (a disruption: not charged)"), task,
-                  charged=task.charged, budget=self._spec.max_relaunches)  # fmt: skip
+        self._replace(task, old_ended, restart=False, out=out, note="" if charged else " (a disruption: not charged)")
         if key.role is Role.PS:
             self._restart_chief(f"parameter server {key} was lost with its variables", out)
 
-    def _next_resources(self, task: _Task, seen: ObservedNode, out: _Collector) -> tuple[bool, Resources | None]:
-        """(whether there is a next incarnation, its resources): none after running out of memory at the cap."""
+    def _next_resources(self, task: _Task, seen: ObservedNode) -> tuple[Resources | None, str]:
+        """The next incarnation's resources, or why there is none (it ran out of memory at the cap)."""
         if seen.reason != REASON_OOM_KILLED or task.resources is None:
-            if seen.reason == REASON_OOM_KILLED:
-                out.event("oom_no_limit", f"{task.key} was killed for memory but ran without a memory request: "
-                          "it comes back as it was", task)  # fmt: skip
-            return True, task.resources
+            return task.resources, ""
         old = task.resources.memory_mb
         cap = self._spec.max_task_memory_mb
         grown = math.ceil(old * self._spec.oom_memory_growth)
         if cap is not None:
             grown = min(grown, cap)
         if grown <= old:
-            self._finish(False, f"{task.key} ran out of memory at {old} MiB, the most it may have "
-                         f"(max_task_memory_mb {cap})", out)  # fmt: skip
-            return False, None
-        out.event("oom_more_memory", f"{task.key} was killed for memory at {old} MiB: it comes back with {grown} MiB",
-                  task, old_memory_mb=old, memory_mb=grown)  # fmt: skip
-        return True, attrs.evolve(task.resources, memory_mb=grown)
+            limit = (
+                f"max_task_memory_mb {cap}" if cap is not None else f"oom_memory_growth {self._spec.oom_memory_growth}"
+            )
+            return None, f"it ran out of memory at {old} MiB, the most it may have ({limit})"
+        return attrs.evolve(task.resources, memory_mb=grown), ""
 
-    def _out_of_relaunches(self, task: _Task, how: str, out: _Collector) -> None:
+    def _replace(self, task: _Task, old_ended: bool, *, restart: bool, out: _Collector, note: str = "") -> None:
+        """Start the task's next node: now if its old node ended, else once it has (stopping it)."""
+        old = task.node_id
+        task.restart = restart
+        if restart and old is not None:
+            out.stops.append(Stop(task.key, old, "restart"))
+        task.phase = TaskPhase.WAITING
+        task.waiting_since = self._looks
+        if old_ended:
+            out.launches.append(self._launch(task, out.now))
+            kind = "task_restarted" if restart else "task_relaunched"
+            out.event(kind, f"{task.key} starts again at its address as node {task.node_id}{note}", task,
+                      charged=task.charged, budget=self._spec.max_relaunches)  # fmt: skip
+
+    def _out_of_relaunches(self, task: _Task, why: str, out: _Collector) -> None:
         key = task.key
-        budget = self._spec.max_relaunches
         if key.role is Role.WORKER:
             task.phase = TaskPhase.LEFT_OUT
             running = sum(
                 1 for t in self._tasks.values() if t.key.role is Role.WORKER and t.phase is not TaskPhase.LEFT_OUT
             )
             if running >= self._spec.min_workers:
-                out.event("task_left_out", f"{key} {how} after {budget} relaunches: the job goes on with {running} "
-                          f"worker(s) (min_workers {self._spec.min_workers})", task)  # fmt: skip
+                out.event("task_left_out", f"{key} {why}: the job goes on with {running} worker(s) (min_workers "
+                          f"{self._spec.min_workers})", task)  # fmt: skip
                 return
-            self._finish(False, f"{key} {how} after {budget} relaunches, leaving {running} worker(s), fewer than "
-                         f"min_workers {self._spec.min_workers}", out)  # fmt: skip
+            self._finish(False, f"{key} {why}, leaving {running} worker(s), fewer than min_workers "
+                         f"{self._spec.min_workers}", out)  # fmt: skip
             return
         if key.role is Role.EVALUATOR:
             task.phase = TaskPhase.LEFT_OUT
-            out.event("task_left_out", f"{key} {how} after {budget} relaunches: the job goes on without it", task)
+            out.event("task_left_out", f"{key} {why}: the job goes on without it", task)
             return
-        self._finish(False, f"{key} {how} after {budget} relaunches", out)
+        self._finish(False, f"{key} {why}", out)
 
     def _restart_chief(self, why: str, out: _Collector) -> None:
         chief = self._tasks[TaskKey(Role.CHIEF, 0)]
-        if chief.phase is TaskPhase.WAITING or chief.node_id is None:
-            return  # already restarting: one new incarnation restores everything
-        out.stops.append(Stop(chief.key, chief.node_id, f"restart: {why}"))
-        chief.stopping = chief.node_id
-        chief.phase = TaskPhase.WAITING
+        if chief.phase is not TaskPhase.LAUNCHED and chief.phase is not TaskPhase.RUNNING:
+            return  # already on its way to a new incarnation, which restores everything
         out.event("chief_restarting", f"the chief (node {chief.node_id}) restarts to restore the variables from "
                   f"its newest checkpoint: {why}", chief)  # fmt: skip
+        self._replace(chief, False, restart=True, out=out)
 
     def _finish(self, succeeded: bool, reason: str, out: _Collector) -> None:
         self._outcome = JobOutcome(succeeded, reason)
+        never_started = {launch.node_id for launch in out.launches}
+        out.launches.clear()  # nothing starts after the end
+        stopping = {stop.node_id for stop in out.stops}
         for task in self._tasks.values():
-            live = task.node_id is not None and task.phase in (TaskPhase.LAUNCHED, TaskPhase.RUNNING)
-            if live and task.node_id is not None:
-                out.stops.append(Stop(task.key, task.node_id, "the job ended"))
+            node = task.node_id
+            if node is None or node in never_started or node in stopping:
+                continue
+            if task.phase in (TaskPhase.LAUNCHED, TaskPhase.RUNNING, TaskPhase.WAITING):
+                out.stops.append(Stop(task.key, node, "the job ended"))
         out.event("job_succeeded" if succeeded else "job_failed", reason)
 
-    def _launch(self, task: _Task) -> Launch:
+    def _launch(self, task: _Task, now: float) -> Launch:
         node_id = self._next_node_id
         self._next_node_id += 1
         task.node_id = node_id
         task.phase = TaskPhase.LAUNCHED
         task.launches += 1
+        task.launched_at = now
+        task.restart = False
         self._owner[node_id] = task.key
         return Launch(task.key, node_id, task.launches - 1, task.resources)
 
@@ -295,14 +350,20 @@ def _how_it_ended(seen: ObservedNode) -> str:
         return "exited with status 0, which a server never does"
     if seen.state is ObservedState.STOPPED:
         return "was stopped by someone else"
-    what = "failed" if seen.exit_code is None else (
-        f"was killed by signal {-seen.exit_code}" if seen.exit_code < 0 else f"exited with status {seen.exit_code}"
-    )  # fmt: skip
+    if seen.exit_code is None:
+        what = "failed"
+    elif seen.exit_code < 0:
+        what = f"was killed by signal {-seen.exit_code}"
+    elif seen.exit_code == ADDRESS_IN_USE_EXIT_CODE:
+        what = f"exited with status {seen.exit_code}: it could not listen at its address (another process has it)"
+    else:
+        what = f"exited with status {seen.exit_code}"
     return f"{what} ({seen.reason})" if seen.reason else what
 
 
 class _Collector:
-    def __init__(self) -> None:
+    def __init__(self, now: float = 0.0) -> None:
+        self.now = now
         self.launches: list[Launch] = []
         self.stops: list[Stop] = []
         self.events: list[PsEvent] = []

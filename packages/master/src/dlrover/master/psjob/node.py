@@ -1,10 +1,13 @@
 """One task of a PS job, as the master's scheduler backend starts it.
 
-    python -m dlrover.master.psjob.node -- PROGRAM [ARGS...]
+    python .../dlrover/master/psjob/node.py -- PROGRAM [ARGS...]     (or: python -m dlrover.master.psjob.node)
 
 The task's `TF_CONFIG` (set by the master) says its role. A parameter server or a worker runs TensorFlow's
 standard server at its address until it is stopped; the chief and the evaluator run the user's program (this
 process becomes it, so its exit status is the node's). TensorFlow is imported only by servers.
+
+Only the standard library is imported here, and the master starts this file by its path: run as a module, it
+would first import the `dlrover.master` package (most of a second, on every chief restart).
 """
 
 from __future__ import annotations
@@ -14,7 +17,10 @@ import os
 import sys
 from collections.abc import Sequence
 
-__all__ = ["SERVER_ROLES", "main", "run_server"]
+__all__ = ["ADDRESS_IN_USE_EXIT_CODE", "SERVER_ROLES", "main", "run_server"]
+
+ADDRESS_IN_USE_EXIT_CODE = 98
+"""The exit status of a parameter server or worker that could not listen at its address (errno EADDRINUSE)."""
 
 SERVER_ROLES = ("ps", "worker")
 """Roles whose tasks run TensorFlow's server instead of the user's program."""
@@ -36,9 +42,13 @@ def run_server(cluster: dict[str, list[str]], role: str, index: int) -> None:
     """Serve as task `role:index` of `cluster` until the process is ended."""
     import tensorflow as tf  # only servers need TensorFlow in this process
 
-    server = tf.distribute.Server(
-        tf.train.ClusterSpec(cluster), job_name=role, task_index=index, protocol="grpc", start=True
-    )
+    try:
+        server = tf.distribute.Server(
+            tf.train.ClusterSpec(cluster), job_name=role, task_index=index, protocol="grpc", start=True
+        )
+    except tf.errors.UnknownError as exc:  # TensorFlow's only word for a port it could not bind
+        print(f"dlrover: {role}:{index} cannot listen at {cluster[role][index]}: {exc}", file=sys.stderr, flush=True)
+        raise SystemExit(ADDRESS_IN_USE_EXIT_CODE) from None
     print(f"dlrover: {role}:{index} serving at {cluster[role][index]}", flush=True)
     server.join()
 
@@ -65,4 +75,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
+        del sys.path[0]  # run by path: this package's modules (core, spec, ...) must not shadow top-level ones
     sys.exit(main())

@@ -54,7 +54,6 @@ class RewindWatchingServicer(ShardServicer):
         self._on_rewind = on_rewind
         self._base: dict[str, int] = {}  # acknowledged samples of datasets' earlier managers (before restores)
         self._read_at: OrderedDict[tuple[str, str], int] = OrderedDict()
-        self._restored: OrderedDict[str, None] = OrderedDict()  # request ids of restores done
 
     def _acknowledged(self, dataset: str) -> int:
         """Samples acknowledged so far (lock held): counted across restores, minus what they rewound."""
@@ -86,28 +85,23 @@ class RewindWatchingServicer(ShardServicer):
         rewinds: list[Rewind] = []
 
         def restore(registry: ShardRegistry) -> pb.RestoreCheckpointResponse:
-            repeat = bool(request.request_id) and request.request_id in self._restored
-            if repeat:  # a retry: the registry answers it as the first time and restores nothing
-                res = registry.restore(request.document, request.dataset, request.request_id)
-                return pb.RestoreCheckpointResponse(
-                    dataset=res.dataset, returned_to_queue=res.returned_to_queue, reason=res.reason
-                )
-            known = request.dataset in registry.datasets()
-            before = self._acknowledged(request.dataset) if known else 0
+            # Taken for every dataset: the request may leave the name to the document.
+            managers = {name: registry.manager(name) for name in registry.datasets()}
+            before = {name: self._acknowledged(name) for name in managers}
             res = registry.restore(request.document, request.dataset, request.request_id)
+            response = pb.RestoreCheckpointResponse(
+                dataset=res.dataset, returned_to_queue=res.returned_to_queue, reason=res.reason
+            )
+            if registry.manager(res.dataset) is managers.get(res.dataset):
+                return response  # a retry the registry answered as the first time: nothing was restored again
             at = self._read_at.get((res.dataset, digest))
-            self._base[res.dataset] = at if at is not None else before
-            samples = None if at is None else max(before - at, 0)
+            had = before.get(res.dataset, 0)
+            self._base[res.dataset] = at if at is not None else had
+            samples = None if at is None else max(had - at, 0)
             batch = registry.manager(res.dataset).spec.batch_size
             steps = None if samples is None else math.ceil(samples / max(batch, 1))
             rewinds.append(Rewind(res.dataset, samples, steps))
-            if request.request_id:
-                self._restored[request.request_id] = None
-                while len(self._restored) > _REMEMBERED_CHECKPOINTS:
-                    self._restored.popitem(last=False)
-            return pb.RestoreCheckpointResponse(
-                dataset=res.dataset, returned_to_queue=res.returned_to_queue, reason=res.reason
-            )
+            return response
 
         response = self._call(context, restore)
         for rewind in rewinds:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import sys
 import threading
 from collections.abc import Iterable, Mapping, Sequence
@@ -36,15 +35,27 @@ from dlrover.common.orphan_guard import guarded_argv
 from dlrover.common.validators import positive
 from dlrover.master.eventlog import EventLog
 from dlrover.master.journal import JournaledEvent
+from dlrover.master.psjob import node as node_main
 from dlrover.master.psjob.core import JobOutcome, PsDecision, PsEvent, PsJobCore
+from dlrover.master.psjob.ports import task_ports
 from dlrover.master.psjob.progress import Rewind, RewindWatchingServicer
 from dlrover.master.psjob.spec import PsJobSpec, TaskKey, tf_config
-from dlrover.master.scheduler.base import MASTER_ADDR_ENV_VAR, NodeSpec, SchedulerBackend, check_node_fits
+from dlrover.master.scheduler.base import (
+    MASTER_ADDR_ENV_VAR,
+    REASON_OOM_KILLED,
+    NodeMemoryRecords,
+    NodeSpec,
+    ObservedNode,
+    ObservedState,
+    SchedulerBackend,
+    check_node_fits,
+)
+from dlrover.master.scheduler.cgroups import detect_memory_groups
 from dlrover.master.scheduler.local import LocalScheduler
 from dlrover.shard import ShardRegistry
 from dlrover.shard.v1 import shard_pb2_grpc
 
-__all__ = ["TASK_ENV_VAR", "PsJobConfig", "PsJobMaster", "free_ports"]
+__all__ = ["TASK_ENV_VAR", "PsJobConfig", "PsJobMaster"]
 
 _log = logging.getLogger(__name__)
 
@@ -52,20 +63,6 @@ TASK_ENV_VAR = "DLROVER_PS_TASK"
 """Set for every task: its role and index (`worker:1`), the same as its `TF_CONFIG` says."""
 
 EVENT_LOG_NAME = "events.jsonl"
-
-
-def free_ports(host: str, count: int) -> list[int]:
-    """`count` TCP ports on `host` that nothing listens on now (held open together, so all differ)."""
-    sockets = []
-    try:
-        for _ in range(count):
-            s = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-            sockets.append(s)
-            s.bind((host, 0))
-        return [int(s.getsockname()[1]) for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
 
 
 def _argv(value: Iterable[str]) -> tuple[str, ...]:
@@ -110,7 +107,8 @@ class PsJobMaster:
     Args:
         config: the job.
         scheduler: the backend that starts tasks; None: the local backend (tasks are processes of this host,
-            logging to `<work_dir>/logs/node-<id>.log`, and dying with this process).
+            logging to `<work_dir>/logs/node-<id>.log`, and dying with this process; a role's memory is a
+            kernel-enforced cgroup limit where this host allows one, and its record tells an OOM kill).
         clock: the time source of the event log.
 
     Use `start()`, then `run()` (or `tick()` repeatedly), then `stop()`; or use it as a context manager.
@@ -124,26 +122,35 @@ class PsJobMaster:
         self._core = PsJobCore(config.spec)
         self._work = Path(config.work_dir)
         self._work.mkdir(mode=0o700, parents=True, exist_ok=True)
-        self._token = generate_token()
-        self._token_file = write_token_file(self._work / "token", self._token)
+        # The event log's lock first: a second master on this directory stops there, before it could replace
+        # the token the running job's tasks read.
+        self._events = EventLog(self._work / EVENT_LOG_NAME)
         self._scheduler = scheduler or LocalScheduler(
-            guarded_argv(os.getpid(), [sys.executable, "-m", "dlrover.master.psjob.node", "--", *config.command]),
+            guarded_argv(os.getpid(), [sys.executable, node_main.__file__, "--", *config.command]),
             stop_grace_s=config.stop_grace_s,
             log_dir=self._work / "logs",
+            memory_groups=detect_memory_groups() if config.spec.resources else None,
         )
-        for role in Role:
-            check_node_fits(self._scheduler, config.spec.resources.get(role), f"{role.value} resources")
+        try:
+            for role in Role:
+                check_node_fits(self._scheduler, config.spec.resources.get(role), f"{role.value} resources")
+            self._token = generate_token()
+            self._token_file = write_token_file(self._work / "token", self._token)
+        except BaseException:
+            self._scheduler.close()
+            self._events.close()
+            raise
         self._registry = ShardRegistry(self._clock)
         self._server = GrpcServer(ServerConfig(config.bind_address, config.port), self._token)
         add_ping_service(self._server)
         self._server.add(shard_pb2_grpc.add_ShardServiceServicer_to_server,
                          RewindWatchingServicer(self._registry, self._on_rewind))  # fmt: skip
-        self._events = EventLog(self._work / EVENT_LOG_NAME)
         self._events_lock = threading.Lock()
         self._seq = 0
         self._cluster: dict[Role, list[str]] = {}
         self._started = False
         self._stopped = False
+        self._thread: int | None = None
 
     @property
     def address(self) -> str:
@@ -185,19 +192,45 @@ class PsJobMaster:
         if self._started:
             raise RuntimeError("the PS job master was started already")
         self._started = True
+        self._thread = threading.get_ident()
         self._server.start()
+        if isinstance(self._scheduler, NodeMemoryRecords) and self._config.spec.resources:
+            self._record([PsEvent("memory_enforcement", self._scheduler.memory_enforcement)])
         spec = self._config.spec
         keys = spec.tasks()
-        ports = iter(free_ports(self._config.task_host, len(keys)))
+        ports = iter(task_ports(self._config.task_host, len(keys)))
         host = self._config.task_host
         self._cluster = {role: [f"{host}:{next(ports)}" for _ in range(spec.count(role))] for role in Role}
-        self._apply(self._core.start())
+        self._apply(self._core.start(self._clock.now()))
 
     def tick(self) -> PsDecision:
-        """Look at the backend once and carry out what the core decides."""
-        decision = self._core.observe(self._scheduler.observe())
+        """Look at the backend once and carry out what the core decides.
+
+        Raises:
+            RuntimeError: called from another thread than `start()`'s. The local backend's tasks die with the
+                thread that started them (a parent-death signal), so every launch comes from that one.
+        """
+        if self._thread != threading.get_ident():
+            raise RuntimeError("PsJobMaster.tick() must run in the thread that called start()")
+        decision = self._core.observe(self._with_memory_records(self._scheduler.observe()), self._clock.now())
         self._apply(decision)
         return decision
+
+    def _with_memory_records(self, observed: Mapping[int, ObservedNode]) -> Mapping[int, ObservedNode]:
+        """`observed`, with a failed node the kernel's OOM killer ended (its memory cgroup's record) marked so."""
+        scheduler = self._scheduler
+        if not isinstance(scheduler, NodeMemoryRecords):
+            return observed
+        marked = dict(observed)
+        for node_id, seen in observed.items():
+            if seen.state is not ObservedState.FAILED or seen.reason:
+                continue
+            record = scheduler.memory_record(node_id)
+            if record is not None and record.oom_kills:
+                evidence = (f"its memory cgroup ({record.source}, limit {record.limit_mb} MiB) counted "
+                            f"oom_kill {record.oom_kills}")  # fmt: skip
+                marked[node_id] = attrs.evolve(seen, reason=REASON_OOM_KILLED, evidence=evidence)
+        return marked
 
     def run(self, timeout_s: float | None = None, cancel: threading.Event | None = None) -> JobOutcome | None:
         """Tick until the job ends (its outcome), `timeout_s` passes or `cancel` is set (None then)."""

@@ -69,9 +69,12 @@ class PsJobSpec:
             charged: it did nothing wrong).
         oom_memory_growth: a task the kernel killed for memory comes back with its memory times this.
         max_task_memory_mb: the most memory an OOM relaunch may grow a task to; None: no cap.
+        task_start_timeout_s: a task's node not running this long after its launch is stopped and relaunched
+            (charged); None waits forever.
 
     Raises:
-        ConfigError: a count below one, `min_workers` above `workers`, a growth below 1.
+        ConfigError: a count below one, `min_workers` above `workers`, a growth below 1, a role's memory above
+            `max_task_memory_mb`, a start timeout that is not positive.
     """
 
     ps: int = attrs.field(default=1, validator=_at_least_one)
@@ -82,6 +85,7 @@ class PsJobSpec:
     max_relaunches: int = attrs.field(default=3, validator=non_negative_int)
     oom_memory_growth: float = 1.5
     max_task_memory_mb: int | None = None
+    task_start_timeout_s: float | None = 600.0
 
     def __attrs_post_init__(self) -> None:
         if self.min_workers > self.workers:
@@ -92,6 +96,17 @@ class PsJobSpec:
         cap = self.max_task_memory_mb
         if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
             raise ConfigError(f"max_task_memory_mb must be None or a whole number of MiB >= 1, got {cap!r}")
+        for role, resources in self.resources.items():
+            if cap is not None and resources.memory_mb > cap:
+                raise ConfigError(
+                    f"{role.value} memory {resources.memory_mb} MiB exceeds max_task_memory_mb {cap}: the cap would "
+                    "forbid the first launch"
+                )
+        timeout = self.task_start_timeout_s
+        if timeout is not None and (
+            isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < float("inf")
+        ):
+            raise ConfigError(f"task_start_timeout_s must be None or a positive number of seconds, got {timeout!r}")
 
     def count(self, role: Role) -> int:
         """How many tasks of `role` the job runs."""
