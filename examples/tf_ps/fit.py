@@ -16,16 +16,16 @@ file exists.
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import tensorflow as tf
 import tf_keras as keras
+from chief_exit import exit_without_teardown
 from recommender import Recommender, features
 
 
@@ -99,11 +99,10 @@ def train(args: argparse.Namespace) -> None:
     print(json.dumps(summary), flush=True)
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str]) -> NoReturn:
     train(parse(argv))
-    gc.collect()  # see train.py: the coordinator's recovery thread must stop before the interpreter's exit
-    return 0
+    exit_without_teardown(0)
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    main(sys.argv[1:])

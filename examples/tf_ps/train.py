@@ -6,7 +6,8 @@ The chief runs this script: a `ClusterCoordinator` schedules each step on a work
 parameter servers. The chief reads sample indices from the master's shard service (exactly once: a batch's
 samples are acknowledged only after its step finished), and every `--checkpoint-every` steps it saves the model,
 the optimizer and the data position together. Started again (its own failure, or a lost parameter server), it
-restores all three from the newest checkpoint and goes on from there.
+restores all three from the newest checkpoint and goes on from there. On SIGTERM (the master's planned stop) it
+checkpoints at the next step and exits.
 
 Keras: `tf.keras` in TensorFlow 2.21 is Keras 3, which has no parameter-server training; this script uses
 `tf_keras` (`pip install tf-keras`), the Keras 2 that TensorFlow keeps for it.
@@ -18,16 +19,18 @@ while the file exists; tests use it to act at a known step.
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import tensorflow as tf
 import tf_keras as keras
+from chief_exit import exit_without_teardown
 from recommender import Recommender, features
 
 from dlrover.common import load_token
@@ -78,13 +81,16 @@ class Checkpoints:
         return None
 
 
-def main(argv: list[str]) -> int:
-    Trainer(parse(argv)).run()
-    # TensorFlow's coordinator stops its worker-recovery thread when it is collected. Left to the interpreter's
-    # exit, that thread can no longer run, and a chief that finished while a lost worker was still coming back
-    # would wait for it forever; collected here, the thread finishes once the master has relaunched the worker.
-    gc.collect()
-    return 0
+class Stopped(Exception):
+    """SIGTERM arrived; the newest state is checkpointed."""
+
+
+def main(argv: list[str]) -> NoReturn:
+    try:
+        Trainer(parse(argv)).run()
+    except Stopped:
+        exit_without_teardown(128 + signal.SIGTERM)
+    exit_without_teardown(0)
 
 
 class Trainer:
@@ -121,6 +127,10 @@ class Trainer:
         self.losses: list[float] = []
         self.in_flight: list[tuple[Any, list[list[int]]]] = []
         self.ledger = (self.out / "committed.jsonl").open("a")
+        # The master stops the chief with SIGTERM before a planned restart (a parameter server added): checkpoint at
+        # the next step boundary, so the restart redoes nothing.
+        self.stop_requested = threading.Event()
+        signal.signal(signal.SIGTERM, lambda _signum, _frame: self.stop_requested.set())
 
     @tf.function
     def train_step(self, user: tf.Tensor, item: tf.Tensor, label: tf.Tensor) -> tf.Tensor:
@@ -166,6 +176,14 @@ class Trainer:
         while not self.feed.finished:
             for user, item, label, cursors in data:
                 self.hold_if_asked(step)
+                if self.stop_requested.is_set():
+                    self.join_and_commit(step)
+                    self.step_var.assign(step)
+                    self.checkpoints.save(step, self.feed.state_dict())
+                    print(f"stopped by SIGTERM: checkpointed step {step}", flush=True)
+                    self.ledger.close()
+                    self.client.close()
+                    raise Stopped
                 loss = self.coordinator.schedule(self.train_step, args=(user, item, label))
                 self.in_flight.append((loss, cursors.numpy().tolist()))
                 step += 1
@@ -193,4 +211,4 @@ class Trainer:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    main(sys.argv[1:])

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from dlrover.autoscale import Role
+from dlrover.autoscale import HotPsConfig, Resources, Role
 from dlrover.master.eventlog import read_event_log
 from dlrover.master.psjob import PsJobConfig, PsJobMaster, PsJobSpec, TaskKey
 from dlrover.master.scheduler.local import LocalScheduler
@@ -32,21 +32,24 @@ STEPS = SAMPLES // BATCH
 class Job:
     """One run of the example: the master in this thread, a choreographer beside it."""
 
-    def __init__(self, tmp_path: Path, program: Path = EXAMPLE) -> None:
+    def __init__(self, tmp_path: Path, program: Path = EXAMPLE, samples: int = SAMPLES,
+                 hot_ps: HotPsConfig | None = None) -> None:  # fmt: skip
         self.work = tmp_path / "job"
         self.out = tmp_path / "out"
         self.pause = tmp_path / "pause"
         if program == EXAMPLE:
-            args = ["--samples", str(SAMPLES), "--batch", str(BATCH), "--checkpoint-every", str(CHECKPOINT_EVERY),
+            args = ["--samples", str(samples), "--batch", str(BATCH), "--checkpoint-every", str(CHECKPOINT_EVERY),
                     "--pause-at", str(PAUSE_AT)]  # fmt: skip
             self.marker = self.out / f"at-step-{PAUSE_AT}"
         else:
             args = ["--epochs", str(FIT_EPOCHS), "--pause-at", str(FIT_PAUSE_AT)]
             self.marker = self.out / f"at-epoch-{FIT_PAUSE_AT}"
         command = (sys.executable, str(program), "--out", str(self.out), "--pause-file", str(self.pause), *args)
-        spec = PsJobSpec(ps=2, workers=2, max_relaunches=2)
-        self.config = PsJobConfig(spec=spec, command=command, work_dir=str(self.work), stop_grace_s=2.0,
-                                  tick_interval_s=0.2)  # fmt: skip
+        resources = {Role.PS: Resources(cpu=0.05, memory_mb=0)} if hot_ps is not None else {}
+        spec = PsJobSpec(ps=2, workers=2, max_relaunches=2, resources=resources)
+        self.config = PsJobConfig(spec=spec, command=command, work_dir=str(self.work), stop_grace_s=5.0,
+                                  tick_interval_s=0.2, hot_ps=hot_ps, hot_ps_interval_s=1.0,
+                                  hot_ps_warmup_s=1.0)  # fmt: skip
 
     def run(self, victim: TaskKey | None = None) -> PsJobMaster:
         """Run to the end; with a victim, hold at step PAUSE_AT, SIGKILL the victim there, and go on."""
@@ -181,3 +184,24 @@ def test_model_fit_resumes_from_its_backup_after_a_lost_parameter_server(tmp_pat
     assert summary["first_epoch"] == FIT_PAUSE_AT + 1
     first = json.loads((job.out / "epoch-0.json").read_text())
     assert summary["last_loss"] < 0.85 * first["loss"], (first, summary)
+
+
+def test_a_hot_parameter_server_adds_one_and_training_goes_on_from_the_checkpoint(tmp_path: Path) -> None:
+    # Requests of 0.05 CPU make the servers hot as soon as they train: the heuristic splits the load.
+    hot = HotPsConfig(hot_cpu_ratio=0.5, hot_duration_s=2.0, max_node_cpu=0.05, max_ps=3)
+    samples = 4 * SAMPLES
+    job = Job(tmp_path, samples=samples, hot_ps=hot)
+    master = job.run()
+    events = job.events()
+    assert [k for k in _kinds(events) if k.startswith("ps_")] == ["ps_adding", "ps_added"]
+    assert len(master.cluster[Role.PS]) == 3
+    assert _kinds(events, "ps:2") == [], "the new server was started with the cluster, not relaunched"
+    summary = job.summary()
+    # The chief checkpointed at the SIGTERM of the planned stop: the restart redid nothing.
+    assert summary["restored_step"] is not None
+    assert summary["restored_step"] > 0
+    assert [e["data"]["samples"] for e in events if e["kind"] == "data_rewound"] == [0]
+    committed = job.committed()
+    assert len(committed) == samples
+    assert set(committed.values()) == {1}
+    assert summary["last_loss"] < 0.6

@@ -231,3 +231,49 @@ def test_the_chiefs_restart_and_a_relaunch_are_told_apart_in_the_events() -> Non
     core.observe(_failed(0), 1.0)
     decision = core.observe({2: ObservedNode(2, ObservedState.STOPPED)}, 2.0)
     assert [e.kind for e in decision.events] == ["task_restarted"]
+
+
+def _steady(spec: PsJobSpec) -> PsJobCore:
+    core = _started(spec)
+    count = len(spec.tasks())
+    core.observe({n: ObservedNode(n, ObservedState.RUNNING) for n in range(count)}, 1.0)
+    return core
+
+
+def test_adding_a_parameter_server_stops_the_chief_then_the_cluster_then_starts_it_bigger() -> None:
+    core = _steady(PsJobSpec(ps=2, workers=1))  # ps 0-1, worker 2, chief 3
+    running = {n: ObservedNode(n, ObservedState.RUNNING) for n in range(4)}
+    decision = core.add_ps("ps 0 hot", 2.0)
+    assert [(str(s.task), s.node_id) for s in decision.stops] == [("chief:0", 3)]
+    assert [e.kind for e in decision.events] == ["ps_adding"]
+    assert core.observe(running, 3.0).stops == (), "the servers run until the chief has checkpointed and ended"
+    decision = core.observe({**running, 3: ObservedNode(3, ObservedState.STOPPED, exit_code=143)}, 4.0)
+    assert sorted(s.node_id for s in decision.stops) == [0, 1, 2]
+    assert decision.launches == ()
+    ended = {n: ObservedNode(n, ObservedState.STOPPED) for n in range(4)}
+    assert core.observe({**ended, 2: ObservedNode(2, ObservedState.RUNNING)}, 5.0).launches == ()
+    decision = core.observe(ended, 6.0)
+    assert [str(x.task) for x in decision.launches] == ["ps:0", "ps:1", "ps:2", "worker:0", "chief:0"]
+    assert [e.kind for e in decision.events] == ["ps_added"]
+    assert core.spec.ps == 3
+    assert core.relaunches(TaskKey(Role.PS, 0)) == (1, 0), "a planned restart is not charged"
+
+
+def test_adding_a_parameter_server_waits_for_a_steady_job() -> None:
+    core = _started(PsJobSpec(ps=1, workers=1))
+    decision = core.add_ps("hot", 1.0)
+    assert decision.stops == ()
+    assert [e.kind for e in decision.events] == ["ps_add_deferred"]
+    core = _steady(PsJobSpec(ps=1, workers=1))
+    core.add_ps("hot", 2.0)
+    again = core.add_ps("hot", 3.0)
+    assert again.stops == ()
+    assert "a resize is under way" in again.events[0].message
+
+
+def test_a_server_lost_during_the_resize_does_not_restart_the_chief_twice() -> None:
+    core = _steady(PsJobSpec(ps=2, workers=1))
+    core.add_ps("hot", 2.0)
+    decision = core.observe({**_failed(0), 3: ObservedNode(3, ObservedState.RUNNING)}, 3.0)
+    assert [str(x.task) for x in decision.launches] == ["ps:0"]
+    assert "chief_restarting" not in [e.kind for e in decision.events]

@@ -147,8 +147,22 @@ def test_the_cli_builds_the_job_and_refuses_bad_values(tmp_path: Path) -> None:
     assert config.command == ("python", "train.py", "--epochs", "2")
     assert (config.spec.ps, config.spec.workers, config.spec.min_workers) == (2, 3, 2)
     assert config.spec.resources[Role.PS].memory_mb == 2048
+    assert config.spec.task_start_timeout_s == 600.0
+    assert (
+        build_config(
+            _parser().parse_args(["--task-start-timeout", "0", "--work-dir", "w", "--", "x"])
+        ).spec.task_start_timeout_s
+        is None
+    )
     with pytest.raises(ConfigError, match="--worker-cpu/--worker-memory"):
         build_config(_parser().parse_args(["--worker-memory", "2G", "--work-dir", str(tmp_path), "--", "x"]))
+    with pytest.raises(ConfigError, match="--hot-ps on needs --ps-cpu"):
+        build_config(_parser().parse_args(["--hot-ps", "on", "--work-dir", str(tmp_path), "--", "x"]))
+    hot = build_config(
+        _parser().parse_args(["--hot-ps", "on", "--ps-cpu", "2", "--work-dir", str(tmp_path), "--", "x"])
+    )
+    assert hot.hot_ps is not None
+    assert hot.hot_ps.max_node_cpu == 2, "this host does not enforce CPU: a hot server is split, never grown"
     assert ps_job_main(["--ps", "0", "--work-dir", str(tmp_path / "j"), "--", "x"]) == 2
     assert ps_job_main(["--work-dir", str(tmp_path / "k")]) == 2
 

@@ -1,6 +1,7 @@
 """A state machine over PsJobCore: whatever tasks start, fail, succeed, hang at start or are disrupted, several at
-once or one by one, a task's new node starts only after its old one ended (both would serve its address), node ids
-are never reused, budgets hold, and once the job has ended nothing is launched and every node is being stopped."""
+once or one by one, with parameter servers added on the way, a task's new node starts only after its old one ended
+(both would serve its address), node ids are never reused, budgets hold, and once the job has ended nothing is
+launched and every node is being stopped."""
 
 from __future__ import annotations
 
@@ -82,6 +83,10 @@ class PsJobMachine(RuleBasedStateMachine):
     def a_stopped_node_ends(self, data: st.DataObject) -> None:
         self._end(data.draw(st.sampled_from(sorted(self.stopping))), ObservedState.STOPPED)
         self._look()
+
+    @rule()
+    def a_parameter_server_is_added(self) -> None:
+        self._apply(self.core.add_ps("hot", self.now))
 
     @rule(seconds=st.sampled_from([1.0, _TIMEOUT / 2, _TIMEOUT + 1]))
     def time_passes(self, seconds: float) -> None:

@@ -17,7 +17,7 @@ import threading
 from collections.abc import Sequence
 from types import FrameType
 
-from dlrover.autoscale import Resources, Role, parse_memory_mb
+from dlrover.autoscale import HotPsConfig, Resources, Role, parse_memory_mb
 from dlrover.common import ConfigError, DLRoverError, configure_logging
 from dlrover.master.psjob.runner import PsJobConfig, PsJobMaster
 from dlrover.master.psjob.spec import PsJobSpec
@@ -46,6 +46,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=0, help="the master's gRPC port (default: any free one)")
     p.add_argument("--tick-interval", type=float, default=0.5, help="seconds between looks at the tasks")
     p.add_argument("--stop-grace", type=float, default=5.0, help="seconds a stopped task has before SIGKILL")
+    p.add_argument(
+        "--task-start-timeout",
+        type=float,
+        default=600.0,
+        help="seconds a launched task may take to start running before it is relaunched (0: forever)",
+    )
     p.add_argument("--oom-memory-growth", type=float, default=1.5,
                    help="a task killed for memory comes back with its memory times this")  # fmt: skip
     p.add_argument("--max-task-memory", default=None, help="the most memory an OOM relaunch may grow a task to")
@@ -56,6 +62,14 @@ def _parser() -> argparse.ArgumentParser:
             default=None,
             help=f"memory per {role.value} task (2048, 512Mi, 8Gi); enforced where the host allows",
         )
+    p.add_argument("--hot-ps", choices=("off", "on"), default="off",
+                   help="add a parameter server when one stays hot (needs --ps-cpu); the job restarts from the "
+                   "chief's checkpoint with the model re-partitioned")  # fmt: skip
+    p.add_argument("--hot-ps-cpu-ratio", type=float, default=0.9, help="CPU used / --ps-cpu at which a PS is hot")
+    p.add_argument("--hot-ps-duration", type=float, default=300.0, help="seconds a PS must stay hot")
+    p.add_argument("--hot-ps-interval", type=float, default=10.0, help="seconds between looks at the PS load")
+    p.add_argument("--hot-ps-warmup", type=float, default=60.0, help="seconds of a PS's start its CPU is not counted")
+    p.add_argument("--max-ps", type=int, default=16, help="the most parameter servers --hot-ps may grow to")
     p.add_argument("--log-level", default=None)
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- PROGRAM [ARGS...]: what the chief runs")
     return p
@@ -94,9 +108,21 @@ def build_config(args: argparse.Namespace) -> PsJobConfig:
         max_relaunches=args.max_relaunches,
         oom_memory_growth=args.oom_memory_growth,
         max_task_memory_mb=cap,
+        task_start_timeout_s=args.task_start_timeout or None,
     )
+    hot_ps = None
+    if args.hot_ps == "on":
+        ps_cpu = resources[Role.PS].cpu if Role.PS in resources else 0.0
+        if ps_cpu <= 0:
+            raise ConfigError("--hot-ps on needs --ps-cpu: a parameter server is hot against its CPU request")
+        # This host does not enforce CPU, so a bigger request would change nothing: a hot server is split instead.
+        hot_ps = HotPsConfig(hot_cpu_ratio=args.hot_ps_cpu_ratio, hot_duration_s=args.hot_ps_duration,
+                             max_node_cpu=ps_cpu, max_ps=args.max_ps)  # fmt: skip
     return PsJobConfig(
         spec=spec,
+        hot_ps=hot_ps,
+        hot_ps_interval_s=args.hot_ps_interval,
+        hot_ps_warmup_s=args.hot_ps_warmup,
         command=tuple(command),
         work_dir=args.work_dir,
         job_name=args.job_name,

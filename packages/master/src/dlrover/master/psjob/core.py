@@ -50,6 +50,8 @@ class TaskPhase(enum.StrEnum):
     SUCCEEDED = "succeeded"
     LEFT_OUT = "left_out"
     """Ended for good: out of relaunches, the job going on without it."""
+    HELD = "held"
+    """Stopped for a planned restart of the whole cluster (a parameter server added); started again with it."""
 
 
 @attrs.frozen
@@ -111,6 +113,7 @@ class _Task:
     launched_at: float = 0.0
     restart: bool = False  # WAITING for a restart the task did not cause (the chief after a lost PS)
     waiting_since: int = -1  # the look that put it into WAITING
+    held_ended: bool = False  # HELD, and its node has ended
 
 
 class PsJobCore:
@@ -131,6 +134,9 @@ class PsJobCore:
         self._outcome: JobOutcome | None = None
         self._owner: dict[int, TaskKey] = {}
         self._looks = 0
+        self._resize_to: PsJobSpec | None = None  # a planned restart with more parameter servers, under way
+        self._resize_reason = ""
+        self._cluster_held = False  # the chief has ended for the resize and every other task is being stopped
 
     @property
     def spec(self) -> PsJobSpec:
@@ -187,17 +193,89 @@ class PsJobCore:
             self._look_at(task, observed, now, out)
             if self._finished():
                 break
+        if not self._finished() and self._resize_to is not None:
+            self._advance_resize(out)
         return out.decision(self._outcome)
+
+    def add_ps(self, reason: str, now: float) -> PsDecision:
+        """Plan a restart of the whole job with one more parameter server, for `reason`.
+
+        The chief is stopped first (SIGTERM: a chief that handles it checkpoints at its next step and exits), then
+        every other task; then all start again with the new cluster, and the chief restores its newest checkpoint,
+        which TensorFlow re-partitions over the parameter servers it now has. Nothing is charged.
+
+        Returns:
+            The stop of the chief and an event; an event alone, saying why, when the job is not steady (a task
+            starting or being replaced, a resize under way) or has ended.
+        """
+        if not self._started or self._outcome is not None:
+            return PsDecision()
+        out = _Collector(now)
+        unsteady = [str(t.key) for t in self._tasks.values() if t.phase in (TaskPhase.LAUNCHED, TaskPhase.WAITING)]
+        if self._resize_to is not None or unsteady:
+            why = "a resize is under way" if self._resize_to is not None else f"{', '.join(unsteady)} not running"
+            out.event("ps_add_deferred", f"adding a parameter server waits: {why} ({reason})")
+            return out.decision(None)
+        chief = self._tasks[TaskKey(Role.CHIEF, 0)]
+        if chief.phase is not TaskPhase.RUNNING or chief.node_id is None:
+            out.event("ps_add_deferred", f"adding a parameter server waits: the chief is {chief.phase.value}")
+            return out.decision(None)
+        self._resize_to = attrs.evolve(self._spec, ps=self._spec.ps + 1)
+        self._resize_reason = reason
+        self._cluster_held = False
+        self._hold(chief, "planned restart with one more parameter server: checkpoint and exit", out)
+        out.event("ps_adding", f"the job restarts with {self._spec.ps + 1} parameter servers: {reason}; the chief "
+                  "stops first, so its newest checkpoint is the one restored", chief,
+                  ps=self._spec.ps + 1)  # fmt: skip
+        return out.decision(None)
 
     # ------------------------------------------------------------------ decisions
 
     def _finished(self) -> bool:
         return self._outcome is not None
 
+    def _hold(self, task: _Task, why: str, out: _Collector) -> None:
+        if task.node_id is not None:
+            out.stops.append(Stop(task.key, task.node_id, why))
+        task.phase = TaskPhase.HELD
+        task.held_ended = task.node_id is None
+
+    def _advance_resize(self, out: _Collector) -> None:
+        """Stop the cluster once the chief has ended, and start it again, bigger, once every node has ended."""
+        assert self._resize_to is not None
+        chief = self._tasks[TaskKey(Role.CHIEF, 0)]
+        if not self._cluster_held:
+            if not chief.held_ended:
+                return
+            self._cluster_held = True
+            for task in self._tasks.values():
+                if task.phase in (TaskPhase.LAUNCHED, TaskPhase.RUNNING, TaskPhase.WAITING):
+                    self._hold(task, "planned restart with one more parameter server", out)
+        held = [t for t in self._tasks.values() if t.phase is TaskPhase.HELD]
+        if not all(t.held_ended for t in held):
+            return
+        self._spec = self._resize_to
+        self._resize_to = None
+        for key in self._spec.tasks():
+            if key not in self._tasks:
+                self._tasks[key] = _Task(key, self._spec.resources.get(key.role))
+                held.append(self._tasks[key])
+        for task in sorted(held, key=lambda t: t.key.start_order):
+            out.launches.append(self._launch(task, out.now))
+        out.event("ps_added", f"the job starts again with {self._spec.ps} parameter servers ({self._resize_reason}); "
+                  "the chief restores its newest checkpoint over them", ps=self._spec.ps)  # fmt: skip
+
     def _look_at(self, task: _Task, observed: Mapping[int, ObservedNode], now: float, out: _Collector) -> None:
         if task.node_id is None or task.phase in (TaskPhase.SUCCEEDED, TaskPhase.LEFT_OUT):
             return
         seen = observed.get(task.node_id)
+        if task.phase is TaskPhase.HELD:
+            if task.key.role is Role.CHIEF and seen is not None and seen.state is ObservedState.SUCCEEDED:
+                task.phase = TaskPhase.SUCCEEDED  # it finished before the planned stop reached it
+                self._finish(True, f"the chief (node {seen.node_id}) finished the training", out)
+            elif seen is None or seen.state in _ENDED:
+                task.held_ended = True
+            return
         if task.phase is TaskPhase.WAITING:
             if task.key.role is Role.CHIEF and seen is not None and seen.state is ObservedState.SUCCEEDED:
                 task.phase = TaskPhase.SUCCEEDED  # it finished before the restart reached it
@@ -313,6 +391,8 @@ class PsJobCore:
         self._finish(False, f"{key} {why}", out)
 
     def _restart_chief(self, why: str, out: _Collector) -> None:
+        if self._resize_to is not None:
+            return  # the chief is stopping anyway, and starts again after the resize, restoring everything
         chief = self._tasks[TaskKey(Role.CHIEF, 0)]
         if chief.phase is not TaskPhase.LAUNCHED and chief.phase is not TaskPhase.RUNNING:
             return  # already on its way to a new incarnation, which restores everything
@@ -329,7 +409,7 @@ class PsJobCore:
             node = task.node_id
             if node is None or node in never_started or node in stopping:
                 continue
-            if task.phase in (TaskPhase.LAUNCHED, TaskPhase.RUNNING, TaskPhase.WAITING):
+            if task.phase in (TaskPhase.LAUNCHED, TaskPhase.RUNNING, TaskPhase.WAITING, TaskPhase.HELD):
                 out.stops.append(Stop(task.key, node, "the job ended"))
         out.event("job_succeeded" if succeeded else "job_failed", reason)
 

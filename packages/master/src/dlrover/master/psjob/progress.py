@@ -55,6 +55,11 @@ class RewindWatchingServicer(ShardServicer):
         self._base: dict[str, int] = {}  # acknowledged samples of datasets' earlier managers (before restores)
         self._read_at: OrderedDict[tuple[str, str], int] = OrderedDict()
 
+    def acknowledged_samples(self) -> int:
+        """Samples acknowledged in every dataset so far (less what restores undid): the job's training progress."""
+        with self._lock:
+            return sum(self._acknowledged(name) for name in self._registry.datasets())
+
     def _acknowledged(self, dataset: str) -> int:
         """Samples acknowledged so far (lock held): counted across restores, minus what they rewound."""
         status = self._registry.manager(dataset).status()

@@ -19,7 +19,7 @@ from typing import Any
 
 import attrs
 
-from dlrover.autoscale import Role
+from dlrover.autoscale import HotPsConfig, Role, plan_hot_ps
 from dlrover.common import (
     TOKEN_FILE_ENV_VAR,
     Clock,
@@ -36,9 +36,10 @@ from dlrover.common.validators import positive
 from dlrover.master.eventlog import EventLog
 from dlrover.master.journal import JournaledEvent
 from dlrover.master.psjob import node as node_main
-from dlrover.master.psjob.core import JobOutcome, PsDecision, PsEvent, PsJobCore
+from dlrover.master.psjob.core import JobOutcome, PsDecision, PsEvent, PsJobCore, TaskPhase
 from dlrover.master.psjob.ports import task_ports
 from dlrover.master.psjob.progress import Rewind, RewindWatchingServicer
+from dlrover.master.psjob.ps_load import PsCpuSampler
 from dlrover.master.psjob.spec import PsJobSpec, TaskKey, tf_config
 from dlrover.master.scheduler.base import (
     MASTER_ADDR_ENV_VAR,
@@ -83,6 +84,11 @@ class PsJobConfig:
         port: its port; 0 picks a free one.
         tick_interval_s: how often the backend is looked at.
         stop_grace_s: how long a stopped task has between SIGTERM and SIGKILL.
+        hot_ps: add a parameter server when one is hot (`dlrover.autoscale.plan_hot_ps`, from the CPU each parameter
+            server's process uses against its `--ps-cpu` request); None: never. A plan to give a hot server more
+            CPU instead is reported in an event and not carried out (it would restart the server).
+        hot_ps_interval_s: how often the heuristic is asked.
+        hot_ps_warmup_s: a parameter server's CPU is not counted in its first this many seconds (its start).
     """
 
     spec: PsJobSpec = attrs.field(validator=attrs.validators.instance_of(PsJobSpec))
@@ -94,6 +100,9 @@ class PsJobConfig:
     port: int = 0
     tick_interval_s: float = attrs.field(default=0.5, validator=positive)
     stop_grace_s: float = attrs.field(default=5.0, validator=attrs.validators.ge(0.0))
+    hot_ps: HotPsConfig | None = None
+    hot_ps_interval_s: float = attrs.field(default=10.0, validator=positive)
+    hot_ps_warmup_s: float = attrs.field(default=60.0, validator=attrs.validators.ge(0.0))
 
     @command.validator
     def _check_command(self, _attribute: object, value: tuple[str, ...]) -> None:
@@ -143,14 +152,23 @@ class PsJobMaster:
         self._registry = ShardRegistry(self._clock)
         self._server = GrpcServer(ServerConfig(config.bind_address, config.port), self._token)
         add_ping_service(self._server)
-        self._server.add(shard_pb2_grpc.add_ShardServiceServicer_to_server,
-                         RewindWatchingServicer(self._registry, self._on_rewind))  # fmt: skip
+        self._shards = RewindWatchingServicer(self._registry, self._on_rewind)
+        self._server.add(shard_pb2_grpc.add_ShardServiceServicer_to_server, self._shards)
         self._events_lock = threading.Lock()
         self._seq = 0
         self._cluster: dict[Role, list[str]] = {}
         self._started = False
         self._stopped = False
         self._thread: int | None = None
+        pid_of = getattr(self._scheduler, "pid", None)
+        self._ps_load = (
+            PsCpuSampler(pid_of, 2 * config.hot_ps.hot_duration_s, config.hot_ps_warmup_s)
+            if config.hot_ps is not None and callable(pid_of)
+            else None
+        )
+        self._last_ps_plan = float("-inf")
+        self._trained = 0
+        self._last_ps_advice = ""
 
     @property
     def address(self) -> str:
@@ -196,6 +214,12 @@ class PsJobMaster:
         self._server.start()
         if isinstance(self._scheduler, NodeMemoryRecords) and self._config.spec.resources:
             self._record([PsEvent("memory_enforcement", self._scheduler.memory_enforcement)])
+        if self._config.hot_ps is not None and self._ps_load is None:
+            self._record([PsEvent("hot_ps_off", f"the {self._scheduler.name} backend shows no task's process: "
+                                  "parameter servers' CPU is not sampled and none is added")])  # fmt: skip
+        elif self._config.hot_ps is not None and self._config.spec.resources.get(Role.PS) is None:
+            self._record([PsEvent("hot_ps_off", "parameter servers have no CPU request (--ps-cpu), so none is "
+                                  "ever hot: none is added")])  # fmt: skip
         spec = self._config.spec
         keys = spec.tasks()
         ports = iter(task_ports(self._config.task_host, len(keys)))
@@ -212,9 +236,39 @@ class PsJobMaster:
         """
         if self._thread != threading.get_ident():
             raise RuntimeError("PsJobMaster.tick() must run in the thread that called start()")
-        decision = self._core.observe(self._with_memory_records(self._scheduler.observe()), self._clock.now())
+        now = self._clock.now()
+        decision = self._core.observe(self._with_memory_records(self._scheduler.observe()), now)
         self._apply(decision)
+        hot_ps, ps_load = self._config.hot_ps, self._ps_load
+        if hot_ps is not None and ps_load is not None and decision.outcome is None:
+            self._watch_ps_load(now, hot_ps, ps_load)
         return decision
+
+    def _watch_ps_load(self, now: float, config: HotPsConfig, ps_load: PsCpuSampler) -> None:
+        """Sample the parameter servers' CPU while the job trains (its chief acknowledges samples); every
+        `hot_ps_interval_s`, add a server when the heuristic says so. Start-up and restores load the servers
+        without training, so they never count."""
+        trained = self._shards.acknowledged_samples()
+        progressing, self._trained = trained > self._trained, trained
+        if not progressing:
+            ps_load.pause()
+            return
+        nodes = {}
+        for index in range(self._core.spec.ps):
+            key = TaskKey(Role.PS, index)
+            node = self._core.node_of(key)
+            if node is not None and self._core.phase(key) is TaskPhase.RUNNING:
+                nodes[node] = self._core.spec.resources.get(Role.PS)
+        ps_load.sample(nodes, now)
+        if now - self._last_ps_plan < self._config.hot_ps_interval_s:
+            return
+        self._last_ps_plan = now
+        plan = plan_hot_ps(now, ps_load.series(nodes), self._core.spec.ps, config)
+        if plan.launched(Role.PS):
+            self._apply(self._core.add_ps(plan.reason, now))
+        elif not plan.is_empty and plan.reason != self._last_ps_advice:
+            self._last_ps_advice = plan.reason
+            self._record([PsEvent("ps_advice", f"not carried out (it would restart the server): {plan.reason}")])
 
     def _with_memory_records(self, observed: Mapping[int, ObservedNode]) -> Mapping[int, ObservedNode]:
         """`observed`, with a failed node the kernel's OOM killer ended (its memory cgroup's record) marked so."""
@@ -272,6 +326,8 @@ class PsJobMaster:
         self._record(decision.events)
         for stop in decision.stops:
             self._scheduler.stop(stop.node_id)
+        if decision.launches:
+            self._address_new_tasks()
         for launch in decision.launches:
             self._scheduler.launch(
                 NodeSpec(
@@ -284,6 +340,19 @@ class PsJobMaster:
                     resources=launch.resources,
                 )
             )
+
+    def _address_new_tasks(self) -> None:
+        """Give the tasks a resize added their addresses (every task's `TF_CONFIG` names them from now on)."""
+        spec = self._core.spec
+        missing = [role for role in Role if len(self._cluster.get(role, ())) < spec.count(role)]
+        if not missing:
+            return
+        count = sum(spec.count(role) - len(self._cluster.get(role, ())) for role in missing)
+        ports = iter(task_ports(self._config.task_host, count))
+        for role in missing:
+            addresses = self._cluster.setdefault(role, [])
+            while len(addresses) < spec.count(role):
+                addresses.append(f"{self._config.task_host}:{next(ports)}")
 
     def _task_env(self, task: TaskKey, node_id: int) -> dict[str, str]:
         return {
