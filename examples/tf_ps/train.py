@@ -52,6 +52,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--pause-file", default="", help="with --pause-at: hold training there while this file exists")
     p.add_argument("--pause-at", type=int, default=-1, help="the step to hold at (after the steps before it joined)")
+    p.add_argument("--until-file", default="", help="end the training at the next step once this file exists")
     return p.parse_args(argv)
 
 
@@ -173,8 +174,11 @@ class Trainer:
         step = int(self.step_var.numpy())
         applied_at_start = int(self.applied.numpy())  # a fresh variable after a restart: this incarnation's
         data = self.feed.dataset().map(lambda i, c: (*features(i), c)).batch(args.batch)
-        while not self.feed.finished:
+        until = Path(args.until_file) if args.until_file else None
+        while not self.feed.finished and not (until is not None and until.exists()):
             for user, item, label, cursors in data:
+                if until is not None and until.exists():
+                    break
                 self.hold_if_asked(step)
                 if self.stop_requested.is_set():
                     self.join_and_commit(step)

@@ -10,9 +10,11 @@ import os
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 
 from dlrover.autoscale import HotPsConfig, Resources, Role
@@ -187,13 +189,39 @@ def test_model_fit_resumes_from_its_backup_after_a_lost_parameter_server(tmp_pat
 
 
 def test_a_hot_parameter_server_adds_one_and_training_goes_on_from_the_checkpoint(tmp_path: Path) -> None:
-    # Requests of 0.05 CPU make the servers hot as soon as they train: the heuristic splits the load.
+    # Requests of 0.05 CPU make the servers hot as soon as they train: the heuristic splits the load. The job has
+    # far more samples than it needs; it ends (--until-file) once the restarted chief has trained on three servers.
     hot = HotPsConfig(hot_cpu_ratio=0.5, hot_duration_s=2.0, max_node_cpu=0.05, max_ps=3)
-    samples = 4 * SAMPLES
-    job = Job(tmp_path, samples=samples, hot_ps=hot)
+    job = Job(tmp_path, samples=100 * SAMPLES, hot_ps=hot)
+    until = tmp_path / "until"
+    job.config = attrs.evolve(job.config, command=(*job.config.command, "--until-file", str(until)),
+                              stop_grace_s=60.0)  # a planned stop waits for the chief's checkpoint  # fmt: skip
+    errors: list[BaseException] = []
+
+    def end_after_the_resize() -> None:
+        try:
+            deadline = time.monotonic() + 200
+            while time.monotonic() < deadline:
+                added = (job.work / "events.jsonl").exists() and "ps_added" in _kinds(job.events())
+                ledger = job.out / "committed.jsonl"
+                first = json.loads(ledger.read_text().splitlines()[0])["node"] if added and ledger.exists() else None
+                lines = ledger.read_text().splitlines() if first is not None else []
+                if any(json.loads(line)["node"] != first for line in lines):
+                    until.touch()
+                    return
+                time.sleep(0.1)
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            until.touch()
+
+    helper = threading.Thread(target=end_after_the_resize, daemon=True)
+    helper.start()
     master = job.run()
+    helper.join(timeout=10)
+    assert not errors, errors
     events = job.events()
-    assert [k for k in _kinds(events) if k.startswith("ps_")] == ["ps_adding", "ps_added"]
+    assert [k for k in _kinds(events) if k in ("ps_adding", "ps_added")] == ["ps_adding", "ps_added"]
     assert len(master.cluster[Role.PS]) == 3
     assert _kinds(events, "ps:2") == [], "the new server was started with the cluster, not relaunched"
     summary = job.summary()
@@ -201,7 +229,4 @@ def test_a_hot_parameter_server_adds_one_and_training_goes_on_from_the_checkpoin
     assert summary["restored_step"] is not None
     assert summary["restored_step"] > 0
     assert [e["data"]["samples"] for e in events if e["kind"] == "data_rewound"] == [0]
-    committed = job.committed()
-    assert len(committed) == samples
-    assert set(committed.values()) == {1}
-    assert summary["last_loss"] < 0.6
+    assert set(job.committed().values()) == {1}

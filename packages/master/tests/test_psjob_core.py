@@ -277,3 +277,40 @@ def test_a_server_lost_during_the_resize_does_not_restart_the_chief_twice() -> N
     decision = core.observe({**_failed(0), 3: ObservedNode(3, ObservedState.RUNNING)}, 3.0)
     assert [str(x.task) for x in decision.launches] == ["ps:0"]
     assert "chief_restarting" not in [e.kind for e in decision.events]
+
+
+def test_a_relaunch_in_the_look_the_chief_ended_is_held_in_the_next() -> None:
+    core = _steady(PsJobSpec(ps=1, workers=2))  # ps 0, workers 1-2, chief 3
+    core.add_ps("hot", 2.0)
+    running = {n: ObservedNode(n, ObservedState.RUNNING) for n in range(4)}
+    decision = core.observe({**running, **_failed(1), 3: ObservedNode(3, ObservedState.STOPPED)}, 3.0)
+    assert [(str(x.task), x.node_id) for x in decision.launches] == [("worker:0", 4)]
+    assert 4 not in {s.node_id for s in decision.stops}, "never stopped in the look it is launched in"
+    now_running = {**running, 1: ObservedNode(1, ObservedState.FAILED, exit_code=-9),
+                   3: ObservedNode(3, ObservedState.STOPPED), 4: ObservedNode(4, ObservedState.RUNNING)}  # fmt: skip
+    decision = core.observe(now_running, 4.0)
+    assert sorted(s.node_id for s in decision.stops) == [0, 2, 4]
+    ended = {n: ObservedNode(n, ObservedState.STOPPED) for n in range(5)}
+    decision = core.observe(ended, 5.0)
+    assert [str(x.task) for x in decision.launches] == ["ps:0", "ps:1", "worker:0", "worker:1", "chief:0"]
+
+
+def test_no_parameter_server_is_added_while_a_worker_is_left_out() -> None:
+    core = _steady(PsJobSpec(ps=1, workers=2, min_workers=1, max_relaunches=0))
+    core.observe(_failed(2), 2.0)
+    decision = core.add_ps("hot", 3.0)
+    assert decision.stops == ()
+    assert "left out of the job but still in its cluster" in decision.events[0].message
+
+
+def test_an_evaluator_that_finished_during_the_resize_stays_done() -> None:
+    core = _steady(PsJobSpec(ps=1, workers=1, evaluator=True))  # ps 0, worker 1, chief 2, evaluator 3
+    core.add_ps("hot", 2.0)
+    running = {n: ObservedNode(n, ObservedState.RUNNING) for n in range(4)}
+    core.observe({**running, 2: ObservedNode(2, ObservedState.STOPPED)}, 3.0)
+    decision = core.observe({**running, 2: ObservedNode(2, ObservedState.STOPPED),
+                             3: ObservedNode(3, ObservedState.SUCCEEDED, exit_code=0)}, 4.0)  # fmt: skip
+    assert "task_succeeded" in [e.kind for e in decision.events]
+    ended = {n: ObservedNode(n, ObservedState.STOPPED) for n in range(3)}
+    decision = core.observe({**ended, 3: ObservedNode(3, ObservedState.SUCCEEDED, exit_code=0)}, 5.0)
+    assert "evaluator:0" not in [str(x.task) for x in decision.launches]

@@ -69,6 +69,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--hot-ps-duration", type=float, default=300.0, help="seconds a PS must stay hot")
     p.add_argument("--hot-ps-interval", type=float, default=10.0, help="seconds between looks at the PS load")
     p.add_argument("--hot-ps-warmup", type=float, default=60.0, help="seconds of a PS's start its CPU is not counted")
+    p.add_argument("--hot-ps-idle", type=float, default=10.0,
+                   help="seconds without acknowledged samples after which the job counts as not training")  # fmt: skip
     p.add_argument("--max-ps", type=int, default=16, help="the most parameter servers --hot-ps may grow to")
     p.add_argument("--log-level", default=None)
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- PROGRAM [ARGS...]: what the chief runs")
@@ -123,6 +125,7 @@ def build_config(args: argparse.Namespace) -> PsJobConfig:
         hot_ps=hot_ps,
         hot_ps_interval_s=args.hot_ps_interval,
         hot_ps_warmup_s=args.hot_ps_warmup,
+        hot_ps_idle_s=args.hot_ps_idle,
         command=tuple(command),
         work_dir=args.work_dir,
         job_name=args.job_name,

@@ -144,6 +144,11 @@ class PsJobCore:
         return self._spec
 
     @property
+    def resizing(self) -> bool:
+        """Whether a planned restart with more parameter servers is under way."""
+        return self._resize_to is not None
+
+    @property
     def outcome(self) -> JobOutcome | None:
         """How the job ended; None while it runs."""
         return self._outcome
@@ -212,8 +217,14 @@ class PsJobCore:
             return PsDecision()
         out = _Collector(now)
         unsteady = [str(t.key) for t in self._tasks.values() if t.phase in (TaskPhase.LAUNCHED, TaskPhase.WAITING)]
-        if self._resize_to is not None or unsteady:
-            why = "a resize is under way" if self._resize_to is not None else f"{', '.join(unsteady)} not running"
+        left_out = [str(t.key) for t in self._tasks.values() if t.phase is TaskPhase.LEFT_OUT]
+        if self._resize_to is not None or unsteady or left_out:
+            if self._resize_to is not None:
+                why = "a resize is under way"
+            elif unsteady:
+                why = f"{', '.join(unsteady)} not running"
+            else:  # still in every TF_CONFIG: the restarted chief would wait for it to answer
+                why = f"{', '.join(left_out)} left out of the job but still in its cluster"
             out.event("ps_add_deferred", f"adding a parameter server waits: {why} ({reason})")
             return out.decision(None)
         chief = self._tasks[TaskKey(Role.CHIEF, 0)]
@@ -245,8 +256,8 @@ class PsJobCore:
         assert self._resize_to is not None
         chief = self._tasks[TaskKey(Role.CHIEF, 0)]
         if not self._cluster_held:
-            if not chief.held_ended:
-                return
+            if not chief.held_ended or out.launches:
+                return  # a node launched in this look is held in the next, once the backend has it
             self._cluster_held = True
             for task in self._tasks.values():
                 if task.phase in (TaskPhase.LAUNCHED, TaskPhase.RUNNING, TaskPhase.WAITING):
@@ -270,9 +281,13 @@ class PsJobCore:
             return
         seen = observed.get(task.node_id)
         if task.phase is TaskPhase.HELD:
-            if task.key.role is Role.CHIEF and seen is not None and seen.state is ObservedState.SUCCEEDED:
+            succeeded = seen is not None and seen.state is ObservedState.SUCCEEDED
+            if succeeded and task.key.role is Role.CHIEF:
                 task.phase = TaskPhase.SUCCEEDED  # it finished before the planned stop reached it
-                self._finish(True, f"the chief (node {seen.node_id}) finished the training", out)
+                self._finish(True, f"the chief (node {task.node_id}) finished the training", out)
+            elif succeeded and task.key.role is Role.EVALUATOR:
+                task.phase = TaskPhase.SUCCEEDED
+                out.event("task_succeeded", f"{task.key} (node {task.node_id}) finished", task)
             elif seen is None or seen.state in _ENDED:
                 task.held_ended = True
             return

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 import socket
+from collections.abc import Collection
 from pathlib import Path
 
 __all__ = ["EPHEMERAL_RANGE_FILE", "task_ports"]
@@ -27,9 +28,15 @@ def _ephemeral_low(range_file: Path) -> int:
 
 
 def task_ports(
-    host: str, count: int, *, range_file: Path = EPHEMERAL_RANGE_FILE, rng: random.Random | None = None
+    host: str,
+    count: int,
+    *,
+    exclude: Collection[int] = (),
+    range_file: Path = EPHEMERAL_RANGE_FILE,
+    rng: random.Random | None = None,
 ) -> list[int]:
-    """`count` distinct TCP ports on `host` that nothing listens on now, below the ephemeral range.
+    """`count` distinct TCP ports on `host` that nothing listens on now, below the ephemeral range, none of
+    `exclude` (ports the job's other tasks keep, free while those tasks are down).
 
     Falls back to ports the kernel picks (binding port 0) when the ephemeral range leaves too little room below it.
 
@@ -43,6 +50,8 @@ def task_ports(
         if high - low >= 16 * count:
             candidates = (rng or random.SystemRandom()).sample(range(low, high), min(high - low, 64 * count))
             for port in candidates:
+                if port in exclude:
+                    continue
                 s = socket.socket(family, socket.SOCK_STREAM)
                 try:
                     s.bind((host, port))
@@ -54,8 +63,15 @@ def task_ports(
                     break
         while len(held) < count:
             s = socket.socket(family, socket.SOCK_STREAM)
+            try:
+                s.bind((host, 0))
+            except OSError:
+                s.close()
+                raise
+            if s.getsockname()[1] in exclude:
+                s.close()
+                continue
             held.append(s)
-            s.bind((host, 0))
         return [int(s.getsockname()[1]) for s in held]
     finally:
         for s in held:

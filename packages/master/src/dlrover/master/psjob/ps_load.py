@@ -36,8 +36,11 @@ class PsCpuSampler:
         self._samples: dict[int, deque[tuple[float, float]]] = {}
 
     def pause(self) -> None:
-        """The job is not training now: the next sample starts a new interval instead of spanning this gap."""
+        """The job is not training now: what was sampled no longer says how loaded the servers are when it trains,
+        and the next sample starts a new interval instead of spanning this gap."""
         self._last.clear()
+        self._samples.clear()
+        self._first_seen.clear()
 
     def sample(self, nodes: Mapping[int, Resources | None], now: float) -> None:
         """Take one sample of each of `nodes` (node id -> its request); forget nodes no longer given."""

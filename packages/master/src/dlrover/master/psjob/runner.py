@@ -89,6 +89,8 @@ class PsJobConfig:
             CPU instead is reported in an event and not carried out (it would restart the server).
         hot_ps_interval_s: how often the heuristic is asked.
         hot_ps_warmup_s: a parameter server's CPU is not counted in its first this many seconds (its start).
+        hot_ps_idle_s: the job counts as training while its chief acknowledged samples within this many seconds;
+            longer without (a start-up, a restore, a stall), the load samples start again.
     """
 
     spec: PsJobSpec = attrs.field(validator=attrs.validators.instance_of(PsJobSpec))
@@ -103,6 +105,7 @@ class PsJobConfig:
     hot_ps: HotPsConfig | None = None
     hot_ps_interval_s: float = attrs.field(default=10.0, validator=positive)
     hot_ps_warmup_s: float = attrs.field(default=60.0, validator=attrs.validators.ge(0.0))
+    hot_ps_idle_s: float = attrs.field(default=10.0, validator=positive)
 
     @command.validator
     def _check_command(self, _attribute: object, value: tuple[str, ...]) -> None:
@@ -168,6 +171,7 @@ class PsJobMaster:
         )
         self._last_ps_plan = float("-inf")
         self._trained = 0
+        self._last_progress = float("-inf")
         self._last_ps_advice = ""
 
     @property
@@ -245,12 +249,14 @@ class PsJobMaster:
         return decision
 
     def _watch_ps_load(self, now: float, config: HotPsConfig, ps_load: PsCpuSampler) -> None:
-        """Sample the parameter servers' CPU while the job trains (its chief acknowledges samples); every
-        `hot_ps_interval_s`, add a server when the heuristic says so. Start-up and restores load the servers
-        without training, so they never count."""
+        """Sample the parameter servers' CPU while the job trains (its chief acknowledged samples within the last
+        `hot_ps_idle_s`); every `hot_ps_interval_s`, add a server when the heuristic says so. Start-ups, restores
+        and resizes load the servers without training, so they never count: the samples start again after each."""
         trained = self._shards.acknowledged_samples()
-        progressing, self._trained = trained > self._trained, trained
-        if not progressing:
+        if trained > self._trained:
+            self._last_progress = now
+        self._trained = trained
+        if self._core.resizing or now - self._last_progress > self._config.hot_ps_idle_s:
             ps_load.pause()
             return
         nodes = {}
@@ -348,7 +354,8 @@ class PsJobMaster:
         if not missing:
             return
         count = sum(spec.count(role) - len(self._cluster.get(role, ())) for role in missing)
-        ports = iter(task_ports(self._config.task_host, count))
+        taken = {int(a.rsplit(":", 1)[1]) for addresses in self._cluster.values() for a in addresses}
+        ports = iter(task_ports(self._config.task_host, count, exclude=taken))
         for role in missing:
             addresses = self._cluster.setdefault(role, [])
             while len(addresses) < spec.count(role):
