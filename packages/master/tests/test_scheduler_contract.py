@@ -198,6 +198,24 @@ def test_local_stop_kills_the_whole_process_group(tmp_path: Path) -> None:
     assert not alive(agent)
 
 
+def test_local_kill_ends_a_node_that_ignores_sigterm_without_its_grace(tmp_path: Path) -> None:
+    pid_file = tmp_path / "pids"
+    stubborn = "import signal; signal.signal(signal.SIGTERM, signal.SIG_IGN)\n" + AGENT
+    sched = LocalScheduler([sys.executable, "-c", stubborn], stop_grace_s=3600.0)
+    try:
+        sched.launch(NodeSpec("j", 0, 0, env={"PID_FILE": str(pid_file)}))
+        wait_for(pid_file.exists)
+        agent, grandchild = (int(x) for x in pid_file.read_text().split())
+        sched.kill(0)
+        sched.kill(0)  # idempotent
+        wait_for(lambda: sched.observe()[0].state is ObservedState.STOPPED)
+        wait_for(lambda: not alive(grandchild))
+        assert not alive(agent)
+        sched.kill(99)  # unknown: nothing
+    finally:
+        sched.close()
+
+
 @pytest.mark.integration
 def test_local_close_leaves_no_orphans_and_reports_exits(tmp_path: Path) -> None:
     pid_file = tmp_path / "pids"

@@ -44,7 +44,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--work-dir", required=True, help="the job's token, event log and task logs")
     p.add_argument("--job-name", default="ps-job")
     p.add_argument("--port", type=int, default=0, help="the master's gRPC port (default: any free one)")
-    p.add_argument("--tick-interval", type=float, default=0.5, help="seconds between looks at the tasks")
+    p.add_argument("--tick-interval", type=float, default=0.2, help="seconds between looks at the tasks")
     p.add_argument("--stop-grace", type=float, default=5.0, help="seconds a stopped task has before SIGKILL")
     p.add_argument(
         "--task-start-timeout",

@@ -66,11 +66,12 @@ class Launch:
 
 @attrs.frozen
 class Stop:
-    """Stop a node."""
+    """Stop a node; `graceful`: give it its grace to save (SIGTERM first), else end it at once (nothing to save)."""
 
     task: TaskKey
     node_id: int
     reason: str
+    graceful: bool = True
 
 
 @attrs.frozen
@@ -333,7 +334,7 @@ class PsJobCore:
         out.event("task_failed", f"{key} (node {seen.node_id}) {how}", task, exit_code=seen.exit_code,
                   reason=seen.reason, disruption=seen.disruption)  # fmt: skip
         if not old_ended:  # whatever comes next, the node that failed to start must go
-            out.stops.append(Stop(key, seen.node_id, f"replaced: {how}"))
+            out.stops.append(Stop(key, seen.node_id, f"replaced: {how}", graceful=False))
         charged = not seen.disruption
         if charged and task.charged >= self._spec.max_relaunches:
             self._out_of_relaunches(task, f"{how} after {self._spec.max_relaunches} relaunches", out)
@@ -376,7 +377,8 @@ class PsJobCore:
         old = task.node_id
         task.restart = restart
         if restart and old is not None:
-            out.stops.append(Stop(task.key, old, "restart"))
+            # Its parameter server is gone with the variables: nothing left to checkpoint, no grace to wait out.
+            out.stops.append(Stop(task.key, old, "restart", graceful=False))
         task.phase = TaskPhase.WAITING
         task.waiting_since = self._looks
         if old_ended:

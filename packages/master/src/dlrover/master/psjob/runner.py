@@ -83,6 +83,7 @@ class PsJobConfig:
         bind_address: the interface the master's gRPC server listens on.
         port: its port; 0 picks a free one.
         tick_interval_s: how often the backend is looked at.
+        replacement_poll_s: how often while a task waits for its old node to end before its new one starts.
         stop_grace_s: how long a stopped task has between SIGTERM and SIGKILL.
         hot_ps: add a parameter server when one is hot (`dlrover.autoscale.plan_hot_ps`, from the CPU each parameter
             server's process uses against its `--ps-cpu` request); None: never. A plan to give a hot server more
@@ -100,7 +101,8 @@ class PsJobConfig:
     task_host: str = "127.0.0.1"
     bind_address: str = "127.0.0.1"
     port: int = 0
-    tick_interval_s: float = attrs.field(default=0.5, validator=positive)
+    tick_interval_s: float = attrs.field(default=0.2, validator=positive)
+    replacement_poll_s: float = attrs.field(default=0.05, validator=positive)
     stop_grace_s: float = attrs.field(default=5.0, validator=attrs.validators.ge(0.0))
     hot_ps: HotPsConfig | None = None
     hot_ps_interval_s: float = attrs.field(default=10.0, validator=positive)
@@ -293,14 +295,21 @@ class PsJobMaster:
         return marked
 
     def run(self, timeout_s: float | None = None, cancel: threading.Event | None = None) -> JobOutcome | None:
-        """Tick until the job ends (its outcome), `timeout_s` passes or `cancel` is set (None then)."""
+        """Tick until the job ends (its outcome), `timeout_s` passes or `cancel` is set (None then).
+
+        After a look that stopped a node, the next comes after `replacement_poll_s` rather than a whole tick: a task
+        waiting for its old node to end starts as soon as it has (the restarted chief after a lost server).
+        """
         deadline = None if timeout_s is None else self._clock.now() + timeout_s
         while self._core.outcome is None and (deadline is None or self._clock.now() < deadline):
-            if self.tick().outcome is not None:
+            decision = self.tick()
+            if decision.outcome is not None:
                 break
+            waiting = decision.stops or any(self._core.phase(k) is TaskPhase.WAITING for k in self._core.spec.tasks())
+            pause = min(self._config.replacement_poll_s, self._config.tick_interval_s) if waiting else None
             if cancel is None:
-                self._clock.sleep(self._config.tick_interval_s)
-            elif cancel.wait(self._config.tick_interval_s):
+                self._clock.sleep(pause or self._config.tick_interval_s)
+            elif cancel.wait(pause or self._config.tick_interval_s):
                 break
         return self._core.outcome
 
@@ -330,8 +339,12 @@ class PsJobMaster:
 
     def _apply(self, decision: PsDecision) -> None:
         self._record(decision.events)
+        kill = getattr(self._scheduler, "kill", None)
         for stop in decision.stops:
-            self._scheduler.stop(stop.node_id)
+            if not stop.graceful and callable(kill):
+                kill(stop.node_id)
+            else:
+                self._scheduler.stop(stop.node_id)
         if decision.launches:
             self._address_new_tasks()
         for launch in decision.launches:

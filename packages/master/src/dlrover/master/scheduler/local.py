@@ -467,6 +467,22 @@ class LocalScheduler:
                 # The agent is gone, but what it started may not be.
                 self._signal(proc, signal.SIGKILL)
 
+    def kill(self, node_id: int) -> None:
+        """SIGKILL the node's process group now, without a grace: for a node with nothing worth saving (a PS job's
+        chief whose parameter server, and with it the variables, is gone). Idempotent; a no-op for an unknown id."""
+        with self._lock:
+            if self._waiting.pop(node_id, None) is not None:
+                self._stopped_waiting.add(node_id)
+                return
+            proc = self._procs.get(node_id)
+            if proc is None or proc.killed:
+                return
+            if proc.stop_requested_at is None:
+                proc.stop_requested_at = self._now()
+            proc.killed = True
+            self._version += 1
+            self._signal(proc, signal.SIGKILL)
+
     def _state(self, proc: _Proc) -> ObservedNode:
         exited, code = proc.exited()
         node_id = -1
