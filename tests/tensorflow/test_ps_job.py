@@ -8,6 +8,8 @@ import collections
 import json
 import os
 import signal
+import socket
+import subprocess
 import sys
 import threading
 import time
@@ -230,3 +232,19 @@ def test_a_hot_parameter_server_adds_one_and_training_goes_on_from_the_checkpoin
     assert summary["restored_step"] > 0
     assert [e["data"]["samples"] for e in events if e["kind"] == "data_rewound"] == [0]
     assert set(job.committed().values()) == {1}
+
+
+def test_a_server_whose_port_is_taken_exits_98_and_says_so() -> None:
+    from dlrover.master.psjob import ADDRESS_IN_USE_EXIT_CODE, node
+
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        address = f"127.0.0.1:{holder.getsockname()[1]}"
+        config = json.dumps(
+            {"cluster": {"ps": [address], "chief": ["127.0.0.1:1"]}, "task": {"type": "ps", "index": 0}}
+        )
+        done = subprocess.run([sys.executable, node.__file__], env={**os.environ, "TF_CONFIG": config},
+                              capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    assert done.returncode == ADDRESS_IN_USE_EXIT_CODE, done.stderr[-2000:]
+    assert f"ps:0 cannot listen at {address}" in done.stderr
