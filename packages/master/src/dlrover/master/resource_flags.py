@@ -16,7 +16,7 @@ from typing import Any
 from dlrover.autoscale import Resources, parse_memory_mb
 from dlrover.common import ConfigError
 
-__all__ = ["add_resource_flags", "lifecycle_resources", "resources_from_flags"]
+__all__ = ["add_resource_flags", "lifecycle_resources", "memory_flag", "resources_from_flags"]
 
 
 def add_resource_flags(parser: argparse.ArgumentParser) -> None:
@@ -84,18 +84,25 @@ def resources_from_flags(
         raise ConfigError(f"--node-*: {exc}") from None
 
 
+def memory_flag(text: str, flag: str) -> int:
+    """A memory size flag's value in MiB (see `dlrover.autoscale.parse_memory_mb`).
+
+    Raises:
+        ConfigError: the size is not understood; the message names the flag.
+    """
+    try:
+        return parse_memory_mb(text)
+    except ConfigError as exc:
+        raise ConfigError(f"{flag}: {exc}") from None
+
+
 def lifecycle_resources(args: argparse.Namespace) -> dict[str, Any]:
     """The `LifecycleConfig` fields the resource flags of `args` set (see `add_resource_flags`).
 
     Raises:
         ConfigError: a value is malformed; the message names the flag and the value.
     """
-    cap = None
-    if args.max_node_memory is not None:
-        try:
-            cap = parse_memory_mb(args.max_node_memory)
-        except ConfigError as exc:
-            raise ConfigError(f"--max-node-memory: {exc}") from None
+    cap = None if args.max_node_memory is None else memory_flag(args.max_node_memory, "--max-node-memory")
     growth = _number(args.oom_memory_growth, "--oom-memory-growth", float)
     if growth < 1:
         raise ConfigError(f"--oom-memory-growth must be >= 1, got {args.oom_memory_growth!r}")

@@ -17,11 +17,11 @@ import threading
 from collections.abc import Sequence
 from types import FrameType
 
-from dlrover.autoscale import HotPsConfig, Resources, Role, parse_memory_mb
+from dlrover.autoscale import HotPsConfig, Resources, Role
 from dlrover.common import ConfigError, DLRoverError, configure_logging
 from dlrover.master.psjob.runner import PsJobConfig, PsJobMaster
 from dlrover.master.psjob.spec import PsJobSpec
-from dlrover.master.resource_flags import resources_from_flags
+from dlrover.master.resource_flags import memory_flag, resources_from_flags
 
 __all__ = ["main"]
 
@@ -95,12 +95,7 @@ def build_config(args: argparse.Namespace) -> PsJobConfig:
             raise ConfigError(f"--{role.value}-cpu/--{role.value}-memory: {exc}") from None
         if given is not None:
             resources[role] = given
-    cap = None
-    if args.max_task_memory is not None:
-        try:
-            cap = parse_memory_mb(args.max_task_memory)
-        except ConfigError as exc:
-            raise ConfigError(f"--max-task-memory: {exc}") from None
+    cap = None if args.max_task_memory is None else memory_flag(args.max_task_memory, "--max-task-memory")
     spec = PsJobSpec(
         ps=args.ps,
         workers=args.workers,
