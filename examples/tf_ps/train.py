@@ -105,7 +105,13 @@ class Trainer:
         self.incarnation = os.environ.get("DLROVER_NODE_ID", "0")
         self.started = time.monotonic()
         resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
-        self.strategy = tf.distribute.ParameterServerStrategy(resolver)
+        # The embeddings are sharded over every parameter server (one shard per server, each at least 256 bytes),
+        # so a job restarted with more servers restores them re-sharded.
+        servers = len(resolver.cluster_spec().as_dict().get("ps", []))
+        partitioner = tf.distribute.experimental.partitioners.MinSizePartitioner(
+            min_shard_bytes=256, max_shards=servers
+        )
+        self.strategy = tf.distribute.ParameterServerStrategy(resolver, variable_partitioner=partitioner)
         self.coordinator = tf.distribute.coordinator.ClusterCoordinator(self.strategy)
         with self.strategy.scope():
             self.model = Recommender()
@@ -206,6 +212,8 @@ class Trainer:
             "first_loss": self.losses[0] if self.losses else None,
             "last_loss": sum(self.losses[-10:]) / len(self.losses[-10:]) if self.losses else None,
             "updates_applied": int(self.applied.numpy()) - applied_at_start,
+            # A ShardedVariable lists its shards (one per parameter server here); a plain variable is one.
+            "embedding_shards": len(getattr(self.model.users.embeddings, "variables", [0])),
             "seconds": time.monotonic() - self.started,
         }
         (self.out / "summary.json").write_text(json.dumps(summary))

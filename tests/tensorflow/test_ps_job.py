@@ -122,6 +122,7 @@ def test_a_job_trains_to_the_end_and_its_loss_falls(tmp_path: Path) -> None:
     assert summary["restored_step"] is None
     assert summary["last_loss"] < 0.85 * summary["first_loss"], summary
     assert summary["updates_applied"] == STEPS
+    assert summary["embedding_shards"] == 2, "one shard of each embedding per parameter server"
     committed = job.committed()
     assert len(committed) == SAMPLES
     assert set(committed.values()) == {1}
@@ -232,6 +233,7 @@ def test_a_hot_parameter_server_adds_one_and_training_goes_on_from_the_checkpoin
     assert summary["restored_step"] > 0
     assert [e["data"]["samples"] for e in events if e["kind"] == "data_rewound"] == [0]
     assert set(job.committed().values()) == {1}
+    assert summary["embedding_shards"] == 3, "the embeddings restored re-sharded over the three servers"
 
 
 def test_a_server_whose_port_is_taken_exits_98_and_says_so() -> None:
