@@ -33,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -64,9 +65,9 @@ def _task_pid(master: subprocess.Popen[bytes], task: str) -> int:
     raise RuntimeError(f"no process of {task} under the master")
 
 
-def _wait(predicate: object, what: str, timeout_s: float = TIMEOUT_S) -> None:
+def _wait(predicate: Callable[[], bool], what: str, timeout_s: float = TIMEOUT_S) -> None:
     deadline = time.monotonic() + timeout_s
-    while not predicate():  # type: ignore[operator]
+    while not predicate():
         if time.monotonic() > deadline:
             raise TimeoutError(f"{what} did not happen within {timeout_s:.0f} s")
         time.sleep(0.02)

@@ -50,10 +50,11 @@ def test_tf_config_names_the_task_and_leaves_the_evaluator_out_of_the_cluster() 
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"ps": 0}, "ps must be a whole number >= 1"),
+        ({"ps": 0}, "ps must be a positive integer"),
         ({"workers": 2, "min_workers": 3}, "min_workers"),
         ({"oom_memory_growth": 0.5}, "oom_memory_growth"),
         ({"max_task_memory_mb": 0}, "max_task_memory_mb"),
+        ({"task_start_timeout_s": 0}, "task_start_timeout_s"),
         ({"max_relaunches": -1}, "max_relaunches"),
         ({"resources": {"gpu": Resources(cpu=1, memory_mb=1)}}, "not a PS-job role"),
     ],

@@ -154,7 +154,7 @@ def test_the_cli_builds_the_job_and_refuses_bad_values(tmp_path: Path) -> None:
         ).spec.task_start_timeout_s
         is None
     )
-    with pytest.raises(ConfigError, match="--worker-cpu/--worker-memory"):
+    with pytest.raises(ConfigError, match="--worker-memory: memory size '2G'"):
         build_config(_parser().parse_args(["--worker-memory", "2G", "--work-dir", str(tmp_path), "--", "x"]))
     with pytest.raises(ConfigError, match="--hot-ps on needs --ps-cpu"):
         build_config(_parser().parse_args(["--hot-ps", "on", "--work-dir", str(tmp_path), "--", "x"]))

@@ -57,9 +57,12 @@ def _number(text: str, flag: str, kind: type[int] | type[float]) -> float:
 
 
 def resources_from_flags(
-    cpu: str | None, memory: str | None, gpus: str | None, gpu_type: str | None
+    cpu: str | None, memory: str | None, gpus: str | None, gpu_type: str | None, *, prefix: str = "--node"
 ) -> Resources | None:
     """The node resources the flags ask for; None when no flag was given.
+
+    `prefix` is what the flags' names start with (`--node` for `--node-cpu`, ...; `--ps` for `--ps-cpu`, ...), so an
+    error names the flag that was given.
 
     Raises:
         ConfigError: a value is malformed or contradicts another; the message names the flag and the value.
@@ -69,19 +72,19 @@ def resources_from_flags(
     try:
         memory_mb = parse_memory_mb(memory) if memory is not None else 0
     except ConfigError as exc:
-        raise ConfigError(f"--node-memory: {exc}") from None
-    gpu = int(_number(gpus, "--node-gpus", int)) if gpus is not None else 0
+        raise ConfigError(f"{prefix}-memory: {exc}") from None
+    gpu = int(_number(gpus, f"{prefix}-gpus", int)) if gpus is not None else 0
     if gpu_type and not gpu:
-        raise ConfigError(f"--node-gpu-type {gpu_type!r} needs --node-gpus of at least 1")
+        raise ConfigError(f"{prefix}-gpu-type {gpu_type!r} needs {prefix}-gpus of at least 1")
     try:
         return Resources(
-            cpu=_number(cpu, "--node-cpu", float) if cpu is not None else 0.0,
+            cpu=_number(cpu, f"{prefix}-cpu", float) if cpu is not None else 0.0,
             memory_mb=memory_mb,
             gpu=gpu,
             gpu_type=gpu_type or "",
         )
     except ConfigError as exc:
-        raise ConfigError(f"--node-*: {exc}") from None
+        raise ConfigError(f"{prefix}-*: {exc}") from None
 
 
 def memory_flag(text: str, flag: str) -> int:

@@ -20,7 +20,7 @@ from types import FrameType
 from dlrover.autoscale import HotPsConfig, Resources, Role
 from dlrover.common import ConfigError, DLRoverError, configure_logging
 from dlrover.master.psjob.runner import PsJobConfig, PsJobMaster
-from dlrover.master.psjob.spec import PsJobSpec
+from dlrover.master.psjob.spec import PS_ROLES, PsJobSpec
 from dlrover.master.resource_flags import memory_flag, resources_from_flags
 
 __all__ = ["main"]
@@ -55,7 +55,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--oom-memory-growth", type=float, default=1.5,
                    help="a task killed for memory comes back with its memory times this")  # fmt: skip
     p.add_argument("--max-task-memory", default=None, help="the most memory an OOM relaunch may grow a task to")
-    for role in (Role.CHIEF, Role.PS, Role.WORKER, Role.EVALUATOR):
+    for role in PS_ROLES:
         p.add_argument(f"--{role.value}-cpu", default=None, help=f"CPU cores per {role.value} task")
         p.add_argument(
             f"--{role.value}-memory",
@@ -87,12 +87,9 @@ def build_config(args: argparse.Namespace) -> PsJobConfig:
     if command[:1] == ["--"]:
         command = command[1:]
     resources: dict[Role, Resources] = {}
-    for role in (Role.CHIEF, Role.PS, Role.WORKER, Role.EVALUATOR):
+    for role in PS_ROLES:
         cpu, memory = getattr(args, f"{role.value}_cpu"), getattr(args, f"{role.value}_memory")
-        try:
-            given = resources_from_flags(cpu, memory, None, None)
-        except ConfigError as exc:
-            raise ConfigError(f"--{role.value}-cpu/--{role.value}-memory: {exc}") from None
+        given = resources_from_flags(cpu, memory, None, None, prefix=f"--{role.value}")
         if given is not None:
             resources[role] = given
     cap = None if args.max_task_memory is None else memory_flag(args.max_task_memory, "--max-task-memory")

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import attrs
 
 from dlrover.autoscale import Resources, Role
 from dlrover.common import ConfigError
-from dlrover.common.validators import non_negative_int
+from dlrover.common.validators import non_negative_int, positive_finite, positive_int
 
 __all__ = ["PS_ROLES", "PsJobSpec", "TaskKey", "tf_config"]
 
@@ -41,9 +42,9 @@ class TaskKey:
         return (_START_ORDER[self.role], self.index)
 
 
-def _at_least_one(_inst: object, attribute: attrs.Attribute[int], value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"{attribute.name} must be a whole number >= 1, got {value!r}")
+def _optional_positive_finite(inst: object, attribute: attrs.Attribute[Any], value: float | None) -> None:
+    if value is not None:
+        positive_finite(inst, attribute, value)
 
 
 def _resources_by_role(_inst: object, attribute: attrs.Attribute[object], value: object) -> None:
@@ -77,15 +78,15 @@ class PsJobSpec:
             `max_task_memory_mb`, a start timeout that is not positive.
     """
 
-    ps: int = attrs.field(default=1, validator=_at_least_one)
-    workers: int = attrs.field(default=1, validator=_at_least_one)
-    min_workers: int = attrs.field(default=1, validator=_at_least_one)
+    ps: int = attrs.field(default=1, validator=positive_int)
+    workers: int = attrs.field(default=1, validator=positive_int)
+    min_workers: int = attrs.field(default=1, validator=positive_int)
     evaluator: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
     resources: Mapping[Role, Resources] = attrs.field(factory=dict, validator=_resources_by_role)
     max_relaunches: int = attrs.field(default=3, validator=non_negative_int)
     oom_memory_growth: float = 1.5
-    max_task_memory_mb: int | None = None
-    task_start_timeout_s: float | None = 600.0
+    max_task_memory_mb: int | None = attrs.field(default=None, validator=attrs.validators.optional(positive_int))
+    task_start_timeout_s: float | None = attrs.field(default=600.0, validator=_optional_positive_finite)
 
     def __attrs_post_init__(self) -> None:
         if self.min_workers > self.workers:
@@ -94,19 +95,12 @@ class PsJobSpec:
         if isinstance(growth, bool) or not isinstance(growth, (int, float)) or not 1 <= growth < float("inf"):
             raise ConfigError(f"oom_memory_growth must be a finite number >= 1, got {growth!r}")
         cap = self.max_task_memory_mb
-        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
-            raise ConfigError(f"max_task_memory_mb must be None or a whole number of MiB >= 1, got {cap!r}")
         for role, resources in self.resources.items():
             if cap is not None and resources.memory_mb > cap:
                 raise ConfigError(
                     f"{role.value} memory {resources.memory_mb} MiB exceeds max_task_memory_mb {cap}: the cap would "
                     "forbid the first launch"
                 )
-        timeout = self.task_start_timeout_s
-        if timeout is not None and (
-            isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < float("inf")
-        ):
-            raise ConfigError(f"task_start_timeout_s must be None or a positive number of seconds, got {timeout!r}")
 
     def count(self, role: Role) -> int:
         """How many tasks of `role` the job runs."""
@@ -116,10 +110,6 @@ class PsJobSpec:
         """Every task, in start order."""
         keys = [TaskKey(role, i) for role in PS_ROLES for i in range(self.count(role))]
         return sorted(keys, key=lambda k: k.start_order)
-
-    def in_cluster(self) -> list[TaskKey]:
-        """The tasks of TensorFlow's cluster spec (all but the evaluator, which TensorFlow keeps outside)."""
-        return [k for k in self.tasks() if k.role is not Role.EVALUATOR]
 
 
 def tf_config(cluster: Mapping[Role, Sequence[str]], task: TaskKey) -> str:
