@@ -128,9 +128,11 @@ class Trainer:
                         num_epochs=args.epochs, shuffle=True, seed=args.seed, delivery=DeliveryMode.EXACTLY_ONCE)
         )  # fmt: skip
         self.feed = ShardTFDataset(self.client)
-        (self.out / "checkpoints").mkdir(exist_ok=True)
+        # The master's checkpoint directory when it gives one (it reads the model's size there), else our own.
+        checkpoints = Path(os.environ.get("DLROVER_CHECKPOINT_DIR") or self.out / "checkpoints")
+        checkpoints.mkdir(parents=True, exist_ok=True)
         checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer, step=self.step_var)
-        self.checkpoints = Checkpoints(self.out / "checkpoints", checkpoint)
+        self.checkpoints = Checkpoints(checkpoints, checkpoint)
         self.losses: list[float] = []
         self.in_flight: list[tuple[Any, list[list[int]]]] = []
         self.ledger = (self.out / "committed.jsonl").open("a")

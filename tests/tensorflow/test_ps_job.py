@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+import numpy as np
 import pytest
 
 from dlrover.autoscale import HotPsConfig, Resources, Role
@@ -126,7 +127,7 @@ def test_a_job_trains_to_the_end_and_its_loss_falls(tmp_path: Path) -> None:
     committed = job.committed()
     assert len(committed) == SAMPLES
     assert set(committed.values()) == {1}
-    assert _kinds(job.events()) == ["job_started", "job_succeeded"]
+    assert [k for k in _kinds(job.events()) if k != "checkpoint_sizes"] == ["job_started", "job_succeeded"]
 
 
 def test_a_killed_worker_is_relaunched_and_every_sample_is_trained_once(tmp_path: Path) -> None:
@@ -234,6 +235,47 @@ def test_a_hot_parameter_server_adds_one_and_training_goes_on_from_the_checkpoin
     assert [e["data"]["samples"] for e in events if e["kind"] == "data_rewound"] == [0]
     assert set(job.committed().values()) == {1}
     assert summary["embedding_shards"] == 3, "the embeddings restored re-sharded over the three servers"
+
+
+def test_the_model_is_measured_and_the_next_run_given_no_size_is_sized_from_the_profile(tmp_path: Path) -> None:
+    import tensorflow as tf
+
+    from dlrover.autoscale import JobProfileStore, read_runs
+    from dlrover.master.psjob.cli import main as ps_job_main
+
+    store = tmp_path / "profiles.sqlite"
+    first = Job(tmp_path / "first", samples=SAMPLES // 2)
+    first.config = attrs.evolve(first.config, profile_store=str(store))
+    first.run()
+    sizes = [e["data"] for e in first.events() if e["kind"] == "checkpoint_sizes"]
+    assert sizes, "the master read the chief's checkpoints"
+    newest = sizes[-1]
+    variables = tf.train.list_variables(newest["prefix"])
+    model = [shape for name, shape in variables if name.startswith("model/")]
+    assert newest["parameter_count"] == sum(int(np.prod(shape)) for shape in model), "the reader agrees with TF"
+    assert len(newest["shard_bytes"]) == 3, "a data file per server and the chief's"
+    with JobProfileStore(str(store)) as opened:
+        (profile,), _ = read_runs(opened)
+    assert {r.role: r.count for r in profile.roles} == {Role.CHIEF: 1, Role.PS: 2, Role.WORKER: 2}
+    assert all(r.peak_memory_mb is not None and r.peak_memory_mb > 50 for r in profile.roles), profile.roles
+    assert profile.parameter_count == newest["parameter_count"]
+
+    # The same program again, given no counts or resources: sized from the first run's profile.
+    work, out = tmp_path / "second", tmp_path / "second-out"
+    status = ps_job_main(["--profile-store", str(store), "--work-dir", str(work), "--stop-grace", "5", "--",
+                          sys.executable, str(EXAMPLE), "--out", str(out), "--samples", str(SAMPLES // 10),
+                          "--batch", str(BATCH)])  # fmt: skip
+    assert status == 0
+    events = read_event_log(work / "events.jsonl")
+    plan = next(e for e in events if e["kind"] == "initial_plan")
+    assert plan["data"]["source"] == "profile"
+    assert (plan["data"]["ps"], plan["data"]["workers"]) == (2, 2)
+    ps_peak = next(r for r in profile.roles if r.role is Role.PS).peak_memory_mb
+    assert ps_peak is not None
+    assert plan["data"]["resources"]["ps"]["memory_mb"] >= 1.5 * ps_peak, "servers asked their peak and headroom"
+    assert json.loads((out / "summary.json").read_text())["steps"] == SAMPLES // 10 // BATCH
+    with JobProfileStore(str(store)) as opened:
+        assert len(read_runs(opened)[0]) == 2, "the second run recorded its own profile"
 
 
 def test_a_server_whose_port_is_taken_exits_98_and_says_so() -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from dlrover.autoscale import Resources, Role
+from dlrover.autoscale import JobProfileStore, Resources, Role, read_runs
 from dlrover.common import ConfigError, RetryPolicy, RpcError
 from dlrover.master import UnavailableMemoryGroups, detect_memory_groups
 from dlrover.master.eventlog import read_event_log
@@ -229,3 +230,65 @@ def test_a_task_killed_for_memory_comes_back_with_more(tmp_path: Path) -> None:
     assert grown == [{"old_memory_mb": 128, "memory_mb": 192, "task": "ps:0"}]
     failed = [e for e in events if e["kind"] == "task_failed" and e["data"]["task"] == "ps:0"]
     assert [e["data"]["reason"] for e in failed] == ["OOMKilled"]
+
+
+HOLDING_STAND_IN = textwrap.dedent(
+    """
+    import os, sys, time
+    from pathlib import Path
+    out = Path(sys.argv[1])
+    task = os.environ["DLROVER_PS_TASK"]
+    (out / f"{task}-{os.environ['DLROVER_NODE_ID']}.up").write_text(os.environ["DLROVER_CHECKPOINT_DIR"])
+    ballast = b"x" * (64 << 20)  # 64 MiB resident, which the master's peak must see
+    while not (out / "done").exists() or not task.startswith("chief"):
+        time.sleep(0.05)
+    """
+)
+
+
+def test_a_checkpoint_too_big_for_its_servers_adds_one_and_the_profile_is_recorded(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    program = tmp_path / "holding.py"
+    program.write_text(HOLDING_STAND_IN)
+    scheduler = LocalScheduler([sys.executable, str(program), str(out)], stop_grace_s=1.0, log_dir=tmp_path / "logs")
+    store = tmp_path / "profiles.sqlite"
+    # The fixture's largest server file is 5,684 bytes: over 0.001 of a 1 MiB server (1,048 bytes).
+    spec = PsJobSpec(ps=2, resources={Role.PS: Resources(cpu=0, memory_mb=1)})
+    config = PsJobConfig(spec=spec, command=("python", "/w/train.py"), work_dir=str(tmp_path / "job"),
+                         tick_interval_s=0.05, checkpoint_poll_s=0.05, ps_state_ratio=0.001, max_ps=3,
+                         profile_store=str(store))  # fmt: skip
+    master = PsJobMaster(config, scheduler=scheduler)
+    with master:
+        _wait_for((out, "*.up"), 4)
+        assert {p.read_text() for p in out.glob("*.up")} == {str(master.checkpoint_dir)}
+        fixture = Path(__file__).parent / "data" / "tf_checkpoint" / "ps"
+        for name in ("ckpt-100.index", "checkpoint"):
+            shutil.copy(fixture / name, master.checkpoint_dir / name)
+        while master.core.spec.ps < 3 or master.core.resizing:
+            master.tick()
+            time.sleep(0.05)
+        _wait_for((out, "ps:2-*.up"), 1)
+        (out / "done").touch()
+        outcome = master.run(timeout_s=60)
+    assert outcome is not None
+    assert outcome.succeeded, outcome
+    events = read_event_log(master.event_log)
+    sizes = [e["data"] for e in events if e["kind"] == "checkpoint_sizes"]
+    assert len(sizes) == 1, "one checkpoint, read once"
+    assert (sizes[0]["parameter_count"], sizes[0]["shard_bytes"]) == (1351, [5144, 1689, 5684])
+    adding = next(e for e in events if e["kind"] == "ps_adding")
+    assert "one parameter server holds 0.01 MiB of the model's state, over 0.001 of its 1 MiB" in adding["message"]
+    assert [e["data"]["ps"] for e in events if e["kind"] == "ps_added"] == [3]
+    recorded = [e for e in events if e["kind"] == "profile_recorded"]
+    assert len(recorded) == 1
+    with JobProfileStore(str(store)) as opened:
+        (profile,), _ = read_runs(opened)
+    assert profile.outcome == "succeeded"
+    assert profile.signature.script == "/w/train.py"
+    assert profile.parameter_count == 1351
+    ps = profile.role(Role.PS)
+    assert ps is not None
+    assert ps.count == 3
+    assert ps.peak_memory_mb is not None
+    assert ps.peak_memory_mb >= 64, "the 64 MiB each server holds is in its peak"

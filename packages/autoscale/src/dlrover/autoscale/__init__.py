@@ -6,6 +6,7 @@
 - `heuristics`: OOM relaunch, hot PS, stragglers, pending nodes and elastic sizing, as pure functions.
 - `profile_store`: past jobs in SQLite, and the initial plan of a job without resource configuration.
 - `run_profiles`: what a master measured about a finished job, and the plan of a job that asks for nothing.
+- `ps_plan`: the same for a parameter-server job: servers, workers and each role's resources from its profile.
 
 Every producer returns a `ScalePlan` (launch, remove, resize) with the reason for it; none acts itself.
 
@@ -66,10 +67,12 @@ if TYPE_CHECKING:
         initial_plan,
         is_corruption,
     )
+    from dlrover.autoscale.ps_plan import PsPlanConfig, PsRunPlan, plan_ps_from_runs
     from dlrover.autoscale.resources import ClusterQuota, MachineShape, Resources, Role, parse_memory_mb
     from dlrover.autoscale.run_profiles import (
         JobSignature,
         OpenedStore,
+        RoleProfile,
         RunPlan,
         RunPlanConfig,
         RunProfile,
@@ -148,6 +151,10 @@ _EXPORTS: dict[str, str] = {
     "is_corruption": "dlrover.autoscale.profile_store",
     "JobSignature": "dlrover.autoscale.run_profiles",
     "RunProfile": "dlrover.autoscale.run_profiles",
+    "RoleProfile": "dlrover.autoscale.run_profiles",
+    "PsPlanConfig": "dlrover.autoscale.ps_plan",
+    "PsRunPlan": "dlrover.autoscale.ps_plan",
+    "plan_ps_from_runs": "dlrover.autoscale.ps_plan",
     "RunPlanConfig": "dlrover.autoscale.run_profiles",
     "RunPlan": "dlrover.autoscale.run_profiles",
     "OpenedStore": "dlrover.autoscale.run_profiles",
@@ -224,6 +231,10 @@ __all__ = [
     # run profiles (what a master records at job end, and plans from)
     "JobSignature",
     "RunProfile",
+    "RoleProfile",
+    "PsPlanConfig",
+    "PsRunPlan",
+    "plan_ps_from_runs",
     "RunPlanConfig",
     "RunPlan",
     "OpenedStore",

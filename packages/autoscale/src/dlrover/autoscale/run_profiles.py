@@ -14,6 +14,11 @@ Similarity uses only what is known when a job is submitted (`JobSignature`):
    neither with a job that gives no kind is not similar;
 3. ties go to the newest profile.
 
+A parameter-server job's profile also lists each role (`RoleProfile`: chief, parameter servers, workers,
+evaluator) with its task count, resources and peak memory; its node range and throughput are its workers'. Such a
+profile sizes only parameter-server jobs (`dlrover.autoscale.ps_plan`), and a profile without roles only jobs
+without them.
+
 Profiles live in their own table of the `JobProfileStore` file (schema version 2), one JSON column each: no pickle.
 """
 
@@ -28,13 +33,15 @@ from typing import Any
 
 import attrs
 
+from dlrover.autoscale._validate import non_negative_int
 from dlrover.autoscale.errors import CorruptProfileStoreError, NewerProfileStoreError, ProfileStoreError
 from dlrover.autoscale.profile_store import JobProfileStore, is_corruption
-from dlrover.autoscale.resources import Resources
+from dlrover.autoscale.resources import Resources, Role
 from dlrover.common import ConfigError
 
 __all__ = [
     "JobSignature",
+    "RoleProfile",
     "RunProfile",
     "RunPlanConfig",
     "RunPlan",
@@ -76,6 +83,68 @@ def _pairs(value: Any) -> tuple[tuple[int, float], ...]:
     return tuple(sorted((int(k), float(v)) for k, v in value))
 
 
+def _optional_peak(_inst: object, attribute: Any, value: object) -> None:
+    if value is not None and (not isinstance(value, float) or not math.isfinite(value) or value < 0):
+        raise ConfigError(f"{attribute.name} must be None or a finite number >= 0, got {value!r}")
+
+
+def _optional_float(value: object) -> float | None:
+    return None if value is None else float(value)  # type: ignore[arg-type]
+
+
+@attrs.frozen
+class RoleProfile:
+    """One role of a parameter-server job as its master measured it.
+
+    Args:
+        role: the role (chief, ps, worker, evaluator).
+        count: its tasks at the end of the job (after any resize).
+        resources: the most any task of it was launched with (after OOM growth); None: nothing asked.
+        peak_memory_mb: the most memory (resident set) any task of it reached; None: not measured.
+    """
+
+    role: Role = attrs.field(converter=Role)
+    count: int = attrs.field(validator=non_negative_int)
+    resources: Resources | None = None
+    peak_memory_mb: float | None = attrs.field(default=None, converter=_optional_float, validator=_optional_peak)
+
+    def to_data(self) -> dict[str, Any]:
+        """The role as a JSON object."""
+        return {
+            "role": self.role.value,
+            "count": self.count,
+            "resources": None if self.resources is None else self.resources.to_json(),
+            "peak_memory_mb": self.peak_memory_mb,
+        }
+
+    @classmethod
+    def from_data(cls, data: Any) -> RoleProfile:
+        """Read what `to_data` wrote.
+
+        Raises:
+            ConfigError: a field is missing or invalid.
+        """
+        if not isinstance(data, dict):
+            raise ConfigError(f"a role profile must be a JSON object, got {data!r}")
+        try:
+            res = data["resources"]
+            return cls(
+                role=data["role"],
+                count=data["count"],
+                resources=None if res is None else Resources.from_json(res),
+                peak_memory_mb=data.get("peak_memory_mb"),
+            )
+        except (KeyError, ValueError, TypeError) as e:
+            raise ConfigError(f"a role profile lacks or mistypes a field: {e}") from None
+
+
+def _roles(value: Any) -> tuple[RoleProfile, ...]:
+    roles = tuple(value)
+    if len({r.role for r in roles}) != len(roles):
+        raise ConfigError(f"a role is profiled twice in {[r.role.value for r in roles]}")
+    return roles
+
+
 @attrs.frozen
 class RunProfile:
     """One finished job as its master measured it.
@@ -99,6 +168,7 @@ class RunProfile:
         checkpoint_note: where the sizes came from, or why there are none.
         finished_at: wall-clock seconds when it was recorded.
         profile_id: its row id in the store (None before it is stored).
+        roles: a parameter-server job's roles (empty for other jobs; then its nodes are its workers).
     """
 
     signature: JobSignature
@@ -118,6 +188,11 @@ class RunProfile:
     checkpoint_note: str = ""
     finished_at: float = 0.0
     profile_id: int | None = None
+    roles: tuple[RoleProfile, ...] = attrs.field(default=(), converter=_roles)
+
+    def role(self, role: Role) -> RoleProfile | None:
+        """Its profile of `role` (None: the job had no such role, or is not a parameter-server job)."""
+        return next((r for r in self.roles if r.role is role), None)
 
     def __attrs_post_init__(self) -> None:
         if not 1 <= self.min_nodes <= self.max_nodes or self.node_unit < 1 or self.final_nodes < 0:
@@ -154,6 +229,7 @@ class RunProfile:
                 "state_bytes": self.state_bytes,
                 "checkpoint_bytes": self.checkpoint_bytes,
                 "checkpoint_note": self.checkpoint_note,
+                **({"roles": [r.to_data() for r in self.roles]} if self.roles else {}),
             },
             sort_keys=True,
         )
@@ -190,6 +266,7 @@ class RunProfile:
                 checkpoint_note=str(data.get("checkpoint_note", "")),
                 finished_at=finished_at,
                 profile_id=profile_id,
+                roles=[RoleProfile.from_data(r) for r in data.get("roles", [])],
             )
         except (KeyError, TypeError) as e:
             raise ConfigError(f"a run profile lacks or mistypes a field: {e}") from None
@@ -245,10 +322,18 @@ def read_runs(store: JobProfileStore) -> tuple[list[RunProfile], list[str]]:
     return out, bad
 
 
-def most_similar(runs: Sequence[RunProfile], signature: JobSignature) -> tuple[RunProfile, str] | None:
-    """The most similar profile to a job of `signature` and why it was chosen, or None (see the module's rules)."""
+def most_similar(
+    runs: Sequence[RunProfile], signature: JobSignature, *, parameter_server: bool = False
+) -> tuple[RunProfile, str] | None:
+    """The most similar profile to a job of `signature` and why it was chosen, or None (see the module's rules).
+
+    Only profiles of the same kind of job are candidates: of parameter-server jobs when `parameter_server`, else
+    of jobs without roles.
+    """
     best: tuple[tuple[int, float, int], RunProfile, str] | None = None
     for run in runs:
+        if bool(run.roles) != parameter_server:
+            continue
         sig = run.signature
         if signature.job_kind and sig.job_kind != signature.job_kind:
             continue

@@ -55,8 +55,8 @@ from dlrover.master.journal import JournaledEvent
 from dlrover.master.kube.watch import WatchSettings
 from dlrover.master.plan_resume import journaled_plan
 from dlrover.master.profiles import (
-    PROFILE_STORE_ENV_VAR,
     JobPlanChoice,
+    add_profile_flags,
     defaults_instead,
     plan_job,
     resolve_profile_store,
@@ -263,7 +263,7 @@ def _run_parser() -> argparse.ArgumentParser:
     for add_flags in (
         _add_autoscale_flags,
         add_resource_flags,
-        _add_profile_flags,
+        add_profile_flags,
         _add_kubernetes_flags,
         _add_ray_flags,
     ):
@@ -277,23 +277,6 @@ def _run_parser() -> argparse.ArgumentParser:
     p.add_argument("--linger-max-s", type=float, default=10.0, help="most time to tell agents the job ended")
     p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
     return p
-
-
-def _add_profile_flags(p: argparse.ArgumentParser) -> None:
-    """The job profile flags (`MasterConfig.profile_store`, `job_kind`)."""
-    p.add_argument(
-        "--profile-store",
-        default=None,
-        help=f"the job profile store (SQLite): the job's profile is recorded there at its end, and a job given "
-        f"neither --nnodes nor --node-* is planned from it; 'none' disables it (default: ${PROFILE_STORE_ENV_VAR}, "
-        "else $XDG_CACHE_HOME/dlrover/profiles.sqlite, i.e. ~/.cache/dlrover/profiles.sqlite)",
-    )
-    p.add_argument(
-        "--job-kind",
-        default="",
-        help="a tag naming which earlier jobs are like this one: a job planned from profiles uses only profiles of "
-        "its kind (without one: the same script or job name)",
-    )
 
 
 def _add_autoscale_flags(p: argparse.ArgumentParser) -> None:

@@ -16,6 +16,7 @@ corrupt or from a newer schema version is set aside (renamed with a suffix) and 
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import math
@@ -45,11 +46,13 @@ __all__ = [
     "JobPlanChoice",
     "ProfileRecorder",
     "ThroughputBySize",
+    "add_profile_flags",
     "build_run_profile",
     "checkpoint_sizes",
     "default_profile_store",
     "defaults_instead",
     "plan_job",
+    "read_profiles",
     "resolve_profile_store",
     "script_of",
     "signature_of",
@@ -62,6 +65,24 @@ DEFAULT_PROFILE_STORE_NAME = "profiles.sqlite"
 _DISABLED = "none"
 _MIB = 1024 * 1024
 _UNNAMED_JOB = attrs.fields(MasterConfig).job_name.default
+
+
+def add_profile_flags(parser: argparse.ArgumentParser, *, sized_by: str = "neither --nnodes nor --node-*") -> None:
+    """Add the job profile flags (`--profile-store`, `--job-kind`) to `parser`; `sized_by` names the flags a job
+    planned from profiles gives none of."""
+    parser.add_argument(
+        "--profile-store",
+        default=None,
+        help=f"the job profile store (SQLite): the job's profile is recorded there at its end, and a job given "
+        f"{sized_by} is planned from it; 'none' disables it (default: ${PROFILE_STORE_ENV_VAR}, "
+        "else $XDG_CACHE_HOME/dlrover/profiles.sqlite, i.e. ~/.cache/dlrover/profiles.sqlite)",
+    )
+    parser.add_argument(
+        "--job-kind",
+        default="",
+        help="a tag naming which earlier jobs are like this one: a job planned from profiles uses only profiles of "
+        "its kind (without one: the same script or job name)",
+    )
 
 
 def default_profile_store(env: Mapping[str, str] | None = None) -> str:
@@ -170,24 +191,7 @@ def plan_job(
         )
         return attrs.evolve(config, initial_plan=flagged), flagged
     cfg = plan_config or RunPlanConfig(max_nodes=config.local_slots or None)
-    notes: list[str] = []
-    runs: list[RunProfile] = []
-    notice = ""
-    if config.profile_store is None:
-        notes.append("no profile store is used")
-    else:
-        opened = open_or_set_aside(config.profile_store, wall_time, look_only=look_only)
-        notice = opened.notice
-        if notice:
-            notes.append("the profile store could not be read, so no profile was used")
-        if opened.store is not None:
-            try:
-                runs, bad = read_runs(opened.store)
-                notes.extend(bad)
-            except DLRoverError as exc:
-                notes.append(f"{exc}: the defaults are used")
-            finally:
-                opened.store.close()
+    runs, notes, notice = read_profiles(config.profile_store, wall_time, look_only=look_only)
     plan = plan_from_runs(runs, signature_of(config, config.job_kind), cfg, notes=notes)
     unit = plan.node_unit if plan.node_unit <= plan.nodes else 1
     lifecycle = attrs.evolve(
@@ -204,6 +208,36 @@ def plan_job(
         notice,
     )
     return attrs.evolve(config, lifecycle=lifecycle, initial_plan=choice), choice
+
+
+def read_profiles(
+    path: str | None, wall_time: float, *, look_only: bool = False
+) -> tuple[list[RunProfile], list[str], str]:
+    """Every profile in the store at `path`, the sentences a plan's reason should carry (rows skipped, a store
+    that could not be read) and what happened to the store ("" when it opened as it was). Never raises for the
+    store: one that cannot be read is set aside (unless `look_only`) and no profile comes back.
+
+    Args:
+        path: the store (None: none is used).
+        wall_time: now, in wall-clock seconds (names a set-aside file).
+        look_only: change nothing in the store: neither create it nor set it aside.
+    """
+    if path is None:
+        return [], ["no profile store is used"], ""
+    notes: list[str] = []
+    runs: list[RunProfile] = []
+    opened = open_or_set_aside(path, wall_time, look_only=look_only)
+    if opened.notice:
+        notes.append("the profile store could not be read, so no profile was used")
+    if opened.store is not None:
+        try:
+            runs, bad = read_runs(opened.store)
+            notes.extend(bad)
+        except DLRoverError as exc:
+            notes.append(f"{exc}: the defaults are used")
+        finally:
+            opened.store.close()
+    return runs, notes, opened.notice
 
 
 def defaults_instead(config: MasterConfig, why: str) -> MasterConfig:

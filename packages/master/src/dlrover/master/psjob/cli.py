@@ -6,6 +6,10 @@ Every task is a process of this host, listening on 127.0.0.1 at a port it keeps 
 the program after `--`; parameter servers and workers run TensorFlow's server. The job ends when the chief's
 program exits 0 (exit status 0) or when a task fails past its relaunches (exit status 1); SIGTERM or SIGINT stops
 it (exit status 3). Its events are in `<work-dir>/events.jsonl`, each task's output in `<work-dir>/logs/`.
+
+A job given none of `--ps`, `--workers`, `--min-workers` and the `--{role}-cpu/memory` flags is sized from the
+profile of the most similar earlier PS job in the profile store (`--profile-store`), else it runs one parameter
+server and one worker asking for nothing; every job records its own profile there when it ends.
 """
 
 from __future__ import annotations
@@ -14,11 +18,14 @@ import argparse
 import signal
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from types import FrameType
 
-from dlrover.autoscale import HotPsConfig, Resources, Role
+from dlrover.autoscale import HotPsConfig, PsPlanConfig, Resources, Role
 from dlrover.common import ConfigError, DLRoverError, configure_logging
+from dlrover.master.profiles import add_profile_flags, resolve_profile_store
+from dlrover.master.psjob.plan import DEFAULT_PS_JOB_NAME, PsPlanChoice, plan_ps_job, ps_signature
 from dlrover.master.psjob.runner import PsJobConfig, PsJobMaster
 from dlrover.master.psjob.spec import PS_ROLES, PsJobSpec
 from dlrover.master.resource_flags import memory_flag, resources_from_flags
@@ -35,14 +42,14 @@ def _parser() -> argparse.ArgumentParser:
         description="Run a TensorFlow parameter-server job (chief, parameter servers, workers) on this host.",
         epilog="Everything after -- is the chief's program, e.g. -- python train.py --epochs 2",
     )
-    p.add_argument("--ps", type=int, default=1, help="parameter servers (default 1)")
-    p.add_argument("--workers", type=int, default=1, help="workers (default 1)")
+    p.add_argument("--ps", type=int, default=None, help="parameter servers (default: planned, else 1)")
+    p.add_argument("--workers", type=int, default=None, help="workers (default: planned, else 1)")
     p.add_argument("--min-workers", type=int, default=None,
                    help="the job goes on while this many workers run (default: --workers)")  # fmt: skip
     p.add_argument("--evaluator", action="store_true", help="also run the program as an evaluator task")
     p.add_argument("--max-relaunches", type=int, default=3, help="relaunches per task (default 3)")
     p.add_argument("--work-dir", required=True, help="the job's token, event log and task logs")
-    p.add_argument("--job-name", default="ps-job")
+    p.add_argument("--job-name", default=DEFAULT_PS_JOB_NAME)
     p.add_argument("--port", type=int, default=0, help="the master's gRPC port (default: any free one)")
     p.add_argument("--tick-interval", type=float, default=0.2, help="seconds between looks at the tasks")
     p.add_argument("--stop-grace", type=float, default=5.0, help="seconds a stopped task has before SIGKILL")
@@ -71,14 +78,48 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--hot-ps-warmup", type=float, default=60.0, help="seconds of a PS's start its CPU is not counted")
     p.add_argument("--hot-ps-idle", type=float, default=10.0,
                    help="seconds without acknowledged samples after which the job counts as not training")  # fmt: skip
-    p.add_argument("--max-ps", type=int, default=16, help="the most parameter servers --hot-ps may grow to")
+    p.add_argument("--max-ps", type=int, default=16,
+                   help="the most parameter servers --hot-ps, --ps-state-ratio or a plan may grow to")  # fmt: skip
+    p.add_argument("--checkpoint-dir", default=None,
+                   help="where the chief's program saves its TensorFlow checkpoints, given to it as "
+                   "$DLROVER_CHECKPOINT_DIR; the master reads the model's size from the newest (default: "
+                   "<work-dir>/checkpoints)")  # fmt: skip
+    p.add_argument("--ps-state-ratio", type=float, default=None,
+                   help="add a parameter server when a checkpoint shows one holding more of the model's state than "
+                   "this fraction of --ps-memory (default: never)")  # fmt: skip
+    add_profile_flags(p, sized_by="none of --ps, --workers, --min-workers and --{role}-cpu/memory")
     p.add_argument("--log-level", default=None)
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- PROGRAM [ARGS...]: what the chief runs")
     return p
 
 
-def build_config(args: argparse.Namespace) -> PsJobConfig:
-    """The job `args` describe.
+def _size(
+    args: argparse.Namespace, command: list[str], profile_store: str | None, cap: int | None, wall_time: float
+) -> tuple[int, int, int, bool, dict[Role, Resources], PsPlanChoice]:
+    """(ps, workers, min_workers, evaluator, resources, where they came from): the flags', or a plan's when the job
+    gave none of them."""
+    resources: dict[Role, Resources] = {}
+    for role in PS_ROLES:
+        cpu, memory = getattr(args, f"{role.value}_cpu"), getattr(args, f"{role.value}_memory")
+        given = resources_from_flags(cpu, memory, None, None, prefix=f"--{role.value}")
+        if given is not None:
+            resources[role] = given
+    counts = {"--ps": args.ps, "--workers": args.workers, "--min-workers": args.min_workers}
+    flags = [name for name, value in counts.items() if value is not None]
+    flags += [f"--{role.value}-cpu/memory" for role in resources]
+    if flags:
+        workers = 1 if args.workers is None else args.workers
+        reason = f"sized by the flags given ({', '.join(flags)}); no profile was consulted"
+        return (1 if args.ps is None else args.ps, workers, workers if args.min_workers is None else args.min_workers,
+                args.evaluator, resources, PsPlanChoice("flags", reason))  # fmt: skip
+    config = PsPlanConfig(max_task_memory_mb=cap, max_ps=args.max_ps)
+    signature = ps_signature(args.job_name, command, args.job_kind)
+    plan, choice = plan_ps_job(profile_store, signature, config, wall_time=wall_time)
+    return plan.ps, plan.workers, plan.min_workers, args.evaluator or plan.evaluator, dict(plan.resources), choice
+
+
+def build_config(args: argparse.Namespace, *, wall_time: float | None = None) -> PsJobConfig:
+    """The job `args` describe; sized from the profile store when they give no counts or resources.
 
     Raises:
         ConfigError: a value is malformed or contradicts another; the message names the flag.
@@ -86,24 +127,24 @@ def build_config(args: argparse.Namespace) -> PsJobConfig:
     command = list(args.command)
     if command[:1] == ["--"]:
         command = command[1:]
-    resources: dict[Role, Resources] = {}
-    for role in PS_ROLES:
-        cpu, memory = getattr(args, f"{role.value}_cpu"), getattr(args, f"{role.value}_memory")
-        given = resources_from_flags(cpu, memory, None, None, prefix=f"--{role.value}")
-        if given is not None:
-            resources[role] = given
     cap = None if args.max_task_memory is None else memory_flag(args.max_task_memory, "--max-task-memory")
+    profile_store = resolve_profile_store(args.profile_store)
+    now = time.time() if wall_time is None else wall_time
+    ps, workers, min_workers, evaluator, resources, choice = _size(args, command, profile_store, cap, now)
     spec = PsJobSpec(
-        ps=args.ps,
-        workers=args.workers,
-        min_workers=args.workers if args.min_workers is None else args.min_workers,
-        evaluator=args.evaluator,
+        ps=ps,
+        workers=workers,
+        min_workers=min_workers,
+        evaluator=evaluator,
         resources=resources,
         max_relaunches=args.max_relaunches,
         oom_memory_growth=args.oom_memory_growth,
         max_task_memory_mb=cap,
         task_start_timeout_s=args.task_start_timeout or None,
     )
+    ps_resources = spec.resources.get(Role.PS)
+    if args.ps_state_ratio is not None and (ps_resources is None or not ps_resources.memory_mb):
+        raise ConfigError("--ps-state-ratio needs --ps-memory: a server's share of the model is weighed against it")
     hot_ps = None
     if args.hot_ps == "on":
         ps_cpu = resources[Role.PS].cpu if Role.PS in resources else 0.0
@@ -124,6 +165,12 @@ def build_config(args: argparse.Namespace) -> PsJobConfig:
         port=args.port,
         tick_interval_s=args.tick_interval,
         stop_grace_s=args.stop_grace,
+        checkpoint_dir=args.checkpoint_dir,
+        ps_state_ratio=args.ps_state_ratio,
+        max_ps=args.max_ps,
+        profile_store=profile_store,
+        job_kind=args.job_kind,
+        initial_plan=choice,
     )
 
 

@@ -1,8 +1,11 @@
-"""The CPU each parameter server uses, sampled from its process, for the hot-PS heuristic.
+"""What a PS job's tasks use, sampled from their processes: each parameter server's CPU for the hot-PS heuristic,
+and each role's peak memory for the job's profile (what the next such job is sized from).
 
 Sampled where the backend can show a task's process (the local backend: `pid(node_id)`); a platform's own metrics
-(the Kubernetes metrics API) would feed the same series. A sample is the CPU time the process used between two
-looks over the wall time between them, in cores.
+(the Kubernetes metrics API) would feed the same series. A CPU sample is the CPU time the process used between two
+looks over the wall time between them, in cores. A memory peak is the kernel's high-water mark of the process's
+resident set (`VmHWM` in `/proc/<pid>/status`), so a spike between two looks is not missed; where there is no
+such file, the resident set at the look.
 """
 
 from __future__ import annotations
@@ -14,7 +17,10 @@ import psutil  # type: ignore[import-untyped, unused-ignore]  # no stubs in the 
 
 from dlrover.autoscale import NodeState, PsCpuSeries, Resources, Role
 
-__all__ = ["PsCpuSampler"]
+__all__ = ["PsCpuSampler", "TaskMemoryPeaks"]
+
+_KIB = 1024
+_MIB = 1024 * 1024
 
 
 class PsCpuSampler:
@@ -76,3 +82,43 @@ class PsCpuSampler:
                 continue
             out.append(PsCpuSeries(NodeState(node_id, Role.PS, resources), tuple(samples)))
         return out
+
+
+def _peak_rss_bytes(pid: int) -> int | None:
+    """The process's resident-set high-water mark, else its resident set now; None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * _KIB
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return int(psutil.Process(pid).memory_info().rss)
+    except psutil.Error:
+        return None
+
+
+class TaskMemoryPeaks:
+    """The most memory any task of each role reached, over the whole job.
+
+    Args:
+        pid_of: the process of a node (None when it has none now).
+    """
+
+    def __init__(self, pid_of: Callable[[int], int | None]) -> None:
+        self._pid_of = pid_of
+        self._peaks: dict[Role, int] = {}
+
+    def sample(self, nodes: Mapping[int, Role]) -> None:
+        """Look at each of `nodes` (node id -> its role) once."""
+        for node_id, role in nodes.items():
+            pid = self._pid_of(node_id)
+            peak = None if pid is None else _peak_rss_bytes(pid)
+            if peak is not None and peak > self._peaks.get(role, 0):
+                self._peaks[role] = peak
+
+    def peak_mb(self, role: Role) -> float | None:
+        """The most any task of `role` used, in MiB; None when none was seen."""
+        peak = self._peaks.get(role)
+        return None if peak is None else round(peak / _MIB, 1)

@@ -5,6 +5,12 @@ its data from (token-authenticated, on the master's own gRPC server), starts the
 carries out what `PsJobCore` decides from what the backend observes. Every decision is an event in the job's
 event log (`<work_dir>/events.jsonl`), and so is each restore of the chief's data position, with the samples and
 steps it undid.
+
+It also measures the job for the next one like it: each role's peak memory, samples per second by worker count,
+and the model's size from the chief's newest TensorFlow checkpoint (read without TensorFlow, see
+`tf_checkpoint`), recorded as the job's profile when it ends (`plan.build_ps_profile`). With `ps_state_ratio`,
+a checkpoint whose largest server share is over that fraction of a server's memory adds a server before one is
+killed for memory.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from typing import Any
 
 import attrs
 
-from dlrover.autoscale import HotPsConfig, Role, plan_hot_ps
+from dlrover.autoscale import HotPsConfig, Resources, Role, plan_hot_ps
 from dlrover.common import (
     TOKEN_FILE_ENV_VAR,
     Clock,
@@ -35,12 +41,15 @@ from dlrover.common.orphan_guard import guarded_argv
 from dlrover.common.validators import positive
 from dlrover.master.eventlog import EventLog
 from dlrover.master.journal import JournaledEvent
+from dlrover.master.profiles import ProfileRecorder, ThroughputBySize
 from dlrover.master.psjob import node as node_main
 from dlrover.master.psjob.core import JobOutcome, PsDecision, PsEvent, PsJobCore, TaskPhase
+from dlrover.master.psjob.plan import DEFAULT_PS_JOB_NAME, PsPlanChoice, build_ps_profile, ps_signature
 from dlrover.master.psjob.ports import task_ports
 from dlrover.master.psjob.progress import Rewind, RewindWatchingServicer
-from dlrover.master.psjob.ps_load import PsCpuSampler
+from dlrover.master.psjob.ps_load import PsCpuSampler, TaskMemoryPeaks
 from dlrover.master.psjob.spec import PsJobSpec, TaskKey, tf_config
+from dlrover.master.psjob.tf_checkpoint import CheckpointReadError, CheckpointSizes, newest_checkpoint, sizes_of
 from dlrover.master.scheduler.base import (
     MASTER_ADDR_ENV_VAR,
     REASON_OOM_KILLED,
@@ -56,14 +65,19 @@ from dlrover.master.scheduler.local import LocalScheduler
 from dlrover.shard import ShardRegistry
 from dlrover.shard.v1 import shard_pb2_grpc
 
-__all__ = ["TASK_ENV_VAR", "PsJobConfig", "PsJobMaster"]
+__all__ = ["CHECKPOINT_DIR_ENV_VAR", "TASK_ENV_VAR", "PsJobConfig", "PsJobMaster"]
 
 _log = logging.getLogger(__name__)
 
 TASK_ENV_VAR = "DLROVER_PS_TASK"
 """Set for every task: its role and index (`worker:1`), the same as its `TF_CONFIG` says."""
 
+CHECKPOINT_DIR_ENV_VAR = "DLROVER_CHECKPOINT_DIR"
+"""Set for every task: the directory the chief's program should save its TensorFlow checkpoints in (the master
+reads the model's size from the newest one)."""
+
 EVENT_LOG_NAME = "events.jsonl"
+_MIB = 1024 * 1024
 
 
 def _argv(value: Iterable[str]) -> tuple[str, ...]:
@@ -92,12 +106,21 @@ class PsJobConfig:
         hot_ps_warmup_s: a parameter server's CPU is not counted in its first this many seconds (its start).
         hot_ps_idle_s: the job counts as training while its chief acknowledged samples within this many seconds;
             longer without (a start-up, a restore, a stall), the load samples start again.
+        checkpoint_dir: where the chief's program saves its TensorFlow checkpoints (given to every task as
+            `DLROVER_CHECKPOINT_DIR`); None: `<work_dir>/checkpoints`.
+        checkpoint_poll_s: how often the directory is looked at for a newer checkpoint.
+        ps_state_ratio: add a parameter server (the same planned restart as a hot one) when the newest checkpoint's
+            largest server share is over this fraction of a server's memory request; None: never.
+        max_ps: the most parameter servers the job grows to (`ps_state_ratio`; `hot_ps` has its own).
+        profile_store: record the job's profile in this store when it ends (None: not recorded).
+        job_kind: the user's tag for jobs that are alike (part of the profile's signature).
+        initial_plan: where the job's counts and resources came from (announced at start; None: not said).
     """
 
     spec: PsJobSpec = attrs.field(validator=attrs.validators.instance_of(PsJobSpec))
     command: tuple[str, ...] = attrs.field(converter=_argv)
     work_dir: str = attrs.field(converter=str)
-    job_name: str = "ps-job"
+    job_name: str = DEFAULT_PS_JOB_NAME
     task_host: str = "127.0.0.1"
     bind_address: str = "127.0.0.1"
     port: int = 0
@@ -108,6 +131,13 @@ class PsJobConfig:
     hot_ps_interval_s: float = attrs.field(default=10.0, validator=positive)
     hot_ps_warmup_s: float = attrs.field(default=60.0, validator=attrs.validators.ge(0.0))
     hot_ps_idle_s: float = attrs.field(default=10.0, validator=positive)
+    checkpoint_dir: str | None = None
+    checkpoint_poll_s: float = attrs.field(default=2.0, validator=positive)
+    ps_state_ratio: float | None = attrs.field(default=None, validator=attrs.validators.optional(positive))
+    max_ps: int = attrs.field(default=16, validator=attrs.validators.ge(1))
+    profile_store: str | None = None
+    job_kind: str = ""
+    initial_plan: PsPlanChoice | None = None
 
     @command.validator
     def _check_command(self, _attribute: object, value: tuple[str, ...]) -> None:
@@ -175,6 +205,16 @@ class PsJobMaster:
         self._trained = 0
         self._last_progress = float("-inf")
         self._last_ps_advice = ""
+        self._memory_peaks = TaskMemoryPeaks(pid_of) if callable(pid_of) else None
+        self._throughput = ThroughputBySize()
+        self._launched: dict[Role, list[Resources]] = {}
+        self._checkpoint_dir = Path(config.checkpoint_dir or self._work / "checkpoints")
+        self._checkpoint: CheckpointSizes | None = None
+        self._checkpoint_problem = ""
+        self._state_growth: str | None = None
+        self._last_checkpoint_look = float("-inf")
+        self._running = False
+        self._profiled = False
 
     @property
     def address(self) -> str:
@@ -190,6 +230,16 @@ class PsJobMaster:
     def event_log(self) -> Path:
         """The job's event log."""
         return self._events.path
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        """Where the chief's program saves its checkpoints (`DLROVER_CHECKPOINT_DIR` of every task)."""
+        return self._checkpoint_dir
+
+    @property
+    def checkpoint_sizes(self) -> CheckpointSizes | None:
+        """The sizes of the newest checkpoint read so far (None: none yet)."""
+        return self._checkpoint
 
     @property
     def core(self) -> PsJobCore:
@@ -218,6 +268,12 @@ class PsJobMaster:
         self._started = True
         self._thread = threading.get_ident()
         self._server.start()
+        self._checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        if self._config.initial_plan is not None:
+            choice = self._config.initial_plan
+            self._record(
+                [PsEvent("initial_plan", f"initial plan: {choice.reason}", data=choice.to_data(self._core.spec))]
+            )
         if isinstance(self._scheduler, NodeMemoryRecords) and self._config.spec.resources:
             self._record([PsEvent("memory_enforcement", self._scheduler.memory_enforcement)])
         if self._config.hot_ps is not None and self._ps_load is None:
@@ -232,6 +288,7 @@ class PsJobMaster:
         host = self._config.task_host
         self._cluster = {role: [f"{host}:{next(ports)}" for _ in range(spec.count(role))] for role in Role}
         self._apply(self._core.start(self._clock.now()))
+        self._running = True
 
     def tick(self) -> PsDecision:
         """Look at the backend once and carry out what the core decides.
@@ -245,10 +302,118 @@ class PsJobMaster:
         now = self._clock.now()
         decision = self._core.observe(self._with_memory_records(self._scheduler.observe()), now)
         self._apply(decision)
+        if decision.outcome is not None:
+            self._record_profile()
+            return decision
+        self._measure(now)
         hot_ps, ps_load = self._config.hot_ps, self._ps_load
-        if hot_ps is not None and ps_load is not None and decision.outcome is None:
+        if hot_ps is not None and ps_load is not None:
             self._watch_ps_load(now, hot_ps, ps_load)
+        if now - self._last_checkpoint_look >= self._config.checkpoint_poll_s:
+            self._last_checkpoint_look = now
+            self._look_at_checkpoint(now)
         return decision
+
+    def _running_tasks(self) -> dict[int, TaskKey]:
+        core = self._core
+        out = {}
+        for key in core.spec.tasks():
+            node = core.node_of(key)
+            if node is not None and core.phase(key) is TaskPhase.RUNNING:
+                out[node] = key
+        return out
+
+    def _measure(self, now: float) -> None:
+        """Each role's peak memory, and samples per second at the running worker count (for the profile)."""
+        running = self._running_tasks()
+        if self._memory_peaks is not None:
+            self._memory_peaks.sample({node: key.role for node, key in running.items()})
+        workers = sum(1 for key in running.values() if key.role is Role.WORKER)
+        if not self._core.resizing:
+            self._throughput.observe(now, self._shards.acknowledged_samples(), workers)
+
+    def _look_at_checkpoint(self, now: float) -> None:
+        """Read the newest checkpoint's sizes once it is new; with `ps_state_ratio`, add a server when one holds
+        too much of the model for its memory (again at each look while the job is not steady enough to)."""
+        sizes = self._read_new_checkpoint()
+        if sizes is not None:
+            self._state_growth = self._state_growth_reason(sizes)
+        why = self._state_growth
+        if why is None or self._core.resizing:
+            return
+        if self._core.spec.ps >= self._config.max_ps:
+            self._state_growth = None
+            self._record([PsEvent("ps_advice", f"{why}, and the job has max_ps={self._config.max_ps} servers: "
+                                  "give them more memory (--ps-memory)")])  # fmt: skip
+            return
+        decision = self._core.add_ps(f"{why}: adding one to spread the model", now)
+        self._apply(decision)
+        if decision.stops:  # under way (the chief stops first); deferred, it is asked again at the next look
+            self._state_growth = None
+
+    def _read_new_checkpoint(self) -> CheckpointSizes | None:
+        """The sizes of the newest checkpoint when it is one not read before (an event says them); else None."""
+        try:
+            prefix = newest_checkpoint(self._checkpoint_dir)
+            if prefix is None or (self._checkpoint is not None and self._checkpoint.prefix == str(prefix)):
+                return None
+            sizes = sizes_of(prefix)
+        except CheckpointReadError as exc:
+            # A checkpoint being replaced (max_to_keep) reads again at the next look; a broken one is said once.
+            if str(exc) != self._checkpoint_problem:
+                self._checkpoint_problem = str(exc)
+                self._record([PsEvent("checkpoint_unreadable", f"the model's size is not known: {exc}")])
+            return None
+        self._checkpoint = sizes
+        largest = max(sizes.shard_bytes, default=0)
+        self._record([PsEvent(
+            "checkpoint_sizes",
+            f"checkpoint {prefix.name}: {sizes.parameter_count} parameters ({sizes.model_bytes / _MIB:.1f} MiB), "
+            f"{sizes.total_bytes / _MIB:.1f} MiB with the optimizer's state; the largest file (one server's share) "
+            f"{largest / _MIB:.1f} MiB",
+            data={"prefix": sizes.prefix, "parameter_count": sizes.parameter_count, "model_bytes": sizes.model_bytes,
+                  "total_bytes": sizes.total_bytes, "shard_bytes": list(sizes.shard_bytes)},
+        )])  # fmt: skip
+        return sizes
+
+    def _state_growth_reason(self, sizes: CheckpointSizes) -> str | None:
+        """Why the job needs another server for the model's state (None: it does not, or that is not watched)."""
+        ratio, ps = self._config.ps_state_ratio, self._core.spec.resources.get(Role.PS)
+        largest = max(sizes.shard_bytes, default=0)
+        if ratio is None or ps is None or not ps.memory_mb or largest <= ratio * ps.memory_mb * _MIB:
+            return None
+        return (f"one parameter server holds {largest / _MIB:.2f} MiB of the model's state, over {ratio:g} of its "
+                f"{ps.memory_mb} MiB")  # fmt: skip
+
+    def _record_profile(self) -> None:
+        """Record the job's profile in the store, once, when it ends (also when stopped)."""
+        if self._profiled or not self._running or self._config.profile_store is None:
+            return
+        self._profiled = True
+        outcome = self._core.outcome
+        name = "stopped" if outcome is None else "succeeded" if outcome.succeeded else "failed"
+        reason = "the master was stopped" if outcome is None else outcome.reason
+        if self._checkpoint is not None:
+            note = f"sizes from the TensorFlow checkpoint {self._checkpoint.prefix}"
+        else:
+            note = self._checkpoint_problem or f"no checkpoint was found in {self._checkpoint_dir}"
+        peaks = self._memory_peaks
+        workers = sum(1 for key in self._running_tasks().values() if key.role is Role.WORKER)
+        profile = build_ps_profile(
+            ps_signature(self._config.job_name, self._config.command, self._config.job_kind),
+            self._core.spec,
+            outcome=name,
+            exit_reason=reason,
+            launched=self._launched,
+            peak_memory_mb={role: None if peaks is None else peaks.peak_mb(role) for role in Role},
+            workers_at_end=workers or self._core.spec.workers,
+            throughput=self._throughput.rates(),
+            checkpoint=self._checkpoint,
+            checkpoint_note=note,
+            wall_time=self._clock.wall_time(),
+        )
+        profile_id, message = ProfileRecorder(self._config.profile_store).record(profile, self._clock.wall_time())
+        self._record([PsEvent("profile_recorded", message, data={"profile_id": profile_id})])
 
     def _watch_ps_load(self, now: float, config: HotPsConfig, ps_load: PsCpuSampler) -> None:
         """Sample the parameter servers' CPU while the job trains (its chief acknowledged samples within the last
@@ -319,6 +484,10 @@ class PsJobMaster:
             return
         self._stopped = True
         try:
+            self._record_profile()
+        except Exception:
+            _log.exception("the job's profile was not recorded")
+        try:
             self._scheduler.close()
         finally:
             self._server.stop()
@@ -348,6 +517,8 @@ class PsJobMaster:
         if decision.launches:
             self._address_new_tasks()
         for launch in decision.launches:
+            if launch.resources is not None:
+                self._launched.setdefault(launch.task.role, []).append(launch.resources)
             self._scheduler.launch(
                 NodeSpec(
                     job_name=self._config.job_name,
@@ -380,6 +551,7 @@ class PsJobMaster:
             TASK_ENV_VAR: str(task),
             MASTER_ADDR_ENV_VAR: self.address,
             TOKEN_FILE_ENV_VAR: str(self._token_file),
+            CHECKPOINT_DIR_ENV_VAR: str(self._checkpoint_dir),
             "DLROVER_NODE_ID": str(node_id),
             "DLROVER_JOB_NAME": self._config.job_name,
         }
