@@ -80,14 +80,36 @@ def test_the_next_job_starts_as_this_one_ended_memory_from_its_peaks() -> None:
 def test_servers_that_would_need_more_than_a_task_may_have_spread_the_model_over_more() -> None:
     config = PsPlanConfig(memory_headroom=1.5, max_task_memory_mb=768)
     plan = plan_ps_from_runs([_ps_run()], JobSignature(script=SCRIPT), config)
-    # 3 servers x 1088 MiB = 3264 MiB of model and runtime: 5 servers of at most 768 MiB (3264 / 5 -> 704)
+    # No checkpoint bytes: a server's whole 700 MiB peak is its share, 2100 MiB in all; 5 servers of 420 MiB x1.5
     assert plan.ps == 5
-    assert plan.resources[Role.PS].memory_mb == 704
-    assert "spread over 5 server(s) of 704 MiB" in plan.reason
+    assert plan.resources[Role.PS].memory_mb == 640
+    assert "5 server(s) instead of the 3 it ran with" in plan.reason
     capped = plan_ps_from_runs([_ps_run()], JobSignature(script=SCRIPT), PsPlanConfig(max_task_memory_mb=768, max_ps=4))
     assert capped.ps == 4
     assert capped.resources[Role.PS].memory_mb == 768
-    assert "max_ps 4 caps it" in capped.reason
+    assert "cut to the 768 MiB a task may have (an OOM relaunch may follow)" in capped.reason
+
+
+def test_tensorflows_own_memory_is_not_divided_only_the_models_state_is() -> None:
+    # 900 MiB of checkpoint over 3 servers: 300 MiB each of their 700 MiB peak; 400 MiB is TensorFlow's own.
+    run = _ps_run(state_bytes=900 * 1024 * 1024)
+    plan = plan_ps_from_runs([run], JobSignature(script=SCRIPT), PsPlanConfig(max_task_memory_mb=768))
+    # (400 + 900 / n) x 1.5 <= 768 first at n = 9: 750 -> 768
+    assert (plan.ps, plan.resources[Role.PS].memory_mb) == (9, 768)
+    assert "TensorFlow's 400 MiB and a 1/9 share of 900 MiB of state" in plan.reason
+    fewer = plan_ps_from_runs([run], JobSignature(script=SCRIPT), PsPlanConfig(max_ps=2))
+    # two servers hold the state three did: (400 + 450) x 1.5 = 1275 -> 1280 each
+    assert (fewer.ps, fewer.resources[Role.PS].memory_mb) == (2, 1280)
+
+
+def test_only_a_job_that_succeeded_sizes_the_next_and_no_role_asks_more_than_a_task_may_have() -> None:
+    stopped = _ps_run(outcome="stopped", finished_at=200.0, profile_id=8,
+                      roles=[RoleProfile(Role.PS, 1, None, 30.0), RoleProfile(Role.WORKER, 1, None, 30.0)])  # fmt: skip
+    plan = plan_ps_from_runs([_ps_run(), stopped], JobSignature(script=SCRIPT), PsPlanConfig(max_task_memory_mb=1024))
+    assert plan.profile is not None
+    assert plan.profile.profile_id == 7, "the newer run was stopped, perhaps before it peaked"
+    assert plan.resources[Role.WORKER].memory_mb == 1024
+    assert "cut to the 1024 MiB a task may have from 2048 MiB" in plan.reason
 
 
 def test_fewer_workers_when_the_plan_allows_fewer_and_an_evaluator_when_it_had_one() -> None:
@@ -102,7 +124,7 @@ def test_without_a_similar_ps_profile_the_defaults_and_kinds_of_jobs_never_mix()
     plan = plan_ps_from_runs([worker_job], JobSignature(script=SCRIPT), PsPlanConfig(default_ps=2, default_workers=3))
     assert plan.source == "defaults"
     assert (plan.ps, plan.workers, plan.min_workers, dict(plan.resources)) == (2, 3, 3, {})
-    assert "no earlier parameter-server job is similar" in plan.reason
+    assert "no earlier parameter-server job that succeeded is similar" in plan.reason
     torch_plan = plan_from_runs([_ps_run()], JobSignature(script=SCRIPT), RunPlanConfig())
     assert torch_plan.source == "defaults", "a PS job's profile never sizes a job without roles"
 
@@ -139,11 +161,11 @@ def test_a_planned_server_never_asks_less_than_its_peak_nor_more_than_the_cap(
     plan = plan_ps_from_runs([run], JobSignature(script=SCRIPT), config)
     memory = plan.resources[Role.PS].memory_mb
     per_server = max(launched, math.ceil(peak * config.memory_headroom / 64) * 64)
-    servers = min(count, max_ps)
     assert 1 <= plan.ps <= max_ps
-    if cap is None or per_server <= cap:
-        assert (plan.ps, memory) == (servers, per_server)
-    else:
+    if cap is not None:
         assert memory <= cap
-        # more servers, each under the cap, together holding what the profiled ones needed (unless max_ps stops it)
-        assert plan.ps == max_ps or plan.ps * memory >= servers * per_server
+    if count <= max_ps and (cap is None or per_server <= cap):
+        assert (plan.ps, memory) == (count, per_server), "it fits as it ran"
+    elif not (cap is not None and plan.ps == max_ps and memory == cap):
+        # more or fewer servers: together they hold what the profiled ones peaked at
+        assert plan.ps * memory >= count * peak

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
+import attrs
 import pytest
 
 from dlrover.autoscale import (
@@ -18,8 +20,10 @@ from dlrover.autoscale import (
     read_runs,
 )
 from dlrover.common import ConfigError
+from dlrover.master.eventlog import read_event_log
 from dlrover.master.psjob import PsJobSpec
 from dlrover.master.psjob.cli import _parser, build_config
+from dlrover.master.psjob.cli import main as ps_job_main
 from dlrover.master.psjob.plan import build_ps_profile, ps_signature
 from dlrover.master.psjob.tf_checkpoint import sizes_of
 
@@ -133,3 +137,32 @@ def test_the_profile_of_a_finished_job_names_every_role_and_the_models_size(tmp_
         add_run(store, profile)
         (stored,), _ = read_runs(store)
     assert stored.roles == profile.roles
+
+
+def test_the_evaluator_follows_the_plan_unless_a_flag_says(tmp_path: Path) -> None:
+    with_evaluator = _earlier_job(str(tmp_path / "train.py"))
+    with_evaluator = attrs.evolve(with_evaluator, roles=[*with_evaluator.roles, RoleProfile(Role.EVALUATOR, 1)])
+    store = _store_with(tmp_path, with_evaluator)
+    assert build_config(_parser().parse_args(_args(tmp_path, "--profile-store", store))).spec.evaluator
+    told = build_config(_parser().parse_args(_args(tmp_path, "--profile-store", store, "--no-evaluator")))
+    assert not told.spec.evaluator
+    assert told.initial_plan is not None
+    assert told.initial_plan.source == "profile", "an evaluator flag does not size the job"
+
+
+def test_a_planned_size_no_node_here_could_give_falls_back_to_the_defaults(tmp_path: Path) -> None:
+    program = tmp_path / "ends.py"
+    program.write_text("")
+    huge = attrs.evolve(
+        _earlier_job(str(program)), roles=[RoleProfile(Role.CHIEF, 1, Resources(cpu=0, memory_mb=1 << 30))]
+    )
+    store = _store_with(tmp_path, huge)
+    work = tmp_path / "job"
+    argv = ["--profile-store", store, "--work-dir", str(work), "--", sys.executable, str(program)]
+    # The chief's program ends at once; the servers fail here (no TensorFlow in this venv), so whichever the
+    # master sees first ends the job: what is checked is how it was sized.
+    assert ps_job_main(argv) in (0, 1)
+    plan = next(e for e in read_event_log(work / "events.jsonl") if e["kind"] == "initial_plan")
+    assert plan["data"]["source"] == "defaults"
+    assert "the planned size cannot be used (chief resources" in plan["message"]
+    assert plan["data"]["resources"] == {}

@@ -238,8 +238,8 @@ HOLDING_STAND_IN = textwrap.dedent(
     from pathlib import Path
     out = Path(sys.argv[1])
     task = os.environ["DLROVER_PS_TASK"]
+    ballast = b"x" * (64 << 20)  # 64 MiB resident before the task says it is up: the master's peak must see it
     (out / f"{task}-{os.environ['DLROVER_NODE_ID']}.up").write_text(os.environ["DLROVER_CHECKPOINT_DIR"])
-    ballast = b"x" * (64 << 20)  # 64 MiB resident, which the master's peak must see
     while not (out / "done").exists() or not task.startswith("chief"):
         time.sleep(0.05)
     """
@@ -256,7 +256,7 @@ def test_a_checkpoint_too_big_for_its_servers_adds_one_and_the_profile_is_record
     # The fixture's largest server file is 5,684 bytes: over 0.001 of a 1 MiB server (1,048 bytes).
     spec = PsJobSpec(ps=2, resources={Role.PS: Resources(cpu=0, memory_mb=1)})
     config = PsJobConfig(spec=spec, command=("python", "/w/train.py"), work_dir=str(tmp_path / "job"),
-                         tick_interval_s=0.05, checkpoint_poll_s=0.05, ps_state_ratio=0.001, max_ps=3,
+                         tick_interval_s=0.05, checkpoint_poll_s=0.05, ps_state_ratio=0.001, max_ps=4,
                          profile_store=str(store))  # fmt: skip
     master = PsJobMaster(config, scheduler=scheduler)
     with master:
@@ -269,17 +269,27 @@ def test_a_checkpoint_too_big_for_its_servers_adds_one_and_the_profile_is_record
             master.tick()
             time.sleep(0.05)
         _wait_for((out, "ps:2-*.up"), 1)
+        # The next checkpoint's largest share is no smaller (the fixture again, as step 120): a fourth server
+        # would not help either, so none is added and the job is told to give the servers more memory.
+        shutil.copy(fixture / "ckpt-100.index", master.checkpoint_dir / "ckpt-120.index")
+        (master.checkpoint_dir / "checkpoint").write_text('model_checkpoint_path: "ckpt-120"\n')
+        while "ps_advice" not in [e["kind"] for e in read_event_log(master.event_log)]:
+            master.tick()
+            time.sleep(0.05)
         (out / "done").touch()
         outcome = master.run(timeout_s=60)
     assert outcome is not None
     assert outcome.succeeded, outcome
     events = read_event_log(master.event_log)
     sizes = [e["data"] for e in events if e["kind"] == "checkpoint_sizes"]
-    assert len(sizes) == 1, "one checkpoint, read once"
-    assert (sizes[0]["parameter_count"], sizes[0]["shard_bytes"]) == (1351, [5144, 1689, 5684])
+    assert len(sizes) == 2, "each checkpoint read once"
+    assert (sizes[0]["parameter_count"], sizes[0]["shard_bytes"]) == (1351, [5144, 8, 5684])
     adding = next(e for e in events if e["kind"] == "ps_adding")
     assert "one parameter server holds 0.01 MiB of the model's state, over 0.001 of its 1 MiB" in adding["message"]
     assert [e["data"]["ps"] for e in events if e["kind"] == "ps_added"] == [3]
+    advice = [e["message"] for e in events if e["kind"] == "ps_advice"]
+    assert len(advice) == 1
+    assert "the last server added did not make it smaller: give the servers more memory" in advice[0]
     recorded = [e for e in events if e["kind"] == "profile_recorded"]
     assert len(recorded) == 1
     with JobProfileStore(str(store)) as opened:

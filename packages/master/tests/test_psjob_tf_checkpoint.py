@@ -2,8 +2,9 @@
 
 The index files under data/tf_checkpoint were written by TensorFlow 2.21 (`keras`: a tf_keras model with an Adagrad
 optimizer and a few extra variables, saved by a CheckpointManager; `ps`: the example recommender's checkpoint from a
-job with two parameter servers, its embeddings partitioned in two). The expected shapes are what
-`tf.train.list_variables` printed for them; tests/tensorflow compares the two on a live job's checkpoint too.
+job with two parameter servers, its embeddings partitioned in two; `compiled`: a compiled tf_keras model). The
+expected shapes are what `tf.train.list_variables` printed for them; tests/tensorflow compares the two on a live
+job's checkpoint too.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ def test_the_model_is_counted_apart_from_the_optimizer_and_every_byte_of_the_dat
     assert sizes.model_bytes == sizes.parameter_count * 4
     # What TensorFlow wrote in ckpt-5.data-00000-of-00001: the index accounts for every byte of it.
     assert sizes.total_bytes == 130053
-    assert sizes.shard_bytes == (130053,)
+    assert sizes.shard_bytes == (130053 - 1466,), "the object graph (1,466 bytes) is no server's state"
     assert sizes.tensors == 12
 
 
@@ -73,8 +74,20 @@ def test_a_partitioned_variable_is_one_tensor_its_slices_hold_its_bytes_and_each
     # users 97x8, items 53x8, user and item biases, a global bias
     assert sizes.parameter_count == 97 * 8 + 53 * 8 + 97 + 53 + 1
     assert sizes.model_bytes == sizes.parameter_count * 4
-    assert sizes.shard_bytes == (5144, 1689, 5684)  # the three data files' sizes as TensorFlow wrote them
-    assert sizes.total_bytes == sum(sizes.shard_bytes)
+    # The three data files as TensorFlow wrote them (5,144, 1,689 and 5,684 bytes), less the object graph in the
+    # chief's: a server's file holds its slices of the variables, the chief's the counters.
+    assert sizes.shard_bytes == (5144, 1689 - 1681, 5684)
+    assert sizes.total_bytes == 5144 + 1689 + 5684
+
+
+def test_a_compiled_models_optimizer_is_not_counted_as_the_model() -> None:
+    # compiled/: a compiled tf_keras model (embedding 100x8, dense 24x1) with Adam, checkpointed as `model`: Keras
+    # tracks the optimizer under the model, so its slots are `model/optimizer/_variables/N`.
+    names = [e.name for e in read_index(DATA / "compiled" / "ckpt-1.index")]
+    assert "model/optimizer/_variables/1/.ATTRIBUTES/VARIABLE_VALUE" in names
+    sizes = sizes_of(DATA / "compiled" / "ckpt-1")
+    assert sizes.parameter_count == 100 * 8 + 24 + 1
+    assert sizes.model_bytes == sizes.parameter_count * 4
 
 
 def test_the_newest_checkpoint_is_the_one_the_state_file_names(tmp_path: Path) -> None:

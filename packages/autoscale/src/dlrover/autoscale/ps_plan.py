@@ -1,17 +1,21 @@
 """The first size of a parameter-server job submitted without counts or resources, from an earlier job's profile.
 
 A parameter-server job's profile (`RunProfile` with `roles`) says how many parameter servers and workers it ended
-with (after any server its master added), what each role was launched with (after any OOM growth), and the most
-memory any task of each role reached. The most similar one (`most_similar`, same rules as other jobs) sizes the new
-job:
+with (after any server its master added), what each role was launched with (after any OOM growth), the most memory
+any task of each role reached, and the bytes of its newest checkpoint. The most similar profile of a job that
+succeeded (`most_similar`, same rules as other jobs; a stopped or failed run may have ended before it peaked) sizes
+the new job:
 
-- parameter servers: as many as it ended with; each with the memory it peaked at times `memory_headroom` (rounded
-  up to `memory_step_mb`), or what it was launched with when that was more. Servers hold the model's variables, so
-  this is the model's size per server plus TensorFlow's own; when one server would need more than
-  `max_task_memory_mb`, the model is spread over more servers (at most `max_ps`), each needing less;
+- each role's memory: its peak times `memory_headroom`, rounded up to `memory_step_mb`, or what it was launched
+  with when that was more; never more than `max_task_memory_mb` (the reason says when that cut it);
+- parameter servers: as many as it ended with (at most `max_ps`). A server's memory is TensorFlow's own (its
+  peak less its share of the checkpoint) plus its share of the model's state (the checkpoint's bytes over the
+  servers), so fewer servers than it ran with each need more, and when one would need more than
+  `max_task_memory_mb` the state is spread over more servers, each needing less. Without the checkpoint's bytes a
+  server's whole peak counts as its share;
 - workers: the count it measured the most samples per second at (its final count when it measured none), within
   its range and `max_workers`;
-- chief and evaluator: one each as it had, memory sized the same way;
+- chief and evaluator: as it had them;
 - CPU: what each role was launched with (a host that does not enforce CPU measures no need for more).
 
 Without a similar profile: `default_ps` servers and `default_workers` workers, nothing asked.
@@ -103,7 +107,7 @@ def _round_up(value: float, step: int) -> int:
 
 
 def _sized(role: RoleProfile, config: PsPlanConfig) -> tuple[Resources | None, str]:
-    """A role's request from its profile, and how its memory was chosen."""
+    """A role's request from its profile (the same count of tasks), and how its memory was chosen."""
     launched = role.resources
     asked = launched.memory_mb if launched is not None else 0
     measured = 0 if role.peak_memory_mb is None else _round_up(role.peak_memory_mb * config.memory_headroom,
@@ -115,25 +119,50 @@ def _sized(role: RoleProfile, config: PsPlanConfig) -> tuple[Resources | None, s
         how = "as launched" + ("" if role.peak_memory_mb is None else f", peak {role.peak_memory_mb:.0f} MiB")
     else:
         how = "nothing measured"
+    cap = config.max_task_memory_mb
+    if cap is not None and memory > cap:
+        how += f", cut to the {cap} MiB a task may have from {memory} MiB"
+        memory = cap
     cpu = launched.cpu if launched is not None else 0.0
     if not memory and not cpu:
         return None, how
     return Resources(cpu=cpu, memory_mb=memory), how
 
 
-def _spread_servers(ps: int, request: Resources | None, config: PsPlanConfig) -> tuple[int, Resources | None, str]:
-    """More servers, each asking less, when one would need more than `max_task_memory_mb`."""
+def _servers(role: RoleProfile, run: RunProfile, config: PsPlanConfig) -> tuple[int, Resources | None, str]:
+    """How many parameter servers, each asking what, and how that was chosen."""
+    count = max(role.count, 1)
+    uncapped = attrs.evolve(config, max_task_memory_mb=None)
+    request, how = _sized(role, uncapped)
     cap = config.max_task_memory_mb
-    if request is None or cap is None or request.memory_mb <= cap:
-        return ps, request, ""
-    total = ps * request.memory_mb
-    count = min(config.max_ps, math.ceil(total / cap))
-    each = min(cap, _round_up(total / count, config.memory_step_mb))
-    note = (f"; one server would need {request.memory_mb} MiB, over the {cap} MiB a task may have, so the model is "
-            f"spread over {count} server(s) of {each} MiB")  # fmt: skip
-    if count * each < total:
-        note += f" (max_ps {config.max_ps} caps it: {total - count * each} MiB short, an OOM relaunch may follow)"
-    return count, attrs.evolve(request, memory_mb=each), note
+    first = min(count, config.max_ps)
+    fits = request is None or cap is None or request.memory_mb <= cap
+    if request is None or role.peak_memory_mb is None or (first == count and fits):
+        capped, how = _sized(role, config)
+        return first, capped, how
+    mib = 1024 * 1024
+    state = (run.state_bytes or 0) / mib
+    share = state / count if state else role.peak_memory_mb
+    runtime = max(role.peak_memory_mb - share, 0.0)  # TensorFlow's own, whatever the server holds
+    total = share * count
+
+    def need(servers: int) -> int:
+        return _round_up((runtime + total / servers) * config.memory_headroom, config.memory_step_mb)
+
+    servers = first
+    while cap is not None and need(servers) > cap and servers < config.max_ps:
+        servers += 1
+    memory = need(servers)
+    basis = (f"TensorFlow's {runtime:.0f} MiB and a 1/{servers} share of {total:.0f} MiB of state"
+             if state else f"a 1/{servers} share of {count} x {role.peak_memory_mb:.0f} MiB peak")  # fmt: skip
+    how = f"{basis}, x{config.memory_headroom:g}"
+    if cap is not None and memory > cap:
+        how += (f"; {memory} MiB each at max_ps {config.max_ps}, cut to the {cap} MiB a task may have (an OOM "
+                "relaunch may follow)")  # fmt: skip
+        memory = cap
+    elif servers != count:
+        how += f"; {servers} server(s) instead of the {count} it ran with"
+    return servers, attrs.evolve(request, memory_mb=memory), how
 
 
 def plan_ps_from_runs(
@@ -148,10 +177,10 @@ def plan_ps_from_runs(
         notes: sentences to append to the reason (a store set aside, rows skipped).
     """
     tail = "".join(f"; {n}" for n in notes)
-    found = most_similar(runs, signature, parameter_server=True)
+    found = most_similar(runs, signature, parameter_server=True, outcome="succeeded")
     if found is None:
         about = signature.describe() or "an unnamed job"
-        reason = (f"no earlier parameter-server job is similar to {about}: starting from the defaults, "
+        reason = (f"no earlier parameter-server job that succeeded is similar to {about}: starting from the defaults, "
                   f"{config.default_ps} PS and {config.default_workers} worker(s), nothing asked{tail}")  # fmt: skip
         return PsRunPlan(config.default_ps, config.default_workers, config.default_workers, False, {}, None, reason)
     run, why = found
@@ -159,15 +188,15 @@ def plan_ps_from_runs(
     said: list[str] = []
     ps = config.default_ps
     for role_profile in run.roles:
-        request, how = _sized(role_profile, config)
         role = role_profile.role
-        spread = ""
         if role is Role.PS:
-            ps, request, spread = _spread_servers(min(max(role_profile.count, 1), config.max_ps), request, config)
+            ps, request, how = _servers(role_profile, run, config)
+        else:
+            request, how = _sized(role_profile, config)
         if request is not None:
             resources[role] = request
         what = "nothing asked" if request is None else request.describe()
-        said.append(f"{role.value} {what} ({how}){spread}")
+        said.append(f"{role.value} {what} ({how})")
     workers = run.best_node_count()
     if config.max_workers is not None:
         workers = min(workers, config.max_workers)

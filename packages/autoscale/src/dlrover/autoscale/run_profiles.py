@@ -323,16 +323,16 @@ def read_runs(store: JobProfileStore) -> tuple[list[RunProfile], list[str]]:
 
 
 def most_similar(
-    runs: Sequence[RunProfile], signature: JobSignature, *, parameter_server: bool = False
+    runs: Sequence[RunProfile], signature: JobSignature, *, parameter_server: bool = False, outcome: str | None = None
 ) -> tuple[RunProfile, str] | None:
     """The most similar profile to a job of `signature` and why it was chosen, or None (see the module's rules).
 
     Only profiles of the same kind of job are candidates: of parameter-server jobs when `parameter_server`, else
-    of jobs without roles.
+    of jobs without roles; and with `outcome`, only those that ended so (e.g. `succeeded`).
     """
     best: tuple[tuple[int, float, int], RunProfile, str] | None = None
     for run in runs:
-        if bool(run.roles) != parameter_server:
+        if bool(run.roles) != parameter_server or (outcome is not None and run.outcome != outcome):
             continue
         sig = run.signature
         if signature.job_kind and sig.job_kind != signature.job_kind:

@@ -22,6 +22,8 @@ import time
 from collections.abc import Sequence
 from types import FrameType
 
+import attrs
+
 from dlrover.autoscale import HotPsConfig, PsPlanConfig, Resources, Role
 from dlrover.common import ConfigError, DLRoverError, configure_logging
 from dlrover.master.profiles import add_profile_flags, resolve_profile_store
@@ -46,7 +48,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=None, help="workers (default: planned, else 1)")
     p.add_argument("--min-workers", type=int, default=None,
                    help="the job goes on while this many workers run (default: --workers)")  # fmt: skip
-    p.add_argument("--evaluator", action="store_true", help="also run the program as an evaluator task")
+    p.add_argument("--evaluator", action=argparse.BooleanOptionalAction, default=None,
+                   help="also run the program as an evaluator (default: as a planned job had, else not)")  # fmt: skip
     p.add_argument("--max-relaunches", type=int, default=3, help="relaunches per task (default 3)")
     p.add_argument("--work-dir", required=True, help="the job's token, event log and task logs")
     p.add_argument("--job-name", default=DEFAULT_PS_JOB_NAME)
@@ -111,11 +114,19 @@ def _size(
         workers = 1 if args.workers is None else args.workers
         reason = f"sized by the flags given ({', '.join(flags)}); no profile was consulted"
         return (1 if args.ps is None else args.ps, workers, workers if args.min_workers is None else args.min_workers,
-                args.evaluator, resources, PsPlanChoice("flags", reason))  # fmt: skip
+                bool(args.evaluator), resources, PsPlanChoice("flags", reason))  # fmt: skip
     config = PsPlanConfig(max_task_memory_mb=cap, max_ps=args.max_ps)
     signature = ps_signature(args.job_name, command, args.job_kind)
     plan, choice = plan_ps_job(profile_store, signature, config, wall_time=wall_time)
-    return plan.ps, plan.workers, plan.min_workers, args.evaluator or plan.evaluator, dict(plan.resources), choice
+    evaluator = plan.evaluator if args.evaluator is None else args.evaluator
+    return plan.ps, plan.workers, plan.min_workers, evaluator, dict(plan.resources), choice
+
+
+def _defaults_instead(spec: PsJobSpec, choice: PsPlanChoice, why: str) -> tuple[PsJobSpec, PsPlanChoice]:
+    """The defaults (one server, one worker, nothing asked) for a job whose planned size cannot be used."""
+    reason = f"{why}; starting from the defaults instead, 1 PS and 1 worker(s), nothing asked"
+    defaults = attrs.evolve(spec, ps=1, workers=1, min_workers=1, resources={})
+    return defaults, PsPlanChoice("defaults", reason, None, choice.store_notice)
 
 
 def build_config(args: argparse.Namespace, *, wall_time: float | None = None) -> PsJobConfig:
@@ -131,17 +142,20 @@ def build_config(args: argparse.Namespace, *, wall_time: float | None = None) ->
     profile_store = resolve_profile_store(args.profile_store)
     now = time.time() if wall_time is None else wall_time
     ps, workers, min_workers, evaluator, resources, choice = _size(args, command, profile_store, cap, now)
+    # The budgets first, without the size: a bad flag is the flag's error, never a reason to drop a plan.
     spec = PsJobSpec(
-        ps=ps,
-        workers=workers,
-        min_workers=min_workers,
         evaluator=evaluator,
-        resources=resources,
         max_relaunches=args.max_relaunches,
         oom_memory_growth=args.oom_memory_growth,
         max_task_memory_mb=cap,
         task_start_timeout_s=args.task_start_timeout or None,
     )
+    try:
+        spec = attrs.evolve(spec, ps=ps, workers=workers, min_workers=min_workers, resources=resources)
+    except ConfigError as exc:
+        if choice.source != "profile":
+            raise
+        spec, choice = _defaults_instead(spec, choice, f"the planned size cannot be used ({exc})")
     ps_resources = spec.resources.get(Role.PS)
     if args.ps_state_ratio is not None and (ps_resources is None or not ps_resources.memory_mb):
         raise ConfigError("--ps-state-ratio needs --ps-memory: a server's share of the model is weighed against it")
@@ -179,7 +193,16 @@ def main(argv: Sequence[str]) -> int:
     args = _parser().parse_args(list(argv))
     try:
         configure_logging(args.log_level)
-        master = PsJobMaster(build_config(args))
+        config = build_config(args)
+        try:
+            master = PsJobMaster(config)
+        except ConfigError as exc:  # a planned size no node of the backend could give
+            if config.initial_plan is None or config.initial_plan.source != "profile":
+                raise
+            spec, choice = _defaults_instead(
+                config.spec, config.initial_plan, f"the planned size cannot be used ({exc})"
+            )
+            master = PsJobMaster(attrs.evolve(config, spec=spec, initial_plan=choice))
     except DLRoverError as exc:
         print(f"dlrover-master ps-job: {exc}", file=sys.stderr)
         return EXIT_USAGE

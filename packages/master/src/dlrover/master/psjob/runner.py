@@ -212,6 +212,9 @@ class PsJobMaster:
         self._checkpoint: CheckpointSizes | None = None
         self._checkpoint_problem = ""
         self._state_growth: str | None = None
+        self._state_growth_futile = False
+        self._share_at_last_add: int | None = None
+        self._last_deferral = ""
         self._last_checkpoint_look = float("-inf")
         self._running = False
         self._profiled = False
@@ -268,7 +271,10 @@ class PsJobMaster:
         self._started = True
         self._thread = threading.get_ident()
         self._server.start()
-        self._checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self._checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(f"checkpoint directory {self._checkpoint_dir} cannot be made: {exc}") from exc
         if self._config.initial_plan is not None:
             choice = self._config.initial_plan
             self._record(
@@ -328,28 +334,52 @@ class PsJobMaster:
         running = self._running_tasks()
         if self._memory_peaks is not None:
             self._memory_peaks.sample({node: key.role for node, key in running.items()})
-        workers = sum(1 for key in running.values() if key.role is Role.WORKER)
-        if not self._core.resizing:
-            self._throughput.observe(now, self._shards.acknowledged_samples(), workers)
+        # A resize's downtime is no worker count's: the count after it starts afresh.
+        workers = 0 if self._core.resizing else sum(1 for key in running.values() if key.role is Role.WORKER)
+        self._throughput.observe(now, self._shards.acknowledged_samples(), workers)
 
     def _look_at_checkpoint(self, now: float) -> None:
         """Read the newest checkpoint's sizes once it is new; with `ps_state_ratio`, add a server when one holds
-        too much of the model for its memory (again at each look while the job is not steady enough to)."""
+        too much of the model for its memory (again at each look while the job is not steady enough to), unless
+        the last server added did not make the largest share smaller (the model does not spread: more memory
+        is the answer, which a `ps_advice` event says once)."""
         sizes = self._read_new_checkpoint()
+        if self._core.resizing:
+            self._state_growth = None  # the checkpoint after the resize says whether one more is needed
+            return
         if sizes is not None:
             self._state_growth = self._state_growth_reason(sizes)
         why = self._state_growth
-        if why is None or self._core.resizing:
+        if why is None:
             return
-        if self._core.spec.ps >= self._config.max_ps:
+        largest = max(self._checkpoint.shard_bytes, default=0) if self._checkpoint is not None else 0
+        after = self._share_at_last_add
+        if after is not None and largest >= after:
+            self._state_growth_futile = True
+        if self._state_growth_futile or self._core.spec.ps >= self._config.max_ps:
             self._state_growth = None
-            self._record([PsEvent("ps_advice", f"{why}, and the job has max_ps={self._config.max_ps} servers: "
-                                  "give them more memory (--ps-memory)")])  # fmt: skip
+            limit = ("the last server added did not make it smaller" if self._state_growth_futile
+                     else f"the job has max_ps={self._config.max_ps} servers")  # fmt: skip
+            self._advise(f"{why}, and {limit}: give the servers more memory (--ps-memory)")
             return
-        decision = self._core.add_ps(f"{why}: adding one to spread the model", now)
-        self._apply(decision)
+        decision = self._add_ps(f"{why}: adding one to spread the model", now)
         if decision.stops:  # under way (the chief stops first); deferred, it is asked again at the next look
             self._state_growth = None
+            self._share_at_last_add = largest
+
+    def _add_ps(self, reason: str, now: float) -> PsDecision:
+        """Ask the core for one more server; a deferral it repeats word for word is logged once."""
+        decision = self._core.add_ps(reason, now)
+        fresh = tuple(e for e in decision.events if e.kind != "ps_add_deferred" or e.message != self._last_deferral)
+        self._last_deferral = next((e.message for e in decision.events if e.kind == "ps_add_deferred"), "")
+        self._apply(attrs.evolve(decision, events=fresh))
+        return decision
+
+    def _advise(self, message: str) -> None:
+        """A `ps_advice` event, unless it is the last one again."""
+        if message != self._last_ps_advice:
+            self._last_ps_advice = message
+            self._record([PsEvent("ps_advice", message)])
 
     def _read_new_checkpoint(self) -> CheckpointSizes | None:
         """The sizes of the newest checkpoint when it is one not read before (an event says them); else None."""
@@ -438,10 +468,9 @@ class PsJobMaster:
         self._last_ps_plan = now
         plan = plan_hot_ps(now, ps_load.series(nodes), self._core.spec.ps, config)
         if plan.launched(Role.PS):
-            self._apply(self._core.add_ps(plan.reason, now))
-        elif not plan.is_empty and plan.reason != self._last_ps_advice:
-            self._last_ps_advice = plan.reason
-            self._record([PsEvent("ps_advice", f"not carried out (it would restart the server): {plan.reason}")])
+            self._add_ps(plan.reason, now)
+        elif not plan.is_empty:
+            self._advise(f"not carried out (it would restart the server): {plan.reason}")
 
     def _with_memory_records(self, observed: Mapping[int, ObservedNode]) -> Mapping[int, ObservedNode]:
         """`observed`, with a failed node the kernel's OOM killer ended (its memory cgroup's record) marked so."""

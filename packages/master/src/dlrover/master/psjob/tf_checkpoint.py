@@ -31,6 +31,7 @@ _MAGIC = 0xDB4775248B80FB57
 _FOOTER_BYTES = 48
 _BLOCK_TRAILER_BYTES = 5  # compression type, then a masked CRC32C
 _NO_COMPRESSION = 0
+_MOST_DATA_FILES = 1 << 20  # TensorFlow writes one per device; a header naming more is damaged
 _OBJECT_GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
 _MODEL_PREFIX = "model/"
 _OPTIMIZER_PREFIX = "optimizer/"
@@ -87,8 +88,9 @@ class CheckpointSizes:
         model_bytes: the bytes of those variables.
         total_bytes: every tensor's bytes: the model, the optimizer's slots and the rest (step counters, ...).
         tensors: how many tensors it lists (slices not counted).
-        shard_bytes: bytes by data file, in file order: under a parameter-server strategy, each device's share
-            (a server's variables, the chief's counters), so the largest is the most one server holds.
+        shard_bytes: the tensors' bytes by data file, in file order (the object graph, a description of the
+            saved objects that TensorFlow keeps with the chief's counters, left out): under a parameter-server
+            strategy each device writes a file of its own, so the largest is the most state one server holds.
     """
 
     prefix: str
@@ -205,6 +207,11 @@ def read_index(path: str | Path) -> list[TensorEntry]:
     Raises:
         CheckpointReadError: the file cannot be read, or is not a TensorFlow checkpoint index.
     """
+    return _read(path)[1]
+
+
+def _read(path: str | Path) -> tuple[int, list[TensorEntry]]:
+    """(the number of data files its header names, its tensors)."""
     try:
         data = Path(path).read_bytes()
     except OSError as exc:
@@ -218,12 +225,17 @@ def read_index(path: str | Path) -> list[TensorEntry]:
         _meta_offset, _meta_size, pos = _handle(footer)
         index_offset, index_size, _ = _handle(footer, pos)
         entries = []
+        shards = 1
         for _last_key, handle in _block_entries(*_block(data, index_offset, index_size)):
             offset, size, _ = _handle(handle)
             for key, value in _block_entries(*_block(data, offset, size)):
-                if key:  # the empty key holds the bundle's header
+                if key:
                     entries.append(_entry(key.decode("utf-8", "replace"), value))
-        return entries
+                else:  # the bundle's header: field 1 is how many data files there are
+                    shards = next((v for n, _w, v in _fields(value) if n == 1 and isinstance(v, int)), shards)
+                    if not 1 <= shards <= _MOST_DATA_FILES:
+                        raise CheckpointReadError(f"its header names {shards} data files")
+        return shards, entries
     except CheckpointReadError as exc:
         raise CheckpointReadError(f"checkpoint index {path} is not a TensorFlow checkpoint index: {exc}") from None
 
@@ -263,7 +275,8 @@ def _unescape(text: str) -> str:
 
 
 def _is_optimizer(name: str) -> bool:
-    return name.startswith(_OPTIMIZER_PREFIX) or _SLOT_MARK in name
+    # A compiled Keras model tracks its optimizer under itself: `model/optimizer/...`.
+    return name.startswith(_OPTIMIZER_PREFIX) or _SLOT_MARK in name or "/optimizer/" in name
 
 
 def sizes_of(prefix: str | Path) -> CheckpointSizes:
@@ -272,19 +285,24 @@ def sizes_of(prefix: str | Path) -> CheckpointSizes:
     Raises:
         CheckpointReadError: its index cannot be read.
     """
-    entries = read_index(f"{prefix}.index")
+    files, entries = _read(f"{prefix}.index")
     named = [e for e in entries if e.sliced_from is None and e.name != _OBJECT_GRAPH_KEY]
-    model = [e for e in named if e.name.startswith(_MODEL_PREFIX) and _SLOT_MARK not in e.name]
+    model = [e for e in named if e.name.startswith(_MODEL_PREFIX) and not _is_optimizer(e.name)]
     counted = {e.name for e in model or [e for e in named if not _is_optimizer(e.name)]}
-    shards: dict[int, int] = {}
+    stray = next((e for e in entries if e.shard >= files), None)
+    if stray is not None:
+        raise CheckpointReadError(f"checkpoint index {prefix}.index puts {stray.name!r} in data file {stray.shard} "
+                                  f"of the {files} its header names")  # fmt: skip
+    shards = [0] * files
     for e in entries:
-        shards[e.shard] = shards.get(e.shard, 0) + e.nbytes
+        if e.name != _OBJECT_GRAPH_KEY:
+            shards[e.shard] += e.nbytes
     return CheckpointSizes(
         prefix=str(prefix),
         parameter_count=sum(e.elements for e in named if e.name in counted),
         # A partitioned variable's data lives in its slices, whose keys name it.
         model_bytes=sum(e.nbytes for e in entries if (e.sliced_from or e.name) in counted),
-        total_bytes=sum(shards.values()),
+        total_bytes=sum(e.nbytes for e in entries),
         tensors=len(named),
-        shard_bytes=tuple(shards.get(i, 0) for i in range(max(shards, default=-1) + 1)),
+        shard_bytes=tuple(shards),
     )
