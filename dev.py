@@ -23,6 +23,7 @@ import threading
 import time
 import venv
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent
 VENV = ROOT / ".venv"
@@ -60,13 +61,15 @@ def setup() -> None:
     _run(*pip, TORCH_PIN)
     _run(*pip, "-c", "constraints.txt", "nox")
     # The same install the nox sessions do (noxfile.dev_install_args), done once and reused.
-    query = "import json, noxfile; print(json.dumps(noxfile.dev_install_args()))"
-    args = json.loads(subprocess.check_output([str(BIN / "python"), "-c", query], cwd=ROOT, text=True))
-    _run(*pip, *args)
-    query = "import json, noxfile; print(json.dumps(noxfile.ray_install_args()))"
-    args = json.loads(subprocess.check_output([str(BIN / "python"), "-c", query], cwd=ROOT, text=True))
-    _run(*pip, *args)
+    _run(*pip, *_from_noxfile("dev_install_args()"))
+    _run(*pip, *_from_noxfile("ray_install_args()"))
     STAMP.write_text(digest)
+
+
+def _from_noxfile(expression: str) -> Any:
+    """The value of `expression` in the noxfile's namespace, read with .venv's Python (which has nox)."""
+    query = f"import json, noxfile; print(json.dumps(noxfile.{expression}))"
+    return json.loads(subprocess.check_output([str(BIN / "python"), "-c", query], cwd=ROOT, text=True))
 
 
 def _env() -> dict[str, str]:
@@ -87,6 +90,37 @@ def _timed(stage: str, timings: list[tuple[str, float]], *args: str) -> None:
         nox(*args)
     finally:
         timings.append((stage, time.monotonic() - started))
+
+
+# The isolation sessions, in two groups of about equal time (seconds of unit tests measured on a CI run: master
+# 108, diagnosis 87, flashckpt 58, launcher 26, autoscale 23, rendezvous 15, common 8, shard 6).
+_ISOLATION_GROUPS = (("master", "autoscale", "common", "shard"), ("diagnosis", "flashckpt", "launcher", "rendezvous"))
+
+
+def _isolation_in_two(timings: list[tuple[str, float]]) -> None:
+    """Each package's isolation session, two at a time: each is one pytest process of unit tests, bound by one
+    core, so on two cores two groups side by side take about half the time of one after the other. Each group's
+    output is printed whole once both have ended."""
+    packages = _from_noxfile("PACKAGES")
+    grouped = {p for group in _ISOLATION_GROUPS for p in group}
+    if grouped != set(packages):
+        raise SystemExit(f"dev.py's isolation groups {sorted(grouped)} must name every package {packages}")
+    started = time.monotonic()
+    runs = []
+    for index, group in enumerate(_ISOLATION_GROUPS):
+        log = ROOT / ".nox" / f"isolation-{index}.log"
+        sessions = [f"isolation(pkg='{p}')" for p in group]
+        with log.open("w") as out:
+            command = [str(BIN / "nox"), "-f", "noxfile.py", "-R", "-s", *sessions]
+            print("+", " ".join(command), flush=True)
+            runs.append((log, subprocess.Popen(command, cwd=ROOT, env=_env(), stdout=out, stderr=subprocess.STDOUT)))
+    codes = [proc.wait() for _log, proc in runs]
+    for log, _proc in runs:
+        print(log.read_text(), flush=True)
+    timings.append(("isolation, two groups side by side", time.monotonic() - started))
+    failed = next((code for code in codes if code != 0), 0)
+    if failed:
+        raise SystemExit(failed)
 
 
 def test(pytest_args: list[str]) -> None:
@@ -131,8 +165,10 @@ def test(pytest_args: list[str]) -> None:
     if installs.returncode != 0:
         print(log_path.read_text()[-20000:], file=sys.stderr)
         raise SystemExit(f"installing the separate venvs failed (exit code {installs.returncode}); log: {log_path}")
+    _isolation_in_two(timings)
     for session in _SEPARATE_VENV_SESSIONS:
-        _timed(session, timings, "-R", "-s", session)
+        if session != "isolation":
+            _timed(session, timings, "-R", "-s", session)
     print("\ntime per stage:", flush=True)
     for stage, seconds in timings:
         print(f"  {seconds:7.1f} s  {stage}", flush=True)
