@@ -148,6 +148,24 @@ def test_a_killed_worker_is_relaunched_and_every_sample_is_trained_once(tmp_path
     assert STEPS <= summary["updates_applied"] <= STEPS + 2
 
 
+def test_a_worker_lost_for_good_leaves_the_cluster_and_every_sample_is_trained_once(tmp_path: Path) -> None:
+    job = Job(tmp_path)
+    job.config = attrs.evolve(job.config, spec=attrs.evolve(job.config.spec, min_workers=1, max_relaunches=0),
+                              stop_grace_s=60.0)  # the planned stop waits for the chief's checkpoint  # fmt: skip
+    master = job.run(victim=TaskKey(Role.WORKER, 1))
+    events = job.events()
+    kinds = _kinds(events)
+    assert kinds.index("task_left_out") < kinds.index("cluster_restarting") < kinds.index("cluster_restarted")
+    assert len(master.cluster[Role.WORKER]) == 1
+    summary = job.summary()
+    assert summary["steps"] == STEPS
+    # The chief checkpointed at the planned stop's SIGTERM: the restarted one redid nothing.
+    assert [e["data"]["samples"] for e in events if e["kind"] == "data_rewound"] == [0]
+    committed = job.committed()
+    assert len(committed) == SAMPLES
+    assert set(committed.values()) == {1}
+
+
 def _assert_resumed_from_the_checkpoint(job: Job) -> None:
     events = job.events()
     rewound = [e for e in events if e["kind"] == "data_rewound"]

@@ -130,9 +130,61 @@ def test_a_worker_past_its_budget_is_left_out_while_enough_run() -> None:
     assert decision.launches == ()
     assert decision.outcome is None
     assert core.phase(W1) is TaskPhase.LEFT_OUT
-    decision = core.observe(_failed(1), 1.0)
-    assert decision.outcome is not None
-    assert "fewer than min_workers 1" in decision.outcome.reason
+    assert [e.kind for e in decision.events] == ["task_failed", "task_left_out", "cluster_restarting"]
+
+
+def test_the_cluster_restarts_without_a_left_out_worker_and_the_others_are_numbered_again() -> None:
+    # ps 0, workers 1-3, chief 4; worker:1 (node 2) fails past its budget while two others still run
+    core = _steady(PsJobSpec(ps=1, workers=3, min_workers=1, max_relaunches=1))
+    running = {n: ObservedNode(n, ObservedState.RUNNING) for n in range(5)}
+    core.observe({**running, 3: ObservedNode(3, ObservedState.FAILED, exit_code=1)}, 2.0)  # worker:2 relaunched
+    running = {
+        **running,
+        3: ObservedNode(3, ObservedState.FAILED, exit_code=1),
+        5: ObservedNode(5, ObservedState.RUNNING),
+    }
+    core.observe({**running, 2: ObservedNode(2, ObservedState.FAILED, exit_code=1)}, 3.0)  # worker:1 relaunched
+    running = {
+        **running,
+        2: ObservedNode(2, ObservedState.FAILED, exit_code=1),
+        6: ObservedNode(6, ObservedState.RUNNING),
+    }
+    decision = core.observe({**running, 6: ObservedNode(6, ObservedState.FAILED, exit_code=1)}, 4.0)
+    assert [e.kind for e in decision.events] == ["task_failed", "task_left_out", "cluster_restarting"]
+    assert [(s.node_id, s.graceful) for s in decision.stops] == [(4, True)], "the chief first, to checkpoint"
+    assert core.resizing
+    assert "a resize is under way" in core.add_ps("hot", 4.0).events[0].message
+    running = {**running, 6: ObservedNode(6, ObservedState.FAILED, exit_code=1)}
+    decision = core.observe({**running, 4: ObservedNode(4, ObservedState.STOPPED)}, 5.0)
+    assert sorted(s.node_id for s in decision.stops) == [0, 1, 5]
+    ended = {n: ObservedNode(n, ObservedState.STOPPED) for n in range(7)}
+    decision = core.observe(ended, 6.0)
+    assert [str(x.task) for x in decision.launches] == ["ps:0", "worker:0", "worker:1", "chief:0"]
+    assert [e.kind for e in decision.events] == ["cluster_restarted"]
+    assert decision.events[0].data == {"ps": 1, "workers": 2}
+    assert not core.resizing
+    assert core.spec.workers == 2
+    # worker:2, now worker:1, kept its budget: one relaunch charged of one
+    assert core.relaunches(W1) == (2, 1)
+    assert core.relaunches(W0) == (1, 0)
+
+
+def test_a_left_out_worker_whose_node_still_stops_keeps_its_address_until_it_has_ended() -> None:
+    spec = PsJobSpec(ps=1, workers=2, min_workers=1, max_relaunches=0, task_start_timeout_s=10.0)
+    core = _started(spec)  # ps 0, workers 1-2, chief 3
+    core.observe({n: ObservedNode(n, ObservedState.RUNNING) for n in (0, 1, 3)}, 1.0)
+    pending = {
+        **{n: ObservedNode(n, ObservedState.RUNNING) for n in (0, 1, 3)},
+        2: ObservedNode(2, ObservedState.PENDING),
+    }
+    decision = core.observe(pending, 20.0)  # worker:1 never started: stopped, left out
+    assert (2, False) in [(s.node_id, s.graceful) for s in decision.stops]
+    core.observe({**pending, 3: ObservedNode(3, ObservedState.STOPPED)}, 21.0)  # the chief ended: cluster held
+    ended = {n: ObservedNode(n, ObservedState.STOPPED) for n in (0, 1, 3)}
+    decision = core.observe({**ended, 2: ObservedNode(2, ObservedState.PENDING)}, 22.0)
+    assert decision.launches == (), "worker:1's node still holds the address the next worker:1 would take"
+    decision = core.observe({**ended, 2: ObservedNode(2, ObservedState.STOPPED)}, 23.0)
+    assert [str(x.task) for x in decision.launches] == ["ps:0", "worker:0", "chief:0"]
 
 
 def test_a_task_killed_for_memory_comes_back_with_more_up_to_the_cap() -> None:
@@ -196,7 +248,7 @@ def test_a_worker_out_of_memory_at_the_cap_is_left_out_while_enough_run() -> Non
     decision = core.observe(_failed(1, reason=REASON_OOM_KILLED), 1.0)
     assert decision.outcome is None
     assert decision.launches == ()
-    assert [e.kind for e in decision.events] == ["task_failed", "task_left_out"]
+    assert [e.kind for e in decision.events] == ["task_failed", "task_left_out", "cluster_restarting"]
     assert "ran out of memory at 100 MiB" in decision.events[1].message
 
 
@@ -294,14 +346,6 @@ def test_a_relaunch_in_the_look_the_chief_ended_is_held_in_the_next() -> None:
     ended = {n: ObservedNode(n, ObservedState.STOPPED) for n in range(5)}
     decision = core.observe(ended, 5.0)
     assert [str(x.task) for x in decision.launches] == ["ps:0", "ps:1", "worker:0", "worker:1", "chief:0"]
-
-
-def test_no_parameter_server_is_added_while_a_worker_is_left_out() -> None:
-    core = _steady(PsJobSpec(ps=1, workers=2, min_workers=1, max_relaunches=0))
-    core.observe(_failed(2), 2.0)
-    decision = core.add_ps("hot", 3.0)
-    assert decision.stops == ()
-    assert "left out of the job but still in its cluster" in decision.events[0].message
 
 
 def test_an_evaluator_that_finished_during_the_resize_stays_done() -> None:

@@ -239,6 +239,7 @@ HOLDING_STAND_IN = textwrap.dedent(
     out = Path(sys.argv[1])
     task = os.environ["DLROVER_PS_TASK"]
     ballast = b"x" * (64 << 20)  # 64 MiB resident before the task says it is up: the master's peak must see it
+    (out / f"{task}-{os.environ['DLROVER_NODE_ID']}.config").write_text(os.environ["TF_CONFIG"])
     (out / f"{task}-{os.environ['DLROVER_NODE_ID']}.up").write_text(os.environ["DLROVER_CHECKPOINT_DIR"])
     while not (out / "done").exists() or not task.startswith("chief"):
         time.sleep(0.05)
@@ -302,3 +303,35 @@ def test_a_checkpoint_too_big_for_its_servers_adds_one_and_the_profile_is_record
     assert ps.count == 3
     assert ps.peak_memory_mb is not None
     assert ps.peak_memory_mb >= 64, "the 64 MiB each server holds is in its peak"
+
+
+def test_a_worker_left_out_is_out_of_every_tf_config_after_the_restart_it_causes(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    program = tmp_path / "holding.py"
+    program.write_text(HOLDING_STAND_IN)
+    scheduler = LocalScheduler([sys.executable, str(program), str(out)], stop_grace_s=1.0, log_dir=tmp_path / "logs")
+    spec = PsJobSpec(ps=1, workers=3, min_workers=1, max_relaunches=0)
+    config = PsJobConfig(spec=spec, command=("unused",), work_dir=str(tmp_path / "job"), tick_interval_s=0.05)
+    master = PsJobMaster(config, scheduler=scheduler)
+    with master:
+        _wait_for((out, "*.up"), 5)
+        worker = master.core.node_of(TaskKey(Role.WORKER, 1))
+        assert worker is not None
+        first_cluster = {role: list(addresses) for role, addresses in master.cluster.items()}
+        os.kill(master.scheduler.pid(worker) or 0, signal.SIGKILL)  # type: ignore[attr-defined]
+        while master.core.spec.workers != 2 or master.core.resizing:
+            master.tick()
+            time.sleep(0.05)
+        _wait_for((out, "*.up"), 5 + 4)  # ps, two workers and the chief started again
+        (out / "done").touch()
+        outcome = master.run(timeout_s=60)
+    assert outcome is not None
+    assert outcome.succeeded, outcome
+    kinds = [e["kind"] for e in read_event_log(master.event_log)]
+    assert kinds.index("task_left_out") < kinds.index("cluster_restarting") < kinds.index("cluster_restarted")
+    assert master.cluster[Role.WORKER] == first_cluster[Role.WORKER][:2], "the first two addresses are kept"
+    restarted = [p for p in out.glob("*.config") if int(p.stem.rsplit("-", 1)[1]) >= 5]
+    assert sorted(p.stem.rsplit("-", 1)[0] for p in restarted) == ["chief:0", "ps:0", "worker:0", "worker:1"]
+    for path in restarted:
+        assert json.loads(path.read_text())["cluster"]["worker"] == master.cluster[Role.WORKER]

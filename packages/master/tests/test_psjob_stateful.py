@@ -1,7 +1,8 @@
 """A state machine over PsJobCore: whatever tasks start, fail, succeed, hang at start or are disrupted, several at
 once or one by one, with parameter servers added on the way, a task's new node starts only after its old one ended
-(both would serve its address), node ids are never reused, budgets hold, and once the job has ended nothing is
-launched and every node is being stopped."""
+(both would serve its address), node ids are never reused, budgets hold, a worker left out is out of the cluster
+once the restart it causes is over, and once the job has ended nothing is launched and every node is being
+stopped."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from dlrover.master.psjob import PsDecision, PsJobCore, PsJobSpec, TaskKey
+from dlrover.master.psjob import PsDecision, PsJobCore, PsJobSpec, TaskKey, TaskPhase
 from dlrover.master.scheduler.base import ObservedNode, ObservedState
 
 _ENDS = (ObservedState.FAILED, ObservedState.SUCCEEDED, ObservedState.STOPPED)
@@ -95,8 +96,15 @@ class PsJobMachine(RuleBasedStateMachine):
 
     @invariant()
     def budgets_hold(self) -> None:
-        for key in self.spec.tasks():
+        for key in self.core.spec.tasks():
             assert self.core.relaunches(key)[1] <= self.spec.max_relaunches
+
+    @invariant()
+    def no_worker_left_out_stays_in_the_cluster_once_it_restarted(self) -> None:
+        if self.core.resizing or self.finished:
+            return
+        for key in self.core.spec.tasks():
+            assert self.core.phase(key) is not TaskPhase.LEFT_OUT or key.role.value == "evaluator", key
 
     @invariant()
     def the_outcome_is_final(self) -> None:

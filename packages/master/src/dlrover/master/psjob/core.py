@@ -5,7 +5,8 @@ for each decision. What TensorFlow's parameter-server architecture needs of it:
 
 - A worker that ends is relaunched at its address; the chief's `ClusterCoordinator` retries the steps it had on
   the others meanwhile and schedules on the worker again once it answers. A worker past its relaunches is left
-  out while `min_workers` still run.
+  out while `min_workers` still run, and the cluster restarts without it (a planned restart, as when a parameter
+  server is added): a chief started later with it still in `TF_CONFIG` would wait for it for good.
 - A parameter server that ends takes its variables with it: the chief's coordinator fails. The server is
   relaunched at its address and the chief restarted (not charged: it did nothing wrong), which restores the
   variables from its newest checkpoint.
@@ -51,7 +52,8 @@ class TaskPhase(enum.StrEnum):
     LEFT_OUT = "left_out"
     """Ended for good: out of relaunches, the job going on without it."""
     HELD = "held"
-    """Stopped for a planned restart of the whole cluster (a parameter server added); started again with it."""
+    """Stopped for a planned restart of the whole cluster (a parameter server added, a worker left out); started
+    again with it."""
 
 
 @attrs.frozen
@@ -114,7 +116,7 @@ class _Task:
     launched_at: float = 0.0
     restart: bool = False  # WAITING for a restart the task did not cause (the chief after a lost PS)
     waiting_since: int = -1  # the look that put it into WAITING
-    held_ended: bool = False  # HELD, and its node has ended
+    held_ended: bool = False  # HELD or LEFT_OUT, and its node has ended
 
 
 class PsJobCore:
@@ -135,7 +137,7 @@ class PsJobCore:
         self._outcome: JobOutcome | None = None
         self._owner: dict[int, TaskKey] = {}
         self._looks = 0
-        self._resize_to: PsJobSpec | None = None  # a planned restart with more parameter servers, under way
+        self._resize_to: PsJobSpec | None = None  # a planned restart of the whole cluster, under way
         self._resize_reason = ""
         self._cluster_held = False  # the chief has ended for the resize and every other task is being stopped
 
@@ -146,7 +148,7 @@ class PsJobCore:
 
     @property
     def resizing(self) -> bool:
-        """Whether a planned restart with more parameter servers is under way."""
+        """Whether a planned restart of the whole cluster (more parameter servers, fewer workers) is under way."""
         return self._resize_to is not None
 
     @property
@@ -218,14 +220,8 @@ class PsJobCore:
             return PsDecision()
         out = _Collector(now)
         unsteady = [str(t.key) for t in self._tasks.values() if t.phase in (TaskPhase.LAUNCHED, TaskPhase.WAITING)]
-        left_out = [str(t.key) for t in self._tasks.values() if t.phase is TaskPhase.LEFT_OUT]
-        if self._resize_to is not None or unsteady or left_out:
-            if self._resize_to is not None:
-                why = "a resize is under way"
-            elif unsteady:
-                why = f"{', '.join(unsteady)} not running"
-            else:  # still in every TF_CONFIG: the restarted chief would wait for it to answer
-                why = f"{', '.join(left_out)} left out of the job but still in its cluster"
+        if self._resize_to is not None or unsteady:
+            why = "a resize is under way" if self._resize_to is not None else f"{', '.join(unsteady)} not running"
             out.event("ps_add_deferred", f"adding a parameter server waits: {why} ({reason})")
             return out.decision(None)
         chief = self._tasks[TaskKey(Role.CHIEF, 0)]
@@ -253,7 +249,8 @@ class PsJobCore:
         task.held_ended = task.node_id is None
 
     def _advance_resize(self, out: _Collector) -> None:
-        """Stop the cluster once the chief has ended, and start it again, bigger, once every node has ended."""
+        """Stop the cluster once the chief has ended, and start it again, resized, once every node has ended (those
+        of workers left out too: a worker that takes a left-out one's index takes its address)."""
         assert self._resize_to is not None
         chief = self._tasks[TaskKey(Role.CHIEF, 0)]
         if not self._cluster_held:
@@ -262,11 +259,13 @@ class PsJobCore:
             self._cluster_held = True
             for task in self._tasks.values():
                 if task.phase in (TaskPhase.LAUNCHED, TaskPhase.RUNNING, TaskPhase.WAITING):
-                    self._hold(task, "planned restart with one more parameter server", out)
+                    self._hold(task, f"planned restart: {self._resize_reason}", out)
         held = [t for t in self._tasks.values() if t.phase is TaskPhase.HELD]
-        if not all(t.held_ended for t in held):
+        left_out = [t for t in self._tasks.values() if t.key.role is Role.WORKER and t.phase is TaskPhase.LEFT_OUT]
+        if not all(t.held_ended for t in (*held, *left_out)):
             return
-        self._spec = self._resize_to
+        before = self._spec
+        self._spec = self._without_left_out_workers(self._resize_to)
         self._resize_to = None
         for key in self._spec.tasks():
             if key not in self._tasks:
@@ -274,13 +273,53 @@ class PsJobCore:
                 held.append(self._tasks[key])
         for task in sorted(held, key=lambda t: t.key.start_order):
             out.launches.append(self._launch(task, out.now))
-        out.event("ps_added", f"the job starts again with {self._spec.ps} parameter servers ({self._resize_reason}); "
-                  "the chief restores its newest checkpoint over them", ps=self._spec.ps)  # fmt: skip
+        spec = self._spec
+        if spec.ps != before.ps:
+            out.event("ps_added", f"the job starts again with {spec.ps} parameter servers ({self._resize_reason}); "
+                      "the chief restores its newest checkpoint over them", ps=spec.ps,
+                      workers=spec.workers)  # fmt: skip
+        else:
+            out.event("cluster_restarted", f"the job starts again with {spec.workers} worker(s) "
+                      f"({self._resize_reason}); the chief restores its newest checkpoint", ps=spec.ps,
+                      workers=spec.workers)  # fmt: skip
+
+    def _without_left_out_workers(self, target: PsJobSpec) -> PsJobSpec:
+        """`target` with only the workers not left out, numbered again from 0 in their order (their budgets kept);
+        the left-out ones are forgotten."""
+        workers = sorted((t for t in self._tasks.values() if t.key.role is Role.WORKER), key=lambda t: t.key.index)
+        kept = [t for t in workers if t.phase is not TaskPhase.LEFT_OUT]
+        for task in workers:
+            del self._tasks[task.key]
+        for index, task in enumerate(kept):
+            task.key = TaskKey(Role.WORKER, index)
+            self._tasks[task.key] = task
+        return attrs.evolve(target, workers=len(kept), min_workers=min(target.min_workers, len(kept)))
+
+    def _restart_without(self, task: _Task, why: str, out: _Collector) -> None:
+        """Plan a restart of the cluster without the worker just left out (unless one is under way: it leaves the
+        worker out when it starts the cluster again)."""
+        if self._resize_to is not None:
+            return
+        self._resize_to = self._spec
+        self._resize_reason = f"{task.key} left out"
+        self._cluster_held = False
+        chief = self._tasks[TaskKey(Role.CHIEF, 0)]
+        if chief.phase is TaskPhase.WAITING:
+            chief.phase = TaskPhase.HELD  # its old node is being stopped already; no new one starts
+            chief.held_ended = False
+        elif chief.phase in (TaskPhase.LAUNCHED, TaskPhase.RUNNING):
+            self._hold(chief, "planned restart without a worker: checkpoint and exit", out)
+        out.event("cluster_restarting", f"the job restarts without {task.key} ({why}): a chief started with it in "
+                  "its cluster would wait for it; the chief stops first, so its newest checkpoint is the one restored",
+                  task)  # fmt: skip
 
     def _look_at(self, task: _Task, observed: Mapping[int, ObservedNode], now: float, out: _Collector) -> None:
-        if task.node_id is None or task.phase in (TaskPhase.SUCCEEDED, TaskPhase.LEFT_OUT):
+        if task.node_id is None or task.phase is TaskPhase.SUCCEEDED:
             return
         seen = observed.get(task.node_id)
+        if task.phase is TaskPhase.LEFT_OUT:
+            task.held_ended = task.held_ended or seen is None or seen.state in _ENDED
+            return
         if task.phase is TaskPhase.HELD:
             succeeded = seen is not None and seen.state is ObservedState.SUCCEEDED
             if succeeded and task.key.role is Role.CHIEF:
@@ -397,6 +436,9 @@ class PsJobCore:
             if running >= self._spec.min_workers:
                 out.event("task_left_out", f"{key} {why}: the job goes on with {running} worker(s) (min_workers "
                           f"{self._spec.min_workers})", task)  # fmt: skip
+                # Its node may still be stopping (it never started in time): a successor at its address waits.
+                task.held_ended = not any(stop.node_id == task.node_id for stop in out.stops)
+                self._restart_without(task, why, out)
                 return
             self._finish(False, f"{key} {why}, leaving {running} worker(s), fewer than min_workers "
                          f"{self._spec.min_workers}", out)  # fmt: skip

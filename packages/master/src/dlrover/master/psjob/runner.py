@@ -561,8 +561,12 @@ class PsJobMaster:
             )
 
     def _address_new_tasks(self) -> None:
-        """Give the tasks a resize added their addresses (every task's `TF_CONFIG` names them from now on)."""
+        """Fit the addresses to a resized cluster (every task's `TF_CONFIG` names them from now on): a role that
+        has fewer tasks keeps its first addresses (every task restarts, so which node had which does not matter);
+        one that has more gets new ones."""
         spec = self._core.spec
+        for role, addresses in self._cluster.items():
+            del addresses[spec.count(role) :]
         missing = [role for role in Role if len(self._cluster.get(role, ())) < spec.count(role)]
         if not missing:
             return
