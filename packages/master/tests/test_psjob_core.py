@@ -161,7 +161,7 @@ def test_the_cluster_restarts_without_a_left_out_worker_and_the_others_are_numbe
     decision = core.observe(ended, 6.0)
     assert [str(x.task) for x in decision.launches] == ["ps:0", "worker:0", "worker:1", "chief:0"]
     assert [e.kind for e in decision.events] == ["cluster_restarted"]
-    assert decision.events[0].data == {"ps": 1, "workers": 2}
+    assert decision.events[0].data == {"ps": 1, "workers": 2, "renumbered": {"worker:2": "worker:1"}}
     assert not core.resizing
     assert core.spec.workers == 2
     # worker:2, now worker:1, kept its budget: one relaunch charged of one
@@ -324,26 +324,32 @@ def test_adding_a_parameter_server_waits_for_a_steady_job() -> None:
     assert "a resize is under way" in again.events[0].message
 
 
-def test_a_server_lost_during_the_resize_does_not_restart_the_chief_twice() -> None:
-    core = _steady(PsJobSpec(ps=2, workers=1))
+def test_a_server_lost_during_the_resize_waits_for_the_cluster_and_the_chief_loses_its_grace() -> None:
+    core = _steady(PsJobSpec(ps=2, workers=1))  # ps 0-1, worker 2, chief 3
     core.add_ps("hot", 2.0)
     decision = core.observe({**_failed(0), 3: ObservedNode(3, ObservedState.RUNNING)}, 3.0)
-    assert [str(x.task) for x in decision.launches] == ["ps:0"]
-    assert "chief_restarting" not in [e.kind for e in decision.events]
+    assert decision.launches == (), "it starts again with the cluster"
+    assert [e.kind for e in decision.events] == ["task_failed", "task_held"]
+    assert [(s.node_id, s.graceful) for s in decision.stops] == [(3, False)], "nothing left for the chief to save"
+    assert core.relaunches(PS0) == (0, 1), "charged all the same"
+    running = {n: ObservedNode(n, ObservedState.RUNNING) for n in (1, 2)}
+    decision = core.observe(
+        {**running, 0: ObservedNode(0, ObservedState.FAILED), 3: ObservedNode(3, ObservedState.FAILED)}, 4.0
+    )
+    assert sorted(s.node_id for s in decision.stops) == [1, 2]
+    ended = {n: ObservedNode(n, ObservedState.STOPPED) for n in range(4)}
+    decision = core.observe(ended, 5.0)
+    assert [str(x.task) for x in decision.launches] == ["ps:0", "ps:1", "ps:2", "worker:0", "chief:0"]
 
 
-def test_a_relaunch_in_the_look_the_chief_ended_is_held_in_the_next() -> None:
+def test_a_task_failing_in_the_look_the_chief_ended_starts_again_with_the_cluster() -> None:
     core = _steady(PsJobSpec(ps=1, workers=2))  # ps 0, workers 1-2, chief 3
     core.add_ps("hot", 2.0)
     running = {n: ObservedNode(n, ObservedState.RUNNING) for n in range(4)}
     decision = core.observe({**running, **_failed(1), 3: ObservedNode(3, ObservedState.STOPPED)}, 3.0)
-    assert [(str(x.task), x.node_id) for x in decision.launches] == [("worker:0", 4)]
-    assert 4 not in {s.node_id for s in decision.stops}, "never stopped in the look it is launched in"
-    now_running = {**running, 1: ObservedNode(1, ObservedState.FAILED, exit_code=-9),
-                   3: ObservedNode(3, ObservedState.STOPPED), 4: ObservedNode(4, ObservedState.RUNNING)}  # fmt: skip
-    decision = core.observe(now_running, 4.0)
-    assert sorted(s.node_id for s in decision.stops) == [0, 2, 4]
-    ended = {n: ObservedNode(n, ObservedState.STOPPED) for n in range(5)}
+    assert decision.launches == ()
+    assert sorted(s.node_id for s in decision.stops) == [0, 2], "the cluster is held; worker:0's node has ended"
+    ended = {n: ObservedNode(n, ObservedState.STOPPED) for n in range(4)}
     decision = core.observe(ended, 5.0)
     assert [str(x.task) for x in decision.launches] == ["ps:0", "ps:1", "worker:0", "worker:1", "chief:0"]
 

@@ -312,7 +312,9 @@ def test_a_worker_left_out_is_out_of_every_tf_config_after_the_restart_it_causes
     program.write_text(HOLDING_STAND_IN)
     scheduler = LocalScheduler([sys.executable, str(program), str(out)], stop_grace_s=1.0, log_dir=tmp_path / "logs")
     spec = PsJobSpec(ps=1, workers=3, min_workers=1, max_relaunches=0)
-    config = PsJobConfig(spec=spec, command=("unused",), work_dir=str(tmp_path / "job"), tick_interval_s=0.05)
+    store = tmp_path / "profiles.sqlite"
+    config = PsJobConfig(spec=spec, command=("python", "/w/train.py"), work_dir=str(tmp_path / "job"),
+                         tick_interval_s=0.05, profile_store=str(store))  # fmt: skip
     master = PsJobMaster(config, scheduler=scheduler)
     with master:
         _wait_for((out, "*.up"), 5)
@@ -335,3 +337,10 @@ def test_a_worker_left_out_is_out_of_every_tf_config_after_the_restart_it_causes
     assert sorted(p.stem.rsplit("-", 1)[0] for p in restarted) == ["chief:0", "ps:0", "worker:0", "worker:1"]
     for path in restarted:
         assert json.loads(path.read_text())["cluster"]["worker"] == master.cluster[Role.WORKER]
+    with JobProfileStore(str(store)) as opened:
+        (profile,), _ = read_runs(opened)
+    # Sized with 3 workers, ended with 2: the next run is not sized down for a worker lost for good.
+    assert (profile.max_nodes, profile.final_nodes) == (3, 2)
+    worker = profile.role(Role.WORKER)
+    assert worker is not None
+    assert worker.count == 3

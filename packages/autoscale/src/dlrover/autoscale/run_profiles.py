@@ -98,7 +98,8 @@ class RoleProfile:
 
     Args:
         role: the role (chief, ps, worker, evaluator).
-        count: its tasks at the end of the job (after any resize).
+        count: its tasks at the end of the job: parameter servers after any its master added; workers as the job
+            was sized (one lost for good is not subtracted: the throughput by worker count says what they did).
         resources: the most any task of it was launched with (after OOM growth); None: nothing asked.
         peak_memory_mb: the most memory (resident set) any task of it reached; None: not measured.
     """

@@ -165,7 +165,8 @@ class PsJobCore:
         return self._tasks[task].node_id
 
     def task_of(self, node_id: int) -> TaskKey | None:
-        """The task a node was launched for; None for a node this core never launched."""
+        """The task a node was launched as; None for a node this core never launched. (After a restart without a
+        worker the others are numbered again: an old node's key is the one it had.)"""
         return self._owner.get(node_id)
 
     def relaunches(self, task: TaskKey) -> tuple[int, int]:
@@ -265,7 +266,7 @@ class PsJobCore:
         if not all(t.held_ended for t in (*held, *left_out)):
             return
         before = self._spec
-        self._spec = self._without_left_out_workers(self._resize_to)
+        self._spec, renumbered = self._without_left_out_workers(self._resize_to)
         self._resize_to = None
         for key in self._spec.tasks():
             if key not in self._tasks:
@@ -281,24 +282,30 @@ class PsJobCore:
         else:
             out.event("cluster_restarted", f"the job starts again with {spec.workers} worker(s) "
                       f"({self._resize_reason}); the chief restores its newest checkpoint", ps=spec.ps,
-                      workers=spec.workers)  # fmt: skip
+                      workers=spec.workers, renumbered=renumbered)  # fmt: skip
 
-    def _without_left_out_workers(self, target: PsJobSpec) -> PsJobSpec:
-        """`target` with only the workers not left out, numbered again from 0 in their order (their budgets kept);
-        the left-out ones are forgotten."""
+    def _without_left_out_workers(self, target: PsJobSpec) -> tuple[PsJobSpec, dict[str, str]]:
+        """`target` with only the workers not left out, numbered again from 0 in their order (their budgets kept),
+        and which worker became which (those whose number changed); the left-out ones are forgotten."""
         workers = sorted((t for t in self._tasks.values() if t.key.role is Role.WORKER), key=lambda t: t.key.index)
         kept = [t for t in workers if t.phase is not TaskPhase.LEFT_OUT]
         for task in workers:
             del self._tasks[task.key]
+        renumbered = {}
         for index, task in enumerate(kept):
-            task.key = TaskKey(Role.WORKER, index)
+            old, task.key = task.key, TaskKey(Role.WORKER, index)
+            if old != task.key:
+                renumbered[str(old)] = str(task.key)
             self._tasks[task.key] = task
-        return attrs.evolve(target, workers=len(kept), min_workers=min(target.min_workers, len(kept)))
+        spec = attrs.evolve(target, workers=len(kept), min_workers=min(target.min_workers, len(kept)))
+        return spec, renumbered
 
     def _restart_without(self, task: _Task, why: str, out: _Collector) -> None:
         """Plan a restart of the cluster without the worker just left out (unless one is under way: it leaves the
         worker out when it starts the cluster again)."""
         if self._resize_to is not None:
+            out.event("cluster_restarting", f"the restart under way leaves {task.key} out of the cluster ({why})",
+                      task)  # fmt: skip
             return
         self._resize_to = self._spec
         self._resize_reason = f"{task.key} left out"
@@ -307,11 +314,12 @@ class PsJobCore:
         if chief.phase is TaskPhase.WAITING:
             chief.phase = TaskPhase.HELD  # its old node is being stopped already; no new one starts
             chief.held_ended = False
-        elif chief.phase in (TaskPhase.LAUNCHED, TaskPhase.RUNNING):
+            how = "the chief, restarting already, starts again with the cluster"
+        else:
             self._hold(chief, "planned restart without a worker: checkpoint and exit", out)
+            how = "the chief stops first, so its newest checkpoint is the one restored"
         out.event("cluster_restarting", f"the job restarts without {task.key} ({why}): a chief started with it in "
-                  "its cluster would wait for it; the chief stops first, so its newest checkpoint is the one restored",
-                  task)  # fmt: skip
+                  f"its cluster would wait for it; {how}", task)  # fmt: skip
 
     def _look_at(self, task: _Task, observed: Mapping[int, ObservedNode], now: float, out: _Collector) -> None:
         if task.node_id is None or task.phase is TaskPhase.SUCCEEDED:
@@ -391,9 +399,25 @@ class PsJobCore:
                       "back as it was", task)  # fmt: skip
         task.charged += int(charged)
         task.resources = resources
+        if self._resize_to is not None and key.role is not Role.CHIEF:
+            self._fail_into_restart(task, old_ended, out)
+            return
         self._replace(task, old_ended, restart=False, out=out, note="" if charged else " (a disruption: not charged)")
         if key.role is Role.PS:
             self._restart_chief(f"parameter server {key} was lost with its variables", out)
+
+    def _fail_into_restart(self, task: _Task, old_ended: bool, out: _Collector) -> None:
+        """A task failed while the cluster restarts: it starts again with the cluster, not before. A lost parameter
+        server leaves the chief nothing to checkpoint: a chief still stopping is killed rather than given its
+        grace."""
+        task.phase = TaskPhase.HELD
+        task.held_ended = old_ended
+        out.event("task_held", f"{task.key} starts again with the cluster (a planned restart is under way)", task)
+        chief = self._tasks[TaskKey(Role.CHIEF, 0)]
+        if task.key.role is Role.PS and chief.phase is TaskPhase.HELD and not chief.held_ended:
+            assert chief.node_id is not None
+            out.stops.append(Stop(chief.key, chief.node_id, f"{task.key} was lost: nothing left to checkpoint",
+                                  graceful=False))  # fmt: skip
 
     def _next_resources(self, task: _Task, seen: ObservedNode) -> tuple[Resources | None, str]:
         """The next incarnation's resources, or why there is none (it ran out of memory at the cap)."""

@@ -429,9 +429,13 @@ class PsJobMaster:
             note = self._checkpoint_problem or f"no checkpoint was found in {self._checkpoint_dir}"
         peaks = self._memory_peaks
         workers = sum(1 for key in self._running_tasks().values() if key.role is Role.WORKER)
+        # The workers it was sized with: one left out for good says nothing about how many the next run wants
+        # (samples/s by worker count and the count at the end say what they did); added servers are kept.
+        spec = attrs.evolve(self._core.spec, workers=self._config.spec.workers,
+                            min_workers=self._config.spec.min_workers)  # fmt: skip
         profile = build_ps_profile(
             ps_signature(self._config.job_name, self._config.command, self._config.job_kind),
-            self._core.spec,
+            spec,
             outcome=name,
             exit_reason=reason,
             launched=self._launched,
