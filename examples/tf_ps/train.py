@@ -42,7 +42,9 @@ DATASET = "tf-ps-example"
 
 def parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--out", required=True, help="checkpoints, the committed-sample ledger and the summary")
+    p.add_argument("--out", required=True,
+                   help="the committed-sample ledger, the summary, and the checkpoints unless $DLROVER_CHECKPOINT_DIR "
+                   "(set by dlrover-master ps-job) names their place")  # fmt: skip
     p.add_argument("--samples", type=int, default=6400)
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--epochs", type=int, default=1)
