@@ -67,8 +67,10 @@ WORKER = textwrap.dedent(
         assert ckpt.wait_persisted(1, 60).committed
         save(2)
         save(3)  # newest, never asked to persist
-        with open(os.path.join(out, "ready"), "w") as f:
+        # Written whole, then renamed: the test stops the agent as soon as the file exists.
+        with open(os.path.join(out, "ready.tmp"), "w") as f:
             f.write("3")
+        os.replace(os.path.join(out, "ready.tmp"), os.path.join(out, "ready"))
         if mode == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
         time.sleep(600)  # "stop": wait for the agent's SIGTERM
@@ -220,8 +222,10 @@ SHARDED_WORKER = textwrap.dedent(
         state["step"] = step
         assert ckpt.save(step, state).saved
         ckpt.stager.flush()
-    with open(os.path.join(out, "ready"), "w") as f:
+    # Written whole, then renamed: the test stops the agent as soon as the file exists, then reads it.
+    with open(os.path.join(out, "ready.tmp"), "w") as f:
         json.dump({"saver_pid": ckpt.client.saver_pid}, f)
+    os.replace(os.path.join(out, "ready.tmp"), os.path.join(out, "ready"))
     time.sleep(600)  # wait for the agent's SIGTERM
     """
 )
