@@ -150,6 +150,7 @@ def test_the_evaluator_follows_the_plan_unless_a_flag_says(tmp_path: Path) -> No
     assert told.initial_plan.source == "profile", "an evaluator flag does not size the job"
 
 
+@pytest.mark.integration  # runs the job: real task processes
 def test_a_planned_size_no_node_here_could_give_falls_back_to_the_defaults(tmp_path: Path) -> None:
     program = tmp_path / "ends.py"
     program.write_text("")
