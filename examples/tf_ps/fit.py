@@ -31,7 +31,9 @@ from recommender import Recommender, features
 
 def parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--out", required=True, help="the backup, per-epoch logs and the summary")
+    p.add_argument("--out", required=True,
+                   help="per-epoch logs, the summary, and the backup unless $DLROVER_CHECKPOINT_DIR (set by "
+                   "dlrover-master ps-job) names its place")  # fmt: skip
     p.add_argument("--epochs", type=int, default=8)
     p.add_argument("--steps-per-epoch", type=int, default=40)
     p.add_argument("--batch", type=int, default=64)
@@ -82,11 +84,13 @@ def train(args: argparse.Namespace) -> None:
         model.compile(keras.optimizers.Adagrad(args.lr), keras.losses.BinaryCrossentropy(from_logits=True),
                       steps_per_execution=5)  # fmt: skip
     progress = Progress(out, args)
+    # The master's checkpoint directory when it gives one (it reads the model's size there), else our own.
+    backup = keras.callbacks.BackupAndRestore(os.environ.get("DLROVER_CHECKPOINT_DIR") or str(out / "backup"))
     model.fit(
         keras.utils.experimental.DatasetCreator(lambda context: dataset_fn(context, args.batch)),
         epochs=args.epochs,
         steps_per_epoch=args.steps_per_epoch,
-        callbacks=[keras.callbacks.BackupAndRestore(str(out / "backup")), progress],
+        callbacks=[backup, progress],
         verbose=2,
     )
     summary = {

@@ -206,6 +206,10 @@ def test_model_fit_resumes_from_its_backup_after_a_lost_parameter_server(tmp_pat
     summary = job.summary()
     # BackupAndRestore saved at the end of the epoch the job was held at; the new chief starts at the next one.
     assert summary["first_epoch"] == FIT_PAUSE_AT + 1
+    # Its backups (BackupAndRestore, in the master's checkpoint directory) tell the master the model's size.
+    sizes = [e["data"] for e in events if e["kind"] == "checkpoint_sizes"]
+    assert sizes, "the master read BackupAndRestore's checkpoints"
+    assert sizes[-1]["parameter_count"] > 0
     first = json.loads((job.out / "epoch-0.json").read_text())
     assert summary["last_loss"] < 0.85 * first["loss"], (first, summary)
 

@@ -95,6 +95,10 @@ def test_the_newest_checkpoint_is_the_one_the_state_file_names(tmp_path: Path) -
     assert newest_checkpoint(tmp_path) is None  # nothing saved yet
     (tmp_path / "checkpoint").write_text(f'model_checkpoint_path: "{tmp_path}/ckpt-\\303\\251\\"7"\n')
     assert newest_checkpoint(tmp_path) == tmp_path / 'ckpt-é"7'
+    keras = tmp_path / "backup"
+    (keras / "chief").mkdir(parents=True)
+    (keras / "chief" / "checkpoint").write_text('model_checkpoint_path: "ckpt-3"\n')
+    assert newest_checkpoint(keras) == keras / "chief" / "ckpt-3", "Keras' BackupAndRestore keeps it in chief/"
     (tmp_path / "checkpoint").write_text("all_model_checkpoint_paths: nothing\n")
     with pytest.raises(CheckpointReadError, match="names no model_checkpoint_path"):
         newest_checkpoint(tmp_path)

@@ -10,7 +10,8 @@ the magic number `0xdb4775248b80fb57`. Its keys are the tensors' checkpoint name
 tensor's entry lists its slices, each stored under a key of its own starting with a NUL byte). This module reads
 just those fields; nothing in the file is executed or unpickled.
 
-A directory's newest checkpoint is the one its `checkpoint` state file names (`model_checkpoint_path: "..."`).
+A directory's newest checkpoint is the one its `checkpoint` state file names (`model_checkpoint_path: "..."`);
+Keras' `BackupAndRestore(backup_dir)` keeps the chief's in `backup_dir/chief`, which is looked at too.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ _MODEL_PREFIX = "model/"
 _OPTIMIZER_PREFIX = "optimizer/"
 _SLOT_MARK = "/.OPTIMIZER_SLOT/"
 _STATE_FILE = "checkpoint"
+_KERAS_BACKUP_SUBDIR = "chief"
 _ESCAPE = re.compile(rb"\\([0-7]{1,3}|.)", re.DOTALL)
 _PATH_LINE = re.compile(r'^model_checkpoint_path:\s*"((?:[^"\\]|\\.)*)"\s*$', re.MULTILINE)
 
@@ -241,24 +243,27 @@ def _read(path: str | Path) -> tuple[int, list[TensorEntry]]:
 
 
 def newest_checkpoint(directory: str | Path) -> Path | None:
-    """The prefix of the newest checkpoint its `checkpoint` state file names in `directory`; None when there is no
-    such file yet (nothing saved).
+    """The prefix of the newest checkpoint its `checkpoint` state file names in `directory`, or in its `chief`
+    subdirectory (where Keras' `BackupAndRestore` keeps the chief's backups); None when there is no such file yet
+    (nothing saved).
 
     Raises:
         CheckpointReadError: the state file exists but names no checkpoint.
     """
-    state = Path(directory) / _STATE_FILE
-    try:
-        text = state.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise CheckpointReadError(f"checkpoint state file {state} cannot be read: {exc}") from exc
-    found = _PATH_LINE.search(text)
-    if found is None:
-        raise CheckpointReadError(f"checkpoint state file {state} names no model_checkpoint_path")
-    named = Path(_unescape(found.group(1)))
-    return named if named.is_absolute() else Path(directory) / named
+    for where in (Path(directory), Path(directory) / _KERAS_BACKUP_SUBDIR):
+        state = where / _STATE_FILE
+        try:
+            text = state.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            continue
+        except (OSError, UnicodeDecodeError) as exc:
+            raise CheckpointReadError(f"checkpoint state file {state} cannot be read: {exc}") from exc
+        found = _PATH_LINE.search(text)
+        if found is None:
+            raise CheckpointReadError(f"checkpoint state file {state} names no model_checkpoint_path")
+        named = Path(_unescape(found.group(1)))
+        return named if named.is_absolute() else where / named
+    return None
 
 
 def _unescape(text: str) -> str:
