@@ -420,6 +420,7 @@ class PsJobMaster:
         if self._profiled or not self._running or self._config.profile_store is None:
             return
         self._profiled = True
+        self._read_new_checkpoint()  # the last one may be newer than the last look (a short job: none looked yet)
         outcome = self._core.outcome
         name = "stopped" if outcome is None else "succeeded" if outcome.succeeded else "failed"
         reason = "the master was stopped" if outcome is None else outcome.reason
