@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 import attrs
 
@@ -35,11 +34,6 @@ from dlrover.autoscale.run_profiles import JobSignature, RoleProfile, RunProfile
 from dlrover.common import ConfigError
 
 __all__ = ["PsPlanConfig", "PsRunPlan", "plan_ps_from_runs"]
-
-
-def _optional_positive_int(_inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-        raise ConfigError(f"{attribute.name} must be None or an integer >= 1, got {value!r}")
 
 
 @attrs.frozen
@@ -62,9 +56,9 @@ class PsPlanConfig:
     default_workers: int = attrs.field(default=1, validator=positive_int)
     memory_headroom: float = attrs.field(default=1.5, validator=positive_number)
     memory_step_mb: int = attrs.field(default=64, validator=positive_int)
-    max_task_memory_mb: int | None = attrs.field(default=None, validator=_optional_positive_int)
+    max_task_memory_mb: int | None = attrs.field(default=None, validator=attrs.validators.optional(positive_int))
     max_ps: int = attrs.field(default=16, validator=positive_int)
-    max_workers: int | None = attrs.field(default=None, validator=_optional_positive_int)
+    max_workers: int | None = attrs.field(default=None, validator=attrs.validators.optional(positive_int))
 
     def __attrs_post_init__(self) -> None:
         if self.memory_headroom < 1:
