@@ -247,7 +247,7 @@ def tests_tensorflow(session: nox.Session) -> None:
 
 def _tensorflow_packages() -> list[str]:
     """The master and what it needs, with TensorFlow through the shard and master `tf` extras."""
-    extras = {"shard": "[tf,test]", "master": "[tf,test]"}
+    extras = {"shard": "[tf,test]", "master": "[tf,test,k8s]"}  # k8s: PS jobs on the test Kubernetes cluster
     return [f"packages/{p}{extras.get(p, '')}" for p in PACKAGES if p not in ("flashckpt", "launcher")]
 
 

@@ -4,6 +4,7 @@ master's shard service, and tasks killed for real while it trains."""
 
 from __future__ import annotations
 
+import base64
 import collections
 import json
 import os
@@ -17,11 +18,16 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+import kubernetes
 import numpy as np
 import pytest
+from dlrover_testsupport.kube.cluster import KubeCluster
+from dlrover_testsupport.kube.fixtures import kube_cluster  # noqa: F401 (a fixture)
 
 from dlrover.autoscale import HotPsConfig, Resources, Role
+from dlrover.common import generate_token, write_token_file
 from dlrover.master.eventlog import read_event_log
+from dlrover.master.kube import names
 from dlrover.master.psjob import PsJobConfig, PsJobMaster, PsJobSpec, TaskKey
 from dlrover.master.scheduler.local import LocalScheduler
 
@@ -314,3 +320,121 @@ def test_a_server_whose_port_is_taken_exits_98_and_says_so() -> None:
                               capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
     assert done.returncode == ADDRESS_IN_USE_EXIT_CODE, done.stderr[-2000:]
     assert f"ps:0 cannot listen at {address}" in done.stderr
+
+
+# ---------------------------------------------------------------- on Kubernetes
+
+KUBE_NS, KUBE_JOB = "default", "rec"
+
+
+class KubeJob(Job):
+    """The example as an ElasticJob on the test Kubernetes cluster, run by `dlrover-master ps-job --backend
+    kubernetes` (a process, as the operator's master pod runs it): every task is a pod of the test kubelet, made
+    from its role's template; the parameter servers' and workers' templates give no command, so they run
+    TensorFlow's server."""
+
+    def __init__(self, cluster: KubeCluster, tmp_path: Path) -> None:
+        super().__init__(tmp_path)
+        self.cluster = cluster
+        self.tmp = tmp_path
+        self.log = tmp_path / "master.log"
+        self.victim_pods: list[Any] = []
+        self.chief_pod: Any = None
+
+    def _submit(self) -> list[str]:
+        """Create the job's Secret and ElasticJob; the master's command line."""
+        api = kubernetes.client.ApiClient(kubernetes.client.Configuration(host=self.cluster.url))
+        with api:
+            token = generate_token()
+            secret = {"metadata": {"name": names.token_secret_name(KUBE_JOB)},
+                      "data": {"token": base64.b64encode(token.encode()).decode()}}  # fmt: skip
+            kubernetes.client.CoreV1Api(api).create_namespaced_secret(KUBE_NS, secret)
+            kubernetes.client.ApiextensionsV1Api(api).create_custom_resource_definition(_elastic_job_crd())
+            server = {"spec": {"containers": [{"name": "main", "image": "rec"}]}}
+            chief = {"spec": {"containers": [{"name": "main", "image": "rec", "command": list(self.config.command)}]}}
+            job = {"apiVersion": names.api_version(), "kind": names.CRD_KIND, "metadata": {"name": KUBE_JOB},
+                   "spec": {"replicaSpecs": {"chief": {"template": chief}, "ps": {"template": server},
+                                             "worker": {"template": server}}}}  # fmt: skip
+            kubernetes.client.CustomObjectsApi(api).create_namespaced_custom_object(
+                names.CRD_GROUP, names.CRD_VERSION, KUBE_NS, names.CRD_PLURAL, job
+            )
+        token_file = write_token_file(self.tmp / "token", token)
+        kubeconfig = self.cluster.write_kubeconfig(self.tmp / "kubeconfig")
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        spec = self.config.spec
+        return [sys.executable, "-m", "dlrover.master.cli", "ps-job", "--backend=kubernetes",
+                f"--kube-namespace={KUBE_NS}", f"--kube-job={KUBE_JOB}", f"--kubeconfig={kubeconfig}",
+                f"--kube-master-address=127.0.0.1:{port}", f"--port={port}", f"--token-file={token_file}",
+                f"--ps={spec.ps}", f"--workers={spec.workers}", f"--max-relaunches={spec.max_relaunches}",
+                f"--work-dir={self.work}", "--stop-grace=5", "--kube-backoff-max-s=1"]  # fmt: skip
+
+    def run_on_kube(self, victim: TaskKey) -> None:
+        """Run to the end, holding at step PAUSE_AT to SIGKILL the victim's container there."""
+        self.pause.touch()
+        env = {k: v for k, v in os.environ.items() if not k.startswith("DLROVER_") and k != "KUBECONFIG"}
+        with open(self.log, "w") as log:
+            proc = subprocess.Popen(self._submit(), env=env, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 150
+            while not self.marker.exists():
+                assert proc.poll() is None, self.log.read_text()[-4000:]
+                assert time.monotonic() < deadline, f"the job did not reach step {PAUSE_AT}"
+                time.sleep(0.05)
+            (first,) = self._running_pods(victim)
+            (self.chief_pod,) = self._running_pods(TaskKey(Role.CHIEF, 0))
+            self.cluster.kubelet.kill_process(first.metadata.name, KUBE_NS)
+            self.pause.unlink()
+            while not [p for p in self._running_pods(victim) if p.metadata.name != first.metadata.name]:
+                assert proc.poll() is None, self.log.read_text()[-4000:]
+                assert time.monotonic() < deadline + 60, f"{victim} was not relaunched"
+                time.sleep(0.05)
+            self.victim_pods = [first, *self._running_pods(victim)]
+            code = proc.wait(timeout=180)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        assert code == 0, self.log.read_text()[-6000:]
+
+    def _running_pods(self, task: TaskKey) -> list[Any]:
+        with kubernetes.client.ApiClient(kubernetes.client.Configuration(host=self.cluster.url)) as api:
+            selector = f"{names.ROLE_LABEL}={task.role.value},{names.RANK_LABEL}={task.index}"
+            pods = kubernetes.client.CoreV1Api(api).list_namespaced_pod(KUBE_NS, label_selector=selector).items
+        return [p for p in pods if p.status.phase == "Running" and not p.metadata.deletion_timestamp]
+
+
+def _elastic_job_crd() -> dict[str, Any]:
+    version = {
+        "name": names.CRD_VERSION,
+        "served": True,
+        "storage": True,
+        "subresources": {"status": {}},
+        "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}},
+    }
+    kind = {"plural": names.CRD_PLURAL, "singular": names.CRD_SINGULAR, "kind": names.CRD_KIND}
+    spec = {"group": names.CRD_GROUP, "scope": "Namespaced", "names": kind, "versions": [version]}
+    return {"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+            "metadata": {"name": names.CRD_NAME}, "spec": spec}  # fmt: skip
+
+
+def test_on_kubernetes_a_killed_parameter_server_comes_back_at_its_dns_name_and_the_chief_restores(
+    kube_cluster: KubeCluster,  # noqa: F811 (the fixture imported above)
+    tmp_path: Path,
+) -> None:
+    job = KubeJob(kube_cluster, tmp_path)
+    job.run_on_kube(victim=TaskKey(Role.PS, 1))
+    events = job.events()
+    assert _kinds(events, "ps:1") == ["task_failed", "task_relaunched"]
+    assert _kinds(events, "chief:0") == ["chief_restarting", "task_restarted"]
+    _assert_resumed_from_the_checkpoint(job)
+    # Every task is named by its DNS name in every TF_CONFIG; the lost server's new pod has the same name and IP.
+    env = {e.name: e.value for e in job.chief_pod.spec.containers[0].env}
+    cluster = json.loads(env["TF_CONFIG"])["cluster"]
+    assert [a.rsplit(":", 1)[0] for a in cluster["ps"]] == [f"{KUBE_JOB}-ps-{i}.{KUBE_JOB}-tasks.{KUBE_NS}.svc"
+                                                            for i in range(2)]  # fmt: skip
+    first, again = job.victim_pods
+    assert first.metadata.name != again.metadata.name
+    assert first.spec.hostname == again.spec.hostname == f"{KUBE_JOB}-ps-1"
+    assert first.status.pod_ip == again.status.pod_ip

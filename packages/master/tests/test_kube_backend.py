@@ -19,7 +19,7 @@ import pytest
 from dlrover_testsupport.kube.cluster import KubeCluster
 from dlrover_testsupport.kube.fixtures import kube_cluster  # noqa: F401 (a fixture)
 
-from dlrover.autoscale import Resources
+from dlrover.autoscale import Resources, Role
 from dlrover.common import ConfigError
 from dlrover.master.kube import WatchSettings, names
 from dlrover.master.scheduler.base import (
@@ -34,7 +34,13 @@ from dlrover.master.scheduler.base import (
     ObservedState,
     SchedulerError,
 )
-from dlrover.master.scheduler.kubernetes import VERBS_USED, KubernetesScheduler, KubernetesSettings, WorkerTemplate
+from dlrover.master.scheduler.kubernetes import (
+    VERBS_USED,
+    VERBS_USED_BY_TF_TASKS,
+    KubernetesScheduler,
+    KubernetesSettings,
+    WorkerTemplate,
+)
 
 kubernetes = pytest.importorskip("kubernetes")
 
@@ -467,3 +473,84 @@ def elastic_job(worker_template: dict[str, Any]) -> dict[str, Any]:
         "metadata": {"name": JOB, "namespace": NS},
         "spec": {"replicaSpecs": {"worker": {"template": worker_template}}},
     }
+
+
+# ---------------------------------------------------------------- a parameter-server job's tasks
+
+# A stand-in task: writes what its peer's DNS name became and its HOSTNAME to <dir>/<pod name>, then waits.
+TASK = (
+    "import os, pathlib, sys, time\n"
+    "pathlib.Path(sys.argv[1], os.environ['POD_NAME']).write_text(os.environ['PEER'] + ' ' + "
+    "os.environ['HOSTNAME'])\n"
+    "time.sleep(3600)\n"
+)
+
+
+def test_a_ps_jobs_tasks_keep_their_dns_names_through_relaunches(
+    make_backend: Callable[..., KubernetesScheduler], kube_cluster: KubeCluster, core: Any, tmp_path: Path
+) -> None:
+    task = template([sys.executable, "-c", TASK, str(tmp_path)])
+    backend = make_backend(WorkerTemplate(template(), roles={"chief": task, "ps": task}), tf_tasks=True)
+    peer = f"{backend.task_host('ps', 0)}:2345"
+    assert peer == "j-ps-0.j-tasks.default.svc:2345"
+    service = core.read_namespaced_service(names.task_service_name(JOB), NS)
+    assert (service.spec.cluster_ip, service.spec.publish_not_ready_addresses) == ("None", True)
+
+    def run(node_id: int, role: Role, index: int) -> tuple[str, str]:
+        backend.launch(NodeSpec(JOB, node_id, index, env={"PEER": peer}, role=role))
+        pod = f"j-{role.value}-{index}-{node_id}"
+        written = tmp_path / pod
+        deadline = time.monotonic() + WAIT_S
+        while len(written.read_text().split() if written.exists() else ()) < 2:
+            seen = backend.observe().get(node_id)
+            if time.monotonic() > deadline or (seen is not None and seen.state is ObservedState.FAILED):
+                log = kube_cluster.kubelet.read_log(NS, pod)
+                raise AssertionError(f"node {node_id} did not start: {seen}\n{log}")
+            time.sleep(0.05)
+        address, hostname = written.read_text().split()
+        return address, hostname
+
+    chief_sees, chief_host = run(0, Role.CHIEF, 0)
+    _, ps_host = run(1, Role.PS, 0)
+    assert (chief_host, ps_host) == ("j-chief-0", "j-ps-0")
+    ps_pod = core.read_namespaced_pod("j-ps-0-1", NS)
+    assert chief_sees == f"{ps_pod.status.pod_ip}:2345"
+    # The server is lost and relaunched as another node (another pod), and the chief after it: both answer and
+    # dial where they did.
+    backend.kill(1)
+    backend.kill(0)
+    wait(backend, lambda s: state_is(1, ObservedState.STOPPED)(s) and state_is(0, ObservedState.STOPPED)(s))
+    run(2, Role.PS, 0)
+    again, _ = run(3, Role.CHIEF, 0)
+    assert core.read_namespaced_pod("j-ps-0-2", NS).status.pod_ip == ps_pod.status.pod_ip
+    assert again == chief_sees
+
+
+def test_a_ps_jobs_backend_creates_its_task_service_owned_by_the_job(
+    kube_cluster: KubeCluster, core: Any, tmp_path: Path
+) -> None:
+    with kubernetes.client.ApiClient(kubernetes.client.Configuration(host=kube_cluster.url)) as api:
+        kubernetes.client.ApiextensionsV1Api(api).create_custom_resource_definition(elastic_job_crd())
+        body = elastic_job(template())
+        body["spec"]["replicaSpecs"].update({"chief": {"template": template()}, "ps": {"template": template()}})
+        job = kubernetes.client.CustomObjectsApi(api).create_namespaced_custom_object(
+            names.CRD_GROUP, names.CRD_VERSION, NS, names.CRD_PLURAL, body
+        )
+    kubeconfig = kube_cluster.write_kubeconfig(tmp_path / "kubeconfig")
+    kube_cluster.server.clear_requests()
+    backend = KubernetesScheduler.from_cluster(settings(kubeconfig=str(kubeconfig), tf_tasks=True))
+    try:
+        assert set(backend.templates.roles) == {"chief", "ps"}
+        backend.launch(NodeSpec(JOB, 0, 0, role=Role.PS))
+        wait(backend, state_is(0, ObservedState.RUNNING))
+        backend.stop(0)
+        wait(backend, state_is(0, ObservedState.STOPPED))
+    finally:
+        backend.close()
+    # A second backend of the job (a master restarted) finds the Service there and keeps it.
+    again = KubernetesScheduler.from_cluster(settings(kubeconfig=str(kubeconfig), tf_tasks=True))
+    again.close()
+    used = {(r.group, r.rbac_resource, r.verb) for r in kube_cluster.server.requests()}
+    assert used == VERBS_USED_BY_TF_TASKS
+    service = core.read_namespaced_service(names.task_service_name(JOB), NS)
+    assert service.metadata.owner_references[0].uid == job["metadata"]["uid"]

@@ -6,10 +6,11 @@ from typing import Any
 
 import pytest
 
-from dlrover.autoscale import Resources
+from dlrover.autoscale import Resources, Role
 from dlrover.common import ConfigError
 from dlrover.master.scheduler.base import NodeSpec, ObservedState
 from dlrover.master.scheduler.kubernetes import (
+    TF_SERVER_COMMAND,
     KubernetesSettings,
     WorkerTemplate,
     master_address,
@@ -364,3 +365,59 @@ def test_a_pod_deleted_by_someone_else_is_a_disruption() -> None:
     # One that had already ended keeps how it ended.
     ended = observe_deleted_pod(7, pod("Failed", containerStatuses=terminated("OOMKilled", 137)), stop_requested=False)
     assert (ended.reason, ended.disruption) == ("OOMKilled", False)
+
+
+# ---------------------------------------------------------------- a parameter-server job's tasks
+
+TF_SETTINGS = KubernetesSettings(namespace="team", job="rec", tf_tasks=True)
+SERVER_TEMPLATE: dict[str, Any] = {"spec": {"containers": [{"name": "main", "image": "rec:1"}]}}
+CHIEF_TEMPLATE: dict[str, Any] = {
+    "spec": {"containers": [{"name": "main", "image": "rec:1", "command": ["python", "train.py"]}]}
+}
+TF_TEMPLATES = WorkerTemplate(SERVER_TEMPLATE, roles={"chief": CHIEF_TEMPLATE, "ps": SERVER_TEMPLATE})
+
+
+def tf_spec(role: Role, index: int, node_id: int, **kw: Any) -> NodeSpec:
+    env = {"DLROVER_MASTER_ADDR": "0.0.0.0:50001", "TF_CONFIG": "{}"}
+    return NodeSpec(job_name="rec", node_id=node_id, rank=index, env=env, role=role, **kw)
+
+
+def test_a_tf_task_has_its_roles_template_and_a_dns_name_its_relaunches_keep() -> None:
+    first = worker_pod(tf_spec(Role.PS, 1, 4), TF_SETTINGS, TF_TEMPLATES)
+    again = worker_pod(tf_spec(Role.PS, 1, 9, relaunch_count=1), TF_SETTINGS, TF_TEMPLATES)
+    assert (first["metadata"]["name"], again["metadata"]["name"]) == ("rec-ps-1-4", "rec-ps-1-9")
+    for pod in (first, again):
+        assert (pod["spec"]["hostname"], pod["spec"]["subdomain"]) == ("rec-ps-1", "rec-tasks")
+        assert pod["metadata"]["labels"]["elastic.dlrover.io/role"] == "ps"
+        # A server's template that runs nothing runs TensorFlow's server.
+        assert main(pod)["command"] == list(TF_SERVER_COMMAND)
+        # No /dev/shm is added (nor charged to the memory): TensorFlow's tasks take no flash checkpoint.
+        assert [v["name"] for v in pod["spec"]["volumes"]] == []
+        assert "PET_LOCAL_ADDR" not in env_of(pod)
+    chief = worker_pod(tf_spec(Role.CHIEF, 0, 0), TF_SETTINGS, TF_TEMPLATES)
+    assert chief["metadata"]["name"] == "rec-chief-0-0"
+    assert main(chief)["command"] == ["python", "train.py"]
+    assert env_of(chief)["TF_CONFIG"] == "{}"
+    assert env_of(chief)["DLROVER_MASTER_ADDR"] == "rec-master.team.svc:50001"
+
+
+def test_a_tf_tasks_resources_are_its_own_without_shm() -> None:
+    pod = worker_pod(tf_spec(Role.WORKER, 0, 2, resources=Resources(cpu=2, memory_mb=1024)), TF_SETTINGS,
+                     TF_TEMPLATES)  # fmt: skip
+    assert main(pod)["resources"]["limits"] == {"cpu": "2", "memory": "1024Mi"}
+
+
+def test_a_role_without_a_template_and_a_name_too_long_are_refused() -> None:
+    with pytest.raises(ConfigError, match=r"no evaluator template \(spec.replicaSpecs.evaluator.template\)"):
+        worker_pod(tf_spec(Role.EVALUATOR, 0, 5), TF_SETTINGS, TF_TEMPLATES)
+    long_job = KubernetesSettings(namespace="team", job="r" * 60, tf_tasks=True)
+    with pytest.raises(ConfigError, match="at most 63 characters"):
+        worker_pod(tf_spec(Role.PS, 0, 1), long_job, TF_TEMPLATES)
+
+
+def test_the_chiefs_command_is_its_main_containers() -> None:
+    assert TF_TEMPLATES.command_of("chief") == ["python", "train.py"]
+    with pytest.raises(ConfigError, match=r"the ps's main container .* has no command"):
+        TF_TEMPLATES.command_of("ps")
+    with pytest.raises(ConfigError, match=r"the chief template .* has no spec\.containers"):
+        WorkerTemplate(SERVER_TEMPLATE, roles={"chief": {"spec": {}}})

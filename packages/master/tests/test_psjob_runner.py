@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from dlrover.autoscale import JobProfileStore, Resources, Role, read_runs
-from dlrover.common import ConfigError, RetryPolicy, RpcError
+from dlrover.common import ConfigError, RetryPolicy, RpcError, generate_token, write_token_file
 from dlrover.master import UnavailableMemoryGroups, detect_memory_groups
 from dlrover.master.eventlog import read_event_log
 from dlrover.master.psjob import PsJobConfig, PsJobMaster, PsJobSpec, TaskKey
@@ -166,6 +166,31 @@ def test_the_cli_builds_the_job_and_refuses_bad_values(tmp_path: Path) -> None:
     assert hot.hot_ps.max_node_cpu == 2, "this host does not enforce CPU: a hot server is split, never grown"
     assert ps_job_main(["--ps", "0", "--work-dir", str(tmp_path / "j"), "--", "x"]) == 2
     assert ps_job_main(["--work-dir", str(tmp_path / "k")]) == 2
+
+
+def test_the_cli_refuses_what_the_kubernetes_backend_cannot_do(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("DLROVER_JOB_TOKEN", "DLROVER_JOB_TOKEN_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    kube = ["--backend", "kubernetes", "--kube-namespace", "ml", "--kube-job", "rec", "--work-dir", str(tmp_path)]
+    cases = [
+        ([*kube, "--", "python", "train.py"], "the chief runs the command of its template"),
+        (["--backend", "kubernetes", "--work-dir", str(tmp_path)], "needs --kube-namespace and --kube-job"),
+        (["--kube-job", "rec", "--work-dir", str(tmp_path), "--", "x"], "are for --backend kubernetes"),
+    ]
+    for argv, message in cases:
+        assert ps_job_main(argv) == 2
+        assert message in capsys.readouterr().err
+    # Bound to every interface there (the pods dial it); the token is the pods' Secret's, which must be given.
+    with pytest.raises(ConfigError, match="needs the job token its pods read"):
+        build_config(_parser().parse_args(kube), command=["python", "train.py"])
+    token_file = write_token_file(tmp_path / "token", generate_token())
+    config = build_config(_parser().parse_args([*kube, "--token-file", str(token_file)]), command=["python", "t.py"])
+    assert (config.bind_address, config.command) == ("0.0.0.0", ("python", "t.py"))
+    assert config.token == token_file.read_text().strip()
+    local = build_config(_parser().parse_args(["--work-dir", str(tmp_path), "--", "x"]))
+    assert (local.bind_address, local.token) == ("127.0.0.1", None)
 
 
 def _node(env: dict[str, str], *program: str) -> subprocess.CompletedProcess[str]:

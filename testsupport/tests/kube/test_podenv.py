@@ -285,3 +285,27 @@ def test_qos_class() -> None:
     assert qos_class([{"resources": {"limits": both, "requests": {"cpu": "1000m"}}}]) == "Guaranteed"
     assert qos_class([{"resources": {"limits": both, "requests": {"cpu": "500m"}}}]) == "Burstable"
     assert qos_class([{"resources": {"limits": both}}, {}]) == "Burstable"
+
+
+def test_a_pods_dns_name_under_a_headless_service_becomes_that_names_ip_and_its_port() -> None:
+    calls: list[tuple[str, str, str]] = []
+
+    def pod_address(ns: str, subdomain: str, hostname: str) -> str | None:
+        calls.append((ns, subdomain, hostname))
+        if subdomain == "missing":
+            raise NotReadyYet("ContainerCreating", "service ns/missing does not exist")
+        return None if subdomain == "plain" else "127.20.0.9"
+
+    def service(ns: str, name: str, port: int | None) -> str | None:
+        return f"127.20.0.1:{port}" if name == "rec-master" else None
+
+    text = ('{"ps": ["rec-ps-0.rec-tasks.ns.svc:2222", "rec-ps-1.rec-tasks.ns.svc.cluster.local:2223"]} '
+            "rec-master.ns.svc:50001 a.plain.ns.svc:1 rec-ps-0.rec-tasks.ns.svc")  # fmt: skip
+    assert rewrite(text, [], service, pod_address) == (
+        '{"ps": ["127.20.0.9:2222", "127.20.0.9:2223"]} 127.20.0.1:50001 a.plain.ns.svc:1 rec-ps-0.rec-tasks.ns.svc'
+    )
+    assert calls == [("ns", "rec-tasks", "rec-ps-0"), ("ns", "rec-tasks", "rec-ps-1"), ("ns", "plain", "a")]
+    # Without the lookup (what a working directory is rewritten with) such names stay; a missing Service waits.
+    assert rewrite("x.y.ns.svc:1", [], service) == "x.y.ns.svc:1"
+    with pytest.raises(NotReadyYet, match="does not exist"):
+        rewrite("x.missing.ns.svc:1", [], service, pod_address)

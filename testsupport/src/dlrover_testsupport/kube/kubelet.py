@@ -202,7 +202,7 @@ class Kubelet:
         self._nodes: dict[str, Obj] = {}
         self._runs: dict[str, _PodRun] = {}  # by pod uid
         self._retired: list[_PodRun] = []  # cleaned up; kept for their logs
-        self._ips: dict[Key, str] = {}
+        self._ips: dict[tuple[str, ...], str] = {}
         self._lost: set[str] = set()
         self._unreachable: set[str] = set()  # lost nodes whose pods nothing reports (a subset of _lost)
         self._unschedulable_messages: dict[str, str] = {}  # uid -> message written
@@ -738,11 +738,35 @@ class Kubelet:
             self._start(run, pod)
 
     def _ip_for(self, namespace: str, name: str) -> str:
-        key = (namespace, name)
+        """The IP of a pod: one per pod name, except that pods with a hostname and subdomain (a DNS name under a
+        headless Service) share that name's IP, so every relaunch of a task answers at the address its peers
+        resolved (a real cluster gives a new IP and updates the DNS record; the rewrite here is done once, at the
+        start of a container)."""
+        pod = self._pods.get((namespace, name))
+        spec = (pod or {}).get("spec") or {}
+        if spec.get("hostname") and spec.get("subdomain"):
+            return self._dns_ip(namespace, str(spec["subdomain"]), str(spec["hostname"]))
+        return self._new_ip(("pod", namespace, name))
+
+    def _dns_ip(self, namespace: str, subdomain: str, hostname: str) -> str:
+        return self._new_ip(("dns", namespace, subdomain, hostname))
+
+    def _new_ip(self, key: tuple[str, ...]) -> str:
         if key not in self._ips:
             n = len(self._ips)
             self._ips[key] = f"127.20.{n // 250}.{n % 250 + 1}"
         return self._ips[key]
+
+    def _pod_address(self, namespace: str, subdomain: str, hostname: str) -> str | None:
+        """The IP of `<hostname>.<subdomain>.<namespace>.svc`: that name's, whether or not a pod has it yet (its
+        peers resolve it again until one has), when `subdomain` is a headless Service."""
+        service = self._get("services", namespace, subdomain)
+        if service is None:
+            why = f"service {namespace}/{subdomain} does not exist, so {hostname}.{subdomain} does not resolve yet"
+            raise NotReadyYet("ContainerCreating", why)
+        if (service.get("spec") or {}).get("clusterIP") != "None":
+            return None
+        return self._dns_ip(namespace, subdomain, hostname)
 
     def _new_run(self, pod: Obj) -> _PodRun:
         meta, spec = pod["metadata"], pod.get("spec") or {}
@@ -776,6 +800,7 @@ class Kubelet:
             secret=lambda ns, name: self._get("secrets", ns, name),
             config_map=lambda ns, name: self._get("configmaps", ns, name),
             service=self._service_address,
+            pod_address=self._pod_address,
         )
 
     def _get(self, plural: str, namespace: str, name: str) -> Obj | None:
@@ -846,8 +871,9 @@ class Kubelet:
         args = [str(a) for a in container.get("args") or []]
         if not command:
             raise PodSpecError(f"container {name!r} has no command: the test kubelet runs commands, not images")
-        argv = [rewrite(expand(a, env.get), mounts, service) for a in command + args]
-        env = {k: rewrite(v, mounts, service) for k, v in env.items()}
+        pod_address = lookups.pod_address
+        argv = [rewrite(expand(a, env.get), mounts, service, pod_address) for a in command + args]
+        env = {k: rewrite(v, mounts, service, pod_address) for k, v in env.items()}
         working_dir = container.get("workingDir")
         cwd = Path(rewrite(str(working_dir), mounts, lambda *_: None)) if working_dir else run.directory / "work"
         base = dict(os.environ)
@@ -856,7 +882,7 @@ class Kubelet:
         scripts = str(Path(sys.executable).parent)
         if scripts not in base.get("PATH", "").split(os.pathsep):
             base["PATH"] = os.pathsep.join(p for p in (scripts, base.get("PATH", "")) if p)
-        base["HOSTNAME"] = run.name
+        base["HOSTNAME"] = str((pod.get("spec") or {}).get("hostname") or run.name)  # as a container's is
         if self._api_url is not None:
             base["KUBECONFIG"] = str(run.directory / "kubeconfig")
         limits = (container.get("resources") or {}).get("limits") or {}

@@ -5,7 +5,9 @@ The environment as Kubernetes builds it (envFrom, then env in order; `secretKeyR
 exactly as the kubelet's expansion does), the local directories standing in for volumes, and the
 two rewrites that let a pod's configuration run on one host: a volume's mountPath used as a path
 prefix becomes the directory backing the volume, and a Service address
-(`<svc>.<ns>.svc[.cluster.local]:<port>`) becomes the address of a pod it selects. A Service name
+(`<svc>.<ns>.svc[.cluster.local]:<port>`) becomes the address of a pod it selects; a pod's own DNS
+name under a headless Service (`<hostname>.<subdomain>.<ns>.svc[.cluster.local]:<port>`) becomes
+the address of the pod with that hostname and subdomain. A Service name
 without a port stays as written: it is what a client resolves, but also what it checks a TLS
 certificate against (`DLROVER_MASTER_TLS_SERVER_NAME`), and only an address is dialed.
 
@@ -44,6 +46,10 @@ __all__ = [
 ]
 
 Obj = Mapping[str, Any]
+_POD_NAME = re.compile(
+    r"(?<![A-Za-z0-9.-])([a-z0-9](?:[-a-z0-9]*[a-z0-9])?)\.([a-z0-9](?:[-a-z0-9]*[a-z0-9])?)"
+    r"\.([a-z0-9](?:[-a-z0-9]*[a-z0-9])?)\.svc(?:\.cluster\.local)?:(\d+)(?![\w-]|\.[\w-])"
+)
 _SERVICE_NAME = re.compile(
     r"(?<![A-Za-z0-9.-])([a-z0-9](?:[-a-z0-9]*[a-z0-9])?)\.([a-z0-9](?:[-a-z0-9]*[a-z0-9])?)"
     r"\.svc(?:\.cluster\.local)?:(\d+)(?![\w-]|\.[\w-])"
@@ -84,6 +90,9 @@ class PodLookups:
         service: (namespace, name, port or None) -> the address a Service DNS name stands for,
             or None when no such Service exists (the name is left alone); raises `NotReadyYet`
             while the Service selects no pod.
+        pod_address: (namespace, subdomain, hostname) -> the IP a pod's DNS name under a headless
+            Service stands for, or None when `subdomain` is no headless Service (the name is left
+            alone); raises `NotReadyYet` while there is no Service of that name.
     """
 
     pod_ip: str
@@ -92,6 +101,7 @@ class PodLookups:
     secret: Callable[[str, str], Obj | None]
     config_map: Callable[[str, str], Obj | None]
     service: Callable[[str, str, int | None], str | None]
+    pod_address: Callable[[str, str, str], str | None] = lambda _namespace, _subdomain, _hostname: None
 
 
 def expand(text: str, lookup: Callable[[str], str | None]) -> str:
@@ -383,13 +393,20 @@ def _literal(value: str) -> Callable[[re.Match[str]], str]:
     return lambda _match: value
 
 
-def rewrite(text: str, mounts: Sequence[tuple[str, str]], service: Callable[[str, str, int | None], str | None]) -> str:
-    """`text` with each mountPath used as a path prefix replaced by its local directory and each
-    Service address (a DNS name with a port) replaced by the address `service` gives (one it gives
-    None for stays; a name without a port always stays).
+def rewrite(
+    text: str,
+    mounts: Sequence[tuple[str, str]],
+    service: Callable[[str, str, int | None], str | None],
+    pod_address: Callable[[str, str, str], str | None] | None = None,
+) -> str:
+    """`text` with each mountPath used as a path prefix replaced by its local directory, each pod
+    address under a headless Service (`<hostname>.<subdomain>.<ns>.svc:<port>`) by the IP
+    `pod_address` gives and the port, and each Service address (a DNS name with a port) by the
+    address `service` gives (a name either gives None for stays; a name without a port always
+    stays).
 
     Raises:
-        NotReadyYet: from `service`.
+        NotReadyYet: from `service` or `pod_address`.
     """
     for path, local in mounts:
         pattern = re.compile(r"(?<![\w.\-/])" + re.escape(path) + r"(?=/|$|[^\w.\-])")
@@ -400,6 +417,13 @@ def rewrite(text: str, mounts: Sequence[tuple[str, str]], service: Callable[[str
         found = service(match.group(2), match.group(1), port)
         return match.group(0) if found is None else found
 
+    def pod(match: re.Match[str]) -> str:
+        assert pod_address is not None
+        ip = pod_address(match.group(3), match.group(2), match.group(1))
+        return match.group(0) if ip is None else f"{ip}:{match.group(4)}"
+
+    if pod_address is not None:
+        text = _POD_NAME.sub(pod, text)
     return _SERVICE_NAME.sub(address, text)
 
 

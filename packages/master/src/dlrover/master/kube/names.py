@@ -30,6 +30,9 @@ __all__ = [
     "api_version",
     "job_labels",
     "master_name",
+    "task_hostname",
+    "task_pod_name",
+    "task_service_name",
     "token_secret_name",
     "worker_labels",
     "worker_pod_name",
@@ -81,6 +84,30 @@ def master_name(job: str) -> str:
 def worker_pod_name(job: str, node_id: int) -> str:
     """The pod of one worker node."""
     return f"{job}-worker-{node_id}"
+
+
+def task_service_name(job: str) -> str:
+    """The headless Service under which every task of a TensorFlow parameter-server job has its DNS name."""
+    return f"{job}-tasks"
+
+
+def task_hostname(job: str, role: str, index: int) -> str:
+    """The hostname of task `role:index` of a parameter-server job (`<job>-ps-0`): the first label of its DNS name,
+    `<hostname>.<job>-tasks.<namespace>.svc`, which every pod of that task has, whatever its relaunch.
+
+    Raises:
+        ValueError: the name is longer than a DNS label may be (63).
+    """
+    name = f"{job}-{role}-{index}"
+    if len(name) > 63:
+        raise ValueError(f"task {role}:{index} of job {job!r} needs a hostname of at most 63 characters, got {name!r}")
+    return name
+
+
+def task_pod_name(job: str, role: str, index: int, node_id: int) -> str:
+    """The pod of one node of task `role:index` (`<job>-ps-0-3`: parameter server 0, node 3); each relaunch is
+    another node, so another pod, under the same hostname."""
+    return f"{job}-{role}-{index}-{node_id}"
 
 
 def job_labels(job: str, component: str) -> dict[str, str]:

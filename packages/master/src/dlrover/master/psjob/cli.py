@@ -1,11 +1,19 @@
-"""`dlrover-master ps-job`: run a TensorFlow parameter-server job on this host.
+"""`dlrover-master ps-job`: run a TensorFlow parameter-server job on this host or on Kubernetes.
 
     dlrover-master ps-job --ps 2 --workers 2 --work-dir /tmp/job -- python train.py --out /tmp/job/out
+    dlrover-master ps-job --backend kubernetes --kube-namespace ml --kube-job rec --ps 2 --workers 2 --work-dir /state
 
-Every task is a process of this host, listening on 127.0.0.1 at a port it keeps for the whole job. The chief runs
-the program after `--`; parameter servers and workers run TensorFlow's server. The job ends when the chief's
-program exits 0 (exit status 0) or when a task fails past its relaunches (exit status 1); SIGTERM or SIGINT stops
-it (exit status 3). Its events are in `<work-dir>/events.jsonl`, each task's output in `<work-dir>/logs/`.
+On this host (`--backend local`) every task is a process listening on 127.0.0.1 at a port it keeps for the whole
+job; the chief runs the program after `--`; parameter servers and workers run TensorFlow's server. On Kubernetes
+every task is a pod made from its role's template in the ElasticJob (`spec.replicaSpecs.{chief,ps,worker,
+evaluator}`), with the DNS name `<job>-<role>-<index>.<job>-tasks.<namespace>.svc` for the whole job; the chief runs
+its template's command, and a parameter server or worker whose template gives no command runs TensorFlow's server.
+The master uses the job token its pods read from the Secret `<job>-token` (`--token-file`, else
+`$DLROVER_JOB_TOKEN_FILE` or `$DLROVER_JOB_TOKEN`).
+
+The job ends when the chief's program exits 0 (exit status 0) or when a task fails past its relaunches (exit status
+1); SIGTERM or SIGINT stops it (exit status 3). Its events are in `<work-dir>/events.jsonl`; on this host each
+task's output is in `<work-dir>/logs/`.
 
 A job given none of `--ps`, `--workers`, `--min-workers` and the `--{role}-cpu/memory` flags is sized from the
 profile of the most similar earlier PS job in the profile store (`--profile-store`), else it runs one parameter
@@ -25,12 +33,14 @@ from types import FrameType
 import attrs
 
 from dlrover.autoscale import HotPsConfig, PsPlanConfig, Resources, Role
-from dlrover.common import ConfigError, DLRoverError, configure_logging
+from dlrover.common import ConfigError, DLRoverError, configure_logging, find_token, load_token
 from dlrover.master.profiles import add_profile_flags, resolve_profile_store
 from dlrover.master.psjob.plan import DEFAULT_PS_JOB_NAME, PsPlanChoice, plan_ps_job, ps_signature
 from dlrover.master.psjob.runner import PsJobConfig, PsJobMaster
 from dlrover.master.psjob.spec import PS_ROLES, PsJobSpec
 from dlrover.master.resource_flags import memory_flag, resources_from_flags
+from dlrover.master.scheduler.base import SchedulerBackend
+from dlrover.master.scheduler.kubernetes.flags import add_kubernetes_flags, kubernetes_settings
 
 __all__ = ["main"]
 
@@ -41,9 +51,21 @@ EXIT_USAGE = 2
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="dlrover-master ps-job",
-        description="Run a TensorFlow parameter-server job (chief, parameter servers, workers) on this host.",
-        epilog="Everything after -- is the chief's program, e.g. -- python train.py --epochs 2",
+        description="Run a TensorFlow parameter-server job (chief, parameter servers, workers) on this host or on "
+        "Kubernetes.",
+        epilog="Everything after -- is the chief's program, e.g. -- python train.py --epochs 2 (local backend; on "
+        "Kubernetes the chief runs its template's command)",
     )
+    p.add_argument("--backend", choices=("local", "kubernetes"), default="local", help="who runs the tasks")
+    p.add_argument(
+        "--bind-address",
+        default=None,
+        help="the interface the master serves on (default: 127.0.0.1 locally, 0.0.0.0 on kubernetes)",
+    )
+    p.add_argument("--token-file", default=None,
+                   help="a 0600 file holding the job token (kubernetes: the token of the Secret <job>-token, which "
+                   "the pods read; default $DLROVER_JOB_TOKEN_FILE or $DLROVER_JOB_TOKEN); locally a new token is "
+                   "made unless this is given")  # fmt: skip
     p.add_argument("--ps", type=int, default=None, help="parameter servers (default: planned, else 1)")
     p.add_argument("--workers", type=int, default=None, help="workers (default: planned, else 1)")
     p.add_argument("--min-workers", type=int, default=None,
@@ -92,6 +114,7 @@ def _parser() -> argparse.ArgumentParser:
                    "this fraction of --ps-memory (default: never)")  # fmt: skip
     add_profile_flags(p, sized_by="none of --ps, --workers, --min-workers and --{role}-cpu/memory")
     p.add_argument("--log-level", default=None)
+    add_kubernetes_flags(p)
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- PROGRAM [ARGS...]: what the chief runs")
     return p
 
@@ -129,15 +152,36 @@ def _defaults_instead(spec: PsJobSpec, choice: PsPlanChoice, why: str) -> tuple[
     return defaults, PsPlanChoice("defaults", reason, None, choice.store_notice)
 
 
-def build_config(args: argparse.Namespace, *, wall_time: float | None = None) -> PsJobConfig:
+def _given_command(args: argparse.Namespace) -> list[str]:
+    command = list(args.command)
+    return command[1:] if command[:1] == ["--"] else command
+
+
+def _token(args: argparse.Namespace) -> str | None:
+    """The job token the flags give (on kubernetes also the environment's: the token of the pods' Secret)."""
+    if args.backend == "kubernetes":
+        found = find_token(None, token_file=args.token_file)
+        if found is None:
+            raise ConfigError("--backend kubernetes needs the job token its pods read from the Secret <job>-token: "
+                              "--token-file, $DLROVER_JOB_TOKEN_FILE or $DLROVER_JOB_TOKEN")  # fmt: skip
+        return found[0]
+    return None if args.token_file is None else load_token(token_file=args.token_file)
+
+
+def build_config(
+    args: argparse.Namespace, *, command: Sequence[str] | None = None, wall_time: float | None = None
+) -> PsJobConfig:
     """The job `args` describe; sized from the profile store when they give no counts or resources.
+
+    Args:
+        args: the parsed flags.
+        command: the chief's program; None: the one after `--`.
+        wall_time: now (the profiles' age).
 
     Raises:
         ConfigError: a value is malformed or contradicts another; the message names the flag.
     """
-    command = list(args.command)
-    if command[:1] == ["--"]:
-        command = command[1:]
+    command = _given_command(args) if command is None else list(command)
     cap = None if args.max_task_memory is None else memory_flag(args.max_task_memory, "--max-task-memory")
     profile_store = resolve_profile_store(args.profile_store)
     now = time.time() if wall_time is None else wall_time
@@ -176,6 +220,8 @@ def build_config(args: argparse.Namespace, *, wall_time: float | None = None) ->
         command=tuple(command),
         work_dir=args.work_dir,
         job_name=args.job_name,
+        bind_address=args.bind_address or ("0.0.0.0" if args.backend == "kubernetes" else "127.0.0.1"),  # noqa: S104
+        token=_token(args),
         port=args.port,
         tick_interval_s=args.tick_interval,
         stop_grace_s=args.stop_grace,
@@ -188,21 +234,63 @@ def build_config(args: argparse.Namespace, *, wall_time: float | None = None) ->
     )
 
 
-def main(argv: Sequence[str]) -> int:
-    """Entry point of `dlrover-master ps-job`."""
-    args = _parser().parse_args(list(argv))
+def _kubernetes_backend(args: argparse.Namespace) -> tuple[SchedulerBackend, list[str]]:
+    """The Kubernetes backend of the ElasticJob the flags name, and the chief's command (its template's).
+
+    Raises:
+        ConfigError: the flags or the ElasticJob cannot run a parameter-server job.
+        SchedulerError: the cluster cannot be reached.
+    """
+    if _given_command(args):
+        raise ConfigError("on kubernetes the chief runs the command of its template (spec.replicaSpecs.chief), not "
+                          "one after --")  # fmt: skip
+    settings = kubernetes_settings(args, tls_cert=None, stop_grace_s=args.stop_grace, tf_tasks=True)
+    assert settings is not None
+    from dlrover.master.scheduler.kubernetes.backend import KubernetesScheduler  # the k8s extra
+
+    scheduler = KubernetesScheduler.from_cluster(settings)
     try:
-        configure_logging(args.log_level)
-        config = build_config(args)
+        command = scheduler.templates.command_of("chief")
+        if args.job_name == DEFAULT_PS_JOB_NAME:
+            args.job_name = settings.job  # the ElasticJob names the job
+    except BaseException:
+        scheduler.close()
+        raise
+    return scheduler, command
+
+
+def _master(args: argparse.Namespace) -> PsJobMaster:
+    """The job's master on the backend the flags choose (its planned size, else the defaults, where a node could
+    not hold the plan)."""
+    scheduler: SchedulerBackend | None = None
+    command = None
+    if args.backend == "kubernetes":
+        scheduler, command = _kubernetes_backend(args)
+    elif any(getattr(args, name) is not None for name in ("kube_namespace", "kube_job")):
+        raise ConfigError("--kube-namespace and --kube-job are for --backend kubernetes")
+    try:
+        config = build_config(args, command=command)
         try:
-            master = PsJobMaster(config)
+            return PsJobMaster(config, scheduler=scheduler)
         except ConfigError as exc:  # a planned size no node of the backend could give
             if config.initial_plan is None or config.initial_plan.source != "profile":
                 raise
             spec, choice = _defaults_instead(
                 config.spec, config.initial_plan, f"the planned size cannot be used ({exc})"
             )
-            master = PsJobMaster(attrs.evolve(config, spec=spec, initial_plan=choice))
+            return PsJobMaster(attrs.evolve(config, spec=spec, initial_plan=choice), scheduler=scheduler)
+    except BaseException:
+        if scheduler is not None:
+            scheduler.close()
+        raise
+
+
+def main(argv: Sequence[str]) -> int:
+    """Entry point of `dlrover-master ps-job`."""
+    args = _parser().parse_args(list(argv))
+    try:
+        configure_logging(args.log_level)
+        master = _master(args)
     except DLRoverError as exc:
         print(f"dlrover-master ps-job: {exc}", file=sys.stderr)
         return EXIT_USAGE

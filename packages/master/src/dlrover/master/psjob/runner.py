@@ -35,6 +35,7 @@ from dlrover.common import (
     SystemClock,
     add_ping_service,
     generate_token,
+    validate_token,
     write_token_file,
 )
 from dlrover.common.orphan_guard import guarded_argv
@@ -93,7 +94,9 @@ class PsJobConfig:
         command: the program the chief (and the evaluator) runs, as an argument list.
         work_dir: the job's directory: its token (0600), event log and per-task logs.
         job_name: names the job in events.
-        task_host: the host every task listens on (the local backend runs them all here).
+        task_host: the host every task listens on (the local backend runs them all here), and where their ports
+            are chosen; a backend that names its tasks (`task_host(role, index)`, the Kubernetes backend's DNS
+            names) gives their hosts instead.
         bind_address: the interface the master's gRPC server listens on.
         port: its port; 0 picks a free one.
         tick_interval_s: how often the backend is looked at.
@@ -115,6 +118,9 @@ class PsJobConfig:
         profile_store: record the job's profile in this store when it ends (None: not recorded).
         job_kind: the user's tag for jobs that are alike (part of the profile's signature).
         initial_plan: where the job's counts and resources came from (announced at start; None: not said).
+        token: the job token the shard service checks (a Kubernetes job's tasks read theirs from the job's
+            Secret, so the master must use the same); None: a new one is made. Either way it is written to
+            `<work_dir>/token`.
     """
 
     spec: PsJobSpec = attrs.field(validator=attrs.validators.instance_of(PsJobSpec))
@@ -138,6 +144,7 @@ class PsJobConfig:
     profile_store: str | None = None
     job_kind: str = ""
     initial_plan: PsPlanChoice | None = None
+    token: str | None = attrs.field(default=None, repr=False)
 
     @command.validator
     def _check_command(self, _attribute: object, value: tuple[str, ...]) -> None:
@@ -150,7 +157,8 @@ class PsJobMaster:
 
     Args:
         config: the job.
-        scheduler: the backend that starts tasks; None: the local backend (tasks are processes of this host,
+        scheduler: the backend that starts tasks, this master's to close once constructed (not when the
+            constructor raises); None: the local backend (tasks are processes of this host,
             logging to `<work_dir>/logs/node-<id>.log`, and dying with this process; a role's memory is a
             kernel-enforced cgroup limit where this host allows one, and its record tells an OOM kill).
         clock: the time source of the event log.
@@ -169,6 +177,7 @@ class PsJobMaster:
         # The event log's lock first: a second master on this directory stops there, before it could replace
         # the token the running job's tasks read.
         self._events = EventLog(self._work / EVENT_LOG_NAME)
+        given = scheduler is not None
         self._scheduler = scheduler or LocalScheduler(
             guarded_argv(os.getpid(), [sys.executable, node_main.__file__, "--", *config.command]),
             stop_grace_s=config.stop_grace_s,
@@ -178,10 +187,11 @@ class PsJobMaster:
         try:
             for role in Role:
                 check_node_fits(self._scheduler, config.spec.resources.get(role), f"{role.value} resources")
-            self._token = generate_token()
+            self._token = validate_token(config.token) if config.token is not None else generate_token()
             self._token_file = write_token_file(self._work / "token", self._token)
         except BaseException:
-            self._scheduler.close()
+            if not given:  # a backend the caller gave stays the caller's until this returns
+                self._scheduler.close()
             self._events.close()
             raise
         self._registry = ShardRegistry(self._clock)
@@ -289,10 +299,9 @@ class PsJobMaster:
             self._record([PsEvent("hot_ps_off", "parameter servers have no CPU request (--ps-cpu), so none is "
                                   "ever hot: none is added")])  # fmt: skip
         spec = self._config.spec
-        keys = spec.tasks()
-        ports = iter(task_ports(self._config.task_host, len(keys)))
-        host = self._config.task_host
-        self._cluster = {role: [f"{host}:{next(ports)}" for _ in range(spec.count(role))] for role in Role}
+        ports = iter(task_ports(self._config.task_host, len(spec.tasks())))
+        self._cluster = {role: [self._task_address(role, i, next(ports)) for i in range(spec.count(role))]
+                         for role in Role}  # fmt: skip
         self._apply(self._core.start(self._clock.now()))
         self._running = True
 
@@ -581,7 +590,15 @@ class PsJobMaster:
         for role in missing:
             addresses = self._cluster.setdefault(role, [])
             while len(addresses) < spec.count(role):
-                addresses.append(f"{self._config.task_host}:{next(ports)}")
+                addresses.append(self._task_address(role, len(addresses), next(ports)))
+
+    def _task_address(self, role: Role, index: int, port: int) -> str:
+        """`host:port` of a task: the backend's name for it where it gives tasks their own (a Kubernetes DNS
+        name), else `task_host`. Ports are distinct even there: tasks of a one-host test cluster share a
+        network, and TensorFlow's servers listen on every interface."""
+        task_host = getattr(self._scheduler, "task_host", None)
+        host = task_host(role.value, index) if callable(task_host) else self._config.task_host
+        return f"{host}:{port}"
 
     def _task_env(self, task: TaskKey, node_id: int) -> dict[str, str]:
         return {

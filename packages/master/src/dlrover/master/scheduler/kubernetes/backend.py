@@ -41,11 +41,11 @@ from dlrover.master.scheduler.base import (
     ObservedState,
     SchedulerError,
 )
-from dlrover.master.scheduler.kubernetes.manifest import worker_pod
+from dlrover.master.scheduler.kubernetes.manifest import pod_name, worker_pod
 from dlrover.master.scheduler.kubernetes.observe import observe_deleted_pod, observe_pod
 from dlrover.master.scheduler.kubernetes.settings import KubernetesSettings, WorkerTemplate
 
-__all__ = ["VERBS_ADMITTED", "VERBS_USED", "KubernetesScheduler", "read_worker_template"]
+__all__ = ["VERBS_ADMITTED", "VERBS_USED", "VERBS_USED_BY_TF_TASKS", "KubernetesScheduler", "read_worker_template"]
 
 _log = logging.getLogger(__name__)
 
@@ -62,6 +62,9 @@ VERBS_USED: frozenset[tuple[str, str, str]] = frozenset(
 )
 """Every (API group, resource, verb) the backend calls, all in the job's namespace: what the master's Role
 must grant it (the tests compare it with the requests the test API server recorded)."""
+
+VERBS_USED_BY_TF_TASKS: frozenset[tuple[str, str, str]] = VERBS_USED | {("", "services", "create")}
+"""What the backend of a parameter-server job (`tf_tasks`) calls: also the create of its task Service."""
 
 VERBS_ADMITTED: frozenset[tuple[str, str, str]] = frozenset(
     {(names.CRD_GROUP, f"{names.CRD_PLURAL}/finalizers", "update")}
@@ -126,15 +129,24 @@ def read_worker_template(
                      attempts, delay)  # fmt: skip
         (sleep or threading.Event().wait)(delay)
     spec = job.get("spec") or {}
-    worker = (spec.get("replicaSpecs") or {}).get("worker") or {}
-    template = worker.get("template")
+    replicas = spec.get("replicaSpecs") or {}
+    template = (replicas.get("worker") or {}).get("template")
     if not isinstance(template, Mapping):
         raise ConfigError(f"the {where} has no spec.replicaSpecs.worker.template")
+    roles = {}
+    for role, replica in replicas.items():
+        if role == "worker":
+            continue
+        other = (replica or {}).get("template") if isinstance(replica, Mapping) else None
+        if not isinstance(other, Mapping):
+            raise ConfigError(f"the {where} has no spec.replicaSpecs.{role}.template")
+        roles[str(role)] = other
     volume = (spec.get("checkpoint") or {}).get("volume")
     return WorkerTemplate(
         template=template,
         job_uid=str((job.get("metadata") or {}).get("uid") or ""),
         checkpoint_volume=volume if isinstance(volume, Mapping) else None,
+        roles=roles,
     )
 
 
@@ -150,6 +162,7 @@ class _Node:
     refused: str = ""  # the API server's message while a ResourceQuota refuses the create (retried)
     create_failed: str = ""  # why a retried create failed for another reason
     manifest: Mapping[str, Any] | None = None  # what to create again while refused
+    grace_s: int = 0  # the grace of the delete sent (stop: the settings'; kill: none)
 
 
 class KubernetesScheduler:
@@ -214,6 +227,53 @@ class KubernetesScheduler:
                 f"could not list the worker pods of {settings.namespace}/{settings.job} within "
                 f"{settings.sync_timeout_s:g} s" + (f": {error}" if error else "")
             )
+        if settings.tf_tasks:
+            try:
+                self._create_task_service()
+            except SchedulerError as exc:
+                self._watcher.stop()
+                raise BackendUnavailableError(f"cannot give the job's tasks their DNS names: {exc}") from exc
+
+    def _create_task_service(self) -> None:
+        """The headless Service `<job>-tasks` under which every task pod has its DNS name (kept if it exists).
+
+        It publishes a pod's address before the pod is ready: a task's peers dial it as soon as it listens, and
+        TensorFlow's servers have no readiness probe to wait for."""
+        job = self._settings.job
+        metadata: dict[str, Any] = {"name": names.task_service_name(job), "labels": names.job_labels(job, "tasks")}
+        if self._worker.job_uid:
+            metadata["ownerReferences"] = [{"apiVersion": names.api_version(), "kind": names.CRD_KIND, "name": job,
+                                            "uid": self._worker.job_uid, "controller": True,
+                                            "blockOwnerDeletion": True}]  # fmt: skip
+        service = {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": metadata,
+            "spec": {
+                "clusterIP": "None",
+                "publishNotReadyAddresses": True,
+                "selector": {names.JOB_LABEL: job, names.COMPONENT_LABEL: names.COMPONENT_WORKER},
+            },
+        }
+        self._request(f"create service {metadata['name']}", lambda: self._core.create_namespaced_service(
+            self._settings.namespace, service, _preload_content=False, _request_timeout=self._timeout
+        ), ok_statuses=(409,))  # fmt: skip
+
+    def task_host(self, role: str, index: int) -> str:
+        """The DNS name of task `role:index` of a parameter-server job (`KubernetesSettings.tf_tasks`):
+        `<job>-<role>-<index>.<job>-tasks.<namespace>.svc`, the same for every pod of the task.
+
+        Raises:
+            ConfigError: the backend does not run a parameter-server job, or the name is too long.
+        """
+        settings = self._settings
+        if not settings.tf_tasks:
+            raise ConfigError("task DNS names are given only to a parameter-server job's pods (tf_tasks)")
+        try:
+            hostname = names.task_hostname(settings.job, role, index)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        return f"{hostname}.{names.task_service_name(settings.job)}.{settings.namespace}.svc"
 
     @classmethod
     def from_cluster(
@@ -236,6 +296,11 @@ class KubernetesScheduler:
             raise
 
     # ---------------------------------------------------------------- the cache
+
+    @property
+    def templates(self) -> WorkerTemplate:
+        """The pod templates read from the ElasticJob."""
+        return self._worker
 
     @property
     def list_watch(self) -> ListWatch:
@@ -286,7 +351,6 @@ class KubernetesScheduler:
             SchedulerError: the node was launched before, the backend is closed, or the API server refused
                 the pod (or kept failing past `request_retries`).
         """
-        pod_name = names.worker_pod_name(self._settings.job, spec.node_id)
         with self._lock:
             if self._closed:
                 raise SchedulerError(f"cannot launch node {spec.node_id}: the Kubernetes backend is closed")
@@ -296,9 +360,10 @@ class KubernetesScheduler:
                 manifest = worker_pod(spec, self._settings, self._worker)
             except ConfigError as exc:
                 raise SchedulerError(f"cannot launch node {spec.node_id}: {exc}") from exc
-            self._nodes[spec.node_id] = _Node(pod_name)
+            pod = pod_name(spec, self._settings)
+            self._nodes[spec.node_id] = _Node(pod)
         try:
-            self._create(pod_name, manifest)
+            self._create(pod, manifest)
         except SchedulerError as exc:
             refusal = _quota_refusal(exc)
             with self._lock:
@@ -338,12 +403,22 @@ class KubernetesScheduler:
     def stop(self, node_id: int) -> None:
         """Delete the node's pod (its processes get SIGTERM, then SIGKILL after the grace). Idempotent; an
         unknown node is a no-op. A delete that fails is retried at the next `observe()`."""
+        self._stop(node_id, self._settings.pod_deletion_grace_s)
+
+    def kill(self, node_id: int) -> None:
+        """Delete the node's pod with no grace (SIGKILL): for a node with nothing worth saving (a parameter-server
+        job's chief whose server, and with it the variables, is gone). A pod already being deleted with a grace
+        is deleted again without one. Idempotent; an unknown node is a no-op."""
+        self._stop(node_id, 0)
+
+    def _stop(self, node_id: int, grace_s: int) -> None:
         with self._lock:
             node = self._nodes.get(node_id) or self._adopt_locked(node_id)
-            if node is None or node.stop_requested:
+            if node is None or (node.stop_requested and node.grace_s <= grace_s):
                 return
             node.stop_requested = True
             node.deleting = True
+            node.grace_s = grace_s
         self._delete(node)
 
     def adopt(self, node_ids: Iterable[int]) -> None:
@@ -366,15 +441,15 @@ class KubernetesScheduler:
 
     def _adopt_locked(self, node_id: int) -> _Node | None:
         """A pod of this node from a previous master, taken on so it can be stopped."""
-        pod_name = names.worker_pod_name(self._settings.job, node_id)
-        if pod_name not in self._pods:
+        found = next((name for name, pod in self._pods.items() if _node_id(pod) == node_id), None)
+        if found is None:
             return None
-        node = _Node(pod_name, seen=True)
+        node = _Node(found, seen=True)
         self._nodes[node_id] = node
         return node
 
     def _delete(self, node: _Node) -> None:
-        grace = self._settings.pod_deletion_grace_s
+        grace = node.grace_s
         try:
             self._request(
                 f"delete pod {node.pod_name}",
@@ -445,7 +520,9 @@ class KubernetesScheduler:
     def placed_host(self, node_id: int) -> str:
         """The node its pod was bound to (`spec.nodeName`); "" before it is scheduled (see `NodePlacement`)."""
         with self._lock:
-            pod = self._pods.get(names.worker_pod_name(self._settings.job, node_id))
+            node = self._nodes.get(node_id)
+            pod = self._pods.get(node.pod_name if node is not None else names.worker_pod_name(self._settings.job,
+                                                                                              node_id))  # fmt: skip
             return str(((pod or {}).get("spec") or {}).get("nodeName") or "")
 
     def detach(self) -> None:
@@ -478,6 +555,8 @@ class KubernetesScheduler:
                     self._adopt_locked(node_id)
             to_delete = [node for node in self._nodes.values() if self._may_run(node)]
             for node in self._nodes.values():
+                if not node.stop_requested:
+                    node.grace_s = self._settings.pod_deletion_grace_s
                 node.stop_requested = True
         for node in to_delete:
             self._delete(node)

@@ -21,6 +21,13 @@ What the backend adds to the user's template, and why:
 - required node anti-affinity on `NodeSpec.avoid_hosts`: `kubernetes.io/hostname NotIn [...]`,
   added to every node selector term the template already has (terms are ORed);
 - the checkpoint volume of the ElasticJob, mounted at `/checkpoints`.
+
+A TensorFlow parameter-server job's pods (`KubernetesSettings.tf_tasks`) differ: each comes from its role's
+template (`chief`, `ps`, `worker`, `evaluator`) and is named `<job>-<role>-<index>-<node id>`; hostname
+`<job>-<role>-<index>` and subdomain `<job>-tasks` give it the task's DNS name, the same for every relaunch, which
+the `TF_CONFIG` of every task lists; a parameter server's or worker's main container without a command runs
+TensorFlow's server (`python -m dlrover.master.psjob.node`); no sized `/dev/shm` is added (TensorFlow's tasks take
+no flash checkpoint, and it would be charged to their memory).
 """
 
 from __future__ import annotations
@@ -49,8 +56,10 @@ __all__ = [
     "MASTER_ADDR_ENV",
     "MASTER_TLS_MOUNT",
     "SHM_VOLUME",
+    "TF_SERVER_COMMAND",
     "main_container_index",
     "master_address",
+    "pod_name",
     "shm_size_mb",
     "worker_pod",
 ]
@@ -67,6 +76,9 @@ MASTER_TLS_MOUNT = "/etc/dlrover/master-tls"
 MASTER_ADDR_ENV = "DLROVER_MASTER_ADDR"
 LOCAL_ADDR_ENV = "PET_LOCAL_ADDR"
 """`dlrover-run --local-addr` (torchrun's environment default): set to the pod's IP unless the template sets it."""
+TF_SERVER_COMMAND = ("python", "-m", "dlrover.master.psjob.node")
+"""What a parameter-server job's `ps` or `worker` pod runs when its template's main container gives no command."""
+_TF_SERVER_ROLES = ("ps", "worker")
 _DOWNWARD_API = {"POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace", "POD_IP": "status.podIP"}
 # Set by the backend; the template's own entries of these names are replaced, NodeSpec's literal token dropped.
 _DROPPED_NODE_ENV = frozenset({TOKEN_ENV_VAR, TOKEN_FILE_ENV_VAR, MASTER_ADDR_ENV, *MASTER_TLS_ENV_VARS})
@@ -79,6 +91,14 @@ def main_container_index(template: Mapping[str, Any]) -> int:
         if container.get("name") == MAIN_CONTAINER:
             return i
     return 0
+
+
+def pod_name(spec: NodeSpec, settings: KubernetesSettings) -> str:
+    """The name of the node's pod: `<job>-worker-<node id>`, or for a parameter-server job's task
+    `<job>-<role>-<index>-<node id>`."""
+    if settings.tf_tasks:
+        return names.task_pod_name(settings.job, spec.role.value, spec.rank, spec.node_id)
+    return names.worker_pod_name(settings.job, spec.node_id)
 
 
 def master_address(spec: NodeSpec, settings: KubernetesSettings) -> str:
@@ -176,7 +196,7 @@ def worker_pod(spec: NodeSpec, settings: KubernetesSettings, worker: WorkerTempl
     Raises:
         ConfigError: the master's address cannot be told to the node.
     """
-    template = copy.deepcopy(dict(worker.template))
+    template = copy.deepcopy(dict(worker.template_for(spec.role.value)))
     meta_in = template.get("metadata") or {}
     pod_spec: dict[str, Any] = template["spec"]
     labels = {
@@ -184,7 +204,7 @@ def worker_pod(spec: NodeSpec, settings: KubernetesSettings, worker: WorkerTempl
         **names.worker_labels(settings.job, spec.node_id, spec.rank, spec.role.value),
     }
     metadata: dict[str, Any] = {
-        "name": names.worker_pod_name(settings.job, spec.node_id),
+        "name": pod_name(spec, settings),
         "namespace": settings.namespace,
         "labels": labels,
     }
@@ -205,16 +225,19 @@ def worker_pod(spec: NodeSpec, settings: KubernetesSettings, worker: WorkerTempl
     pod_spec.setdefault("terminationGracePeriodSeconds", settings.pod_deletion_grace_s)
     container = pod_spec["containers"][main_container_index(template)]
 
+    if settings.tf_tasks:
+        _name_tf_task(pod_spec, container, spec, settings)
+
     env = _env(spec, settings, master_address(spec, settings))
     given = container.get("env") or []
-    if all(e.get("name") != LOCAL_ADDR_ENV for e in given):
+    if not settings.tf_tasks and all(e.get("name") != LOCAL_ADDR_ENV for e in given):
         # What the agent tells its peers to dial (the rendezvous store): a pod's host name has no DNS
         # record without a headless Service, its IP always routes.
         env.append({"name": LOCAL_ADDR_ENV, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})
     taken = {entry["name"] for entry in env}
     container["env"] = [e for e in given if e.get("name") not in taken] + env
 
-    shm_mb = shm_size_mb(spec.resources, settings)
+    shm_mb = 0 if settings.tf_tasks else shm_size_mb(spec.resources, settings)
     amounts = _resources(spec.resources, shm_mb, settings)
     if amounts:
         # The node's cpu, memory and GPUs replace the template's; anything else it asks (ephemeral
@@ -223,16 +246,43 @@ def worker_pod(spec: NodeSpec, settings: KubernetesSettings, worker: WorkerTempl
         for part, values in amounts.items():
             merged[part] = {**dict(merged.get(part) or {}), **values}
         container["resources"] = merged
-    shm: dict[str, Any] = {"medium": "Memory"}
-    if shm_mb:
-        shm["sizeLimit"] = f"{shm_mb}Mi"
+    _add_volumes(pod_spec, container, shm_mb, settings, worker)
+
+    if spec.resources is not None and spec.resources.gpu and spec.resources.gpu_type:
+        pod_spec.setdefault("nodeSelector", {})[settings.gpu_type_label] = spec.resources.gpu_type
+    _anti_affinity(pod_spec, spec.avoid_hosts)
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
+
+
+def _name_tf_task(pod_spec: dict[str, Any], container: dict[str, Any], spec: NodeSpec,
+                  settings: KubernetesSettings) -> None:  # fmt: skip
+    """A parameter-server job's task: its DNS name, and TensorFlow's server where its template runs nothing."""
+    try:
+        pod_spec["hostname"] = names.task_hostname(settings.job, spec.role.value, spec.rank)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    pod_spec["subdomain"] = names.task_service_name(settings.job)
+    if spec.role.value in _TF_SERVER_ROLES and not container.get("command") and not container.get("args"):
+        container["command"] = list(TF_SERVER_COMMAND)
+
+
+def _add_volumes(pod_spec: dict[str, Any], container: dict[str, Any], shm_mb: int, settings: KubernetesSettings,
+                 worker: WorkerTemplate) -> None:  # fmt: skip
+    """`/dev/shm` (not for TensorFlow's tasks), the checkpoint volume and the master's CA, replacing the
+    template's volumes and mounts of those names and paths."""
     ours = (SHM_VOLUME, CHECKPOINT_VOLUME, MASTER_TLS_VOLUME)
     volumes = [v for v in pod_spec.get("volumes") or [] if v.get("name") not in ours]
-    volumes.append({"name": SHM_VOLUME, "emptyDir": shm})
     # Ours replaces any /dev/shm the template mounts: an unsized or 64 MB one is what breaks checkpoints.
-    ours = (SHM_MOUNT, CHECKPOINT_MOUNT, MASTER_TLS_MOUNT)
-    mounts = [m for m in container.get("volumeMounts") or [] if m.get("mountPath") not in ours]
-    mounts.append({"name": SHM_VOLUME, "mountPath": SHM_MOUNT})
+    paths = (
+        (CHECKPOINT_MOUNT, MASTER_TLS_MOUNT) if settings.tf_tasks else (SHM_MOUNT, CHECKPOINT_MOUNT, MASTER_TLS_MOUNT)
+    )
+    mounts = [m for m in container.get("volumeMounts") or [] if m.get("mountPath") not in paths]
+    if not settings.tf_tasks:
+        shm: dict[str, Any] = {"medium": "Memory"}
+        if shm_mb:
+            shm["sizeLimit"] = f"{shm_mb}Mi"
+        volumes.append({"name": SHM_VOLUME, "emptyDir": shm})
+        mounts.append({"name": SHM_VOLUME, "mountPath": SHM_MOUNT})
     if worker.checkpoint_volume is not None:
         volumes.append({"name": CHECKPOINT_VOLUME, **copy.deepcopy(dict(worker.checkpoint_volume))})
         mounts.append({"name": CHECKPOINT_VOLUME, "mountPath": CHECKPOINT_MOUNT})
@@ -242,8 +292,3 @@ def worker_pod(spec: NodeSpec, settings: KubernetesSettings, worker: WorkerTempl
         mounts.append({"name": MASTER_TLS_VOLUME, "mountPath": MASTER_TLS_MOUNT, "readOnly": True})
     pod_spec["volumes"] = volumes
     container["volumeMounts"] = mounts
-
-    if spec.resources is not None and spec.resources.gpu and spec.resources.gpu_type:
-        pod_spec.setdefault("nodeSelector", {})[settings.gpu_type_label] = spec.resources.gpu_type
-    _anti_affinity(pod_spec, spec.avoid_hosts)
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}

@@ -59,6 +59,9 @@ class KubernetesSettings:
             `tls_ca_key` to verify the master, and check its certificate against the Service's name.
         tls_ca_key: the key of `tls_secret` that verifies the master: `tls.crt` for a self-signed
             certificate, `ca.crt` for one a CA signed (cert-manager writes it).
+        tf_tasks: the pods are the tasks of a TensorFlow parameter-server job: each is made from its role's
+            template, named `<job>-<role>-<index>-<node id>`, and has the task's DNS name for the whole job
+            (hostname `<job>-<role>-<index>` under the headless Service `<job>-tasks`, which the backend creates).
     """
 
     namespace: str = attrs.field(validator=_dns_label)
@@ -74,11 +77,19 @@ class KubernetesSettings:
     gpu_type_label: str = "nvidia.com/gpu.product"
     tls_secret: str | None = None
     tls_ca_key: str = "tls.crt"
+    tf_tasks: bool = False
+
+
+def _check_template(role: str, template: object) -> None:
+    spec = template.get("spec") if isinstance(template, Mapping) else None
+    containers = spec.get("containers") if isinstance(spec, Mapping) else None
+    if not containers or not isinstance(containers, list):
+        raise ConfigError(f"the {role} template (spec.replicaSpecs.{role}.template) has no spec.containers")
 
 
 @attrs.frozen
 class WorkerTemplate:
-    """What the backend takes from the ElasticJob: the worker pod template and what ties pods to the job.
+    """What the backend takes from the ElasticJob: its pod templates and what ties pods to the job.
 
     Attributes:
         template: the PodTemplateSpec (`metadata`, `spec`) of role `worker`, as JSON.
@@ -86,14 +97,42 @@ class WorkerTemplate:
             (a backend used without an ElasticJob, as in tests).
         checkpoint_volume: the Volume source of `spec.checkpoint.volume`, mounted at
             `/checkpoints` in workers; None without one.
+        roles: the templates of the job's other roles (`chief`, `ps`, `evaluator` of a parameter-server job), by
+            role name.
     """
 
     template: Mapping[str, Any]
     job_uid: str = ""
     checkpoint_volume: Mapping[str, Any] | None = None
+    roles: Mapping[str, Mapping[str, Any]] = attrs.field(factory=dict)
 
     def __attrs_post_init__(self) -> None:
-        spec = self.template.get("spec") if isinstance(self.template, Mapping) else None
-        containers = spec.get("containers") if isinstance(spec, Mapping) else None
-        if not containers or not isinstance(containers, list):
-            raise ConfigError("the worker template (spec.replicaSpecs.worker.template) has no spec.containers")
+        _check_template("worker", self.template)
+        for role, template in self.roles.items():
+            _check_template(role, template)
+
+    def template_for(self, role: str) -> Mapping[str, Any]:
+        """The pod template of `role`.
+
+        Raises:
+            ConfigError: the ElasticJob has no template for it.
+        """
+        if role == "worker":
+            return self.template
+        template = self.roles.get(role)
+        if template is None:
+            raise ConfigError(f"the ElasticJob has no {role} template (spec.replicaSpecs.{role}.template)")
+        return template
+
+    def command_of(self, role: str) -> list[str]:
+        """The command and arguments of `role`'s main container (the one named `main`, else the first).
+
+        Raises:
+            ConfigError: no template for `role`, or its main container runs no command.
+        """
+        containers = self.template_for(role)["spec"]["containers"]
+        main = next((c for c in containers if isinstance(c, Mapping) and c.get("name") == "main"), containers[0])
+        command = [str(part) for part in (main.get("command") or []) + (main.get("args") or [])]
+        if not command:
+            raise ConfigError(f"the {role}'s main container (spec.replicaSpecs.{role}.template) has no command")
+        return command
