@@ -27,7 +27,9 @@ from dlrover_testsupport.kube.fixtures import kube_cluster  # noqa: F401 (a fixt
 from dlrover.autoscale import HotPsConfig, Resources, Role
 from dlrover.common import generate_token, write_token_file
 from dlrover.master.eventlog import read_event_log
-from dlrover.master.kube import names
+from dlrover.master.kube import WatchSettings, names
+from dlrover.master.operator import MasterSettings, ReconcileSettings, crd_manifest
+from dlrover.master.operator.controller import Operator, OperatorSettings
 from dlrover.master.psjob import PsJobConfig, PsJobMaster, PsJobSpec, TaskKey
 from dlrover.master.scheduler.local import LocalScheduler
 
@@ -438,3 +440,71 @@ def test_on_kubernetes_a_killed_parameter_server_comes_back_at_its_dns_name_and_
     assert first.metadata.name != again.metadata.name
     assert first.spec.hostname == again.spec.hostname == f"{KUBE_JOB}-ps-1"
     assert first.status.pod_ip == again.status.pod_ip
+
+
+def test_the_operator_runs_a_ps_elastic_job_and_a_replaced_master_starts_it_again_from_the_checkpoint(
+    kube_cluster: KubeCluster,  # noqa: F811 (the fixture imported above)
+    tmp_path: Path,
+) -> None:
+    """The whole product path: an ElasticJob with chief, ps and worker roles; the operator starts `dlrover-master
+    ps-job` in a pod, which runs the tasks' pods; the master's pod is SIGKILLed at step 30; the operator replaces it,
+    the new master stops the tasks its predecessor left and starts the job again; the chief restores its newest
+    checkpoint from the checkpoint volume and the job ends Succeeded."""
+    job = Job(tmp_path)  # the example's command and its held step
+    job.pause.touch()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = {"spec": {"containers": [{"name": "main", "image": "rec"}]}}
+    chief = {"spec": {"containers": [{"name": "main", "image": "rec", "command": list(job.config.command)}]}}
+    body = {
+        "apiVersion": names.api_version(), "kind": names.CRD_KIND, "metadata": {"name": KUBE_JOB},
+        "spec": {
+            "replicaSpecs": {"chief": {"template": chief},
+                             "ps": {"template": server, "minReplicas": 2, "maxReplicas": 2},
+                             "worker": {"template": server, "minReplicas": 2, "maxReplicas": 2}},
+            "checkpoint": {"volume": {"persistentVolumeClaim": {"claimName": "ckpt"}}},
+            "master": {"port": port},
+        },
+    }  # fmt: skip
+    settings = OperatorSettings(
+        namespace=KUBE_NS,
+        reconcile=ReconcileSettings(master=MasterSettings(command=(sys.executable, "-m", "dlrover.master.cli"),
+                                                          extra_args=("--stop-grace", "5"), grace_period_s=5)),
+        status_interval_s=0.5, resync_interval_s=2.0, retry_interval_s=0.5, master_call_timeout_s=5.0,
+        watch=WatchSettings(watch_timeout_s=20, request_timeout_s=10, backoff_initial_s=0.05, backoff_max_s=1.0),
+    )  # fmt: skip
+    with kubernetes.client.ApiClient(kubernetes.client.Configuration(host=kube_cluster.url)) as api:
+        core, custom = kubernetes.client.CoreV1Api(api), kubernetes.client.CustomObjectsApi(api)
+        kubernetes.client.ApiextensionsV1Api(api).create_custom_resource_definition(crd_manifest())
+        core.create_namespaced_persistent_volume_claim(KUBE_NS, {"metadata": {"name": "ckpt"}, "spec": {}})
+        custom.create_namespaced_custom_object(names.CRD_GROUP, names.CRD_VERSION, KUBE_NS, names.CRD_PLURAL, body)
+
+        def status() -> dict[str, Any]:
+            obj = custom.get_namespaced_custom_object(names.CRD_GROUP, names.CRD_VERSION, KUBE_NS, names.CRD_PLURAL,
+                                                      KUBE_JOB)  # fmt: skip
+            return dict(obj.get("status") or {})
+
+        def wait(what: str, check: Any, timeout_s: float = 150) -> None:
+            deadline = time.monotonic() + timeout_s
+            while not check():
+                assert time.monotonic() < deadline, f"{what}: {status()}"
+                time.sleep(0.1)
+
+        master = names.master_name(KUBE_JOB)
+        with Operator(api, settings):
+            wait(f"step {PAUSE_AT}", job.marker.exists)
+            assert status()["phase"] == "Running"
+            assert status()["nodes"]["running"] == 5  # the operator mirrors the master's JobService
+            first = core.read_namespaced_pod(master, KUBE_NS).metadata.uid
+            kube_cluster.kubelet.kill_process(master, KUBE_NS)
+            job.pause.unlink()
+            wait("the master replaced", lambda: status().get("masterRestarts") == 1)
+            wait("the job succeeded", lambda: status().get("phase") == "Succeeded", timeout_s=200)
+            assert core.read_namespaced_pod(master, KUBE_NS).metadata.uid != first
+    summary = job.summary()
+    assert summary["steps"] == STEPS
+    assert summary["restored_step"] is not None, "the new master's chief restored the checkpoint"
+    assert summary["restored_step"] >= CHECKPOINT_EVERY
+    committed = job.committed()
+    assert len(committed) == SAMPLES, "every sample was trained"

@@ -19,12 +19,15 @@ import pytest
 
 from dlrover.autoscale import JobProfileStore, Resources, Role, read_runs
 from dlrover.common import ConfigError, RetryPolicy, RpcError, generate_token, write_token_file
-from dlrover.master import UnavailableMemoryGroups, detect_memory_groups
+from dlrover.master import MasterClient, UnavailableMemoryGroups, detect_memory_groups
 from dlrover.master.eventlog import read_event_log
 from dlrover.master.psjob import PsJobConfig, PsJobMaster, PsJobSpec, TaskKey
 from dlrover.master.psjob.cli import _parser, build_config
 from dlrover.master.psjob.cli import main as ps_job_main
+from dlrover.master.scheduler.base import ObservedState, SchedulerError
+from dlrover.master.scheduler.fake import FakeScheduler
 from dlrover.master.scheduler.local import LocalScheduler
+from dlrover.master.states import JobState, NodeState
 from dlrover.shard import ShardClient, ShardClientConfig
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -115,6 +118,58 @@ def test_every_task_gets_its_address_and_a_relaunch_keeps_it(tmp_path: Path) -> 
     assert rewound == [{"dataset": "d", "samples": 12, "steps": 3}]
     observed = master.scheduler.observe().values()
     assert all(n.state.value != "running" for n in observed), "every task was stopped"
+
+
+def test_the_job_service_tells_the_status_and_events_and_stops_the_job(tmp_path: Path) -> None:
+    master, out = _master(tmp_path, PsJobSpec(ps=2, workers=1))
+    (out / "await-worker-relaunch").touch()  # the chief holds (no worker is relaunched) until stopped
+    token = (tmp_path / "job" / "token").read_text().strip()
+    with master, MasterClient(master.address, token) as client:
+        _wait_for((out, "chief:0-*.json"), 1)
+        while any(n.state is not NodeState.RUNNING for n in client.job_status().nodes):
+            master.tick()
+        status = client.job_status()
+        assert (status.job_name, status.state, status.min_nodes, status.max_nodes) == (
+            "ps-job", JobState.RUNNING, 4, 4)  # fmt: skip
+        assert sorted((n.name, n.rank) for n in status.nodes) == [("chief:0", 0), ("ps:0", 0), ("ps:1", 1),
+                                                                  ("worker:0", 0)]  # fmt: skip
+        assert [e.kind for e in client.list_events()][:1] == ["job_started"]
+        with pytest.raises(RpcError, match=r"FAILED_PRECONDITION.*not resized by a node count"):
+            client.resize(3)
+        answer = client.stop_job("the data is wrong")
+        assert (answer.state, answer.exit_reason) == (JobState.STOPPED, "the data is wrong")
+        assert master.run(timeout_s=30) is None
+        assert client.job_status().state is JobState.STOPPED
+        assert client.list_events(after_seq=1)[-1].kind == "job_stopping"
+    assert all(n.state.value != "running" for n in master.scheduler.observe().values()), "every task was stopped"
+
+
+def test_a_master_replacing_another_stops_its_tasks_first_and_numbers_its_nodes_above_theirs(tmp_path: Path) -> None:
+    scheduler = FakeScheduler()
+    for node_id in (3, 7):  # what a replaced master left running (a Kubernetes backend lists them)
+        scheduler.set_state(node_id, ObservedState.RUNNING)
+    config = PsJobConfig(spec=PsJobSpec(), command=("x",), work_dir=str(tmp_path / "job"))
+    with PsJobMaster(config, scheduler=scheduler) as master:
+        assert scheduler.stopped == [3, 7]
+        assert sorted(scheduler.specs) == [8, 9, 10], "ps, worker and chief, above the predecessor's nodes"
+        (left,) = [e for e in read_event_log(master.event_log) if e["kind"] == "predecessor_tasks"]
+        assert left["data"]["nodes"] == [3, 7]
+
+
+def test_a_predecessor_task_that_does_not_end_keeps_the_master_from_starting(tmp_path: Path) -> None:
+    class Stubborn(FakeScheduler):
+        def stop(self, node_id: int) -> None:
+            self.stopped.append(node_id)  # and it keeps running
+
+    scheduler = Stubborn()
+    scheduler.set_state(0, ObservedState.RUNNING)
+    config = PsJobConfig(spec=PsJobSpec(), command=("x",), work_dir=str(tmp_path / "job"), stop_grace_s=0.1,
+                         predecessor_margin_s=0.1, replacement_poll_s=0.01)  # fmt: skip
+    master = PsJobMaster(config, scheduler=scheduler)
+    with pytest.raises(SchedulerError, match=r"previous master's nodes \[0\] did not end"):
+        master.start()
+    master.stop()
+    assert scheduler.specs == {}, "nothing was launched"
 
 
 def test_the_shard_service_refuses_a_call_without_the_token(tmp_path: Path) -> None:

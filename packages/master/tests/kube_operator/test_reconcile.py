@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import copy
 import json
 from typing import Any
 
@@ -471,8 +472,10 @@ def test_a_master_that_could_not_start_now_is_replaced_after_a_doubling_backoff_
     replaced = _at("2026-01-01T00:00:07Z", with_status(job, due), gone)
     assert [w.kind for w in replaced.writes if isinstance(w, CreateObject)] == ["Pod"]
     assert replaced.status["masterRestarts"] == 1
-    # The replacement could not start either: the second backoff is 10 s.
-    second = attrs.evolve(failed, master_pod=_could_not_start(observed.master_pod, "2026-01-01T00:01:00Z"))
+    # The replacement (another pod: another uid) could not start either: the second backoff is 10 s.
+    replacement = _could_not_start(observed.master_pod, "2026-01-01T00:01:00Z")
+    replacement["metadata"]["uid"] = "uid-Pod-job1-master-2"
+    second = attrs.evolve(failed, master_pod=replacement)
     held = _at("2026-01-01T00:01:09Z", with_status(job, replaced), second)
     assert held.writes == ()
     assert held.status["masterRestarts"] == 2
@@ -577,3 +580,30 @@ def test_the_default_tls_secret_turns_tls_on_and_must_exist() -> None:
     assert json.loads(pod["metadata"]["annotations"]["elastic.dlrover.io/applied-spec"])["replicaSpecs"][
         "worker"
     ].keys() == {"template"}
+
+
+def test_a_lagging_view_of_a_master_pod_already_counted_or_deleted_on_suspend_counts_nothing_again() -> None:
+    # Found by the state machine: a view that lags shows a pod whose end was counted, or one the operator deleted
+    # to suspend the job, after the suspension was lifted; neither is another restart.
+    job, observed = running(elastic_job())
+    assert observed.master_pod is not None
+    dead = attrs.evolve(observed, master_pod=pod_phase(observed.master_pod, "Failed", exit_code=137), summary=None)
+    counted = _at("2026-01-01T00:00:01Z", job, dead)
+    assert counted.status["masterRestarts"] == 1
+    suspended = edited(with_status(job, counted), {"suspend": True})
+    paused = _at("2026-01-01T00:00:02Z", suspended, dead)
+    resumed = edited(with_status(suspended, paused), {"suspend": False})
+    again = _at("2026-01-01T00:01:00Z", resumed, dead)
+    assert again.status["masterRestarts"] == 1
+    # A master deleted (gracefully) to suspend the job, then seen Terminating long past its grace by a lagging view.
+    job, observed = running(elastic_job())
+    assert observed.master_pod is not None
+    suspended = edited(job, {"suspend": True})
+    paused = _at("2026-01-01T00:00:02Z", suspended, observed)
+    assert [type(w) for w in paused.writes] == [DeleteObject]
+    terminating = copy.deepcopy(observed.master_pod)
+    terminating["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:32Z"
+    resumed = edited(with_status(suspended, paused), {"suspend": False})
+    late = _at("2026-01-01T00:05:00Z", resumed, attrs.evolve(observed, master_pod=terminating, summary=None))
+    assert [type(w) for w in late.writes] == [DeleteObject], "force-deleted: its node does not confirm"
+    assert late.status["masterRestarts"] == 0

@@ -165,7 +165,8 @@ class OperatorMachine(RuleBasedStateMachine):
             assert set(self.objects) == set(_FIELDS)
             statuses = self.master["status"].get("containerStatuses", [])
             finished = [c["state"]["terminated"].get("finishedAt") for c in statuses]
-            if finished and finished[0]:
+            # (A pod being deleted is waited for, whatever its container did: two masters never share a journal.)
+            if finished and finished[0] and not self.master["metadata"].get("deletionTimestamp"):
                 start = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
                 since_s = (datetime.datetime.fromisoformat(finished[0]) - start).total_seconds()
                 wait_s = SETTINGS.retry_backoff_s(self.last_restarts)

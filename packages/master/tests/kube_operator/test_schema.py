@@ -146,7 +146,11 @@ def test_the_schema_refuses_bad_specs_naming_the_field(path: str, value: Any, me
         ("spec.replicaSpecs.worker.resources", {"memory": "4GB"}, "spec.replicaSpecs.worker.resources.memory"),
         ("spec.replicaSpecs.worker.resources", {"cpu": "1.5x"}, "spec.replicaSpecs.worker.resources.cpu"),
         ("spec.replicaSpecs.worker.resources", {"ephemeral-storage": "1Gi"}, "not a resource the master plans"),
-        ("spec.replicaSpecs.ps", {"template": {"spec": {"containers": [{"name": "a"}]}}}, "only the worker role"),
+        (
+            "spec.replicaSpecs.ps",
+            {"template": {"spec": {"containers": [{"name": "a"}]}}},
+            "spec.replicaSpecs.chief: a parameter-server job needs chief, ps and worker",
+        ),
         ("spec.timeouts.heartbeatSeconds", 2, "spec.timeouts.heartbeatSeconds (2) must be at least 3"),
     ],
 )

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import NoReturn
 
@@ -20,7 +20,7 @@ from dlrover.diagnosis import FailureKind, RankStepStats
 from dlrover.master.checkpoints import MAX_STEPS_PER_RANK, MAX_WORLD_SIZE, CheckpointError
 from dlrover.master.goodput import MAX_ATTEMPTS_PER_HEARTBEAT, AttemptReport, StepMark
 from dlrover.master.identity import NodeAuthenticator, NodeIdentityError, NodeImpersonationError
-from dlrover.master.journal import JournalError
+from dlrover.master.journal import JournaledEvent, JournalError
 from dlrover.master.lifecycle import (
     HostAvoidedError,
     JobFinishedError,
@@ -32,7 +32,7 @@ from dlrover.master.lifecycle import (
 from dlrover.master.master import Master, ResourceSample
 from dlrover.master.resize import ResizeError, ResizeSource
 from dlrover.master.states import IllegalTransitionError
-from dlrover.master.status import NodeSummary, summarize
+from dlrover.master.status import JobSummary, NodeSummary, summarize
 from dlrover.master.v1 import agent_pb2, agent_pb2_grpc, checkpoint_pb2, checkpoint_pb2_grpc, job_pb2, job_pb2_grpc
 from dlrover.master.wire import WireEnumError, from_proto, proto_name
 
@@ -42,9 +42,15 @@ __all__ = [
     "AgentServicer",
     "CheckpointServicer",
     "JobServicer",
+    "MAX_EVENTS_PAGE",
+    "MAX_REASON_CHARS",
     "RequestError",
     "ServiceRegistration",
     "add_master_services",
+    "checked_text",
+    "events_response",
+    "status_response",
+    "translate_refusals",
 ]
 
 JOURNAL_FAILED = "the master could not journal the change, so nothing changed; retry later"
@@ -86,8 +92,9 @@ def _status_for(exc: DLRoverError) -> grpc.StatusCode:
 
 
 @contextmanager
-def _translate(context: grpc.ServicerContext) -> Iterator[None]:
-    """Turn a refusal into the matching status; anything else is a bug and surfaces as INTERNAL."""
+def translate_refusals(context: grpc.ServicerContext) -> Iterator[None]:
+    """Turn a refusal (a `DLRoverError`) into the matching status (FAILED_PRECONDITION unless its kind maps to
+    another); anything else is a bug and surfaces as INTERNAL."""
     try:
         yield
     except JournalError as exc:
@@ -101,7 +108,12 @@ def _abort(context: grpc.ServicerContext, code: grpc.StatusCode, message: str) -
     raise AssertionError("unreachable: context.abort raises")  # pragma: no cover
 
 
-def _text(value: str, field: str, limit: int, *, required: bool = False) -> str:
+def checked_text(value: str, field: str, limit: int, *, required: bool = False) -> str:
+    """`value` of request field `field`, if printable and at most `limit` characters (and not empty if `required`).
+
+    Raises:
+        RequestError: it is not.
+    """
     if len(value) > limit:
         raise RequestError(f"{field} has {len(value)} characters; at most {limit}")
     if required and not value:
@@ -149,10 +161,10 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         self, request: agent_pb2.RegisterNodeRequest, context: grpc.ServicerContext
     ) -> agent_pb2.RegisterNodeResponse:
         """Register an agent; answers its node id, rank and node credential."""
-        with _translate(context):
+        with translate_refusals(context):
             node_id = _node_id(request.node_id) if request.HasField("node_id") else None
-            name = _text(request.node_name, "node_name", MAX_NAME_CHARS, required=True)
-            host = _text(request.host, "host", MAX_NAME_CHARS, required=True)
+            name = checked_text(request.node_name, "node_name", MAX_NAME_CHARS, required=True)
+            host = checked_text(request.host, "host", MAX_NAME_CHARS, required=True)
             if request.local_world_size < 0:
                 raise RequestError(f"local_world_size must be non-negative, got {request.local_world_size}")
             max_restarts = request.max_restarts if request.HasField("max_restarts") else None
@@ -182,7 +194,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         self, request: agent_pb2.HeartbeatRequest, context: grpc.ServicerContext
     ) -> agent_pb2.HeartbeatResponse:
         """Record a sign of life and progress; answers pending actions."""
-        with _translate(context):
+        with translate_refusals(context):
             node_id = self._auth.authorize(_metadata(context), _node_id(request.node_id))
             step: int | None = None
             samples: int | None = None
@@ -222,7 +234,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         self, request: agent_pb2.ReportFailureRequest, context: grpc.ServicerContext
     ) -> agent_pb2.ReportFailureResponse:
         """Report a failure of the calling node; answers the decision taken."""
-        with _translate(context):
+        with translate_refusals(context):
             node_id = self._auth.authorize(_metadata(context), _node_id(request.node_id))
             try:
                 kind = from_proto(request.kind, agent_pb2.FailureKind, FailureKind)
@@ -247,7 +259,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         self, request: agent_pb2.ReportSuccessRequest, context: grpc.ServicerContext
     ) -> agent_pb2.ReportSuccessResponse:
         """Report that the calling node's training processes succeeded."""
-        with _translate(context):
+        with translate_refusals(context):
             node_id = self._auth.authorize(_metadata(context), _node_id(request.node_id))
             return agent_pb2.ReportSuccessResponse(job_state=self._master.report_success(node_id).value)
 
@@ -263,7 +275,7 @@ class CheckpointServicer(checkpoint_pb2_grpc.CheckpointServiceServicer):
         self, request: checkpoint_pb2.ReportCheckpointStepsRequest, context: grpc.ServicerContext
     ) -> checkpoint_pb2.ReportCheckpointStepsResponse:
         """Record the steps some ranks hold; answers the newest step held by every rank."""
-        with _translate(context):
+        with translate_refusals(context):
             self._auth.authorize(_metadata(context), _node_id(request.node_id))
             if not 1 <= request.world_size <= MAX_WORLD_SIZE:
                 raise RequestError(f"world_size must be in 1..{MAX_WORLD_SIZE}, got {request.world_size}")
@@ -293,9 +305,9 @@ class CheckpointServicer(checkpoint_pb2_grpc.CheckpointServiceServicer):
         self, request: checkpoint_pb2.CommitCheckpointRequest, context: grpc.ServicerContext
     ) -> checkpoint_pb2.CommitCheckpointResponse:
         """Commit a step held by every rank (journaled before answering)."""
-        with _translate(context):
+        with translate_refusals(context):
             self._auth.authorize(_metadata(context), _node_id(request.node_id))
-            path = _text(request.path, "path", MAX_REASON_CHARS)
+            path = checked_text(request.path, "path", MAX_REASON_CHARS)
             if request.step < 0:
                 raise RequestError(f"step must be non-negative, got {request.step}")
             if request.world_size < 0:
@@ -317,74 +329,32 @@ class JobServicer(job_pb2_grpc.JobServiceServicer):
         self, request: job_pb2.GetJobStatusRequest, context: grpc.ServicerContext
     ) -> job_pb2.GetJobStatusResponse:
         """The job's state and the current node of every rank."""
-        with _translate(context):
-            status = summarize(self._master.status())
-            return job_pb2.GetJobStatusResponse(
-                job_name=status.job_name,
-                state=status.state.value,
-                exit_reason=status.exit_reason,
-                nodes=[_node_status(n) for n in status.nodes],
-                min_nodes=status.min_nodes,
-                max_nodes=status.max_nodes,
-                job_failures=status.job_failures,
-                step=status.step,
-                has_committed_step=status.committed_step is not None,
-                committed_step=status.committed_step or 0,
-                goodput=status.goodput,
-                elapsed_s=status.elapsed_s,
-                total_relaunches=status.total_relaunches,
-                samples_per_second=status.samples_per_second,
-                useful_s=status.useful_s,
-                goodput_buckets=[
-                    job_pb2.GoodputBucket(name=name, seconds=seconds) for name, seconds in status.goodput_buckets
-                ],
-                committed_path=status.committed_path,
-                committed_wall_time=status.committed_wall_time,
-                target_nodes=status.target_nodes,
-                wanted_nodes=status.wanted_nodes,
-                capacity=_clamp_int32(status.capacity),
-                spares=[_node_status(n) for n in status.spares],
-                spare_nodes=status.spare_nodes,
-            )
+        with translate_refusals(context):
+            return status_response(summarize(self._master.status()))
 
     def ListEvents(
         self, request: job_pb2.ListEventsRequest, context: grpc.ServicerContext
     ) -> job_pb2.ListEventsResponse:
         """A page of the job's events."""
-        with _translate(context):
+        with translate_refusals(context):
             if request.after_seq < 0:
                 raise RequestError(f"after_seq must be non-negative, got {request.after_seq}")
             if not 0 <= request.limit <= MAX_EVENTS_PAGE:
                 raise RequestError(f"limit must be in 0..{MAX_EVENTS_PAGE}, got {request.limit}")
-            events = self._master.events(request.after_seq, request.limit or 100)
-            return job_pb2.ListEventsResponse(
-                events=[
-                    job_pb2.JobEvent(
-                        seq=e.seq,
-                        wall_time=e.wall_time,
-                        kind=e.kind,
-                        message=e.message,
-                        has_node=e.node_id is not None,
-                        node_id=e.node_id if e.node_id is not None else 0,
-                        rank=e.rank if e.rank is not None else 0,
-                        data_json=json.dumps(dict(e.data), sort_keys=True),
-                    )
-                    for e in events
-                ]
-            )
+            return events_response(self._master.events(request.after_seq, request.limit or 100))
 
     def StopJob(self, request: job_pb2.StopJobRequest, context: grpc.ServicerContext) -> job_pb2.StopJobResponse:
         """Stop the job; every node is stopped."""
-        with _translate(context):
-            reason = _text(request.reason, "reason", MAX_REASON_CHARS) or "stopped on request"
+        with translate_refusals(context):
+            reason = checked_text(request.reason, "reason", MAX_REASON_CHARS) or "stopped on request"
             state = self._master.stop(reason)
             status = self._master.status()
             return job_pb2.StopJobResponse(state=state.value, exit_reason=status.exit_reason)
 
     def ResizeJob(self, request: job_pb2.ResizeJobRequest, context: grpc.ServicerContext) -> job_pb2.ResizeJobResponse:
         """Grow or shrink the job to `target` nodes (see `Master.resize`)."""
-        with _translate(context):
-            reason = _text(request.reason, "reason", MAX_REASON_CHARS) or "resized on request"
+        with translate_refusals(context):
+            reason = checked_text(request.reason, "reason", MAX_REASON_CHARS) or "resized on request"
             result = self._master.resize(request.target, reason, ResizeSource.SCALE)
             return job_pb2.ResizeJobResponse(
                 wanted_nodes=result.wanted_nodes,
@@ -399,12 +369,60 @@ class JobServicer(job_pb2_grpc.JobServiceServicer):
         self, request: job_pb2.SetCapacityRequest, context: grpc.ServicerContext
     ) -> job_pb2.SetCapacityResponse:
         """Set the backend's slots (unset: unbounded) and follow the new capacity at once."""
-        with _translate(context):
+        with translate_refusals(context):
             slots = request.slots if request.HasField("slots") else None
             if slots is not None and slots < 0:
                 raise RequestError(f"slots must be unset (unbounded) or a non-negative integer, got {slots}")
             free = self._master.set_capacity(slots)
             return job_pb2.SetCapacityResponse(capacity=_clamp_int32(free))
+
+
+def status_response(status: JobSummary) -> job_pb2.GetJobStatusResponse:
+    """`GetJobStatus`'s answer for a job's summary."""
+    return job_pb2.GetJobStatusResponse(
+        job_name=status.job_name,
+        state=status.state.value,
+        exit_reason=status.exit_reason,
+        nodes=[_node_status(n) for n in status.nodes],
+        min_nodes=status.min_nodes,
+        max_nodes=status.max_nodes,
+        job_failures=status.job_failures,
+        step=status.step,
+        has_committed_step=status.committed_step is not None,
+        committed_step=status.committed_step or 0,
+        goodput=status.goodput,
+        elapsed_s=status.elapsed_s,
+        total_relaunches=status.total_relaunches,
+        samples_per_second=status.samples_per_second,
+        useful_s=status.useful_s,
+        goodput_buckets=[job_pb2.GoodputBucket(name=name, seconds=seconds) for name, seconds in status.goodput_buckets],
+        committed_path=status.committed_path,
+        committed_wall_time=status.committed_wall_time,
+        target_nodes=status.target_nodes,
+        wanted_nodes=status.wanted_nodes,
+        capacity=_clamp_int32(status.capacity),
+        spares=[_node_status(n) for n in status.spares],
+        spare_nodes=status.spare_nodes,
+    )
+
+
+def events_response(events: Sequence[JournaledEvent]) -> job_pb2.ListEventsResponse:
+    """`ListEvents`' answer for a page of events."""
+    return job_pb2.ListEventsResponse(
+        events=[
+            job_pb2.JobEvent(
+                seq=e.seq,
+                wall_time=e.wall_time,
+                kind=e.kind,
+                message=e.message,
+                has_node=e.node_id is not None,
+                node_id=e.node_id if e.node_id is not None else 0,
+                rank=e.rank if e.rank is not None else 0,
+                data_json=json.dumps(dict(e.data), sort_keys=True),
+            )
+            for e in events
+        ]
+    )
 
 
 def _clamp_int32(value: int | None) -> int | None:

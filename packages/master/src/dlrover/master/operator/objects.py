@@ -25,12 +25,14 @@ from dlrover.master.kube.names import (
     master_name,
     token_secret_name,
 )
-from dlrover.master.operator.spec import GPU_RESOURCE, JobSpec, cpu_cores
-from dlrover.master.scheduler.kubernetes import VERBS_ADMITTED, VERBS_USED
+from dlrover.master.operator.spec import GPU_RESOURCE, JobSpec, PsRoles, cpu_cores
+from dlrover.master.scheduler.kubernetes import VERBS_ADMITTED, VERBS_USED, VERBS_USED_BY_TF_TASKS
+from dlrover.master.scheduler.kubernetes.manifest import CHECKPOINT_MOUNT
 
 __all__ = [
     "APPLIED_SPEC_ANNOTATION",
     "MASTER_ROLE_RULES",
+    "PS_MASTER_ROLE_RULES",
     "MASTER_STATE_DIR",
     "MASTER_STATE_MOUNT",
     "MASTER_TLS_DIR",
@@ -88,6 +90,10 @@ backend calls (`dlrover.master.scheduler.kubernetes.VERBS_USED`: it reads its El
 the job's worker pods, creates and deletes them), and the one admission checks on its creates (`VERBS_ADMITTED`:
 update on the ElasticJob's finalizers, for its pods' blockOwnerDeletion). A test compares it with the requests a
 master in a pod made."""
+
+PS_MASTER_ROLE_RULES: tuple[RoleRule, ...] = _rules(VERBS_USED_BY_TF_TASKS | VERBS_ADMITTED)
+"""The Role of a parameter-server job's master: `MASTER_ROLE_RULES` and the create of its tasks' headless
+Service (`VERBS_USED_BY_TF_TASKS`)."""
 
 
 @attrs.frozen
@@ -159,13 +165,15 @@ def master_service_account(job: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def master_role(job: Mapping[str, Any]) -> dict[str, Any]:
-    """The master's Role: `MASTER_ROLE_RULES` in the job's namespace."""
+def master_role(job: Mapping[str, Any], spec: JobSpec | None = None) -> dict[str, Any]:
+    """The master's Role: `MASTER_ROLE_RULES` (`PS_MASTER_ROLE_RULES` for a parameter-server job) in the job's
+    namespace."""
+    rules = PS_MASTER_ROLE_RULES if spec is not None and spec.ps_job is not None else MASTER_ROLE_RULES
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "Role",
         "metadata": _metadata(job, master_name(job["metadata"]["name"])),
-        "rules": [rule.as_policy_rule() for rule in MASTER_ROLE_RULES],
+        "rules": [rule.as_policy_rule() for rule in rules],
     }
 
 
@@ -201,8 +209,41 @@ def _seconds(value: float) -> str:
     return f"{value:g}"
 
 
+def _ps_job_args(job: Mapping[str, Any], spec: JobSpec, roles: PsRoles) -> list[str]:
+    """`ps-job` and its flags: the Kubernetes backend on this job, its work directory on the state volume, the
+    checkpoint volume where every task mounts it, and the counts and resources the spec gives."""
+    meta = job["metadata"]
+    args = [
+        "ps-job",
+        "--job-name", meta["name"],
+        "--backend", "kubernetes",
+        "--kube-namespace", meta["namespace"],
+        "--kube-job", meta["name"],
+        "--bind-address", "0.0.0.0",  # noqa: S104 (in a pod: the Service reaches it; every call needs the token)
+        "--port", str(spec.master_port),
+        "--work-dir", MASTER_STATE_DIR,
+        "--checkpoint-dir", CHECKPOINT_MOUNT,
+    ]  # fmt: skip
+    for flag, value in (("--ps", roles.ps), ("--max-ps", roles.max_ps), ("--workers", roles.workers),
+                        ("--min-workers", roles.min_workers)):  # fmt: skip
+        if value is not None:
+            args += [flag, str(value)]
+    if roles.evaluator:
+        args.append("--evaluator")
+    for role, resources in sorted(roles.resources.items()):
+        if "cpu" in resources:
+            args += [f"--{role}-cpu", f"{cpu_cores(resources['cpu']):g}"]
+        if "memory" in resources:
+            args += [f"--{role}-memory", resources["memory"]]
+    if roles.task_start_s is not None:
+        args += ["--task-start-timeout", _seconds(roles.task_start_s)]
+    return args
+
+
 def master_args(job: Mapping[str, Any], spec: JobSpec) -> list[str]:
     """The master's flags: the Kubernetes backend on this job, and what the spec sets."""
+    if spec.ps_job is not None:
+        return _ps_job_args(job, spec, spec.ps_job)
     meta = job["metadata"]
     args = [
         "--job-name", meta["name"],
@@ -243,11 +284,14 @@ def master_args(job: Mapping[str, Any], spec: JobSpec) -> list[str]:
 
 
 def applied_part(spec: Mapping[str, Any]) -> dict[str, Any]:
-    """The part of a spec a running job cannot change: all of it but `suspend` and the node counts
-    (those are carried out on the running job)."""
+    """The part of a spec a running job cannot change: all of it but `suspend` and a worker job's node counts
+    (those are carried out on the running job; a parameter-server job's are not)."""
     part: dict[str, Any] = json.loads(json.dumps(dict(spec)))
     part.pop("suspend", None)
-    for role in (part.get("replicaSpecs") or {}).values():
+    replicas = part.get("replicaSpecs") or {}
+    if any(role in replicas for role in ("chief", "ps", "evaluator")):
+        return part
+    for role in replicas.values():
         if isinstance(role, dict):
             role.pop("minReplicas", None)
             role.pop("maxReplicas", None)
@@ -267,6 +311,11 @@ def master_pod(job: Mapping[str, Any], spec: JobSpec, settings: MasterSettings) 
     if spec.tls_secret is not None:
         mounts.append({"name": "tls", "mountPath": MASTER_TLS_DIR, "readOnly": True})
         volumes.append({"name": "tls", "secret": {"secretName": spec.tls_secret}})
+    checkpoint = (spec.raw.get("checkpoint") or {}).get("volume")
+    if spec.ps_job is not None and isinstance(checkpoint, Mapping):
+        # The master reads the model's size from the chief's checkpoints.
+        mounts.append({"name": "checkpoints", "mountPath": CHECKPOINT_MOUNT, "readOnly": True})
+        volumes.append({"name": "checkpoints", **json.loads(json.dumps(dict(checkpoint)))})
     container: dict[str, Any] = {
         "name": "master",
         "image": spec.master_image or settings.image,

@@ -397,6 +397,9 @@ class _Pass:
         if check.spec is None:
             return self.refuse(check.errors, "InvalidSpec")
         spec = self.with_default_tls(check.spec)
+        if spec.ps_job is not None and spec.tls_secret is not None:
+            return self.refuse(("--master-tls-secret: the operator serves every master with TLS, which a "
+                                "parameter-server job's master does not serve yet",), "InvalidSpec")  # fmt: skip
         if pod is None:
             missing = [
                 f"{field}: PersistentVolumeClaim {name!r} not found"
@@ -464,6 +467,8 @@ class _Pass:
             # deleted here), and a resumed master is created only once this one is gone, so two never share
             # the journal (a grace-0 delete removes the object while the container may still run).
             self.writes.append(DeleteObject("Pod", master_name(self.name), "the job is suspended", None, _uid(pod)))
+            if _uid(pod):
+                self.status["countedMaster"] = _uid(pod)  # its end is the suspension's, no restart
         for worker in self.observed.worker_pods:
             if not _deleting(worker):
                 name = str(worker["metadata"]["name"])
@@ -483,7 +488,7 @@ class _Pass:
         observed, job = self.observed, self.job
         wanted: tuple[tuple[str, Mapping[str, Any] | None, Callable[[], dict[str, Any]]], ...] = (
             ("ServiceAccount", observed.service_account, lambda: objects.master_service_account(job)),
-            ("Role", observed.role, lambda: objects.master_role(job)),
+            ("Role", observed.role, lambda: objects.master_role(job, spec)),
             ("RoleBinding", observed.role_binding, lambda: objects.master_role_binding(job)),
             ("Secret", observed.secret, lambda: objects.token_secret(job, self.new_token)),
             ("Service", observed.service, lambda: objects.master_service(job, spec)),
@@ -566,10 +571,7 @@ class _Pass:
         start now (`MASTER_EXIT_RETRY`: replaced once its backoff passed)."""
         code, reason, message = _terminated(pod)
         why = f"the master pod {phase.lower()} ({reason or 'no reason'}, exit code {code}): {message}".rstrip(": ")
-        ready = _condition(self.status, Condition.MASTER_READY)
-        if not (ready and ready.get("reason") in ("MasterDied", "MasterRetrying")):
-            # Counted once per death: the dead pod may still be seen while its deletion is under way.
-            self.status["masterRestarts"] = int(self.status.get("masterRestarts", 0)) + 1
+        self.count_end(pod)
         if code == MASTER_EXIT_RETRY:
             wait_s = self.settings.retry_backoff_s(int(self.status.get("masterRestarts", 0)))
             finished = _epoch_s(_finished_at(pod))
@@ -583,6 +585,16 @@ class _Pass:
         self.writes.append(DeleteObject("Pod", master_name(self.name), why, 0, _uid(pod)))
         self.reasons.append(f"{why}: delete it, then start a replacement")
 
+    def count_end(self, pod: Mapping[str, Any]) -> None:
+        """Count the master pod's end in `masterRestarts`, once per pod: it may still be seen (its deletion under
+        way, a view that lags) after it was counted, or after the operator deleted it itself (`countedMaster`)."""
+        uid = _uid(pod)
+        if uid and uid == self.status.get("countedMaster"):
+            return
+        self.status["masterRestarts"] = int(self.status.get("masterRestarts", 0)) + 1
+        if uid:
+            self.status["countedMaster"] = uid
+
     def master_lost(self, pod: Mapping[str, Any], why: str) -> None:
         """The master pod's node is lost (`_lost_master`): force-delete the pod so a replacement can start.
 
@@ -595,10 +607,7 @@ class _Pass:
         after which that host's I/O on the file fails. Until then the replacement is refused the
         state directory and exits `MASTER_EXIT_RETRY`, and is replaced in turn after a backoff.
         """
-        ready = _condition(self.status, Condition.MASTER_READY)
-        if not (ready and ready.get("reason") == "MasterLost"):
-            # Counted once per loss: the pod may still be seen while the force delete is under way.
-            self.status["masterRestarts"] = int(self.status.get("masterRestarts", 0)) + 1
+        self.count_end(pod)
         self.condition(Condition.MASTER_READY, False, "MasterLost", why)
         self.writes.append(DeleteObject("Pod", master_name(self.name), why, 0, _uid(pod)))
         self.reasons.append(f"{why}: force-delete it, then start a replacement")

@@ -32,7 +32,8 @@ from dlrover.master.kube.names import (
 __all__ = ["ROLES", "STATUS_SCHEMA", "SPEC_SCHEMA", "crd_manifest", "job_schema", "schema_errors"]
 
 ROLES = ("worker", "ps", "chief", "evaluator")
-"""Roles the schema accepts; only `worker` is run today."""
+"""Roles the schema accepts: `worker` alone (a PyTorch job run by dlrover-run), or `chief`, `ps`, `worker` and
+optionally `evaluator` (a TensorFlow parameter-server job run by `dlrover-master ps-job`)."""
 
 _QUANTITY_PATTERN = r"^[+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][-+]?[0-9]+|[KMGTPE]i?|[mkMGTPE])?$"
 
@@ -61,7 +62,9 @@ def _seconds(description: str, minimum: float = 0) -> dict[str, Any]:
 
 _POD_TEMPLATE: dict[str, Any] = {
     "type": "object",
-    "description": "a PodTemplateSpec; the container named `main` (else the first) runs dlrover-run",
+    "description": "a PodTemplateSpec; the container named `main` (else the first) runs dlrover-run (a worker job), "
+    "the training program (a parameter-server job's chief and evaluator), or, without a command, TensorFlow's server "
+    "(its ps and worker)",
     "properties": {"metadata": _ANY_OBJECT, "spec": _ANY_OBJECT},
 }
 
@@ -93,7 +96,8 @@ SPEC_SCHEMA: dict[str, Any] = {
         "replicaSpecs": {
             "type": "object",
             "required": ["worker"],
-            "description": "by role; only `worker` is run today",
+            "description": "by role: worker alone (dlrover-run), or chief, ps, worker and optionally evaluator (a "
+            "TensorFlow parameter-server job)",
             "properties": {role: _REPLICA_SPEC for role in ROLES},
         },
         "rendezvous": {
@@ -196,6 +200,11 @@ STATUS_SCHEMA: dict[str, Any] = {
         "observedGeneration": {"type": "integer"},
         "message": {"type": "string"},
         "masterRestarts": _COUNT,
+        "countedMaster": {
+            "type": "string",
+            "description": "the uid of the last master pod whose end masterRestarts counted, or that the operator "
+            "deleted itself (suspend): a lagging view that still shows it counts nothing again",
+        },
         "masterAddress": {"type": "string"},
         "appliedMaxReplicas": {
             "type": "integer",

@@ -16,12 +16,13 @@ import attrs
 
 from dlrover.autoscale import parse_memory_mb
 from dlrover.common import ConfigError
-from dlrover.master.operator.schema import ROLES, job_schema, schema_errors
+from dlrover.master.operator.schema import job_schema, schema_errors
 
 __all__ = [
     "DEFAULT_MASTER_PORT",
     "GPU_RESOURCE",
     "JobSpec",
+    "PsRoles",
     "SpecCheck",
     "check_spec",
     "cpu_cores",
@@ -31,7 +32,31 @@ __all__ = [
 DEFAULT_MASTER_PORT = 50001
 GPU_RESOURCE = "nvidia.com/gpu"
 _PLANNED_RESOURCES = ("cpu", "memory", GPU_RESOURCE)
-_RUN_ROLES = ("worker",)
+_PS_JOB_ROLES = ("chief", "ps", "evaluator")  # any of them makes a TensorFlow parameter-server job
+_PS_RESOURCES = ("cpu", "memory")
+
+
+@attrs.frozen
+class PsRoles:
+    """A TensorFlow parameter-server job's roles, as `dlrover-master ps-job`'s flags take them (None: planned).
+
+    Attributes:
+        ps: parameter servers at the start (`ps.minReplicas`).
+        max_ps: the most servers the job may grow to (`ps.maxReplicas`).
+        workers: workers (`worker.maxReplicas`, else `minReplicas`).
+        min_workers: the fewest the job goes on with (`worker.minReplicas`).
+        evaluator: whether the job has an evaluator.
+        resources: per role, its `cpu` and `memory` as written.
+        task_start_s: how long a task may take to start running (`timeouts.nodeStartSeconds`).
+    """
+
+    ps: int | None
+    max_ps: int | None
+    workers: int | None
+    min_workers: int | None
+    evaluator: bool
+    resources: Mapping[str, Mapping[str, str]]
+    task_start_s: float | None
 
 
 @attrs.frozen
@@ -55,6 +80,8 @@ class JobSpec:
         claims: PersistentVolumeClaims the spec names (they must exist), by field.
         secrets: Secrets the spec names (they must exist), by field.
         raw: the spec as written (for comparing edits).
+        ps_job: the roles of a TensorFlow parameter-server job (its master runs `dlrover-master ps-job`); None: a
+            worker job.
     """
 
     suspend: bool
@@ -76,6 +103,7 @@ class JobSpec:
     claims: Mapping[str, str]
     secrets: Mapping[str, str]
     raw: Mapping[str, Any]
+    ps_job: PsRoles | None = None
 
     @property
     def node_range(self) -> tuple[int, int] | None:
@@ -133,37 +161,38 @@ def _claim(volume: Mapping[str, Any] | None) -> str | None:
     return str(pvc.get("claimName")) if isinstance(pvc, Mapping) and pvc.get("claimName") else None
 
 
-def _template_errors(role: str, template: Mapping[str, Any]) -> list[str]:
+def _template_errors(role: str, template: Mapping[str, Any], runs: str | None = "dlrover-run ...") -> list[str]:
+    """What is wrong with a role's pod template; `runs`: what its main container's command must be (None: it may
+    have none)."""
     where = f"spec.replicaSpecs.{role}.template.spec.containers"
     containers = (template.get("spec") or {}).get("containers")
     if not isinstance(containers, list) or not containers:
-        return [f"{where}: the pod template has no container (one named `main`, or the first, runs dlrover-run)"]
+        return [f"{where}: the pod template has no container (one named `main`, or the first, runs the task)"]
     errors = []
     for i, container in enumerate(containers):
         if not isinstance(container, Mapping) or not container.get("name"):
             errors.append(f"{where}[{i}]: a container needs a name")
     main = containers[main_container_index(template)]
-    if isinstance(main, Mapping) and not main.get("command") and not main.get("args"):
-        errors.append(
-            f"{where}[{main_container_index(template)}]: the main container needs a command (dlrover-run ...)"
-        )
+    if runs is not None and isinstance(main, Mapping) and not main.get("command") and not main.get("args"):
+        errors.append(f"{where}[{main_container_index(template)}]: the main container needs a command ({runs})")
     return errors
 
 
-def _resource_errors(resources: Mapping[str, Any]) -> list[str]:
+def _resource_errors(
+    resources: Mapping[str, Any], role: str = "worker", planned: tuple[str, ...] = _PLANNED_RESOURCES
+) -> list[str]:
     errors = []
-    where = "spec.replicaSpecs.worker.resources"
+    where = f"spec.replicaSpecs.{role}.resources"
     for name, value in resources.items():
         try:
-            if name == "cpu":
+            if name not in planned:
+                errors.append(f"{where}.{name}: not a resource the master plans ({', '.join(planned)})")
+            elif name == "cpu":
                 cpu_cores(value)
             elif name == "memory":
                 parse_memory_mb(str(value))
-            elif name == GPU_RESOURCE:
-                if not str(value).isdigit():
-                    raise ValueError(f"a whole number of GPUs, got {value!r}")
-            else:
-                errors.append(f"{where}.{name}: not a resource the master plans ({', '.join(_PLANNED_RESOURCES)})")
+            elif not str(value).isdigit():
+                raise ValueError(f"a whole number of GPUs, got {value!r}")
         except (ValueError, ConfigError) as exc:
             errors.append(f"{where}.{name}: {exc}")
     return errors
@@ -204,14 +233,14 @@ def check_spec(job: Mapping[str, Any]) -> SpecCheck:
     spec: Mapping[str, Any] = job["spec"]
     replicas: Mapping[str, Any] = spec["replicaSpecs"]
     worker: Mapping[str, Any] = replicas["worker"]
-    errors.extend(
-        f"spec.replicaSpecs.{role}: only the worker role is run today; remove it"
-        for role in ROLES
-        if role in replicas and role not in _RUN_ROLES
-    )
-    errors.extend(_template_errors("worker", worker["template"]))
+    ps_job = None
+    if any(role in replicas for role in _PS_JOB_ROLES):
+        ps_job, ps_errors = _ps_roles(spec, replicas)
+        errors.extend(ps_errors)
+    else:
+        errors.extend(_template_errors("worker", worker["template"]))
+        errors.extend(_resource_errors(worker.get("resources") or {}))
     errors.extend(_range_errors(spec, worker))
-    errors.extend(_resource_errors(worker.get("resources") or {}))
     timeouts = spec.get("timeouts") or {}
     if timeouts.get("heartbeatSeconds") is not None and timeouts["heartbeatSeconds"] < 3:
         errors.append(f"spec.timeouts.heartbeatSeconds ({timeouts['heartbeatSeconds']}) must be at least 3")
@@ -236,14 +265,15 @@ def check_spec(job: Mapping[str, Any]) -> SpecCheck:
         )
         if name
     }
-    low = worker.get("minReplicas", rdzv.get("minNodes"))
-    high = worker.get("maxReplicas", rdzv.get("maxNodes"))
+    # A parameter-server job's counts and resources are its roles' (`ps_job`), not a node range.
+    low = worker.get("minReplicas", rdzv.get("minNodes")) if ps_job is None else None
+    high = worker.get("maxReplicas", rdzv.get("maxNodes")) if ps_job is None else None
     return SpecCheck(
         JobSpec(
             suspend=bool(spec.get("suspend", False)),
             min_replicas=low,
             max_replicas=high,
-            resources={k: str(v) for k, v in (worker.get("resources") or {}).items()},
+            resources={k: str(v) for k, v in (worker.get("resources") or {}).items()} if ps_job is None else {},
             join_timeout_s=_number(rdzv, "joinTimeoutSeconds"),
             last_call_s=_number(rdzv, "lastCallSeconds"),
             node_pending_s=_number(timeouts, "nodePendingSeconds"),
@@ -259,5 +289,57 @@ def check_spec(job: Mapping[str, Any]) -> SpecCheck:
             claims=claims,
             secrets=secrets,
             raw=spec,
+            ps_job=ps_job,
         )
     )
+
+
+def _ps_roles(spec: Mapping[str, Any], replicas: Mapping[str, Any]) -> tuple[PsRoles | None, list[str]]:
+    """The roles of a parameter-server job, or what keeps the spec from being one (each naming its field)."""
+    errors = [f"spec.replicaSpecs.{role}: a parameter-server job needs chief, ps and worker"
+              for role in ("chief", "ps") if role not in replicas]  # fmt: skip
+    for role in ("chief", "ps", "worker", "evaluator"):
+        replica = replicas.get(role)
+        if replica is None:
+            continue
+        runs = "the chief's training program" if role in ("chief", "evaluator") else None
+        errors.extend(_template_errors(role, replica["template"], runs))
+        errors.extend(_resource_errors(replica.get("resources") or {}, role, _PS_RESOURCES))
+        if replica.get("spareReplicas"):
+            errors.append(f"spec.replicaSpecs.{role}.spareReplicas: a parameter-server job keeps no spares")
+        if role in ("chief", "evaluator"):
+            errors.extend(f"spec.replicaSpecs.{role}.{key} ({replica[key]}): a job has one {role}"
+                          for key in ("minReplicas", "maxReplicas") if replica.get(key, 1) != 1)  # fmt: skip
+    ps = replicas.get("ps") or {}
+    low_ps, high_ps = ps.get("minReplicas"), ps.get("maxReplicas")
+    if low_ps is not None and high_ps is not None and low_ps > high_ps:
+        errors.append(f"spec.replicaSpecs.ps.minReplicas ({low_ps}) exceeds maxReplicas ({high_ps})")
+    if spec.get("rendezvous"):
+        errors.append("spec.rendezvous: a parameter-server job has no rendezvous (its chief coordinates the workers)")
+    timeouts = spec.get("timeouts") or {}
+    errors.extend(f"spec.timeouts.{key}: not for a parameter-server job (nodeStartSeconds is)"
+                  for key in ("nodePendingSeconds", "heartbeatSeconds") if key in timeouts)  # fmt: skip
+    if not isinstance((spec.get("checkpoint") or {}).get("volume"), Mapping):
+        errors.append("spec.checkpoint.volume: a parameter-server job needs one: the chief's checkpoints must outlive "
+                      "its pods (it is mounted at /checkpoints in every task and in the master)")  # fmt: skip
+    if (spec.get("master") or {}).get("tls"):
+        errors.append("spec.master.tls: a parameter-server job's master does not serve TLS yet")
+    if errors:
+        return None, errors
+    worker = replicas["worker"]
+    low, high = worker.get("minReplicas"), worker.get("maxReplicas")
+    resources = {
+        role: {name: str(value) for name, value in replica["resources"].items()}
+        for role, replica in replicas.items()
+        if replica.get("resources")
+    }
+    roles = PsRoles(
+        ps=low_ps,
+        max_ps=high_ps,
+        workers=high if high is not None else low,
+        min_workers=low,
+        evaluator="evaluator" in replicas,
+        resources=resources,
+        task_start_s=_number(timeouts, "nodeStartSeconds"),
+    )
+    return roles, []

@@ -312,7 +312,7 @@ def main(argv: Sequence[str]) -> int:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     if outcome is None:
-        print("job stopped: the master received a stop signal", flush=True)
+        print(f"job stopped: {master.stop_reason or 'the master received a stop signal'}", flush=True)
         return EXIT_STOPPED
     print(f"job {'succeeded' if outcome.succeeded else 'failed'}: {outcome.reason}", flush=True)
     return 0 if outcome.succeeded else 1

@@ -174,15 +174,20 @@ class PsJobCore:
         t = self._tasks[task]
         return max(t.launches - 1, 0), t.charged
 
-    def start(self, now: float) -> PsDecision:
-        """Launch every task, servers first.
+    def start(self, now: float, first_node_id: int = 0) -> PsDecision:
+        """Launch every task, servers first, numbering nodes from `first_node_id` (above any node a previous
+        master of the job launched: their names stay theirs while they end).
 
         Raises:
             RuntimeError: called twice.
+            ValueError: `first_node_id` is negative.
         """
         if self._started:
             raise RuntimeError("the PS job was started already")
+        if first_node_id < 0:
+            raise ValueError(f"first_node_id must be non-negative, got {first_node_id}")
         self._started = True
+        self._next_node_id = first_node_id
         launches = tuple(self._launch(self._tasks[key], now) for key in self._spec.tasks())
         counts = {role.value: self._spec.count(role) for role in Role if self._spec.count(role)}
         event = PsEvent("job_started", f"PS job started: {counts}", data={"tasks": counts})

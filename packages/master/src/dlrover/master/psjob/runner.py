@@ -45,6 +45,7 @@ from dlrover.master.journal import JournaledEvent
 from dlrover.master.profiles import ProfileRecorder, ThroughputBySize
 from dlrover.master.psjob import node as node_main
 from dlrover.master.psjob.core import JobOutcome, PsDecision, PsEvent, PsJobCore, TaskPhase
+from dlrover.master.psjob.job_service import PsJobServicer
 from dlrover.master.psjob.plan import DEFAULT_PS_JOB_NAME, PsPlanChoice, build_ps_profile, ps_signature
 from dlrover.master.psjob.ports import task_ports
 from dlrover.master.psjob.progress import Rewind, RewindWatchingServicer
@@ -59,10 +60,14 @@ from dlrover.master.scheduler.base import (
     ObservedNode,
     ObservedState,
     SchedulerBackend,
+    SchedulerError,
     check_node_fits,
 )
 from dlrover.master.scheduler.cgroups import detect_memory_groups
 from dlrover.master.scheduler.local import LocalScheduler
+from dlrover.master.states import JobState, NodeState
+from dlrover.master.status import JobSummary, NodeSummary
+from dlrover.master.v1 import job_pb2_grpc
 from dlrover.shard import ShardRegistry
 from dlrover.shard.v1 import shard_pb2_grpc
 
@@ -79,6 +84,15 @@ reads the model's size from the newest one)."""
 
 EVENT_LOG_NAME = "events.jsonl"
 _MIB = 1024 * 1024
+# How a task's phase reads in the job's status, where every task is a node.
+_NODE_STATE = {
+    TaskPhase.LAUNCHED: NodeState.PENDING,
+    TaskPhase.RUNNING: NodeState.RUNNING,
+    TaskPhase.WAITING: NodeState.RELAUNCHING,
+    TaskPhase.SUCCEEDED: NodeState.SUCCEEDED,
+    TaskPhase.LEFT_OUT: NodeState.REMOVED,
+    TaskPhase.HELD: NodeState.PENDING,
+}
 
 
 def _argv(value: Iterable[str]) -> tuple[str, ...]:
@@ -118,6 +132,8 @@ class PsJobConfig:
         profile_store: record the job's profile in this store when it ends (None: not recorded).
         job_kind: the user's tag for jobs that are alike (part of the profile's signature).
         initial_plan: where the job's counts and resources came from (announced at start; None: not said).
+        predecessor_margin_s: how long past their grace the tasks of a previous master of the job (a Kubernetes
+            backend lists them) may take to end before this master gives up starting.
         token: the job token the shard service checks (a Kubernetes job's tasks read theirs from the job's
             Secret, so the master must use the same); None: a new one is made. Either way it is written to
             `<work_dir>/token`.
@@ -145,6 +161,7 @@ class PsJobConfig:
     job_kind: str = ""
     initial_plan: PsPlanChoice | None = None
     token: str | None = attrs.field(default=None, repr=False)
+    predecessor_margin_s: float = attrs.field(default=30.0, validator=positive)
 
     @command.validator
     def _check_command(self, _attribute: object, value: tuple[str, ...]) -> None:
@@ -199,8 +216,10 @@ class PsJobMaster:
         add_ping_service(self._server)
         self._shards = RewindWatchingServicer(self._registry, self._on_rewind)
         self._server.add(shard_pb2_grpc.add_ShardServiceServicer_to_server, self._shards)
+        self._server.add(job_pb2_grpc.add_JobServiceServicer_to_server, PsJobServicer(self))
         self._events_lock = threading.Lock()
         self._seq = 0
+        self._init_status()
         self._cluster: dict[Role, list[str]] = {}
         self._started = False
         self._stopped = False
@@ -299,11 +318,44 @@ class PsJobMaster:
             self._record([PsEvent("hot_ps_off", "parameter servers have no CPU request (--ps-cpu), so none is "
                                   "ever hot: none is added")])  # fmt: skip
         spec = self._config.spec
+        first_node_id = self._stop_predecessors()
         ports = iter(task_ports(self._config.task_host, len(spec.tasks())))
         self._cluster = {role: [self._task_address(role, i, next(ports)) for i in range(spec.count(role))]
                          for role in Role}  # fmt: skip
-        self._apply(self._core.start(self._clock.now()))
+        self._apply(self._core.start(self._clock.now(), first_node_id))
         self._running = True
+        self._publish_status()
+
+    def _stop_predecessors(self) -> int:
+        """Stop the tasks a previous master of this job left (a Kubernetes backend lists them: the master's pod was
+        replaced) and wait until they have ended; the first node id above theirs.
+
+        This master holds none of their state (the shard service's above all), so the job starts again: the chief
+        restores its newest checkpoint, data position included, and the event says so.
+
+        Raises:
+            SchedulerError: they did not end within their grace and a margin.
+        """
+        left = dict(self._scheduler.observe())
+        if not left:
+            return 0
+        self._record([PsEvent("predecessor_tasks", f"{len(left)} task(s) of a previous master of this job are "
+                              "stopped; the job starts again from the chief's newest checkpoint",
+                              data={"nodes": sorted(left)})])  # fmt: skip
+        for node_id in left:
+            self._scheduler.stop(node_id)
+        grace = self._config.stop_grace_s  # the Kubernetes backend's pod deletion grace too (ps-job sets both)
+        deadline = self._clock.now() + grace + self._config.predecessor_margin_s
+        ended = (ObservedState.STOPPED, ObservedState.FAILED, ObservedState.SUCCEEDED)
+        while True:
+            seen = self._scheduler.observe()
+            if all(node_id not in seen or seen[node_id].state in ended for node_id in left):
+                return max(left) + 1
+            if self._clock.now() > deadline:
+                running = sorted(n for n in left if n in seen and seen[n].state not in ended)
+                raise SchedulerError(f"the previous master's nodes {running} did not end within {grace:g} s and "
+                                     f"{self._config.predecessor_margin_s:g} s more")  # fmt: skip
+            self._clock.sleep(self._config.replacement_poll_s)
 
     def tick(self) -> PsDecision:
         """Look at the backend once and carry out what the core decides.
@@ -317,6 +369,7 @@ class PsJobMaster:
         now = self._clock.now()
         decision = self._core.observe(self._with_memory_records(self._scheduler.observe()), now)
         self._apply(decision)
+        self._publish_status()
         if decision.outcome is not None:
             self._record_profile()
             return decision
@@ -502,14 +555,92 @@ class PsJobMaster:
                 marked[node_id] = attrs.evolve(seen, reason=REASON_OOM_KILLED, evidence=evidence)
         return marked
 
+    # ------------------------------------------------------------------ status (JobService)
+
+    def _init_status(self) -> None:
+        self._history: list[JournaledEvent] = []  # every event, for JobService.ListEvents
+        self._failures = 0
+        self._started_wall = self._clock.wall_time()
+        self._stop_reason: str | None = None
+        self._summary = self._job_summary(JobState.RUNNING, "")
+
+    def summary(self) -> JobSummary:
+        """The job's state and every task's node as of the last look (`role:index` names; thread-safe)."""
+        with self._events_lock:
+            return self._summary
+
+    def events(self, after_seq: int, limit: int) -> list[JournaledEvent]:
+        """Up to `limit` of the job's events after sequence number `after_seq` (thread-safe)."""
+        with self._events_lock:
+            return [e for e in self._history if e.seq > after_seq][:limit]
+
+    def request_stop(self, reason: str) -> None:
+        """Stop the job: `run()` returns (None) after its current look, and `stop()` stops every task. Thread-safe;
+        the first reason stands."""
+        with self._events_lock:
+            if self._stop_reason is not None or self._core.outcome is not None:
+                return
+            self._stop_reason = reason
+            self._summary = attrs.evolve(self._summary, state=JobState.STOPPED, exit_reason=reason)
+        self._record([PsEvent("job_stopping", f"the job is stopped on request: {reason}", data={"reason": reason})])
+
+    @property
+    def stop_reason(self) -> str | None:
+        """Why the job was stopped on request (None: it was not)."""
+        with self._events_lock:
+            return self._stop_reason
+
+    def _publish_status(self) -> None:
+        outcome = self._core.outcome
+        if outcome is not None:
+            state = JobState.SUCCEEDED if outcome.succeeded else JobState.FAILED
+            summary = self._job_summary(state, outcome.reason)
+        else:
+            summary = self._job_summary(JobState.RUNNING, "")
+        with self._events_lock:
+            if self._stop_reason is not None and outcome is None:
+                summary = attrs.evolve(summary, state=JobState.STOPPED, exit_reason=self._stop_reason)
+            self._summary = summary
+
+    def _job_summary(self, state: JobState, reason: str) -> JobSummary:
+        core, spec = self._core, self._core.spec
+        placed = getattr(self._scheduler, "placed_host", None)
+        nodes, relaunched = [], 0
+        for key in spec.tasks():
+            node_id = core.node_of(key)
+            launches, _charged = core.relaunches(key)
+            relaunched += launches
+            host = placed(node_id) if callable(placed) and node_id is not None else ""
+            nodes.append(NodeSummary(node_id=-1 if node_id is None else node_id, rank=key.index,
+                                     state=_NODE_STATE[core.phase(key)], name=str(key), host=str(host or ""),
+                                     relaunch_count=launches))  # fmt: skip
+        fixed = sum(spec.count(role) for role in Role if role is not Role.WORKER)
+        total = len(nodes)
+        return JobSummary(
+            job_name=self._config.job_name,
+            state=state,
+            exit_reason=reason,
+            nodes=tuple(nodes),
+            min_nodes=fixed + spec.min_workers,
+            max_nodes=total,
+            job_failures=self._failures,
+            elapsed_s=max(0.0, self._clock.wall_time() - self._started_wall),
+            total_relaunches=relaunched,
+            target_nodes=total,
+            wanted_nodes=total,
+        )
+
     def run(self, timeout_s: float | None = None, cancel: threading.Event | None = None) -> JobOutcome | None:
-        """Tick until the job ends (its outcome), `timeout_s` passes or `cancel` is set (None then).
+        """Tick until the job ends (its outcome), `timeout_s` passes, `cancel` is set or a stop is requested
+        (`request_stop`, JobService.StopJob): None then.
 
         After a look that stopped a node, the next comes after `replacement_poll_s` rather than a whole tick: a task
         waiting for its old node to end starts as soon as it has (the restarted chief after a lost server).
         """
         deadline = None if timeout_s is None else self._clock.now() + timeout_s
         while self._core.outcome is None and (deadline is None or self._clock.now() < deadline):
+            if self.stop_reason is not None:
+                break
             decision = self.tick()
             if decision.outcome is not None:
                 break
@@ -632,5 +763,7 @@ class PsJobMaster:
                 data = {**event.data, **({"task": str(event.task)} if event.task is not None else {})}
                 out.append(JournaledEvent(self._seq, self._clock.wall_time(), event.kind, event.message,
                                           event.node_id, None, data))  # fmt: skip
+                self._failures += event.kind == "task_failed"
                 _log.info("%s: %s", event.kind, event.message)
             self._events.write(out)
+            self._history.extend(out)
