@@ -77,6 +77,10 @@ class Job:
                 try:
                     while not self.marker.exists() and master.core.outcome is None:
                         threading.Event().wait(0.05)
+                    # The standby chief is warm long before a real job's first failure: wait for it here too.
+                    while self.config.standby_chief and not list((self.work / "standby").glob("*.ready")):
+                        assert master.core.outcome is None, "the job ended before its standby chief was ready"
+                        threading.Event().wait(0.05)
                     assert victim is not None
                     node = master.core.node_of(victim)
                     scheduler = master.scheduler
@@ -195,6 +199,8 @@ def test_a_killed_parameter_server_is_relaunched_and_the_chief_restores_the_chec
     events = job.events()
     assert _kinds(events, "ps:1") == ["task_failed", "task_relaunched"]
     assert _kinds(events, "chief:0") == ["chief_restarting", "task_restarted"]
+    # The restarted chief ran in the standby, TensorFlow already imported.
+    assert "standby_promoted" in _kinds(events)
     _assert_resumed_from_the_checkpoint(job)
 
 
@@ -370,7 +376,8 @@ class KubeJob(Job):
                 f"--kube-namespace={KUBE_NS}", f"--kube-job={KUBE_JOB}", f"--kubeconfig={kubeconfig}",
                 f"--kube-master-address=127.0.0.1:{port}", f"--port={port}", f"--token-file={token_file}",
                 f"--ps={spec.ps}", f"--workers={spec.workers}", f"--max-relaunches={spec.max_relaunches}",
-                f"--work-dir={self.work}", "--stop-grace=5", "--kube-backoff-max-s=1"]  # fmt: skip
+                f"--work-dir={self.work}", f"--checkpoint-dir={self.work / 'checkpoints'}", "--stop-grace=5",
+                "--kube-backoff-max-s=1"]  # fmt: skip
 
     def run_on_kube(self, victim: TaskKey) -> None:
         """Run to the end, holding at step PAUSE_AT to SIGKILL the victim's container there."""
@@ -431,7 +438,7 @@ def test_on_kubernetes_a_killed_parameter_server_comes_back_at_its_dns_name_and_
     assert _kinds(events, "ps:1") == ["task_failed", "task_relaunched"]
     assert _kinds(events, "chief:0") == ["chief_restarting", "task_restarted"]
     _assert_resumed_from_the_checkpoint(job)
-    # Every task is named by its DNS name in every TF_CONFIG; the lost server's new pod has the same name and IP.
+    # Every task is named by its DNS name in every TF_CONFIG; the lost server's new pod has the same name.
     env = {e.name: e.value for e in job.chief_pod.spec.containers[0].env}
     cluster = json.loads(env["TF_CONFIG"])["cluster"]
     assert [a.rsplit(":", 1)[0] for a in cluster["ps"]] == [f"{KUBE_JOB}-ps-{i}.{KUBE_JOB}-tasks.{KUBE_NS}.svc"
@@ -439,7 +446,6 @@ def test_on_kubernetes_a_killed_parameter_server_comes_back_at_its_dns_name_and_
     first, again = job.victim_pods
     assert first.metadata.name != again.metadata.name
     assert first.spec.hostname == again.spec.hostname == f"{KUBE_JOB}-ps-1"
-    assert first.status.pod_ip == again.status.pod_ip
 
 
 def test_the_operator_runs_a_ps_elastic_job_and_a_replaced_master_starts_it_again_from_the_checkpoint(
@@ -470,7 +476,7 @@ def test_the_operator_runs_a_ps_elastic_job_and_a_replaced_master_starts_it_agai
     settings = OperatorSettings(
         namespace=KUBE_NS,
         reconcile=ReconcileSettings(master=MasterSettings(command=(sys.executable, "-m", "dlrover.master.cli"),
-                                                          extra_args=("--stop-grace", "5"), grace_period_s=5)),
+                                                          ps_extra_args=("--stop-grace", "5"), grace_period_s=5)),
         status_interval_s=0.5, resync_interval_s=2.0, retry_interval_s=0.5, master_call_timeout_s=5.0,
         watch=WatchSettings(watch_timeout_s=20, request_timeout_s=10, backoff_initial_s=0.05, backoff_max_s=1.0),
     )  # fmt: skip
@@ -494,8 +500,9 @@ def test_the_operator_runs_a_ps_elastic_job_and_a_replaced_master_starts_it_agai
         master = names.master_name(KUBE_JOB)
         with Operator(api, settings):
             wait(f"step {PAUSE_AT}", job.marker.exists)
-            assert status()["phase"] == "Running"
-            assert status()["nodes"]["running"] == 5  # the operator mirrors the master's JobService
+            # The operator mirrors the master's JobService (polled every 0.5 s: it may lag the job a little).
+            wait("the status mirrored", lambda: status().get("phase") == "Running"
+                 and status().get("nodes", {}).get("running") == 5)  # fmt: skip
             first = core.read_namespaced_pod(master, KUBE_NS).metadata.uid
             kube_cluster.kubelet.kill_process(master, KUBE_NS)
             job.pause.unlink()

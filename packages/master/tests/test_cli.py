@@ -274,7 +274,8 @@ def test_a_state_dir_held_by_another_master_exits_75_retry_and_bad_usage_stays_2
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from dlrover.common import ConfigError, SystemClock
-    from dlrover.master.cli import EXIT_RETRY, EXIT_USAGE, _start_failure
+    from dlrover.master.exits import EXIT_RETRY, EXIT_USAGE
+    from dlrover.master.exits import start_failure as _start_failure
     from dlrover.master.operator import MASTER_EXIT_RETRY
     from dlrover.master.scheduler.base import BackendUnavailableError
     from dlrover.master.statedir import StateDirLock

@@ -554,3 +554,32 @@ def test_a_ps_jobs_backend_creates_its_task_service_owned_by_the_job(
     assert used == VERBS_USED_BY_TF_TASKS
     service = core.read_namespaced_service(names.task_service_name(JOB), NS)
     assert service.metadata.owner_references[0].uid == job["metadata"]["uid"]
+
+
+def test_a_stopped_tf_task_reads_running_until_its_pod_has_ended(
+    make_backend: Callable[..., KubernetesScheduler], tmp_path: Path
+) -> None:
+    # The task ignores SIGTERM, so its pod lives through the whole grace (2 s) whatever the machine's load.
+    stubborn = template([sys.executable, "-c", "import pathlib, signal, sys, time\n"
+                         "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+                         "pathlib.Path(sys.argv[1]).touch()\n"
+                         "time.sleep(3600)\n", str(tmp_path / "up")])  # fmt: skip
+    backend = make_backend(WorkerTemplate(template(), roles={"ps": stubborn}), tf_tasks=True)
+    backend.launch(NodeSpec(JOB, 0, 0, role=Role.PS))
+    deadline = time.monotonic() + WAIT_S
+    while not (tmp_path / "up").exists():
+        assert time.monotonic() < deadline, f"the task did not start: {dict(backend.observe())}"
+        time.sleep(0.05)
+    wait(backend, state_is(0, ObservedState.RUNNING))
+    backend.stop(0)
+    # Still running after the stop: the task's next pod (same DNS name) must wait for it.
+    assert backend.observe()[0].state is ObservedState.RUNNING
+    wait(backend, state_is(0, ObservedState.STOPPED))
+
+
+def test_a_task_service_name_taken_by_another_service_is_refused(kube_cluster: KubeCluster, core: Any) -> None:
+    core.create_namespaced_service(NS, {"metadata": {"name": names.task_service_name(JOB)},
+                                        "spec": {"selector": {"app": "other"}, "ports": [{"port": 80}]}})  # fmt: skip
+    config = kubernetes.client.Configuration(host=kube_cluster.url)
+    with kubernetes.client.ApiClient(config) as api, pytest.raises(ConfigError, match="not this job's headless"):
+        KubernetesScheduler(api, settings(tf_tasks=True), WorkerTemplate(template()))

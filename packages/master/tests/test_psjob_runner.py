@@ -154,6 +154,10 @@ def test_a_master_replacing_another_stops_its_tasks_first_and_numbers_its_nodes_
         assert sorted(scheduler.specs) == [8, 9, 10], "ps, worker and chief, above the predecessor's nodes"
         (left,) = [e for e in read_event_log(master.event_log) if e["kind"] == "predecessor_tasks"]
         assert left["data"]["nodes"] == [3, 7]
+    # A master after it on the same work directory numbers its events on.
+    with PsJobMaster(config, scheduler=FakeScheduler()) as after:
+        seqs = [e["seq"] for e in read_event_log(after.event_log)]
+    assert seqs == sorted(set(seqs)), "no event number twice"
 
 
 def test_a_predecessor_task_that_does_not_end_keeps_the_master_from_starting(tmp_path: Path) -> None:
@@ -233,6 +237,9 @@ def test_the_cli_refuses_what_the_kubernetes_backend_cannot_do(
         ([*kube, "--", "python", "train.py"], "the chief runs the command of its template"),
         (["--backend", "kubernetes", "--work-dir", str(tmp_path)], "needs --kube-namespace and --kube-job"),
         (["--kube-job", "rec", "--work-dir", str(tmp_path), "--", "x"], "are for --backend kubernetes"),
+        ([*kube, "--kube-node-state-mb", "64"], "--kube-node-state-mb: not for a parameter-server job"),
+        ([*kube, "--kube-tls-secret", "tls"], "--kube-tls-secret: not for a parameter-server job"),
+        (kube, "--backend kubernetes needs --checkpoint-dir"),
     ]
     for argv, message in cases:
         assert ps_job_main(argv) == 2

@@ -36,7 +36,8 @@ from dlrover.master import (
     StateDirLock,
     create_master,
 )
-from dlrover.master.cli import EXIT_RETRY, main
+from dlrover.master.cli import main
+from dlrover.master.exits import EXIT_RETRY
 from dlrover.master.scheduler.base import NodeSpec
 from dlrover.master.scheduler.external import ExternalScheduler
 from dlrover.master.scheduler.local import LocalScheduler

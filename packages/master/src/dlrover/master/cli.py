@@ -49,6 +49,7 @@ from dlrover.master.config import (
     parse_node_range,
 )
 from dlrover.master.eventlog import event_to_dict, read_event_log
+from dlrover.master.exits import start_failure
 from dlrover.master.factory import create_master
 from dlrover.master.journal import JournaledEvent
 from dlrover.master.plan_resume import journaled_plan
@@ -62,11 +63,10 @@ from dlrover.master.profiles import (
 from dlrover.master.psjob.cli import main as ps_job_main
 from dlrover.master.resource_flags import add_resource_flags, lifecycle_resources
 from dlrover.master.runtime import MasterRuntime
-from dlrover.master.scheduler.base import BackendUnavailableError, HandsOverNodes
+from dlrover.master.scheduler.base import HandsOverNodes
 from dlrover.master.scheduler.kubernetes.flags import add_kubernetes_flags, kubernetes_settings
 from dlrover.master.scheduler.local import parse_slots
 from dlrover.master.scheduler.ray.settings import RaySettings
-from dlrover.master.statedir import StateDirInUseError
 from dlrover.master.states import JobState
 from dlrover.master.status import format_status
 from dlrover.master.timeline import render_timeline
@@ -80,20 +80,6 @@ _log = logging.getLogger("dlrover.master")
 _DEFAULT_JOB_NAME = "dlrover-job"
 
 EXIT_CODES = {JobState.SUCCEEDED: 0, JobState.FAILED: 1, JobState.STOPPED: 3, JobState.RUNNING: 1}
-
-EXIT_USAGE = 2
-"""The master could not start: bad usage or configuration. Starting it again the same way fails again."""
-EXIT_RETRY = 75
-"""The master could not start now, for a reason that passes (sysexits' EX_TEMPFAIL): another master still
-holds the state directory (a predecessor on a lost node, until its lock is released), or the backend's
-platform could not be reached. Start it again later (the operator does, with backoff)."""
-
-_RETRYABLE_START_ERRORS: tuple[type[DLRoverError], ...] = (StateDirInUseError, BackendUnavailableError)
-
-
-def _start_failure(exc: DLRoverError) -> int:
-    """The exit status of a master that could not start: `EXIT_RETRY` for a passing reason, else `EXIT_USAGE`."""
-    return EXIT_RETRY if isinstance(exc, _RETRYABLE_START_ERRORS) else EXIT_USAGE
 
 
 def _run_parser() -> argparse.ArgumentParser:
@@ -823,7 +809,7 @@ def _run(argv: Sequence[str]) -> int:
         runtime = _create_planned(args)
     except DLRoverError as exc:
         print(f"dlrover-master: {exc}", file=sys.stderr)
-        return _start_failure(exc)
+        return start_failure(exc)
     stop_requested = threading.Event()
     signalled: list[int] = []
     hand_over = False
@@ -864,7 +850,7 @@ def _run(argv: Sequence[str]) -> int:
         return EXIT_CODES[status.state]
     except DLRoverError as exc:
         print(f"dlrover-master: {exc}", file=sys.stderr)
-        return _start_failure(exc)
+        return start_failure(exc)
     finally:
         # A master that fails (at start, or later) with its job unfinished leaves a backend's nodes that
         # outlive it to the master that replaces it, as on SIGTERM: its failure is not the job's end.

@@ -64,7 +64,11 @@ def _parser() -> argparse.ArgumentParser:
         help=f"the masters' image when a job's spec.master.image names none (default: ${IMAGE_ENV_VAR})",
     )
     p.add_argument("--master-command", default="dlrover-master", help="the masters' command (a shell-quoted line)")
-    p.add_argument("--master-arg", action="append", default=[], help="one more flag for every master (repeatable)")
+    p.add_argument("--master-arg", action="append", default=[],
+                   help="one more flag for every worker job's master, `dlrover-master` (repeatable)")  # fmt: skip
+    p.add_argument("--ps-master-arg", action="append", default=[],
+                   help="one more flag for every parameter-server job's master, `dlrover-master ps-job` (repeatable; "
+                   "its flags are not dlrover-master's)")  # fmt: skip
     p.add_argument(
         "--master-image-pull-policy", default="", help="the masters' imagePullPolicy (default: the cluster's)"
     )
@@ -130,6 +134,7 @@ def build_settings(args: argparse.Namespace) -> OperatorSettings:
         image=args.master_image,
         command=tuple(shlex.split(args.master_command)),
         extra_args=tuple(a for arg in args.master_arg for a in shlex.split(arg)),
+        ps_extra_args=tuple(a for arg in args.ps_master_arg for a in shlex.split(arg)),
         image_pull_policy=args.master_image_pull_policy,
         grace_period_s=args.master_grace_period_s,
         tls_secret=args.master_tls_secret,

@@ -103,7 +103,9 @@ class MasterSettings:
     Attributes:
         image: the master container's image when the spec names none (the operator's own image).
         command: the master's command (`dlrover-master`).
-        extra_args: more flags for every master (e.g. `--log-level DEBUG`).
+        extra_args: more flags for every worker job's master, `dlrover-master` (e.g. `--log-level DEBUG`).
+        ps_extra_args: more flags for every parameter-server job's master, `dlrover-master ps-job` (its flags are
+            not all dlrover-master's: `--stop-grace`, not `--node-stop-grace-s`).
         image_pull_policy: the master container's imagePullPolicy; "" leaves the cluster's default.
         grace_period_s: the master pod's terminationGracePeriodSeconds.
         tls_secret: the Secret (in the job's namespace) masters serve TLS from when their spec names
@@ -115,6 +117,7 @@ class MasterSettings:
     image: str = "dlrover:latest"
     command: tuple[str, ...] = ("dlrover-master",)
     extra_args: tuple[str, ...] = ()
+    ps_extra_args: tuple[str, ...] = ()
     image_pull_policy: str = ""
     grace_period_s: int = 30
     tls_secret: str | None = None
@@ -319,7 +322,11 @@ def master_pod(job: Mapping[str, Any], spec: JobSpec, settings: MasterSettings) 
     container: dict[str, Any] = {
         "name": "master",
         "image": spec.master_image or settings.image,
-        "command": [*settings.command, *master_args(job, spec), *settings.extra_args],
+        "command": [
+            *settings.command,
+            *master_args(job, spec),
+            *(settings.extra_args if spec.ps_job is None else settings.ps_extra_args),
+        ],
         "env": [
             {
                 "name": "DLROVER_JOB_TOKEN",

@@ -83,7 +83,7 @@ signal, an OOM kill, an eviction, a lost node, `MASTER_EXIT_RETRY`) is the maste
 ending."""
 
 MASTER_EXIT_RETRY = 75
-"""dlrover-master's "could not start now, retry" status (`dlrover.master.cli.EXIT_RETRY`): another master
+"""dlrover-master's "could not start now, retry" status (`dlrover.master.exits.EXIT_RETRY`): another master
 still holds the state directory, or the API server could not be reached. Replaced after a backoff."""
 
 
@@ -462,6 +462,8 @@ class _Pass:
         if pod is not None and lost:
             # Its node is lost: no kubelet will finish the graceful delete (see `master_lost` for the journal).
             self.writes.append(DeleteObject("Pod", master_name(self.name), lost, 0, _uid(pod)))
+            if _uid(pod):
+                self.status["countedMaster"] = _uid(pod)  # its end is the suspension's, no restart
         if pod is not None and not _deleting(pod):
             # With its grace: a master given SIGTERM leaves its job resumable (it hands its pods over; they are
             # deleted here), and a resumed master is created only once this one is gone, so two never share

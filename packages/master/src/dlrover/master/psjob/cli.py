@@ -12,8 +12,11 @@ The master uses the job token its pods read from the Secret `<job>-token` (`--to
 `$DLROVER_JOB_TOKEN_FILE` or `$DLROVER_JOB_TOKEN`).
 
 The job ends when the chief's program exits 0 (exit status 0) or when a task fails past its relaunches (exit status
-1); SIGTERM or SIGINT stops it (exit status 3). Its events are in `<work-dir>/events.jsonl`; on this host each
-task's output is in `<work-dir>/logs/`.
+1); SIGTERM or SIGINT stops it (exit status 3), `dlrover-master stop` too. On Kubernetes a signal is the master's pod
+going away, not the job's end: its tasks are stopped and it exits 128 + the signal, for the master that replaces it
+to start the job again. A master that cannot start exits 2 (bad flags or spec) or 75 (a passing reason: the
+cluster could not be reached, a predecessor's tasks did not end in time; start it again later). Its events are in
+`<work-dir>/events.jsonl`; on this host each task's output is in `<work-dir>/logs/`.
 
 A job given none of `--ps`, `--workers`, `--min-workers` and the `--{role}-cpu/memory` flags is sized from the
 profile of the most similar earlier PS job in the profile store (`--profile-store`), else it runs one parameter
@@ -34,6 +37,7 @@ import attrs
 
 from dlrover.autoscale import HotPsConfig, PsPlanConfig, Resources, Role
 from dlrover.common import ConfigError, DLRoverError, configure_logging, find_token, load_token
+from dlrover.master.exits import start_failure
 from dlrover.master.profiles import add_profile_flags, resolve_profile_store
 from dlrover.master.psjob.plan import DEFAULT_PS_JOB_NAME, PsPlanChoice, plan_ps_job, ps_signature
 from dlrover.master.psjob.runner import PsJobConfig, PsJobMaster
@@ -45,7 +49,6 @@ from dlrover.master.scheduler.kubernetes.flags import add_kubernetes_flags, kube
 __all__ = ["main"]
 
 EXIT_STOPPED = 3
-EXIT_USAGE = 2
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -73,6 +76,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--evaluator", action=argparse.BooleanOptionalAction, default=None,
                    help="also run the program as an evaluator (default: as a planned job had, else not)")  # fmt: skip
     p.add_argument("--max-relaunches", type=int, default=3, help="relaunches per task (default 3)")
+    p.add_argument("--standby-chief", action=argparse.BooleanOptionalAction, default=None,
+                   help="keep the chief's next incarnation started, with TensorFlow imported, so a restarted chief "
+                   "starts at once (default: on locally; the kubernetes backend has none)")  # fmt: skip
     p.add_argument("--work-dir", required=True, help="the job's token, event log and task logs")
     p.add_argument("--job-name", default=DEFAULT_PS_JOB_NAME)
     p.add_argument("--port", type=int, default=0, help="the master's gRPC port (default: any free one)")
@@ -221,6 +227,7 @@ def build_config(
         work_dir=args.work_dir,
         job_name=args.job_name,
         bind_address=args.bind_address or ("0.0.0.0" if args.backend == "kubernetes" else "127.0.0.1"),  # noqa: S104
+        standby_chief=args.backend == "local" if args.standby_chief is None else args.standby_chief,
         token=_token(args),
         port=args.port,
         tick_interval_s=args.tick_interval,
@@ -244,8 +251,25 @@ def _kubernetes_backend(args: argparse.Namespace) -> tuple[SchedulerBackend, lis
     if _given_command(args):
         raise ConfigError("on kubernetes the chief runs the command of its template (spec.replicaSpecs.chief), not "
                           "one after --")  # fmt: skip
+    # The worker jobs' Kubernetes flags that mean nothing here: refused rather than ignored.
+    if args.standby_chief:
+        raise ConfigError("--standby-chief: a standby chief is told to start through a FIFO in the master's work "
+                          "directory, which pods cannot see: the local backend only")  # fmt: skip
+    unused = [flag for flag, value, default in (
+        ("--kube-node-state-mb", args.kube_node_state_mb, 0),
+        ("--kube-gpu-resource", args.kube_gpu_resource, "nvidia.com/gpu"),
+        ("--kube-gpu-type-label", args.kube_gpu_type_label, "nvidia.com/gpu.product"),
+        ("--kube-tls-secret", args.kube_tls_secret, None),
+    ) if value != default]  # fmt: skip
+    if unused:
+        raise ConfigError(f"{', '.join(unused)}: not for a parameter-server job (its tasks ask only cpu and memory, "
+                          "take no flash checkpoint, and its master serves no TLS)")  # fmt: skip
     settings = kubernetes_settings(args, tls_cert=None, stop_grace_s=args.stop_grace, tf_tasks=True)
     assert settings is not None
+    if args.checkpoint_dir is None:
+        raise ConfigError("--backend kubernetes needs --checkpoint-dir: storage the master and the chief both see at "
+                          "that path (the ElasticJob's spec.checkpoint.volume is mounted at /checkpoints in every "
+                          "task); the default, under --work-dir, is the master's own")  # fmt: skip
     from dlrover.master.scheduler.kubernetes.backend import KubernetesScheduler  # the k8s extra
 
     scheduler = KubernetesScheduler.from_cluster(settings)
@@ -293,10 +317,12 @@ def main(argv: Sequence[str]) -> int:
         master = _master(args)
     except DLRoverError as exc:
         print(f"dlrover-master ps-job: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return start_failure(exc)
     cancel = threading.Event()
+    signalled: list[int] = []
 
-    def on_signal(_signum: int, _frame: FrameType | None) -> None:
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        signalled.append(signum)
         cancel.set()
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
@@ -306,11 +332,17 @@ def main(argv: Sequence[str]) -> int:
         outcome = master.run(cancel=cancel)
     except DLRoverError as exc:
         print(f"dlrover-master ps-job: {exc}", file=sys.stderr)
-        return 1
+        return start_failure(exc)
     finally:
         master.stop()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+    if outcome is None and master.stop_reason is None and args.backend == "kubernetes":
+        # The master's pod was deleted or evicted: the job is not over; the master that replaces this one starts
+        # it again from the chief's checkpoint (an ended job is stopped through `stop`, a suspend or its deletion).
+        print("dlrover-master ps-job: stopped by a signal; the job goes on under the master that replaces this one",
+              flush=True)  # fmt: skip
+        return 128 + (signalled[0] if signalled else signal.SIGTERM)
     if outcome is None:
         print(f"job stopped: {master.stop_reason or 'the master received a stop signal'}", flush=True)
         return EXIT_STOPPED

@@ -24,7 +24,6 @@ from dlrover.master.servicers import (
     status_response,
     translate_refusals,
 )
-from dlrover.master.states import JobState
 from dlrover.master.status import JobSummary
 from dlrover.master.v1 import job_pb2, job_pb2_grpc
 
@@ -40,8 +39,9 @@ class PsJobStatusSource(Protocol):
     def events(self, after_seq: int, limit: int) -> Sequence[JournaledEvent]:
         """Up to `limit` of the job's events after sequence number `after_seq`."""
 
-    def request_stop(self, reason: str) -> None:
-        """Stop the job: its master stops every task at its next look and ends."""
+    def request_stop(self, reason: str) -> JobSummary:
+        """Stop the job (its master stops every task at its next look and ends); the summary after it (a job that
+        had ended stays as it ended)."""
 
 
 class PsJobServicer(job_pb2_grpc.JobServiceServicer):
@@ -72,11 +72,8 @@ class PsJobServicer(job_pb2_grpc.JobServiceServicer):
         """Stop the job: every task is stopped and the master ends (a job that ended already stays as it ended)."""
         with translate_refusals(context):
             reason = checked_text(request.reason, "reason", MAX_REASON_CHARS) or "stopped on request"
-            summary = self._master.summary()
-            if summary.state.finished:
-                return job_pb2.StopJobResponse(state=summary.state.value, exit_reason=summary.exit_reason)
-            self._master.request_stop(reason)
-            return job_pb2.StopJobResponse(state=JobState.STOPPED.value, exit_reason=reason)
+            summary = self._master.request_stop(reason)
+            return job_pb2.StopJobResponse(state=summary.state.value, exit_reason=summary.exit_reason)
 
     def ResizeJob(self, request: job_pb2.ResizeJobRequest, context: grpc.ServicerContext) -> job_pb2.ResizeJobResponse:
         """Refused: see the module."""

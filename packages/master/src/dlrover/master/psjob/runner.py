@@ -40,7 +40,7 @@ from dlrover.common import (
 )
 from dlrover.common.orphan_guard import guarded_argv
 from dlrover.common.validators import positive
-from dlrover.master.eventlog import EventLog
+from dlrover.master.eventlog import EventLog, read_event_log
 from dlrover.master.journal import JournaledEvent
 from dlrover.master.profiles import ProfileRecorder, ThroughputBySize
 from dlrover.master.psjob import node as node_main
@@ -51,16 +51,17 @@ from dlrover.master.psjob.ports import task_ports
 from dlrover.master.psjob.progress import Rewind, RewindWatchingServicer
 from dlrover.master.psjob.ps_load import PsCpuSampler, TaskMemoryPeaks
 from dlrover.master.psjob.spec import PsJobSpec, TaskKey, tf_config
+from dlrover.master.psjob.standby import StandbyChief
 from dlrover.master.psjob.tf_checkpoint import CheckpointReadError, CheckpointSizes, newest_checkpoint, sizes_of
 from dlrover.master.scheduler.base import (
     MASTER_ADDR_ENV_VAR,
     REASON_OOM_KILLED,
+    BackendUnavailableError,
     NodeMemoryRecords,
     NodeSpec,
     ObservedNode,
     ObservedState,
     SchedulerBackend,
-    SchedulerError,
     check_node_fits,
 )
 from dlrover.master.scheduler.cgroups import detect_memory_groups
@@ -132,6 +133,9 @@ class PsJobConfig:
         profile_store: record the job's profile in this store when it ends (None: not recorded).
         job_kind: the user's tag for jobs that are alike (part of the profile's signature).
         initial_plan: where the job's counts and resources came from (announced at start; None: not said).
+        standby_chief: keep the chief's next incarnation started and warm (TensorFlow imported), so a restarted
+            chief starts at once (`dlrover.master.psjob.standby`); only with the default local backend (whose
+            tasks run `node.py`, which knows how to wait as a standby).
         predecessor_margin_s: how long past their grace the tasks of a previous master of the job (a Kubernetes
             backend lists them) may take to end before this master gives up starting.
         token: the job token the shard service checks (a Kubernetes job's tasks read theirs from the job's
@@ -162,6 +166,7 @@ class PsJobConfig:
     initial_plan: PsPlanChoice | None = None
     token: str | None = attrs.field(default=None, repr=False)
     predecessor_margin_s: float = attrs.field(default=30.0, validator=positive)
+    standby_chief: bool = True
 
     @command.validator
     def _check_command(self, _attribute: object, value: tuple[str, ...]) -> None:
@@ -195,6 +200,8 @@ class PsJobMaster:
         # the token the running job's tasks read.
         self._events = EventLog(self._work / EVENT_LOG_NAME)
         given = scheduler is not None
+        # A standby chief needs the tasks to run node.py (the default local backend's command).
+        self._standby_possible = not given
         self._scheduler = scheduler or LocalScheduler(
             guarded_argv(os.getpid(), [sys.executable, node_main.__file__, "--", *config.command]),
             stop_grace_s=config.stop_grace_s,
@@ -218,24 +225,14 @@ class PsJobMaster:
         self._server.add(shard_pb2_grpc.add_ShardServiceServicer_to_server, self._shards)
         self._server.add(job_pb2_grpc.add_JobServiceServicer_to_server, PsJobServicer(self))
         self._events_lock = threading.Lock()
-        self._seq = 0
-        self._init_status()
+        # A master replacing another on the same work directory (a Kubernetes state volume) numbers on from it.
+        self._seq = max((int(e.get("seq", 0)) for e in read_event_log(self._events.path)), default=0)
         self._cluster: dict[Role, list[str]] = {}
         self._started = False
         self._stopped = False
         self._thread: int | None = None
-        pid_of = getattr(self._scheduler, "pid", None)
-        self._ps_load = (
-            PsCpuSampler(pid_of, 2 * config.hot_ps.hot_duration_s, config.hot_ps_warmup_s)
-            if config.hot_ps is not None and callable(pid_of)
-            else None
-        )
-        self._last_ps_plan = float("-inf")
-        self._trained = 0
-        self._last_progress = float("-inf")
-        self._last_ps_advice = ""
-        self._memory_peaks = TaskMemoryPeaks(pid_of) if callable(pid_of) else None
-        self._throughput = ThroughputBySize()
+        self._init_measures()
+        self._init_status()
         self._launched: dict[Role, list[Resources]] = {}
         self._checkpoint_dir = Path(config.checkpoint_dir or self._work / "checkpoints")
         self._checkpoint: CheckpointSizes | None = None
@@ -247,6 +244,28 @@ class PsJobMaster:
         self._last_checkpoint_look = float("-inf")
         self._running = False
         self._profiled = False
+
+    def _init_measures(self) -> None:
+        """The standby chief, and what samples the tasks' processes (by the backend's nodes behind the core's)."""
+        config = self._config
+        self._standby = (
+            StandbyChief(self._scheduler, self._work / "standby")
+            if config.standby_chief and self._standby_possible
+            else None
+        )
+        backend_pid = getattr(self._scheduler, "pid", None)
+        pid_of = (lambda node_id: backend_pid(self._backend_id(node_id))) if callable(backend_pid) else None
+        self._ps_load = (
+            PsCpuSampler(pid_of, 2 * config.hot_ps.hot_duration_s, config.hot_ps_warmup_s)
+            if config.hot_ps is not None and callable(pid_of)
+            else None
+        )
+        self._last_ps_plan = float("-inf")
+        self._trained = 0
+        self._last_progress = float("-inf")
+        self._last_ps_advice = ""
+        self._memory_peaks = TaskMemoryPeaks(pid_of) if callable(pid_of) else None
+        self._throughput = ThroughputBySize()
 
     @property
     def address(self) -> str:
@@ -334,7 +353,8 @@ class PsJobMaster:
         restores its newest checkpoint, data position included, and the event says so.
 
         Raises:
-            SchedulerError: they did not end within their grace and a margin.
+            BackendUnavailableError: they did not end within their grace and a margin (a passing reason: a master
+                started later finds them ended).
         """
         left = dict(self._scheduler.observe())
         if not left:
@@ -353,8 +373,9 @@ class PsJobMaster:
                 return max(left) + 1
             if self._clock.now() > deadline:
                 running = sorted(n for n in left if n in seen and seen[n].state not in ended)
-                raise SchedulerError(f"the previous master's nodes {running} did not end within {grace:g} s and "
-                                     f"{self._config.predecessor_margin_s:g} s more")  # fmt: skip
+                margin = self._config.predecessor_margin_s
+                raise BackendUnavailableError(f"the previous master's nodes {running} did not end within {grace:g} s "
+                                              f"and {margin:g} s more")  # fmt: skip
             self._clock.sleep(self._config.replacement_poll_s)
 
     def tick(self) -> PsDecision:
@@ -367,7 +388,10 @@ class PsJobMaster:
         if self._thread != threading.get_ident():
             raise RuntimeError("PsJobMaster.tick() must run in the thread that called start()")
         now = self._clock.now()
-        decision = self._core.observe(self._with_memory_records(self._scheduler.observe()), now)
+        observed = self._scheduler.observe()
+        if self._standby is not None:
+            observed = self._standby.translate(observed)
+        decision = self._core.observe(self._with_memory_records(observed), now)
         self._apply(decision)
         self._publish_status()
         if decision.outcome is not None:
@@ -548,7 +572,7 @@ class PsJobMaster:
         for node_id, seen in observed.items():
             if seen.state is not ObservedState.FAILED or seen.reason:
                 continue
-            record = scheduler.memory_record(node_id)
+            record = scheduler.memory_record(self._backend_id(node_id))
             if record is not None and record.oom_kills:
                 evidence = (f"its memory cgroup ({record.source}, limit {record.limit_mb} MiB) counted "
                             f"oom_kill {record.oom_kills}")  # fmt: skip
@@ -574,15 +598,16 @@ class PsJobMaster:
         with self._events_lock:
             return [e for e in self._history if e.seq > after_seq][:limit]
 
-    def request_stop(self, reason: str) -> None:
+    def request_stop(self, reason: str) -> JobSummary:
         """Stop the job: `run()` returns (None) after its current look, and `stop()` stops every task. Thread-safe;
-        the first reason stands."""
+        the first reason stands, and a job that ended stays as it ended. Returns the job's summary after it."""
         with self._events_lock:
-            if self._stop_reason is not None or self._core.outcome is not None:
-                return
+            if self._stop_reason is not None or self._summary.state.finished:
+                return self._summary
             self._stop_reason = reason
-            self._summary = attrs.evolve(self._summary, state=JobState.STOPPED, exit_reason=reason)
+            self._summary = summary = attrs.evolve(self._summary, state=JobState.STOPPED, exit_reason=reason)
         self._record([PsEvent("job_stopping", f"the job is stopped on request: {reason}", data={"reason": reason})])
+        return summary
 
     @property
     def stop_reason(self) -> str | None:
@@ -610,7 +635,7 @@ class PsJobMaster:
             node_id = core.node_of(key)
             launches, _charged = core.relaunches(key)
             relaunched += launches
-            host = placed(node_id) if callable(placed) and node_id is not None else ""
+            host = placed(self._backend_id(node_id)) if callable(placed) and node_id is not None else ""
             nodes.append(NodeSummary(node_id=-1 if node_id is None else node_id, rank=key.index,
                                      state=_NODE_STATE[core.phase(key)], name=str(key), host=str(host or ""),
                                      relaunch_count=launches))  # fmt: skip
@@ -664,6 +689,8 @@ class PsJobMaster:
         try:
             self._scheduler.close()
         finally:
+            if self._standby is not None:
+                self._standby.close()
             self._server.stop()
             self._events.close()
 
@@ -685,25 +712,35 @@ class PsJobMaster:
         kill = getattr(self._scheduler, "kill", None)
         for stop in decision.stops:
             if not stop.graceful and callable(kill):
-                kill(stop.node_id)
+                kill(self._backend_id(stop.node_id))
             else:
-                self._scheduler.stop(stop.node_id)
+                self._scheduler.stop(self._backend_id(stop.node_id))
         if decision.launches:
             self._address_new_tasks()
         for launch in decision.launches:
             if launch.resources is not None:
                 self._launched.setdefault(launch.task.role, []).append(launch.resources)
-            self._scheduler.launch(
-                NodeSpec(
-                    job_name=self._config.job_name,
-                    node_id=launch.node_id,
-                    rank=launch.task.index,
-                    relaunch_count=launch.relaunch_count,
-                    env=self._task_env(launch.task, launch.node_id),
-                    role=launch.task.role,
-                    resources=launch.resources,
-                )
+            spec = NodeSpec(
+                job_name=self._config.job_name,
+                node_id=launch.node_id,
+                rank=launch.task.index,
+                relaunch_count=launch.relaunch_count,
+                env=self._task_env(launch.task, launch.node_id),
+                role=launch.task.role,
+                resources=launch.resources,
             )
+            if launch.task.role is not Role.CHIEF or self._standby is None:
+                self._scheduler.launch(spec)
+                continue
+            standby = self._standby.launch_chief(spec)
+            if standby is not None:
+                self._record([PsEvent("standby_promoted", f"the standby chief (backend node {standby}) runs as node "
+                                      f"{launch.node_id}, TensorFlow already imported",
+                                      node_id=launch.node_id, data={"standby": standby})])  # fmt: skip
+
+    def _backend_id(self, node_id: int) -> int:
+        """The backend node running the core's node `node_id` (another where a standby chief took it over)."""
+        return node_id if self._standby is None else self._standby.backend_id(node_id)
 
     def _address_new_tasks(self) -> None:
         """Fit the addresses to a resized cluster (every task's `TF_CONFIG` names them from now on): a role that

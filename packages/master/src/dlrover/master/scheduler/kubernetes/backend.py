@@ -4,7 +4,9 @@ The backend keeps a cache of the job's worker pods fed by one list + watch (sele
 worker labels; see `dlrover.master.kube.watch`): `observe()` reads the cache and sends no request,
 so a tick costs nothing however many pods there are. `launch` creates a pod (`manifest.worker_pod`),
 `stop` deletes it with the configured grace; a create or delete answered 429, 5xx or cut is retried
-a few times after the watch's backoff. Observations follow `observe.observe_pod`.
+a few times after the watch's backoff. Observations follow `observe.observe_pod`, with one difference for a
+parameter-server job's tasks (`tf_tasks`): a pod the master stopped is RUNNING until it has ended (STOPPED then),
+as a local process is, because its task's next pod takes over its DNS name.
 
 A restarted master adopts the pods its predecessor created: they are in the first list, and
 `observe()` reports every worker pod of the job by its node-id label. A launch whose pod already
@@ -63,8 +65,10 @@ VERBS_USED: frozenset[tuple[str, str, str]] = frozenset(
 """Every (API group, resource, verb) the backend calls, all in the job's namespace: what the master's Role
 must grant it (the tests compare it with the requests the test API server recorded)."""
 
-VERBS_USED_BY_TF_TASKS: frozenset[tuple[str, str, str]] = VERBS_USED | {("", "services", "create")}
-"""What the backend of a parameter-server job (`tf_tasks`) calls: also the create of its task Service."""
+VERBS_USED_BY_TF_TASKS: frozenset[tuple[str, str, str]] = VERBS_USED | {("", "services", "create"),
+                                                                        ("", "services", "get")}  # fmt: skip
+"""What the backend of a parameter-server job (`tf_tasks`) calls: also the create of its task Service, and the
+read that checks one already there is the job's."""
 
 VERBS_ADMITTED: frozenset[tuple[str, str, str]] = frozenset(
     {(names.CRD_GROUP, f"{names.CRD_PLURAL}/finalizers", "update")}
@@ -230,9 +234,11 @@ class KubernetesScheduler:
         if settings.tf_tasks:
             try:
                 self._create_task_service()
-            except SchedulerError as exc:
+            except BaseException as exc:
                 self._watcher.stop()
-                raise BackendUnavailableError(f"cannot give the job's tasks their DNS names: {exc}") from exc
+                if isinstance(exc, SchedulerError) and not isinstance(exc, BackendUnavailableError):
+                    raise BackendUnavailableError(f"cannot give the job's tasks their DNS names: {exc}") from exc
+                raise
 
     def _create_task_service(self) -> None:
         """The headless Service `<job>-tasks` under which every task pod has its DNS name (kept if it exists).
@@ -245,19 +251,41 @@ class KubernetesScheduler:
             metadata["ownerReferences"] = [{"apiVersion": names.api_version(), "kind": names.CRD_KIND, "name": job,
                                             "uid": self._worker.job_uid, "controller": True,
                                             "blockOwnerDeletion": True}]  # fmt: skip
+        selector = {names.JOB_LABEL: job, names.COMPONENT_LABEL: names.COMPONENT_WORKER}
         service = {
             "apiVersion": "v1",
             "kind": "Service",
             "metadata": metadata,
-            "spec": {
-                "clusterIP": "None",
-                "publishNotReadyAddresses": True,
-                "selector": {names.JOB_LABEL: job, names.COMPONENT_LABEL: names.COMPONENT_WORKER},
-            },
+            "spec": {"clusterIP": "None", "publishNotReadyAddresses": True, "selector": selector},
         }
-        self._request(f"create service {metadata['name']}", lambda: self._core.create_namespaced_service(
+        name = str(metadata["name"])
+        self._request(f"create service {name}", lambda: self._core.create_namespaced_service(
             self._settings.namespace, service, _preload_content=False, _request_timeout=self._timeout
         ), ok_statuses=(409,))  # fmt: skip
+        # It may have been there (409): a predecessor's is this job's; anything else would misdirect the tasks.
+        found = self._read_service(name)
+        spec, owners = found.get("spec") or {}, (found.get("metadata") or {}).get("ownerReferences") or []
+        if spec.get("clusterIP") != "None" or spec.get("selector") != selector:
+            raise ConfigError(f"a Service {name} exists that is not this job's headless task Service (clusterIP "
+                              f"{spec.get('clusterIP')!r}, selector {spec.get('selector')!r}): delete it")  # fmt: skip
+        uids = {str(o.get("uid")) for o in owners if o.get("kind") == names.CRD_KIND}
+        if self._worker.job_uid and uids and self._worker.job_uid not in uids:
+            raise BackendUnavailableError(f"the Service {name} of an earlier ElasticJob of this name is still there "
+                                          "(its deletion pending): start again later")  # fmt: skip
+
+    def _read_service(self, name: str) -> Mapping[str, Any]:
+        from kubernetes.client.exceptions import ApiException  # lazy: the k8s extra
+        from urllib3.exceptions import HTTPError
+
+        try:
+            response = self._core.read_namespaced_service(
+                name, self._settings.namespace, _preload_content=False, _request_timeout=self._timeout
+            )
+            return dict(json.loads(response.data))
+        except ApiException as exc:
+            raise SchedulerError(f"read service {name}: {exc.status} {exc.reason}: {_message(exc)}") from exc
+        except (HTTPError, OSError, ValueError) as exc:
+            raise SchedulerError(f"read service {name}: {exc}") from exc
 
     def task_host(self, role: str, index: int) -> str:
         """The DNS name of task `role:index` of a parameter-server job (`KubernetesSettings.tf_tasks`):
@@ -492,6 +520,12 @@ class KubernetesScheduler:
             pod = self._pods.get(node.pod_name)
             if pod is not None:
                 node.seen, node.last = True, pod
+                if node.stop_requested and self._settings.tf_tasks and _live(pod):
+                    # A TensorFlow task keeps its DNS name until its pod has ended: the task's next pod must not
+                    # start beside it (its peers could reach the old one), nor a new chief beside the old one.
+                    host = str((pod.get("spec") or {}).get("nodeName") or "")
+                    seen[node_id] = ObservedNode(node_id, ObservedState.RUNNING, None, host)
+                    continue
                 seen[node_id] = observe_pod(node_id, pod, stop_requested=node.stop_requested)
             elif node.missing and node.pod_name not in self._deleted and not node.stop_requested:
                 seen[node_id] = _missing_at_adoption(node_id, node.pod_name)
@@ -515,7 +549,7 @@ class KubernetesScheduler:
         pod = self._pods.get(node.pod_name)
         if pod is None:
             return not node.seen and node.pod_name not in self._deleted
-        return (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+        return _live(pod)
 
     def placed_host(self, node_id: int) -> str:
         """The node its pod was bound to (`spec.nodeName`); "" before it is scheduled (see `NodePlacement`)."""
@@ -626,6 +660,11 @@ def _quota_refusal(exc: BaseException) -> str:
         return ""
     message = _message(exc.__cause__)
     return message if "exceeded quota" in message else ""
+
+
+def _live(pod: Mapping[str, Any]) -> bool:
+    """Whether a pod may still run processes (pending or running)."""
+    return (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
 
 
 def _node_id(pod: Mapping[str, Any]) -> int | None:
