@@ -5,9 +5,9 @@ The job is `examples/tf_ps/train.py` (a chief, two parameter servers, two worker
 step 20), parameter server 1 is SIGKILLed, and the hold is released at once. Then:
 
 * ``dlrover``: the master relaunches the parameter server at its address and restarts the chief, which restores
-  the checkpoint; the other parameter server and the workers keep running. The restarted chief is the standby
-  chief the master keeps warm (TensorFlow imported; the kill waits until it is ready, as it is seconds after a
-  job's start).
+  the checkpoint; the other parameter server and the workers keep running. The relaunched server and the
+  restarted chief are the standbys the master keeps warm (TensorFlow imported; the kill waits until they are
+  ready, as they are seconds after a job's start).
 * ``whole-job``: what Kubeflow's tf-operator does with a failed parameter server in a job that restarts on failure
   (every replica is restarted): the job is killed with its master at the same moment, and a fresh job starts on
   the same checkpoint directory; its chief restores the same checkpoint and the same data position. The time a
@@ -49,8 +49,10 @@ TIMEOUT_S = 240.0
 
 def _master(work: Path, out: Path, pause: Path | None, *flags: str) -> subprocess.Popen[bytes]:
     hold = ["--pause-file", str(pause), "--pause-at", str(HOLD)] if pause is not None else []
+    # Both jobs of a whole-job restart save to and restore from the same checkpoint directory.
     command = [sys.executable, "-m", "dlrover.master.cli", "ps-job", "--ps", "2", "--workers", "2",
-               "--work-dir", str(work), "--stop-grace", "2", *flags, "--",
+               "--work-dir", str(work), "--checkpoint-dir", str(work.parent / "checkpoints"), "--stop-grace", "2",
+               *flags, "--",
                sys.executable, str(EXAMPLE), "--out", str(out), "--samples", str(SAMPLES), *hold]  # fmt: skip
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
     log = (work.parent / f"{work.name}.log").open("wb")
@@ -92,7 +94,8 @@ def trial(way: str, run_dir: Path) -> tuple[float, int]:
         _wait(lambda: (out / f"at-step-{HOLD}").exists() or first.poll() is not None, "the hold")
         if way == "dlrover":
             # A job's standby chief is warm long before its first failure (seconds after the start).
-            _wait(lambda: bool(list((run_dir / "job" / "standby").glob("*.ready"))), "the standby chief")
+            standby = run_dir / "job" / "standby"
+            _wait(lambda: all(list(standby.glob(f"{role}-*.ready")) for role in ("chief", "ps")), "the standbys")
         victim = _task_pid(first, "ps:1")
         killed_at = time.time()
         os.kill(victim, signal.SIGKILL)
@@ -100,7 +103,7 @@ def trial(way: str, run_dir: Path) -> tuple[float, int]:
             _end(first)
             pause.unlink()
             # (No standby: its TensorFlow import would compete with the restarted job's on these two cores.)
-            second = _master(run_dir / "job2", out, None, "--no-standby-chief")
+            second = _master(run_dir / "job2", out, None, "--no-standby-tasks")
         else:
             pause.unlink()
         job = second or first

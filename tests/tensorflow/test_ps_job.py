@@ -77,9 +77,11 @@ class Job:
                 try:
                     while not self.marker.exists() and master.core.outcome is None:
                         threading.Event().wait(0.05)
-                    # The standby chief is warm long before a real job's first failure: wait for it here too.
-                    while self.config.standby_chief and not list((self.work / "standby").glob("*.ready")):
-                        assert master.core.outcome is None, "the job ended before its standby chief was ready"
+                    # The standbys are warm long before a real job's first failure: wait for them here too.
+                    while self.config.standby_tasks and not all(
+                        list((self.work / "standby").glob(f"{role}-*.ready")) for role in ("chief", "ps")
+                    ):
+                        assert master.core.outcome is None, "the job ended before its standbys were ready"
                         threading.Event().wait(0.05)
                     assert victim is not None
                     node = master.core.node_of(victim)
@@ -199,8 +201,9 @@ def test_a_killed_parameter_server_is_relaunched_and_the_chief_restores_the_chec
     events = job.events()
     assert _kinds(events, "ps:1") == ["task_failed", "task_relaunched"]
     assert _kinds(events, "chief:0") == ["chief_restarting", "task_restarted"]
-    # The restarted chief ran in the standby, TensorFlow already imported.
-    assert "standby_promoted" in _kinds(events)
+    # The relaunched server and the restarted chief ran in the standbys, TensorFlow already imported.
+    promoted = [e["data"]["role"] for e in events if e["kind"] == "standby_promoted"]
+    assert sorted(promoted) == ["chief", "ps"]
     _assert_resumed_from_the_checkpoint(job)
 
 

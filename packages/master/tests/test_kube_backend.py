@@ -583,3 +583,19 @@ def test_a_task_service_name_taken_by_another_service_is_refused(kube_cluster: K
     config = kubernetes.client.Configuration(host=kube_cluster.url)
     with kubernetes.client.ApiClient(config) as api, pytest.raises(ConfigError, match="not this job's headless"):
         KubernetesScheduler(api, settings(tf_tasks=True), WorkerTemplate(template()))
+
+
+def test_a_stopped_tf_task_on_a_lost_node_counts_as_ended_past_its_grace(
+    make_backend: Callable[..., KubernetesScheduler], kube_cluster: KubeCluster
+) -> None:
+    # No kubelet confirms the deletion of a pod on a lost node: it would read running for ever.
+    backend = make_backend(WorkerTemplate(template(), roles={"ps": template()}), tf_tasks=True, lost_pod_margin_s=0.5)
+    backend.launch(NodeSpec(JOB, 0, 0, role=Role.PS))
+    seen = wait(backend, state_is(0, ObservedState.RUNNING))
+    kube_cluster.kubelet.lose_node(seen[0].host, unreachable=True)  # its pods stay Running, deleted or not
+    backend.stop(0)
+    assert backend.observe()[0].state is ObservedState.RUNNING
+    deadline = time.monotonic() + WAIT_S  # nothing happens to the pod any more: look until the margin has passed
+    while backend.observe()[0].state is not ObservedState.STOPPED:
+        assert time.monotonic() < deadline, backend.observe()
+        time.sleep(0.1)

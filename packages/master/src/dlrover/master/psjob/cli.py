@@ -76,8 +76,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--evaluator", action=argparse.BooleanOptionalAction, default=None,
                    help="also run the program as an evaluator (default: as a planned job had, else not)")  # fmt: skip
     p.add_argument("--max-relaunches", type=int, default=3, help="relaunches per task (default 3)")
-    p.add_argument("--standby-chief", action=argparse.BooleanOptionalAction, default=None,
-                   help="keep the chief's next incarnation started, with TensorFlow imported, so a restarted chief "
+    p.add_argument("--standby-tasks", action=argparse.BooleanOptionalAction, default=None,
+                   help="keep the next chief and parameter server started, TensorFlow imported, so a relaunched one "
                    "starts at once (default: on locally; the kubernetes backend has none)")  # fmt: skip
     p.add_argument("--work-dir", required=True, help="the job's token, event log and task logs")
     p.add_argument("--job-name", default=DEFAULT_PS_JOB_NAME)
@@ -227,7 +227,7 @@ def build_config(
         work_dir=args.work_dir,
         job_name=args.job_name,
         bind_address=args.bind_address or ("0.0.0.0" if args.backend == "kubernetes" else "127.0.0.1"),  # noqa: S104
-        standby_chief=args.backend == "local" if args.standby_chief is None else args.standby_chief,
+        standby_tasks=args.backend == "local" if args.standby_tasks is None else args.standby_tasks,
         token=_token(args),
         port=args.port,
         tick_interval_s=args.tick_interval,
@@ -252,8 +252,8 @@ def _kubernetes_backend(args: argparse.Namespace) -> tuple[SchedulerBackend, lis
         raise ConfigError("on kubernetes the chief runs the command of its template (spec.replicaSpecs.chief), not "
                           "one after --")  # fmt: skip
     # The worker jobs' Kubernetes flags that mean nothing here: refused rather than ignored.
-    if args.standby_chief:
-        raise ConfigError("--standby-chief: a standby chief is told to start through a FIFO in the master's work "
+    if args.standby_tasks:
+        raise ConfigError("--standby-tasks: a standby is told to start through a FIFO in the master's work "
                           "directory, which pods cannot see: the local backend only")  # fmt: skip
     unused = [flag for flag, value, default in (
         ("--kube-node-state-mb", args.kube_node_state_mb, 0),

@@ -6,10 +6,11 @@ The task's `TF_CONFIG` (set by the master) says its role. A parameter server or 
 standard server at its address until it is stopped; the chief and the evaluator run the user's program (this
 process becomes it, so its exit status is the node's). TensorFlow is imported only by servers.
 
-A standby chief (`DLROVER_STANDBY_FIFO` set) imports TensorFlow and the libraries the program imports, says it is
-ready (`<fifo>.ready`), and waits on the FIFO; when the master writes the next chief's environment there, it runs
-the program in this warm interpreter (`runpy`, for `python script.py ...`; anything else is exec'd as usual), so
-a restarted chief does not pay for importing TensorFlow again.
+A standby (`DLROVER_STANDBY_FIFO` set) imports TensorFlow (a chief's also the installed libraries its program
+imports first), says it is ready (`<fifo>.ready`), and waits on the FIFO; when the master writes the environment of
+the task it is to become there, a chief runs the program in this warm interpreter (`runpy`, for `python script.py
+...` with this interpreter; anything else is exec'd as usual) and a parameter server serves at the address its
+`TF_CONFIG` gives: a relaunched task does not pay for importing TensorFlow again.
 
 Only the standard library is imported here, and the master starts this file by its path: run as a module, it
 would first import the `dlrover.master` package (most of a second, on every chief restart).
@@ -22,10 +23,18 @@ import os
 import sys
 from collections.abc import Sequence
 
-__all__ = ["ADDRESS_IN_USE_EXIT_CODE", "SERVER_ROLES", "STANDBY_FIFO_ENV_VAR", "main", "run_server", "wait_as_standby"]
+__all__ = [
+    "ADDRESS_IN_USE_EXIT_CODE",
+    "SERVER_ROLES",
+    "STANDBY_FIFO_ENV_VAR",
+    "main",
+    "run_server",
+    "runs_in_this_interpreter",
+    "wait_as_standby",
+]
 
 STANDBY_FIFO_ENV_VAR = "DLROVER_STANDBY_FIFO"
-"""Set for a standby chief: the FIFO the master writes the next chief's environment to (JSON)."""
+"""Set for a standby: the FIFO the master writes the environment of the task it becomes to (JSON)."""
 
 ADDRESS_IN_USE_EXIT_CODE = 98
 """The exit status of a parameter server or worker that could not listen at its address (errno EADDRINUSE)."""
@@ -61,64 +70,118 @@ def run_server(cluster: dict[str, list[str]], role: str, index: int) -> None:
     server.join()
 
 
-def _python_script(args: Sequence[str]) -> str | None:
-    """The script of `python SCRIPT ARGS...` (run in this interpreter by a standby); None for any other program."""
-    if len(args) < 2 or not os.path.basename(args[0]).startswith("python") or not args[1].endswith(".py"):
+def runs_in_this_interpreter(args: Sequence[str]) -> str | None:
+    """The script of `python SCRIPT ARGS...` when that `python` is this interpreter (a standby can run it in
+    itself, as a fresh process would); None for any other program."""
+    if len(args) < 2 or not args[1].endswith(".py") or not os.path.isfile(args[1]):
         return None
-    return args[1] if os.path.isfile(args[1]) else None
+    import shutil
+
+    found = shutil.which(args[0])
+    if found is None or os.path.realpath(found) != os.path.realpath(sys.executable):
+        return None
+    return args[1]
+
+
+def _installed(origin: str) -> bool:
+    """Whether a module file belongs to an installed library (site-packages, the standard library)."""
+    import sysconfig
+
+    roots = {os.path.realpath(p) for key in ("purelib", "platlib", "stdlib", "platstdlib")
+             if (p := sysconfig.get_paths().get(key))}  # fmt: skip
+    path = os.path.realpath(origin)
+    return any(path.startswith(root + os.sep) for root in roots)
+
+
+def _leading_imports(script: str) -> set[str]:
+    """The modules `script` imports before its first other statement (after it, the program may have set the
+    environment a library reads when imported)."""
+    import ast
+
+    try:
+        with open(script, encoding="utf-8") as f:
+            tree = ast.parse(f.read(), script)
+    except (OSError, SyntaxError, ValueError):
+        return set()
+    names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            if node.module and node.module != "__future__":
+                names.add(node.module)
+        elif not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)):  # a docstring
+            break
+    return names
 
 
 def _warm_up(script: str | None) -> None:
-    """Import TensorFlow and the installed libraries `script` imports at its top level (not its own modules)."""
-    import ast
+    """Import TensorFlow and the installed libraries the program imports first (never the program's own modules:
+    importing them could act)."""
     import importlib
     import importlib.util
 
-    names = {"tensorflow"}
-    if script is not None:
-        try:
-            with open(script, encoding="utf-8") as f:
-                tree = ast.parse(f.read(), script)
-        except (OSError, SyntaxError, ValueError):
-            tree = None
-        for node in tree.body if tree is not None else ():
-            if isinstance(node, ast.Import):
-                names.update(alias.name for alias in node.names)
-            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-                names.add(node.module)
-    here = os.path.dirname(os.path.abspath(script)) if script else None
+    names = {"tensorflow", *(_leading_imports(script) if script is not None else ())}
     for name in sorted(names):
         try:
-            spec = importlib.util.find_spec(name)
-            origin = spec.origin if spec is not None else None
-            if origin is None or (here is not None and os.path.dirname(os.path.abspath(origin)) == here):
-                continue  # not installed, or the program's own module (importing it could act)
+            top = importlib.util.find_spec(name.split(".")[0])  # a top-level name: found without importing anything
+            if top is None or top.origin is None or not _installed(top.origin):
+                continue
             importlib.import_module(name)
         except Exception as exc:  # a warm-up only: the program imports it again and sees the error
-            print(f"dlrover: standby chief: importing {name} failed ({exc}); the program will import it", flush=True)
+            print(f"dlrover: standby: importing {name} failed ({exc}); the program will import it", flush=True)
 
 
-def wait_as_standby(fifo: str, args: Sequence[str]) -> int:
-    """Warm up, say so, wait for the master's go (the chief's environment), then run the program `args`."""
-    script = _python_script(args)
-    _warm_up(script)
-    ready = fifo + ".ready"
-    with open(ready + ".tmp", "w") as f:
-        f.write(str(os.getpid()))
-    os.replace(ready + ".tmp", ready)
-    print(f"dlrover: standby chief ready (pid {os.getpid()}); waiting at {fifo}", flush=True)
-    with open(fifo, encoding="utf-8") as f:  # blocks until the master opens it to write
-        text = f.read()
+def _wait_for_go(fifo: str) -> dict[str, str] | None:
+    """Say this standby is ready and wait for the master's go: the task's environment (None: not one)."""
+    import select
+
+    # Open before saying ready: the master, once it sees ready, always finds a reader.
+    fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        ready = fifo + ".ready"
+        with open(ready + ".tmp", "w") as f:
+            f.write(str(os.getpid()))
+        os.replace(ready + ".tmp", ready)
+        print(f"dlrover: standby ready (pid {os.getpid()}); waiting at {fifo}", flush=True)
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        poller.poll()  # until the master writes (a FIFO no writer has opened yet shows nothing)
+        os.set_blocking(fd, True)
+        chunks = []
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    text = b"".join(chunks).decode("utf-8", "replace")
     try:
         env = json.loads(text)["env"]
         if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
             raise TypeError("env must map names to strings")
     except (ValueError, KeyError, TypeError) as exc:
-        print(f"dlrover: standby chief: the master's go is not an environment ({exc}): {text[:200]!r}", file=sys.stderr)
-        return 2
+        print(f"dlrover: standby: the master's go is not an environment ({exc}): {text[:200]!r}", file=sys.stderr)
+        return None
     os.environ.pop(STANDBY_FIFO_ENV_VAR, None)
     os.environ.update(env)
-    print(f"dlrover: standby chief promoted to node {env.get('DLROVER_NODE_ID', '?')}", flush=True)
+    print(f"dlrover: standby promoted to node {env.get('DLROVER_NODE_ID', '?')}", flush=True)
+    return env
+
+
+def wait_as_standby(fifo: str, role: str, args: Sequence[str]) -> int:
+    """Warm up, then wait for the master's go and become the task it names: a chief runs the program `args` in
+    this interpreter; a parameter server or worker serves (its address from the go's `TF_CONFIG`)."""
+    if role not in SERVER_ROLES and not args:
+        print(f"{USAGE}\nthe {role} runs the training program, and none was given", file=sys.stderr)
+        return 2
+    script = runs_in_this_interpreter(args) if role not in SERVER_ROLES else None
+    _warm_up(script)
+    env = _wait_for_go(fifo)
+    if env is None:
+        return 2
+    if role in SERVER_ROLES:
+        cluster, role, index = _task(os.environ.get("TF_CONFIG", ""))
+        run_server(cluster, role, index)
+        return 0
     if script is None:
         sys.stdout.flush()
         sys.stderr.flush()
@@ -141,15 +204,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{USAGE}\nTF_CONFIG is not set: the PS job's master sets it for every task", file=sys.stderr)
         return 2
     cluster, role, index = _task(text)
+    fifo = os.environ.get(STANDBY_FIFO_ENV_VAR)
+    if fifo:
+        return wait_as_standby(fifo, role, args)
     if role in SERVER_ROLES:
         run_server(cluster, role, index)
         return 0
     if not args:
         print(f"{USAGE}\nthe {role} runs the training program, and none was given", file=sys.stderr)
         return 2
-    fifo = os.environ.get(STANDBY_FIFO_ENV_VAR)
-    if fifo and role == "chief":
-        return wait_as_standby(fifo, args)
     sys.stdout.flush()
     sys.stderr.flush()
     os.execvp(args[0], args)  # noqa: S606 (the user's own training program, as they gave it)

@@ -15,6 +15,7 @@ killed for memory.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -51,7 +52,7 @@ from dlrover.master.psjob.ports import task_ports
 from dlrover.master.psjob.progress import Rewind, RewindWatchingServicer
 from dlrover.master.psjob.ps_load import PsCpuSampler, TaskMemoryPeaks
 from dlrover.master.psjob.spec import PsJobSpec, TaskKey, tf_config
-from dlrover.master.psjob.standby import StandbyChief
+from dlrover.master.psjob.standby import StandbyTasks
 from dlrover.master.psjob.tf_checkpoint import CheckpointReadError, CheckpointSizes, newest_checkpoint, sizes_of
 from dlrover.master.scheduler.base import (
     MASTER_ADDR_ENV_VAR,
@@ -133,9 +134,12 @@ class PsJobConfig:
         profile_store: record the job's profile in this store when it ends (None: not recorded).
         job_kind: the user's tag for jobs that are alike (part of the profile's signature).
         initial_plan: where the job's counts and resources came from (announced at start; None: not said).
-        standby_chief: keep the chief's next incarnation started and warm (TensorFlow imported), so a restarted
-            chief starts at once (`dlrover.master.psjob.standby`); only with the default local backend (whose
-            tasks run `node.py`, which knows how to wait as a standby).
+        standby_tasks: keep the next incarnation of the chief and of a parameter server started and warm
+            (TensorFlow imported), so a relaunched one starts at once (`dlrover.master.psjob.standby`); only with
+            the default local backend (whose tasks run `node.py`, which knows how to wait as a standby), and a
+            chief's only for a `python script.py` program run by this interpreter.
+        standby_refill_s: how long after a chief's or server's launch the next standby of its role starts (its
+            import would slow the restart it is for).
         predecessor_margin_s: how long past their grace the tasks of a previous master of the job (a Kubernetes
             backend lists them) may take to end before this master gives up starting.
         token: the job token the shard service checks (a Kubernetes job's tasks read theirs from the job's
@@ -166,7 +170,8 @@ class PsJobConfig:
     initial_plan: PsPlanChoice | None = None
     token: str | None = attrs.field(default=None, repr=False)
     predecessor_margin_s: float = attrs.field(default=30.0, validator=positive)
-    standby_chief: bool = True
+    standby_tasks: bool = True
+    standby_refill_s: float = attrs.field(default=10.0, validator=attrs.validators.ge(0.0))
 
     @command.validator
     def _check_command(self, _attribute: object, value: tuple[str, ...]) -> None:
@@ -209,6 +214,9 @@ class PsJobMaster:
             memory_groups=detect_memory_groups() if config.spec.resources else None,
         )
         try:
+            # A master replacing another on the same work directory (a Kubernetes state volume) numbers on from it.
+            self._seq = max((e["seq"] for e in read_event_log(self._events.path) if isinstance(e.get("seq"), int)),
+                            default=0)  # fmt: skip
             for role in Role:
                 check_node_fits(self._scheduler, config.spec.resources.get(role), f"{role.value} resources")
             self._token = validate_token(config.token) if config.token is not None else generate_token()
@@ -225,8 +233,6 @@ class PsJobMaster:
         self._server.add(shard_pb2_grpc.add_ShardServiceServicer_to_server, self._shards)
         self._server.add(job_pb2_grpc.add_JobServiceServicer_to_server, PsJobServicer(self))
         self._events_lock = threading.Lock()
-        # A master replacing another on the same work directory (a Kubernetes state volume) numbers on from it.
-        self._seq = max((int(e.get("seq", 0)) for e in read_event_log(self._events.path)), default=0)
         self._cluster: dict[Role, list[str]] = {}
         self._started = False
         self._stopped = False
@@ -248,9 +254,10 @@ class PsJobMaster:
     def _init_measures(self) -> None:
         """The standby chief, and what samples the tasks' processes (by the backend's nodes behind the core's)."""
         config = self._config
+        roles = (Role.PS, *((Role.CHIEF,) if node_main.runs_in_this_interpreter(config.command) else ()))
         self._standby = (
-            StandbyChief(self._scheduler, self._work / "standby")
-            if config.standby_chief and self._standby_possible
+            StandbyTasks(self._scheduler, self._work / "standby", roles, refill_delay_s=config.standby_refill_s)
+            if config.standby_tasks and self._standby_possible
             else None
         )
         backend_pid = getattr(self._scheduler, "pid", None)
@@ -390,9 +397,13 @@ class PsJobMaster:
         now = self._clock.now()
         observed = self._scheduler.observe()
         if self._standby is not None:
-            observed = self._standby.translate(observed)
+            observed = self._standby.translate(observed, now)
         decision = self._core.observe(self._with_memory_records(observed), now)
         self._apply(decision)
+        if self._standby is not None and decision.outcome is None:
+            self._standby.refill(now)
+            self._record([PsEvent("standby", note) for note in self._standby.notes])
+            self._standby.notes.clear()
         self._publish_status()
         if decision.outcome is not None:
             self._record_profile()
@@ -602,6 +613,10 @@ class PsJobMaster:
         """Stop the job: `run()` returns (None) after its current look, and `stop()` stops every task. Thread-safe;
         the first reason stands, and a job that ended stays as it ended. Returns the job's summary after it."""
         with self._events_lock:
+            outcome = self._core.outcome  # decided on the tick thread, maybe not yet published
+            if outcome is not None and not self._summary.state.finished:
+                state = JobState.SUCCEEDED if outcome.succeeded else JobState.FAILED
+                return attrs.evolve(self._summary, state=state, exit_reason=outcome.reason)
             if self._stop_reason is not None or self._summary.state.finished:
                 return self._summary
             self._stop_reason = reason
@@ -729,17 +744,24 @@ class PsJobMaster:
                 role=launch.task.role,
                 resources=launch.resources,
             )
-            if launch.task.role is not Role.CHIEF or self._standby is None:
+            if self._standby is None:
                 self._scheduler.launch(spec)
                 continue
-            standby = self._standby.launch_chief(spec)
+            standby = self._standby.launch(spec, self._clock.now())
             if standby is not None:
-                self._record([PsEvent("standby_promoted", f"the standby chief (backend node {standby}) runs as node "
-                                      f"{launch.node_id}, TensorFlow already imported",
-                                      node_id=launch.node_id, data={"standby": standby})])  # fmt: skip
+                self._promoted(launch.task, launch.node_id, standby)
+
+    def _promoted(self, task: TaskKey, node_id: int, standby: int) -> None:
+        """Say so, and let the task's node log be found where the standby writes."""
+        logs = self._work / "logs"
+        with contextlib.suppress(OSError):
+            (logs / f"node-{node_id}.log").symlink_to(f"node-{standby}.log")
+        self._record([PsEvent("standby_promoted", f"the {task.role.value} standby (backend node {standby}) runs as "
+                              f"{task} (node {node_id}), TensorFlow already imported", node_id=node_id,
+                              data={"standby": standby, "role": task.role.value})])  # fmt: skip
 
     def _backend_id(self, node_id: int) -> int:
-        """The backend node running the core's node `node_id` (another where a standby chief took it over)."""
+        """The backend node running the core's node `node_id` (another where a standby took it over)."""
         return node_id if self._standby is None else self._standby.backend_id(node_id)
 
     def _address_new_tasks(self) -> None:

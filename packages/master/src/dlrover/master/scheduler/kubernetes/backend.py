@@ -21,6 +21,7 @@ master; the ElasticJob's deletion removes them through their ownerReference.
 
 from __future__ import annotations
 
+import datetime
 import functools
 import json
 import logging
@@ -201,6 +202,7 @@ class KubernetesScheduler:
 
         self._settings = settings
         self._worker = worker
+        self._clock = clock or SystemClock()
         self._api_client = api_client
         self._owns_client = owns_client
         self._core: Any = client.CoreV1Api(api_client)
@@ -219,7 +221,7 @@ class KubernetesScheduler:
         self._list_watch = ListWatch(
             lister,
             settings=settings.watch,
-            clock=clock or SystemClock(),
+            clock=self._clock,
             sleep=sleep,
             name=f"worker pods of {settings.namespace}/{settings.job}",
         )
@@ -520,7 +522,7 @@ class KubernetesScheduler:
             pod = self._pods.get(node.pod_name)
             if pod is not None:
                 node.seen, node.last = True, pod
-                if node.stop_requested and self._settings.tf_tasks and _live(pod):
+                if node.stop_requested and self._settings.tf_tasks and _live(pod) and not self._lost(pod):
                     # A TensorFlow task keeps its DNS name until its pod has ended: the task's next pod must not
                     # start beside it (its peers could reach the old one), nor a new chief beside the old one.
                     host = str((pod.get("spec") or {}).get("nodeName") or "")
@@ -543,6 +545,12 @@ class KubernetesScheduler:
             else:
                 seen[node_id] = ObservedNode(node_id, ObservedState.PENDING)  # created, not yet shown by the watch
         return seen
+
+    def _lost(self, pod: Mapping[str, Any]) -> bool:
+        """Whether a pod being deleted is past its grace by `lost_pod_margin_s`: its node does not confirm the
+        deletion (it is lost), so nothing of it answers any more and its task may start elsewhere."""
+        deadline = _epoch_s(str((pod.get("metadata") or {}).get("deletionTimestamp") or ""))
+        return deadline is not None and self._clock.wall_time() > deadline + self._settings.lost_pod_margin_s
 
     def _may_run(self, node: _Node) -> bool:
         """Whether the node's pod may still run processes: pending or running, or created and not yet seen."""
@@ -660,6 +668,14 @@ def _quota_refusal(exc: BaseException) -> str:
         return ""
     message = _message(exc.__cause__)
     return message if "exceeded quota" in message else ""
+
+
+def _epoch_s(stamp: str) -> float | None:
+    """An RFC 3339 time (`2026-01-01T00:00:00Z`) in epoch seconds; None when it is not one."""
+    try:
+        return datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
 
 
 def _live(pod: Mapping[str, Any]) -> bool:

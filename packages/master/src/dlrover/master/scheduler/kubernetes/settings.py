@@ -62,6 +62,9 @@ class KubernetesSettings:
         tf_tasks: the pods are the tasks of a TensorFlow parameter-server job: each is made from its role's
             template, named `<job>-<role>-<index>-<node id>`, and has the task's DNS name for the whole job
             (hostname `<job>-<role>-<index>` under the headless Service `<job>-tasks`, which the backend creates).
+        lost_pod_margin_s: a parameter-server job's pod the master stopped counts as running until it has ended
+            (its task's next pod takes over its DNS name), or until this long past its deletion's grace (its node
+            is lost and will not confirm it).
     """
 
     namespace: str = attrs.field(validator=_dns_label)
@@ -78,6 +81,7 @@ class KubernetesSettings:
     tls_secret: str | None = None
     tls_ca_key: str = "tls.crt"
     tf_tasks: bool = False
+    lost_pod_margin_s: float = attrs.field(default=30.0, validator=positive)
 
 
 def _check_template(role: str, template: object) -> None:
