@@ -360,7 +360,7 @@ class KubeJob(Job):
             secret = {"metadata": {"name": names.token_secret_name(KUBE_JOB)},
                       "data": {"token": base64.b64encode(token.encode()).decode()}}  # fmt: skip
             kubernetes.client.CoreV1Api(api).create_namespaced_secret(KUBE_NS, secret)
-            kubernetes.client.ApiextensionsV1Api(api).create_custom_resource_definition(_elastic_job_crd())
+            kubernetes.client.ApiextensionsV1Api(api).create_custom_resource_definition(crd_manifest())
             server = {"spec": {"containers": [{"name": "main", "image": "rec"}]}}
             chief = {"spec": {"containers": [{"name": "main", "image": "rec", "command": list(self.config.command)}]}}
             job = {"apiVersion": names.api_version(), "kind": names.CRD_KIND, "metadata": {"name": KUBE_JOB},
@@ -415,20 +415,6 @@ class KubeJob(Job):
             selector = f"{names.ROLE_LABEL}={task.role.value},{names.RANK_LABEL}={task.index}"
             pods = kubernetes.client.CoreV1Api(api).list_namespaced_pod(KUBE_NS, label_selector=selector).items
         return [p for p in pods if p.status.phase == "Running" and not p.metadata.deletion_timestamp]
-
-
-def _elastic_job_crd() -> dict[str, Any]:
-    version = {
-        "name": names.CRD_VERSION,
-        "served": True,
-        "storage": True,
-        "subresources": {"status": {}},
-        "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}},
-    }
-    kind = {"plural": names.CRD_PLURAL, "singular": names.CRD_SINGULAR, "kind": names.CRD_KIND}
-    spec = {"group": names.CRD_GROUP, "scope": "Namespaced", "names": kind, "versions": [version]}
-    return {"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
-            "metadata": {"name": names.CRD_NAME}, "spec": spec}  # fmt: skip
 
 
 def test_on_kubernetes_a_killed_parameter_server_comes_back_at_its_dns_name_and_the_chief_restores(

@@ -48,6 +48,7 @@ __all__ = [
     "ServiceRegistration",
     "add_master_services",
     "checked_text",
+    "events_page",
     "events_response",
     "status_response",
     "translate_refusals",
@@ -337,11 +338,7 @@ class JobServicer(job_pb2_grpc.JobServiceServicer):
     ) -> job_pb2.ListEventsResponse:
         """A page of the job's events."""
         with translate_refusals(context):
-            if request.after_seq < 0:
-                raise RequestError(f"after_seq must be non-negative, got {request.after_seq}")
-            if not 0 <= request.limit <= MAX_EVENTS_PAGE:
-                raise RequestError(f"limit must be in 0..{MAX_EVENTS_PAGE}, got {request.limit}")
-            return events_response(self._master.events(request.after_seq, request.limit or 100))
+            return events_response(self._master.events(*events_page(request)))
 
     def StopJob(self, request: job_pb2.StopJobRequest, context: grpc.ServicerContext) -> job_pb2.StopJobResponse:
         """Stop the job; every node is stopped."""
@@ -404,6 +401,19 @@ def status_response(status: JobSummary) -> job_pb2.GetJobStatusResponse:
         spares=[_node_status(n) for n in status.spares],
         spare_nodes=status.spare_nodes,
     )
+
+
+def events_page(request: job_pb2.ListEventsRequest) -> tuple[int, int]:
+    """(after_seq, limit) of a `ListEvents` request, the limit 100 when unset.
+
+    Raises:
+        RequestError: either is out of range.
+    """
+    if request.after_seq < 0:
+        raise RequestError(f"after_seq must be non-negative, got {request.after_seq}")
+    if not 0 <= request.limit <= MAX_EVENTS_PAGE:
+        raise RequestError(f"limit must be in 0..{MAX_EVENTS_PAGE}, got {request.limit}")
+    return request.after_seq, request.limit or 100
 
 
 def events_response(events: Sequence[JournaledEvent]) -> job_pb2.ListEventsResponse:

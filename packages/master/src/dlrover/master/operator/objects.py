@@ -212,21 +212,23 @@ def _seconds(value: float) -> str:
     return f"{value:g}"
 
 
-def _ps_job_args(job: Mapping[str, Any], spec: JobSpec, roles: PsRoles) -> list[str]:
-    """`ps-job` and its flags: the Kubernetes backend on this job, its work directory on the state volume, the
-    checkpoint volume where every task mounts it, and the counts and resources the spec gives."""
+def _backend_args(job: Mapping[str, Any], spec: JobSpec) -> list[str]:
+    """The flags both masters take alike: the job's name, the Kubernetes backend on it, where to serve."""
     meta = job["metadata"]
-    args = [
-        "ps-job",
+    return [
         "--job-name", meta["name"],
         "--backend", "kubernetes",
         "--kube-namespace", meta["namespace"],
         "--kube-job", meta["name"],
         "--bind-address", "0.0.0.0",  # noqa: S104 (in a pod: the Service reaches it; every call needs the token)
         "--port", str(spec.master_port),
-        "--work-dir", MASTER_STATE_DIR,
-        "--checkpoint-dir", CHECKPOINT_MOUNT,
     ]  # fmt: skip
+
+
+def _ps_job_args(job: Mapping[str, Any], spec: JobSpec, roles: PsRoles) -> list[str]:
+    """`ps-job` and its flags: the Kubernetes backend on this job, its work directory on the state volume, the
+    checkpoint volume where every task mounts it, and the counts and resources the spec gives."""
+    args = ["ps-job", *_backend_args(job, spec), "--work-dir", MASTER_STATE_DIR, "--checkpoint-dir", CHECKPOINT_MOUNT]
     for flag, value in (("--ps", roles.ps), ("--max-ps", roles.max_ps), ("--workers", roles.workers),
                         ("--min-workers", roles.min_workers)):  # fmt: skip
         if value is not None:
@@ -247,16 +249,7 @@ def master_args(job: Mapping[str, Any], spec: JobSpec) -> list[str]:
     """The master's flags: the Kubernetes backend on this job, and what the spec sets."""
     if spec.ps_job is not None:
         return _ps_job_args(job, spec, spec.ps_job)
-    meta = job["metadata"]
-    args = [
-        "--job-name", meta["name"],
-        "--backend", "kubernetes",
-        "--kube-namespace", meta["namespace"],
-        "--kube-job", meta["name"],
-        "--bind-address", "0.0.0.0",  # noqa: S104 (in a pod: the Service reaches it; every call needs the token)
-        "--port", str(spec.master_port),
-        "--state-dir", MASTER_STATE_DIR,
-    ]  # fmt: skip
+    args = [*_backend_args(job, spec), "--state-dir", MASTER_STATE_DIR]
     if spec.node_range is not None:
         args += ["--nnodes", f"{spec.node_range[0]}:{spec.node_range[1]}"]
     if spec.spare_replicas:

@@ -16,10 +16,9 @@ import grpc
 from dlrover.common import DLRoverError
 from dlrover.master.journal import JournaledEvent
 from dlrover.master.servicers import (
-    MAX_EVENTS_PAGE,
     MAX_REASON_CHARS,
-    RequestError,
     checked_text,
+    events_page,
     events_response,
     status_response,
     translate_refusals,
@@ -62,11 +61,7 @@ class PsJobServicer(job_pb2_grpc.JobServiceServicer):
     ) -> job_pb2.ListEventsResponse:
         """A page of the job's events."""
         with translate_refusals(context):
-            if request.after_seq < 0:
-                raise RequestError(f"after_seq must be non-negative, got {request.after_seq}")
-            if not 0 <= request.limit <= MAX_EVENTS_PAGE:
-                raise RequestError(f"limit must be in 0..{MAX_EVENTS_PAGE}, got {request.limit}")
-            return events_response(self._master.events(request.after_seq, request.limit or 100))
+            return events_response(self._master.events(*events_page(request)))
 
     def StopJob(self, request: job_pb2.StopJobRequest, context: grpc.ServicerContext) -> job_pb2.StopJobResponse:
         """Stop the job: every task is stopped and the master ends (a job that ended already stays as it ended)."""
