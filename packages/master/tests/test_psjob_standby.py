@@ -141,7 +141,9 @@ def test_a_standby_that_dies_unused_is_replaced_later_until_too_many_did(
         standby.refill(now=start)
         node_id = STANDBY_NODE_IDS + attempt
         wait_ready(directory, node_id)
-        os.kill(scheduler.pid(node_id) or 0, signal.SIGKILL)
+        pid = scheduler.pid(node_id)
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
         deadline = time.monotonic() + 60
         while scheduler.observe()[node_id].state is ObservedState.RUNNING:
             assert time.monotonic() < deadline
@@ -167,3 +169,12 @@ def test_the_warm_up_imports_the_installed_libraries_the_program_imports_first(t
     node_main._warm_up(str(script))
     assert "xml.dom.pulldom" in sys.modules
     assert "mine" not in sys.modules, "not an installed library: the program's own"
+
+
+def test_the_warm_up_leaves_a_module_of_the_programs_that_shadows_an_installed_one(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    (tmp_path / "colorsys.py").write_text("SHADOW = True\n")  # a standard-library name
+    script.write_text("import colorsys\n")
+    sys.modules.pop("colorsys", None)
+    node_main._warm_up(str(script))
+    assert "colorsys" not in sys.modules, "the program's own colorsys.py, not the standard library's, is its import"

@@ -80,15 +80,20 @@ def runs_in_this_interpreter(args: Sequence[str]) -> str | None:
     found = shutil.which(args[0])
     if found is None or os.path.realpath(found) != os.path.realpath(sys.executable):
         return None
+    # Two venvs on one base Python link to the same binary: the same venv has the same bin directory too.
+    if not os.path.samefile(os.path.dirname(os.path.abspath(found)), os.path.dirname(os.path.abspath(sys.executable))):
+        return None
     return args[1]
 
 
 def _installed(origin: str) -> bool:
     """Whether a module file belongs to an installed library (site-packages, the standard library)."""
+    import site
     import sysconfig
 
-    roots = {os.path.realpath(p) for key in ("purelib", "platlib", "stdlib", "platstdlib")
-             if (p := sysconfig.get_paths().get(key))}  # fmt: skip
+    paths = [sysconfig.get_paths().get(key) for key in ("purelib", "platlib", "stdlib", "platstdlib")]
+    paths += [*site.getsitepackages(), site.getusersitepackages()]
+    roots = {os.path.realpath(p) for p in paths if p}
     path = os.path.realpath(origin)
     return any(path.startswith(root + os.sep) for root in roots)
 
@@ -119,12 +124,17 @@ def _warm_up(script: str | None) -> None:
     """Import TensorFlow and the installed libraries the program imports first (never the program's own modules:
     importing them could act)."""
     import importlib
+    import importlib.machinery
     import importlib.util
 
     names = {"tensorflow", *(_leading_imports(script) if script is not None else ())}
+    here = [os.path.dirname(os.path.abspath(script))] if script is not None else []
     for name in sorted(names):
         try:
-            top = importlib.util.find_spec(name.split(".")[0])  # a top-level name: found without importing anything
+            top_name = name.split(".")[0]
+            if here and importlib.machinery.PathFinder.find_spec(top_name, here) is not None:
+                continue  # the program's own module, first on its path: it shadows an installed one of that name
+            top = importlib.util.find_spec(top_name)  # a top-level name: found without importing anything
             if top is None or top.origin is None or not _installed(top.origin):
                 continue
             importlib.import_module(name)

@@ -400,8 +400,9 @@ class PsJobMaster:
             observed = self._standby.translate(observed, now)
         decision = self._core.observe(self._with_memory_records(observed), now)
         self._apply(decision)
-        if self._standby is not None and decision.outcome is None:
-            self._standby.refill(now)
+        if self._standby is not None:
+            if decision.outcome is None:
+                self._standby.refill(now)
             self._record([PsEvent("standby", note) for note in self._standby.notes])
             self._standby.notes.clear()
         self._publish_status()
@@ -753,9 +754,11 @@ class PsJobMaster:
 
     def _promoted(self, task: TaskKey, node_id: int, standby: int) -> None:
         """Say so, and let the task's node log be found where the standby writes."""
-        logs = self._work / "logs"
-        with contextlib.suppress(OSError):
-            (logs / f"node-{node_id}.log").symlink_to(f"node-{standby}.log")
+        link = self._work / "logs" / f"node-{node_id}.log"
+        with contextlib.suppress(OSError):  # (a log link is a convenience: the standby's own log is all there)
+            link.with_suffix(".tmp").unlink(missing_ok=True)
+            link.with_suffix(".tmp").symlink_to(f"node-{standby}.log")
+            os.replace(link.with_suffix(".tmp"), link)  # a reused work directory may hold an older one
         self._record([PsEvent("standby_promoted", f"the {task.role.value} standby (backend node {standby}) runs as "
                               f"{task} (node {node_id}), TensorFlow already imported", node_id=node_id,
                               data={"standby": standby, "role": task.role.value})])  # fmt: skip

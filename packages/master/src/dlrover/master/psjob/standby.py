@@ -19,11 +19,12 @@ gets no standby.
 from __future__ import annotations
 
 import errno
-import fcntl
 import json
 import logging
 import os
+import select
 import shutil
+import time
 from collections.abc import Collection, Mapping
 from pathlib import Path
 
@@ -59,6 +60,7 @@ class StandbyTasks:
         roles: which roles get a standby (chief, ps).
         refill_delay_s: how long after a role's launch its next standby starts.
         max_standby_failures: a role whose standbys died this many times in a row before use gets no more.
+        go_timeout_s: the longest the master waits to hand a standby its task (it reads at once).
     """
 
     def __init__(
@@ -69,6 +71,7 @@ class StandbyTasks:
         *,
         refill_delay_s: float = 10.0,
         max_standby_failures: int = 3,
+        go_timeout_s: float = 1.0,
     ) -> None:
         self._scheduler = scheduler
         self._directory = directory
@@ -76,6 +79,7 @@ class StandbyTasks:
         self._roles = frozenset(roles)
         self._refill_delay_s = refill_delay_s
         self._max_failures = max_standby_failures
+        self._go_timeout_s = go_timeout_s
         self._next = STANDBY_NODE_IDS
         self._standbys: dict[Role, _Standby] = {}
         self._due: dict[Role, tuple[float, NodeSpec]] = {}  # the next standby of a role: when, made like what
@@ -118,7 +122,9 @@ class StandbyTasks:
         if promoted is None:
             self._scheduler.launch(spec)
         if spec.role in self._roles and spec.role not in self._standbys:
-            self._due[spec.role] = (now + self._refill_delay_s, spec)
+            # (A later time already due stands: the wait after a standby that died doubles.)
+            due = max(now + self._refill_delay_s, self._due.get(spec.role, (0.0, spec))[0])
+            self._due[spec.role] = (due, spec)
         return promoted
 
     def refill(self, now: float) -> None:
@@ -150,16 +156,12 @@ class StandbyTasks:
         try:
             fd = os.open(standby.fifo, os.O_WRONLY | os.O_NONBLOCK)  # no reader (a dead standby): ENXIO at once
         except OSError as exc:
-            if exc.errno != errno.ENXIO:
-                raise
-            self._retire(spec.role, "its process is gone")
+            gone = exc.errno == errno.ENXIO
+            self._retire(spec.role, "its process is gone" if gone else f"its FIFO cannot be opened ({exc})")
             return None
         try:
-            fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)  # it reads to the end
-            data = json.dumps({"env": dict(spec.env)}).encode()
-            while data:
-                data = data[os.write(fd, data) :]
-        except OSError as exc:  # it died while being told (EPIPE)
+            self._tell(fd, json.dumps({"env": dict(spec.env)}).encode())
+        except OSError as exc:  # it died while being told (EPIPE), or stopped reading
             self._retire(spec.role, f"telling it failed ({exc})")
             return None
         finally:
@@ -170,6 +172,25 @@ class StandbyTasks:
         del self._standbys[spec.role]
         self._failures.pop(spec.role, None)
         return standby.node_id
+
+    def _tell(self, fd: int, data: bytes) -> None:
+        """Write all of `data` to the FIFO the standby reads to its end, never blocking the master for more than
+        `go_timeout_s` (a standby stopped mid-read).
+
+        Raises:
+            OSError: it could not be written (EPIPE: the standby is gone; ETIMEDOUT: it did not read).
+        """
+        poller = select.poll()
+        poller.register(fd, select.POLLOUT)
+        deadline = time.monotonic() + self._go_timeout_s
+        while data:
+            left = deadline - time.monotonic()
+            if left <= 0 or not poller.poll(left * 1000):
+                raise OSError(errno.ETIMEDOUT, "the standby did not read its go")
+            try:
+                data = data[os.write(fd, data) :]
+            except BlockingIOError:
+                continue
 
     def _start(self, role: Role, like: NodeSpec) -> None:
         failures = self._failures.get(role, 0)

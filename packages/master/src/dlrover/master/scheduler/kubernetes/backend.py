@@ -505,7 +505,13 @@ class KubernetesScheduler:
         with self._lock:
             retry = [n for n in self._nodes.values() if n.delete_failed]
             refused = [n for n in self._nodes.values() if n.refused and not n.stop_requested]
-        for node in retry:
+            lost = [n for n in self._nodes.values() if self._settings.tf_tasks and n.stop_requested and n.grace_s > 0
+                    and (pod := self._pods.get(n.pod_name)) is not None and _live(pod) and self._lost(pod)]  # fmt: skip
+            for node in lost:
+                # Its node is lost and will not confirm the deletion: deleted with no grace, so that the task's DNS
+                # name (its next pod's) no longer has it among its addresses.
+                node.grace_s = 0
+        for node in retry + lost:
             self._delete(node)
         for node in refused:
             self._retry_create(node)
