@@ -253,6 +253,9 @@ def test_the_cli_refuses_what_the_kubernetes_backend_cannot_do(
     assert config.token == token_file.read_text().strip()
     local = build_config(_parser().parse_args(["--work-dir", str(tmp_path), "--", "x"]))
     assert (local.bind_address, local.token) == ("127.0.0.1", None)
+    tuned = build_config(_parser().parse_args(["--work-dir", str(tmp_path), "--standby-refill", "3",
+                                                "--predecessor-margin", "7", "--", "x"]))  # fmt: skip
+    assert (tuned.standby_refill_s, tuned.predecessor_margin_s) == (3.0, 7.0)
 
 
 def _node(env: dict[str, str], *program: str) -> subprocess.CompletedProcess[str]:

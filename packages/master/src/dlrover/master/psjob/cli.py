@@ -79,6 +79,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--standby-tasks", action=argparse.BooleanOptionalAction, default=None,
                    help="keep the next chief and parameter server started, TensorFlow imported, so a relaunched one "
                    "starts at once (default: on locally; the kubernetes backend has none)")  # fmt: skip
+    p.add_argument("--standby-refill", type=float, default=10.0,
+                   help="seconds after a chief's or server's launch before its role's next standby starts")  # fmt: skip
+    p.add_argument("--predecessor-margin", type=float, default=30.0,
+                   help="kubernetes: seconds past --stop-grace a replaced master's tasks may take to end")  # fmt: skip
+    p.add_argument("--lost-pod-margin", type=float, default=30.0,
+                   help="kubernetes: seconds past its deletion's grace after which a stopped task's pod on a lost node "
+                   "counts as ended (and is deleted with no grace)")  # fmt: skip
     p.add_argument("--work-dir", required=True, help="the job's token, event log and task logs")
     p.add_argument("--job-name", default=DEFAULT_PS_JOB_NAME)
     p.add_argument("--port", type=int, default=0, help="the master's gRPC port (default: any free one)")
@@ -228,6 +235,8 @@ def build_config(
         job_name=args.job_name,
         bind_address=args.bind_address or ("0.0.0.0" if args.backend == "kubernetes" else "127.0.0.1"),  # noqa: S104
         standby_tasks=args.backend == "local" if args.standby_tasks is None else args.standby_tasks,
+        standby_refill_s=args.standby_refill,
+        predecessor_margin_s=args.predecessor_margin,
         token=_token(args),
         port=args.port,
         tick_interval_s=args.tick_interval,
@@ -255,17 +264,16 @@ def _kubernetes_backend(args: argparse.Namespace) -> tuple[SchedulerBackend, lis
     if args.standby_tasks:
         raise ConfigError("--standby-tasks: a standby is told to start through a FIFO in the master's work "
                           "directory, which pods cannot see: the local backend only")  # fmt: skip
-    unused = [flag for flag, value, default in (
-        ("--kube-node-state-mb", args.kube_node_state_mb, 0),
-        ("--kube-gpu-resource", args.kube_gpu_resource, "nvidia.com/gpu"),
-        ("--kube-gpu-type-label", args.kube_gpu_type_label, "nvidia.com/gpu.product"),
-        ("--kube-tls-secret", args.kube_tls_secret, None),
-    ) if value != default]  # fmt: skip
+    defaults = _parser()
+    unused = [f"--{dest.replace('_', '-')}" for dest in ("kube_node_state_mb", "kube_gpu_resource",
+                                                          "kube_gpu_type_label", "kube_tls_secret")
+              if getattr(args, dest) != defaults.get_default(dest)]  # fmt: skip
     if unused:
         raise ConfigError(f"{', '.join(unused)}: not for a parameter-server job (its tasks ask only cpu and memory, "
                           "take no flash checkpoint, and its master serves no TLS)")  # fmt: skip
     settings = kubernetes_settings(args, tls_cert=None, stop_grace_s=args.stop_grace, tf_tasks=True)
     assert settings is not None
+    settings = attrs.evolve(settings, lost_pod_margin_s=args.lost_pod_margin)
     if args.checkpoint_dir is None:
         raise ConfigError("--backend kubernetes needs --checkpoint-dir: storage the master and the chief both see at "
                           "that path (the ElasticJob's spec.checkpoint.volume is mounted at /checkpoints in every "

@@ -97,6 +97,10 @@ _NODE_STATE = {
 }
 
 
+def _ended_state(outcome: JobOutcome) -> JobState:
+    return JobState.SUCCEEDED if outcome.succeeded else JobState.FAILED
+
+
 def _argv(value: Iterable[str]) -> tuple[str, ...]:
     return tuple(value)
 
@@ -140,6 +144,7 @@ class PsJobConfig:
             chief's only for a `python script.py` program run by this interpreter.
         standby_refill_s: how long after a chief's or server's launch the next standby of its role starts (its
             import would slow the restart it is for).
+        standby_go_timeout_s: the longest the master waits to hand a standby its task (it reads at once).
         predecessor_margin_s: how long past their grace the tasks of a previous master of the job (a Kubernetes
             backend lists them) may take to end before this master gives up starting.
         token: the job token the shard service checks (a Kubernetes job's tasks read theirs from the job's
@@ -172,6 +177,7 @@ class PsJobConfig:
     predecessor_margin_s: float = attrs.field(default=30.0, validator=positive)
     standby_tasks: bool = True
     standby_refill_s: float = attrs.field(default=10.0, validator=attrs.validators.ge(0.0))
+    standby_go_timeout_s: float = attrs.field(default=1.0, validator=positive)
 
     @command.validator
     def _check_command(self, _attribute: object, value: tuple[str, ...]) -> None:
@@ -256,7 +262,13 @@ class PsJobMaster:
         config = self._config
         roles = (Role.PS, *((Role.CHIEF,) if node_main.runs_in_this_interpreter(config.command) else ()))
         self._standby = (
-            StandbyTasks(self._scheduler, self._work / "standby", roles, refill_delay_s=config.standby_refill_s)
+            StandbyTasks(
+                self._scheduler,
+                self._work / "standby",
+                roles,
+                refill_delay_s=config.standby_refill_s,
+                go_timeout_s=config.standby_go_timeout_s,
+            )
             if config.standby_tasks and self._standby_possible
             else None
         )
@@ -616,8 +628,7 @@ class PsJobMaster:
         with self._events_lock:
             outcome = self._core.outcome  # decided on the tick thread, maybe not yet published
             if outcome is not None and not self._summary.state.finished:
-                state = JobState.SUCCEEDED if outcome.succeeded else JobState.FAILED
-                return attrs.evolve(self._summary, state=state, exit_reason=outcome.reason)
+                return attrs.evolve(self._summary, state=_ended_state(outcome), exit_reason=outcome.reason)
             if self._stop_reason is not None or self._summary.state.finished:
                 return self._summary
             self._stop_reason = reason
@@ -634,8 +645,7 @@ class PsJobMaster:
     def _publish_status(self) -> None:
         outcome = self._core.outcome
         if outcome is not None:
-            state = JobState.SUCCEEDED if outcome.succeeded else JobState.FAILED
-            summary = self._job_summary(state, outcome.reason)
+            summary = self._job_summary(_ended_state(outcome), outcome.reason)
         else:
             summary = self._job_summary(JobState.RUNNING, "")
         with self._events_lock:
