@@ -5,12 +5,13 @@ The job is `examples/tf_ps/train.py` (a chief, two parameter servers, two worker
 step 20), parameter server 1 is SIGKILLed, and the hold is released at once. Then:
 
 * ``dlrover``: the master relaunches the parameter server at its address and restarts the chief, which restores
-  the checkpoint; the other parameter server and the workers keep running. The relaunched server and the
-  restarted chief are the standbys the master keeps warm (TensorFlow imported; the kill waits until they are
-  ready, as they are seconds after a job's start).
+  the checkpoint from memory (flash checkpoints); the other parameter server and the workers keep running. The
+  relaunched server and the restarted chief are the standbys the master keeps warm (TensorFlow imported; the
+  kill waits until they are ready, as they are seconds after a job's start).
 * ``whole-job``: what Kubeflow's tf-operator does with a failed parameter server in a job that restarts on failure
   (every replica is restarted): the job is killed with its master at the same moment, and a fresh job starts on
-  the same checkpoint directory; its chief restores the same checkpoint and the same data position. The time a
+  the same checkpoint directory in storage (both save there: `--flash-root off`); its chief restores the same
+  checkpoint and the same data position. The time a
   real operator takes to notice the failure is not counted (in its favour).
 
 Downtime is "kill -> training again": from the SIGKILL to the first group of steps the restarted chief committed
@@ -88,7 +89,9 @@ def trial(way: str, run_dir: Path) -> tuple[float, int]:
     out, pause = run_dir / "out", run_dir / "pause"
     run_dir.mkdir(parents=True)
     pause.touch()
-    first = _master(run_dir / "job", out, pause)
+    # A Kubeflow-style job saves its checkpoints to storage and restores from there; DLRover's to memory.
+    storage_only = ("--flash-root", "off") if way == "whole-job" else ()
+    first = _master(run_dir / "job", out, pause, *storage_only)
     second: subprocess.Popen[bytes] | None = None
     try:
         _wait(lambda: (out / f"at-step-{HOLD}").exists() or first.poll() is not None, "the hold")
@@ -103,7 +106,7 @@ def trial(way: str, run_dir: Path) -> tuple[float, int]:
             _end(first)
             pause.unlink()
             # (No standby: its TensorFlow import would compete with the restarted job's on these two cores.)
-            second = _master(run_dir / "job2", out, None, "--no-standby-tasks")
+            second = _master(run_dir / "job2", out, None, "--no-standby-tasks", *storage_only)
         else:
             pause.unlink()
         job = second or first

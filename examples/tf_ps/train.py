@@ -213,6 +213,7 @@ class Trainer:
             "node": self.incarnation,
             "steps": step,
             "restored_step": None if restored is None else restored[0],
+            "checkpoint_dir": str(self.checkpoints.dir),
             "first_loss": self.losses[0] if self.losses else None,
             "last_loss": sum(self.losses[-10:]) / len(self.losses[-10:]) if self.losses else None,
             "updates_applied": int(self.applied.numpy()) - applied_at_start,

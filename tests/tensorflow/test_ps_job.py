@@ -31,6 +31,7 @@ from dlrover.master.kube import WatchSettings, names
 from dlrover.master.operator import MasterSettings, ReconcileSettings, crd_manifest
 from dlrover.master.operator.controller import Operator, OperatorSettings
 from dlrover.master.psjob import PsJobConfig, PsJobMaster, PsJobSpec, TaskKey
+from dlrover.master.psjob.tf_checkpoint import newest_checkpoint
 from dlrover.master.scheduler.local import LocalScheduler
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
@@ -40,6 +41,9 @@ FIT_EXAMPLE = EXAMPLE.with_name("fit.py")
 SAMPLES, BATCH, CHECKPOINT_EVERY, PAUSE_AT = 6400, 64, 20, 30
 FIT_EPOCHS, FIT_PAUSE_AT = 8, 3
 STEPS = SAMPLES // BATCH
+# The example's checkpoints are a few MiB: the real /dev/shm holds them beside this reserve even where a container
+# gives it 64 MiB.
+FLASH_RESERVE_MB = 16
 
 
 class Job:
@@ -61,8 +65,8 @@ class Job:
         resources = {Role.PS: Resources(cpu=0.05, memory_mb=0)} if hot_ps is not None else {}
         spec = PsJobSpec(ps=2, workers=2, max_relaunches=2, resources=resources)
         self.config = PsJobConfig(spec=spec, command=command, work_dir=str(self.work), stop_grace_s=5.0,
-                                  tick_interval_s=0.2, hot_ps=hot_ps, hot_ps_interval_s=1.0,
-                                  hot_ps_warmup_s=1.0)  # fmt: skip
+                                  tick_interval_s=0.2, hot_ps=hot_ps, hot_ps_interval_s=1.0, hot_ps_warmup_s=1.0,
+                                  flash_reserve_mb=FLASH_RESERVE_MB)  # fmt: skip
 
     def run(self, victim: TaskKey | None = None) -> PsJobMaster:
         """Run to the end; with a victim, hold at step PAUSE_AT, SIGKILL the victim there, and go on."""
@@ -141,7 +145,20 @@ def test_a_job_trains_to_the_end_and_its_loss_falls(tmp_path: Path) -> None:
     committed = job.committed()
     assert len(committed) == SAMPLES
     assert set(committed.values()) == {1}
-    assert [k for k in _kinds(job.events()) if k != "checkpoint_sizes"] == ["job_started", "job_succeeded"]
+    events = job.events()
+    kinds = [k for k in _kinds(events) if k != "checkpoint_sizes"]
+    assert kinds == ["flash_checkpoints", "job_started", "job_succeeded", "flash_removed"]
+    # The chief saved to memory; at the end storage holds the last checkpoint and the memory directory is gone.
+    memory = _memory_dir(events)
+    assert summary["checkpoint_dir"] == str(memory)
+    assert newest_checkpoint(job.work / "checkpoints") == job.work / "checkpoints" / f"ckpt-{STEPS}"
+    assert not memory.exists()
+
+
+def _memory_dir(events: list[dict[str, Any]]) -> Path:
+    (chosen, *_) = [e["data"] for e in events if e["kind"] == "flash_checkpoints"]
+    assert chosen["in_memory"], chosen
+    return Path(chosen["memory_dir"])
 
 
 def test_a_killed_worker_is_relaunched_and_every_sample_is_trained_once(tmp_path: Path) -> None:
@@ -205,6 +222,8 @@ def test_a_killed_parameter_server_is_relaunched_and_the_chief_restores_the_chec
     promoted = [e["data"]["role"] for e in events if e["kind"] == "standby_promoted"]
     assert sorted(promoted) == ["chief", "ps"]
     _assert_resumed_from_the_checkpoint(job)
+    # ... restoring the checkpoint from memory.
+    assert job.summary()["checkpoint_dir"] == str(_memory_dir(events))
 
 
 def test_a_killed_chief_is_relaunched_and_resumes_from_the_checkpoint(tmp_path: Path) -> None:
@@ -212,6 +231,46 @@ def test_a_killed_chief_is_relaunched_and_resumes_from_the_checkpoint(tmp_path: 
     job.run(victim=TaskKey(Role.CHIEF, 0))
     assert _kinds(job.events(), "chief:0") == ["task_failed", "task_relaunched"]
     _assert_resumed_from_the_checkpoint(job)
+
+
+def test_a_master_killed_mid_job_is_replaced_and_the_chief_resumes_from_the_checkpoint_in_memory(
+    tmp_path: Path,
+) -> None:
+    """SIGKILL the master (its tasks die with it, and it removes nothing): the next master on the same work and
+    checkpoint directories adopts the memory directory, whose newest checkpoint the new chief restores."""
+    job = Job(tmp_path)
+    command = [sys.executable, "-m", "dlrover.master.cli", "ps-job", f"--work-dir={job.work}", "--ps=2",
+               "--workers=2", "--stop-grace=5", f"--flash-reserve={FLASH_RESERVE_MB}", "--",
+               *job.config.command]  # fmt: skip
+    log = tmp_path / "master.log"
+    job.pause.touch()
+    with open(log, "w") as out:
+        first = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 150
+        while not job.marker.exists():
+            assert first.poll() is None, log.read_text()[-4000:]
+            assert time.monotonic() < deadline, f"the job did not reach step {PAUSE_AT}"
+            time.sleep(0.05)
+    finally:
+        first.kill()
+        first.wait(timeout=30)
+    memory = _memory_dir(job.events())
+    assert (memory / f"ckpt-{CHECKPOINT_EVERY}.index").exists(), "the killed master left its memory directory"
+    job.pause.unlink()
+    job.marker.unlink()
+    with open(log, "a") as out:
+        second = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, timeout=200, check=False)
+    assert second.returncode == 0, log.read_text()[-4000:]
+    chosen = [e for e in job.events() if e["kind"] == "flash_checkpoints"]
+    assert "adopted from this job's previous master" in chosen[1]["message"]
+    summary = job.summary()
+    assert summary["restored_step"] == CHECKPOINT_EVERY
+    assert summary["checkpoint_dir"] == str(memory)
+    assert summary["steps"] == STEPS
+    assert len(job.committed()) == SAMPLES
+    assert not memory.exists()
+    assert newest_checkpoint(job.work / "checkpoints") == job.work / "checkpoints" / f"ckpt-{STEPS}"
 
 
 def test_model_fit_resumes_from_its_backup_after_a_lost_parameter_server(tmp_path: Path) -> None:

@@ -391,7 +391,7 @@ def test_a_tf_task_has_its_roles_template_and_a_dns_name_its_relaunches_keep() -
         assert pod["metadata"]["labels"]["elastic.dlrover.io/role"] == "ps"
         # A server's template that runs nothing runs TensorFlow's server.
         assert main(pod)["command"] == list(TF_SERVER_COMMAND)
-        # No /dev/shm is added (nor charged to the memory): TensorFlow's tasks take no flash checkpoint.
+        # No /dev/shm is added (nor charged to the memory): on Kubernetes TF checkpoints go to storage.
         assert [v["name"] for v in pod["spec"]["volumes"]] == []
         assert "PET_LOCAL_ADDR" not in env_of(pod)
     chief = worker_pod(tf_spec(Role.CHIEF, 0, 0), TF_SETTINGS, TF_TEMPLATES)

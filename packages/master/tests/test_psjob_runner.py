@@ -133,7 +133,7 @@ def test_the_job_service_tells_the_status_and_events_and_stops_the_job(tmp_path:
             "ps-job", JobState.RUNNING, 4, 4)  # fmt: skip
         assert sorted((n.name, n.rank) for n in status.nodes) == [("chief:0", 0), ("ps:0", 0), ("ps:1", 1),
                                                                   ("worker:0", 0)]  # fmt: skip
-        assert [e.kind for e in client.list_events()][:1] == ["job_started"]
+        assert [e.kind for e in client.list_events()][:2] == ["flash_checkpoints", "job_started"]
         with pytest.raises(RpcError, match=r"FAILED_PRECONDITION.*not resized by a node count"):
             client.resize(3)
         answer = client.stop_job("the data is wrong")
@@ -239,6 +239,7 @@ def test_the_cli_refuses_what_the_kubernetes_backend_cannot_do(
         (["--kube-job", "rec", "--work-dir", str(tmp_path), "--", "x"], "are for --backend kubernetes"),
         ([*kube, "--kube-node-state-mb", "64"], "--kube-node-state-mb: not for a parameter-server job"),
         ([*kube, "--kube-tls-secret", "tls"], "--kube-tls-secret: not for a parameter-server job"),
+        ([*kube, "--flash-root", "/mnt/shm"], "--flash-root: not for a parameter-server job on kubernetes"),
         (kube, "--backend kubernetes needs --checkpoint-dir"),
     ]
     for argv, message in cases:
@@ -256,6 +257,9 @@ def test_the_cli_refuses_what_the_kubernetes_backend_cannot_do(
     tuned = build_config(_parser().parse_args(["--work-dir", str(tmp_path), "--standby-refill", "3",
                                                 "--predecessor-margin", "7", "--", "x"]))  # fmt: skip
     assert (tuned.standby_refill_s, tuned.predecessor_margin_s) == (3.0, 7.0)
+    assert (local.flash_root, local.flash_reserve_mb) == ("/dev/shm", 1024)
+    flash = build_config(_parser().parse_args(["--work-dir", str(tmp_path), "--flash-root", "off", "--", "x"]))
+    assert flash.flash_root is None
 
 
 def _node(env: dict[str, str], *program: str) -> subprocess.CompletedProcess[str]:
@@ -434,3 +438,43 @@ def test_a_worker_left_out_is_out_of_every_tf_config_after_the_restart_it_causes
     worker = profile.role(Role.WORKER)
     assert worker is not None
     assert worker.count == 3
+
+
+def test_checkpoints_go_to_memory_only_where_every_task_shares_it_and_no_server_is_memory_limited(
+    tmp_path: Path,
+) -> None:
+    command = (sys.executable, "-c", "import time; time.sleep(60)")
+
+    def chosen(config: PsJobConfig, scheduler: FakeScheduler | None = None) -> tuple[dict[str, object], Path]:
+        master = PsJobMaster(config, scheduler=scheduler)
+        try:
+            master.start()
+            live = master.live_checkpoint_dir
+        finally:
+            master.stop()
+        event = next(e for e in read_event_log(master.event_log) if e["kind"] == "flash_checkpoints")
+        return {"in_memory": event["data"]["in_memory"], "message": event["message"]}, live
+
+    # A stand-in for /dev/shm (whose room this test cannot know): the choice does not look at what it is.
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    plain = PsJobConfig(spec=PsJobSpec(), command=command, work_dir=str(tmp_path / "a"), flash_root=str(shm),
+                        flash_reserve_mb=0)  # fmt: skip
+    decided, live = chosen(plain)
+    assert decided["in_memory"] is True
+    assert live.parent == shm
+    assert not live.exists(), "removed when the job ended"
+    given = PsJobConfig(spec=PsJobSpec(), command=command, work_dir=str(tmp_path / "b"))
+    decided, live = chosen(given, FakeScheduler())
+    assert decided["in_memory"] is False
+    assert "share no memory" in str(decided["message"])
+    assert live == tmp_path / "b" / "checkpoints"
+    off = PsJobConfig(spec=PsJobSpec(), command=command, work_dir=str(tmp_path / "c"), flash_root=None)
+    assert chosen(off)[0]["in_memory"] is False
+    if isinstance(detect_memory_groups(), UnavailableMemoryGroups):
+        return  # the servers' memory is not enforced on this host: memory is used (checked above)
+    limited = PsJobConfig(spec=PsJobSpec(resources={Role.PS: Resources(cpu=0, memory_mb=512)}), command=command,
+                          work_dir=str(tmp_path / "d"), flash_root=str(shm), flash_reserve_mb=0)  # fmt: skip
+    decided, _live = chosen(limited)
+    assert decided["in_memory"] is False
+    assert "the ps's to 512 MiB" in str(decided["message"])

@@ -39,6 +39,7 @@ from dlrover.autoscale import HotPsConfig, PsPlanConfig, Resources, Role
 from dlrover.common import ConfigError, DLRoverError, configure_logging, find_token, load_token
 from dlrover.master.exits import start_failure
 from dlrover.master.profiles import add_profile_flags, resolve_profile_store
+from dlrover.master.psjob.flash import DEFAULT_FLASH_ROOT
 from dlrover.master.psjob.plan import DEFAULT_PS_JOB_NAME, PsPlanChoice, plan_ps_job, ps_signature
 from dlrover.master.psjob.runner import PsJobConfig, PsJobMaster
 from dlrover.master.psjob.spec import PS_ROLES, PsJobSpec
@@ -119,9 +120,20 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-ps", type=int, default=16,
                    help="the most parameter servers --hot-ps, --ps-state-ratio or a plan may grow to")  # fmt: skip
     p.add_argument("--checkpoint-dir", default=None,
-                   help="where the chief's program saves its TensorFlow checkpoints, given to it as "
-                   "$DLROVER_CHECKPOINT_DIR; the master reads the model's size from the newest (default: "
-                   "<work-dir>/checkpoints)")  # fmt: skip
+                   help="the storage the chief's TensorFlow checkpoints persist in (default: <work-dir>/checkpoints); "
+                   "the chief saves where $DLROVER_CHECKPOINT_DIR says: a memory directory copied here in the "
+                   "background (--flash-root), else here; the master reads the model's size from the newest "
+                   "one")  # fmt: skip
+    p.add_argument("--flash-root", default=DEFAULT_FLASH_ROOT,
+                   help="local backend: the memory file system the chief saves its checkpoints in while it has room "
+                   "for them, each copied to --checkpoint-dir in the background ('off': straight to "
+                   "--checkpoint-dir; default /dev/shm)")  # fmt: skip
+    p.add_argument("--flash-reserve", type=int, default=1024,
+                   help="MiB --flash-root keeps free beyond room for the checkpoints (default 1024)")  # fmt: skip
+    p.add_argument("--flash-last-copy-timeout", type=float, default=600.0,
+                   help="seconds the last copy of the checkpoints in memory to --checkpoint-dir may take (at the "
+                   "end, or before the chief moves to storage); past it they are kept in memory (default "
+                   "600)")  # fmt: skip
     p.add_argument("--ps-state-ratio", type=float, default=None,
                    help="add a parameter server when a checkpoint shows one holding more of the model's state than "
                    "this fraction of --ps-memory (default: never)")  # fmt: skip
@@ -242,6 +254,9 @@ def build_config(
         tick_interval_s=args.tick_interval,
         stop_grace_s=args.stop_grace,
         checkpoint_dir=args.checkpoint_dir,
+        flash_root=None if args.flash_root == "off" else args.flash_root,
+        flash_reserve_mb=args.flash_reserve,
+        last_copy_timeout_s=args.flash_last_copy_timeout,
         ps_state_ratio=args.ps_state_ratio,
         max_ps=args.max_ps,
         profile_store=profile_store,
@@ -266,11 +281,13 @@ def _kubernetes_backend(args: argparse.Namespace) -> tuple[SchedulerBackend, lis
                           "directory, which pods cannot see: the local backend only")  # fmt: skip
     defaults = _parser()
     unused = [f"--{dest.replace('_', '-')}" for dest in ("kube_node_state_mb", "kube_gpu_resource",
-                                                          "kube_gpu_type_label", "kube_tls_secret")
-              if getattr(args, dest) != defaults.get_default(dest)]  # fmt: skip
+                                                          "kube_gpu_type_label", "kube_tls_secret", "flash_root",
+                                                          "flash_reserve", "flash_last_copy_timeout")
+              if getattr(args, dest) not in (defaults.get_default(dest), "off")]  # fmt: skip
     if unused:
-        raise ConfigError(f"{', '.join(unused)}: not for a parameter-server job (its tasks ask only cpu and memory, "
-                          "take no flash checkpoint, and its master serves no TLS)")  # fmt: skip
+        raise ConfigError(f"{', '.join(unused)}: not for a parameter-server job on kubernetes (its tasks ask only "
+                          "cpu and memory, share no memory to save checkpoints in, and its master serves no "
+                          "TLS)")  # fmt: skip
     settings = kubernetes_settings(args, tls_cert=None, stop_grace_s=args.stop_grace, tf_tasks=True)
     assert settings is not None
     settings = attrs.evolve(settings, lost_pod_margin_s=args.lost_pod_margin)

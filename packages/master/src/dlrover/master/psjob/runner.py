@@ -46,6 +46,7 @@ from dlrover.master.journal import JournaledEvent
 from dlrover.master.profiles import ProfileRecorder, ThroughputBySize
 from dlrover.master.psjob import node as node_main
 from dlrover.master.psjob.core import JobOutcome, PsDecision, PsEvent, PsJobCore, TaskPhase
+from dlrover.master.psjob.flash import DEFAULT_FLASH_ROOT, FlashCheckpoints, checkpoint_number
 from dlrover.master.psjob.job_service import PsJobServicer
 from dlrover.master.psjob.plan import DEFAULT_PS_JOB_NAME, PsPlanChoice, build_ps_profile, ps_signature
 from dlrover.master.psjob.ports import task_ports
@@ -65,7 +66,7 @@ from dlrover.master.scheduler.base import (
     SchedulerBackend,
     check_node_fits,
 )
-from dlrover.master.scheduler.cgroups import detect_memory_groups
+from dlrover.master.scheduler.cgroups import CgroupMemoryGroups, detect_memory_groups
 from dlrover.master.scheduler.local import LocalScheduler
 from dlrover.master.states import JobState, NodeState
 from dlrover.master.status import JobSummary, NodeSummary
@@ -129,8 +130,17 @@ class PsJobConfig:
         hot_ps_warmup_s: a parameter server's CPU is not counted in its first this many seconds (its start).
         hot_ps_idle_s: the job counts as training while its chief acknowledged samples within this many seconds;
             longer without (a start-up, a restore, a stall), the load samples start again.
-        checkpoint_dir: where the chief's program saves its TensorFlow checkpoints (given to every task as
-            `DLROVER_CHECKPOINT_DIR`); None: `<work_dir>/checkpoints`.
+        checkpoint_dir: the storage the chief's TensorFlow checkpoints persist in; None: `<work_dir>/checkpoints`.
+            The chief saves there (its `DLROVER_CHECKPOINT_DIR`) unless they go to memory (`flash_root`).
+        flash_root: a memory file system shared by the chief and the parameter servers (the local backend's, which
+            run on this host) where the chief saves its checkpoints, each copied to `checkpoint_dir` in the
+            background (`dlrover.master.psjob.flash`) while it has room for them; None: straight to storage.
+            Not with a backend given to the master, nor with parameter servers whose memory limit is enforced
+            (their shares of a checkpoint would count against it).
+        flash_reserve_mb: what `flash_root` keeps free beyond room for the checkpoints.
+        mirror_poll_s: seconds between the background copier's looks for new checkpoints in memory.
+        last_copy_timeout_s: the longest the last copy to storage may take (when the job ends, and before the
+            chief moves to storage); past it the memory directory is kept, and the event says so.
         checkpoint_poll_s: how often the directory is looked at for a newer checkpoint.
         ps_state_ratio: add a parameter server (the same planned restart as a hot one) when the newest checkpoint's
             largest server share is over this fraction of a server's memory request; None: never.
@@ -168,6 +178,10 @@ class PsJobConfig:
     hot_ps_idle_s: float = attrs.field(default=10.0, validator=positive)
     checkpoint_dir: str | None = None
     checkpoint_poll_s: float = attrs.field(default=2.0, validator=positive)
+    flash_root: str | None = DEFAULT_FLASH_ROOT
+    flash_reserve_mb: int = attrs.field(default=1024, validator=attrs.validators.ge(0))
+    mirror_poll_s: float = attrs.field(default=1.0, validator=positive)
+    last_copy_timeout_s: float = attrs.field(default=600.0, validator=positive)
     ps_state_ratio: float | None = attrs.field(default=None, validator=attrs.validators.optional(positive))
     max_ps: int = attrs.field(default=16, validator=attrs.validators.ge(1))
     profile_store: str | None = None
@@ -213,11 +227,12 @@ class PsJobMaster:
         given = scheduler is not None
         # A standby chief needs the tasks to run node.py (the default local backend's command).
         self._standby_possible = not given
+        groups = detect_memory_groups() if config.spec.resources and not given else None
         self._scheduler = scheduler or LocalScheduler(
             guarded_argv(os.getpid(), [sys.executable, node_main.__file__, "--", *config.command]),
             stop_grace_s=config.stop_grace_s,
             log_dir=self._work / "logs",
-            memory_groups=detect_memory_groups() if config.spec.resources else None,
+            memory_groups=groups,
         )
         try:
             # A master replacing another on the same work directory (a Kubernetes state volume) numbers on from it.
@@ -239,6 +254,9 @@ class PsJobMaster:
         self._server.add(shard_pb2_grpc.add_ShardServiceServicer_to_server, self._shards)
         self._server.add(job_pb2_grpc.add_JobServiceServicer_to_server, PsJobServicer(self))
         self._events_lock = threading.Lock()
+        self._checkpoint_dir = Path(config.checkpoint_dir or self._work / "checkpoints")
+        self._flash = self._flash_checkpoints(enforced=isinstance(groups, CgroupMemoryGroups))
+        self._committed: tuple[Path | None, float] = (None, 0.0)
         self._cluster: dict[Role, list[str]] = {}
         self._started = False
         self._stopped = False
@@ -246,7 +264,6 @@ class PsJobMaster:
         self._init_measures()
         self._init_status()
         self._launched: dict[Role, list[Resources]] = {}
-        self._checkpoint_dir = Path(config.checkpoint_dir or self._work / "checkpoints")
         self._checkpoint: CheckpointSizes | None = None
         self._checkpoint_problem = ""
         self._state_growth: str | None = None
@@ -256,6 +273,23 @@ class PsJobMaster:
         self._last_checkpoint_look = float("-inf")
         self._running = False
         self._profiled = False
+
+    def _flash_checkpoints(self, *, enforced: bool) -> FlashCheckpoints:
+        """Where the chief's checkpoints go: memory where every task that writes them shares it, else storage."""
+        config = self._config
+        limited = [f"the {role.value}'s to {r.memory_mb} MiB" for role in (Role.PS, Role.CHIEF)
+                   if (r := config.spec.resources.get(role)) is not None and r.memory_mb]  # fmt: skip
+        off = None
+        if not self._standby_possible:
+            off = (f"the {self._scheduler.name} backend's tasks share no memory file system, and every parameter "
+                   "server writes its own share of a checkpoint")  # fmt: skip
+        elif enforced and limited:
+            off = (f"memory is limited ({', '.join(limited)}), and the shares of checkpoints they wrote to memory "
+                   "would count against it")  # fmt: skip
+        root = Path(config.flash_root) if config.flash_root is not None else None
+        return FlashCheckpoints(self._checkpoint_dir, root, config.job_name, clock=self._clock, off_reason=off,
+                                reserve_bytes=config.flash_reserve_mb * _MIB, poll_s=config.mirror_poll_s,
+                                last_copy_timeout_s=config.last_copy_timeout_s)  # fmt: skip
 
     def _init_measures(self) -> None:
         """The standby chief, and what samples the tasks' processes (by the backend's nodes behind the core's)."""
@@ -303,8 +337,14 @@ class PsJobMaster:
 
     @property
     def checkpoint_dir(self) -> Path:
-        """Where the chief's program saves its checkpoints (`DLROVER_CHECKPOINT_DIR` of every task)."""
+        """The storage the chief's checkpoints persist in."""
         return self._checkpoint_dir
+
+    @property
+    def live_checkpoint_dir(self) -> Path:
+        """Where the chief saves its checkpoints now (`DLROVER_CHECKPOINT_DIR` of the tasks launched next): memory,
+        copied to `checkpoint_dir` in the background, or `checkpoint_dir` itself."""
+        return self._flash.live_dir
 
     @property
     def checkpoint_sizes(self) -> CheckpointSizes | None:
@@ -342,6 +382,8 @@ class PsJobMaster:
             self._checkpoint_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise ConfigError(f"checkpoint directory {self._checkpoint_dir} cannot be made: {exc}") from exc
+        self._record(self._flash.start())
+        self._committed = self._flash.committed()
         if self._config.initial_plan is not None:
             choice = self._config.initial_plan
             self._record(
@@ -427,6 +469,8 @@ class PsJobMaster:
             self._watch_ps_load(now, hot_ps, ps_load)
         if now - self._last_checkpoint_look >= self._config.checkpoint_poll_s:
             self._last_checkpoint_look = now
+            self._record(self._flash.look())
+            self._committed = self._flash.committed()
             self._look_at_checkpoint(now)
         return decision
 
@@ -494,10 +538,14 @@ class PsJobMaster:
     def _read_new_checkpoint(self) -> CheckpointSizes | None:
         """The sizes of the newest checkpoint when it is one not read before (an event says them); else None."""
         try:
-            prefix = newest_checkpoint(self._checkpoint_dir)
-            if prefix is None or (self._checkpoint is not None and self._checkpoint.prefix == str(prefix)):
+            prefix = newest_checkpoint(self._flash.live_dir)
+            if prefix is None:
                 return None
-            sizes = sizes_of(prefix)
+            # Named where it persists: the memory directory is gone when the job is.
+            persisted = str(self._flash.persisted(prefix))
+            if self._checkpoint is not None and self._checkpoint.prefix == persisted:
+                return None
+            sizes = attrs.evolve(sizes_of(prefix), prefix=persisted)
         except CheckpointReadError as exc:
             # A checkpoint being replaced (max_to_keep) reads again at the next look; a broken one is said once.
             if str(exc) != self._checkpoint_problem:
@@ -537,7 +585,7 @@ class PsJobMaster:
         if self._checkpoint is not None:
             note = f"sizes from the TensorFlow checkpoint {self._checkpoint.prefix}"
         else:
-            note = self._checkpoint_problem or f"no checkpoint was found in {self._checkpoint_dir}"
+            note = self._checkpoint_problem or f"no checkpoint was found in {self._flash.live_dir}"
         peaks = self._memory_peaks
         workers = sum(1 for key in self._running_tasks().values() if key.role is Role.WORKER)
         # The workers it was sized with: one left out for good says nothing about how many the next run wants
@@ -667,6 +715,7 @@ class PsJobMaster:
                                      relaunch_count=launches))  # fmt: skip
         fixed = sum(spec.count(role) for role in Role if role is not Role.WORKER)
         total = len(nodes)
+        committed, committed_at = self._committed
         return JobSummary(
             job_name=self._config.job_name,
             state=state,
@@ -679,6 +728,10 @@ class PsJobMaster:
             total_relaunches=relaunched,
             target_nodes=total,
             wanted_nodes=total,
+            # The newest checkpoint in storage (memory's can be a copy ahead); its number where the program gives one.
+            committed_step=checkpoint_number(committed),
+            committed_path=str(committed or ""),
+            committed_wall_time=committed_at,
         )
 
     def run(self, timeout_s: float | None = None, cancel: threading.Event | None = None) -> JobOutcome | None:
@@ -717,8 +770,13 @@ class PsJobMaster:
         finally:
             if self._standby is not None:
                 self._standby.close()
-            self._server.stop()
-            self._events.close()
+            try:  # the tasks have ended: the last checkpoints in memory go to storage
+                self._record(self._flash.close())
+                self._committed = self._flash.committed()
+                self._publish_status()
+            finally:
+                self._server.stop()
+                self._events.close()
 
     def __enter__(self) -> PsJobMaster:
         try:
@@ -743,6 +801,8 @@ class PsJobMaster:
                 self._scheduler.stop(self._backend_id(stop.node_id))
         if decision.launches:
             self._address_new_tasks()
+        if any(launch.task.role is Role.CHIEF for launch in decision.launches):
+            self._record(self._flash.before_chief_launch())
         for launch in decision.launches:
             if launch.resources is not None:
                 self._launched.setdefault(launch.task.role, []).append(launch.resources)
@@ -809,7 +869,7 @@ class PsJobMaster:
             TASK_ENV_VAR: str(task),
             MASTER_ADDR_ENV_VAR: self.address,
             TOKEN_FILE_ENV_VAR: str(self._token_file),
-            CHECKPOINT_DIR_ENV_VAR: str(self._checkpoint_dir),
+            CHECKPOINT_DIR_ENV_VAR: str(self._flash.live_dir),
             "DLROVER_NODE_ID": str(node_id),
             "DLROVER_JOB_NAME": self._config.job_name,
         }

@@ -25,6 +25,7 @@ from pathlib import Path
 import attrs
 
 from dlrover.common import DLRoverError
+from dlrover.master.psjob.state_file import STATE_FILE, unescape
 
 __all__ = ["CheckpointReadError", "CheckpointSizes", "TensorEntry", "newest_checkpoint", "read_index", "sizes_of"]
 
@@ -37,9 +38,7 @@ _OBJECT_GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
 _MODEL_PREFIX = "model/"
 _OPTIMIZER_PREFIX = "optimizer/"
 _SLOT_MARK = "/.OPTIMIZER_SLOT/"
-_STATE_FILE = "checkpoint"
 _KERAS_BACKUP_SUBDIR = "chief"
-_ESCAPE = re.compile(rb"\\([0-7]{1,3}|.)", re.DOTALL)
 _PATH_LINE = re.compile(r'^model_checkpoint_path:\s*"((?:[^"\\]|\\.)*)"\s*$', re.MULTILINE)
 
 
@@ -251,7 +250,7 @@ def newest_checkpoint(directory: str | Path) -> Path | None:
         CheckpointReadError: the state file exists but names no checkpoint.
     """
     for where in (Path(directory), Path(directory) / _KERAS_BACKUP_SUBDIR):
-        state = where / _STATE_FILE
+        state = where / STATE_FILE
         try:
             text = state.read_text(encoding="utf-8")
         except FileNotFoundError:
@@ -261,22 +260,9 @@ def newest_checkpoint(directory: str | Path) -> Path | None:
         found = _PATH_LINE.search(text)
         if found is None:
             raise CheckpointReadError(f"checkpoint state file {state} names no model_checkpoint_path")
-        named = Path(_unescape(found.group(1)))
+        named = Path(unescape(found.group(1)))
         return named if named.is_absolute() else where / named
     return None
-
-
-def _unescape(text: str) -> str:
-    """A text-format string's value: C escapes (octal bytes of UTF-8 among them) undone."""
-    simple = {b"n": b"\n", b"t": b"\t", b"r": b"\r"}
-
-    def one(match: re.Match[bytes]) -> bytes:
-        code = match.group(1)
-        if code[:1].isdigit():
-            return bytes([int(code, 8) & 0xFF])
-        return simple.get(code, code)
-
-    return _ESCAPE.sub(one, text.encode("utf-8")).decode("utf-8", "replace")
 
 
 def _is_optimizer(name: str) -> bool:
