@@ -12,7 +12,8 @@ from dlrover_testsupport.tf_checkpoints import files_of, save, state_text
 
 from dlrover.common import ManualClock
 from dlrover.master.psjob import checkpoint_mirror
-from dlrover.master.psjob.checkpoint_mirror import CheckpointMirror, MirrorMemo, mirror_once
+from dlrover.master.psjob.checkpoint_mirror import MirrorMemo, mirror_once
+from dlrover.master.psjob.mirror_thread import CheckpointMirror
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -73,11 +74,11 @@ def test_a_state_file_naming_a_checkpoint_that_left_the_source_waits_and_nothing
     save(src, 2, keep=1)
     real_copy = checkpoint_mirror._copy
 
-    def racing_copy(source: Path, target: Path) -> int:
+    def racing_copy(source: Path, target: Path, listed: os.stat_result) -> tuple[int, bool]:
         if source.name.startswith("ckpt-2."):  # the chief saves ckpt-3 meanwhile and drops ckpt-2
             save(src, 3, keep=1)
             raise FileNotFoundError(source)
-        return real_copy(source, target)
+        return real_copy(source, target, listed)
 
     monkeypatch.setattr(checkpoint_mirror, "_copy", racing_copy)
     done = mirror_once(src, dst, memo=memo)
@@ -102,12 +103,12 @@ def test_a_pass_cut_short_leaves_storage_naming_only_complete_checkpoints(
     copies = 0
     real_copy = checkpoint_mirror._copy
 
-    def failing_copy(source: Path, target: Path) -> int:
+    def failing_copy(source: Path, target: Path, listed: os.stat_result) -> tuple[int, bool]:
         nonlocal copies
         copies += 1
         if copies == 2:
             raise OSError(28, "No space left on device")
-        return real_copy(source, target)
+        return real_copy(source, target, listed)
 
     monkeypatch.setattr(checkpoint_mirror, "_copy", failing_copy)
     with pytest.raises(OSError, match="No space"):
@@ -242,3 +243,51 @@ def test_the_mirror_thread_commits_new_checkpoints_and_says_when_storage_fails(t
     finally:
         mirror.close()
     assert files_of(dst) == files_of(src)
+
+
+def test_a_checkpoint_saved_again_under_its_name_is_replaced_only_after_storage_stops_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    src, dst = tmp_path / "memory", tmp_path / "storage"
+    memo = MirrorMemo()
+    save(src, 1, keep=3)
+    save(src, 2, keep=3)
+    mirror_once(src, dst, memo=memo)
+    again = save(src, 2, keep=3, payload=b"the second save of ckpt-2")
+    seen_while_replacing: list[str] = []
+    real_copy = checkpoint_mirror._copy
+
+    def watching(source: Path, target: Path, listed: os.stat_result) -> tuple[int, bool]:
+        if target.name.startswith("ckpt-2."):
+            seen_while_replacing.append((dst / "checkpoint").read_text())
+        return real_copy(source, target, listed)
+
+    monkeypatch.setattr(checkpoint_mirror, "_copy", watching)
+    done = mirror_once(src, dst, memo=memo)
+    assert seen_while_replacing
+    assert all(text == state_text(["ckpt-1"]) for text in seen_while_replacing)
+    assert done.committed == ("checkpoint",)
+    assert (dst / "checkpoint").read_text() == state_text(["ckpt-1", "ckpt-2"])
+    assert {n: b for n, b in files_of(dst).items() if n.startswith("ckpt-2.")} == again
+
+
+def test_a_checkpoint_changed_since_the_listing_is_not_committed_in_that_pass(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    src, dst = tmp_path / "memory", tmp_path / "storage"
+    save(src, 1)
+    real_copy = checkpoint_mirror._copy
+    saved_again: list[dict[str, bytes]] = []
+
+    def racing(source: Path, target: Path, listed: os.stat_result) -> tuple[int, bool]:
+        if not saved_again:  # after the listing, before the first copy: ckpt-1 is saved again
+            saved_again.append(save(src, 1, payload=b"again"))
+        return real_copy(source, target, listed)
+
+    monkeypatch.setattr(checkpoint_mirror, "_copy", racing)
+    done = mirror_once(src, dst)
+    assert done.committed == ()
+    assert done.behind
+    monkeypatch.setattr(checkpoint_mirror, "_copy", real_copy)
+    mirror_once(src, dst)
+    assert {n: b for n, b in files_of(dst).items() if n.startswith("ckpt-1.")} == saved_again[0]

@@ -5,13 +5,16 @@ job unless it holds the only copy."""
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
+import attrs
 import pytest
 from dlrover_testsupport.tf_checkpoints import files_of, save, state_text
 
 from dlrover.common import ManualClock
-from dlrover.master.psjob.flash import MARKER_FILE, FlashCheckpoints, checkpoint_number
+from dlrover.master.psjob.flash import MARKER_FILE, RECORD_FILE, FlashCheckpoints, checkpoint_number
+from dlrover.master.psjob.mirror_thread import CheckpointMirror
 
 pytestmark = pytest.mark.timeout(60)
 MIB = 1024 * 1024
@@ -31,13 +34,20 @@ def _flash(tmp_path: Path, room: Room | None = None, **kwargs: object) -> FlashC
     # The mirror thread's first pass would come after an hour: the tests make the passes.
     (tmp_path / "shm").mkdir(exist_ok=True)
     (tmp_path / "storage").mkdir(exist_ok=True)
-    return FlashCheckpoints(tmp_path / "storage", tmp_path / "shm", "rec/job", clock=ManualClock(),
-                            free=room or Room(100 * MIB), reserve_bytes=MIB, poll_s=3600.0,
-                            **kwargs)  # type: ignore[arg-type]  # fmt: skip
+    settings: dict[str, object] = {"clock": ManualClock(), "free": room or Room(100 * MIB), "reserve_bytes": MIB,
+                                   "poll_s": 3600.0, **kwargs}  # fmt: skip
+    return FlashCheckpoints(tmp_path / "storage", tmp_path / "shm", "rec/job", **settings)  # type: ignore[arg-type]
 
 
 def _without_marker(directory: Path) -> dict[str, bytes]:
-    return {n: b for n, b in files_of(directory).items() if n != MARKER_FILE}
+    return {n: b for n, b in files_of(directory).items() if n not in (MARKER_FILE, RECORD_FILE)}
+
+
+def _in_memory(tmp_path: Path) -> tuple[FlashCheckpoints, CheckpointMirror]:
+    flash = _flash(tmp_path)
+    flash.start()
+    assert flash._mirror is not None
+    return flash, flash._mirror
 
 
 def _killed(flash: FlashCheckpoints) -> None:
@@ -214,9 +224,8 @@ def test_what_a_save_left_after_the_directory_was_removed_is_cleared(tmp_path: P
     """A server finishing its share after the master removed the directory re-creates it with only `_temp` parts:
     not someone else's, so not a reason to go without memory for good."""
     probe = _flash(tmp_path)
-    (probe.memory_dir / "ckpt-9_temp").mkdir(parents=True)
+    (probe.memory_dir / "ckpt-9_temp").mkdir(parents=True, mode=0o755)  # (TensorFlow's mode, not ours)
     (probe.memory_dir / "ckpt-9_temp" / "part-00001-of-00002.data-00000-of-00001").write_bytes(b"late")
-    os.chmod(probe.memory_dir, 0o700)
     flash = _flash(tmp_path)
     assert flash.start()[0].data["in_memory"]
     flash.close()
@@ -235,10 +244,7 @@ def test_storage_whose_state_file_cannot_be_restored_from_a_copy_keeps_the_chief
 
 def test_memory_emptied_by_someone_else_fails_the_copies_and_storage_keeps_its_checkpoints(tmp_path: Path) -> None:
     storage = tmp_path / "storage"
-    flash = _flash(tmp_path)
-    flash.start()
-    mirror = flash._mirror
-    assert mirror is not None
+    flash, mirror = _in_memory(tmp_path)
     try:
         save(flash.live_dir, 1)
         mirror.sync()
@@ -257,10 +263,7 @@ def test_memory_emptied_by_someone_else_fails_the_copies_and_storage_keeps_its_c
 
 def test_storage_failing_is_said_once_and_its_recovery_too(tmp_path: Path) -> None:
     storage = tmp_path / "storage"
-    flash = _flash(tmp_path)
-    flash.start()
-    mirror = flash._mirror
-    assert mirror is not None
+    flash, mirror = _in_memory(tmp_path)
     try:
         storage.rename(tmp_path / "away")
         storage.write_text("not a directory")
@@ -274,4 +277,89 @@ def test_storage_failing_is_said_once_and_its_recovery_too(tmp_path: Path) -> No
         mirror.sync()
         assert [e.kind for e in flash.look()] == ["checkpoint_mirror_recovered"]
     finally:
+        flash.close()
+
+
+def test_a_memory_directory_ahead_of_storage_by_more_than_max_to_keep_is_adopted(tmp_path: Path) -> None:
+    """Storage was slow or down: memory holds none of the checkpoints storage has, only newer ones. Storage is as
+    the copies left it, so memory is the newer: it is adopted, not discarded."""
+    storage = tmp_path / "storage"
+    first = _flash(tmp_path)
+    first.start()
+    save(first.live_dir, 1, keep=2)
+    first._mirror.sync()  # type: ignore[union-attr]
+    for number in (2, 3, 4):
+        save(first.live_dir, number, keep=2)
+    _killed(first)
+    second = _flash(tmp_path)
+    events = second.start()
+    try:
+        assert "adopted" in events[0].message
+        assert (storage / "checkpoint").read_text().startswith('model_checkpoint_path: "ckpt-4"')
+    finally:
+        second.close()
+
+
+def test_a_memory_directory_is_not_adopted_when_storage_was_saved_to_since_even_in_the_same_sizes(
+    tmp_path: Path,
+) -> None:
+    storage = tmp_path / "storage"
+    first = _flash(tmp_path)
+    first.start()
+    save(first.live_dir, 3, payload=b"a" * 64)
+    first._mirror.sync()  # type: ignore[union-attr]
+    _killed(first)
+    # A run with --flash-root off saved its own ckpt-3, of the same sizes, straight to storage.
+    for path in storage.glob("ckpt-3.*"):
+        path.unlink()
+    theirs = save(storage, 3, payload=b"b" * 64)
+    (storage / "checkpoint").write_text(state_text(["ckpt-3"]) + "last_preserved_timestamp: 2.0\n")
+    second = _flash(tmp_path)
+    assert "filled from storage" in second.start()[0].message
+    try:
+        assert {n: b for n, b in files_of(storage).items() if n.startswith("ckpt-3.")} == theirs
+    finally:
+        second.close()
+
+
+def test_memory_emptied_by_someone_else_moves_the_next_chief_to_storage(tmp_path: Path) -> None:
+    flash = _flash(tmp_path)
+    flash.start()
+    save(flash.live_dir, 1)
+    flash._mirror.sync()  # type: ignore[union-attr]
+    for path in flash.memory_dir.iterdir():
+        path.unlink()
+    events = flash.before_chief_launch()
+    assert [e.kind for e in events] == ["flash_to_storage"]
+    assert "emptied by someone else" in events[0].message
+    assert "ckpt-1" in events[0].message
+    assert flash.live_dir == tmp_path / "storage"
+    assert not flash.memory_dir.exists()
+
+
+def test_a_backup_keras_drops_when_fit_ends_leaves_storage_at_the_end(tmp_path: Path) -> None:
+    storage = tmp_path / "storage"
+    flash = _flash(tmp_path)
+    flash.start()
+    save(flash.live_dir / "chief", 4)
+    flash._mirror.sync()  # type: ignore[union-attr]
+    assert (storage / "chief" / "checkpoint").exists()
+    shutil.rmtree(flash.live_dir / "chief")  # BackupAndRestore.on_train_end
+    assert [e.kind for e in flash.close()] == ["flash_removed"]
+    assert not any((storage / "chief").iterdir())
+
+
+def test_a_slow_copy_is_said(tmp_path: Path) -> None:
+    clock = ManualClock()
+    flash = _flash(tmp_path, clock=clock, slow_copy_s=30.0)
+    flash.start()
+    mirror = flash._mirror
+    assert mirror is not None
+    try:
+        mirror._status = attrs.evolve(mirror.status, running_since=clock.now())  # a pass under way
+        clock.advance(31.0)
+        assert [e.kind for e in flash.look()] == ["checkpoint_mirror_failed"]
+        assert "running for over 30 s" in flash._last_problem
+    finally:
+        mirror._status = attrs.evolve(mirror.status, running_since=None)
         flash.close()

@@ -6,49 +6,47 @@ file is the commit point. `mirror_once` keeps the destination's state files nami
 
 1. it reads every state file first, then lists the files: a checkpoint a state file names was complete before the
    listing, so every one of its files is listed unless it was dropped since;
-2. it copies every other file the destination lacks or holds another version of (a copy keeps the source's
-   modification time; `MirrorMemo` remembers what was copied, for file systems with coarser times), each to a
-   temporary name, flushed to disk, then renamed;
+2. it copies every other file the destination lacks or holds another version of, the newest checkpoints' first
+   (a copy keeps the source's modification time; `MirrorMemo` remembers what was copied, for file systems with
+   coarser times), each to a temporary name, flushed to disk, then renamed. A checkpoint the program saved again
+   under the same name is replaced only after the destination's state file stops naming it; a file that changed
+   since the listing is not counted as there;
 3. it writes a state file once the newest checkpoint it names is complete in the destination (the index, and data
    files 0 to n-1 of the n their names give). Older checkpoints it names that are not (`CheckpointManager` names
    the one it is about to delete until its next write) are left out of the copy, with their timestamps; paths
    written absolute are made relative when they lie in the state file's directory;
 4. only then it deletes what the source dropped: files an earlier pass saw in the source (others, written to the
-   destination by someone else, are not the mirror's), never a state file, and never a file of a checkpoint a
-   destination state file names.
+   destination by someone else, are not the mirror's), never a file of a checkpoint a destination state file
+   names, and a state file only in a final pass (the program has ended: Keras drops its backup at the end of
+   `fit`; while it runs, a state file gone from the source may be someone else's clean-up under way).
 
 A crash at any point leaves the destination's state files naming complete checkpoints. Saves in progress (`_temp`
 directories, `.tmp` and `.tempstate` files) are never copied; this module's own partial copies left by a crash
 are removed. Files the program writes beside its checkpoints (a data position, ...) are copied too.
 
-`CheckpointMirror` runs passes in a thread of its own, every `poll_s`, and reports what it committed.
+`mirror_thread.CheckpointMirror` runs passes in a thread of its own and reports what they committed.
 """
 
 from __future__ import annotations
 
 import contextlib
-import logging
+import hashlib
 import os
 import re
 import stat
-import threading
 from collections.abc import Iterable
 from pathlib import Path, PurePosixPath
 
 import attrs
 
-from dlrover.common import Clock
-from dlrover.master.psjob.state_file import STATE_FILE, named_paths, state_copy
-from dlrover.master.psjob.tf_checkpoint import CheckpointReadError, newest_checkpoint
+from dlrover.master.psjob.state_file import STATE_FILE, named_paths, state_copy, state_paths
 
-__all__ = ["CheckpointMirror", "MirrorMemo", "MirrorPass", "MirrorStatus", "checkpoint_files", "mirror_once"]
-
-_log = logging.getLogger(__name__)
+__all__ = ["MirrorMemo", "MirrorPass", "checkpoint_files", "in_progress", "mirror_once", "state_digests"]
 
 PARTIAL_SUFFIX = ".dlrover-partial"
 # TensorFlow's saves in progress: `ckpt-3_temp/` (and TF1's `ckpt-3_temp_<hex>/`), an index being merged
 # (`ckpt-3.index.tempstate<n>`), a state file being written (`checkpoint.tmp<hex>`); and this module's own copies.
-_IN_PROGRESS = re.compile(r"(_temp(_[0-9a-f]+)?$|\.tmp|\.tempstate|" + re.escape(PARTIAL_SUFFIX) + "$)")
+_IN_PROGRESS = re.compile(r"(_temp(_[0-9a-f]+)?$|\.tmp[0-9a-f]*$|\.tempstate\d*$|" + re.escape(PARTIAL_SUFFIX) + "$)")
 _CHUNK_BYTES = 1 << 30
 _DATA_FILE = re.compile(r"\.data-(\d+)-of-(\d+)$")
 
@@ -95,14 +93,16 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def _copy(src: Path, dst: Path) -> int:
+def _copy(src: Path, dst: Path, listed: os.stat_result) -> tuple[int, bool]:
     """Copy `src` to `dst` through a temporary name, flushed to disk, with `src`'s modification time as it was when
     opened (a change during the copy that moves it leaves them different: the next pass copies again). Returns the
-    bytes."""
+    bytes, and whether the file copied is the one `listed` (the same inode, size and time: a checkpoint saved again
+    under its name since the listing is not)."""
     dst.parent.mkdir(parents=True, exist_ok=True)
     partial = dst.with_name(dst.name + PARTIAL_SUFFIX)
     with open(src, "rb") as fin:
         st = os.fstat(fin.fileno())
+        same = (st.st_ino, st.st_size, st.st_mtime_ns) == (listed.st_ino, listed.st_size, listed.st_mtime_ns)
         try:
             with open(partial, "wb") as fout:
                 copied = 0
@@ -119,7 +119,7 @@ def _copy(src: Path, dst: Path) -> int:
             with contextlib.suppress(OSError):
                 partial.unlink()
             raise
-    return copied
+    return copied, same
 
 
 def _write_state(text: bytes, dst: Path) -> None:
@@ -206,6 +206,7 @@ def mirror_once(
     ignored: frozenset[str] = frozenset(),
     memo: MirrorMemo | None = None,
     sentinel: str | None = None,
+    final: bool = False,
 ) -> MirrorPass:
     """Make `dest` hold what `source` holds, state files last and deletions after them (see the module).
 
@@ -215,7 +216,10 @@ def mirror_once(
         ignored: file and directory names neither copied nor deleted (a marker of the caller's).
         memo: what earlier passes of the same mirror did (None: a first pass, which deletes nothing).
         sentinel: a file that must be in `source`: a source without it (gone, emptied by someone else) fails the
-            pass, and nothing is copied or deleted.
+            pass, and nothing is copied or deleted (it is looked at again before the deletions).
+        final: the source will not change again (its writers have ended): a state file it no longer has is
+            deleted from `dest` too, with what it names (Keras removes its backup when `fit` ends). While a
+            program runs that could be a clean-up of someone else's under way, so state files stay.
 
     Raises:
         OSError: the source cannot be read (or lacks `sentinel`), or a file could not be written (a file that
@@ -235,35 +239,73 @@ def mirror_once(
     for leftover in partials:  # a copy cut short by a crash
         with contextlib.suppress(FileNotFoundError):
             leftover.unlink()
-    copied, copied_bytes, vanished = _copy_changed(source, dest, listed, have, memo)
-    present = [rel for rel in listed if rel not in vanished]
+    newest_first = _newest_files(source, states, listed)
+    order = sorted(listed, key=lambda rel: rel not in newest_first)  # the newest before a save drops them
+    copied, copied_bytes, unstable = _copy_changed(source, dest, order, listed, have, memo=memo, ignored=ignored)
+    present = [rel for rel in listed if rel not in unstable]
     committed, behind, skipped, newest_bytes = _commit_states(source, dest, states, listed, present)
-    protected = _named_in(dest, ignored)
+    if sentinel is not None and not (source / sentinel).is_file():
+        raise FileNotFoundError(f"{source / sentinel} went missing during the pass: nothing is deleted")
     deleted = 0
-    for rel in sorted((set(have) - set(listed)) & memo.seen):
+    if not behind:
+        deleted = _delete_dropped(dest, ignored, set(have) - set(listed), memo, final=final)
+    memo.seen.update(listed)
+    total = sum(st.st_size for st in listed.values())
+    return MirrorPass(copied, copied_bytes, deleted, committed, behind, skipped, newest_bytes, total)
+
+
+def _newest_files(source: Path, states: dict[str, bytes], listed: dict[str, os.stat_result]) -> set[str]:
+    """The files of the newest checkpoint each state file names."""
+    out: set[str] = set()
+    for rel, text in states.items():
+        named = state_paths(text.decode("utf-8", "replace"))
+        if named:
+            newest = named[0]
+            with contextlib.suppress(ValueError):  # one outside the directory is never copied
+                if PurePosixPath(newest).is_absolute():
+                    newest = PurePosixPath(newest).relative_to((source / rel).parent.as_posix()).as_posix()
+                out |= checkpoint_files(listed, rel, newest)
+    return out
+
+
+def _delete_dropped(dest: Path, ignored: frozenset[str], dropped: set[str], memo: MirrorMemo, *, final: bool) -> int:
+    """Delete from `dest` what the source dropped: files a pass saw in the source, never a file of a checkpoint a
+    state file in `dest` names, and a state file only in a final pass."""
+    deleted = 0
+    if final:
+        for rel in sorted(r for r in dropped & memo.seen if _is_state(r)):
+            with contextlib.suppress(FileNotFoundError):
+                (dest / rel).unlink()
+                deleted += 1
+    protected = _named_by(dest, ignored)
+    for rel in sorted(dropped & memo.seen):
         if _is_state(rel) or rel in protected:
             continue
         with contextlib.suppress(FileNotFoundError):
             (dest / rel).unlink()
             deleted += 1
         memo.copied.pop(rel, None)
-    memo.seen.update(listed)
-    total = sum(st.st_size for st in listed.values())
-    return MirrorPass(copied, copied_bytes, deleted, committed, behind, skipped, newest_bytes, total)
+    return deleted
 
 
 def _copy_changed(
     source: Path,
     dest: Path,
+    order: list[str],
     listed: dict[str, os.stat_result],
     have: dict[str, os.stat_result],
+    *,
     memo: MirrorMemo,
+    ignored: frozenset[str],
 ) -> tuple[int, int, set[str]]:
-    """Copy every file but the state files that `dest` lacks or holds another version of; (files copied, their
-    bytes, those that left the source meanwhile)."""
+    """Copy, in `order`, every file but the state files that `dest` lacks or holds another version of; (files
+    copied, their bytes, those that left the source or changed since the listing). A file of a checkpoint a state
+    file of `dest` names is replaced only once that state file no longer names it (`_withdraw`)."""
     copied = copied_bytes = 0
-    vanished: set[str] = set()
-    for rel, st in listed.items():
+    unstable: set[str] = set()
+    named = _named_by(dest, ignored)
+    for rel in order:
+        st = listed[rel]
         if _is_state(rel):
             continue
         old = have.get(rel)
@@ -272,15 +314,22 @@ def _copy_changed(
             or memo.copied.get(rel) == (st.st_size, st.st_mtime_ns, old.st_size, old.st_mtime_ns)
         ):
             continue
+        for state_rel, checkpoint in named.pop(rel, ()):
+            _withdraw(dest, ignored, state_rel, checkpoint)
+            named = _named_by(dest, ignored)
         try:
-            copied_bytes += _copy(source / rel, dest / rel)
+            size, same = _copy(source / rel, dest / rel, st)
         except FileNotFoundError:
-            vanished.add(rel)
+            unstable.add(rel)
+            continue
+        copied_bytes += size
+        copied += 1
+        if not same:
+            unstable.add(rel)  # (copied as it is now; the next pass sees it listed so, and counts it)
             continue
         after = (dest / rel).stat()
         memo.copied[rel] = (st.st_size, st.st_mtime_ns, after.st_size, after.st_mtime_ns)
-        copied += 1
-    return copied, copied_bytes, vanished
+    return copied, copied_bytes, unstable
 
 
 def _commit_states(
@@ -314,157 +363,47 @@ def _commit_states(
     return tuple(committed), tuple(behind), tuple(skipped), newest_bytes
 
 
-def _named_in(dest: Path, ignored: frozenset[str]) -> set[str]:
-    """Every file of every checkpoint a state file in `dest` names (never deleted: they are what it restores)."""
+def _named_by(dest: Path, ignored: frozenset[str]) -> dict[str, set[tuple[str, str]]]:
+    """Each file of a checkpoint a state file in `dest` names, and (that state file, the checkpoint's name as
+    relative to it) for each that does: they are what storage restores."""
     listed = _listing(dest, ignored)
-    named: set[str] = set()
+    named: dict[str, set[tuple[str, str]]] = {}
     for rel in (r for r in listed if _is_state(r)):
         try:
             text = (dest / rel).read_text(encoding="utf-8", errors="replace")
         except FileNotFoundError:
             continue
+        base = (dest / rel).parent.as_posix()
         for _field, path in named_paths(text):
-            named |= checkpoint_files(listed, rel, path)
+            with contextlib.suppress(ValueError):  # (one written absolute, by a program that saved here itself)
+                relative = PurePosixPath(path).relative_to(base).as_posix() if path.startswith("/") else path
+                for file in checkpoint_files(listed, rel, relative):
+                    named.setdefault(file, set()).add((rel, relative))
     return named
 
 
-@attrs.frozen
-class MirrorStatus:
-    """Where a `CheckpointMirror` stands.
+def _withdraw(dest: Path, ignored: frozenset[str], state_rel: str, checkpoint: str) -> None:
+    """Make the state file `state_rel` of `dest` stop naming `checkpoint`, whose files are about to be replaced
+    (the program saved it again under the same name): it names the newest other complete one, or is removed when
+    there is none (storage then names nothing for the moment, never a checkpoint of two saves)."""
+    target = dest / state_rel
+    listed = _listing(dest, ignored)
 
-    Attributes:
-        committed: the newest checkpoint in the destination (`newest_checkpoint`; None: none yet).
-        committed_wall_time: when it was committed there (wall seconds; the state file's modification time where
-            this mirror did not write it).
-        problem: why the last pass failed or left a state file behind for good ("" when it did not).
-        newest_bytes: the bytes of the source's newest checkpoint at the last pass.
-        passes: passes run so far.
-    """
+    def complete(named: str) -> bool:
+        return named != checkpoint and _complete(checkpoint_files(listed, state_rel, named))
 
-    committed: Path | None = None
-    committed_wall_time: float = 0.0
-    problem: str = ""
-    newest_bytes: int = 0
-    passes: int = 0
+    copy = state_copy(target.read_bytes(), target.parent.as_posix(), complete, promote=True)
+    if copy.text is None:
+        target.unlink()
+        _fsync_dir(target.parent)
+    else:
+        _write_state(copy.text, target)
 
 
-class CheckpointMirror:
-    """Runs `mirror_once(source, dest)` every `poll_s` in a thread of its own (`start`), or on demand (`sync`).
-
-    Args:
-        source: the directory the chief saves in.
-        dest: the storage directory copied to.
-        poll_s: seconds between passes.
-        clock: the wall time of commits.
-        ignored: names neither copied nor deleted.
-        sentinel: a file that must be in `source` for a pass to run (`mirror_once`).
-    """
-
-    def __init__(
-        self,
-        source: Path,
-        dest: Path,
-        *,
-        poll_s: float,
-        clock: Clock,
-        ignored: frozenset[str] = frozenset(),
-        sentinel: str | None = None,
-    ) -> None:
-        self._source, self._dest, self._poll_s, self._clock = source, dest, poll_s, clock
-        self._ignored, self._sentinel = ignored, sentinel
-        self._memo = MirrorMemo()
-        self._lock = threading.Lock()  # one pass at a time
-        self._status_lock = threading.Lock()
-        self._status = MirrorStatus()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    @property
-    def status(self) -> MirrorStatus:
-        """The newest committed checkpoint and the last pass's problem (thread-safe)."""
-        with self._status_lock:
-            return self._status
-
-    def start(self) -> None:
-        """Run a pass every `poll_s` in the background until `close()` (the first after `poll_s`)."""
-        if self._thread is None:
-            self._stop = threading.Event()  # (a mirror closed before a move to storage that failed runs again)
-            self._thread = threading.Thread(target=self._loop, name="dlrover-checkpoint-mirror", daemon=True)
-            self._thread.start()
-
-    def sync(self) -> MirrorPass:
-        """One pass now (after any under way); thread-safe.
-
-        Raises:
-            OSError: the pass failed (also in `status.problem`).
-        """
-        with self._lock:
-            try:
-                done = mirror_once(self._source, self._dest, ignored=self._ignored, memo=self._memo,
-                                   sentinel=self._sentinel)  # fmt: skip
-            except OSError as exc:
-                self._set_problem(str(exc))
-                raise
-            with self._status_lock:
-                committed, when = self._status.committed, self._status.committed_wall_time
-            if done.committed or committed is None:
-                committed, when = self._newest_in_dest(written_now=bool(done.committed), when=when)
-            problem = "; ".join(f"state file {s} is not copied" for s in done.skipped)
-            with self._status_lock:
-                self._status = MirrorStatus(committed, when, problem, done.newest_bytes or self._status.newest_bytes,
-                                            self._status.passes + 1)  # fmt: skip
-            return done
-
-    def sync_within(self, timeout_s: float) -> tuple[MirrorPass | None, str]:
-        """One pass, waiting at most `timeout_s` for it: (its result, "") or (None, why it failed or did not
-        finish; a pass still under way goes on in the background)."""
-        result: list[MirrorPass] = []
-        failure: list[str] = []
-
-        def run() -> None:
-            try:
-                result.append(self.sync())
-            except Exception as exc:  # reported to the caller, whatever it is
-                failure.append(str(exc))
-
-        worker = threading.Thread(target=run, name="dlrover-checkpoint-mirror-last", daemon=True)
-        worker.start()
-        worker.join(timeout_s)
-        if worker.is_alive():
-            return None, f"the copy did not finish within {timeout_s:g} s"
-        return (result[0], "") if result else (None, failure[0] if failure else "the copy failed")
-
-    def _set_problem(self, problem: str) -> None:
-        with self._status_lock:
-            self._status = attrs.evolve(self._status, problem=problem, passes=self._status.passes + 1)
-
-    def _newest_in_dest(self, *, written_now: bool, when: float) -> tuple[Path | None, float]:
-        try:
-            newest = newest_checkpoint(self._dest)
-        except CheckpointReadError:
-            return None, 0.0
-        if newest is None:
-            return None, 0.0
-        if written_now:
-            return newest, self._clock.wall_time()
-        try:
-            return newest, when or (newest.parent / STATE_FILE).stat().st_mtime
-        except OSError:
-            return newest, when
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self._poll_s):
-            try:
-                self.sync()
-            except OSError:
-                continue  # in status; the next pass tries again
-            except Exception as exc:  # a defect must not end the copies unseen: said, and tried again
-                _log.exception("a checkpoint mirror pass failed")
-                self._set_problem(f"{type(exc).__name__}: {exc}")
-
-    def close(self) -> None:
-        """Stop the background passes (a pass under way finishes first); idempotent."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+def state_digests(directory: Path, ignored: frozenset[str] = frozenset()) -> dict[str, str]:
+    """Each state file under `directory` (relative path) and the SHA-256 of its bytes."""
+    out = {}
+    for rel in sorted(r for r in _listing(directory, ignored) if _is_state(r)):
+        with contextlib.suppress(FileNotFoundError):
+            out[rel] = hashlib.sha256((directory / rel).read_bytes()).hexdigest()
+    return out

@@ -283,7 +283,8 @@ def _kubernetes_backend(args: argparse.Namespace) -> tuple[SchedulerBackend, lis
     unused = [f"--{dest.replace('_', '-')}" for dest in ("kube_node_state_mb", "kube_gpu_resource",
                                                           "kube_gpu_type_label", "kube_tls_secret", "flash_root",
                                                           "flash_reserve", "flash_last_copy_timeout")
-              if getattr(args, dest) not in (defaults.get_default(dest), "off")]  # fmt: skip
+              if getattr(args, dest) != defaults.get_default(dest)
+              and (dest, getattr(args, dest)) != ("flash_root", "off")]  # fmt: skip
     if unused:
         raise ConfigError(f"{', '.join(unused)}: not for a parameter-server job on kubernetes (its tasks ask only "
                           "cpu and memory, share no memory to save checkpoints in, and its master serves no "

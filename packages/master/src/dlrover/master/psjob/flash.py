@@ -37,14 +37,9 @@ from pathlib import Path
 from typing import IO
 
 from dlrover.common import Clock
-from dlrover.master.psjob.checkpoint_mirror import (
-    CheckpointMirror,
-    MirrorPass,
-    checkpoint_files,
-    in_progress,
-    mirror_once,
-)
+from dlrover.master.psjob.checkpoint_mirror import MirrorPass, checkpoint_files, in_progress, mirror_once, state_digests
 from dlrover.master.psjob.core import PsEvent
+from dlrover.master.psjob.mirror_thread import CheckpointMirror, read_record, write_record
 from dlrover.master.psjob.state_file import STATE_FILE, state_paths
 from dlrover.master.psjob.tf_checkpoint import CheckpointReadError, newest_checkpoint
 
@@ -55,7 +50,9 @@ DEFAULT_FLASH_ROOT = "/dev/shm"  # noqa: S108 (the directory made in it is 0700 
 MARKER_FILE = ".dlrover-flash"
 """In a memory directory: the storage directory it is the memory copy of (locked while a master uses it)."""
 _MIB = 1024 * 1024
-_IGNORED = frozenset({MARKER_FILE})
+RECORD_FILE = ".dlrover-flash-storage"
+"""In a memory directory: the digests of storage's state files as the copies left them (`mirror_thread`)."""
+_IGNORED = frozenset({MARKER_FILE, RECORD_FILE})
 _NUMBER = re.compile(r"-(\d+)$")
 _TOMBSTONE = ".removing-"
 
@@ -118,6 +115,7 @@ class FlashCheckpoints:
         reserve_bytes: what the memory file system keeps free beyond the checkpoints.
         poll_s: seconds between the mirror's passes.
         last_copy_timeout_s: the longest the last copy (at the end, or before a move to storage) may take.
+        slow_copy_s: a copy running longer than this is a problem said in an event.
         free: the bytes a file system can take (tests give their own).
     """
 
@@ -132,6 +130,7 @@ class FlashCheckpoints:
         reserve_bytes: int = 1024 * _MIB,
         poll_s: float = 1.0,
         last_copy_timeout_s: float = 600.0,
+        slow_copy_s: float = 60.0,
         free: Callable[[Path], int] = free_bytes,
     ) -> None:
         self._storage = storage
@@ -141,6 +140,7 @@ class FlashCheckpoints:
         self._reserve = reserve_bytes
         self._poll_s = poll_s
         self._last_copy_timeout_s = last_copy_timeout_s
+        self._slow_copy_s = slow_copy_s
         self._free = free
         self._owner = str(storage.resolve())
         digest = hashlib.sha256(self._owner.encode()).hexdigest()[:12]
@@ -233,7 +233,7 @@ class FlashCheckpoints:
 
     def _new_mirror(self) -> CheckpointMirror:
         return CheckpointMirror(self._memory, self._storage, poll_s=self._poll_s, clock=self._clock,
-                                ignored=_IGNORED, sentinel=MARKER_FILE)  # fmt: skip
+                                ignored=_IGNORED, sentinel=MARKER_FILE, record=RECORD_FILE)  # fmt: skip
 
     def _sweep_tombstones(self) -> None:
         """Finish removals a killed master left (a directory is renamed before it is removed, so a half-removed
@@ -272,40 +272,37 @@ class FlashCheckpoints:
         """
         if not self._memory.exists() and not self._memory.is_symlink():
             return None
-        self._private()
+        st = self._memory.lstat()
         marker = self._memory / MARKER_FILE
-        try:
-            owner = marker.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            # Only a save's leftovers (a server finishing its share after the directory was removed): ours.
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not marker.exists():
+            # Only a save's leftovers (a server finishing its share after the directory was removed, TensorFlow
+            # making it again with its own mode): this user's, and nothing else is in it.
             if all(in_progress(p.name) for p in self._memory.iterdir()):
                 shutil.rmtree(self._memory)
                 return None
-            raise FileExistsError(f"{self._memory} exists and is not a DLRover memory directory") from None
-        except UnicodeDecodeError:
+            raise FileExistsError(f"{self._memory} exists and is not a DLRover memory directory")
+        self._private()
+        try:
+            owner = marker.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
             raise FileExistsError(f"{marker} is not a DLRover marker") from None
         self._take_lock()
         self._ours = True
-        if owner != self._owner or not self._holds_storage_newest():
-            self._leave_memory()  # another storage's, or storage moved on without it (a later master saved there)
+        try:
+            # Storage is as the copies left it (another storage's, or one a later master saved to, is not).
+            current = owner == self._owner and read_record(self._memory / RECORD_FILE) == state_digests(self._storage)
+        except OSError:
+            self._ours = False
+            self._release_lock()
+            raise
+        if not current:
+            self._leave_memory()
             return None
         self._mirror = mirror = self._new_mirror()
         done, problem = mirror.sync_within(self._last_copy_timeout_s)
         if done is None:
             return f"what it holds could not be copied to storage yet ({problem}); the mirror tries again"
         return f"{done.copied_bytes / _MIB:.1f} MiB it had not persisted copied to storage"
-
-    def _holds_storage_newest(self) -> bool:
-        """Whether the memory directory holds the newest checkpoint of each of storage's state files, as storage
-        has it (copies keep their size; storage moved on if one is missing or differs)."""
-        memory, storage = _sizes(self._memory), _sizes(self._storage)
-        for rel, named in _states(self._storage).items():
-            if not named:
-                continue
-            files = checkpoint_files(storage, rel, named[0])
-            if any(memory.get(f) != storage[f] for f in files):
-                return False
-        return True
 
     def _fill(self) -> tuple[int, str]:
         """Make the memory directory and copy storage into it: (the bytes copied, why memory is not used ("" when
@@ -328,6 +325,7 @@ class FlashCheckpoints:
         if not filled.caught_up:
             why = "; ".join((*filled.behind, *filled.skipped))
             return filled.copied_bytes, f"storage's checkpoints cannot be restored from a copy ({why})"
+        write_record(self._memory / RECORD_FILE, state_digests(self._storage))
         return filled.copied_bytes, ""
 
     # ------------------------------------------------------------------ while the job runs
@@ -337,6 +335,8 @@ class FlashCheckpoints:
         memory has no room for the next ones and a last copy leaves storage holding what memory holds."""
         if self._mirror is None:
             return []
+        if not (self._memory / MARKER_FILE).exists():
+            return self._emptied("flash_to_storage", "checkpoints are saved to storage from now on")
         status = self._mirror.status
         newest = max(status.newest_bytes, _newest_bytes(self._memory))
         try:
@@ -353,12 +353,21 @@ class FlashCheckpoints:
         return [PsEvent("flash_to_storage", f"checkpoints are saved to storage, {self._storage}, from now on: {room}",
                         data={"in_memory": False})]  # fmt: skip
 
-    def _last_copy(self) -> tuple[MirrorPass | None, str]:
+    def _emptied(self, kind: str, then: str) -> list[PsEvent]:
+        """Memory lost its marker: someone else emptied it (or the program removed it); storage holds what the
+        copies gave it, and memory is left."""
+        committed, _when = self.committed()
+        self._leave_memory()
+        return [PsEvent(kind, f"the memory directory {self._memory} was emptied by someone else; {then}, where the "
+                        f"newest checkpoint is {committed.name if committed is not None else 'none'}",
+                        data={"in_memory": False})]  # fmt: skip
+
+    def _last_copy(self, *, final: bool = False) -> tuple[MirrorPass | None, str]:
         """A last pass of the mirror, its background passes stopped: (the pass, "") when it left storage holding
         what memory holds, else (None, why). The background passes go on after a failure."""
         assert self._mirror is not None
         self._mirror.close()
-        done, problem = self._mirror.sync_within(self._last_copy_timeout_s)
+        done, problem = self._mirror.sync_within(self._last_copy_timeout_s, final=final)
         if done is not None and not done.caught_up:
             problem = "not every state file could be copied: " + "; ".join((*done.behind, *done.skipped))
             done = None
@@ -367,10 +376,15 @@ class FlashCheckpoints:
         return done, problem
 
     def look(self) -> list[PsEvent]:
-        """An event when the copies start failing (once per problem) and when they work again."""
+        """An event when the copies start failing or a copy runs slow (once per problem), and when they work
+        again."""
         if self._mirror is None:
             return []
-        problem = self._mirror.status.problem
+        status = self._mirror.status
+        problem = status.problem
+        running = None if status.running_since is None else self._clock.now() - status.running_since
+        if not problem and running is not None and running > self._slow_copy_s:
+            problem = f"a copy has been running for over {self._slow_copy_s:g} s (storage slow or hung)"
         if problem == self._last_problem:
             return []
         previous, self._last_problem = self._last_problem, problem
@@ -387,7 +401,9 @@ class FlashCheckpoints:
         directory, kept (and said) when the copy fails, for it holds the only copy. Idempotent."""
         if self._mirror is None:
             return []
-        done, problem = self._last_copy()
+        if not (self._memory / MARKER_FILE).exists():
+            return self._emptied("checkpoint_mirror_failed", "the job ended with storage")
+        done, problem = self._last_copy(final=True)
         if done is None:
             assert self._mirror is not None
             self._mirror.close()

@@ -77,44 +77,63 @@ class StateCopy:
     never: bool = False
 
 
-def state_copy(text: bytes, directory: str, complete: Callable[[str], bool]) -> StateCopy:
-    """The state file `text` (of `directory`) as a copy elsewhere should have it, naming only complete checkpoints
-    (`complete(relative path)`). The newest must be complete; older ones that are not (`CheckpointManager` names
-    the one it is deleting until its next write) are left out with their timestamps. An absolute path inside
-    `directory` is made relative; one outside it cannot be copied."""
-    kept: list[str] = []
-    dropped: set[int] = set()  # positions among the all_model_checkpoint_paths lines
-    position = -1
-    newest = ""
-    for line in text.decode("utf-8", "replace").splitlines():
-        found = _PATH_LINE.match(line)
-        if found is None:
-            kept.append(line)
-            continue
-        field, named = found.group(1), unescape(found.group(2))
-        if PurePosixPath(named).is_absolute():
-            try:
-                named = PurePosixPath(named).relative_to(directory).as_posix()
-            except ValueError:
-                return StateCopy(None, why=f"it names {named}, outside its directory", never=True)
-        if field == _NEWEST:
-            if not complete(named):
-                return StateCopy(None, why=f"its newest checkpoint {named} is not complete")
-            newest = named
-        else:
-            position += 1
-            if not complete(named):
-                dropped.add(position)
-                continue
-        kept.append(f'{field}: "{_quote(named)}"')
-    if not newest:
-        return StateCopy(None, why="it names no checkpoint")
+def _relative(named: str, directory: str) -> str | None:
+    """`named` relative to `directory` (as written when it is); None for an absolute path outside it."""
+    if not PurePosixPath(named).is_absolute():
+        return named
+    try:
+        return PurePosixPath(named).relative_to(directory).as_posix()
+    except ValueError:
+        return None
+
+
+def _without_stamps(lines: list[str], dropped: set[int]) -> list[str]:
+    """`lines` without the timestamps of the paths at `dropped` (the n-th timestamp belongs to the n-th path)."""
     out: list[str] = []
     stamp = -1
-    for line in kept:  # the n-th timestamp belongs to the n-th path
+    for line in lines:
         if _TIMESTAMP_LINE.match(line):
             stamp += 1
             if stamp in dropped:
                 continue
         out.append(line)
-    return StateCopy(("\n".join(out) + "\n").encode("utf-8"), newest)
+    return out
+
+
+def state_copy(text: bytes, directory: str, complete: Callable[[str], bool], *, promote: bool = False) -> StateCopy:
+    """The state file `text` (of `directory`) as a copy elsewhere should have it, naming only complete checkpoints
+    (`complete(relative path)`). The newest must be complete (with `promote`, the newest complete one takes its
+    place); older ones that are not (`CheckpointManager` names the one it is deleting until its next write) are
+    left out with their timestamps. An absolute path inside `directory` is made relative; one outside it cannot be
+    copied."""
+    kept: list[str] = []
+    dropped: set[int] = set()  # positions among the all_model_checkpoint_paths lines
+    position = -1
+    newest = last_complete = ""
+    newest_at = 0
+    for line in text.decode("utf-8", "replace").splitlines():
+        found = _PATH_LINE.match(line)
+        if found is None:
+            kept.append(line)
+            continue
+        field, written = found.group(1), unescape(found.group(2))
+        named = _relative(written, directory)
+        if named is None:
+            return StateCopy(None, why=f"it names {written}, outside its directory", never=True)
+        if field == _NEWEST:
+            newest, newest_at = named, len(kept)
+        else:
+            position += 1
+            if not complete(named):
+                dropped.add(position)
+                continue
+            last_complete = named
+        kept.append(f'{field}: "{_quote(named)}"')
+    if not newest:
+        return StateCopy(None, why="it names no checkpoint")
+    if not complete(newest):
+        if not promote or not last_complete:
+            return StateCopy(None, why=f"its newest checkpoint {newest} is not complete")
+        newest = last_complete
+        kept[newest_at] = f'{_NEWEST}: "{_quote(newest)}"'
+    return StateCopy(("\n".join(_without_stamps(kept, dropped)) + "\n").encode("utf-8"), newest)
