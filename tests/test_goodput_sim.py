@@ -209,7 +209,9 @@ def test_a_save_counts_once_it_finished_and_a_step_ends_before_the_save_after_it
 
 def test_every_cause_excerpt_is_read_as_its_kind_by_the_real_classifier() -> None:
     policy = DiagnosisFailurePolicy()
-    wanted = {"crash": {FailureKind.NATIVE_CRASH, FailureKind.COMMUNICATION}, "user": {FailureKind.USER_CODE}}
+    # A SIGKILL from outside (no log of its own) is read as killed, and restarted in place like a crash.
+    wanted = {"crash": {FailureKind.NATIVE_CRASH, FailureKind.COMMUNICATION, FailureKind.KILLED},
+              "user": {FailureKind.USER_CODE}}  # fmt: skip
     for cause in CAUSES.values():
         if not cause.evidence:
             assert cause.effect == "lost"  # a machine that is gone leaves no log
@@ -369,3 +371,23 @@ def test_the_table_names_every_bucket_with_time_in_it() -> None:
     assert "| defaults | 64 | 1 | 20 |" in text
     assert STOPPED in text.splitlines()[0]
     assert "stopped: " in text
+
+
+def test_validate_refuses_runs_it_cannot_calibrate_naming_what_is_wrong(tmp_path: Path) -> None:
+    events = tmp_path / "events.jsonl"
+    steps = tmp_path / "steps.jsonl"
+    kills = tmp_path / "kills.jsonl"
+    events.write_text(json.dumps({"kind": "job_start", "wall_time": 0.0, "seq": 1, "message": "", "data": {}}) + "\n")
+    steps.write_text(json.dumps({"step": 1, "start": 0.0, "end": 0.1, "attempt": 0}) + "\n")
+    kills.write_text("not json\n")
+    args = ["validate", "--event-log", str(events), "--steps", str(steps), "--kills", str(kills), "--save-every", "1"]
+    done = _cli(*args, cwd=tmp_path)
+    assert done.returncode == 2
+    assert "kills.jsonl:1: not JSON" in done.stderr
+    kills.write_text(json.dumps({"t": 0.05}) + "\n")
+    done = _cli(*args, cwd=tmp_path)
+    assert done.returncode == 2
+    assert "needs a job_start event, steps, failure events and kill times" in done.stderr
+    done = _cli(*args[:-1], "0", cwd=tmp_path)
+    assert done.returncode == 2
+    assert "--save-every" in done.stderr

@@ -93,20 +93,23 @@ def _parser() -> argparse.ArgumentParser:
     trace.add_argument("--out", type=Path, required=True, help="the trace file to write")
     cost = sub.add_parser("cost", help="the master's CPU per call at a node count, beside a no-op gRPC call")
     cost.add_argument("--nodes", type=int, default=10_000, help="nodes (default %(default)s)")
+    check = sub.add_parser("validate", help="a real job's goodput beside its simulation, calibrated from the job")
+    check.add_argument("--event-log", type=Path, required=True, help="the master's event log of the run")
+    check.add_argument("--steps", type=Path, required=True, help="rank 0's per-step log (JSON lines)")
+    check.add_argument("--kills", type=Path, required=True, help='the kills\' wall times (JSON lines: {"t": ...})')
+    check.add_argument("--save-every", type=int, required=True, help="steps between the job's flash checkpoints")
+    check.add_argument("--world", type=int, default=2, help="the job's workers (default %(default)s)")
+    check.add_argument("--max-restarts", type=int, default=3, help="the job's --max-restarts (default %(default)s)")
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status (2: a bad scenario, trace or flag)."""
     args = _parser().parse_args(argv)
+    if args.command == "validate":
+        return _validate(args)
     if args.command == "cost":
-        if args.nodes < 1:
-            print("goodput_sim: --nodes must be at least 1", file=sys.stderr)
-            return 2
-        from .master_cost import measure
-
-        print(measure(args.nodes).table())
-        return 0
+        return _cost(args)
     try:
         scenario = load(args.scenario)
         if args.seed is not None:
@@ -129,6 +132,36 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:  # a ScenarioError, or a value refused while the scenario was changed
         print(f"goodput_sim: {exc}", file=sys.stderr)
         return 2
+
+
+def _cost(args: argparse.Namespace) -> int:
+    if args.nodes < 1:
+        print("goodput_sim: --nodes must be at least 1", file=sys.stderr)
+        return 2
+    from .master_cost import measure
+
+    print(measure(args.nodes).table())
+    return 0
+
+
+def _validate(args: argparse.Namespace) -> int:
+    from .validate import calibrate, compare, read_jsonl
+
+    try:
+        if args.save_every < 1 or args.world < 1 or args.max_restarts < 0:
+            raise ScenarioError("--save-every and --world must be at least 1, --max-restarts at least 0")
+        events, steps = read_jsonl(args.event_log), read_jsonl(args.steps)
+        kills = [float(k["t"]) for k in read_jsonl(args.kills)]
+        calibration = calibrate(events, steps, kills, save_every=args.save_every, world=args.world,
+                                max_restarts=args.max_restarts)  # fmt: skip
+    except (ConfigError, OSError, KeyError, TypeError, ValueError) as exc:
+        print(f"goodput_sim: {exc}", file=sys.stderr)
+        return 2
+    comparison = compare(calibration)
+    print(", ".join(f"{name} {value:.3f} s" for name, value in calibration.measured.items()))
+    print(comparison.table())
+    print(f"difference: {100 * comparison.difference:+.1f} points")
+    return 0
 
 
 def _sweep(scenario: Scenario, args: argparse.Namespace) -> int:

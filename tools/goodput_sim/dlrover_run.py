@@ -105,6 +105,7 @@ class DLRoverRun:
             node_start_timeout_s=None,
             node_pending_timeout_s=None,
             max_relaunches=_UNBOUNDED,
+            max_process_restarts=strategy.max_process_restarts,
             max_job_failures=_UNBOUNDED,
             insufficient_nodes_window_s=10 * 86400.0,
             spare_nodes=strategy.spare_nodes,
@@ -120,7 +121,7 @@ class DLRoverRun:
             min_nodes=self.min_nodes, max_nodes=full, last_call_s=self.costs.rendezvous_last_call_s
         )
         self.clock = ManualClock(0.0, WALL0)
-        self.scheduler = FakeScheduler(relaunches_nodes=True)
+        self.scheduler = FakeScheduler(relaunches_nodes=strategy.backend_relaunches)
         policy = default_policy(config)
         if strategy.ladders:  # a what-if the master's flags cannot set yet
             ladders = strategy.policy_ladders()

@@ -134,6 +134,9 @@ CAUSES: Mapping[str, Cause] = dict(
             "ConnectionResetError: [Errno 104] Connection reset by peer\n"
             "torch.distributed.DistStoreError: Failed to recv, got 0 bytes. Connection was likely closed.",
         ),
+        # A process killed from outside (SIGKILL: an operator, a test's fault injection, an OOM killer outside
+        # the job's cgroup): no log of its own; the agent says how it ended. What `validate` replays.
+        _cause("killed", "crash", "local rank 1 exited with signal SIGKILL", -9),
         _cause(
             "user_code",
             "user",
@@ -267,6 +270,10 @@ class Strategy:
             lets it go on with the survivors while a replacement starts (it needs `replicated_memory`:
             the smaller world restores the lost node's shard from its replica).
         max_node_relaunches: ``dlrover``: the master's ``--max-node-relaunches`` (its default is 16).
+        max_process_restarts: ``dlrover``: restarts of a node's processes before it is relaunched (the
+            agents' ``--max-restarts``).
+        backend_relaunches: ``dlrover``: the backend can relaunch a node elsewhere (false: a job on one host,
+            `dlrover-run --standalone`, whose master restarts in place what it would relaunch).
         ladders: ``dlrover``, a what-if: the diagnosis policy's ladders for the kinds named
             (`dlrover.diagnosis.PolicyConfig.ladders`), each a list of ``[action, budget]`` or
             ``[action, budget, scope, avoid_host]``. dlrover-master has no flag for them yet: a
@@ -282,6 +289,8 @@ class Strategy:
     spare_nodes: int = attrs.field(default=0, validator=non_negative_int)
     min_nodes: int = attrs.field(default=0, validator=non_negative_int)
     max_node_relaunches: int = attrs.field(default=16, validator=non_negative_int)
+    max_process_restarts: int = attrs.field(default=3, validator=non_negative_int)
+    backend_relaunches: bool = True
     ladders: Mapping[str, Any] = attrs.field(factory=dict)
 
     def policy_ladders(self) -> dict[FailureKind, tuple[LadderStep, ...]]:

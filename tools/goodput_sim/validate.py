@@ -1,0 +1,195 @@
+"""A real job beside its simulation: the simulator's model of a DLRover job checked against one that ran here.
+
+A job under `dlrover-run` whose workers were killed at known times leaves the master's event log (from which the
+master's own accounting computes its goodput) and rank 0's per-step log (one JSON line per step: `step`, `start`,
+`end`, `attempt`). `calibrate` turns them into a one-node scenario whose costs are what that run measured:
+
+- a flash save's cost: the master's `checkpoint_save` bucket over the saves rank 0's per-step log shows;
+- the step time: the median time from one step's end to the next's in the same attempt, less a save's cost
+  after a step that saved;
+- per failure: detection, restart (with the rendezvous) and restore, the run's own buckets over its failures;
+- the start: the run's `startup` bucket (the simulated node comes up that much less the restart before its first
+  round, which costs a restart);
+
+and its trace the kills themselves (cause `killed`: a SIGKILL from outside, which the master restarts in
+place). The simulation
+then runs the real master over that trace (`dlrover_run`); what it decides (restart in place from memory, which
+checkpoint a round restores, how many steps are redone, where each second goes) is the model under test. The
+comparison is over the time from the job's start to its last step: a simulated job runs until its time is over,
+so the real job's shutdown is left out of both.
+
+    python tools/goodput_sim validate --event-log EVENTS.jsonl --steps STEPS.jsonl --kills KILLS.jsonl --save-every 5
+
+The costs come from the run compared, so what agrees is the model's structure, not a forecast of costs: a
+restart's cost on a loaded 2-core machine varies by seconds between runs, more than the whole comparison's
+tolerance (`tests/test_goodput_sim_validation.py` runs a job here and asserts agreement within 3 points).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from dlrover.master.goodput import BUCKETS, compute_breakdown
+
+from .results import Result, simulate
+from .scenario import Costs, Failures, Job, Scenario, ScenarioError, Strategy
+from .trace import Interruption
+
+__all__ = ["Calibration", "Comparison", "calibrate", "compare", "read_jsonl"]
+
+_SHARD_GIB = 1e-3  # the simulated state's size: the save and load costs are given as speeds over it
+_CAUSE = "killed"
+
+
+def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    """The JSON objects of a JSON-lines file (blank lines skipped).
+
+    Raises:
+        ScenarioError: a line is not a JSON object (the message names it).
+    """
+    out = []
+    for number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            value = json.loads(line)
+        except ValueError as exc:
+            raise ScenarioError(f"{path}:{number}: not JSON: {exc}") from None
+        if not isinstance(value, dict):
+            raise ScenarioError(f"{path}:{number}: not a JSON object")
+        out.append(value)
+    return out
+
+
+@attrs.frozen
+class Calibration:
+    """A real run turned into a scenario: the scenario, its strategy and trace, and what the run measured.
+
+    Attributes:
+        scenario: one node of `world` accelerators, the run's costs, the window as its duration.
+        strategy: the `dlrover` strategy the run used (flash every `save_every` steps).
+        trace: the kills, as interruptions of cause `killed` on the node.
+        real_useful_s: the master's useful time of the run.
+        real_buckets: the master's buckets of the run, shutdown left out.
+        window_s: from the job's start to its last step's end.
+        measured: the costs measured, by name (seconds).
+    """
+
+    scenario: Scenario
+    strategy: Strategy
+    trace: tuple[Interruption, ...]
+    real_useful_s: float
+    real_buckets: Mapping[str, float]
+    window_s: float
+    measured: Mapping[str, float]
+
+    @property
+    def real_goodput(self) -> float:
+        return self.real_useful_s / self.window_s
+
+
+def _step_costs(steps: Sequence[Mapping[str, Any]], save_every: int, save_total_s: float) -> tuple[float, float]:
+    """(step time, a flash save's cost) from rank 0's per-step log and the master's `checkpoint_save` bucket
+    (`save_total_s`), shared by the saves the log shows (every step whose number `save_every` divides)."""
+    saves = sum(1 for s in steps if int(s["step"]) % save_every == 0)
+    save_s = max(save_total_s / saves, 1e-6) if saves else 1e-6
+    gaps: list[float] = []
+    ordered = sorted(steps, key=lambda s: float(s["end"]))
+    for before, after in itertools.pairwise(ordered):
+        if after["attempt"] == before["attempt"] and int(after["step"]) == int(before["step"]) + 1:
+            gaps.append(float(after["end"]) - float(before["end"]) - (save_s if int(before["step"]) % save_every == 0
+                                                                       else 0.0))  # fmt: skip
+    if not gaps:
+        raise ScenarioError("the per-step log holds no two consecutive steps of one attempt")
+    # The median: a step slowed by a neighbour's burst on a shared host says nothing of the step.
+    return statistics.median(gaps), save_s
+
+
+def calibrate(
+    events: Iterable[Mapping[str, Any]],
+    steps: Sequence[Mapping[str, Any]],
+    kill_wall_times: Sequence[float],
+    *,
+    save_every: int,
+    world: int,
+    max_restarts: int,
+) -> Calibration:
+    """The scenario of a run (see the module).
+
+    Raises:
+        ScenarioError: the inputs do not describe a run with a start, steps and failures.
+    """
+    events = list(events)
+    start = next((float(e["wall_time"]) for e in events if e.get("kind") == "job_start"), None)
+    failures = sum(1 for e in events if e.get("kind") == "failure")
+    if start is None or not steps or failures == 0 or not kill_wall_times:
+        raise ScenarioError("the run needs a job_start event, steps, failure events and kill times")
+    real = compute_breakdown(events)
+    window = max(float(s["end"]) for s in steps) - start
+    step_s, save_s = _step_costs(steps, save_every, real.buckets.get("checkpoint_save", 0.0))
+    per_failure = {name: real.buckets.get(name, 0.0) / failures for name in BUCKETS}
+    restart_s = per_failure["restart"] + per_failure["rendezvous"]
+    load_s = max(per_failure["checkpoint_load"], 1e-6)
+    measured = {
+        "step_time_s": step_s,
+        "flash_save_s": save_s,
+        "crash_detection_s": per_failure["failure_detection"],
+        "process_restart_s": restart_s,
+        "checkpoint_load_s": load_s,
+        "startup_s": real.buckets.get("startup", 0.0),
+    }
+    costs = Costs(
+        process_restart_s=restart_s,
+        crash_detection_s=per_failure["failure_detection"],
+        node_provision_s=max(0.0, measured["startup_s"] - restart_s),
+        rendezvous_last_call_s=0.0,
+        flash_save_gib_s=_SHARD_GIB / save_s,
+        memory_load_gib_s=_SHARD_GIB / load_s,
+    )
+    job = Job(accelerators=world, accelerators_per_node=world, step_time_s=step_s,
+              checkpoint_gib=_SHARD_GIB * world, days=window / 86400.0)  # fmt: skip
+    strategy = Strategy(name="dlrover, in place", kind="dlrover", flash_every_steps=save_every,
+                        storage_interval_s=10 * window, max_node_relaunches=1000,
+                        max_process_restarts=max_restarts, backend_relaunches=False)  # fmt: skip
+    scenario = Scenario(job=job, failures=Failures(rate_per_gpu_day=0.0), costs=costs, strategies=(strategy,))
+    trace = tuple(sorted(Interruption(t - start, 0, _CAUSE) for t in kill_wall_times if t - start < window))
+    kept = {name: seconds for name, seconds in real.buckets.items() if name != "shutdown"}
+    return Calibration(scenario, strategy, trace, real.useful_s, kept, window, measured)
+
+
+@attrs.frozen
+class Comparison:
+    """The real run and its simulation, side by side."""
+
+    calibration: Calibration
+    simulated: Result
+
+    @property
+    def difference(self) -> float:
+        """Simulated goodput less the real one (a fraction: 0.01 is one point)."""
+        return self.simulated.goodput - self.calibration.real_goodput
+
+    def table(self) -> str:
+        """A markdown table: goodput and each bucket with time in it, real beside simulated, as shares."""
+        cal, sim = self.calibration, self.simulated
+        window = cal.window_s
+        rows = [("goodput", cal.real_goodput, sim.goodput)]
+        for name in BUCKETS:
+            real_s, sim_s = cal.real_buckets.get(name, 0.0), sim.buckets.get(name, 0.0)
+            if real_s or sim_s:
+                rows.append((name, real_s / window, sim_s / window))
+        lines = ["| | real | simulated |", "|---|---|---|"]
+        lines += [f"| {name} | {100 * real:.1f}% | {100 * simulated:.1f}% |" for name, real, simulated in rows]
+        return "\n".join(lines)
+
+
+def compare(calibration: Calibration) -> Comparison:
+    """Simulate the calibrated scenario over the run's kills."""
+    return Comparison(calibration, simulate(calibration.scenario, calibration.strategy, list(calibration.trace)))
