@@ -10,6 +10,7 @@ each pass that changed them, so a master that finds the source later can tell wh
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -142,10 +143,12 @@ class CheckpointMirror:
             try:
                 done = mirror_once(self._source, self._dest, ignored=self._ignored, memo=self._memo,
                                    sentinel=self._sentinel, final=final)  # fmt: skip
-                self._keep_record()
             except OSError as exc:
                 self._set_problem(str(exc))
                 raise
+            finally:  # (a pass that failed after it wrote a state file changed storage too)
+                with contextlib.suppress(OSError):
+                    self._keep_record()
             self._behind_passes = self._behind_passes + 1 if done.behind else 0
             with self._status_lock:
                 committed, when = self._status.committed, self._status.committed_wall_time
@@ -162,8 +165,8 @@ class CheckpointMirror:
             return done
 
     def _keep_record(self) -> None:
-        if self._record is None:
-            return
+        if self._record is None or (self._sentinel is not None and not (self._source / self._sentinel).is_file()):
+            return  # (a source that lost its sentinel is not the one mirrored: nothing is written into it)
         digests = state_digests(self._dest, self._ignored)
         if digests != self._recorded:
             write_record(self._source / self._record, digests)
