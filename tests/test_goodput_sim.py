@@ -210,7 +210,8 @@ def test_a_save_counts_once_it_finished_and_a_step_ends_before_the_save_after_it
 def test_every_cause_excerpt_is_read_as_its_kind_by_the_real_classifier() -> None:
     policy = DiagnosisFailurePolicy()
     # A SIGKILL from outside (no log of its own) is read as killed, and restarted in place like a crash.
-    wanted = {"crash": {FailureKind.NATIVE_CRASH, FailureKind.COMMUNICATION, FailureKind.KILLED},
+    wanted = {"crash": {FailureKind.NATIVE_CRASH, FailureKind.COMMUNICATION, FailureKind.KILLED,
+                        FailureKind.HOST_OOM, FailureKind.NAN_LOSS},
               "user": {FailureKind.USER_CODE}}  # fmt: skip
     for cause in CAUSES.values():
         if not cause.evidence:
@@ -391,3 +392,16 @@ def test_validate_refuses_runs_it_cannot_calibrate_naming_what_is_wrong(tmp_path
     done = _cli(*args[:-1], "0", cwd=tmp_path)
     assert done.returncode == 2
     assert "--save-every" in done.stderr
+
+
+def test_a_host_oom_relaunches_the_node_with_more_memory_and_a_third_nan_loss_stops_the_job() -> None:
+    oom = run(IN_PLACE, [Interruption(10_000.0, 3, "host_oom")])
+    assert oom.decisions == {"host_oom: relaunch_with_more_memory": 1}
+    # The node is replaced: every rank waits for it, then rolls back to the hourly persisted checkpoint.
+    assert oom.buckets["restart"] == pytest.approx(COSTS["node_provision_s"] + COSTS["process_restart_s"])
+    assert oom.buckets["steps_redone"] > 2000.0
+    assert not oom.stopped
+    nan = run(IN_PLACE, [Interruption(t, 0, "nan_loss") for t in (10_000.0, 20_000.0, 30_000.0)])
+    assert nan.decisions == {"nan_loss: rollback_checkpoint": 2, "nan_loss: abort_job": 1}
+    assert "loss" in nan.stopped
+    assert nan.buckets["stopped"] == pytest.approx(86_400.0 - 30_000.0, abs=STEP_S + 60.0)

@@ -137,6 +137,18 @@ CAUSES: Mapping[str, Cause] = dict(
         # A process killed from outside (SIGKILL: an operator, a test's fault injection, an OOM killer outside
         # the job's cgroup): no log of its own; the agent says how it ended. What `validate` replays.
         _cause("killed", "crash", "local rank 1 exited with signal SIGKILL", -9),
+        # The kernel's OOM killer on the host (its log line reaches the agent): the master relaunches the node
+        # with more memory, so the new node does not run out again.
+        _cause(
+            "host_oom",
+            "crash",
+            "Out of memory: Killed process 48213 (python) total-vm:182331244kB, anon-rss:120931232kB, file-rss:0kB, "
+            "shmem-rss:0kB, UID:1000 pgtables:240312kB oom_score_adj:0\nlocal rank 3 exited with signal SIGKILL",
+            -9,
+        ),
+        # The trainer stops on a diverged loss: the master rolls the job back to its newest checkpoint (twice
+        # a job, by its ladder; a third stops it, as it would a real job).
+        _cause("nan_loss", "crash", "ValueError: Loss is NaN at step 48213; stopping: the loss diverged"),
         _cause(
             "user_code",
             "user",
