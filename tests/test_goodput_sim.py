@@ -209,10 +209,10 @@ def test_a_save_counts_once_it_finished_and_a_step_ends_before_the_save_after_it
 
 def test_every_cause_excerpt_is_read_as_its_kind_by_the_real_classifier() -> None:
     policy = DiagnosisFailurePolicy()
-    # A SIGKILL from outside (no log of its own) is read as killed, and restarted in place like a crash.
-    wanted = {"crash": {FailureKind.NATIVE_CRASH, FailureKind.COMMUNICATION, FailureKind.KILLED,
-                        FailureKind.HOST_OOM, FailureKind.NAN_LOSS},
-              "user": {FailureKind.USER_CODE}}  # fmt: skip
+    # The crash causes each as the kind its log says; a SIGKILL from outside (no log of its own) as killed.
+    crashes = {"software": FailureKind.NATIVE_CRASH, "dependency": FailureKind.COMMUNICATION,
+               "killed": FailureKind.KILLED, "host_oom": FailureKind.HOST_OOM,
+               "nan_loss": FailureKind.NAN_LOSS}  # fmt: skip
     for cause in CAUSES.values():
         if not cause.evidence:
             assert cause.effect == "lost"  # a machine that is gone leaves no log
@@ -222,8 +222,10 @@ def test_every_cause_excerpt_is_read_as_its_kind_by_the_real_classifier() -> Non
             assert kind in {FailureKind.HARDWARE, FailureKind.COMMUNICATION}, cause.name
         elif cause.effect == "hang":
             assert kind is FailureKind.COMMUNICATION, cause.name  # what the NCCL watchdog writes
+        elif cause.effect == "user":
+            assert kind is FailureKind.USER_CODE, cause.name
         else:
-            assert kind in wanted[cause.effect], cause.name
+            assert kind is crashes[cause.name], cause.name
 
 
 def test_a_drawn_trace_is_reproducible_and_has_the_asked_rate(tmp_path: Path) -> None:
@@ -381,7 +383,8 @@ def test_validate_refuses_runs_it_cannot_calibrate_naming_what_is_wrong(tmp_path
     events.write_text(json.dumps({"kind": "job_start", "wall_time": 0.0, "seq": 1, "message": "", "data": {}}) + "\n")
     steps.write_text(json.dumps({"step": 1, "start": 0.0, "end": 0.1, "attempt": 0}) + "\n")
     kills.write_text("not json\n")
-    args = ["validate", "--event-log", str(events), "--steps", str(steps), "--kills", str(kills), "--save-every", "1"]
+    args = ["validate", "--event-log", str(events), "--steps", str(steps), "--kills", str(kills), "--max-restarts",
+            "2", "--save-every", "1"]  # fmt: skip
     done = _cli(*args, cwd=tmp_path)
     assert done.returncode == 2
     assert "kills.jsonl:1: not JSON" in done.stderr
@@ -392,6 +395,15 @@ def test_validate_refuses_runs_it_cannot_calibrate_naming_what_is_wrong(tmp_path
     done = _cli(*args[:-1], "0", cwd=tmp_path)
     assert done.returncode == 2
     assert "--save-every" in done.stderr
+    kills.write_text(json.dumps({"t": 1e300}) + "\n")
+    events.write_text("".join(json.dumps(e) + "\n" for e in (
+        {"kind": "job_start", "wall_time": 0.0, "seq": 1, "message": "", "data": {}},
+        {"kind": "failure", "wall_time": 0.08, "seq": 2, "message": "", "data": {}})))  # fmt: skip
+    steps.write_text("".join(json.dumps({"step": n, "start": n / 10, "end": n / 10 + 0.1, "attempt": 0}) + "\n"
+                             for n in range(3)))  # fmt: skip
+    done = _cli(*args, cwd=tmp_path)
+    assert done.returncode == 2
+    assert "lie outside the run" in done.stderr
 
 
 def test_a_host_oom_relaunches_the_node_with_more_memory_and_a_third_nan_loss_stops_the_job() -> None:

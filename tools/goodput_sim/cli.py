@@ -99,7 +99,7 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("--kills", type=Path, required=True, help='the kills\' wall times (JSON lines: {"t": ...})')
     check.add_argument("--save-every", type=int, required=True, help="steps between the job's flash checkpoints")
     check.add_argument("--world", type=int, default=2, help="the job's workers (default %(default)s)")
-    check.add_argument("--max-restarts", type=int, default=3, help="the job's --max-restarts (default %(default)s)")
+    check.add_argument("--max-restarts", type=int, required=True, help="the job's dlrover-run --max-restarts")
     return p
 
 
@@ -145,19 +145,23 @@ def _cost(args: argparse.Namespace) -> int:
 
 
 def _validate(args: argparse.Namespace) -> int:
+    from dlrover.common import DLRoverError
+    from dlrover.master.eventlog import read_event_log
+
     from .validate import calibrate, compare, read_jsonl
 
     try:
         if args.save_every < 1 or args.world < 1 or args.max_restarts < 0:
             raise ScenarioError("--save-every and --world must be at least 1, --max-restarts at least 0")
-        events, steps = read_jsonl(args.event_log), read_jsonl(args.steps)
+        # (A master that crashed may have left a torn last line: the event log's own reader skips it.)
+        events, steps = read_event_log(args.event_log), read_jsonl(args.steps)
         kills = [float(k["t"]) for k in read_jsonl(args.kills)]
         calibration = calibrate(events, steps, kills, save_every=args.save_every, world=args.world,
                                 max_restarts=args.max_restarts)  # fmt: skip
-    except (ConfigError, OSError, KeyError, TypeError, ValueError) as exc:
+        comparison = compare(calibration)
+    except (DLRoverError, OSError, KeyError, TypeError, ValueError) as exc:
         print(f"goodput_sim: {exc}", file=sys.stderr)
         return 2
-    comparison = compare(calibration)
     print(", ".join(f"{name} {value:.3f} s" for name, value in calibration.measured.items()))
     print(comparison.table())
     print(f"difference: {100 * comparison.difference:+.1f} points")

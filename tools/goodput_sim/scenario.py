@@ -283,9 +283,9 @@ class Strategy:
             the smaller world restores the lost node's shard from its replica).
         max_node_relaunches: ``dlrover``: the master's ``--max-node-relaunches`` (its default is 16).
         max_process_restarts: ``dlrover``: restarts of a node's processes before it is relaunched (the
-            agents' ``--max-restarts``).
-        backend_relaunches: ``dlrover``: the backend can relaunch a node elsewhere (false: a job on one host,
-            `dlrover-run --standalone`, whose master restarts in place what it would relaunch).
+            master's own default, 3, for agents that declare none; `dlrover-run --max-restarts` declares it).
+        backend_relaunches: ``dlrover``: the backend can relaunch a node elsewhere (false: a job of one node,
+            `dlrover-run --standalone`, whose master restarts in place what it would relaunch; only for one node).
         ladders: ``dlrover``, a what-if: the diagnosis policy's ladders for the kinds named
             (`dlrover.diagnosis.PolicyConfig.ladders`), each a list of ``[action, budget]`` or
             ``[action, budget, scope, avoid_host]``. dlrover-master has no flag for them yet: a
@@ -365,6 +365,10 @@ class Scenario:
         if len(set(names)) != len(names):
             raise ScenarioError(f"strategy names must differ: {names}")
         for strategy in self.strategies:
+            if not strategy.backend_relaunches and self.job.nodes > 1:
+                raise ScenarioError(f"strategy {strategy.name!r}: backend_relaunches = false is for a job of one node "
+                                    f"(this one has {self.job.nodes}: a node removed would leave a round that "
+                                    "cannot form)")  # fmt: skip
             if strategy.min_nodes > self.job.nodes:
                 raise ScenarioError(
                     f"strategy {strategy.name!r}: min_nodes {strategy.min_nodes} exceeds the job's "

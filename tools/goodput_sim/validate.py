@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -124,31 +125,53 @@ def calibrate(
     """The scenario of a run (see the module).
 
     Raises:
-        ScenarioError: the inputs do not describe a run with a start, steps and failures.
+        ScenarioError: the inputs do not describe a one-node run with a start, steps, and one failure for each
+            kill, every kill within it.
     """
     events = list(events)
     start = next((float(e["wall_time"]) for e in events if e.get("kind") == "job_start"), None)
-    failures = sum(1 for e in events if e.get("kind") == "failure")
-    if start is None or not steps or failures == 0 or not kill_wall_times:
+    failed_at = sorted(float(e["wall_time"]) for e in events if e.get("kind") == "failure")
+    kills = sorted(float(k) for k in kill_wall_times)
+    if start is None or not steps or not failed_at or not kills:
         raise ScenarioError("the run needs a job_start event, steps, failure events and kill times")
-    real = compute_breakdown(events)
+    nodes = sum(1 for e in events if e.get("kind") == "node_created")
+    if nodes > 1:
+        raise ScenarioError(f"the run had {nodes} nodes: validate models a job on one node")
     window = max(float(s["end"]) for s in steps) - start
+    outside = [k - start for k in kills if not (math.isfinite(k) and 0.0 <= k - start < window)]
+    if outside:
+        raise ScenarioError(f"kills at {outside} s lie outside the run (0 to {window:.3f} s after its start)")
+    if len(kills) != len(failed_at):
+        raise ScenarioError(f"{len(kills)} kills but {len(failed_at)} failure events: each kill must be one failure")
+    real = compute_breakdown(events)
+    count = len(kills)
+    start_s = real.buckets.get("startup", 0.0)
+
+    def per_kill(name: str) -> float:
+        # (The first attempt's rendezvous and load are in these too, spread over the kills: the accounting
+        # attributes them per attempt, and the events up to the first kill do not hold them all yet.)
+        return real.buckets.get(name, 0.0) / count
+
     step_s, save_s = _step_costs(steps, save_every, real.buckets.get("checkpoint_save", 0.0))
-    per_failure = {name: real.buckets.get(name, 0.0) / failures for name in BUCKETS}
-    restart_s = per_failure["restart"] + per_failure["rendezvous"]
-    load_s = max(per_failure["checkpoint_load"], 1e-6)
+    restart_s = per_kill("restart") + per_kill("rendezvous")
+    load_s = max(per_kill("checkpoint_load"), 1e-6)
+    # From each kill to the master's failure event: the master's own bucket starts at the last step mark, so it
+    # holds the step the kill cut short, which the simulation counts from the kill itself.
+    detect_s = statistics.fmean(min((f for f in failed_at if f >= k), default=k) - k for k in kills)
     measured = {
         "step_time_s": step_s,
         "flash_save_s": save_s,
-        "crash_detection_s": per_failure["failure_detection"],
+        "crash_detection_s": detect_s,
         "process_restart_s": restart_s,
         "checkpoint_load_s": load_s,
-        "startup_s": real.buckets.get("startup", 0.0),
+        "startup_s": start_s,
     }
+    if start_s < restart_s:  # the simulated start costs a restart at least: said, not hidden
+        measured["startup_unmodelled_s"] = start_s - restart_s
     costs = Costs(
         process_restart_s=restart_s,
-        crash_detection_s=per_failure["failure_detection"],
-        node_provision_s=max(0.0, measured["startup_s"] - restart_s),
+        crash_detection_s=detect_s,
+        node_provision_s=max(0.0, start_s - restart_s),
         rendezvous_last_call_s=0.0,
         flash_save_gib_s=_SHARD_GIB / save_s,
         memory_load_gib_s=_SHARD_GIB / load_s,
@@ -159,7 +182,7 @@ def calibrate(
                         storage_interval_s=10 * window, max_node_relaunches=1000,
                         max_process_restarts=max_restarts, backend_relaunches=False)  # fmt: skip
     scenario = Scenario(job=job, failures=Failures(rate_per_gpu_day=0.0), costs=costs, strategies=(strategy,))
-    trace = tuple(sorted(Interruption(t - start, 0, _CAUSE) for t in kill_wall_times if t - start < window))
+    trace = tuple(Interruption(k - start, 0, _CAUSE) for k in kills)
     kept = {name: seconds for name, seconds in real.buckets.items() if name != "shutdown"}
     return Calibration(scenario, strategy, trace, real.useful_s, kept, window, measured)
 
@@ -172,19 +195,29 @@ class Comparison:
     simulated: Result
 
     @property
+    def simulated_goodput(self) -> float:
+        """The simulation's useful time over its run to the end of its last step (its `shutdown` bucket, the step
+        it was in when its time ran out, left out as the real job's shutdown is)."""
+        sim = self.simulated
+        return float(sim.useful_s) / (self.calibration.window_s - float(sim.buckets.get("shutdown", 0.0)))
+
+    @property
     def difference(self) -> float:
         """Simulated goodput less the real one (a fraction: 0.01 is one point)."""
-        return self.simulated.goodput - self.calibration.real_goodput
+        return self.simulated_goodput - self.calibration.real_goodput
 
     def table(self) -> str:
         """A markdown table: goodput and each bucket with time in it, real beside simulated, as shares."""
         cal, sim = self.calibration, self.simulated
-        window = cal.window_s
-        rows = [("goodput", cal.real_goodput, sim.goodput)]
+        real_total = cal.window_s
+        sim_total = cal.window_s - sim.buckets.get("shutdown", 0.0)
+        rows = [("goodput", cal.real_goodput, self.simulated_goodput)]
         for name in BUCKETS:
+            if name == "shutdown":
+                continue
             real_s, sim_s = cal.real_buckets.get(name, 0.0), sim.buckets.get(name, 0.0)
             if real_s or sim_s:
-                rows.append((name, real_s / window, sim_s / window))
+                rows.append((name, real_s / real_total, sim_s / sim_total))
         lines = ["| | real | simulated |", "|---|---|---|"]
         lines += [f"| {name} | {100 * real:.1f}% | {100 * simulated:.1f}% |" for name, real, simulated in rows]
         return "\n".join(lines)
