@@ -382,12 +382,12 @@ def test_validate_refuses_runs_it_cannot_calibrate_naming_what_is_wrong(tmp_path
     kills = tmp_path / "kills.jsonl"
     events.write_text(json.dumps({"kind": "job_start", "wall_time": 0.0, "seq": 1, "message": "", "data": {}}) + "\n")
     steps.write_text(json.dumps({"step": 1, "start": 0.0, "end": 0.1, "attempt": 0}) + "\n")
-    kills.write_text("not json\n")
+    kills.write_text("not json\n{}\n")
     args = ["validate", "--event-log", str(events), "--steps", str(steps), "--kills", str(kills), "--max-restarts",
             "2", "--save-every", "1"]  # fmt: skip
     done = _cli(*args, cwd=tmp_path)
     assert done.returncode == 2
-    assert "kills.jsonl:1: not JSON" in done.stderr
+    assert "kills.jsonl:1 is not JSON" in done.stderr
     kills.write_text(json.dumps({"t": 0.05}) + "\n")
     done = _cli(*args, cwd=tmp_path)
     assert done.returncode == 2

@@ -28,7 +28,6 @@ tolerance (`tests/test_goodput_sim_validation.py` runs a job here and asserts ag
 from __future__ import annotations
 
 import itertools
-import json
 import math
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
@@ -37,6 +36,8 @@ from typing import Any
 
 import attrs
 
+from dlrover.common import DLRoverError
+from dlrover.master.eventlog import read_event_log
 from dlrover.master.goodput import BUCKETS, compute_breakdown
 
 from .results import Result, simulate
@@ -50,23 +51,19 @@ _CAUSE = "killed"
 
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
-    """The JSON objects of a JSON-lines file (blank lines skipped).
+    """The JSON objects of a JSON-lines file (blank lines and a torn last line skipped).
 
     Raises:
-        ScenarioError: a line is not a JSON object (the message names it).
+        ScenarioError: another line is not JSON, or an entry is not an object (the message names it).
     """
-    out = []
-    for number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            value = json.loads(line)
-        except ValueError as exc:
-            raise ScenarioError(f"{path}:{number}: not JSON: {exc}") from None
+    try:
+        values = read_event_log(path)  # the event log's reader: a torn last line (a writer killed) is skipped
+    except DLRoverError as exc:
+        raise ScenarioError(str(exc)) from None
+    for number, value in enumerate(values, 1):
         if not isinstance(value, dict):
-            raise ScenarioError(f"{path}:{number}: not a JSON object")
-        out.append(value)
-    return out
+            raise ScenarioError(f"{path}: entry {number} is not a JSON object")
+    return values
 
 
 @attrs.frozen

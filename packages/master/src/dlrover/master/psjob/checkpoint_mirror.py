@@ -303,7 +303,7 @@ def _copy_changed(
     file of `dest` names is replaced only once that state file no longer names it (`_withdraw`)."""
     copied = copied_bytes = 0
     unstable: set[str] = set()
-    named = _named_by(dest, ignored)
+    named: dict[str, set[tuple[str, str]]] | None = None  # read once a file of `dest` is to be replaced
     for rel in order:
         st = listed[rel]
         if _is_state(rel):
@@ -314,9 +314,11 @@ def _copy_changed(
             or memo.copied.get(rel) == (st.st_size, st.st_mtime_ns, old.st_size, old.st_mtime_ns)
         ):
             continue
-        for state_rel, checkpoint in named.pop(rel, ()):
-            _withdraw(dest, ignored, state_rel, checkpoint)
-            named = _named_by(dest, ignored)
+        if old is not None:  # (a state file of `dest` names only files it has)
+            named = _named_by(dest, ignored) if named is None else named
+            for state_rel, checkpoint in named.pop(rel, ()):
+                _withdraw(dest, ignored, state_rel, checkpoint)
+                named = _named_by(dest, ignored)
         try:
             size, same = _copy(source / rel, dest / rel, st)
         except FileNotFoundError:

@@ -145,10 +145,10 @@ class CheckpointMirror:
                                    sentinel=self._sentinel, final=final)  # fmt: skip
             except OSError as exc:
                 self._set_problem(str(exc))
+                self._keep_record()  # (a pass that failed after it wrote a state file changed storage too)
                 raise
-            finally:  # (a pass that failed after it wrote a state file changed storage too)
-                with contextlib.suppress(OSError):
-                    self._keep_record()
+            if done.committed or done.deleted_files or self._recorded is None:  # only these change state files
+                self._keep_record()
             self._behind_passes = self._behind_passes + 1 if done.behind else 0
             with self._status_lock:
                 committed, when = self._status.committed, self._status.committed_wall_time
@@ -165,12 +165,15 @@ class CheckpointMirror:
             return done
 
     def _keep_record(self) -> None:
+        """Record the digests of the destination's state files in the source. A record that cannot be written is
+        left as it was: a master that finds it stale discards the source rather than trust it (the safe side)."""
         if self._record is None or (self._sentinel is not None and not (self._source / self._sentinel).is_file()):
             return  # (a source that lost its sentinel is not the one mirrored: nothing is written into it)
-        digests = state_digests(self._dest, self._ignored)
-        if digests != self._recorded:
-            write_record(self._source / self._record, digests)
-            self._recorded = digests
+        with contextlib.suppress(OSError):
+            digests = state_digests(self._dest, self._ignored)
+            if digests != self._recorded:
+                write_record(self._source / self._record, digests)
+                self._recorded = digests
 
     def sync_within(self, timeout_s: float, *, final: bool = False) -> tuple[MirrorPass | None, str]:
         """One pass, waiting at most `timeout_s` for it: (its result, "") or (None, why it failed or did not
