@@ -360,6 +360,7 @@ def test_the_cost_command_measures_the_masters_calls_beside_a_noop_grpc_call(tmp
         "heartbeat, new step",
         "tick",
         "failure, relaunch journaled",
+        "spare promotion, per node handed its round",
         "rendezvous round, every node",
         "grpc_noop_call",
     }

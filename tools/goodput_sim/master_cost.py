@@ -6,10 +6,12 @@ call measured in the same run (what any RPC costs before the master does anythin
 
 Every node is registered (one journaled transaction each), then measured: a heartbeat round
 without a new step (what most heartbeats are), a round with one (progress), a tick (the master's
-timeout checks), a node failure decided and journaled (a relaunch), and a rendezvous round of every
-node (`dlrover.rendezvous.RendezvousManager`: each joins, then each polls until the round holds
-it). CPU time is this process's (`time.process_time`); the gRPC call's is wall time per round trip
-with client and server in this process, so it counts both sides.
+timeout checks), a node failure decided and journaled (a relaunch), a warm spare's promotion
+handed to every node (the failure that promotes it, then each node's heartbeat taking its restart
+for the spare's round; per node), and a rendezvous round of every node
+(`dlrover.rendezvous.RendezvousManager`: each joins, then each polls until the round holds it).
+CPU time is this process's (`time.process_time`); the gRPC call's is wall time per round trip with
+client and server in this process, so it counts both sides.
 """
 
 from __future__ import annotations
@@ -87,9 +89,7 @@ def _grpc_noop(calls: int) -> float:
         server.stop(0)
 
 
-def measure(nodes: int, *, failures: int = 20, grpc_calls: int = 2000) -> MasterCost:
-    """Measure the master's calls with `nodes` nodes (see the module)."""
-    clock = ManualClock(0.0, 1_700_000_000.0)
+def _config(nodes: int, spares: int = 0) -> MasterConfig:
     lifecycle = LifecycleConfig(
         nodes=NodeRange(nodes, nodes),
         heartbeat_timeout_s=3600.0,
@@ -97,10 +97,44 @@ def measure(nodes: int, *, failures: int = 20, grpc_calls: int = 2000) -> Master
         node_pending_timeout_s=None,
         max_relaunches=10**9,
         max_job_failures=10**9,
+        spare_nodes=spares,
     )
-    config = MasterConfig(
-        job_name="cost", lifecycle=lifecycle, max_node_relaunches=10**9, progress_event_interval_s=0.0
-    )
+    return MasterConfig(job_name="cost", lifecycle=lifecycle, max_node_relaunches=10**9, progress_event_interval_s=0.0)
+
+
+def _spare_promotion(nodes: int) -> float:
+    """CPU per node of a spare's promotion: the failure that promotes it and every node's
+    heartbeat that takes the restart for the spare's round."""
+    clock = ManualClock(0.0, 1_700_000_000.0)
+    config = _config(nodes, spares=1)
+    scheduler = FakeScheduler()
+    with tempfile.TemporaryDirectory(prefix="goodput-sim-cost-") as tmp:
+        journal = SqliteJournal(Path(tmp) / "journal.db")
+        try:
+            master = Master(config, scheduler, journal, clock, policy=default_policy(config))
+            master.start()
+            for node_id in range(nodes + 1):
+                scheduler.set_state(node_id, ObservedState.RUNNING)
+                master.register(node_id, f"agent-{node_id}", f"host-{node_id}")
+            clock.advance(1.0)
+
+            def promote_and_hand_over() -> None:
+                master.report_failure(0, FailureKind.UNKNOWN, CAUSES["gpu"].evidence, exit_code=1)
+                for node_id in range(1, nodes):
+                    master.heartbeat(node_id)
+
+            cost = _cpu(nodes, promote_and_hand_over)
+            if master.node(nodes).rank != 0:
+                raise RuntimeError("the spare was not promoted: the measurement measured something else")
+            return cost
+        finally:
+            journal.close()
+
+
+def measure(nodes: int, *, failures: int = 20, grpc_calls: int = 2000) -> MasterCost:
+    """Measure the master's calls with `nodes` nodes (see the module)."""
+    clock = ManualClock(0.0, 1_700_000_000.0)
+    config = _config(nodes)
     scheduler = FakeScheduler()
     out: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="goodput-sim-cost-") as tmp:
@@ -142,6 +176,7 @@ def measure(nodes: int, *, failures: int = 20, grpc_calls: int = 2000) -> Master
             out["failure, relaunch journaled"] = _cpu(failures, fail)
         finally:
             journal.close()
+    out["spare promotion, per node handed its round"] = _spare_promotion(nodes)
     manager = RendezvousManager(RendezvousConfig(min_nodes=nodes, max_nodes=nodes, last_call_s=0.0))
     names = [f"node-{i}" for i in range(nodes)]
 

@@ -444,8 +444,11 @@ def test_a_node_whose_probe_crashes_is_reported_and_left_out_and_the_others_trai
     # The master read the report as a fault that stays with the node: it relaunches the node
     # (the replacement takes its place in the job's record) and avoids its host.
     timeline = "\n".join(f"{e.kind}: {e.message}" for e in events)
-    reported = "communication: dlrover node check failed"
-    assert any(e.kind == "failure" and reported in e.message for e in events), timeline
+    # Reported as a communication failure, decided on as a fault of the node's hardware.
+    decided = "hardware: dlrover node check failed"
+    failures = [e for e in events if e.kind == "failure" and decided in e.message]
+    assert failures, timeline
+    assert failures[0].data["reported_kind"] == "communication"
     assert any(e.kind == "host_avoided" for e in events), timeline
     assert any(e.kind == "relaunch" and "rule 'node-check-failed'" in e.message for e in events), timeline
     assert not nodes["good1"].last_failure

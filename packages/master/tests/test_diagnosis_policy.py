@@ -174,6 +174,22 @@ def test_in_the_lifecycle_a_transient_failure_restarts_processes() -> None:
     assert [a.kind for a in actions] == [ActionKind.RESTART_PROCESSES]
 
 
+def test_the_failure_event_and_metrics_carry_the_kind_decided_on_and_the_kind_reported() -> None:
+    from dlrover.master.journal import JournaledEvent
+    from dlrover.master.metrics import MasterMetrics
+
+    life = lifecycle(DiagnosisFailurePolicy())
+    decision, out = life.report_failure(1, FailureKind.UNKNOWN, NCCL_TIMEOUT, 1.0, exit_code=-6)
+    (event,) = [e for e in out.events if e.kind == "failure"]
+    assert decision.kind is not FailureKind.UNKNOWN
+    assert event.data["kind"] == decision.kind.value
+    assert event.data["reported_kind"] == FailureKind.UNKNOWN.value
+    assert f"failed: {decision.kind.value}: " in event.message
+    metrics = MasterMetrics("t")
+    metrics.observe_events([JournaledEvent(1, 0.0, event.kind, event.message, 1, 1, event.data)])
+    assert f'dlrover_failures_total{{job="t",kind="{decision.kind.value}"}} 1.0' in metrics.render().decode()
+
+
 def test_in_the_lifecycle_without_a_relaunching_scheduler_the_agents_budget_decides() -> None:
     # A standalone dlrover-run --max-restarts=5 whose worker exits with status 1 every time.
     cfg = LifecycleConfig(nodes=NodeRange(1, 1))

@@ -193,3 +193,118 @@ def test_a_planned_round_restart_keeps_its_mark_through_the_journal_and_a_bad_ma
     bad = {"0": [{"action_id": 4, "kind": "restart_processes", "reason": "r", "planned_round": "yes"}]}
     with pytest.raises(DLRoverError, match="planned_round must be true or false, got 'yes'"):
         actions_from_json(bad)
+
+
+def test_a_schema_1_journal_is_upgraded_and_its_pending_work_moves_to_rows(tmp_path: Path) -> None:
+    from dlrover.common import ManualClock
+    from dlrover.master.config import MasterConfig
+    from dlrover.master.master import Master
+    from dlrover.master.records import actions_to_json
+    from dlrover.master.scheduler.fake import FakeScheduler
+
+    # A lifecycle where a spare took rank 1: nodes 0 and 2 are owed the spare's round.
+    lifecycle = LifecycleConfig(nodes=NodeRange(3, 3), spare_nodes=1, node_start_timeout_s=None)
+    life = JobLifecycle(lifecycle, DefaultFailurePolicy(), 0.0)
+    life.start(0.0)
+    for node_id in range(4):
+        life.node_started(node_id, 0.0)
+        life.register(node_id, f"a{node_id}", f"h{node_id}", 0.0)
+    life.node_lost(1, "gone", 1.0)
+    snap = life.snapshot()
+    assert sorted(snap.actions) == [0, 2]
+    assert sorted(snap.planned_round) == [0, 2]
+    # Written as a version-1 master wrote it: the pending work inside the job record.
+    record = {
+        **job_fields(snap),
+        "pending_actions": actions_to_json(snap.actions),
+        "planned_round": {str(k): v for k, v in snap.planned_round.items()},
+    }
+    SqliteJournal(tmp_path).close()
+    db = sqlite3.connect(tmp_path / "master.db")
+    db.execute("DROP TABLE pending_work")
+    db.execute("UPDATE meta SET value='1' WHERE key='schema_version'")
+    db.commit()
+    db.close()
+    old = SqliteJournal(tmp_path)
+    old.commit(JournalBatch(nodes=snap.nodes, job=record))
+    old.close()
+    db = sqlite3.connect(tmp_path / "master.db")
+    db.execute("UPDATE meta SET value='1' WHERE key='schema_version'")
+    db.commit()
+    db.close()
+
+    def version() -> str:
+        db = sqlite3.connect(tmp_path / "master.db")
+        try:
+            return str(db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()[0])
+        finally:
+            db.close()
+
+    reader = SqliteJournal(tmp_path)
+    assert reader.load().lifecycle == snap
+    reader.close()
+    assert version() == "1"  # only read: a version-1 master can still open it
+
+    def master(journal: SqliteJournal) -> Master:
+        config = MasterConfig(job_name="upgrade", lifecycle=lifecycle)
+        return Master(config, FakeScheduler(), journal, ManualClock(), policy=DefaultFailurePolicy())
+
+    journal = SqliteJournal(tmp_path)
+    first = master(journal)  # its first write (the master_restart event) rewrites the record and every queue
+    assert version() == "2"
+    (actions, _) = first.heartbeat(0)  # node 0 takes its restart
+    assert len(actions) == 1
+    journal.close()
+    db = sqlite3.connect(tmp_path / "master.db")
+    (job,) = db.execute("SELECT value FROM meta WHERE key='job'").fetchone()
+    rows = [r[0] for r in db.execute("SELECT node_id FROM pending_work ORDER BY node_id")]
+    db.close()
+    assert "pending_actions" not in json.loads(job)
+    assert "planned_round" not in json.loads(job)
+    assert rows == [2]
+    journal = SqliteJournal(tmp_path)
+    try:
+        second = master(journal)
+        assert second.pending_actions(0) == ()  # handed over: not owed again
+        assert [a.action_id for a in second.pending_actions(2)] == [a.action_id for a in snap.actions[2]]
+    finally:
+        journal.close()
+
+
+def test_a_corrupt_pending_work_row_is_refused_with_its_node(tmp_path: Path) -> None:
+    j = SqliteJournal(tmp_path)
+    life = JobLifecycle(LifecycleConfig(nodes=NodeRange(1, 1)), DefaultFailurePolicy(), 0.0)
+    life.start(0.0)
+    snap = life.snapshot()
+    j.commit(JournalBatch(nodes=snap.nodes, job=job_fields(snap)))
+    j.close()
+    db = sqlite3.connect(tmp_path / "master.db")
+    db.execute("""INSERT INTO pending_work VALUES (0, '{"actions": [], "planned_round": "x"}')""")
+    db.commit()
+    db.close()
+    j2 = SqliteJournal(tmp_path)
+    try:
+        with pytest.raises(JournalError, match="corrupt pending work of node 0"):
+            j2.load()
+    finally:
+        j2.close()
+
+
+def test_pending_work_round_trips_and_an_empty_one_removes_the_row(journal: StateJournal) -> None:
+    from dlrover.diagnosis import ActionKind
+    from dlrover.master.records import Action, PendingWork
+
+    life = JobLifecycle(LifecycleConfig(nodes=NodeRange(2, 2)), DefaultFailurePolicy(), 0.0)
+    life.start(0.0)
+    snap = life.snapshot()
+    owed = PendingWork((Action(9, ActionKind.RESTART_PROCESSES, "planned", planned_round=True),), 9)
+    journal.commit(JournalBatch(nodes=snap.nodes, job=job_fields(snap), work={0: owed, 1: owed}))
+    restored = journal.load().lifecycle
+    assert restored is not None
+    assert restored.actions == {0: owed.actions, 1: owed.actions}
+    assert restored.planned_round == {0: 9, 1: 9}
+    journal.commit(JournalBatch(work={0: PendingWork()}))
+    restored = journal.load().lifecycle
+    assert restored is not None
+    assert restored.actions == {1: owed.actions}
+    assert restored.planned_round == {1: 9}

@@ -30,6 +30,8 @@ from dlrover.master.records import (
     StopNode,
     node_from_dict,
     node_to_dict,
+    pending_work_from_json,
+    pending_work_to_json,
 )
 from dlrover.master.resize import ResizeError, ResizeRequest, ResizeSource
 from dlrover.master.states import JobState, NodeState
@@ -48,10 +50,16 @@ def _model_leaving_key(node: NodeRecord, avoid_hosts: set[str], step_times: dict
     return (not pending, not avoided, not known, -step_times.get(node_id, 0.0), -node.rank)
 
 
-def _journal_round_trip(snap: LifecycleSnapshot) -> LifecycleSnapshot:
+def _journal_round_trip(life: JobLifecycle) -> LifecycleSnapshot:
+    """What a new master reads back of `life`: the job record, the node rows, the pending work rows."""
+    snap = life.snapshot()
     job = json.loads(json.dumps(job_fields(snap)))
     nodes = [node_from_dict(json.loads(json.dumps(node_to_dict(n)))) for n in snap.nodes]
-    restored = _snapshot(job, nodes)
+    work = {
+        node_id: pending_work_from_json(json.loads(json.dumps(pending_work_to_json(owed))))
+        for node_id, owed in life.changed_work(every=True).items()
+    }
+    restored = _snapshot(job, nodes, work)
     assert restored is not None
     return restored
 
@@ -187,7 +195,7 @@ class ResizeMachine(RuleBasedStateMachine):
     @invariant()
     def journal_round_trip(self) -> None:
         snap = self.life.snapshot()
-        restored = _journal_round_trip(snap)
+        restored = _journal_round_trip(self.life)
         assert restored == snap
         resumed = JobLifecycle(self.life.config, DefaultFailurePolicy(), self.now, restored)
         assert (resumed.target_nodes, resumed.wanted_nodes) == (self.life.target_nodes, self.life.wanted_nodes)

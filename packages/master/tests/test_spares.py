@@ -15,11 +15,11 @@ from dlrover.master.client import MasterClient
 from dlrover.master.config import LifecycleConfig, MasterConfig, NodeRange
 from dlrover.master.factory import create_master
 from dlrover.master.hosting import HostedRendezvous
-from dlrover.master.journal import MemoryJournal, SqliteJournal, StateJournal
+from dlrover.master.journal import JournalBatch, MemoryJournal, SqliteJournal, StateJournal
 from dlrover.master.lifecycle import JobLifecycle, LifecycleError, NodeStateError
 from dlrover.master.master import Master
 from dlrover.master.policy import DefaultFailurePolicy
-from dlrover.master.records import LaunchNode, StopNode
+from dlrover.master.records import LaunchNode, PendingWork, StopNode
 from dlrover.master.resize import ResizeRequest, ResizeSource
 from dlrover.master.scheduler.base import ObservedState
 from dlrover.master.scheduler.fake import FakeScheduler
@@ -414,3 +414,40 @@ def test_a_spares_round_after_a_pending_shrink_restart_does_not_wait_for_a_save(
     life.node_lost(1, "the agent exited with status -9 (failed)", 2.0)
     (still,) = life.pending_actions(0)
     assert (still.action_id, still.kind, still.planned_round) == (queued.action_id, queued.kind, False)
+
+
+class _RecordingJournal(MemoryJournal):
+    """The in-memory journal, keeping every batch it was given."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.batches: list[JournalBatch] = []
+
+    def commit(self, batch: JournalBatch) -> tuple[int, ...]:
+        self.batches.append(batch)
+        return super().commit(batch)
+
+
+def test_handing_a_spares_round_to_each_node_journals_that_nodes_row_only() -> None:
+    # Every node's queue in the job record made each hand-over rewrite every queue: O(nodes²).
+    journal = _RecordingJournal()
+    master, sched, _rdzv, clock = _master(journal, slots=None, nodes=6)
+    master.start()
+    for node_id in range(7):
+        sched.set_state(node_id, ObservedState.RUNNING)
+        master.register(node_id, f"a{node_id}", f"h{node_id}")
+    clock.advance(1.0)
+    sched.set_state(1, ObservedState.FAILED, exit_code=-9)
+    master.tick()
+    assert master.node(6).rank == 1  # the spare took rank 1
+    staying = [0, 2, 3, 4, 5]
+    assert all(master.pending_actions(i) for i in staying)
+    for node_id in staying[:-1]:
+        journal.batches.clear()
+        actions, _ = master.heartbeat(node_id)
+        assert [a.kind for a in actions] == [ActionKind.RESTART_PROCESSES]
+        assert [(b.job, dict(b.work)) for b in journal.batches if b.work] == [(None, {node_id: PendingWork()})]
+    # A new master reads back what was handed over and what was not.
+    master2, *_ = _master(journal, slots=None, nodes=6, clock=clock)
+    assert [i for i in staying if master2.pending_actions(i)] == [5]
+    assert [a.kind for a in master2.pending_actions(5)] == [ActionKind.RESTART_PROCESSES]

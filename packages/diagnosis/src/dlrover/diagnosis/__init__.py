@@ -21,70 +21,155 @@
 * Node health (`run_paired_probe`) and stack dumps (`request_stack_dump`).
 """
 
-from dlrover.common.step_slots import StepReporter
-from dlrover.diagnosis.budget import RelaunchBudget, RestartBudget, Spending, spend_restart
-from dlrover.diagnosis.classifier import CONSEQUENCE_KINDS, KIND_PRECEDENCE, Diagnosis, RuleMatch, classify
-from dlrover.diagnosis.detectors import (
-    HangConfig,
-    HangDetector,
-    StragglerConfig,
-    StragglerDetector,
-    StragglerReport,
-)
-from dlrover.diagnosis.errors import DiagnosisError, ProbeError, RulePluginError
-from dlrover.diagnosis.evidence import (
-    DEFAULT_PHASE,
-    Evidence,
-    GpuSample,
-    HangReport,
-    LossSample,
-    ProbeResult,
-    RankStepStats,
-    ResourceSample,
-    StepReport,
-)
-from dlrover.diagnosis.exitinfo import ExitInfo
-from dlrover.diagnosis.kinds import TRANSIENT_KINDS, ActionKind, FailureKind
-from dlrover.diagnosis.logsignals import LogSignal, signal_in_log
-from dlrover.diagnosis.logtail import LogTail, TailConfig, read_log_tail, read_tail_from_stream, tail_from_bytes
-from dlrover.diagnosis.oomrecord import MEMORY_RECORD, OomCount, OomWatch
-from dlrover.diagnosis.policy import (
-    DEFAULT_LADDERS,
-    ActionPolicy,
-    Decision,
-    LadderStep,
-    PolicyConfig,
-    PolicyStateError,
-)
-from dlrover.diagnosis.probe import ProbeConfig, pick_backend, run_paired_probe, run_probe
-from dlrover.diagnosis.registry import ENTRY_POINT_GROUP, RuleRegistry
-from dlrover.diagnosis.reported import (
-    LOST_NODE_KIND,
-    OOM_RECORD_KIND,
-    SLOW_NODE_KIND,
-    diagnose_report,
-    kind_decided_alone,
-    reported_kind,
-)
-from dlrover.diagnosis.resources import sample_gpus
-from dlrover.diagnosis.rules import (
-    NODE_CHECK_FAILED,
-    ExceptionRule,
-    FunctionRule,
-    LogPatternRule,
-    Rule,
-    builtin_rules,
-    killed_words,
-    validate_rule,
-)
-from dlrover.diagnosis.stackdump import (
-    DEFAULT_DUMP_SIGNAL,
-    StackDump,
-    StackDumpHandler,
-    install_stack_dump_handler,
-    request_stack_dump,
-)
-from dlrover.diagnosis.tracebacks import PythonTraceback, extract_tracebacks, one_line_summary, strip_rank_prefix
+from typing import TYPE_CHECKING
+
+from dlrover.common.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from dlrover.common.step_slots import StepReporter
+    from dlrover.diagnosis.budget import RelaunchBudget, RestartBudget, Spending, spend_restart
+    from dlrover.diagnosis.classifier import CONSEQUENCE_KINDS, KIND_PRECEDENCE, Diagnosis, RuleMatch, classify
+    from dlrover.diagnosis.detectors import (
+        HangConfig,
+        HangDetector,
+        StragglerConfig,
+        StragglerDetector,
+        StragglerReport,
+    )
+    from dlrover.diagnosis.errors import DiagnosisError, ProbeError, RulePluginError
+    from dlrover.diagnosis.evidence import (
+        DEFAULT_PHASE,
+        Evidence,
+        GpuSample,
+        HangReport,
+        LossSample,
+        ProbeResult,
+        RankStepStats,
+        ResourceSample,
+        StepReport,
+    )
+    from dlrover.diagnosis.exitinfo import ExitInfo
+    from dlrover.diagnosis.kinds import NODE_CHECK_FAILED, TRANSIENT_KINDS, ActionKind, FailureKind
+    from dlrover.diagnosis.logsignals import LogSignal, signal_in_log
+    from dlrover.diagnosis.logtail import LogTail, TailConfig, read_log_tail, read_tail_from_stream, tail_from_bytes
+    from dlrover.diagnosis.oomrecord import MEMORY_RECORD, OomCount, OomWatch
+    from dlrover.diagnosis.policy import (
+        DEFAULT_LADDERS,
+        ActionPolicy,
+        Decision,
+        LadderStep,
+        PolicyConfig,
+        PolicyStateError,
+    )
+    from dlrover.diagnosis.probe import ProbeConfig, pick_backend, run_paired_probe, run_probe
+    from dlrover.diagnosis.registry import ENTRY_POINT_GROUP, RuleRegistry
+    from dlrover.diagnosis.reported import (
+        LOST_NODE_KIND,
+        OOM_RECORD_KIND,
+        SLOW_NODE_KIND,
+        diagnose_report,
+        kind_decided_alone,
+        reported_kind,
+    )
+    from dlrover.diagnosis.resources import sample_gpus
+    from dlrover.diagnosis.rules import (
+        ExceptionRule,
+        FunctionRule,
+        LogPatternRule,
+        Rule,
+        builtin_rules,
+        killed_words,
+        validate_rule,
+    )
+    from dlrover.diagnosis.stackdump import (
+        DEFAULT_DUMP_SIGNAL,
+        StackDump,
+        StackDumpHandler,
+        install_stack_dump_handler,
+        request_stack_dump,
+    )
+    from dlrover.diagnosis.tracebacks import PythonTraceback, extract_tracebacks, one_line_summary, strip_rank_prefix
+
+# Imported on first use: an agent starting a node needs a few names, not the classifier's rules.
+_EXPORTS = {
+    "ActionKind": "dlrover.diagnosis.kinds",
+    "FailureKind": "dlrover.diagnosis.kinds",
+    "TRANSIENT_KINDS": "dlrover.diagnosis.kinds",
+    "LOST_NODE_KIND": "dlrover.diagnosis.reported",
+    "OOM_RECORD_KIND": "dlrover.diagnosis.reported",
+    "SLOW_NODE_KIND": "dlrover.diagnosis.reported",
+    "diagnose_report": "dlrover.diagnosis.reported",
+    "kind_decided_alone": "dlrover.diagnosis.reported",
+    "reported_kind": "dlrover.diagnosis.reported",
+    "DEFAULT_PHASE": "dlrover.diagnosis.evidence",
+    "Evidence": "dlrover.diagnosis.evidence",
+    "ExitInfo": "dlrover.diagnosis.exitinfo",
+    "GpuSample": "dlrover.diagnosis.evidence",
+    "HangReport": "dlrover.diagnosis.evidence",
+    "LogTail": "dlrover.diagnosis.logtail",
+    "LossSample": "dlrover.diagnosis.evidence",
+    "ProbeResult": "dlrover.diagnosis.evidence",
+    "PythonTraceback": "dlrover.diagnosis.tracebacks",
+    "RankStepStats": "dlrover.diagnosis.evidence",
+    "ResourceSample": "dlrover.diagnosis.evidence",
+    "StepReport": "dlrover.diagnosis.evidence",
+    "StepReporter": "dlrover.common.step_slots",
+    "TailConfig": "dlrover.diagnosis.logtail",
+    "extract_tracebacks": "dlrover.diagnosis.tracebacks",
+    "one_line_summary": "dlrover.diagnosis.tracebacks",
+    "read_log_tail": "dlrover.diagnosis.logtail",
+    "read_tail_from_stream": "dlrover.diagnosis.logtail",
+    "strip_rank_prefix": "dlrover.diagnosis.tracebacks",
+    "tail_from_bytes": "dlrover.diagnosis.logtail",
+    "MEMORY_RECORD": "dlrover.diagnosis.oomrecord",
+    "OomCount": "dlrover.diagnosis.oomrecord",
+    "OomWatch": "dlrover.diagnosis.oomrecord",
+    "LogSignal": "dlrover.diagnosis.logsignals",
+    "signal_in_log": "dlrover.diagnosis.logsignals",
+    "Diagnosis": "dlrover.diagnosis.classifier",
+    "ENTRY_POINT_GROUP": "dlrover.diagnosis.registry",
+    "ExceptionRule": "dlrover.diagnosis.rules",
+    "FunctionRule": "dlrover.diagnosis.rules",
+    "KIND_PRECEDENCE": "dlrover.diagnosis.classifier",
+    "CONSEQUENCE_KINDS": "dlrover.diagnosis.classifier",
+    "LogPatternRule": "dlrover.diagnosis.rules",
+    "NODE_CHECK_FAILED": "dlrover.diagnosis.kinds",
+    "Rule": "dlrover.diagnosis.rules",
+    "RuleMatch": "dlrover.diagnosis.classifier",
+    "RuleRegistry": "dlrover.diagnosis.registry",
+    "builtin_rules": "dlrover.diagnosis.rules",
+    "classify": "dlrover.diagnosis.classifier",
+    "killed_words": "dlrover.diagnosis.rules",
+    "validate_rule": "dlrover.diagnosis.rules",
+    "ActionPolicy": "dlrover.diagnosis.policy",
+    "DEFAULT_LADDERS": "dlrover.diagnosis.policy",
+    "Decision": "dlrover.diagnosis.policy",
+    "LadderStep": "dlrover.diagnosis.policy",
+    "PolicyConfig": "dlrover.diagnosis.policy",
+    "PolicyStateError": "dlrover.diagnosis.policy",
+    "RelaunchBudget": "dlrover.diagnosis.budget",
+    "RestartBudget": "dlrover.diagnosis.budget",
+    "Spending": "dlrover.diagnosis.budget",
+    "spend_restart": "dlrover.diagnosis.budget",
+    "HangConfig": "dlrover.diagnosis.detectors",
+    "HangDetector": "dlrover.diagnosis.detectors",
+    "StragglerConfig": "dlrover.diagnosis.detectors",
+    "StragglerDetector": "dlrover.diagnosis.detectors",
+    "StragglerReport": "dlrover.diagnosis.detectors",
+    "DEFAULT_DUMP_SIGNAL": "dlrover.diagnosis.stackdump",
+    "ProbeConfig": "dlrover.diagnosis.probe",
+    "StackDump": "dlrover.diagnosis.stackdump",
+    "StackDumpHandler": "dlrover.diagnosis.stackdump",
+    "install_stack_dump_handler": "dlrover.diagnosis.stackdump",
+    "pick_backend": "dlrover.diagnosis.probe",
+    "request_stack_dump": "dlrover.diagnosis.stackdump",
+    "run_paired_probe": "dlrover.diagnosis.probe",
+    "run_probe": "dlrover.diagnosis.probe",
+    "sample_gpus": "dlrover.diagnosis.resources",
+    "DiagnosisError": "dlrover.diagnosis.errors",
+    "ProbeError": "dlrover.diagnosis.errors",
+    "RulePluginError": "dlrover.diagnosis.errors",
+}
 
 __all__ = [
     # kinds
@@ -173,3 +258,5 @@ __all__ = [
     "ProbeError",
     "RulePluginError",
 ]
+
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

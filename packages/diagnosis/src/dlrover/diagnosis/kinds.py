@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import enum
 
-__all__ = ["ActionKind", "FailureKind", "TRANSIENT_KINDS"]
+__all__ = ["NODE_CHECK_FAILED", "TRANSIENT_KINDS", "ActionKind", "FailureKind"]
+
+NODE_CHECK_FAILED = "dlrover node check failed"
+"""Starts the evidence of a node that a pre-training node check (``dlrover-run --network-check``)
+left out. The check already compared the node with its peers, so the fault is taken to stay with
+the node (hardware): replace it on another host rather than retry in place."""
 
 
 class FailureKind(enum.Enum):

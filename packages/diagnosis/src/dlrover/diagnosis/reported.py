@@ -8,11 +8,14 @@ kind touches nothing else.
 
 from __future__ import annotations
 
-from dlrover.diagnosis.classifier import classify
+from typing import TYPE_CHECKING
+
 from dlrover.diagnosis.evidence import Evidence
 from dlrover.diagnosis.exitinfo import ExitInfo
 from dlrover.diagnosis.kinds import ActionKind, FailureKind
-from dlrover.diagnosis.registry import RuleRegistry
+
+if TYPE_CHECKING:
+    from dlrover.diagnosis.registry import RuleRegistry
 
 __all__ = [
     "LOST_NODE_KIND",
@@ -105,6 +108,9 @@ def diagnose_report(
     """
     if observed_by_master:
         return reported, f"observed by the master, decided as {reported.value} ({text})"
+    # Here, not at the top: an agent names the kind it reports, and must not load the rules for it.
+    from dlrover.diagnosis.classifier import classify
+
     evidence = Evidence.from_text(text, returncode=exit_code, node_id=node_id)
     diagnosis = classify(evidence, registry)
     if diagnosis.kind is FailureKind.UNKNOWN:

@@ -20,7 +20,7 @@ from dlrover.common import ConfigError
 from dlrover.diagnosis.anchors import anchors_of
 from dlrover.diagnosis.evidence import Evidence
 from dlrover.diagnosis.exitinfo import ExitInfo
-from dlrover.diagnosis.kinds import FailureKind
+from dlrover.diagnosis.kinds import NODE_CHECK_FAILED, FailureKind
 from dlrover.diagnosis.logsignals import signal_in_log
 from dlrover.diagnosis.logtail import fold_case
 from dlrover.diagnosis.oomrecord import MEMORY_RECORD
@@ -39,11 +39,6 @@ __all__ = [
     "matching_lines",
     "validate_rule",
 ]
-
-NODE_CHECK_FAILED = "dlrover node check failed"
-"""Starts the evidence of a node that a pre-training node check (``dlrover-run --network-check``)
-left out. The check already compared the node with its peers, so the fault is taken to stay with
-the node (hardware): replace it on another host rather than retry in place."""
 
 MAX_LINES_PER_MATCH = 5
 """A rule reports at most this many deciding lines, the last ones (closest to the failure)."""

@@ -14,144 +14,318 @@ By default the same server hosts the job's RendezvousService and ShardService (j
 released from failed nodes), and failures are decided by dlrover.diagnosis.
 """
 
-from dlrover.master.autoscaler import (
-    AutoscaleDecision,
-    AutoscaleMode,
-    Autoscaler,
-    AutoscalerConfig,
-    JobView,
-    SizeMeasurement,
-    ThroughputRecorder,
-    efficient_node_count,
-)
-from dlrover.master.checkpoints import CheckpointError, CheckpointReport, CheckpointTracker
-from dlrover.master.client import CheckpointStepsAnswer, HeartbeatAnswer, MasterClient, Registration, StopAnswer
-from dlrover.master.config import (
-    FAILURE_POLICIES,
-    LifecycleConfig,
-    MasterConfig,
-    NodeGroup,
-    NodeRange,
-    parse_node_range,
-)
-from dlrover.master.diagnosis_policy import DiagnosisFailurePolicy
-from dlrover.master.eventlog import EventLog, EventLogInUseError, read_event_log
-from dlrover.master.factory import MASTER_ADDR_ENV_VAR, create_master, default_policy, resolve_token
-from dlrover.master.goodput import (
-    BUCKETS,
-    AttemptReport,
-    GoodputAccountant,
-    GoodputBreakdown,
-    GoodputInputError,
-    SampleRate,
-    StepMark,
-    compute_breakdown,
-)
-from dlrover.master.hosting import (
-    KV_STATE_FORMAT,
-    SHARD_STATE_FORMAT,
-    HostedKeyValueStore,
-    HostedRendezvous,
-    HostedShards,
-    StateSink,
-    node_of_worker,
-)
-from dlrover.master.identity import (
-    NODE_CREDENTIAL_METADATA_KEY,
-    NODE_ID_METADATA_KEY,
-    NodeAuthenticator,
-    NodeIdentityError,
-    NodeImpersonationError,
-    node_metadata,
-)
-from dlrover.master.journal import (
-    Blob,
-    CheckpointCommit,
-    JournalBatch,
-    JournaledEvent,
-    JournalError,
-    JournalState,
-    MemoryJournal,
-    SqliteJournal,
-    StateJournal,
-)
-from dlrover.master.lifecycle import (
-    HostAvoidedError,
-    JobFinishedError,
-    JobFullError,
-    JobLifecycle,
-    LifecycleError,
-    NodeConflictError,
-    NodeStateError,
-    Savepoint,
-    UnknownNodeError,
-)
-from dlrover.master.master import JobStatus, Master, NodeMembership, ResourceSample, SpareAware, StatefulCollaborator
-from dlrover.master.metrics import MasterMetrics, MetricsEndpoint
-from dlrover.master.policy import (
-    Classification,
-    ClassifyingPolicy,
-    DefaultFailurePolicy,
-    Failure,
-    FailurePolicy,
-    JournaledPolicy,
-    StatefulPolicy,
-)
-from dlrover.master.profiles import (
-    PROFILE_STORE_ENV_VAR,
-    JobPlanChoice,
-    ProfileRecorder,
-    ThroughputBySize,
-    build_run_profile,
-    checkpoint_sizes,
-    default_profile_store,
-    plan_job,
-    resolve_profile_store,
-    signature_of,
-)
-from dlrover.master.ray_job import RayJob, run_on_ray
-from dlrover.master.records import Action, Event, LaunchNode, LifecycleSnapshot, NodeRecord, Outcome, StopNode
-from dlrover.master.rendezvous_state import export_rendezvous, restore_rendezvous
-from dlrover.master.resize import ResizeError, ResizeRequest, ResizeResult, ResizeSource, choose_leaving
-from dlrover.master.runtime import MasterRuntime, ServiceRegistration
-from dlrover.master.scheduler import (
-    AdjustableCapacity,
-    CgroupMemoryGroups,
-    ExternalScheduler,
-    FakeMemoryGroups,
-    FakeScheduler,
-    LocalScheduler,
-    MemoryGroups,
-    MemoryRecord,
-    NodeMemoryRecords,
-    NodeShapeLimit,
-    NodeSpec,
-    ObservedNode,
-    ObservedState,
-    SchedulerBackend,
-    SchedulerError,
-    UnavailableMemoryGroups,
-    detect_memory_groups,
-    parse_slots,
-)
-from dlrover.master.servicers import AgentServicer, CheckpointServicer, JobServicer, add_master_services
-from dlrover.master.statedir import (
-    LOCK_FILE_NAME,
-    LockHolder,
-    StateDirError,
-    StateDirInUseError,
-    StateDirLock,
-    prepare_state_dir,
-)
-from dlrover.master.states import (
-    TRANSITIONS,
-    IllegalTransitionError,
-    JobState,
-    NodeState,
-    check_transition,
-)
-from dlrover.master.status import JobSummary, NodeSummary, format_status, summarize
-from dlrover.master.timeline import render_timeline
+from typing import TYPE_CHECKING
+
+from dlrover.common.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from dlrover.master.autoscaler import (
+        AutoscaleDecision,
+        AutoscaleMode,
+        Autoscaler,
+        AutoscalerConfig,
+        JobView,
+        SizeMeasurement,
+        ThroughputRecorder,
+        efficient_node_count,
+    )
+    from dlrover.master.checkpoints import CheckpointError, CheckpointReport, CheckpointTracker
+    from dlrover.master.client import CheckpointStepsAnswer, HeartbeatAnswer, MasterClient, Registration, StopAnswer
+    from dlrover.master.config import (
+        FAILURE_POLICIES,
+        LifecycleConfig,
+        MasterConfig,
+        NodeGroup,
+        NodeRange,
+        parse_node_range,
+    )
+    from dlrover.master.diagnosis_policy import DiagnosisFailurePolicy
+    from dlrover.master.eventlog import EventLog, EventLogInUseError, read_event_log
+    from dlrover.master.factory import MASTER_ADDR_ENV_VAR, create_master, default_policy, resolve_token
+    from dlrover.master.goodput import (
+        BUCKETS,
+        AttemptReport,
+        GoodputAccountant,
+        GoodputBreakdown,
+        GoodputInputError,
+        SampleRate,
+        StepMark,
+        compute_breakdown,
+    )
+    from dlrover.master.hosting import (
+        KV_STATE_FORMAT,
+        SHARD_STATE_FORMAT,
+        HostedKeyValueStore,
+        HostedRendezvous,
+        HostedShards,
+        StateSink,
+        node_of_worker,
+    )
+    from dlrover.master.identity import (
+        NODE_CREDENTIAL_METADATA_KEY,
+        NODE_ID_METADATA_KEY,
+        NodeAuthenticator,
+        NodeIdentityError,
+        NodeImpersonationError,
+        node_metadata,
+    )
+    from dlrover.master.journal import (
+        Blob,
+        CheckpointCommit,
+        JournalBatch,
+        JournaledEvent,
+        JournalError,
+        JournalState,
+        MemoryJournal,
+        SqliteJournal,
+        StateJournal,
+    )
+    from dlrover.master.lifecycle import (
+        HostAvoidedError,
+        JobFinishedError,
+        JobFullError,
+        JobLifecycle,
+        LifecycleError,
+        NodeConflictError,
+        NodeStateError,
+        Savepoint,
+        UnknownNodeError,
+    )
+    from dlrover.master.master import (
+        JobStatus,
+        Master,
+        NodeMembership,
+        SpareAware,
+        StatefulCollaborator,
+    )
+    from dlrover.master.metrics import MasterMetrics, MetricsEndpoint
+    from dlrover.master.policy import (
+        Classification,
+        ClassifyingPolicy,
+        DefaultFailurePolicy,
+        Failure,
+        FailurePolicy,
+        JournaledPolicy,
+        StatefulPolicy,
+    )
+    from dlrover.master.profiles import (
+        PROFILE_STORE_ENV_VAR,
+        JobPlanChoice,
+        ProfileRecorder,
+        ThroughputBySize,
+        build_run_profile,
+        checkpoint_sizes,
+        default_profile_store,
+        plan_job,
+        resolve_profile_store,
+        signature_of,
+    )
+    from dlrover.master.ray_job import RayJob, run_on_ray
+    from dlrover.master.records import (
+        Action,
+        Event,
+        LaunchNode,
+        LifecycleSnapshot,
+        NodeRecord,
+        Outcome,
+        ResourceSample,
+        StopNode,
+    )
+    from dlrover.master.rendezvous_state import export_rendezvous, restore_rendezvous
+    from dlrover.master.resize import ResizeError, ResizeRequest, ResizeResult, ResizeSource, choose_leaving
+    from dlrover.master.runtime import MasterRuntime, ServiceRegistration
+    from dlrover.master.scheduler import (
+        AdjustableCapacity,
+        CgroupMemoryGroups,
+        ExternalScheduler,
+        FakeMemoryGroups,
+        FakeScheduler,
+        LocalScheduler,
+        MemoryGroups,
+        MemoryRecord,
+        NodeMemoryRecords,
+        NodeShapeLimit,
+        NodeSpec,
+        ObservedNode,
+        ObservedState,
+        SchedulerBackend,
+        SchedulerError,
+        UnavailableMemoryGroups,
+        detect_memory_groups,
+        parse_slots,
+    )
+    from dlrover.master.servicers import AgentServicer, CheckpointServicer, JobServicer, add_master_services
+    from dlrover.master.statedir import (
+        LOCK_FILE_NAME,
+        LockHolder,
+        StateDirError,
+        StateDirInUseError,
+        StateDirLock,
+        prepare_state_dir,
+    )
+    from dlrover.master.states import (
+        TRANSITIONS,
+        IllegalTransitionError,
+        JobState,
+        NodeState,
+        check_transition,
+    )
+    from dlrover.master.status import JobSummary, NodeSummary, format_status, summarize
+    from dlrover.master.timeline import render_timeline
+
+# Imported on first use: an agent that needs the client must not load the whole master.
+_EXPORTS = {
+    "AutoscaleDecision": "dlrover.master.autoscaler",
+    "AutoscaleMode": "dlrover.master.autoscaler",
+    "Autoscaler": "dlrover.master.autoscaler",
+    "AutoscalerConfig": "dlrover.master.autoscaler",
+    "JobView": "dlrover.master.autoscaler",
+    "SizeMeasurement": "dlrover.master.autoscaler",
+    "ThroughputRecorder": "dlrover.master.autoscaler",
+    "efficient_node_count": "dlrover.master.autoscaler",
+    "Master": "dlrover.master.master",
+    "MasterConfig": "dlrover.master.config",
+    "MasterRuntime": "dlrover.master.runtime",
+    "ServiceRegistration": "dlrover.master.runtime",
+    "SpareAware": "dlrover.master.master",
+    "StatefulCollaborator": "dlrover.master.master",
+    "create_master": "dlrover.master.factory",
+    "run_on_ray": "dlrover.master.ray_job",
+    "resolve_token": "dlrover.master.factory",
+    "default_policy": "dlrover.master.factory",
+    "FAILURE_POLICIES": "dlrover.master.config",
+    "MASTER_ADDR_ENV_VAR": "dlrover.master.factory",
+    "JobStatus": "dlrover.master.master",
+    "ResourceSample": "dlrover.master.records",
+    "JobLifecycle": "dlrover.master.lifecycle",
+    "LifecycleConfig": "dlrover.master.config",
+    "NodeGroup": "dlrover.master.config",
+    "NodeRange": "dlrover.master.config",
+    "parse_node_range": "dlrover.master.config",
+    "NodeState": "dlrover.master.states",
+    "JobState": "dlrover.master.states",
+    "TRANSITIONS": "dlrover.master.states",
+    "check_transition": "dlrover.master.states",
+    "NodeRecord": "dlrover.master.records",
+    "Action": "dlrover.master.records",
+    "Event": "dlrover.master.records",
+    "LaunchNode": "dlrover.master.records",
+    "StopNode": "dlrover.master.records",
+    "Outcome": "dlrover.master.records",
+    "LifecycleSnapshot": "dlrover.master.records",
+    "LifecycleError": "dlrover.master.lifecycle",
+    "IllegalTransitionError": "dlrover.master.states",
+    "UnknownNodeError": "dlrover.master.lifecycle",
+    "NodeStateError": "dlrover.master.lifecycle",
+    "NodeConflictError": "dlrover.master.lifecycle",
+    "JobFinishedError": "dlrover.master.lifecycle",
+    "JobFullError": "dlrover.master.lifecycle",
+    "HostAvoidedError": "dlrover.master.lifecycle",
+    "Savepoint": "dlrover.master.lifecycle",
+    "ResizeRequest": "dlrover.master.resize",
+    "ResizeResult": "dlrover.master.resize",
+    "ResizeSource": "dlrover.master.resize",
+    "ResizeError": "dlrover.master.resize",
+    "choose_leaving": "dlrover.master.resize",
+    "PROFILE_STORE_ENV_VAR": "dlrover.master.profiles",
+    "JobPlanChoice": "dlrover.master.profiles",
+    "ProfileRecorder": "dlrover.master.profiles",
+    "ThroughputBySize": "dlrover.master.profiles",
+    "build_run_profile": "dlrover.master.profiles",
+    "checkpoint_sizes": "dlrover.master.profiles",
+    "default_profile_store": "dlrover.master.profiles",
+    "plan_job": "dlrover.master.profiles",
+    "resolve_profile_store": "dlrover.master.profiles",
+    "signature_of": "dlrover.master.profiles",
+    "FailurePolicy": "dlrover.master.policy",
+    "JournaledPolicy": "dlrover.master.policy",
+    "DefaultFailurePolicy": "dlrover.master.policy",
+    "Failure": "dlrover.master.policy",
+    "Classification": "dlrover.master.policy",
+    "ClassifyingPolicy": "dlrover.master.policy",
+    "StatefulPolicy": "dlrover.master.policy",
+    "DiagnosisFailurePolicy": "dlrover.master.diagnosis_policy",
+    "HostedRendezvous": "dlrover.master.hosting",
+    "HostedShards": "dlrover.master.hosting",
+    "HostedKeyValueStore": "dlrover.master.hosting",
+    "KV_STATE_FORMAT": "dlrover.master.hosting",
+    "NodeMembership": "dlrover.master.master",
+    "StateSink": "dlrover.master.hosting",
+    "node_of_worker": "dlrover.master.hosting",
+    "SHARD_STATE_FORMAT": "dlrover.master.hosting",
+    "export_rendezvous": "dlrover.master.rendezvous_state",
+    "restore_rendezvous": "dlrover.master.rendezvous_state",
+    "CheckpointTracker": "dlrover.master.checkpoints",
+    "CheckpointReport": "dlrover.master.checkpoints",
+    "CheckpointError": "dlrover.master.checkpoints",
+    "StateJournal": "dlrover.master.journal",
+    "SqliteJournal": "dlrover.master.journal",
+    "MemoryJournal": "dlrover.master.journal",
+    "JournalBatch": "dlrover.master.journal",
+    "JournalState": "dlrover.master.journal",
+    "JournaledEvent": "dlrover.master.journal",
+    "CheckpointCommit": "dlrover.master.journal",
+    "Blob": "dlrover.master.journal",
+    "JournalError": "dlrover.master.journal",
+    "StateDirLock": "dlrover.master.statedir",
+    "StateDirError": "dlrover.master.statedir",
+    "StateDirInUseError": "dlrover.master.statedir",
+    "LockHolder": "dlrover.master.statedir",
+    "LOCK_FILE_NAME": "dlrover.master.statedir",
+    "prepare_state_dir": "dlrover.master.statedir",
+    "NodeAuthenticator": "dlrover.master.identity",
+    "NodeIdentityError": "dlrover.master.identity",
+    "NodeImpersonationError": "dlrover.master.identity",
+    "node_metadata": "dlrover.master.identity",
+    "NODE_ID_METADATA_KEY": "dlrover.master.identity",
+    "NODE_CREDENTIAL_METADATA_KEY": "dlrover.master.identity",
+    "SchedulerBackend": "dlrover.master.scheduler",
+    "SchedulerError": "dlrover.master.scheduler",
+    "NodeSpec": "dlrover.master.scheduler",
+    "ObservedNode": "dlrover.master.scheduler",
+    "ObservedState": "dlrover.master.scheduler",
+    "FakeScheduler": "dlrover.master.scheduler",
+    "LocalScheduler": "dlrover.master.scheduler",
+    "ExternalScheduler": "dlrover.master.scheduler",
+    "NodeShapeLimit": "dlrover.master.scheduler",
+    "NodeMemoryRecords": "dlrover.master.scheduler",
+    "MemoryRecord": "dlrover.master.scheduler",
+    "MemoryGroups": "dlrover.master.scheduler",
+    "CgroupMemoryGroups": "dlrover.master.scheduler",
+    "UnavailableMemoryGroups": "dlrover.master.scheduler",
+    "FakeMemoryGroups": "dlrover.master.scheduler",
+    "detect_memory_groups": "dlrover.master.scheduler",
+    "AdjustableCapacity": "dlrover.master.scheduler",
+    "parse_slots": "dlrover.master.scheduler",
+    "AgentServicer": "dlrover.master.servicers",
+    "CheckpointServicer": "dlrover.master.servicers",
+    "JobServicer": "dlrover.master.servicers",
+    "add_master_services": "dlrover.master.servicers",
+    "MasterClient": "dlrover.master.client",
+    "Registration": "dlrover.master.client",
+    "RayJob": "dlrover.master.ray_job",
+    "HeartbeatAnswer": "dlrover.master.client",
+    "CheckpointStepsAnswer": "dlrover.master.client",
+    "StopAnswer": "dlrover.master.client",
+    "MasterMetrics": "dlrover.master.metrics",
+    "MetricsEndpoint": "dlrover.master.metrics",
+    "EventLog": "dlrover.master.eventlog",
+    "EventLogInUseError": "dlrover.master.eventlog",
+    "read_event_log": "dlrover.master.eventlog",
+    "JobSummary": "dlrover.master.status",
+    "NodeSummary": "dlrover.master.status",
+    "summarize": "dlrover.master.status",
+    "format_status": "dlrover.master.status",
+    "render_timeline": "dlrover.master.timeline",
+    "BUCKETS": "dlrover.master.goodput",
+    "AttemptReport": "dlrover.master.goodput",
+    "GoodputAccountant": "dlrover.master.goodput",
+    "GoodputBreakdown": "dlrover.master.goodput",
+    "GoodputInputError": "dlrover.master.goodput",
+    "SampleRate": "dlrover.master.goodput",
+    "StepMark": "dlrover.master.goodput",
+    "compute_breakdown": "dlrover.master.goodput",
+}
 
 __all__ = [
     # autoscaler
@@ -320,3 +494,5 @@ __all__ = [
     "StepMark",
     "compute_breakdown",
 ]
+
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

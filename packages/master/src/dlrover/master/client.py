@@ -27,8 +27,7 @@ from dlrover.diagnosis import ActionKind, Decision, FailureKind, RankStepStats
 from dlrover.master.goodput import AttemptReport
 from dlrover.master.identity import node_metadata
 from dlrover.master.journal import JournaledEvent
-from dlrover.master.master import ResourceSample
-from dlrover.master.records import Action
+from dlrover.master.records import Action, ResourceSample
 from dlrover.master.resize import ResizeResult
 from dlrover.master.states import JobState, NodeState
 from dlrover.master.status import JobSummary, NodeSummary

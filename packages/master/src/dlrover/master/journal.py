@@ -26,10 +26,12 @@ from dlrover.common import ConfigError, DLRoverError
 from dlrover.master.records import (
     LifecycleSnapshot,
     NodeRecord,
+    PendingWork,
     actions_from_json,
-    actions_to_json,
     node_from_dict,
     node_to_dict,
+    pending_work_from_json,
+    pending_work_to_json,
 )
 from dlrover.master.states import JobState
 
@@ -47,7 +49,9 @@ __all__ = [
     "job_fields",
 ]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""2: each node's pending work in a row of its own (`pending_work`), no longer in the job record.
+A version-1 journal is read and upgraded in place; a newer one is refused."""
 DB_FILE_NAME = "master.db"
 
 
@@ -96,6 +100,7 @@ class JournalBatch:
         events: events to append (their `seq` is ignored; the journal numbers them).
         checkpoint: a checkpoint commit to record.
         blobs: collaborator blobs to store, by name.
+        work: nodes' pending work to store, by node id (an empty one removes the node's).
     """
 
     nodes: tuple[NodeRecord, ...] = ()
@@ -103,11 +108,12 @@ class JournalBatch:
     events: tuple[JournaledEvent, ...] = ()
     checkpoint: CheckpointCommit | None = None
     blobs: Mapping[str, Blob] = attrs.field(factory=dict)
+    work: Mapping[int, PendingWork] = attrs.field(factory=dict)
 
     @property
     def empty(self) -> bool:
         """Whether the batch changes nothing."""
-        return not (self.nodes or self.job is not None or self.events or self.checkpoint or self.blobs)
+        return not (self.nodes or self.job is not None or self.events or self.checkpoint or self.blobs or self.work)
 
 
 @attrs.frozen
@@ -123,7 +129,8 @@ class JournalState:
 
 
 def job_fields(snapshot: LifecycleSnapshot) -> dict[str, Any]:
-    """The job-level fields of a lifecycle snapshot, as stored in the journal."""
+    """The job-level fields of a lifecycle snapshot, as stored in the journal (the nodes' pending
+    work is stored per node: `JournalBatch.work`)."""
     return {
         "job_state": snapshot.job_state.value,
         "exit_reason": snapshot.exit_reason,
@@ -132,11 +139,9 @@ def job_fields(snapshot: LifecycleSnapshot) -> dict[str, Any]:
         "next_action_id": snapshot.next_action_id,
         "avoid_hosts": dict(snapshot.avoid_hosts),
         "started": snapshot.started,
-        "pending_actions": actions_to_json(snapshot.actions),
         "policy_state": snapshot.policy_state,
         "target_nodes": snapshot.target_nodes,
         "wanted_nodes": snapshot.wanted_nodes,
-        "planned_round": {str(k): v for k, v in sorted(snapshot.planned_round.items())},
         "spare_failures": snapshot.spare_failures,
         "current_ranks": None if snapshot.current is None else {str(k): v for k, v in sorted(snapshot.current.items())},
     }
@@ -157,10 +162,21 @@ def _optional_int(value: Any) -> int | None:
     return value
 
 
-def _snapshot(job: Mapping[str, Any] | None, nodes: Sequence[NodeRecord]) -> LifecycleSnapshot | None:
+def _snapshot(
+    job: Mapping[str, Any] | None, nodes: Sequence[NodeRecord], work: Mapping[int, PendingWork] | None = None
+) -> LifecycleSnapshot | None:
     if job is None:
         return None
     try:
+        # A version-1 journal kept every node's pending work in the job record; a node's own row
+        # (written since) takes its place.
+        actions = dict(actions_from_json(job.get("pending_actions", {})))
+        planned = {int(k): int(v) for k, v in dict(job.get("planned_round", {})).items()}
+        for node_id, owed in (work or {}).items():
+            actions[node_id] = owed.actions
+            planned.pop(node_id, None)
+            if owed.planned_round is not None:
+                planned[node_id] = owed.planned_round
         return LifecycleSnapshot(
             nodes=tuple(sorted(nodes, key=lambda n: n.node_id)),
             job_state=JobState(job["job_state"]),
@@ -171,13 +187,13 @@ def _snapshot(job: Mapping[str, Any] | None, nodes: Sequence[NodeRecord]) -> Lif
             avoid_hosts={str(k): str(v) for k, v in dict(job["avoid_hosts"]).items()},
             started=bool(job["started"]),
             # Absent in journals written before pending actions were journaled.
-            actions=actions_from_json(job.get("pending_actions", {})),
+            actions={node_id: queued for node_id, queued in actions.items() if queued},
             # Absent in journals written before the policy's counters were journaled: it starts afresh.
             policy_state=str(job.get("policy_state", "")),
             # Absent in journals written before resizing: the job was sized to max_nodes.
             target_nodes=_optional_int(job.get("target_nodes")),
             wanted_nodes=_optional_int(job.get("wanted_nodes")),
-            planned_round={int(k): int(v) for k, v in dict(job.get("planned_round", {})).items()},
+            planned_round=planned,
             spare_failures=int(job.get("spare_failures", 0)),
             current=_current_ranks(job.get("current_ranks")),
         )
@@ -231,6 +247,7 @@ class MemoryJournal:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._nodes: dict[int, NodeRecord] = {}
+        self._work: dict[int, PendingWork] = {}
         self._job: dict[str, Any] | None = None
         self._events: list[JournaledEvent] = []
         self._checkpoints: dict[int, CheckpointCommit] = {}
@@ -240,7 +257,7 @@ class MemoryJournal:
         """See `StateJournal.load`."""
         with self._lock:
             return JournalState(
-                lifecycle=_snapshot(self._job, list(self._nodes.values())),
+                lifecycle=_snapshot(self._job, list(self._nodes.values()), dict(self._work)),
                 job=dict(self._job) if self._job is not None else None,
                 checkpoints=tuple(self._checkpoints[s] for s in sorted(self._checkpoints)),
                 blobs=dict(self._blobs),
@@ -253,6 +270,11 @@ class MemoryJournal:
             _check_blobs(self._blobs, batch.blobs)
             for node in batch.nodes:
                 self._nodes[node.node_id] = node
+            for node_id, owed in batch.work.items():
+                if owed.empty:
+                    self._work.pop(node_id, None)
+                else:
+                    self._work[node_id] = owed
             if batch.job is not None:
                 self._job = dict(batch.job)
             seqs = []
@@ -289,6 +311,7 @@ CREATE TABLE IF NOT EXISTS events (seq INTEGER PRIMARY KEY AUTOINCREMENT, wall_t
 CREATE TABLE IF NOT EXISTS checkpoints (step INTEGER PRIMARY KEY, wall_time REAL NOT NULL,
                                         world_size INTEGER NOT NULL, path TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS blobs (name TEXT PRIMARY KEY, version INTEGER NOT NULL, data TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS pending_work (node_id INTEGER PRIMARY KEY, data TEXT NOT NULL);
 """
 
 
@@ -355,8 +378,13 @@ class SqliteJournal:
             row = self._db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
             if row is None:
                 self._db.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
-            elif row[0] != str(SCHEMA_VERSION):
+            elif row[0] not in ("1", str(SCHEMA_VERSION)):
                 raise JournalError(f"{self._path} has schema version {row[0]}; this master reads {SCHEMA_VERSION}")
+            # Version 1 differs only by the table the schema script has just created, and its job
+            # record's pending work is read until the master rewrites it (see `_snapshot`). The
+            # version changes with the first write of a job record or of pending work, which a
+            # version-1 master could not read: a journal only opened stays readable by one.
+            self._upgrade_pending = row is not None and row[0] == "1"
         except sqlite3.Error as exc:
             raise JournalError(f"cannot open the journal {str(self._path)!r}: {exc}") from exc
         except OSError as exc:
@@ -374,6 +402,8 @@ class SqliteJournal:
             try:
                 job_row = self._db.execute("SELECT value FROM meta WHERE key='job'").fetchone()
                 nodes = [self._node(row) for row in self._db.execute("SELECT node_id, data FROM nodes")]
+                work_rows = self._db.execute("SELECT node_id, data FROM pending_work")
+                work = dict(self._pending_work(row) for row in work_rows)
                 commits = tuple(
                     CheckpointCommit(step=s, wall_time=w, world_size=n, path=p)
                     for s, w, n, p in self._db.execute(
@@ -386,7 +416,7 @@ class SqliteJournal:
                 raise JournalError(f"cannot read the journal {str(self._path)!r}: {exc}") from exc
         job = self._json(job_row[0], "job record") if job_row else None
         return JournalState(
-            lifecycle=_snapshot(job, nodes), checkpoints=commits, blobs=blobs, last_event_seq=last, job=job
+            lifecycle=_snapshot(job, nodes, work), checkpoints=commits, blobs=blobs, last_event_seq=last, job=job
         )
 
     def _json(self, text: str, what: str) -> Any:
@@ -401,6 +431,13 @@ class SqliteJournal:
             return node_from_dict(data)
         except DLRoverError as exc:
             raise JournalError(f"corrupt node {row[0]} in {str(self._path)!r}: {exc}") from exc
+
+    def _pending_work(self, row: tuple[int, str]) -> tuple[int, PendingWork]:
+        data = self._json(row[1], f"pending work of node {row[0]}")
+        try:
+            return row[0], pending_work_from_json(data)
+        except DLRoverError as exc:
+            raise JournalError(f"corrupt pending work of node {row[0]} in {str(self._path)!r}: {exc}") from exc
 
     def commit(self, batch: JournalBatch) -> tuple[int, ...]:
         """See `StateJournal.commit`."""
@@ -419,6 +456,7 @@ class SqliteJournal:
             try:
                 seqs = self._write(batch)
                 self._db.execute("COMMIT")
+                self._upgrade_pending = self._upgrade_pending and batch.job is None and not batch.work
             except BaseException:
                 # A failed COMMIT (disk full, read-only file) leaves the transaction open: end it,
                 # so nothing of the batch stays and the next commit starts clean.
@@ -442,8 +480,15 @@ class SqliteJournal:
             "INSERT OR REPLACE INTO nodes VALUES (?, ?, ?, ?)",
             [(n.node_id, n.rank, n.state.value, json.dumps(node_to_dict(n))) for n in batch.nodes],
         )
+        db.executemany(
+            "INSERT OR REPLACE INTO pending_work VALUES (?, ?)",
+            [(i, json.dumps(pending_work_to_json(w))) for i, w in batch.work.items() if not w.empty],
+        )
+        db.executemany("DELETE FROM pending_work WHERE node_id = ?", [(i,) for i, w in batch.work.items() if w.empty])
         if batch.job is not None:
             db.execute("INSERT OR REPLACE INTO meta VALUES ('job', ?)", (json.dumps(dict(batch.job)),))
+        if self._upgrade_pending and (batch.job is not None or batch.work):
+            db.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),))
         seqs = []
         for e in batch.events:
             cur = db.execute(

@@ -26,6 +26,7 @@ from dlrover.diagnosis import (
     one_line_summary,
 )
 from dlrover.master.config import LifecycleConfig
+from dlrover.master.node_table import NodeTable
 from dlrover.master.policy import Classification, Failure, FailurePolicy, JournaledPolicy, StatefulPolicy
 from dlrover.master.records import (
     Action,
@@ -34,6 +35,7 @@ from dlrover.master.records import (
     LifecycleSnapshot,
     NodeRecord,
     Outcome,
+    PendingWork,
     StopNode,
     TransitionRecord,
 )
@@ -96,9 +98,9 @@ class Savepoint:
     Node records are immutable, so copying the containers is enough.
     """
 
-    nodes: dict[int, NodeRecord]
+    nodes: NodeTable
     current: dict[int, int]
-    actions: dict[int, list[Action]]
+    actions: dict[int, tuple[Action, ...]]
     job_state: JobState
     exit_reason: str
     job_failures: int
@@ -114,6 +116,7 @@ class Savepoint:
     planned_round: dict[int, int]
     spare_failures: int = 0
     restarted_at: dict[int, float] = attrs.field(factory=dict)
+    work_changed: frozenset[int] = frozenset()
 
 
 def _clip(text: str) -> str:
@@ -159,9 +162,10 @@ class JobLifecycle:
         self._config = config
         self._policy = policy
         self._scheduler_relaunches = scheduler_relaunches
-        self._nodes: dict[int, NodeRecord] = {}
+        self._nodes = NodeTable()
         self._current: dict[int, int] = {}
-        self._actions: dict[int, list[Action]] = {}
+        # Queues are tuples, replaced whole: a savepoint copies the dict, not every queue.
+        self._actions: dict[int, tuple[Action, ...]] = {}
         self._job_state = JobState.RUNNING
         self._exit_reason = ""
         self._job_failures = 0
@@ -181,6 +185,8 @@ class JobLifecycle:
         # node id -> when its processes were last told to restart for a failure. Not journaled: after a
         # master restart a node may be told once more to restart for a spare's round.
         self._restarted_at: dict[int, float] = {}
+        # Nodes whose pending work changed since it was last journaled (see `changed_work`).
+        self._work_changed: set[int] = set()
         if snapshot is not None:
             self._restore(snapshot, now)
 
@@ -201,7 +207,9 @@ class JobLifecycle:
         self._exit_reason = snap.exit_reason
         self._job_failures = snap.job_failures
         self._next_node_id = snap.next_node_id
-        self._next_action_id = snap.next_action_id
+        # Action ids are never reused, even where a node's queue was journaled after the job record.
+        owed = (action.action_id for queued in snap.actions.values() for action in queued)
+        self._next_action_id = max(snap.next_action_id, max(owed, default=0) + 1)
         self._avoid_hosts = dict(snap.avoid_hosts)
         self._started = snap.started
         max_nodes = self._config.nodes.max_nodes
@@ -209,7 +217,7 @@ class JobLifecycle:
         self._wanted = min(max_nodes, snap.wanted_nodes if snap.wanted_nodes is not None else max_nodes)
         self._planned_round = dict(snap.planned_round)
         self._spare_failures = snap.spare_failures
-        self._actions = {node_id: list(queued) for node_id, queued in snap.actions.items() if queued}
+        self._actions = {node_id: tuple(queued) for node_id, queued in snap.actions.items() if queued}
         if snap.policy_state and isinstance(self._policy, JournaledPolicy):
             self._policy.import_state(snap.policy_state)
 
@@ -262,11 +270,11 @@ class JobLifecycle:
 
     def nodes(self) -> dict[int, NodeRecord]:
         """Every node incarnation by id (a copy)."""
-        return dict(self._nodes)
+        return self._nodes.as_dict()
 
     def spare_nodes(self) -> list[NodeRecord]:
         """The warm spares that are pending, starting or running, by node id: they hold no rank."""
-        return [n for _, n in sorted(self._nodes.items()) if n.spare and n.state in ALIVE_STATES]
+        return [self._nodes[node_id] for node_id in self._nodes.alive_spare_ids()]
 
     @property
     def spare_failures(self) -> int:
@@ -290,12 +298,36 @@ class JobLifecycle:
 
     def pending_actions(self, node_id: int) -> tuple[Action, ...]:
         """Actions waiting for a node's next heartbeat."""
-        return tuple(self._actions.get(node_id, ()))
+        return self._actions.get(node_id, ())
 
-    def snapshot(self) -> LifecycleSnapshot:
-        """Everything needed to resume this state in a new process."""
+    def pending_work(self, node_id: int) -> PendingWork:
+        """What `node_id` is owed: its queued actions and its planned round's restart."""
+        return PendingWork(self._actions.get(node_id, ()), self._planned_round.get(node_id))
+
+    def changed_work(self, *, every: bool = False) -> dict[int, PendingWork]:
+        """The pending work of the nodes whose work changed since `work_journaled` (with `every`,
+        of every node owed something, and of those changed): what the next journal write stores."""
+        ids = set(self._work_changed)
+        if every:
+            ids |= self._actions.keys() | self._planned_round.keys()
+        return {node_id: self.pending_work(node_id) for node_id in sorted(ids)}
+
+    def work_journaled(self) -> None:
+        """What `changed_work` returned is journaled."""
+        self._work_changed.clear()
+
+    def _forget_work(self, node_id: int, *, planned: bool = True) -> None:
+        """The node is owed nothing more (with `planned`, not its planned round's restart either)."""
+        self._actions.pop(node_id, None)
+        if planned:
+            self._planned_round.pop(node_id, None)
+        self._work_changed.add(node_id)
+
+    def snapshot(self, *, with_nodes: bool = True) -> LifecycleSnapshot:
+        """Everything needed to resume this state in a new process (without the node records
+        when not `with_nodes`: what the job record is written from, on every job change)."""
         return LifecycleSnapshot(
-            nodes=tuple(self._nodes[k] for k in sorted(self._nodes)),
+            nodes=tuple(self._nodes[k] for k in sorted(self._nodes)) if with_nodes else (),
             job_state=self._job_state,
             exit_reason=self._exit_reason,
             job_failures=self._job_failures,
@@ -303,7 +335,7 @@ class JobLifecycle:
             next_action_id=self._next_action_id,
             avoid_hosts=dict(self._avoid_hosts),
             started=self._started,
-            actions={node_id: tuple(queued) for node_id, queued in self._actions.items() if queued},
+            actions={node_id: queued for node_id, queued in self._actions.items() if queued},
             policy_state=self._policy.export_state() if isinstance(self._policy, JournaledPolicy) else "",
             target_nodes=self._target,
             wanted_nodes=self._wanted,
@@ -315,9 +347,9 @@ class JobLifecycle:
     def savepoint(self) -> Savepoint:
         """The state now (and the policy's, when it keeps any), for `rollback`."""
         return Savepoint(
-            nodes=dict(self._nodes),
+            nodes=self._nodes.copy(),
             current=dict(self._current),
-            actions={k: list(v) for k, v in self._actions.items()},
+            actions=dict(self._actions),
             job_state=self._job_state,
             exit_reason=self._exit_reason,
             job_failures=self._job_failures,
@@ -333,13 +365,14 @@ class JobLifecycle:
             planned_round=dict(self._planned_round),
             spare_failures=self._spare_failures,
             restarted_at=dict(self._restarted_at),
+            work_changed=frozenset(self._work_changed),
         )
 
     def rollback(self, savepoint: Savepoint) -> None:
         """Go back to `savepoint`: the change made since could not be journaled, so it never happened."""
-        self._nodes = dict(savepoint.nodes)
+        self._nodes = savepoint.nodes.copy()
         self._current = dict(savepoint.current)
-        self._actions = {k: list(v) for k, v in savepoint.actions.items()}
+        self._actions = dict(savepoint.actions)
         self._job_state = savepoint.job_state
         self._exit_reason = savepoint.exit_reason
         self._job_failures = savepoint.job_failures
@@ -354,19 +387,17 @@ class JobLifecycle:
         self._planned_round = dict(savepoint.planned_round)
         self._spare_failures = savepoint.spare_failures
         self._restarted_at = dict(savepoint.restarted_at)
+        self._work_changed = set(savepoint.work_changed)
         if isinstance(self._policy, StatefulPolicy) and savepoint.policy is not None:
             self._policy.rollback(savepoint.policy)
 
     def count(self, state: NodeState) -> int:
         """How many incarnations are in `state`."""
-        return sum(1 for n in self._nodes.values() if n.state is state)
+        return self._nodes.count(state)
 
     def counts(self) -> dict[NodeState, int]:
         """How many incarnations are in each state (every state present), in one pass."""
-        found = dict.fromkeys(NodeState, 0)
-        for node in self._nodes.values():
-            found[node.state] += 1
-        return found
+        return self._nodes.counts()
 
     # ---------------------------------------------------------------- commands
 
@@ -568,8 +599,7 @@ class JobLifecycle:
         for node in leaving:
             out = out.merge(self._move(node, NodeState.REMOVED, cause, now))
             out = out.merge(Outcome(effects=(StopNode(node.node_id, cause),)))
-            self._actions.pop(node.node_id, None)
-            self._planned_round.pop(node.node_id, None)
+            self._forget_work(node.node_id)
         gone = ", ".join(str(n.node_id) for n in leaving)
         if not any(n.state is NodeState.RUNNING for n in leaving):
             # Only nodes that never registered leave: no round held them, so none is broken.
@@ -703,9 +733,10 @@ class JobLifecycle:
             step=node.step if step is None else step,
             samples=node.samples if samples is None else samples,
         )
-        actions = tuple(self._actions.pop(node_id, ()))
+        actions = self._actions.pop(node_id, ())
         events: tuple[Event, ...] = ()
         if actions:
+            self._work_changed.add(node_id)
             planned = self._planned_round.pop(node_id, None)  # the planned restart is delivered
             delivered = next((a for a in actions if a.action_id == planned), None)
             if delivered is not None:
@@ -720,7 +751,7 @@ class JobLifecycle:
                         {"action_id": delivered.action_id, "delivered": True},
                     ),
                 )
-        return actions, Outcome(changed_nodes=frozenset({node_id}), job_changed=bool(actions), events=events)
+        return actions, Outcome(changed_nodes=frozenset({node_id}), events=events)
 
     def report_failure(
         self,
@@ -778,10 +809,11 @@ class JobLifecycle:
         collective lost the departed peer.
         It is the planned restart, answered as such, and spends no budget."""
         action_id = self._planned_round.pop(node.node_id)
+        self._work_changed.add(node.node_id)
         if answered:
             # The answer carries the restart: the queued one must not restart the node again.
-            kept = [a for a in self._actions.get(node.node_id, ()) if a.action_id != action_id]
-            self._actions[node.node_id] = kept
+            queued = self._actions.get(node.node_id, ())
+            self._actions[node.node_id] = tuple(a for a in queued if a.action_id != action_id)
         reason = (
             f"a planned round is under way (a node left the job by a resize, or a spare takes a failed node's "
             f"rank): the workers of node "
@@ -790,7 +822,7 @@ class JobLifecycle:
         )
         decision = Decision(ActionKind.RESTART_PROCESSES, kind, str(node.node_id), reason)
         ev = Event("planned_restart", reason, node.node_id, node.rank, {"kind": kind.value, "evidence": evidence})
-        return decision, Outcome(events=(ev,), job_changed=True)
+        return decision, Outcome(events=(ev,))
 
     def node_lost(
         self,
@@ -858,7 +890,7 @@ class JobLifecycle:
         data = {"reason": reason, "evidence": _clip(evidence), "host": host, "host_avoided": avoid_host and bool(host)}
         ev = Event("disruption", message, node_id, None if node.spare else node.rank, data)
         out = out.merge(self._move(node, NodeState.FAILED, f"disruption: {reason}", now))
-        self._actions.pop(node_id, None)
+        self._forget_work(node_id, planned=False)
         out = out.merge(Outcome(effects=(StopNode(node_id, message),), events=(ev,), job_changed=True))
         if node.spare:
             return out
@@ -980,6 +1012,7 @@ class JobLifecycle:
             if node.state in ALIVE_STATES:
                 out = out.merge(self._move(node, NodeState.REMOVED, f"job {state.value}: {self._exit_reason}", now))
                 out = out.merge(Outcome(effects=(StopNode(node.node_id, "the job ended"),)))
+        self._work_changed.update(self._actions)
         self._actions.clear()
         return out
 
@@ -1182,18 +1215,19 @@ class JobLifecycle:
                 if not save_first:  # a failure's round comes too: broken collectives cannot save
                     self._drop_save_first(node.node_id)
                 continue
-            self._actions.setdefault(node.node_id, []).append(
-                Action(self._next_action_id, ActionKind.RESTART_PROCESSES, why, planned_round=save_first)
-            )
+            restart = Action(self._next_action_id, ActionKind.RESTART_PROCESSES, why, planned_round=save_first)
+            self._actions[node.node_id] = (*self._actions.get(node.node_id, ()), restart)
             self._planned_round[node.node_id] = self._next_action_id
+            self._work_changed.add(node.node_id)
             self._next_action_id += 1
 
     def _drop_save_first(self, node_id: int) -> None:
         """The node's queued planned restart no longer asks its workers to save first."""
         queued = self._planned_round[node_id]
-        self._actions[node_id] = [
-            attrs.evolve(a, planned_round=False) if a.action_id == queued else a for a in self._actions.get(node_id, [])
-        ]
+        self._work_changed.add(node_id)
+        self._actions[node_id] = tuple(
+            attrs.evolve(a, planned_round=False) if a.action_id == queued else a for a in self._actions.get(node_id, ())
+        )
 
     def _fail_observed(self, node: NodeRecord, evidence: str, now: float) -> Outcome:
         """A node the master saw go silent or never register (`tick`)."""
@@ -1219,7 +1253,7 @@ class JobLifecycle:
             )
         reason = f"spare node {node.node_id} failed ({kind.value}: {headline}); it held no rank: {then}"
         out = self._move(node, NodeState.FAILED, f"{kind.value}: {headline}", now)
-        self._actions.pop(node.node_id, None)
+        self._forget_work(node.node_id, planned=False)
         ev = Event(
             "spare_lost",
             reason,
@@ -1312,14 +1346,6 @@ class JobLifecycle:
         # The evidence (a worker's traceback, say) is printed whole once, by the worker itself;
         # the messages that are logged carry one line of it, the failure event all of it.
         headline = one_line_summary(evidence)
-        failure_ev = Event(
-            "failure",
-            f"node {node.node_id} (rank {node.rank}) failed: {kind.value}: {headline}",
-            node.node_id,
-            node.rank,
-            {"kind": kind.value, "evidence": evidence, "observed_by_master": observed},
-        )
-        out = Outcome(events=(failure_ev,), changed_nodes=frozenset({node.node_id}), job_changed=True)
         if self._job_failures > self._config.max_job_failures:
             decision = Decision(
                 ActionKind.ABORT_JOB,
@@ -1349,35 +1375,55 @@ class JobLifecycle:
                     outcome=f"{decision.outcome}; but workers have already succeeded: the node is not relaunched",
                     avoid_host=False,
                 )
+        # The kind the decision was made on (the policy's reading of the evidence), which the
+        # metrics count by; the agent's own report is often only "unknown" (an exit code).
+        failure_ev = Event(
+            "failure",
+            f"node {node.node_id} (rank {node.rank}) failed: {decision.kind.value}: {headline}",
+            node.node_id,
+            node.rank,
+            {
+                "kind": decision.kind.value,
+                "reported_kind": kind.value,
+                "evidence": evidence,
+                "observed_by_master": observed,
+            },
+        )
+        out = Outcome(events=(failure_ev,), changed_nodes=frozenset({node.node_id}), job_changed=True)
+        decided = decision.kind
+        node = attrs.evolve(node, last_failure=f"{decided.value}: {evidence}")
+        self._nodes[node.node_id] = node
         decision, relaunch_with, grown = self._grow_memory(node, decision)
         out = out.merge(grown)
         reason = decision.outcome
         if decision.avoid_host and node.host:
-            out = out.merge(self.mark_host_unhealthy(node.host, f"{kind.value} on node {node.node_id}"))
+            out = out.merge(self.mark_host_unhealthy(node.host, f"{decided.value} on node {node.node_id}"))
         if decision.action.restarts_processes:
             node = attrs.evolve(node, process_restarts=node.process_restarts + 1)
             self._nodes[node.node_id] = node
             self._restarted_at[node.node_id] = now
             if not answered:
-                self._actions.setdefault(node.node_id, []).append(Action(self._next_action_id, decision.action, reason))
+                restart = Action(self._next_action_id, decision.action, reason)
+                self._actions[node.node_id] = (*self._actions.get(node.node_id, ()), restart)
+                self._work_changed.add(node.node_id)
                 self._next_action_id += 1
             ev = Event(
                 "process_restart",
                 reason,
                 node.node_id,
                 node.rank,
-                {"kind": kind.value},
+                {"kind": decided.value},
             )
             return decision, out.merge(Outcome(events=(ev,)))
-        out = out.merge(self._move(node, NodeState.FAILED, f"{kind.value}: {headline}", now))
+        out = out.merge(self._move(node, NodeState.FAILED, f"{decided.value}: {headline}", now))
         node = self._nodes[node.node_id]
-        self._actions.pop(node.node_id, None)
+        self._forget_work(node.node_id, planned=False)
         # Whatever follows, this incarnation is finished: its agent and processes are stopped.
         out = out.merge(Outcome(effects=(StopNode(node.node_id, reason),)))
         if decision.action is ActionKind.ABORT_JOB:
             return decision, out.merge(self.stop(reason, now, state=JobState.FAILED))
         if decision.action.relaunches_node:
-            out = out.merge(self._relaunch(node, kind, reason, relaunch_with, now))
+            out = out.merge(self._relaunch(node, decided, reason, relaunch_with, now))
         else:
             out = out.merge(self._move(node, NodeState.REMOVED, reason, now))
         out = out.merge(self._check_nodes(now, cause=reason))
@@ -1517,17 +1563,17 @@ class JobLifecycle:
         """
         if self._job_state.finished or not self._started:
             return Outcome()
-        alive = list(self._alive())
-        succeeded = self.count(NodeState.SUCCEEDED)
-        if not alive:
+        # Counted, not scanned: this runs on nearly every call (see `NodeTable`).
+        succeeded = self._nodes.count(NodeState.SUCCEEDED)
+        if not self._nodes.alive_ranked():
             if succeeded:
                 return self.stop(f"all nodes finished; {succeeded} succeeded", now, state=JobState.SUCCEEDED)
             if cause:
                 return self.stop(f"{cause}; no node is left: the job stops", now, state=JobState.FAILED)
             return self.stop("no nodes left: every rank failed beyond its budget", now, state=JobState.FAILED)
         if succeeded:
-            return self._finishing(alive, succeeded, now)
-        return self._check_insufficient(sum(1 for n in alive if n.state is NodeState.RUNNING), now)
+            return self._finishing(list(self._alive()), succeeded, now)
+        return self._check_insufficient(self._nodes.count(NodeState.RUNNING, spare=False), now)
 
     def _finishing(self, alive: list[NodeRecord], succeeded: int, now: float) -> Outcome:
         """The job is finishing: nodes leave one by one as they succeed. A node that never joined (pending,
@@ -1542,7 +1588,7 @@ class JobLifecycle:
             out = out.merge(self._move(node, NodeState.REMOVED, why, now))
             out = out.merge(Outcome(effects=(StopNode(node.node_id, why),), job_changed=True))
         self._insufficient_since = None
-        if not any(True for _ in self._alive()):
+        if not self._nodes.alive_ranked():
             return out.merge(self.stop(f"all nodes finished; {succeeded} succeeded", now, state=JobState.SUCCEEDED))
         return out
 

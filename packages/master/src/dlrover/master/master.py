@@ -57,7 +57,7 @@ from dlrover.master.metrics import MasterMetrics
 from dlrover.master.oom_evidence import OOM_EVIDENCE_BLOB, OomEvidenceLedger
 from dlrover.master.policy import ClassifyingPolicy, DefaultFailurePolicy, FailurePolicy
 from dlrover.master.profiles import ProfileRecorder, ThroughputBySize, build_run_profile
-from dlrover.master.records import Action, Event, LaunchNode, NodeRecord, Outcome, StopNode
+from dlrover.master.records import Action, Event, LaunchNode, NodeRecord, Outcome, ResourceSample, StopNode
 from dlrover.master.resize import (
     RESIZE_EVENT,
     RESIZE_TARGET_EVENT,
@@ -191,16 +191,6 @@ class SpareAware(Protocol):
 
 
 @attrs.frozen
-class ResourceSample:
-    """A node's latest resource use, as its agent reported it."""
-
-    cpu_percent: float = 0.0
-    memory_bytes: int = 0
-    gpu_percent: float = 0.0
-    gpu_memory_bytes: int = 0
-
-
-@attrs.frozen
 class JobStatus:
     """A summary of the job for people and tools.
 
@@ -252,6 +242,12 @@ class JobStatus:
     capacity: int | None = None
     spares: tuple[NodeRecord, ...] = ()
     spare_nodes: int = 0
+
+
+def _holds_pending_work(job: Mapping[str, Any] | None) -> bool:
+    """Whether a journaled job record holds the nodes' pending work, as schema 1 wrote it: the
+    master's first write then replaces it (with the work in rows of their own)."""
+    return job is not None and ("pending_actions" in job or "planned_round" in job)
 
 
 class Master:
@@ -315,6 +311,7 @@ class Master:
         self._observed: dict[int, ObservedState] = {}
         self._progress: tuple[float, int, int] | None = None  # (wall time, step, samples) of the last progress event
         self._goodput = GoodputAccountant()
+        self._metrics.read_goodput_from(self._goodput_now)
         self._samples = SampleRate(config.samples_rate_window_s)
         # Attempt reports accounted but not yet journaled (a `steps` event), and when the last went.
         self._unjournaled_steps: list[AttemptReport] = []
@@ -331,7 +328,7 @@ class Master:
         restored = journal.load()
         self._check_same_job(restored.job)
         self._restored = restored.lifecycle is not None
-        self._job_journaled = self._restored
+        self._job_journaled = self._restored and not _holds_pending_work(restored.job)
         now = clock.now()
         self._policy = policy or DefaultFailurePolicy()
         auto = config.autoscale
@@ -348,17 +345,21 @@ class Master:
         self._checkpoints = checkpoints or CheckpointTracker(restored.checkpoints)
         self._blob_versions: dict[str, int] = {OOM_EVIDENCE_BLOB: self._oom_evidence.version}
         self._deferred: list[LaunchNode | StopNode] = []
-        for collaborator in self._collaborators:
-            blob = restored.blobs.get(collaborator.state_name)
-            if blob is not None:
-                collaborator.import_state(blob.version, blob.data)
-                self._blob_versions[collaborator.state_name] = blob.version
+        self._import_collaborators(restored.blobs)
         if self._restored and self._membership:
             self._reconcile_membership()
         if restored.last_event_seq:
             self._replay_events()
         if self._restored:
             self._resumed()
+
+    def _import_collaborators(self, blobs: Mapping[str, Blob]) -> None:
+        """Hand each collaborator the state the journal holds for it."""
+        for collaborator in self._collaborators:
+            blob = blobs.get(collaborator.state_name)
+            if blob is not None:
+                collaborator.import_state(blob.version, blob.data)
+                self._blob_versions[collaborator.state_name] = blob.version
 
     def _resumed(self) -> None:
         """Journal the restart, and tell a backend that adopts nodes which ones the journal holds alive: it
@@ -507,10 +508,14 @@ class Master:
         nodes = tuple(self._lifecycle.node(i) for i in sorted(outcome.changed_nodes))
         job = None
         if outcome.job_changed or not self._job_journaled:
-            job = {**job_fields(self._lifecycle.snapshot()), "job_identity": self._identity()}
-        batch = JournalBatch(nodes=nodes, job=job, events=stamped, checkpoint=checkpoint, blobs=blobs or {})
+            job = {**job_fields(self._lifecycle.snapshot(with_nodes=False)), "job_identity": self._identity()}
+        # The first write of a master stores every node's pending work: a journal of schema 1
+        # kept it in the job record, which that write replaces.
+        work = self._lifecycle.changed_work(every=not self._job_journaled)
+        batch = JournalBatch(nodes=nodes, job=job, events=stamped, checkpoint=checkpoint, blobs=blobs or {}, work=work)
         seqs = self._journal.commit(batch)
         self._job_journaled = True
+        self._lifecycle.work_journaled()
         return tuple(attrs.evolve(e, seq=s) for e, s in zip(stamped, seqs, strict=False))
 
     def _publish(self, outcome: Outcome, journaled: tuple[JournaledEvent, ...]) -> None:
@@ -1325,7 +1330,6 @@ class Master:
                 self._journal_collaborators()
             self._journal_steps(force=self._lifecycle.job_state.finished)
             wall = self._clock.wall_time()
-            self._metrics.set_goodput(self._goodput.breakdown(wall))
             self._metrics.set_samples_per_second(self._samples.rate(wall))
             running = sum(1 for n in self._lifecycle.current_nodes().values() if n.state is NodeState.RUNNING)
             self._throughput.observe(wall, self._samples.total, running)
@@ -1462,6 +1466,11 @@ class Master:
         """The job's events after `after_seq`."""
         return self._journal.events(after_seq, limit)
 
+    def _goodput_now(self) -> GoodputBreakdown:
+        """The breakdown of the job's time so far (the metrics read it when scraped)."""
+        with self._lock:
+            return self._goodput.breakdown(self._clock.wall_time())
+
     def status(self) -> JobStatus:
         """A summary of the job."""
         with self._lock:
@@ -1500,6 +1509,7 @@ class Master:
             snap = self._lifecycle.snapshot()
             data = {
                 "job": job_fields(snap),
+                "planned_round": {str(k): v for k, v in sorted(snap.planned_round.items())},
                 "nodes": [attrs.asdict(n) for n in snap.nodes],
                 "actions": {
                     i: [attrs.asdict(a) for a in self._lifecycle.pending_actions(i)]

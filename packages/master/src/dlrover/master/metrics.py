@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import generate_latest, start_http_server
+from prometheus_client.registry import Collector
 
 from dlrover.common.refusals import REFUSAL_REASONS, Refusal
 from dlrover.master.goodput import BUCKETS, GoodputBreakdown
@@ -14,6 +17,8 @@ from dlrover.master.journal import JournaledEvent
 from dlrover.master.states import NodeState
 
 __all__ = ["MasterMetrics", "MetricsEndpoint"]
+
+_log = logging.getLogger(__name__)
 
 
 class MasterMetrics:
@@ -37,17 +42,7 @@ class MasterMetrics:
         self.samples_per_second = Gauge(
             "dlrover_samples_per_second", "Training samples per second.", ["job"], registry=r
         )
-        self.goodput = Gauge("dlrover_goodput_ratio", "Useful training time over elapsed time.", ["job"], registry=r)
-        self.goodput_seconds = Gauge(
-            "dlrover_goodput_seconds",
-            "Elapsed seconds by bucket: useful (kept steps) and where the rest went.",
-            ["job", "bucket"],
-            registry=r,
-        )
-        self.goodput_fraction = Gauge(
-            "dlrover_goodput_fraction", "Each bucket's share of the elapsed time.", ["job", "bucket"], registry=r
-        )
-        self.elapsed = Gauge("dlrover_elapsed_seconds", "Seconds since the job started.", ["job"], registry=r)
+        self._goodput: _GoodputCollector | None = None
         self.checkpoint_latency = Histogram(
             "dlrover_checkpoint_latency_seconds",
             "From the first rank reporting a step to every rank holding it.",
@@ -104,19 +99,64 @@ class MasterMetrics:
         """Count one refused call (a `RefusalObserver` the master's server reports to)."""
         self.refused_calls.labels(self._job, refusal.reason).inc()
 
-    def set_goodput(self, breakdown: GoodputBreakdown) -> None:
-        """Publish goodput so far and the breakdown of the elapsed time."""
-        job = self._job
-        self.goodput.labels(job).set(breakdown.ratio)
-        self.elapsed.labels(job).set(breakdown.elapsed_s)
-        for bucket, seconds in (("useful", breakdown.useful_s), *((b, breakdown.buckets[b]) for b in BUCKETS)):
-            self.goodput_seconds.labels(job, bucket).set(seconds)
-            share = seconds / breakdown.elapsed_s if breakdown.elapsed_s > 0 else 0.0
-            self.goodput_fraction.labels(job, bucket).set(share)
+    def read_goodput_from(self, source: Callable[[], GoodputBreakdown]) -> None:
+        """Publish goodput so far and the breakdown of the elapsed time (`dlrover_goodput_ratio`,
+        `dlrover_elapsed_seconds`, `dlrover_goodput_seconds` and `dlrover_goodput_fraction` by
+        bucket) from what `source` answers when the metrics are read. A later call replaces the source."""
+        if self._goodput is None:
+            self._goodput = _GoodputCollector(self._job, source)
+            self.registry.register(self._goodput)
+        else:
+            self._goodput.source = source
 
     def render(self) -> bytes:
         """The exposition text of every metric."""
         return generate_latest(self.registry)
+
+
+class _GoodputCollector(Collector):
+    """The goodput gauges, computed when they are read: the breakdown walks the job's whole
+    history (every attempt and failure), so computing it on every tick of the master made a long
+    job's ticks grow with its age, while a scrape comes every few seconds at most."""
+
+    def __init__(self, job: str, source: Callable[[], GoodputBreakdown]) -> None:
+        self._job = job
+        self.source = source
+
+    def describe(self) -> Iterator[Metric]:
+        """The families without samples (the registry asks once, at registration)."""
+        return iter(self._families())
+
+    def collect(self) -> Iterator[Metric]:
+        """The families with the breakdown now."""
+        families = self._families()
+        ratio, elapsed, seconds, fraction = families
+        try:
+            breakdown = self.source()
+        except Exception:  # the other metrics are still served; the reason is in the master's log
+            _log.exception("goodput left out of this scrape: its breakdown failed")
+            return iter(())
+        ratio.add_metric([self._job], breakdown.ratio)
+        elapsed.add_metric([self._job], breakdown.elapsed_s)
+        for bucket, spent in (("useful", breakdown.useful_s), *((b, breakdown.buckets[b]) for b in BUCKETS)):
+            seconds.add_metric([self._job, bucket], spent)
+            fraction.add_metric([self._job, bucket], spent / breakdown.elapsed_s if breakdown.elapsed_s > 0 else 0.0)
+        return iter(families)
+
+    @staticmethod
+    def _families() -> list[GaugeMetricFamily]:
+        return [
+            GaugeMetricFamily("dlrover_goodput_ratio", "Useful training time over elapsed time.", labels=["job"]),
+            GaugeMetricFamily("dlrover_elapsed_seconds", "Seconds since the job started.", labels=["job"]),
+            GaugeMetricFamily(
+                "dlrover_goodput_seconds",
+                "Elapsed seconds by bucket: useful (kept steps) and where the rest went.",
+                labels=["job", "bucket"],
+            ),
+            GaugeMetricFamily(
+                "dlrover_goodput_fraction", "Each bucket's share of the elapsed time.", labels=["job", "bucket"]
+            ),
+        ]
 
 
 class MetricsEndpoint:

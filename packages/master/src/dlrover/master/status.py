@@ -7,12 +7,15 @@ returns, so `format_status` renders it alike in-process and across the wire.
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 import attrs
 
-from dlrover.master.master import JobStatus
 from dlrover.master.records import NodeRecord
 from dlrover.master.states import JobState, NodeState
+
+if TYPE_CHECKING:  # the client renders summaries without loading the master
+    from dlrover.master.master import JobStatus
 
 __all__ = ["JobSummary", "NodeSummary", "format_status", "summarize"]
 

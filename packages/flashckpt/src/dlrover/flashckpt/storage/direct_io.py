@@ -30,7 +30,6 @@ import os
 from collections.abc import Callable, Iterable
 
 import attrs
-import numpy as np
 
 from dlrover.flashckpt.storage.base import Chunk
 
@@ -77,6 +76,8 @@ class DirectWrite:
 
 def _address(buffer: Chunk) -> int:
     """The address of a buffer's first byte (read-only buffers too, which ctypes cannot take)."""
+    import numpy as np  # on first use: the agent imports this module on its start-up path
+
     return int(np.frombuffer(buffer, dtype=np.uint8).ctypes.data)
 
 
@@ -89,6 +90,8 @@ class _DirectWriter:
         self._on_buffered = on_buffered
         # An aligned stretch of a slightly larger array: freed with its last view, whatever an
         # exception's traceback still holds (an mmap would refuse to close under such a view).
+        import numpy as np  # on first use (see `_address`)
+
         raw = np.empty(buffer_bytes + ALIGN, dtype=np.uint8)
         start = -raw.ctypes.data % ALIGN
         self._buf = raw[start : start + buffer_bytes]
