@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from dlrover.common import DLRoverError
+from dlrover.common import DLRoverError, SystemClock
 from dlrover.diagnosis import ActionKind, Decision, FailureKind
 from dlrover.launcher.control import FailureReport, Progress, ResourceUsage, RoundAssignment
 from dlrover.launcher.grpc_control import GrpcControlPlane
@@ -341,3 +341,52 @@ def test_a_spare_waits_past_the_round_timeout_and_takes_the_rank_of_a_lost_node(
         finally:
             for plane in planes:
                 plane.close()
+
+
+class _RecordingClock(SystemClock):
+    """The system clock, keeping every sleep asked of it."""
+
+    def __init__(self) -> None:
+        self.sleeps: list[float] = []
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        super().sleep(seconds)
+
+
+@pytest.mark.integration
+def test_a_waiting_node_polls_as_often_as_the_master_paces_it_not_on_a_growing_backoff(
+    master: MasterRuntime,
+) -> None:
+    clock = _RecordingClock()
+    early = GrpcControlPlane(
+        master.address,
+        master.token,
+        node_name="early",
+        host="localhost",
+        local_addr="127.0.0.1",
+        min_nodes=2,
+        max_nodes=2,
+        clock=clock,
+    )
+    late = _plane(master, "late")
+    try:
+        early.register(1)
+        got: list[RoundAssignment] = []
+        waiter = threading.Thread(target=lambda: got.append(early.next_round(timeout_s=60)), daemon=True)
+        waiter.start()
+        deadline = time.monotonic() + 30
+        while len(clock.sleeps) < 8 and time.monotonic() < deadline:  # it has polled a while
+            time.sleep(0.05)
+        late.register(1)
+        late.next_round(timeout_s=60)
+        waiter.join(60)
+        assert got, "the early node never saw the round"
+        # One waiting node: the master asks for its floor (0.05 s) every time; the client's own
+        # backoff would have doubled to 0.1, 0.2, 0.4 ...
+        polls = clock.sleeps[:8]
+        assert len(polls) == 8
+        assert max(polls) <= 0.05 + 1e-9, polls
+    finally:
+        early.close()
+        late.close()

@@ -509,3 +509,52 @@ def test_a_worker_taken_from_a_standby_writes_its_error_file(workdir: Path, tmp_
     assert pool.taken == 1
     assert ended.exit_code == 1
     assert ended.error.startswith("ValueError: recorded by a worker a standby became")
+
+
+FAILS_AFTER_SIDE_EFFECTS = """
+import atexit, os, pathlib, sys, threading, time
+out = pathlib.Path(os.environ["OUT_DIR"])
+atexit.register(lambda: (out / "atexit").write_text("ran"))
+log = open(out / "unclosed.txt", "w")  # never closed: its buffer is written only at exit
+log.write("a line only a flush at exit writes\\n")
+def late():
+    time.sleep(0.3)
+    (out / "thread").write_text("finished")
+threading.Thread(target=late).start()  # not a daemon: the interpreter waits for it
+class Finalized:
+    def __del__(self):
+        (out / "teardown").write_text("ran")
+kept = Finalized()
+raise RuntimeError("the program failed")
+"""
+
+
+def test_a_failed_worker_ends_after_its_exit_handlers_and_flushed_files_without_module_teardown(
+    workdir: Path, tmp_path: Path
+) -> None:
+    script = workdir / "fails_after_side_effects.py"
+    script.write_text(FAILS_AFTER_SIDE_EFFECTS)
+    program = (PY, "-u", str(script))
+    results = {}
+    for how in ("fresh", "standby", "teardown"):
+        out = tmp_path / how
+        out.mkdir()
+        env = _env(workdir, tmp_path / "unused.json", OUT_DIR=str(out))
+        if how == "teardown":  # a standby, told to tear down as a fresh interpreter does
+            env["DLROVER_FAILED_WORKER_TEARDOWN"] = "1"
+        pool = StandbyPool(program, ["prewarm_marker"], env, size=1) if how != "fresh" else None
+        try:
+            if pool is not None:
+                pool.fill()
+            ended = _run_to_exit(WorkerSpec(local_rank=0, argv=program, env=env), pool)
+        finally:
+            if pool is not None:
+                pool.close()
+        results[how] = (ended.exit_code, sorted(p.name for p in out.iterdir()), (out / "unclosed.txt").read_text())
+        assert "RuntimeError: the program failed" in ended.stderr_tail
+    # As a fresh interpreter: status 1, its thread waited for, its exit handler run, its file flushed ...
+    flushed = "a line only a flush at exit writes\n"
+    assert results["fresh"] == (1, ["atexit", "teardown", "thread", "unclosed.txt"], flushed)
+    # ... but no module teardown: finalizers of objects still alive at the end do not run.
+    assert results["standby"] == (1, ["atexit", "thread", "unclosed.txt"], flushed)
+    assert results["teardown"] == results["fresh"]

@@ -34,6 +34,12 @@ def _join_all(m: RendezvousManager, nodes: list[str], now: float) -> None:
         ({"min_nodes": 1, "max_nodes": 2, "last_call_s": -1.0}, "last_call_s"),
         ({"min_nodes": 1, "max_nodes": 2, "join_timeout_s": 0}, "join_timeout_s"),
         ({"min_nodes": 1, "max_nodes": 2, "heartbeat_timeout_s": float("nan")}, "heartbeat_timeout_s"),
+        ({"min_nodes": 1, "max_nodes": 2, "poll_rate_per_s": 0}, "poll_rate_per_s"),
+        ({"min_nodes": 1, "max_nodes": 2, "max_poll_interval_s": float("inf")}, "max_poll_interval_s"),
+        (
+            {"min_nodes": 1, "max_nodes": 2, "min_poll_interval_s": 2.0, "max_poll_interval_s": 1.0},
+            r"min_poll_interval_s \(2.0\) must not exceed max_poll_interval_s \(1.0\)",
+        ),
     ],
 )
 def test_bad_config_is_rejected_with_the_value(kwargs: dict[str, float], match: str) -> None:
@@ -316,3 +322,35 @@ def test_finishing_in_a_round_that_expiry_ends_first_keeps_nothing() -> None:
     assert "ended before" in m.finish("a", 20.0)
     assert m.current_round is None
     assert m.finished == frozenset()
+
+
+def test_waiting_nodes_are_told_when_to_poll_next_so_together_they_poll_at_the_configured_rate() -> None:
+    config = RendezvousConfig(
+        min_nodes=100, max_nodes=100, poll_rate_per_s=20.0, min_poll_interval_s=0.05, max_poll_interval_s=2.0
+    )
+    m = RendezvousManager(config)
+    m.join("n0", 0.0)
+    assert m.poll("n0", 0.0).retry_after_s == 0.05  # one waiting: as soon as the floor allows
+    for i in range(1, 10):
+        m.join(f"n{i}", 0.0)
+    assert m.poll("n0", 0.0).retry_after_s == pytest.approx(10 / 20.0)  # ten at 20 polls a second
+    for i in range(10, 60):
+        m.join(f"n{i}", 0.0)
+    assert m.poll("n0", 0.0).retry_after_s == 2.0  # capped
+    lone = RendezvousManager(RendezvousConfig(min_nodes=2, max_nodes=2, heartbeat_timeout_s=1000.0))
+    lone.join("x", 0.0)
+    assert lone.poll("x", 10.0).retry_after_s == pytest.approx(0.5)  # a long wait: a twentieth of it
+    assert lone.poll("x", 400.0).retry_after_s == 5.0  # max_poll_interval_s
+    # Polls keep a waiting node alive: never more than a third of the heartbeat timeout apart.
+    short = RendezvousManager(
+        RendezvousConfig(min_nodes=100, max_nodes=100, heartbeat_timeout_s=0.3, poll_rate_per_s=1.0)
+    )
+    for i in range(60):
+        short.join(f"n{i}", 0.0)
+    assert short.poll("n0", 0.0).retry_after_s == pytest.approx(0.1)
+    # An assigned node polls no more: its answer asks for nothing.
+    small = RendezvousManager(RendezvousConfig(min_nodes=1, max_nodes=1))
+    small.join("a", 0.0)
+    assigned = small.poll("a", 0.0)
+    assert assigned.state is PollState.ASSIGNED
+    assert assigned.retry_after_s == 0.0

@@ -24,6 +24,7 @@ def test_round_forms_over_grpc_and_reports_reasons(client: RendezvousClient, clo
     waiting = client.poll("a")
     assert waiting.state is PollState.WAITING
     assert waiting.reason == "1 of min 2 nodes joined; waiting for 1 more"
+    assert waiting.retry_after_s == 0.05  # the service paces the polls (RendezvousConfig.poll_rate_per_s)
     client.join("b")
     assert "last call in 5.0 s" in client.status().reason
     clock.advance(5.0)

@@ -15,7 +15,15 @@ modules' warnings filters placed where the program's own import would place them
 without a line means the agent no longer needs it: it exits 0 without running anything. An
 exception the program does not catch is printed as a fresh interpreter prints it (through
 ``sys.excepthook``, exit status 1; SIGINT for ``KeyboardInterrupt``), its traceback starting at the
-program's own first frame: the frames of this runner are left out.
+program's own first frame: the frames of this runner are left out. Such a failed worker then ends as
+the interpreter ends one, up to the end of its exit handlers (non-daemon threads waited for, the
+``atexit`` handlers the modules and the program registered run, torch's included, the standard
+streams and every open file flushed), and exits without tearing down its modules: torch's teardown
+takes half a second here, seconds with CUDA, and the restart of every worker of the job waits for the
+failed one to exit. Left out: finalizers of objects still alive at the end (``__del__``, so a gzip,
+zip or tar writer the program left open gets its data flushed but no trailer or directory), and
+exit handlers registered before this runner started (by a ``sitecustomize`` or ``.pth`` file).
+``DLROVER_FAILED_WORKER_TEARDOWN=1`` in ``dlrover-run``'s environment keeps the full teardown.
 
 `dlrover-run` uses standbys by default (``--prewarm torch,dlrover.flashckpt.client``). What could
 differ from a fresh start is that `MODULES` were imported before the worker's own environment was
@@ -55,8 +63,10 @@ environment the standby was started with (the kernel keeps the one a process was
 
 from __future__ import annotations
 
+import atexit
 import builtins
 import contextlib
+import gc
 import importlib
 import importlib.abc
 import importlib.machinery
@@ -345,6 +355,10 @@ def main(argv: list[str]) -> int:
         print(USAGE, file=sys.stderr)
         return 2
     expected_parent, modules, program = int(argv[0]), argv[1], argv[3:]
+    # Registered before any module is imported: exit handlers run last first, so this runs after
+    # every handler the modules and the program register.
+    failed_exit = _FailedExit()
+    atexit.register(failed_exit)
     arm_parent_death_signal()
     prefer_for_oom_kill()  # as a worker started through the orphan guard
     if os.getppid() != expected_parent:
@@ -387,12 +401,73 @@ def main(argv: list[str]) -> int:
         raise
     except BaseException as exc:
         _report_uncaught(exc)
+        failed_exit.status = 1
         return 1  # the interpreter's status for an uncaught exception
     return 0
 
 
 def _printed_already(*_args: object) -> None:
     pass
+
+
+FAILED_TEARDOWN_ENV_VAR = "DLROVER_FAILED_WORKER_TEARDOWN"
+"""Set to 1 in `dlrover-run`'s environment: a failed worker tears its modules down as a fresh
+interpreter does (for programs that rely on finalizers at exit, see the module)."""
+
+
+class _FailedExit:
+    """The last exit handler: once the program failed (`status` set), it flushes what the
+    interpreter's teardown would have flushed and ends the process with `status` (see the module)."""
+
+    def __init__(self) -> None:
+        self.status: int | None = None
+
+    def __call__(self) -> None:
+        if self.status is None or os.environ.get(FAILED_TEARDOWN_ENV_VAR) == "1":
+            return
+        try:
+            _flush_open_files()
+        finally:
+            os._exit(self.status)
+
+
+def _file_layer(obj: io.IOBase) -> int:
+    """Outer wrappers first: a text file's buffer, a buffered file's raw file come after it."""
+    if issubclass(type(obj), io.TextIOBase):
+        return 0
+    return 1 if issubclass(type(obj), io.BufferedIOBase) else 2
+
+
+def _flush_open_files() -> None:
+    """Flush the standard streams, then every open writable file object, outer wrappers first and
+    twice (a gzip writer flushes into a buffered file it wraps): what their finalizers would have
+    written at teardown, short of closing them. A file that cannot be flushed is said on stderr, if
+    stderr still works."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):  # a closed or broken standard stream: nowhere to say it
+            stream.flush()
+    is_file: dict[type, bool] = {}
+    files: list[io.IOBase] = []
+    for obj in gc.get_objects():
+        kind = type(obj)  # not obj.__class__, which an object may compute (or warn about)
+        known = is_file.get(kind)
+        if known is None:
+            known = is_file[kind] = issubclass(kind, io.IOBase)
+        if known:
+            files.append(obj)
+    files.sort(key=_file_layer)
+    failed: set[int] = set()
+    for _round in range(2):
+        for file in files:
+            if id(file) in failed:
+                continue
+            try:
+                if not file.closed and file.writable():
+                    file.flush()
+            except Exception as exc:
+                failed.add(id(file))  # said once
+                with contextlib.suppress(Exception):
+                    print(f"dlrover standby: could not flush {file!r} at exit: {exc}", file=sys.stderr, flush=True)
 
 
 # runpy runs a folder or zip archive; a frozen runpy (3.11+) names its frames "<frozen runpy>".

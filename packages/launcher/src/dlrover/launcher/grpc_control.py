@@ -280,11 +280,17 @@ class GrpcControlPlane:
             if should_stop():
                 raise DLRoverError(f"stopped while waiting for a round: {result.reason}")
             now = self._clock.now()
+            # The master paces the waiting nodes (`retry_after_s`): a small job's see a completed
+            # round at once, a large job's together poll at a bounded rate. A master that does
+            # not pace gets the backoff.
+            wait = result.retry_after_s if result.retry_after_s > 0 else interval
             if result.spare:
                 # A spare node (`dlrover-master --spare-nodes`) waits for a rank as long as the
-                # master holds it in reserve, and polls often enough to take one over quickly.
+                # master holds it in reserve, and polls often enough to take one over quickly,
+                # but no more often than that however few nodes wait.
                 give_up_at = now + timeout_s
                 interval = min(interval, self._spare_poll_interval_s)
+                wait = self._spare_poll_interval_s if result.retry_after_s > 0 else interval
             if now >= give_up_at:
                 raise DLRoverError(f"node {self._node_id} got no round within {timeout_s} s: {result.reason}")
             if now >= next_heartbeat:
@@ -293,7 +299,8 @@ class GrpcControlPlane:
                     self._master.heartbeat()
                 except DLRoverError as exc:
                     _log.warning("heartbeat while waiting for a round failed: %s", exc)
-            self._clock.sleep(min(interval, max(give_up_at - now, 0.0)))
+            # Never past the next heartbeat: the master judges a waiting node by its beats.
+            self._clock.sleep(max(min(wait, give_up_at - now, next_heartbeat - now), 0.0))
             interval = min(interval * 2, 1.0)
 
     def _wait_for_key(self, key: str, should_stop: Callable[[], bool]) -> bytes:

@@ -114,6 +114,7 @@ class RendezvousClient:
             first_worker_rank=r.first_worker_rank,
             worker_world_size=r.worker_world_size,
             spare=r.spare,
+            retry_after_s=r.retry_after_s,
         )
 
     def wait_assigned(
@@ -129,7 +130,9 @@ class RendezvousClient:
         A spare (`PollResult.spare`) waits with no time limit: `timeout_s` counts from the poll
         after it was given a rank.
 
-        The interval between polls starts at `poll_interval_s` and doubles up to
+        The interval between polls is what each answer asks for (`PollResult.retry_after_s`: the
+        service paces the waiting nodes so that together they poll at a bounded rate); from a
+        service that does not pace, it starts at `poll_interval_s` and doubles up to
         `max_poll_interval_s`, so a thousand waiting agents do not flood the master.
 
         Returns:
@@ -150,7 +153,8 @@ class RendezvousClient:
                 give_up_at = self._clock.now() + timeout_s
             if self._clock.now() >= give_up_at:
                 raise RendezvousTimeoutError(f"node {node_id!r} not admitted within {timeout_s} s: {result.reason}")
-            self._clock.sleep(min(interval, max(give_up_at - self._clock.now(), 0.0)))
+            wait = result.retry_after_s if result.retry_after_s > 0 else interval
+            self._clock.sleep(min(wait, max(give_up_at - self._clock.now(), 0.0)))
             interval = min(interval * 2, max_poll_interval_s)
 
     def heartbeat(self, node_id: str) -> HeartbeatResult:

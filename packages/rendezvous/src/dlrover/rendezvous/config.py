@@ -7,7 +7,7 @@ from typing import Any
 import attrs
 
 from dlrover.common import ConfigError
-from dlrover.common.validators import non_negative, positive
+from dlrover.common.validators import non_negative, positive, positive_finite
 
 __all__ = ["RendezvousConfig", "largest_world_size"]
 
@@ -36,10 +36,20 @@ class RendezvousConfig:
         join_timeout_s: a node that has waited this long without being admitted gets a timeout answer
             and leaves the waiting list.
         heartbeat_timeout_s: a node silent (no join, poll or heartbeat) for this long is removed.
+        poll_rate_per_s: the polls a second the waiting nodes should send all together: each poll
+            answer says when to poll next (`PollResult.retry_after_s`): the number waiting over this
+            rate, or a twentieth of how long the node has waited if longer, within
+            [`min_poll_interval_s`, `max_poll_interval_s`] and never over a third of
+            `heartbeat_timeout_s` (polls keep a waiting node alive). A small job's nodes see a
+            completed round within `min_poll_interval_s`; up to `poll_rate_per_s` x
+            `max_poll_interval_s` waiting nodes poll at about the rate, more at one poll each per
+            `max_poll_interval_s`.
+        min_poll_interval_s: the shortest interval a poll answer asks for.
+        max_poll_interval_s: the longest (finite).
 
     Raises:
-        ConfigError: a value is out of range, `min_nodes > max_nodes`, or no multiple of `node_unit`
-            lies within [min_nodes, max_nodes].
+        ConfigError: a value is out of range, `min_nodes > max_nodes`, `min_poll_interval_s >
+            max_poll_interval_s`, or no multiple of `node_unit` lies within [min_nodes, max_nodes].
     """
 
     min_nodes: int = attrs.field(validator=_at_least_one)
@@ -48,10 +58,18 @@ class RendezvousConfig:
     last_call_s: float = attrs.field(default=5.0, validator=non_negative)
     join_timeout_s: float = attrs.field(default=600.0, validator=positive)
     heartbeat_timeout_s: float = attrs.field(default=30.0, validator=positive)
+    poll_rate_per_s: float = attrs.field(default=500.0, validator=positive)
+    min_poll_interval_s: float = attrs.field(default=0.05, validator=positive)
+    max_poll_interval_s: float = attrs.field(default=5.0, validator=positive_finite)
 
     def __attrs_post_init__(self) -> None:
         if self.min_nodes > self.max_nodes:
             raise ConfigError(f"min_nodes ({self.min_nodes}) must not exceed max_nodes ({self.max_nodes})")
+        if self.min_poll_interval_s > self.max_poll_interval_s:
+            raise ConfigError(
+                f"min_poll_interval_s ({self.min_poll_interval_s}) must not exceed max_poll_interval_s "
+                f"({self.max_poll_interval_s})"
+            )
         if largest_world_size(self.max_nodes, self.max_nodes, self.node_unit) < self.min_nodes:
             raise ConfigError(
                 f"no multiple of node_unit={self.node_unit} lies within "

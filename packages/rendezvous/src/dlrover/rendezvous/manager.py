@@ -242,6 +242,14 @@ class RendezvousManager:
             return JoinResult(True, self._round_number + 1, self._spare_reason(node_id))
         return JoinResult(True, self._round_number + 1, reason)
 
+    def _poll_pace(self, waited_s: float) -> float:
+        """When a node that has waited `waited_s` should poll next: together the waiting nodes poll
+        about `poll_rate_per_s` times a second, a node that has waited long less often (see
+        `RendezvousConfig.poll_rate_per_s`)."""
+        cfg = self._config
+        pace = max(len(self._waiting) / cfg.poll_rate_per_s, waited_s / 20.0, cfg.min_poll_interval_s)
+        return min(pace, cfg.max_poll_interval_s, cfg.heartbeat_timeout_s / 3.0)
+
     def poll(self, node_id: str, now: float) -> PollResult:
         """Ask where a node stands; completes the round when the time has come.
 
@@ -272,7 +280,8 @@ class RendezvousManager:
         if node_id in self._waiting:
             spare = node_id in self._spares
             reason = self._spare_reason(node_id) if spare else self.status(now).reason
-            return PollResult(PollState.WAITING, self._round_number + 1, -1, 0, reason, spare=spare)
+            pace = self._poll_pace(now - self._waiting[node_id].joined_at)
+            return PollResult(PollState.WAITING, self._round_number + 1, -1, 0, reason, spare=spare, retry_after_s=pace)
         if current is not None and (rank := current.rank_of(node_id)) is not None:
             if node_id not in self._finished:  # a finished member is not tracked again
                 self._seen(node_id, now)

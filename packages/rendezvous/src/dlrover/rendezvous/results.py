@@ -149,6 +149,8 @@ class PollResult:
             says the layout is unknown.
         spare: the node is WAITING as a spare (see `RendezvousManager.set_spares`): it waits for a
             rank with no join timeout.
+        retry_after_s: when WAITING, how long to wait before the next poll (see
+            `RendezvousConfig.poll_rate_per_s`); 0 otherwise, and from a service that does not pace.
     """
 
     state: PollState
@@ -159,6 +161,7 @@ class PollResult:
     first_worker_rank: int = 0
     worker_world_size: int = 0
     spare: bool = False
+    retry_after_s: float = 0.0
 
 
 @attrs.frozen

@@ -114,6 +114,7 @@ class RendezvousServicer(pb_grpc.RendezvousServiceServicer):
                 first_worker_rank=r.first_worker_rank,
                 worker_world_size=r.worker_world_size,
                 spare=r.spare,
+                retry_after_s=r.retry_after_s,
             )
 
         return self._run(context, call)

@@ -79,7 +79,8 @@ class HandlerSettings:
         heartbeat_interval_s: how often the agent sends a heartbeat.
         store_timeout_s: default time limit of blocking store reads.
         call_timeout_s: deadline of each RPC.
-        poll_interval_s: first interval between polls while waiting for a round (doubles up to 1 s).
+        poll_interval_s: first interval between polls while waiting for a round, when the
+            rendezvous does not pace them (then it doubles up to 1 s; see `PollResult.retry_after_s`).
         waiting_cache_s: how long an answer of `num_nodes_waiting` is reused.
         topology_key: the node's switch or rack.
     """

@@ -53,7 +53,7 @@ class PollRequest(_message.Message):
     def __init__(self, node_id: _Optional[str] = ...) -> None: ...
 
 class PollResponse(_message.Message):
-    __slots__ = ("state", "round", "rank", "world_size", "reason", "first_worker_rank", "worker_world_size", "spare")
+    __slots__ = ("state", "round", "rank", "world_size", "reason", "first_worker_rank", "worker_world_size", "spare", "retry_after_s")
     STATE_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
@@ -62,6 +62,7 @@ class PollResponse(_message.Message):
     FIRST_WORKER_RANK_FIELD_NUMBER: _ClassVar[int]
     WORKER_WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
     SPARE_FIELD_NUMBER: _ClassVar[int]
+    RETRY_AFTER_S_FIELD_NUMBER: _ClassVar[int]
     state: PollState
     round: int
     rank: int
@@ -70,7 +71,8 @@ class PollResponse(_message.Message):
     first_worker_rank: int
     worker_world_size: int
     spare: bool
-    def __init__(self, state: _Optional[_Union[PollState, str]] = ..., round: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., reason: _Optional[str] = ..., first_worker_rank: _Optional[int] = ..., worker_world_size: _Optional[int] = ..., spare: _Optional[bool] = ...) -> None: ...
+    retry_after_s: float
+    def __init__(self, state: _Optional[_Union[PollState, str]] = ..., round: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., reason: _Optional[str] = ..., first_worker_rank: _Optional[int] = ..., worker_world_size: _Optional[int] = ..., spare: _Optional[bool] = ..., retry_after_s: _Optional[float] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
     __slots__ = ("node_id",)
