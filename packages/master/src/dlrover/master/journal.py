@@ -51,7 +51,7 @@ __all__ = [
 
 SCHEMA_VERSION = 2
 """2: each node's pending work in a row of its own (`pending_work`), no longer in the job record.
-A version-1 journal is read and upgraded in place; a newer one is refused."""
+A version-1 journal is read, and upgraded by the first write that needs version 2; a newer one is refused."""
 DB_FILE_NAME = "master.db"
 
 

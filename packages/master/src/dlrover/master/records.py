@@ -223,7 +223,7 @@ class PendingWork:
 
 def pending_work_to_json(work: PendingWork) -> dict[str, Any]:
     """A JSON-serialisable form of one node's `PendingWork` (for the journal)."""
-    return {"actions": actions_to_json({0: work.actions}).get("0", []), "planned_round": work.planned_round}
+    return {"actions": [_action_to_dict(a) for a in work.actions], "planned_round": work.planned_round}
 
 
 def pending_work_from_json(data: Any) -> PendingWork:
@@ -236,8 +236,8 @@ def pending_work_from_json(data: Any) -> PendingWork:
         planned = data["planned_round"]
         if planned is not None and (isinstance(planned, bool) or not isinstance(planned, int)):
             raise TypeError(f"planned_round must be an action id or null, got {planned!r}")
-        actions = actions_from_json({"0": data["actions"]})[0]
-    except (KeyError, TypeError) as exc:
+        actions = tuple(_action_from_dict(a) for a in data["actions"])
+    except (KeyError, TypeError, ValueError) as exc:
         raise DLRoverError(f"corrupt pending work {data!r}: {exc}") from exc
     return PendingWork(actions, planned)
 
@@ -274,14 +274,24 @@ class LifecycleSnapshot:
 
 def actions_to_json(actions: Mapping[int, Sequence[Action]]) -> dict[str, list[dict[str, Any]]]:
     """A JSON-serialisable form of pending actions (for the journal's job record)."""
+    return {str(node_id): [_action_to_dict(a) for a in queued] for node_id, queued in sorted(actions.items()) if queued}
+
+
+def _action_to_dict(action: Action) -> dict[str, Any]:
     return {
-        str(node_id): [
-            {"action_id": a.action_id, "kind": a.kind.value, "reason": a.reason, "planned_round": a.planned_round}
-            for a in queued
-        ]
-        for node_id, queued in sorted(actions.items())
-        if queued
+        "action_id": action.action_id,
+        "kind": action.kind.value,
+        "reason": action.reason,
+        "planned_round": action.planned_round,
     }
+
+
+def _action_from_dict(data: Any) -> Action:
+    """The inverse of `_action_to_dict` (raises KeyError, TypeError or ValueError on other data)."""
+    # "planned_round" is absent in journals written before planned rounds saved first.
+    return Action(
+        int(data["action_id"]), ActionKind(data["kind"]), str(data["reason"]), _flag(data.get("planned_round", False))
+    )
 
 
 def _flag(value: Any) -> bool:
@@ -297,16 +307,7 @@ def actions_from_json(data: Mapping[str, Any]) -> dict[int, tuple[Action, ...]]:
         DLRoverError: the data is not what `actions_to_json` writes.
     """
     try:
-        return {
-            int(node_id): tuple(
-                # "planned_round" is absent in journals written before planned rounds saved first.
-                Action(
-                    int(a["action_id"]), ActionKind(a["kind"]), str(a["reason"]), _flag(a.get("planned_round", False))
-                )
-                for a in queued
-            )
-            for node_id, queued in dict(data).items()
-        }
+        return {int(node_id): tuple(_action_from_dict(a) for a in queued) for node_id, queued in dict(data).items()}
     except (KeyError, TypeError, ValueError) as exc:
         raise DLRoverError(f"corrupt pending actions {dict(data)!r}: {exc}") from exc
 
