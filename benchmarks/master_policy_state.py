@@ -7,7 +7,7 @@ A job of 8 ranks whose nodes fail in turn, with the kinds jobs see most (communi
 unknown, killed, NaN loss, hardware), each diagnosed as that kind and handed the budgets the
 master hands over (the node's --max-restarts 3, the rank's max_relaunches 3); a node relaunched or
 removed comes back under a new id, as under the master. After N decisions, `DiagnosisFailurePolicy`
-exports its state (version 2: the action policy's counters) and a fresh policy imports it.
+exports its state (version 3: the action policy's counters) and a fresh policy imports it.
 
 The peer, measured in the same run: version 1, the inputs of every decision, which the policy
 still reads by replaying them into a fresh action policy. With the default budgets the job aborts
@@ -33,7 +33,7 @@ from dlrover.diagnosis import (
     RestartBudget,
     RuleRegistry,
 )
-from dlrover.master.diagnosis_policy import DiagnosisFailurePolicy
+from dlrover.master.diagnosis_policy import POLICY_STATE_VERSION, DiagnosisFailurePolicy
 from dlrover.master.policy import Classification, Failure
 from dlrover.master.records import NodeRecord
 from dlrover.master.states import NodeState
@@ -118,15 +118,15 @@ def main() -> None:
     print(f"{'decisions':>9}  {'version':>7}  {'state':>10}  {'export':>9}  {'import':>9}")
     for n in (1_000, 10_000):
         policy, version_1 = decide(n, config, registry, args.endless)
-        version_2 = policy.export_state()
+        counters_state = policy.export_state()
         # Both read back to the same counters: the peer is the same state in the old form.
         restored = DiagnosisFailurePolicy(registry, ActionPolicy(config))
         restored.import_state(version_1)
-        assert restored.export_state() == version_2
-        for version, text in ((1, version_1), (2, version_2)):
-            export_s = timed(policy.export_state, 20) if version == 2 else float("nan")
+        assert restored.export_state() == counters_state
+        for version, text in ((1, version_1), (POLICY_STATE_VERSION, counters_state)):
+            export_s = timed(policy.export_state, 20) if version == POLICY_STATE_VERSION else float("nan")
             import_s = timed(functools.partial(restore, text, config, registry), 5)
-            export = f"{export_s * 1e3:>6.2f} ms" if version == 2 else f"{'-':>9}"
+            export = f"{export_s * 1e3:>6.2f} ms" if version == POLICY_STATE_VERSION else f"{'-':>9}"
             print(f"{n:>9}  {version:>7}  {len(text.encode()) / 1024:>6.1f} KiB  {export}  {import_s * 1e3:>6.2f} ms")
 
 

@@ -141,6 +141,28 @@ def test_a_broken_nic_is_restarted_by_the_policys_ladder_until_the_node_is_repla
     assert result.decisions == {"communication: restart_processes": 3, "communication: relaunch_node": 1}
 
 
+def test_the_network_check_finds_a_broken_nic_before_training_and_the_node_leaves() -> None:
+    trace = [Interruption(10_000.0, 3, "nic")]
+    plain = run(IN_PLACE, trace)
+    checked = run({**IN_PLACE, "network_check": True}, trace)
+    # The restart after the fault skips the probes (the same nodes passed them at the start): the
+    # NIC fails the workers again. The next round probes: the node fails its probe, reports it, its
+    # agent exits, and it is replaced on another host, without a third restart of every node.
+    assert plain.decisions == {"communication: restart_processes": 3, "communication: relaunch_node": 1}
+    assert checked.decisions == {
+        "communication: restart_processes": 2,
+        "network check: hardware: relaunch_node": 1,
+    }
+    assert checked.buckets["restart"] < plain.buckets["restart"]
+    # What the probes cost: every round of changed nodes (the start, the world without the node,
+    # the replacement's planned round) waits for them before its workers start.
+    quiet = run({**IN_PLACE, "network_check": True}, [])
+    assert quiet.buckets["startup"] == pytest.approx(230.0 + 20.0)
+    # Silent data corruption computes wrong numbers without an error: the probe passes it.
+    sdc = run({**IN_PLACE, "network_check": True}, [Interruption(10_000.0, 3, "silent_data_corruption")])
+    assert not any(d.startswith("network check") for d in sdc.decisions)
+
+
 def test_a_hang_is_found_by_the_detector_the_strategy_runs() -> None:
     trace = [Interruption(10_000.0, 3, "nccl_hang")]
     nccl = run(IN_PLACE, trace)
@@ -152,10 +174,10 @@ def test_a_hang_is_found_by_the_detector_the_strategy_runs() -> None:
     assert floor <= adaptive.buckets["failure_detection"] < floor + STEP_S
 
 
-def test_the_default_relaunch_budget_stops_a_long_job() -> None:
+def test_the_relaunch_budget_stops_a_job_that_relaunches_too_many_nodes_in_a_day() -> None:
     trace = [Interruption(1000.0 + 2000.0 * i, i % 8, "gpu") for i in range(20)]
     result = run(DEFAULTS, trace)
-    assert "limit 16" in result.stopped
+    assert "limit 16 per 24h" in result.stopped
     assert result.decisions == {"hardware: relaunch_node": 16, "hardware: abort_job": 1}
     assert result.buckets[STOPPED] > 40_000.0
     raised = run(IN_PLACE, trace)
@@ -163,11 +185,24 @@ def test_the_default_relaunch_budget_stops_a_long_job() -> None:
     assert raised.decisions == {"hardware: relaunch_node": 20}
 
 
-def test_a_second_native_crash_on_a_node_stops_the_job_unless_a_what_if_ladder_relaunches_it() -> None:
+def test_the_same_failures_spread_over_weeks_leave_every_budget_standing() -> None:
+    # Twenty relaunches (and a rank relaunched three times) in 20 days: never more than one a day.
+    trace = [Interruption(1000.0 + 86_400.0 * i, i % 8, "gpu") for i in range(20)]
+    result = run(DEFAULTS, trace, days=21.0)
+    assert not result.stopped
+    assert result.decisions == {"hardware: relaunch_node": 20}
+    whole_life = run({**DEFAULTS, "failure_budget_window_s": 0}, trace, days=21.0)
+    assert "already relaunched 16 nodes (limit 16)" in whole_life.stopped
+
+
+def test_a_second_native_crash_on_a_node_stops_the_job_unless_the_first_left_the_window() -> None:
     trace = [Interruption(10_000.0, 3, "software"), Interruption(50_000.0, 3, "software")]
     shipped = run(IN_PLACE, trace)
     assert shipped.decisions == {"native_crash: restart_processes": 1, "native_crash: abort_job": 1}
-    assert "budgets spent (restart_processes x1)" in shipped.stopped
+    assert "budgets spent (restart_processes x1 per 24h)" in shipped.stopped
+    hourly = run({**IN_PLACE, "failure_budget_window_s": 3600.0}, trace)
+    assert hourly.decisions == {"native_crash: restart_processes": 2}
+    assert not hourly.stopped
     ladder = {"native_crash": [["restart_processes", 1], ["relaunch_node", 1, "node", True]]}
     what_if = run({**IN_PLACE, "ladders": ladder}, trace)
     assert what_if.decisions == {"native_crash: restart_processes": 1, "native_crash: relaunch_node": 1}
@@ -309,9 +344,8 @@ def test_the_command_line_runs_sweeps_draws_its_plots_and_refuses_bad_input(tmp_
     assert {r["strategy"] for r in results} == {
         "torchrun: restart the job, storage every 30 min",
         "DLRover defaults",
-        "DLRover: in place, flash every step",
         "DLRover: everything on",
-        "DLRover: everything on, native crash relaunches (what-if)",
+        "DLRover: everything on, 4 warm spares",
     }
     dlrover = next(r for r in results if r["strategy"] == "DLRover: everything on")
     assert dlrover["master"]["heartbeat"]["calls"] > 0
@@ -418,3 +452,16 @@ def test_a_host_oom_relaunches_the_node_with_more_memory_and_a_third_nan_loss_st
     assert nan.decisions == {"nan_loss: rollback_checkpoint": 2, "nan_loss: abort_job": 1}
     assert "loss" in nan.stopped
     assert nan.buckets["stopped"] == pytest.approx(86_400.0 - 30_000.0, abs=STEP_S + 60.0)
+
+
+def test_a_rank_out_of_relaunches_is_let_go_and_the_master_stops_a_job_that_needs_every_node() -> None:
+    # A rank relaunched three times in a day has no relaunch left (--max-relaunches 3 per day): the
+    # fourth fault lets its node go, the job cannot form a round of every node, and the master stops
+    # it once its insufficient-nodes window passed.
+    trace = [Interruption(10_000.0 + 5_000.0 * i, 3, "gpu") for i in range(4)]
+    result = run(IN_PLACE, trace)
+    assert result.decisions == {"hardware: relaunch_node": 3, "hardware: remove_node": 1}
+    assert "insufficient nodes" in result.stopped
+    # Going on without the node is allowed where min_nodes says so.
+    going_on = run(RESIZE, trace)
+    assert not going_on.stopped

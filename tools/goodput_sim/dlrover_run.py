@@ -18,6 +18,12 @@ checkpoint (`checkpoint_gib / storage_read_gib_s`). Persisting runs in the backg
 `storage_interval_s` and blocks nothing. A planned round (a replacement joining a world that went on
 without it) seals a flash checkpoint first: it redoes no step.
 
+With `Strategy.network_check`, every round's nodes are probed before training
+(`Costs.network_check_s`), save once after a pass when the round has the same nodes, as
+``dlrover-run --network-check`` does; a node a fault left broken fails its probe, reports it as the
+agent would (`dlrover.diagnosis.NODE_CHECK_FAILED`, its agent exiting), and the others start a new
+round without it.
+
 An interruption that arrives while the job is recovering waits until training resumes.
 """
 
@@ -29,7 +35,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from dlrover.common import ManualClock
-from dlrover.diagnosis import ActionKind, ActionPolicy, PolicyConfig, reported_kind
+from dlrover.diagnosis import NODE_CHECK_FAILED, ActionKind, ActionPolicy, PolicyConfig, reported_kind
 from dlrover.master import MasterConfig
 from dlrover.master.config import LifecycleConfig, NodeRange
 from dlrover.master.diagnosis_policy import DiagnosisFailurePolicy
@@ -50,10 +56,6 @@ from .training import Stretch
 __all__ = ["DLRoverRun", "simulate_dlrover"]
 
 WALL0 = 1_700_000_000.0
-# Budgets no long job keeps at their defaults: a 16,384-accelerator job meets an interruption every
-# few hours, so max_job_failures 20 would stop it within days. The simulation lets the policy's
-# ladders decide and never stops the job for its count of failures.
-_UNBOUNDED = 10**9
 
 
 class MeteredMaster:
@@ -104,10 +106,10 @@ class DLRoverRun:
             heartbeat_timeout_s=self.costs.heartbeat_timeout_s,
             node_start_timeout_s=None,
             node_pending_timeout_s=None,
-            max_relaunches=_UNBOUNDED,
+            max_relaunches=strategy.max_relaunches,
             max_process_restarts=strategy.max_process_restarts,
-            max_job_failures=_UNBOUNDED,
-            insufficient_nodes_window_s=10 * 86400.0,
+            max_job_failures=strategy.max_job_failures,
+            budget_window_s=strategy.budget_window_s,
             spare_nodes=strategy.spare_nodes,
         )
         config = MasterConfig(
@@ -125,10 +127,14 @@ class DLRoverRun:
         policy = default_policy(config)
         if strategy.ladders:  # a what-if the master's flags cannot set yet
             ladders = strategy.policy_ladders()
-            policy = DiagnosisFailurePolicy(
-                actions=ActionPolicy(PolicyConfig(ladders=ladders, max_node_relaunches=strategy.max_node_relaunches))
+            actions = PolicyConfig(
+                ladders=ladders,
+                max_node_relaunches=config.node_relaunch_limit,
+                budget_window=lifecycle.budget_window,
             )
+            policy = DiagnosisFailurePolicy(actions=ActionPolicy(actions))
         self.master = MeteredMaster(Master(config, self.scheduler, MemoryJournal(), self.clock, policy=policy))
+        self.insufficient_window_s = lifecycle.insufficient_nodes_window_s
         self.comes_up_at: dict[int, float] = {}  # node id -> when the agent of a launched node starts
         self.silent: set[int] = set()  # nodes whose machine is gone
         self.broken: dict[int, str] = {}  # node id -> the cause of a fault that stays until it is replaced
@@ -149,6 +155,10 @@ class DLRoverRun:
         self.rank0 = -1
         self.round_times = (0.0, 0.0, 0.0, 0.0)
         self.persist_from = 0.0
+        # The network check: the nodes of the last round whose probes passed, and whether a round of
+        # the same nodes has skipped its probes since (a pass is good for one skip).
+        self.check_passed: frozenset[int] = frozenset()
+        self.check_skipped = False
 
     def master_costs(self) -> dict[str, dict[str, float]]:
         """The master's CPU seconds per call and the number of calls, by call."""
@@ -238,7 +248,9 @@ class DLRoverRun:
             if what == _GROW:
                 self.grow_at = None
                 self._grow(t)
-            elif not self._interrupt(t, what, trace_node=trace_node, node_id=node_id):
+            else:
+                self._interrupt(t, what, trace_node=trace_node, node_id=node_id)
+            if self.master.job_state.finished:
                 break
         if self.master.job_state.finished:
             self.stopped = self.master.status().exit_reason
@@ -268,7 +280,10 @@ class DLRoverRun:
             formed = joined_at + costs.rendezvous_last_call_s
             if not decide_round(self.rendezvous, world, joined_at, formed).complete:
                 raise AssertionError(f"no round of {world} nodes can form (min_nodes {self.min_nodes})")
-        workers = formed + costs.process_restart_s
+        checked = self._network_check(members, formed, planned_step)
+        if checked is None:
+            return  # a node failed its probe and left: the others formed another round, or the job ended
+        workers = formed + checked + costs.process_restart_s
         # A node that joined or left since the last round had (or took) a shard no shared memory here holds.
         lost_memory = members != self.members
         shard = self.job.shard_gib
@@ -308,6 +323,37 @@ class DLRoverRun:
             self.grow_at = max(self.comes_up_at.get(nid, self.clock.now()) for nid in pending.values())
             self._push(self.grow_at, _GROW, -1)
 
+    def _network_check(self, members: frozenset[int], formed: float, planned_step: int | None) -> float | None:
+        """The seconds the round's network check takes before training (0: none, or its probes
+        skipped), or None when a node failed its probe: it reported that and left, and the others
+        went on to a new round (`_recover`; a planned round's sealed step is still what it restores)."""
+        if not self.strategy.network_check:
+            return 0.0
+        if members == self.check_passed and not self.check_skipped:
+            self.check_skipped = True  # a restart of the same nodes after a pass: probed next time
+            return 0.0
+        checked = formed + self.costs.network_check_s
+        caught = sorted(nid for nid in members if nid in self.broken and CAUSES[self.broken[nid]].fails_node_check)
+        if not caught:
+            self.check_passed, self.check_skipped = members, False
+            return self.costs.network_check_s
+        self._advance(max(checked, self.clock.now()))
+        for node_id in caught:
+            cause = CAUSES[self.broken.pop(node_id)]
+            evidence = (
+                f"{NODE_CHECK_FAILED}: the network check left this node out before training\n"
+                f"node {node_id} failed its probe with every partner:\n{cause.evidence}"
+            )
+            kind = reported_kind(node_check_failed=True)
+            decision = self.master.report_failure(node_id, kind, evidence, exit_code=1, agent_exits=True)
+            self._count(f"network check: {decision.kind.value}: {decision.action.value}")
+            if self.master.job_state.finished:
+                return None
+            self.silent.add(node_id)  # its agent exits, whatever the answer
+        self._follow_launches()
+        self._recover(self.clock.now(), planned_step=planned_step)
+        return None
+
     def _report_progress(self, until: float) -> None:
         """Rank 0's attempt report up to `until`, and the checkpoints persisted meanwhile."""
         joined, formed, workers, load = self.round_times
@@ -336,10 +382,9 @@ class DLRoverRun:
                 self.persisted = step
                 self.master.record_checkpoint(step, f"storage://goodput-sim/step-{step}", len(self.members))
 
-    def _interrupt(self, t: float, cause_name: str, *, trace_node: int, node_id: int) -> bool:
+    def _interrupt(self, t: float, cause_name: str, *, trace_node: int, node_id: int) -> None:
         """Handle one interruption at `t` on node `node_id`, or (-1) on the member that the trace's node
-        index maps to (the rank of that index while it trains, else one of the world's); False when the
-        job ended."""
+        index maps to (the rank of that index while it trains, else one of the world's)."""
         costs = self.costs
         cause = CAUSES[cause_name]
         if node_id < 0:
@@ -356,7 +401,7 @@ class DLRoverRun:
             self._advance(t + costs.heartbeat_timeout_s + 1.0)  # the master's heartbeat timeout finds it
             if self.master.job_state.finished:
                 self._count("lost node: abort_job")
-                return False
+                return
             node = self.master.node(node_id)
             if node.replaced_by is None:
                 self._count(f"lost node: {node.state.value}")
@@ -382,23 +427,29 @@ class DLRoverRun:
             )
             self._count(f"{decision.kind.value}: {decision.action.value}")
             if decision.action is ActionKind.ABORT_JOB or self.master.job_state.finished:
-                return False
+                return
             if decision.action.ends_node:
                 self.silent.add(node_id)
                 self.broken.pop(node_id, None)
         self._follow_launches()
         self._recover(self.clock.now())
-        return True
 
-    def _recover(self, decided: float) -> None:
+    def _recover(self, decided: float, *, planned_step: int | None = None) -> None:
         """After a decision at `decided`, every running ranked node rejoins; a replacement joins once
-        it is up, or later at a planned round where min_nodes lets the others go on without it."""
+        it is up, or later at a planned round where min_nodes lets the others go on without it.
+        Fewer than min_nodes with no replacement coming (a rank let go): the master stops the job
+        once that lasted its insufficient-nodes window."""
         join = decided
         pending = self._pending_ranks()
-        if pending and len(self._ranked()) < self.min_nodes:
+        short = len(self._ranked()) < self.min_nodes
+        if short and not pending:
+            self._advance(decided + self.insufficient_window_s + 1.0)
+            if self.master.job_state.finished:
+                return
+        if pending and short:
             join = max([join, *(self.comes_up_at.get(nid, join) for nid in pending.values())])
         self._advance(join)
-        self._round(join)
+        self._round(join, planned_step=planned_step)
 
     def _grow(self, t: float) -> None:
         """A replacement is up while the world trains without it: a planned round seals a flash

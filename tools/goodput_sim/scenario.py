@@ -62,16 +62,20 @@ class Cause:
             on every attempt until a person fixes it).
         evidence: what the failed process's log ends with: the real classifier reads it.
         exit_code: the failed process's exit status (None: it did not exit, or nothing saw one).
+        fails_node_check: a node it left faulty fails `dlrover-run --network-check`'s probe (matrix
+            products and timed collectives with a partner): every ``broken`` cause but silent data
+            corruption, which computes wrong numbers without an error the probe would see.
     """
 
     name: str
     effect: str
     evidence: str
     exit_code: int | None
+    fails_node_check: bool = False
 
 
 def _cause(name: str, effect: str, evidence: str, exit_code: int | None = 1) -> tuple[str, Cause]:
-    return name, Cause(name, effect, evidence, exit_code)
+    return name, Cause(name, effect, evidence, exit_code, effect == "broken" and name != "silent_data_corruption")
 
 
 _XID = "NVRM: Xid (PCI:0000:3b:00): {0}, pid=4242, {1}\nRuntimeError: CUDA error: {2}"
@@ -240,6 +244,8 @@ class Costs:
         storage_write_gib_s: writing one to storage, GiB/s for the whole job.
         rendezvous_last_call_s: the rendezvous's wait for more nodes once it has enough.
         heartbeat_timeout_s: the master's heartbeat timeout (a silent node is lost after it).
+        network_check_s: ``dlrover-run --network-check``'s probes of a round's nodes, before its
+            training processes start (its probe processes import torch while the round forms).
     """
 
     process_restart_s: float = attrs.field(default=30.0, validator=non_negative_finite)
@@ -257,10 +263,16 @@ class Costs:
     storage_write_gib_s: float = attrs.field(default=10.0, validator=positive_finite)
     rendezvous_last_call_s: float = attrs.field(default=5.0, validator=non_negative_finite)
     heartbeat_timeout_s: float = attrs.field(default=60.0, validator=positive_finite)
+    network_check_s: float = attrs.field(default=20.0, validator=non_negative_finite)
 
 
 STRATEGY_KINDS = ("restart_job", "dlrover")
 HANG_DETECTION = ("nccl_timeout", "cpu_idle", "adaptive")
+
+
+def _optional_count(inst: object, attribute: attrs.Attribute[Any], value: int | None) -> None:
+    if value is not None:
+        non_negative_int(inst, attribute, value)
 
 
 @attrs.frozen
@@ -281,7 +293,19 @@ class Strategy:
         min_nodes: ``dlrover``: the fewest nodes the job trains with (0: all of them); fewer than all
             lets it go on with the survivors while a replacement starts (it needs `replicated_memory`:
             the smaller world restores the lost node's shard from its replica).
-        max_node_relaunches: ``dlrover``: the master's ``--max-node-relaunches`` (its default is 16).
+        max_node_relaunches: ``dlrover``: the master's ``--max-node-relaunches`` (its default: 16, or
+            one per 64 nodes of a larger job).
+        max_relaunches: ``dlrover``: the master's ``--max-relaunches``, relaunches of each rank (default 3).
+        max_job_failures: ``dlrover``: the master's ``--max-job-failures`` (its default: 20, or two
+            per node of a job of more than 10).
+        failure_budget_window_s: ``dlrover``: the master's ``--failure-budget-window``, how long a failure
+            counts against the budgets above and the policy's ladders (default 86400, a day; 0: the
+            job's whole life).
+        network_check: ``dlrover``: every agent runs ``--network-check``: each round's nodes are
+            probed before training (`Costs.network_check_s`), except once after a pass when the
+            round has the same nodes (a restart after a worker failure); a node a fault left broken
+            (`Cause.fails_node_check`) fails its probe, reports it and leaves, and the others start a
+            new round without it.
         max_process_restarts: ``dlrover``: restarts of a node's processes before it is relaunched (the
             master's own default, 3, for agents that declare none; `dlrover-run --max-restarts` declares it).
         backend_relaunches: ``dlrover``: the backend can relaunch a node elsewhere (false: a job of one node,
@@ -290,6 +314,8 @@ class Strategy:
             (`dlrover.diagnosis.PolicyConfig.ladders`), each a list of ``[action, budget]`` or
             ``[action, budget, scope, avoid_host]``. dlrover-master has no flag for them yet: a
             strategy that sets them is a policy to try, not what the master runs today.
+
+    `budget_window` is `failure_budget_window_s` as the master takes it.
     """
 
     name: str
@@ -300,10 +326,19 @@ class Strategy:
     hang_detection: str = "nccl_timeout"
     spare_nodes: int = attrs.field(default=0, validator=non_negative_int)
     min_nodes: int = attrs.field(default=0, validator=non_negative_int)
-    max_node_relaunches: int = attrs.field(default=16, validator=non_negative_int)
+    max_node_relaunches: int | None = attrs.field(default=None, validator=_optional_count)
+    max_relaunches: int = attrs.field(default=3, validator=non_negative_int)
+    max_job_failures: int | None = attrs.field(default=None, validator=_optional_count)
+    failure_budget_window_s: float = attrs.field(default=86400.0, validator=non_negative_finite)
     max_process_restarts: int = attrs.field(default=3, validator=non_negative_int)
+    network_check: bool = False
     backend_relaunches: bool = True
     ladders: Mapping[str, Any] = attrs.field(factory=dict)
+
+    @property
+    def budget_window_s(self) -> float | None:
+        """`failure_budget_window_s` as `LifecycleConfig.budget_window_s` takes it (None: the whole job)."""
+        return self.failure_budget_window_s or None
 
     def policy_ladders(self) -> dict[FailureKind, tuple[LadderStep, ...]]:
         """`ladders` as the diagnosis policy takes them.
@@ -330,11 +365,12 @@ class Strategy:
                 f"strategy {self.name!r}: hang_detection must be one of {HANG_DETECTION}, got {self.hang_detection!r}"
             )
         if self.kind == "restart_job" and (
-            self.flash_every_steps or self.spare_nodes or self.min_nodes or self.replicated_memory
+            self.flash_every_steps or self.spare_nodes or self.min_nodes or self.replicated_memory or self.network_check
         ):
             raise ScenarioError(
-                f"strategy {self.name!r}: restart_job has no flash checkpoints, replicas, spares or resize "
-                "(flash_every_steps, replicated_memory, spare_nodes and min_nodes are dlrover's)"
+                f"strategy {self.name!r}: restart_job has no flash checkpoints, replicas, spares, resize or "
+                "network check (flash_every_steps, replicated_memory, spare_nodes, min_nodes and network_check "
+                "are dlrover's)"
             )
         if self.kind == "dlrover" and not self.flash_every_steps:
             raise ScenarioError(f"strategy {self.name!r}: a dlrover strategy needs flash_every_steps >= 1")

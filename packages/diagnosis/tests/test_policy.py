@@ -12,6 +12,7 @@ from dlrover.diagnosis import (
     DEFAULT_LADDERS,
     ActionKind,
     ActionPolicy,
+    BudgetWindow,
     FailureKind,
     LadderStep,
     PolicyConfig,
@@ -221,8 +222,8 @@ NODES = ["n0", "n1", "n2"]
 class PolicyMachine(RuleBasedStateMachine):
     """Random failure streams against a counting model that predicts every action.
 
-    Invariants: budgets are never exceeded, escalation never goes back for a (node, kind), a
-    relaunched node is retired, and abort is final.
+    Invariants: budgets are never exceeded within their window, escalation never goes back for a
+    (node, kind) while no use expires, a relaunched node is retired, and abort is final.
     """
 
     nodes = Bundle("nodes")
@@ -234,6 +235,7 @@ class PolicyMachine(RuleBasedStateMachine):
         nan_budget=st.integers(1, 3),
         agent_budget=st.none() | st.integers(0, 5),
         relaunch_possible=st.booleans(),
+        window=st.none() | st.sampled_from([10.0, 100.0]),
     )
     def setup(
         self,
@@ -244,6 +246,7 @@ class PolicyMachine(RuleBasedStateMachine):
         nan_budget: int,
         agent_budget: int | None,
         relaunch_possible: bool,
+        window: float | None,
     ) -> None:
         # agent_budget: the restarts every node's agent allows, passed with the model's count as a
         # `RestartBudget` (None: the policy counts against its own limit); relaunch_possible:
@@ -260,16 +263,23 @@ class PolicyMachine(RuleBasedStateMachine):
             },
             max_process_restarts_per_node=restarts,
             max_node_relaunches=relaunches,
+            budget_window=BudgetWindow(window),
         )
+        self.window = window
         self.policy = ActionPolicy(self.config)
         self.counter = 0
-        # The model.
+        self.now = 1_700_000_000.0
+        # The model: every use's time, kept for ever.
         self.restarts: dict[str, int] = {}
-        self.relaunches = 0
+        self.relaunched_at: list[float] = []
         self.retired: set[str] = set()
         self.aborted = False
-        self.step_uses: dict[tuple[str, K, int], int] = {}
+        self.step_uses: dict[tuple[str, K, int], list[float]] = {}
         self.last_severity: dict[tuple[str, K], int] = {}
+        self.expired = False  # a use has left the window: a ladder may start from its top again
+
+    def within(self, times: list[float]) -> int:
+        return len(times) if self.window is None else sum(1 for t in times if t > self.now - self.window)
 
     @rule(target=nodes)
     def new_node(self) -> str:
@@ -288,13 +298,13 @@ class PolicyMachine(RuleBasedStateMachine):
             return A.NONE, None, False
         rung = None
         for i, step in enumerate(self.config.ladders[kind]):
-            if self.step_uses.get((node if step.scope == "node" else "*", kind, i), 0) < step.budget:
+            if self.within(self.step_uses.get((node if step.scope == "node" else "*", kind, i), [])) < step.budget:
                 rung = i
                 break
         if rung is None:
             return A.ABORT_JOB, None, False
         action = self.config.ladders[kind][rung].action
-        can_relaunch = self.relaunches < self.config.max_node_relaunches
+        can_relaunch = self.within(self.relaunched_at) < self.config.max_node_relaunches
         restarts_left = self.restart_limit() - self.restarts.get(node, 0)
         if action in (A.RELAUNCH_NODE, A.RELAUNCH_WITH_MORE_MEMORY):
             if not self.relaunch_possible:
@@ -310,19 +320,21 @@ class PolicyMachine(RuleBasedStateMachine):
     def apply(self, node: str, kind: K) -> None:
         expected, rung, in_place = self.predict(node, kind)
         budget = None if self.agent_budget is None else RestartBudget(self.restarts.get(node, 0), self.agent_budget)
-        d = self.policy.decide(node, kind, budget=budget, relaunch_possible=self.relaunch_possible)
+        d = self.policy.decide(node, kind, budget=budget, relaunch_possible=self.relaunch_possible, now=self.now)
         assert d.reason
         assert d.action is expected, (d, expected)
         if self.aborted or node in self.retired:
             return
-        if not in_place:  # a restart in place of a relaunch is the one step back a ladder takes
+        # A restart in place of a relaunch is the one step back a ladder takes, and a window that
+        # let uses expire starts it again from the top.
+        if not in_place and not self.expired:
             prev = self.last_severity.get((node, kind), 0)
             assert d.action.severity >= prev, (d, prev)
             self.last_severity[(node, kind)] = d.action.severity
         if d.action in (A.RESTART_PROCESSES, A.ROLLBACK_CHECKPOINT):
             self.restarts[node] = self.restarts.get(node, 0) + 1
         elif d.action in (A.RELAUNCH_NODE, A.RELAUNCH_WITH_MORE_MEMORY):
-            self.relaunches += 1
+            self.relaunched_at.append(self.now)
             self.retired.add(node)
         elif d.action is A.REMOVE_NODE:
             self.retired.add(node)
@@ -331,22 +343,29 @@ class PolicyMachine(RuleBasedStateMachine):
         if rung is not None:
             step = self.config.ladders[kind][rung]
             key = (node if step.scope == "node" else "*", kind, rung)
-            self.step_uses[key] = self.step_uses.get(key, 0) + 1
+            self.step_uses.setdefault(key, []).append(self.now)
 
     @rule(node=nodes, kind=st.sampled_from(list(K)))
     def fail(self, node: str, kind: K) -> None:
         self.apply(node, kind)
 
+    @rule(seconds=st.sampled_from([1.0, 9.0, 50.0, 200.0]))
+    def time_passes(self, seconds: float) -> None:
+        before = [t for times in [*self.step_uses.values(), self.relaunched_at] for t in times]
+        self.now += seconds
+        if self.window is not None and any(t <= self.now - self.window for t in before):
+            self.expired = True
+
     @precondition(lambda self: bool(self.retired) and not self.aborted)
     @rule(data=st.data(), kind=st.sampled_from(list(K)))
     def late_report_about_a_relaunched_node(self, data: st.DataObject, kind: K) -> None:
         node = data.draw(st.sampled_from(sorted(self.retired)))
-        assert self.policy.decide(node, kind).action is A.NONE
+        assert self.policy.decide(node, kind, now=self.now).action is A.NONE
 
     @precondition(lambda self: self.aborted)
     @rule(node=nodes, kind=st.sampled_from(list(K)))
     def anything_after_abort_aborts(self, node: str, kind: K) -> None:
-        assert self.policy.decide(node, kind).action is A.ABORT_JOB
+        assert self.policy.decide(node, kind, now=self.now).action is A.ABORT_JOB
 
     @invariant()
     def budgets_hold(self) -> None:
@@ -358,11 +377,16 @@ class PolicyMachine(RuleBasedStateMachine):
             # in the job (a node let go has its counters dropped: nothing decides on them again).
             kept = self.agent_budget is None and node not in self.retired
             assert self.policy.process_restarts(node) == (n if kept else 0)
-        assert self.relaunches <= self.config.max_node_relaunches
-        assert self.policy.relaunches == self.relaunches
+        assert self.within(self.relaunched_at) <= self.config.max_node_relaunches
+        assert self.policy.relaunches == len(self.relaunched_at)
         assert self.policy.aborted == self.aborted
         for (_scope, kind, index), uses in self.step_uses.items():
-            assert uses <= self.config.ladders[kind][index].budget
+            assert self.within(uses) <= self.config.ladders[kind][index].budget
+        # What the policy keeps never grows with the decisions: the newest uses a budget reads.
+        counters = self.policy.export_counters()
+        for _node, kind_name, index, times in counters["used"]:
+            assert len(times) <= self.config.ladders[K(kind_name)][index].budget
+        assert len(counters["relaunched_at"]) <= self.config.max_node_relaunches
 
 
 PolicyMachine.TestCase.settings = settings(PolicyMachine.TestCase.settings, stateful_step_count=30)
@@ -440,7 +464,7 @@ def test_a_node_let_go_keeps_one_line_of_counters_and_late_reports_about_it_need
     assert [u[0] for u in policy.export_counters()["used"]] == ["n0"]
     assert policy.decide("n0", K.COMMUNICATION).action is A.RELAUNCH_NODE  # own restarts spent
     counters = policy.export_counters()
-    assert (counters["used"], counters["position"], counters["own_restarts"]) == ([], [], {})
+    assert (counters["used"], counters["own_restarts"]) == ([], {})
     assert counters["retired"] == [["n0", "relaunch_node for communication"]]
     assert policy.process_restarts("n0") == 0
     assert policy.decide("n0", K.HANG).action is A.NONE
@@ -481,3 +505,62 @@ def test_only_the_newest_nodes_let_go_are_remembered() -> None:
     assert policy.decide("n2", K.HARDWARE).action is A.NONE
     # n0 was forgotten: a report about it is decided as any node's.
     assert policy.decide("n0", K.HARDWARE).action is A.RELAUNCH_NODE
+
+
+def test_a_budget_window_forgets_failures_older_than_it() -> None:
+    # A 16,384-GPU job meets a failure every few hours: a native crash on one node three weeks after
+    # the first is a new crash, not the same one coming back.
+    day = 86400.0
+    policy = ActionPolicy(PolicyConfig(budget_window=BudgetWindow(day), max_node_relaunches=2))
+    t0 = 1_700_000_000.0
+    first = policy.decide("n0", K.NATIVE_CRASH, now=t0)
+    assert first.action is A.RESTART_PROCESSES
+    assert policy.decide("n0", K.NATIVE_CRASH, now=t0 + 21 * day).action is A.RESTART_PROCESSES
+    again = policy.decide("n0", K.NATIVE_CRASH, now=t0 + 21 * day + 3600)
+    assert again.action is A.ABORT_JOB
+    assert "restart_processes x1 per 24h" in again.outcome
+
+
+def test_a_budget_window_bounds_the_jobs_relaunches_per_window() -> None:
+    hour = 3600.0
+    policy = ActionPolicy(PolicyConfig(budget_window=BudgetWindow(hour), max_node_relaunches=2))
+    t0 = 1_700_000_000.0
+    assert policy.decide("n0", K.HARDWARE, now=t0).action is A.RELAUNCH_NODE
+    assert policy.decide("n1", K.HARDWARE, now=t0 + 600).action is A.RELAUNCH_NODE
+    # The first relaunch left the window: one more may come, and only one.
+    assert policy.decide("n2", K.HARDWARE, now=t0 + hour + 1).action is A.RELAUNCH_NODE
+    stop = policy.decide("n3", K.HARDWARE, now=t0 + hour + 2)
+    assert stop.action is A.ABORT_JOB
+    assert "already relaunched 2 nodes (limit 2 per 1h)" in stop.outcome
+    assert policy.relaunches == 3
+
+
+def test_a_windowed_budget_needs_the_time_of_each_failure() -> None:
+    policy = ActionPolicy(PolicyConfig(budget_window=BudgetWindow(60.0)))
+    with pytest.raises(ConfigError, match="decide needs `now`"):
+        policy.decide("n0", K.HANG)
+    with pytest.raises(ConfigError, match="now must be a finite number"):
+        policy.decide("n0", K.HANG, now=float("nan"))
+    assert policy.export_counters()["used"] == []
+    for bad in (0, -1.0, float("inf"), "1h", True):
+        with pytest.raises(ConfigError, match="a budget window must be None"):
+            PolicyConfig(budget_window=BudgetWindow(bad))  # type: ignore[arg-type]
+
+
+def test_counters_written_before_budgets_kept_times_still_count() -> None:
+    # A journal of an older master: use counts, ladder positions, a bare relaunch count.
+    older = {
+        "used": [["n0", "native_crash", 0, 1], ["*job*", "nan_loss", 0, 2]],
+        "position": [["n0", "native_crash", 0]],
+        "own_restarts": {"n0": 1},
+        "relaunches": 5,
+        "retired": [],
+        "abort_reason": None,
+    }
+    policy = ActionPolicy(PolicyConfig(budget_window=BudgetWindow(60.0), max_node_relaunches=4))
+    policy.import_counters(older)
+    far = 1_800_000_000.0  # long after any window: uses of unknown time still count
+    assert policy.decide("n0", K.NATIVE_CRASH, now=far).action is A.ABORT_JOB
+    counters = policy.export_counters()
+    assert counters["relaunched_at"] == [None] * 4
+    assert ["*job*", "nan_loss", 0, [None, None]] in counters["used"]

@@ -64,6 +64,7 @@ def test_flags_become_a_validated_config() -> None:
         ),
         (["--backend", "external", "--autoscale-cooldown-s", "-5"], "cooldown_s must be a finite number >= 0"),
         (["--backend", "external", "--max-node-relaunches", "-1"], "max_node_relaunches"),
+        (["--backend", "external", "--max-job-failures", "-1"], "max_job_failures"),
     ],
 )
 def test_bad_flags_exit_2_with_a_message(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -97,6 +98,37 @@ def test_the_relaunch_budget_flag_reaches_the_diagnosis_policy() -> None:
     defaults = default_policy(build_config(_run_parser().parse_args(["--backend", "external"])))
     assert isinstance(defaults, DiagnosisFailurePolicy)
     assert defaults.actions.config.max_node_relaunches == 16
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [("-5", "expected seconds > 0 (0: the whole job), got '-5'"), ("a day", "expected seconds (0: the whole job)")],
+)
+def test_a_bad_budget_window_is_refused_by_the_parser(
+    value: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["--backend", "external", "--failure-budget-window", value])
+    assert exited.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_the_failure_budgets_count_over_a_window_and_scale_with_the_job() -> None:
+    small = build_config(_run_parser().parse_args(["--backend", "external", "--nnodes", "4"]))
+    assert small.lifecycle.budget_window_s == 86400.0
+    assert (small.lifecycle.job_failure_limit, small.node_relaunch_limit) == (20, 16)
+    policy = default_policy(small)
+    assert isinstance(policy, DiagnosisFailurePolicy)
+    assert policy.actions.config.budget_window.seconds == 86400.0
+    large = build_config(_run_parser().parse_args(["--backend", "external", "--nnodes", "2048"]))
+    assert (large.lifecycle.job_failure_limit, large.node_relaunch_limit) == (4096, 32)
+    argv = ["--backend", "external", "--nnodes", "2048", "--failure-budget-window", "0", "--max-job-failures", "7"]
+    whole_life = build_config(_run_parser().parse_args(argv))
+    assert whole_life.lifecycle.budget_window_s is None
+    assert whole_life.lifecycle.job_failure_limit == 7
+    policy = default_policy(whole_life)
+    assert isinstance(policy, DiagnosisFailurePolicy)
+    assert policy.actions.config.budget_window.seconds is None
 
 
 def test_token_is_generated_once_into_the_state_dir(tmp_path: Path) -> None:

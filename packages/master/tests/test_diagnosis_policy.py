@@ -15,6 +15,7 @@ from dlrover.diagnosis import (
     LOST_NODE_KIND,
     ActionKind,
     ActionPolicy,
+    BudgetWindow,
     FailureKind,
     PolicyConfig,
     RelaunchBudget,
@@ -339,8 +340,8 @@ def test_a_corrupt_journaled_policy_state_is_refused_with_a_reason() -> None:
         with pytest.raises(DLRoverError, match="corrupt failure policy state"):
             policy.import_state(corrupt)
         assert policy.export_state() == before
-    with pytest.raises(DLRoverError, match="failure policy state version 3 is not one this master reads"):
-        policy.import_state('{"version": 3, "counters": {}}')
+    with pytest.raises(DLRoverError, match="failure policy state version 4 is not one this master reads"):
+        policy.import_state('{"version": 4, "counters": {}}')
     assert policy.export_state() == before
 
 
@@ -350,6 +351,7 @@ CONFIGS = [
     PolicyConfig(max_node_relaunches=2),
     PolicyConfig(max_process_restarts_per_node=1),
     PolicyConfig(retired_nodes_kept=1),
+    PolicyConfig(max_node_relaunches=2, budget_window=BudgetWindow(60.0)),
 ]
 
 
@@ -373,6 +375,7 @@ def failures(draw: st.DrawFn, *, agent_can_restart: bool = False) -> Failure:
         backend_relaunches=draw(st.booleans()),
         observed_by_master=observed,
         agent_exits=False if agent_can_restart else draw(st.booleans()),
+        wall_time=draw(st.sampled_from([1000.0, 1030.0, 1100.0])),  # some within the window of 60 s, some not
     )
 
 
@@ -433,6 +436,31 @@ def test_a_version_1_state_is_read_and_decides_as_the_policy_that_wrote_it(
     assert json.loads(restored.export_state())["version"] == POLICY_STATE_VERSION
     for f in after:
         assert restored.decide(f) == original.decide(f)
+
+
+def test_a_version_2_state_is_read_and_its_uses_count_for_ever() -> None:
+    # Version 2 journaled the counters as counts: one native crash restarted on node 3.
+    version_2 = json.dumps(
+        {
+            "version": 2,
+            "counters": {
+                "used": [["3", "native_crash", 0, 1]],
+                "position": [["3", "native_crash", 0]],
+                "own_restarts": {},
+                "relaunches": 0,
+                "retired": [],
+                "abort_reason": None,
+            },
+        }
+    )
+    config = PolicyConfig(budget_window=BudgetWindow(60.0))
+    restored = DiagnosisFailurePolicy(REGISTRY, ActionPolicy(config))
+    restored.import_state(version_2)
+    crash = attrs.evolve(failure(FailureKind.NATIVE_CRASH, "Segmentation fault"), wall_time=1e9)
+    assert restored.decide(crash).action is ActionKind.ABORT_JOB  # long after any window: it still counts
+    assert json.loads(restored.export_state())["version"] == POLICY_STATE_VERSION
+    with pytest.raises(ConfigError, match="decide needs `now`"):
+        DiagnosisFailurePolicy(REGISTRY, ActionPolicy(config)).decide(attrs.evolve(crash, wall_time=None))
 
 
 def test_the_journaled_state_does_not_grow_with_the_decisions() -> None:

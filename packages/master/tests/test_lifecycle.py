@@ -20,6 +20,7 @@ from dlrover.master.lifecycle import (
 )
 from dlrover.master.policy import DefaultFailurePolicy, Failure
 from dlrover.master.records import LaunchNode, StopNode, node_from_dict, node_to_dict
+from dlrover.master.resize import ResizeRequest
 from dlrover.master.states import TRANSITIONS, IllegalTransitionError, JobState, NodeState, check_transition
 
 
@@ -307,7 +308,7 @@ def test_relaunch_budget_exhausted_removes_the_node_and_the_job_fails() -> None:
     decision, out = life.node_lost(1, "exit 137", 3.0)
     # The removal left no node: the action taken is the job's stop, with the job's exit reason.
     assert decision.action is ActionKind.ABORT_JOB
-    assert "relaunched 1 of 1 times (max_relaunches), no relaunches left" in decision.outcome
+    assert "relaunched 1 of 1 times (max_relaunches per 24h), no relaunches left" in decision.outcome
     assert life.node(1).state is NodeState.REMOVED
     assert life.job_state is JobState.FAILED
     assert life.exit_reason == decision.outcome
@@ -356,7 +357,7 @@ def test_too_many_failures_stops_the_job() -> None:
     decision, _ = life.report_failure(0, FailureKind.HOST_OOM, "3", 1.0)
     assert decision.action is ActionKind.ABORT_JOB
     assert life.exit_reason == (
-        "node 0 (rank 0) failed (host_oom): 3 failures in the job, more than max_job_failures 2: the job stops"
+        "node 0 (rank 0) failed (host_oom): 3 failures in 24h, more than max_job_failures 2: the job stops"
     )
 
 
@@ -490,3 +491,111 @@ def test_a_failure_is_logged_in_one_line_and_its_whole_evidence_kept_in_the_even
     )
     assert failure.data["evidence"] == TRACEBACK_EVIDENCE
     assert life.node(0).last_failure == f"{FailureKind.USER_CODE.value}: {TRACEBACK_EVIDENCE}"
+
+
+def test_failures_older_than_the_budget_window_no_longer_count_against_the_job() -> None:
+    life = make(1, max_job_failures=2, max_process_restarts=100, budget_window_s=100.0)
+    register_all(life)
+    for t in (1.0, 2.0, 150.0, 160.0):  # never more than two within 100 s
+        decision, _ = life.report_failure(0, FailureKind.HOST_OOM, str(t), t)
+        assert decision.action is ActionKind.RESTART_PROCESSES
+    assert life.job_failures == 4
+    decision, _ = life.report_failure(0, FailureKind.HOST_OOM, "5", 170.0)
+    assert decision.action is ActionKind.ABORT_JOB
+    assert life.exit_reason == (
+        "node 0 (rank 0) failed (host_oom): 3 failures in 100s, more than max_job_failures 2: the job stops"
+    )
+
+
+def test_a_ranks_relaunches_refill_once_the_window_passed() -> None:
+    life = make(1, max_relaunches=1, budget_window_s=100.0)
+    register_all(life)
+    decision, _ = life.report_failure(0, FailureKind.HARDWARE, "Xid 79", 1.0)
+    assert decision.action is ActionKind.RELAUNCH_NODE
+    life.register(1, "b", "host-1", 2.0)
+    assert life.node(1).relaunched_at == (1.0,)
+    decision, _ = life.report_failure(1, FailureKind.HARDWARE, "Xid 79", 200.0)
+    assert decision.action is ActionKind.RELAUNCH_NODE  # the first relaunch left the window
+    life.register(2, "c", "host-2", 201.0)
+    assert life.node(2).relaunched_at == (200.0,)  # only the newest max_relaunches are kept
+    decision, _ = life.report_failure(2, FailureKind.HARDWARE, "Xid 79", 210.0)
+    assert decision.action is ActionKind.ABORT_JOB
+    assert "relaunched 1 of 1 times (max_relaunches per 100s), no relaunches left" in decision.outcome
+
+
+def test_a_disruption_is_not_charged_to_the_ranks_relaunches() -> None:
+    life = make(1, max_relaunches=1)
+    register_all(life)
+    life.node_disrupted(0, "preempted", "preempted by a higher-priority pod", 1.0)
+    assert life.node(1).relaunched_at == ()
+    assert life.node(1).disruptions == 1
+
+
+def test_the_budget_windows_survive_a_master_restart_on_wall_time() -> None:
+    # The first master's monotonic clock started at wall 1000; the next one's at wall 1050: the
+    # journaled times are wall seconds, so a failure keeps counting exactly a window of wall time.
+    from dlrover.master.journal import _snapshot, job_fields
+
+    cfg = LifecycleConfig(nodes=NodeRange(1, 1), max_job_failures=1, max_process_restarts=100, budget_window_s=100.0)
+    first = JobLifecycle(cfg, DefaultFailurePolicy(), 0.0, wall_offset=1000.0)
+    first.start(0.0)
+    first.register(0, "a", "host-0", 0.0)
+    first.report_failure(0, FailureKind.HOST_OOM, "1", 10.0)  # wall 1010
+    snap = first.snapshot()
+    restored_snap = _snapshot(job_fields(snap), [node_from_dict(node_to_dict(n)) for n in snap.nodes])
+    assert restored_snap is not None
+    assert restored_snap.job_failure_times == (1010.0,)
+
+    def restored() -> JobLifecycle:
+        assert restored_snap is not None
+        life = JobLifecycle(cfg, DefaultFailurePolicy(), 0.0, restored_snap, wall_offset=1050.0)
+        life.heartbeat(0, 0.0)
+        return life
+
+    decision, _ = restored().report_failure(0, FailureKind.HOST_OOM, "2", 55.0)  # wall 1105: 1010 counts
+    assert decision.action is ActionKind.ABORT_JOB
+    decision, _ = restored().report_failure(0, FailureKind.HOST_OOM, "2", 65.0)  # wall 1115: it expired
+    assert decision.action is ActionKind.RESTART_PROCESSES
+
+
+def test_records_journaled_before_failures_kept_their_times_count_for_ever() -> None:
+    from dlrover.master.journal import _snapshot, job_fields
+
+    cfg = LifecycleConfig(nodes=NodeRange(1, 1), max_job_failures=2, max_process_restarts=100, budget_window_s=100.0)
+    life = JobLifecycle(cfg, DefaultFailurePolicy(), 0.0)
+    life.start(0.0)
+    life.register(0, "a", "host-0", 0.0)
+    snap = life.snapshot()
+    job = job_fields(snap)
+    job["job_failures"] = 2
+    del job["job_failure_times"]
+    older_node = node_to_dict(attrs.evolve(snap.nodes[0], relaunch_count=3, disruptions=1))
+    del older_node["relaunched_at"]
+    node = node_from_dict(older_node)
+    assert node.relaunched_at == (None, None)  # three incarnations before, one of them a disruption
+    restored_snap = _snapshot(job, [node])
+    assert restored_snap is not None
+    assert restored_snap.job_failure_times is None
+    restored = JobLifecycle(cfg, DefaultFailurePolicy(), 0.0, restored_snap)
+    restored.heartbeat(0, 0.0)
+    decision, _ = restored.report_failure(0, FailureKind.HOST_OOM, "3", 10_000.0)
+    assert decision.action is ActionKind.ABORT_JOB  # the two older failures still count
+    with pytest.raises(ConfigError, match="a budget window must be None"):
+        LifecycleConfig(budget_window_s=0.0)
+
+
+def test_a_rank_given_up_by_a_shrink_keeps_its_charged_relaunches_when_the_job_grows_again() -> None:
+    life = make(2, min_nodes=1, max_relaunches=1)
+    register_all(life)
+    decision, _ = life.report_failure(1, FailureKind.HARDWARE, "Xid 79", 1.0)
+    assert decision.action is ActionKind.RELAUNCH_NODE
+    life.register(2, "b", "host-2", 2.0)
+    life.resize(ResizeRequest(1, "shrink"), 3.0)
+    life.resize(ResizeRequest(2, "grow"), 4.0)
+    regrown = life.current_nodes()[1]
+    assert regrown.relaunched_at == (1.0,)
+    life.register(regrown.node_id, "c", "host-3", 5.0)
+    decision, _ = life.node_lost(regrown.node_id, "gone", 6.0)
+    # A resize gives no relaunch back: the rank's one relaunch of the day is spent.
+    assert decision.action is ActionKind.REMOVE_NODE
+    assert "relaunched 1 of 1 times (max_relaunches per 24h), no relaunches left" in decision.outcome

@@ -28,6 +28,7 @@ MAX_FAILURES = 8
 TIMEOUT = 15.0
 START_TIMEOUT = 20.0
 WINDOW = 30.0
+BUDGET_WINDOW = 40.0  # failures older than this no longer count against the budgets
 # Kinds the default policy relaunches for (dlrover.diagnosis.kind_decided_alone); failures the
 # master observed itself are relaunched whatever their kind.
 NODE_LEVEL = {FailureKind.HARDWARE, FailureKind.PREEMPTION}
@@ -48,14 +49,15 @@ class LifecycleMachine(RuleBasedStateMachine):
             max_process_restarts=MAX_RESTARTS,
             max_relaunches=MAX_RELAUNCHES,
             max_job_failures=MAX_FAILURES,
+            budget_window_s=BUDGET_WINDOW,
             insufficient_nodes_window_s=WINDOW,
         )
         self.life = JobLifecycle(cfg, DefaultFailurePolicy(), self.now)
         self.life.start(self.now)
         # The model: failures, restarts per node, relaunches per rank, whether anything succeeded.
-        self.failures = 0
+        self.failures: list[float] = []  # when each failure came
         self.restarts: dict[int, int] = {}
-        self.relaunches = dict.fromkeys(range(MAX_NODES), 0)
+        self.relaunches: dict[int, list[float]] = {rank: [] for rank in range(MAX_NODES)}  # charged, when
         self.disruption_relaunches = dict.fromkeys(range(MAX_NODES), 0)  # relaunches charged to no budget
         self.succeeded = False
         self.created = MAX_NODES
@@ -65,24 +67,28 @@ class LifecycleMachine(RuleBasedStateMachine):
         return self.life.current_nodes()[rank].node_id
 
     def _expected(self, node: NodeRecord, kind: FailureKind, *, observed: bool = False) -> ActionKind:
-        self.failures += 1
-        if self.failures > MAX_FAILURES or kind is FailureKind.USER_CODE:
+        self.failures.append(self.now)
+        if self._within(self.failures) > MAX_FAILURES or kind is FailureKind.USER_CODE:
             return ActionKind.ABORT_JOB
         if self.succeeded:
             return ActionKind.REMOVE_NODE
         restartable = not observed and kind not in NODE_LEVEL and node.state is NodeState.RUNNING
         if restartable and self.restarts.get(node.node_id, 0) < MAX_RESTARTS:
             return ActionKind.RESTART_PROCESSES
-        if self.relaunches[node.rank] < MAX_RELAUNCHES:
+        if self._within(self.relaunches[node.rank]) < MAX_RELAUNCHES:
             return ActionKind.RELAUNCH_NODE
         return ActionKind.REMOVE_NODE
+
+    def _within(self, times: list[float]) -> int:
+        """How many of `times` count against a budget now."""
+        return sum(1 for t in times if t > self.now - BUDGET_WINDOW)
 
     def _account(self, node_id: int, action: ActionKind) -> None:
         rank = self.life.node(node_id).rank
         if action is ActionKind.RESTART_PROCESSES:
             self.restarts[node_id] = self.restarts.get(node_id, 0) + 1
         elif action is ActionKind.RELAUNCH_NODE:
-            self.relaunches[rank] += 1
+            self.relaunches[rank].append(self.now)
             self.created += 1
 
     @rule(rank=st.integers(0, MAX_NODES - 1), started=st.booleans())
@@ -332,10 +338,13 @@ class LifecycleMachine(RuleBasedStateMachine):
     @invariant()
     def the_model_agrees_on_counts(self) -> None:
         assert len(self.life.nodes()) == self.created
-        assert self.life.job_failures == self.failures
-        for rank, count in self.relaunches.items():
+        assert self.life.job_failures == len(self.failures)
+        for rank, times in self.relaunches.items():
             extra = self.disruption_relaunches[rank]
-            assert sum(1 for n in self.life.nodes().values() if n.rank == rank) == count + extra + 1
+            assert sum(1 for n in self.life.nodes().values() if n.rank == rank) == len(times) + extra + 1
+            # What a rank's node keeps of its charged relaunches: the newest, no more than the budget.
+            kept = self.life.node(self._current(rank)).relaunched_at
+            assert list(kept) == times[len(times) - min(len(times), MAX_RELAUNCHES) :]
 
 
 LifecycleMachine.TestCase.settings = settings(LifecycleMachine.TestCase.settings, stateful_step_count=25)

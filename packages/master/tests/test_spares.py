@@ -166,12 +166,19 @@ def test_a_lost_spare_is_replaced_until_its_budget_is_spent_and_counts_no_job_fa
         assert StopNode(spare.node_id, decision.outcome) in out.effects
         lost += [e.message for e in out.events if e.kind == "spare_lost"]
         life.keep_spares(float(i) + 0.6)
-    assert "(1 of 2 spare losses)" in lost[0]
-    assert "2 spares lost, max_relaunches x spare_nodes = 2: no more spares are launched" in lost[1]
+    assert "(1 of 2 spare losses per 24h)" in lost[0]
+    assert "2 spares lost, max_relaunches x spare_nodes = 2 per 24h: no more spares are launched" in lost[1]
     assert life.spare_nodes() == []
     assert life.spare_failures == 2
     assert life.job_failures == 0
     assert life.job_state is JobState.RUNNING
+    # A day after the first loss, it is older than the budget window: a spare is launched again.
+    life.heartbeat(0, 86_400.4)
+    assert life.keep_spares(86_400.4).effects == ()
+    life.heartbeat(0, 86_400.6)
+    launched = life.keep_spares(86_400.6)
+    assert [n.spare for n in life.spare_nodes()] == [True]
+    assert launched.effects
     # A silent spare is lost too (tick), and a spare never "succeeds".
     life2 = make(1, 1, heartbeat_timeout_s=5.0)
     register_all(life2)
@@ -451,3 +458,17 @@ def test_handing_a_spares_round_to_each_node_journals_that_nodes_row_only() -> N
     master2, *_ = _master(journal, slots=None, nodes=6, clock=clock)
     assert [i for i in staying if master2.pending_actions(i)] == [5]
     assert [a.kind for a in master2.pending_actions(5)] == [ActionKind.RESTART_PROCESSES]
+
+
+def test_with_no_relaunches_allowed_a_lost_spare_is_not_replaced() -> None:
+    life = make(1, 1, max_relaunches=0, budget_window_s=None)
+    register_all(life)
+    spare = life.spare_nodes()[0]
+    if spare.state is NodeState.PENDING:
+        life.register(spare.node_id, "s", "hs", 0.1)
+    _, out = life.node_lost(spare.node_id, "the agent exited", 0.5)
+    [lost] = [e.message for e in out.events if e.kind == "spare_lost"]
+    assert lost.endswith("1 spares lost, max_relaunches x spare_nodes = 0: no more spares are launched")
+    life.keep_spares(0.6)
+    life.keep_spares(1e9)  # no window: the loss counts for ever
+    assert life.spare_nodes() == []

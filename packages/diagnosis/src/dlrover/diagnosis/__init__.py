@@ -7,7 +7,8 @@
   ``dlrover.diagnosis.rules`` entry-point group. `signal_in_log` reads the signal a launcher or a
   shell wrote into a log (``exitcode: -11``, ``Killed``) the way an exit status is read.
 * Action policy (`ActionPolicy`, `PolicyConfig`): kind to `ActionKind`, with budgets and escalation;
-  a node's process restarts are one `RestartBudget`, spent by one rule (`spend_restart`).
+  a node's process restarts are one `RestartBudget`, spent by one rule (`spend_restart`); a
+  `BudgetWindow` says how long a use counts against a budget.
 * Step reports (`StepReporter`, from `dlrover.common.step_slots`): a training process marks step
   ends, samples and phases in its slot of a file its agent maps; `RankStepStats` batches them to
   the master.
@@ -89,6 +90,7 @@ if TYPE_CHECKING:
         request_stack_dump,
     )
     from dlrover.diagnosis.tracebacks import PythonTraceback, extract_tracebacks, one_line_summary, strip_rank_prefix
+    from dlrover.diagnosis.window import BudgetWindow
 
 # Imported on first use: an agent starting a node needs a few names, not the classifier's rules.
 _EXPORTS = {
@@ -151,6 +153,7 @@ _EXPORTS = {
     "RestartBudget": "dlrover.diagnosis.budget",
     "Spending": "dlrover.diagnosis.budget",
     "spend_restart": "dlrover.diagnosis.budget",
+    "BudgetWindow": "dlrover.diagnosis.window",
     "HangConfig": "dlrover.diagnosis.detectors",
     "HangDetector": "dlrover.diagnosis.detectors",
     "StragglerConfig": "dlrover.diagnosis.detectors",
@@ -227,6 +230,7 @@ __all__ = [
     "validate_rule",
     # policy
     "ActionPolicy",
+    "BudgetWindow",
     "DEFAULT_LADDERS",
     "Decision",
     "LadderStep",

@@ -22,6 +22,10 @@ is spent through `spend_restart`, the one rule for it:
   says the host is bad), counted like every relaunch; the rung is not used;
 * at most ``max_node_relaunches`` relaunches per job; the one after that aborts.
 
+Every budget here counts its uses over `PolicyConfig.budget_window` (a trailing window, wall
+seconds passed to `ActionPolicy.decide` as ``now``; the whole job by default): a job that runs for
+weeks is stopped by failures that keep coming back, not by two that came weeks apart.
+
 A relaunched or removed node id is retired: a late report about it gets `ActionKind.NONE` (a
 replacement node comes back under a new id), and its per-node counters, which no later decision
 reads, are dropped. Once the job is aborted every decision is to abort. So the counters
@@ -53,6 +57,7 @@ unknown        restart processes x2 (node), relaunch node avoiding host x1 (node
 
 from __future__ import annotations
 
+import math
 import types
 from collections.abc import Mapping
 from typing import Any, Literal
@@ -64,6 +69,7 @@ from dlrover.common.validators import non_negative_int
 from dlrover.diagnosis.budget import RelaunchBudget, RestartBudget, spend_restart
 from dlrover.diagnosis.errors import DiagnosisError
 from dlrover.diagnosis.kinds import ActionKind, FailureKind
+from dlrover.diagnosis.window import BudgetWindow, UseTimes, use_times_from_json
 
 __all__ = ["ActionPolicy", "Decision", "DEFAULT_LADDERS", "LadderStep", "PolicyConfig", "PolicyStateError"]
 
@@ -168,6 +174,8 @@ class PolicyConfig:
         retired_nodes_kept: how many of the nodes let go are remembered, the newest (default
             1024), so a late report about one needs no action; a report about one let go before
             them is decided as any node's. It bounds the counters however long the job runs.
+        budget_window: how long a use counts against a rung's budget and `max_node_relaunches`
+            (default: the whole job). With a window, `ActionPolicy.decide` needs ``now``.
     """
 
     ladders: Mapping[FailureKind, tuple[LadderStep, ...]] = attrs.field(
@@ -176,6 +184,9 @@ class PolicyConfig:
     max_process_restarts_per_node: int = attrs.field(default=3, validator=non_negative_int)
     max_node_relaunches: int = attrs.field(default=16, validator=non_negative_int)
     retired_nodes_kept: int = attrs.field(default=1024, validator=non_negative_int)
+    budget_window: BudgetWindow = attrs.field(
+        factory=BudgetWindow, validator=attrs.validators.instance_of(BudgetWindow)
+    )
 
 
 @attrs.frozen
@@ -219,11 +230,13 @@ class ActionPolicy:
 
     def __init__(self, config: PolicyConfig | None = None) -> None:
         self._config = config or PolicyConfig()
-        self._used: dict[tuple[str, FailureKind, int], int] = {}
-        self._position: dict[tuple[str, FailureKind], int] = {}
+        # When each rung was used (within its scope), the newest `budget` uses.
+        self._used: dict[tuple[str, FailureKind, int], UseTimes] = {}
         # Restarts per node, only for decisions whose caller keeps no budget of its own.
         self._own_restarts: dict[str, int] = {}
         self._relaunches = 0
+        self._relaunched_at: UseTimes = ()  # the newest `max_node_relaunches` relaunches
+        self._now: float | None = None  # the time of the decision being taken
         self._retired: dict[str, str] = {}
         self._abort_reason: str | None = None
 
@@ -239,7 +252,7 @@ class ActionPolicy:
 
     @property
     def relaunches(self) -> int:
-        """Relaunches decided so far in this job."""
+        """Relaunches decided so far in this job (all of them, whatever the window)."""
         return self._relaunches
 
     def process_restarts(self, node_id: str) -> int:
@@ -262,6 +275,7 @@ class ActionPolicy:
         relaunch_possible: bool = True,
         relaunches: RelaunchBudget | None = None,
         no_restart: str = "",
+        now: float | None = None,
     ) -> Decision:
         """Pick the action for a failure of `kind` on `node_id` and count it against the budgets.
 
@@ -280,13 +294,15 @@ class ActionPolicy:
             no_restart: why nobody can restart the node's processes in place (its agent is gone,
                 or exits after this report), in words; empty when its agent can. A restart is
                 then a relaunch (`spend_restart`).
+            now: when the failure happened (wall seconds): the uses of the budgets are counted
+                within `PolicyConfig.budget_window` of it. Needed when a window is set.
 
         Returns:
             The decision, with its outcome in words.
 
         Raises:
-            ConfigError: if `node_id` is empty, `kind` is not a `FailureKind` or `budget` is not
-                a `RestartBudget`; nothing is counted.
+            ConfigError: if `node_id` is empty, `kind` is not a `FailureKind`, `budget` is not
+                a `RestartBudget`, or `now` is missing where a window is set; nothing is counted.
         """
         if not isinstance(node_id, str) or not node_id:
             raise ConfigError(f"node_id must be a non-empty string, got {node_id!r}")
@@ -296,6 +312,12 @@ class ActionPolicy:
             raise ConfigError(f"budget must be None or a RestartBudget, got {budget!r}")
         if relaunches is not None and not isinstance(relaunches, RelaunchBudget):
             raise ConfigError(f"relaunches must be None or a RelaunchBudget, got {relaunches!r}")
+        if now is not None and (isinstance(now, bool) or not isinstance(now, (int, float)) or not math.isfinite(now)):
+            raise ConfigError(f"now must be a finite number of wall seconds, got {now!r}")
+        if now is None and self._config.budget_window.seconds is not None:
+            raise ConfigError(
+                f"the budgets count uses within {self._config.budget_window.seconds:g}s: decide needs `now`"
+            )
         if self._abort_reason is not None:
             return Decision(ActionKind.ABORT_JOB, kind, node_id, f"the job was already aborted: {self._abort_reason}")
         if node_id in self._retired:
@@ -307,6 +329,7 @@ class ActionPolicy:
                 "a late report about its old processes needs no action",
             )
         own = budget is None
+        self._now = now
         decision = self._climb(
             node_id,
             kind,
@@ -331,12 +354,10 @@ class ActionPolicy:
     ) -> Decision:
         """Take the first rung of `kind`'s ladder with budget left, or abort when none has."""
         ladder = self._config.ladders[kind]
-        index = self._position.get((node_id, kind), 0)
-        while index < len(ladder):
-            if self._used.get(self._key(node_id, kind, index, ladder[index]), 0) < ladder[index].budget:
-                break
+        # Budgets only refill (a window passing), so the first rung with budget left is the one.
+        index = 0
+        while index < len(ladder) and self._uses(node_id, kind, index, ladder[index]) >= ladder[index].budget:
             index += 1
-        self._position[(node_id, kind)] = index
         if index >= len(ladder):
             return self._abort(kind, node_id, self._exhausted_reason(kind, ladder))
         step = ladder[index]
@@ -370,8 +391,8 @@ class ActionPolicy:
         """Use rung `index` of `ladder` (`words`: what the restart budget says about it)."""
         step = ladder[index]
         key = self._key(node_id, kind, index, step)
-        used = self._used.get(key, 0) + 1
-        count = f"{step.action.value} {used} of {step.budget}, {step.scope}"
+        used = self._uses(node_id, kind, index, step) + 1
+        count = f"{step.action.value} {used} of {step.budget}, {step.scope}{self._config.budget_window.per()}"
         if step.action in (ActionKind.RELAUNCH_NODE, ActionKind.RELAUNCH_WITH_MORE_MEMORY):
             host = "on another host" if step.avoid_host else "on any host"
             what = "with more memory " if step.action is ActionKind.RELAUNCH_WITH_MORE_MEMORY else ""
@@ -380,19 +401,23 @@ class ActionPolicy:
             decision = self._relaunch(kind, node_id, step.action, step.avoid_host, words, escalated=False)
             if decision.action is step.action and step.scope == "job":
                 # A node-scope rung needs no count: the relaunch let its node go.
-                self._used[key] = used
+                self._use(key, step)
             return decision
-        self._used[key] = used
+        self._use(key, step)
         if step.action is ActionKind.ROLLBACK_CHECKPOINT:
             words = f"roll back to the newest good checkpoint ({count}): {words}"
         return Decision(step.action, kind, node_id, words)
 
     def _tried(self, kind: FailureKind, node_id: str, ladder: tuple[LadderStep, ...], index: int) -> str:
-        done = ", ".join(
-            f"{s.action.value} x{self._used.get(self._key(node_id, kind, i, s), 0)}"
-            for i, s in enumerate(ladder[:index])
-        )
+        done = ", ".join(f"{s.action.value} x{self._uses(node_id, kind, i, s)}" for i, s in enumerate(ladder[:index]))
         return f"already tried: {done}"
+
+    def _uses(self, node_id: str, kind: FailureKind, index: int, step: LadderStep) -> int:
+        """Uses of rung `index` that count now."""
+        return self._config.budget_window.count(self._used.get(self._key(node_id, kind, index, step), ()), self._now)
+
+    def _use(self, key: tuple[str, FailureKind, int], step: LadderStep) -> None:
+        self._used[key] = BudgetWindow.add(self._used.get(key, ()), self._now, step.budget)
 
     @staticmethod
     def _key(node_id: str, kind: FailureKind, index: int, step: LadderStep) -> tuple[str, FailureKind, int]:
@@ -403,7 +428,7 @@ class ActionPolicy:
         if not ladder:
             return f"{advice}: the job stops"
         spent = ", ".join(f"{s.action.value} x{s.budget}" for s in ladder)
-        return f"budgets spent ({spent}); {advice}: the job stops"
+        return f"budgets spent ({spent}{self._config.budget_window.per()}); {advice}: the job stops"
 
     def _abort(self, kind: FailureKind, node_id: str, reason: str) -> Decision:
         self._abort_reason = f"{kind.value} on node {node_id}: {reason}"
@@ -412,14 +437,16 @@ class ActionPolicy:
     def _relaunch(
         self, kind: FailureKind, node_id: str, action: ActionKind, avoid_host: bool, words: str, *, escalated: bool
     ) -> Decision:
-        if self._relaunches >= self._config.max_node_relaunches:
+        window, limit = self._config.budget_window, self._config.max_node_relaunches
+        counted = window.count(self._relaunched_at, self._now)
+        if counted >= limit:
             return self._abort(
                 kind,
                 node_id,
-                f"{words}; but the job already relaunched {self._relaunches} nodes "
-                f"(limit {self._config.max_node_relaunches}): the job stops",
+                f"{words}; but the job already relaunched {counted} nodes (limit {limit}{window.per()}): the job stops",
             )
         self._relaunches += 1
+        self._relaunched_at = window.add(self._relaunched_at, self._now, limit)
         self._retire(node_id, f"{action.value} for {kind.value}")
         return Decision(action, kind, node_id, words, avoid_host=avoid_host, escalated=escalated)
 
@@ -430,23 +457,26 @@ class ActionPolicy:
         while len(self._retired) > self._config.retired_nodes_kept:
             del self._retired[next(iter(self._retired))]  # the oldest: dicts keep insertion order
         self._used = {k: v for k, v in self._used.items() if k[0] != node_id}
-        self._position = {k: v for k, v in self._position.items() if k[0] != node_id}
         self._own_restarts.pop(node_id, None)
 
     def export_counters(self) -> dict[str, Any]:
-        """Everything later decisions read, as a JSON-serialisable dict: ladder steps used (per
-        live node and job-wide), ladder positions, the restarts this policy counts itself, the
-        job's relaunches, the nodes let go and why, and the abort reason.
+        """Everything later decisions read, as a JSON-serialisable dict: when ladder steps were
+        used (per live node and job-wide, the newest of each), the restarts this policy counts
+        itself, the job's relaunches (all, and when the newest were), the nodes let go and why,
+        and the abort reason.
 
         Its size depends on the live nodes and the nodes let go, not on how many decisions were
         taken. `import_counters` of it into a policy with the same configuration decides as this
         one would.
         """
         return {
-            "used": sorted([node, kind.value, index, count] for (node, kind, index), count in self._used.items()),
-            "position": sorted([node, kind.value, index] for (node, kind), index in self._position.items()),
+            "used": sorted(
+                ([node, kind.value, index, list(times)] for (node, kind, index), times in self._used.items()),
+                key=lambda row: row[:3],
+            ),
             "own_restarts": dict(sorted(self._own_restarts.items())),
             "relaunches": self._relaunches,
+            "relaunched_at": list(self._relaunched_at),
             # In the order they were let go: the oldest is forgotten first.
             "retired": [[node, why] for node, why in self._retired.items()],
             "abort_reason": self._abort_reason,
@@ -455,14 +485,21 @@ class ActionPolicy:
     def import_counters(self, counters: Mapping[str, Any]) -> None:
         """Resume from `export_counters`' dict (replacing this policy's counters).
 
+        Counters written before budgets kept times (a rung's use count, the relaunch count alone,
+        ladder positions) are read too: those uses count as taken at an unknown time, for ever.
+
         Raises:
             PolicyStateError: `counters` is not what `export_counters` writes; nothing changed.
         """
         try:
-            used = {(_node(n), FailureKind(k), _count(i)): _count(c) for n, k, i, c in _rows(counters["used"], 4)}
-            position = {(_node(n), FailureKind(k)): _count(i) for n, k, i in _rows(counters["position"], 3)}
+            used = {(_node(n), FailureKind(k), _count(i)): _uses(u) for n, k, i, u in _rows(counters["used"], 4)}
+            _rows(counters.get("position", []), 3)  # older counters: the first rung with budget left is found anew
             own = {_node(n): _count(c) for n, c in dict(counters["own_restarts"]).items()}
             relaunches = _count(counters["relaunches"])
+            if "relaunched_at" in counters:
+                relaunched_at = use_times_from_json(counters["relaunched_at"])
+            else:
+                relaunched_at = (None,) * min(relaunches, self._config.max_node_relaunches)
             retired = {_node(n): why for n, why in _rows(counters["retired"], 2) if isinstance(why, str)}
             if len(retired) != len(counters["retired"]):
                 raise ValueError("retired must list distinct nodes, each with why it was let go")
@@ -471,19 +508,28 @@ class ActionPolicy:
             abort = counters["abort_reason"]
             if abort is not None and not isinstance(abort, str):
                 raise ValueError(f"abort_reason must be a string or null, got {abort!r}")
-            unknown = set(counters) - {"used", "position", "own_restarts", "relaunches", "retired", "abort_reason"}
+            known = {"used", "position", "own_restarts", "relaunches", "relaunched_at", "retired", "abort_reason"}
+            unknown = set(counters) - known
             if unknown:
                 raise ValueError(f"unknown fields {sorted(unknown)}")
         except (KeyError, TypeError, ValueError) as exc:
             raise PolicyStateError(f"not the counters of an action policy: {exc!r}") from exc
-        self._used, self._position, self._own_restarts = used, position, own
-        self._relaunches, self._retired, self._abort_reason = relaunches, retired, abort
+        self._used, self._own_restarts = used, own
+        self._relaunches, self._relaunched_at = relaunches, relaunched_at
+        self._retired, self._abort_reason = retired, abort
 
 
 def _rows(value: object, width: int) -> list[list[Any]]:
     if not isinstance(value, list) or not all(isinstance(row, list) and len(row) == width for row in value):
         raise ValueError(f"expected a list of {width}-item lists, got {value!r}"[:300])
     return value
+
+
+def _uses(value: object) -> UseTimes:
+    """A rung's use times, or (older counters) its use count: as many uses at unknown times."""
+    if isinstance(value, list):
+        return use_times_from_json(value)
+    return (None,) * _count(value)
 
 
 def _node(value: object) -> str:

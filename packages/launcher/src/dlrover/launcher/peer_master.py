@@ -186,11 +186,12 @@ def embedded_lifecycle(cfg: LaunchConfig) -> LifecycleConfig:
     """
     from dlrover.master.config import LifecycleConfig, NodeRange
 
-    default = LifecycleConfig()
+    nodes = NodeRange(cfg.nodes.min_nodes, cfg.nodes.max_nodes, cfg.node_unit)
+    default = LifecycleConfig(nodes=nodes)
     return LifecycleConfig(
-        nodes=NodeRange(cfg.nodes.min_nodes, cfg.nodes.max_nodes, cfg.node_unit),
+        nodes=nodes,
         max_process_restarts=cfg.max_restarts,
-        max_job_failures=max(default.max_job_failures, cfg.nodes.max_nodes * (cfg.max_restarts + 1)),
+        max_job_failures=max(default.job_failure_limit, cfg.nodes.max_nodes * (cfg.max_restarts + 1)),
         node_resources=cfg.node_resources,
     )
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import shlex
 import signal
 import sys
@@ -149,8 +150,9 @@ def _run_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--max-job-failures",
         type=int,
-        default=20,
-        help="failures of all nodes together before the job stops; raise it with agents' --max-restarts",
+        default=None,
+        help="failures of all nodes together within --failure-budget-window before the job stops (default 20, or "
+        "two per node of a job of more than 10); raise it with agents' --max-restarts",
     )
     p.add_argument("--tick-interval-s", type=float, default=1.0, help="seconds between the master's checks of timeouts")
     p.add_argument(
@@ -471,7 +473,18 @@ def _ray_settings(args: argparse.Namespace) -> RaySettings | None:
 
 def _add_replacement_flags(p: argparse.ArgumentParser) -> None:
     """How nodes are replaced: relaunches per rank, and the warm spares that take a relaunched node's rank."""
-    p.add_argument("--max-relaunches", type=int, default=3, help="relaunches of each rank's node")
+    p.add_argument(
+        "--max-relaunches", type=int, default=3, help="relaunches of each rank's node within --failure-budget-window"
+    )
+    p.add_argument(
+        "--failure-budget-window",
+        type=_budget_window,
+        default=86400.0,
+        metavar="SECONDS",
+        help="how long a failure counts against --max-job-failures, --max-relaunches, --max-node-relaunches and "
+        "the failure policy's ladders (default 86400, a day; 0: the job's whole life). A job that trains for "
+        "weeks stops for failures that keep coming back, not for two that came weeks apart",
+    )
     p.add_argument(
         "--spare-nodes",
         type=_spare_count,
@@ -479,15 +492,29 @@ def _add_replacement_flags(p: argparse.ArgumentParser) -> None:
         help="warm spare nodes kept beside the ranked ones (not counted in --nnodes): registered agents with "
         "their standby workers ready and no rank; one takes over the rank of a node the master relaunches, "
         "and another is launched in the background. They take the backend's capacity after the ranked nodes "
-        "(local backend only)",
+        "(a backend that launches nodes: local, kubernetes, ray)",
     )
     p.add_argument(
         "--max-node-relaunches",
         type=int,
-        default=16,
-        help="node relaunches in the whole job before the next one stops it (the diagnosis policy); a long job on "
-        "many nodes needs more: about one per 2,500 GPU-days at the failure rate Meta reported for Llama 3",
+        default=None,
+        help="node relaunches within --failure-budget-window before the next one stops the job (the diagnosis "
+        "policy; default 16, or one per 64 nodes of a larger job). At the failure rate Meta reported for Llama 3 "
+        "a node is relaunched about once per 2,500 GPU-days",
     )
+
+
+def _budget_window(text: str) -> float | None:
+    """``--failure-budget-window``: seconds > 0, or 0 for the job's whole life (None)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds (0: the whole job), got {text!r}") from None
+    if value == 0:
+        return None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"expected seconds > 0 (0: the whole job), got {text!r}")
+    return value
 
 
 def _spare_count(text: str) -> int:
@@ -557,6 +584,7 @@ def build_config(args: argparse.Namespace) -> MasterConfig:
         max_process_restarts=args.max_process_restarts,
         max_relaunches=args.max_relaunches,
         max_job_failures=args.max_job_failures,
+        budget_window_s=args.failure_budget_window,
         insufficient_nodes_window_s=args.insufficient_nodes_window_s,
         **lifecycle_resources(args),
         node_pending_timeout_s=args.node_pending_timeout_s or None,

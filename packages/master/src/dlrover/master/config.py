@@ -11,6 +11,7 @@ import attrs
 from dlrover.autoscale import Resources, Role
 from dlrover.common import ConfigError, TLSConfig
 from dlrover.common.validators import non_negative, non_negative_finite, non_negative_int, positive
+from dlrover.diagnosis.window import BudgetWindow
 from dlrover.master.autoscaler import AutoscalerConfig
 from dlrover.rendezvous import RendezvousConfig
 
@@ -121,8 +122,18 @@ class LifecycleConfig:
         node_start_timeout_s: a launched node that has not registered after this long is handled as
             failed; None waits forever (agents started by a person).
         max_process_restarts: training-process restarts allowed on one node before it is relaunched.
-        max_relaunches: replacements allowed per logical rank.
-        max_job_failures: failures allowed in the whole job; one more stops it.
+        max_relaunches: replacements allowed per logical rank within `budget_window_s`.
+        max_job_failures: failures allowed in the job within `budget_window_s`; one more stops it.
+            None (the default): 20, or two per node of a job of more than 10 (`job_failure_limit`):
+            a job of thousands of nodes meets dozens of failures a day, each node's own budgets
+            stop a node that fails again and again, and this one stops a job whose every node
+            fails, twice.
+        budget_window_s: how long a failure counts against the failure budgets: `max_relaunches`,
+            `max_job_failures`, the failure policy's ladders and its ``max_node_relaunches`` (default
+            24 hours; None: the job's whole life). A job that trains for weeks meets failures every
+            few hours; the budgets stop one whose failures keep coming back, not one that met two
+            weeks apart. A node's process restarts (its agent's ``--max-restarts``) count for the
+            node's life, as under torchrun: a node that spends them is relaunched.
         insufficient_nodes_window_s: the job stops when fewer than `min_nodes` nodes run for this long.
         node_resources: what each worker node is launched with; None asks for nothing in particular.
         oom_memory_growth: a node killed for host OOM (`RELAUNCH_WITH_MORE_MEMORY`) is relaunched with its
@@ -143,7 +154,8 @@ class LifecycleConfig:
     node_start_timeout_s: float | None = attrs.field(default=300.0, validator=_optional_positive)
     max_process_restarts: int = attrs.field(default=3, validator=non_negative)
     max_relaunches: int = attrs.field(default=3, validator=non_negative)
-    max_job_failures: int = attrs.field(default=20, validator=non_negative)
+    max_job_failures: int | None = attrs.field(default=None, validator=_optional_non_negative)
+    budget_window_s: float | None = attrs.field(default=86400.0)
     insufficient_nodes_window_s: float = attrs.field(default=300.0, validator=positive)
     node_resources: Resources | None = attrs.field(default=None, validator=_optional_resources)
     oom_memory_growth: float = attrs.field(default=1.5, validator=positive)
@@ -152,6 +164,7 @@ class LifecycleConfig:
     spare_nodes: int = attrs.field(default=0, validator=non_negative_int)
 
     def __attrs_post_init__(self) -> None:
+        BudgetWindow(self.budget_window_s)  # refuses what is not a window, naming it
         if not math.isfinite(self.oom_memory_growth) or self.oom_memory_growth < 1:
             raise ConfigError(f"oom_memory_growth must be a finite number >= 1, got {self.oom_memory_growth!r}")
         memory = self.node_resources.memory_mb if self.node_resources is not None else 0
@@ -160,6 +173,18 @@ class LifecycleConfig:
                 f"node memory {memory} MiB exceeds max_node_memory_mb {self.max_node_memory_mb}: "
                 "the cap would forbid the first launch"
             )
+
+    @property
+    def job_failure_limit(self) -> int:
+        """`max_job_failures`, or its default for this job's size."""
+        if self.max_job_failures is not None:
+            return self.max_job_failures
+        return max(20, 2 * self.nodes.max_nodes)
+
+    @property
+    def budget_window(self) -> BudgetWindow:
+        """`budget_window_s` as the window the budgets count in."""
+        return BudgetWindow(self.budget_window_s)
 
     @property
     def worker_group(self) -> NodeGroup:
@@ -224,10 +249,12 @@ class MasterConfig:
             RPC): the baseline benchmarks compare the master's RPCs with.
         failure_policy: `diagnosis` (classify the evidence and use dlrover.diagnosis' action
             policy) or `default` (`DefaultFailurePolicy`, decided on the reported kind alone).
-        max_node_relaunches: the diagnosis policy's node relaunches in the whole job before the next
-            one stops it (`PolicyConfig.max_node_relaunches`). A long job on many nodes needs more
-            than the default: at the Llama 3 report's rate (419 interruptions in 54 days on 16,384
-            GPUs, about 85% of them a node replaced) a 2,048-GPU job relaunches about 25 nodes a month.
+        max_node_relaunches: the diagnosis policy's node relaunches within the budget window
+            (`LifecycleConfig.budget_window_s`) before the next one stops the job
+            (`PolicyConfig.max_node_relaunches`). None (the default): 16, or one per 64 nodes of
+            a larger job (`node_relaunch_limit`). At the Llama 3 report's rate (419 interruptions
+            in 54 days on 16,384 GPUs, about 85% of them a node replaced) a 2,048-node job
+            relaunches six or seven nodes a day, and 32 a day stops it.
         refusal_log_interval_s: refused calls (a wrong or missing token, a malformed or oversized
             request...) are logged at most once per reason per this many seconds, with a count
             of those not logged; every one is counted in `dlrover_refused_calls_total`.
@@ -290,7 +317,7 @@ class MasterConfig:
     journal_busy_timeout_s: float = attrs.field(default=5.0, validator=positive)
     serve_ping: bool = False
     failure_policy: str = "diagnosis"
-    max_node_relaunches: int = attrs.field(default=16, validator=non_negative_int)
+    max_node_relaunches: int | None = attrs.field(default=None, validator=_optional_non_negative)
     refusal_log_interval_s: float = attrs.field(default=30.0, validator=non_negative_finite)
     straggler_factor: float = attrs.field(default=2.0, validator=positive)
     straggler_window: int = attrs.field(default=5, validator=positive)
@@ -305,6 +332,13 @@ class MasterConfig:
     initial_plan: JobPlanChoice | None = None
     kubernetes: KubernetesSettings | None = None
     ray: RaySettings | None = None
+
+    @property
+    def node_relaunch_limit(self) -> int:
+        """`max_node_relaunches`, or its default for this job's size."""
+        if self.max_node_relaunches is not None:
+            return self.max_node_relaunches
+        return max(16, self.lifecycle.nodes.max_nodes // 64)
 
     def _check_ray(self) -> None:
         if self.backend != "ray" and self.ray is not None:

@@ -20,8 +20,9 @@ The action policy's counters are journaled with the lifecycle's state in every d
 transaction (`JournaledPolicy`), so a restarted master decides as the old one would have. What is
 journaled is what later decisions read (`ActionPolicy.export_counters`: the live nodes' ladder
 steps, the job-wide ones, the job's relaunches, the nodes let go), not the history of decisions:
-its size does not grow with the job's failures. The state is versioned: version 2 is those
-counters; version 1, a journal written before, listed every decision's inputs and is still read,
+its size does not grow with the job's failures. The state is versioned: version 3 is those
+counters with the times of the budgets' uses; version 2, the counters as counts, is still read
+(those uses count for ever); version 1, a journal written before, listed every decision's inputs and is still read,
 by replaying them into a fresh action policy. The restart and relaunch counts themselves are the
 lifecycle's, journaled with the nodes and handed over with every failure.
 """
@@ -46,12 +47,15 @@ from dlrover.diagnosis import (
     RuleRegistry,
     diagnose_report,
 )
+from dlrover.diagnosis.window import BudgetWindow
 from dlrover.master.policy import Classification, Failure
 
 __all__ = ["POLICY_STATE_VERSION", "DiagnosisFailurePolicy"]
 
-POLICY_STATE_VERSION = 2
-"""The version of `DiagnosisFailurePolicy.export_state`'s text (1: a list of every decision's inputs)."""
+POLICY_STATE_VERSION = 3
+"""The version of `DiagnosisFailurePolicy.export_state`'s text (1: a list of every decision's inputs;
+2: the counters as counts, before budgets kept the times of their uses; 3: with those times)."""
+_COUNTER_VERSIONS = (2, 3)  # both are `ActionPolicy.export_counters`' dict, which reads either
 
 
 @attrs.frozen
@@ -145,7 +149,7 @@ class DiagnosisFailurePolicy:
         )
 
     def import_state(self, data: str) -> None:
-        """Resume from `export_state`'s text, of this version or version 1 (a journal written
+        """Resume from `export_state`'s text, of this version, version 2, or version 1 (a journal written
         before: its decisions are replayed into a fresh action policy, same configuration).
 
         Raises:
@@ -156,14 +160,14 @@ class DiagnosisFailurePolicy:
             state = json.loads(data)
             if isinstance(state, list):
                 actions = self._replay_version_1(state)
-            elif isinstance(state, dict) and state.get("version") == POLICY_STATE_VERSION:
+            elif isinstance(state, dict) and state.get("version") in _COUNTER_VERSIONS:
                 if set(state) != {"version", "counters"}:
                     raise ValueError(f"unknown fields {sorted(set(state) - {'version', 'counters'})}")
                 actions = self._fresh(state["counters"])
             elif isinstance(state, dict) and "version" in state:
                 raise DLRoverError(
                     f"failure policy state version {state['version']!r} is not one this master reads "
-                    f"(1 and {POLICY_STATE_VERSION}); a newer master wrote it"
+                    f"(1 to {POLICY_STATE_VERSION}); a newer master wrote it"
                 )
             else:
                 raise ValueError("neither a list of decisions (version 1) nor a versioned object")
@@ -174,8 +178,9 @@ class DiagnosisFailurePolicy:
 
     def _replay_version_1(self, decided: list[Any]) -> ActionPolicy:
         """An action policy fed the decisions a version-1 state lists, in order: it is
-        deterministic, so it ends with the counters the policy that took them had."""
-        actions = ActionPolicy(self._actions.config)
+        deterministic, so it ends with the counters the policy that took them had. Their times
+        were not kept: they count for ever, whatever the budget window."""
+        actions = ActionPolicy(attrs.evolve(self._actions.config, budget_window=BudgetWindow()))
         for d in decided:
             relaunches = None if d["relaunches"] is None else RelaunchBudget(*_relaunches(d["relaunches"]))
             actions.decide(
@@ -185,7 +190,7 @@ class DiagnosisFailurePolicy:
                 relaunch_possible=bool(d["relaunch_possible"]),
                 relaunches=relaunches,
             )
-        return actions
+        return self._fresh(actions.export_counters())
 
     def decide(self, failure: Failure) -> Decision:
         """Classify, then let the action policy decide; the reason is built here (module docstring)."""
@@ -200,6 +205,7 @@ class DiagnosisFailurePolicy:
             relaunch_possible=failure.relaunch_possible,
             relaunches=failure.relaunches,
             no_restart=failure.no_restart,
+            now=failure.wall_time,
         )
         self._changes += 1
         how = "" if failure.exit_code is None else f" with {ExitInfo(failure.exit_code).describe()}"

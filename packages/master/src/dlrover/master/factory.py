@@ -142,7 +142,8 @@ def default_policy(config: MasterConfig) -> FailurePolicy:
     """The failure policy `config.failure_policy` names (`diagnosis` unless told otherwise)."""
     if config.failure_policy == "default":
         return DefaultFailurePolicy()
-    return DiagnosisFailurePolicy(actions=ActionPolicy(PolicyConfig(max_node_relaunches=config.max_node_relaunches)))
+    actions = PolicyConfig(max_node_relaunches=config.node_relaunch_limit, budget_window=config.lifecycle.budget_window)
+    return DiagnosisFailurePolicy(actions=ActionPolicy(actions))
 
 
 def _release_unstarted(backend: SchedulerBackend) -> None:

@@ -23,6 +23,7 @@ from typing import Any, Protocol, runtime_checkable
 import attrs
 
 from dlrover.common import ConfigError, DLRoverError
+from dlrover.diagnosis.window import UseTimes, use_times_from_json
 from dlrover.master.records import (
     LifecycleSnapshot,
     NodeRecord,
@@ -143,6 +144,8 @@ def job_fields(snapshot: LifecycleSnapshot) -> dict[str, Any]:
         "target_nodes": snapshot.target_nodes,
         "wanted_nodes": snapshot.wanted_nodes,
         "spare_failures": snapshot.spare_failures,
+        "job_failure_times": None if snapshot.job_failure_times is None else list(snapshot.job_failure_times),
+        "spare_failure_times": None if snapshot.spare_failure_times is None else list(snapshot.spare_failure_times),
         "current_ranks": None if snapshot.current is None else {str(k): v for k, v in sorted(snapshot.current.items())},
     }
 
@@ -152,6 +155,10 @@ def _current_ranks(value: Any) -> dict[int, int] | None:
     if value is None:
         return None
     return {int(k): int(v) for k, v in dict(value).items()}
+
+
+def _use_times(value: Any) -> UseTimes | None:
+    return None if value is None else use_times_from_json(value)
 
 
 def _optional_int(value: Any) -> int | None:
@@ -195,6 +202,9 @@ def _snapshot(
             wanted_nodes=_optional_int(job.get("wanted_nodes")),
             planned_round=planned,
             spare_failures=int(job.get("spare_failures", 0)),
+            # Absent in journals written before failures kept their times.
+            job_failure_times=_use_times(job.get("job_failure_times")),
+            spare_failure_times=_use_times(job.get("spare_failure_times")),
             current=_current_ranks(job.get("current_ranks")),
         )
     except (KeyError, TypeError, ValueError, DLRoverError) as exc:

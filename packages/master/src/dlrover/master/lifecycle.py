@@ -25,6 +25,7 @@ from dlrover.diagnosis import (
     RestartBudget,
     one_line_summary,
 )
+from dlrover.diagnosis.window import BudgetWindow, UseTimes
 from dlrover.master.config import LifecycleConfig
 from dlrover.master.node_table import NodeTable
 from dlrover.master.policy import Classification, Failure, FailurePolicy, JournaledPolicy, StatefulPolicy
@@ -117,6 +118,8 @@ class Savepoint:
     spare_failures: int = 0
     restarted_at: dict[int, float] = attrs.field(factory=dict)
     work_changed: frozenset[int] = frozenset()
+    job_failure_times: UseTimes = ()
+    spare_failure_times: UseTimes = ()
 
 
 def _clip(text: str) -> str:
@@ -137,6 +140,9 @@ class JobLifecycle:
             it; a relaunch or restart once workers have succeeded): then the node leaves the job.
         now: the current time.
         snapshot: resume from this state (after a master restart) instead of starting empty.
+        wall_offset: wall seconds minus `now`'s monotonic seconds. The failure budgets count
+            failures within a window of wall time (`LifecycleConfig.budget_window_s`), which,
+            journaled, means the same to the next master; `now` does not.
         scheduler_relaunches: whether the scheduler starts a new node itself. False (the
             external backend: bare metal, Slurm, a standalone `dlrover-run`): a node whose agent
             is alive to restart its processes restarts them in place while it has restarts left
@@ -153,6 +159,7 @@ class JobLifecycle:
         snapshot: LifecycleSnapshot | None = None,
         *,
         scheduler_relaunches: bool = True,
+        wall_offset: float = 0.0,
     ) -> None:
         if config.spare_nodes and not scheduler_relaunches:
             raise LifecycleError(
@@ -169,6 +176,8 @@ class JobLifecycle:
         self._job_state = JobState.RUNNING
         self._exit_reason = ""
         self._job_failures = 0
+        self._wall_offset = wall_offset
+        self._job_failure_times: UseTimes = ()  # the newest max_job_failures + 1
         self._next_node_id = 0
         self._next_action_id = 1
         self._avoid_hosts: dict[str, str] = {}
@@ -182,6 +191,7 @@ class JobLifecycle:
         self._pending_reasons: dict[int, str] = {}
         self._planned_round: dict[int, int] = {}  # node id -> the action restarting it for a planned round
         self._spare_failures = 0  # spares lost: bounds how often a lost spare is replaced
+        self._spare_failure_times: UseTimes = ()  # the newest max_relaunches x spare_nodes
         # node id -> when its processes were last told to restart for a failure. Not journaled: after a
         # master restart a node may be told once more to restart for a spare's round.
         self._restarted_at: dict[int, float] = {}
@@ -206,6 +216,10 @@ class JobLifecycle:
         self._job_state = snap.job_state
         self._exit_reason = snap.exit_reason
         self._job_failures = snap.job_failures
+        if snap.job_failure_times is None:  # an older journal: its failures count for ever
+            self._job_failure_times = (None,) * min(snap.job_failures, self._config.job_failure_limit + 1)
+        else:
+            self._job_failure_times = tuple(snap.job_failure_times)
         self._next_node_id = snap.next_node_id
         # Action ids are never reused, even where a node's queue was journaled after the job record.
         owed = (action.action_id for queued in snap.actions.values() for action in queued)
@@ -217,6 +231,10 @@ class JobLifecycle:
         self._wanted = min(max_nodes, snap.wanted_nodes if snap.wanted_nodes is not None else max_nodes)
         self._planned_round = dict(snap.planned_round)
         self._spare_failures = snap.spare_failures
+        if snap.spare_failure_times is None:  # an older journal: its losses count for ever
+            self._spare_failure_times = (None,) * min(snap.spare_failures, max(self._spare_loss_limit(), 1))
+        else:
+            self._spare_failure_times = tuple(snap.spare_failure_times)
         self._actions = {node_id: tuple(queued) for node_id, queued in snap.actions.items() if queued}
         if snap.policy_state and isinstance(self._policy, JournaledPolicy):
             self._policy.import_state(snap.policy_state)
@@ -240,8 +258,12 @@ class JobLifecycle:
 
     @property
     def job_failures(self) -> int:
-        """Failures counted against `max_job_failures`."""
+        """Failures in the job so far (`max_job_failures` counts those within the budget window)."""
         return self._job_failures
+
+    def _wall(self, now: float) -> float:
+        """`now` as wall seconds, the time the failure budgets keep."""
+        return now + self._wall_offset
 
     @property
     def avoid_hosts(self) -> Mapping[str, str]:
@@ -342,6 +364,8 @@ class JobLifecycle:
             planned_round=dict(self._planned_round),
             spare_failures=self._spare_failures,
             current=dict(self._current),
+            job_failure_times=self._job_failure_times,
+            spare_failure_times=self._spare_failure_times,
         )
 
     def savepoint(self) -> Savepoint:
@@ -366,6 +390,8 @@ class JobLifecycle:
             spare_failures=self._spare_failures,
             restarted_at=dict(self._restarted_at),
             work_changed=frozenset(self._work_changed),
+            job_failure_times=self._job_failure_times,
+            spare_failure_times=self._spare_failure_times,
         )
 
     def rollback(self, savepoint: Savepoint) -> None:
@@ -388,6 +414,8 @@ class JobLifecycle:
         self._spare_failures = savepoint.spare_failures
         self._restarted_at = dict(savepoint.restarted_at)
         self._work_changed = set(savepoint.work_changed)
+        self._job_failure_times = savepoint.job_failure_times
+        self._spare_failure_times = savepoint.spare_failure_times
         if isinstance(self._policy, StatefulPolicy) and savepoint.policy is not None:
             self._policy.rollback(savepoint.policy)
 
@@ -578,7 +606,8 @@ class JobLifecycle:
         free = [r for r in range(self._config.nodes.max_nodes) if r not in taken][: target - len(live)]
         out = Outcome()
         for rank in free:
-            # A rank given up before keeps its relaunch count: a resize spends no relaunch budget.
+            # A rank given up before keeps its relaunches, those charged to its budget with them: a
+            # resize spends no relaunch budget, and gives none back.
             before = self._nodes.get(self._current[rank]) if rank in self._current else None
             relaunches = before.relaunch_count if before else 0
             spare = self._ready_spare(None)
@@ -588,6 +617,11 @@ class JobLifecycle:
                 out = out.merge(self._promote(spare, rank, relaunches, cause, replaces=None))
             else:
                 out = out.merge(self._create_node(rank, relaunches, None, now, cause))
+            if before is not None and (before.relaunched_at or before.disruptions):
+                new_id = self._current[rank]
+                self._nodes[new_id] = attrs.evolve(
+                    self._nodes[new_id], relaunched_at=before.relaunched_at, disruptions=before.disruptions
+                )
         return out, free
 
     def _shrink(
@@ -1090,8 +1124,8 @@ class JobLifecycle:
         limit it knows of). Missing spares are created (launched in the background, holding no
         rank); spares beyond the room are released, those not yet running first, then the newest.
         No spare is created once the job is finishing (a node succeeded) or ended, on a backend
-        that starts no node, or once `max_relaunches` x `spare_nodes` spares were lost (the
-        `spare_lost` event of the last one says so).
+        that starts no node, or while `max_relaunches` x `spare_nodes` spares were lost within
+        the budget window (the `spare_lost` event of the last one says so).
 
         Raises:
             ResizeError: `placeable` is negative; nothing changed.
@@ -1127,7 +1161,7 @@ class JobLifecycle:
             len(spares) == room
             or not self._scheduler_relaunches
             or self.count(NodeState.SUCCEEDED)
-            or 0 < self._spare_failures >= self._spare_loss_limit()
+            or self._spare_losses_spent(now)
         ):
             return out
         for _ in range(room - len(spares)):
@@ -1136,6 +1170,15 @@ class JobLifecycle:
 
     def _spare_loss_limit(self) -> int:
         return self._config.max_relaunches * self._config.spare_nodes
+
+    def _spares_lost(self, now: float) -> int:
+        """Spares lost within the budget window."""
+        return self._config.budget_window.count(self._spare_failure_times, self._wall(now))
+
+    def _spare_losses_spent(self, now: float) -> bool:
+        """Whether the spares lost within the window leave none to replace (none lost: never)."""
+        lost = self._spares_lost(now)
+        return 0 < lost >= self._spare_loss_limit()
 
     def _create_spare(self, now: float, reason: str) -> Outcome:
         """A new PENDING spare: launched like a node, holding no rank (-1)."""
@@ -1237,19 +1280,24 @@ class JobLifecycle:
 
     def _lose_spare(self, node: NodeRecord, kind: FailureKind, evidence: str, now: float) -> tuple[Decision, Outcome]:
         """A spare failed: it held no rank, so nothing restarts; it is stopped, and `keep_spares`
-        launches another while fewer than `max_relaunches` x `spare_nodes` spares were lost.
-        Not counted against `max_job_failures`: no training was disturbed."""
+        launches another while fewer than `max_relaunches` x `spare_nodes` spares were lost
+        within the budget window. Not counted against `max_job_failures`: no training was disturbed."""
         self._spare_failures += 1
+        limit = self._spare_loss_limit()
+        # One loss is kept whatever the limit: with none allowed, the first stops the replacements.
+        self._spare_failure_times = BudgetWindow.add(self._spare_failure_times, self._wall(now), max(limit, 1))
+        lost = self._spares_lost(now)
         headline = one_line_summary(evidence)
         node = attrs.evolve(node, last_failure=f"{kind.value}: {evidence}")
         self._nodes[node.node_id] = node
-        limit = self._spare_loss_limit()
-        if self._spare_failures < limit:
-            then = f"another spare is launched when there is room ({self._spare_failures} of {limit} spare losses)"
+        window = self._config.budget_window
+        if lost < limit:
+            then = f"another spare is launched when there is room ({lost} of {limit} spare losses{window.per()})"
         else:
+            until = "" if window.seconds is None else " until one of those losses is older than the window"
             then = (
-                f"{self._spare_failures} spares lost, max_relaunches x spare_nodes = {limit}: "
-                "no more spares are launched"
+                f"{lost} spares lost, max_relaunches x spare_nodes = {limit}{window.per()}: "
+                f"no more spares are launched{until}"
             )
         reason = f"spare node {node.node_id} failed ({kind.value}: {headline}); it held no rank: {then}"
         out = self._move(node, NodeState.FAILED, f"{kind.value}: {headline}", now)
@@ -1279,6 +1327,7 @@ class JobLifecycle:
         node: NodeRecord,
         kind: FailureKind,
         evidence: str,
+        now: float,
         exit_code: int | None,
         *,
         observed: bool,
@@ -1286,11 +1335,11 @@ class JobLifecycle:
         agent_exits: bool,
     ) -> Failure:
         """The failure with every fact the policy decides on (see `Failure`)."""
-        # Incarnations the platform took away (`node_disrupted`) are not the rank's failures.
-        charged = max(0, node.relaunch_count - node.disruptions)
-        relaunches = RelaunchBudget(
-            min(charged, self._config.max_relaunches), self._config.max_relaunches, "max_relaunches"
-        )
+        # Incarnations the platform took away (`node_disrupted`) are not the rank's failures: they
+        # are not in `relaunched_at`.
+        window, limit = self._config.budget_window, self._config.max_relaunches
+        charged = window.count(node.relaunched_at, self._wall(now))
+        relaunches = RelaunchBudget(min(charged, limit), limit, f"max_relaunches{window.per()}")
         return Failure(
             node,
             kind,
@@ -1302,6 +1351,7 @@ class JobLifecycle:
             backend_relaunches=self._scheduler_relaunches,
             observed_by_master=observed,
             agent_exits=agent_exits,
+            wall_time=self._wall(now),
         )
 
     @staticmethod
@@ -1341,24 +1391,29 @@ class JobLifecycle:
         agent_exits: bool = False,
     ) -> tuple[Decision, Outcome]:
         self._job_failures += 1
+        window, limit = self._config.budget_window, self._config.job_failure_limit
+        self._job_failure_times = window.add(self._job_failure_times, self._wall(now), limit + 1)
+        counted = window.count(self._job_failure_times, self._wall(now))
         node = attrs.evolve(node, last_failure=f"{kind.value}: {evidence}")
         self._nodes[node.node_id] = node
         # The evidence (a worker's traceback, say) is printed whole once, by the worker itself;
         # the messages that are logged carry one line of it, the failure event all of it.
         headline = one_line_summary(evidence)
-        if self._job_failures > self._config.max_job_failures:
+        if counted > limit:
+            within = f"in {window.per().removeprefix(' per ')}" if window.seconds is not None else "in the job"
             decision = Decision(
                 ActionKind.ABORT_JOB,
                 kind,
                 str(node.node_id),
-                f"node {node.node_id} (rank {node.rank}) failed ({kind.value}): {self._job_failures} failures in the "
-                f"job, more than max_job_failures {self._config.max_job_failures}: the job stops",
+                f"node {node.node_id} (rank {node.rank}) failed ({kind.value}): {counted} failures {within}, "
+                f"more than max_job_failures {limit}: the job stops",
             )
         else:
             failure = self._failure(
                 node,
                 kind,
                 evidence,
+                now,
                 exit_code,
                 observed=observed,
                 classification=classification,
@@ -1474,8 +1529,13 @@ class JobLifecycle:
             )
         new_id = self._current[node.rank]
         self._nodes[node.node_id] = attrs.evolve(self._nodes[node.node_id], replaced_by=new_id)
-        if node.disruptions or disrupted:
-            self._nodes[new_id] = attrs.evolve(self._nodes[new_id], disruptions=node.disruptions + int(disrupted))
+        charged = node.relaunched_at
+        if not disrupted:
+            charged = BudgetWindow.add(charged, self._wall(now), self._config.max_relaunches)
+        if node.disruptions or disrupted or charged:
+            self._nodes[new_id] = attrs.evolve(
+                self._nodes[new_id], disruptions=node.disruptions + int(disrupted), relaunched_at=charged
+            )
         if spare is not None:
             replaced = f"replaced by spare node {new_id}"
         elif self._scheduler_relaunches:

@@ -341,6 +341,7 @@ class Master:
             now,
             restored.lifecycle,
             scheduler_relaunches=scheduler.relaunches_nodes,
+            wall_offset=clock.wall_time() - now,
         )
         self._checkpoints = checkpoints or CheckpointTracker(restored.checkpoints)
         self._blob_versions: dict[str, int] = {OOM_EVIDENCE_BLOB: self._oom_evidence.version}

@@ -79,6 +79,9 @@ class Failure:
             a new node can take the rank whatever the backend.
         agent_exits: the node's agent exits after reporting this failure whatever the answer (a
             network check left its node out), so it restarts nothing.
+        wall_time: when the failure arrived (wall seconds): the policy's budgets count the
+            failures within their window of it (`LifecycleConfig.budget_window_s`). None: unknown
+            (a policy with a window refuses to decide without it).
     """
 
     node: NodeRecord
@@ -91,6 +94,7 @@ class Failure:
     backend_relaunches: bool = True
     observed_by_master: bool = False
     agent_exits: bool = False
+    wall_time: float | None = None
 
     @property
     def no_restart(self) -> str:

@@ -10,6 +10,7 @@ import attrs
 from dlrover.autoscale import Resources, Role
 from dlrover.common import DLRoverError
 from dlrover.diagnosis import ActionKind
+from dlrover.diagnosis.window import UseTimes, use_times_from_json
 from dlrover.master.states import JobState, NodeState
 
 __all__ = [
@@ -90,6 +91,9 @@ class NodeRecord:
             takes over the rank of a node the master relaunches; then it is an ordinary node.
         disruptions: how many of the incarnations before this one the platform took away (evicted,
             preempted, their host lost): counted in `relaunch_count` but not charged to `max_relaunches`.
+        relaunched_at: when the rank's relaunches charged to `max_relaunches` were decided (wall
+            seconds; None: unknown, journaled before the times were), the newest `max_relaunches`:
+            those within the budget window count against it.
     """
 
     node_id: int
@@ -113,6 +117,7 @@ class NodeRecord:
     resources: Resources | None = None
     spare: bool = False
     disruptions: int = 0
+    relaunched_at: UseTimes = ()
 
 
 @attrs.frozen
@@ -267,6 +272,11 @@ class LifecycleSnapshot:
     """Nodes told to restart for a planned round (a peer left by a resize), with the action's id."""
     spare_failures: int = 0
     """Spare nodes lost so far (they bound how often a lost spare is replaced)."""
+    job_failure_times: UseTimes | None = None
+    """When the newest failures counted against `max_job_failures` happened (wall seconds); None:
+    a journal from before they were kept (its `job_failures` count for ever)."""
+    spare_failure_times: UseTimes | None = None
+    """When the newest spares were lost (wall seconds); None: a journal from before they were kept."""
     current: Mapping[int, int] | None = None
     """The node serving each rank (None: a journal from before spares; the newest node of each rank).
     A promoted spare may have an older id than a node created for its rank before it."""
@@ -322,6 +332,7 @@ def node_to_dict(node: NodeRecord) -> dict[str, Any]:
     ]
     data["role"] = node.role.value
     data["resources"] = None if node.resources is None else node.resources.to_json()
+    data["relaunched_at"] = list(node.relaunched_at)
     return data
 
 
@@ -347,6 +358,11 @@ def node_from_dict(data: Mapping[str, Any]) -> NodeRecord:
         fields["role"] = Role(fields.get("role", Role.WORKER.value))
         resources = fields.get("resources")
         fields["resources"] = None if resources is None else Resources.from_json(resources)
+        if "relaunched_at" in fields:
+            fields["relaunched_at"] = use_times_from_json(fields["relaunched_at"])
+        else:  # journaled before the times were: its charged relaunches count for ever
+            charged = int(fields.get("relaunch_count", 0)) - int(fields.get("disruptions", 0))
+            fields["relaunched_at"] = (None,) * max(charged, 0)
         return NodeRecord(**fields)
     except (KeyError, TypeError, ValueError, DLRoverError) as exc:
         raise DLRoverError(f"corrupt node record {dict(data)!r}: {exc}") from exc
