@@ -396,6 +396,8 @@ def test_the_cost_command_measures_the_masters_calls_beside_a_noop_grpc_call(tmp
         "failure, relaunch journaled",
         "spare promotion, per node handed its round",
         "rendezvous round, every node",
+        "shard exchange, journaled, one at a time",
+        "shard exchange, journaled, 16 at once",
         "grpc_noop_call",
     }
     assert rows["grpc_noop_call"].endswith("| 1.00x |")

@@ -8,8 +8,12 @@ Every node is registered (one journaled transaction each), then measured: a hear
 without a new step (what most heartbeats are), a round with one (progress), a tick (the master's
 timeout checks), a node failure decided and journaled (a relaunch), a warm spare's promotion
 handed to every node (the failure that promotes it, then each node's heartbeat taking its restart
-for the spare's round; per node), and a rendezvous round of every node
-(`dlrover.rendezvous.RendezvousManager`: each joins, then each polls until the round holds it).
+for the spare's round; per node), a rendezvous round of every node
+(`dlrover.rendezvous.RendezvousManager`: each joins, then each polls until the round holds it), and
+a shard exchange (a worker reports its shard done and leases the next: the master's hosted shard
+service, journaled before the answer as under ``--state-dir``) with one worker per node holding a
+lease, one request at a time and from as many requests at once as the master's gRPC server has
+threads (`dlrover.common.ServerConfig.max_workers`): those share the journal's writes.
 CPU time is this process's (`time.process_time`); the gRPC call's is wall time per round trip with
 client and server in this process, so it counts both sides.
 """
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import secrets
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -33,11 +38,13 @@ from dlrover.diagnosis import FailureKind
 from dlrover.master import MasterConfig
 from dlrover.master.config import LifecycleConfig, NodeRange
 from dlrover.master.factory import default_policy
+from dlrover.master.hosting import HostedShards
 from dlrover.master.journal import SqliteJournal
 from dlrover.master.master import Master
 from dlrover.master.scheduler.base import ObservedState
 from dlrover.master.scheduler.fake import FakeScheduler
 from dlrover.rendezvous import RendezvousConfig, RendezvousManager
+from dlrover.shard import DatasetSpec, DeliveryMode, IndexSource, ShardRegistry
 
 from .scenario import CAUSES
 
@@ -131,6 +138,50 @@ def _spare_promotion(nodes: int) -> float:
             journal.close()
 
 
+def _shard_exchanges(nodes: int, *, requests: int, threads: int) -> float:
+    """CPU per shard exchange (done, then the next lease, journaled) with `nodes` workers each
+    holding a lease, `requests` of them made from `threads` threads at once."""
+    clock = ManualClock(0.0, 1_700_000_000.0)
+    config = _config(1)
+    with tempfile.TemporaryDirectory(prefix="goodput-sim-cost-") as tmp:
+        journal = SqliteJournal(Path(tmp) / "journal.db")
+        try:
+            shards = HostedShards(ShardRegistry(clock))
+            master = Master(
+                config, FakeScheduler(), journal, clock, policy=default_policy(config), collaborators=[shards]
+            )
+            shards.attach(master)
+            master.start()
+            spec = DatasetSpec(
+                name="data", source=IndexSource(nodes * 64), batch_size=4, delivery=DeliveryMode.EXACTLY_ONCE
+            )
+            workers = [f"node-{i}" for i in range(nodes)]
+            with shards.locked() as registry:
+                registry.register(spec)
+                for worker in workers:
+                    registry.manager("data").fetch(worker)
+
+            def exchange(part: list[str]) -> None:
+                for worker in part:
+                    with shards.locked() as registry:
+                        manager = registry.manager("data")
+                        [held] = manager.leased_shards(worker)
+                        manager.report_done(worker, held.shard_id)
+                        manager.fetch(worker)
+                    shards.changed_by_request()
+
+            chosen = workers[:requests]
+            pool = [threading.Thread(target=exchange, args=(chosen[i::threads],)) for i in range(threads)]
+            started = time.process_time()
+            for thread in pool:
+                thread.start()
+            for thread in pool:
+                thread.join()
+            return (time.process_time() - started) / len(chosen)
+        finally:
+            journal.close()
+
+
 def measure(nodes: int, *, failures: int = 20, grpc_calls: int = 2000) -> MasterCost:
     """Measure the master's calls with `nodes` nodes (see the module)."""
     clock = ManualClock(0.0, 1_700_000_000.0)
@@ -187,5 +238,8 @@ def measure(nodes: int, *, failures: int = 20, grpc_calls: int = 2000) -> Master
             manager.poll(name, 1.0)
 
     out["rendezvous round, every node"] = _cpu(1, rendezvous)
+    requests, threads = min(nodes, 200), ServerConfig().max_workers
+    out["shard exchange, journaled, one at a time"] = _shard_exchanges(nodes, requests=requests, threads=1)
+    out[f"shard exchange, journaled, {threads} at once"] = _shard_exchanges(nodes, requests=requests, threads=threads)
     out["grpc_noop_call"] = _grpc_noop(grpc_calls)
     return MasterCost(nodes, out)

@@ -25,6 +25,7 @@ from typing import Protocol
 import grpc
 
 from dlrover.common import Clock, GrpcServer
+from dlrover.master.group_commit import GroupCommit
 from dlrover.master.journal import JournalError
 from dlrover.master.master import StatefulCollaborator
 from dlrover.master.rendezvous_state import export_rendezvous, restore_rendezvous
@@ -436,7 +437,10 @@ class HostedShards:
     Journaled as the `shards` blob: `{"format": "dlrover.master.shards", "version": 1, "datasets":
     [<progress checkpoint of each dataset>]}` (the library's own documents, see
     `dlrover.shard.progress`). With `journal_every_change`, a request that changed a dataset is
-    journaled before its answer is sent, so an acknowledged sample survives a master restart.
+    journaled before its answer is sent, so an acknowledged sample survives a master restart. The
+    export holds every worker's lease, so it grows with the job: requests that change the state
+    while one export is being written share the next (`GroupCommit`), and under load one write
+    answers many requests instead of each paying for its own.
     Leases are journaled with their holders (progress documents of version 2): a restarted master
     keeps each shard leased to the worker that held it, for a whole lease period from the restart,
     so workers that kept training while it was away report what they trained and nothing is
@@ -452,8 +456,9 @@ class HostedShards:
 
     def __init__(self, registry: ShardRegistry, *, journal_every_change: bool = True) -> None:
         self._registry = registry
-        self._servicer = _ShardServicer(registry, self._after_change)
+        self._servicer = _ShardServicer(registry, self.changed_by_request)
         self._every_change = journal_every_change
+        self._group = GroupCommit(self._write)
         self._state = _VersionedText()
         self._sink: StateSink | None = None
 
@@ -481,8 +486,19 @@ class HostedShards:
         """Add the ShardService to `server` (before it starts)."""
         server.add(spb_grpc.add_ShardServiceServicer_to_server, self._servicer)
 
-    def _after_change(self) -> None:
+    @property
+    def journal_writes(self) -> int:
+        """Writes of the state made for requests that changed it (each may answer several)."""
+        return self._group.writes
+
+    def changed_by_request(self) -> None:
+        """A request changed the registry: return once that is journaled, as the service does
+        before it answers (with `journal_every_change`; else at once)."""
         if self._every_change and self._sink is not None:
+            self._group.changed()
+
+    def _write(self) -> None:
+        if self._sink is not None:
             self._sink.journal_collaborator(self)
 
     # StatefulCollaborator
