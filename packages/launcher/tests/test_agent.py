@@ -381,6 +381,19 @@ def test_a_node_waiting_to_join_is_seen_between_heartbeats(tmp_path: Path) -> No
     assert len(control.heartbeats) <= 3
 
 
+@pytest.mark.integration
+def test_the_rendezvous_paces_the_checks_for_nodes_waiting(tmp_path: Path) -> None:
+    # The rendezvous of a large job asks each node to ask again only after a while: the agent's
+    # own interval (10 ms here) is the shortest it asks, not what it keeps to.
+    # Heartbeats every 0.2 s, each of which also asks (not paced): across four of them the agent
+    # makes at most the one check between heartbeats that it makes before the first answer.
+    control = FakeControlPlane(heartbeat_interval_s=0.2, waiting_retry_after_s=3600.0)
+    agent = _agent(tmp_path, "sleep", control, max_restarts=0, shutdown_grace_s=1.0, waiting_check_interval_s=0.01)
+    _run_until_stopped(agent, lambda: len(control.heartbeats) >= 4)
+    assert control.waiting_polls.count(True) <= 1
+    assert control.waiting_polls.count(False) >= 4
+
+
 def _run_until_stopped(agent: Agent, condition: Callable[[], bool]) -> AgentResult:
     """Run `agent` on a thread until `condition` holds, then stop it as a signal would; its result."""
     outcome: list[AgentResult] = []

@@ -324,6 +324,29 @@ def test_finishing_in_a_round_that_expiry_ends_first_keeps_nothing() -> None:
     assert m.finished == frozenset()
 
 
+def test_members_asking_whether_nodes_wait_are_paced_like_the_waiting_nodes_polls() -> None:
+    config = RendezvousConfig(
+        min_nodes=2, max_nodes=100, poll_rate_per_s=20.0, min_poll_interval_s=0.05, max_poll_interval_s=2.0
+    )
+    m = RendezvousManager(config)
+    for i in range(2):
+        m.join(f"n{i}", 0.0)
+    assert m.poll("n0", 5.0).state is PollState.ASSIGNED
+    two = m.waiting_check(5.0, "n0")
+    assert (two.num_nodes_waiting, two.retry_after_s) == (0, pytest.approx(2 / 20.0))
+    for i in range(2, 30):
+        m.join(f"n{i}", 6.0)
+    # Thirty nodes known (two members, twenty-eight waiting): each asks every 1.5 s.
+    thirty = m.waiting_check(6.0, "n1")
+    assert (thirty.num_nodes_waiting, thirty.retry_after_s) == (28, pytest.approx(30 / 20.0))
+    assert m.num_nodes_waiting(6.0, "n1") == 28
+    for i in range(30, 100):
+        m.join(f"n{i}", 6.0)
+    assert m.waiting_check(6.0, "n0").retry_after_s == 2.0  # capped at max_poll_interval_s
+    lone = RendezvousManager(RendezvousConfig(min_nodes=1, max_nodes=1))
+    assert lone.waiting_check(0.0).retry_after_s == lone.config.min_poll_interval_s
+
+
 def test_waiting_nodes_are_told_when_to_poll_next_so_together_they_poll_at_the_configured_rate() -> None:
     config = RendezvousConfig(
         min_nodes=100, max_nodes=100, poll_rate_per_s=20.0, min_poll_interval_s=0.05, max_poll_interval_s=2.0

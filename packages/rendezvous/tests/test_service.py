@@ -6,7 +6,7 @@ import grpc
 import pytest
 
 from dlrover.common import GrpcServer, ManualClock, RpcError, create_channel, generate_token
-from dlrover.rendezvous import NodeParams, PollState, RendezvousClient, RendezvousServicer
+from dlrover.rendezvous import NodeParams, PollState, RendezvousClient, RendezvousServicer, WaitingCount
 
 pytestmark = pytest.mark.integration
 
@@ -35,6 +35,8 @@ def test_round_forms_over_grpc_and_reports_reasons(client: RendezvousClient, clo
     assert client.heartbeat("a").known
     client.join("c")
     assert client.num_nodes_waiting("a") == 1
+    # The members' checks are paced too: three nodes known ask together at poll_rate_per_s.
+    assert client.waiting_check("a") == WaitingCount(1, 0.05)
     status = client.status()
     assert (status.round, status.num_nodes_waiting, status.min_nodes, status.max_nodes) == (1, 1, 2, 3)
 

@@ -79,6 +79,10 @@ __all__ = ["Agent", "AgentConfig", "AgentResult"]
 
 _log = logging.getLogger(__name__)
 
+# How often to ask a rendezvous that does not say when to ask again (a master from before it paced
+# the checks), or one that could not be reached: the cadence agents kept before the pacing.
+_UNPACED_WAITING_CHECK_S = 1.0
+
 NODE_SHM_PREFIX = "dlrover-node-"
 """Names the agent's own directory in ``checkpoint_shm_dir`` (an `owned_temp_dir`)."""
 
@@ -119,10 +123,12 @@ class AgentConfig:
             (the reports still reach the master). Workers that never report are not judged.
         stack_dump_timeout_s: bound on each worker's stack dump (py-spy, or its faulthandler).
         heartbeat_interval_s: heartbeat this often instead of at the master's interval.
-        waiting_check_interval_s: between heartbeats, ask the rendezvous this often whether nodes
-            wait to join (a growth, onto a warm spare too): one small RPC per node each time,
-            so the round starts within this long instead of within a heartbeat interval. 0 or a
-            value at or above the heartbeat interval: with each heartbeat only.
+        waiting_check_interval_s: between heartbeats, ask the rendezvous at most this often whether
+            nodes wait to join (a growth, onto a warm spare too): one small RPC per node each time,
+            so the round starts within about this long instead of within a heartbeat interval.
+            Each answer says when to ask again (`WaitingCount.retry_after_s`): the nodes of a large
+            job ask less often, so together they ask the master about `poll_rate_per_s` times a
+            second. 0 or a value at or above the heartbeat interval: with each heartbeat only.
         master_lost_timeout_s: how long workers keep training while the master cannot be
             reached (a restarting master resumes from its journal) before the agent gives up.
         round_save_timeout_s: before a planned round (nodes waiting to join, or the master's
@@ -199,7 +205,7 @@ class AgentConfig:
     master_lost_timeout_s: float = attrs.field(default=300.0, validator=non_negative)
     round_save_timeout_s: float = attrs.field(default=10.0, validator=non_negative)
     heartbeat_interval_s: float | None = None
-    waiting_check_interval_s: float = attrs.field(default=1.0, validator=non_negative)
+    waiting_check_interval_s: float = attrs.field(default=0.25, validator=non_negative)
     host_checkpoint_saver: bool = True
     checkpoint_shm_dir: str = DEFAULT_SHM_DIR
     checkpoint_stop_timeout_s: float = attrs.field(default=120.0, validator=positive)
@@ -287,6 +293,8 @@ class Agent:
         self._config = config
         self._control = control
         self._clock = clock or SystemClock()
+        # How long to wait between checks for nodes waiting to join: the rendezvous's last pace.
+        self._waiting_every = self._config.waiting_check_interval_s
         self._environ = dict(os.environ if environ is None else environ)
         # Named once for the agent's life: restarted workers find their predecessors' snapshots.
         self._job_env = {JOB_ID_ENV_VAR: config.job_id or safe_job_id(config.run_id)}
@@ -819,7 +827,7 @@ class Agent:
 
     def _watch(self, group: WorkerGroup, restarts: int) -> Step:
         next_heartbeat = self._clock.now()
-        next_waiting_check = self._clock.now() + self._config.waiting_check_interval_s
+        next_waiting_check = self._clock.now() + self._waiting_every
         master_lost_since: float | None = None
         hangs = HangWatch(self._config.hang_timeout_s) if self._config.hang_timeout_s > 0 else None
         steps = self._step_watch
@@ -838,7 +846,8 @@ class Agent:
                     if step.kind is not StepKind.CONTINUE:
                         return self._save_for_resize(group, step)
                     nodes_waiting = max(nodes_waiting, self._control.nodes_waiting())
-                    next_waiting_check = self._clock.now() + self._config.waiting_check_interval_s
+                    # The heartbeat asked too: the next check keeps the rendezvous's pace.
+                    next_waiting_check = self._clock.now() + self._waiting_every
                     master_lost_since = None
                 except DLRoverError as exc:
                     # The master may be restarting (it resumes from its journal): training goes
@@ -880,21 +889,26 @@ class Agent:
 
     def _waiting_between_heartbeats(self, next_heartbeat: float, due_at: float) -> tuple[float, float, int]:
         """When to heartbeat next, when to ask again whether nodes wait to join, and how many were
-        seen waiting now (0 when not asked): asked every
-        `waiting_check_interval_s` between heartbeats (one attempt, bounded by the poll timeout),
-        so a round for a joining node starts within that long rather than within a heartbeat
-        interval. Nodes waiting bring the heartbeat forward: the master's word on this node (a
-        restart for a failure's round, which must not wait for a save) comes before the round."""
+        seen waiting now (0 when not asked): asked between heartbeats (one attempt, bounded by the
+        poll timeout) every `waiting_check_interval_s` or as seldom as the rendezvous's answer
+        asks (in a job of thousands of nodes), so a round for a joining node starts within that
+        long rather than within a heartbeat interval. Nodes waiting bring the heartbeat forward:
+        the master's word on this node (a restart for a failure's round, which must not wait for a
+        save) comes before the round."""
         every = self._config.waiting_check_interval_s
         if not 0 < every < self._heartbeat_interval_s or self._clock.now() < due_at:
             return next_heartbeat, due_at, 0
         try:
-            waiting = self._control.nodes_waiting(once=True)
+            check = self._control.waiting_check()
+            waiting = check.num_nodes_waiting
+            # A rendezvous that does not pace (an older master) is asked as often as before pacing.
+            pace = check.retry_after_s if check.retry_after_s > 0 else _UNPACED_WAITING_CHECK_S
         except DLRoverError as exc:  # the heartbeats judge whether the master is lost
             _log.debug("could not ask whether nodes wait to join: %s", exc)
-            waiting = 0
+            waiting, pace = 0, _UNPACED_WAITING_CHECK_S
+        self._waiting_every = max(every, pace)
         now = self._clock.now()
-        return (min(next_heartbeat, now) if waiting else next_heartbeat), now + every, waiting
+        return (min(next_heartbeat, now) if waiting else next_heartbeat), now + self._waiting_every, waiting
 
     def _save_before_round(self, group: WorkerGroup, step: Step, nodes_waiting: int) -> Step:
         """Before a planned round (`step` restarts the workers because nodes wait to join), have

@@ -167,7 +167,7 @@ class LaunchConfig:
     store_wait_s: float = 60.0
     master_lost_timeout_s: float = 300.0
     round_save_timeout_s: float = 10.0
-    waiting_check_interval_s: float = 1.0
+    waiting_check_interval_s: float = 0.25
     shutdown_grace_s: float = 10.0
     # Built by hand: no standbys. `parse_args` fills in DEFAULT_PREWARM for a Python worker.
     prewarm: tuple[str, ...] = ()
@@ -473,9 +473,10 @@ def _add_dlrover_options(ours: argparse._ArgumentGroup) -> None:
     _option(
         ours,
         _both("waiting-check-interval"),
-        "1",
-        "between heartbeats, ask this often whether nodes wait to join (one small RPC per node), so a growth "
-        "(onto a warm spare too) starts its round within this long; 0: with each heartbeat only",
+        "0.25",
+        "between heartbeats, ask at most this often whether nodes wait to join (one small RPC per node; the "
+        "rendezvous asks a large job's nodes to ask less often), so a growth (onto a warm spare too) starts its "
+        "round within about this long; 0: with each heartbeat only",
     )
     _option(
         ours,

@@ -14,6 +14,7 @@ import attrs
 
 from dlrover.diagnosis import ActionKind, Decision, RankStepStats
 from dlrover.master.goodput import AttemptReport
+from dlrover.rendezvous import WaitingCount
 
 __all__ = [
     "ControlPlane",
@@ -204,6 +205,12 @@ class ControlPlane(Protocol):
 
         With `once`, a single short attempt (the caller polls, and must not wait out retries).
         """
+        ...
+
+    def waiting_check(self) -> WaitingCount:
+        """`nodes_waiting(once=True)`, and when the rendezvous asks this node to ask again
+        (`WaitingCount.retry_after_s`; 0 when it does not say): a job of thousands of nodes asks
+        each node less often, so the master is not asked thousands of times a second."""
         ...
 
     def heartbeat(self, progress: Progress) -> Sequence[tuple[ActionKind, str] | MasterAction]:

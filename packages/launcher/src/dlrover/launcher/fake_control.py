@@ -9,6 +9,7 @@ from dlrover.common import DLRoverError
 from dlrover.diagnosis import ActionKind, Decision, RestartBudget, reported_kind
 from dlrover.launcher.control import FailureReport, MasterAction, NodeRegistration, Progress, RoundAssignment
 from dlrover.launcher.inprocess import InMemoryRoundStore, free_port
+from dlrover.rendezvous import WaitingCount
 
 __all__ = ["FakeControlPlane", "InMemoryRoundStore", "free_port"]
 
@@ -29,6 +30,7 @@ class FakeControlPlane:
         group_world_size: nodes in every round; the others exist only in `finished_ranks`.
         peers_finished: how many of the other nodes (ranks 1, 2, ...) have finished the round
             asked about; none when not given.
+        waiting_retry_after_s: when each `waiting_check` asks the agent to ask again (0: not said).
     """
 
     def __init__(
@@ -41,6 +43,7 @@ class FakeControlPlane:
         unreachable_reports: int = 0,
         group_world_size: int = 1,
         peers_finished: Callable[[RoundAssignment], int] | None = None,
+        waiting_retry_after_s: float = 0.0,
     ) -> None:
         if group_world_size < 1:
             raise ValueError(f"group_world_size must be at least 1, got {group_world_size}")
@@ -57,6 +60,7 @@ class FakeControlPlane:
         self.declared_max_restarts: list[int | None] = []  # each registration's `max_restarts`
         self.restarts_granted = 0
         self.waiting_polls: list[bool] = []  # each nodes_waiting call's `once`
+        self.waiting_retry_after_s = waiting_retry_after_s  # what each waiting check asks
         self.rounds: list[RoundAssignment] = []
         self.failures: list[FailureReport] = []
         self.heartbeats: list[Progress] = []
@@ -112,6 +116,9 @@ class FakeControlPlane:
             return self._waiting_fn()
         with self._lock:
             return self._waiting.pop(0) if self._waiting else 0
+
+    def waiting_check(self) -> WaitingCount:
+        return WaitingCount(self.nodes_waiting(once=True), self.waiting_retry_after_s)
 
     def heartbeat(self, progress: Progress) -> Sequence[tuple[ActionKind, str] | MasterAction]:
         with self._lock:

@@ -50,7 +50,7 @@ from dlrover.launcher.control import (
 )
 from dlrover.launcher.inprocess import free_port
 from dlrover.master import MasterClient, ResourceSample
-from dlrover.rendezvous import NodeParams, PollResult, PollState, RendezvousClient
+from dlrover.rendezvous import NodeParams, PollResult, PollState, RendezvousClient, WaitingCount
 
 __all__ = [
     "GrpcControlPlane",
@@ -321,6 +321,9 @@ class GrpcControlPlane:
 
     def nodes_waiting(self, *, once: bool = False) -> int:
         return (self._poll_rdzv if once else self._rdzv).num_nodes_waiting(self._node_id)
+
+    def waiting_check(self) -> WaitingCount:
+        return self._poll_rdzv.waiting_check(self._node_id)
 
     def heartbeat(self, progress: Progress) -> Sequence[tuple[ActionKind, str] | MasterAction]:
         step = progress.step if progress.step >= 0 else None

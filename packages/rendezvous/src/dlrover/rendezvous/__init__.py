@@ -45,6 +45,7 @@ from dlrover.rendezvous.results import (
     PollResult,
     PollState,
     Round,
+    WaitingCount,
 )
 from dlrover.rendezvous.service import RendezvousServicer, add_rendezvous_service
 from dlrover.rendezvous.topology import NodeInfo, SwitchTopology, TopologyOrder
@@ -59,6 +60,7 @@ __all__ = [
     "PollState",
     "HeartbeatResult",
     "Round",
+    "WaitingCount",
     "RoundDecision",
     "decide_round",
     "select_members",

@@ -17,7 +17,7 @@ from dlrover.common import (
     master_channel_config,
 )
 from dlrover.rendezvous.errors import RendezvousTimeoutError
-from dlrover.rendezvous.results import HeartbeatResult, JoinResult, NodeParams, PollResult, PollState
+from dlrover.rendezvous.results import HeartbeatResult, JoinResult, NodeParams, PollResult, PollState, WaitingCount
 from dlrover.rendezvous.service import POLL_STATES
 from dlrover.rendezvous.v1 import rendezvous_pb2 as pb
 from dlrover.rendezvous.v1 import rendezvous_pb2_grpc as pb_grpc
@@ -164,8 +164,12 @@ class RendezvousClient:
 
     def num_nodes_waiting(self, node_id: str = "") -> int:
         """Nodes waiting for the next round (at least 1 when `node_id`'s round was dissolved)."""
+        return self.waiting_check(node_id).num_nodes_waiting
+
+    def waiting_check(self, node_id: str = "") -> WaitingCount:
+        """`num_nodes_waiting`, and when the rendezvous asks this node to ask again."""
         r = self._call(self._stub.NumNodesWaiting, pb.NumNodesWaitingRequest(node_id=node_id), idempotent=True)
-        return int(r.num_nodes_waiting)
+        return WaitingCount(int(r.num_nodes_waiting), max(float(r.retry_after_s), 0.0))
 
     def leave(self, node_id: str) -> str:
         """Take the node out of the rendezvous; returns what happened."""

@@ -36,6 +36,7 @@ from dlrover.rendezvous.results import (
     PollResult,
     PollState,
     Round,
+    WaitingCount,
 )
 from dlrover.rendezvous.topology import NodeInfo, TopologyOrder
 
@@ -325,6 +326,17 @@ class RendezvousManager:
         Raises:
             InvalidRequestError: the node id is malformed; nothing changed.
         """
+        return self.waiting_check(now, node_id).num_nodes_waiting
+
+    def waiting_check(self, now: float, node_id: str | None = None) -> WaitingCount:
+        """`num_nodes_waiting`, and when to ask again: every node the rendezvous knows asks, so
+        together they ask about `poll_rate_per_s` times a second (a job of thousands of nodes
+        asks each node less often), never more often than `min_poll_interval_s` and never less
+        than `max_poll_interval_s` (nor a third of the heartbeat timeout).
+
+        Raises:
+            InvalidRequestError: the node id is malformed; nothing changed.
+        """
         if node_id is not None:
             _check_node_id(node_id)
         now = self._tick(now)
@@ -334,7 +346,9 @@ class RendezvousManager:
                 self._seen(node_id, now)
             elif node_id in self._dropped:
                 count = max(count, 1)
-        return count
+        cfg = self._config
+        pace = max(len(self._last_seen) / cfg.poll_rate_per_s, cfg.min_poll_interval_s)
+        return WaitingCount(count, min(pace, cfg.max_poll_interval_s, cfg.heartbeat_timeout_s / 3.0))
 
     def leave(self, node_id: str, now: float) -> str:
         """Take a node out: off the waiting list and out of the current round (which dissolves).

@@ -20,6 +20,7 @@ __all__ = [
     "PollResult",
     "PollState",
     "Round",
+    "WaitingCount",
 ]
 
 MAX_NODE_ID_CHARS = 256
@@ -130,6 +131,20 @@ class PollState(enum.Enum):
     """It waited `join_timeout_s` without being admitted and was taken off the waiting list."""
     CLOSED = "closed"
     """The rendezvous is closed; no more rounds form."""
+
+
+@attrs.frozen
+class WaitingCount:
+    """How many nodes wait for the next round, and when to ask again.
+
+    Attributes:
+        num_nodes_waiting: nodes waiting (at least 1 for a node whose round was dissolved).
+        retry_after_s: seconds until the asking node should ask again (see
+            `RendezvousManager.waiting_check`); 0 from a service that does not pace.
+    """
+
+    num_nodes_waiting: int
+    retry_after_s: float = 0.0
 
 
 @attrs.frozen

@@ -130,8 +130,8 @@ class RendezvousServicer(pb_grpc.RendezvousServiceServicer):
         self, request: pb.NumNodesWaitingRequest, context: grpc.ServicerContext
     ) -> pb.NumNodesWaitingResponse:
         def call() -> pb.NumNodesWaitingResponse:
-            n = self._manager.num_nodes_waiting(self._clock.now(), request.node_id or None)
-            return pb.NumNodesWaitingResponse(num_nodes_waiting=n)
+            r = self._manager.waiting_check(self._clock.now(), request.node_id or None)
+            return pb.NumNodesWaitingResponse(num_nodes_waiting=r.num_nodes_waiting, retry_after_s=r.retry_after_s)
 
         return self._run(context, call)
 
