@@ -286,11 +286,15 @@ class LifecycleMachine(RuleBasedStateMachine):
 
     @invariant()
     def budgets_are_never_exceeded(self) -> None:
-        assert self.life.job_failures <= MAX_FAILURES + 1
+        # Failures count within the budget window: over the job's life there may be more.
+        assert self._within(self.failures) <= MAX_FAILURES + 1
+        window = self.life.config.budget_window
         for node in self.life.nodes().values():
             assert node.process_restarts <= MAX_RESTARTS
             # Disruptions (the platform's doing) are counted in relaunch_count but charged to no budget.
-            assert node.relaunch_count - node.disruptions <= MAX_RELAUNCHES
+            assert len(node.relaunched_at) <= node.relaunch_count - node.disruptions
+            assert window.count(node.relaunched_at, self.now) <= MAX_RELAUNCHES
+            assert len(node.relaunched_at) <= MAX_RELAUNCHES  # only the newest are kept
 
     @invariant()
     def ranks_are_stable_across_replacement(self) -> None:
