@@ -486,11 +486,6 @@ class HostedShards:
         """Add the ShardService to `server` (before it starts)."""
         server.add(spb_grpc.add_ShardServiceServicer_to_server, self._servicer)
 
-    @property
-    def journal_writes(self) -> int:
-        """Writes of the state made for requests that changed it (each may answer several)."""
-        return self._group.writes
-
     def changed_by_request(self) -> None:
         """A request changed the registry: return once that is journaled, as the service does
         before it answers (with `journal_every_change`; else at once)."""

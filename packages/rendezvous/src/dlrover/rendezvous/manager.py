@@ -247,8 +247,14 @@ class RendezvousManager:
         """When a node that has waited `waited_s` should poll next: together the waiting nodes poll
         about `poll_rate_per_s` times a second, a node that has waited long less often (see
         `RendezvousConfig.poll_rate_per_s`)."""
+        return self._pace(len(self._waiting), waited_s / 20.0)
+
+    def _pace(self, asking: int, at_least_s: float = 0.0) -> float:
+        """The interval that has `asking` nodes ask together about `poll_rate_per_s` times a second,
+        no shorter than `at_least_s`, within [`min_poll_interval_s`, `max_poll_interval_s`] and never
+        over a third of the heartbeat timeout (an asking node stays alive)."""
         cfg = self._config
-        pace = max(len(self._waiting) / cfg.poll_rate_per_s, waited_s / 20.0, cfg.min_poll_interval_s)
+        pace = max(asking / cfg.poll_rate_per_s, at_least_s, cfg.min_poll_interval_s)
         return min(pace, cfg.max_poll_interval_s, cfg.heartbeat_timeout_s / 3.0)
 
     def poll(self, node_id: str, now: float) -> PollResult:
@@ -346,9 +352,7 @@ class RendezvousManager:
                 self._seen(node_id, now)
             elif node_id in self._dropped:
                 count = max(count, 1)
-        cfg = self._config
-        pace = max(len(self._last_seen) / cfg.poll_rate_per_s, cfg.min_poll_interval_s)
-        return WaitingCount(count, min(pace, cfg.max_poll_interval_s, cfg.heartbeat_timeout_s / 3.0))
+        return WaitingCount(count, self._pace(len(self._last_seen)))
 
     def leave(self, node_id: str, now: float) -> str:
         """Take a node out: off the waiting list and out of the current round (which dissolves).
