@@ -106,7 +106,9 @@ def test_a_rank_blocked_in_a_collective_is_found_dumped_and_restarted(
     window = float(found["window"])
     assert float(found["stalled"]) >= window
     median = re.search(
-        r"k x median step time = ([\d.e-]+) s is shorter|5 x the median step time of ([\d.e-]+) s", found["why"]
+        r"k x median time between step marks = ([\d.e-]+) s is shorter"
+        r"|5 x the median time between step marks of ([\d.e-]+) s",
+        found["why"],
     )
     assert median is not None, found["why"]
     median_s = float(median[1] or median[2])

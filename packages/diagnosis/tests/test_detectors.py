@@ -64,7 +64,7 @@ def test_stall_is_found_within_one_window_and_names_the_rank() -> None:
     assert window <= found.stalled_for_s[0] <= window + 0.2  # within one window (plus one tick)
     assert found.window_s == pytest.approx(window)
     assert "rank(s) 2" in found.reason
-    assert "median step time" in found.reason
+    assert "median time between step marks" in found.reason
 
 
 def test_not_hung_before_the_window() -> None:
@@ -292,3 +292,51 @@ def test_straggler_ignores_warmup_and_checkpoint_time() -> None:
     for r in RANKS:
         det.observe(StepReport(r, last + 1, clock.now()))
     assert det.check(clock.now()).stragglers == ()
+
+
+def _marked_every(det: HangDetector, clock: ManualClock, marks: int, stride: int, step_s: float) -> int:
+    """Ranks marked only by their saves: one mark every `stride` steps of `step_s`."""
+    step = 0
+    for _ in range(marks):
+        clock.advance(stride * step_s)
+        step += stride
+        for r in RANKS:
+            det.observe(StepReport(r, step, clock.now()))
+    return step
+
+
+def test_ranks_marked_only_by_their_saves_are_not_hung_between_two_saves() -> None:
+    # A save every 100 steps of 0.5 s: 50 s between marks, the floor 3 s and 5 x 0.5 s per step
+    # shorter still. Judged by the step time the ranks were called hung after every save.
+    clock = ManualClock()
+    det = HangDetector(CFG)
+    det.start(RANKS, clock.now())
+    _marked_every(det, clock, 10, stride=100, step_s=0.5)
+    clock.advance(249.0)
+    assert not det.check(clock.now()).hung
+    clock.advance(2.0)
+    report = det.check(clock.now())
+    assert report.hung
+    assert report.window_s == pytest.approx(250.0)
+    assert "5 x the median time between step marks of 50 s" in report.reason
+
+
+def test_a_rank_whose_own_pace_is_unknown_is_not_judged_by_its_peers_pace() -> None:
+    # Ranks 0-2 mark every step (1 s); rank 3 only every 20 steps, and none of its marks is clean
+    # (each follows a checkpoint phase: the save that marked it). Judged by its peers' 1 s it
+    # would be hung 5 s after each mark; it keeps the first-steps allowance instead.
+    clock = ManualClock()
+    det = HangDetector(HangConfig(k=5.0, floor_s=3.0, warmup_steps=0, min_step_samples=3))
+    det.start(RANKS, clock.now())
+    for step in range(1, 61):
+        clock.advance(1.0)
+        for r in (0, 1, 2):
+            det.observe(StepReport(r, step, clock.now()))
+        if step % 20 == 0:
+            det.observe(StepReport(3, step, clock.now(), phase="checkpoint"))
+            det.observe(StepReport(3, step, clock.now()))
+    progress = {s.rank: s for s in det.progress()}
+    assert det.window_for(progress[0])[0] == pytest.approx(5.0)
+    assert det.window_for(progress[3]) == (600.0, "the first-steps allowance")
+    clock.advance(19.0)
+    assert det.check(clock.now()).stalled_ranks == (0, 1, 2)

@@ -66,7 +66,7 @@ def test_a_rank_that_stops_reporting_is_hung_after_k_times_the_median_step() -> 
     assert verdict.hung
     assert verdict.stalled_ranks == (8, 9)
     assert verdict.window_s == pytest.approx(5.0)
-    assert "5 x the median step time of 1 s" in verdict.reason
+    assert "5 x the median time between step marks of 1 s" in verdict.reason
     assert watch.local_rank(9) == 1
     assert watch.global_rank(0) == 8
 
@@ -163,3 +163,23 @@ def test_an_unchanged_slot_is_not_a_new_report_and_reports_never_go_back_in_time
     verdict = late.check(30.0)
     assert verdict is not None
     assert not verdict.hung
+
+
+def test_workers_marked_only_by_their_saves_are_not_hung_between_two_saves() -> None:
+    # No script marks: the checkpointer marks a step at each save, every 100 steps of 0.5 s.
+    # The window follows the 50 s between marks, not the 0.5 s per step (30 s floor).
+    watch = StepWatch({0: 0, 1: 1}, HangConfig(k=5.0, floor_s=30.0))
+    slots = Slots()
+    t = 0.0
+    for mark in range(1, 12):
+        t += 50.0
+        for local in (0, 1):
+            slots.write(local, mark * 100, t)
+        watch.observe(slots.now, t)
+        verdict = watch.check(t + 49.0)
+        assert verdict is not None
+        assert not verdict.hung, verdict.reason
+    verdict = watch.check(t + 251.0)
+    assert verdict is not None
+    assert verdict.hung
+    assert verdict.window_s == pytest.approx(250.0)

@@ -20,22 +20,27 @@ pytestmark = pytest.mark.timeout(30)
 class Trainer:
     """Ranks stepping at their own pace; `stats(now)` is what their agents would send."""
 
-    def __init__(self, step_s: dict[int, float]) -> None:
+    def __init__(self, step_s: dict[int, float], marks_every: int = 1) -> None:
         self.step_s = dict(step_s)
+        self.marks_every = marks_every  # a script marked only by its saves marks every few steps
         self.steps = dict.fromkeys(step_s, 0)
         self.last_end = dict.fromkeys(step_s, 0.0)
+        self.last_mark = dict.fromkeys(step_s, (0, 0.0))
 
     def advance_to(self, now: float) -> None:
         for rank, step_s in self.step_s.items():
             while self.last_end[rank] + step_s <= now:
                 self.last_end[rank] += step_s
                 self.steps[rank] += 1
+                if self.steps[rank] % self.marks_every == 0:
+                    self.last_mark[rank] = (self.steps[rank], self.last_end[rank])
 
     def stats(self, now: float, ranks: tuple[int, ...] | None = None) -> list[RankStepStats]:
-        return [
-            RankStepStats(r, self.steps[r], self.steps[r], 0.0, now - self.last_end[r])
-            for r in (ranks or tuple(self.step_s))
-        ]
+        out = []
+        for r in ranks or tuple(self.step_s):
+            marked, at = self.last_mark[r]
+            out.append(RankStepStats(r, marked, marked, 0.0, now - at))
+        return out
 
 
 def test_a_rank_slowed_three_times_is_found_within_a_few_heartbeats_and_reported_once() -> None:
@@ -98,6 +103,31 @@ def test_ranks_stepping_together_on_nodes_heartbeating_at_different_moments_are_
     # measured up to now, 0.2 s steps looked like 0.5-0.7 s against the other node's 0.2 s.
     watch = StragglerWatch(StragglerConfig())
     _interleaved(watch, Trainer({0: 0.2, 1: 0.2}), heartbeats=200)
+
+
+def test_ranks_marked_every_fifth_step_on_nodes_heartbeating_at_different_moments_are_no_stragglers() -> None:
+    # Marked only by their checkpointer's saves: just before a mark a rank is five steps on from
+    # its last one, which is not one slow step (a 0.1 s-per-step job was reported with 0.37 s).
+    watch = StragglerWatch(StragglerConfig())
+    _interleaved(watch, Trainer({0: 0.1, 1: 0.1}, marks_every=5), heartbeats=400)
+
+
+def test_a_slowed_rank_marked_every_fifth_step_is_still_found() -> None:
+    watch = StragglerWatch(StragglerConfig(window_steps=5, min_samples=3))
+    trainer = Trainer({0: 0.1, 1: 0.1}, marks_every=5)
+    now = _interleaved(watch, trainer, heartbeats=80)
+    trainer.step_s[1] = 0.4
+    found = None
+    for i in range(80):
+        now += 0.25
+        trainer.advance_to(now)
+        node = i % 2
+        watch.observe(node, trainer.stats(now, (node,)), now)
+        found = watch.check(now)
+        if found is not None:
+            break
+    assert found is not None
+    assert found.ranks == (1,), found.report.reason
 
 
 def test_a_slowed_rank_on_nodes_heartbeating_at_different_moments_is_still_found() -> None:

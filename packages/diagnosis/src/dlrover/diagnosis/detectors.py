@@ -3,15 +3,19 @@
 Hang: a rank is stalled when it made no progress for longer than its window:
 
 * in a named phase other than ``train`` (``checkpoint``, ``eval``): that phase's allowance;
-* during its first `warmup_steps` steps, or while too few step durations are known:
-  `first_steps_allowance_s`;
-* otherwise ``max(floor_s, k x median step time)``.
+* during its first `warmup_steps` steps, or while fewer than `min_step_samples` of its step
+  durations are known: `first_steps_allowance_s`;
+* otherwise ``max(floor_s, k x the median time between its step marks)``. A rank that marks every
+  step waits a step time between marks; one marked only by its checkpointer (a save every 100
+  steps) waits 100, and is not called hung between two saves.
 
 So a 1 s-per-step job with k=5 and a 10 s floor is found hung 10 s after it stops, not after
 minutes, while a 3-minute first step or a 5-minute checkpoint raises nothing.
 
 Straggler: a rank whose median step time over its last `window_steps` steps (or its current
-unfinished step, if already longer) exceeds ``k x`` the median of the other ranks' medians.
+unfinished step, if already longer) exceeds ``k x`` the median of the other ranks' medians. The
+unfinished time since a rank's last mark counts per step as its marks usually cover: a rank
+marking every fifth step is five steps into the next mark, not one slow step.
 """
 
 from __future__ import annotations
@@ -19,7 +23,6 @@ from __future__ import annotations
 import math
 import statistics
 import types
-from collections import deque
 from collections.abc import Callable, Collection, Iterable, Mapping
 
 import attrs
@@ -114,7 +117,7 @@ class HangDetector:
 
     def progress(self) -> tuple[RankProgress, ...]:
         """A copy of every watched rank's progress, ascending by rank."""
-        return tuple(attrs.evolve(state, durations=deque(state.durations)) for state in self._timeline.ranks())
+        return tuple(state.copy() for state in self._timeline.ranks())
 
     def window_for(self, state: RankProgress) -> tuple[float, str]:
         """The window `state`'s rank is judged against now, and which rule set it."""
@@ -122,13 +125,16 @@ class HangDetector:
         if state.phase != DEFAULT_PHASE:
             allowance = cfg.phase_allowance_s.get(state.phase, cfg.default_phase_allowance_s)
             return allowance, f"the allowance of phase '{state.phase}'"
-        median = self._timeline.median_step_s()
-        if state.advances < cfg.warmup_steps or median is None or self._timeline.sample_count() < cfg.min_step_samples:
+        # Each rank by its own marks' pace: ranks of one job may mark at different strides (one
+        # reports every step, another only saves), and a pace borrowed from faster-marking ranks
+        # would call a rank hung between two of its marks.
+        gap = self._timeline.median_gap_s(state.rank)
+        if state.advances < cfg.warmup_steps or gap is None or len(state.gaps) < cfg.min_step_samples:
             return cfg.first_steps_allowance_s, "the first-steps allowance"
-        adaptive = cfg.k * median
+        adaptive = cfg.k * gap
         if adaptive < cfg.floor_s:
-            return cfg.floor_s, f"the floor (k x median step time = {adaptive:.3g} s is shorter)"
-        return adaptive, f"{cfg.k:g} x the median step time of {median:.3g} s"
+            return cfg.floor_s, f"the floor (k x median time between step marks = {adaptive:.3g} s is shorter)"
+        return adaptive, f"{cfg.k:g} x the median time between step marks of {gap:.3g} s"
 
     def check(self, now: float, judged: Collection[int] | None = None) -> HangReport:
         """Judge every rank (or only those in `judged`) at `now`.
@@ -257,7 +263,7 @@ class StragglerDetector:
             value = statistics.median(state.durations)
             if state.phase == DEFAULT_PHASE and state.clean and not others_wait:
                 until = min(now, known.get(state.rank, now))
-                value = max(value, until - state.last_advance_s)
+                value = max(value, (until - state.last_advance_s) / statistics.median(state.strides))
             times[state.rank] = value
         judged = tuple(sorted(times.items()))
         if len(times) < 2:

@@ -3,6 +3,12 @@
 A duration is recorded only for a step taken entirely in the ``train`` phase after the warm-up
 steps, so a slow first step (compilation, data-loader start) or a checkpoint between two steps does
 not distort the median that the adaptive windows are built on.
+
+A rank need not mark every step: one whose only marks are its checkpointer's (a save every 100
+steps) advances many steps at a time. Each clean advance is kept three ways: the seconds per step
+(`RankProgress.durations`, what ranks are compared by), the seconds between the two marks
+(`RankProgress.gaps`, how long the next mark may take in the normal course) and the steps it
+covered (`RankProgress.strides`).
 """
 
 from __future__ import annotations
@@ -30,8 +36,10 @@ class RankProgress:
         phase: its current phase.
         phase_since_s: when it entered that phase.
         advances: how many times its step increased.
-        durations: recent clean step durations, oldest first.
+        durations: recent clean step durations (seconds per step), oldest first.
         clean: whether it stayed in ``train`` since its last advance.
+        gaps: the seconds between the marks of those same advances.
+        strides: the steps each of those advances covered.
     """
 
     rank: int
@@ -43,11 +51,17 @@ class RankProgress:
     advances: int = 0
     durations: deque[float] = attrs.field(factory=deque)
     clean: bool = False
+    gaps: deque[float] = attrs.field(factory=deque)
+    strides: deque[int] = attrs.field(factory=deque)
 
     @property
     def idle_since_s(self) -> float:
         """The time from which the current wait is measured: last advance or phase change."""
         return max(self.last_advance_s, self.phase_since_s)
+
+    def copy(self) -> RankProgress:
+        """An independent copy (the histories are copied too)."""
+        return attrs.evolve(self, durations=deque(self.durations), gaps=deque(self.gaps), strides=deque(self.strides))
 
 
 class StepTimeline:
@@ -93,9 +107,13 @@ class StepTimeline:
         state.last_report_s = now
         if report.step > state.step:
             if state.clean and report.phase == DEFAULT_PHASE and state.advances >= self._warmup:
-                state.durations.append((now - state.last_advance_s) / (report.step - state.step))
-                while len(state.durations) > self._history:
-                    state.durations.popleft()
+                gap, stride = now - state.last_advance_s, report.step - state.step
+                state.durations.append(gap / stride)
+                state.gaps.append(gap)
+                state.strides.append(stride)
+                for history in (state.durations, state.gaps, state.strides):
+                    while len(history) > self._history:
+                        history.popleft()
             state.advances += 1
             state.step = report.step
             state.last_advance_s = now
@@ -120,10 +138,10 @@ class StepTimeline:
         """Every tracked rank, ascending."""
         return tuple(self._ranks[r] for r in sorted(self._ranks))
 
-    def median_step_s(self) -> float | None:
-        """The median of all ranks' recent clean durations, None when there are none."""
-        samples = [d for state in self._ranks.values() for d in state.durations]
-        return statistics.median(samples) if samples else None
+    def median_gap_s(self, rank: int) -> float | None:
+        """The median seconds between `rank`'s clean step marks (None when there are none)."""
+        state = self._ranks.get(rank)
+        return statistics.median(state.gaps) if state is not None and state.gaps else None
 
     def sample_count(self) -> int:
         """How many clean durations are held in total."""

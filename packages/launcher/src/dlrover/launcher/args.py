@@ -433,8 +433,8 @@ def _add_dlrover_options(ours: argparse._ArgumentGroup) -> None:
         _both("hang-step-factor"),
         "5",
         "workers that report their steps (dlrover.diagnosis.StepReporter, FlashCheckpointer.save) are hung when "
-        "stalled longer than this many times the median step time (or --hang-step-floor); their stacks are "
-        "dumped into the failure evidence and they are restarted; 0: off",
+        "stalled longer than this many times the median time between their step marks (or --hang-step-floor); "
+        "their stacks are dumped into the failure evidence and they are restarted; 0: off",
     )
     _option(ours, _both("hang-step-floor"), "30", "seconds: the shortest stall that counts as a hang")
     _option(ours, _both("hang-first-steps"), "600", "seconds the first steps of each worker may take")
