@@ -16,12 +16,23 @@ Stragglers (simulated clock): ranks step every ``T``; at t0 rank 1 becomes 3x sl
 heartbeat every ``H`` seconds with their step stats and the master's `StragglerWatch` (defaults:
 factor 2, window 5, 3 samples) judges after each heartbeat. Latency is reported in seconds, in
 step times and in heartbeats.
+
+Stragglers in a synchronous job (real processes, real gloo all-reduce, real step slots): two
+workers step together, each marking its first synchronization point (`StepReporter.synchronizing`,
+what `report_gradient_sync` does in a DDP model) before every all-reduce; after 20 steps rank 1's
+own work becomes 3x longer, and so every step. The agent's side reads the slots every monitor
+interval (`StepWatch`) and heartbeats every 0.5 s into the master's `StragglerWatch`. Latency is
+from the slowdown to the report, in step times (the slowed ones). The peer is the same watch fed
+the same stats without lead times: step times are equal in a synchronous job, so it never reports
+the rank (shown as "never" within the run's 30 slowed steps).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
+import socket
 import statistics
 import subprocess
 import sys
@@ -29,6 +40,8 @@ import tempfile
 import textwrap
 import time
 from pathlib import Path
+
+import attrs
 
 from dlrover.common.step_slots import STACK_DUMP_ENV_VAR, STEP_SLOT_ENV_VAR, STEP_SLOTS_ENV_VAR, StepSlotFile
 from dlrover.diagnosis import HangConfig, RankStepStats, StragglerConfig, request_stack_dump
@@ -49,6 +62,35 @@ WORKER = textwrap.dedent(
 )
 
 MONITOR_S = 0.1
+
+SYNC_WORKER = textwrap.dedent(
+    """
+    import os, sys, time
+    import torch, torch.distributed as dist
+    from dlrover.common.step_slots import StepReporter
+    step_s, slow_after, out = float(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    rep = StepReporter.from_env()
+    t = torch.ones(1)
+    step = 0
+    while True:
+        done = torch.tensor([int(os.path.exists(os.path.join(out, "stop")))])
+        dist.all_reduce(done)
+        if done.item():
+            break
+        step += 1
+        slow = rank == 1 and step > slow_after
+        if rank == 1 and step == slow_after + 1:
+            with open(os.path.join(out, "slowed"), "w") as f:
+                f.write(repr(time.monotonic()))
+        time.sleep(3 * step_s if slow else step_s)  # this rank's own work
+        rep.synchronizing()
+        dist.all_reduce(t)
+        rep.step(step)
+    dist.destroy_process_group()
+    """
+)
 
 
 def hang_latency(step_s: float, steps: int, workdir: Path) -> tuple[float, float, float, str]:
@@ -122,6 +164,73 @@ def straggler_latency(step_s: float, heartbeat_s: float) -> tuple[float, int]:
             return now - slowed_at, beats
 
 
+def sync_straggler_latency(step_s: float, heartbeat_s: float, workdir: Path) -> tuple[float | None, float | None]:
+    """(latency / slowed step time by lead time, the same without lead times, None: never) for one
+    synchronous run; the run ends 30 slowed steps after the slowdown at most."""
+    out = Path(tempfile.mkdtemp(prefix="sync-", dir=workdir))
+    slots = StepSlotFile(out / "steps.slots", 2)
+    port = _free_port()
+    procs = []
+    try:
+        for rank in range(2):
+            env = {
+                **os.environ,
+                STEP_SLOTS_ENV_VAR: str(slots.path),
+                STEP_SLOT_ENV_VAR: str(rank),
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+                "RANK": str(rank),
+                "WORLD_SIZE": "2",
+            }
+            cmd = [sys.executable, "-c", SYNC_WORKER, str(step_s), "20", str(out)]
+            procs.append(subprocess.Popen(cmd, env=env))
+        steps = StepWatch({0: 0, 1: 1}, None)
+        config = StragglerConfig(k=2.0, window_steps=5, min_samples=3)
+        by_lead, by_step_time = StragglerWatch(config), StragglerWatch(config)
+        found: dict[str, float] = {}
+        next_beat = time.monotonic()
+        while True:
+            now = time.monotonic()
+            steps.observe(slots.read_all(), now)
+            slowed = float((out / "slowed").read_text()) if (out / "slowed").exists() else None
+            if now >= next_beat:
+                next_beat = now + heartbeat_s
+                stats = steps.stats(now)
+                by_lead.observe(0, stats, now)
+                by_step_time.observe(0, [attrs.evolve(s, median_sync_lead_s=0.0) for s in stats], now)
+                for name, watch in (("lead", by_lead), ("step", by_step_time)):
+                    finding = watch.check(now)
+                    if finding is not None and name not in found:
+                        assert slowed is not None, f"a straggler before the slowdown: {finding.report.reason}"
+                        assert finding.ranks == (1,), finding.report.reason
+                        found[name] = now
+            if "lead" in found and slowed is not None and now - slowed > 30 * 3 * step_s:
+                break
+            assert any(p.poll() is None for p in procs), "the workers ended"
+            time.sleep(MONITOR_S)
+        assert slowed is not None
+        slowed_step_s = 3 * step_s
+        lead = (found["lead"] - slowed) / slowed_step_s
+        by_steps = (found["step"] - slowed) / slowed_step_s if "step" in found else None
+        return lead, by_steps
+    finally:
+        (out / "stop").touch()
+        for proc in procs:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        slots.close()
+        shutil.rmtree(out, ignore_errors=True)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer step times and repeats")
@@ -148,6 +257,17 @@ def main() -> None:
         for heartbeat_s in (0.5, 2.0, 5.0):
             seconds, beats = straggler_latency(step_s, heartbeat_s)
             print(f"{step_s:>10.2f} {heartbeat_s:>13.1f} {seconds:>12.1f} {seconds / step_s:>10.1f} {beats:>11d}")
+    print()
+    print("Stragglers in a synchronous job (real gloo all-reduce; rank 1 of 2 slowed 3x; heartbeat 0.5 s)")
+    print(f"{'step T (s)':>10} {'by lead time (slowed steps)':>28} {'by step time alone':>19}")
+    with tempfile.TemporaryDirectory(prefix="syncbench-") as tmp:
+        for step_s in (0.05, 0.2) if args.quick else (0.05, 0.2, 0.5):
+            runs = [sync_straggler_latency(step_s, 0.5, Path(tmp)) for _ in range(repeats)]
+            leads = [r[0] for r in runs if r[0] is not None]
+            alone = [r[1] for r in runs if r[1] is not None]
+            lead_text = f"{statistics.median(leads):.1f}" if leads else "never"
+            alone_text = f"{statistics.median(alone):.1f}" if alone else "never"
+            print(f"{step_s:>10.2f} {lead_text:>28} {alone_text:>19}")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """Step reports under `dlrover-run --standalone`: a collective hang found by its step reports,
-dumped and restarted; a rank slowed at runtime reported as a straggler; a user error still stops."""
+dumped and restarted; a rank slowed at runtime reported as a straggler, in a job whose ranks step
+on their own and in a synchronous DDP job; a user error still stops."""
 
 from __future__ import annotations
 
@@ -62,6 +63,39 @@ RUNTIME_SLOWDOWN = textwrap.dedent(
         step += 1
         time.sleep(0.3 if rank == 1 and step > 20 else 0.1)
         reporter.step(step, samples=1)
+    """
+)
+
+# A synchronous DDP job (gloo): every step takes the slowest rank's time, since the other waits for
+# it in the gradient all-reduce. Rank 1's own work becomes 3x longer after 20 steps. The model marks
+# its first gradient bucket of each step (report_gradient_sync). Runs until out/stop exists.
+SYNCHRONOUS_SLOWDOWN = textwrap.dedent(
+    """
+    import os, sys, time
+    import torch, torch.distributed as dist
+    from dlrover.diagnosis import StepReporter, report_gradient_sync
+
+    out = sys.argv[1]
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    reporter = StepReporter.from_env()
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 1))
+    assert report_gradient_sync(model, reporter), "dlrover-run sets up the step slots"
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    deadline = time.monotonic() + 200
+    step = 0
+    while True:
+        stop = torch.tensor([int(os.path.exists(os.path.join(out, "stop")) or time.monotonic() > deadline)])
+        dist.all_reduce(stop, op=dist.ReduceOp.MAX)  # both ranks leave at the same step
+        if stop.item():
+            break
+        step += 1
+        time.sleep(0.3 if rank == 1 and step > 20 else 0.1)  # this rank's own work: its forward pass
+        optimizer.zero_grad()
+        model(torch.ones(4, 8)).sum().backward()
+        optimizer.step()
+        reporter.step(step, samples=4)
+    dist.destroy_process_group()
     """
 )
 
@@ -130,6 +164,18 @@ def test_a_rank_slowed_at_runtime_is_reported_as_a_straggler(
     out = tmp_path / "out"
     out.mkdir()
     proc = dlrover_run(tmp_path, "--hang-timeout=0", str(tmp_path / "train.py"), str(out))
+    first, output = _first_straggler_event(tmp_path, proc, out)
+    data = first["data"]
+    assert isinstance(data, dict)
+    assert data["ranks"] == [1], first
+    times = {int(r): t for r, t in data["step_time_s"].items()}
+    assert times[1] > 2 * times[0], first
+    assert "straggler(s) rank 1" in output
+
+
+def _first_straggler_event(tmp_path: Path, proc: subprocess.Popen[str], out: Path) -> tuple[dict[str, object], str]:
+    """Wait for the first straggler event of the job run by `proc`, then stop it; the event and the
+    job's output."""
     events: list[dict[str, object]] = []
     try:
         while not events:
@@ -142,13 +188,25 @@ def test_a_rank_slowed_at_runtime_is_reported_as_a_straggler(
         (out / "stop").touch()
     output, _ = proc.communicate(timeout=120)
     assert proc.returncode == 0, output
-    first = events[0]
+    return events[0], output
+
+
+def test_a_rank_slowed_at_runtime_in_a_synchronous_ddp_job_is_reported_by_its_lead_time(
+    tmp_path: Path, dlrover_run: Callable[..., subprocess.Popen[str]]
+) -> None:
+    (tmp_path / "train.py").write_text(SYNCHRONOUS_SLOWDOWN)
+    out = tmp_path / "out"
+    out.mkdir()
+    proc = dlrover_run(tmp_path, "--hang-timeout=0", str(tmp_path / "train.py"), str(out))
+    first, output = _first_straggler_event(tmp_path, proc, out)
     data = first["data"]
     assert isinstance(data, dict)
     assert data["ranks"] == [1], first
-    times = {int(r): t for r, t in data["step_time_s"].items()}
-    assert times[1] > 2 * times[0], first
-    assert "straggler(s) rank 1" in output
+    # Equal step times (rank 0 waits for rank 1 in the all-reduce); rank 1's lead is the longer.
+    leads = {int(r): t for r, t in data["sync_lead_s"].items()}
+    assert leads[1] > 2 * leads[0], first
+    assert "rank 1 works" in str(first["message"]), first
+    assert "before it synchronizes" in output
 
 
 def test_a_user_code_error_still_stops_after_one_attempt(

@@ -212,7 +212,16 @@ class SlotMachine(RuleBasedStateMachine):
     def _slot(self, writer: int) -> dict[str, object]:
         index = 0 if writer < 2 else 1
         if index not in self.model:
-            self.model[index] = {"step": 0, "samples": 0, "end": 0.0, "phase": "train", "since": self.clock.t}
+            self.model[index] = {
+                "step": 0,
+                "samples": 0,
+                "end": 0.0,
+                "phase": "train",
+                "since": self.clock.t,
+                "synced": 0.0,
+                "lead": 0.0,
+                "leads": 0,
+            }
         return self.model[index]
 
     @rule(dt=st.floats(0.0, 5.0))
@@ -235,6 +244,19 @@ class SlotMachine(RuleBasedStateMachine):
         if phase != slot["phase"]:
             slot["phase"], slot["since"] = phase, self.clock.t
 
+    @rule(writer=st.integers(0, 2))
+    def synchronizing(self, writer: int) -> None:
+        self.writers[writer].synchronizing()
+        slot = self.model.get(0 if writer < 2 else 1)
+        if slot is None:
+            return  # a slot never written stays unwritten
+        step, end, synced = int(slot["step"]), float(slot["end"]), float(slot["synced"])  # type: ignore[arg-type, call-overload]
+        if step > 0 and slot["phase"] == "train" and synced < end:
+            started = max(end, float(slot["since"]))  # type: ignore[arg-type]
+            slot["synced"] = self.clock.t
+            slot["lead"] = float(slot["lead"]) + self.clock.t - started  # type: ignore[arg-type]
+            slot["leads"] = int(slot["leads"]) + 1  # type: ignore[call-overload]
+
     @rule()
     def reset(self) -> None:
         self.slots.reset()
@@ -253,6 +275,7 @@ class SlotMachine(RuleBasedStateMachine):
                 slot["phase"],
                 slot["since"],
             )
+            assert (r.lead_s, r.lead_steps) == (pytest.approx(slot["lead"]), slot["leads"])
             assert r.seq % 2 == 0
 
     def teardown(self) -> None:
@@ -363,3 +386,37 @@ def test_the_current_phase_is_read_from_the_slot_whoever_wrote_it(tmp_path: Path
         slots.close()
     with pytest.raises(ConfigError, match="closed"):
         script.current_phase  # noqa: B018
+
+
+def test_the_lead_is_the_time_from_a_steps_start_to_its_first_synchronization_point(tmp_path: Path) -> None:
+    slots = StepSlotFile(tmp_path / "s", 1)
+    clock = _Clock()
+    writer = StepReporter(slots.path, 0, clock=clock)
+    try:
+        writer.synchronizing()  # the first step compiles: not counted
+        clock.t += 5.0
+        writer.step(1)
+        clock.t += 0.3
+        writer.synchronizing()  # the first bucket of step 2, 0.3 s in
+        clock.t += 0.1
+        writer.synchronizing()  # later buckets of the same step do not count
+        clock.t += 0.2
+        writer.step(2)
+        writer.phase("checkpoint")  # a save between two steps is no step's work
+        clock.t += 4.0
+        writer.phase("train")
+        clock.t += 0.5
+        writer.synchronizing()
+        reading = slots.read(0)
+        assert reading is not None
+        assert (reading.lead_s, reading.lead_steps) == (pytest.approx(0.8), 2)
+        writer.phase("eval")  # an evaluation's collectives are not a training step's
+        clock.t += 1.0
+        writer.step(3)
+        writer.synchronizing()
+        reading = slots.read(0)
+        assert reading is not None
+        assert reading.lead_steps == 2
+    finally:
+        writer.close()
+        slots.close()

@@ -340,3 +340,36 @@ def test_a_rank_whose_own_pace_is_unknown_is_not_judged_by_its_peers_pace() -> N
     assert det.window_for(progress[3]) == (600.0, "the first-steps allowance")
     clock.advance(19.0)
     assert det.check(clock.now()).stalled_ranks == (0, 1, 2)
+
+
+def _synchronous(det: StragglerDetector, clock: ManualClock, steps: int, step_s: float) -> None:
+    """Every rank steps together: in a synchronous job each step takes the slowest rank's time."""
+    for step in range(1, steps + 1):
+        clock.advance(step_s)
+        for r in RANKS:
+            det.observe(StepReport(r, step, clock.now()))
+
+
+def test_in_a_synchronous_job_the_slow_rank_is_found_by_its_lead_time() -> None:
+    clock = ManualClock()
+    det = StragglerDetector(StragglerConfig(k=2.0, min_samples=3))
+    _synchronous(det, clock, 20, step_s=0.3)  # rank 2 works 0.3 s, the others 0.1 s and wait
+    assert det.check(clock.now()).stragglers == ()  # equal step times say nothing
+    report = det.check(clock.now(), sync_leads={0: 0.1, 1: 0.11, 2: 0.3, 3: 0.1})
+    assert report.stragglers == (2,)
+    assert dict(report.sync_lead_s) == {0: 0.1, 1: 0.11, 2: 0.3, 3: 0.1}
+    assert "rank 2 works 0.3 s per step before it synchronizes, over 2 x the others' 0.1 s" in report.reason
+
+
+def test_lead_times_within_the_factor_or_within_the_least_excess_are_no_stragglers() -> None:
+    clock = ManualClock()
+    det = StragglerDetector(StragglerConfig(k=2.0, min_samples=3, min_lead_excess_s=0.05))
+    _synchronous(det, clock, 20, step_s=0.3)
+    within = det.check(clock.now(), sync_leads={0: 0.2, 1: 0.21, 2: 0.35, 3: 0.2})
+    assert within.stragglers == ()
+    assert "4 rank(s) within it of the median lead time" in within.reason
+    # Milliseconds: three times the others' but 4 ms more, jitter in a small model's step.
+    jitter = det.check(clock.now(), sync_leads={0: 0.002, 1: 0.002, 2: 0.006, 3: 0.002})
+    assert jitter.stragglers == ()
+    # One rank reporting leads has nobody to be compared with; ranks with 0 report none.
+    assert det.check(clock.now(), sync_leads={2: 5.0, 0: 0.0}).stragglers == ()

@@ -183,3 +183,26 @@ def test_workers_marked_only_by_their_saves_are_not_hung_between_two_saves() -> 
     assert verdict is not None
     assert verdict.hung
     assert verdict.window_s == pytest.approx(250.0)
+
+
+def test_the_heartbeat_carries_each_ranks_median_lead_time() -> None:
+    watch = StepWatch({0: 0, 1: 1}, CONFIG)
+    slots = Slots()
+    t = run_steps(watch, slots, 0.0, range(1, 4), step_s=1.0, ranks=(0, 1))
+    assert all(s.median_sync_lead_s == 0.0 for s in watch.stats(t))  # nobody synchronized yet
+    lead = {0: 0.0, 1: 0.0}
+    for tick in range(1, 8):
+        t += 1.0
+        for local, per_step in ((0, 0.1), (1, 0.4)):
+            # Two steps synchronized since the last tick; one tick a slow step of 1 s on rank 0.
+            per = 1.0 if local == 0 and tick == 3 else per_step
+            lead[local] += 2 * per
+            r = slots.now[local]
+            slots.now[local] = SlotReading(
+                r.seq + 2, r.step + 2, r.samples, t, "train", r.phase_since_s, r.pid,
+                lead_s=lead[local], lead_steps=2 * tick,
+            )  # fmt: skip
+        watch.observe(slots.now, t)
+    stats = {s.rank: s for s in watch.stats(t)}
+    assert stats[0].median_sync_lead_s == pytest.approx(0.1)  # the median, not the slow tick's mean
+    assert stats[1].median_sync_lead_s == pytest.approx(0.4)

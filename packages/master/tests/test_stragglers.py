@@ -346,3 +346,53 @@ def test_a_rank_whose_steps_start_over_is_judged_afresh() -> None:
     trainer.advance_to(15.0)
     watch.observe(0, trainer.stats(15.0, (0,)), 15.0)
     assert watch.check(15.0) is None
+
+
+class SyncTrainer:
+    """A synchronous job: each rank works its own time, then every rank waits for the slowest in
+    the all-reduce; their agents report equal step times and their own lead times."""
+
+    def __init__(self, work_s: dict[int, float]) -> None:
+        self.work_s = dict(work_s)
+        self.steps = 0
+        self.last_end = 0.0
+
+    def advance_to(self, now: float) -> None:
+        while self.last_end + max(self.work_s.values()) <= now:
+            self.last_end += max(self.work_s.values())
+            self.steps += 1
+
+    def stats(self, now: float, ranks: tuple[int, ...]) -> list[RankStepStats]:
+        return [
+            RankStepStats(r, self.steps, self.steps, 0.0, now - self.last_end, median_sync_lead_s=self.work_s[r])
+            for r in ranks
+        ]
+
+
+def test_a_rank_slowed_three_times_in_a_synchronous_job_is_found_within_30_s_by_its_lead() -> None:
+    watch = StragglerWatch(StragglerConfig())
+    trainer = SyncTrainer({0: 0.1, 1: 0.1, 2: 0.1, 3: 0.1})
+    now = 0.0
+    for i in range(80):  # two nodes of two ranks, heartbeating in turn
+        now += 0.25
+        trainer.advance_to(now)
+        node = i % 2
+        watch.observe(node, trainer.stats(now, (2 * node, 2 * node + 1)), now)
+        assert watch.check(now) is None
+    slowed_at = now
+    trainer.work_s[3] = 0.3
+    found = None
+    while found is None:
+        now += 0.25
+        assert now - slowed_at <= 30.0, "not found within 30 s"
+        trainer.advance_to(now)
+        node = int(now / 0.25) % 2
+        watch.observe(node, trainer.stats(now, (2 * node, 2 * node + 1)), now)
+        found = watch.check(now)
+    assert found.ranks == (3,)
+    assert found.nodes == (1,)
+    assert "before it synchronizes" in found.report.reason
+    # The shrink order sees the slow node by its lead, not by the equal step times.
+    times = watch.node_step_times(now)
+    assert times[1] == pytest.approx(0.3)
+    assert times[0] == pytest.approx(0.1)

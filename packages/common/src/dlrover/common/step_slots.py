@@ -17,10 +17,19 @@ File layout (little endian):
   phase before its first step), f64 load seconds (in the checkpoint phase before the first step),
   f64 save seconds (in the checkpoint phase after it), u64 served save request (the newest agent
   request a sealed flash checkpoint of this worker answered), u64 polls save requests (1 once the
-  worker's script has asked whether the agent wants a save: it answers requests), zero padding.
+  worker's script has asked whether the agent wants a save: it answers requests), f64 synced at
+  (the first synchronization point after the last step mark, see `StepReporter.synchronizing`),
+  f64 lead seconds and u64 lead count (the summed time from a step's start to its first
+  synchronization point, and how many steps that sum covers), zero padding.
 
-The goodput accounting reads the last three: a checkpoint phase before the first step is the
-checkpoint load, one after it is training blocked by a save.
+The goodput accounting reads ready, load and save seconds: a checkpoint phase before the first
+step is the checkpoint load, one after it is training blocked by a save.
+
+The lead time finds a straggler in a synchronous job, where every rank's step takes as long as
+the slowest rank's (the others wait for it in the gradient all-reduce): the time from the start
+of a step to the rank's first synchronization point is its own work, and the slow rank's is the
+longest. A step starts at the rank's last step mark, or when it last came back to the ``train``
+phase after that (a save between two steps is not the next step's work).
 
 The sequence is a seqlock: a writer makes it odd, writes the fields, makes it even again; a reader
 retries while it is odd or changed under it. Sequence 0 means the slot was never written.
@@ -77,9 +86,10 @@ _MAGIC = b"DLRSLOT2"
 _HEADER = struct.Struct("<8sII")
 _SAVE_REQUEST = struct.Struct("<Q")
 _SAVE_REQUEST_OFFSET = _HEADER.size
-_SLOT = struct.Struct("<QqqddIIdddQQ")
+_SLOT = struct.Struct("<QqqddIIdddQQddQ")
 _SLOT_SIZE = 128
 _CHECKPOINT_CODE = PHASES.index("checkpoint")
+_TRAIN_CODE = PHASES.index("train")
 _HEADER_SIZE = 64
 _MAX_SLOTS = 4096
 _READ_TRIES = 100
@@ -105,6 +115,9 @@ class SlotReading:
             of this worker answered; 0 before any.
         polls_save_requests: the worker's script asks whether the agent wants a save (see
             `StepReporter.mark_polling_save_requests`), so a request gets an answer.
+        lead_s: the summed seconds from the start of a step to the rank's first synchronization
+            point in it, over `lead_steps` steps (see `StepReporter.synchronizing`).
+        lead_steps: how many steps `lead_s` covers; 0 when the worker reports none.
     """
 
     seq: int
@@ -119,6 +132,8 @@ class SlotReading:
     save_s: float = 0.0
     served_request: int = 0
     polls_save_requests: bool = False
+    lead_s: float = 0.0
+    lead_steps: int = 0
 
 
 def _offset(index: int) -> int:
@@ -128,8 +143,8 @@ def _offset(index: int) -> int:
 def _read_slot(buf: mmap.mmap, index: int) -> SlotReading | None:
     off = _offset(index)
     for _ in range(_READ_TRIES):
-        seq, step, samples, end_s, since_s, code, pid, ready_s, load_s, save_s, served, polls = _SLOT.unpack_from(
-            buf, off
+        seq, step, samples, end_s, since_s, code, pid, ready_s, load_s, save_s, served, polls, _, lead_s, leads = (
+            _SLOT.unpack_from(buf, off)
         )
         if seq == 0:
             return None
@@ -138,7 +153,9 @@ def _read_slot(buf: mmap.mmap, index: int) -> SlotReading | None:
         if struct.unpack_from("<Q", buf, off)[0] != seq:
             continue
         phase = PHASES[code] if code < len(PHASES) else PHASES[0]
-        return SlotReading(seq, step, samples, end_s, phase, since_s, pid, ready_s, load_s, save_s, served, bool(polls))
+        return SlotReading(
+            seq, step, samples, end_s, phase, since_s, pid, ready_s, load_s, save_s, served, bool(polls), lead_s, leads
+        )
     return None
 
 
@@ -289,14 +306,36 @@ class StepReporter:
         phase: str | None = None,
         served_request: int = 0,
         polls_save_requests: bool = False,
+        synchronizing: bool = False,
         now: float | None = None,
     ) -> None:
         buf = self._mapped()
         off = self._off
-        seq, cur_step, samples, end_s, since_s, code, _pid, ready_s, load_s, save_s, served, polls = _SLOT.unpack_from(
-            buf, off
-        )
+        (
+            seq,
+            cur_step,
+            samples,
+            end_s,
+            since_s,
+            code,
+            _pid,
+            ready_s,
+            load_s,
+            save_s,
+            served,
+            polls,
+            synced_at,
+            lead_s,
+            leads,
+        ) = _SLOT.unpack_from(buf, off)
         t = self._clock() if now is None else now
+        if synchronizing:
+            # Only the first synchronization point of a training step after the first step: the
+            # first step compiles and warms caches, and an eval's collectives are not training.
+            if cur_step <= 0 or code != _TRAIN_CODE or synced_at >= end_s:
+                return
+            started = max(end_s, since_s)  # the step mark, or the return to train after a save
+            synced_at, lead_s, leads = t, lead_s + max(t - started, 0.0), leads + 1
         if seq == 0:
             since_s = ready_s = t  # the first write starts the phase clock
         new_step = cur_step
@@ -329,6 +368,9 @@ class StepReporter:
             save_s,
             max(served, served_request),
             1 if polls or polls_save_requests else 0,
+            synced_at,
+            lead_s,
+            leads,
         )
         struct.pack_into("<Q", buf, off, (seq | 1) + 1)
 
@@ -350,6 +392,19 @@ class StepReporter:
         if step is None:
             step = _SLOT.unpack_from(self._mapped(), self._off)[1] + 1
         self._write(step=step, add_samples=samples)
+
+    def synchronizing(self) -> None:
+        """Mark that this rank reached a synchronization point of its step (it is about to enter
+        the gradient all-reduce, or another collective its peers wait in). Call it as often as
+        convenient (every gradient bucket): only the first call after a step mark counts, as the
+        end of the rank's own work in that step. `dlrover.diagnosis.report_gradient_sync` calls
+        it from a DDP model's communication hook.
+
+        The master compares these lead times across ranks: in a synchronous job a rank that is
+        slow (a throttled GPU, a slow input pipeline) makes every rank's step slow, but only its
+        own lead is long.
+        """
+        self._write(synchronizing=True)
 
     def save_request(self) -> int:
         """The agent's save request number (see `StepSlotFile.request_save`); 0 before any."""

@@ -11,7 +11,8 @@
   `BudgetWindow` says how long a use counts against a budget.
 * Step reports (`StepReporter`, from `dlrover.common.step_slots`): a training process marks step
   ends, samples and phases in its slot of a file its agent maps; `RankStepStats` batches them to
-  the master.
+  the master. `report_gradient_sync` has a DDP model mark each step's first gradient
+  synchronization, from which a slow rank of a synchronous job is found.
 * Reported failures (`reported_kind`, `LOST_NODE_KIND`, `OOM_RECORD_KIND`, `SLOW_NODE_KIND`, `diagnose_report`,
   `kind_decided_alone`):
   the kind an agent or the master names for what it saw, and the kind decided on once the
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
     from dlrover.common.step_slots import StepReporter
     from dlrover.diagnosis.budget import RelaunchBudget, RestartBudget, Spending, spend_restart
     from dlrover.diagnosis.classifier import CONSEQUENCE_KINDS, KIND_PRECEDENCE, Diagnosis, RuleMatch, classify
+    from dlrover.diagnosis.ddp_sync import report_gradient_sync
     from dlrover.diagnosis.detectors import (
         HangConfig,
         HangDetector,
@@ -116,6 +118,7 @@ _EXPORTS = {
     "ResourceSample": "dlrover.diagnosis.evidence",
     "StepReport": "dlrover.diagnosis.evidence",
     "StepReporter": "dlrover.common.step_slots",
+    "report_gradient_sync": "dlrover.diagnosis.ddp_sync",
     "TailConfig": "dlrover.diagnosis.logtail",
     "extract_tracebacks": "dlrover.diagnosis.tracebacks",
     "one_line_summary": "dlrover.diagnosis.tracebacks",
@@ -200,6 +203,7 @@ __all__ = [
     "ResourceSample",
     "StepReport",
     "StepReporter",
+    "report_gradient_sync",
     "TailConfig",
     "extract_tracebacks",
     "one_line_summary",

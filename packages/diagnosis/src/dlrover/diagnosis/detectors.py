@@ -16,6 +16,12 @@ Straggler: a rank whose median step time over its last `window_steps` steps (or 
 unfinished step, if already longer) exceeds ``k x`` the median of the other ranks' medians. The
 unfinished time since a rank's last mark counts per step as its marks usually cover: a rank
 marking every fifth step is five steps into the next mark, not one slow step.
+
+In a synchronous job the step times say nothing: every rank waits for the slowest in the gradient
+all-reduce, so every step takes as long as the slowest rank's. Ranks that report their lead time
+(from a step's start to their first synchronization point, `StepReporter.synchronizing`) are
+compared by it as well: a rank whose lead exceeds ``k x`` the others' median, by at least
+`min_lead_excess_s`, straggles.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping
 import attrs
 
 from dlrover.common import ConfigError
-from dlrover.common.validators import positive_finite
+from dlrover.common.validators import non_negative_finite, positive_finite
 from dlrover.diagnosis.evidence import DEFAULT_PHASE, HangReport, StepReport
 from dlrover.diagnosis.timeline import RankProgress, StepTimeline
 
@@ -181,12 +187,16 @@ class StragglerConfig:
         window_steps: the sliding window of recent steps per rank (default 20).
         min_samples: a rank is judged only after this many clean steps (default 5).
         warmup_steps: steps per rank never measured (default 2).
+        min_lead_excess_s: a rank's lead time straggles only when it exceeds the others' median by
+            at least this much as well (default 0.05 s): leads of a few milliseconds (a small
+            model, a script that synchronizes right after its step starts) differ by jitter.
     """
 
     k: float = attrs.field(default=2.0, validator=positive_finite)
     window_steps: int = attrs.field(default=20, validator=_int_at_least(1))
     min_samples: int = attrs.field(default=5, validator=_int_at_least(1))
     warmup_steps: int = attrs.field(default=2, validator=_int_at_least(0))
+    min_lead_excess_s: float = attrs.field(default=0.05, validator=non_negative_finite)
 
 
 @attrs.frozen
@@ -197,11 +207,13 @@ class StragglerReport:
         stragglers: ranks slower than k x the others' median, ascending.
         step_time_s: per judged rank, ``(rank, its step time over the window)``.
         reason: one sentence saying why (or why not).
+        sync_lead_s: per rank compared by its lead time, ``(rank, its median lead)``.
     """
 
     stragglers: tuple[int, ...]
     step_time_s: tuple[tuple[int, float], ...]
     reason: str
+    sync_lead_s: tuple[tuple[int, float], ...] = ()
 
 
 class StragglerDetector:
@@ -232,8 +244,10 @@ class StragglerDetector:
         """Stop watching `rank`."""
         self._timeline.forget(rank)
 
-    def check(self, now: float, known_at: Mapping[int, float] | None = None) -> StragglerReport:
-        """Judge every rank with enough samples at `now`.
+    def check(
+        self, now: float, known_at: Mapping[int, float] | None = None, sync_leads: Mapping[int, float] | None = None
+    ) -> StragglerReport:
+        """Judge every rank with enough samples at `now`, and every rank with a lead time.
 
         A rank in the middle of a ``train`` step that has already run longer than its window
         median is judged by that elapsed time, so a rank that just became slow is found without
@@ -246,9 +260,11 @@ class StragglerDetector:
                 batches (heartbeats): the unfinished step is measured up to then, not to `now`,
                 since a rank may well have stepped after its last batch was sent. Ranks left out
                 are measured up to `now` (reports come as each step ends).
+            sync_leads: per rank, its median lead time (`RankStepStats.median_sync_lead_s`);
+                ranks left out, or with 0, report none.
 
         Returns:
-            The stragglers and every judged rank's step time.
+            The stragglers, every judged rank's step time and every compared rank's lead.
         """
         cfg = self._config
         known = dict(known_at or {})
@@ -266,15 +282,35 @@ class StragglerDetector:
                 value = max(value, (until - state.last_advance_s) / statistics.median(state.strides))
             times[state.rank] = value
         judged = tuple(sorted(times.items()))
-        if len(times) < 2:
-            return StragglerReport((), judged, f"only {len(times)} rank(s) have {cfg.min_samples} clean steps")
-        slow: list[str] = []
-        stragglers: list[int] = []
-        for rank, value in judged:
-            others = statistics.median(v for r, v in judged if r != rank)
-            if value > cfg.k * others:
-                stragglers.append(rank)
-                slow.append(f"rank {rank} takes {value:.3g} s per step, over {cfg.k:g} x the others' {others:.3g} s")
-        if not stragglers:
-            return StragglerReport((), judged, f"all {len(judged)} judged ranks are within {cfg.k:g} x the median")
-        return StragglerReport(tuple(stragglers), judged, "; ".join(slow))
+        leads = tuple(sorted((r, v) for r, v in (sync_leads or {}).items() if v > 0))
+        slow: dict[int, str] = {}
+        for rank, value, others in _over_the_others(judged, cfg.k):
+            slow[rank] = f"rank {rank} takes {value:.3g} s per step, over {cfg.k:g} x the others' {others:.3g} s"
+        for rank, value, others in _over_the_others(leads, cfg.k):
+            if value - others >= cfg.min_lead_excess_s and rank not in slow:
+                slow[rank] = (
+                    f"rank {rank} works {value:.3g} s per step before it synchronizes, over {cfg.k:g} x the "
+                    f"others' {others:.3g} s (they wait for it)"
+                )
+        if slow:
+            return StragglerReport(tuple(sorted(slow)), judged, "; ".join(slow[r] for r in sorted(slow)), leads)
+        if len(times) < 2 and len(leads) < 2:
+            why = f"only {len(times)} rank(s) have {cfg.min_samples} clean steps and {len(leads)} a lead time"
+            return StragglerReport((), judged, why, leads)
+        within = f"all {len(judged)} judged ranks are within {cfg.k:g} x the median"
+        if leads:
+            within += f" step time, and {len(leads)} rank(s) within it of the median lead time"
+        return StragglerReport((), judged, within, leads)
+
+
+def _over_the_others(values: tuple[tuple[int, float], ...], k: float) -> list[tuple[int, float, float]]:
+    """``(rank, value, the others' median)`` of each rank whose value exceeds k x the others'
+    median; none with fewer than two ranks."""
+    if len(values) < 2:
+        return []
+    out = []
+    for rank, value in values:
+        others = statistics.median(v for r, v in values if r != rank)
+        if value > k * others:
+            out.append((rank, value, others))
+    return out

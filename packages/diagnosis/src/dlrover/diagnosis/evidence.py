@@ -74,6 +74,9 @@ class RankStepStats:
         median_step_s: the median of its recent clean step durations; 0 while none is known.
         since_step_s: seconds since it finished its last step (or since it started, before that).
         phase: what it does now (``train``, ``checkpoint``, ``eval``).
+        median_sync_lead_s: the median of its recent lead times: seconds from the start of a step
+            to its first synchronization point (`StepReporter.synchronizing`); 0 while none is
+            known. In a synchronous job the ranks' step times are equal, their leads are not.
     """
 
     rank: int = attrs.field(validator=non_negative_int)
@@ -82,6 +85,7 @@ class RankStepStats:
     median_step_s: float = attrs.field(validator=non_negative_finite)
     since_step_s: float = attrs.field(validator=non_negative_finite)
     phase: str = attrs.field(default=DEFAULT_PHASE, validator=_phase)
+    median_sync_lead_s: float = attrs.field(default=0.0, validator=non_negative_finite)
 
 
 @attrs.frozen

@@ -3,7 +3,8 @@
 Workers write their progress into their slot of the node's step slot file
 (`dlrover.common.step_slots`); each monitor tick the agent hands the slots it read to a
 `StepWatch`, which turns them into `StepReport`s for the adaptive `HangDetector` and keeps what
-the heartbeat batches to the master (`RankStepStats`). A rank blocked in a collective burns CPU
+the heartbeat batches to the master (`RankStepStats`: steps, samples, recent step time and lead
+time, see `dlrover.common.step_slots`). A rank blocked in a collective burns CPU
 while it spins, so the CPU-idle watch (`dlrover.launcher.hang`) misses it; its step reports stop
 all the same.
 
@@ -19,6 +20,7 @@ ranks that did mark steps reveal it.
 from __future__ import annotations
 
 import statistics
+from collections import deque
 from collections.abc import Mapping
 
 from dlrover.common import ConfigError
@@ -26,6 +28,12 @@ from dlrover.common.step_slots import SlotReading
 from dlrover.diagnosis import HangConfig, HangDetector, HangReport, RankStepStats, StepReport
 
 __all__ = ["StepWatch"]
+
+# Lead times kept per rank for the median the heartbeat carries: one per monitor tick that saw
+# the rank synchronize. Few, so a rank slowed now shows after three of its slowed steps (a job of
+# 5 s steps finds it in 15 s, not in the 50 s of ten); the median still ignores two odd ones (a
+# garbage collection, a slow batch).
+_LEAD_SAMPLES = 5
 
 
 class StepWatch:
@@ -45,6 +53,7 @@ class StepWatch:
         self._last_time: dict[int, float] = {}
         self._started = False
         self._marks: dict[int, int] = {}  # global rank -> step marks seen from it
+        self._leads: dict[int, deque[float]] = {}  # global rank -> recent lead times
         self._marks_to_judge = max(config.warmup_steps + config.min_step_samples, 1)
 
     @property
@@ -62,6 +71,7 @@ class StepWatch:
             before = self._seen.get(local_rank)
             if before is not None and before.seq == reading.seq:
                 continue
+            self._observe_leads(rank, before, reading)
             old_step = before.step if before is not None else 0
             old_phase = before.phase if before is not None else "train"
             if reading.step > old_step:
@@ -79,6 +89,13 @@ class StepWatch:
             for report in self._reports(rank, before, reading):
                 self._detector.observe(report)
                 self._last_time[rank] = report.time_s
+
+    def _observe_leads(self, rank: int, before: SlotReading | None, now: SlotReading) -> None:
+        """Keep the mean lead time of the steps that synchronized since the last reading."""
+        lead_s, leads = (before.lead_s, before.lead_steps) if before is not None else (0.0, 0)
+        if now.lead_steps > leads and now.lead_s >= lead_s:
+            history = self._leads.setdefault(rank, deque(maxlen=_LEAD_SAMPLES))
+            history.append((now.lead_s - lead_s) / (now.lead_steps - leads))
 
     def _reports(self, rank: int, before: SlotReading | None, now: SlotReading) -> list[StepReport]:
         floor = self._last_time.get(rank, 0.0)
@@ -113,7 +130,8 @@ class StepWatch:
         return max(self._detector.window_for(state)[0] for state in self._detector.progress())
 
     def stats(self, now: float) -> tuple[RankStepStats, ...]:
-        """What the heartbeat carries: every reporting rank's steps, samples and recent step time."""
+        """What the heartbeat carries: every reporting rank's steps, samples, recent step time and
+        lead time."""
         progress = {state.rank: state for state in self._detector.progress()}
         out = []
         for local_rank in sorted(self._seen):
@@ -121,6 +139,7 @@ class StepWatch:
             rank = self._ranks[local_rank]
             state = progress.get(rank)
             median = statistics.median(state.durations) if state is not None and state.durations else 0.0
+            leads = self._leads.get(rank)
             since_mark = reading.step_end_s if reading.step > 0 else reading.phase_since_s
             out.append(
                 RankStepStats(
@@ -130,6 +149,7 @@ class StepWatch:
                     median_step_s=median,
                     since_step_s=max(0.0, now - since_mark),
                     phase=reading.phase,
+                    median_sync_lead_s=statistics.median(leads) if leads else 0.0,
                 )
             )
         return tuple(out)

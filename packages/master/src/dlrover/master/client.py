@@ -249,6 +249,7 @@ class MasterClient:
                     median_step_s=r.median_step_s,
                     since_step_s=r.since_step_s,
                     phase=r.phase,
+                    median_sync_lead_s=r.median_sync_lead_s,
                 )
                 for r in rank_steps
             ],

@@ -1096,6 +1096,7 @@ class Master:
             "ranks": list(finding.ranks),
             "nodes": list(finding.nodes),
             "step_time_s": {str(r): round(t, 4) for r, t in times.items()},
+            "sync_lead_s": {str(r): round(t, 4) for r, t in finding.report.sync_lead_s},
             "factor": self._config.straggler_factor,
             "action": action,
         }

@@ -512,6 +512,7 @@ def _rank_steps(items: Iterable[agent_pb2.RankStepStats]) -> tuple[RankStepStats
                     median_step_s=item.median_step_s,
                     since_step_s=item.since_step_s,
                     phase=item.phase or "train",
+                    median_sync_lead_s=item.median_sync_lead_s,
                 )
             )
         except ConfigError as exc:

@@ -7,6 +7,10 @@ feeds that to `dlrover.diagnosis.StragglerDetector`, which compares every rank's
 with the other ranks' median. A rank over the factor is reported once (an event and a warning)
 until it recovers.
 
+In a synchronous job every rank's step takes as long as the slowest rank's; there the ranks are
+compared by their lead times too (`RankStepStats.median_sync_lead_s`: from a step's start to the
+rank's first synchronization point, the median the agent keeps), which only the slow rank has long.
+
 A rank's unfinished step is measured only up to when its node's last heartbeat came, not up to
 now: the nodes' heartbeats come at their own moments, so just before one node's next heartbeat its
 ranks' last known step end lies a whole heartbeat interval back (0.5 s + a 0.2 s step looks like
@@ -61,6 +65,7 @@ class StragglerWatch:
         self._last: dict[int, tuple[int, float]] = {}  # rank -> (steps, step end on our clock)
         self._heard: dict[int, float] = {}  # rank -> when its stats last came
         self._node_of: dict[int, int] = {}
+        self._leads: dict[int, float] = {}  # rank -> its median lead time, as last reported
         self._reported: frozenset[int] = frozenset()
 
     def observe(self, node_id: int, stats: Iterable[RankStepStats], now: float) -> None:
@@ -83,6 +88,10 @@ class StragglerWatch:
                 self._node_of[stat.rank] = node_id
                 self._heard[stat.rank] = now
                 last = None
+            if stat.median_sync_lead_s > 0:
+                self._leads[stat.rank] = stat.median_sync_lead_s
+            else:
+                self._leads.pop(stat.rank, None)
             end = now - stat.since_step_s
             if last is not None:
                 if stat.steps == last[0]:
@@ -111,13 +120,18 @@ class StragglerWatch:
         self._last.pop(rank, None)
         self._heard.pop(rank, None)
         self._node_of.pop(rank, None)
+        self._leads.pop(rank, None)
         self._reported = self._reported - {rank}
 
     def node_step_times(self, now: float) -> dict[int, float]:
-        """Each node's recent step time: its slowest judged rank's (nodes with no judged rank are
-        left out). Changes nothing; the shrink order of a resize reads it to let the slowest go."""
+        """Each node's recent pace: its slowest judged rank's step time, or, where every rank
+        reports a lead time (a synchronous job, whose step times are all the slowest rank's), its
+        slowest rank's lead (nodes with no judged rank are left out). Changes nothing; the shrink
+        order of a resize reads it to let the slowest go."""
+        report = self._detector.check(now, known_at=self._heard, sync_leads=self._leads)
+        by_lead = bool(report.sync_lead_s) and set(self._leads) >= set(self._node_of)
         times: dict[int, float] = {}
-        for rank, seconds in dict(self._detector.check(now, known_at=self._heard).step_time_s).items():
+        for rank, seconds in dict(report.sync_lead_s if by_lead else report.step_time_s).items():
             node = self._node_of.get(rank)
             if node is not None and now - self._heard.get(rank, now) <= self._stale_after_s:
                 times[node] = max(times.get(node, 0.0), seconds)
@@ -127,7 +141,7 @@ class StragglerWatch:
         """Newly straggling ranks at `now`; None when there are none (recovered ones may be found again)."""
         for rank in [r for r, heard in self._heard.items() if now - heard > self._stale_after_s]:
             self._forget(rank)
-        report = self._detector.check(now, known_at=self._heard)
+        report = self._detector.check(now, known_at=self._heard, sync_leads=self._leads)
         current = frozenset(report.stragglers)
         new = sorted(current - self._reported)
         self._reported = current

@@ -80,20 +80,22 @@ class StepProgress(_message.Message):
     def __init__(self, step: _Optional[int] = ..., samples: _Optional[int] = ...) -> None: ...
 
 class RankStepStats(_message.Message):
-    __slots__ = ("rank", "steps", "samples", "median_step_s", "since_step_s", "phase")
+    __slots__ = ("rank", "steps", "samples", "median_step_s", "since_step_s", "phase", "median_sync_lead_s")
     RANK_FIELD_NUMBER: _ClassVar[int]
     STEPS_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
     MEDIAN_STEP_S_FIELD_NUMBER: _ClassVar[int]
     SINCE_STEP_S_FIELD_NUMBER: _ClassVar[int]
     PHASE_FIELD_NUMBER: _ClassVar[int]
+    MEDIAN_SYNC_LEAD_S_FIELD_NUMBER: _ClassVar[int]
     rank: int
     steps: int
     samples: int
     median_step_s: float
     since_step_s: float
     phase: str
-    def __init__(self, rank: _Optional[int] = ..., steps: _Optional[int] = ..., samples: _Optional[int] = ..., median_step_s: _Optional[float] = ..., since_step_s: _Optional[float] = ..., phase: _Optional[str] = ...) -> None: ...
+    median_sync_lead_s: float
+    def __init__(self, rank: _Optional[int] = ..., steps: _Optional[int] = ..., samples: _Optional[int] = ..., median_step_s: _Optional[float] = ..., since_step_s: _Optional[float] = ..., phase: _Optional[str] = ..., median_sync_lead_s: _Optional[float] = ...) -> None: ...
 
 class StepMark(_message.Message):
     __slots__ = ("step", "end_time", "save_s", "samples")
