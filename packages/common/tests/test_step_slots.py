@@ -218,9 +218,11 @@ class SlotMachine(RuleBasedStateMachine):
                 "end": 0.0,
                 "phase": "train",
                 "since": self.clock.t,
-                "synced": 0.0,
+                "synced": 0,
                 "lead": 0.0,
                 "leads": 0,
+                "first": 0,
+                "group": 0,
             }
         return self.model[index]
 
@@ -235,6 +237,7 @@ class SlotMachine(RuleBasedStateMachine):
         self.writers[writer].step(step, samples=samples)
         if target > int(slot["step"]):  # type: ignore[call-overload]
             slot["step"], slot["end"] = target, self.clock.t
+            slot["first"] = slot["first"] or target
         slot["samples"] = int(slot["samples"]) + samples  # type: ignore[call-overload]
 
     @rule(writer=st.integers(0, 2), phase=st.sampled_from(PHASES))
@@ -244,17 +247,17 @@ class SlotMachine(RuleBasedStateMachine):
         if phase != slot["phase"]:
             slot["phase"], slot["since"] = phase, self.clock.t
 
-    @rule(writer=st.integers(0, 2))
-    def synchronizing(self, writer: int) -> None:
-        self.writers[writer].synchronizing()
+    @rule(writer=st.integers(0, 2), group=st.integers(0, 3))
+    def synchronizing(self, writer: int, group: int) -> None:
+        self.writers[writer].synchronizing(group)
         slot = self.model.get(0 if writer < 2 else 1)
         if slot is None:
             return  # a slot never written stays unwritten
-        step, end, synced = int(slot["step"]), float(slot["end"]), float(slot["synced"])  # type: ignore[arg-type, call-overload]
-        if step > 0 and slot["phase"] == "train" and synced < end:
-            started = max(end, float(slot["since"]))  # type: ignore[arg-type]
-            slot["synced"] = self.clock.t
-            slot["lead"] = float(slot["lead"]) + self.clock.t - started  # type: ignore[arg-type]
+        step, first, synced = int(slot["step"]), int(slot["first"]), int(slot["synced"])  # type: ignore[call-overload]
+        if first > 0 and step > first and slot["phase"] == "train" and synced < step:
+            started = max(float(slot["end"]), float(slot["since"]))  # type: ignore[arg-type]
+            slot["synced"], slot["group"] = step, group
+            slot["lead"] = float(slot["lead"]) + max(self.clock.t - started, 0.0)  # type: ignore[arg-type]
             slot["leads"] = int(slot["leads"]) + 1  # type: ignore[call-overload]
 
     @rule()
@@ -275,7 +278,7 @@ class SlotMachine(RuleBasedStateMachine):
                 slot["phase"],
                 slot["since"],
             )
-            assert (r.lead_s, r.lead_steps) == (pytest.approx(slot["lead"]), slot["leads"])
+            assert (r.lead_s, r.lead_steps, r.sync_group) == (pytest.approx(slot["lead"]), slot["leads"], slot["group"])
             assert r.seq % 2 == 0
 
     def teardown(self) -> None:
@@ -392,31 +395,61 @@ def test_the_lead_is_the_time_from_a_steps_start_to_its_first_synchronization_po
     slots = StepSlotFile(tmp_path / "s", 1)
     clock = _Clock()
     writer = StepReporter(slots.path, 0, clock=clock)
+
+    def lead() -> tuple[float, int, int]:
+        reading = slots.read(0)
+        assert reading is not None
+        return reading.lead_s, reading.lead_steps, reading.sync_group
+
     try:
-        writer.synchronizing()  # the first step compiles: not counted
+        writer.synchronizing()  # before any mark: nothing to measure from
         clock.t += 5.0
         writer.step(1)
-        clock.t += 0.3
-        writer.synchronizing()  # the first bucket of step 2, 0.3 s in
-        clock.t += 0.1
-        writer.synchronizing()  # later buckets of the same step do not count
-        clock.t += 0.2
+        writer.synchronizing(2)  # the second step still warms up: not counted
+        clock.t += 1.0
         writer.step(2)
+        clock.t += 0.3
+        writer.synchronizing(2)  # the first bucket of step 3, 0.3 s in
+        clock.t += 0.1
+        writer.synchronizing(2)  # later buckets of the same step do not count
+        clock.t += 0.2
+        writer.step(3)
         writer.phase("checkpoint")  # a save between two steps is no step's work
         clock.t += 4.0
         writer.phase("train")
         clock.t += 0.5
-        writer.synchronizing()
-        reading = slots.read(0)
-        assert reading is not None
-        assert (reading.lead_s, reading.lead_steps) == (pytest.approx(0.8), 2)
+        writer.synchronizing(2)
+        assert lead() == (pytest.approx(0.8), 2, 2)
+        writer.step(4)
+        writer.synchronizing(2)  # at the very moment of the mark: a lead of 0, still counted
+        assert lead() == (pytest.approx(0.8), 3, 2)
         writer.phase("eval")  # an evaluation's collectives are not a training step's
         clock.t += 1.0
-        writer.step(3)
+        writer.step(5)
+        writer.synchronizing(2)
+        assert lead()[1] == 3
+        with pytest.raises(ConfigError, match="group"):
+            writer.synchronizing(-1)
+    finally:
+        writer.close()
+        slots.close()
+
+
+def test_a_restored_process_counts_no_lead_in_its_first_step(tmp_path: Path) -> None:
+    # Its first mark is the checkpoint's step (the loader marks it): the step after it compiles.
+    slots = StepSlotFile(tmp_path / "s", 1)
+    clock = _Clock()
+    writer = StepReporter(slots.path, 0, clock=clock)
+    try:
+        writer.step(4800)
+        clock.t += 60.0
+        writer.synchronizing()
+        writer.step(4801)
+        clock.t += 0.2
         writer.synchronizing()
         reading = slots.read(0)
         assert reading is not None
-        assert reading.lead_steps == 2
+        assert (reading.lead_s, reading.lead_steps) == (pytest.approx(0.2), 1)
     finally:
         writer.close()
         slots.close()

@@ -59,11 +59,16 @@ def test_each_step_marks_its_first_gradient_bucket_and_the_lead_covers_the_ranks
             reporter.step(step)
         reading = slots.read(0)
         assert reading is not None
-        # Steps 2-5 (the first compiles and warms up): one lead each however many buckets.
-        assert reading.lead_steps == 4
+        # Steps 3-5 (the first two warm up): one lead each however many buckets, in group 0.
+        assert reading.lead_steps == 3
         assert reading.lead_s / reading.lead_steps >= 0.05  # at least the forward's own work
+        assert reading.sync_group == 0
         # The wrapped all-reduce still ran: the model trained.
         assert any(not torch.equal(before[n], p) for n, p in model.named_parameters())
+        # A reporter that can no longer write stops reporting, not training.
+        reporter.close()
+        model(torch.ones(4, 256)).sum().backward()
+        model(torch.ones(4, 256)).sum().backward()
     finally:
         reporter.close()
         slots.close()
@@ -85,6 +90,7 @@ def test_a_hook_of_ones_own_runs_after_the_mark(tmp_path: Path) -> None:
         model = torch.nn.parallel.DistributedDataParallel(SlowForward(work_s=0.0))
         assert report_gradient_sync(model, reporter, hook=own_hook, state="mine")
         reporter.step(1)
+        reporter.step(2)
         model(torch.ones(2, 256)).sum().backward()
         assert calls
         assert set(calls) == {"mine"}

@@ -373,3 +373,13 @@ def test_lead_times_within_the_factor_or_within_the_least_excess_are_no_straggle
     assert jitter.stragglers == ()
     # One rank reporting leads has nobody to be compared with; ranks with 0 report none.
     assert det.check(clock.now(), sync_leads={2: 5.0, 0: 0.0}).stragglers == ()
+
+
+def test_leads_of_different_groups_are_not_compared() -> None:
+    clock = ManualClock()
+    det = StragglerDetector(StragglerConfig(k=2.0, min_samples=3))
+    _synchronous(det, clock, 20, step_s=0.4)
+    leads = {0: 0.4, 1: 0.41, 2: 0.1, 3: 0.1}
+    assert det.check(clock.now(), sync_leads=leads).stragglers == (0, 1)  # one group: stage 0 "slow"
+    by_stage = det.check(clock.now(), sync_leads=leads, sync_groups={0: 0, 1: 0, 2: 2, 3: 2})
+    assert by_stage.stragglers == ()

@@ -206,3 +206,53 @@ def test_the_heartbeat_carries_each_ranks_median_lead_time() -> None:
     stats = {s.rank: s for s in watch.stats(t)}
     assert stats[0].median_sync_lead_s == pytest.approx(0.1)  # the median, not the slow tick's mean
     assert stats[1].median_sync_lead_s == pytest.approx(0.4)
+
+
+def _synchronized(slots: Slots, local: int, t: float, *, steps: int, lead_s: float, leads: int, group: int = 0) -> None:
+    r = slots.now[local]
+    slots.now[local] = SlotReading(
+        r.seq + 2, r.step + steps, r.samples, t if steps else r.step_end_s, "train", r.phase_since_s, r.pid,
+        lead_s=lead_s, lead_steps=leads, sync_group=group,
+    )  # fmt: skip
+
+
+def test_a_lead_is_sent_once_three_samples_are_in_and_goes_when_the_rank_stops_synchronizing() -> None:
+    watch = StepWatch({0: 6}, CONFIG)
+    slots = Slots()
+    t = run_steps(watch, slots, 0.0, range(1, 4), step_s=1.0, ranks=(0,))
+    for tick in range(1, 4):
+        t += 1.0
+        _synchronized(slots, 0, t, steps=1, lead_s=0.2 * tick, leads=tick, group=4)
+        watch.observe(slots.now, t)
+        lead = watch.stats(t)[0].median_sync_lead_s
+        assert lead == (pytest.approx(0.2) if tick == 3 else 0.0)  # one or two may be warm-up's
+    assert watch.stats(t)[0].sync_group == 4
+    for _ in range(6):  # marks with no synchronization (a stretch with no collective)
+        t += 1.0
+        _synchronized(slots, 0, t, steps=1, lead_s=0.6, leads=3, group=4)
+        watch.observe(slots.now, t)
+    assert watch.stats(t)[0].median_sync_lead_s == 0.0
+
+
+def test_the_heartbeat_says_how_many_steps_a_ranks_marks_cover() -> None:
+    watch = StepWatch({0: 0, 1: 1}, CONFIG)
+    slots = Slots()
+    t = 0.0
+    for mark in range(1, 10):
+        t += 5.0
+        slots.write(0, mark * 10, t)  # marked only by its saves, every 10 steps
+        slots.write(1, mark, t)
+        watch.observe(slots.now, t)
+    stats = {s.rank: s for s in watch.stats(t)}
+    assert stats[0].steps_per_mark == 10.0
+    assert stats[1].steps_per_mark == 1.0
+
+
+def test_a_slot_with_nonsense_times_is_left_out_of_the_heartbeat() -> None:
+    watch = StepWatch({0: 0, 1: 1}, CONFIG)
+    slots = Slots()
+    run_steps(watch, slots, 0.0, range(1, 4), step_s=1.0, ranks=(0, 1))
+    r = slots.now[1]
+    slots.now[1] = SlotReading(r.seq + 2, r.step + 1, r.samples, float("inf"), "train", r.phase_since_s, r.pid)
+    watch.observe(slots.now, 5.0)
+    assert [s.rank for s in watch.stats(5.0)] == [0]

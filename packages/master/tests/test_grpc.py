@@ -219,7 +219,16 @@ def test_heartbeat_step_stats_reach_the_master_and_bad_ones_are_refused(make_run
         a.register("agent-a", "host-a", local_world_size=2)
         good = [
             RankStepStats(rank=0, steps=3, samples=12, median_step_s=0.5, since_step_s=0.1, phase="train"),
-            RankStepStats(rank=1, steps=3, samples=12, median_step_s=0.5, since_step_s=0.2, median_sync_lead_s=0.3),
+            RankStepStats(
+                rank=1,
+                steps=3,
+                samples=12,
+                median_step_s=0.5,
+                since_step_s=0.2,
+                median_sync_lead_s=0.3,
+                steps_per_mark=5.0,
+                sync_group=1,
+            ),
         ]
         assert a.heartbeat(step=3, rank_steps=good).job_state == "running"
         # The client cannot build bad stats; a peer that sends them on the wire is refused.
@@ -228,6 +237,8 @@ def test_heartbeat_step_stats_reach_the_master_and_bad_ones_are_refused(make_run
             agent_pb2.RankStepStats(rank=0, steps=1, since_step_s=float("nan")),
             agent_pb2.RankStepStats(rank=0, steps=-4),
             agent_pb2.RankStepStats(rank=0, steps=1, median_sync_lead_s=-0.5),
+            agent_pb2.RankStepStats(rank=0, steps=1, steps_per_mark=0.5),
+            agent_pb2.RankStepStats(rank=0, steps=1, sync_group=-2),
         ):
             request = agent_pb2.HeartbeatRequest(node_id=a.node_id, rank_steps=[bad])
             call = lambda r=request: a._call(a._agent.Heartbeat, r, idempotent=False)  # noqa: E731

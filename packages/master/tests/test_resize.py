@@ -127,14 +127,14 @@ def test_shrinking_stops_pending_then_avoided_then_slowest_then_highest_ranks() 
         life.register(node_id, f"a{node_id}", f"host-{node_id}", 0.0)
     life.mark_host_unhealthy("host-1", "a failed health check")
     step_times = {0: 0.2, 2: 0.9, 3: 0.2, 4: 0.2}
-    out = life.resize(scale(2), 1.0, step_time_s=step_times)
+    out = life.resize(scale(2), 1.0, pace_s=step_times)
     stopped = [e.node_id for e in out.effects if isinstance(e, StopNode)]
     assert stopped == [5, 1, 2, 4]
     assert all(life.node(n).state is NodeState.REMOVED for n in stopped)
     assert [n.node_id for n in life.live_nodes()] == [0, 3]
     (event,) = [e for e in out.events if e.kind == "resize"]
     assert event.data["leaving_nodes"] == [5, 1, 2, 4]
-    assert event.data["step_time_s"] == {"0": 0.2, "2": 0.9, "3": 0.2, "4": 0.2}
+    assert event.data["pace_s"] == {"0": 0.2, "2": 0.9, "3": 0.2, "4": 0.2}
 
 
 def test_choose_leaving_alone_orders_by_the_documented_keys() -> None:

@@ -112,7 +112,7 @@ class ResizeMachine(RuleBasedStateMachine):
         try:
             out = self.life.resize(
                 ResizeRequest(max(count, 0), "property", ResizeSource.SCALE), self.now, placeable=placeable,
-                step_time_s=times,
+                pace_s=times,
             )  # fmt: skip
         except (ResizeError, LifecycleError):
             assert self.life.snapshot() == before, "a refused resize changed the state"

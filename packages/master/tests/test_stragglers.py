@@ -39,7 +39,8 @@ class Trainer:
         out = []
         for r in ranks or tuple(self.step_s):
             marked, at = self.last_mark[r]
-            out.append(RankStepStats(r, marked, marked, 0.0, now - at))
+            # Its agent, which sees every mark, says how many steps they cover.
+            out.append(RankStepStats(r, marked, marked, 0.0, now - at, steps_per_mark=self.marks_every))
         return out
 
 
@@ -362,9 +363,17 @@ class SyncTrainer:
             self.last_end += max(self.work_s.values())
             self.steps += 1
 
-    def stats(self, now: float, ranks: tuple[int, ...]) -> list[RankStepStats]:
+    def stats(self, now: float, ranks: tuple[int, ...], groups: dict[int, int] | None = None) -> list[RankStepStats]:
         return [
-            RankStepStats(r, self.steps, self.steps, 0.0, now - self.last_end, median_sync_lead_s=self.work_s[r])
+            RankStepStats(
+                r,
+                self.steps,
+                self.steps,
+                0.0,
+                now - self.last_end,
+                median_sync_lead_s=self.work_s[r],
+                sync_group=(groups or {}).get(r, 0),
+            )
             for r in ranks
         ]
 
@@ -393,6 +402,48 @@ def test_a_rank_slowed_three_times_in_a_synchronous_job_is_found_within_30_s_by_
     assert found.nodes == (1,)
     assert "before it synchronizes" in found.report.reason
     # The shrink order sees the slow node by its lead, not by the equal step times.
-    times = watch.node_step_times(now)
+    times = watch.node_paces(now)
     assert times[1] == pytest.approx(0.3)
     assert times[0] == pytest.approx(0.1)
+
+
+def test_leads_compare_within_the_group_that_synchronizes_together() -> None:
+    # Two pipeline stages, each a data-parallel group of two ranks: stage 0's ranks (0, 1) wait
+    # longer before their first gradient bucket by design. Nobody straggles; a rank slow within
+    # its own stage does.
+    watch = StragglerWatch(StragglerConfig())
+    groups = {0: 0, 1: 0, 2: 2, 3: 2}
+    trainer = SyncTrainer({0: 0.4, 1: 0.4, 2: 0.1, 3: 0.1})
+    now = 0.0
+    for _ in range(40):
+        now += 0.5
+        trainer.advance_to(now)
+        watch.observe(0, trainer.stats(now, (0, 1, 2, 3), groups), now)
+        assert watch.check(now) is None
+    trainer.work_s[3] = 0.3
+    now += 0.5
+    trainer.advance_to(now)
+    watch.observe(0, trainer.stats(now, (0, 1, 2, 3), groups), now)
+    found = watch.check(now)
+    assert found is not None
+    assert found.ranks == (3,)
+
+
+def test_a_rank_marking_every_step_that_stops_is_found_at_the_next_heartbeat() -> None:
+    # Its agent says its marks cover one step each: the unfinished step counts whole, however
+    # many steps a heartbeat covers (a stall is not divided by the five steps between heartbeats).
+    watch = StragglerWatch(StragglerConfig(window_steps=5, min_samples=3))
+    trainer = Trainer({0: 0.1, 1: 0.1})
+    now = _interleaved(watch, trainer, heartbeats=80)
+    trainer.step_s[1] = 1000.0
+    found = None
+    beats = 0
+    while found is None:
+        now += 0.25
+        beats += 1
+        trainer.advance_to(now)
+        node = beats % 2
+        watch.observe(node, trainer.stats(now, (node,)), now)
+        found = watch.check(now)
+        assert beats <= 3, "a stalled rank is found at its node's next heartbeat or the one after"
+    assert found.ranks == (1,)

@@ -17,10 +17,12 @@ File layout (little endian):
   phase before its first step), f64 load seconds (in the checkpoint phase before the first step),
   f64 save seconds (in the checkpoint phase after it), u64 served save request (the newest agent
   request a sealed flash checkpoint of this worker answered), u64 polls save requests (1 once the
-  worker's script has asked whether the agent wants a save: it answers requests), f64 synced at
-  (the first synchronization point after the last step mark, see `StepReporter.synchronizing`),
-  f64 lead seconds and u64 lead count (the summed time from a step's start to its first
-  synchronization point, and how many steps that sum covers), zero padding.
+  worker's script has asked whether the agent wants a save: it answers requests), i64 synced step
+  (the step mark after which the last lead was counted, see `StepReporter.synchronizing`), f64
+  lead seconds and u64 lead count (the summed time from a step's start to its first
+  synchronization point, and how many steps that sum covers), i64 first mark (the step of the
+  first step mark in the slot), i64 sync group (the smallest global rank of the group the rank
+  synchronizes with).
 
 The goodput accounting reads ready, load and save seconds: a checkpoint phase before the first
 step is the checkpoint load, one after it is training blocked by a save.
@@ -29,7 +31,14 @@ The lead time finds a straggler in a synchronous job, where every rank's step ta
 the slowest rank's (the others wait for it in the gradient all-reduce): the time from the start
 of a step to the rank's first synchronization point is its own work, and the slow rank's is the
 longest. A step starts at the rank's last step mark, or when it last came back to the ``train``
-phase after that (a save between two steps is not the next step's work).
+phase after that (a save between two steps is not the next step's work). The first two steps
+after the slot's first mark count no lead: the first compiles and warms caches, and a restored
+process's first mark is its checkpoint's step, not a trained one.
+
+Writers of one slot must not write at the same moment from two threads (the seqlock has one
+writer at a time): a DDP communication hook runs on autograd's thread while the training thread
+waits in ``backward()``, which is fine; a thread of one's own that reports while the training
+thread does is not.
 
 The sequence is a seqlock: a writer makes it odd, writes the fields, makes it even again; a reader
 retries while it is odd or changed under it. Sequence 0 means the slot was never written.
@@ -86,7 +95,7 @@ _MAGIC = b"DLRSLOT2"
 _HEADER = struct.Struct("<8sII")
 _SAVE_REQUEST = struct.Struct("<Q")
 _SAVE_REQUEST_OFFSET = _HEADER.size
-_SLOT = struct.Struct("<QqqddIIdddQQddQ")
+_SLOT = struct.Struct("<QqqddIIdddQQqdQqq")
 _SLOT_SIZE = 128
 _CHECKPOINT_CODE = PHASES.index("checkpoint")
 _TRAIN_CODE = PHASES.index("train")
@@ -118,6 +127,8 @@ class SlotReading:
         lead_s: the summed seconds from the start of a step to the rank's first synchronization
             point in it, over `lead_steps` steps (see `StepReporter.synchronizing`).
         lead_steps: how many steps `lead_s` covers; 0 when the worker reports none.
+        sync_group: the smallest global rank of the group the worker synchronizes with (0: the
+            whole job); lead times compare only within one group.
     """
 
     seq: int
@@ -134,6 +145,7 @@ class SlotReading:
     polls_save_requests: bool = False
     lead_s: float = 0.0
     lead_steps: int = 0
+    sync_group: int = 0
 
 
 def _offset(index: int) -> int:
@@ -143,9 +155,25 @@ def _offset(index: int) -> int:
 def _read_slot(buf: mmap.mmap, index: int) -> SlotReading | None:
     off = _offset(index)
     for _ in range(_READ_TRIES):
-        seq, step, samples, end_s, since_s, code, pid, ready_s, load_s, save_s, served, polls, _, lead_s, leads = (
-            _SLOT.unpack_from(buf, off)
-        )
+        (
+            seq,
+            step,
+            samples,
+            end_s,
+            since_s,
+            code,
+            pid,
+            ready_s,
+            load_s,
+            save_s,
+            served,
+            polls,
+            _,
+            lead_s,
+            leads,
+            _,
+            group,
+        ) = _SLOT.unpack_from(buf, off)
         if seq == 0:
             return None
         if seq % 2 == 1:
@@ -154,7 +182,21 @@ def _read_slot(buf: mmap.mmap, index: int) -> SlotReading | None:
             continue
         phase = PHASES[code] if code < len(PHASES) else PHASES[0]
         return SlotReading(
-            seq, step, samples, end_s, phase, since_s, pid, ready_s, load_s, save_s, served, bool(polls), lead_s, leads
+            seq,
+            step,
+            samples,
+            end_s,
+            phase,
+            since_s,
+            pid,
+            ready_s,
+            load_s,
+            save_s,
+            served,
+            bool(polls),
+            lead_s,
+            leads,
+            group,
         )
     return None
 
@@ -307,6 +349,7 @@ class StepReporter:
         served_request: int = 0,
         polls_save_requests: bool = False,
         synchronizing: bool = False,
+        sync_group: int = 0,
         now: float | None = None,
     ) -> None:
         buf = self._mapped()
@@ -324,23 +367,26 @@ class StepReporter:
             save_s,
             served,
             polls,
-            synced_at,
+            synced_step,
             lead_s,
             leads,
+            first_mark,
+            group,
         ) = _SLOT.unpack_from(buf, off)
         t = self._clock() if now is None else now
         if synchronizing:
-            # Only the first synchronization point of a training step after the first step: the
-            # first step compiles and warms caches, and an eval's collectives are not training.
-            if cur_step <= 0 or code != _TRAIN_CODE or synced_at >= end_s:
+            # Only the first synchronization point of a step, in training (an eval's collectives
+            # are not a step's), from the third step after the slot's first mark (see above).
+            if first_mark <= 0 or cur_step <= first_mark or code != _TRAIN_CODE or synced_step >= cur_step:
                 return
             started = max(end_s, since_s)  # the step mark, or the return to train after a save
-            synced_at, lead_s, leads = t, lead_s + max(t - started, 0.0), leads + 1
+            synced_step, lead_s, leads, group = cur_step, lead_s + max(t - started, 0.0), leads + 1, sync_group
         if seq == 0:
             since_s = ready_s = t  # the first write starts the phase clock
         new_step = cur_step
         if step is not None and step > cur_step:
             new_step, end_s = step, t
+            first_mark = first_mark or step
         if phase is not None:
             new_code = PHASES.index(phase)
             if new_code != code:
@@ -368,9 +414,11 @@ class StepReporter:
             save_s,
             max(served, served_request),
             1 if polls or polls_save_requests else 0,
-            synced_at,
+            synced_step,
             lead_s,
             leads,
+            first_mark,
+            group,
         )
         struct.pack_into("<Q", buf, off, (seq | 1) + 1)
 
@@ -393,18 +441,29 @@ class StepReporter:
             step = _SLOT.unpack_from(self._mapped(), self._off)[1] + 1
         self._write(step=step, add_samples=samples)
 
-    def synchronizing(self) -> None:
-        """Mark that this rank reached a synchronization point of its step (it is about to enter
-        the gradient all-reduce, or another collective its peers wait in). Call it as often as
-        convenient (every gradient bucket): only the first call after a step mark counts, as the
-        end of the rank's own work in that step. `dlrover.diagnosis.report_gradient_sync` calls
-        it from a DDP model's communication hook.
+    def synchronizing(self, group: int = 0) -> None:
+        """Mark that this rank reached the first synchronization point of its step: it is about
+        to enter the gradient all-reduce (or the first collective its peers wait in). Call it as
+        often as convenient (every gradient bucket): only the first call after a step mark
+        counts, as the end of the rank's own work in that step.
+        `dlrover.diagnosis.report_gradient_sync` calls it from a DDP model's communication hook.
 
-        The master compares these lead times across ranks: in a synchronous job a rank that is
-        slow (a throttled GPU, a slow input pipeline) makes every rank's step slow, but only its
-        own lead is long.
+        The master compares these lead times across the ranks of one group: in a synchronous job
+        a rank whose own work is slow (a slow input pipeline, a slow host, CPU-bound work) makes
+        every rank's step slow, but only its own lead is long. The time is read on the CPU: work
+        queued on an accelerator and not yet waited for is not in it.
+
+        Args:
+            group: the smallest global rank of the group this rank synchronizes with (its
+                data-parallel group; 0, the default, when that is the whole job): ranks of
+                different groups (pipeline stages) may differ in lead by design.
+
+        Raises:
+            ConfigError: on a negative group.
         """
-        self._write(synchronizing=True)
+        if not isinstance(group, int) or isinstance(group, bool) or group < 0:
+            raise ConfigError(f"group must be an integer >= 0, got {group!r}")
+        self._write(synchronizing=True, sync_group=group)
 
     def save_request(self) -> int:
         """The agent's save request number (see `StepSlotFile.request_save`); 0 before any."""

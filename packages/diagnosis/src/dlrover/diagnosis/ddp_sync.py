@@ -6,17 +6,31 @@ differs is how long each rank works before it first synchronizes. A DDP model ca
 communication hook as each gradient bucket becomes ready, just before the bucket's all-reduce:
 the first call of a step ends the rank's own work in it. `report_gradient_sync` registers a hook
 that marks that moment in the rank's step slot (`StepReporter.synchronizing`, a few stores into
-mapped memory) and then runs the reduction it wraps; the agent turns the marks into each rank's
-median lead time and the master compares them (`dlrover.master.stragglers`).
+mapped memory, with the model's data-parallel group) and then runs the reduction it wraps; the
+agent turns the marks into each rank's median lead time and the master compares them within each
+group (`dlrover.master.stragglers`).
 
-Only torch's public API: `DistributedDataParallel.register_comm_hook` and the default
-``allreduce_hook``. Other frameworks call `StepReporter.synchronizing` themselves before their
-gradient synchronization.
+What the lead sees and what it does not:
+
+* It is read on the CPU. Work a rank queues on an accelerator and has not waited for is not in
+  it: on CUDA the hook runs once the bucket's gradient kernels are queued, so a slow input
+  pipeline, a slow host or CPU-bound work show, a slow GPU shows only where the rank waits for
+  it before its first bucket (a ``.item()`` in the forward pass).
+* A collective before the first gradient bucket ends the wait there instead: DDP broadcasts the
+  module's buffers at the start of every forward (``broadcast_buffers=True``, the default, with
+  buffers such as BatchNorm's), so a rank slow *before* its forward (its input pipeline) holds
+  the others in that broadcast and its lead looks like theirs; slowness in the forward and
+  backward still shows. ``broadcast_buffers=False`` (or no buffers) leaves the whole step in it.
+
+Only torch's public API: `DistributedDataParallel.register_comm_hook`, the default
+``allreduce_hook`` and ``get_process_group_ranks``. Other frameworks call
+`StepReporter.synchronizing` themselves before their gradient synchronization.
 
 Imported only where torch is (the package's ``torch`` extra). No postponed annotations here: DDP
 checks a hook's annotations against its own classes, so they must be the classes themselves.
 """
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -28,10 +42,12 @@ from torch.nn.parallel import DistributedDataParallel
 from dlrover.common import ConfigError
 from dlrover.common.step_slots import StepReporter, optional_reporter
 
+__all__ = ["report_gradient_sync"]
+
+_log = logging.getLogger(__name__)
+
 # torch exports GradBucket only where torch.distributed is available, which its stubs do not show.
 _Hook = Callable[[Any, dist.GradBucket], torch.futures.Future[torch.Tensor]]  # type: ignore[name-defined]
-
-__all__ = ["report_gradient_sync"]
 
 
 def report_gradient_sync(
@@ -45,7 +61,8 @@ def report_gradient_sync(
 
     Call it once, after wrapping the model in DDP and before the first backward (DDP accepts one
     communication hook, registered before training). Mark step ends as usual
-    (`StepReporter.step`, or a checkpointer's saves): a lead is measured from a step mark.
+    (`StepReporter.step`, or a checkpointer's saves): a lead is measured from a step mark. A
+    failure to mark never stops training: it is logged once and the reduction runs.
 
     Args:
         model: a ``torch.nn.parallel.DistributedDataParallel`` model.
@@ -70,9 +87,19 @@ def report_gradient_sync(
     reduce = hook if hook is not None else allreduce_hook
     if hook is None and state is None:
         state = model.process_group
+    # Leads compare within the ranks that reduce together (one pipeline stage's data-parallel
+    # group), named by the group's smallest global rank.
+    group = min(dist.get_process_group_ranks(model.process_group))
+    failed = False
 
     def marked_then_reduced(hook_state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:  # type: ignore[name-defined]
-        marks.synchronizing()
+        nonlocal failed
+        if not failed:
+            try:
+                marks.synchronizing(group)
+            except Exception as exc:  # a closed reporter, an unmapped slot: reporting stops, training not
+                failed = True
+                _log.warning("gradient synchronization is no longer reported in this process: %s", exc)
         return reduce(hook_state, bucket)
 
     model.register_comm_hook(state, marked_then_reduced)

@@ -14,13 +14,15 @@ minutes, while a 3-minute first step or a 5-minute checkpoint raises nothing.
 
 Straggler: a rank whose median step time over its last `window_steps` steps (or its current
 unfinished step, if already longer) exceeds ``k x`` the median of the other ranks' medians. The
-unfinished time since a rank's last mark counts per step as its marks usually cover: a rank
-marking every fifth step is five steps into the next mark, not one slow step.
+unfinished time since a rank's last mark counts per step as its marks usually cover
+(`StepReport.steps_per_mark`, from its agent, which sees every mark): a rank marking every fifth
+step is five steps into the next mark, not one slow step.
 
 In a synchronous job the step times say nothing: every rank waits for the slowest in the gradient
 all-reduce, so every step takes as long as the slowest rank's. Ranks that report their lead time
 (from a step's start to their first synchronization point, `StepReporter.synchronizing`) are
-compared by it as well: a rank whose lead exceeds ``k x`` the others' median, by at least
+compared by it as well, within the group they synchronize with (a pipeline's stages differ in lead
+by design): a rank whose lead exceeds ``k x`` the median of the others of its group, by at least
 `min_lead_excess_s`, straggles.
 """
 
@@ -245,7 +247,11 @@ class StragglerDetector:
         self._timeline.forget(rank)
 
     def check(
-        self, now: float, known_at: Mapping[int, float] | None = None, sync_leads: Mapping[int, float] | None = None
+        self,
+        now: float,
+        known_at: Mapping[int, float] | None = None,
+        sync_leads: Mapping[int, float] | None = None,
+        sync_groups: Mapping[int, int] | None = None,
     ) -> StragglerReport:
         """Judge every rank with enough samples at `now`, and every rank with a lead time.
 
@@ -262,6 +268,8 @@ class StragglerDetector:
                 are measured up to `now` (reports come as each step ends).
             sync_leads: per rank, its median lead time (`RankStepStats.median_sync_lead_s`);
                 ranks left out, or with 0, report none.
+            sync_groups: per rank, the group it synchronizes with (`RankStepStats.sync_group`;
+                ranks left out: group 0); leads compare within a group.
 
         Returns:
             The stragglers, every judged rank's step time and every compared rank's lead.
@@ -279,19 +287,22 @@ class StragglerDetector:
             value = statistics.median(state.durations)
             if state.phase == DEFAULT_PHASE and state.clean and not others_wait:
                 until = min(now, known.get(state.rank, now))
-                value = max(value, (until - state.last_advance_s) / statistics.median(state.strides))
+                value = max(value, (until - state.last_advance_s) / state.steps_per_mark)
             times[state.rank] = value
         judged = tuple(sorted(times.items()))
         leads = tuple(sorted((r, v) for r, v in (sync_leads or {}).items() if v > 0))
         slow: dict[int, str] = {}
         for rank, value, others in _over_the_others(judged, cfg.k):
             slow[rank] = f"rank {rank} takes {value:.3g} s per step, over {cfg.k:g} x the others' {others:.3g} s"
-        for rank, value, others in _over_the_others(leads, cfg.k):
-            if value - others >= cfg.min_lead_excess_s and rank not in slow:
-                slow[rank] = (
-                    f"rank {rank} works {value:.3g} s per step before it synchronizes, over {cfg.k:g} x the "
-                    f"others' {others:.3g} s (they wait for it)"
-                )
+        groups = dict(sync_groups or {})
+        for group in sorted({groups.get(rank, 0) for rank, _ in leads}):
+            members = tuple((rank, value) for rank, value in leads if groups.get(rank, 0) == group)
+            for rank, value, others in _over_the_others(members, cfg.k):
+                if value - others >= cfg.min_lead_excess_s and rank not in slow:
+                    slow[rank] = (
+                        f"rank {rank} works {value:.3g} s per step before it synchronizes, over {cfg.k:g} x the "
+                        f"others' {others:.3g} s (they wait for it)"
+                    )
         if slow:
             return StragglerReport(tuple(sorted(slow)), judged, "; ".join(slow[r] for r in sorted(slow)), leads)
         if len(times) < 2 and len(leads) < 2:

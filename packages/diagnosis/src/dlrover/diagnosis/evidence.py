@@ -45,6 +45,11 @@ def _phase(_inst: object, attribute: attrs.Attribute[str], value: str) -> None:
         raise ConfigError(f"{attribute.name} must be a non-empty string, got {value!r}")
 
 
+def _at_least_one(_inst: object, attribute: attrs.Attribute[float], value: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 1:
+        raise ConfigError(f"{attribute.name} must be a finite number >= 1, got {value!r}")
+
+
 @attrs.frozen
 class StepReport:
     """A rank says: I have finished `step` and am now in `phase`.
@@ -55,12 +60,16 @@ class StepReport:
         time_s: when the report was made, in the observer's monotonic seconds.
         phase: what the rank does next: ``"train"``, or a named phase such as ``"checkpoint"`` or
             ``"eval"`` that may legitimately take longer than a step.
+        steps_per_mark: how many steps the rank's marks usually cover (1 when it marks every
+            step; 100 when only its saves, every 100 steps, mark), as its agent saw them: reports
+            that come in batches (heartbeats) cannot tell.
     """
 
     rank: int = attrs.field(validator=non_negative_int)
     step: int = attrs.field(validator=non_negative_int)
     time_s: float = attrs.field(validator=_finite)
     phase: str = attrs.field(default=DEFAULT_PHASE, validator=_phase)
+    steps_per_mark: float = attrs.field(default=1.0, validator=_at_least_one)
 
 
 @attrs.frozen
@@ -77,6 +86,9 @@ class RankStepStats:
         median_sync_lead_s: the median of its recent lead times: seconds from the start of a step
             to its first synchronization point (`StepReporter.synchronizing`); 0 while none is
             known. In a synchronous job the ranks' step times are equal, their leads are not.
+        steps_per_mark: how many steps its marks usually cover (see `StepReport`).
+        sync_group: the smallest global rank of the group it synchronizes with: leads compare
+            within a group.
     """
 
     rank: int = attrs.field(validator=non_negative_int)
@@ -86,6 +98,8 @@ class RankStepStats:
     since_step_s: float = attrs.field(validator=non_negative_finite)
     phase: str = attrs.field(default=DEFAULT_PHASE, validator=_phase)
     median_sync_lead_s: float = attrs.field(default=0.0, validator=non_negative_finite)
+    steps_per_mark: float = attrs.field(default=1.0, validator=_at_least_one)
+    sync_group: int = attrs.field(default=0, validator=non_negative_int)
 
 
 @attrs.frozen

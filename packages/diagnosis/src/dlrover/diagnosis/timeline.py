@@ -39,7 +39,10 @@ class RankProgress:
         durations: recent clean step durations (seconds per step), oldest first.
         clean: whether it stayed in ``train`` since its last advance.
         gaps: the seconds between the marks of those same advances.
-        strides: the steps each of those advances covered.
+        strides: the steps each of those advances covered (as seen here: a batch of reports
+            covers several marks).
+        steps_per_mark: how many steps the rank's own marks usually cover, as its last report
+            said (`StepReport.steps_per_mark`).
     """
 
     rank: int
@@ -53,6 +56,7 @@ class RankProgress:
     clean: bool = False
     gaps: deque[float] = attrs.field(factory=deque)
     strides: deque[int] = attrs.field(factory=deque)
+    steps_per_mark: float = 1.0
 
     @property
     def idle_since_s(self) -> float:
@@ -96,7 +100,15 @@ class StepTimeline:
         now = report.time_s
         if state is None:
             self._ranks[report.rank] = RankProgress(
-                report.rank, report.step, now, now, report.phase, now, advances=0, clean=report.phase == DEFAULT_PHASE
+                report.rank,
+                report.step,
+                now,
+                now,
+                report.phase,
+                now,
+                advances=0,
+                clean=report.phase == DEFAULT_PHASE,
+                steps_per_mark=report.steps_per_mark,
             )
             return
         if now < state.last_report_s:
@@ -105,6 +117,7 @@ class StepTimeline:
                 f"its previous one at {state.last_report_s!r}"
             )
         state.last_report_s = now
+        state.steps_per_mark = report.steps_per_mark
         if report.step > state.step:
             if state.clean and report.phase == DEFAULT_PHASE and state.advances >= self._warmup:
                 gap, stride = now - state.last_advance_s, report.step - state.step

@@ -19,6 +19,7 @@ ranks that did mark steps reveal it.
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import deque
 from collections.abc import Mapping
@@ -34,6 +35,8 @@ __all__ = ["StepWatch"]
 # 5 s steps finds it in 15 s, not in the 50 s of ten); the median still ignores two odd ones (a
 # garbage collection, a slow batch).
 _LEAD_SAMPLES = 5
+# A rank's lead is sent once this many samples are in: one alone may be a warm-up step's.
+_LEAD_MIN_SAMPLES = 3
 
 
 class StepWatch:
@@ -54,6 +57,8 @@ class StepWatch:
         self._started = False
         self._marks: dict[int, int] = {}  # global rank -> step marks seen from it
         self._leads: dict[int, deque[float]] = {}  # global rank -> recent lead times
+        self._lead_at_mark: dict[int, int] = {}  # global rank -> its marks seen at its last lead sample
+        self._groups: dict[int, int] = {}  # global rank -> the group it synchronizes with
         self._marks_to_judge = max(config.warmup_steps + config.min_step_samples, 1)
 
     @property
@@ -91,11 +96,17 @@ class StepWatch:
                 self._last_time[rank] = report.time_s
 
     def _observe_leads(self, rank: int, before: SlotReading | None, now: SlotReading) -> None:
-        """Keep the mean lead time of the steps that synchronized since the last reading."""
+        """Keep the mean lead time of the steps that synchronized since the last reading. A rank
+        that has gone on stepping without synchronizing (a long stretch of steps with no
+        collective, a switch to another model) has no current lead: its old ones go."""
         lead_s, leads = (before.lead_s, before.lead_steps) if before is not None else (0.0, 0)
-        if now.lead_steps > leads and now.lead_s >= lead_s:
+        if now.lead_steps > leads and math.isfinite(now.lead_s) and now.lead_s >= lead_s:
             history = self._leads.setdefault(rank, deque(maxlen=_LEAD_SAMPLES))
             history.append((now.lead_s - lead_s) / (now.lead_steps - leads))
+            self._lead_at_mark[rank] = self._marks.get(rank, 0)
+            self._groups[rank] = now.sync_group
+        elif rank in self._leads and self._marks.get(rank, 0) - self._lead_at_mark.get(rank, 0) > _LEAD_SAMPLES:
+            del self._leads[rank]  # marks seen since its last lead, none with a synchronization
 
     def _reports(self, rank: int, before: SlotReading | None, now: SlotReading) -> list[StepReport]:
         floor = self._last_time.get(rank, 0.0)
@@ -139,17 +150,24 @@ class StepWatch:
             rank = self._ranks[local_rank]
             state = progress.get(rank)
             median = statistics.median(state.durations) if state is not None and state.durations else 0.0
+            per_mark = statistics.median(state.strides) if state is not None and state.strides else 1.0
             leads = self._leads.get(rank)
+            lead = statistics.median(leads) if leads and len(leads) >= _LEAD_MIN_SAMPLES else 0.0
             since_mark = reading.step_end_s if reading.step > 0 else reading.phase_since_s
+            since = now - since_mark
+            if not math.isfinite(since):
+                continue  # a slot with nonsense in it says nothing
             out.append(
                 RankStepStats(
                     rank=rank,
                     steps=max(reading.step, 0),
                     samples=max(reading.samples, 0),
                     median_step_s=median,
-                    since_step_s=max(0.0, now - since_mark),
+                    since_step_s=max(0.0, since),
                     phase=reading.phase,
-                    median_sync_lead_s=statistics.median(leads) if leads else 0.0,
+                    median_sync_lead_s=lead,
+                    steps_per_mark=max(per_mark, 1.0),
+                    sync_group=self._groups.get(rank, 0),
                 )
             )
         return tuple(out)

@@ -250,6 +250,8 @@ class MasterClient:
                     since_step_s=r.since_step_s,
                     phase=r.phase,
                     median_sync_lead_s=r.median_sync_lead_s,
+                    steps_per_mark=r.steps_per_mark,
+                    sync_group=r.sync_group,
                 )
                 for r in rank_steps
             ],

@@ -481,7 +481,7 @@ class JobLifecycle:
         now: float,
         *,
         placeable: int | None = None,
-        step_time_s: Mapping[int, float] | None = None,
+        pace_s: Mapping[int, float] | None = None,
     ) -> Outcome:
         """Grow or shrink the running job toward `request.target` nodes.
 
@@ -494,7 +494,7 @@ class JobLifecycle:
         Growing creates nodes for the lowest free ranks (launched now, admitted by the rendezvous
         at its next round); a rank given up before keeps its relaunch count, so a resize spends no
         relaunch budget. Shrinking lets nodes go in the order of `choose_leaving` (not yet
-        running, on avoided hosts, the slowest by `step_time_s`, the highest rank): each is
+        running, on avoided hosts, the slowest by `pace_s`, the highest rank): each is
         removed and stopped, which gives its agent the backend's stop grace to save.
 
         Args:
@@ -502,7 +502,8 @@ class JobLifecycle:
             now: the current time.
             placeable: how many nodes the backend can hold now, those it holds included (None:
                 no limit it knows of).
-            step_time_s: recent step time by node id (the master's straggler statistics).
+            pace_s: recent seconds per step of each node's own work, by node id (the master's
+                straggler statistics: step time, or lead time in a synchronous job).
 
         Shrinking restarts the workers of the running nodes that stay (a planned round) only when
         a running node leaves. Their restart action is marked `Action.planned_round`, so their
@@ -533,7 +534,7 @@ class JobLifecycle:
             # to the live count): the job is already there, so nothing restarts and nothing is told.
             return Outcome()
         self._target, self._wanted = target, wanted
-        step_times = dict(step_time_s or {})
+        paces = dict(pace_s or {})
         cause = f"resize to {target} node(s) ({request.source.value}): {request.reason}"
         launched: list[int] = []
         leaving: list[int] = []
@@ -541,7 +542,7 @@ class JobLifecycle:
         if len(live) < target:
             out, launched = self._grow(live, target, cause, now)
         elif len(live) > target:
-            out, leaving = self._shrink(live, target, cause, step_times, now)
+            out, leaving = self._shrink(live, target, cause, paces, now)
         room = "no known limit" if placeable is None else f"room for {placeable}"
         message = (
             f"resize ({request.source.value}): {request.reason}; wanted {wanted} node(s) (was {previous_wanted}), "
@@ -568,7 +569,7 @@ class JobLifecycle:
             "live": len(live),
             "launched_ranks": launched,
             "leaving_nodes": leaving,
-            "step_time_s": {str(k): round(v, 4) for k, v in sorted(step_times.items())},
+            "pace_s": {str(k): round(v, 4) for k, v in sorted(paces.items())},
             "min_nodes": nodes.min_nodes,
             "max_nodes": nodes.max_nodes,
         }
@@ -625,11 +626,11 @@ class JobLifecycle:
         return out, free
 
     def _shrink(
-        self, live: list[NodeRecord], target: int, cause: str, step_times: Mapping[int, float], now: float
+        self, live: list[NodeRecord], target: int, cause: str, paces: Mapping[int, float], now: float
     ) -> tuple[Outcome, list[int]]:
         """Remove and stop the nodes `choose_leaving` picks; returns their ids too."""
         out = Outcome()
-        leaving = choose_leaving(live, len(live) - target, self._avoid_hosts, step_times)
+        leaving = choose_leaving(live, len(live) - target, self._avoid_hosts, paces)
         for node in leaving:
             out = out.merge(self._move(node, NodeState.REMOVED, cause, now))
             out = out.merge(Outcome(effects=(StopNode(node.node_id, cause),)))

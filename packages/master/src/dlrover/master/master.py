@@ -855,9 +855,9 @@ class Master:
     def _resize_locked(self, request: ResizeRequest) -> ResizeResult:
         now = self._clock.now()
         placeable = self._placeable()
-        step_times = self._stragglers.node_step_times(now)
+        paces = self._stragglers.node_paces(now)
         outcome = self._transact(
-            lambda: self._just(self._lifecycle.resize(request, now, placeable=placeable, step_time_s=step_times))
+            lambda: self._just(self._lifecycle.resize(request, now, placeable=placeable, pace_s=paces))
         )
         for event in outcome.events:
             if event.kind in (RESIZE_EVENT, RESIZE_TARGET_EVENT):

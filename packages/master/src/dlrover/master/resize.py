@@ -123,24 +123,24 @@ class ResizeResult:
 
 
 def leaving_order_key(
-    node: NodeRecord, avoid_hosts: Collection[str], step_time_s: Mapping[int, float]
+    node: NodeRecord, avoid_hosts: Collection[str], pace_s: Mapping[int, float]
 ) -> tuple[int, int, float, int]:
     """Sort key of the shrink order: the first node by this key leaves first.
 
     1. nodes not yet running (pending or starting): nobody trains on them yet;
     2. nodes on avoided hosts (a failed health check or a hardware failure there);
-    3. the slowest, by their recent step time (nodes with no known step time after those with one);
+    3. the slowest, by their recent pace (`pace_s`; nodes with no known pace after those with one);
     4. the highest rank, so the ranks that stay are the low, contiguous ones.
     """
     not_running = 0 if node.state is not NodeState.RUNNING else 1
     avoided = 0 if node.host and node.host in avoid_hosts else 1
-    step_time = step_time_s.get(node.node_id)
-    slowness = -step_time if step_time is not None and math.isfinite(step_time) else math.inf
+    pace = pace_s.get(node.node_id)
+    slowness = -pace if pace is not None and math.isfinite(pace) else math.inf
     return (not_running, avoided, slowness, -node.rank)
 
 
 def choose_leaving(
-    nodes: Iterable[NodeRecord], count: int, avoid_hosts: Collection[str], step_time_s: Mapping[int, float]
+    nodes: Iterable[NodeRecord], count: int, avoid_hosts: Collection[str], pace_s: Mapping[int, float]
 ) -> list[NodeRecord]:
     """The `count` nodes that leave a shrinking job, in the order of `leaving_order_key`.
 
@@ -148,7 +148,8 @@ def choose_leaving(
         nodes: the job's live nodes (the current incarnation of each rank).
         count: how many leave (at most all of them).
         avoid_hosts: hosts the job avoids.
-        step_time_s: recent step time of each node, by node id (the slowest rank of the node).
+        pace_s: recent seconds per step of each node's own work, by node id (its slowest rank's
+            step time, or its lead time in a synchronous job: `StragglerWatch.node_paces`).
     """
-    ordered = sorted(nodes, key=lambda n: leaving_order_key(n, avoid_hosts, step_time_s))
+    ordered = sorted(nodes, key=lambda n: leaving_order_key(n, avoid_hosts, pace_s))
     return ordered[: max(count, 0)]

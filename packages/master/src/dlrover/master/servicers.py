@@ -513,6 +513,8 @@ def _rank_steps(items: Iterable[agent_pb2.RankStepStats]) -> tuple[RankStepStats
                     since_step_s=item.since_step_s,
                     phase=item.phase or "train",
                     median_sync_lead_s=item.median_sync_lead_s,
+                    steps_per_mark=item.steps_per_mark or 1.0,  # 0: an agent that does not say
+                    sync_group=item.sync_group,
                 )
             )
         except ConfigError as exc:

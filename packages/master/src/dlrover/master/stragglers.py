@@ -66,6 +66,7 @@ class StragglerWatch:
         self._heard: dict[int, float] = {}  # rank -> when its stats last came
         self._node_of: dict[int, int] = {}
         self._leads: dict[int, float] = {}  # rank -> its median lead time, as last reported
+        self._groups: dict[int, int] = {}  # rank -> the group it synchronizes with
         self._reported: frozenset[int] = frozenset()
 
     def observe(self, node_id: int, stats: Iterable[RankStepStats], now: float) -> None:
@@ -90,8 +91,10 @@ class StragglerWatch:
                 last = None
             if stat.median_sync_lead_s > 0:
                 self._leads[stat.rank] = stat.median_sync_lead_s
+                self._groups[stat.rank] = stat.sync_group
             else:
                 self._leads.pop(stat.rank, None)
+                self._groups.pop(stat.rank, None)
             end = now - stat.since_step_s
             if last is not None:
                 if stat.steps == last[0]:
@@ -100,7 +103,7 @@ class StragglerWatch:
                     end = last[1]
                 end = max(end, last[1])  # latency jitter never moves a step end back
             try:
-                self._detector.observe(StepReport(stat.rank, stat.steps, end, stat.phase))
+                self._detector.observe(StepReport(stat.rank, stat.steps, end, stat.phase, stat.steps_per_mark))
             except ConfigError:
                 continue
             self._last[stat.rank] = (stat.steps, end)
@@ -121,14 +124,15 @@ class StragglerWatch:
         self._heard.pop(rank, None)
         self._node_of.pop(rank, None)
         self._leads.pop(rank, None)
+        self._groups.pop(rank, None)
         self._reported = self._reported - {rank}
 
-    def node_step_times(self, now: float) -> dict[int, float]:
-        """Each node's recent pace: its slowest judged rank's step time, or, where every rank
-        reports a lead time (a synchronous job, whose step times are all the slowest rank's), its
-        slowest rank's lead (nodes with no judged rank are left out). Changes nothing; the shrink
-        order of a resize reads it to let the slowest go."""
-        report = self._detector.check(now, known_at=self._heard, sync_leads=self._leads)
+    def node_paces(self, now: float) -> dict[int, float]:
+        """Each node's recent pace, in seconds per step of its own work: its slowest judged rank's
+        step time, or, where every rank reports a lead time (a synchronous job, whose step times
+        are all the slowest rank's), its slowest rank's lead (nodes with no judged rank are left
+        out). Changes nothing; the shrink order of a resize reads it to let the slowest go."""
+        report = self._check(now)
         by_lead = bool(report.sync_lead_s) and set(self._leads) >= set(self._node_of)
         times: dict[int, float] = {}
         for rank, seconds in dict(report.sync_lead_s if by_lead else report.step_time_s).items():
@@ -137,11 +141,14 @@ class StragglerWatch:
                 times[node] = max(times.get(node, 0.0), seconds)
         return times
 
+    def _check(self, now: float) -> StragglerReport:
+        return self._detector.check(now, known_at=self._heard, sync_leads=self._leads, sync_groups=self._groups)
+
     def check(self, now: float) -> StragglerFinding | None:
         """Newly straggling ranks at `now`; None when there are none (recovered ones may be found again)."""
         for rank in [r for r, heard in self._heard.items() if now - heard > self._stale_after_s]:
             self._forget(rank)
-        report = self._detector.check(now, known_at=self._heard, sync_leads=self._leads)
+        report = self._check(now)
         current = frozenset(report.stragglers)
         new = sorted(current - self._reported)
         self._reported = current

@@ -24,45 +24,45 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x64lrover/master/v1/agent.proto\x12\x11\x64lrover.master.v1\"j\n\x0eResourceSample\x12\x13\n\x0b\x63pu_percent\x18\x01 \x01(\x01\x12\x14\n\x0cmemory_bytes\x18\x02 \x01(\x03\x12\x13\n\x0bgpu_percent\x18\x03 \x01(\x01\x12\x18\n\x10gpu_memory_bytes\x18\x04 \x01(\x03\"-\n\x0cStepProgress\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x0f\n\x07samples\x18\x02 \x01(\x03\"\x95\x01\n\rRankStepStats\x12\x0c\n\x04rank\x18\x01 \x01(\x05\x12\r\n\x05steps\x18\x02 \x01(\x03\x12\x0f\n\x07samples\x18\x03 \x01(\x03\x12\x15\n\rmedian_step_s\x18\x04 \x01(\x01\x12\x14\n\x0csince_step_s\x18\x05 \x01(\x01\x12\r\n\x05phase\x18\x06 \x01(\t\x12\x1a\n\x12median_sync_lead_s\x18\x07 \x01(\x01\"K\n\x08StepMark\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x10\n\x08\x65nd_time\x18\x02 \x01(\x01\x12\x0e\n\x06save_s\x18\x03 \x01(\x01\x12\x0f\n\x07samples\x18\x04 \x01(\x03\"\xc7\x01\n\rAttemptReport\x12\x0f\n\x07\x61ttempt\x18\x01 \x01(\x03\x12\x0c\n\x04rank\x18\x02 \x01(\x05\x12\x18\n\x10rendezvous_start\x18\x03 \x01(\x01\x12\x16\n\x0erendezvous_end\x18\x04 \x01(\x01\x12\x15\n\rworkers_start\x18\x05 \x01(\x01\x12\x12\n\nready_time\x18\x06 \x01(\x01\x12\x0e\n\x06load_s\x18\x07 \x01(\x01\x12*\n\x05marks\x18\x08 \x03(\x0b\x32\x1b.dlrover.master.v1.StepMark\"\x9e\x01\n\x13RegisterNodeRequest\x12\x14\n\x07node_id\x18\x01 \x01(\x03H\x00\x88\x01\x01\x12\x11\n\tnode_name\x18\x02 \x01(\t\x12\x0c\n\x04host\x18\x03 \x01(\t\x12\x18\n\x10local_world_size\x18\x04 \x01(\x05\x12\x19\n\x0cmax_restarts\x18\x05 \x01(\x05H\x01\x88\x01\x01\x42\n\n\x08_node_idB\x0f\n\r_max_restarts\"\xda\x01\n\x14RegisterNodeResponse\x12\x0f\n\x07node_id\x18\x01 \x01(\x03\x12\x0c\n\x04rank\x18\x02 \x01(\x05\x12\x17\n\x0fnode_credential\x18\x03 \x01(\t\x12\x1c\n\x14heartbeat_interval_s\x18\x04 \x01(\x01\x12\x1b\n\x13heartbeat_timeout_s\x18\x05 \x01(\x01\x12\x16\n\x0erelaunch_count\x18\x06 \x01(\x05\x12\x11\n\tmin_nodes\x18\x07 \x01(\x05\x12\x11\n\tmax_nodes\x18\x08 \x01(\x05\x12\x11\n\tnode_unit\x18\t \x01(\x05\"\xf6\x01\n\x10HeartbeatRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\x03\x12\x34\n\tresources\x18\x02 \x01(\x0b\x32!.dlrover.master.v1.ResourceSample\x12\x31\n\x08progress\x18\x03 \x01(\x0b\x32\x1f.dlrover.master.v1.StepProgress\x12\x34\n\nrank_steps\x18\x04 \x03(\x0b\x32 .dlrover.master.v1.RankStepStats\x12\x32\n\x08\x61ttempts\x18\x05 \x03(\x0b\x32 .dlrover.master.v1.AttemptReport\"o\n\x06\x41\x63tion\x12\x11\n\taction_id\x18\x01 \x01(\x03\x12+\n\x04kind\x18\x02 \x01(\x0e\x32\x1d.dlrover.master.v1.ActionKind\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x15\n\rplanned_round\x18\x04 \x01(\x08\"R\n\x11HeartbeatResponse\x12*\n\x07\x61\x63tions\x18\x01 \x03(\x0b\x32\x19.dlrover.master.v1.Action\x12\x11\n\tjob_state\x18\x02 \x01(\t\"\x8f\x01\n\x14ReportFailureRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\x03\x12,\n\x04kind\x18\x02 \x01(\x0e\x32\x1e.dlrover.master.v1.FailureKind\x12\x10\n\x08\x65vidence\x18\x03 \x01(\t\x12\x11\n\texit_code\x18\x04 \x01(\x05\x12\x13\n\x0b\x61gent_exits\x18\x05 \x01(\x08\"\xa8\x01\n\x15ReportFailureResponse\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12-\n\x06\x61\x63tion\x18\x03 \x01(\x0e\x32\x1d.dlrover.master.v1.ActionKind\x12,\n\x04kind\x18\x04 \x01(\x0e\x32\x1e.dlrover.master.v1.FailureKind\x12\x12\n\navoid_host\x18\x05 \x01(\x08J\x04\x08\x01\x10\x02R\x08\x64\x65\x63ision\"\'\n\x14ReportSuccessRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\x03\"*\n\x15ReportSuccessResponse\x12\x11\n\tjob_state\x18\x01 \x01(\t*\x89\x02\n\nActionKind\x12\x1b\n\x17\x41\x43TION_KIND_UNSPECIFIED\x10\x00\x12!\n\x1d\x41\x43TION_KIND_RESTART_PROCESSES\x10\x01\x12\x1b\n\x17\x41\x43TION_KIND_REMOVE_NODE\x10\x02\x12\x14\n\x10\x41\x43TION_KIND_NONE\x10\x03\x12#\n\x1f\x41\x43TION_KIND_ROLLBACK_CHECKPOINT\x10\x04\x12\x1d\n\x19\x41\x43TION_KIND_RELAUNCH_NODE\x10\x05\x12)\n%ACTION_KIND_RELAUNCH_WITH_MORE_MEMORY\x10\x06\x12\x19\n\x15\x41\x43TION_KIND_ABORT_JOB\x10\x07*\xd5\x03\n\x0b\x46\x61ilureKind\x12\x1c\n\x18\x46\x41ILURE_KIND_UNSPECIFIED\x10\x00\x12\x1a\n\x16\x46\x41ILURE_KIND_USER_CODE\x10\x02\x12\x19\n\x15\x46\x41ILURE_KIND_HOST_OOM\x10\x03\x12\x19\n\x15\x46\x41ILURE_KIND_HARDWARE\x10\x04\x12\x1e\n\x1a\x46\x41ILURE_KIND_COMMUNICATION\x10\x05\x12\x15\n\x11\x46\x41ILURE_KIND_HANG\x10\x06\x12\x18\n\x14\x46\x41ILURE_KIND_UNKNOWN\x10\x07\x12\x1b\n\x17\x46\x41ILURE_KIND_DEVICE_OOM\x10\x08\x12\x19\n\x15\x46\x41ILURE_KIND_NAN_LOSS\x10\t\x12\x1b\n\x17\x46\x41ILURE_KIND_PREEMPTION\x10\n\x12\x17\n\x13\x46\x41ILURE_KIND_KILLED\x10\x0b\x12\x1b\n\x17\x46\x41ILURE_KIND_DATA_ERROR\x10\x0c\x12\x1d\n\x19\x46\x41ILURE_KIND_NATIVE_CRASH\x10\r\x12\x1a\n\x16\x46\x41ILURE_KIND_DISK_FULL\x10\x0e\x12\x1d\n\x19\x46\x41ILURE_KIND_CONFIG_ERROR\x10\x0f\"\x04\x08\x01\x10\x01*\x1a\x46\x41ILURE_KIND_PROCESS_CRASH2\x8f\x03\n\x0c\x41gentService\x12_\n\x0cRegisterNode\x12&.dlrover.master.v1.RegisterNodeRequest\x1a\'.dlrover.master.v1.RegisterNodeResponse\x12V\n\tHeartbeat\x12#.dlrover.master.v1.HeartbeatRequest\x1a$.dlrover.master.v1.HeartbeatResponse\x12\x62\n\rReportFailure\x12\'.dlrover.master.v1.ReportFailureRequest\x1a(.dlrover.master.v1.ReportFailureResponse\x12\x62\n\rReportSuccess\x12\'.dlrover.master.v1.ReportSuccessRequest\x1a(.dlrover.master.v1.ReportSuccessResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x64lrover/master/v1/agent.proto\x12\x11\x64lrover.master.v1\"j\n\x0eResourceSample\x12\x13\n\x0b\x63pu_percent\x18\x01 \x01(\x01\x12\x14\n\x0cmemory_bytes\x18\x02 \x01(\x03\x12\x13\n\x0bgpu_percent\x18\x03 \x01(\x01\x12\x18\n\x10gpu_memory_bytes\x18\x04 \x01(\x03\"-\n\x0cStepProgress\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x0f\n\x07samples\x18\x02 \x01(\x03\"\xc1\x01\n\rRankStepStats\x12\x0c\n\x04rank\x18\x01 \x01(\x05\x12\r\n\x05steps\x18\x02 \x01(\x03\x12\x0f\n\x07samples\x18\x03 \x01(\x03\x12\x15\n\rmedian_step_s\x18\x04 \x01(\x01\x12\x14\n\x0csince_step_s\x18\x05 \x01(\x01\x12\r\n\x05phase\x18\x06 \x01(\t\x12\x1a\n\x12median_sync_lead_s\x18\x07 \x01(\x01\x12\x16\n\x0esteps_per_mark\x18\x08 \x01(\x01\x12\x12\n\nsync_group\x18\t \x01(\x03\"K\n\x08StepMark\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x10\n\x08\x65nd_time\x18\x02 \x01(\x01\x12\x0e\n\x06save_s\x18\x03 \x01(\x01\x12\x0f\n\x07samples\x18\x04 \x01(\x03\"\xc7\x01\n\rAttemptReport\x12\x0f\n\x07\x61ttempt\x18\x01 \x01(\x03\x12\x0c\n\x04rank\x18\x02 \x01(\x05\x12\x18\n\x10rendezvous_start\x18\x03 \x01(\x01\x12\x16\n\x0erendezvous_end\x18\x04 \x01(\x01\x12\x15\n\rworkers_start\x18\x05 \x01(\x01\x12\x12\n\nready_time\x18\x06 \x01(\x01\x12\x0e\n\x06load_s\x18\x07 \x01(\x01\x12*\n\x05marks\x18\x08 \x03(\x0b\x32\x1b.dlrover.master.v1.StepMark\"\x9e\x01\n\x13RegisterNodeRequest\x12\x14\n\x07node_id\x18\x01 \x01(\x03H\x00\x88\x01\x01\x12\x11\n\tnode_name\x18\x02 \x01(\t\x12\x0c\n\x04host\x18\x03 \x01(\t\x12\x18\n\x10local_world_size\x18\x04 \x01(\x05\x12\x19\n\x0cmax_restarts\x18\x05 \x01(\x05H\x01\x88\x01\x01\x42\n\n\x08_node_idB\x0f\n\r_max_restarts\"\xda\x01\n\x14RegisterNodeResponse\x12\x0f\n\x07node_id\x18\x01 \x01(\x03\x12\x0c\n\x04rank\x18\x02 \x01(\x05\x12\x17\n\x0fnode_credential\x18\x03 \x01(\t\x12\x1c\n\x14heartbeat_interval_s\x18\x04 \x01(\x01\x12\x1b\n\x13heartbeat_timeout_s\x18\x05 \x01(\x01\x12\x16\n\x0erelaunch_count\x18\x06 \x01(\x05\x12\x11\n\tmin_nodes\x18\x07 \x01(\x05\x12\x11\n\tmax_nodes\x18\x08 \x01(\x05\x12\x11\n\tnode_unit\x18\t \x01(\x05\"\xf6\x01\n\x10HeartbeatRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\x03\x12\x34\n\tresources\x18\x02 \x01(\x0b\x32!.dlrover.master.v1.ResourceSample\x12\x31\n\x08progress\x18\x03 \x01(\x0b\x32\x1f.dlrover.master.v1.StepProgress\x12\x34\n\nrank_steps\x18\x04 \x03(\x0b\x32 .dlrover.master.v1.RankStepStats\x12\x32\n\x08\x61ttempts\x18\x05 \x03(\x0b\x32 .dlrover.master.v1.AttemptReport\"o\n\x06\x41\x63tion\x12\x11\n\taction_id\x18\x01 \x01(\x03\x12+\n\x04kind\x18\x02 \x01(\x0e\x32\x1d.dlrover.master.v1.ActionKind\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x15\n\rplanned_round\x18\x04 \x01(\x08\"R\n\x11HeartbeatResponse\x12*\n\x07\x61\x63tions\x18\x01 \x03(\x0b\x32\x19.dlrover.master.v1.Action\x12\x11\n\tjob_state\x18\x02 \x01(\t\"\x8f\x01\n\x14ReportFailureRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\x03\x12,\n\x04kind\x18\x02 \x01(\x0e\x32\x1e.dlrover.master.v1.FailureKind\x12\x10\n\x08\x65vidence\x18\x03 \x01(\t\x12\x11\n\texit_code\x18\x04 \x01(\x05\x12\x13\n\x0b\x61gent_exits\x18\x05 \x01(\x08\"\xa8\x01\n\x15ReportFailureResponse\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12-\n\x06\x61\x63tion\x18\x03 \x01(\x0e\x32\x1d.dlrover.master.v1.ActionKind\x12,\n\x04kind\x18\x04 \x01(\x0e\x32\x1e.dlrover.master.v1.FailureKind\x12\x12\n\navoid_host\x18\x05 \x01(\x08J\x04\x08\x01\x10\x02R\x08\x64\x65\x63ision\"\'\n\x14ReportSuccessRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\x03\"*\n\x15ReportSuccessResponse\x12\x11\n\tjob_state\x18\x01 \x01(\t*\x89\x02\n\nActionKind\x12\x1b\n\x17\x41\x43TION_KIND_UNSPECIFIED\x10\x00\x12!\n\x1d\x41\x43TION_KIND_RESTART_PROCESSES\x10\x01\x12\x1b\n\x17\x41\x43TION_KIND_REMOVE_NODE\x10\x02\x12\x14\n\x10\x41\x43TION_KIND_NONE\x10\x03\x12#\n\x1f\x41\x43TION_KIND_ROLLBACK_CHECKPOINT\x10\x04\x12\x1d\n\x19\x41\x43TION_KIND_RELAUNCH_NODE\x10\x05\x12)\n%ACTION_KIND_RELAUNCH_WITH_MORE_MEMORY\x10\x06\x12\x19\n\x15\x41\x43TION_KIND_ABORT_JOB\x10\x07*\xd5\x03\n\x0b\x46\x61ilureKind\x12\x1c\n\x18\x46\x41ILURE_KIND_UNSPECIFIED\x10\x00\x12\x1a\n\x16\x46\x41ILURE_KIND_USER_CODE\x10\x02\x12\x19\n\x15\x46\x41ILURE_KIND_HOST_OOM\x10\x03\x12\x19\n\x15\x46\x41ILURE_KIND_HARDWARE\x10\x04\x12\x1e\n\x1a\x46\x41ILURE_KIND_COMMUNICATION\x10\x05\x12\x15\n\x11\x46\x41ILURE_KIND_HANG\x10\x06\x12\x18\n\x14\x46\x41ILURE_KIND_UNKNOWN\x10\x07\x12\x1b\n\x17\x46\x41ILURE_KIND_DEVICE_OOM\x10\x08\x12\x19\n\x15\x46\x41ILURE_KIND_NAN_LOSS\x10\t\x12\x1b\n\x17\x46\x41ILURE_KIND_PREEMPTION\x10\n\x12\x17\n\x13\x46\x41ILURE_KIND_KILLED\x10\x0b\x12\x1b\n\x17\x46\x41ILURE_KIND_DATA_ERROR\x10\x0c\x12\x1d\n\x19\x46\x41ILURE_KIND_NATIVE_CRASH\x10\r\x12\x1a\n\x16\x46\x41ILURE_KIND_DISK_FULL\x10\x0e\x12\x1d\n\x19\x46\x41ILURE_KIND_CONFIG_ERROR\x10\x0f\"\x04\x08\x01\x10\x01*\x1a\x46\x41ILURE_KIND_PROCESS_CRASH2\x8f\x03\n\x0c\x41gentService\x12_\n\x0cRegisterNode\x12&.dlrover.master.v1.RegisterNodeRequest\x1a\'.dlrover.master.v1.RegisterNodeResponse\x12V\n\tHeartbeat\x12#.dlrover.master.v1.HeartbeatRequest\x1a$.dlrover.master.v1.HeartbeatResponse\x12\x62\n\rReportFailure\x12\'.dlrover.master.v1.ReportFailureRequest\x1a(.dlrover.master.v1.ReportFailureResponse\x12\x62\n\rReportSuccess\x12\'.dlrover.master.v1.ReportSuccessRequest\x1a(.dlrover.master.v1.ReportSuccessResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'dlrover.master.v1.agent_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_ACTIONKIND']._serialized_start=1869
-  _globals['_ACTIONKIND']._serialized_end=2134
-  _globals['_FAILUREKIND']._serialized_start=2137
-  _globals['_FAILUREKIND']._serialized_end=2606
+  _globals['_ACTIONKIND']._serialized_start=1913
+  _globals['_ACTIONKIND']._serialized_end=2178
+  _globals['_FAILUREKIND']._serialized_start=2181
+  _globals['_FAILUREKIND']._serialized_end=2650
   _globals['_RESOURCESAMPLE']._serialized_start=52
   _globals['_RESOURCESAMPLE']._serialized_end=158
   _globals['_STEPPROGRESS']._serialized_start=160
   _globals['_STEPPROGRESS']._serialized_end=205
   _globals['_RANKSTEPSTATS']._serialized_start=208
-  _globals['_RANKSTEPSTATS']._serialized_end=357
-  _globals['_STEPMARK']._serialized_start=359
-  _globals['_STEPMARK']._serialized_end=434
-  _globals['_ATTEMPTREPORT']._serialized_start=437
-  _globals['_ATTEMPTREPORT']._serialized_end=636
-  _globals['_REGISTERNODEREQUEST']._serialized_start=639
-  _globals['_REGISTERNODEREQUEST']._serialized_end=797
-  _globals['_REGISTERNODERESPONSE']._serialized_start=800
-  _globals['_REGISTERNODERESPONSE']._serialized_end=1018
-  _globals['_HEARTBEATREQUEST']._serialized_start=1021
-  _globals['_HEARTBEATREQUEST']._serialized_end=1267
-  _globals['_ACTION']._serialized_start=1269
-  _globals['_ACTION']._serialized_end=1380
-  _globals['_HEARTBEATRESPONSE']._serialized_start=1382
-  _globals['_HEARTBEATRESPONSE']._serialized_end=1464
-  _globals['_REPORTFAILUREREQUEST']._serialized_start=1467
-  _globals['_REPORTFAILUREREQUEST']._serialized_end=1610
-  _globals['_REPORTFAILURERESPONSE']._serialized_start=1613
-  _globals['_REPORTFAILURERESPONSE']._serialized_end=1781
-  _globals['_REPORTSUCCESSREQUEST']._serialized_start=1783
-  _globals['_REPORTSUCCESSREQUEST']._serialized_end=1822
-  _globals['_REPORTSUCCESSRESPONSE']._serialized_start=1824
-  _globals['_REPORTSUCCESSRESPONSE']._serialized_end=1866
-  _globals['_AGENTSERVICE']._serialized_start=2609
-  _globals['_AGENTSERVICE']._serialized_end=3008
+  _globals['_RANKSTEPSTATS']._serialized_end=401
+  _globals['_STEPMARK']._serialized_start=403
+  _globals['_STEPMARK']._serialized_end=478
+  _globals['_ATTEMPTREPORT']._serialized_start=481
+  _globals['_ATTEMPTREPORT']._serialized_end=680
+  _globals['_REGISTERNODEREQUEST']._serialized_start=683
+  _globals['_REGISTERNODEREQUEST']._serialized_end=841
+  _globals['_REGISTERNODERESPONSE']._serialized_start=844
+  _globals['_REGISTERNODERESPONSE']._serialized_end=1062
+  _globals['_HEARTBEATREQUEST']._serialized_start=1065
+  _globals['_HEARTBEATREQUEST']._serialized_end=1311
+  _globals['_ACTION']._serialized_start=1313
+  _globals['_ACTION']._serialized_end=1424
+  _globals['_HEARTBEATRESPONSE']._serialized_start=1426
+  _globals['_HEARTBEATRESPONSE']._serialized_end=1508
+  _globals['_REPORTFAILUREREQUEST']._serialized_start=1511
+  _globals['_REPORTFAILUREREQUEST']._serialized_end=1654
+  _globals['_REPORTFAILURERESPONSE']._serialized_start=1657
+  _globals['_REPORTFAILURERESPONSE']._serialized_end=1825
+  _globals['_REPORTSUCCESSREQUEST']._serialized_start=1827
+  _globals['_REPORTSUCCESSREQUEST']._serialized_end=1866
+  _globals['_REPORTSUCCESSRESPONSE']._serialized_start=1868
+  _globals['_REPORTSUCCESSRESPONSE']._serialized_end=1910
+  _globals['_AGENTSERVICE']._serialized_start=2653
+  _globals['_AGENTSERVICE']._serialized_end=3052
 # @@protoc_insertion_point(module_scope)

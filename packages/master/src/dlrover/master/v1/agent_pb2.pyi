@@ -80,7 +80,7 @@ class StepProgress(_message.Message):
     def __init__(self, step: _Optional[int] = ..., samples: _Optional[int] = ...) -> None: ...
 
 class RankStepStats(_message.Message):
-    __slots__ = ("rank", "steps", "samples", "median_step_s", "since_step_s", "phase", "median_sync_lead_s")
+    __slots__ = ("rank", "steps", "samples", "median_step_s", "since_step_s", "phase", "median_sync_lead_s", "steps_per_mark", "sync_group")
     RANK_FIELD_NUMBER: _ClassVar[int]
     STEPS_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
@@ -88,6 +88,8 @@ class RankStepStats(_message.Message):
     SINCE_STEP_S_FIELD_NUMBER: _ClassVar[int]
     PHASE_FIELD_NUMBER: _ClassVar[int]
     MEDIAN_SYNC_LEAD_S_FIELD_NUMBER: _ClassVar[int]
+    STEPS_PER_MARK_FIELD_NUMBER: _ClassVar[int]
+    SYNC_GROUP_FIELD_NUMBER: _ClassVar[int]
     rank: int
     steps: int
     samples: int
@@ -95,7 +97,9 @@ class RankStepStats(_message.Message):
     since_step_s: float
     phase: str
     median_sync_lead_s: float
-    def __init__(self, rank: _Optional[int] = ..., steps: _Optional[int] = ..., samples: _Optional[int] = ..., median_step_s: _Optional[float] = ..., since_step_s: _Optional[float] = ..., phase: _Optional[str] = ..., median_sync_lead_s: _Optional[float] = ...) -> None: ...
+    steps_per_mark: float
+    sync_group: int
+    def __init__(self, rank: _Optional[int] = ..., steps: _Optional[int] = ..., samples: _Optional[int] = ..., median_step_s: _Optional[float] = ..., since_step_s: _Optional[float] = ..., phase: _Optional[str] = ..., median_sync_lead_s: _Optional[float] = ..., steps_per_mark: _Optional[float] = ..., sync_group: _Optional[int] = ...) -> None: ...
 
 class StepMark(_message.Message):
     __slots__ = ("step", "end_time", "save_s", "samples")
