@@ -10,10 +10,12 @@ import pytest
 
 from dlrover.common import ConfigError
 from dlrover.common.step_slots import StepReporter, StepSlotFile
-from dlrover.diagnosis import report_gradient_sync
 
+# Before the helper: it imports torch, which the package's isolation run (no extras) lacks.
 torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
+
+from dlrover.diagnosis import report_gradient_sync  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
 
