@@ -6,9 +6,11 @@
 Under `dlrover-run` (DLROVER_MASTER_ADDR is set) the sample indices come from the master's shard
 service with exactly-once delivery (`ShardSampler`), and the whole state (model, optimizer, step
 and the sampler's position) is staged to shared memory with `FlashCheckpointer` after every step
-and persisted every `--persist-every` steps. A restarted worker loads the newest step in memory
-and goes on from there; the state is the same on every rank (DDP), so after an elastic resize a
-rank whose node holds no copy receives one from a rank that does (`replicated=True`). Under plain
+and persisted every `--persist-every` steps; the model marks its first gradient bucket of each
+step (`report_gradient_sync`), so the master finds a slow rank by its lead time. A restarted
+worker loads the newest step in memory and goes on from there; the state is the same on every
+rank (DDP), so after an elastic resize a rank whose node holds no copy receives one from a rank
+that does (`replicated=True`). Under plain
 `torchrun` it falls back to a `DistributedSampler` and a `torch.save` checkpoint every
 `--persist-every` steps.
 
@@ -159,6 +161,9 @@ class PlainBackend:
         progress.write(event="resumed", step=int(state["step"]), source="storage", load_s=0.0, t=time.time())
         return int(state["step"])
 
+    def watch(self, ddp: DistributedDataParallel) -> None:
+        """Plain torchrun finds no stragglers: nothing to mark."""
+
     def take(self, step: int) -> list[int]:
         # The position is the step: a resumed run takes the batches the lost steps would have.
         return self._indices[step * self._batch : (step + 1) * self._batch]
@@ -274,6 +279,13 @@ class DlroverBackend:
         )
         return step
 
+    def watch(self, ddp: DistributedDataParallel) -> None:
+        """Have the model mark each step's first gradient bucket: the master finds a rank whose
+        own work is slow by its lead time (every rank's step is as slow as the slowest's)."""
+        from dlrover.diagnosis import report_gradient_sync
+
+        report_gradient_sync(ddp)
+
     def take(self, step: int) -> list[int]:
         indices = list(islice(self._iter, self._batch))
         if len(indices) < self._batch:
@@ -317,6 +329,7 @@ def train(
     torch.manual_seed(args.seed)
     model = CharGPT(context=args.context, width=args.width, layers=args.layers, heads=args.heads)
     ddp = DistributedDataParallel(model)
+    backend.watch(ddp)
     optim = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
     step = backend.resume(model, optim, progress)
     loss_value = float("nan")
