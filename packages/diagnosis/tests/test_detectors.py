@@ -321,14 +321,14 @@ def test_ranks_marked_only_by_their_saves_are_not_hung_between_two_saves() -> No
     assert "5 x the median time between step marks of 50 s" in report.reason
 
 
-def test_a_rank_whose_own_pace_is_unknown_is_not_judged_by_its_peers_pace() -> None:
-    # Ranks 0-2 mark every step (1 s); rank 3 only every 20 steps, and none of its marks is clean
-    # (each follows a checkpoint phase: the save that marked it). Judged by its peers' 1 s it
-    # would be hung 5 s after each mark; it keeps the first-steps allowance instead.
+def test_a_rank_marked_only_by_its_saves_is_judged_by_its_own_pace_not_its_peers() -> None:
+    # Ranks 0-2 mark every step (1 s); rank 3 only at its saves, every 20 steps, each mark at the
+    # end of a checkpoint phase (none of its steps is a clean step duration). Its window follows its
+    # own 20 s between marks; judged by its peers' 1 s it would be hung 5 s after each save.
     clock = ManualClock()
     det = HangDetector(HangConfig(k=5.0, floor_s=3.0, warmup_steps=0, min_step_samples=3))
     det.start(RANKS, clock.now())
-    for step in range(1, 61):
+    for step in range(1, 81):
         clock.advance(1.0)
         for r in (0, 1, 2):
             det.observe(StepReport(r, step, clock.now()))
@@ -337,9 +337,24 @@ def test_a_rank_whose_own_pace_is_unknown_is_not_judged_by_its_peers_pace() -> N
             det.observe(StepReport(3, step, clock.now()))
     progress = {s.rank: s for s in det.progress()}
     assert det.window_for(progress[0])[0] == pytest.approx(5.0)
-    assert det.window_for(progress[3]) == (600.0, "the first-steps allowance")
+    assert det.window_for(progress[3]) == (100.0, "5 x the median time between step marks of 20 s")
+    assert not progress[3].durations  # its marks say how often it marks, not how long a step takes
     clock.advance(19.0)
     assert det.check(clock.now()).stalled_ranks == (0, 1, 2)
+
+
+def test_a_rank_with_too_few_marks_of_its_own_keeps_the_first_steps_allowance() -> None:
+    clock = ManualClock()
+    det = HangDetector(HangConfig(k=5.0, floor_s=3.0, warmup_steps=0, min_step_samples=3))
+    det.start(RANKS, clock.now())
+    for step in range(1, 41):
+        clock.advance(1.0)
+        for r in (0, 1, 2):
+            det.observe(StepReport(r, step, clock.now()))
+        if step % 20 == 0:  # two marks: one gap
+            det.observe(StepReport(3, step, clock.now()))
+    progress = {s.rank: s for s in det.progress()}
+    assert det.window_for(progress[3]) == (600.0, "the first-steps allowance")
 
 
 def _synchronous(det: StragglerDetector, clock: ManualClock, steps: int, step_s: float) -> None:

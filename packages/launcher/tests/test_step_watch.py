@@ -256,3 +256,26 @@ def test_a_slot_with_nonsense_times_is_left_out_of_the_heartbeat() -> None:
     slots.now[1] = SlotReading(r.seq + 2, r.step + 1, r.samples, float("inf"), "train", r.phase_since_s, r.pid)
     watch.observe(slots.now, 5.0)
     assert [s.rank for s in watch.stats(5.0)] == [0]
+
+
+def test_workers_marked_inside_their_saves_checkpoint_phase_are_judged_by_the_time_between_saves() -> None:
+    # The real checkpointer's pattern: a checkpoint phase, the step mark inside it, back to
+    # training. No step is a clean step duration; the time between marks still is a pace.
+    watch = StepWatch({0: 0}, HangConfig(k=5.0, floor_s=30.0))
+    slots = Slots()
+    t = 0.0
+    for mark in range(1, 12):
+        t += 50.0
+        slots.write(0, (mark - 1) * 100, t - 0.5, phase="checkpoint")
+        watch.observe(slots.now, t - 0.5)
+        slots.write(0, mark * 100, t - 0.1, phase="checkpoint")
+        watch.observe(slots.now, t - 0.1)
+        slots.write(0, mark * 100, t, phase="train")
+        watch.observe(slots.now, t)
+        verdict = watch.check(t + 49.0)
+        assert verdict is not None
+        assert not verdict.hung, verdict.reason
+    assert watch.window_s() == pytest.approx(250.0, rel=0.01)
+    verdict = watch.check(t + 255.0)
+    assert verdict is not None
+    assert verdict.hung

@@ -138,6 +138,7 @@ class HangDetector:
         # would call a rank hung between two of its marks.
         gap = self._timeline.median_gap_s(state.rank)
         if state.advances < cfg.warmup_steps or gap is None or len(state.gaps) < cfg.min_step_samples:
+            # Too few marks of its own to know its pace (first steps, a restart, a sparse marker).
             return cfg.first_steps_allowance_s, "the first-steps allowance"
         adaptive = cfg.k * gap
         if adaptive < cfg.floor_s:

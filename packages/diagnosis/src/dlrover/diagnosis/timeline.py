@@ -5,10 +5,10 @@ steps, so a slow first step (compilation, data-loader start) or a checkpoint bet
 not distort the median that the adaptive windows are built on.
 
 A rank need not mark every step: one whose only marks are its checkpointer's (a save every 100
-steps) advances many steps at a time. Each clean advance is kept three ways: the seconds per step
-(`RankProgress.durations`, what ranks are compared by), the seconds between the two marks
-(`RankProgress.gaps`, how long the next mark may take in the normal course) and the steps it
-covered (`RankProgress.strides`).
+steps) advances many steps at a time, each mark at the end of a save. Every advance after the
+warm-up is kept as the seconds between the two marks (`RankProgress.gaps`, how long the next mark
+may take in the normal course, saves included) and the steps it covered (`RankProgress.strides`);
+a clean one also as seconds per step (`RankProgress.durations`, what ranks are compared by).
 """
 
 from __future__ import annotations
@@ -38,7 +38,8 @@ class RankProgress:
         advances: how many times its step increased.
         durations: recent clean step durations (seconds per step), oldest first.
         clean: whether it stayed in ``train`` since its last advance.
-        gaps: the seconds between the marks of those same advances.
+        gaps: the seconds between consecutive marks after the warm-up, a checkpoint or other
+            phase between them included.
         strides: the steps each of those advances covered (as seen here: a batch of reports
             covers several marks).
         steps_per_mark: how many steps the rank's own marks usually cover, as its last report
@@ -119,11 +120,15 @@ class StepTimeline:
         state.last_report_s = now
         state.steps_per_mark = report.steps_per_mark
         if report.step > state.step:
-            if state.clean and report.phase == DEFAULT_PHASE and state.advances >= self._warmup:
+            if state.advances >= self._warmup:
+                # Every mark after the warm-up says how long marks take to come, a save between
+                # them included (a rank marked only by its saves has no other); only a step taken
+                # wholly in training is a step duration.
                 gap, stride = now - state.last_advance_s, report.step - state.step
-                state.durations.append(gap / stride)
                 state.gaps.append(gap)
                 state.strides.append(stride)
+                if state.clean and report.phase == DEFAULT_PHASE:
+                    state.durations.append(gap / stride)
                 for history in (state.durations, state.gaps, state.strides):
                     while len(history) > self._history:
                         history.popleft()
@@ -132,10 +137,11 @@ class StepTimeline:
             state.last_advance_s = now
             state.clean = True
         elif report.step < state.step:
-            # A restarted worker resumes from a checkpoint: progress again, but not a step duration.
+            # A restarted worker resumes from a checkpoint: progress again, warming up again.
             state.step = report.step
             state.last_advance_s = now
             state.clean = False
+            state.advances = 0
         if report.phase != state.phase:
             state.phase = report.phase
             state.phase_since_s = now
@@ -152,10 +158,7 @@ class StepTimeline:
         return tuple(self._ranks[r] for r in sorted(self._ranks))
 
     def median_gap_s(self, rank: int) -> float | None:
-        """The median seconds between `rank`'s clean step marks (None when there are none)."""
+        """The median seconds between `rank`'s step marks after its warm-up (None when there are
+        none)."""
         state = self._ranks.get(rank)
         return statistics.median(state.gaps) if state is not None and state.gaps else None
-
-    def sample_count(self) -> int:
-        """How many clean durations are held in total."""
-        return sum(len(state.durations) for state in self._ranks.values())
