@@ -3,11 +3,14 @@
 Hang: a rank is stalled when it made no progress for longer than its window:
 
 * in a named phase other than ``train`` (``checkpoint``, ``eval``): that phase's allowance;
-* during its first `warmup_steps` steps, or while fewer than `min_step_samples` of its step
-  durations are known: `first_steps_allowance_s`;
-* otherwise ``max(floor_s, k x the median time between its step marks)``. A rank that marks every
-  step waits a step time between marks; one marked only by its checkpointer (a save every 100
-  steps) waits 100, and is not called hung between two saves.
+* during its first `warmup_steps` steps, or while fewer than `min_step_samples` gaps between its
+  step marks are known: `first_steps_allowance_s`;
+* otherwise ``max(floor_s, k x the median time between its step marks)``, a save or evaluation
+  between two marks included. A rank that marks every step waits a step time between marks; one
+  marked only by its checkpointer (a save every 100 steps) waits 100, and is not called hung
+  between two saves. The idle time it is compared with starts at the end of such a phase, so a
+  rank whose marks often have a long phase between them gets a longer window than its training
+  alone needs: a hang is found late, never falsely.
 
 So a 1 s-per-step job with k=5 and a 10 s floor is found hung 10 s after it stops, not after
 minutes, while a 3-minute first step or a 5-minute checkpoint raises nothing.
@@ -75,10 +78,12 @@ class HangConfig:
         warmup_steps: steps per rank judged by `first_steps_allowance_s` (default 2).
         first_steps_allowance_s: the window for the first steps, which compile and warm caches
             (default 600 s).
-        min_step_samples: clean step durations needed before the adaptive window is used (default 3).
+        min_step_samples: gaps between a rank's step marks needed before the adaptive window is
+            used (default 3).
         phase_allowance_s: per named phase, its window (defaults: checkpoint 600 s, eval 1800 s).
         default_phase_allowance_s: the window of a phase not listed (default 600 s).
-        history_steps: clean durations kept per rank for the median (default 32).
+        history_steps: gaps between marks (and clean step durations) kept per rank for the
+            medians (default 32).
     """
 
     k: float = attrs.field(default=5.0, validator=positive_finite)

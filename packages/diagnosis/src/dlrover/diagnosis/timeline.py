@@ -1,8 +1,9 @@
 """Per-rank step progress turned into step durations: the shared input of both detectors.
 
-A duration is recorded only for a step taken entirely in the ``train`` phase after the warm-up
-steps, so a slow first step (compilation, data-loader start) or a checkpoint between two steps does
-not distort the median that the adaptive windows are built on.
+A step duration is recorded only for a step taken entirely in the ``train`` phase after the
+warm-up steps, so a slow first step (compilation, data-loader start) or a checkpoint between two
+steps does not distort the step times ranks are compared by. The hang windows are built on the
+gaps between marks instead, which include such phases (see below).
 
 A rank need not mark every step: one whose only marks are its checkpointer's (a save every 100
 steps) advances many steps at a time, each mark at the end of a save. Every advance after the
@@ -73,7 +74,7 @@ class StepTimeline:
     """Collects step reports per rank.
 
     Args:
-        history_steps: clean durations kept per rank.
+        history_steps: gaps, strides and clean durations kept per rank.
         warmup_steps: steps per rank whose duration is never recorded.
     """
 
