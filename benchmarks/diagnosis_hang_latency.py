@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -42,6 +41,7 @@ import time
 from pathlib import Path
 
 import attrs
+from benchkit import free_port
 
 from dlrover.common.step_slots import STACK_DUMP_ENV_VAR, STEP_SLOT_ENV_VAR, STEP_SLOTS_ENV_VAR, StepSlotFile
 from dlrover.diagnosis import HangConfig, RankStepStats, StragglerConfig, request_stack_dump
@@ -169,7 +169,7 @@ def sync_straggler_latency(step_s: float, heartbeat_s: float, workdir: Path) -> 
     synchronous run; the run ends 30 slowed steps after the slowdown at most."""
     out = Path(tempfile.mkdtemp(prefix="sync-", dir=workdir))
     slots = StepSlotFile(out / "steps.slots", 2)
-    port = _free_port()
+    port = free_port()
     procs = []
     try:
         for rank in range(2):
@@ -223,12 +223,6 @@ def sync_straggler_latency(step_s: float, heartbeat_s: float, workdir: Path) -> 
                 proc.wait()
         slots.close()
         shutil.rmtree(out, ignore_errors=True)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def main() -> None:

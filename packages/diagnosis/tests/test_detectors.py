@@ -321,20 +321,28 @@ def test_ranks_marked_only_by_their_saves_are_not_hung_between_two_saves() -> No
     assert "5 x the median time between step marks of 50 s" in report.reason
 
 
-def test_a_rank_marked_only_by_its_saves_is_judged_by_its_own_pace_not_its_peers() -> None:
-    # Ranks 0-2 mark every step (1 s); rank 3 only at its saves, every 20 steps, each mark at the
-    # end of a checkpoint phase (none of its steps is a clean step duration). Its window follows its
-    # own 20 s between marks; judged by its peers' 1 s it would be hung 5 s after each save.
+def _rank_3_marked_by_its_saves(steps: int, *, in_checkpoint_phase: bool) -> tuple[HangDetector, ManualClock]:
+    """Ranks 0-2 mark every step (1 s); rank 3 only at its saves, every 20 steps (with its
+    checkpoint phase reported before each mark, or not)."""
     clock = ManualClock()
     det = HangDetector(HangConfig(k=5.0, floor_s=3.0, warmup_steps=0, min_step_samples=3))
     det.start(RANKS, clock.now())
-    for step in range(1, 81):
+    for step in range(1, steps + 1):
         clock.advance(1.0)
         for r in (0, 1, 2):
             det.observe(StepReport(r, step, clock.now()))
         if step % 20 == 0:
-            det.observe(StepReport(3, step, clock.now(), phase="checkpoint"))
+            if in_checkpoint_phase:
+                det.observe(StepReport(3, step, clock.now(), phase="checkpoint"))
             det.observe(StepReport(3, step, clock.now()))
+    return det, clock
+
+
+def test_a_rank_marked_only_by_its_saves_is_judged_by_its_own_pace_not_its_peers() -> None:
+    # Each of rank 3's marks comes at the end of a checkpoint phase (none of its steps is a clean
+    # step duration). Its window follows its own 20 s between marks; judged by its peers' 1 s it
+    # would be hung 5 s after each save.
+    det, clock = _rank_3_marked_by_its_saves(80, in_checkpoint_phase=True)
     progress = {s.rank: s for s in det.progress()}
     assert det.window_for(progress[0])[0] == pytest.approx(5.0)
     assert det.window_for(progress[3]) == (100.0, "5 x the median time between step marks of 20 s")
@@ -344,15 +352,7 @@ def test_a_rank_marked_only_by_its_saves_is_judged_by_its_own_pace_not_its_peers
 
 
 def test_a_rank_with_too_few_marks_of_its_own_keeps_the_first_steps_allowance() -> None:
-    clock = ManualClock()
-    det = HangDetector(HangConfig(k=5.0, floor_s=3.0, warmup_steps=0, min_step_samples=3))
-    det.start(RANKS, clock.now())
-    for step in range(1, 41):
-        clock.advance(1.0)
-        for r in (0, 1, 2):
-            det.observe(StepReport(r, step, clock.now()))
-        if step % 20 == 0:  # two marks: one gap
-            det.observe(StepReport(3, step, clock.now()))
+    det, _ = _rank_3_marked_by_its_saves(40, in_checkpoint_phase=False)  # two marks: one gap
     progress = {s.rank: s for s in det.progress()}
     assert det.window_for(progress[3]) == (600.0, "the first-steps allowance")
 

@@ -12,7 +12,7 @@ from dlrover.master.journal import MemoryJournal
 from dlrover.master.master import Master
 from dlrover.master.scheduler.fake import FakeScheduler
 from dlrover.master.states import NodeState
-from dlrover.master.stragglers import StragglerWatch
+from dlrover.master.stragglers import StragglerFinding, StragglerWatch
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -99,6 +99,22 @@ def _interleaved(watch: StragglerWatch, trainer: Trainer, heartbeats: int, start
     return now
 
 
+def _first_finding(
+    watch: StragglerWatch, trainer: Trainer, now: float, heartbeats: int, first_node: int = 0
+) -> tuple[StragglerFinding | None, int]:
+    """Go on as `_interleaved` does from `now` (node `first_node` first) until the master finds a
+    straggler or `heartbeats` passed; the finding (None: none) and the heartbeats it took."""
+    for beat in range(1, heartbeats + 1):
+        now += 0.25
+        trainer.advance_to(now)
+        node = (beat - 1 + first_node) % 2
+        watch.observe(node, trainer.stats(now, (node,)), now)
+        found = watch.check(now)
+        if found is not None:
+            return found, beat
+    return None, heartbeats
+
+
 def test_ranks_stepping_together_on_nodes_heartbeating_at_different_moments_are_no_stragglers() -> None:
     # Just before node 1's heartbeat its rank's last known step end lies a heartbeat interval back:
     # measured up to now, 0.2 s steps looked like 0.5-0.7 s against the other node's 0.2 s.
@@ -118,15 +134,7 @@ def test_a_slowed_rank_marked_every_fifth_step_is_still_found() -> None:
     trainer = Trainer({0: 0.1, 1: 0.1}, marks_every=5)
     now = _interleaved(watch, trainer, heartbeats=80)
     trainer.step_s[1] = 0.4
-    found = None
-    for i in range(80):
-        now += 0.25
-        trainer.advance_to(now)
-        node = i % 2
-        watch.observe(node, trainer.stats(now, (node,)), now)
-        found = watch.check(now)
-        if found is not None:
-            break
+    found, _ = _first_finding(watch, trainer, now, heartbeats=80)
     assert found is not None
     assert found.ranks == (1,), found.report.reason
 
@@ -136,15 +144,7 @@ def test_a_slowed_rank_on_nodes_heartbeating_at_different_moments_is_still_found
     trainer = Trainer({0: 0.2, 1: 0.2})
     now = _interleaved(watch, trainer, heartbeats=40)
     trainer.step_s[1] = 0.8
-    found = None
-    for i in range(40):
-        now += 0.25
-        trainer.advance_to(now)
-        node = i % 2
-        watch.observe(node, trainer.stats(now, (node,)), now)
-        found = watch.check(now)
-        if found is not None:
-            break
+    found, _ = _first_finding(watch, trainer, now, heartbeats=40)
     assert found is not None
     assert found.ranks == (1,), found.report.reason
 
@@ -154,15 +154,7 @@ def test_a_rank_stuck_in_its_step_while_its_node_heartbeats_is_found() -> None:
     trainer = Trainer({0: 0.2, 1: 0.2})
     now = _interleaved(watch, trainer, heartbeats=40)
     trainer.step_s[1] = 1000.0  # its current step never ends; its agent still sends the stats
-    found = None
-    for i in range(20):
-        now += 0.25
-        trainer.advance_to(now)
-        node = i % 2
-        watch.observe(node, trainer.stats(now, (node,)), now)
-        found = watch.check(now)
-        if found is not None:
-            break
+    found, _ = _first_finding(watch, trainer, now, heartbeats=20)
     assert found is not None
     assert found.ranks == (1,), found.report.reason
 
@@ -436,14 +428,7 @@ def test_a_rank_marking_every_step_that_stops_is_found_at_the_next_heartbeat() -
     trainer = Trainer({0: 0.1, 1: 0.1})
     now = _interleaved(watch, trainer, heartbeats=80)
     trainer.step_s[1] = 1000.0
-    found = None
-    beats = 0
-    while found is None:
-        now += 0.25
-        beats += 1
-        trainer.advance_to(now)
-        node = beats % 2
-        watch.observe(node, trainer.stats(now, (node,)), now)
-        found = watch.check(now)
-        assert beats <= 3, "a stalled rank is found at its node's next heartbeat or the one after"
+    found, beats = _first_finding(watch, trainer, now, heartbeats=3, first_node=1)
+    assert found is not None, "a stalled rank is found at its node's next heartbeat or the one after"
+    assert beats <= 3
     assert found.ranks == (1,)

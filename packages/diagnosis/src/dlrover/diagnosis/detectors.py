@@ -141,10 +141,10 @@ class HangDetector:
         # Each rank by its own marks' pace: ranks of one job may mark at different strides (one
         # reports every step, another only saves), and a pace borrowed from faster-marking ranks
         # would call a rank hung between two of its marks.
-        gap = self._timeline.median_gap_s(state.rank)
-        if state.advances < cfg.warmup_steps or gap is None or len(state.gaps) < cfg.min_step_samples:
+        if state.advances < cfg.warmup_steps or len(state.gaps) < cfg.min_step_samples:
             # Too few marks of its own to know its pace (first steps, a restart, a sparse marker).
             return cfg.first_steps_allowance_s, "the first-steps allowance"
+        gap = statistics.median(state.gaps)
         adaptive = cfg.k * gap
         if adaptive < cfg.floor_s:
             return cfg.floor_s, f"the floor (k x median time between step marks = {adaptive:.3g} s is shorter)"

@@ -14,7 +14,6 @@ a clean one also as seconds per step (`RankProgress.durations`, what ranks are c
 
 from __future__ import annotations
 
-import statistics
 from collections import deque
 
 import attrs
@@ -157,9 +156,3 @@ class StepTimeline:
     def ranks(self) -> tuple[RankProgress, ...]:
         """Every tracked rank, ascending."""
         return tuple(self._ranks[r] for r in sorted(self._ranks))
-
-    def median_gap_s(self, rank: int) -> float | None:
-        """The median seconds between `rank`'s step marks after its warm-up (None when there are
-        none)."""
-        state = self._ranks.get(rank)
-        return statistics.median(state.gaps) if state is not None and state.gaps else None
