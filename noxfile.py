@@ -19,6 +19,7 @@
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 
 import nox
@@ -256,13 +257,21 @@ def tests_flashckpt_deepspeed(session: nox.Session) -> None:
     """dlrover.flashckpt's DeepSpeed adapter on CPU, in a venv with DeepSpeed (its absence fails them)."""
     session.install(TORCH_PIN)
     session.install(*CONSTRAINTS, "-e", "packages/common", "-e", "packages/flashckpt[deepspeed,test]")
-    session.run(
-        "pytest",
-        "packages/flashckpt/tests/test_deepspeed.py",
-        "packages/flashckpt/tests/test_deepspeed_state.py",
-        *session.posargs,
-        env={"DLROVER_REQUIRE_DEEPSPEED": "1", "DS_ACCELERATOR": "cpu"},
-    )
+    # DeepSpeed's CPU backend JIT-builds its shared-memory collective op inside init_distributed,
+    # behind a lock file in the extensions folder that a killed build leaves behind: every later
+    # rank then waits on it for ever. Build it once, up front, in a folder this run owns, so a
+    # compile error shows as itself and no lock from elsewhere can hang the ranks.
+    with tempfile.TemporaryDirectory(prefix="dlrover-ds-extensions-") as extensions:
+        env = {"DLROVER_REQUIRE_DEEPSPEED": "1", "DS_ACCELERATOR": "cpu", "TORCH_EXTENSIONS_DIR": extensions}
+        build = "import deepspeed.accelerator as a; a.get_accelerator().create_op_builder('ShareMemCommBuilder').load()"
+        session.run("python", "-c", build, env=env)
+        session.run(
+            "pytest",
+            "packages/flashckpt/tests/test_deepspeed.py",
+            "packages/flashckpt/tests/test_deepspeed_state.py",
+            *session.posargs,
+            env=env,
+        )
 
 
 @nox.session

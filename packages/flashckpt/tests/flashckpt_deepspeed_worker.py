@@ -9,6 +9,7 @@ run's bit for bit. Prints JSON lines.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import os
 
@@ -57,7 +58,10 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--job", required=True)
     p.add_argument("--stage", type=int, default=2)
+    p.add_argument("--stall-dump-s", type=float, default=200.0, help="print every stack and exit after this")
     a = p.parse_args()
+    # A rank stuck in a collective or a lock says where before the test gives up on it.
+    faulthandler.dump_traceback_later(a.stall_dump_s, exit=True)
     deepspeed.init_distributed(dist_backend="gloo")
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     cfg = StagerConfig(job_id=a.job, run_id="ds", rank=rank, world_size=world, copy_threads=1)
@@ -96,6 +100,7 @@ def main() -> None:
         torch.distributed.barrier()
         if r == rank and stager.owns_segments:
             stager.close(remove=True)
+    faulthandler.cancel_dump_traceback_later()
 
 
 if __name__ == "__main__":

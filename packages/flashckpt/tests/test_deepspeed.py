@@ -46,7 +46,7 @@ def test_zero_engine_restores_from_memory_bit_for_bit(job_id: str, stage: int) -
             LOCAL_RANK=str(rank),
             LOCAL_WORLD_SIZE="2",
         )
-        cmd = [sys.executable, WORKER, "--job", job_id, "--stage", str(stage)]
+        cmd = [sys.executable, WORKER, "--job", job_id, "--stage", str(stage), "--stall-dump-s", "200"]
         procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     results = []
     try:
