@@ -99,6 +99,29 @@ SYNCHRONOUS_SLOWDOWN = textwrap.dedent(
     """
 )
 
+# Both ranks train 12 steps, then hold for 4 s (far past the 1 s hang window of their 0.05 s
+# steps), in the phase the test names, in their first attempt only; then train 5 more steps.
+HOLD = textwrap.dedent(
+    """
+    import json, os, sys, time
+    from dlrover.diagnosis import StepReporter
+
+    out, hold_phase = sys.argv[1], sys.argv[2]
+    reporter = StepReporter.from_env()
+    attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+    for step in range(1, 18):
+        if step == 13 and attempt == 0:
+            reporter.phase(hold_phase)
+            time.sleep(4.0)
+            reporter.phase("train")
+        time.sleep(0.05)
+        reporter.step(step)
+    if os.environ["RANK"] == "0":
+        with open(os.path.join(out, "result.json"), "w") as f:
+            json.dump({"attempt": attempt}, f)
+    """
+)
+
 USER_ERROR = textwrap.dedent(
     """
     from dlrover.diagnosis import StepReporter
@@ -140,8 +163,8 @@ def test_a_rank_blocked_in_a_collective_is_found_dumped_and_restarted(
     window = float(found["window"])
     assert float(found["stalled"]) >= window
     median = re.search(
-        r"k x median time between step marks = ([\d.e-]+) s is shorter"
-        r"|5 x the median time between step marks of ([\d.e-]+) s",
+        r"k x median training time between step marks = ([\d.e-]+) s is shorter"
+        r"|5 x the median training time between step marks of ([\d.e-]+) s",
         found["why"],
     )
     assert median is not None, found["why"]
@@ -207,6 +230,23 @@ def test_a_rank_slowed_at_runtime_in_a_synchronous_ddp_job_is_reported_by_its_le
     assert leads[1] > 2 * leads[0], first
     assert "rank 1 works" in str(first["message"]), first
     assert "before it synchronizes" in output
+
+
+@pytest.mark.parametrize(("hold_phase", "attempts"), [("wait", 1), ("train", 2)])
+def test_a_hold_in_the_wait_phase_is_judged_by_its_allowance_not_the_step_pace(
+    tmp_path: Path, dlrover_run: Callable[..., subprocess.Popen[str]], hold_phase: str, attempts: int
+) -> None:
+    (tmp_path / "hold.py").write_text(HOLD)
+    (tmp_path / "out").mkdir()
+    proc = dlrover_run(
+        tmp_path, "--max-restarts=1", "--hang-timeout=0", "--hang-step-floor=1", "--hang-wait-allowance=60",
+        str(tmp_path / "hold.py"), str(tmp_path / "out"), hold_phase,
+    )  # fmt: skip
+    output, _ = proc.communicate(timeout=240)
+    assert proc.returncode == 0, output
+    assert json.loads((tmp_path / "out" / "result.json").read_text()) == {"attempt": attempts - 1}, output
+    # Held in training, the same 4 s is a hang: found by the step pace, restarted once.
+    assert (_HANG.search(output) is not None) == (hold_phase == "train"), output
 
 
 def test_a_user_code_error_still_stops_after_one_attempt(

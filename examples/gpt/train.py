@@ -164,6 +164,10 @@ class PlainBackend:
     def watch(self, ddp: DistributedDataParallel) -> None:
         """Plain torchrun finds no stragglers: nothing to mark."""
 
+    def hold(self, pause_file: str) -> None:
+        while os.path.exists(pause_file):
+            time.sleep(0.05)
+
     def take(self, step: int) -> list[int]:
         # The position is the step: a resumed run takes the batches the lost steps would have.
         return self._indices[step * self._batch : (step + 1) * self._batch]
@@ -286,6 +290,22 @@ class DlroverBackend:
 
         report_gradient_sync(ddp)
 
+    def hold(self, pause_file: str) -> None:
+        """Hold training while `pause_file` exists, in the ``wait`` phase: the agent's hang watch
+        judges the hold by its own allowance (--hang-wait-allowance), not by the step pace."""
+        from dlrover.common.step_slots import optional_reporter
+
+        reporter = optional_reporter()
+        if reporter is not None:
+            reporter.phase("wait")
+        try:
+            while os.path.exists(pause_file):
+                time.sleep(0.05)
+        finally:
+            if reporter is not None:
+                reporter.phase("train")
+                reporter.close()
+
     def take(self, step: int) -> list[int]:
         indices = list(islice(self._iter, self._batch))
         if len(indices) < self._batch:
@@ -335,8 +355,8 @@ def train(
     loss_value = float("nan")
     window_start, window_steps = time.time(), 0
     while step < args.steps:
-        while args.pause_file and os.path.exists(args.pause_file):
-            time.sleep(0.05)
+        if args.pause_file and os.path.exists(args.pause_file):
+            backend.hold(args.pause_file)
         indices = backend.take(step)
         counts = torch.tensor([len(indices), -len(indices)])
         dist.all_reduce(counts, op=dist.ReduceOp.MIN)

@@ -11,6 +11,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import attrs
 import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
@@ -21,6 +22,7 @@ from dlrover.common.step_slots import (
     STACK_DUMP_ENV_VAR,
     STEP_SLOT_ENV_VAR,
     STEP_SLOTS_ENV_VAR,
+    SlotReading,
     StepReporter,
     StepSlotFile,
     optional_reporter,
@@ -147,7 +149,7 @@ def test_bad_reports_are_refused_and_change_nothing(tmp_path: Path) -> None:
         with pytest.raises(ConfigError, match="samples must be"):
             writer.add_samples(-5)
         assert slots.read(0) == before
-        assert PHASES == ("train", "checkpoint", "eval")
+        assert PHASES == ("train", "checkpoint", "eval", "wait")
     finally:
         writer.close()
         slots.close()
@@ -223,6 +225,7 @@ class SlotMachine(RuleBasedStateMachine):
                 "leads": 0,
                 "first": 0,
                 "group": 0,
+                "marks": 0,
             }
         return self.model[index]
 
@@ -238,6 +241,7 @@ class SlotMachine(RuleBasedStateMachine):
         if target > int(slot["step"]):  # type: ignore[call-overload]
             slot["step"], slot["end"] = target, self.clock.t
             slot["first"] = slot["first"] or target
+            slot["marks"] = int(slot["marks"]) + 1  # type: ignore[call-overload]
         slot["samples"] = int(slot["samples"]) + samples  # type: ignore[call-overload]
 
     @rule(writer=st.integers(0, 2), phase=st.sampled_from(PHASES))
@@ -279,6 +283,7 @@ class SlotMachine(RuleBasedStateMachine):
                 slot["since"],
             )
             assert (r.lead_s, r.lead_steps, r.sync_group) == (pytest.approx(slot["lead"]), slot["leads"], slot["group"])
+            assert r.marks == slot["marks"]
             assert r.seq % 2 == 0
 
     def teardown(self) -> None:
@@ -289,6 +294,41 @@ class SlotMachine(RuleBasedStateMachine):
 
 
 TestSlotMachine = SlotMachine.TestCase
+
+
+def test_steps_per_mark_counts_the_marks_between_two_reads_even_when_many_fall_between(tmp_path: Path) -> None:
+    slots = StepSlotFile(tmp_path / "s", 1)
+    writer = StepReporter(slots.path, 0)
+    try:
+        writer.step(4)
+        first = slots.read(0)
+        for step in range(5, 51):  # one step per mark, 46 of them between two reads
+            writer.step(step)
+        assert first is not None
+        middle = slots.read(0)
+        assert middle is not None
+        assert middle.steps_per_mark(first) == 1.0
+        for step in range(55, 105, 5):  # a mark every fifth step
+            writer.step(step)
+        late = slots.read(0)
+        assert late is not None
+        assert late.steps_per_mark(middle) == 5.0
+        writer.step(100)  # not above the slot's step: no mark
+        writer.add_samples(3)
+        again = slots.read(0)
+        assert again is not None
+        assert again.steps_per_mark(late) is None
+    finally:
+        writer.close()
+        slots.close()
+
+
+def test_steps_per_mark_survives_the_counter_wrapping_and_ignores_a_reset_slot() -> None:
+    before = SlotReading(2, 100, 0, 1.0, "train", 0.0, 1, marks=2**32 - 2)
+    after = attrs.evolve(before, seq=4, step=112, marks=2)
+    assert after.steps_per_mark(before) == 3.0
+    reset = attrs.evolve(before, seq=6, step=3, marks=1)
+    assert reset.steps_per_mark(before) is None
 
 
 def test_checkpoint_phases_before_the_first_step_are_the_load_and_after_it_saves(tmp_path: Path) -> None:

@@ -64,7 +64,7 @@ def test_stall_is_found_within_one_window_and_names_the_rank() -> None:
     assert window <= found.stalled_for_s[0] <= window + 0.2  # within one window (plus one tick)
     assert found.window_s == pytest.approx(window)
     assert "rank(s) 2" in found.reason
-    assert "median time between step marks" in found.reason
+    assert "median training time between step marks" in found.reason
 
 
 def test_not_hung_before_the_window() -> None:
@@ -318,7 +318,7 @@ def test_ranks_marked_only_by_their_saves_are_not_hung_between_two_saves() -> No
     report = det.check(clock.now())
     assert report.hung
     assert report.window_s == pytest.approx(250.0)
-    assert "5 x the median time between step marks of 50 s" in report.reason
+    assert "5 x the median training time between step marks of 50 s" in report.reason
 
 
 def _rank_3_marked_by_its_saves(steps: int, *, in_checkpoint_phase: bool) -> tuple[HangDetector, ManualClock]:
@@ -345,10 +345,31 @@ def test_a_rank_marked_only_by_its_saves_is_judged_by_its_own_pace_not_its_peers
     det, clock = _rank_3_marked_by_its_saves(80, in_checkpoint_phase=True)
     progress = {s.rank: s for s in det.progress()}
     assert det.window_for(progress[0])[0] == pytest.approx(5.0)
-    assert det.window_for(progress[3]) == (100.0, "5 x the median time between step marks of 20 s")
+    assert det.window_for(progress[3]) == (100.0, "5 x the median training time between step marks of 20 s")
     assert not progress[3].durations  # its marks say how often it marks, not how long a step takes
     clock.advance(19.0)
     assert det.check(clock.now()).stalled_ranks == (0, 1, 2)
+
+
+def test_long_saves_between_marks_do_not_lengthen_the_window_of_the_training_after_them() -> None:
+    # Every step (1 s of training) is followed by a 60 s save. The save is judged by the
+    # checkpoint allowance; the training after it by its 1 s of training between marks, not by
+    # the 61 s between marks (a window of 305 s: a hang right after a save found five minutes late).
+    clock = ManualClock()
+    det = HangDetector(HangConfig(k=5.0, floor_s=3.0, warmup_steps=0, min_step_samples=3))
+    det.start([0], clock.now())
+    for step in range(1, 6):
+        clock.advance(1.0)
+        det.observe(StepReport(0, step, clock.now()))
+        det.observe(StepReport(0, step, clock.now(), phase="checkpoint"))
+        clock.advance(60.0)
+        assert not det.check(clock.now()).hung
+        det.observe(StepReport(0, step, clock.now()))
+    (state,) = det.progress()
+    assert list(state.gaps) == [1.0] * 5
+    assert det.window_for(state) == (5.0, "5 x the median training time between step marks of 1 s")
+    clock.advance(5.5)
+    assert det.check(clock.now()).stalled_ranks == (0,)
 
 
 def test_a_rank_with_too_few_marks_of_its_own_keeps_the_first_steps_allowance() -> None:

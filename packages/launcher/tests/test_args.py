@@ -61,6 +61,18 @@ def test_worker_commands_follow_torchrun() -> None:
     assert run_path[-2:] == ["t.py", "x"]
 
 
+def test_the_phase_allowances_reach_the_agents_hang_detector() -> None:
+    from dlrover.launcher.cli import _step_hang
+
+    cfg = parse_args(["--hang-checkpoint-allowance=60", "--hang-eval-allowance=70", "--hang-wait-allowance=80", "t.py"])
+    hang = _step_hang(cfg)
+    assert hang is not None
+    assert dict(hang.phase_allowance_s) == {"checkpoint": 60.0, "eval": 70.0, "wait": 80.0}
+    assert dict(_step_hang(parse_args(["t.py"])).phase_allowance_s)["wait"] == 3600.0  # type: ignore[union-attr]
+    with pytest.raises(ConfigError, match="--hang-wait-allowance"):
+        parse_args(["--hang-wait-allowance=nan", "t.py"])
+
+
 def test_dlrover_flags() -> None:
     cfg = parse_args(
         [

@@ -20,14 +20,17 @@ class Slots:
         self.seq: dict[int, int] = {}
         self.now: dict[int, SlotReading] = {}
 
-    def write(self, local: int, step: int, t: float, phase: str = "train", samples: int = 0) -> None:
+    def write(self, local: int, step: int, t: float, phase: str = "train", *, samples: int = 0, marks: int = 1) -> None:
+        """`marks`: the step marks since the last write that moved the step to `step`."""
         before = self.now.get(local)
         seq = self.seq.get(local, 0) + 2
         self.seq[local] = seq
-        end = t if before is None or step > before.step else before.step_end_s
+        moved = before is None or step > before.step
+        end = t if moved else before.step_end_s
         since = t if before is None or phase != before.phase else before.phase_since_s
         total = samples + (before.samples if before is not None else 0)
-        self.now[local] = SlotReading(seq, step, total, end, phase, since, 1000 + local)
+        count = (before.marks if before is not None else 0) + (marks if moved and step > 0 else 0)
+        self.now[local] = SlotReading(seq, step, total, end, phase, since, 1000 + local, marks=count)
 
 
 def run_steps(
@@ -66,7 +69,7 @@ def test_a_rank_that_stops_reporting_is_hung_after_k_times_the_median_step() -> 
     assert verdict.hung
     assert verdict.stalled_ranks == (8, 9)
     assert verdict.window_s == pytest.approx(5.0)
-    assert "5 x the median time between step marks of 1 s" in verdict.reason
+    assert "5 x the median training time between step marks of 1 s" in verdict.reason
     assert watch.local_rank(9) == 1
     assert watch.global_rank(0) == 8
 
@@ -246,6 +249,18 @@ def test_the_heartbeat_says_how_many_steps_a_ranks_marks_cover() -> None:
     stats = {s.rank: s for s in watch.stats(t)}
     assert stats[0].steps_per_mark == 10.0
     assert stats[1].steps_per_mark == 1.0
+
+
+def test_a_rank_marking_every_fast_step_covers_one_step_per_mark_however_many_fall_between_reads() -> None:
+    watch = StepWatch({0: 0}, CONFIG)
+    slots = Slots()
+    t = 0.0
+    for read in range(1, 10):
+        t += 0.1
+        slots.write(0, read * 20, t, marks=20)  # 5 ms steps, each marked: 20 between two reads
+        watch.observe(slots.now, t)
+    (stats,) = watch.stats(t)
+    assert stats.steps_per_mark == 1.0
 
 
 def test_a_slot_with_nonsense_times_is_left_out_of_the_heartbeat() -> None:

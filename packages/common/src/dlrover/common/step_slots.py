@@ -8,7 +8,7 @@ CLOCK_MONOTONIC (a vDSO call): no system call, no RPC, cheap enough for every st
 
 File layout (little endian):
 
-* header, 64 bytes: magic ``b"DLRSLOT2"``, u32 slot count, u32 slot size (128), u64 save request
+* header, 64 bytes: magic ``b"DLRSLOT3"``, u32 slot count, u32 slot size (128), u64 save request
   (written by the agent only: a counter it raises to ask the workers for a flash checkpoint before
   a planned rendezvous round; see `StepSlotFile.request_save`), zero padding;
 * slot ``i`` at ``64 + 128 * i``: u64 sequence, i64 step, i64 samples, f64 step end (seconds on
@@ -16,8 +16,10 @@ File layout (little endian):
   f64 ready (when the worker was ready to train: its first write, or the end of a checkpoint
   phase before its first step), f64 load seconds (in the checkpoint phase before the first step),
   f64 save seconds (in the checkpoint phase after it), u64 served save request (the newest agent
-  request a sealed flash checkpoint of this worker answered), u64 polls save requests (1 once the
-  worker's script has asked whether the agent wants a save: it answers requests), i64 synced step
+  request a sealed flash checkpoint of this worker answered), u32 polls save requests (1 once the
+  worker's script has asked whether the agent wants a save: it answers requests), u32 marks (how
+  many step marks moved the step, modulo 2**32: with the step it tells how many steps one mark
+  covers, which the agent's reads cannot when several marks fall between two), i64 synced step
   (the step mark after which the last lead was counted, see `StepReporter.synchronizing`), f64
   lead seconds and u64 lead count (the summed time from a step's start to its first
   synchronization point, and how many steps that sum covers), i64 first mark (the step of the
@@ -88,14 +90,16 @@ STACK_DUMP_ENV_VAR = "DLROVER_STACK_DUMP_FILE"
 
 _log = logging.getLogger(__name__)
 
-PHASES: tuple[str, ...] = ("train", "checkpoint", "eval")
-"""The phases a slot can carry, by code."""
+PHASES: tuple[str, ...] = ("train", "checkpoint", "eval", "wait")
+"""The phases a slot can carry, by code. ``wait``: the script holds training on purpose (for an
+operator, for data to arrive, for the job to grow), so it is not judged by its step pace."""
 
-_MAGIC = b"DLRSLOT2"
+_MAGIC = b"DLRSLOT3"
 _HEADER = struct.Struct("<8sII")
 _SAVE_REQUEST = struct.Struct("<Q")
 _SAVE_REQUEST_OFFSET = _HEADER.size
-_SLOT = struct.Struct("<QqqddIIdddQQqdQqq")
+_SLOT = struct.Struct("<QqqddIIdddQIIqdQqq")
+_MARKS_MODULUS = 1 << 32
 _SLOT_SIZE = 128
 _CHECKPOINT_CODE = PHASES.index("checkpoint")
 _TRAIN_CODE = PHASES.index("train")
@@ -129,6 +133,7 @@ class SlotReading:
         lead_steps: how many steps `lead_s` covers; 0 when the worker reports none.
         sync_group: the smallest global rank of the group the worker synchronizes with (0: the
             whole job); lead times compare only within one group.
+        marks: how many step marks moved the step, modulo 2**32 (see `steps_per_mark`).
     """
 
     seq: int
@@ -146,6 +151,16 @@ class SlotReading:
     lead_s: float = 0.0
     lead_steps: int = 0
     sync_group: int = 0
+    marks: int = 0
+
+    def steps_per_mark(self, before: SlotReading) -> float | None:
+        """How many steps each mark since `before` (an older read of the same slot) covered on
+        average, or None when no mark moved the step in between (or the slot was reset)."""
+        marks = (self.marks - before.marks) % _MARKS_MODULUS
+        steps = self.step - before.step
+        if marks == 0 or steps < marks:
+            return None
+        return steps / marks
 
 
 def _offset(index: int) -> int:
@@ -168,6 +183,7 @@ def _read_slot(buf: mmap.mmap, index: int) -> SlotReading | None:
             save_s,
             served,
             polls,
+            marks,
             _,
             lead_s,
             leads,
@@ -197,6 +213,7 @@ def _read_slot(buf: mmap.mmap, index: int) -> SlotReading | None:
             lead_s,
             leads,
             group,
+            marks,
         )
     return None
 
@@ -367,6 +384,7 @@ class StepReporter:
             save_s,
             served,
             polls,
+            marks,
             synced_step,
             lead_s,
             leads,
@@ -387,6 +405,7 @@ class StepReporter:
         if step is not None and step > cur_step:
             new_step, end_s = step, t
             first_mark = first_mark or step
+            marks = (marks + 1) % _MARKS_MODULUS
         if phase is not None:
             new_code = PHASES.index(phase)
             if new_code != code:
@@ -414,6 +433,7 @@ class StepReporter:
             save_s,
             max(served, served_request),
             1 if polls or polls_save_requests else 0,
+            marks,
             synced_step,
             lead_s,
             leads,
@@ -509,7 +529,8 @@ class StepReporter:
         return PHASES[code] if code < len(PHASES) else PHASES[0]
 
     def phase(self, name: str) -> None:
-        """Enter phase `name` (one of `PHASES`): checkpoint and eval get their own hang allowances.
+        """Enter phase `name` (one of `PHASES`): checkpoint, eval and wait get their own hang
+        allowances; enter ``train`` again when the phase ends.
 
         Raises:
             ConfigError: on an unknown phase.

@@ -5,12 +5,11 @@ Hang: a rank is stalled when it made no progress for longer than its window:
 * in a named phase other than ``train`` (``checkpoint``, ``eval``): that phase's allowance;
 * during its first `warmup_steps` steps, or while fewer than `min_step_samples` gaps between its
   step marks are known: `first_steps_allowance_s`;
-* otherwise ``max(floor_s, k x the median time between its step marks)``, a save or evaluation
-  between two marks included. A rank that marks every step waits a step time between marks; one
-  marked only by its checkpointer (a save every 100 steps) waits 100, and is not called hung
-  between two saves. The idle time it is compared with starts at the end of such a phase, so a
-  rank whose marks often have a long phase between them gets a longer window than its training
-  alone needs: a hang is found late, never falsely.
+* otherwise ``max(floor_s, k x the median training time between its step marks)``. A rank that
+  marks every step trains a step time between marks; one marked only by its checkpointer (a save
+  every 100 steps) trains 100, and is not called hung between two saves. A save or evaluation
+  between two marks is judged by its own phase's allowance and not counted in the training time;
+  the idle time compared with the window starts at its end.
 
 So a 1 s-per-step job with k=5 and a 10 s floor is found hung 10 s after it stops, not after
 minutes, while a 3-minute first step or a 5-minute checkpoint raises nothing.
@@ -65,7 +64,7 @@ def _phase_allowances(value: Mapping[str, float]) -> Mapping[str, float]:
     return types.MappingProxyType(out)
 
 
-_DEFAULT_PHASES = types.MappingProxyType({"checkpoint": 600.0, "eval": 1800.0})
+_DEFAULT_PHASES = types.MappingProxyType({"checkpoint": 600.0, "eval": 1800.0, "wait": 3600.0})
 
 
 @attrs.frozen
@@ -80,7 +79,8 @@ class HangConfig:
             (default 600 s).
         min_step_samples: gaps between a rank's step marks needed before the adaptive window is
             used (default 3).
-        phase_allowance_s: per named phase, its window (defaults: checkpoint 600 s, eval 1800 s).
+        phase_allowance_s: per named phase, its window (defaults: checkpoint 600 s, eval 1800 s,
+            wait 3600 s).
         default_phase_allowance_s: the window of a phase not listed (default 600 s).
         history_steps: gaps between marks (and clean step durations) kept per rank for the
             medians (default 32).
@@ -147,8 +147,8 @@ class HangDetector:
         gap = statistics.median(state.gaps)
         adaptive = cfg.k * gap
         if adaptive < cfg.floor_s:
-            return cfg.floor_s, f"the floor (k x median time between step marks = {adaptive:.3g} s is shorter)"
-        return adaptive, f"{cfg.k:g} x the median time between step marks of {gap:.3g} s"
+            return cfg.floor_s, f"the floor (k x median training time between step marks = {adaptive:.3g} s is shorter)"
+        return adaptive, f"{cfg.k:g} x the median training time between step marks of {gap:.3g} s"
 
     def check(self, now: float, judged: Collection[int] | None = None) -> HangReport:
         """Judge every rank (or only those in `judged`) at `now`.

@@ -3,13 +3,16 @@
 A step duration is recorded only for a step taken entirely in the ``train`` phase after the
 warm-up steps, so a slow first step (compilation, data-loader start) or a checkpoint between two
 steps does not distort the step times ranks are compared by. The hang windows are built on the
-gaps between marks instead, which include such phases (see below).
+training time between marks instead (see below).
 
 A rank need not mark every step: one whose only marks are its checkpointer's (a save every 100
-steps) advances many steps at a time, each mark at the end of a save. Every advance after the
-warm-up is kept as the seconds between the two marks (`RankProgress.gaps`, how long the next mark
-may take in the normal course, saves included) and the steps it covered (`RankProgress.strides`);
-a clean one also as seconds per step (`RankProgress.durations`, what ranks are compared by).
+steps) advances many steps at a time, each mark inside a save. Every advance after the warm-up is
+kept as the seconds the rank spent in ``train`` between the two marks (`RankProgress.gaps`: how
+long it may train before its next mark in the normal course; the saves between are judged by
+their own phase's allowance, and the wait in ``train`` is measured from their end); a clean one
+also as seconds per step (`RankProgress.durations`, what ranks are compared by). Time is
+attributed to the phase the rank was known to be in: a phase entered and left between two
+reports counts as training.
 """
 
 from __future__ import annotations
@@ -38,10 +41,8 @@ class RankProgress:
         advances: how many times its step increased.
         durations: recent clean step durations (seconds per step), oldest first.
         clean: whether it stayed in ``train`` since its last advance.
-        gaps: the seconds between consecutive marks after the warm-up, a checkpoint or other
-            phase between them included.
-        strides: the steps each of those advances covered (as seen here: a batch of reports
-            covers several marks).
+        gaps: the seconds spent in ``train`` between consecutive marks after the warm-up.
+        train_s: the seconds spent in ``train`` since the last advance, up to the last report.
         steps_per_mark: how many steps the rank's own marks usually cover, as its last report
             said (`StepReport.steps_per_mark`).
     """
@@ -56,7 +57,7 @@ class RankProgress:
     durations: deque[float] = attrs.field(factory=deque)
     clean: bool = False
     gaps: deque[float] = attrs.field(factory=deque)
-    strides: deque[int] = attrs.field(factory=deque)
+    train_s: float = 0.0
     steps_per_mark: float = 1.0
 
     @property
@@ -66,14 +67,14 @@ class RankProgress:
 
     def copy(self) -> RankProgress:
         """An independent copy (the histories are copied too)."""
-        return attrs.evolve(self, durations=deque(self.durations), gaps=deque(self.gaps), strides=deque(self.strides))
+        return attrs.evolve(self, durations=deque(self.durations), gaps=deque(self.gaps))
 
 
 class StepTimeline:
     """Collects step reports per rank.
 
     Args:
-        history_steps: gaps, strides and clean durations kept per rank.
+        history_steps: gaps and clean durations kept per rank.
         warmup_steps: steps per rank whose duration is never recorded.
     """
 
@@ -117,29 +118,31 @@ class StepTimeline:
                 f"step report of rank {report.rank} at {now!r} is older than "
                 f"its previous one at {state.last_report_s!r}"
             )
+        if state.phase == DEFAULT_PHASE:
+            state.train_s += now - state.last_report_s
         state.last_report_s = now
         state.steps_per_mark = report.steps_per_mark
         if report.step > state.step:
             if state.advances >= self._warmup:
-                # Every mark after the warm-up says how long marks take to come, a save between
-                # them included (a rank marked only by its saves has no other); only a step taken
-                # wholly in training is a step duration.
-                gap, stride = now - state.last_advance_s, report.step - state.step
-                state.gaps.append(gap)
-                state.strides.append(stride)
+                # Every mark after the warm-up says how long the rank trains between marks (a rank
+                # marked only by its saves has no other measure); only a step taken wholly in
+                # training is a step duration.
+                state.gaps.append(state.train_s)
                 if state.clean and report.phase == DEFAULT_PHASE:
-                    state.durations.append(gap / stride)
-                for history in (state.durations, state.gaps, state.strides):
+                    state.durations.append(state.train_s / (report.step - state.step))
+                for history in (state.durations, state.gaps):
                     while len(history) > self._history:
                         history.popleft()
             state.advances += 1
             state.step = report.step
             state.last_advance_s = now
+            state.train_s = 0.0
             state.clean = True
         elif report.step < state.step:
             # A restarted worker resumes from a checkpoint: progress again, warming up again.
             state.step = report.step
             state.last_advance_s = now
+            state.train_s = 0.0
             state.clean = False
             state.advances = 0
         if report.phase != state.phase:

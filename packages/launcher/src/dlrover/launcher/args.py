@@ -156,6 +156,7 @@ class LaunchConfig:
     hang_first_steps_s: float = 600.0
     hang_checkpoint_s: float = 600.0
     hang_eval_s: float = 1800.0
+    hang_wait_s: float = 3600.0
     stack_dump_timeout_s: float = 10.0
     runtime_straggler_factor: float = 2.0
     straggler_action: str = "report"
@@ -433,13 +434,19 @@ def _add_dlrover_options(ours: argparse._ArgumentGroup) -> None:
         _both("hang-step-factor"),
         "5",
         "workers that report their steps (dlrover.diagnosis.StepReporter, FlashCheckpointer.save) are hung when "
-        "stalled longer than this many times the median time between their step marks (or --hang-step-floor); "
+        "stalled longer than this many times the median training time between their step marks (or --hang-step-floor); "
         "their stacks are dumped into the failure evidence and they are restarted; 0: off",
     )
     _option(ours, _both("hang-step-floor"), "30", "seconds: the shortest stall that counts as a hang")
     _option(ours, _both("hang-first-steps"), "600", "seconds the first steps of each worker may take")
     _option(ours, _both("hang-checkpoint-allowance"), "600", "seconds a worker may stay in its checkpoint phase")
     _option(ours, _both("hang-eval-allowance"), "1800", "seconds a worker may stay in its eval phase")
+    _option(
+        ours,
+        _both("hang-wait-allowance"),
+        "3600",
+        "seconds a worker may stay in its wait phase (holding training on purpose)",
+    )
     _option(ours, _both("stack-dump-timeout"), "10", "seconds to wait for each hung worker's stack dump")
     _option(
         ours,
@@ -881,6 +888,7 @@ def parse_args(
         hang_first_steps_s=_finite(ns.hang_first_steps, "--hang-first-steps", 0.001),
         hang_checkpoint_s=_finite(ns.hang_checkpoint_allowance, "--hang-checkpoint-allowance", 0.001),
         hang_eval_s=_finite(ns.hang_eval_allowance, "--hang-eval-allowance", 0.001),
+        hang_wait_s=_finite(ns.hang_wait_allowance, "--hang-wait-allowance", 0.001),
         stack_dump_timeout_s=_finite(ns.stack_dump_timeout, "--stack-dump-timeout", 0.001),
         runtime_straggler_factor=_finite(ns.runtime_straggler_factor, "--runtime-straggler-factor", 1.0),
         straggler_action=_straggler_action(ns.straggler_action),

@@ -545,7 +545,7 @@ def _step_hang(cfg: LaunchConfig) -> HangConfig | None:
         k=cfg.hang_step_factor,
         floor_s=cfg.hang_step_floor_s,
         first_steps_allowance_s=cfg.hang_first_steps_s,
-        phase_allowance_s={"checkpoint": cfg.hang_checkpoint_s, "eval": cfg.hang_eval_s},
+        phase_allowance_s={"checkpoint": cfg.hang_checkpoint_s, "eval": cfg.hang_eval_s, "wait": cfg.hang_wait_s},
     )
 
 

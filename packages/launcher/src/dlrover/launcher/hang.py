@@ -9,8 +9,8 @@ a rank waiting at a gloo barrier while rank 0 preprocesses a dataset for ten min
 too, and would be restarted. What it cannot see: a worker that hangs while it spins, as a rank
 does inside an NCCL collective whose peer is gone (its CPU time grows). For workers that report
 their steps, the agent's step watch (`dlrover.launcher.step_watch`, ``--hang-step-factor``) finds
-those within max(k x the median time between their step marks, a floor); otherwise they are ended by the collective's
-own timeout (``init_process_group(timeout=...)``, NCCL's watchdog).
+those within max(k x the median training time between their step marks, a floor); otherwise they
+are ended by the collective's own timeout (``init_process_group(timeout=...)``, NCCL's watchdog).
 
 `HangWatch` is pure: readings and `now` come in as arguments.
 """

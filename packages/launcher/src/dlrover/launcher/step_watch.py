@@ -37,6 +37,8 @@ __all__ = ["StepWatch"]
 _LEAD_SAMPLES = 5
 # A rank's lead is sent once this many samples are in: one alone may be a warm-up step's.
 _LEAD_MIN_SAMPLES = 3
+# Steps per mark kept per rank (one per reading that saw marks), for their median.
+_PER_MARK_SAMPLES = 16
 
 
 class StepWatch:
@@ -59,6 +61,7 @@ class StepWatch:
         self._leads: dict[int, deque[float]] = {}  # global rank -> recent lead times
         self._lead_at_mark: dict[int, int] = {}  # global rank -> its marks seen at its last lead sample
         self._groups: dict[int, int] = {}  # global rank -> the group it synchronizes with
+        self._per_mark: dict[int, deque[float]] = {}  # global rank -> recent steps per mark
         self._marks_to_judge = max(config.warmup_steps + config.min_step_samples, 1)
 
     @property
@@ -81,6 +84,11 @@ class StepWatch:
             old_phase = before.phase if before is not None else "train"
             if reading.step > old_step:
                 self._marks[rank] = self._marks.get(rank, 0) + 1
+                per_mark = reading.steps_per_mark(before) if before is not None else None
+                if per_mark is not None:
+                    # From the slot's own count of marks: a rank that marks every step of 5 ms
+                    # moves 20 steps between two 0.1 s reads, yet each mark covers one step.
+                    self._per_mark.setdefault(rank, deque(maxlen=_PER_MARK_SAMPLES)).append(per_mark)
             elif reading.phase == old_phase:
                 self._seen[local_rank] = reading  # samples only: a count, not a step
                 continue
@@ -150,7 +158,7 @@ class StepWatch:
             rank = self._ranks[local_rank]
             state = progress.get(rank)
             median = statistics.median(state.durations) if state is not None and state.durations else 0.0
-            per_mark = statistics.median(state.strides) if state is not None and state.strides else 1.0
+            per_mark = statistics.median(self._per_mark[rank]) if rank in self._per_mark else 1.0
             leads = self._leads.get(rank)
             lead = statistics.median(leads) if leads and len(leads) >= _LEAD_MIN_SAMPLES else 0.0
             since_mark = reading.step_end_s if reading.step > 0 else reading.phase_since_s
