@@ -99,8 +99,8 @@ SYNCHRONOUS_SLOWDOWN = textwrap.dedent(
     """
 )
 
-# Both ranks train 12 steps, then hold for 4 s (far past the 1 s hang window of their 0.05 s
-# steps), in the phase the test names, in their first attempt only; then train 5 more steps.
+# Both ranks train 12 steps, then hold for 15 s (three times the 5 s floor that is the hang window
+# of their 0.05 s steps), in the phase the test names, in their first attempt only; then train 5 more.
 HOLD = textwrap.dedent(
     """
     import json, os, sys, time
@@ -112,7 +112,7 @@ HOLD = textwrap.dedent(
     for step in range(1, 18):
         if step == 13 and attempt == 0:
             reporter.phase(hold_phase)
-            time.sleep(4.0)
+            time.sleep(15.0)
             reporter.phase("train")
         time.sleep(0.05)
         reporter.step(step)
@@ -239,13 +239,13 @@ def test_a_hold_in_the_wait_phase_is_judged_by_its_allowance_not_the_step_pace(
     (tmp_path / "hold.py").write_text(HOLD)
     (tmp_path / "out").mkdir()
     proc = dlrover_run(
-        tmp_path, "--max-restarts=1", "--hang-timeout=0", "--hang-step-floor=1", "--hang-wait-allowance=60",
+        tmp_path, "--max-restarts=1", "--hang-timeout=0", "--hang-step-floor=5", "--hang-wait-allowance=120",
         str(tmp_path / "hold.py"), str(tmp_path / "out"), hold_phase,
     )  # fmt: skip
     output, _ = proc.communicate(timeout=240)
     assert proc.returncode == 0, output
     assert json.loads((tmp_path / "out" / "result.json").read_text()) == {"attempt": attempts - 1}, output
-    # Held in training, the same 4 s is a hang: found by the step pace, restarted once.
+    # Held in training, the same 15 s is a hang: found past the floor, restarted once.
     assert (_HANG.search(output) is not None) == (hold_phase == "train"), output
 
 

@@ -236,6 +236,7 @@ class DlroverBackend:
             )
         )
         self.sampler = ShardSampler(self.client)
+        self._reporter: Any = None  # the wait phase's writer, made at the first hold
         self._iter: Iterator[int] = iter(self.sampler)
         self.storage_dir = Path(args.out) / "checkpoints"
         # Job id, rank and world size come from dlrover-run's environment (--job-id overrides the
@@ -293,18 +294,18 @@ class DlroverBackend:
     def hold(self, pause_file: str) -> None:
         """Hold training while `pause_file` exists, in the ``wait`` phase: the agent's hang watch
         judges the hold by its own allowance (--hang-wait-allowance), not by the step pace."""
-        from dlrover.common.step_slots import optional_reporter
+        if self._reporter is None:
+            from dlrover.common.step_slots import optional_reporter
 
-        reporter = optional_reporter()
-        if reporter is not None:
-            reporter.phase("wait")
+            self._reporter = optional_reporter()
+        if self._reporter is not None:
+            self._reporter.phase("wait")
         try:
             while os.path.exists(pause_file):
                 time.sleep(0.05)
         finally:
-            if reporter is not None:
-                reporter.phase("train")
-                reporter.close()
+            if self._reporter is not None:
+                self._reporter.phase("train")
 
     def take(self, step: int) -> list[int]:
         indices = list(islice(self._iter, self._batch))

@@ -323,6 +323,14 @@ def test_steps_per_mark_counts_the_marks_between_two_reads_even_when_many_fall_b
         slots.close()
 
 
+def test_a_slots_first_mark_is_no_measure_of_steps_per_mark() -> None:
+    # A restored process's first mark is its checkpoint's step (1000), not 1000 steps it took.
+    loading = SlotReading(2, 0, 0, 0.0, "checkpoint", 0.0, 1)
+    first = attrs.evolve(loading, seq=4, step=1000, marks=1)
+    assert first.steps_per_mark(loading) is None
+    assert attrs.evolve(first, seq=6, step=1001, marks=2).steps_per_mark(first) == 1.0
+
+
 def test_steps_per_mark_survives_the_counter_wrapping_and_ignores_a_reset_slot() -> None:
     before = SlotReading(2, 100, 0, 1.0, "train", 0.0, 1, marks=2**32 - 2)
     after = attrs.evolve(before, seq=4, step=112, marks=2)

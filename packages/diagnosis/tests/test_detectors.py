@@ -372,6 +372,59 @@ def test_long_saves_between_marks_do_not_lengthen_the_window_of_the_training_aft
     assert det.check(clock.now()).stalled_ranks == (0,)
 
 
+def test_training_split_around_an_evaluation_counts_both_parts_and_not_the_evaluation() -> None:
+    clock = ManualClock()
+    det = HangDetector(HangConfig(k=5.0, floor_s=3.0, warmup_steps=0, min_step_samples=3))
+    det.start([0], clock.now())
+    for step in range(1, 5):
+        clock.advance(0.5)
+        det.observe(StepReport(0, step - 1, clock.now(), phase="eval"))
+        clock.advance(100.0)
+        det.observe(StepReport(0, step - 1, clock.now()))
+        clock.advance(0.5)
+        det.observe(StepReport(0, step, clock.now()))
+    (state,) = det.progress()
+    assert list(state.gaps) == [1.0] * 4
+
+
+def _rank_0_saves_alone(det: HangDetector, clock: ManualClock) -> None:
+    """Ranks 0-3 step every second for 10 s; then rank 0 enters a checkpoint phase and the
+    others, waiting for it at the next barrier, stop marking."""
+    det.start(RANKS, clock.now())
+    for step in range(1, 11):
+        clock.advance(1.0)
+        for r in RANKS:
+            det.observe(StepReport(r, step, clock.now()))
+    det.observe(StepReport(0, 10, clock.now(), phase="checkpoint"))
+
+
+def test_ranks_waiting_for_a_peers_save_are_not_hung_while_it_is_within_its_allowance() -> None:
+    clock = ManualClock()
+    det = HangDetector(HangConfig(k=5.0, floor_s=3.0, warmup_steps=0, phase_allowance_s={"checkpoint": 100.0}))
+    _rank_0_saves_alone(det, clock)
+    clock.advance(99.0)  # far past the others' 5 s window, within the save's allowance
+    assert not det.check(clock.now()).hung
+    clock.advance(2.0)  # the save overran: every rank is hung, the saver first of all
+    assert det.check(clock.now()).stalled_ranks == RANKS
+
+
+def test_a_save_that_begins_after_a_rank_hung_does_not_excuse_it() -> None:
+    clock = ManualClock()
+    det = HangDetector(HangConfig(k=5.0, floor_s=3.0, warmup_steps=0, phase_allowance_s={"checkpoint": 100.0}))
+    det.start(RANKS, clock.now())
+    for step in range(1, 11):
+        clock.advance(1.0)
+        for r in RANKS:
+            if r != 3 or step <= 4:  # rank 3 hangs after step 4; the others go on
+                det.observe(StepReport(r, step, clock.now()))
+    det.observe(StepReport(0, 10, clock.now(), phase="checkpoint"))
+    clock.advance(1.0)
+    assert det.check(clock.now()).stalled_ranks == (3,)  # quiet since step 4: 7 s, past its 5 s window
+    clock.advance(10.0)
+    # Ranks 1 and 2 wait for rank 0's save, begun within their windows; rank 3's began too late.
+    assert det.check(clock.now()).stalled_ranks == (3,)
+
+
 def test_a_rank_with_too_few_marks_of_its_own_keeps_the_first_steps_allowance() -> None:
     det, _ = _rank_3_marked_by_its_saves(40, in_checkpoint_phase=False)  # two marks: one gap
     progress = {s.rank: s for s in det.progress()}

@@ -29,15 +29,24 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+@pytest.fixture(scope="module")
+def extensions_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """Where DeepSpeed builds its CPU ops: the nox session's folder, else one of this module's
+    own. The shared default (~/.cache/torch_extensions) may hold a lock a killed build left,
+    on which every rank would wait for ever."""
+    return os.environ.get("TORCH_EXTENSIONS_DIR") or str(tmp_path_factory.mktemp("torch-extensions"))
+
+
 @pytest.mark.integration
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("stage", [1, 2])
-def test_zero_engine_restores_from_memory_bit_for_bit(job_id: str, stage: int) -> None:
+def test_zero_engine_restores_from_memory_bit_for_bit(job_id: str, stage: int, extensions_dir: str) -> None:
     port = _free_port()
     procs = []
     for rank in range(2):
         env = dict(os.environ)
         env.update(
+            TORCH_EXTENSIONS_DIR=extensions_dir,
             DS_ACCELERATOR="cpu",
             MASTER_ADDR="127.0.0.1",
             MASTER_PORT=str(port),

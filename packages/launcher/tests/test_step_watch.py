@@ -251,6 +251,22 @@ def test_the_heartbeat_says_how_many_steps_a_ranks_marks_cover() -> None:
     assert stats[1].steps_per_mark == 1.0
 
 
+def test_a_mark_inside_a_save_begun_between_two_reads_counts_only_the_training_before_the_save() -> None:
+    # Each cycle: 1 s of training, a save entered, the step marked 0.5 s into it, training again
+    # 10 s later. The agent reads once after the mark (phase and mark both new) and once after the
+    # return to training. The training between marks is 1 s (a 5 s window), not 1.5 s.
+    watch = StepWatch({0: 0}, HangConfig(k=5.0, floor_s=0.1, warmup_steps=0, min_step_samples=3))
+    t, seq = 0.0, 0
+    for step in range(1, 6):
+        seq += 2
+        reading = SlotReading(seq, step, 0, t + 1.5, "checkpoint", t + 1.0, 1000, marks=step)
+        watch.observe({0: reading}, t + 1.6)
+        t += 11.5
+        seq += 2
+        watch.observe({0: SlotReading(seq, step, 0, t - 10.0, "train", t, 1000, marks=step)}, t)
+    assert watch.window_s() == pytest.approx(5.0)
+
+
 def test_a_rank_marking_every_fast_step_covers_one_step_per_mark_however_many_fall_between_reads() -> None:
     watch = StepWatch({0: 0}, CONFIG)
     slots = Slots()

@@ -155,10 +155,12 @@ class SlotReading:
 
     def steps_per_mark(self, before: SlotReading) -> float | None:
         """How many steps each mark since `before` (an older read of the same slot) covered on
-        average, or None when no mark moved the step in between (or the slot was reset)."""
+        average; None when no mark moved the step in between, when `before` had no mark yet (a
+        process's first mark may be a restored checkpoint's step, not steps it took), or when the
+        step went down (a reset slot)."""
         marks = (self.marks - before.marks) % _MARKS_MODULUS
         steps = self.step - before.step
-        if marks == 0 or steps < marks:
+        if before.marks == 0 or marks == 0 or steps < marks:
             return None
         return steps / marks
 

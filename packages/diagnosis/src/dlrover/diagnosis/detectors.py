@@ -11,13 +11,21 @@ Hang: a rank is stalled when it made no progress for longer than its window:
   between two marks is judged by its own phase's allowance and not counted in the training time;
   the idle time compared with the window starts at its end.
 
+A rank in ``train`` that has gone quiet while another rank of the detector is in a named phase
+(one that began before the quiet rank's window ran out, and is still within its allowance) is not
+stalled: it waits for that rank in a collective (a save or an evaluation by rank 0 alone, its
+peers at the next barrier). It is judged again once no peer is in such a phase. The detector sees
+only the ranks it is fed (an agent's, the ranks of one node): peers that wait on another node's
+phase are not excused, so a script whose ranks wait for one rank's long save enters the phase on
+every rank (`StepReporter.phase`).
+
 So a 1 s-per-step job with k=5 and a 10 s floor is found hung 10 s after it stops, not after
 minutes, while a 3-minute first step or a 5-minute checkpoint raises nothing.
 
 Straggler: a rank whose median step time over its last `window_steps` steps (or its current
 unfinished step, if already longer) exceeds ``k x`` the median of the other ranks' medians. The
 unfinished time since a rank's last mark counts per step as its marks usually cover
-(`StepReport.steps_per_mark`, from its agent, which sees every mark): a rank marking every fifth
+(`StepReport.steps_per_mark`, from the count of marks its slot keeps): a rank marking every fifth
 step is five steps into the next mark, not one slow step.
 
 In a synchronous job the step times say nothing: every rank waits for the slowest in the gradient
@@ -72,7 +80,7 @@ class HangConfig:
     """Settings of the hang detector.
 
     Attributes:
-        k: the window is k times the median step time (default 5).
+        k: the window is k times the median training time between step marks (default 5).
         floor_s: the window is never shorter than this (default 30 s).
         warmup_steps: steps per rank judged by `first_steps_allowance_s` (default 2).
         first_steps_allowance_s: the window for the first steps, which compile and warm caches
@@ -161,20 +169,27 @@ class HangDetector:
             A report naming the stalled ranks, how long each has been stalled, and why.
         """
         stalled: list[tuple[int, float, float, str]] = []
-        for state in self._timeline.ranks():
+        ranks = self._timeline.ranks()
+        in_phase = [s for s in ranks if s.phase != DEFAULT_PHASE and now - s.phase_since_s <= self.window_for(s)[0]]
+        for state in ranks:
             if judged is not None and state.rank not in judged:
                 continue
             window, why = self.window_for(state)
             idle = now - state.idle_since_s
-            if idle > window:
-                stalled.append((state.rank, idle, window, why))
+            if idle <= window:
+                continue
+            if state.phase == DEFAULT_PHASE and any(
+                peer.rank != state.rank and peer.phase_since_s <= state.idle_since_s + window for peer in in_phase
+            ):
+                continue  # waiting for a peer's save or evaluation
+            stalled.append((state.rank, idle, window, why))
         if not stalled:
-            n = len(self._timeline.ranks()) if judged is None else len(set(judged))
+            n = len(ranks) if judged is None else len(set(judged))
             return HangReport(False, (), (), 0.0, f"all {n} judged ranks made progress within their windows")
         worst = max(stalled, key=lambda s: s[1])
-        ranks = ", ".join(str(s[0]) for s in stalled)
+        names = ", ".join(str(s[0]) for s in stalled)
         reason = (
-            f"no step progress from rank(s) {ranks}; rank {worst[0]} has been stalled for {worst[1]:.1f} s, "
+            f"no step progress from rank(s) {names}; rank {worst[0]} has been stalled for {worst[1]:.1f} s, "
             f"longer than its window of {worst[2]:.1f} s ({worst[3]})"
         )
         return HangReport(

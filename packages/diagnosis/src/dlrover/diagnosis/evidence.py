@@ -32,7 +32,7 @@ __all__ = [
 T = TypeVar("T")
 
 DEFAULT_PHASE = "train"
-"""The phase of ordinary training steps; other phases (``checkpoint``, ``eval``) get their own allowance."""
+"""The phase of ordinary training steps; other phases (``checkpoint``, ``eval``, ``wait``) get their own allowance."""
 
 
 def _finite(_inst: object, attribute: attrs.Attribute[float], value: float) -> None:
@@ -58,11 +58,11 @@ class StepReport:
         rank: the global rank.
         step: the number of steps completed (monotone per rank).
         time_s: when the report was made, in the observer's monotonic seconds.
-        phase: what the rank does next: ``"train"``, or a named phase such as ``"checkpoint"`` or
-            ``"eval"`` that may legitimately take longer than a step.
+        phase: what the rank does next: ``"train"``, or a named phase such as ``"checkpoint"``,
+            ``"eval"`` or ``"wait"`` that may legitimately take longer than a step.
         steps_per_mark: how many steps the rank's marks usually cover (1 when it marks every
-            step; 100 when only its saves, every 100 steps, mark), as its agent saw them: reports
-            that come in batches (heartbeats) cannot tell.
+            step; 100 when only its saves, every 100 steps, mark), from the count of marks its
+            slot keeps: reports that come in batches (heartbeats) cannot tell.
     """
 
     rank: int = attrs.field(validator=non_negative_int)
@@ -82,7 +82,7 @@ class RankStepStats:
         samples: the samples it consumed in total.
         median_step_s: the median of its recent clean step durations; 0 while none is known.
         since_step_s: seconds since it finished its last step (or since it started, before that).
-        phase: what it does now (``train``, ``checkpoint``, ``eval``).
+        phase: what it does now (``train``, ``checkpoint``, ``eval``, ``wait``).
         median_sync_lead_s: the median of its recent lead times: seconds from the start of a step
             to its first synchronization point (`StepReporter.synchronizing`); 0 while none is
             known. In a synchronous job the ranks' step times are equal, their leads are not.

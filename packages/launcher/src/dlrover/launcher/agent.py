@@ -117,8 +117,9 @@ class AgentConfig:
         hang_timeout_s: a worker whose CPU time does not grow for this long is hung and
             reported as such; 0 turns the CPU-idle watch off.
         step_hang: the adaptive hang detector judging the workers' step reports (see
-            `dlrover.launcher.step_watch`): a worker stalled longer than max(k x the median step
-            time, the floor), or its first-steps or phase allowance, is hung; every worker's
+            `dlrover.launcher.step_watch`): a worker stalled longer than max(k x the median
+            training time between its step marks, the floor), or its first-steps or phase
+            allowance, is hung; every worker's
             stack is dumped into the failure evidence and the failure is reported. None: off
             (the reports still reach the master). Workers that never report are not judged.
         stack_dump_timeout_s: bound on each worker's stack dump (py-spy, or its faulthandler).

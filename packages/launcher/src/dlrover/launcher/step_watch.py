@@ -127,6 +127,11 @@ class StepWatch:
                     # The step ended in the old phase; the new one began after it.
                     out.append(StepReport(rank, now.step, max(floor, now.step_end_s), old_phase))
                     out.append(StepReport(rank, now.step, max(floor, now.phase_since_s), now.phase))
+                elif now.phase != old_phase:
+                    # The new phase began before the step ended (a mark inside a save, or a mark
+                    # after returning to training): each stretch goes to its own phase.
+                    out.append(StepReport(rank, old_step, max(floor, now.phase_since_s), now.phase))
+                    out.append(StepReport(rank, now.step, max(floor, now.step_end_s), now.phase))
                 else:
                     out.append(StepReport(rank, now.step, max(floor, now.step_end_s), now.phase))
             elif now.phase != old_phase:
