@@ -92,7 +92,8 @@ _log = logging.getLogger(__name__)
 
 PHASES: tuple[str, ...] = ("train", "checkpoint", "eval", "wait")
 """The phases a slot can carry, by code. ``wait``: the script holds training on purpose (for an
-operator, for data to arrive, for the job to grow), so it is not judged by its step pace."""
+operator, for data to arrive, for the job to grow), so it is not judged by its step pace. The slot
+keeps no sum of it: the goodput accounting counts a hold as part of the step after it."""
 
 _MAGIC = b"DLRSLOT3"
 _HEADER = struct.Struct("<8sII")
