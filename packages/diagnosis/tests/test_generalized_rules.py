@@ -681,8 +681,94 @@ MORE_CASES = [
     ),
 ]
 
+_TB = 'Traceback (most recent call last):\n  File "{file}", line 41, in <module>\n    main()\n{exc}'
+
+# The fourth round's rules (see the corpus README's "Fourth round"), in wordings of their own.
+FOURTH_ROUND_CASES = [
+    (
+        "Megatron's parallel layout",
+        _TB.format(
+            file="pretrain_gpt.py",
+            exc="AssertionError: world size (12) is not divisible by tensor model parallel size (8) times "
+            "pipeline model parallel size (1)",
+        ),
+        None,
+        K.CONFIG_ERROR,
+    ),
+    (
+        "attention heads",
+        _TB.format(
+            file="model.py",
+            exc="ValueError: embed_dim must be divisible by num_heads (got `embed_dim`: 1000 and `num_heads`: 16).",
+        ),
+        None,
+        K.CONFIG_ERROR,
+    ),
+    (
+        "an empty dataset",
+        _TB.format(
+            file="/opt/conda/lib/python3.10/site-packages/torch/utils/data/sampler.py",
+            exc="ValueError: num_samples should be a positive integer value, but got num_samples=0",
+        ),
+        None,
+        K.CONFIG_ERROR,
+    ),
+    (
+        "MPICH's report of a SIGKILL",
+        "=   BAD TERMINATION OF ONE OF YOUR APPLICATION PROCESSES\n=   PID 4242 RUNNING AT gpu-node-3\n"
+        "=   EXIT CODE: 9\n=   CLEANING UP REMAINING PROCESSES",
+        None,
+        K.HOST_OOM,
+    ),
+    (
+        "bash's report behind a timestamp",
+        "2024-05-02 10:00:00 /bin/bash: line 12: 4242 Killed                  python train.py",
+        None,
+        K.HOST_OOM,
+    ),
+    (
+        "NCCL's socket call in its Net words",
+        "node7:88:91 [0] misc/socket.cc:538 NCCL WARN Net : Call to recv from 10.0.0.12<51234> failed : "
+        "Connection timed out",
+        None,
+        K.COMMUNICATION,
+    ),
+    (
+        "NCCL's socket transport gave up",
+        "node7:88:91 [0] transport/net_socket.cc:221 NCCL WARN NET/Socket : socket progress error",
+        None,
+        K.COMMUNICATION,
+    ),
+    (
+        "JAX's coordination service",
+        "E0412 23:39:41.656900 2231 client.cc:96] Coordination service agent in error status: UNAVAILABLE: "
+        "failed to connect to all addresses",
+        None,
+        K.COMMUNICATION,
+    ),
+    (
+        "an older TPU runtime's allocator",
+        "(1) Resource exhausted: Attempting to allocate 2.00G. That was not possible. There are 1.20G free.; "
+        "(0x0x0_HBM0)",
+        None,
+        K.DEVICE_OOM,
+    ),
+    ("an import behind a glued prefix", "[stderr]ModuleNotFoundError: No module named 'apex'", None, K.USER_CODE),
+]
+
 NEGATIVES = [
     # (name, log, a kind it must not be diagnosed as)
+    (
+        "a batch that divides, logged",
+        "INFO: global batch size 1024 is divisible by micro batch size 4 times data parallel size 8",
+        K.CONFIG_ERROR,
+    ),
+    (
+        "MPICH's report of a failed exit",
+        "=   BAD TERMINATION OF ONE OF YOUR APPLICATION PROCESSES\n=   EXIT CODE: 1",
+        K.HOST_OOM,
+    ),
+    ("a host allocator's words", "Resource exhausted: Attempting to allocate 2.00G on the host", K.DEVICE_OOM),
     (
         "a loss scale that keeps its value",
         "[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 65536, reducing to 65536",
@@ -913,7 +999,9 @@ def registry() -> RuleRegistry:
 
 
 @pytest.mark.parametrize(
-    ("name", "log", "exit_status", "expected"), CASES + MORE_CASES, ids=[c[0] for c in CASES + MORE_CASES]
+    ("name", "log", "exit_status", "expected"),
+    CASES + MORE_CASES + FOURTH_ROUND_CASES,
+    ids=[c[0] for c in CASES + MORE_CASES + FOURTH_ROUND_CASES],
 )
 def test_family_in_another_wording(
     registry: RuleRegistry, name: str, log: str, exit_status: int | None, expected: FailureKind

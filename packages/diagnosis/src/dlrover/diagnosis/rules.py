@@ -746,6 +746,8 @@ def builtin_rules() -> tuple[Rule, ...]:
                 r"\bOOM when allocating tensor",
                 # Other accelerators' allocators and CUDA libraries that allocate device memory.
                 r"RESOURCE_EXHAUSTED:.{0,40}\b(Failed to allocate|Ran out of memory|Attempting to reserve)",
+                # TPU runtimes of an older XLA, naming the device memory (HBM) that ran out.
+                r"Resource exhausted: Attempting to allocate \S+\. That was not possible.*HBM",
                 r"Ran out of memory in memory space (hbm|vmem)|Exceeded hbm capacity",
                 r"hipErrorOutOfMemory|hipErrorMemoryAllocation|OUT_OF_DEVICE_MEMORY",
                 r"\b(CUDNN|CUSOLVER|CUSPARSE|CUBLAS)_STATUS_ALLOC_FAILED|\bCUFFT_ALLOC_FAILED",
@@ -898,6 +900,9 @@ def builtin_rules() -> tuple[Rule, ...]:
             0.88,
             [
                 r"can't open file .*No such file or directory",
+                # The import's own line, when a prefix the launcher glued to it ("[stderr]") hides
+                # the traceback around it.
+                r"\bModuleNotFoundError: No module named '",
                 r"device-side assert triggered",
                 r"Failed to import \S+ because of the following error",
                 r": command not found$",
@@ -1007,6 +1012,18 @@ def builtin_rules() -> tuple[Rule, ...]:
         FunctionRule("launcher-rejected-config", k.CONFIG_ERROR, 0.92, _launcher_rejected_config),
         FunctionRule("settings-rejected", k.CONFIG_ERROR, 0.9, _settings_rejected),
         FunctionRule("duplicate-ranks", k.CONFIG_ERROR, 0.85, _duplicate_ranks),
+        # Sizes that must divide each other (a parallel layout and the GPU count, a batch and
+        # the data-parallel size, an embedding and its heads) do not: a setting to change, above
+        # the assertion or ValueError it is raised as.
+        ExceptionRule(
+            "indivisible-sizes",
+            k.CONFIG_ERROR,
+            0.89,
+            (),
+            r"\b(should|must|has to|needs to) be (evenly )?divisible by\b|\bis not (evenly )?divisible by\b",
+        ),
+        # A dataset that yields no samples at all: its path or filter in the settings is wrong.
+        ExceptionRule("empty-dataset", k.CONFIG_ERROR, 0.89, (), r"\bnum_samples=0\b"),
         # A path in the settings that points nowhere: restarting finds the same nothing.
         ExceptionRule("missing-file", k.CONFIG_ERROR, 0.7, {"FileNotFoundError"}),
         FunctionRule("store-refused-at-init", k.CONFIG_ERROR, 0.8, _refused_at_init),
@@ -1231,7 +1248,8 @@ def builtin_rules() -> tuple[Rule, ...]:
                 r"Connection closed\s+by\s+(remote )?peer",
                 # NCCL's socket transport: a system call on a peer's socket failed, its proxy thread
                 # gave up (Markdown may have bolded the call's name).
-                r"NCCL WARN Call to \W*\w+\W* failed|\[Proxy thread error\]",
+                r"NCCL WARN (Net\s*:\s*)?Call to \W*\w+\W* (from \S+ )?failed|\[Proxy thread error\]",
+                r"NET/Socket\s*:\s*socket progress error",
                 r"unhandled system error",
                 r"NET/IB\s*:\s*Got completion (from peer .* )?with (status|error)",
                 # AWS EFA's NCCL plugin, MPI, Horovod and JAX's coordination service.
@@ -1239,6 +1257,7 @@ def builtin_rules() -> tuple[Rule, ...]:
                 r"\bMPI_ERR_[A-Z]+\b|An error occurred in MPI_\w+",
                 r"\bHorovodInternalError\b|Horovod has been shut down",
                 r"DEADLINE_EXCEEDED.{0,40}\b(Barrier|heartbeat|coordination)|\bBarrier timed out\b",
+                r"Coordination service agent in error status: (DEADLINE_EXCEEDED|UNAVAILABLE)",
                 r"client socket has timed out",
                 # InfiniBand and UCX transports in their own words.
                 r"\bmlx5\w*:.*got completion with error|retry count(er)? exceeded",
