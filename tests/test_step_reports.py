@@ -122,6 +122,66 @@ HOLD = textwrap.dedent(
     """
 )
 
+# Both ranks train 12 steps; then rank 0 evaluates for 12 s without marking a phase (busy in
+# Python, one half-second stretch of wall time per line, so its frames change with the clock
+# whenever it runs at all) while rank 1 waits for it at a barrier; then 5 more steps.
+UNMARKED_EVALUATION = textwrap.dedent(
+    """
+    import json, os, sys, time
+    import torch.distributed as dist
+    from dlrover.diagnosis import StepReporter
+
+    out = sys.argv[1]
+    reporter = StepReporter.from_env()
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+
+    def busy(seconds):
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            pass
+
+    def evaluate():
+        busy(0.5)
+        busy(0.5)
+        busy(0.5)
+        busy(0.5)
+        busy(0.5)
+        busy(0.5)
+        busy(0.5)
+        busy(0.5)
+        busy(0.5)
+        busy(0.5)
+        busy(0.5)
+        busy(0.5)
+        busy(0.5)
+        busy(0.5)
+        busy(0.5)
+        busy(0.5)
+        busy(0.5)
+        busy(0.5)
+        busy(0.5)
+        busy(0.5)
+        busy(0.5)
+        busy(0.5)
+        busy(0.5)
+        busy(0.5)
+
+    for step in range(1, 18):
+        if step == 13 and rank == 0:
+            evaluate()
+        if step == 13:
+            dist.barrier()
+        time.sleep(0.05)
+        reporter.step(step)
+    if rank == 0:
+        with open(os.path.join(out, "result.json"), "w") as f:
+            json.dump({"attempt": attempt}, f)
+    dist.destroy_process_group()
+    """
+)
+
 USER_ERROR = textwrap.dedent(
     """
     from dlrover.diagnosis import StepReporter
@@ -247,6 +307,23 @@ def test_a_hold_in_the_wait_phase_is_judged_by_its_allowance_not_the_step_pace(
     assert json.loads((tmp_path / "out" / "result.json").read_text()) == {"attempt": attempts - 1}, output
     # Held in training, the same 15 s is a hang: found past the floor, restarted once.
     assert (_HANG.search(output) is not None) == (hold_phase == "train"), output
+
+
+def test_a_rank_busy_in_an_unmarked_evaluation_is_not_hung_while_its_peer_waits(
+    tmp_path: Path, dlrover_run: Callable[..., subprocess.Popen[str]]
+) -> None:
+    (tmp_path / "eval.py").write_text(UNMARKED_EVALUATION)
+    (tmp_path / "out").mkdir()
+    proc = dlrover_run(
+        tmp_path, "--max-restarts=1", "--hang-timeout=0", "--hang-step-floor=3", "--hang-busy-probe=4",
+        str(tmp_path / "eval.py"), str(tmp_path / "out"),
+    )  # fmt: skip
+    output, _ = proc.communicate(timeout=240)
+    assert proc.returncode == 0, output
+    # No step for 12 s, far past the 3 s window; rank 0's main thread moved between two dumps.
+    assert json.loads((tmp_path / "out" / "result.json").read_text()) == {"attempt": 0}, output
+    assert "busy, not hung" in output, output
+    assert "in busy" in output or "in evaluate" in output, output
 
 
 def test_a_user_code_error_still_stops_after_one_attempt(

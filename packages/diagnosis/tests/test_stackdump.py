@@ -41,3 +41,70 @@ def test_handler_registers_and_closes_idempotently(tmp_path: Path) -> None:
     with install_stack_dump_handler(path) as handler:
         assert path.exists()
     handler.close()
+
+
+_SPIN = """
+import sys, threading, time
+from dlrover.diagnosis import install_stack_dump_handler
+
+install_stack_dump_handler(sys.argv[1])
+threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
+print("ready", flush=True)
+
+
+def first_half():
+    end = time.monotonic() + 2.0
+    while time.monotonic() < end:
+        pass
+
+
+def second_half():
+    time.sleep(60)
+
+
+first_half()
+second_half()
+"""
+
+
+def test_main_thread_frames_tell_a_process_that_moved_from_one_that_stands_still(tmp_path: Path) -> None:
+    from dlrover.diagnosis import main_thread_frames
+
+    dump_file = tmp_path / "stacks.txt"
+    proc = subprocess.Popen([sys.executable, "-c", _SPIN, str(dump_file)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "ready"
+        busy = request_stack_dump(proc.pid, dump_path=dump_file, use_py_spy=False, timeout_s=10)
+        assert busy.ok, busy.reason
+        frames = main_thread_frames(busy.text)
+        assert frames is not None
+        # Dump until it sleeps in the second half (each dump takes a poll or more, the first half
+        # 2 s of its own time): its frames are then the same in every dump.
+        for _ in range(1000):
+            later = request_stack_dump(proc.pid, dump_path=dump_file, use_py_spy=False, timeout_s=10)
+            late_frames = main_thread_frames(later.text)
+            assert late_frames is not None
+            if "second_half" in late_frames[0]:
+                break
+        assert late_frames != frames  # it moved from the first half to the second
+        again = main_thread_frames(request_stack_dump(proc.pid, dump_path=dump_file, use_py_spy=False).text)
+        assert again == late_frames  # asleep: it stands still
+        assert "threading.py" not in " ".join(again)  # the sleeping thread's frames are not the main thread's
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_main_thread_frames_read_py_spy_dumps_and_refuse_dumps_without_a_main_thread() -> None:
+    from dlrover.diagnosis import main_thread_frames
+
+    py_spy = (
+        "Process 4242: python train.py\nPython v3.11.7 (/usr/bin/python3.11)\n\n"
+        'Thread 4250 (idle): "Thread-1"\n    wait (threading.py:320)\n\n'
+        'Thread 4242 (active): "MainThread"\n    forward (model.py:46)\n    evaluate (train.py:210)\n'
+        "    <module> (train.py:400)\n"
+    )
+    assert main_thread_frames(py_spy) == ("forward (model.py:46)", "evaluate (train.py:210)", "<module> (train.py:400)")
+    assert main_thread_frames("") is None
+    assert main_thread_frames('Thread 4250 (idle): "Thread-1"\n    wait (threading.py:320)\n') is None

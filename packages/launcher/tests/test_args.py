@@ -71,6 +71,10 @@ def test_the_phase_allowances_reach_the_agents_hang_detector() -> None:
     assert dict(_step_hang(parse_args(["t.py"])).phase_allowance_s)["wait"] == 3600.0  # type: ignore[union-attr]
     with pytest.raises(ConfigError, match="--hang-wait-allowance"):
         parse_args(["--hang-wait-allowance=nan", "t.py"])
+    assert parse_args(["t.py"]).hang_busy_probe_s == 2.0
+    assert parse_args(["--hang-busy-probe=0", "t.py"]).hang_busy_probe_s == 0.0
+    with pytest.raises(ConfigError, match="--hang-busy-probe"):
+        parse_args(["--hang-busy-probe=-1", "t.py"])
 
 
 def test_dlrover_flags() -> None:

@@ -267,6 +267,17 @@ def test_a_mark_inside_a_save_begun_between_two_reads_counts_only_the_training_b
     assert watch.window_s() == pytest.approx(5.0)
 
 
+def test_a_postponed_watch_judges_nothing_until_then_and_judges_again_after() -> None:
+    watch = StepWatch({0: 0, 1: 1}, CONFIG)
+    slots = Slots()
+    t = run_steps(watch, slots, 0.0, range(1, 8), step_s=1.0, ranks=(0, 1))
+    watch.postpone(t + 30.0)
+    assert watch.check(t + 29.0) is None
+    verdict = watch.check(t + 30.0)
+    assert verdict is not None
+    assert verdict.hung
+
+
 def test_a_rank_marking_every_fast_step_covers_one_step_per_mark_however_many_fall_between_reads() -> None:
     watch = StepWatch({0: 0}, CONFIG)
     slots = Slots()

@@ -89,6 +89,7 @@ if TYPE_CHECKING:
         StackDump,
         StackDumpHandler,
         install_stack_dump_handler,
+        main_thread_frames,
         request_stack_dump,
     )
     from dlrover.diagnosis.tracebacks import PythonTraceback, extract_tracebacks, one_line_summary, strip_rank_prefix
@@ -167,6 +168,7 @@ _EXPORTS = {
     "StackDump": "dlrover.diagnosis.stackdump",
     "StackDumpHandler": "dlrover.diagnosis.stackdump",
     "install_stack_dump_handler": "dlrover.diagnosis.stackdump",
+    "main_thread_frames": "dlrover.diagnosis.stackdump",
     "pick_backend": "dlrover.diagnosis.probe",
     "request_stack_dump": "dlrover.diagnosis.stackdump",
     "run_paired_probe": "dlrover.diagnosis.probe",
@@ -256,6 +258,7 @@ __all__ = [
     "StackDump",
     "StackDumpHandler",
     "install_stack_dump_handler",
+    "main_thread_frames",
     "pick_backend",
     "request_stack_dump",
     "run_paired_probe",

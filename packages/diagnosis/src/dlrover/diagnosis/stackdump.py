@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import faulthandler
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -34,6 +35,7 @@ __all__ = [
     "StackDump",
     "StackDumpHandler",
     "install_stack_dump_handler",
+    "main_thread_frames",
     "request_stack_dump",
 ]
 
@@ -199,3 +201,27 @@ def _faulthandler_dump(
         "(SIGSTOP) or blocked in native code with signals masked; py-spy can dump it from outside"
     )
     return StackDump(pid, "faulthandler", False, "", "; ".join(notes))
+
+
+# py-spy names the main thread; faulthandler's handler runs on it, so it is the "Current thread".
+_PY_SPY_MAIN = re.compile(r'^Thread \S+ \([^)]*\): "MainThread"\s*$')
+_FAULTHANDLER_MAIN = re.compile(r"^Current thread 0x[0-9a-fA-F]+ \(most recent call first\):\s*$")
+
+
+def main_thread_frames(text: str) -> tuple[str, ...] | None:
+    """The frames of the main thread in a py-spy or faulthandler dump, innermost first; None when
+    the dump shows no main thread (an empty or cut dump).
+
+    Two dumps of one process taken a moment apart with different main-thread frames show it
+    running Python code between them: busy (an evaluation nobody marked), not blocked.
+    """
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        if _PY_SPY_MAIN.match(line) or _FAULTHANDLER_MAIN.match(line):
+            frames = []
+            for frame in lines[i + 1 :]:
+                if not frame.startswith((" ", "\t")) or not frame.strip():
+                    break
+                frames.append(frame.strip())
+            return tuple(frames) if frames else None
+    return None

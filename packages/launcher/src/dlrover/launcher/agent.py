@@ -34,7 +34,17 @@ from dlrover.common.step_slots import (
     StepSlotFile,
 )
 from dlrover.common.validators import non_negative, non_negative_finite, positive
-from dlrover.diagnosis import ActionKind, Decision, HangConfig, HangReport, OomCount, OomWatch, request_stack_dump
+from dlrover.diagnosis import (
+    ActionKind,
+    Decision,
+    HangConfig,
+    HangReport,
+    OomCount,
+    OomWatch,
+    StackDump,
+    main_thread_frames,
+    request_stack_dump,
+)
 from dlrover.flashckpt.commit import RetentionPolicy
 from dlrover.flashckpt.host import SaverHost, SaverHostConfig, host_socket_path
 from dlrover.flashckpt.job_env import safe_job_id
@@ -78,6 +88,9 @@ from dlrover.launcher.workers import StandbyPool, WorkerExit, WorkerGroup, Worke
 __all__ = ["Agent", "AgentConfig", "AgentResult"]
 
 _log = logging.getLogger(__name__)
+# After a stalled rank was found busy, the verdict waits at least this long before the next probe
+# (a long unmarked evaluation is not dumped every few seconds).
+_BUSY_RECHECK_S = 30.0
 
 # How often to ask a rendezvous that does not say when to ask again (a master from before it paced
 # the checks), or one that could not be reached: the cadence agents kept before the pacing.
@@ -123,6 +136,10 @@ class AgentConfig:
             stack is dumped into the failure evidence and the failure is reported. None: off
             (the reports still reach the master). Workers that never report are not judged.
         stack_dump_timeout_s: bound on each worker's stack dump (py-spy, or its faulthandler).
+        hang_busy_probe_s: before a step-report hang is reported, every worker's stack is dumped
+            again this long after the first dump; a worker whose main thread moved between the
+            two runs Python code (an evaluation or a save nobody marked as a phase), so the
+            verdict waits another window (at least 30 s) and is judged again. 0: report at once.
         heartbeat_interval_s: heartbeat this often instead of at the master's interval.
         waiting_check_interval_s: between heartbeats, ask the rendezvous at most this often whether
             nodes wait to join (a growth, onto a warm spare too): one small RPC per node each time,
@@ -203,6 +220,7 @@ class AgentConfig:
     hang_timeout_s: float = attrs.field(default=0.0, validator=non_negative)
     step_hang: HangConfig | None = attrs.field(factory=HangConfig)
     stack_dump_timeout_s: float = attrs.field(default=10.0, validator=positive)
+    hang_busy_probe_s: float = attrs.field(default=2.0, validator=non_negative)
     master_lost_timeout_s: float = attrs.field(default=300.0, validator=non_negative)
     round_save_timeout_s: float = attrs.field(default=10.0, validator=non_negative)
     heartbeat_interval_s: float | None = None
@@ -1203,25 +1221,73 @@ class Agent:
             steps.observe(self._read_slots(), self._clock.now())
             verdict = steps.check(self._clock.now())
             if verdict is not None and verdict.hung:
-                return self._stalled_workers(group, exits, steps, verdict, restarts)
+                dumps = self._dump_stacks(group, exits)
+                busy = self._busy_worker(group, exits, dumps)
+                if busy is None:
+                    return self._stalled_workers(group, exits, steps, verdict, dumps=dumps, restarts=restarts)
+                local_rank, frame = busy
+                wait_s = max(verdict.window_s, _BUSY_RECHECK_S)
+                steps.postpone(self._clock.now() + wait_s)
+                _log.warning(
+                    "%s; but local rank %d runs Python code (its main thread moved, now at %s): busy, not "
+                    "hung, judged again in %.0f s (mark long work with StepReporter.phase('eval'))",
+                    verdict.reason,
+                    local_rank,
+                    frame,
+                    wait_s,
+                )
         if hangs is not None:
             return self._hung_workers(group, exits, hangs, restarts)
         return None
 
+    def _dump_stacks(self, group: WorkerGroup, exits: Mapping[int, WorkerExit]) -> dict[int, StackDump]:
+        """Every running worker's stacks, by local rank (py-spy, or the faulthandler it registered)."""
+        node_dir = self._node_dir_path
+        dumps = {}
+        for rank, pid in sorted(group.pids.items()):
+            if rank in exits:
+                continue
+            dump_path = node_dir / _stack_file(rank) if node_dir is not None else None
+            dumps[rank] = request_stack_dump(pid, dump_path=dump_path, timeout_s=self._config.stack_dump_timeout_s)
+        return dumps
+
+    def _busy_worker(
+        self, group: WorkerGroup, exits: Mapping[int, WorkerExit], first: Mapping[int, StackDump]
+    ) -> tuple[int, str] | None:
+        """A worker whose main thread moved between `first` and a second dump taken
+        `hang_busy_probe_s` later, with the frame it is in now; None when every main thread stood
+        still (or the probe is off, or no dump shows one)."""
+        if self._config.hang_busy_probe_s <= 0:
+            return None
+        before = {rank: main_thread_frames(d.text) for rank, d in first.items() if d.ok}
+        if not any(before.values()):
+            return None
+        self._clock.sleep(self._config.hang_busy_probe_s)
+        for rank, dump in self._dump_stacks(group, exits).items():
+            frames = main_thread_frames(dump.text) if dump.ok else None
+            if frames and before.get(rank) and frames != before[rank]:
+                return rank, frames[0]
+        return None
+
     def _stalled_workers(
-        self, group: WorkerGroup, exits: Mapping[int, WorkerExit], steps: StepWatch, verdict: HangReport, restarts: int
+        self,
+        group: WorkerGroup,
+        exits: Mapping[int, WorkerExit],
+        steps: StepWatch,
+        verdict: HangReport,
+        *,
+        dumps: Mapping[int, StackDump],
+        restarts: int,
     ) -> FailureReport:
         """The report of workers whose step reports stopped: the verdict, then every worker's stack."""
         first = steps.local_rank(verdict.stalled_ranks[0])
         local_rank = first if first is not None else 0
         parts = [f"hang: {verdict.reason}"]
-        node_dir = self._node_dir_path
         for rank, pid in sorted(group.pids.items()):
-            if rank in exits:
+            dump = dumps.get(rank)
+            if rank in exits or dump is None:
                 parts.append(f"--- local rank {rank} (rank {group.rank_of(rank)}) already exited ---")
                 continue
-            dump_path = node_dir / _stack_file(rank) if node_dir is not None else None
-            dump = request_stack_dump(pid, dump_path=dump_path, timeout_s=self._config.stack_dump_timeout_s)
             how = dump.method if dump.ok else f"no dump: {dump.reason}"
             parts.append(f"--- stack of local rank {rank} (rank {group.rank_of(rank)}, pid {pid}; {how}) ---")
             if dump.ok:

@@ -158,6 +158,7 @@ class LaunchConfig:
     hang_eval_s: float = 1800.0
     hang_wait_s: float = 3600.0
     stack_dump_timeout_s: float = 10.0
+    hang_busy_probe_s: float = 2.0
     runtime_straggler_factor: float = 2.0
     straggler_action: str = "report"
     auto_config: bool = False
@@ -448,6 +449,13 @@ def _add_dlrover_options(ours: argparse._ArgumentGroup) -> None:
         "seconds a worker may stay in its wait phase (holding training on purpose)",
     )
     _option(ours, _both("stack-dump-timeout"), "10", "seconds to wait for each hung worker's stack dump")
+    _option(
+        ours,
+        _both("hang-busy-probe"),
+        "2",
+        "before a step-report hang is reported, dump the stacks again this many seconds later; a worker "
+        "whose main thread moved is busy, not hung (0: report at once)",
+    )
     _option(
         ours,
         _both("runtime-straggler-factor"),
@@ -890,6 +898,7 @@ def parse_args(
         hang_eval_s=_finite(ns.hang_eval_allowance, "--hang-eval-allowance", 0.001),
         hang_wait_s=_finite(ns.hang_wait_allowance, "--hang-wait-allowance", 0.001),
         stack_dump_timeout_s=_finite(ns.stack_dump_timeout, "--stack-dump-timeout", 0.001),
+        hang_busy_probe_s=_finite(ns.hang_busy_probe, "--hang-busy-probe", 0.0),
         runtime_straggler_factor=_finite(ns.runtime_straggler_factor, "--runtime-straggler-factor", 1.0),
         straggler_action=_straggler_action(ns.straggler_action),
         auto_config=ns.auto_config,

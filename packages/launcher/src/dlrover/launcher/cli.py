@@ -415,6 +415,7 @@ def run(cfg: LaunchConfig, *, sample_gpus: bool = False) -> AgentResult:
                 hang_timeout_s=cfg.hang_timeout_s,
                 step_hang=_step_hang(cfg),
                 stack_dump_timeout_s=cfg.stack_dump_timeout_s,
+                hang_busy_probe_s=cfg.hang_busy_probe_s,
                 heartbeat_interval_s=cfg.heartbeat_interval_s,
                 rendezvous_timeout_s=cfg.rendezvous_timeout_s,
                 master_lost_timeout_s=cfg.master_lost_timeout_s,

@@ -63,6 +63,7 @@ class StepWatch:
         self._groups: dict[int, int] = {}  # global rank -> the group it synchronizes with
         self._per_mark: dict[int, deque[float]] = {}  # global rank -> recent steps per mark
         self._marks_to_judge = max(config.warmup_steps + config.min_step_samples, 1)
+        self._postponed_until = float("-inf")
 
     @property
     def reporting(self) -> bool:
@@ -140,9 +141,14 @@ class StepWatch:
             return []  # a slot with nonsense (a negative step) says nothing
         return out
 
+    def postpone(self, until: float) -> None:
+        """Judge no hang before `until` (the agent found a stalled rank busy running code)."""
+        self._postponed_until = max(self._postponed_until, until)
+
     def check(self, now: float) -> HangReport | None:
-        """The hang detector's verdict at `now`; None while hangs are not judged or nobody reported."""
-        if not self._judge or not self._started:
+        """The hang detector's verdict at `now`; None while hangs are not judged, nobody reported,
+        or judging is postponed."""
+        if not self._judge or not self._started or now < self._postponed_until:
             return None
         judged = {rank for rank, marks in self._marks.items() if marks >= self._marks_to_judge}
         return self._detector.check(now, judged)
