@@ -8,9 +8,11 @@ collective; rank 0 would wait in it). The agent's side runs as `dlrover-run` doe
 fed every monitor interval (0.1 s, `--monitor-interval`'s default), the default k = 5, and a floor below 5 x T so the
 adaptive window is what is measured. Latency is detection time minus the last step end, divided
 by ``T``; the bound is max(5 x median step, floor). The stack dumps of both processes
-(faulthandler, or py-spy when installed) are timed too. The peer is the agent's CPU-idle watch:
-180 s by default (``--hang-timeout``), whatever the step time, and blind to a rank that spins in
-a collective.
+(faulthandler, or py-spy when installed) are timed too, and so is the agent's busy probe before it
+reports (`--hang-busy-probe`, 2 s by default: the stacks dumped again that much later, compared
+with `main_thread_frames`; both ranks stand still here, so the hang is reported). The peer is the
+agent's CPU-idle watch: 180 s by default (``--hang-timeout``), whatever the step time, and blind to
+a rank that spins in a collective.
 
 Stragglers (simulated clock): ranks step every ``T``; at t0 rank 1 becomes 3x slower; agents
 heartbeat every ``H`` seconds with their step stats and the master's `StragglerWatch` (defaults:
@@ -44,7 +46,7 @@ import attrs
 from benchkit import free_port
 
 from dlrover.common.step_slots import STACK_DUMP_ENV_VAR, STEP_SLOT_ENV_VAR, STEP_SLOTS_ENV_VAR, StepSlotFile
-from dlrover.diagnosis import HangConfig, RankStepStats, StragglerConfig, request_stack_dump
+from dlrover.diagnosis import HangConfig, RankStepStats, StragglerConfig, main_thread_frames, request_stack_dump
 from dlrover.launcher.step_watch import StepWatch
 from dlrover.master.stragglers import StragglerWatch
 
@@ -62,6 +64,7 @@ WORKER = textwrap.dedent(
 )
 
 MONITOR_S = 0.1
+BUSY_PROBE_S = 2.0  # dlrover-run --hang-busy-probe's default
 
 SYNC_WORKER = textwrap.dedent(
     """
@@ -93,7 +96,7 @@ SYNC_WORKER = textwrap.dedent(
 )
 
 
-def hang_latency(step_s: float, steps: int, workdir: Path) -> tuple[float, float, float, str]:
+def hang_latency(step_s: float, steps: int, workdir: Path) -> tuple[float, float, float, str, float]:
     """(latency / T, window / T, dump seconds, dump method) for one run."""
     slots = StepSlotFile(workdir / "steps.slots", 2)
     procs = []
@@ -119,12 +122,20 @@ def hang_latency(step_s: float, steps: int, workdir: Path) -> tuple[float, float
         latency = now - last_end
         started = time.monotonic()
         methods = set()
+        first = []
         for local, proc in enumerate(procs):
             dump = request_stack_dump(proc.pid, dump_path=workdir / f"stacks-{local}.txt", timeout_s=10.0)
             assert dump.ok, dump.reason
             methods.add(dump.method)
+            first.append(main_thread_frames(dump.text))
         dump_s = time.monotonic() - started
-        return latency / step_s, verdict.window_s / step_s, dump_s, ",".join(sorted(methods))
+        # The agent's busy probe: the same dumps BUSY_PROBE_S later, compared frame by frame.
+        time.sleep(BUSY_PROBE_S)
+        for local, proc in enumerate(procs):
+            again = request_stack_dump(proc.pid, dump_path=workdir / f"stacks-{local}.txt", timeout_s=10.0)
+            assert main_thread_frames(again.text) == first[local], "a stalled rank's main thread moved"
+        to_report_s = time.monotonic() - started
+        return latency / step_s, verdict.window_s / step_s, dump_s, ",".join(sorted(methods)), to_report_s
     finally:
         for proc in procs:
             proc.kill()
@@ -233,16 +244,17 @@ def main() -> None:
     repeats = 1 if args.quick else 3
     print("Hang detection (real processes, real step slots; k=5, monitor interval 0.1 s)")
     print(f"{'step T (s)':>10} {'latency/T (median)':>19} {'window/T':>9} {'dump 2 ranks (s)':>17} {'method':>13} "
-          f"{'CPU-idle watch/T':>17}")  # fmt: skip
+          f"{'+ busy probe (s)':>17} {'CPU-idle watch/T':>17}")  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="hangbench-") as tmp:
         for step_s in step_times:
             runs = [hang_latency(step_s, 20, Path(tmp)) for _ in range(repeats)]
             latency = statistics.median(r[0] for r in runs)
             window = statistics.median(r[1] for r in runs)
             dump_s = statistics.median(r[2] for r in runs)
+            report_s = statistics.median(r[4] for r in runs)
             print(
                 f"{step_s:>10.2f} {latency:>19.2f} {window:>9.2f} {dump_s:>17.3f} {runs[0][3]:>13} "
-                f"{180.0 / step_s:>17.0f}"
+                f"{report_s:>17.3f} {180.0 / step_s:>17.0f}"
             )
     print()
     print("Straggler detection (simulated clock; rank 1 of 4 slowed 3x; factor 2, window 5, 3 samples)")

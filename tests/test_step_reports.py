@@ -8,6 +8,7 @@ import json
 import re
 import subprocess
 import textwrap
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -122,9 +123,10 @@ HOLD = textwrap.dedent(
     """
 )
 
-# Both ranks train 12 steps; then rank 0 evaluates for 12 s without marking a phase (busy in
-# Python, one half-second stretch of wall time per line, so its frames change with the clock
-# whenever it runs at all) while rank 1 waits for it at a barrier; then 5 more steps.
+# Both ranks train 12 steps; then rank 0 evaluates without marking a phase until the test creates
+# out/eval-done (busy in Python, one half-second stretch of wall time per line, 120 lines, so its
+# frames change with the clock whenever it runs at all) while rank 1 waits for it at a barrier;
+# then 5 more steps.
 UNMARKED_EVALUATION = textwrap.dedent(
     """
     import json, os, sys, time
@@ -132,6 +134,7 @@ UNMARKED_EVALUATION = textwrap.dedent(
     from dlrover.diagnosis import StepReporter
 
     out = sys.argv[1]
+    done = os.path.join(out, "eval-done")
     reporter = StepReporter.from_env()
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -139,35 +142,13 @@ UNMARKED_EVALUATION = textwrap.dedent(
 
     def busy(seconds):
         end = time.monotonic() + seconds
-        while time.monotonic() < end:
+        while time.monotonic() < end and not os.path.exists(done):
             pass
 
     def evaluate():
-        busy(0.5)
-        busy(0.5)
-        busy(0.5)
-        busy(0.5)
-        busy(0.5)
-        busy(0.5)
-        busy(0.5)
-        busy(0.5)
-        busy(0.5)
-        busy(0.5)
-        busy(0.5)
-        busy(0.5)
-        busy(0.5)
-        busy(0.5)
-        busy(0.5)
-        busy(0.5)
-        busy(0.5)
-        busy(0.5)
-        busy(0.5)
-        busy(0.5)
-        busy(0.5)
-        busy(0.5)
-        busy(0.5)
-        busy(0.5)
-
+"""
+    + "        busy(0.5)\n" * 120
+    + """
     for step in range(1, 18):
         if step == 13 and rank == 0:
             evaluate()
@@ -313,17 +294,32 @@ def test_a_rank_busy_in_an_unmarked_evaluation_is_not_hung_while_its_peer_waits(
     tmp_path: Path, dlrover_run: Callable[..., subprocess.Popen[str]]
 ) -> None:
     (tmp_path / "eval.py").write_text(UNMARKED_EVALUATION)
-    (tmp_path / "out").mkdir()
+    out = tmp_path / "out"
+    out.mkdir()
     proc = dlrover_run(
-        tmp_path, "--max-restarts=1", "--hang-timeout=0", "--hang-step-floor=3", "--hang-busy-probe=4",
-        str(tmp_path / "eval.py"), str(tmp_path / "out"),
+        tmp_path, "--max-restarts=1", "--hang-timeout=0", "--hang-step-floor=3", "--hang-busy-probe=2",
+        str(tmp_path / "eval.py"), str(out),
     )  # fmt: skip
-    output, _ = proc.communicate(timeout=240)
-    assert proc.returncode == 0, output
-    # No step for 12 s, far past the 3 s window; rank 0's main thread moved between two dumps.
-    assert json.loads((tmp_path / "out" / "result.json").read_text()) == {"attempt": 0}, output
-    assert "busy, not hung" in output, output
-    assert "in busy" in output or "in evaluate" in output, output
+    lines: list[str] = []
+    excused = threading.Event()
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            if "busy, not hung" in line:
+                excused.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    # No step for longer than the 3 s window: rank 0's main thread moved between two dumps.
+    assert excused.wait(timeout=200), "".join(lines)
+    (out / "eval-done").touch()
+    assert proc.wait(timeout=200) == 0, "".join(lines)
+    reader.join(timeout=30)
+    output = "".join(lines)
+    assert json.loads((out / "result.json").read_text()) == {"attempt": 0}, output
+    assert re.search(r"busy, not hung|now at .*\b(busy|evaluate)\b", output), output
 
 
 def test_a_user_code_error_still_stops_after_one_attempt(

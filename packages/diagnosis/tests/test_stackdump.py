@@ -44,7 +44,7 @@ def test_handler_registers_and_closes_idempotently(tmp_path: Path) -> None:
 
 
 _SPIN = """
-import sys, threading, time
+import os, sys, threading, time
 from dlrover.diagnosis import install_stack_dump_handler
 
 install_stack_dump_handler(sys.argv[1])
@@ -53,8 +53,7 @@ print("ready", flush=True)
 
 
 def first_half():
-    end = time.monotonic() + 2.0
-    while time.monotonic() < end:
+    while not os.path.exists(sys.argv[2]):
         pass
 
 
@@ -70,8 +69,10 @@ second_half()
 def test_main_thread_frames_tell_a_process_that_moved_from_one_that_stands_still(tmp_path: Path) -> None:
     from dlrover.diagnosis import main_thread_frames
 
-    dump_file = tmp_path / "stacks.txt"
-    proc = subprocess.Popen([sys.executable, "-c", _SPIN, str(dump_file)], stdout=subprocess.PIPE, text=True)
+    dump_file, release = tmp_path / "stacks.txt", tmp_path / "release"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _SPIN, str(dump_file), str(release)], stdout=subprocess.PIPE, text=True
+    )
     try:
         assert proc.stdout is not None
         assert proc.stdout.readline().strip() == "ready"
@@ -79,8 +80,9 @@ def test_main_thread_frames_tell_a_process_that_moved_from_one_that_stands_still
         assert busy.ok, busy.reason
         frames = main_thread_frames(busy.text)
         assert frames is not None
-        # Dump until it sleeps in the second half (each dump takes a poll or more, the first half
-        # 2 s of its own time): its frames are then the same in every dump.
+        assert any("in first_half" in frame for frame in frames)
+        release.touch()
+        # Dump until it sleeps in the second half: its frames are then the same in every dump.
         for _ in range(1000):
             later = request_stack_dump(proc.pid, dump_path=dump_file, use_py_spy=False, timeout_s=10)
             late_frames = main_thread_frames(later.text)
@@ -107,4 +109,16 @@ def test_main_thread_frames_read_py_spy_dumps_and_refuse_dumps_without_a_main_th
     )
     assert main_thread_frames(py_spy) == ("forward (model.py:46)", "evaluate (train.py:210)", "<module> (train.py:400)")
     assert main_thread_frames("") is None
+    # faulthandler lists threads newest first, the main thread last, whichever one took the
+    # signal ("Current thread"); Python 3.14 adds the thread's name.
+    faulthandler_314 = (
+        "Current thread 0x00007f0000000001 [pin_memory] (most recent call first):\n"
+        '  File "threading.py", line 320 in wait\n\n'
+        "Thread 0x00007f0000000002 [MainThread] (most recent call first):\n"
+        '  File "train.py", line 210 in evaluate\n  File "train.py", line 400 in <module>\n'
+    )
+    assert main_thread_frames(faulthandler_314) == (
+        'File "train.py", line 210 in evaluate',
+        'File "train.py", line 400 in <module>',
+    )
     assert main_thread_frames('Thread 4250 (idle): "Thread-1"\n    wait (threading.py:320)\n') is None

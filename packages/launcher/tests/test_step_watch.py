@@ -278,6 +278,31 @@ def test_a_postponed_watch_judges_nothing_until_then_and_judges_again_after() ->
     assert verdict.hung
 
 
+def test_a_new_mark_lifts_the_postponement() -> None:
+    watch = StepWatch({0: 0, 1: 1}, CONFIG)
+    slots = Slots()
+    t = run_steps(watch, slots, 0.0, range(1, 8), step_s=1.0, ranks=(0, 1))
+    watch.postpone(t + 1000.0)
+    t = run_steps(watch, slots, t, range(8, 10), step_s=1.0, ranks=(0, 1))
+    verdict = watch.check(t + 10.0)  # stalled again, past its 5 s window: judged, not postponed
+    assert verdict is not None
+    assert verdict.hung
+
+
+def test_busy_ranks_are_excused_up_to_the_eval_allowance_without_a_mark() -> None:
+    config = HangConfig(k=5.0, floor_s=2.0, warmup_steps=1, min_step_samples=2, phase_allowance_s={"eval": 100.0})
+    watch = StepWatch({0: 0, 1: 1}, config)
+    slots = Slots()
+    t = run_steps(watch, slots, 0.0, range(1, 8), step_s=1.0, ranks=(0, 1))
+    assert watch.excuse_busy(t + 5.0, 30.0)
+    assert watch.check(t + 34.0) is None
+    assert watch.excuse_busy(t + 35.0, 30.0)
+    assert watch.excuse_busy(t + 104.0, 30.0)
+    assert not watch.excuse_busy(t + 106.0, 30.0)  # busy for 101 s with no mark: the verdict stands
+    t = run_steps(watch, slots, t + 106.0, range(8, 10), step_s=1.0, ranks=(0, 1))
+    assert watch.excuse_busy(t + 5.0, 30.0)  # marks came: a new episode
+
+
 def test_a_rank_marking_every_fast_step_covers_one_step_per_mark_however_many_fall_between_reads() -> None:
     watch = StepWatch({0: 0}, CONFIG)
     slots = Slots()

@@ -74,7 +74,8 @@ _PATTERNS = (
     # A shell reporting its child: a line of its own ("Killed", "Segmentation fault (core
     # dumped)"), or bash's "./run.sh: line 4: 1234 Killed  python train.py".
     re.compile(r"^[\s>`*_]*(?P<word>" + _WORD + r")(?:\s+\(core dumped\))?[\s`*_]*$", re.IGNORECASE),
-    re.compile(r"(?:^|\s)\S+: line \d+:\s+\d+ (?P<word>" + _WORD + r")\b", re.IGNORECASE),
+    # A timestamp or bracketed prefix may come before it, nothing else.
+    re.compile(r"^(?:[\d\-:,./ T\[\]]*\s)?\S+: line \d+:\s+\d+ (?P<word>" + _WORD + r")\b", re.IGNORECASE),
     # MPICH's Hydra: "BAD TERMINATION OF ONE OF YOUR APPLICATION PROCESSES ... EXIT CODE: 9",
     # the signal's number for a process killed by it (128+N where the process exited with it).
     re.compile(r"^=\s+EXIT CODE: (?P<signum>9)\s*$"),

@@ -901,8 +901,8 @@ def builtin_rules() -> tuple[Rule, ...]:
             [
                 r"can't open file .*No such file or directory",
                 # The import's own line, when a prefix the launcher glued to it ("[stderr]") hides
-                # the traceback around it.
-                r"\bModuleNotFoundError: No module named '",
+                # the traceback around it: at the start of a line only, not a warning that quotes it.
+                r"^(?:\[[^\]]*\]\s*)*ModuleNotFoundError: No module named '",
                 r"device-side assert triggered",
                 r"Failed to import \S+ because of the following error",
                 r": command not found$",
@@ -1019,11 +1019,11 @@ def builtin_rules() -> tuple[Rule, ...]:
             "indivisible-sizes",
             k.CONFIG_ERROR,
             0.89,
-            (),
+            {"AssertionError", "ValueError"},
             r"\b(should|must|has to|needs to) be (evenly )?divisible by\b|\bis not (evenly )?divisible by\b",
         ),
         # A dataset that yields no samples at all: its path or filter in the settings is wrong.
-        ExceptionRule("empty-dataset", k.CONFIG_ERROR, 0.89, (), r"\bnum_samples=0\b"),
+        ExceptionRule("empty-dataset", k.CONFIG_ERROR, 0.89, {"ValueError"}, r"\bnum_samples=0\b"),
         # A path in the settings that points nowhere: restarting finds the same nothing.
         ExceptionRule("missing-file", k.CONFIG_ERROR, 0.7, {"FileNotFoundError"}),
         FunctionRule("store-refused-at-init", k.CONFIG_ERROR, 0.8, _refused_at_init),

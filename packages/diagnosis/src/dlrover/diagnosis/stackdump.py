@@ -203,9 +203,13 @@ def _faulthandler_dump(
     return StackDump(pid, "faulthandler", False, "", "; ".join(notes))
 
 
-# py-spy names the main thread; faulthandler's handler runs on it, so it is the "Current thread".
+# py-spy names the main thread. faulthandler's handler runs on whichever thread the kernel gave
+# the signal to ("Current thread"), and lists the threads newest first: the main thread is the last
+# block. Python 3.14 adds the thread's name in brackets after its id.
 _PY_SPY_MAIN = re.compile(r'^Thread \S+ \([^)]*\): "MainThread"\s*$')
-_FAULTHANDLER_MAIN = re.compile(r"^Current thread 0x[0-9a-fA-F]+ \(most recent call first\):\s*$")
+_FAULTHANDLER_THREAD = re.compile(
+    r"^(?:Current thread|Thread) 0x[0-9a-fA-F]+(?: \[[^\]]*\])? \(most recent call first\):\s*$"
+)
 
 
 def main_thread_frames(text: str) -> tuple[str, ...] | None:
@@ -216,12 +220,14 @@ def main_thread_frames(text: str) -> tuple[str, ...] | None:
     running Python code between them: busy (an evaluation nobody marked), not blocked.
     """
     lines = text.splitlines()
-    for i, line in enumerate(lines):
-        if _PY_SPY_MAIN.match(line) or _FAULTHANDLER_MAIN.match(line):
-            frames = []
-            for frame in lines[i + 1 :]:
-                if not frame.startswith((" ", "\t")) or not frame.strip():
-                    break
-                frames.append(frame.strip())
-            return tuple(frames) if frames else None
-    return None
+    heads = [i for i, line in enumerate(lines) if _PY_SPY_MAIN.match(line)]
+    if not heads:
+        heads = [i for i, line in enumerate(lines) if _FAULTHANDLER_THREAD.match(line)][-1:]
+    if not heads:
+        return None
+    frames = []
+    for frame in lines[heads[0] + 1 :]:
+        if not frame.startswith((" ", "\t")) or not frame.strip():
+            break
+        frames.append(frame.strip())
+    return tuple(frames) if frames else None

@@ -139,7 +139,9 @@ class AgentConfig:
         hang_busy_probe_s: before a step-report hang is reported, every worker's stack is dumped
             again this long after the first dump; a worker whose main thread moved between the
             two runs Python code (an evaluation or a save nobody marked as a phase), so the
-            verdict waits another window (at least 30 s) and is judged again. 0: report at once.
+            verdict waits another window (at least 30 s) and is judged again, up to the eval
+            phase's allowance without a step mark (`StepWatch.excuse_busy`). Only this node's
+            workers are probed. 0: report at once.
         heartbeat_interval_s: heartbeat this often instead of at the master's interval.
         waiting_check_interval_s: between heartbeats, ask the rendezvous at most this often whether
             nodes wait to join (a growth, onto a warm spare too): one small RPC per node each time,
@@ -1223,11 +1225,12 @@ class Agent:
             if verdict is not None and verdict.hung:
                 dumps = self._dump_stacks(group, exits)
                 busy = self._busy_worker(group, exits, dumps)
-                if busy is None:
+                if self._config.hang_busy_probe_s > 0 and (set(group.poll()) - set(exits) or group.failing):
+                    return None  # a worker exited while it was probed: its exit is reported, not a hang
+                wait_s = max(verdict.window_s, _BUSY_RECHECK_S)
+                if busy is None or not steps.excuse_busy(self._clock.now(), wait_s):
                     return self._stalled_workers(group, exits, steps, verdict, dumps=dumps, restarts=restarts)
                 local_rank, frame = busy
-                wait_s = max(verdict.window_s, _BUSY_RECHECK_S)
-                steps.postpone(self._clock.now() + wait_s)
                 _log.warning(
                     "%s; but local rank %d runs Python code (its main thread moved, now at %s): busy, not "
                     "hung, judged again in %.0f s (mark long work with StepReporter.phase('eval'))",
@@ -1259,13 +1262,16 @@ class Agent:
         still (or the probe is off, or no dump shows one)."""
         if self._config.hang_busy_probe_s <= 0:
             return None
-        before = {rank: main_thread_frames(d.text) for rank, d in first.items() if d.ok}
-        if not any(before.values()):
+        before = {rank: (d.method, main_thread_frames(d.text)) for rank, d in first.items() if d.ok}
+        probed = {rank for rank, (_, frames) in before.items() if frames}
+        if not probed:
             return None
         self._clock.sleep(self._config.hang_busy_probe_s)
-        for rank, dump in self._dump_stacks(group, exits).items():
+        again = {rank: d for rank, d in self._dump_stacks(group, exits).items() if rank in probed}
+        for rank, dump in sorted(again.items()):
             frames = main_thread_frames(dump.text) if dump.ok else None
-            if frames and before.get(rank) and frames != before[rank]:
+            # Only dumps of one method compare: py-spy and faulthandler print frames differently.
+            if frames and dump.method == before[rank][0] and frames != before[rank][1]:
                 return rank, frames[0]
         return None
 

@@ -64,6 +64,7 @@ class StepWatch:
         self._per_mark: dict[int, deque[float]] = {}  # global rank -> recent steps per mark
         self._marks_to_judge = max(config.warmup_steps + config.min_step_samples, 1)
         self._postponed_until = float("-inf")
+        self._busy_since: float | None = None  # when the ranks were first excused as busy, since the last mark
 
     @property
     def reporting(self) -> bool:
@@ -85,6 +86,7 @@ class StepWatch:
             old_phase = before.phase if before is not None else "train"
             if reading.step > old_step:
                 self._marks[rank] = self._marks.get(rank, 0) + 1
+                self._postponed_until, self._busy_since = float("-inf"), None  # progress: judge afresh
                 per_mark = reading.steps_per_mark(before) if before is not None else None
                 if per_mark is not None:
                     # From the slot's own count of marks: a rank that marks every step of 5 ms
@@ -142,8 +144,22 @@ class StepWatch:
         return out
 
     def postpone(self, until: float) -> None:
-        """Judge no hang before `until` (the agent found a stalled rank busy running code)."""
+        """Judge no hang before `until`; a new step mark from any rank lifts it."""
         self._postponed_until = max(self._postponed_until, until)
+
+    def excuse_busy(self, now: float, wait_s: float) -> bool:
+        """The agent found a stalled rank busy running code at `now`: postpone the verdict by
+        `wait_s` and return True, unless the ranks have been excused as busy for longer than the
+        ``eval`` phase's allowance without a step mark since (a rank that spins for ever is hung
+        after all): then False, and the verdict stands."""
+        if self._busy_since is None:
+            self._busy_since = now
+        cfg = self._detector.config
+        limit = cfg.phase_allowance_s.get("eval", cfg.default_phase_allowance_s)
+        if now - self._busy_since > limit:
+            return False
+        self.postpone(now + wait_s)
+        return True
 
     def check(self, now: float) -> HangReport | None:
         """The hang detector's verdict at `now`; None while hangs are not judged, nobody reported,
