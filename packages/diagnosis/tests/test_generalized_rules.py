@@ -770,6 +770,17 @@ NEGATIVES = [
     ),
     ("a host allocator's words", "Resource exhausted: Attempting to allocate 2.00G on the host", K.DEVICE_OOM),
     (
+        "a warning quoting a failed optional import, then a collective timeout",
+        "UserWarning: apex unavailable (ModuleNotFoundError: No module named 'apex'), using torch\n" + _NCCL_TIMEOUT,
+        K.USER_CODE,
+    ),
+    ("prose quoting bash's report", "INFO the script said: run.sh: line 12: 4242 Killed python t.py", K.HOST_OOM),
+    (
+        "a kernel's own size check",
+        _TB.format(file="attn.py", exc="RuntimeError: seqlen must be divisible by 128 for this kernel"),
+        K.CONFIG_ERROR,
+    ),
+    (
         "a loss scale that keeps its value",
         "[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 65536, reducing to 65536",
         K.NAN_LOSS,
