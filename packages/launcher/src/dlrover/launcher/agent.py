@@ -12,7 +12,7 @@ import os
 import signal
 import tempfile
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 
 import attrs
@@ -1243,12 +1243,15 @@ class Agent:
             return self._hung_workers(group, exits, hangs, restarts)
         return None
 
-    def _dump_stacks(self, group: WorkerGroup, exits: Mapping[int, WorkerExit]) -> dict[int, StackDump]:
-        """Every running worker's stacks, by local rank (py-spy, or the faulthandler it registered)."""
+    def _dump_stacks(
+        self, group: WorkerGroup, exits: Mapping[int, WorkerExit], only: Collection[int] | None = None
+    ) -> dict[int, StackDump]:
+        """The stacks of every running worker (or of those in `only`), by local rank (py-spy, or the
+        faulthandler it registered)."""
         node_dir = self._node_dir_path
         dumps = {}
         for rank, pid in sorted(group.pids.items()):
-            if rank in exits:
+            if rank in exits or (only is not None and rank not in only):
                 continue
             dump_path = node_dir / _stack_file(rank) if node_dir is not None else None
             dumps[rank] = request_stack_dump(pid, dump_path=dump_path, timeout_s=self._config.stack_dump_timeout_s)
@@ -1267,8 +1270,7 @@ class Agent:
         if not probed:
             return None
         self._clock.sleep(self._config.hang_busy_probe_s)
-        again = {rank: d for rank, d in self._dump_stacks(group, exits).items() if rank in probed}
-        for rank, dump in sorted(again.items()):
+        for rank, dump in self._dump_stacks(group, exits, probed).items():
             frames = main_thread_frames(dump.text) if dump.ok else None
             # Only dumps of one method compare: py-spy and faulthandler print frames differently.
             if frames and dump.method == before[rank][0] and frames != before[rank][1]:
