@@ -116,6 +116,10 @@ class Job:
     def events(self) -> list[dict[str, Any]]:
         return read_event_log(self.work / "events.jsonl")
 
+    def node_log(self, node_id: int) -> str:
+        log = self.work / "logs" / f"node-{node_id}.log"
+        return log.read_text(errors="replace") if log.exists() else "(no log)"
+
     def summary(self) -> dict[str, Any]:
         summary: dict[str, Any] = json.loads((self.out / "summary.json").read_text())
         return summary
@@ -131,6 +135,15 @@ class Job:
 
 def _kinds(events: list[dict[str, Any]], task: str | None = None) -> list[str]:
     return [e["kind"] for e in events if task is None or e["data"].get("task") == task]
+
+
+def _story(job: Job) -> str:
+    """The job's events and the end of each failed node's log: what a failed assertion shows."""
+    events = job.events()
+    lines = [f"{e['kind']}: {e['message']}" for e in events]
+    for node_id in sorted({e["node_id"] for e in events if e["kind"] == "task_failed" and e["node_id"] is not None}):
+        lines.append(f"--- node {node_id}'s log, its end:\n{job.node_log(node_id)[-3000:]}")
+    return "\n".join(lines)
 
 
 def test_a_job_trains_to_the_end_and_its_loss_falls(tmp_path: Path) -> None:
@@ -165,7 +178,7 @@ def test_a_killed_worker_is_relaunched_and_every_sample_is_trained_once(tmp_path
     job = Job(tmp_path)
     job.run(victim=TaskKey(Role.WORKER, 1))
     events = job.events()
-    assert _kinds(events, "worker:1") == ["task_failed", "task_relaunched"]
+    assert _kinds(events, "worker:1") == ["task_failed", "task_relaunched"], _story(job)
     assert "chief_restarting" not in _kinds(events)
     assert "data_rewound" not in _kinds(events)
     summary = job.summary()
@@ -216,8 +229,8 @@ def test_a_killed_parameter_server_is_relaunched_and_the_chief_restores_the_chec
     job = Job(tmp_path)
     job.run(victim=TaskKey(Role.PS, 1))
     events = job.events()
-    assert _kinds(events, "ps:1") == ["task_failed", "task_relaunched"]
-    assert _kinds(events, "chief:0") == ["chief_restarting", "task_restarted"]
+    assert _kinds(events, "ps:1") == ["task_failed", "task_relaunched"], _story(job)
+    assert _kinds(events, "chief:0") == ["chief_restarting", "task_restarted"], _story(job)
     # The relaunched server and the restarted chief ran in the standbys, TensorFlow already imported.
     promoted = [e["data"]["role"] for e in events if e["kind"] == "standby_promoted"]
     assert sorted(promoted) == ["chief", "ps"]
@@ -229,7 +242,7 @@ def test_a_killed_parameter_server_is_relaunched_and_the_chief_restores_the_chec
 def test_a_killed_chief_is_relaunched_and_resumes_from_the_checkpoint(tmp_path: Path) -> None:
     job = Job(tmp_path)
     job.run(victim=TaskKey(Role.CHIEF, 0))
-    assert _kinds(job.events(), "chief:0") == ["task_failed", "task_relaunched"]
+    assert _kinds(job.events(), "chief:0") == ["task_failed", "task_relaunched"], _story(job)
     _assert_resumed_from_the_checkpoint(job)
 
 
@@ -277,8 +290,8 @@ def test_model_fit_resumes_from_its_backup_after_a_lost_parameter_server(tmp_pat
     job = Job(tmp_path, FIT_EXAMPLE)
     job.run(victim=TaskKey(Role.PS, 1))
     events = job.events()
-    assert _kinds(events, "ps:1") == ["task_failed", "task_relaunched"]
-    assert _kinds(events, "chief:0") == ["chief_restarting", "task_restarted"]
+    assert _kinds(events, "ps:1") == ["task_failed", "task_relaunched"], _story(job)
+    assert _kinds(events, "chief:0") == ["chief_restarting", "task_restarted"], _story(job)
     summary = job.summary()
     # BackupAndRestore saved at the end of the epoch the job was held at; the new chief starts at the next one.
     assert summary["first_epoch"] == FIT_PAUSE_AT + 1
@@ -411,6 +424,17 @@ class KubeJob(Job):
         self.victim_pods: list[Any] = []
         self.chief_pod: Any = None
 
+    def node_log(self, node_id: int) -> str:
+        """The log of the node's pod, from the test kubelet (which keeps a deleted pod's)."""
+        tasks = {e["data"]["task"] for e in self.events() if e["node_id"] == node_id and "task" in e["data"]}
+        if len(tasks) != 1:
+            return f"(node {node_id} belongs to no one task: {sorted(tasks)})"
+        role, index = tasks.pop().split(":")
+        try:
+            return self.cluster.kubelet.read_log(KUBE_NS, names.task_pod_name(KUBE_JOB, role, int(index), node_id))
+        except Exception as exc:  # a diagnostic only: say why there is none
+            return f"(no log: {exc!r})"
+
     def _submit(self) -> list[str]:
         """Create the job's Secret and ElasticJob; the master's command line."""
         api = kubernetes.client.ApiClient(kubernetes.client.Configuration(host=self.cluster.url))
@@ -483,8 +507,8 @@ def test_on_kubernetes_a_killed_parameter_server_comes_back_at_its_dns_name_and_
     job = KubeJob(kube_cluster, tmp_path)
     job.run_on_kube(victim=TaskKey(Role.PS, 1))
     events = job.events()
-    assert _kinds(events, "ps:1") == ["task_failed", "task_relaunched"]
-    assert _kinds(events, "chief:0") == ["chief_restarting", "task_restarted"]
+    assert _kinds(events, "ps:1") == ["task_failed", "task_relaunched"], _story(job)
+    assert _kinds(events, "chief:0") == ["chief_restarting", "task_restarted"], _story(job)
     _assert_resumed_from_the_checkpoint(job)
     # Every task is named by its DNS name in every TF_CONFIG; the lost server's new pod has the same name.
     env = {e.name: e.value for e in job.chief_pod.spec.containers[0].env}

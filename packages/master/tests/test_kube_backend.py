@@ -35,6 +35,7 @@ from dlrover.master.scheduler.base import (
     SchedulerError,
 )
 from dlrover.master.scheduler.kubernetes import (
+    KILL_GRACE_S,
     VERBS_USED,
     VERBS_USED_BY_TF_TASKS,
     KubernetesScheduler,
@@ -517,9 +518,17 @@ def test_a_ps_jobs_tasks_keep_their_dns_names_through_relaunches(
     assert chief_sees == f"{ps_pod.status.pod_ip}:2345"
     # The server is lost and relaunched as another node (another pod), and the chief after it: both answer and
     # dial where they did.
+    kube_cluster.server.clear_requests()
     backend.kill(1)
     backend.kill(0)
     wait(backend, lambda s: state_is(1, ObservedState.STOPPED)(s) and state_is(0, ObservedState.STOPPED)(s))
+    # Killed with the least grace, not none: the API keeps each pod until its processes ended, so the next
+    # incarnation never runs beside the old one.
+    deletes = [r for r in kube_cluster.server.requests() if r.verb == "delete" and r.resource == "pods"]
+    assert [(r.name, r.query.get("gracePeriodSeconds")) for r in deletes] == [
+        ("j-ps-0-1", [str(KILL_GRACE_S)]),
+        ("j-chief-0-0", [str(KILL_GRACE_S)]),
+    ]
     run(2, Role.PS, 0)
     again, _ = run(3, Role.CHIEF, 0)
     assert core.read_namespaced_pod("j-ps-0-2", NS).status.pod_ip == ps_pod.status.pod_ip

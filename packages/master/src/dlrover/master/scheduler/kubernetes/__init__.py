@@ -7,6 +7,7 @@ client (the `k8s` extra) is imported when a backend is built, not when this pack
 """
 
 from dlrover.master.scheduler.kubernetes.backend import (
+    KILL_GRACE_S,
     VERBS_ADMITTED,
     VERBS_USED,
     VERBS_USED_BY_TF_TASKS,
@@ -24,6 +25,7 @@ from dlrover.master.scheduler.kubernetes.observe import observe_deleted_pod, obs
 from dlrover.master.scheduler.kubernetes.settings import KubernetesSettings, WorkerTemplate
 
 __all__ = [
+    "KILL_GRACE_S",
     "TF_SERVER_COMMAND",
     "VERBS_ADMITTED",
     "VERBS_USED",

@@ -48,7 +48,17 @@ from dlrover.master.scheduler.kubernetes.manifest import pod_name, worker_pod
 from dlrover.master.scheduler.kubernetes.observe import observe_deleted_pod, observe_pod
 from dlrover.master.scheduler.kubernetes.settings import KubernetesSettings, WorkerTemplate
 
-__all__ = ["VERBS_ADMITTED", "VERBS_USED", "VERBS_USED_BY_TF_TASKS", "KubernetesScheduler", "read_worker_template"]
+__all__ = [
+    "KILL_GRACE_S",
+    "VERBS_ADMITTED",
+    "VERBS_USED",
+    "VERBS_USED_BY_TF_TASKS",
+    "KubernetesScheduler",
+    "read_worker_template",
+]
+
+KILL_GRACE_S = 1
+"""The grace of `KubernetesScheduler.kill` for a parameter-server job's task (see there)."""
 
 _log = logging.getLogger(__name__)
 
@@ -436,10 +446,18 @@ class KubernetesScheduler:
         self._stop(node_id, self._settings.pod_deletion_grace_s)
 
     def kill(self, node_id: int) -> None:
-        """Delete the node's pod with no grace (SIGKILL): for a node with nothing worth saving (a parameter-server
-        job's chief whose server, and with it the variables, is gone). A pod already being deleted with a grace
-        is deleted again without one. Idempotent; an unknown node is a no-op."""
-        self._stop(node_id, 0)
+        """Delete the node's pod with the least grace: for a node with nothing worth saving (a parameter-server
+        job's chief whose server, and with it the variables, is gone). A pod already being deleted with a longer
+        grace is deleted again with this one. Idempotent; an unknown node is a no-op.
+
+        A parameter-server job's task gets 1 s (`KILL_GRACE_S`, never more than `pod_deletion_grace_s`), not none:
+        a pod deleted with no grace leaves the API at once while its kubelet stops its processes after, so the
+        master would count the task as ended, and start its next incarnation, while the old one still runs; the
+        API keeps a pod deleted with a grace until its kubelet confirms its containers ended. A chief restarted
+        for a lost parameter server so starts only once the old chief is gone (two coordinators would share the
+        workers, and where pods share the host's network the new one could not listen at its address)."""
+        grace = min(KILL_GRACE_S, self._settings.pod_deletion_grace_s) if self._settings.tf_tasks else 0
+        self._stop(node_id, grace)
 
     def _stop(self, node_id: int, grace_s: int) -> None:
         with self._lock:
