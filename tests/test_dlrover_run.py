@@ -372,6 +372,15 @@ def test_killing_the_agent_takes_its_workers_with_it(
         assert time.monotonic() < deadline, "workers did not start"
         workers = _children_of(proc.pid)
         time.sleep(0.1)
+
+    # What the agent owns: its shared-memory dir (with its saver host's socket) and its private token dir.
+    def owned() -> list[Path]:
+        return [
+            *Path(DEFAULT_SHM_DIR).glob(f"{NODE_SHM_PREFIX}{proc.pid}-*"),
+            *Path(tempfile.gettempdir()).glob(f"{TOKEN_DIR_PREFIX}{proc.pid}-*"),
+        ]
+
+    assert len(owned()) == 2, owned()
     proc.kill()
     proc.wait()
     deadline = time.monotonic() + 30
@@ -379,12 +388,11 @@ def test_killing_the_agent_takes_its_workers_with_it(
         assert time.monotonic() < deadline, f"workers {workers} outlived their agent"
         time.sleep(0.1)
     # A SIGKILLed agent cannot clean up after itself: the next dlrover-run on the host sweeps what
-    # it left (its shared-memory dir with its saver host's socket, its private token dir). Sweep
-    # it here.
-    swept = [p.name for p in remove_dead_owners(NODE_SHM_PREFIX, dir=DEFAULT_SHM_DIR)]
-    assert any(name.startswith(f"{NODE_SHM_PREFIX}{proc.pid}-") for name in swept), swept
-    swept = [p.name for p in remove_dead_owners(TOKEN_DIR_PREFIX)]
-    assert any(name.startswith(f"{TOKEN_DIR_PREFIX}{proc.pid}-") for name in swept), swept
+    # it left. Sweep it here (another dlrover-run starting on this host meanwhile may have swept it
+    # first: either way, nothing of it is left).
+    remove_dead_owners(NODE_SHM_PREFIX, dir=DEFAULT_SHM_DIR)
+    remove_dead_owners(TOKEN_DIR_PREFIX)
+    assert owned() == []
 
 
 def _alive(pid: int) -> bool:

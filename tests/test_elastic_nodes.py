@@ -493,6 +493,66 @@ def test_a_master_with_the_local_backend_runs_dlrover_run_agents_to_the_end(
     assert {w for _, w in progress} == {2}
 
 
+# Rank 0 evaluates alone after step 10, in the `eval` phase, for longer than the ranks' hang window; rank 1, on
+# the other node, waits at the next barrier in `train`. Each rank writes down the attempts it ran in.
+EVALUATES_ALONE = textwrap.dedent(
+    """
+    import os, sys, time
+    import torch, torch.distributed as dist
+    from dlrover.diagnosis import StepReporter
+
+    out, eval_s = sys.argv[1], float(sys.argv[2])
+    reporter = StepReporter.from_env()
+    rank, attempt = int(os.environ["RANK"]), int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+    with open(os.path.join(out, f"attempts-{rank}.log"), "a") as f:
+        f.write(f"{attempt}\\n")
+    dist.init_process_group("gloo")
+    t = torch.ones(1)
+    for step in range(1, 21):
+        dist.all_reduce(t)
+        time.sleep(0.1)
+        reporter.step(step, samples=1)
+        if step == 10:
+            if rank == 0:
+                reporter.phase("eval")
+                time.sleep(eval_s)
+                reporter.phase("train")
+            dist.barrier()
+    dist.barrier()
+    dist.destroy_process_group()
+    """
+)
+
+
+def test_ranks_of_another_node_waiting_for_a_rank_that_evaluates_alone_are_not_hung(
+    tmp_path: Path, procs: list[subprocess.Popen[str]]
+) -> None:
+    """The evaluating rank's node relays its phase through the master: the waiting node's agent, whose own
+    ranks are all in `train`, does not call them hung."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (tmp_path / "train.py").write_text(EVALUATES_ALONE)
+    window_s, eval_s = 4, 14  # the waiting rank is quiet 3.5 x its window
+    agent = (
+        f"{sys.executable} -m dlrover.launcher.cli --nnodes=2 --nproc-per-node=1 --local-addr=127.0.0.1 "
+        f"--monitor-interval=0.1 --heartbeat-interval=0.5 --hang-timeout=0 --hang-step-floor={window_s} "
+        f"--max-restarts=1 {tmp_path / 'train.py'} {out} {eval_s}"
+    )
+    master_cmd = [
+        sys.executable, "-m", "dlrover.master.cli", "--backend=local", "--nnodes=2", f"--agent-command={agent}",
+        f"--state-dir={tmp_path / 'state'}", "--heartbeat-interval-s=0.5", "--rdzv-last-call-s=1",
+    ]  # fmt: skip
+    log = tmp_path / "master.log"
+    master = _start(procs, master_cmd, log)
+    master.wait(timeout=300)
+    assert master.returncode == 0, log.read_text()[-4000:]
+    events = [json.loads(line) for line in (tmp_path / "state" / "events.jsonl").read_text().splitlines()]
+    failures = [e for e in events if e.get("kind") in ("failure", "node_failed", "processes_restarted")]
+    assert failures == [], failures
+    for rank in (0, 1):
+        assert (out / f"attempts-{rank}.log").read_text().split() == ["0"], log.read_text()[-4000:]
+
+
 @pytest.mark.parametrize("form", ["c10d", "static"])
 def test_a_torchrun_multi_node_command_line_runs_with_one_agent_serving_the_master(
     tmp_path: Path, procs: list[subprocess.Popen[str]], form: str

@@ -10,6 +10,7 @@ from dlrover.common import ConfigError, ManualClock
 from dlrover.diagnosis import (
     HangConfig,
     HangDetector,
+    PeerExcuse,
     StepReport,
     StragglerConfig,
     StragglerDetector,
@@ -423,6 +424,64 @@ def test_a_save_that_begins_after_a_rank_hung_does_not_excuse_it() -> None:
     clock.advance(10.0)
     # Ranks 1 and 2 wait for rank 0's save, begun within their windows; rank 3's began too late.
     assert det.check(clock.now()).stalled_ranks == (3,)
+
+
+def _node_b_waits(clock: ManualClock) -> HangDetector:
+    """Node B's detector (ranks 0..3 of it stand for the ranks of a node whose peer elsewhere evaluates): ten
+    steps of 1 s together, then nothing (they wait in the next collective)."""
+    det = HangDetector(HangConfig(k=5.0, floor_s=3.0, warmup_steps=0))
+    det.start(RANKS, clock.now())
+    _steady(det, clock, 10)
+    return det
+
+
+def test_ranks_waiting_for_a_peer_of_another_node_are_not_hung_while_its_excuse_lasts() -> None:
+    clock = ManualClock()
+    det = _node_b_waits(clock)
+    clock.advance(1.0)
+    # The peer's evaluation began a second ago (after B's last steps) and may last 100 s more.
+    began_at, until = clock.now() - 1.0, clock.now() + 100.0
+    clock.advance(60.0)  # far past B's 5 s windows
+
+    def excuse() -> PeerExcuse:
+        return PeerExcuse(clock.now() - began_at, max(0.0, until - clock.now()), "rank 8 in phase 'eval'")
+
+    assert not det.check(clock.now(), excuses=[excuse()]).hung
+    assert det.check(clock.now()).stalled_ranks == RANKS  # without it, hung
+    clock.advance(41.0)  # the evaluation overran its allowance: the excuse no longer holds
+    assert det.check(clock.now(), excuses=[PeerExcuse(clock.now() - began_at, 0.0)]).stalled_ranks == RANKS
+
+
+def test_a_peer_elsewhere_that_began_after_the_ranks_hung_does_not_excuse_them() -> None:
+    clock = ManualClock()
+    det = _node_b_waits(clock)
+    clock.advance(20.0)  # B has been quiet for 20 s, past its 5 s windows: hung before the peer began
+    assert det.check(clock.now(), excuses=[PeerExcuse(1.0, 100.0)]).stalled_ranks == RANKS
+
+
+def test_a_detectors_excuse_is_its_earliest_named_phase_within_its_allowance() -> None:
+    clock = ManualClock()
+    det = HangDetector(HangConfig(k=5.0, floor_s=3.0, warmup_steps=0, phase_allowance_s={"eval": 100.0}))
+    det.start(RANKS, clock.now())
+    _steady(det, clock, 10)
+    assert det.excuse(clock.now()) is None  # every rank trains
+    det.observe(StepReport(0, 10, clock.now(), phase="eval"))
+    clock.advance(2.0)
+    det.observe(StepReport(1, 10, clock.now(), phase="eval"))
+    clock.advance(3.0)
+    assert det.excuse(clock.now()) == PeerExcuse(5.0, 95.0, "rank 0 in phase 'eval'")
+    clock.advance(96.0)  # rank 0's allowance is over, rank 1's not yet
+    assert det.excuse(clock.now()) == PeerExcuse(99.0, 1.0, "rank 1 in phase 'eval'")
+    clock.advance(2.0)
+    assert det.excuse(clock.now()) is None
+
+
+@pytest.mark.parametrize("field", ["began_s_ago", "remaining_s"])
+@pytest.mark.parametrize("value", [-1.0, float("nan"), float("inf"), 8 * 24 * 3600.0, True])
+def test_a_peer_excuse_refuses_nonsense_times(field: str, value: float) -> None:
+    args = {"began_s_ago": 1.0, "remaining_s": 1.0, field: value}
+    with pytest.raises(ConfigError, match=field):
+        PeerExcuse(**args)
 
 
 def test_a_rank_with_too_few_marks_of_its_own_keeps_the_first_steps_allowance() -> None:

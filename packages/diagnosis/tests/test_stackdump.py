@@ -49,10 +49,10 @@ from dlrover.diagnosis import install_stack_dump_handler
 
 install_stack_dump_handler(sys.argv[1])
 threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
-print("ready", flush=True)
 
 
 def first_half():
+    print("ready", flush=True)  # from inside: a dump after it finds the main thread here, whatever the pace
     while not os.path.exists(sys.argv[2]):
         pass
 

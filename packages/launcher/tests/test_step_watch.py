@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from dlrover.common.step_slots import SlotReading
-from dlrover.diagnosis import HangConfig
+from dlrover.diagnosis import HangConfig, PeerExcuse
 from dlrover.launcher.step_watch import StepWatch
 
 pytestmark = pytest.mark.timeout(30)
@@ -301,6 +301,48 @@ def test_busy_ranks_are_excused_up_to_the_eval_allowance_without_a_mark() -> Non
     assert not watch.excuse_busy(t + 106.0, 30.0)  # busy for 101 s with no mark: the verdict stands
     t = run_steps(watch, slots, t + 106.0, range(8, 10), step_s=1.0, ranks=(0, 1))
     assert watch.excuse_busy(t + 5.0, 30.0)  # marks came: a new episode
+
+
+def test_a_rank_in_a_named_phase_or_found_busy_excuses_peers_of_other_nodes() -> None:
+    config = HangConfig(k=5.0, floor_s=2.0, warmup_steps=1, min_step_samples=2, phase_allowance_s={"eval": 100.0})
+    watch = StepWatch({0: 0, 1: 1}, config)
+    assert watch.excuse(0.0) is None  # nobody reported yet
+    slots = Slots()
+    t = run_steps(watch, slots, 0.0, range(1, 8), step_s=1.0, ranks=(0, 1))
+    assert watch.excuse(t) is None  # both train
+    slots.write(0, 7, t + 1.0, "eval")  # rank 0 evaluates alone; rank 1 waits for it
+    watch.observe(slots.now, t + 1.0)
+    assert watch.excuse(t + 11.0) == PeerExcuse(10.0, 90.0, "rank 0 in phase 'eval'")
+    assert watch.excuse(t + 102.0) is None  # past its allowance: it excuses nobody
+    # Busy: a stalled rank runs code (the agent's probe). It excuses peers from then on, through every
+    # postponement, up to the eval allowance, until a probe finds it idle.
+    busy = StepWatch({0: 0, 1: 1}, config)
+    t = run_steps(busy, Slots(), 0.0, range(1, 8), step_s=1.0, ranks=(0, 1))
+    assert busy.excuse_busy(t + 6.0, 30.0)
+    assert busy.excuse(t + 10.0) == PeerExcuse(4.0, 96.0, "a stalled rank busy running code")
+    assert busy.excuse(t + 38.0) == PeerExcuse(32.0, 68.0, "a stalled rank busy running code")  # re-probed
+    busy.busy_over()  # the next probe found it idle: its verdict stands
+    assert busy.excuse(t + 39.0) is None
+
+
+def test_ranks_waiting_for_a_peer_of_another_node_are_judged_by_its_excuse() -> None:
+    watch = StepWatch({0: 0, 1: 1}, CONFIG)
+    slots = Slots()
+    t = run_steps(watch, slots, 0.0, range(1, 8), step_s=1.0, ranks=(0, 1))
+    # Another node's rank began evaluating a second after these ranks' last step; the master relays it 4 s later.
+    watch.excuse_elsewhere([PeerExcuse(3.0, 97.0, "rank 2 in phase 'eval'")], t + 4.0)
+    verdict = watch.check(t + 60.0)
+    assert verdict is not None
+    assert not verdict.hung, verdict.reason
+    watch.excuse_elsewhere([], t + 61.0)  # it ended, or its node went: judged by their own windows again
+    verdict = watch.check(t + 61.0)
+    assert verdict is not None
+    assert verdict.stalled_ranks == (0, 1)
+    # One ran out before the ranks moved again; the other began after their 5 s window ran out: a hang first.
+    watch.excuse_elsewhere([PeerExcuse(6.0, 0.5), PeerExcuse(0.5, 80.0)], t + 7.0)
+    verdict = watch.check(t + 8.0)
+    assert verdict is not None
+    assert verdict.stalled_ranks == (0, 1)
 
 
 def test_a_rank_marking_every_fast_step_covers_one_step_per_mark_however_many_fall_between_reads() -> None:

@@ -9,7 +9,7 @@ import grpc
 import pytest
 
 from dlrover.common import RetryPolicy, RpcError, generate_token
-from dlrover.diagnosis import ActionKind, FailureKind, RankStepStats
+from dlrover.diagnosis import ActionKind, FailureKind, PeerExcuse, RankStepStats
 from dlrover.master.client import CheckpointStepsAnswer, MasterClient, StopAnswer
 from dlrover.master.eventlog import read_event_log
 from dlrover.master.goodput import AttemptReport, StepMark
@@ -243,6 +243,31 @@ def test_heartbeat_step_stats_reach_the_master_and_bad_ones_are_refused(make_run
             request = agent_pb2.HeartbeatRequest(node_id=a.node_id, rank_steps=[bad])
             call = lambda r=request: a._call(a._agent.Heartbeat, r, idempotent=False)  # noqa: E731
             assert code_of(call) is grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_a_nodes_hang_excuse_reaches_the_other_nodes_with_their_heartbeat_answers(make_runtime: MakeRuntime) -> None:
+    rt = make_runtime(nodes=2)
+    clock = rt.master._clock  # the fixture's ManualClock
+    with client(rt) as a, client(rt) as b:
+        a.register("agent-a", "host-a", local_world_size=1)
+        b.register("agent-b", "host-b", local_world_size=1)
+        assert b.heartbeat().peer_excuses == ()  # nobody excuses anything yet
+        evaluating = PeerExcuse(2.0, 1798.0, "rank 0 in phase 'eval'")
+        assert a.heartbeat(excuse=evaluating).peer_excuses == ()  # never its own
+        clock.advance(5.0)
+        assert b.heartbeat().peer_excuses == (PeerExcuse(7.0, 1793.0, "rank 0 in phase 'eval'"),)
+        # A peer that sends nonsense on the wire is refused, and nothing changes: the excuse it had stays.
+        for bad in (
+            agent_pb2.HangExcuse(began_s_ago=-1.0, remaining_s=1.0),
+            agent_pb2.HangExcuse(began_s_ago=1.0, remaining_s=float("inf")),
+            agent_pb2.HangExcuse(began_s_ago=1.0, remaining_s=30 * 24 * 3600.0),
+        ):
+            request = agent_pb2.HeartbeatRequest(node_id=a.node_id, excuse=bad)
+            call = lambda r=request: a._call(a._agent.Heartbeat, r, idempotent=False)  # noqa: E731
+            assert code_of(call) is grpc.StatusCode.INVALID_ARGUMENT
+        assert b.heartbeat().peer_excuses == (PeerExcuse(7.0, 1793.0, "rank 0 in phase 'eval'"),)
+        a.heartbeat()  # its rank trains again
+        assert b.heartbeat().peer_excuses == ()
 
 
 def test_step_marks_and_saver_commits_reach_the_status(make_runtime: MakeRuntime) -> None:

@@ -15,9 +15,9 @@ A rank in ``train`` that has gone quiet while another rank of the detector is in
 (one that began before the quiet rank's window ran out, and is still within its allowance) is not
 stalled: it waits for that rank in a collective (a save or an evaluation by rank 0 alone, its
 peers at the next barrier). It is judged again once no peer is in such a phase. The detector sees
-only the ranks it is fed (an agent's, the ranks of one node): peers that wait on another node's
-phase are not excused, so a script whose ranks wait for one rank's long save enters the phase on
-every rank (`StepReporter.phase`).
+only the ranks it is fed (an agent's, the ranks of one node); a peer of another node is known to it
+only as a `PeerExcuse` (its agent's `excuse`, relayed by the master with heartbeats) passed to
+`check`, and excuses the same way.
 
 So a 1 s-per-step job with k=5 and a 10 s floor is found hung 10 s after it stops, not after
 minutes, while a 3-minute first step or a 5-minute checkpoint raises nothing.
@@ -41,13 +41,13 @@ from __future__ import annotations
 import math
 import statistics
 import types
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 
 import attrs
 
 from dlrover.common import ConfigError
 from dlrover.common.validators import non_negative_finite, positive_finite
-from dlrover.diagnosis.evidence import DEFAULT_PHASE, HangReport, StepReport
+from dlrover.diagnosis.evidence import DEFAULT_PHASE, HangReport, PeerExcuse, StepReport
 from dlrover.diagnosis.timeline import RankProgress, StepTimeline
 
 __all__ = ["HangConfig", "HangDetector", "StragglerConfig", "StragglerDetector", "StragglerReport"]
@@ -158,12 +158,34 @@ class HangDetector:
             return cfg.floor_s, f"the floor (k x median training time between step marks = {adaptive:.3g} s is shorter)"
         return adaptive, f"{cfg.k:g} x the median training time between step marks of {gap:.3g} s"
 
-    def check(self, now: float, judged: Collection[int] | None = None) -> HangReport:
+    def excuse(self, now: float) -> PeerExcuse | None:
+        """What this detector's ranks excuse elsewhere at `now`: the earliest begun of its ranks' named phases
+        still within their allowance (None when no rank is in one). Peers of another node waiting on it are
+        not hung (see `check`)."""
+        best: tuple[float, float, int, str] | None = None
+        for state in self._timeline.ranks():
+            if state.phase == DEFAULT_PHASE:
+                continue
+            until = state.phase_since_s + self.window_for(state)[0]
+            if now > until or state.phase_since_s > now:
+                continue
+            if best is None or state.phase_since_s < best[0]:
+                best = (state.phase_since_s, until, state.rank, state.phase)
+        if best is None:
+            return None
+        began, until, rank, phase = best
+        return PeerExcuse.within_bounds(now - began, until - now, f"rank {rank} in phase '{phase}'")
+
+    def check(
+        self, now: float, judged: Collection[int] | None = None, excuses: Sequence[PeerExcuse] = ()
+    ) -> HangReport:
         """Judge every rank (or only those in `judged`) at `now`.
 
         Args:
             now: the current time on the clock the reports were stamped with.
             judged: the ranks to judge; None judges every rank.
+            excuses: peers elsewhere (other nodes) in a named phase or busy, relative to `now`: a rank in
+                ``train`` gone quiet after one of them began, and before it ends, waits for it.
 
         Returns:
             A report naming the stalled ranks, how long each has been stalled, and why.
@@ -171,6 +193,8 @@ class HangDetector:
         stalled: list[tuple[int, float, float, str]] = []
         ranks = self._timeline.ranks()
         in_phase = [s for s in ranks if s.phase != DEFAULT_PHASE and now - s.phase_since_s <= self.window_for(s)[0]]
+        # Each peer elsewhere as (when it began, when it ends) on this detector's clock.
+        elsewhere = [(now - e.began_s_ago, now + e.remaining_s) for e in excuses]
         for state in ranks:
             if judged is not None and state.rank not in judged:
                 continue
@@ -182,6 +206,10 @@ class HangDetector:
                 peer.rank != state.rank and peer.phase_since_s <= state.idle_since_s + window for peer in in_phase
             ):
                 continue  # waiting for a peer's save or evaluation
+            if state.phase == DEFAULT_PHASE and any(
+                began <= state.idle_since_s + window and now < until for began, until in elsewhere
+            ):
+                continue  # waiting for a peer of another node
             stalled.append((state.rank, idle, window, why))
         if not stalled:
             n = len(ranks) if judged is None else len(set(judged))

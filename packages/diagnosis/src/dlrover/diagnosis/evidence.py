@@ -24,6 +24,7 @@ __all__ = [
     "GpuSample",
     "HangReport",
     "LossSample",
+    "PeerExcuse",
     "ProbeResult",
     "ResourceSample",
     "StepReport",
@@ -100,6 +101,43 @@ class RankStepStats:
     median_sync_lead_s: float = attrs.field(default=0.0, validator=non_negative_finite)
     steps_per_mark: float = attrs.field(default=1.0, validator=_at_least_one)
     sync_group: int = attrs.field(default=0, validator=non_negative_int)
+
+
+PEER_EXCUSE_MAX_S = 7 * 24 * 3600.0
+"""The longest a peer excuse may have lasted or may last (seconds): longer is nonsense, refused."""
+
+
+def _excuse_span(_inst: object, attribute: attrs.Attribute[float], value: float) -> None:
+    if (
+        not isinstance(value, int | float)
+        or isinstance(value, bool)
+        or not math.isfinite(value)
+        or not 0 <= value <= PEER_EXCUSE_MAX_S
+    ):
+        raise ConfigError(f"{attribute.name} must be a number of seconds in [0, {PEER_EXCUSE_MAX_S:g}], got {value!r}")
+
+
+@attrs.frozen
+class PeerExcuse:
+    """Why ranks elsewhere that wait on a collective are not hung: a rank of another node is in a named phase
+    within its allowance (rank 0 evaluating alone while the others wait at the next barrier), or runs code its
+    agent found busy. Times are relative to when it was read, as it crosses machines whose clocks differ.
+
+    Attributes:
+        began_s_ago: seconds since it began.
+        remaining_s: seconds it lasts from now at the latest (its allowance's end).
+        why: what it is, for logs ("rank 0 in phase 'eval'").
+    """
+
+    began_s_ago: float = attrs.field(validator=_excuse_span)
+    remaining_s: float = attrs.field(validator=_excuse_span)
+    why: str = ""
+
+    @classmethod
+    def within_bounds(cls, began_s_ago: float, remaining_s: float, why: str = "") -> PeerExcuse:
+        """An excuse from times computed here, each held to [0, `PEER_EXCUSE_MAX_S`] (an allowance may be set
+        longer than an excuse may last: it then lasts the longest it may)."""
+        return cls(min(max(began_s_ago, 0.0), PEER_EXCUSE_MAX_S), min(max(remaining_s, 0.0), PEER_EXCUSE_MAX_S), why)
 
 
 @attrs.frozen

@@ -141,7 +141,9 @@ class AgentConfig:
             two runs Python code (an evaluation or a save nobody marked as a phase), so the
             verdict waits another window (at least 30 s) and is judged again, up to the eval
             phase's allowance without a step mark (`StepWatch.excuse_busy`). Only this node's
-            workers are probed. 0: report at once.
+            workers are probed; the postponement goes to the other nodes with the heartbeat (their
+            ranks that wait on these are not hung while it lasts; see `StepWatch.excuse`).
+            0: report at once.
         heartbeat_interval_s: heartbeat this often instead of at the master's interval.
         waiting_check_interval_s: between heartbeats, ask the rendezvous at most this often whether
             nodes wait to join (a growth, onto a warm spare too): one small RPC per node each time,
@@ -348,6 +350,7 @@ class Agent:
         self._step_slots: StepSlotFile | None = None
         self._group_ranks: tuple[float, frozenset[int]] | None = None  # (start time, global ranks) of the workers
         self._step_watch: StepWatch | None = None
+        self._workers_running = False  # between a start of the workers and their end
         # (node rank, nodes, RANK of local rank 0, WORLD_SIZE) of the last workers started.
         self._layout: tuple[int, int, int, int] | None = None
         # Step marks of local rank 0 for the master's goodput accounting, per set of workers, and
@@ -483,8 +486,15 @@ class Agent:
                 if last is None or last[1] is not None:
                     _log.warning("no resource samples in heartbeats: %s", exc)
                 last = self._last_usage = (now, None)
+        watch = self._step_watch if self._workers_running else None
+        excuse = watch.excuse(now) if watch is not None else None
         return Progress(
-            step=step, samples=samples, resources=last[1], rank_steps=rank_steps, attempts=self._ledger.reports()
+            step=step,
+            samples=samples,
+            resources=last[1],
+            rank_steps=rank_steps,
+            attempts=self._ledger.reports(),
+            excuse=excuse,
         )
 
     def _heartbeat(self) -> Sequence[tuple[ActionKind, str] | MasterAction]:
@@ -494,8 +504,17 @@ class Agent:
             DLRoverError: the master did not answer (the marks go with the next heartbeat).
         """
         progress = self._progress()
-        actions = self._control.heartbeat(progress)
+        try:
+            actions = self._control.heartbeat(progress)
+        except BaseException:
+            if self._step_watch is not None:
+                # Without answers, other nodes' excuses are not known to last: judged without them.
+                self._step_watch.excuse_elsewhere((), self._clock.now())
+            raise
         self._ledger.acknowledge(progress.attempts)
+        if self._step_watch is not None:
+            # Ranks of other nodes in a named phase or busy: this node's ranks that wait on them are not hung.
+            self._step_watch.excuse_elsewhere(self._control.peer_excuses(), self._clock.now())
         return actions
 
     def _flush_progress(self) -> None:
@@ -775,6 +794,7 @@ class Agent:
         finally:
             if group.running():
                 group.stop(self._config.shutdown_grace_s, self._stop_signal)
+            self._workers_running = False  # their phases excuse nobody elsewhere any more
             self._read_slots()  # the last steps before the workers ended
             pending, self._refill_pending = self._refill_pending, None
             if pending is not None and step is not None and step.kind is StepKind.RESTART:
@@ -788,6 +808,7 @@ class Agent:
         nproc = self._config.nproc_per_node
         first, _world_size = assignment.worker_ranks(nproc)
         self._step_watch = StepWatch({i: first + i for i in range(nproc)}, self._config.step_hang)
+        self._workers_running = True
         group = WorkerGroup(
             self._specs(assignment, restarts),
             standby=self._standby,
@@ -1229,6 +1250,7 @@ class Agent:
                     return None  # a worker exited while it was probed: its exit is reported, not a hang
                 wait_s = max(verdict.window_s, _BUSY_RECHECK_S)
                 if busy is None or not steps.excuse_busy(self._clock.now(), wait_s):
+                    steps.busy_over()
                     return self._stalled_workers(group, exits, steps, verdict, dumps=dumps, restarts=restarts)
                 local_rank, frame = busy
                 _log.warning(

@@ -12,7 +12,7 @@ from typing import NamedTuple, Protocol
 
 import attrs
 
-from dlrover.diagnosis import ActionKind, Decision, RankStepStats
+from dlrover.diagnosis import ActionKind, Decision, PeerExcuse, RankStepStats
 from dlrover.master.goodput import AttemptReport
 from dlrover.rendezvous import WaitingCount
 
@@ -127,6 +127,8 @@ class Progress:
             master (its straggler detector compares ranks).
         attempts: step marks of local rank 0 not yet sent, per set of workers (the master's
             goodput accounting); see `dlrover.launcher.step_ledger`.
+        excuse: the node's excuse for ranks of other nodes that wait on its own (a rank in a named
+            phase, ranks found busy); see `StepWatch.excuse`.
     """
 
     step: int = -1
@@ -134,6 +136,7 @@ class Progress:
     resources: ResourceUsage | None = None
     rank_steps: tuple[RankStepStats, ...] = ()
     attempts: tuple[AttemptReport, ...] = ()
+    excuse: PeerExcuse | None = None
 
 
 @attrs.frozen
@@ -216,6 +219,11 @@ class ControlPlane(Protocol):
     def heartbeat(self, progress: Progress) -> Sequence[tuple[ActionKind, str] | MasterAction]:
         """Report liveness and progress; returns the actions the master wants, with reasons (a
         `MasterAction` where it says more than the kind and the reason)."""
+        ...
+
+    def peer_excuses(self) -> tuple[PeerExcuse, ...]:
+        """The other nodes' excuses the last heartbeat's answer carried, relative to when it came (none before
+        the first answer): this node's ranks that wait on those are not hung while one lasts."""
         ...
 
     def report_failure(self, report: FailureReport) -> Decision:

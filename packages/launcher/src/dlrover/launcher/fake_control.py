@@ -6,7 +6,7 @@ import threading
 from collections.abc import Callable, Sequence
 
 from dlrover.common import DLRoverError
-from dlrover.diagnosis import ActionKind, Decision, RestartBudget, reported_kind
+from dlrover.diagnosis import ActionKind, Decision, PeerExcuse, RestartBudget, reported_kind
 from dlrover.launcher.control import FailureReport, MasterAction, NodeRegistration, Progress, RoundAssignment
 from dlrover.launcher.inprocess import InMemoryRoundStore, free_port
 from dlrover.rendezvous import WaitingCount
@@ -64,6 +64,7 @@ class FakeControlPlane:
         self.rounds: list[RoundAssignment] = []
         self.failures: list[FailureReport] = []
         self.heartbeats: list[Progress] = []
+        self.excuses_elsewhere: tuple[PeerExcuse, ...] = ()  # what `peer_excuses` answers
         self.commits: list[tuple[int, str, int]] = []  # (step, path, world size) as committed
         self.successes = 0
         self.succeeded_rounds: list[int] = []
@@ -124,6 +125,11 @@ class FakeControlPlane:
         with self._lock:
             self.heartbeats.append(progress)
             return self._actions.pop(0) if self._actions else []
+
+    def peer_excuses(self) -> tuple[PeerExcuse, ...]:
+        """`excuses_elsewhere`: what a test says other nodes excuse."""
+        with self._lock:
+            return self.excuses_elsewhere
 
     def report_failure(self, report: FailureReport) -> Decision:
         with self._lock:

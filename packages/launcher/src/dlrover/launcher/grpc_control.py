@@ -40,7 +40,7 @@ from dlrover.common import (
     master_channel_config,
     parse_host_port,
 )
-from dlrover.diagnosis import NODE_CHECK_FAILED, ActionKind, Decision, reported_kind
+from dlrover.diagnosis import NODE_CHECK_FAILED, ActionKind, Decision, PeerExcuse, reported_kind
 from dlrover.launcher.control import (
     FailureReport,
     MasterAction,
@@ -176,6 +176,7 @@ class GrpcControlPlane:
         self._store_wait_s = store_wait_s
         self._node_id = ""
         self._local_world_size = 0  # set by `register`
+        self._peer_excuses: tuple[PeerExcuse, ...] = ()  # the last heartbeat answer's
         self._launched_as = node_id
         self._clock = clock or SystemClock()
         self._heartbeat_interval_s = 2.0
@@ -344,8 +345,13 @@ class GrpcControlPlane:
             resources=resources,
             rank_steps=progress.rank_steps,
             attempts=progress.attempts,
+            excuse=progress.excuse,
         )
+        self._peer_excuses = response.peer_excuses
         return [MasterAction(a.kind, a.reason, a.planned_round) for a in response.actions]
+
+    def peer_excuses(self) -> tuple[PeerExcuse, ...]:
+        return self._peer_excuses
 
     def report_failure(self, report: FailureReport) -> Decision:
         # No restart count here: the master keeps the node's count, and its answer names it.

@@ -22,11 +22,11 @@ from __future__ import annotations
 import math
 import statistics
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from dlrover.common import ConfigError
 from dlrover.common.step_slots import SlotReading
-from dlrover.diagnosis import HangConfig, HangDetector, HangReport, RankStepStats, StepReport
+from dlrover.diagnosis import HangConfig, HangDetector, HangReport, PeerExcuse, RankStepStats, StepReport
 
 __all__ = ["StepWatch"]
 
@@ -65,6 +65,7 @@ class StepWatch:
         self._marks_to_judge = max(config.warmup_steps + config.min_step_samples, 1)
         self._postponed_until = float("-inf")
         self._busy_since: float | None = None  # when the ranks were first excused as busy, since the last mark
+        self._elsewhere: list[tuple[float, float, str]] = []  # peers of other nodes: (began, until, why)
 
     @property
     def reporting(self) -> bool:
@@ -154,12 +155,41 @@ class StepWatch:
         after all): then False, and the verdict stands."""
         if self._busy_since is None:
             self._busy_since = now
-        cfg = self._detector.config
-        limit = cfg.phase_allowance_s.get("eval", cfg.default_phase_allowance_s)
-        if now - self._busy_since > limit:
+        if now - self._busy_since > self._busy_limit_s():
+            self._busy_since = None  # the verdict stands: busy no more, for this node or its peers
             return False
         self.postpone(now + wait_s)
         return True
+
+    def busy_over(self) -> None:
+        """A stalled rank was probed and found not running code: its verdict stands, and these ranks excuse
+        nobody as busy any more."""
+        self._busy_since = None
+
+    def _busy_limit_s(self) -> float:
+        cfg = self._detector.config
+        return cfg.phase_allowance_s.get("eval", cfg.default_phase_allowance_s)
+
+    def excuse(self, now: float) -> PeerExcuse | None:
+        """What these workers excuse on other nodes at `now` (sent with the heartbeat, relayed by the master):
+        a rank in a named phase within its allowance, or ranks found busy running code (`excuse_busy`), from
+        then until a step mark, a probe that finds them idle (`busy_over`) or the eval allowance ends it; the
+        earlier begun of the two. None when neither."""
+        found = self._detector.excuse(now) if self._started else None
+        busy_since = self._busy_since
+        if busy_since is not None and busy_since <= now < busy_since + self._busy_limit_s():
+            busy = PeerExcuse.within_bounds(
+                now - busy_since, busy_since + self._busy_limit_s() - now, "a stalled rank busy running code"
+            )
+            if found is None or busy.began_s_ago > found.began_s_ago:
+                found = busy
+        return found
+
+    def excuse_elsewhere(self, excuses: Sequence[PeerExcuse], now: float) -> None:
+        """The excuses of other nodes' ranks, as the master relayed them at `now` (none: nobody elsewhere
+        excuses anything): ranks here in ``train`` that went quiet after one began are not hung while it
+        lasts."""
+        self._elsewhere = [(now - e.began_s_ago, now + e.remaining_s, e.why) for e in excuses]
 
     def check(self, now: float) -> HangReport | None:
         """The hang detector's verdict at `now`; None while hangs are not judged, nobody reported,
@@ -167,7 +197,12 @@ class StepWatch:
         if not self._judge or not self._started or now < self._postponed_until:
             return None
         judged = {rank for rank, marks in self._marks.items() if marks >= self._marks_to_judge}
-        return self._detector.check(now, judged)
+        excuses = tuple(
+            PeerExcuse.within_bounds(now - began, until - now, why)
+            for began, until, why in self._elsewhere
+            if began <= now < until
+        )
+        return self._detector.check(now, judged, excuses)
 
     def window_s(self) -> float | None:
         """The current window of the rank judged most leniently, for logs; None before reports."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 import enum
 import functools
 import json
+import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -17,13 +18,15 @@ import grpc
 from dlrover.common import (
     ChannelConfig,
     Clock,
+    ConfigError,
     DLRoverError,
     RetryPolicy,
     call_unary,
     create_channel,
     master_channel_config,
 )
-from dlrover.diagnosis import ActionKind, Decision, FailureKind, RankStepStats
+from dlrover.diagnosis import ActionKind, Decision, FailureKind, PeerExcuse, RankStepStats
+from dlrover.master.excuse_wire import excuse_from_proto, excuse_to_proto
 from dlrover.master.goodput import AttemptReport
 from dlrover.master.identity import node_metadata
 from dlrover.master.journal import JournaledEvent
@@ -35,6 +38,8 @@ from dlrover.master.v1 import agent_pb2, agent_pb2_grpc, checkpoint_pb2, checkpo
 from dlrover.master.wire import WireEnumError, from_proto, proto_name
 
 __all__ = ["CheckpointStepsAnswer", "HeartbeatAnswer", "MasterClient", "Registration", "StopAnswer"]
+
+_log = logging.getLogger(__name__)
 
 _S = TypeVar("_S", bound=enum.Enum)
 
@@ -71,10 +76,13 @@ class HeartbeatAnswer:
     Attributes:
         actions: what the node is asked to do (kinds are `dlrover.diagnosis.ActionKind`).
         job_state: the job's state.
+        peer_excuses: the lasting excuses of other nodes' ranks (a named phase, ranks busy running code),
+            relative to when the answer was sent, the earliest begun first.
     """
 
     actions: tuple[Action, ...]
     job_state: JobState
+    peer_excuses: tuple[PeerExcuse, ...] = ()
 
 
 @attrs.frozen
@@ -232,8 +240,10 @@ class MasterClient:
         node_id: int | None = None,
         rank_steps: Sequence[RankStepStats] = (),
         attempts: Sequence[AttemptReport] = (),
+        excuse: PeerExcuse | None = None,
     ) -> HeartbeatAnswer:
-        """Send a heartbeat (with the node's per-rank step stats); the answer carries pending actions.
+        """Send a heartbeat (with the node's per-rank step stats, and its excuse for ranks elsewhere that wait on
+        its own); the answer carries pending actions and another node's excuse.
 
         Raises:
             RpcError: refused (the status code says why).
@@ -274,6 +284,8 @@ class MasterClient:
         )
         if step is not None:
             request.progress.CopyFrom(agent_pb2.StepProgress(step=step, samples=samples))
+        if excuse is not None:
+            request.excuse.CopyFrom(excuse_to_proto(excuse))
         if resources is not None:
             request.resources.CopyFrom(
                 agent_pb2.ResourceSample(
@@ -290,7 +302,13 @@ class MasterClient:
             Action(a.action_id, from_proto(a.kind, agent_pb2.ActionKind, ActionKind), a.reason, a.planned_round)
             for a in response.actions
         )
-        return HeartbeatAnswer(actions, _state(response.job_state, JobState, "the job state"))
+        excuses = []
+        for message in response.peer_excuses:
+            try:
+                excuses.append(excuse_from_proto(message))
+            except ConfigError as exc:  # an excuse only postpones a verdict: without one, none is postponed
+                _log.warning("a peer excuse from the master is not one (%s); ignored", exc)
+        return HeartbeatAnswer(actions, _state(response.job_state, JobState, "the job state"), tuple(excuses))
 
     def report_failure(
         self,

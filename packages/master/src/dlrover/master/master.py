@@ -28,6 +28,7 @@ from dlrover.diagnosis import (
     SLOW_NODE_KIND,
     Decision,
     FailureKind,
+    PeerExcuse,
     RankStepStats,
     StragglerConfig,
 )
@@ -55,6 +56,7 @@ from dlrover.master.journal import (
 from dlrover.master.lifecycle import JobLifecycle, LifecycleError
 from dlrover.master.metrics import MasterMetrics
 from dlrover.master.oom_evidence import OOM_EVIDENCE_BLOB, OomEvidenceLedger
+from dlrover.master.peer_excuses import PeerExcuses
 from dlrover.master.policy import ClassifyingPolicy, DefaultFailurePolicy, FailurePolicy
 from dlrover.master.profiles import ProfileRecorder, ThroughputBySize, build_run_profile
 from dlrover.master.records import Action, Event, LaunchNode, NodeRecord, Outcome, ResourceSample, StopNode
@@ -317,6 +319,7 @@ class Master:
         self._unjournaled_steps: list[AttemptReport] = []
         self._steps_journaled_at: float | None = None
         self._event_count = 0
+        self._excuses = PeerExcuses(stale_after_s=config.lifecycle.heartbeat_timeout_s)
         self._stragglers = StragglerWatch(
             StragglerConfig(
                 k=config.straggler_factor,
@@ -1026,8 +1029,12 @@ class Master:
         resources: ResourceSample | None = None,
         rank_steps: Sequence[RankStepStats] = (),
         attempts: Sequence[AttemptReport] = (),
+        excuse: PeerExcuse | None = None,
     ) -> tuple[tuple[Action, ...], JobState]:
         """A node's heartbeat; returns the actions waiting for it and the job's state.
+
+        `excuse` (its ranks in a named phase, or found busy) is relayed to the other nodes' agents
+        (`peer_excuse`): their ranks that wait on these are not hung while it lasts.
 
         `rank_steps` (the node's training processes' step stats) feed the straggler detector: a
         rank newly slower than `straggler_factor` x the others is an event (``straggler``) and,
@@ -1077,6 +1084,7 @@ class Master:
                     # the wait for its peers are not straggling. Judged again once training is steady.
                     self._stragglers.forget_node(node_id)
                     rank_steps = ()
+                self._excuses.observe(node_id, excuse, now)
                 self._stragglers.observe(node_id, rank_steps, now)
                 if rank_steps:
                     finding = self._stragglers.check(now)
@@ -1240,7 +1248,14 @@ class Master:
             self._adopt_memory_evidence(ledger, blobs)
             # Its processes restart or the node goes: its ranks' steps start afresh.
             self._stragglers.forget_node(node_id)
+            self._excuses.forget(node_id)
             return decision
+
+    def peer_excuses(self, node_id: int) -> tuple[PeerExcuse, ...]:
+        """The excuses other nodes sent with their heartbeats that still last (a rank in a named phase, ranks
+        found busy), the earliest begun first, for `node_id`'s agent."""
+        with self._lock:
+            return self._excuses.for_node(node_id, self._clock.now())
 
     def report_success(self, node_id: int) -> JobState:
         """A node's training finished successfully; returns the job's state.
@@ -1250,6 +1265,7 @@ class Master:
         """
         with self._lock:
             self._transact(lambda: self._just(self._lifecycle.report_success(node_id, self._clock.now())))
+            self._excuses.forget(node_id)  # its processes ended: they excuse nobody
             return self._lifecycle.job_state
 
     def mark_host_unhealthy(self, host: str, reason: str) -> None:
@@ -1393,6 +1409,7 @@ class Master:
                 lambda: self._lifecycle.node_lost(node_id, evidence, now, exit_code=exit_code, kind=kind), blobs=blobs
             )
             self._adopt_memory_evidence(ledger, blobs)
+            self._excuses.forget(node_id)
 
     def journal_collaborator(self, collaborator: StatefulCollaborator) -> bool:
         """Export one collaborator now and journal it if its version grew; True when it was written.

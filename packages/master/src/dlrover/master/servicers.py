@@ -18,6 +18,7 @@ import grpc
 from dlrover.common import ConfigError, DLRoverError, GrpcServer
 from dlrover.diagnosis import FailureKind, RankStepStats
 from dlrover.master.checkpoints import MAX_STEPS_PER_RANK, MAX_WORLD_SIZE, CheckpointError
+from dlrover.master.excuse_wire import excuse_from_proto, excuse_to_proto
 from dlrover.master.goodput import MAX_ATTEMPTS_PER_HEARTBEAT, AttemptReport, StepMark
 from dlrover.master.identity import NodeAuthenticator, NodeIdentityError, NodeImpersonationError
 from dlrover.master.journal import JournaledEvent, JournalError
@@ -215,10 +216,22 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                 )
             rank_steps = _rank_steps(request.rank_steps)
             attempts = _attempts(node_id, request.attempts)
+            excuse = None
+            if request.HasField("excuse"):
+                try:
+                    excuse = excuse_from_proto(request.excuse)
+                except ConfigError as exc:
+                    raise RequestError(f"excuse: {exc}") from None
             actions, job_state = self._master.heartbeat(
-                node_id, step=step, samples=samples, resources=resources, rank_steps=rank_steps, attempts=attempts
+                node_id,
+                step=step,
+                samples=samples,
+                resources=resources,
+                rank_steps=rank_steps,
+                attempts=attempts,
+                excuse=excuse,
             )
-            return agent_pb2.HeartbeatResponse(
+            response = agent_pb2.HeartbeatResponse(
                 actions=[
                     agent_pb2.Action(
                         action_id=a.action_id,
@@ -230,6 +243,8 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                 ],
                 job_state=job_state.value,
             )
+            response.peer_excuses.extend(excuse_to_proto(e) for e in self._master.peer_excuses(node_id))
+            return response
 
     def ReportFailure(
         self, request: agent_pb2.ReportFailureRequest, context: grpc.ServicerContext

@@ -169,19 +169,31 @@ class RegisterNodeResponse(_message.Message):
     node_unit: int
     def __init__(self, node_id: _Optional[int] = ..., rank: _Optional[int] = ..., node_credential: _Optional[str] = ..., heartbeat_interval_s: _Optional[float] = ..., heartbeat_timeout_s: _Optional[float] = ..., relaunch_count: _Optional[int] = ..., min_nodes: _Optional[int] = ..., max_nodes: _Optional[int] = ..., node_unit: _Optional[int] = ...) -> None: ...
 
+class HangExcuse(_message.Message):
+    __slots__ = ("began_s_ago", "remaining_s", "why")
+    BEGAN_S_AGO_FIELD_NUMBER: _ClassVar[int]
+    REMAINING_S_FIELD_NUMBER: _ClassVar[int]
+    WHY_FIELD_NUMBER: _ClassVar[int]
+    began_s_ago: float
+    remaining_s: float
+    why: str
+    def __init__(self, began_s_ago: _Optional[float] = ..., remaining_s: _Optional[float] = ..., why: _Optional[str] = ...) -> None: ...
+
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("node_id", "resources", "progress", "rank_steps", "attempts")
+    __slots__ = ("node_id", "resources", "progress", "rank_steps", "attempts", "excuse")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     RESOURCES_FIELD_NUMBER: _ClassVar[int]
     PROGRESS_FIELD_NUMBER: _ClassVar[int]
     RANK_STEPS_FIELD_NUMBER: _ClassVar[int]
     ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    EXCUSE_FIELD_NUMBER: _ClassVar[int]
     node_id: int
     resources: ResourceSample
     progress: StepProgress
     rank_steps: _containers.RepeatedCompositeFieldContainer[RankStepStats]
     attempts: _containers.RepeatedCompositeFieldContainer[AttemptReport]
-    def __init__(self, node_id: _Optional[int] = ..., resources: _Optional[_Union[ResourceSample, _Mapping]] = ..., progress: _Optional[_Union[StepProgress, _Mapping]] = ..., rank_steps: _Optional[_Iterable[_Union[RankStepStats, _Mapping]]] = ..., attempts: _Optional[_Iterable[_Union[AttemptReport, _Mapping]]] = ...) -> None: ...
+    excuse: HangExcuse
+    def __init__(self, node_id: _Optional[int] = ..., resources: _Optional[_Union[ResourceSample, _Mapping]] = ..., progress: _Optional[_Union[StepProgress, _Mapping]] = ..., rank_steps: _Optional[_Iterable[_Union[RankStepStats, _Mapping]]] = ..., attempts: _Optional[_Iterable[_Union[AttemptReport, _Mapping]]] = ..., excuse: _Optional[_Union[HangExcuse, _Mapping]] = ...) -> None: ...
 
 class Action(_message.Message):
     __slots__ = ("action_id", "kind", "reason", "planned_round")
@@ -196,12 +208,14 @@ class Action(_message.Message):
     def __init__(self, action_id: _Optional[int] = ..., kind: _Optional[_Union[ActionKind, str]] = ..., reason: _Optional[str] = ..., planned_round: _Optional[bool] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
-    __slots__ = ("actions", "job_state")
+    __slots__ = ("actions", "job_state", "peer_excuses")
     ACTIONS_FIELD_NUMBER: _ClassVar[int]
     JOB_STATE_FIELD_NUMBER: _ClassVar[int]
+    PEER_EXCUSES_FIELD_NUMBER: _ClassVar[int]
     actions: _containers.RepeatedCompositeFieldContainer[Action]
     job_state: str
-    def __init__(self, actions: _Optional[_Iterable[_Union[Action, _Mapping]]] = ..., job_state: _Optional[str] = ...) -> None: ...
+    peer_excuses: _containers.RepeatedCompositeFieldContainer[HangExcuse]
+    def __init__(self, actions: _Optional[_Iterable[_Union[Action, _Mapping]]] = ..., job_state: _Optional[str] = ..., peer_excuses: _Optional[_Iterable[_Union[HangExcuse, _Mapping]]] = ...) -> None: ...
 
 class ReportFailureRequest(_message.Message):
     __slots__ = ("node_id", "kind", "evidence", "exit_code", "agent_exits")

@@ -1,0 +1,76 @@
+"""Hang excuses relayed between nodes: a rank that waits on another node's rank is not hung while that rank is
+in a named phase within its allowance or runs code its agent found busy.
+
+Each agent judges only its own ranks (`dlrover.launcher.step_watch`). Rank 0 evaluating alone while every other
+rank waits at the next barrier is excused on rank 0's node, but the ranks of the other nodes would go quiet past
+their windows and be restarted as hung. So every heartbeat carries its node's excuse (`PeerExcuse`, relative to
+when it was sent), and the answer to every heartbeat carries the lasting excuses of the *other* nodes (the
+earliest begun first, at most `MAX_RELAYED`): an agent excuses its quiet ranks by them when they went quiet
+after one began (see `HangDetector.check`).
+
+An excuse is dropped when its node's next heartbeat carries none, when it has run out, when its node has not
+been heard for `stale_after_s` (a node that died mid-evaluation excuses nobody for long: its peers' collectives
+fail anyway), and when the master hears that the node failed, finished or was lost (`forget`).
+
+Pure: ``now`` comes in as an argument (the master's clock).
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from dlrover.common import ConfigError
+from dlrover.diagnosis import PeerExcuse
+
+__all__ = ["MAX_RELAYED", "PeerExcuses"]
+
+MAX_RELAYED = 8
+"""At most this many excuses go with one heartbeat answer (the earliest begun)."""
+
+
+@attrs.frozen
+class _Held:
+    began: float
+    until: float
+    why: str
+    heard: float
+
+
+class PeerExcuses:
+    """The excuses of a job's nodes, by node id.
+
+    Args:
+        stale_after_s: an excuse whose node has not been heard for this long is dropped.
+    """
+
+    def __init__(self, stale_after_s: float = 30.0) -> None:
+        if not stale_after_s > 0:
+            raise ConfigError(f"stale_after_s must be > 0, got {stale_after_s!r}")
+        self._stale_after_s = stale_after_s
+        self._held: dict[int, _Held] = {}
+
+    def observe(self, node_id: int, excuse: PeerExcuse | None, now: float) -> None:
+        """Record what `node_id`'s heartbeat received at `now` carried (None: it excuses nobody now)."""
+        if excuse is None:
+            self._held.pop(node_id, None)
+            return
+        self._held[node_id] = _Held(now - excuse.began_s_ago, now + excuse.remaining_s, excuse.why, now)
+
+    def forget(self, node_id: int) -> None:
+        """The node left, or its processes restart: it excuses nobody."""
+        self._held.pop(node_id, None)
+
+    def for_node(self, node_id: int, now: float) -> tuple[PeerExcuse, ...]:
+        """The excuses to send `node_id` at `now`: the other nodes' that still last, the earliest begun first
+        (at most `MAX_RELAYED`)."""
+        lasting: list[_Held] = []
+        for other, held in list(self._held.items()):
+            if now >= held.until or now - held.heard > self._stale_after_s:
+                del self._held[other]
+                continue
+            if other != node_id and held.began <= now:
+                lasting.append(held)
+        lasting.sort(key=lambda held: (held.began, -held.until))
+        return tuple(
+            PeerExcuse.within_bounds(now - held.began, held.until - now, held.why) for held in lasting[:MAX_RELAYED]
+        )
