@@ -15,6 +15,7 @@ from dlrover.diagnosis import (
     StragglerConfig,
     StragglerDetector,
 )
+from dlrover.diagnosis.evidence import PEER_EXCUSE_MAX_S
 
 RANKS = (0, 1, 2, 3)
 
@@ -459,21 +460,34 @@ def test_a_peer_elsewhere_that_began_after_the_ranks_hung_does_not_excuse_them()
     assert det.check(clock.now(), excuses=[PeerExcuse(1.0, 100.0)]).stalled_ranks == RANKS
 
 
-def test_a_detectors_excuse_is_its_earliest_named_phase_within_its_allowance() -> None:
+def test_a_detectors_excuses_are_its_ranks_named_phases_within_their_allowance() -> None:
     clock = ManualClock()
     det = HangDetector(HangConfig(k=5.0, floor_s=3.0, warmup_steps=0, phase_allowance_s={"eval": 100.0}))
     det.start(RANKS, clock.now())
     _steady(det, clock, 10)
-    assert det.excuse(clock.now()) is None  # every rank trains
+    assert det.excuses(clock.now()) == ()  # every rank trains
     det.observe(StepReport(0, 10, clock.now(), phase="eval"))
     clock.advance(2.0)
     det.observe(StepReport(1, 10, clock.now(), phase="eval"))
     clock.advance(3.0)
-    assert det.excuse(clock.now()) == PeerExcuse(5.0, 95.0, "rank 0 in phase 'eval'")
+    assert det.excuses(clock.now()) == (
+        PeerExcuse(5.0, 95.0, "rank 0 in phase 'eval'"),
+        PeerExcuse(3.0, 97.0, "rank 1 in phase 'eval'"),
+    )
     clock.advance(96.0)  # rank 0's allowance is over, rank 1's not yet
-    assert det.excuse(clock.now()) == PeerExcuse(99.0, 1.0, "rank 1 in phase 'eval'")
+    assert det.excuses(clock.now()) == (PeerExcuse(99.0, 1.0, "rank 1 in phase 'eval'"),)
     clock.advance(2.0)
-    assert det.excuse(clock.now()) is None
+    assert det.excuses(clock.now()) == ()
+
+
+def test_an_allowance_longer_than_an_excuse_may_last_excuses_for_the_longest_it_may() -> None:
+    clock = ManualClock()
+    det = HangDetector(HangConfig(warmup_steps=0, phase_allowance_s={"wait": 1e9}))
+    det.start(RANKS, clock.now())
+    det.observe(StepReport(0, 1, clock.now(), phase="wait"))
+    clock.advance(1.0)
+    (excuse,) = det.excuses(clock.now())
+    assert excuse.remaining_s == PEER_EXCUSE_MAX_S
 
 
 @pytest.mark.parametrize("field", ["began_s_ago", "remaining_s"])

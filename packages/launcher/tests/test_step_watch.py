@@ -306,23 +306,23 @@ def test_busy_ranks_are_excused_up_to_the_eval_allowance_without_a_mark() -> Non
 def test_a_rank_in_a_named_phase_or_found_busy_excuses_peers_of_other_nodes() -> None:
     config = HangConfig(k=5.0, floor_s=2.0, warmup_steps=1, min_step_samples=2, phase_allowance_s={"eval": 100.0})
     watch = StepWatch({0: 0, 1: 1}, config)
-    assert watch.excuse(0.0) is None  # nobody reported yet
+    assert watch.excuses(0.0) == ()  # nobody reported yet
     slots = Slots()
     t = run_steps(watch, slots, 0.0, range(1, 8), step_s=1.0, ranks=(0, 1))
-    assert watch.excuse(t) is None  # both train
+    assert watch.excuses(t) == ()  # both train
     slots.write(0, 7, t + 1.0, "eval")  # rank 0 evaluates alone; rank 1 waits for it
     watch.observe(slots.now, t + 1.0)
-    assert watch.excuse(t + 11.0) == PeerExcuse(10.0, 90.0, "rank 0 in phase 'eval'")
-    assert watch.excuse(t + 102.0) is None  # past its allowance: it excuses nobody
+    assert watch.excuses(t + 11.0) == (PeerExcuse(10.0, 90.0, "rank 0 in phase 'eval'"),)
+    assert watch.excuses(t + 102.0) == ()  # past its allowance: it excuses nobody
     # Busy: a stalled rank runs code (the agent's probe). It excuses peers from then on, through every
     # postponement, up to the eval allowance, until a probe finds it idle.
     busy = StepWatch({0: 0, 1: 1}, config)
     t = run_steps(busy, Slots(), 0.0, range(1, 8), step_s=1.0, ranks=(0, 1))
     assert busy.excuse_busy(t + 6.0, 30.0)
-    assert busy.excuse(t + 10.0) == PeerExcuse(4.0, 96.0, "a stalled rank busy running code")
-    assert busy.excuse(t + 38.0) == PeerExcuse(32.0, 68.0, "a stalled rank busy running code")  # re-probed
+    assert busy.excuses(t + 10.0) == (PeerExcuse(4.0, 96.0, "a stalled rank busy running code"),)
+    assert busy.excuses(t + 38.0) == (PeerExcuse(32.0, 68.0, "a stalled rank busy running code"),)  # re-probed
     busy.busy_over()  # the next probe found it idle: its verdict stands
-    assert busy.excuse(t + 39.0) is None
+    assert busy.excuses(t + 39.0) == ()
 
 
 def test_ranks_waiting_for_a_peer_of_another_node_are_judged_by_its_excuse() -> None:
@@ -336,6 +336,14 @@ def test_ranks_waiting_for_a_peer_of_another_node_are_judged_by_its_excuse() -> 
     assert not verdict.hung, verdict.reason
     watch.excuse_elsewhere([], t + 61.0)  # it ended, or its node went: judged by their own windows again
     verdict = watch.check(t + 61.0)
+    assert verdict is not None
+    assert verdict.stalled_ranks == (0, 1)
+    # Relayed excuses are used only while the master's answers keep coming.
+    watch.excuse_elsewhere([PeerExcuse(3.0, 97.0)], t + 4.0, valid_for_s=30.0)
+    verdict = watch.check(t + 34.0)
+    assert verdict is not None
+    assert not verdict.hung
+    verdict = watch.check(t + 35.0)  # no answer for 31 s: no longer known to last
     assert verdict is not None
     assert verdict.stalled_ranks == (0, 1)
     # One ran out before the ranks moved again; the other began after their 5 s window ran out: a hang first.

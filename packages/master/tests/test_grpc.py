@@ -253,16 +253,18 @@ def test_a_nodes_hang_excuse_reaches_the_other_nodes_with_their_heartbeat_answer
         b.register("agent-b", "host-b", local_world_size=1)
         assert b.heartbeat().peer_excuses == ()  # nobody excuses anything yet
         evaluating = PeerExcuse(2.0, 1798.0, "rank 0 in phase 'eval'")
-        assert a.heartbeat(excuse=evaluating).peer_excuses == ()  # never its own
+        assert a.heartbeat(excuses=[evaluating]).peer_excuses == ()  # never its own
         clock.advance(5.0)
         assert b.heartbeat().peer_excuses == (PeerExcuse(7.0, 1793.0, "rank 0 in phase 'eval'"),)
         # A peer that sends nonsense on the wire is refused, and nothing changes: the excuse it had stays.
+        fine = agent_pb2.HangExcuse(began_s_ago=1.0, remaining_s=1.0)
         for bad in (
-            agent_pb2.HangExcuse(began_s_ago=-1.0, remaining_s=1.0),
-            agent_pb2.HangExcuse(began_s_ago=1.0, remaining_s=float("inf")),
-            agent_pb2.HangExcuse(began_s_ago=1.0, remaining_s=30 * 24 * 3600.0),
+            [agent_pb2.HangExcuse(began_s_ago=-1.0, remaining_s=1.0)],
+            [fine, agent_pb2.HangExcuse(began_s_ago=1.0, remaining_s=float("inf"))],
+            [agent_pb2.HangExcuse(began_s_ago=1.0, remaining_s=30 * 24 * 3600.0)],
+            [fine] * 65,  # more than a node has ranks to excuse
         ):
-            request = agent_pb2.HeartbeatRequest(node_id=a.node_id, excuse=bad)
+            request = agent_pb2.HeartbeatRequest(node_id=a.node_id, excuses=bad)
             call = lambda r=request: a._call(a._agent.Heartbeat, r, idempotent=False)  # noqa: E731
             assert code_of(call) is grpc.StatusCode.INVALID_ARGUMENT
         assert b.heartbeat().peer_excuses == (PeerExcuse(7.0, 1793.0, "rank 0 in phase 'eval'"),)

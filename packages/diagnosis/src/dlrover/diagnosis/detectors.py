@@ -158,23 +158,18 @@ class HangDetector:
             return cfg.floor_s, f"the floor (k x median training time between step marks = {adaptive:.3g} s is shorter)"
         return adaptive, f"{cfg.k:g} x the median training time between step marks of {gap:.3g} s"
 
-    def excuse(self, now: float) -> PeerExcuse | None:
-        """What this detector's ranks excuse elsewhere at `now`: the earliest begun of its ranks' named phases
-        still within their allowance (None when no rank is in one). Peers of another node waiting on it are
-        not hung (see `check`)."""
-        best: tuple[float, float, int, str] | None = None
+    def excuses(self, now: float) -> tuple[PeerExcuse, ...]:
+        """What this detector's ranks excuse elsewhere at `now`: each rank's named phase still within its
+        allowance, ascending by rank. Peers of another node waiting on one are not hung (see `check`)."""
+        out = []
         for state in self._timeline.ranks():
             if state.phase == DEFAULT_PHASE:
                 continue
             until = state.phase_since_s + self.window_for(state)[0]
-            if now > until or state.phase_since_s > now:
-                continue
-            if best is None or state.phase_since_s < best[0]:
-                best = (state.phase_since_s, until, state.rank, state.phase)
-        if best is None:
-            return None
-        began, until, rank, phase = best
-        return PeerExcuse.within_bounds(now - began, until - now, f"rank {rank} in phase '{phase}'")
+            if state.phase_since_s <= now < until:
+                why = f"rank {state.rank} in phase '{state.phase}'"
+                out.append(PeerExcuse.within_bounds(now - state.phase_since_s, until - now, why))
+        return tuple(out)
 
     def check(
         self, now: float, judged: Collection[int] | None = None, excuses: Sequence[PeerExcuse] = ()

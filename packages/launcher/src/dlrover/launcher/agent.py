@@ -91,6 +91,9 @@ _log = logging.getLogger(__name__)
 # After a stalled rank was found busy, the verdict waits at least this long before the next probe
 # (a long unmarked evaluation is not dumped every few seconds).
 _BUSY_RECHECK_S = 30.0
+# Excuses the master relayed last stay this many heartbeat intervals when heartbeats fail (the master keeps a
+# silent node's own for its heartbeat timeout, 6 intervals by default).
+_RELAYED_EXCUSE_HEARTBEATS = 6
 
 # How often to ask a rendezvous that does not say when to ask again (a master from before it paced
 # the checks), or one that could not be reached: the cadence agents kept before the pacing.
@@ -141,8 +144,8 @@ class AgentConfig:
             two runs Python code (an evaluation or a save nobody marked as a phase), so the
             verdict waits another window (at least 30 s) and is judged again, up to the eval
             phase's allowance without a step mark (`StepWatch.excuse_busy`). Only this node's
-            workers are probed; the postponement goes to the other nodes with the heartbeat (their
-            ranks that wait on these are not hung while it lasts; see `StepWatch.excuse`).
+            workers are probed; the finding goes to the other nodes with the heartbeat, where it
+            excuses ranks whose own verdict comes later than it arrives (see `StepWatch.excuses`).
             0: report at once.
         heartbeat_interval_s: heartbeat this often instead of at the master's interval.
         waiting_check_interval_s: between heartbeats, ask the rendezvous at most this often whether
@@ -487,14 +490,14 @@ class Agent:
                     _log.warning("no resource samples in heartbeats: %s", exc)
                 last = self._last_usage = (now, None)
         watch = self._step_watch if self._workers_running else None
-        excuse = watch.excuse(now) if watch is not None else None
+        excuses = watch.excuses(now) if watch is not None else ()
         return Progress(
             step=step,
             samples=samples,
             resources=last[1],
             rank_steps=rank_steps,
             attempts=self._ledger.reports(),
-            excuse=excuse,
+            excuses=excuses,
         )
 
     def _heartbeat(self) -> Sequence[tuple[ActionKind, str] | MasterAction]:
@@ -504,17 +507,17 @@ class Agent:
             DLRoverError: the master did not answer (the marks go with the next heartbeat).
         """
         progress = self._progress()
-        try:
-            actions = self._control.heartbeat(progress)
-        except BaseException:
-            if self._step_watch is not None:
-                # Without answers, other nodes' excuses are not known to last: judged without them.
-                self._step_watch.excuse_elsewhere((), self._clock.now())
-            raise
+        actions = self._control.heartbeat(progress)
         self._ledger.acknowledge(progress.attempts)
         if self._step_watch is not None:
             # Ranks of other nodes in a named phase or busy: this node's ranks that wait on them are not hung.
-            self._step_watch.excuse_elsewhere(self._control.peer_excuses(), self._clock.now())
+            # A heartbeat that fails (not retried: a blip) leaves them for a while, as the master keeps a
+            # silent node's for its heartbeat timeout.
+            self._step_watch.excuse_elsewhere(
+                self._control.peer_excuses(),
+                self._clock.now(),
+                valid_for_s=_RELAYED_EXCUSE_HEARTBEATS * self._heartbeat_interval_s,
+            )
         return actions
 
     def _flush_progress(self) -> None:
@@ -808,7 +811,6 @@ class Agent:
         nproc = self._config.nproc_per_node
         first, _world_size = assignment.worker_ranks(nproc)
         self._step_watch = StepWatch({i: first + i for i in range(nproc)}, self._config.step_hang)
-        self._workers_running = True
         group = WorkerGroup(
             self._specs(assignment, restarts),
             standby=self._standby,
@@ -827,6 +829,7 @@ class Agent:
             wall_offset=wall - started_at,
         )
         group.start()
+        self._workers_running = True
         ranks = frozenset(range(first, first + nproc))
         if self._standby is not None:
             # Warm again for the next restart, but not while these workers restore: the imports

@@ -127,8 +127,8 @@ class Progress:
             master (its straggler detector compares ranks).
         attempts: step marks of local rank 0 not yet sent, per set of workers (the master's
             goodput accounting); see `dlrover.launcher.step_ledger`.
-        excuse: the node's excuse for ranks of other nodes that wait on its own (a rank in a named
-            phase, ranks found busy); see `StepWatch.excuse`.
+        excuses: the node's excuses for ranks of other nodes that wait on its own (a rank in a named
+            phase, ranks found busy); see `StepWatch.excuses`.
     """
 
     step: int = -1
@@ -136,7 +136,7 @@ class Progress:
     resources: ResourceUsage | None = None
     rank_steps: tuple[RankStepStats, ...] = ()
     attempts: tuple[AttemptReport, ...] = ()
-    excuse: PeerExcuse | None = None
+    excuses: tuple[PeerExcuse, ...] = ()
 
 
 @attrs.frozen

@@ -345,7 +345,7 @@ class GrpcControlPlane:
             resources=resources,
             rank_steps=progress.rank_steps,
             attempts=progress.attempts,
-            excuse=progress.excuse,
+            excuses=progress.excuses,
         )
         self._peer_excuses = response.peer_excuses
         return [MasterAction(a.kind, a.reason, a.planned_round) for a in response.actions]

@@ -64,8 +64,10 @@ class StepWatch:
         self._per_mark: dict[int, deque[float]] = {}  # global rank -> recent steps per mark
         self._marks_to_judge = max(config.warmup_steps + config.min_step_samples, 1)
         self._postponed_until = float("-inf")
-        self._busy_since: float | None = None  # when the ranks were first excused as busy, since the last mark
+        # When the ranks were first excused as busy, since the last mark; None once a probe found them idle.
+        self._busy_since: float | None = None
         self._elsewhere: list[tuple[float, float, str]] = []  # peers of other nodes: (began, until, why)
+        self._elsewhere_valid_until = float("-inf")  # relayed excuses are not used past this
 
     @property
     def reporting(self) -> bool:
@@ -170,26 +172,23 @@ class StepWatch:
         cfg = self._detector.config
         return cfg.phase_allowance_s.get("eval", cfg.default_phase_allowance_s)
 
-    def excuse(self, now: float) -> PeerExcuse | None:
+    def excuses(self, now: float) -> tuple[PeerExcuse, ...]:
         """What these workers excuse on other nodes at `now` (sent with the heartbeat, relayed by the master):
-        a rank in a named phase within its allowance, or ranks found busy running code (`excuse_busy`), from
-        then until a step mark, a probe that finds them idle (`busy_over`) or the eval allowance ends it; the
-        earlier begun of the two. None when neither."""
-        found = self._detector.excuse(now) if self._started else None
+        each rank in a named phase within its allowance, and ranks found busy running code (`excuse_busy`),
+        from then until a step mark, a probe that finds them idle (`busy_over`) or the eval allowance."""
+        found = self._detector.excuses(now) if self._started else ()
         busy_since = self._busy_since
         if busy_since is not None and busy_since <= now < busy_since + self._busy_limit_s():
-            busy = PeerExcuse.within_bounds(
-                now - busy_since, busy_since + self._busy_limit_s() - now, "a stalled rank busy running code"
-            )
-            if found is None or busy.began_s_ago > found.began_s_ago:
-                found = busy
+            why = "a stalled rank busy running code"
+            found += (PeerExcuse.within_bounds(now - busy_since, busy_since + self._busy_limit_s() - now, why),)
         return found
 
-    def excuse_elsewhere(self, excuses: Sequence[PeerExcuse], now: float) -> None:
+    def excuse_elsewhere(self, excuses: Sequence[PeerExcuse], now: float, *, valid_for_s: float = math.inf) -> None:
         """The excuses of other nodes' ranks, as the master relayed them at `now` (none: nobody elsewhere
-        excuses anything): ranks here in ``train`` that went quiet after one began are not hung while it
-        lasts."""
+        excuses anything): ranks here in ``train`` that went quiet before one's window ran out are not hung
+        while it lasts, and while no more than `valid_for_s` passed without news from the master."""
         self._elsewhere = [(now - e.began_s_ago, now + e.remaining_s, e.why) for e in excuses]
+        self._elsewhere_valid_until = now + valid_for_s
 
     def check(self, now: float) -> HangReport | None:
         """The hang detector's verdict at `now`; None while hangs are not judged, nobody reported,
@@ -200,7 +199,7 @@ class StepWatch:
         excuses = tuple(
             PeerExcuse.within_bounds(now - began, until - now, why)
             for began, until, why in self._elsewhere
-            if began <= now < until
+            if began <= now < until and now <= self._elsewhere_valid_until
         )
         return self._detector.check(now, judged, excuses)
 

@@ -240,10 +240,10 @@ class MasterClient:
         node_id: int | None = None,
         rank_steps: Sequence[RankStepStats] = (),
         attempts: Sequence[AttemptReport] = (),
-        excuse: PeerExcuse | None = None,
+        excuses: Sequence[PeerExcuse] = (),
     ) -> HeartbeatAnswer:
-        """Send a heartbeat (with the node's per-rank step stats, and its excuse for ranks elsewhere that wait on
-        its own); the answer carries pending actions and another node's excuse.
+        """Send a heartbeat (with the node's per-rank step stats, and its excuses for ranks elsewhere that wait on
+        its own); the answer carries pending actions and the other nodes' excuses.
 
         Raises:
             RpcError: refused (the status code says why).
@@ -284,8 +284,7 @@ class MasterClient:
         )
         if step is not None:
             request.progress.CopyFrom(agent_pb2.StepProgress(step=step, samples=samples))
-        if excuse is not None:
-            request.excuse.CopyFrom(excuse_to_proto(excuse))
+        request.excuses.extend(excuse_to_proto(e) for e in excuses)
         if resources is not None:
             request.resources.CopyFrom(
                 agent_pb2.ResourceSample(

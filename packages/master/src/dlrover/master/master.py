@@ -1029,12 +1029,12 @@ class Master:
         resources: ResourceSample | None = None,
         rank_steps: Sequence[RankStepStats] = (),
         attempts: Sequence[AttemptReport] = (),
-        excuse: PeerExcuse | None = None,
+        excuses: Sequence[PeerExcuse] = (),
     ) -> tuple[tuple[Action, ...], JobState]:
         """A node's heartbeat; returns the actions waiting for it and the job's state.
 
-        `excuse` (its ranks in a named phase, or found busy) is relayed to the other nodes' agents
-        (`peer_excuse`): their ranks that wait on these are not hung while it lasts.
+        `excuses` (its ranks in a named phase, or found busy) are relayed to the other nodes' agents
+        (`peer_excuses`): their ranks that wait on these are not hung while one lasts.
 
         `rank_steps` (the node's training processes' step stats) feed the straggler detector: a
         rank newly slower than `straggler_factor` x the others is an event (``straggler``) and,
@@ -1084,7 +1084,7 @@ class Master:
                     # the wait for its peers are not straggling. Judged again once training is steady.
                     self._stragglers.forget_node(node_id)
                     rank_steps = ()
-                self._excuses.observe(node_id, excuse, now)
+                self._excuses.observe(node_id, excuses, now)
                 self._stragglers.observe(node_id, rank_steps, now)
                 if rank_steps:
                     finding = self._stragglers.check(now)

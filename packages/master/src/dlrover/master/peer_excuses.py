@@ -3,26 +3,32 @@ in a named phase within its allowance or runs code its agent found busy.
 
 Each agent judges only its own ranks (`dlrover.launcher.step_watch`). Rank 0 evaluating alone while every other
 rank waits at the next barrier is excused on rank 0's node, but the ranks of the other nodes would go quiet past
-their windows and be restarted as hung. So every heartbeat carries its node's excuse (`PeerExcuse`, relative to
+their windows and be restarted as hung. So every heartbeat carries its node's excuses (`PeerExcuse`, relative to
 when it was sent), and the answer to every heartbeat carries the lasting excuses of the *other* nodes (the
 earliest begun first, at most `MAX_RELAYED`): an agent excuses its quiet ranks by them when they went quiet
 after one began (see `HangDetector.check`).
 
-An excuse is dropped when its node's next heartbeat carries none, when it has run out, when its node has not
-been heard for `stale_after_s` (a node that died mid-evaluation excuses nobody for long: its peers' collectives
-fail anyway), and when the master hears that the node failed, finished or was lost (`forget`).
+A node's excuses are replaced by those its next heartbeat carries (none: it excuses nobody); an excuse is dropped
+when it has run out, when its node has not been heard for `stale_after_s` (a node that died mid-evaluation
+excuses nobody for long: its peers' collectives fail anyway), and when the master hears that the node failed,
+finished or was lost (`forget`).
 
 Pure: ``now`` comes in as an argument (the master's clock).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import attrs
 
 from dlrover.common import ConfigError
 from dlrover.diagnosis import PeerExcuse
 
-__all__ = ["MAX_RELAYED", "PeerExcuses"]
+__all__ = ["MAX_EXCUSES_PER_NODE", "MAX_RELAYED", "PeerExcuses"]
+
+MAX_EXCUSES_PER_NODE = 64
+"""At most this many excuses come with one heartbeat (a node's ranks in named phases, its busy ranks)."""
 
 MAX_RELAYED = 8
 """At most this many excuses go with one heartbeat answer (the earliest begun)."""
@@ -47,14 +53,14 @@ class PeerExcuses:
         if not stale_after_s > 0:
             raise ConfigError(f"stale_after_s must be > 0, got {stale_after_s!r}")
         self._stale_after_s = stale_after_s
-        self._held: dict[int, _Held] = {}
+        self._held: dict[int, list[_Held]] = {}
 
-    def observe(self, node_id: int, excuse: PeerExcuse | None, now: float) -> None:
-        """Record what `node_id`'s heartbeat received at `now` carried (None: it excuses nobody now)."""
-        if excuse is None:
+    def observe(self, node_id: int, excuses: Sequence[PeerExcuse], now: float) -> None:
+        """Record what `node_id`'s heartbeat received at `now` carried (none: it excuses nobody now)."""
+        if not excuses:
             self._held.pop(node_id, None)
             return
-        self._held[node_id] = _Held(now - excuse.began_s_ago, now + excuse.remaining_s, excuse.why, now)
+        self._held[node_id] = [_Held(now - e.began_s_ago, now + e.remaining_s, e.why, now) for e in excuses]
 
     def forget(self, node_id: int) -> None:
         """The node left, or its processes restart: it excuses nobody."""
@@ -64,12 +70,14 @@ class PeerExcuses:
         """The excuses to send `node_id` at `now`: the other nodes' that still last, the earliest begun first
         (at most `MAX_RELAYED`)."""
         lasting: list[_Held] = []
-        for other, held in list(self._held.items()):
-            if now >= held.until or now - held.heard > self._stale_after_s:
+        for other, excuses in list(self._held.items()):
+            kept = [held for held in excuses if now < held.until and now - held.heard <= self._stale_after_s]
+            if not kept:
                 del self._held[other]
                 continue
-            if other != node_id and held.began <= now:
-                lasting.append(held)
+            self._held[other] = kept
+            if other != node_id:
+                lasting.extend(held for held in kept if held.began <= now)
         lasting.sort(key=lambda held: (held.began, -held.until))
         return tuple(
             PeerExcuse.within_bounds(now - held.began, held.until - now, held.why) for held in lasting[:MAX_RELAYED]

@@ -31,6 +31,7 @@ from dlrover.master.lifecycle import (
     UnknownNodeError,
 )
 from dlrover.master.master import Master, ResourceSample
+from dlrover.master.peer_excuses import MAX_EXCUSES_PER_NODE
 from dlrover.master.resize import ResizeError, ResizeSource
 from dlrover.master.states import IllegalTransitionError
 from dlrover.master.status import JobSummary, NodeSummary, summarize
@@ -216,12 +217,12 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                 )
             rank_steps = _rank_steps(request.rank_steps)
             attempts = _attempts(node_id, request.attempts)
-            excuse = None
-            if request.HasField("excuse"):
-                try:
-                    excuse = excuse_from_proto(request.excuse)
-                except ConfigError as exc:
-                    raise RequestError(f"excuse: {exc}") from None
+            if len(request.excuses) > MAX_EXCUSES_PER_NODE:
+                raise RequestError(f"a heartbeat carries at most {MAX_EXCUSES_PER_NODE} excuses")
+            try:
+                excuses = tuple(excuse_from_proto(e) for e in request.excuses)
+            except ConfigError as exc:
+                raise RequestError(f"excuses: {exc}") from None
             actions, job_state = self._master.heartbeat(
                 node_id,
                 step=step,
@@ -229,7 +230,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                 resources=resources,
                 rank_steps=rank_steps,
                 attempts=attempts,
-                excuse=excuse,
+                excuses=excuses,
             )
             response = agent_pb2.HeartbeatResponse(
                 actions=[

@@ -68,7 +68,8 @@ class Launch:
 
 @attrs.frozen
 class Stop:
-    """Stop a node; `graceful`: give it its grace to save (SIGTERM first), else end it at once (nothing to save)."""
+    """Stop a node; `graceful`: give it its grace to save (SIGTERM first), else end it as soon as the backend
+    can (nothing to save; the Kubernetes backend keeps a 1 s grace so the pod outlives its processes)."""
 
     task: TaskKey
     node_id: int

@@ -180,20 +180,20 @@ class HangExcuse(_message.Message):
     def __init__(self, began_s_ago: _Optional[float] = ..., remaining_s: _Optional[float] = ..., why: _Optional[str] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("node_id", "resources", "progress", "rank_steps", "attempts", "excuse")
+    __slots__ = ("node_id", "resources", "progress", "rank_steps", "attempts", "excuses")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     RESOURCES_FIELD_NUMBER: _ClassVar[int]
     PROGRESS_FIELD_NUMBER: _ClassVar[int]
     RANK_STEPS_FIELD_NUMBER: _ClassVar[int]
     ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
-    EXCUSE_FIELD_NUMBER: _ClassVar[int]
+    EXCUSES_FIELD_NUMBER: _ClassVar[int]
     node_id: int
     resources: ResourceSample
     progress: StepProgress
     rank_steps: _containers.RepeatedCompositeFieldContainer[RankStepStats]
     attempts: _containers.RepeatedCompositeFieldContainer[AttemptReport]
-    excuse: HangExcuse
-    def __init__(self, node_id: _Optional[int] = ..., resources: _Optional[_Union[ResourceSample, _Mapping]] = ..., progress: _Optional[_Union[StepProgress, _Mapping]] = ..., rank_steps: _Optional[_Iterable[_Union[RankStepStats, _Mapping]]] = ..., attempts: _Optional[_Iterable[_Union[AttemptReport, _Mapping]]] = ..., excuse: _Optional[_Union[HangExcuse, _Mapping]] = ...) -> None: ...
+    excuses: _containers.RepeatedCompositeFieldContainer[HangExcuse]
+    def __init__(self, node_id: _Optional[int] = ..., resources: _Optional[_Union[ResourceSample, _Mapping]] = ..., progress: _Optional[_Union[StepProgress, _Mapping]] = ..., rank_steps: _Optional[_Iterable[_Union[RankStepStats, _Mapping]]] = ..., attempts: _Optional[_Iterable[_Union[AttemptReport, _Mapping]]] = ..., excuses: _Optional[_Iterable[_Union[HangExcuse, _Mapping]]] = ...) -> None: ...
 
 class Action(_message.Message):
     __slots__ = ("action_id", "kind", "reason", "planned_round")

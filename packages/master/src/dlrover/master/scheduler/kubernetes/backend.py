@@ -177,7 +177,7 @@ class _Node:
     refused: str = ""  # the API server's message while a ResourceQuota refuses the create (retried)
     create_failed: str = ""  # why a retried create failed for another reason
     manifest: Mapping[str, Any] | None = None  # what to create again while refused
-    grace_s: int = 0  # the grace of the delete sent (stop: the settings'; kill: none)
+    grace_s: int = 0  # the grace of the delete sent (stop: the settings'; kill: KILL_GRACE_S for PS jobs, else 0)
 
 
 class KubernetesScheduler:
