@@ -23,7 +23,7 @@ from dlrover.common import generate_token, write_token_file
 from dlrover.flashckpt.segment import DEFAULT_SHM_DIR, remove_run
 from dlrover.launcher.agent import NODE_SHM_PREFIX
 from dlrover.launcher.cli import TOKEN_DIR_PREFIX
-from dlrover.master import MasterClient
+from dlrover.master import MasterClient, read_event_log
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
 
@@ -470,15 +470,19 @@ def test_a_master_killed_and_restarted_mid_training_restarts_no_worker_and_loses
         assert "finished with exit code 0 after 0 restart(s)" in text, text[-3000:]
 
 
-def test_a_master_with_the_local_backend_runs_dlrover_run_agents_to_the_end(
-    tmp_path: Path, procs: list[subprocess.Popen[str]]
-) -> None:
+def _run_two_local_nodes(
+    procs: list[subprocess.Popen[str]], tmp_path: Path, script: str, *script_args: str, agent_flags: str = ""
+) -> tuple[Path, Path]:
+    """Run `script` (written to ``tmp_path/train.py``, given the output folder and `script_args`) as a job of
+    two one-process nodes under `dlrover-master --backend local`, to its successful end; the output folder
+    and the master's log."""
     out = tmp_path / "out"
     out.mkdir()
-    (tmp_path / "train.py").write_text(TRAIN)
+    (tmp_path / "train.py").write_text(script)
     agent = (
         f"{sys.executable} -m dlrover.launcher.cli --nnodes=2 --nproc-per-node=1 --local-addr=127.0.0.1 "
-        f"--monitor-interval=0.1 --heartbeat-interval=0.5 {tmp_path / 'train.py'} {out} 10"
+        f"--monitor-interval=0.1 --heartbeat-interval=0.5 {agent_flags} {tmp_path / 'train.py'} {out} "
+        + " ".join(script_args)
     )
     master_cmd = [
         sys.executable, "-m", "dlrover.master.cli", "--backend=local", "--nnodes=2", f"--agent-command={agent}",
@@ -488,6 +492,13 @@ def test_a_master_with_the_local_backend_runs_dlrover_run_agents_to_the_end(
     master = _start(procs, master_cmd, log)
     master.wait(timeout=300)
     assert master.returncode == 0, log.read_text()[-4000:]
+    return out, log
+
+
+def test_a_master_with_the_local_backend_runs_dlrover_run_agents_to_the_end(
+    tmp_path: Path, procs: list[subprocess.Popen[str]]
+) -> None:
+    out, _ = _run_two_local_nodes(procs, tmp_path, TRAIN, "10")
     progress = _progress(out)
     assert progress[-1][0] == 10
     assert {w for _, w in progress} == {2}
@@ -529,25 +540,10 @@ def test_ranks_of_another_node_waiting_for_a_rank_that_evaluates_alone_are_not_h
 ) -> None:
     """The evaluating rank's node relays its phase through the master: the waiting node's agent, whose own
     ranks are all in `train`, does not call them hung."""
-    out = tmp_path / "out"
-    out.mkdir()
-    (tmp_path / "train.py").write_text(EVALUATES_ALONE)
     window_s, eval_s = 4, 14  # the waiting rank is quiet 3.5 x its window
-    agent = (
-        f"{sys.executable} -m dlrover.launcher.cli --nnodes=2 --nproc-per-node=1 --local-addr=127.0.0.1 "
-        f"--monitor-interval=0.1 --heartbeat-interval=0.5 --hang-timeout=0 --hang-step-floor={window_s} "
-        f"--max-restarts=1 {tmp_path / 'train.py'} {out} {eval_s}"
-    )
-    master_cmd = [
-        sys.executable, "-m", "dlrover.master.cli", "--backend=local", "--nnodes=2", f"--agent-command={agent}",
-        f"--state-dir={tmp_path / 'state'}", "--heartbeat-interval-s=0.5", "--rdzv-last-call-s=1",
-    ]  # fmt: skip
-    log = tmp_path / "master.log"
-    master = _start(procs, master_cmd, log)
-    master.wait(timeout=300)
-    assert master.returncode == 0, log.read_text()[-4000:]
-    events = [json.loads(line) for line in (tmp_path / "state" / "events.jsonl").read_text().splitlines()]
-    failures = [e for e in events if e.get("kind") in ("failure", "node_failed", "processes_restarted")]
+    flags = f"--hang-timeout=0 --hang-step-floor={window_s} --max-restarts=1"
+    out, log = _run_two_local_nodes(procs, tmp_path, EVALUATES_ALONE, str(eval_s), agent_flags=flags)
+    failures = [e["message"] for e in read_event_log(tmp_path / "state" / "events.jsonl") if e["kind"] == "failure"]
     assert failures == [], failures
     for rank in (0, 1):
         assert (out / f"attempts-{rank}.log").read_text().split() == ["0"], log.read_text()[-4000:]

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from dlrover.diagnosis.errors import DiagnosisError, ProbeError, RulePluginError
     from dlrover.diagnosis.evidence import (
         DEFAULT_PHASE,
+        AnchoredExcuse,
         Evidence,
         GpuSample,
         HangReport,
@@ -108,6 +109,7 @@ _EXPORTS = {
     "kind_decided_alone": "dlrover.diagnosis.reported",
     "reported_kind": "dlrover.diagnosis.reported",
     "DEFAULT_PHASE": "dlrover.diagnosis.evidence",
+    "AnchoredExcuse": "dlrover.diagnosis.evidence",
     "Evidence": "dlrover.diagnosis.evidence",
     "ExitInfo": "dlrover.diagnosis.exitinfo",
     "GpuSample": "dlrover.diagnosis.evidence",
@@ -195,6 +197,7 @@ __all__ = [
     "reported_kind",
     # evidence
     "DEFAULT_PHASE",
+    "AnchoredExcuse",
     "Evidence",
     "ExitInfo",
     "GpuSample",

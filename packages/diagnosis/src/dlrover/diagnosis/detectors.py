@@ -188,8 +188,7 @@ class HangDetector:
         stalled: list[tuple[int, float, float, str]] = []
         ranks = self._timeline.ranks()
         in_phase = [s for s in ranks if s.phase != DEFAULT_PHASE and now - s.phase_since_s <= self.window_for(s)[0]]
-        # Each peer elsewhere as (when it began, when it ends) on this detector's clock.
-        elsewhere = [(now - e.began_s_ago, now + e.remaining_s) for e in excuses]
+        elsewhere = [e.anchored(now) for e in excuses]
         for state in ranks:
             if judged is not None and state.rank not in judged:
                 continue
@@ -202,7 +201,7 @@ class HangDetector:
             ):
                 continue  # waiting for a peer's save or evaluation
             if state.phase == DEFAULT_PHASE and any(
-                began <= state.idle_since_s + window and now < until for began, until in elsewhere
+                peer.began_s <= state.idle_since_s + window and peer.lasts(now) for peer in elsewhere
             ):
                 continue  # waiting for a peer of another node
             stalled.append((state.rank, idle, window, why))

@@ -20,6 +20,7 @@ from dlrover.diagnosis.tracebacks import PythonTraceback, extract_tracebacks
 
 __all__ = [
     "DEFAULT_PHASE",
+    "AnchoredExcuse",
     "Evidence",
     "GpuSample",
     "HangReport",
@@ -138,6 +139,27 @@ class PeerExcuse:
         """An excuse from times computed here, each held to [0, `PEER_EXCUSE_MAX_S`] (an allowance may be set
         longer than an excuse may last: it then lasts the longest it may)."""
         return cls(min(max(began_s_ago, 0.0), PEER_EXCUSE_MAX_S), min(max(remaining_s, 0.0), PEER_EXCUSE_MAX_S), why)
+
+    def anchored(self, now: float) -> AnchoredExcuse:
+        """This excuse, read at `now`, placed on that clock."""
+        return AnchoredExcuse(now - self.began_s_ago, now + self.remaining_s, self.why)
+
+
+@attrs.frozen
+class AnchoredExcuse:
+    """A `PeerExcuse` placed on one clock (`PeerExcuse.anchored`): when it began and when it ends there."""
+
+    began_s: float
+    until_s: float
+    why: str = ""
+
+    def lasts(self, now: float) -> bool:
+        """Whether it has begun and not ended at `now`."""
+        return self.began_s <= now < self.until_s
+
+    def relative(self, now: float) -> PeerExcuse:
+        """It again as a `PeerExcuse` read at `now`, to send on."""
+        return PeerExcuse.within_bounds(now - self.began_s, self.until_s - now, self.why)
 
 
 @attrs.frozen

@@ -26,7 +26,15 @@ from collections.abc import Mapping, Sequence
 
 from dlrover.common import ConfigError
 from dlrover.common.step_slots import SlotReading
-from dlrover.diagnosis import HangConfig, HangDetector, HangReport, PeerExcuse, RankStepStats, StepReport
+from dlrover.diagnosis import (
+    AnchoredExcuse,
+    HangConfig,
+    HangDetector,
+    HangReport,
+    PeerExcuse,
+    RankStepStats,
+    StepReport,
+)
 
 __all__ = ["StepWatch"]
 
@@ -66,7 +74,7 @@ class StepWatch:
         self._postponed_until = float("-inf")
         # When the ranks were first excused as busy, since the last mark; None once a probe found them idle.
         self._busy_since: float | None = None
-        self._elsewhere: list[tuple[float, float, str]] = []  # peers of other nodes: (began, until, why)
+        self._elsewhere: list[AnchoredExcuse] = []  # peers of other nodes, on this clock
         self._elsewhere_valid_until = float("-inf")  # relayed excuses are not used past this
 
     @property
@@ -187,7 +195,7 @@ class StepWatch:
         """The excuses of other nodes' ranks, as the master relayed them at `now` (none: nobody elsewhere
         excuses anything): ranks here in ``train`` that went quiet before one's window ran out are not hung
         while it lasts, and while no more than `valid_for_s` passed without news from the master."""
-        self._elsewhere = [(now - e.began_s_ago, now + e.remaining_s, e.why) for e in excuses]
+        self._elsewhere = [e.anchored(now) for e in excuses]
         self._elsewhere_valid_until = now + valid_for_s
 
     def check(self, now: float) -> HangReport | None:
@@ -196,11 +204,8 @@ class StepWatch:
         if not self._judge or not self._started or now < self._postponed_until:
             return None
         judged = {rank for rank, marks in self._marks.items() if marks >= self._marks_to_judge}
-        excuses = tuple(
-            PeerExcuse.within_bounds(now - began, until - now, why)
-            for began, until, why in self._elsewhere
-            if began <= now < until and now <= self._elsewhere_valid_until
-        )
+        fresh = now <= self._elsewhere_valid_until
+        excuses = tuple(e.relative(now) for e in self._elsewhere if fresh and e.lasts(now))
         return self._detector.check(now, judged, excuses)
 
     def window_s(self) -> float | None:

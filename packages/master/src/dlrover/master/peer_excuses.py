@@ -20,10 +20,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import attrs
-
 from dlrover.common import ConfigError
-from dlrover.diagnosis import PeerExcuse
+from dlrover.diagnosis import AnchoredExcuse, PeerExcuse
 
 __all__ = ["MAX_EXCUSES_PER_NODE", "MAX_RELAYED", "PeerExcuses"]
 
@@ -32,14 +30,6 @@ MAX_EXCUSES_PER_NODE = 64
 
 MAX_RELAYED = 8
 """At most this many excuses go with one heartbeat answer (the earliest begun)."""
-
-
-@attrs.frozen
-class _Held:
-    began: float
-    until: float
-    why: str
-    heard: float
 
 
 class PeerExcuses:
@@ -53,14 +43,14 @@ class PeerExcuses:
         if not stale_after_s > 0:
             raise ConfigError(f"stale_after_s must be > 0, got {stale_after_s!r}")
         self._stale_after_s = stale_after_s
-        self._held: dict[int, list[_Held]] = {}
+        self._held: dict[int, tuple[float, list[AnchoredExcuse]]] = {}  # node -> (when heard, its excuses)
 
     def observe(self, node_id: int, excuses: Sequence[PeerExcuse], now: float) -> None:
         """Record what `node_id`'s heartbeat received at `now` carried (none: it excuses nobody now)."""
         if not excuses:
             self._held.pop(node_id, None)
             return
-        self._held[node_id] = [_Held(now - e.began_s_ago, now + e.remaining_s, e.why, now) for e in excuses]
+        self._held[node_id] = (now, [e.anchored(now) for e in excuses])
 
     def forget(self, node_id: int) -> None:
         """The node left, or its processes restart: it excuses nobody."""
@@ -69,16 +59,14 @@ class PeerExcuses:
     def for_node(self, node_id: int, now: float) -> tuple[PeerExcuse, ...]:
         """The excuses to send `node_id` at `now`: the other nodes' that still last, the earliest begun first
         (at most `MAX_RELAYED`)."""
-        lasting: list[_Held] = []
-        for other, excuses in list(self._held.items()):
-            kept = [held for held in excuses if now < held.until and now - held.heard <= self._stale_after_s]
+        lasting: list[AnchoredExcuse] = []
+        for other, (heard, excuses) in list(self._held.items()):
+            kept = [e for e in excuses if now < e.until_s] if now - heard <= self._stale_after_s else []
             if not kept:
                 del self._held[other]
                 continue
-            self._held[other] = kept
+            self._held[other] = (heard, kept)
             if other != node_id:
-                lasting.extend(held for held in kept if held.began <= now)
-        lasting.sort(key=lambda held: (held.began, -held.until))
-        return tuple(
-            PeerExcuse.within_bounds(now - held.began, held.until - now, held.why) for held in lasting[:MAX_RELAYED]
-        )
+                lasting.extend(e for e in kept if e.lasts(now))
+        lasting.sort(key=lambda e: (e.began_s, -e.until_s))
+        return tuple(e.relative(now) for e in lasting[:MAX_RELAYED])
