@@ -407,6 +407,18 @@ def test_a_tf_tasks_resources_are_its_own_without_shm() -> None:
     assert main(pod)["resources"]["limits"] == {"cpu": "2", "memory": "1024Mi"}
 
 
+def test_a_tf_worker_waits_for_its_parameter_servers_whatever_its_template_runs() -> None:
+    own_command = {"spec": {"containers": [{"name": "main", "image": "rec:1", "command": ["python", "serve.py"]}]}}
+    own_setting = {"spec": {"containers": [{"name": "main", "image": "rec:1",
+                                            "env": [{"name": "GRPC_FAIL_FAST", "value": "use_caller"}]}]}}  # fmt: skip
+    for template, expected in ((SERVER_TEMPLATE, "false"), (own_command, "false"), (own_setting, "use_caller")):
+        pod = worker_pod(tf_spec(Role.WORKER, 0, 2), TF_SETTINGS, WorkerTemplate(template))
+        assert env_of(pod)["GRPC_FAIL_FAST"] == expected, "the job's own setting wins"
+        assert [e["name"] for e in main(pod)["env"]].count("GRPC_FAIL_FAST") == 1
+    for role in (Role.PS, Role.CHIEF):
+        assert "GRPC_FAIL_FAST" not in env_of(worker_pod(tf_spec(role, 0, 3), TF_SETTINGS, TF_TEMPLATES))
+
+
 def test_a_role_without_a_template_and_a_name_too_long_are_refused() -> None:
     with pytest.raises(ConfigError, match=r"no evaluator template \(spec.replicaSpecs.evaluator.template\)"):
         worker_pod(tf_spec(Role.EVALUATOR, 0, 5), TF_SETTINGS, TF_TEMPLATES)

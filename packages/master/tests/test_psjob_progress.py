@@ -68,3 +68,16 @@ def test_a_position_this_master_did_not_hand_out_is_reported_as_unknown() -> Non
     _train(servicer, 2)
     _restore(servicer, _checkpoint(earlier_run))
     assert rewinds == [Rewind("d", None, None)]
+
+
+def test_a_position_read_with_a_fetch_is_counted_as_one_read_alone() -> None:
+    servicer, rewinds = _servicer()
+    _train(servicer, 2)
+    request = pb.FetchShardsRequest(dataset="d", worker="chief", count=1, request_id="f1", with_checkpoint=True)
+    reply = servicer.FetchShards(request, _Context())  # type: ignore[arg-type]
+    assert len(reply.shards) == 1
+    with servicer.locked() as registry:
+        registry.manager("d").report_done("chief", reply.shards[0].shard_id)
+    _train(servicer, 2)
+    _restore(servicer, reply.checkpoint)
+    assert rewinds == [Rewind("d", 12, 3)], "the shard leased with the read and the two after it are undone"

@@ -424,3 +424,38 @@ def test_a_client_nobody_closed_is_collected_with_its_channel(token: str) -> Non
     del client
     gc.collect()
     assert alive() is None, "the exit-time delivery of queued reports must not keep the client alive"
+
+
+def test_a_fetch_that_asks_for_the_position_reads_it_before_leasing(shard_server: Any, token: str) -> None:
+    server, _ = shard_server
+    with _client(server, token, config=ShardClientConfig(retry=FAST.retry, prefetch_shards=0)) as c:
+        c.register(_spec(n=16, delivery=DeliveryMode.EXACTLY_ONCE))
+        shard = c.next_shard(timeout_s=30)
+        assert shard is not None
+        c.report_done(shard.shard_id)
+        before = c.checkpoint()
+        assert c.checkpoint(lease_next=True) == before, "the lease is granted after the read"
+        assert c.status().doing == 1, "the next shard is leased by the same call"
+        c.checkpoint(lease_next=True)
+        assert c.status().doing == 1
+        leased = c.next_shard(timeout_s=30)
+        assert leased is not None
+        assert leased.shard_id != shard.shard_id
+        assert c.status().doing == 1, "next_shard took the buffered shard without a fetch"
+        channel = create_channel(server.address, token)
+        stub = shard_pb2_grpc.ShardServiceStub(channel)  # type: ignore[no-untyped-call]
+        plain = stub.FetchShards(pb.FetchShardsRequest(dataset="ds", worker="other", count=1))
+        channel.close()
+        assert len(plain.shards) == 1
+        assert plain.checkpoint == "", "the position is read only when asked for"
+
+
+def test_a_prefetching_client_reads_the_position_alone(shard_server: Any, token: str) -> None:
+    server, _ = shard_server
+    with _client(server, token, config=ShardClientConfig(retry=FAST.retry, prefetch_shards=1)) as c:
+        c.register(_spec(n=8))
+        assert c.next_shard(timeout_s=30) is not None
+        while c.status().doing < 2:  # the prefetch thread leased one ahead
+            threading.Event().wait(0.01)
+        c.checkpoint(lease_next=True)
+        assert c.status().doing == 2, "the prefetch thread leases ahead; the read leased nothing more"

@@ -9,9 +9,12 @@ import json
 import os
 import subprocess
 import sys
+import threading
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -142,3 +145,91 @@ def test_under_dlrover_run_committed_samples_reach_the_agents_step_slots(
         assert (reading.samples, reading.step) == (7, 0)
     finally:
         slots.close()
+
+
+class _CountCalls(grpc.ServerInterceptor):  # type: ignore[type-arg]
+    """Counts the calls of each method (FetchShards asking for the position counted apart)."""
+
+    def __init__(self) -> None:
+        self.calls: Counter[str] = Counter()
+        self._lock = threading.Lock()
+
+    def intercept_service(self, continuation: Any, details: Any) -> Any:
+        handler = continuation(details)
+        if handler is None or handler.unary_unary is None:
+            return handler
+        name = details.method.rsplit("/", 1)[-1]
+        inner = handler.unary_unary
+
+        def behavior(request: Any, context: grpc.ServicerContext) -> Any:
+            with self._lock:
+                self.calls[name + ("+checkpoint" if getattr(request, "with_checkpoint", False) else "")] += 1
+            return inner(request, context)
+
+        return grpc.unary_unary_rpc_method_handler(
+            behavior, request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer
+        )
+
+
+@pytest.mark.timeout(120)
+def test_lockstep_ranks_saving_every_step_make_two_calls_a_step_and_resume_exactly_once(token: str) -> None:
+    """Two ranks in lockstep (one shard of one batch per rank per step), each committing its step and then
+    reading the data position, as a DDP loop that checkpoints every step does: the read leases the next
+    step's shard, so a step costs a rank two calls, and a restore from any step's position repeats no
+    sample and skips none."""
+    from dlrover.common import GrpcServer, ServerConfig, SystemClock
+    from dlrover.shard import ShardRegistry
+    from dlrover.shard.service import add_shard_service
+
+    counter = _CountCalls()
+    server = GrpcServer(ServerConfig(), token, interceptors=[counter])
+    add_shard_service(server, ShardRegistry(SystemClock()))
+    batch, steps = 4, 6
+    spec = DatasetSpec(name="ds", source=IndexSource(2 * batch * steps), batch_size=batch, batches_per_shard=1,
+                       shuffle=True, seed=3, delivery=DeliveryMode.EXACTLY_ONCE)  # fmt: skip
+    on_demand = ShardClientConfig(retry=CFG.retry, prefetch_shards=0)
+
+    def ranks(run: str) -> list[tuple[ShardClient, ShardSampler, Any]]:
+        made = []
+        for rank in range(2):
+            client = ShardClient(server.address, token, "ds", f"{run}-rank-{rank}", config=on_demand)
+            sampler = ShardSampler(client)
+            made.append((client, sampler, iter(sampler)))
+        return made
+
+    def step(group: list[tuple[ShardClient, ShardSampler, Any]]) -> tuple[list[int], dict[str, Any]]:
+        taken = [[next(it) for _ in range(batch)] for _, _, it in group]
+        for (_, sampler, _), indices in zip(group, taken, strict=True):
+            sampler.commit(len(indices))
+        # (the collective after the commits: every rank's commit landed before any rank reads)
+        states = [sampler.state_dict() for _, sampler, _ in group]
+        return [i for indices in taken for i in indices], states[1]
+
+    with server:
+        first = ranks("a")
+        first[0][0].register(spec)
+        for _, sampler, _ in first:
+            sampler.state_dict()  # the position of step 0, as a fresh job saves it
+        trained: list[int] = []
+        kept: dict[str, Any] = {}
+        for n in range(1, 5):
+            before = counter.calls.copy()
+            indices, state = step(first)
+            calls = counter.calls - before
+            assert calls == Counter({"ReportDone": 2, "FetchShards+checkpoint": 2}), f"step {n}: {calls}"
+            if n <= 3:
+                trained += indices
+            if n == 3:
+                kept = state  # rank 1's copy: any rank's position restores the dataset
+        for client, _, _ in first:
+            client.close()
+        # Step 4 is lost with its checkpoint: the job resumes from step 3.
+        second = ranks("b")
+        second[0][1].load_state_dict(kept, restore=True)
+        second[1][1].load_state_dict(kept, restore=False)
+        for _ in range(3):
+            indices, _ = step(second)
+            trained += indices
+        assert sorted(trained) == list(range(2 * batch * steps))
+        for client, _, _ in second:
+            client.close()

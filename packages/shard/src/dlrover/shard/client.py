@@ -280,9 +280,44 @@ class ShardClient:
         res = self._read(self._stub.RemoveWorker, pb.RemoveWorkerRequest(worker=worker or self._worker, reason=reason))
         return {r.dataset: list(r.shard_ids) for r in res.released}
 
-    def checkpoint(self) -> str:
-        """The dataset's progress checkpoint (JSON), after every report made before it is delivered."""
-        return str(self._read(self._stub.GetCheckpoint, pb.GetCheckpointRequest(dataset=self._dataset)).document)
+    def checkpoint(self, *, lease_next: bool = False) -> str:
+        """The dataset's progress checkpoint (JSON), after every report made before it is delivered.
+
+        Args:
+            lease_next: an on-demand client (`prefetch_shards=0`) holding no buffered shard also
+                leases its next `fetch_count` shards in the same call, read after the document
+                (so the document does not hold them), and buffers them for `next_shard`: a
+                training loop that reads its data position after every step then needs no call
+                of its own to fetch the next step's shard. Ignored by a prefetching client, whose
+                thread leases ahead already. Buffered shards go back as `close` says.
+        """
+        with self._cond:
+            lease_next = lease_next and self._config.prefetch_shards == 0 and not self._buffer and not self._closed
+        if not lease_next:
+            return str(self._read(self._stub.GetCheckpoint, pb.GetCheckpointRequest(dataset=self._dataset)).document)
+        req = pb.FetchShardsRequest(
+            dataset=self._dataset,
+            worker=self._worker,
+            count=self._config.fetch_count,
+            request_id=self._request_id(),
+            with_checkpoint=True,
+        )
+        res = self._read(self._stub.FetchShards, req)
+        with self._cond:
+            self._buffer.extend(shard_from_proto(s) for s in res.shards)
+        if not res.checkpoint:
+            # A master older than `with_checkpoint` leased without reading: read it now (the
+            # document then holds the lease, which a restore hands back as not done).
+            return str(self._read(self._stub.GetCheckpoint, pb.GetCheckpointRequest(dataset=self._dataset)).document)
+        return str(res.checkpoint)
+
+    def discard_buffered(self) -> int:
+        """Forget buffered shards without reporting them: for a trainer whose data position
+        another trainer restored, which dropped every lease. Returns how many were forgotten."""
+        with self._cond:
+            count = len(self._buffer)
+            self._buffer.clear()
+        return count
 
     def restore(self, document: str) -> RestoreResult:
         """Restore the dataset from a progress checkpoint; drops this client's buffered shards."""

@@ -23,6 +23,7 @@ from dlrover.shard.errors import (
     UnknownShardError,
 )
 from dlrover.shard.registry import ShardRegistry
+from dlrover.shard.results import FetchResult
 from dlrover.shard.v1 import shard_pb2 as pb
 from dlrover.shard.v1 import shard_pb2_grpc
 
@@ -76,12 +77,20 @@ class ShardServicer(shard_pb2_grpc.ShardServiceServicer):
         res = self._call(context, lambda r: r.register(spec_from_proto(request.spec)))
         return pb.RegisterDatasetResponse(created=res.created, reason=res.reason)
 
+    def _read_checkpoint(self, registry: ShardRegistry, dataset: str) -> str:
+        """A dataset's progress checkpoint, read under the lock for a reply (a subclass may note it)."""
+        return registry.checkpoint(dataset)
+
     def FetchShards(self, request: pb.FetchShardsRequest, context: grpc.ServicerContext) -> pb.FetchShardsResponse:
-        """Lease up to `count` shards."""
-        res = self._call(
-            context, lambda r: r.manager(request.dataset).fetch(request.worker, request.count, request.request_id)
-        )
-        response = pb.FetchShardsResponse(finished=res.finished, reason=res.reason)
+        """Lease up to `count` shards, after reading the progress checkpoint when asked."""
+
+        def fetch(registry: ShardRegistry) -> tuple[str, FetchResult]:
+            # Read first: the document is what GetCheckpoint would have answered just before.
+            document = self._read_checkpoint(registry, request.dataset) if request.with_checkpoint else ""
+            return document, registry.manager(request.dataset).fetch(request.worker, request.count, request.request_id)
+
+        document, res = self._call(context, fetch)
+        response = pb.FetchShardsResponse(finished=res.finished, reason=res.reason, checkpoint=document)
         for shard in res.shards:
             fill_shard_proto(response.shards.add(), shard)
         return response
@@ -130,7 +139,8 @@ class ShardServicer(shard_pb2_grpc.ShardServiceServicer):
         self, request: pb.GetCheckpointRequest, context: grpc.ServicerContext
     ) -> pb.GetCheckpointResponse:
         """The progress checkpoint of a dataset."""
-        return pb.GetCheckpointResponse(document=self._call(context, lambda r: r.checkpoint(request.dataset)))
+        document = self._call(context, lambda r: self._read_checkpoint(r, request.dataset))
+        return pb.GetCheckpointResponse(document=document)
 
     def RestoreCheckpoint(
         self, request: pb.RestoreCheckpointRequest, context: grpc.ServicerContext

@@ -97,6 +97,7 @@ class ShardSampler(Sampler[int]):
         # Committed samples reach the agent's step reports (and so the master) under dlrover-run.
         self._steps = optional_reporter()
         self._inflight: deque[tuple[Shard, int]] = deque()
+        self._shard_left = 0  # samples of the current shard not yet yielded
         self._finished = False
 
     @property
@@ -116,6 +117,7 @@ class ShardSampler(Sampler[int]):
                 return
             for offset, index in enumerate(shard.remaining_samples(), start=shard.consumed + 1):
                 self._inflight.append((shard, offset))
+                self._shard_left = shard.size - offset
                 yield index
 
     def commit(self, num_samples: int) -> None:
@@ -137,8 +139,14 @@ class ShardSampler(Sampler[int]):
             self._steps.add_samples(num_samples)
 
     def state_dict(self) -> dict[str, Any]:
-        """The data position to store in the model checkpoint (the committed samples)."""
-        return _state(self._client.dataset, self._client.checkpoint())
+        """The data position to store in the model checkpoint (the committed samples).
+
+        When the next index needs a new shard, the same call leases it (see
+        `ShardClient.checkpoint`): a loop that commits and saves after every step makes two calls
+        per step, not three.
+        """
+        lease_next = self._shard_left == 0 and not self._finished
+        return _state(self._client.dataset, self._client.checkpoint(lease_next=lease_next))
 
     def load_state_dict(self, state: dict[str, Any], restore: bool = True) -> None:
         """Resume from `state_dict()` output.
@@ -153,9 +161,12 @@ class ShardSampler(Sampler[int]):
         """
         document = _check_state(state, self._client.dataset)
         self._inflight.clear()
+        self._shard_left = 0
         self._finished = False
         if restore:
             self._client.restore(document)
+        else:
+            self._client.discard_buffered()  # the trainer that restores drops every lease
 
 
 class ShardIterableDataset(IterableDataset[tuple[_T, list[int]]], Generic[_T]):

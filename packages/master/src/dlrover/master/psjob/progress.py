@@ -65,22 +65,16 @@ class RewindWatchingServicer(ShardServicer):
         status = self._registry.manager(dataset).status()
         return self._base.get(dataset, 0) + sum(w.samples for w in status.workers)
 
-    def GetCheckpoint(
-        self, request: pb.GetCheckpointRequest, context: grpc.ServicerContext
-    ) -> pb.GetCheckpointResponse:
-        """The progress checkpoint of a dataset, remembering how much was acknowledged when it was read."""
-
-        def read(registry: ShardRegistry) -> tuple[str, int]:
-            return registry.checkpoint(request.dataset), self._acknowledged(request.dataset)
-
-        document, acknowledged = self._call(context, read)
-        with self._lock:
-            key = (request.dataset, hashlib.sha256(document.encode()).hexdigest())
-            self._read_at[key] = acknowledged
-            self._read_at.move_to_end(key)
-            while len(self._read_at) > _REMEMBERED_CHECKPOINTS:
-                self._read_at.popitem(last=False)
-        return pb.GetCheckpointResponse(document=document)
+    def _read_checkpoint(self, registry: ShardRegistry, dataset: str) -> str:
+        """The progress checkpoint of a dataset (lock held), remembering how much was acknowledged when it
+        was read, whichever call read it (`GetCheckpoint`, or `FetchShards` asking for it)."""
+        document = super()._read_checkpoint(registry, dataset)
+        key = (dataset, hashlib.sha256(document.encode()).hexdigest())
+        self._read_at[key] = self._acknowledged(dataset)
+        self._read_at.move_to_end(key)
+        while len(self._read_at) > _REMEMBERED_CHECKPOINTS:
+            self._read_at.popitem(last=False)
+        return document
 
     def RestoreCheckpoint(
         self, request: pb.RestoreCheckpointRequest, context: grpc.ServicerContext

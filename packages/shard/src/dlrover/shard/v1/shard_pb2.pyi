@@ -139,26 +139,30 @@ class RegisterDatasetResponse(_message.Message):
     def __init__(self, created: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class FetchShardsRequest(_message.Message):
-    __slots__ = ("dataset", "worker", "count", "request_id")
+    __slots__ = ("dataset", "worker", "count", "request_id", "with_checkpoint")
     DATASET_FIELD_NUMBER: _ClassVar[int]
     WORKER_FIELD_NUMBER: _ClassVar[int]
     COUNT_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    WITH_CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
     dataset: str
     worker: str
     count: int
     request_id: str
-    def __init__(self, dataset: _Optional[str] = ..., worker: _Optional[str] = ..., count: _Optional[int] = ..., request_id: _Optional[str] = ...) -> None: ...
+    with_checkpoint: bool
+    def __init__(self, dataset: _Optional[str] = ..., worker: _Optional[str] = ..., count: _Optional[int] = ..., request_id: _Optional[str] = ..., with_checkpoint: _Optional[bool] = ...) -> None: ...
 
 class FetchShardsResponse(_message.Message):
-    __slots__ = ("shards", "finished", "reason")
+    __slots__ = ("shards", "finished", "reason", "checkpoint")
     SHARDS_FIELD_NUMBER: _ClassVar[int]
     FINISHED_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
     shards: _containers.RepeatedCompositeFieldContainer[Shard]
     finished: bool
     reason: str
-    def __init__(self, shards: _Optional[_Iterable[_Union[Shard, _Mapping]]] = ..., finished: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
+    checkpoint: str
+    def __init__(self, shards: _Optional[_Iterable[_Union[Shard, _Mapping]]] = ..., finished: _Optional[bool] = ..., reason: _Optional[str] = ..., checkpoint: _Optional[str] = ...) -> None: ...
 
 class ReportProgressRequest(_message.Message):
     __slots__ = ("dataset", "worker", "shard_id", "consumed", "request_id")

@@ -47,6 +47,7 @@ from dlrover.common import (
     ConfigError,
 )
 from dlrover.master.kube import names
+from dlrover.master.psjob.node import WORKER_FAIL_FAST
 from dlrover.master.scheduler.base import NodeSpec
 from dlrover.master.scheduler.kubernetes.settings import DEFAULT_SHM_FRACTION, KubernetesSettings, WorkerTemplate
 
@@ -234,6 +235,9 @@ def worker_pod(spec: NodeSpec, settings: KubernetesSettings, worker: WorkerTempl
         # What the agent tells its peers to dial (the rendezvous store): a pod's host name has no DNS
         # record without a headless Service, its IP always routes.
         env.append({"name": LOCAL_ADDR_ENV, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})
+    if settings.tf_tasks and spec.role.value == "worker" and all(e.get("name") != "GRPC_FAIL_FAST" for e in given):
+        # Whatever the template runs (the default server sets it itself): see `WORKER_FAIL_FAST`.
+        env.append({"name": "GRPC_FAIL_FAST", "value": WORKER_FAIL_FAST})
     taken = {entry["name"] for entry in env}
     container["env"] = [e for e in given if e.get("name") not in taken] + env
 
