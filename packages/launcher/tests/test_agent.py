@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import sys
@@ -26,7 +27,7 @@ from dlrover.diagnosis import (
     classify,
 )
 from dlrover.launcher.agent import Agent, AgentConfig, AgentResult
-from dlrover.launcher.control import FailureReport, RoundAssignment
+from dlrover.launcher.control import FailureReport, NodeRegistration, RoundAssignment
 from dlrover.launcher.fake_control import FakeControlPlane
 
 WORKER = textwrap.dedent(
@@ -499,3 +500,71 @@ def test_a_heartbeat_during_the_save_before_a_round_acknowledges_the_step_marks_
     assert [m.step for m in carried.marks] == [1]
     # The master got the mark: the next heartbeat does not send (nor the master journal) it again.
     assert agent._ledger.reports()[0].marks == ()
+
+
+SLOW_IMPORT = """
+import os, pathlib, time
+marks = pathlib.Path(os.environ["IMPORT_MARKS"])
+(marks / f"importing-{os.getpid()}").touch()
+while not (marks / "gate").exists():
+    time.sleep(0.01)
+(marks / f"warm-{os.getpid()}").touch()
+"""
+
+
+class _CountWarmAtRegistration(FakeControlPlane):
+    """Counts the standbys that had finished importing when the agent registered; optionally opens the gate."""
+
+    def __init__(self, marks: Path, open_gate: bool) -> None:
+        super().__init__()
+        self._marks = marks
+        self._open_gate = open_gate
+        self.warm_at_registration = -1
+
+    def register(self, *args: object, **kwargs: object) -> NodeRegistration:
+        self.warm_at_registration = len(list(self._marks.glob("warm-*")))
+        if self._open_gate:
+            (self._marks / "gate").touch()
+        return super().register(*args, **kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("imports_end", ["before the wait runs out", "after it"])
+def test_a_node_registers_once_its_standbys_are_warm_or_its_wait_ran_out(
+    tmp_path: Path, imports_end: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    (tmp_path / "slow_import.py").write_text(SLOW_IMPORT)
+    in_time = imports_end == "before the wait runs out"
+    control = _CountWarmAtRegistration(marks, open_gate=not in_time)
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    env = {"PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]), "IMPORT_MARKS": str(marks)}
+    agent = _agent(tmp_path, "gloo", control, worker_argv=(sys.executable, "-u", str(script), str(tmp_path / "out"),
+                   "gloo"), prewarm_modules=("slow_import",), extra_env=env,
+                   prewarm_join_wait_s=120.0 if in_time else 0.5)  # fmt: skip
+
+    def open_gate_once_both_import() -> None:
+        deadline = time.monotonic() + 120
+        while len(list(marks.glob("importing-*"))) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        (marks / "gate").touch()
+
+    opener = threading.Thread(target=open_gate_once_both_import) if in_time else None
+    if opener is not None:
+        opener.start()
+    with caplog.at_level(logging.INFO, logger="dlrover.launcher.agent"):
+        result = agent.run()
+    if opener is not None:
+        opener.join()
+    assert result.exit_code == 0, result.reason
+    assert set(_records(tmp_path)) == {"rank0_attempt0", "rank1_attempt0"}
+    said = [r.getMessage() for r in caplog.records]
+    if in_time:
+        assert control.warm_at_registration == 2, "the node registered before its standbys were warm"
+        assert any("standby workers warm after" in m for m in said)
+    else:
+        assert control.warm_at_registration == 0, "the imports end only once the node registered"
+        assert any("still importing after 0.5 s: joining the job anyway" in m for m in said), said

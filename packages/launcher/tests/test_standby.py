@@ -3,6 +3,7 @@ exactly as a fresh `python -u SCRIPT` would, with its modules already imported."
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -558,3 +559,45 @@ def test_a_failed_worker_ends_after_its_exit_handlers_and_flushed_files_without_
     # ... but no module teardown: finalizers of objects still alive at the end do not run.
     assert results["standby"] == (1, ["atexit", "thread", "unclosed.txt"], flushed)
     assert results["teardown"] == results["fresh"]
+
+
+def test_the_pool_knows_when_its_standbys_are_warm(workdir: Path, tmp_path: Path) -> None:
+    # An import that lasts until the test lets it finish, and one that fails.
+    (workdir / "slow_import.py").write_text(
+        "import os, pathlib, time\n"
+        "gate = pathlib.Path(os.environ['IMPORT_GATE'])\n"
+        "while not gate.exists():\n"
+        "    time.sleep(0.01)\n"
+    )
+    gate = tmp_path / "gate"
+    pipes_before = _open_pipes()
+    program = (PY, "-u", str(workdir / "facts.py"))
+    env = _env(workdir, tmp_path / "x.json", IMPORT_GATE=str(gate))
+    pool = StandbyPool(program, ["slow_import"], env, size=2)
+    failing = StandbyPool(program, ["no_such_module_for_dlrover_tests"], env, size=1)
+    try:
+        pool.fill()
+        assert not pool.wait_warm(0.3), "both standbys are still importing"
+        asked: list[bool] = []
+        assert not pool.wait_warm(60.0, stop=lambda: asked.append(True) or len(asked) > 2), "a stop ends the wait"
+        gate.touch()
+        assert pool.wait_warm(60.0)
+        assert pool.wait_warm(0.0), "nothing left to wait for"
+        failing.fill()
+        assert failing.wait_warm(60.0), "a standby that died importing is not waited for"
+        facts, code, _ = _run_one(program, _env(workdir, tmp_path / "run.json"), pool, tmp_path / "logs")
+        assert code == 0
+        assert facts["preloaded"] is False  # the facts script looks for another module
+        assert pool.taken == 1
+    finally:
+        pool.close()
+        failing.close()
+    assert _open_pipes() == pipes_before, "no pipe to a standby is left open"
+
+
+def _open_pipes() -> int:
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):  # the directory's own descriptor is gone once listed
+            count += os.readlink(f"/proc/self/fd/{fd}").startswith("pipe:")
+    return count

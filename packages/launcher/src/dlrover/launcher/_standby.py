@@ -1,15 +1,16 @@
 """A standby worker: an interpreter that has already imported heavy modules and waits to run.
 
-    python -u -m dlrover.launcher._standby PARENT_PID MODULES -- PYTHON -u SCRIPT [ARGS...]
-    python -u -m dlrover.launcher._standby PARENT_PID MODULES -- PYTHON -u -m MODULE [ARGS...]
+    python -u -m dlrover.launcher._standby PARENT_PID MODULES READY_FD -- PYTHON -u SCRIPT [ARGS...]
+    python -u -m dlrover.launcher._standby PARENT_PID MODULES READY_FD -- PYTHON -u -m MODULE [ARGS...]
 
 Starting a worker costs the interpreter's start and the imports of torch and the like: seconds,
 all of it on the restart path after a failure. A standby pays that ahead of time: it arms the
 parent-death signal (as `dlrover.common.orphan_guard` does, so it dies with its agent), imports `MODULES`
-(comma-separated), then blocks reading one line from standard input. The line is the JSON object
-``{"env": {NAME: VALUE, ...}}``: the standby replaces its environment with that one, points fd 0 at
-/dev/null, and runs the worker program the way ``python -u SCRIPT`` or ``python -u -m MODULE``
-would (``sys.argv``, ``sys.path[0]``, ``__name__ == "__main__"``, ``__file__``,
+(comma-separated), writes a line to the inherited file descriptor `READY_FD` and closes it (``-``:
+none; the agent learns that the standby is warm), then blocks reading one line from standard input.
+The line is the JSON object ``{"env": {NAME: VALUE, ...}}``: the standby replaces its environment
+with that one, points fd 0 at /dev/null, and runs the worker program the way ``python -u SCRIPT``
+or ``python -u -m MODULE`` would (``sys.argv``, ``sys.path[0]``, ``__name__ == "__main__"``, ``__file__``,
 ``sys.modules["__main__"]`` for pickling and multiprocessing's spawn, the same ``sys.flags``, the
 modules' warnings filters placed where the program's own import would place them). End of input
 without a line means the agent no longer needs it: it exits 0 without running anything. An
@@ -87,7 +88,10 @@ from typing import Any, cast
 from dlrover.common.orphan_guard import ORPHANED_EXIT_CODE, arm_parent_death_signal, prefer_for_oom_kill
 from dlrover.launcher.env_guard import EnvGuard, EnvWriteAction, EnvWriteDecision, side_effect_of
 
-USAGE = "usage: python -u -m dlrover.launcher._standby PARENT_PID MODULES -- PYTHON -u (SCRIPT | -m MODULE) [ARGS...]"
+USAGE = (
+    "usage: python -u -m dlrover.launcher._standby PARENT_PID MODULES READY_FD -- PYTHON -u (SCRIPT | -m MODULE) "
+    "[ARGS...]"
+)
 
 _Filter = tuple[Any, ...]
 
@@ -351,10 +355,11 @@ def _exec_as_main(
 
 def main(argv: list[str]) -> int:
     """Run as a standby worker (see the module's docstring); returns the exit status."""
-    if len(argv) < 3 or argv[2] != "--" or not runnable(argv[3:]):
+    if not _usable(argv):
         print(USAGE, file=sys.stderr)
         return 2
-    expected_parent, modules, program = int(argv[0]), argv[1], argv[3:]
+    expected_parent, modules, program = int(argv[0]), argv[1], argv[4:]
+    ready_fd = None if argv[2] == "-" else int(argv[2])
     # Registered before any module is imported: exit handlers run last first, so this runs after
     # every handler the modules and the program register.
     failed_exit = _FailedExit()
@@ -369,6 +374,7 @@ def main(argv: list[str]) -> int:
     for name in prewarmed:
         importlib.import_module(name)
     filters = _ImportFilters(filters_before)
+    _say_ready(ready_fd)
     env = _read_go_message()
     if env is None:
         return 0
@@ -404,6 +410,23 @@ def main(argv: list[str]) -> int:
         failed_exit.status = 1
         return 1  # the interpreter's status for an uncaught exception
     return 0
+
+
+def _usable(argv: list[str]) -> bool:
+    return len(argv) >= 4 and argv[3] == "--" and runnable(argv[4:]) and (argv[2] == "-" or argv[2].isdigit())
+
+
+def _say_ready(fd: int | None) -> None:
+    """Tell the agent the imports are done (None: nobody asked); the descriptor is closed either way, so the
+    program never sees it."""
+    if fd is None:
+        return
+    try:
+        os.write(fd, b"warm\n")
+    except OSError:  # the agent closed its end: it no longer waits for this standby
+        pass
+    finally:
+        os.close(fd)
 
 
 def _printed_already(*_args: object) -> None:

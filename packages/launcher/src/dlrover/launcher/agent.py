@@ -193,6 +193,10 @@ class AgentConfig:
         prewarm_refill_after_s: the standbys for the next start are started once every
             worker has sealed a flash checkpoint since it started, or this long after the
             start, whichever comes first (see `refill_due`).
+        prewarm_join_wait_s: with standbys, the node registers and joins the job only once they
+            finished their imports, waiting at most this long (0: at once): a node joining a
+            running job makes the running nodes stop for a new round, and without the wait they
+            would idle while its workers import (seconds; tens of seconds with CUDA).
         worker_reap_timeout_s: a worker seen beginning to exit with a failure (the others are
             stopped then) is reported once it has exited; if the kernel has still not let it be
             reaped this long after, it is reported with the status it was seen exiting with.
@@ -240,6 +244,7 @@ class AgentConfig:
     persist_bandwidth_mb_s: float = attrs.field(factory=default_persist_bandwidth_mb_s, validator=non_negative_finite)
     prewarm_modules: tuple[str, ...] = ()
     prewarm_refill_after_s: float = attrs.field(default=30.0, validator=non_negative)
+    prewarm_join_wait_s: float = attrs.field(default=120.0, validator=non_negative_finite)
     worker_reap_timeout_s: float = attrs.field(default=30.0, validator=non_negative)
     exit_barrier_timeout_s: float = attrs.field(default=300.0, validator=non_negative_finite)
     resource_sample_interval_s: float = attrs.field(default=1.0, validator=non_negative_finite)
@@ -423,6 +428,7 @@ class Agent:
         self._open_wake()
         try:
             self._start_standby_pool()
+            self._wait_for_warm_standbys()
             result = self._run_rounds()
             return result
         finally:
@@ -593,6 +599,17 @@ class Agent:
         self._standby = StandbyPool(cfg.worker_argv, cfg.prewarm_modules, env, size=cfg.nproc_per_node)
         self._refill_standbys()
         _log.info("%d standby worker(s) importing %s", cfg.nproc_per_node, ", ".join(cfg.prewarm_modules))
+
+    def _wait_for_warm_standbys(self) -> None:
+        """Join once the first workers can start at once (see `AgentConfig.prewarm_join_wait_s`)."""
+        wait_s = self._config.prewarm_join_wait_s
+        if self._standby is None or wait_s <= 0:
+            return
+        started = self._clock.now()
+        if self._standby.wait_warm(wait_s, self._stop_requested.is_set):
+            _log.info("standby workers warm after %.1f s: joining the job", self._clock.now() - started)
+        elif not self._stop_requested.is_set():
+            _log.warning("standby workers still importing after %.1f s: joining the job anyway", wait_s)
 
     def _refill_standbys(self) -> None:
         """Warm standbys for the next start; a failure only costs that start its head start."""

@@ -174,6 +174,7 @@ class LaunchConfig:
     # Built by hand: no standbys. `parse_args` fills in DEFAULT_PREWARM for a Python worker.
     prewarm: tuple[str, ...] = ()
     prewarm_refill_after_s: float = 30.0
+    prewarm_join_wait_s: float = 120.0
     worker_reap_timeout_s: float = 30.0
     exit_barrier_timeout_s: float = 300.0
     exit_barrier_poll_timeout_s: float = 2.0
@@ -556,6 +557,15 @@ def _add_dlrover_options(ours: argparse._ArgumentGroup) -> None:
     )
     _option(
         ours,
+        _both("prewarm-join-wait"),
+        "120",
+        "with --prewarm, the node registers and joins the job only once its standbys finished their imports, "
+        "waiting at most this many seconds (under the master's --node-start-timeout-s, 300 by default): a node "
+        "that joins a running job makes the running nodes stop "
+        "for a new round, which would otherwise wait while its workers import; 0 joins at once",
+    )
+    _option(
+        ours,
         _both("worker-reap-timeout"),
         "30",
         "a failing worker stops the node's other workers at once and is reported once it has exited; one "
@@ -922,6 +932,7 @@ def parse_args(
         start_method=str(ns.start_method),
         prewarm=_prewarm(ns.prewarm, modes),
         prewarm_refill_after_s=_finite(ns.prewarm_refill_after, "--prewarm-refill-after", 0.0),
+        prewarm_join_wait_s=_finite(ns.prewarm_join_wait, "--prewarm-join-wait", 0.0),
         worker_reap_timeout_s=_finite(ns.worker_reap_timeout, "--worker-reap-timeout", 0.0),
         exit_barrier_timeout_s=_finite(ns.exit_barrier_timeout, "--exit-barrier-timeout", 0.0),
         exit_barrier_poll_timeout_s=_finite(ns.exit_barrier_poll_timeout, "--exit-barrier-poll-timeout", 0.001),

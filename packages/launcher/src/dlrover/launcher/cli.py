@@ -423,6 +423,7 @@ def run(cfg: LaunchConfig, *, sample_gpus: bool = False) -> AgentResult:
                 waiting_check_interval_s=cfg.waiting_check_interval_s,
                 prewarm_modules=cfg.prewarm,
                 prewarm_refill_after_s=cfg.prewarm_refill_after_s,
+                prewarm_join_wait_s=cfg.prewarm_join_wait_s,
                 worker_reap_timeout_s=cfg.worker_reap_timeout_s,
                 exit_barrier_timeout_s=cfg.exit_barrier_timeout_s,
                 checkpoint_stop_timeout_s=cfg.checkpoint_stop_timeout_s,

@@ -296,6 +296,8 @@ class StandbyPool:
         self._env = dict(env)
         self._size = size
         self._ready: list[subprocess.Popen[bytes]] = []
+        # The read ends of the standbys still importing: each writes a line (or dies) when done.
+        self._importing: dict[int, int] = {}
         self._warned = False
         self.taken = 0
 
@@ -317,21 +319,61 @@ class StandbyPool:
                     tail,
                 )
             _close_pipes(proc)
+            self._stop_listening(proc.pid)
         self._ready = alive
         while len(self._ready) < self._size:
-            command = [sys.executable, "-u", "-m", "dlrover.launcher._standby", str(os.getpid()), self._modules, "--"]
-            proc = _spawn([*command, *self.program], self._env, stdin=subprocess.PIPE)
+            signal_read, signal_write = os.pipe()
+            command = [
+                *(sys.executable, "-u", "-m", "dlrover.launcher._standby"),
+                *(str(os.getpid()), self._modules, str(signal_write), "--"),
+            ]
+            try:
+                proc = _spawn([*command, *self.program], self._env, stdin=subprocess.PIPE, pass_fds=(signal_write,))
+            except BaseException:
+                os.close(signal_read)
+                raise
+            finally:
+                os.close(signal_write)
+            self._importing[proc.pid] = signal_read
             assert proc.stdin is not None
             with contextlib.suppress(OSError):  # the default 64 KiB pipe is the fallback
                 fcntl.fcntl(proc.stdin.fileno(), _F_SETPIPE_SZ, _GO_PIPE_BYTES)
             os.set_blocking(proc.stdin.fileno(), False)
             self._ready.append(proc)
 
+    def wait_warm(self, timeout_s: float, stop: Callable[[], bool] | None = None) -> bool:
+        """Wait until every standby has finished its imports (or died: `fill` replaces it later).
+
+        Args:
+            timeout_s: the longest wait.
+            stop: polled about every 0.1 s; True ends the wait early.
+
+        Returns:
+            Whether none is still importing.
+        """
+        deadline = time.monotonic() + timeout_s
+        while self._importing:
+            left = deadline - time.monotonic()
+            if left <= 0 or (stop is not None and stop()):
+                return False
+            readable, _, _ = select.select(list(self._importing.values()), [], [], min(left, 0.1))
+            for fd in readable:
+                # A line (warm) or end of file (it died, or exec'd a fresh interpreter): done either way.
+                pid = next(pid for pid, signal_fd in self._importing.items() if signal_fd == fd)
+                self._stop_listening(pid)
+        return True
+
+    def _stop_listening(self, pid: int) -> None:
+        fd = self._importing.pop(pid, None)
+        if fd is not None:
+            os.close(fd)
+
     def take(self, env: Mapping[str, str]) -> subprocess.Popen[bytes] | None:
         """Hand a live standby the worker environment `env` and return it, or None when none is ready."""
         message = json.dumps({"env": dict(env)}).encode() + b"\n"
         while self._ready:
             proc = self._ready.pop(0)
+            self._stop_listening(proc.pid)
             assert proc.stdin is not None
             try:
                 # Never blocks: the pipe is empty and non-blocking, so the whole message goes in
@@ -367,6 +409,8 @@ class StandbyPool:
                 proc.wait(timeout=max(deadline - time.monotonic(), 0.0))
             _discard(proc)
         self._ready = []
+        for pid in list(self._importing):
+            self._stop_listening(pid)
 
 
 def _close_pipes(proc: subprocess.Popen[bytes]) -> None:
@@ -625,13 +669,21 @@ class WorkerGroup:
         return self.poll()
 
 
-def _spawn(argv: Sequence[str], env: Mapping[str, str], stdin: int) -> subprocess.Popen[bytes]:
+def _spawn(
+    argv: Sequence[str], env: Mapping[str, str], stdin: int, pass_fds: Sequence[int] = ()
+) -> subprocess.Popen[bytes]:
     """Start a worker or standby with piped output, leading its own process group (pgid == pid).
 
     It stays in the agent's session where Python allows (see the module docstring).
     """
     return subprocess.Popen(
-        argv, env=dict(env), stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **_OWN_PROCESS_GROUP
+        argv,
+        env=dict(env),
+        stdin=stdin,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        pass_fds=tuple(pass_fds),
+        **_OWN_PROCESS_GROUP,
     )
 
 
