@@ -220,7 +220,8 @@ class DlroverBackend:
             load_token(),
             DATASET,
             f"rank-{rank}",
-            # On demand: a rank leases a shard only when it starts a step, so ranks hold equal shares.
+            # On demand: a rank leases its next shard when it reads its position after a step (one
+            # call for both, see ShardSampler.state_dict) or when it starts one, so ranks hold equal shares.
             config=ShardClientConfig(prefetch_shards=0),
         )
         self.client.register(

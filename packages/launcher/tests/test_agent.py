@@ -515,10 +515,11 @@ while not (marks / "gate").exists():
 class _CountWarmAtRegistration(FakeControlPlane):
     """Counts the standbys that had finished importing when the agent registered; optionally opens the gate."""
 
-    def __init__(self, marks: Path, open_gate: bool) -> None:
+    def __init__(self, marks: Path, open_gate: bool, training_begun: bool = True) -> None:
         super().__init__()
         self._marks = marks
         self._open_gate = open_gate
+        self.training_begun = training_begun
         self.warm_at_registration = -1
 
     def register(self, *args: object, **kwargs: object) -> NodeRegistration:
@@ -530,21 +531,28 @@ class _CountWarmAtRegistration(FakeControlPlane):
 
 @pytest.mark.integration
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("imports_end", ["before the wait runs out", "after it"])
-def test_a_node_registers_once_its_standbys_are_warm_or_its_wait_ran_out(
-    tmp_path: Path, imports_end: str, caplog: pytest.LogCaptureFixture
-) -> None:
+def _slow_standbys_agent(tmp_path: Path, control: FakeControlPlane, wait_s: float) -> tuple[Agent, Path]:
+    """An agent of two workers whose standbys import `slow_import` (held until `marks/gate` exists)."""
     marks = tmp_path / "marks"
-    marks.mkdir()
+    marks.mkdir(exist_ok=True)
     (tmp_path / "slow_import.py").write_text(SLOW_IMPORT)
-    in_time = imports_end == "before the wait runs out"
-    control = _CountWarmAtRegistration(marks, open_gate=not in_time)
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
     env = {"PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]), "IMPORT_MARKS": str(marks)}
     agent = _agent(tmp_path, "gloo", control, worker_argv=(sys.executable, "-u", str(script), str(tmp_path / "out"),
-                   "gloo"), prewarm_modules=("slow_import",), extra_env=env,
-                   prewarm_join_wait_s=120.0 if in_time else 0.5)  # fmt: skip
+                   "gloo"), prewarm_modules=("slow_import",), extra_env=env, prewarm_join_wait_s=wait_s)  # fmt: skip
+    return agent, marks
+
+
+@pytest.mark.parametrize("imports_end", ["before the wait runs out", "after it"])
+def test_a_node_joining_a_training_job_registers_once_its_standbys_are_warm_or_its_wait_ran_out(
+    tmp_path: Path, imports_end: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    in_time = imports_end == "before the wait runs out"
+    control = _CountWarmAtRegistration(marks, open_gate=not in_time)
+    agent, _ = _slow_standbys_agent(tmp_path, control, 120.0 if in_time else 0.5)
 
     def open_gate_once_both_import() -> None:
         deadline = time.monotonic() + 120
@@ -564,7 +572,45 @@ def test_a_node_registers_once_its_standbys_are_warm_or_its_wait_ran_out(
     said = [r.getMessage() for r in caplog.records]
     if in_time:
         assert control.warm_at_registration == 2, "the node registered before its standbys were warm"
-        assert any("standby workers warm after" in m for m in said)
+        assert any("standby workers done importing after" in m for m in said)
     else:
         assert control.warm_at_registration == 0, "the imports end only once the node registered"
         assert any("still importing after 0.5 s: joining the job anyway" in m for m in said), said
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(180)
+def test_the_nodes_of_a_starting_job_join_at_once(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    control = _CountWarmAtRegistration(marks, open_gate=True, training_begun=False)
+    agent, _ = _slow_standbys_agent(tmp_path, control, 120.0)
+    with caplog.at_level(logging.INFO, logger="dlrover.launcher.agent"):
+        result = agent.run()
+    assert result.exit_code == 0, result.reason
+    assert control.warm_at_registration == 0, "registered while its standbys imported (they wait for it)"
+    assert not [r for r in caplog.records if "standby workers" in r.getMessage() and "import" in r.getMessage()
+                and "joining" in r.getMessage()]  # fmt: skip
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(180)
+def test_a_stop_while_standbys_import_ends_the_node_before_it_registers(tmp_path: Path) -> None:
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    control = _CountWarmAtRegistration(marks, open_gate=False)
+    agent, _ = _slow_standbys_agent(tmp_path, control, 120.0)
+
+    def stop_once_both_import() -> None:
+        deadline = time.monotonic() + 120
+        while len(list(marks.glob("importing-*"))) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        agent.request_stop("test over")
+
+    stopper = threading.Thread(target=stop_once_both_import)
+    stopper.start()
+    result = agent.run()
+    stopper.join()
+    assert result.exit_code == 143, result.reason
+    assert control.registrations == [], "a node stopped before it was ready never registered"
+    assert not list(marks.glob("warm-*"))

@@ -294,6 +294,33 @@ def test_register_waits_for_a_master_that_starts_later_and_gives_up_on_one_that_
 
 
 @pytest.mark.integration
+def test_asking_whether_the_job_has_trained_leaves_registering_unharmed_and_tells_a_trained_job() -> None:
+    from dlrover.common import generate_token
+
+    port, token = _free_port(), generate_token()
+    config = MasterConfig(backend="external", port=port, token=token, lifecycle=LifecycleConfig(nodes=NodeRange(1, 1)),
+                          rendezvous_last_call_s=0.1)  # fmt: skip
+    plane = GrpcControlPlane(
+        f"127.0.0.1:{port}", token, node_name="early", host="localhost", local_addr="127.0.0.1", min_nodes=1,
+        max_nodes=1, connect_timeout_s=60.0,
+    )  # fmt: skip
+    runtime = create_master(config)
+    try:
+        # Asked before the master serves (the node gave up waiting): no answer, and the channel the
+        # node registers on is untouched, so registering once the master serves succeeds at once.
+        assert plane.training_has_begun(should_stop=lambda: True) is False
+        runtime.start()
+        assert plane.training_has_begun() is False, "nothing trained yet"
+        plane.register(1)
+        plane.next_round(30.0)
+        plane.heartbeat(Progress(step=3))
+        assert plane.training_has_begun() is True
+    finally:
+        plane.close()
+        runtime.stop()
+
+
+@pytest.mark.integration
 def test_a_spare_waits_past_the_round_timeout_and_takes_the_rank_of_a_lost_node() -> None:
     scheduler = FakeScheduler()
     config = MasterConfig(

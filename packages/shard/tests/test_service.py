@@ -12,6 +12,7 @@ import pytest
 
 from dlrover.common import (
     GrpcServer,
+    ManualClock,
     RetryPolicy,
     RpcError,
     ServerConfig,
@@ -459,3 +460,30 @@ def test_a_prefetching_client_reads_the_position_alone(shard_server: Any, token:
             threading.Event().wait(0.01)
         c.checkpoint(lease_next=True)
         assert c.status().doing == 2, "the prefetch thread leases ahead; the read leased nothing more"
+
+
+def test_a_shard_leased_ahead_is_renewed_before_use_or_fetched_again_once_its_lease_ended(token: str) -> None:
+    """A save or an evaluation may come between the position read that leased the next shard and the step
+    that uses it: an on-demand client has no thread renewing buffered shards, so it renews one that waited
+    past `renew_interval_s` when it is taken, and leases another when its lease already ended."""
+    clock = ManualClock()
+    server = GrpcServer(ServerConfig(), token)
+    add_shard_service(server, ShardRegistry(clock))
+    cfg = ShardClientConfig(retry=FAST.retry, prefetch_shards=0, renew_interval_s=10.0)
+    with server, _client(server, token, config=cfg, clock=clock) as c:
+        c.register(_spec(n=16, delivery=DeliveryMode.EXACTLY_ONCE, lease_timeout_s=30.0))
+        first = c.next_shard(timeout_s=1)
+        assert first is not None
+        c.report_done(first.shard_id)
+        c.checkpoint(lease_next=True)
+        clock.advance(20.0)  # past the renew interval, within the lease
+        ahead = c.next_shard(timeout_s=1)
+        assert ahead is not None
+        clock.advance(20.0)  # 40 s after the lease: it holds only because taking it renewed it
+        assert c.report_done(ahead.shard_id).changed
+        c.checkpoint(lease_next=True)
+        clock.advance(40.0)  # the lease ended before the shard was taken
+        again = c.next_shard(timeout_s=1)
+        assert again is not None
+        assert c.report_done(again.shard_id).changed, "a shard whose lease ended is leased again, not trained blind"
+        assert c.status().doing == 0

@@ -359,7 +359,7 @@ def main(argv: list[str]) -> int:
         print(USAGE, file=sys.stderr)
         return 2
     expected_parent, modules, program = int(argv[0]), argv[1], argv[4:]
-    ready_fd = None if argv[2] == "-" else int(argv[2])
+    ready_fd = _ready_fd(argv[2])
     # Registered before any module is imported: exit handlers run last first, so this runs after
     # every handler the modules and the program register.
     failed_exit = _FailedExit()
@@ -414,6 +414,16 @@ def main(argv: list[str]) -> int:
 
 def _usable(argv: list[str]) -> bool:
     return len(argv) >= 4 and argv[3] == "--" and runnable(argv[4:]) and (argv[2] == "-" or argv[2].isdigit())
+
+
+def _ready_fd(arg: str) -> int | None:
+    if arg == "-":
+        return None
+    fd = int(arg)
+    # Not handed on to anything the imports start: a child holding it would keep the agent waiting
+    # for a standby that died.
+    os.set_inheritable(fd, False)
+    return fd
 
 
 def _say_ready(fd: int | None) -> None:

@@ -193,10 +193,11 @@ class AgentConfig:
         prewarm_refill_after_s: the standbys for the next start are started once every
             worker has sealed a flash checkpoint since it started, or this long after the
             start, whichever comes first (see `refill_due`).
-        prewarm_join_wait_s: with standbys, the node registers and joins the job only once they
-            finished their imports, waiting at most this long (0: at once): a node joining a
-            running job makes the running nodes stop for a new round, and without the wait they
-            would idle while its workers import (seconds; tens of seconds with CUDA).
+        prewarm_join_wait_s: with standbys, a node joining a job that has trained registers and
+            joins only once they finished their imports, waiting at most this long (0: at once):
+            it makes the training nodes stop for a new round, and without the wait they would
+            idle while its workers import (seconds; tens of seconds with CUDA). The nodes of a
+            starting job join at once.
         worker_reap_timeout_s: a worker seen beginning to exit with a failure (the others are
             stopped then) is reported once it has exited; if the kernel has still not let it be
             reaped this long after, it is reported with the status it was seen exiting with.
@@ -429,6 +430,9 @@ class Agent:
         try:
             self._start_standby_pool()
             self._wait_for_warm_standbys()
+            if self._stop_requested.is_set():  # not registered: nothing to leave
+                result = AgentResult(128 + self._stop_signal, self._stop_reason, 0, 0)
+                return result
             result = self._run_rounds()
             return result
         finally:
@@ -601,13 +605,20 @@ class Agent:
         _log.info("%d standby worker(s) importing %s", cfg.nproc_per_node, ", ".join(cfg.prewarm_modules))
 
     def _wait_for_warm_standbys(self) -> None:
-        """Join once the first workers can start at once (see `AgentConfig.prewarm_join_wait_s`)."""
+        """Join a job that trains once the first workers can start at once (see
+        `AgentConfig.prewarm_join_wait_s`). A starting job's nodes join at once: their first
+        round waits for the slowest node's workers anyway, and nodes of an elastic range that
+        join together stay in one first round."""
         wait_s = self._config.prewarm_join_wait_s
         if self._standby is None or wait_s <= 0:
             return
+        if not self._control.training_has_begun(self._stop_requested.is_set):
+            return
         started = self._clock.now()
         if self._standby.wait_warm(wait_s, self._stop_requested.is_set):
-            _log.info("standby workers warm after %.1f s: joining the job", self._clock.now() - started)
+            _log.info(
+                "standby workers done importing after %.1f s: joining the training job", self._clock.now() - started
+            )
         elif not self._stop_requested.is_set():
             _log.warning("standby workers still importing after %.1f s: joining the job anyway", wait_s)
 

@@ -210,6 +210,13 @@ class ControlPlane(Protocol):
         """
         ...
 
+    def training_has_begun(self, should_stop: Callable[[], bool] = lambda: False) -> bool:
+        """Whether the job has trained a step: a node that joins it then makes the nodes training
+        stop for a new round. Callable before registering: waits, as `register` does, for the
+        master to accept connections (until `should_stop`), then asks once; False when the master
+        cannot say."""
+        ...
+
     def waiting_check(self) -> WaitingCount:
         """`nodes_waiting(once=True)`, and when the rendezvous asks this node to ask again
         (`WaitingCount.retry_after_s`; 0 when it does not say): a job of thousands of nodes asks

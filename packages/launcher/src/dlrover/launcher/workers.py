@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import select
+import selectors
 import signal
 import subprocess
 import sys
@@ -356,11 +357,13 @@ class StandbyPool:
             left = deadline - time.monotonic()
             if left <= 0 or (stop is not None and stop()):
                 return False
-            readable, _, _ = select.select(list(self._importing.values()), [], [], min(left, 0.1))
-            for fd in readable:
+            with selectors.DefaultSelector() as selector:  # any descriptor number, unlike select()
+                for pid, fd in self._importing.items():
+                    selector.register(fd, selectors.EVENT_READ, pid)
+                ready = selector.select(min(left, 0.1))
+            for key, _events in ready:
                 # A line (warm) or end of file (it died, or exec'd a fresh interpreter): done either way.
-                pid = next(pid for pid, signal_fd in self._importing.items() if signal_fd == fd)
-                self._stop_listening(pid)
+                self._stop_listening(key.data)
         return True
 
     def _stop_listening(self, pid: int) -> None:

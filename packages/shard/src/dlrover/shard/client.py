@@ -120,6 +120,9 @@ class ShardClient:
         self._stub: Any = shard_pb2_grpc.ShardServiceStub(self._channel)  # type: ignore[no-untyped-call]
         self._cond = threading.Condition()
         self._buffer: deque[Shard] = deque()
+        # When shards leased ahead by `checkpoint(lease_next=True)` were leased: an on-demand client
+        # has no thread renewing them, so one kept past `renew_interval_s` is renewed when taken.
+        self._leased_at: dict[int, float] = {}
         self._finished = False
         self._error: BaseException | None = None
         self._stop = threading.Event()
@@ -285,11 +288,16 @@ class ShardClient:
 
         Args:
             lease_next: an on-demand client (`prefetch_shards=0`) holding no buffered shard also
-                leases its next `fetch_count` shards in the same call, read after the document
-                (so the document does not hold them), and buffers them for `next_shard`: a
-                training loop that reads its data position after every step then needs no call
-                of its own to fetch the next step's shard. Ignored by a prefetching client, whose
-                thread leases ahead already. Buffered shards go back as `close` says.
+                leases its next `fetch_count` shards in the same call, after the read (so the
+                document does not hold them, except when a retry is answered from the master's
+                reply cache: then it holds them as leased, as a read while a prefetched shard is
+                held does, which exactly-once and at-least-once restores hand out again), and
+                buffers them for `next_shard`: a training loop that reads its data position after
+                every step then needs no call of its own to fetch the next step's shard. A buffered
+                shard taken more than `renew_interval_s` after the read is renewed first (leased
+                again when its lease ended). Ignored by a prefetching client, whose thread leases
+                ahead already. Unused buffered shards go back as `close` says (each counts as one
+                failed attempt of that shard).
         """
         with self._cond:
             lease_next = lease_next and self._config.prefetch_shards == 0 and not self._buffer and not self._closed
@@ -302,21 +310,28 @@ class ShardClient:
             request_id=self._request_id(),
             with_checkpoint=True,
         )
+        leased_at = self._clock.now()
         res = self._read(self._stub.FetchShards, req)
         with self._cond:
-            self._buffer.extend(shard_from_proto(s) for s in res.shards)
+            for shard in res.shards:
+                self._buffer.append(shard_from_proto(shard))
+                self._leased_at[shard.shard_id] = leased_at
         if not res.checkpoint:
             # A master older than `with_checkpoint` leased without reading: read it now (the
-            # document then holds the lease, which a restore hands back as not done).
+            # document then holds the lease, as one read while a prefetched shard is held does).
             return str(self._read(self._stub.GetCheckpoint, pb.GetCheckpointRequest(dataset=self._dataset)).document)
         return str(res.checkpoint)
 
     def discard_buffered(self) -> int:
         """Forget buffered shards without reporting them: for a trainer whose data position
-        another trainer restored, which dropped every lease. Returns how many were forgotten."""
+        another trainer restored, which dropped every lease and may have made the dataset
+        unfinished again. Returns how many were forgotten."""
         with self._cond:
             count = len(self._buffer)
             self._buffer.clear()
+            self._leased_at.clear()
+            self._finished = False
+            self._cond.notify_all()  # a prefetch thread refills now, not at its next renewal
         return count
 
     def restore(self, document: str) -> RestoreResult:
@@ -325,6 +340,7 @@ class ShardClient:
         res = self._read(self._stub.RestoreCheckpoint, req)
         with self._cond:
             self._buffer.clear()  # their leases were dropped by the restore
+            self._leased_at.clear()
             self._finished = False
         return RestoreResult(res.dataset, res.returned_to_queue, res.reason)
 
@@ -353,7 +369,7 @@ class ShardClient:
         if return_buffered:
             for shard in list(self._buffer):
                 try:
-                    self.report_failure(shard.shard_id, "prefetched shard returned unused when the client closed")
+                    self.report_failure(shard.shard_id, "leased ahead and returned unused when the client closed")
                 except Exception as exc:  # the lease will expire; say so rather than hide it
                     _log.warning("could not return prefetched shard %d: %s", shard.shard_id, exc)
         self._buffer.clear()
@@ -371,8 +387,12 @@ class ShardClient:
         give_up = None if timeout_s is None else self._clock.now() + timeout_s
         while True:
             with self._cond:
-                if self._buffer:
-                    return self._buffer.popleft()
+                shard = self._buffer.popleft() if self._buffer else None
+                leased_at = None if shard is None else self._leased_at.pop(shard.shard_id, None)
+            if shard is not None:
+                if leased_at is None or self._still_leased(shard, leased_at):
+                    return shard
+                continue  # its lease ran out while it waited: another buffered one, or a fetch
             res = self.fetch()
             if res.shards:
                 with self._cond:
@@ -383,6 +403,28 @@ class ShardClient:
             if give_up is not None and self._clock.now() + self._config.poll_interval_s > give_up:
                 raise TimeoutError(f"no shard of {self._dataset!r} within {timeout_s}s: {res.reason}")
             self._clock.sleep(self._config.poll_interval_s)
+
+    def _still_leased(self, shard: Shard, leased_at: float) -> bool:
+        """Renew the lease of a shard leased ahead when it waited past `renew_interval_s` (a save or
+        an evaluation between the read that leased it and the step that uses it); False when the
+        lease is gone (expired, or restored away), so the shard must not be trained."""
+        if self._clock.now() - leased_at < self._config.renew_interval_s:
+            return True
+        req = pb.ReportProgressRequest(
+            dataset=self._dataset,
+            worker=self._worker,
+            shard_id=shard.shard_id,
+            consumed=shard.consumed,
+            request_id=self._request_id(),
+        )
+        try:
+            self._call(self._stub.ReportProgress, req)
+        except RpcError as exc:
+            if exc.code is grpc.StatusCode.FAILED_PRECONDITION:
+                _log.info("shard %d was leased ahead and its lease ended before use: %s", shard.shard_id, exc)
+                return False
+            raise
+        return True
 
     def _start_prefetch(self) -> None:
         # A thread that ended at the end of the data is started again after a restore.

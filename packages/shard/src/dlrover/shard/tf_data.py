@@ -289,6 +289,8 @@ class ShardTFDataset:
         self._finished = False
         if restore:
             self._client.restore(document)
+        else:
+            self._client.discard_buffered()  # the trainer that restores drops every lease
 
 
 def shard_indices(client_factory: Callable[[], ShardClient]) -> Iterator[int]:

@@ -141,9 +141,9 @@ class ShardSampler(Sampler[int]):
     def state_dict(self) -> dict[str, Any]:
         """The data position to store in the model checkpoint (the committed samples).
 
-        When the next index needs a new shard, the same call leases it (see
-        `ShardClient.checkpoint`): a loop that commits and saves after every step makes two calls
-        per step, not three.
+        With an on-demand client (`ShardClientConfig(prefetch_shards=0)`), when the next index
+        needs a new shard the same call leases it (see `ShardClient.checkpoint`): a loop that
+        commits and saves after every step makes two calls per step, not three.
         """
         lease_next = self._shard_left == 0 and not self._finished
         return _state(self._client.dataset, self._client.checkpoint(lease_next=lease_next))

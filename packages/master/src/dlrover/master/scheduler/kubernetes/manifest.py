@@ -8,6 +8,9 @@ What the backend adds to the user's template, and why:
 - the agent's environment: the master's address, the job token through a `secretKeyRef` to the
   `<job>-token` Secret (never a literal: a pod spec is readable by anyone who may list pods), the
   node id, rank and relaunch count, and `POD_NAME`, `POD_NAMESPACE`, `POD_IP` from the downward API;
+  a parameter-server job's workers also `GRPC_FAIL_FAST=false` unless the template's `env` sets it
+  (see `dlrover.master.psjob.node.WORKER_FAIL_FAST`; a value from `envFrom` is overridden: set it
+  in `env`);
 - the node's resources as requests and limits of the main container (limits equal requests: a
   node's memory is the limit the OOM heuristic grows), GPUs as `gpu_resource`, a GPU type as a
   nodeSelector on `gpu_type_label`;
