@@ -515,11 +515,11 @@ while not (marks / "gate").exists():
 class _CountWarmAtRegistration(FakeControlPlane):
     """Counts the standbys that had finished importing when the agent registered; optionally opens the gate."""
 
-    def __init__(self, marks: Path, open_gate: bool, training_begun: bool = True) -> None:
+    def __init__(self, marks: Path, open_gate: bool, round_formed: bool = True) -> None:
         super().__init__()
         self._marks = marks
         self._open_gate = open_gate
-        self.training_begun = training_begun
+        self.round_formed = round_formed
         self.warm_at_registration = -1
 
     def register(self, *args: object, **kwargs: object) -> NodeRegistration:
@@ -583,7 +583,7 @@ def test_a_node_joining_a_training_job_registers_once_its_standbys_are_warm_or_i
 def test_the_nodes_of_a_starting_job_join_at_once(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     marks = tmp_path / "marks"
     marks.mkdir()
-    control = _CountWarmAtRegistration(marks, open_gate=True, training_begun=False)
+    control = _CountWarmAtRegistration(marks, open_gate=True, round_formed=False)
     agent, _ = _slow_standbys_agent(tmp_path, control, 120.0)
     with caplog.at_level(logging.INFO, logger="dlrover.launcher.agent"):
         result = agent.run()

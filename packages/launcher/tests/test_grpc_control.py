@@ -294,7 +294,7 @@ def test_register_waits_for_a_master_that_starts_later_and_gives_up_on_one_that_
 
 
 @pytest.mark.integration
-def test_asking_whether_the_job_has_trained_leaves_registering_unharmed_and_tells_a_trained_job() -> None:
+def test_asking_whether_a_round_has_formed_leaves_registering_unharmed_and_tells_a_formed_one() -> None:
     from dlrover.common import generate_token
 
     port, token = _free_port(), generate_token()
@@ -308,13 +308,12 @@ def test_asking_whether_the_job_has_trained_leaves_registering_unharmed_and_tell
     try:
         # Asked before the master serves (the node gave up waiting): no answer, and the channel the
         # node registers on is untouched, so registering once the master serves succeeds at once.
-        assert plane.training_has_begun(should_stop=lambda: True) is False
+        assert plane.round_has_formed(should_stop=lambda: True) is False
         runtime.start()
-        assert plane.training_has_begun() is False, "nothing trained yet"
+        assert plane.round_has_formed() is False, "no round formed yet"
         plane.register(1)
         plane.next_round(30.0)
-        plane.heartbeat(Progress(step=3))
-        assert plane.training_has_begun() is True
+        assert plane.round_has_formed() is True
     finally:
         plane.close()
         runtime.stop()

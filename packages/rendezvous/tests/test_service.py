@@ -25,6 +25,7 @@ def test_round_forms_over_grpc_and_reports_reasons(client: RendezvousClient, clo
     assert waiting.state is PollState.WAITING
     assert waiting.reason == "1 of min 2 nodes joined; waiting for 1 more"
     assert waiting.retry_after_s == 0.05  # the service paces the polls (RendezvousConfig.poll_rate_per_s)
+    assert client.waiting_check().rounds_formed == 0, "the first round is still forming"
     client.join("b")
     assert "last call in 5.0 s" in client.status().reason
     clock.advance(5.0)
@@ -36,7 +37,7 @@ def test_round_forms_over_grpc_and_reports_reasons(client: RendezvousClient, clo
     client.join("c")
     assert client.num_nodes_waiting("a") == 1
     # The members' checks are paced too: three nodes known ask together at poll_rate_per_s.
-    assert client.waiting_check("a") == WaitingCount(1, 0.05)
+    assert client.waiting_check("a") == WaitingCount(1, 0.05, rounds_formed=1)
     status = client.status()
     assert (status.round, status.num_nodes_waiting, status.min_nodes, status.max_nodes) == (1, 1, 2, 3)
 

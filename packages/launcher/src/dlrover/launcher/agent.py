@@ -193,11 +193,11 @@ class AgentConfig:
         prewarm_refill_after_s: the standbys for the next start are started once every
             worker has sealed a flash checkpoint since it started, or this long after the
             start, whichever comes first (see `refill_due`).
-        prewarm_join_wait_s: with standbys, a node joining a job that has trained registers and
-            joins only once they finished their imports, waiting at most this long (0: at once):
-            it makes the training nodes stop for a new round, and without the wait they would
-            idle while its workers import (seconds; tens of seconds with CUDA). The nodes of a
-            starting job join at once.
+        prewarm_join_wait_s: with standbys, a node joining a job whose rendezvous has formed a
+            round registers and joins only once they finished their imports, waiting at most
+            this long (0: at once): it makes the training nodes stop for a new round, and without
+            the wait they would idle while its workers import (seconds; tens of seconds with
+            CUDA). The nodes of a starting job join at once.
         worker_reap_timeout_s: a worker seen beginning to exit with a failure (the others are
             stopped then) is reported once it has exited; if the kernel has still not let it be
             reaped this long after, it is reported with the status it was seen exiting with.
@@ -605,14 +605,14 @@ class Agent:
         _log.info("%d standby worker(s) importing %s", cfg.nproc_per_node, ", ".join(cfg.prewarm_modules))
 
     def _wait_for_warm_standbys(self) -> None:
-        """Join a job that trains once the first workers can start at once (see
+        """Join a job that has formed a round once the first workers can start at once (see
         `AgentConfig.prewarm_join_wait_s`). A starting job's nodes join at once: their first
         round waits for the slowest node's workers anyway, and nodes of an elastic range that
         join together stay in one first round."""
         wait_s = self._config.prewarm_join_wait_s
         if self._standby is None or wait_s <= 0:
             return
-        if not self._control.training_has_begun(self._stop_requested.is_set):
+        if not self._control.round_has_formed(self._stop_requested.is_set):
             return
         started = self._clock.now()
         if self._standby.wait_warm(wait_s, self._stop_requested.is_set):

@@ -559,7 +559,7 @@ def _add_dlrover_options(ours: argparse._ArgumentGroup) -> None:
         ours,
         _both("prewarm-join-wait"),
         "120",
-        "with --prewarm, a node joining a job that has trained registers and joins only once its standbys "
+        "with --prewarm, a node joining a job that has formed a round registers and joins only once its standbys "
         "finished their imports, "
         "waiting at most this many seconds (under the master's --node-start-timeout-s, 300 by default): a node "
         "that joins a running job makes the running nodes stop "

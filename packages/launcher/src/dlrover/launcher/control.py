@@ -210,11 +210,11 @@ class ControlPlane(Protocol):
         """
         ...
 
-    def training_has_begun(self, should_stop: Callable[[], bool] = lambda: False) -> bool:
-        """Whether the job has trained a step: a node that joins it then makes the nodes training
-        stop for a new round. Callable before registering: waits, as `register` does, for the
-        master to accept connections (until `should_stop`), then asks once; False when the master
-        cannot say."""
+    def round_has_formed(self, should_stop: Callable[[], bool] = lambda: False) -> bool:
+        """Whether the job's rendezvous has formed a round (its nodes train, or trained): a node
+        that joins it then makes them stop for a new round. Callable before registering: waits,
+        as `register` does, for the master to accept connections (until `should_stop`), then asks
+        once; False when the master cannot say."""
         ...
 
     def waiting_check(self) -> WaitingCount:

@@ -61,7 +61,7 @@ class FakeControlPlane:
         self.restarts_granted = 0
         self.waiting_polls: list[bool] = []  # each nodes_waiting call's `once`
         self.waiting_retry_after_s = waiting_retry_after_s  # what each waiting check asks
-        self.training_begun = False  # what `training_has_begun` answers
+        self.round_formed = False  # what `round_has_formed` answers
         self.rounds: list[RoundAssignment] = []
         self.failures: list[FailureReport] = []
         self.heartbeats: list[Progress] = []
@@ -119,8 +119,8 @@ class FakeControlPlane:
         with self._lock:
             return self._waiting.pop(0) if self._waiting else 0
 
-    def training_has_begun(self, should_stop: Callable[[], bool] = lambda: False) -> bool:
-        return self.training_begun
+    def round_has_formed(self, should_stop: Callable[[], bool] = lambda: False) -> bool:
+        return self.round_formed
 
     def waiting_check(self) -> WaitingCount:
         return WaitingCount(self.nodes_waiting(once=True), self.waiting_retry_after_s)

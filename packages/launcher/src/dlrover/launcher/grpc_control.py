@@ -167,9 +167,6 @@ class GrpcControlPlane:
         # The exit barrier polls with its own loop: one short attempt per poll, so that neither
         # its deadline nor a stop waits out the retries of a master that cannot be reached.
         self._poll_rdzv = RendezvousClient(target, token, policy=once, channel_config=channel)
-        self._once = once
-        self._token = token
-        self._channel_config = channel
         self._target = target
         self._connect_timeout_s = connect_timeout_s
         self._node_name = node_name
@@ -326,19 +323,15 @@ class GrpcControlPlane:
     def nodes_waiting(self, *, once: bool = False) -> int:
         return (self._poll_rdzv if once else self._rdzv).num_nodes_waiting(self._node_id)
 
-    def training_has_begun(self, should_stop: Callable[[], bool] = _never) -> bool:
-        # Asked on a channel of its own once the master accepts connections: a call that fails on
-        # the registering channel would leave it in gRPC's reconnect backoff, and registering (not
-        # retried) would then fail at once.
+    def round_has_formed(self, should_stop: Callable[[], bool] = _never) -> bool:
+        # Asked once the master accepts connections, on the polling channel (one attempt): a call
+        # that failed on the registering channel would leave it in gRPC's reconnect backoff, and
+        # registering (not retried) would then fail at once.
         try:
             self._wait_for_master(should_stop)
-            probe = MasterClient(self._target, self._token, policy=self._once, channel_config=self._channel_config)
-            try:
-                return probe.job_status().step > 0
-            finally:
-                probe.close()
+            return self._poll_rdzv.waiting_check().rounds_formed > 0
         except DLRoverError as exc:
-            _log.debug("could not ask whether the job has trained: %s", exc)
+            _log.debug("could not ask whether the job has formed a round: %s", exc)
             return False
 
     def waiting_check(self) -> WaitingCount:

@@ -169,7 +169,7 @@ class RendezvousClient:
     def waiting_check(self, node_id: str = "") -> WaitingCount:
         """`num_nodes_waiting`, and when the rendezvous asks this node to ask again."""
         r = self._call(self._stub.NumNodesWaiting, pb.NumNodesWaitingRequest(node_id=node_id), idempotent=True)
-        return WaitingCount(int(r.num_nodes_waiting), max(float(r.retry_after_s), 0.0))
+        return WaitingCount(int(r.num_nodes_waiting), max(float(r.retry_after_s), 0.0), max(int(r.rounds_formed), 0))
 
     def leave(self, node_id: str) -> str:
         """Take the node out of the rendezvous; returns what happened."""

@@ -352,7 +352,7 @@ class RendezvousManager:
                 self._seen(node_id, now)
             elif node_id in self._dropped:
                 count = max(count, 1)
-        return WaitingCount(count, self._pace(len(self._last_seen)))
+        return WaitingCount(count, self._pace(len(self._last_seen)), self._round_number)
 
     def leave(self, node_id: str, now: float) -> str:
         """Take a node out: off the waiting list and out of the current round (which dissolves).

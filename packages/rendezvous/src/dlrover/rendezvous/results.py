@@ -141,10 +141,13 @@ class WaitingCount:
         num_nodes_waiting: nodes waiting (at least 1 for a node whose round was dissolved).
         retry_after_s: seconds until the asking node should ask again (see
             `RendezvousManager.waiting_check`); 0 from a service that does not pace.
+        rounds_formed: rounds the rendezvous has formed so far (0: the first is still forming,
+            or a service that does not say).
     """
 
     num_nodes_waiting: int
     retry_after_s: float = 0.0
+    rounds_formed: int = 0
 
 
 @attrs.frozen

@@ -131,7 +131,9 @@ class RendezvousServicer(pb_grpc.RendezvousServiceServicer):
     ) -> pb.NumNodesWaitingResponse:
         def call() -> pb.NumNodesWaitingResponse:
             r = self._manager.waiting_check(self._clock.now(), request.node_id or None)
-            return pb.NumNodesWaitingResponse(num_nodes_waiting=r.num_nodes_waiting, retry_after_s=r.retry_after_s)
+            return pb.NumNodesWaitingResponse(
+                num_nodes_waiting=r.num_nodes_waiting, retry_after_s=r.retry_after_s, rounds_formed=r.rounds_formed
+            )
 
         return self._run(context, call)
 

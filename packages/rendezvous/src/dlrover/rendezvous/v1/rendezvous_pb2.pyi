@@ -95,12 +95,14 @@ class NumNodesWaitingRequest(_message.Message):
     def __init__(self, node_id: _Optional[str] = ...) -> None: ...
 
 class NumNodesWaitingResponse(_message.Message):
-    __slots__ = ("num_nodes_waiting", "retry_after_s")
+    __slots__ = ("num_nodes_waiting", "retry_after_s", "rounds_formed")
     NUM_NODES_WAITING_FIELD_NUMBER: _ClassVar[int]
     RETRY_AFTER_S_FIELD_NUMBER: _ClassVar[int]
+    ROUNDS_FORMED_FIELD_NUMBER: _ClassVar[int]
     num_nodes_waiting: int
     retry_after_s: float
-    def __init__(self, num_nodes_waiting: _Optional[int] = ..., retry_after_s: _Optional[float] = ...) -> None: ...
+    rounds_formed: int
+    def __init__(self, num_nodes_waiting: _Optional[int] = ..., retry_after_s: _Optional[float] = ..., rounds_formed: _Optional[int] = ...) -> None: ...
 
 class LeaveRequest(_message.Message):
     __slots__ = ("node_id",)
