@@ -179,13 +179,10 @@ class MasterClient:
         self.node_id: int | None = None
         self.credential: str | None = None
 
-    def _call(
-        self, method: Any, request: Any, *, idempotent: bool, identity: bool = True, policy: RetryPolicy | None = None
-    ) -> Any:
+    def _call(self, method: Any, request: Any, *, idempotent: bool, identity: bool = True) -> Any:
         if identity and self.node_id is not None and self.credential is not None:
             method = functools.partial(method, metadata=node_metadata(self.node_id, self.credential))
-        chosen = self._policy if policy is None else policy
-        return call_unary(method, request, idempotent=idempotent, policy=chosen, clock=self._clock)
+        return call_unary(method, request, idempotent=idempotent, policy=self._policy, clock=self._clock)
 
     def _own_id(self, node_id: int | None) -> int:
         chosen = self.node_id if node_id is None else node_id
@@ -397,18 +394,15 @@ class MasterClient:
         )
         return int(response.committed_step)
 
-    def job_status(self, *, policy: RetryPolicy | None = None) -> JobSummary:
+    def job_status(self) -> JobSummary:
         """The job's state and the current incarnation of every rank.
-
-        Args:
-            policy: this call's deadline and retries (default: the client's).
 
         Raises:
             RpcError: refused (the status code says why).
             WireEnumError: the master named a job or node state this client does not know.
         """
         response: job_pb2.GetJobStatusResponse = self._call(
-            self._job.GetJobStatus, job_pb2.GetJobStatusRequest(), idempotent=True, identity=False, policy=policy
+            self._job.GetJobStatus, job_pb2.GetJobStatusRequest(), idempotent=True, identity=False
         )
         return JobSummary(
             job_name=response.job_name,
