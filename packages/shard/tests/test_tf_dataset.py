@@ -60,6 +60,11 @@ class _FakeClient:
         self._shards = deque(shards)
         self._more_later = more_later
         self.reports: list[tuple[str, int, int]] = []
+        self.discards = 0
+
+    def discard_buffered(self) -> int:
+        self.discards += 1
+        return 0
 
     def next_shard(self, timeout_s: float | None = None) -> Shard | None:
         if self._shards:
@@ -185,6 +190,7 @@ def test_with_nothing_uncommitted_a_pass_keeps_waiting_and_stops_once_replaced()
     assert list(it) == []  # waits on with nothing uncommitted, until the pass is replaced
     assert waits == [0.01] * 6
     assert not feed.finished
+    assert client.discards == 1, "a feed that does not restore forgets the shards its client buffered"
 
 
 def test_wait_s_must_be_positive() -> None:
