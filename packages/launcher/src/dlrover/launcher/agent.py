@@ -612,7 +612,13 @@ class Agent:
         wait_s = self._config.prewarm_join_wait_s
         if self._standby is None or wait_s <= 0:
             return
-        if not self._control.round_has_formed(self._stop_requested.is_set):
+        try:
+            formed = self._control.round_has_formed(self._stop_requested.is_set)
+        except DLRoverError:
+            if self._stop_requested.is_set():
+                return  # `run` ends the node before it registers
+            raise  # the master never listened: what registering would have said
+        if not formed:
             return
         started = self._clock.now()
         if self._standby.wait_warm(wait_s, self._stop_requested.is_set):

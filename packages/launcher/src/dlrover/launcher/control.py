@@ -214,7 +214,11 @@ class ControlPlane(Protocol):
         """Whether the job's rendezvous has formed a round (its nodes train, or trained): a node
         that joins it then makes them stop for a new round. Callable before registering: waits,
         as `register` does, for the master to accept connections (until `should_stop`), then asks
-        once; False when the master cannot say."""
+        once; False when the master cannot say.
+
+        Raises:
+            DLRoverError: stopped, or the master did not accept a connection in time.
+        """
         ...
 
     def waiting_check(self) -> WaitingCount:

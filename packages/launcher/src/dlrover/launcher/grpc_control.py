@@ -326,9 +326,10 @@ class GrpcControlPlane:
     def round_has_formed(self, should_stop: Callable[[], bool] = _never) -> bool:
         # Asked once the master accepts connections, on the polling channel (one attempt): a call
         # that failed on the registering channel would leave it in gRPC's reconnect backoff, and
-        # registering (not retried) would then fail at once.
+        # registering (not retried) would then fail at once. A stop or a master that never listens
+        # is the caller's to handle, as with `register` (not a second wait after this one).
+        self._wait_for_master(should_stop)
         try:
-            self._wait_for_master(should_stop)
             return self._poll_rdzv.waiting_check().rounds_formed > 0
         except DLRoverError as exc:
             _log.debug("could not ask whether the job has formed a round: %s", exc)
