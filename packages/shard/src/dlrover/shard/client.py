@@ -410,6 +410,14 @@ class ShardClient:
         lease is gone (expired, or restored away), so the shard must not be trained."""
         if self._clock.now() - leased_at < self._config.renew_interval_s:
             return True
+        if self._renew_lease(shard):
+            return True
+        _log.info("shard %d was leased ahead and its lease ended before use", shard.shard_id)
+        return False
+
+    def _renew_lease(self, shard: Shard) -> bool:
+        """Renew a buffered shard's lease (progress at its own position; waits for the master);
+        False when the lease is gone (expired, or restored away): the shard must not be handed out."""
         req = pb.ReportProgressRequest(
             dataset=self._dataset,
             worker=self._worker,
@@ -421,7 +429,6 @@ class ShardClient:
             self._call(self._stub.ReportProgress, req)
         except RpcError as exc:
             if exc.code is grpc.StatusCode.FAILED_PRECONDITION:
-                _log.info("shard %d was leased ahead and its lease ended before use: %s", shard.shard_id, exc)
                 return False
             raise
         return True
@@ -470,23 +477,11 @@ class ShardClient:
         with self._cond:
             shards = list(self._buffer)
         for shard in shards:
-            req = pb.ReportProgressRequest(
-                dataset=self._dataset,
-                worker=self._worker,
-                shard_id=shard.shard_id,
-                consumed=shard.consumed,
-                request_id=self._request_id(),
-            )
-            try:
-                # Waits for the master in this background thread: a renewal is not worth queuing.
-                self._call(self._stub.ReportProgress, req)
-            except Exception as exc:
-                if getattr(exc, "code", None) is grpc.StatusCode.FAILED_PRECONDITION:
-                    with self._cond:  # the lease is gone (expired or restored away): do not hand it out
-                        if shard in self._buffer:
-                            self._buffer.remove(shard)
-                    continue
-                raise
+            # Waits for the master in this background thread: a renewal is not worth queuing.
+            if not self._renew_lease(shard):
+                with self._cond:
+                    if shard in self._buffer:
+                        self._buffer.remove(shard)
 
 
 def _sender(policy: RetryPolicy, clock: Clock) -> Any:
