@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -468,6 +469,10 @@ def test_a_master_killed_and_restarted_mid_training_restarts_no_worker_and_loses
         text = log.read_text()
         assert "unreachable" in text, text[-3000:]
         assert "finished with exit code 0 after 0 restart(s)" in text, text[-3000:]
+    # The shard state came back as the journal holds it: a base and the change lines after it, replayed.
+    resumed = re.search(r"shard state resumed: 1 dataset\(s\) from base \d+ and (\d+) change\(s\)", logs[3].read_text())
+    assert resumed is not None, logs[3].read_text()[-3000:]
+    assert int(resumed.group(1)) > 0, resumed.group(0)
 
 
 def _run_two_local_nodes(

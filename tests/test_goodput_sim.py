@@ -398,6 +398,8 @@ def test_the_cost_command_measures_the_masters_calls_beside_a_noop_grpc_call(tmp
         "rendezvous round, every node",
         "shard exchange, journaled, one at a time",
         "shard exchange, journaled, 16 at once",
+        "shard journal base (every lease)",
+        "shard exchange, base compaction amortized",
         "grpc_noop_call",
     }
     assert rows["grpc_noop_call"].endswith("| 1.00x |")

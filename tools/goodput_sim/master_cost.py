@@ -11,9 +11,11 @@ handed to every node (the failure that promotes it, then each node's heartbeat t
 for the spare's round; per node), a rendezvous round of every node
 (`dlrover.rendezvous.RendezvousManager`: each joins, then each polls until the round holds it), and
 a shard exchange (a worker reports its shard done and leases the next: the master's hosted shard
-service, journaled before the answer as under ``--state-dir``) with one worker per node holding a
-lease, one request at a time and from as many requests at once as the master's gRPC server has
-threads (`dlrover.common.ServerConfig.max_workers`): those share the journal's writes.
+service, journaled before the answer as under ``--state-dir``: two change lines) with one worker per
+node holding a lease, one request at a time and from as many requests at once as the master's gRPC
+server has threads (`dlrover.common.ServerConfig.max_workers`): those share the journal's writes;
+the shard journal's base (the whole registry, every lease: what the log starts with and is compacted
+into), and that base's cost spread over the exchanges whose lines make the next one due.
 CPU time is this process's (`time.process_time`); the gRPC call's is wall time per round trip with
 client and server in this process, so it counts both sides.
 """
@@ -138,9 +140,18 @@ def _spare_promotion(nodes: int) -> float:
             journal.close()
 
 
-def _shard_exchanges(nodes: int, *, requests: int, threads: int) -> float:
+@attrs.frozen
+class _ShardJournalCost:
+    exchange_s: float  # CPU per exchange, its two change lines journaled
+    base_s: float  # CPU of one base: the whole registry exported and journaled
+    base_bytes: int
+    line_bytes: float  # per exchange
+
+
+def _shard_exchanges(nodes: int, *, requests: int, threads: int) -> _ShardJournalCost:
     """CPU per shard exchange (done, then the next lease, journaled) with `nodes` workers each
-    holding a lease, `requests` of them made from `threads` threads at once."""
+    holding a lease, `requests` of them made from `threads` threads at once; and the base the
+    shard log starts with (and is compacted into once the lines outgrow it)."""
     clock = ManualClock(0.0, 1_700_000_000.0)
     config = _config(1)
     with tempfile.TemporaryDirectory(prefix="goodput-sim-cost-") as tmp:
@@ -159,15 +170,17 @@ def _shard_exchanges(nodes: int, *, requests: int, threads: int) -> float:
             with shards.locked() as registry:
                 registry.register(spec)
                 for worker in workers:
-                    registry.manager("data").fetch(worker)
+                    registry.fetch("data", worker)
+            base_started = time.process_time()
+            shards.changed_by_request()  # the first write: a base holding every lease
+            base_s = time.process_time() - base_started
 
             def exchange(part: list[str]) -> None:
                 for worker in part:
                     with shards.locked() as registry:
-                        manager = registry.manager("data")
-                        [held] = manager.leased_shards(worker)
-                        manager.report_done(worker, held.shard_id)
-                        manager.fetch(worker)
+                        [held] = registry.manager("data").leased_shards(worker)
+                        registry.report_done("data", worker, held.shard_id)
+                        registry.fetch("data", worker)
                     shards.changed_by_request()
 
             chosen = workers[:requests]
@@ -177,7 +190,15 @@ def _shard_exchanges(nodes: int, *, requests: int, threads: int) -> float:
                 thread.start()
             for thread in pool:
                 thread.join()
-            return (time.process_time() - started) / len(chosen)
+            exchange_s = (time.process_time() - started) / len(chosen)
+            state = journal.load()
+            lines = state.changes.get("shards", ())
+            return _ShardJournalCost(
+                exchange_s=exchange_s,
+                base_s=base_s,
+                base_bytes=len(state.blobs["shards"].data),
+                line_bytes=sum(len(line.data) for line in lines) / len(chosen),
+            )
         finally:
             journal.close()
 
@@ -239,7 +260,13 @@ def measure(nodes: int, *, failures: int = 20, grpc_calls: int = 2000) -> Master
 
     out["rendezvous round, every node"] = _cpu(1, rendezvous)
     requests, threads = min(nodes, 200), ServerConfig().max_workers
-    out["shard exchange, journaled, one at a time"] = _shard_exchanges(nodes, requests=requests, threads=1)
-    out[f"shard exchange, journaled, {threads} at once"] = _shard_exchanges(nodes, requests=requests, threads=threads)
+    alone = _shard_exchanges(nodes, requests=requests, threads=1)
+    out["shard exchange, journaled, one at a time"] = alone.exchange_s
+    together = _shard_exchanges(nodes, requests=requests, threads=threads)
+    out[f"shard exchange, journaled, {threads} at once"] = together.exchange_s
+    out["shard journal base (every lease)"] = alone.base_s
+    # A new base is written once the lines since the last one outgrow it (`HostedShards`'s
+    # compaction_ratio, 1.0): its cost spread over the exchanges whose lines filled it.
+    out["shard exchange, base compaction amortized"] = alone.base_s * alone.line_bytes / alone.base_bytes
     out["grpc_noop_call"] = _grpc_noop(grpc_calls)
     return MasterCost(nodes, out)

@@ -14,7 +14,7 @@ from dlrover.common import ManualClock
 from dlrover.diagnosis import FailureKind
 from dlrover.master.config import LifecycleConfig, MasterConfig, NodeRange
 from dlrover.master.hosting import HostedRendezvous, HostedShards, node_of_worker
-from dlrover.master.journal import JournalError, MemoryJournal, SqliteJournal, StateJournal
+from dlrover.master.journal import Blob, ChangeLine, JournalError, MemoryJournal, SqliteJournal, StateJournal
 from dlrover.master.master import Master, StatefulCollaborator
 from dlrover.master.scheduler.fake import FakeScheduler
 from dlrover.master.states import NodeState
@@ -42,12 +42,22 @@ class Job:
     """A master with the hosted libraries, as `create_master` wires them, minus the server."""
 
     def __init__(
-        self, journal: StateJournal, clock: ManualClock | None = None, *, coupled: bool = True, **kw: object
+        self,
+        journal: StateJournal,
+        clock: ManualClock | None = None,
+        *,
+        coupled: bool = True,
+        min_compaction_bytes: int = 1 << 20,
+        **kw: object,
     ) -> None:
         self.clock = clock or ManualClock()
         cfg = config(**kw)
         self.rendezvous = HostedRendezvous(RendezvousManager(cfg.rendezvous_config()), self.clock)
-        self.shards = HostedShards(ShardRegistry(self.clock), journal_every_change=cfg.journal_shard_changes)
+        self.shards = HostedShards(
+            ShardRegistry(self.clock),
+            journal_every_change=cfg.journal_shard_changes,
+            min_compaction_bytes=min_compaction_bytes,
+        )
         hosted = [self.rendezvous, self.shards]
         membership = hosted if coupled else []
         self.master = Master(cfg, FakeScheduler(), journal, self.clock, collaborators=hosted, membership=membership)
@@ -81,10 +91,10 @@ def test_a_failed_node_leaves_the_rendezvous_and_its_shards_go_back_at_the_ackno
     assert sorted(ranks.values()) == [0, 1, 2]
     with job.shards.locked() as registry:
         registry.register(SPEC)
-        held = registry.manager("train").fetch(str(c)).shards[0]
-        side = registry.manager("train").fetch(f"{c}/1").shards[0]  # another process of node c
-        other = registry.manager("train").fetch(str(a)).shards[0]
-        registry.manager("train").report_progress(str(c), held.shard_id, 4)
+        held = registry.fetch("train", str(c)).shards[0]
+        side = registry.fetch("train", f"{c}/1").shards[0]  # another process of node c
+        other = registry.fetch("train", str(a)).shards[0]
+        registry.report_progress("train", str(c), held.shard_id, 4)
 
     job.clock.advance(11.0)
     job.master.heartbeat(a)
@@ -104,7 +114,7 @@ def test_a_failed_node_leaves_the_rendezvous_and_its_shards_go_back_at_the_ackno
         assert held.shard_id in snap.todo
         assert side.shard_id in snap.todo
         assert snap.doing == {other.shard_id: str(a)}
-        again = registry.manager("train").fetch(str(b), count=2).shards
+        again = registry.fetch("train", str(b), count=2).shards
     assert {s.shard_id: s.consumed for s in again} == {held.shard_id: 4, side.shard_id: 0}
 
 
@@ -118,7 +128,7 @@ def test_a_process_restart_releases_the_nodes_shards_but_keeps_it_in_the_round()
         assert m.round_number == 1
     with job.shards.locked() as registry:
         registry.register(SPEC)
-        shard = registry.manager("train").fetch(str(a)).shards[0]
+        shard = registry.fetch("train", str(a)).shards[0]
     decision = job.master.report_failure(a, FailureKind.UNKNOWN, "NCCL watchdog timeout", exit_code=-6)
     assert decision.action.value == "restart_processes"
     with job.shards.locked() as registry:
@@ -133,9 +143,9 @@ def test_a_planned_rounds_restart_releases_the_nodes_shards_at_once() -> None:
     with job.shards.locked() as registry:
         registry.register(SPEC)
         manager = registry.manager("train")
-        on_a = manager.fetch(str(a)).shards[0]
-        on_b = manager.fetch(f"{b}/1").shards[0]
-        manager.report_progress(str(a), on_a.shard_id, 4)
+        on_a = registry.fetch("train", str(a)).shards[0]
+        on_b = registry.fetch("train", f"{b}/1").shards[0]
+        registry.report_progress("train", str(a), on_a.shard_id, 4)
     result = job.master.resize(2, "shrink by one")
     assert result.leaving_nodes == (c,)
     with job.shards.locked() as registry:
@@ -151,7 +161,7 @@ def test_a_planned_rounds_restart_releases_the_nodes_shards_at_once() -> None:
         snap = manager.snapshot()
         assert {on_a.shard_id, on_b.shard_id} <= set(snap.todo)
         assert snap.doing == {}
-        again = manager.fetch(str(b), count=2).shards  # re-leasable now, not when the leases expire
+        again = registry.fetch("train", str(b), count=2).shards  # re-leasable now, not when the leases expire
     assert {s.shard_id: s.consumed for s in again} == {on_a.shard_id: 4, on_b.shard_id: 0}
     kinds = [(e.kind, e.node_id) for e in job.master.events(limit=1000) if e.kind == "planned_restart"]
     assert sorted(kinds) == [("planned_restart", a), ("planned_restart", b)]
@@ -165,21 +175,106 @@ def test_the_end_of_the_job_closes_the_rendezvous() -> None:
         assert m.closed
 
 
-def test_changes_are_journaled_when_they_happen_and_versions_only_grow() -> None:
+def test_changes_are_journaled_as_lines_after_a_base_and_versions_only_grow() -> None:
     journal = MemoryJournal()
     job = Job(journal)
     a, _b, _c = job.register_all()
     with job.shards.locked() as registry:
         registry.register(SPEC)
-        shard = registry.manager("train").fetch(str(a)).shards[0]
-        registry.manager("train").report_progress(str(a), shard.shard_id, 3)
-    assert job.master.journal_collaborator(job.shards)
+        shard = registry.fetch("train", str(a)).shards[0]
+        registry.report_progress("train", str(a), shard.shard_id, 3)
+    assert job.master.journal_collaborator(job.shards)  # the first write is a base holding all three
     assert not job.master.journal_collaborator(job.shards)  # unchanged: nothing written
-    blob = journal.load().blobs["shards"]
-    assert json.loads(blob.data)["format"] == "dlrover.master.shards"
-    version = blob.version
+    state = journal.load()
+    blob = state.blobs["shards"]
+    assert json.loads(blob.data)["format"] == "dlrover.shard.registry"
+    assert "shards" not in state.changes
+    with job.shards.locked() as registry:
+        registry.report_progress("train", str(a), shard.shard_id, 5)
+    assert job.master.journal_collaborator(job.shards)
+    state = journal.load()
+    assert state.blobs["shards"] == blob  # the base stays; the change is one line after it
+    [line] = state.changes["shards"]
+    assert line.seq > blob.version
+    assert json.loads(line.data)["call"] == "progress"
     job.master.flush_state()
-    assert journal.load().blobs["shards"].version == version
+    assert journal.load().changes["shards"] == (line,)
+
+
+def test_a_restarted_master_replays_the_lines_after_the_base(tmp_path: Path) -> None:
+    journal = SqliteJournal(str(tmp_path))
+    job = Job(journal)
+    a, b, _c = job.register_all()
+    with job.shards.locked() as registry:
+        registry.register(SPEC)
+        first = registry.fetch("train", str(a)).shards[0]
+    job.master.flush_state()  # the base
+    with job.shards.locked() as registry:
+        registry.report_progress("train", str(a), first.shard_id, 6)
+        second = registry.fetch("train", str(b), request_id="f1").shards[0]
+        registry.report_done("train", str(b), second.shard_id, request_id="d1")
+    job.master.flush_state()  # three lines
+    lines = journal.load().changes["shards"]
+    assert len(lines) == 3
+    journal.close()
+
+    journal2 = SqliteJournal(str(tmp_path))
+    job2 = Job(journal2, ManualClock(start=500.0))
+    with job2.shards.locked() as registry:
+        assert [s.consumed for s in registry.manager("train").leased_shards(str(a))] == [6]
+        assert registry.report_done("train", str(b), second.shard_id, request_id="d1").changed  # a retry
+        assert registry.manager("train").status().done == 1
+    job2.master.flush_state()  # a restarted master's first write is a base: the old clock's lines go
+    state = journal2.load()
+    assert "shards" not in state.changes
+    assert state.blobs["shards"].version > lines[-1].seq
+
+
+def test_lines_that_outgrow_the_base_are_compacted_into_a_new_one() -> None:
+    journal = MemoryJournal()
+    job = Job(journal, min_compaction_bytes=1)
+    a, _b, _c = job.register_all()
+    with job.shards.locked() as registry:
+        registry.register(SPEC)
+        shard = registry.fetch("train", str(a)).shards[0]
+    job.master.flush_state()
+    base = journal.load().blobs["shards"]
+    seen_lines = 0
+    for consumed in range(1, 60):
+        with job.shards.locked() as registry:
+            registry.report_progress("train", str(a), shard.shard_id, consumed % 8)
+        job.master.flush_state()
+        seen_lines = max(seen_lines, len(journal.load().changes.get("shards", ())))
+    state = journal.load()
+    assert state.blobs["shards"].version > base.version  # compacted at least once
+    assert seen_lines >= 1  # lines between bases
+    lines = state.changes.get("shards", ())
+    assert sum(len(line.data) for line in lines) <= len(state.blobs["shards"].data) + 200
+
+
+def test_a_change_made_straight_on_a_hosted_manager_is_refused() -> None:
+    job = Job(MemoryJournal())
+    with job.shards.locked() as registry:
+        registry.register(SPEC)
+        with pytest.raises(ShardStateError, match="directly: its registry logs its changes"):
+            registry.manager("train").fetch("0")
+        assert registry.manager("train").status().doing == 0  # reads stay open
+
+
+def test_a_shard_blob_an_older_master_wrote_is_read(tmp_path: Path) -> None:
+    old = ShardRegistry(ManualClock())
+    old.register(SPEC)
+    held = old.manager("train").fetch("3").shards[0]
+    old.manager("train").report_progress("3", held.shard_id, 2)
+    data = json.dumps(
+        {"format": "dlrover.master.shards", "version": 1, "datasets": [old.checkpoint("train", include_leases=True)]}
+    )
+    shards = HostedShards(ShardRegistry(ManualClock(7.0)))
+    shards.import_changes(Blob(41, data), ())
+    with shards.locked() as registry:
+        assert [s.consumed for s in registry.manager("train").leased_shards("3")] == [2]
+    assert shards.export_changes().blob is not None  # the first write is a base in the new format
+    assert shards.export_changes().blob.version > 41  # numbered after the old blob's version
 
 
 def restart(tmp_path: Path, journal: SqliteJournal, job: Job) -> Job:
@@ -197,8 +292,8 @@ def test_a_restarted_master_resumes_rounds_ranks_and_acknowledged_progress(tmp_p
         ranks = {n: m.poll(str(n), job.clock.now()).rank for n in (a, b, c)}
     with job.shards.locked() as registry:
         registry.register(SPEC)
-        shard = registry.manager("train").fetch(str(a)).shards[0]
-        registry.manager("train").report_progress(str(a), shard.shard_id, 7)
+        shard = registry.fetch("train", str(a)).shards[0]
+        registry.report_progress("train", str(a), shard.shard_id, 7)
     job.master.flush_state()  # what every changing RPC does before it answers
 
     job2 = restart(tmp_path, journal, job)
@@ -211,11 +306,11 @@ def test_a_restarted_master_resumes_rounds_ranks_and_acknowledged_progress(tmp_p
         manager = registry.manager("train")
         # The lease outlived the master: its holder, which kept training, reports on.
         assert [s.consumed for s in manager.leased_shards(str(a))] == [7]
-        assert manager.report_progress(str(a), shard.shard_id, 8).changed
+        assert registry.report_progress("train", str(a), shard.shard_id, 8).changed
         with pytest.raises(ShardStateError, match="leased to another worker"):
-            manager.report_progress(str(b), shard.shard_id, 9)
-        manager.report_failure(str(a), shard.shard_id, "the holder gives it up")
-        again = manager.fetch(str(b)).shards[0]
+            registry.report_progress("train", str(b), shard.shard_id, 9)
+        registry.report_failure("train", str(a), shard.shard_id, "the holder gives it up")
+        again = registry.fetch("train", str(b)).shards[0]
     assert (again.shard_id, again.consumed) == (shard.shard_id, 8)
 
 
@@ -241,11 +336,17 @@ def test_a_restart_catches_up_with_departures_the_libraries_missed(tmp_path: Pat
         assert "left" in m.poll(str(a), job2.clock.now()).reason
 
 
-def test_a_corrupt_shard_blob_is_refused() -> None:
-    shards = HostedShards(ShardRegistry(ManualClock()))
+def test_a_corrupt_shard_blob_or_line_is_refused() -> None:
     for data in ("nope", json.dumps({"format": "x"}), json.dumps({"format": "dlrover.master.shards", "version": 1})):
         with pytest.raises(JournalError, match="shard state"):
-            shards.import_state(1, data)
+            HostedShards(ShardRegistry(ManualClock())).import_changes(Blob(1, data), ())
+    live = HostedShards(ShardRegistry(ManualClock()))
+    base = live.export_changes().blob
+    assert base is not None
+    seq = base.version + 1
+    bad_line = ChangeLine(seq, json.dumps({"seq": seq, "t": 0, "call": "done", "args": {}}))
+    with pytest.raises(JournalError, match="does not apply"):
+        HostedShards(ShardRegistry(ManualClock())).import_changes(base, (bad_line,))
 
 
 class RecordingSink:

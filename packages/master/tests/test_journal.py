@@ -16,6 +16,7 @@ import pytest
 from dlrover.master.config import LifecycleConfig, NodeRange
 from dlrover.master.journal import (
     Blob,
+    ChangeLine,
     CheckpointCommit,
     JournalBatch,
     JournaledEvent,
@@ -92,6 +93,28 @@ def test_stale_or_non_json_blob_is_refused_and_changes_nothing(journal: StateJou
         journal.commit(JournalBatch(blobs={"shards": Blob(6, "{nope")}))
     assert journal.blob("shards") == Blob(5, "[1]")
     assert journal.events() == ()
+
+
+def _line(seq: int) -> ChangeLine:
+    return ChangeLine(seq, json.dumps({"seq": seq}))
+
+
+def test_change_lines_follow_their_blob_and_a_newer_blob_drops_the_lines_it_holds(journal: StateJournal) -> None:
+    journal.commit(JournalBatch(blobs={"shards": Blob(3, "[]")}, changes={"shards": (_line(2), _line(4))}))
+    journal.commit(JournalBatch(changes={"shards": (_line(5), _line(4))}))  # 4 again: stored once
+    journal.commit(JournalBatch(changes={"other": (_line(1),)}))
+    state = journal.load()
+    assert state.changes["shards"] == (_line(4), _line(5))  # 2 is in the blob it came with
+    assert state.changes["other"] == (_line(1),)
+    # A newer blob written with later lines: it holds 4 and 5, the line after it stays.
+    journal.commit(JournalBatch(blobs={"shards": Blob(5, "[5]")}, changes={"shards": (_line(6),)}))
+    journal.commit(JournalBatch(changes={"shards": (_line(3), _line(7))}))  # 3: older than the blob
+    assert journal.load().changes["shards"] == (_line(6), _line(7))
+    with pytest.raises(JournalError, match="change 9 of 'shards' is not JSON"):
+        journal.commit(JournalBatch(events=(_event("x", 1),), changes={"shards": (ChangeLine(9, "{nope"),)}))
+    assert journal.load().changes["shards"] == (_line(6), _line(7))
+    assert journal.events() == ()
+    assert JournalBatch(changes={"shards": ()}).empty
 
 
 def test_sqlite_survives_reopen_and_refuses_a_corrupt_row(tmp_path: Path) -> None:
@@ -269,6 +292,38 @@ def test_a_schema_1_journal_is_upgraded_and_its_pending_work_moves_to_rows(tmp_p
         assert [a.action_id for a in second.pending_actions(2)] == [a.action_id for a in snap.actions[2]]
     finally:
         journal.close()
+
+
+def test_a_schema_2_journal_stays_readable_by_its_master_until_a_logged_collaborator_writes(tmp_path: Path) -> None:
+    SqliteJournal(tmp_path).close()
+    db = sqlite3.connect(tmp_path / "master.db")
+    db.execute("DROP TABLE changes")
+    db.execute("UPDATE meta SET value='2' WHERE key='schema_version'")
+    db.commit()
+    db.close()
+
+    def version() -> str:
+        db = sqlite3.connect(tmp_path / "master.db")
+        try:
+            return str(db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()[0])
+        finally:
+            db.close()
+
+    journal = SqliteJournal(tmp_path)
+    journal.commit(JournalBatch(events=(_event("a", 1),), blobs={"rendezvous": Blob(1, "[]")}))
+    assert version() == "2"  # nothing a version-2 master could not read
+    # A log-structured collaborator's blob, even without lines yet: its format is one a version-2
+    # master does not know (the shards' registry base).
+    journal.commit(JournalBatch(blobs={"shards": Blob(1, "[]")}, changes={"shards": ()}))
+    assert version() == "3"
+    journal.commit(JournalBatch(changes={"shards": (_line(2),)}))
+    assert version() == "3"
+    journal.close()
+    reopened = SqliteJournal(tmp_path)
+    try:
+        assert reopened.load().changes["shards"] == (_line(2),)
+    finally:
+        reopened.close()
 
 
 def test_a_corrupt_pending_work_row_is_refused_with_its_node(tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ so nothing here waits on wall time.
 
 from __future__ import annotations
 
+import json
 import threading
 from collections import Counter
 from collections.abc import Iterator
@@ -25,7 +26,8 @@ from dlrover.master.runtime import MasterRuntime
 from dlrover.master.scheduler.external import ExternalScheduler
 from dlrover.master.states import NodeState
 from dlrover.rendezvous import PollState, RendezvousClient
-from dlrover.shard import DatasetSpec, DeliveryMode, IndexSource, ShardClient, ShardClientConfig
+from dlrover.shard import DatasetSpec, DeliveryMode, IndexSource, ShardClient, ShardClientConfig, ShardRegistry
+from dlrover.shard.changelog import LoggedCall
 
 pytestmark = pytest.mark.integration
 
@@ -270,7 +272,8 @@ def test_rpcs_ticks_exports_and_departures_share_the_libraries_without_races(tmp
         assert sorted(acks) == [i for i in range(160) if i not in held.sample_order()[:3]]
         assert set(acks.values()) == {1}
         assert rt.shards is not None
-        final = rt.shards.export_state()
+        with rt.shards.locked() as registry:
+            final = json.loads(registry.journal_base().text)
     finally:
         stop.set()
         for agent in agents:
@@ -278,6 +281,13 @@ def test_rpcs_ticks_exports_and_departures_share_the_libraries_without_races(tmp
         rt.stop()
     journal = SqliteJournal(str(tmp_path / "state"))
     try:
-        assert journal.load().blobs["shards"].data == final[1]
+        state = journal.load()
     finally:
         journal.close()
+    # The journal's base and lines after it replay into exactly the state the master ended with
+    # (on a clock at the moment that state was read, so the same leases have run out).
+    blob = state.blobs["shards"]
+    replica = ShardRegistry(ManualClock(final["time"]))
+    lines = [LoggedCall(line.seq, line.data) for line in state.changes.get("shards", ())]
+    replica.load_journal(LoggedCall(blob.version, blob.data), lines, restart_leases=False)
+    assert json.loads(replica.journal_base().text)["datasets"] == final["datasets"]

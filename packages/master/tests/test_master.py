@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import attrs
@@ -15,9 +15,17 @@ from dlrover.master.checkpoints import CheckpointError
 from dlrover.master.config import LifecycleConfig, MasterConfig, NodeRange
 from dlrover.master.eventlog import EventLog, read_event_log
 from dlrover.master.goodput import AttemptReport, StepMark
-from dlrover.master.journal import MemoryJournal, SqliteJournal, StateJournal
+from dlrover.master.journal import (
+    Blob,
+    ChangeLine,
+    JournalBatch,
+    JournalError,
+    MemoryJournal,
+    SqliteJournal,
+    StateJournal,
+)
 from dlrover.master.lifecycle import NodeConflictError
-from dlrover.master.master import Master, ResourceSample
+from dlrover.master.master import Master, ResourceSample, StateChanges
 from dlrover.master.records import NodeRecord
 from dlrover.master.scheduler.base import REASON_DELETED, NodeRejectedError, NodeSpec, ObservedState
 from dlrover.master.scheduler.fake import FakeScheduler
@@ -48,6 +56,63 @@ class Blobby:
         self.imported = (version, data)
         self.version = version
         self.value = json.loads(data)["value"]
+
+
+class Logged:
+    """A log-structured collaborator whose next export the test sets, recording what the master acknowledges."""
+
+    state_name = "logged"
+
+    def __init__(self) -> None:
+        self.next = StateChanges()
+        self.acknowledged: list[tuple[int, Blob | None]] = []
+        self.imported: tuple[Blob, tuple[ChangeLine, ...]] | None = None
+
+    def export_changes(self) -> StateChanges:
+        return self.next
+
+    def changes_journaled(self, through: int, blob: Blob | None) -> None:
+        self.acknowledged.append((through, blob))
+
+    def import_changes(self, blob: Blob, lines: Sequence[ChangeLine]) -> None:
+        self.imported = (blob, tuple(lines))
+
+
+def _lines(*seqs: int) -> tuple[ChangeLine, ...]:
+    return tuple(ChangeLine(seq, json.dumps({"n": seq})) for seq in seqs)
+
+
+def test_a_logged_collaborator_gets_its_lines_after_its_blob_and_races_never_lose_a_line(tmp_path: Path) -> None:
+    journal = SqliteJournal(tmp_path)
+    logged = Logged()
+    master = Master(config(), FakeScheduler(), journal, ManualClock(), collaborators=[logged])
+    master.start()
+    logged.next = StateChanges(blob=Blob(3, "[3]"))
+    assert master.journal_collaborator(logged)
+    logged.next = StateChanges(lines=_lines(4, 5))
+    assert master.journal_collaborator(logged)
+    assert not master.journal_collaborator(logged)  # the same lines again: nothing new
+    # Two writers raced: one exported lines 4..7, the other a base at 6 before them; the base comes
+    # second. It is newer than the stored one and holds 4..6: line 7 must stay after it.
+    logged.next = StateChanges(lines=_lines(4, 5, 6, 7))
+    assert master.journal_collaborator(logged)
+    logged.next = StateChanges(blob=Blob(6, "[6]"))
+    assert master.journal_collaborator(logged)
+    logged.next = StateChanges(blob=Blob(5, "[5]"), lines=_lines(8))  # an even older base: skipped
+    assert master.journal_collaborator(logged)
+    assert logged.acknowledged == [(3, Blob(3, "[3]")), (5, None), (5, None), (7, None), (7, Blob(6, "[6]")), (8, None)]
+    journal.close()
+
+    again = Logged()
+    Master(config(), FakeScheduler(), SqliteJournal(tmp_path), ManualClock(), collaborators=[again])
+    assert again.imported == (Blob(6, "[6]"), _lines(7, 8))
+
+
+def test_change_lines_without_their_blob_stop_the_master() -> None:
+    journal = MemoryJournal()
+    journal.commit(JournalBatch(changes={"logged": _lines(1)}))
+    with pytest.raises(JournalError, match="1 change line\\(s\\) of 'logged' but no blob"):
+        Master(config(), FakeScheduler(), journal, ManualClock(), collaborators=[Logged()])
 
 
 def make(journal: StateJournal | None = None, **kw: object) -> tuple[Master, FakeScheduler, ManualClock]:

@@ -27,7 +27,7 @@ from dlrover.master.eventlog import EventLog
 from dlrover.master.hosting import HostedRendezvous, HostedShards
 from dlrover.master.identity import NodeAuthenticator
 from dlrover.master.journal import MemoryJournal, SqliteJournal, StateJournal
-from dlrover.master.master import Master, NodeMembership, StatefulCollaborator
+from dlrover.master.master import LoggedCollaborator, Master, NodeMembership, StatefulCollaborator
 from dlrover.master.metrics import MasterMetrics
 from dlrover.master.policy import DefaultFailurePolicy, FailurePolicy
 from dlrover.master.profiles import ProfileRecorder
@@ -250,7 +250,7 @@ def create_master(
             )
             hosted = [rendezvous, shards]
         membership: list[NodeMembership] = list(hosted)
-        journaled: list[StatefulCollaborator] = [*hosted]
+        journaled: list[StatefulCollaborator | LoggedCollaborator] = [*hosted]
         if rendezvous is not None:
             journaled.append(rendezvous.kv_state)
         if isinstance(backend, StatefulCollaborator):

@@ -4,9 +4,12 @@
 `commit` is one transaction, so a master killed at any instant leaves the last committed batch
 and nothing half-written. `MemoryJournal` is the in-memory fake with the same contract.
 
-What is journaled: node records, the job's own fields, the event history, checkpoint commits, and
-opaque versioned JSON blobs that collaborators (rendezvous, shards) hand over. Heartbeat
-timestamps and resource samples are not: they are stale by the time anyone reads them.
+What is journaled: node records, the job's own fields, the event history, checkpoint commits,
+opaque versioned JSON blobs that collaborators (rendezvous, shards) hand over, and the change
+lines a log-structured collaborator (shards) appends after its blob: a blob of version v holds
+every line numbered up to v, so writing it drops those lines, and loading returns the lines
+after it. Heartbeat timestamps and resource samples are not: they are stale by the time anyone
+reads them.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from dlrover.master.states import JobState
 __all__ = [
     "SCHEMA_VERSION",
     "Blob",
+    "ChangeLine",
     "CheckpointCommit",
     "JournalBatch",
     "JournalError",
@@ -50,9 +54,11 @@ __all__ = [
     "job_fields",
 ]
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """2: each node's pending work in a row of its own (`pending_work`), no longer in the job record.
-A version-1 journal is read, and upgraded by the first write that needs version 2; a newer one is refused."""
+3: collaborators' change lines (`changes`), which an older master would ignore and so lose.
+A journal of an older version is read, and upgraded by the first write that needs a newer one (an
+older master can read it until then); a newer one is refused."""
 DB_FILE_NAME = "master.db"
 
 
@@ -92,6 +98,15 @@ class Blob:
 
 
 @attrs.frozen
+class ChangeLine:
+    """One change a log-structured collaborator made after its blob: JSON text, numbered by its owner
+    (the numbers grow; a blob of version v holds every line numbered up to v)."""
+
+    seq: int
+    data: str
+
+
+@attrs.frozen
 class JournalBatch:
     """Changes written together, atomically.
 
@@ -102,6 +117,8 @@ class JournalBatch:
         checkpoint: a checkpoint commit to record.
         blobs: collaborator blobs to store, by name.
         work: nodes' pending work to store, by node id (an empty one removes the node's).
+        changes: collaborators' change lines to append, by blob name (written after the batch's
+            blob of that name; lines a stored or written blob holds are not stored).
     """
 
     nodes: tuple[NodeRecord, ...] = ()
@@ -110,11 +127,20 @@ class JournalBatch:
     checkpoint: CheckpointCommit | None = None
     blobs: Mapping[str, Blob] = attrs.field(factory=dict)
     work: Mapping[int, PendingWork] = attrs.field(factory=dict)
+    changes: Mapping[str, Sequence[ChangeLine]] = attrs.field(factory=dict)
 
     @property
     def empty(self) -> bool:
         """Whether the batch changes nothing."""
-        return not (self.nodes or self.job is not None or self.events or self.checkpoint or self.blobs or self.work)
+        return not (
+            self.nodes
+            or self.job is not None
+            or self.events
+            or self.checkpoint
+            or self.blobs
+            or self.work
+            or any(self.changes.values())
+        )
 
 
 @attrs.frozen
@@ -127,6 +153,8 @@ class JournalState:
     last_event_seq: int
     job: Mapping[str, Any] | None = None
     """The job record as written (the lifecycle fields and whatever else the master keeps there)."""
+    changes: Mapping[str, tuple[ChangeLine, ...]] = attrs.field(factory=dict)
+    """Each blob's change lines after it (numbered above its version), in order."""
 
 
 def job_fields(snapshot: LifecycleSnapshot) -> dict[str, Any]:
@@ -251,6 +279,28 @@ def _check_blobs(existing: Mapping[str, Blob], blobs: Mapping[str, Blob]) -> Non
             raise JournalError(f"blob {name!r} is not JSON: {exc}") from exc
 
 
+def _lines_to_store(stored: Mapping[str, Blob], batch: JournalBatch) -> dict[str, list[ChangeLine]]:
+    """The batch's change lines that no stored or written blob holds, by blob name.
+
+    Raises:
+        JournalError: a line is not JSON.
+    """
+    out: dict[str, list[ChangeLine]] = {}
+    for name, lines in batch.changes.items():
+        written = batch.blobs.get(name)
+        old = stored.get(name)
+        floor = max(written.version if written else -1, old.version if old else -1)
+        kept = [line for line in lines if line.seq > floor]
+        for line in kept:
+            try:
+                json.loads(line.data)
+            except ValueError as exc:
+                raise JournalError(f"change {line.seq} of {name!r} is not JSON: {exc}") from exc
+        if kept:
+            out[name] = kept
+    return out
+
+
 class MemoryJournal:
     """The in-memory fake: same contract, nothing survives the process."""
 
@@ -262,6 +312,7 @@ class MemoryJournal:
         self._events: list[JournaledEvent] = []
         self._checkpoints: dict[int, CheckpointCommit] = {}
         self._blobs: dict[str, Blob] = {}
+        self._changes: dict[str, dict[int, ChangeLine]] = {}
 
     def load(self) -> JournalState:
         """See `StateJournal.load`."""
@@ -272,12 +323,16 @@ class MemoryJournal:
                 checkpoints=tuple(self._checkpoints[s] for s in sorted(self._checkpoints)),
                 blobs=dict(self._blobs),
                 last_event_seq=self._events[-1].seq if self._events else 0,
+                changes={
+                    name: tuple(lines[k] for k in sorted(lines)) for name, lines in self._changes.items() if lines
+                },
             )
 
     def commit(self, batch: JournalBatch) -> tuple[int, ...]:
         """See `StateJournal.commit`."""
         with self._lock:
             _check_blobs(self._blobs, batch.blobs)
+            lines = _lines_to_store(self._blobs, batch)
             for node in batch.nodes:
                 self._nodes[node.node_id] = node
             for node_id, owed in batch.work.items():
@@ -295,6 +350,13 @@ class MemoryJournal:
             if batch.checkpoint is not None:
                 self._checkpoints[batch.checkpoint.step] = batch.checkpoint
             self._blobs.update(batch.blobs)
+            for name, blob in batch.blobs.items():
+                held = self._changes.get(name, {})
+                self._changes[name] = {k: v for k, v in held.items() if k > blob.version}
+            for name, kept in lines.items():
+                stored = self._changes.setdefault(name, {})
+                for line in kept:
+                    stored.setdefault(line.seq, line)
             return tuple(seqs)
 
     def events(self, after_seq: int = 0, limit: int = 1000) -> tuple[JournaledEvent, ...]:
@@ -322,6 +384,8 @@ CREATE TABLE IF NOT EXISTS checkpoints (step INTEGER PRIMARY KEY, wall_time REAL
                                         world_size INTEGER NOT NULL, path TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS blobs (name TEXT PRIMARY KEY, version INTEGER NOT NULL, data TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS pending_work (node_id INTEGER PRIMARY KEY, data TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS changes (name TEXT NOT NULL, seq INTEGER NOT NULL, data TEXT NOT NULL,
+                                    PRIMARY KEY (name, seq));
 """
 
 
@@ -388,13 +452,14 @@ class SqliteJournal:
             row = self._db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
             if row is None:
                 self._db.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
-            elif row[0] not in ("1", str(SCHEMA_VERSION)):
+            elif row[0] not in {str(v) for v in range(1, SCHEMA_VERSION + 1)}:
                 raise JournalError(f"{self._path} has schema version {row[0]}; this master reads {SCHEMA_VERSION}")
-            # Version 1 differs only by the table the schema script has just created, and its job
-            # record's pending work is read until the master rewrites it (see `_snapshot`). The
-            # version changes with the first write of a job record or of pending work, which a
-            # version-1 master could not read: a journal only opened stays readable by one.
-            self._upgrade_pending = row is not None and row[0] == "1"
+            # Older versions differ only by the tables the schema script has just created, and a
+            # version-1 job record's pending work is read until the master rewrites it (see
+            # `_snapshot`). The version changes with the first write an older master could not
+            # read (a job record or pending work for 1, a change line for 2): a journal only
+            # opened stays readable by one.
+            self._schema = SCHEMA_VERSION if row is None else int(row[0])
         except sqlite3.Error as exc:
             raise JournalError(f"cannot open the journal {str(self._path)!r}: {exc}") from exc
         except OSError as exc:
@@ -422,11 +487,23 @@ class SqliteJournal:
                 )
                 blobs = {n: Blob(v, d) for n, v, d in self._db.execute("SELECT name, version, data FROM blobs")}
                 last = self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM events").fetchone()[0]
+                rows = self._db.execute(
+                    "SELECT c.name, c.seq, c.data FROM changes c LEFT JOIN blobs b ON b.name = c.name "
+                    "WHERE c.seq > COALESCE(b.version, -1) ORDER BY c.name, c.seq"
+                ).fetchall()
             except sqlite3.Error as exc:
                 raise JournalError(f"cannot read the journal {str(self._path)!r}: {exc}") from exc
         job = self._json(job_row[0], "job record") if job_row else None
+        changes: dict[str, list[ChangeLine]] = {}
+        for name, seq, data in rows:
+            changes.setdefault(name, []).append(ChangeLine(seq, data))
         return JournalState(
-            lifecycle=_snapshot(job, nodes, work), checkpoints=commits, blobs=blobs, last_event_seq=last, job=job
+            lifecycle=_snapshot(job, nodes, work),
+            checkpoints=commits,
+            blobs=blobs,
+            last_event_seq=last,
+            job=job,
+            changes={name: tuple(lines) for name, lines in changes.items()},
         )
 
     def _json(self, text: str, what: str) -> Any:
@@ -462,11 +539,18 @@ class SqliteJournal:
                 if row is not None:
                     existing[name] = Blob(row[0], row[1])
             _check_blobs(existing, batch.blobs)
+            versions = dict(existing)
+            for name in batch.changes:
+                if name not in versions:
+                    row = self._db.execute("SELECT version FROM blobs WHERE name=?", (name,)).fetchone()
+                    if row is not None:
+                        versions[name] = Blob(row[0], "")
+            lines = _lines_to_store(versions, batch)
             self._db.execute("BEGIN IMMEDIATE")
             try:
-                seqs = self._write(batch)
+                seqs = self._write(batch, lines)
                 self._db.execute("COMMIT")
-                self._upgrade_pending = self._upgrade_pending and batch.job is None and not batch.work
+                self._schema = max(self._schema, self._schema_needed(batch, lines))
             except BaseException:
                 # A failed COMMIT (disk full, read-only file) leaves the transaction open: end it,
                 # so nothing of the batch stays and the next commit starts clean.
@@ -484,7 +568,17 @@ class SqliteJournal:
         except sqlite3.Error as exc:
             raise JournalError(f"cannot {what} the journal {str(self._path)!r}: {exc}") from exc
 
-    def _write(self, batch: JournalBatch) -> tuple[int, ...]:
+    @staticmethod
+    def _schema_needed(batch: JournalBatch, lines: Mapping[str, list[ChangeLine]]) -> int:
+        """The oldest schema version that can read what `batch` writes: a log-structured
+        collaborator's blob or lines (`changes` names it) need 3, whose master reads them."""
+        if lines or batch.changes:
+            return 3
+        if batch.job is not None or batch.work:
+            return 2
+        return 1
+
+    def _write(self, batch: JournalBatch, lines: Mapping[str, list[ChangeLine]]) -> tuple[int, ...]:
         db = self._db
         db.executemany(
             "INSERT OR REPLACE INTO nodes VALUES (?, ?, ?, ?)",
@@ -497,8 +591,9 @@ class SqliteJournal:
         db.executemany("DELETE FROM pending_work WHERE node_id = ?", [(i,) for i, w in batch.work.items() if w.empty])
         if batch.job is not None:
             db.execute("INSERT OR REPLACE INTO meta VALUES ('job', ?)", (json.dumps(dict(batch.job)),))
-        if self._upgrade_pending and (batch.job is not None or batch.work):
-            db.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),))
+        needed = self._schema_needed(batch, lines)
+        if needed > self._schema:
+            db.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(needed),))
         seqs = []
         for e in batch.events:
             cur = db.execute(
@@ -513,6 +608,11 @@ class SqliteJournal:
             )
         for name, blob in batch.blobs.items():
             db.execute("INSERT OR REPLACE INTO blobs VALUES (?, ?, ?)", (name, blob.version, blob.data))
+            db.execute("DELETE FROM changes WHERE name = ? AND seq <= ?", (name, blob.version))
+        for name, kept in lines.items():
+            db.executemany(
+                "INSERT OR IGNORE INTO changes VALUES (?, ?, ?)", [(name, line.seq, line.data) for line in kept]
+            )
         return tuple(seqs)
 
     def events(self, after_seq: int = 0, limit: int = 1000) -> tuple[JournaledEvent, ...]:

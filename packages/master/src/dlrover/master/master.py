@@ -46,6 +46,7 @@ from dlrover.master.goodput import (
 )
 from dlrover.master.journal import (
     Blob,
+    ChangeLine,
     CheckpointCommit,
     JournalBatch,
     JournaledEvent,
@@ -87,7 +88,16 @@ from dlrover.master.scheduler.base import (
 from dlrover.master.states import ALIVE_STATES, JobState, NodeState
 from dlrover.master.stragglers import StragglerFinding, StragglerWatch
 
-__all__ = ["JobStatus", "Master", "NodeMembership", "ResourceSample", "SpareAware", "StatefulCollaborator"]
+__all__ = [
+    "JobStatus",
+    "LoggedCollaborator",
+    "Master",
+    "NodeMembership",
+    "ResourceSample",
+    "SpareAware",
+    "StateChanges",
+    "StatefulCollaborator",
+]
 
 _log = logging.getLogger(__name__)
 
@@ -149,6 +159,45 @@ class StatefulCollaborator(Protocol):
 
     def import_state(self, version: int, data: str) -> None:
         """Resume from a journaled blob."""
+        ...
+
+
+@attrs.frozen
+class StateChanges:
+    """What a log-structured collaborator hands the journal: a new blob of its whole state, the
+    change lines it made (numbered; a blob of version v holds the lines up to v), or both."""
+
+    blob: Blob | None = None
+    lines: tuple[ChangeLine, ...] = ()
+
+
+@runtime_checkable
+class LoggedCollaborator(Protocol):
+    """A library whose state the master journals as a blob plus the change lines made after it (the
+    shard service, whose whole state grows with the workers while each change is small).
+
+    The master calls `export_changes` when a `StatefulCollaborator` would be exported, journals what
+    is newer than what it journaled (a blob only when newer than the stored one), then tells the
+    library with `changes_journaled`; on start it hands the stored blob and the lines after it to
+    `import_changes`. Lines are journaled in one transaction each time, in order; a library decides
+    itself when a new blob is due (a blob drops the lines it holds).
+    """
+
+    @property
+    def state_name(self) -> str:
+        """The blob's name in the journal (unique per master)."""
+        ...
+
+    def export_changes(self) -> StateChanges:
+        """A new blob if one is due, and every change line not yet acknowledged, oldest first."""
+        ...
+
+    def changes_journaled(self, through: int, blob: Blob | None) -> None:
+        """Every line numbered up to `through` is durable; `blob`, when given, was written with them."""
+        ...
+
+    def import_changes(self, blob: Blob, lines: Sequence[ChangeLine]) -> None:
+        """Resume from the stored blob and the lines after it."""
         ...
 
 
@@ -285,7 +334,7 @@ class Master:
         *,
         policy: FailurePolicy | None = None,
         checkpoints: CheckpointTracker | None = None,
-        collaborators: Sequence[StatefulCollaborator] = (),
+        collaborators: Sequence[StatefulCollaborator | LoggedCollaborator] = (),
         metrics: MasterMetrics | None = None,
         event_log: EventLog | None = None,
         agent_env: Mapping[str, str] | Callable[[], Mapping[str, str]] | None = None,
@@ -348,8 +397,9 @@ class Master:
         )
         self._checkpoints = checkpoints or CheckpointTracker(restored.checkpoints)
         self._blob_versions: dict[str, int] = {OOM_EVIDENCE_BLOB: self._oom_evidence.version}
+        self._lines_journaled: dict[str, int] = {}  # per logged collaborator: its newest durable line
         self._deferred: list[LaunchNode | StopNode] = []
-        self._import_collaborators(restored.blobs)
+        self._import_collaborators(restored.blobs, restored.changes)
         if self._restored and self._membership:
             self._reconcile_membership()
         if restored.last_event_seq:
@@ -357,13 +407,27 @@ class Master:
         if self._restored:
             self._resumed()
 
-    def _import_collaborators(self, blobs: Mapping[str, Blob]) -> None:
-        """Hand each collaborator the state the journal holds for it."""
+    def _import_collaborators(self, blobs: Mapping[str, Blob], changes: Mapping[str, Sequence[ChangeLine]]) -> None:
+        """Hand each collaborator the state the journal holds for it.
+
+        Raises:
+            JournalError: change lines without the blob they follow.
+        """
         for collaborator in self._collaborators:
-            blob = blobs.get(collaborator.state_name)
-            if blob is not None:
+            name = collaborator.state_name
+            blob = blobs.get(name)
+            if isinstance(collaborator, LoggedCollaborator):
+                lines = changes.get(name, ())
+                if blob is None:
+                    if lines:
+                        raise JournalError(f"the journal holds {len(lines)} change line(s) of {name!r} but no blob")
+                    continue
+                collaborator.import_changes(blob, lines)
+                self._blob_versions[name] = blob.version
+                self._lines_journaled[name] = max([blob.version, *(line.seq for line in lines)])
+            elif blob is not None:
                 collaborator.import_state(blob.version, blob.data)
-                self._blob_versions[collaborator.state_name] = blob.version
+                self._blob_versions[name] = blob.version
 
     def _resumed(self) -> None:
         """Journal the restart, and tell a backend that adopts nodes which ones the journal holds alive: it
@@ -475,9 +539,10 @@ class Master:
         *,
         checkpoint: CheckpointCommit | None = None,
         blobs: Mapping[str, Blob] | None = None,
+        changes: Mapping[str, Sequence[ChangeLine]] | None = None,
     ) -> None:
         """Journal what changed, then apply effects and publish events (the core is already changed)."""
-        journaled = self._journal_outcome(outcome, checkpoint=checkpoint, blobs=blobs)
+        journaled = self._journal_outcome(outcome, checkpoint=checkpoint, blobs=blobs, changes=changes)
         self._publish(outcome, journaled)
 
     def _transact(self, change: Callable[[], tuple[_T, Outcome]], *, blobs: Mapping[str, Blob] | None = None) -> _T:
@@ -506,6 +571,7 @@ class Master:
         *,
         checkpoint: CheckpointCommit | None = None,
         blobs: Mapping[str, Blob] | None = None,
+        changes: Mapping[str, Sequence[ChangeLine]] | None = None,
     ) -> tuple[JournaledEvent, ...]:
         """Write what changed in one journal transaction; returns the events as numbered."""
         stamped = self._stamp(outcome.events)
@@ -516,7 +582,15 @@ class Master:
         # The first write of a master stores every node's pending work: a journal of schema 1
         # kept it in the job record, which that write replaces.
         work = self._lifecycle.changed_work(every=not self._job_journaled)
-        batch = JournalBatch(nodes=nodes, job=job, events=stamped, checkpoint=checkpoint, blobs=blobs or {}, work=work)
+        batch = JournalBatch(
+            nodes=nodes,
+            job=job,
+            events=stamped,
+            checkpoint=checkpoint,
+            blobs=blobs or {},
+            work=work,
+            changes=changes or {},
+        )
         seqs = self._journal.commit(batch)
         self._job_journaled = True
         self._lifecycle.work_journaled()
@@ -1411,17 +1485,38 @@ class Master:
             self._adopt_memory_evidence(ledger, blobs)
             self._excuses.forget(node_id)
 
-    def journal_collaborator(self, collaborator: StatefulCollaborator) -> bool:
-        """Export one collaborator now and journal it if its version grew; True when it was written.
+    def journal_collaborator(self, collaborator: StatefulCollaborator | LoggedCollaborator) -> bool:
+        """Export one collaborator now and journal what is new; True when something was written.
 
         For libraries whose change must be durable before they answer (an acknowledged shard).
         The export runs before the master's lock is taken, so a library may call this right after
-        releasing its own lock; a version not newer than the one journaled is skipped, so
+        releasing its own lock; a version or line not newer than the one journaled is skipped, so
         concurrent callers never write an older state over a newer one.
         """
+        if isinstance(collaborator, LoggedCollaborator):
+            changes = collaborator.export_changes()
+            with self._lock:
+                return self._journal_changes(collaborator, changes)
         version, data = collaborator.export_state()
         with self._lock:
             return self._journal_blob(collaborator.state_name, version, data)
+
+    def _journal_changes(self, collaborator: LoggedCollaborator, changes: StateChanges) -> bool:
+        """Journal what of `changes` is newer than what is journaled (lock held), and tell the library."""
+        name = collaborator.state_name
+        blob = changes.blob
+        if blob is not None and blob.version <= self._blob_versions.get(name, -1):
+            blob = None  # an older export than the stored blob, raced by a newer one
+        floor = max(self._lines_journaled.get(name, -1), blob.version if blob is not None else -1)
+        lines = tuple(line for line in changes.lines if line.seq > floor)
+        if blob is not None or lines:
+            self._record(Outcome(), blobs={name: blob} if blob is not None else None, changes={name: lines})
+            # (max: publishing the write may have journaled a newer export of this collaborator already)
+            if blob is not None:
+                self._blob_versions[name] = max(self._blob_versions.get(name, -1), blob.version)
+            self._lines_journaled[name] = max([floor, self._lines_journaled.get(name, -1), *(x.seq for x in lines)])
+        collaborator.changes_journaled(self._lines_journaled.get(name, -1), blob)
+        return blob is not None or bool(lines)
 
     def _journal_collaborator_locked(self, collaborator: StatefulCollaborator) -> bool:
         version, data = collaborator.export_state()
@@ -1447,6 +1542,9 @@ class Master:
         self._last_export = self._clock.now()
         blobs: dict[str, Blob] = {}
         for collaborator in self._collaborators:
+            if isinstance(collaborator, LoggedCollaborator):
+                self._journal_changes(collaborator, collaborator.export_changes())
+                continue
             version, data = collaborator.export_state()
             if version > self._blob_versions.get(collaborator.state_name, -1):
                 blobs[collaborator.state_name] = Blob(version, data)

@@ -12,6 +12,7 @@ are optional extras and are imported only by those modules), and `dlrover.shard.
 reads Redis Streams (optional extra `redis`).
 """
 
+from dlrover.shard.changelog import LoggedCall
 from dlrover.shard.client import ShardClient, ShardClientConfig
 from dlrover.shard.config import (
     DatasetSpec,
@@ -74,6 +75,7 @@ __all__ = [
     # core
     "ShardRegistry",
     "ShardManager",
+    "LoggedCall",
     "Shard",
     "mix_seed",
     "record_segments",

@@ -35,6 +35,7 @@ from dlrover.shard._bookkeeping import (
     check_request_id,
     check_worker,
 )
+from dlrover.shard.changelog import RequestClock
 from dlrover.shard.config import DatasetSpec, DeliveryMode, ShardManagerConfig, StreamPartitions
 from dlrover.shard.errors import InvalidShardRequestError, ShardStateError, UnknownShardError
 from dlrover.shard.progress import load_manager_state
@@ -135,6 +136,7 @@ class ShardManager:
         Raises:
             InvalidShardRequestError: bad worker id, request id, or count outside 1..max_fetch_count.
         """
+        self._changing("fetch")
         check_worker(worker)
         check_request_id(request_id)
         count = check_int("count", count)
@@ -177,6 +179,7 @@ class ShardManager:
             UnknownShardError: no such shard.
             ShardStateError: `worker` does not hold the shard's lease.
         """
+        self._changing("a progress report")
         check_worker(worker)
         check_request_id(request_id)
         shard_id = check_int("shard_id", shard_id)
@@ -205,6 +208,7 @@ class ShardManager:
             UnknownShardError: no such shard.
             ShardStateError: `worker` does not hold the shard (including a second `done`).
         """
+        self._changing("a done report")
         check_worker(worker)
         check_request_id(request_id)
         shard_id = check_int("shard_id", shard_id)
@@ -242,6 +246,7 @@ class ShardManager:
             UnknownShardError: no such shard.
             ShardStateError: `worker` does not hold the shard.
         """
+        self._changing("a failure report")
         check_worker(worker)
         check_request_id(request_id)
         shard_id = check_int("shard_id", shard_id)
@@ -272,6 +277,7 @@ class ShardManager:
         Returns:
             The ids of the shards it held.
         """
+        self._changing("removing a worker")
         check_worker(worker)
         self.expire_leases()
         ids = sorted(self._by_worker.get(worker, ()))
@@ -287,6 +293,11 @@ class ShardManager:
         since its entry was filed, and O(1) when nothing is due: every request calls it.
         """
         return self._expire(self._clock.now())
+
+    def _changing(self, what: str) -> None:
+        """Refuse a change its registry's change log would miss (see `RequestClock.check_in_call`)."""
+        if isinstance(self._clock, RequestClock):
+            self._clock.check_in_call(f"{what} of dataset {self._spec.name!r}")
 
     def _now_expiring(self) -> float:
         """The time of the request being handled, after taking back the leases due by then."""
@@ -322,6 +333,7 @@ class ShardManager:
             InvalidShardRequestError: the dataset is not a stream, the partition is unknown or the
                 offset negative.
         """
+        self._changing("advancing a stream")
         if not self._stream:
             raise InvalidShardRequestError(f"dataset {self._spec.name!r} is not a stream")
         if partition not in self._watermark:
@@ -399,7 +411,7 @@ class ShardManager:
 
     # ------------------------------------------------------------------ checkpoint support
 
-    def export_state(self, *, include_leases: bool = False) -> dict[str, Any]:
+    def export_state(self, *, include_leases: bool = False, exact: bool = False) -> dict[str, Any]:
         """The remaining work as JSON-ready data (see `dlrover.shard.progress` for the format).
 
         Leased shards are written as re-queued at their acknowledged positions (exactly-once),
@@ -411,7 +423,13 @@ class ShardManager:
                 worker's last fetch, done and failure reply), for a service that restarts and
                 must keep the workers that outlived it training on what they hold. A user's data
                 position never includes them: it would hand shards to workers of another run.
+            exact: with `include_leases`, also write each lease's deadline on this manager's
+                clock and every remembered reply, in order: what a later call depends on, so that
+                calls replayed onto the restored state decide as they did here (a registry's
+                change log, `ShardRegistry.journal_base`).
         """
+        if exact and not include_leases:
+            raise ValueError("an exact export includes the leases")
         self.expire_leases()
         queue = [self._parked_json(p) for p in self._queue]
         failed = [self._failed_json(f) for _, f in sorted(self._failed.items())]
@@ -419,11 +437,15 @@ class ShardManager:
         in_flight = sorted(self._doing)
         if include_leases:
             state = self._export_core(queue, failed, books, self._finished_epochs, in_flight)
-            state["leases"] = [
-                {"worker": self._doing[sid].worker, "shard": self._parked_json(self._doing[sid].parked)}
-                for sid in in_flight
-            ]
-            state["replies"] = self._export_replies()
+            leases = []
+            for sid in in_flight:
+                lease = self._doing[sid]
+                entry: dict[str, Any] = {"worker": lease.worker, "shard": self._parked_json(lease.parked)}
+                if exact:
+                    entry["deadline"] = lease.deadline
+                leases.append(entry)
+            state["leases"] = leases
+            state["replies"] = self._export_replies(every=exact)
             return state
         for sid in in_flight:
             parked = self._doing[sid].parked
@@ -482,9 +504,24 @@ class ShardManager:
 
     @classmethod
     def from_state(
-        cls, spec: DatasetSpec, state: dict[str, Any], clock: Clock, config: ShardManagerConfig | None = None
+        cls,
+        spec: DatasetSpec,
+        state: dict[str, Any],
+        clock: Clock,
+        config: ShardManagerConfig | None = None,
+        *,
+        exact: bool = False,
     ) -> tuple[ShardManager, int]:
         """A manager holding exactly the remaining work `state` (from `export_state`) describes.
+
+        Args:
+            spec: the dataset.
+            state: the exported state.
+            clock: the new manager's clock.
+            config: the new manager's settings.
+            exact: `state` is an exact export (`export_state(exact=True)`) on `clock`'s time:
+                its leases keep their deadlines (a lease without one, and every lease of a state
+                loaded otherwise, runs a whole lease period from now).
 
         Returns:
             The manager and how many shards were in flight when the state was exported.
@@ -493,7 +530,7 @@ class ShardManager:
             InvalidShardRequestError: the state is malformed or does not fit `spec`; the message
                 names the field.
         """
-        return load_manager_state(cls(spec, clock, config), state)
+        return load_manager_state(cls(spec, clock, config), state, exact=exact)
 
     # ------------------------------------------------------------------ internals used by progress.py
 
@@ -538,33 +575,65 @@ class ShardManager:
         self._stream_done = stream_done
         self._stream_done_floor = stream_done_floor
 
-    def _restore_leases(self, leases: list[tuple[str, Parked]], replies: list[tuple[str, str, str, Any]]) -> None:
-        """Hold `leases` again, each with a whole lease period from now, and the replies that go with them.
+    def _restore_leases(
+        self,
+        leases: list[tuple[str, Parked, float | None]],
+        replies: list[tuple[str, str, str, Any]],
+    ) -> None:
+        """Hold `leases` again, and the replies that go with them.
 
         A restarted service calls this so that workers which outlived it report on the shards
         they hold, and a report it applied but could not answer is answered, not refused, when
-        the worker sends it again.
+        the worker sends it again. A lease runs a whole lease period from now, or until its
+        deadline where one is given (an exact export, `_restart_leases` follows).
         """
         now = self._clock.now()
-        for worker, parked in leases:
+        for worker, parked, deadline in leases:
             self._lease_versions += 1
-            lease = Lease(parked, worker, now + self._lease_timeout_s, self._lease_versions)
+            ends = now + self._lease_timeout_s if deadline is None else deadline
+            lease = Lease(parked, worker, ends, self._lease_versions)
             self._doing[parked.shard_id] = lease
             self._by_worker.setdefault(worker, set()).add(parked.shard_id)
             heapq.heappush(self._deadlines, (lease.deadline, parked.shard_id, lease.version))
-            self._stats_of(worker, now)
+            if deadline is None:
+                self._stats_of(worker, now)
         for worker, op, request_id, result in replies:
             self._remember(worker, op, request_id, result)
 
-    def _export_replies(self) -> list[dict[str, Any]]:
-        """Each worker's newest fetch, done and failure reply: what a retry across a restart asks again."""
+    def _use_config(self, config: ShardManagerConfig) -> None:
+        """Decide by `config` from now on (a registry loaded from a journal written under other settings)."""
+        self._config = config
+        self._lease_timeout_s = self._spec.lease_timeout_s or config.lease_timeout_s(self._spec.task_type)
+        self._max_attempts = self._spec.max_attempts or config.max_attempts
+        for replies in self._replies.values():
+            while len(replies) > config.request_cache_size:
+                replies.popitem(last=False)
+
+    def _restart_leases(self) -> None:
+        """Give every lease a whole lease period from now and forget the workers' throughput, as a
+        restarted service does: its clock is not the one the deadlines were set on, and its holders
+        need time to find it again."""
+        now = self._clock.now()
+        self._stats = {}
+        self._deadlines = []
+        for sid, lease in self._doing.items():
+            lease.deadline = now + self._lease_timeout_s
+            self._deadlines.append((lease.deadline, sid, lease.version))
+            self._stats_of(lease.worker, now)
+        heapq.heapify(self._deadlines)
+
+    def _export_replies(self, *, every: bool = False) -> list[dict[str, Any]]:
+        """Each worker's newest fetch, done and failure reply (what a retry across a restart asks
+        again), or, with `every`, every reply remembered, oldest first."""
         out: list[dict[str, Any]] = []
         for worker in sorted(self._replies):
             newest: dict[str, tuple[str, Any]] = {}
-            for (op, request_id), result in self._replies[worker].items():
-                newest[op] = (request_id, result)
-            for op in sorted(newest):
-                request_id, result = newest[op]
+            remembered = [(op, (request_id, result)) for (op, request_id), result in self._replies[worker].items()]
+            if not every:
+                for op, reply in remembered:
+                    newest[op] = reply
+                remembered = sorted(newest.items())
+            for op, (request_id, result) in remembered:
                 entry: dict[str, Any] = {"worker": worker, "op": op, "request_id": request_id, "reason": result.reason}
                 if isinstance(result, FetchResult):
                     entry["shard_ids"] = [sh.shard_id for sh in result.shards]

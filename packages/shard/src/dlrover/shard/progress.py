@@ -51,6 +51,7 @@ its leased shards.
 from __future__ import annotations
 
 import json
+import math
 from typing import TYPE_CHECKING, Any
 
 from dlrover.shard._bookkeeping import Parked, check_request_id, check_worker
@@ -80,6 +81,8 @@ __all__ = [
     "spec_from_json",
     "encode_progress",
     "decode_progress",
+    "check_progress_document",
+    "progress_document",
     "load_manager_state",
 ]
 
@@ -189,14 +192,19 @@ def encode_progress(manager: ShardManager, *, include_leases: bool = False) -> s
         include_leases: keep the leases and their holders (version 2, for a restarting service);
             otherwise leased shards are written as the remaining work (version 1).
     """
-    doc = {
+    return json.dumps(progress_document(manager, include_leases=include_leases), sort_keys=True, separators=(",", ":"))
+
+
+def progress_document(manager: ShardManager, *, include_leases: bool = False, exact: bool = False) -> dict[str, Any]:
+    """The progress checkpoint as JSON-ready data (`encode_progress` before the encoding); `exact`
+    as in `ShardManager.export_state`, for a registry's journal base."""
+    return {
         "format": PROGRESS_FORMAT,
         "version": LEASES_VERSION if include_leases else PROGRESS_VERSION,
         "dataset": manager.spec.name,
         "spec": spec_to_json(manager.spec),
-        "state": manager.export_state(include_leases=include_leases),
+        "state": manager.export_state(include_leases=include_leases, exact=exact),
     }
-    return json.dumps(doc, sort_keys=True, separators=(",", ":"))
 
 
 def decode_progress(text: str | bytes) -> tuple[DatasetSpec, dict[str, Any]]:
@@ -209,6 +217,15 @@ def decode_progress(text: str | bytes) -> tuple[DatasetSpec, dict[str, Any]]:
         doc = json.loads(text)
     except (ValueError, UnicodeDecodeError) as exc:
         raise _bad(f"not valid JSON: {exc}") from exc
+    return check_progress_document(doc)
+
+
+def check_progress_document(doc: Any) -> tuple[DatasetSpec, dict[str, Any]]:
+    """`decode_progress` of a document already parsed from JSON.
+
+    Raises:
+        InvalidShardRequestError: not a progress document, another version, or a bad spec.
+    """
     if not isinstance(doc, dict) or doc.get("format") != PROGRESS_FORMAT:
         got = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
         raise _bad(f"format must be {PROGRESS_FORMAT!r}, got {got!r}")
@@ -262,8 +279,12 @@ def _parked_from(manager: ShardManager, entry: dict[str, Any], where: str) -> Pa
     return parked
 
 
-def load_manager_state(manager: ShardManager, state: dict[str, Any]) -> tuple[ShardManager, int]:
+def load_manager_state(
+    manager: ShardManager, state: dict[str, Any], *, exact: bool = False
+) -> tuple[ShardManager, int]:
     """Fill a fresh manager with `state`; returns it and the number of shards in flight at the checkpoint.
+
+    With `exact`, every lease must carry its deadline (see `ShardManager.from_state`).
 
     Raises:
         InvalidShardRequestError: the state is malformed or contradicts the manager's spec.
@@ -307,10 +328,10 @@ def load_manager_state(manager: ShardManager, state: dict[str, Any]) -> tuple[Sh
         ):
             raise _bad(f"state.stream offsets of partition {p!r} are invalid")
     stream_done = _field(stream, "done", list, "state.stream")
-    leases = _leases_from(manager, state)
+    leases = _leases_from(manager, state, exact=exact)
     replies = _replies_from(state) if "leases" in state else []
     seen: set[int] = set()
-    ids = [p.shard_id for p in queue] + [f.shard.shard_id for f in failed] + [p.shard_id for _, p in leases]
+    ids = [p.shard_id for p in queue] + [f.shard.shard_id for f in failed] + [p.shard_id for _, p, _ in leases]
     ids += [d for done, _ in books.values() for d in done] + list(stream_done)
     for sid in ids:
         if sid in seen:
@@ -345,7 +366,7 @@ def _check_dispatched(
     cursor: int,
     queue: list[Parked],
     failed: list[FailedShard],
-    leases: list[tuple[str, Parked]],
+    leases: list[tuple[str, Parked, float | None]],
     books: dict[int, tuple[set[int], int]],
 ) -> None:
     """Refuse a bounded dataset's state whose queued, failed or leased shard was never handed out.
@@ -360,7 +381,7 @@ def _check_dispatched(
     fresh_now = set(range(cursor, n)) if perm is None else set(perm[cursor:])
     for where, sid, shard_epoch, needs_book in (
         *(("queued", p.shard_id, p.epoch, True) for p in queue),
-        *(("leased", p.shard_id, p.epoch, True) for _, p in leases),
+        *(("leased", p.shard_id, p.epoch, True) for _, p, _ in leases),
         *(("failed", f.shard.shard_id, f.shard.epoch, False) for f in failed),
     ):
         if shard_epoch > epoch or (shard_epoch == epoch and sid % n in fresh_now):
@@ -369,10 +390,14 @@ def _check_dispatched(
             raise _bad(f"{where} shard {sid} belongs to epoch {shard_epoch}, which the state records as finished")
 
 
-def _leases_from(manager: ShardManager, state: dict[str, Any]) -> list[tuple[str, Parked]]:
+def _leases_from(
+    manager: ShardManager, state: dict[str, Any], *, exact: bool
+) -> list[tuple[str, Parked, float | None]]:
     if "leases" not in state:
+        if exact:
+            raise _bad("an exact state needs state.leases")
         return []
-    leases = []
+    leases: list[tuple[str, Parked, float | None]] = []
     for i, entry in enumerate(_field(state, "leases", list, "state")):
         where = f"state.leases[{i}]"
         worker = _field(entry, "worker", str, where)
@@ -380,7 +405,13 @@ def _leases_from(manager: ShardManager, state: dict[str, Any]) -> list[tuple[str
             check_worker(worker)
         except InvalidShardRequestError as exc:
             raise _bad(f"{where}: {exc}") from None
-        leases.append((worker, _parked_from(manager, _field(entry, "shard", dict, where), f"{where}.shard")))
+        deadline: float | None = None
+        if exact and "deadline" in entry:
+            value = _field(entry, "deadline", (int, float), where)
+            if isinstance(value, bool) or math.isnan(value) or value == -math.inf:
+                raise _bad(f"{where}.deadline must be a time or infinity (no lease timeout), got {value!r}")
+            deadline = float(value)
+        leases.append((worker, _parked_from(manager, _field(entry, "shard", dict, where), f"{where}.shard"), deadline))
     return leases
 
 

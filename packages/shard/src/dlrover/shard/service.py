@@ -87,7 +87,7 @@ class ShardServicer(shard_pb2_grpc.ShardServiceServicer):
         def fetch(registry: ShardRegistry) -> tuple[str, FetchResult]:
             # Read first: the document is what GetCheckpoint would have answered just before.
             document = self._read_checkpoint(registry, request.dataset) if request.with_checkpoint else ""
-            return document, registry.manager(request.dataset).fetch(request.worker, request.count, request.request_id)
+            return document, registry.fetch(request.dataset, request.worker, request.count, request.request_id)
 
         document, res = self._call(context, fetch)
         response = pb.FetchShardsResponse(finished=res.finished, reason=res.reason, checkpoint=document)
@@ -101,8 +101,8 @@ class ShardServicer(shard_pb2_grpc.ShardServiceServicer):
         """Record progress and renew the lease."""
         res = self._call(
             context,
-            lambda r: r.manager(request.dataset).report_progress(
-                request.worker, request.shard_id, request.consumed, request.request_id
+            lambda r: r.report_progress(
+                request.dataset, request.worker, request.shard_id, request.consumed, request.request_id
             ),
         )
         return pb.ReportProgressResponse(changed=res.changed, reason=res.reason)
@@ -111,7 +111,7 @@ class ShardServicer(shard_pb2_grpc.ShardServiceServicer):
         """Record a finished shard."""
         res = self._call(
             context,
-            lambda r: r.manager(request.dataset).report_done(request.worker, request.shard_id, request.request_id),
+            lambda r: r.report_done(request.dataset, request.worker, request.shard_id, request.request_id),
         )
         return pb.ReportDoneResponse(changed=res.changed, reason=res.reason)
 
@@ -122,8 +122,13 @@ class ShardServicer(shard_pb2_grpc.ShardServiceServicer):
         consumed = request.consumed if request.HasField("consumed") else None
         res = self._call(
             context,
-            lambda r: r.manager(request.dataset).report_failure(
-                request.worker, request.shard_id, request.reason, consumed, request.request_id
+            lambda r: r.report_failure(
+                request.dataset,
+                request.worker,
+                request.shard_id,
+                request.reason,
+                consumed=consumed,
+                request_id=request.request_id,
             ),
         )
         return pb.ReportFailureResponse(changed=res.changed, reason=res.reason)

@@ -179,7 +179,9 @@ def read_shard(source: StreamSource, shard: Shard) -> list[StreamRecord]:
 
 
 class StreamPoller:
-    """Runs `sync_stream` every `interval_s` in a thread, under the lock of the service's registry.
+    """Tells a stream dataset how far its partitions have grown every `interval_s`, in a thread: it
+    reads the source outside the registry's lock and advances the dataset through the registry
+    (`ShardRegistry.advance_stream`, which a host that journals the registry's changes logs).
 
     Args:
         source: the stream.
@@ -212,9 +214,8 @@ class StreamPoller:
             spec = registry.manager(self._dataset).spec
         ends = stream_end_offsets(self._source, spec)  # source I/O outside the lock RPCs wait on
         with self._locked() as registry:
-            manager = registry.manager(self._dataset)
             for p, end in ends.items():
-                manager.advance_stream(p, end)
+                registry.advance_stream(self._dataset, p, end)
         return ends
 
     def start(self) -> None:
