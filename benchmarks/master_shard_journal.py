@@ -2,6 +2,7 @@
 
     python benchmarks/master_shard_journal.py            # 8 workers, 10 s per row
     python benchmarks/master_shard_journal.py --quick    # 4 workers, 3 s per row
+    python benchmarks/master_shard_journal.py --held 10000   # and 10,000 other workers' leases
 
 Three rows, each a fresh in-process master with a state directory in a temp dir:
 
@@ -12,7 +13,9 @@ Three rows, each a fresh in-process master with a state directory in a temp dir:
 
 Workers are threads in this process, each with its own `ShardClient`, acknowledging one sample
 per `ReportProgress` of an exactly-once dataset. Latency is the round trip the worker sees.
-Clients and server share the machine's cores, so the numbers are lower bounds.
+Clients and server share the machine's cores, so the numbers are lower bounds. With `--held N`,
+N more workers (a job's other ranks, silent here) each hold a lease before the measurement starts:
+the state a journal that exported everything per write would carry.
 """
 
 from __future__ import annotations
@@ -74,18 +77,30 @@ def _drive(address: str, token: str, workers: int, seconds: float) -> tuple[int,
     return len(flat), flat
 
 
-def _library(workers: int, seconds: float) -> tuple[int, list[float]]:
-    token = generate_token()
-    server = GrpcServer(ServerConfig(), token)
-    add_shard_service(server, ShardRegistry(SystemClock()))
-    server.start()
-    try:
-        return _drive(server.address, token, workers, seconds)
-    finally:
-        server.stop()
+def _hold(registry: ShardRegistry, held: int) -> None:
+    """`held` silent workers each lease one shard (the registry's own calls: a host that journals logs them)."""
+    registry.register(SPEC)
+    for i in range(held):
+        registry.fetch(SPEC.name, f"held-{i}")
 
 
-def _master(every_change: bool) -> Callable[[int, float], tuple[int, list[float]]]:
+def _library(held: int) -> Callable[[int, float], tuple[int, list[float]]]:
+    def run(workers: int, seconds: float) -> tuple[int, list[float]]:
+        token = generate_token()
+        server = GrpcServer(ServerConfig(), token)
+        registry = ShardRegistry(SystemClock())
+        _hold(registry, held)
+        add_shard_service(server, registry)
+        server.start()
+        try:
+            return _drive(server.address, token, workers, seconds)
+        finally:
+            server.stop()
+
+    return run
+
+
+def _master(every_change: bool, held: int) -> Callable[[int, float], tuple[int, list[float]]]:
     def run(workers: int, seconds: float) -> tuple[int, list[float]]:
         with tempfile.TemporaryDirectory() as state:
             cfg = MasterConfig(
@@ -95,6 +110,10 @@ def _master(every_change: bool) -> Callable[[int, float], tuple[int, list[float]
                 journal_shard_changes=every_change,
             )
             with create_master(cfg, scheduler=ExternalScheduler()) as rt:
+                assert rt.shards is not None
+                with rt.shards.locked() as registry:
+                    _hold(registry, held)
+                rt.shards.changed_by_request()  # journaled before the measurement
                 return _drive(rt.address, rt.token, workers, seconds)
 
     return run
@@ -103,21 +122,30 @@ def _master(every_change: bool) -> Callable[[int, float], tuple[int, list[float]
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--held", type=int, default=0, help="other workers' leases held meanwhile")
     args = parser.parse_args()
+    if args.held < 0:
+        parser.error(f"--held must not be negative, got {args.held}")
     workers, seconds = (4, 3.0) if args.quick else (8, 10.0)
     rows = [
-        ("library alone", _library),
-        ("master, cadence only", _master(False)),
-        ("master, every change", _master(True)),
+        ("library alone", _library(args.held)),
+        ("master, cadence only", _master(False, args.held)),
+        ("master, every change", _master(True, args.held)),
     ]
-    print(f"{workers} workers, {seconds:g} s per row, one ReportProgress per acknowledged sample")
-    print(f"{'setup':<24}{'reports/s':>12}{'p50 ms':>10}{'p99 ms':>10}")
+    print(
+        f"{workers} workers, {seconds:g} s per row, one ReportProgress per acknowledged sample, "
+        f"{args.held} other leases held"
+    )
+    print(f"{'setup':<24}{'reports/s':>12}{'p50 ms':>10}{'p99 ms':>10}{'vs library':>12}")
+    alone = 0.0
     for name, run in rows:
         count, lat = run(workers, seconds)
         lat.sort()
         p50 = statistics.median(lat) * 1e3
         p99 = lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1e3
-        print(f"{name:<24}{count / seconds:>12.0f}{p50:>10.2f}{p99:>10.2f}")
+        rate = count / seconds
+        alone = alone or rate
+        print(f"{name:<24}{rate:>12.0f}{p50:>10.2f}{p99:>10.2f}{rate / alone:>11.2f}x")
 
 
 if __name__ == "__main__":

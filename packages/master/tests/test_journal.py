@@ -218,6 +218,14 @@ def test_a_planned_round_restart_keeps_its_mark_through_the_journal_and_a_bad_ma
         actions_from_json(bad)
 
 
+def _schema_version(state_dir: Path) -> str:
+    db = sqlite3.connect(state_dir / "master.db")
+    try:
+        return str(db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()[0])
+    finally:
+        db.close()
+
+
 def test_a_schema_1_journal_is_upgraded_and_its_pending_work_moves_to_rows(tmp_path: Path) -> None:
     from dlrover.common import ManualClock
     from dlrover.master.config import MasterConfig
@@ -256,17 +264,10 @@ def test_a_schema_1_journal_is_upgraded_and_its_pending_work_moves_to_rows(tmp_p
     db.commit()
     db.close()
 
-    def version() -> str:
-        db = sqlite3.connect(tmp_path / "master.db")
-        try:
-            return str(db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()[0])
-        finally:
-            db.close()
-
     reader = SqliteJournal(tmp_path)
     assert reader.load().lifecycle == snap
     reader.close()
-    assert version() == "1"  # only read: a version-1 master can still open it
+    assert _schema_version(tmp_path) == "1"  # only read: a version-1 master can still open it
 
     def master(journal: SqliteJournal) -> Master:
         config = MasterConfig(job_name="upgrade", lifecycle=lifecycle)
@@ -274,7 +275,7 @@ def test_a_schema_1_journal_is_upgraded_and_its_pending_work_moves_to_rows(tmp_p
 
     journal = SqliteJournal(tmp_path)
     first = master(journal)  # its first write (the master_restart event) rewrites the record and every queue
-    assert version() == "2"
+    assert _schema_version(tmp_path) == "2"
     (actions, _) = first.heartbeat(0)  # node 0 takes its restart
     assert len(actions) == 1
     journal.close()
@@ -302,22 +303,15 @@ def test_a_schema_2_journal_stays_readable_by_its_master_until_a_logged_collabor
     db.commit()
     db.close()
 
-    def version() -> str:
-        db = sqlite3.connect(tmp_path / "master.db")
-        try:
-            return str(db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()[0])
-        finally:
-            db.close()
-
     journal = SqliteJournal(tmp_path)
     journal.commit(JournalBatch(events=(_event("a", 1),), blobs={"rendezvous": Blob(1, "[]")}))
-    assert version() == "2"  # nothing a version-2 master could not read
+    assert _schema_version(tmp_path) == "2"  # nothing a version-2 master could not read
     # A log-structured collaborator's blob, even without lines yet: its format is one a version-2
     # master does not know (the shards' registry base).
     journal.commit(JournalBatch(blobs={"shards": Blob(1, "[]")}, changes={"shards": ()}))
-    assert version() == "3"
+    assert _schema_version(tmp_path) == "3"
     journal.commit(JournalBatch(changes={"shards": (_line(2),)}))
-    assert version() == "3"
+    assert _schema_version(tmp_path) == "3"
     journal.close()
     reopened = SqliteJournal(tmp_path)
     try:
