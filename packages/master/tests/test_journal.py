@@ -218,6 +218,17 @@ def test_a_planned_round_restart_keeps_its_mark_through_the_journal_and_a_bad_ma
         actions_from_json(bad)
 
 
+def _edit_database(state_dir: Path, *statements: str) -> None:
+    """Change a closed journal's database behind its back (to make it look as an older master left it)."""
+    db = sqlite3.connect(state_dir / "master.db")
+    try:
+        for statement in statements:
+            db.execute(statement)
+        db.commit()
+    finally:
+        db.close()
+
+
 def _schema_version(state_dir: Path) -> str:
     db = sqlite3.connect(state_dir / "master.db")
     try:
@@ -251,18 +262,11 @@ def test_a_schema_1_journal_is_upgraded_and_its_pending_work_moves_to_rows(tmp_p
         "planned_round": {str(k): v for k, v in snap.planned_round.items()},
     }
     SqliteJournal(tmp_path).close()
-    db = sqlite3.connect(tmp_path / "master.db")
-    db.execute("DROP TABLE pending_work")
-    db.execute("UPDATE meta SET value='1' WHERE key='schema_version'")
-    db.commit()
-    db.close()
+    _edit_database(tmp_path, "DROP TABLE pending_work", "UPDATE meta SET value='1' WHERE key='schema_version'")
     old = SqliteJournal(tmp_path)
     old.commit(JournalBatch(nodes=snap.nodes, job=record))
     old.close()
-    db = sqlite3.connect(tmp_path / "master.db")
-    db.execute("UPDATE meta SET value='1' WHERE key='schema_version'")
-    db.commit()
-    db.close()
+    _edit_database(tmp_path, "UPDATE meta SET value='1' WHERE key='schema_version'")
 
     reader = SqliteJournal(tmp_path)
     assert reader.load().lifecycle == snap
@@ -297,11 +301,7 @@ def test_a_schema_1_journal_is_upgraded_and_its_pending_work_moves_to_rows(tmp_p
 
 def test_a_schema_2_journal_stays_readable_by_its_master_until_a_logged_collaborator_writes(tmp_path: Path) -> None:
     SqliteJournal(tmp_path).close()
-    db = sqlite3.connect(tmp_path / "master.db")
-    db.execute("DROP TABLE changes")
-    db.execute("UPDATE meta SET value='2' WHERE key='schema_version'")
-    db.commit()
-    db.close()
+    _edit_database(tmp_path, "DROP TABLE changes", "UPDATE meta SET value='2' WHERE key='schema_version'")
 
     journal = SqliteJournal(tmp_path)
     journal.commit(JournalBatch(events=(_event("a", 1),), blobs={"rendezvous": Blob(1, "[]")}))

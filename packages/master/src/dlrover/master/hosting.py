@@ -57,6 +57,7 @@ __all__ = [
 _log = logging.getLogger(__name__)
 
 SHARD_STATE_FORMAT = "dlrover.master.shards"
+"""The `shards` blob's format before the change log (an export of every dataset): still read on start."""
 
 
 class StateSink(Protocol):
