@@ -10,6 +10,7 @@ import json
 import logging
 import os
 import signal
+import subprocess
 import sys
 import textwrap
 import threading
@@ -22,14 +23,14 @@ from typing import Any
 import pytest
 import torch
 
-from dlrover.common import ConfigError, processes_mentioning
+from dlrover.common import ConfigError, ProcessIdentity, pid_scope, processes_mentioning
 from dlrover.diagnosis import ActionKind
 from dlrover.flashckpt.ckpt_format import CHECKPOINT_FORMAT, manifest_path
 from dlrover.flashckpt.commit import Committer, RetentionPolicy
 from dlrover.flashckpt.config import StagerConfig
 from dlrover.flashckpt.sharded import ShardedCheckpointer
 from dlrover.flashckpt.storage import PosixStorage
-from dlrover.launcher.agent import Agent, AgentConfig, AgentResult
+from dlrover.launcher.agent import NODE_SHM_PREFIX, Agent, AgentConfig, AgentResult
 from dlrover.launcher.control import MasterAction
 from dlrover.launcher.fake_control import FakeControlPlane
 
@@ -131,13 +132,16 @@ def _wait_for(condition: Callable[[], bool], what: str) -> None:
         time.sleep(0.05)
 
 
-def _stop_once_ready(agent: Agent, out: Path, tmp_path: Path) -> None:
-    """Run `agent` until its worker wrote ``ready``, stop it as SIGTERM does, and check it exited 143."""
+def _stop_once_ready(agent: Agent, out: Path, tmp_path: Path, before_stop: Callable[[], None] | None = None) -> None:
+    """Run `agent` until its worker wrote ``ready`` (then call `before_stop`), stop it as SIGTERM
+    does, and check it exited 143."""
     outcome: list[AgentResult] = []
     thread = threading.Thread(target=lambda: outcome.append(agent.run()))
     thread.start()
     try:
         _wait_for(lambda: (out / "ready").exists() or not thread.is_alive(), "the worker saved step 3")
+        if before_stop is not None:
+            before_stop()
     finally:
         agent.request_stop("received SIGTERM")  # what dlrover-run's signal handler does
         thread.join(WAIT_S)
@@ -187,7 +191,20 @@ def test_a_killed_worker_resumes_from_memory_and_the_agent_persisted_its_newest_
 def test_a_stopped_agent_persists_the_newest_step_and_leaves_nothing(tmp_path: Path) -> None:
     control = FakeControlPlane()
     agent, out, job = _agent(tmp_path, "stop", control)
-    _stop_once_ready(agent, out, tmp_path)
+
+    def another_agent_killed_meanwhile() -> None:
+        # What a SIGKILLed agent on this host left while this one ran: removed when this one stops.
+        proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+        owner = ProcessIdentity.of(proc.pid)  # read while it waits for its input
+        proc.communicate(b"", timeout=WAIT_S)
+        scope = pid_scope()
+        assert owner is not None
+        assert scope is not None
+        (tmp_path / "shm" / f"{NODE_SHM_PREFIX}{owner.pid}-{owner.start_ticks}-{scope}-left" / "snapshot").mkdir(
+            parents=True
+        )
+
+    _stop_once_ready(agent, out, tmp_path, before_stop=another_agent_killed_meanwhile)
     tracker = Committer(PosixStorage(out / "ckpt")).tracker()
     assert tracker is not None
     assert tracker.step == 3

@@ -275,6 +275,37 @@ def test_closing_the_pool_ends_every_standby(workdir: Path, tmp_path: Path) -> N
     assert not (tmp_path / "x.json").exists()  # none of them ran the script
 
 
+@pytest.mark.timeout(120)
+def test_closing_the_pool_does_not_wait_for_a_standby_still_importing(workdir: Path, tmp_path: Path) -> None:
+    # A standby reads its input only once its imports are done: under load torch takes tens of
+    # seconds, and a stopping agent that waited for it would outlast its own stop grace.
+    (workdir / "import_blocks.py").write_text(
+        "import os, pathlib, time\npathlib.Path(os.environ['MARKER_DIR'], str(os.getpid())).touch()\ntime.sleep(3600)\n"
+    )
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    program = (PY, "-u", str(workdir / "facts.py"))
+    warm_pool = StandbyPool(program, ["prewarm_marker"], _env(workdir, tmp_path / "x.json"), size=1)
+    blocked_pool = StandbyPool(
+        program, ["import_blocks"], _env(workdir, tmp_path / "y.json", MARKER_DIR=str(markers)), size=1
+    )
+    try:
+        warm_pool.fill()
+        blocked_pool.fill()
+        assert warm_pool.wait_warm(60.0)
+        blocked = blocked_pool._ready[0].pid
+        _wait_until((markers / str(blocked)).exists)  # inside the import that never ends
+        assert not blocked_pool.wait_warm(0.0)
+    finally:
+        blocked_pool.close(grace_s=3600.0)  # the test's timeout, far below the grace, fails a wait for it
+        warm_pool.close(grace_s=3600.0)  # a warm one exits at the end of its input
+    assert _gone(blocked)
+    assert blocked_pool._ready == []
+    assert blocked_pool._importing == {}
+    assert not (tmp_path / "x.json").exists()
+    assert not (tmp_path / "y.json").exists()
+
+
 def test_bad_programs_and_sizes_are_refused() -> None:
     assert runnable((PY, "-u", "train.py"))
     assert runnable((PY, "-u", "-m", "pkg"))

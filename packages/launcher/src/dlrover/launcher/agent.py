@@ -458,15 +458,20 @@ class Agent:
         self._step_watch = None
         if slots is not None:
             slots.close()
+        had_node_dir = self._node_dir_path is not None
         self._node_dir.close()
         self._node_dir_path = None
+        if had_node_dir:
+            # What an agent SIGKILLed past its stop grace left (a node that left the job while
+            # the others train on) goes now, not only when the next agent here starts.
+            remove_dead_owners(NODE_SHM_PREFIX, dir=self._config.checkpoint_shm_dir)
 
     def _node_shm_dir(self) -> Path:
         """This agent's own directory in ``checkpoint_shm_dir``, made on first use.
 
         The workers' snapshots, the saver host's sockets, the step slot file and the stack dumps
         go there: another agent on the host never shares them, and what a SIGKILLed agent left
-        is removed by the next one here.
+        is removed by the next one here to start or stop.
         """
         if self._node_dir_path is None:
             shm = self._config.checkpoint_shm_dir

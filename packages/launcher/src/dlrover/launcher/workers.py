@@ -354,16 +354,18 @@ class StandbyPool:
         """
         deadline = time.monotonic() + timeout_s
         while self._importing:
-            left = deadline - time.monotonic()
-            if left <= 0 or (stop is not None and stop()):
+            if stop is not None and stop():
                 return False
             with selectors.DefaultSelector() as selector:  # any descriptor number, unlike select()
                 for pid, fd in self._importing.items():
                     selector.register(fd, selectors.EVENT_READ, pid)
-                ready = selector.select(min(left, 0.1))
+                # Looked at once even with no time left: what is already written counts.
+                ready = selector.select(min(max(deadline - time.monotonic(), 0.0), 0.1))
             for key, _events in ready:
                 # A line (warm) or end of file (it died, or exec'd a fresh interpreter): done either way.
                 self._stop_listening(key.data)
+            if self._importing and time.monotonic() >= deadline:
+                return False
         return True
 
     def _stop_listening(self, pid: int) -> None:
@@ -401,7 +403,18 @@ class StandbyPool:
         return None
 
     def close(self, grace_s: float = 5.0) -> None:
-        """End every standby not taken: end of input asks them to exit, SIGKILL after `grace_s`."""
+        """End every standby not taken: one still importing is SIGKILLed at once (it reads its
+        input only once its imports are done, and has run nothing of the program); end of input
+        asks the warm ones to exit, SIGKILL after `grace_s`."""
+        self.wait_warm(0.0)  # reads the ready lines already written: those are warm
+        warm = []
+        for proc in self._ready:
+            if proc.pid in self._importing:
+                _discard(proc)
+                self._stop_listening(proc.pid)
+            else:
+                warm.append(proc)
+        self._ready = warm
         for proc in self._ready:
             with contextlib.suppress(OSError):
                 assert proc.stdin is not None

@@ -489,6 +489,9 @@ class LocalScheduler:
         if not exited:
             stopping = proc.stop_requested_at
             if stopping is not None and not proc.killed and self._now() - stopping >= self._grace:
+                _log.warning(
+                    "agent pid %d did not stop within the %.1f s grace after SIGTERM: SIGKILL", proc.pid, self._grace
+                )
                 self._signal(proc, signal.SIGKILL)
                 proc.killed = True
             return ObservedNode(node_id, ObservedState.RUNNING, None, self._host)
