@@ -17,7 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 
-from goodput_sim.results import STOPPED, Result, simulate, table  # noqa: E402
+from goodput_sim.results import STOPPED, STRAGGLING, Result, simulate, table  # noqa: E402
 from goodput_sim.scenario import CAUSES, Scenario, ScenarioError, load, parse  # noqa: E402
 from goodput_sim.trace import Interruption, draw, read, write  # noqa: E402
 from goodput_sim.training import Stretch  # noqa: E402
@@ -250,7 +250,7 @@ def test_every_cause_excerpt_is_read_as_its_kind_by_the_real_classifier() -> Non
                "nan_loss": FailureKind.NAN_LOSS}  # fmt: skip
     for cause in CAUSES.values():
         if not cause.evidence:
-            assert cause.effect == "lost"  # a machine that is gone leaves no log
+            assert cause.effect in ("lost", "slow")  # a machine that is gone, or a slow one, leaves no log
             continue
         kind = policy.classify(1, FailureKind.UNKNOWN, cause.evidence, cause.exit_code).kind
         if cause.effect == "broken":
@@ -295,6 +295,11 @@ def test_a_drawn_trace_is_reproducible_and_has_the_asked_rate(tmp_path: Path) ->
         ({"strategy": [{**IN_PLACE, "ladders": {"gremlins": [["restart_processes", 1]]}}]}, "ladders.gremlins"),
         ({"strategy": [{**IN_PLACE, "ladders": {"hang": [["abort_job", 1]]}}]}, "ladders.hang"),
         ({"strategy": [{**BASELINE, "ladders": {"hang": [["restart_processes", 1]]}}]}, "dlrover master's policy"),
+        ({"strategy": [{**IN_PLACE, "straggler_action": "shoot"}]}, "straggler_action must be one of"),
+        ({"strategy": [{**BASELINE, "straggler_action": "replace"}]}, "restart_job has no straggler detection"),
+        ({"strategy": [{**IN_PLACE, "straggler_factor": 1.0}]}, "straggler_factor must be a finite number > 1"),
+        ({"job": {"accelerators": 64, "sync_lead_share": 1.5}}, r"sync_lead_share must be a number in \[0, 1\]"),
+        ({"costs": {"straggler_slowdown": 0.5}}, "straggler_slowdown must be a finite number > 1"),
     ],
 )
 def test_a_bad_scenario_is_refused_naming_the_value(change: dict[str, Any], message: str) -> None:
@@ -317,6 +322,19 @@ def test_the_llama3_scenario_loads_with_the_reported_rate_and_mix() -> None:
     assert sum(sc.failures.mix.values()) == 419
     broken_or_lost = sum(n for c, n in sc.failures.mix.items() if CAUSES[c].effect in ("broken", "lost"))
     assert broken_or_lost / 419 > 0.78  # 78% hardware, and host maintenance
+
+
+def test_the_stragglers_scenario_adds_as_many_stragglers_as_gpu_failures_to_the_llama3_mix() -> None:
+    sc, llama = load(LLAMA3.parent / "stragglers.toml"), load(LLAMA3)
+    mix = dict(sc.failures.mix)
+    assert mix.pop("straggler") == mix["gpu"]
+    assert mix == dict(llama.failures.mix)
+    share = sum(mix.values()) / (sum(mix.values()) + mix["gpu"])
+    assert sc.failures.rate_per_gpu_day * share == pytest.approx(llama.failures.rate_per_gpu_day, rel=0.02)
+    strategies = {s.name: s for s in sc.strategies}
+    assert strategies["DLRover defaults"].straggler_factor == 2.0  # the master's default: a 1.5x one goes unseen
+    assert strategies["DLRover: everything on"].straggler_action == "replace"
+    assert strategies["DLRover: everything on"].straggler_factor < sc.costs.straggler_slowdown
 
 
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -392,6 +410,7 @@ def test_the_cost_command_measures_the_masters_calls_beside_a_noop_grpc_call(tmp
         "register",
         "heartbeat",
         "heartbeat, new step",
+        "heartbeat, 8 ranks' step stats",
         "tick",
         "failure, relaunch journaled",
         "spare promotion, per node handed its round",
@@ -469,3 +488,81 @@ def test_a_rank_out_of_relaunches_is_let_go_and_the_master_stops_a_job_that_need
     # Going on without the node is allowed where min_nodes says so.
     going_on = run(RESIZE, trace)
     assert not going_on.stopped
+
+
+# -- stragglers ------------------------------------------------------------------------------------
+
+SLOW = {"straggler_slowdown": 2.0, "straggler_lasts_s": 7200.0, "heartbeat_interval_s": 5.0}
+FINDS = {**IN_PLACE, "name": "finds", "straggler_factor": 1.5}  # the master's detector sees a 2x lead
+
+
+def run_slow(strategy: dict[str, Any], trace: list[Interruption], **job: Any) -> Result:
+    sc = parse(
+        {
+            "job": {"accelerators": 64, "days": 1.0, "step_time_s": STEP_S, "checkpoint_gib": 64.0, **job},
+            "costs": {**COSTS, **SLOW},
+            "strategy": [strategy],
+        }
+    )
+    return simulate(sc, sc.strategies[0], trace)
+
+
+def test_a_straggler_nobody_replaces_slows_every_step_while_it_lasts() -> None:
+    # Half of each slowed step is the straggler's: 7,200 s of slowness cost 3,600 s of steps.
+    trace = [Interruption(10_000.0, 3, "straggler")]
+    clean = run_slow(BASELINE, [])
+    for strategy in (BASELINE, IN_PLACE, {**FINDS, "name": "reported"}):
+        result = run_slow(strategy, trace)
+        assert result.buckets[STRAGGLING] == pytest.approx(3600.0, abs=2 * STEP_S), strategy["name"]
+        assert math.isclose(result.useful_s + lost(result), 86_400.0, rel_tol=1e-9)
+        if strategy["kind"] == "restart_job":
+            assert result.useful_s == pytest.approx(clean.useful_s - 3600.0, abs=2 * STEP_S)
+    # With the default factor (2) a rank exactly twice as slow is not over it: the real detector is strict.
+    assert run_slow(IN_PLACE, trace).decisions == {"straggler: slowed": 1, "straggler: not found": 1}
+    # With a factor of 1.5 the master finds it, and reports it: `report`, the master's default action.
+    assert run_slow({**FINDS, "name": "reported"}, trace).decisions["straggler: found (report)"] == 1
+
+
+def test_a_straggler_the_master_finds_is_replaced_within_a_few_steps() -> None:
+    trace = [Interruption(10_000.0, 3, "straggler")]
+    replaced = run_slow({**FINDS, "straggler_action": "replace"}, trace)
+    assert replaced.decisions["straggler: found (replace)"] == 1
+    assert replaced.decisions["straggler: relaunch_node"] == 1
+    # Found once its agent's lead median shows it (three slowed steps of 20 s) and a heartbeat carried it;
+    # then the node is relaunched as after a fault: every rank restarts, the new node restores from storage.
+    assert replaced.buckets[STRAGGLING] <= (3 + 1) * 2 * STEP_S / 2 + SLOW["heartbeat_interval_s"]
+    assert replaced.buckets["restart"] > 0
+    assert replaced.goodput > run_slow(IN_PLACE, trace).goodput + 0.03
+
+
+def test_a_straggler_whose_step_opens_with_a_collective_is_not_found_by_its_lead() -> None:
+    # FSDP and ZeRO-3 gather parameters as the step starts: every rank's lead is ~0 and says nothing.
+    trace = [Interruption(10_000.0, 3, "straggler")]
+    result = run_slow({**FINDS, "straggler_action": "replace"}, trace, sync_lead_share=0.0)
+    assert result.decisions == {"straggler: slowed": 1, "straggler: not found": 1}
+    assert result.buckets[STRAGGLING] == pytest.approx(3600.0, abs=2 * STEP_S)
+
+
+def test_a_straggler_stays_through_an_in_place_restart_and_leaves_with_its_node() -> None:
+    slowed = [Interruption(10_000.0, 3, "straggler")]
+    # A crash elsewhere restarts every process in place: the slow node is still in the world.
+    # (Its slowness passes at its time whatever the job does: the restart's minute trains no slowed step.)
+    crash = run_slow(IN_PLACE, [*slowed, Interruption(12_000.0, 5, "software")])
+    assert 3600.0 - 120.0 < crash.buckets[STRAGGLING] < 3600.0 - 20.0
+    # The slow node itself breaks: its replacement is a healthy node, the slowness ends with it.
+    broken = run_slow(IN_PLACE, [*slowed, Interruption(12_000.0, 3, "gpu")])
+    assert broken.buckets[STRAGGLING] == pytest.approx(1000.0, abs=2 * STEP_S)
+    baseline = run_slow(BASELINE, [*slowed, Interruption(12_000.0, 3, "gpu")])
+    assert baseline.buckets[STRAGGLING] == pytest.approx(1000.0, abs=2 * STEP_S)
+    for result in (crash, broken, baseline):
+        assert math.isclose(result.useful_s + lost(result), 86_400.0, rel_tol=1e-9)
+
+
+def test_a_continued_stretch_goes_on_from_the_last_step_at_its_new_pace() -> None:
+    stretch = Stretch(ready=0.0, start_step=0, step_s=10.0)
+    slowed = stretch.continued(25.0, 2.0)  # steps 1 and 2 ended at 10 and 20
+    assert (slowed.ready, slowed.start_step, slowed.step_s, slowed.slowdown) == (20.0, 2, 20.0, 2.0)
+    assert slowed.straggled_s(3) == pytest.approx(30.0)  # each 20 s step would have taken 10
+    back = slowed.continued(65.0, 1.0)  # steps 3 and 4 ended at 40 and 60
+    assert (back.ready, back.start_step, back.step_s, back.slowdown) == (60.0, 4, 10.0, 1.0)
+    assert back.straggled_s(5) == 0.0

@@ -24,6 +24,15 @@ With `Strategy.network_check`, every round's nodes are probed before training
 agent would (`dlrover.diagnosis.NODE_CHECK_FAILED`, its agent exiting), and the others start a new
 round without it.
 
+A straggler (the ``slow`` effect) fails nothing: every step of a world that holds it takes
+`straggler_slowdown` times as long until the slowness passes or the node leaves. Meanwhile every agent
+of the world heartbeats every `heartbeat_interval_s` with its ranks' step stats, the real
+`StragglerWatch` in the master judges them, and with ``replace`` the master relaunches the node: the
+others restart without it as after any relaunch. A rank's lead time (`Job.sync_lead_share` of its own
+step) shows its slowness once three of its five lead samples are slowed, as the agent keeps them.
+The time a straggler added to the steps kept is counted apart (`straggled_s`): the master's
+accounting counts a slow step as useful.
+
 An interruption that arrives while the job is recovering waits until training resumes.
 """
 
@@ -35,7 +44,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from dlrover.common import ManualClock
-from dlrover.diagnosis import NODE_CHECK_FAILED, ActionKind, ActionPolicy, PolicyConfig, reported_kind
+from dlrover.diagnosis import (
+    NODE_CHECK_FAILED,
+    ActionKind,
+    ActionPolicy,
+    PolicyConfig,
+    RankStepStats,
+    reported_kind,
+)
 from dlrover.master import MasterConfig
 from dlrover.master.config import LifecycleConfig, NodeRange
 from dlrover.master.diagnosis_policy import DiagnosisFailurePolicy
@@ -118,6 +134,9 @@ class DLRoverRun:
             rendezvous_last_call_s=self.costs.rendezvous_last_call_s,
             progress_event_interval_s=3600.0,
             max_node_relaunches=strategy.max_node_relaunches,
+            heartbeat_interval_s=self.costs.heartbeat_interval_s,
+            straggler_action=strategy.straggler_action,
+            straggler_factor=strategy.straggler_factor,
         )
         self.rendezvous = RendezvousConfig(
             min_nodes=self.min_nodes, max_nodes=full, last_call_s=self.costs.rendezvous_last_call_s
@@ -159,6 +178,14 @@ class DLRoverRun:
         # the same nodes has skipped its probes since (a pass is good for one skip).
         self.check_passed: frozenset[int] = frozenset()
         self.check_skipped = False
+        # Stragglers: node id -> when its slowness started and when it passes; those the master has judged
+        # (found, or saw slowed long enough to have found: the stats stay the same from then on).
+        self.slow: dict[int, tuple[float, float]] = {}
+        self.judged: set[int] = set()
+        self.shown_beats: dict[int, int] = {}  # node id -> heartbeats that carried its slowed leads
+        self.watching = False  # a heartbeat with step stats is queued
+        self.straggled_s = 0.0  # what stragglers added to the steps kept
+        self.events_seen = 0  # the master's events read so far
 
     def master_costs(self) -> dict[str, dict[str, float]]:
         """The master's CPU seconds per call and the number of calls, by call."""
@@ -248,6 +275,11 @@ class DLRoverRun:
             if what == _GROW:
                 self.grow_at = None
                 self._grow(t)
+            elif what == _PACE:
+                self._repace(t)
+            elif what == _BEAT:
+                self.watching = False
+                self._beat_with_steps(t)
             else:
                 self._interrupt(t, what, trace_node=trace_node, node_id=node_id)
             if self.master.job_state.finished:
@@ -304,12 +336,14 @@ class DLRoverRun:
         self.rank0 = ranked[min(ranked)]
         self.attempts[self.rank0] = self.attempts.get(self.rank0, 0) + 1
         self.round_times = (joined_at, formed, workers, load)
+        slowdown = self._slowdown(workers + load)
         self.stretch = Stretch(
             ready=workers + load,
             start_step=step,
-            step_s=self.job.step_time_s * self.job.nodes / world,
+            step_s=self.job.step_time_s * self.job.nodes / world * slowdown,
             save_every=self.strategy.flash_every_steps,
             save_s=self.job.shard_gib / costs.flash_save_gib_s,
+            slowdown=slowdown,
         )
         self.persist_from = self.stretch.ready
         self.round_number += 1
@@ -318,6 +352,7 @@ class DLRoverRun:
                 self._push(
                     self.stretch.ready + self.stretch.step_s, cause, -1, node_id=node_id, round_number=self.round_number
                 )
+        self._watch_stragglers()
         pending = self._pending_ranks()
         if pending and world < self.job.nodes and self.grow_at is None:
             self.grow_at = max(self.comes_up_at.get(nid, self.clock.now()) for nid in pending.values())
@@ -370,7 +405,9 @@ class DLRoverRun:
         self._advance(max(until, self.clock.now()))
         if self.rank0 in self._ranked().values():
             self.master.heartbeat(self.rank0, attempts=[report])
-        self.best = max(self.best, self.stretch.start_step + self.stretch.steps_by(until))
+        reached = self.stretch.start_step + self.stretch.steps_by(until)
+        self.straggled_s += self.stretch.straggled_s(max(0, reached - self.best))
+        self.best = max(self.best, reached)
         self.flash_step = self.stretch.last_saved_step(until)
         interval = self.strategy.storage_interval_s
         write_s = self.job.checkpoint_gib / self.costs.storage_write_gib_s
@@ -388,16 +425,13 @@ class DLRoverRun:
         costs = self.costs
         cause = CAUSES[cause_name]
         if node_id < 0:
-            ranked = self._ranked()
-            in_world = sorted(r for r, nid in ranked.items() if nid in self.members)
-            if trace_node in ranked and ranked[trace_node] in self.members:
-                node_id = ranked[trace_node]
-            else:
-                node_id = ranked[in_world[trace_node % len(in_world)]]
+            node_id = self._member_for(trace_node)
         self._report_progress(t)
+        if cause.effect == "slow":
+            self._slows(t, node_id)
+            return
         if cause.effect == "lost":
-            self.silent.add(node_id)
-            self.broken.pop(node_id, None)
+            self._leaves(node_id)
             self._advance(t + costs.heartbeat_timeout_s + 1.0)  # the master's heartbeat timeout finds it
             if self.master.job_state.finished:
                 self._count("lost node: abort_job")
@@ -429,10 +463,18 @@ class DLRoverRun:
             if decision.action is ActionKind.ABORT_JOB or self.master.job_state.finished:
                 return
             if decision.action.ends_node:
-                self.silent.add(node_id)
-                self.broken.pop(node_id, None)
+                self._leaves(node_id)
         self._follow_launches()
         self._recover(self.clock.now())
+
+    def _member_for(self, trace_node: int) -> int:
+        """The node id of the world's member that a trace's node index means: the rank of that index while
+        it trains, else one of the world's."""
+        ranked = self._ranked()
+        if trace_node in ranked and ranked[trace_node] in self.members:
+            return ranked[trace_node]
+        in_world = sorted(r for r, nid in ranked.items() if nid in self.members)
+        return ranked[in_world[trace_node % len(in_world)]]
 
     def _recover(self, decided: float, *, planned_step: int | None = None) -> None:
         """After a decision at `decided`, every running ranked node rejoins; a replacement joins once
@@ -466,8 +508,137 @@ class DLRoverRun:
     def _count(self, what: str) -> None:
         self.decisions[what] = self.decisions.get(what, 0) + 1
 
+    # -- stragglers --------------------------------------------------------------------------
+
+    def _leaves(self, node_id: int) -> None:
+        """The node's agent is gone for good (its machine, or the master let it go): its faults go with it."""
+        self.silent.add(node_id)
+        self.broken.pop(node_id, None)
+        self.slow.pop(node_id, None)
+        self.judged.discard(node_id)
+        self.shown_beats.pop(node_id, None)
+
+    def _slows(self, t: float, node_id: int) -> None:
+        """`node_id` becomes a straggler at `t` (one already slow stays as slow)."""
+        if node_id not in self.slow:
+            self.slow[node_id] = (t, t + self.costs.straggler_lasts_s)
+            self._push(t + self.costs.straggler_lasts_s, _PACE, -1)
+            self._count("straggler: slowed")
+        self._repace(t)
+
+    def _slowdown(self, t: float) -> float:
+        """How many times as long a step of the world in force takes at `t` (slowness that passed by then is
+        forgotten)."""
+        for node_id, (_since, until) in list(self.slow.items()):
+            if until <= t:
+                del self.slow[node_id]
+                self.judged.discard(node_id)
+                self.shown_beats.pop(node_id, None)
+        if any(node_id in self.members for node_id in self.slow):
+            return self.costs.straggler_slowdown
+        return 1.0
+
+    def _repace(self, t: float) -> None:
+        """A straggler came or went at `t` while the job trains: the steps from the last one finished go on
+        at the new pace, and the agents' step stats are watched while one is in the world."""
+        slowdown = self._slowdown(t)
+        if slowdown != self.stretch.slowdown:
+            self._report_progress(t)
+            self.stretch = self.stretch.continued(t, slowdown)
+        self._watch_stragglers()
+
+    def _watch_stragglers(self) -> None:
+        """Queue the next heartbeat with step stats while a straggler the master has not judged is in the world:
+        the first one once its lead shows (the beats before carry the same stats as every other rank's, which
+        the master judges equal; the simulation spares itself those)."""
+        unjudged = [nid for nid in self.slow if nid in self.members and nid not in self.judged]
+        if self.watching or not unjudged:
+            return
+        self.watching = True
+        stretch = self.stretch
+        shows_at = min(
+            stretch.end_of(stretch.steps_by(max(self.slow[nid][0], stretch.ready)) + _LEADS_TO_SHOW) for nid in unjudged
+        )
+        self._push(max(self.clock.now(), stretch.ready, shows_at) + self.costs.heartbeat_interval_s, _BEAT, -1)
+
+    def _beat_with_steps(self, t: float) -> None:
+        """Every agent of the world heartbeats at `t` with its ranks' step stats, as a real one does every
+        interval (the others, at the simulation's own pace, send none: only a straggler needs them). The
+        master judges them; a straggler it found is reported, and with ``replace`` its node is relaunched."""
+        self._advance(t)
+        if any(nid in self.members for nid in self.slow):
+            self._send_step_stats(t)
+        for event in self._new_events():
+            if event.kind == "straggler":
+                self.judged.update(int(n) for n in event.data.get("nodes", ()))
+                self._count(f"straggler: found ({event.data.get('action', '')})")
+        for node_id, beats in self.shown_beats.items():
+            if beats >= _JUDGED_AFTER_BEATS and node_id not in self.judged:
+                self.judged.add(node_id)
+                self._count("straggler: not found")
+        gone = [
+            nid for nid in self.slow if nid in self.members and self.master.node(nid).state is not NodeState.RUNNING
+        ]
+        if not gone:
+            self._watch_stragglers()
+            return
+        # Relaunched: its agent exits, the others restart into a round without it (or with its replacement).
+        self._report_progress(t)
+        for node_id in gone:
+            self._count("straggler: relaunch_node")
+            self._leaves(node_id)
+        self._follow_launches()
+        self._recover(self.clock.now())
+
+    def _send_step_stats(self, t: float) -> None:
+        per_node = self.job.accelerators_per_node
+        stretch = self.stretch
+        steps = stretch.start_step + stretch.steps_by(t)
+        done = stretch.steps_by(t)
+        since = max(0.0, t - (stretch.end_of(done) if done else stretch.ready))
+        nominal = stretch.step_s / stretch.slowdown
+        lead = self.job.sync_lead_share * nominal
+        for rank, node_id in sorted(self._ranked().items()):
+            if node_id not in self.members:
+                continue
+            slowed = lead
+            if node_id in self.slow:
+                # The agent's median of its last five lead samples shows the slowness from the third slowed one.
+                started = max(self.slow[node_id][0], stretch.ready)
+                if stretch.steps_by(t) - stretch.steps_by(started) >= _LEADS_TO_SHOW:
+                    # From here on its stats stay as they are: the master finds it now or never.
+                    slowed = lead * self.costs.straggler_slowdown
+                    self.shown_beats[node_id] = self.shown_beats.get(node_id, 0) + 1
+            stats = [
+                RankStepStats(
+                    rank=rank * per_node + local,
+                    steps=steps,
+                    samples=0,
+                    median_step_s=stretch.step_s,
+                    since_step_s=since,
+                    median_sync_lead_s=slowed,
+                )
+                for local in range(per_node)
+            ]
+            self.master.heartbeat(node_id, rank_steps=stats)
+
+    def _new_events(self) -> list[Any]:
+        out = []
+        while True:
+            batch = self.master.events(after_seq=self.events_seen, limit=1000)
+            if not batch:
+                return out
+            self.events_seen = batch[-1].seq
+            out.extend(batch)
+
 
 _GROW = "(grow)"
+_PACE = "(pace)"  # a straggler's slowness passed: the steps go on at the world's pace
+_BEAT = "(beat)"  # the agents heartbeat with their ranks' step stats
+_LEADS_TO_SHOW = 3
+# Heartbeat rounds with a straggler's slowed leads after which the master has judged them: its judgment runs at
+# the first heartbeat after an interval, which may come before the straggler's own in the same round.
+_JUDGED_AFTER_BEATS = 3
 
 
 def simulate_dlrover(scenario: Scenario, strategy: Strategy, trace: Sequence[Interruption]) -> GoodputBreakdown:

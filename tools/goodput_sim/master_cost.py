@@ -5,7 +5,9 @@ call measured in the same run (what any RPC costs before the master does anythin
     python tools/goodput_sim cost --nodes 10000
 
 Every node is registered (one journaled transaction each), then measured: a heartbeat round
-without a new step (what most heartbeats are), a round with one (progress), a tick (the master's
+without a new step (what most heartbeats are), a round with one (progress), a round whose
+heartbeats carry their 8 ranks' step stats (what the straggler detector judges, once an interval
+over every rank), a tick (the master's
 timeout checks), a node failure decided and journaled (a relaunch), a warm spare's promotion
 handed to every node (the failure that promotes it, then each node's heartbeat taking its restart
 for the spare's round; per node), a rendezvous round of every node
@@ -36,7 +38,7 @@ from dlrover.common.channel import create_channel
 from dlrover.common.ping import add_ping_service
 from dlrover.common.server import GrpcServer, ServerConfig
 from dlrover.common.v1 import ping_pb2, ping_pb2_grpc
-from dlrover.diagnosis import FailureKind
+from dlrover.diagnosis import FailureKind, RankStepStats
 from dlrover.master import MasterConfig
 from dlrover.master.config import LifecycleConfig, NodeRange
 from dlrover.master.factory import default_policy
@@ -203,6 +205,26 @@ def _shard_exchanges(nodes: int, *, requests: int, threads: int) -> _ShardJourna
             journal.close()
 
 
+def _rounds_with_step_stats(master: Master, clock: ManualClock, nodes: int, interval_s: float) -> Callable[[], None]:
+    """Three heartbeat rounds, one interval apart, each heartbeat with its node's 8 ranks' step stats."""
+    # Built before the clock runs: what the agents send is not the master's cost.
+    sent = {
+        step: [
+            [RankStepStats(8 * i + r, step, 0, 1.0, 0.2, median_sync_lead_s=0.4) for r in range(8)]
+            for i in range(nodes)
+        ]
+        for step in (4, 5, 6)
+    }
+
+    def rounds() -> None:
+        for step, stats in sent.items():
+            clock.advance(interval_s)
+            for i in range(nodes):
+                master.heartbeat(i, step=step, rank_steps=stats[i])
+
+    return rounds
+
+
 def measure(nodes: int, *, failures: int = 20, grpc_calls: int = 2000) -> MasterCost:
     """Measure the master's calls with `nodes` nodes (see the module)."""
     clock = ManualClock(0.0, 1_700_000_000.0)
@@ -238,6 +260,9 @@ def measure(nodes: int, *, failures: int = 20, grpc_calls: int = 2000) -> Master
             out["register"] = _cpu(nodes, register_all)
             out["heartbeat"] = _cpu(3 * nodes, rounds((None, None, None)))
             out["heartbeat, new step"] = _cpu(3 * nodes, rounds((1, 2, 3)))
+
+            stats_rounds = _rounds_with_step_stats(master, clock, nodes, config.heartbeat_interval_s)
+            out["heartbeat, 8 ranks' step stats"] = _cpu(3 * nodes, stats_rounds)
             out["tick"] = _cpu(20, ticks)
             evidence = CAUSES["gpu"].evidence
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from dlrover.master.goodput import BUCKETS
 
-from .results import STOPPED, Result
+from .results import STOPPED, STRAGGLING, Result
 
 __all__ = ["plot_breakdown", "plot_interval", "plot_scale"]
 
@@ -59,7 +59,7 @@ def plot_interval(points: Sequence[tuple[float, Result]], path: Path, title: str
 def plot_breakdown(results: Sequence[Result], path: Path, title: str) -> Path:
     """Where the lost time went (% of the run), stacked by bucket, one horizontal bar per strategy."""
     plt = _pyplot()
-    buckets = [b for b in (*BUCKETS, STOPPED) if any(r.buckets.get(b, 0.0) > 0 for r in results)]
+    buckets = [b for b in (*BUCKETS, STRAGGLING, STOPPED) if any(r.buckets.get(b, 0.0) > 0 for r in results)]
     fig, ax = plt.subplots(figsize=(9, 1.6 + 0.9 * len(results)))
     names = [textwrap.fill(r.strategy, 28) for r in results]
     lefts = [0.0] * len(results)

@@ -15,10 +15,13 @@ from .restart_job import simulate_restart_job
 from .scenario import Scenario, Strategy
 from .trace import Interruption
 
-__all__ = ["STOPPED", "Result", "simulate", "table"]
+__all__ = ["STOPPED", "STRAGGLING", "Result", "simulate", "table"]
 
 STOPPED = "stopped"
 """The bucket of the time after a job stopped before the scenario's end (its budget ran out)."""
+STRAGGLING = "straggling"
+"""The bucket of what stragglers added to the steps kept: the master's accounting counts a slow step
+as useful, the simulation knows how long it would have taken."""
 
 
 @attrs.frozen
@@ -30,8 +33,8 @@ class Result:
         accelerators: the job's size.
         days: how long the job ran (the scenario's).
         interruptions: the trace's interruptions within the run.
-        useful_s: seconds of steps kept.
-        buckets: seconds lost, by the master's buckets, plus `STOPPED`.
+        useful_s: seconds of steps kept, at the pace they would have had without stragglers.
+        buckets: seconds lost, by the master's buckets, plus `STRAGGLING` and `STOPPED`.
         stopped: why the job stopped before the end ("" when it ran to the end).
         decisions: the master's decisions, counted by "kind: action" (dlrover strategies).
         sim_cpu_s: the simulation's CPU time.
@@ -65,17 +68,21 @@ def _result(
     trace: Sequence[Interruption],
     breakdown: GoodputBreakdown,
     cpu_s: float,
+    *,
+    straggled_s: float,
     **extra: Any,
 ) -> Result:
     duration = scenario.job.duration_s
     buckets = {b: breakdown.buckets[b] for b in BUCKETS}
+    straggled_s = min(straggled_s, breakdown.useful_s)
+    buckets[STRAGGLING] = straggled_s
     buckets[STOPPED] = max(0.0, duration - breakdown.elapsed_s)
     return Result(
         strategy=strategy.name,
         accelerators=scenario.job.accelerators,
         days=scenario.job.days,
         interruptions=sum(1 for i in trace if i.time_s < duration),
-        useful_s=breakdown.useful_s,
+        useful_s=breakdown.useful_s - straggled_s,
         buckets=buckets,
         sim_cpu_s=cpu_s,
         **extra,
@@ -86,8 +93,9 @@ def simulate(scenario: Scenario, strategy: Strategy, trace: Sequence[Interruptio
     """Run `strategy` of `scenario` on `trace`."""
     started = time.process_time()
     if strategy.kind == "restart_job":
-        breakdown = simulate_restart_job(scenario, strategy, trace)
-        return _result(scenario, strategy, trace, breakdown, time.process_time() - started)
+        breakdown, straggled_s = simulate_restart_job(scenario, strategy, trace)
+        cpu_s = time.process_time() - started
+        return _result(scenario, strategy, trace, breakdown, cpu_s, straggled_s=straggled_s)
     run = DLRoverRun(scenario, strategy)
     breakdown = run.run(trace)
     return _result(
@@ -96,6 +104,7 @@ def simulate(scenario: Scenario, strategy: Strategy, trace: Sequence[Interruptio
         trace,
         breakdown,
         time.process_time() - started,
+        straggled_s=run.straggled_s,
         stopped=run.stopped,
         decisions=dict(sorted(run.decisions.items())),
         master=run.master_costs(),
@@ -108,7 +117,7 @@ def _pct(x: float) -> str:
 
 def table(results: Sequence[Result]) -> str:
     """A Markdown table: goodput and the share of the run each bucket took, one row per result."""
-    shown = [b for b in (*BUCKETS, STOPPED) if any(r.buckets.get(b, 0.0) > 0 for r in results)]
+    shown = [b for b in (*BUCKETS, STRAGGLING, STOPPED) if any(r.buckets.get(b, 0.0) > 0 for r in results)]
     head = ["strategy", "accelerators", "days", "interruptions", "goodput", *shown]
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in results:

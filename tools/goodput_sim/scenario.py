@@ -59,7 +59,9 @@ class Cause:
             fixes it), ``hang`` (a collective stops making progress; nothing exits), ``broken`` (its
             processes exit and the node stays faulty until it is replaced), ``lost`` (the machine is
             gone: power, maintenance, preemption), ``user`` (the training script fails the same way
-            on every attempt until a person fixes it).
+            on every attempt until a person fixes it), ``slow`` (the node keeps training, slower:
+            a straggler; every synchronous step takes `Costs.straggler_slowdown` times as long
+            while it is in the world, for `Costs.straggler_lasts_s` at most).
         evidence: what the failed process's log ends with: the real classifier reads it.
         exit_code: the failed process's exit status (None: it did not exit, or nothing saw one).
         fails_node_check: a node it left faulty fails `dlrover-run --network-check`'s probe (matrix
@@ -153,6 +155,10 @@ CAUSES: Mapping[str, Cause] = dict(
         # The trainer stops on a diverged loss: the master rolls the job back to its newest checkpoint (twice
         # a job, by its ladder; a third stops it, as it would a real job).
         _cause("nan_loss", "crash", "ValueError: Loss is NaN at step 48213; stopping: the loss diverged"),
+        # A node that keeps running, slower: a throttled or degraded GPU, a noisy neighbour on the host, a
+        # flapping link. Nothing fails; every synchronous step waits for it (`Costs.straggler_slowdown`) until
+        # the slowness passes (`Costs.straggler_lasts_s`) or the node leaves the job.
+        _cause("straggler", "slow", "", None),
         _cause(
             "user_code",
             "user",
@@ -165,18 +171,36 @@ CAUSES: Mapping[str, Cause] = dict(
 (GPU, HBM3, SRAM, GPU system processor, thermal, SDC, network, NIC) are ``broken``; those that take
 it down (host maintenance, power, chassis, SSD, CPU, system memory) ``lost``."""
 
-EFFECTS = ("crash", "hang", "broken", "lost", "user")
+EFFECTS = ("crash", "hang", "broken", "lost", "user", "slow")
+
+
+def _share(_inst: object, attribute: attrs.Attribute[float], value: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
+        raise ScenarioError(f"{attribute.name} must be a number in [0, 1], got {value!r}")
+
+
+def _slowdown(_inst: object, attribute: attrs.Attribute[float], value: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 1 < value < math.inf:
+        raise ScenarioError(f"{attribute.name} must be a finite number > 1, got {value!r}")
 
 
 @attrs.frozen
 class Job:
-    """The training job: its size, its step, its state and how long it runs."""
+    """The training job: its size, its step, its state and how long it runs.
+
+    `sync_lead_share` is the share of a step a rank computes before its first synchronization point
+    (what `dlrover.launcher` measures as its lead time): a data-parallel job's forward and the
+    backward up to its first gradient bucket (about 0.4); 0 for a job whose step opens with a
+    collective (FSDP or ZeRO-3 gathering the first layer's parameters), whose ranks' leads say
+    nothing about their speed.
+    """
 
     accelerators: int = attrs.field(validator=positive_int)
     accelerators_per_node: int = attrs.field(default=8, validator=positive_int)
     step_time_s: float = attrs.field(default=8.0, validator=positive_finite)
     checkpoint_gib: float = attrs.field(default=100.0, validator=positive_finite)
     days: float = attrs.field(default=30.0, validator=positive_finite)
+    sync_lead_share: float = attrs.field(default=0.4, validator=_share)
 
     def __attrs_post_init__(self) -> None:
         if self.accelerators % self.accelerators_per_node:
@@ -246,6 +270,11 @@ class Costs:
         heartbeat_timeout_s: the master's heartbeat timeout (a silent node is lost after it).
         network_check_s: ``dlrover-run --network-check``'s probes of a round's nodes, before its
             training processes start (its probe processes import torch while the round forms).
+        heartbeat_interval_s: how often agents heartbeat with their ranks' step stats (the master's
+            ``--heartbeat-interval-s``): the straggler detector judges what they carry.
+        straggler_slowdown: how many times as long a step takes while a straggler is in the world
+            (the cause ``straggler``).
+        straggler_lasts_s: how long a straggler's slowness lasts when its node stays in the job.
     """
 
     process_restart_s: float = attrs.field(default=30.0, validator=non_negative_finite)
@@ -264,10 +293,14 @@ class Costs:
     rendezvous_last_call_s: float = attrs.field(default=5.0, validator=non_negative_finite)
     heartbeat_timeout_s: float = attrs.field(default=60.0, validator=positive_finite)
     network_check_s: float = attrs.field(default=20.0, validator=non_negative_finite)
+    heartbeat_interval_s: float = attrs.field(default=5.0, validator=positive_finite)
+    straggler_slowdown: float = attrs.field(default=2.0, validator=_slowdown)
+    straggler_lasts_s: float = attrs.field(default=21600.0, validator=positive_finite)
 
 
 STRATEGY_KINDS = ("restart_job", "dlrover")
 HANG_DETECTION = ("nccl_timeout", "cpu_idle", "adaptive")
+STRAGGLER_ACTIONS = ("report", "replace")
 
 
 def _optional_count(inst: object, attribute: attrs.Attribute[Any], value: int | None) -> None:
@@ -310,6 +343,10 @@ class Strategy:
             master's own default, 3, for agents that declare none; `dlrover-run --max-restarts` declares it).
         backend_relaunches: ``dlrover``: the backend can relaunch a node elsewhere (false: a job of one node,
             `dlrover-run --standalone`, whose master restarts in place what it would relaunch; only for one node).
+        straggler_action: ``dlrover``: the master's ``--straggler-action``: ``report`` (an event, the
+            straggler stays) or ``replace`` (its node is relaunched on another host).
+        straggler_factor: ``dlrover``: the master's ``--straggler-factor``: a rank whose lead or step
+            time exceeds this many times the others' median is a straggler.
         ladders: ``dlrover``, a what-if: the diagnosis policy's ladders for the kinds named
             (`dlrover.diagnosis.PolicyConfig.ladders`), each a list of ``[action, budget]`` or
             ``[action, budget, scope, avoid_host]``. dlrover-master has no flag for them yet: a
@@ -333,6 +370,8 @@ class Strategy:
     max_process_restarts: int = attrs.field(default=3, validator=non_negative_int)
     network_check: bool = False
     backend_relaunches: bool = True
+    straggler_action: str = "report"
+    straggler_factor: float = attrs.field(default=2.0, validator=_slowdown)
     ladders: Mapping[str, Any] = attrs.field(factory=dict)
 
     @property
@@ -371,6 +410,16 @@ class Strategy:
                 f"strategy {self.name!r}: restart_job has no flash checkpoints, replicas, spares, resize or "
                 "network check (flash_every_steps, replicated_memory, spare_nodes, min_nodes and network_check "
                 "are dlrover's)"
+            )
+        if self.straggler_action not in STRAGGLER_ACTIONS:
+            raise ScenarioError(
+                f"strategy {self.name!r}: straggler_action must be one of {STRAGGLER_ACTIONS}, "
+                f"got {self.straggler_action!r}"
+            )
+        if self.kind == "restart_job" and (self.straggler_action != "report" or self.straggler_factor != 2.0):
+            raise ScenarioError(
+                f"strategy {self.name!r}: restart_job has no straggler detection (straggler_action and "
+                "straggler_factor are dlrover's)"
             )
         if self.kind == "dlrover" and not self.flash_every_steps:
             raise ScenarioError(f"strategy {self.name!r}: a dlrover strategy needs flash_every_steps >= 1")

@@ -6,6 +6,10 @@ of the job's `full` nodes. The global batch stays the same, so a step of a small
 `save_s`. Marks are few: the first step (the accounting dates an attempt's first interval from its
 ready time), the end of the steps that are redone (up to the best step reached before), and the
 stretch's end; the accounting treats the time between two marks as evenly spread over their steps.
+
+A straggler in the world slows every step `slowdown` times: the stretch's `step_s` includes it.
+When the speed changes while the job trains (a straggler comes or goes), `continued` starts the next
+stretch of the same attempt at the end of the last step finished: its marks go on from there.
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ class Stretch:
         save_s: what one save blocks.
         periodic_save_s: a blocking save every this many seconds of training instead (0: none);
             the step-interval and the time-interval saves are not combined.
+        slowdown: how many times as long a step takes as it would without a straggler (`step_s`
+            includes it).
     """
 
     ready: float
@@ -39,6 +45,24 @@ class Stretch:
     save_every: int = 0
     save_s: float = 0.0
     periodic_save_s: float = 0.0
+    slowdown: float = 1.0
+
+    def continued(self, t: float, slowdown: float) -> Stretch:
+        """The stretch that goes on from the last step finished by `t` at `slowdown` instead (the
+        save cadence starts again there: the save that step would have waited for is left out)."""
+        n = self.steps_by(t)
+        nominal = self.step_s / self.slowdown
+        return attrs.evolve(
+            self,
+            ready=self.end_of(n) if n else self.ready,
+            start_step=self.start_step + n,
+            step_s=nominal * slowdown,
+            slowdown=slowdown,
+        )
+
+    def straggled_s(self, steps: int) -> float:
+        """What a straggler added to `steps` steps of this stretch."""
+        return steps * self.step_s * (1.0 - 1.0 / self.slowdown)
 
     @property
     def _steps_per_save(self) -> int:

@@ -545,3 +545,22 @@ def test_leads_of_different_groups_are_not_compared() -> None:
     assert det.check(clock.now(), sync_leads=leads).stragglers == (0, 1)  # one group: stage 0 "slow"
     by_stage = det.check(clock.now(), sync_leads=leads, sync_groups={0: 0, 1: 0, 2: 2, 3: 2})
     assert by_stage.stragglers == ()
+
+
+@given(
+    st.lists(st.floats(min_value=0.001, max_value=1000.0), min_size=0, max_size=40),
+    st.floats(min_value=1.01, max_value=5.0),
+)
+def test_each_rank_is_compared_with_the_median_of_the_others(values: list[float], k: float) -> None:
+    import statistics
+
+    from dlrover.diagnosis.detectors import _over_the_others
+
+    ranked = tuple(enumerate(values))
+    expected = []
+    if len(ranked) >= 2:
+        for rank, value in ranked:
+            others = statistics.median(v for r, v in ranked if r != rank)
+            if value > k * others:
+                expected.append((rank, value, others))
+    assert _over_the_others(ranked, k) == expected

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from dlrover.common import ConfigError, ManualClock
 from dlrover.diagnosis import RankStepStats, StragglerConfig
@@ -70,6 +73,33 @@ def test_a_rank_slowed_three_times_is_found_within_a_few_heartbeats_and_reported
     trainer.advance_to(now)
     watch.observe(7, trainer.stats(now), now)
     assert watch.check(now) is None  # already reported
+
+
+def test_the_ranks_are_judged_at_most_once_per_check_interval() -> None:
+    # Every node's heartbeat brings stats; judging all the job's ranks on each would cost the master
+    # one judgment per node per interval. One per interval sees every node's newest stats.
+    watch = StragglerWatch(StragglerConfig(k=2.0, min_lead_excess_s=0.0), check_every_s=5.0)
+    leads = {0: 0.1, 1: 0.1, 2: 0.5, 3: 0.1, 4: 0.1}
+
+    def beat(now: float) -> None:
+        stats = [RankStepStats(r, 10, 10, 0.0, 0.0, median_sync_lead_s=lead) for r, lead in leads.items()]
+        watch.observe(3, stats, now)
+
+    beat(0.0)
+    first = watch.check(0.0)
+    assert first is not None
+    assert first.ranks == (2,)
+    leads[3] = 0.5  # a second rank slows
+    beat(1.0)
+    assert watch.check(1.0) is None  # judged 1 s ago: not again before 5 s
+    beat(4.9)
+    assert watch.check(4.9) is None
+    beat(5.0)
+    found = watch.check(5.0)
+    assert found is not None
+    assert found.ranks == (3,)
+    with pytest.raises(ConfigError, match="check_every_s must be a finite number >= 0"):
+        StragglerWatch(StragglerConfig(), check_every_s=-1.0)
 
 
 def test_equal_ranks_on_several_nodes_are_no_stragglers() -> None:
@@ -432,3 +462,52 @@ def test_a_rank_marking_every_step_that_stops_is_found_at_the_next_heartbeat() -
     assert found is not None, "a stalled rank is found at its node's next heartbeat or the one after"
     assert beats <= 3
     assert found.ranks == (1,)
+
+
+class StragglerWatchMachine(RuleBasedStateMachine):
+    """Heartbeats from nodes whose ranks move between them (a new round), restart, stop reporting or
+    are forgotten: the watch's index of each node's ranks stays the inverse of each rank's node, and
+    a check names only ranks it still watches."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.watch = StragglerWatch(StragglerConfig(k=2.0, window_steps=3, min_samples=1), stale_after_s=20.0)
+        self.now = 0.0
+        self.steps: dict[int, int] = {}
+
+    @rule(
+        node=st.integers(0, 3),
+        ranks=st.sets(st.integers(0, 11), max_size=5),
+        advance=st.floats(0.0, 10.0),
+        restart=st.booleans(),
+        lead=st.floats(0.0, 2.0),
+    )
+    def heartbeat(self, node: int, ranks: set[int], advance: float, restart: bool, lead: float) -> None:
+        self.now += advance
+        stats = []
+        for rank in sorted(ranks):
+            self.steps[rank] = 0 if restart else self.steps.get(rank, 0) + 1
+            stats.append(RankStepStats(rank, self.steps[rank], 0, 0.0, 0.1, median_sync_lead_s=lead))
+        self.watch.observe(node, stats, self.now)
+
+    @rule(node=st.integers(0, 3))
+    def forget_node(self, node: int) -> None:
+        self.watch.forget_node(node)
+        assert node not in self.watch._ranks_of
+
+    @rule()
+    def check(self) -> None:
+        found = self.watch.check(self.now)
+        if found is not None:
+            assert set(found.ranks) <= set(self.watch._node_of)
+
+    @invariant()
+    def each_nodes_ranks_are_the_ranks_placed_on_it(self) -> None:
+        inverse: dict[int, set[int]] = {}
+        for rank, node in self.watch._node_of.items():
+            inverse.setdefault(node, set()).add(rank)
+        assert self.watch._ranks_of == inverse
+
+
+TestStragglerWatchMachine = StragglerWatchMachine.TestCase
+TestStragglerWatchMachine.settings = settings(max_examples=60, stateful_step_count=30, deadline=None)

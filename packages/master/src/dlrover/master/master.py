@@ -376,6 +376,7 @@ class Master:
                 min_samples=config.straggler_min_samples,
             ),
             stale_after_s=config.lifecycle.heartbeat_timeout_s,  # a silent node's ranks
+            check_every_s=config.heartbeat_interval_s,  # every node's stats came once in an interval
         )
         restored = journal.load()
         self._check_same_job(restored.job)
