@@ -525,14 +525,20 @@ def test_a_straggler_nobody_replaces_slows_every_step_while_it_lasts() -> None:
 
 def test_a_straggler_the_master_finds_is_replaced_within_a_few_steps() -> None:
     trace = [Interruption(10_000.0, 3, "straggler")]
-    replaced = run_slow({**FINDS, "straggler_action": "replace"}, trace)
+    replaced = run_slow({**FINDS, "straggler_action": "replace", "replicated_memory": True}, trace)
     assert replaced.decisions["straggler: found (replace)"] == 1
     assert replaced.decisions["straggler: relaunch_node"] == 1
-    # Found once its agent's lead median shows it (three slowed steps of 20 s) and a heartbeat carried it;
-    # then the node is relaunched as after a fault: every rank restarts, the new node restores from storage.
-    assert replaced.buckets[STRAGGLING] <= (3 + 1) * 2 * STEP_S / 2 + SLOW["heartbeat_interval_s"]
+    # Found once its agent's lead median shows it (three slowed steps of 20 s) and a heartbeat or two carried
+    # it; then the node is relaunched as after a fault: every rank restarts, the new node restores its shard
+    # from a peer's replica.
+    assert replaced.buckets[STRAGGLING] <= 3 * 2 * STEP_S / 2 + 2 * SLOW["heartbeat_interval_s"]
     assert replaced.buckets["restart"] > 0
+    assert replaced.buckets["steps_redone"] < 2 * STEP_S
     assert replaced.goodput > run_slow(IN_PLACE, trace).goodput + 0.03
+    # Without replicas every rank rolls back to the newest storage checkpoint (persisted hourly from memory).
+    rolled_back = run_slow({**FINDS, "straggler_action": "replace"}, trace)
+    assert rolled_back.decisions["straggler: relaunch_node"] == 1
+    assert 2 * STEP_S < rolled_back.buckets["steps_redone"] <= 3600.0 + STEP_S
 
 
 def test_a_straggler_whose_step_opens_with_a_collective_is_not_found_by_its_lead() -> None:
@@ -566,3 +572,21 @@ def test_a_continued_stretch_goes_on_from_the_last_step_at_its_new_pace() -> Non
     back = slowed.continued(65.0, 1.0)  # steps 3 and 4 ended at 40 and 60
     assert (back.ready, back.start_step, back.step_s, back.slowdown) == (60.0, 4, 10.0, 1.0)
     assert back.straggled_s(5) == 0.0
+
+
+def test_a_continued_stretch_keeps_its_save_cadence_and_what_was_saved() -> None:
+    # A save of 2 s after every third step: steps end at 10, 20, 30 (saved by 32), 42, 52.
+    stretch = Stretch(ready=0.0, start_step=0, step_s=10.0, save_every=3, save_s=2.0)
+    slowed = stretch.continued(45.0, 2.0)  # from step 4's end; step 4 is not saved yet
+    assert (slowed.ready, slowed.start_step, slowed.unsaved_steps, slowed.saved_s_before) == (42.0, 4, 1, 2.0)
+    assert slowed.last_saved_step(45.0) == 3  # not the step it went on from
+    assert [slowed.end_of(i) for i in (1, 2, 3)] == [62.0, 82.0, 104.0]  # step 6's save blocks 82-84
+    assert (slowed.last_saved_step(83.0), slowed.last_saved_step(84.0)) == (3, 6)
+    assert (slowed.steps_by(61.0), slowed.steps_by(62.0), slowed.steps_by(90.0)) == (0, 1, 2)
+    assert (slowed.last_saved_step(35.0), slowed.last_saved_step(31.0)) == (3, 0)  # before it: the one it continued
+    marks = slowed.marks(104.0, best=4, wall0=0.0)
+    assert [(m.step, m.end_time, m.save_s) for m in marks] == [(5, 62.0, 2.0), (7, 104.0, 4.0)]
+    # Continued right after a step that a save follows: it goes on after the save.
+    after_save = stretch.continued(31.0, 2.0)
+    assert (after_save.ready, after_save.start_step, after_save.unsaved_steps) == (32.0, 3, 0)
+    assert after_save.last_saved_step(32.0) == 3

@@ -564,8 +564,9 @@ class DLRoverRun:
     def _beat_with_steps(self, t: float) -> None:
         """Every agent of the world heartbeats at `t` with its ranks' step stats, as a real one does every
         interval (the others, at the simulation's own pace, send none: only a straggler needs them). The
-        master judges them; a straggler it found is reported, and with ``replace`` its node is relaunched."""
-        self._advance(t)
+        master judges them; a straggler it found is reported, and with ``replace`` its node is relaunched.
+        Rank 0's steps are reported first: its node may be the one relaunched."""
+        self._report_progress(t)
         if any(nid in self.members for nid in self.slow):
             self._send_step_stats(t)
         for event in self._new_events():
@@ -583,7 +584,6 @@ class DLRoverRun:
             self._watch_stragglers()
             return
         # Relaunched: its agent exits, the others restart into a round without it (or with its replacement).
-        self._report_progress(t)
         for node_id in gone:
             self._count("straggler: relaunch_node")
             self._leaves(node_id)

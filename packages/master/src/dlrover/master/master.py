@@ -376,7 +376,8 @@ class Master:
                 min_samples=config.straggler_min_samples,
             ),
             stale_after_s=config.lifecycle.heartbeat_timeout_s,  # a silent node's ranks
-            check_every_s=config.heartbeat_interval_s,  # every node's stats came once in an interval
+            # Every node's stats come once an interval; half of one leaves room for heartbeats that come early.
+            check_every_s=config.heartbeat_interval_s / 2,
         )
         restored = journal.load()
         self._check_same_job(restored.job)

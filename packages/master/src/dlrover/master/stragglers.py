@@ -56,8 +56,9 @@ class StragglerWatch:
             node died, or its processes restart): its unfinished step would otherwise grow
             until it looked like a straggler.
         check_every_s: `check` judges the ranks at most once per this many seconds (0: on every
-            call). A judgment reads every rank (55 ms at 16,384 ranks) and every node's heartbeat
-            brings stats: once per heartbeat interval sees them all, at a 2,048th of the cost.
+            call). A judgment reads every rank (about 50 ms at 16,384 ranks) and every node's
+            heartbeat brings stats: twice per heartbeat interval sees them all, at a 1,024th of
+            the cost of judging on each of 2,048 nodes' heartbeats.
     """
 
     def __init__(self, config: StragglerConfig, stale_after_s: float = 30.0, check_every_s: float = 0.0) -> None:
