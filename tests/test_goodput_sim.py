@@ -562,6 +562,9 @@ def test_a_straggler_stays_through_an_in_place_restart_and_leaves_with_its_node(
     assert baseline.buckets[STRAGGLING] == pytest.approx(1000.0, abs=2 * STEP_S)
     for result in (crash, broken, baseline):
         assert math.isclose(result.useful_s + lost(result), 86_400.0, rel_tol=1e-9)
+    # The restarted processes report afresh: the master judges the straggler again, and reports it again.
+    reported = run_slow({**FINDS, "name": "reported"}, [*slowed, Interruption(12_000.0, 5, "software")])
+    assert reported.decisions["straggler: found (report)"] == 2
 
 
 def test_a_continued_stretch_goes_on_from_the_last_step_at_its_new_pace() -> None:

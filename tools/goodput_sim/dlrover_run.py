@@ -352,6 +352,10 @@ class DLRoverRun:
                 self._push(
                     self.stretch.ready + self.stretch.step_s, cause, -1, node_id=node_id, round_number=self.round_number
                 )
+        # The new processes report their steps afresh and the master forgets the old ones: a straggler
+        # still in the world is judged again once its new leads show.
+        self.judged.clear()
+        self.shown_beats.clear()
         self._watch_stragglers()
         pending = self._pending_ranks()
         if pending and world < self.job.nodes and self.grow_at is None:
