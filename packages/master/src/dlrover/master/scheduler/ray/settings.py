@@ -47,7 +47,10 @@ class RaySettings:
         poll_interval_s: how often the backend re-reads the cluster's node table (nodes that joined
             or died) between agent exits, which it is told of at once.
         stop_grace_s: how long a stopped agent is given between SIGTERM and SIGKILL (its workers save
-            a checkpoint first where they poll for it), before its actor is killed.
+            a checkpoint first where they poll for it), before its actor is killed: 30 s, as
+            dlrover-master's `--node-stop-grace-s`, above the agent's round-save timeout and its
+            workers' shutdown grace (10 s each by default). An agent SIGKILLed before it is done
+            leaves its private files behind and its newest checkpoint unpersisted.
         master_address: the `host:port` agents dial; None: the master's own address, with a wildcard bind
             address (`0.0.0.0`, `::`) replaced by the address of the Ray node this master is attached to.
         call_timeout_s: how long a call to an agent actor may take beyond what it waits for itself (a
@@ -63,7 +66,7 @@ class RaySettings:
     agent_cpus: float = attrs.field(default=1.0, validator=non_negative)
     death_confirm_s: float = attrs.field(default=30.0, validator=non_negative)
     poll_interval_s: float = attrs.field(default=0.5, validator=positive)
-    stop_grace_s: float = attrs.field(default=5.0, validator=non_negative)
+    stop_grace_s: float = attrs.field(default=30.0, validator=non_negative)
     master_address: str | None = None
     call_timeout_s: float = attrs.field(default=10.0, validator=positive)
     log_dir: str | None = None
