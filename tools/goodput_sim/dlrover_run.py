@@ -25,11 +25,12 @@ agent would (`dlrover.diagnosis.NODE_CHECK_FAILED`, its agent exiting), and the 
 round without it.
 
 A straggler (the ``slow`` effect) fails nothing: every step of a world that holds it takes
-`straggler_slowdown` times as long until the slowness passes or the node leaves. Meanwhile every agent
-of the world heartbeats every `heartbeat_interval_s` with its ranks' step stats, the real
-`StragglerWatch` in the master judges them, and with ``replace`` the master relaunches the node: the
-others restart without it as after any relaunch. A rank's lead time (`Job.sync_lead_share` of its own
-step) shows its slowness once three of its five lead samples are slowed, as the agent keeps them.
+`straggler_slowdown` times as long until the slowness passes or the node leaves. A rank's lead time
+(`Job.sync_lead_share` of its own step) shows its slowness once three of its five lead samples are
+slowed, as the agent keeps them; from then every agent of the world heartbeats every
+`heartbeat_interval_s` with its ranks' step stats until the master has judged them (again after a
+restart: the new processes report afresh), the real `StragglerWatch` in the master judges them, and
+with ``replace`` the master relaunches the node: the others restart without it as after any relaunch.
 The time a straggler added to the steps kept is counted apart (`straggled_s`): the master's
 accounting counts a slow step as useful.
 
