@@ -519,6 +519,9 @@ class DLRoverRun:
         """The node's agent is gone for good (its machine, or the master let it go): its faults go with it."""
         self.silent.add(node_id)
         self.broken.pop(node_id, None)
+        self._slowness_ends(node_id)
+
+    def _slowness_ends(self, node_id: int) -> None:
         self.slow.pop(node_id, None)
         self.judged.discard(node_id)
         self.shown_beats.pop(node_id, None)
@@ -536,9 +539,7 @@ class DLRoverRun:
         forgotten)."""
         for node_id, (_since, until) in list(self.slow.items()):
             if until <= t:
-                del self.slow[node_id]
-                self.judged.discard(node_id)
-                self.shown_beats.pop(node_id, None)
+                self._slowness_ends(node_id)
         if any(node_id in self.members for node_id in self.slow):
             return self.costs.straggler_slowdown
         return 1.0
@@ -598,8 +599,8 @@ class DLRoverRun:
     def _send_step_stats(self, t: float) -> None:
         per_node = self.job.accelerators_per_node
         stretch = self.stretch
-        steps = stretch.start_step + stretch.steps_by(t)
         done = stretch.steps_by(t)
+        steps = stretch.start_step + done
         since = max(0.0, t - (stretch.end_of(done) if done else stretch.ready))
         nominal = stretch.step_s / stretch.slowdown
         lead = self.job.sync_lead_share * nominal
@@ -610,7 +611,7 @@ class DLRoverRun:
             if node_id in self.slow:
                 # The agent's median of its last five lead samples shows the slowness from the third slowed one.
                 started = max(self.slow[node_id][0], stretch.ready)
-                if stretch.steps_by(t) - stretch.steps_by(started) >= _LEADS_TO_SHOW:
+                if done - stretch.steps_by(started) >= _LEADS_TO_SHOW:
                     # From here on its stats stay as they are: the master finds it now or never.
                     slowed = lead * self.costs.straggler_slowdown
                     self.shown_beats[node_id] = self.shown_beats.get(node_id, 0) + 1
