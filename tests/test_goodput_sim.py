@@ -195,18 +195,25 @@ def test_the_same_failures_spread_over_weeks_leave_every_budget_standing() -> No
     assert "already relaunched 16 nodes (limit 16)" in whole_life.stopped
 
 
-def test_a_second_native_crash_on_a_node_stops_the_job_unless_the_first_left_the_window() -> None:
-    trace = [Interruption(10_000.0, 3, "software"), Interruption(50_000.0, 3, "software")]
-    shipped = run(IN_PLACE, trace)
-    assert shipped.decisions == {"native_crash: restart_processes": 1, "native_crash: abort_job": 1}
-    assert "budgets spent (restart_processes x1 per 24h)" in shipped.stopped
-    hourly = run({**IN_PLACE, "failure_budget_window_s": 3600.0}, trace)
+def test_a_native_crash_back_on_a_node_moves_it_and_back_on_its_replacement_stops_the_job() -> None:
+    twice = [Interruption(10_000.0, 3, "software"), Interruption(50_000.0, 3, "software")]
+    moved = run(IN_PLACE, twice)
+    assert moved.decisions == {"native_crash: restart_processes": 1, "native_crash: relaunch_node": 1}
+    assert not moved.stopped
+    # The rank's replacement crashes twice as well: the crash follows the job, not a host.
+    four_times = [*twice, Interruption(60000.0, 3, "software"), Interruption(62000.0, 3, "software")]
+    stopped = run(IN_PLACE, four_times)
+    assert stopped.decisions == {
+        "native_crash: restart_processes": 2,
+        "native_crash: relaunch_node": 1,
+        "native_crash: abort_job": 1,
+    }
+    assert "budgets spent (restart_processes x1, relaunch_node x1 per 24h)" in stopped.stopped
+    hourly = run({**IN_PLACE, "failure_budget_window_s": 3600.0}, twice)
     assert hourly.decisions == {"native_crash: restart_processes": 2}
     assert not hourly.stopped
-    ladder = {"native_crash": [["restart_processes", 1], ["relaunch_node", 1, "node", True]]}
-    what_if = run({**IN_PLACE, "ladders": ladder}, trace)
-    assert what_if.decisions == {"native_crash: restart_processes": 1, "native_crash: relaunch_node": 1}
-    assert not what_if.stopped
+    restart_only = run({**IN_PLACE, "ladders": {"native_crash": [["restart_processes", 1]]}}, twice)
+    assert restart_only.decisions == {"native_crash: restart_processes": 1, "native_crash: abort_job": 1}
 
 
 def test_a_lost_machine_past_the_relaunch_budget_stops_the_job_as_the_master_decided() -> None:

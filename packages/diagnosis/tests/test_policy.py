@@ -517,8 +517,24 @@ def test_a_budget_window_forgets_failures_older_than_it() -> None:
     assert first.action is A.RESTART_PROCESSES
     assert policy.decide("n0", K.NATIVE_CRASH, now=t0 + 21 * day).action is A.RESTART_PROCESSES
     again = policy.decide("n0", K.NATIVE_CRASH, now=t0 + 21 * day + 3600)
-    assert again.action is A.ABORT_JOB
-    assert "restart_processes x1 per 24h" in again.outcome
+    assert again.action is A.RELAUNCH_NODE
+    assert again.avoid_host
+    assert "relaunch_node 1 of 1, job per 24h" in again.outcome
+
+
+def test_a_native_crash_that_follows_the_job_to_a_new_host_stops_it() -> None:
+    # A crash that comes back on one node points to its host, and the node moves; one that comes back
+    # on its replacement too is in the code: the relaunch rung is the job's, so the job stops there.
+    day = 86400.0
+    policy = ActionPolicy(PolicyConfig(budget_window=BudgetWindow(day)))
+    t0 = 1_700_000_000.0
+    assert policy.decide("n0", K.NATIVE_CRASH, now=t0).action is A.RESTART_PROCESSES
+    assert policy.decide("n0", K.NATIVE_CRASH, now=t0 + 60).action is A.RELAUNCH_NODE
+    assert policy.decide("n1", K.NATIVE_CRASH, now=t0 + 600).action is A.RESTART_PROCESSES
+    stop = policy.decide("n1", K.NATIVE_CRASH, now=t0 + 660)
+    assert stop.action is A.ABORT_JOB
+    assert "budgets spent (restart_processes x1, relaunch_node x1 per 24h)" in stop.outcome
+    assert "crashing in native code" in stop.outcome
 
 
 def test_a_budget_window_bounds_the_jobs_relaunches_per_window() -> None:

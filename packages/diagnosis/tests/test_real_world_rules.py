@@ -453,20 +453,23 @@ def test_real_world_shape(name: str, log: str, exit_status: int | None, expected
     assert diagnosis.kind is expected, (name, diagnosis.reason)
 
 
+_R, _RN, _ABORT = ActionKind.RESTART_PROCESSES, ActionKind.RELAUNCH_NODE, ActionKind.ABORT_JOB
+
+
 @pytest.mark.parametrize(
-    ("kind", "first", "then"),
+    ("kind", "steps"),
     [
-        (K.NATIVE_CRASH, ActionKind.RESTART_PROCESSES, ActionKind.ABORT_JOB),
-        (K.DISK_FULL, ActionKind.ABORT_JOB, ActionKind.ABORT_JOB),
-        (K.CONFIG_ERROR, ActionKind.ABORT_JOB, ActionKind.ABORT_JOB),
+        # The node moves when its crash comes back; its replacement's second one stops the job.
+        (K.NATIVE_CRASH, [("n0", _R), ("n0", _RN), ("n1", _R), ("n1", _ABORT)]),
+        (K.DISK_FULL, [("n0", _ABORT), ("n0", _ABORT)]),
+        (K.CONFIG_ERROR, [("n0", _ABORT), ("n0", _ABORT)]),
     ],
 )
-def test_new_kinds_ladders(kind: FailureKind, first: ActionKind, then: ActionKind) -> None:
+def test_new_kinds_ladders(kind: FailureKind, steps: list[tuple[str, ActionKind]]) -> None:
     policy = ActionPolicy()
-    assert policy.decide("n0", kind).action is first
-    last = policy.decide("n0", kind)
-    assert last.action is then
-    assert "resubmit" in last.reason or "native code" in last.reason
+    decisions = [policy.decide(node, kind) for node, _ in steps]
+    assert [d.action for d in decisions] == [action for _, action in steps]
+    assert "resubmit" in decisions[-1].reason or "native code" in decisions[-1].reason
 
 
 @pytest.mark.parametrize("line", BENIGN)

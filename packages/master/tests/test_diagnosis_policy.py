@@ -457,7 +457,8 @@ def test_a_version_2_state_is_read_and_its_uses_count_for_ever() -> None:
     restored = DiagnosisFailurePolicy(REGISTRY, ActionPolicy(config))
     restored.import_state(version_2)
     crash = attrs.evolve(failure(FailureKind.NATIVE_CRASH, "Segmentation fault"), wall_time=1e9)
-    assert restored.decide(crash).action is ActionKind.ABORT_JOB  # long after any window: it still counts
+    # Long after any window the restart still counts: the ladder's next rung is taken.
+    assert restored.decide(crash).action is ActionKind.RELAUNCH_NODE
     assert json.loads(restored.export_state())["version"] == POLICY_STATE_VERSION
     with pytest.raises(ConfigError, match="decide needs `now`"):
         DiagnosisFailurePolicy(REGISTRY, ActionPolicy(config)).decide(attrs.evolve(crash, wall_time=None))

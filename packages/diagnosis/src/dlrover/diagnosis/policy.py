@@ -48,7 +48,8 @@ nan_loss       roll back to the last good checkpoint x2 (job), then abort
 preemption     relaunch node on any host x1 (node), then abort
 killed         restart processes x2 (node), relaunch node on any host x1 (node), abort
 data_error     abort at once (the data needs a person)
-native_crash   restart processes x1 (node; an intermittent crash clears), then abort
+native_crash   restart processes x1 (node; an intermittent crash clears), relaunch node avoiding
+               host x1 (job; a crash that comes back on one node points to its host), abort
 disk_full      abort at once (the directory stays full across restarts)
 config_error   abort at once (the same settings fail the same way)
 unknown        restart processes x2 (node), relaunch node avoiding host x1 (node), abort
@@ -125,7 +126,7 @@ DEFAULT_LADDERS: Mapping[FailureKind, tuple[LadderStep, ...]] = types.MappingPro
         FailureKind.PREEMPTION: (LadderStep(_RN, 1, avoid_host=False),),
         FailureKind.KILLED: (LadderStep(_R, 2), LadderStep(_RN, 1, avoid_host=False)),
         FailureKind.DATA_ERROR: (),
-        FailureKind.NATIVE_CRASH: (LadderStep(_R, 1),),
+        FailureKind.NATIVE_CRASH: (LadderStep(_R, 1), LadderStep(_RN, 1, "job", avoid_host=True)),
         FailureKind.DISK_FULL: (),
         FailureKind.CONFIG_ERROR: (),
         FailureKind.UNKNOWN: (LadderStep(_R, 2), LadderStep(_RN, 1, avoid_host=True)),
@@ -138,7 +139,9 @@ _ABORT_ADVICE = {
     FailureKind.DATA_ERROR: "the input data is broken (corrupt or truncated file); fix it and resubmit",
     FailureKind.DISK_FULL: "a file system or quota is full; free space or raise the quota and resubmit",
     FailureKind.CONFIG_ERROR: "the launch configuration cannot work; fix the setting the log names and resubmit",
-    FailureKind.NATIVE_CRASH: "the process keeps crashing in native code; the crash site above names the library",
+    FailureKind.NATIVE_CRASH: (
+        "the process keeps crashing in native code, on a new host too; the crash site above names the library"
+    ),
     FailureKind.DEVICE_OOM: "the model does not fit in device memory; reduce the batch size or shard the model",
     FailureKind.HOST_OOM: "the job runs out of host memory even with more; reduce host memory use",
     FailureKind.NAN_LOSS: "the loss keeps diverging after rollbacks; lower the learning rate or check the data",
