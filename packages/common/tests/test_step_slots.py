@@ -251,18 +251,23 @@ class SlotMachine(RuleBasedStateMachine):
         if phase != slot["phase"]:
             slot["phase"], slot["since"] = phase, self.clock.t
 
-    @rule(writer=st.integers(0, 2), group=st.integers(0, 3))
-    def synchronizing(self, writer: int, group: int) -> None:
-        self.writers[writer].synchronizing(group)
+    @rule(writer=st.integers(0, 2), group=st.integers(0, 3), earlier=st.sampled_from([0.0, 0.25, 3.0]))
+    def synchronizing(self, writer: int, group: int, earlier: float) -> None:
+        counted = self.writers[writer].synchronizing(group, earlier_lead_s=earlier)
         slot = self.model.get(0 if writer < 2 else 1)
         if slot is None:
+            assert counted is None
             return  # a slot never written stays unwritten
         step, first, synced = int(slot["step"]), int(slot["first"]), int(slot["synced"])  # type: ignore[call-overload]
         if first > 0 and step > first and slot["phase"] == "train" and synced < step:
             started = max(float(slot["end"]), float(slot["since"]))  # type: ignore[arg-type]
+            lead = max(self.clock.t - started, 0.0)
+            assert counted == pytest.approx(lead)
             slot["synced"], slot["group"] = step, group
-            slot["lead"] = float(slot["lead"]) + max(self.clock.t - started, 0.0)  # type: ignore[arg-type]
+            slot["lead"] = float(slot["lead"]) + lead + earlier  # type: ignore[arg-type]
             slot["leads"] = int(slot["leads"]) + 1  # type: ignore[call-overload]
+        else:
+            assert counted is None  # and what came from earlier steps is not written
 
     @rule()
     def reset(self) -> None:
@@ -457,9 +462,9 @@ def test_the_lead_is_the_time_from_a_steps_start_to_its_first_synchronization_po
         clock.t += 1.0
         writer.step(2)
         clock.t += 0.3
-        writer.synchronizing(2)  # the first bucket of step 3, 0.3 s in
+        assert writer.synchronizing(2) == pytest.approx(0.3)  # the first bucket of step 3, 0.3 s in
         clock.t += 0.1
-        writer.synchronizing(2)  # later buckets of the same step do not count
+        assert writer.synchronizing(2) is None  # later buckets of the same step do not count
         clock.t += 0.2
         writer.step(3)
         writer.phase("checkpoint")  # a save between two steps is no step's work
@@ -469,8 +474,10 @@ def test_the_lead_is_the_time_from_a_steps_start_to_its_first_synchronization_po
         writer.synchronizing(2)
         assert lead() == (pytest.approx(0.8), 2, 2)
         writer.step(4)
-        writer.synchronizing(2)  # at the very moment of the mark: a lead of 0, still counted
-        assert lead() == (pytest.approx(0.8), 3, 2)
+        # At the very moment of the mark: a lead of 0, still counted, written with what a device
+        # found longer in an earlier step than the CPU saw.
+        assert writer.synchronizing(2, earlier_lead_s=0.25) == 0.0
+        assert lead() == (pytest.approx(1.05), 3, 2)
         writer.phase("eval")  # an evaluation's collectives are not a training step's
         clock.t += 1.0
         writer.step(5)
@@ -478,6 +485,10 @@ def test_the_lead_is_the_time_from_a_steps_start_to_its_first_synchronization_po
         assert lead()[1] == 3
         with pytest.raises(ConfigError, match="group"):
             writer.synchronizing(-1)
+        for bad in (-0.1, float("inf"), float("nan"), True):
+            with pytest.raises(ConfigError, match="earlier_lead_s"):
+                writer.synchronizing(2, earlier_lead_s=bad)  # type: ignore[arg-type]
+        assert lead()[1] == 3
     finally:
         writer.close()
         slots.close()

@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import faulthandler
 import logging
+import math
 import mmap
 import os
 import signal
@@ -370,8 +371,9 @@ class StepReporter:
         polls_save_requests: bool = False,
         synchronizing: bool = False,
         sync_group: int = 0,
+        earlier_lead_s: float = 0.0,
         now: float | None = None,
-    ) -> None:
+    ) -> float | None:
         buf = self._mapped()
         off = self._off
         (
@@ -395,13 +397,15 @@ class StepReporter:
             group,
         ) = _SLOT.unpack_from(buf, off)
         t = self._clock() if now is None else now
+        lead: float | None = None
         if synchronizing:
             # Only the first synchronization point of a step, in training (an eval's collectives
             # are not a step's), from the third step after the slot's first mark (see above).
             if first_mark <= 0 or cur_step <= first_mark or code != _TRAIN_CODE or synced_step >= cur_step:
-                return
+                return None
             started = max(end_s, since_s)  # the step mark, or the return to train after a save
-            synced_step, lead_s, leads, group = cur_step, lead_s + max(t - started, 0.0), leads + 1, sync_group
+            lead = max(t - started, 0.0)
+            synced_step, lead_s, leads, group = cur_step, lead_s + lead + earlier_lead_s, leads + 1, sync_group
         if seq == 0:
             since_s = ready_s = t  # the first write starts the phase clock
         new_step = cur_step
@@ -444,6 +448,7 @@ class StepReporter:
             group,
         )
         struct.pack_into("<Q", buf, off, (seq | 1) + 1)
+        return lead
 
     def step(self, step: int | None = None, *, samples: int = 0) -> None:
         """Mark the end of a step.
@@ -464,7 +469,7 @@ class StepReporter:
             step = _SLOT.unpack_from(self._mapped(), self._off)[1] + 1
         self._write(step=step, add_samples=samples)
 
-    def synchronizing(self, group: int = 0) -> None:
+    def synchronizing(self, group: int = 0, *, earlier_lead_s: float = 0.0) -> float | None:
         """Mark that this rank reached the first synchronization point of its step: it is about
         to enter the gradient all-reduce (or the first collective its peers wait in). Call it as
         often as convenient (every gradient bucket): only the first call after a step mark
@@ -474,19 +479,34 @@ class StepReporter:
         The master compares these lead times across the ranks of one group: in a synchronous job
         a rank whose own work is slow (a slow input pipeline, a slow host, CPU-bound work) makes
         every rank's step slow, but only its own lead is long. The time is read on the CPU: work
-        queued on an accelerator and not yet waited for is not in it.
+        queued on an accelerator and not yet waited for is not in it; a caller that times the
+        accelerator's side too adds what it found there with a later call (`earlier_lead_s`).
 
         Args:
             group: the smallest global rank of the group this rank synchronizes with (its
                 data-parallel group; 0, the default, when that is the whole job): ranks of
                 different groups (pipeline stages) may differ in lead by design.
+            earlier_lead_s: seconds to add to the leads of steps counted before this one (their
+                own work on an accelerator, longer than the CPU saw, known only once the
+                accelerator got there). Written with this step's lead, so a reader sees the sum
+                and the count move together; not written when this call counts no lead.
+
+        Returns:
+            The lead counted for this step (seconds on the CPU), or None when this call counted
+            none (not the step's first, not in training, or one of the first steps).
 
         Raises:
-            ConfigError: on a negative group.
+            ConfigError: on a negative group or `earlier_lead_s` that is negative or not finite.
         """
         if not isinstance(group, int) or isinstance(group, bool) or group < 0:
             raise ConfigError(f"group must be an integer >= 0, got {group!r}")
-        self._write(synchronizing=True, sync_group=group)
+        if (
+            isinstance(earlier_lead_s, bool)
+            or not isinstance(earlier_lead_s, (int, float))
+            or not (0.0 <= earlier_lead_s < math.inf)
+        ):
+            raise ConfigError(f"earlier_lead_s must be a finite number >= 0, got {earlier_lead_s!r}")
+        return self._write(synchronizing=True, sync_group=group, earlier_lead_s=float(earlier_lead_s))
 
     def save_request(self) -> int:
         """The agent's save request number (see `StepSlotFile.request_save`); 0 before any."""

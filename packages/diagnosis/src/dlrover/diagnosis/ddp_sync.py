@@ -12,10 +12,13 @@ group (`dlrover.master.stragglers`).
 
 What the lead sees and what it does not:
 
-* It is read on the CPU. Work a rank queues on an accelerator and has not waited for is not in
-  it: on CUDA the hook runs once the bucket's gradient kernels are queued, so a slow input
-  pipeline, a slow host or CPU-bound work show, a slow GPU shows only where the rank waits for
-  it before its first bucket (a ``.item()`` in the forward pass).
+* It is read on the CPU, and on CUDA on the device too. The hook runs once the bucket's gradient
+  kernels are *queued*, so the CPU's time shows a slow input pipeline, a slow host or CPU-bound
+  work, not a slow GPU. For a model on a CUDA device the hook also records CUDA events where
+  each training forward starts (a forward pre-hook, outside ``torch.no_grad()``) and where the
+  first bucket is synchronized, and the step's lead is the longer of the CPU's and the device's
+  time between them (`dlrover.diagnosis.device_leads`): a slow GPU shows. The device's time is
+  read once the device got there, never waited for.
 * A collective before the first gradient bucket ends the wait there instead: DDP broadcasts the
   module's buffers at the start of every forward (``broadcast_buffers=True``, the default, with
   buffers such as BatchNorm's), so a rank slow *before* its forward (its input pipeline) holds
@@ -23,7 +26,8 @@ What the lead sees and what it does not:
   backward still shows. ``broadcast_buffers=False`` (or no buffers) leaves the whole step in it.
 
 Only torch's public API: `DistributedDataParallel.register_comm_hook`, the default
-``allreduce_hook`` and ``get_process_group_ranks``. Other frameworks call
+``allreduce_hook``, ``get_process_group_ranks``, ``Module.register_forward_pre_hook`` and
+``torch.cuda.Event``. Other frameworks call
 `StepReporter.synchronizing` themselves before their gradient synchronization.
 
 Imported only where torch is (the package's ``torch`` extra). No postponed annotations here: DDP
@@ -41,6 +45,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from dlrover.common import ConfigError
 from dlrover.common.step_slots import StepReporter, optional_reporter
+from dlrover.diagnosis.device_leads import DeviceLeads, TimedEvent
 
 __all__ = ["report_gradient_sync"]
 
@@ -90,17 +95,68 @@ def report_gradient_sync(
     # Leads compare within the ranks that reduce together (one pipeline stage's data-parallel
     # group), named by the group's smallest global rank.
     group = min(dist.get_process_group_ranks(model.process_group))
+    device_leads = _device_leads(model)
     failed = False
+
+    def mark(earlier_lead_s: float) -> float | None:
+        return marks.synchronizing(group, earlier_lead_s=earlier_lead_s)
 
     def marked_then_reduced(hook_state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:  # type: ignore[name-defined]
         nonlocal failed
         if not failed:
             try:
-                marks.synchronizing(group)
+                if device_leads is None:
+                    mark(0.0)
+                else:
+                    device_leads.synchronizing(mark)
             except Exception as exc:  # a closed reporter, an unmapped slot: reporting stops, training not
                 failed = True
                 _log.warning("gradient synchronization is no longer reported in this process: %s", exc)
         return reduce(hook_state, bucket)
 
+    if device_leads is not None:
+        leads = device_leads
+
+        def forward_started(module: torch.nn.Module, args: Any) -> None:
+            nonlocal failed
+            if failed or not module.training or not torch.is_grad_enabled():
+                return  # an evaluation's forward is no training step's
+            try:
+                leads.forward_started()
+            except Exception as exc:  # an event the device refuses: reporting stops, training not
+                failed = True
+                _log.warning("gradient synchronization is no longer reported in this process: %s", exc)
+
+        model.register_forward_pre_hook(forward_started)
     model.register_comm_hook(state, marked_then_reduced)
     return True
+
+
+def _device_leads(model: DistributedDataParallel) -> DeviceLeads | None:
+    """Device-side lead timing for a model whose parameters are on a CUDA device; None elsewhere
+    (the CPU's time is the whole story there)."""
+    parameter = next(model.parameters(), None)
+    if parameter is None or parameter.device.type != "cuda":
+        return None
+    device = parameter.device
+    return DeviceLeads(lambda: _CudaEvent(device))
+
+
+class _CudaEvent:
+    """A timed CUDA event recorded on the current stream of the model's device (which, on
+    autograd's thread, is the stream the forward ran the same work on)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self._device = device
+        self._event = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+
+    def record(self) -> None:
+        self._event.record(torch.cuda.current_stream(self._device))
+
+    def query(self) -> bool:
+        return bool(self._event.query())  # type: ignore[no-untyped-call]
+
+    def elapsed_time(self, end_event: TimedEvent) -> float:
+        if not isinstance(end_event, _CudaEvent):
+            raise TypeError(f"a CUDA event times only against another, got {type(end_event).__name__}")
+        return float(self._event.elapsed_time(end_event._event))
