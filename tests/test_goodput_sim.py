@@ -425,6 +425,7 @@ def test_the_cost_command_measures_the_masters_calls_beside_a_noop_grpc_call(tmp
         "shard exchange, journaled, one at a time",
         "shard exchange, journaled, 16 at once",
         "shard journal base (every lease)",
+        "shard journal base, of which under the shard lock",
         "shard exchange, base compaction amortized",
         "grpc_noop_call",
     }

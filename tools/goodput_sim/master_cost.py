@@ -146,6 +146,7 @@ def _spare_promotion(nodes: int) -> float:
 class _ShardJournalCost:
     exchange_s: float  # CPU per exchange, its two change lines journaled
     base_s: float  # CPU of one base: the whole registry exported and journaled
+    base_locked_s: float  # ... of which under the shard lock (the document; its encoding is not)
     base_bytes: int
     line_bytes: float  # per exchange
 
@@ -176,6 +177,10 @@ def _shard_exchanges(nodes: int, *, requests: int, threads: int) -> _ShardJourna
             base_started = time.process_time()
             shards.changed_by_request()  # the first write: a base holding every lease
             base_s = time.process_time() - base_started
+            with shards.locked() as registry:  # what of a base holds every shard call up
+                locked_started = time.process_time()
+                registry.journal_base_document()  # (numbers a base never written: the next skips one)
+                base_locked_s = time.process_time() - locked_started
 
             def exchange(part: list[str]) -> None:
                 for worker in part:
@@ -198,6 +203,7 @@ def _shard_exchanges(nodes: int, *, requests: int, threads: int) -> _ShardJourna
             return _ShardJournalCost(
                 exchange_s=exchange_s,
                 base_s=base_s,
+                base_locked_s=base_locked_s,
                 base_bytes=len(state.blobs["shards"].data),
                 line_bytes=sum(len(line.data) for line in lines) / len(chosen),
             )
@@ -290,6 +296,7 @@ def measure(nodes: int, *, failures: int = 20, grpc_calls: int = 2000) -> Master
     together = _shard_exchanges(nodes, requests=requests, threads=threads)
     out[f"shard exchange, journaled, {threads} at once"] = together.exchange_s
     out["shard journal base (every lease)"] = alone.base_s
+    out["shard journal base, of which under the shard lock"] = alone.base_locked_s
     # A new base is written once the lines since the last one outgrow it (`HostedShards`'s
     # compaction_ratio, 1.0): its cost spread over the exchanges whose lines filled it.
     out["shard exchange, base compaction amortized"] = alone.base_s * alone.line_bytes / alone.base_bytes

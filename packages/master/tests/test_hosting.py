@@ -6,6 +6,7 @@ No gRPC here: the libraries are driven through `locked()`, the way the master's 
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import pytest
@@ -250,6 +251,44 @@ def test_lines_that_outgrow_the_base_are_compacted_into_a_new_one() -> None:
     assert seen_lines >= 1  # lines between bases
     lines = state.changes.get("shards", ())
     assert sum(len(line.data) for line in lines) <= len(state.blobs["shards"].data) + 200
+
+
+def test_a_base_is_encoded_with_the_lock_let_go_and_a_call_meanwhile_is_a_line_after_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Encoding a base is most of its cost (seconds at 80,000 workers): calls must not wait for it.
+    from dlrover.master import hosting
+    from dlrover.shard.changelog import encode_base
+
+    journal = MemoryJournal()
+    job = Job(journal)
+    a, b, _c = job.register_all()
+    with job.shards.locked() as registry:
+        registry.register(SPEC)
+        registry.fetch("train", str(a))
+    meanwhile: list[int] = []
+
+    def encode_while_a_worker_fetches(seq: int, document: dict[str, object]) -> object:
+        def fetch() -> None:
+            with job.shards.locked() as registry:  # would wait for ever if the export held the lock
+                meanwhile.extend(s.shard_id for s in registry.fetch("train", str(b)).shards)
+
+        worker = threading.Thread(target=fetch)
+        worker.start()
+        worker.join(timeout=60.0)
+        assert not worker.is_alive(), "a shard call waited for the base's encoding"
+        return encode_base(seq, document)
+
+    monkeypatch.setattr(hosting, "encode_base", encode_while_a_worker_fetches)
+    assert job.master.journal_collaborator(job.shards)
+    base = journal.load().blobs["shards"]
+    leased = {lease["worker"] for d in json.loads(base.data)["datasets"] for lease in d["state"]["leases"]}
+    assert leased == {str(a)}  # the base is the registry before the fetch made meanwhile
+    assert meanwhile
+    assert job.master.journal_collaborator(job.shards)  # that fetch is the line after the base
+    [line] = journal.load().changes["shards"]
+    assert line.seq > base.version
+    assert json.loads(line.data)["args"]["worker"] == str(b)
 
 
 def test_a_change_made_straight_on_a_hosted_manager_is_refused() -> None:

@@ -40,7 +40,7 @@ from dlrover.rendezvous import (
 from dlrover.rendezvous.v1 import rendezvous_pb2 as rpb
 from dlrover.rendezvous.v1 import rendezvous_pb2_grpc as rpb_grpc
 from dlrover.shard import InvalidShardRequestError, ShardRegistry, ShardServicer, ShardStateError
-from dlrover.shard.changelog import REGISTRY_BASE_FORMAT, REGISTRY_BASE_VERSION, LoggedCall
+from dlrover.shard.changelog import REGISTRY_BASE_FORMAT, REGISTRY_BASE_VERSION, LoggedCall, encode_base
 from dlrover.shard.v1 import shard_pb2 as spb
 from dlrover.shard.v1 import shard_pb2_grpc as spb_grpc
 
@@ -569,10 +569,16 @@ class HostedShards:
         with self._servicer.locked() as registry:
             self._pending.extend(registry.take_changes())
             waiting = sum(len(line.text) for line in self._pending)
-            if self._base_due or self._lines_bytes + waiting > max(self._ratio * self._base_bytes, self._min_bytes):
-                base = registry.journal_base()  # holds every pending line: all are numbered below it
-                return StateChanges(blob=Blob(base.seq, base.text))
-            return StateChanges(lines=tuple(ChangeLine(line.seq, line.text) for line in self._pending))
+            if not (
+                self._base_due or self._lines_bytes + waiting > max(self._ratio * self._base_bytes, self._min_bytes)
+            ):
+                return StateChanges(lines=tuple(ChangeLine(line.seq, line.text) for line in self._pending))
+            # Holds every pending line: all are numbered below it.
+            seq, document = registry.journal_base_document()
+        # Encoded with the lock let go (most of a base's cost: 80,000 leased workers make seconds of
+        # it), so shard calls go on meanwhile; their lines are numbered after the base.
+        base = encode_base(seq, document)
+        return StateChanges(blob=Blob(base.seq, base.text))
 
     def changes_journaled(self, through: int, blob: Blob | None) -> None:
         """Forget the lines now durable; a base written starts the count towards the next."""

@@ -50,7 +50,15 @@ import attrs
 from dlrover.common import Clock
 from dlrover.shard.errors import InvalidShardRequestError, ShardStateError
 
-__all__ = ["REGISTRY_BASE_FORMAT", "REGISTRY_BASE_VERSION", "LoggedCall", "RequestClock", "decode_call", "encode_call"]
+__all__ = [
+    "REGISTRY_BASE_FORMAT",
+    "REGISTRY_BASE_VERSION",
+    "LoggedCall",
+    "RequestClock",
+    "decode_call",
+    "encode_base",
+    "encode_call",
+]
 
 REGISTRY_BASE_FORMAT = "dlrover.shard.registry"
 REGISTRY_BASE_VERSION = 1
@@ -75,6 +83,11 @@ class LoggedCall:
 def encode_call(seq: int, t: float, call: str, args: dict[str, Any]) -> LoggedCall:
     """The line for `call` made with `args` (JSON-ready) at clock reading `t`."""
     return LoggedCall(seq, json.dumps({"seq": seq, "t": t, "call": call, "args": args}, separators=(",", ":")))
+
+
+def encode_base(seq: int, document: dict[str, Any]) -> LoggedCall:
+    """The base numbered `seq` holding `document` (`ShardRegistry.journal_base_document`)."""
+    return LoggedCall(seq, json.dumps(document, separators=(",", ":")))
 
 
 def decode_call(line: LoggedCall) -> tuple[float, str, dict[str, Any]]:
