@@ -53,6 +53,7 @@ from dlrover.diagnosis import (
     RankStepStats,
     reported_kind,
 )
+from dlrover.launcher.step_watch import LEAD_MIN_SAMPLES
 from dlrover.master import MasterConfig
 from dlrover.master.config import LifecycleConfig, NodeRange
 from dlrover.master.diagnosis_policy import DiagnosisFailurePolicy
@@ -641,7 +642,7 @@ class DLRoverRun:
 _GROW = "(grow)"
 _PACE = "(pace)"  # a straggler's slowness passed: the steps go on at the world's pace
 _BEAT = "(beat)"  # the agents heartbeat with their ranks' step stats
-_LEADS_TO_SHOW = 3
+_LEADS_TO_SHOW = LEAD_MIN_SAMPLES  # a straggler's slowed steps before its agent sends its lead
 # Heartbeat rounds with a straggler's slowed leads after which the master has judged them: its judgment runs at
 # the first heartbeat after an interval, which may come before the straggler's own in the same round.
 _JUDGED_AFTER_BEATS = 3

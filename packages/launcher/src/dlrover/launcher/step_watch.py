@@ -36,15 +36,16 @@ from dlrover.diagnosis import (
     StepReport,
 )
 
-__all__ = ["StepWatch"]
+__all__ = ["LEAD_MIN_SAMPLES", "StepWatch"]
 
 # Lead times kept per rank for the median the heartbeat carries: one per monitor tick that saw
 # the rank synchronize. Few, so a rank slowed now shows after three of its slowed steps (a job of
 # 5 s steps finds it in 15 s, not in the 50 s of ten); the median still ignores two odd ones (a
 # garbage collection, a slow batch).
 _LEAD_SAMPLES = 5
-# A rank's lead is sent once this many samples are in: one alone may be a warm-up step's.
-_LEAD_MIN_SAMPLES = 3
+LEAD_MIN_SAMPLES = 3
+"""A rank's lead is sent to the master once this many samples are in (one alone may be a warm-up
+step's): a rank slowed now is first seen in a heartbeat after this many of its slowed steps."""
 # Steps per mark kept per rank (one per reading that saw marks), for their median.
 _PER_MARK_SAMPLES = 16
 
@@ -226,7 +227,7 @@ class StepWatch:
             median = statistics.median(state.durations) if state is not None and state.durations else 0.0
             per_mark = statistics.median(self._per_mark[rank]) if rank in self._per_mark else 1.0
             leads = self._leads.get(rank)
-            lead = statistics.median(leads) if leads and len(leads) >= _LEAD_MIN_SAMPLES else 0.0
+            lead = statistics.median(leads) if leads and len(leads) >= LEAD_MIN_SAMPLES else 0.0
             since_mark = reading.step_end_s if reading.step > 0 else reading.phase_since_s
             since = now - since_mark
             if not math.isfinite(since):
