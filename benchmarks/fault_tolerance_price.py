@@ -205,6 +205,10 @@ def _command(launcher: str, tmp: Path, args: argparse.Namespace) -> list[str]:
         str(args.steps),
         "--persist-every",
         str(args.persist_every),
+        "--width",
+        str(args.width),
+        "--layers",
+        str(args.layers),
     ]
     logs = f"--log-dir={tmp / 'logs'}"
     if launcher == "torchrun":
@@ -411,6 +415,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--skip", type=int, default=40, help="steps of start-up left out of the steady window")
     p.add_argument("--persist-every", type=int, default=50, help="the script's --persist-every")
     p.add_argument("--sample-s", type=float, default=0.25, help="seconds between CPU samples of the trees")
+    p.add_argument("--width", type=int, default=128, help="the script's --width (a larger model: longer steps)")
+    p.add_argument("--layers", type=int, default=2, help="the script's --layers")
     p.add_argument("--timeout-s", type=float, default=300.0, help="bound on one run")
     p.add_argument("--only", default="", help="comma-separated launchers to run (default: all three)")
     p.add_argument("--verbose", action="store_true", help="print every process's CPU per step and command")
@@ -425,7 +431,8 @@ def main(argv: list[str] | None = None) -> int:
         if name not in LAUNCHERS:
             p.error(f"--only: unknown launcher {name!r}; known: {', '.join(LAUNCHERS)}")
     print(
-        f"# price of fault tolerance: GPT example, 2 workers, {args.steps} steps (steady from step {args.skip}), "
+        f"# price of fault tolerance: GPT example (width {args.width}, {args.layers} layers), 2 workers, "
+        f"{args.steps} steps (steady from step {args.skip}), "
         f"{args.runs} round(s), {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}"
     )
     print("# dlrover-run --standalone runs no autoscaler (its embedded master takes no --autoscale); ")
