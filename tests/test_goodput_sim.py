@@ -549,6 +549,18 @@ def test_a_straggler_the_master_finds_is_replaced_within_a_few_steps() -> None:
     assert 2 * STEP_S < rolled_back.buckets["steps_redone"] <= 3600.0 + STEP_S
 
 
+def test_the_agents_stay_alive_when_their_step_stats_stop_and_a_fault_follows() -> None:
+    # While a straggler is watched the agents beat with their ranks' stats and the plain liveness
+    # beats leave them out; once its slowness ends those stop, and a fault soon after must not find
+    # every agent silent past the heartbeat timeout.
+    for gap in [float(g) for g in range(0, 121, 10)]:
+        ends = 10_000.0 + SLOW["straggler_lasts_s"]
+        trace = [Interruption(10_000.0, 3, "straggler"), Interruption(ends + gap, 5, "software")]
+        result = run_slow(IN_PLACE, trace)
+        assert not [d for d in result.decisions if d.startswith("lost node")], (gap, result.decisions)
+        assert result.decisions["native_crash: restart_processes"] == 1
+
+
 def test_a_straggler_whose_step_opens_with_a_collective_is_not_found_by_its_lead() -> None:
     # FSDP and ZeRO-3 gather parameters as the step starts: every rank's lead is ~0 and says nothing.
     trace = [Interruption(10_000.0, 3, "straggler")]

@@ -53,7 +53,7 @@ from dlrover.diagnosis import (
     RankStepStats,
     reported_kind,
 )
-from dlrover.launcher.step_watch import LEAD_MIN_SAMPLES
+from dlrover.launcher.step_watch import LEAD_MIN_SAMPLES, LEAD_SAMPLES
 from dlrover.master import MasterConfig
 from dlrover.master.config import LifecycleConfig, NodeRange
 from dlrover.master.diagnosis_policy import DiagnosisFailurePolicy
@@ -167,6 +167,7 @@ class DLRoverRun:
         self.decisions: dict[str, int] = {}
         self.stopped = ""
         self.beaten_at = float("-inf")
+        self.stats_beaten_at = float("-inf")  # the last round of heartbeats with step stats
         self.queue: list[tuple[float, int, str, int, int, int]] = []  # see _push
         self._queued = 0
         self.round_number = 0  # rounds formed so far
@@ -220,13 +221,19 @@ class DLRoverRun:
         """Every live agent heartbeats, unless they all did within 0.9 heartbeat timeouts: real
         agents beat every few seconds, but the master reads beats only for its timeout (the
         simulation sends no step or sample counts on them), so it sees the same as long as none is
-        older than the timeout at a tick, and every tick follows a call of this."""
+        older than the timeout at a tick, and every tick follows a call of this. The world's agents
+        that sent their ranks' step stats (`_beat_with_steps`) within the last 0.1 timeouts are left
+        out: a beat without stats would make the master forget the node's ranks, which a real
+        agent's beats never do (each carries its ranks' stats), and theirs is young enough to last
+        until this call beats again, 0.9 timeouts on."""
         now = self.clock.now()
-        if now - self.beaten_at < 0.9 * self.costs.heartbeat_timeout_s:
+        timeout = self.costs.heartbeat_timeout_s
+        if now - self.beaten_at < 0.9 * timeout:
             return
         self.beaten_at = now
+        with_stats = self.members if now - self.stats_beaten_at < 0.1 * timeout else ()
         for node_id, node in self.master.nodes().items():
-            if node.state is NodeState.RUNNING and node_id not in self.silent:
+            if node.state is NodeState.RUNNING and node_id not in self.silent and node_id not in with_stats:
                 self.master.heartbeat(node_id)
 
     def _follow_launches(self) -> None:
@@ -598,6 +605,7 @@ class DLRoverRun:
         self._recover(self.clock.now())
 
     def _send_step_stats(self, t: float) -> None:
+        self.stats_beaten_at = t
         per_node = self.job.accelerators_per_node
         stretch = self.stretch
         done = stretch.steps_by(t)
@@ -642,7 +650,10 @@ class DLRoverRun:
 _GROW = "(grow)"
 _PACE = "(pace)"  # a straggler's slowness passed: the steps go on at the world's pace
 _BEAT = "(beat)"  # the agents heartbeat with their ranks' step stats
-_LEADS_TO_SHOW = LEAD_MIN_SAMPLES  # a straggler's slowed steps before its agent sends its lead
+# A straggler's slowed steps (with steps longer than the agent's monitor tick, one lead sample each)
+# before its agent's heartbeat shows the slowness: the median of the newest LEAD_SAMPLES is a slowed
+# one, and at least LEAD_MIN_SAMPLES are in.
+_LEADS_TO_SHOW = max(LEAD_MIN_SAMPLES, LEAD_SAMPLES // 2 + 1)
 # Heartbeat rounds with a straggler's slowed leads after which the master has judged them: its judgment runs at
 # the first heartbeat after an interval, which may come before the straggler's own in the same round.
 _JUDGED_AFTER_BEATS = 3

@@ -274,7 +274,7 @@ def test_on_cuda_a_gpu_slow_in_its_forward_has_a_long_lead(tmp_path: Path, monke
         monkeypatch.setattr(ddp_sync, "_device_leads", lambda model: None)
         cpu_only = lead(products) - lead(0)
         assert with_device >= 0.7 * slow_s, (with_device, slow_s)
-        assert cpu_only < 0.3 * slow_s, (cpu_only, slow_s)
+        assert cpu_only < 0.5 * slow_s, (cpu_only, slow_s)
     finally:
         reporter.close()
         slots.close()

@@ -298,6 +298,8 @@ class PolicyMachine(RuleBasedStateMachine):
             return A.NONE, None, False
         rung = None
         for i, step in enumerate(self.config.ladders[kind]):
+            if step.needs_new_node and not self.relaunch_possible:
+                continue  # a rung only worth a new node is passed over where none can start
             if self.within(self.step_uses.get((node if step.scope == "node" else "*", kind, i), [])) < step.budget:
                 rung = i
                 break
@@ -534,7 +536,29 @@ def test_a_native_crash_that_follows_the_job_to_a_new_host_stops_it() -> None:
     stop = policy.decide("n1", K.NATIVE_CRASH, now=t0 + 660)
     assert stop.action is A.ABORT_JOB
     assert "budgets spent (restart_processes x1, relaunch_node x1 per 24h)" in stop.outcome
-    assert "crashing in native code" in stop.outcome
+    assert "a bug in native code is likely" in stop.outcome
+
+
+def test_where_no_node_can_be_started_a_native_crash_back_on_its_node_stops_the_job() -> None:
+    # The relaunch rung tests another host: without one it is passed over, not turned into restarts
+    # in place on the host it blames (as a hang's or a communication error's relaunch rung is).
+    policy = ActionPolicy()
+    first = policy.decide("n0", K.NATIVE_CRASH, relaunch_possible=False)
+    assert first.action is A.RESTART_PROCESSES
+    stop = policy.decide("n0", K.NATIVE_CRASH, relaunch_possible=False)
+    assert stop.action is A.ABORT_JOB
+    assert "budgets spent (restart_processes x1)" in stop.outcome
+    assert "the crash site above names the library" in stop.outcome
+    # A hang's relaunch rung (after two restarts) still restarts in place there.
+    hangs = ActionPolicy()
+    third = [hangs.decide("n0", K.HANG, relaunch_possible=False) for _ in range(3)][-1]
+    assert third.action is A.RESTART_PROCESSES
+    assert "in place" in third.outcome
+
+
+def test_only_a_relaunch_rung_needs_a_new_node() -> None:
+    with pytest.raises(ConfigError, match="only a relaunch needs a new node"):
+        LadderStep(A.RESTART_PROCESSES, 1, needs_new_node=True)
 
 
 def test_a_budget_window_bounds_the_jobs_relaunches_per_window() -> None:

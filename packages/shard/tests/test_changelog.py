@@ -404,13 +404,24 @@ def test_a_stream_advance_that_changes_nothing_writes_no_line() -> None:
     assert [json.loads(line.text)["call"] for line in registry.take_changes()] == ["advance_stream"]
 
 
-def test_a_base_leaves_the_garbage_collector_as_it_found_it() -> None:
+def test_a_base_leaves_the_garbage_collector_as_it_found_it(monkeypatch: pytest.MonkeyPatch) -> None:
     # The collector is paused while the document is built (its allocations made full collections
     # most of the cost at tens of thousands of leases), and only then.
+    from dlrover.shard import registry as registry_module
+
+    seen: list[bool] = []
+    build = registry_module.progress_document
+
+    def watched(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        seen.append(gc.isenabled())
+        return build(*args, **kwargs)
+
+    monkeypatch.setattr(registry_module, "progress_document", watched)
     _clock, live = _logged()
     live.fetch("exact", "0")
     assert gc.isenabled()
     seq, document = live.journal_base_document()
+    assert seen == [False]  # paused while the document was built
     assert gc.isenabled()
     assert encode_base(seq, document).seq == seq
     gc.disable()

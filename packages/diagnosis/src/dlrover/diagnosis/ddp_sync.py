@@ -18,7 +18,11 @@ What the lead sees and what it does not:
   each training forward starts (a forward pre-hook, outside ``torch.no_grad()``) and where the
   first bucket is synchronized, and the step's lead is the longer of the CPU's and the device's
   time between them (`dlrover.diagnosis.device_leads`): a slow GPU shows. The device's time is
-  read once the device got there, never waited for.
+  read once the device got there, never waited for. The forward's start is the wrapped module's,
+  after DDP's buffer broadcast; nothing is recorded while a CUDA graph is captured, nor for a
+  module spread over several devices. A training forward that no backward follows (a skipped
+  step) leaves its start for the next step, whose lead is then too long once (the agent's median
+  of five absorbs it).
 * A collective before the first gradient bucket ends the wait there instead: DDP broadcasts the
   module's buffers at the start of every forward (``broadcast_buffers=True``, the default, with
   buffers such as BatchNorm's), so a rank slow *before* its forward (its input pipeline) holds
@@ -96,6 +100,8 @@ def report_gradient_sync(
     # group), named by the group's smallest global rank.
     group = min(dist.get_process_group_ranks(model.process_group))
     device_leads = _device_leads(model)
+    # An event recorded into a CUDA graph being captured would break the capture.
+    capturing: Callable[[], bool] = torch.cuda.is_current_stream_capturing if torch.cuda.is_available() else _never
     failed = False
 
     def mark(earlier_lead_s: float) -> float | None:
@@ -105,7 +111,7 @@ def report_gradient_sync(
         nonlocal failed
         if not failed:
             try:
-                if device_leads is None:
+                if device_leads is None or capturing():
                     mark(0.0)
                 else:
                     device_leads.synchronizing(mark)
@@ -121,24 +127,34 @@ def report_gradient_sync(
             nonlocal failed
             if failed or not module.training or not torch.is_grad_enabled():
                 return  # an evaluation's forward is no training step's
+            if capturing():
+                return
             try:
                 leads.forward_started()
             except Exception as exc:  # an event the device refuses: reporting stops, training not
                 failed = True
                 _log.warning("gradient synchronization is no longer reported in this process: %s", exc)
 
-        model.register_forward_pre_hook(forward_started)
+        # On the wrapped module, which DDP runs after broadcasting its buffers: a peer slow to reach
+        # that broadcast holds this rank there, which is not this rank's own work.
+        model.module.register_forward_pre_hook(forward_started)
     model.register_comm_hook(state, marked_then_reduced)
     return True
+
+
+def _never() -> bool:
+    return False
 
 
 def _device_leads(model: DistributedDataParallel) -> DeviceLeads | None:
     """Device-side lead timing for a model whose parameters are on a CUDA device; None elsewhere
     (the CPU's time is the whole story there)."""
-    parameter = next(model.parameters(), None)
-    if parameter is None or parameter.device.type != "cuda":
+    devices = {parameter.device for parameter in model.parameters()}
+    if len(devices) != 1:
+        return None  # no parameters, or a module spread over several devices: whose stream to time?
+    [device] = devices
+    if device.type != "cuda":
         return None
-    device = parameter.device
     return DeviceLeads(lambda: _CudaEvent(device))
 
 

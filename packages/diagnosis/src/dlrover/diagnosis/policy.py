@@ -49,7 +49,8 @@ preemption     relaunch node on any host x1 (node), then abort
 killed         restart processes x2 (node), relaunch node on any host x1 (node), abort
 data_error     abort at once (the data needs a person)
 native_crash   restart processes x1 (node; an intermittent crash clears), relaunch node avoiding
-               host x1 (job; a crash that comes back on one node points to its host), abort
+               host x1 (job; a crash that comes back on one node points to its host; passed over
+               where nothing starts a new node), abort
 disk_full      abort at once (the directory stays full across restarts)
 config_error   abort at once (the same settings fail the same way)
 unknown        restart processes x2 (node), relaunch node avoiding host x1 (node), abort
@@ -88,12 +89,16 @@ class LadderStep:
         budget: how many times this rung may be used within its scope (>= 1).
         scope: ``"node"``: the budget is per node; ``"job"``: shared by all nodes.
         avoid_host: for relaunches, whether the replacement must land on another host.
+        needs_new_node: for relaunches, whether the rung is only worth taking on a new node:
+            where nothing can start one (bare metal, Slurm, a standalone job) it is passed over,
+            instead of becoming restarts in place as other relaunch rungs do (`spend_restart`).
     """
 
     action: ActionKind
     budget: int
     scope: Scope = "node"
     avoid_host: bool = False
+    needs_new_node: bool = False
 
     def __attrs_post_init__(self) -> None:
         if self.action in (ActionKind.NONE, ActionKind.ABORT_JOB, ActionKind.REMOVE_NODE):
@@ -103,6 +108,8 @@ class LadderStep:
             )
         if not isinstance(self.budget, int) or isinstance(self.budget, bool) or self.budget < 1:
             raise ConfigError(f"LadderStep.budget must be an integer >= 1, got {self.budget!r}")
+        if self.needs_new_node and self.action not in (ActionKind.RELAUNCH_NODE, ActionKind.RELAUNCH_WITH_MORE_MEMORY):
+            raise ConfigError(f"only a relaunch needs a new node, not {self.action.value!r}")
         if self.scope not in ("node", "job"):
             raise ConfigError(f"LadderStep.scope must be 'node' or 'job', got {self.scope!r}")
 
@@ -126,7 +133,7 @@ DEFAULT_LADDERS: Mapping[FailureKind, tuple[LadderStep, ...]] = types.MappingPro
         FailureKind.PREEMPTION: (LadderStep(_RN, 1, avoid_host=False),),
         FailureKind.KILLED: (LadderStep(_R, 2), LadderStep(_RN, 1, avoid_host=False)),
         FailureKind.DATA_ERROR: (),
-        FailureKind.NATIVE_CRASH: (LadderStep(_R, 1), LadderStep(_RN, 1, "job", avoid_host=True)),
+        FailureKind.NATIVE_CRASH: (LadderStep(_R, 1), LadderStep(_RN, 1, "job", avoid_host=True, needs_new_node=True)),
         FailureKind.DISK_FULL: (),
         FailureKind.CONFIG_ERROR: (),
         FailureKind.UNKNOWN: (LadderStep(_R, 2), LadderStep(_RN, 1, avoid_host=True)),
@@ -140,7 +147,8 @@ _ABORT_ADVICE = {
     FailureKind.DISK_FULL: "a file system or quota is full; free space or raise the quota and resubmit",
     FailureKind.CONFIG_ERROR: "the launch configuration cannot work; fix the setting the log names and resubmit",
     FailureKind.NATIVE_CRASH: (
-        "the process keeps crashing in native code, on a new host too; the crash site above names the library"
+        "native crashes keep coming back after a restart (and, where nodes can move, after a node was moved to "
+        "another host): a bug in native code is likely; the crash site above names the library"
     ),
     FailureKind.DEVICE_OOM: "the model does not fit in device memory; reduce the batch size or shard the model",
     FailureKind.HOST_OOM: "the job runs out of host memory even with more; reduce host memory use",
@@ -359,10 +367,13 @@ class ActionPolicy:
         ladder = self._config.ladders[kind]
         # Budgets only refill (a window passing), so the first rung with budget left is the one.
         index = 0
-        while index < len(ladder) and self._uses(node_id, kind, index, ladder[index]) >= ladder[index].budget:
+        while index < len(ladder) and (
+            self._uses(node_id, kind, index, ladder[index]) >= ladder[index].budget
+            or (ladder[index].needs_new_node and not relaunch_possible)
+        ):
             index += 1
         if index >= len(ladder):
-            return self._abort(kind, node_id, self._exhausted_reason(kind, ladder))
+            return self._abort(kind, node_id, self._exhausted_reason(kind, ladder, relaunch_possible))
         step = ladder[index]
         relaunch = step.action in (ActionKind.RELAUNCH_NODE, ActionKind.RELAUNCH_WITH_MORE_MEMORY)
         spending = spend_restart(
@@ -426,11 +437,12 @@ class ActionPolicy:
     def _key(node_id: str, kind: FailureKind, index: int, step: LadderStep) -> tuple[str, FailureKind, int]:
         return (node_id if step.scope == "node" else _JOB, kind, index)
 
-    def _exhausted_reason(self, kind: FailureKind, ladder: tuple[LadderStep, ...]) -> str:
+    def _exhausted_reason(self, kind: FailureKind, ladder: tuple[LadderStep, ...], relaunch_possible: bool) -> str:
         advice = _ABORT_ADVICE.get(kind, "the failure keeps coming back; a person must look at it")
-        if not ladder:
+        usable = [s for s in ladder if relaunch_possible or not s.needs_new_node]
+        if not usable:
             return f"{advice}: the job stops"
-        spent = ", ".join(f"{s.action.value} x{s.budget}" for s in ladder)
+        spent = ", ".join(f"{s.action.value} x{s.budget}" for s in usable)
         return f"budgets spent ({spent}{self._config.budget_window.per()}); {advice}: the job stops"
 
     def _abort(self, kind: FailureKind, node_id: str, reason: str) -> Decision:

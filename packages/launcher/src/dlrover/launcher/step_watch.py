@@ -36,16 +36,16 @@ from dlrover.diagnosis import (
     StepReport,
 )
 
-__all__ = ["LEAD_MIN_SAMPLES", "StepWatch"]
+__all__ = ["LEAD_MIN_SAMPLES", "LEAD_SAMPLES", "StepWatch"]
 
-# Lead times kept per rank for the median the heartbeat carries: one per monitor tick that saw
-# the rank synchronize. Few, so a rank slowed now shows after three of its slowed steps (a job of
-# 5 s steps finds it in 15 s, not in the 50 s of ten); the median still ignores two odd ones (a
-# garbage collection, a slow batch).
-_LEAD_SAMPLES = 5
+LEAD_SAMPLES = 5
+"""Lead times kept per rank for the median the heartbeat carries: one per monitor tick that saw
+the rank synchronize (one per step where steps outlast the tick). Few, so a rank slowed now shows
+once three of its samples are slowed (a job of 5 s steps finds it in 15 s, not in the 50 s of
+ten); the median still ignores two odd ones (a garbage collection, a slow batch)."""
 LEAD_MIN_SAMPLES = 3
 """A rank's lead is sent to the master once this many samples are in (one alone may be a warm-up
-step's): a rank slowed now is first seen in a heartbeat after this many of its slowed steps."""
+step's)."""
 # Steps per mark kept per rank (one per reading that saw marks), for their median.
 _PER_MARK_SAMPLES = 16
 
@@ -124,11 +124,11 @@ class StepWatch:
         collective, a switch to another model) has no current lead: its old ones go."""
         lead_s, leads = (before.lead_s, before.lead_steps) if before is not None else (0.0, 0)
         if now.lead_steps > leads and math.isfinite(now.lead_s) and now.lead_s >= lead_s:
-            history = self._leads.setdefault(rank, deque(maxlen=_LEAD_SAMPLES))
+            history = self._leads.setdefault(rank, deque(maxlen=LEAD_SAMPLES))
             history.append((now.lead_s - lead_s) / (now.lead_steps - leads))
             self._lead_at_mark[rank] = self._marks.get(rank, 0)
             self._groups[rank] = now.sync_group
-        elif rank in self._leads and self._marks.get(rank, 0) - self._lead_at_mark.get(rank, 0) > _LEAD_SAMPLES:
+        elif rank in self._leads and self._marks.get(rank, 0) - self._lead_at_mark.get(rank, 0) > LEAD_SAMPLES:
             del self._leads[rank]  # marks seen since its last lead, none with a synchronization
 
     def _reports(self, rank: int, before: SlotReading | None, now: SlotReading) -> list[StepReport]:
