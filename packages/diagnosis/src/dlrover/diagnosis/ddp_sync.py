@@ -127,10 +127,9 @@ def report_gradient_sync(
             nonlocal failed
             if failed or not module.training or not torch.is_grad_enabled():
                 return  # an evaluation's forward is no training step's
-            if capturing():
-                return
             try:
-                leads.forward_started()
+                if not capturing():
+                    leads.forward_started()
             except Exception as exc:  # an event the device refuses: reporting stops, training not
                 failed = True
                 _log.warning("gradient synchronization is no longer reported in this process: %s", exc)
