@@ -113,6 +113,10 @@ class LadderStep:
         if self.scope not in ("node", "job"):
             raise ConfigError(f"LadderStep.scope must be 'node' or 'job', got {self.scope!r}")
 
+    def usable(self, relaunch_possible: bool) -> bool:
+        """Whether the rung can be taken where a new node can (or cannot) be started."""
+        return relaunch_possible or not self.needs_new_node
+
 
 _R, _RB, _RN, _RM = (
     ActionKind.RESTART_PROCESSES,
@@ -369,7 +373,7 @@ class ActionPolicy:
         index = 0
         while index < len(ladder) and (
             self._uses(node_id, kind, index, ladder[index]) >= ladder[index].budget
-            or (ladder[index].needs_new_node and not relaunch_possible)
+            or not ladder[index].usable(relaunch_possible)
         ):
             index += 1
         if index >= len(ladder):
@@ -439,7 +443,7 @@ class ActionPolicy:
 
     def _exhausted_reason(self, kind: FailureKind, ladder: tuple[LadderStep, ...], relaunch_possible: bool) -> str:
         advice = _ABORT_ADVICE.get(kind, "the failure keeps coming back; a person must look at it")
-        usable = [s for s in ladder if relaunch_possible or not s.needs_new_node]
+        usable = [s for s in ladder if s.usable(relaunch_possible)]
         if not usable:
             return f"{advice}: the job stops"
         spent = ", ".join(f"{s.action.value} x{s.budget}" for s in usable)
