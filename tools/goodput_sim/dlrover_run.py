@@ -1,13 +1,13 @@
 """A DLRover strategy: the real master decides, simulated agents carry its decisions out.
 
 The master is `dlrover.master.Master` itself (node lifecycle, the diagnosis classifier and action
-policy, checkpoint commits, the goodput accounting) on a `ManualClock` and the in-memory
-`FakeScheduler` and journal: no gRPC, no threads, no sleeping. What an agent would send, the
-simulation calls: `register`, `heartbeat` (rank 0's with its attempt reports), `report_failure`
-with the kind the agent reports (`dlrover.diagnosis.reported_kind`) and the cause's log excerpt,
-`record_checkpoint` for each persisted checkpoint. A lost machine just falls silent: the master's
-heartbeat timeout finds it. A round forms when the rendezvous's own rule says so
-(`dlrover.rendezvous.decide_round`). What the simulation decides itself is only what the cluster
+policy, checkpoint commits, the goodput accounting, and the shard service it hosts: `data_feed`) on
+a `ManualClock` and the in-memory `FakeScheduler` and journal: no gRPC, no threads, no sleeping.
+What an agent would send, the simulation calls: `register`, `heartbeat` (rank 0's with its attempt
+reports), `report_failure` with the kind the agent reports (`dlrover.diagnosis.reported_kind`) and
+the cause's log excerpt, `record_checkpoint` for each persisted checkpoint. A lost machine just
+falls silent: the master's heartbeat timeout finds it. A round forms when the rendezvous's own rule
+says so (`dlrover.rendezvous.decide_round`). What the simulation decides itself is only what the cluster
 and the training processes do: how long each phase takes (the scenario's costs), that a broken
 node fails again until it is replaced, and which checkpoint a round restores.
 
@@ -67,6 +67,7 @@ from dlrover.master.states import NodeState
 from dlrover.rendezvous import RendezvousConfig
 from dlrover.rendezvous.decision import decide_round
 
+from .data_feed import DataFeed
 from .scenario import CAUSES, Scenario, Strategy
 from .trace import Interruption
 from .training import Stretch
@@ -145,6 +146,13 @@ class DLRoverRun:
         )
         self.clock = ManualClock(0.0, WALL0)
         self.scheduler = FakeScheduler(relaunches_nodes=strategy.backend_relaunches)
+        self.data = DataFeed(
+            self.clock,
+            full=full,
+            nodes_per_reader=self.job.model_parallel_nodes,
+            shard_steps=self.job.shard_steps,
+            lease_timeout_s=10.0 * self.job.duration_s,
+        )
         policy = default_policy(config)
         if strategy.ladders:  # a what-if the master's flags cannot set yet
             ladders = strategy.policy_ladders()
@@ -154,7 +162,18 @@ class DLRoverRun:
                 budget_window=lifecycle.budget_window,
             )
             policy = DiagnosisFailurePolicy(actions=ActionPolicy(actions))
-        self.master = MeteredMaster(Master(config, self.scheduler, MemoryJournal(), self.clock, policy=policy))
+        hosted = self.data.hosted
+        master = Master(
+            config,
+            self.scheduler,
+            MemoryJournal(),
+            self.clock,
+            policy=policy,
+            collaborators=[hosted],
+            membership=[hosted],
+        )
+        hosted.attach(master)
+        self.master = MeteredMaster(master)
         self.insufficient_window_s = lifecycle.insufficient_nodes_window_s
         self.comes_up_at: dict[int, float] = {}  # node id -> when the agent of a launched node starts
         self.silent: set[int] = set()  # nodes whose machine is gone
@@ -162,6 +181,8 @@ class DLRoverRun:
         self.attempts: dict[int, int] = {}
         self.members: frozenset[int] = frozenset()  # the node ids of the round in force
         self.best = 0
+        self.reached = 0  # the step the attempt in force reached by the last progress report
+        self.reported_at = 0.0  # that report's time
         self.persisted = 0
         self.flash_step = 0
         self.decisions: dict[str, int] = {}
@@ -266,6 +287,7 @@ class DLRoverRun:
         the master stops the job (`stopped` says why), and return the master's breakdown."""
         end = self.job.duration_s
         self.master.start()
+        self.data.register()
         self._follow_launches()
         first_up = max(self.comes_up_at.values())
         self._advance(first_up)
@@ -297,6 +319,8 @@ class DLRoverRun:
             self.stopped = self.master.status().exit_reason
         else:
             self._report_progress(max(end, self.clock.now()))
+            self._settle_data()
+            self.data.check(self.reached)
             self.master.stop("the simulated time is over")
         breakdown: GoodputBreakdown = self.master.status().breakdown
         return breakdown
@@ -341,6 +365,7 @@ class DLRoverRun:
         else:
             step, load = self.persisted, self.job.checkpoint_gib / costs.storage_read_gib_s
         self._advance(max(formed, self.clock.now()))
+        self.data.start_attempt([ranked[r] for r in sorted(ranked)], step, restore=bool(self.members))
         self.members = members
         self.rank0 = ranked[min(ranked)]
         self.attempts[self.rank0] = self.attempts.get(self.rank0, 0) + 1
@@ -419,6 +444,7 @@ class DLRoverRun:
         if self.rank0 in self._ranked().values():
             self.master.heartbeat(self.rank0, attempts=[report])
         reached = self.stretch.start_step + self.stretch.steps_by(until)
+        self.reached, self.reported_at = reached, until
         self.straggled_s += self.stretch.straggled_s(max(0, reached - self.best))
         self.best = max(self.best, reached)
         self.flash_step = self.stretch.last_saved_step(until)
@@ -432,6 +458,19 @@ class DLRoverRun:
                 self.persisted = step
                 self.master.record_checkpoint(step, f"storage://goodput-sim/step-{step}", len(self.members))
 
+    def _settle_data(self) -> None:
+        """The training processes' data reports up to the last progress report (`DataFeed.settle`): before the
+        master acts on a node, and with the data position read at every step a restore may go back to."""
+        until = self.reported_at
+        restorable = {self.persisted, self.flash_step}
+        interval = self.strategy.storage_interval_s
+        write_s = self.job.checkpoint_gib / self.costs.storage_write_gib_s
+        # Persists still being written: one started every `interval` of training (see `_report_progress`).
+        first = max(1, int((until - write_s - self.persist_from) // interval))
+        for k in range(first, int((until - self.persist_from) // interval) + 1):
+            restorable.add(self.stretch.last_saved_step(self.persist_from + k * interval))
+        self.data.settle(self.reached, restorable)
+
     def _interrupt(self, t: float, cause_name: str, *, trace_node: int, node_id: int) -> None:
         """Handle one interruption at `t` on node `node_id`, or (-1) on the member that the trace's node
         index maps to (the rank of that index while it trains, else one of the world's)."""
@@ -443,6 +482,7 @@ class DLRoverRun:
         if cause.effect == "slow":
             self._slows(t, node_id)
             return
+        self._settle_data()
         if cause.effect == "lost":
             self._leaves(node_id)
             self._advance(t + costs.heartbeat_timeout_s + 1.0)  # the master's heartbeat timeout finds it
@@ -513,6 +553,7 @@ class DLRoverRun:
         if len(self._ranked()) == len(self.members):
             return  # nobody new (the replacement failed meanwhile)
         self._report_progress(t)
+        self._settle_data()
         sealed = self.stretch.start_step + self.stretch.steps_by(t)
         self.best = max(self.best, sealed)
         self._count("replacement up: planned round")
@@ -582,6 +623,7 @@ class DLRoverRun:
         Rank 0's steps are reported first: its node may be the one relaunched."""
         self._report_progress(t)
         if any(nid in self.members for nid in self.slow):
+            self._settle_data()  # the master may let a node go on these beats
             self._send_step_stats(t)
         for event in self._new_events():
             if event.kind == "straggler":
@@ -638,7 +680,7 @@ class DLRoverRun:
             self.master.heartbeat(node_id, rank_steps=stats)
 
     def _new_events(self) -> list[Any]:
-        out = []
+        out: list[Any] = []
         while True:
             batch = self.master.events(after_seq=self.events_seen, limit=1000)
             if not batch:

@@ -193,6 +193,10 @@ class Job:
     backward up to its first gradient bucket (about 0.4); 0 for a job whose step opens with a
     collective (FSDP or ZeRO-3 gathering the first layer's parameters), whose ranks' leads say
     nothing about their speed.
+
+    `model_parallel_nodes` is the nodes of one model replica (tensor and pipeline parallel): they train on
+    the same batch, so one reader per replica leases data shards from the master (`data_feed`);
+    `shard_steps` is how many steps of a reader's batches one shard holds.
     """
 
     accelerators: int = attrs.field(validator=positive_int)
@@ -201,6 +205,8 @@ class Job:
     checkpoint_gib: float = attrs.field(default=100.0, validator=positive_finite)
     days: float = attrs.field(default=30.0, validator=positive_finite)
     sync_lead_share: float = attrs.field(default=0.4, validator=_share)
+    model_parallel_nodes: int = attrs.field(default=1, validator=positive_int)
+    shard_steps: int = attrs.field(default=1000, validator=positive_int)
 
     def __attrs_post_init__(self) -> None:
         if self.accelerators % self.accelerators_per_node:

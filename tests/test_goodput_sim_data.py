@@ -1,0 +1,167 @@
+"""The goodput simulator's data (tools/goodput_sim/data_feed.py): the master's real shard service hands
+out the job's data, every checkpoint holds its data position, and a restore hands it back. The check
+that a position at step `s` holds exactly `s` steps' units, against the real service, across worlds of
+every size, readers of several nodes, departures and restores; and that a wrong position is caught."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+
+from goodput_sim.data_feed import DATASET, DataFeed, DataLossError  # noqa: E402
+from goodput_sim.dlrover_run import DLRoverRun  # noqa: E402
+from goodput_sim.scenario import parse  # noqa: E402
+from goodput_sim.trace import Interruption  # noqa: E402
+
+from dlrover.common import ManualClock  # noqa: E402
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def feed(full: int = 8, per_reader: int = 1, shard_steps: int = 3) -> DataFeed:
+    data = DataFeed(
+        ManualClock(0.0, 1_700_000_000.0),
+        full=full,
+        nodes_per_reader=per_reader,
+        shard_steps=shard_steps,
+        lease_timeout_s=1e9,
+    )
+    data.register()
+    return data
+
+
+def test_a_smaller_world_trains_the_same_units_a_step_and_a_restore_goes_back_to_a_position() -> None:
+    data = feed(full=8, per_reader=2, shard_steps=3)
+    data.start_attempt([10, 11, 12, 13, 14], 0, restore=False)  # 5 of 8 nodes: 3 readers, uneven shares
+    data.settle(17, restorable={0, 12})
+    data.check(17)
+    assert data.acknowledged(data.positions[12]) == 12 * 8
+    assert sorted(data.positions) == [0, 12, 17]
+
+    data.start_attempt([20, 21, 22, 23, 24, 25, 26, 27], 12, restore=True)  # the whole job, from step 12
+    assert sorted(data.positions) == [0, 12]  # step 17 of the old attempt is trained again, on other data
+    data.settle(30, restorable={12, 25})
+    data.check(30)
+    assert data.restores == 1
+    assert sorted(data.positions) == [12, 25, 30]  # older than every restorable step: forgotten
+
+
+def test_the_master_returning_a_departed_nodes_shards_loses_nothing_once_the_position_is_restored() -> None:
+    data = feed(full=4, shard_steps=5)
+    data.start_attempt([1, 2, 3, 4], 0, restore=False)
+    data.settle(7, restorable={0, 6})
+    released = data.hosted.release(3, "node 3 was relaunched")  # the master's departure path
+    assert list(released) == [DATASET]
+    assert len(released[DATASET]) == 1  # the shard its reader held
+    data.start_attempt([1, 2, 4, 5], 6, restore=True)
+    data.settle(11, restorable={6})
+    data.check(11)
+
+
+def test_a_data_position_that_does_not_hold_its_steps_stops_the_run() -> None:
+    data = feed(full=4, shard_steps=2)
+    data.start_attempt([1, 2, 3, 4], 0, restore=False)
+    data.settle(5, restorable={0, 3})
+    with data.hosted.locked() as registry:  # a data path that went back without the checkpoint
+        registry.restore(data.positions[3], DATASET)
+    with pytest.raises(DataLossError, match=r"at step 5 holds 12 units acknowledged, expected 20"):
+        data.check(5)
+    with pytest.raises(DataLossError, match="no data position was read at step 4"):
+        data.start_attempt([1, 2, 3, 4], 4, restore=True)
+
+
+class DataMachine(RuleBasedStateMachine):
+    """Attempts of random worlds train, settle and restore; every position read holds its steps."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.full = 6
+        self.data = feed(full=self.full, per_reader=2, shard_steps=2)
+        self.next_node = 100
+        self.world: list[int] = []
+        self.step = 0
+
+    def _members(self, size: int) -> list[int]:
+        members = list(range(self.next_node, self.next_node + size))
+        self.next_node += size
+        return members
+
+    @precondition(lambda self: not self.world)
+    @rule(size=st.integers(1, 6))
+    def first_round(self, size: int) -> None:
+        self.world = self._members(size)
+        self.data.start_attempt(self.world, 0, restore=False)
+
+    @precondition(lambda self: bool(self.world))
+    @rule(steps=st.integers(0, 9), saved=st.sets(st.integers(0, 9), max_size=3))
+    def train(self, steps: int, saved: set[int]) -> None:
+        reached = self.step + steps
+        restorable = {s for s in self.data.positions if s <= self.step} | {self.step + k for k in saved if k <= steps}
+        self.data.settle(reached, restorable)
+        self.step = reached
+        self.data.check(reached)
+
+    @precondition(lambda self: bool(self.world))
+    @rule(data=st.data(), size=st.integers(1, 6), departed=st.booleans())
+    def restore(self, data: st.DataObject, size: int, departed: bool) -> None:
+        if departed:
+            self.data.hosted.release(self.world[0], "the node left")
+        step = data.draw(st.sampled_from(sorted(self.data.positions)))
+        self.world = self._members(size)
+        self.data.start_attempt(self.world, step, restore=True)
+        self.step = step
+
+    @invariant()
+    def positions_hold_their_steps(self) -> None:
+        for step, document in self.data.positions.items():
+            assert self.data.acknowledged(document) == step * self.full
+
+
+TestDataMachine = DataMachine.TestCase
+TestDataMachine.settings = settings(max_examples=40, stateful_step_count=25, deadline=None)
+
+
+def test_a_simulated_run_restores_the_data_position_at_every_round() -> None:
+    sc = parse(
+        {
+            "job": {
+                "accelerators": 64,
+                "days": 1.0,
+                "step_time_s": 10.0,
+                "checkpoint_gib": 64.0,
+                "model_parallel_nodes": 3,  # 8 nodes: readers of 3, 3 and 2 nodes
+                "shard_steps": 7,
+            },
+            "costs": {"node_provision_s": 200.0, "process_restart_s": 30.0, "storage_write_gib_s": 4.0},
+            "strategy": [
+                {
+                    "name": "everything on",
+                    "kind": "dlrover",
+                    "flash_every_steps": 2,
+                    "storage_interval_s": 1800.0,
+                    "replicated_memory": True,
+                    "min_nodes": 7,
+                    "max_node_relaunches": 100,
+                }
+            ],
+        }
+    )
+    trace = [
+        Interruption(10_000.0, 3, "software"),  # restarted in place
+        Interruption(20_000.0, 5, "gpu"),  # relaunched: the others go on without it, then a planned round
+        Interruption(40_000.0, 1, "host_maintenance"),  # lost: the master's heartbeat timeout finds it
+        Interruption(60_000.0, 6, "nccl_hang"),
+    ]
+    run = DLRoverRun(sc, sc.strategies[0])
+    run.run(trace)  # its end checks the data position at the last step reached
+    assert not run.stopped
+    assert run.data.restores >= 5  # one per round after the first: each interruption, and the planned round
+    assert run.reached * 8 == run.data.acknowledged(run.data.positions[run.reached])
