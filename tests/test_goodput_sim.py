@@ -418,6 +418,7 @@ def test_the_cost_command_measures_the_masters_calls_beside_a_noop_grpc_call(tmp
         "heartbeat",
         "heartbeat, new step",
         "heartbeat, 8 ranks' step stats",
+        "heartbeat, samples, autoscaler on",
         "tick",
         "failure, relaunch journaled",
         "spare promotion, per node handed its round",

@@ -165,3 +165,60 @@ def test_a_simulated_run_restores_the_data_position_at_every_round() -> None:
     assert not run.stopped
     assert run.data.restores >= 5  # one per round after the first: each interruption, and the planned round
     assert run.reached * 8 == run.data.acknowledged(run.data.positions[run.reached])
+
+
+AUTOSCALED = {
+    "name": "autoscaled",
+    "kind": "dlrover",
+    "flash_every_steps": 1,
+    "storage_interval_s": 1800.0,
+    "replicated_memory": True,
+    "min_nodes": 6,
+    "max_node_relaunches": 100,
+    "autoscale": "on",
+}
+
+
+def autoscaled_run(**strategy: object) -> DLRoverRun:
+    sc = parse(
+        {
+            "job": {"accelerators": 64, "days": 1.0, "step_time_s": 10.0, "checkpoint_gib": 64.0, "shard_steps": 7},
+            "costs": {"node_provision_s": 200.0, "process_restart_s": 30.0, "storage_write_gib_s": 4.0},
+            "strategy": [{**AUTOSCALED, **strategy}],
+        }
+    )
+    return DLRoverRun(sc, sc.strategies[0])
+
+
+def test_with_the_autoscaler_on_the_job_starts_at_its_minimum_and_grows_to_the_top_where_each_node_pays() -> None:
+    run = autoscaled_run()
+    run.run([Interruption(40_000.0, 2, "gpu")])
+    assert not run.stopped
+    sizes = [int(e.data["target"]) for e in run.master.events(after_seq=0, limit=10_000) if e.kind == "resize"]
+    assert sizes[0] == 8  # from 6 (the minimum): a step of 10 s measured for minutes resolves 2 nodes of 8
+    assert run.decisions["autoscaler: grow"] >= 1
+    assert "autoscaler: shrink, planned round" not in run.decisions  # linear scaling: nothing given back
+    assert len(run.members) == 8
+
+
+def test_nodes_the_master_lets_go_leave_at_a_planned_round_that_redoes_no_step() -> None:
+    run = autoscaled_run(autoscale="advise", min_nodes=6)
+    original = run._scale_tick
+    ticks: list[float] = []
+    shrunk: list[float] = []
+
+    def tick_with_a_scale_request(t: float) -> None:
+        ticks.append(t)
+        if len(ticks) == 3:  # training for a few minutes
+            assert len(run.members) == 8
+            run.master.resize(6, "a person's dlrover-master scale 6")
+            shrunk.append(t)
+        original(t)
+
+    run._scale_tick = tick_with_a_scale_request  # type: ignore[method-assign]
+    breakdown = run.run([])
+    assert shrunk
+    assert run.decisions["autoscaler: shrink, planned round"] == 1
+    assert len(run.members) == 6
+    assert run.data.restores == 1  # the planned round restored the sealed step's data position
+    assert breakdown.buckets["steps_redone"] == 0.0

@@ -55,6 +55,7 @@ from dlrover.diagnosis import (
 )
 from dlrover.launcher.step_watch import LEAD_MIN_SAMPLES, LEAD_SAMPLES
 from dlrover.master import MasterConfig
+from dlrover.master.autoscaler import AutoscalerConfig
 from dlrover.master.config import LifecycleConfig, NodeRange
 from dlrover.master.diagnosis_policy import DiagnosisFailurePolicy
 from dlrover.master.factory import default_policy
@@ -120,27 +121,8 @@ class DLRoverRun:
         self.job, self.costs, self.strategy = scenario.job, scenario.costs, strategy
         full = self.job.nodes
         self.min_nodes = strategy.min_nodes or full
-        lifecycle = LifecycleConfig(
-            nodes=NodeRange(self.min_nodes, full),
-            heartbeat_timeout_s=self.costs.heartbeat_timeout_s,
-            node_start_timeout_s=None,
-            node_pending_timeout_s=None,
-            max_relaunches=strategy.max_relaunches,
-            max_process_restarts=strategy.max_process_restarts,
-            max_job_failures=strategy.max_job_failures,
-            budget_window_s=strategy.budget_window_s,
-            spare_nodes=strategy.spare_nodes,
-        )
-        config = MasterConfig(
-            job_name="goodput-sim",
-            lifecycle=lifecycle,
-            rendezvous_last_call_s=self.costs.rendezvous_last_call_s,
-            progress_event_interval_s=3600.0,
-            max_node_relaunches=strategy.max_node_relaunches,
-            heartbeat_interval_s=self.costs.heartbeat_interval_s,
-            straggler_action=strategy.straggler_action,
-            straggler_factor=strategy.straggler_factor,
-        )
+        config = self._master_config()
+        lifecycle = config.lifecycle
         self.rendezvous = RendezvousConfig(
             min_nodes=self.min_nodes, max_nodes=full, last_call_s=self.costs.rendezvous_last_call_s
         )
@@ -175,6 +157,36 @@ class DLRoverRun:
         hosted.attach(master)
         self.master = MeteredMaster(master)
         self.insufficient_window_s = lifecycle.insufficient_nodes_window_s
+        self._state()
+
+    def _master_config(self) -> MasterConfig:
+        """dlrover-master's configuration for the strategy."""
+        strategy = self.strategy
+        lifecycle = LifecycleConfig(
+            nodes=NodeRange(self.min_nodes, self.job.nodes),
+            heartbeat_timeout_s=self.costs.heartbeat_timeout_s,
+            node_start_timeout_s=None,
+            node_pending_timeout_s=None,
+            max_relaunches=strategy.max_relaunches,
+            max_process_restarts=strategy.max_process_restarts,
+            max_job_failures=strategy.max_job_failures,
+            budget_window_s=strategy.budget_window_s,
+            spare_nodes=strategy.spare_nodes,
+        )
+        return MasterConfig(
+            job_name="goodput-sim",
+            lifecycle=lifecycle,
+            rendezvous_last_call_s=self.costs.rendezvous_last_call_s,
+            progress_event_interval_s=3600.0,
+            max_node_relaunches=strategy.max_node_relaunches,
+            heartbeat_interval_s=self.costs.heartbeat_interval_s,
+            straggler_action=strategy.straggler_action,
+            straggler_factor=strategy.straggler_factor,
+            autoscale=AutoscalerConfig(mode=strategy.autoscale),
+        )
+
+    def _state(self) -> None:
+        """The simulation's own state: the cluster, the world in force, and the queue of what comes."""
         self.comes_up_at: dict[int, float] = {}  # node id -> when the agent of a launched node starts
         self.silent: set[int] = set()  # nodes whose machine is gone
         self.broken: dict[int, str] = {}  # node id -> the cause of a fault that stays until it is replaced
@@ -183,6 +195,8 @@ class DLRoverRun:
         self.best = 0
         self.reached = 0  # the step the attempt in force reached by the last progress report
         self.reported_at = 0.0  # that report's time
+        self.attempt_step = 0  # the step the attempt in force started from (what it restored)
+        self.scale_ticks_left = 0  # the autoscaler's ticks still to simulate after the last round
         self.persisted = 0
         self.flash_step = 0
         self.decisions: dict[str, int] = {}
@@ -253,9 +267,18 @@ class DLRoverRun:
             return
         self.beaten_at = now
         with_stats = self.members if now - self.stats_beaten_at < 0.1 * timeout else ()
+        samples = self._samples(now)
         for node_id, node in self.master.nodes().items():
             if node.state is NodeState.RUNNING and node_id not in self.silent and node_id not in with_stats:
-                self.master.heartbeat(node_id)
+                self.master.heartbeat(node_id, samples=samples if node_id in self.members else 0)
+
+    def _samples(self, t: float) -> int:
+        """The samples each node of the world has trained by `t` since its processes started (the count
+        its agent reports on every heartbeat): its whole part of a step's global batch every step."""
+        if t < self.stretch.ready:
+            return 0
+        steps = self.stretch.start_step + self.stretch.steps_by(t) - self.attempt_step
+        return max(0, steps) * (self.job.nodes * _SAMPLES_PER_UNIT // max(1, len(self.members)))
 
     def _follow_launches(self) -> None:
         """Nodes the master launched come up `node_provision_s` later."""
@@ -300,19 +323,12 @@ class DLRoverRun:
                 break
             if node_id >= 0 and (round_number != self.round_number or node_id not in self.members):
                 continue  # a repeat failure of a node that left the world, or of an earlier round
+            if what == _SCALE and round_number != self.round_number:
+                continue  # the autoscaler's beats after an earlier round: the newer round has its own
             if t < self.stretch.ready:  # recovering: it waits until training resumes
                 self._push(self.stretch.ready, what, trace_node, node_id=node_id, round_number=self.round_number)
                 continue
-            if what == _GROW:
-                self.grow_at = None
-                self._grow(t)
-            elif what == _PACE:
-                self._repace(t)
-            elif what == _BEAT:
-                self.watching = False
-                self._beat_with_steps(t)
-            else:
-                self._interrupt(t, what, trace_node=trace_node, node_id=node_id)
+            self._dispatch(t, what, trace_node, node_id)
             if self.master.job_state.finished:
                 break
         if self.master.job_state.finished:
@@ -324,6 +340,20 @@ class DLRoverRun:
             self.master.stop("the simulated time is over")
         breakdown: GoodputBreakdown = self.master.status().breakdown
         return breakdown
+
+    def _dispatch(self, t: float, what: str, trace_node: int, node_id: int) -> None:
+        if what == _GROW:
+            self.grow_at = None
+            self._grow(t)
+        elif what == _PACE:
+            self._repace(t)
+        elif what == _BEAT:
+            self.watching = False
+            self._beat_with_steps(t)
+        elif what == _SCALE:
+            self._scale_tick(t)
+        else:
+            self._interrupt(t, what, trace_node=trace_node, node_id=node_id)
 
     def _push(self, t: float, what: str, trace_node: int, *, node_id: int = -1, round_number: int = -1) -> None:
         """Queue an interruption (a cause, or `_GROW`) at `t`. One aimed at a node (`node_id`, a broken node
@@ -367,6 +397,7 @@ class DLRoverRun:
         self._advance(max(formed, self.clock.now()))
         self.data.start_attempt([ranked[r] for r in sorted(ranked)], step, restore=bool(self.members))
         self.members = members
+        self.attempt_step = step
         self.rank0 = ranked[min(ranked)]
         self.attempts[self.rank0] = self.attempts.get(self.rank0, 0) + 1
         self.round_times = (joined_at, formed, workers, load)
@@ -391,10 +422,49 @@ class DLRoverRun:
         self.judged.clear()
         self.shown_beats.clear()
         self._watch_stragglers()
+        self._expect_growth()
+        if self.strategy.autoscale != "off":
+            self.scale_ticks_left = _SCALE_TICKS
+            self._push(self.stretch.ready + self._beat_gap, _SCALE, -1, round_number=self.round_number)
+
+    @property
+    def _beat_gap(self) -> float:
+        """How often the simulated agents' heartbeats reach the master (see `_beat`)."""
+        return 0.9 * self.costs.heartbeat_timeout_s
+
+    def _expect_growth(self) -> None:
+        """Nodes launched for ranks the world trains without (replacements, or the autoscaler's growth) join at
+        a planned round once they are up."""
         pending = self._pending_ranks()
-        if pending and world < self.job.nodes and self.grow_at is None:
+        if pending and len(self.members) < self.job.nodes and self.grow_at is None:
             self.grow_at = max(self.comes_up_at.get(nid, self.clock.now()) for nid in pending.values())
             self._push(self.grow_at, _GROW, -1)
+
+    def _scale_tick(self, t: float) -> None:
+        """The agents heartbeat with their samples and the master ticks, so its autoscaler measures the world
+        and plans (`_SCALE_TICKS` beats after each round: enough to measure a node count and act on it).
+        Nodes it launches join at a planned round once up; nodes it lets go leave at a planned round at once
+        (their agents have the workers seal a flash checkpoint first)."""
+        self.beaten_at = float("-inf")  # real agents beat every few seconds: this tick hears every one
+        self._advance(t)
+        ranked = set(self._ranked().values())
+        gone = sorted(self.members - ranked)
+        if gone:
+            self._report_progress(t)
+            self._settle_data()
+            sealed = self.stretch.start_step + self.stretch.steps_by(t)
+            self.best = max(self.best, sealed)
+            for node_id in gone:
+                self._leaves(node_id)
+            self._count("autoscaler: shrink, planned round")
+            self._round(t, planned_step=sealed)
+            return
+        if self._pending_ranks() and self.grow_at is None:
+            self._count("autoscaler: grow")
+        self._expect_growth()
+        self.scale_ticks_left -= 1
+        if self.scale_ticks_left > 0:
+            self._push(t + self._beat_gap, _SCALE, -1, round_number=self.round_number)
 
     def _network_check(self, members: frozenset[int], formed: float, planned_step: int | None) -> float | None:
         """The seconds the round's network check takes before training (0: none, or its probes
@@ -677,7 +747,7 @@ class DLRoverRun:
                 )
                 for local in range(per_node)
             ]
-            self.master.heartbeat(node_id, rank_steps=stats)
+            self.master.heartbeat(node_id, rank_steps=stats, samples=self._samples(t))
 
     def _new_events(self) -> list[Any]:
         out: list[Any] = []
@@ -692,6 +762,11 @@ class DLRoverRun:
 _GROW = "(grow)"
 _PACE = "(pace)"  # a straggler's slowness passed: the steps go on at the world's pace
 _BEAT = "(beat)"  # the agents heartbeat with their ranks' step stats
+_SCALE = "(scale)"  # the agents heartbeat with their samples, and the master's autoscaler plans
+# Heartbeat rounds after each round while the autoscaler is on: its warm-up, a node count measured for
+# `min_measure_s` (a minute) from beats 54 s apart, a plan, and the cool-down after a resize.
+_SCALE_TICKS = 8
+_SAMPLES_PER_UNIT = 1000  # samples of one node's part of a step's global batch at full size
 # A straggler's slowed steps (with steps longer than the agent's monitor tick, one lead sample each)
 # before its agent's heartbeat shows the slowness: the median of the newest LEAD_SAMPLES is a slowed
 # one, and at least LEAD_MIN_SAMPLES are in.

@@ -7,7 +7,8 @@ call measured in the same run (what any RPC costs before the master does anythin
 Every node is registered (one journaled transaction each), then measured: a heartbeat round
 without a new step (what most heartbeats are), a round with one (progress), a round whose
 heartbeats carry their 8 ranks' step stats (what the straggler detector judges, once an interval
-over every rank), a tick (the master's
+over every rank), rounds whose heartbeats carry the node's samples trained to a master with
+``--autoscale on`` (what every agent sends: the samples rate, and the autoscaler's measurements), a tick (the master's
 timeout checks), a node failure decided and journaled (a relaunch), a warm spare's promotion
 handed to every node (the failure that promotes it, then each node's heartbeat taking its restart
 for the spare's round; per node), a rendezvous round of every node
@@ -40,6 +41,7 @@ from dlrover.common.server import GrpcServer, ServerConfig
 from dlrover.common.v1 import ping_pb2, ping_pb2_grpc
 from dlrover.diagnosis import FailureKind, RankStepStats
 from dlrover.master import MasterConfig
+from dlrover.master.autoscaler import AutoscaleMode, AutoscalerConfig
 from dlrover.master.config import LifecycleConfig, NodeRange
 from dlrover.master.factory import default_policy
 from dlrover.master.hosting import HostedShards
@@ -231,6 +233,33 @@ def _rounds_with_step_stats(master: Master, clock: ManualClock, nodes: int, inte
     return rounds
 
 
+def _rounds_with_samples(nodes: int) -> float:
+    """CPU per heartbeat of rounds 5 s apart, each heartbeat with its node's samples trained so far, to a
+    master whose autoscaler is on (it measures them)."""
+    clock = ManualClock(0.0, 1_700_000_000.0)
+    config = attrs.evolve(_config(nodes), autoscale=AutoscalerConfig(mode=AutoscaleMode.ON))
+    scheduler = FakeScheduler()
+    with tempfile.TemporaryDirectory(prefix="goodput-sim-cost-") as tmp:
+        journal = SqliteJournal(Path(tmp) / "journal.db")
+        try:
+            master = Master(config, scheduler, journal, clock, policy=default_policy(config))
+            master.start()
+            for node_id in range(nodes):
+                scheduler.set_state(node_id, ObservedState.RUNNING)
+                master.register(node_id, f"agent-{node_id}", f"host-{node_id}")
+            rounds = 6
+
+            def beat() -> None:
+                for r in range(1, rounds + 1):
+                    clock.advance(5.0)
+                    for i in range(nodes):
+                        master.heartbeat(i, samples=64 * r)
+
+            return _cpu(rounds * nodes, beat)
+        finally:
+            journal.close()
+
+
 def measure(nodes: int, *, failures: int = 20, grpc_calls: int = 2000) -> MasterCost:
     """Measure the master's calls with `nodes` nodes (see the module)."""
     clock = ManualClock(0.0, 1_700_000_000.0)
@@ -269,6 +298,7 @@ def measure(nodes: int, *, failures: int = 20, grpc_calls: int = 2000) -> Master
 
             stats_rounds = _rounds_with_step_stats(master, clock, nodes, config.heartbeat_interval_s)
             out["heartbeat, 8 ranks' step stats"] = _cpu(3 * nodes, stats_rounds)
+            out["heartbeat, samples, autoscaler on"] = _rounds_with_samples(nodes)
             out["tick"] = _cpu(20, ticks)
             evidence = CAUSES["gpu"].evidence
 

@@ -307,6 +307,7 @@ class Costs:
 STRATEGY_KINDS = ("restart_job", "dlrover")
 HANG_DETECTION = ("nccl_timeout", "cpu_idle", "adaptive")
 STRAGGLER_ACTIONS = ("report", "replace")
+AUTOSCALE_MODES = ("off", "advise", "on")
 
 
 def _optional_count(inst: object, attribute: attrs.Attribute[Any], value: int | None) -> None:
@@ -357,6 +358,9 @@ class Strategy:
             (`dlrover.diagnosis.PolicyConfig.ladders`), each a list of ``[action, budget]`` or
             ``[action, budget, scope, avoid_host]``. dlrover-master has no flag for them yet: a
             strategy that sets them is a policy to try, not what the master runs today.
+        autoscale: ``dlrover``: the master's ``--autoscale``: ``off``, ``advise`` (plans are events,
+            nothing changes) or ``on`` (the job starts at `min_nodes` and grows while the measured
+            speed-up pays; a straggler's node is replaced).
 
     `budget_window` is `failure_budget_window_s` as the master takes it.
     """
@@ -379,6 +383,7 @@ class Strategy:
     straggler_action: str = "report"
     straggler_factor: float = attrs.field(default=2.0, validator=_slowdown)
     ladders: Mapping[str, Any] = attrs.field(factory=dict)
+    autoscale: str = "off"
 
     @property
     def budget_window_s(self) -> float | None:
@@ -422,6 +427,12 @@ class Strategy:
                 f"strategy {self.name!r}: straggler_action must be one of {STRAGGLER_ACTIONS}, "
                 f"got {self.straggler_action!r}"
             )
+        if self.autoscale not in AUTOSCALE_MODES:
+            raise ScenarioError(
+                f"strategy {self.name!r}: autoscale must be one of {AUTOSCALE_MODES}, got {self.autoscale!r}"
+            )
+        if self.kind == "restart_job" and self.autoscale != "off":
+            raise ScenarioError(f"strategy {self.name!r}: restart_job has no autoscaler (autoscale is dlrover's)")
         if self.kind == "restart_job" and (self.straggler_action != "report" or self.straggler_factor != 2.0):
             raise ScenarioError(
                 f"strategy {self.name!r}: restart_job has no straggler detection (straggler_action and "

@@ -142,6 +142,110 @@ def test_a_new_set_of_running_nodes_ends_the_stretch_and_keeps_it_when_steady() 
     assert measured[1].samples_per_second == pytest.approx(7.0)
 
 
+def test_a_rate_is_known_to_within_one_step_of_samples_at_either_end_of_its_stretch() -> None:
+    rec = ThroughputRecorder(min_measure_s=60.0, warmup_s=0.0)
+    rec.set_nodes(frozenset({1, 2}), 0.0)
+    # Steps of 5 s and 100 samples per node, heard every 54 s: the totals grow by 1,000 or 1,100.
+    for beat in range(12):
+        t = 54.0 * beat
+        rec.observe(1, 100 * int(t // 5.0), t)
+        rec.observe(2, 100 * int((t + 2.5) // 5.0), t)  # half a step out of phase
+    (measured,) = rec.measurements().values()
+    # A step of each node over its own stretch: node 2 was heard first once both trained, so its
+    # stretch starts a beat (54 s) earlier than node 1's.
+    assert measured.seconds == pytest.approx(54.0 * 9)
+    assert measured.resolution == pytest.approx(100 / (54.0 * 9) + 100 / (54.0 * 10))
+    assert abs(measured.samples_per_second - 2 * 100 / 5.0) <= measured.resolution
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    moves=st.lists(
+        st.one_of(
+            st.tuples(st.just("nodes"), st.frozensets(st.integers(1, 3), max_size=3)),
+            st.tuples(st.just("observe"), st.integers(1, 4), st.integers(0, 3)),
+            st.tuples(st.just("disrupted")),
+        ),
+        max_size=40,
+    )
+)
+def test_training_is_steady_once_every_node_of_the_stretch_grew_and_the_warm_up_passed(
+    moves: list[tuple[object, ...]],
+) -> None:
+    """Kept without a scan of the nodes (the master asks on every heartbeat); checked against one."""
+    rec = ThroughputRecorder(min_measure_s=5.0, warmup_s=2.0)
+    nodes: frozenset[int] = frozenset()
+    last: dict[int, int] = {}
+    grew_at: dict[int, float] = {}  # the model: when each node's total first grew since the stretch began
+    totals: dict[int, int] = {}
+    now = 0.0
+    for move in moves:
+        now += 1.0
+        if move[0] == "nodes":
+            new_nodes = move[1]
+            assert isinstance(new_nodes, frozenset)
+            if new_nodes != nodes:
+                last.clear()
+                grew_at.clear()
+                nodes = new_nodes
+            rec.set_nodes(nodes, now)
+        elif move[0] == "disrupted":
+            last.clear()
+            grew_at.clear()
+            rec.disrupted(now)
+        else:
+            node, change = int(str(move[1])), int(str(move[2]))
+            total = totals.get(node, 0) + change if change < 3 else 0  # 3: its workers restarted
+            totals[node] = total
+            if node in nodes:
+                before = last.get(node)
+                if before is not None and total < before:
+                    last.clear()
+                    grew_at.clear()
+                    before = None
+                last[node] = total
+                if before is not None and total > before:
+                    grew_at.setdefault(node, now)
+            rec.observe(node, total, now)
+        steady = bool(nodes) and all(n in grew_at for n in nodes) and now >= max(grew_at.values()) + 2.0
+        assert rec.training_steady(now) == steady
+
+
+def test_the_efficiency_walk_calls_a_step_within_the_resolution_unresolved() -> None:
+    estimate = {127: 21333.6, 128: 21333.3}  # one node more, and no faster as far as the measurements tell
+    _, [coarse] = efficient_node_count([127, 128], estimate, 0.8, {127: 2370.0, 128: 2370.0})
+    assert coarse == {"from": 127, "to": 128, "efficiency": -0.0018, "pays": False, "resolved": False}
+    _, [fine] = efficient_node_count([127, 128], estimate, 0.8, {127: 1.0, 128: 1.0})
+    assert not fine["pays"]
+    assert fine["resolved"]
+
+
+def _measured_at(resolution: float) -> AutoscaleDecision:
+    """The plan of a job at 128 nodes that measured 127 and 128 at the same rate, to within `resolution`."""
+    scaler = Autoscaler(FAST, 0.0)
+    scaler.replay(
+        {
+            "measured": {"127": 21333.6, "128": 21333.3},
+            "measured_s": {"127": 108.0, "128": 108.0},
+            "measured_resolution": {"127": resolution, "128": resolution},
+        }
+    )
+    view = JobView(wanted=128, running=frozenset(range(128)), placeable=None, min_nodes=127, max_nodes=128)
+    return scaler.plan(100.0, view)
+
+
+def test_nodes_are_not_given_back_on_a_difference_the_measurements_cannot_resolve() -> None:
+    # Steps of 6 s heard for two minutes: a node's total is known to a step, 8% of the stretch's samples,
+    # far more than the 0.8% one node of 128 adds. Giving it back would be for good (the ceiling).
+    coarse = _measured_at(2370.0)
+    assert coarse.action == "stay"
+    assert coarse.target == 128
+    assert "do not resolve it" in coarse.reason
+    fine = _measured_at(1.0)  # measured for long enough: the node truly adds nothing
+    assert fine.action == "shrink"
+    assert fine.target == 127
+
+
 # ---------------------------------------------------------------------------- the decision
 
 

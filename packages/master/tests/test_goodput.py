@@ -148,6 +148,39 @@ def test_sample_rate_is_per_job_and_survives_worker_restarts() -> None:
         SampleRate(0.0)
 
 
+@settings(max_examples=200, deadline=None)
+@given(
+    reports=st.lists(
+        st.tuples(st.integers(0, 3), st.integers(0, 500), st.floats(0.0, 8.0), st.booleans()), max_size=40
+    ),
+    window=st.sampled_from([1.0, 5.0, 20.0]),
+)
+def test_sample_rate_is_the_samples_in_the_window_after_its_time_base(
+    reports: list[tuple[int, int, float, bool]], window: float
+) -> None:
+    """The rate kept as a running sum agrees with a scan of every report: the new samples of the reports
+    after the newest one older than the window (the time base), over the time since that base."""
+    rate = SampleRate(window_s=window)
+    totals: dict[int, int] = {}
+    seen: list[tuple[float, int]] = []  # (time, new samples) of every report that brought any, the first base
+    now = 0.0
+    for node, samples, gap, ask in reports:
+        now += gap
+        before = totals.get(node)
+        totals[node] = samples
+        new = samples if before is None else (samples - before if samples >= before else samples)
+        if not seen:
+            seen.append((now, 0))
+        elif new > 0:
+            seen.append((now, new))
+        rate.observe(node, samples, now)
+        if ask:
+            base = max((i for i in range(1, len(seen)) if seen[i][0] < now - window), default=0)
+            span = now - seen[base][0]
+            expected = 0.0 if len(seen) - base < 2 or span <= 0 else sum(n for _, n in seen[base + 1 :]) / span
+            assert rate.rate(now) == pytest.approx(expected)
+
+
 # ----------------------------------------------------------------------------- properties
 
 

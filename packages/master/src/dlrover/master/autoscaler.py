@@ -129,12 +129,17 @@ class SizeMeasurement:
         samples_per_second: the duration-weighted mean over the steady stretches measured.
         seconds: the steady seconds measured in all.
         stretches: how many stretches it comes from.
+        resolution: how far the rate may be off (samples per second) because the nodes' running totals
+            advance a step's samples at a time: up to one step at either end of every stretch, over
+            the seconds measured. Two node counts whose rates differ by less than their resolutions
+            together were not told apart.
     """
 
     nodes: int
     samples_per_second: float
     seconds: float
     stretches: int
+    resolution: float = 0.0
 
 
 @attrs.frozen
@@ -149,7 +154,12 @@ class ThroughputRecorder:
     A stretch holds one set of running nodes with no disruption. Each node's rate is taken between
     its own reports (so heartbeats that arrive out of phase add no error), and the job's rate is the
     sum over its nodes. A node whose running total goes down restarted its workers: the stretch
-    starts again.
+    starts again. A node's total grows a step's samples at a time, so a rate over a stretch is known
+    to within about one step at either end: the measurement's `resolution`, which a short stretch of
+    long steps makes coarse. A node's step is taken as the larger of the greatest common divisor of
+    its increments between reports (a whole number of steps each; more than one step where every
+    report came the same number of steps after the last) and their spread (a step where reports
+    drift across step boundaries; the noise itself where steps differ in samples).
 
     Args:
         min_measure_s: steady seconds before a stretch counts.
@@ -163,8 +173,12 @@ class ThroughputRecorder:
         self._since = 0.0  # when the stretch began (its disruption)
         self._last: dict[int, _Point] = {}  # each node's newest report in this stretch
         self._training_at: dict[int, float] = {}  # when each node's total first grew in this stretch
+        self._all_training_at: float | None = None  # when the last of them did (every node trains)
         self._first: dict[int, _Point] = {}  # each node's first report after the warm-up
-        self._done: dict[int, list[tuple[float, float]]] = {}  # nodes -> [(rate, seconds)] of closed stretches
+        self._quantum: dict[int, int] = {}  # each node's step of samples: the gcd of its increments
+        self._increments: dict[int, tuple[int, int]] = {}  # each node's smallest and largest increment
+        # nodes -> [(rate, seconds, resolution)] of closed stretches
+        self._done: dict[int, list[tuple[float, float, float]]] = {}
 
     @property
     def stretch_nodes(self) -> frozenset[int]:
@@ -197,31 +211,43 @@ class ThroughputRecorder:
         self._last[node_id] = _Point(now, samples)
         if last is None:
             return
+        if samples > last.samples:
+            grown = samples - last.samples
+            self._quantum[node_id] = math.gcd(self._quantum.get(node_id, 0), grown)
+            low, high = self._increments.get(node_id, (grown, grown))
+            self._increments[node_id] = (min(low, grown), max(high, grown))
         if samples > last.samples and node_id not in self._training_at:
             self._training_at[node_id] = now
+            # Only the stretch's nodes get here and none twice: the set is whole once the counts match.
+            if len(self._training_at) == len(self._nodes):
+                self._all_training_at = now
         start = self._measure_from()
         if start is not None and now >= start and node_id not in self._first:
             self._first[node_id] = _Point(now, samples)
 
     def _measure_from(self) -> float | None:
-        """When measuring starts: `warmup_s` after every node of the stretch trains again."""
-        if not self._nodes or any(n not in self._training_at for n in self._nodes):
+        """When measuring starts: `warmup_s` after every node of the stretch trains again. O(1): the master
+        asks on every heartbeat, and a scan of the nodes made a round of heartbeats O(nodes²)."""
+        if self._all_training_at is None:
             return None
-        return max(self._training_at[n] for n in self._nodes) + self._warmup_s
+        return self._all_training_at + self._warmup_s
 
-    def current(self) -> tuple[float, float] | None:
-        """(samples per second, steady seconds) of the current stretch; None until every node has two
-        reports after the warm-up."""
+    def current(self) -> tuple[float, float, float] | None:
+        """(samples per second, steady seconds, resolution) of the current stretch; None until every node
+        has two reports after the warm-up."""
         if not self._nodes:
             return None
-        rate, seconds = 0.0, math.inf
+        rate, seconds, resolution = 0.0, math.inf, 0.0
         for node in self._nodes:
             first, last = self._first.get(node), self._last.get(node)
             if first is None or last is None or last.time <= first.time:
                 return None
             rate += (last.samples - first.samples) / (last.time - first.time)
             seconds = min(seconds, last.time - first.time)
-        return (rate, seconds) if rate > 0 else None
+            # The nodes step together, so their errors add up rather than average out.
+            low, high = self._increments.get(node, (0, 0))
+            resolution += max(self._quantum.get(node, 0), high - low) / (last.time - first.time)
+        return (rate, seconds, resolution) if rate > 0 else None
 
     def training_steady(self, now: float) -> bool:
         """Whether every node of the stretch trains again and the warm-up after that has passed."""
@@ -243,11 +269,18 @@ class ThroughputRecorder:
         self._last.clear()
         self._first.clear()
         self._training_at.clear()
+        self._all_training_at = None
+        self._quantum.clear()
+        self._increments.clear()
 
-    def seed(self, measured: Mapping[int, tuple[float, float]]) -> None:
-        """Start from earlier measurements (node count -> (samples per second, seconds)), replacing
-        what was kept: a restarted master resumes from its journaled plan."""
-        self._done = {n: [(rate, seconds)] for n, (rate, seconds) in measured.items() if rate > 0 and seconds > 0}
+    def seed(self, measured: Mapping[int, tuple[float, float, float]]) -> None:
+        """Start from earlier measurements (node count -> (samples per second, seconds, resolution)),
+        replacing what was kept: a restarted master resumes from its journaled plan."""
+        self._done = {
+            n: [(rate, seconds, max(resolution, 0.0))]
+            for n, (rate, seconds, resolution) in measured.items()
+            if rate > 0 and seconds > 0
+        }
 
     def measurements(self) -> dict[int, SizeMeasurement]:
         """Every node count measured long enough, the current stretch included once it qualifies."""
@@ -257,9 +290,11 @@ class ThroughputRecorder:
             stretches.setdefault(len(self._nodes), []).append(measured)
         out: dict[int, SizeMeasurement] = {}
         for nodes, items in sorted(stretches.items()):
-            seconds = sum(s for _, s in items)
-            rate = sum(r * s for r, s in items) / seconds
-            out[nodes] = SizeMeasurement(nodes, rate, seconds, len(items))
+            seconds = sum(s for _, s, _ in items)
+            rate = sum(r * s for r, s, _ in items) / seconds
+            # Each stretch is off by at most its own resolution; weighted as the rates are.
+            resolution = sum(e * s for _, s, e in items) / seconds
+            out[nodes] = SizeMeasurement(nodes, rate, seconds, len(items), resolution)
         return out
 
 
@@ -322,20 +357,27 @@ def efficient_node_count(
     sizes: list[int],
     estimate: Mapping[int, float],
     min_efficiency: float,
+    resolution: Mapping[int, float] | None = None,
 ) -> tuple[int, list[dict[str, Any]]]:
     """The largest of `sizes` reached by steps that each pay, walking up from the smallest.
 
     A step from n to n' pays when ``(T(n') - T(n)) / (n' - n) >= min_efficiency * T(n) / n``: the nodes
-    it adds bring at least that fraction of what a node brings on average at n.
+    it adds bring at least that fraction of what a node brings on average at n. A step that does not
+    pay by the estimates but would within their resolutions is *unresolved*: the walk stops there
+    too, but the step was not found not to pay.
 
     Args:
         sizes: candidate node counts, ascending (at least one).
         estimate: throughput per candidate (measured or predicted).
         min_efficiency: the fraction of linear scaling a step must reach.
+        resolution: how far each estimate may be off (a measurement's `SizeMeasurement.resolution`;
+            missing: exact).
 
     Returns:
-        The count, and each step judged (from, to, its efficiency, whether it pays).
+        The count, and each step judged (from, to, its efficiency, whether it pays, whether that is
+        resolved).
     """
+    resolution = resolution or {}
     best = sizes[0]
     steps: list[dict[str, Any]] = []
     for low, high in itertools.pairwise(sizes):
@@ -343,7 +385,10 @@ def efficient_node_count(
         per_node = t_low / low
         efficiency = ((t_high - t_low) / (high - low)) / per_node if per_node > 0 else 0.0
         pays = efficiency >= min_efficiency
-        steps.append({"from": low, "to": high, "efficiency": round(efficiency, 4), "pays": pays})
+        slack = resolution.get(low, 0.0) + resolution.get(high, 0.0)
+        best_case = ((t_high - t_low + slack) / (high - low)) / per_node if per_node > 0 else 0.0
+        resolved = pays or best_case < min_efficiency
+        steps.append({"from": low, "to": high, "efficiency": round(efficiency, 4), "pays": pays, "resolved": resolved})
         if not pays:
             break
         best = high
@@ -414,8 +459,12 @@ class Autoscaler:
         try:
             rates = {int(n): float(t) for n, t in dict(data.get("measured", {})).items()}
             seconds = {int(n): float(t) for n, t in dict(data.get("measured_s", {})).items()}
+            # A plan journaled before resolutions were: its measurements are taken as exact, as then.
+            errors = {int(n): float(t) for n, t in dict(data.get("measured_resolution", {})).items()}
             if rates:
-                self._recorder.seed({n: (rates[n], seconds.get(n, self._config.min_measure_s)) for n in rates})
+                self._recorder.seed(
+                    {n: (rates[n], seconds.get(n, self._config.min_measure_s), errors.get(n, 0.0)) for n in rates}
+                )
             if data.get("applied") and data.get("action") == "shrink":
                 limit = int(data["wanted"]) - 1
                 self._ceiling = limit if self._ceiling is None else min(self._ceiling, limit)
@@ -454,6 +503,7 @@ class Autoscaler:
         measured = self._recorder.measurements()
         base["measured"] = {str(n): round(m.samples_per_second, 4) for n, m in measured.items()}
         base["measured_s"] = {str(n): round(m.seconds, 1) for n, m in measured.items()}
+        base["measured_resolution"] = {str(n): round(m.resolution, 4) for n, m in measured.items()}
 
         def wait(reason: str) -> AutoscaleDecision:
             return AutoscaleDecision("wait", view.wanted, reason, base)
@@ -493,7 +543,8 @@ class Autoscaler:
         if not sizes:
             return AutoscaleDecision("wait", view.wanted, "no node count of the range lies under the ceiling", base)
         estimate = {n: measured[n].samples_per_second if n in measured else model.predict(n) for n in sizes}
-        efficient, steps = efficient_node_count(sizes, estimate, self._config.min_scaling_efficiency)
+        resolution = {n: m.resolution for n, m in measured.items()}
+        efficient, steps = efficient_node_count(sizes, estimate, self._config.min_scaling_efficiency, resolution)
         base["walk"] = steps
         base["efficient_nodes"] = efficient
         result = self._planner.plan(self._request(view, model, efficient))
@@ -537,7 +588,17 @@ class Autoscaler:
             f"steps pay up to {efficient} node(s) at min_scaling_efficiency {self._config.min_scaling_efficiency:g}; "
             f"the planner chose {planned} ({', '.join(result.binding)})"
         )
-        stopped = bool(base["walk"]) and not base["walk"][-1]["pays"]
+        last_step = base["walk"][-1] if base["walk"] else None
+        stopped = last_step is not None and not last_step["pays"]
+        if target < wanted and last_step is not None and stopped and not last_step["resolved"]:
+            # Noise must not give nodes back: once given back a count is never asked for again.
+            low, high = last_step["from"], last_step["to"]
+            reason = (
+                f"stay at {wanted} node(s): {why}; the step {low} -> {high} does not pay by the measurements, "
+                f"but they do not resolve it (within {_fmt(base['measured_resolution'])} samples/s): "
+                "measuring on"
+            )
+            return AutoscaleDecision("stay", wanted, reason, base)
         if target < wanted and (efficient >= wanted or not stopped):
             # Only the fitted curve (or the exploration bound) says fewer: no step was found not to
             # pay below the wanted count, so nothing is given back.

@@ -34,6 +34,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
+from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -501,7 +502,9 @@ class SampleRate:
             raise GoodputInputError(f"window_s must be a positive number, got {window_s!r}")
         self._window_s = window_s
         self._totals: dict[int, int] = {}
-        self._points: list[tuple[float, int]] = []  # (time, new samples)
+        # (time, new samples); the first is the window's time base, whose samples are not counted.
+        self._points: deque[tuple[float, int]] = deque()
+        self._in_window = 0  # the samples of every point after the first
         self._total = 0
 
     @property
@@ -523,13 +526,18 @@ class SampleRate:
         if new > 0:
             self._total += new
             self._points.append((now, new))
+            if len(self._points) > 1:
+                self._in_window += new
         self._trim(now)
 
     def _trim(self, now: float) -> None:
+        # The last point before the window stays as its time base. O(points dropped): every
+        # heartbeat asks for the rate, and a sum over the window made a round of them O(nodes²).
         cut = now - self._window_s
-        keep = next((i for i, (t, _) in enumerate(self._points) if t >= cut), len(self._points))
-        if keep > 1:
-            del self._points[: keep - 1]
+        points = self._points
+        while len(points) > 1 and points[1][0] < cut:
+            points.popleft()
+            self._in_window -= points[0][1]
 
     def rate(self, now: float) -> float:
         """Samples per second over the window ending at `now`; 0 with fewer than two reports."""
@@ -540,4 +548,4 @@ class SampleRate:
         span = now - first_t
         if span <= 0:
             return 0.0
-        return sum(n for _, n in self._points[1:]) / span
+        return self._in_window / span
