@@ -1,15 +1,17 @@
 """A DLRover strategy: the real master decides, simulated agents carry its decisions out.
 
 The master is `dlrover.master.Master` itself (node lifecycle, the diagnosis classifier and action
-policy, checkpoint commits, the goodput accounting, and the shard service it hosts: `data_feed`) on
-a `ManualClock` and the in-memory `FakeScheduler` and journal: no gRPC, no threads, no sleeping.
-What an agent would send, the simulation calls: `register`, `heartbeat` (rank 0's with its attempt
-reports), `report_failure` with the kind the agent reports (`dlrover.diagnosis.reported_kind`) and
-the cause's log excerpt, `record_checkpoint` for each persisted checkpoint. A lost machine just
-falls silent: the master's heartbeat timeout finds it. A round forms when the rendezvous's own rule
-says so (`dlrover.rendezvous.decide_round`). What the simulation decides itself is only what the cluster
-and the training processes do: how long each phase takes (the scenario's costs), that a broken
-node fails again until it is replaced, and which checkpoint a round restores.
+policy, checkpoint commits, the autoscaler, the goodput accounting, and the rendezvous and shard
+service it hosts: `data_feed`) on a `ManualClock` and the in-memory `FakeScheduler` and journal: no
+gRPC, no threads, no sleeping. What an agent would send, the simulation calls: `register`,
+`heartbeat` (with its samples; rank 0's with its attempt reports), `report_failure` with the kind
+the agent reports (`dlrover.diagnosis.reported_kind`) and the cause's log excerpt,
+`record_checkpoint` for each persisted checkpoint. A lost machine just falls silent: the master's
+heartbeat timeout finds it. A round forms in the master's own rendezvous
+(`dlrover.rendezvous.RendezvousManager`, hosted as `dlrover-master` hosts it): the agents join and
+poll. What the simulation decides itself is only what the cluster and the training processes do:
+how long each phase takes (the scenario's costs), that a broken node fails again until it is
+replaced, and which checkpoint a round restores.
 
 Restores: a round whose every node kept its shared memory restores the newest flash checkpoint
 from it (`memory_load_gib_s`); one with a replaced node fetches it from the peer replica first where
@@ -60,13 +62,13 @@ from dlrover.master.config import LifecycleConfig, NodeRange
 from dlrover.master.diagnosis_policy import DiagnosisFailurePolicy
 from dlrover.master.factory import default_policy
 from dlrover.master.goodput import GoodputBreakdown
+from dlrover.master.hosting import HostedRendezvous
 from dlrover.master.journal import MemoryJournal
 from dlrover.master.master import Master
 from dlrover.master.scheduler.base import ObservedState
 from dlrover.master.scheduler.fake import FakeScheduler
 from dlrover.master.states import NodeState
-from dlrover.rendezvous import RendezvousConfig
-from dlrover.rendezvous.decision import decide_round
+from dlrover.rendezvous import PollState, RendezvousConfig, RendezvousManager
 
 from .data_feed import DataFeed
 from .scenario import CAUSES, Scenario, Strategy
@@ -123,10 +125,22 @@ class DLRoverRun:
         self.min_nodes = strategy.min_nodes or full
         config = self._master_config()
         lifecycle = config.lifecycle
-        self.rendezvous = RendezvousConfig(
-            min_nodes=self.min_nodes, max_nodes=full, last_call_s=self.costs.rendezvous_last_call_s
-        )
         self.clock = ManualClock(0.0, WALL0)
+        # The agents heartbeat the rendezvous while they train; the simulation sends none between rounds,
+        # so silence and waiting never expire a node here: the master's departures take nodes out.
+        forever = 10.0 * self.job.duration_s
+        self.rendezvous = HostedRendezvous(
+            RendezvousManager(
+                RendezvousConfig(
+                    min_nodes=self.min_nodes,
+                    max_nodes=full,
+                    last_call_s=self.costs.rendezvous_last_call_s,
+                    join_timeout_s=forever,
+                    heartbeat_timeout_s=forever,
+                )
+            ),
+            self.clock,
+        )
         self.scheduler = FakeScheduler(relaunches_nodes=strategy.backend_relaunches)
         self.data = DataFeed(
             self.clock,
@@ -151,10 +165,11 @@ class DLRoverRun:
             MemoryJournal(),
             self.clock,
             policy=policy,
-            collaborators=[hosted],
-            membership=[hosted],
+            collaborators=[hosted, self.rendezvous],
+            membership=[hosted, self.rendezvous],
         )
         hosted.attach(master)
+        self.rendezvous.attach(master)
         self.master = MeteredMaster(master)
         self.insufficient_window_s = lifecycle.insufficient_nodes_window_s
         self._state()
@@ -370,11 +385,7 @@ class DLRoverRun:
         ranked = self._ranked()
         members = frozenset(ranked.values())
         world = len(members)
-        formed = joined_at
-        if not decide_round(self.rendezvous, world, joined_at, formed).complete:
-            formed = joined_at + costs.rendezvous_last_call_s
-            if not decide_round(self.rendezvous, world, joined_at, formed).complete:
-                raise AssertionError(f"no round of {world} nodes can form (min_nodes {self.min_nodes})")
+        formed = self._form_round(members, joined_at)
         checked = self._network_check(members, formed, planned_step)
         if checked is None:
             return  # a node failed its probe and left: the others formed another round, or the job ended
@@ -465,6 +476,25 @@ class DLRoverRun:
         self.scale_ticks_left -= 1
         if self.scale_ticks_left > 0:
             self._push(t + self._beat_gap, _SCALE, -1, round_number=self.round_number)
+
+    def _form_round(self, members: frozenset[int], joined_at: float) -> float:
+        """Every member's agent joins the master's rendezvous at `joined_at` and polls: the round completes at
+        once when the whole job joined, else after the last call. Returns when it formed.
+
+        Raises:
+            AssertionError: no round formed, or one of other nodes than those that joined.
+        """
+        names = {str(node_id) for node_id in members}
+        with self.rendezvous.locked() as manager:
+            for name in sorted(names):
+                manager.join(name, joined_at)
+            for at in (joined_at, joined_at + self.costs.rendezvous_last_call_s):
+                if manager.poll(min(names), at).state is PollState.ASSIGNED:
+                    held = manager.current_round
+                    if held is None or set(held.members) != names:
+                        raise AssertionError(f"the rendezvous formed {held} of other nodes than {sorted(names)}")
+                    return at
+        raise AssertionError(f"no round of {len(members)} nodes can form (min_nodes {self.min_nodes})")
 
     def _network_check(self, members: frozenset[int], formed: float, planned_step: int | None) -> float | None:
         """The seconds the round's network check takes before training (0: none, or its probes
