@@ -44,7 +44,7 @@ import attrs
 
 from dlrover.common import Clock
 from dlrover.master.hosting import HostedShards
-from dlrover.shard import DatasetSpec, DeliveryMode, IndexSource, Shard, ShardRegistry
+from dlrover.shard import DatasetSpec, DeliveryMode, IndexSource, Shard, ShardError, ShardRegistry
 from dlrover.shard.shard import decode_bitmap
 
 __all__ = ["DATASET", "DataFeed", "DataLossError"]
@@ -147,11 +147,17 @@ class DataFeed:
         points = {*restorable, reached}
         if reached < self._acked_step:
             raise AssertionError(f"the steps went back from {self._acked_step} to {reached} within an attempt")
+        if max(points) > reached:
+            raise AssertionError(f"a restorable step {max(points)} is after the step reached, {reached}")
+        passed = sorted(s for s in points if s < self._acked_step and s not in self.positions)
+        if passed:
+            # Its position was not read when the readers passed it: a restore there could not be checked.
+            raise AssertionError(f"restorable step(s) {passed} were acknowledged past without their data position")
         with self.hosted.locked() as registry:
             for step in sorted(s for s in points if s >= self._acked_step and s not in self.positions):
-                self._acknowledge(registry, step)
+                self._acknowledge_to(registry, step)
                 self.positions[step] = registry.checkpoint(DATASET)
-            self._acknowledge(registry, reached)
+            self._acknowledge_to(registry, reached)
         self.hosted.changed_by_request()
         oldest = min(points)
         self.positions = {s: d for s, d in self.positions.items() if s >= oldest}
@@ -166,15 +172,27 @@ class DataFeed:
             document = registry.checkpoint(DATASET)
         self._check(document, step)
 
-    def _acknowledge(self, registry: ShardRegistry, step: int) -> None:
+    def _acknowledge_to(self, registry: ShardRegistry, step: int) -> None:
         n = step - self._from_step
         for reader in self._readers:
             trained = n * self.full * reader.hi // self._world - n * self.full * reader.lo // self._world
-            self._advance(registry, reader, trained - reader.acked)
+            self._acknowledge_units(registry, reader, trained - reader.acked)
             reader.acked = trained
         self._acked_step = step
 
-    def _advance(self, registry: ShardRegistry, reader: _Reader, units: int) -> None:
+    def _acknowledge_units(self, registry: ShardRegistry, reader: _Reader, units: int) -> None:
+        """The reader trained `units` more: acknowledge them, leasing shards as it uses them up. A report
+        the service refuses (a shard the reader no longer holds) is data trained twice or lost.
+
+        Raises:
+            DataLossError: the service refused a report, or had no shard to hand out.
+        """
+        try:
+            self._lease_and_report(registry, reader, units)
+        except ShardError as exc:
+            raise DataLossError(f"{reader.worker}'s report was refused: {exc}") from exc
+
+    def _lease_and_report(self, registry: ShardRegistry, reader: _Reader, units: int) -> None:
         while units > 0:
             if reader.shard is None:
                 fetched = registry.fetch(DATASET, reader.worker)

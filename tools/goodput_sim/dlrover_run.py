@@ -42,8 +42,9 @@ An interruption that arrives while the job is recovering waits until training re
 from __future__ import annotations
 
 import heapq
+import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from dlrover.common import ManualClock
@@ -116,6 +117,31 @@ class MeteredMaster:
         }
 
 
+class _AcknowledgeFirst:
+    """Told of a node's departure or restart before the shard service is: the training processes
+    acknowledged what they trained before the master could take their shards back (real readers
+    acknowledge after every step; the simulation's do it when it must, `DLRoverRun._settle_data`),
+    and then the world stops training (a member's processes are gone from its collectives)."""
+
+    def __init__(self, settle: Callable[[], object], stop: Callable[[int], None]) -> None:
+        self._settle = settle
+        self._stop = stop
+
+    def node_departed(self, node_id: int, reason: str) -> None:
+        self._settle()
+        self._stop(node_id)
+
+    def processes_restarted(self, node_id: int, reason: str) -> None:
+        self._settle()
+        self._stop(node_id)
+
+    def node_finished(self, node_id: int, reason: str) -> None:
+        """Nothing to acknowledge: a finished node's processes acknowledged their last step."""
+
+    def job_finished(self, reason: str) -> None:
+        """Nothing to acknowledge: the run acknowledges its last steps itself."""
+
+
 class DLRoverRun:
     """One run of a ``dlrover`` strategy over a trace; `run` returns the master's breakdown."""
 
@@ -166,7 +192,7 @@ class DLRoverRun:
             self.clock,
             policy=policy,
             collaborators=[hosted, self.rendezvous],
-            membership=[hosted, self.rendezvous],
+            membership=[_AcknowledgeFirst(self._settle_data, self._member_stopped), hosted, self.rendezvous],
         )
         hosted.attach(master)
         self.rendezvous.attach(master)
@@ -208,8 +234,7 @@ class DLRoverRun:
         self.attempts: dict[int, int] = {}
         self.members: frozenset[int] = frozenset()  # the node ids of the round in force
         self.best = 0
-        self.reached = 0  # the step the attempt in force reached by the last progress report
-        self.reported_at = 0.0  # that report's time
+        self.training_until = math.inf  # when the attempt in force stopped training (a failure, a planned round)
         self.attempt_step = 0  # the step the attempt in force started from (what it restored)
         self.scale_ticks_left = 0  # the autoscaler's ticks still to simulate after the last round
         self.persisted = 0
@@ -268,31 +293,35 @@ class DLRoverRun:
         self._follow_launches()
 
     def _beat(self) -> None:
-        """Every live agent heartbeats, unless they all did within 0.9 heartbeat timeouts: real
-        agents beat every few seconds, but the master reads beats only for its timeout (the
-        simulation sends no step or sample counts on them), so it sees the same as long as none is
-        older than the timeout at a tick, and every tick follows a call of this. The world's agents
-        that sent their ranks' step stats (`_beat_with_steps`) within the last 0.1 timeouts are left
-        out: a beat without stats would make the master forget the node's ranks, which a real
-        agent's beats never do (each carries its ranks' stats), and theirs is young enough to last
-        until this call beats again, 0.9 timeouts on."""
+        """Every live agent heartbeats (with its samples where the autoscaler is on), unless they all
+        did within 0.9 heartbeat timeouts: real agents beat every few seconds, but the master reads
+        beats for its timeout, and its samples rate and autoscaler take rates between beats however
+        far apart, so it sees the same as long as none is older than the timeout at a tick, and every
+        tick follows a call of this (the autoscaler's measurements after a round come from
+        `_scale_tick`'s beats). The world's agents that sent their ranks' step stats
+        (`_beat_with_steps`) within the last 0.1 timeouts are left out: a beat without stats would
+        make the master forget the node's ranks, which a real agent's beats never do (each carries
+        its ranks' stats), and theirs is young enough to last until this call beats again, 0.9
+        timeouts on."""
         now = self.clock.now()
         timeout = self.costs.heartbeat_timeout_s
         if now - self.beaten_at < 0.9 * timeout:
             return
         self.beaten_at = now
         with_stats = self.members if now - self.stats_beaten_at < 0.1 * timeout else ()
-        samples = self._samples(now)
+        # Only the autoscaler acts on samples (else they feed the samples-per-second gauge alone): the
+        # simulation spares the master reading them where it is off.
+        samples = self._samples(now) if self.strategy.autoscale != "off" else None
         for node_id, node in self.master.nodes().items():
             if node.state is NodeState.RUNNING and node_id not in self.silent and node_id not in with_stats:
-                self.master.heartbeat(node_id, samples=samples if node_id in self.members else 0)
+                mine = samples if samples is None or node_id in self.members else 0
+                self.master.heartbeat(node_id, samples=mine)
 
     def _samples(self, t: float) -> int:
         """The samples each node of the world has trained by `t` since its processes started (the count
-        its agent reports on every heartbeat): its whole part of a step's global batch every step."""
-        if t < self.stretch.ready:
-            return 0
-        steps = self.stretch.start_step + self.stretch.steps_by(t) - self.attempt_step
+        its agent reports on every heartbeat): its whole part of a step's global batch every step, none
+        after the attempt stopped training."""
+        steps = self.stretch.start_step + self.stretch.steps_by(min(t, self.training_until)) - self.attempt_step
         return max(0, steps) * (self.job.nodes * _SAMPLES_PER_UNIT // max(1, len(self.members)))
 
     def _follow_launches(self) -> None:
@@ -350,8 +379,7 @@ class DLRoverRun:
             self.stopped = self.master.status().exit_reason
         else:
             self._report_progress(max(end, self.clock.now()))
-            self._settle_data()
-            self.data.check(self.reached)
+            self.data.check(self._settle_data())
             self.master.stop("the simulated time is over")
         breakdown: GoodputBreakdown = self.master.status().breakdown
         return breakdown
@@ -367,8 +395,11 @@ class DLRoverRun:
             self._beat_with_steps(t)
         elif what == _SCALE:
             self._scale_tick(t)
+            return
         else:
             self._interrupt(t, what, trace_node=trace_node, node_id=node_id)
+        if self.strategy.autoscale != "off" and not self.master.job_state.finished:
+            self._follow_resize(self.clock.now())  # the autoscaler plans on any tick
 
     def _push(self, t: float, what: str, trace_node: int, *, node_id: int = -1, round_number: int = -1) -> None:
         """Queue an interruption (a cause, or `_GROW`) at `t`. One aimed at a node (`node_id`, a broken node
@@ -406,9 +437,11 @@ class DLRoverRun:
         else:
             step, load = self.persisted, self.job.checkpoint_gib / costs.storage_read_gib_s
         self._advance(max(formed, self.clock.now()))
+        self._deliver_pending()
         self.data.start_attempt([ranked[r] for r in sorted(ranked)], step, restore=bool(self.members))
         self.members = members
         self.attempt_step = step
+        self.training_until = math.inf
         self.rank0 = ranked[min(ranked)]
         self.attempts[self.rank0] = self.attempts.get(self.rank0, 0) + 1
         self.round_times = (joined_at, formed, workers, load)
@@ -458,24 +491,42 @@ class DLRoverRun:
         (their agents have the workers seal a flash checkpoint first)."""
         self.beaten_at = float("-inf")  # real agents beat every few seconds: this tick hears every one
         self._advance(t)
-        ranked = set(self._ranked().values())
-        gone = sorted(self.members - ranked)
+        rounds = self.round_number
+        self._follow_resize(t)
+        self.scale_ticks_left -= 1
+        if self.round_number == rounds and self.scale_ticks_left > 0:
+            self._push(t + self._beat_gap, _SCALE, -1, round_number=self.round_number)
+
+    def _member_stopped(self, node_id: int) -> None:
+        """The master let a member of the world go or restarts its processes: the world trains no further."""
+        if node_id in self.members:
+            self.training_until = min(self.training_until, self.clock.now())
+
+    def _follow_resize(self, t: float) -> None:
+        """Carry out a resize the master decided by `t`: nodes it let go leave the world at a planned round at
+        once (their agents have the workers seal a flash checkpoint first; the others stopped when they
+        left); nodes it launched join at one once up."""
+        gone = sorted(self.members - set(self._ranked().values()))
         if gone:
-            self._report_progress(t)
+            stopped = min(t, self.training_until)
+            self._report_progress(stopped)
+            sealed = self.stretch.start_step + self.stretch.steps_by(stopped)
+            self.training_until = stopped
             self._settle_data()
-            sealed = self.stretch.start_step + self.stretch.steps_by(t)
             self.best = max(self.best, sealed)
             for node_id in gone:
                 self._leaves(node_id)
-            self._count("autoscaler: shrink, planned round")
+            self._count("resize: nodes let go, planned round")
             self._round(t, planned_step=sealed)
             return
-        if self._pending_ranks() and self.grow_at is None:
-            self._count("autoscaler: grow")
         self._expect_growth()
-        self.scale_ticks_left -= 1
-        if self.scale_ticks_left > 0:
-            self._push(t + self._beat_gap, _SCALE, -1, round_number=self.round_number)
+
+    def _deliver_pending(self) -> None:
+        """The agents hear what the master queued for them (a restart for a spare's round) at their next beat,
+        seconds after it was decided: before the round it is for trains."""
+        for node_id, node in self.master.nodes().items():
+            if node.state is NodeState.RUNNING and node_id not in self.silent and self.master.pending_actions(node_id):
+                self.master.heartbeat(node_id)
 
     def _form_round(self, members: frozenset[int], joined_at: float) -> float:
         """Every member's agent joins the master's rendezvous at `joined_at` and polls: the round completes at
@@ -544,32 +595,46 @@ class DLRoverRun:
         if self.rank0 in self._ranked().values():
             self.master.heartbeat(self.rank0, attempts=[report])
         reached = self.stretch.start_step + self.stretch.steps_by(until)
-        self.reached, self.reported_at = reached, until
         self.straggled_s += self.stretch.straggled_s(max(0, reached - self.best))
         self.best = max(self.best, reached)
         self.flash_step = self.stretch.last_saved_step(until)
-        interval = self.strategy.storage_interval_s
-        write_s = self.job.checkpoint_gib / self.costs.storage_write_gib_s
-        # The newest persist that finished by `until`: one starts every `interval` of training.
-        if until - self.persist_from >= interval + write_s:
-            started = self.persist_from + ((until - write_s - self.persist_from) // interval) * interval
-            step = self.stretch.last_saved_step(started)
+        finished, _ = self._persists(until)
+        if finished:
+            step = self._persisted_step(finished)
             if step > self.persisted:
                 self.persisted = step
                 self.master.record_checkpoint(step, f"storage://goodput-sim/step-{step}", len(self.members))
 
-    def _settle_data(self) -> None:
-        """The training processes' data reports up to the last progress report (`DataFeed.settle`): before the
-        master acts on a node, and with the data position read at every step a restore may go back to."""
-        until = self.reported_at
-        restorable = {self.persisted, self.flash_step}
+    def _persists(self, until: float) -> tuple[int, range]:
+        """The persists of the attempt by `until` (one starts every `storage_interval_s` of training from
+        `persist_from` and takes the storage's write time): the number of the newest one finished (0: none
+        yet), and the numbers of those still being written."""
         interval = self.strategy.storage_interval_s
         write_s = self.job.checkpoint_gib / self.costs.storage_write_gib_s
-        # Persists still being written: one started every `interval` of training (see `_report_progress`).
-        first = max(1, int((until - write_s - self.persist_from) // interval))
-        for k in range(first, int((until - self.persist_from) // interval) + 1):
-            restorable.add(self.stretch.last_saved_step(self.persist_from + k * interval))
-        self.data.settle(self.reached, restorable)
+        finished = max(0, int((until - write_s - self.persist_from) // interval))
+        started = int((until - self.persist_from) // interval)
+        return finished, range(finished + 1, started + 1)
+
+    def _persisted_step(self, number: int) -> int:
+        """The step persist `number` of the attempt writes: the newest saved when it started."""
+        return self.stretch.last_saved_step(self.persist_from + number * self.strategy.storage_interval_s)
+
+    def _settle_data(self) -> int:
+        """The training processes acknowledge the data of the steps they finished up to now (or until they
+        stopped training), with the data position read at every step a restore may go back to: the
+        persisted checkpoint, the flash one, persists still being written (`DataFeed.settle`). Called before
+        the master can act on a node, and by the master itself before it tells the shard service of a
+        departure (`_AcknowledgeFirst`): it talks to the master not at all. Returns the step reached."""
+        if not self.members:
+            return 0  # before the first round: nothing trained
+        until = min(self.clock.now(), self.training_until)
+        stretch = self.stretch
+        reached = stretch.start_step + stretch.steps_by(until)
+        finished, writing = self._persists(until)
+        restorable = {self.persisted, stretch.last_saved_step(until)}
+        restorable.update(self._persisted_step(k) for k in (finished, *writing) if k)
+        self.data.settle(reached, restorable)
+        return reached
 
     def _interrupt(self, t: float, cause_name: str, *, trace_node: int, node_id: int) -> None:
         """Handle one interruption at `t` on node `node_id`, or (-1) on the member that the trace's node
@@ -582,6 +647,7 @@ class DLRoverRun:
         if cause.effect == "slow":
             self._slows(t, node_id)
             return
+        self.training_until = t
         self._settle_data()
         if cause.effect == "lost":
             self._leaves(node_id)
@@ -652,9 +718,11 @@ class DLRoverRun:
         self._advance(t)
         if len(self._ranked()) == len(self.members):
             return  # nobody new (the replacement failed meanwhile)
-        self._report_progress(t)
+        stopped = min(t, self.training_until)
+        self._report_progress(stopped)
+        self.training_until = stopped
         self._settle_data()
-        sealed = self.stretch.start_step + self.stretch.steps_by(t)
+        sealed = self.stretch.start_step + self.stretch.steps_by(stopped)
         self.best = max(self.best, sealed)
         self._count("replacement up: planned round")
         self._round(t, planned_step=sealed)
@@ -723,7 +791,6 @@ class DLRoverRun:
         Rank 0's steps are reported first: its node may be the one relaunched."""
         self._report_progress(t)
         if any(nid in self.members for nid in self.slow):
-            self._settle_data()  # the master may let a node go on these beats
             self._send_step_stats(t)
         for event in self._new_events():
             if event.kind == "straggler":
@@ -740,6 +807,7 @@ class DLRoverRun:
             self._watch_stragglers()
             return
         # Relaunched: its agent exits, the others restart into a round without it (or with its replacement).
+        self.training_until = t
         for node_id in gone:
             self._count("straggler: relaunch_node")
             self._leaves(node_id)
@@ -777,7 +845,8 @@ class DLRoverRun:
                 )
                 for local in range(per_node)
             ]
-            self.master.heartbeat(node_id, rank_steps=stats, samples=self._samples(t))
+            samples = self._samples(t) if self.strategy.autoscale != "off" else None
+            self.master.heartbeat(node_id, rank_steps=stats, samples=samples)
 
     def _new_events(self) -> list[Any]:
         out: list[Any] = []

@@ -235,7 +235,7 @@ def _rounds_with_step_stats(master: Master, clock: ManualClock, nodes: int, inte
 
 def _rounds_with_samples(nodes: int) -> float:
     """CPU per heartbeat of rounds 5 s apart, each heartbeat with its node's samples trained so far, to a
-    master whose autoscaler is on (it measures them)."""
+    master whose autoscaler is on (it measures them), with the master's tick after each round."""
     clock = ManualClock(0.0, 1_700_000_000.0)
     config = attrs.evolve(_config(nodes), autoscale=AutoscalerConfig(mode=AutoscaleMode.ON))
     scheduler = FakeScheduler()
@@ -247,6 +247,7 @@ def _rounds_with_samples(nodes: int) -> float:
             for node_id in range(nodes):
                 scheduler.set_state(node_id, ObservedState.RUNNING)
                 master.register(node_id, f"agent-{node_id}", f"host-{node_id}")
+            master.tick()  # the autoscaler follows the running nodes from its tick: every beat now counts
             rounds = 6
 
             def beat() -> None:
@@ -254,6 +255,7 @@ def _rounds_with_samples(nodes: int) -> float:
                     clock.advance(5.0)
                     for i in range(nodes):
                         master.heartbeat(i, samples=64 * r)
+                    master.tick()
 
             return _cpu(rounds * nodes, beat)
         finally:

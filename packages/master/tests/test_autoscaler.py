@@ -220,16 +220,14 @@ def test_the_efficiency_walk_calls_a_step_within_the_resolution_unresolved() -> 
     assert fine["resolved"]
 
 
-def _measured_at(resolution: float) -> AutoscaleDecision:
-    """The plan of a job at 128 nodes that measured 127 and 128 at the same rate, to within `resolution`."""
+def _measured_at(resolution: float | None) -> AutoscaleDecision:
+    """The plan of a job at 128 nodes that measured 127 and 128 at the same rate, to within `resolution`
+    (None: a plan journaled before resolutions were)."""
     scaler = Autoscaler(FAST, 0.0)
-    scaler.replay(
-        {
-            "measured": {"127": 21333.6, "128": 21333.3},
-            "measured_s": {"127": 108.0, "128": 108.0},
-            "measured_resolution": {"127": resolution, "128": resolution},
-        }
-    )
+    plan: dict[str, object] = {"measured": {"127": 21333.6, "128": 21333.3}, "measured_s": {"127": 108.0, "128": 108.0}}
+    if resolution is not None:
+        plan["measured_resolution"] = {"127": resolution, "128": resolution}
+    scaler.replay(plan)
     view = JobView(wanted=128, running=frozenset(range(128)), placeable=None, min_nodes=127, max_nodes=128)
     return scaler.plan(100.0, view)
 
@@ -244,6 +242,7 @@ def test_nodes_are_not_given_back_on_a_difference_the_measurements_cannot_resolv
     fine = _measured_at(1.0)  # measured for long enough: the node truly adds nothing
     assert fine.action == "shrink"
     assert fine.target == 127
+    assert _measured_at(None).action == "stay"  # an older master's measurements resolve nothing
 
 
 # ---------------------------------------------------------------------------- the decision

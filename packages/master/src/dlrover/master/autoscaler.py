@@ -385,8 +385,11 @@ def efficient_node_count(
         per_node = t_low / low
         efficiency = ((t_high - t_low) / (high - low)) / per_node if per_node > 0 else 0.0
         pays = efficiency >= min_efficiency
-        slack = resolution.get(low, 0.0) + resolution.get(high, 0.0)
-        best_case = ((t_high - t_low + slack) / (high - low)) / per_node if per_node > 0 else 0.0
+        # The best case within the resolutions: the larger count as fast as it may be, the smaller as slow
+        # (which also lowers what a node brings on average there).
+        e_low, e_high = resolution.get(low, 0.0), resolution.get(high, 0.0)
+        floor_low = t_low - e_low
+        best_case = ((t_high + e_high - floor_low) / (high - low)) / (floor_low / low) if floor_low > 0 else math.inf
         resolved = pays or best_case < min_efficiency
         steps.append({"from": low, "to": high, "efficiency": round(efficiency, 4), "pays": pays, "resolved": resolved})
         if not pays:
@@ -459,11 +462,15 @@ class Autoscaler:
         try:
             rates = {int(n): float(t) for n, t in dict(data.get("measured", {})).items()}
             seconds = {int(n): float(t) for n, t in dict(data.get("measured_s", {})).items()}
-            # A plan journaled before resolutions were: its measurements are taken as exact, as then.
-            errors = {int(n): float(t) for n, t in dict(data.get("measured_resolution", {})).items()}
+            resolutions = {int(n): float(t) for n, t in dict(data.get("measured_resolution", {})).items()}
             if rates:
+                # A plan journaled before resolutions were kept says nothing of its own: taken as known to no
+                # better than its whole rate, so it never resolves a step that would give nodes back.
                 self._recorder.seed(
-                    {n: (rates[n], seconds.get(n, self._config.min_measure_s), errors.get(n, 0.0)) for n in rates}
+                    {
+                        n: (rates[n], seconds.get(n, self._config.min_measure_s), resolutions.get(n, rates[n]))
+                        for n in rates
+                    }
                 )
             if data.get("applied") and data.get("action") == "shrink":
                 limit = int(data["wanted"]) - 1
@@ -595,8 +602,8 @@ class Autoscaler:
             low, high = last_step["from"], last_step["to"]
             reason = (
                 f"stay at {wanted} node(s): {why}; the step {low} -> {high} does not pay by the measurements, "
-                f"but they do not resolve it (within {_fmt(base['measured_resolution'])} samples/s): "
-                "measuring on"
+                f"but they do not resolve it (within {_fmt(base['measured_resolution'])} samples/s): nothing is "
+                "given back until they do (a count measured again sharpens its rate)"
             )
             return AutoscaleDecision("stay", wanted, reason, base)
         if target < wanted and (efficient >= wanted or not stopped):
