@@ -29,7 +29,8 @@ import secrets
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import attrs
@@ -115,33 +116,40 @@ def _config(nodes: int, spares: int = 0) -> MasterConfig:
     return MasterConfig(job_name="cost", lifecycle=lifecycle, max_node_relaunches=10**9, progress_event_interval_s=0.0)
 
 
+@contextmanager
+def _master_on_sqlite(config: MasterConfig, scheduler: FakeScheduler, clock: ManualClock) -> Iterator[Master]:
+    """A started master journaling to SQLite in a temporary directory (gone afterwards)."""
+    with tempfile.TemporaryDirectory(prefix="goodput-sim-cost-") as tmp:
+        journal = SqliteJournal(Path(tmp) / "journal.db")
+        try:
+            master = Master(config, scheduler, journal, clock, policy=default_policy(config))
+            master.start()
+            yield master
+        finally:
+            journal.close()
+
+
 def _spare_promotion(nodes: int) -> float:
     """CPU per node of a spare's promotion: the failure that promotes it and every node's
     heartbeat that takes the restart for the spare's round."""
     clock = ManualClock(0.0, 1_700_000_000.0)
     config = _config(nodes, spares=1)
     scheduler = FakeScheduler()
-    with tempfile.TemporaryDirectory(prefix="goodput-sim-cost-") as tmp:
-        journal = SqliteJournal(Path(tmp) / "journal.db")
-        try:
-            master = Master(config, scheduler, journal, clock, policy=default_policy(config))
-            master.start()
-            for node_id in range(nodes + 1):
-                scheduler.set_state(node_id, ObservedState.RUNNING)
-                master.register(node_id, f"agent-{node_id}", f"host-{node_id}")
-            clock.advance(1.0)
+    with _master_on_sqlite(config, scheduler, clock) as master:
+        for node_id in range(nodes + 1):
+            scheduler.set_state(node_id, ObservedState.RUNNING)
+            master.register(node_id, f"agent-{node_id}", f"host-{node_id}")
+        clock.advance(1.0)
 
-            def promote_and_hand_over() -> None:
-                master.report_failure(0, FailureKind.UNKNOWN, CAUSES["gpu"].evidence, exit_code=1)
-                for node_id in range(1, nodes):
-                    master.heartbeat(node_id)
+        def promote_and_hand_over() -> None:
+            master.report_failure(0, FailureKind.UNKNOWN, CAUSES["gpu"].evidence, exit_code=1)
+            for node_id in range(1, nodes):
+                master.heartbeat(node_id)
 
-            cost = _cpu(nodes, promote_and_hand_over)
-            if master.node(nodes).rank != 0:
-                raise RuntimeError("the spare was not promoted: the measurement measured something else")
-            return cost
-        finally:
-            journal.close()
+        cost = _cpu(nodes, promote_and_hand_over)
+        if master.node(nodes).rank != 0:
+            raise RuntimeError("the spare was not promoted: the measurement measured something else")
+        return cost
 
 
 @attrs.frozen
@@ -239,27 +247,21 @@ def _rounds_with_samples(nodes: int) -> float:
     clock = ManualClock(0.0, 1_700_000_000.0)
     config = attrs.evolve(_config(nodes), autoscale=AutoscalerConfig(mode=AutoscaleMode.ON))
     scheduler = FakeScheduler()
-    with tempfile.TemporaryDirectory(prefix="goodput-sim-cost-") as tmp:
-        journal = SqliteJournal(Path(tmp) / "journal.db")
-        try:
-            master = Master(config, scheduler, journal, clock, policy=default_policy(config))
-            master.start()
-            for node_id in range(nodes):
-                scheduler.set_state(node_id, ObservedState.RUNNING)
-                master.register(node_id, f"agent-{node_id}", f"host-{node_id}")
-            master.tick()  # the autoscaler follows the running nodes from its tick: every beat now counts
-            rounds = 6
+    with _master_on_sqlite(config, scheduler, clock) as master:
+        for node_id in range(nodes):
+            scheduler.set_state(node_id, ObservedState.RUNNING)
+            master.register(node_id, f"agent-{node_id}", f"host-{node_id}")
+        master.tick()  # the autoscaler follows the running nodes from its tick: every beat now counts
+        rounds = 6
 
-            def beat() -> None:
-                for r in range(1, rounds + 1):
-                    clock.advance(5.0)
-                    for i in range(nodes):
-                        master.heartbeat(i, samples=64 * r)
-                    master.tick()
+        def beat() -> None:
+            for r in range(1, rounds + 1):
+                clock.advance(5.0)
+                for i in range(nodes):
+                    master.heartbeat(i, samples=64 * r)
+                master.tick()
 
-            return _cpu(rounds * nodes, beat)
-        finally:
-            journal.close()
+        return _cpu(rounds * nodes, beat)
 
 
 def measure(nodes: int, *, failures: int = 20, grpc_calls: int = 2000) -> MasterCost:
@@ -268,49 +270,43 @@ def measure(nodes: int, *, failures: int = 20, grpc_calls: int = 2000) -> Master
     config = _config(nodes)
     scheduler = FakeScheduler()
     out: dict[str, float] = {}
-    with tempfile.TemporaryDirectory(prefix="goodput-sim-cost-") as tmp:
-        journal = SqliteJournal(Path(tmp) / "journal.db")
-        try:
-            master = Master(config, scheduler, journal, clock, policy=default_policy(config))
-            master.start()
-            for node_id in range(nodes):
-                scheduler.set_state(node_id, ObservedState.RUNNING)
-            master.tick()
+    with _master_on_sqlite(config, scheduler, clock) as master:
+        for node_id in range(nodes):
+            scheduler.set_state(node_id, ObservedState.RUNNING)
+        master.tick()
 
-            def register_all() -> None:
-                for i in range(nodes):
-                    master.register(i, f"agent-{i}", f"host-{i}")
+        def register_all() -> None:
+            for i in range(nodes):
+                master.register(i, f"agent-{i}", f"host-{i}")
 
-            def rounds(steps: tuple[int | None, ...]) -> Callable[[], None]:
-                def beat() -> None:
-                    for step in steps:
-                        clock.advance(5.0)
-                        for i in range(nodes):
-                            master.heartbeat(i, step=step)
+        def rounds(steps: tuple[int | None, ...]) -> Callable[[], None]:
+            def beat() -> None:
+                for step in steps:
+                    clock.advance(5.0)
+                    for i in range(nodes):
+                        master.heartbeat(i, step=step)
 
-                return beat
+            return beat
 
-            def ticks() -> None:
-                for _ in range(20):
-                    master.tick()
+        def ticks() -> None:
+            for _ in range(20):
+                master.tick()
 
-            out["register"] = _cpu(nodes, register_all)
-            out["heartbeat"] = _cpu(3 * nodes, rounds((None, None, None)))
-            out["heartbeat, new step"] = _cpu(3 * nodes, rounds((1, 2, 3)))
+        out["register"] = _cpu(nodes, register_all)
+        out["heartbeat"] = _cpu(3 * nodes, rounds((None, None, None)))
+        out["heartbeat, new step"] = _cpu(3 * nodes, rounds((1, 2, 3)))
 
-            stats_rounds = _rounds_with_step_stats(master, clock, nodes, config.heartbeat_interval_s)
-            out["heartbeat, 8 ranks' step stats"] = _cpu(3 * nodes, stats_rounds)
-            out["heartbeat, samples, autoscaler on"] = _rounds_with_samples(nodes)
-            out["tick"] = _cpu(20, ticks)
-            evidence = CAUSES["gpu"].evidence
+        stats_rounds = _rounds_with_step_stats(master, clock, nodes, config.heartbeat_interval_s)
+        out["heartbeat, 8 ranks' step stats"] = _cpu(3 * nodes, stats_rounds)
+        out["heartbeat, samples, autoscaler on"] = _rounds_with_samples(nodes)
+        out["tick"] = _cpu(20, ticks)
+        evidence = CAUSES["gpu"].evidence
 
-            def fail() -> None:
-                for i in range(failures):
-                    master.report_failure(i, FailureKind.UNKNOWN, evidence, exit_code=1)
+        def fail() -> None:
+            for i in range(failures):
+                master.report_failure(i, FailureKind.UNKNOWN, evidence, exit_code=1)
 
-            out["failure, relaunch journaled"] = _cpu(failures, fail)
-        finally:
-            journal.close()
+        out["failure, relaunch journaled"] = _cpu(failures, fail)
     out["spare promotion, per node handed its round"] = _spare_promotion(nodes)
     manager = RendezvousManager(RendezvousConfig(min_nodes=nodes, max_nodes=nodes, last_call_s=0.0))
     names = [f"node-{i}" for i in range(nodes)]
