@@ -249,6 +249,18 @@ def test_a_save_counts_once_it_finished_and_a_step_ends_before_the_save_after_it
     assert [(m.step, m.end_time, m.save_s) for m in marks] == [(1, 10.0, 0.0), (2, 22.0, 2.0)]
 
 
+def test_a_preempted_node_is_relaunched_at_once_and_the_baseline_resubmits_without_it() -> None:
+    trace = [Interruption(10_000.0, 3, "preemption")]
+    dlrover = run(IN_PLACE, trace)
+    assert dlrover.decisions == {"preempted node: relaunch_node": 1}
+    # Found by the platform's report within the agent's detection time (not a heartbeat timeout, as a
+    # lost machine is), then the replacement is waited for.
+    replacement = COSTS["node_provision_s"] + COSTS["process_restart_s"]
+    for result in (dlrover, run(BASELINE, trace)):
+        waited = result.buckets["failure_detection"] + result.buckets["restart"]
+        assert replacement <= waited <= replacement + COSTS["crash_detection_s"] + STEP_S
+
+
 def test_every_cause_excerpt_is_read_as_its_kind_by_the_real_classifier() -> None:
     policy = DiagnosisFailurePolicy()
     # The crash causes each as the kind its log says; a SIGKILL from outside (no log of its own) as killed.
@@ -266,6 +278,8 @@ def test_every_cause_excerpt_is_read_as_its_kind_by_the_real_classifier() -> Non
             assert kind is FailureKind.COMMUNICATION, cause.name  # what the NCCL watchdog writes
         elif cause.effect == "user":
             assert kind is FailureKind.USER_CODE, cause.name
+        elif cause.effect == "preempted":
+            continue  # the platform reports it: an observation the master decides on, not a log to read
         else:
             assert kind is crashes[cause.name], cause.name
 

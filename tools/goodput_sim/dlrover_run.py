@@ -649,19 +649,35 @@ class DLRoverRun:
             return
         self.training_until = t
         self._settle_data()
-        if cause.effect == "lost":
+        if cause.effect in ("lost", "preempted"):
             self._leaves(node_id)
-            self._advance(t + costs.heartbeat_timeout_s + 1.0)  # the master's heartbeat timeout finds it
+            what = "lost node"
+            found = t + costs.heartbeat_timeout_s + 1.0  # the master's heartbeat timeout finds it
+            if cause.effect == "preempted":
+                # The platform reclaims the machine after its notice and says so (a pod preempted or evicted):
+                # the master observes it at its next tick, a disruption that is not the job's fault.
+                what = "preempted node"
+                found = t + costs.crash_detection_s
+                self.scheduler.set_state(
+                    node_id,
+                    ObservedState.FAILED,
+                    cause.exit_code,
+                    f"host-{node_id}",
+                    reason="Preempted",
+                    evidence=cause.evidence,
+                    disruption=True,
+                )
+            self._advance(found)
             if self.master.job_state.finished:
-                self._count("lost node: abort_job")
+                self._count(f"{what}: abort_job")
                 return
             node = self.master.node(node_id)
             if node.replaced_by is None:
-                self._count(f"lost node: {node.state.value}")
+                self._count(f"{what}: {node.state.value}")
             else:
                 # A warm spare already runs; a relaunched node is only launched.
                 spare = self.master.node(node.replaced_by).state is NodeState.RUNNING
-                self._count("lost node: spare takes the rank" if spare else "lost node: relaunch_node")
+                self._count(f"{what}: spare takes the rank" if spare else f"{what}: relaunch_node")
         else:
             if cause.effect == "broken":
                 self.broken[node_id] = cause_name

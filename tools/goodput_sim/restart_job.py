@@ -12,6 +12,7 @@ Per interruption, by its cause's effect:
 * ``broken``: found as a crash; the restart on the faulty node fails again at once, and the job is
   resubmitted without it (`node_provision_s` before the processes start).
 * ``lost``: the survivors' collective times out (`lost_node_detection_s`); resubmitted as above.
+* ``preempted``: found as a crash (the processes got SIGTERM); resubmitted without the reclaimed node.
 * ``user``: the job stops; a person fixes it (`human_response_s`) and resubmits it.
 * ``slow``: nothing notices a straggler: every step takes `straggler_slowdown` times as long until
   its slowness passes (`straggler_lasts_s`), or a resubmission for another cause of the same node
@@ -52,6 +53,7 @@ _DETECTION = {
     "broken": "crash_detection_s",
     "hang": "nccl_timeout_s",
     "lost": "lost_node_detection_s",
+    "preempted": "crash_detection_s",
     "user": "crash_detection_s",
 }
 
@@ -107,9 +109,9 @@ class _RestartJobRun:
             # The in-place restart meets the same fault once more before the job is resubmitted.
             at += costs.process_restart_s + costs.crash_detection_s
             provision = costs.node_provision_s
-        elif effect == "lost":
+        elif effect in ("lost", "preempted"):
             provision = costs.node_provision_s
-        if effect in ("broken", "lost"):
+        if effect in ("broken", "lost", "preempted"):
             self.slow_until.pop(node, None)  # resubmitted on other nodes: this one is left out
         if effect == "user":
             provision = costs.human_response_s + costs.node_provision_s

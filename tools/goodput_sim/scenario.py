@@ -58,7 +58,9 @@ class Cause:
         effect: what it does to the node: ``crash`` (its processes exit; the node is fine, a restart
             fixes it), ``hang`` (a collective stops making progress; nothing exits), ``broken`` (its
             processes exit and the node stays faulty until it is replaced), ``lost`` (the machine is
-            gone: power, maintenance, preemption), ``user`` (the training script fails the same way
+            gone without a word: power, maintenance), ``preempted`` (the machine is reclaimed after a
+            notice: the agent and its workers get SIGTERM, the agent reports it, and the node must be
+            replaced), ``user`` (the training script fails the same way
             on every attempt until a person fixes it), ``slow`` (the node keeps training, slower:
             a straggler; every synchronous step takes `Costs.straggler_slowdown` times as long
             while it is in the world, for `Costs.straggler_lasts_s` at most).
@@ -159,6 +161,16 @@ CAUSES: Mapping[str, Cause] = dict(
         # flapping link. Nothing fails; every synchronous step waits for it (`Costs.straggler_slowdown`) until
         # the slowness passes (`Costs.straggler_lasts_s`) or the node leaves the job.
         _cause("straggler", "slow", "", None),
+        # A spot or preemptible machine reclaimed by its provider, or a node drained for a higher-priority
+        # workload: the agent hears the notice (SIGTERM to it and its workers) and reports it before the
+        # machine goes. Not the job's fault: the master relaunches the node elsewhere.
+        _cause(
+            "preemption",
+            "preempted",
+            "WARNING agent: spot instance interruption notice received, instance will be reclaimed in 120 s\n"
+            "INFO agent: received SIGTERM, stopping workers",
+            143,
+        ),
         _cause(
             "user_code",
             "user",
@@ -171,7 +183,7 @@ CAUSES: Mapping[str, Cause] = dict(
 (GPU, HBM3, SRAM, GPU system processor, thermal, SDC, network, NIC) are ``broken``; those that take
 it down (host maintenance, power, chassis, SSD, CPU, system memory) ``lost``."""
 
-EFFECTS = ("crash", "hang", "broken", "lost", "user", "slow")
+EFFECTS = ("crash", "hang", "broken", "lost", "preempted", "user", "slow")
 
 
 def _share(_inst: object, attribute: attrs.Attribute[float], value: float) -> None:
