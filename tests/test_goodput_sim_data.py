@@ -202,8 +202,9 @@ def test_with_the_autoscaler_on_the_job_starts_at_its_minimum_and_grows_to_the_t
     assert len(run.members) == 8
 
 
-def test_nodes_the_master_lets_go_leave_at_a_planned_round_that_redoes_no_step() -> None:
-    run = autoscaled_run(autoscale="advise", min_nodes=6)
+def scaled_down_mid_attempt(run: DLRoverRun) -> list[float]:
+    """Have a person scale `run` from 8 to 6 nodes a few minutes into training, after a settle left the
+    readers holding partly acknowledged shards; returns when (filled in as the run goes)."""
     original = run._scale_tick
     ticks: list[float] = []
     shrunk: list[float] = []
@@ -212,16 +213,47 @@ def test_nodes_the_master_lets_go_leave_at_a_planned_round_that_redoes_no_step()
         ticks.append(t)
         if len(ticks) == 2:
             run._settle_data()  # the readers hold partly acknowledged shards, as after any earlier settle
-        if len(ticks) == 3:  # training for a few minutes
+        if len(ticks) == 3:
             assert len(run.members) == 8
             run.master.resize(6, "a person's dlrover-master scale 6")
             shrunk.append(t)
         original(t)
 
     run._scale_tick = tick_with_a_scale_request  # type: ignore[method-assign]
+    return shrunk
+
+
+def test_nodes_the_master_lets_go_leave_at_a_planned_round_that_redoes_no_step() -> None:
+    run = autoscaled_run(autoscale="advise", min_nodes=6)
+    shrunk = scaled_down_mid_attempt(run)
     breakdown = run.run([])
     assert shrunk
     assert run.decisions["resize: nodes let go, planned round"] == 1
     assert len(run.members) == 6
     assert run.data.restores == 1  # the planned round restored the sealed step's data position
     assert breakdown.buckets["steps_redone"] == 0.0
+
+
+def test_a_report_refused_inside_a_master_call_stops_the_run() -> None:
+    """The master only logs what a membership library raises: the simulation raises it after the call."""
+    run = autoscaled_run(autoscale="advise", min_nodes=6)
+    membership = run.master._master._membership
+    membership.append(membership.pop(0))  # the acknowledging hook after the shard service: the wrong order
+    scaled_down_mid_attempt(run)
+    with pytest.raises(DataLossError, match="report was refused"):
+        run.run([])
+
+
+def test_with_no_last_call_a_smaller_world_still_forms_with_every_node_that_joined() -> None:
+    sc = parse(
+        {
+            "job": {"accelerators": 64, "days": 1.0, "step_time_s": 10.0, "checkpoint_gib": 64.0},
+            "costs": {"node_provision_s": 200.0, "rendezvous_last_call_s": 0.0},
+            "strategy": [{**AUTOSCALED, "autoscale": "off", "min_nodes": 6}],
+        }
+    )
+    run = DLRoverRun(sc, sc.strategies[0])
+    run.run([Interruption(20_000.0, 5, "gpu")])  # 7 nodes go on without it, then the replacement joins
+    assert not run.stopped
+    assert len(run.members) == 8
+    assert run.decisions["replacement up: planned round"] == 1

@@ -4,8 +4,9 @@ The master is `dlrover.master.Master` itself (node lifecycle, the diagnosis clas
 policy, checkpoint commits, the autoscaler, the goodput accounting, and the rendezvous and shard
 service it hosts: `data_feed`) on a `ManualClock` and the in-memory `FakeScheduler` and journal: no
 gRPC, no threads, no sleeping. What an agent would send, the simulation calls: `register`,
-`heartbeat` (with its samples; rank 0's with its attempt reports), `report_failure` with the kind
-the agent reports (`dlrover.diagnosis.reported_kind`) and the cause's log excerpt,
+`heartbeat` (with its samples where the autoscaler is on; rank 0's with its attempt reports),
+`report_failure` with the kind the agent reports (`dlrover.diagnosis.reported_kind`) and the cause's
+log excerpt,
 `record_checkpoint` for each persisted checkpoint. A lost machine just falls silent: the master's
 heartbeat timeout finds it. A round forms in the master's own rendezvous
 (`dlrover.rendezvous.RendezvousManager`, hosted as `dlrover-master` hosts it): the agents join and
@@ -121,19 +122,32 @@ class _AcknowledgeFirst:
     """Told of a node's departure or restart before the shard service is: the training processes
     acknowledged what they trained before the master could take their shards back (real readers
     acknowledge after every step; the simulation's do it when it must, `DLRoverRun._settle_data`),
-    and then the world stops training (a member's processes are gone from its collectives)."""
+    and then the world stops training (a member's processes are gone from its collectives).
+
+    The master logs what a library raises and goes on, so the first error is kept here for the run
+    to raise after the master's call (`DLRoverRun._raise_hook_error`): a report the shard service
+    refuses must stop the run, not become a log line.
+    """
 
     def __init__(self, settle: Callable[[], object], stop: Callable[[int], None]) -> None:
         self._settle = settle
         self._stop = stop
+        self.error: Exception | None = None
+
+    def _acknowledge(self, node_id: int) -> None:
+        try:
+            self._settle()
+            self._stop(node_id)
+        except Exception as exc:
+            if self.error is None:
+                self.error = exc
+            raise
 
     def node_departed(self, node_id: int, reason: str) -> None:
-        self._settle()
-        self._stop(node_id)
+        self._acknowledge(node_id)
 
     def processes_restarted(self, node_id: int, reason: str) -> None:
-        self._settle()
-        self._stop(node_id)
+        self._acknowledge(node_id)
 
     def node_finished(self, node_id: int, reason: str) -> None:
         """Nothing to acknowledge: a finished node's processes acknowledged their last step."""
@@ -160,7 +174,9 @@ class DLRoverRun:
                 RendezvousConfig(
                     min_nodes=self.min_nodes,
                     max_nodes=full,
-                    last_call_s=self.costs.rendezvous_last_call_s,
+                    # The simulated agents join one after another at one instant: with no last call at all
+                    # the round would close at the min_nodes-th join, without the others.
+                    last_call_s=max(self.costs.rendezvous_last_call_s, 1e-3),
                     join_timeout_s=forever,
                     heartbeat_timeout_s=forever,
                 )
@@ -185,6 +201,7 @@ class DLRoverRun:
             )
             policy = DiagnosisFailurePolicy(actions=ActionPolicy(actions))
         hosted = self.data.hosted
+        self._acknowledge_first = _AcknowledgeFirst(self._settle_data, self._member_stopped)
         master = Master(
             config,
             self.scheduler,
@@ -192,7 +209,7 @@ class DLRoverRun:
             self.clock,
             policy=policy,
             collaborators=[hosted, self.rendezvous],
-            membership=[_AcknowledgeFirst(self._settle_data, self._member_stopped), hosted, self.rendezvous],
+            membership=[self._acknowledge_first, hosted, self.rendezvous],
         )
         hosted.attach(master)
         self.rendezvous.attach(master)
@@ -373,6 +390,7 @@ class DLRoverRun:
                 self._push(self.stretch.ready, what, trace_node, node_id=node_id, round_number=self.round_number)
                 continue
             self._dispatch(t, what, trace_node, node_id)
+            self._raise_hook_error()
             if self.master.job_state.finished:
                 break
         if self.master.job_state.finished:
@@ -383,6 +401,12 @@ class DLRoverRun:
             self.master.stop("the simulated time is over")
         breakdown: GoodputBreakdown = self.master.status().breakdown
         return breakdown
+
+    def _raise_hook_error(self) -> None:
+        """Raise what the acknowledging membership hook raised inside a master call (the master only logs it)."""
+        error = self._acknowledge_first.error
+        if error is not None:
+            raise error
 
     def _dispatch(self, t: float, what: str, trace_node: int, node_id: int) -> None:
         if what == _GROW:
@@ -535,11 +559,13 @@ class DLRoverRun:
         Raises:
             AssertionError: no round formed, or one of other nodes than those that joined.
         """
+        if not members:
+            raise AssertionError("no node is left to form a round")
         names = {str(node_id) for node_id in members}
         with self.rendezvous.locked() as manager:
             for name in sorted(names):
                 manager.join(name, joined_at)
-            for at in (joined_at, joined_at + self.costs.rendezvous_last_call_s):
+            for at in (joined_at, joined_at + manager.config.last_call_s):
                 if manager.poll(min(names), at).state is PollState.ASSIGNED:
                     held = manager.current_round
                     if held is None or set(held.members) != names:
@@ -624,7 +650,9 @@ class DLRoverRun:
         stopped training), with the data position read at every step a restore may go back to: the
         persisted checkpoint, the flash one, persists still being written (`DataFeed.settle`). Called before
         the master can act on a node, and by the master itself before it tells the shard service of a
-        departure (`_AcknowledgeFirst`): it talks to the master not at all. Returns the step reached."""
+        departure (`_AcknowledgeFirst`), so it calls nothing of the master's but the journaling of the
+        shard service's change (re-entering the master's lock on this one thread). Returns the step
+        reached."""
         if not self.members:
             return 0  # before the first round: nothing trained
         until = min(self.clock.now(), self.training_until)
@@ -647,7 +675,7 @@ class DLRoverRun:
         if cause.effect == "slow":
             self._slows(t, node_id)
             return
-        self.training_until = t
+        self.training_until = min(self.training_until, t)
         self._settle_data()
         if cause.effect in ("lost", "preempted"):
             self._leaves(node_id)
@@ -726,6 +754,8 @@ class DLRoverRun:
         if pending and short:
             join = max([join, *(self.comes_up_at.get(nid, join) for nid in pending.values())])
         self._advance(join)
+        if self.master.job_state.finished:
+            return  # it stopped while the replacements started (its insufficient-nodes window)
         self._round(join, planned_step=planned_step)
 
     def _grow(self, t: float) -> None:
@@ -816,19 +846,23 @@ class DLRoverRun:
             if beats >= _JUDGED_AFTER_BEATS and node_id not in self.judged:
                 self.judged.add(node_id)
                 self._count("straggler: not found")
-        gone = [
-            nid for nid in self.slow if nid in self.members and self.master.node(nid).state is not NodeState.RUNNING
-        ]
+        # Relaunched by the straggler judgment (a replacement named, or failed); one the autoscaler let go
+        # (removed, no replacement) leaves at its planned round (`_follow_resize`).
+        gone = [nid for nid in self.slow if nid in self.members and self._relaunched(nid)]
         if not gone:
             self._watch_stragglers()
             return
         # Relaunched: its agent exits, the others restart into a round without it (or with its replacement).
-        self.training_until = t
+        self.training_until = min(self.training_until, t)
         for node_id in gone:
             self._count("straggler: relaunch_node")
             self._leaves(node_id)
         self._follow_launches()
         self._recover(self.clock.now())
+
+    def _relaunched(self, node_id: int) -> bool:
+        node = self.master.node(node_id)
+        return node.state is not NodeState.RUNNING and (node.replaced_by is not None or node.state is NodeState.FAILED)
 
     def _send_step_stats(self, t: float) -> None:
         self.stats_beaten_at = t

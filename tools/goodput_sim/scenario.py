@@ -59,11 +59,11 @@ class Cause:
             fixes it), ``hang`` (a collective stops making progress; nothing exits), ``broken`` (its
             processes exit and the node stays faulty until it is replaced), ``lost`` (the machine is
             gone without a word: power, maintenance), ``preempted`` (the machine is reclaimed after a
-            notice: the agent and its workers get SIGTERM, the agent reports it, and the node must be
-            replaced), ``user`` (the training script fails the same way
-            on every attempt until a person fixes it), ``slow`` (the node keeps training, slower:
-            a straggler; every synchronous step takes `Costs.straggler_slowdown` times as long
-            while it is in the world, for `Costs.straggler_lasts_s` at most).
+            notice: the platform reports the node preempted, and the node must be replaced), ``user``
+            (the training script fails the same way on every attempt until a person fixes it),
+            ``slow`` (the node keeps training, slower: a straggler; every synchronous step takes
+            `Costs.straggler_slowdown` times as long while it is in the world, for
+            `Costs.straggler_lasts_s` at most).
         evidence: what the failed process's log ends with: the real classifier reads it.
         exit_code: the failed process's exit status (None: it did not exit, or nothing saw one).
         fails_node_check: a node it left faulty fails `dlrover-run --network-check`'s probe (matrix
@@ -162,8 +162,8 @@ CAUSES: Mapping[str, Cause] = dict(
         # the slowness passes (`Costs.straggler_lasts_s`) or the node leaves the job.
         _cause("straggler", "slow", "", None),
         # A spot or preemptible machine reclaimed by its provider, or a node drained for a higher-priority
-        # workload: the agent hears the notice (SIGTERM to it and its workers) and reports it before the
-        # machine goes. Not the job's fault: the master relaunches the node elsewhere.
+        # workload: the platform reports the node preempted (its notice is the evidence) and the machine goes.
+        # Not the job's fault: the master relaunches the node, charging no failure budget.
         _cause(
             "preemption",
             "preempted",

@@ -550,7 +550,8 @@ class Autoscaler:
         if not sizes:
             return AutoscaleDecision("wait", view.wanted, "no node count of the range lies under the ceiling", base)
         estimate = {n: measured[n].samples_per_second if n in measured else model.predict(n) for n in sizes}
-        resolution = {n: m.resolution for n, m in measured.items()}
+        # A count only the model predicts is not known at all: a step to or from it never gives nodes back.
+        resolution = {n: measured[n].resolution if n in measured else math.inf for n in sizes}
         efficient, steps = efficient_node_count(sizes, estimate, self._config.min_scaling_efficiency, resolution)
         base["walk"] = steps
         base["efficient_nodes"] = efficient
