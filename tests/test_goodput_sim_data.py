@@ -257,3 +257,10 @@ def test_with_no_last_call_a_smaller_world_still_forms_with_every_node_that_join
     assert not run.stopped
     assert len(run.members) == 8
     assert run.decisions["replacement up: planned round"] == 1
+
+
+def test_a_warm_spare_the_autoscaler_gives_a_rank_joins_the_world_at_a_planned_round() -> None:
+    run = autoscaled_run(spare_nodes=1, min_nodes=7)  # the growth 7 -> 8 promotes the spare, launching no rank
+    run.run([])
+    assert len(run.members) == 8
+    assert run.decisions == {"replacement up: planned round": 1}

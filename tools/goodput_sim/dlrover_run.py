@@ -529,7 +529,7 @@ class DLRoverRun:
     def _follow_resize(self, t: float) -> None:
         """Carry out a resize the master decided by `t`: nodes it let go leave the world at a planned round at
         once (their agents have the workers seal a flash checkpoint first; the others stopped when they
-        left); nodes it launched join at one once up."""
+        left); nodes it launched join at one once up, and warm spares it gave a rank at one now."""
         gone = sorted(self.members - set(self._ranked().values()))
         if gone:
             stopped = min(t, self.training_until)
@@ -544,6 +544,10 @@ class DLRoverRun:
             self._round(t, planned_step=sealed)
             return
         self._expect_growth()
+        promoted = set(self._ranked().values()) - self.members
+        if promoted and self.grow_at is None:
+            # A warm spare the growth gave a rank runs already: it joins at a planned round now.
+            self._grow(t)
 
     def _deliver_pending(self) -> None:
         """The agents hear what the master queued for them (a restart for a spare's round) at their next beat,
