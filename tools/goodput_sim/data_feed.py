@@ -36,7 +36,6 @@ master's data path would break it, and the run fails with `DataLossError`.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable, Sequence
 
@@ -44,7 +43,15 @@ import attrs
 
 from dlrover.common import Clock
 from dlrover.master.hosting import HostedShards
-from dlrover.shard import DatasetSpec, DeliveryMode, IndexSource, Shard, ShardError, ShardRegistry
+from dlrover.shard import (
+    DatasetSpec,
+    DeliveryMode,
+    IndexSource,
+    Shard,
+    ShardError,
+    ShardRegistry,
+    decode_progress,
+)
 from dlrover.shard.shard import decode_bitmap
 
 __all__ = ["DATASET", "DataFeed", "DataLossError"]
@@ -106,7 +113,6 @@ class DataFeed:
         self._acked_step = 0  # the step every reader of the attempt acknowledged up to
         self.positions: dict[int, str] = {}  # step -> the data position read there
         self.restores = 0
-        self.reports = 0  # calls made to the shard service
 
     def register(self) -> None:
         """Register the dataset (the job's first round) and read its data position at step 0."""
@@ -196,7 +202,6 @@ class DataFeed:
         while units > 0:
             if reader.shard is None:
                 fetched = registry.fetch(DATASET, reader.worker)
-                self.reports += 1
                 if not fetched.shards:
                     raise DataLossError(f"{reader.worker} got no shard: {fetched.reason}")
                 reader.shard = fetched.shards[0]
@@ -205,7 +210,6 @@ class DataFeed:
             take = min(units, shard.size - reader.position)
             reader.position += take
             units -= take
-            self.reports += 1
             if reader.position == shard.size:
                 registry.report_done(DATASET, reader.worker, shard.shard_id)
                 reader.shard = None
@@ -223,7 +227,7 @@ class DataFeed:
     def acknowledged(self, document: str) -> int:
         """The distinct units a data position holds acknowledged: every shard of a finished epoch, the done
         shards of the others, and the acknowledged part of every queued shard."""
-        state = json.loads(document)["state"]
+        _, state = decode_progress(document)
         per_epoch = self.shards_per_epoch
         done = state["finished_epochs"] * per_epoch
         for epoch, book in state["epochs"].items():

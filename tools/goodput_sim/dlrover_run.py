@@ -322,22 +322,23 @@ class DLRoverRun:
         timeouts on."""
         now = self.clock.now()
         timeout = self.costs.heartbeat_timeout_s
-        if now - self.beaten_at < 0.9 * timeout:
+        if now - self.beaten_at < self._beat_gap:
             return
         self.beaten_at = now
         with_stats = self.members if now - self.stats_beaten_at < 0.1 * timeout else ()
-        # Only the autoscaler acts on samples (else they feed the samples-per-second gauge alone): the
-        # simulation spares the master reading them where it is off.
-        samples = self._samples(now) if self.strategy.autoscale != "off" else None
+        samples = self._samples(now)
         for node_id, node in self.master.nodes().items():
             if node.state is NodeState.RUNNING and node_id not in self.silent and node_id not in with_stats:
                 mine = samples if samples is None or node_id in self.members else 0
                 self.master.heartbeat(node_id, samples=mine)
 
-    def _samples(self, t: float) -> int:
+    def _samples(self, t: float) -> int | None:
         """The samples each node of the world has trained by `t` since its processes started (the count
         its agent reports on every heartbeat): its whole part of a step's global batch every step, none
-        after the attempt stopped training."""
+        after the attempt stopped training. None where the autoscaler is off: only the samples-per-second
+        gauge would read them, and the simulation spares the master that."""
+        if self.strategy.autoscale == "off":
+            return None
         steps = self.stretch.start_step + self.stretch.steps_by(min(t, self.training_until)) - self.attempt_step
         return max(0, steps) * (self.job.nodes * _SAMPLES_PER_UNIT // max(1, len(self.members)))
 
@@ -899,8 +900,7 @@ class DLRoverRun:
                 )
                 for local in range(per_node)
             ]
-            samples = self._samples(t) if self.strategy.autoscale != "off" else None
-            self.master.heartbeat(node_id, rank_steps=stats, samples=samples)
+            self.master.heartbeat(node_id, rank_steps=stats, samples=self._samples(t))
 
     def _new_events(self) -> list[Any]:
         out: list[Any] = []
