@@ -280,7 +280,7 @@ def test_capacity_grows_and_shrinks_a_running_job_and_the_weights_equal_a_run_th
 
     before_growth = [int(step) for step, world, _requested in rows if world == "2"]
     first_grown = next(r for r in resumes if r["world"] > 2)
-    assert first_grown["step"] == max(before_growth), (first_grown, before_growth[-3:], story())
+    assert first_grown["step"] == max(before_growth), f"{first_grown} {before_growth[-3:]}\n{story()}"
     last_step, _world, last_requested = rows[len(before_growth) - 1]
     assert last_requested == "1" or int(last_step) % 5 == 0, f"step {last_step}: not saved on request or periodically"
     # The planned round of the shrink redid no step either: the leaving node's agent (stopped with
@@ -289,7 +289,7 @@ def test_capacity_grows_and_shrinks_a_running_job_and_the_weights_equal_a_run_th
     # step the three nodes trained.
     before_shrink = [int(step) for step, world, _requested in rows if world == "6"]
     first_shrunk = next(r for r in resumes if r["world"] == 4)
-    assert first_shrunk["step"] == max(before_shrink), (first_shrunk, before_shrink[-3:], story())
+    assert first_shrunk["step"] == max(before_shrink), f"{first_shrunk} {before_shrink[-3:]}\n{story()}"
     last_step, _world, last_requested = rows[len(before_growth) + len(before_shrink) - 1]
     assert int(last_step) == max(before_shrink)
     assert last_requested == "1" or int(last_step) % 5 == 0, f"step {last_step}: not saved on request or periodically"

@@ -409,9 +409,23 @@ ROUND_WORKER = textwrap.dedent(
             open(os.path.join(out, "ready"), "w").close()
         if requested:
             time.sleep(600)  # wait for the agent's restart: no step after the save is trained
-        time.sleep(0.1)
+        time.sleep(1.0 if mode == "slow" else 0.1)  # "slow": the request waits a while for its step
     """
 )
+
+
+def _one_node_waiting_once_ready(out_dir: Path) -> tuple[Callable[[], int], list[int]]:
+    """A fake rendezvous's `nodes_waiting`: one node asks to join once the worker has trained a
+    few steps (it wrote ``ready``), once; and the list that says it did."""
+    told: list[int] = []
+
+    def nodes_waiting() -> int:
+        if not told and (out_dir / "ready").exists():
+            told.append(1)
+            return 1
+        return 0
+
+    return nodes_waiting, told
 
 
 @pytest.mark.integration
@@ -420,16 +434,7 @@ ROUND_WORKER = textwrap.dedent(
 def test_before_a_planned_round_the_agent_has_its_workers_save_so_the_round_redoes_no_step(
     tmp_path: Path, round_save_timeout_s: float
 ) -> None:
-    out_dir = tmp_path / "out"
-    told: list[int] = []
-
-    def nodes_waiting() -> int:
-        # A node asks to join once the worker has trained a few steps: a planned round.
-        if not told and (out_dir / "ready").exists():
-            told.append(1)
-            return 1
-        return 0
-
+    nodes_waiting, _told = _one_node_waiting_once_ready(tmp_path / "out")  # a planned round
     control = FakeControlPlane(nodes_waiting=nodes_waiting, heartbeat_interval_s=0.05)
     agent, out, _job = _agent(
         tmp_path, "round", control, worker=ROUND_WORKER, round_save_timeout_s=round_save_timeout_s
@@ -457,15 +462,7 @@ def test_workers_that_save_every_step_without_polling_answer_with_their_next_sea
     # A script that never asks save_requested() (a sharded checkpointer's, one on its own
     # schedule) answers the request with the first snapshot it seals after it: the round does not
     # wait out --round-save-timeout.
-    out_dir = tmp_path / "out"
-    told: list[int] = []
-
-    def nodes_waiting() -> int:
-        if not told and (out_dir / "ready").exists():
-            told.append(1)
-            return 1
-        return 0
-
+    nodes_waiting, _told = _one_node_waiting_once_ready(tmp_path / "out")
     control = FakeControlPlane(nodes_waiting=nodes_waiting, heartbeat_interval_s=0.05)
     agent, out, _job = _agent(tmp_path, "periodic", control, worker=ROUND_WORKER, round_save_timeout_s=150.0)
     with caplog.at_level(logging.INFO, logger="dlrover.launcher.agent"):
@@ -561,6 +558,50 @@ def test_a_restart_the_master_marks_as_a_planned_rounds_saves_first_and_one_for_
         # A restart for a failure waits for nothing: the steps since step 1 are trained again.
         assert all(requested == "0" for _step, requested in trained)
         assert resumed["step"] == 1
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("then", ["restart", "removal"])
+def test_the_resizes_own_step_arriving_during_the_save_for_a_dissolved_round_waits_for_that_save(
+    tmp_path: Path, then: str
+) -> None:
+    # A shrink dissolves the rendezvous round as it queues the staying nodes' planned restart: an
+    # agent that learns of the round first (nodes waiting) asks for the save, and the master's
+    # restart (or this node's removal) comes with a heartbeat during it. That is the same round:
+    # the agent still waits for the save, or the workers restart before their next step saves it
+    # and the whole job trains those steps again. The worker's steps take a second; heartbeats
+    # come every 0.05 s.
+    nodes_waiting, told = _one_node_waiting_once_ready(tmp_path / "out")
+    control = FakeControlPlane(nodes_waiting=nodes_waiting, heartbeat_interval_s=0.05)
+    heartbeat = control.heartbeat
+    answered: list[int] = []
+    kind = ActionKind.RESTART_PROCESSES if then == "restart" else ActionKind.REMOVE_NODE
+    resize = MasterAction(kind, "planned round: node 2 left the job", planned_round=True)
+
+    def answer(progress: Any) -> Any:
+        asked = heartbeat(progress)
+        if told and not answered:
+            answered.append(1)
+            return [resize]
+        return asked
+
+    control.heartbeat = answer  # type: ignore[method-assign]
+    agent, out, _job = _agent(tmp_path, "slow", control, worker=ROUND_WORKER, round_save_timeout_s=60.0)
+    result = agent.run()
+    assert answered
+    trained = [line.split() for line in (out / "trained").read_text().splitlines()]
+    assert trained[-1][1] == "1", (trained, _logs(tmp_path))
+    tracker = Committer(PosixStorage(out / "ckpt")).tracker()
+    if then == "restart":
+        assert result.exit_code == 0, (result.reason, _logs(tmp_path))
+        resumed = json.loads((out / "resumed.json").read_text())
+        assert (resumed["step"], resumed["source"]) == (int(trained[-1][0]), "memory")
+    else:
+        # Removed: the step reached is sealed and persisted as the node leaves.
+        assert result.exit_code == 1, (result.reason, _logs(tmp_path))
+        assert tracker is not None
+        assert tracker.step == int(trained[-1][0]), (tracker, trained)
 
 
 @pytest.mark.integration

@@ -1056,7 +1056,10 @@ class Agent:
 
         Waits on its own monitoring: a worker that exits or a stop request ends the wait (when
         `leaving`, see `_save_before_leaving`); unless `leaving` (the master has nothing more to
-        say to this node), it heartbeats meanwhile and a master's action ends it too. Only with
+        say to this node), it heartbeats meanwhile and a master's action for a failure or a stop
+        ends it too. The master's planned-round restart or shrink removal does not: a rendezvous
+        that dissolved when a shrink let a peer go starts this wait before the heartbeat brings
+        the resize's own restart, and the save under way is the one that restart asks for. Only with
         the node's saver hosted here, and only for workers that poll the save request or have
         sealed a snapshot since they started (others may not checkpoint at all: a request would
         go unanswered).
@@ -1096,8 +1099,16 @@ class Agent:
             if not leaving and self._clock.now() >= next_heartbeat:
                 next_heartbeat = self._clock.now() + self._heartbeat_interval_s
                 asked = self._heartbeat_while_saving()
+                if asked is not None and not asked.planned_round:
+                    return asked  # a failure's restart or a stop: broken collectives save nothing
                 if asked is not None:
-                    return asked
+                    # The master's word on the same resize (the restart it planned, found by the
+                    # rendezvous first, or this node's removal): the save under way serves it.
+                    # Ending the wait here restarted the workers before their next step saved.
+                    _log.info("%s: the master asks for the same round's step, after this save: %s", what, asked.reason)
+                    step = asked
+                    if asked.kind is StepKind.EXIT:
+                        what, leaving = "leaving the job", True
             # Not woken by the stop pipe while leaving: it stays readable once written.
             wake = None if leaving or self._wake is None else self._wake[0]
             group.wait(self._config.monitor_interval_s, wake)
@@ -1124,7 +1135,8 @@ class Agent:
 
     def _heartbeat_while_saving(self) -> Step | None:
         """One heartbeat during the save before a round (the node must not look lost); the
-        master's action, if it asked for one, ends the wait and replaces the round's restart."""
+        master's action, if it asked for one, replaces the round's restart: at once when it is for
+        a failure or a stop, after the save when it is the resize's own (`Step.planned_round`)."""
         try:
             asked = on_master_actions(self._heartbeat())  # acknowledges the step marks it carried
         except DLRoverError as exc:
@@ -1132,7 +1144,8 @@ class Agent:
             return None
         if asked.kind is StepKind.CONTINUE:
             return None
-        _log.info("planned round: the master asked for more while the workers saved: %s", asked.reason)
+        if not asked.planned_round:
+            _log.info("the master asked for more while the workers saved: %s", asked.reason)
         return asked
 
     def _check_nodes(self, assignment: RoundAssignment, restarts: int) -> Step | None:
