@@ -14,6 +14,7 @@ from dlrover.diagnosis import Evidence, ExitInfo, FailureKind, RuleRegistry, Tai
 
 @pytest.fixture(scope="module")
 def registry() -> RuleRegistry:
+    # Built once (a third of a second): the property tests below classify hundreds of inputs.
     return RuleRegistry.with_builtin_rules()
 
 
@@ -66,15 +67,15 @@ def test_missing_log_file_is_a_clear_error(tmp_path: Path) -> None:
 
 
 @given(data=st.binary(max_size=4096), code=st.one_of(st.none(), st.integers(-64, 255)))
-def test_any_bytes_and_exit_status_classify_without_crashing(data: bytes, code: int | None) -> None:
-    registry = RuleRegistry.with_builtin_rules()
+def test_any_bytes_and_exit_status_classify_without_crashing(
+    registry: RuleRegistry, data: bytes, code: int | None
+) -> None:
     diagnosis = classify(Evidence.from_text(data, returncode=code), registry)
     assert diagnosis.reason
     assert 0.0 <= diagnosis.confidence <= 1.0
 
 
 @given(text=st.text(max_size=2000))
-def test_any_text_classifies_without_crashing(text: str) -> None:
-    registry = RuleRegistry.with_builtin_rules()
+def test_any_text_classifies_without_crashing(registry: RuleRegistry, text: str) -> None:
     diagnosis = classify(Evidence.from_text(text), registry)
     assert diagnosis.reason

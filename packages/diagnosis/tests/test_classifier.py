@@ -353,3 +353,16 @@ def test_a_node_left_out_by_the_node_check_is_a_hardware_fault_despite_the_probe
     # The same probe errors without the marker stay a communication failure.
     plain = classify(Evidence.from_text(log.split("\n", 1)[1], returncode=1), RuleRegistry.with_builtin_rules())
     assert plain.kind is FailureKind.COMMUNICATION
+
+
+def test_a_second_registry_reuses_the_first_ones_prepared_patterns() -> None:
+    # Each policy and master builds its registry; the patterns (several hundred, more than `re`'s
+    # own cache holds) are compiled and parsed for their anchors once per process, not per build.
+    from dlrover.diagnosis.rules import LogPatternRule
+
+    first, second = RuleRegistry.with_builtin_rules(), RuleRegistry.with_builtin_rules()
+    pairs = [(a, b) for a, b in zip(first.rules, second.rules, strict=True) if isinstance(a, LogPatternRule)]
+    assert pairs
+    for a, b in pairs:
+        assert all(p is q for p, q in zip(a.patterns, b.patterns, strict=True)), a.name
+        assert all(s is t for s, t in zip(a._scanners, b._scanners, strict=True)), a.name

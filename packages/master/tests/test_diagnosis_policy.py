@@ -30,6 +30,9 @@ from dlrover.master.policy import Classification, DefaultFailurePolicy, Failure
 from dlrover.master.records import NodeRecord
 from dlrover.master.states import JobState, NodeState
 
+# Built once (a third of a second each): property tests below make a policy per example.
+REGISTRY = RuleRegistry.with_builtin_rules()
+
 IMPORT_ERROR = """Traceback (most recent call last):
   File "/home/alice/proj/train.py", line 12, in <module>
     from transformers import LlamaForCausalLM, get_cosine_with_min_lr_schedule
@@ -62,7 +65,7 @@ def test_an_import_error_traceback_stops_the_job_with_the_diagnosis_as_reason() 
 
 
 def test_a_collective_timeout_restarts_the_processes() -> None:
-    decision = DiagnosisFailurePolicy().decide(failure(FailureKind.UNKNOWN, NCCL_TIMEOUT, exit_code=-6))
+    decision = DiagnosisFailurePolicy(REGISTRY).decide(failure(FailureKind.UNKNOWN, NCCL_TIMEOUT, exit_code=-6))
     assert decision.action is ActionKind.RESTART_PROCESSES
     # One sentence: what failed, what the diagnosis found, what is done with the one budget.
     assert decision.outcome.startswith("node 3 (rank 1) failed with exit status -6 (SIGABRT): communication: ")
@@ -77,14 +80,14 @@ def test_a_node_the_network_check_left_out_is_relaunched_on_another_host() -> No
         f"{NODE_CHECK_FAILED}: the network check left this node out before training, after 0 restart(s)\n"
         "round 1 pair 0-1: failed (node 0: RuntimeError: [gloo] Timed out waiting for recv; node 1: ok)\n"
     )
-    decision = DiagnosisFailurePolicy().decide(failure(FailureKind.COMMUNICATION, evidence, exit_code=1))
+    decision = DiagnosisFailurePolicy(REGISTRY).decide(failure(FailureKind.COMMUNICATION, evidence, exit_code=1))
     assert decision.action is ActionKind.RELAUNCH_NODE
     assert decision.avoid_host
     assert "hardware" in decision.outcome
 
 
 def test_failures_the_master_saw_itself_relaunch_the_node_without_classifying() -> None:
-    policy = DiagnosisFailurePolicy()
+    policy = DiagnosisFailurePolicy(REGISTRY)
     for node_id in (10, 11, 12):
         # Evidence that would read as a user error must not matter for a node the master lost.
         lost = attrs.evolve(failure(LOST_NODE_KIND, IMPORT_ERROR, node_id=node_id), observed_by_master=True)
@@ -95,7 +98,7 @@ def test_failures_the_master_saw_itself_relaunch_the_node_without_classifying() 
 
 
 def test_an_unexplained_log_falls_back_to_the_reported_kind() -> None:
-    policy = DiagnosisFailurePolicy()
+    policy = DiagnosisFailurePolicy(REGISTRY)
     decision = policy.decide(failure(FailureKind.HARDWARE, "the agent saw something odd", node_id=4))
     assert decision.action is ActionKind.RELAUNCH_NODE
     assert decision.avoid_host
@@ -106,7 +109,7 @@ def test_an_unexplained_log_falls_back_to_the_reported_kind() -> None:
 
 def test_the_nodes_restart_budget_escalates_in_place_of_the_action_policys_own() -> None:
     # The lifecycle's budget (the node's agent's --max-restarts) decides, not the per-node limit.
-    policy = DiagnosisFailurePolicy(actions=ActionPolicy(PolicyConfig(max_process_restarts_per_node=1)))
+    policy = DiagnosisFailurePolicy(REGISTRY, actions=ActionPolicy(PolicyConfig(max_process_restarts_per_node=1)))
     first = policy.decide(failure(FailureKind.UNKNOWN, NCCL_TIMEOUT, used=0, limit=2))
     second = policy.decide(failure(FailureKind.UNKNOWN, NCCL_TIMEOUT, used=1, limit=2))
     third = policy.decide(failure(FailureKind.UNKNOWN, NCCL_TIMEOUT, used=2, limit=2))
@@ -122,7 +125,7 @@ def _crash(used: int) -> Failure:
 
 
 def test_without_a_relaunching_scheduler_an_unexplained_crash_restarts_until_the_budget_is_spent() -> None:
-    policy = DiagnosisFailurePolicy()
+    policy = DiagnosisFailurePolicy(REGISTRY)
     decisions = [policy.decide(_crash(used)) for used in range(5)]
     assert [d.action for d in decisions[:4]] == [ActionKind.RESTART_PROCESSES] * 4
     assert decisions[2].reason.endswith(
@@ -133,7 +136,7 @@ def test_without_a_relaunching_scheduler_an_unexplained_crash_restarts_until_the
 
 
 def test_a_rollback_replays_the_budgets_the_decisions_were_taken_with() -> None:
-    policy = DiagnosisFailurePolicy()
+    policy = DiagnosisFailurePolicy(REGISTRY)
     for used in (0, 1):
         policy.decide(_crash(used))
     savepoint = policy.savepoint()
@@ -156,7 +159,7 @@ def lifecycle(policy: DiagnosisFailurePolicy) -> JobLifecycle:
 
 
 def test_in_the_lifecycle_a_user_code_error_ends_the_job_after_one_attempt() -> None:
-    life = lifecycle(DiagnosisFailurePolicy())
+    life = lifecycle(DiagnosisFailurePolicy(REGISTRY))
     decision, _ = life.report_failure(0, FailureKind.UNKNOWN, IMPORT_ERROR, 1.0, exit_code=1)
     assert decision.action is ActionKind.ABORT_JOB
     assert life.job_state is JobState.FAILED
@@ -167,7 +170,7 @@ def test_in_the_lifecycle_a_user_code_error_ends_the_job_after_one_attempt() -> 
 
 
 def test_in_the_lifecycle_a_transient_failure_restarts_processes() -> None:
-    life = lifecycle(DiagnosisFailurePolicy())
+    life = lifecycle(DiagnosisFailurePolicy(REGISTRY))
     decision, _ = life.report_failure(1, FailureKind.UNKNOWN, NCCL_TIMEOUT, 1.0, exit_code=-6)
     assert decision.action is ActionKind.RESTART_PROCESSES
     assert life.job_state is JobState.RUNNING
@@ -179,7 +182,7 @@ def test_the_failure_event_and_metrics_carry_the_kind_decided_on_and_the_kind_re
     from dlrover.master.journal import JournaledEvent
     from dlrover.master.metrics import MasterMetrics
 
-    life = lifecycle(DiagnosisFailurePolicy())
+    life = lifecycle(DiagnosisFailurePolicy(REGISTRY))
     decision, out = life.report_failure(1, FailureKind.UNKNOWN, NCCL_TIMEOUT, 1.0, exit_code=-6)
     (event,) = [e for e in out.events if e.kind == "failure"]
     assert decision.kind is not FailureKind.UNKNOWN
@@ -194,7 +197,7 @@ def test_the_failure_event_and_metrics_carry_the_kind_decided_on_and_the_kind_re
 def test_in_the_lifecycle_without_a_relaunching_scheduler_the_agents_budget_decides() -> None:
     # A standalone dlrover-run --max-restarts=5 whose worker exits with status 1 every time.
     cfg = LifecycleConfig(nodes=NodeRange(1, 1))
-    life = JobLifecycle(cfg, DiagnosisFailurePolicy(), 0.0, scheduler_relaunches=False)
+    life = JobLifecycle(cfg, DiagnosisFailurePolicy(REGISTRY), 0.0, scheduler_relaunches=False)
     life.start(0.0)
     life.register(0, "agent-0", "host-0", 0.0, max_process_restarts=5)
     decisions = [
@@ -227,7 +230,7 @@ def test_an_unknown_policy_name_is_refused() -> None:
 @pytest.mark.parametrize(("signal_name", "code"), [("SIGKILL", 137), ("SIGTERM", 143)])
 def test_a_killed_worker_reported_by_a_live_agent_restarts_processes(signal_name: str, code: int) -> None:
     evidence = f"local rank 1 exited with signal {signal_name} after 0 restart(s)\n"
-    decision = DiagnosisFailurePolicy().decide(failure(FailureKind.UNKNOWN, evidence, exit_code=code))
+    decision = DiagnosisFailurePolicy(REGISTRY).decide(failure(FailureKind.UNKNOWN, evidence, exit_code=code))
     assert decision.action is ActionKind.RESTART_PROCESSES, decision.outcome
     assert "killed" in decision.outcome
     assert "the agent is alive" in decision.outcome
@@ -236,7 +239,7 @@ def test_a_killed_worker_reported_by_a_live_agent_restarts_processes(signal_name
 
 def test_a_sigkilled_worker_whose_agent_lives_is_said_to_be_killed_not_unknown() -> None:
     evidence = "local rank 1 exited with signal SIGKILL\n"
-    decision = DiagnosisFailurePolicy().decide(failure(FailureKind.UNKNOWN, evidence, exit_code=-9))
+    decision = DiagnosisFailurePolicy(REGISTRY).decide(failure(FailureKind.UNKNOWN, evidence, exit_code=-9))
     assert decision.action is ActionKind.RESTART_PROCESSES
     assert decision.outcome == (
         "node 3 (rank 1) failed with exit status -9 (SIGKILL): killed by SIGKILL (signal 9): "
@@ -267,7 +270,7 @@ def test_every_decision_counts_a_nodes_restarts_one_way(
     count after it and n the agent's budget; a spent budget is said with the same numbers; and
     where nothing starts a node, nothing is said to be relaunched or created."""
     cfg = LifecycleConfig(nodes=NodeRange(1, 1), max_relaunches=2, max_job_failures=100)
-    life = JobLifecycle(cfg, DiagnosisFailurePolicy(), 0.0, scheduler_relaunches=scheduler_relaunches)
+    life = JobLifecycle(cfg, DiagnosisFailurePolicy(REGISTRY), 0.0, scheduler_relaunches=scheduler_relaunches)
     life.start(0.0)
     life.register(0, "agent", "host-0", 0.0, max_process_restarts=budget)
     now = 0.0
@@ -308,7 +311,7 @@ def test_the_action_policys_counters_are_journaled_and_survive_a_master_restart(
     from dlrover.master.journal import _snapshot, job_fields
 
     def policy() -> DiagnosisFailurePolicy:
-        return DiagnosisFailurePolicy(actions=ActionPolicy(PolicyConfig(max_node_relaunches=1)))
+        return DiagnosisFailurePolicy(REGISTRY, actions=ActionPolicy(PolicyConfig(max_node_relaunches=1)))
 
     cfg = LifecycleConfig(nodes=NodeRange(1, 2))
     life = JobLifecycle(cfg, policy(), 0.0)
@@ -333,7 +336,7 @@ def test_the_action_policys_counters_are_journaled_and_survive_a_master_restart(
 
 
 def test_a_corrupt_journaled_policy_state_is_refused_with_a_reason() -> None:
-    policy = DiagnosisFailurePolicy()
+    policy = DiagnosisFailurePolicy(REGISTRY)
     policy.decide(failure(FailureKind.UNKNOWN, NCCL_TIMEOUT, exit_code=1))
     before = policy.export_state()
     for corrupt in ('[{"node": "0"}]', "{", '{"version": 2}', '{"version": 2, "counters": {"used": 3}}', "7"):
@@ -345,7 +348,6 @@ def test_a_corrupt_journaled_policy_state_is_refused_with_a_reason() -> None:
     assert policy.export_state() == before
 
 
-REGISTRY = RuleRegistry.with_builtin_rules()
 CONFIGS = [
     PolicyConfig(),
     PolicyConfig(max_node_relaunches=2),

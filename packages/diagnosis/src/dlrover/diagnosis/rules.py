@@ -9,6 +9,7 @@ Third-party rules follow the same `Rule` protocol (see `dlrover.diagnosis.regist
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Callable, Iterable, Sequence
@@ -105,7 +106,14 @@ def _check_common(name: str, confidence: float) -> None:
 
 
 def _compile(patterns: Iterable[str | re.Pattern[str]]) -> tuple[re.Pattern[str], ...]:
-    return tuple(p if isinstance(p, re.Pattern) else re.compile(p, re.IGNORECASE) for p in patterns)
+    return tuple(p if isinstance(p, re.Pattern) else _compiled(p) for p in patterns)
+
+
+@functools.lru_cache(maxsize=4096)
+def _compiled(pattern: str) -> re.Pattern[str]:
+    # The built-in rules hold more patterns than `re`'s own cache (512), which they would thrash:
+    # every registry built after the first compiled them all again (a third of a second).
+    return re.compile(pattern, re.IGNORECASE)
 
 
 def _names(names: Iterable[str]) -> frozenset[str]:

@@ -9,6 +9,7 @@ where the pattern can match: at the lines holding one of its literal anchors
 from __future__ import annotations
 
 import bisect
+import functools
 import re
 from collections.abc import Sequence
 
@@ -41,9 +42,16 @@ class Scanner:
 
     @classmethod
     def of(cls, pattern: re.Pattern[str]) -> Scanner:
-        """Prepare `pattern`."""
-        whole = re.compile(pattern.pattern, pattern.flags | re.MULTILINE)
-        return cls(pattern, whole, anchors_of(pattern))
+        """Prepare `pattern` (prepared once per pattern and flags: a pure function of them)."""
+        return _prepared(pattern)
+
+
+@functools.lru_cache(maxsize=4096)
+def _prepared(pattern: re.Pattern[str]) -> Scanner:
+    # Parsing a pattern for its anchors and compiling its whole-text form cost more than the
+    # match; rule sets are built again (each registry, each policy) from the same patterns.
+    whole = re.compile(pattern.pattern, pattern.flags | re.MULTILINE)
+    return Scanner(pattern, whole, anchors_of(pattern))
 
 
 SAMPLE_CHARS = 16 * 1024
