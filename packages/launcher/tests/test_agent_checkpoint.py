@@ -592,7 +592,6 @@ def test_the_resizes_own_step_arriving_during_the_save_for_a_dissolved_round_wai
     assert answered
     trained = [line.split() for line in (out / "trained").read_text().splitlines()]
     assert trained[-1][1] == "1", (trained, _logs(tmp_path))
-    tracker = Committer(PosixStorage(out / "ckpt")).tracker()
     if then == "restart":
         assert result.exit_code == 0, (result.reason, _logs(tmp_path))
         resumed = json.loads((out / "resumed.json").read_text())
@@ -600,6 +599,7 @@ def test_the_resizes_own_step_arriving_during_the_save_for_a_dissolved_round_wai
     else:
         # Removed: the step reached is sealed and persisted as the node leaves.
         assert result.exit_code == 1, (result.reason, _logs(tmp_path))
+        tracker = Committer(PosixStorage(out / "ckpt")).tracker()
         assert tracker is not None
         assert tracker.step == int(trained[-1][0]), (tracker, trained)
 
