@@ -92,49 +92,101 @@ def _timed(stage: str, timings: list[tuple[str, float]], *args: str) -> None:
         timings.append((stage, time.monotonic() - started))
 
 
-# The isolation sessions, in two groups of about equal time (seconds of unit tests measured on a CI run: master
-# 108, diagnosis 87, flashckpt 58, launcher 26, autoscale 23, rendezvous 15, common 8, shard 6).
-_ISOLATION_GROUPS = (("master", "autoscale", "common", "shard"), ("diagnosis", "flashckpt", "launcher", "rendezvous"))
+# The isolation sessions in the order the side lane runs them (seconds of unit tests measured on a CI run: master
+# 140, diagnosis 87, flashckpt 58, launcher 26, autoscale 28, rendezvous 19, common 11, shard 6).
+_ISOLATION_ORDER = ("master", "diagnosis", "flashckpt", "launcher", "autoscale", "rendezvous", "common", "shard")
 
 
-def _isolation_in_two(timings: list[tuple[str, float]]) -> None:
-    """Each package's isolation session, two at a time: each is one pytest process of unit tests, bound by one
-    core, so on two cores two groups side by side take about half the time of one after the other. Each group's
-    output is printed whole once both have ended."""
-    packages = _from_noxfile("PACKAGES")
-    grouped = {p for group in _ISOLATION_GROUPS for p in group}
-    if grouped != set(packages):
-        raise SystemExit(f"dev.py's isolation groups {sorted(grouped)} must name every package {packages}")
-    started = time.monotonic()
-    runs = []
-    for index, group in enumerate(_ISOLATION_GROUPS):
-        log = ROOT / ".nox" / f"isolation-{index}.log"
-        sessions = [f"isolation(pkg='{p}')" for p in group]
-        with log.open("w") as out:
-            command = [str(BIN / "nox"), "-f", "noxfile.py", "-R", "-s", *sessions]
-            print("+", " ".join(command), flush=True)
-            runs.append((log, subprocess.Popen(command, cwd=ROOT, env=_env(), stdout=out, stderr=subprocess.STDOUT)))
-    codes = [proc.wait() for _log, proc in runs]
-    for log, _proc in runs:
-        print(log.read_text(), flush=True)
-    timings.append(("isolation, two groups side by side", time.monotonic() - started))
-    failed = next((code for code in codes if code != 0), 0)
-    if failed:
-        raise SystemExit(failed)
+class _SideLane:
+    """The sessions that run beside the main test session, one after another, with their output in a log.
+
+    The main session (`tests`) is one pytest process whose tests mostly wait on the processes they start: on a
+    CI run its wall time was 35 minutes for about one core's worth of CPU. The Kubernetes, Ray, TensorFlow,
+    DeepSpeed and isolation sessions took 21 minutes more, one after another. Run beside it, on the second core,
+    they cost the run only what they slow it down. The leak check of each session (the root conftest) already
+    judges only what its own session made while another runs beside it.
+
+    They run one at a time: the Kubernetes and TensorFlow suites both use the test kubelet's pod addresses, and
+    two Ray clusters, or a Ray cluster beside TensorFlow servers, would only add load. The log is printed whole
+    once the lane ends, so its output does not cut into the main session's.
+    """
+
+    def __init__(self, log: Path, installs: subprocess.Popen[bytes]) -> None:
+        self._log = log
+        self._installs = installs
+        self.timings: list[tuple[str, float]] = []
+        self.failures: list[str] = []
+        self.installed_after: float | None = None
+        self._thread = threading.Thread(target=self._run, name="side-lane", daemon=True)
+        self._started = time.monotonic()
+        self._stopping = threading.Event()
+        self._current: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """End the session running now and run no other (the main session was interrupted)."""
+        self._stopping.set()
+        if self._current is not None:
+            self._current.terminate()
+
+    def join(self) -> None:
+        self._thread.join()
+        print(self._log.read_text(errors="replace"), flush=True)
+
+    def _session(self, stage: str, *args: str, after_install: bool = False) -> None:
+        if self._stopping.is_set():
+            return
+        if after_install:
+            if self.installed_after is None:
+                code = self._installs.wait()
+                self.installed_after = time.monotonic() - self._started
+                if code != 0:
+                    self.failures.append(f"installing the separate venvs failed (exit code {code}): {_INSTALL_LOG}")
+            if self._installs.returncode != 0:
+                return
+        command = [str(BIN / "nox"), "-f", "noxfile.py", *args]
+        started = time.monotonic()
+        with self._log.open("a") as out:
+            out.write(f"\n+ {' '.join(command)}\n")
+            out.flush()
+            self._current = subprocess.Popen(command, cwd=ROOT, env=_env(), stdout=out, stderr=subprocess.STDOUT)
+            code = self._current.wait()
+        self.timings.append((stage, time.monotonic() - started))
+        if code != 0:
+            self.failures.append(f"{stage} failed (exit code {code})")
+
+    def _run(self) -> None:
+        self._log.write_text("output of the sessions run beside the main one:\n")
+        beside = ("--no-venv", "--no-install")
+        self._session("kubernetes tests", *beside, "-s", "tests-kubernetes")
+        self._session("ray tests", *beside, "-s", "tests-ray")
+        self._session("proto check", *beside, "-s", "proto", "--", "--check")
+        for pkg in _ISOLATION_ORDER:
+            self._session(f"isolation({pkg})", "-R", "-s", f"isolation(pkg='{pkg}')", after_install=True)
+        for session in _SEPARATE_VENV_SESSIONS:
+            if session != "isolation":
+                self._session(session, "-R", "-s", session, after_install=True)
+
+
+_INSTALL_LOG = ROOT / ".nox" / "install-only.log"
 
 
 def test(pytest_args: list[str]) -> None:
-    """Every check, with the separate venvs' installs overlapping the main test run.
+    """Every check: the main session in front, every other session beside it (`_SideLane`).
 
-    Those installs wait mostly on downloads and disk, the main tests on the CPU, so building the
-    venvs of the isolation, TensorFlow and DeepSpeed sessions in the background (`--install-only`)
-    and then running their tests in them (`-R`: reuse, install nothing) takes minutes off a run.
+    The separate venvs of the isolation, TensorFlow and DeepSpeed sessions are built in the background from
+    the start (`--install-only`; they wait mostly on downloads and disk), and their tests run in them (`-R`:
+    reuse, install nothing) once they are built.
     """
     timings: list[tuple[str, float]] = []
     started = time.monotonic()
-    log_path = ROOT / ".nox" / "install-only.log"
-    log_path.parent.mkdir(exist_ok=True)
-    with log_path.open("w") as log:
+    packages = _from_noxfile("PACKAGES")
+    if set(_ISOLATION_ORDER) != set(packages):
+        raise SystemExit(f"dev.py's isolation order {sorted(_ISOLATION_ORDER)} must name every package {packages}")
+    _INSTALL_LOG.parent.mkdir(exist_ok=True)
+    with _INSTALL_LOG.open("w") as log:
         installs = subprocess.Popen(
             [str(BIN / "nox"), "-f", "noxfile.py", "--install-only", "-s", *_SEPARATE_VENV_SESSIONS],
             cwd=ROOT,
@@ -142,37 +194,35 @@ def test(pytest_args: list[str]) -> None:
             stdout=log,
             stderr=subprocess.STDOUT,
         )
-        installed_after: list[float] = []
-
-        def note_when_installed() -> None:
-            installs.wait()
-            installed_after.append(time.monotonic() - started)
-
-        waiter = threading.Thread(target=note_when_installed, daemon=True)
-        waiter.start()
-        try:
-            main_run = ("--no-venv", "--no-install", "-s", "lint", "typecheck", "tests", *pytest_args)
-            _timed("lint, typecheck, tests", timings, *main_run)
-            _timed("kubernetes tests", timings, "--no-venv", "--no-install", "-s", "tests-kubernetes", *pytest_args)
-            _timed("ray tests", timings, "--no-venv", "--no-install", "-s", "tests-ray", *pytest_args)
-            _timed("proto check", timings, "--no-venv", "--no-install", "-s", "proto", "--", "--check")
-        except BaseException:
-            installs.terminate()
-            raise
-        finally:
-            waiter.join()
-    timings.append(("separate venvs installed, in the background from the start", installed_after[0]))
-    if installs.returncode != 0:
-        print(log_path.read_text()[-20000:], file=sys.stderr)
-        raise SystemExit(f"installing the separate venvs failed (exit code {installs.returncode}); log: {log_path}")
-    _isolation_in_two(timings)
-    for session in _SEPARATE_VENV_SESSIONS:
-        if session != "isolation":
-            _timed(session, timings, "-R", "-s", session)
+    side = _SideLane(ROOT / ".nox" / "side-lane.log", installs)
+    side.start()
+    main_failed: SystemExit | None = None
+    try:
+        main_run = ("--no-venv", "--no-install", "-s", "lint", "typecheck", "tests", *pytest_args)
+        _timed("lint, typecheck, tests", timings, *main_run)
+    except SystemExit as e:
+        main_failed = e
+    except BaseException:
+        side.stop()
+        installs.terminate()
+        raise
+    finally:
+        side.join()
+    if installs.returncode not in (0, None):
+        print(_INSTALL_LOG.read_text()[-20000:], file=sys.stderr)
     print("\ntime per stage:", flush=True)
     for stage, seconds in timings:
         print(f"  {seconds:7.1f} s  {stage}", flush=True)
+    print("  beside it, one after another:", flush=True)
+    if side.installed_after is not None:
+        print(f"  {side.installed_after:7.1f} s  separate venvs installed, from the start", flush=True)
+    for stage, seconds in side.timings:
+        print(f"  {seconds:7.1f} s  {stage}", flush=True)
     print(f"  {time.monotonic() - started:7.1f} s  in all", flush=True)
+    if main_failed is not None:
+        raise main_failed
+    if side.failures:
+        raise SystemExit("; ".join(side.failures))
 
 
 def main(argv: list[str]) -> int:
