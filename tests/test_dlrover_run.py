@@ -80,6 +80,8 @@ def test_a_killed_worker_is_restarted_and_the_job_finishes(
     # By default the restarted workers came from standbys that had imported torch; none of
     # those standbys outlives the job.
     assert result["preloaded"] is prewarm
+    # The first workers' standbys started before the agent was imported (`early_standbys`).
+    assert ("standby worker(s) started before the agent" in output) is prewarm, output
     standbys = [p for p in psutil.process_iter(["cmdline"]) if str(run_dir) in " ".join(p.info["cmdline"] or [])]
     assert not standbys, standbys
     # Every step added 1 + 2 to each weight exactly once, across the restart.

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import attrs
+import psutil
 import pytest
 
 from dlrover.common import exiting_status
@@ -28,7 +29,9 @@ from dlrover.diagnosis import (
 )
 from dlrover.launcher.agent import Agent, AgentConfig, AgentResult
 from dlrover.launcher.control import FailureReport, NodeRegistration, RoundAssignment
+from dlrover.launcher.env import standby_env
 from dlrover.launcher.fake_control import FakeControlPlane
+from dlrover.launcher.workers import StandbyPool
 
 WORKER = textwrap.dedent(
     """
@@ -112,6 +115,8 @@ def _agent(
     control: FakeControlPlane,
     read_exiting_status: Callable[[int], int | None] = exiting_status,
     oom_watch: OomWatch | None = None,
+    *,
+    standby: StandbyPool | None = None,
     **kwargs: object,
 ) -> Agent:
     script = tmp_path / "worker.py"
@@ -129,7 +134,7 @@ def _agent(
     }
     defaults.update(kwargs)
     config = AgentConfig(**defaults)  # type: ignore[arg-type]
-    return Agent(config, control, read_exiting_status=read_exiting_status, oom_watch=oom_watch)
+    return Agent(config, control, read_exiting_status=read_exiting_status, oom_watch=oom_watch, standby=standby)
 
 
 def _records(tmp_path: Path) -> dict[str, dict[str, object]]:
@@ -576,6 +581,44 @@ def test_a_node_joining_a_training_job_registers_once_its_standbys_are_warm_or_i
     else:
         assert control.warm_at_registration == 0, "the imports end only once the node registered"
         assert any("still importing after 0.5 s: joining the job anyway" in m for m in said), said
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(180)
+def test_standbys_started_before_the_agent_become_its_workers_and_end_with_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # dlrover-run starts them before it imports the agent (`early_standbys`), under the environment the
+    # agent gives its standbys but for DLRover's own variables: taken, they run without starting again.
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    (marks / "gate").touch()
+    (tmp_path / "slow_import.py").write_text(SLOW_IMPORT)
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    env = {"PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]), "IMPORT_MARKS": str(marks)}
+    argv = (sys.executable, "-u", str(script), str(tmp_path / "out"), "gloo")
+    early_env = standby_env({**os.environ, **env}, nproc_per_node=2, role="default", run_id="job1", max_restarts=0)
+    pool = StandbyPool(argv, ("slow_import",), early_env, size=2)
+    try:
+        pool.fill()
+        assert pool.wait_warm(120.0)
+        early = {int(p.name.split("-")[1]) for p in marks.glob("warm-*")}
+        assert len(early) == 2
+        agent = _agent(tmp_path, "gloo", FakeControlPlane(), standby=pool, worker_argv=argv,
+                       prewarm_modules=("slow_import",), extra_env=env)  # fmt: skip
+        with caplog.at_level(logging.INFO, logger="dlrover.launcher.agent"):
+            result = agent.run()
+    finally:
+        pool.close()
+    assert result.exit_code == 0, result.reason
+    records = {p.name.split("_pid")[0]: int(p.stem.split("_pid")[1]) for p in (tmp_path / "out").glob("*.json")}
+    assert set(records) == {"rank0_attempt0", "rank1_attempt0"}
+    assert set(records.values()) == early, "the workers are the standbys started before the agent"
+    assert pool.taken == 2
+    assert any("started before the agent" in r.getMessage() for r in caplog.records)
+    # The pool was the agent's: its refill for the next restart ended with the agent (the leak check also sees it).
+    assert not [p for p in psutil.process_iter(["cmdline"]) if str(script) in " ".join(p.info["cmdline"] or [])]
 
 
 @pytest.mark.integration

@@ -25,9 +25,12 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from dlrover.common.channel import ChannelConfig
 from dlrover.common.errors import ConfigError
+
+if TYPE_CHECKING:
+    from dlrover.common.channel import ChannelConfig
 from dlrover.common.tls import TLSConfig
 
 __all__ = [
@@ -142,6 +145,8 @@ def master_channel_config(environ: Mapping[str, str] | None = None) -> ChannelCo
     Raises:
         ConfigError: a variable's value is unusable; the message names the variable.
     """
+    from dlrover.common.channel import ChannelConfig  # gRPC's import, only for a process that dials
+
     return ChannelConfig(tls=master_tls_from_env(environ))
 
 

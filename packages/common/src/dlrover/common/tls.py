@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import attrs
-import grpc
 
 from dlrover.common.errors import ConfigError
+
+if TYPE_CHECKING:
+    import grpc
 
 __all__ = ["TLSConfig"]
 
@@ -51,10 +54,14 @@ class TLSConfig:
         if cert is None or key is None:
             raise ConfigError("a TLS server needs cert_file and key_file")
         ca = _read(self.ca_file, "CA bundle")
+        import grpc  # here: a process that only reads TLS settings (dlrover-run's flags) skips gRPC's import
+
         return grpc.ssl_server_credentials([(key, cert)], root_certificates=ca, require_client_auth=ca is not None)
 
     def channel_credentials(self) -> grpc.ChannelCredentials:
         """Credentials for `grpc.secure_channel`."""
+        import grpc
+
         return grpc.ssl_channel_credentials(
             root_certificates=_read(self.ca_file, "CA bundle"),
             private_key=_read(self.key_file, "private key"),

@@ -50,7 +50,6 @@ if TYPE_CHECKING:
     )
     from dlrover.flashckpt.events import EventLog, FlashEvent
     from dlrover.flashckpt.host import (
-        HOST_SOCKET_ENV_VAR,
         EnsureAction,
         EnsureDecision,
         HostedSaver,
@@ -62,6 +61,7 @@ if TYPE_CHECKING:
         request_saver,
     )
     from dlrover.flashckpt.job_env import (
+        HOST_SOCKET_ENV_VAR,
         JOB_ID_ENV_VAR,
         CheckpointIdentity,
         DistState,
@@ -127,7 +127,7 @@ _EXPORTS: dict[str, str] = {
     "PersistOutcome": "dlrover.flashckpt.client",
     "SaverClient": "dlrover.flashckpt.client",
     "ensure_saver": "dlrover.flashckpt.client",
-    "HOST_SOCKET_ENV_VAR": "dlrover.flashckpt.host",
+    "HOST_SOCKET_ENV_VAR": "dlrover.flashckpt.job_env",
     "EnsureAction": "dlrover.flashckpt.host",
     "EnsureDecision": "dlrover.flashckpt.host",
     "HostedSaver": "dlrover.flashckpt.host",

@@ -74,6 +74,7 @@ from dlrover.flashckpt.commit import RetentionPolicy
 from dlrover.flashckpt.errors import FlashCkptError, SaverUnavailableError
 from dlrover.flashckpt.events import EventLog, FlashEvent
 from dlrover.flashckpt.host_runs import EnsureAction, EnsureDecision, HostRuns, SaverRequest
+from dlrover.flashckpt.job_env import HOST_SOCKET_ENV_VAR
 from dlrover.flashckpt.pacing import default_persist_bandwidth_mb_s
 from dlrover.flashckpt.saver import Saver, SaverConfig
 from dlrover.flashckpt.segment import (
@@ -103,8 +104,6 @@ __all__ = [
     "request_saver",
 ]
 
-HOST_SOCKET_ENV_VAR = "DLROVER_FLASHCKPT_HOST"
-"""The environment variable naming the agent's `SaverHost` socket to training processes."""
 
 _HOST_NAME_RE = re.compile(re.escape(SEGMENT_PREFIX) + r"([A-Za-z0-9_-]{1,64})\.([A-Za-z0-9_-]{1,64})\.sock$")
 

@@ -34,6 +34,7 @@ from dlrover.common import ConfigError
 from dlrover.common.process import ProcessIdentity
 
 __all__ = [
+    "HOST_SOCKET_ENV_VAR",
     "JOB_ID_ENV_VAR",
     "CheckpointIdentity",
     "DistState",
@@ -46,6 +47,11 @@ __all__ = [
 
 JOB_ID_ENV_VAR = "DLROVER_JOB_ID"
 """Names the job to its training processes: ``dlrover-run`` sets it (stable while its agent runs)."""
+
+# Here rather than in `dlrover.flashckpt.host`, which the launcher's worker environment would otherwise
+# import with the whole saver: `dlrover-run` reads it before its first standby worker starts.
+HOST_SOCKET_ENV_VAR = "DLROVER_FLASHCKPT_HOST"
+"""The environment variable naming the agent's `SaverHost` socket to training processes."""
 
 TORCHRUN_RUN_ID_ENV_VAR = "TORCHELASTIC_RUN_ID"
 _TORCHRUN_DEFAULT_RUN_ID = "none"  # torchrun's --rdzv-id when none is given (and not --standalone)

@@ -71,8 +71,8 @@ from dlrover.launcher.env import (
     CHECKPOINT_SOCKET_ENV_VAR,
     JOB_ID_ENV_VAR,
     NODE_ID_ENV_VAR,
-    PER_ROUND_ENV_VARS,
     WorkerIdentity,
+    standby_env,
     worker_env,
 )
 from dlrover.launcher.hang import HangWatch, read_cpu_seconds
@@ -297,6 +297,9 @@ class Agent:
         oom_watch: reads the host's OOM records (the memory cgroup's ``oom_kill`` counter, the
             kernel log) so that a failed worker's evidence says whether the OOM killer ended it;
             `OomWatch()` reads the real ones and fails soft where they are not readable.
+        standby: a pool of standby workers already importing for this node's workers (see
+            `early_standbys`), taken over by the agent (which closes it); one is started when
+            `AgentConfig.prewarm_modules` names modules and none is given.
     """
 
     def __init__(
@@ -312,6 +315,7 @@ class Agent:
         read_exiting_status: Callable[[int], int | None] = exiting_status,
         sample_gpus: bool = False,
         oom_watch: OomWatch | None = None,
+        standby: StandbyPool | None = None,
     ) -> None:
         self._oom_watch = oom_watch or OomWatch()
         # The cgroup's OOM kill count when the current workers started (None: not readable).
@@ -346,7 +350,9 @@ class Agent:
         self._node_id = ""
         self._heartbeat_interval_s = 2.0
         self._host_env: dict[str, str] = {}
-        self._standby: StandbyPool | None = None
+        # Standby workers `dlrover-run` started for this agent before importing it (`early_standbys`):
+        # owned from here on, closed with the node's services.
+        self._standby: StandbyPool | None = standby
         self._saver_host: SaverHost | None = None
         # (when, global ranks) of the workers whose start used the standbys not yet replaced.
         self._refill_pending: tuple[float, frozenset[int]] | None = None
@@ -575,35 +581,30 @@ class Agent:
         return readings
 
     def _start_standby_pool(self) -> None:
-        """Standbys import `prewarm_modules` while this node registers and waits for its round."""
+        """Standbys import `prewarm_modules` while this node registers and waits for its round (those
+        `dlrover-run` started before it imported the agent, when given, are taken over)."""
         cfg = self._config
         if not cfg.prewarm_modules:
             return
-        nproc = cfg.nproc_per_node
-        identity = WorkerIdentity(
-            rank=0,
-            local_rank=0,
-            world_size=nproc,
-            local_world_size=nproc,
-            group_rank=0,
-            group_world_size=1,
-            role_rank=0,
-            role_world_size=nproc,
-            role_name=cfg.role,
-        )
-        env = worker_env(
+        env = standby_env(
             self._environ,
-            identity,
-            master_addr="",
-            master_port=0,
+            nproc_per_node=cfg.nproc_per_node,
+            role=cfg.role,
             run_id=cfg.run_id,
-            restart_count=0,
             max_restarts=cfg.max_restarts,
             extra={**self._node_env(), **cfg.extra_env, **self._host_env},  # the order `_specs` uses
         )
-        # What a worker learns only when it is taken is left out, so no module reads a stand-in.
-        for name in PER_ROUND_ENV_VARS:
-            env.pop(name, None)
+        if self._standby is not None:
+            # Started from the same program and environment but for DLRover's own variables, which a
+            # taken standby gets with its worker's environment (and a refill from here on).
+            self._standby.set_env(env)
+            self._refill_standbys()
+            _log.info(
+                "%d standby worker(s) started before the agent, importing %s",
+                cfg.nproc_per_node,
+                ", ".join(cfg.prewarm_modules),
+            )
+            return
         # Owned before it starts anything, so `run` closes whatever a failing fill started.
         self._standby = StandbyPool(cfg.worker_argv, cfg.prewarm_modules, env, size=cfg.nproc_per_node)
         self._refill_standbys()

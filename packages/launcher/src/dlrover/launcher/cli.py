@@ -35,40 +35,26 @@ from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
 
 import attrs
 
-from dlrover.common import (
-    TOKEN_FILE_ENV_VAR,
-    ChannelConfig,
-    ConfigError,
-    DLRoverError,
-    configure_logging,
-    find_token,
-    load_token,
-    master_tls_env,
-    owned_temp_dir,
-    remove_dead_owners,
-    write_token_file,
-)
-from dlrover.common.tls import TLSConfig
-from dlrover.diagnosis import HangConfig
-from dlrover.flashckpt.commit import RetentionPolicy
+# Only what parsing the command line and starting the standby workers need is imported here: the
+# agent, gRPC and the master come once the standbys import torch beside them (`early_standbys`).
+from dlrover.common import ConfigError, DLRoverError, configure_logging
 from dlrover.flashckpt.job_env import safe_job_id
-from dlrover.flashckpt.pacing import persist_bandwidth_or_default
-from dlrover.launcher.agent import Agent, AgentConfig, AgentResult
 from dlrover.launcher.args import LaunchConfig, parse_args
-from dlrover.launcher.env import JOB_ID_ENV_VAR, MASTER_ADDR_ENV_VAR, NODE_ID_ENV_VAR
-from dlrover.launcher.grpc_control import GrpcControlPlane, default_node_name
-from dlrover.launcher.netcheck import NetworkCheck, NetworkCheckConfig
-from dlrover.launcher.peer_master import (
-    HostedMaster,
-    embedded_lifecycle,
-    peer_endpoint,
-    peer_master,
-)
-from dlrover.launcher.store_host import TorchStoreHost, TorchStoreHostConfig
+from dlrover.launcher.env import JOB_ID_ENV_VAR, MASTER_ADDR_ENV_VAR, NODE_ID_ENV_VAR, standby_env
 from dlrover.launcher.worker_logs import LogCleanup, default_log_root, remove_run_logs
+from dlrover.launcher.workers import StandbyPool
+
+if TYPE_CHECKING:
+    from dlrover.common.tls import TLSConfig
+    from dlrover.diagnosis import HangConfig
+    from dlrover.launcher.agent import Agent, AgentResult
+    from dlrover.launcher.grpc_control import GrpcControlPlane
+    from dlrover.launcher.netcheck import NetworkCheck
+    from dlrover.launcher.peer_master import HostedMaster
 
 __all__ = ["main", "run"]
 
@@ -128,6 +114,8 @@ def _given_token(cfg: LaunchConfig) -> tuple[str | None, str | None]:
     Raises:
         AuthError: the token given is unusable.
     """
+    from dlrover.common import find_token
+
     found = find_token(cfg.token, token_file=cfg.token_file)
     if found is None:
         return None, None
@@ -168,6 +156,9 @@ def _event_log_path(cfg: LaunchConfig, job_name: str) -> str | None:
 @contextmanager
 def _master_for(cfg: LaunchConfig) -> Iterator[_JobMaster]:
     """The job's master: an embedded one, one this agent serves for its peers, or the one named."""
+    from dlrover.common import load_token
+    from dlrover.launcher.peer_master import embedded_lifecycle, peer_endpoint, peer_master
+
     given, given_file = _given_token(cfg)
     if _runs_own_master(cfg):
         from dlrover.master import MasterConfig, create_master
@@ -250,6 +241,8 @@ def _network_check(cfg: LaunchConfig, control: GrpcControlPlane, local_addr: str
     """The `--network-check` runner over the master's key-value store, or None when it is off."""
     if not cfg.network_check:
         return None
+    from dlrover.launcher.netcheck import NetworkCheck, NetworkCheckConfig
+
     config = NetworkCheckConfig(
         probe_timeout_s=cfg.network_check_timeout_s,
         results_timeout_s=cfg.network_check_results_timeout_s,
@@ -343,12 +336,14 @@ def _finish_logs(
     return f"worker logs in {run_dir}"
 
 
-def run(cfg: LaunchConfig, *, sample_gpus: bool = False) -> AgentResult:
-    """Run this node's share of the job described by `cfg`; with `sample_gpus`, heartbeats carry
-    the GPUs' use (through nvidia-ml-py, when installed)."""
-    _warn_ignored_flags(cfg)
-    endpoint = peer_endpoint(cfg) if cfg.slurm is not None else None  # the static form srun's step made
-    if cfg.slurm is not None and endpoint is not None:
+def _say_slurm_step(cfg: LaunchConfig) -> None:
+    """Where an srun step's job master runs, when this agent is one of the step's nodes."""
+    if cfg.slurm is None:
+        return
+    from dlrover.launcher.peer_master import peer_endpoint
+
+    endpoint = peer_endpoint(cfg)  # the static form srun's step made
+    if endpoint is not None:
         _log.info(
             "srun step %s of %d nodes: this is node %d; the job's master runs on %s:%s (the step's first node)",
             cfg.slurm.run_id,
@@ -357,6 +352,69 @@ def run(cfg: LaunchConfig, *, sample_gpus: bool = False) -> AgentResult:
             endpoint.host,
             endpoint.port,
         )
+
+
+def _control_plane(cfg: LaunchConfig, master: _JobMaster, local_addr: str, tls: TLSConfig | None) -> GrpcControlPlane:
+    """This agent's connection to the job's master."""
+    from dlrover.common import ChannelConfig
+    from dlrover.launcher.grpc_control import GrpcControlPlane, default_node_name
+
+    return GrpcControlPlane(
+        master.address,
+        master.token,
+        node_name=os.environ.get("DLROVER_NODE_NAME") or default_node_name(cfg.node_rank),
+        host=socket.gethostname(),
+        local_addr=local_addr,
+        min_nodes=cfg.nodes.min_nodes,
+        max_nodes=cfg.nodes.max_nodes,
+        node_id=_launched_node_id(),
+        store_wait_s=cfg.store_wait_s,
+        poll_timeout_s=cfg.exit_barrier_poll_timeout_s,
+        connect_timeout_s=cfg.rendezvous_timeout_s,
+        channel_config=ChannelConfig(tls=tls),
+    )
+
+
+def _stop_on_signals(cfg: LaunchConfig, agent: Agent, master: _JobMaster) -> None:
+    """Handle `cfg.signals_to_handle` as torchrun does: stop the workers with the signal received."""
+    received: list[signal.Signals] = []
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        sig = signal.Signals(signum)
+        # Said the moment it arrives: stopping takes up to the grace period and a persist.
+        if received:
+            _log.warning("received %s while already stopping (after %s)", sig.name, received[0].name)
+        else:
+            _log.warning(
+                "received %s: stopping the workers (they get %s, then SIGKILL after the %g s grace period, "
+                "--shutdown-grace), persisting the newest in-memory checkpoint if any, then exiting with %d",
+                sig.name,
+                sig.name,
+                cfg.shutdown_grace_s,
+                128 + sig,
+            )
+        received.append(sig)
+        # As torchrun: the workers get the signal the agent received.
+        agent.request_stop(f"received {sig.name}", sig)
+        if master.hosted is not None:
+            master.hosted.request_stop()
+
+    for name in cfg.signals_to_handle:
+        signal.signal(signal.Signals[name], on_signal)
+
+
+def run(cfg: LaunchConfig, *, sample_gpus: bool = False, standby: StandbyPool | None = None) -> AgentResult:
+    """Run this node's share of the job described by `cfg`; with `sample_gpus`, heartbeats carry
+    the GPUs' use (through nvidia-ml-py, when installed). `standby`: the node's standby workers,
+    already started (`early_standbys`); the agent takes them over and closes them."""
+    from dlrover.common import TOKEN_FILE_ENV_VAR, master_tls_env, owned_temp_dir, remove_dead_owners, write_token_file
+    from dlrover.flashckpt.commit import RetentionPolicy
+    from dlrover.flashckpt.pacing import persist_bandwidth_or_default
+    from dlrover.launcher.agent import Agent, AgentConfig
+    from dlrover.launcher.store_host import TorchStoreHost, TorchStoreHostConfig
+
+    _warn_ignored_flags(cfg)
+    _say_slurm_step(cfg)
     for prefix in (TOKEN_DIR_PREFIX, LOG_DIR_PREFIX):
         remove_dead_owners(prefix)
     with ExitStack() as stack:
@@ -364,20 +422,7 @@ def run(cfg: LaunchConfig, *, sample_gpus: bool = False) -> AgentResult:
         target, token, token_file = master.address, master.token, master.token_file
         local_addr = cfg.local_addr or ("127.0.0.1" if _runs_own_master(cfg) else socket.getfqdn())
         tls = _master_tls(cfg, master)
-        control = GrpcControlPlane(
-            target,
-            token,
-            node_name=os.environ.get("DLROVER_NODE_NAME") or default_node_name(cfg.node_rank),
-            host=socket.gethostname(),
-            local_addr=local_addr,
-            min_nodes=cfg.nodes.min_nodes,
-            max_nodes=cfg.nodes.max_nodes,
-            node_id=_launched_node_id(),
-            store_wait_s=cfg.store_wait_s,
-            poll_timeout_s=cfg.exit_barrier_poll_timeout_s,
-            connect_timeout_s=cfg.rendezvous_timeout_s,
-            channel_config=ChannelConfig(tls=tls),
-        )
+        control = _control_plane(cfg, master, local_addr, tls)
         stack.callback(control.close)
         # Workers reach the master too (shard client, checkpoint coordination): they read the
         # token from a file, the one given or else a private 0600 copy, never from the command
@@ -449,32 +494,10 @@ def run(cfg: LaunchConfig, *, sample_gpus: bool = False) -> AgentResult:
             # `--rdzv-conf store_timeout=` bounds both the wait for its address and its start-up.
             store_host=TorchStoreHost(TorchStoreHostConfig(store_timeout_s=cfg.store_wait_s)),
             sample_gpus=sample_gpus,
+            standby=standby,
         )
 
-        received: list[signal.Signals] = []
-
-        def on_signal(signum: int, _frame: FrameType | None) -> None:
-            sig = signal.Signals(signum)
-            # Said the moment it arrives: stopping takes up to the grace period and a persist.
-            if received:
-                _log.warning("received %s while already stopping (after %s)", sig.name, received[0].name)
-            else:
-                _log.warning(
-                    "received %s: stopping the workers (they get %s, then SIGKILL after the %g s grace period, "
-                    "--shutdown-grace), persisting the newest in-memory checkpoint if any, then exiting with %d",
-                    sig.name,
-                    sig.name,
-                    cfg.shutdown_grace_s,
-                    128 + sig,
-                )
-            received.append(sig)
-            # As torchrun: the workers get the signal the agent received.
-            agent.request_stop(f"received {sig.name}", sig)
-            if master.hosted is not None:
-                master.hosted.request_stop()
-
-        for name in cfg.signals_to_handle:
-            signal.signal(signal.Signals[name], on_signal)
+        _stop_on_signals(cfg, agent, master)
         result: AgentResult | None = None
         try:
             result = agent.run()
@@ -510,7 +533,12 @@ def _main(argv: list[str] | None) -> int:
         cfg = parse_args(argv, accelerators=accelerators)
         if cfg.token is not None:
             _log.warning("--token is visible to every user of this host (ps, /proc); prefer --token-file")
-        result = run(cfg, sample_gpus=accelerators > 0)
+        standby = early_standbys(cfg)
+        try:
+            result = run(cfg, sample_gpus=accelerators > 0, standby=standby)
+        finally:
+            if standby is not None:
+                standby.close(cfg.shutdown_grace_s)  # the agent closed it already, unless it never started
     except (ConfigError, DLRoverError) as exc:
         print(f"dlrover-run: {exc}", file=sys.stderr)
         return 2 if isinstance(exc, ConfigError) else 1
@@ -539,10 +567,46 @@ class _ExitStatus:
         os._exit(self.code)
 
 
+def early_standbys(cfg: LaunchConfig) -> StandbyPool | None:
+    """This node's standby workers (``--prewarm``), started before `dlrover-run` imports its agent.
+
+    A node that starts (a job's first, a grown or a replacement node) waits for its workers' imports
+    (torch's: over a second) before it can train; started first, they run beside the agent's own
+    imports and its start instead of after them. They import under the environment the agent gives
+    its standbys, but for DLRover's own variables, which are not known yet and which a taken standby
+    receives with its worker's environment. None: no prewarm, a program a standby cannot run (the
+    agent says so), or the processes could not be started (said; the agent tries again).
+    """
+    program = tuple(cfg.worker_command(sys.executable))
+    if not cfg.prewarm:
+        return None
+    from dlrover.launcher._standby import runnable
+
+    if not runnable(program):
+        return None
+    env = standby_env(
+        os.environ,
+        nproc_per_node=cfg.nproc_per_node,
+        role=cfg.role,
+        run_id=cfg.rdzv_id,
+        max_restarts=cfg.max_restarts,
+    )
+    pool = StandbyPool(program, cfg.prewarm, env, size=cfg.nproc_per_node)
+    try:
+        pool.fill()
+    except OSError as exc:
+        _log.warning("could not start standby workers before the agent (%s); the agent starts them", exc)
+        pool.close(0.0)
+        return None
+    return pool
+
+
 def _step_hang(cfg: LaunchConfig) -> HangConfig | None:
     """The agent's step-report hang detector from the flags; None when --hang-step-factor is 0."""
     if cfg.hang_step_factor <= 0:
         return None
+    from dlrover.diagnosis import HangConfig
+
     return HangConfig(
         k=cfg.hang_step_factor,
         floor_s=cfg.hang_step_floor_s,

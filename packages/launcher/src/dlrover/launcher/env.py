@@ -7,8 +7,7 @@ from collections.abc import Mapping
 import attrs
 
 from dlrover.common import ConfigError
-from dlrover.flashckpt.host import HOST_SOCKET_ENV_VAR
-from dlrover.flashckpt.job_env import JOB_ID_ENV_VAR
+from dlrover.flashckpt.job_env import HOST_SOCKET_ENV_VAR, JOB_ID_ENV_VAR
 from dlrover.launcher.env_names import PER_ROUND_ENV_VARS
 
 __all__ = [
@@ -18,6 +17,7 @@ __all__ = [
     "NODE_ID_ENV_VAR",
     "PER_ROUND_ENV_VARS",
     "WorkerIdentity",
+    "standby_env",
     "worker_env",
 ]
 
@@ -127,3 +127,45 @@ def _own_device(visible: str | None, local_rank: int) -> str:
             f"--virtual-local-rank: local rank {local_rank} has no device in CUDA_VISIBLE_DEVICES={visible!r}"
         )
     return devices[local_rank]
+
+
+def standby_env(
+    base: Mapping[str, str],
+    *,
+    nproc_per_node: int,
+    role: str,
+    run_id: str,
+    max_restarts: int,
+    extra: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """The environment a node's standby workers import under: a worker's (`worker_env`) without what a
+    worker learns only when a standby is taken (`PER_ROUND_ENV_VARS`), so no module reads a stand-in.
+
+    A taken standby replaces it with its worker's own; only a name outside the worker contract that
+    differs makes it start again (see `dlrover.launcher.env_guard`), so `extra` (DLRover's ``DLROVER_*``
+    variables) may be left out when they are not known yet.
+    """
+    identity = WorkerIdentity(
+        rank=0,
+        local_rank=0,
+        world_size=nproc_per_node,
+        local_world_size=nproc_per_node,
+        group_rank=0,
+        group_world_size=1,
+        role_rank=0,
+        role_world_size=nproc_per_node,
+        role_name=role,
+    )
+    env = worker_env(
+        base,
+        identity,
+        master_addr="",
+        master_port=0,
+        run_id=run_id,
+        restart_count=0,
+        max_restarts=max_restarts,
+        extra=extra,
+    )
+    for name in PER_ROUND_ENV_VARS:
+        env.pop(name, None)
+    return env

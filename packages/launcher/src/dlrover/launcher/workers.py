@@ -302,6 +302,11 @@ class StandbyPool:
         self._warned = False
         self.taken = 0
 
+    def set_env(self, env: Mapping[str, str]) -> None:
+        """The environment the standbys started from now on import under (those started before keep
+        theirs: each is handed its worker's own when taken)."""
+        self._env = dict(env)
+
     def fill(self) -> None:
         """Start standbys until `size` are alive (dead ones, e.g. a failed import, are reaped)."""
         alive = []
