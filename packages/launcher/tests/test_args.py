@@ -217,6 +217,22 @@ def test_checkpoint_retention_and_persist_rate_flags() -> None:
         parse_args(["--nproc-per-node=gpu", "t.py"], accelerators=0)
 
 
+def test_accelerators_are_counted_only_for_the_flags_that_need_the_count() -> None:
+    # Counting imports torch where a GPU driver is present: dlrover-run starts its standbys first.
+    counted: list[bool] = []
+
+    def count() -> int:
+        counted.append(True)
+        return 8
+
+    assert parse_args(["--nproc-per-node=2", "t.py"], accelerators=count).nproc_per_node == 2
+    assert parse_args(["t.py"], accelerators=count).nproc_per_node == 1
+    assert counted == []
+    for flags in (["--nproc-per-node=gpu"], ["--nproc-per-node=auto"], ["--auto-config"]):
+        assert parse_args([*flags, "t.py"], accelerators=count).nproc_per_node == 8
+    assert len(counted) == 3
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [

@@ -11,7 +11,7 @@ import math
 import os
 import re
 import signal
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -687,7 +687,10 @@ def _usable_cpus() -> int:
         return os.cpu_count() or 1
 
 
-def _nproc(value: str | None, auto_config: bool, accelerators: int, cpus: int) -> int:
+def _nproc(value: str | None, auto_config: bool, count_accelerators: Callable[[], int], cpus: int) -> int:
+    text = "1" if value is None else str(value).lower()
+    # Counted only where the flags need the count: counting may import torch (seconds).
+    accelerators = count_accelerators() if auto_config or text in ("auto", "gpu") else 0
     if auto_config:
         if value is not None:
             raise ConfigError(
@@ -695,7 +698,6 @@ def _nproc(value: str | None, auto_config: bool, accelerators: int, cpus: int) -
                 f"--nproc-per-node={value}"
             )
         return accelerators if accelerators > 0 else 1
-    text = "1" if value is None else str(value).lower()
     if text == "auto":  # as torchrun: one per accelerator, else one per usable CPU
         return accelerators if accelerators > 0 else max(cpus, 1)
     if text == "gpu":
@@ -797,7 +799,7 @@ def _slurm_defaults(ns: argparse.Namespace, env: Mapping[str, str]) -> SlurmStep
 def parse_args(
     argv: Sequence[str] | None = None,
     *,
-    accelerators: int = 0,
+    accelerators: int | Callable[[], int] = 0,
     cpus: int | None = None,
     env: Mapping[str, str] | None = None,
 ) -> LaunchConfig:
@@ -805,7 +807,8 @@ def parse_args(
 
     Args:
         argv: the arguments after the program name.
-        accelerators: visible GPUs, for `--nproc-per-node=auto|gpu` and `--auto-config`.
+        accelerators: visible GPUs, for `--nproc-per-node=auto|gpu` and `--auto-config`; or what counts
+            them, called only for those flags.
         cpus: usable CPUs, for `--nproc-per-node=cpu|auto` (default: this process's affinity).
         env: the environment, for the Slurm step and the ``DLROVER_MASTER_TLS_*`` defaults of the
             `--master-tls-*` flags (default: this process's).
@@ -816,7 +819,8 @@ def parse_args(
     ns = build_parser().parse_args(argv)
     slurm = _slurm_defaults(ns, os.environ if env is None else env)
     nodes = NodeRange.parse(ns.nnodes or "1:1")
-    nproc = _nproc(ns.nproc_per_node, ns.auto_config, accelerators, cpus or _usable_cpus())
+    count = accelerators if callable(accelerators) else lambda: accelerators
+    nproc = _nproc(ns.nproc_per_node, ns.auto_config, count, cpus or _usable_cpus())
     modes = [name for name, on in (("-m", ns.module), ("--no-python", ns.no_python), ("--run-path", ns.run_path)) if on]
     if len(modes) > 1:
         raise ConfigError(f"{' and '.join(modes)} cannot be used together")

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import logging
 import os
 import re
@@ -529,13 +530,15 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str] | None) -> int:
     try:
-        accelerators = _visible_accelerators()
+        # Counted at most once, and after the standbys start unless the flags need the count (counting
+        # imports torch where a GPU driver is present: seconds, which the standbys' own imports overlap).
+        accelerators = functools.cache(_visible_accelerators)
         cfg = parse_args(argv, accelerators=accelerators)
         if cfg.token is not None:
             _log.warning("--token is visible to every user of this host (ps, /proc); prefer --token-file")
         standby = early_standbys(cfg)
         try:
-            result = run(cfg, sample_gpus=accelerators > 0, standby=standby)
+            result = run(cfg, sample_gpus=accelerators() > 0, standby=standby)
         finally:
             if standby is not None:
                 standby.close(cfg.shutdown_grace_s)  # the agent closed it already, unless it never started
