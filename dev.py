@@ -21,6 +21,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 import venv
 from pathlib import Path
 from typing import Any
@@ -111,15 +112,19 @@ class _SideLane:
     once the lane ends, so its output does not cut into the main session's.
     """
 
-    def __init__(self, log: Path, installs: subprocess.Popen[bytes]) -> None:
+    def __init__(self, log: Path, installs: subprocess.Popen[bytes], pytest_args: list[str]) -> None:
         self._log = log
+        self._log.write_text("output of the sessions run beside the main one:\n")
         self._installs = installs
+        self._pytest_args = pytest_args
         self.timings: list[tuple[str, float]] = []
         self.failures: list[str] = []
         self.installed_after: float | None = None
         self._thread = threading.Thread(target=self._run, name="side-lane", daemon=True)
         self._started = time.monotonic()
-        self._stopping = threading.Event()
+        # `_stopping` and `_current` change together, so a stop never misses a session starting.
+        self._lock = threading.Lock()
+        self._stopping = False
         self._current: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
@@ -127,17 +132,16 @@ class _SideLane:
 
     def stop(self) -> None:
         """End the session running now and run no other (the main session was interrupted)."""
-        self._stopping.set()
-        if self._current is not None:
-            self._current.terminate()
+        with self._lock:
+            self._stopping = True
+            if self._current is not None:
+                self._current.terminate()
 
     def join(self) -> None:
         self._thread.join()
         print(self._log.read_text(errors="replace"), flush=True)
 
     def _session(self, stage: str, *args: str, after_install: bool = False) -> None:
-        if self._stopping.is_set():
-            return
         if after_install:
             if self.installed_after is None:
                 code = self._installs.wait()
@@ -151,17 +155,27 @@ class _SideLane:
         with self._log.open("a") as out:
             out.write(f"\n+ {' '.join(command)}\n")
             out.flush()
-            self._current = subprocess.Popen(command, cwd=ROOT, env=_env(), stdout=out, stderr=subprocess.STDOUT)
+            with self._lock:
+                if self._stopping:
+                    return
+                self._current = subprocess.Popen(command, cwd=ROOT, env=_env(), stdout=out, stderr=subprocess.STDOUT)
             code = self._current.wait()
         self.timings.append((stage, time.monotonic() - started))
         if code != 0:
             self.failures.append(f"{stage} failed (exit code {code})")
 
     def _run(self) -> None:
-        self._log.write_text("output of the sessions run beside the main one:\n")
+        try:
+            self._sessions()
+        except BaseException as exc:  # a thread's exception would otherwise end the lane unreported
+            self.failures.append(f"the side lane stopped: {exc!r}")
+            with self._log.open("a") as out:
+                traceback.print_exc(file=out)
+
+    def _sessions(self) -> None:
         beside = ("--no-venv", "--no-install")
-        self._session("kubernetes tests", *beside, "-s", "tests-kubernetes")
-        self._session("ray tests", *beside, "-s", "tests-ray")
+        self._session("kubernetes tests", *beside, "-s", "tests-kubernetes", *self._pytest_args)
+        self._session("ray tests", *beside, "-s", "tests-ray", *self._pytest_args)
         self._session("proto check", *beside, "-s", "proto", "--", "--check")
         for pkg in _ISOLATION_ORDER:
             self._session(f"isolation({pkg})", "-R", "-s", f"isolation(pkg='{pkg}')", after_install=True)
@@ -194,7 +208,7 @@ def test(pytest_args: list[str]) -> None:
             stdout=log,
             stderr=subprocess.STDOUT,
         )
-    side = _SideLane(ROOT / ".nox" / "side-lane.log", installs)
+    side = _SideLane(ROOT / ".nox" / "side-lane.log", installs, pytest_args)
     side.start()
     main_failed: SystemExit | None = None
     try:
@@ -219,6 +233,8 @@ def test(pytest_args: list[str]) -> None:
     for stage, seconds in side.timings:
         print(f"  {seconds:7.1f} s  {stage}", flush=True)
     print(f"  {time.monotonic() - started:7.1f} s  in all", flush=True)
+    if side.failures:
+        print(f"beside the main session: {'; '.join(side.failures)}", file=sys.stderr, flush=True)
     if main_failed is not None:
         raise main_failed
     if side.failures:

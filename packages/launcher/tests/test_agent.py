@@ -43,6 +43,7 @@ WORKER = textwrap.dedent(
             "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
             "TORCHELASTIC_RUN_ID", "DLROVER_NODE_ID", "DLROVER_JOB_ID"]
     record = {k: os.environ.get(k) for k in keys}
+    record["slow_import_loaded"] = "slow_import" in sys.modules  # imported by the standby it ran in
     if mode == "gloo":
         import torch, torch.distributed as dist
         dist.init_process_group("gloo")
@@ -597,7 +598,9 @@ def test_standbys_started_before_the_agent_become_its_workers_and_end_with_it(
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
     env = {"PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]), "IMPORT_MARKS": str(marks)}
-    argv = (sys.executable, "-u", str(script), str(tmp_path / "out"), "gloo")
+    # No torch in the workers: numpy, which torch imports, sets OPENBLAS_MAIN_FREE for the length of its own
+    # import, which a standby that did not import numpy itself takes for the program's write (noted on issue 29).
+    argv = (sys.executable, "-u", str(script), str(tmp_path / "out"), "plain")
     early_env = standby_env({**os.environ, **env}, nproc_per_node=2, role="default", run_id="job1", max_restarts=0)
     pool = StandbyPool(argv, ("slow_import",), early_env, size=2)
     try:
@@ -605,7 +608,7 @@ def test_standbys_started_before_the_agent_become_its_workers_and_end_with_it(
         assert pool.wait_warm(120.0)
         early = {int(p.name.split("-")[1]) for p in marks.glob("warm-*")}
         assert len(early) == 2
-        agent = _agent(tmp_path, "gloo", FakeControlPlane(), standby=pool, worker_argv=argv,
+        agent = _agent(tmp_path, "plain", FakeControlPlane(), standby=pool, worker_argv=argv,
                        prewarm_modules=("slow_import",), extra_env=env)  # fmt: skip
         with caplog.at_level(logging.INFO, logger="dlrover.launcher.agent"):
             result = agent.run()
@@ -615,6 +618,9 @@ def test_standbys_started_before_the_agent_become_its_workers_and_end_with_it(
     records = {p.name.split("_pid")[0]: int(p.stem.split("_pid")[1]) for p in (tmp_path / "out").glob("*.json")}
     assert set(records) == {"rank0_attempt0", "rank1_attempt0"}
     assert set(records.values()) == early, "the workers are the standbys started before the agent"
+    # A standby that started again as a fresh interpreter (for an environment variable that differs from
+    # the one it imported under) keeps its pid but not what it imported.
+    assert all(r["slow_import_loaded"] for r in _records(tmp_path).values()), _records(tmp_path)
     assert pool.taken == 2
     assert any("started before the agent" in r.getMessage() for r in caplog.records)
     # The pool was the agent's: its refill for the next restart ended with the agent (the leak check also sees it).

@@ -407,7 +407,7 @@ def _stop_on_signals(cfg: LaunchConfig, agent: Agent, master: _JobMaster) -> Non
 def run(cfg: LaunchConfig, *, sample_gpus: bool = False, standby: StandbyPool | None = None) -> AgentResult:
     """Run this node's share of the job described by `cfg`; with `sample_gpus`, heartbeats carry
     the GPUs' use (through nvidia-ml-py, when installed). `standby`: the node's standby workers,
-    already started (`early_standbys`); the agent takes them over and closes them."""
+    already started (`early_standbys`); the agent takes them over, and they are closed whatever the exit."""
     from dlrover.common import TOKEN_FILE_ENV_VAR, master_tls_env, owned_temp_dir, remove_dead_owners, write_token_file
     from dlrover.flashckpt.commit import RetentionPolicy
     from dlrover.flashckpt.pacing import persist_bandwidth_or_default
@@ -419,6 +419,9 @@ def run(cfg: LaunchConfig, *, sample_gpus: bool = False, standby: StandbyPool | 
     for prefix in (TOKEN_DIR_PREFIX, LOG_DIR_PREFIX):
         remove_dead_owners(prefix)
     with ExitStack() as stack:
+        if standby is not None:
+            # Closed by the agent when it ends; here too for a start that fails before the agent exists.
+            stack.callback(standby.close, cfg.shutdown_grace_s)
         master = stack.enter_context(_master_for(cfg))
         target, token, token_file = master.address, master.token, master.token_file
         local_addr = cfg.local_addr or ("127.0.0.1" if _runs_own_master(cfg) else socket.getfqdn())
@@ -601,6 +604,9 @@ def early_standbys(cfg: LaunchConfig) -> StandbyPool | None:
         _log.warning("could not start standby workers before the agent (%s); the agent starts them", exc)
         pool.close(0.0)
         return None
+    except BaseException:
+        pool.close(0.0)
+        raise
     return pool
 
 
