@@ -288,10 +288,6 @@ def test_a_masters_status_and_event_log_hold_the_stop_reason_its_agent_printed(
     assert ends == [f"job failed: {reason}"]
 
 
-def _children_of(pid: int) -> list[int]:
-    return [c.pid for c in psutil.Process(pid).children() if _alive(c.pid)]
-
-
 FAILING = textwrap.dedent(
     """
     import os, time
@@ -358,21 +354,21 @@ def test_log_cleanup_on_success_removes_the_runs_logs(
     assert not (run_dir / "dlrover-logs").exists()  # its run's folder, then the emptied default root
 
 
-def _children_of(pid: int) -> list[int]:
-    return [c.pid for c in psutil.Process(pid).children() if _alive(c.pid)]
-
-
 def test_killing_the_agent_takes_its_workers_with_it(
     run_dir: Path, dlrover_run: Callable[..., subprocess.Popen[str]]
 ) -> None:
+    # Each worker says it runs: the agent's children are not enough, its standbys start before the agent
+    # has set anything up (`early_standbys`).
     sleeper = run_dir / "sleep.py"
-    sleeper.write_text("import time\ntime.sleep(600)\n")
-    proc = dlrover_run(run_dir, str(sleeper))
+    sleeper.write_text(
+        "import os, pathlib, sys, time\npathlib.Path(sys.argv[1], str(os.getpid())).touch()\ntime.sleep(600)\n"
+    )
+    proc = dlrover_run(run_dir, str(sleeper), str(run_dir / "out"))
     deadline = time.monotonic() + 120
     workers: list[int] = []
     while len(workers) < 2:
         assert time.monotonic() < deadline, "workers did not start"
-        workers = _children_of(proc.pid)
+        workers = [int(p.name) for p in (run_dir / "out").iterdir()]
         time.sleep(0.1)
 
     # What the agent owns: its shared-memory dir (with its saver host's socket) and its private token dir.
