@@ -28,10 +28,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dlrover.common.errors import ConfigError
+from dlrover.common.tls import TLSConfig
 
 if TYPE_CHECKING:
     from dlrover.common.channel import ChannelConfig
-from dlrover.common.tls import TLSConfig
 
 __all__ = [
     "MASTER_TLS_CA_ENV_VAR",

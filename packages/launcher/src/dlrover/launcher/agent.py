@@ -594,21 +594,17 @@ class Agent:
             max_restarts=cfg.max_restarts,
             extra={**self._node_env(), **cfg.extra_env, **self._host_env},  # the order `_specs` uses
         )
-        if self._standby is not None:
+        if self._standby is None:
+            # Owned before it starts anything, so `run` closes whatever a failing fill started.
+            self._standby = StandbyPool(cfg.worker_argv, cfg.prewarm_modules, env, size=cfg.nproc_per_node)
+            when = ""
+        else:
             # Started from the same program and environment but for DLRover's own variables, which a
             # taken standby gets with its worker's environment (and a refill from here on).
             self._standby.set_env(env)
-            self._refill_standbys()
-            _log.info(
-                "%d standby worker(s) started before the agent, importing %s",
-                cfg.nproc_per_node,
-                ", ".join(cfg.prewarm_modules),
-            )
-            return
-        # Owned before it starts anything, so `run` closes whatever a failing fill started.
-        self._standby = StandbyPool(cfg.worker_argv, cfg.prewarm_modules, env, size=cfg.nproc_per_node)
+            when = " started before the agent,"
         self._refill_standbys()
-        _log.info("%d standby worker(s) importing %s", cfg.nproc_per_node, ", ".join(cfg.prewarm_modules))
+        _log.info("%d standby worker(s)%s importing %s", cfg.nproc_per_node, when, ", ".join(cfg.prewarm_modules))
 
     def _wait_for_warm_standbys(self) -> None:
         """Join a job that has formed a round once the first workers can start at once (see

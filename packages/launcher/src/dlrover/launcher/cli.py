@@ -414,14 +414,14 @@ def run(cfg: LaunchConfig, *, sample_gpus: bool = False, standby: StandbyPool | 
     from dlrover.launcher.agent import Agent, AgentConfig
     from dlrover.launcher.store_host import TorchStoreHost, TorchStoreHostConfig
 
-    _warn_ignored_flags(cfg)
-    _say_slurm_step(cfg)
-    for prefix in (TOKEN_DIR_PREFIX, LOG_DIR_PREFIX):
-        remove_dead_owners(prefix)
     with ExitStack() as stack:
         if standby is not None:
             # Closed by the agent when it ends; here too for a start that fails before the agent exists.
             stack.callback(standby.close, cfg.shutdown_grace_s)
+        _warn_ignored_flags(cfg)
+        _say_slurm_step(cfg)
+        for prefix in (TOKEN_DIR_PREFIX, LOG_DIR_PREFIX):
+            remove_dead_owners(prefix)
         master = stack.enter_context(_master_for(cfg))
         target, token, token_file = master.address, master.token, master.token_file
         local_addr = cfg.local_addr or ("127.0.0.1" if _runs_own_master(cfg) else socket.getfqdn())
@@ -539,12 +539,8 @@ def _main(argv: list[str] | None) -> int:
         cfg = parse_args(argv, accelerators=accelerators)
         if cfg.token is not None:
             _log.warning("--token is visible to every user of this host (ps, /proc); prefer --token-file")
-        standby = early_standbys(cfg)
-        try:
-            result = run(cfg, sample_gpus=accelerators() > 0, standby=standby)
-        finally:
-            if standby is not None:
-                standby.close(cfg.shutdown_grace_s)  # the agent closed it already, unless it never started
+        standby = early_standbys(cfg)  # before the count: it may import torch
+        result = run(cfg, sample_gpus=accelerators() > 0, standby=standby)
     except (ConfigError, DLRoverError) as exc:
         print(f"dlrover-run: {exc}", file=sys.stderr)
         return 2 if isinstance(exc, ConfigError) else 1
@@ -583,11 +579,11 @@ def early_standbys(cfg: LaunchConfig) -> StandbyPool | None:
     receives with its worker's environment. None: no prewarm, a program a standby cannot run (the
     agent says so), or the processes could not be started (said; the agent tries again).
     """
-    program = tuple(cfg.worker_command(sys.executable))
     if not cfg.prewarm:
         return None
     from dlrover.launcher._standby import runnable
 
+    program = tuple(cfg.worker_command(sys.executable))
     if not runnable(program):
         return None
     env = standby_env(
