@@ -36,6 +36,12 @@ lines say ``GOAL PASS`` or ``GOAL MISS`` with the ratio of the medians, for the 
 spare and for the one with a warm spare (``dlrover+spare``: the job runs one node beside a registered
 spare, ``--spare-nodes=1``, and is scaled to N; the spare takes the new rank at once).
 
+Both ways grow a job in steady state: ``--steady-steps`` steps at one node and, under dlrover-run, no
+start-up left running: every standby interpreter held in reserve (the running node's standbys for its
+next restart, the spare's) has finished importing torch. A node refills its standbys once its workers
+train, so seconds after a job starts they still import; a job grown after minutes of training has
+them ready. (The new node's own standbys, without a spare, start with it: they are the growth's.)
+
 Every wait is bounded (a growth that does not happen in time is recorded as a hang and torn down);
 processes, shared memory and temp dirs of each run are removed and checked to be gone.
 """
@@ -59,7 +65,7 @@ from pathlib import Path
 
 from benchkit import fmt, free_port, median
 
-from dlrover.common import generate_token, processes_mentioning, write_token_file
+from dlrover.common import generate_token, proc_stat_fields, processes_mentioning, write_token_file
 
 PYTHON = sys.executable
 TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
@@ -87,6 +93,7 @@ def mark(event, step=-1, t=None):
 
 
 mark("start", t=T_START)
+(out / f"worker-{os.getpid()}").touch()  # the driver tells workers from the standbys still kept in reserve
 dist.init_process_group("gloo")
 mark("joined")
 model = torch.nn.Linear(16, 16)
@@ -428,6 +435,9 @@ def _dlrover_growth(args: argparse.Namespace, *, spare: bool) -> Trial:
         if spare and not _spare_running(address, secret, timeout_s=args.start_timeout_s):
             trial.outcome = "no spare running"
             return trial
+        if not _standbys_warm(run, timeout_s=args.start_timeout_s):
+            trial.outcome = "standby interpreters still importing"
+            return trial
         with MasterClient(address, secret, policy=RetryPolicy(max_attempts=1)) as c:
             t0, t0_wall = time.monotonic(), time.time()
             if spare:
@@ -460,6 +470,37 @@ def _scaled_to_one(address: str, token: str, *, timeout_s: float) -> bool:
             return True
         except DLRoverError:
             time.sleep(0.2)
+    return False
+
+
+def _standbys_warm(run: Run, *, timeout_s: float, sample_s: float = 0.5) -> bool:
+    """Wait until the run's start-up is over: every standby interpreter kept in reserve (a node's
+    standbys for its next restart, a spare's for its first workers) has finished importing, so it
+    blocks on its pipe and takes no CPU. A node refills its standbys once its workers train, so a
+    job that started seconds ago still imports torch in them, which a job that grows after minutes
+    of training does not."""
+
+    def reserve_cpu_ticks() -> dict[int, int]:
+        workers = {int(p.name.split("-", 1)[1]) for p in run.out.glob("worker-*")}
+        ticks = {}
+        for pid in processes_mentioning(str(run.script)):
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            fields = proc_stat_fields(pid)
+            if b"dlrover.launcher._standby" in cmdline and pid not in workers and fields is not None:
+                ticks[pid] = int(fields[11]) + int(fields[12])  # utime + stime (proc(5) fields 14, 15)
+        return ticks
+
+    deadline = time.monotonic() + timeout_s
+    before = reserve_cpu_ticks()
+    while time.monotonic() < deadline:
+        time.sleep(sample_s)
+        after = reserve_cpu_ticks()
+        if all(after[pid] - before.get(pid, -1) <= 1 for pid in after):  # a new one counts as busy
+            return True
+        before = after
     return False
 
 

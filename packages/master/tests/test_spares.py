@@ -86,9 +86,40 @@ def test_a_relaunched_node_gives_its_rank_to_a_running_spare_and_a_new_spare_fol
     assert "replaced by spare node 2" in relaunch.message
     assert relaunch.data["spare"] is True
     assert life.spare_nodes() == []
-    refill = life.keep_spares(2.0)
+    # The next spare waits until the promoted one trained, so its start-up takes no CPU from the round.
+    assert life.keep_spares(2.0).effects == ()
+    life.heartbeat(0, 2.2, step=40)  # a node that stayed reports its steps: no matter
+    assert life.keep_spares(2.5).effects == ()
+    life.heartbeat(2, 3.0, step=41)
+    refill = life.keep_spares(3.0)
     assert [(e.node_id, e.rank) for e in refill.effects if isinstance(e, LaunchNode)] == [(3, -1)]
-    assert life.keep_spares(2.5).effects == ()  # idempotent
+    assert life.keep_spares(3.5).effects == ()  # idempotent
+
+
+@pytest.mark.parametrize("refill_after_s", [0.0, 30.0])
+def test_a_promoted_spare_that_does_not_train_is_replaced_after_the_refill_wait(refill_after_s: float) -> None:
+    life = make(2, 1, spare_refill_after_s=refill_after_s)
+    register_all(life)
+    life.node_lost(1, "the agent exited with status -9 (failed)", 1.0)
+    life.heartbeat(2, 10.0)  # alive, no step yet (its round waits, or its workers restore)
+    held = life.keep_spares(10.0)
+    if refill_after_s:
+        assert held.effects == ()
+        refill = life.keep_spares(1.0 + refill_after_s)
+    else:
+        refill = held  # 0: replaced at once
+    assert [(e.node_id, e.rank) for e in refill.effects if isinstance(e, LaunchNode)] == [(3, -1)]
+
+
+def test_a_promoted_spare_that_fails_before_it_trains_holds_back_no_spare() -> None:
+    life = make(2, 1)
+    register_all(life)
+    life.node_lost(1, "the agent exited with status -9 (failed)", 1.0)
+    assert life.keep_spares(1.5).effects == ()
+    _, out = life.node_lost(2, "the agent exited with status -9 (failed)", 2.0)  # the promoted spare, before a step
+    assert [(e.node_id, e.rank) for e in out.effects if isinstance(e, LaunchNode)] == [(3, 1)]
+    launched = [(e.node_id, e.rank) for e in life.keep_spares(2.5).effects if isinstance(e, LaunchNode)]
+    assert launched == [(4, -1)]
 
 
 def test_the_nodes_that_stay_restart_for_the_spares_round_and_spend_no_budget() -> None:
@@ -224,6 +255,7 @@ def test_a_restored_lifecycle_keeps_its_spares_and_promotions() -> None:
     life = make(2, 1)
     register_all(life)
     life.node_lost(1, "gone", 1.0)
+    life.heartbeat(2, 1.2, step=7)
     life.keep_spares(1.5)
     again = JobLifecycle(life.config, DefaultFailurePolicy(), 10.0, life.snapshot())
     assert [n.node_id for n in again.spare_nodes()] == [3]
@@ -276,11 +308,15 @@ def test_the_master_keeps_a_spare_out_of_the_rendezvous_and_promotes_it_when_a_n
     assert [(n.node_id, n.rank) for n in status.spares] == [(2, -1)]
     assert status.spare_nodes == 1
     assert "spares: 1 ready of 1 kept (0 starting)" in format_status(status)
-    # Node 1's agent dies: the spare takes rank 1, the rendezvous admits it, a new spare is launched.
+    # Node 1's agent dies: the spare takes rank 1, the rendezvous admits it, and once it trained a new
+    # spare is launched.
     sched.set_state(1, ObservedState.FAILED, exit_code=-9)
     master.tick()
     assert master.node(2).rank == 1
     assert not master.node(2).spare
+    assert 3 not in sched.specs, "the next spare waits until the promoted one trained"
+    master.heartbeat(2, step=5)
+    master.tick()
     with rdzv.locked() as m:
         assert m.spares == frozenset({"3"})
         m.join("0", clock.now())

@@ -495,6 +495,14 @@ def _add_replacement_flags(p: argparse.ArgumentParser) -> None:
         "(a backend that launches nodes: local, kubernetes, ray)",
     )
     p.add_argument(
+        "--spare-refill-after-s",
+        type=float,
+        default=30.0,
+        help="a spare that took a rank is replaced once its workers trained a step, or this many seconds after it "
+        "took the rank, whichever comes first, so the next spare's start-up takes no CPU from the round that "
+        "restores the job on a host they share; 0 replaces it at once",
+    )
+    p.add_argument(
         "--max-node-relaunches",
         type=int,
         default=None,
@@ -589,6 +597,7 @@ def build_config(args: argparse.Namespace) -> MasterConfig:
         **lifecycle_resources(args),
         node_pending_timeout_s=args.node_pending_timeout_s or None,
         spare_nodes=args.spare_nodes,
+        spare_refill_after_s=args.spare_refill_after_s,
     )
     kubernetes = kubernetes_settings(args, tls_cert=args.tls_cert, stop_grace_s=args.node_stop_grace_s)
     job_name = args.job_name

@@ -147,6 +147,11 @@ class LifecycleConfig:
             agents are registered and hold no rank, one of which takes over the rank of a node the
             master relaunches. They count against the backend's capacity after the ranked nodes
             (`max_nodes` does not include them); a backend that starts no node keeps none.
+        spare_refill_after_s: a spare promoted to a rank is replaced once its workers trained a
+            step (it reported one) or this long after its promotion, whichever comes first: the
+            next spare's start-up (an interpreter and its standbys importing torch) then takes no
+            CPU from the round that restores the job where it shares a host with it (the local
+            backend; a Kubernetes node with room for several pods). 0: replaced at once.
     """
 
     nodes: NodeRange = attrs.field(factory=NodeRange)
@@ -162,6 +167,7 @@ class LifecycleConfig:
     max_node_memory_mb: int | None = attrs.field(default=None, validator=_optional_memory_mb)
     node_pending_timeout_s: float | None = attrs.field(default=60.0, validator=_optional_positive)
     spare_nodes: int = attrs.field(default=0, validator=non_negative_int)
+    spare_refill_after_s: float = attrs.field(default=30.0, validator=non_negative_finite)
 
     def __attrs_post_init__(self) -> None:
         BudgetWindow(self.budget_window_s)  # refuses what is not a window, naming it

@@ -197,6 +197,9 @@ class JobLifecycle:
         self._restarted_at: dict[int, float] = {}
         # Nodes whose pending work changed since it was last journaled (see `changed_work`).
         self._work_changed: set[int] = set()
+        # Spares promoted to a rank that have not trained yet -> when (see `spare_refill_after_s`). Not
+        # journaled: after a master restart their replacements are launched at once.
+        self._promoted_at: dict[int, float] = {}
         if snapshot is not None:
             self._restore(snapshot, now)
 
@@ -615,7 +618,7 @@ class JobLifecycle:
             if spare is not None:
                 # A warm spare is there already: it takes the new rank at the next round, and the
                 # backend starts another spare in its place (`keep_spares`).
-                out = out.merge(self._promote(spare, rank, relaunches, cause, replaces=None))
+                out = out.merge(self._promote(spare, rank, relaunches, cause, now, replaces=None))
             else:
                 out = out.merge(self._create_node(rank, relaunches, None, now, cause))
             if before is not None and (before.relaunched_at or before.disruptions):
@@ -1125,8 +1128,9 @@ class JobLifecycle:
         limit it knows of). Missing spares are created (launched in the background, holding no
         rank); spares beyond the room are released, those not yet running first, then the newest.
         No spare is created once the job is finishing (a node succeeded) or ended, on a backend
-        that starts no node, or while `max_relaunches` x `spare_nodes` spares were lost within
-        the budget window (the `spare_lost` event of the last one says so).
+        that starts no node, while `max_relaunches` x `spare_nodes` spares were lost within
+        the budget window (the `spare_lost` event of the last one says so), or while a spare
+        promoted to a rank has not trained yet (`LifecycleConfig.spare_refill_after_s`).
 
         Raises:
             ResizeError: `placeable` is negative; nothing changed.
@@ -1163,11 +1167,24 @@ class JobLifecycle:
             or not self._scheduler_relaunches
             or self.count(NodeState.SUCCEEDED)
             or self._spare_losses_spent(now)
+            or self._promoted_spare_restoring(now)
         ):
             return out
         for _ in range(room - len(spares)):
             out = out.merge(self._create_spare(now, f"{room} of {wanted} spare(s) fit beside the ranked nodes"))
         return out
+
+    def _promoted_spare_restoring(self, now: float) -> bool:
+        """Whether a spare promoted to a rank is still joining the job (running, no step or sample
+        reported, promoted less than `spare_refill_after_s` ago): its replacement waits (see the setting)."""
+        limit = self._config.spare_refill_after_s
+        for node_id, since in list(self._promoted_at.items()):
+            node = self._nodes[node_id]
+            trained = node.step >= 0 or node.samples > 0  # a spare reported neither before its promotion
+            if node.state is NodeState.RUNNING and not trained and now - since < limit:
+                return True
+            del self._promoted_at[node_id]  # it trained, failed or waited long enough: no longer held
+        return False
 
     def _spare_loss_limit(self) -> int:
         return self._config.max_relaunches * self._config.spare_nodes
@@ -1214,7 +1231,7 @@ class JobLifecycle:
         return None
 
     def _promote(
-        self, spare: NodeRecord, rank: int, relaunch_count: int, reason: str, *, replaces: NodeRecord | None
+        self, spare: NodeRecord, rank: int, relaunch_count: int, reason: str, now: float, *, replaces: NodeRecord | None
     ) -> Outcome:
         """`spare` takes `rank` (of `replaces`, when it replaces a node): an ordinary ranked node from now on.
 
@@ -1231,6 +1248,7 @@ class JobLifecycle:
         )
         self._nodes[spare.node_id] = promoted
         self._current[rank] = spare.node_id
+        self._promoted_at[spare.node_id] = now
         whose = "" if replaces is None else f" of node {replaces.node_id}"
         ev = Event(
             "spare_promoted",
@@ -1510,7 +1528,7 @@ class JobLifecycle:
             # A warm spare takes the rank at the next round, without waiting for a launch: the
             # nodes that stay restart their workers for that round at once (a planned round, as
             # for a shrink), rather than wait out a save their broken collective cannot finish.
-            out = out.merge(self._promote(spare, node.rank, node.relaunch_count + 1, reason, replaces=node))
+            out = out.merge(self._promote(spare, node.rank, node.relaunch_count + 1, reason, now, replaces=node))
             # A node whose workers already restarted after this one last showed life (their
             # collective broke when it died) joins the spare's round by itself: told again, it
             # would restart a second time, in the new round.
