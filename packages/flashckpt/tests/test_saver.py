@@ -508,6 +508,64 @@ def test_lost_saver_never_stops_training(job_id: str) -> None:
         remove_run("/dev/shm", job_id, "r")
 
 
+@pytest.mark.parametrize("busy_policy", ["wait", "skip"])
+def test_a_rank_saving_every_step_keeps_a_requested_snapshot_until_the_saver_persisted_it(
+    job_id: str, busy_policy: str
+) -> None:
+    # The saver persists the node's ranks one after another. Rank 0 asks to persist step 1, then trains on,
+    # saving every step, while the saver still writes rank 1's step 1: its save of step 3 (into the slot of
+    # step 1, the other holding step 2) must not write over step 1 before the saver got to it.
+    from dlrover.flashckpt import FlashCheckpointer
+
+    storage = _GatedStorage(gated_rank=1)
+    saver = Saver(SaverConfig(job_id=job_id, run_id="r", world_size=2, lock_timeout_s=WAIT_S), storage)
+    saver.start()
+    stager_configs = [
+        StagerConfig(
+            job_id=job_id,
+            run_id="r",
+            rank=rank,
+            world_size=2,
+            busy_policy=busy_policy,
+            busy_wait_timeout_s=WAIT_S,
+            busy_poll_interval_s=0.01,
+        )
+        for rank in range(2)
+    ]
+    ckpts = [FlashCheckpointer(cfg, storage=storage, saver="connect") for cfg in stager_configs]
+    saved_third: list[bool] = []
+    try:
+        state = [{"w": torch.full((8,), float(rank))} for rank in range(2)]
+        ckpts[1].save(1, state[1], persist=True)
+        assert storage.reached.wait(WAIT_S)  # the saver writes rank 1's step 1, held at the gate
+        ckpts[0].save(1, state[0], persist=True)  # queued behind it
+        assert ckpts[0].save(2, state[0]).saved
+        third = threading.Thread(target=lambda: saved_third.append(ckpts[0].save(3, state[0]).saved))
+        third.start()
+        if busy_policy == "wait":
+            third.join(0.3)
+            assert third.is_alive(), "step 3 was written over the step 1 the saver has yet to persist"
+        else:
+            third.join(WAIT_S)
+            assert saved_third == [False], "skipped: no slot free"
+        storage.gate.set()
+        third.join(WAIT_S)
+        for ckpt in ckpts:
+            outcome = ckpt.wait_persisted(1, WAIT_S)
+            assert outcome.ok, outcome.reason
+        assert Committer(storage).tracker() == Tracker(1, 2)
+        assert saved_third == [busy_policy == "wait"]
+        for rank in range(2):  # each rank's step 1, not a later step
+            loaded = StorageReader(storage).load(rank, 2, step=1)
+            assert torch.equal(loaded.state["w"], torch.full((8,), float(rank)))
+    finally:
+        storage.gate.set()
+        for ckpt in ckpts:
+            ckpt.close()
+        saver.stop(remove_memory=True)
+    assert our_files(job_id) == []
+
+
 @attrs.define
 class TwoNodes:
     """Two nodes of one rank each: a saver per node (own shared memory), one storage for the job;

@@ -82,6 +82,27 @@ def test_busy_policy_never_silent(config: StagerConfig, policy: BusyPolicy) -> N
         stager.close()
 
 
+def test_a_kept_slot_is_written_over_only_once_released(config: StagerConfig) -> None:
+    cfg = attrs.evolve(config, busy_policy=BusyPolicy.SKIP)
+    stager = Stager(cfg)
+    released = False
+    try:
+        first = stager.save(1, _state(1))
+        stager.keep_until(first.slot, lambda: released)  # e.g. until the saver answered its persist
+        assert stager.save(2, _state(2)).slot != first.slot
+        skipped = stager.save(3, _state(3))
+        assert not skipped.saved, "the only other slot holds the newest snapshot (step 2)"
+        assert "save_skipped" in stager.events.kinds()
+        stager.flush()
+        assert MemoryReader(cfg).load(step=1).state["step"] == 1
+        released = True
+        assert stager.save(4, _state(4)).slot == first.slot
+        with pytest.raises(ValueError, match="slot 2 is not one of the 2 slots"):
+            stager.keep_until(2, lambda: True)
+    finally:
+        stager.close()
+
+
 def test_structure_change_relays_out_and_grows(config: StagerConfig) -> None:
     stager = Stager(config)
     try:

@@ -303,7 +303,14 @@ class FlashCheckpointer:
             self._steps.serve_save_request(request)
         if persist and result.saved:
             if self.client is not None:
-                self._link.request_persist(step)
+                if self._link.request_persist(step):
+                    # The saver reads the slot when it gets to this request, after the persists
+                    # queued before it (the node's other ranks'): until it answers, no later save
+                    # may write over the snapshot (a save finding no other slot free waits, as
+                    # `StagerConfig.busy_policy` says).
+                    client, slot = self._link.client, result.slot
+                    assert client is not None
+                    self.stager.keep_until(slot, lambda: client.answered(step))
             elif self._steps is None:
                 self._persist_here(step)
             else:

@@ -155,6 +155,12 @@ class SaverClient:
             self._outcomes.pop(step, None)
         self._send({"type": "persist", "rank": self.rank, "step": step})
 
+    def answered(self, step: int) -> bool:
+        """Whether the saver answered the persist request for `step`, or can no longer answer (the
+        connection closed). Never blocks."""
+        with self._cond:
+            return step in self._outcomes or self._closed
+
     def wait_persisted(self, step: int, timeout_s: float) -> PersistOutcome:
         """Wait for the outcome of a persist request.
 

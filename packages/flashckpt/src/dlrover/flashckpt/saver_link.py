@@ -184,12 +184,16 @@ class SaverLink:
         if self.client is not None and not self.client.closed:
             self.client.notify_sealed(notice)
 
-    def request_persist(self, step: int) -> None:
-        """Ask the saver to persist `step`; a lost saver is restarted (``auto``) or reported, never fatal."""
+    def request_persist(self, step: int) -> bool:
+        """Ask the saver to persist `step`; a lost saver is restarted (``auto``) or reported, never fatal.
+
+        Returns:
+            Whether the request was sent (to `client`, which answers it).
+        """
         assert self.client is not None
         try:
             self.client.request_persist(step)
-            return
+            return True
         except SaverUnavailableError as e:
             reason = f"the saver is unreachable ({e})"
         if self.mode == "auto":
@@ -199,10 +203,11 @@ class SaverLink:
                 how = "the agent provided its saver again" if self._host is not None else "a new saver was started"
                 self._record("saver_restarted", step, f"{reason}; {how}")
                 self.client.request_persist(step)
-                return
+                return True
             except SaverUnavailableError as e:
                 reason = f"{reason}; restarting it failed ({e})"
         self._record("persist_failed", step, f"step {step} stays in memory only: {reason}")
+        return False
 
     def wait_persisted(self, step: int, timeout_s: float) -> PersistOutcome:
         """Wait for the saver's answer about persisting `step`.
