@@ -498,7 +498,7 @@ def _standbys_warm(run: Run, *, timeout_s: float, sample_s: float = 0.5) -> bool
     while time.monotonic() < deadline:
         time.sleep(sample_s)
         after = reserve_cpu_ticks()
-        if all(after[pid] - before.get(pid, -1) <= 1 for pid in after):  # a new one counts as busy
+        if all(pid in before and after[pid] - before[pid] <= 1 for pid in after):  # a new one counts as busy
             return True
         before = after
     return False

@@ -88,17 +88,40 @@ def test_a_kept_slot_is_written_over_only_once_released(config: StagerConfig) ->
     released = False
     try:
         first = stager.save(1, _state(1))
-        stager.keep_until(first.slot, lambda: released)  # e.g. until the saver answered its persist
+        stager.keep_until(first.slot, 1, lambda: released)  # e.g. until the saver holds it for a persist
         assert stager.save(2, _state(2)).slot != first.slot
         skipped = stager.save(3, _state(3))
         assert not skipped.saved, "the only other slot holds the newest snapshot (step 2)"
-        assert "save_skipped" in stager.events.kinds()
+        (event,) = [e for e in stager.events.snapshot() if e.kind == "save_skipped"]
+        assert f"slot {first.slot} keeps step 1 until the saver holds it for its persist" in event.reason
         stager.flush()
         assert MemoryReader(cfg).load(step=1).state["step"] == 1
         released = True
         assert stager.save(4, _state(4)).slot == first.slot
         with pytest.raises(ValueError, match="slot 2 is not one of the 2 slots"):
-            stager.keep_until(2, lambda: True)
+            stager.keep_until(2, 4, lambda: True)
+    finally:
+        stager.close()
+
+
+@pytest.mark.parametrize("how", ["released", "expired"])
+def test_a_keep_ends_when_let_go_or_after_one_busy_wait(config: StagerConfig, how: str) -> None:
+    clock = ManualClock()
+    cfg = attrs.evolve(config, busy_policy=BusyPolicy.SKIP, busy_wait_timeout_s=5.0)
+    stager = Stager(cfg, clock=clock)
+    try:
+        first = stager.save(1, _state(1))
+        stager.keep_until(first.slot, 1, lambda: False)  # a saver that never gets to it
+        stager.save(2, _state(2))
+        assert not stager.save(3, _state(3)).saved
+        if how == "released":
+            stager.release_kept("the agent asked for a save")
+        else:
+            clock.advance(5.0)
+        assert stager.save(4, _state(4)).slot == first.slot
+        (event,) = [e for e in stager.events.snapshot() if e.kind == "keep_released"]
+        assert event.step == 1
+        assert ("the agent asked" if how == "released" else "busy_wait_timeout_s=5.0") in event.reason
     finally:
         stager.close()
 

@@ -90,7 +90,9 @@ def test_a_relaunched_node_gives_its_rank_to_a_running_spare_and_a_new_spare_fol
     assert life.keep_spares(2.0).effects == ()
     life.heartbeat(0, 2.2, step=40)  # a node that stayed reports its steps: no matter
     assert life.keep_spares(2.5).effects == ()
-    life.heartbeat(2, 3.0, step=41)
+    life.heartbeat(2, 2.8, step=40)  # the step its workers restored
+    assert life.keep_spares(2.9).effects == ()
+    life.heartbeat(2, 3.0, step=41)  # one trained
     refill = life.keep_spares(3.0)
     assert [(e.node_id, e.rank) for e in refill.effects if isinstance(e, LaunchNode)] == [(3, -1)]
     assert life.keep_spares(3.5).effects == ()  # idempotent
@@ -109,6 +111,19 @@ def test_a_promoted_spare_that_does_not_train_is_replaced_after_the_refill_wait(
     else:
         refill = held  # 0: replaced at once
     assert [(e.node_id, e.rank) for e in refill.effects if isinstance(e, LaunchNode)] == [(3, -1)]
+
+
+def test_a_promoted_spare_holds_back_only_its_own_replacement() -> None:
+    life = make(3, 2)
+    register_all(life)
+    life.node_lost(1, "the agent exited with status -9 (failed)", 1.0)  # spare 3 takes rank 1
+    assert life.keep_spares(1.5).effects == ()
+    life.node_lost(4, "the spare's agent exited (failed)", 2.0)  # the other spare, never promoted, is lost
+    launched = [(e.node_id, e.rank) for e in life.keep_spares(2.5).effects if isinstance(e, LaunchNode)]
+    assert launched == [(5, -1)], "the lost spare is replaced; the promoted one's replacement still waits"
+    life.heartbeat(3, 3.0, samples=10)
+    launched = [(e.node_id, e.rank) for e in life.keep_spares(3.5).effects if isinstance(e, LaunchNode)]
+    assert launched == [(6, -1)]
 
 
 def test_a_promoted_spare_that_fails_before_it_trains_holds_back_no_spare() -> None:
@@ -255,7 +270,7 @@ def test_a_restored_lifecycle_keeps_its_spares_and_promotions() -> None:
     life = make(2, 1)
     register_all(life)
     life.node_lost(1, "gone", 1.0)
-    life.heartbeat(2, 1.2, step=7)
+    life.heartbeat(2, 1.2, samples=64)  # samples are trained ones
     life.keep_spares(1.5)
     again = JobLifecycle(life.config, DefaultFailurePolicy(), 10.0, life.snapshot())
     assert [n.node_id for n in again.spare_nodes()] == [3]
@@ -315,7 +330,10 @@ def test_the_master_keeps_a_spare_out_of_the_rendezvous_and_promotes_it_when_a_n
     assert master.node(2).rank == 1
     assert not master.node(2).spare
     assert 3 not in sched.specs, "the next spare waits until the promoted one trained"
-    master.heartbeat(2, step=5)
+    master.heartbeat(2, step=5)  # the step it restored
+    master.tick()
+    assert 3 not in sched.specs
+    master.heartbeat(2, step=6)
     master.tick()
     with rdzv.locked() as m:
         assert m.spares == frozenset({"3"})

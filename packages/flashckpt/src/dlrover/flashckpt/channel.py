@@ -15,8 +15,10 @@ Messages, stager to saver:
 ``shutdown``   the job ends: finish, remove the run's shared memory, exit
 =============  =====================================================================
 
-Saver to stager: ``welcome`` (``saver_pid``), ``persisted`` (``rank``, ``step``, ``committed``,
-``reason``), ``persist_failed`` (``rank``, ``step``, ``reason``), ``error`` (``reason``).
+Saver to stager: ``welcome`` (``saver_pid``), ``holding`` (``rank``, ``step``, ``held``: the saver
+reached a persist request and holds the snapshot, or found it need not), ``persisted`` (``rank``,
+``step``, ``committed``, ``reason``), ``persist_failed`` (``rank``, ``step``, ``reason``), ``error``
+(``reason``).
 """
 
 from __future__ import annotations

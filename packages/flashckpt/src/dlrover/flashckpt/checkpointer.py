@@ -284,6 +284,10 @@ class FlashCheckpointer:
         (see `save_requested`).
         """
         request = self._steps.save_request() if self._steps is not None else 0
+        if request > self._served_request:
+            # The agent holds a planned round or a stop until this rank saved: that save must not
+            # wait on a snapshot kept for a persist the saver has not reached yet.
+            self.stager.release_kept(f"the agent asked for a save (request {request})")
         if self._steps is None:
             result = self.stager.save(step, state)
         else:
@@ -305,12 +309,12 @@ class FlashCheckpointer:
             if self.client is not None:
                 if self._link.request_persist(step):
                     # The saver reads the slot when it gets to this request, after the persists
-                    # queued before it (the node's other ranks'): until it answers, no later save
-                    # may write over the snapshot (a save finding no other slot free waits, as
-                    # `StagerConfig.busy_policy` says).
-                    client, slot = self._link.client, result.slot
+                    # queued before it (the node's other ranks'): until it holds the snapshot, no
+                    # later save may write over it (a save finding no other slot free meets
+                    # `StagerConfig.busy_policy`; see `Stager.keep_until`).
+                    client = self._link.client
                     assert client is not None
-                    self.stager.keep_until(slot, lambda: client.answered(step))
+                    self.stager.keep_until(result.slot, step, lambda: client.holding_or_done(step))
             elif self._steps is None:
                 self._persist_here(step)
             else:

@@ -70,6 +70,7 @@ class SaverClient:
         self._clock = clock or SystemClock()
         self._cond = threading.Condition()
         self._outcomes: dict[int, PersistOutcome] = {}
+        self._holding: set[int] = set()  # steps whose persist the saver reached, not yet answered
         self._closed = False
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
@@ -111,7 +112,11 @@ class SaverClient:
                     if not self._closed:
                         self._record("saver_lost", -1, "the saver closed the connection")
                     break
-                if msg["type"] in ("persisted", "persist_failed"):
+                if msg["type"] == "holding":
+                    with self._cond:
+                        self._holding.add(int(msg.get("step", -1)))
+                        self._cond.notify_all()
+                elif msg["type"] in ("persisted", "persist_failed"):
                     ok = msg["type"] == "persisted"
                     outcome = PersistOutcome(
                         int(msg.get("rank", -1)),
@@ -123,6 +128,7 @@ class SaverClient:
                     self._record("persisted" if ok else "persist_failed", outcome.step, outcome.reason)
                     with self._cond:
                         self._outcomes[outcome.step] = outcome
+                        self._holding.discard(outcome.step)
                         self._cond.notify_all()
                 elif msg["type"] == "error":
                     self._record("saver_error", -1, str(msg.get("reason")))
@@ -153,13 +159,15 @@ class SaverClient:
         """
         with self._cond:
             self._outcomes.pop(step, None)
+            self._holding.discard(step)
         self._send({"type": "persist", "rank": self.rank, "step": step})
 
-    def answered(self, step: int) -> bool:
-        """Whether the saver answered the persist request for `step`, or can no longer answer (the
-        connection closed). Never blocks."""
+    def holding_or_done(self, step: int) -> bool:
+        """Whether this rank's snapshot of `step` no longer needs keeping for the persist request:
+        the saver holds it (a shared lock of its own) or found it need not, answered the request,
+        or can no longer answer (the connection closed). Never blocks."""
         with self._cond:
-            return step in self._outcomes or self._closed
+            return step in self._holding or step in self._outcomes or self._closed
 
     def wait_persisted(self, step: int, timeout_s: float) -> PersistOutcome:
         """Wait for the outcome of a persist request.

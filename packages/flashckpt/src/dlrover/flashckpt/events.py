@@ -41,6 +41,7 @@ class EventLog:
             "load_failed",
             "restored_not_persisted",
             "pin_failed",
+            "keep_released",
         }
     )
 

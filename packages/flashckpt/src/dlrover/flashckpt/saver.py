@@ -18,6 +18,7 @@ import os
 import queue
 import socket
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -479,7 +480,13 @@ class Saver:
         self.events.record(FlashEvent(kind, step, reason, self._clock.wall_time()))
 
     def _persist_and_reply(self, job: _Job) -> None:
-        ok, reason = self._persist(job.rank, job.step)
+        def holding(held: bool) -> None:
+            # The rank keeps the snapshot from its own later saves until this (`Stager.keep_until`):
+            # from here the saver's shared lock protects it, or it was not there to protect.
+            if job.reply is not None:
+                job.reply.send({"type": "holding", "rank": job.rank, "step": job.step, "held": held})
+
+        ok, reason = self._persist(job.rank, job.step, on_hold=holding)
         committed = False
         if ok:
             committed, reason = self._try_commit(job.step)
@@ -525,14 +532,23 @@ class Saver:
             if step in self._pending:
                 self._try_commit(step)
 
-    def _persist(self, rank: int, step: int) -> tuple[bool, str]:
-        """Persist one rank's snapshot of `step` from memory. Returns (ok, reason)."""
+    def _persist(self, rank: int, step: int, on_hold: Callable[[bool], None] | None = None) -> tuple[bool, str]:
+        """Persist one rank's snapshot of `step` from memory. Returns (ok, reason).
+
+        `on_hold` is told whether the snapshot is held (a shared lock of the saver's own) before it
+        is written, or that it need not be (written or committed already, or not in memory)."""
         if (rank, step) in self._persisted:
+            if on_hold is not None:
+                on_hold(False)
             return True, f"rank {rank} step {step} was already persisted"
         committed = self._committed_already(step)
         if committed is not None:
+            if on_hold is not None:
+                on_hold(False)
             return True, committed
         held = self._hold_snapshot(rank, step)
+        if on_hold is not None:
+            on_hold(not isinstance(held, str))
         if isinstance(held, str):
             return False, held
         return self._persist_held(rank, step, held)

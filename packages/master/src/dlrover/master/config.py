@@ -148,7 +148,8 @@ class LifecycleConfig:
             master relaunches. They count against the backend's capacity after the ranked nodes
             (`max_nodes` does not include them); a backend that starts no node keeps none.
         spare_refill_after_s: a spare promoted to a rank is replaced once its workers trained a
-            step (it reported one) or this long after its promotion, whichever comes first: the
+            step (it reported a step newer than its first since, or samples) or this long after its
+            promotion, whichever comes first: the
             next spare's start-up (an interpreter and its standbys importing torch) then takes no
             CPU from the round that restores the job where it shares a host with it (the local
             backend; a Kubernetes node with room for several pods). 0: replaced at once.

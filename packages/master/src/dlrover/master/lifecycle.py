@@ -117,6 +117,7 @@ class Savepoint:
     planned_round: dict[int, int]
     spare_failures: int = 0
     restarted_at: dict[int, float] = attrs.field(factory=dict)
+    promoted_at: dict[int, tuple[float, int | None]] = attrs.field(factory=dict)
     work_changed: frozenset[int] = frozenset()
     job_failure_times: UseTimes = ()
     spare_failure_times: UseTimes = ()
@@ -197,9 +198,10 @@ class JobLifecycle:
         self._restarted_at: dict[int, float] = {}
         # Nodes whose pending work changed since it was last journaled (see `changed_work`).
         self._work_changed: set[int] = set()
-        # Spares promoted to a rank that have not trained yet -> when (see `spare_refill_after_s`). Not
-        # journaled: after a master restart their replacements are launched at once.
-        self._promoted_at: dict[int, float] = {}
+        # Spares promoted to a rank that have not trained yet -> (when, the first step they reported
+        # since, None before one; see `spare_refill_after_s`). Not journaled: after a master restart
+        # their replacements are launched at once.
+        self._promoted_at: dict[int, tuple[float, int | None]] = {}
         if snapshot is not None:
             self._restore(snapshot, now)
 
@@ -392,6 +394,7 @@ class JobLifecycle:
             planned_round=dict(self._planned_round),
             spare_failures=self._spare_failures,
             restarted_at=dict(self._restarted_at),
+            promoted_at=dict(self._promoted_at),
             work_changed=frozenset(self._work_changed),
             job_failure_times=self._job_failure_times,
             spare_failure_times=self._spare_failure_times,
@@ -416,6 +419,7 @@ class JobLifecycle:
         self._planned_round = dict(savepoint.planned_round)
         self._spare_failures = savepoint.spare_failures
         self._restarted_at = dict(savepoint.restarted_at)
+        self._promoted_at = dict(savepoint.promoted_at)
         self._work_changed = set(savepoint.work_changed)
         self._job_failure_times = savepoint.job_failure_times
         self._spare_failure_times = savepoint.spare_failure_times
@@ -1129,8 +1133,8 @@ class JobLifecycle:
         rank); spares beyond the room are released, those not yet running first, then the newest.
         No spare is created once the job is finishing (a node succeeded) or ended, on a backend
         that starts no node, while `max_relaunches` x `spare_nodes` spares were lost within
-        the budget window (the `spare_lost` event of the last one says so), or while a spare
-        promoted to a rank has not trained yet (`LifecycleConfig.spare_refill_after_s`).
+        the budget window (the `spare_lost` event of the last one says so); and a spare promoted to
+        a rank holds back its own replacement until it trained (`LifecycleConfig.spare_refill_after_s`).
 
         Raises:
             ResizeError: `placeable` is negative; nothing changed.
@@ -1167,24 +1171,32 @@ class JobLifecycle:
             or not self._scheduler_relaunches
             or self.count(NodeState.SUCCEEDED)
             or self._spare_losses_spent(now)
-            or self._promoted_spare_restoring(now)
         ):
             return out
-        for _ in range(room - len(spares)):
+        # A spare promoted to a rank that is still joining the job holds back its own replacement
+        # (`spare_refill_after_s`); other missing spares (one lost, room that appeared) are not held.
+        for _ in range(room - len(spares) - self._promoted_spares_restoring(now)):
             out = out.merge(self._create_spare(now, f"{room} of {wanted} spare(s) fit beside the ranked nodes"))
         return out
 
-    def _promoted_spare_restoring(self, now: float) -> bool:
-        """Whether a spare promoted to a rank is still joining the job (running, no step or sample
-        reported, promoted less than `spare_refill_after_s` ago): its replacement waits (see the setting)."""
+    def _promoted_spares_restoring(self, now: float) -> int:
+        """How many spares promoted to a rank are still joining the job: running, promoted less than
+        `spare_refill_after_s` ago, and neither a step newer than the first they reported since (that
+        one may be the step their workers restored) nor samples reported. Their replacements wait."""
         limit = self._config.spare_refill_after_s
-        for node_id, since in list(self._promoted_at.items()):
+        restoring = 0
+        for node_id, (since, first_step) in list(self._promoted_at.items()):
             node = self._nodes[node_id]
-            trained = node.step >= 0 or node.samples > 0  # a spare reported neither before its promotion
-            if node.state is NodeState.RUNNING and not trained and now - since < limit:
-                return True
-            del self._promoted_at[node_id]  # it trained, failed or waited long enough: no longer held
-        return False
+            if node.state is not NodeState.RUNNING or now - since >= limit or node.samples > 0:
+                del self._promoted_at[node_id]  # failed, waited long enough, or trained: no longer held
+                continue
+            if node.step >= 0 and first_step is None:
+                self._promoted_at[node_id] = (since, node.step)
+            elif first_step is not None and node.step > first_step:
+                del self._promoted_at[node_id]  # a step trained after the restore
+                continue
+            restoring += 1
+        return restoring
 
     def _spare_loss_limit(self) -> int:
         return self._config.max_relaunches * self._config.spare_nodes
@@ -1248,7 +1260,7 @@ class JobLifecycle:
         )
         self._nodes[spare.node_id] = promoted
         self._current[rank] = spare.node_id
-        self._promoted_at[spare.node_id] = now
+        self._promoted_at[spare.node_id] = (now, None)
         whose = "" if replaces is None else f" of node {replaces.node_id}"
         ev = Event(
             "spare_promoted",
