@@ -9,6 +9,7 @@ import struct
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 
 import attrs
 import pytest
@@ -563,6 +564,47 @@ def test_a_rank_saving_every_step_keeps_a_requested_snapshot_until_the_saver_per
         for ckpt in ckpts:
             ckpt.close()
         saver.stop(remove_memory=True)
+    assert our_files(job_id) == []
+
+
+def test_a_save_the_agent_asks_for_does_not_wait_on_a_snapshot_kept_for_a_persist(
+    job_id: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A planned round is held until every worker saved: that save must not wait out a persist the saver
+    # has not reached yet. It lets the kept snapshot go and says so.
+    from dlrover.common.step_slots import STEP_SLOT_ENV_VAR, STEP_SLOTS_ENV_VAR, StepSlotFile
+    from dlrover.flashckpt import FlashCheckpointer
+
+    storage = _GatedStorage(gated_rank=1)
+    saver = Saver(SaverConfig(job_id=job_id, run_id="r", world_size=2, lock_timeout_s=WAIT_S), storage)
+    saver.start()
+    slots = StepSlotFile(tmp_path / "steps.slots", 1)
+    ckpts = []
+    try:
+        for rank in (1, 0):  # rank 0 runs under the agent's step slots
+            if rank == 0:
+                monkeypatch.setenv(STEP_SLOTS_ENV_VAR, str(slots.path))
+                monkeypatch.setenv(STEP_SLOT_ENV_VAR, "0")
+            cfg = StagerConfig(job_id=job_id, run_id="r", rank=rank, world_size=2, busy_wait_timeout_s=WAIT_S)
+            ckpts.append(FlashCheckpointer(cfg, storage=storage, saver="connect"))
+        rank1, rank0 = ckpts
+        state = {"w": torch.zeros(8)}
+        rank1.save(1, state, persist=True)
+        assert storage.reached.wait(WAIT_S)  # the saver is busy with rank 1
+        rank0.save(1, state, persist=True)  # kept until the saver gets to it
+        rank0.save(2, state)
+        assert not rank0.save_requested()
+        slots.request_save()  # the agent holds a planned round
+        assert rank0.save_requested()
+        assert rank0.save(3, state).saved, "the requested save waited on the kept snapshot"
+        assert "keep_released" in rank0.events.kinds()
+        assert rank0.round_pending()
+    finally:
+        storage.gate.set()
+        for ckpt in ckpts:
+            ckpt.close()
+        saver.stop(remove_memory=True)
+        slots.close()
     assert our_files(job_id) == []
 
 

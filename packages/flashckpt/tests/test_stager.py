@@ -96,8 +96,11 @@ def test_a_kept_slot_is_written_over_only_once_released(config: StagerConfig) ->
         assert f"slot {first.slot} keeps step 1 until the saver holds it for its persist" in event.reason
         stager.flush()
         assert MemoryReader(cfg).load(step=1).state["step"] == 1
+        assert stager.slot_of(1) == first.slot
+        assert stager.slot_of(3) is None
         released = True
         assert stager.save(4, _state(4)).slot == first.slot
+        assert stager.slot_of(1) is None
         with pytest.raises(ValueError, match="slot 2 is not one of the 2 slots"):
             stager.keep_until(2, 4, lambda: True)
     finally:

@@ -307,14 +307,7 @@ class FlashCheckpointer:
             self._steps.serve_save_request(request)
         if persist and result.saved:
             if self.client is not None:
-                if self._link.request_persist(step):
-                    # The saver reads the slot when it gets to this request, after the persists
-                    # queued before it (the node's other ranks'): until it holds the snapshot, no
-                    # later save may write over it (a save finding no other slot free meets
-                    # `StagerConfig.busy_policy`; see `Stager.keep_until`).
-                    client = self._link.client
-                    assert client is not None
-                    self.stager.keep_until(result.slot, step, lambda: client.holding_or_done(step))
+                self._link.persist_keeping(self.stager, step, result.slot)
             elif self._steps is None:
                 self._persist_here(step)
             else:

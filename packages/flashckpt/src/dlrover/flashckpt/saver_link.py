@@ -29,7 +29,7 @@ from dlrover.flashckpt.events import EventLog, FlashEvent
 from dlrover.flashckpt.host import HOST_SOCKET_ENV_VAR, SaverRequest, request_saver
 from dlrover.flashckpt.pacing import persist_bandwidth_or_default
 from dlrover.flashckpt.saver import socket_path
-from dlrover.flashckpt.stager import SealedNotice
+from dlrover.flashckpt.stager import SealedNotice, Stager
 from dlrover.flashckpt.storage.location import StorageLocation
 
 __all__ = ["SaverLink", "SaverMode", "check_saver_mode", "coordinator_node"]
@@ -208,6 +208,17 @@ class SaverLink:
                 reason = f"{reason}; restarting it failed ({e})"
         self._record("persist_failed", step, f"step {step} stays in memory only: {reason}")
         return False
+
+    def persist_keeping(self, stager: Stager, step: int, slot: int | None) -> None:
+        """`request_persist`, and keep `slot` (holding `step`) from `stager`'s later saves until the
+        saver holds the snapshot (see `Stager.keep_until`): it reaches the request only after the
+        persists queued before it (the node's other ranks'), and a rank that saves every step would
+        have written over it by then. None: no slot to keep (the step is not in memory)."""
+        if not self.request_persist(step) or slot is None:
+            return
+        client = self.client
+        assert client is not None
+        stager.keep_until(slot, step, lambda: client.holding_or_done(step))
 
     def wait_persisted(self, step: int, timeout_s: float) -> PersistOutcome:
         """Wait for the saver's answer about persisting `step`.

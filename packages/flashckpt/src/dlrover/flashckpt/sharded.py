@@ -461,7 +461,7 @@ class ShardedCheckpointer:
             # that exited cleanly, or a held failure persist, left it only in memory). A DCP
             # persist of the same step would write into the directory it writes.
             self._event("persist_restored", step, f"step {step} was restored from memory; asking the node saver")
-            self._link.request_persist(step)
+            self._link.persist_keeping(self.stager, step, self.stager.slot_of(step))
             return
         if self._g.active and self._g.group is None:
             self._event(

@@ -315,6 +315,11 @@ class Stager:
             raise ValueError(f"slot {slot!r} is not one of the {self.config.num_slots} slots")
         self._kept = (slot, step, released, self._clock.now())
 
+    def slot_of(self, step: int) -> int | None:
+        """The slot holding this rank's newest complete snapshot of `step`, if any."""
+        held = [v for v in self._slot_views() if v.step == step and v.state >= SlotState.COMPLETE]
+        return max(held, key=lambda v: v.seq).index if held else None
+
     def release_kept(self, reason: str) -> None:
         """Let a later save write over the kept slot now (see `keep_until`); a ``keep_released``
         event names its step and `reason`, for the persist of that step may fail."""
