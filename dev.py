@@ -103,7 +103,7 @@ class _SideLane:
 
     The main session (`tests`) is one pytest process whose tests mostly wait on the processes they start: on a
     CI run its wall time was 35 minutes for about one core's worth of CPU. The Kubernetes, Ray, TensorFlow,
-    DeepSpeed and isolation sessions took 21 minutes more (the multi-node session, 5 minutes, moved here later), one after another. Run beside it, on the second core,
+    DeepSpeed and isolation sessions took 21 minutes more, one after another. Run beside it, on the second core,
     they cost the run only what they slow it down. The leak check of each session (the root conftest) already
     judges only what its own session made while another runs beside it.
 
@@ -176,8 +176,6 @@ class _SideLane:
         beside = ("--no-venv", "--no-install")
         self._session("kubernetes tests", *beside, "-s", "tests-kubernetes", *self._pytest_args)
         self._session("ray tests", *beside, "-s", "tests-ray", *self._pytest_args)
-        # Before the sessions in separate venvs: it fills the wait for them to be built.
-        self._session("multi-node tests", *beside, "-s", "tests-multinode", *self._pytest_args)
         self._session("proto check", *beside, "-s", "proto", "--", "--check")
         for pkg in _ISOLATION_ORDER:
             self._session(f"isolation({pkg})", "-R", "-s", f"isolation(pkg='{pkg}')", after_install=True)

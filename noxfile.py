@@ -5,7 +5,6 @@
     nox -s tests-testsupport  the shared test support's tests (testsupport/)
     nox -s tests-kubernetes   the Kubernetes suite (test API server and kubelet, backend, operator)
     nox -s tests-ray          the Ray suite (a real local multi-node Ray cluster)
-    nox -s tests-multinode    jobs of several nodes on this host, and the network check across nodes
     nox -s tests-tensorflow   TensorFlow: the tf.data adapter and parameter-server jobs (real TF processes)
     nox -s lint typecheck     ruff; mypy over every src/
     nox -s proto              regenerate protobuf code (`-- --check` fails if it is stale)
@@ -80,11 +79,6 @@ RAY_TESTS = [
     "testsupport/tests/ray",
     "tests/ray",
 ]
-
-# Jobs of several nodes on this one host (a master and agents as real processes, torchrun and srun command
-# lines) and the network check across nodes: the `tests-multinode` session; `tests` leaves them out, so
-# `dev.py test` runs them beside it (they mostly wait on the processes they start).
-MULTINODE_TESTS = ["tests/test_elastic_nodes.py", "packages/launcher/tests/test_netcheck.py"]
 
 # TensorFlow parameter-server jobs: the `tests-tensorflow` session; `tests` leaves them out.
 TENSORFLOW_TESTS = ["tests/tensorflow"]
@@ -173,12 +167,11 @@ def _pytest(session: nox.Session, *paths: str, ignore: tuple[str, ...] = ()) -> 
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """Every package's tests, then the cross-package scenarios (the Kubernetes, Ray and multi-node suites have
-    their own sessions)."""
+    """Every package's tests, then the cross-package scenarios (the Kubernetes and Ray suites have their own
+    sessions)."""
     install_dev(session)
     paths = [f"packages/{p}/tests" for p in PACKAGES]
-    ignore = (*KUBERNETES_TESTS, *RAY_TESTS, *TENSORFLOW_TESTS, *MULTINODE_TESTS)
-    _pytest(session, *paths, TESTSUPPORT_TESTS, "tests", ignore=ignore)
+    _pytest(session, *paths, TESTSUPPORT_TESTS, "tests", ignore=(*KUBERNETES_TESTS, *RAY_TESTS, *TENSORFLOW_TESTS))
 
 
 @nox.session(name="tests-kubernetes")
@@ -187,13 +180,6 @@ def tests_kubernetes(session: nox.Session) -> None:
     whose master and workers run as pods on the test kubelet."""
     install_dev(session)
     _pytest(session, *KUBERNETES_TESTS)
-
-
-@nox.session(name="tests-multinode")
-def tests_multinode(session: nox.Session) -> None:
-    """Jobs of several nodes on this host and the network check across nodes (`MULTINODE_TESTS`)."""
-    install_dev(session)
-    _pytest(session, *MULTINODE_TESTS)
 
 
 @nox.session(name="tests-ray")
