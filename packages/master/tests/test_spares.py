@@ -19,7 +19,7 @@ from dlrover.master.journal import JournalBatch, MemoryJournal, SqliteJournal, S
 from dlrover.master.lifecycle import JobLifecycle, LifecycleError, NodeStateError
 from dlrover.master.master import Master
 from dlrover.master.policy import DefaultFailurePolicy
-from dlrover.master.records import LaunchNode, PendingWork, StopNode
+from dlrover.master.records import LaunchNode, Outcome, PendingWork, StopNode
 from dlrover.master.resize import ResizeRequest, ResizeSource
 from dlrover.master.scheduler.base import ObservedState
 from dlrover.master.scheduler.fake import FakeScheduler
@@ -44,13 +44,18 @@ def register_all(life: JobLifecycle, now: float = 0.0) -> None:
             life.register(node_id, f"agent-{node_id}", f"host-{node_id}", now)
 
 
+def launched(out: Outcome) -> list[tuple[int, int]]:
+    """(node id, rank) of every node `out` launches."""
+    return [(e.node_id, e.rank) for e in out.effects if isinstance(e, LaunchNode)]
+
+
 # ----------------------------------------------------------------------------- the core
 
 
 def test_start_launches_the_ranked_nodes_first_then_the_spares_with_no_rank() -> None:
     life = JobLifecycle(LifecycleConfig(nodes=NodeRange(1, 3), spare_nodes=2), DefaultFailurePolicy(), 0.0)
     out = life.start(0.0)
-    launches = [(e.node_id, e.rank) for e in out.effects if isinstance(e, LaunchNode)]
+    launches = launched(out)
     assert launches == [(0, 0), (1, 1), (2, 2), (3, -1), (4, -1)]
     assert [n.node_id for n in life.spare_nodes()] == [3, 4]
     assert all(n.spare and n.rank == -1 for n in life.spare_nodes())
@@ -94,7 +99,7 @@ def test_a_relaunched_node_gives_its_rank_to_a_running_spare_and_a_new_spare_fol
     assert life.keep_spares(2.9).effects == ()
     life.heartbeat(2, 3.0, step=41)  # one trained
     refill = life.keep_spares(3.0)
-    assert [(e.node_id, e.rank) for e in refill.effects if isinstance(e, LaunchNode)] == [(3, -1)]
+    assert launched(refill) == [(3, -1)]
     assert life.keep_spares(3.5).effects == ()  # idempotent
 
 
@@ -110,7 +115,7 @@ def test_a_promoted_spare_that_does_not_train_is_replaced_after_the_refill_wait(
         refill = life.keep_spares(1.0 + refill_after_s)
     else:
         refill = held  # 0: replaced at once
-    assert [(e.node_id, e.rank) for e in refill.effects if isinstance(e, LaunchNode)] == [(3, -1)]
+    assert launched(refill) == [(3, -1)]
 
 
 def test_a_promoted_spare_holds_back_only_its_own_replacement() -> None:
@@ -119,11 +124,10 @@ def test_a_promoted_spare_holds_back_only_its_own_replacement() -> None:
     life.node_lost(1, "the agent exited with status -9 (failed)", 1.0)  # spare 3 takes rank 1
     assert life.keep_spares(1.5).effects == ()
     life.node_lost(4, "the spare's agent exited (failed)", 2.0)  # the other spare, never promoted, is lost
-    launched = [(e.node_id, e.rank) for e in life.keep_spares(2.5).effects if isinstance(e, LaunchNode)]
-    assert launched == [(5, -1)], "the lost spare is replaced; the promoted one's replacement still waits"
+    # The lost spare is replaced; the promoted one's replacement still waits.
+    assert launched(life.keep_spares(2.5)) == [(5, -1)]
     life.heartbeat(3, 3.0, samples=10)
-    launched = [(e.node_id, e.rank) for e in life.keep_spares(3.5).effects if isinstance(e, LaunchNode)]
-    assert launched == [(6, -1)]
+    assert launched(life.keep_spares(3.5)) == [(6, -1)]
 
 
 def test_a_promoted_spare_that_fails_before_it_trains_holds_back_no_spare() -> None:
@@ -132,9 +136,8 @@ def test_a_promoted_spare_that_fails_before_it_trains_holds_back_no_spare() -> N
     life.node_lost(1, "the agent exited with status -9 (failed)", 1.0)
     assert life.keep_spares(1.5).effects == ()
     _, out = life.node_lost(2, "the agent exited with status -9 (failed)", 2.0)  # the promoted spare, before a step
-    assert [(e.node_id, e.rank) for e in out.effects if isinstance(e, LaunchNode)] == [(3, 1)]
-    launched = [(e.node_id, e.rank) for e in life.keep_spares(2.5).effects if isinstance(e, LaunchNode)]
-    assert launched == [(4, -1)]
+    assert launched(out) == [(3, 1)]
+    assert launched(life.keep_spares(2.5)) == [(4, -1)]
 
 
 def test_the_nodes_that_stay_restart_for_the_spares_round_and_spend_no_budget() -> None:
@@ -177,13 +180,13 @@ def test_no_spare_is_promoted_before_it_registered_nor_on_an_avoided_host() -> N
     life.register(0, "a0", "h0", 0.0)
     life.register(1, "a1", "h1", 0.0)
     _, out = life.node_lost(1, "gone", 1.0)  # the spare has not registered: the rank is relaunched
-    assert [(e.node_id, e.rank) for e in out.effects if isinstance(e, LaunchNode)] == [(3, 1)]
+    assert launched(out) == [(3, 1)]
     assert life.node(2).spare
     life.register(2, "spare", "bad-host", 1.0)
     life.mark_host_unhealthy("bad-host", "probe failed")
     life.register(3, "a3", "h3", 1.0)
     _, out = life.node_lost(0, "gone", 2.0)
-    assert [(e.node_id, e.rank) for e in out.effects if isinstance(e, LaunchNode)] == [(4, 0)]
+    assert launched(out) == [(4, 0)]
     assert not [e for e in out.events if e.kind == "spare_promoted"]
 
 
@@ -222,9 +225,9 @@ def test_a_lost_spare_is_replaced_until_its_budget_is_spent_and_counts_no_job_fa
     life.heartbeat(0, 86_400.4)
     assert life.keep_spares(86_400.4).effects == ()
     life.heartbeat(0, 86_400.6)
-    launched = life.keep_spares(86_400.6)
+    refill = life.keep_spares(86_400.6)
     assert [n.spare for n in life.spare_nodes()] == [True]
-    assert launched.effects
+    assert refill.effects
     # A silent spare is lost too (tick), and a spare never "succeeds".
     life2 = make(1, 1, heartbeat_timeout_s=5.0)
     register_all(life2)
