@@ -372,6 +372,25 @@ def _no_leaks() -> Iterator[None]:
         pytest.fail("\n".join(report), pytrace=False)
 
 
+@pytest.fixture(autouse=True)
+def _dlrover_logging_restored() -> Iterator[None]:
+    """Undo what a command run in-process did to the `dlrover` logger.
+
+    `configure_logging` (every CLI's `main`) writes the package's logs to the `sys.stderr` of the
+    moment, which under pytest is the test's capture, closed at its end: left in place, every
+    later test's logs would go to a closed stream ("I/O operation on closed file") rather than
+    to pytest.
+    """
+    import logging
+
+    logger = logging.getLogger("dlrover")
+    saved = (list(logger.handlers), logger.level, logger.propagate)
+    yield
+    logger.handlers[:] = saved[0]
+    logger.setLevel(saved[1])
+    logger.propagate = saved[2]
+
+
 def pytest_sessionfinish(session: object, exitstatus: int) -> None:
     """Fail the run if anything left a process (a child, or an orphan of this session), shared
     memory or a temp dir behind: the backstop of `_no_leaks`, for what wider-scoped fixtures and
