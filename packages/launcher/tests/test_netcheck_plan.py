@@ -16,7 +16,6 @@ from dlrover.launcher.netcheck_plan import (
     CheckOutcome,
     PairOutcome,
     SideResult,
-    absent_nodes,
     after_check_report,
     check_nodes,
     check_round,
@@ -33,7 +32,6 @@ from dlrover.launcher.netcheck_plan import (
     side_key,
     solo_key,
     store_key,
-    with_absent,
     with_solos,
 )
 from dlrover.rendezvous import CheckVerdict, Pair
@@ -69,9 +67,7 @@ def test_nodes_are_the_round_ranks_and_pairs_run_in_plan_order() -> None:
     assert pairs_of(plan, "9") == []
 
 
-@pytest.mark.parametrize(
-    "side", [SideResult(True, 0.25), SideResult(False, 0.0, "timed out"), SideResult(True, 0), SideResult.missing(9)]
-)
+@pytest.mark.parametrize("side", [SideResult(True, 0.25), SideResult(False, 0.0, "timed out"), SideResult(True, 0)])
 def test_a_side_survives_the_store(side: SideResult) -> None:
     assert SideResult.decode(side.encode()) == side
 
@@ -89,8 +85,6 @@ def test_a_side_survives_the_store(side: SideResult) -> None:
         b'{"ok": true, "elapsed_s": "1", "error": ""}',
         b'{"ok": true, "elapsed_s": 1, "error": 5}',
         b'{"ok": true, "elapsed_s": 1, "error": "", "extra": 1}',
-        b'{"ok": false, "elapsed_s": 0, "error": "", "absent": "yes"}',
-        b'{"ok": true, "elapsed_s": 1, "error": "", "absent": true}',
     ],
 )
 def test_a_corrupt_side_counts_as_failed_and_quotes_the_value(raw: bytes) -> None:
@@ -385,97 +379,3 @@ def test_every_dead_node_is_left_out(n: int, data: st.DataObject) -> None:
     assert all(outcomes[str(d)].action is CheckAction.EXCLUDE_SELF for d in dead)
     if not dead:
         assert all(o.action is CheckAction.TRAIN for o in outcomes.values())
-
-
-def _absent_model(
-    health: Mapping[str, float | None], absent: Sequence[str]
-) -> tuple[list[list[Pair]], Probe, list[tuple[str, ...]], Solo]:
-    """`_model` where the nodes of `absent` never report: their sides are the results timeout's
-    marker, their partners' sides failures, and neither check round may wait for them again."""
-    probed: list[list[Pair]] = []
-    solo_calls: list[tuple[str, ...]] = []
-    _, probe, _, solo = _model({n: None if n in absent else t for n, t in health.items()})
-
-    def probe_absent(phase: int, pairs: Sequence[Pair]) -> list[PairOutcome]:
-        probed.append(list(pairs))
-        assert phase == 1 or not set(absent) & {n for pair in pairs for n in pair}, "an absent node probed again"
-        return [
-            PairOutcome(o.phase, o.pair, (_marker(o.pair[0], o.sides[0]), _marker(o.pair[1], o.sides[1])))
-            for o in probe(phase, pairs)
-        ]
-
-    def _marker(node: str, side: SideResult) -> SideResult:
-        return SideResult.missing(30) if node in absent else side
-
-    def solo_absent(phase: int, nodes: Sequence[str]) -> dict[str, SideResult]:
-        solo_calls.append(tuple(nodes))
-        assert not set(absent) & set(nodes), "an absent node was waited for alone"
-        return solo(phase, nodes)
-
-    return probed, probe_absent, solo_calls, solo_absent
-
-
-@pytest.mark.parametrize(
-    ("health", "absent", "solos", "round_two"),
-    [
-        # Two nodes: only the one that is there probes alone; the absent one is not waited for.
-        ({"0": 0.01, "1": 0.01}, ["1"], [("0",)], None),
-        ({"0": 0.01, "1": 0.01}, ["0"], [("1",)], None),
-        # Four nodes, node 1 absent: round two's pair with it is dropped, the other one kept.
-        ({"0": 0.01, "1": 0.01, "2": 0.01, "3": 0.01}, ["1"], [], [("3", "0")]),
-        # Three nodes, node 2 absent: the other two passed together; no round two at all.
-        ({"0": 0.01, "1": 0.01, "2": 0.01}, ["2"], [], None),
-    ],
-)
-def test_a_node_absent_from_round_one_is_faulty_for_that_and_never_waited_for_again(
-    health: dict[str, float | None],
-    absent: list[str],
-    solos: list[tuple[str, ...]],
-    round_two: list[Pair] | None,
-) -> None:
-    verdicts = []
-    for me in health:
-        probed, probe, solo_calls, solo = _absent_model(health, absent)
-        outcome = check_round(4, len(health), me, probe, solo=solo)
-        expected = CheckAction.EXCLUDE_SELF if me in absent else CheckAction.NEW_ROUND
-        assert outcome.action is expected, outcome.reason
-        assert solo_calls == solos
-        assert probed[1:] == ([] if round_two is None else [round_two])
-        assert outcome.verdict is not None
-        verdicts.append(outcome.verdict)
-    assert all(v == verdicts[0] for v in verdicts)
-    assert verdicts[0].faulty == tuple(absent)
-    for node in absent:
-        assert verdicts[0].reasons[node].startswith("it published no probe result: no result within")
-
-
-def test_only_a_node_whose_every_side_is_the_marker_is_absent() -> None:
-    gone, failed = SideResult.missing(30), SideResult(False, 0.0, "peer lost")
-    round_one = [
-        PairOutcome(1, ("0", "1"), (failed, gone)),
-        PairOutcome(1, ("1", "2"), (gone, failed)),
-        PairOutcome(1, ("2", "3"), (gone, OK)),
-        PairOutcome(1, ("3", "0"), (OK, failed)),
-    ]
-    # Node 2 published for one pair: it reported, whatever it said.
-    assert absent_nodes(round_one) == {"1": gone.error}
-    verdict = with_absent(_verdict(["0", "1"], nodes=["0", "1", "2", "3"]), {"1": gone.error})
-    assert verdict.faulty == ("0", "1")
-    assert "1" not in verdict.best_time_s
-    assert with_absent(verdict, {}) is verdict
-
-
-@given(st.integers(min_value=2, max_value=10), st.data())
-def test_absent_and_dead_nodes_are_left_out_without_being_waited_for_twice(n: int, data: st.DataObject) -> None:
-    nodes = [str(i) for i in range(n)]
-    absent = data.draw(st.lists(st.sampled_from(nodes), unique=True, max_size=n - 1))
-    dead = data.draw(st.lists(st.sampled_from([x for x in nodes if x not in absent]), unique=True))
-    health: dict[str, float | None] = {x: None if x in dead else 0.01 for x in nodes}
-    verdicts = []
-    for me in nodes:
-        _, probe, _, solo = _absent_model(health, absent)
-        outcome = check_round(4, n, me, probe, solo=solo)
-        if me in absent or me in dead:
-            assert outcome.action is CheckAction.EXCLUDE_SELF, outcome.reason
-        verdicts.append(outcome.verdict)
-    assert all(v == verdicts[0] for v in verdicts)

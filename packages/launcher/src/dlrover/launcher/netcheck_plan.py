@@ -31,7 +31,6 @@ __all__ = [
     "PairOutcome",
     "SecondPhase",
     "SideResult",
-    "absent_nodes",
     "after_check_report",
     "check_nodes",
     "check_round",
@@ -48,7 +47,6 @@ __all__ = [
     "side_key",
     "solo_key",
     "store_key",
-    "with_absent",
     "with_solos",
 ]
 
@@ -115,14 +113,11 @@ class SideResult:
         ok: whether this node's side of the probe passed.
         elapsed_s: its measured time (matrix products and timed collectives); 0 when it failed.
         error: why it failed; empty when it passed.
-        absent: the node published nothing: this is the marker another node wrote in its place at
-            the results timeout (`missing`), not a probe's result.
     """
 
     ok: bool
     elapsed_s: float = 0.0
     error: str = ""
-    absent: bool = False
 
     def __attrs_post_init__(self) -> None:
         if not isinstance(self.ok, bool):
@@ -131,15 +126,10 @@ class SideResult:
             raise ValueError(f"SideResult.elapsed_s must be a number, got {self.elapsed_s!r}")
         if not (math.isfinite(self.elapsed_s) and self.elapsed_s >= 0):
             raise ValueError(f"SideResult.elapsed_s must be finite and >= 0, got {self.elapsed_s!r}")
-        if not isinstance(self.absent, bool) or (self.absent and self.ok):
-            raise ValueError(f"SideResult.absent must be a bool, and false for a side that passed, got {self.absent!r}")
 
     def encode(self) -> bytes:
         """The JSON bytes stored under the side's key."""
-        doc: dict[str, object] = {"ok": self.ok, "elapsed_s": self.elapsed_s, "error": self.error[:_ERROR_CHARS]}
-        if self.absent:
-            doc["absent"] = True
-        return json.dumps(doc).encode()
+        return json.dumps({"ok": self.ok, "elapsed_s": self.elapsed_s, "error": self.error[:_ERROR_CHARS]}).encode()
 
     @classmethod
     def decode(cls, raw: bytes) -> SideResult:
@@ -149,18 +139,18 @@ class SideResult:
         """
         try:
             data = json.loads(raw.decode("utf-8"))
-            if not isinstance(data, dict) or set(data) - {"absent"} != {"ok", "elapsed_s", "error"}:
+            if not isinstance(data, dict) or set(data) != {"ok", "elapsed_s", "error"}:
                 raise ValueError("wrong fields")
             if not isinstance(data["error"], str):
                 raise ValueError("error is not text")
-            return cls(data["ok"], data["elapsed_s"], data["error"], data.get("absent", False))
+            return cls(data["ok"], data["elapsed_s"], data["error"])
         except (UnicodeDecodeError, ValueError, TypeError):
             return cls(False, 0.0, f"unreadable probe result {raw[:80]!r}")
 
     @classmethod
     def missing(cls, timeout_s: float) -> SideResult:
         """The side recorded for a node that published nothing within the results timeout."""
-        return cls(False, 0.0, f"no result within the network check's results timeout of {timeout_s:g} s", True)
+        return cls(False, 0.0, f"no result within the network check's results timeout of {timeout_s:g} s")
 
 
 @attrs.frozen
@@ -230,28 +220,10 @@ class SecondPhase:
         pairs: new pairs, each re-pairing a suspect with a node it has not probed with yet.
         solos: suspects left without a new partner (in a round of two nodes: both nodes); each
             probes itself alone, which tells a broken node from a broken link.
-        absent: nodes that published no side at all in round one (`absent_nodes`): they are
-            faulty, and round two neither pairs them nor waits for them again.
     """
 
     pairs: tuple[Pair, ...]
     solos: tuple[str, ...]
-    absent: tuple[str, ...] = ()
-
-
-def absent_nodes(round_one: Sequence[PairOutcome]) -> dict[str, str]:
-    """The nodes every one of whose round-one sides is the results timeout's marker, each with
-    that marker's error.
-
-    Such a node never reported (it is gone, or hung before its probes): probing it again would
-    only make the others wait a second results timeout for it. A node with a real side anywhere
-    is not absent, whatever that side says.
-    """
-    sides: dict[str, list[SideResult]] = {}
-    for outcome in round_one:
-        for node, side in zip(outcome.pair, outcome.sides, strict=True):
-            sides.setdefault(node, []).append(side)
-    return {node: found[0].error for node, found in sides.items() if all(side.absent for side in found)}
 
 
 def plan_second_phase(nodes: Sequence[str], round_one: Sequence[PairOutcome], verdict: CheckVerdict) -> SecondPhase:
@@ -260,32 +232,13 @@ def plan_second_phase(nodes: Sequence[str], round_one: Sequence[PairOutcome], ve
     `plan_round_two` may repeat a round-one pair when a suspect has nobody new to pair with (in
     a round of two nodes it always does); repeating a probe only repeats its verdict, so such
     pairs are dropped. A faulty or unchecked node left without a new pair probes itself alone.
-    A node absent from round one (`absent_nodes`) is probed no more: a pair planned with it is
-    dropped, and its planned partner, if a suspect, probes alone.
     """
-    absent = set(absent_nodes(round_one))
     planned = plan_round_two(list(nodes), [p.as_probe() for p in round_one])
     seen = {frozenset(p.pair) for p in round_one}
-    fresh = tuple(pair for pair in planned if frozenset(pair) not in seen and not absent & set(pair))
+    fresh = tuple(pair for pair in planned if frozenset(pair) not in seen)
     covered = {node for pair in fresh for node in pair}
     suspects = set(verdict.faulty) | set(verdict.unchecked)
-    return SecondPhase(fresh, tuple(sorted(suspects - covered - absent, key=int)), tuple(sorted(absent, key=int)))
-
-
-def with_absent(verdict: CheckVerdict, absent: Mapping[str, str]) -> CheckVerdict:
-    """`verdict` with every node absent from round one faulty, for that reason: whatever its
-    pairs' failures said of it, the reason is that it never reported."""
-    if not absent:
-        return verdict
-    reasons = dict(verdict.reasons)
-    reasons.update({node: f"it published no probe result: {error}" for node, error in absent.items()})
-    return CheckVerdict(
-        faulty=tuple(sorted(set(verdict.faulty) | set(absent))),
-        stragglers=tuple(n for n in verdict.stragglers if n not in absent),
-        best_time_s={n: t for n, t in verdict.best_time_s.items() if n not in absent},
-        reasons=reasons,
-        unchecked=tuple(n for n in verdict.unchecked if n not in absent),
-    )
+    return SecondPhase(fresh, tuple(sorted(suspects - covered, key=int)))
 
 
 def with_solos(verdict: CheckVerdict, solos: Mapping[str, SideResult]) -> tuple[CheckVerdict, tuple[str, ...]]:
@@ -469,7 +422,7 @@ def check_round(
     """
     nodes = check_nodes(world_size)
     config = NodeCheckConfig(straggler_factor=straggler_factor)
-    pairs = round_one = probe(1, plan_round_one(nodes))
+    pairs = probe(1, plan_round_one(nodes))
     verdict = judge(nodes, [p.as_probe() for p in pairs], config)
     warnings: tuple[str, ...] = ()
     solos: Mapping[str, SideResult] = {}
@@ -481,7 +434,6 @@ def check_round(
         if second.solos and solo is not None:
             solos = solo(2, second.solos)
             verdict, warnings = with_solos(verdict, solos)
-        verdict = with_absent(verdict, absent_nodes(round_one))
     return decide(
         me, round_number, verdict, pairs, exclude_stragglers=exclude_stragglers, warnings=warnings, solos=solos
     )
