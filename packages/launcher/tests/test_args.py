@@ -130,6 +130,30 @@ def test_dlrover_flags() -> None:
     assert parse_args(["--prewarm=torch", "-m", "pkg.train"]).prewarm == ("torch",)
 
 
+def test_the_master_call_deadlines_reach_the_agents_client() -> None:
+    from dlrover.launcher.cli import _control_plane
+
+    default = parse_args(["t.py"])
+    assert (default.master_call_timeout_s, default.master_call_retry_s) == (5.0, 30.0)
+    cfg = parse_args(["--master-call-timeout=20", "--master-call-retry=120", "t.py"])
+    assert (cfg.master_call_timeout_s, cfg.master_call_retry_s) == (20.0, 120.0)
+    for bad, flag in (("--master-call-timeout=0", "--master-call-timeout"), ("--master-call-retry=inf", "retry")):
+        with pytest.raises(ConfigError, match=flag):
+            parse_args([bad, "t.py"])
+    with pytest.raises(ConfigError, match="must be at least --master-call-timeout=20"):
+        parse_args(["--master-call-timeout=20", "--master-call-retry=10", "t.py"])
+
+    class _Master:
+        address, token = "127.0.0.1:1", "t" * 32
+
+    control = _control_plane(cfg, _Master(), "127.0.0.1", None)  # type: ignore[arg-type]
+    try:
+        policy = control._master._policy
+        assert (policy.call_timeout_s, policy.total_timeout_s, policy.max_attempts) == (20.0, 120.0, 5)
+    finally:
+        control.close()
+
+
 def test_standby_workers_import_torch_by_default_for_python_workers_only(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("PET_PREWARM", raising=False)
     assert parse_args(["t.py"]).prewarm == ("torch", "dlrover.flashckpt.client")

@@ -303,3 +303,69 @@ def test_step_marks_and_saver_commits_reach_the_status(make_runtime: MakeRuntime
             assert code_of(call) is grpc.StatusCode.INVALID_ARGUMENT
         assert code_of(lambda: a.commit_checkpoint(5, "/ck/5", world_size=-2)) is grpc.StatusCode.INVALID_ARGUMENT
         assert rt.master.state_digest() == before
+
+
+class _LostReply(grpc.RpcError):
+    """What a caller sees when the master handled its call but the answer never arrived."""
+
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.UNAVAILABLE
+
+    def details(self) -> str:
+        return "the answer was lost on the way back (scripted)"
+
+
+def test_a_registration_whose_answer_was_lost_is_retried_and_gets_the_node_it_registered(
+    make_runtime: MakeRuntime,
+) -> None:
+    rt = make_runtime(nodes=2)
+    retrying = RetryPolicy(max_attempts=3, call_timeout_s=20.0, total_timeout_s=60.0)
+    with MasterClient(rt.address, rt.token, policy=retrying) as agent:
+        real = agent._agent.RegisterNode
+        answers: list[agent_pb2.RegisterNodeResponse] = []
+
+        def lose_the_first_answer(request: agent_pb2.RegisterNodeRequest, **kw: object) -> object:
+            answer = real(request, **kw)
+            answers.append(answer)
+            if len(answers) == 1:
+                raise _LostReply()
+            return answer
+
+        agent._agent.RegisterNode = lose_the_first_answer
+        registration = agent.register("agent-a", "host-a")
+        first, second = answers
+        # The repeat was the same registration: the same node, rank and credential, one node taken.
+        assert (second.node_id, second.rank, second.node_credential) == (
+            first.node_id,
+            first.rank,
+            first.node_credential,
+        )
+        assert registration.node_id == first.node_id
+        assert [e.kind for e in rt.master.events(limit=100)].count("node_state") == 1
+        assert sum(n.registered for n in rt.master.nodes().values()) == 1
+        assert agent.heartbeat(step=1).job_state == "running"
+
+
+def test_only_the_same_registration_key_repeats_a_registration_and_a_malformed_one_is_refused(
+    make_runtime: MakeRuntime,
+) -> None:
+    rt = make_runtime(nodes=3)
+    auth = [("authorization", f"Bearer {rt.token}")]
+    with grpc.insecure_channel(rt.address) as channel:
+        stub = agent_pb2_grpc.AgentServiceStub(channel)  # type: ignore[no-untyped-call]
+
+        def register(key: str) -> agent_pb2.RegisterNodeResponse:
+            request = agent_pb2.RegisterNodeRequest(node_name="a", host="h", registration_key=key)
+            return stub.RegisterNode(request, metadata=auth, timeout=20)  # type: ignore[no-any-return]
+
+        for key in ("short", "k" * 129, "k" * 15 + "\n"):
+            with pytest.raises(grpc.RpcError) as info:
+                register(key)
+            assert info.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+            assert "registration_key" in (info.value.details() or "")
+        assert not any(n.registered for n in rt.master.nodes().values())
+        first = register("k" * 32)
+        assert register("k" * 32).node_id == first.node_id
+        # Another key, or none, is another agent: the next free rank.
+        assert register("j" * 32).rank == first.rank + 1
+        assert register("").rank == first.rank + 2

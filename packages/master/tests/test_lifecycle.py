@@ -82,6 +82,63 @@ def test_register_claims_a_launched_node_and_refuses_a_second_claimer() -> None:
     assert again.last_heartbeat == 3.0
 
 
+@pytest.mark.parametrize("launched", [True, False])
+def test_a_registration_repeated_with_its_digest_is_the_same_one_and_changes_nothing_else(launched: bool) -> None:
+    life = make(2)
+    claim = 1 if launched else None
+    node, _ = life.register(claim, "a", "h0", 1.0, registration_digest="d" * 64)
+    assert node.registration_digest == "d" * 64
+    before = life.snapshot()
+    # The answer was lost: the agent asks again with the same digest and gets the same node.
+    again, out = life.register(claim, "a", "h0", 2.0, registration_digest="d" * 64)
+    assert (again.node_id, again.rank, again.history) == (node.node_id, node.rank, node.history)
+    assert again.last_heartbeat == 2.0
+    assert out.events == ()
+    assert out.effects == ()
+    assert [attrs.evolve(r, last_heartbeat=0.0) for _, r in sorted(life.nodes().items())] == [
+        attrs.evolve(r, last_heartbeat=0.0) for r in sorted(before.nodes, key=lambda r: r.node_id)
+    ]
+    # Another digest, or none, is another agent: a conflict for the launched node, the next
+    # free rank for an agent that claims none.
+    if launched:
+        for digest in ("e" * 64, ""):
+            with pytest.raises(NodeConflictError, match="already registered"):
+                life.register(1, "b", "h1", 3.0, registration_digest=digest)
+    else:
+        other, _ = life.register(None, "b", "h1", 3.0, registration_digest="e" * 64)
+        assert other.node_id != node.node_id
+
+
+def test_an_agent_that_proves_its_node_reconnects_whatever_its_registration_digest() -> None:
+    life = make(2)
+    life.register(0, "a", "h0", 1.0, registration_digest="d" * 64)
+    node, out = life.register(0, "a", "h0", 2.0, proven_node_id=0, max_process_restarts=7, registration_digest="d" * 64)
+    assert [e.kind for e in out.events] == ["node_reconnect"]
+    assert node.max_process_restarts == 7
+
+
+def test_a_repeated_registration_of_a_node_that_failed_since_is_not_the_same_one() -> None:
+    life = make(2, min_nodes=1)
+    life.register(0, "a", "h0", 1.0, registration_digest="d" * 64)
+    life.report_failure(0, FailureKind.HARDWARE, "ecc", 2.0)
+    assert life.node(0).state is not NodeState.RUNNING
+    before = life.snapshot()
+    with pytest.raises(LifecycleError):  # its host is avoided now, and the node is no longer running
+        life.register(0, "a", "h0", 3.0, registration_digest="d" * 64)
+    with pytest.raises(NodeStateError, match="cannot register"):
+        life.register(0, "a", "h9", 3.0, registration_digest="d" * 64)
+    assert life.snapshot() == before
+
+
+def test_a_node_journaled_before_registration_digests_reads_without_one() -> None:
+    life = make(1)
+    node, _ = life.register(0, "a", "h0", 1.0, registration_digest="d" * 64)
+    assert node_from_dict(node_to_dict(node)) == node
+    old = node_to_dict(node)
+    del old["registration_digest"]
+    assert node_from_dict(old).registration_digest == ""
+
+
 def test_register_without_id_takes_lowest_free_rank_then_refuses_when_full() -> None:
     life = make(2)
     assert life.register(None, "x", "hx", 0.0)[0].rank == 0

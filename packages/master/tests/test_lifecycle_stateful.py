@@ -9,6 +9,7 @@ replacement.
 from __future__ import annotations
 
 import attrs
+import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -99,9 +100,31 @@ class LifecycleMachine(RuleBasedStateMachine):
             return
         if started:
             self.life.node_started(node_id, self.now)
-        registered, _ = self.life.register(node_id, f"a{rank}", f"h{node_id}", self.now)
+        digest = f"{node_id}"
+        registered, _ = self.life.register(node_id, f"a{rank}", f"h{node_id}", self.now, registration_digest=digest)
         assert registered.state is NodeState.RUNNING
         assert registered.rank == rank
+
+    @rule(rank=st.integers(0, MAX_NODES - 1), claim=st.booleans())
+    def register_again(self, rank: int, claim: bool) -> None:
+        """An agent whose registration answer was lost asks again with the same digest: while its node runs
+        it gets that node and nothing else changes; otherwise it is refused and nothing changes."""
+        node_id = self._current(rank)
+        node = self.life.node(node_id)
+        digest = node.registration_digest
+        if not digest or self.life.job_state.finished:
+            return  # registered by an agent without a key (`register_without_id`): a repeat is a conflict
+        before = _timeless(self.life.snapshot())
+        claimed = node_id if claim else None
+        if node.state is NodeState.RUNNING:
+            again, out = self.life.register(claimed, node.name, node.host, self.now, registration_digest=digest)
+            assert (again.node_id, out.events, out.effects) == (node_id, (), ())
+        elif claim:
+            with pytest.raises(LifecycleError):
+                self.life.register(claimed, node.name, node.host, self.now, registration_digest=digest)
+        else:
+            return  # an agent claiming no node may take a free slot: a new registration, not a repeat
+        assert _timeless(self.life.snapshot()) == before
 
     @rule(rank=st.integers(0, MAX_NODES - 1), step=st.integers(0, 100))
     def heartbeat(self, rank: int, step: int) -> None:

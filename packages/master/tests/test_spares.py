@@ -87,6 +87,9 @@ def test_a_relaunched_node_gives_its_rank_to_a_running_spare_and_a_new_spare_fol
     assert event.message.startswith("spare node 2 takes rank 1 of node 1 at the next round: ")
     assert event.data["reason"] == decision.outcome
     assert event.data["replaces"] == 1
+    # It says why no spare is launched in its place yet.
+    assert "the next spare is launched once it trained a step, or after 30 s" in event.message
+    assert event.data["refill_after_s"] == 30.0
     (relaunch,) = [e for e in out.events if e.kind == "relaunch"]
     assert "replaced by spare node 2" in relaunch.message
     assert relaunch.data["spare"] is True

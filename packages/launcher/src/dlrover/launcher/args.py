@@ -168,6 +168,8 @@ class LaunchConfig:
     rendezvous_timeout_s: float = 600.0
     store_wait_s: float = 60.0
     master_lost_timeout_s: float = 300.0
+    master_call_timeout_s: float = 5.0
+    master_call_retry_s: float = 30.0
     round_save_timeout_s: float = 10.0
     waiting_check_interval_s: float = 0.25
     shutdown_grace_s: float = 10.0
@@ -486,6 +488,20 @@ def _add_dlrover_options(ours: argparse._ArgumentGroup) -> None:
         _option(ours, _both(flag[2:]), None, f"{text} (default: ${var})")
     _option(ours, _both("heartbeat-interval"), None, "seconds between heartbeats (default: the master's choice)")
     _option(ours, _both("master-lost-timeout"), "300", "seconds workers keep training while the master is unreachable")
+    _option(
+        ours,
+        _both("master-call-timeout"),
+        "5",
+        "seconds one call to the master may take before it counts as failed (a master busy registering a large "
+        "job's nodes at once may need more)",
+    )
+    _option(
+        ours,
+        _both("master-call-retry"),
+        "30",
+        "seconds within which a call that can be repeated (registering included) is tried up to 5 times while the "
+        "master is unreachable or slow; at least --master-call-timeout",
+    )
     _option(
         ours,
         _both("waiting-check-interval"),
@@ -867,6 +883,13 @@ def parse_args(
     if keep_every and not keep_last:
         raise ConfigError("--checkpoint-keep-every needs --checkpoint-keep-last (keep the last N, and every K-th step)")
     filters = tuple(int(_number(r, "--local-ranks-filter", int, 0)) for r in str(ns.local_ranks_filter).split(",") if r)
+    call_timeout_s = _finite(ns.master_call_timeout, "--master-call-timeout", 0.001)
+    call_retry_s = _finite(ns.master_call_retry, "--master-call-retry", 0.001)
+    if call_retry_s < call_timeout_s:
+        raise ConfigError(
+            f"--master-call-retry={ns.master_call_retry} must be at least --master-call-timeout="
+            f"{ns.master_call_timeout}: a call is retried within it"
+        )
     return LaunchConfig(
         nodes=nodes,
         nproc_per_node=nproc,
@@ -925,6 +948,8 @@ def parse_args(
             else float(_number(ns.heartbeat_interval, "--heartbeat-interval", float, 0.01))
         ),
         master_lost_timeout_s=float(_number(ns.master_lost_timeout, "--master-lost-timeout", float, 0.0)),
+        master_call_timeout_s=call_timeout_s,
+        master_call_retry_s=call_retry_s,
         round_save_timeout_s=_finite(ns.round_save_timeout, "--round-save-timeout", 0.0),
         waiting_check_interval_s=_finite(ns.waiting_check_interval, "--waiting-check-interval", 0.0),
         **_rdzv_timeouts(_conf(ns.rdzv_conf)),

@@ -357,7 +357,7 @@ def _say_slurm_step(cfg: LaunchConfig) -> None:
 
 def _control_plane(cfg: LaunchConfig, master: _JobMaster, local_addr: str, tls: TLSConfig | None) -> GrpcControlPlane:
     """This agent's connection to the job's master."""
-    from dlrover.common import ChannelConfig
+    from dlrover.common import ChannelConfig, RetryPolicy
     from dlrover.launcher.grpc_control import GrpcControlPlane, default_node_name
 
     return GrpcControlPlane(
@@ -373,6 +373,7 @@ def _control_plane(cfg: LaunchConfig, master: _JobMaster, local_addr: str, tls: 
         poll_timeout_s=cfg.exit_barrier_poll_timeout_s,
         connect_timeout_s=cfg.rendezvous_timeout_s,
         channel_config=ChannelConfig(tls=tls),
+        policy=RetryPolicy(call_timeout_s=cfg.master_call_timeout_s, total_timeout_s=cfg.master_call_retry_s),
     )
 
 

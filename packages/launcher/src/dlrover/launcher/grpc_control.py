@@ -185,8 +185,9 @@ class GrpcControlPlane:
         self, local_world_size: int, should_stop: Callable[[], bool] = _never, *, max_restarts: int | None = None
     ) -> NodeRegistration:
         # The master may start beside the agents (one serves it for a torchrun-style command
-        # line): wait for it to accept a connection, as torchrun's agents wait for the store.
-        # Registering is not retried (not idempotent), so a refused connection must not reach it.
+        # line): wait for it to accept a connection, as torchrun's agents wait for the store
+        # (gRPC's own reconnect backoff grows to minutes). Registering is then retried within
+        # the client's policy: the client's registration key makes a repeat the same one.
         self._wait_for_master(should_stop)
         # Told to the rendezvous with every join, so each round places this node's workers.
         self._local_world_size = local_world_size

@@ -64,10 +64,12 @@ if TYPE_CHECKING:
     from dlrover.master.identity import (
         NODE_CREDENTIAL_METADATA_KEY,
         NODE_ID_METADATA_KEY,
+        REGISTRATION_KEY_CHARS,
         NodeAuthenticator,
         NodeIdentityError,
         NodeImpersonationError,
         node_metadata,
+        registration_digest,
     )
     from dlrover.master.journal import (
         Blob,
@@ -277,6 +279,8 @@ _EXPORTS = {
     "NodeIdentityError": "dlrover.master.identity",
     "NodeImpersonationError": "dlrover.master.identity",
     "node_metadata": "dlrover.master.identity",
+    "registration_digest": "dlrover.master.identity",
+    "REGISTRATION_KEY_CHARS": "dlrover.master.identity",
     "NODE_ID_METADATA_KEY": "dlrover.master.identity",
     "NODE_CREDENTIAL_METADATA_KEY": "dlrover.master.identity",
     "SchedulerBackend": "dlrover.master.scheduler",
@@ -441,6 +445,8 @@ __all__ = [
     "NodeIdentityError",
     "NodeImpersonationError",
     "node_metadata",
+    "registration_digest",
+    "REGISTRATION_KEY_CHARS",
     "NODE_ID_METADATA_KEY",
     "NODE_CREDENTIAL_METADATA_KEY",
     # schedulers

@@ -9,6 +9,7 @@ import enum
 import functools
 import json
 import logging
+import secrets
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -178,6 +179,9 @@ class MasterClient:
         self._clock = clock
         self.node_id: int | None = None
         self.credential: str | None = None
+        # A bearer secret (with the job token it gets this node's credential): drawn here, never
+        # taken from a caller, so it is never guessable.
+        self._registration_key = secrets.token_hex(16)
 
     def _call(self, method: Any, request: Any, *, idempotent: bool, identity: bool = True) -> Any:
         if identity and self.node_id is not None and self.credential is not None:
@@ -209,6 +213,13 @@ class MasterClient:
         `max_restarts`: the worker restarts this agent allows (its ``--max-restarts``), the
         node's process-restart budget at the master; None leaves the master's own.
 
+        Retried like an idempotent call: every registration carries this client's registration
+        key (random, drawn once per client), and the master answers a repeat with the node the
+        first attempt registered, so an answer lost on the way back is not a conflict. The master
+        must know registration keys (a master of an older release ignores them, and a repeat of
+        a registration that claims no node would take a second rank there): run the agents and
+        the master of a job from one release.
+
         Raises:
             RpcError: refused (the status code says why).
         """
@@ -217,7 +228,8 @@ class MasterClient:
             request.node_id = node_id
         if max_restarts is not None:
             request.max_restarts = max_restarts
-        response: agent_pb2.RegisterNodeResponse = self._call(self._agent.RegisterNode, request, idempotent=False)
+        request.registration_key = self._registration_key
+        response: agent_pb2.RegisterNodeResponse = self._call(self._agent.RegisterNode, request, idempotent=True)
         self.set_identity(response.node_id, response.node_credential)
         return Registration(
             node_id=response.node_id,

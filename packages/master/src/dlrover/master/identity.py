@@ -18,7 +18,7 @@ import hashlib
 import hmac
 from collections.abc import Iterable
 
-from dlrover.common import AuthError, validate_token
+from dlrover.common import AuthError, ConfigError, validate_token
 
 __all__ = [
     "NODE_CREDENTIAL_METADATA_KEY",
@@ -26,13 +26,18 @@ __all__ = [
     "NodeAuthenticator",
     "NodeIdentityError",
     "NodeImpersonationError",
+    "REGISTRATION_KEY_CHARS",
     "node_metadata",
+    "registration_digest",
 ]
 
 NODE_ID_METADATA_KEY = "x-dlrover-node-id"
 NODE_CREDENTIAL_METADATA_KEY = "x-dlrover-node-credential"
 _DOMAIN = b"dlrover-node-credential/v1\x00"
 _MAX_ID_CHARS = 20
+
+REGISTRATION_KEY_CHARS = (16, 128)
+"""The shortest and longest registration key an agent may send (`registration_digest`)."""
 
 
 class NodeIdentityError(AuthError):
@@ -46,6 +51,27 @@ class NodeImpersonationError(NodeIdentityError):
 def node_metadata(node_id: int, credential: str) -> tuple[tuple[str, str], ...]:
     """The metadata an agent attaches to every call after registering."""
     return ((NODE_ID_METADATA_KEY, str(node_id)), (NODE_CREDENTIAL_METADATA_KEY, credential))
+
+
+def registration_digest(key: str) -> str:
+    """The SHA-256 (hex) of an agent's registration key, "" for none.
+
+    The key makes a registration repeatable (`JobLifecycle.register`): whoever presents it with
+    the job token gets the node it registered, and so its credential. Only the digest is kept
+    (it is journaled), so the journal cannot hand out credentials.
+
+    Raises:
+        ConfigError: a key shorter or longer than `REGISTRATION_KEY_CHARS` allows, or not
+            printable ASCII.
+    """
+    if not key:
+        return ""
+    shortest, longest = REGISTRATION_KEY_CHARS
+    if not (shortest <= len(key) <= longest and key.isascii() and key.isprintable()):
+        raise ConfigError(
+            f"registration_key must be {shortest} to {longest} printable ASCII characters, got {len(key)} characters"
+        )
+    return hashlib.sha256(key.encode("ascii")).hexdigest()
 
 
 class NodeAuthenticator:

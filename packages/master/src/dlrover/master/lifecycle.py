@@ -670,12 +670,19 @@ class JobLifecycle:
         *,
         proven_node_id: int | None = None,
         max_process_restarts: int | None = None,
+        registration_digest: str = "",
     ) -> tuple[NodeRecord, Outcome]:
         """An agent registers, claiming a launched node (`node_id`) or any free slot (None).
 
         A node that already registered can only be claimed again by an agent that proved it is
         that node (`proven_node_id`, from its node credential): a reconnect after a lost answer
         or a master restart. Anyone else is refused.
+
+        `registration_digest` (the SHA-256 of a key the agent drew, `registration_digest`) makes
+        the call repeatable: the same digest again from an agent that proves no identity, while
+        the node it registered runs, is the same registration (its answer was lost, or came past
+        the caller's deadline) and gets that node, changing nothing else. Without one, a repeat
+        is refused as a conflict. An agent that proves its node reconnects as above.
 
         `max_process_restarts` is the restarts the agent allows (``dlrover-run --max-restarts``,
         as torchrun counts them: per agent): the node's process-restart budget, in place of the
@@ -693,6 +700,11 @@ class JobLifecycle:
             raise LifecycleError(f"max_process_restarts must be None or >= 0, got {max_process_restarts}")
         if not self._started:
             raise NodeStateError("the job has not started yet; no node can register")
+        repeated = self._registered_with(node_id, registration_digest)
+        if repeated is not None and proven_node_id is None:
+            node = attrs.evolve(repeated, last_heartbeat=now)
+            self._nodes[node.node_id] = node
+            return node, Outcome(changed_nodes=frozenset({node.node_id}))
         if host in self._avoid_hosts:
             raise HostAvoidedError(f"host {host!r} is avoided: {self._avoid_hosts[host]}")
         node = self.node(node_id) if node_id is not None else self._free_slot(name, proven_node_id)
@@ -715,10 +727,25 @@ class JobLifecycle:
             registered=True,
             last_heartbeat=now,
             max_process_restarts=max_process_restarts,
+            registration_digest=registration_digest,
         )
         self._nodes[node.node_id] = node
         out = self._move(node, NodeState.RUNNING, f"agent {name!r} on {host!r} registered", now)
         return self._nodes[node.node_id], out.merge(self._check_nodes(now))
+
+    def _registered_with(self, node_id: int | None, digest: str) -> NodeRecord | None:
+        """The running node whose agent registered with `digest`: `node_id` where the agent names
+        its node, else one holding a rank (what a free slot is chosen from)."""
+        if not digest:
+            return None
+        if node_id is not None:
+            candidates = [self._nodes[node_id]] if node_id in self._nodes else []
+        else:
+            candidates = [self._nodes[n] for n in self._current.values()]
+        for node in candidates:
+            if node.registration_digest == digest and node.state is NodeState.RUNNING:
+                return node
+        return None
 
     def _free_slot(self, name: str, proven_node_id: int | None) -> NodeRecord:
         if proven_node_id is not None:
@@ -1262,9 +1289,17 @@ class JobLifecycle:
         self._current[rank] = spare.node_id
         self._promoted_at[spare.node_id] = (now, None)
         whose = "" if replaces is None else f" of node {replaces.node_id}"
+        limit = self._config.spare_refill_after_s
+        # Said here, or a user who counts the spares in `status` sees one missing and nothing launched.
+        refill = (
+            f"; the next spare is launched once it trained a step, or after {limit:g} s (--spare-refill-after-s), "
+            "so its start-up does not slow the restore"
+            if limit > 0 and self._config.spare_nodes > 0
+            else ""
+        )
         ev = Event(
             "spare_promoted",
-            f"spare node {spare.node_id} takes rank {rank}{whose} at the next round: {reason}",
+            f"spare node {spare.node_id} takes rank {rank}{whose} at the next round: {reason}{refill}",
             spare.node_id,
             rank,
             {
@@ -1273,6 +1308,7 @@ class JobLifecycle:
                 "replaces": None if replaces is None else replaces.node_id,
                 "reason": reason,
                 "host": spare.host,
+                "refill_after_s": limit,
             },
         )
         return Outcome(events=(ev,), changed_nodes=frozenset({spare.node_id}), job_changed=True)

@@ -44,6 +44,7 @@ from dlrover.master.goodput import (
     GoodputBreakdown,
     SampleRate,
 )
+from dlrover.master.identity import registration_digest
 from dlrover.master.journal import (
     Blob,
     ChangeLine,
@@ -1074,14 +1075,19 @@ class Master:
         *,
         proven_node_id: int | None = None,
         max_process_restarts: int | None = None,
+        registration_key: str = "",
     ) -> NodeRecord:
         """An agent registers; see `JobLifecycle.register` (`max_process_restarts`: the restarts
-        the agent allows, its ``--max-restarts``, when it said). Where the backend knows the host it placed
-        the node on (`NodePlacement`), that host is recorded in place of the agent's `host`.
+        the agent allows, its ``--max-restarts``, when it said; `registration_key`: the key that
+        makes a repeat of this registration the same one, see `registration_digest`). Where the
+        backend knows the host it placed the node on (`NodePlacement`), that host is recorded in
+        place of the agent's `host`.
 
         Raises:
             LifecycleError: refused; nothing changed.
+            ConfigError: a malformed `registration_key`; nothing changed.
         """
+        digest = registration_digest(registration_key)
         if node_id is not None and isinstance(self._scheduler, NodePlacement):
             host = self._scheduler.placed_host(node_id) or host
         with self._lock:
@@ -1093,6 +1099,7 @@ class Master:
                     self._clock.now(),
                     proven_node_id=proven_node_id,
                     max_process_restarts=max_process_restarts,
+                    registration_digest=digest,
                 )
             )
 

@@ -94,6 +94,8 @@ class NodeRecord:
         relaunched_at: when the rank's relaunches charged to `max_relaunches` were decided (wall
             seconds; None: unknown, journaled before the times were), the newest `max_relaunches`:
             those within the budget window count against it.
+        registration_digest: SHA-256 (hex) of the registration key its agent registered with ("":
+            none): a registration repeated with that key is the same one (`JobLifecycle.register`).
     """
 
     node_id: int
@@ -118,6 +120,7 @@ class NodeRecord:
     spare: bool = False
     disruptions: int = 0
     relaunched_at: UseTimes = ()
+    registration_digest: str = ""
 
 
 @attrs.frozen

@@ -20,7 +20,7 @@ from dlrover.diagnosis import FailureKind, RankStepStats
 from dlrover.master.checkpoints import MAX_STEPS_PER_RANK, MAX_WORLD_SIZE, CheckpointError
 from dlrover.master.excuse_wire import excuse_from_proto, excuse_to_proto
 from dlrover.master.goodput import MAX_ATTEMPTS_PER_HEARTBEAT, AttemptReport, StepMark
-from dlrover.master.identity import NodeAuthenticator, NodeIdentityError, NodeImpersonationError
+from dlrover.master.identity import NodeAuthenticator, NodeIdentityError, NodeImpersonationError, registration_digest
 from dlrover.master.journal import JournaledEvent, JournalError
 from dlrover.master.lifecycle import (
     HostAvoidedError,
@@ -126,6 +126,14 @@ def checked_text(value: str, field: str, limit: int, *, required: bool = False) 
     return value
 
 
+def _registration_key(value: str) -> str:
+    try:
+        registration_digest(value)
+    except ConfigError as exc:
+        raise RequestError(str(exc)) from None
+    return value
+
+
 def _node_id(value: int, field: str = "node_id") -> int:
     if not 0 <= value <= MAX_NODE_ID:
         raise RequestError(f"{field} must be in 0..{MAX_NODE_ID}, got {value}")
@@ -178,7 +186,14 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             proven = (
                 self._auth.authenticate(metadata) if any(k.startswith("x-dlrover-node") for k, _ in metadata) else None
             )
-            node = self._master.register(node_id, name, host, proven_node_id=proven, max_process_restarts=max_restarts)
+            node = self._master.register(
+                node_id,
+                name,
+                host,
+                proven_node_id=proven,
+                max_process_restarts=max_restarts,
+                registration_key=_registration_key(request.registration_key),
+            )
             cfg = self._master.config
             nodes = cfg.lifecycle.nodes
             return agent_pb2.RegisterNodeResponse(

@@ -134,18 +134,20 @@ class AttemptReport(_message.Message):
     def __init__(self, attempt: _Optional[int] = ..., rank: _Optional[int] = ..., rendezvous_start: _Optional[float] = ..., rendezvous_end: _Optional[float] = ..., workers_start: _Optional[float] = ..., ready_time: _Optional[float] = ..., load_s: _Optional[float] = ..., marks: _Optional[_Iterable[_Union[StepMark, _Mapping]]] = ...) -> None: ...
 
 class RegisterNodeRequest(_message.Message):
-    __slots__ = ("node_id", "node_name", "host", "local_world_size", "max_restarts")
+    __slots__ = ("node_id", "node_name", "host", "local_world_size", "max_restarts", "registration_key")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     NODE_NAME_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
     LOCAL_WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
     MAX_RESTARTS_FIELD_NUMBER: _ClassVar[int]
+    REGISTRATION_KEY_FIELD_NUMBER: _ClassVar[int]
     node_id: int
     node_name: str
     host: str
     local_world_size: int
     max_restarts: int
-    def __init__(self, node_id: _Optional[int] = ..., node_name: _Optional[str] = ..., host: _Optional[str] = ..., local_world_size: _Optional[int] = ..., max_restarts: _Optional[int] = ...) -> None: ...
+    registration_key: str
+    def __init__(self, node_id: _Optional[int] = ..., node_name: _Optional[str] = ..., host: _Optional[str] = ..., local_world_size: _Optional[int] = ..., max_restarts: _Optional[int] = ..., registration_key: _Optional[str] = ...) -> None: ...
 
 class RegisterNodeResponse(_message.Message):
     __slots__ = ("node_id", "rank", "node_credential", "heartbeat_interval_s", "heartbeat_timeout_s", "relaunch_count", "min_nodes", "max_nodes", "node_unit")
