@@ -18,7 +18,7 @@ from flashckpt_testlib import our_files
 
 from dlrover.common import ConfigError, ManualClock
 from dlrover.flashckpt.channel import MAX_FRAME_BYTES, ChannelError, recv_message, send_message, unix_address
-from dlrover.flashckpt.client import SaverClient
+from dlrover.flashckpt.client import KEPT_PERSIST_OUTCOMES, SaverClient
 from dlrover.flashckpt.commit import Committer, Tracker
 from dlrover.flashckpt.config import StagerConfig
 from dlrover.flashckpt.payloads import payload_from_state
@@ -52,6 +52,41 @@ def test_channel_roundtrip_and_eof() -> None:
         assert recv_message(b) == {"type": "persist", "rank": 1, "step": 2}
         a.shutdown(socket.SHUT_WR)
         assert recv_message(b) is None
+
+
+def test_a_client_keeps_only_the_newest_persist_answers(tmp_path: Path) -> None:
+    """A saver that answers many persists: the client holds the newest KEPT_PERSIST_OUTCOMES, no more."""
+    path = tmp_path / "saver.sock"
+    answers = KEPT_PERSIST_OUTCOMES + 5
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
+        with unix_address(path) as address:
+            listener.bind(address)
+        listener.listen(1)
+
+        def fake_saver() -> None:
+            conn, _ = listener.accept()
+            with conn:
+                assert recv_message(conn) is not None  # hello
+                send_message(conn, {"type": "welcome", "saver_pid": 1})
+                for step in range(answers):
+                    send_message(conn, {"type": "persisted", "rank": 0, "step": step, "committed": True})
+                # The oldest step answered again is the newest answer, kept.
+                send_message(conn, {"type": "persisted", "rank": 0, "step": 0, "committed": True})
+                recv_message(conn)  # until the client says bye
+
+        saver = threading.Thread(target=fake_saver, daemon=True)
+        saver.start()
+        client = SaverClient(path, 0, 1)
+        try:
+            assert client.wait_persisted(answers - 1, WAIT_S).step == answers - 1
+            # Step 5 goes only when step 0's second answer comes, the last one sent.
+            _wait_until(lambda: not client.holding_or_done(5))
+            assert client.wait_persisted(0, 0.0).committed
+            # Steps 1..5 were dropped for the newer ones; the rest are there at once.
+            assert [client.holding_or_done(step) for step in range(1, 7)] == [False] * 5 + [True]
+        finally:
+            client.close()
+        saver.join(WAIT_S)
 
 
 @pytest.mark.parametrize(

@@ -28,7 +28,12 @@ from dlrover.flashckpt.segment import SEGMENT_PREFIX
 from dlrover.flashckpt.stager import SealedNotice
 from dlrover.flashckpt.storage.location import STORAGE_OPTIONS_ENV_VAR
 
-__all__ = ["DetachedSaverSpec", "PersistOutcome", "SaverClient", "ensure_saver"]
+__all__ = ["KEPT_PERSIST_OUTCOMES", "DetachedSaverSpec", "PersistOutcome", "SaverClient", "ensure_saver"]
+
+KEPT_PERSIST_OUTCOMES = 1024
+"""The saver's answers a `SaverClient` keeps for `wait_persisted`, the newest ones: a job that
+persists for weeks must not keep one per persist. Answers are waited for right after their
+request, so only a caller over a thousand persists behind would miss its own."""
 
 
 @attrs.frozen
@@ -127,7 +132,10 @@ class SaverClient:
                     )
                     self._record("persisted" if ok else "persist_failed", outcome.step, outcome.reason)
                     with self._cond:
+                        self._outcomes.pop(outcome.step, None)  # a repeat is the newest
                         self._outcomes[outcome.step] = outcome
+                        while len(self._outcomes) > KEPT_PERSIST_OUTCOMES:
+                            del self._outcomes[next(iter(self._outcomes))]
                         self._holding.discard(outcome.step)
                         self._cond.notify_all()
                 elif msg["type"] == "error":
