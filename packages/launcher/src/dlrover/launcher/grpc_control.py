@@ -327,7 +327,7 @@ class GrpcControlPlane:
     def round_has_formed(self, should_stop: Callable[[], bool] = _never) -> bool:
         # Asked once the master accepts connections, on the polling channel (one attempt): a call
         # that failed on the registering channel would leave it in gRPC's reconnect backoff, and
-        # registering (not retried) would then fail at once. A stop or a master that never listens
+        # registering would then spend its attempts waiting that out. A stop or a master that never listens
         # is the caller's to handle, as with `register` (not a second wait after this one).
         self._wait_for_master(should_stop)
         try:
