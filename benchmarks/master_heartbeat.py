@@ -10,6 +10,10 @@ channels per process; each registers (getting its node credential), then sends a
 resources and step progress every second on a fixed schedule with a random phase. Latency is the
 round trip seen by the agent (time.perf_counter). A warm-up period is excluded.
 
+Every agent registers at the same moment, as a job's nodes do at its start; the registrations'
+latency is printed beside the agent's 5 s call deadline (`dlrover-run --master-call-timeout`), the
+time after which an attempt counts as failed and is retried with the same registration key.
+
 The peer for comparison is the offered load: N heartbeats per second. If achieved < offered, the
 master (or the clients sharing its cores) could not keep up. Clients run on the same machine and
 compete with the master for CPU, so this is a lower bound on the master's capacity.
@@ -31,6 +35,7 @@ import json
 import os
 import random
 import re
+import secrets
 import signal
 import statistics
 import subprocess
@@ -57,6 +62,7 @@ class _Window:
     errors: list[str]
     ping_latencies: list[float]
     ping_every: int  # 0: no pings
+    register_latencies: list[float] = dataclasses.field(default_factory=list)
 
 
 async def _ping(stub: ping_pb2_grpc.PingServiceStub, md: tuple[tuple[str, str], ...], at: float, w: _Window) -> None:
@@ -83,7 +89,11 @@ async def _agent(
     w: _Window,
 ) -> None:
     name = f"bench-{os.getpid()}-{index}"
-    reg = await stub.RegisterNode(agent_pb2.RegisterNodeRequest(node_name=name, host="bench"), metadata=(token_md,))
+    # Every agent registers at once, as a job's nodes do at its start, with a key as `MasterClient` sends.
+    registration = agent_pb2.RegisterNodeRequest(node_name=name, host="bench", registration_key=secrets.token_hex(16))
+    t0 = time.perf_counter()
+    reg = await stub.RegisterNode(registration, metadata=(token_md,))
+    w.register_latencies.append(time.perf_counter() - t0)
     md = (token_md, *node_metadata(reg.node_id, reg.node_credential))
     step = 0
     start_at, warm_until, end_at, latencies, errors = w.start_at, w.warm_until, w.end_at, w.latencies, w.errors
@@ -138,7 +148,12 @@ async def _client(args: argparse.Namespace) -> dict[str, object]:
     )
     for c in channels:
         await c.close()
-    return {"latencies": latencies, "errors": errors, "ping_latencies": ping_latencies}
+    return {
+        "latencies": latencies,
+        "errors": errors,
+        "ping_latencies": ping_latencies,
+        "register_latencies": window.register_latencies,
+    }
 
 
 def client_main(args: argparse.Namespace) -> None:
@@ -245,12 +260,14 @@ def main() -> None:
             rss_peak = max(rss_peak, mproc.memory_info().rss)
             latencies: list[float] = []
             ping_latencies: list[float] = []
+            register_latencies: list[float] = []
             errors: list[str] = []
             for c in clients:
                 out, _ = c.communicate(timeout=args.duration_s + 120)
                 result = json.loads(out.strip().splitlines()[-1])
                 latencies += result["latencies"]
                 ping_latencies += result["ping_latencies"]
+                register_latencies += result["register_latencies"]
                 errors += result["errors"]
         finally:
             for c in clients:
@@ -276,6 +293,9 @@ def main() -> None:
         ("latency mean (ms)", f"{statistics.fmean(latencies) * 1e3:.2f}" if latencies else "nan"),
         ("Ping baseline p50 (ms)", f"{_pct(ping_latencies, 0.50) * 1e3:.2f}" if ping_latencies else "not sent"),
         ("Ping baseline p99 (ms)", f"{_pct(ping_latencies, 0.99) * 1e3:.2f}" if ping_latencies else "not sent"),
+        ("registration, all at once: p50 (ms)", f"{_pct(register_latencies, 0.50) * 1e3:.1f}"),
+        ("registration, all at once: max (ms)", f"{max(register_latencies, default=float('nan')) * 1e3:.1f}"),
+        ("registration max / 5 s call deadline", f"{max(register_latencies, default=float('nan')) / 5.0:.2f}x"),
         ("heartbeat / Ping p50", f"{_pct(latencies, 0.5) / _pct(ping_latencies, 0.5):.2f}x" if ping_latencies else "-"),
         (
             "heartbeat / Ping p99",
