@@ -109,6 +109,22 @@ def test_a_registration_repeated_with_its_digest_is_the_same_one_and_changes_not
         assert other.node_id != node.node_id
 
 
+def test_a_repeat_is_recognised_after_a_master_restart_and_not_after_a_rollback() -> None:
+    life = make(2)
+    first, _ = life.register(None, "a", "h0", 1.0, registration_digest="d" * 64)
+    # The first attempt was journaled, then the master restarted before its answer left.
+    restored = JobLifecycle(life.config, DefaultFailurePolicy(), 5.0, snapshot=life.snapshot())
+    again, out = restored.register(None, "a", "h0", 6.0, registration_digest="d" * 64)
+    assert (again.node_id, out.events) == (first.node_id, ())
+    # A registration that could not be journaled never happened: the same key registers afresh.
+    point = restored.savepoint()
+    restored.register(None, "b", "h1", 7.0, registration_digest="e" * 64)
+    restored.rollback(point)
+    fresh, out = restored.register(None, "b", "h1", 8.0, registration_digest="e" * 64)
+    assert out.events, "a real registration reports itself"
+    assert (fresh.history[-1].to_state, fresh.history[-1].at) == (NodeState.RUNNING, 8.0)
+
+
 def test_an_agent_that_proves_its_node_reconnects_whatever_its_registration_digest() -> None:
     life = make(2)
     life.register(0, "a", "h0", 1.0, registration_digest="d" * 64)

@@ -202,6 +202,10 @@ class JobLifecycle:
         # since, None before one; see `spare_refill_after_s`). Not journaled: after a master restart
         # their replacements are launched at once.
         self._promoted_at: dict[int, tuple[float, int | None]] = {}
+        # Registration digest -> the node registered with it: a hint, checked against that node at
+        # every use (`_registered_with`), so a rollback need not undo it. Rebuilt from the nodes on
+        # restore. Without it, every registration that claims no node would scan every rank.
+        self._digest_hint: dict[str, int] = {}
         if snapshot is not None:
             self._restore(snapshot, now)
 
@@ -218,6 +222,7 @@ class JobLifecycle:
                 self._current[node.rank] = node.node_id
         if snap.current is not None:
             self._current = {rank: node_id for rank, node_id in snap.current.items() if node_id in self._nodes}
+        self._digest_hint = {n.registration_digest: n.node_id for n in self._nodes.values() if n.registration_digest}
         self._job_state = snap.job_state
         self._exit_reason = snap.exit_reason
         self._job_failures = snap.job_failures
@@ -730,22 +735,23 @@ class JobLifecycle:
             registration_digest=registration_digest,
         )
         self._nodes[node.node_id] = node
+        if registration_digest:
+            self._digest_hint[registration_digest] = node.node_id
         out = self._move(node, NodeState.RUNNING, f"agent {name!r} on {host!r} registered", now)
         return self._nodes[node.node_id], out.merge(self._check_nodes(now))
 
     def _registered_with(self, node_id: int | None, digest: str) -> NodeRecord | None:
         """The running node whose agent registered with `digest`: `node_id` where the agent names
         its node, else one holding a rank (what a free slot is chosen from)."""
-        if not digest:
+        hinted = self._digest_hint.get(digest) if digest else None
+        if hinted is None or node_id not in (None, hinted):
             return None
-        if node_id is not None:
-            candidates = [self._nodes[node_id]] if node_id in self._nodes else []
-        else:
-            candidates = [self._nodes[n] for n in self._current.values()]
-        for node in candidates:
-            if node.registration_digest == digest and node.state is NodeState.RUNNING:
-                return node
-        return None
+        node = self._nodes.get(hinted)
+        if node is None or node.registration_digest != digest or node.state is not NodeState.RUNNING:
+            return None
+        if node_id is None and self._current.get(node.rank) != node.node_id:
+            return None
+        return node
 
     def _free_slot(self, name: str, proven_node_id: int | None) -> NodeRecord:
         if proven_node_id is not None:
