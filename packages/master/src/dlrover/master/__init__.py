@@ -68,6 +68,7 @@ if TYPE_CHECKING:
         NodeAuthenticator,
         NodeIdentityError,
         NodeImpersonationError,
+        check_registration_key,
         node_metadata,
         registration_digest,
     )
@@ -280,6 +281,7 @@ _EXPORTS = {
     "NodeImpersonationError": "dlrover.master.identity",
     "node_metadata": "dlrover.master.identity",
     "registration_digest": "dlrover.master.identity",
+    "check_registration_key": "dlrover.master.identity",
     "REGISTRATION_KEY_CHARS": "dlrover.master.identity",
     "NODE_ID_METADATA_KEY": "dlrover.master.identity",
     "NODE_CREDENTIAL_METADATA_KEY": "dlrover.master.identity",
@@ -446,6 +448,7 @@ __all__ = [
     "NodeImpersonationError",
     "node_metadata",
     "registration_digest",
+    "check_registration_key",
     "REGISTRATION_KEY_CHARS",
     "NODE_ID_METADATA_KEY",
     "NODE_CREDENTIAL_METADATA_KEY",

@@ -27,6 +27,7 @@ __all__ = [
     "NodeIdentityError",
     "NodeImpersonationError",
     "REGISTRATION_KEY_CHARS",
+    "check_registration_key",
     "node_metadata",
     "registration_digest",
 ]
@@ -53,6 +54,21 @@ def node_metadata(node_id: int, credential: str) -> tuple[tuple[str, str], ...]:
     return ((NODE_ID_METADATA_KEY, str(node_id)), (NODE_CREDENTIAL_METADATA_KEY, credential))
 
 
+def check_registration_key(key: str) -> str:
+    """`key`, if it is a usable registration key or "" (none).
+
+    Raises:
+        ConfigError: a key shorter or longer than `REGISTRATION_KEY_CHARS` allows, or not
+            printable ASCII (the message gives its length, never the key).
+    """
+    shortest, longest = REGISTRATION_KEY_CHARS
+    if key and not (shortest <= len(key) <= longest and key.isascii() and key.isprintable()):
+        raise ConfigError(
+            f"registration_key must be {shortest} to {longest} printable ASCII characters, got {len(key)} characters"
+        )
+    return key
+
+
 def registration_digest(key: str) -> str:
     """The SHA-256 (hex) of an agent's registration key, "" for none.
 
@@ -61,17 +77,9 @@ def registration_digest(key: str) -> str:
     (it is journaled), so the journal cannot hand out credentials.
 
     Raises:
-        ConfigError: a key shorter or longer than `REGISTRATION_KEY_CHARS` allows, or not
-            printable ASCII.
+        ConfigError: a malformed key (`check_registration_key`).
     """
-    if not key:
-        return ""
-    shortest, longest = REGISTRATION_KEY_CHARS
-    if not (shortest <= len(key) <= longest and key.isascii() and key.isprintable()):
-        raise ConfigError(
-            f"registration_key must be {shortest} to {longest} printable ASCII characters, got {len(key)} characters"
-        )
-    return hashlib.sha256(key.encode("ascii")).hexdigest()
+    return hashlib.sha256(key.encode("ascii")).hexdigest() if check_registration_key(key) else ""
 
 
 class NodeAuthenticator:

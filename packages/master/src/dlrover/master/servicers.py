@@ -20,7 +20,7 @@ from dlrover.diagnosis import FailureKind, RankStepStats
 from dlrover.master.checkpoints import MAX_STEPS_PER_RANK, MAX_WORLD_SIZE, CheckpointError
 from dlrover.master.excuse_wire import excuse_from_proto, excuse_to_proto
 from dlrover.master.goodput import MAX_ATTEMPTS_PER_HEARTBEAT, AttemptReport, StepMark
-from dlrover.master.identity import NodeAuthenticator, NodeIdentityError, NodeImpersonationError, registration_digest
+from dlrover.master.identity import NodeAuthenticator, NodeIdentityError, NodeImpersonationError, check_registration_key
 from dlrover.master.journal import JournaledEvent, JournalError
 from dlrover.master.lifecycle import (
     HostAvoidedError,
@@ -128,10 +128,9 @@ def checked_text(value: str, field: str, limit: int, *, required: bool = False) 
 
 def _registration_key(value: str) -> str:
     try:
-        registration_digest(value)
+        return check_registration_key(value)
     except ConfigError as exc:
         raise RequestError(str(exc)) from None
-    return value
 
 
 def _node_id(value: int, field: str = "node_id") -> int:
