@@ -1,6 +1,7 @@
 """Every developer and CI task, as nox sessions over one shared helper.
 
     nox -s tests              every package's tests and the cross-package scenarios in tests/
+                              (the same in two halves: tests-packages, tests-scenarios)
     nox -s tests-shard        one package's tests (tests-common, tests-flashckpt, ...)
     nox -s tests-testsupport  the shared test support's tests (testsupport/)
     nox -s tests-kubernetes   the Kubernetes suite (test API server and kubelet, backend, operator)
@@ -13,8 +14,9 @@
     nox -s bench              benchmarks/
     nox -s demo               the README's main job
 
-`python3 dev.py test` runs lint, typecheck, the proto check and tests in its prepared `.venv`
-(nox --no-venv --no-install), then the isolation sessions in fresh environments.
+`python3 dev.py test` runs all of them but the benchmarks, the wheels and the demo, two at a time: lint,
+typecheck, the proto check, the test halves and the Kubernetes and Ray suites in its prepared `.venv`
+(nox --no-venv --no-install), the isolation, TensorFlow and DeepSpeed sessions in venvs of their own.
 """
 
 from __future__ import annotations
@@ -165,13 +167,34 @@ def _pytest(session: nox.Session, *paths: str, ignore: tuple[str, ...] = ()) -> 
     session.run("pytest", *present, *[f"--ignore={p}" for p in ignore], *session.posargs)
 
 
+# What `tests` runs, in two halves that `python3 dev.py test` runs side by side: every package's tests with the
+# test support's, and the cross-package scenarios. The Kubernetes, Ray and TensorFlow suites have sessions of
+# their own.
+PACKAGE_TEST_PATHS = [*[f"packages/{p}/tests" for p in PACKAGES], TESTSUPPORT_TESTS]
+SCENARIO_TEST_PATHS = ["tests"]
+_OWN_SESSION_SUITES = (*KUBERNETES_TESTS, *RAY_TESTS, *TENSORFLOW_TESTS)
+
+
 @nox.session
 def tests(session: nox.Session) -> None:
-    """Every package's tests, then the cross-package scenarios (the Kubernetes and Ray suites have their own
-    sessions)."""
+    """Every package's tests, then the cross-package scenarios, in one pytest run (the Kubernetes, Ray and
+    TensorFlow suites have their own sessions)."""
     install_dev(session)
-    paths = [f"packages/{p}/tests" for p in PACKAGES]
-    _pytest(session, *paths, TESTSUPPORT_TESTS, "tests", ignore=(*KUBERNETES_TESTS, *RAY_TESTS, *TENSORFLOW_TESTS))
+    _pytest(session, *PACKAGE_TEST_PATHS, *SCENARIO_TEST_PATHS, ignore=_OWN_SESSION_SUITES)
+
+
+@nox.session(name="tests-packages")
+def tests_packages(session: nox.Session) -> None:
+    """The first half of `tests`: every package's tests and the test support's."""
+    install_dev(session)
+    _pytest(session, *PACKAGE_TEST_PATHS, ignore=_OWN_SESSION_SUITES)
+
+
+@nox.session(name="tests-scenarios")
+def tests_scenarios(session: nox.Session) -> None:
+    """The second half of `tests`: the cross-package scenarios in tests/ (real masters, agents and jobs)."""
+    install_dev(session)
+    _pytest(session, *SCENARIO_TEST_PATHS, ignore=_OWN_SESSION_SUITES)
 
 
 @nox.session(name="tests-kubernetes")
