@@ -14,9 +14,11 @@ pull the CUDA build), then every package editable with `constraints.txt`. It is 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -94,7 +96,7 @@ LANES = 2
 
 @dataclass(frozen=True)
 class _Job:
-    """One nox run of `python3 dev.py test`."""
+    """A nox session `python3 dev.py test` runs, with what it must wait for before it can start."""
 
     stage: str
     nox_args: tuple[str, ...]
@@ -110,7 +112,7 @@ def _jobs(pytest_args: list[str]) -> list[_Job]:
     together (minutes measured: the package and scenario tests 19 and 17 alone on an idle 2-core machine, 45
     together beside the other sessions on a CI run; there TensorFlow 11, Ray 6, Kubernetes 6, typecheck 3,
     DeepSpeed 3, the isolation sessions 1 to 2 each). The proto check goes first: a stale one fails in a second."""
-    here = ("--no-venv", "--no-install")
+    here = ("--no-venv", "--no-install")  # in `.venv`, which `setup` prepared
     return [
         _Job("proto check", (*here, "-s", "proto", "--", "--check")),
         _Job("package tests", (*here, "-s", "tests-packages", *pytest_args)),
@@ -149,12 +151,28 @@ def _runnable(pending: Sequence[_Job], built: Mapping[str, bool], kubelet_busy: 
 
 
 @dataclass
-class _Ran:
+class _Outcome:
+    """What became of a job or an install that started."""
+
     stage: str
-    lane: int
+    lane: str
     started_s: float
     seconds: float
     code: int
+
+
+STOP_GRACE_S = 30.0
+"""How long the nox sessions get to end after an interrupt (nox ends its session's command on SIGINT) before
+their process groups are killed."""
+PROGRESS_EVERY_S = 300.0
+"""How often a line names the jobs still running, so a long run's log shows it is alive."""
+STOPPED_TAIL_CHARS = 20_000
+"""How much of the log of a job that was stopped is printed."""
+
+
+def _signal_group(proc: subprocess.Popen[bytes], signum: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signum)
 
 
 class _Lanes:
@@ -162,8 +180,10 @@ class _Lanes:
     separate venvs one after another from the start (they wait mostly on downloads and disk).
 
     Each job's output goes to a log under `.nox/lanes/`, printed whole when the job ends, so two jobs' lines
-    never interleave. The leak check of each pytest session (the root conftest) judges only what its own
-    session made while another runs beside it.
+    never interleave; a line every `PROGRESS_EVERY_S` names what still runs, and an interrupt prints the tail
+    of what it stopped. Every nox process leads a process group of its own, so an interrupt reaches the
+    processes its session started too. The leak check of each pytest session (the root conftest) judges only
+    what its own session made while another runs beside it.
     """
 
     def __init__(
@@ -177,21 +197,22 @@ class _Lanes:
         self._started = time.monotonic()
         self._cond = threading.Condition()
         self._print_lock = threading.Lock()
-        # Guarded by `_cond`: what is built or failed, what runs, and whether to start anything more.
+        # Guarded by `_cond`: what is built or failed, what runs (stage -> process, log, start), and whether
+        # to start anything more.
         self._built: dict[str, bool] = {}
         self._kubelet_busy = False
-        self._running: list[subprocess.Popen[bytes]] = []
+        self._running: dict[str, tuple[subprocess.Popen[bytes], Path, float]] = {}
         self._stopping = False
-        self.ran: list[_Ran] = []
-        self.installed: list[tuple[str, float, int]] = []
+        self.outcomes: list[_Outcome] = []
         self.failures: list[str] = []
 
     def run(self) -> None:
-        """Run every job; on an interrupt, end what runs and start nothing more."""
+        """Run every job. On an interrupt (KeyboardInterrupt, or SIGTERM where `test` turns it into one), end
+        what runs, print the tail of its output, start nothing more, and raise."""
         self._logs.mkdir(parents=True, exist_ok=True)
         for old in self._logs.glob("*.log"):
             old.unlink()
-        threads = [threading.Thread(target=self._guarded, args=(self._install, "installer"), daemon=True)]
+        threads = [threading.Thread(target=self._guarded, args=(self._install, "the installer"), daemon=True)]
         threads += [
             threading.Thread(target=self._guarded, args=(self._lane, f"lane {n}", n), daemon=True)
             for n in range(1, self._lanes + 1)
@@ -199,34 +220,52 @@ class _Lanes:
         for thread in threads:
             thread.start()
         try:
-            for thread in threads:
-                while thread.is_alive():
-                    thread.join(timeout=1.0)  # a bare join() would not see Ctrl-C
+            next_progress = PROGRESS_EVERY_S
+            while alive := [thread for thread in threads if thread.is_alive()]:
+                alive[0].join(timeout=1.0)  # a bare join() would not see Ctrl-C
+                if self._now() >= next_progress:
+                    next_progress += PROGRESS_EVERY_S
+                    self._print_progress()
         except BaseException:
-            self._stop()
+            self.stop("interrupted")
+            self._end_stopped(threads)
             raise
-
-    def _stop(self) -> None:
         with self._cond:
+            self.failures += [f"{job.stage} not run: the run stopped" for job in self._pending]
+
+    def stop(self, why: str) -> None:
+        """Start nothing more and interrupt every running nox session (SIGINT to its process group)."""
+        with self._cond:
+            if not self._stopping:
+                self.failures.append(f"stopped: {why}")
             self._stopping = True
-            for proc in self._running:
-                proc.terminate()
+            running = [proc for proc, _, _ in self._running.values()]
             self._cond.notify_all()
+        for proc in running:
+            _signal_group(proc, signal.SIGINT)
+
+    def _end_stopped(self, threads: Sequence[threading.Thread]) -> None:
+        deadline = time.monotonic() + STOP_GRACE_S
+        for thread in threads:
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
+        with self._cond:
+            left = list(self._running.items())
+        for stage, (proc, log, _) in left:
+            _signal_group(proc, signal.SIGKILL)
+            text = log.read_text(errors="replace")[-STOPPED_TAIL_CHARS:]
+            self._print(f"----- {stage}: stopped; the end of its output -----\n{text}")
 
     def _now(self) -> float:
         return time.monotonic() - self._started
 
-    def _guarded(self, target: Any, name: str, *args: Any) -> None:
+    def _guarded(self, target: Callable[..., None], name: str, *args: object) -> None:
         try:
             target(*args)
         except BaseException as exc:  # a thread's exception would otherwise end it unreported
-            with self._cond:
-                self.failures.append(f"{name} stopped: {exc!r}")
-                self._stopping = True
-                self._cond.notify_all()
             traceback.print_exc()
+            self.stop(f"{name} failed: {exc!r}")
 
-    def _spawn(self, args: Sequence[str], log: Path) -> subprocess.Popen[bytes] | None:
+    def _spawn(self, stage: str, args: Sequence[str], log: Path) -> subprocess.Popen[bytes] | None:
         """Start nox with `args`, its output appended to `log`; None once stopping."""
         command = self._command(args)
         with log.open("ab") as out:
@@ -235,31 +274,34 @@ class _Lanes:
             with self._cond:
                 if self._stopping:
                     return None
-                proc = subprocess.Popen(command, cwd=ROOT, env=_env(), stdout=out, stderr=subprocess.STDOUT)
-                self._running.append(proc)
+                proc = subprocess.Popen(
+                    command, cwd=ROOT, env=_env(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+                )
+                self._running[stage] = (proc, log, self._now())
         return proc
 
-    def _finish(self, proc: subprocess.Popen[bytes]) -> int:
+    def _finish(self, stage: str, proc: subprocess.Popen[bytes], lane: str) -> _Outcome:
         code = proc.wait()
         with self._cond:
-            self._running.remove(proc)
-        return code
+            _, _, started = self._running.pop(stage)
+            outcome = _Outcome(stage, lane, started, self._now() - started, code)
+            self.outcomes.append(outcome)
+        return outcome
 
     def _install(self) -> None:
         log = self._logs / "install-only.log"
         for session in self._venvs:
-            started = self._now()
-            proc = self._spawn(("--install-only", "-s", session), log)
+            stage = f"venv of {session}"
+            proc = self._spawn(stage, ("--install-only", "-s", session), log)
             if proc is None:
                 return
-            code = self._finish(proc)
+            code = self._finish(stage, proc, "installer").code
             with self._cond:
                 self._built[session] = code == 0
-                self.installed.append((session, self._now() - started, code))
                 if code != 0:
-                    self.failures.append(f"installing the venv of {session} failed (exit code {code}): see {log}")
+                    self.failures.append(f"installing the {stage} failed (exit code {code}): see {log}")
                 self._cond.notify_all()
-        if any(code != 0 for _, _, code in self.installed):
+        if any(o.code != 0 for o in self.outcomes if o.lane == "installer"):
             self._print(f"----- installing the separate venvs: output -----\n{log.read_text(errors='replace')}")
 
     def _take(self) -> _Job | None:
@@ -280,15 +322,18 @@ class _Lanes:
                 self._cond.wait()
 
     def _lane(self, number: int) -> None:
+        lane = f"lane {number}"
         while (job := self._take()) is not None:
             log = self._logs / f"{job.stage.replace(' ', '-').replace(',', '')}.log"
-            started = self._now()
-            self._print(f"+ lane {number} at {started:.0f} s: {job.stage}")
-            proc = self._spawn(job.nox_args, log)
-            code = -1 if proc is None else self._finish(proc)
-            seconds = self._now() - started
+            self._print(f"+ {lane} at {self._now():.0f} s: {job.stage}")
+            proc = self._spawn(job.stage, job.nox_args, log)
+            if proc is None:
+                with self._cond:
+                    self.failures.append(f"{job.stage} not run: the run stopped")
+                return
+            outcome = self._finish(job.stage, proc, lane)
+            code = outcome.code
             with self._cond:
-                self.ran.append(_Ran(job.stage, number, started, seconds, code))
                 if code != 0:
                     self.failures.append(f"{job.stage} failed (exit code {code})")
                 if job.kubelet:
@@ -297,22 +342,34 @@ class _Lanes:
             result = "passed" if code == 0 else f"FAILED (exit code {code})"
             self._print(
                 f"----- {job.stage}: output -----\n{log.read_text(errors='replace')}"
-                f"----- {job.stage}: {result} after {seconds:.0f} s on lane {number} -----"
+                f"----- {job.stage}: {result} after {outcome.seconds:.0f} s on {lane} -----"
             )
+
+    def _print_progress(self) -> None:
+        with self._cond:
+            now = self._now()
+            running = [f"{stage} ({now - started:.0f} s)" for stage, (_, _, started) in self._running.items()]
+        self._print(f"  ... at {now:.0f} s, running: {', '.join(running) or 'nothing'}")
 
     def _print(self, text: str) -> None:
         with self._print_lock:
             print(text, flush=True)
 
     def report(self) -> None:
-        self._print("\ntime per stage (lane, start, duration):")
-        for r in sorted(self.ran, key=lambda r: (r.lane, r.started_s)):
-            mark = "" if r.code == 0 else f"  (exit code {r.code})"
-            self._print(f"  lane {r.lane} at {r.started_s:6.0f} s  {r.seconds:7.1f} s  {r.stage}{mark}")
-        for session, seconds, code in self.installed:
-            mark = "" if code == 0 else f"  (exit code {code})"
-            self._print(f"  installer        {seconds:7.1f} s  venv of {session}{mark}")
+        self._print("\ntime per stage (who ran it, start, duration):")
+        for o in sorted(self.outcomes, key=lambda o: (o.lane, o.started_s)):
+            mark = "" if o.code == 0 else f"  (exit code {o.code})"
+            self._print(f"  {o.lane:9} at {o.started_s:6.0f} s  {o.seconds:7.1f} s  {o.stage}{mark}")
         self._print(f"  {self._now():7.1f} s in all")
+
+
+def _interrupt_on_sigterm() -> None:
+    """A SIGTERM (CI's timeout, `kill`) ends the run the way Ctrl-C does, so the sessions are stopped too."""
+
+    def interrupt(_signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt("SIGTERM")
+
+    signal.signal(signal.SIGTERM, interrupt)
 
 
 def test(pytest_args: list[str]) -> None:
@@ -320,11 +377,15 @@ def test(pytest_args: list[str]) -> None:
     packages = _from_noxfile("PACKAGES")
     if set(_ISOLATION_ORDER) != set(packages):
         raise SystemExit(f"dev.py's isolation order {sorted(_ISOLATION_ORDER)} must name every package {packages}")
+    _interrupt_on_sigterm()
     lanes = _Lanes(_jobs(pytest_args), LANES, ROOT / ".nox" / "lanes")
-    lanes.run()
-    lanes.report()
+    try:
+        lanes.run()
+    finally:
+        lanes.report()
     if lanes.failures:
-        raise SystemExit("; ".join(lanes.failures))
+        print("\n".join(["failed:", *lanes.failures]), file=sys.stderr, flush=True)
+        raise SystemExit(1)
 
 
 def main(argv: list[str]) -> int:
