@@ -1,7 +1,6 @@
 """Every developer and CI task, as nox sessions over one shared helper.
 
     nox -s tests              every package's tests and the cross-package scenarios in tests/
-                              (the same in two halves: tests-packages, tests-scenarios)
     nox -s tests-shard        one package's tests (tests-common, tests-flashckpt, ...)
     nox -s tests-testsupport  the shared test support's tests (testsupport/)
     nox -s tests-kubernetes   the Kubernetes suite (test API server and kubelet, backend, operator)
@@ -14,9 +13,8 @@
     nox -s bench              benchmarks/
     nox -s demo               the README's main job
 
-`python3 dev.py test` runs all of them but the benchmarks, the wheels and the demo, two at a time: lint,
-typecheck, the proto check, the test halves and the Kubernetes and Ray suites in its prepared `.venv`
-(nox --no-venv --no-install), the isolation, TensorFlow and DeepSpeed sessions in venvs of their own.
+`python3 dev.py test` runs lint, typecheck, the proto check and tests in its prepared `.venv`
+(nox --no-venv --no-install), then the isolation sessions in fresh environments.
 """
 
 from __future__ import annotations
@@ -165,39 +163,18 @@ def _pytest(session: nox.Session, *paths: str, ignore: tuple[str, ...] = ()) -> 
     if not present:
         session.error(f"no tests found under {', '.join(paths)}")
     # With arguments (`-k NAME`, a test id) a suite that selects none of its tests has not failed: pytest's
-    # exit code 5 says so, and `dev.py test` hands the same arguments to every suite.
+    # exit code 5 says so, and `dev.py test` hands the same arguments to the main, Kubernetes and Ray suites.
     codes = [0, 5] if session.posargs else [0]
     session.run("pytest", *present, *[f"--ignore={p}" for p in ignore], *session.posargs, success_codes=codes)
 
 
-# What `tests` runs, in two halves that `python3 dev.py test` runs side by side: every package's tests with the
-# test support's, and the cross-package scenarios. The Kubernetes, Ray and TensorFlow suites have sessions of
-# their own.
-PACKAGE_TEST_PATHS = [*[f"packages/{p}/tests" for p in PACKAGES], TESTSUPPORT_TESTS]
-SCENARIO_TEST_PATHS = ["tests"]
-_OWN_SESSION_SUITES = (*KUBERNETES_TESTS, *RAY_TESTS, *TENSORFLOW_TESTS)
-
-
 @nox.session
 def tests(session: nox.Session) -> None:
-    """Every package's tests, then the cross-package scenarios, in one pytest run (the Kubernetes, Ray and
-    TensorFlow suites have their own sessions)."""
+    """Every package's tests, then the cross-package scenarios (the Kubernetes and Ray suites have their own
+    sessions)."""
     install_dev(session)
-    _pytest(session, *PACKAGE_TEST_PATHS, *SCENARIO_TEST_PATHS, ignore=_OWN_SESSION_SUITES)
-
-
-@nox.session(name="tests-packages")
-def tests_packages(session: nox.Session) -> None:
-    """The first half of `tests`: every package's tests and the test support's."""
-    install_dev(session)
-    _pytest(session, *PACKAGE_TEST_PATHS, ignore=_OWN_SESSION_SUITES)
-
-
-@nox.session(name="tests-scenarios")
-def tests_scenarios(session: nox.Session) -> None:
-    """The second half of `tests`: the cross-package scenarios in tests/ (real masters, agents and jobs)."""
-    install_dev(session)
-    _pytest(session, *SCENARIO_TEST_PATHS, ignore=_OWN_SESSION_SUITES)
+    paths = [f"packages/{p}/tests" for p in PACKAGES]
+    _pytest(session, *paths, TESTSUPPORT_TESTS, "tests", ignore=(*KUBERNETES_TESTS, *RAY_TESTS, *TENSORFLOW_TESTS))
 
 
 @nox.session(name="tests-kubernetes")
@@ -286,8 +263,11 @@ def tests_flashckpt_deepspeed(session: nox.Session) -> None:
     # DeepSpeed's CPU backend JIT-builds its shared-memory collective op inside init_distributed,
     # behind a lock file in the extensions folder that a killed build leaves behind: every later
     # rank then waits on it for ever. Build it once, up front, in a folder this run owns, so a
-    # compile error shows as itself and no lock from elsewhere can hang the ranks.
-    with tempfile.TemporaryDirectory(prefix="dlrover-ds-extensions-") as extensions:
+    # compile error shows as itself and no lock from elsewhere can hang the ranks. It lives in the session's
+    # own tmp folder, not the system temp dir, where a test session running beside this one (`dev.py test`
+    # runs the main session beside it) would find a folder that no process of its own made, and report it as
+    # its leak: while the op builds, no pytest of this session runs for the leak check to see.
+    with tempfile.TemporaryDirectory(prefix="ds-extensions-", dir=session.create_tmp()) as extensions:
         env = {"DLROVER_REQUIRE_DEEPSPEED": "1", "DS_ACCELERATOR": "cpu", "TORCH_EXTENSIONS_DIR": extensions}
         build = "import deepspeed.accelerator as a; a.get_accelerator().create_op_builder('ShareMemCommBuilder').load()"
         session.run("python", "-c", build, env=env)
