@@ -167,6 +167,14 @@ def test_side_effects_are_what_a_second_run_would_repeat() -> None:
     assert side_effect_of("os.mkdir", ("/w/__pycache__", 0o777, -1)) is None
     assert side_effect_of("os.rename", ("/w/__pycache__/m.pyc.1", "/w/__pycache__/m.pyc", -1, -1)) is None
     assert side_effect_of("os.mkdir", ("/w/out", 0o777, -1)) is not None
+    # ... or, with PYTHONPYCACHEPREFIX, under the prefix: the folders mirroring the sources and the files.
+    prefix = "/cache/pyc"
+    assert side_effect_of("os.mkdir", ("/cache/pyc/w/pkg", 0o777, -1), prefix) is None
+    assert side_effect_of("open", ("/cache/pyc/w/pkg/m.cpython-311.pyc.77", None, wr), prefix) is None
+    assert side_effect_of("os.rename", ("/cache/pyc/w/m.pyc.7", "/cache/pyc/w/m.pyc", -1, -1), prefix) is None
+    assert side_effect_of("os.mkdir", ("/cache/pyc/w/pkg", 0o777, -1)) is not None  # no prefix set
+    assert side_effect_of("open", ("/cache/pycs/log", "w", wr), prefix) is not None  # beside it, not under it
+    assert side_effect_of("open", ("cache/pyc/log", "w", wr), prefix) is not None  # relative: not the prefix
     assert side_effect_of("os.remove", (b"/w/out", -1)) is not None
     for event in ("socket.__new__", "subprocess.Popen", "os.fork", "os.posix_spawn", "os.system", "os.kill"):
         assert side_effect_of(event, ()) is not None, event

@@ -487,6 +487,43 @@ def test_a_late_variable_after_the_program_started_a_thread_only_warns(workdir: 
     assert "started a thread" in stderr
 
 
+OWN_MODULE_THEN_LATE = """
+import json, os, sys
+import own_helper  # the program's own module: importing it writes its bytecode
+os.environ["MARKER_SETTING"] = "late"  # prewarm_marker was imported without it
+with open(os.environ["FACTS_OUT"], "w") as f:
+    json.dump({"preloaded": "prewarm_marker" in sys.modules, "pid": os.getpid()}, f)
+"""
+
+
+@pytest.mark.parametrize("cache", ["__pycache__", "PYTHONPYCACHEPREFIX"])
+def test_bytecode_an_import_writes_is_no_side_effect(workdir: Path, tmp_path: Path, cache: str) -> None:
+    # Python writes an imported module's bytecode (into __pycache__, or under PYTHONPYCACHEPREFIX,
+    # in no __pycache__ folder), the second audit event naming only a descriptor: a late variable
+    # after such an import still restarts the program fresh rather than only warning.
+    (workdir / "own_helper.py").write_text("VALUE = 1\n")
+    (workdir / "own_then_late.py").write_text(OWN_MODULE_THEN_LATE)
+    program = (PY, "-u", str(workdir / "own_then_late.py"))
+    prefix = tmp_path / "pyc" if cache == "PYTHONPYCACHEPREFIX" else workdir / "__pycache__"
+    extra = {"PYTHONPYCACHEPREFIX": str(prefix)} if cache == "PYTHONPYCACHEPREFIX" else {}
+    env = _env(workdir, tmp_path / "warm.json", **extra)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    if not extra:
+        env.pop("PYTHONPYCACHEPREFIX", None)
+    pool = StandbyPool(program, ["prewarm_marker"], env, size=1)
+    try:
+        pool.fill()
+        standby_pid = pool._ready[0].pid
+        facts, code, stderr = _run_one(program, env, pool, tmp_path / "w")
+    finally:
+        pool.close()
+    assert code == 0, stderr
+    assert list(prefix.rglob("own_helper*.pyc")), f"the import wrote no bytecode under {prefix}"
+    assert facts == {"preloaded": False, "pid": standby_pid}, stderr  # re-executed in place, fresh
+    assert "restarting as a fresh interpreter (same pid)" in stderr
+    assert "warning" not in stderr
+
+
 def _exit_of(program: tuple[str, ...], env: dict[str, str], pool: StandbyPool | None) -> tuple[int, str]:
     group = WorkerGroup([WorkerSpec(local_rank=0, argv=program, env=env)], standby=pool)
     group.start()

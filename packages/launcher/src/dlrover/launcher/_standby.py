@@ -171,6 +171,19 @@ class _ProcessState:
         signal.pthread_sigmask(signal.SIG_SETMASK, self.mask)
 
 
+def _fd_target(fd: int) -> int | str:
+    """The file an open descriptor names, or the descriptor where that cannot be read.
+
+    Imports write bytecode by opening the file with ``os.open`` and then wrapping the descriptor,
+    and the second audit event names only the descriptor: without its target, every bytecode write
+    would look like a write to an unknown file. (``os.readlink`` raises no audit event.)
+    """
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return fd
+
+
 def _say(text: str) -> None:
     with contextlib.suppress(OSError):
         os.write(2, f"dlrover-run standby worker: {text}\n".encode())
@@ -268,7 +281,9 @@ class _Watch:
                 value = os.fsdecode(args[1]) if event == "os.putenv" else None
                 self._decided(self._guard.on_env_write(os.fsdecode(args[0]), value))
                 return
-            what = side_effect_of(event, args)
+            if event == "open" and args and isinstance(args[0], int):
+                args = (_fd_target(args[0]), *args[1:])
+            what = side_effect_of(event, args, sys.pycache_prefix)
             if what is not None:
                 self._guard.on_side_effect(what)
         except Exception as exc:  # an audit hook that raises breaks the audited call in the program

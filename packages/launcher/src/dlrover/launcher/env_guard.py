@@ -248,45 +248,52 @@ _FILE_EVENTS = frozenset(
 _MMAP_READ_ONLY_ACCESS = (1, 3)
 
 
-def _bytecode_cache(path: object) -> bool:
-    """Whether `path` is in a ``__pycache__`` folder: importing writes those, and rewriting them is harmless."""
+def _bytecode_cache(path: object, pycache_prefix: str | None) -> bool:
+    """Whether `path` is bytecode that importing writes, which a second run rewrites harmlessly: in a
+    ``__pycache__`` folder, or anywhere under `pycache_prefix` (``PYTHONPYCACHEPREFIX``), where
+    imports write their bytecode and the folders that mirror the sources instead."""
     if not isinstance(path, (str, bytes, os.PathLike)):
         return False  # a file descriptor: nothing says where it points
-    return "__pycache__" in PurePath(os.fsdecode(path)).parts
+    where = PurePath(os.fsdecode(path))
+    if "__pycache__" in where.parts:
+        return True
+    return pycache_prefix is not None and where.is_absolute() and where.is_relative_to(pycache_prefix)
 
 
-def side_effect_of(event: str, args: Sequence[object]) -> str | None:
+def side_effect_of(event: str, args: Sequence[object], pycache_prefix: str | None = None) -> str | None:
     """What an audit event did that a second run of the program would repeat, or None.
 
-    Counted: opening a file for writing (not ``__pycache__`` bytecode, which imports write and a
-    second run rewrites harmlessly), creating, renaming, removing or changing files, a writable
-    shared file mapping, sockets, child processes, signals to processes, databases.
+    Counted: opening a file for writing (not bytecode, which imports write and a second run
+    rewrites harmlessly), creating, renaming, removing or changing files, a writable shared file
+    mapping, sockets, child processes, signals to processes, databases.
 
     Args:
         event: the audit event's name (see ``sys.addaudithook``).
         args: its arguments.
+        pycache_prefix: the interpreter's ``sys.pycache_prefix``: where set, imports write bytecode
+            under it rather than into ``__pycache__`` folders.
 
     Returns:
         A phrase such as ``"opened '/tmp/x' for writing"``, or None when the event is harmless.
     """
     if event == "open" and len(args) >= 3:
-        return _opened_for_writing(args[0], args[1], args[2])
+        return _opened_for_writing(args[0], args[1], args[2], pycache_prefix)
     if event in _PROCESS_EVENTS:
         return _PROCESS_EVENTS[event]
     if event in _FILE_EVENTS:
         if not args:
             return f"changed the file system ({event})"
-        return None if _bytecode_cache(args[0]) else f"changed the file system ({event} {args[0]!r})"
+        return None if _bytecode_cache(args[0], pycache_prefix) else f"changed the file system ({event} {args[0]!r})"
     if event == "mmap.__new__" and len(args) >= 3 and args[0] != -1 and args[2] not in _MMAP_READ_ONLY_ACCESS:
         return "mapped a file for writing"
     return None
 
 
-def _opened_for_writing(path: object, mode: object, flags: object) -> str | None:
+def _opened_for_writing(path: object, mode: object, flags: object, pycache_prefix: str | None) -> str | None:
     writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (
         isinstance(flags, int) and bool(flags & _WRITE_FLAGS)
     )
-    if writing and not _bytecode_cache(path):
+    if writing and not _bytecode_cache(path, pycache_prefix):
         return f"opened {path!r} for writing"
     return None
 
