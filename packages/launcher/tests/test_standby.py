@@ -469,18 +469,26 @@ with open(os.environ["FACTS_OUT"], "w") as f:
 """
 
 
+def _run_from_a_standby(
+    program: tuple[str, ...], env: dict[str, str], tmp: Path
+) -> tuple[dict[str, object], int, str, int]:
+    """`_run_one` from a pool of one warm standby (prewarm_marker imported); also returns the standby's pid."""
+    pool = StandbyPool(program, ["prewarm_marker"], env, size=1)
+    try:
+        pool.fill()
+        standby_pid = pool._ready[0].pid
+        facts, code, stderr = _run_one(program, env, pool, tmp)
+    finally:
+        pool.close()
+    return facts, code, stderr, standby_pid
+
+
 def test_a_late_variable_after_the_program_started_a_thread_only_warns(workdir: Path, tmp_path: Path) -> None:
     # An exec would end the thread mid-work, so the standby keeps running the program and says why.
     (workdir / "threaded.py").write_text(THREADED)
     program = (PY, "-u", str(workdir / "threaded.py"))
     env = _env(workdir, tmp_path / "warm.json")
-    pool = StandbyPool(program, ["prewarm_marker"], env, size=1)
-    try:
-        pool.fill()
-        standby_pid = pool._ready[0].pid
-        facts, code, stderr = _run_one(program, env, pool, tmp_path / "w")
-    finally:
-        pool.close()
+    facts, code, stderr, standby_pid = _run_from_a_standby(program, env, tmp_path / "w")
     assert code == 0, stderr
     assert facts == {"preloaded": True, "pid": standby_pid}
     assert "warning: MARKER_SETTING was set before the program imported prewarm_marker" in stderr
@@ -504,19 +512,14 @@ def test_bytecode_an_import_writes_is_no_side_effect(workdir: Path, tmp_path: Pa
     (workdir / "own_helper.py").write_text("VALUE = 1\n")
     (workdir / "own_then_late.py").write_text(OWN_MODULE_THEN_LATE)
     program = (PY, "-u", str(workdir / "own_then_late.py"))
-    prefix = tmp_path / "pyc" if cache == "PYTHONPYCACHEPREFIX" else workdir / "__pycache__"
-    extra = {"PYTHONPYCACHEPREFIX": str(prefix)} if cache == "PYTHONPYCACHEPREFIX" else {}
-    env = _env(workdir, tmp_path / "warm.json", **extra)
+    env = _env(workdir, tmp_path / "warm.json")
     env.pop("PYTHONDONTWRITEBYTECODE", None)
-    if not extra:
-        env.pop("PYTHONPYCACHEPREFIX", None)
-    pool = StandbyPool(program, ["prewarm_marker"], env, size=1)
-    try:
-        pool.fill()
-        standby_pid = pool._ready[0].pid
-        facts, code, stderr = _run_one(program, env, pool, tmp_path / "w")
-    finally:
-        pool.close()
+    env.pop("PYTHONPYCACHEPREFIX", None)
+    prefix = workdir / "__pycache__"
+    if cache == "PYTHONPYCACHEPREFIX":
+        prefix = tmp_path / "pyc"
+        env["PYTHONPYCACHEPREFIX"] = str(prefix)
+    facts, code, stderr, standby_pid = _run_from_a_standby(program, env, tmp_path / "w")
     assert code == 0, stderr
     assert list(prefix.rglob("own_helper*.pyc")), f"the import wrote no bytecode under {prefix}"
     assert facts == {"preloaded": False, "pid": standby_pid}, stderr  # re-executed in place, fresh
