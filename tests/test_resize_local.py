@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -36,7 +37,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 # wait to be restarted or stopped, so no step trained after it can be lost to the restart.
 TRAIN = textwrap.dedent(
     """
-    import json, os, sys, time
+    import json, os, signal, sys, time
     import torch, torch.distributed as dist
     from dlrover.common import load_token
     from dlrover.flashckpt import FlashCheckpointer, NoCheckpointError, StagerConfig
@@ -118,6 +119,12 @@ TRAIN = textwrap.dedent(
             dist.broadcast(data_len, 0)
             ckpt.save(step, {"weights": weights, "step": step, "data": data, "data_len": data_len})
         if ckpt.round_pending():  # a save answered the agent: it restarts us for the round
+            if world == 6:
+                # Once saved, workers slow to stop, 3 s more on each node rank: whichever node the
+                # shrink lets go, the agent of one node that stays joins the shrunk round 3 s or
+                # more after the other's, past the last call, and the planned round waits for it.
+                stop_s = 3.0 * int(os.environ["DLROVER_NODE_RANK"])
+                signal.signal(signal.SIGTERM, lambda *_: (time.sleep(stop_s), os._exit(143)))
             held_until = time.monotonic() + 120
             while time.monotonic() < held_until:
                 time.sleep(0.1)
@@ -182,6 +189,15 @@ def _logs(state: Path, master_log: Path) -> str:
     for log in sorted((state / "logs").glob("node-*.log")) if (state / "logs").exists() else []:
         parts.append(f"--- {log.name}\n{log.read_text()[-2500:]}")
     return "\n".join(parts)
+
+
+def _rounds(state: Path) -> set[int]:
+    """The rendezvous rounds the agents trained or started to train in (from their logs)."""
+    return {
+        int(m.group(1))
+        for log in sorted((state / "logs").glob("node-*.log"))
+        for m in re.finditer(r"round (\d+): node rank \d+ of \d+", log.read_text())
+    }
 
 
 def _wait(what: str, condition: Callable[[], bool], dump: Callable[[], str], timeout_s: float = 240.0) -> None:
@@ -278,6 +294,9 @@ def test_capacity_grows_and_shrinks_a_running_job_and_the_weights_equal_a_run_th
         happened = [f"{e['kind']}: {e['message']}" for e in _events(state) if e["kind"] not in ("steps", "progress")]
         return "\n".join([f"resumes {resumes}", f"world changes (step, world) {changes}", *happened, dump()])
 
+    # One round to start, one to grow, one to shrink: the shrink's round waited for the node whose
+    # workers were slow to stop (a planned round), rather than form without it and again after.
+    assert _rounds(state) == {1, 2, 3}, story()
     before_growth = [int(step) for step, world, _requested in rows if world == "2"]
     first_grown = next(r for r in resumes if r["world"] > 2)
     assert first_grown["step"] == max(before_growth), f"{first_grown} {before_growth[-3:]}\n{story()}"

@@ -150,7 +150,11 @@ def test_choose_leaving_alone_orders_by_the_documented_keys() -> None:
 def test_the_nodes_that_stay_restart_for_a_planned_round_without_spending_budgets() -> None:
     life = lifecycle(max_nodes=3)
     register_pending(life)
-    life.resize(scale(2), 1.0)
+    resized = life.resize(scale(2), 1.0)
+    # The rendezvous is told who the next round is for: it forms once both joined, however slow one is.
+    (planned,) = [e for e in resized.events if e.kind == "planned_round"]
+    assert planned.data == {"nodes": [0, 1]}
+    assert planned.message.startswith("next round planned for node(s) 0, 1: planned round: node(s) 2 left the job")
     (action,) = life.pending_actions(0)
     assert action.kind is ActionKind.RESTART_PROCESSES
     assert "planned round" in action.reason

@@ -146,7 +146,9 @@ def test_a_promoted_spare_that_fails_before_it_trains_holds_back_no_spare() -> N
 def test_the_nodes_that_stay_restart_for_the_spares_round_and_spend_no_budget() -> None:
     life = make(3, 1)
     register_all(life)
-    life.node_lost(1, "gone", 1.0)
+    _, lost = life.node_lost(1, "gone", 1.0)
+    (planned,) = [e for e in lost.events if e.kind == "planned_round"]
+    assert planned.data == {"nodes": [0, 2, 3]}  # the promoted spare too
     for survivor in (0, 2):
         (action,) = life.pending_actions(survivor)
         assert action.kind is ActionKind.RESTART_PROCESSES
@@ -259,6 +261,7 @@ def test_lost_capacity_releases_spares_first_and_growth_promotes_a_spare() -> No
     out = life.resize(ResizeRequest(3, "bigger", ResizeSource.SCALE), 4.0, placeable=4)
     assert not [e for e in out.effects if isinstance(e, LaunchNode)], "the spare took the new rank"
     assert [e.data["spare"] for e in out.events if e.kind == "spare_promoted"] == [3]
+    assert [e.data["nodes"] for e in out.events if e.kind == "planned_round"] == [[0, 1, 3]]
     assert life.node(3).rank == 2
     assert not life.node(3).spare
 
@@ -335,6 +338,8 @@ def test_the_master_keeps_a_spare_out_of_the_rendezvous_and_promotes_it_when_a_n
     master.tick()
     assert master.node(2).rank == 1
     assert not master.node(2).spare
+    with rdzv.locked() as m:
+        assert m.planned == frozenset({"0", "2"})  # the round forms as soon as both joined
     assert 3 not in sched.specs, "the next spare waits until the promoted one trained"
     master.heartbeat(2, step=5)  # the step it restored
     master.tick()

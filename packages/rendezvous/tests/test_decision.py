@@ -33,6 +33,26 @@ def test_decisions_and_their_reasons() -> None:
     assert decide_round(cfg, 9, 0.0, 0.0) == RoundDecision(True, 8, "9 nodes joined, max 8 reached; round takes 8")
 
 
+def test_a_planned_round_forms_once_its_nodes_joined_and_waits_for_them_until_its_deadline() -> None:
+    cfg = RendezvousConfig(min_nodes=1, max_nodes=8, last_call_s=2.0)
+    # Every planned node joined: no last call.
+    assert decide_round(cfg, 3, 0.0, 0.0, awaited=0, planned_until=30.0) == RoundDecision(
+        True, 3, "3 nodes joined, every node of the planned round among them; round takes 3"
+    )
+    # One is missing: the last call does not close it before the deadline...
+    waiting = decide_round(cfg, 2, 0.0, 5.0, awaited=1, planned_until=30.0)
+    assert not waiting.complete
+    assert waiting.reason == (
+        "2 nodes joined (min 1, max 8); waiting up to 25.0 s for 1 more node(s) of the planned round"
+    )
+    # ...and does after it.
+    assert decide_round(cfg, 2, 0.0, 30.0, awaited=1, planned_until=30.0) == decide_round(cfg, 2, 0.0, 30.0)
+    # Fewer than min_nodes or max_nodes: planning changes nothing.
+    strict = RendezvousConfig(min_nodes=3, max_nodes=4)
+    assert not decide_round(strict, 2, 0.0, 0.0, awaited=0, planned_until=30.0).complete
+    assert decide_round(strict, 4, 0.0, 0.0, awaited=2, planned_until=30.0).complete
+
+
 def test_members_of_the_last_round_are_selected_first() -> None:
     selected, rest = select_members(["new1", "old2", "new2", "old0"], {"old0": 0, "old2": 2}, 3)
     assert selected == ["old0", "old2", "new1"]

@@ -33,6 +33,7 @@ def _join_all(m: RendezvousManager, nodes: list[str], now: float) -> None:
         ({"min_nodes": 3, "max_nodes": 3, "node_unit": 2}, "no multiple of node_unit=2"),
         ({"min_nodes": 1, "max_nodes": 2, "last_call_s": -1.0}, "last_call_s"),
         ({"min_nodes": 1, "max_nodes": 2, "join_timeout_s": 0}, "join_timeout_s"),
+        ({"min_nodes": 1, "max_nodes": 2, "planned_wait_s": -1.0}, "planned_wait_s"),
         ({"min_nodes": 1, "max_nodes": 2, "heartbeat_timeout_s": float("nan")}, "heartbeat_timeout_s"),
         ({"min_nodes": 1, "max_nodes": 2, "poll_rate_per_s": 0}, "poll_rate_per_s"),
         ({"min_nodes": 1, "max_nodes": 2, "max_poll_interval_s": float("inf")}, "max_poll_interval_s"),
@@ -377,3 +378,87 @@ def test_waiting_nodes_are_told_when_to_poll_next_so_together_they_poll_at_the_c
     assigned = small.poll("a", 0.0)
     assert assigned.state is PollState.ASSIGNED
     assert assigned.retry_after_s == 0.0
+
+
+def test_a_planned_round_waits_for_a_slow_node_past_the_last_call_and_forms_when_it_joins() -> None:
+    m = RendezvousManager(RendezvousConfig(min_nodes=1, max_nodes=3, last_call_s=2.0, planned_wait_s=30.0))
+    _join_all(m, ["a", "b", "c"], 0.0)
+    assert m.current_round is not None
+    assert m.current_round.number == 1
+    # A resize lets c go: the master plans a and b's round, then c leaves (the round dissolves).
+    assert m.expect_round(["a", "b"], 1.0) == "next round planned for a, b; it waits up to 30 s for each of them"
+    m.leave("c", 1.0)
+    assert m.planned == {"a", "b"}
+    assert m.join("a", 2.0).accepted
+    # Far past the last call, the round still waits for b rather than form without it.
+    poll = m.poll("a", 20.0)
+    assert poll.state is PollState.WAITING
+    assert "waiting up to 11.0 s for 1 more node(s) of the planned round" in m.status(20.0).reason
+    assert m.join("b", 20.5).accepted
+    assert m.current_round is not None
+    assert m.current_round.members == ("a", "b")
+    assert m.current_round.reason == "2 nodes joined, every node of the planned round among them; round takes 2"
+    assert m.planned == frozenset()
+
+
+def test_a_planned_round_closes_by_the_last_call_once_it_waited_its_time() -> None:
+    m = RendezvousManager(RendezvousConfig(min_nodes=1, max_nodes=3, last_call_s=2.0, planned_wait_s=10.0))
+    m.expect_round(["a", "b"], 0.0)
+    assert m.join("a", 1.0).accepted
+    assert m.poll("a", 9.9).state is PollState.WAITING
+    assert m.poll("a", 10.0).state is PollState.ASSIGNED
+    assert m.current_round is not None
+    assert m.current_round.members == ("a",)
+    assert m.planned == frozenset()
+
+
+def test_a_planned_node_that_expires_is_no_longer_waited_for() -> None:
+    m = RendezvousManager(RendezvousConfig(min_nodes=1, max_nodes=3, heartbeat_timeout_s=5.0, planned_wait_s=60.0))
+    _join_all(m, ["a", "b", "c"], 0.0)
+    assert m.current_round is not None
+    m.expect_round(["a", "b", "c"], 0.0)
+    assert m.join("a", 1.0).accepted
+    assert m.join("b", 1.0).accepted
+    assert m.poll("a", 2.0).state is PollState.WAITING
+    # c is silent (its machine is gone): it expires, and a and b's round forms without it.
+    assert m.poll("a", 5.0).state is PollState.WAITING
+    assert m.poll("a", 5.5).state is PollState.ASSIGNED
+    assert m.current_round is not None
+    assert m.current_round.members == ("a", "b")
+
+
+def test_a_planned_node_the_master_takes_out_is_no_longer_waited_for() -> None:
+    m = RendezvousManager(RendezvousConfig(min_nodes=1, max_nodes=3, last_call_s=0.5, planned_wait_s=60.0))
+    _join_all(m, ["a", "b", "c"], 0.0)
+    assert m.current_round is not None
+    m.expect_round(["a", "b"], 0.0)
+    m.leave("c", 0.0)  # the round dissolves: a and b are no longer tracked until they join
+    assert m.join("a", 1.0).accepted
+    assert m.poll("a", 2.0).state is PollState.WAITING
+    # b's agent failed instead of joining: the master takes it out, though the rendezvous holds it nowhere.
+    assert m.leave("b", 3.0) == "node 'b' left; the planned round no longer waits for it"
+    assert m.current_round is not None
+    assert m.current_round.members == ("a",)
+    with pytest.raises(UnknownNodeError):
+        m.leave("b", 3.0)
+
+
+def test_a_planned_spare_is_waited_for_until_it_is_given_a_rank() -> None:
+    m = RendezvousManager(RendezvousConfig(min_nodes=1, max_nodes=4, last_call_s=1.0))
+    m.set_spares(["s"], 0.0)
+    _join_all(m, ["a", "s"], 0.0)
+    m.expect_round(["a", "s"], 0.0)
+    assert m.poll("a", 5.0).state is PollState.WAITING  # s still waits as a spare
+    m.set_spares([], 5.0)
+    assert m.current_round is not None
+    assert set(m.current_round.members) == {"a", "s"}
+
+
+def test_expect_round_refuses_a_bad_node_id_and_changes_nothing() -> None:
+    m = RendezvousManager(RendezvousConfig(min_nodes=1, max_nodes=2))
+    m.expect_round(["a"], 0.0)
+    with pytest.raises(InvalidRequestError):
+        m.expect_round(["b", ""], 0.0)
+    assert m.planned == {"a"}
+    assert m.expect_round([], 0.0) == "no round planned"
+    assert m.planned == frozenset()

@@ -34,6 +34,7 @@ def configs(draw: st.DrawFn) -> RendezvousConfig:
         last_call_s=draw(st.sampled_from([0.0, 1.0, 3.0])),
         join_timeout_s=draw(st.sampled_from([4.0, 50.0])),
         heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S,
+        planned_wait_s=draw(st.sampled_from([0.0, 2.0, 20.0])),
     )
 
 
@@ -54,6 +55,9 @@ class RendezvousMachine(RuleBasedStateMachine):
         self.last_round_number = 0
         self.last_members: tuple[str, ...] | None = None
         self.rounds_checked = 0
+        # The round planned last (`expect_round`) less its nodes that left or expired, and until when it waits.
+        self.plan: set[str] = set()
+        self.plan_until = 0.0
 
     @initialize(config=configs())
     def start(self, config: RendezvousConfig) -> None:
@@ -135,10 +139,12 @@ class RendezvousMachine(RuleBasedStateMachine):
     def leave(self, node: str) -> None:
         before = self._snapshot()
         in_round = self.m.current_round is not None and self.m.current_round.rank_of(node) is not None
-        if node in self.m.waiting or in_round:
+        if node in self.m.waiting or in_round or node in self.m.planned:
             self.m.leave(node, self.now)
+            assert node not in self.m.planned
             self.departed.add(node)
             self.forgotten.add(node)
+            self.plan.discard(node)
             assert node not in self.m.tracked
         else:
             with pytest.raises(UnknownNodeError):
@@ -168,6 +174,7 @@ class RendezvousMachine(RuleBasedStateMachine):
         finished = set(self.m.finished)
         expired = self.m.expire(self.now)
         self.forgotten.update(expired)
+        self.plan.difference_update(expired)
         for node in expired:
             assert self.now - self.seen[node] > HEARTBEAT_TIMEOUT_S
             assert node not in finished  # a finished member's silence never expires it
@@ -177,6 +184,34 @@ class RendezvousMachine(RuleBasedStateMachine):
     def reconfigure(self, config: RendezvousConfig) -> None:
         self.m.reconfigure(config, self.now)
         self._after_step()
+
+    @rule(picks=st.lists(st.integers(0, 7), max_size=4))
+    def plan_a_round(self, picks: list[int]) -> None:
+        # Members of the round in force and waiting nodes, as the master plans them, and sometimes
+        # a node the rendezvous never saw (a spare that has not joined yet).
+        current = self.m.current_round
+        known = [*sorted({*(current.members if current is not None else ()), *self.m.waiting}), "node-unseen"]
+        self._plan({known[i % len(known)] for i in picks})
+
+    def _plan(self, chosen: set[str]) -> None:
+        before = self.m.round_number
+        assert self.m.expect_round(chosen, self.now)
+        expired = set(self.m._expired)
+        self.forgotten.update(expired)
+        self.plan = set() if self.m.round_number != before else chosen - expired
+        self.plan_until = self.now + self.m.config.planned_wait_s
+        self._after_step()
+
+    @precondition(lambda self: self.m.current_round is not None)
+    @rule(leaving=st.integers(0, 5))
+    def plan_a_round_without_one_member_and_one_rejoins(self, leaving: int) -> None:
+        # A resize lets one member go: the master plans the others' round, and the first restarts.
+        current = self.m.current_round
+        assert current is not None
+        staying = [n for i, n in enumerate(current.members) if i != leaving % current.world_size]
+        self._plan(set(staying))
+        if staying:
+            self.join(staying[0])
 
     @rule(number=st.integers(-2, 30))
     def ask_for_a_round(self, number: int) -> None:
@@ -215,6 +250,15 @@ class RendezvousMachine(RuleBasedStateMachine):
             return
         # A new round formed: a rejoining node keeps its rank while membership is unchanged (a
         # node that expired or left in between comes back as a newcomer).
+        # A planned round forms before its last node joined only when max_nodes joined or it
+        # waited its time out.
+        if self.plan:
+            joined = set(current.members) | set(self.m.waiting)
+            assert (
+                self.plan <= joined or current.world_size == current.config.max_nodes or self.now >= self.plan_until
+            ), (self.plan, current, self.now, self.plan_until)
+            self.plan = set()
+        assert not self.m.planned
         same = self.last_members is not None and set(self.last_members) == set(current.members)
         if same and not self.forgotten & set(current.members):
             assert current.members == self.last_members
@@ -286,6 +330,11 @@ class RendezvousMachine(RuleBasedStateMachine):
     def a_full_waiting_list_always_forms_a_round(self) -> None:
         # Late nodes wait while a round is in force; once rendezvous is open, max_nodes forms a round.
         assert self.m.closed or not self.m.accepting or len(self.m.waiting) < self.m.config.max_nodes
+
+    @invariant()
+    def the_plan_holds_no_departed_node(self) -> None:
+        assert self.m.planned <= self.plan
+        assert not self.m.planned & self.departed
 
     @invariant()
     def waiting_nodes_are_alive_and_not_departed(self) -> None:

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from dlrover_testsupport.ray import RayNode, RayTestCluster, alive
+from dlrover_testsupport.ray import ProcessInfo, RayNode, RayTestCluster, alive
 from dlrover_testsupport.ray.fixtures import import_ray
 
 ray = import_ray()
@@ -67,6 +67,14 @@ def _wait_dead(actor: ray.actor.ActorHandle, timeout_s: float = 60.0) -> None:
         except ActorUnavailableError:
             pass
         assert time.monotonic() < deadline, "the actor of a killed node still answers"
+        time.sleep(0.2)
+
+
+def _wait_ended(processes: list[ProcessInfo], timeout_s: float = 60.0) -> None:
+    """Until none of `processes` runs."""
+    deadline = time.monotonic() + timeout_s
+    while running := [p for p in processes if alive(p)]:
+        assert time.monotonic() < deadline, f"still running after {timeout_s} s: {running}"
         time.sleep(0.2)
 
 
@@ -126,7 +134,9 @@ def test_removed_node_stops_gracefully(driver: RayTestCluster) -> None:
     _wait_dead(actor)
     # Ray stops the node's own processes and its workers, but not what a worker started in a new
     # session (why DLRover's agents arm a parent-death signal): the test ends that one itself.
+    # `remove_node` waits only for the node's own processes; its workers exit when they see their
+    # raylet gone, and the head may call the actor dead before its worker has exited.
     child = next(p for p in processes if p.pid == child_pid)
-    assert not [p for p in processes if alive(p) and p is not child]
+    _wait_ended([p for p in processes if p is not child])
     if alive(child):
         os.kill(child.pid, signal.SIGKILL)

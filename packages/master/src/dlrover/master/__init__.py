@@ -98,6 +98,7 @@ if TYPE_CHECKING:
         JobStatus,
         Master,
         NodeMembership,
+        PlannedRoundAware,
         SpareAware,
         StatefulCollaborator,
     )
@@ -190,6 +191,7 @@ _EXPORTS = {
     "MasterConfig": "dlrover.master.config",
     "MasterRuntime": "dlrover.master.runtime",
     "ServiceRegistration": "dlrover.master.runtime",
+    "PlannedRoundAware": "dlrover.master.master",
     "SpareAware": "dlrover.master.master",
     "StatefulCollaborator": "dlrover.master.master",
     "create_master": "dlrover.master.factory",
@@ -348,6 +350,7 @@ __all__ = [
     "MasterConfig",
     "MasterRuntime",
     "ServiceRegistration",
+    "PlannedRoundAware",
     "SpareAware",
     "StatefulCollaborator",
     "create_master",

@@ -176,24 +176,7 @@ def _run_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--max-message-bytes", type=int, default=4 * 1024 * 1024, help="largest gRPC message")
     p.add_argument("--max-workers", type=int, default=16, help="threads serving RPCs")
-    p.add_argument(
-        "--rdzv-last-call-s",
-        type=float,
-        default=5.0,
-        help="after the last join, wait this long for more nodes before a round completes",
-    )
-    p.add_argument(
-        "--rdzv-join-timeout-s",
-        type=float,
-        default=600.0,
-        help="a node waiting this long for a round is told it timed out",
-    )
-    p.add_argument(
-        "--rdzv-heartbeat-timeout-s",
-        type=float,
-        default=30.0,
-        help="a rendezvous member silent this long is removed from its round",
-    )
+    _add_rendezvous_flags(p)
     p.add_argument(
         "--state-export-interval-s",
         type=float,
@@ -263,6 +246,34 @@ def _run_parser() -> argparse.ArgumentParser:
     p.add_argument("--linger-max-s", type=float, default=10.0, help="most time to tell agents the job ended")
     p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
     return p
+
+
+def _add_rendezvous_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--rdzv-last-call-s",
+        type=float,
+        default=5.0,
+        help="after the last join, wait this long for more nodes before a round completes",
+    )
+    p.add_argument(
+        "--rdzv-join-timeout-s",
+        type=float,
+        default=600.0,
+        help="a node waiting this long for a round is told it timed out",
+    )
+    p.add_argument(
+        "--rdzv-planned-wait-s",
+        type=float,
+        default=60.0,
+        help="a planned round (a resize let nodes go, a spare takes a rank) waits this long for its slow "
+        "nodes, past the last call",
+    )
+    p.add_argument(
+        "--rdzv-heartbeat-timeout-s",
+        type=float,
+        default=30.0,
+        help="a rendezvous member silent this long is removed from its round",
+    )
 
 
 def _add_autoscale_flags(p: argparse.ArgumentParser) -> None:
@@ -628,6 +639,7 @@ def build_config(args: argparse.Namespace) -> MasterConfig:
         event_log=args.event_log,
         rendezvous_last_call_s=args.rdzv_last_call_s,
         rendezvous_join_timeout_s=args.rdzv_join_timeout_s,
+        rendezvous_planned_wait_s=args.rdzv_planned_wait_s,
         rendezvous_heartbeat_timeout_s=args.rdzv_heartbeat_timeout_s,
         state_export_interval_s=args.state_export_interval_s,
         journal_shard_changes=not args.no_journal_shard_changes,

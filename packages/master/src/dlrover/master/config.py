@@ -243,6 +243,9 @@ class MasterConfig:
         rendezvous_last_call_s: after the last join, how long a round with at least `min_nodes`
             waits for more nodes before it completes.
         rendezvous_join_timeout_s: a node waiting this long without being admitted is told so.
+        rendezvous_planned_wait_s: how long a planned round (a resize let nodes go, or a spare
+            takes a failed node's rank: the master knows which nodes restart for it) waits for a
+            slow one of them, past the last call, before it forms without it.
         rendezvous_heartbeat_timeout_s: a rendezvous member silent this long is removed from it.
         state_export_interval_s: how often the rendezvous and shard state are exported to the
             journal when nothing forced an export earlier (see `journal_shard_changes`).
@@ -318,6 +321,7 @@ class MasterConfig:
     progress_event_interval_s: float = attrs.field(default=10.0, validator=non_negative)
     rendezvous_last_call_s: float = attrs.field(default=5.0, validator=non_negative)
     rendezvous_join_timeout_s: float = attrs.field(default=600.0, validator=positive)
+    rendezvous_planned_wait_s: float = attrs.field(default=60.0, validator=non_negative)
     rendezvous_heartbeat_timeout_s: float = attrs.field(default=30.0, validator=positive)
     state_export_interval_s: float = attrs.field(default=5.0, validator=positive)
     journal_shard_changes: bool = True
@@ -426,5 +430,6 @@ class MasterConfig:
             node_unit=nodes.node_unit,
             last_call_s=self.rendezvous_last_call_s,
             join_timeout_s=self.rendezvous_join_timeout_s,
+            planned_wait_s=self.rendezvous_planned_wait_s,
             heartbeat_timeout_s=self.rendezvous_heartbeat_timeout_s,
         )

@@ -330,6 +330,15 @@ class HostedRendezvous:
         with self._servicer.lock:
             self._manager.close(self._clock.now())
 
+    # PlannedRoundAware
+
+    def round_planned(self, node_ids: frozenset[int], reason: str) -> None:
+        """Form the next round as soon as `node_ids` all joined, waiting for a slow one
+        (`RendezvousManager.expect_round`) rather than forming one without it and another after."""
+        with self._servicer.lock:
+            what = self._manager.expect_round((str(n) for n in node_ids), self._clock.now())
+        _log.info("rendezvous: %s (%s)", what, reason)
+
     # SpareAware
 
     def spares_changed(self, node_ids: frozenset[int]) -> None:

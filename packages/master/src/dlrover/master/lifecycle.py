@@ -618,6 +618,7 @@ class JobLifecycle:
         taken = {n.rank for n in live}
         free = [r for r in range(self._config.nodes.max_nodes) if r not in taken][: target - len(live)]
         out = Outcome()
+        promoted = False
         for rank in free:
             # A rank given up before keeps its relaunches, those charged to its budget with them: a
             # resize spends no relaunch budget, and gives none back.
@@ -628,6 +629,7 @@ class JobLifecycle:
                 # A warm spare is there already: it takes the new rank at the next round, and the
                 # backend starts another spare in its place (`keep_spares`).
                 out = out.merge(self._promote(spare, rank, relaunches, cause, now, replaces=None))
+                promoted = True
             else:
                 out = out.merge(self._create_node(rank, relaunches, None, now, cause))
             if before is not None and (before.relaunched_at or before.disruptions):
@@ -635,6 +637,9 @@ class JobLifecycle:
                 self._nodes[new_id] = attrs.evolve(
                     self._nodes[new_id], relaunched_at=before.relaunched_at, disruptions=before.disruptions
                 )
+        if promoted:
+            # The running nodes join the promoted spares' round as soon as they see them wait.
+            out = out.merge(self._round_planned(f"planned round: a resize gives spare(s) a rank ({cause})"))
         return out, free
 
     def _shrink(
@@ -656,8 +661,9 @@ class JobLifecycle:
         # have the workers seal a flash checkpoint first, as the leaving nodes' agents do when they
         # are stopped, so the new round redoes no step.
         staying = [node for node in live if node not in leaving]
-        self._plan_round(staying, f"planned round: node(s) {gone} left the job ({cause})", save_first=True)
-        return out, [n.node_id for n in leaving]
+        why = f"planned round: node(s) {gone} left the job ({cause})"
+        self._plan_round(staying, why, save_first=True)
+        return out.merge(self._round_planned(why)), [n.node_id for n in leaving]
 
     def node_started(self, node_id: int, now: float) -> Outcome:
         """The scheduler reports the node started. Repeated reports change nothing."""
@@ -1337,6 +1343,18 @@ class JobLifecycle:
             self._work_changed.add(node.node_id)
             self._next_action_id += 1
 
+    def _round_planned(self, why: str) -> Outcome:
+        """A ``planned_round`` event naming the nodes the next round is for: every running ranked
+        node (those staying restart for it, a promoted spare joins it). The rendezvous forms that
+        round as soon as all of them joined, and waits for a slow one rather than form a round
+        without it and another when it comes. A node not running yet is not waited for."""
+        planned = sorted(n.node_id for n in self.live_nodes() if n.state is NodeState.RUNNING)
+        if not planned:
+            return Outcome()
+        names = ", ".join(map(str, planned))
+        ev = Event("planned_round", f"next round planned for node(s) {names}: {why}", data={"nodes": planned})
+        return Outcome(events=(ev,))
+
     def _drop_save_first(self, node_id: int) -> None:
         """The node's queued planned restart no longer asks its workers to save first."""
         queued = self._planned_round[node_id]
@@ -1586,6 +1604,7 @@ class JobLifecycle:
             # A node whose workers already restarted after this one last showed life (their
             # collective broke when it died) joins the spare's round by itself: told again, it
             # would restart a second time, in the new round.
+            why = f"planned round: spare node {spare.node_id} takes rank {node.rank} of node {node.node_id}"
             self._plan_round(
                 (
                     n
@@ -1593,8 +1612,9 @@ class JobLifecycle:
                     if n.node_id not in (node.node_id, spare.node_id)
                     and self._restarted_at.get(n.node_id, -math.inf) < node.last_heartbeat
                 ),
-                f"planned round: spare node {spare.node_id} takes rank {node.rank} of node {node.node_id}",
+                why,
             )
+            out = out.merge(self._round_planned(why))
         else:
             resources = self._launched_with(node) if relaunch_with is None else relaunch_with
             out = out.merge(

@@ -95,6 +95,7 @@ __all__ = [
     "Master",
     "NodeMembership",
     "ResourceSample",
+    "PlannedRoundAware",
     "SpareAware",
     "StateChanges",
     "StatefulCollaborator",
@@ -224,6 +225,21 @@ class NodeMembership(Protocol):
 
     def job_finished(self, reason: str) -> None:
         """The job ended."""
+        ...
+
+
+@runtime_checkable
+class PlannedRoundAware(Protocol):
+    """A library told which nodes the next round is planned for (the rendezvous: it forms that
+    round as soon as all of them joined, and waits for a slow one; `RendezvousManager.expect_round`).
+
+    Called under the master's lock, on every ``planned_round`` event: a resize let nodes go or
+    gave spares a rank, or a spare takes a failed node's rank. It may take its own lock, never the
+    master's. Exceptions are logged and do not stop the master.
+    """
+
+    def round_planned(self, node_ids: frozenset[int], reason: str) -> None:
+        """The next round is for exactly `node_ids` (each of them restarts for it, or joins it)."""
         ...
 
 
@@ -676,6 +692,8 @@ class Master:
             elif ev.kind in ("process_restart", "planned_restart") and ev.node_id is not None:
                 # A planned round's restart kills the node's workers as surely as a failure's.
                 call = functools.partial(_restarted, ev.node_id, ev.message)
+            elif ev.kind == "planned_round":
+                call = functools.partial(_round_planned, frozenset(ev.data["nodes"]), ev.message)
             elif ev.kind == "job_end":
                 call = functools.partial(_job_finished, ev.message)
             else:
@@ -1663,6 +1681,11 @@ def _finished(node_id: int, reason: str, member: NodeMembership) -> None:
 
 def _restarted(node_id: int, reason: str, member: NodeMembership) -> None:
     member.processes_restarted(node_id, reason)
+
+
+def _round_planned(node_ids: frozenset[int], reason: str, member: NodeMembership) -> None:
+    if isinstance(member, PlannedRoundAware):
+        member.round_planned(node_ids, reason)
 
 
 def _job_finished(reason: str, member: NodeMembership) -> None:

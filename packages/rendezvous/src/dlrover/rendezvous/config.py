@@ -35,6 +35,9 @@ class RendezvousConfig:
             has at least `min_nodes`.
         join_timeout_s: a node that has waited this long without being admitted gets a timeout answer
             and leaves the waiting list.
+        planned_wait_s: how long a planned round (`RendezvousManager.expect_round`: the job master
+            knows which nodes restart for it) waits for those of its nodes that have not joined yet,
+            counted from when it was planned, before the last call closes it without them.
         heartbeat_timeout_s: a node silent (no join, poll or heartbeat) for this long is removed.
         poll_rate_per_s: the polls a second the waiting nodes should send all together: each poll
             answer says when to poll next (`PollResult.retry_after_s`): the number waiting over this
@@ -57,6 +60,7 @@ class RendezvousConfig:
     node_unit: int = attrs.field(default=1, validator=_at_least_one)
     last_call_s: float = attrs.field(default=5.0, validator=non_negative)
     join_timeout_s: float = attrs.field(default=600.0, validator=positive)
+    planned_wait_s: float = attrs.field(default=60.0, validator=non_negative)
     heartbeat_timeout_s: float = attrs.field(default=30.0, validator=positive)
     poll_rate_per_s: float = attrs.field(default=500.0, validator=positive)
     min_poll_interval_s: float = attrs.field(default=0.05, validator=positive)

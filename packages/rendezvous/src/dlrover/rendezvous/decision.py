@@ -31,18 +31,33 @@ class RoundDecision:
     reason: str
 
 
-def decide_round(config: RendezvousConfig, num_waiting: int, last_join_at: float | None, now: float) -> RoundDecision:
+def decide_round(
+    config: RendezvousConfig,
+    num_waiting: int,
+    last_join_at: float | None,
+    now: float,
+    *,
+    awaited: int = 0,
+    planned_until: float | None = None,
+) -> RoundDecision:
     """Decide whether `num_waiting` nodes complete a round at `now`.
 
     A round completes at once when `max_nodes` have joined; otherwise when at least `min_nodes` have
     joined and `last_call_s` has passed since the last join. It takes the largest multiple of
     `node_unit` that fits; the rest wait for the next round.
 
+    A planned round (`planned_until` given: the caller knows which nodes restart for it) needs no
+    last call: it completes as soon as none of its nodes is `awaited` any more, and until
+    `planned_until` it waits for those that are, however long after the last join; past it, the
+    last call decides as for any round.
+
     Args:
         config: the rendezvous parameters.
         num_waiting: nodes waiting for the next round.
         last_join_at: when the most recent of them joined (None when none wait).
         now: the current monotonic time.
+        awaited: nodes of a planned round that have not joined yet.
+        planned_until: until when a planned round waits for them; None when no round is planned.
 
     Returns:
         The decision and its reason.
@@ -62,12 +77,42 @@ def decide_round(config: RendezvousConfig, num_waiting: int, last_join_at: float
         )
     if n >= hi:
         return RoundDecision(True, size, f"{n} nodes joined, max {hi} reached; round takes {size}")
+    planned = (
+        None
+        if planned_until is None
+        else _planned_decision(config, n, size, now=now, awaited=awaited, planned_until=planned_until)
+    )
+    return planned if planned is not None else _last_call_decision(config, n, size, last_join_at, now)
+
+
+def _last_call_decision(config: RendezvousConfig, n: int, size: int, last_join_at: float, now: float) -> RoundDecision:
+    """Enough nodes joined: the round forms once `last_call_s` passed since the last join."""
+    lo, hi = config.min_nodes, config.max_nodes
     remaining = last_join_at + config.last_call_s - now
     if remaining > 0:
         return RoundDecision(
             False, 0, f"{n} nodes joined (min {lo}, max {hi}); last call in {remaining:.1f} s for more to join"
         )
     return RoundDecision(True, size, f"{n} nodes joined (min {lo}, max {hi}) and last call passed; round takes {size}")
+
+
+def _planned_decision(
+    config: RendezvousConfig, n: int, size: int, *, now: float, awaited: int, planned_until: float
+) -> RoundDecision | None:
+    """What a planned round decides with `n` nodes joined and `awaited` missing; None: its wait is
+    over, the last call decides."""
+    if awaited == 0:
+        return RoundDecision(
+            True, size, f"{n} nodes joined, every node of the planned round among them; round takes {size}"
+        )
+    if now < planned_until:
+        return RoundDecision(
+            False,
+            0,
+            f"{n} nodes joined (min {config.min_nodes}, max {config.max_nodes}); waiting up to "
+            f"{planned_until - now:.1f} s for {awaited} more node(s) of the planned round",
+        )
+    return None
 
 
 def select_members(

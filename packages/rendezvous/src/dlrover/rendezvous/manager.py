@@ -15,6 +15,11 @@ poll like any node, but it is never admitted to a round, never counts toward a r
 never reported by `num_nodes_waiting`, so a waiting spare neither breaks nor grows a running
 world; it does not time out while it waits. Once the caller gives it a rank (`set_spares` without
 it), it is an ordinary waiting node that joined at that moment.
+
+Planned rounds (`expect_round`): when the caller knows which nodes restart for the next round (a
+resize let a node go, or a spare takes a failed node's rank), that round forms as soon as all of
+them have joined, with no last call, and waits for a slow one up to `planned_wait_s` rather than
+close without it and form again when it comes: one restart of every worker instead of two.
 """
 
 from __future__ import annotations
@@ -92,6 +97,9 @@ class RendezvousManager:
         self._expired: list[str] = []
         # Nodes held in reserve by the caller: they may wait, but no round takes them (see `set_spares`).
         self._spares: frozenset[str] = frozenset()
+        # The nodes of a planned round still to form, and until when it waits for them (see `expect_round`).
+        self._planned: frozenset[str] = frozenset()
+        self._planned_until = float("-inf")
 
     # -- queries -------------------------------------------------------------------------------
 
@@ -131,6 +139,11 @@ class RendezvousManager:
         return tuple(n for n in self._waiting if n in self._spares)
 
     @property
+    def planned(self) -> frozenset[str]:
+        """The nodes of the planned round not formed yet (see `expect_round`); empty when none is planned."""
+        return self._planned
+
+    @property
     def tracked(self) -> frozenset[str]:
         """Every node whose heartbeats the rendezvous expects: waiting, or in the current round and not finished."""
         return frozenset(self._last_seen)
@@ -163,7 +176,17 @@ class RendezvousManager:
                 f"round {current.number} is in force with {current.world_size} nodes; {waiting} node(s) wait "
                 "for its members to join again",
             )
-        return decide_round(self._config, self._count_waiting(), self._last_join_at, max(now, self._now))
+        if not self._planned:
+            return decide_round(self._config, self._count_waiting(), self._last_join_at, max(now, self._now))
+        awaited = sum(1 for n in self._planned if n not in self._waiting or n in self._spares)
+        return decide_round(
+            self._config,
+            self._count_waiting(),
+            self._last_join_at,
+            max(now, self._now),
+            awaited=awaited,
+            planned_until=self._planned_until,
+        )
 
     # -- commands ------------------------------------------------------------------------------
 
@@ -355,21 +378,29 @@ class RendezvousManager:
         return WaitingCount(count, self._pace(len(self._last_seen)), self._round_number)
 
     def leave(self, node_id: str, now: float) -> str:
-        """Take a node out: off the waiting list and out of the current round (which dissolves).
+        """Take a node out: off the waiting list, out of the current round (which dissolves) and
+        out of the planned round (see `expect_round`), which no longer waits for it.
 
         Returns:
             What happened, in a sentence.
 
         Raises:
             InvalidRequestError: the node id is malformed; nothing changed.
-            UnknownNodeError: the node is neither waiting nor in the current round; nothing changed.
+            UnknownNodeError: the node is neither waiting, in the current round nor planned;
+                nothing changed.
         """
         _check_node_id(node_id)
         in_round = self._current is not None and self._current.rank_of(node_id) is not None
         if node_id not in self._waiting and not in_round:
-            raise UnknownNodeError(
-                f"node {node_id!r} cannot leave: it is neither waiting nor in the current round ({self._held()})"
-            )
+            if node_id not in self._planned:
+                raise UnknownNodeError(
+                    f"node {node_id!r} cannot leave: it is neither waiting, in the current round "
+                    f"({self._held()}) nor planned for the next"
+                )
+            now = self._tick(now)
+            self._planned -= {node_id}
+            self._try_complete(now)
+            return f"node {node_id!r} left; the planned round no longer waits for it"
         now = self._tick(now)
         what = self._depart(node_id, f"node {node_id!r} left")
         self._try_complete(now)
@@ -471,6 +502,37 @@ class RendezvousManager:
             parts.append(f"given a rank: {', '.join(sorted(ranked))}")
         return "; ".join(parts) or "spares unchanged"
 
+    def expect_round(self, node_ids: Iterable[str], now: float) -> str:
+        """Plan the next round for exactly `node_ids`: the caller knows that each of them restarts
+        for it (their agents were told, or their collective broke).
+
+        That round forms as soon as every one of them has joined (if they make at least
+        `min_nodes`; a node not planned that joins too is taken as usual), without waiting for the
+        last call. While one of them has not joined, it waits for it up to `planned_wait_s` from
+        now, however long ago the last join was; past that, the last call closes it without the
+        missing ones, as any round. A planned node that leaves or expires is no longer waited for;
+        a spare is waited for until it is given a rank. Forming any round ends the plan; a new
+        call replaces it, and an empty `node_ids` cancels it. The plan is not part of the state a
+        master journals: a restarted master's next round forms by the last call.
+
+        Returns:
+            What changed, in a sentence.
+
+        Raises:
+            InvalidRequestError: a node id is malformed; nothing changed.
+        """
+        planned = frozenset(_check_node_id(n) for n in node_ids)
+        now = self._tick(now)
+        self._planned = planned
+        self._planned_until = now + self._config.planned_wait_s
+        self._try_complete(now)
+        if not planned:
+            return "no round planned"
+        names = ", ".join(sorted(planned))
+        if not self._planned:
+            return f"the round planned for {names} formed at once"
+        return f"next round planned for {names}; it waits up to {self._config.planned_wait_s:g} s for each of them"
+
     def close(self, now: float) -> None:
         """Close the rendezvous: joins are refused and waiting nodes learn it on their next poll."""
         self._tick(now)
@@ -523,6 +585,7 @@ class RendezvousManager:
         self._refresh_last_join()
 
     def _depart(self, node_id: str, why: str) -> str:
+        self._planned -= {node_id}
         self._waiting.pop(node_id, None)
         self._last_seen.pop(node_id, None)
         self._last_ranks.pop(node_id, None)
@@ -563,6 +626,7 @@ class RendezvousManager:
         sizes = tuple(self._waiting[node].local_world_size for node in members)
         self._current = Round(self._round_number, members, now, self._config, decision.reason, sizes)
         self._reopened = False
+        self._planned = frozenset()
         self._finished.clear()
         self._last_ranks = {node: rank for rank, node in enumerate(members)}
         for node in members:

@@ -245,6 +245,16 @@ def _ps_job_args(job: Mapping[str, Any], spec: JobSpec, roles: PsRoles) -> list[
     return args
 
 
+def _rendezvous_args(spec: JobSpec) -> list[str]:
+    """The master's rendezvous flags the spec sets."""
+    flags = (
+        ("--rdzv-join-timeout-s", spec.join_timeout_s),
+        ("--rdzv-last-call-s", spec.last_call_s),
+        ("--rdzv-planned-wait-s", spec.planned_wait_s),
+    )
+    return [arg for flag, value in flags if value is not None for arg in (flag, _seconds(value))]
+
+
 def master_args(job: Mapping[str, Any], spec: JobSpec) -> list[str]:
     """The master's flags: the Kubernetes backend on this job, and what the spec sets."""
     if spec.ps_job is not None:
@@ -261,10 +271,7 @@ def master_args(job: Mapping[str, Any], spec: JobSpec) -> list[str]:
         args += ["--node-memory", resources["memory"]]
     if GPU_RESOURCE in resources:
         args += ["--node-gpus", resources[GPU_RESOURCE]]
-    if spec.join_timeout_s is not None:
-        args += ["--rdzv-join-timeout-s", _seconds(spec.join_timeout_s)]
-    if spec.last_call_s is not None:
-        args += ["--rdzv-last-call-s", _seconds(spec.last_call_s)]
+    args += _rendezvous_args(spec)
     if spec.node_pending_s is not None:
         args += ["--node-pending-timeout-s", _seconds(spec.node_pending_s)]
     if spec.node_start_s is not None:

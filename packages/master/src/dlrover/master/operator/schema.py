@@ -107,6 +107,9 @@ SPEC_SCHEMA: dict[str, Any] = {
                 "maxNodes": {"type": "integer", "minimum": 1},
                 "joinTimeoutSeconds": _seconds("a node waiting this long for a round is told it timed out", 1),
                 "lastCallSeconds": _seconds("after the last join, wait this long for more nodes"),
+                "plannedWaitSeconds": _seconds(
+                    "a planned round (a resize let nodes go, a spare takes a rank) waits this long for its slow nodes"
+                ),
             },
         },
         "timeouts": {

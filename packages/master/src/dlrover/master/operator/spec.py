@@ -68,7 +68,7 @@ class JobSpec:
         min_replicas, max_replicas: the worker count range; None: planned by the master.
         resources: per-node resources asked for (`cpu`, `memory`, `nvidia.com/gpu` as strings); empty:
             planned by the master.
-        join_timeout_s, last_call_s: rendezvous settings; None: the master's default.
+        join_timeout_s, last_call_s, planned_wait_s: rendezvous settings; None: the master's default.
         node_pending_s, heartbeat_s, node_start_s: timeouts; None: the master's default.
         master_image: the master container's image; None: the operator's default.
         master_port: the port the master serves on.
@@ -90,6 +90,7 @@ class JobSpec:
     resources: Mapping[str, str]
     join_timeout_s: float | None
     last_call_s: float | None
+    planned_wait_s: float | None
     node_pending_s: float | None
     heartbeat_s: float | None
     node_start_s: float | None
@@ -276,6 +277,7 @@ def check_spec(job: Mapping[str, Any]) -> SpecCheck:
             resources={k: str(v) for k, v in (worker.get("resources") or {}).items()} if ps_job is None else {},
             join_timeout_s=_number(rdzv, "joinTimeoutSeconds"),
             last_call_s=_number(rdzv, "lastCallSeconds"),
+            planned_wait_s=_number(rdzv, "plannedWaitSeconds"),
             node_pending_s=_number(timeouts, "nodePendingSeconds"),
             heartbeat_s=_number(timeouts, "heartbeatSeconds"),
             node_start_s=_number(timeouts, "nodeStartSeconds"),
