@@ -122,7 +122,8 @@ TRAIN = textwrap.dedent(
             if world == 6:
                 # Once saved, workers slow to stop, 3 s more on each node rank: whichever node the
                 # shrink lets go, the agent of one node that stays joins the shrunk round 3 s or
-                # more after the other's, past the last call, and the planned round waits for it.
+                # more after the other's, past the last call, and the planned round waits for it
+                # (the master gives a leaving node --node-stop-grace-s=20 for its 6 s at most).
                 stop_s = 3.0 * int(os.environ["DLROVER_NODE_RANK"])
                 signal.signal(signal.SIGTERM, lambda *_: (time.sleep(stop_s), os._exit(143)))
             held_until = time.monotonic() + 120
@@ -246,7 +247,7 @@ def test_capacity_grows_and_shrinks_a_running_job_and_the_weights_equal_a_run_th
         sys.executable, "-m", "dlrover.master.cli", "--backend=local", "--nnodes=1:3", f"--port={port}",
         f"--token-file={token_file}", f"--state-dir={state}", "--capacity=1", f"--capacity-file={capacity_file}",
         f"--agent-command={_agent_command(tmp_path / 'train.py', '1:3', str(out), str(num_samples))}",
-        "--heartbeat-interval-s=0.5", "--rdzv-last-call-s=2", "--node-stop-grace-s=10", "--max-job-failures=40",
+        "--heartbeat-interval-s=0.5", "--rdzv-last-call-s=2", "--node-stop-grace-s=20", "--max-job-failures=40",
     ]  # fmt: skip
     master_log = tmp_path / "master.log"
     master = _start(procs, master_cmd, master_log)

@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -46,6 +47,17 @@ STEPS = SAMPLES // BATCH
 FLASH_RESERVE_MB = 16
 
 
+def _autograph_files() -> set[Path]:
+    """What TensorFlow's autograph left in this machine's temp dir: the source of every function it converted,
+    which a process removes only when it exits cleanly (tasks are stopped and killed by signal)."""
+    return set(Path(tempfile.gettempdir()).glob("__autograph_generated_file*"))
+
+
+def _assert_no_new_autograph_files(before: set[Path]) -> None:
+    left = sorted(_autograph_files() - before)
+    assert not left, f"the job's tasks left {len(left)} autograph file(s) in {tempfile.gettempdir()}: {left[:3]}"
+
+
 class Job:
     """One run of the example: the master in this thread, a choreographer beside it."""
 
@@ -73,6 +85,7 @@ class Job:
         errors: list[BaseException] = []
         if victim is not None:
             self.pause.touch()
+        autograph = _autograph_files()
         master = PsJobMaster(self.config)
         try:
             master.start()
@@ -108,6 +121,9 @@ class Job:
                 helper.join(timeout=10)
         finally:
             master.stop()
+        # The tasks' temp dir went with the job, and nothing of theirs was left in the machine's.
+        assert not (self.work / "tmp").exists()
+        _assert_no_new_autograph_files(autograph)
         assert not errors, errors
         assert outcome is not None, "the job did not end in time"
         assert outcome.succeeded, outcome.reason
@@ -468,6 +484,7 @@ class KubeJob(Job):
     def run_on_kube(self, victim: TaskKey) -> None:
         """Run to the end, holding at step PAUSE_AT to SIGKILL the victim's container there."""
         self.pause.touch()
+        autograph = _autograph_files()
         env = {k: v for k, v in os.environ.items() if not k.startswith("DLROVER_") and k != "KUBECONFIG"}
         with open(self.log, "w") as log:
             proc = subprocess.Popen(self._submit(), env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -492,6 +509,8 @@ class KubeJob(Job):
                 proc.kill()
                 proc.wait()
         assert code == 0, self.log.read_text()[-6000:]
+        # A pod's temp dir is its own, as a container's /tmp is: its tasks left nothing in the machine's.
+        _assert_no_new_autograph_files(autograph)
 
     def _running_pods(self, task: TaskKey) -> list[Any]:
         with kubernetes.client.ApiClient(kubernetes.client.Configuration(host=self.cluster.url)) as api:

@@ -84,11 +84,16 @@ class Cluster:
         self.script = tmp_path / "coordinator.py"
         self.script.write_text(COORDINATOR)
         self.processes: list[subprocess.Popen[bytes]] = []
+        # The coordinator ends with os._exit and the servers are killed: TensorFlow's autograph files (removed
+        # only at a clean exit) go in the test's own temp dir, not the machine's.
+        self.tmpdir = tmp_path / "tmp"
+        self.tmpdir.mkdir()
 
     def env(self, role: str, index: int) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if k != "GRPC_FAIL_FAST"}
         env["TF_CONFIG"] = json.dumps({"cluster": self.cluster, "task": {"type": role, "index": index}})
         env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+        env["TMPDIR"] = str(self.tmpdir)
         return env
 
     def start(self, name: str, args: list[str], role: str, index: int) -> subprocess.Popen[bytes]:

@@ -427,6 +427,21 @@ def test_a_planned_node_that_expires_is_no_longer_waited_for() -> None:
     assert m.current_round.members == ("a", "b")
 
 
+def test_a_node_that_expired_before_the_plan_is_not_waited_for() -> None:
+    m = RendezvousManager(RendezvousConfig(min_nodes=1, max_nodes=3, heartbeat_timeout_s=5.0, planned_wait_s=60.0))
+    _join_all(m, ["a", "b", "c"], 0.0)
+    m.heartbeat("a", 5.0)
+    m.heartbeat("b", 5.0)
+    # c has been silent past the timeout: planning expires it first, and the plan leaves it out.
+    m.expect_round(["a", "b", "c"], 6.0)
+    assert m.planned == {"a", "b"}
+    assert m.join("a", 6.0).accepted
+    assert m.join("b", 6.0).accepted
+    current = m.current_round
+    assert current is not None
+    assert current.members == ("a", "b")
+
+
 def test_a_planned_node_the_master_takes_out_is_no_longer_waited_for() -> None:
     m = RendezvousManager(RendezvousConfig(min_nodes=1, max_nodes=3, last_call_s=0.5, planned_wait_s=60.0))
     _join_all(m, ["a", "b", "c"], 0.0)

@@ -16,6 +16,7 @@ from dlrover.rendezvous import (
     RendezvousManager,
     UnknownNodeError,
     UnknownRoundError,
+    largest_world_size,
 )
 
 HEARTBEAT_TIMEOUT_S = 10.0
@@ -58,6 +59,8 @@ class RendezvousMachine(RuleBasedStateMachine):
         # The round planned last (`expect_round`) less its nodes that left or expired, and until when it waits.
         self.plan: set[str] = set()
         self.plan_until = 0.0
+        # Nodes that expired and have not joined since: no plan waits for them.
+        self.silent: set[str] = set()
 
     @initialize(config=configs())
     def start(self, config: RendezvousConfig) -> None:
@@ -83,6 +86,7 @@ class RendezvousMachine(RuleBasedStateMachine):
         if result.accepted:
             self.seen[node] = self.now
             self.departed.discard(node)
+            self.silent.discard(node)
         self._after_step()
 
     @rule(node=nodes, delta=st.integers(-1, 1))
@@ -103,6 +107,7 @@ class RendezvousMachine(RuleBasedStateMachine):
             assert result.accepted
             self.seen[node] = self.now
             self.departed.discard(node)
+            self.silent.discard(node)
         self._after_step()
 
     @rule(node=nodes)
@@ -175,6 +180,7 @@ class RendezvousMachine(RuleBasedStateMachine):
         expired = self.m.expire(self.now)
         self.forgotten.update(expired)
         self.plan.difference_update(expired)
+        self.silent.update(expired)
         for node in expired:
             assert self.now - self.seen[node] > HEARTBEAT_TIMEOUT_S
             assert node not in finished  # a finished member's silence never expires it
@@ -196,9 +202,11 @@ class RendezvousMachine(RuleBasedStateMachine):
     def _plan(self, chosen: set[str]) -> None:
         before = self.m.round_number
         assert self.m.expect_round(chosen, self.now)
+        # Planning ticks the clock too: nodes silent since the last step expire first.
         expired = set(self.m._expired)
         self.forgotten.update(expired)
-        self.plan = set() if self.m.round_number != before else chosen - expired
+        self.silent.update(expired)
+        self.plan = set() if self.m.round_number != before else chosen - self.silent
         self.plan_until = self.now + self.m.config.planned_wait_s
         self._after_step()
 
@@ -254,9 +262,14 @@ class RendezvousMachine(RuleBasedStateMachine):
         # waited its time out.
         if self.plan:
             joined = set(current.members) | set(self.m.waiting)
-            assert (
-                self.plan <= joined or current.world_size == current.config.max_nodes or self.now >= self.plan_until
-            ), (self.plan, current, self.now, self.plan_until)
+            cfg = current.config
+            full = current.world_size == largest_world_size(cfg.max_nodes, cfg.max_nodes, cfg.node_unit)
+            assert self.plan <= joined or full or self.now >= self.plan_until, (
+                self.plan,
+                current,
+                self.now,
+                self.plan_until,
+            )
             self.plan = set()
         assert not self.m.planned
         same = self.last_members is not None and set(self.last_members) == set(current.members)

@@ -883,6 +883,9 @@ class Kubelet:
         if scripts not in base.get("PATH", "").split(os.pathsep):
             base["PATH"] = os.pathsep.join(p for p in (scripts, base.get("PATH", "")) if p)
         base["HOSTNAME"] = str((pod.get("spec") or {}).get("hostname") or run.name)  # as a container's is
+        # A container's /tmp is its own and goes with it: what its processes leave there (killed, they
+        # clean nothing up) must not outlive the pod on this shared machine.
+        base["TMPDIR"] = str(self._tmp_dir(run))
         if self._api_url is not None:
             base["KUBECONFIG"] = str(run.directory / "kubeconfig")
         limits = (container.get("resources") or {}).get("limits") or {}
@@ -896,6 +899,7 @@ class Kubelet:
 
     def _materialise(self, run: _PodRun) -> None:
         (run.directory / "work").mkdir(parents=True, exist_ok=True)
+        self._tmp_dir(run).mkdir(parents=True, exist_ok=True)
         run.log_dir.mkdir(parents=True, exist_ok=True)
         for volume in run.volumes.values():
             path = Path(volume.path)
@@ -907,6 +911,10 @@ class Kubelet:
                 target.chmod(mode)
         if self._api_url is not None:
             self._write_kubeconfig(run)
+
+    def _tmp_dir(self, run: _PodRun) -> Path:
+        """The pod's TMPDIR; short, for the unix sockets programs make there (108 bytes a path at most)."""
+        return self.root / "tmp" / run.uid[:8]
 
     def _write_kubeconfig(self, run: _PodRun) -> None:
         pod = self._pods.get((run.namespace, run.name)) or {}
@@ -1130,6 +1138,7 @@ class Kubelet:
             if volume.owned:
                 shutil.rmtree(volume.path, ignore_errors=True)
         shutil.rmtree(run.directory, ignore_errors=True)
+        shutil.rmtree(self._tmp_dir(run), ignore_errors=True)
         if not run.groups:
             self._runs.pop(run.uid, None)
             self._retired.append(run)
@@ -1309,6 +1318,7 @@ class Kubelet:
             if run.groups:
                 _log.warning("test kubelet: memory cgroups %s still hold processes", [g.path for g in run.groups])
             shutil.rmtree(run.directory, ignore_errors=True)
+            shutil.rmtree(self._tmp_dir(run), ignore_errors=True)
         self._timers = []
         self._runs.clear()
         self._drain()

@@ -100,6 +100,8 @@ class RendezvousManager:
         # The nodes of a planned round still to form, and until when it waits for them (see `expect_round`).
         self._planned: frozenset[str] = frozenset()
         self._planned_until = float("-inf")
+        # Nodes that expired and have not called since: a plan never waits for them.
+        self._silent: set[str] = set()
 
     # -- queries -------------------------------------------------------------------------------
 
@@ -256,6 +258,7 @@ class RendezvousManager:
             )
             self._last_join_at = now
             self._dropped.pop(node_id, None)
+            self._silent.discard(node_id)
             self._finished.discard(node_id)  # it calls again: tracked like any other node
             self._seen(node_id, now)
             reason = f"waiting for round {upcoming}"
@@ -510,8 +513,11 @@ class RendezvousManager:
         `min_nodes`; a node not planned that joins too is taken as usual), without waiting for the
         last call. While one of them has not joined, it waits for it up to `planned_wait_s` from
         now, however long ago the last join was; past that, the last call closes it without the
-        missing ones, as any round. A planned node that leaves or expires is no longer waited for;
-        a spare is waited for until it is given a rank. Forming any round ends the plan; a new
+        missing ones, as any round. A planned node that leaves or expires (or expired before and
+        has not called since) is not waited for; a node the rendezvous does not track (the
+        members of a dissolved round, until they join again) cannot expire, so a dead one is
+        waited for until the caller takes it out (`leave`) or the wait ends. A spare is waited for
+        until it is given a rank. Forming any round ends the plan; a new
         call replaces it, and an empty `node_ids` cancels it. The plan is not part of the state a
         master journals: a restarted master's next round forms by the last call.
 
@@ -523,7 +529,7 @@ class RendezvousManager:
         """
         planned = frozenset(_check_node_id(n) for n in node_ids)
         now = self._tick(now)
-        self._planned = planned
+        self._planned = planned - self._silent
         self._planned_until = now + self._config.planned_wait_s
         self._try_complete(now)
         if not planned:
@@ -576,6 +582,7 @@ class RendezvousManager:
             self._depart(node_id, why)
             # The node may be alive but partitioned: when it calls again it learns why it was dropped.
             self._dropped[node_id] = why
+            self._silent.add(node_id)
         return gone
 
     def _forget(self, node_id: str) -> None:
@@ -586,6 +593,7 @@ class RendezvousManager:
 
     def _depart(self, node_id: str, why: str) -> str:
         self._planned -= {node_id}
+        self._silent.discard(node_id)
         self._waiting.pop(node_id, None)
         self._last_seen.pop(node_id, None)
         self._last_ranks.pop(node_id, None)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
 import sys
 import threading
 from collections.abc import Iterable, Mapping, Sequence
@@ -207,7 +208,8 @@ class PsJobMaster:
         scheduler: the backend that starts tasks, this master's to close once constructed (not when the
             constructor raises); None: the local backend (tasks are processes of this host,
             logging to `<work_dir>/logs/node-<id>.log`, and dying with this process; a role's memory is a
-            kernel-enforced cgroup limit where this host allows one, and its record tells an OOM kill).
+            kernel-enforced cgroup limit where this host allows one, and its record tells an OOM kill; their
+            temp dir (``TMPDIR``) is `<work_dir>/tmp`, removed when the job stops).
         clock: the time source of the event log.
 
     Use `start()`, then `run()` (or `tick()` repeatedly), then `stop()`; or use it as a context manager.
@@ -228,6 +230,9 @@ class PsJobMaster:
         # A standby chief needs the tasks to run node.py (the default local backend's command).
         self._standby_possible = not given
         groups = detect_memory_groups() if config.spec.resources and not given else None
+        # Tasks are stopped and killed by signal, so what they leave in their temp dir (TensorFlow's autograph
+        # writes every converted function's source there, removed only at a clean exit) is the job's to remove.
+        self._task_tmp = None if given else self._work / "tmp"
         self._scheduler = scheduler or LocalScheduler(
             guarded_argv(os.getpid(), [sys.executable, node_main.__file__, "--", *config.command]),
             stop_grace_s=config.stop_grace_s,
@@ -240,6 +245,10 @@ class PsJobMaster:
                             default=0)  # fmt: skip
             for role in Role:
                 check_node_fits(self._scheduler, config.spec.resources.get(role), f"{role.value} resources")
+            if self._task_tmp is not None:
+                # Left by a master that was killed: its tasks died with it.
+                shutil.rmtree(self._task_tmp, ignore_errors=True)
+                self._task_tmp.mkdir(mode=0o700, exist_ok=True)
             self._token = validate_token(config.token) if config.token is not None else generate_token()
             self._token_file = write_token_file(self._work / "token", self._token)
         except BaseException:
@@ -770,6 +779,8 @@ class PsJobMaster:
         finally:
             if self._standby is not None:
                 self._standby.close()
+            if self._task_tmp is not None:  # every task has ended
+                shutil.rmtree(self._task_tmp, ignore_errors=True)
             try:  # the tasks have ended: the last checkpoints in memory go to storage
                 self._record(self._flash.close())
                 self._committed = self._flash.committed()
@@ -872,6 +883,7 @@ class PsJobMaster:
             CHECKPOINT_DIR_ENV_VAR: str(self._flash.live_dir),
             "DLROVER_NODE_ID": str(node_id),
             "DLROVER_JOB_NAME": self._config.job_name,
+            **({"TMPDIR": str(self._task_tmp)} if self._task_tmp is not None else {}),
         }
 
     def _on_rewind(self, rewind: Rewind) -> None:
