@@ -137,6 +137,15 @@ def test_shrinking_stops_pending_then_avoided_then_slowest_then_highest_ranks() 
     assert event.data["pace_s"] == {"0": 0.2, "2": 0.9, "3": 0.2, "4": 0.2}
 
 
+def test_a_planned_round_of_many_nodes_names_them_all_in_its_data_and_16_in_its_message() -> None:
+    life = lifecycle(max_nodes=20)
+    register_pending(life)
+    out = life.resize(scale(18), 1.0)
+    (planned,) = [e for e in out.events if e.kind == "planned_round"]
+    assert planned.data == {"nodes": list(range(18))}
+    assert planned.message.startswith(f"next round planned for node(s) {', '.join(map(str, range(16)))} and 2 more: ")
+
+
 def test_choose_leaving_alone_orders_by_the_documented_keys() -> None:
     life = lifecycle(max_nodes=4)
     for node_id in range(4):

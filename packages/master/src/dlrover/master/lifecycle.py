@@ -1351,7 +1351,8 @@ class JobLifecycle:
         planned = sorted(n.node_id for n in self.live_nodes() if n.state is NodeState.RUNNING)
         if not planned:
             return Outcome()
-        names = ", ".join(map(str, planned))
+        # The event's data names them all; its message, read by people, at most 16.
+        names = ", ".join(map(str, planned[:16])) + (f" and {len(planned) - 16} more" if len(planned) > 16 else "")
         ev = Event("planned_round", f"next round planned for node(s) {names}: {why}", data={"nodes": planned})
         return Outcome(events=(ev,))
 
