@@ -435,6 +435,9 @@ def test_a_node_that_expired_before_the_plan_is_not_waited_for() -> None:
     # c has been silent past the timeout: planning expires it first, and the plan leaves it out.
     m.expect_round(["a", "b", "c"], 6.0)
     assert m.planned == {"a", "b"}
+    assert m.expect_round(["c"], 6.0) == "no round planned: c expired and did not call since"
+    assert m.planned == frozenset()
+    m.expect_round(["a", "b", "c"], 6.0)
     assert m.join("a", 6.0).accepted
     assert m.join("b", 6.0).accepted
     current = m.current_round

@@ -178,16 +178,14 @@ class RendezvousManager:
                 f"round {current.number} is in force with {current.world_size} nodes; {waiting} node(s) wait "
                 "for its members to join again",
             )
-        if not self._planned:
-            return decide_round(self._config, self._count_waiting(), self._last_join_at, max(now, self._now))
-        awaited = sum(1 for n in self._planned if n not in self._waiting or n in self._spares)
+        planned = self._planned
         return decide_round(
             self._config,
             self._count_waiting(),
             self._last_join_at,
             max(now, self._now),
-            awaited=awaited,
-            planned_until=self._planned_until,
+            awaited=sum(1 for n in planned if n not in self._waiting or n in self._spares),
+            planned_until=self._planned_until if planned else None,
         )
 
     # -- commands ------------------------------------------------------------------------------
@@ -529,14 +527,17 @@ class RendezvousManager:
         """
         planned = frozenset(_check_node_id(n) for n in node_ids)
         now = self._tick(now)
+        before = self._round_number
         self._planned = planned - self._silent
         self._planned_until = now + self._config.planned_wait_s
         self._try_complete(now)
         if not planned:
             return "no round planned"
         names = ", ".join(sorted(planned))
-        if not self._planned:
+        if self._round_number != before:
             return f"the round planned for {names} formed at once"
+        if not self._planned:
+            return f"no round planned: {names} expired and did not call since"
         return f"next round planned for {names}; it waits up to {self._config.planned_wait_s:g} s for each of them"
 
     def close(self, now: float) -> None:
