@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 from dlrover.common import ManualClock
 from dlrover.shard import DatasetSpec, DeliveryMode, IndexSource, ShardManager, ShardRegistry
+from dlrover.shard.shard import encode_bitmap
 
 
 def _spec(num_shards: int, delivery: DeliveryMode = DeliveryMode.EXACTLY_ONCE) -> DatasetSpec:
@@ -104,12 +105,45 @@ def speed(num_shards: int, workers: int, ops: int) -> list[tuple[str, str]]:
     rows.append((f"expire {expired:,} leases, s", f"{time.perf_counter() - t0:.3f}"))
     t0 = time.perf_counter()
     doc = reg.checkpoint("bench")
-    rows.append(("progress checkpoint, s", f"{time.perf_counter() - t0:.3f}"))
+    rows.append(("progress checkpoint (50,000 shards requeued), s", f"{time.perf_counter() - t0:.3f}"))
     rows.append(("progress checkpoint size, KiB", f"{len(doc) / 1024:,.0f}"))
     t0 = time.perf_counter()
     ShardRegistry(clock).restore(doc)
     rows.append(("restore, s", f"{time.perf_counter() - t0:.3f}"))
     return rows
+
+
+def position_read(num_shards: int, workers: int) -> list[tuple[str, str]]:
+    """A data position read in steady training: a fifth of the epoch done, one lease per worker.
+
+    A training loop reads its position after every step on every rank, so a read must not cost
+    O(done shards) in Python. The peer: encoding the same done ids the way a set of them must be
+    (a walk over every id), measured here on the same ids.
+    """
+    reg = ShardRegistry(ManualClock())
+    reg.register(_spec(num_shards))
+    m = reg.manager("bench")
+    for i in range(num_shards // 5):
+        w = f"worker-{i % workers}"
+        m.report_done(w, m.fetch(w, 1).shards[0].shard_id)
+    for w in range(workers):
+        m.fetch(f"worker-{w}", 1)
+    reads = 20
+    t0 = time.perf_counter()
+    for _ in range(reads):
+        doc = reg.checkpoint("bench")
+    read_s = (time.perf_counter() - t0) / reads
+    done_ids = sorted(m.snapshot().done)
+    t0 = time.perf_counter()
+    for _ in range(reads):
+        encode_bitmap(done_ids, 0, num_shards)
+    walk_s = (time.perf_counter() - t0) / reads
+    return [
+        (f"position read ({len(done_ids):,} done, {workers:,} leased), ms", f"{read_s * 1e3:.2f}"),
+        ("peer: encoding those done ids from a list, ms", f"{walk_s * 1e3:.2f}"),
+        ("read / peer", f"{read_s / walk_s:.3f}x"),
+        ("position size, KiB", f"{len(doc) / 1024:,.0f}"),
+    ]
 
 
 def _table(title: str, rows: list[tuple[str, str]]) -> None:
@@ -128,6 +162,7 @@ def main() -> None:
     ops = 20_000 if args.quick else 100_000
     _table(f"memory: {shards:,} shards, {workers:,} workers", memory(shards, workers, 10))
     _table(f"speed: {shards:,} shards, {workers:,} workers, {ops:,} ops each", speed(shards, workers, ops))
+    _table(f"data position read in steady training: {shards:,} shards", position_read(shards, workers))
 
 
 if __name__ == "__main__":

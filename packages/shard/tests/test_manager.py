@@ -27,7 +27,8 @@ from dlrover.shard import (
     UnknownShardError,
     record_segments,
 )
-from dlrover.shard.shard import decode_bitmap, encode_bitmap
+from dlrover.shard._bookkeeping import EpochBook
+from dlrover.shard.shard import bitmap_text, decode_bitmap, encode_bitmap
 
 
 def _spec(n: int = 10, **kw: object) -> DatasetSpec:
@@ -395,6 +396,31 @@ def test_done_bitmaps_round_trip(ids: set[int], epoch: int) -> None:
     base = epoch * 99
     done = {base + i for i in ids}
     assert decode_bitmap(encode_bitmap(done, base, 99), base, 99) == done
+
+
+@given(ids=st.lists(st.integers(0, 98)), epoch=st.integers(0, 3))
+def test_an_epoch_book_keeps_the_bitmap_a_position_writes(ids: list[int], epoch: int) -> None:
+    base = epoch * 99
+    book = EpochBook(99, base)
+    for i in ids:
+        book.add_done(base + i)  # a shard done twice counts once
+    done = {base + i for i in ids}
+    assert book.done_count == len(done)
+    assert book.done_ids() == sorted(done)
+    assert all(book.is_done(base + i) == (base + i in done) for i in range(99))
+    assert not book.is_done(base - 1)
+    assert not book.is_done(base + 99)
+    assert bitmap_text(book.bitmap()) == encode_bitmap(done, base, 99)
+
+
+def test_an_epoch_book_refuses_a_shard_of_another_epoch_and_changes_nothing() -> None:
+    book = EpochBook(10, 10)
+    book.add_done(12)
+    for sid in (9, 20):
+        with pytest.raises(ValueError, match=f"shard {sid} is not one of the epoch's shards 10..19"):
+            book.add_done(sid)
+    assert book.done_ids() == [12]
+    assert book.done_count == 1
 
 
 def test_a_corrupt_done_bitmap_is_refused_by_name() -> None:

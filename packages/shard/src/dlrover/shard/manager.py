@@ -47,7 +47,7 @@ from dlrover.shard.results import (
     ShardSnapshot,
     WorkerThroughput,
 )
-from dlrover.shard.shard import Shard, encode_bitmap, mix_seed
+from dlrover.shard.shard import Shard, bitmap_text, mix_seed
 from dlrover.shard.splitter import Splitter, make_splitter
 
 __all__ = ["ShardManager", "MAX_REASONS_KEPT", "MAX_REQUEST_ID_CHARS"]
@@ -397,7 +397,7 @@ class ShardManager:
             todo.update(base + self._fresh_index(i) for i in range(self._cursor, self._splitter.num_shards))
         done: set[int] = set(self._stream_done)
         for book in self._books.values():
-            done.update(book.done)
+            done.update(book.done_ids())
         return ShardSnapshot(
             todo=frozenset(todo),
             doing={sid: lease.worker for sid, lease in self._doing.items()},
@@ -433,7 +433,7 @@ class ShardManager:
         self.expire_leases()
         queue = [self._parked_json(p) for p in self._queue]
         failed = [self._failed_json(f) for _, f in sorted(self._failed.items())]
-        books: dict[int, tuple[list[int], int]] = {e: (sorted(b.done), b.failed) for e, b in self._books.items()}
+        books = {e: (b.bitmap(), b.done_count, b.failed) for e, b in self._books.items()}
         in_flight = sorted(self._doing)
         if include_leases:
             state = self._export_core(queue, failed, books, self._finished_epochs, in_flight)
@@ -451,8 +451,8 @@ class ShardManager:
             parked = self._doing[sid].parked
             if self._spec.delivery is DeliveryMode.AT_MOST_ONCE:
                 if parked.epoch in books:
-                    done_ids, failed_count = books[parked.epoch]
-                    books[parked.epoch] = (done_ids, failed_count + 1)
+                    bitmap, done_count, failed_count = books[parked.epoch]
+                    books[parked.epoch] = (bitmap, done_count, failed_count + 1)
                 entry = self._parked_json(parked)
                 del entry["failures"]  # failed entries carry their history in "reasons"
                 entry["reasons"] = [*parked.reasons, "at-most-once: leased when the checkpoint was taken"]
@@ -464,10 +464,10 @@ class ShardManager:
                 queue.append(entry)
         failed.sort(key=lambda f: int(f["shard_id"]))
         finished_epochs = self._finished_epochs
-        for e, (done_ids, failed_count) in list(books.items()):
+        for e, (_, done_count, failed_count) in list(books.items()):
             # Failing in-flight at-most-once shards can complete an epoch; write it as finished,
             # the same as the manager would have recorded it.
-            if len(done_ids) + failed_count >= self._books[e].total:
+            if done_count + failed_count >= self._books[e].total:
                 del books[e]
                 finished_epochs += 1
         return self._export_core(queue, failed, books, finished_epochs, in_flight)
@@ -476,7 +476,7 @@ class ShardManager:
         self,
         queue: list[dict[str, Any]],
         failed: list[dict[str, Any]],
-        books: dict[int, tuple[list[int], int]],
+        books: dict[int, tuple[bytes, int, int]],
         finished_epochs: int,
         in_flight: list[int],
     ) -> dict[str, Any]:
@@ -486,8 +486,8 @@ class ShardManager:
             "finished_epochs": finished_epochs,
             "done_total": self._done_total,
             "epochs": {
-                str(e): {"done_bitmap": encode_bitmap(done, e * self._book_size(), self._book_size()), "failed": nfail}
-                for e, (done, nfail) in sorted(books.items())
+                str(e): {"done_bitmap": bitmap_text(bitmap), "failed": nfail}
+                for e, (bitmap, _, nfail) in sorted(books.items())
             },
             "in_flight": in_flight,
             "queue": queue,
@@ -556,9 +556,11 @@ class ShardManager:
         self._cursor = cursor
         self._finished_epochs = finished_epochs
         self._done_total = done_total
+        size = self._book_size()
         for e, (done, failed_count) in books.items():
-            book = EpochBook(self._splitter.num_shards if self._splitter else 0)
-            book.done = done
+            book = EpochBook(size, e * size)
+            for sid in done:
+                book.add_done(sid)
             book.failed = failed_count
             self._books[e] = book
         for e in sorted(books):
@@ -705,7 +707,8 @@ class ShardManager:
                 self._epoch += 1
                 self._perm = self._permutation(self._epoch)
                 self._cursor = 0
-                self._books[self._epoch] = EpochBook(self._splitter.num_shards)
+                size = self._splitter.num_shards
+                self._books[self._epoch] = EpochBook(size, self._epoch * size)
             index = self._fresh_index(self._cursor)
             self._cursor += 1
             start, end = self._splitter.bounds(index)
@@ -785,7 +788,7 @@ class ShardManager:
                 self._prune_stream_done()
             return
         book = self._books[parked.epoch]
-        book.done.add(parked.shard_id)
+        book.add_done(parked.shard_id)
         self._close_epoch_if_complete(parked.epoch)
 
     def _close_epoch_if_complete(self, epoch: int) -> None:
@@ -809,7 +812,7 @@ class ShardManager:
         epoch = sid // self._splitter.num_shards
         book = self._books.get(epoch)
         if book is not None:
-            return sid in book.done
+            return book.is_done(sid)
         return epoch <= self._epoch and sid not in self._failed
 
     def _known(self, sid: int) -> bool:

@@ -36,7 +36,12 @@ def encode_bitmap(ids: Iterable[int], base: int, size: int) -> str:
     for sid in ids:
         k = sid - base
         bits[k >> 3] |= 1 << (k & 7)
-    return base64.b64encode(bytes(bits)).decode("ascii")
+    return bitmap_text(bits)
+
+
+def bitmap_text(bits: bytes | bytearray) -> str:
+    """A bitmap's bytes as `encode_bitmap` writes them (base64)."""
+    return base64.b64encode(bits).decode("ascii")
 
 
 def decode_bitmap(text: str, base: int, size: int) -> set[int]:
