@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Set up and run DLRover's development tasks on a machine with only Python 3.11.
 
-    python3 dev.py test    lint, typecheck, proto check, every test (Kubernetes and Ray suites included),
-                           each package in isolation, TF and DeepSpeed tests
+    python3 dev.py test    lint, typecheck, proto check, every test (Kubernetes, Ray and local-backend
+                           suites included), each package in isolation, TF and DeepSpeed tests
     python3 dev.py demo    the main job: train a small GPT, kill a worker, recover from memory
     python3 dev.py setup   only prepare .venv
     python3 dev.py nox ... any nox command inside .venv (e.g. `python3 dev.py nox -s tests-shard`)
@@ -105,7 +105,9 @@ class _SideLane:
     CI run its wall time was 35 minutes for about one core's worth of CPU. The Kubernetes, Ray, TensorFlow,
     DeepSpeed and isolation sessions took 21 minutes more, one after another. Run beside it, on the second core,
     they cost the run only what they slow it down. The leak check of each session (the root conftest) already
-    judges only what its own session made while another runs beside it.
+    judges only what its own session made while another runs beside it. The local-backend suite (jobs the
+    master grows, shrinks and relaunches; about 5 minutes) moved here too: the main session had become the
+    longest at 49 minutes, while this lane waited minutes for the separate venvs.
 
     They run one at a time: the Kubernetes and TensorFlow suites both use the test kubelet's pod addresses, and
     two Ray clusters, or a Ray cluster beside TensorFlow servers, would only add load. The log is printed whole
@@ -176,6 +178,9 @@ class _SideLane:
         beside = ("--no-venv", "--no-install")
         self._session("kubernetes tests", *beside, "-s", "tests-kubernetes", *self._pytest_args)
         self._session("ray tests", *beside, "-s", "tests-ray", *self._pytest_args)
+        # Before the isolation sessions, which wait for the separate venvs (about 16 minutes on a CI run, and
+        # the two suites above end after about 13): this fills that wait.
+        self._session("local-backend tests", *beside, "-s", "tests-local-backend", *self._pytest_args)
         self._session("proto check", *beside, "-s", "proto", "--", "--check")
         for pkg in _ISOLATION_ORDER:
             self._session(f"isolation({pkg})", "-R", "-s", f"isolation(pkg='{pkg}')", after_install=True)

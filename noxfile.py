@@ -5,6 +5,7 @@
     nox -s tests-testsupport  the shared test support's tests (testsupport/)
     nox -s tests-kubernetes   the Kubernetes suite (test API server and kubelet, backend, operator)
     nox -s tests-ray          the Ray suite (a real local multi-node Ray cluster)
+    nox -s tests-local-backend  jobs the master grows, shrinks and relaunches on the local backend
     nox -s tests-tensorflow   TensorFlow: the tf.data adapter and parameter-server jobs (real TF processes)
     nox -s lint typecheck     ruff; mypy over every src/
     nox -s proto              regenerate protobuf code (`-- --check` fails if it is stale)
@@ -78,6 +79,16 @@ KUBERNETES_TESTS = [
 RAY_TESTS = [
     "testsupport/tests/ray",
     "tests/ray",
+]
+
+# Jobs whose master starts, grows, shrinks and relaunches nodes on the local backend (real agents and
+# workers, minutes each): the `tests-local-backend` session; `tests` leaves them out, so `dev.py test`
+# can run them beside it.
+LOCAL_BACKEND_TESTS = [
+    "tests/test_autoscale_local.py",
+    "tests/test_profiles_local.py",
+    "tests/test_resize_local.py",
+    "tests/test_spares_local.py",
 ]
 
 # TensorFlow parameter-server jobs: the `tests-tensorflow` session; `tests` leaves them out.
@@ -170,11 +181,20 @@ def _pytest(session: nox.Session, *paths: str, ignore: tuple[str, ...] = ()) -> 
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """Every package's tests, then the cross-package scenarios (the Kubernetes and Ray suites have their own
-    sessions)."""
+    """Every package's tests, then the cross-package scenarios (the Kubernetes, Ray, local-backend and
+    TensorFlow suites have their own sessions)."""
     install_dev(session)
     paths = [f"packages/{p}/tests" for p in PACKAGES]
-    _pytest(session, *paths, TESTSUPPORT_TESTS, "tests", ignore=(*KUBERNETES_TESTS, *RAY_TESTS, *TENSORFLOW_TESTS))
+    suites = (*KUBERNETES_TESTS, *RAY_TESTS, *LOCAL_BACKEND_TESTS, *TENSORFLOW_TESTS)
+    _pytest(session, *paths, TESTSUPPORT_TESTS, "tests", ignore=suites)
+
+
+@nox.session(name="tests-local-backend")
+def tests_local_backend(session: nox.Session) -> None:
+    """Jobs whose master starts, grows, shrinks and relaunches nodes on the local backend: capacity
+    changes, spares, the autoscaler, profiles, memory limits (real agents, workers and cgroups)."""
+    install_dev(session)
+    _pytest(session, *LOCAL_BACKEND_TESTS)
 
 
 @nox.session(name="tests-kubernetes")
