@@ -28,6 +28,7 @@ from dlrover.shard import (
     record_segments,
 )
 from dlrover.shard._bookkeeping import EpochBook
+from dlrover.shard.progress import encode_progress
 from dlrover.shard.shard import bitmap_text, decode_bitmap, encode_bitmap
 
 
@@ -524,3 +525,73 @@ def test_a_checkpoint_holding_a_shard_that_was_never_handed_out_is_refused() -> 
     queued["state"]["cursor"] = 0
     with pytest.raises(InvalidShardRequestError, match="queued shard 0 was never handed out"):
         ShardRegistry(ManualClock()).restore(json.dumps(queued))
+
+
+def _samples_after_restore(doc: str) -> list[int]:
+    """Every sample a fresh registry restored from `doc` hands out, in order."""
+    reg = ShardRegistry(ManualClock())
+    reg.restore(doc)
+    out: list[int] = []
+    while True:
+        res = reg.fetch("ds", "w", 1)
+        if not res.shards:
+            return out
+        out += res.shards[0].remaining_samples()
+        reg.report_done("ds", "w", res.shards[0].shard_id)
+
+
+def test_a_position_read_is_reused_while_only_leases_change_and_restores_the_same_work() -> None:
+    clock = ManualClock()
+    reg = ShardRegistry(clock)
+    reg.register(_spec(40, shuffle=True, seed=3, delivery=DeliveryMode.EXACTLY_ONCE))
+    first = reg.fetch("ds", "r0", 1).shards[0]
+    reg.report_progress("ds", "r0", first.shard_id, 1)
+    read = reg.checkpoint("ds")
+    reg.fetch("ds", "r1", 1)  # the other ranks lease their next shards: the position is the same
+    reg.fetch("ds", "r2", 1)
+    assert reg.checkpoint("ds") is read
+    fresh = encode_progress(reg.manager("ds"))  # what a read without reuse writes now
+    assert fresh != read
+    # The same samples remain (an order of re-dispatch may differ: the reused read has the shards
+    # leased since as not dispatched, in the epoch's order; the fresh one re-queues them by id).
+    remaining = _samples_after_restore(read)
+    assert sorted(remaining) == sorted(_samples_after_restore(fresh))
+    assert len(remaining) == len(set(remaining)) == 40 - 1
+    reg.report_progress("ds", "r0", first.shard_id, 2)  # an acknowledgement changes it
+    after = reg.checkpoint("ds")
+    assert after != read
+    assert after == encode_progress(reg.manager("ds"))
+    assert reg.checkpoint("ds") is after
+
+
+@pytest.mark.parametrize("change", ["done", "failure", "expiry", "removed worker", "restore"])
+def test_a_position_read_is_not_reused_once_the_position_changed(change: str) -> None:
+    clock = ManualClock()
+    reg = ShardRegistry(clock)
+    reg.register(_spec(40, delivery=DeliveryMode.EXACTLY_ONCE, lease_timeout_s=10.0))
+    sid = reg.fetch("ds", "r0", 1).shards[0].shard_id
+    read = reg.checkpoint("ds")
+    if change == "done":
+        reg.report_done("ds", "r0", sid)
+    elif change == "failure":
+        reg.report_failure("ds", "r0", sid, "injected")
+    elif change == "expiry":
+        clock.advance(11.0)
+    elif change == "removed worker":
+        reg.remove_worker("r0")
+    else:
+        reg.restore(read)
+    assert reg.checkpoint("ds") == encode_progress(reg.manager("ds"))
+    if change != "restore":  # a restore of the read itself leaves the same work (in another manager)
+        assert reg.checkpoint("ds") != read
+
+
+def test_at_most_once_a_lease_changes_the_position() -> None:
+    reg = ShardRegistry(ManualClock())
+    reg.register(_spec(40, delivery=DeliveryMode.AT_MOST_ONCE))
+    read = reg.checkpoint("ds")
+    sid = reg.fetch("ds", "r0", 1).shards[0].shard_id
+    after = reg.checkpoint("ds")
+    assert after != read
+    # The leased shard may have been partly used: a restore must never hand it out again.
+    assert sid in {f["shard_id"] for f in json.loads(after)["state"]["failed"]}

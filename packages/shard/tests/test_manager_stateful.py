@@ -13,11 +13,15 @@ restarts from a checkpoint. After every step the invariants of DESIGN.md are che
 - at-most-once: no sample is ever trained twice;
 - restore(checkpoint(s)) behaves as s: the restored manager's checkpoint equals the original, and the
   model keeps predicting it afterwards;
+- a position read is reused until the position changes (leases alone do not change it, except
+  at-most-once): the model keeps its own state as of the read, and a restore of a reused read
+  rewinds the model to it, leases taken since included;
 - a restart from a checkpoint that keeps the leases changes nothing but the leases' deadlines.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 from collections import Counter, deque
 from typing import Any
@@ -39,6 +43,11 @@ from dlrover.shard import (
 
 WORKERS = ("w0", "w1", "w2")
 LEASE_S = 10.0
+# The model's fields a data position describes: what a restore of it rewinds them to.
+POSITION_FIELDS = (
+    "state", "queue", "holder", "deadline", "acked", "dispatched_at", "dispatches", "failures", "orders", "epoch",
+    "cursor",
+)  # fmt: skip
 
 
 def _strip_in_flight(doc: str) -> dict[str, Any]:
@@ -72,6 +81,8 @@ class ShardMachine(RuleBasedStateMachine):
         self.restarts = 0
         self.last_done: dict[str, tuple[int, str]] = {}  # worker -> (shard, request id) of its newest done
         self.request_ids = 0
+        # The newest position read and the model as of it, until the position changes (then None).
+        self.position: tuple[str, dict[str, Any]] | None = None
 
     # ------------------------------------------------------------------ set-up
 
@@ -132,10 +143,41 @@ class ShardMachine(RuleBasedStateMachine):
     def _held(self) -> list[tuple[str, int]]:
         return sorted((w, s) for s, w in self.holder.items())
 
+    def _position_changed(self) -> None:
+        self.position = None
+
+    def _read_position(self) -> str:
+        """The registry's position read; the model as of the read that wrote it."""
+        doc = self.registry.checkpoint("ds")
+        if self.position is None:
+            self.position = (doc, copy.deepcopy({f: getattr(self, f) for f in POSITION_FIELDS}))
+        else:
+            assert doc == self.position[0], "the position changed where the model says it did not"
+        self._check_position(doc, self.position[1])
+        return doc
+
+    def _check_position(self, doc: str, model: dict[str, Any]) -> None:
+        """The document says what the model as of its read says: a stale reuse would not."""
+        state = json.loads(doc)["state"]
+        mode = self.spec.delivery
+        holders = set(model["holder"])
+        assert state["done_total"] == sum(v == "done" for v in model["state"].values())
+        failed = {sid for sid, v in model["state"].items() if v == "failed"}
+        if mode is DeliveryMode.AT_MOST_ONCE:
+            failed |= holders  # written as failed: they may have been partly used
+        assert {f["shard_id"] for f in state["failed"]} == failed
+        queued = {q["shard_id"]: q["consumed"] for q in state["queue"]}
+        assert set(queued) == set(model["queue"]) | (set() if mode is DeliveryMode.AT_MOST_ONCE else holders)
+        for sid, consumed in queued.items():
+            leased_at_least_once = mode is DeliveryMode.AT_LEAST_ONCE and sid in holders
+            assert consumed == (0 if leased_at_least_once else model["acked"][sid]), sid
+        assert (state["epoch"], state["cursor"]) == (model["epoch"], model["cursor"])
+
     # ------------------------------------------------------------------ model transitions
 
     def _release(self, sid: int) -> None:
         """A lease ended without done."""
+        self._position_changed()
         del self.holder[sid]
         del self.deadline[sid]
         self.failures[sid] += 1
@@ -182,6 +224,7 @@ class ShardMachine(RuleBasedStateMachine):
                 assert self.queue.popleft() == sid
             else:
                 if self._fresh_left() == 0:
+                    self._position_changed()
                     self.epoch += 1
                     self.cursor = 0
                     for k in range(self.per_epoch):
@@ -197,6 +240,8 @@ class ShardMachine(RuleBasedStateMachine):
             assert s.consumed == self.acked[sid]
             self.dispatches[sid] += 1
             assert s.attempt == self.dispatches[sid]
+            if self.spec.delivery is DeliveryMode.AT_MOST_ONCE:
+                self._position_changed()
             self.state[sid] = "doing"
             self.holder[sid] = worker
             self.deadline[sid] = self.clock.now() + LEASE_S
@@ -212,6 +257,8 @@ class ShardMachine(RuleBasedStateMachine):
         upto = data.draw(st.integers(0, hi - lo))
         self.m.report_progress(worker, sid, upto)
         self.deadline[sid] = self.clock.now() + LEASE_S
+        if upto > self.acked[sid]:
+            self._position_changed()
         self._train(sid, upto, worker)
 
     @precondition(lambda self: bool(self.holder))
@@ -222,6 +269,7 @@ class ShardMachine(RuleBasedStateMachine):
         self.request_ids += 1
         request_id = f"done-{self.request_ids}"
         self.m.report_done(worker, sid, request_id=request_id)
+        self._position_changed()
         self.last_done[worker] = (sid, request_id)
         self._train(sid, hi - lo, worker)
         del self.holder[sid]
@@ -263,7 +311,7 @@ class ShardMachine(RuleBasedStateMachine):
     def stale_report(self, sid: int, worker: str, kind: str) -> None:
         if self.holder.get(sid) == worker:
             return
-        before = self.registry.checkpoint("ds")
+        before = self._read_position()
         calls = {
             "progress": lambda: self.m.report_progress(worker, sid, 0),
             "done": lambda: self.m.report_done(worker, sid),
@@ -271,7 +319,7 @@ class ShardMachine(RuleBasedStateMachine):
         }
         with pytest.raises((ShardStateError, UnknownShardError)):
             calls[kind]()
-        assert self.registry.checkpoint("ds") == before
+        assert self._read_position() == before
 
     @rule()
     def register_again(self) -> None:
@@ -280,13 +328,17 @@ class ShardMachine(RuleBasedStateMachine):
     @rule(fresh_registry=st.booleans())
     def checkpoint_and_restore(self, fresh_registry: bool) -> None:
         self.last_done.clear()  # a user's restore starts a new manager, with no replies
-        doc = self.registry.checkpoint("ds")
+        doc = self._read_position()
+        assert self.position is not None
         if fresh_registry:  # the master restarted: a new manager built from the checkpoint
             self.registry = ShardRegistry(self.clock)
             self.restarts += 1
         result = self.registry.restore(doc)
+        # Back to the model as of the read: shards leased since are undispatched or re-queued again.
+        for field, value in self.position[1].items():
+            setattr(self, field, value)
+        self._position_changed()  # a new manager
         assert result.returned_to_queue == len(self.holder)
-        assert _strip_in_flight(self.registry.checkpoint("ds")) == _strip_in_flight(doc)
         for sid in sorted(self.holder):
             del self.holder[sid]
             del self.deadline[sid]
@@ -297,6 +349,7 @@ class ShardMachine(RuleBasedStateMachine):
                 self.acked[sid] = 0
             self.state[sid] = "todo"
             self.queue.append(sid)
+        assert _strip_in_flight(self._read_position()) == _strip_in_flight(doc)
 
     @rule()
     def master_restarts_keeping_leases(self) -> None:
@@ -305,6 +358,7 @@ class ShardMachine(RuleBasedStateMachine):
         self.registry = ShardRegistry(self.clock)
         self.restarts += 1
         result = self.registry.restore(doc)
+        self._position_changed()  # a new registry: its first read is its own
         assert result.returned_to_queue == 0, result.reason
         assert self.registry.checkpoint("ds", include_leases=True) == doc
         for sid in self.holder:

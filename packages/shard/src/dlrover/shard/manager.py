@@ -98,6 +98,11 @@ class ShardManager:
         self._rr = 0
         self._stream_done: set[int] = set()
         self._stream_done_floor = 0
+        # Counts changes of the data position (see `position_version`).
+        self._position_version = 0
+        # A lease changes the position where the export writes a leased shard otherwise than an
+        # undispatched one: at-most-once (failed) and streams (cut from the partition's offsets).
+        self._lease_moves_position = self._stream or spec.delivery is DeliveryMode.AT_MOST_ONCE
         if isinstance(spec.source, StreamPartitions):
             for p in spec.source.partitions:
                 self._next_offset[p] = 0
@@ -198,6 +203,7 @@ class ShardManager:
             )
         stats.samples += consumed - parked.consumed
         parked.consumed = consumed
+        self._position_version += 1
         return ReportResult(True, f"shard {shard_id} at {consumed}/{parked.size}; lease renewed")
 
     def report_done(self, worker: str, shard_id: int, request_id: str = "") -> ReportResult:
@@ -266,6 +272,7 @@ class ShardManager:
             if consumed > lease.parked.consumed:
                 self._stats_of(worker, now).samples += consumed - lease.parked.consumed
                 lease.parked.consumed = consumed
+                self._position_version += 1
         outcome = self._release(lease, f"worker {worker} reported failure: {reason.strip()}")
         result = ReportResult(True, outcome)
         self._remember(worker, "fail", request_id, result)
@@ -346,6 +353,7 @@ class ShardManager:
         if end_offset <= self._watermark[partition]:
             return ReportResult(False, f"partition {partition!r} already known up to {self._watermark[partition]}")
         self._watermark[partition] = end_offset
+        self._position_version += 1
         return ReportResult(True, f"partition {partition!r} now known up to {end_offset}")
 
     # ------------------------------------------------------------------ views
@@ -404,6 +412,21 @@ class ShardManager:
             done=frozenset(done),
             failed=frozenset(self._failed),
         )
+
+    @property
+    def position_version(self) -> int:
+        """A number that changes whenever the data position (`export_state()`, without leases) would
+        say something else about the remaining work: a sample acknowledged, a shard done, failed or
+        taken back, a new epoch started, a stream grown.
+
+        Leasing a shard of a bounded source does not change it under exactly-once or at-least-once:
+        an export taken before the lease, which writes the shard as not yet dispatched, restores the
+        same remaining work as one taken after it, which writes it as re-queued. So an export may be
+        reused while this is unchanged (`ShardRegistry.checkpoint` does): every rank reads the
+        position after every step, and between the last acknowledgement of a step and the first of
+        the next the ranks only lease.
+        """
+        return self._position_version
 
     def leased_shards(self, worker: str) -> list[Shard]:
         """The shards `worker` holds now, by id."""
@@ -707,6 +730,7 @@ class ShardManager:
                 self._epoch += 1
                 self._perm = self._permutation(self._epoch)
                 self._cursor = 0
+                self._position_version += 1
                 size = self._splitter.num_shards
                 self._books[self._epoch] = EpochBook(size, self._epoch * size)
             index = self._fresh_index(self._cursor)
@@ -732,6 +756,8 @@ class ShardManager:
 
     def _lease(self, parked: Parked, worker: str, now: float) -> Shard:
         parked.dispatches += 1
+        if self._lease_moves_position:
+            self._position_version += 1
         self._lease_versions += 1
         lease = Lease(parked, worker, now + self._lease_timeout_s, self._lease_versions)
         self._doing[parked.shard_id] = lease
@@ -755,6 +781,7 @@ class ShardManager:
     def _release(self, lease: Lease, reason: str) -> str:
         """A lease ended without `done`: re-queue the shard, or fail it."""
         self._unlease(lease)
+        self._position_version += 1
         parked = lease.parked
         parked.failures += 1
         parked.reasons.append(reason)
@@ -782,6 +809,7 @@ class ShardManager:
 
     def _mark_done(self, parked: Parked) -> None:
         self._done_total += 1
+        self._position_version += 1
         if self._stream:
             self._stream_done.add(parked.shard_id)
             if len(self._stream_done) > _STREAM_PRUNE_AT:

@@ -63,6 +63,8 @@ class ShardRegistry:
         self._clock = RequestClock(clock)
         self._config = config or ShardManagerConfig()
         self._managers: dict[str, ShardManager] = {}
+        # Per dataset: the manager, its position version and the data position read then (`checkpoint`).
+        self._positions: dict[str, tuple[ShardManager, int, str]] = {}
         self._restores: OrderedDict[str, RestoreResult] = OrderedDict()
         self._log: list[LoggedCall] | None = None
         self._seq = 0
@@ -229,8 +231,23 @@ class ShardRegistry:
 
         Raises:
             UnknownDatasetError: no such dataset.
+
+        A read without leases is reused while the manager's `position_version` is unchanged (only
+        leases since): each rank of a job reads the position after every step, and without reuse
+        the master would write every open epoch's done bitmap and every lease once per rank and
+        step, a cost that grows as ranks x leases.
         """
-        return encode_progress(self.manager(name), include_leases=include_leases)
+        manager = self.manager(name)
+        if include_leases:
+            return encode_progress(manager, include_leases=True)
+        manager.expire_leases()  # an expiry changes the position: taken first, so the version says so
+        version = manager.position_version
+        read = self._positions.get(name)
+        if read is not None and read[0] is manager and read[1] == version:
+            return read[2]
+        document = encode_progress(manager)
+        self._positions[name] = (manager, version, document)
+        return document
 
     def restore(self, document: str | bytes, dataset: str = "", request_id: str = "") -> RestoreResult:
         """Replace a dataset's state with a progress checkpoint, registering it if needed.
@@ -275,6 +292,7 @@ class ShardRegistry:
             )
         manager, in_flight = ShardManager.from_state(spec, state, self._clock, self._config)
         self._managers[spec.name] = manager
+        self._positions.pop(spec.name, None)  # the replaced manager's read, and the manager with it
         if "leases" in state:
             reason = f"dataset {spec.name!r} restored; {in_flight} shard(s) stay leased to the workers holding them"
             in_flight = 0
