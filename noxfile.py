@@ -192,7 +192,7 @@ def tests(session: nox.Session) -> None:
 @nox.session(name="tests-local-backend")
 def tests_local_backend(session: nox.Session) -> None:
     """Jobs whose master starts, grows, shrinks and relaunches nodes on the local backend: capacity
-    changes, spares, the autoscaler, profiles, memory limits (real agents, workers and cgroups)."""
+    changes, spares, the autoscaler and profiles (real agents and workers)."""
     install_dev(session)
     _pytest(session, *LOCAL_BACKEND_TESTS)
 

@@ -186,7 +186,11 @@ def test_bad_requests_raise_clear_errors_and_change_nothing() -> None:
     reg.register(_spec(10))
     m = reg.manager("ds")
     s = m.fetch("w").shards[0]
-    before = reg.checkpoint("ds")
+
+    def state() -> str:  # afresh with the leases: a reused read would hide a change left uncounted
+        return reg.checkpoint("ds", include_leases=True)
+
+    before = state()
     with pytest.raises(UnknownDatasetError, match="'nope'"):
         reg.manager("nope")
     with pytest.raises(UnknownShardError, match="no shard 999"):
@@ -205,12 +209,12 @@ def test_bad_requests_raise_clear_errors_and_change_nothing() -> None:
         m.report_failure("w", s.shard_id, " ")
     with pytest.raises(ShardStateError, match="not dispatched"):
         m.report_done("w", s.shard_id + 1)
-    assert reg.checkpoint("ds") == before
+    assert state() == before
     m.report_done("w", s.shard_id)
-    after = reg.checkpoint("ds")
+    after = state()
     with pytest.raises(ShardStateError, match="already done"):
         m.report_done("w", s.shard_id)
-    assert reg.checkpoint("ds") == after
+    assert state() == after
 
 
 def test_spec_rejects_bad_sizes_naming_the_value() -> None:
@@ -595,3 +599,19 @@ def test_at_most_once_a_lease_changes_the_position() -> None:
     assert after != read
     # The leased shard may have been partly used: a restore must never hand it out again.
     assert sid in {f["shard_id"] for f in json.loads(after)["state"]["failed"]}
+
+
+def test_a_stream_position_changes_when_the_stream_grows_and_when_a_shard_is_cut() -> None:
+    reg = ShardRegistry(ManualClock())
+    reg.register(DatasetSpec(name="s", source=StreamPartitions(["p0"]), batch_size=2, num_epochs=None))
+    read = reg.checkpoint("s")
+    assert not reg.advance_stream("s", "p0", 0).changed  # nothing new: the same position
+    assert reg.checkpoint("s") is read
+    reg.advance_stream("s", "p0", 4)
+    grown = reg.checkpoint("s")
+    assert grown != read
+    assert json.loads(grown)["state"]["stream"]["watermark"] == {"p0": 4}
+    reg.fetch("s", "w", 1)  # a lease cuts records [0, 2) off the partition's next offset
+    cut = reg.checkpoint("s")
+    assert cut == encode_progress(reg.manager("s"))
+    assert json.loads(cut)["state"]["stream"]["next_offset"] == {"p0": 2}

@@ -312,6 +312,7 @@ class ShardMachine(RuleBasedStateMachine):
         if self.holder.get(sid) == worker:
             return
         before = self._read_position()
+        before_state = self.registry.checkpoint("ds", include_leases=True)  # never reused
         calls = {
             "progress": lambda: self.m.report_progress(worker, sid, 0),
             "done": lambda: self.m.report_done(worker, sid),
@@ -320,6 +321,7 @@ class ShardMachine(RuleBasedStateMachine):
         with pytest.raises((ShardStateError, UnknownShardError)):
             calls[kind]()
         assert self._read_position() == before
+        assert self.registry.checkpoint("ds", include_leases=True) == before_state
 
     @rule()
     def register_again(self) -> None:
