@@ -106,8 +106,9 @@ class _SideLane:
     DeepSpeed and isolation sessions took 21 minutes more, one after another. Run beside it, on the second core,
     they cost the run only what they slow it down. The leak check of each session (the root conftest) already
     judges only what its own session made while another runs beside it. The local-backend suite (jobs the
-    master grows, shrinks and relaunches; about 5 minutes) moved here too: the main session had become the
-    longest at 49 minutes, while this lane waited minutes for the separate venvs.
+    master grows, shrinks and relaunches; about 5 minutes) runs here too, where the lane would otherwise
+    wait minutes for the separate venvs. On a CI run that shortened the whole by only about a minute: the
+    machine is CPU-bound, so what runs beside the main session slows it by about what it saves.
 
     They run one at a time: the Kubernetes and TensorFlow suites both use the test kubelet's pod addresses, and
     two Ray clusters, or a Ray cluster beside TensorFlow servers, would only add load. The log is printed whole
