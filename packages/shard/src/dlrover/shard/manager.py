@@ -422,10 +422,9 @@ class ShardManager:
         Leasing a shard of a bounded source does not change it under exactly-once or at-least-once:
         an export taken before the lease, which writes the shard as not yet dispatched (or still
         queued, one dispatch fewer), restores the same remaining work as one taken after it, which
-        writes it as re-queued. So an export may be
-        reused while this is unchanged (`ShardRegistry.checkpoint` does): every rank reads the
-        position after every step, and between the last acknowledgement of a step and the first of
-        the next the ranks only lease.
+        writes it as re-queued. So an export may be reused while this is unchanged
+        (`ShardRegistry.checkpoint` does): every rank reads the position after every step, and
+        between the last acknowledgement of a step and the first of the next the ranks only lease.
         """
         return self._position_version
 
