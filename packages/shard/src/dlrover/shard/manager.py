@@ -272,7 +272,6 @@ class ShardManager:
             if consumed > lease.parked.consumed:
                 self._stats_of(worker, now).samples += consumed - lease.parked.consumed
                 lease.parked.consumed = consumed
-                self._position_version += 1
         outcome = self._release(lease, f"worker {worker} reported failure: {reason.strip()}")
         result = ReportResult(True, outcome)
         self._remember(worker, "fail", request_id, result)
