@@ -176,6 +176,9 @@ class Demo:
         return [
             sys.executable, "-m", "dlrover.launcher.cli",
             "--standalone", "--nproc-per-node=2", "--max-restarts=2",
+            # train.py turns on deterministic algorithms, whose first call imports torch's compiler
+            # stack (torch._inductor.config, about 2 s): the standbys import it ahead of a restart.
+            "--prewarm=torch,torch._inductor.config,dlrover.flashckpt.checkpointer",
             f"--log-dir={self.run_dir / 'logs'}", "--tee=3",
             str(TRAIN), "--out", str(self.run_dir), "--steps", str(args.steps), "--job-id", self.job_id,
             "--log-every", str(max(5, args.steps // 12)),

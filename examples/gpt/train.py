@@ -14,6 +14,11 @@ that does (`replicated=True`). Under plain
 `torchrun` it falls back to a `DistributedSampler` and a `torch.save` checkpoint every
 `--persist-every` steps.
 
+The script turns on `torch.use_deterministic_algorithms`, whose first call imports torch's
+compiler stack (about 2 s on 2 CPU cores) in every new worker. `examples/demo.py` adds it to
+dlrover-run's standbys, so a restart skips it:
+`--prewarm=torch,torch._inductor.config,dlrover.flashckpt.checkpointer`.
+
 Both ranks must step in lockstep (DDP). Each shard holds exactly one batch and each rank leases one
 shard per step, so ranks draw the same number of batches; a step is complete (and its shard
 acknowledged) only after every rank finished it.

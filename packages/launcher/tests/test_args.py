@@ -105,7 +105,7 @@ def test_dlrover_flags() -> None:
     assert parse_args(["t.py"]).hang_timeout_s == 180.0
     assert parse_args(["--hang-timeout=0", "t.py"]).hang_timeout_s == 0.0
     assert cfg.token_file == "/run/token"
-    assert cfg.prewarm == ("torch", "dlrover.flashckpt.client")  # standby workers by default
+    assert cfg.prewarm == ("torch", "dlrover.flashckpt.checkpointer")  # standby workers by default
     assert cfg.checkpoint_stop_timeout_s == 120.0
     assert cfg.prewarm_refill_after_s == 30.0
     assert parse_args(["--prewarm-refill-after=0", "t.py"]).prewarm_refill_after_s == 0.0
@@ -156,8 +156,8 @@ def test_the_master_call_deadlines_reach_the_agents_client() -> None:
 
 def test_standby_workers_import_torch_by_default_for_python_workers_only(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("PET_PREWARM", raising=False)
-    assert parse_args(["t.py"]).prewarm == ("torch", "dlrover.flashckpt.client")
-    assert parse_args(["-m", "pkg.train"]).prewarm == ("torch", "dlrover.flashckpt.client")
+    assert parse_args(["t.py"]).prewarm == ("torch", "dlrover.flashckpt.checkpointer")
+    assert parse_args(["-m", "pkg.train"]).prewarm == ("torch", "dlrover.flashckpt.checkpointer")
     # A standby cannot run an executable or a run-path wrapper: those start fresh without a word.
     assert parse_args(["--no-python", "t.sh"]).prewarm == ()
     assert parse_args(["--run-path", "t.py"]).prewarm == ()

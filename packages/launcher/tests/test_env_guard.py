@@ -21,7 +21,8 @@ from dlrover.launcher import (
 
 TORCH = ("torch",)
 CLIENT = "dlrover.flashckpt.client"
-DEFAULT = ("torch", CLIENT)  # dlrover-run's default --prewarm
+CHECKPOINTER = "dlrover.flashckpt.checkpointer"
+DEFAULT = ("torch", CHECKPOINTER)  # dlrover-run's default --prewarm
 
 
 @pytest.mark.parametrize(
@@ -56,12 +57,15 @@ def test_names_torch_reads_lazily_are_harmless_only_when_torch_alone_was_prewarm
 
 
 @pytest.mark.parametrize("name", ["OMP_NUM_THREADS", "NCCL_DEBUG", "HF_HOME", "FOO"])
-def test_the_flash_checkpoint_client_reads_no_name_at_import_but_imports_torch(name: str) -> None:
-    assert not reads_environment_at_import(CLIENT)
+@pytest.mark.parametrize("module", [CLIENT, CHECKPOINTER])
+def test_the_flash_checkpoint_client_and_checkpointer_read_no_name_at_import_but_import_torch(
+    name: str, module: str
+) -> None:
+    assert not reads_environment_at_import(module)
     assert not reads_environment_at_import("dlrover.flashckpt")
-    assert not import_time_sensitive(name, (CLIENT,))
-    assert not import_time_sensitive(name, ("dlrover.flashckpt", CLIENT))
-    assert also_imports(CLIENT) == ("torch",)
+    assert not import_time_sensitive(name, (module,))
+    assert not import_time_sensitive(name, ("dlrover.flashckpt", module))
+    assert also_imports(module) == ("torch",)
     assert also_imports("dlrover.flashckpt") == ()
     # Alongside torch, torch decides; other parts of dlrover.flashckpt were not checked.
     assert import_time_sensitive(name, DEFAULT) is import_time_sensitive(name, TORCH)
@@ -79,10 +83,24 @@ def test_prewarming_the_client_alone_prewarmed_torch_too() -> None:
 def test_a_program_that_imports_the_client_first_has_imported_torch_with_it() -> None:
     # In a fresh run `from dlrover.flashckpt.client import ...` imports torch; in a standby the
     # client is already loaded, so its `import torch` never runs where the guard could see it.
-    guard = EnvGuard(DEFAULT, {})
+    guard = EnvGuard(("torch", CLIENT), {})
     guard.on_import(CLIENT)
     assert guard.pending == frozenset()
     assert guard.settled
+    assert guard.on_env_write("OMP_NUM_THREADS", "8").action is EnvWriteAction.IGNORE
+    # Under the default prewarm the checkpointer module stays pending, and it reads nothing.
+    guard = EnvGuard(DEFAULT, {})
+    guard.on_import(CLIENT)
+    assert guard.pending == {CHECKPOINTER}
+    assert guard.settled
+    assert guard.on_env_write("OMP_NUM_THREADS", "8").action is EnvWriteAction.IGNORE
+
+
+def test_a_program_that_imports_the_checkpointer_has_imported_torch_with_it() -> None:
+    # `from dlrover.flashckpt import FlashCheckpointer` loads the checkpointer module lazily.
+    guard = EnvGuard(DEFAULT, {})
+    guard.on_import(CHECKPOINTER)
+    assert guard.pending == frozenset()
     assert guard.on_env_write("OMP_NUM_THREADS", "8").action is EnvWriteAction.IGNORE
 
 
@@ -90,10 +108,10 @@ def test_a_write_matters_only_for_the_prewarmed_modules_the_program_has_yet_to_i
     def decide(name: str, pending: set[str]) -> EnvWriteAction:
         return decide_env_write(name, "3", "1", prewarmed=DEFAULT, pending=pending, side_effect=None).action
 
-    assert decide("OMP_NUM_THREADS", {"torch", CLIENT}) is EnvWriteAction.REEXEC
-    # The program imported torch itself and never imports the client: a fresh run's torch would
-    # not see the write either, and the client reads nothing.
-    assert decide("OMP_NUM_THREADS", {CLIENT}) is EnvWriteAction.IGNORE
+    assert decide("OMP_NUM_THREADS", {"torch", CHECKPOINTER}) is EnvWriteAction.REEXEC
+    # The program imported torch itself and never imports the checkpointer: a fresh run's torch
+    # would not see the write either, and the checkpointer reads nothing.
+    assert decide("OMP_NUM_THREADS", {CHECKPOINTER}) is EnvWriteAction.IGNORE
     assert decide("NCCL_DEBUG", {"torch", "transformers"}) is EnvWriteAction.REEXEC
     assert decide("NCCL_DEBUG", {"torch"}) is EnvWriteAction.IGNORE  # transformers is imported
 
@@ -102,7 +120,7 @@ def test_the_guard_settles_once_only_modules_that_read_nothing_are_pending() -> 
     guard = EnvGuard(DEFAULT, {})
     assert not guard.settled
     guard.on_import("torch")
-    assert guard.pending == {CLIENT}
+    assert guard.pending == {CHECKPOINTER}
     assert guard.settled
     assert guard.on_env_write("OMP_NUM_THREADS", "4").action is EnvWriteAction.IGNORE
 
@@ -211,12 +229,12 @@ def test_the_guard_stops_deciding_once_it_decided_to_reexec() -> None:
 
 
 NAMES = ["OMP_NUM_THREADS", "MKL_NUM_THREADS", "NCCL_DEBUG", "RANK", "CUDA_VISIBLE_DEVICES"]
-MODULES = ["torch", "torch.nn", "numpy", "json", "torch.distributed.elastic", "dlrover.flashckpt", CLIENT]
+MODULES = ["torch", "torch.nn", "numpy", "json", "torch.distributed.elastic", "dlrover.flashckpt", CLIENT, CHECKPOINTER]
 
 
 def _model_reads(name: str, module: str) -> bool:
     """The model of which names a module may read at import, written out independently."""
-    if name == "RANK" or module in ("dlrover.flashckpt", CLIENT):
+    if name == "RANK" or module in ("dlrover.flashckpt", CLIENT, CHECKPOINTER):
         return False
     if module == "torch" or module.startswith("torch."):
         return name not in ("NCCL_DEBUG", "CUDA_VISIBLE_DEVICES")

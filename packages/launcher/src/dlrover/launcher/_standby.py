@@ -26,7 +26,7 @@ zip or tar writer the program left open gets its data flushed but no trailer or 
 exit handlers registered before this runner started (by a ``sitecustomize`` or ``.pth`` file).
 ``DLROVER_FAILED_WORKER_TEARDOWN=1`` in ``dlrover-run``'s environment keeps the full teardown.
 
-`dlrover-run` uses standbys by default (``--prewarm torch,dlrover.flashckpt.client``). What could
+`dlrover-run` uses standbys by default (``--prewarm torch,dlrover.flashckpt.checkpointer``). What could
 differ from a fresh start is that `MODULES` were imported before the worker's own environment was
 set, so a variable they read at import time (``OMP_NUM_THREADS`` for the OpenMP runtime torch loads) would miss anything
 the program sets before its own first import of them. The standby guards against that

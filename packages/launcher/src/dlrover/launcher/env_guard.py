@@ -68,13 +68,20 @@ _TORCH_LAZY_PREFIXES = ("NCCL_", "TORCH_NCCL_", "GLOO_", "HF_", "TRANSFORMERS_",
 # import beyond torch (attrs, isal, hmac, secrets): checked by a trace of os.environ and of the
 # native getenv (an LD_PRELOAD shim) while importing them after torch. Exact names: other parts
 # of dlrover.flashckpt import more (its Hugging Face adapter imports transformers).
-# `test_imports` keeps the os.environ half true as the code changes.
-_READS_NOTHING_AT_IMPORT = frozenset({"dlrover.flashckpt", "dlrover.flashckpt.client"})
+# `test_imports` keeps the os.environ half true as the code changes. The checkpointer module (what
+# `FlashCheckpointer` and its loads import) was traced the same way and adds faulthandler, hmac
+# and secrets, which read none either.
+_READS_NOTHING_AT_IMPORT = frozenset(
+    {"dlrover.flashckpt", "dlrover.flashckpt.client", "dlrover.flashckpt.checkpointer"}
+)
 # What importing a module of ours loads that reads the environment: a standby that prewarmed the
 # module had torch imported too, and a program that imports the module first imports torch with
 # it (the module is then already loaded, so the guard never sees that nested import).
 # `test_imports` checks it.
-_ALSO_IMPORTS: Mapping[str, tuple[str, ...]] = {"dlrover.flashckpt.client": ("torch",)}
+_ALSO_IMPORTS: Mapping[str, tuple[str, ...]] = {
+    "dlrover.flashckpt.client": ("torch",),
+    "dlrover.flashckpt.checkpointer": ("torch",),
+}
 
 
 def _covers(prewarmed: str, imported: str) -> bool:
@@ -92,9 +99,9 @@ def _reads_at_import(name: str, module: str) -> bool:
 def reads_environment_at_import(module: str) -> bool:
     """Whether the code of `module` may read any environment variable while it is imported.
 
-    False only for the modules of ours checked to read none (``dlrover.flashckpt`` and
-    ``dlrover.flashckpt.client``); any other module may. What a module imports is judged as a
-    module of its own (`also_imports`).
+    False only for the modules of ours checked to read none (``dlrover.flashckpt``,
+    ``dlrover.flashckpt.client`` and ``dlrover.flashckpt.checkpointer``); any other module may.
+    What a module imports is judged as a module of its own (`also_imports`).
     """
     return module not in _READS_NOTHING_AT_IMPORT
 
@@ -102,7 +109,8 @@ def reads_environment_at_import(module: str) -> bool:
 def also_imports(module: str) -> tuple[str, ...]:
     """The modules that may read the environment which importing `module` of ours loads too.
 
-    ``dlrover.flashckpt.client`` imports torch; for any other module nothing is known (its
+    ``dlrover.flashckpt.client`` and ``dlrover.flashckpt.checkpointer`` import torch; for any
+    other module nothing is known (its
     import of a prewarmed module is seen when it runs, as the standby's guard sees every import).
     """
     return _ALSO_IMPORTS.get(module, ())
@@ -116,7 +124,7 @@ def import_time_sensitive(name: str, modules: Sequence[str]) -> bool:
     and its parts may read every name but a short list torch 2.13 reads only when used
     (``CUDA_VISIBLE_DEVICES``, ``CUDA_DEVICE_ORDER``, ``PYTORCH_CUDA_ALLOC_CONF``, ``NCCL_*``,
     ``TORCH_NCCL_*``, ``GLOO_*``, ``TOKENIZERS_PARALLELISM``, ``HF_*``, ``TRANSFORMERS_*``,
-    ``WANDB_*``); ``dlrover.flashckpt`` and ``dlrover.flashckpt.client`` read none.
+    ``WANDB_*``); ``dlrover.flashckpt``, its client and its checkpointer read none.
 
     Args:
         name: the environment variable.
