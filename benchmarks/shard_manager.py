@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import random
 import time
 import tracemalloc
 from collections.abc import Callable
@@ -19,7 +20,7 @@ from collections.abc import Callable
 from dlrover.common import ManualClock
 from dlrover.shard import DatasetSpec, DeliveryMode, IndexSource, ShardManager, ShardRegistry
 from dlrover.shard.progress import encode_progress
-from dlrover.shard.shard import encode_bitmap
+from dlrover.shard.shard import encode_bitmap, mix_seed
 
 
 def _spec(num_shards: int, delivery: DeliveryMode = DeliveryMode.EXACTLY_ONCE) -> DatasetSpec:
@@ -153,6 +154,15 @@ def position_read(num_shards: int, ranks: int) -> list[tuple[str, str]]:
     t0 = time.perf_counter()
     encode_bitmap(done_ids, 0, num_shards)
     walk_s = time.perf_counter() - t0
+    # What a recovery waits for: rank 0 restores the position its checkpoint holds. Its floor is
+    # the epoch's shuffled order, which a restore must compute again from the seed.
+    position = reg.checkpoint("bench")
+    t0 = time.perf_counter()
+    ShardRegistry(ManualClock()).restore(position)
+    restore_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    random.Random(mix_seed(0, 0)).shuffle(list(range(num_shards)))
+    shuffle_s = time.perf_counter() - t0
     return [
         (f"one read ({len(done_ids):,} done, {ranks:,} leased), ms", f"{read_s * 1e3:.2f}"),
         ("  peer: encoding those done ids from a list, ms", f"{walk_s * 1e3:.2f}"),
@@ -161,6 +171,9 @@ def position_read(num_shards: int, ranks: int) -> list[tuple[str, str]]:
         (f"a step's reads and leases by {ranks:,} ranks, reused reads, ms", f"{reused_s * 1e3:.1f}"),
         ("  peer: the same reads written afresh each time, ms", f"{afresh_s * 1e3:.1f}"),
         ("  reused / afresh", f"{reused_s / afresh_s:.4f}x"),
+        ("restore of that position, ms", f"{restore_s * 1e3:.1f}"),
+        ("  peer: shuffling the epoch's shard ids once, ms", f"{shuffle_s * 1e3:.1f}"),
+        ("  restore / shuffle", f"{restore_s / shuffle_s:.2f}x"),
     ]
 
 

@@ -29,7 +29,7 @@ from dlrover.shard import (
 )
 from dlrover.shard._bookkeeping import EpochBook
 from dlrover.shard.progress import encode_progress
-from dlrover.shard.shard import bitmap_text, decode_bitmap, encode_bitmap
+from dlrover.shard.shard import bitmap_bytes, bitmap_text, decode_bitmap, encode_bitmap
 
 
 def _spec(n: int = 10, **kw: object) -> DatasetSpec:
@@ -416,6 +416,15 @@ def test_an_epoch_book_keeps_the_bitmap_a_position_writes(ids: list[int], epoch:
     assert not book.is_done(base - 1)
     assert not book.is_done(base + 99)
     assert bitmap_text(book.bitmap()) == encode_bitmap(done, base, 99)
+    # A restored book starts from the bitmap a position wrote.
+    restored = EpochBook(99, base, bitmap_bytes(encode_bitmap(done, base, 99), 99))
+    assert restored.done_count == len(done)
+    assert restored.done_ids() == sorted(done)
+
+
+def test_an_epoch_book_refuses_a_bitmap_of_another_size() -> None:
+    with pytest.raises(ValueError, match="a done bitmap of 3 bytes for 10 shards"):
+        EpochBook(10, 0, b"\x00\x00\x00")
 
 
 def test_an_epoch_book_refuses_a_shard_of_another_epoch_and_changes_nothing() -> None:
@@ -440,6 +449,23 @@ def test_a_corrupt_done_bitmap_is_refused_by_name() -> None:
         ShardRegistry(ManualClock()).restore(json.dumps(doc))
     doc["state"]["epochs"]["0"]["done_bitmap"] = encode_bitmap({0}, 0, 80)
     with pytest.raises(InvalidShardRequestError, match="expected 2 for 10 shards"):
+        ShardRegistry(ManualClock()).restore(json.dumps(doc))
+    doc["state"]["epochs"]["0"]["done_bitmap"] = encode_bitmap({0, 12}, 0, 10)  # bit 12 of 16
+    with pytest.raises(InvalidShardRequestError, match="sets bits beyond its 10 shards"):
+        ShardRegistry(ManualClock()).restore(json.dumps(doc))
+
+
+def test_a_shard_both_done_and_queued_is_refused() -> None:
+    reg = ShardRegistry(ManualClock())
+    reg.register(_spec(40))
+    m = reg.manager("ds")
+    first, second = m.fetch("w", 2).shards
+    m.report_done("w", first.shard_id)
+    m.report_failure("w", second.shard_id, "back to the queue")
+    doc = json.loads(reg.checkpoint("ds"))
+    assert [e["shard_id"] for e in doc["state"]["queue"]] == [second.shard_id]
+    doc["state"]["epochs"]["0"]["done_bitmap"] = encode_bitmap({first.shard_id, second.shard_id}, 0, 10)
+    with pytest.raises(InvalidShardRequestError, match=f"shard {second.shard_id} appears in more than one state"):
         ShardRegistry(ManualClock()).restore(json.dumps(doc))
 
 
@@ -529,6 +555,22 @@ def test_a_checkpoint_holding_a_shard_that_was_never_handed_out_is_refused() -> 
     queued["state"]["cursor"] = 0
     with pytest.raises(InvalidShardRequestError, match="queued shard 0 was never handed out"):
         ShardRegistry(ManualClock()).restore(json.dumps(queued))
+
+
+@pytest.mark.parametrize("handed_out", [1, 9])  # the cursor below and past half the epoch's 12 shards
+def test_a_shuffled_checkpoint_leasing_the_next_fresh_shard_is_refused(handed_out: int) -> None:
+    reg = ShardRegistry(ManualClock())
+    reg.register(_spec(n=48, shuffle=True, seed=7))
+    assert len(reg.manager("ds").fetch("a", handed_out).shards) == handed_out
+    good = reg.checkpoint("ds", include_leases=True)
+    ahead = ShardRegistry(ManualClock())
+    ahead.restore(good)
+    (fresh,) = ahead.manager("ds").fetch("b", 1).shards  # the shard at the cursor of the order
+    doc = json.loads(good)
+    doc["state"]["leases"][0]["shard"].update({"shard_id": fresh.shard_id, "start": fresh.start, "end": fresh.end})
+    with pytest.raises(InvalidShardRequestError, match=f"leased shard {fresh.shard_id} was never handed out"):
+        ShardRegistry(ManualClock()).restore(json.dumps(doc))
+    ShardRegistry(ManualClock()).restore(good)  # the untouched position restores
 
 
 def _samples_after_restore(doc: str) -> list[int]:

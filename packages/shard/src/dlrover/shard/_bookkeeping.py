@@ -78,11 +78,16 @@ class EpochBook:
 
     __slots__ = ("_bits", "base", "done_count", "failed", "total")
 
-    def __init__(self, total: int, base: int) -> None:
+    def __init__(self, total: int, base: int, bits: bytes | None = None) -> None:
+        """`bits`: the done bitmap to start from (``(total + 7) // 8`` bytes, no bit past `total`,
+        as `shard.bitmap_bytes` checks it); none done without it."""
         self.total = total
         self.base = base
-        self._bits = bytearray((total + 7) // 8)
-        self.done_count = 0
+        self._bits = bytearray((total + 7) // 8) if bits is None else bytearray(bits)
+        if len(self._bits) != (total + 7) // 8:
+            raise ValueError(f"a done bitmap of {len(self._bits)} bytes for {total} shards")
+        # Counted in C: a restore of an epoch with millions of shards done takes no Python loop.
+        self.done_count = int.from_bytes(self._bits, "little").bit_count()
         self.failed = 0
 
     @property

@@ -563,7 +563,8 @@ class ShardManager:
         cursor: int,
         finished_epochs: int,
         done_total: int,
-        books: dict[int, tuple[set[int], int]],
+        perm: array[int] | None,
+        books: dict[int, tuple[bytes, int]],
         queue: list[Parked],
         failed: list[FailedShard],
         next_offset: dict[str, int],
@@ -574,15 +575,13 @@ class ShardManager:
         stream_done_floor: int,
     ) -> None:
         self._epoch = epoch
-        self._perm = self._permutation(epoch) if epoch >= 0 else None
+        self._perm = perm
         self._cursor = cursor
         self._finished_epochs = finished_epochs
         self._done_total = done_total
         size = self._book_size()
-        for e, (done, failed_count) in books.items():
-            book = EpochBook(size, e * size)
-            for sid in done:
-                book.add_done(sid)
+        for e, (bits, failed_count) in books.items():
+            book = EpochBook(size, e * size, bits)
             book.failed = failed_count
             self._books[e] = book
         for e in sorted(books):

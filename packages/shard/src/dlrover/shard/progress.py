@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import json
 import math
+from array import array
 from typing import TYPE_CHECKING, Any
 
 from dlrover.shard._bookkeeping import Parked, check_request_id, check_worker
@@ -67,7 +68,7 @@ from dlrover.shard.config import (
 )
 from dlrover.shard.errors import InvalidShardRequestError
 from dlrover.shard.results import FailedShard, FetchResult, ReportResult
-from dlrover.shard.shard import Shard, decode_bitmap
+from dlrover.shard.shard import Shard, bitmap_bytes
 from dlrover.shard.splitter import make_splitter
 
 if TYPE_CHECKING:
@@ -303,17 +304,19 @@ def load_manager_state(
             parked.order_seed, parked.partition, max(parked.dispatches, 1),
         )  # fmt: skip
         failed.append(FailedShard(shard, tuple(parked.reasons)))
-    books: dict[int, tuple[set[int], int]] = {}
+    # The done shards stay a bitmap (one bit each) from the document to the manager's books: a
+    # restore of an epoch with millions of shards takes no Python loop over them.
+    books: dict[int, tuple[bytes, int]] = {}
+    size = n or 0
     for key, book in _field(state, "epochs", dict, "state").items():
         if not key.isdigit() or int(key) > epoch:
             raise _bad(f"state.epochs has key {key!r}, not a started epoch")
         bitmap = _field(book, "done_bitmap", str, f"state.epochs[{key}]")
-        size = n or 0
         try:
-            done = decode_bitmap(bitmap, int(key) * size, size)
+            bits = bitmap_bytes(bitmap, size)
         except ValueError as exc:
             raise _bad(f"state.epochs[{key}].done_bitmap: {exc}") from exc
-        books[int(key)] = (done, _int(book, "failed", f"state.epochs[{key}]"))
+        books[int(key)] = (bits, _int(book, "failed", f"state.epochs[{key}]"))
     stream = _field(state, "stream", dict, "state")
     next_offset = _field(stream, "next_offset", dict, "state.stream")
     watermark = _field(stream, "watermark", dict, "state.stream")
@@ -331,19 +334,26 @@ def load_manager_state(
     leases = _leases_from(manager, state, exact=exact)
     replies = _replies_from(state) if "leases" in state else []
     seen: set[int] = set()
-    ids = [p.shard_id for p in queue] + [f.shard.shard_id for f in failed] + [p.shard_id for _, p, _ in leases]
-    ids += [d for done, _ in books.values() for d in done] + list(stream_done)
-    for sid in ids:
+    held = [p.shard_id for p in queue] + [f.shard.shard_id for f in failed] + [p.shard_id for _, p, _ in leases]
+    for sid in held + list(stream_done):
         if sid in seen:
             raise _bad(f"shard {sid} appears in more than one state")
         seen.add(sid)
+    for sid in held:
+        if size and _bit_set(books.get(sid // size), sid % size):
+            raise _bad(f"shard {sid} appears in more than one state")
+    # Computed once: shuffling a million shard ids takes most of a second in Python.
+    perm = manager._permutation(epoch) if epoch >= 0 else None
     if n is not None:
-        _check_dispatched(manager, epoch=epoch, cursor=cursor, queue=queue, failed=failed, leases=leases, books=books)
+        _check_dispatched(
+            epoch=epoch, cursor=cursor, n=n, perm=perm, queue=queue, failed=failed, leases=leases, books=books
+        )
     manager._restore_internals(
         epoch=epoch,
         cursor=cursor,
         finished_epochs=_int(state, "finished_epochs", "state"),
         done_total=_int(state, "done_total", "state"),
+        perm=perm,
         books=books,
         queue=queue,
         failed=failed,
@@ -359,32 +369,56 @@ def load_manager_state(
     return manager, len(in_flight)
 
 
+class _Fresh:
+    """Which of an epoch's shards are still undispatched: those at or past `cursor` in `perm`
+    (in id order without one). Keeps a set of the smaller side of the cursor only."""
+
+    def __init__(self, cursor: int, n: int, perm: array[int] | None) -> None:
+        self._cursor = cursor
+        self._fresh: set[int] | None = None
+        self._dispatched: set[int] | None = None
+        if perm is not None:
+            if 2 * cursor >= n:
+                self._fresh = set(perm[cursor:])
+            else:
+                self._dispatched = set(perm[:cursor])
+
+    def holds(self, index: int) -> bool:
+        if self._fresh is not None:
+            return index in self._fresh
+        if self._dispatched is not None:
+            return index not in self._dispatched
+        return index >= self._cursor
+
+
+def _bit_set(book: tuple[bytes, int] | None, k: int) -> bool:
+    return book is not None and bool(book[0][k >> 3] >> (k & 7) & 1)
+
+
 def _check_dispatched(
-    manager: ShardManager,
     *,
     epoch: int,
     cursor: int,
+    n: int,
+    perm: array[int] | None,
     queue: list[Parked],
     failed: list[FailedShard],
     leases: list[tuple[str, Parked, float | None]],
-    books: dict[int, tuple[set[int], int]],
+    books: dict[int, tuple[bytes, int]],
 ) -> None:
     """Refuse a bounded dataset's state whose queued, failed or leased shard was never handed out.
 
-    Such a shard is still in the fresh permutation (a later epoch, or at or past the cursor of
-    the current one), so it would be handed out a second time; a queued or leased one must also
-    belong to an epoch that is not finished (one with a book).
+    Such a shard is still in the fresh permutation `perm` of `epoch` (a later epoch, or at or past
+    the cursor of the current one), so it would be handed out a second time; a queued or leased
+    one must also belong to an epoch that is not finished (one with a book).
     """
-    n = manager.num_shards_per_epoch
-    assert n is not None
-    perm = manager._permutation(epoch) if epoch >= 0 else None
-    fresh_now = set(range(cursor, n)) if perm is None else set(perm[cursor:])
+    fresh_now = _Fresh(cursor, n, perm)
     for where, sid, shard_epoch, needs_book in (
         *(("queued", p.shard_id, p.epoch, True) for p in queue),
         *(("leased", p.shard_id, p.epoch, True) for _, p, _ in leases),
         *(("failed", f.shard.shard_id, f.shard.epoch, False) for f in failed),
     ):
-        if shard_epoch > epoch or (shard_epoch == epoch and sid % n in fresh_now):
+        if shard_epoch > epoch or (shard_epoch == epoch and fresh_now.holds(sid % n)):
             raise _bad(f"{where} shard {sid} was never handed out (epoch {epoch}, cursor {cursor})")
         if needs_book and shard_epoch not in books:
             raise _bad(f"{where} shard {sid} belongs to epoch {shard_epoch}, which the state records as finished")

@@ -9,7 +9,7 @@ from collections.abc import Iterable
 
 import attrs
 
-__all__ = ["Shard", "mix_seed", "encode_bitmap", "decode_bitmap"]
+__all__ = ["Shard", "mix_seed", "encode_bitmap", "decode_bitmap", "bitmap_bytes"]
 
 _MASK63 = (1 << 63) - 1
 
@@ -44,11 +44,11 @@ def bitmap_text(bits: bytes | bytearray) -> str:
     return base64.b64encode(bits).decode("ascii")
 
 
-def decode_bitmap(text: str, base: int, size: int) -> set[int]:
-    """The ids `encode_bitmap` wrote.
+def bitmap_bytes(text: str, size: int) -> bytes:
+    """The bytes of a bitmap of `size` bits that `encode_bitmap` or `bitmap_text` wrote.
 
     Raises:
-        ValueError: not base64, or not a bitmap of `size` bits.
+        ValueError: not base64, not ``(size + 7) // 8`` bytes, or a bit set past the `size` bits.
     """
     try:
         bits = base64.b64decode(text.encode("ascii"), validate=True)
@@ -56,10 +56,19 @@ def decode_bitmap(text: str, base: int, size: int) -> set[int]:
         raise ValueError(f"not a base64 bitmap: {exc}") from exc
     if len(bits) != (size + 7) // 8:
         raise ValueError(f"bitmap has {len(bits)} bytes, expected {(size + 7) // 8} for {size} shards")
-    found = {base + (i << 3) + b for i, byte in enumerate(bits) if byte for b in range(8) if byte >> b & 1}
-    if any(sid >= base + size for sid in found):
+    if size & 7 and bits[-1] >> (size & 7):
         raise ValueError(f"bitmap sets bits beyond its {size} shards")
-    return found
+    return bits
+
+
+def decode_bitmap(text: str, base: int, size: int) -> set[int]:
+    """The ids `encode_bitmap` wrote.
+
+    Raises:
+        ValueError: not base64, or not a bitmap of `size` bits.
+    """
+    bits = bitmap_bytes(text, size)
+    return {base + (i << 3) + b for i, byte in enumerate(bits) if byte for b in range(8) if byte >> b & 1}
 
 
 @attrs.frozen(slots=True)
