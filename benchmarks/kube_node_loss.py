@@ -460,7 +460,8 @@ def _how(event_log: Path, t0_wall: float) -> tuple[str, float | None]:
 
     events = read_event_log(event_log) if event_log.exists() else []
     kinds = Counter(str(e["kind"]) for e in events)
-    parts = [f"{kinds[k]} {k}" for k in ("disruption", "spare_promoted", "relaunch", "failure") if kinds[k]]
+    counted = ("disruption", "spare_promoted", "relaunch", "failure", "consequence_restart")
+    parts = [f"{kinds[k]} {k}" for k in counted if kinds[k]]
     acted = [float(e["wall_time"]) - t0_wall for e in events if e["kind"] in ("spare_promoted", "relaunch")]
     return ", ".join(parts) or "-", min(acted) if acted else None
 

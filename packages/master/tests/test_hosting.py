@@ -14,9 +14,11 @@ import pytest
 from dlrover.common import ManualClock
 from dlrover.diagnosis import FailureKind
 from dlrover.master.config import LifecycleConfig, MasterConfig, NodeRange
+from dlrover.master.diagnosis_policy import DiagnosisFailurePolicy
 from dlrover.master.hosting import HostedRendezvous, HostedShards, node_of_worker
 from dlrover.master.journal import Blob, ChangeLine, JournalError, MemoryJournal, SqliteJournal, StateJournal
 from dlrover.master.master import Master, StatefulCollaborator
+from dlrover.master.policy import FailurePolicy
 from dlrover.master.scheduler.fake import FakeScheduler
 from dlrover.master.states import NodeState
 from dlrover.rendezvous import PollState, RendezvousManager
@@ -49,6 +51,7 @@ class Job:
         *,
         coupled: bool = True,
         min_compaction_bytes: int = 1 << 20,
+        policy: FailurePolicy | None = None,
         **kw: object,
     ) -> None:
         self.clock = clock or ManualClock()
@@ -61,7 +64,9 @@ class Job:
         )
         hosted = [self.rendezvous, self.shards]
         membership = hosted if coupled else []
-        self.master = Master(cfg, FakeScheduler(), journal, self.clock, collaborators=hosted, membership=membership)
+        self.master = Master(
+            cfg, FakeScheduler(), journal, self.clock, collaborators=hosted, membership=membership, policy=policy
+        )
         for library in hosted:
             library.attach(self.master)
         self.master.start()
@@ -418,3 +423,53 @@ def test_a_call_that_sees_a_round_another_call_formed_answers_only_after_it_is_j
     assert json.loads(sink.written[0][1])["round_number"] == 1
     hosted.servicer.Poll(rpb.PollRequest(node_id="2"), None)  # type: ignore[arg-type]
     assert sink.calls == 1  # the journal already holds this round: no export at all
+
+
+def test_collective_failures_of_nodes_a_lost_peer_left_behind_restart_them_without_a_charge() -> None:
+    job = Job(MemoryJournal(), policy=DiagnosisFailurePolicy())
+    a, b, c = job.register_all()
+    with job.rendezvous.locked() as m:
+        for node in (a, b, c):
+            m.join(str(node), job.clock.now())
+        assert m.round_number == 1
+    job.clock.advance(11.0)
+    job.master.heartbeat(a)
+    job.master.heartbeat(b)
+    job.master.tick()  # c is silent: failed, relaunched; round 1 dissolves under a and b
+    charged = job.master.status().job_failures
+    peer_gone = "[rank0]: RuntimeError: [../gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:55700"
+    decision = job.master.report_failure(a, FailureKind.UNKNOWN, peer_gone, exit_code=1)
+    assert decision.action.value == "restart_processes"
+    assert f"round 1 dissolved: node '{c}' left" in decision.outcome
+    assert "counts against no budget" in decision.outcome
+    # b's workers hung in the collective instead: the same.
+    decision = job.master.report_failure(b, FailureKind.HANG, "no step for 300 s", exit_code=None)
+    assert "counts against no budget" in decision.outcome
+    assert job.master.status().job_failures == charged
+    kinds = [e.kind for e in job.master.events(limit=1000)]
+    assert kinds.count("consequence_restart") == 2
+    # Once a joined the next round again, its own failure is charged as any other.
+    with job.rendezvous.locked() as m:
+        m.join(str(a), job.clock.now())
+    decision = job.master.report_failure(a, FailureKind.UNKNOWN, peer_gone, exit_code=1)
+    assert "counts against no budget" not in decision.outcome
+    assert job.master.status().job_failures == charged + 1
+
+
+def test_a_bug_in_a_node_a_lost_peer_left_behind_is_still_its_own() -> None:
+    job = Job(MemoryJournal(), policy=DiagnosisFailurePolicy())
+    a, b, c = job.register_all()
+    with job.rendezvous.locked() as m:
+        for node in (a, b, c):
+            m.join(str(node), job.clock.now())
+    job.master.report_failure(c, FailureKind.UNKNOWN, "[rank2]: RuntimeError: Connection reset by peer", exit_code=1)
+    bug = "\n".join(
+        [
+            "Traceback (most recent call last):",
+            '  File "train.py", line 3, in <module>',
+            "NameError: name 'x' is not defined",
+        ]
+    )
+    decision = job.master.report_failure(a, FailureKind.UNKNOWN, bug, exit_code=1)
+    assert decision.kind.value == "user_code"
+    assert "counts against no budget" not in decision.outcome

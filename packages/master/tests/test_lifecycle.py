@@ -18,7 +18,7 @@ from dlrover.master.lifecycle import (
     NodeStateError,
     UnknownNodeError,
 )
-from dlrover.master.policy import DefaultFailurePolicy, Failure
+from dlrover.master.policy import Classification, DefaultFailurePolicy, Failure
 from dlrover.master.records import LaunchNode, StopNode, node_from_dict, node_to_dict
 from dlrover.master.resize import ResizeRequest
 from dlrover.master.states import TRANSITIONS, IllegalTransitionError, JobState, NodeState, check_transition
@@ -387,6 +387,83 @@ def test_relaunch_budget_exhausted_removes_the_node_and_the_job_fails() -> None:
     assert life.exit_reason == decision.outcome
     assert life.exit_reason.endswith("no node is left: the job stops")
     assert any(isinstance(e, StopNode) and e.node_id == 1 for e in out.effects)
+
+
+def test_the_one_host_of_a_single_host_backend_is_never_avoided() -> None:
+    # The local backend runs every node on one host: a relaunch that avoided it could not be placed.
+    cfg = LifecycleConfig(nodes=NodeRange(2, 2))
+    life = JobLifecycle(cfg, DefaultFailurePolicy(), 0.0, single_host="vm")
+    life.start(0.0)
+    life.register(0, "a", "vm", 0.5)
+    life.register(1, "b", "vm", 0.5)
+    decision, out = life.report_failure(0, FailureKind.HARDWARE, "GPU fell off the bus", 1.0)
+    assert decision.action is ActionKind.RELAUNCH_NODE
+    assert not decision.avoid_host
+    assert decision.outcome.endswith(
+        "; but host 'vm' is not avoided: every node of this backend runs on it, so a replacement that avoided it "
+        "could not be placed"
+    )
+    assert life.avoid_hosts == {}
+    assert not any(e.kind == "host_avoided" for e in out.events)
+    (launch,) = [e for e in out.effects if isinstance(e, LaunchNode)]
+    assert launch.avoid_hosts == frozenset()
+    replacement, _ = life.register(launch.node_id, "c", "vm", 2.0)  # on the same host
+    assert replacement.rank == 0
+    # A platform's disruption and a failed health check do not avoid it either; the check says so.
+    life.node_disrupted(1, "NodeLost", "the host went away", 3.0, host="vm", avoid_host=True)
+    out = life.mark_host_unhealthy("vm", "a failed health check")
+    assert [(e.kind, e.data["host"]) for e in out.events] == [("host_not_avoided", "vm")]
+    assert life.avoid_hosts == {}
+    # Another host (an agent started by hand elsewhere) is still avoided.
+    life.mark_host_unhealthy("elsewhere", "a failed health check")
+    assert list(life.avoid_hosts) == ["elsewhere"]
+
+
+def test_a_collective_failure_of_workers_whose_round_was_over_restarts_them_and_spends_no_budget() -> None:
+    life = make(2)
+    register_all(life)
+    life.node_disrupted(1, "NodeLost", "the host went away", 1.0)
+    cause = "round 1 dissolved: node '1' left"
+    evidence = "RuntimeError: Connection closed by peer"
+    decision, out = life.report_failure(
+        0, FailureKind.UNKNOWN, evidence, 1.2, answered=True,
+        classification=Classification(FailureKind.COMMUNICATION, "collective-failure"), left_behind=cause,
+    )  # fmt: skip
+    assert decision.action is ActionKind.RESTART_PROCESSES
+    assert decision.kind is FailureKind.COMMUNICATION
+    assert cause in decision.outcome
+    assert "counts against no budget" in decision.outcome
+    assert [e.kind for e in out.events] == ["consequence_restart"]
+    assert out.events[0].data["cause"] == cause
+    assert (life.job_failures, life.node(0).process_restarts) == (0, 0)
+    assert life.node(0).state is NodeState.RUNNING
+    assert life.pending_work(0).actions == ()  # the answer carries the restart
+    # Not answered (a report through a path that does not carry the decision): queued once.
+    decision, _ = life.report_failure(0, FailureKind.HANG, "stuck in all_reduce", 1.3, left_behind=cause)
+    assert decision.action is ActionKind.RESTART_PROCESSES
+    assert [a.kind for a in life.pending_work(0).actions] == [ActionKind.RESTART_PROCESSES]
+    assert life.job_failures == 0
+
+
+@pytest.mark.parametrize("kind", [FailureKind.USER_CODE, FailureKind.NATIVE_CRASH, FailureKind.HARDWARE])
+def test_a_failure_of_another_kind_is_the_nodes_own_even_after_its_round_was_over(kind: FailureKind) -> None:
+    life = make(2)
+    register_all(life)
+    life.node_disrupted(1, "NodeLost", "the host went away", 1.0)
+    decision, out = life.report_failure(
+        0, kind, "Traceback ...", 1.2, answered=True, left_behind="round 1 dissolved: node '1' left"
+    )
+    assert decision.kind is kind
+    assert life.job_failures == 1
+    assert "consequence_restart" not in [e.kind for e in out.events]
+
+
+def test_a_collective_failure_in_a_round_in_force_is_charged() -> None:
+    life = make(2)
+    register_all(life)
+    decision, _ = life.report_failure(0, FailureKind.COMMUNICATION, "NCCL timeout", 1.0, answered=True)
+    assert decision.action is ActionKind.RESTART_PROCESSES
+    assert (life.job_failures, life.node(0).process_restarts) == (1, 1)
 
 
 def test_insufficient_nodes_for_longer_than_the_window_stops_the_job() -> None:

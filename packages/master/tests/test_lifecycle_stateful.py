@@ -14,7 +14,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from dlrover.diagnosis import LOST_NODE_KIND, ActionKind, FailureKind
+from dlrover.diagnosis import LOST_NODE_KIND, PEER_CONSEQUENCE_KINDS, ActionKind, FailureKind
 from dlrover.master.config import LifecycleConfig, NodeRange
 from dlrover.master.lifecycle import JobLifecycle, LifecycleError
 from dlrover.master.policy import DefaultFailurePolicy
@@ -164,6 +164,22 @@ class LifecycleMachine(RuleBasedStateMachine):
         if self.life.job_state is JobState.FAILED:
             assert decision.outcome == self.life.exit_reason
         self._account(node_id, decision.action)
+
+    @rule(rank=st.integers(0, MAX_NODES - 1), kind=st.sampled_from(FailureKind))
+    def fail_after_the_round_was_over(self, rank: int, kind: FailureKind) -> None:
+        """The rendezvous says the node's workers ran in a round that was over (a peer left or restarted):
+        a collective error or hang restarts them and is charged nowhere; any other kind is decided as usual."""
+        node_id = self._current(rank)
+        node = self.life.node(node_id)
+        if self.life.job_state.finished or node.state is not NodeState.RUNNING or kind not in PEER_CONSEQUENCE_KINDS:
+            return  # other kinds and states take the `fail` rule's path, which it checks
+        before = self.life.snapshot()
+        decision, out = self.life.report_failure(node_id, kind, "peer gone", self.now, left_behind="round dissolved")
+        assert decision.action is ActionKind.RESTART_PROCESSES
+        assert [e.kind for e in out.events] == ["consequence_restart"]
+        after = self.life.snapshot()
+        assert (after.job_failures, after.nodes) == (before.job_failures, before.nodes)  # nothing charged
+        assert self.life.node(node_id).process_restarts == node.process_restarts
 
     @rule(rank=st.integers(0, MAX_NODES - 1), lose_host=st.booleans())
     def disrupt(self, rank: int, lose_host: bool) -> None:

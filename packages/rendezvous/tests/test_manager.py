@@ -480,3 +480,39 @@ def test_expect_round_refuses_a_bad_node_id_and_changes_nothing() -> None:
     assert m.planned == {"a"}
     assert m.expect_round([], 0.0) == "no round planned"
     assert m.planned == frozenset()
+
+
+def test_a_member_is_left_behind_once_a_peer_leaves_restarts_or_joins_again_until_it_joins_itself() -> None:
+    m = RendezvousManager(RendezvousConfig(min_nodes=3, max_nodes=3))
+    _join_all(m, ["a", "b", "c"], 0.0)
+    assert m.round_number == 1
+    assert [m.left_behind(n) for n in "abc"] == [None, None, None]
+    # b's processes are being restarted: a's and c's workers lose their peer; b's own failure is its own.
+    m.processes_restarting("b", "its worker failed")
+    assert m.left_behind("a") == "round 1: the processes of node 'b' restart (its worker failed)"
+    assert m.left_behind("b") is None
+    m.processes_restarting("z", "not a member")  # ignored
+    m.join("a", 1.0)  # a's workers restarted: they are no longer in the old round
+    assert m.left_behind("a") is None
+    assert m.left_behind("c") is not None
+    # The next round forms: nobody is left behind.
+    m.join("b", 1.0)
+    m.join("c", 1.0)
+    m.poll("a", 1.0)
+    assert m.round_number == 2
+    assert [m.left_behind(n) for n in "abc"] == [None, None, None]
+    # A member that joins again (its agent restarted its workers) leaves the others behind too.
+    m.join("c", 2.0)
+    assert m.left_behind("a") == "round 2: node 'c' joined again (its processes restarted)"
+    assert m.left_behind("c") is None
+    # A member that leaves dissolves the round: the others are told why until they join again.
+    m.join("a", 2.0)
+    m.join("b", 2.0)
+    assert m.round_number == 3
+    m.leave("c", 3.0)
+    assert m.left_behind("a") == "round 3 dissolved: node 'c' left"
+    assert m.left_behind("c") is None
+    with pytest.raises(InvalidRequestError):
+        m.left_behind("")
+    with pytest.raises(InvalidRequestError):
+        m.processes_restarting("", "why")

@@ -13,8 +13,8 @@
   ends, samples and phases in its slot of a file its agent maps; `RankStepStats` batches them to
   the master. `report_gradient_sync` has a DDP model mark each step's first gradient
   synchronization, from which a slow rank of a synchronous job is found.
-* Reported failures (`reported_kind`, `LOST_NODE_KIND`, `OOM_RECORD_KIND`, `SLOW_NODE_KIND`, `diagnose_report`,
-  `kind_decided_alone`):
+* Reported failures (`reported_kind`, `LOST_NODE_KIND`, `OOM_RECORD_KIND`, `SLOW_NODE_KIND`,
+  `diagnose_report`, `kind_decided_alone`, `PEER_CONSEQUENCE_KINDS`):
   the kind an agent or the master names for what it saw, and the kind decided on once the
   evidence is read; the master and the agent name no kind themselves.
 * Detectors (`HangDetector`, `StragglerDetector`): pure, ``now`` passed in.
@@ -71,6 +71,7 @@ if TYPE_CHECKING:
     from dlrover.diagnosis.reported import (
         LOST_NODE_KIND,
         OOM_RECORD_KIND,
+        PEER_CONSEQUENCE_KINDS,
         SLOW_NODE_KIND,
         diagnose_report,
         kind_decided_alone,
@@ -104,6 +105,7 @@ _EXPORTS = {
     "TRANSIENT_KINDS": "dlrover.diagnosis.kinds",
     "LOST_NODE_KIND": "dlrover.diagnosis.reported",
     "OOM_RECORD_KIND": "dlrover.diagnosis.reported",
+    "PEER_CONSEQUENCE_KINDS": "dlrover.diagnosis.reported",
     "SLOW_NODE_KIND": "dlrover.diagnosis.reported",
     "diagnose_report": "dlrover.diagnosis.reported",
     "kind_decided_alone": "dlrover.diagnosis.reported",
@@ -191,6 +193,7 @@ __all__ = [
     # the kind of a reported failure
     "LOST_NODE_KIND",
     "OOM_RECORD_KIND",
+    "PEER_CONSEQUENCE_KINDS",
     "SLOW_NODE_KIND",
     "diagnose_report",
     "kind_decided_alone",

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 __all__ = [
     "LOST_NODE_KIND",
     "OOM_RECORD_KIND",
+    "PEER_CONSEQUENCE_KINDS",
     "SLOW_NODE_KIND",
     "diagnose_report",
     "kind_decided_alone",
@@ -35,6 +36,12 @@ OOM_RECORD_KIND = FailureKind.HOST_OOM
 """The kind of a node the master saw vanish while the kernel's own record (its memory cgroup's
 ``oom_kill`` count, a `MEMORY_RECORD` evidence line) says the OOM killer ended one of its processes:
 no agent reported it, but the record says why."""
+
+PEER_CONSEQUENCE_KINDS = frozenset({FailureKind.COMMUNICATION, FailureKind.HANG})
+"""The kinds a node's workers fail with when a peer's departure or restart breaks their collectives
+(a connection closed by the peer, a collective that never completes). Decided on workers whose round
+was already over, they are that change's consequence, not a fault of the node (the master spends no
+budget on them); any other kind (user code, a native crash, ...) is the node's own."""
 
 SLOW_NODE_KIND = FailureKind.HARDWARE
 """The kind of a failure the master decides itself for a node it replaces because its ranks

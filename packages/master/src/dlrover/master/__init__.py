@@ -99,6 +99,7 @@ if TYPE_CHECKING:
         Master,
         NodeMembership,
         PlannedRoundAware,
+        RoundWitness,
         SpareAware,
         StatefulCollaborator,
     )
@@ -192,6 +193,7 @@ _EXPORTS = {
     "MasterRuntime": "dlrover.master.runtime",
     "ServiceRegistration": "dlrover.master.runtime",
     "PlannedRoundAware": "dlrover.master.master",
+    "RoundWitness": "dlrover.master.master",
     "SpareAware": "dlrover.master.master",
     "StatefulCollaborator": "dlrover.master.master",
     "create_master": "dlrover.master.factory",
@@ -351,6 +353,7 @@ __all__ = [
     "MasterRuntime",
     "ServiceRegistration",
     "PlannedRoundAware",
+    "RoundWitness",
     "SpareAware",
     "StatefulCollaborator",
     "create_master",

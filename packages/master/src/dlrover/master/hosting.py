@@ -314,7 +314,15 @@ class HostedRendezvous:
         _log.info("rendezvous: %s (%s)", what, reason)
 
     def processes_restarted(self, node_id: int, reason: str) -> None:
-        """Nothing to do: the restarted processes join again, which reopens the round by itself."""
+        """The restarted processes join again, which reopens the round by itself; until then the
+        round remembers why its other members' collectives break (`left_behind`)."""
+        with self._servicer.lock:
+            self._manager.processes_restarting(str(node_id), reason)
+
+    def left_behind(self, node_id: int) -> str | None:
+        """Why the node's workers run in a round that is over, or None (`RendezvousManager.left_behind`)."""
+        with self._servicer.lock:
+            return self._manager.left_behind(str(node_id))
 
     def node_finished(self, node_id: int, reason: str) -> None:
         """Keep the node in its round without heartbeats, so its silence never dissolves it under its peers."""

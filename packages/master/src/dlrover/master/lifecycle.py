@@ -18,6 +18,7 @@ from dlrover.autoscale import OomConfig, OomEvent, Resources, plan_oom_relaunch
 from dlrover.common import DLRoverError
 from dlrover.diagnosis import (
     LOST_NODE_KIND,
+    PEER_CONSEQUENCE_KINDS,
     ActionKind,
     Decision,
     FailureKind,
@@ -150,6 +151,10 @@ class JobLifecycle:
             and then leaves the job (`spend_restart`); a node whose agent is gone or exits leaves
             its rank open for a new agent to register, and the events say so rather than that a
             node was created.
+        single_host: the one host every node of the backend runs on (the local backend), or None.
+            It is never avoided: a replacement that avoided it could not be placed, and a job
+            whose every relaunch fails to launch loses the rank. A decision to relaunch avoiding
+            it relaunches on it, and says so.
     """
 
     def __init__(
@@ -160,6 +165,7 @@ class JobLifecycle:
         snapshot: LifecycleSnapshot | None = None,
         *,
         scheduler_relaunches: bool = True,
+        single_host: str | None = None,
         wall_offset: float = 0.0,
     ) -> None:
         if config.spare_nodes and not scheduler_relaunches:
@@ -170,6 +176,7 @@ class JobLifecycle:
         self._config = config
         self._policy = policy
         self._scheduler_relaunches = scheduler_relaunches
+        self._single_host = single_host
         self._nodes = NodeTable()
         self._current: dict[int, int] = {}
         # Queues are tuples, replaced whole: a savepoint copies the dict, not every queue.
@@ -845,9 +852,16 @@ class JobLifecycle:
         answered: bool = False,
         classification: Classification | None = None,
         agent_exits: bool = False,
+        left_behind: str | None = None,
     ) -> tuple[Decision, Outcome]:
         """A node's agent reported a failure; decide and apply what to do (`kind`: the kind it
         reported, `exit_code`: the failed process's status, if known).
+
+        `left_behind`: why the node's workers ran in a round that was already over when they
+        failed (the rendezvous's word: a peer left, was lost or restarted), or None. A collective
+        error or a hang of such workers (the kind decided on: `classification`'s, else `kind`) is
+        that change's consequence: the node's processes restart for the next round and no budget
+        is spent. Another kind (user code, a native crash, ...) is its own fault, decided as usual.
 
         `classification` is what the policy made of the full evidence beforehand (see
         `ClassifyingPolicy`); it is handed to the policy with the failure. With `answered`, the
@@ -871,6 +885,9 @@ class JobLifecycle:
             return self._lose_spare(node, kind, _clip(evidence), now)
         if node_id in self._planned_round and node.state is NodeState.RUNNING and not agent_exits:
             return self._planned_restart(node, kind, _clip(evidence), answered=answered)
+        decided = classification.kind if classification is not None else kind
+        if left_behind and decided in PEER_CONSEQUENCE_KINDS and node.state is NodeState.RUNNING and not agent_exits:
+            return self._consequence_restart(node, decided, _clip(evidence), left_behind, now, answered=answered)
         return self._fail(
             node,
             kind,
@@ -904,6 +921,27 @@ class JobLifecycle:
         decision = Decision(ActionKind.RESTART_PROCESSES, kind, str(node.node_id), reason)
         ev = Event("planned_restart", reason, node.node_id, node.rank, {"kind": kind.value, "evidence": evidence})
         return decision, Outcome(events=(ev,))
+
+    def _consequence_restart(
+        self, node: NodeRecord, kind: FailureKind, evidence: str, cause: str, now: float, *, answered: bool
+    ) -> tuple[Decision, Outcome]:
+        """A node's workers failed with a collective error or hang after their round was over
+        (`report_failure`'s `left_behind`): they restart for the next round, and no budget is spent."""
+        reason = (
+            f"the workers of node {node.node_id} failed ({kind.value}: {one_line_summary(evidence)}) in a round "
+            f"that was already over ({cause}): the failure is its consequence; they restart for the next round, "
+            "and it counts against no budget"
+        )
+        self._restarted_at[node.node_id] = now
+        if not answered:
+            restart = Action(self._next_action_id, ActionKind.RESTART_PROCESSES, reason)
+            self._actions[node.node_id] = (*self._actions.get(node.node_id, ()), restart)
+            self._work_changed.add(node.node_id)
+            self._next_action_id += 1
+        decision = Decision(ActionKind.RESTART_PROCESSES, kind, str(node.node_id), reason)
+        data = {"kind": kind.value, "evidence": evidence, "cause": cause}
+        ev = Event("consequence_restart", reason, node.node_id, node.rank, data)
+        return decision, Outcome(events=(ev,), changed_nodes=frozenset({node.node_id}))
 
     def node_lost(
         self,
@@ -964,7 +1002,8 @@ class JobLifecycle:
             "it is not the job's fault and counts against no budget"
         )
         out = Outcome()
-        if avoid_host and host:
+        avoid_host = avoid_host and bool(host) and host != self._single_host  # see `single_host`
+        if avoid_host:
             out = out.merge(self.mark_host_unhealthy(host, f"{reason} on node {node_id}"))
         node = attrs.evolve(node, last_failure=_clip(f"{reason}: {evidence}"))
         self._nodes[node_id] = node
@@ -997,9 +1036,16 @@ class JobLifecycle:
         return out.merge(self._check_nodes(now))
 
     def mark_host_unhealthy(self, host: str, reason: str) -> Outcome:
-        """Avoid `host` from now on (a failed health check); its running nodes are not touched."""
+        """Avoid `host` from now on (a failed health check); its running nodes are not touched.
+        The backend's one host (`single_host`) is not avoided: the event says so."""
         if not host or host in self._avoid_hosts:
             return Outcome()
+        if host == self._single_host:
+            message = (
+                f"host {host!r} not avoided ({reason}): every node of this backend runs on it, so no node could "
+                "be placed if it were"
+            )
+            return Outcome(events=(Event("host_not_avoided", message, data={"host": host, "reason": reason}),))
         self._avoid_hosts[host] = _clip(reason)
         ev = Event("host_avoided", f"host {host!r} avoided: {reason}", data={"host": host})
         return Outcome(events=(ev,), job_changed=True)
@@ -1542,6 +1588,13 @@ class JobLifecycle:
         self._nodes[node.node_id] = node
         decision, relaunch_with, grown = self._grow_memory(node, decision)
         out = out.merge(grown)
+        if decision.avoid_host and node.host and node.host == self._single_host:
+            decision = attrs.evolve(
+                decision,
+                avoid_host=False,
+                outcome=f"{decision.outcome}; but host {node.host!r} is not avoided: every node of this backend "
+                "runs on it, so a replacement that avoided it could not be placed",
+            )
         reason = decision.outcome
         if decision.avoid_host and node.host:
             out = out.merge(self.mark_host_unhealthy(node.host, f"{decided.value} on node {node.node_id}"))

@@ -96,6 +96,7 @@ __all__ = [
     "NodeMembership",
     "ResourceSample",
     "PlannedRoundAware",
+    "RoundWitness",
     "SpareAware",
     "StateChanges",
     "StatefulCollaborator",
@@ -116,6 +117,7 @@ _DISRUPTIONS = frozenset(
         "failure",
         "process_restart",
         "planned_restart",
+        "consequence_restart",
         "relaunch",
         "oom_relaunch",
         "node_created",
@@ -240,6 +242,21 @@ class PlannedRoundAware(Protocol):
 
     def round_planned(self, node_ids: frozenset[int], reason: str) -> None:
         """The next round is for exactly `node_ids` (each of them restarts for it, or joins it)."""
+        ...
+
+
+@runtime_checkable
+class RoundWitness(Protocol):
+    """A library that knows which rounds of training are over (the rendezvous), asked when a node
+    reports a failure: a collective error or hang of workers whose round is already over is most
+    likely the consequence of what ended it (a peer left, was lost, or restarted), and no budget
+    is spent on it (`JobLifecycle.report_failure`'s `left_behind`).
+
+    Called under the master's lock; it may take its own lock, never the master's.
+    """
+
+    def left_behind(self, node_id: int) -> str | None:
+        """Why the node's workers still run in a round that is over, or None."""
         ...
 
 
@@ -412,6 +429,7 @@ class Master:
             now,
             restored.lifecycle,
             scheduler_relaunches=scheduler.relaunches_nodes,
+            single_host=scheduler.host if isinstance(scheduler, SingleHost) else None,
             wall_offset=clock.wall_time() - now,
         )
         self._checkpoints = checkpoints or CheckpointTracker(restored.checkpoints)
@@ -689,7 +707,7 @@ class Master:
                     call = functools.partial(_departed, ev.node_id, ev.message)
                 else:
                     continue
-            elif ev.kind in ("process_restart", "planned_restart") and ev.node_id is not None:
+            elif ev.kind in ("process_restart", "planned_restart", "consequence_restart") and ev.node_id is not None:
                 # A planned round's restart kills the node's workers as surely as a failure's.
                 call = functools.partial(_restarted, ev.node_id, ev.message)
             elif ev.kind == "planned_round":
@@ -1333,6 +1351,7 @@ class Master:
         )
         with self._lock:
             ledger, blobs = self._memory_evidence_used(node_id, kills)
+            left_behind = self._left_behind(node_id)
             decision = self._transact(
                 lambda: self._lifecycle.report_failure(
                     node_id,
@@ -1343,6 +1362,7 @@ class Master:
                     answered=True,
                     classification=classification,
                     agent_exits=agent_exits,
+                    left_behind=left_behind,
                 ),
                 blobs=blobs,
             )
@@ -1351,6 +1371,17 @@ class Master:
             self._stragglers.forget_node(node_id)
             self._excuses.forget(node_id)
             return decision
+
+    def _left_behind(self, node_id: int) -> str | None:
+        """Why the node's workers run in a round that is over, as the first `RoundWitness` says (lock held)."""
+        for member in self._membership:
+            if isinstance(member, RoundWitness):
+                try:
+                    return member.left_behind(node_id)
+                except Exception:
+                    # Without the answer the failure is charged as any other: the old behaviour.
+                    _log.exception("%s could not say whether node %d's round is over", type(member).__name__, node_id)
+        return None
 
     def peer_excuses(self, node_id: int) -> tuple[PeerExcuse, ...]:
         """The excuses other nodes sent with their heartbeats that still last (a rank in a named phase, ranks

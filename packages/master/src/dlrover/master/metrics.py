@@ -73,7 +73,7 @@ class MasterMetrics:
         for event in events:
             if event.kind == "failure":
                 self.failures.labels(self._job, str(event.data.get("kind", "unknown"))).inc()
-            elif event.kind == "process_restart":
+            elif event.kind in ("process_restart", "consequence_restart"):
                 self.restarts.labels(self._job, "process").inc()
             elif event.kind == "relaunch":
                 self.restarts.labels(self._job, "node").inc()

@@ -43,7 +43,7 @@ _COLORS = {
     "shutdown": "#bdbdbd",
     "in_progress": "#e0e0e0",
 }
-_RESTART_KINDS = frozenset({"process_restart", "relaunch"})
+_RESTART_KINDS = frozenset({"process_restart", "consequence_restart", "relaunch"})
 
 
 def _attr(**values: Any) -> str:

@@ -102,6 +102,9 @@ class RendezvousManager:
         self._planned_until = float("-inf")
         # Nodes that expired and have not called since: a plan never waits for them.
         self._silent: set[str] = set()
+        # Members of the round in force whose processes are being restarted (see
+        # `processes_restarting`), and why: not exported, a new master starts without them.
+        self._restarting: dict[str, str] = {}
 
     # -- queries -------------------------------------------------------------------------------
 
@@ -378,6 +381,45 @@ class RendezvousManager:
                 count = max(count, 1)
         return WaitingCount(count, self._pace(len(self._last_seen)), self._round_number)
 
+    def processes_restarting(self, node_id: str, why: str) -> None:
+        """The processes of `node_id`, a member of the round in force, are being restarted (`why`):
+        its peers' collectives break before it joins again. Remembered for `left_behind` until
+        the next round forms or this one dissolves; a node not in the round in force is ignored.
+
+        Raises:
+            InvalidRequestError: the node id is malformed; nothing changed.
+        """
+        _check_node_id(node_id)
+        if self._current is not None and self._current.rank_of(node_id) is not None:
+            self._restarting.setdefault(node_id, why)
+
+    def left_behind(self, node_id: str) -> str | None:
+        """Why `node_id`'s workers still run in a round that is over, or None: its round dissolved
+        (a member left or expired), or another member's processes restart or joined again, and
+        `node_id` has not joined again. A collective error or hang of those workers is then most
+        likely that change's consequence, not a fault of their own.
+
+        Raises:
+            InvalidRequestError: the node id is malformed.
+        """
+        _check_node_id(node_id)
+        dropped = self._dropped.get(node_id)
+        if dropped is not None:
+            return dropped
+        current = self._current
+        if current is None or current.rank_of(node_id) is None or node_id in self._waiting:
+            return None
+        if node_id in self._restarting:
+            return None  # its own restart: whatever broke, it was this node's
+        if self._restarting:
+            other, why = next(iter(self._restarting.items()))
+            return f"round {current.number}: the processes of node {other!r} restart ({why})"
+        if self._reopened:
+            for member in current.members:
+                if member != node_id and member in self._waiting:
+                    return f"round {current.number}: node {member!r} joined again (its processes restarted)"
+        return None
+
     def leave(self, node_id: str, now: float) -> str:
         """Take a node out: off the waiting list, out of the current round (which dissolves) and
         out of the planned round (see `expect_round`), which no longer waits for it.
@@ -606,6 +648,7 @@ class RendezvousManager:
             # why when they next ask.
             self._current = None
             self._finished.clear()
+            self._restarting.clear()
             for member in current.members:
                 if member != node_id and member not in self._waiting:
                     self._dropped[member] = f"round {current.number} dissolved: {why}"
@@ -634,6 +677,7 @@ class RendezvousManager:
         self._round_number += 1
         sizes = tuple(self._waiting[node].local_world_size for node in members)
         self._current = Round(self._round_number, members, now, self._config, decision.reason, sizes)
+        self._restarting.clear()
         self._reopened = False
         self._planned = frozenset()
         self._finished.clear()
