@@ -934,10 +934,7 @@ class JobLifecycle:
         )
         self._restarted_at[node.node_id] = now
         if not answered:
-            restart = Action(self._next_action_id, ActionKind.RESTART_PROCESSES, reason)
-            self._actions[node.node_id] = (*self._actions.get(node.node_id, ()), restart)
-            self._work_changed.add(node.node_id)
-            self._next_action_id += 1
+            self._queue_action(node.node_id, ActionKind.RESTART_PROCESSES, reason)
         decision = Decision(ActionKind.RESTART_PROCESSES, kind, str(node.node_id), reason)
         data = {"kind": kind.value, "evidence": evidence, "cause": cause}
         ev = Event("consequence_restart", reason, node.node_id, node.rank, data)
@@ -1383,11 +1380,16 @@ class JobLifecycle:
                 if not save_first:  # a failure's round comes too: broken collectives cannot save
                     self._drop_save_first(node.node_id)
                 continue
-            restart = Action(self._next_action_id, ActionKind.RESTART_PROCESSES, why, planned_round=save_first)
-            self._actions[node.node_id] = (*self._actions.get(node.node_id, ()), restart)
-            self._planned_round[node.node_id] = self._next_action_id
-            self._work_changed.add(node.node_id)
-            self._next_action_id += 1
+            action_id = self._queue_action(node.node_id, ActionKind.RESTART_PROCESSES, why, planned_round=save_first)
+            self._planned_round[node.node_id] = action_id
+
+    def _queue_action(self, node_id: int, kind: ActionKind, reason: str, *, planned_round: bool = False) -> int:
+        """Queue an action for the node's next heartbeat; returns its id."""
+        action = Action(self._next_action_id, kind, reason, planned_round=planned_round)
+        self._actions[node_id] = (*self._actions.get(node_id, ()), action)
+        self._work_changed.add(node_id)
+        self._next_action_id += 1
+        return action.action_id
 
     def _round_planned(self, why: str) -> Outcome:
         """A ``planned_round`` event naming the nodes the next round is for: every running ranked
@@ -1603,10 +1605,7 @@ class JobLifecycle:
             self._nodes[node.node_id] = node
             self._restarted_at[node.node_id] = now
             if not answered:
-                restart = Action(self._next_action_id, decision.action, reason)
-                self._actions[node.node_id] = (*self._actions.get(node.node_id, ()), restart)
-                self._work_changed.add(node.node_id)
-                self._next_action_id += 1
+                self._queue_action(node.node_id, decision.action, reason)
             ev = Event(
                 "process_restart",
                 reason,
