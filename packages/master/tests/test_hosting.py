@@ -456,6 +456,37 @@ def test_collective_failures_of_nodes_a_lost_peer_left_behind_restart_them_witho
     assert job.master.status().job_failures == charged + 1
 
 
+def test_a_peers_crash_excuses_the_collective_errors_it_causes_and_a_peers_collective_error_does_not() -> None:
+    job = Job(MemoryJournal(), policy=DiagnosisFailurePolicy())
+    a, b, c = job.register_all()
+    with job.rendezvous.locked() as m:
+        for node in (a, b, c):
+            m.join(str(node), job.clock.now())
+    with job.shards.locked() as registry:
+        registry.register(SPEC)
+        held = registry.fetch("train", str(a)).shards[0]
+    # c's worker segfaults: c restarts in place and is charged; a's reset is c's doing.
+    crash = "Fatal Python error: Segmentation fault\n\nCurrent thread 0x00007f (most recent call first):"
+    assert job.master.report_failure(c, FailureKind.UNKNOWN, crash, exit_code=-11).action.value == "restart_processes"
+    charged = job.master.status().job_failures
+    reset = "[rank0]: RuntimeError: [../gloo/transport/tcp/pair.cc:537] Read error: Connection reset by peer"
+    decision = job.master.report_failure(a, FailureKind.UNKNOWN, reset, exit_code=1)
+    assert f"the processes of node '{c}' restart" in decision.outcome
+    assert job.master.status().job_failures == charged
+    with job.shards.locked() as registry:  # the consequence restart let a's lease go, as any restart does
+        assert held.shard_id in registry.manager("train").snapshot().todo
+    # A new round; then b's collective error comes first and is charged: c's, after it, may be the
+    # cause rather than the consequence (a bad link of c's), so it is charged too.
+    with job.rendezvous.locked() as m:
+        for node in (a, b, c):
+            m.join(str(node), job.clock.now())
+        assert m.round_number == 2
+    job.master.report_failure(b, FailureKind.UNKNOWN, reset, exit_code=1)
+    decision = job.master.report_failure(c, FailureKind.UNKNOWN, reset, exit_code=1)
+    assert "counts against no budget" not in decision.outcome
+    assert job.master.status().job_failures == charged + 2
+
+
 def test_a_bug_in_a_node_a_lost_peer_left_behind_is_still_its_own() -> None:
     job = Job(MemoryJournal(), policy=DiagnosisFailurePolicy())
     a, b, c = job.register_all()

@@ -458,6 +458,21 @@ def test_a_failure_of_another_kind_is_the_nodes_own_even_after_its_round_was_ove
     assert "consequence_restart" not in [e.kind for e in out.events]
 
 
+def test_no_consequence_restart_for_an_agent_that_exits_or_a_job_that_is_finishing() -> None:
+    cause = "round 1 dissolved: node '2' left"
+    life = make(3, min_nodes=1)
+    register_all(life)
+    decision, out = life.report_failure(0, FailureKind.COMMUNICATION, "node check failed", 1.0, agent_exits=True,
+                                        left_behind=cause)  # fmt: skip
+    assert "consequence_restart" not in [e.kind for e in out.events]
+    assert life.job_failures == 1
+    # Once a node succeeded the job is finishing: nothing restarts, whatever ended the round.
+    life.report_success(1, 2.0)
+    decision, out = life.report_failure(2, FailureKind.COMMUNICATION, "peer gone", 3.0, left_behind=cause)
+    assert decision.action is ActionKind.REMOVE_NODE
+    assert "consequence_restart" not in [e.kind for e in out.events]
+
+
 def test_a_collective_failure_in_a_round_in_force_is_charged() -> None:
     life = make(2)
     register_all(life)

@@ -168,7 +168,8 @@ class LifecycleMachine(RuleBasedStateMachine):
     @rule(rank=st.integers(0, MAX_NODES - 1), kind=st.sampled_from(FailureKind))
     def fail_after_the_round_was_over(self, rank: int, kind: FailureKind) -> None:
         """The rendezvous says the node's workers ran in a round that was over (a peer left or restarted):
-        a collective error or hang restarts them and is charged nowhere; any other kind is decided as usual."""
+        a collective error or hang restarts them and is charged nowhere. (Other kinds, with the same
+        answer as without `left_behind`, are `test_lifecycle`'s; this rule draws only these two.)"""
         node_id = self._current(rank)
         node = self.life.node(node_id)
         if self.life.job_state.finished or node.state is not NodeState.RUNNING or kind not in PEER_CONSEQUENCE_KINDS:

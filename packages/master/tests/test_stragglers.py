@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from dlrover.common import ConfigError, ManualClock
-from dlrover.diagnosis import RankStepStats, StragglerConfig
+from dlrover.diagnosis import FailureKind, RankStepStats, StragglerConfig
 from dlrover.master.autoscaler import AutoscalerConfig
 from dlrover.master.config import LifecycleConfig, MasterConfig, NodeRange
 from dlrover.master.journal import MemoryJournal
@@ -511,3 +511,22 @@ class StragglerWatchMachine(RuleBasedStateMachine):
 
 TestStragglerWatchMachine = StragglerWatchMachine.TestCase
 TestStragglerWatchMachine.settings = settings(max_examples=60, stateful_step_count=30, deadline=None)
+
+
+def test_a_master_on_a_one_host_backend_relaunches_a_failed_node_there_instead_of_avoiding_it() -> None:
+    # A hardware fault's relaunch avoids the host where the backend has others; on a one-host backend the
+    # replacement must start on the only host there is (it used to fail to launch, three times).
+    lifecycle = LifecycleConfig(nodes=NodeRange(2, 2), heartbeat_timeout_s=30.0)
+    sched = OneHostScheduler()
+    master = Master(MasterConfig(job_name="t", lifecycle=lifecycle), sched, MemoryJournal(), ManualClock())
+    master.start()
+    master.register(0, "a", "the-only-host")
+    master.register(1, "b", "the-only-host")
+    decision = master.report_failure(0, FailureKind.HARDWARE, "GPU has fallen off the bus")
+    assert decision.action.value == "relaunch_node"
+    assert not decision.avoid_host
+    assert "host 'the-only-host' is not avoided" in decision.outcome
+    assert "host_avoided" not in [e.kind for e in master.events(limit=1000)]
+    (replacement,) = [spec for node_id, spec in sched.specs.items() if node_id >= 2]
+    assert replacement.avoid_hosts == frozenset()
+    master.register(replacement.node_id, "c", "the-only-host")  # not refused

@@ -501,10 +501,9 @@ def test_a_member_is_left_behind_once_a_peer_leaves_restarts_or_joins_again_unti
     m.poll("a", 1.0)
     assert m.round_number == 2
     assert [m.left_behind(n) for n in "abc"] == [None, None, None]
-    # A member that joins again (its agent restarted its workers) leaves the others behind too.
+    # A member that merely joins again (after a collective error a peer may have caused) excuses nobody.
     m.join("c", 2.0)
-    assert m.left_behind("a") == "round 2: node 'c' joined again (its processes restarted)"
-    assert m.left_behind("c") is None
+    assert m.left_behind("a") is None
     # A member that leaves dissolves the round: the others are told why until they join again.
     m.join("a", 2.0)
     m.join("b", 2.0)
@@ -512,6 +511,17 @@ def test_a_member_is_left_behind_once_a_peer_leaves_restarts_or_joins_again_unti
     m.leave("c", 3.0)
     assert m.left_behind("a") == "round 3 dissolved: node 'c' left"
     assert m.left_behind("c") is None
+    m.join("a", 4.0)
+    assert m.left_behind("a") is None
+
+
+def test_a_member_dropped_for_its_own_silence_is_not_left_behind_but_its_peers_are() -> None:
+    m = RendezvousManager(RendezvousConfig(min_nodes=2, max_nodes=2, heartbeat_timeout_s=10.0))
+    _join_all(m, ["a", "b"], 0.0)
+    m.heartbeat("a", 8.0)
+    m.heartbeat("a", 12.0)  # b has been silent for 12 s: it expires, and its round dissolves
+    assert m.left_behind("b") is None
+    assert m.left_behind("a") == "round 1 dissolved: node 'b' sent no heartbeat for 12.0 s (limit 10.0 s)"
     with pytest.raises(InvalidRequestError):
         m.left_behind("")
     with pytest.raises(InvalidRequestError):

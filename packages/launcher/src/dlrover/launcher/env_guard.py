@@ -69,8 +69,8 @@ _TORCH_LAZY_PREFIXES = ("NCCL_", "TORCH_NCCL_", "GLOO_", "HF_", "TRANSFORMERS_",
 # native getenv (an LD_PRELOAD shim) while importing them after torch. Exact names: other parts
 # of dlrover.flashckpt import more (its Hugging Face adapter imports transformers).
 # `test_imports` keeps the os.environ half true as the code changes. The checkpointer module (what
-# `FlashCheckpointer` and its loads import) was traced the same way and adds faulthandler, hmac
-# and secrets, which read none either.
+# `FlashCheckpointer` and its loads import) was traced the same way; beyond the client's, it
+# imports faulthandler, which reads none either.
 _READS_NOTHING_AT_IMPORT = frozenset(
     {"dlrover.flashckpt", "dlrover.flashckpt.client", "dlrover.flashckpt.checkpointer"}
 )

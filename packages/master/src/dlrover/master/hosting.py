@@ -314,8 +314,11 @@ class HostedRendezvous:
         _log.info("rendezvous: %s (%s)", what, reason)
 
     def processes_restarted(self, node_id: int, reason: str) -> None:
-        """The restarted processes join again, which reopens the round by itself; until then the
-        round remembers why its other members' collectives break (`left_behind`)."""
+        """Nothing to do: the restarted processes join again, which reopens the round by itself."""
+
+    def round_broken(self, node_id: int, reason: str) -> None:
+        """The node's processes restart for a cause of their own: until they join again, the round
+        remembers why its other members' collectives break (`left_behind`)."""
         with self._servicer.lock:
             self._manager.processes_restarting(str(node_id), reason)
 

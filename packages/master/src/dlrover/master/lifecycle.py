@@ -177,6 +177,7 @@ class JobLifecycle:
         self._policy = policy
         self._scheduler_relaunches = scheduler_relaunches
         self._single_host = single_host
+        self._single_host_kept = False  # whether an event said so (once: a health check may keep asking)
         self._nodes = NodeTable()
         self._current: dict[int, int] = {}
         # Queues are tuples, replaced whole: a savepoint copies the dict, not every queue.
@@ -242,6 +243,9 @@ class JobLifecycle:
         owed = (action.action_id for queued in snap.actions.values() for action in queued)
         self._next_action_id = max(snap.next_action_id, max(owed, default=0) + 1)
         self._avoid_hosts = dict(snap.avoid_hosts)
+        if self._single_host is not None:
+            # A journal of an older master may avoid it: no node could register or launch again.
+            self._avoid_hosts.pop(self._single_host, None)
         self._started = snap.started
         max_nodes = self._config.nodes.max_nodes
         self._target = min(max_nodes, snap.target_nodes if snap.target_nodes is not None else max_nodes)
@@ -886,7 +890,13 @@ class JobLifecycle:
         if node_id in self._planned_round and node.state is NodeState.RUNNING and not agent_exits:
             return self._planned_restart(node, kind, _clip(evidence), answered=answered)
         decided = classification.kind if classification is not None else kind
-        if left_behind and decided in PEER_CONSEQUENCE_KINDS and node.state is NodeState.RUNNING and not agent_exits:
+        if (
+            left_behind
+            and decided in PEER_CONSEQUENCE_KINDS
+            and node.state is NodeState.RUNNING
+            and not agent_exits
+            and not self.count(NodeState.SUCCEEDED)  # a finishing job restarts nobody (see `_fail`)
+        ):
             return self._consequence_restart(node, decided, _clip(evidence), left_behind, now, answered=answered)
         return self._fail(
             node,
@@ -999,12 +1009,14 @@ class JobLifecycle:
             "it is not the job's fault and counts against no budget"
         )
         out = Outcome()
-        avoid_host = avoid_host and bool(host) and host != self._single_host  # see `single_host`
-        if avoid_host:
+        if avoid_host and host and host == self._single_host:  # see `single_host`
+            avoid_host = False
+            message = f"{message}; its host {host!r} is not avoided: every node of this backend runs on it"
+        if avoid_host and host:
             out = out.merge(self.mark_host_unhealthy(host, f"{reason} on node {node_id}"))
         node = attrs.evolve(node, last_failure=_clip(f"{reason}: {evidence}"))
         self._nodes[node_id] = node
-        data = {"reason": reason, "evidence": _clip(evidence), "host": host, "host_avoided": avoid_host and bool(host)}
+        data = {"reason": reason, "evidence": _clip(evidence), "host": host, "host_avoided": bool(avoid_host and host)}
         ev = Event("disruption", message, node_id, None if node.spare else node.rank, data)
         out = out.merge(self._move(node, NodeState.FAILED, f"disruption: {reason}", now))
         self._forget_work(node_id, planned=False)
@@ -1038,6 +1050,9 @@ class JobLifecycle:
         if not host or host in self._avoid_hosts:
             return Outcome()
         if host == self._single_host:
+            if self._single_host_kept:
+                return Outcome()
+            self._single_host_kept = True
             message = (
                 f"host {host!r} not avoided ({reason}): every node of this backend runs on it, so no node could "
                 "be placed if it were"

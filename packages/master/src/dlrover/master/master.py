@@ -25,6 +25,7 @@ from dlrover.diagnosis import (
     LOST_NODE_KIND,
     MEMORY_RECORD,
     OOM_RECORD_KIND,
+    PEER_CONSEQUENCE_KINDS,
     SLOW_NODE_KIND,
     Decision,
     FailureKind,
@@ -254,6 +255,11 @@ class RoundWitness(Protocol):
 
     Called under the master's lock; it may take its own lock, never the master's.
     """
+
+    def round_broken(self, node_id: int, reason: str) -> None:
+        """The node's processes restart for a cause of their own (a failure of another kind than a
+        collective error or hang, or a planned round): its peers' collectives break."""
+        ...
 
     def left_behind(self, node_id: int) -> str | None:
         """Why the node's workers still run in a round that is over, or None."""
@@ -709,7 +715,7 @@ class Master:
                     continue
             elif ev.kind in ("process_restart", "planned_restart", "consequence_restart") and ev.node_id is not None:
                 # A planned round's restart kills the node's workers as surely as a failure's.
-                call = functools.partial(_restarted, ev.node_id, ev.message)
+                call = functools.partial(_restarted, ev.node_id, ev.message, breaks_round=_breaks_round(ev))
             elif ev.kind == "planned_round":
                 call = functools.partial(_round_planned, frozenset(ev.data["nodes"]), ev.message)
             elif ev.kind == "job_end":
@@ -1710,8 +1716,24 @@ def _finished(node_id: int, reason: str, member: NodeMembership) -> None:
         notify(node_id, reason)
 
 
-def _restarted(node_id: int, reason: str, member: NodeMembership) -> None:
+def _restarted(node_id: int, reason: str, member: NodeMembership, *, breaks_round: bool) -> None:
     member.processes_restarted(node_id, reason)
+    if breaks_round and isinstance(member, RoundWitness):
+        member.round_broken(node_id, reason)
+
+
+def _breaks_round(ev: Event) -> bool:
+    """Whether a restart event is of a cause of the node's own, which its peers' collective errors follow:
+    a planned round's, or a failure's of another kind than a collective error or hang (that one may be a
+    peer's doing, and a peer's report of the same is then not excused by it)."""
+    if ev.kind == "planned_restart":
+        return True
+    if ev.kind != "process_restart":
+        return False
+    try:
+        return FailureKind(ev.data.get("kind")) not in PEER_CONSEQUENCE_KINDS
+    except ValueError:
+        return True
 
 
 def _round_planned(node_ids: frozenset[int], reason: str, member: NodeMembership) -> None:

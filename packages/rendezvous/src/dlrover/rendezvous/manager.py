@@ -382,9 +382,11 @@ class RendezvousManager:
         return WaitingCount(count, self._pace(len(self._last_seen)), self._round_number)
 
     def processes_restarting(self, node_id: str, why: str) -> None:
-        """The processes of `node_id`, a member of the round in force, are being restarted (`why`):
-        its peers' collectives break before it joins again. Remembered for `left_behind` until
-        the next round forms or this one dissolves; a node not in the round in force is ignored.
+        """The processes of `node_id`, a member of the round in force, are being restarted (`why`)
+        for a cause of their own (a crash, a planned round; not a collective error, which may be
+        a peer's doing): its peers' collectives break before it joins again. Remembered for
+        `left_behind` until the next round forms or this one dissolves; a node not in the round in
+        force is ignored.
 
         Raises:
             InvalidRequestError: the node id is malformed; nothing changed.
@@ -395,30 +397,29 @@ class RendezvousManager:
 
     def left_behind(self, node_id: str) -> str | None:
         """Why `node_id`'s workers still run in a round that is over, or None: its round dissolved
-        (a member left or expired), or another member's processes restart or joined again, and
-        `node_id` has not joined again. A collective error or hang of those workers is then most
-        likely that change's consequence, not a fault of their own.
+        (another member left or expired), or another member's processes restart for a cause of
+        their own (`processes_restarting`), and `node_id` has not joined again. A collective error
+        or hang of those workers is then most likely that change's consequence, not a fault of
+        their own. A node dropped for its own silence is not left behind, and neither are the
+        members of a round another member merely joined again: that member may have restarted
+        after a collective error of its own, which a peer's fault can have caused.
 
         Raises:
             InvalidRequestError: the node id is malformed.
         """
         _check_node_id(node_id)
-        dropped = self._dropped.get(node_id)
-        if dropped is not None:
-            return dropped
+        if node_id in self._silent or node_id in self._dropped:
+            return None if node_id in self._silent else self._dropped[node_id]
         current = self._current
-        if current is None or current.rank_of(node_id) is None or node_id in self._waiting:
+        # Not a member of the round in force, joined again, or its own restart broke the round.
+        if current is None or current.rank_of(node_id) is None:
             return None
-        if node_id in self._restarting:
-            return None  # its own restart: whatever broke, it was this node's
-        if self._restarting:
-            other, why = next(iter(self._restarting.items()))
-            return f"round {current.number}: the processes of node {other!r} restart ({why})"
-        if self._reopened:
-            for member in current.members:
-                if member != node_id and member in self._waiting:
-                    return f"round {current.number}: node {member!r} joined again (its processes restarted)"
-        return None
+        if node_id in self._waiting or node_id in self._restarting:
+            return None
+        if not self._restarting:
+            return None
+        other, why = next(iter(self._restarting.items()))
+        return f"round {current.number}: the processes of node {other!r} restart ({why})"
 
     def leave(self, node_id: str, now: float) -> str:
         """Take a node out: off the waiting list, out of the current round (which dissolves) and
