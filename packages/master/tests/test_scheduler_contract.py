@@ -22,6 +22,7 @@ from dlrover.master.scheduler import (
     SchedulerBackend,
     SchedulerError,
 )
+from dlrover.master.scheduler.base import NodeRejectedError
 
 # An "agent" that starts a grandchild in its group, writes both pids, and waits.
 AGENT = r"""
@@ -245,11 +246,32 @@ def test_local_refuses_bad_settings_and_avoided_hosts() -> None:
         LocalScheduler([])
     sched = LocalScheduler(["/nonexistent/agent"])
     try:
-        with pytest.raises(SchedulerError, match="cannot start node 0"):
+        # Refusals that every relaunch would meet alike: the master stops the job with them.
+        with pytest.raises(NodeRejectedError, match=r"cannot start node 0 .*every node of this backend starts with"):
             sched.launch(spec(0))
         import socket
 
-        with pytest.raises(SchedulerError, match="avoided"):
+        with pytest.raises(NodeRejectedError, match="avoided, and every node of the local backend runs on it"):
             sched.launch(NodeSpec("j", 1, 1, avoid_hosts=frozenset({socket.gethostname()})))
+    finally:
+        sched.close()
+
+
+def test_a_master_whose_local_agent_command_cannot_run_stops_the_job_at_once_with_the_reason() -> None:
+    from dlrover.common import ManualClock
+    from dlrover.master.config import LifecycleConfig, MasterConfig, NodeRange
+    from dlrover.master.journal import MemoryJournal
+    from dlrover.master.master import Master
+    from dlrover.master.states import JobState
+
+    sched = LocalScheduler(["/nonexistent/agent"])
+    config = MasterConfig(job_name="t", lifecycle=LifecycleConfig(nodes=NodeRange(2, 2)))
+    master = Master(config, sched, MemoryJournal(), ManualClock())
+    try:
+        master.start()
+        status = master.status()
+        assert status.state is JobState.FAILED
+        assert "cannot be started: cannot start node 0 ('/nonexistent/agent')" in status.exit_reason
+        assert "relaunch" not in [e.kind for e in master.events(limit=1000)]  # no launch retried in a loop
     finally:
         sched.close()

@@ -35,6 +35,7 @@ them like any node that never came.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -52,7 +53,14 @@ import psutil  # type: ignore[import-untyped, unused-ignore]  # no stubs in the 
 from dlrover.autoscale import Resources
 from dlrover.common import ConfigError
 from dlrover.master.journal import JournalError
-from dlrover.master.scheduler.base import MemoryRecord, NodeSpec, ObservedNode, ObservedState, SchedulerError
+from dlrover.master.scheduler.base import (
+    MemoryRecord,
+    NodeRejectedError,
+    NodeSpec,
+    ObservedNode,
+    ObservedState,
+    SchedulerError,
+)
 from dlrover.master.scheduler.cgroups import MemoryGroup, MemoryGroups
 
 __all__ = ["LOCAL_STATE_FORMAT", "LocalScheduler", "parse_slots"]
@@ -62,6 +70,8 @@ _log = logging.getLogger(__name__)
 LOCAL_STATE_FORMAT = "dlrover.master.local"
 _START_TIME_TOLERANCE_S = 0.05  # start times are read from /proc in clock ticks (1/100 s)
 _ADOPTED_POLL_S = 0.05
+# Why a command cannot run at all (not there, not runnable), unlike a fork that ran out of resources.
+_COMMAND_UNUSABLE = frozenset({errno.ENOENT, errno.EACCES, errno.ENOEXEC, errno.ENOTDIR, errno.EISDIR})
 
 
 def _start_time(pid: int) -> float | None:
@@ -390,7 +400,12 @@ class LocalScheduler:
             if spec.node_id in self._waiting or spec.node_id in self._stopped_waiting | self._spawn_failed:
                 raise SchedulerError(f"node {spec.node_id} was already launched")
             if self._host in spec.avoid_hosts:
-                raise SchedulerError(f"cannot launch node {spec.node_id}: this host ({self._host}) is avoided")
+                # Every node of this backend runs here: a relaunch would be refused alike (the master
+                # avoids no single host, see `JobLifecycle`'s `single_host`; this guards direct use).
+                raise NodeRejectedError(
+                    f"cannot launch node {spec.node_id}: this host ({self._host}) is avoided, and every node of the "
+                    "local backend runs on it"
+                )
             self._read_capacity_file()
             if self._waiting or (self._slots is not None and self._held() >= self._slots):
                 # Every slot is taken: the node waits (pending) for one, as a pod waits for a node.
@@ -431,7 +446,11 @@ class LocalScheduler:
                     _log.warning(
                         "memory group %s of a node that did not start cannot be removed: %s", group.path, remove_exc
                     )
-            raise SchedulerError(f"cannot start node {spec.node_id} ({self._command[0]!r}): {exc}") from exc
+            message = f"cannot start node {spec.node_id} ({self._command[0]!r}): {exc}"
+            if exc.errno in _COMMAND_UNUSABLE:
+                # Every node starts with the same command: a relaunch would fail alike, in milliseconds.
+                raise NodeRejectedError(f"{message}; every node of this backend starts with this command") from exc
+            raise SchedulerError(message) from exc
         # Our unreaped child: its pid cannot be reused, so its start time is its own.
         started = _start_time(popen.pid)
         self._procs[spec.node_id] = _Proc(
