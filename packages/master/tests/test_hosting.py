@@ -425,13 +425,18 @@ def test_a_call_that_sees_a_round_another_call_formed_answers_only_after_it_is_j
     assert sink.calls == 1  # the journal already holds this round: no export at all
 
 
+def _join_round(job: Job, *nodes: int) -> int:
+    """Every one of `nodes` joins the rendezvous (again); returns the round number in force then."""
+    with job.rendezvous.locked() as m:
+        for node in nodes:
+            m.join(str(node), job.clock.now())
+        return m.round_number
+
+
 def test_collective_failures_of_nodes_a_lost_peer_left_behind_restart_them_without_a_charge() -> None:
     job = Job(MemoryJournal(), policy=DiagnosisFailurePolicy())
     a, b, c = job.register_all()
-    with job.rendezvous.locked() as m:
-        for node in (a, b, c):
-            m.join(str(node), job.clock.now())
-        assert m.round_number == 1
+    assert _join_round(job, a, b, c) == 1
     job.clock.advance(11.0)
     job.master.heartbeat(a)
     job.master.heartbeat(b)
@@ -449,8 +454,7 @@ def test_collective_failures_of_nodes_a_lost_peer_left_behind_restart_them_witho
     kinds = [e.kind for e in job.master.events(limit=1000)]
     assert kinds.count("consequence_restart") == 2
     # Once a joined the next round again, its own failure is charged as any other.
-    with job.rendezvous.locked() as m:
-        m.join(str(a), job.clock.now())
+    _join_round(job, a)
     decision = job.master.report_failure(a, FailureKind.UNKNOWN, peer_gone, exit_code=1)
     assert "counts against no budget" not in decision.outcome
     assert job.master.status().job_failures == charged + 1
@@ -459,9 +463,7 @@ def test_collective_failures_of_nodes_a_lost_peer_left_behind_restart_them_witho
 def test_a_peers_crash_excuses_the_collective_errors_it_causes_and_a_peers_collective_error_does_not() -> None:
     job = Job(MemoryJournal(), policy=DiagnosisFailurePolicy())
     a, b, c = job.register_all()
-    with job.rendezvous.locked() as m:
-        for node in (a, b, c):
-            m.join(str(node), job.clock.now())
+    _join_round(job, a, b, c)
     with job.shards.locked() as registry:
         registry.register(SPEC)
         held = registry.fetch("train", str(a)).shards[0]
@@ -477,10 +479,7 @@ def test_a_peers_crash_excuses_the_collective_errors_it_causes_and_a_peers_colle
         assert held.shard_id in registry.manager("train").snapshot().todo
     # A new round; then b's collective error comes first and is charged: c's, after it, may be the
     # cause rather than the consequence (a bad link of c's), so it is charged too.
-    with job.rendezvous.locked() as m:
-        for node in (a, b, c):
-            m.join(str(node), job.clock.now())
-        assert m.round_number == 2
+    assert _join_round(job, a, b, c) == 2
     job.master.report_failure(b, FailureKind.UNKNOWN, reset, exit_code=1)
     decision = job.master.report_failure(c, FailureKind.UNKNOWN, reset, exit_code=1)
     assert "counts against no budget" not in decision.outcome
@@ -490,9 +489,7 @@ def test_a_peers_crash_excuses_the_collective_errors_it_causes_and_a_peers_colle
 def test_a_bug_in_a_node_a_lost_peer_left_behind_is_still_its_own() -> None:
     job = Job(MemoryJournal(), policy=DiagnosisFailurePolicy())
     a, b, c = job.register_all()
-    with job.rendezvous.locked() as m:
-        for node in (a, b, c):
-            m.join(str(node), job.clock.now())
+    _join_round(job, a, b, c)
     job.master.report_failure(c, FailureKind.UNKNOWN, "[rank2]: RuntimeError: Connection reset by peer", exit_code=1)
     bug = "\n".join(
         [
