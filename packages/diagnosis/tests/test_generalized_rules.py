@@ -756,6 +756,86 @@ FOURTH_ROUND_CASES = [
     ("an import behind a glued prefix", "[stderr]ModuleNotFoundError: No module named 'apex'", None, K.USER_CODE),
 ]
 
+# The fifth round's rules, in wordings written for this test.
+FIFTH_ROUND_CASES = [
+    (
+        "torch's desync report names a rank that never joined",
+        _NCCL_TIMEOUT + "\n"
+        "[rank1]:[E ProcessGroupNCCL.cpp:1940] Rank 1\n"
+        "         - [0] Timeout at collective: ALLREDUCE, #9\n"
+        "         - To our best knowledge, the lagging/dead/mismatched ranks that caused the desync are:\n"
+        "             [3] finished collective #6, but didn't join collective #7 (count from 1)",
+        None,
+        K.HANG,
+    ),
+    (
+        "monitored_barrier names the ranks that never came",
+        "RuntimeError: [Rank 0]: Ranks 2, 5 failed to pass monitoredBarrier in 600000 ms",
+        None,
+        K.HANG,
+    ),
+    (
+        "gloo's store wait escapes a thread and aborts",
+        "terminate called after throwing an instance of 'gloo::IoException'\n"
+        "  what():  [gloo/transport/tcp/pair.cc:598] Connection closed by peer [10.0.0.7]:41234\n"
+        "Aborted (core dumped)",
+        None,
+        K.COMMUNICATION,
+    ),
+    (
+        "a script that does not take the launcher's --local-rank",
+        "usage: train.py [-h] [--local_rank LOCAL_RANK] [--epochs EPOCHS]\n"
+        "train.py: error: unrecognized arguments: --local-rank=3",
+        2,
+        K.USER_CODE,
+    ),
+    (
+        "torch's serializer could not write",
+        '  File "/usr/lib/python3/site-packages/torch/serialization.py", line 441, in _save\n'
+        "RuntimeError: write(): fd 12 failed with Remote I/O error",
+        None,
+        K.DISK_FULL,
+    ),
+    (
+        "HTCondor lost the job with its execute node",
+        "024 (1234.000.000) 05/02 10:00:00 Job reconnection failed\n"
+        "    Job not found at execution machine\n"
+        "    Can not reconnect to slot1@worker-12, rescheduling job",
+        None,
+        K.PREEMPTION,
+    ),
+    ("Rust's allocator gave up", "memory allocation of 34359738368 bytes failed\nAborted", None, K.HOST_OOM),
+    ("macOS's shell reports a SIGKILL", "Killed: 9", None, K.HOST_OOM),
+    ("macOS's shell reports an abort", "Abort trap: 6", None, K.NATIVE_CRASH),
+    (
+        "Open MPI's signal handler",
+        "[gpu-3:04242] *** Process received signal ***\n[gpu-3:04242] Signal: Aborted (6)",
+        None,
+        K.NATIVE_CRASH,
+    ),
+    ("NVML's error code for a lost GPU", "pynvml.NVMLError: NVML_ERROR_GPU_IS_LOST", None, K.HARDWARE),
+    (
+        "the driver in a state a process cannot clear",
+        "UserWarning: CUDA initialization: Unexpected error from cudaGetDeviceCount(). Error 999: unknown error",
+        None,
+        K.HARDWARE,
+    ),
+    (
+        "the device plugin's Xid",
+        "XidCriticalError: Xid=79 on Device=GPU-1a2b, the device will go unhealthy.",
+        None,
+        K.HARDWARE,
+    ),
+    ("a full disk in other words", "ERROR: insufficient disk space to write /ckpt/step_900", None, K.DISK_FULL),
+    (
+        "apex's scaler index before the collapsed scale",
+        "Gradient overflow.  Skipping step, loss scaler 0 reducing loss scale to 3.0517578125e-05",
+        None,
+        K.NAN_LOSS,
+    ),
+    ("spot capacity being taken back", "The spot instance is being reclaimed by the provider", None, K.PREEMPTION),
+]
+
 NEGATIVES = [
     # (name, log, a kind it must not be diagnosed as)
     (
@@ -845,6 +925,20 @@ NEGATIVES = [
     ("a clean exit status", "Process completed with exit code 0.", K.HOST_OOM),
     ("an interrupted run", "Process finished with exit code 130", K.HOST_OOM),
     ("NCCL's info about IB", "NCCL INFO NET/IB : Using [0]mlx5_0:1/IB ; OOB ib0:10.0.0.3<0>", K.COMMUNICATION),
+    (
+        "a wrong argument that is not the rank's",
+        "train.py: error: unrecognized arguments: --lr-warmup 100",
+        K.USER_CODE,
+    ),
+    ("a disk-space warning", "WARNING: you may run out of disk space soon (92% used)", K.DISK_FULL),
+    (
+        "apex's healthy scaler",
+        "Gradient overflow.  Skipping step, loss scaler 0 reducing loss scale to 32768.0",
+        K.NAN_LOSS,
+    ),
+    ("a count named killed", "killed: 3", K.HOST_OOM),
+    ("a memory-allocation log line", "memory allocation of 4096 bytes succeeded", K.HOST_OOM),
+    ("a healthy desync-debug setting", "TORCH_NCCL_DESYNC_DEBUG=1 TORCH_DISTRIBUTED_DEBUG=DETAIL", K.HANG),
 ]
 
 
@@ -1011,8 +1105,8 @@ def registry() -> RuleRegistry:
 
 @pytest.mark.parametrize(
     ("name", "log", "exit_status", "expected"),
-    CASES + MORE_CASES + FOURTH_ROUND_CASES,
-    ids=[c[0] for c in CASES + MORE_CASES + FOURTH_ROUND_CASES],
+    CASES + MORE_CASES + FOURTH_ROUND_CASES + FIFTH_ROUND_CASES,
+    ids=[c[0] for c in CASES + MORE_CASES + FOURTH_ROUND_CASES + FIFTH_ROUND_CASES],
 )
 def test_family_in_another_wording(
     registry: RuleRegistry, name: str, log: str, exit_status: int | None, expected: FailureKind

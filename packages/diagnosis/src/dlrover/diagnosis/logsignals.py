@@ -46,11 +46,13 @@ _WORDS = {
     "segmentation fault": 11,
     "terminated": 15,
     "abort": 6,
+    "abort trap": 6,
 }
 _WORD = "|".join(sorted((re.escape(w) for w in _WORDS), key=len, reverse=True))
 _NAME = r"SIG(?:HUP|ILL|ABRT|BUS|FPE|KILL|SEGV|TERM)"
 
-# Each pattern's group "num" is a negative or 128+N status, "name" a SIG name, "word" a word.
+# Each pattern's group "num" is a negative or 128+N status, "name" a SIG name, "word" a word,
+# "mac" macOS's description and number.
 _PATTERNS = (
     # torchrun's summary and its agent's log line; DeepSpeed's launcher; subprocess; mp.spawn.
     re.compile(r"exitcode\s*:\s*(?P<num>-\d+)\b"),
@@ -87,6 +89,14 @@ _PATTERNS = (
     # bash's job control ("[1]+  Killed                  python train.py").
     re.compile(r"^\[\d+\][+-]?\s+(?P<word>" + _WORD + r")\s", re.IGNORECASE),
     re.compile(r"interrupted by signal (?P<signum>\d+)\b"),
+    # Open MPI's signal handler ("[node1:01234] Signal: Aborted (6)"), in mpirun and Horovod jobs.
+    re.compile(r"\bSignal: (?P<word>" + _WORD + r") \(\d+\)", re.IGNORECASE),
+    # macOS's shells print the signal's description with its number there ("Killed: 9", "Abort
+    # trap: 6"), capitalised, on a line of their own; the word decides (SIGBUS is 10 on macOS).
+    re.compile(
+        r"^[\s>`*_]*(?P<mac>Hangup: 1|Illegal instruction: 4|Abort trap: 6|Floating point exception: 8|"
+        r"Killed: 9|Bus error: 10|Segmentation fault: 11|Terminated: 15)[\s`*_]*$"
+    ),
 )
 _SCANNERS = tuple(Scanner.of(p) for p in _PATTERNS)
 _ROOT_CAUSE = "Root Cause (first observed failure)"
@@ -116,6 +126,8 @@ def _signal_of(match: re.Match[str]) -> int | None:
         return _NAMES[groups["name"]]
     if groups.get("word"):
         return _WORDS[groups["word"].lower()]
+    if groups.get("mac"):
+        return _WORDS[groups["mac"].rsplit(":", 1)[0].lower()]
     if groups.get("signum"):
         return int(groups["signum"])
     return None

@@ -243,7 +243,9 @@ class FunctionRule:
 _HARDWARE_XIDS = frozenset(
     {48, 61, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120, 123, 140, 144, 145, 146, 147, 148, 149, 150, 154}
 )
-_XID = re.compile(r"\bXid\b\s*(?:\([^)]*\))?\s*:\s*(\d+)", re.IGNORECASE)
+# The kernel's "NVRM: Xid (PCI:0000:3b:00): 79", and "Xid 79" / "Xid=79" as DCGM and the Kubernetes
+# device plugin write it.
+_XID = re.compile(r"\bXid\b\s*(?:\([^)]*\))?\s*[:=]?\s*(\d+)", re.IGNORECASE)
 # A follow-up Xid (45: channel torn down) names the fault that caused it.
 _CAUSED_BY_XID = re.compile(r"caused by previous Xid\s*(\d+)", re.IGNORECASE)
 
@@ -290,13 +292,20 @@ run lowers it a few times at the start, then it climbs back)."""
 _LOSS_SCALE_SCANNER = (Scanner.of(_LOSS_SCALE),)
 
 
+def _scale_in(line: str) -> re.Match[str] | None:
+    """The last loss scale a line names: apex writes the index of its scaler before the value it
+    falls to ("loss scaler 0 reducing loss scale to 0.5")."""
+    found = list(_LOSS_SCALE.finditer(line))
+    return found[-1] if found else None
+
+
 def _falling_loss_scale(evidence: Evidence) -> Sequence[str]:
     falls: list[str] = []
     previous: float | None = None
     lines = evidence.lines()
     for index in matching_lines(evidence, _LOSS_SCALE_SCANNER):
         line = lines[index]
-        m = _LOSS_SCALE.search(line)
+        m = _scale_in(line)
         if m is None:
             continue
         try:
@@ -315,7 +324,7 @@ def _loss_scales(evidence: Evidence) -> list[tuple[float, str]]:
     lines = evidence.lines()
     found = []
     for index in matching_lines(evidence, _LOSS_SCALE_SCANNER):
-        m = _LOSS_SCALE.search(lines[index])
+        m = _scale_in(lines[index])
         if m is None:
             continue
         try:
@@ -437,12 +446,16 @@ def _log_patterns(*patterns: str) -> Callable[[Evidence], Sequence[str]]:
 
 # The collective watchdog aborts its process on purpose (std::terminate, SIGABRT) after a
 # collective failed, and so does its heartbeat monitor when the watchdog itself is stuck: that
-# abort is the communication failure's or the hang's, not a native crash.
+# abort is the communication failure's or the hang's, not a native crash. So is the abort of a
+# process whose collective or store library let its own network exception escape a thread
+# (c10d's DistNetworkError and DistStoreError, gloo's IoException: a read, write or wait on a
+# peer's or the store's socket failed or timed out).
 _WATCHDOG_ABORT = (
     Scanner.of(
         re.compile(
             r"taking the entire process down|watchdog thread terminated with exception|"
-            r"instance of 'c10::DistBackendError'|what\(\):.*\b(NCCL error|Watchdog caught)|"
+            r"instance of 'c10::Dist(Backend|Network|Store)Error'|instance of 'gloo::IoException'|"
+            r"what\(\):.*\b(NCCL error|Watchdog caught)|"
             r"watchdog got stuck for|Heartbeat monitor timed out",
             re.IGNORECASE,
         )
@@ -529,6 +542,9 @@ _USER_RUNTIME_MESSAGES = (
     r"is on (CPU|GPU), but expected (it|them) to be on",
     r"Placeholder storage has not been allocated on MPS device",
 )
+
+# argparse rejecting the rank argument torch's launchers pass to every worker.
+_LOCAL_RANK_ARGUMENT = r"error: unrecognized arguments:.*--local[-_]rank\b"
 
 # Launchers whose own code raises when their configuration is wrong, before any training script
 # runs: an exception whose innermost frame is in one of these is a launch setting to fix.
@@ -795,6 +811,8 @@ def builtin_rules() -> tuple[Rule, ...]:
                 # A notebook host (Colab, Kaggle) restarting the kernel for memory.
                 r"after using all available RAM|used all available RAM",
                 r"std::bad_alloc",
+                # Rust's allocator gave up (tokenizers, polars, safetensors are Rust) and aborted.
+                r"\bmemory allocation of \d+ bytes failed",
                 r"Cannot allocate memory",
                 r"DefaultCPUAllocator: (not enough memory|can't allocate memory)",
                 r"Unable to allocate [\d.]+ [KMGTP]i?B for an array",
@@ -841,7 +859,7 @@ def builtin_rules() -> tuple[Rule, ...]:
                 r"uncorrectable ECC error",
                 r"\bECC errors?\b.*(detected|encountered|uncorrectable|double.bit)",
                 r"double.bit ECC|cudaErrorECCUncorrectable|CUDA_ERROR_ECC_UNCORRECTABLE",
-                r"GPU is lost",
+                r"GPU is lost|GPU_IS_LOST\b",
                 r"fallen off the bus",
                 r"Unable to determine the device handle for GPU",
                 r"RmInitAdapter failed",
@@ -866,6 +884,9 @@ def builtin_rules() -> tuple[Rule, ...]:
             0.85,
             [
                 r"CUDA error: unknown error",
+                # cudaErrorUnknown (999) from the first CUDA call (cudaGetDeviceCount): the driver
+                # is in a state a process cannot clear (its kernel modules need a reload).
+                r"\bError 999: unknown error",
                 r"cudaErrorUnknown",
                 r"busy or unavailable",
                 r"CUDA driver initialization failed",
@@ -914,6 +935,10 @@ def builtin_rules() -> tuple[Rule, ...]:
                 r"device-side assert triggered",
                 r"Failed to import \S+ because of the following error",
                 r": command not found$",
+                # torch >= 2.0's launcher passes --local-rank=N (it passed --local_rank before): a
+                # script whose argparse does not accept it fails on every start until it reads
+                # LOCAL_RANK from the environment or accepts the new spelling.
+                _LOCAL_RANK_ARGUMENT,
                 r"Error building extension|ninja: build stopped: subcommand failed|nvcc fatal\s*:",
                 # A library too old or too new for the files or the script (tokenizers, torch.load).
                 r"data did not match any variant of untagged enum",
@@ -980,8 +1005,9 @@ def builtin_rules() -> tuple[Rule, ...]:
                 r"\bGatedRepoError\b|access to model .* is restricted|trying to access a gated repo",
             ],
             # c10d's warnings while it tries the addresses of a host in turn (IPv6 first): the
-            # launch goes on; a port really in use ends in the error above.
-            unless=[r"\[W[\d :.]*\w+\.(cpp|cc|h)[:\]]"],
+            # launch goes on; a port really in use ends in the error above. A script that does not
+            # accept the launcher's own --local-rank argument is the script's to fix (user code).
+            unless=[r"\[W[\d :.]*\w+\.(cpp|cc|h)[:\]]", _LOCAL_RANK_ARGUMENT],
         ),
         # A node without usable GPUs: usually the launch settings (visible devices, the
         # container's GPUs); weaker than a hardware fault in the same log.
@@ -1053,6 +1079,8 @@ def builtin_rules() -> tuple[Rule, ...]:
                 r"\bDiskPressure\b",
                 r"low on resource: (ephemeral-storage|nodefs|imagefs)|ephemeral local storage usage exceeds",
                 r"not enough (free )?(disk )?space",
+                r"insufficient (free )?(disk|storage) space|\bran out of (disk|storage) space\b",
+                r"\b(error|fatal)\W+out of (disk|storage) space\b",
                 r"database or disk is full|(file ?system|disk) (is )?full\b",
                 # HDFS's quotas; a pod's ephemeral storage and emptyDir limits (the kubelet evicts).
                 r"\bDSQuotaExceededException\b|DiskSpace quota of .* is exceeded",
@@ -1062,7 +1090,15 @@ def builtin_rules() -> tuple[Rule, ...]:
             ],
         ),
         # A checkpoint writer that cannot open its file: the directory is full or not writable.
-        LogPatternRule("checkpoint-write-failed", k.DISK_FULL, 0.6, [r"File \S+ cannot be opened"]),
+        # torch's serializer reports a write(2) that failed with the errno's words ("write(): fd 29
+        # failed with Input/output error"): network and FUSE file systems return EIO for a write
+        # their server refused for space or quota (ENOSPC itself is the rule above).
+        LogPatternRule(
+            "checkpoint-write-failed",
+            k.DISK_FULL,
+            0.6,
+            [r"File \S+ cannot be opened", r"\bwrite\(\): fd \d+ failed with"],
+        ),
         # -- data and storage
         LogPatternRule(
             "corrupt-checkpoint",
@@ -1216,6 +1252,23 @@ def builtin_rules() -> tuple[Rule, ...]:
             ],
         ),
         FunctionRule("desynchronized-collectives", k.HANG, 0.8, _desynchronized_collectives),
+        # torch's desync report (TORCH_NCCL_DESYNC_DEBUG=1): after a collective timed out, the
+        # watchdog compares the ranks' progress and names the ranks that never joined the
+        # collective the others wait in: a stuck or desynchronized rank, not a network that lost
+        # data. Above the collective timeouts it follows; below a crash, an OOM or a stop from
+        # outside, which leave a dead rank behind that the report names too.
+        LogPatternRule(
+            "desync-report",
+            k.HANG,
+            0.78,
+            [
+                r"lagging/dead/mismatched ranks that caused the desync",
+                r"\bdidn't join collective #\d+",
+                # monitored_barrier (a barrier for debugging hangs) names the ranks that never
+                # reached it within its timeout.
+                r"failed to pass monitoredBarrier",
+            ],
+        ),
         FunctionRule("blocked-process", k.HANG, 0.65, _blocked_process),
         # The kernel's hung-task watchdog: a process stuck in uninterruptible sleep (storage, driver).
         LogPatternRule("hung-task", k.HANG, 0.7, [r"blocked for more than \d+ seconds", r"hung_task_timeout_secs"]),
@@ -1322,7 +1375,7 @@ def builtin_rules() -> tuple[Rule, ...]:
                 r"JobState=(TIMEOUT|NODE_FAIL|DEADLINE)\b",
                 r"\"EventType\"\s*:\s*\"(Preempt|Terminate)\"",
                 r"\"action\"\s*:\s*\"(terminate|stop|hibernate)\"\s*,\s*\"time\"",
-                r"\bspot\b.{0,40}\b(was |were |been )(interrupted|reclaimed|terminated)\b",
+                r"\bspot\b.{0,40}\b(was |were |been |is being |are being )(interrupted|reclaimed|terminated)\b",
                 r"capacity (was |has been )?reclaimed",
                 r"Host EC2 \(instance \S+\) terminated",
                 r"auto-requeue|requeue signal",
@@ -1333,6 +1386,9 @@ def builtin_rules() -> tuple[Rule, ...]:
                 r"Job has timed out\. Ran \d+ minutes out of requested|Job was active longer than specified deadline",
                 # The terminal session of a job started by hand went away: its processes get SIGHUP.
                 r"Connection to \S+ closed by remote host|client_loop: send disconnect",
+                # HTCondor's job log: the execute node lost the job (it went away or restarted), so
+                # the schedd puts it back in the queue to run elsewhere.
+                r"Job reconnection failed|\brescheduling job\b",
             ],
             # torchrun prints this when it stops the surviving workers of a failed group.
             unless=[r"Sending process \d+ closing signal"],
