@@ -564,7 +564,7 @@ class ShardManager:
         finished_epochs: int,
         done_total: int,
         perm: array[int] | None,
-        books: dict[int, tuple[bytes, int]],
+        books: dict[int, EpochBook],
         queue: list[Parked],
         failed: list[FailedShard],
         next_offset: dict[str, int],
@@ -579,11 +579,7 @@ class ShardManager:
         self._cursor = cursor
         self._finished_epochs = finished_epochs
         self._done_total = done_total
-        size = self._book_size()
-        for e, (bits, failed_count) in books.items():
-            book = EpochBook(size, e * size, bits)
-            book.failed = failed_count
-            self._books[e] = book
+        self._books.update(books)
         for e in sorted(books):
             self._close_epoch_if_complete(e)
         for parked in queue:

@@ -55,7 +55,7 @@ import math
 from array import array
 from typing import TYPE_CHECKING, Any
 
-from dlrover.shard._bookkeeping import Parked, check_request_id, check_worker
+from dlrover.shard._bookkeeping import EpochBook, Parked, check_request_id, check_worker
 from dlrover.shard.config import (
     DatasetSpec,
     DeliveryMode,
@@ -306,17 +306,18 @@ def load_manager_state(
         failed.append(FailedShard(shard, tuple(parked.reasons)))
     # The done shards stay a bitmap (one bit each) from the document to the manager's books: a
     # restore of an epoch with millions of shards takes no Python loop over them.
-    books: dict[int, tuple[bytes, int]] = {}
+    books: dict[int, EpochBook] = {}
     size = n or 0
-    for key, book in _field(state, "epochs", dict, "state").items():
+    for key, entry in _field(state, "epochs", dict, "state").items():
         if not key.isdigit() or int(key) > epoch:
             raise _bad(f"state.epochs has key {key!r}, not a started epoch")
-        bitmap = _field(book, "done_bitmap", str, f"state.epochs[{key}]")
+        bitmap = _field(entry, "done_bitmap", str, f"state.epochs[{key}]")
         try:
-            bits = bitmap_bytes(bitmap, size)
+            book = EpochBook(size, int(key) * size, bitmap_bytes(bitmap, size))
         except ValueError as exc:
             raise _bad(f"state.epochs[{key}].done_bitmap: {exc}") from exc
-        books[int(key)] = (bits, _int(book, "failed", f"state.epochs[{key}]"))
+        book.failed = _int(entry, "failed", f"state.epochs[{key}]")
+        books[int(key)] = book
     stream = _field(state, "stream", dict, "state")
     next_offset = _field(stream, "next_offset", dict, "state.stream")
     watermark = _field(stream, "watermark", dict, "state.stream")
@@ -340,7 +341,7 @@ def load_manager_state(
             raise _bad(f"shard {sid} appears in more than one state")
         seen.add(sid)
     for sid in held:
-        if size and _bit_set(books.get(sid // size), sid % size):
+        if size and sid // size in books and books[sid // size].is_done(sid):
             raise _bad(f"shard {sid} appears in more than one state")
     # Computed once: shuffling a million shard ids takes most of a second in Python.
     perm = manager._permutation(epoch) if epoch >= 0 else None
@@ -391,10 +392,6 @@ class _Fresh:
         return index >= self._cursor
 
 
-def _bit_set(book: tuple[bytes, int] | None, k: int) -> bool:
-    return book is not None and bool(book[0][k >> 3] >> (k & 7) & 1)
-
-
 def _check_dispatched(
     *,
     epoch: int,
@@ -404,7 +401,7 @@ def _check_dispatched(
     queue: list[Parked],
     failed: list[FailedShard],
     leases: list[tuple[str, Parked, float | None]],
-    books: dict[int, tuple[bytes, int]],
+    books: dict[int, EpochBook],
 ) -> None:
     """Refuse a bounded dataset's state whose queued, failed or leased shard was never handed out.
 
