@@ -479,6 +479,31 @@ def test_a_pod_a_quota_refuses_waits_pending_with_the_quotas_message_and_starts_
     assert (job.out / "done").read_text() == names.worker_pod_name(JOB, 0)
 
 
+def test_a_create_the_api_server_keeps_failing_for_a_while_is_sent_again_later_without_charge(
+    kube_cluster: KubeCluster, tmp_path: Path, procs: list[subprocess.Popen[str]]
+) -> None:
+    # The backend tries a create 4 times (--kube-request-retries 3) before the launch fails; 8 answers of
+    # 503 fail two launches, and the master's third launch of the node gets through.
+    creates = lambda r: r.resource == "pods" and r.verb == "create"  # noqa: E731
+    outage = kube_cluster.server.faults.fail_next(8, 503, when=creates, message="the API server is restarting")
+    job = Job(kube_cluster, tmp_path, procs)
+    job.start(
+        "--max-relaunches=0",
+        "--max-job-failures=0",
+        "--launch-retry-initial-s=0.2",
+        "--launch-retry-max-s=0.5",
+        first="wait",
+    )
+    job.running_on(0)
+    (job.out / "release").touch()
+    events = job.finish()
+    assert outage.fired == 8
+    assert "failure" not in events  # no budget was there to charge: the job would have failed
+    assert [e["data"]["launches"] for e in events["launch_retry"]] == [1, 2]
+    assert "the API server is restarting" in events["launch_retry"][0]["message"]
+    assert (job.out / "done").read_text() == names.worker_pod_name(JOB, 0)
+
+
 def test_a_pod_the_api_server_finds_invalid_fails_the_job_with_its_message(
     kube_cluster: KubeCluster, tmp_path: Path, procs: list[subprocess.Popen[str]]
 ) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from dlrover.common import default_text
+from dlrover.common import ConfigError, default_text
 from dlrover.master.cli import (
     _events_parser,
     _run_parser,
@@ -88,6 +88,15 @@ def test_rendezvous_journal_and_policy_flags_reach_the_config() -> None:
     defaults = build_config(_run_parser().parse_args(["--backend", "external"]))
     assert defaults.journal_shard_changes
     assert defaults.failure_policy == "diagnosis"
+
+
+def test_the_launch_retry_flags_reach_the_master_and_bad_ones_are_refused() -> None:
+    flags = ["--backend", "external", "--launch-retries", "2", "--launch-retry-initial-s", "0.5"]
+    cfg = build_config(_run_parser().parse_args([*flags, "--launch-retry-max-s", "4"]))
+    assert (cfg.launch_retry.retries, cfg.launch_retry.initial_s, cfg.launch_retry.max_s) == (2, 0.5, 4.0)
+    assert build_config(_run_parser().parse_args(["--backend", "external"])).launch_retry.retries == 5
+    with pytest.raises(ConfigError, match=r"launch retry max_s \(0\.1\) must be at least initial_s \(0\.5\)"):
+        build_config(_run_parser().parse_args([*flags, "--launch-retry-max-s", "0.1"]))
 
 
 def test_the_relaunch_budget_flag_reaches_the_diagnosis_policy() -> None:

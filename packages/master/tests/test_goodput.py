@@ -102,6 +102,24 @@ def test_late_marks_of_a_failed_attempt_are_placed_by_their_times() -> None:
     assert b.buckets["startup"] == pytest.approx(1.0)
 
 
+def test_a_node_the_platform_took_away_is_detected_like_a_failure_and_its_consequences_are_restart() -> None:
+    acc = GoodputAccountant()
+    acc.add_event(ev(0.0, "job_start"))
+    acc.add_attempts([attempt(1, [(1, 2.0, 0.0), (2, 3.0, 0.0)], ready_time=1.0)])
+    # The master saw the pod preempted 1.5 s after the last step.
+    acc.add_event(ev(4.5, "disruption", {"state": "running"}, node=1))
+    acc.add_event(ev(4.7, "consequence_restart", node=0))  # the survivor's round broke: no second detection
+    # A spare, and a replacement still starting, taken away during the restart: nobody was training there.
+    acc.add_event({**ev(5.5, "disruption", {"state": "running"}, node=2), "rank": None})
+    acc.add_event(ev(6.0, "disruption", {"state": "starting"}, node=3))
+    b = acc.breakdown(now_wall=7.0)
+    assert b.useful_s == pytest.approx(2.0)
+    assert b.buckets["failure_detection"] == pytest.approx(1.5)
+    assert b.buckets["restart"] == pytest.approx(2.5)
+    assert b.buckets["startup"] == pytest.approx(1.0)
+    assert total(b) == pytest.approx(b.elapsed_s)
+
+
 def test_resize_window_and_the_open_tail_of_a_running_job() -> None:
     events = [
         ev(0.0, "job_start"),

@@ -24,10 +24,11 @@ from dlrover.master.journal import (
     SqliteJournal,
     StateJournal,
 )
+from dlrover.master.launch_retry import LaunchRetrySettings
 from dlrover.master.lifecycle import NodeConflictError
 from dlrover.master.master import Master, ResourceSample, StateChanges
 from dlrover.master.records import NodeRecord
-from dlrover.master.scheduler.base import REASON_DELETED, NodeRejectedError, NodeSpec, ObservedState
+from dlrover.master.scheduler.base import REASON_DELETED, NodeRejectedError, NodeSpec, ObservedState, SchedulerError
 from dlrover.master.scheduler.fake import FakeScheduler
 from dlrover.master.states import JobState, NodeState
 
@@ -171,14 +172,167 @@ def test_scheduler_observed_exit_is_a_failure_and_a_clean_exit_a_success() -> No
     assert master.job_state is JobState.SUCCEEDED
 
 
-def test_launch_failures_are_node_failures_within_budget() -> None:
-    master, sched, _ = make(nodes=1)
+def test_launch_failures_are_node_failures_within_budget_once_their_retries_are_spent() -> None:
+    master, sched, clock = make(nodes=1, launch_retry=LaunchRetrySettings(retries=2, initial_s=1.0, max_s=1.5))
     sched.fail_launches = True
     master.start()
-    # Every launch fails; each failure relaunches until the rank's budget (3) runs out.
+    for _ in range(40):
+        if master.job_state is JobState.FAILED:
+            break
+        clock.advance(1.0)
+        master.tick()
+    # Every launch fails: each node is launched three times (two retries), then fails and is relaunched
+    # as a new node, until the rank's budget (3 relaunches) runs out.
     assert master.job_state is JobState.FAILED
     assert len(master.nodes()) == 4
-    assert all("launch failed" in n.last_failure for n in master.nodes().values())
+    assert sched.launch_attempts == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3]
+    assert all("launch failed 3 times, last: cannot launch" in n.last_failure for n in master.nodes().values())
+    retries = [e for e in master.events(limit=1000) if e.kind == "launch_retry"]
+    assert [(e.node_id, e.data["launches"], e.data["delay_s"]) for e in retries] == [
+        (node, launches, delay) for node in range(4) for launches, delay in ((1, 1.0), (2, 1.5))
+    ]
+
+
+def test_a_launch_that_fails_for_a_while_is_tried_again_with_backoff_and_charges_nothing() -> None:
+    master, sched, clock = make(nodes=1)  # the defaults: 5 retries, 2 s doubling up to 30 s
+    sched.fail_launches = 3
+    master.start()
+    assert master.node(0).state is NodeState.PENDING
+    assert master.events(limit=10)[-1].kind == "launch_retry"
+    waits = []
+    for _ in range(60):
+        before = len(sched.launch_attempts)
+        clock.advance(1.0)
+        master.tick()
+        if len(sched.launch_attempts) > before:
+            waits.append(clock.now())
+        if 0 in sched.specs:
+            break
+    assert sched.launch_attempts == [0, 0, 0, 0]  # the fourth launch got through
+    assert waits == [2.0, 6.0, 14.0]  # 2 s, then 4 s, then 8 s after each failure
+    node = master.node(0)
+    assert node.state is NodeState.PENDING
+    assert node.relaunch_count == 0
+    assert not node.last_failure
+    kinds = [e.kind for e in master.events(limit=1000)]
+    assert kinds.count("launch_retry") == 3
+    assert "failure" not in kinds
+    assert "relaunch" not in kinds
+    master.register(0, "a", "h0")
+    assert master.node(0).state is NodeState.RUNNING
+    clock.advance(8.0)  # the longest wait it would have had next, inside the heartbeat timeout (10 s)
+    master.tick()
+    assert sched.launch_attempts == [0, 0, 0, 0]  # nothing left waiting
+
+
+def test_a_node_waiting_for_its_launch_retry_is_announced_pending_with_the_backends_words() -> None:
+    master, sched, clock = make(nodes=1, launch_retry=LaunchRetrySettings(retries=5, initial_s=30.0, max_s=30.0))
+    sched.fail_launches = True
+    master.start()
+    clock.advance(61.0)  # past the node pending timeout (60 s), inside the third wait
+    master.tick()
+    pending = [e for e in master.events(limit=1000) if e.kind == "nodes_pending"]
+    assert pending
+    assert "launches are failing (test switch)" in pending[-1].message
+
+
+def test_a_launch_retry_is_dropped_when_its_node_is_decided_meanwhile() -> None:
+    master, sched, clock = make(nodes=2, launch_retry=LaunchRetrySettings(retries=3, initial_s=5.0, max_s=5.0))
+    master.start()
+    master.register(0, "a", "h0")
+    sched.fail_launches = True
+    sched.set_state(1, ObservedState.FAILED, exit_code=1)
+    master.tick()  # node 1 lost: relaunched as node 2, whose launch fails
+    assert sorted(master.nodes()) == [0, 1, 2]
+    assert master.node(2).state is NodeState.PENDING
+    sched.fail_launches = False
+    master.stop("a person stopped the job")
+    clock.advance(10.0)
+    master.tick()
+    assert sched.launch_attempts.count(2) == 1  # not launched again into a job that is over
+
+
+def test_a_resumed_master_sends_again_the_launch_its_predecessor_was_to_retry(tmp_path: Path) -> None:
+    journal = SqliteJournal(tmp_path)
+    first = FakeScheduler()
+    first.fail_launches = True
+    master = Master(config(nodes=1), first, journal, ManualClock())
+    master.start()
+    assert master.events(limit=1000)[-1].kind == "launch_retry"
+    journal.close()  # the master dies while node 0 waits for its retry
+
+    sched = FakeScheduler()
+    clock = ManualClock(start=500.0)
+    resumed = Master(config(nodes=1), sched, SqliteJournal(tmp_path), clock)
+    resumed.start()
+    assert sched.launch_attempts == []  # it waits its turn, like any retry
+    clock.advance(2.0)
+    resumed.tick()
+    assert sched.launch_attempts == [0]
+    assert resumed.node(0).state is NodeState.PENDING
+    assert resumed.node(0).relaunch_count == 0
+
+
+def test_a_retried_launch_avoids_the_hosts_avoided_meanwhile() -> None:
+    master, sched, clock = make(nodes=2, launch_retry=LaunchRetrySettings(retries=3, initial_s=1.0, max_s=1.0))
+    sched.fail_launches = 1
+    master.start()  # node 0's launch fails, node 1's goes through
+    assert sched.launch_attempts == [0, 1]
+    master.mark_host_unhealthy("bad-host", "ECC errors")
+    clock.advance(1.0)
+    master.tick()
+    assert sched.specs[0].avoid_hosts == frozenset({"bad-host"})
+
+
+def test_a_start_timeout_during_the_retries_names_the_backends_words_and_ends_them() -> None:
+    lifecycle = LifecycleConfig(nodes=NodeRange(1, 1), node_start_timeout_s=5.0, insufficient_nodes_window_s=600.0)
+    retry = LaunchRetrySettings(retries=5, initial_s=10.0, max_s=10.0)
+    sched, clock = FakeScheduler(), ManualClock()
+    master = Master(MasterConfig(job_name="t", lifecycle=lifecycle, launch_retry=retry), sched, MemoryJournal(), clock)
+    sched.fail_launches = 1
+    master.start()
+    clock.advance(6.0)
+    master.tick()  # node 0 timed out while it waited: relaunched as node 1, whose launch goes through
+    assert "not registered 6.0s after launch (timeout 5s): its launch failed 1 time(s)" in master.node(0).last_failure
+    assert "launches are failing (test switch)" in master.node(0).last_failure
+    clock.advance(4.5)  # past node 0's retry (due at 10 s), inside node 1's start timeout
+    master.tick()
+    assert sched.launch_attempts == [0, 1]  # node 0's retry ended with it
+
+
+class AnswerLostScheduler(FakeScheduler):
+    """Creates the node, then answers with an error (a create whose answer timed out)."""
+
+    def launch(self, spec: NodeSpec) -> None:
+        super().launch(spec)
+        raise SchedulerError(f"create pod of node {spec.node_id}: read timed out")
+
+
+def test_a_launch_whose_answer_was_lost_is_not_sent_again_once_the_backend_shows_the_node() -> None:
+    sched = AnswerLostScheduler()
+    clock = ManualClock()
+    master = Master(config(nodes=1), sched, MemoryJournal(), clock)
+    master.start()
+    assert master.events(limit=1000)[-1].kind == "launch_retry"
+    for _ in range(5):
+        clock.advance(2.0)
+        master.tick()
+    assert sched.launch_attempts == [0]  # observed pending at the next tick: the retry is dropped
+    assert master.node(0).state is NodeState.PENDING
+    assert not master.node(0).last_failure
+
+
+def test_launch_retry_settings_refuse_what_is_not_a_backoff() -> None:
+    bad_settings = (
+        {"retries": -1},
+        {"retries": 1.5},
+        {"initial_s": 0.0},
+        {"max_s": float("inf")},
+        {"initial_s": 5.0, "max_s": 1.0},
+    )
+    for bad in bad_settings:
+        with pytest.raises(ConfigError, match="launch retr"):
+            LaunchRetrySettings(**bad)  # type: ignore[arg-type]
 
 
 def test_a_reported_restart_is_not_ordered_twice_and_resources_are_kept() -> None:

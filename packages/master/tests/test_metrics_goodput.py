@@ -44,3 +44,22 @@ def test_a_failing_breakdown_leaves_goodput_out_of_the_scrape_and_serves_the_res
     assert 'dlrover_heartbeats_total{job="t"} 1.0' in text
     assert "dlrover_goodput_ratio{" not in text
     assert "goodput left out of this scrape" in caplog.text
+
+
+def test_restarts_are_counted_by_what_caused_them_and_every_kind_starts_at_zero() -> None:
+    from dlrover.master.journal import JournaledEvent
+
+    metrics = MasterMetrics("t")
+    text = metrics.render().decode()
+    for kind in ("process", "consequence", "planned", "node"):
+        assert f'dlrover_restarts_total{{job="t",kind="{kind}"}} 0.0' in text
+    kinds = ["failure", "process_restart", "consequence_restart", "consequence_restart", "planned_restart", "relaunch"]
+    metrics.observe_events(
+        JournaledEvent(seq, 0.0, kind, "", 0, 0, {"kind": "user_code"}) for seq, kind in enumerate(kinds)
+    )
+    text = metrics.render().decode()
+    assert 'dlrover_restarts_total{job="t",kind="process"} 1.0' in text
+    assert 'dlrover_restarts_total{job="t",kind="consequence"} 2.0' in text
+    assert 'dlrover_restarts_total{job="t",kind="planned"} 1.0' in text
+    assert 'dlrover_restarts_total{job="t",kind="node"} 1.0' in text
+    assert 'dlrover_failures_total{job="t",kind="user_code"} 1.0' in text  # a consequence is no failure

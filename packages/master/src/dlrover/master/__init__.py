@@ -83,6 +83,7 @@ if TYPE_CHECKING:
         SqliteJournal,
         StateJournal,
     )
+    from dlrover.master.launch_retry import LaunchRetrySettings
     from dlrover.master.lifecycle import (
         HostAvoidedError,
         JobFinishedError,
@@ -190,6 +191,7 @@ _EXPORTS = {
     "efficient_node_count": "dlrover.master.autoscaler",
     "Master": "dlrover.master.master",
     "MasterConfig": "dlrover.master.config",
+    "LaunchRetrySettings": "dlrover.master.launch_retry",
     "MasterRuntime": "dlrover.master.runtime",
     "ServiceRegistration": "dlrover.master.runtime",
     "PlannedRoundAware": "dlrover.master.master",
@@ -350,6 +352,7 @@ __all__ = [
     # composition
     "Master",
     "MasterConfig",
+    "LaunchRetrySettings",
     "MasterRuntime",
     "ServiceRegistration",
     "PlannedRoundAware",

@@ -13,6 +13,7 @@ from dlrover.common import ConfigError, TLSConfig
 from dlrover.common.validators import non_negative, non_negative_finite, non_negative_int, positive
 from dlrover.diagnosis.window import BudgetWindow
 from dlrover.master.autoscaler import AutoscalerConfig
+from dlrover.master.launch_retry import LaunchRetrySettings
 from dlrover.rendezvous import RendezvousConfig
 
 if TYPE_CHECKING:
@@ -296,6 +297,9 @@ class MasterConfig:
         ray: the Ray backend's cluster address, temp dir and timeouts
             (`dlrover.master.scheduler.ray.RaySettings`); only with backend `ray` (None there: the defaults,
             `auto` for the address).
+        launch_retry: how a launch the backend failed for a passing reason (a plain `SchedulerError`: the
+            API server away, a refused fork) is tried again before it counts as the node's failure
+            (`dlrover.master.launch_retry`): by default 5 more times, 2 s apart and doubling up to 30 s.
     """
 
     job_name: str = "dlrover-job"
@@ -343,6 +347,9 @@ class MasterConfig:
     initial_plan: JobPlanChoice | None = None
     kubernetes: KubernetesSettings | None = None
     ray: RaySettings | None = None
+    launch_retry: LaunchRetrySettings = attrs.field(
+        factory=LaunchRetrySettings, validator=attrs.validators.instance_of(LaunchRetrySettings)
+    )
 
     @property
     def node_relaunch_limit(self) -> int:

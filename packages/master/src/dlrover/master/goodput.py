@@ -19,7 +19,8 @@ The rule, computed at query time over `[job_start, job_end or now]`:
   ``resize`` (from a ``resize`` event, which the lifecycle core records for every resize, until
   training resumes: the start of the first training span that begins after it), ``rendezvous``
   (an attempt's rendezvous), ``checkpoint_load`` (the load before an attempt's ready time),
-  ``failure_detection`` (from the last sign of training before a ``failure`` event to that
+  ``failure_detection`` (from the last sign of training before a ``failure`` event, or a
+  ``disruption`` of a running node that held a rank (the platform took it away), to that
   event); otherwise ``restart`` after a failure or between two stretches of training,
   ``startup`` before the first, and after the last ``shutdown`` once the job ended,
   ``in_progress`` (the step being computed) while it runs.
@@ -44,6 +45,7 @@ from dlrover.common import DLRoverError
 
 __all__ = [
     "BUCKETS",
+    "DISRUPTION_EVENT",
     "FAILURE_EVENT",
     "MAX_ATTEMPTS_PER_HEARTBEAT",
     "MAX_MARKS_PER_REPORT",
@@ -76,6 +78,16 @@ STEPS_EVENT = "steps"
 """The event kind that carries attempt reports (`data.attempts`, see `AttemptReport.to_dict`)."""
 
 FAILURE_EVENT = "failure"
+DISRUPTION_EVENT = "disruption"
+"""The platform took a node away (evicted, preempted, its host lost): a failure for the breakdown when
+the node held a rank and was running (not a spare, not a node still starting), though charged to no
+budget."""
+
+
+def _took_a_training_node(event: Mapping[str, Any], data: Mapping[str, Any]) -> bool:
+    return event.get("rank") is not None and data.get("state") == "running"
+
+
 RESIZE_EVENT = "resize"
 """The lifecycle core resized the job: training stopped from then until it resumes is ``resize``."""
 
@@ -289,7 +301,7 @@ class GoodputAccountant:
         self._last_time = t if self._last_time is None else max(self._last_time, t)
         if kind == "job_end":
             self._end = t
-        elif kind == FAILURE_EVENT:
+        elif kind == FAILURE_EVENT or (kind == DISRUPTION_EVENT and _took_a_training_node(event, data)):
             bisect.insort(self._failures, t)
         elif kind == RESIZE_EVENT:
             bisect.insort(self._resizes, t)

@@ -1016,7 +1016,13 @@ class JobLifecycle:
             out = out.merge(self.mark_host_unhealthy(host, f"{reason} on node {node_id}"))
         node = attrs.evolve(node, last_failure=_clip(f"{reason}: {evidence}"))
         self._nodes[node_id] = node
-        data = {"reason": reason, "evidence": _clip(evidence), "host": host, "host_avoided": bool(avoid_host and host)}
+        data = {
+            "reason": reason,
+            "evidence": _clip(evidence),
+            "host": host,
+            "host_avoided": bool(avoid_host and host),
+            "state": node.state.value,  # running: it was training (goodput counts the detection)
+        }
         ev = Event("disruption", message, node_id, None if node.spare else node.rank, data)
         out = out.merge(self._move(node, NodeState.FAILED, f"disruption: {reason}", now))
         self._forget_work(node_id, planned=False)
@@ -1089,6 +1095,8 @@ class JobLifecycle:
                 and now - node.state_since > start_timeout
             ):
                 evidence = f"not registered {now - node.state_since:.1f}s after launch (timeout {start_timeout:g}s)"
+                if node.node_id in self._pending_reasons:  # why the backend has not started it
+                    evidence = f"{evidence}: {self._pending_reasons[node.node_id]}"
                 out = out.merge(self._fail_observed(node, evidence, now))
         out = out.merge(self._announce_pending(now))
         return out.merge(self._check_nodes(now))
@@ -1218,6 +1226,21 @@ class JobLifecycle:
         ev = Event("node_created", f"{made}: {reason}", node_id, rank)
         launch = LaunchNode(node_id, rank, relaunch_count, frozenset(self._avoid_hosts), group.role, resources)
         return Outcome(effects=(launch,), events=(ev,), changed_nodes=frozenset({node_id}), job_changed=True)
+
+    def launch_of(self, node_id: int) -> LaunchNode:
+        """The launch of a pending node as it would be made now (the hosts avoided now): for a launch
+        the backend failed and the master sends again.
+
+        Raises:
+            UnknownNodeError: no such node.
+            NodeStateError: the node is not pending.
+        """
+        node = self.node(node_id)
+        if node.state is not NodeState.PENDING:
+            raise NodeStateError(f"node {node_id} is {node.state.value}; only a pending node is launched")
+        return LaunchNode(
+            node_id, node.rank, node.relaunch_count, frozenset(self._avoid_hosts), node.role, node.resources
+        )
 
     # ------------------------------------------------------------------ spares
 

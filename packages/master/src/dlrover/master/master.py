@@ -53,9 +53,11 @@ from dlrover.master.journal import (
     JournalBatch,
     JournaledEvent,
     JournalError,
+    JournalState,
     StateJournal,
     job_fields,
 )
+from dlrover.master.launch_retry import LaunchRetries
 from dlrover.master.lifecycle import JobLifecycle, LifecycleError
 from dlrover.master.metrics import MasterMetrics
 from dlrover.master.oom_evidence import OOM_EVIDENCE_BLOB, OomEvidenceLedger
@@ -127,6 +129,7 @@ _DISRUPTIONS = frozenset(
     }
 )
 AUTOSCALE_EVENT = "autoscale_plan"
+LAUNCH_RETRY_EVENT = "launch_retry"
 
 
 def _capped_by_backend(config: LifecycleConfig, scheduler: SchedulerBackend) -> LifecycleConfig:
@@ -442,6 +445,11 @@ class Master:
         self._blob_versions: dict[str, int] = {OOM_EVIDENCE_BLOB: self._oom_evidence.version}
         self._lines_journaled: dict[str, int] = {}  # per logged collaborator: its newest durable line
         self._deferred: list[LaunchNode | StopNode] = []
+        self._launch_retries = LaunchRetries(config.launch_retry)
+        self._take_over(restored)
+
+    def _take_over(self, restored: JournalState) -> None:
+        """Hand the collaborators their journaled state and, for a resumed job, catch up with it."""
         self._import_collaborators(restored.blobs, restored.changes)
         if self._restored and self._membership:
             self._reconcile_membership()
@@ -484,11 +492,27 @@ class Master:
     def _replay_events(self) -> None:
         """Account for the journaled events again, as a restarted master: goodput, samples, and the
         autoscaler's measurements and the counts it gave back (so it does not flap)."""
+        retrying: dict[int, str] = {}  # the nodes the previous master was to launch again, and why
         for event in self._all_events():
             self._account(event_to_dict(event), replay=True)
             if self._autoscaler is not None and event.kind == AUTOSCALE_EVENT:
                 self._autoscaler.replay(event.data)
+            if event.kind == LAUNCH_RETRY_EVENT and event.node_id is not None:
+                retrying[event.node_id] = str(event.data.get("error", ""))
             self._event_count += 1
+        self._resume_launch_retries(retrying)
+
+    def _resume_launch_retries(self, retrying: Mapping[int, str]) -> None:
+        """Take over the launch retries of the previous master: a node still pending whose launch it was
+        to send again gets a fresh schedule (unless the backend turns out to have it, see `_retry_launches`)."""
+        now = self._clock.now()
+        for node_id, error in sorted(retrying.items()):
+            try:
+                launch = self._lifecycle.launch_of(node_id)
+            except LifecycleError:
+                continue  # launched, decided or gone since
+            if self._launch_retries.failed(launch, now, error) is not None:
+                _log.info("node %d: its launch failed before the master restarted (%s); sent again", node_id, error)
 
     def _reconcile_membership(self) -> None:
         """Tell the libraries again which nodes are gone, finished or spares and whether the job ended.
@@ -752,6 +776,7 @@ class Master:
 
     def _apply(self, effect: LaunchNode | StopNode) -> None:
         if isinstance(effect, StopNode):
+            self._launch_retries.forget(effect.node_id)
             self._scheduler.stop(effect.node_id)
             return
         if self._lifecycle.job_state.finished:
@@ -786,23 +811,63 @@ class Master:
                 _log.exception("%s; the job's end could not be journaled", reason)
             return
         except SchedulerError as exc:
-            # A launch that fails is a failure of that node: relaunch or give up within budgets.
             node = self._lifecycle.node(effect.node_id)
-            if node.state in ALIVE_STATES and not self._lifecycle.job_state.finished:
-                evidence = f"launch failed: {exc}"
-                try:
-                    self._transact(lambda: self._lifecycle.node_lost(effect.node_id, evidence, self._clock.now()))
-                except JournalError:
-                    # The change that launched it is journaled; this failure is not. The node
-                    # stays pending, and its start timeout (or the next master) handles it.
-                    _log.exception("node %d: %s; the failure could not be journaled", effect.node_id, evidence)
+            if node.state not in ALIVE_STATES or self._lifecycle.job_state.finished:
+                self._launch_retries.forget(effect.node_id)
+                return
+            # A passing refusal (the API server away) is tried again with backoff; only a launch that
+            # keeps failing is a failure of that node: relaunch or give up within budgets.
+            launches = self._launch_retries.failures(effect.node_id) + 1
+            delay = self._launch_retries.failed(effect, self._clock.now(), str(exc))
+            if delay is not None:
+                self._announce_launch_retry(effect, exc, launches, delay)
+                return
+            evidence = f"launch failed: {exc}" if launches == 1 else f"launch failed {launches} times, last: {exc}"
+            try:
+                self._transact(lambda: self._lifecycle.node_lost(effect.node_id, evidence, self._clock.now()))
+            except JournalError:
+                # The change that launched it is journaled; this failure is not. The node
+                # stays pending, and its start timeout (or the next master) handles it.
+                _log.exception("node %d: %s; the failure could not be journaled", effect.node_id, evidence)
             return
+        self._launch_retries.forget(effect.node_id)
         if isinstance(self._scheduler, StatefulCollaborator):
             # Which process serves the node must survive a restart of the master (re-adoption).
             try:
                 self._journal_collaborator_locked(self._scheduler)
             except JournalError:
                 _log.exception("node %d launched, but its process could not be journaled yet", effect.node_id)
+
+    def _announce_launch_retry(self, launch: LaunchNode, error: SchedulerError, launches: int, delay: float) -> None:
+        retries = self._config.launch_retry.retries
+        message = (
+            f"node {launch.node_id} (rank {launch.rank}) could not be launched ({error}); launching it again in "
+            f"{delay:.1f} s (retry {launches} of {retries}); it stays pending and counts against no budget until "
+            "the retries are spent"
+        )
+        _log.warning("%s", message)
+        data = {"launches": launches, "retries": retries, "delay_s": delay, "error": str(error)}
+        try:
+            event = Event(LAUNCH_RETRY_EVENT, message, node_id=launch.node_id, rank=launch.rank, data=data)
+            self._record(Outcome(events=(event,)))
+        except JournalError:
+            _log.warning("could not journal the launch retry of node %d", launch.node_id, exc_info=True)
+
+    def _retry_launches(self, now: float) -> None:
+        """Launch again the nodes whose backoff after a failed launch is over (still pending, job running),
+        as they would be launched now (the hosts avoided since). After a launch that fails again, the others
+        wait for the next tick: each may spend the backend's own retries under the master's lock."""
+        for waiting in self._launch_retries.due(now):
+            node_id = waiting.node_id
+            node = self._lifecycle.node(node_id)
+            if node.state is not NodeState.PENDING or self._lifecycle.job_state.finished or node_id in self._observed:
+                # Decided meanwhile (timed out, stopped, job over), or the backend has it after all (a create
+                # that went through although its answer was an error): nothing to send again.
+                self._launch_retries.forget(node_id)
+                continue
+            self._apply(self._lifecycle.launch_of(node_id))
+            if node_id in self._launch_retries or self._lifecycle.node(node_id).state is not NodeState.PENDING:
+                break  # failed again: the backend is still away
 
     # ---------------------------------------------------------------- commands
 
@@ -1476,9 +1541,11 @@ class Master:
     def tick(self) -> None:
         """Observe the scheduler, handle timeouts, journal collaborators, refresh metrics."""
         with self._lock:
-            pending_reasons = self._observe_scheduler()
+            observed_reasons = self._observe_scheduler()
+            pending_reasons = {**self._launch_retries.reasons(), **observed_reasons}
             now = self._clock.now()
             self._transact(lambda: self._just(self._lifecycle.tick(now, pending_reasons=pending_reasons)))
+            self._retry_launches(now)
             self._follow_capacity()
             self._keep_spares(now)
             self._autoscale(now)

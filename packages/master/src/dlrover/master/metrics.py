@@ -20,6 +20,17 @@ __all__ = ["MasterMetrics", "MetricsEndpoint"]
 
 _log = logging.getLogger(__name__)
 
+# `dlrover_restarts_total{kind}` by the event that restarted something: a node's processes for a failure of
+# its own, for a peer's failure that broke their round (a consequence, charged to nobody), for a planned
+# round (a resize, a spare taking a rank), and a node relaunched. A dashboard of failures' restarts sums
+# `process` and `node`; every interruption of training is the sum of all four.
+_RESTART_KINDS = {
+    "process_restart": "process",
+    "consequence_restart": "consequence",
+    "planned_restart": "planned",
+    "relaunch": "node",
+}
+
 
 class MasterMetrics:
     """The master's metrics.
@@ -34,7 +45,10 @@ class MasterMetrics:
         r = self.registry
         self.nodes = Gauge("dlrover_nodes", "Node incarnations by state.", ["job", "state"], registry=r)
         self.restarts = Counter(
-            "dlrover_restarts", "Process restarts and node relaunches.", ["job", "kind"], registry=r
+            "dlrover_restarts",
+            "Process restarts (for the node's own failure, a peer's, or a planned round) and node relaunches.",
+            ["job", "kind"],
+            registry=r,
         )
         self.failures = Counter("dlrover_failures", "Node failures by kind.", ["job", "kind"], registry=r)
         self.step = Gauge("dlrover_training_step", "The job's newest training step.", ["job"], registry=r)
@@ -59,9 +73,11 @@ class MasterMetrics:
         )
         for state in NodeState:
             self.nodes.labels(job_name, state.value).set(0)
+        # Present at 0 from the start, so a dashboard's rate() sees the first one.
         for reason in REFUSAL_REASONS:
-            # Present at 0 from the start, so a dashboard's rate() sees the first refusal.
             self.refused_calls.labels(job_name, reason)
+        for restart_kind in _RESTART_KINDS.values():
+            self.restarts.labels(job_name, restart_kind)
 
     def set_node_counts(self, counts: Mapping[NodeState, int]) -> None:
         """Publish how many incarnations are in each state."""
@@ -73,10 +89,8 @@ class MasterMetrics:
         for event in events:
             if event.kind == "failure":
                 self.failures.labels(self._job, str(event.data.get("kind", "unknown"))).inc()
-            elif event.kind in ("process_restart", "consequence_restart"):
-                self.restarts.labels(self._job, "process").inc()
-            elif event.kind == "relaunch":
-                self.restarts.labels(self._job, "node").inc()
+            elif event.kind in _RESTART_KINDS:
+                self.restarts.labels(self._job, _RESTART_KINDS[event.kind]).inc()
 
     def observe_progress(self, step: int, steps_per_second: float) -> None:
         """Publish training progress."""

@@ -24,7 +24,10 @@ class FakeScheduler:
         self.specs: dict[int, NodeSpec] = {}
         self.stopped: list[int] = []
         self.closed = False
-        self.fail_launches = False
+        self.fail_launches: bool | int = False
+        """True: every launch fails; a number n: the next n launches fail (counting down)."""
+        self.launch_attempts: list[int] = []
+        """The node id of every launch asked for, failed ones included, in order."""
         self.slots: int | None = None
         """How many nodes fit (None: no limit); tests change it to play capacity changes."""
 
@@ -39,7 +42,10 @@ class FakeScheduler:
     def launch(self, spec: NodeSpec) -> None:
         """Record the spec; the node is PENDING until `set_state` says otherwise."""
         with self._lock:
-            if self.fail_launches:
+            self.launch_attempts.append(spec.node_id)
+            if self.fail_launches is True or (not isinstance(self.fail_launches, bool) and self.fail_launches > 0):
+                if not isinstance(self.fail_launches, bool):
+                    self.fail_launches -= 1
                 raise SchedulerError(f"cannot launch node {spec.node_id}: launches are failing (test switch)")
             if spec.node_id in self._nodes:
                 raise SchedulerError(f"node {spec.node_id} was already launched")

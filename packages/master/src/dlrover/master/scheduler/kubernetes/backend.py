@@ -398,8 +398,8 @@ class KubernetesScheduler:
                 raise SchedulerError(f"node {spec.node_id} was already launched")
             try:
                 manifest = worker_pod(spec, self._settings, self._worker)
-            except ConfigError as exc:
-                raise SchedulerError(f"cannot launch node {spec.node_id}: {exc}") from exc
+            except ConfigError as exc:  # the same at every try (the master's address, a task's name)
+                raise NodeRejectedError(f"cannot launch node {spec.node_id}: {exc}") from exc
             pod = pod_name(spec, self._settings)
             self._nodes[spec.node_id] = _Node(pod)
         try:

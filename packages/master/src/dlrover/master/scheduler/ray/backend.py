@@ -40,6 +40,7 @@ from dlrover.master.scheduler.base import (
     MASTER_ADDR_ENV_VAR,
     REASON_NODE_LOST,
     REASON_UNSCHEDULABLE,
+    NodeRejectedError,
     NodeSpec,
     ObservedNode,
     ObservedState,
@@ -263,7 +264,8 @@ class RayScheduler:
                 env = self._agent_env(node.spec)
                 unreachable = self._unreachable_master(env, alive[ray_id])
                 if unreachable:
-                    raise SchedulerError(unreachable)
+                    # The master's address is the same at every try: a launch no retry can make.
+                    raise NodeRejectedError(unreachable)
                 self._cluster.start_agent(
                     AgentLaunch(node.spec.node_id, ray_id, node.request, self._command, env, log_path)
                 )

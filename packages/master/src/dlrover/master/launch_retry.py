@@ -1,0 +1,106 @@
+"""Launches a backend failed for a passing reason, tried again with backoff before they count as a failure.
+
+A backend that cannot start a node right now (the Kubernetes API server answering 503 through its own
+retries while it restarts, a Ray cluster whose control store is away, a local fork refused for a moment)
+raises a plain `SchedulerError`. Taking that for the node's failure would spend the rank's relaunches
+within milliseconds, one per refused create, and stop a healthy job over a minute of API trouble; a
+launch the platform refuses for good is `NodeRejectedError` and never comes here. So the master keeps
+the node pending and launches it again after a bounded exponential backoff, up to `retries` more
+times, and only then decides the launch failure as before (the node is lost, within its budgets).
+
+Pure: the master passes the times in, and this holds no lock (the master's own lock covers it). The
+schedule is not journaled: a master that restarts while a node waits for its retry finds the node
+pending without a process, and the node's start timeout decides it, as for any launch in flight.
+"""
+
+from __future__ import annotations
+
+import math
+
+import attrs
+
+from dlrover.common import ConfigError
+from dlrover.master.backoff import Backoff
+from dlrover.master.records import LaunchNode
+
+__all__ = ["LaunchRetries", "LaunchRetrySettings"]
+
+
+@attrs.frozen
+class LaunchRetrySettings:
+    """How launches the backend failed are tried again.
+
+    Attributes:
+        retries: more launches after the first failed one; 0 decides the first failure at once.
+        initial_s: the wait before the first retry; each further retry waits twice as long.
+        max_s: the longest wait between two launches.
+    """
+
+    retries: int = 5
+    initial_s: float = 2.0
+    max_s: float = 30.0
+
+    def __attrs_post_init__(self) -> None:
+        if isinstance(self.retries, bool) or not isinstance(self.retries, int) or self.retries < 0:
+            raise ConfigError(f"launch retries must be a whole number >= 0, got {self.retries!r}")
+        for name, value in (("initial_s", self.initial_s), ("max_s", self.max_s)):
+            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+                raise ConfigError(f"launch retry {name} must be a positive number of seconds, got {value!r}")
+        if self.max_s < self.initial_s:
+            raise ConfigError(f"launch retry max_s ({self.max_s!r}) must be at least initial_s ({self.initial_s!r})")
+
+
+@attrs.define
+class _Waiting:
+    launch: LaunchNode
+    backoff: Backoff
+    due: float
+    error: str = ""
+
+
+class LaunchRetries:
+    """The launches waiting to be tried again, by node id."""
+
+    def __init__(self, settings: LaunchRetrySettings) -> None:
+        self._settings = settings
+        self._waiting: dict[int, _Waiting] = {}
+
+    def failed(self, launch: LaunchNode, now: float, error: str = "") -> float | None:
+        """One more launch of `launch.node_id` failed (`error`: the backend's words): the seconds until
+        it is tried again, or None when its retries are spent (it is forgotten; the caller decides the
+        failure)."""
+        waiting = self._waiting.get(launch.node_id)
+        if waiting is None:
+            backoff = Backoff(self._settings.initial_s, self._settings.max_s)
+            waiting = self._waiting[launch.node_id] = _Waiting(launch, backoff, now)
+        if waiting.backoff.failures >= self._settings.retries:
+            del self._waiting[launch.node_id]
+            return None
+        delay = waiting.backoff.next_delay()
+        waiting.launch, waiting.due, waiting.error = launch, now + delay, error
+        return delay
+
+    def failures(self, node_id: int) -> int:
+        """How many launches of the node failed since it last waited for none (0: it waits for none)."""
+        waiting = self._waiting.get(node_id)
+        return 0 if waiting is None else waiting.backoff.failures
+
+    def due(self, now: float) -> list[LaunchNode]:
+        """The launches whose wait is over, earliest first; each stays until `failed` or `forget`
+        (a launch that is not tried again must be forgotten, or it is due at every call)."""
+        ready = [w for w in self._waiting.values() if w.due <= now]
+        return [w.launch for w in sorted(ready, key=lambda w: (w.due, w.launch.node_id))]
+
+    def reasons(self) -> dict[int, str]:
+        """Why each waiting node is still pending, by node id (for the pending announcement)."""
+        return {
+            node_id: f"its launch failed {w.backoff.failures} time(s) and is tried again: {w.error}"
+            for node_id, w in self._waiting.items()
+        }
+
+    def forget(self, node_id: int) -> None:
+        """The node was launched, stopped or decided otherwise: it waits for nothing (idempotent)."""
+        self._waiting.pop(node_id, None)
+
+    def __contains__(self, node_id: object) -> bool:
+        return node_id in self._waiting

@@ -1,0 +1,89 @@
+"""The launch retry schedule (`dlrover.master.launch_retry`), against a model."""
+
+from __future__ import annotations
+
+import hypothesis.strategies as st
+import pytest
+from hypothesis import settings
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+
+from dlrover.master.launch_retry import LaunchRetries, LaunchRetrySettings
+from dlrover.master.records import LaunchNode
+
+pytestmark = pytest.mark.timeout(120)
+
+NODES = st.integers(min_value=0, max_value=3)
+
+
+def _launch(node_id: int) -> LaunchNode:
+    return LaunchNode(node_id=node_id, rank=node_id, relaunch_count=0)
+
+
+def test_waits_double_up_to_the_cap_and_the_retries_end() -> None:
+    retries = LaunchRetries(LaunchRetrySettings(retries=4, initial_s=1.0, max_s=5.0))
+    delays = [retries.failed(_launch(7), now=0.0, error="503") for _ in range(5)]
+    assert delays == [1.0, 2.0, 4.0, 5.0, None]
+    assert 7 not in retries  # spent: forgotten, the caller decides the failure
+    assert retries.failed(_launch(7), now=0.0) == 1.0  # a later launch of it starts afresh
+
+
+def test_due_launches_come_earliest_first_and_stay_until_decided() -> None:
+    retries = LaunchRetries(LaunchRetrySettings(retries=3, initial_s=2.0, max_s=8.0))
+    retries.failed(_launch(1), now=1.0, error="a")
+    retries.failed(_launch(0), now=0.5, error="b")
+    assert retries.due(2.4) == []
+    assert [launch.node_id for launch in retries.due(3.0)] == [0, 1]
+    assert [launch.node_id for launch in retries.due(3.0)] == [0, 1]  # not consumed by asking
+    assert retries.reasons() == {
+        0: "its launch failed 1 time(s) and is tried again: b",
+        1: "its launch failed 1 time(s) and is tried again: a",
+    }
+    retries.forget(0)
+    retries.forget(0)  # idempotent
+    assert [launch.node_id for launch in retries.due(3.0)] == [1]
+
+
+class LaunchRetryMachine(RuleBasedStateMachine):
+    """Any order of failed launches, forgotten nodes and time: a node is due only once its wait is
+    over, waits never shrink and never pass the cap, and exactly `retries` failures are retried."""
+
+    SETTINGS = LaunchRetrySettings(retries=3, initial_s=1.0, max_s=3.0)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.retries = LaunchRetries(self.SETTINGS)
+        self.now = 0.0
+        self.model: dict[int, tuple[int, float, float]] = {}  # node -> (retries granted, last delay, due)
+
+    @rule(node=NODES)
+    def launch_failed(self, node: int) -> None:
+        granted, last, _ = self.model.get(node, (0, 0.0, 0.0))
+        delay = self.retries.failed(_launch(node), self.now, error="refused")
+        if granted == self.SETTINGS.retries:
+            assert delay is None
+            self.model.pop(node, None)
+            return
+        assert delay is not None
+        assert last <= delay <= self.SETTINGS.max_s
+        self.model[node] = (granted + 1, delay, self.now + delay)
+
+    @rule(node=NODES)
+    def forget(self, node: int) -> None:
+        self.retries.forget(node)
+        self.model.pop(node, None)
+
+    @rule(seconds=st.floats(min_value=0.0, max_value=4.0, allow_nan=False))
+    def time_passes(self, seconds: float) -> None:
+        self.now += seconds
+
+    @invariant()
+    def due_is_what_the_model_says(self) -> None:
+        expected = sorted((due, node) for node, (_, _, due) in self.model.items() if due <= self.now)
+        assert [launch.node_id for launch in self.retries.due(self.now)] == [node for _, node in expected]
+        assert {node for node in range(4) if node in self.retries} == set(self.model)
+        for node, (granted, _, _) in self.model.items():
+            assert self.retries.failures(node) == granted
+
+
+TestLaunchRetryMachine = LaunchRetryMachine.TestCase
+TestLaunchRetryMachine.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
