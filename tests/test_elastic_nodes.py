@@ -324,6 +324,49 @@ def test_a_lost_node_shrinks_the_job_from_memory_and_a_new_one_grows_it_back(
     assert master.poll() is None
 
 
+def test_a_node_joining_a_running_job_charges_nobody_for_the_collective_errors_of_the_round_it_breaks(
+    tmp_path: Path, procs: list[subprocess.Popen[str]]
+) -> None:
+    """Node a's agent sees the joining node first and restarts its workers for the new round; node
+    b's workers, in a collective with a's, fail before b's agent sees the joining node itself (its
+    next heartbeat is due after the test ends, and it does not check between). a said why before
+    its workers stopped, so b's report is that restart's consequence: restarted, charged to
+    nobody; a job that may take no failure goes on."""
+    out, token_file, port = _job_files(tmp_path, TRAIN)
+    master_cmd = [
+        sys.executable, "-m", "dlrover.master.cli", "--backend=external", "--nnodes=2:3", f"--port={port}",
+        f"--token-file={token_file}", "--heartbeat-interval-s=0.5", "--heartbeat-timeout-s=600",
+        "--rdzv-last-call-s=1", "--rdzv-heartbeat-timeout-s=600", "--node-start-timeout-s=0",
+        "--max-job-failures=0", f"--state-dir={tmp_path / 'state'}",
+    ]  # fmt: skip
+    logs = [tmp_path / "master.log", tmp_path / "agent_a.log", tmp_path / "agent_b.log", tmp_path / "agent_c.log"]
+    master = _start(procs, master_cmd, logs[0])
+
+    def agent(log: Path, *flags: str) -> subprocess.Popen[str]:
+        cmd = [
+            sys.executable, "-m", "dlrover.launcher.cli", f"--master=127.0.0.1:{port}", f"--token-file={token_file}",
+            "--nnodes=2:3", "--nproc-per-node=1", "--local-addr=127.0.0.1", "--max-restarts=3",
+            "--monitor-interval=0.1", f"--log-dir={tmp_path / 'logs' / log.stem}", *flags,
+            str(tmp_path / "train.py"), str(out), "2000",
+        ]  # fmt: skip
+        return _start(procs, cmd, log)
+
+    agent(logs[1], "--heartbeat-interval=0.5")
+    agent(logs[2], "--heartbeat-interval=300", "--waiting-check-interval=0")
+    _wait("training on two nodes", lambda: sum(1 for _, w in _progress(out) if w == 2) >= 3, logs)
+    agent(logs[3], "--heartbeat-interval=0.5")
+    _wait("training on three nodes", lambda: sum(1 for _, w in _progress(out) if w == 3) >= 3, logs)
+
+    events = read_event_log(tmp_path / "state" / "events.jsonl")
+    failures = [e["message"] for e in events if e["kind"] == "failure"]
+    assert failures == [], failures
+    consequences = [e for e in events if e["kind"] == "consequence_restart"]
+    assert consequences, [e["kind"] for e in events]  # b's report came, and was taken for the consequence
+    for event in consequences:
+        assert "its workers stop for a new round: 1 node(s) wait to join" in event["data"]["cause"], event
+    assert master.poll() is None
+
+
 def test_training_goes_on_while_the_master_is_killed_and_restarted(
     tmp_path: Path, procs: list[subprocess.Popen[str]]
 ) -> None:

@@ -364,6 +364,15 @@ def test_membership_change_starts_a_new_round_without_using_a_restart(tmp_path: 
     assert result.exit_code == 143
 
 
+def _alive(pid: int) -> bool:
+    """The process runs (exists and is not a zombie waiting to be reaped)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
 @pytest.mark.integration
 def test_a_node_waiting_to_join_is_seen_between_heartbeats(tmp_path: Path) -> None:
     out = tmp_path / "out"
@@ -376,13 +385,25 @@ def test_a_node_waiting_to_join_is_seen_between_heartbeats(tmp_path: Path) -> No
             return 1
         return 0
 
+    workers_alive: list[bool] = []  # at the announcement
+
+    class _SeesTheWorkersAtTheAnnouncement(FakeControlPlane):
+        def restarting_for_round(self, nodes_waiting: int) -> None:
+            pids = [int(f.name.rsplit("_pid", 1)[1].split(".")[0]) for f in out.glob("*_attempt0_pid*.json")]
+            workers_alive.extend(_alive(pid) for pid in pids)
+            super().restarting_for_round(nodes_waiting)
+
     # One heartbeat at the start, the next an hour later: the round can only come from the
     # check between heartbeats.
-    control = FakeControlPlane(nodes_waiting=nodes_waiting, heartbeat_interval_s=3600.0)
+    control = _SeesTheWorkersAtTheAnnouncement(nodes_waiting=nodes_waiting, heartbeat_interval_s=3600.0)
     agent = _agent(tmp_path, "sleep", control, max_restarts=0, shutdown_grace_s=1.0, waiting_check_interval_s=0.1)
     result = _run_until_stopped(agent, lambda: len(list(out.glob("*_attempt0_pid*.json"))) == 4)
     assert len(control.rounds) == 2
     assert result.restarts == 0
+    # The rendezvous heard why before the workers stopped: their peers' broken collectives that
+    # follow are this restart's consequence.
+    assert control.round_restarts == [1]
+    assert workers_alive == [True, True]
     # The first round's first heartbeat, the one the check brings forward (the master's word on
     # this node comes before the round), and at most the second round's first.
     assert len(control.heartbeats) <= 3

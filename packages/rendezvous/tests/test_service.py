@@ -78,6 +78,8 @@ def test_parameter_disagreement_is_an_answer_not_an_error(
         (lambda c: c.world(42), grpc.StatusCode.NOT_FOUND, "round 42 is not the current round"),
         (lambda c: c.kv_set(["k"], [b"x" * 2000]), grpc.StatusCode.INVALID_ARGUMENT, "max_value_bytes=1024"),
         (lambda c: c.kv_add("", 1), grpc.StatusCode.INVALID_ARGUMENT, "non-empty string"),
+        (lambda c: c.announce_restart("a", 0), grpc.StatusCode.INVALID_ARGUMENT, "nodes_waiting must be at least 1"),
+        (lambda c: c.announce_restart("", 1), grpc.StatusCode.INVALID_ARGUMENT, "non-empty string"),
     ],
 )
 def test_bad_input_gets_a_clear_status_and_changes_nothing(
@@ -128,6 +130,25 @@ def test_kv_calls_round_trip(client: RendezvousClient) -> None:
     assert not client.kv_check(["a", "z"])
     assert client.kv_delete("a")
     assert client.kv_num_keys() == 2
+
+
+def test_a_member_that_restarts_for_waiting_nodes_leaves_its_peers_behind_until_they_join(
+    client: RendezvousClient, servicer_and_server: Served, clock: ManualClock
+) -> None:
+    for node in "ab":
+        client.join(node)
+    clock.advance(5.0)  # the last call ends: round 1 of a and b
+    assert client.poll("a").state is PollState.ASSIGNED
+    client.join("c")  # a third node waits to join
+    assert not client.announce_restart("c", 1)  # not a member of the round in force: nothing recorded
+    assert client.announce_restart("a", 1)
+    assert client.announce_restart("a", 1)  # again: the same
+    manager = servicer_and_server[0].manager
+    with servicer_and_server[0].lock:
+        assert manager.left_behind("b") == (
+            "round 1: the processes of node 'a' restart (its workers stop for a new round: 1 node(s) wait to join)"
+        )
+        assert manager.left_behind("a") is None
 
 
 def test_leave_dissolves_the_round_and_close_stops_joins(client: RendezvousClient) -> None:

@@ -1002,7 +1002,20 @@ class Agent:
         """
         if step.kind is not StepKind.RESTART or nodes_waiting <= 0:
             return step
-        return self._save_first(group, step, "planned round")
+        step = self._save_first(group, step, "planned round")
+        if step.kind is StepKind.RESTART:
+            self._announce_round_restart(nodes_waiting)
+        return step
+
+    def _announce_round_restart(self, nodes_waiting: int) -> None:
+        """Before this node's workers stop for a new round, tell the rendezvous: the peers' workers,
+        whose collectives break when these stop, may report that failure before their own agents see
+        the waiting nodes, and it is this restart's consequence, not theirs to be charged for."""
+        try:
+            self._control.restarting_for_round(nodes_waiting)
+        except DLRoverError as exc:
+            _log.warning("could not tell the master that the workers restart for a new round (%s): peers' "
+                         "collective errors that follow may be charged to them", exc)  # fmt: skip
 
     def _save_before_stop(self, group: WorkerGroup, step: Step) -> Step:
         """Before stopping the workers for a SIGTERM (how a backend stops a node it lets go, a

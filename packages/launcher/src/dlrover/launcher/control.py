@@ -227,6 +227,16 @@ class ControlPlane(Protocol):
         each node less often, so the master is not asked thousands of times a second."""
         ...
 
+    def restarting_for_round(self, nodes_waiting: int) -> None:
+        """Tell the job's rendezvous that this node's workers stop now for a new round, because
+        `nodes_waiting` nodes wait to join: its peers' workers, whose collectives break when these
+        stop, are then restarted as that restart's consequence, charged to nobody. One short attempt.
+
+        Raises:
+            DLRoverError: refused or unreachable (the peers' errors are then judged as before).
+        """
+        ...
+
     def heartbeat(self, progress: Progress) -> Sequence[tuple[ActionKind, str] | MasterAction]:
         """Report liveness and progress; returns the actions the master wants, with reasons (a
         `MasterAction` where it says more than the kind and the reason)."""

@@ -339,6 +339,9 @@ class GrpcControlPlane:
     def waiting_check(self) -> WaitingCount:
         return self._poll_rdzv.waiting_check(self._node_id)
 
+    def restarting_for_round(self, nodes_waiting: int) -> None:
+        self._poll_rdzv.announce_restart(self._node_id, nodes_waiting)
+
     def heartbeat(self, progress: Progress) -> Sequence[tuple[ActionKind, str] | MasterAction]:
         step = progress.step if progress.step >= 0 else None
         usage = progress.resources

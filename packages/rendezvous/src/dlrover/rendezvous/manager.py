@@ -381,19 +381,22 @@ class RendezvousManager:
                 count = max(count, 1)
         return WaitingCount(count, self._pace(len(self._last_seen)), self._round_number)
 
-    def processes_restarting(self, node_id: str, why: str) -> None:
+    def processes_restarting(self, node_id: str, why: str) -> bool:
         """The processes of `node_id`, a member of the round in force, are being restarted (`why`)
-        for a cause of their own (a crash, a planned round; not a collective error, which may be
-        a peer's doing): its peers' collectives break before it joins again. Remembered for
-        `left_behind` until the next round forms or this one dissolves; a node not in the round in
-        force is ignored.
+        for a cause of their own (a crash, a planned round, nodes waiting to join; not a collective
+        error, which may be a peer's doing): its peers' collectives break before it joins again.
+        Remembered for `left_behind` until the next round forms or this one dissolves (the first
+        reason given is kept); a node not in the round in force is ignored. Returns whether the
+        restart is remembered.
 
         Raises:
             InvalidRequestError: the node id is malformed; nothing changed.
         """
         _check_node_id(node_id)
-        if self._current is not None and self._current.rank_of(node_id) is not None:
-            self._restarting.setdefault(node_id, why)
+        if self._current is None or self._current.rank_of(node_id) is None:
+            return False
+        self._restarting.setdefault(node_id, why)
+        return True
 
     def left_behind(self, node_id: str) -> str | None:
         """Why `node_id`'s workers still run in a round that is over, or None: its round dissolved

@@ -142,6 +142,20 @@ class RendezvousServicer(pb_grpc.RendezvousServiceServicer):
             context, lambda: pb.LeaveResponse(reason=self._manager.leave(request.node_id, self._clock.now()))
         )
 
+    def AnnounceRestart(
+        self, request: pb.AnnounceRestartRequest, context: grpc.ServicerContext
+    ) -> pb.AnnounceRestartResponse:
+        def call() -> pb.AnnounceRestartResponse:
+            waiting = request.nodes_waiting
+            if waiting < 1:
+                raise InvalidRequestError(
+                    f"nodes_waiting must be at least 1 (the nodes the restart is for), got {waiting}"
+                )
+            why = f"its workers stop for a new round: {waiting} node(s) wait to join"
+            return pb.AnnounceRestartResponse(recorded=self._manager.processes_restarting(request.node_id, why))
+
+        return self._run(context, call)
+
     def GetWorld(self, request: pb.GetWorldRequest, context: grpc.ServicerContext) -> pb.GetWorldResponse:
         def call() -> pb.GetWorldResponse:
             r = self._manager.world(request.round)

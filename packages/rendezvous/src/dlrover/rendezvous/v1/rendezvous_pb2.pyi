@@ -104,6 +104,20 @@ class NumNodesWaitingResponse(_message.Message):
     rounds_formed: int
     def __init__(self, num_nodes_waiting: _Optional[int] = ..., retry_after_s: _Optional[float] = ..., rounds_formed: _Optional[int] = ...) -> None: ...
 
+class AnnounceRestartRequest(_message.Message):
+    __slots__ = ("node_id", "nodes_waiting")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    NODES_WAITING_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    nodes_waiting: int
+    def __init__(self, node_id: _Optional[str] = ..., nodes_waiting: _Optional[int] = ...) -> None: ...
+
+class AnnounceRestartResponse(_message.Message):
+    __slots__ = ("recorded",)
+    RECORDED_FIELD_NUMBER: _ClassVar[int]
+    recorded: bool
+    def __init__(self, recorded: _Optional[bool] = ...) -> None: ...
+
 class LeaveRequest(_message.Message):
     __slots__ = ("node_id",)
     NODE_ID_FIELD_NUMBER: _ClassVar[int]

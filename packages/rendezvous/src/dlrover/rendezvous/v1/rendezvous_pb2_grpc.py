@@ -59,6 +59,11 @@ class RendezvousServiceStub:
                 request_serializer=dlrover_dot_rendezvous_dot_v1_dot_rendezvous__pb2.LeaveRequest.SerializeToString,
                 response_deserializer=dlrover_dot_rendezvous_dot_v1_dot_rendezvous__pb2.LeaveResponse.FromString,
                 _registered_method=True)
+        self.AnnounceRestart = channel.unary_unary(
+                '/dlrover.rendezvous.v1.RendezvousService/AnnounceRestart',
+                request_serializer=dlrover_dot_rendezvous_dot_v1_dot_rendezvous__pb2.AnnounceRestartRequest.SerializeToString,
+                response_deserializer=dlrover_dot_rendezvous_dot_v1_dot_rendezvous__pb2.AnnounceRestartResponse.FromString,
+                _registered_method=True)
         self.GetWorld = channel.unary_unary(
                 '/dlrover.rendezvous.v1.RendezvousService/GetWorld',
                 request_serializer=dlrover_dot_rendezvous_dot_v1_dot_rendezvous__pb2.GetWorldRequest.SerializeToString,
@@ -139,6 +144,12 @@ class RendezvousServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Leave(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AnnounceRestart(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -231,6 +242,11 @@ def add_RendezvousServiceServicer_to_server(servicer, server):
                     servicer.Leave,
                     request_deserializer=dlrover_dot_rendezvous_dot_v1_dot_rendezvous__pb2.LeaveRequest.FromString,
                     response_serializer=dlrover_dot_rendezvous_dot_v1_dot_rendezvous__pb2.LeaveResponse.SerializeToString,
+            ),
+            'AnnounceRestart': grpc.unary_unary_rpc_method_handler(
+                    servicer.AnnounceRestart,
+                    request_deserializer=dlrover_dot_rendezvous_dot_v1_dot_rendezvous__pb2.AnnounceRestartRequest.FromString,
+                    response_serializer=dlrover_dot_rendezvous_dot_v1_dot_rendezvous__pb2.AnnounceRestartResponse.SerializeToString,
             ),
             'GetWorld': grpc.unary_unary_rpc_method_handler(
                     servicer.GetWorld,
@@ -418,6 +434,33 @@ class RendezvousService:
             '/dlrover.rendezvous.v1.RendezvousService/Leave',
             dlrover_dot_rendezvous_dot_v1_dot_rendezvous__pb2.LeaveRequest.SerializeToString,
             dlrover_dot_rendezvous_dot_v1_dot_rendezvous__pb2.LeaveResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AnnounceRestart(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dlrover.rendezvous.v1.RendezvousService/AnnounceRestart',
+            dlrover_dot_rendezvous_dot_v1_dot_rendezvous__pb2.AnnounceRestartRequest.SerializeToString,
+            dlrover_dot_rendezvous_dot_v1_dot_rendezvous__pb2.AnnounceRestartResponse.FromString,
             options,
             channel_credentials,
             insecure,
