@@ -5,7 +5,7 @@ from __future__ import annotations
 import hypothesis.strategies as st
 import pytest
 from hypothesis import settings
-from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from dlrover.master.launch_retry import LaunchRetries, LaunchRetrySettings
 from dlrover.master.records import LaunchNode
@@ -25,6 +25,20 @@ def test_waits_double_up_to_the_cap_and_the_retries_end() -> None:
     assert delays == [1.0, 2.0, 4.0, 5.0, None]
     assert 7 not in retries  # spent: forgotten, the caller decides the failure
     assert retries.failed(_launch(7), now=0.0) == 1.0  # a later launch of it starts afresh
+
+
+def test_a_launch_held_back_while_the_backend_is_away_spends_no_retry() -> None:
+    retries = LaunchRetries(LaunchRetrySettings(retries=3, initial_s=2.0, max_s=8.0))
+    assert retries.backend_away(0.0) is None
+    retries.failed(_launch(0), now=10.0, error="503")
+    reason = retries.backend_away(10.5)
+    assert reason == "a launch failed 0.5 s before (503); not sent meanwhile"
+    assert retries.hold_back(_launch(1), 10.5, reason) == 1.5
+    assert retries.failures(1) == 0
+    assert retries.reasons()[1] == f"its launch waits: {reason}"
+    assert [launch.node_id for launch in retries.due(12.0)] == [0, 1]
+    assert retries.backend_away(12.0) is None
+    assert LaunchRetries(LaunchRetrySettings(retries=0)).backend_away(0.0) is None
 
 
 def test_due_launches_come_earliest_first_and_stay_until_decided() -> None:
@@ -54,11 +68,13 @@ class LaunchRetryMachine(RuleBasedStateMachine):
         self.retries = LaunchRetries(self.SETTINGS)
         self.now = 0.0
         self.model: dict[int, tuple[int, float, float]] = {}  # node -> (retries granted, last delay, due)
+        self.last_failure: float | None = None
 
     @rule(node=NODES)
     def launch_failed(self, node: int) -> None:
         granted, last, _ = self.model.get(node, (0, 0.0, 0.0))
         delay = self.retries.failed(_launch(node), self.now, error="refused")
+        self.last_failure = self.now
         if granted == self.SETTINGS.retries:
             assert delay is None
             self.model.pop(node, None)
@@ -66,6 +82,18 @@ class LaunchRetryMachine(RuleBasedStateMachine):
         assert delay is not None
         assert last <= delay <= self.SETTINGS.max_s
         self.model[node] = (granted + 1, delay, self.now + delay)
+
+    @precondition(lambda self: self.retries.backend_away(self.now) is not None)
+    @rule(node=NODES)
+    def launch_held_back(self, node: int) -> None:
+        assert self.last_failure is not None
+        reason = self.retries.backend_away(self.now)
+        assert reason is not None
+        wait = self.retries.hold_back(_launch(node), self.now, reason)
+        granted, last, due = self.model.get(node, (0, 0.0, 0.0))
+        due = max(due, self.last_failure + self.SETTINGS.initial_s)
+        assert wait == pytest.approx(max(due - self.now, 0.0))
+        self.model[node] = (granted, last, due)  # held back: no retry spent
 
     @rule(node=NODES)
     def forget(self, node: int) -> None:
@@ -75,6 +103,11 @@ class LaunchRetryMachine(RuleBasedStateMachine):
     @rule(seconds=st.floats(min_value=0.0, max_value=4.0, allow_nan=False))
     def time_passes(self, seconds: float) -> None:
         self.now += seconds
+
+    @invariant()
+    def the_backend_is_away_for_the_initial_wait_after_a_failure(self) -> None:
+        away = self.last_failure is not None and self.now - self.last_failure < self.SETTINGS.initial_s
+        assert (self.retries.backend_away(self.now) is not None) == away
 
     @invariant()
     def due_is_what_the_model_says(self) -> None:

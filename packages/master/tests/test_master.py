@@ -276,12 +276,34 @@ def test_a_resumed_master_sends_again_the_launch_its_predecessor_was_to_retry(tm
 def test_a_retried_launch_avoids_the_hosts_avoided_meanwhile() -> None:
     master, sched, clock = make(nodes=2, launch_retry=LaunchRetrySettings(retries=3, initial_s=1.0, max_s=1.0))
     sched.fail_launches = 1
-    master.start()  # node 0's launch fails, node 1's goes through
-    assert sched.launch_attempts == [0, 1]
+    master.start()  # node 0's launch fails; node 1's is held back while the backend is away
+    assert sched.launch_attempts == [0]
     master.mark_host_unhealthy("bad-host", "ECC errors")
     clock.advance(1.0)
     master.tick()
+    assert sched.launch_attempts == [0, 0, 1]
     assert sched.specs[0].avoid_hosts == frozenset({"bad-host"})
+    assert sched.specs[1].avoid_hosts == frozenset({"bad-host"})
+
+
+def test_while_the_backend_is_away_one_launch_a_tick_is_sent_and_every_node_goes_once_it_is_back() -> None:
+    master, sched, clock = make(nodes=4, launch_retry=LaunchRetrySettings(retries=5, initial_s=1.0, max_s=1.0))
+    sched.fail_launches = True
+    master.start()  # node 0's launch fails: nodes 1..3 are not sent (each would spend the backend's own retries)
+    assert sched.launch_attempts == [0]
+    clock.advance(1.0)
+    master.tick()  # all four due: node 0 is sent and fails again, the others wait for the next tick
+    assert sched.launch_attempts == [0, 0]
+    clock.advance(1.0)
+    master.tick()
+    assert sched.launch_attempts == [0, 0, 1]
+    sched.fail_launches = False
+    clock.advance(1.0)
+    master.tick()  # the backend is back: every waiting node goes at once, earliest due first
+    assert sched.launch_attempts == [0, 0, 1, 2, 3, 0, 1]
+    assert sorted(sched.specs) == [0, 1, 2, 3]
+    assert all(n.state is NodeState.PENDING and n.relaunch_count == 0 for n in master.nodes().values())
+    assert "failure" not in [e.kind for e in master.events(limit=1000)]
 
 
 def test_a_start_timeout_during_the_retries_names_the_backends_words_and_ends_them() -> None:

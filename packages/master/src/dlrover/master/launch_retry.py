@@ -64,11 +64,25 @@ class LaunchRetries:
     def __init__(self, settings: LaunchRetrySettings) -> None:
         self._settings = settings
         self._waiting: dict[int, _Waiting] = {}
+        self._last_failure: tuple[float, str] | None = None  # when a launch last failed, and why
+
+    def backend_away(self, now: float) -> str | None:
+        """Why a launch should not be sent now: a launch failed less than `initial_s` ago (its words,
+        with how long ago), so a burst of launches (a job's start, a mass relaunch) waits for its
+        retries instead of each spending the backend's own retries in turn; None: send it. Never
+        with no retries (a failure is then decided at once, as it always was)."""
+        if self._settings.retries == 0 or self._last_failure is None:
+            return None
+        at, error = self._last_failure
+        if now - at >= self._settings.initial_s:
+            return None
+        return f"a launch failed {now - at:.1f} s before ({error}); not sent meanwhile"
 
     def failed(self, launch: LaunchNode, now: float, error: str = "") -> float | None:
         """One more launch of `launch.node_id` failed (`error`: the backend's words): the seconds until
         it is tried again, or None when its retries are spent (it is forgotten; the caller decides the
         failure)."""
+        self._last_failure = (now, error)
         waiting = self._waiting.get(launch.node_id)
         if waiting is None:
             backoff = Backoff(self._settings.initial_s, self._settings.max_s)
@@ -79,6 +93,18 @@ class LaunchRetries:
         delay = waiting.backoff.next_delay()
         waiting.launch, waiting.due, waiting.error = launch, now + delay, error
         return delay
+
+    def hold_back(self, launch: LaunchNode, now: float, reason: str) -> float:
+        """Keep a launch unsent while the backend is away (`backend_away` gave `reason`): it is due when
+        that ends and counts as no failure. Returns the seconds it waits."""
+        assert self._last_failure is not None, "nothing failed: no launch is held back"
+        due = self._last_failure[0] + self._settings.initial_s
+        waiting = self._waiting.get(launch.node_id)
+        if waiting is None:
+            backoff = Backoff(self._settings.initial_s, self._settings.max_s)
+            waiting = self._waiting[launch.node_id] = _Waiting(launch, backoff, due, reason)
+        waiting.launch, waiting.due, waiting.error = launch, max(waiting.due, due), reason
+        return max(waiting.due - now, 0.0)
 
     def failures(self, node_id: int) -> int:
         """How many launches of the node failed since it last waited for none (0: it waits for none)."""
@@ -94,7 +120,11 @@ class LaunchRetries:
     def reasons(self) -> dict[int, str]:
         """Why each waiting node is still pending, by node id (for the pending announcement)."""
         return {
-            node_id: f"its launch failed {w.backoff.failures} time(s) and is tried again: {w.error}"
+            node_id: (
+                f"its launch failed {w.backoff.failures} time(s) and is tried again: {w.error}"
+                if w.backoff.failures
+                else f"its launch waits: {w.error}"
+            )
             for node_id, w in self._waiting.items()
         }
 

@@ -774,13 +774,21 @@ class Master:
             self._told_spares = spares
         return told
 
-    def _apply(self, effect: LaunchNode | StopNode) -> None:
+    def _apply(self, effect: LaunchNode | StopNode, *, retry: bool = False) -> None:
+        """Carry an effect out; a launch (not a `retry`) waits for its retry unsent while a launch failed
+        moments ago (`LaunchRetries.backend_away`)."""
         if isinstance(effect, StopNode):
             self._launch_retries.forget(effect.node_id)
             self._scheduler.stop(effect.node_id)
             return
         if self._lifecycle.job_state.finished:
             return  # a launch deferred or queued before the job ended (a node the platform refused stopped it)
+        away = None if retry else self._launch_retries.backend_away(self._clock.now())
+        if away is not None:
+            if self._lifecycle.node(effect.node_id).state in ALIVE_STATES:
+                wait = self._launch_retries.hold_back(effect, self._clock.now(), away)
+                _log.info("node %d: launch held back for %.1f s: %s", effect.node_id, wait, away)
+            return
         env = self._agent_env() if callable(self._agent_env) else dict(self._agent_env or {})
         spec = NodeSpec(
             job_name=self._config.job_name,
@@ -811,24 +819,7 @@ class Master:
                 _log.exception("%s; the job's end could not be journaled", reason)
             return
         except SchedulerError as exc:
-            node = self._lifecycle.node(effect.node_id)
-            if node.state not in ALIVE_STATES or self._lifecycle.job_state.finished:
-                self._launch_retries.forget(effect.node_id)
-                return
-            # A passing refusal (the API server away) is tried again with backoff; only a launch that
-            # keeps failing is a failure of that node: relaunch or give up within budgets.
-            launches = self._launch_retries.failures(effect.node_id) + 1
-            delay = self._launch_retries.failed(effect, self._clock.now(), str(exc))
-            if delay is not None:
-                self._announce_launch_retry(effect, exc, launches, delay)
-                return
-            evidence = f"launch failed: {exc}" if launches == 1 else f"launch failed {launches} times, last: {exc}"
-            try:
-                self._transact(lambda: self._lifecycle.node_lost(effect.node_id, evidence, self._clock.now()))
-            except JournalError:
-                # The change that launched it is journaled; this failure is not. The node
-                # stays pending, and its start timeout (or the next master) handles it.
-                _log.exception("node %d: %s; the failure could not be journaled", effect.node_id, evidence)
+            self._launch_failed(effect, str(exc))
             return
         self._launch_retries.forget(effect.node_id)
         if isinstance(self._scheduler, StatefulCollaborator):
@@ -838,7 +829,27 @@ class Master:
             except JournalError:
                 _log.exception("node %d launched, but its process could not be journaled yet", effect.node_id)
 
-    def _announce_launch_retry(self, launch: LaunchNode, error: SchedulerError, launches: int, delay: float) -> None:
+    def _launch_failed(self, launch: LaunchNode, error: str) -> None:
+        """A launch the backend failed for a passing reason: tried again with backoff; only a launch that
+        keeps failing is a failure of that node (relaunch or give up within budgets)."""
+        node = self._lifecycle.node(launch.node_id)
+        if node.state not in ALIVE_STATES or self._lifecycle.job_state.finished:
+            self._launch_retries.forget(launch.node_id)
+            return
+        launches = self._launch_retries.failures(launch.node_id) + 1
+        delay = self._launch_retries.failed(launch, self._clock.now(), error)
+        if delay is not None:
+            self._announce_launch_retry(launch, error, launches, delay)
+            return
+        evidence = f"launch failed: {error}" if launches == 1 else f"launch failed {launches} times, last: {error}"
+        try:
+            self._transact(lambda: self._lifecycle.node_lost(launch.node_id, evidence, self._clock.now()))
+        except JournalError:
+            # The change that launched it is journaled; this failure is not. The node
+            # stays pending, and its start timeout (or the next master) handles it.
+            _log.exception("node %d: %s; the failure could not be journaled", launch.node_id, evidence)
+
+    def _announce_launch_retry(self, launch: LaunchNode, error: str, launches: int, delay: float) -> None:
         retries = self._config.launch_retry.retries
         message = (
             f"node {launch.node_id} (rank {launch.rank}) could not be launched ({error}); launching it again in "
@@ -865,7 +876,7 @@ class Master:
                 # that went through although its answer was an error): nothing to send again.
                 self._launch_retries.forget(node_id)
                 continue
-            self._apply(self._lifecycle.launch_of(node_id))
+            self._apply(self._lifecycle.launch_of(node_id), retry=True)
             if node_id in self._launch_retries or self._lifecycle.node(node_id).state is not NodeState.PENDING:
                 break  # failed again: the backend is still away
 
