@@ -336,7 +336,7 @@ def test_a_node_joining_a_running_job_charges_nobody_for_the_collective_errors_o
     master_cmd = [
         sys.executable, "-m", "dlrover.master.cli", "--backend=external", "--nnodes=2:3", f"--port={port}",
         f"--token-file={token_file}", "--heartbeat-interval-s=0.5", "--heartbeat-timeout-s=600",
-        "--rdzv-last-call-s=1", "--rdzv-heartbeat-timeout-s=600", "--node-start-timeout-s=0",
+        "--rdzv-last-call-s=5", "--rdzv-heartbeat-timeout-s=600", "--node-start-timeout-s=0",
         "--max-job-failures=0", f"--state-dir={tmp_path / 'state'}",
     ]  # fmt: skip
     logs = [tmp_path / "master.log", tmp_path / "agent_a.log", tmp_path / "agent_b.log", tmp_path / "agent_c.log"]

@@ -388,10 +388,10 @@ def test_a_node_waiting_to_join_is_seen_between_heartbeats(tmp_path: Path) -> No
     workers_alive: list[bool] = []  # at the announcement
 
     class _SeesTheWorkersAtTheAnnouncement(FakeControlPlane):
-        def restarting_for_round(self, nodes_waiting: int) -> None:
+        def restarting_for_round(self, nodes_waiting: int, round_number: int) -> None:
             pids = [int(f.name.rsplit("_pid", 1)[1].split(".")[0]) for f in out.glob("*_attempt0_pid*.json")]
             workers_alive.extend(_alive(pid) for pid in pids)
-            super().restarting_for_round(nodes_waiting)
+            super().restarting_for_round(nodes_waiting, round_number)
 
     # One heartbeat at the start, the next an hour later: the round can only come from the
     # check between heartbeats.
@@ -402,7 +402,7 @@ def test_a_node_waiting_to_join_is_seen_between_heartbeats(tmp_path: Path) -> No
     assert result.restarts == 0
     # The rendezvous heard why before the workers stopped: their peers' broken collectives that
     # follow are this restart's consequence.
-    assert control.round_restarts == [1]
+    assert control.round_restarts == [(1, 1)]  # one node waits; the workers of round 1 stop
     assert workers_alive == [True, True]
     # The first round's first heartbeat, the one the check brings forward (the master's word on
     # this node comes before the round), and at most the second round's first.

@@ -401,6 +401,8 @@ ROUND_WORKER = textwrap.dedent(
         state["w"].fill_(float(step))
         state["step"] = step
         requested = mode not in ("ignore", "periodic") and ckpt.save_requested()
+        if requested and mode == "crash":
+            sys.exit(3)  # fails while the agent waits for the save before the round
         if requested or step == 1 or mode == "periodic":  # else: steps trained and not saved
             ckpt.save(step, state)
         with open(os.path.join(out, "trained"), "a") as f:
@@ -452,6 +454,23 @@ def test_before_a_planned_round_the_agent_has_its_workers_save_so_the_round_redo
         assert all(requested == "0" for _step, requested in trained)
         assert resumed["step"] == 1
         assert len(trained) >= 3
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(180)
+def test_a_worker_that_fails_during_the_save_before_a_round_is_reported_and_excuses_no_peer(tmp_path: Path) -> None:
+    nodes_waiting, _told = _one_node_waiting_once_ready(tmp_path / "out")
+    control = FakeControlPlane(nodes_waiting=nodes_waiting, heartbeat_interval_s=0.05)
+    agent, out, _job = _agent(
+        tmp_path, "crash", control, worker=ROUND_WORKER, round_save_timeout_s=30.0, max_restarts=1
+    )
+    result = agent.run()
+    assert result.exit_code == 0, (result.reason, _logs(tmp_path))
+    # Its failure went to the master (not folded into the round's restart), and the rendezvous was
+    # not told that this node restarts for the round: its peers' collective errors stay their own.
+    assert [f.exit_code for f in control.failures] == [3], control.failures
+    assert control.round_restarts == []
+    assert (out / "resumed.json").exists()
 
 
 @pytest.mark.integration

@@ -417,3 +417,28 @@ def test_a_waiting_node_polls_as_often_as_the_master_paces_it_not_on_a_growing_b
     finally:
         early.close()
         late.close()
+
+
+@pytest.mark.integration
+def test_a_master_without_the_restart_announcement_is_asked_once_and_the_restart_goes_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from dlrover.common import GrpcServer, ServerConfig, generate_token
+    from dlrover.common.ping import add_ping_service
+
+    token = generate_token()
+    server = GrpcServer(ServerConfig(), token)  # serves no rendezvous: AnnounceRestart is UNIMPLEMENTED
+    add_ping_service(server)
+    with server:
+        plane = GrpcControlPlane(
+            server.address, token, node_name="a", host="localhost", local_addr="127.0.0.1", min_nodes=1, max_nodes=1
+        )
+        try:
+            with caplog.at_level("WARNING", logger="dlrover.launcher.grpc_control"):
+                plane.restarting_for_round(1, 3)
+                plane.restarting_for_round(2, 4)  # not asked again
+        finally:
+            plane.close()
+    warned = [r.getMessage() for r in caplog.records if "cannot be told" in r.getMessage()]
+    assert len(warned) == 1, warned
+    assert "UNIMPLEMENTED" in warned[0]

@@ -32,13 +32,26 @@ def test_a_launch_held_back_while_the_backend_is_away_spends_no_retry() -> None:
     assert retries.backend_away(0.0) is None
     retries.failed(_launch(0), now=10.0, error="503")
     reason = retries.backend_away(10.5)
-    assert reason == "a launch failed 0.5 s before (503); not sent meanwhile"
+    assert reason == "held back: another launch failed just before (503)"
     assert retries.hold_back(_launch(1), 10.5, reason) == 1.5
     assert retries.failures(1) == 0
     assert retries.reasons()[1] == f"its launch waits: {reason}"
     assert [launch.node_id for launch in retries.due(12.0)] == [0, 1]
     assert retries.backend_away(12.0) is None
     assert LaunchRetries(LaunchRetrySettings(retries=0)).backend_away(0.0) is None
+    retries.launched(0)  # a launch went through: the backend is back
+    assert retries.backend_away(10.5) is None
+    assert 0 not in retries
+
+
+def test_a_resumed_wait_is_due_after_the_initial_wait_with_its_retries_afresh() -> None:
+    retries = LaunchRetries(LaunchRetrySettings(retries=3, initial_s=2.0, max_s=8.0))
+    assert retries.resume(_launch(4), now=100.0, reason="503 before the restart") == 2.0
+    assert retries.backend_away(100.0) is None  # an old error holds nothing back
+    assert retries.due(101.9) == []
+    assert [launch.node_id for launch in retries.due(102.0)] == [4]
+    assert retries.failures(4) == 0
+    assert [retries.failed(_launch(4), 102.0, "503") for _ in range(4)] == [2.0, 4.0, 8.0, None]
 
 
 def test_due_launches_come_earliest_first_and_stay_until_decided() -> None:

@@ -188,8 +188,12 @@ def test_launch_failures_are_node_failures_within_budget_once_their_retries_are_
     assert sched.launch_attempts == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3]
     assert all("launch failed 3 times, last: cannot launch" in n.last_failure for n in master.nodes().values())
     retries = [e for e in master.events(limit=1000) if e.kind == "launch_retry"]
+    # Node 0 failed twice and waited; each replacement, asked for right after a failure, was first held
+    # back unsent (0: no retry spent) until the backend had had its wait, then failed twice and waited.
     assert [(e.node_id, e.data["launches"], e.data["delay_s"]) for e in retries] == [
-        (node, launches, delay) for node in range(4) for launches, delay in ((1, 1.0), (2, 1.5))
+        (0, 1, 1.0),
+        (0, 2, 1.5),
+        *[(node, launches, delay) for node in (1, 2, 3) for launches, delay in ((0, 1.0), (1, 1.0), (2, 1.5))],
     ]
 
 
@@ -271,6 +275,24 @@ def test_a_resumed_master_sends_again_the_launch_its_predecessor_was_to_retry(tm
     assert sched.launch_attempts == [0]
     assert resumed.node(0).state is NodeState.PENDING
     assert resumed.node(0).relaunch_count == 0
+
+
+def test_launches_held_back_while_the_backend_was_away_are_sent_by_a_resumed_master(tmp_path: Path) -> None:
+    journal = SqliteJournal(tmp_path)
+    first = FakeScheduler()
+    first.fail_launches = True
+    master = Master(config(nodes=3), first, journal, ManualClock())
+    master.start()
+    assert first.launch_attempts == [0]  # nodes 1 and 2 held back
+    journal.close()
+
+    sched = FakeScheduler()
+    clock = ManualClock(start=500.0)
+    resumed = Master(config(nodes=3), sched, SqliteJournal(tmp_path), clock)
+    resumed.start()
+    clock.advance(2.0)
+    resumed.tick()
+    assert sorted(sched.launch_attempts) == [0, 1, 2]
 
 
 def test_a_retried_launch_avoids_the_hosts_avoided_meanwhile() -> None:

@@ -141,8 +141,10 @@ def test_a_member_that_restarts_for_waiting_nodes_leaves_its_peers_behind_until_
     assert client.poll("a").state is PollState.ASSIGNED
     client.join("c")  # a third node waits to join
     assert not client.announce_restart("c", 1)  # not a member of the round in force: nothing recorded
-    assert client.announce_restart("a", 1)
-    assert client.announce_restart("a", 1)  # again: the same
+    assert not client.announce_restart("a", 1, round_number=2)  # a round that is not in force: ignored
+    assert servicer_and_server[0].manager.left_behind("b") is None
+    assert client.announce_restart("a", 1, round_number=1)
+    assert client.announce_restart("a", 1)  # again (0: the round in force): the same
     manager = servicer_and_server[0].manager
     with servicer_and_server[0].lock:
         assert manager.left_behind("b") == (

@@ -368,6 +368,7 @@ class Agent:
         self._workers_running = False  # between a start of the workers and their end
         # (node rank, nodes, RANK of local rank 0, WORLD_SIZE) of the last workers started.
         self._layout: tuple[int, int, int, int] | None = None
+        self._round_number = 0  # the round this node's workers run in (0: none yet)
         # Step marks of local rank 0 for the master's goodput accounting, per set of workers, and
         # when (wall) this agent joined and left the rendezvous of the current round.
         self._ledger = StepLedger()
@@ -825,6 +826,7 @@ class Agent:
                 f"{layout[2]} of {layout[3]})"
             )
         self._layout = layout
+        self._round_number = assignment.round
         group = self._start_workers(assignment, restarts)
         step: Step | None = None
         try:
@@ -1003,8 +1005,13 @@ class Agent:
         if step.kind is not StepKind.RESTART or nodes_waiting <= 0:
             return step
         step = self._save_first(group, step, "planned round")
-        if step.kind is StepKind.RESTART:
-            self._announce_round_restart(nodes_waiting)
+        if step.kind is not StepKind.RESTART:
+            return step
+        if group.failing or first_failure(group.poll(), group.failing) is not None:
+            # A worker failed while the others saved: its failure is reported (on the next look), not
+            # taken into the round's restart, and nothing excuses the peers' collective errors.
+            return Step(StepKind.CONTINUE, "a worker failed during the save before the round")
+        self._announce_round_restart(nodes_waiting)
         return step
 
     def _announce_round_restart(self, nodes_waiting: int) -> None:
@@ -1012,7 +1019,7 @@ class Agent:
         whose collectives break when these stop, may report that failure before their own agents see
         the waiting nodes, and it is this restart's consequence, not theirs to be charged for."""
         try:
-            self._control.restarting_for_round(nodes_waiting)
+            self._control.restarting_for_round(nodes_waiting, self._round_number)
         except DLRoverError as exc:
             _log.warning("could not tell the master that the workers restart for a new round (%s): peers' "
                          "collective errors that follow may be charged to them", exc)  # fmt: skip

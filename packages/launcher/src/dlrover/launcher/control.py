@@ -227,10 +227,11 @@ class ControlPlane(Protocol):
         each node less often, so the master is not asked thousands of times a second."""
         ...
 
-    def restarting_for_round(self, nodes_waiting: int) -> None:
-        """Tell the job's rendezvous that this node's workers stop now for a new round, because
-        `nodes_waiting` nodes wait to join: its peers' workers, whose collectives break when these
-        stop, are then restarted as that restart's consequence, charged to nobody. One short attempt.
+    def restarting_for_round(self, nodes_waiting: int, round_number: int) -> None:
+        """Tell the job's rendezvous that this node's workers of round `round_number` stop now for a
+        new round, because `nodes_waiting` nodes wait to join: its peers' workers, whose collectives
+        break when these stop, are then restarted as that restart's consequence, charged to nobody.
+        One short attempt; a master without the call is not asked again.
 
         Raises:
             DLRoverError: refused or unreachable (the peers' errors are then judged as before).

@@ -70,7 +70,7 @@ class FakeControlPlane:
         self.successes = 0
         self.succeeded_rounds: list[int] = []
         self.left = 0
-        self.round_restarts: list[int] = []  # each `restarting_for_round`'s nodes waiting
+        self.round_restarts: list[tuple[int, int]] = []  # each `restarting_for_round`'s (nodes waiting, round)
         self._store = InMemoryRoundStore()
 
     def register(
@@ -126,9 +126,9 @@ class FakeControlPlane:
     def waiting_check(self) -> WaitingCount:
         return WaitingCount(self.nodes_waiting(once=True), self.waiting_retry_after_s)
 
-    def restarting_for_round(self, nodes_waiting: int) -> None:
+    def restarting_for_round(self, nodes_waiting: int, round_number: int) -> None:
         with self._lock:
-            self.round_restarts.append(nodes_waiting)
+            self.round_restarts.append((nodes_waiting, round_number))
 
     def heartbeat(self, progress: Progress) -> Sequence[tuple[ActionKind, str] | MasterAction]:
         with self._lock:

@@ -167,6 +167,7 @@ class GrpcControlPlane:
         # The exit barrier polls with its own loop: one short attempt per poll, so that neither
         # its deadline nor a stop waits out the retries of a master that cannot be reached.
         self._poll_rdzv = RendezvousClient(target, token, policy=once, channel_config=channel)
+        self._announces_unsupported = False  # the master answered UNIMPLEMENTED to AnnounceRestart
         self._target = target
         self._connect_timeout_s = connect_timeout_s
         self._node_name = node_name
@@ -339,8 +340,16 @@ class GrpcControlPlane:
     def waiting_check(self) -> WaitingCount:
         return self._poll_rdzv.waiting_check(self._node_id)
 
-    def restarting_for_round(self, nodes_waiting: int) -> None:
-        self._poll_rdzv.announce_restart(self._node_id, nodes_waiting)
+    def restarting_for_round(self, nodes_waiting: int, round_number: int) -> None:
+        if self._announces_unsupported:
+            return
+        try:
+            self._poll_rdzv.announce_restart(self._node_id, nodes_waiting, round_number)
+        except RpcError as exc:
+            if exc.code is not grpc.StatusCode.UNIMPLEMENTED:
+                raise
+            self._announces_unsupported = True  # an older master: said once, not asked at every growth
+            _log.warning("the master cannot be told that workers restart for a new round (%s)", exc)
 
     def heartbeat(self, progress: Progress) -> Sequence[tuple[ActionKind, str] | MasterAction]:
         step = progress.step if progress.step >= 0 else None

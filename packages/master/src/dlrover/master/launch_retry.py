@@ -8,9 +8,12 @@ launch the platform refuses for good is `NodeRejectedError` and never comes here
 the node pending and launches it again after a bounded exponential backoff, up to `retries` more
 times, and only then decides the launch failure as before (the node is lost, within its budgets).
 
+While a launch failed moments ago (`LaunchRetrySettings.initial_s`), the backend is taken for away:
+other launches are held back unsent (`hold_back`) instead of each spending the backend's own retries.
+
 Pure: the master passes the times in, and this holds no lock (the master's own lock covers it). The
-schedule is not journaled: a master that restarts while a node waits for its retry finds the node
-pending without a process, and the node's start timeout decides it, as for any launch in flight.
+master journals each wait as a ``launch_retry`` event, and a master that restarts takes over the
+waits of nodes still pending (`resume`).
 """
 
 from __future__ import annotations
@@ -76,7 +79,19 @@ class LaunchRetries:
         at, error = self._last_failure
         if now - at >= self._settings.initial_s:
             return None
-        return f"a launch failed {now - at:.1f} s before ({error}); not sent meanwhile"
+        return f"held back: another launch failed just before ({error})"
+
+    def launched(self, node_id: int) -> None:
+        """A launch went through: the node waits for nothing, and the backend is not taken for away."""
+        self._waiting.pop(node_id, None)
+        self._last_failure = None
+
+    def resume(self, launch: LaunchNode, now: float, reason: str) -> float:
+        """Take over a launch a previous master was to send again (`reason`: its words): due after the
+        initial wait, with its retries afresh, and the backend not taken for away. Returns the wait."""
+        backoff = Backoff(self._settings.initial_s, self._settings.max_s)
+        self._waiting[launch.node_id] = _Waiting(launch, backoff, now + self._settings.initial_s, reason)
+        return self._settings.initial_s
 
     def failed(self, launch: LaunchNode, now: float, error: str = "") -> float | None:
         """One more launch of `launch.node_id` failed (`error`: the backend's words): the seconds until
@@ -107,7 +122,8 @@ class LaunchRetries:
         return max(waiting.due - now, 0.0)
 
     def failures(self, node_id: int) -> int:
-        """How many launches of the node failed since it last waited for none (0: it waits for none)."""
+        """How many launches of the node failed since it last waited for none (0: none failed; it may
+        still be held back or resumed, see `__contains__`)."""
         waiting = self._waiting.get(node_id)
         return 0 if waiting is None else waiting.backoff.failures
 
@@ -133,4 +149,5 @@ class LaunchRetries:
         self._waiting.pop(node_id, None)
 
     def __contains__(self, node_id: object) -> bool:
+        """Whether the node waits to be launched (again)."""
         return node_id in self._waiting

@@ -511,8 +511,8 @@ class Master:
                 launch = self._lifecycle.launch_of(node_id)
             except LifecycleError:
                 continue  # launched, decided or gone since
-            if self._launch_retries.failed(launch, now, error) is not None:
-                _log.info("node %d: its launch failed before the master restarted (%s); sent again", node_id, error)
+            self._launch_retries.resume(launch, now, error)
+            _log.info("node %d: its launch waited when the master restarted (%s); sent again", node_id, error)
 
     def _reconcile_membership(self) -> None:
         """Tell the libraries again which nodes are gone, finished or spares and whether the job ended.
@@ -787,7 +787,7 @@ class Master:
         if away is not None:
             if self._lifecycle.node(effect.node_id).state in ALIVE_STATES:
                 wait = self._launch_retries.hold_back(effect, self._clock.now(), away)
-                _log.info("node %d: launch held back for %.1f s: %s", effect.node_id, wait, away)
+                self._announce_launch_retry(effect, away, 0, wait)
             return
         env = self._agent_env() if callable(self._agent_env) else dict(self._agent_env or {})
         spec = NodeSpec(
@@ -821,7 +821,7 @@ class Master:
         except SchedulerError as exc:
             self._launch_failed(effect, str(exc))
             return
-        self._launch_retries.forget(effect.node_id)
+        self._launch_retries.launched(effect.node_id)
         if isinstance(self._scheduler, StatefulCollaborator):
             # Which process serves the node must survive a restart of the master (re-adoption).
             try:
@@ -850,13 +850,18 @@ class Master:
             _log.exception("node %d: %s; the failure could not be journaled", launch.node_id, evidence)
 
     def _announce_launch_retry(self, launch: LaunchNode, error: str, launches: int, delay: float) -> None:
+        """Say (log and journal) that a launch waits: `launches` failed so far (0: held back unsent)."""
         retries = self._config.launch_retry.retries
-        message = (
-            f"node {launch.node_id} (rank {launch.rank}) could not be launched ({error}); launching it again in "
-            f"{delay:.1f} s (retry {launches} of {retries}); it stays pending and counts against no budget until "
-            "the retries are spent"
-        )
-        _log.warning("%s", message)
+        who = f"node {launch.node_id} (rank {launch.rank})"
+        if launches:
+            message = (
+                f"{who} could not be launched ({error}); launching it again in {delay:.1f} s (retry {launches} of "
+                f"{retries}); it stays pending and counts against no budget until the retries are spent"
+            )
+            _log.warning("%s", message)
+        else:
+            message = f"{who} is not launched yet ({error}); it is sent in {delay:.1f} s, no retry spent"
+            _log.info("%s", message)
         data = {"launches": launches, "retries": retries, "delay_s": delay, "error": str(error)}
         try:
             event = Event(LAUNCH_RETRY_EVENT, message, node_id=launch.node_id, rank=launch.rank, data=data)

@@ -171,12 +171,12 @@ class RendezvousClient:
         r = self._call(self._stub.NumNodesWaiting, pb.NumNodesWaitingRequest(node_id=node_id), idempotent=True)
         return WaitingCount(int(r.num_nodes_waiting), max(float(r.retry_after_s), 0.0), max(int(r.rounds_formed), 0))
 
-    def announce_restart(self, node_id: str, nodes_waiting: int) -> bool:
-        """Say that `node_id`'s workers stop now for a new round, because `nodes_waiting` nodes wait
-        to join: its peers' collective errors until it joins again are that restart's consequence
-        (see `RendezvousManager.left_behind`). Returns whether it was recorded (False: the node is
-        not in the round in force)."""
-        request = pb.AnnounceRestartRequest(node_id=node_id, nodes_waiting=nodes_waiting)
+    def announce_restart(self, node_id: str, nodes_waiting: int, round_number: int = 0) -> bool:
+        """Say that `node_id`'s workers in round `round_number` (0: the round in force) stop now for a
+        new round, because `nodes_waiting` nodes wait to join: its peers' collective errors until it
+        joins again are that restart's consequence (see `RendezvousManager.left_behind`). Returns
+        whether it was recorded (False: the node is not in the round in force, or that round is over)."""
+        request = pb.AnnounceRestartRequest(node_id=node_id, nodes_waiting=nodes_waiting, round=round_number)
         return bool(self._call(self._stub.AnnounceRestart, request, idempotent=True).recorded)
 
     def leave(self, node_id: str) -> str:

@@ -381,19 +381,22 @@ class RendezvousManager:
                 count = max(count, 1)
         return WaitingCount(count, self._pace(len(self._last_seen)), self._round_number)
 
-    def processes_restarting(self, node_id: str, why: str) -> bool:
+    def processes_restarting(self, node_id: str, why: str, *, round_number: int = 0) -> bool:
         """The processes of `node_id`, a member of the round in force, are being restarted (`why`)
         for a cause of their own (a crash, a planned round, nodes waiting to join; not a collective
         error, which may be a peer's doing): its peers' collectives break before it joins again.
         Remembered for `left_behind` until the next round forms or this one dissolves (the first
-        reason given is kept); a node not in the round in force is ignored. Returns whether the
-        restart is remembered.
+        reason given is kept); a node not in the round in force is ignored, and so is a restart of
+        `round_number` (0: the round in force) once that round is over (a late announcement must not
+        excuse the members of a later round). Returns whether the restart is remembered.
 
         Raises:
             InvalidRequestError: the node id is malformed; nothing changed.
         """
         _check_node_id(node_id)
         if self._current is None or self._current.rank_of(node_id) is None:
+            return False
+        if round_number and round_number != self._current.number:
             return False
         self._restarting.setdefault(node_id, why)
         return True

@@ -152,7 +152,8 @@ class RendezvousServicer(pb_grpc.RendezvousServiceServicer):
                     f"nodes_waiting must be at least 1 (the nodes the restart is for), got {waiting}"
                 )
             why = f"its workers stop for a new round: {waiting} node(s) wait to join"
-            return pb.AnnounceRestartResponse(recorded=self._manager.processes_restarting(request.node_id, why))
+            recorded = self._manager.processes_restarting(request.node_id, why, round_number=request.round)
+            return pb.AnnounceRestartResponse(recorded=recorded)
 
         return self._run(context, call)
 

@@ -105,12 +105,14 @@ class NumNodesWaitingResponse(_message.Message):
     def __init__(self, num_nodes_waiting: _Optional[int] = ..., retry_after_s: _Optional[float] = ..., rounds_formed: _Optional[int] = ...) -> None: ...
 
 class AnnounceRestartRequest(_message.Message):
-    __slots__ = ("node_id", "nodes_waiting")
+    __slots__ = ("node_id", "nodes_waiting", "round")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     NODES_WAITING_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     nodes_waiting: int
-    def __init__(self, node_id: _Optional[str] = ..., nodes_waiting: _Optional[int] = ...) -> None: ...
+    round: int
+    def __init__(self, node_id: _Optional[str] = ..., nodes_waiting: _Optional[int] = ..., round: _Optional[int] = ...) -> None: ...
 
 class AnnounceRestartResponse(_message.Message):
     __slots__ = ("recorded",)
