@@ -256,43 +256,29 @@ def test_a_launch_retry_is_dropped_when_its_node_is_decided_meanwhile() -> None:
     assert sched.launch_attempts.count(2) == 1  # not launched again into a job that is over
 
 
-def test_a_resumed_master_sends_again_the_launch_its_predecessor_was_to_retry(tmp_path: Path) -> None:
-    journal = SqliteJournal(tmp_path)
-    first = FakeScheduler()
-    first.fail_launches = True
-    master = Master(config(nodes=1), first, journal, ManualClock())
-    master.start()
-    assert master.events(limit=1000)[-1].kind == "launch_retry"
-    journal.close()  # the master dies while node 0 waits for its retry
-
-    sched = FakeScheduler()
-    clock = ManualClock(start=500.0)
-    resumed = Master(config(nodes=1), sched, SqliteJournal(tmp_path), clock)
-    resumed.start()
-    assert sched.launch_attempts == []  # it waits its turn, like any retry
-    clock.advance(2.0)
-    resumed.tick()
-    assert sched.launch_attempts == [0]
-    assert resumed.node(0).state is NodeState.PENDING
-    assert resumed.node(0).relaunch_count == 0
-
-
-def test_launches_held_back_while_the_backend_was_away_are_sent_by_a_resumed_master(tmp_path: Path) -> None:
+def test_a_resumed_master_sends_the_launches_its_predecessor_was_to_retry_or_held_back(tmp_path: Path) -> None:
     journal = SqliteJournal(tmp_path)
     first = FakeScheduler()
     first.fail_launches = True
     master = Master(config(nodes=3), first, journal, ManualClock())
     master.start()
-    assert first.launch_attempts == [0]  # nodes 1 and 2 held back
-    journal.close()
+    assert first.launch_attempts == [0]  # node 0 failed and waits for its retry; nodes 1 and 2 are held back
+    assert [(e.node_id, e.data["launches"]) for e in master.events(limit=1000) if e.kind == "launch_retry"] == [
+        (0, 1),
+        (1, 0),
+        (2, 0),
+    ]
+    journal.close()  # the master dies meanwhile
 
     sched = FakeScheduler()
     clock = ManualClock(start=500.0)
     resumed = Master(config(nodes=3), sched, SqliteJournal(tmp_path), clock)
     resumed.start()
+    assert sched.launch_attempts == []  # they wait their turn, like any retry
     clock.advance(2.0)
     resumed.tick()
     assert sorted(sched.launch_attempts) == [0, 1, 2]
+    assert all(n.state is NodeState.PENDING and n.relaunch_count == 0 for n in resumed.nodes().values())
 
 
 def test_a_retried_launch_avoids_the_hosts_avoided_meanwhile() -> None:
