@@ -70,8 +70,8 @@ class LaunchRetries:
         self._last_failure: tuple[float, str] | None = None  # when a launch last failed, and why
 
     def backend_away(self, now: float) -> str | None:
-        """Why a launch should not be sent now: a launch failed less than `initial_s` ago (its words,
-        with how long ago), so a burst of launches (a job's start, a mass relaunch) waits for its
+        """Why a launch should not be sent now: a launch failed less than `initial_s` ago (the reason
+        names that failure's words), so a burst of launches (a job's start, a mass relaunch) waits for its
         retries instead of each spending the backend's own retries in turn; None: send it. Never
         with no retries (a failure is then decided at once, as it always was)."""
         if self._settings.retries == 0 or self._last_failure is None:
@@ -111,9 +111,8 @@ class LaunchRetries:
 
     def hold_back(self, launch: LaunchNode, now: float, reason: str) -> float:
         """Keep a launch unsent while the backend is away (`backend_away` gave `reason`): it is due when
-        that ends and counts as no failure. Returns the seconds it waits."""
-        assert self._last_failure is not None, "nothing failed: no launch is held back"
-        due = self._last_failure[0] + self._settings.initial_s
+        that ends (now, if nothing failed) and counts as no failure. Returns the seconds it waits."""
+        due = now if self._last_failure is None else self._last_failure[0] + self._settings.initial_s
         waiting = self._waiting.get(launch.node_id)
         if waiting is None:
             backoff = Backoff(self._settings.initial_s, self._settings.max_s)
@@ -128,8 +127,8 @@ class LaunchRetries:
         return 0 if waiting is None else waiting.backoff.failures
 
     def due(self, now: float) -> list[LaunchNode]:
-        """The launches whose wait is over, earliest first; each stays until `failed` or `forget`
-        (a launch that is not tried again must be forgotten, or it is due at every call)."""
+        """The launches whose wait is over, earliest first; each stays until `failed`, `launched` or
+        `forget` (a launch that is not tried again must be forgotten, or it is due at every call)."""
         ready = [w for w in self._waiting.values() if w.due <= now]
         return [w.launch for w in sorted(ready, key=lambda w: (w.due, w.launch.node_id))]
 
