@@ -8,35 +8,30 @@ from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from dlrover.master.launch_retry import LaunchRetries, LaunchRetrySettings
-from dlrover.master.records import LaunchNode
 
 pytestmark = pytest.mark.timeout(120)
 
 NODES = st.integers(min_value=0, max_value=3)
 
 
-def _launch(node_id: int) -> LaunchNode:
-    return LaunchNode(node_id=node_id, rank=node_id, relaunch_count=0)
-
-
 def test_waits_double_up_to_the_cap_and_the_retries_end() -> None:
     retries = LaunchRetries(LaunchRetrySettings(retries=4, initial_s=1.0, max_s=5.0))
-    delays = [retries.failed(_launch(7), now=0.0, error="503") for _ in range(5)]
+    delays = [retries.failed(7, now=0.0, error="503") for _ in range(5)]
     assert delays == [1.0, 2.0, 4.0, 5.0, None]
     assert 7 not in retries  # spent: forgotten, the caller decides the failure
-    assert retries.failed(_launch(7), now=0.0) == 1.0  # a later launch of it starts afresh
+    assert retries.failed(7, now=0.0) == 1.0  # a later launch of it starts afresh
 
 
 def test_a_launch_held_back_while_the_backend_is_away_spends_no_retry() -> None:
     retries = LaunchRetries(LaunchRetrySettings(retries=3, initial_s=2.0, max_s=8.0))
     assert retries.backend_away(0.0) is None
-    retries.failed(_launch(0), now=10.0, error="503")
+    retries.failed(0, now=10.0, error="503")
     reason = retries.backend_away(10.5)
     assert reason == "held back: another launch failed just before (503)"
-    assert retries.hold_back(_launch(1), 10.5, reason) == 1.5
+    assert retries.hold_back(1, 10.5, reason) == 1.5
     assert retries.failures(1) == 0
     assert retries.reasons()[1] == f"its launch waits: {reason}"
-    assert [launch.node_id for launch in retries.due(12.0)] == [0, 1]
+    assert retries.due(12.0) == [0, 1]
     assert retries.backend_away(12.0) is None
     assert LaunchRetries(LaunchRetrySettings(retries=0)).backend_away(0.0) is None
     retries.launched(0)  # a launch went through: the backend is back
@@ -46,28 +41,28 @@ def test_a_launch_held_back_while_the_backend_is_away_spends_no_retry() -> None:
 
 def test_a_resumed_wait_is_due_after_the_initial_wait_with_its_retries_afresh() -> None:
     retries = LaunchRetries(LaunchRetrySettings(retries=3, initial_s=2.0, max_s=8.0))
-    assert retries.resume(_launch(4), now=100.0, reason="503 before the restart") == 2.0
+    assert retries.resume(4, now=100.0, reason="503 before the restart") == 2.0
     assert retries.backend_away(100.0) is None  # an old error holds nothing back
     assert retries.due(101.9) == []
-    assert [launch.node_id for launch in retries.due(102.0)] == [4]
+    assert retries.due(102.0) == [4]
     assert retries.failures(4) == 0
-    assert [retries.failed(_launch(4), 102.0, "503") for _ in range(4)] == [2.0, 4.0, 8.0, None]
+    assert [retries.failed(4, 102.0, "503") for _ in range(4)] == [2.0, 4.0, 8.0, None]
 
 
 def test_due_launches_come_earliest_first_and_stay_until_decided() -> None:
     retries = LaunchRetries(LaunchRetrySettings(retries=3, initial_s=2.0, max_s=8.0))
-    retries.failed(_launch(1), now=1.0, error="a")
-    retries.failed(_launch(0), now=0.5, error="b")
+    retries.failed(1, now=1.0, error="a")
+    retries.failed(0, now=0.5, error="b")
     assert retries.due(2.4) == []
-    assert [launch.node_id for launch in retries.due(3.0)] == [0, 1]
-    assert [launch.node_id for launch in retries.due(3.0)] == [0, 1]  # not consumed by asking
+    assert retries.due(3.0) == [0, 1]
+    assert retries.due(3.0) == [0, 1]  # not consumed by asking
     assert retries.reasons() == {
         0: "its launch failed 1 time(s) and is tried again: b",
         1: "its launch failed 1 time(s) and is tried again: a",
     }
     retries.forget(0)
     retries.forget(0)  # idempotent
-    assert [launch.node_id for launch in retries.due(3.0)] == [1]
+    assert retries.due(3.0) == [1]
 
 
 class LaunchRetryMachine(RuleBasedStateMachine):
@@ -86,7 +81,7 @@ class LaunchRetryMachine(RuleBasedStateMachine):
     @rule(node=NODES)
     def launch_failed(self, node: int) -> None:
         granted, last, _ = self.model.get(node, (0, 0.0, 0.0))
-        delay = self.retries.failed(_launch(node), self.now, error="refused")
+        delay = self.retries.failed(node, self.now, error="refused")
         self.last_failure = self.now
         if granted == self.SETTINGS.retries:
             assert delay is None
@@ -102,7 +97,7 @@ class LaunchRetryMachine(RuleBasedStateMachine):
         assert self.last_failure is not None
         reason = self.retries.backend_away(self.now)
         assert reason is not None
-        wait = self.retries.hold_back(_launch(node), self.now, reason)
+        wait = self.retries.hold_back(node, self.now, reason)
         granted, last, due = self.model.get(node, (0, 0.0, 0.0))
         due = max(due, self.last_failure + self.SETTINGS.initial_s)
         assert wait == pytest.approx(max(due - self.now, 0.0))
@@ -125,7 +120,7 @@ class LaunchRetryMachine(RuleBasedStateMachine):
     @invariant()
     def due_is_what_the_model_says(self) -> None:
         expected = sorted((due, node) for node, (_, _, due) in self.model.items() if due <= self.now)
-        assert [launch.node_id for launch in self.retries.due(self.now)] == [node for _, node in expected]
+        assert self.retries.due(self.now) == [node for _, node in expected]
         assert {node for node in range(4) if node in self.retries} == set(self.model)
         for node, (granted, _, _) in self.model.items():
             assert self.retries.failures(node) == granted

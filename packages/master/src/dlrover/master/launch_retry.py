@@ -24,7 +24,6 @@ import attrs
 
 from dlrover.common import ConfigError
 from dlrover.master.backoff import Backoff
-from dlrover.master.records import LaunchNode
 
 __all__ = ["LaunchRetries", "LaunchRetrySettings"]
 
@@ -55,7 +54,6 @@ class LaunchRetrySettings:
 
 @attrs.define
 class _Waiting:
-    launch: LaunchNode
     backoff: Backoff
     due: float
     error: str = ""
@@ -86,39 +84,37 @@ class LaunchRetries:
         self._waiting.pop(node_id, None)
         self._last_failure = None
 
-    def resume(self, launch: LaunchNode, now: float, reason: str) -> float:
-        """Take over a launch a previous master was to send again (`reason`: its words): due after the
-        initial wait, with its retries afresh, and the backend not taken for away. Returns the wait."""
-        backoff = Backoff(self._settings.initial_s, self._settings.max_s)
-        self._waiting[launch.node_id] = _Waiting(launch, backoff, now + self._settings.initial_s, reason)
+    def resume(self, node_id: int, now: float, reason: str) -> float:
+        """Take over the launch of a node a previous master was to send again (`reason`: its words): due
+        after the initial wait, with its retries afresh, and the backend not taken for away. Returns the
+        wait."""
+        self._waiting[node_id] = _Waiting(self._backoff(), now + self._settings.initial_s, reason)
         return self._settings.initial_s
 
-    def failed(self, launch: LaunchNode, now: float, error: str = "") -> float | None:
-        """One more launch of `launch.node_id` failed (`error`: the backend's words): the seconds until
-        it is tried again, or None when its retries are spent (it is forgotten; the caller decides the
+    def failed(self, node_id: int, now: float, error: str = "") -> float | None:
+        """One more launch of the node failed (`error`: the backend's words): the seconds until it is
+        tried again, or None when its retries are spent (it is forgotten; the caller decides the
         failure)."""
         self._last_failure = (now, error)
-        waiting = self._waiting.get(launch.node_id)
-        if waiting is None:
-            backoff = Backoff(self._settings.initial_s, self._settings.max_s)
-            waiting = self._waiting[launch.node_id] = _Waiting(launch, backoff, now)
+        waiting = self._waiting.setdefault(node_id, _Waiting(self._backoff(), now))
         if waiting.backoff.failures >= self._settings.retries:
-            del self._waiting[launch.node_id]
+            del self._waiting[node_id]
             return None
         delay = waiting.backoff.next_delay()
-        waiting.launch, waiting.due, waiting.error = launch, now + delay, error
+        waiting.due, waiting.error = now + delay, error
         return delay
 
-    def hold_back(self, launch: LaunchNode, now: float, reason: str) -> float:
-        """Keep a launch unsent while the backend is away (`backend_away` gave `reason`): it is due when
-        that ends (now, if nothing failed) and counts as no failure. Returns the seconds it waits."""
+    def hold_back(self, node_id: int, now: float, reason: str) -> float:
+        """Keep the node's launch unsent while the backend is away (`backend_away` gave `reason`): it is
+        due when that ends (now, if nothing failed) and counts as no failure. Returns the seconds it
+        waits."""
         due = now if self._last_failure is None else self._last_failure[0] + self._settings.initial_s
-        waiting = self._waiting.get(launch.node_id)
-        if waiting is None:
-            backoff = Backoff(self._settings.initial_s, self._settings.max_s)
-            waiting = self._waiting[launch.node_id] = _Waiting(launch, backoff, due, reason)
-        waiting.launch, waiting.due, waiting.error = launch, max(waiting.due, due), reason
+        waiting = self._waiting.setdefault(node_id, _Waiting(self._backoff(), due))
+        waiting.due, waiting.error = max(waiting.due, due), reason
         return max(waiting.due - now, 0.0)
+
+    def _backoff(self) -> Backoff:
+        return Backoff(self._settings.initial_s, self._settings.max_s)
 
     def failures(self, node_id: int) -> int:
         """How many launches of the node failed since it last waited for none (0: none failed; it may
@@ -126,11 +122,12 @@ class LaunchRetries:
         waiting = self._waiting.get(node_id)
         return 0 if waiting is None else waiting.backoff.failures
 
-    def due(self, now: float) -> list[LaunchNode]:
-        """The launches whose wait is over, earliest first; each stays until `failed`, `launched` or
-        `forget` (a launch that is not tried again must be forgotten, or it is due at every call)."""
-        ready = [w for w in self._waiting.values() if w.due <= now]
-        return [w.launch for w in sorted(ready, key=lambda w: (w.due, w.launch.node_id))]
+    def due(self, now: float) -> list[int]:
+        """The nodes whose wait is over, earliest first; each stays until `failed`, `launched` or
+        `forget` (a launch that is not tried again must be forgotten, or it is due at every call). The
+        master builds each launch afresh (`JobLifecycle.launch_of`): the hosts avoided may have changed."""
+        ready = [(w.due, node_id) for node_id, w in self._waiting.items() if w.due <= now]
+        return [node_id for _, node_id in sorted(ready)]
 
     def reasons(self) -> dict[int, str]:
         """Why each waiting node is still pending, by node id (for the pending announcement)."""

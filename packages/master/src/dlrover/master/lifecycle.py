@@ -1224,12 +1224,12 @@ class JobLifecycle:
             else f"rank {rank} open for an agent to register as node {node_id} (this job's backend starts none)"
         )
         ev = Event("node_created", f"{made}: {reason}", node_id, rank)
-        launch = LaunchNode(node_id, rank, relaunch_count, frozenset(self._avoid_hosts), group.role, resources)
+        launch = self.launch_of(node_id)
         return Outcome(effects=(launch,), events=(ev,), changed_nodes=frozenset({node_id}), job_changed=True)
 
     def launch_of(self, node_id: int) -> LaunchNode:
-        """The launch of a pending node as it would be made now (the hosts avoided now): for a launch
-        the backend failed and the master sends again.
+        """The launch of a pending node as it would be made now (the hosts avoided now): when it is
+        created, and when the master sends again a launch the backend failed.
 
         Raises:
             UnknownNodeError: no such node.
@@ -1348,7 +1348,7 @@ class JobLifecycle:
         )
         self._nodes[node_id] = node
         ev = Event("node_created", f"spare node {node_id} created: {reason}", node_id, None, {"spare": True})
-        launch = LaunchNode(node_id, -1, 0, frozenset(self._avoid_hosts), group.role, group.resources)
+        launch = self.launch_of(node_id)
         return Outcome(effects=(launch,), events=(ev,), changed_nodes=frozenset({node_id}), job_changed=True)
 
     def _ready_spare(self, resources: Resources | None) -> NodeRecord | None:

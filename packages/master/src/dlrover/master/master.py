@@ -506,12 +506,11 @@ class Master:
         """Take over the launch retries of the previous master: a node still pending whose launch it was
         to send again gets a fresh schedule (unless the backend turns out to have it, see `_retry_launches`)."""
         now = self._clock.now()
+        nodes = self._lifecycle.nodes()
         for node_id, error in sorted(retrying.items()):
-            try:
-                launch = self._lifecycle.launch_of(node_id)
-            except LifecycleError:
+            if node_id not in nodes or nodes[node_id].state is not NodeState.PENDING:
                 continue  # launched, decided or gone since
-            self._launch_retries.resume(launch, now, error)
+            self._launch_retries.resume(node_id, now, error)
             _log.info("node %d: its launch waited when the master restarted (%s); sent again", node_id, error)
 
     def _reconcile_membership(self) -> None:
@@ -786,7 +785,7 @@ class Master:
         away = None if retry else self._launch_retries.backend_away(self._clock.now())
         if away is not None:
             if self._lifecycle.node(effect.node_id).state in ALIVE_STATES:
-                wait = self._launch_retries.hold_back(effect, self._clock.now(), away)
+                wait = self._launch_retries.hold_back(effect.node_id, self._clock.now(), away)
                 self._announce_launch_retry(effect, away, 0, wait)
             return
         env = self._agent_env() if callable(self._agent_env) else dict(self._agent_env or {})
@@ -837,7 +836,7 @@ class Master:
             self._launch_retries.forget(launch.node_id)
             return
         launches = self._launch_retries.failures(launch.node_id) + 1
-        delay = self._launch_retries.failed(launch, self._clock.now(), error)
+        delay = self._launch_retries.failed(launch.node_id, self._clock.now(), error)
         if delay is not None:
             self._announce_launch_retry(launch, error, launches, delay)
             return
@@ -873,8 +872,7 @@ class Master:
         """Launch again the nodes whose backoff after a failed launch is over (still pending, job running),
         as they would be launched now (the hosts avoided since). After a launch that fails again, the others
         wait for the next tick: each may spend the backend's own retries under the master's lock."""
-        for waiting in self._launch_retries.due(now):
-            node_id = waiting.node_id
+        for node_id in self._launch_retries.due(now):
             node = self._lifecycle.node(node_id)
             if node.state is not NodeState.PENDING or self._lifecycle.job_state.finished or node_id in self._observed:
                 # Decided meanwhile (timed out, stopped, job over), or the backend has it after all (a create

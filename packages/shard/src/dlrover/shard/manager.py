@@ -664,9 +664,6 @@ class ShardManager:
 
     # ------------------------------------------------------------------ internals
 
-    def _book_size(self) -> int:
-        return 0 if self._splitter is None else self._splitter.num_shards
-
     def _stats_of(self, worker: str, now: float) -> WorkerStats:
         st = self._stats.get(worker)
         if st is None:

@@ -43,8 +43,8 @@ class FakeScheduler:
         """Record the spec; the node is PENDING until `set_state` says otherwise."""
         with self._lock:
             self.launch_attempts.append(spec.node_id)
-            if self.fail_launches is True or (not isinstance(self.fail_launches, bool) and self.fail_launches > 0):
-                if not isinstance(self.fail_launches, bool):
+            if self.fail_launches:
+                if self.fail_launches is not True:
                     self.fail_launches -= 1
                 raise SchedulerError(f"cannot launch node {spec.node_id}: launches are failing (test switch)")
             if spec.node_id in self._nodes:
