@@ -523,6 +523,39 @@ def test_in_a_synchronous_job_the_slow_rank_is_found_by_its_lead_time() -> None:
     assert "rank 2 works 0.3 s per step before it synchronizes, over 2 x the others' 0.1 s" in report.reason
 
 
+def test_a_synchronized_rank_read_a_step_behind_is_not_a_straggler_by_its_step_time() -> None:
+    # A CI run: rank 1 slowed from 0.1 s to 0.4 s a step; the agent read rank 0's slot a moment
+    # after its step-end write and rank 1's a moment before its own, so rank 1's unfinished step
+    # looked 0.36 s while the window medians still held the fast steps. Step times of ranks that
+    # synchronize are equal; only the leads are compared.
+    clock = ManualClock()
+    det = StragglerDetector(StragglerConfig(k=2.0, window_steps=9, min_samples=3))
+    for step in range(1, 11):
+        clock.advance(0.1)
+        for r in (0, 1):
+            det.observe(StepReport(r, step, clock.now()))
+    for step in (11, 12):
+        clock.advance(0.4)
+        for r in (0, 1):
+            det.observe(StepReport(r, step, clock.now()))
+    rank_1_seen_at = clock.now()
+    clock.advance(0.36)
+    det.observe(StepReport(0, 13, clock.now()))  # rank 1's write of step 13 lands just after the read
+    assert det.check(clock.now(), known_at={0: clock.now(), 1: clock.now()}).stragglers == (1,), "the skew itself"
+    even = det.check(clock.now(), known_at={0: clock.now(), 1: clock.now()}, sync_leads={0: 0.1, 1: 0.11})
+    assert even.stragglers == ()
+    assert dict(even.step_time_s)[1] == pytest.approx(clock.now() - rank_1_seen_at)  # still listed
+    slow = det.check(clock.now(), known_at={0: clock.now(), 1: clock.now()}, sync_leads={0: 0.02, 1: 0.3})
+    assert slow.stragglers == (1,)
+    assert "before it synchronizes" in slow.reason
+    assert "takes" not in slow.reason
+    # A rank alone in its group has nobody to synchronize with: its step time still counts.
+    apart = det.check(
+        clock.now(), known_at={0: clock.now(), 1: clock.now()}, sync_leads={0: 0.1, 1: 0.11}, sync_groups={1: 1}
+    )
+    assert apart.stragglers == (1,)
+
+
 def test_lead_times_within_the_factor_or_within_the_least_excess_are_no_stragglers() -> None:
     clock = ManualClock()
     det = StragglerDetector(StragglerConfig(k=2.0, min_samples=3, min_lead_excess_s=0.05))

@@ -31,7 +31,7 @@ step is five steps into the next mark, not one slow step.
 In a synchronous job the step times say nothing: every rank waits for the slowest in the gradient
 all-reduce, so every step takes as long as the slowest rank's. Ranks that report their lead time
 (from a step's start to their first synchronization point, `StepReporter.synchronizing`) are
-compared by it as well, within the group they synchronize with (a pipeline's stages differ in lead
+compared by it instead, within the group they synchronize with (a pipeline's stages differ in lead
 by design): a rank whose lead exceeds ``k x`` the median of the others of its group, by at least
 `min_lead_excess_s`, straggles.
 """
@@ -41,6 +41,7 @@ from __future__ import annotations
 import math
 import statistics
 import types
+from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 
 import attrs
@@ -310,7 +311,9 @@ class StragglerDetector:
                 since a rank may well have stepped after its last batch was sent. Ranks left out
                 are measured up to `now` (reports come as each step ends).
             sync_leads: per rank, its median lead time (`RankStepStats.median_sync_lead_s`);
-                ranks left out, or with 0, report none.
+                ranks left out, or with 0, report none. A rank with a lead and a peer in its
+                group with one is judged by its lead alone: synchronized ranks' step times are
+                equal by construction.
             sync_groups: per rank, the group it synchronizes with (`RankStepStats.sync_group`;
                 ranks left out: group 0); leads compare within a group.
 
@@ -334,10 +337,17 @@ class StragglerDetector:
             times[state.rank] = value
         judged = tuple(sorted(times.items()))
         leads = tuple(sorted((r, v) for r, v in (sync_leads or {}).items() if v > 0))
-        slow: dict[int, str] = {}
-        for rank, value, others in _over_the_others(judged, cfg.k):
-            slow[rank] = f"rank {rank} takes {value:.3g} s per step, over {cfg.k:g} x the others' {others:.3g} s"
         groups = dict(sync_groups or {})
+        # Ranks that synchronize with a peer step together: their step times differ only by when
+        # each one's last mark was read (a rank read a moment before its step-end write looks a
+        # whole step behind, and while the window median still lags a slowdown that doubles it),
+        # so among them only the lead times say who is slow.
+        group_sizes = Counter(groups.get(rank, 0) for rank, _ in leads)
+        synchronized = {rank for rank, _ in leads if group_sizes[groups.get(rank, 0)] >= 2}
+        on_their_own = tuple((rank, value) for rank, value in judged if rank not in synchronized)
+        slow: dict[int, str] = {}
+        for rank, value, others in _over_the_others(on_their_own, cfg.k):
+            slow[rank] = f"rank {rank} takes {value:.3g} s per step, over {cfg.k:g} x the others' {others:.3g} s"
         for group in sorted({groups.get(rank, 0) for rank, _ in leads}):
             members = tuple((rank, value) for rank, value in leads if groups.get(rank, 0) == group)
             for rank, value, others in _over_the_others(members, cfg.k):

@@ -8,7 +8,7 @@ with the other ranks' median. A rank over the factor is reported once (an event 
 until it recovers.
 
 In a synchronous job every rank's step takes as long as the slowest rank's; there the ranks are
-compared by their lead times too (`RankStepStats.median_sync_lead_s`: from a step's start to the
+compared by their lead times instead (`RankStepStats.median_sync_lead_s`: from a step's start to the
 rank's first synchronization point, the median the agent keeps), which only the slow rank has long.
 
 A rank's unfinished step is measured only up to when its node's last heartbeat came, not up to
