@@ -113,7 +113,32 @@ def test_last_call_takes_largest_multiple_of_node_unit_and_extras_wait() -> None
     late = m.poll("e", 1.0)
     assert late.state is PollState.WAITING
     assert late.round == 2
-    assert m.num_nodes_waiting(1.0, "a") == 1
+    # e alone would not make a whole unit: the members keep training until a partner joins.
+    assert m.num_nodes_waiting(1.0, "a") == 0
+    m.join("f", 2.0)
+    assert m.num_nodes_waiting(2.0, "a") == 2
+
+
+def test_a_node_that_cannot_fit_does_not_make_the_members_restart_again_and_again() -> None:
+    m = RendezvousManager(RendezvousConfig(min_nodes=2, max_nodes=2))
+    _join_all(m, ["a", "b"], 0.0)
+    assert m.poll("a", 0.0).state is PollState.ASSIGNED
+    m.join("c", 1.0)  # one node more than the job's maximum
+    assert m.status(1.0).reason == "round 1 is in force with 2 nodes; 1 node(s) wait for room in a new round"
+    for now in (1.0, 2.0, 3.0):
+        # Had the members restarted for c, the new round would hold a and b again (members of the
+        # last round come first) and c would still wait: a restart of every worker for nothing.
+        assert m.num_nodes_waiting(now, "a") == 0
+        assert m.poll("c", now).state is PollState.WAITING
+    assert m.round_number == 1
+    # Room again (b left): the members learn of c and the next round takes it.
+    m.leave("b", 4.0)
+    assert m.num_nodes_waiting(4.0, "a") == 1
+    m.join("a", 4.0)
+    assert m.poll("c", 4.0).state is PollState.ASSIGNED
+    current = m.current_round
+    assert current is not None
+    assert set(current.members) == {"a", "c"}
 
 
 def test_unit_multiple_below_min_keeps_waiting_with_reason() -> None:
@@ -253,10 +278,10 @@ def test_late_nodes_wait_for_the_members_and_never_break_a_running_round() -> No
     m.join("c", 1.0)
     late = m.poll("c", 10.0)
     assert late.state is PollState.WAITING
-    assert late.reason == "round 1 is in force with 2 nodes; 1 node(s) wait for its members to join again"
+    assert late.reason == "round 1 is in force with 2 nodes; 1 node(s) wait for room in a new round"
     assert m.poll("a", 10.0).state is PollState.ASSIGNED
-    assert m.num_nodes_waiting(10.0, "a") == 1
-    # A member restarts: rendezvous reopens. With c waiting, a's join reaches max_nodes and the
+    assert m.num_nodes_waiting(10.0, "a") == 0  # no room for c: the members train on
+    # A member restarts (a crash of its own): rendezvous reopens. With c waiting, a's join reaches max_nodes and the
     # round completes at once; a keeps its rank and c takes the free one. b, late now, waits.
     m.join("a", 11.0)
     assert m.current_round is not None

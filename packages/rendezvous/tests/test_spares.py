@@ -167,7 +167,13 @@ class SpareMachine(RuleBasedStateMachine):
             return
         waiting = [n for n in self.m.waiting if n not in self.m.spares]
         assert set(self.m.waiting_spares) == set(self.m.waiting) & self.m.spares
-        assert self.m.num_nodes_waiting(self.now) == len(waiting)
+        current = self.m.current_round
+        if current is None or self.m.accepting:
+            assert self.m.num_nodes_waiting(self.now) == len(waiting)
+        else:
+            # A round in force hears only of the nodes a new round would add (none beyond max_nodes).
+            room = max(self.m.config.max_nodes - current.world_size, 0)
+            assert self.m.num_nodes_waiting(self.now) == min(len(waiting), room)
         self._check_new_round()
 
 

@@ -29,7 +29,7 @@ from collections.abc import Iterable
 
 import attrs
 
-from dlrover.rendezvous.config import RendezvousConfig
+from dlrover.rendezvous.config import RendezvousConfig, largest_world_size
 from dlrover.rendezvous.decision import RoundDecision, assign_ranks, decide_round, select_members
 from dlrover.rendezvous.errors import InvalidRequestError, UnknownNodeError, UnknownRoundError
 from dlrover.rendezvous.results import (
@@ -175,12 +175,14 @@ class RendezvousManager:
         current = self._current
         if current is not None and not self._reopened:
             waiting = self._count_waiting()
-            return RoundDecision(
-                False,
-                0,
-                f"round {current.number} is in force with {current.world_size} nodes; {waiting} node(s) wait "
-                "for its members to join again",
-            )
+            admissible = self._count_admissible()
+            if admissible < waiting:
+                why = f"{waiting} node(s) wait for room in a new round"
+                if admissible:
+                    why = f"{waiting} node(s) wait; {admissible} fit a new round, for which its members join again"
+            else:
+                why = f"{waiting} node(s) wait for its members to join again"
+            return RoundDecision(False, 0, f"round {current.number} is in force with {current.world_size} nodes; {why}")
         planned = self._planned
         return decide_round(
             self._config,
@@ -353,6 +355,11 @@ class RendezvousManager:
     def num_nodes_waiting(self, now: float, node_id: str | None = None) -> int:
         """How many nodes wait for the next round: when non-zero, members should re-rendezvous.
 
+        While a round is in force, only the waiting nodes a new round would admit count: the
+        growth to the largest multiple of `node_unit` within `max_nodes`. A node that cannot fit
+        (the round is at `max_nodes`, or it is one short of a whole unit) waits without making the
+        members restart for a round that would hold the same nodes, again and again.
+
         When `node_id` names a node whose round was dissolved (a member left or expired), the answer
         is at least 1, so that node restarts too. Naming a node counts as its heartbeat.
 
@@ -373,7 +380,7 @@ class RendezvousManager:
         if node_id is not None:
             _check_node_id(node_id)
         now = self._tick(now)
-        count = self._count_waiting()
+        count = self._count_admissible()
         if node_id is not None:
             if node_id in self._last_seen:
                 self._seen(node_id, now)
@@ -603,6 +610,17 @@ class RendezvousManager:
         if not self._spares:
             return len(self._waiting)
         return sum(1 for n in self._waiting if n not in self._spares)
+
+    def _count_admissible(self) -> int:
+        """The waiting nodes the next round would add to the round in force (all of them when none
+        is in force, or a member joined again: every member restarts then anyway)."""
+        waiting = self._count_waiting()
+        current = self._current
+        if current is None or self._reopened or not waiting:
+            return waiting
+        size = current.world_size
+        grown = largest_world_size(size + waiting, self._config.max_nodes, self._config.node_unit)
+        return max(grown - size, 0)
 
     def _spare_reason(self, node_id: str) -> str:
         return f"node {node_id!r} is a spare: it waits, outside every round, until it is given a rank"
