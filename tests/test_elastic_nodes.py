@@ -320,6 +320,11 @@ def test_a_lost_node_shrinks_the_job_from_memory_and_a_new_one_grows_it_back(
     # saved as rank 1 once its renumbered worker had a snapshot of its own.
     kept_log = logs[1] if kept is a else logs[2]
     assert "snapshot files of ranks this node no longer runs" in kept_log.read_text()
+    # The kept node's collective broke at the kill, seconds before the master could know why (the lost
+    # node's heartbeat timeout): its failure waited for that cause and was charged to nobody.
+    master_log = logs[0].read_text()
+    assert "no peer's failure explains" not in master_log
+    assert "is the consequence of node" in master_log or "in a round that was already over" in master_log
     assert kept.poll() is None
     assert master.poll() is None
 

@@ -46,7 +46,7 @@ class LockProbe:
         thread.start()
         thread.join()
         self.seen_chars = len(evidence)
-        return Classification(FailureKind.COMMUNICATION, f"classified {len(evidence)} chars")
+        return Classification(FailureKind.NATIVE_CRASH, f"classified {len(evidence)} chars")
 
     def decide(self, failure: Failure) -> Decision:
         assert failure.classification is not None

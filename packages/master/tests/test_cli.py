@@ -65,6 +65,7 @@ def test_flags_become_a_validated_config() -> None:
         (["--backend", "external", "--autoscale-cooldown-s", "-5"], "cooldown_s must be a finite number >= 0"),
         (["--backend", "external", "--max-node-relaunches", "-1"], "max_node_relaunches"),
         (["--backend", "external", "--max-job-failures", "-1"], "max_job_failures"),
+        (["--backend", "external", "--peer-cause-wait-s", "-1"], "peer_cause_wait_s"),
     ],
 )
 def test_bad_flags_exit_2_with_a_message(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -88,6 +89,9 @@ def test_rendezvous_journal_and_policy_flags_reach_the_config() -> None:
     defaults = build_config(_run_parser().parse_args(["--backend", "external"]))
     assert defaults.journal_shard_changes
     assert defaults.failure_policy == "diagnosis"
+    assert defaults.lifecycle.peer_cause_wait == defaults.lifecycle.heartbeat_timeout_s + 10.0
+    waits = build_config(_run_parser().parse_args(["--backend", "external", "--peer-cause-wait-s", "0"]))
+    assert waits.lifecycle.peer_cause_wait == 0.0
 
 
 def test_the_launch_retry_flags_reach_the_master_and_bad_ones_are_refused() -> None:

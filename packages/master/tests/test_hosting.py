@@ -433,6 +433,16 @@ def _join_round(job: Job, *nodes: int) -> int:
         return m.round_number
 
 
+def _outwait_the_cause(job: Job, *alive: int) -> None:
+    """Let a collective error's wait for a cause run out (the job's heartbeat timeout and 10 s), with
+    the `alive` nodes heartbeating all along."""
+    for _ in range(6):
+        job.clock.advance(5.0)
+        for node in alive:
+            job.master.heartbeat(node)
+        job.master.tick()
+
+
 def test_collective_failures_of_nodes_a_lost_peer_left_behind_restart_them_without_a_charge() -> None:
     job = Job(MemoryJournal(), policy=DiagnosisFailurePolicy())
     a, b, c = job.register_all()
@@ -453,11 +463,16 @@ def test_collective_failures_of_nodes_a_lost_peer_left_behind_restart_them_witho
     assert job.master.status().job_failures == charged
     kinds = [e.kind for e in job.master.events(limit=1000)]
     assert kinds.count("consequence_restart") == 2
-    # Once a joined the next round again, its own failure is charged as any other.
+    # Once a joined the next round again, a collective error of its workers waits for a cause; none
+    # comes, and it is charged as any other failure.
     _join_round(job, a)
     decision = job.master.report_failure(a, FailureKind.UNKNOWN, peer_gone, exit_code=1)
-    assert "counts against no budget" not in decision.outcome
+    assert decision.action.value == "restart_processes"
+    assert "no cause is known yet" in decision.outcome
+    assert job.master.status().job_failures == charged
+    _outwait_the_cause(job, a, b)
     assert job.master.status().job_failures == charged + 1
+    assert [e.node_id for e in job.master.events(limit=1000) if e.kind == "failure_charged"] == [a]
 
 
 def test_a_peers_crash_excuses_the_collective_errors_it_causes_and_a_peers_collective_error_does_not() -> None:
@@ -477,12 +492,15 @@ def test_a_peers_crash_excuses_the_collective_errors_it_causes_and_a_peers_colle
     assert job.master.status().job_failures == charged
     with job.shards.locked() as registry:  # the consequence restart let a's lease go, as any restart does
         assert held.shard_id in registry.manager("train").snapshot().todo
-    # A new round; then b's collective error comes first and is charged: c's, after it, may be the
-    # cause rather than the consequence (a bad link of c's), so it is charged too.
+    # A new round; then b's collective error comes first: c's, after it, may be the cause rather than
+    # the consequence (a bad link of c's), so neither excuses the other: both are charged once their
+    # wait for a cause of another kind runs out.
     assert _join_round(job, a, b, c) == 2
     job.master.report_failure(b, FailureKind.UNKNOWN, reset, exit_code=1)
     decision = job.master.report_failure(c, FailureKind.UNKNOWN, reset, exit_code=1)
     assert "counts against no budget" not in decision.outcome
+    assert job.master.status().job_failures == charged
+    _outwait_the_cause(job, a, b, c)
     assert job.master.status().job_failures == charged + 2
 
 

@@ -473,8 +473,8 @@ def test_no_consequence_restart_for_an_agent_that_exits_or_a_job_that_is_finishi
     assert "consequence_restart" not in [e.kind for e in out.events]
 
 
-def test_a_collective_failure_in_a_round_in_force_is_charged() -> None:
-    life = make(2)
+def test_a_collective_failure_in_a_round_in_force_is_charged_at_once_when_told_not_to_wait_for_a_cause() -> None:
+    life = make(2, peer_cause_wait_s=0.0)
     register_all(life)
     decision, _ = life.report_failure(0, FailureKind.COMMUNICATION, "NCCL timeout", 1.0, answered=True)
     assert decision.action is ActionKind.RESTART_PROCESSES
@@ -524,6 +524,21 @@ def test_too_many_failures_stops_the_job() -> None:
     assert life.exit_reason == (
         "node 0 (rank 0) failed (host_oom): 3 failures in 24h, more than max_job_failures 2: the job stops"
     )
+
+
+def test_the_failure_that_exceeds_the_job_budget_is_named_by_what_its_evidence_shows() -> None:
+    life = make(1, max_job_failures=1, max_process_restarts=10)
+    register_all(life)
+    life.report_failure(0, FailureKind.UNKNOWN, "exit 1", 1.0)
+    shown = Classification(FailureKind.DEVICE_OOM, "CUDA out of memory")
+    decision, out = life.report_failure(0, FailureKind.UNKNOWN, "CUDA out of memory", 2.0, classification=shown)
+    assert decision.action is ActionKind.ABORT_JOB
+    assert decision.kind is FailureKind.DEVICE_OOM
+    assert life.exit_reason is not None
+    assert "failed (device_oom): 2 failures" in life.exit_reason
+    failure = next(e for e in out.events if e.kind == "failure")
+    assert failure.data["kind"] == "device_oom"
+    assert failure.data["reported_kind"] == "unknown"
 
 
 def test_succeeded_job_is_not_relaunched() -> None:

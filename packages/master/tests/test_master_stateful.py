@@ -62,7 +62,9 @@ class RestartOddExits(DefaultFailurePolicy):
 
 
 def durable(node: NodeRecord) -> NodeRecord:
-    return attrs.evolve(node, last_heartbeat=0.0, state_since=0.0, step=-1, samples=0)
+    # A resumed master restarts every wait it times (heartbeats, a charge's wait for a cause) from its start.
+    awaited = None if node.awaiting_cause is None else attrs.evolve(node.awaiting_cause, since=0.0)
+    return attrs.evolve(node, last_heartbeat=0.0, state_since=0.0, step=-1, samples=0, awaiting_cause=awaited)
 
 
 class MasterRestartMachine(RuleBasedStateMachine):

@@ -124,6 +124,14 @@ def _run_parser() -> argparse.ArgumentParser:
     p.add_argument("--heartbeat-interval-s", type=float, default=5.0, help="seconds between an agent's heartbeats")
     p.add_argument("--heartbeat-timeout-s", type=float, default=30.0, help="a node silent this long is taken for lost")
     p.add_argument(
+        "--peer-cause-wait-s",
+        type=float,
+        default=None,
+        help="a collective error or hang reported with no cause known restarts the node's workers at once and "
+        "is charged only if no peer's own failure explains it within this many seconds (default: the heartbeat "
+        "timeout + 10); 0 charges it at once",
+    )
+    p.add_argument(
         "--node-start-timeout-s",
         type=float,
         default=300.0,
@@ -625,6 +633,7 @@ def build_config(args: argparse.Namespace) -> MasterConfig:
         node_pending_timeout_s=args.node_pending_timeout_s or None,
         spare_nodes=args.spare_nodes,
         spare_refill_after_s=args.spare_refill_after_s,
+        peer_cause_wait_s=args.peer_cause_wait_s,
     )
     kubernetes = kubernetes_settings(args, tls_cert=args.tls_cert, stop_grace_s=args.node_stop_grace_s)
     job_name = args.job_name

@@ -154,6 +154,12 @@ class LifecycleConfig:
             next spare's start-up (an interpreter and its standbys importing torch) then takes no
             CPU from the round that restores the job where it shares a host with it (the local
             backend; a Kubernetes node with room for several pods). 0: replaced at once.
+        peer_cause_wait_s: how long a collective error or hang reported with no cause known waits
+            for one before it is charged: the node's workers restart at once, and a peer's own
+            failure found meanwhile (a node lost at its heartbeat timeout, a crash its agent
+            reports) makes it that failure's consequence, charged to nobody. None (the default):
+            `heartbeat_timeout_s` + 10 s, so a peer killed outright, agent and all, is found in
+            time; 0: charged at once.
     """
 
     nodes: NodeRange = attrs.field(factory=NodeRange)
@@ -170,6 +176,9 @@ class LifecycleConfig:
     node_pending_timeout_s: float | None = attrs.field(default=60.0, validator=_optional_positive)
     spare_nodes: int = attrs.field(default=0, validator=non_negative_int)
     spare_refill_after_s: float = attrs.field(default=30.0, validator=non_negative_finite)
+    peer_cause_wait_s: float | None = attrs.field(
+        default=None, validator=attrs.validators.optional(non_negative_finite)
+    )
 
     def __attrs_post_init__(self) -> None:
         BudgetWindow(self.budget_window_s)  # refuses what is not a window, naming it
@@ -188,6 +197,11 @@ class LifecycleConfig:
         if self.max_job_failures is not None:
             return self.max_job_failures
         return max(20, 2 * self.nodes.max_nodes)
+
+    @property
+    def peer_cause_wait(self) -> float:
+        """`peer_cause_wait_s`, or its default: a heartbeat timeout and a margin for the tick that finds it."""
+        return self.heartbeat_timeout_s + 10.0 if self.peer_cause_wait_s is None else self.peer_cause_wait_s
 
     @property
     def budget_window(self) -> BudgetWindow:

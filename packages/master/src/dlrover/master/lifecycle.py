@@ -32,6 +32,7 @@ from dlrover.master.node_table import NodeTable
 from dlrover.master.policy import Classification, Failure, FailurePolicy, JournaledPolicy, StatefulPolicy
 from dlrover.master.records import (
     Action,
+    AwaitedCharge,
     Event,
     LaunchNode,
     LifecycleSnapshot,
@@ -118,10 +119,40 @@ class Savepoint:
     planned_round: dict[int, int]
     spare_failures: int = 0
     restarted_at: dict[int, float] = attrs.field(factory=dict)
+    unexplained_at: dict[int, float] = attrs.field(factory=dict)
     promoted_at: dict[int, tuple[float, int | None]] = attrs.field(factory=dict)
     work_changed: frozenset[int] = frozenset()
     job_failure_times: UseTimes = ()
     spare_failure_times: UseTimes = ()
+
+
+def _failure_event(
+    node: NodeRecord, decision: Decision, kind: FailureKind, evidence: str, *, observed: bool, restarted: bool
+) -> Event:
+    """The event of a failure charged now: ``failure``, or ``failure_charged`` for one that waited for a
+    cause in vain (its ``failure`` event was recorded when it was reported)."""
+    headline = one_line_summary(evidence)
+    if restarted:
+        return Event(
+            "failure_charged",
+            f"node {node.node_id} (rank {node.rank}): no peer's failure explains its {decision.kind.value} "
+            f"({headline}): charged; {decision.outcome}",
+            node.node_id,
+            node.rank,
+            {"kind": decision.kind.value, "reported_kind": kind.value, "action": decision.action.value},
+        )
+    return Event(
+        "failure",
+        f"node {node.node_id} (rank {node.rank}) failed: {decision.kind.value}: {headline}",
+        node.node_id,
+        node.rank,
+        {
+            "kind": decision.kind.value,
+            "reported_kind": kind.value,
+            "evidence": evidence,
+            "observed_by_master": observed,
+        },
+    )
 
 
 def _clip(text: str) -> str:
@@ -204,6 +235,10 @@ class JobLifecycle:
         # node id -> when its processes were last told to restart for a failure. Not journaled: after a
         # master restart a node may be told once more to restart for a spare's round.
         self._restarted_at: dict[int, float] = {}
+        # node id -> when a collective error of its, awaited in vain, was charged: its next ones for a
+        # while are charged at once, so a node that breaks its own collectives meets its budgets on the
+        # same failure whatever the spacing of its reports. Not journaled: a resumed master waits again.
+        self._unexplained_at: dict[int, float] = {}
         # Nodes whose pending work changed since it was last journaled (see `changed_work`).
         self._work_changed: set[int] = set()
         # Spares promoted to a rank that have not trained yet -> (when, the first step they reported
@@ -222,6 +257,8 @@ class JobLifecycle:
         # full heartbeat timeout (and start timeout) from now to reconnect.
         for node in snap.nodes:
             fresh = attrs.evolve(node, last_heartbeat=now, state_since=now)
+            if node.awaiting_cause is not None:  # the wait for a cause starts again, as the timeouts do
+                fresh = attrs.evolve(fresh, awaiting_cause=attrs.evolve(node.awaiting_cause, since=now))
             self._nodes[node.node_id] = fresh
             if node.spare:
                 continue  # a spare holds no rank
@@ -410,6 +447,7 @@ class JobLifecycle:
             planned_round=dict(self._planned_round),
             spare_failures=self._spare_failures,
             restarted_at=dict(self._restarted_at),
+            unexplained_at=dict(self._unexplained_at),
             promoted_at=dict(self._promoted_at),
             work_changed=frozenset(self._work_changed),
             job_failure_times=self._job_failure_times,
@@ -435,6 +473,7 @@ class JobLifecycle:
         self._planned_round = dict(savepoint.planned_round)
         self._spare_failures = savepoint.spare_failures
         self._restarted_at = dict(savepoint.restarted_at)
+        self._unexplained_at = dict(savepoint.unexplained_at)
         self._promoted_at = dict(savepoint.promoted_at)
         self._work_changed = set(savepoint.work_changed)
         self._job_failure_times = savepoint.job_failure_times
@@ -898,6 +937,19 @@ class JobLifecycle:
             and not self.count(NodeState.SUCCEEDED)  # a finishing job restarts nobody (see `_fail`)
         ):
             return self._consequence_restart(node, decided, _clip(evidence), left_behind, now, answered=answered)
+        if (
+            decided in PEER_CONSEQUENCE_KINDS
+            and self._config.peer_cause_wait > 0
+            and node.state is NodeState.RUNNING
+            and node.awaiting_cause is None  # a second one in a row is the node's own (see `_fail`)
+            and not self._recently_unexplained(node.node_id, now)
+            and not agent_exits
+            and not self.count(NodeState.SUCCEEDED)
+            and self._has_running_peer(node)  # alone, its collectives broke of its own
+        ):
+            reason = None if classification is None else classification.reason
+            awaited = AwaitedCharge(kind, decided, reason, _clip(evidence), exit_code, now)
+            return self._await_cause(node, awaited, answered=answered)
         return self._fail(
             node,
             kind,
@@ -908,6 +960,96 @@ class JobLifecycle:
             classification=classification,
             agent_exits=agent_exits,
         )
+
+    def _recently_unexplained(self, node_id: int, now: float) -> bool:
+        """Whether a collective error of the node waited for a cause in vain within the last three
+        waits (a broken link of its own fails each restart again, a wait's time apart or less)."""
+        at = self._unexplained_at.get(node_id)
+        return at is not None and now - at < 3 * self._config.peer_cause_wait
+
+    def _has_running_peer(self, node: NodeRecord) -> bool:
+        return any(
+            n.node_id != node.node_id and n.state is NodeState.RUNNING and not n.spare for n in self.live_nodes()
+        )
+
+    def _await_cause(self, node: NodeRecord, awaited: AwaitedCharge, *, answered: bool) -> tuple[Decision, Outcome]:
+        """A collective error or hang with no cause known yet: the node's workers restart for the next
+        round at once, and the charge waits (`AwaitedCharge`) for a peer's own failure to explain it.
+
+        A peer killed outright (agent and workers) breaks every survivor's collective within a second,
+        but nothing tells the master until the peer's heartbeat timeout: charged at once, one such loss
+        cost each survivor a restart and the job as many failures as it had nodes."""
+        wait = self._config.peer_cause_wait
+        decided, evidence = awaited.decided, awaited.evidence
+        node = attrs.evolve(node, awaiting_cause=awaited, last_failure=f"{decided.value}: {evidence}")
+        self._nodes[node.node_id] = node
+        self._restarted_at[node.node_id] = awaited.since
+        headline = one_line_summary(evidence)
+        reason = (
+            f"the workers of node {node.node_id} failed ({decided.value}: {headline}) and no cause is known yet: "
+            f"they restart for the next round; the failure is charged in {wait:g}s unless a peer's own failure "
+            "explains it"
+        )
+        if not answered:
+            self._queue_action(node.node_id, ActionKind.RESTART_PROCESSES, reason)
+        failure_ev = Event(
+            "failure",
+            f"node {node.node_id} (rank {node.rank}) failed: {decided.value}: {headline}",
+            node.node_id,
+            node.rank,
+            {
+                "kind": decided.value,
+                "reported_kind": awaited.kind.value,
+                "evidence": evidence,
+                "observed_by_master": False,
+                "charge": "awaiting_cause",
+            },
+        )
+        restart_ev = Event(
+            "process_restart", reason, node.node_id, node.rank, {"kind": decided.value, "awaiting_cause": True}
+        )
+        decision = Decision(ActionKind.RESTART_PROCESSES, decided, str(node.node_id), reason)
+        return decision, Outcome(events=(failure_ev, restart_ev), changed_nodes=frozenset({node.node_id}))
+
+    def _charge_awaited(self, node: NodeRecord, now: float) -> tuple[Decision, Outcome]:
+        """Charge the node's awaited failure: no peer's failure explained it in time, or the node failed
+        again meanwhile. Its workers restarted when it was reported, so a restart decided now is only
+        counted; any other decision (a relaunch, a removal, the job's stop) is carried out."""
+        awaited = node.awaiting_cause
+        assert awaited is not None
+        node = attrs.evolve(node, awaiting_cause=None)
+        self._nodes[node.node_id] = node
+        self._unexplained_at[node.node_id] = now
+        classification = None if awaited.reason is None else Classification(awaited.decided, awaited.reason)
+        return self._fail(
+            node,
+            awaited.kind,
+            awaited.evidence,
+            now,
+            awaited.exit_code,
+            answered=True,
+            classification=classification,
+            restarted=True,
+        )
+
+    def _excuse_awaited(self, cause: NodeRecord, why: str) -> Outcome:
+        """`cause`, a running node, failed of its own (or the platform took it): the awaited charges of
+        the other nodes are its consequence, charged to nobody."""
+        out = Outcome()
+        for other in list(self._nodes.values()):
+            awaited = other.awaiting_cause
+            if awaited is None or other.node_id == cause.node_id:
+                continue
+            self._nodes[other.node_id] = attrs.evolve(other, awaiting_cause=None)
+            reason = (
+                f"the {awaited.decided.value} of node {other.node_id}'s workers "
+                f"({one_line_summary(awaited.evidence)}) is the consequence of node {cause.node_id} "
+                f"(rank {cause.rank}) failing ({why}): it counts against no budget"
+            )
+            data = {"kind": awaited.decided.value, "cause_node": cause.node_id, "cause": why}
+            ev = Event("failure_excused", reason, other.node_id, other.rank, data)
+            out = out.merge(Outcome(events=(ev,), changed_nodes=frozenset({other.node_id})))
+        return out
 
     def _planned_restart(
         self, node: NodeRecord, kind: FailureKind, evidence: str, *, answered: bool
@@ -1014,7 +1156,10 @@ class JobLifecycle:
             message = f"{message}; its host {host!r} is not avoided: every node of this backend runs on it"
         if avoid_host and host:
             out = out.merge(self.mark_host_unhealthy(host, f"{reason} on node {node_id}"))
-        node = attrs.evolve(node, last_failure=_clip(f"{reason}: {evidence}"))
+        if node.state is NodeState.RUNNING and not node.spare:
+            out = out.merge(self._excuse_awaited(node, f"taken away by the platform: {reason}"))
+        # Its own awaited charge, if any, goes with it: the platform's doing explains that one too.
+        node = attrs.evolve(node, last_failure=_clip(f"{reason}: {evidence}"), awaiting_cause=None)
         self._nodes[node_id] = node
         data = {
             "reason": reason,
@@ -1098,8 +1243,32 @@ class JobLifecycle:
                 if node.node_id in self._pending_reasons:  # why the backend has not started it
                     evidence = f"{evidence}: {self._pending_reasons[node.node_id]}"
                 out = out.merge(self._fail_observed(node, evidence, now))
+        # After the timeouts: a peer found lost in this very tick explains the charges it caused.
+        out = out.merge(self._settle_awaited(now))
         out = out.merge(self._announce_pending(now))
         return out.merge(self._check_nodes(now))
+
+    def _settle_awaited(self, now: float) -> Outcome:
+        """Charge the awaited failures no peer's failure explained within `peer_cause_wait`; forget those
+        of nodes that are no longer running (their own end was decided on its own)."""
+        out = Outcome()
+        wait = self._config.peer_cause_wait
+        for node_id in sorted(self._nodes):
+            node = self._nodes[node_id]
+            awaited = node.awaiting_cause
+            if awaited is None or self._has_ended():
+                continue
+            if node.state is not NodeState.RUNNING:
+                self._nodes[node_id] = attrs.evolve(node, awaiting_cause=None)
+                reason = (
+                    f"node {node_id} is {node.state.value}: its {awaited.decided.value} that waited for a cause "
+                    "is charged to nobody"
+                )
+                ev = Event("failure_excused", reason, node_id, node.rank, {"kind": awaited.decided.value})
+                out = out.merge(Outcome(events=(ev,), changed_nodes=frozenset({node_id})))
+            elif now - awaited.since >= wait:
+                out = out.merge(self._charge_awaited(node, now)[1])
+        return out
 
     def _announce_pending(self, now: float) -> Outcome:
         """Say once per node when launched nodes stay pending past `node_pending_timeout_s`: the
@@ -1567,23 +1736,60 @@ class JobLifecycle:
         answered: bool = False,
         classification: Classification | None = None,
         agent_exits: bool = False,
+        restarted: bool = False,
     ) -> tuple[Decision, Outcome]:
+        """Charge a failure of `node` to the budgets, decide and apply. With `restarted`, it is an awaited
+        failure charged late (`_charge_awaited`): its workers restarted already."""
+        settled = Outcome()
+        if node.awaiting_cause is not None:
+            # It failed again while an earlier failure waited for a cause: two in a row point at the
+            # node itself, so the earlier one is charged first.
+            charged, settled = self._charge_awaited(node, now)
+            node = self._nodes[node.node_id]
+            if node.state not in ALIVE_STATES or self._job_state.finished:
+                return charged, settled
+        decision, out = self._fail_once(
+            node,
+            kind,
+            evidence,
+            now,
+            exit_code,
+            observed=observed,
+            answered=answered,
+            classification=classification,
+            agent_exits=agent_exits,
+            restarted=restarted,
+        )
+        return decision, settled.merge(out)
+
+    def _charge(
+        self,
+        node: NodeRecord,
+        kind: FailureKind,
+        evidence: str,
+        now: float,
+        exit_code: int | None,
+        *,
+        observed: bool,
+        classification: Classification | None,
+        agent_exits: bool,
+    ) -> Decision:
+        """Count the failure against the job's budget and decide: the job stops past `max_job_failures`,
+        else the policy decides (spending the node's budgets), as far as it can be carried out."""
         self._job_failures += 1
         window, limit = self._config.budget_window, self._config.job_failure_limit
         self._job_failure_times = window.add(self._job_failure_times, self._wall(now), limit + 1)
         counted = window.count(self._job_failure_times, self._wall(now))
-        node = attrs.evolve(node, last_failure=f"{kind.value}: {evidence}")
-        self._nodes[node.node_id] = node
-        # The evidence (a worker's traceback, say) is printed whole once, by the worker itself;
-        # the messages that are logged carry one line of it, the failure event all of it.
-        headline = one_line_summary(evidence)
         if counted > limit:
             within = f"in {window.per().removeprefix(' per ')}" if window.seconds is not None else "in the job"
+            # No policy decides, but the evidence was read (`classify`): the stop names what it shows,
+            # not the agent's report, which is often only "unknown" (an exit code).
+            shown = classification.kind if classification is not None else kind
             decision = Decision(
                 ActionKind.ABORT_JOB,
-                kind,
+                shown,
                 str(node.node_id),
-                f"node {node.node_id} (rank {node.rank}) failed ({kind.value}): {counted} failures {within}, "
+                f"node {node.node_id} (rank {node.rank}) failed ({shown.value}): {counted} failures {within}, "
                 f"more than max_job_failures {limit}: the job stops",
             )
         else:
@@ -1608,22 +1814,45 @@ class JobLifecycle:
                     outcome=f"{decision.outcome}; but workers have already succeeded: the node is not relaunched",
                     avoid_host=False,
                 )
+        return decision
+
+    def _fail_once(
+        self,
+        node: NodeRecord,
+        kind: FailureKind,
+        evidence: str,
+        now: float,
+        exit_code: int | None,
+        *,
+        observed: bool,
+        answered: bool,
+        classification: Classification | None,
+        agent_exits: bool,
+        restarted: bool,
+    ) -> tuple[Decision, Outcome]:
+        was_running = node.state is NodeState.RUNNING
+        node = attrs.evolve(node, last_failure=f"{kind.value}: {evidence}")
+        self._nodes[node.node_id] = node
+        # The evidence (a worker's traceback, say) is printed whole once, by the worker itself;
+        # the messages that are logged carry one line of it, the failure event all of it.
+        headline = one_line_summary(evidence)
+        decision = self._charge(
+            node,
+            kind,
+            evidence,
+            now,
+            exit_code,
+            observed=observed,
+            classification=classification,
+            agent_exits=agent_exits,
+        )
         # The kind the decision was made on (the policy's reading of the evidence), which the
         # metrics count by; the agent's own report is often only "unknown" (an exit code).
-        failure_ev = Event(
-            "failure",
-            f"node {node.node_id} (rank {node.rank}) failed: {decision.kind.value}: {headline}",
-            node.node_id,
-            node.rank,
-            {
-                "kind": decision.kind.value,
-                "reported_kind": kind.value,
-                "evidence": evidence,
-                "observed_by_master": observed,
-            },
-        )
+        failure_ev = _failure_event(node, decision, kind, evidence, observed=observed, restarted=restarted)
         out = Outcome(events=(failure_ev,), changed_nodes=frozenset({node.node_id}), job_changed=True)
         decided = decision.kind
+        if was_running and not restarted and (observed or decided not in PEER_CONSEQUENCE_KINDS):
+            out = out.merge(self._excuse_awaited(node, f"{decided.value}: {headline}"))
         node = attrs.evolve(node, last_failure=f"{decided.value}: {evidence}")
         self._nodes[node.node_id] = node
         decision, relaunch_with, grown = self._grow_memory(node, decision)
@@ -1641,6 +1870,8 @@ class JobLifecycle:
         if decision.action.restarts_processes:
             node = attrs.evolve(node, process_restarts=node.process_restarts + 1)
             self._nodes[node.node_id] = node
+            if restarted:
+                return decision, out  # the restart happened when the failure was reported
             self._restarted_at[node.node_id] = now
             if not answered:
                 self._queue_action(node.node_id, decision.action, reason)

@@ -9,12 +9,13 @@ import attrs
 
 from dlrover.autoscale import Resources, Role
 from dlrover.common import DLRoverError
-from dlrover.diagnosis import ActionKind
+from dlrover.diagnosis import ActionKind, FailureKind
 from dlrover.diagnosis.window import UseTimes, use_times_from_json
 from dlrover.master.states import JobState, NodeState
 
 __all__ = [
     "Action",
+    "AwaitedCharge",
     "Event",
     "LaunchNode",
     "LifecycleSnapshot",
@@ -61,6 +62,60 @@ class TransitionRecord:
 
 
 @attrs.frozen
+class AwaitedCharge:
+    """A collective error or hang of a node's workers, for which no cause was known when it was
+    reported: the workers restarted at once, and the failure is charged to the node's budgets only
+    if no peer's own failure explains it within `LifecycleConfig.peer_cause_wait`
+    (`JobLifecycle.report_failure`).
+
+    Attributes:
+        kind: the kind the agent reported.
+        decided: the kind the evidence shows (the policy's classification, else `kind`).
+        reason: the classification's words (None: the policy classified nothing).
+        evidence: what the agent saw (clipped).
+        exit_code: the failed process's status, when known.
+        since: the core's `now` when it was reported (a resumed master counts from its start).
+    """
+
+    kind: FailureKind
+    decided: FailureKind
+    reason: str | None
+    evidence: str
+    exit_code: int | None
+    since: float
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-serialisable form (for the journal)."""
+        return {
+            "kind": self.kind.value,
+            "decided": self.decided.value,
+            "reason": self.reason,
+            "evidence": self.evidence,
+            "exit_code": self.exit_code,
+            "since": self.since,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> AwaitedCharge:
+        """The inverse of `to_json`.
+
+        Raises:
+            KeyError, TypeError, ValueError: not what `to_json` writes.
+        """
+        exit_code = data["exit_code"]
+        if exit_code is not None and (isinstance(exit_code, bool) or not isinstance(exit_code, int)):
+            raise TypeError(f"exit_code must be an integer or null, got {exit_code!r}")
+        return cls(
+            FailureKind(data["kind"]),
+            FailureKind(data["decided"]),
+            None if data["reason"] is None else str(data["reason"]),
+            str(data["evidence"]),
+            exit_code,
+            float(data["since"]),
+        )
+
+
+@attrs.frozen
 class NodeRecord:
     """One incarnation of a logical rank.
 
@@ -96,6 +151,8 @@ class NodeRecord:
             those within the budget window count against it.
         registration_digest: SHA-256 (hex) of the registration key its agent registered with ("":
             none): a registration repeated with that key is the same one (`JobLifecycle.register`).
+        awaiting_cause: its workers' collective error or hang that waits for a peer's failure to
+            explain it before it is charged (`AwaitedCharge`), or None.
     """
 
     node_id: int
@@ -121,6 +178,7 @@ class NodeRecord:
     disruptions: int = 0
     relaunched_at: UseTimes = ()
     registration_digest: str = ""
+    awaiting_cause: AwaitedCharge | None = None
 
 
 @attrs.frozen
@@ -336,6 +394,7 @@ def node_to_dict(node: NodeRecord) -> dict[str, Any]:
     data["role"] = node.role.value
     data["resources"] = None if node.resources is None else node.resources.to_json()
     data["relaunched_at"] = list(node.relaunched_at)
+    data["awaiting_cause"] = None if node.awaiting_cause is None else node.awaiting_cause.to_json()
     return data
 
 
@@ -366,6 +425,8 @@ def node_from_dict(data: Mapping[str, Any]) -> NodeRecord:
         else:  # journaled before the times were: its charged relaunches count for ever
             charged = int(fields.get("relaunch_count", 0)) - int(fields.get("disruptions", 0))
             fields["relaunched_at"] = (None,) * max(charged, 0)
+        awaited = fields.get("awaiting_cause")
+        fields["awaiting_cause"] = None if awaited is None else AwaitedCharge.from_json(awaited)
         return NodeRecord(**fields)
     except (KeyError, TypeError, ValueError, DLRoverError) as exc:
         raise DLRoverError(f"corrupt node record {dict(data)!r}: {exc}") from exc
