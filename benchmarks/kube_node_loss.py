@@ -459,8 +459,17 @@ def _how(event_log: Path, t0_wall: float) -> tuple[str, float | None]:
     from dlrover.master import read_event_log
 
     events = read_event_log(event_log) if event_log.exists() else []
-    kinds = Counter(str(e["kind"]) for e in events)
-    counted = ("disruption", "spare_promoted", "relaunch", "failure", "consequence_restart")
+    # A failure that waits for its cause is counted once settled (excused or charged), not when reported.
+    kinds = Counter(str(e["kind"]) for e in events if (e.get("data") or {}).get("charge") != "awaiting_cause")
+    counted = (
+        "disruption",
+        "spare_promoted",
+        "relaunch",
+        "failure",
+        "failure_charged",
+        "consequence_restart",
+        "failure_excused",
+    )
     parts = [f"{kinds[k]} {k}" for k in counted if kinds[k]]
     acted = [float(e["wall_time"]) - t0_wall for e in events if e["kind"] in ("spare_promoted", "relaunch")]
     return ", ".join(parts) or "-", min(acted) if acted else None

@@ -52,6 +52,9 @@ class LifecycleMachine(RuleBasedStateMachine):
             max_job_failures=MAX_FAILURES,
             budget_window_s=BUDGET_WINDOW,
             insufficient_nodes_window_s=WINDOW,
+            # This model charges every failure when it is reported; waiting for a peer's failure to
+            # explain a collective error has its own machine (test_awaited_charges.py).
+            peer_cause_wait_s=0.0,
         )
         self.life = JobLifecycle(cfg, DefaultFailurePolicy(), self.now)
         self.life.start(self.now)

@@ -63,3 +63,17 @@ def test_restarts_are_counted_by_what_caused_them_and_every_kind_starts_at_zero(
     assert 'dlrover_restarts_total{job="t",kind="planned"} 1.0' in text
     assert 'dlrover_restarts_total{job="t",kind="node"} 1.0' in text
     assert 'dlrover_failures_total{job="t",kind="user_code"} 1.0' in text  # a consequence is no failure
+
+
+def test_a_failure_that_waits_for_its_cause_counts_once_charged_and_not_at_all_when_excused() -> None:
+    from dlrover.master.journal import JournaledEvent
+
+    metrics = MasterMetrics("t")
+    events = [
+        ("failure", {"kind": "communication", "charge": "awaiting_cause"}),
+        ("failure_excused", {"kind": "communication"}),
+        ("failure", {"kind": "communication", "charge": "awaiting_cause"}),
+        ("failure_charged", {"kind": "communication", "action": "restart_processes"}),
+    ]
+    metrics.observe_events(JournaledEvent(seq, 0.0, kind, "", 0, 0, data) for seq, (kind, data) in enumerate(events))
+    assert 'dlrover_failures_total{job="t",kind="communication"} 1.0' in metrics.render().decode()

@@ -129,6 +129,7 @@ if TYPE_CHECKING:
     from dlrover.master.ray_job import RayJob, run_on_ray
     from dlrover.master.records import (
         Action,
+        AwaitedCharge,
         Event,
         LaunchNode,
         LifecycleSnapshot,
@@ -216,6 +217,7 @@ _EXPORTS = {
     "TRANSITIONS": "dlrover.master.states",
     "check_transition": "dlrover.master.states",
     "NodeRecord": "dlrover.master.records",
+    "AwaitedCharge": "dlrover.master.records",
     "Action": "dlrover.master.records",
     "Event": "dlrover.master.records",
     "LaunchNode": "dlrover.master.records",
@@ -378,6 +380,7 @@ __all__ = [
     "TRANSITIONS",
     "check_transition",
     "NodeRecord",
+    "AwaitedCharge",
     "Action",
     "Event",
     "LaunchNode",

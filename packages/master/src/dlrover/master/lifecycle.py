@@ -946,9 +946,10 @@ class JobLifecycle:
             and not agent_exits
             and not self.count(NodeState.SUCCEEDED)
             and self._has_running_peer(node)  # alone, its collectives broke of its own
+            # A node whose budgets would relaunch or remove it now is decided now: restarted while it
+            # waited, it would break its peers' round twice if no cause came.
+            and self._restarts_now(node, awaited := self._awaited(kind, classification, evidence, exit_code, now))
         ):
-            reason = None if classification is None else classification.reason
-            awaited = AwaitedCharge(kind, decided, reason, _clip(evidence), exit_code, now)
             return self._await_cause(node, awaited, answered=answered)
         return self._fail(
             node,
@@ -1011,10 +1012,78 @@ class JobLifecycle:
         decision = Decision(ActionKind.RESTART_PROCESSES, decided, str(node.node_id), reason)
         return decision, Outcome(events=(failure_ev, restart_ev), changed_nodes=frozenset({node.node_id}))
 
+    @staticmethod
+    def _awaited(
+        kind: FailureKind, classification: Classification | None, evidence: str, exit_code: int | None, now: float
+    ) -> AwaitedCharge:
+        decided = classification.kind if classification is not None else kind
+        reason = None if classification is None else classification.reason
+        return AwaitedCharge(kind, decided, reason, _clip(evidence), exit_code, now)
+
+    def _restarts_now(self, node: NodeRecord, awaited: AwaitedCharge) -> bool:
+        """Whether charging the failure now would restart the node's processes (every budget is left
+        as it was)."""
+        failures, times = self._job_failures, self._job_failure_times
+        point = self._policy.savepoint() if isinstance(self._policy, StatefulPolicy) else None
+        try:
+            decision = self._charge_of(node, awaited, awaited.since)
+        finally:
+            self._job_failures, self._job_failure_times = failures, times
+            if isinstance(self._policy, StatefulPolicy):
+                self._policy.rollback(point)
+        return decision.action.restarts_processes
+
+    def _charge_of(self, node: NodeRecord, awaited: AwaitedCharge, now: float) -> Decision:
+        """`_charge` of an awaited failure, on the evidence as it was read when it was reported."""
+        classification = None if awaited.reason is None else Classification(awaited.decided, awaited.reason)
+        return self._charge(
+            node,
+            awaited.kind,
+            awaited.evidence,
+            now,
+            awaited.exit_code,
+            observed=False,
+            classification=classification,
+            agent_exits=False,
+        )
+
+    def _count_awaited(self, node: NodeRecord, now: float) -> Outcome:
+        """The node failed again the same way while its first failure waited: the first is its own too.
+        It is charged and its restart, made when it was reported, counted; what it would decide is left
+        to the newer failure, decided next on the budgets as they are then."""
+        awaited = node.awaiting_cause
+        assert awaited is not None
+        self._unexplained_at[node.node_id] = now
+        decision = self._charge_of(node, awaited, now)
+        self._nodes[node.node_id] = attrs.evolve(node, awaiting_cause=None, process_restarts=node.process_restarts + 1)
+        ev = Event(
+            "failure_charged",
+            f"node {node.node_id} (rank {node.rank}) failed again before a cause of its {decision.kind.value} "
+            f"({one_line_summary(awaited.evidence)}) was found: charged, and its restart counted",
+            node.node_id,
+            node.rank,
+            {"kind": decision.kind.value, "reported_kind": awaited.kind.value, "action": "counted"},
+        )
+        return Outcome(events=(ev,), changed_nodes=frozenset({node.node_id}), job_changed=True)
+
+    def _own_explains_awaited(self, node: NodeRecord, why: str) -> Outcome:
+        """The node's own failure (a crash, its loss, the platform's doing) explains its collective error
+        that waited: that one is charged to nobody; the new failure is decided on its own."""
+        awaited = node.awaiting_cause
+        assert awaited is not None
+        self._nodes[node.node_id] = attrs.evolve(node, awaiting_cause=None)
+        reason = (
+            f"the {awaited.decided.value} of node {node.node_id}'s workers ({one_line_summary(awaited.evidence)}) "
+            f"came with the node's own failure ({why}): it counts against no budget"
+        )
+        data = {"kind": awaited.decided.value, "cause_node": node.node_id, "cause": why}
+        ev = Event("failure_excused", reason, node.node_id, node.rank, data)
+        return Outcome(events=(ev,), changed_nodes=frozenset({node.node_id}))
+
     def _charge_awaited(self, node: NodeRecord, now: float) -> tuple[Decision, Outcome]:
-        """Charge the node's awaited failure: no peer's failure explained it in time, or the node failed
-        again meanwhile. Its workers restarted when it was reported, so a restart decided now is only
-        counted; any other decision (a relaunch, a removal, the job's stop) is carried out."""
+        """Charge the node's awaited failure: no peer's failure explained it in time. Its workers
+        restarted when it was reported, so a restart decided now is only counted; any other decision (a
+        relaunch, a removal, the job's stop: the budgets changed meanwhile) is carried out."""
         awaited = node.awaiting_cause
         assert awaited is not None
         node = attrs.evolve(node, awaiting_cause=None)
@@ -1158,8 +1227,10 @@ class JobLifecycle:
             out = out.merge(self.mark_host_unhealthy(host, f"{reason} on node {node_id}"))
         if node.state is NodeState.RUNNING and not node.spare:
             out = out.merge(self._excuse_awaited(node, f"taken away by the platform: {reason}"))
-        # Its own awaited charge, if any, goes with it: the platform's doing explains that one too.
-        node = attrs.evolve(node, last_failure=_clip(f"{reason}: {evidence}"), awaiting_cause=None)
+        if node.awaiting_cause is not None:  # the platform's doing explains it too
+            out = out.merge(self._own_explains_awaited(node, f"taken away by the platform: {reason}"))
+            node = self._nodes[node_id]
+        node = attrs.evolve(node, last_failure=_clip(f"{reason}: {evidence}"))
         self._nodes[node_id] = node
         data = {
             "reason": reason,
@@ -1192,7 +1263,11 @@ class JobLifecycle:
         node = self.node(node_id)
         if node.spare:
             raise NodeStateError(f"node {node_id} is a spare: it holds no rank, so it trained nothing to succeed at")
-        out = self._move(node, NodeState.SUCCEEDED, "its training processes succeeded", now)
+        out = Outcome()
+        if node.state is NodeState.RUNNING:
+            # A peer that finishes closes its connections: a collective error at the end is its doing.
+            out = self._excuse_awaited(node, "its workers succeeded and closed their connections")
+        out = out.merge(self._move(node, NodeState.SUCCEEDED, "its training processes succeeded", now))
         return out.merge(self._check_nodes(now))
 
     def mark_host_unhealthy(self, host: str, reason: str) -> Outcome:
@@ -1249,24 +1324,14 @@ class JobLifecycle:
         return out.merge(self._check_nodes(now))
 
     def _settle_awaited(self, now: float) -> Outcome:
-        """Charge the awaited failures no peer's failure explained within `peer_cause_wait`; forget those
-        of nodes that are no longer running (their own end was decided on its own)."""
+        """Charge the awaited failures no peer's failure explained within `peer_cause_wait` (only running
+        nodes wait: `_move` ends the wait of a node that leaves)."""
         out = Outcome()
         wait = self._config.peer_cause_wait
         for node_id in sorted(self._nodes):
             node = self._nodes[node_id]
             awaited = node.awaiting_cause
-            if awaited is None or self._has_ended():
-                continue
-            if node.state is not NodeState.RUNNING:
-                self._nodes[node_id] = attrs.evolve(node, awaiting_cause=None)
-                reason = (
-                    f"node {node_id} is {node.state.value}: its {awaited.decided.value} that waited for a cause "
-                    "is charged to nobody"
-                )
-                ev = Event("failure_excused", reason, node_id, node.rank, {"kind": awaited.decided.value})
-                out = out.merge(Outcome(events=(ev,), changed_nodes=frozenset({node_id})))
-            elif now - awaited.since >= wait:
+            if awaited is not None and not self._has_ended() and now - awaited.since >= wait:
                 out = out.merge(self._charge_awaited(node, now)[1])
         return out
 
@@ -1346,7 +1411,7 @@ class JobLifecycle:
         if problem is not None:
             raise IllegalTransitionError(f"node {node.node_id}: {problem}")
         record = TransitionRecord(node.state, target, reason, now)
-        moved = attrs.evolve(node, state=target, state_since=now, history=(*node.history, record))
+        moved = attrs.evolve(node, state=target, state_since=now, history=(*node.history, record), awaiting_cause=None)
         self._nodes[node.node_id] = moved
         ev = Event(
             "node_state",
@@ -1355,7 +1420,18 @@ class JobLifecycle:
             node.rank,
             {"from": node.state.value, "to": target.value},
         )
-        return Outcome(events=(ev,), changed_nodes=frozenset({node.node_id}))
+        events: tuple[Event, ...] = (ev,)
+        awaited = node.awaiting_cause
+        if awaited is not None:
+            # Only a running node waits: one that leaves (a resize, its success, the job's end) is
+            # charged nothing more for a failure nobody could yet explain.
+            why = (
+                f"node {node.node_id} is {target.value} ({reason}) before a cause of its {awaited.decided.value} "
+                f"({one_line_summary(awaited.evidence)}) was found: it counts against no budget"
+            )
+            data = {"kind": awaited.decided.value, "cause": reason}
+            events = (Event("failure_excused", why, node.node_id, node.rank, data), ev)
+        return Outcome(events=events, changed_nodes=frozenset({node.node_id}))
 
     def _create_node(
         self,
@@ -1741,13 +1817,14 @@ class JobLifecycle:
         """Charge a failure of `node` to the budgets, decide and apply. With `restarted`, it is an awaited
         failure charged late (`_charge_awaited`): its workers restarted already."""
         settled = Outcome()
-        if node.awaiting_cause is not None:
-            # It failed again while an earlier failure waited for a cause: two in a row point at the
-            # node itself, so the earlier one is charged first.
-            charged, settled = self._charge_awaited(node, now)
+        if node.awaiting_cause is not None and not restarted:
+            decided = classification.kind if classification is not None else kind
+            if observed or agent_exits or decided not in PEER_CONSEQUENCE_KINDS:
+                settled = self._own_explains_awaited(node, f"{decided.value}: {one_line_summary(evidence)}")
+            else:
+                # A second collective error in a row: both are the node's own.
+                settled = self._count_awaited(node, now)
             node = self._nodes[node.node_id]
-            if node.state not in ALIVE_STATES or self._job_state.finished:
-                return charged, settled
         decision, out = self._fail_once(
             node,
             kind,
@@ -1851,7 +1928,7 @@ class JobLifecycle:
         failure_ev = _failure_event(node, decision, kind, evidence, observed=observed, restarted=restarted)
         out = Outcome(events=(failure_ev,), changed_nodes=frozenset({node.node_id}), job_changed=True)
         decided = decision.kind
-        if was_running and not restarted and (observed or decided not in PEER_CONSEQUENCE_KINDS):
+        if was_running and not restarted and (observed or agent_exits or decided not in PEER_CONSEQUENCE_KINDS):
             out = out.merge(self._excuse_awaited(node, f"{decided.value}: {headline}"))
         node = attrs.evolve(node, last_failure=f"{decided.value}: {evidence}")
         self._nodes[node.node_id] = node

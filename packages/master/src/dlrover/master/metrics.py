@@ -87,7 +87,11 @@ class MasterMetrics:
     def observe_events(self, events: Iterable[JournaledEvent]) -> None:
         """Count failures, restarts and relaunches from events."""
         for event in events:
-            if event.kind == "failure":
+            # A failure counts once charged: when reported, or when it waited for a cause in vain.
+            charged = event.kind == "failure_charged" or (
+                event.kind == "failure" and event.data.get("charge") != "awaiting_cause"
+            )
+            if charged:
                 self.failures.labels(self._job, str(event.data.get("kind", "unknown"))).inc()
             elif event.kind in _RESTART_KINDS:
                 self.restarts.labels(self._job, _RESTART_KINDS[event.kind]).inc()
