@@ -3,6 +3,7 @@ it is charged (`LifecycleConfig.peer_cause_wait_s`)."""
 
 from __future__ import annotations
 
+import attrs
 import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -119,7 +120,7 @@ def test_a_second_collective_error_while_the_first_waits_charges_both() -> None:
     decision, out = life.report_failure(0, FailureKind.COMMUNICATION, "Connection reset by peer", 5.0, answered=True)
     assert "no cause is known yet" not in decision.outcome
     assert kinds(out.events)[:2] == ["failure_charged", "failure"]
-    assert out.events[0].data["action"] == "counted"
+    assert out.events[0].data["action"] == "restart_processes"  # counted: the restart was made
     assert (life.job_failures, life.node(0).process_restarts) == (2, 2)
     assert life.node(0).awaiting_cause is None
     # With one restart left for the two, the second is decided on what is left: a relaunch.
@@ -130,7 +131,31 @@ def test_a_second_collective_error_while_the_first_waits_charges_both() -> None:
     assert tight.job_failures == 2
 
 
-def test_a_node_whose_budgets_would_end_it_now_is_decided_now() -> None:
+def test_when_charging_the_first_of_two_ends_the_node_the_second_is_the_same_trouble() -> None:
+    life = make()
+    life.report_failure(0, FailureKind.COMMUNICATION, "Connection reset by peer", 1.0, answered=True)
+    life._config = attrs.evolve(life.config, max_process_restarts=0)  # the budgets changed meanwhile
+    decision, out = life.report_failure(0, FailureKind.COMMUNICATION, "Connection reset by peer", 5.0, answered=True)
+    assert decision.action is ActionKind.RELAUNCH_NODE
+    assert kinds(out.events)[0] == "failure_charged"
+    assert "failure" not in kinds(out.events)
+    assert life.job_failures == 1
+    assert life.node(0).state is NodeState.RELAUNCHING
+
+
+def test_a_journal_with_a_wait_left_on_a_node_that_left_resumes_without_it() -> None:
+    life = make()
+    life.report_failure(0, FailureKind.COMMUNICATION, "NCCL error", 1.0)
+    snap = life.snapshot()
+    left = [attrs.evolve(n, state=NodeState.REMOVED) if n.node_id == 0 else n for n in snap.nodes]
+    resumed = JobLifecycle(life.config, DefaultFailurePolicy(), 5.0, snapshot=attrs.evolve(snap, nodes=tuple(left)))
+    assert resumed.node(0).awaiting_cause is None
+    beat(resumed, 5.0 + WAIT, 1, 2)
+    resumed.tick(5.0 + WAIT)
+    assert resumed.job_failures == 0
+
+
+def test_a_node_with_no_restart_left_is_decided_now() -> None:
     # Restarted to wait for a cause that never came, it would break its peers' round a second time.
     life = make(max_process_restarts=0)
     decision, out = life.report_failure(0, FailureKind.COMMUNICATION, "NCCL error", 1.0, answered=True)
@@ -140,28 +165,21 @@ def test_a_node_whose_budgets_would_end_it_now_is_decided_now() -> None:
     assert life.node(0).state is NodeState.RELAUNCHING
 
 
-class SecondThoughts(DefaultFailurePolicy):
-    """Restarts once, then relaunches: the budgets changed while a failure waited."""
-
-    def __init__(self) -> None:
-        self.calls = 0
+class RelaunchesCollectiveErrors(DefaultFailurePolicy):
+    """A policy of its own that relaunches a node on a collective error, restarts left or not."""
 
     def decide(self, failure: Failure) -> Decision:
-        self.calls += 1
-        if self.calls <= 2:  # the look before waiting, and that alone
-            return super().decide(failure)
-        return Decision(ActionKind.RELAUNCH_NODE, failure.kind, str(failure.node.node_id), "second thoughts")
+        return Decision(ActionKind.RELAUNCH_NODE, failure.kind, str(failure.node.node_id), "relaunch it")
 
 
 def test_the_late_charge_carries_out_what_the_policy_decides_then() -> None:
     cfg = LifecycleConfig(nodes=NodeRange(3, 3))
-    life = JobLifecycle(cfg, SecondThoughts(), 0.0)
+    life = JobLifecycle(cfg, RelaunchesCollectiveErrors(), 0.0)
     life.start(0.0)
     for node_id in sorted(life.nodes()):
         life.register(node_id, f"agent-{node_id}", f"host-{node_id}", 0.0)
     life.report_failure(0, FailureKind.COMMUNICATION, "NCCL error", 1.0, answered=True)
     assert life.node(0).awaiting_cause is not None
-    life._policy.calls = 2  # type: ignore[attr-defined]
     beat(life, 1.0 + WAIT, 0, 1, 2)
     out = life.tick(1.0 + WAIT)
     charged = next(e for e in out.events if e.kind == "failure_charged")

@@ -258,7 +258,10 @@ class JobLifecycle:
         for node in snap.nodes:
             fresh = attrs.evolve(node, last_heartbeat=now, state_since=now)
             if node.awaiting_cause is not None:  # the wait for a cause starts again, as the timeouts do
-                fresh = attrs.evolve(fresh, awaiting_cause=attrs.evolve(node.awaiting_cause, since=now))
+                waits = node.state is NodeState.RUNNING
+                fresh = attrs.evolve(
+                    fresh, awaiting_cause=attrs.evolve(node.awaiting_cause, since=now) if waits else None
+                )
             self._nodes[node.node_id] = fresh
             if node.spare:
                 continue  # a spare holds no rank
@@ -946,11 +949,13 @@ class JobLifecycle:
             and not agent_exits
             and not self.count(NodeState.SUCCEEDED)
             and self._has_running_peer(node)  # alone, its collectives broke of its own
-            # A node whose budgets would relaunch or remove it now is decided now: restarted while it
-            # waited, it would break its peers' round twice if no cause came.
-            and self._restarts_now(node, awaited := self._awaited(kind, classification, evidence, exit_code, now))
+            # A node with no restart left is decided now: restarted while it waited, it would break its
+            # peers' round twice if no cause came and it were relaunched or removed then.
+            and node.process_restarts < self.restart_budget(node)
         ):
-            return self._await_cause(node, awaited, answered=answered)
+            return self._await_cause(
+                node, self._awaited(kind, classification, evidence, exit_code, now), answered=answered
+            )
         return self._fail(
             node,
             kind,
@@ -1019,52 +1024,6 @@ class JobLifecycle:
         decided = classification.kind if classification is not None else kind
         reason = None if classification is None else classification.reason
         return AwaitedCharge(kind, decided, reason, _clip(evidence), exit_code, now)
-
-    def _restarts_now(self, node: NodeRecord, awaited: AwaitedCharge) -> bool:
-        """Whether charging the failure now would restart the node's processes (every budget is left
-        as it was)."""
-        failures, times = self._job_failures, self._job_failure_times
-        point = self._policy.savepoint() if isinstance(self._policy, StatefulPolicy) else None
-        try:
-            decision = self._charge_of(node, awaited, awaited.since)
-        finally:
-            self._job_failures, self._job_failure_times = failures, times
-            if isinstance(self._policy, StatefulPolicy):
-                self._policy.rollback(point)
-        return decision.action.restarts_processes
-
-    def _charge_of(self, node: NodeRecord, awaited: AwaitedCharge, now: float) -> Decision:
-        """`_charge` of an awaited failure, on the evidence as it was read when it was reported."""
-        classification = None if awaited.reason is None else Classification(awaited.decided, awaited.reason)
-        return self._charge(
-            node,
-            awaited.kind,
-            awaited.evidence,
-            now,
-            awaited.exit_code,
-            observed=False,
-            classification=classification,
-            agent_exits=False,
-        )
-
-    def _count_awaited(self, node: NodeRecord, now: float) -> Outcome:
-        """The node failed again the same way while its first failure waited: the first is its own too.
-        It is charged and its restart, made when it was reported, counted; what it would decide is left
-        to the newer failure, decided next on the budgets as they are then."""
-        awaited = node.awaiting_cause
-        assert awaited is not None
-        self._unexplained_at[node.node_id] = now
-        decision = self._charge_of(node, awaited, now)
-        self._nodes[node.node_id] = attrs.evolve(node, awaiting_cause=None, process_restarts=node.process_restarts + 1)
-        ev = Event(
-            "failure_charged",
-            f"node {node.node_id} (rank {node.rank}) failed again before a cause of its {decision.kind.value} "
-            f"({one_line_summary(awaited.evidence)}) was found: charged, and its restart counted",
-            node.node_id,
-            node.rank,
-            {"kind": decision.kind.value, "reported_kind": awaited.kind.value, "action": "counted"},
-        )
-        return Outcome(events=(ev,), changed_nodes=frozenset({node.node_id}), job_changed=True)
 
     def _own_explains_awaited(self, node: NodeRecord, why: str) -> Outcome:
         """The node's own failure (a crash, its loss, the platform's doing) explains its collective error
@@ -1331,7 +1290,8 @@ class JobLifecycle:
         for node_id in sorted(self._nodes):
             node = self._nodes[node_id]
             awaited = node.awaiting_cause
-            if awaited is not None and not self._has_ended() and now - awaited.since >= wait:
+            running = node.state is NodeState.RUNNING  # `_move` ends the wait of a node that leaves
+            if awaited is not None and running and not self._has_ended() and now - awaited.since >= wait:
                 out = out.merge(self._charge_awaited(node, now)[1])
         return out
 
@@ -1822,8 +1782,11 @@ class JobLifecycle:
             if observed or agent_exits or decided not in PEER_CONSEQUENCE_KINDS:
                 settled = self._own_explains_awaited(node, f"{decided.value}: {one_line_summary(evidence)}")
             else:
-                # A second collective error in a row: both are the node's own.
-                settled = self._count_awaited(node, now)
+                # A second collective error in a row: both are the node's own. The first is charged and
+                # carried out; where that ends the node (or the job), the second is the same trouble.
+                charged, settled = self._charge_awaited(node, now)
+                if self._nodes[node.node_id].state not in ALIVE_STATES or self._job_state.finished:
+                    return charged, settled
             node = self._nodes[node.node_id]
         decision, out = self._fail_once(
             node,
