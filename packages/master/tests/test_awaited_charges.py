@@ -19,9 +19,9 @@ from dlrover.master.states import JobState, NodeState
 WAIT = 40.0  # the default: the 30 s heartbeat timeout and 10 s
 
 
-def make(nodes: int = 3, **kw: object) -> JobLifecycle:
+def make(nodes: int = 3, policy: DefaultFailurePolicy | None = None, **kw: object) -> JobLifecycle:
     cfg = LifecycleConfig(nodes=NodeRange(nodes, nodes), **kw)  # type: ignore[arg-type]
-    life = JobLifecycle(cfg, DefaultFailurePolicy(), 0.0)
+    life = JobLifecycle(cfg, policy or DefaultFailurePolicy(), 0.0)
     life.start(0.0)
     for node_id in sorted(life.nodes()):
         life.register(node_id, f"agent-{node_id}", f"host-{node_id}", 0.0)
@@ -173,11 +173,7 @@ class RelaunchesCollectiveErrors(DefaultFailurePolicy):
 
 
 def test_the_late_charge_carries_out_what_the_policy_decides_then() -> None:
-    cfg = LifecycleConfig(nodes=NodeRange(3, 3))
-    life = JobLifecycle(cfg, RelaunchesCollectiveErrors(), 0.0)
-    life.start(0.0)
-    for node_id in sorted(life.nodes()):
-        life.register(node_id, f"agent-{node_id}", f"host-{node_id}", 0.0)
+    life = make(policy=RelaunchesCollectiveErrors())
     life.report_failure(0, FailureKind.COMMUNICATION, "NCCL error", 1.0, answered=True)
     assert life.node(0).awaiting_cause is not None
     beat(life, 1.0 + WAIT, 0, 1, 2)

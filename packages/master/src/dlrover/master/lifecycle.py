@@ -126,6 +126,23 @@ class Savepoint:
     spare_failure_times: UseTimes = ()
 
 
+def _decided_kind(kind: FailureKind, classification: Classification | None) -> FailureKind:
+    """The kind a failure is decided on: what its evidence was read to show, else what was reported."""
+    return classification.kind if classification is not None else kind
+
+
+def _excused(node: NodeRecord, awaited: AwaitedCharge, because: str, cause: str, cause_node: int | None) -> Event:
+    """The ``failure_excused`` event of `node`'s awaited failure: `because` says why in a clause."""
+    message = (
+        f"the {awaited.decided.value} of node {node.node_id}'s workers ({one_line_summary(awaited.evidence)}) "
+        f"{because}: it counts against no budget"
+    )
+    data: dict[str, object] = {"kind": awaited.decided.value, "cause": cause}
+    if cause_node is not None:
+        data["cause_node"] = cause_node
+    return Event("failure_excused", message, node.node_id, node.rank, data)
+
+
 def _failure_event(
     node: NodeRecord, decision: Decision, kind: FailureKind, evidence: str, *, observed: bool, restarted: bool
 ) -> Event:
@@ -931,7 +948,7 @@ class JobLifecycle:
             return self._lose_spare(node, kind, _clip(evidence), now)
         if node_id in self._planned_round and node.state is NodeState.RUNNING and not agent_exits:
             return self._planned_restart(node, kind, _clip(evidence), answered=answered)
-        decided = classification.kind if classification is not None else kind
+        decided = _decided_kind(kind, classification)
         if (
             left_behind
             and decided in PEER_CONSEQUENCE_KINDS
@@ -953,9 +970,9 @@ class JobLifecycle:
             # peers' round twice if no cause came and it were relaunched or removed then.
             and node.process_restarts < self.restart_budget(node)
         ):
-            return self._await_cause(
-                node, self._awaited(kind, classification, evidence, exit_code, now), answered=answered
-            )
+            reason = None if classification is None else classification.reason
+            awaited = AwaitedCharge(kind, decided, reason, _clip(evidence), exit_code, now)
+            return self._await_cause(node, awaited, answered=answered)
         return self._fail(
             node,
             kind,
@@ -1017,26 +1034,13 @@ class JobLifecycle:
         decision = Decision(ActionKind.RESTART_PROCESSES, decided, str(node.node_id), reason)
         return decision, Outcome(events=(failure_ev, restart_ev), changed_nodes=frozenset({node.node_id}))
 
-    @staticmethod
-    def _awaited(
-        kind: FailureKind, classification: Classification | None, evidence: str, exit_code: int | None, now: float
-    ) -> AwaitedCharge:
-        decided = classification.kind if classification is not None else kind
-        reason = None if classification is None else classification.reason
-        return AwaitedCharge(kind, decided, reason, _clip(evidence), exit_code, now)
-
     def _own_explains_awaited(self, node: NodeRecord, why: str) -> Outcome:
         """The node's own failure (a crash, its loss, the platform's doing) explains its collective error
         that waited: that one is charged to nobody; the new failure is decided on its own."""
         awaited = node.awaiting_cause
         assert awaited is not None
         self._nodes[node.node_id] = attrs.evolve(node, awaiting_cause=None)
-        reason = (
-            f"the {awaited.decided.value} of node {node.node_id}'s workers ({one_line_summary(awaited.evidence)}) "
-            f"came with the node's own failure ({why}): it counts against no budget"
-        )
-        data = {"kind": awaited.decided.value, "cause_node": node.node_id, "cause": why}
-        ev = Event("failure_excused", reason, node.node_id, node.rank, data)
+        ev = _excused(node, awaited, f"came with the node's own failure ({why})", why, node.node_id)
         return Outcome(events=(ev,), changed_nodes=frozenset({node.node_id}))
 
     def _charge_awaited(self, node: NodeRecord, now: float) -> tuple[Decision, Outcome]:
@@ -1069,13 +1073,8 @@ class JobLifecycle:
             if awaited is None or other.node_id == cause.node_id:
                 continue
             self._nodes[other.node_id] = attrs.evolve(other, awaiting_cause=None)
-            reason = (
-                f"the {awaited.decided.value} of node {other.node_id}'s workers "
-                f"({one_line_summary(awaited.evidence)}) is the consequence of node {cause.node_id} "
-                f"(rank {cause.rank}) failing ({why}): it counts against no budget"
-            )
-            data = {"kind": awaited.decided.value, "cause_node": cause.node_id, "cause": why}
-            ev = Event("failure_excused", reason, other.node_id, other.rank, data)
+            because = f"is the consequence of node {cause.node_id} (rank {cause.rank}) failing ({why})"
+            ev = _excused(other, awaited, because, why, cause.node_id)
             out = out.merge(Outcome(events=(ev,), changed_nodes=frozenset({other.node_id})))
         return out
 
@@ -1385,12 +1384,8 @@ class JobLifecycle:
         if awaited is not None:
             # Only a running node waits: one that leaves (a resize, its success, the job's end) is
             # charged nothing more for a failure nobody could yet explain.
-            why = (
-                f"node {node.node_id} is {target.value} ({reason}) before a cause of its {awaited.decided.value} "
-                f"({one_line_summary(awaited.evidence)}) was found: it counts against no budget"
-            )
-            data = {"kind": awaited.decided.value, "cause": reason}
-            events = (Event("failure_excused", why, node.node_id, node.rank, data), ev)
+            because = f"found no cause before the node became {target.value} ({reason})"
+            events = (_excused(node, awaited, because, reason, None), ev)
         return Outcome(events=events, changed_nodes=frozenset({node.node_id}))
 
     def _create_node(
@@ -1778,7 +1773,7 @@ class JobLifecycle:
         failure charged late (`_charge_awaited`): its workers restarted already."""
         settled = Outcome()
         if node.awaiting_cause is not None and not restarted:
-            decided = classification.kind if classification is not None else kind
+            decided = _decided_kind(kind, classification)
             if observed or agent_exits or decided not in PEER_CONSEQUENCE_KINDS:
                 settled = self._own_explains_awaited(node, f"{decided.value}: {one_line_summary(evidence)}")
             else:
@@ -1824,7 +1819,7 @@ class JobLifecycle:
             within = f"in {window.per().removeprefix(' per ')}" if window.seconds is not None else "in the job"
             # No policy decides, but the evidence was read (`classify`): the stop names what it shows,
             # not the agent's report, which is often only "unknown" (an exit code).
-            shown = classification.kind if classification is not None else kind
+            shown = _decided_kind(kind, classification)
             decision = Decision(
                 ActionKind.ABORT_JOB,
                 shown,
