@@ -127,9 +127,9 @@ def _run_parser() -> argparse.ArgumentParser:
         "--peer-cause-wait-s",
         type=float,
         default=None,
-        help="a collective error or hang reported with no cause known restarts the node's workers at once and "
-        "is charged only if no peer's own failure explains it within this many seconds (default: the heartbeat "
-        "timeout + 10); 0 charges it at once",
+        help="a collective error or hang reported with no cause known, by a node with a restart left, restarts the "
+        "node's workers at once and is charged only if no peer's own failure explains it within this many seconds "
+        "(default: the heartbeat timeout + 10); 0 charges it at once",
     )
     p.add_argument(
         "--node-start-timeout-s",

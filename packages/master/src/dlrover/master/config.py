@@ -154,8 +154,9 @@ class LifecycleConfig:
             next spare's start-up (an interpreter and its standbys importing torch) then takes no
             CPU from the round that restores the job where it shares a host with it (the local
             backend; a Kubernetes node with room for several pods). 0: replaced at once.
-        peer_cause_wait_s: how long a collective error or hang reported with no cause known waits
-            for one before it is charged: the node's workers restart at once, and a peer's own
+        peer_cause_wait_s: how long a collective error or hang reported with no cause known, by a
+            node with a restart left, waits for one before it is charged: the node's workers restart
+            at once, and a peer's own
             failure found meanwhile (a node lost at its heartbeat timeout, a crash its agent
             reports) makes it that failure's consequence, charged to nobody. None (the default):
             `heartbeat_timeout_s` + 10 s, so a peer killed outright, agent and all, is found in
