@@ -301,6 +301,31 @@ def test_the_timeline_picture_shows_steps_failures_restarts_resizes_and_checkpoi
     assert {"useful", "failure_detection", "resize", "shutdown"} <= buckets
 
 
+def test_a_failure_that_waited_for_its_cause_is_drawn_apart_from_one_charged_at_once() -> None:
+    waiting = {"charge": "awaiting_cause", "kind": "communication"}
+    events = [
+        ev(0.0, "job_start"),
+        steps_event(5.0, attempt(1, [(1, 2.0, 0.0), (2, 3.0, 0.0)], ready_time=1.0)),
+        ev(4.0, "failure", waiting, node=1),  # node 1's gloo error, its cause not known yet
+        ev(4.1, "process_restart", {"awaiting_cause": True}, node=1),
+        ev(4.2, "failure", waiting, node=2),
+        ev(4.3, "process_restart", {"awaiting_cause": True}, node=2),
+        ev(6.0, "failure", node=0),  # node 0's own failure explains node 1's
+        ev(6.0, "failure_excused", node=1),
+        ev(9.0, "failure_charged", node=2),  # nothing explained node 2's: charged late
+        ev(9.5, "job_end"),
+    ]
+    root = ET.fromstring(render_timeline(events))
+    marks = [(el.get("class"), el.get("fill")) for el in root.iter() if (el.get("class") or "").startswith("failure")]
+    assert marks == [
+        ("failure awaiting", "none"),
+        ("failure awaiting", "none"),
+        ("failure", "#c62828"),
+        ("failure excused", "#9e9e9e"),
+        ("failure", "#c62828"),
+    ]
+
+
 def test_steps_journaled_over_one_interval_stay_within_the_marks_a_replay_reads() -> None:
     from dlrover.master.goodput import MAX_MARKS_PER_REPORT, AttemptReport, StepMark
     from dlrover.master.master import _merge_reports

@@ -162,3 +162,21 @@ def test_leave_dissolves_the_round_and_close_stops_joins(client: RendezvousClien
     client.close_rendezvous()
     assert client.status().closed
     assert not client.join("d").accepted
+
+
+def test_the_status_counts_the_nodes_waiting_for_a_round_not_the_spares(
+    client: RendezvousClient, servicer_and_server: Served, clock: ManualClock
+) -> None:
+    servicer = servicer_and_server[0]
+    with servicer.lock:
+        servicer.manager.set_spares(["s"], clock.now())
+    for node in ("a", "b", "s"):
+        assert client.join(node).accepted
+    clock.advance(5.0)  # the last call ends: round 1 of a and b; the spare waits outside it
+    assert client.poll("a").state is PollState.ASSIGNED
+    assert client.poll("s").spare
+    assert client.status().num_nodes_waiting == 0
+    assert client.num_nodes_waiting("a") == 0
+    client.join("c")  # a node that would grow the round
+    assert client.status().num_nodes_waiting == 1
+    assert client.num_nodes_waiting("a") == 1

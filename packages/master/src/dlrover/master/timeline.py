@@ -4,7 +4,9 @@ resizes and checkpoints, the goodput breakdown as a bar below, and goodput in th
 Drawn from events (the event log read back, or a running master's events): nothing but the
 standard library. Every mark carries a ``class`` naming what it is (``node``, ``train``,
 ``step``, ``failure``, ``restart``, ``resize``, ``checkpoint``, ``bucket``) and a ``<title>``
-that a browser shows on hover.
+that a browser shows on hover. A failure the master let wait for its cause is a hollow dot
+(``failure awaiting``), followed by a filled one where it was charged in the end or a small grey
+one (``failure excused``) where a peer's failure explained it.
 """
 
 from __future__ import annotations
@@ -44,6 +46,14 @@ _COLORS = {
     "in_progress": "#e0e0e0",
 }
 _RESTART_KINDS = frozenset({"process_restart", "consequence_restart", "relaunch"})
+# A failure that waited for its cause ends charged or excused (see the master's lifecycle).
+_CHARGED_EVENT = "failure_charged"
+_EXCUSED_EVENT = "failure_excused"
+
+
+def _awaits_its_cause(event: Mapping[str, Any]) -> bool:
+    data = event.get("data")
+    return isinstance(data, Mapping) and data.get("charge") == "awaiting_cause"
 
 
 def _attr(**values: Any) -> str:
@@ -138,9 +148,17 @@ def _draw_points(c: _Canvas, events: Sequence[Mapping[str, Any]]) -> None:
     for event in events:
         kind, t = event.get("kind"), float(event["wall_time"])
         message = escape(str(event.get("message", "")))
-        if kind == FAILURE_EVENT:
+        if kind == FAILURE_EVENT and _awaits_its_cause(event):
+            # Not charged yet: the workers restarted while the master waits for a peer's failure
+            # that explains it; a later mark says which way it went.
+            dot = _attr(class_="failure awaiting", cx=c.x(t), cy=c.y(event.get("node_id")) + _ROW / 2, r=6)
+            c.add(f'<circle {dot} fill="none" stroke="#c62828" stroke-width="2"><title>{message}</title></circle>')
+        elif kind in (FAILURE_EVENT, _CHARGED_EVENT):
             dot = _attr(class_="failure", cx=c.x(t), cy=c.y(event.get("node_id")) + _ROW / 2, r=6)
             c.add(f'<circle {dot} fill="#c62828"><title>{message}</title></circle>')
+        elif kind == _EXCUSED_EVENT:
+            dot = _attr(class_="failure excused", cx=c.x(t), cy=c.y(event.get("node_id")) + _ROW / 2, r=4)
+            c.add(f'<circle {dot} fill="#9e9e9e"><title>{message}</title></circle>')
         elif kind in _RESTART_KINDS:
             xx, yy = c.x(t), c.y(event.get("node_id"))
             points = f"{xx},{yy + 4} {xx - 5},{yy + _ROW - 4} {xx + 5},{yy + _ROW - 4}"

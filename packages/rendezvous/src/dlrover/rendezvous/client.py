@@ -34,7 +34,8 @@ class RendezvousStatus:
     Attributes:
         closed: whether the rendezvous is closed.
         round: the latest completed round (0 before the first).
-        num_nodes_waiting: nodes waiting for the next round.
+        num_nodes_waiting: nodes waiting for the next round; spares, which no round takes, are
+            not counted.
         min_nodes: the configured minimum.
         max_nodes: the configured maximum.
         reason: what happens next to the waiting nodes, and why.

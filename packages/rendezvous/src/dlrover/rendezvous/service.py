@@ -171,7 +171,7 @@ class RendezvousServicer(pb_grpc.RendezvousServiceServicer):
             return pb.GetStatusResponse(
                 closed=m.closed,
                 round=m.round_number,
-                num_nodes_waiting=len(m.waiting),
+                num_nodes_waiting=len(m.waiting) - len(m.waiting_spares),
                 min_nodes=m.config.min_nodes,
                 max_nodes=m.config.max_nodes,
                 reason=decision.reason,
