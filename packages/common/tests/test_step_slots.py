@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import struct
 import subprocess
 import sys
 import tempfile
@@ -511,4 +512,67 @@ def test_a_restored_process_counts_no_lead_in_its_first_step(tmp_path: Path) -> 
         assert (reading.lead_s, reading.lead_steps) == (pytest.approx(0.2), 1)
     finally:
         writer.close()
+        slots.close()
+
+
+class _DescheduledWriter:
+    """Stands in for the module's `time`: the slot's writer stopped inside its write (odd sequence)
+    and finishes it at the reader's `finish_at`-th sleep (never when 0); the clock moves only by
+    the sleeps."""
+
+    def __init__(self, path: Path, index: int, finish_at: int) -> None:
+        import mmap
+
+        self._file = open(path, "r+b")  # noqa: SIM115 (closed by `close`)
+        self._mm = mmap.mmap(self._file.fileno(), 0)
+        self._off = 64 + index * 128
+        (self._seq,) = struct.unpack_from("<Q", self._mm, self._off)
+        struct.pack_into("<Q", self._mm, self._off, self._seq | 1)
+        self._finish_at = finish_at
+        self.sleeps = 0
+        self.now = 0.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps += 1
+        self.now += seconds
+        if self.sleeps == self._finish_at:
+            struct.pack_into("<Q", self._mm, self._off, self._seq)
+
+    def close(self) -> None:
+        self._mm.close()
+        self._file.close()
+
+
+@pytest.mark.parametrize("finish_at", [1, 7, 0])
+def test_a_reader_waits_a_bounded_while_for_a_writer_descheduled_inside_its_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, finish_at: int
+) -> None:
+    from dlrover.common import step_slots
+
+    slots = StepSlotFile(tmp_path / "steps.slots", 2)
+    worker = StepReporter(slots.path, 1)
+    try:
+        worker.step(5)
+        worker.mark_polling_save_requests()
+        writer = _DescheduledWriter(slots.path, 1, finish_at)
+        monkeypatch.setattr(step_slots, "time", writer)
+        try:
+            reading = slots.read_all().get(1)
+        finally:
+            writer.close()
+        if finish_at:
+            # The write ended while the reader waited: its reading, not "no reading" (the agent
+            # would take a worker that polls save requests for one that does not).
+            assert reading is not None
+            assert (reading.step, reading.polls_save_requests) == (5, True)
+            assert writer.sleeps == finish_at
+        else:
+            # A writer that died inside its write: no reading, after a bounded wait.
+            assert reading is None
+            assert writer.now == pytest.approx(0.02, abs=0.001)
+    finally:
+        worker.close()
         slots.close()

@@ -403,10 +403,12 @@ ROUND_WORKER = textwrap.dedent(
         requested = mode not in ("ignore", "periodic") and ckpt.save_requested()
         if requested and mode == "crash":
             sys.exit(3)  # fails while the agent waits for the save before the round
-        if requested or step == 1 or mode == "periodic":  # else: steps trained and not saved
-            ckpt.save(step, state)
+        # Recorded before the save: once a requested save is sealed the agent may stop this
+        # process at once, before a line written after the save.
         with open(os.path.join(out, "trained"), "a") as f:
             f.write(f"{step} {int(requested)}\\n")
+        if requested or step == 1 or mode == "periodic":  # else: steps trained and not saved
+            ckpt.save(step, state)
         if step == 3:
             open(os.path.join(out, "ready"), "w").close()
         if requested:

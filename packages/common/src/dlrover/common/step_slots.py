@@ -43,7 +43,9 @@ waits in ``backward()``, which is fine; a thread of one's own that reports while
 thread does is not.
 
 The sequence is a seqlock: a writer makes it odd, writes the fields, makes it even again; a reader
-retries while it is odd or changed under it. Sequence 0 means the slot was never written.
+retries while it is odd or changed under it (sleeping between tries after the first hundred, for
+at most 20 ms: a writer may be descheduled inside its write). Sequence 0 means the slot was never
+written.
 
 Writers read-modify-write the slot itself and keep no copy, so several writers in one process (the
 script's own reports, a checkpointer's, a sampler's) never undo each other's fields.
@@ -108,6 +110,11 @@ _TRAIN_CODE = PHASES.index("train")
 _HEADER_SIZE = 64
 _MAX_SLOTS = 4096
 _READ_TRIES = 100
+# A writer descheduled inside its write leaves the sequence odd for a scheduler tick or more (a
+# loaded host runs the training processes on every core), far longer than the tight retries last:
+# the reader then sleeps between tries, for at most this long, before it reports no reading.
+_READ_BACKOFF_S = 0.0005
+_READ_PATIENCE_S = 0.02
 
 
 @attrs.frozen
@@ -172,8 +179,21 @@ def _offset(index: int) -> int:
 
 
 def _read_slot(buf: mmap.mmap, index: int) -> SlotReading | None:
+    consistent, reading = _try_read_slot(buf, index, _READ_TRIES)
+    if consistent:
+        return reading
+    deadline = time.monotonic() + _READ_PATIENCE_S
+    while not consistent and time.monotonic() < deadline:
+        time.sleep(_READ_BACKOFF_S)
+        consistent, reading = _try_read_slot(buf, index, 1)
+    return reading  # None when inconsistent still: its writer died inside a write, or stays descheduled
+
+
+def _try_read_slot(buf: mmap.mmap, index: int, tries: int) -> tuple[bool, SlotReading | None]:
+    """Whether a consistent read of slot `index` came within `tries` tries, and the reading (None
+    when the slot was never written)."""
     off = _offset(index)
-    for _ in range(_READ_TRIES):
+    for _ in range(tries):
         (
             seq,
             step,
@@ -195,13 +215,13 @@ def _read_slot(buf: mmap.mmap, index: int) -> SlotReading | None:
             group,
         ) = _SLOT.unpack_from(buf, off)
         if seq == 0:
-            return None
+            return True, None
         if seq % 2 == 1:
             continue  # a write is under way
         if struct.unpack_from("<Q", buf, off)[0] != seq:
             continue
         phase = PHASES[code] if code < len(PHASES) else PHASES[0]
-        return SlotReading(
+        return True, SlotReading(
             seq,
             step,
             samples,
@@ -219,7 +239,7 @@ def _read_slot(buf: mmap.mmap, index: int) -> SlotReading | None:
             group,
             marks,
         )
-    return None
+    return False, None
 
 
 class StepSlotFile:
