@@ -363,3 +363,33 @@ def test_a_slow_copy_is_said(tmp_path: Path) -> None:
     finally:
         mirror._status = attrs.evolve(mirror.status, running_since=None)
         flash.close()
+
+
+def test_the_end_waits_no_longer_than_the_last_copy_timeout_for_a_copy_that_hangs_on_storage(tmp_path: Path) -> None:
+    """A background pass stuck in storage (a hung NFS mount): the job's end gives up after the last copy's
+    timeout, says so, and keeps memory, which holds the only copy; the pass ends on its own later."""
+    import threading
+
+    flash = _flash(tmp_path, poll_s=0.01, last_copy_timeout_s=0.2)
+    flash.start()
+    save(flash.live_dir, 1)
+    mirror = flash._mirror
+    assert mirror is not None
+    in_pass, storage_back = threading.Event(), threading.Event()
+    sync = mirror.sync
+
+    def hangs(*, final: bool = False) -> object:
+        in_pass.set()
+        storage_back.wait(30)
+        return sync(final=final)
+
+    mirror.sync = hangs  # type: ignore[method-assign]
+    try:
+        assert in_pass.wait(30), "a background pass started"
+        closed = flash.close()
+        assert [e.kind for e in closed] == ["checkpoint_mirror_failed"]
+        assert "did not finish within 0.2 s" in closed[0].message, closed[0].message
+        assert "kept in" in closed[0].message
+        assert flash.memory_dir.exists()
+    finally:
+        storage_back.set()

@@ -19,7 +19,7 @@ from dlrover.master.scheduler import (
     SchedulerBackend,
     SchedulerError,
 )
-from dlrover.master.scheduler.base import REASON_NODE_LOST, REASON_UNSCHEDULABLE
+from dlrover.master.scheduler.base import REASON_DELETED, REASON_NODE_LOST, REASON_UNSCHEDULABLE
 from dlrover.master.scheduler.ray import (
     REASON_ACTOR_DIED,
     REASON_AGENT_START_FAILED,
@@ -390,3 +390,60 @@ def test_a_closed_backend_answers_from_what_it_saw_last_without_the_cluster() ->
     cluster.add_node("c", CPU=1.0)  # no longer read: the connection is gone after close
     assert backend.capacity() == 2
     assert backend.observe()[0].state is ObservedState.STOPPED
+
+
+def test_nodes_a_previous_master_left_are_disruptions_at_once_and_others_are_followed() -> None:
+    cluster = cluster_with("a", "b")
+    backend = backend_on(cluster)
+    backend.launch(spec(5))
+    backend.adopt([3, 4, 5])  # 3 and 4 ran under the previous master; 5 is this backend's own
+    seen = backend.observe()
+    for node_id in (3, 4):
+        assert (seen[node_id].state, seen[node_id].reason, seen[node_id].disruption) == (
+            ObservedState.FAILED,
+            REASON_DELETED,
+            True,
+        )
+        assert "previous master's Ray driver" in seen[node_id].evidence
+    assert seen[5].state is ObservedState.PENDING
+    with pytest.raises(SchedulerError, match="node 3 was already launched"):
+        backend.launch(spec(3))
+    backend.stop(3)  # nothing runs: a no-op
+    assert backend.observe()[3].state is ObservedState.FAILED
+
+
+def test_a_restarted_master_relaunches_the_nodes_its_ray_driver_took_along_without_a_charge(tmp_path: Path) -> None:
+    from dlrover.master import LifecycleConfig, Master, MasterConfig, NodeRange, NodeState
+    from dlrover.master.journal import SqliteJournal
+
+    def master_on(journal: SqliteJournal, cluster: FakeRayCluster, clock: ManualClock) -> Master:
+        config = MasterConfig(
+            job_name="j",
+            lifecycle=LifecycleConfig(nodes=NodeRange(2, 2), node_start_timeout_s=None, max_job_failures=0),
+        )
+        return Master(config, backend_on(cluster, clock), journal, clock)
+
+    clock = ManualClock()
+    journal = SqliteJournal(tmp_path / "master.db")
+    first = master_on(journal, cluster_with("a", "b"), clock)
+    first.start()
+    for node_id in (0, 1):
+        first.register(node_id, f"agent{node_id}", f"h{node_id}")
+    first.flush_state()
+    journal.close()
+    # The master's process ends (and Ray ends the actors it owned); a new one resumes from the journal.
+    journal2 = SqliteJournal(tmp_path / "master.db")
+    cluster2 = cluster_with("a", "b")
+    second = master_on(journal2, cluster2, clock)
+    try:
+        second.tick()
+        for node_id in (0, 1):
+            assert second.node(node_id).state is not NodeState.RUNNING
+        relaunched = sorted(cluster2.agents)
+        assert len(relaunched) == 2, relaunched
+        assert all(second.node(n).rank in (0, 1) for n in relaunched)
+        assert second.status().job_failures == 0
+        kinds = [e.kind for e in second.events(0, 1000)]
+        assert "failure" not in kinds, kinds
+    finally:
+        journal2.close()

@@ -364,15 +364,20 @@ class FlashCheckpoints:
 
     def _last_copy(self, *, final: bool = False) -> tuple[MirrorPass | None, str]:
         """A last pass of the mirror, its background passes stopped: (the pass, "") when it left storage holding
-        what memory holds, else (None, why). The background passes go on after a failure."""
+        what memory holds, else (None, why). The background passes go on after a failure, unless `final` (the
+        job has ended)."""
         assert self._mirror is not None
-        self._mirror.close()
-        done, problem = self._mirror.sync_within(self._last_copy_timeout_s, final=final)
+        timeout_s = self._last_copy_timeout_s
+        deadline = self._clock.now() + timeout_s
+        if self._mirror.close(timeout_s):
+            done, problem = self._mirror.sync_within(max(deadline - self._clock.now(), 0.0), final=final)
+        else:  # a background pass holds the copy (storage hangs): a last pass would only queue behind it
+            done, problem = None, f"a copy under way did not finish within {timeout_s:g} s"
         if done is not None and not done.caught_up:
             problem = "not every state file could be copied: " + "; ".join((*done.behind, *done.skipped))
             done = None
-        if done is None:
-            self._mirror.start()
+        if done is None and not final:
+            self._mirror.start()  # memory stays in use: its copies go on
         return done, problem
 
     def look(self) -> list[PsEvent]:
@@ -428,7 +433,8 @@ class FlashCheckpoints:
         """Stop the mirror and remove the memory directory: renamed first, so a removal cut short is never taken
         for a memory directory (the next start removes the rest)."""
         if self._mirror is not None:
-            self._mirror.close()
+            # Bounded: a pass that hangs on storage must not hold the master; it fails once its source goes.
+            self._mirror.close(self._last_copy_timeout_s)
             self._mirror = None
         if not self._ours:
             self._release_lock()

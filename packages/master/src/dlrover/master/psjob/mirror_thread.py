@@ -126,8 +126,12 @@ class CheckpointMirror:
     def start(self) -> None:
         """Run a pass every `poll_s` in the background until `close()` (the first after `poll_s`)."""
         if self._thread is None:
-            self._stop = threading.Event()  # (a mirror closed before a move to storage that failed runs again)
-            self._thread = threading.Thread(target=self._loop, name="dlrover-checkpoint-mirror", daemon=True)
+            # Each run of passes has its own stop event: a mirror closed before a move to storage that
+            # failed runs again, while a pass of the closed run may still be finishing (see `close`).
+            stop = self._stop = threading.Event()
+            self._thread = threading.Thread(
+                target=self._loop, args=(stop,), name="dlrover-checkpoint-mirror", daemon=True
+            )
             self._thread.start()
 
     def sync(self, *, final: bool = False) -> MirrorPass:
@@ -213,8 +217,8 @@ class CheckpointMirror:
         except OSError:
             return newest, when
 
-    def _loop(self) -> None:
-        while not self._stop.wait(self._poll_s):
+    def _loop(self, stop: threading.Event) -> None:
+        while not stop.wait(self._poll_s):
             try:
                 self.sync()
             except OSError:
@@ -223,9 +227,13 @@ class CheckpointMirror:
                 _log.exception("a checkpoint mirror pass failed")
                 self._set_problem(f"{type(exc).__name__}: {exc}")
 
-    def close(self) -> None:
-        """Stop the background passes (a pass under way finishes first); idempotent."""
+    def close(self, timeout_s: float | None = None) -> bool:
+        """Stop the background passes, waiting at most `timeout_s` (None: as long as it takes) for a pass
+        under way; idempotent. Returns whether they ended: False when a pass outlived the wait (storage
+        that hangs); it ends on its own when that pass does, and no other pass starts."""
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        thread, self._thread = self._thread, None
+        if thread is None:
+            return True
+        thread.join(timeout_s)
+        return not thread.is_alive()

@@ -260,8 +260,9 @@ class HandsOverNodes(Protocol):
 @runtime_checkable
 class AdoptsNodes(Protocol):
     """A backend that a master resuming its job tells which nodes its journal holds alive (the Kubernetes
-    backend), so that a node whose pod vanished while no master watched is reported at once instead of
-    waiting for the heartbeat or start timeout (which would also charge its failure to the job)."""
+    backend; the Ray backend, whose actors end with the master that owned them), so that a node whose pod
+    vanished while no master watched is reported at once instead of waiting for the heartbeat or start
+    timeout (which would also charge its failure to the job)."""
 
     def adopt(self, node_ids: Iterable[int]) -> None:
         """Take over `node_ids`, launched by a previous master: `observe()` reports each from now on, and one

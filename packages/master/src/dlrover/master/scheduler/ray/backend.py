@@ -28,7 +28,7 @@ import contextlib
 import logging
 import socket
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
 import attrs
@@ -38,6 +38,7 @@ from dlrover.common import Clock, ConfigError, SystemClock
 from dlrover.common.auth import TOKEN_ENV_VAR, TOKEN_FILE_ENV_VAR, load_token
 from dlrover.master.scheduler.base import (
     MASTER_ADDR_ENV_VAR,
+    REASON_DELETED,
     REASON_NODE_LOST,
     REASON_UNSCHEDULABLE,
     NodeRejectedError,
@@ -119,6 +120,8 @@ class RayScheduler:
         self._clock = clock or SystemClock()
         self._lock = threading.Lock()
         self._nodes: dict[int, _JobNode] = {}
+        # Nodes a previous master's journal holds alive, whose actors ended with that master (`adopt`).
+        self._adopted_gone: dict[int, ObservedNode] = {}
         self._listeners: list[Callable[[], None]] = []
         self._stoppers: list[threading.Thread] = []
         self._closed = threading.Event()
@@ -283,12 +286,29 @@ class RayScheduler:
         with self._lock:
             if self._closed.is_set():
                 raise SchedulerError("the Ray backend is closed")
-            if spec.node_id in self._nodes:
+            if spec.node_id in self._nodes or spec.node_id in self._adopted_gone:
                 raise SchedulerError(f"node {spec.node_id} was already launched")
             request = actor_request(spec.resources, self._settings.agent_cpus) if spec.resources else self._request
             node = _JobNode(spec, request)
             self._place(node, alive)  # raises SchedulerError: nothing recorded
             self._nodes[spec.node_id] = node
+
+    def adopt(self, node_ids: Iterable[int]) -> None:
+        """Take over the nodes a previous master's journal holds alive (see `AdoptsNodes`): their agents'
+        actors belonged to that master's Ray driver and ended with it (Ray ends an actor whose owner is
+        gone), so each is reported FAILED, `Deleted`, a disruption, at the next `observe()`: relaunched at
+        once without a charge, rather than charged once its heartbeats time out."""
+        with self._lock:
+            for node_id in node_ids:
+                if node_id in self._nodes or node_id in self._adopted_gone:
+                    continue
+                self._adopted_gone[node_id] = ObservedNode(
+                    node_id,
+                    ObservedState.FAILED,
+                    reason=REASON_DELETED,
+                    evidence="its agent's Ray actor belonged to the previous master's Ray driver and ended with it",
+                    disruption=True,
+                )
 
     def stop(self, node_id: int) -> None:
         """Stop the node's agent (SIGTERM, SIGKILL after the grace) and end its actor, in the background."""
@@ -318,7 +338,8 @@ class RayScheduler:
         """Every node launched, as Ray shows it now; waiting launches are placed where room appeared."""
         alive = self._alive()
         with self._lock:
-            return {node_id: self._observe_node(node, alive) for node_id, node in self._nodes.items()}
+            seen = {node_id: self._observe_node(node, alive) for node_id, node in self._nodes.items()}
+            return {**self._adopted_gone, **seen}
 
     def _observe_node(self, node: _JobNode, alive: Mapping[str, RayNode]) -> ObservedNode:
         node_id = node.spec.node_id
