@@ -208,6 +208,11 @@ def test_the_cli_builds_the_job_and_refuses_bad_values(tmp_path: Path) -> None:
     assert (config.spec.ps, config.spec.workers, config.spec.min_workers) == (2, 3, 2)
     assert config.spec.resources[Role.PS].memory_mb == 2048
     assert config.spec.task_start_timeout_s == 600.0
+    assert config.launch_retry.retries == 5
+    retried = ["--launch-retries", "2", "--launch-retry-initial-s", "0.5", "--work-dir", "w", "--", "x"]
+    assert build_config(_parser().parse_args(retried)).launch_retry.retries == 2
+    with pytest.raises(ConfigError, match="launch retries must be a whole number >= 0, got -1"):
+        build_config(_parser().parse_args(["--launch-retries", "-1", "--work-dir", "w", "--", "x"]))
     assert (
         build_config(
             _parser().parse_args(["--task-start-timeout", "0", "--work-dir", "w", "--", "x"])
@@ -478,3 +483,51 @@ def test_checkpoints_go_to_memory_only_where_every_task_shares_it_and_no_server_
     decided, _live = chosen(limited)
     assert decided["in_memory"] is False
     assert "the ps's to 512 MiB" in str(decided["message"])
+
+
+def test_a_launch_the_backend_fails_for_a_while_is_tried_again_and_charges_nothing(tmp_path: Path) -> None:
+    from dlrover.common import ManualClock
+    from dlrover.master import LaunchRetrySettings
+
+    clock = ManualClock()
+    scheduler = FakeScheduler()
+    scheduler.fail_launches = 2  # the API server answers 503 to the first two creates
+    config = PsJobConfig(spec=PsJobSpec(max_relaunches=0), command=("x",), work_dir=str(tmp_path / "job"),
+                         launch_retry=LaunchRetrySettings(retries=3, initial_s=1.0, max_s=4.0))  # fmt: skip
+    with PsJobMaster(config, scheduler=scheduler, clock=clock) as master:
+        assert len(scheduler.specs) == 1, "one of the three tasks got through; two wait"
+        clock.advance(1.0)
+        decision = master.tick()
+        assert decision.outcome is None
+        assert sorted(scheduler.specs) == sorted(scheduler.launch_attempts[-3:]) == [0, 1, 2]
+        events = read_event_log(master.event_log)
+    retries = [e for e in events if e["kind"] == "launch_retry"]
+    assert len(retries) == 2
+    assert "launches are failing" in retries[0]["message"]
+    assert not [e for e in events if e["kind"] in ("task_failed", "launch_failed")]
+
+
+def test_a_launch_that_keeps_failing_is_the_tasks_failure_and_the_job_ends_with_the_reason(tmp_path: Path) -> None:
+    from dlrover.common import ManualClock
+    from dlrover.master import LaunchRetrySettings
+
+    clock = ManualClock()
+    scheduler = FakeScheduler()
+    scheduler.fail_launches = True  # the backend never launches again
+    config = PsJobConfig(spec=PsJobSpec(max_relaunches=1), command=("x",), work_dir=str(tmp_path / "job"),
+                         launch_retry=LaunchRetrySettings(retries=1, initial_s=1.0, max_s=1.0))  # fmt: skip
+    with PsJobMaster(config, scheduler=scheduler, clock=clock) as master:
+        outcome = None
+        for _ in range(50):
+            clock.advance(1.0)
+            outcome = master.tick().outcome
+            if outcome is not None:
+                break
+        events = read_event_log(master.event_log)
+    assert outcome is not None, [e["kind"] for e in events]
+    assert not outcome.succeeded
+    assert outcome.reason.endswith("failed (LaunchFailed) after 1 relaunches"), outcome.reason
+    failed = [e["message"] for e in events if e["kind"] == "launch_failed"]
+    assert failed
+    assert "could not launch it (2 tries): cannot launch node" in failed[0], failed
+    assert scheduler.specs == {}

@@ -53,7 +53,7 @@ from dlrover.master.eventlog import event_to_dict, read_event_log
 from dlrover.master.exits import start_failure
 from dlrover.master.factory import create_master
 from dlrover.master.journal import JournaledEvent
-from dlrover.master.launch_retry import LaunchRetrySettings
+from dlrover.master.launch_retry import add_launch_retry_flags, launch_retry_settings
 from dlrover.master.plan_resume import journaled_plan
 from dlrover.master.profiles import (
     JobPlanChoice,
@@ -82,20 +82,6 @@ _log = logging.getLogger("dlrover.master")
 _DEFAULT_JOB_NAME = "dlrover-job"
 
 EXIT_CODES = {JobState.SUCCEEDED: 0, JobState.FAILED: 1, JobState.STOPPED: 3, JobState.RUNNING: 1}
-
-
-def _add_launch_retry_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--launch-retries",
-        type=int,
-        default=5,
-        help="a launch the backend failed for a passing reason (the API server away) is tried again this many "
-        "times, the node pending and no budget charged, before it counts as the node's failure; 0: at once",
-    )
-    p.add_argument(
-        "--launch-retry-initial-s", type=float, default=2.0, help="the wait before the first launch retry (doubling)"
-    )
-    p.add_argument("--launch-retry-max-s", type=float, default=30.0, help="the longest wait between launch retries")
 
 
 def _run_parser() -> argparse.ArgumentParser:
@@ -144,7 +130,7 @@ def _run_parser() -> argparse.ArgumentParser:
         help="a launched node still not running after this long is announced (event nodes_pending): the job "
         "goes on with the nodes that run; 0 never announces",
     )
-    _add_launch_retry_flags(p)
+    add_launch_retry_flags(p)
     p.add_argument(
         "--capacity",
         default=None,
@@ -690,9 +676,7 @@ def build_config(args: argparse.Namespace) -> MasterConfig:
         ),
         profile_store=resolve_profile_store(args.profile_store),
         job_kind=args.job_kind,
-        launch_retry=LaunchRetrySettings(
-            retries=args.launch_retries, initial_s=args.launch_retry_initial_s, max_s=args.launch_retry_max_s
-        ),
+        launch_retry=launch_retry_settings(args),
     )
 
 

@@ -18,6 +18,7 @@ waits of nodes still pending (`resume`).
 
 from __future__ import annotations
 
+import argparse
 import math
 
 import attrs
@@ -25,7 +26,7 @@ import attrs
 from dlrover.common import ConfigError
 from dlrover.master.backoff import Backoff
 
-__all__ = ["LaunchRetries", "LaunchRetrySettings"]
+__all__ = ["LaunchRetries", "LaunchRetrySettings", "add_launch_retry_flags", "launch_retry_settings"]
 
 
 @attrs.frozen
@@ -50,6 +51,38 @@ class LaunchRetrySettings:
                 raise ConfigError(f"launch retry {name} must be a positive number of seconds, got {value!r}")
         if self.max_s < self.initial_s:
             raise ConfigError(f"launch retry max_s ({self.max_s!r}) must be at least initial_s ({self.initial_s!r})")
+
+
+def add_launch_retry_flags(parser: argparse.ArgumentParser) -> None:
+    """The command-line flags of `LaunchRetrySettings` (`dlrover-master` and `dlrover-master ps-job`)."""
+    defaults = LaunchRetrySettings()
+    parser.add_argument(
+        "--launch-retries",
+        type=int,
+        default=defaults.retries,
+        help="a launch the backend failed for a passing reason (the API server away) is tried again this many "
+        "times, the node pending and no budget charged, before it counts as the node's failure; 0: at once",
+    )
+    parser.add_argument(
+        "--launch-retry-initial-s",
+        type=float,
+        default=defaults.initial_s,
+        help="the wait before the first launch retry (doubling)",
+    )
+    parser.add_argument(
+        "--launch-retry-max-s", type=float, default=defaults.max_s, help="the longest wait between launch retries"
+    )
+
+
+def launch_retry_settings(args: argparse.Namespace) -> LaunchRetrySettings:
+    """The settings `add_launch_retry_flags` parsed.
+
+    Raises:
+        ConfigError: a value out of range, named.
+    """
+    return LaunchRetrySettings(
+        retries=args.launch_retries, initial_s=args.launch_retry_initial_s, max_s=args.launch_retry_max_s
+    )
 
 
 @attrs.define

@@ -38,6 +38,7 @@ import attrs
 from dlrover.autoscale import HotPsConfig, PsPlanConfig, Resources, Role
 from dlrover.common import ConfigError, DLRoverError, configure_logging, find_token, load_token
 from dlrover.master.exits import start_failure
+from dlrover.master.launch_retry import add_launch_retry_flags, launch_retry_settings
 from dlrover.master.profiles import add_profile_flags, resolve_profile_store
 from dlrover.master.psjob.flash import DEFAULT_FLASH_ROOT
 from dlrover.master.psjob.plan import DEFAULT_PS_JOB_NAME, PsPlanChoice, plan_ps_job, ps_signature
@@ -92,6 +93,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=0, help="the master's gRPC port (default: any free one)")
     p.add_argument("--tick-interval", type=float, default=0.2, help="seconds between looks at the tasks")
     p.add_argument("--stop-grace", type=float, default=5.0, help="seconds a stopped task has before SIGKILL")
+    add_launch_retry_flags(p)
     p.add_argument(
         "--task-start-timeout",
         type=float,
@@ -253,6 +255,7 @@ def build_config(
         port=args.port,
         tick_interval_s=args.tick_interval,
         stop_grace_s=args.stop_grace,
+        launch_retry=launch_retry_settings(args),
         checkpoint_dir=args.checkpoint_dir,
         flash_root=None if args.flash_root == "off" else args.flash_root,
         flash_reserve_mb=args.flash_reserve,

@@ -44,6 +44,7 @@ from dlrover.common.orphan_guard import guarded_argv
 from dlrover.common.validators import positive
 from dlrover.master.eventlog import EventLog, read_event_log
 from dlrover.master.journal import JournaledEvent
+from dlrover.master.launch_retry import LaunchRetries, LaunchRetrySettings
 from dlrover.master.profiles import ProfileRecorder, ThroughputBySize
 from dlrover.master.psjob import node as node_main
 from dlrover.master.psjob.core import JobOutcome, PsDecision, PsEvent, PsJobCore, TaskPhase
@@ -61,10 +62,12 @@ from dlrover.master.scheduler.base import (
     REASON_OOM_KILLED,
     BackendUnavailableError,
     NodeMemoryRecords,
+    NodeRejectedError,
     NodeSpec,
     ObservedNode,
     ObservedState,
     SchedulerBackend,
+    SchedulerError,
     check_node_fits,
 )
 from dlrover.master.scheduler.cgroups import CgroupMemoryGroups, detect_memory_groups
@@ -107,6 +110,10 @@ def _argv(value: Iterable[str]) -> tuple[str, ...]:
     return tuple(value)
 
 
+LAUNCH_FAILED_REASON = "LaunchFailed"
+"""Why a task's node failed whose launch the backend kept failing (its retries spent)."""
+
+
 @attrs.frozen
 class PsJobConfig:
     """Everything `PsJobMaster` needs.
@@ -124,6 +131,9 @@ class PsJobConfig:
         tick_interval_s: how often the backend is looked at.
         replacement_poll_s: how often while a task waits for its old node to end before its new one starts.
         stop_grace_s: how long a stopped task has between SIGTERM and SIGKILL.
+        launch_retry: how a launch the backend failed for a passing reason (a plain `SchedulerError`: the API
+            server away) is tried again, the task waiting and nothing charged, before it counts as the task's
+            failure; a launch the platform refuses for good (`NodeRejectedError`) ends the job.
         hot_ps: add a parameter server when one is hot (`dlrover.autoscale.plan_hot_ps`, from the CPU each parameter
             server's process uses against its `--ps-cpu` request); None: never. A plan to give a hot server more
             CPU instead is reported in an event and not carried out (it would restart the server).
@@ -173,6 +183,9 @@ class PsJobConfig:
     tick_interval_s: float = attrs.field(default=0.2, validator=positive)
     replacement_poll_s: float = attrs.field(default=0.05, validator=positive)
     stop_grace_s: float = attrs.field(default=5.0, validator=attrs.validators.ge(0.0))
+    launch_retry: LaunchRetrySettings = attrs.field(
+        factory=LaunchRetrySettings, validator=attrs.validators.instance_of(LaunchRetrySettings)
+    )
     hot_ps: HotPsConfig | None = None
     hot_ps_interval_s: float = attrs.field(default=10.0, validator=positive)
     hot_ps_warmup_s: float = attrs.field(default=60.0, validator=attrs.validators.ge(0.0))
@@ -221,6 +234,7 @@ class PsJobMaster:
         self._config = config
         self._clock = clock or SystemClock()
         self._core = PsJobCore(config.spec)
+        self._init_launches()
         self._work = Path(config.work_dir)
         self._work.mkdir(mode=0o700, parents=True, exist_ok=True)
         # The event log's lock first: a second master on this directory stops there, before it could replace
@@ -272,7 +286,6 @@ class PsJobMaster:
         self._thread: int | None = None
         self._init_measures()
         self._init_status()
-        self._launched: dict[Role, list[Resources]] = {}
         self._checkpoint: CheckpointSizes | None = None
         self._checkpoint_problem = ""
         self._state_growth: str | None = None
@@ -299,6 +312,14 @@ class PsJobMaster:
         return FlashCheckpoints(self._checkpoint_dir, root, config.job_name, clock=self._clock, off_reason=off,
                                 reserve_bytes=config.flash_reserve_mb * _MIB, poll_s=config.mirror_poll_s,
                                 last_copy_timeout_s=config.last_copy_timeout_s)  # fmt: skip
+
+    def _init_launches(self) -> None:
+        # Launches the backend failed for a passing reason, waiting to be sent again (by node id), and the
+        # nodes whose retries ran out, reported to the core as failed to start at every look.
+        self._launch_retries = LaunchRetries(self._config.launch_retry)
+        self._retrying: dict[int, tuple[TaskKey, NodeSpec]] = {}
+        self._start_failures: dict[int, ObservedNode] = {}
+        self._launched: dict[Role, list[Resources]] = {}  # what each role's tasks were launched with
 
     def _init_measures(self) -> None:
         """The standby chief, and what samples the tasks' processes (by the backend's nodes behind the core's)."""
@@ -380,7 +401,8 @@ class PsJobMaster:
 
         Raises:
             RuntimeError: started twice.
-            SchedulerError: the backend refused a task.
+            NodeRejectedError: the platform refuses a task for good (a launch failed for a passing reason is
+                tried again, see `PsJobConfig.launch_retry`).
         """
         if self._started:
             raise RuntimeError("the PS job master was started already")
@@ -458,9 +480,12 @@ class PsJobMaster:
         if self._thread != threading.get_ident():
             raise RuntimeError("PsJobMaster.tick() must run in the thread that called start()")
         now = self._clock.now()
+        self._retry_launches(now)
         observed = self._scheduler.observe()
         if self._standby is not None:
             observed = self._standby.translate(observed, now)
+        if self._start_failures:
+            observed = {**observed, **self._start_failures}
         decision = self._core.observe(self._with_memory_records(observed), now)
         self._apply(decision)
         if self._standby is not None:
@@ -826,12 +851,59 @@ class PsJobMaster:
                 role=launch.task.role,
                 resources=launch.resources,
             )
+            self._launch(launch.task, spec)
+
+    def _launch(self, task: TaskKey, spec: NodeSpec) -> None:
+        """Send a task's launch; one the backend fails for a passing reason waits for a retry (`_retry_launches`)
+        and, its retries spent, is reported to the core as the node's failure to start.
+
+        Raises:
+            NodeRejectedError: the platform refuses the task for good (every launch would be refused alike).
+        """
+        node_id, now = spec.node_id, self._clock.now()
+        standby: int | None = None
+        try:
             if self._standby is None:
                 self._scheduler.launch(spec)
+            else:
+                standby = self._standby.launch(spec, now)
+        except NodeRejectedError:
+            raise
+        except SchedulerError as exc:
+            self._launch_failed(task, spec, exc, now)
+            return
+        self._launch_retries.launched(node_id)
+        self._retrying.pop(node_id, None)
+        if standby is not None:
+            self._promoted(task, node_id, standby)
+
+    def _launch_failed(self, task: TaskKey, spec: NodeSpec, exc: SchedulerError, now: float) -> None:
+        node_id = spec.node_id
+        tries = self._launch_retries.failures(node_id) + 1
+        delay = self._launch_retries.failed(node_id, now, str(exc))
+        if delay is not None:
+            self._retrying[node_id] = (task, spec)
+            self._record([PsEvent("launch_retry", f"the backend could not launch {task} (node {node_id}), try "
+                                  f"{tries}: {exc}; tried again in {delay:.1f} s, nothing charged",
+                                  node_id=node_id, data={"error": str(exc), "delay_s": delay})])  # fmt: skip
+            return
+        self._retrying.pop(node_id, None)
+        evidence = f"the backend could not launch it ({tries} tries): {exc}"
+        self._start_failures[node_id] = ObservedNode(
+            node_id, ObservedState.FAILED, reason=LAUNCH_FAILED_REASON, evidence=evidence
+        )
+        self._record([PsEvent("launch_failed", f"{task} (node {node_id}) could not be launched: {evidence}",
+                              node_id=node_id, data={"error": str(exc)})])  # fmt: skip
+
+    def _retry_launches(self, now: float) -> None:
+        """Send again the launches whose wait is over, for tasks that still wait on those nodes."""
+        for node_id in self._launch_retries.due(now):
+            task, spec = self._retrying[node_id]
+            if self._core.node_of(task) != node_id:  # the task moved on (a stop, a resize): not wanted
+                self._launch_retries.forget(node_id)
+                del self._retrying[node_id]
                 continue
-            standby = self._standby.launch(spec, self._clock.now())
-            if standby is not None:
-                self._promoted(launch.task, launch.node_id, standby)
+            self._launch(task, spec)
 
     def _promoted(self, task: TaskKey, node_id: int, standby: int) -> None:
         """Say so, and let the task's node log be found where the standby writes."""
