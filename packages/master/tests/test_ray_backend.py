@@ -447,3 +447,26 @@ def test_a_restarted_master_relaunches_the_nodes_its_ray_driver_took_along_witho
         assert "failure" not in kinds, kinds
     finally:
         journal2.close()
+
+
+def test_a_loopback_master_places_agents_on_its_own_host_and_a_waiting_node_is_never_charged_for_it() -> None:
+    loopback = {"DLROVER_MASTER_ADDR": "127.0.0.1:5000"}
+    cluster = FakeRayCluster(driver_address="10.0.0.1")
+    cluster.add_node("far", address="10.0.0.2", CPU=1.0)
+    cluster.add_node("near", address="10.0.0.1", CPU=1.0)
+    backend = backend_on(cluster)
+    backend.launch(spec(0, env=loopback))
+    assert backend.placed_host(0) == "near", "the Ray node the master's agents can dial, though 'far' sorts first"
+    # A node waiting for room when room appears only on another host: it waits on, saying why, uncharged.
+    cluster = FakeRayCluster(driver_address="10.0.0.1")
+    cluster.add_node("near", address="10.0.0.1", CPU=1.0)
+    backend = backend_on(cluster)
+    backend.launch(spec(0, env=loopback))
+    running(cluster, 0)
+    backend.launch(spec(1, env=loopback))
+    assert backend.placed_host(1) == ""
+    cluster.add_node("far", address="10.0.0.2", CPU=1.0)
+    waiting = backend.observe()[1]
+    assert (waiting.state, waiting.reason) == (ObservedState.PENDING, REASON_UNSCHEDULABLE)
+    assert "cannot dial: start the master with --bind-address 0.0.0.0" in waiting.evidence, waiting.evidence
+    assert 1 not in cluster.agents

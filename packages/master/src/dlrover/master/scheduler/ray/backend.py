@@ -246,14 +246,22 @@ class RayScheduler:
             "--ray-master-address"
         )
 
-    def _place(self, node: _JobNode, alive: Mapping[str, RayNode]) -> str | None:
+    def _place(self, node: _JobNode, alive: Mapping[str, RayNode], *, launching: bool = False) -> str | None:
         """Start `node`'s actor on a Ray node that can take it (lock held); None: the reason none can.
 
+        A Ray node whose agent could not dial the master (a master on loopback, the Ray node on another host)
+        cannot take it. When that is all there is room on: `launching` (the master's launch) refuses the node
+        for good, since the master's address is the same at every try; a node already waiting for room stays
+        pending with that reason, which the pending timeout acts on.
+
         Raises:
+            NodeRejectedError: `launching`, and only Ray nodes the agent could not dial the master from fit.
             SchedulerError: the actor cannot be started there (nothing is recorded).
         """
         busy = self._busy_ray_nodes()
         avoided = too_small = 0
+        unreachable = ""
+        env: dict[str, str] | None = None
         for ray_id in sorted(alive):
             if ray_id in node.spec.avoid_hosts:
                 avoided += 1
@@ -262,23 +270,26 @@ class RayScheduler:
             elif not _fits(alive[ray_id], node.request):
                 too_small += 1
             else:
+                env = self._agent_env(node.spec) if env is None else env
+                why = self._unreachable_master(env, alive[ray_id])
+                if why:
+                    unreachable = unreachable or why
+                    continue
                 log_dir = self._settings.log_dir
                 log_path = str(Path(log_dir) / f"node-{node.spec.node_id}.log") if log_dir else None
-                env = self._agent_env(node.spec)
-                unreachable = self._unreachable_master(env, alive[ray_id])
-                if unreachable:
-                    # The master's address is the same at every try: a launch no retry can make.
-                    raise NodeRejectedError(unreachable)
                 self._cluster.start_agent(
                     AgentLaunch(node.spec.node_id, ray_id, node.request, self._command, env, log_path)
                 )
                 node.ray_node = ray_id
                 _log.info("node %d: agent actor placed on Ray node %s", node.spec.node_id, ray_id)
                 return None
-        return (
+        if unreachable and launching:
+            raise NodeRejectedError(unreachable)
+        reason = (
             f"no Ray node can take node {node.spec.node_id} ({_describe(node.request)}): {len(alive)} alive, "
             f"{len(busy)} hold this job's agents, {avoided} avoided, {too_small} too small"
         )
+        return f"{reason}; and {unreachable}" if unreachable else reason
 
     def launch(self, spec: NodeSpec) -> None:
         """Place the node's agent actor on a free Ray node, or have it wait for one (pending)."""
@@ -290,7 +301,7 @@ class RayScheduler:
                 raise SchedulerError(f"node {spec.node_id} was already launched")
             request = actor_request(spec.resources, self._settings.agent_cpus) if spec.resources else self._request
             node = _JobNode(spec, request)
-            self._place(node, alive)  # raises SchedulerError: nothing recorded
+            self._place(node, alive, launching=True)  # raises SchedulerError: nothing recorded
             self._nodes[spec.node_id] = node
 
     def adopt(self, node_ids: Iterable[int]) -> None:
