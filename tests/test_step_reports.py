@@ -96,10 +96,12 @@ SYNCHRONOUS_SLOWDOWN = textwrap.dedent(
         model(torch.ones(4, 8)).sum().backward()
         optimizer.step()
         reporter.step(step, samples=4)
-    # The DDP model (its reducer holds the process group and the comm hook) goes first. A CI run
-    # saw rank 1 abort at exit once ("terminate called without an active exception", no Python
-    # frame) with the group destroyed under a live reducer; releasing the reducer first is the
-    # order torch's own DDP examples keep.
+    # The DDP model (its reducer holds the process group and the comm hook) goes first, the order
+    # torch's own DDP examples keep. CI saw a rank abort at exit ("terminate called without an
+    # active exception", status 134) twice: a gloo worker thread released a finished all-reduce's
+    # tensors while the interpreter finalized (gdb: ~AsyncWork -> decref -> take_gil ->
+    # pthread_exit). The standby runner dlrover-run starts this script from collects the cycles
+    # that keep the group alive before the teardown (see dlrover.launcher._standby).
     del optimizer, model
     dist.destroy_process_group()
     """

@@ -633,6 +633,37 @@ def test_a_failed_worker_ends_after_its_exit_handlers_and_flushed_files_without_
     assert results["teardown"] == results["fresh"]
 
 
+SUCCEEDS_WITH_A_CYCLE = """
+import os, pathlib, sys
+out = pathlib.Path(os.environ["OUT_DIR"])
+class InACycle:
+    def __del__(self):
+        (out / "collected").write_text("while finalizing" if sys.is_finalizing() else "before teardown")
+a, b = InACycle(), InACycle()
+a.peer, b.peer = b, a
+del a, b
+"""
+
+
+def test_a_worker_that_ends_well_has_its_cyclic_garbage_collected_before_the_interpreters_teardown(
+    workdir: Path, tmp_path: Path
+) -> None:
+    # Where a destroyed gloo process group is freed (see _FailedExit): not by a finalizing interpreter.
+    script = workdir / "succeeds_with_a_cycle.py"
+    script.write_text(SUCCEEDS_WITH_A_CYCLE)
+    program = (PY, "-u", str(script))
+    env = _env(workdir, tmp_path / "unused.json", OUT_DIR=str(tmp_path))
+    pool = StandbyPool(program, ["prewarm_marker"], env, size=1)
+    try:
+        pool.fill()
+        ended = _run_to_exit(WorkerSpec(local_rank=0, argv=program, env=env), pool)
+    finally:
+        pool.close()
+    assert pool.taken == 1
+    assert ended.exit_code == 0, ended.stderr_tail
+    assert (tmp_path / "collected").read_text() == "before teardown"
+
+
 def test_the_pool_knows_when_its_standbys_are_warm(workdir: Path, tmp_path: Path) -> None:
     # An import that lasts until the test lets it finish, and one that fails.
     (workdir / "slow_import.py").write_text(

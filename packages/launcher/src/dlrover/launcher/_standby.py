@@ -24,7 +24,10 @@ takes half a second here, seconds with CUDA, and the restart of every worker of 
 failed one to exit. Left out: finalizers of objects still alive at the end (``__del__``, so a gzip,
 zip or tar writer the program left open gets its data flushed but no trailer or directory), and
 exit handlers registered before this runner started (by a ``sitecustomize`` or ``.pth`` file).
-``DLROVER_FAILED_WORKER_TEARDOWN=1`` in ``dlrover-run``'s environment keeps the full teardown.
+``DLROVER_FAILED_WORKER_TEARDOWN=1`` in ``dlrover-run``'s environment keeps the full teardown. A
+program that ends well gets the full teardown, after one collection of its cyclic garbage once its
+exit handlers ran (while the interpreter is whole): torch's gloo worker threads would otherwise abort
+the process now and then when a process group the program destroyed is freed during teardown.
 
 `dlrover-run` uses standbys by default (``--prewarm torch,dlrover.flashckpt.checkpointer``). What could
 differ from a fresh start is that `MODULES` were imported before the worker's own environment was
@@ -465,13 +468,25 @@ interpreter does (for programs that rely on finalizers at exit, see the module).
 
 class _FailedExit:
     """The last exit handler: once the program failed (`status` set), it flushes what the
-    interpreter's teardown would have flushed and ends the process with `status` (see the module)."""
+    interpreter's teardown would have flushed and ends the process with `status` (see the module).
+    A program that ended well has its cyclic garbage collected there, while the interpreter still
+    runs, and then the interpreter ends as usual."""
 
     def __init__(self) -> None:
         self.status: int | None = None
 
     def __call__(self) -> None:
-        if self.status is None or os.environ.get(FAILED_TEARDOWN_ENV_VAR) == "1":
+        if self.status is None:
+            # Torch's gloo backend releases a finished collective's tensors on its own worker
+            # threads; one that does so while the interpreter finalizes takes the GIL of a dying
+            # interpreter, and the process aborts ("terminate called without an active exception",
+            # status 134) after the program succeeded: about one exit in ten of a two-rank DDP job
+            # on a loaded host. A process group the program destroyed, and a DDP model it released
+            # (its reducer holds the group through reference cycles), go here instead: the group's
+            # destructor joins those threads while the interpreter is whole.
+            gc.collect()
+            return
+        if os.environ.get(FAILED_TEARDOWN_ENV_VAR) == "1":
             return
         try:
             _flush_open_files()
