@@ -149,6 +149,29 @@ def test_exactly_once_redispatches_only_the_unacknowledged_remainder() -> None:
     assert again.remaining_samples() == s.sample_order()[3:]
 
 
+def test_exactly_once_a_shard_whose_every_sample_was_acknowledged_is_done_when_its_lease_ends() -> None:
+    # The worker reported progress up to the shard's size and died before its done report: dispatched
+    # again, the shard would yield nothing and wait out a lease per attempt into the failed set.
+    clock = ManualClock()
+    m = ShardManager(_spec(8, delivery=DeliveryMode.EXACTLY_ONCE), clock)
+    first, second = m.fetch("w", 2).shards
+    m.report_progress("w", first.shard_id, first.size)
+    m.remove_worker("w", "killed")
+    status = m.status()
+    assert (status.done, status.failed) == (1, 0)
+    again = m.fetch("v", 4).shards
+    assert [x.shard_id for x in again] == [second.shard_id], "only the shard with samples left comes back"
+    # The same through an expired lease and through a failure report that acknowledged everything.
+    m.report_progress("v", second.shard_id, second.size)
+    clock.advance(3600.0)
+    assert m.expire_leases() == [second.shard_id]
+    assert m.status().finished
+    at_least = ShardManager(_spec(4, delivery=DeliveryMode.AT_LEAST_ONCE), ManualClock())
+    shard = at_least.fetch("w").shards[0]
+    at_least.report_failure("w", shard.shard_id, "crash", consumed=shard.size)
+    assert at_least.fetch("v").shards[0].shard_id == shard.shard_id, "at-least-once trains it again"
+
+
 def test_at_most_once_never_redispatches_and_keeps_the_loss_visible() -> None:
     m = ShardManager(_spec(8, delivery=DeliveryMode.AT_MOST_ONCE), ManualClock())
     s = m.fetch("w").shards[0]

@@ -180,6 +180,10 @@ class ShardMachine(RuleBasedStateMachine):
         self._position_changed()
         del self.holder[sid]
         del self.deadline[sid]
+        lo, hi = self._bounds(sid)
+        if self.spec.delivery is DeliveryMode.EXACTLY_ONCE and self.acked[sid] >= hi - lo:
+            self.state[sid] = "done"  # every sample acknowledged: nothing is left to dispatch
+            return
         self.failures[sid] += 1
         if self.spec.delivery is DeliveryMode.AT_MOST_ONCE or self.failures[sid] >= self.spec.max_attempts:  # type: ignore[operator]
             self.state[sid] = "failed"

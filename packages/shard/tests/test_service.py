@@ -247,6 +247,38 @@ def test_a_finished_client_fetches_again_after_a_restore(shard_server: Any, toke
         assert again is not None
 
 
+def test_shards_a_prefetch_leased_before_a_restore_are_never_handed_out(shard_server: Any, token: str) -> None:
+    # The prefetch thread's fetch is served, then the trainer restores a data position (dropping every
+    # lease) before that fetch's answer lands: its shards must not reach the training loop.
+    server, _ = shard_server
+    with _client(server, token) as c:
+        c.register(_spec(n=8, delivery=DeliveryMode.EXACTLY_ONCE))
+        doc = c.checkpoint()
+        fetch, served, answer = c.fetch, threading.Event(), threading.Event()
+        stale: list[int] = []
+
+        def held_back(count: int | None = None) -> Any:
+            res = fetch(count)
+            if not stale:
+                stale.extend(s.shard_id for s in res.shards)
+                served.set()
+                answer.wait(30)
+            return res
+
+        c.fetch = held_back  # type: ignore[method-assign]
+        got: list[Any] = []
+        taker = threading.Thread(target=lambda: got.append(c.next_shard(timeout_s=30)))
+        taker.start()
+        assert served.wait(30), "the prefetch thread fetched"
+        c.restore(doc)  # every lease dropped, the shards queued again
+        answer.set()
+        taker.join(30)
+        assert got
+        assert got[0] is not None
+        assert stale, "the held-back fetch leased shards"
+        c.report_done(got[0].shard_id)  # leased to this worker under the restored position
+
+
 def test_client_config_rejects_bad_values() -> None:
     from dlrover.common import ConfigError
 

@@ -120,6 +120,10 @@ class ShardClient:
         self._stub: Any = shard_pb2_grpc.ShardServiceStub(self._channel)  # type: ignore[no-untyped-call]
         self._cond = threading.Condition()
         self._buffer: deque[Shard] = deque()
+        # Grows with every restore or discard of the buffer: a fetch the prefetch thread sent before one
+        # may have been served before it (its leases dropped by it) or after it (leases of the restored
+        # state), so its shards are checked before they are handed out.
+        self._buffer_generation = 0
         # When shards leased ahead by `checkpoint(lease_next=True)` were leased: an on-demand client
         # has no thread renewing them, so one kept past `renew_interval_s` is renewed when taken.
         self._leased_at: dict[int, float] = {}
@@ -331,6 +335,7 @@ class ShardClient:
             self._buffer.clear()
             self._leased_at.clear()
             self._finished = False
+            self._buffer_generation += 1
             self._cond.notify_all()  # a prefetch thread refills now, not at its next renewal
         return count
 
@@ -342,6 +347,7 @@ class ShardClient:
             self._buffer.clear()  # their leases were dropped by the restore
             self._leased_at.clear()
             self._finished = False
+            self._buffer_generation += 1
         return RestoreResult(res.dataset, res.returned_to_queue, res.reason)
 
     def status(self) -> DatasetStatus:
@@ -448,16 +454,23 @@ class ShardClient:
                 with self._cond:
                     want = self._config.prefetch_shards - len(self._buffer)
                     finished = self._finished
+                    generation = self._buffer_generation
                 if self._clock.now() - last_renew >= self._config.renew_interval_s:
                     self._renew_buffered()
                     last_renew = self._clock.now()
                 if want > 0 and not finished:
                     res = self.fetch(min(want, max(self._config.fetch_count, 1)))
                     with self._cond:
-                        self._buffer.extend(res.shards)
-                        self._finished = res.finished and not res.shards
+                        current = generation == self._buffer_generation
+                    # A restore or discard came while the fetch was out: keep only the shards still
+                    # leased to this worker (leased after the restore, not dropped by it).
+                    shards = res.shards if current else [s for s in res.shards if self._renew_lease(s)]
+                    with self._cond:
+                        self._buffer.extend(shards)
+                        if current:
+                            self._finished = res.finished and not res.shards
                         self._cond.notify_all()
-                    if res.shards:
+                    if res.shards or not current:
                         continue
                     if res.finished:
                         return

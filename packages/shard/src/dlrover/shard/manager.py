@@ -774,10 +774,15 @@ class ShardManager:
         self._unlease(lease)
         self._position_version += 1
         parked = lease.parked
+        sid = parked.shard_id
+        if self._spec.delivery is DeliveryMode.EXACTLY_ONCE and parked.consumed >= parked.size:
+            # Every unit was acknowledged and only the done report is missing (its worker died between
+            # the two): dispatched again it would yield nothing, and wait out a lease per attempt.
+            self._mark_done(parked)
+            return f"shard {sid} done: every unit was acknowledged before its lease ended ({reason})"
         parked.failures += 1
         parked.reasons.append(reason)
         del parked.reasons[:-MAX_REASONS_KEPT]
-        sid = parked.shard_id
         if self._spec.delivery is DeliveryMode.AT_MOST_ONCE:
             self._mark_failed(parked, "at-most-once: a shard is never dispatched twice")
             return f"shard {sid} moved to the failed set ({reason}); at-most-once never dispatches it again"
