@@ -188,6 +188,27 @@ def test_shm_and_checkpoint_mounts_replace_the_templates() -> None:
     assert "data" in volumes
 
 
+def test_a_templates_own_checkpoint_mount_is_kept_when_the_job_names_no_checkpoint_volume() -> None:
+    # The user mounts their own claim at /checkpoints and leaves spec.checkpoint out: dropping the mount
+    # would leave the volume unmounted and every checkpoint on the container's disk, lost at a relaunch.
+    template = {
+        "spec": {
+            "containers": [
+                {"name": "main", "volumeMounts": [{"name": "mine", "mountPath": "/checkpoints"}]},
+            ],
+            "volumes": [{"name": "mine", "persistentVolumeClaim": {"claimName": "user-claim"}}],
+        }
+    }
+    pod = worker_pod(spec(), SETTINGS, WorkerTemplate(template, job_uid="uid-1"))
+    mounts = {m["mountPath"]: m["name"] for m in main(pod)["volumeMounts"]}
+    assert mounts == {"/dev/shm": "dlrover-shm", "/checkpoints": "mine"}
+    assert {v["name"] for v in pod["spec"]["volumes"]} == {"mine", "dlrover-shm"}
+    # Naming one, the job's volume takes the path.
+    named = WorkerTemplate(template, job_uid="uid-1", checkpoint_volume={"persistentVolumeClaim": {"claimName": "ck"}})
+    mounts = {m["mountPath"]: m["name"] for m in main(worker_pod(spec(), SETTINGS, named))["volumeMounts"]}
+    assert mounts["/checkpoints"] == "dlrover-checkpoints"
+
+
 def test_the_agent_publishes_its_pod_ip_unless_the_template_says_otherwise() -> None:
     env = env_of(worker_pod(spec(), SETTINGS, WORKER))
     assert env["PET_LOCAL_ADDR"] == {"fieldRef": {"fieldPath": "status.podIP"}}
@@ -365,6 +386,33 @@ def test_a_pod_deleted_by_someone_else_is_a_disruption() -> None:
     # One that had already ended keeps how it ended.
     ended = observe_deleted_pod(7, pod("Failed", containerStatuses=terminated("OOMKilled", 137)), stop_requested=False)
     assert (ended.reason, ended.disruption) == ("OOMKilled", False)
+
+
+def test_a_pod_that_failed_because_someone_else_deletes_it_is_a_disruption() -> None:
+    # `kubectl delete pod` with a grace period: the kubelet stops the container, reports phase Failed
+    # (exit 143, reason Error) while the object is still there, with no condition saying why.
+    def deleting(finished_at: str | None) -> dict[str, Any]:
+        state: dict[str, Any] = {"reason": "Error", "exitCode": 143}
+        if finished_at is not None:
+            state["finishedAt"] = finished_at
+        seen = pod("Failed", containerStatuses=[{"name": "main", "state": {"terminated": state}}])
+        seen["metadata"].update(deletionTimestamp="2026-12-03T10:00:30Z", deletionGracePeriodSeconds=30)
+        return seen
+
+    for finished_at in ("2026-12-03T10:00:02Z", None):  # after the deletion was asked for (10:00:00), or unsaid
+        seen = observe_pod(7, deleting(finished_at))
+        assert (seen.state, seen.exit_code, seen.reason, seen.disruption) == (
+            ObservedState.FAILED,
+            143,
+            "Deleted",
+            True,
+        )
+        gone = observe_deleted_pod(7, deleting(finished_at), stop_requested=False)
+        assert (gone.reason, gone.disruption) == ("Deleted", True)
+    # A container that had failed on its own before anyone deleted the pod is charged as it failed.
+    own = observe_pod(7, deleting("2026-12-03T09:59:00Z"))
+    assert (own.reason, own.disruption) == ("Error", False)
+    assert observe_pod(7, pod("Failed", containerStatuses=terminated("Error", 3))).disruption is False
 
 
 # ---------------------------------------------------------------- a parameter-server job's tasks

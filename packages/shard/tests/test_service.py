@@ -529,3 +529,44 @@ def test_a_shard_leased_ahead_is_renewed_before_use_or_fetched_again_once_its_le
         assert again is not None
         assert c.report_done(again.shard_id).changed, "a shard whose lease ended is leased again, not trained blind"
         assert c.status().doing == 0
+
+
+@pytest.mark.parametrize("prefetch", [1, 0])
+def test_a_shard_in_use_keeps_its_lease_through_a_pause_longer_than_the_lease(token: str, prefetch: int) -> None:
+    # An evaluation between two commits outlasts the lease: without a renewal the shard would go back to
+    # the queue, another worker would train its rest too, and this worker's next commit would be refused.
+    from dlrover.common import GrpcServer, ManualClock, ServerConfig
+    from dlrover.shard import ShardRegistry
+
+    clock = ManualClock()
+    registry = ShardRegistry(clock)
+    server = GrpcServer(ServerConfig(), token)
+    add_shard_service(server, registry)
+    server.start()
+    config = ShardClientConfig(retry=FAST.retry, prefetch_shards=prefetch, renew_interval_s=0.2)
+    try:
+        with ShardClient(server.address, token, "ds", "w", config=config, clock=clock) as c:
+            c.register(_spec(n=8, delivery=DeliveryMode.EXACTLY_ONCE, lease_timeout_s=60.0))
+            shard = c.next_shard(timeout_s=30)
+            assert shard is not None
+            c.report_progress(shard.shard_id, 2)
+            renew, renewed = c._renew_lease, threading.Event()
+
+            def counted(s: Any) -> bool:
+                held = renew(s)
+                if s.shard_id == shard.shard_id:
+                    renewed.set()
+                return held
+
+            c._renew_lease = counted  # type: ignore[method-assign]
+            for _ in range(3):  # 135 s without a report of its own, against a 60 s lease
+                renewed.clear()
+                clock.advance(45.0)
+                assert renewed.wait(30), "the keep-alive renewed the idle shard's lease"
+            with ShardClient(server.address, token, "ds", "v", config=FAST) as other:
+                taken = [s.shard_id for s in other.fetch(4).shards]
+                assert shard.shard_id not in taken, "the shard in use stayed leased"
+            assert c.report_progress(shard.shard_id, 4).changed
+            c.report_done(shard.shard_id)
+    finally:
+        server.stop(0)

@@ -70,8 +70,10 @@ class ShardClientConfig:
         prefetch_shards: shards kept leased ahead in a background thread; 0 fetches on demand.
             Buffered shards are leased, so keep this small.
         poll_interval_s: wait before asking again when no shard is available yet.
-        renew_interval_s: how often the prefetch thread renews the leases of buffered shards;
-            keep it well under the lease timeout.
+        renew_interval_s: how often the prefetch thread renews the leases of buffered shards, and
+            the longest a shard handed out (in use) goes without a report before a background
+            thread renews its lease (an evaluation or a save between two commits); keep it well
+            under the lease timeout.
         queue_reports: queue a report the master cannot take now and deliver it in the
             background (in order), instead of waiting for the master in the caller's thread.
     """
@@ -131,6 +133,11 @@ class ShardClient:
         self._error: BaseException | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        # Shards handed out and not yet reported done or failed, with when their lease was last
+        # renewed (a report or a renewal): the keep-alive thread renews one left idle too long, so a
+        # pause between commits longer than the lease does not give the shard to another worker.
+        self._in_use: dict[int, tuple[Shard, float]] = {}
+        self._keepalive: threading.Thread | None = None
         self._closed = False
         # Request ids: one random prefix per client and a counter, unique without a syscall per call.
         self._id_prefix = uuid.uuid4().hex[:16]
@@ -219,14 +226,18 @@ class ShardClient:
             RpcError: a call failed for good (also when the prefetch thread's call did).
         """
         if self._config.prefetch_shards == 0:
-            return self._next_on_demand(timeout_s)
+            shard = self._next_on_demand(timeout_s)
+            if shard is None:
+                return None
+            with self._cond:
+                return self._hand_out(shard)
         self._start_prefetch()
         with self._cond:
             ok = self._cond.wait_for(lambda: self._buffer or self._finished or self._error is not None, timeout_s)
             if self._buffer:
                 shard = self._buffer.popleft()
                 self._cond.notify_all()
-                return shard
+                return self._hand_out(shard)
             if self._error is not None:
                 raise self._error
             if self._finished:
@@ -248,6 +259,7 @@ class ShardClient:
             consumed=consumed,
             request_id=self._request_id(),
         )
+        self._renewed(shard_id)
         return self._report(self._stub.ReportProgress, req, f"progress {consumed} of shard {shard_id}")
 
     def report_done(self, shard_id: int) -> ReportResult:
@@ -255,6 +267,7 @@ class ShardClient:
         req = pb.ReportDoneRequest(
             dataset=self._dataset, worker=self._worker, shard_id=shard_id, request_id=self._request_id()
         )
+        self._put_down(shard_id)
         return self._report(self._stub.ReportDone, req, f"done of shard {shard_id}")
 
     def report_failure(self, shard_id: int, reason: str, consumed: int | None = None) -> ReportResult:
@@ -267,6 +280,7 @@ class ShardClient:
         )
         if consumed is not None:
             req.consumed = consumed
+        self._put_down(shard_id)
         return self._report(self._stub.ReportFailure, req, f"failure of shard {shard_id}")
 
     def flush_reports(self, timeout_s: float | None = None) -> bool:
@@ -334,6 +348,7 @@ class ShardClient:
             count = len(self._buffer)
             self._buffer.clear()
             self._leased_at.clear()
+            self._in_use.clear()  # their leases went with the restore too
             self._finished = False
             self._buffer_generation += 1
             self._cond.notify_all()  # a prefetch thread refills now, not at its next renewal
@@ -346,6 +361,7 @@ class ShardClient:
         with self._cond:
             self._buffer.clear()  # their leases were dropped by the restore
             self._leased_at.clear()
+            self._in_use.clear()
             self._finished = False
             self._buffer_generation += 1
         return RestoreResult(res.dataset, res.returned_to_queue, res.reason)
@@ -371,6 +387,8 @@ class ShardClient:
             self._cond.notify_all()
         if self._thread is not None:
             self._thread.join()
+        if self._keepalive is not None:
+            self._keepalive.join()
         self._deliver_at_exit()
         if return_buffered:
             for shard in list(self._buffer):
@@ -438,6 +456,46 @@ class ShardClient:
                 return False
             raise
         return True
+
+    def _hand_out(self, shard: Shard) -> Shard:
+        """Record `shard` as in use (lock held) and see that its lease is kept alive; returns it."""
+        self._in_use[shard.shard_id] = (shard, self._clock.now())
+        if self._keepalive is None and not self._closed:
+            self._keepalive = threading.Thread(
+                target=self._keepalive_loop, name=f"shard-keepalive-{self._worker}", daemon=True
+            )
+            self._keepalive.start()
+        return shard
+
+    def _renewed(self, shard_id: int) -> None:
+        with self._cond:
+            held = self._in_use.get(shard_id)
+            if held is not None:
+                self._in_use[shard_id] = (held[0], self._clock.now())
+
+    def _put_down(self, shard_id: int) -> None:
+        with self._cond:
+            self._in_use.pop(shard_id, None)
+
+    def _keepalive_loop(self) -> None:
+        interval = self._config.renew_interval_s
+        while not self._stop.wait(interval / 2):
+            now = self._clock.now()
+            with self._cond:
+                idle = [shard for shard, last in self._in_use.values() if now - last >= interval]
+            for shard in idle:
+                try:
+                    # At the position it was handed out at: positions only move forward, so this
+                    # acknowledges nothing and only renews the lease.
+                    held = self._renew_lease(shard)
+                except Exception as exc:  # the master away past the retries: the next pass tries again
+                    _log.warning("could not renew the lease of shard %d in use: %s", shard.shard_id, exc)
+                    continue
+                if held:
+                    self._renewed(shard.shard_id)
+                else:
+                    _log.warning("shard %d in use lost its lease (expired, or restored away)", shard.shard_id)
+                    self._put_down(shard.shard_id)
 
     def _start_prefetch(self) -> None:
         # A thread that ended at the end of the data is started again after a restore.

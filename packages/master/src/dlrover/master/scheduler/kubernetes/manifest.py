@@ -275,14 +275,19 @@ def _name_tf_task(pod_spec: dict[str, Any], container: dict[str, Any], spec: Nod
 
 def _add_volumes(pod_spec: dict[str, Any], container: dict[str, Any], shm_mb: int, settings: KubernetesSettings,
                  worker: WorkerTemplate) -> None:  # fmt: skip
-    """`/dev/shm` (not for TensorFlow's tasks), the checkpoint volume and the master's CA, replacing the
-    template's volumes and mounts of those names and paths."""
-    ours = (SHM_VOLUME, CHECKPOINT_VOLUME, MASTER_TLS_VOLUME)
+    """`/dev/shm` (not for TensorFlow's tasks), the checkpoint volume (when the job names one) and the
+    master's CA (with TLS), each replacing the template's volume and mount of that name and path; the
+    template's own mounts elsewhere, and at a path nothing of ours takes (its own volume at
+    `/checkpoints` in a job that names none), are kept."""
+    added = [
+        *(() if settings.tf_tasks else ((SHM_VOLUME, SHM_MOUNT),)),
+        *(((CHECKPOINT_VOLUME, CHECKPOINT_MOUNT),) if worker.checkpoint_volume is not None else ()),
+        *(((MASTER_TLS_VOLUME, MASTER_TLS_MOUNT),) if settings.tls_secret is not None else ()),
+    ]
+    ours = {name for name, _path in added}
     volumes = [v for v in pod_spec.get("volumes") or [] if v.get("name") not in ours]
     # Ours replaces any /dev/shm the template mounts: an unsized or 64 MB one is what breaks checkpoints.
-    paths = (
-        (CHECKPOINT_MOUNT, MASTER_TLS_MOUNT) if settings.tf_tasks else (SHM_MOUNT, CHECKPOINT_MOUNT, MASTER_TLS_MOUNT)
-    )
+    paths = {path for _name, path in added}
     mounts = [m for m in container.get("volumeMounts") or [] if m.get("mountPath") not in paths]
     if not settings.tf_tasks:
         shm: dict[str, Any] = {"medium": "Memory"}

@@ -16,6 +16,8 @@ The rules, in order (the first that applies decides):
      `Preempted` (`DisruptionTarget` reason `PreemptionByScheduler`) and `NodeLost` (status
      reason, or `DisruptionTarget` reason `DeletionByTaintManager`): disruptions, not the job's
      fault;
+   - `Deleted`: a pod someone other than the master is deleting (``metadata.deletionTimestamp``)
+     whose main container ended after that deletion was asked for: a disruption;
    - `DeadlineExceeded` (the pod's activeDeadlineSeconds): the job's own limit, charged;
    - `OOMKilled` (the main container's terminated reason): charged, decided as host OOM by the master;
    - otherwise the container's terminated reason (`Error`, ...).
@@ -27,6 +29,7 @@ say why, and each container's state.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from datetime import datetime
 from typing import Any
 
 from dlrover.master.scheduler.base import (
@@ -97,6 +100,31 @@ def _disruption_reason(pod: Mapping[str, Any]) -> str:
     return _STATUS_DISRUPTIONS.get(str((pod.get("status") or {}).get("reason") or ""), "")
 
 
+def _ended_by_a_deletion(pod: Mapping[str, Any], terminated: Mapping[str, Any]) -> bool:
+    """Whether a failed pod someone is deleting (``metadata.deletionTimestamp``; not the master, rule 1)
+    failed because of that deletion: its main container ended after the deletion was asked for (the
+    deletion's time less its grace), or it says no time. A kubelet that stops a pod being deleted
+    reports phase Failed before the object goes, with no condition that says why."""
+    meta = pod.get("metadata") or {}
+    deleting = _timestamp(meta.get("deletionTimestamp"))
+    if deleting is None:
+        return False
+    grace = meta.get("deletionGracePeriodSeconds")
+    asked = deleting - (float(grace) if isinstance(grace, int | float) and not isinstance(grace, bool) else 0.0)
+    finished = _timestamp(terminated.get("finishedAt"))
+    return finished is None or finished >= asked
+
+
+def _timestamp(value: object) -> float | None:
+    """Seconds since the epoch of an RFC 3339 time as the API server writes it; None when absent or bad."""
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
 def _evidence(pod: Mapping[str, Any], headline: str) -> str:
     meta = pod.get("metadata") or {}
     status = pod.get("status") or {}
@@ -154,7 +182,7 @@ def observe_pod(node_id: int, pod: Mapping[str, Any], *, stop_requested: bool = 
         return ObservedNode(node_id, ObservedState.RUNNING, None, host)
     if phase == "Succeeded":
         return ObservedNode(node_id, ObservedState.SUCCEEDED, 0 if exit_code is None else exit_code, host)
-    disruption = _disruption_reason(pod)
+    disruption = _disruption_reason(pod) or (REASON_DELETED if _ended_by_a_deletion(pod, terminated) else "")
     if disruption:
         reason, is_disruption = disruption, True
     elif status.get("reason") == REASON_DEADLINE_EXCEEDED:
