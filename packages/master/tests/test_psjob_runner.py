@@ -531,3 +531,23 @@ def test_a_launch_that_keeps_failing_is_the_tasks_failure_and_the_job_ends_with_
     assert failed
     assert "could not launch it (2 tries): cannot launch node" in failed[0], failed
     assert scheduler.specs == {}
+
+
+def test_a_launch_waiting_for_its_retry_is_never_sent_once_its_node_is_stopped(tmp_path: Path) -> None:
+    from dlrover.common import ManualClock
+    from dlrover.master import LaunchRetrySettings
+    from dlrover.master.psjob.core import PsDecision, Stop
+
+    clock = ManualClock()
+    scheduler = FakeScheduler()
+    scheduler.fail_launches = 1  # the first task's create is refused once
+    config = PsJobConfig(spec=PsJobSpec(max_relaunches=0), command=("x",), work_dir=str(tmp_path / "job"),
+                         launch_retry=LaunchRetrySettings(retries=3, initial_s=1.0, max_s=4.0))  # fmt: skip
+    with PsJobMaster(config, scheduler=scheduler, clock=clock) as master:
+        (waiting,) = [n for n in scheduler.launch_attempts if n not in scheduler.specs]
+        task = next(key for key in master._core.spec.tasks() if master._core.node_of(key) == waiting)
+        # The core holds the task (a resize) before the retry is due: its node is stopped.
+        master._apply(PsDecision(stops=(Stop(task, waiting, "held for a resize"),)))
+        clock.advance(2.0)
+        master._retry_launches(clock.now())
+        assert waiting not in scheduler.specs, "a stopped node's launch went out after all"

@@ -430,3 +430,30 @@ def test_a_base_leaves_the_garbage_collector_as_it_found_it(monkeypatch: pytest.
         assert not gc.isenabled()  # paused by someone else: theirs to resume
     finally:
         gc.enable()
+
+
+def test_a_base_from_before_done_when_acknowledged_replays_its_lines_as_its_master_decided_them() -> None:
+    # An older master re-queued a fully acknowledged shard whose worker left, and leased it again: a
+    # replay deciding "done" instead could not apply that later fetch.
+    import json
+
+    from dlrover.shard import ShardManagerConfig
+    from dlrover.shard.changelog import LoggedCall
+
+    clock = ManualClock(50.0)
+    old_master = ShardRegistry(clock, ShardManagerConfig(done_when_acknowledged=False))
+    old_master.start_change_log()
+    old_master.register(SPECS["exact"])
+    old_master.take_changes()
+    document = json.loads(old_master.journal_base().text)
+    document["config"].pop("done_when_acknowledged")  # as a master of before the setting wrote it
+    [shard] = old_master.fetch("exact", "0").shards
+    old_master.report_progress("exact", "0", shard.shard_id, shard.size)
+    old_master.remove_worker("0", "killed")
+    [again] = old_master.fetch("exact", "1").shards
+    assert again.shard_id == shard.shard_id
+    lines = old_master.take_changes()
+    replica = ShardRegistry(ManualClock(9_000.0))
+    replica.load_journal(LoggedCall(document["seq"], json.dumps(document)), lines)
+    assert [s.shard_id for s in replica.manager("exact").leased_shards("1")] == [shard.shard_id]
+    assert replica.config.done_when_acknowledged, "the replica's own setting decides from here on"

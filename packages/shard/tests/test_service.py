@@ -570,3 +570,43 @@ def test_a_shard_in_use_keeps_its_lease_through_a_pause_longer_than_the_lease(to
             c.report_done(shard.shard_id)
     finally:
         server.stop(0)
+
+
+def test_a_shard_in_use_is_kept_alive_no_longer_than_keep_alive_s(token: str) -> None:
+    # A trainer stuck (or one that abandoned its pass) holds a shard: past keep_alive_s the lease runs out
+    # and the rest goes back to the queue.
+    from dlrover.common import GrpcServer, ManualClock, ServerConfig
+    from dlrover.shard import ShardRegistry
+
+    clock = ManualClock()
+    registry = ShardRegistry(clock)
+    server = GrpcServer(ServerConfig(), token)
+    add_shard_service(server, registry)
+    server.start()
+    config = ShardClientConfig(retry=FAST.retry, prefetch_shards=0, renew_interval_s=0.2, keep_alive_s=100.0)
+    try:
+        with ShardClient(server.address, token, "ds", "w", config=config, clock=clock) as c:
+            c.register(_spec(n=4, delivery=DeliveryMode.EXACTLY_ONCE, lease_timeout_s=60.0))
+            shard = c.next_shard(timeout_s=30)
+            assert shard is not None
+            renew, renewed = c._renew_lease, threading.Event()
+
+            def counted(s: Any) -> bool:
+                renewed.set()
+                return bool(renew(s))
+
+            c._renew_lease = counted  # type: ignore[method-assign]
+            clock.advance(50.0)
+            assert renewed.wait(30), "renewed within keep_alive_s"
+            renewed.clear()
+            clock.advance(60.0)  # 110 s without a report: past keep_alive_s, it is let go
+            deadline = threading.Event()
+            while c._in_use and not deadline.wait(0.05):
+                pass
+            assert not c._in_use
+            assert not renewed.is_set()
+            clock.advance(60.0)  # the last renewal (at 50 s) ran out
+            with ShardClient(server.address, token, "ds", "v", config=FAST) as other:
+                assert [s.shard_id for s in other.fetch(4).shards] == [shard.shard_id]
+    finally:
+        server.stop(0)

@@ -74,6 +74,10 @@ class ShardClientConfig:
             the longest a shard handed out (in use) goes without a report before a background
             thread renews its lease (an evaluation or a save between two commits); keep it well
             under the lease timeout.
+        keep_alive_s: how long a shard in use is kept leased without a report of this worker;
+            past it the lease is left to run out, so the rest of a shard a trainer abandoned (a
+            pass ended early) or that a stuck trainer holds goes back to the queue. 0: never
+            renewed, the lease alone decides.
         queue_reports: queue a report the master cannot take now and deliver it in the
             background (in order), instead of waiting for the master in the caller's thread.
     """
@@ -84,6 +88,7 @@ class ShardClientConfig:
     prefetch_shards: int = attrs.field(default=1, validator=non_negative)
     poll_interval_s: float = attrs.field(default=0.2, validator=positive)
     renew_interval_s: float = attrs.field(default=10.0, validator=positive)
+    keep_alive_s: float = attrs.field(default=1800.0, validator=non_negative)
     queue_reports: bool = True
 
 
@@ -133,10 +138,11 @@ class ShardClient:
         self._error: BaseException | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        # Shards handed out and not yet reported done or failed, with when their lease was last
-        # renewed (a report or a renewal): the keep-alive thread renews one left idle too long, so a
-        # pause between commits longer than the lease does not give the shard to another worker.
-        self._in_use: dict[int, tuple[Shard, float]] = {}
+        # Shards handed out and not yet reported done or failed: the shard, when this worker last
+        # reported on it (or took it) and when its lease was last renewed. The keep-alive thread
+        # renews one left idle too long, so a pause between commits longer than the lease does not
+        # give the shard to another worker (for `keep_alive_s` at most).
+        self._in_use: dict[int, tuple[Shard, float, float]] = {}
         self._keepalive: threading.Thread | None = None
         self._closed = False
         # Request ids: one random prefix per client and a counter, unique without a syscall per call.
@@ -459,42 +465,54 @@ class ShardClient:
 
     def _hand_out(self, shard: Shard) -> Shard:
         """Record `shard` as in use (lock held) and see that its lease is kept alive; returns it."""
-        self._in_use[shard.shard_id] = (shard, self._clock.now())
-        if self._keepalive is None and not self._closed:
+        now = self._clock.now()
+        self._in_use[shard.shard_id] = (shard, now, now)
+        if self._keepalive is None and not self._closed and self._config.keep_alive_s > 0:
             self._keepalive = threading.Thread(
                 target=self._keepalive_loop, name=f"shard-keepalive-{self._worker}", daemon=True
             )
             self._keepalive.start()
         return shard
 
-    def _renewed(self, shard_id: int) -> None:
+    def _renewed(self, shard_id: int, *, reported: bool = True) -> None:
         with self._cond:
             held = self._in_use.get(shard_id)
             if held is not None:
-                self._in_use[shard_id] = (held[0], self._clock.now())
+                now = self._clock.now()
+                self._in_use[shard_id] = (held[0], now if reported else held[1], now)
 
     def _put_down(self, shard_id: int) -> None:
         with self._cond:
             self._in_use.pop(shard_id, None)
 
     def _keepalive_loop(self) -> None:
-        interval = self._config.renew_interval_s
+        interval, limit = self._config.renew_interval_s, self._config.keep_alive_s
         while not self._stop.wait(interval / 2):
             now = self._clock.now()
             with self._cond:
-                idle = [shard for shard, last in self._in_use.values() if now - last >= interval]
+                for shard_id, (_shard, reported, _renewed) in list(self._in_use.items()):
+                    if now - reported >= limit:
+                        del self._in_use[shard_id]  # abandoned or stuck: its lease decides from here
+                idle = [shard for shard, _reported, renewed in self._in_use.values() if now - renewed >= interval]
             for shard in idle:
                 try:
                     # At the position it was handed out at: positions only move forward, so this
                     # acknowledges nothing and only renews the lease.
                     held = self._renew_lease(shard)
-                except Exception as exc:  # the master away past the retries: the next pass tries again
-                    _log.warning("could not renew the lease of shard %d in use: %s", shard.shard_id, exc)
-                    continue
+                except RpcError as exc:
+                    if exc.code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                        _log.warning("could not renew the lease of shard %d in use: %s", shard.shard_id, exc)
+                        continue  # the master away past the retries: the next pass tries again
+                    held = False
+                except Exception as exc:  # a defect must not end the keep-alive unseen: said, and put down
+                    _log.warning("renewing the lease of shard %d in use failed: %s", shard.shard_id, exc)
+                    held = False
                 if held:
-                    self._renewed(shard.shard_id)
+                    self._renewed(shard.shard_id, reported=False)
                 else:
-                    _log.warning("shard %d in use lost its lease (expired, or restored away)", shard.shard_id)
+                    # Reported done through another client (a DataLoader worker's shard, committed by
+                    # the main process), expired, or restored away: nothing more to keep alive.
+                    _log.debug("shard %d is no longer leased to %s; its keep-alive ends", shard.shard_id, self._worker)
                     self._put_down(shard.shard_id)
 
     def _start_prefetch(self) -> None:
@@ -520,14 +538,19 @@ class ShardClient:
                     res = self.fetch(min(want, max(self._config.fetch_count, 1)))
                     with self._cond:
                         current = generation == self._buffer_generation
-                    # A restore or discard came while the fetch was out: keep only the shards still
-                    # leased to this worker (leased after the restore, not dropped by it).
-                    shards = res.shards if current else [s for s in res.shards if self._renew_lease(s)]
-                    with self._cond:
-                        self._buffer.extend(shards)
                         if current:
+                            self._buffer.extend(res.shards)
                             self._finished = res.finished and not res.shards
-                        self._cond.notify_all()
+                            self._cond.notify_all()
+                        generation = self._buffer_generation
+                    if not current:
+                        # A restore or discard came while the fetch was out: keep only the shards
+                        # still leased to this worker (leased after it, not dropped by it).
+                        held = [s for s in res.shards if self._renew_lease(s)]
+                        with self._cond:
+                            if generation == self._buffer_generation:  # (another came meanwhile: drop)
+                                self._buffer.extend(held)
+                                self._cond.notify_all()
                     if res.shards or not current:
                         continue
                     if res.finished:

@@ -262,6 +262,10 @@ class ShardManagerConfig:
         request_cache_size: replies remembered per worker, so a retried request with the same
             request id gets the same reply instead of acting twice. A client has at most two
             calls in flight (its prefetch thread and its caller), so a few suffice.
+        done_when_acknowledged: under exactly-once, a lease that ends with every unit acknowledged
+            finishes the shard instead of re-queueing an empty rest. A journal base written before
+            this setting existed restores it as False, so a master replays its predecessor's
+            change lines as they were decided.
     """
 
     training_lease_timeout_s: float = attrs.field(default=60.0, validator=_positive_float)
@@ -270,6 +274,7 @@ class ShardManagerConfig:
     max_attempts: int = attrs.field(default=3, validator=_positive_int)
     max_fetch_count: int = attrs.field(default=1024, validator=_positive_int)
     request_cache_size: int = attrs.field(default=4, validator=_positive_int)
+    done_when_acknowledged: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
 
     def lease_timeout_s(self, task_type: TaskType) -> float:
         """The lease timeout of `task_type`."""

@@ -775,7 +775,11 @@ class ShardManager:
         self._position_version += 1
         parked = lease.parked
         sid = parked.shard_id
-        if self._spec.delivery is DeliveryMode.EXACTLY_ONCE and parked.consumed >= parked.size:
+        if (
+            self._config.done_when_acknowledged
+            and self._spec.delivery is DeliveryMode.EXACTLY_ONCE
+            and parked.consumed >= parked.size
+        ):
             # Every unit was acknowledged and only the done report is missing (its worker died between
             # the two): dispatched again it would yield nothing, and wait out a lease per attempt.
             self._mark_done(parked)

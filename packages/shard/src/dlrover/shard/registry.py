@@ -447,7 +447,8 @@ class ShardRegistry:
         config = None
         if "config" in doc:  # (a base converted from an older host's export has none)
             try:
-                config = ShardManagerConfig(**doc["config"])
+                # A base from before `done_when_acknowledged` existed decided without it.
+                config = ShardManagerConfig(**{"done_when_acknowledged": False, **doc["config"]})
             except (TypeError, ValueError, ConfigError) as exc:
                 raise InvalidShardRequestError(f"journal base {base.seq}: config: {exc}") from None
         return float(t), config, datasets, restores

@@ -831,6 +831,9 @@ class PsJobMaster:
         self._record(decision.events)
         kill = getattr(self._scheduler, "kill", None)
         for stop in decision.stops:
+            # A launch still waiting for its retry is never sent: the core is done with that node.
+            self._launch_retries.forget(stop.node_id)
+            self._retrying.pop(stop.node_id, None)
             if not stop.graceful and callable(kill):
                 kill(self._backend_id(stop.node_id))
             else:
@@ -899,7 +902,8 @@ class PsJobMaster:
         """Send again the launches whose wait is over, for tasks that still wait on those nodes."""
         for node_id in self._launch_retries.due(now):
             task, spec = self._retrying[node_id]
-            if self._core.node_of(task) != node_id:  # the task moved on (a stop, a resize): not wanted
+            if self._core.node_of(task) != node_id or self._core.phase(task) is not TaskPhase.LAUNCHED:
+                # The task moved on (held for a resize, waiting for a peer, another node): not wanted.
                 self._launch_retries.forget(node_id)
                 del self._retrying[node_id]
                 continue
