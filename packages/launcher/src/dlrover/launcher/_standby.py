@@ -25,7 +25,8 @@ failed one to exit. Left out: finalizers of objects still alive at the end (``__
 zip or tar writer the program left open gets its data flushed but no trailer or directory), and
 exit handlers registered before this runner started (by a ``sitecustomize`` or ``.pth`` file).
 ``DLROVER_FAILED_WORKER_TEARDOWN=1`` in ``dlrover-run``'s environment keeps the full teardown. A
-program that ends well gets the full teardown, after one collection of its cyclic garbage once its
+program that ends without an uncaught exception gets the full teardown, after one collection of its
+cyclic garbage once its
 exit handlers ran (while the interpreter is whole): torch's gloo worker threads would otherwise abort
 the process now and then when a process group the program destroyed is freed during teardown.
 
@@ -469,8 +470,9 @@ interpreter does (for programs that rely on finalizers at exit, see the module).
 class _FailedExit:
     """The last exit handler: once the program failed (`status` set), it flushes what the
     interpreter's teardown would have flushed and ends the process with `status` (see the module).
-    A program that ended well has its cyclic garbage collected there, while the interpreter still
-    runs, and then the interpreter ends as usual."""
+    Otherwise (a program that ended without an uncaught exception, `sys.exit` included, or a standby
+    never used) the cyclic garbage is collected there, while the interpreter still runs, and then the
+    interpreter ends as usual."""
 
     def __init__(self) -> None:
         self.status: int | None = None
