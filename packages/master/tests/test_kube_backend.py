@@ -192,6 +192,37 @@ def test_adopted_nodes_whose_pods_are_gone_are_disruptions_at_once_and_the_other
     core.api_client.close()
 
 
+def test_a_watch_whose_handler_failed_is_started_again_and_its_relist_shows_what_went_meanwhile(
+    make_backend: Callable[..., KubernetesScheduler], kube_cluster: KubeCluster, core: Any
+) -> None:
+    backend = make_backend()
+    backend.launch(node(0))
+    backend.launch(node(1))
+    wait(backend, lambda s: state_is(0, ObservedState.RUNNING)(s) and state_is(1, ObservedState.RUNNING)(s))
+    failed: list[bool] = []
+
+    def fails_once() -> None:
+        if not failed:
+            failed.append(True)
+            raise RuntimeError("a listener's defect")
+
+    backend.on_change(fails_once)
+    core.patch_namespaced_pod(names.worker_pod_name(JOB, 0), NS, {"metadata": {"labels": {"touched": "yes"}}})
+    deadline = time.monotonic() + WAIT_S
+    while backend._watcher.running and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not backend._watcher.running, "the handler's failure ended the watch"
+    # While no watch runs, node 1's pod is deleted: the frozen cache would show it running for ever.
+    core.delete_namespaced_pod(names.worker_pod_name(JOB, 1), NS, grace_period_seconds=0)
+    backend.observe()  # notices the dead watch and starts another
+    seen = wait(backend, state_is(1, ObservedState.FAILED))
+    assert (seen[1].reason, seen[1].disruption) == (REASON_DELETED, True)
+    assert seen[0].state is ObservedState.RUNNING
+    assert backend._watcher.running
+    backend.launch(node(2, SLEEP="0", EXIT="3"))  # and the new watch follows what happens next
+    assert wait(backend, state_is(2, ObservedState.FAILED))[2].exit_code == 3
+
+
 QUOTA = 'pods "j-worker-0" is forbidden: exceeded quota: q, requested: pods=1, used: pods=2, limited: pods=2'
 
 

@@ -225,17 +225,10 @@ class KubernetesScheduler:
         self._deleted: dict[str, Mapping[str, Any]] = {}  # pods the watch saw go, as last seen
         self._closed = False
         self._listeners: list[Callable[[], None]] = []
-        lister = functools.partial(
-            self._core.list_namespaced_pod, settings.namespace, label_selector=names.worker_selector(settings.job)
-        )
-        self._list_watch = ListWatch(
-            lister,
-            settings=settings.watch,
-            clock=self._clock,
-            sleep=sleep,
-            name=f"worker pods of {settings.namespace}/{settings.job}",
-        )
-        self._watcher = Watcher(self._list_watch, self._on_event, name=f"kube-pods-{settings.job}").start()
+        # Pods a restarted watcher's first list has shown so far (None: no relist under way): those it
+        # did not show by its SYNCED went while no watch ran (see `_restart_dead_watcher`).
+        self._relisted: set[str] | None = None
+        self._watcher = self._start_watcher()
         if not self._watcher.wait_synced(settings.sync_timeout_s):
             self._watcher.stop()
             error = self._watcher.error
@@ -347,11 +340,44 @@ class KubernetesScheduler:
         """The pod watch (its `stats` show resumes and relists)."""
         return self._list_watch
 
+    def _start_watcher(self) -> Watcher:
+        settings = self._settings
+        lister = functools.partial(
+            self._core.list_namespaced_pod, settings.namespace, label_selector=names.worker_selector(settings.job)
+        )
+        self._list_watch = ListWatch(
+            lister,
+            settings=settings.watch,
+            clock=self._clock,
+            sleep=self._sleep,
+            name=f"worker pods of {settings.namespace}/{settings.job}",
+        )
+        return Watcher(self._list_watch, self._on_event, name=f"kube-pods-{settings.job}").start()
+
+    def _restart_dead_watcher(self) -> None:
+        """A watch whose thread ended (its handler failed) serves a frozen cache, and pod deaths would be
+        seen only by the master's timeouts: start another, whose first list replaces the cache (a pod
+        it does not show went while no watch ran: deleted)."""
+        with self._lock:
+            if self._closed or self._watcher.running:
+                return
+            error = self._watcher.error
+            self._relisted = set()
+        _log.error("the watch of the worker pods ended (%s): watching them again from a fresh list", error)
+        self._watcher = self._start_watcher()
+
     def _on_event(self, event: WatchEvent) -> None:
         if event.type is EventType.SYNCED:
+            with self._lock:
+                relisted, self._relisted = self._relisted, None
+                for name in [n for n in self._pods if relisted is not None and n not in relisted]:
+                    self._deleted[name] = self._pods.pop(name)
+                self._lock.notify_all()
             return
         name = str((event.object.get("metadata") or {}).get("name") or "")
         with self._lock:
+            if self._relisted is not None:
+                self._relisted.add(name)
             if event.type is EventType.DELETED:
                 self._pods.pop(name, None)
                 self._deleted[name] = event.object
@@ -520,6 +546,7 @@ class KubernetesScheduler:
 
     def observe(self) -> Mapping[int, ObservedNode]:
         """Every worker pod of the job (launched here or by a previous master), from the watch's cache."""
+        self._restart_dead_watcher()
         with self._lock:
             retry = [n for n in self._nodes.values() if n.delete_failed]
             refused = [n for n in self._nodes.values() if n.refused and not n.stop_requested]
