@@ -31,7 +31,6 @@ The rules, in order:
 
 from __future__ import annotations
 
-import datetime
 import json
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -43,6 +42,7 @@ from dlrover.master.kube.names import (
     master_name,
     token_secret_name,
 )
+from dlrover.master.kube.times import epoch_seconds
 from dlrover.master.operator import objects
 from dlrover.master.operator.spec import JobSpec, check_spec
 from dlrover.master.states import JobState, NodeState
@@ -304,22 +304,9 @@ def _uid(obj: Mapping[str, Any]) -> str:
     return str((obj.get("metadata") or {}).get("uid") or "")
 
 
-def _epoch_s(stamp: object) -> float | None:
-    """An RFC 3339 time as epoch seconds (a time without an offset is UTC); None when not one."""
-    if not isinstance(stamp, str) or not stamp:
-        return None
-    try:
-        when = datetime.datetime.fromisoformat(stamp)
-    except ValueError:
-        return None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=datetime.UTC)
-    return when.timestamp()
-
-
 def _lost_master(pod: Mapping[str, Any], now: str, settings: ReconcileSettings) -> str:
     """Why the master pod is taken for dead though nothing reported it so (its node is lost); "" if not."""
-    now_s = _epoch_s(now)
+    now_s = epoch_seconds(now)
     if now_s is None:
         return ""
     unready = _unready_too_long(pod, now_s, settings.master_unready_timeout_s)
@@ -332,7 +319,7 @@ def _lost_master(pod: Mapping[str, Any], now: str, settings: ReconcileSettings) 
 def _stuck_terminating(pod: Mapping[str, Any], now_s: float, margin_s: float) -> str:
     meta = pod.get("metadata") or {}
     # deletionTimestamp is the deletion's time plus the grace period (the API server sets it so).
-    deadline = _epoch_s(meta.get("deletionTimestamp"))
+    deadline = epoch_seconds(meta.get("deletionTimestamp"))
     if deadline is None or now_s <= deadline + margin_s:
         return ""
     node = str((pod.get("spec") or {}).get("nodeName") or "?")
@@ -347,7 +334,7 @@ def _unready_too_long(pod: Mapping[str, Any], now_s: float, timeout_s: float) ->
     if status.get("phase") != "Running":
         return ""
     ready = next((c for c in status.get("conditions") or [] if c.get("type") == "Ready"), None)
-    since = _epoch_s((ready or {}).get("lastTransitionTime"))
+    since = epoch_seconds((ready or {}).get("lastTransitionTime"))
     if ready is None or ready.get("status") != "False" or since is None or now_s - since <= timeout_s:
         return ""
     node = str((pod.get("spec") or {}).get("nodeName") or "?")
@@ -576,8 +563,8 @@ class _Pass:
         self.count_end(pod)
         if code == MASTER_EXIT_RETRY:
             wait_s = self.settings.retry_backoff_s(int(self.status.get("masterRestarts", 0)))
-            finished = _epoch_s(_finished_at(pod))
-            now_s = _epoch_s(self.now)
+            finished = epoch_seconds(_finished_at(pod))
+            now_s = epoch_seconds(self.now)
             if finished is not None and now_s is not None and now_s < finished + wait_s:
                 said = f"the master could not start now ({why}); replaced after a backoff of {wait_s:g} s"
                 self.condition(Condition.MASTER_READY, False, "MasterRetrying", said)

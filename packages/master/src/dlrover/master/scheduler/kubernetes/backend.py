@@ -21,7 +21,6 @@ master; the ElasticJob's deletion removes them through their ownerReference.
 
 from __future__ import annotations
 
-import datetime
 import functools
 import json
 import logging
@@ -33,6 +32,7 @@ import attrs
 
 from dlrover.common import Clock, ConfigError, SystemClock
 from dlrover.master.kube import EventType, ListWatch, Watcher, WatchEvent, load_api_client, names
+from dlrover.master.kube.times import epoch_seconds
 from dlrover.master.kube.watch import Backoff
 from dlrover.master.scheduler.base import (
     REASON_DELETED,
@@ -600,7 +600,7 @@ class KubernetesScheduler:
     def _lost(self, pod: Mapping[str, Any]) -> bool:
         """Whether a pod being deleted is past its grace by `lost_pod_margin_s`: its node does not confirm the
         deletion (it is lost), so nothing of it answers any more and its task may start elsewhere."""
-        deadline = _epoch_s(str((pod.get("metadata") or {}).get("deletionTimestamp") or ""))
+        deadline = epoch_seconds((pod.get("metadata") or {}).get("deletionTimestamp"))
         return deadline is not None and self._clock.wall_time() > deadline + self._settings.lost_pod_margin_s
 
     def _may_run(self, node: _Node) -> bool:
@@ -719,14 +719,6 @@ def _quota_refusal(exc: BaseException) -> str:
         return ""
     message = _message(exc.__cause__)
     return message if "exceeded quota" in message else ""
-
-
-def _epoch_s(stamp: str) -> float | None:
-    """An RFC 3339 time (`2026-01-01T00:00:00Z`) in epoch seconds; None when it is not one."""
-    try:
-        return datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
 
 
 def _live(pod: Mapping[str, Any]) -> bool:

@@ -29,9 +29,9 @@ say why, and each container's state.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import datetime
 from typing import Any
 
+from dlrover.master.kube.times import epoch_seconds
 from dlrover.master.scheduler.base import (
     REASON_DEADLINE_EXCEEDED,
     REASON_DELETED,
@@ -106,23 +106,13 @@ def _ended_by_a_deletion(pod: Mapping[str, Any], terminated: Mapping[str, Any]) 
     deletion's time less its grace), or it says no time. A kubelet that stops a pod being deleted
     reports phase Failed before the object goes, with no condition that says why."""
     meta = pod.get("metadata") or {}
-    deleting = _timestamp(meta.get("deletionTimestamp"))
+    deleting = epoch_seconds(meta.get("deletionTimestamp"))
     if deleting is None:
         return False
     grace = meta.get("deletionGracePeriodSeconds")
     asked = deleting - (float(grace) if isinstance(grace, int | float) and not isinstance(grace, bool) else 0.0)
-    finished = _timestamp(terminated.get("finishedAt"))
+    finished = epoch_seconds(terminated.get("finishedAt"))
     return finished is None or finished >= asked
-
-
-def _timestamp(value: object) -> float | None:
-    """Seconds since the epoch of an RFC 3339 time as the API server writes it; None when absent or bad."""
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
 
 
 def _evidence(pod: Mapping[str, Any], headline: str) -> str:
