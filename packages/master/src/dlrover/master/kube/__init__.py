@@ -1,9 +1,10 @@
 """Kubernetes client plumbing shared by the master's Kubernetes backend and the operator.
 
 `names` (the ElasticJob CRD, labels and object names), `config` (in-cluster config or a
-kubeconfig), `times` (the API server's timestamps) and `watch` (list + watch from a resourceVersion: resume, relist after 410, bounded
-backoff). The official `kubernetes` client (the `k8s` extra) is imported only when a client is
-made or a request is sent, so importing this package costs nothing without it.
+kubeconfig), `times` (the API server's timestamps) and `watch` (list + watch from a
+resourceVersion: resume, relist after 410, bounded backoff). The official `kubernetes` client
+(the `k8s` extra) is imported only when a client is made or a request is sent, so importing this
+package costs nothing without it.
 """
 
 from dlrover.master.kube import names
