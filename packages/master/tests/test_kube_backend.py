@@ -41,6 +41,7 @@ from dlrover.master.scheduler.kubernetes import (
     KubernetesScheduler,
     KubernetesSettings,
     WorkerTemplate,
+    read_worker_template,
 )
 
 kubernetes = pytest.importorskip("kubernetes")
@@ -639,3 +640,25 @@ def test_a_stopped_tf_task_on_a_lost_node_counts_as_ended_past_its_grace(
     while backend.observe()[0].state is not ObservedState.STOPPED:
         assert time.monotonic() < deadline, backend.observe()
         time.sleep(0.1)
+
+
+class _OneJob:
+    """A CustomObjectsApi that answers one ElasticJob."""
+
+    def __init__(self, job: dict[str, Any]) -> None:
+        self.job = job
+
+    def get_namespaced_custom_object(self, *_args: Any, **_kw: Any) -> dict[str, Any]:
+        return self.job
+
+
+def test_the_templates_come_from_the_spec_in_force_where_the_operator_keeps_one() -> None:
+    job = elastic_job(template(["python", "edited.py"]))
+    job["metadata"]["uid"] = "u1"
+    # No operator (or none yet): the spec.
+    assert read_worker_template(_OneJob(job), settings()).template == template(["python", "edited.py"])
+    # An operator refused the edit: a master it starts launches pods from the spec the job runs on.
+    job["status"] = {names.APPLIED_SPEC_STATUS: elastic_job(template(["python", "train.py"]))["spec"]}
+    read = read_worker_template(_OneJob(job), settings())
+    assert read.template == template(["python", "train.py"])
+    assert read.job_uid == "u1"

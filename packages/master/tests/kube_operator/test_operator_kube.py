@@ -305,6 +305,74 @@ def test_a_template_edit_is_refused_and_a_new_max_is_resized(
     assert masters.resizes == [3]
 
 
+def test_an_invalid_edit_leaves_the_job_on_its_spec_and_a_deleted_master_is_still_replaced(
+    cluster: Cluster, operator: Operator, masters: FakeMasters
+) -> None:
+    cluster.create_job(elastic_job())
+    pod = _running_master(cluster, masters)
+    cluster.patch_job({"spec": {"replicaSpecs": {"worker": {"template": {"spec": {"containers": []}}}}}})
+    refused = wait_for("refused", lambda: (c := cluster.condition("SpecChangeRefused")) and c["status"] == "True" and c)
+    assert refused["reason"] == "InvalidSpec"
+    masters.answer = None
+    cluster.core.delete_namespaced_pod("job1-master", NS)
+    new = wait_for("a new master pod", lambda: (p := cluster.master_pod()) and p.metadata.uid != pod.metadata.uid and p)
+    assert new.spec.containers[0].command == pod.spec.containers[0].command
+    assert wait_for("masterRestarts", lambda: cluster.job()["status"].get("masterRestarts") == 1)
+    assert cluster.condition("SpecChangeRefused")["status"] == "True"  # type: ignore[index]
+    assert cluster.condition("Failed") is None
+
+
+def test_a_port_changed_while_suspended_moves_the_service_with_the_resumed_master(
+    cluster: Cluster, masters: FakeMasters
+) -> None:
+    cluster.create_job(elastic_job())
+    with client.ApiClient(client.Configuration(host=cluster.server.url)) as own_api:
+        own_api.user_agent = "the-operator"  # its requests told from this test's own
+        with Operator(own_api, _settings(), masters=masters) as op:  # type: ignore[arg-type]
+            _running_master(cluster, masters)
+            cluster.patch_job({"spec": {"suspend": True}})
+            wait_for("Suspended", lambda: cluster.job()["status"]["phase"] == "Suspended")
+            wait_for("no master", lambda: cluster.master_pod() is None)
+            cluster.patch_job({"spec": {"suspend": False, "master": {"port": 6000}}})
+            new = wait_for("the master back", cluster.master_pod)
+            assert new.spec.containers[0].ports[0].container_port == 6000
+            wait_for("the Service on 6000", lambda: cluster.owned()["service"].spec.ports[0].port == 6000)
+        assert op.failed_watch is None
+    used = {(r.group, r.rbac_resource, r.verb) for r in cluster.server.requests() if r.user_agent == "the-operator"}
+    assert ("", "services", "update") in used
+    assert used <= _cluster_role_rules(), used - _cluster_role_rules()
+
+
+def test_an_object_of_the_jobs_name_that_another_owner_holds_is_left_alone_and_waited_out(
+    cluster: Cluster, masters: FakeMasters
+) -> None:
+    # As a deleted job of the same name leaves it while the garbage collector works: labelled as the job's. (Made
+    # before the operator starts, so its first list has it: a watch event could come after the job's.)
+    labels = {"app.kubernetes.io/managed-by": "dlrover", "elastic.dlrover.io/job": "job1"}
+    owner = {"apiVersion": "v1", "kind": "ConfigMap", "name": "someone", "uid": "uid-other"}
+    cluster.core.create_namespaced_service(
+        NS,
+        {
+            "metadata": {"name": "job1-master", "labels": labels, "ownerReferences": [owner]},
+            "spec": {"ports": [{"port": 1234}]},
+        },
+    )
+    with Operator(cluster.api, _settings(), masters=masters) as operator:  # type: ignore[arg-type]
+        cluster.create_job(elastic_job())
+        wait_for("the wait said", lambda: "another owner holds" in operator.last_reason.get("default/job1", ""))
+        count = operator.reconciles
+        wait_for("another pass", lambda: operator.reconciles >= count + 2)
+        assert cluster.master_pod() is None
+        service = cluster.owned()["service"]
+        assert service.spec.ports[0].port == 1234
+        assert [r.uid for r in service.metadata.owner_references] == ["uid-other"]
+        cluster.core.delete_namespaced_service("job1-master", NS)
+        wait_for("the master pod", cluster.master_pod)
+        service = wait_for("the job's Service", lambda: cluster.owned()["service"])
+        assert [r.uid for r in service.metadata.owner_references] == [cluster.job()["metadata"]["uid"]]
+    assert operator.failed_watch is None
+
+
 def test_a_resize_that_failed_is_sent_again(cluster: Cluster, operator: Operator, masters: FakeMasters) -> None:
     job = elastic_job()
     job["spec"]["replicaSpecs"]["worker"]["maxReplicas"] = 4

@@ -23,6 +23,7 @@ from dlrover.master.operator import (
     ReconcileSettings,
     Reconciliation,
     ResizeJob,
+    UpdateObject,
     reconcile,
 )
 from dlrover.master.operator.schema import STATUS_SCHEMA, schema_errors
@@ -607,3 +608,109 @@ def test_a_lagging_view_of_a_master_pod_already_counted_or_deleted_on_suspend_co
     late = _at("2026-01-01T00:05:00Z", resumed, attrs.evolve(observed, master_pod=terminating, summary=None))
     assert [type(w) for w in late.writes] == [DeleteObject], "force-deleted: its node does not confirm"
     assert late.status["masterRestarts"] == 0
+
+
+def _master_gone(observed: Observed) -> Observed:
+    return observed_after(Reconciliation((), {}, ""), observed, master_pod=None, summary=None)
+
+
+def _image(pod: dict[str, Any]) -> str:
+    template = json.loads(pod["metadata"]["annotations"]["elastic.dlrover.io/applied-spec"])
+    return str(template["replicaSpecs"]["worker"]["template"]["spec"]["containers"][0]["image"])
+
+
+def test_a_running_job_with_an_invalid_edit_still_mirrors_and_replaces_its_master_from_the_spec_in_force() -> None:
+    job, observed = running(elastic_job())
+    broken = edited(job, {"replicaSpecs": {"worker": {"template": {"spec": {"containers": []}}, "minReplicas": 1}}})
+    # The master still answers: mirrored, the refusal shown.
+    watched = run(broken, observed_after(Reconciliation((), {}, ""), observed, summary=summary(goodput=0.5)))
+    assert watched.writes == ()
+    assert watched.status["goodput"] == 0.5
+    refused = condition(watched, Condition.SPEC_CHANGE_REFUSED)
+    assert (refused["status"], refused["reason"]) == ("True", "InvalidSpec")
+    # It is deleted: replaced from the spec it was started with, the refusal standing.
+    replaced = run(with_status(broken, watched), _master_gone(observed))
+    pod = created(replaced, "Pod")
+    assert _image(pod) == "dlrover:test"
+    assert replaced.status["masterRestarts"] == 1
+    assert condition(replaced, Condition.SPEC_CHANGE_REFUSED)["status"] == "True"
+    assert replaced.status["appliedSpec"] == job["spec"]
+    # Fixing the spec clears the refusal; the job runs on.
+    fixed = edited(with_status(broken, replaced), {"replicaSpecs": job["spec"]["replicaSpecs"]})
+    after = run(fixed, observed_after(replaced, observed, summary=summary()))
+    assert condition(after, Condition.SPEC_CHANGE_REFUSED)["status"] == "False"
+
+
+def test_a_master_replaced_while_an_edit_is_refused_does_not_take_the_edit() -> None:
+    job, observed = running(elastic_job())
+    new_template = {"spec": {"containers": [{"name": "main", "image": "new", "command": ["x"]}]}}
+    changed = edited(job, {"replicaSpecs": {"worker": {"template": new_template, "minReplicas": 1, "maxReplicas": 2}}})
+    refused = run(changed, observed)
+    assert condition(refused, Condition.SPEC_CHANGE_REFUSED)["status"] == "True"
+    replaced = run(with_status(changed, refused), _master_gone(observed))
+    assert _image(created(replaced, "Pod")) == "dlrover:test"
+    assert "spec.replicaSpecs.worker.template" in condition(replaced, Condition.SPEC_CHANGE_REFUSED)["message"]
+    # Suspending ends the spec in force: the resumed master takes the edit.
+    suspended = edited(with_status(changed, replaced), {"suspend": True})
+    pause = run(suspended, _master_gone(observed))
+    assert "appliedSpec" not in pause.status
+    resumed = run(edited(with_status(suspended, pause), {"suspend": False}), _master_gone(observed))
+    assert _image(created(resumed, "Pod")) == "new"
+    assert condition(resumed, Condition.SPEC_CHANGE_REFUSED)["status"] == "False"
+
+
+def test_a_node_count_carried_out_is_kept_in_the_spec_in_force() -> None:
+    job, observed = running(elastic_job())
+    observed = observed_after(Reconciliation((), {}, ""), observed, summary=summary(max_nodes=2, running=2, wanted=2))
+    smaller = edited(job, {})
+    smaller["spec"]["replicaSpecs"]["worker"]["maxReplicas"] = 1
+    answer = run(smaller, observed)
+    assert answer.writes == (ResizeJob(1, "spec.replicaSpecs.worker.maxReplicas is 1"),)
+    assert answer.status["appliedSpec"]["replicaSpecs"]["worker"]["maxReplicas"] == 1
+
+
+def test_a_resumed_job_brings_its_service_and_role_to_the_spec_it_resumes_with() -> None:
+    job, observed = running(elastic_job())
+    suspended = edited(job, {"suspend": True})
+    pause = run(suspended, observed)
+    gone = _master_gone(observed)
+    pause = run(with_status(suspended, pause), gone)
+    resumed = edited(with_status(suspended, pause), {"suspend": False, "master": {"port": 6000}})
+    assert observed.service is not None
+    service = copy.deepcopy(dict(observed.service))
+    service["metadata"]["resourceVersion"] = "7"
+    answer = run(resumed, attrs.evolve(gone, service=service))
+    updates = [w for w in answer.writes if isinstance(w, UpdateObject)]
+    assert [(w.kind, w.obj["metadata"]["resourceVersion"]) for w in updates] == [("Service", "7")]
+    assert updates[0].obj["spec"]["ports"][0]["port"] == 6000
+    assert updates[0].obj["metadata"]["uid"] == service["metadata"]["uid"]
+    pod = created(answer, "Pod")
+    assert pod["spec"]["containers"][0]["ports"][0]["containerPort"] == 6000
+    # Once updated, nothing more.
+    again = run(with_status(resumed, answer), attrs.evolve(gone, service=dict(updates[0].obj), master_pod=pod))
+    assert not [w for w in again.writes if isinstance(w, UpdateObject)]
+
+
+def test_a_role_with_other_rules_is_brought_to_the_masters() -> None:
+    job, observed = running(elastic_job())
+    assert observed.role is not None
+    stale = copy.deepcopy(dict(observed.role))
+    stale["rules"] = stale["rules"][:1]
+    answer = run(job, attrs.evolve(observed, role=stale))
+    (update,) = answer.writes
+    assert isinstance(update, UpdateObject)
+    assert update.kind == "Role"
+    assert update.obj["rules"] == [r.as_policy_rule() for r in MASTER_ROLE_RULES]
+
+
+def test_objects_another_owner_holds_are_waited_out_and_no_master_starts_meanwhile() -> None:
+    # A deleted job of the same name: its Service and master pod are still being collected.
+    answer = run(elastic_job(), Observed(foreign=frozenset({"Service", "Pod"})))
+    kinds = sorted(w.kind for w in answer.writes if isinstance(w, CreateObject))
+    assert kinds == ["Role", "RoleBinding", "Secret", "ServiceAccount"]
+    ready = condition(answer, Condition.MASTER_READY)
+    assert ready["reason"] == "MasterPending"
+    assert "Pod, Service" in ready["message"]
+    # Once they are gone, the rest is created.
+    later = run(with_status(elastic_job(), answer), observed_after(answer))
+    assert sorted(w.kind for w in later.writes if isinstance(w, CreateObject)) == ["Pod", "Service"]

@@ -1,11 +1,13 @@
 """The reconcile as a state machine: a simulated cluster carries out its writes while the master
 runs, dies, is deleted, loses its node (left Running not ready, then Terminating, as a real cluster
-leaves it), ends the job, and the user suspends, resumes and edits the job; time passes."""
+leaves it), ends the job, and the user suspends, resumes and edits the job (validly, invalidly, in
+what a running job cannot take); time passes."""
 
 from __future__ import annotations
 
 import copy
 import datetime
+import json
 from typing import Any
 
 import hypothesis.strategies as st
@@ -14,6 +16,7 @@ from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from dlrover.master.operator import (
+    APPLIED_SPEC_STATUS,
     MASTER_EXIT_RETRY,
     CreateObject,
     DeleteObject,
@@ -21,9 +24,11 @@ from dlrover.master.operator import (
     Observed,
     ReconcileSettings,
     ResizeJob,
+    UpdateObject,
     check_spec,
     reconcile,
 )
+from dlrover.master.operator.objects import APPLIED_SPEC_ANNOTATION, applied_part
 from dlrover.master.operator.reconcile import _ended
 from dlrover.master.operator.schema import STATUS_SCHEMA, schema_errors
 
@@ -83,6 +88,7 @@ class OperatorMachine(RuleBasedStateMachine):
         observed = stale or self._observed()
         self.previous = self._observed()
         now = self._now()
+        in_force = (self.job.get("status") or {}).get(APPLIED_SPEC_STATUS)
         answer = reconcile(self.job, observed, SETTINGS, now=now, new_token=TOKEN)
         again = reconcile(copy.deepcopy(self.job), observed, SETTINGS, now=now, new_token=TOKEN)
         assert again == answer, "the decision depends only on its inputs"
@@ -99,13 +105,7 @@ class OperatorMachine(RuleBasedStateMachine):
                 ):
                     continue  # the API server answers 409: it exists already
                 if write.kind == "Pod":
-                    assert self.master is None, "a second master pod"
-                    assert check_spec(self.job).spec is not None, "a master created from an invalid spec"
-                    assert not self.job["spec"].get("suspend"), "a master created for a suspended job"
-                    if self.ended:
-                        self.masters_after_end += 1
-                    obj["status"] = {"phase": "Pending"}
-                    self.master = obj
+                    self._master_created(obj, in_force)
                 else:
                     assert write.kind not in self.objects, f"a second {write.kind}"
                     self.objects[write.kind] = obj
@@ -116,6 +116,9 @@ class OperatorMachine(RuleBasedStateMachine):
                     self._delete_master(write)
                 else:
                     self.workers.pop(write.name, None)
+            elif isinstance(write, UpdateObject):
+                assert write.kind in self.objects, f"an update of a missing {write.kind}"
+                self.objects[write.kind] = copy.deepcopy(dict(write.obj))
             else:
                 assert isinstance(write, ResizeJob)
         self.job["status"] = copy.deepcopy(dict(answer.status))
@@ -126,6 +129,21 @@ class OperatorMachine(RuleBasedStateMachine):
         self.last_restarts = restarts
         self.passes += 1
         return len(answer.writes)
+
+    def _master_created(self, obj: dict[str, Any], in_force: dict[str, Any] | None) -> None:
+        assert self.master is None, "a second master pod"
+        started_with = json.loads(obj["metadata"]["annotations"][APPLIED_SPEC_ANNOTATION])
+        if in_force is None:
+            assert check_spec(self.job).spec is not None, "a master created from an invalid spec"
+            assert started_with == applied_part(self.job["spec"])
+        else:
+            # A replacement: from the spec in force, whatever edit is refused meanwhile.
+            assert started_with == applied_part(in_force), "a replacement took a refused edit"
+        assert not self.job["spec"].get("suspend"), "a master created for a suspended job"
+        if self.ended:
+            self.masters_after_end += 1
+        obj["status"] = {"phase": "Pending"}
+        self.master = obj
 
     def _delete_master(self, write: DeleteObject) -> None:
         assert self.master is not None
@@ -159,10 +177,13 @@ class OperatorMachine(RuleBasedStateMachine):
             assert self.master is None or self.master["metadata"].get("deletionTimestamp")
             assert not self.workers
         assert self.masters_after_end == 0, "a master was started after the job ended"
-        runs = not self.ended and not self.job["spec"].get("suspend") and check_spec(self.job).spec is not None
+        started = status.get(APPLIED_SPEC_STATUS) is not None or check_spec(self.job).spec is not None
+        runs = not self.ended and not self.job["spec"].get("suspend") and started
         if runs and status.get("phase") != "Failed":
             assert self.master is not None, status
             assert set(self.objects) == set(_FIELDS)
+            port = self.master["spec"]["containers"][0]["ports"][0]["containerPort"]
+            assert self.objects["Service"]["spec"]["ports"][0]["port"] == port, "the Service misses the master"
             statuses = self.master["status"].get("containerStatuses", [])
             finished = [c["state"]["terminated"].get("finishedAt") for c in statuses]
             # (A pod being deleted is waited for, whatever its container did: two masters never share a journal.)
@@ -305,6 +326,11 @@ class OperatorMachine(RuleBasedStateMachine):
         spec = copy.deepcopy(self.job["spec"]["replicaSpecs"])
         spec["worker"]["template"]["spec"]["containers"][0]["image"] = image
         self._edit({"replicaSpecs": spec})
+
+    @rule(port=st.sampled_from([50001, 6000]))
+    def edit_master_port(self, port: int) -> None:
+        """A field a running job cannot take; a master started after a suspend takes it, and its Service follows."""
+        self._edit({"master": {"port": port}})
 
     @rule(broken=st.booleans())
     def edit_validity(self, broken: bool) -> None:

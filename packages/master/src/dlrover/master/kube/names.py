@@ -7,6 +7,7 @@ agree on (see /work/kube-contract.md of issue 29 and the master README).
 from __future__ import annotations
 
 __all__ = [
+    "APPLIED_SPEC_STATUS",
     "COMPONENT_LABEL",
     "COMPONENT_MASTER",
     "COMPONENT_WORKER",
@@ -64,6 +65,10 @@ TOKEN_SECRET_KEY = "token"  # noqa: S105 (a key name, not a secret)
 """The key of the job token in the Secret `token_secret_name(job)`."""
 MASTER_PORT_NAME = "grpc"
 """The name of the master Service's port."""
+APPLIED_SPEC_STATUS = "appliedSpec"
+"""The ElasticJob's status field holding the spec in force: the one the operator started the running master
+with, with the node counts carried out since. While an edit is refused the job runs on it, and the master's
+backend reads its pod templates from it (from `spec` where the field is absent: no operator runs the job)."""
 
 
 def api_version() -> str:

@@ -8,6 +8,7 @@ the console script. The official `kubernetes` client (the `k8s` extra) is import
 
 from dlrover.master.operator.objects import MASTER_ROLE_RULES, MasterSettings, RoleRule
 from dlrover.master.operator.reconcile import (
+    APPLIED_SPEC_STATUS,
     MASTER_EXIT_RETRY,
     Condition,
     CreateObject,
@@ -16,6 +17,7 @@ from dlrover.master.operator.reconcile import (
     ReconcileSettings,
     Reconciliation,
     ResizeJob,
+    UpdateObject,
     Write,
     reconcile,
 )
@@ -23,6 +25,7 @@ from dlrover.master.operator.schema import crd_manifest, job_schema, schema_erro
 from dlrover.master.operator.spec import JobSpec, SpecCheck, check_spec
 
 __all__ = [
+    "APPLIED_SPEC_STATUS",
     "MASTER_EXIT_RETRY",
     "MASTER_ROLE_RULES",
     "Condition",
@@ -36,6 +39,7 @@ __all__ = [
     "ResizeJob",
     "RoleRule",
     "SpecCheck",
+    "UpdateObject",
     "Write",
     "check_spec",
     "crd_manifest",

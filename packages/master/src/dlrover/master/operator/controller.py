@@ -30,6 +30,7 @@ from dlrover.master.kube.names import (
     COMPONENT_MASTER,
     COMPONENT_WORKER,
     CRD_GROUP,
+    CRD_KIND,
     CRD_PLURAL,
     CRD_VERSION,
     JOB_LABEL,
@@ -41,12 +42,14 @@ from dlrover.master.kube.names import (
 )
 from dlrover.master.kube.watch import EventType, ListWatch, Watcher, WatchEvent, WatchSettings, object_key
 from dlrover.master.operator.reconcile import (
+    APPLIED_SPEC_STATUS,
     CreateObject,
     DeleteObject,
     Observed,
     ReconcileSettings,
     Reconciliation,
     ResizeJob,
+    UpdateObject,
     reconcile,
 )
 from dlrover.master.status import JobSummary
@@ -147,6 +150,27 @@ _PLURALS = {
     "Role": "role",
     "RoleBinding": "role_binding",
 }
+
+
+def _owned_by(obj: Mapping[str, Any], uid: str) -> bool:
+    """Whether `obj` belongs to the job incarnation `uid` (an ownerReference to it)."""
+    return any(ref.get("uid") == uid for ref in (obj.get("metadata") or {}).get("ownerReferences") or [])
+
+
+def _claims_named(spec: Mapping[str, Any]) -> set[str]:
+    """The PersistentVolumeClaims a spec names (its checkpoint volume, its master's state volume)."""
+    volumes = ((spec.get("checkpoint") or {}).get("volume"), (spec.get("master") or {}).get("stateVolume"))
+    names = (((volume or {}).get("persistentVolumeClaim") or {}).get("claimName") for volume in volumes)
+    return {name for name in names if isinstance(name, str) and name}
+
+
+def _secrets_named(spec: Mapping[str, Any]) -> set[str]:
+    """The Secrets a spec names (its object store's credentials, its master's TLS)."""
+    refs = (
+        ((spec.get("checkpoint") or {}).get("objectStore") or {}).get("secretName"),
+        ((spec.get("master") or {}).get("tls") or {}).get("secretName"),
+    )
+    return {ref for ref in refs if isinstance(ref, str) and ref}
 
 
 class Operator:
@@ -326,7 +350,7 @@ class Operator:
 
     def _observe(self, job: Mapping[str, Any], key: str) -> Observed:
         meta = job["metadata"]
-        namespace, name = meta["namespace"], meta["name"]
+        namespace, name, uid = meta["namespace"], meta["name"], str(meta.get("uid") or "")
         master = master_name(name)
         pods = self._watchers["Pod"].list_watch.objects().values()
         workers = tuple(
@@ -335,41 +359,51 @@ class Operator:
             if (p.get("metadata") or {}).get("namespace") == namespace
             and ((p.get("metadata") or {}).get("labels") or {}).get(JOB_LABEL) == name
             and ((p.get("metadata") or {}).get("labels") or {}).get(COMPONENT_LABEL) == COMPONENT_WORKER
+            # (A master that does not know its job's uid creates pods with no owner: still this job's.)
+            and not any(
+                ref.get("kind") == CRD_KIND and ref.get("uid") != uid
+                for ref in (p.get("metadata") or {}).get("ownerReferences") or []
+            )
         )
-        master_pod = self._cached("Pod", namespace, master)
+        foreign: set[str] = set()
+
+        def own(kind: str, object_name: str) -> Mapping[str, Any] | None:
+            found = self._cached(kind, namespace, object_name)
+            if found is not None and not _owned_by(found, uid):
+                foreign.add(kind)
+                return None
+            return found
+
+        master_pod = own("Pod", master)
         if (
             master_pod is not None
             and (master_pod.get("metadata") or {}).get("labels", {}).get(COMPONENT_LABEL) != COMPONENT_MASTER
         ):
             master_pod = None
-        secret = self._cached("Secret", namespace, token_secret_name(name))
+        secret = own("Secret", token_secret_name(name))
         claims: set[str] = set()
         secrets: set[str] = set()
         if master_pod is None:
-            # Only before a master starts: does the storage the spec names exist?
-            spec = job.get("spec") or {}
-            for volume in ((spec.get("checkpoint") or {}).get("volume"), (spec.get("master") or {}).get("stateVolume")):
-                claim = ((volume or {}).get("persistentVolumeClaim") or {}).get("claimName")
-                if isinstance(claim, str) and claim and self._exists("PersistentVolumeClaim", namespace, claim):
-                    claims.add(claim)
-            for ref in (
-                ((spec.get("checkpoint") or {}).get("objectStore") or {}).get("secretName"),
-                ((spec.get("master") or {}).get("tls") or {}).get("secretName"),
-                self._settings.reconcile.master.tls_secret,
-            ):
-                if isinstance(ref, str) and ref and self._exists("Secret", namespace, ref):
-                    secrets.add(ref)
+            # Only before a master starts: does the storage the spec names (or the spec in force) exist?
+            for spec in (job.get("spec") or {}, (job.get("status") or {}).get(APPLIED_SPEC_STATUS) or {}):
+                claims |= {c for c in _claims_named(spec) if self._exists("PersistentVolumeClaim", namespace, c)}
+                secrets |= {
+                    ref
+                    for ref in (*_secrets_named(spec), self._settings.reconcile.master.tls_secret)
+                    if ref and self._exists("Secret", namespace, ref)
+                }
         view = self._poll_master(job, key, master_pod, secret)
         return Observed(
             master_pod=master_pod,
-            service=self._cached("Service", namespace, master),
+            service=own("Service", master),
             secret=secret,
-            service_account=self._cached("ServiceAccount", namespace, master),
-            role=self._cached("Role", namespace, master),
-            role_binding=self._cached("RoleBinding", namespace, master),
+            service_account=own("ServiceAccount", master),
+            role=own("Role", master),
+            role_binding=own("RoleBinding", master),
             worker_pods=workers,
             claims=frozenset(claims),
             secrets=frozenset(secrets),
+            foreign=frozenset(foreign),
             summary=view.summary,
             master_error=view.error,
         )
@@ -484,6 +518,8 @@ class Operator:
             try:
                 if isinstance(write, CreateObject):
                     self._create(namespace, write)
+                elif isinstance(write, UpdateObject):
+                    self._update(namespace, write)
                 elif isinstance(write, DeleteObject):
                     self._delete(namespace, write)
                 elif isinstance(write, ResizeJob):
@@ -491,8 +527,8 @@ class Operator:
             except self._api_exception as exc:
                 if exc.status == 409 and isinstance(write, CreateObject):
                     continue  # the cache has not seen our own earlier create yet
-                if exc.status == 404 and isinstance(write, DeleteObject):
-                    continue
+                if exc.status == 404 and isinstance(write, DeleteObject | UpdateObject):
+                    continue  # gone: deleted as asked, or created afresh at the next pass
                 log.warning(
                     "%s/%s: %s failed: %s %s", namespace, job["metadata"]["name"], write, exc.status, exc.reason
                 )
@@ -505,6 +541,13 @@ class Operator:
     def _create(self, namespace: str, write: CreateObject) -> None:
         api = self._rbac if write.kind in _RBAC_KINDS else self._core
         getattr(api, f"create_namespaced_{_PLURALS[write.kind]}")(namespace, dict(write.obj), _preload_content=False)
+
+    def _update(self, namespace: str, write: UpdateObject) -> None:
+        api = self._rbac if write.kind in _RBAC_KINDS else self._core
+        log.info("%s: update %s %s: %s", namespace, write.kind, write.name, write.reason)
+        getattr(api, f"replace_namespaced_{_PLURALS[write.kind]}")(
+            write.name, namespace, dict(write.obj), _preload_content=False
+        )
 
     def _delete(self, namespace: str, write: DeleteObject) -> None:
         body: dict[str, Any] = {}

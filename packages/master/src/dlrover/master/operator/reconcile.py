@@ -11,22 +11,30 @@ The rules, in order:
 1. A job being deleted: nothing (ownership deletes what it owns).
 2. A job that ended (the master said so, or exited 0, 1 or 3): nothing is recreated.
 3. A spec that breaks the schema or a rule the schema cannot express: with no master yet, a
-   `Failed` condition naming the field and nothing created; with a master running, the edit is
-   refused (`SpecChangeRefused`) and the job runs on.
+   `Failed` condition naming the field and nothing created; once the job started, the edit is
+   refused (`SpecChangeRefused`) and the job runs on the spec in force (`status.appliedSpec`): its
+   master is still watched, mirrored and replaced when it dies.
 4. A storage the spec names (a checkpoint PVC, an object-store or TLS Secret) that does not exist:
    the same, checked before the master starts.
 5. `suspend`: the master pod (at once, so it does not stop the job: dlrover-master stops the job
    on SIGTERM) and the worker pods are deleted; resuming recreates the master, which resumes from
    its journal on `spec.master.stateVolume`.
-6. The Secret, ServiceAccount, Role, RoleBinding and Service are created when missing; the master
-   pod is created when missing, and replaced (counted in `masterRestarts`, bounded) when it died
-   for any reason but the job's end. A master pod on a lost node is dead too, though nothing
-   reports it so (no kubelet is left to): Running with `Ready=False` for longer than
+6. The Secret, ServiceAccount, Role, RoleBinding and Service are created when missing, and the
+   Service's ports and selector and the Role's rules are brought back to what the spec in force
+   needs when they differ (a port changed while suspended, a worker job turned into a
+   parameter-server job, an operator upgrade's new rules); an object of the same name owned by
+   another job (a deleted one of the same name whose objects are still being collected) is not
+   this job's: it is waited out. The master pod is created when missing, and replaced (counted in
+   `masterRestarts`, bounded) when it died for any reason but the job's end. A master pod on a lost
+   node is dead too, though nothing reports it so (no kubelet is left to): Running with `Ready=False` for longer than
    `master_unready_timeout_s`, or Terminating past its deletion time (the taint manager's graceful
    deletion, which only that node's kubelet could finish) plus `master_terminating_margin_s`. It is
    force-deleted (grace 0) and replaced; see `_Pass.master_lost` for why that is safe.
 7. An edit a running job cannot take (anything but `suspend` and the node counts) is refused in the
-   status; a new node count within the master's range is carried out by its resize RPC.
+   status; a new node count within the master's range is carried out by its resize RPC. The spec
+   in force is the one the master was started with, with the node counts carried out since; a
+   master that dies while an edit is refused is replaced from it, not from the refused edit.
+   Suspending the job ends it: the master a resume starts takes the spec as it then is.
 """
 
 from __future__ import annotations
@@ -39,6 +47,7 @@ import attrs
 
 from dlrover.common.validators import non_negative, positive
 from dlrover.master.kube.names import (
+    APPLIED_SPEC_STATUS,
     master_name,
     token_secret_name,
 )
@@ -49,6 +58,7 @@ from dlrover.master.states import JobState, NodeState
 from dlrover.master.status import JobSummary
 
 __all__ = [
+    "APPLIED_SPEC_STATUS",
     "MASTER_EXIT_RETRY",
     "Condition",
     "CreateObject",
@@ -57,6 +67,7 @@ __all__ = [
     "ReconcileSettings",
     "Reconciliation",
     "ResizeJob",
+    "UpdateObject",
     "Write",
     "reconcile",
 ]
@@ -100,6 +111,20 @@ class CreateObject:
 
 
 @attrs.frozen
+class UpdateObject:
+    """Replace `obj` (a `kind` in the job's namespace), which carries the resourceVersion it was read at: a
+    conflict (someone changed it since) is retried from a fresh read."""
+
+    kind: str
+    obj: Mapping[str, Any]
+    reason: str
+
+    @property
+    def name(self) -> str:
+        return str(self.obj["metadata"]["name"])
+
+
+@attrs.frozen
 class DeleteObject:
     """Delete the `kind` named `name` in the job's namespace; `grace_period_s` None: the pod's own."""
 
@@ -119,7 +144,7 @@ class ResizeJob:
     reason: str
 
 
-Write = CreateObject | DeleteObject | ResizeJob
+Write = CreateObject | UpdateObject | DeleteObject | ResizeJob
 
 
 @attrs.frozen
@@ -132,6 +157,8 @@ class Observed:
         worker_pods: the job's worker pods (by label).
         claims: the names of the PersistentVolumeClaims the spec refers to that exist.
         secrets: the names of the Secrets the spec refers to that exist.
+        foreign: the kinds of the job's objects whose names another owner holds (left out above): a
+            deleted job of the same name whose objects are still being collected, or someone else's.
         summary: the master's last answer to the status RPC (from the current master pod); None
             before one.
         master_error: why the last status call failed ("" when it did not).
@@ -146,6 +173,7 @@ class Observed:
     worker_pods: tuple[Mapping[str, Any], ...] = ()
     claims: frozenset[str] = frozenset()
     secrets: frozenset[str] = frozenset()
+    foreign: frozenset[str] = frozenset()
     summary: JobSummary | None = None
     master_error: str = ""
 
@@ -344,6 +372,16 @@ def _unready_too_long(pod: Mapping[str, Any], now_s: float, timeout_s: float) ->
     )
 
 
+@attrs.frozen
+class _Edit:
+    """What of the requested spec a started job cannot take: `errors` (with `reason`), and whether the job runs
+    on the spec in force instead (`changed`)."""
+
+    errors: tuple[str, ...] = ()
+    reason: str = ""
+    changed: bool = False
+
+
 class _Pass:
     """One reconcile pass: the inputs, the status being built, the writes and the reasons."""
 
@@ -359,6 +397,7 @@ class _Pass:
         self.status: dict[str, Any] = json.loads(json.dumps(job.get("status") or {}))
         self.writes: list[Write] = []
         self.reasons: list[str] = []
+        self.edit = _Edit()
 
     def condition(self, kind: str, true: bool, reason: str, message: str = "") -> None:
         _set_condition(self.status, kind, true, reason, message, now=self.now, generation=self.generation)
@@ -380,13 +419,14 @@ class _Pass:
             _mirror(self.status, self.observed.summary)
         if self.ended_or_suspended(pod):
             return self.answer()
-        check = check_spec(self.job)
-        if check.spec is None:
-            return self.refuse(check.errors, "InvalidSpec")
-        spec = self.with_default_tls(check.spec)
-        if spec.ps_job is not None and spec.tls_secret is not None:
-            return self.refuse(("--master-tls-secret: the operator serves every master with TLS, which a "
-                                "parameter-server job's master does not serve yet",), "InvalidSpec")  # fmt: skip
+        requested, errors = self.requested_spec()
+        in_force = self.spec_in_force()
+        if requested is None and in_force is None:
+            return self.refuse(errors, "InvalidSpec")
+        self.edit = self.refused_edit(requested, errors, in_force, pod)
+        # A refused edit leaves the job on the spec in force (a master started before it was kept has none).
+        spec = requested if requested is not None and (in_force is None or not self.edit.changed) else in_force
+        assert spec is not None  # (both None returned above)
         if pod is None:
             missing = [
                 f"{field}: PersistentVolumeClaim {name!r} not found"
@@ -404,8 +444,58 @@ class _Pass:
         self.status["observedGeneration"] = self.generation
         self.clear(Condition.SUSPENDED, "Resumed")
         self.ensure_objects(spec)
-        self.master(spec)
+        self.master(spec, requested)
         return self.answer()
+
+    def requested_spec(self) -> tuple[JobSpec | None, tuple[str, ...]]:
+        """The spec as the job now asks for it, checked (None and why: it cannot be run)."""
+        check = check_spec(self.job)
+        if check.spec is None:
+            return None, check.errors
+        spec = self.with_default_tls(check.spec)
+        if spec.ps_job is not None and spec.tls_secret is not None:
+            return None, ("--master-tls-secret: the operator serves every master with TLS, which a parameter-server "
+                          "job's master does not serve yet",)  # fmt: skip
+        return spec, ()
+
+    def spec_in_force(self) -> JobSpec | None:
+        """The spec the started job runs on (`APPLIED_SPEC_STATUS`); None before it started (or after a suspend)."""
+        applied = self.status.get(APPLIED_SPEC_STATUS)
+        if not isinstance(applied, Mapping):
+            return None
+        check = check_spec({**{k: v for k, v in self.job.items() if k != "status"}, "spec": applied})
+        return None if check.spec is None else self.with_default_tls(check.spec)
+
+    def refused_edit(
+        self,
+        requested: JobSpec | None,
+        errors: tuple[str, ...],
+        in_force: JobSpec | None,
+        pod: Mapping[str, Any] | None,
+    ) -> _Edit:
+        """What of the requested spec a started job cannot take (nothing before it started)."""
+        if requested is None:
+            return _Edit(errors, "InvalidSpec", changed=True)
+        base: Any = None
+        applied_text = ((pod or {}).get("metadata") or {}).get("annotations", {}).get(objects.APPLIED_SPEC_ANNOTATION)
+        if applied_text:
+            # What the running master was started with (a master created before `APPLIED_SPEC_STATUS` existed).
+            try:
+                base = json.loads(applied_text)
+            except ValueError:
+                base = None
+        if not isinstance(base, dict) and in_force is not None:
+            base = objects.applied_part(in_force.raw)
+        if not isinstance(base, dict):
+            return _Edit()
+        changed = objects.changed_fields(base, objects.applied_part(requested.raw))
+        if not changed:
+            return _Edit()
+        message = (
+            f"{', '.join(changed)} cannot change while the job runs (suspend and resume the job to start its master "
+            "with the new spec)"
+        )
+        return _Edit((message,), "CannotApply", changed=True)
 
     def ended_or_suspended(self, pod: Mapping[str, Any] | None) -> bool:
         """Whether the job ended (nothing more to do) or is suspended (its pods deleted)."""
@@ -462,6 +552,8 @@ class _Pass:
             if not _deleting(worker):
                 name = str(worker["metadata"]["name"])
                 self.writes.append(DeleteObject("Pod", name, "the job is suspended", None, _uid(worker)))
+        # A resume starts the master from the spec as it then is.
+        self.status.pop(APPLIED_SPEC_STATUS, None)
         self.status["phase"] = "Suspended"
         self.status["message"] = "suspended: the master and the workers are stopped"
         self.condition(Condition.SUSPENDED, True, "Suspended", "spec.suspend is true")
@@ -475,22 +567,53 @@ class _Pass:
 
     def ensure_objects(self, spec: JobSpec) -> None:
         observed, job = self.observed, self.job
-        wanted: tuple[tuple[str, Mapping[str, Any] | None, Callable[[], dict[str, Any]]], ...] = (
-            ("ServiceAccount", observed.service_account, lambda: objects.master_service_account(job)),
-            ("Role", observed.role, lambda: objects.master_role(job, spec)),
-            ("RoleBinding", observed.role_binding, lambda: objects.master_role_binding(job)),
-            ("Secret", observed.secret, lambda: objects.token_secret(job, self.new_token)),
-            ("Service", observed.service, lambda: objects.master_service(job, spec)),
+        wanted: tuple[tuple[str, Mapping[str, Any] | None, Callable[[], dict[str, Any]], tuple[str, ...]], ...] = (
+            ("ServiceAccount", observed.service_account, lambda: objects.master_service_account(job), ()),
+            ("Role", observed.role, lambda: objects.master_role(job, spec), ("rules",)),
+            ("RoleBinding", observed.role_binding, lambda: objects.master_role_binding(job), ()),
+            ("Secret", observed.secret, lambda: objects.token_secret(job, self.new_token), ()),
+            ("Service", observed.service, lambda: objects.master_service(job, spec), ("spec.ports", "spec.selector")),
         )
-        for kind, present, build in wanted:
-            if present is None:
+        for kind, present, build, kept in wanted:
+            name = token_secret_name(self.name) if kind == "Secret" else master_name(self.name)
+            if kind in observed.foreign:
+                self.reasons.append(f"wait: the {kind} {name} belongs to another object (a deleted job's, collected)")
+            elif present is None:
                 self.writes.append(CreateObject(kind, build()))
-                self.reasons.append(
-                    f"create the {kind} {token_secret_name(self.name) if kind == 'Secret' else master_name(self.name)}"
-                )
+                self.reasons.append(f"create the {kind} {name}")
+            elif kept:
+                self.bring_back(kind, present, build(), kept)
 
-    def master(self, spec: JobSpec) -> None:
+    def bring_back(
+        self, kind: str, present: Mapping[str, Any], wanted: Mapping[str, Any], paths: tuple[str, ...]
+    ) -> None:
+        """Update the fields `paths` (dotted) of an existing object that differ from what the spec in force needs."""
+        updated: dict[str, Any] = json.loads(json.dumps(dict(present)))
+        differ = []
+        for path in paths:
+            *parents, leaf = path.split(".")
+            have: Any = updated
+            want: Any = wanted
+            for part in parents:
+                have = have.setdefault(part, {})
+                want = want[part]
+            if have.get(leaf) != want[leaf]:
+                differ.append(path)
+                have[leaf] = json.loads(json.dumps(want[leaf]))
+        if differ:
+            why = f"its {', '.join(differ)} differ from what the spec in force needs"
+            self.writes.append(UpdateObject(kind, updated, why))
+            self.reasons.append(f"update the {kind} {master_name(self.name)}: {why}")
+
+    def master(self, spec: JobSpec, requested: JobSpec | None) -> None:
         pod = self.observed.master_pod
+        if pod is None and self.observed.foreign:
+            # (A master started without its own Role, Secret or Service would fail, and count as a restart.)
+            held = ", ".join(sorted(self.observed.foreign))
+            message = f"waiting for objects of this job's names that another owner holds to go: {held}"
+            self.condition(Condition.MASTER_READY, False, "MasterPending", message)
+            self.reasons.append(f"no master yet: {message}")
+            return
         if pod is None:
             self.create_master(spec)
             return
@@ -520,7 +643,7 @@ class _Pass:
         else:
             self.condition(Condition.MASTER_READY, False, "MasterPending", _pending_message(pod))
             self.reasons.append("the master pod is not running yet")
-        self.check_edit(spec, pod, summary)
+        self.check_edit(requested, summary)
 
     def create_master(self, spec: JobSpec) -> None:
         restarted = _is_true(self.status, Condition.MASTER_READY)
@@ -534,6 +657,8 @@ class _Pass:
             self.reasons.append(message)
             return
         self.writes.append(CreateObject("Pod", objects.master_pod(self.job, spec, self.settings.master)))
+        self.status[APPLIED_SPEC_STATUS] = json.loads(json.dumps(dict(spec.raw)))
+        self.settle_edit(())
         fresh = ""
         if restarts and spec.state_volume is None:
             fresh = " (no spec.master.stateVolume: the new master starts the job afresh)"
@@ -612,26 +737,28 @@ class _Pass:
             _end(self.status, _ENDED_STATES[state], message, self.now, self.generation)
             self.reasons.append(f"the master ended the job: {state.value}")
 
-    def check_edit(self, spec: JobSpec, pod: Mapping[str, Any], summary: JobSummary | None) -> None:
-        applied_text = ((pod.get("metadata") or {}).get("annotations") or {}).get(objects.APPLIED_SPEC_ANNOTATION)
-        refused: list[str] = []
-        if applied_text:
-            try:
-                applied = json.loads(applied_text)
-            except ValueError:
-                applied = None
-            if isinstance(applied, dict):
-                changed = objects.changed_fields(applied, objects.applied_part(spec.raw))
-                if changed:
-                    refused.append(
-                        f"{', '.join(changed)} cannot change while the job runs (suspend and resume the job to "
-                        "start its master with the new spec)"
-                    )
-        if summary is not None and summary.state is JobState.RUNNING and spec.node_range is not None:
-            refused.extend(self.resize(spec.node_range, summary))
+    def check_edit(self, requested: JobSpec | None, summary: JobSummary | None) -> None:
+        """Carry out a new node count of the requested spec, and say what of it the running job cannot take."""
+        resize_refused: tuple[str, ...] = ()
+        if (
+            requested is not None
+            and summary is not None
+            and summary.state is JobState.RUNNING
+            and requested.node_range is not None
+        ):
+            resize_refused = tuple(self.resize(requested.node_range, summary))
+        self.settle_edit(resize_refused)
+        if requested is not None and not self.edit.changed and not resize_refused:
+            # All of it is carried out: a replacement master starts from it.
+            self.status[APPLIED_SPEC_STATUS] = json.loads(json.dumps(dict(requested.raw)))
+
+    def settle_edit(self, more: tuple[str, ...]) -> None:
+        """Show the refused edit (`self.edit` and `more`) in the status, or clear a refusal no longer standing."""
+        refused = (*self.edit.errors, *more)
         if refused:
-            self.condition(Condition.SPEC_CHANGE_REFUSED, True, "CannotApply", "; ".join(refused))
-            self.reasons.append(f"edit refused: {'; '.join(refused)}")
+            reason = self.edit.reason if self.edit.errors else "CannotApply"
+            self.condition(Condition.SPEC_CHANGE_REFUSED, True, reason, "; ".join(refused))
+            self.reasons.append(f"edit refused, the job runs on the spec in force: {'; '.join(refused)}")
         else:
             self.clear(Condition.SPEC_CHANGE_REFUSED, "Applied")
 

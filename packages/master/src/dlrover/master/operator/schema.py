@@ -209,6 +209,12 @@ STATUS_SCHEMA: dict[str, Any] = {
             "deleted itself (suspend): a lagging view that still shows it counts nothing again",
         },
         "masterAddress": {"type": "string"},
+        "appliedSpec": {
+            "type": "object",
+            "x-kubernetes-preserve-unknown-fields": True,
+            "description": "the spec in force: the one the running master was started with, with the node counts "
+            "carried out since; a master that dies while an edit is refused is replaced from it",
+        },
         "appliedMaxReplicas": {
             "type": "integer",
             "description": "the maxReplicas last carried out on the running master (a resize is sent when the spec's "

@@ -94,6 +94,9 @@ def read_worker_template(
 ) -> WorkerTemplate:
     """Read the ElasticJob `settings.namespace/settings.job`: its worker template, uid and checkpoint volume.
 
+    They come from the spec in force (`status.appliedSpec`, `names.APPLIED_SPEC_STATUS`) where the operator
+    keeps one, else from `spec`.
+
     A read answered 429 or 5xx, one refused 403 (a Role the operator has just created may take a moment to
     reach every API server), or a broken connection is retried `settings.request_retries` times with the
     watch's backoff: a master replacing another must not fail its job for a passing hiccup.
@@ -143,7 +146,9 @@ def read_worker_template(
         _log.warning("reading the %s failed (%s, attempt %d of %d); retrying in %.2f s", where, problem, attempt,
                      attempts, delay)  # fmt: skip
         (sleep or threading.Event().wait)(delay)
-    spec = job.get("spec") or {}
+    # The spec in force where the operator keeps one: an edit it refused is not carried out by this master.
+    in_force = (job.get("status") or {}).get(names.APPLIED_SPEC_STATUS)
+    spec = in_force if isinstance(in_force, Mapping) else job.get("spec") or {}
     replicas = spec.get("replicaSpecs") or {}
     template = (replicas.get("worker") or {}).get("template")
     if not isinstance(template, Mapping):
