@@ -107,6 +107,85 @@ def test_iterable_dataset_with_two_forkserver_loader_workers_resumes_exactly(sha
     assert sorted(trained) == list(range(N))
 
 
+@pytest.mark.timeout(120)
+def test_a_loop_breaking_out_of_a_prefetching_loader_loses_and_repeats_nothing(shard_server: Any, token: str) -> None:
+    """The loader had drawn batches ahead (two workers) when the loop broke out mid-shard: the next pass hands
+    out again what was drawn and never trained, then the rest of that shard."""
+    server, _ = shard_server
+    trained: list[int] = []
+    with ShardClient(server.address, token, "ds", "trainer-b", config=CFG) as client:
+        client.register(_spec())
+        sampler = ShardSampler(client, wait_s=0.3)
+        loader = DataLoader(_Identity(), batch_size=5, sampler=sampler, num_workers=2)
+        for _pass in range(50):
+            for i, batch in enumerate(loader):
+                trained.extend(batch.tolist())
+                sampler.commit(len(batch))
+                if _pass < 3 and i == 4:
+                    break  # 25 samples: inside the second shard, batches drawn ahead
+            if sampler.finished:
+                break
+        assert sampler.finished
+        assert client.status().finished
+    assert sorted(trained) == list(range(N))
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_drop_last_loader_trains_every_sample_once_but_the_last_partial_batch(
+    shard_server: Any, token: str, num_workers: int
+) -> None:
+    """Passes end at the end of the data; each drops its last, partial batch. The next pass hands those samples
+    out again (to be trained in the next full batch); at the end of the data they are acknowledged as dropped."""
+    server, _ = shard_server
+    trained: list[int] = []
+    with ShardClient(server.address, token, "ds", "trainer-d", config=CFG) as client:
+        client.register(_spec())
+        sampler = ShardSampler(client, wait_s=0.3, drop_last=True)
+        loader = DataLoader(_Identity(), batch_size=7, sampler=sampler, num_workers=num_workers, drop_last=True)
+        for _pass in range(50):
+            for i, batch in enumerate(loader):
+                trained.extend(batch.tolist())
+                sampler.commit(len(batch))
+                if _pass == 0 and i == 9:
+                    break  # a partial pass too: 70 samples
+            if sampler.finished:
+                break
+        assert sampler.finished
+        assert client.status().finished
+    assert len(trained) == len(set(trained)) == N - N % 7
+    assert set(trained) <= set(range(N))
+
+
+@pytest.mark.timeout(60)
+def test_without_drop_last_the_sampler_keeps_the_samples_a_drop_last_loader_leaves_and_says_so(
+    shard_server: Any, token: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    server, _ = shard_server
+    with ShardClient(server.address, token, "ds", "trainer-k", config=CFG) as client:
+        client.register(_spec())
+        sampler = ShardSampler(client, wait_s=0.2)
+        loader = DataLoader(_Identity(), batch_size=7, sampler=sampler, drop_last=True)
+        trained = 0
+        for _pass in range(3):
+            for batch in loader:
+                trained += len(batch)
+                sampler.commit(len(batch))
+        assert trained == N - N % 7
+        assert not sampler.finished
+        assert not client.status().finished  # nothing acknowledged that was not trained
+        assert "give ShardSampler drop_last=True" in caplog.text
+        # A loop that trains them after all (drop_last off) finishes the data.
+        for _pass in range(3):
+            for batch in DataLoader(_Identity(), batch_size=7, sampler=sampler):
+                trained += len(batch)
+                sampler.commit(len(batch))
+            if sampler.finished:
+                break
+        assert sampler.finished
+        assert trained == N
+
+
 def test_state_of_another_dataset_or_version_is_refused(shard_server: Any, token: str) -> None:
     server, _ = shard_server
     with ShardClient(server.address, token, "ds", "a", config=CFG) as client:

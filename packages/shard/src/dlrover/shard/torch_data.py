@@ -24,11 +24,20 @@ own leases are what everybody waits for, so blocking would deadlock). Loop until
             train(batch)
             sampler.commit(len(batch))
 
+`ShardSampler.commit` acknowledges the oldest yielded samples first, so commit what you trained
+before you start the next pass: a new pass first hands out again what the last one yielded and
+nobody committed (what a `DataLoader` with `drop_last=True` dropped at the pass's end, or had
+prefetched when the loop broke out), then the rest of the shard it was in, then new shards. At
+the end of the data, the samples a `drop_last=True` loader drops again and again are acknowledged
+as dropped only if the sampler was told (`ShardSampler(..., drop_last=True)`); otherwise each pass
+ends with a warning saying so, and `finished` never comes.
+
 torch is an optional extra; this module imports it at import time, `dlrover.shard` does not.
 """
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Generic, TypeVar
@@ -48,6 +57,7 @@ __all__ = ["ShardSampler", "ShardIterableDataset", "STATE_FORMAT", "STATE_VERSIO
 STATE_FORMAT = "dlrover.shard.torch"
 STATE_VERSION = 1
 _T = TypeVar("_T")
+_log = logging.getLogger(__name__)
 
 
 def _state(dataset: str, document: str) -> dict[str, Any]:
@@ -80,6 +90,15 @@ class _Acks:
                 client.report_progress(shard_id, position)
 
 
+@attrs.frozen
+class _Yielded:
+    """A sample handed out: its index, and the shard `position` its acknowledgement reaches (1-based)."""
+
+    shard: Shard
+    position: int
+    index: int
+
+
 class ShardSampler(Sampler[int]):
     """Yields the sample indices of the shards leased to `client`, in shard order.
 
@@ -87,17 +106,22 @@ class ShardSampler(Sampler[int]):
         client: the shard client (its dataset must be an index source); owned by the caller.
         wait_s: while samples are uncommitted, how long to wait for a next shard before ending
             the pass (see the module's notes on passes).
+        drop_last: the `DataLoader` drops a pass's last, partial batch: at the end of the data, the
+            samples it keeps dropping are acknowledged as dropped (see the module's notes).
     """
 
-    def __init__(self, client: ShardClient, wait_s: float = 1.0) -> None:
+    def __init__(self, client: ShardClient, wait_s: float = 1.0, *, drop_last: bool = False) -> None:
         if not wait_s > 0:
             raise ConfigError(f"wait_s must be positive, got {wait_s!r}")
         self._client = client
         self._wait_s = wait_s
+        self._drop_last = drop_last
         # Committed samples reach the agent's step reports (and so the master) under dlrover-run.
         self._steps = optional_reporter()
-        self._inflight: deque[tuple[Shard, int]] = deque()
-        self._shard_left = 0  # samples of the current shard not yet yielded
+        self._inflight: deque[_Yielded] = deque()
+        self._shard: Shard | None = None  # the shard being handed out
+        self._unyielded: deque[int] = deque()  # its samples not handed out yet
+        self._commits = 0  # commit() calls that acknowledged something
         self._finished = False
 
     @property
@@ -106,19 +130,56 @@ class ShardSampler(Sampler[int]):
         return self._finished
 
     def __iter__(self) -> Iterator[int]:
+        # What an earlier pass yielded and nobody committed was not trained: hand it out again first. (A
+        # snapshot: commits pop from the front of `_inflight` while this pass runs.)
+        replayed = list(self._inflight)
+        commits = self._commits
+        for item in replayed:
+            yield item.index
+        fresh = False
         while True:
+            shard = self._shard
+            while shard is not None and self._unyielded:
+                item = _Yielded(shard, shard.size - len(self._unyielded) + 1, self._unyielded.popleft())
+                self._inflight.append(item)
+                fresh = True
+                yield item.index
             try:
                 # Holding nothing uncommitted, waiting cannot deadlock: wait for a shard or the end.
                 shard = self._client.next_shard(timeout_s=self._wait_s if self._inflight else None)
             except TimeoutError:
+                stuck = replayed and not fresh and self._commits == commits and self._only_ours_left()
+                if stuck and self._drop_at_the_end():
+                    continue  # acknowledged: the service says whether anything is left
                 return  # end the pass so the training loop can commit what it holds
             if shard is None:
                 self._finished = True
                 return
-            for offset, index in enumerate(shard.remaining_samples(), start=shard.consumed + 1):
-                self._inflight.append((shard, offset))
-                self._shard_left = shard.size - offset
-                yield index
+            self._shard, self._unyielded = shard, deque(shard.remaining_samples())
+
+    def _only_ours_left(self) -> bool:
+        """Whether the samples this sampler holds uncommitted are all the dataset has left."""
+        status = self._client.status()
+        ours = {item.shard.shard_id for item in self._inflight}
+        return status.todo == 0 and status.epochs_remaining == 0 and status.doing == len(ours)
+
+    def _drop_at_the_end(self) -> bool:
+        """A pass handed out again only what the last one left uncommitted, nothing was committed, and nothing else
+        is left: the loader drops them as its last partial batch. Acknowledge them where `drop_last` says so."""
+        count = len(self._inflight)
+        if not self._drop_last:
+            _log.warning(
+                "%d uncommitted samples are all that is left of dataset %r and a pass handed them out again without "
+                "a commit: a DataLoader with drop_last=True drops them; give ShardSampler drop_last=True to "
+                "acknowledge them as dropped, or commit what was trained",
+                count,
+                self._client.dataset,
+            )
+            return False
+        _log.warning("acknowledging %d samples of dataset %r as dropped (drop_last) at the end of the data", count,
+                     self._client.dataset)  # fmt: skip
+        self._acknowledge(count)
+        return True
 
     def commit(self, num_samples: int) -> None:
         """Acknowledge the next `num_samples` yielded indices as trained (call after each step).
@@ -130,13 +191,18 @@ class ShardSampler(Sampler[int]):
             raise ConfigError(
                 f"cannot commit {num_samples} samples; {len(self._inflight)} were yielded and not committed"
             )
+        self._acknowledge(num_samples)
+        if num_samples:
+            self._commits += 1
+            if self._steps is not None:
+                self._steps.add_samples(num_samples)
+
+    def _acknowledge(self, num_samples: int) -> None:
         acks = _Acks()
         for _ in range(num_samples):
-            shard, position = self._inflight.popleft()
-            acks.add(self._client.worker, shard.shard_id, position, shard.size)
+            item = self._inflight.popleft()
+            acks.add(self._client.worker, item.shard.shard_id, item.position, item.shard.size)
         acks.flush(lambda _worker: self._client)
-        if self._steps is not None and num_samples:
-            self._steps.add_samples(num_samples)
 
     def state_dict(self) -> dict[str, Any]:
         """The data position to store in the model checkpoint (the committed samples).
@@ -145,7 +211,7 @@ class ShardSampler(Sampler[int]):
         needs a new shard the same call leases it (see `ShardClient.checkpoint`): a loop that
         commits and saves after every step makes two calls per step, not three.
         """
-        lease_next = self._shard_left == 0 and not self._finished
+        lease_next = not self._unyielded and not self._finished
         return _state(self._client.dataset, self._client.checkpoint(lease_next=lease_next))
 
     def load_state_dict(self, state: dict[str, Any], restore: bool = True) -> None:
@@ -161,7 +227,7 @@ class ShardSampler(Sampler[int]):
         """
         document = _check_state(state, self._client.dataset)
         self._inflight.clear()
-        self._shard_left = 0
+        self._shard, self._unyielded = None, deque()
         self._finished = False
         if restore:
             self._client.restore(document)
