@@ -279,6 +279,24 @@ def test_shards_a_prefetch_leased_before_a_restore_are_never_handed_out(shard_se
         c.report_done(got[0].shard_id)  # leased to this worker under the restored position
 
 
+@pytest.mark.timeout(60)
+def test_after_a_restore_a_prefetching_client_refills_at_once_not_at_its_next_renewal(
+    shard_server: Any, token: str
+) -> None:
+    # The prefetch thread sleeps until a shard leaves its full buffer or the renewal is due; the restore
+    # empties the buffer and must wake it. (With the renewal an hour away, a missed wake-up times out.)
+    server, _ = shard_server
+    config = ShardClientConfig(retry=FAST.retry, prefetch_shards=1, renew_interval_s=3600)
+    with _client(server, token, config=config) as c:
+        c.register(_spec(n=8, delivery=DeliveryMode.EXACTLY_ONCE))
+        doc = c.checkpoint()
+        assert c.next_shard(timeout_s=30) is not None
+        with c._cond:  # the thread has refilled its buffer and sleeps
+            assert c._cond.wait_for(lambda: len(c._buffer) == 1, 30)
+        c.restore(doc)
+        assert c.next_shard(timeout_s=30) is not None
+
+
 def test_client_config_rejects_bad_values() -> None:
     from dlrover.common import ConfigError
 

@@ -350,11 +350,15 @@ class ShardClient:
         """Forget buffered shards without reporting them: for a trainer whose data position
         another trainer restored, which dropped every lease and may have made the dataset
         unfinished again. Returns how many were forgotten."""
+        return self._forget_leases()
+
+    def _forget_leases(self) -> int:
+        """Drop the buffered and in-use shards, whose leases a restore dropped; returns how many were buffered."""
         with self._cond:
             count = len(self._buffer)
             self._buffer.clear()
             self._leased_at.clear()
-            self._in_use.clear()  # their leases went with the restore too
+            self._in_use.clear()
             self._finished = False
             self._buffer_generation += 1
             self._cond.notify_all()  # a prefetch thread refills now, not at its next renewal
@@ -364,12 +368,7 @@ class ShardClient:
         """Restore the dataset from a progress checkpoint; drops this client's buffered shards."""
         req = pb.RestoreCheckpointRequest(document=document, dataset=self._dataset, request_id=self._request_id())
         res = self._read(self._stub.RestoreCheckpoint, req)
-        with self._cond:
-            self._buffer.clear()  # their leases were dropped by the restore
-            self._leased_at.clear()
-            self._in_use.clear()
-            self._finished = False
-            self._buffer_generation += 1
+        self._forget_leases()
         return RestoreResult(res.dataset, res.returned_to_queue, res.reason)
 
     def status(self) -> DatasetStatus:
@@ -462,6 +461,22 @@ class ShardClient:
                 return False
             raise
         return True
+
+    def holds(self, shard: Shard) -> bool:
+        """Whether this worker still holds the lease of `shard`, a shard it was handed out, renewing it if so.
+
+        False when the lease is gone (it expired, or was restored away, and the service may have given the shard
+        to another worker): its samples must not be trained here. The renewal is a progress report at the
+        position the shard was handed out at, so it acknowledges nothing.
+
+        Raises:
+            RpcError: the service could not say (unreachable past the retries, or another refusal).
+        """
+        if self._renew_lease(shard):
+            self._renewed(shard.shard_id, reported=False)
+            return True
+        self._put_down(shard.shard_id)
+        return False
 
     def _hand_out(self, shard: Shard) -> Shard:
         """Record `shard` as in use (lock held) and see that its lease is kept alive; returns it."""

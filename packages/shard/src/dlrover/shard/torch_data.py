@@ -27,10 +27,13 @@ own leases are what everybody waits for, so blocking would deadlock). Loop until
 `ShardSampler.commit` acknowledges the oldest yielded samples first, so commit what you trained
 before you start the next pass: a new pass first hands out again what the last one yielded and
 nobody committed (what a `DataLoader` with `drop_last=True` dropped at the pass's end, or had
-prefetched when the loop broke out), then the rest of the shard it was in, then new shards. At
-the end of the data, the samples a `drop_last=True` loader drops again and again are acknowledged
-as dropped only if the sampler was told (`ShardSampler(..., drop_last=True)`); otherwise each pass
-ends with a warning saying so, and `finished` never comes.
+prefetched when the loop broke out), then the rest of the shard it was in, then new shards; samples
+of a shard whose lease ended meanwhile (a pause past the client's keep-alive) are left to the service,
+which hands that shard out again. At the end of the data, the samples a `drop_last=True` loader
+drops again and again are acknowledged as dropped only if the sampler was told
+(`ShardSampler(..., drop_last=True)`); otherwise each pass starts with a warning saying so, and
+`finished` never comes. Only the newest pass hands out indices: an older iterator, left suspended
+by the loader, ends when a new pass or `load_state_dict` comes.
 
 torch is an optional extra; this module imports it at import time, `dlrover.shard` does not.
 """
@@ -99,6 +102,16 @@ class _Yielded:
     index: int
 
 
+@attrs.define
+class _Pass:
+    """What a pass did, read when the next one starts: the commit count when it started, whether it handed out
+    only samples an earlier pass had yielded, and whether it ended because no shard came in `wait_s`."""
+
+    commits_at_start: int
+    replay_only: bool = True
+    timed_out: bool = False
+
+
 class ShardSampler(Sampler[int]):
     """Yields the sample indices of the shards leased to `client`, in shard order.
 
@@ -122,6 +135,10 @@ class ShardSampler(Sampler[int]):
         self._shard: Shard | None = None  # the shard being handed out
         self._unyielded: deque[int] = deque()  # its samples not handed out yet
         self._commits = 0  # commit() calls that acknowledged something
+        # Each pass (and each load_state_dict) takes the next number: a pass's iterator that the loader left
+        # suspended stops handing out once a newer one exists, so two never interleave.
+        self._generation = 0
+        self._last_pass: _Pass | None = None
         self._finished = False
 
     @property
@@ -130,42 +147,75 @@ class ShardSampler(Sampler[int]):
         return self._finished
 
     def __iter__(self) -> Iterator[int]:
+        self._generation += 1
+        generation = self._generation
+        self._forget_lost_leases()
+        if self._left_by_the_loader():
+            self._drop_what_the_loader_left()
+        this_pass = self._last_pass = _Pass(commits_at_start=self._commits)
         # What an earlier pass yielded and nobody committed was not trained: hand it out again first. (A
         # snapshot: commits pop from the front of `_inflight` while this pass runs.)
-        replayed = list(self._inflight)
-        commits = self._commits
-        for item in replayed:
+        for item in list(self._inflight):
             yield item.index
-        fresh = False
+            if self._generation != generation:
+                return
         while True:
             shard = self._shard
             while shard is not None and self._unyielded:
                 item = _Yielded(shard, shard.size - len(self._unyielded) + 1, self._unyielded.popleft())
                 self._inflight.append(item)
-                fresh = True
+                this_pass.replay_only = False
                 yield item.index
+                if self._generation != generation:
+                    return
             try:
                 # Holding nothing uncommitted, waiting cannot deadlock: wait for a shard or the end.
                 shard = self._client.next_shard(timeout_s=self._wait_s if self._inflight else None)
             except TimeoutError:
-                stuck = replayed and not fresh and self._commits == commits and self._only_ours_left()
-                if stuck and self._drop_at_the_end():
-                    continue  # acknowledged: the service says whether anything is left
+                this_pass.timed_out = True
                 return  # end the pass so the training loop can commit what it holds
             if shard is None:
                 self._finished = True
                 return
             self._shard, self._unyielded = shard, deque(shard.remaining_samples())
 
-    def _only_ours_left(self) -> bool:
-        """Whether the samples this sampler holds uncommitted are all the dataset has left."""
-        status = self._client.status()
-        ours = {item.shard.shard_id for item in self._inflight}
-        return status.todo == 0 and status.epochs_remaining == 0 and status.doing == len(ours)
+    def _forget_lost_leases(self) -> None:
+        """Leave out of the next pass the samples of shards whose leases ended while they waited (a loop paused
+        past the client's keep-alive): the service hands those shards out again, perhaps to another worker, and
+        training them here too would train them twice."""
+        shards = {item.shard.shard_id: item.shard for item in self._inflight}
+        if self._shard is not None and self._unyielded:
+            shards[self._shard.shard_id] = self._shard
+        lost = {shard_id for shard_id, shard in shards.items() if not self._client.holds(shard)}
+        if not lost:
+            return
+        dropped = sum(1 for item in self._inflight if item.shard.shard_id in lost)
+        self._inflight = deque(item for item in self._inflight if item.shard.shard_id not in lost)
+        if self._shard is not None and self._shard.shard_id in lost:
+            dropped += len(self._unyielded)
+            self._shard, self._unyielded = None, deque()
+        _log.warning(
+            "the leases of shards %s of dataset %r ended before %d of their samples were trained; the service hands "
+            "them out again from their last committed position",
+            sorted(lost),
+            self._client.dataset,
+            dropped,
+        )
 
-    def _drop_at_the_end(self) -> bool:
-        """A pass handed out again only what the last one left uncommitted, nothing was committed, and nothing else
-        is left: the loader drops them as its last partial batch. Acknowledge them where `drop_last` says so."""
+    def _left_by_the_loader(self) -> bool:
+        """Whether the uncommitted samples are what a `drop_last` loader drops at the end of the data: the last
+        pass handed out only them, found no shard to follow, the loop committed nothing since it started, and the
+        dataset has nothing left to hand out. (Judged when the next pass starts, once the loop has trained all
+        the last one gave it: a loader with workers draws indices ahead of the batches it trains.)"""
+        last = self._last_pass
+        if last is None or not self._inflight:
+            return False
+        if not (last.replay_only and last.timed_out and last.commits_at_start == self._commits):
+            return False
+        status = self._client.status()
+        return status.todo == 0 and status.epochs_remaining == 0
+
+    def _drop_what_the_loader_left(self) -> None:
         count = len(self._inflight)
         if not self._drop_last:
             _log.warning(
@@ -175,11 +225,10 @@ class ShardSampler(Sampler[int]):
                 count,
                 self._client.dataset,
             )
-            return False
+            return
         _log.warning("acknowledging %d samples of dataset %r as dropped (drop_last) at the end of the data", count,
                      self._client.dataset)  # fmt: skip
         self._acknowledge(count)
-        return True
 
     def commit(self, num_samples: int) -> None:
         """Acknowledge the next `num_samples` yielded indices as trained (call after each step).
@@ -226,6 +275,8 @@ class ShardSampler(Sampler[int]):
             ConfigError: the state is of another format, version or dataset.
         """
         document = _check_state(state, self._client.dataset)
+        self._generation += 1  # a pass the loader left suspended hands out nothing of the old position
+        self._last_pass = None
         self._inflight.clear()
         self._shard, self._unyielded = None, deque()
         self._finished = False
