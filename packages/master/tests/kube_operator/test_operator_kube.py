@@ -40,11 +40,13 @@ class FakeMasters:
         self.resizes: list[int] = []
         self.refuse_resizes = 0  # this many resize calls fail first
         self.targets: list[str] = []
+        self.tls: list[bool] = []
         self._lock = threading.Lock()
 
     def status(self, address: MasterAddress) -> JobSummary:
         with self._lock:
             self.targets.append(address.target)
+            self.tls.append(address.tls)
             assert len(address.token) >= 16
             if self.answer is None:
                 raise ConnectionError("the master is not serving yet")
@@ -322,6 +324,20 @@ def test_an_invalid_edit_leaves_the_job_on_its_spec_and_a_deleted_master_is_stil
     assert cluster.condition("Failed") is None
 
 
+def test_a_refused_port_and_tls_edit_leaves_the_status_calls_on_what_the_master_serves(
+    cluster: Cluster, operator: Operator, masters: FakeMasters
+) -> None:
+    cluster.create_job(elastic_job())
+    _running_master(cluster, masters)
+    cluster.patch_job({"spec": {"master": {"port": 6000, "tls": {"secretName": "tls"}}}})
+    wait_for("refused", lambda: (c := cluster.condition("SpecChangeRefused")) and c["status"] == "True")
+    polled = len(masters.targets)
+    wait_for("two more status calls", lambda: len(masters.targets) >= polled + 2)
+    assert set(masters.targets[polled:]) == {"127.0.0.7:50001"}
+    assert not any(masters.tls[polled:])
+    assert cluster.owned()["service"].spec.ports[0].port == 50001
+
+
 def test_a_port_changed_while_suspended_moves_the_service_with_the_resumed_master(
     cluster: Cluster, masters: FakeMasters
 ) -> None:
@@ -381,7 +397,10 @@ def test_a_resize_that_failed_is_sent_again(cluster: Cluster, operator: Operator
     masters.refuse_resizes = 1
     cluster.patch_job({"spec": {"replicaSpecs": {"worker": {"maxReplicas": 3}}}})
     wait_for("the resize sent again and taken", lambda: masters.resizes == [3, 3])
-    wait_for("the edit recorded as applied", lambda: cluster.job()["status"].get("appliedMaxReplicas") == 3)
+    wait_for(
+        "the edit recorded in the spec in force",
+        lambda: cluster.job()["status"]["appliedSpec"]["replicaSpecs"]["worker"]["maxReplicas"] == 3,
+    )
     assert masters.resizes == [3, 3]
 
 

@@ -13,6 +13,7 @@ from ej_builders import TOKEN, created, edited, elastic_job, observed_after, pod
 
 from dlrover.master.kube.names import COMPONENT_LABEL, JOB_LABEL, MANAGED_BY_LABEL
 from dlrover.master.operator import (
+    APPLIED_SPEC_STATUS,
     MASTER_EXIT_RETRY,
     MASTER_ROLE_RULES,
     Condition,
@@ -26,6 +27,7 @@ from dlrover.master.operator import (
     UpdateObject,
     reconcile,
 )
+from dlrover.master.operator.objects import serves_tls
 from dlrover.master.operator.schema import STATUS_SCHEMA, schema_errors
 from dlrover.master.states import JobState
 
@@ -285,7 +287,7 @@ def test_the_masters_own_resizes_are_not_undone() -> None:
     edit["spec"]["replicaSpecs"]["worker"]["maxReplicas"] = 1
     first = run(edit, full)
     assert first.writes == (ResizeJob(1, "spec.replicaSpecs.worker.maxReplicas is 1"),)
-    assert first.status["appliedMaxReplicas"] == 1
+    assert first.status[APPLIED_SPEC_STATUS]["replicaSpecs"]["worker"]["maxReplicas"] == 1
     # A pass that still shows the master at 2 (its answer not yet in) after the edit was applied: no second resize.
     assert not [w for w in run(with_status(edit, first), full).writes if isinstance(w, ResizeJob)]
 
@@ -714,3 +716,104 @@ def test_objects_another_owner_holds_are_waited_out_and_no_master_starts_meanwhi
     # Once they are gone, the rest is created.
     later = run(with_status(elastic_job(), answer), observed_after(answer))
     assert sorted(w.kind for w in later.writes if isinstance(w, CreateObject)) == ["Pod", "Service"]
+
+
+def _nnodes(pod: dict[str, Any]) -> str:
+    command = pod["spec"]["containers"][0]["command"]
+    return str(command[command.index("--nnodes") + 1])
+
+
+def _with_image_and_max(job: dict[str, Any], image: str, max_replicas: int) -> dict[str, Any]:
+    worker = copy.deepcopy(job["spec"]["replicaSpecs"]["worker"])
+    worker["template"]["spec"]["containers"][0]["image"] = image
+    worker["maxReplicas"] = max_replicas
+    return edited(job, {"replicaSpecs": {"worker": worker}})
+
+
+def test_a_node_count_carried_out_with_a_refused_edit_is_kept_by_a_replacement() -> None:
+    job, observed = running(elastic_job())
+    both = _with_image_and_max(job, "new", 1)
+    answer = run(both, observed_after(Reconciliation((), {}, ""), observed, summary=summary(wanted=2)))
+    assert answer.writes == (ResizeJob(1, "spec.replicaSpecs.worker.maxReplicas is 1"),)
+    assert "spec.replicaSpecs.worker.template" in condition(answer, Condition.SPEC_CHANGE_REFUSED)["message"]
+    in_force = answer.status[APPLIED_SPEC_STATUS]["replicaSpecs"]["worker"]
+    assert in_force["maxReplicas"] == 1
+    assert in_force["template"]["spec"]["containers"][0]["image"] == "dlrover:test"
+    replaced = run(with_status(both, answer), _master_gone(observed))
+    pod = created(replaced, "Pod")
+    assert (_image(pod), _nnodes(pod)) == ("dlrover:test", "1:1")
+
+
+def test_a_refused_range_is_not_taken_by_a_replacement_and_its_refusal_stands() -> None:
+    job, observed = running(elastic_job())
+    wider = edited(job, {})
+    wider["spec"]["replicaSpecs"]["worker"]["maxReplicas"] = 5
+    refused = run(wider, observed)
+    assert refused.writes == ()
+    assert "1..5 is not the master's 1..2" in condition(refused, Condition.SPEC_CHANGE_REFUSED)["message"]
+    # The master dies: no status to judge the range by; the replacement starts on the spec in force.
+    replaced = run(with_status(wider, refused), _master_gone(observed))
+    assert _nnodes(created(replaced, "Pod")) == "1:2"
+    assert condition(replaced, Condition.SPEC_CHANGE_REFUSED) == condition(refused, Condition.SPEC_CHANGE_REFUSED)
+    assert replaced.status[APPLIED_SPEC_STATUS]["replicaSpecs"]["worker"]["maxReplicas"] == 2
+    # Once the replacement answers, the range is judged again (and still refused).
+    started = observed_after(replaced, _master_gone(observed))
+    assert started.master_pod is not None
+    answering = attrs.evolve(started, master_pod=pod_phase(started.master_pod, "Running"), summary=summary())
+    again = run(with_status(wider, replaced), answering)
+    assert "1..5 is not the master's 1..2" in condition(again, Condition.SPEC_CHANGE_REFUSED)["message"]
+
+
+def test_leaving_the_node_counts_to_the_masters_plan_waits_for_a_new_master() -> None:
+    job, observed = running(elastic_job())
+    planned = edited(job, {})
+    del planned["spec"]["replicaSpecs"]["worker"]["minReplicas"]
+    del planned["spec"]["replicaSpecs"]["worker"]["maxReplicas"]
+    answer = run(planned, observed)
+    assert answer.writes == ()
+    assert "left to the master's plan" in condition(answer, Condition.SPEC_CHANGE_REFUSED)["message"]
+    assert answer.status[APPLIED_SPEC_STATUS] == job["spec"]
+
+
+def test_a_job_whose_status_lost_the_spec_in_force_reads_it_back_from_its_master_pod() -> None:
+    # The status write after the master pod's create failed (or an older operator started it).
+    job, observed = running(elastic_job())
+    job["status"].pop(APPLIED_SPEC_STATUS)
+    moved = _with_image_and_max(job, "new", 2)
+    moved["spec"]["master"] = {"port": 6000}
+    answer = run(moved, observed)
+    assert not [w for w in answer.writes if isinstance(w, UpdateObject)], "the Service keeps the port in force"
+    message = condition(answer, Condition.SPEC_CHANGE_REFUSED)["message"]
+    assert "spec.master" in message
+    assert "spec.replicaSpecs.worker.template" in message
+    worker_in_force = answer.status[APPLIED_SPEC_STATUS]["replicaSpecs"]["worker"]
+    assert worker_in_force["template"] == job["spec"]["replicaSpecs"]["worker"]["template"]
+    assert (worker_in_force["minReplicas"], worker_in_force["maxReplicas"]) == (1, 2), "from the master's --nnodes"
+    assert answer.status["masterAddress"].endswith(":50001")
+    replaced = run(with_status(moved, answer), _master_gone(observed))
+    pod = created(replaced, "Pod")
+    assert (_image(pod), pod["spec"]["containers"][0]["ports"][0]["containerPort"]) == ("dlrover:test", 50001)
+
+
+def test_a_job_resumed_while_its_suspended_master_terminates_starts_on_the_spec_as_it_then_is() -> None:
+    job, observed = running(elastic_job())
+    assert observed.master_pod is not None
+    suspended = edited(job, {"suspend": True})
+    pause = run(suspended, observed)
+    assert APPLIED_SPEC_STATUS not in pause.status
+    terminating = copy.deepcopy(dict(observed.master_pod))
+    terminating["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:30Z"
+    resumed = _with_image_and_max(with_status(suspended, pause), "new", 2)
+    resumed["spec"]["suspend"] = False
+    waiting = run(resumed, attrs.evolve(observed, master_pod=terminating, summary=None))
+    assert APPLIED_SPEC_STATUS not in waiting.status, "not read back from a master on its way out"
+    started = run(with_status(resumed, waiting), _master_gone(observed))
+    assert _image(created(started, "Pod")) == "new"
+
+
+def test_the_master_pod_says_whether_it_serves_tls() -> None:
+    plain = run(elastic_job())
+    tls_settings = attrs.evolve(SETTINGS, master=MasterSettings(image="x", tls_secret="tls"))
+    with_tls = run(elastic_job(), Observed(secrets=frozenset({"tls"})), settings=tls_settings)
+    assert not serves_tls(created(plain, "Pod"))
+    assert serves_tls(created(with_tls, "Pod"))

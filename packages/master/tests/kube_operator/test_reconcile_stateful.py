@@ -60,6 +60,8 @@ class OperatorMachine(RuleBasedStateMachine):
         self.previous: Observed | None = None
         self.clock_s = 0.0  # seconds since the start of 2026
         self.counted: set[str] = set()  # master pods whose death is counted in `deaths`
+        self.master_range = (1, 2)  # the master's node range (its --nnodes)
+        self.master_wanted = 2  # the node count it runs at: its maximum, then what resizes asked for
 
     def _now(self, offset_s: float = 0.0) -> str:
         start = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
@@ -80,7 +82,11 @@ class OperatorMachine(RuleBasedStateMachine):
         return Observed(
             master_pod=self.master,
             worker_pods=tuple(self.workers.values()),
-            summary=summary(max_nodes=2, running=2) if self.running else None,
+            summary=(
+                summary(min_nodes=self.master_range[0], max_nodes=self.master_range[1], wanted=self.master_wanted)
+                if self.running
+                else None
+            ),
             **{field: self.objects.get(kind) for kind, field in _FIELDS.items()},
         )
 
@@ -93,35 +99,14 @@ class OperatorMachine(RuleBasedStateMachine):
         again = reconcile(copy.deepcopy(self.job), observed, SETTINGS, now=now, new_token=TOKEN)
         assert again == answer, "the decision depends only on its inputs"
         assert schema_errors(STATUS_SCHEMA, dict(answer.status), "status") == []
+        resize_failed = False
         for write in answer.writes:
-            if isinstance(write, CreateObject):
-                obj = copy.deepcopy(dict(write.obj))
-                owner = obj["metadata"]["ownerReferences"][0]
-                assert owner["uid"] == self.job["metadata"]["uid"]
-                assert owner["controller"] is True
-                obj["metadata"]["uid"] = self._uid()
-                if stale is not None and (
-                    (write.kind == "Pod" and self.master is not None) or write.kind in self.objects
-                ):
-                    continue  # the API server answers 409: it exists already
-                if write.kind == "Pod":
-                    self._master_created(obj, in_force)
-                else:
-                    assert write.kind not in self.objects, f"a second {write.kind}"
-                    self.objects[write.kind] = obj
-            elif isinstance(write, DeleteObject):
-                if stale is not None and self.master is not None and write.uid != self.master["metadata"]["uid"]:
-                    continue  # the uid precondition fails: a newer master is left alone
-                if self.master is not None and write.name == self.master["metadata"]["name"]:
-                    self._delete_master(write)
-                else:
-                    self.workers.pop(write.name, None)
-            elif isinstance(write, UpdateObject):
-                assert write.kind in self.objects, f"an update of a missing {write.kind}"
-                self.objects[write.kind] = copy.deepcopy(dict(write.obj))
-            else:
-                assert isinstance(write, ResizeJob)
+            resize_failed = not self._carry_out(write, stale, in_force) or resize_failed
         self.job["status"] = copy.deepcopy(dict(answer.status))
+        if resize_failed:  # (as the controller does: the spec in force must not say it was carried out)
+            self.job["status"].pop(APPLIED_SPEC_STATUS, None)
+            if in_force is not None:
+                self.job["status"][APPLIED_SPEC_STATUS] = in_force
         if _ended(answer.status):
             self.ended = True  # the operator saw the end (maybe on a stale view of a pod since deleted)
         restarts = int(answer.status.get("masterRestarts", 0))
@@ -130,6 +115,40 @@ class OperatorMachine(RuleBasedStateMachine):
         self.passes += 1
         return len(answer.writes)
 
+    def _carry_out(self, write: Any, stale: Observed | None, in_force: dict[str, Any] | None) -> bool:
+        """Make one write in the simulated cluster; False for a resize that fails (its master is gone)."""
+        if isinstance(write, CreateObject):
+            obj = copy.deepcopy(dict(write.obj))
+            owner = obj["metadata"]["ownerReferences"][0]
+            assert owner["uid"] == self.job["metadata"]["uid"]
+            assert owner["controller"] is True
+            obj["metadata"]["uid"] = self._uid()
+            if stale is not None and ((write.kind == "Pod" and self.master is not None) or write.kind in self.objects):
+                return True  # the API server answers 409: it exists already
+            if write.kind == "Pod":
+                self._master_created(obj, in_force)
+            else:
+                assert write.kind not in self.objects, f"a second {write.kind}"
+                self.objects[write.kind] = obj
+        elif isinstance(write, DeleteObject):
+            if stale is not None and self.master is not None and write.uid != self.master["metadata"]["uid"]:
+                return True  # the uid precondition fails: a newer master is left alone
+            if self.master is not None and write.name == self.master["metadata"]["name"]:
+                self._delete_master(write)
+            else:
+                self.workers.pop(write.name, None)
+        elif isinstance(write, UpdateObject):
+            assert write.kind in self.objects, f"an update of a missing {write.kind}"
+            self.objects[write.kind] = copy.deepcopy(dict(write.obj))
+        else:
+            assert isinstance(write, ResizeJob)
+            if not self.running:
+                assert stale is not None, "a resize of a master that is not running"
+                return False  # the RPC fails: the master the stale view showed is gone
+            assert self.master_range[0] <= write.target <= self.master_range[1], "a resize beyond the range"
+            self.master_wanted = write.target
+        return True
+
     def _master_created(self, obj: dict[str, Any], in_force: dict[str, Any] | None) -> None:
         assert self.master is None, "a second master pod"
         started_with = json.loads(obj["metadata"]["annotations"][APPLIED_SPEC_ANNOTATION])
@@ -137,8 +156,14 @@ class OperatorMachine(RuleBasedStateMachine):
             assert check_spec(self.job).spec is not None, "a master created from an invalid spec"
             assert started_with == applied_part(self.job["spec"])
         else:
-            # A replacement: from the spec in force, whatever edit is refused meanwhile.
+            # A replacement: from the spec in force, whatever edit is refused meanwhile, with the node count
+            # the master it replaces was resized to (and not one refused or not carried out yet).
             assert started_with == applied_part(in_force), "a replacement took a refused edit"
+            worker = in_force["replicaSpecs"]["worker"]
+            assert _nnodes(obj) == (worker["minReplicas"], worker["maxReplicas"])
+            assert worker["maxReplicas"] == self.master_wanted, "a replacement lost a node count carried out"
+        self.master_range = _nnodes(obj)
+        self.master_wanted = self.master_range[1]
         assert not self.job["spec"].get("suspend"), "a master created for a suspended job"
         if self.ended:
             self.masters_after_end += 1
@@ -183,7 +208,9 @@ class OperatorMachine(RuleBasedStateMachine):
             assert self.master is not None, status
             assert set(self.objects) == set(_FIELDS)
             port = self.master["spec"]["containers"][0]["ports"][0]["containerPort"]
-            assert self.objects["Service"]["spec"]["ports"][0]["port"] == port, "the Service misses the master"
+            live = self.master["status"]["phase"] in ("Pending", "Running")
+            if live and not self.master["metadata"].get("deletionTimestamp"):  # (its successor's may differ)
+                assert self.objects["Service"]["spec"]["ports"][0]["port"] == port, "the Service misses the master"
             statuses = self.master["status"].get("containerStatuses", [])
             finished = [c["state"]["terminated"].get("finishedAt") for c in statuses]
             # (A pod being deleted is waited for, whatever its container did: two masters never share a journal.)
@@ -199,6 +226,9 @@ class OperatorMachine(RuleBasedStateMachine):
                 since = (datetime.datetime.fromisoformat(lost_since) - start).total_seconds()
                 assert self.clock_s - since <= SETTINGS.master_unready_timeout_s, "a lost master was left in place"
         assert self.last_restarts <= self.deaths
+        in_force = status.get(APPLIED_SPEC_STATUS)
+        if self.master is not None and in_force is not None:
+            assert in_force["replicaSpecs"]["worker"]["maxReplicas"] == self.master_wanted, "a count not recorded"
 
     @precondition(lambda self: self.previous is not None)
     @rule()
@@ -228,13 +258,16 @@ class OperatorMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.master is not None)
     @rule()
     def master_deleted(self) -> None:
+        self._end_unseen()
+        self._death()
+        self.master = None
+        self.running = False
+
+    def _end_unseen(self) -> None:
         if self.ended and self.job.get("status", {}).get("phase") not in ("Succeeded", "Failed"):
             # The pod that said how the job ended is gone before the operator saw it: nothing tells the
             # operator the job ended, and a replacement master (resuming its journal) says it again.
             self.ended = False
-        self._death()
-        self.master = None
-        self.running = False
 
     @precondition(
         lambda self: (
@@ -247,8 +280,7 @@ class OperatorMachine(RuleBasedStateMachine):
     def masters_node_lost(self) -> None:
         """Its node stops answering: the node lifecycle controller marks it not ready; it stays Running."""
         assert self.master is not None
-        if self.ended and self.job.get("status", {}).get("phase") not in ("Succeeded", "Failed"):
-            self.ended = False  # (as master_deleted: the end the operator never saw is said again by a successor)
+        self._end_unseen()
         self._death()
         self.master["spec"]["nodeName"] = "node-0"
         self.master["status"]["conditions"] = [{"type": "Ready", "status": "False", "lastTransitionTime": self._now()}]
@@ -282,6 +314,7 @@ class OperatorMachine(RuleBasedStateMachine):
     @rule()
     def graceful_deletion_ends(self) -> None:
         """The master's kubelet confirms a graceful deletion (the node answers): the pod is gone."""
+        self._end_unseen()
         self.master = None
         self.running = False
 
@@ -332,6 +365,13 @@ class OperatorMachine(RuleBasedStateMachine):
         """A field a running job cannot take; a master started after a suspend takes it, and its Service follows."""
         self._edit({"master": {"port": port}})
 
+    @rule(high=st.sampled_from([1, 2, 3]))
+    def edit_max_replicas(self, high: int) -> None:
+        """Within the running master's range it is carried out (resized); beyond it, refused."""
+        spec = copy.deepcopy(self.job["spec"]["replicaSpecs"])
+        spec["worker"]["maxReplicas"] = high
+        self._edit({"replicaSpecs": spec})
+
     @rule(broken=st.booleans())
     def edit_validity(self, broken: bool) -> None:
         spec = copy.deepcopy(self.job["spec"]["replicaSpecs"])
@@ -342,6 +382,12 @@ class OperatorMachine(RuleBasedStateMachine):
     def restarts_are_bounded(self) -> None:
         assert self.last_restarts <= MAX_RESTARTS + 1
         assert self.last_restarts <= self.deaths, "a master death counted twice"
+
+
+def _nnodes(pod: dict[str, Any]) -> tuple[int, int]:
+    command = pod["spec"]["containers"][0]["command"]
+    low, high = command[command.index("--nnodes") + 1].split(":")
+    return int(low), int(high)
 
 
 # The number of examples comes from the profile (conftest.py: dev, or ci under CI).

@@ -41,6 +41,7 @@ from dlrover.master.kube.names import (
     token_secret_name,
 )
 from dlrover.master.kube.watch import EventType, ListWatch, Watcher, WatchEvent, WatchSettings, object_key
+from dlrover.master.operator.objects import serves_tls
 from dlrover.master.operator.reconcile import (
     APPLIED_SPEC_STATUS,
     CreateObject,
@@ -436,13 +437,13 @@ class Operator:
     def _master_address(
         self, job: Mapping[str, Any], pod: Mapping[str, Any], secret: Mapping[str, Any]
     ) -> MasterAddress:
-        master = (job.get("spec") or {}).get("master") or {}
-        port = int(master.get("port", 50001))
+        # From the pod, not the spec: an edit the running job did not take (a port, TLS) is not what it serves.
+        port = 50001
         containers = (pod.get("spec") or {}).get("containers") or []
         for port_spec in (containers[0].get("ports") or []) if containers else []:
             port = int(port_spec.get("containerPort", port))
         token = base64.b64decode((secret.get("data") or {}).get(TOKEN_SECRET_KEY, "")).decode()
-        tls = bool(master.get("tls")) or self._settings.reconcile.master.tls_secret is not None
+        tls = serves_tls(pod)
         meta = job["metadata"]
         return MasterAddress(meta["namespace"], meta["name"], f"{pod['status']['podIP']}:{port}", token, tls)
 
@@ -473,13 +474,13 @@ class Operator:
             return None
         failed = self._apply(job, answer, observed)
         if ResizeJob in failed:
-            # Not carried out: the status must not say it was, so the next pass sends it again.
+            # Not carried out: the spec in force must not say it was, so the next pass sends it again.
             status = dict(answer.status)
-            previous = (job.get("status") or {}).get("appliedMaxReplicas")
+            previous = (job.get("status") or {}).get(APPLIED_SPEC_STATUS)
             if previous is None:
-                status.pop("appliedMaxReplicas", None)
+                status.pop(APPLIED_SPEC_STATUS, None)
             else:
-                status["appliedMaxReplicas"] = previous
+                status[APPLIED_SPEC_STATUS] = previous
             answer = attrs.evolve(answer, status=status)
         if answer.status != (job.get("status") or {}):
             self._write_status(job, answer)

@@ -47,7 +47,10 @@ __all__ = [
     "master_service",
     "master_service_account",
     "owner_reference",
+    "serves_tls",
+    "started_node_range",
     "token_secret",
+    "with_node_counts",
 ]
 
 MASTER_STATE_MOUNT = "/var/lib/dlrover"
@@ -286,23 +289,73 @@ def master_args(job: Mapping[str, Any], spec: JobSpec) -> list[str]:
     return args
 
 
+def _node_count_fields(spec: Mapping[str, Any]) -> list[tuple[tuple[str, ...], str]]:
+    """Where a worker job's spec holds its node counts, as (path to the mapping, key); none for a parameter-server
+    job, whose counts a running job cannot change."""
+    replicas = spec.get("replicaSpecs") or {}
+    if not isinstance(replicas, Mapping) or any(role in replicas for role in ("chief", "ps", "evaluator")):
+        return []
+    fields: list[tuple[tuple[str, ...], str]] = [
+        (("replicaSpecs", str(role)), key)
+        for role, role_spec in replicas.items()
+        if isinstance(role_spec, Mapping)
+        for key in ("minReplicas", "maxReplicas")
+    ]
+    if isinstance(spec.get("rendezvous"), Mapping):
+        fields += [(("rendezvous",), "minNodes"), (("rendezvous",), "maxNodes")]
+    return fields
+
+
+def _at(spec: Mapping[str, Any], path: tuple[str, ...]) -> Any:
+    for part in path:
+        spec = spec.get(part) if isinstance(spec, Mapping) else None  # type: ignore[assignment]
+    return spec
+
+
 def applied_part(spec: Mapping[str, Any]) -> dict[str, Any]:
     """The part of a spec a running job cannot change: all of it but `suspend` and a worker job's node counts
     (those are carried out on the running job; a parameter-server job's are not)."""
     part: dict[str, Any] = json.loads(json.dumps(dict(spec)))
     part.pop("suspend", None)
-    replicas = part.get("replicaSpecs") or {}
-    if any(role in replicas for role in ("chief", "ps", "evaluator")):
-        return part
-    for role in replicas.values():
-        if isinstance(role, dict):
-            role.pop("minReplicas", None)
-            role.pop("maxReplicas", None)
-    rdzv = part.get("rendezvous")
-    if isinstance(rdzv, dict):
-        rdzv.pop("minNodes", None)
-        rdzv.pop("maxNodes", None)
+    for path, key in _node_count_fields(part):
+        _at(part, path).pop(key, None)
     return part
+
+
+def with_node_counts(spec: Mapping[str, Any], counts_from: Mapping[str, Any]) -> dict[str, Any]:
+    """`spec` with the node counts of `counts_from` (a worker job's: a parameter-server job's stay as they are)."""
+    out: dict[str, Any] = json.loads(json.dumps(dict(spec)))
+    wanted = _node_count_fields(counts_from)
+    have = _node_count_fields(out)
+    if not wanted or not have:
+        return out
+    for path, key in have:
+        _at(out, path).pop(key, None)
+    for path, key in wanted:
+        source, target = _at(counts_from, path), _at(out, path)
+        if key in source and isinstance(target, dict):
+            target[key] = source[key]
+    return out
+
+
+def started_node_range(pod: Mapping[str, Any]) -> tuple[int, int] | None:
+    """The node range a master pod made by `master_pod` was started with (its `--nnodes`); None: none given."""
+    containers = (pod.get("spec") or {}).get("containers") or []
+    command = [str(arg) for arg in (containers[0].get("command") or [])] if containers else []
+    if "--nnodes" not in command[:-1]:
+        return None
+    low, _, high = command[command.index("--nnodes") + 1].partition(":")
+    try:
+        return int(low), int(high or low)
+    except ValueError:
+        return None
+
+
+def serves_tls(pod: Mapping[str, Any]) -> bool:
+    """Whether a master pod made by `master_pod` serves TLS (its TLS Secret is mounted)."""
+    containers = (pod.get("spec") or {}).get("containers") or []
+    mounts = (containers[0].get("volumeMounts") or []) if containers else []
+    return any(mount.get("mountPath") == MASTER_TLS_DIR for mount in mounts)
 
 
 def master_pod(job: Mapping[str, Any], spec: JobSpec, settings: MasterSettings) -> dict[str, Any]:

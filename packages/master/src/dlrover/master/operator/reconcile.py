@@ -31,10 +31,12 @@ The rules, in order:
    deletion, which only that node's kubelet could finish) plus `master_terminating_margin_s`. It is
    force-deleted (grace 0) and replaced; see `_Pass.master_lost` for why that is safe.
 7. An edit a running job cannot take (anything but `suspend` and the node counts) is refused in the
-   status; a new node count within the master's range is carried out by its resize RPC. The spec
-   in force is the one the master was started with, with the node counts carried out since; a
-   master that dies while an edit is refused is replaced from it, not from the refused edit.
-   Suspending the job ends it: the master a resume starts takes the spec as it then is.
+   status; a new node count within the master's range is carried out by its resize RPC (judged
+   once the master answers its status). The spec in force is the one the master was started with,
+   with the node counts carried out since (read back from the live master pod if the status lost
+   it); every master after the first, and the Service, follow it, never a refused edit or a count
+   not carried out yet. Suspending the job ends it: the master a resume starts takes the spec as it
+   then is.
 """
 
 from __future__ import annotations
@@ -398,6 +400,8 @@ class _Pass:
         self.writes: list[Write] = []
         self.reasons: list[str] = []
         self.edit = _Edit()
+        self.requested: JobSpec | None = None  # the spec as the job asks for it (None: it cannot be run)
+        self.in_force: JobSpec | None = None  # the spec the started job runs on (None: not started)
 
     def condition(self, kind: str, true: bool, reason: str, message: str = "") -> None:
         _set_condition(self.status, kind, true, reason, message, now=self.now, generation=self.generation)
@@ -414,18 +418,21 @@ class _Pass:
             return Reconciliation((), self.job.get("status") or {}, self.reasons[0])
         self.status.setdefault("phase", "Pending")
         self.status.setdefault("masterRestarts", 0)
+        self.status.pop("appliedMaxReplicas", None)  # an older operator's; the counts are in the spec in force
         pod = self.observed.master_pod
         if self.observed.summary is not None:
             _mirror(self.status, self.observed.summary)
         if self.ended_or_suspended(pod):
             return self.answer()
         requested, errors = self.requested_spec()
-        in_force = self.spec_in_force()
+        in_force = self.spec_in_force(pod)
         if requested is None and in_force is None:
             return self.refuse(errors, "InvalidSpec")
-        self.edit = self.refused_edit(requested, errors, in_force, pod)
-        # A refused edit leaves the job on the spec in force (a master started before it was kept has none).
-        spec = requested if requested is not None and (in_force is None or not self.edit.changed) else in_force
+        self.requested, self.in_force = requested, in_force
+        self.edit = self.refused_edit(errors)
+        # Once started, the job runs on the spec in force: an edit reaches it (and a replacement master) only as
+        # `check_edit` carries it out, so neither a refused edit nor a node count not carried out yet does.
+        spec = in_force if in_force is not None else requested
         assert spec is not None  # (both None returned above)
         if pod is None:
             missing = [
@@ -444,7 +451,7 @@ class _Pass:
         self.status["observedGeneration"] = self.generation
         self.clear(Condition.SUSPENDED, "Resumed")
         self.ensure_objects(spec)
-        self.master(spec, requested)
+        self.master(spec)
         return self.answer()
 
     def requested_spec(self) -> tuple[JobSpec | None, tuple[str, ...]]:
@@ -458,37 +465,46 @@ class _Pass:
                           "job's master does not serve yet",)  # fmt: skip
         return spec, ()
 
-    def spec_in_force(self) -> JobSpec | None:
+    def spec_in_force(self, pod: Mapping[str, Any] | None) -> JobSpec | None:
         """The spec the started job runs on (`APPLIED_SPEC_STATUS`); None before it started (or after a suspend)."""
         applied = self.status.get(APPLIED_SPEC_STATUS)
         if not isinstance(applied, Mapping):
-            return None
+            applied = self.spec_of_running_master(pod)
+            if applied is None:
+                return None
+            self.status[APPLIED_SPEC_STATUS] = applied
+            self.reasons.append("the spec in force read back from the running master pod")
         check = check_spec({**{k: v for k, v in self.job.items() if k != "status"}, "spec": applied})
         return None if check.spec is None else self.with_default_tls(check.spec)
 
-    def refused_edit(
-        self,
-        requested: JobSpec | None,
-        errors: tuple[str, ...],
-        in_force: JobSpec | None,
-        pod: Mapping[str, Any] | None,
-    ) -> _Edit:
+    def spec_of_running_master(self, pod: Mapping[str, Any] | None) -> dict[str, Any] | None:
+        """The spec a live master pod was started with: its annotation, and the node range of its `--nnodes` (the
+        annotation leaves a worker job's counts out). For a job whose status lacks the spec in force (the status
+        write after the pod's create failed, or an operator from before it kept one). None for no pod, or one on
+        its way out (a suspended job's, whose resume must take the spec as it then is)."""
+        if pod is None or _deleting(pod) or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            return None
+        text = ((pod.get("metadata") or {}).get("annotations") or {}).get(objects.APPLIED_SPEC_ANNOTATION)
+        try:
+            part = json.loads(text) if text else None
+        except ValueError:
+            return None
+        if not isinstance(part, dict):
+            return None
+        started = objects.started_node_range(pod)
+        worker = (part.get("replicaSpecs") or {}).get("worker")
+        if started is not None and isinstance(worker, dict):
+            worker["minReplicas"], worker["maxReplicas"] = started
+        return part
+
+    def refused_edit(self, errors: tuple[str, ...]) -> _Edit:
         """What of the requested spec a started job cannot take (nothing before it started)."""
+        requested, in_force = self.requested, self.in_force
         if requested is None:
             return _Edit(errors, "InvalidSpec", changed=True)
-        base: Any = None
-        applied_text = ((pod or {}).get("metadata") or {}).get("annotations", {}).get(objects.APPLIED_SPEC_ANNOTATION)
-        if applied_text:
-            # What the running master was started with (a master created before `APPLIED_SPEC_STATUS` existed).
-            try:
-                base = json.loads(applied_text)
-            except ValueError:
-                base = None
-        if not isinstance(base, dict) and in_force is not None:
-            base = objects.applied_part(in_force.raw)
-        if not isinstance(base, dict):
+        if in_force is None:
             return _Edit()
-        changed = objects.changed_fields(base, objects.applied_part(requested.raw))
+        changed = objects.changed_fields(objects.applied_part(in_force.raw), objects.applied_part(requested.raw))
         if not changed:
             return _Edit()
         message = (
@@ -605,7 +621,7 @@ class _Pass:
             self.writes.append(UpdateObject(kind, updated, why))
             self.reasons.append(f"update the {kind} {master_name(self.name)}: {why}")
 
-    def master(self, spec: JobSpec, requested: JobSpec | None) -> None:
+    def master(self, spec: JobSpec) -> None:
         pod = self.observed.master_pod
         if pod is None and self.observed.foreign:
             # (A master started without its own Role, Secret or Service would fail, and count as a restart.)
@@ -643,7 +659,7 @@ class _Pass:
         else:
             self.condition(Condition.MASTER_READY, False, "MasterPending", _pending_message(pod))
             self.reasons.append("the master pod is not running yet")
-        self.check_edit(requested, summary)
+        self.check_edit(summary)
 
     def create_master(self, spec: JobSpec) -> None:
         restarted = _is_true(self.status, Condition.MASTER_READY)
@@ -658,7 +674,8 @@ class _Pass:
             return
         self.writes.append(CreateObject("Pod", objects.master_pod(self.job, spec, self.settings.master)))
         self.status[APPLIED_SPEC_STATUS] = json.loads(json.dumps(dict(spec.raw)))
-        self.settle_edit(())
+        self.in_force = spec
+        self.check_edit(None)
         fresh = ""
         if restarts and spec.state_volume is None:
             fresh = " (no spec.master.stateVolume: the new master starts the job afresh)"
@@ -737,20 +754,27 @@ class _Pass:
             _end(self.status, _ENDED_STATES[state], message, self.now, self.generation)
             self.reasons.append(f"the master ended the job: {state.value}")
 
-    def check_edit(self, requested: JobSpec | None, summary: JobSummary | None) -> None:
-        """Carry out a new node count of the requested spec, and say what of it the running job cannot take."""
-        resize_refused: tuple[str, ...] = ()
-        if (
-            requested is not None
-            and summary is not None
-            and summary.state is JobState.RUNNING
-            and requested.node_range is not None
-        ):
-            resize_refused = tuple(self.resize(requested.node_range, summary))
-        self.settle_edit(resize_refused)
-        if requested is not None and not self.edit.changed and not resize_refused:
-            # All of it is carried out: a replacement master starts from it.
-            self.status[APPLIED_SPEC_STATUS] = json.loads(json.dumps(dict(requested.raw)))
+    def check_edit(self, summary: JobSummary | None) -> None:
+        """Carry out what the running job can take of the requested spec (a new node count, by the master's resize
+        RPC), record it in the spec in force, and say what it cannot take."""
+        requested, in_force = self.requested, self.in_force
+        if requested is None or in_force is None:
+            self.settle_edit(())
+            return
+        counts = _node_counts_changed(requested, in_force)
+        if counts and (summary is None or summary.state is not JobState.RUNNING):
+            # Judged against the master's range once it answers; a refusal shown till then stands.
+            if self.edit.errors:
+                self.settle_edit(())
+            self.reasons.append("the node count edit waits for the running master's status")
+            return
+        refused = tuple(self.resize(requested, summary)) if counts and summary is not None else ()
+        self.settle_edit(refused)
+        if refused:
+            return
+        # Carried out: all of the requested spec, or (the rest refused) its node counts.
+        carried = requested.raw if not self.edit.changed else objects.with_node_counts(in_force.raw, requested.raw)
+        self.status[APPLIED_SPEC_STATUS] = json.loads(json.dumps(dict(carried)))
 
     def settle_edit(self, more: tuple[str, ...]) -> None:
         """Show the refused edit (`self.edit` and `more`) in the status, or clear a refusal no longer standing."""
@@ -762,24 +786,34 @@ class _Pass:
         else:
             self.clear(Condition.SPEC_CHANGE_REFUSED, "Applied")
 
-    def resize(self, node_range: tuple[int, int], summary: JobSummary) -> list[str]:
-        low, high = node_range
+    def resize(self, requested: JobSpec, summary: JobSummary) -> list[str]:
+        """Resize the running job to the requested node count; why it cannot be (empty: it is, or needs not be)."""
+        if requested.node_range is None or (self.in_force is not None and self.in_force.node_range is None):
+            return [
+                "spec.replicaSpecs.worker: node counts set or left to the master's plan change only when the master "
+                "is started again (suspend and resume the job)"
+            ]
+        low, high = requested.node_range
         if low != summary.min_nodes or not summary.min_nodes <= high <= summary.max_nodes:
             return [
                 f"spec.replicaSpecs.worker: the range {low}..{high} is not the master's {summary.min_nodes}.."
                 f"{summary.max_nodes} (a running master carries out a new maxReplicas within its range; the "
                 "minimum and the range change when it is started again: suspend and resume the job)"
             ]
-        # Only an edit is carried out: the master's own resizes (its autoscaler, `dlrover-master scale`) are
-        # not undone. The master starts at its maximum, which the spec's maxReplicas was then.
-        # (A master that already wants it needs no resize: the status read may predate the last write.)
-        applied = self.status.get("appliedMaxReplicas", summary.max_nodes)
+        # Only an edit is carried out (the counts differ from the spec in force): the master's own resizes (its
+        # autoscaler, `dlrover-master scale`) are not undone. A master that already wants the count needs no
+        # resize (the status read may predate the last write).
         wanted = summary.wanted_nodes or summary.max_nodes
-        if high not in (applied, wanted):
+        if high != wanted:
             self.writes.append(ResizeJob(high, f"spec.replicaSpecs.worker.maxReplicas is {high}"))
             self.reasons.append(f"resize the job from {wanted} to {high} nodes")
-        self.status["appliedMaxReplicas"] = high
         return []
+
+
+def _node_counts_changed(requested: JobSpec, in_force: JobSpec) -> bool:
+    """Whether a worker job's node counts differ from the spec in force (a parameter-server job's are part of
+    what a running job cannot change)."""
+    return requested.ps_job is None and in_force.ps_job is None and requested.node_range != in_force.node_range
 
 
 def reconcile(

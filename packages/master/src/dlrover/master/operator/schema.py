@@ -215,11 +215,6 @@ STATUS_SCHEMA: dict[str, Any] = {
             "description": "the spec in force: the one the running master was started with, with the node counts "
             "carried out since; a master that dies while an edit is refused is replaced from it",
         },
-        "appliedMaxReplicas": {
-            "type": "integer",
-            "description": "the maxReplicas last carried out on the running master (a resize is sent when the spec's "
-            "differs, so one the master or its autoscaler made later is not undone)",
-        },
     },
 }
 """What the operator writes: `status` of an ElasticJob (a real API server prunes what is not here)."""
