@@ -94,9 +94,14 @@ def test_the_demo_recovers_from_memory_without_losing_or_repeating_a_sample(tmp_
         assert min(after_kill) == resumed + 1, f"rank {r}"
 
     # The agent's saver persisted the step the kill left in memory (nobody asked it to), unless
-    # the regular schedule had persisted it already.
+    # the regular schedule had persisted it already: the newest step every rank held complete. The
+    # example's checkpoint is replicated (any rank's copy restores every rank), so the restart may
+    # resume from a newer step that only the surviving rank had staged when the other was killed.
     agent_log = (run_dir / "dlrover-run.log").read_text()
-    assert re.search(rf"flashckpt failure_persist step=(-1|{resumed}): ", agent_log), agent_log[-4000:]
+    persisted = re.search(r"flashckpt failure_persist step=(-?\d+): ", agent_log)
+    assert persisted is not None, agent_log[-4000:]
+    step = int(persisted.group(1))
+    assert step == -1 or min(staged_before) <= step <= resumed, (step, staged_before, resumed)
 
     # The persisted checkpoint is where the summary says, and nothing is left behind.
     assert json.loads((Path(summary["checkpoint"]) / "tracker.json").read_text())
