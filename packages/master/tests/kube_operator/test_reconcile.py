@@ -817,3 +817,18 @@ def test_the_master_pod_says_whether_it_serves_tls() -> None:
     with_tls = run(elastic_job(), Observed(secrets=frozenset({"tls"})), settings=tls_settings)
     assert not serves_tls(created(plain, "Pod"))
     assert serves_tls(created(with_tls, "Pod"))
+
+
+@pytest.mark.parametrize("annotation", ["not json", "[1]", '{"replicaSpecs": [1]}'])
+def test_a_master_pod_whose_annotation_is_unreadable_gives_no_spec_in_force_and_nothing_fails(
+    annotation: str,
+) -> None:
+    job, observed = running(elastic_job())
+    job["status"].pop(APPLIED_SPEC_STATUS)
+    assert observed.master_pod is not None
+    pod = copy.deepcopy(dict(observed.master_pod))
+    pod["metadata"]["annotations"]["elastic.dlrover.io/applied-spec"] = annotation
+    answer = run(job, attrs.evolve(observed, master_pod=pod))
+    # Nothing read back; the job's own spec, unedited, is recorded as carried out.
+    assert answer.status.get(APPLIED_SPEC_STATUS, job["spec"]) == job["spec"]
+    assert answer.writes == ()

@@ -468,14 +468,18 @@ class _Pass:
     def spec_in_force(self, pod: Mapping[str, Any] | None) -> JobSpec | None:
         """The spec the started job runs on (`APPLIED_SPEC_STATUS`); None before it started (or after a suspend)."""
         applied = self.status.get(APPLIED_SPEC_STATUS)
-        if not isinstance(applied, Mapping):
+        read_back = not isinstance(applied, Mapping)
+        if read_back:
             applied = self.spec_of_running_master(pod)
             if applied is None:
                 return None
+        check = check_spec({**{k: v for k, v in self.job.items() if k != "status"}, "spec": applied})
+        if check.spec is None:
+            return None
+        if read_back:  # (only a spec that checks: an unreadable annotation leaves the status as it was)
             self.status[APPLIED_SPEC_STATUS] = applied
             self.reasons.append("the spec in force read back from the running master pod")
-        check = check_spec({**{k: v for k, v in self.job.items() if k != "status"}, "spec": applied})
-        return None if check.spec is None else self.with_default_tls(check.spec)
+        return self.with_default_tls(check.spec)
 
     def spec_of_running_master(self, pod: Mapping[str, Any] | None) -> dict[str, Any] | None:
         """The spec a live master pod was started with: its annotation, and the node range of its `--nnodes` (the
@@ -492,7 +496,8 @@ class _Pass:
         if not isinstance(part, dict):
             return None
         started = objects.started_node_range(pod)
-        worker = (part.get("replicaSpecs") or {}).get("worker")
+        replicas = part.get("replicaSpecs")
+        worker = replicas.get("worker") if isinstance(replicas, dict) else None
         if started is not None and isinstance(worker, dict):
             worker["minReplicas"], worker["maxReplicas"] = started
         return part
