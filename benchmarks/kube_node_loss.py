@@ -30,6 +30,7 @@ through the pod watch at once, and it acts at its next tick (``--tick-interval-s
 
     python benchmarks/kube_node_loss.py                 # 1 run of each way
     python benchmarks/kube_node_loss.py --runs 2 --state-mb 64
+    python benchmarks/kube_node_loss.py --only "no spare" --keep-logs /tmp/nodeloss-logs   # pod and agent logs kept
 
 Every wait is bounded (a recovery that does not come in time is a hang, a result); the cluster is a
 context manager (every pod process, cgroup and pod directory gone when it stops); the master, any
@@ -387,8 +388,21 @@ def run_trial(way: str, args: argparse.Namespace) -> Trial:
                         trial.tail = run.tail()
                     trial.leaks += run.cleanup()
     finally:
+        if args.keep_logs:
+            _keep_logs(tmp, Path(args.keep_logs) / f"{way.replace(' ', '-')}-{uuid.uuid4().hex[:6]}")
         trial.leaks += _remove_leftovers(tmp, run)
     return trial
+
+
+def _keep_logs(tmp: Path, dest: Path) -> None:
+    """Copy the trial's text files (pod and agent logs, event logs; no checkpoint) to `dest`."""
+    for path in tmp.rglob("*"):
+        wanted = path.suffix in (".log", ".jsonl", ".txt") and not path.is_symlink()
+        if wanted and path.is_file() and path.stat().st_size <= 16 * MB:
+            target = dest / path.relative_to(tmp)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with contextlib.suppress(OSError):
+                shutil.copyfile(path, target)
 
 
 def _trial(run: Run, trial: Trial, way: str, args: argparse.Namespace) -> None:
@@ -521,6 +535,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--master-flags", default="", help="extra dlrover-master flags, space-separated")
     p.add_argument("--agent-flags", default="", help="extra dlrover-run flags, space-separated")
     p.add_argument("--only", choices=("spare", "no spare", "whole restart"), default=None)
+    p.add_argument("--keep-logs", default="", help="copy each trial's logs and event logs into this folder")
     args = p.parse_args(argv)
     ways = [w for w in ("spare", "no spare", "whole restart") if args.only in (None, w)]
     print(
