@@ -9,6 +9,7 @@ import json
 import threading
 from pathlib import Path
 
+import attrs
 import pytest
 
 from dlrover.common import ManualClock
@@ -141,6 +142,32 @@ def test_a_process_restart_releases_the_nodes_shards_but_keeps_it_in_the_round()
         assert shard.shard_id in registry.manager("train").snapshot().todo
     with job.rendezvous.locked() as m:
         assert m.current_round is not None  # the restarted processes join again themselves
+
+
+def test_only_failures_the_data_may_have_caused_count_an_attempt_against_the_shards_a_node_held() -> None:
+    # max_attempts=1: a charged release sends the shard to the failed set, an uncharged one re-queues it.
+    job = Job(MemoryJournal())
+    a, b, c = job.register_all()
+    with job.shards.locked() as registry:
+        registry.register(attrs.evolve(SPEC, name="strict", max_attempts=1))
+        on_a = registry.fetch("strict", str(a)).shards[0]
+        on_b = registry.fetch("strict", str(b)).shards[0]
+        on_c = registry.fetch("strict", str(c)).shards[0]
+    # c goes silent (its node vanished: a preemption), b's workers break in their collective
+    # (a network's or a peer's doing), a's crash in native code (the samples may be the cause).
+    job.clock.advance(11.0)
+    job.master.heartbeat(a)
+    job.master.heartbeat(b)
+    job.master.tick()
+    assert job.master.node(c).state is NodeState.RELAUNCHING
+    job.master.report_failure(b, FailureKind.COMMUNICATION, "NCCL watchdog caught collective operation timeout")
+    decision = job.master.report_failure(a, FailureKind.NATIVE_CRASH, "Segmentation fault (core dumped)", exit_code=-11)
+    assert decision.action.value == "restart_processes"
+    with job.shards.locked() as registry:
+        status = registry.manager("strict").status()
+        snap = registry.manager("strict").snapshot()
+    assert [f.shard.shard_id for f in status.failed_shards] == [on_a.shard_id]
+    assert {on_b.shard_id, on_c.shard_id} <= set(snap.todo)
 
 
 def test_a_planned_rounds_restart_releases_the_nodes_shards_at_once() -> None:

@@ -177,9 +177,9 @@ class ChangeLogMachine(RuleBasedStateMachine):
         shard = self._held(dataset, worker, pick)
         self._call(self.live.report_failure, dataset, worker, shard, "boom", consumed=consumed, request_id=rid)
 
-    @rule(worker=st.sampled_from(WORKERS))
-    def remove_worker(self, worker: str) -> None:
-        self._call(self.live.remove_worker, worker, "node left")
+    @rule(worker=st.sampled_from(WORKERS), charge=st.booleans())
+    def remove_worker(self, worker: str, charge: bool) -> None:
+        self._call(self.live.remove_worker, worker, "node left", charge=charge)
 
     @rule(partition=st.sampled_from(("p0", "p1", "p2")), end=st.integers(0, 12))
     def advance_stream(self, partition: str, end: int) -> None:

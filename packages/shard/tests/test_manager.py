@@ -204,6 +204,36 @@ def test_a_shard_failing_max_attempts_times_goes_to_the_failed_set_with_reasons(
     assert "3 failed attempt" in reasons[3]
 
 
+def test_removals_the_data_cannot_have_caused_never_send_a_shard_to_the_failed_set() -> None:
+    # A crash loop of the platform (nodes lost or preempted again and again while holding the same
+    # shard, which is handed out first each time) must not give good data up as failed.
+    reg = ShardRegistry(ManualClock())
+    reg.register(_spec(8, max_attempts=2, delivery=DeliveryMode.EXACTLY_ONCE))
+    m = reg.manager("ds")
+    sid = m.fetch("a").shards[0].shard_id
+    m.report_progress("a", sid, 1)
+    holder = "a"
+    for worker in ("b", "c", "d", "e"):
+        assert reg.remove_worker(holder, "node lost", charge=False) == {"ds": [sid]}
+        again = m.fetch(worker).shards[0]
+        assert (again.shard_id, again.consumed) == (sid, 1), "back from its acknowledged position"
+        holder = worker
+    assert m.status().failed == 0
+    # Removals that may be the data's count as before: two of them and the shard is given up.
+    reg.remove_worker(holder, "worker crashed")
+    m.fetch("f")
+    reg.remove_worker("f", "worker crashed again")
+    failed = m.status().failed_shards
+    assert [f.shard.shard_id for f in failed] == [sid]
+    assert not any("node lost" in r for r in failed[0].reasons), "an uncharged removal is no attempt in its history"
+    # A bad flag is refused before anything changes.
+    assert m.fetch("g").shards
+    before = reg.checkpoint("ds", include_leases=True)
+    with pytest.raises(InvalidShardRequestError, match="charge must be a bool"):
+        reg.remove_worker("g", "x", charge="no")  # type: ignore[arg-type]
+    assert reg.checkpoint("ds", include_leases=True) == before
+
+
 def test_bad_requests_raise_clear_errors_and_change_nothing() -> None:
     reg = ShardRegistry(ManualClock())
     reg.register(_spec(10))

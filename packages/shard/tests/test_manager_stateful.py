@@ -175,8 +175,8 @@ class ShardMachine(RuleBasedStateMachine):
 
     # ------------------------------------------------------------------ model transitions
 
-    def _release(self, sid: int) -> None:
-        """A lease ended without done."""
+    def _release(self, sid: int, *, charge: bool = True) -> None:
+        """A lease ended without done (`charge`: it counts as a failed attempt)."""
         self._position_changed()
         del self.holder[sid]
         del self.deadline[sid]
@@ -184,7 +184,8 @@ class ShardMachine(RuleBasedStateMachine):
         if self.spec.delivery is DeliveryMode.EXACTLY_ONCE and self.acked[sid] >= hi - lo:
             self.state[sid] = "done"  # every sample acknowledged: nothing is left to dispatch
             return
-        self.failures[sid] += 1
+        if charge:
+            self.failures[sid] += 1
         if self.spec.delivery is DeliveryMode.AT_MOST_ONCE or self.failures[sid] >= self.spec.max_attempts:  # type: ignore[operator]
             self.state[sid] = "failed"
             return
@@ -291,14 +292,15 @@ class ShardMachine(RuleBasedStateMachine):
             self._train(sid, upto, worker)
         self._release(sid)
 
-    @rule(worker=st.sampled_from(WORKERS))
-    def worker_dies(self, worker: str) -> None:
+    @rule(worker=st.sampled_from(WORKERS), charge=st.booleans())
+    def worker_dies(self, worker: str, charge: bool) -> None:
+        # charge=False: the platform's doing (a lost node, a preemption), never an attempt of its shards.
         self.last_done.pop(worker, None)  # its replies are forgotten with it
-        ids = self.m.remove_worker(worker, "killed")
+        ids = self.m.remove_worker(worker, "killed", charge=charge)
         assert ids == sorted(s for s, w in self.holder.items() if w == worker)
         # A dead worker may have trained some samples it never acknowledged (at-least-once repeats them).
         for sid in ids:
-            self._release(sid)
+            self._release(sid, charge=charge)
         self.alive.discard(worker)
 
     @rule(seconds=st.sampled_from([1.0, 5.0, LEASE_S, 2 * LEASE_S]))

@@ -14,7 +14,7 @@
   the master. `report_gradient_sync` has a DDP model mark each step's first gradient
   synchronization, from which a slow rank of a synchronous job is found.
 * Reported failures (`reported_kind`, `LOST_NODE_KIND`, `OOM_RECORD_KIND`, `SLOW_NODE_KIND`,
-  `diagnose_report`, `kind_decided_alone`, `PEER_CONSEQUENCE_KINDS`):
+  `diagnose_report`, `kind_decided_alone`, `PEER_CONSEQUENCE_KINDS`, `KINDS_NOT_FROM_DATA`):
   the kind an agent or the master names for what it saw, and the kind decided on once the
   evidence is read; the master and the agent name no kind themselves.
 * Detectors (`HangDetector`, `StragglerDetector`): pure, ``now`` passed in.
@@ -69,6 +69,7 @@ if TYPE_CHECKING:
     from dlrover.diagnosis.probe import ProbeConfig, pick_backend, run_paired_probe, run_probe
     from dlrover.diagnosis.registry import ENTRY_POINT_GROUP, RuleRegistry
     from dlrover.diagnosis.reported import (
+        KINDS_NOT_FROM_DATA,
         LOST_NODE_KIND,
         OOM_RECORD_KIND,
         PEER_CONSEQUENCE_KINDS,
@@ -106,6 +107,7 @@ _EXPORTS = {
     "LOST_NODE_KIND": "dlrover.diagnosis.reported",
     "OOM_RECORD_KIND": "dlrover.diagnosis.reported",
     "PEER_CONSEQUENCE_KINDS": "dlrover.diagnosis.reported",
+    "KINDS_NOT_FROM_DATA": "dlrover.diagnosis.reported",
     "SLOW_NODE_KIND": "dlrover.diagnosis.reported",
     "diagnose_report": "dlrover.diagnosis.reported",
     "kind_decided_alone": "dlrover.diagnosis.reported",
@@ -194,6 +196,7 @@ __all__ = [
     "LOST_NODE_KIND",
     "OOM_RECORD_KIND",
     "PEER_CONSEQUENCE_KINDS",
+    "KINDS_NOT_FROM_DATA",
     "SLOW_NODE_KIND",
     "diagnose_report",
     "kind_decided_alone",

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 __all__ = [
     "LOST_NODE_KIND",
     "OOM_RECORD_KIND",
+    "KINDS_NOT_FROM_DATA",
     "PEER_CONSEQUENCE_KINDS",
     "SLOW_NODE_KIND",
     "diagnose_report",
@@ -36,6 +37,22 @@ OOM_RECORD_KIND = FailureKind.HOST_OOM
 """The kind of a node the master saw vanish while the kernel's own record (its memory cgroup's
 ``oom_kill`` count, a `MEMORY_RECORD` evidence line) says the OOM killer ended one of its processes:
 no agent reported it, but the record says why."""
+
+KINDS_NOT_FROM_DATA = frozenset(
+    {
+        FailureKind.COMMUNICATION,
+        FailureKind.HANG,
+        FailureKind.HARDWARE,
+        FailureKind.PREEMPTION,
+        FailureKind.DISK_FULL,
+        FailureKind.CONFIG_ERROR,
+    }
+)
+"""The kinds a sample being trained cannot cause (a network, a stuck peer, the host, a stop from outside, the
+storage, the launch's settings): the data shards the failed processes held are handed out again without
+counting an attempt against them (`max_attempts`), so that crash loops of the platform never send good data to
+the failed set. Any other kind (user code, a data error, a native crash, an OOM, a NaN loss, a kill without a
+record, unknown) may be the samples', and counts."""
 
 PEER_CONSEQUENCE_KINDS = frozenset({FailureKind.COMMUNICATION, FailureKind.HANG})
 """The kinds a node's workers fail with when a peer's departure or restart breaks their collectives

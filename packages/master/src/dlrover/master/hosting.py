@@ -303,7 +303,7 @@ class HostedRendezvous:
 
     # NodeMembership
 
-    def node_departed(self, node_id: int, reason: str) -> None:
+    def node_departed(self, node_id: int, reason: str, *, data_suspect: bool = True) -> None:
         """Take the node out of the rendezvous; a round holding it dissolves and its members are told why."""
         with self._servicer.lock:
             try:
@@ -313,7 +313,7 @@ class HostedRendezvous:
         # The master journals the rendezvous right after telling it about departures.
         _log.info("rendezvous: %s (%s)", what, reason)
 
-    def processes_restarted(self, node_id: int, reason: str) -> None:
+    def processes_restarted(self, node_id: int, reason: str, *, data_suspect: bool = True) -> None:
         """Nothing to do: the restarted processes join again, which reopens the round by itself."""
 
     def round_broken(self, node_id: int, reason: str) -> None:
@@ -635,8 +635,11 @@ class HostedShards:
 
     # NodeMembership
 
-    def release(self, node_id: int, reason: str) -> dict[str, list[int]]:
-        """Return every shard the node's workers hold to the queue; returns dataset -> shard ids."""
+    def release(self, node_id: int, reason: str, *, charge: bool = True) -> dict[str, list[int]]:
+        """Return every shard the node's workers hold to the queue; returns dataset -> shard ids.
+
+        `charge`: count it as a failed attempt of each shard (see `ShardManager.remove_worker`).
+        """
         released: dict[str, list[int]] = {}
         with self._servicer.locked() as registry:
             workers = {
@@ -646,20 +649,21 @@ class HostedShards:
                 if node_of_worker(w.worker) == node_id
             }
             for worker in sorted(workers):
-                for dataset, ids in registry.remove_worker(worker, reason).items():
+                for dataset, ids in registry.remove_worker(worker, reason, charge=charge).items():
                     released.setdefault(dataset, []).extend(ids)
         released = {d: sorted(ids) for d, ids in released.items() if ids}
         if released:
             _log.info("shards of node %d returned to the queue (%s): %s", node_id, reason, released)
         return released
 
-    def node_departed(self, node_id: int, reason: str) -> None:
-        """Re-dispatch the node's shards (under exactly-once, from their acknowledged positions)."""
-        self.release(node_id, reason)
+    def node_departed(self, node_id: int, reason: str, *, data_suspect: bool = True) -> None:
+        """Re-dispatch the node's shards (under exactly-once, from their acknowledged positions); an
+        attempt is counted against them only when the failure may be the data's (`data_suspect`)."""
+        self.release(node_id, reason, charge=data_suspect)
 
-    def processes_restarted(self, node_id: int, reason: str) -> None:
-        """The processes that held the node's shards are gone: re-dispatch them."""
-        self.release(node_id, reason)
+    def processes_restarted(self, node_id: int, reason: str, *, data_suspect: bool = True) -> None:
+        """The processes that held the node's shards are gone: re-dispatch them (`data_suspect`: as above)."""
+        self.release(node_id, reason, charge=data_suspect)
 
     def node_finished(self, node_id: int, reason: str) -> None:
         """Nothing to do: its processes succeeded, and what they read is acknowledged or journaled."""

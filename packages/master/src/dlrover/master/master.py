@@ -22,6 +22,7 @@ import attrs
 
 from dlrover.common import Clock, ConfigError, DLRoverError
 from dlrover.diagnosis import (
+    KINDS_NOT_FROM_DATA,
     LOST_NODE_KIND,
     MEMORY_RECORD,
     OOM_RECORD_KIND,
@@ -217,12 +218,16 @@ class NodeMembership(Protocol):
     for the master's. Exceptions are logged with their traceback and do not stop the master.
     """
 
-    def node_departed(self, node_id: int, reason: str) -> None:
-        """The node failed or was removed: it is gone for good (a replacement comes with a new id)."""
+    def node_departed(self, node_id: int, reason: str, *, data_suspect: bool = True) -> None:
+        """The node failed or was removed: it is gone for good (a replacement comes with a new id).
+
+        `data_suspect`: False when the cause cannot be the samples its processes trained (a
+        preemption, a lost host, a network fault, a planned removal: `KINDS_NOT_FROM_DATA`).
+        """
         ...
 
-    def processes_restarted(self, node_id: int, reason: str) -> None:
-        """The node's training processes are being restarted; the node stays."""
+    def processes_restarted(self, node_id: int, reason: str, *, data_suspect: bool = True) -> None:
+        """The node's training processes are being restarted; the node stays (`data_suspect`: as above)."""
         ...
 
     def node_finished(self, node_id: int, reason: str) -> None:
@@ -523,7 +528,8 @@ class Master:
         """
         nodes = self._lifecycle.nodes().values()
         news: list[Callable[[NodeMembership], None]] = [
-            functools.partial(_departed, n.node_id, "it left the job before the master restarted")
+            # Told once already, or its cause is not known here: no shard it held is charged again.
+            functools.partial(_departed, n.node_id, "it left the job before the master restarted", data_suspect=False)
             for n in nodes
             if n.state in _GONE_STATES
         ]
@@ -726,6 +732,8 @@ class Master:
     def _notify_membership(self, events: Iterable[Event]) -> bool:
         """Tell the libraries about departures, successes, process restarts and the job's end; True if any."""
         notified = False
+        events = list(events)
+        innocent = _nodes_failed_not_by_data(events)
         for ev in events:
             if ev.kind == "node_state" and ev.node_id is not None:
                 left = NodeState(ev.data["from"]) in ALIVE_STATES
@@ -733,12 +741,18 @@ class Master:
                 if left and ev.data["to"] == NodeState.SUCCEEDED.value:
                     call = functools.partial(_finished, ev.node_id, ev.message)
                 elif left and ev.data["to"] in (NodeState.FAILED.value, NodeState.REMOVED.value):
-                    call = functools.partial(_departed, ev.node_id, ev.message)
+                    # A removal is planned (a shrink, a stop): never the data's doing.
+                    suspect = ev.data["to"] == NodeState.FAILED.value and ev.node_id not in innocent
+                    call = functools.partial(_departed, ev.node_id, ev.message, data_suspect=suspect)
                 else:
                     continue
             elif ev.kind in ("process_restart", "planned_restart", "consequence_restart") and ev.node_id is not None:
-                # A planned round's restart kills the node's workers as surely as a failure's.
-                call = functools.partial(_restarted, ev.node_id, ev.message, breaks_round=_breaks_round(ev))
+                # A planned round's restart kills the node's workers as surely as a failure's, and a
+                # consequence restart follows a peer's failure: neither is the data's doing.
+                suspect = ev.kind == "process_restart" and _kind_of(ev) not in KINDS_NOT_FROM_DATA
+                call = functools.partial(
+                    _restarted, ev.node_id, ev.message, breaks_round=_breaks_round(ev), data_suspect=suspect
+                )
             elif ev.kind == "planned_round":
                 call = functools.partial(_round_planned, frozenset(ev.data["nodes"]), ev.message)
             elif ev.kind == "job_end":
@@ -1786,8 +1800,31 @@ class Master:
             return json.dumps(data, sort_keys=True, default=str)
 
 
-def _departed(node_id: int, reason: str, member: NodeMembership) -> None:
-    member.node_departed(node_id, reason)
+def _kind_of(ev: Event) -> FailureKind | None:
+    try:
+        return FailureKind(ev.data.get("kind"))
+    except ValueError:
+        return None
+
+
+def _nodes_failed_not_by_data(events: Sequence[Event]) -> set[int]:
+    """Nodes whose failure in `events` the samples cannot have caused: a disruption (preemption,
+    eviction, a lost host), or only kinds of `KINDS_NOT_FROM_DATA` named for them; a node for which
+    no kind is named is not among them (its failure may be the data's)."""
+    kinds: dict[int, set[FailureKind | None]] = {}
+    disrupted: set[int] = set()
+    for ev in events:
+        if ev.node_id is None:
+            continue
+        if ev.kind == "disruption":
+            disrupted.add(ev.node_id)
+        elif "kind" in ev.data:
+            kinds.setdefault(ev.node_id, set()).add(_kind_of(ev))
+    return disrupted | {n for n, named in kinds.items() if named <= KINDS_NOT_FROM_DATA}
+
+
+def _departed(node_id: int, reason: str, member: NodeMembership, *, data_suspect: bool) -> None:
+    member.node_departed(node_id, reason, data_suspect=data_suspect)
 
 
 def _finished(node_id: int, reason: str, member: NodeMembership) -> None:
@@ -1797,8 +1834,8 @@ def _finished(node_id: int, reason: str, member: NodeMembership) -> None:
         notify(node_id, reason)
 
 
-def _restarted(node_id: int, reason: str, member: NodeMembership, *, breaks_round: bool) -> None:
-    member.processes_restarted(node_id, reason)
+def _restarted(node_id: int, reason: str, member: NodeMembership, *, breaks_round: bool, data_suspect: bool) -> None:
+    member.processes_restarted(node_id, reason, data_suspect=data_suspect)
     if breaks_round and isinstance(member, RoundWitness):
         member.round_broken(node_id, reason)
 

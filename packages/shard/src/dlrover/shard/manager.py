@@ -277,18 +277,27 @@ class ShardManager:
         self._remember(worker, "fail", request_id, result)
         return result
 
-    def remove_worker(self, worker: str, reason: str = "worker left") -> list[int]:
+    def remove_worker(self, worker: str, reason: str = "worker left", *, charge: bool = True) -> list[int]:
         """Return every shard `worker` holds to the queue (or the failed set); forget its replies.
+
+        Args:
+            worker: the worker.
+            reason: why, kept in each charged shard's history.
+            charge: count the removal as a failed attempt of each shard it held (`max_attempts`).
+                False where the cause cannot be the data (a lost node, a preemption, a peer's
+                failure, a planned round): such removals alone never send a shard to the failed set.
 
         Returns:
             The ids of the shards it held.
         """
         self._changing("removing a worker")
         check_worker(worker)
+        if not isinstance(charge, bool):
+            raise InvalidShardRequestError(f"charge must be a bool, got {charge!r}")
         self.expire_leases()
         ids = sorted(self._by_worker.get(worker, ()))
         for sid in ids:
-            self._release(self._doing[sid], f"worker {worker} removed: {reason}")
+            self._release(self._doing[sid], f"worker {worker} removed: {reason}", charge=charge)
         self._replies.pop(worker, None)
         return ids
 
@@ -769,8 +778,8 @@ class ShardManager:
             self._deadlines = [(ls.deadline, s, ls.version) for s, ls in self._doing.items()]
             heapq.heapify(self._deadlines)
 
-    def _release(self, lease: Lease, reason: str) -> str:
-        """A lease ended without `done`: re-queue the shard, or fail it."""
+    def _release(self, lease: Lease, reason: str, *, charge: bool = True) -> str:
+        """A lease ended without `done`: re-queue the shard, or fail it (an uncharged end counts no attempt)."""
         self._unlease(lease)
         self._position_version += 1
         parked = lease.parked
@@ -784,9 +793,10 @@ class ShardManager:
             # the two): dispatched again it would yield nothing, and wait out a lease per attempt.
             self._mark_done(parked)
             return f"shard {sid} done: every unit was acknowledged before its lease ended ({reason})"
-        parked.failures += 1
-        parked.reasons.append(reason)
-        del parked.reasons[:-MAX_REASONS_KEPT]
+        if charge:
+            parked.failures += 1
+            parked.reasons.append(reason)
+            del parked.reasons[:-MAX_REASONS_KEPT]
         if self._spec.delivery is DeliveryMode.AT_MOST_ONCE:
             self._mark_failed(parked, "at-most-once: a shard is never dispatched twice")
             return f"shard {sid} moved to the failed set ({reason}); at-most-once never dispatches it again"

@@ -78,7 +78,8 @@ class ShardRegistry:
             "fail": lambda a: self.manager(a["dataset"]).report_failure(
                 a["worker"], a["shard_id"], a["reason"], a["consumed"], a["request_id"]
             ),
-            "remove_worker": lambda a: self._remove_worker(a["worker"], a["reason"]),
+            # A line written before `charge` existed charged every removal.
+            "remove_worker": lambda a: self._remove_worker(a["worker"], a["reason"], a.get("charge", True)),
             "restore": lambda a: self._restore(a["document"], a["dataset"], a["request_id"]),
             "advance_stream": lambda a: self.manager(a["dataset"]).advance_stream(a["partition"], a["end_offset"]),
         }
@@ -209,17 +210,22 @@ class ShardRegistry:
         result: ReportResult = self._change("advance_stream", args)
         return result
 
-    def remove_worker(self, worker: str, reason: str = "worker left") -> dict[str, list[int]]:
-        """Take back every shard `worker` holds in every dataset.
+    def remove_worker(self, worker: str, reason: str = "worker left", *, charge: bool = True) -> dict[str, list[int]]:
+        """Take back every shard `worker` holds in every dataset (`charge`: see `ShardManager.remove_worker`).
 
         Returns:
             dataset name -> ids of the shards returned.
         """
-        result: dict[str, list[int]] = self._change("remove_worker", {"worker": worker, "reason": reason})
+        args: dict[str, Any] = {"worker": worker, "reason": reason}
+        if charge is not True:
+            args["charge"] = charge  # only when set: the line of a charged removal reads as it always did
+        result: dict[str, list[int]] = self._change("remove_worker", args)
         return result
 
-    def _remove_worker(self, worker: str, reason: str) -> dict[str, list[int]]:
-        return {name: m.remove_worker(worker, reason) for name, m in sorted(self._managers.items())}
+    def _remove_worker(self, worker: str, reason: str, charge: bool = True) -> dict[str, list[int]]:
+        if not isinstance(charge, bool):
+            raise InvalidShardRequestError(f"charge must be a bool, got {charge!r}")
+        return {name: m.remove_worker(worker, reason, charge=charge) for name, m in sorted(self._managers.items())}
 
     def checkpoint(self, name: str, *, include_leases: bool = False) -> str:
         """The progress checkpoint of dataset `name` (see `dlrover.shard.progress`).
