@@ -143,10 +143,10 @@ class _AcknowledgeFirst:
                 self.error = exc
             raise
 
-    def node_departed(self, node_id: int, reason: str) -> None:
+    def node_departed(self, node_id: int, reason: str, *, data_suspect: bool = True) -> None:
         self._acknowledge(node_id)
 
-    def processes_restarted(self, node_id: int, reason: str) -> None:
+    def processes_restarted(self, node_id: int, reason: str, *, data_suspect: bool = True) -> None:
         self._acknowledge(node_id)
 
     def node_finished(self, node_id: int, reason: str) -> None:
