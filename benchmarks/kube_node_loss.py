@@ -401,8 +401,10 @@ def _keep_logs(tmp: Path, dest: Path) -> None:
         if wanted and path.is_file() and path.stat().st_size <= 16 * MB:
             target = dest / path.relative_to(tmp)
             target.parent.mkdir(parents=True, exist_ok=True)
-            with contextlib.suppress(OSError):
+            try:
                 shutil.copyfile(path, target)
+            except OSError as exc:  # a pod's log removed meanwhile: the rest is still worth keeping
+                print(f"  could not keep {path}: {exc}", file=sys.stderr)
 
 
 def _trial(run: Run, trial: Trial, way: str, args: argparse.Namespace) -> None:

@@ -1801,6 +1801,7 @@ class Master:
 
 
 def _kind_of(ev: Event) -> FailureKind | None:
+    """The failure kind an event names, or None (none, or a value that is no kind)."""
     try:
         return FailureKind(ev.data.get("kind"))
     except ValueError:
@@ -1848,10 +1849,7 @@ def _breaks_round(ev: Event) -> bool:
         return True
     if ev.kind != "process_restart":
         return False
-    try:
-        return FailureKind(ev.data.get("kind")) not in PEER_CONSEQUENCE_KINDS
-    except ValueError:
-        return True
+    return _kind_of(ev) not in PEER_CONSEQUENCE_KINDS
 
 
 def _round_planned(node_ids: frozenset[int], reason: str, member: NodeMembership) -> None:

@@ -793,11 +793,13 @@ class ShardManager:
             # the two): dispatched again it would yield nothing, and wait out a lease per attempt.
             self._mark_done(parked)
             return f"shard {sid} done: every unit was acknowledged before its lease ended ({reason})"
+        at_most_once = self._spec.delivery is DeliveryMode.AT_MOST_ONCE
         if charge:
             parked.failures += 1
+        if charge or at_most_once:  # a shard that goes to the failed set keeps why in its history
             parked.reasons.append(reason)
             del parked.reasons[:-MAX_REASONS_KEPT]
-        if self._spec.delivery is DeliveryMode.AT_MOST_ONCE:
+        if at_most_once:
             self._mark_failed(parked, "at-most-once: a shard is never dispatched twice")
             return f"shard {sid} moved to the failed set ({reason}); at-most-once never dispatches it again"
         if parked.failures >= self._max_attempts:
