@@ -31,6 +31,7 @@ from dlrover.launcher.agent import Agent, AgentConfig, AgentResult
 from dlrover.launcher.control import FailureReport, NodeRegistration, RoundAssignment
 from dlrover.launcher.env import standby_env
 from dlrover.launcher.fake_control import FakeControlPlane
+from dlrover.launcher.store_host import FakeStoreHost
 from dlrover.launcher.workers import StandbyPool
 
 WORKER = textwrap.dedent(
@@ -118,6 +119,7 @@ def _agent(
     oom_watch: OomWatch | None = None,
     *,
     standby: StandbyPool | None = None,
+    store_host: FakeStoreHost | None = None,
     **kwargs: object,
 ) -> Agent:
     script = tmp_path / "worker.py"
@@ -135,7 +137,10 @@ def _agent(
     }
     defaults.update(kwargs)
     config = AgentConfig(**defaults)  # type: ignore[arg-type]
-    return Agent(config, control, read_exiting_status=read_exiting_status, oom_watch=oom_watch, standby=standby)
+    return Agent(
+        config, control, read_exiting_status=read_exiting_status, oom_watch=oom_watch, standby=standby,
+        store_host=store_host,
+    )  # fmt: skip
 
 
 def _records(tmp_path: Path) -> dict[str, dict[str, object]]:
@@ -646,6 +651,85 @@ def test_standbys_started_before_the_agent_become_its_workers_and_end_with_it(
     assert any("started before the agent" in r.getMessage() for r in caplog.records)
     # The pool was the agent's: its refill for the next restart ended with the agent (the leak check also sees it).
     assert not [p for p in psutil.process_iter(["cmdline"]) if str(script) in " ".join(p.info["cmdline"] or [])]
+
+
+class _JoinsAsNodeRank1(FakeControlPlane):
+    """A running job's control plane: its round has formed, and this node joins the next one as node rank 1
+    (it opens no store). Records the store host's calls when the round came; with `idle_polls_until_prepare`,
+    the round comes only once the agent, polled as `next_round` polls it while a spare waits, prepared the
+    store host (or after 60 s)."""
+
+    def __init__(self, store: FakeStoreHost, *, idle_polls_until_prepare: bool = False) -> None:
+        super().__init__()
+        self.round_formed = True
+        self._store_host = store
+        self._until_prepare = idle_polls_until_prepare
+        self.store_calls_at_round: list[tuple[str, str]] | None = None
+
+    def next_round(
+        self,
+        timeout_s: float,
+        should_stop: Callable[[], bool] = lambda: False,
+        open_store: Callable[[str], int] | None = None,
+    ) -> RoundAssignment:
+        deadline = time.monotonic() + 60
+        while self._until_prepare and ("prepare", "") not in self._store_host.calls and time.monotonic() < deadline:
+            should_stop()
+            time.sleep(0.02)
+        self.store_calls_at_round = list(self._store_host.calls)
+        assignment = RoundAssignment(1, 1, 2, "127.0.0.1", 40999, agent_store=True, first_worker_rank=2,
+                                     worker_world_size=4)  # fmt: skip
+        self.rounds.append(assignment)
+        return assignment
+
+
+def _warm_standby_agent(tmp_path: Path, control: FakeControlPlane, mode: str, store: FakeStoreHost,
+                        **kwargs: object) -> Agent:  # fmt: skip
+    """An agent of two workers with standbys that import `slow_import` (let through at once)."""
+    marks = tmp_path / "marks"
+    marks.mkdir(exist_ok=True)
+    (marks / "gate").touch()
+    (tmp_path / "slow_import.py").write_text(SLOW_IMPORT)
+    env = {"PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]), "IMPORT_MARKS": str(marks)}
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    argv = (sys.executable, "-u", str(script), str(tmp_path / "out"), mode)
+    return _agent(tmp_path, mode, control, store_host=store, worker_argv=argv, prewarm_modules=("slow_import",),
+                  extra_env=env, **kwargs)  # fmt: skip
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(180)
+def test_a_node_joining_a_running_job_imports_for_the_store_only_once_its_workers_run(tmp_path: Path) -> None:
+    # Its imports would take the CPU from the round every node waits on; it hosts no store in that round.
+    store = FakeStoreHost()
+    control = _JoinsAsNodeRank1(store)
+    agent = _warm_standby_agent(tmp_path, control, "sleep", store, prewarm_refill_after_s=0.2)
+    outcome: list[AgentResult] = []
+    thread = threading.Thread(target=lambda: outcome.append(agent.run()))
+    thread.start()
+    try:
+        _wait_for(lambda: ("prepare", "") in store.calls)
+    finally:
+        agent.request_stop("test over")
+        thread.join(60)
+    assert control.store_calls_at_round == [], "the store's import started before the node's round"
+    assert store.opened == []
+    assert [r.exit_code for r in outcome] == [128 + signal.SIGTERM]
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(180)
+def test_a_node_that_waits_idle_for_its_round_imports_for_the_store_meanwhile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A warm spare may take over node rank 0 and open the store: it imports while it waits, not then.
+    monkeypatch.setattr("dlrover.launcher.agent._STORE_IMPORT_IDLE_WAIT_S", 0.3)
+    store = FakeStoreHost()
+    control = _JoinsAsNodeRank1(store, idle_polls_until_prepare=True)
+    result = _warm_standby_agent(tmp_path, control, "ok", store).run()
+    assert result.exit_code == 0, result.reason
+    assert control.store_calls_at_round == [("prepare", "")]
 
 
 @pytest.mark.integration

@@ -98,6 +98,9 @@ _RELAYED_EXCUSE_HEARTBEATS = 6
 # How often to ask a rendezvous that does not say when to ask again (a master from before it paced
 # the checks), or one that could not be reached: the cadence agents kept before the pacing.
 _UNPACED_WAITING_CHECK_S = 1.0
+# A node that joined a running job and still waits for its round this long waits idle (a spare, or
+# for peers): its agent's deferred torch import for the store then takes nothing from a round's start.
+_STORE_IMPORT_IDLE_WAIT_S = 2.0
 
 NODE_SHM_PREFIX = "dlrover-node-"
 """Names the agent's own directory in ``checkpoint_shm_dir`` (an `owned_temp_dir`)."""
@@ -356,6 +359,7 @@ class Agent:
         self._saver_host: SaverHost | None = None
         # (when, global ranks) of the workers whose start used the standbys not yet replaced.
         self._refill_pending: tuple[float, frozenset[int]] | None = None
+        self._store_import_deferred = False  # see `_wait_for_warm_standbys`
         # (when, global ranks) of the workers started, until each has sealed a snapshot: then
         # what the node saved under other ranks before a resize is removed.
         self._departed_sweep: tuple[float, frozenset[int]] | None = None
@@ -428,15 +432,16 @@ class Agent:
         they finish their persists (after a failure, a stop or a signal: the newest snapshot
         every rank holds) and the job's shared memory is removed.
         """
-        if self._store_host is not None:
-            # The torch import behind the store overlaps registration and the first rendezvous.
-            self._store_host.prepare()
         self._saver_host = self._start_saver_host() if self._config.host_checkpoint_saver else None
         result: AgentResult | None = None
         self._open_wake()
         try:
             self._start_standby_pool()
-            self._wait_for_warm_standbys()
+            self._store_import_deferred = self._wait_for_warm_standbys()
+            if not self._store_import_deferred:
+                # A starting job: the torch import behind the store overlaps registration and the
+                # first rendezvous, which any node may leave as rank 0.
+                self._prepare_store_host()
             if self._stop_requested.is_set():  # not registered: nothing to leave
                 result = AgentResult(128 + self._stop_signal, self._stop_reason, 0, 0)
                 return result
@@ -607,22 +612,29 @@ class Agent:
         self._refill_standbys()
         _log.info("%d standby worker(s)%s importing %s", cfg.nproc_per_node, when, ", ".join(cfg.prewarm_modules))
 
-    def _wait_for_warm_standbys(self) -> None:
+    def _wait_for_warm_standbys(self) -> bool:
         """Join a job that has formed a round once the first workers can start at once (see
         `AgentConfig.prewarm_join_wait_s`). A starting job's nodes join at once: their first
         round waits for the slowest node's workers anyway, and nodes of an elastic range that
-        join together stay in one first round."""
+        join together stay in one first round.
+
+        Returns whether this node joins a job that has formed a round (False when not asked:
+        no standbys, or no wait). Such a node (a growth, a replacement) takes the lowest free
+        rank, never the store's rank 0 while that node lives, so its agent imports torch for
+        the store only once its workers train (`_refill_when_training`): on a host whose cores
+        the standbys' imports and the round's start already share, a third import would delay
+        the round that every node waits on."""
         wait_s = self._config.prewarm_join_wait_s
         if self._standby is None or wait_s <= 0:
-            return
+            return False
         try:
             formed = self._control.round_has_formed(self._stop_requested.is_set)
         except DLRoverError:
             if self._stop_requested.is_set():
-                return  # `run` ends the node before it registers
+                return False  # `run` ends the node before it registers
             raise  # the master never listened: what registering would have said
         if not formed:
-            return
+            return False
         started = self._clock.now()
         if self._standby.wait_warm(wait_s, self._stop_requested.is_set):
             _log.info(
@@ -630,6 +642,28 @@ class Agent:
             )
         elif not self._stop_requested.is_set():
             _log.warning("standby workers still importing after %.1f s: joining the job anyway", wait_s)
+        return True
+
+    def _prepare_store_host(self) -> None:
+        """Start the store host's background import (at once, or once a deferral ends: see
+        `_wait_for_warm_standbys`); opening a store before then imports on the spot."""
+        self._store_import_deferred = False
+        if self._store_host is not None:
+            self._store_host.prepare()
+
+    def _waiting_for_round(self) -> Callable[[], bool]:
+        """What `next_round` polls while this node waits for its round: whether to stop; and, for
+        a node that deferred the store's import, after `_STORE_IMPORT_IDLE_WAIT_S` of waiting
+        (a warm spare held in reserve, a node waiting for peers) the import starts, so that a
+        spare that takes over node rank 0 opens the store without importing then."""
+        since = self._clock.now()
+
+        def should_stop() -> bool:
+            if self._store_import_deferred and self._clock.now() - since >= _STORE_IMPORT_IDLE_WAIT_S:
+                self._prepare_store_host()
+            return self._stop_requested.is_set()
+
+        return should_stop
 
     def _refill_standbys(self) -> None:
         """Warm standbys for the next start; a failure only costs that start its head start."""
@@ -683,7 +717,7 @@ class Agent:
                 try:
                     joined = self._clock.wall_time()
                     assignment = self._control.next_round(
-                        self._config.rendezvous_timeout_s, self._stop_requested.is_set, open_store
+                        self._config.rendezvous_timeout_s, self._waiting_for_round(), open_store
                     )
                     self._round_times = (joined, self._clock.wall_time())
                 except DLRoverError:
@@ -842,6 +876,7 @@ class Agent:
                 # The group ended before it trained again (a crash loop, a failure while restoring):
                 # start the next standbys now that its workers are gone, overlapping the rendezvous.
                 _log.info("starting standby workers for the next restart: the workers stopped before training again")
+                self._prepare_store_host()
                 self._refill_standbys()
 
     def _start_workers(self, assignment: RoundAssignment, restarts: int) -> WorkerGroup:
@@ -904,6 +939,7 @@ class Agent:
             now, started_at, self._config.prewarm_refill_after_s, sealed, ranks, failure_persisting=persisting
         ):
             self._refill_pending = None
+            self._prepare_store_host()  # deferred while joining a running job; else started at once
             why = "the workers are training again" if set(ranks) <= set(sealed) else "the refill timer ran out"
             _log.info("starting standby workers for the next restart %.1f s after the start: %s", now - started_at, why)
             self._refill_standbys()
