@@ -170,6 +170,53 @@ def test_only_failures_the_data_may_have_caused_count_an_attempt_against_the_sha
     assert {on_b.shard_id, on_c.shard_id} <= set(snap.todo)
 
 
+def test_a_hang_counts_an_attempt_against_the_shards_of_the_node_that_hung() -> None:
+    # One pathological sample can stall a rank's input pipeline: handed out first again after every
+    # restart, uncharged it would hang the job until its restart budget ran out.
+    job = Job(MemoryJournal())
+    a, _b, _c = job.register_all()
+    with job.shards.locked() as registry:
+        registry.register(attrs.evolve(SPEC, name="strict", max_attempts=1))
+        on_a = registry.fetch("strict", str(a)).shards[0]
+    decision = job.master.report_failure(a, FailureKind.HANG, "no step for 300 s; stacks dumped")
+    assert decision.action.value == "restart_processes"
+    with job.shards.locked() as registry:
+        status = registry.manager("strict").status()
+    assert [f.shard.shard_id for f in status.failed_shards] == [on_a.shard_id]
+
+
+class _MemberBeforeDataSuspect:
+    """A `NodeMembership` written before `data_suspect` existed (the protocol is an extension point)."""
+
+    def __init__(self) -> None:
+        self.told: list[tuple[str, int]] = []
+
+    def node_departed(self, node_id: int, reason: str) -> None:
+        self.told.append(("departed", node_id))
+
+    def processes_restarted(self, node_id: int, reason: str) -> None:
+        self.told.append(("restarted", node_id))
+
+    def job_finished(self, reason: str) -> None:
+        pass
+
+
+def test_a_membership_library_without_the_data_suspect_keyword_is_still_told() -> None:
+    clock = ManualClock()
+    member = _MemberBeforeDataSuspect()
+    master = Master(config(), FakeScheduler(), MemoryJournal(), clock, membership=[member])
+    master.start()
+    a, b, c = sorted(master.nodes())
+    for node_id in (a, b, c):
+        master.register(node_id, f"agent-{node_id}", f"host-{node_id}")
+    master.report_failure(a, FailureKind.NATIVE_CRASH, "Segmentation fault (core dumped)", exit_code=-11)
+    clock.advance(11.0)
+    master.heartbeat(a)
+    master.heartbeat(b)
+    master.tick()  # c went silent: it departed
+    assert member.told == [("restarted", a), ("departed", c)]
+
+
 def test_a_planned_rounds_restart_releases_the_nodes_shards_at_once() -> None:
     job = Job(MemoryJournal())
     a, b, c = job.register_all()

@@ -12,6 +12,7 @@ periodically by whoever hosts the master (see `MasterRuntime`).
 from __future__ import annotations
 
 import functools
+import inspect
 import json
 import logging
 import threading
@@ -1825,7 +1826,24 @@ def _nodes_failed_not_by_data(events: Sequence[Event]) -> set[int]:
 
 
 def _departed(node_id: int, reason: str, member: NodeMembership, *, data_suspect: bool) -> None:
-    member.node_departed(node_id, reason, data_suspect=data_suspect)
+    _tell_suspect(member.node_departed, node_id, reason, data_suspect)
+
+
+def _tell_suspect(notify: Callable[..., None], node_id: int, reason: str, data_suspect: bool) -> None:
+    """Call a `NodeMembership` method with `data_suspect`, or without it for a library written before the
+    keyword existed (it is told as before: it takes every departure and restart for the data's doing)."""
+    if _takes_keyword(notify, "data_suspect"):
+        notify(node_id, reason, data_suspect=data_suspect)
+    else:
+        notify(node_id, reason)
+
+
+def _takes_keyword(function: Callable[..., None], name: str) -> bool:
+    try:
+        parameters = inspect.signature(function).parameters.values()
+    except (TypeError, ValueError):  # no signature to read (a C function): call it as documented
+        return True
+    return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
 
 
 def _finished(node_id: int, reason: str, member: NodeMembership) -> None:
@@ -1836,7 +1854,7 @@ def _finished(node_id: int, reason: str, member: NodeMembership) -> None:
 
 
 def _restarted(node_id: int, reason: str, member: NodeMembership, *, breaks_round: bool, data_suspect: bool) -> None:
-    member.processes_restarted(node_id, reason, data_suspect=data_suspect)
+    _tell_suspect(member.processes_restarted, node_id, reason, data_suspect)
     if breaks_round and isinstance(member, RoundWitness):
         member.round_broken(node_id, reason)
 

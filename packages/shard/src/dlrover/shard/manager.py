@@ -282,7 +282,8 @@ class ShardManager:
 
         Args:
             worker: the worker.
-            reason: why, kept in each charged shard's history.
+            reason: why, kept in the history of each shard charged, and of each at-most-once shard
+                set aside (which is never handed out again, charged or not).
             charge: count the removal as a failed attempt of each shard it held (`max_attempts`).
                 False where the cause cannot be the data (a lost node, a preemption, a peer's
                 failure, a planned round): such removals alone never send a shard to the failed set.
