@@ -720,14 +720,11 @@ def test_a_node_joining_a_running_job_imports_for_the_store_only_once_its_worker
 
 @pytest.mark.integration
 @pytest.mark.timeout(180)
-def test_a_node_that_waits_idle_for_its_round_imports_for_the_store_meanwhile(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_node_that_waits_idle_for_its_round_imports_for_the_store_meanwhile(tmp_path: Path) -> None:
     # A warm spare may take over node rank 0 and open the store: it imports while it waits, not then.
-    monkeypatch.setattr("dlrover.launcher.agent._STORE_IMPORT_IDLE_WAIT_S", 0.3)
     store = FakeStoreHost()
     control = _JoinsAsNodeRank1(store, idle_polls_until_prepare=True)
-    result = _warm_standby_agent(tmp_path, control, "ok", store).run()
+    result = _warm_standby_agent(tmp_path, control, "ok", store, store_import_idle_wait_s=0.3).run()
     assert result.exit_code == 0, result.reason
     assert control.store_calls_at_round == [("prepare", "")]
 

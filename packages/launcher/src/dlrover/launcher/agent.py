@@ -98,9 +98,6 @@ _RELAYED_EXCUSE_HEARTBEATS = 6
 # How often to ask a rendezvous that does not say when to ask again (a master from before it paced
 # the checks), or one that could not be reached: the cadence agents kept before the pacing.
 _UNPACED_WAITING_CHECK_S = 1.0
-# A node that joined a running job and still waits for its round this long waits idle (a spare, or
-# for peers): its agent's deferred torch import for the store then takes nothing from a round's start.
-_STORE_IMPORT_IDLE_WAIT_S = 2.0
 
 NODE_SHM_PREFIX = "dlrover-node-"
 """Names the agent's own directory in ``checkpoint_shm_dir`` (an `owned_temp_dir`)."""
@@ -201,6 +198,9 @@ class AgentConfig:
             this long (0: at once): it makes the training nodes stop for a new round, and without
             the wait they would idle while its workers import (seconds; tens of seconds with
             CUDA). The nodes of a starting job join at once.
+        store_import_idle_wait_s: such a joining node defers its torch import for the store it
+            hosts as node rank 0 until its workers train, or until it has waited this long for its
+            round (a warm spare held in reserve imports while idle; see `_wait_for_warm_standbys`).
         worker_reap_timeout_s: a worker seen beginning to exit with a failure (the others are
             stopped then) is reported once it has exited; if the kernel has still not let it be
             reaped this long after, it is reported with the status it was seen exiting with.
@@ -249,6 +249,7 @@ class AgentConfig:
     prewarm_modules: tuple[str, ...] = ()
     prewarm_refill_after_s: float = attrs.field(default=30.0, validator=non_negative)
     prewarm_join_wait_s: float = attrs.field(default=120.0, validator=non_negative_finite)
+    store_import_idle_wait_s: float = attrs.field(default=2.0, validator=non_negative_finite)
     worker_reap_timeout_s: float = attrs.field(default=30.0, validator=non_negative)
     exit_barrier_timeout_s: float = attrs.field(default=300.0, validator=non_negative_finite)
     resource_sample_interval_s: float = attrs.field(default=1.0, validator=non_negative_finite)
@@ -653,13 +654,15 @@ class Agent:
 
     def _waiting_for_round(self) -> Callable[[], bool]:
         """What `next_round` polls while this node waits for its round: whether to stop; and, for
-        a node that deferred the store's import, after `_STORE_IMPORT_IDLE_WAIT_S` of waiting
-        (a warm spare held in reserve, a node waiting for peers) the import starts, so that a
-        spare that takes over node rank 0 opens the store without importing then."""
+        a node that deferred the store's import, after `store_import_idle_wait_s` of waiting (a
+        warm spare held in reserve, a node waiting for peers: its import then takes nothing from a
+        round's start) the import starts, so that a spare that takes over node rank 0 opens the
+        store without importing then."""
         since = self._clock.now()
+        idle_wait_s = self._config.store_import_idle_wait_s
 
         def should_stop() -> bool:
-            if self._store_import_deferred and self._clock.now() - since >= _STORE_IMPORT_IDLE_WAIT_S:
+            if self._store_import_deferred and self._clock.now() - since >= idle_wait_s:
                 self._prepare_store_host()
             return self._stop_requested.is_set()
 
