@@ -225,8 +225,7 @@ class DlroverBackend:
             load_token(),
             DATASET,
             f"rank-{rank}",
-            # On demand: a rank leases its next shard when it reads its position after a step (one
-            # call for both, see ShardSampler.state_dict) or when it starts one, so ranks hold equal shares.
+            # No prefetch thread: the sampler leases ahead itself when it syncs (see below).
             config=ShardClientConfig(prefetch_shards=0),
         )
         self.client.register(
@@ -241,7 +240,10 @@ class DlroverBackend:
                 delivery=DeliveryMode.EXACTLY_ONCE,
             )
         )
-        self.sampler = ShardSampler(self.client)
+        # The ranks save together after every step, so they exchange their acknowledgements in a
+        # collective there and call the master once every `sync_every` steps (report, read the
+        # data position, lease ahead) rather than twice per step each.
+        self.sampler = ShardSampler(self.client, process_group=dist.group.WORLD)
         self._reporter: Any = None  # the wait phase's writer, made at the first hold
         self._iter: Iterator[int] = iter(self.sampler)
         self.storage_dir = Path(args.out) / "checkpoints"

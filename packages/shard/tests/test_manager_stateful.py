@@ -36,10 +36,14 @@ from dlrover.shard import (
     DatasetSpec,
     DeliveryMode,
     IndexSource,
+    InvalidShardRequestError,
+    ShardManager,
     ShardRegistry,
     ShardStateError,
     UnknownShardError,
 )
+from dlrover.shard.acknowledged import apply_acknowledged
+from dlrover.shard.progress import decode_progress
 
 WORKERS = ("w0", "w1", "w2")
 LEASE_S = 10.0
@@ -48,6 +52,31 @@ POSITION_FIELDS = (
     "state", "queue", "holder", "deadline", "acked", "dispatched_at", "dispatches", "failures", "orders", "epoch",
     "cursor",
 )  # fmt: skip
+
+
+def _latest(acknowledged: list[tuple[int, int, bool]]) -> list[tuple[int, int, bool]]:
+    """One entry per shard, as a sampler keeps them: the furthest position, done if ever done."""
+    out: dict[int, tuple[int, bool]] = {}
+    for sid, upto, done in acknowledged:
+        old = out.get(sid, (0, False))
+        out[sid] = (max(old[0], upto), old[1] or done)
+    return [(sid, upto, done) for sid, (upto, done) in sorted(out.items())]
+
+
+def _remaining(document: str, clock: ManualClock, total_shards: int) -> dict[int, Any]:
+    """What a data position says of every shard of every epoch: done, failed, or waiting at a position."""
+    spec, state = decode_progress(document)
+    manager, _ = ShardManager.from_state(spec, state, clock)
+    fates: dict[int, Any] = {}
+    for sid in range(total_shards):
+        if sid in manager._failed:
+            fates[sid] = "failed"
+        elif manager._is_done(sid):
+            fates[sid] = "done"
+        else:
+            queued = manager._queued.get(sid)
+            fates[sid] = 0 if queued is None else queued.consumed
+    return fates
 
 
 def _strip_in_flight(doc: str) -> dict[str, Any]:
@@ -83,6 +112,9 @@ class ShardMachine(RuleBasedStateMachine):
         self.request_ids = 0
         # The newest position read and the model as of it, until the position changes (then None).
         self.position: tuple[str, dict[str, Any]] | None = None
+        # A position read earlier and every acknowledgement since (a group sampler's state), until
+        # something other than leases and acknowledgements happens.
+        self.merge_base: tuple[str, list[tuple[int, int, bool]]] | None = None
 
     # ------------------------------------------------------------------ set-up
 
@@ -175,9 +207,14 @@ class ShardMachine(RuleBasedStateMachine):
 
     # ------------------------------------------------------------------ model transitions
 
+    def _acknowledged(self, sid: int, upto: int, done: bool) -> None:
+        if self.merge_base is not None:
+            self.merge_base[1].append((sid, upto, done))
+
     def _release(self, sid: int, *, charge: bool = True) -> None:
         """A lease ended without done (`charge`: it counts as a failed attempt)."""
         self._position_changed()
+        self.merge_base = None  # not an acknowledgement: a group restores from its last state instead
         del self.holder[sid]
         del self.deadline[sid]
         lo, hi = self._bounds(sid)
@@ -261,6 +298,7 @@ class ShardMachine(RuleBasedStateMachine):
         lo, hi = self._bounds(sid)
         upto = data.draw(st.integers(0, hi - lo))
         self.m.report_progress(worker, sid, upto)
+        self._acknowledged(sid, upto, False)
         self.deadline[sid] = self.clock.now() + LEASE_S
         if upto > self.acked[sid]:
             self._position_changed()
@@ -274,6 +312,7 @@ class ShardMachine(RuleBasedStateMachine):
         self.request_ids += 1
         request_id = f"done-{self.request_ids}"
         self.m.report_done(worker, sid, request_id=request_id)
+        self._acknowledged(sid, hi - lo, True)
         self._position_changed()
         self.last_done[worker] = (sid, request_id)
         self._train(sid, hi - lo, worker)
@@ -335,6 +374,7 @@ class ShardMachine(RuleBasedStateMachine):
 
     @rule(fresh_registry=st.booleans())
     def checkpoint_and_restore(self, fresh_registry: bool) -> None:
+        self.merge_base = None
         self.last_done.clear()  # a user's restore starts a new manager, with no replies
         doc = self._read_position()
         assert self.position is not None
@@ -371,6 +411,57 @@ class ShardMachine(RuleBasedStateMachine):
         assert self.registry.checkpoint("ds", include_leases=True) == doc
         for sid in self.holder:
             self.deadline[sid] = self.clock.now() + LEASE_S
+
+    @precondition(lambda self: bool(self.holder))
+    @rule(data=st.data())
+    def acknowledge_a_batch(self, data: st.DataObject) -> None:
+        """One request acknowledges several shards of one worker (progress or done each); sent again, it is
+        answered and changes nothing."""
+        worker = data.draw(st.sampled_from(sorted(set(self.holder.values()))))
+        held = sorted(sid for sid, w in self.holder.items() if w == worker)
+        picked = data.draw(st.lists(st.sampled_from(held), min_size=1, max_size=3, unique=True))
+        entries = []
+        for sid in picked:
+            lo, hi = self._bounds(sid)
+            done = data.draw(st.booleans())
+            entries.append((sid, hi - lo if done else data.draw(st.integers(0, hi - lo)), done))
+        self.request_ids += 1
+        request_id = f"ack-{self.request_ids}"
+        assert self.registry.acknowledge("ds", worker, entries, request_id).changed
+        for sid, upto, done in entries:
+            self._acknowledged(sid, upto, done)
+            if upto > self.acked[sid] or done:
+                self._position_changed()
+            self._train(sid, upto, worker)
+            if done:
+                del self.holder[sid]
+                del self.deadline[sid]
+                self.state[sid] = "done"
+            else:
+                self.deadline[sid] = self.clock.now() + LEASE_S
+        before = self.registry.checkpoint("ds", include_leases=True)
+        assert self.registry.acknowledge("ds", worker, entries, request_id).changed
+        assert self.registry.checkpoint("ds", include_leases=True) == before
+
+    @precondition(lambda self: bool(self.holder))
+    @rule(data=st.data())
+    def a_batch_with_one_bad_entry_changes_nothing(self, data: st.DataObject) -> None:
+        worker, sid = data.draw(st.sampled_from(self._held()))
+        lo, hi = self._bounds(sid)
+        bad = data.draw(
+            st.sampled_from(
+                [(sid, hi - lo + 1, False), (sid + 10_000, 0, True)]
+                + [(other, 0, True) for other, w in self.holder.items() if w != worker]
+            )
+        )
+        before = self.registry.checkpoint("ds", include_leases=True)
+        with pytest.raises((ShardStateError, UnknownShardError, InvalidShardRequestError)):
+            self.registry.acknowledge("ds", worker, [(sid, hi - lo, True), bad], f"bad-{self.request_ids}")
+        assert self.registry.checkpoint("ds", include_leases=True) == before
+
+    @rule()
+    def read_a_position_to_complete_later(self) -> None:
+        self.merge_base = (self._read_position(), [])
 
     @precondition(lambda self: bool(self.last_done))
     @rule(data=st.data())
@@ -412,6 +503,18 @@ class ShardMachine(RuleBasedStateMachine):
         assert status.doing == len(self.holder)
         assert status.done == sum(v == "done" for v in self.state.values())
         assert status.failed == sum(v == "failed" for v in self.state.values())
+
+    @invariant()
+    def an_earlier_position_completed_with_the_acknowledgements_since_is_the_position_now(self) -> None:
+        if self.merge_base is None:
+            return
+        document, acknowledged = self.merge_base
+        assert self.spec.num_epochs is not None
+        total = self.spec.num_epochs * self.per_epoch
+        merged = _remaining(apply_acknowledged(document, _latest(acknowledged)), self.clock, total)
+        if self.spec.delivery is DeliveryMode.AT_MOST_ONCE:
+            return  # shards leased at the read stay set aside, whatever happened to them since
+        assert merged == _remaining(self._read_position(), self.clock, total)
 
     @invariant()
     def delivery_semantics_hold(self) -> None:

@@ -2,17 +2,23 @@
 
 In a synchronous job every rank waits for the slowest in the gradient all-reduce, so every rank's
 step takes as long as the slowest rank's and step times cannot tell which rank is slow. What
-differs is how long each rank works before it first synchronizes. A DDP model calls its
-communication hook as each gradient bucket becomes ready, just before the bucket's all-reduce:
-the first call of a step ends the rank's own work in it. `report_gradient_sync` registers a hook
-that marks that moment in the rank's step slot (`StepReporter.synchronizing`, a few stores into
-mapped memory, with the model's data-parallel group) and then runs the reduction it wraps; the
-agent turns the marks into each rank's median lead time and the master compares them within each
-group (`dlrover.master.stragglers`).
+differs is how long each rank works before it first synchronizes: DDP reduces a bucket of
+gradients as soon as the bucket is ready, so the step's first gradients end the rank's own work in
+it. `report_gradient_sync` marks that moment in the rank's step slot (`StepReporter.synchronizing`,
+a few stores into mapped memory, with the model's data-parallel group); the agent turns the marks
+into each rank's median lead time and the master compares them within each group
+(`dlrover.master.stragglers`).
+
+Where the mark is made: by default when the step's first gradient is accumulated (a
+post-accumulate-grad hook on each parameter, armed by the training forward, so one hook a step
+does any work), and DDP's reducer runs its own all-reduce in C++; a Python communication hook in
+its place cost about 0.5 ms of CPU a step on the GPT example's model, more than everything else
+the mark does. Given a communication hook of the caller's (`hook=`), the mark is made in a wrapper
+around it as each bucket is handed to it, the first call of a step counting.
 
 What the lead sees and what it does not:
 
-* It is read on the CPU, and on CUDA on the device too. The hook runs once the bucket's gradient
+* It is read on the CPU, and on CUDA on the device too. The hook runs once the gradient
   kernels are *queued*, so the CPU's time shows a slow input pipeline, a slow host or CPU-bound
   work, not a slow GPU. For a model on a CUDA device the hook also records CUDA events where
   each training forward starts (a forward pre-hook, outside ``torch.no_grad()``) and where the
@@ -29,9 +35,9 @@ What the lead sees and what it does not:
   the others in that broadcast and its lead looks like theirs; slowness in the forward and
   backward still shows. ``broadcast_buffers=False`` (or no buffers) leaves the whole step in it.
 
-Only torch's public API: `DistributedDataParallel.register_comm_hook`, the default
-``allreduce_hook``, ``get_process_group_ranks``, ``Module.register_forward_pre_hook`` and
-``torch.cuda.Event``. Other frameworks call
+Only torch's public API: ``Tensor.register_post_accumulate_grad_hook``,
+`DistributedDataParallel.register_comm_hook` (a caller's hook), ``get_process_group_ranks``,
+``Module.register_forward_pre_hook`` and ``torch.cuda.Event``. Other frameworks call
 `StepReporter.synchronizing` themselves before their gradient synchronization.
 
 Imported only where torch is (the package's ``torch`` extra). No postponed annotations here: DDP
@@ -68,21 +74,21 @@ def report_gradient_sync(
 ) -> bool:
     """Have `model` mark its rank's first gradient synchronization of each step.
 
-    Call it once, after wrapping the model in DDP and before the first backward (DDP accepts one
-    communication hook, registered before training). Mark step ends as usual
+    Call it once, after wrapping the model in DDP and before the first backward (with a hook of
+    your own: DDP accepts one communication hook, registered before training). Mark step ends as usual
     (`StepReporter.step`, or a checkpointer's saves): a lead is measured from a step mark. A
     failure to mark never stops training: it is logged once and the reduction runs.
 
     Args:
         model: a ``torch.nn.parallel.DistributedDataParallel`` model.
         reporter: the step reporter to mark in; None: the one `dlrover-run` set up for this process.
-        hook: a communication hook of your own to run after the mark; None: DDP's default
-            all-reduce (``allreduce_hook``).
-        state: the state passed to `hook`; None with the default all-reduce: the model's process
-            group, as DDP reduces without a hook.
+        hook: a communication hook of your own to run after the mark; None: DDP's reducer
+            reduces as without a hook, and the step's first accumulated gradient is marked.
+        state: the state passed to `hook`; with no hook, a state given registers torch's
+            ``allreduce_hook`` with it (the mark then made as buckets are handed to it).
 
     Returns:
-        True when the hook was registered; False when the process is not run by `dlrover-run`
+        True when the mark was set up; False when the process is not run by `dlrover-run`
         (no step slot to mark): the model is left as it was.
 
     Raises:
@@ -93,52 +99,88 @@ def report_gradient_sync(
     marks = reporter if reporter is not None else optional_reporter()
     if marks is None:
         return False
+    # Neither a hook nor a state of the caller's: DDP's reducer reduces as it would without us.
+    reducers_own = hook is None and state is None
     reduce = hook if hook is not None else allreduce_hook
     if hook is None and state is None:
         state = model.process_group
     # Leads compare within the ranks that reduce together (one pipeline stage's data-parallel
     # group), named by the group's smallest global rank.
     group = min(dist.get_process_group_ranks(model.process_group))
-    device_leads = _device_leads(model)
-    # An event recorded into a CUDA graph being captured would break the capture.
-    capturing: Callable[[], bool] = torch.cuda.is_current_stream_capturing if torch.cuda.is_available() else _never
-    failed = False
-
-    def mark(earlier_lead_s: float) -> float | None:
-        return marks.synchronizing(group, earlier_lead_s=earlier_lead_s)
+    marker = _Marker(marks, group, _device_leads(model))
+    # On the wrapped module, which DDP runs after broadcasting its buffers: a peer slow to reach
+    # that broadcast holds this rank there, which is not this rank's own work.
+    model.module.register_forward_pre_hook(marker.forward_started)
+    if reducers_own:
+        # The step's first accumulated gradient is marked; DDP's reducer all-reduces in C++.
+        for parameter in model.parameters():
+            if parameter.requires_grad:
+                parameter.register_post_accumulate_grad_hook(marker.first_gradient)  # type: ignore[no-untyped-call]
+        return True
 
     def marked_then_reduced(hook_state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:  # type: ignore[name-defined]
-        nonlocal failed
-        if not failed:
-            try:
-                if device_leads is None or capturing():
-                    mark(0.0)
-                else:
-                    device_leads.synchronizing(mark)
-            except Exception as exc:  # a closed reporter, an unmapped slot: reporting stops, training not
-                failed = True
-                _log.warning("gradient synchronization is no longer reported in this process: %s", exc)
+        marker.synchronizing()
         return reduce(hook_state, bucket)
 
-    if device_leads is not None:
-        leads = device_leads
-
-        def forward_started(module: torch.nn.Module, args: Any) -> None:
-            nonlocal failed
-            if failed or not module.training or not torch.is_grad_enabled():
-                return  # an evaluation's forward is no training step's
-            try:
-                if not capturing():
-                    leads.forward_started()
-            except Exception as exc:  # an event the device refuses: reporting stops, training not
-                failed = True
-                _log.warning("gradient synchronization is no longer reported in this process: %s", exc)
-
-        # On the wrapped module, which DDP runs after broadcasting its buffers: a peer slow to reach
-        # that broadcast holds this rank there, which is not this rank's own work.
-        model.module.register_forward_pre_hook(forward_started)
     model.register_comm_hook(state, marked_then_reduced)
     return True
+
+
+class _Marker:
+    """Marks a rank's first synchronization of each training step (see the module's notes).
+
+    A training forward of the wrapped module arms it (and, on CUDA, records where the forward
+    started); the first gradient after it (`first_gradient`, a post-accumulate-grad hook on every
+    parameter: the others return at once) or each bucket handed to a communication hook
+    (`synchronizing`, the reporter counting the step's first) marks. A failure to mark is logged
+    once and ends the marking, never training.
+    """
+
+    def __init__(self, reporter: StepReporter, group: int, device_leads: DeviceLeads | None) -> None:
+        self._reporter = reporter
+        self._group = group
+        self._device_leads = device_leads
+        # An event recorded into a CUDA graph being captured would break the capture.
+        self._capturing: Callable[[], bool] = (
+            torch.cuda.is_current_stream_capturing if torch.cuda.is_available() else _never
+        )
+        self._armed = False
+        self._failed = False
+
+    def forward_started(self, module: torch.nn.Module, args: Any) -> None:
+        if self._failed or not module.training or not torch.is_grad_enabled():
+            return  # an evaluation's forward is no training step's
+        self._armed = True
+        if self._device_leads is None:
+            return
+        try:
+            if not self._capturing():
+                self._device_leads.forward_started()
+        except Exception as exc:  # an event the device refuses: reporting stops, training not
+            self._stop(exc)
+
+    def first_gradient(self, _parameter: torch.Tensor) -> None:
+        if self._armed:
+            self._armed = False
+            self.synchronizing()
+
+    def synchronizing(self) -> None:
+        if self._failed:
+            return
+        try:
+            if self._device_leads is None or self._capturing():
+                self._mark(0.0)
+            else:
+                self._device_leads.synchronizing(self._mark)
+        except Exception as exc:  # a closed reporter, an unmapped slot: reporting stops, training not
+            self._stop(exc)
+
+    def _mark(self, earlier_lead_s: float) -> float | None:
+        return self._reporter.synchronizing(self._group, earlier_lead_s=earlier_lead_s)
+
+    def _stop(self, exc: Exception) -> None:
+        self._failed = True
+        _log.warning("gradient synchronization is no longer reported in this process: %s", exc)
 
 
 def _never() -> bool:

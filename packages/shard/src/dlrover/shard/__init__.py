@@ -12,6 +12,7 @@ are optional extras and are imported only by those modules), and `dlrover.shard.
 reads Redis Streams (optional extra `redis`).
 """
 
+from dlrover.shard.acknowledged import apply_acknowledged
 from dlrover.shard.changelog import LoggedCall
 from dlrover.shard.client import ShardClient, ShardClientConfig
 from dlrover.shard.config import (
@@ -45,6 +46,7 @@ from dlrover.shard.results import (
     ReportResult,
     RestoreResult,
     ShardSnapshot,
+    SyncResult,
     WorkerThroughput,
 )
 from dlrover.shard.service import ShardServicer, add_shard_service, status_code_of
@@ -93,6 +95,7 @@ __all__ = [
     "WorkerThroughput",
     "DatasetStatus",
     "ShardSnapshot",
+    "SyncResult",
     # streams
     "StreamSource",
     "StreamRecord",
@@ -113,6 +116,7 @@ __all__ = [
     "decode_progress",
     "spec_to_json",
     "spec_from_json",
+    "apply_acknowledged",
     # errors
     "ShardError",
     "InvalidShardRequestError",

@@ -24,6 +24,7 @@ import threading
 import uuid
 import weakref
 from collections import deque
+from collections.abc import Sequence
 from typing import Any
 
 import attrs
@@ -46,7 +47,14 @@ from dlrover.common.validators import non_negative, positive
 from dlrover.shard._report_queue import ReportQueue
 from dlrover.shard.config import DatasetSpec
 from dlrover.shard.convert import shard_from_proto, spec_to_proto, status_from_proto
-from dlrover.shard.results import DatasetStatus, FetchResult, RegisterResult, ReportResult, RestoreResult
+from dlrover.shard.results import (
+    DatasetStatus,
+    FetchResult,
+    RegisterResult,
+    ReportResult,
+    RestoreResult,
+    SyncResult,
+)
 from dlrover.shard.shard import Shard
 from dlrover.shard.v1 import shard_pb2 as pb
 from dlrover.shard.v1 import shard_pb2_grpc
@@ -298,6 +306,12 @@ class ShardClient:
         return self._reports.drain(timeout_s)
 
     @property
+    def buffered(self) -> int:
+        """Shards leased ahead and not handed out yet."""
+        with self._cond:
+            return len(self._buffer)
+
+    @property
     def queued_reports(self) -> int:
         """Reports waiting for the master."""
         return len(self._reports)
@@ -345,6 +359,68 @@ class ShardClient:
             # document then holds the lease, as one read while a prefetched shard is held does).
             return str(self._read(self._stub.GetCheckpoint, pb.GetCheckpointRequest(dataset=self._dataset)).document)
         return str(res.checkpoint)
+
+    def sync(self, acknowledged: Sequence[tuple[int, int, bool]], lease: int) -> SyncResult:
+        """Report a batch of acknowledgements, read the data position after them, and lease up to
+        `lease` shards ahead (0: none; a service older than batches refuses 0), in one call (for a
+        trainer that acknowledges in batches and saves its position with every step: `ShardSampler`
+        with a process group).
+
+        The leased shards are buffered for `next_shard` (as `checkpoint(lease_next=True)` buffers
+        them; a buffered shard taken more than `renew_interval_s` later is renewed first). Queued
+        reports are delivered first. A service older than batched acknowledgements ignores them
+        (it says so by applying none): they are then reported one by one and the position read again.
+
+        Args:
+            acknowledged: `(shard_id, consumed, done)` per shard this worker holds: its first
+                `consumed` units used, or (`done`) all of them.
+            lease: shards to lease ahead.
+
+        Raises:
+            ConfigError: `lease` is not an integer >= 0.
+            RpcError: the service refused the batch (a shard this worker does not hold, a bad
+                position: nothing of it was applied) or could not be reached.
+        """
+        if not isinstance(lease, int) or isinstance(lease, bool) or lease < 0:
+            raise ConfigError(f"lease must be an integer >= 0, got {lease!r}")
+        req = pb.FetchShardsRequest(
+            dataset=self._dataset,
+            worker=self._worker,
+            count=lease,
+            request_id=self._request_id(),
+            with_checkpoint=True,
+            acknowledged=[pb.Acknowledgement(shard_id=s, consumed=c, done=d) for s, c, d in acknowledged],
+        )
+        leased_at = self._clock.now()
+        res = self._read(self._stub.FetchShards, req)
+        for shard_id, _consumed, done in acknowledged:
+            if done:
+                self._put_down(shard_id)
+            else:
+                self._renewed(shard_id)
+        with self._cond:
+            for shard in res.shards:
+                self._buffer.append(shard_from_proto(shard))
+                self._leased_at[shard.shard_id] = leased_at
+        document = str(res.checkpoint)
+        if acknowledged and res.acknowledged != len(acknowledged):
+            # A service that predates the field: it leased and read, and dropped the batch.
+            for shard_id, consumed, done in acknowledged:
+                if done:
+                    self._call(self._stub.ReportDone, pb.ReportDoneRequest(
+                        dataset=self._dataset, worker=self._worker, shard_id=shard_id, request_id=self._request_id()
+                    ))  # fmt: skip
+                else:
+                    self._call(self._stub.ReportProgress, pb.ReportProgressRequest(
+                        dataset=self._dataset, worker=self._worker, shard_id=shard_id, consumed=consumed,
+                        request_id=self._request_id(),
+                    ))  # fmt: skip
+            document = ""
+        if not document:
+            document = str(
+                self._read(self._stub.GetCheckpoint, pb.GetCheckpointRequest(dataset=self._dataset)).document
+            )
+        return SyncResult(document, None if res.todo < 0 else int(res.todo))
 
     def discard_buffered(self) -> int:
         """Forget buffered shards without reporting them: for a trainer whose data position

@@ -22,6 +22,7 @@ import heapq
 import random
 from array import array
 from collections import OrderedDict, deque
+from collections.abc import Sequence
 from typing import Any
 
 from dlrover.common import Clock
@@ -50,7 +51,7 @@ from dlrover.shard.results import (
 from dlrover.shard.shard import Shard, bitmap_text, mix_seed
 from dlrover.shard.splitter import Splitter, make_splitter
 
-__all__ = ["ShardManager", "MAX_REASONS_KEPT", "MAX_REQUEST_ID_CHARS"]
+__all__ = ["ShardManager", "MAX_REASONS_KEPT", "MAX_REQUEST_ID_CHARS", "check_acknowledgements"]
 
 MAX_REASONS_KEPT = 16
 _STREAM_PRUNE_AT = 4096
@@ -235,6 +236,58 @@ class ShardManager:
         self._remember(worker, "done", request_id, result)
         return result
 
+    def acknowledge(
+        self, worker: str, acknowledged: Sequence[tuple[int, int, bool]], request_id: str = ""
+    ) -> ReportResult:
+        """Apply several acknowledgements of `worker` at once: `(shard_id, consumed, done)` each, a
+        progress report at `consumed` or, with `done`, a done report (one request instead of one per
+        shard, for a trainer that acknowledges in batches).
+
+        Every entry is checked before any is applied, so a batch with a bad entry changes nothing. A
+        retried request (same worker and `request_id`) is answered with the first reply.
+
+        Raises:
+            InvalidShardRequestError: a bad id or position, or a shard named twice.
+            UnknownShardError: no such shard.
+            ShardStateError: `worker` does not hold one of the shards.
+        """
+        self._changing("an acknowledgement")
+        check_worker(worker)
+        check_request_id(request_id)
+        cached = self._cached(worker, "ack", request_id)
+        if isinstance(cached, ReportResult):
+            return cached
+        entries = check_acknowledgements(acknowledged)
+        now = self._now_expiring()
+        for shard_id, consumed, done in entries:
+            lease = self._held(worker, shard_id, "done" if done else "progress")
+            if not done and not 0 <= consumed <= lease.parked.size:
+                raise InvalidShardRequestError(
+                    f"consumed must be in 0..{lease.parked.size} for shard {shard_id}, got {consumed}"
+                )
+        stats = self._stats_of(worker, now)
+        stats.last_seen = now
+        finished = 0
+        for shard_id, consumed, done in entries:
+            lease = self._doing[shard_id]
+            parked = lease.parked
+            if done:
+                self._unlease(lease)
+                stats.samples += parked.size - parked.consumed
+                stats.shards_done += 1
+                parked.consumed = parked.size
+                self._mark_done(parked)
+                finished += 1
+                continue
+            lease.deadline = now + self._lease_timeout_s
+            if consumed > parked.consumed:
+                stats.samples += consumed - parked.consumed
+                parked.consumed = consumed
+                self._position_version += 1
+        result = ReportResult(True, f"{len(entries)} acknowledgement(s) by {worker}, {finished} shard(s) done")
+        self._remember(worker, "ack", request_id, result)
+        return result
+
     def report_failure(
         self, worker: str, shard_id: int, reason: str, consumed: int | None = None, request_id: str = ""
     ) -> ReportResult:
@@ -373,6 +426,15 @@ class ShardManager:
         if self._stream or self._queue or self._doing:
             return False
         return not self._fresh_left() and not self._more_epochs()
+
+    @property
+    def shards_to_hand_out(self) -> int | None:
+        """Shards not handed out yet, queued ones and those of epochs not started included; None
+        when that is unbounded (a stream, or no epoch limit)."""
+        if self._stream or self._splitter is None or self._spec.num_epochs is None:
+            return None
+        later = self._spec.num_epochs - max(self._epoch + 1, 0)
+        return len(self._queue) + self._fresh_count() + later * self._splitter.num_shards
 
     def status(self) -> DatasetStatus:
         """Counts and per-worker throughput."""
@@ -566,6 +628,67 @@ class ShardManager:
 
     # ------------------------------------------------------------------ internals used by progress.py
 
+    def _settle_acknowledged(self, shard_id: int, consumed: int, done: bool) -> None:
+        """Apply an acknowledgement made after this manager's state was read, when nobody holds a
+        lease (a state loaded from a data position, `apply_acknowledged`): a shard queued there
+        moves to `consumed` or is done; a shard not handed out yet then is taken in dispatch order,
+        the fresh shards passed on the way queued as leased ones are in a data position (they were
+        leased by others meanwhile); a shard already done stays done. As the delivery mode writes
+        a shard leased when the position was read: at-least-once keeps only done shards (one not
+        finished starts again from its start), at-most-once leaves one set aside in the failed set.
+
+        Raises:
+            InvalidShardRequestError: the shard is not one of this dataset's, is in the failed set,
+                or `consumed` is outside its size.
+        """
+        if self._stream or self._splitter is None:
+            raise InvalidShardRequestError("acknowledgements are applied to index and record-file datasets only")
+        if not self._known(shard_id):
+            raise InvalidShardRequestError(f"dataset {self._spec.name!r} has no shard {shard_id}")
+        delivery = self._spec.delivery
+        if shard_id in self._failed:
+            if delivery is DeliveryMode.AT_MOST_ONCE:
+                return  # leased when the position was read, so set aside there: never handed out again
+            raise InvalidShardRequestError(f"shard {shard_id} was acknowledged but is in the failed set")
+        if not done and delivery is DeliveryMode.AT_LEAST_ONCE:
+            return  # a shard not finished is handed out again from its start: its progress is not kept
+        if shard_id in self._doing:
+            raise InvalidShardRequestError(f"shard {shard_id} is leased: its holder acknowledges it")
+        if self._is_done(shard_id):
+            return
+        parked = self._queued.pop(shard_id, None)
+        if parked is not None:
+            self._queue.remove(parked)
+        else:
+            parked = self._dispatch_fresh_until(shard_id)
+        if not 0 <= consumed <= parked.size:
+            raise InvalidShardRequestError(f"consumed must be in 0..{parked.size} for shard {shard_id}, got {consumed}")
+        if done:
+            parked.consumed = parked.size
+            self._mark_done(parked)
+            return
+        parked.consumed = max(parked.consumed, consumed)
+        self._queue.append(parked)
+        self._queued[shard_id] = parked
+
+    def _dispatch_fresh_until(self, shard_id: int) -> Parked:
+        """Take fresh shards in dispatch order up to `shard_id` (one nobody holds and not done, failed
+        or queued, so it is ahead), queueing the others taken; returns its shard."""
+        passed: list[Parked] = []
+        while True:
+            parked = self._next_fresh()
+            if parked is None:  # pragma: no cover (a known shard nobody holds is done, failed, queued or ahead)
+                raise AssertionError(
+                    f"shard {shard_id} is neither queued, done, failed nor ahead in the dispatch order"
+                )
+            if parked.shard_id == shard_id:
+                break
+            passed.append(parked)
+        for other in passed:
+            self._queue.append(other)
+            self._queued[other.shard_id] = other
+        return parked
+
     def _restore_internals(
         self,
         *,
@@ -725,6 +848,12 @@ class ShardManager:
             del self._queued[parked.shard_id]
             return parked
         if self._splitter is not None:
+            return self._next_fresh()
+        return self._cut_stream_shard()
+
+    def _next_fresh(self) -> Parked | None:
+        """The next shard never dispatched (starting the next epoch when this one has none left)."""
+        if self._splitter is not None:
             if not self._fresh_left():
                 if not self._more_epochs():
                     return None
@@ -739,7 +868,7 @@ class ShardManager:
             start, end = self._splitter.bounds(index)
             order_seed = mix_seed(self._spec.seed, self._epoch, index) if self._spec.shuffle_samples else None
             return Parked(self._epoch * self._splitter.num_shards + index, self._epoch, start, end, order_seed)
-        return self._cut_stream_shard()
+        return None
 
     def _cut_stream_shard(self) -> Parked | None:
         partitions = list(self._watermark)
@@ -924,3 +1053,23 @@ class ShardManager:
             "dispatches": s.attempt,
             "reasons": list(f.reasons),
         }
+
+
+def check_acknowledgements(acknowledged: Sequence[tuple[int, int, bool]]) -> list[tuple[int, int, bool]]:
+    """Checked `(shard_id, consumed, done)` entries, each shard at most once.
+
+    Raises:
+        InvalidShardRequestError: an entry is not of that shape, or a shard is named twice.
+    """
+    entries: list[tuple[int, int, bool]] = []
+    seen: set[int] = set()
+    for i, entry in enumerate(acknowledged):
+        if not isinstance(entry, (tuple, list)) or len(entry) != 3 or not isinstance(entry[2], bool):
+            raise InvalidShardRequestError(f"acknowledgement {i} must be (shard_id, consumed, done), got {entry!r}")
+        shard_id = check_int("shard_id", entry[0])
+        consumed = check_int("consumed", entry[1])
+        if shard_id in seen:
+            raise InvalidShardRequestError(f"shard {shard_id} is acknowledged twice in one request")
+        seen.add(shard_id)
+        entries.append((shard_id, consumed, entry[2]))
+    return entries

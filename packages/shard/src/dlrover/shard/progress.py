@@ -39,8 +39,8 @@ workers that outlived it finish and acknowledge what they hold. Leased shards ar
 neither the queue nor the failed set but in::
 
         "leases": [{"worker": "<id>", "shard": shard}, ...],
-        "replies": [{"worker", "op": "fetch" | "done" | "fail", "request_id", "reason",
-                     "changed" (done, fail) | "shard_ids", "finished" (fetch)}, ...]
+        "replies": [{"worker", "op": "fetch" | "done" | "fail" | "ack", "request_id", "reason",
+                     "changed" (done, fail, ack) | "shard_ids", "finished" (fetch)}, ...]
 
 `replies` holds each worker's newest reply of each kind, so a report the old service applied
 but never answered is answered when it is sent again. A restored lease runs a whole lease period
@@ -467,9 +467,9 @@ def _replies_from(state: dict[str, Any]) -> list[tuple[str, str, str, Any]]:
             # Only the ids matter: a retried fetch is answered with those of them the worker still holds.
             shards = tuple(Shard("", sid, 0, 0, 1) for sid in ids)
             result = FetchResult(shards, _field(entry, "finished", bool, where), reason)
-        elif op in ("done", "fail"):
+        elif op in ("done", "fail", "ack"):
             result = ReportResult(_field(entry, "changed", bool, where), reason)
         else:
-            raise _bad(f"{where}.op must be fetch, done or fail, got {op!r}")
+            raise _bad(f"{where}.op must be fetch, done, fail or ack, got {op!r}")
         replies.append((worker, op, request_id, result))
     return replies

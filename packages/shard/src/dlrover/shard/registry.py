@@ -11,7 +11,7 @@ from __future__ import annotations
 import gc
 import json
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -29,7 +29,7 @@ from dlrover.shard.changelog import (
 )
 from dlrover.shard.config import DatasetSpec, ShardManagerConfig
 from dlrover.shard.errors import InvalidShardRequestError, ShardError, ShardStateError, UnknownDatasetError
-from dlrover.shard.manager import MAX_REQUEST_ID_CHARS, ShardManager
+from dlrover.shard.manager import MAX_REQUEST_ID_CHARS, ShardManager, check_acknowledgements
 from dlrover.shard.progress import (
     check_progress_document,
     decode_progress,
@@ -75,6 +75,9 @@ class ShardRegistry:
                 a["worker"], a["shard_id"], a["consumed"], a["request_id"]
             ),
             "done": lambda a: self.manager(a["dataset"]).report_done(a["worker"], a["shard_id"], a["request_id"]),
+            "acknowledge": lambda a: self.manager(a["dataset"]).acknowledge(
+                a["worker"], [tuple(entry) for entry in a["acknowledged"]], a["request_id"]
+            ),
             "fail": lambda a: self.manager(a["dataset"]).report_failure(
                 a["worker"], a["shard_id"], a["reason"], a["consumed"], a["request_id"]
             ),
@@ -187,6 +190,15 @@ class ShardRegistry:
         """`ShardManager.report_done` of dataset `dataset`, logged."""
         args = {"dataset": dataset, "worker": worker, "shard_id": shard_id, "request_id": request_id}
         result: ReportResult = self._change("done", args)
+        return result
+
+    def acknowledge(
+        self, dataset: str, worker: str, acknowledged: Sequence[tuple[int, int, bool]], request_id: str = ""
+    ) -> ReportResult:
+        """`ShardManager.acknowledge` of dataset `dataset`, logged (one line for the batch)."""
+        entries = [list(entry) for entry in check_acknowledgements(acknowledged)]
+        args = {"dataset": dataset, "worker": worker, "acknowledged": entries, "request_id": request_id}
+        result: ReportResult = self._change("acknowledge", args)
         return result
 
     def report_failure(

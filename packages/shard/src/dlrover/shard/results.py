@@ -15,6 +15,7 @@ __all__ = [
     "WorkerThroughput",
     "DatasetStatus",
     "ShardSnapshot",
+    "SyncResult",
 ]
 
 
@@ -158,3 +159,12 @@ class ShardSnapshot:
     doing: dict[int, str]
     done: frozenset[int]
     failed: frozenset[int]
+
+
+@attrs.frozen
+class SyncResult:
+    """What `ShardClient.sync` read: the data position after its acknowledgements, and how many
+    shards the dataset still has to hand out (None: unbounded)."""
+
+    document: str
+    shards_to_hand_out: int | None

@@ -82,15 +82,36 @@ class ShardServicer(shard_pb2_grpc.ShardServiceServicer):
         return registry.checkpoint(dataset)
 
     def FetchShards(self, request: pb.FetchShardsRequest, context: grpc.ServicerContext) -> pb.FetchShardsResponse:
-        """Lease up to `count` shards, after reading the progress checkpoint when asked."""
+        """Lease up to `count` shards, after applying the acknowledgements sent with the request and
+        reading the progress checkpoint when asked."""
+        acknowledged = [(a.shard_id, a.consumed, a.done) for a in request.acknowledged]
 
-        def fetch(registry: ShardRegistry) -> tuple[str, FetchResult]:
-            # Read first: the document is what GetCheckpoint would have answered just before.
+        def fetch(registry: ShardRegistry) -> tuple[str, FetchResult, int | None]:
+            # A sync (acknowledgements, or a read) may lease nothing; a plain fetch asks for 1 or more.
+            lowest = 0 if acknowledged or request.with_checkpoint else 1
+            if not lowest <= request.count <= registry.config.max_fetch_count:  # refused before anything changes
+                raise InvalidShardRequestError(
+                    f"count must be in {lowest}..{registry.config.max_fetch_count}, got {request.count}"
+                )
+            if acknowledged:
+                registry.acknowledge(request.dataset, request.worker, acknowledged, request.request_id)
+            # Read before the lease: the document is what GetCheckpoint would have answered just before.
             document = self._read_checkpoint(registry, request.dataset) if request.with_checkpoint else ""
-            return document, registry.fetch(request.dataset, request.worker, request.count, request.request_id)
+            if request.count == 0:
+                registry.manager(request.dataset)  # an unknown dataset is refused as by a fetch
+                res = FetchResult((), False, "nothing asked for")
+            else:
+                res = registry.fetch(request.dataset, request.worker, request.count, request.request_id)
+            return document, res, registry.manager(request.dataset).shards_to_hand_out
 
-        document, res = self._call(context, fetch)
-        response = pb.FetchShardsResponse(finished=res.finished, reason=res.reason, checkpoint=document)
+        document, res, todo = self._call(context, fetch)
+        response = pb.FetchShardsResponse(
+            finished=res.finished,
+            reason=res.reason,
+            checkpoint=document,
+            acknowledged=len(acknowledged),
+            todo=-1 if todo is None else todo,
+        )
         for shard in res.shards:
             fill_shard_proto(response.shards.add(), shard)
         return response

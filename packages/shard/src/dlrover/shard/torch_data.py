@@ -51,24 +51,37 @@ from torch.utils.data import IterableDataset, Sampler, get_worker_info
 
 from dlrover.common import ConfigError
 from dlrover.common.step_slots import optional_reporter
-from dlrover.shard._data_state import check_state, make_state
+from dlrover.shard._data_state import acknowledged_in, check_state, make_state
+from dlrover.shard._group_acks import GroupAcks
+from dlrover.shard.acknowledged import apply_acknowledged
 from dlrover.shard.client import ShardClient, ShardClientConfig
+from dlrover.shard.errors import ShardError
 from dlrover.shard.shard import Shard
 
 __all__ = ["ShardSampler", "ShardIterableDataset", "STATE_FORMAT", "STATE_VERSION"]
 
 STATE_FORMAT = "dlrover.shard.torch"
-STATE_VERSION = 1
+STATE_VERSION = 2
+"""The newest data state version: 2 carries the acknowledgements exchanged after the document was read
+(a sampler with a process group); 1, a document alone, is still read."""
 _T = TypeVar("_T")
 _log = logging.getLogger(__name__)
 
 
 def _state(dataset: str, document: str) -> dict[str, Any]:
-    return make_state(STATE_FORMAT, STATE_VERSION, dataset, document)
+    return make_state(STATE_FORMAT, 1, dataset, document)
 
 
 def _check_state(state: dict[str, Any], dataset: str) -> str:
-    return check_state(STATE_FORMAT, STATE_VERSION, state, dataset)
+    """The progress document of a state of either version, with its acknowledgements applied."""
+    document = check_state(STATE_FORMAT, (1, STATE_VERSION), state, dataset)
+    acknowledged = acknowledged_in(state)
+    if not acknowledged:
+        return document
+    try:
+        return apply_acknowledged(document, acknowledged)
+    except ShardError as exc:
+        raise ConfigError(f"data state of dataset {dataset!r}: {exc}") from exc
 
 
 class _Acks:
@@ -121,11 +134,32 @@ class ShardSampler(Sampler[int]):
             the pass (see the module's notes on passes).
         drop_last: the `DataLoader` drops a pass's last, partial batch: at the end of the data, the
             samples it keeps dropping are acknowledged as dropped (see the module's notes).
+        process_group: the trainers that call `state_dict` at the same steps (a DDP job's
+            data-parallel group, e.g. ``torch.distributed.group.WORLD``). Given, commits are not
+            reported one call each: every `state_dict` all-gathers the group's acknowledgements
+            since the last one (a collective, so every trainer of the group must call it), and
+            every `sync_every` calls one call per trainer reports its own, reads the data position
+            and leases the next shard when one is needed (shards are otherwise leased when they are
+            needed, as without a group). The state then carries the position read and the
+            acknowledgements since (version 2); a restore applies them. Commits reach the service
+            within `2 * sync_every` commits even without a `state_dict`, and at once near the
+            data's end.
+        sync_every: with a process group, `state_dict` calls between two calls to the service.
     """
 
-    def __init__(self, client: ShardClient, wait_s: float = 1.0, *, drop_last: bool = False) -> None:
+    def __init__(
+        self,
+        client: ShardClient,
+        wait_s: float = 1.0,
+        *,
+        drop_last: bool = False,
+        process_group: Any = None,
+        sync_every: int = 8,
+    ) -> None:
         if not wait_s > 0:
             raise ConfigError(f"wait_s must be positive, got {wait_s!r}")
+        self._group = GroupAcks(process_group, sync_every) if process_group is not None else None
+        self._commits_unsent = 0
         self._client = client
         self._wait_s = wait_s
         self._drop_last = drop_last
@@ -177,6 +211,8 @@ class ShardSampler(Sampler[int]):
             if shard is None:
                 self._finished = True
                 return
+            if self._group is not None:
+                self._group.taken_since_sync += 1
             self._shard, self._unyielded = shard, deque(shard.remaining_samples())
 
     def _forget_lost_leases(self) -> None:
@@ -250,8 +286,27 @@ class ShardSampler(Sampler[int]):
         acks = _Acks()
         for _ in range(num_samples):
             item = self._inflight.popleft()
-            acks.add(self._client.worker, item.shard.shard_id, item.position, item.shard.size)
-        acks.flush(lambda _worker: self._client)
+            if self._group is not None:
+                self._group.add(item.shard.shard_id, item.position, item.shard.size)
+            else:
+                acks.add(self._client.worker, item.shard.shard_id, item.position, item.shard.size)
+        if self._group is None:
+            acks.flush(lambda _worker: self._client)
+            return
+        self._commits_unsent += 1
+        # Reported as a sampler without a group reports them: near the data's end (a trainer
+        # waiting there for the last shards waits for its peers' acknowledgements, which must not
+        # wait for a sync its peers reach only after the next collective), or after no
+        # state_dict for a while (the service's bookkeeping of a lost worker's shards and of
+        # throughput stays current).
+        if self._group.near_end or self._commits_unsent >= 2 * self._group.sync_every:
+            for shard_id, consumed, done in self._group.unsent:
+                if done:
+                    self._client.report_done(shard_id)
+                else:
+                    self._client.report_progress(shard_id, consumed)
+            self._group.mark_sent()
+            self._commits_unsent = 0
 
     def state_dict(self) -> dict[str, Any]:
         """The data position to store in the model checkpoint (the committed samples).
@@ -260,8 +315,51 @@ class ShardSampler(Sampler[int]):
         needs a new shard the same call leases it (see `ShardClient.checkpoint`): a loop that
         commits and saves after every step makes two calls per step, not three.
         """
+        if self._group is not None:
+            return self._group_state_dict(self._group)
         lease_next = not self._unyielded and not self._finished
         return _state(self._client.dataset, self._client.checkpoint(lease_next=lease_next))
+
+    def _group_state_dict(self, group: GroupAcks) -> dict[str, Any]:
+        if group.near_end:
+            # Every commit is reported at once here, so after the exchange (a collective that
+            # follows every trainer's commit) the position read holds the whole group's progress;
+            # the fence keeps every trainer from its next commit until all have read. The state is
+            # then the position alone, as without a group (the same bytes whatever was read when).
+            group.exchange()
+            lease_next = not self._unyielded and not self._finished
+            document = self._client.checkpoint(lease_next=lease_next)
+            group.fence()
+            group.read_exactly(document)
+            return make_state(STATE_FORMAT, STATE_VERSION, self._client.dataset, document, [])
+        if group.sync_due:
+            # Leases the next shard in the same call when the next index needs one, as a read
+            # without a group does; otherwise each shard is leased when it is needed, in the order
+            # the trainers need them (so a restore hands them out again in the same order).
+            lease = 0 if self._unyielded or self._finished else 1
+            result = self._client.sync(group.unsent, lease=lease)
+            self._note_the_data_end(group, result.shards_to_hand_out)
+            group.synced(result.document, result.shards_to_hand_out)
+            self._commits_unsent = 0
+        group.exchange()
+        assert group.document is not None
+        return make_state(STATE_FORMAT, STATE_VERSION, self._client.dataset, group.document, group.acknowledged())
+
+    @staticmethod
+    def _note_the_data_end(group: GroupAcks, left: int | None) -> None:
+        """Near the data's end (fewer shards left than twice what the group takes until the next
+        sync, counting at least one a round), a trainer that finds no shard waits for its peers'
+        acknowledgements to end the data; from the round after the group agreed on it every
+        commit is reported at once and every round reads the position, as without a group (see
+        `_acknowledge` and `_group_state_dict`). Before, there are shards for every trainer."""
+        need = max(group.taken_since_sync, group.sync_every)
+        if left is not None and left < 2 * need * group.size:
+            group.low_todo_seen = True  # the group agrees in this round's exchange
+
+    def _checked(self, state: dict[str, Any]) -> str:
+        """The state's progress document, checked but not completed (a trainer that does not restore)."""
+        acknowledged_in(state)
+        return check_state(STATE_FORMAT, (1, STATE_VERSION), state, self._client.dataset)
 
     def load_state_dict(self, state: dict[str, Any], restore: bool = True) -> None:
         """Resume from `state_dict()` output.
@@ -272,10 +370,14 @@ class ShardSampler(Sampler[int]):
                 dataset, let exactly one of them restore (e.g. rank 0) before the others fetch.
 
         Raises:
-            ConfigError: the state is of another format, version or dataset.
+            ConfigError: the state is of another format, version or dataset, or (restoring) its
+                acknowledgements do not fit its document.
         """
-        document = _check_state(state, self._client.dataset)
+        document = _check_state(state, self._client.dataset) if restore else self._checked(state)
         self._generation += 1  # a pass the loader left suspended hands out nothing of the old position
+        if self._group is not None:
+            self._group.reset()
+            self._commits_unsent = 0
         self._last_pass = None
         self._inflight.clear()
         self._shard, self._unyielded = None, deque()

@@ -139,30 +139,46 @@ class RegisterDatasetResponse(_message.Message):
     def __init__(self, created: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class FetchShardsRequest(_message.Message):
-    __slots__ = ("dataset", "worker", "count", "request_id", "with_checkpoint")
+    __slots__ = ("dataset", "worker", "count", "request_id", "with_checkpoint", "acknowledged")
     DATASET_FIELD_NUMBER: _ClassVar[int]
     WORKER_FIELD_NUMBER: _ClassVar[int]
     COUNT_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     WITH_CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    ACKNOWLEDGED_FIELD_NUMBER: _ClassVar[int]
     dataset: str
     worker: str
     count: int
     request_id: str
     with_checkpoint: bool
-    def __init__(self, dataset: _Optional[str] = ..., worker: _Optional[str] = ..., count: _Optional[int] = ..., request_id: _Optional[str] = ..., with_checkpoint: _Optional[bool] = ...) -> None: ...
+    acknowledged: _containers.RepeatedCompositeFieldContainer[Acknowledgement]
+    def __init__(self, dataset: _Optional[str] = ..., worker: _Optional[str] = ..., count: _Optional[int] = ..., request_id: _Optional[str] = ..., with_checkpoint: _Optional[bool] = ..., acknowledged: _Optional[_Iterable[_Union[Acknowledgement, _Mapping]]] = ...) -> None: ...
+
+class Acknowledgement(_message.Message):
+    __slots__ = ("shard_id", "consumed", "done")
+    SHARD_ID_FIELD_NUMBER: _ClassVar[int]
+    CONSUMED_FIELD_NUMBER: _ClassVar[int]
+    DONE_FIELD_NUMBER: _ClassVar[int]
+    shard_id: int
+    consumed: int
+    done: bool
+    def __init__(self, shard_id: _Optional[int] = ..., consumed: _Optional[int] = ..., done: _Optional[bool] = ...) -> None: ...
 
 class FetchShardsResponse(_message.Message):
-    __slots__ = ("shards", "finished", "reason", "checkpoint")
+    __slots__ = ("shards", "finished", "reason", "checkpoint", "acknowledged", "todo")
     SHARDS_FIELD_NUMBER: _ClassVar[int]
     FINISHED_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    ACKNOWLEDGED_FIELD_NUMBER: _ClassVar[int]
+    TODO_FIELD_NUMBER: _ClassVar[int]
     shards: _containers.RepeatedCompositeFieldContainer[Shard]
     finished: bool
     reason: str
     checkpoint: str
-    def __init__(self, shards: _Optional[_Iterable[_Union[Shard, _Mapping]]] = ..., finished: _Optional[bool] = ..., reason: _Optional[str] = ..., checkpoint: _Optional[str] = ...) -> None: ...
+    acknowledged: int
+    todo: int
+    def __init__(self, shards: _Optional[_Iterable[_Union[Shard, _Mapping]]] = ..., finished: _Optional[bool] = ..., reason: _Optional[str] = ..., checkpoint: _Optional[str] = ..., acknowledged: _Optional[int] = ..., todo: _Optional[int] = ...) -> None: ...
 
 class ReportProgressRequest(_message.Message):
     __slots__ = ("dataset", "worker", "shard_id", "consumed", "request_id")
