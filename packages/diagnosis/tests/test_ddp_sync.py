@@ -279,3 +279,24 @@ def test_on_cuda_a_gpu_slow_in_its_forward_has_a_long_lead(tmp_path: Path, monke
         reporter.close()
         slots.close()
         dist.destroy_process_group()
+
+
+@pytest.mark.usefixtures("world_of_one")
+def test_with_gradient_accumulation_the_lead_covers_every_micro_batch_of_the_step(tmp_path: Path) -> None:
+    slots = StepSlotFile(tmp_path / "slots", 1)
+    reporter = StepReporter(slots.path, 0)
+    try:
+        model = torch.nn.parallel.DistributedDataParallel(SlowForward(work_s=0.03))
+        assert report_gradient_sync(model, reporter)
+        for step in range(1, 6):
+            with model.no_sync():  # the first micro-batch: DDP does not synchronize
+                model(torch.ones(2, 256)).sum().backward()
+            model(torch.ones(2, 256)).sum().backward()
+            reporter.step(step)
+        reading = slots.read(0)
+        assert reading is not None
+        assert reading.lead_steps == 3
+        assert reading.lead_s / reading.lead_steps >= 0.06  # both micro-batches' forwards
+    finally:
+        reporter.close()
+        slots.close()

@@ -96,3 +96,46 @@ def test_a_group_killed_and_resumed_from_another_ranks_older_state_trains_every_
     lost = set(_trained(tmp_path, 0)) - set(_trained(tmp_path, 0, up_to_step=resumed))
     assert lost
     assert lost <= set(_trained(tmp_path, 1))
+
+
+@pytest.mark.timeout(120)
+def test_a_group_that_never_saves_still_reaches_the_end_of_the_data(
+    shard_server: Any, token: str, tmp_path: Path
+) -> None:
+    """No `state_dict` means no sync: the last commits must still reach the service, or the trainer
+    that waits for the end of the data would wait for them forever."""
+    import torch.distributed as dist
+
+    from dlrover.common import RetryPolicy
+    from dlrover.shard import DatasetSpec, DeliveryMode, IndexSource
+    from dlrover.shard.client import ShardClient, ShardClientConfig
+    from dlrover.shard.torch_data import ShardSampler
+
+    server, _servicer = shard_server
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    config = ShardClientConfig(retry=RetryPolicy(call_timeout_s=20, total_timeout_s=60), prefetch_shards=0)
+    try:
+        with ShardClient(server.address, token, "alone", "rank-0", config=config) as client:
+            spec = DatasetSpec(
+                name="alone",
+                source=IndexSource(40),
+                batch_size=4,
+                batches_per_shard=2,
+                delivery=DeliveryMode.EXACTLY_ONCE,
+            )
+            client.register(spec)
+            sampler = ShardSampler(client, process_group=dist.group.WORLD, sync_every=8)
+            trained: list[int] = []
+            batch: list[int] = []
+            for index in sampler:
+                batch.append(index)
+                if len(batch) == 4:
+                    trained += batch
+                    sampler.commit(len(batch))
+                    batch = []
+            assert sampler.finished
+            assert sorted(trained) == list(range(40))
+            assert client.status().finished
+    finally:
+        dist.destroy_process_group()

@@ -107,7 +107,7 @@ def report_gradient_sync(
     # Leads compare within the ranks that reduce together (one pipeline stage's data-parallel
     # group), named by the group's smallest global rank.
     group = min(dist.get_process_group_ranks(model.process_group))
-    marker = _Marker(marks, group, _device_leads(model))
+    marker = _Marker(marks, group, _device_leads(model), model)
     # On the wrapped module, which DDP runs after broadcasting its buffers: a peer slow to reach
     # that broadcast holds this rank there, which is not this rank's own work.
     model.module.register_forward_pre_hook(marker.forward_started)
@@ -136,8 +136,11 @@ class _Marker:
     once and ends the marking, never training.
     """
 
-    def __init__(self, reporter: StepReporter, group: int, device_leads: DeviceLeads | None) -> None:
+    def __init__(
+        self, reporter: StepReporter, group: int, device_leads: DeviceLeads | None, model: DistributedDataParallel
+    ) -> None:
         self._reporter = reporter
+        self._model = model
         self._group = group
         self._device_leads = device_leads
         # An event recorded into a CUDA graph being captured would break the capture.
@@ -160,7 +163,9 @@ class _Marker:
             self._stop(exc)
 
     def first_gradient(self, _parameter: torch.Tensor) -> None:
-        if self._armed:
+        # Under `no_sync()` (a micro-batch of gradient accumulation) DDP does not synchronize: the
+        # rank's own work goes on to the micro-batch that does, as a communication hook would see.
+        if self._armed and self._model.require_backward_grad_sync:
             self._armed = False
             self.synchronizing()
 

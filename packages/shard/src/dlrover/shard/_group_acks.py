@@ -117,7 +117,9 @@ class GroupAcks:
 
     def fence(self) -> None:
         """A collective with nothing in it: no trainer of the group goes on before all got here."""
-        dist.all_reduce(torch.zeros(1, dtype=torch.int64, device=self._device), group=self._group)
+        done = torch.zeros(1, dtype=torch.int64, device=self._device)
+        dist.all_reduce(done, group=self._group)
+        done.item()  # on an accelerator the collective is only queued until its result is read
 
     def read_exactly(self, document: str) -> None:
         """`document` was read after every acknowledgement of the group (near the data's end, where

@@ -360,6 +360,11 @@ class ShardClient:
             return str(self._read(self._stub.GetCheckpoint, pb.GetCheckpointRequest(dataset=self._dataset)).document)
         return str(res.checkpoint)
 
+    def note_in_use(self, shard_id: int) -> None:
+        """This worker still uses `shard_id` (it acknowledged samples of it that it reports later):
+        the keep-alive goes on renewing its lease (see `ShardClientConfig.keep_alive_s`)."""
+        self._renewed(shard_id)
+
     def sync(self, acknowledged: Sequence[tuple[int, int, bool]], lease: int) -> SyncResult:
         """Report a batch of acknowledgements, read the data position after them, and lease up to
         `lease` shards ahead (0: none; a service older than batches refuses 0), in one call (for a
@@ -367,7 +372,8 @@ class ShardClient:
         with a process group).
 
         The leased shards are buffered for `next_shard` (as `checkpoint(lease_next=True)` buffers
-        them; a buffered shard taken more than `renew_interval_s` later is renewed first). Queued
+        them; a buffered shard taken more than `renew_interval_s` later is renewed first); a
+        prefetching client, whose thread leases ahead, and a closed one lease nothing here. Queued
         reports are delivered first. A service older than batched acknowledgements ignores them
         (it says so by applying none): they are then reported one by one and the position read again.
 
@@ -383,6 +389,9 @@ class ShardClient:
         """
         if not isinstance(lease, int) or isinstance(lease, bool) or lease < 0:
             raise ConfigError(f"lease must be an integer >= 0, got {lease!r}")
+        with self._cond:
+            if self._config.prefetch_shards > 0 or self._closed:
+                lease = 0  # the prefetch thread leases ahead (a closed client leases nothing)
         req = pb.FetchShardsRequest(
             dataset=self._dataset,
             worker=self._worker,

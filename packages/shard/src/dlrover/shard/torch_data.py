@@ -202,6 +202,10 @@ class ShardSampler(Sampler[int]):
                 yield item.index
                 if self._generation != generation:
                     return
+            if not self._inflight and self._group is not None and self._group.unsent:
+                # What it waits for may be the end of the data, which the service sees only once
+                # every trainer reported its last commits: its own go first.
+                self._report_unsent(self._group)
             try:
                 # Holding nothing uncommitted, waiting cannot deadlock: wait for a shard or the end.
                 shard = self._client.next_shard(timeout_s=self._wait_s if self._inflight else None)
@@ -265,6 +269,8 @@ class ShardSampler(Sampler[int]):
         _log.warning("acknowledging %d samples of dataset %r as dropped (drop_last) at the end of the data", count,
                      self._client.dataset)  # fmt: skip
         self._acknowledge(count)
+        if self._group is not None:
+            self._report_unsent(self._group)  # the service says `finished` only once it has them
 
     def commit(self, num_samples: int) -> None:
         """Acknowledge the next `num_samples` yielded indices as trained (call after each step).
@@ -288,6 +294,7 @@ class ShardSampler(Sampler[int]):
             item = self._inflight.popleft()
             if self._group is not None:
                 self._group.add(item.shard.shard_id, item.position, item.shard.size)
+                self._client.note_in_use(item.shard.shard_id)  # not abandoned: its report waits for a sync
             else:
                 acks.add(self._client.worker, item.shard.shard_id, item.position, item.shard.size)
         if self._group is None:
@@ -300,13 +307,19 @@ class ShardSampler(Sampler[int]):
         # state_dict for a while (the service's bookkeeping of a lost worker's shards and of
         # throughput stays current).
         if self._group.near_end or self._commits_unsent >= 2 * self._group.sync_every:
-            for shard_id, consumed, done in self._group.unsent:
-                if done:
-                    self._client.report_done(shard_id)
-                else:
-                    self._client.report_progress(shard_id, consumed)
-            self._group.mark_sent()
-            self._commits_unsent = 0
+            self._report_unsent(self._group)
+
+    def _report_unsent(self, group: GroupAcks) -> None:
+        """Report this trainer's acknowledgements not reported yet, one call a shard, as a sampler
+        without a group reports them. (Reported at any time they keep the saved states exact: see
+        `dlrover/shard/_group_acks.py`; each sync first delivers what the client still queues.)"""
+        for shard_id, consumed, done in group.unsent:
+            if done:
+                self._client.report_done(shard_id)
+            else:
+                self._client.report_progress(shard_id, consumed)
+        group.mark_sent()
+        self._commits_unsent = 0
 
     def state_dict(self) -> dict[str, Any]:
         """The data position to store in the model checkpoint (the committed samples).
@@ -326,6 +339,7 @@ class ShardSampler(Sampler[int]):
             # follows every trainer's commit) the position read holds the whole group's progress;
             # the fence keeps every trainer from its next commit until all have read. The state is
             # then the position alone, as without a group (the same bytes whatever was read when).
+            self._client.flush_reports(None)  # delivered, not queued, before the others read
             group.exchange()
             lease_next = not self._unyielded and not self._finished
             document = self._client.checkpoint(lease_next=lease_next)
