@@ -202,13 +202,9 @@ class ShardSampler(Sampler[int]):
                 yield item.index
                 if self._generation != generation:
                     return
-            if not self._inflight and self._group is not None and self._group.unsent:
-                # What it waits for may be the end of the data, which the service sees only once
-                # every trainer reported its last commits: its own go first.
-                self._report_unsent(self._group)
             try:
                 # Holding nothing uncommitted, waiting cannot deadlock: wait for a shard or the end.
-                shard = self._client.next_shard(timeout_s=self._wait_s if self._inflight else None)
+                shard = self._next_shard()
             except TimeoutError:
                 this_pass.timed_out = True
                 return  # end the pass so the training loop can commit what it holds
@@ -218,6 +214,18 @@ class ShardSampler(Sampler[int]):
             if self._group is not None:
                 self._group.taken_since_sync += 1
             self._shard, self._unyielded = shard, deque(shard.remaining_samples())
+
+    def _next_shard(self) -> Shard | None:
+        if self._inflight:
+            return self._client.next_shard(timeout_s=self._wait_s)
+        if self._group is not None and self._group.unsent:
+            try:
+                return self._client.next_shard(timeout_s=0.0)
+            except TimeoutError:
+                # None to be had now: what it waits for may be the end of the data, which the
+                # service sees only once every trainer reported its last commits; its own go first.
+                self._report_unsent(self._group)
+        return self._client.next_shard(timeout_s=None)
 
     def _forget_lost_leases(self) -> None:
         """Leave out of the next pass the samples of shards whose leases ended while they waited (a loop paused
