@@ -63,7 +63,6 @@ class GroupAcks:
         self._older: dict[int, tuple[int, bool]] = {}  # the group's, rounds after the sync before the last
         self._newer: dict[int, tuple[int, bool]] = {}  # ... and after the last sync
         self.document: str | None = None
-        self.shards_to_hand_out: int | None = None
         self._rounds_since_sync = 0
         self.taken_since_sync = 0
         # Near the data's end (see ShardSampler._note_the_data_end): seen at this trainer's own
@@ -92,11 +91,10 @@ class GroupAcks:
         """Whether this round syncs (the same answer on every trainer of the group)."""
         return self.document is None or self._rounds_since_sync >= self.sync_every
 
-    def synced(self, document: str, shards_to_hand_out: int | None) -> None:
+    def synced(self, document: str) -> None:
         """This round's sync read `document`: it holds the acknowledgements of rounds up to the last sync."""
         self.mark_sent()
         self.document = document
-        self.shards_to_hand_out = shards_to_hand_out
         self._older, self._newer = self._newer, {}
         self._rounds_since_sync = 0
         self.taken_since_sync = 0

@@ -413,17 +413,13 @@ class ShardClient:
                 self._leased_at[shard.shard_id] = leased_at
         document = str(res.checkpoint)
         if acknowledged and res.acknowledged != len(acknowledged):
-            # A service that predates the field: it leased and read, and dropped the batch.
+            # A service that predates the field: it leased and read, and dropped the batch. Reported
+            # one by one now; the read below delivers any the master could not take at once first.
             for shard_id, consumed, done in acknowledged:
                 if done:
-                    self._call(self._stub.ReportDone, pb.ReportDoneRequest(
-                        dataset=self._dataset, worker=self._worker, shard_id=shard_id, request_id=self._request_id()
-                    ))  # fmt: skip
+                    self.report_done(shard_id)
                 else:
-                    self._call(self._stub.ReportProgress, pb.ReportProgressRequest(
-                        dataset=self._dataset, worker=self._worker, shard_id=shard_id, consumed=consumed,
-                        request_id=self._request_id(),
-                    ))  # fmt: skip
+                    self.report_progress(shard_id, consumed)
             document = ""
         if not document:
             document = str(

@@ -361,7 +361,7 @@ class ShardSampler(Sampler[int]):
             lease = 0 if self._unyielded or self._finished else 1
             result = self._client.sync(group.unsent, lease=lease)
             self._note_the_data_end(group, result.shards_to_hand_out)
-            group.synced(result.document, result.shards_to_hand_out)
+            group.synced(result.document)
             self._commits_unsent = 0
         group.exchange()
         assert group.document is not None
