@@ -6,10 +6,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import attrs
 import grpc
 import pytest
 
-from dlrover.common import GrpcServer, RetryPolicy, RpcError, ServerConfig, SystemClock
+from dlrover.common import GrpcServer, ManualClock, RetryPolicy, RpcError, ServerConfig, SystemClock
 from dlrover.shard import DatasetSpec, DeliveryMode, IndexSource, InvalidShardRequestError, ShardRegistry
 from dlrover.shard.acknowledged import apply_acknowledged
 from dlrover.shard.client import ShardClient, ShardClientConfig
@@ -147,6 +148,25 @@ def test_bad_acknowledgements_are_refused_by_name(acks: list[Any], match: str) -
     document = _live().checkpoint("ds")
     with pytest.raises(InvalidShardRequestError, match=match):
         apply_acknowledged(document, acks)
+
+
+def test_a_shard_the_service_gave_up_on_stays_failed_and_the_position_still_restores() -> None:
+    """Its holder trained part of it and acknowledged that, and its lease ended for the last time before
+    the position was read: the saved state must still restore, with the shard among the failed."""
+    clock = ManualClock()
+    registry = ShardRegistry(clock)
+    registry.register(attrs.evolve(_spec(), max_attempts=1, lease_timeout_s=10.0))
+    (lost,) = registry.fetch("ds", "w0", 1).shards
+    clock.advance(11)
+    registry.manager("ds").expire_leases()
+    document = registry.checkpoint("ds")
+    completed = apply_acknowledged(document, [(lost.shard_id, 2, False)])
+    _, state = decode_progress(completed)
+    assert [f["shard_id"] for f in state["failed"]] == [lost.shard_id]
+    assert lost.shard_id not in {q["shard_id"] for q in state["queue"]}
+    restored = ShardRegistry(clock)
+    restored.restore(completed, "ds")
+    assert restored.manager("ds").status().failed == 1
 
 
 def test_a_service_journal_with_leases_is_not_taken_for_a_data_position() -> None:

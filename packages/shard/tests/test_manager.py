@@ -104,6 +104,29 @@ def test_lease_expires_without_progress_and_progress_renews_it() -> None:
     assert m.fetch("v").shards[0].shard_id == b.shard_id  # re-queued shards go first
 
 
+def test_a_report_about_a_dispatch_whose_lease_ended_is_refused_when_the_shard_came_back_to_the_worker() -> None:
+    clock = ManualClock()
+    registry = ShardRegistry(clock)
+    registry.register(_spec(8, lease_timeout_s=10.0))
+    registry.start_change_log()
+    base = registry.journal_base()
+    (first,) = registry.fetch(_spec(8).name, "w", 1).shards
+    clock.advance(11)
+    registry.manager(_spec(8).name).expire_leases()
+    (again,) = registry.fetch(_spec(8).name, "w", 1).shards
+    assert (again.shard_id, first.attempt, again.attempt) == (first.shard_id, 1, 2)
+    with pytest.raises(ShardStateError, match="holds its dispatch 2, not dispatch 1"):
+        registry.report_progress(_spec(8).name, "w", first.shard_id, 1, attempt=first.attempt)
+    assert registry.report_progress(_spec(8).name, "w", again.shard_id, 1, attempt=again.attempt).changed
+    assert registry.report_progress(_spec(8).name, "w", again.shard_id, 1).reason  # no attempt: whichever it holds
+    with pytest.raises(InvalidShardRequestError, match="attempt"):
+        registry.report_progress(_spec(8).name, "w", again.shard_id, 1, attempt="2")  # type: ignore[arg-type]
+    # The journal replays the checked report as it was made.
+    replayed = ShardRegistry(clock)
+    replayed.load_journal(base, registry.take_changes(), restart_leases=False)
+    assert replayed.checkpoint(_spec(8).name) == registry.checkpoint(_spec(8).name)
+
+
 def test_leases_expire_in_deadline_order_even_when_renewed_ones_are_overdue_too() -> None:
     # Found by the state machine: a renewed lease's old heap entry comes out first, and its
     # shard must not be re-queued ahead of a lease that was due earlier.

@@ -298,6 +298,38 @@ def test_samples_of_a_shard_whose_lease_ended_are_not_handed_out_again(shard_ser
 
 
 @pytest.mark.timeout(60)
+def test_a_lost_lease_that_came_back_to_the_same_worker_is_not_taken_for_the_one_it_lost(
+    shard_server: Any, token: str
+) -> None:
+    """The service took the trainer's lease back and then leased the same shard to the same worker
+    name again (another dispatch, from the committed position): the samples drawn under the lost
+    lease are not handed out again, since the new dispatch hands them out."""
+    server, _ = shard_server
+    on_demand = attrs.evolve(CFG, prefetch_shards=0)
+    with (
+        ShardClient(server.address, token, "ds", "trainer-r", config=on_demand) as client,
+        ShardClient(server.address, token, "ds", "trainer-r", config=on_demand) as same_worker,
+        ShardClient(server.address, token, "ds", "operator", config=CFG) as operator,
+    ):
+        client.register(_spec())
+        sampler = ShardSampler(client, wait_s=0.3)
+        first_pass = iter(sampler)
+        drawn = [next(first_pass) for _ in range(3)]
+        sampler.commit(1)
+        client.flush_reports(timeout_s=30)
+        assert operator.remove_worker("trainer-r", reason="lease lapsed")["ds"]
+        back = same_worker.next_shard()
+        assert back is not None
+        assert back.attempt == 2
+        assert back.consumed == 1
+        assert drawn[1] in back.remaining_samples()
+        second_pass = iter(sampler)
+        taken = [next(second_pass) for _ in range(3)]
+        assert not set(taken) & set(drawn), "samples of the lost dispatch were handed out again"
+        assert not set(taken) & set(back.remaining_samples())
+
+
+@pytest.mark.timeout(60)
 def test_an_iterator_left_suspended_hands_out_nothing_once_a_new_pass_starts(shard_server: Any, token: str) -> None:
     server, _ = shard_server
     with ShardClient(server.address, token, "ds", "trainer-s", config=CFG) as client:

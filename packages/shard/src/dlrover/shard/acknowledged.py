@@ -30,12 +30,13 @@ def apply_acknowledged(document: str | bytes, acknowledged: Sequence[tuple[int, 
         acknowledged: `(shard_id, consumed, done)` acknowledgements made after it was read: a shard
             at `consumed` samples, or done. A shard it shows queued moves forward; a shard not yet
             handed out then is taken in dispatch order (those passed on the way stay queued, as
-            the shards others held are); a shard it shows done stays done.
+            the shards others held are); a shard it shows done stays done, and one in its failed
+            set stays there (the service gave up on it while its holder trained part of it).
 
     Raises:
         InvalidShardRequestError: the document is not a version 1 progress checkpoint, or an
-            acknowledgement is malformed, names a shard twice or one the dataset lacks, names one in
-            its failed set, or a position outside the shard.
+            acknowledgement is malformed, names a shard twice or one the dataset lacks, or a
+            position outside the shard.
     """
     spec, state = decode_progress(document)
     if "leases" in state:

@@ -534,6 +534,8 @@ class ShardClient:
             shard_id=shard.shard_id,
             consumed=shard.consumed,
             request_id=self._request_id(),
+            # This dispatch only: a lease that ended and came back to this worker is another one.
+            attempt=shard.attempt,
         )
         try:
             self._call(self._stub.ReportProgress, req)
@@ -556,7 +558,7 @@ class ShardClient:
         if self._renew_lease(shard):
             self._renewed(shard.shard_id, reported=False)
             return True
-        self._put_down(shard.shard_id)
+        self._put_down_dispatch(shard)
         return False
 
     def _hand_out(self, shard: Shard) -> Shard:
@@ -580,6 +582,13 @@ class ShardClient:
     def _put_down(self, shard_id: int) -> None:
         with self._cond:
             self._in_use.pop(shard_id, None)
+
+    def _put_down_dispatch(self, shard: Shard) -> None:
+        """Put down `shard` if that dispatch of it is the one in use (not a newer lease of the same shard)."""
+        with self._cond:
+            entry = self._in_use.get(shard.shard_id)
+            if entry is not None and entry[0].attempt == shard.attempt:
+                del self._in_use[shard.shard_id]
 
     def _keepalive_loop(self) -> None:
         interval, limit = self._config.renew_interval_s, self._config.keep_alive_s
@@ -609,7 +618,7 @@ class ShardClient:
                     # Reported done through another client (a DataLoader worker's shard, committed by
                     # the main process), expired, or restored away: nothing more to keep alive.
                     _log.debug("shard %d is no longer leased to %s; its keep-alive ends", shard.shard_id, self._worker)
-                    self._put_down(shard.shard_id)
+                    self._put_down_dispatch(shard)
 
     def _start_prefetch(self) -> None:
         # A thread that ended at the end of the data is started again after a restore.

@@ -173,26 +173,41 @@ class ShardManager:
             self._remember(worker, "fetch", request_id, result)
         return result
 
-    def report_progress(self, worker: str, shard_id: int, consumed: int, request_id: str = "") -> ReportResult:
+    def report_progress(
+        self, worker: str, shard_id: int, consumed: int, request_id: str = "", *, attempt: int | None = None
+    ) -> ReportResult:
         """Record that `worker` has used the first `consumed` units of a shard, and renew its lease.
 
         Under exactly-once this acknowledges those samples: if the worker fails, only the rest is
         dispatched again. Positions only move forward, so a repeated or reordered report is
         harmless.
 
+        Args:
+            attempt: the dispatch of the shard the worker means (`Shard.attempt`), or None for
+                whichever it holds. A lease that ended and went to the same worker again is
+                another dispatch: a report about the earlier one is refused, so a worker never
+                takes the newer lease for the one it lost.
+
         Raises:
             InvalidShardRequestError: `consumed` outside 0..shard size, or a bad id.
             UnknownShardError: no such shard.
-            ShardStateError: `worker` does not hold the shard's lease.
+            ShardStateError: `worker` does not hold the shard's lease (or not that dispatch of it).
         """
         self._changing("a progress report")
         check_worker(worker)
         check_request_id(request_id)
         shard_id = check_int("shard_id", shard_id)
         consumed = check_int("consumed", consumed)
+        if attempt is not None:
+            attempt = check_int("attempt", attempt)
         now = self._now_expiring()
         lease = self._held(worker, shard_id, "progress")
         parked = lease.parked
+        if attempt is not None and attempt != parked.dispatches:
+            raise ShardStateError(
+                f"progress for shard {shard_id} rejected: worker {worker!r} holds its dispatch {parked.dispatches}, "
+                f"not dispatch {attempt} (that lease ended)"
+            )
         if not 0 <= consumed <= parked.size:
             raise InvalidShardRequestError(f"consumed must be in 0..{parked.size} for shard {shard_id}, got {consumed}")
         lease.deadline = now + self._lease_timeout_s
@@ -636,10 +651,11 @@ class ShardManager:
         leased by others meanwhile); a shard already done stays done. As the delivery mode writes
         a shard leased when the position was read: at-least-once keeps only done shards (one not
         finished starts again from its start), at-most-once leaves one set aside in the failed set.
+        A shard in the failed set stays there.
 
         Raises:
-            InvalidShardRequestError: the shard is not one of this dataset's, is in the failed set,
-                or `consumed` is outside its size.
+            InvalidShardRequestError: the shard is not one of this dataset's, or `consumed` is
+                outside its size.
         """
         if self._stream or self._splitter is None:
             raise InvalidShardRequestError("acknowledgements are applied to index and record-file datasets only")
@@ -647,9 +663,11 @@ class ShardManager:
             raise InvalidShardRequestError(f"dataset {self._spec.name!r} has no shard {shard_id}")
         delivery = self._spec.delivery
         if shard_id in self._failed:
-            if delivery is DeliveryMode.AT_MOST_ONCE:
-                return  # leased when the position was read, so set aside there: never handed out again
-            raise InvalidShardRequestError(f"shard {shard_id} was acknowledged but is in the failed set")
+            # At-most-once sets aside a shard leased when the position was read; otherwise the service
+            # gave up on it (its lease ended past max_attempts) while its holder still trained some of
+            # it. Either way it is never handed out again, and it stays listed among the failed: the
+            # position must still restore (the model trained those samples).
+            return
         if not done and delivery is DeliveryMode.AT_LEAST_ONCE:
             return  # a shard not finished is handed out again from its start: its progress is not kept
         if shard_id in self._doing:

@@ -72,7 +72,7 @@ class ShardRegistry:
             "register": lambda a: self._register(spec_from_json(a["spec"])),
             "fetch": lambda a: self.manager(a["dataset"]).fetch(a["worker"], a["count"], a["request_id"]),
             "progress": lambda a: self.manager(a["dataset"]).report_progress(
-                a["worker"], a["shard_id"], a["consumed"], a["request_id"]
+                a["worker"], a["shard_id"], a["consumed"], a["request_id"], attempt=a.get("attempt")
             ),
             "done": lambda a: self.manager(a["dataset"]).report_done(a["worker"], a["shard_id"], a["request_id"]),
             "acknowledge": lambda a: self.manager(a["dataset"]).acknowledge(
@@ -179,10 +179,19 @@ class ShardRegistry:
         return result
 
     def report_progress(
-        self, dataset: str, worker: str, shard_id: int, consumed: int, request_id: str = ""
+        self,
+        dataset: str,
+        worker: str,
+        shard_id: int,
+        consumed: int,
+        request_id: str = "",
+        *,
+        attempt: int | None = None,
     ) -> ReportResult:
         """`ShardManager.report_progress` of dataset `dataset`, logged."""
-        args = {"dataset": dataset, "worker": worker, "shard_id": shard_id, "consumed": consumed}
+        args: dict[str, Any] = {"dataset": dataset, "worker": worker, "shard_id": shard_id, "consumed": consumed}
+        if attempt is not None:
+            args["attempt"] = attempt  # (a line without it means whichever dispatch the worker held)
         result: ReportResult = self._change("progress", {**args, "request_id": request_id})
         return result
 

@@ -123,7 +123,12 @@ class ShardServicer(shard_pb2_grpc.ShardServiceServicer):
         res = self._call(
             context,
             lambda r: r.report_progress(
-                request.dataset, request.worker, request.shard_id, request.consumed, request.request_id
+                request.dataset,
+                request.worker,
+                request.shard_id,
+                request.consumed,
+                request.request_id,
+                attempt=request.attempt if request.HasField("attempt") else None,
             ),
         )
         return pb.ReportProgressResponse(changed=res.changed, reason=res.reason)

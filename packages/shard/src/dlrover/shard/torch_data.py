@@ -72,6 +72,11 @@ def _state(dataset: str, document: str) -> dict[str, Any]:
     return make_state(STATE_FORMAT, 1, dataset, document)
 
 
+def _dispatch(shard: Shard) -> tuple[int, int]:
+    """Which lease of which shard: a shard handed out again is another dispatch of it."""
+    return shard.shard_id, shard.attempt
+
+
 def _check_state(state: dict[str, Any], dataset: str) -> str:
     """The progress document of a state of either version, with its acknowledgements applied."""
     document = check_state(STATE_FORMAT, (1, STATE_VERSION), state, dataset)
@@ -231,21 +236,23 @@ class ShardSampler(Sampler[int]):
         """Leave out of the next pass the samples of shards whose leases ended while they waited (a loop paused
         past the client's keep-alive): the service hands those shards out again, perhaps to another worker, and
         training them here too would train them twice."""
-        shards = {item.shard.shard_id: item.shard for item in self._inflight}
+        # By dispatch, not by shard: a lease that ended may have come back to this worker as a new
+        # dispatch of the same shard, which starts from the last committed position again.
+        shards = {_dispatch(item.shard): item.shard for item in self._inflight}
         if self._shard is not None and self._unyielded:
-            shards[self._shard.shard_id] = self._shard
-        lost = {shard_id for shard_id, shard in shards.items() if not self._client.holds(shard)}
+            shards[_dispatch(self._shard)] = self._shard
+        lost = {key for key, shard in shards.items() if not self._client.holds(shard)}
         if not lost:
             return
-        dropped = sum(1 for item in self._inflight if item.shard.shard_id in lost)
-        self._inflight = deque(item for item in self._inflight if item.shard.shard_id not in lost)
-        if self._shard is not None and self._shard.shard_id in lost:
+        dropped = sum(1 for item in self._inflight if _dispatch(item.shard) in lost)
+        self._inflight = deque(item for item in self._inflight if _dispatch(item.shard) not in lost)
+        if self._shard is not None and _dispatch(self._shard) in lost:
             dropped += len(self._unyielded)
             self._shard, self._unyielded = None, deque()
         _log.warning(
             "the leases of shards %s of dataset %r ended before %d of their samples were trained; the service hands "
             "them out again from their last committed position",
-            sorted(lost),
+            sorted({shard_id for shard_id, _attempt in lost}),
             self._client.dataset,
             dropped,
         )

@@ -24,19 +24,19 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x64lrover/shard/v1/shard.proto\x12\x10\x64lrover.shard.v1\"\"\n\x0bIndexSource\x12\x13\n\x0bnum_samples\x18\x01 \x01(\x03\"(\n\nRecordFile\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\x03\"\xa0\x01\n\x10RecordFileSource\x12+\n\x05\x66iles\x18\x01 \x03(\x0b\x32\x1c.dlrover.shard.v1.RecordFile\x12*\n\x04unit\x18\x02 \x01(\x0e\x32\x1c.dlrover.shard.v1.RecordUnit\x12\x14\n\x0crecord_bytes\x18\x03 \x01(\x03\x12\x1d\n\x15\x63ross_file_boundaries\x18\x04 \x01(\x08\"&\n\x10StreamPartitions\x12\x12\n\npartitions\x18\x01 \x03(\t\"\x95\x04\n\x0b\x44\x61tasetSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12.\n\x05index\x18\x02 \x01(\x0b\x32\x1d.dlrover.shard.v1.IndexSourceH\x00\x12:\n\x0crecord_files\x18\x03 \x01(\x0b\x32\".dlrover.shard.v1.RecordFileSourceH\x00\x12\x34\n\x06stream\x18\x04 \x01(\x0b\x32\".dlrover.shard.v1.StreamPartitionsH\x00\x12\x12\n\nbatch_size\x18\x05 \x01(\x03\x12\x19\n\x11\x62\x61tches_per_shard\x18\x06 \x01(\x03\x12\x17\n\nnum_epochs\x18\x07 \x01(\x03H\x01\x88\x01\x01\x12\x0f\n\x07shuffle\x18\x08 \x01(\x08\x12\x17\n\x0fshuffle_samples\x18\t \x01(\x08\x12\x0c\n\x04seed\x18\n \x01(\x04\x12\x30\n\x08\x64\x65livery\x18\x0b \x01(\x0e\x32\x1e.dlrover.shard.v1.DeliveryMode\x12-\n\ttask_type\x18\x0c \x01(\x0e\x32\x1a.dlrover.shard.v1.TaskType\x12\x1c\n\x0flease_timeout_s\x18\r \x01(\x01H\x02\x88\x01\x01\x12\x19\n\x0cmax_attempts\x18\x0e \x01(\x03H\x03\x88\x01\x01\x42\x08\n\x06sourceB\r\n\x0b_num_epochsB\x12\n\x10_lease_timeout_sB\x0f\n\r_max_attempts\"\xb3\x01\n\x05Shard\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\x10\n\x08shard_id\x18\x02 \x01(\x03\x12\r\n\x05\x65poch\x18\x03 \x01(\x03\x12\r\n\x05start\x18\x04 \x01(\x03\x12\x0b\n\x03\x65nd\x18\x05 \x01(\x03\x12\x10\n\x08\x63onsumed\x18\x06 \x01(\x03\x12\x17\n\norder_seed\x18\x07 \x01(\x04H\x00\x88\x01\x01\x12\x11\n\tpartition\x18\x08 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\t \x01(\x03\x42\r\n\x0b_order_seed\"E\n\x16RegisterDatasetRequest\x12+\n\x04spec\x18\x01 \x01(\x0b\x32\x1d.dlrover.shard.v1.DatasetSpec\":\n\x17RegisterDatasetResponse\x12\x0f\n\x07\x63reated\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\xaa\x01\n\x12\x46\x65tchShardsRequest\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\x0e\n\x06worker\x18\x02 \x01(\t\x12\r\n\x05\x63ount\x18\x03 \x01(\x03\x12\x12\n\nrequest_id\x18\x04 \x01(\t\x12\x17\n\x0fwith_checkpoint\x18\x05 \x01(\x08\x12\x37\n\x0c\x61\x63knowledged\x18\x06 \x03(\x0b\x32!.dlrover.shard.v1.Acknowledgement\"C\n\x0f\x41\x63knowledgement\x12\x10\n\x08shard_id\x18\x01 \x01(\x03\x12\x10\n\x08\x63onsumed\x18\x02 \x01(\x03\x12\x0c\n\x04\x64one\x18\x03 \x01(\x08\"\x98\x01\n\x13\x46\x65tchShardsResponse\x12\'\n\x06shards\x18\x01 \x03(\x0b\x32\x17.dlrover.shard.v1.Shard\x12\x10\n\x08\x66inished\x18\x02 \x01(\x08\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x12\n\ncheckpoint\x18\x04 \x01(\t\x12\x14\n\x0c\x61\x63knowledged\x18\x05 \x01(\x03\x12\x0c\n\x04todo\x18\x06 \x01(\x03\"p\n\x15ReportProgressRequest\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\x0e\n\x06worker\x18\x02 \x01(\t\x12\x10\n\x08shard_id\x18\x03 \x01(\x03\x12\x10\n\x08\x63onsumed\x18\x04 \x01(\x03\x12\x12\n\nrequest_id\x18\x05 \x01(\t\"9\n\x16ReportProgressResponse\x12\x0f\n\x07\x63hanged\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\"Z\n\x11ReportDoneRequest\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\x0e\n\x06worker\x18\x02 \x01(\t\x12\x10\n\x08shard_id\x18\x03 \x01(\x03\x12\x12\n\nrequest_id\x18\x04 \x01(\t\"5\n\x12ReportDoneResponse\x12\x0f\n\x07\x63hanged\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\x91\x01\n\x14ReportFailureRequest\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\x0e\n\x06worker\x18\x02 \x01(\t\x12\x10\n\x08shard_id\x18\x03 \x01(\x03\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x15\n\x08\x63onsumed\x18\x05 \x01(\x03H\x00\x88\x01\x01\x12\x12\n\nrequest_id\x18\x06 \x01(\tB\x0b\n\t_consumed\"8\n\x15ReportFailureResponse\x12\x0f\n\x07\x63hanged\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\"5\n\x13RemoveWorkerRequest\x12\x0e\n\x06worker\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"4\n\x0eReleasedShards\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\x11\n\tshard_ids\x18\x02 \x03(\x03\"J\n\x14RemoveWorkerResponse\x12\x32\n\x08released\x18\x01 \x03(\x0b\x32 .dlrover.shard.v1.ReleasedShards\"\'\n\x14GetCheckpointRequest\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\")\n\x15GetCheckpointResponse\x12\x10\n\x08\x64ocument\x18\x01 \x01(\t\"Q\n\x18RestoreCheckpointRequest\x12\x10\n\x08\x64ocument\x18\x01 \x01(\t\x12\x0f\n\x07\x64\x61taset\x18\x02 \x01(\t\x12\x12\n\nrequest_id\x18\x03 \x01(\t\"W\n\x19RestoreCheckpointResponse\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\x19\n\x11returned_to_queue\x18\x02 \x01(\x03\x12\x0e\n\x06reason\x18\x03 \x01(\t\"#\n\x10GetStatusRequest\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\"o\n\x10WorkerThroughput\x12\x0e\n\x06worker\x18\x01 \x01(\t\x12\x0f\n\x07samples\x18\x02 \x01(\x03\x12\x13\n\x0bshards_done\x18\x03 \x01(\x03\x12\x15\n\rsamples_per_s\x18\x04 \x01(\x01\x12\x0e\n\x06leased\x18\x05 \x01(\x03\"F\n\x0b\x46\x61iledShard\x12&\n\x05shard\x18\x01 \x01(\x0b\x32\x17.dlrover.shard.v1.Shard\x12\x0f\n\x07reasons\x18\x02 \x03(\t\"\x9f\x02\n\x11GetStatusResponse\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\x0c\n\x04todo\x18\x02 \x01(\x03\x12\r\n\x05\x64oing\x18\x03 \x01(\x03\x12\x0c\n\x04\x64one\x18\x04 \x01(\x03\x12\x0e\n\x06\x66\x61iled\x18\x05 \x01(\x03\x12\r\n\x05\x65poch\x18\x06 \x01(\x03\x12\x1d\n\x10\x65pochs_remaining\x18\x07 \x01(\x03H\x00\x88\x01\x01\x12\x10\n\x08\x66inished\x18\x08 \x01(\x08\x12\x33\n\x07workers\x18\t \x03(\x0b\x32\".dlrover.shard.v1.WorkerThroughput\x12\x34\n\rfailed_shards\x18\n \x03(\x0b\x32\x1d.dlrover.shard.v1.FailedShardB\x13\n\x11_epochs_remaining*d\n\x0c\x44\x65liveryMode\x12\x1d\n\x19\x44\x45LIVERY_MODE_UNSPECIFIED\x10\x00\x12\x11\n\rAT_LEAST_ONCE\x10\x01\x12\x10\n\x0c\x45XACTLY_ONCE\x10\x02\x12\x10\n\x0c\x41T_MOST_ONCE\x10\x03*S\n\x08TaskType\x12\x19\n\x15TASK_TYPE_UNSPECIFIED\x10\x00\x12\x0c\n\x08TRAINING\x10\x01\x12\x0e\n\nEVALUATION\x10\x02\x12\x0e\n\nPREDICTION\x10\x03*=\n\nRecordUnit\x12\x1b\n\x17RECORD_UNIT_UNSPECIFIED\x10\x00\x12\x08\n\x04LINE\x10\x01\x12\x08\n\x04\x42YTE\x10\x02\x32\xf7\x06\n\x0cShardService\x12\x66\n\x0fRegisterDataset\x12(.dlrover.shard.v1.RegisterDatasetRequest\x1a).dlrover.shard.v1.RegisterDatasetResponse\x12Z\n\x0b\x46\x65tchShards\x12$.dlrover.shard.v1.FetchShardsRequest\x1a%.dlrover.shard.v1.FetchShardsResponse\x12\x63\n\x0eReportProgress\x12\'.dlrover.shard.v1.ReportProgressRequest\x1a(.dlrover.shard.v1.ReportProgressResponse\x12W\n\nReportDone\x12#.dlrover.shard.v1.ReportDoneRequest\x1a$.dlrover.shard.v1.ReportDoneResponse\x12`\n\rReportFailure\x12&.dlrover.shard.v1.ReportFailureRequest\x1a\'.dlrover.shard.v1.ReportFailureResponse\x12]\n\x0cRemoveWorker\x12%.dlrover.shard.v1.RemoveWorkerRequest\x1a&.dlrover.shard.v1.RemoveWorkerResponse\x12`\n\rGetCheckpoint\x12&.dlrover.shard.v1.GetCheckpointRequest\x1a\'.dlrover.shard.v1.GetCheckpointResponse\x12l\n\x11RestoreCheckpoint\x12*.dlrover.shard.v1.RestoreCheckpointRequest\x1a+.dlrover.shard.v1.RestoreCheckpointResponse\x12T\n\tGetStatus\x12\".dlrover.shard.v1.GetStatusRequest\x1a#.dlrover.shard.v1.GetStatusResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x64lrover/shard/v1/shard.proto\x12\x10\x64lrover.shard.v1\"\"\n\x0bIndexSource\x12\x13\n\x0bnum_samples\x18\x01 \x01(\x03\"(\n\nRecordFile\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\x03\"\xa0\x01\n\x10RecordFileSource\x12+\n\x05\x66iles\x18\x01 \x03(\x0b\x32\x1c.dlrover.shard.v1.RecordFile\x12*\n\x04unit\x18\x02 \x01(\x0e\x32\x1c.dlrover.shard.v1.RecordUnit\x12\x14\n\x0crecord_bytes\x18\x03 \x01(\x03\x12\x1d\n\x15\x63ross_file_boundaries\x18\x04 \x01(\x08\"&\n\x10StreamPartitions\x12\x12\n\npartitions\x18\x01 \x03(\t\"\x95\x04\n\x0b\x44\x61tasetSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12.\n\x05index\x18\x02 \x01(\x0b\x32\x1d.dlrover.shard.v1.IndexSourceH\x00\x12:\n\x0crecord_files\x18\x03 \x01(\x0b\x32\".dlrover.shard.v1.RecordFileSourceH\x00\x12\x34\n\x06stream\x18\x04 \x01(\x0b\x32\".dlrover.shard.v1.StreamPartitionsH\x00\x12\x12\n\nbatch_size\x18\x05 \x01(\x03\x12\x19\n\x11\x62\x61tches_per_shard\x18\x06 \x01(\x03\x12\x17\n\nnum_epochs\x18\x07 \x01(\x03H\x01\x88\x01\x01\x12\x0f\n\x07shuffle\x18\x08 \x01(\x08\x12\x17\n\x0fshuffle_samples\x18\t \x01(\x08\x12\x0c\n\x04seed\x18\n \x01(\x04\x12\x30\n\x08\x64\x65livery\x18\x0b \x01(\x0e\x32\x1e.dlrover.shard.v1.DeliveryMode\x12-\n\ttask_type\x18\x0c \x01(\x0e\x32\x1a.dlrover.shard.v1.TaskType\x12\x1c\n\x0flease_timeout_s\x18\r \x01(\x01H\x02\x88\x01\x01\x12\x19\n\x0cmax_attempts\x18\x0e \x01(\x03H\x03\x88\x01\x01\x42\x08\n\x06sourceB\r\n\x0b_num_epochsB\x12\n\x10_lease_timeout_sB\x0f\n\r_max_attempts\"\xb3\x01\n\x05Shard\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\x10\n\x08shard_id\x18\x02 \x01(\x03\x12\r\n\x05\x65poch\x18\x03 \x01(\x03\x12\r\n\x05start\x18\x04 \x01(\x03\x12\x0b\n\x03\x65nd\x18\x05 \x01(\x03\x12\x10\n\x08\x63onsumed\x18\x06 \x01(\x03\x12\x17\n\norder_seed\x18\x07 \x01(\x04H\x00\x88\x01\x01\x12\x11\n\tpartition\x18\x08 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\t \x01(\x03\x42\r\n\x0b_order_seed\"E\n\x16RegisterDatasetRequest\x12+\n\x04spec\x18\x01 \x01(\x0b\x32\x1d.dlrover.shard.v1.DatasetSpec\":\n\x17RegisterDatasetResponse\x12\x0f\n\x07\x63reated\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\xaa\x01\n\x12\x46\x65tchShardsRequest\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\x0e\n\x06worker\x18\x02 \x01(\t\x12\r\n\x05\x63ount\x18\x03 \x01(\x03\x12\x12\n\nrequest_id\x18\x04 \x01(\t\x12\x17\n\x0fwith_checkpoint\x18\x05 \x01(\x08\x12\x37\n\x0c\x61\x63knowledged\x18\x06 \x03(\x0b\x32!.dlrover.shard.v1.Acknowledgement\"C\n\x0f\x41\x63knowledgement\x12\x10\n\x08shard_id\x18\x01 \x01(\x03\x12\x10\n\x08\x63onsumed\x18\x02 \x01(\x03\x12\x0c\n\x04\x64one\x18\x03 \x01(\x08\"\x98\x01\n\x13\x46\x65tchShardsResponse\x12\'\n\x06shards\x18\x01 \x03(\x0b\x32\x17.dlrover.shard.v1.Shard\x12\x10\n\x08\x66inished\x18\x02 \x01(\x08\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x12\n\ncheckpoint\x18\x04 \x01(\t\x12\x14\n\x0c\x61\x63knowledged\x18\x05 \x01(\x03\x12\x0c\n\x04todo\x18\x06 \x01(\x03\"\x92\x01\n\x15ReportProgressRequest\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\x0e\n\x06worker\x18\x02 \x01(\t\x12\x10\n\x08shard_id\x18\x03 \x01(\x03\x12\x10\n\x08\x63onsumed\x18\x04 \x01(\x03\x12\x12\n\nrequest_id\x18\x05 \x01(\t\x12\x14\n\x07\x61ttempt\x18\x06 \x01(\x03H\x00\x88\x01\x01\x42\n\n\x08_attempt\"9\n\x16ReportProgressResponse\x12\x0f\n\x07\x63hanged\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\"Z\n\x11ReportDoneRequest\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\x0e\n\x06worker\x18\x02 \x01(\t\x12\x10\n\x08shard_id\x18\x03 \x01(\x03\x12\x12\n\nrequest_id\x18\x04 \x01(\t\"5\n\x12ReportDoneResponse\x12\x0f\n\x07\x63hanged\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\x91\x01\n\x14ReportFailureRequest\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\x0e\n\x06worker\x18\x02 \x01(\t\x12\x10\n\x08shard_id\x18\x03 \x01(\x03\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x15\n\x08\x63onsumed\x18\x05 \x01(\x03H\x00\x88\x01\x01\x12\x12\n\nrequest_id\x18\x06 \x01(\tB\x0b\n\t_consumed\"8\n\x15ReportFailureResponse\x12\x0f\n\x07\x63hanged\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\"5\n\x13RemoveWorkerRequest\x12\x0e\n\x06worker\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"4\n\x0eReleasedShards\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\x11\n\tshard_ids\x18\x02 \x03(\x03\"J\n\x14RemoveWorkerResponse\x12\x32\n\x08released\x18\x01 \x03(\x0b\x32 .dlrover.shard.v1.ReleasedShards\"\'\n\x14GetCheckpointRequest\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\")\n\x15GetCheckpointResponse\x12\x10\n\x08\x64ocument\x18\x01 \x01(\t\"Q\n\x18RestoreCheckpointRequest\x12\x10\n\x08\x64ocument\x18\x01 \x01(\t\x12\x0f\n\x07\x64\x61taset\x18\x02 \x01(\t\x12\x12\n\nrequest_id\x18\x03 \x01(\t\"W\n\x19RestoreCheckpointResponse\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\x19\n\x11returned_to_queue\x18\x02 \x01(\x03\x12\x0e\n\x06reason\x18\x03 \x01(\t\"#\n\x10GetStatusRequest\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\"o\n\x10WorkerThroughput\x12\x0e\n\x06worker\x18\x01 \x01(\t\x12\x0f\n\x07samples\x18\x02 \x01(\x03\x12\x13\n\x0bshards_done\x18\x03 \x01(\x03\x12\x15\n\rsamples_per_s\x18\x04 \x01(\x01\x12\x0e\n\x06leased\x18\x05 \x01(\x03\"F\n\x0b\x46\x61iledShard\x12&\n\x05shard\x18\x01 \x01(\x0b\x32\x17.dlrover.shard.v1.Shard\x12\x0f\n\x07reasons\x18\x02 \x03(\t\"\x9f\x02\n\x11GetStatusResponse\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\x0c\n\x04todo\x18\x02 \x01(\x03\x12\r\n\x05\x64oing\x18\x03 \x01(\x03\x12\x0c\n\x04\x64one\x18\x04 \x01(\x03\x12\x0e\n\x06\x66\x61iled\x18\x05 \x01(\x03\x12\r\n\x05\x65poch\x18\x06 \x01(\x03\x12\x1d\n\x10\x65pochs_remaining\x18\x07 \x01(\x03H\x00\x88\x01\x01\x12\x10\n\x08\x66inished\x18\x08 \x01(\x08\x12\x33\n\x07workers\x18\t \x03(\x0b\x32\".dlrover.shard.v1.WorkerThroughput\x12\x34\n\rfailed_shards\x18\n \x03(\x0b\x32\x1d.dlrover.shard.v1.FailedShardB\x13\n\x11_epochs_remaining*d\n\x0c\x44\x65liveryMode\x12\x1d\n\x19\x44\x45LIVERY_MODE_UNSPECIFIED\x10\x00\x12\x11\n\rAT_LEAST_ONCE\x10\x01\x12\x10\n\x0c\x45XACTLY_ONCE\x10\x02\x12\x10\n\x0c\x41T_MOST_ONCE\x10\x03*S\n\x08TaskType\x12\x19\n\x15TASK_TYPE_UNSPECIFIED\x10\x00\x12\x0c\n\x08TRAINING\x10\x01\x12\x0e\n\nEVALUATION\x10\x02\x12\x0e\n\nPREDICTION\x10\x03*=\n\nRecordUnit\x12\x1b\n\x17RECORD_UNIT_UNSPECIFIED\x10\x00\x12\x08\n\x04LINE\x10\x01\x12\x08\n\x04\x42YTE\x10\x02\x32\xf7\x06\n\x0cShardService\x12\x66\n\x0fRegisterDataset\x12(.dlrover.shard.v1.RegisterDatasetRequest\x1a).dlrover.shard.v1.RegisterDatasetResponse\x12Z\n\x0b\x46\x65tchShards\x12$.dlrover.shard.v1.FetchShardsRequest\x1a%.dlrover.shard.v1.FetchShardsResponse\x12\x63\n\x0eReportProgress\x12\'.dlrover.shard.v1.ReportProgressRequest\x1a(.dlrover.shard.v1.ReportProgressResponse\x12W\n\nReportDone\x12#.dlrover.shard.v1.ReportDoneRequest\x1a$.dlrover.shard.v1.ReportDoneResponse\x12`\n\rReportFailure\x12&.dlrover.shard.v1.ReportFailureRequest\x1a\'.dlrover.shard.v1.ReportFailureResponse\x12]\n\x0cRemoveWorker\x12%.dlrover.shard.v1.RemoveWorkerRequest\x1a&.dlrover.shard.v1.RemoveWorkerResponse\x12`\n\rGetCheckpoint\x12&.dlrover.shard.v1.GetCheckpointRequest\x1a\'.dlrover.shard.v1.GetCheckpointResponse\x12l\n\x11RestoreCheckpoint\x12*.dlrover.shard.v1.RestoreCheckpointRequest\x1a+.dlrover.shard.v1.RestoreCheckpointResponse\x12T\n\tGetStatus\x12\".dlrover.shard.v1.GetStatusRequest\x1a#.dlrover.shard.v1.GetStatusResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'dlrover.shard.v1.shard_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_DELIVERYMODE']._serialized_start=3056
-  _globals['_DELIVERYMODE']._serialized_end=3156
-  _globals['_TASKTYPE']._serialized_start=3158
-  _globals['_TASKTYPE']._serialized_end=3241
-  _globals['_RECORDUNIT']._serialized_start=3243
-  _globals['_RECORDUNIT']._serialized_end=3304
+  _globals['_DELIVERYMODE']._serialized_start=3091
+  _globals['_DELIVERYMODE']._serialized_end=3191
+  _globals['_TASKTYPE']._serialized_start=3193
+  _globals['_TASKTYPE']._serialized_end=3276
+  _globals['_RECORDUNIT']._serialized_start=3278
+  _globals['_RECORDUNIT']._serialized_end=3339
   _globals['_INDEXSOURCE']._serialized_start=50
   _globals['_INDEXSOURCE']._serialized_end=84
   _globals['_RECORDFILE']._serialized_start=86
@@ -59,40 +59,40 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ACKNOWLEDGEMENT']._serialized_end=1420
   _globals['_FETCHSHARDSRESPONSE']._serialized_start=1423
   _globals['_FETCHSHARDSRESPONSE']._serialized_end=1575
-  _globals['_REPORTPROGRESSREQUEST']._serialized_start=1577
-  _globals['_REPORTPROGRESSREQUEST']._serialized_end=1689
-  _globals['_REPORTPROGRESSRESPONSE']._serialized_start=1691
-  _globals['_REPORTPROGRESSRESPONSE']._serialized_end=1748
-  _globals['_REPORTDONEREQUEST']._serialized_start=1750
-  _globals['_REPORTDONEREQUEST']._serialized_end=1840
-  _globals['_REPORTDONERESPONSE']._serialized_start=1842
-  _globals['_REPORTDONERESPONSE']._serialized_end=1895
-  _globals['_REPORTFAILUREREQUEST']._serialized_start=1898
-  _globals['_REPORTFAILUREREQUEST']._serialized_end=2043
-  _globals['_REPORTFAILURERESPONSE']._serialized_start=2045
-  _globals['_REPORTFAILURERESPONSE']._serialized_end=2101
-  _globals['_REMOVEWORKERREQUEST']._serialized_start=2103
-  _globals['_REMOVEWORKERREQUEST']._serialized_end=2156
-  _globals['_RELEASEDSHARDS']._serialized_start=2158
-  _globals['_RELEASEDSHARDS']._serialized_end=2210
-  _globals['_REMOVEWORKERRESPONSE']._serialized_start=2212
-  _globals['_REMOVEWORKERRESPONSE']._serialized_end=2286
-  _globals['_GETCHECKPOINTREQUEST']._serialized_start=2288
-  _globals['_GETCHECKPOINTREQUEST']._serialized_end=2327
-  _globals['_GETCHECKPOINTRESPONSE']._serialized_start=2329
-  _globals['_GETCHECKPOINTRESPONSE']._serialized_end=2370
-  _globals['_RESTORECHECKPOINTREQUEST']._serialized_start=2372
-  _globals['_RESTORECHECKPOINTREQUEST']._serialized_end=2453
-  _globals['_RESTORECHECKPOINTRESPONSE']._serialized_start=2455
-  _globals['_RESTORECHECKPOINTRESPONSE']._serialized_end=2542
-  _globals['_GETSTATUSREQUEST']._serialized_start=2544
-  _globals['_GETSTATUSREQUEST']._serialized_end=2579
-  _globals['_WORKERTHROUGHPUT']._serialized_start=2581
-  _globals['_WORKERTHROUGHPUT']._serialized_end=2692
-  _globals['_FAILEDSHARD']._serialized_start=2694
-  _globals['_FAILEDSHARD']._serialized_end=2764
-  _globals['_GETSTATUSRESPONSE']._serialized_start=2767
-  _globals['_GETSTATUSRESPONSE']._serialized_end=3054
-  _globals['_SHARDSERVICE']._serialized_start=3307
-  _globals['_SHARDSERVICE']._serialized_end=4194
+  _globals['_REPORTPROGRESSREQUEST']._serialized_start=1578
+  _globals['_REPORTPROGRESSREQUEST']._serialized_end=1724
+  _globals['_REPORTPROGRESSRESPONSE']._serialized_start=1726
+  _globals['_REPORTPROGRESSRESPONSE']._serialized_end=1783
+  _globals['_REPORTDONEREQUEST']._serialized_start=1785
+  _globals['_REPORTDONEREQUEST']._serialized_end=1875
+  _globals['_REPORTDONERESPONSE']._serialized_start=1877
+  _globals['_REPORTDONERESPONSE']._serialized_end=1930
+  _globals['_REPORTFAILUREREQUEST']._serialized_start=1933
+  _globals['_REPORTFAILUREREQUEST']._serialized_end=2078
+  _globals['_REPORTFAILURERESPONSE']._serialized_start=2080
+  _globals['_REPORTFAILURERESPONSE']._serialized_end=2136
+  _globals['_REMOVEWORKERREQUEST']._serialized_start=2138
+  _globals['_REMOVEWORKERREQUEST']._serialized_end=2191
+  _globals['_RELEASEDSHARDS']._serialized_start=2193
+  _globals['_RELEASEDSHARDS']._serialized_end=2245
+  _globals['_REMOVEWORKERRESPONSE']._serialized_start=2247
+  _globals['_REMOVEWORKERRESPONSE']._serialized_end=2321
+  _globals['_GETCHECKPOINTREQUEST']._serialized_start=2323
+  _globals['_GETCHECKPOINTREQUEST']._serialized_end=2362
+  _globals['_GETCHECKPOINTRESPONSE']._serialized_start=2364
+  _globals['_GETCHECKPOINTRESPONSE']._serialized_end=2405
+  _globals['_RESTORECHECKPOINTREQUEST']._serialized_start=2407
+  _globals['_RESTORECHECKPOINTREQUEST']._serialized_end=2488
+  _globals['_RESTORECHECKPOINTRESPONSE']._serialized_start=2490
+  _globals['_RESTORECHECKPOINTRESPONSE']._serialized_end=2577
+  _globals['_GETSTATUSREQUEST']._serialized_start=2579
+  _globals['_GETSTATUSREQUEST']._serialized_end=2614
+  _globals['_WORKERTHROUGHPUT']._serialized_start=2616
+  _globals['_WORKERTHROUGHPUT']._serialized_end=2727
+  _globals['_FAILEDSHARD']._serialized_start=2729
+  _globals['_FAILEDSHARD']._serialized_end=2799
+  _globals['_GETSTATUSRESPONSE']._serialized_start=2802
+  _globals['_GETSTATUSRESPONSE']._serialized_end=3089
+  _globals['_SHARDSERVICE']._serialized_start=3342
+  _globals['_SHARDSERVICE']._serialized_end=4229
 # @@protoc_insertion_point(module_scope)

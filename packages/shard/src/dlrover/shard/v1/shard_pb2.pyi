@@ -181,18 +181,20 @@ class FetchShardsResponse(_message.Message):
     def __init__(self, shards: _Optional[_Iterable[_Union[Shard, _Mapping]]] = ..., finished: _Optional[bool] = ..., reason: _Optional[str] = ..., checkpoint: _Optional[str] = ..., acknowledged: _Optional[int] = ..., todo: _Optional[int] = ...) -> None: ...
 
 class ReportProgressRequest(_message.Message):
-    __slots__ = ("dataset", "worker", "shard_id", "consumed", "request_id")
+    __slots__ = ("dataset", "worker", "shard_id", "consumed", "request_id", "attempt")
     DATASET_FIELD_NUMBER: _ClassVar[int]
     WORKER_FIELD_NUMBER: _ClassVar[int]
     SHARD_ID_FIELD_NUMBER: _ClassVar[int]
     CONSUMED_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     dataset: str
     worker: str
     shard_id: int
     consumed: int
     request_id: str
-    def __init__(self, dataset: _Optional[str] = ..., worker: _Optional[str] = ..., shard_id: _Optional[int] = ..., consumed: _Optional[int] = ..., request_id: _Optional[str] = ...) -> None: ...
+    attempt: int
+    def __init__(self, dataset: _Optional[str] = ..., worker: _Optional[str] = ..., shard_id: _Optional[int] = ..., consumed: _Optional[int] = ..., request_id: _Optional[str] = ..., attempt: _Optional[int] = ...) -> None: ...
 
 class ReportProgressResponse(_message.Message):
     __slots__ = ("changed", "reason")
