@@ -169,6 +169,19 @@ def test_a_shard_the_service_gave_up_on_stays_failed_and_the_position_still_rest
     assert restored.manager("ds").status().failed == 1
 
 
+def test_at_most_once_a_shard_acknowledged_in_part_after_the_read_is_set_aside_like_one_leased_at_it() -> None:
+    registry = ShardRegistry(SystemClock())
+    registry.register(attrs.evolve(_spec(), delivery=DeliveryMode.AT_MOST_ONCE))
+    (at_read,) = registry.fetch("ds", "w0", 1).shards
+    document = registry.checkpoint("ds")
+    after, done = registry.fetch("ds", "w1", 2).shards
+    completed = apply_acknowledged(document, [(after.shard_id, 2, False), (done.shard_id, 4, True)])
+    _, state = decode_progress(completed)
+    assert sorted(f["shard_id"] for f in state["failed"]) == sorted([at_read.shard_id, after.shard_id])
+    assert state["queue"] == []  # nothing handed out once is handed out again
+    assert state["done_total"] == 1
+
+
 def test_a_service_journal_with_leases_is_not_taken_for_a_data_position() -> None:
     registry = _live()
     registry.fetch("ds", "w0", 1)

@@ -650,8 +650,8 @@ class ShardManager:
         the fresh shards passed on the way queued as leased ones are in a data position (they were
         leased by others meanwhile); a shard already done stays done. As the delivery mode writes
         a shard leased when the position was read: at-least-once keeps only done shards (one not
-        finished starts again from its start), at-most-once leaves one set aside in the failed set.
-        A shard in the failed set stays there.
+        finished starts again from its start), at-most-once sets one aside in the failed set (as
+        it does a shard leased when a position is read). A shard in the failed set stays there.
 
         Raises:
             InvalidShardRequestError: the shard is not one of this dataset's, or `consumed` is
@@ -686,6 +686,10 @@ class ShardManager:
             self._mark_done(parked)
             return
         parked.consumed = max(parked.consumed, consumed)
+        if delivery is DeliveryMode.AT_MOST_ONCE:
+            # As a shard leased at the read: in use when the position was saved, never handed out again.
+            self._mark_failed(parked, "at-most-once: leased when the checkpoint was taken")
+            return
         self._queue.append(parked)
         self._queued[shard_id] = parked
 
