@@ -1,4 +1,4 @@
-"""Child process for test_group_sampler: one DDP-style trainer of a group of two (gloo on 127.0.0.1)
+"""Child process for test_group_sampler: one DDP-style trainer of a group (two by default; gloo)
 whose ShardSampler exchanges acknowledgements in a collective and syncs with the service every
 `sync_every` steps.
 
@@ -7,7 +7,8 @@ commits it and saves `state_dict()` to `<out>/state-r<R>-s<STEP>.json` (what a f
 would hold). With `--die-after N` it kills itself (SIGKILL, no clean-up) after saving step N. With
 `--resume-from STEP FILE` it loads that state (rank 0 restores the service from it) before training.
 
-    python _group_trainer.py ADDRESS RANK OUT SYNC_EVERY ATTEMPT [--die-after N] [--resume-from STEP FILE]
+    python _group_trainer.py ADDRESS RANK OUT SYNC_EVERY ATTEMPT [--world W] [--batches-per-shard B]
+        [--die-after N] [--resume-from STEP FILE]
 
 The group meets through a file store in OUT (no port to race for).
 """
@@ -33,12 +34,12 @@ BATCH = 4
 CFG = ShardClientConfig(retry=RetryPolicy(call_timeout_s=20, total_timeout_s=60), prefetch_shards=0)
 
 
-def spec(num_samples: int) -> DatasetSpec:
+def spec(num_samples: int, batches_per_shard: int) -> DatasetSpec:
     return DatasetSpec(
         name="group",
         source=IndexSource(num_samples),
         batch_size=BATCH,
-        batches_per_shard=1,
+        batches_per_shard=batches_per_shard,
         shuffle=True,
         shuffle_samples=True,
         seed=5,
@@ -55,14 +56,16 @@ def main() -> None:
     p.add_argument("sync_every", type=int)
     p.add_argument("attempt", type=int)
     p.add_argument("--samples", type=int, default=160)
+    p.add_argument("--world", type=int, default=2)
+    p.add_argument("--batches-per-shard", type=int, default=1)
     p.add_argument("--die-after", type=int, default=0)
     p.add_argument("--resume-from", nargs=2, default=None)
     args = p.parse_args()
     out = Path(args.out)
     store = out / f"store-a{args.attempt}"
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=args.rank, world_size=2)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=args.rank, world_size=args.world)
     client = ShardClient(args.address, os.environ["DLROVER_JOB_TOKEN"], "group", f"rank-{args.rank}", config=CFG)
-    client.register(spec(args.samples))
+    client.register(spec(args.samples, args.batches_per_shard))
     sampler = ShardSampler(client, process_group=dist.group.WORLD, sync_every=args.sync_every)
     step = 0
     if args.resume_from is not None:

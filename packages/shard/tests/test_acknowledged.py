@@ -174,12 +174,16 @@ def test_at_most_once_a_shard_acknowledged_in_part_after_the_read_is_set_aside_l
     registry.register(attrs.evolve(_spec(), delivery=DeliveryMode.AT_MOST_ONCE))
     (at_read,) = registry.fetch("ds", "w0", 1).shards
     document = registry.checkpoint("ds")
-    after, done = registry.fetch("ds", "w1", 2).shards
+    passed, after, done = registry.fetch("ds", "w1", 3).shards  # `passed`: leased, not acknowledged yet
     completed = apply_acknowledged(document, [(after.shard_id, 2, False), (done.shard_id, 4, True)])
     _, state = decode_progress(completed)
-    assert sorted(f["shard_id"] for f in state["failed"]) == sorted([at_read.shard_id, after.shard_id])
+    failed = sorted(f["shard_id"] for f in state["failed"])
+    assert failed == sorted([at_read.shard_id, passed.shard_id, after.shard_id])
     assert state["queue"] == []  # nothing handed out once is handed out again
     assert state["done_total"] == 1
+    assert {f["shard_id"]: f["reasons"][-1] for f in state["failed"]}[passed.shard_id].startswith(
+        "at-most-once: leased after the position was read"
+    )
 
 
 def test_a_service_journal_with_leases_is_not_taken_for_a_data_position() -> None:

@@ -22,7 +22,9 @@ TRAINER = Path(__file__).with_name("_group_trainer.py")
 SAMPLES = 640  # 160 shards of one batch of 4: 80 steps for two trainers, near the end from about step 50
 
 
-def _run_group(address: str, token: str, out: Path, sync_every: int, attempt: int, *extra: str) -> list[int]:
+def _run_group(
+    address: str, token: str, out: Path, sync_every: int, attempt: int, *extra: str, world: int = 2
+) -> list[int]:
     env = {**os.environ, "DLROVER_JOB_TOKEN": token}
     procs = [
         subprocess.Popen(
@@ -34,14 +36,14 @@ def _run_group(address: str, token: str, out: Path, sync_every: int, attempt: in
                 str(out),
                 str(sync_every),
                 str(attempt),
-                f"--samples={SAMPLES}",
+                f"--world={world}",
                 *extra,
             ],
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
         )
-        for rank in (0, 1)
+        for rank in range(world)
     ]
     codes = []
     try:
@@ -58,9 +60,9 @@ def _run_group(address: str, token: str, out: Path, sync_every: int, attempt: in
     return codes
 
 
-def _trained(out: Path, attempt: int, up_to_step: int | None = None) -> list[int]:
+def _trained(out: Path, attempt: int, up_to_step: int | None = None, world: int = 2) -> list[int]:
     indices: list[int] = []
-    for rank in (0, 1):
+    for rank in range(world):
         path = out / f"trained-r{rank}-a{attempt}.jsonl"
         for line in path.read_text().splitlines():
             record = json.loads(line)
@@ -77,7 +79,8 @@ def test_a_group_killed_and_resumed_from_another_ranks_older_state_trains_every_
 ) -> None:
     server, _servicer = shard_server
     # Attempt 0: both trainers die (SIGKILL) right after saving step `killed`'s state.
-    assert _run_group(server.address, token, tmp_path, sync_every, 0, "--die-after", str(killed)) == [-9, -9]
+    sized = f"--samples={SAMPLES}"
+    assert _run_group(server.address, token, tmp_path, sync_every, 0, sized, "--die-after", str(killed)) == [-9, -9]
     # Resume from an older step (the steps after it are lost): both ranks load rank 1's state, rank 0 restores.
     state = tmp_path / f"state-r1-s{resumed}.json"
     saved = json.loads(state.read_text())
@@ -86,7 +89,7 @@ def test_a_group_killed_and_resumed_from_another_ranks_older_state_trains_every_
         assert saved["acknowledged"], saved  # the exchanged acknowledgements travel in it
     if killed > 70 and sync_every == 8:  # (near the end from step 66 there; later with shorter windows)
         assert saved["acknowledged"] == [], saved  # near the end the position is read whole every step
-    args = ("--resume-from", str(resumed), str(state))
+    args = (sized, "--resume-from", str(resumed), str(state))
     assert _run_group(server.address, token, tmp_path, sync_every, 1, *args) == [0, 0]
     trained = _trained(tmp_path, 0, up_to_step=resumed) + _trained(tmp_path, 1)
     counts = Counter(trained)
@@ -96,6 +99,29 @@ def test_a_group_killed_and_resumed_from_another_ranks_older_state_trains_every_
     lost = set(_trained(tmp_path, 0)) - set(_trained(tmp_path, 0, up_to_step=resumed))
     assert lost
     assert lost <= set(_trained(tmp_path, 1))
+
+
+@pytest.mark.timeout(240)
+def test_three_trainers_with_shards_of_several_batches_killed_mid_shard_train_every_sample_once(
+    shard_server: Any, token: str, tmp_path: Path
+) -> None:
+    """Shards of three batches, so the state carries positions inside shards (acknowledgements that are
+    not done) and the restore queues shards part used; three trainers, so the exchange is not a pair's."""
+    server, _servicer = shard_server
+    world, samples = 3, 3 * 14 * 3 * 4  # 42 shards of 3 batches of 4: 42 steps for three trainers
+    common = (f"--samples={samples}", "--batches-per-shard=3")
+    died = _run_group(server.address, token, tmp_path, 3, 0, *common, "--die-after", "14", world=world)
+    assert died == [-9] * world
+    resumed = 10  # one batch into each trainer's fourth shard
+    state = tmp_path / f"state-r2-s{resumed}.json"
+    saved = json.loads(state.read_text())
+    assert any(not done for _sid, _consumed, done in saved["acknowledged"]), saved  # a shard part used
+    args = (*common, "--resume-from", str(resumed), str(state))
+    assert _run_group(server.address, token, tmp_path, 3, 1, *args, world=world) == [0] * world
+    trained = _trained(tmp_path, 0, up_to_step=resumed, world=world) + _trained(tmp_path, 1, world=world)
+    counts = Counter(trained)
+    assert sorted(counts) == list(range(samples)), f"missing: {sorted(set(range(samples)) - set(counts))}"
+    assert [i for i, n in counts.items() if n > 1] == []
 
 
 @pytest.mark.timeout(120)

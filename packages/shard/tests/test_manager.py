@@ -118,6 +118,8 @@ def test_a_report_about_a_dispatch_whose_lease_ended_is_refused_when_the_shard_c
     with pytest.raises(ShardStateError, match="holds its dispatch 2, not dispatch 1"):
         registry.report_progress(_spec(8).name, "w", first.shard_id, 1, attempt=first.attempt)
     assert registry.report_progress(_spec(8).name, "w", again.shard_id, 1, attempt=again.attempt).changed
+    # A later dispatch than the service knows (its state went back in time) is the worker's lease.
+    assert registry.report_progress(_spec(8).name, "w", again.shard_id, 1, attempt=again.attempt + 1).reason
     assert registry.report_progress(_spec(8).name, "w", again.shard_id, 1).reason  # no attempt: whichever it holds
     with pytest.raises(InvalidShardRequestError, match="attempt"):
         registry.report_progress(_spec(8).name, "w", again.shard_id, 1, attempt="2")  # type: ignore[arg-type]

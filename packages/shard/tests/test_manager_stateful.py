@@ -296,13 +296,32 @@ class ShardMachine(RuleBasedStateMachine):
     def progress(self, data: st.DataObject) -> None:
         worker, sid = data.draw(st.sampled_from(self._held()))
         lo, hi = self._bounds(sid)
-        upto = data.draw(st.integers(0, hi - lo))
-        self.m.report_progress(worker, sid, upto)
+        self._progress(worker, sid, data.draw(st.integers(0, hi - lo)))
+
+    def _progress(self, worker: str, sid: int, upto: int, attempt: int | None = None) -> None:
+        self.m.report_progress(worker, sid, upto, attempt=attempt)
         self._acknowledged(sid, upto, False)
         self.deadline[sid] = self.clock.now() + LEASE_S
         if upto > self.acked[sid]:
             self._position_changed()
         self._train(sid, upto, worker)
+
+    @precondition(lambda self: bool(self.holder))
+    @rule(data=st.data(), offset=st.sampled_from([-1, 0, 1]))
+    def progress_naming_a_dispatch(self, data: st.DataObject, offset: int) -> None:
+        """A report names a dispatch: an earlier one than the lease's is refused and changes nothing;
+        the lease's own, or a later one (the worker's, the service's state went back), renews it."""
+        worker, sid = data.draw(st.sampled_from(self._held()))
+        attempt = self.dispatches[sid] + offset
+        lo, hi = self._bounds(sid)
+        upto = data.draw(st.integers(0, hi - lo))
+        if offset < 0:
+            before = self.registry.checkpoint("ds", include_leases=True)
+            with pytest.raises(ShardStateError, match=f"not dispatch {attempt}"):
+                self.m.report_progress(worker, sid, upto, attempt=attempt)
+            assert self.registry.checkpoint("ds", include_leases=True) == before
+            return
+        self._progress(worker, sid, upto, attempt)
 
     @precondition(lambda self: bool(self.holder))
     @rule(data=st.data())
@@ -513,9 +532,11 @@ class ShardMachine(RuleBasedStateMachine):
         total = self.spec.num_epochs * self.per_epoch
         merged = _remaining(apply_acknowledged(document, _latest(acknowledged)), self.clock, total)
         if self.spec.delivery is DeliveryMode.AT_MOST_ONCE:
-            # Shards leased at the read stay set aside, whatever happened to them since, and so does a shard
-            # acknowledged in part after it: the merged position hands none of them out again.
+            # Shards leased at the read stay set aside, whatever happened to them since, and so do a shard
+            # acknowledged in part after it and those leased before it: the merged position queues none.
             assert all(merged[sid] in ("failed", "done") for sid, _, _ in _latest(acknowledged)), merged
+            _, merged_state = decode_progress(apply_acknowledged(document, _latest(acknowledged)))
+            assert merged_state["queue"] == [], merged_state["queue"]
             return
         assert merged == _remaining(self._read_position(), self.clock, total)
 

@@ -330,6 +330,28 @@ def test_a_lost_lease_that_came_back_to_the_same_worker_is_not_taken_for_the_one
 
 
 @pytest.mark.timeout(60)
+def test_the_lost_dispatch_of_a_shard_is_put_down_and_its_newer_dispatch_stays_in_use(
+    shard_server: Any, token: str
+) -> None:
+    server, _ = shard_server
+    on_demand = attrs.evolve(CFG, prefetch_shards=0)
+    with (
+        ShardClient(server.address, token, "ds", "trainer-d", config=on_demand) as client,
+        ShardClient(server.address, token, "ds", "operator", config=CFG) as operator,
+    ):
+        client.register(_spec())
+        first = client.next_shard()
+        assert first is not None
+        assert operator.remove_worker("trainer-d", reason="lease lapsed")["ds"]
+        again = client.next_shard()  # re-queued shards go first: the same shard, its second dispatch
+        assert again is not None
+        assert (again.shard_id, again.attempt) == (first.shard_id, 2)
+        assert not client.holds(first)
+        assert client.holds(again)
+        assert client._in_use[again.shard_id][0].attempt == 2  # not put down with the lost dispatch
+
+
+@pytest.mark.timeout(60)
 def test_an_iterator_left_suspended_hands_out_nothing_once_a_new_pass_starts(shard_server: Any, token: str) -> None:
     server, _ = shard_server
     with ShardClient(server.address, token, "ds", "trainer-s", config=CFG) as client:

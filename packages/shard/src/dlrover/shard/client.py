@@ -141,7 +141,7 @@ class ShardClient:
         self._buffer_generation = 0
         # When shards leased ahead by `checkpoint(lease_next=True)` were leased: an on-demand client
         # has no thread renewing them, so one kept past `renew_interval_s` is renewed when taken.
-        self._leased_at: dict[int, float] = {}
+        self._leased_at: dict[tuple[int, int], float] = {}  # by (shard id, dispatch)
         self._finished = False
         self._error: BaseException | None = None
         self._stop = threading.Event()
@@ -353,7 +353,7 @@ class ShardClient:
         with self._cond:
             for shard in res.shards:
                 self._buffer.append(shard_from_proto(shard))
-                self._leased_at[shard.shard_id] = leased_at
+                self._leased_at[shard.shard_id, shard.attempt] = leased_at
         if not res.checkpoint:
             # A master older than `with_checkpoint` leased without reading: read it now (the
             # document then holds the lease, as one read while a prefetched shard is held does).
@@ -410,7 +410,7 @@ class ShardClient:
         with self._cond:
             for shard in res.shards:
                 self._buffer.append(shard_from_proto(shard))
-                self._leased_at[shard.shard_id] = leased_at
+                self._leased_at[shard.shard_id, shard.attempt] = leased_at
         document = str(res.checkpoint)
         if acknowledged and res.acknowledged != len(acknowledged):
             # A service that predates the field: it leased and read, and dropped the batch. Reported
@@ -498,7 +498,7 @@ class ShardClient:
         while True:
             with self._cond:
                 shard = self._buffer.popleft() if self._buffer else None
-                leased_at = None if shard is None else self._leased_at.pop(shard.shard_id, None)
+                leased_at = None if shard is None else self._leased_at.pop((shard.shard_id, shard.attempt), None)
             if shard is not None:
                 if leased_at is None or self._still_leased(shard, leased_at):
                     return shard

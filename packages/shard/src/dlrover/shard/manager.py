@@ -56,6 +56,7 @@ __all__ = ["ShardManager", "MAX_REASONS_KEPT", "MAX_REQUEST_ID_CHARS", "check_ac
 MAX_REASONS_KEPT = 16
 _STREAM_PRUNE_AT = 4096
 _HEAP_SLACK = 1024
+_LEASED_AFTER_THE_READ = "at-most-once: leased after the position was read, in use when it was saved"
 
 
 class ShardManager:
@@ -185,7 +186,7 @@ class ShardManager:
         Args:
             attempt: the dispatch of the shard the worker means (`Shard.attempt`), or None for
                 whichever it holds. A lease that ended and went to the same worker again is
-                another dispatch: a report about the earlier one is refused, so a worker never
+                another dispatch: a report about an earlier one is refused, so a worker never
                 takes the newer lease for the one it lost.
 
         Raises:
@@ -203,7 +204,9 @@ class ShardManager:
         now = self._now_expiring()
         lease = self._held(worker, shard_id, "progress")
         parked = lease.parked
-        if attempt is not None and attempt != parked.dispatches:
+        if attempt is not None and attempt < parked.dispatches:
+            # (A later dispatch than the service knows is the worker's own lease, after the service's
+            # state went back in time: a restart that lost the journal's tail, a restore of leases.)
             raise ShardStateError(
                 f"progress for shard {shard_id} rejected: worker {worker!r} holds its dispatch {parked.dispatches}, "
                 f"not dispatch {attempt} (that lease ended)"
@@ -650,8 +653,9 @@ class ShardManager:
         the fresh shards passed on the way queued as leased ones are in a data position (they were
         leased by others meanwhile); a shard already done stays done. As the delivery mode writes
         a shard leased when the position was read: at-least-once keeps only done shards (one not
-        finished starts again from its start), at-most-once sets one aside in the failed set (as
-        it does a shard leased when a position is read). A shard in the failed set stays there.
+        finished starts again from its start), at-most-once sets aside in the failed set one
+        acknowledged in part and those passed on the way (as it does a shard leased when a
+        position is read). A shard in the failed set stays there.
 
         Raises:
             InvalidShardRequestError: the shard is not one of this dataset's, or `consumed` is
@@ -688,14 +692,15 @@ class ShardManager:
         parked.consumed = max(parked.consumed, consumed)
         if delivery is DeliveryMode.AT_MOST_ONCE:
             # As a shard leased at the read: in use when the position was saved, never handed out again.
-            self._mark_failed(parked, "at-most-once: leased when the checkpoint was taken")
+            self._mark_failed(parked, _LEASED_AFTER_THE_READ)
             return
         self._queue.append(parked)
         self._queued[shard_id] = parked
 
     def _dispatch_fresh_until(self, shard_id: int) -> Parked:
         """Take fresh shards in dispatch order up to `shard_id` (one nobody holds and not done, failed
-        or queued, so it is ahead), queueing the others taken; returns its shard."""
+        or queued, so it is ahead), queueing the others taken (at-most-once: setting them aside in the
+        failed set); returns its shard."""
         passed: list[Parked] = []
         while True:
             parked = self._next_fresh()
@@ -707,6 +712,11 @@ class ShardManager:
                 break
             passed.append(parked)
         for other in passed:
+            if self._spec.delivery is DeliveryMode.AT_MOST_ONCE:
+                # Leased by another worker after the read, so in use or used when the position was
+                # saved: set aside, as a shard leased at a read is.
+                self._mark_failed(other, _LEASED_AFTER_THE_READ)
+                continue
             self._queue.append(other)
             self._queued[other.shard_id] = other
         return parked
