@@ -18,6 +18,8 @@ pytest.importorskip("torch")
 
 pytestmark = pytest.mark.integration
 
+from dlrover.shard._data_state import unpack_acknowledged  # noqa: E402
+
 TRAINER = Path(__file__).with_name("_group_trainer.py")
 SAMPLES = 640  # 160 shards of one batch of 4: 80 steps for two trainers, near the end from about step 50
 
@@ -84,11 +86,11 @@ def test_a_group_killed_and_resumed_from_another_ranks_older_state_trains_every_
     # Resume from an older step (the steps after it are lost): both ranks load rank 1's state, rank 0 restores.
     state = tmp_path / f"state-r1-s{resumed}.json"
     saved = json.loads(state.read_text())
-    assert saved["version"] == 2, saved
+    assert saved["version"] == 3, saved
     if killed < 40 and sync_every > 1:
-        assert saved["acknowledged"], saved  # the exchanged acknowledgements travel in it
+        assert unpack_acknowledged(saved["acknowledged"]), saved  # the exchanged acknowledgements travel in it
     if killed > 70 and sync_every == 8:  # (near the end from step 66 there; later with shorter windows)
-        assert saved["acknowledged"] == [], saved  # near the end the position is read whole every step
+        assert unpack_acknowledged(saved["acknowledged"]) == [], saved  # near the end the position is read whole
     args = (sized, "--resume-from", str(resumed), str(state))
     assert _run_group(server.address, token, tmp_path, sync_every, 1, *args) == [0, 0]
     trained = _trained(tmp_path, 0, up_to_step=resumed) + _trained(tmp_path, 1)
@@ -115,7 +117,7 @@ def test_three_trainers_with_shards_of_several_batches_killed_mid_shard_train_ev
     resumed = 10  # one batch into each trainer's fourth shard
     state = tmp_path / f"state-r2-s{resumed}.json"
     saved = json.loads(state.read_text())
-    assert any(not done for _sid, _consumed, done in saved["acknowledged"]), saved  # a shard part used
+    assert any(not done for _sid, _consumed, done in unpack_acknowledged(saved["acknowledged"])), saved  # part used
     args = (*common, "--resume-from", str(resumed), str(state))
     assert _run_group(server.address, token, tmp_path, 3, 1, *args, world=world) == [0] * world
     trained = _trained(tmp_path, 0, up_to_step=resumed, world=world) + _trained(tmp_path, 1, world=world)

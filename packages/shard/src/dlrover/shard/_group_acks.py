@@ -103,13 +103,12 @@ class GroupAcks:
         """All-gather this round's acknowledgements of every trainer of the group (a collective);
         the group is near the data's end from now on when any trainer has seen it."""
         own = [(sid, consumed, done) for sid, (consumed, done) in sorted(self._round.items())]
-        gathered = self._all_gather(own, _CAPACITY)
-        if max(count for count, _, _ in gathered) > _CAPACITY:
-            gathered = self._all_gather(own, max(count for count, _, _ in gathered))
-        for _count, low_todo_seen, entries in gathered:
-            self.near_end = self.near_end or low_todo_seen
-            for sid, consumed, done in entries:
-                _merge(self._newer, sid, (consumed, done))
+        most, low_todo_seen, entries = self._all_gather(own, _CAPACITY)
+        if most > _CAPACITY:
+            most, low_todo_seen, entries = self._all_gather(own, most)
+        self.near_end = self.near_end or low_todo_seen
+        for sid, consumed, done in entries:
+            _merge(self._newer, sid, (consumed, bool(done)))
         self._round.clear()
         self._rounds_since_sync += 1
 
@@ -135,21 +134,23 @@ class GroupAcks:
             _merge(merged, sid, entry)
         return [(sid, consumed, done) for sid, (consumed, done) in sorted(merged.items())]
 
-    def _all_gather(self, own: list[tuple[int, int, bool]], capacity: int) -> list[tuple[int, bool, list[Any]]]:
+    def _all_gather(self, own: list[tuple[int, int, bool]], capacity: int) -> tuple[int, bool, list[list[int]]]:
+        """One all-gather of every trainer's row (its count, its end flag, up to `capacity` entries):
+        the largest count, whether any trainer saw the end near, and the entries that fit, as
+        `[shard_id, consumed, done]`. Picked out with tensor operations: a group of a thousand
+        trainers sends a thousand rows every round."""
         row = [len(own), int(self.low_todo_seen)] + [0] * (3 * capacity)
         for i, (sid, consumed, done) in enumerate(own[:capacity]):
             row[2 + 3 * i : 5 + 3 * i] = [sid, consumed, int(done)]
         mine = torch.tensor(row, dtype=torch.int64, device=self._device)
         parts = [torch.empty_like(mine) for _ in range(self.size)]
         dist.all_gather(parts, mine, group=self._group)
-        out: list[tuple[int, bool, list[Any]]] = []
-        for values in torch.stack(parts).tolist():
-            count = int(values[0])
-            entries = [
-                (values[2 + 3 * i], values[3 + 3 * i], bool(values[4 + 3 * i])) for i in range(min(count, capacity))
-            ]
-            out.append((count, bool(values[1]), entries))
-        return out
+        rows = torch.stack(parts).cpu()
+        counts = rows[:, 0]
+        triples = rows[:, 2:].reshape(len(parts), capacity, 3)
+        fits = torch.arange(capacity).unsqueeze(0) < counts.clamp(max=capacity).unsqueeze(1)
+        entries: list[list[int]] = triples[fits].tolist()
+        return int(counts.max()), bool(rows[:, 1].any()), entries
 
 
 def _merge(into: dict[int, tuple[int, bool]], shard_id: int, entry: tuple[int, bool]) -> None:

@@ -61,9 +61,10 @@ from dlrover.shard.shard import Shard
 __all__ = ["ShardSampler", "ShardIterableDataset", "STATE_FORMAT", "STATE_VERSION"]
 
 STATE_FORMAT = "dlrover.shard.torch"
-STATE_VERSION = 2
-"""The newest data state version: 2 carries the acknowledgements exchanged after the document was read
-(a sampler with a process group); 1, a document alone, is still read."""
+STATE_VERSION = 3
+"""The newest data state version: 3 carries the acknowledgements exchanged after the document was read
+(a sampler with a process group) packed in one string; 2 (the same as a list) and 1 (a document alone)
+are still read."""
 _T = TypeVar("_T")
 _log = logging.getLogger(__name__)
 
@@ -79,7 +80,7 @@ def _dispatch(shard: Shard) -> tuple[int, int]:
 
 def _check_state(state: dict[str, Any], dataset: str) -> str:
     """The progress document of a state of either version, with its acknowledgements applied."""
-    document = check_state(STATE_FORMAT, (1, STATE_VERSION), state, dataset)
+    document = check_state(STATE_FORMAT, (1, 2, STATE_VERSION), state, dataset)
     acknowledged = acknowledged_in(state)
     if not acknowledged:
         return document
@@ -388,7 +389,7 @@ class ShardSampler(Sampler[int]):
     def _checked(self, state: dict[str, Any]) -> str:
         """The state's progress document, checked but not completed (a trainer that does not restore)."""
         acknowledged_in(state)
-        return check_state(STATE_FORMAT, (1, STATE_VERSION), state, self._client.dataset)
+        return check_state(STATE_FORMAT, (1, 2, STATE_VERSION), state, self._client.dataset)
 
     def load_state_dict(self, state: dict[str, Any], restore: bool = True) -> None:
         """Resume from `state_dict()` output.
