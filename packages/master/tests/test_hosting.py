@@ -454,6 +454,42 @@ def test_a_restart_catches_up_with_departures_the_libraries_missed(tmp_path: Pat
         assert "left" in m.poll(str(a), job2.clock.now()).reason
 
 
+def test_a_restart_tells_a_missed_departure_as_it_was_decided_and_charges_only_the_datas_suspects(
+    tmp_path: Path,
+) -> None:
+    """The previous master journaled two nodes' departures and died before the shard library heard of
+    them: one relaunched after crashing in native code (the samples may be the cause), one lost with
+    its host (not the data's doing). max_attempts=1: a charged release sends a shard to the failed set."""
+    journal = SqliteJournal(str(tmp_path))
+    job = Job(journal, coupled=False)
+    a, b, c = job.register_all()
+    crash = ("Segmentation fault (core dumped)",)
+    while job.master.node(a).process_restarts < job.master.config.lifecycle.max_process_restarts:
+        job.master.report_failure(a, FailureKind.NATIVE_CRASH, *crash, exit_code=-11)
+    with job.shards.locked() as registry:
+        registry.register(attrs.evolve(SPEC, name="strict", max_attempts=1))
+        on_a = registry.fetch("strict", str(a)).shards[0]
+        on_c = registry.fetch("strict", str(c)).shards[0]
+    job.master.report_failure(a, FailureKind.NATIVE_CRASH, *crash, exit_code=-11)  # past its restarts
+    job.clock.advance(11.0)
+    job.master.heartbeat(a)
+    job.master.heartbeat(b)
+    job.master.tick()  # c is silent
+    gone = (NodeState.FAILED, NodeState.RELAUNCHING)
+    assert job.master.node(a).state in gone
+    assert job.master.node(c).state in gone
+    assert job.master.node(a).failure_data_suspect
+    assert not job.master.node(c).failure_data_suspect
+    job.master.flush_state()
+
+    job2 = restart(tmp_path, journal, job)
+    with job2.shards.locked() as registry:
+        status = registry.manager("strict").status()
+        snap = registry.manager("strict").snapshot()
+    assert [f.shard.shard_id for f in status.failed_shards] == [on_a.shard_id]
+    assert on_c.shard_id in snap.todo
+
+
 def test_a_corrupt_shard_blob_or_line_is_refused() -> None:
     for data in ("nope", json.dumps({"format": "x"}), json.dumps({"format": "dlrover.master.shards", "version": 1})):
         with pytest.raises(JournalError, match="shard state"):

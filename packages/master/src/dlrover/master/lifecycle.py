@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 import attrs
 
@@ -17,6 +18,7 @@ from dlrover.autoscale import NodeState as PlannedNode
 from dlrover.autoscale import OomConfig, OomEvent, Resources, plan_oom_relaunch
 from dlrover.common import DLRoverError
 from dlrover.diagnosis import (
+    KINDS_NOT_FROM_DATA,
     LOST_NODE_KIND,
     PEER_CONSEQUENCE_KINDS,
     ActionKind,
@@ -174,6 +176,11 @@ def _failure_event(
 
 def _clip(text: str) -> str:
     return text if len(text) <= _MAX_REASON_CHARS else text[:_MAX_REASON_CHARS] + "...(truncated)"
+
+
+def _last_failure(kind: FailureKind, evidence: str) -> dict[str, Any]:
+    """A node record's fields for a failure of `kind`: what it was, and whether the data may be its cause."""
+    return {"last_failure": f"{kind.value}: {evidence}", "failure_data_suspect": kind not in KINDS_NOT_FROM_DATA}
 
 
 class JobLifecycle:
@@ -1004,7 +1011,7 @@ class JobLifecycle:
         cost each survivor a restart and the job as many failures as it had nodes."""
         wait = self._config.peer_cause_wait
         decided, evidence = awaited.decided, awaited.evidence
-        node = attrs.evolve(node, awaiting_cause=awaited, last_failure=f"{decided.value}: {evidence}")
+        node = attrs.evolve(node, awaiting_cause=awaited, **_last_failure(decided, evidence))
         self._nodes[node.node_id] = node
         self._restarted_at[node.node_id] = awaited.since
         headline = one_line_summary(evidence)
@@ -1188,7 +1195,7 @@ class JobLifecycle:
         if node.awaiting_cause is not None:  # the platform's doing explains it too
             out = out.merge(self._own_explains_awaited(node, f"taken away by the platform: {reason}"))
             node = self._nodes[node_id]
-        node = attrs.evolve(node, last_failure=_clip(f"{reason}: {evidence}"))
+        node = attrs.evolve(node, last_failure=_clip(f"{reason}: {evidence}"), failure_data_suspect=False)
         self._nodes[node_id] = node
         data = {
             "reason": reason,
@@ -1666,7 +1673,7 @@ class JobLifecycle:
         self._spare_failure_times = BudgetWindow.add(self._spare_failure_times, self._wall(now), max(limit, 1))
         lost = self._spares_lost(now)
         headline = one_line_summary(evidence)
-        node = attrs.evolve(node, last_failure=f"{kind.value}: {evidence}")
+        node = attrs.evolve(node, **_last_failure(kind, evidence))
         self._nodes[node.node_id] = node
         window = self._config.budget_window
         if lost < limit:
@@ -1866,7 +1873,7 @@ class JobLifecycle:
         restarted: bool,
     ) -> tuple[Decision, Outcome]:
         was_running = node.state is NodeState.RUNNING
-        node = attrs.evolve(node, last_failure=f"{kind.value}: {evidence}")
+        node = attrs.evolve(node, **_last_failure(kind, evidence))
         self._nodes[node.node_id] = node
         # The evidence (a worker's traceback, say) is printed whole once, by the worker itself;
         # the messages that are logged carry one line of it, the failure event all of it.
@@ -1888,7 +1895,7 @@ class JobLifecycle:
         decided = decision.kind
         if was_running and not restarted and (observed or agent_exits or decided not in PEER_CONSEQUENCE_KINDS):
             out = out.merge(self._excuse_awaited(node, f"{decided.value}: {headline}"))
-        node = attrs.evolve(node, last_failure=f"{decided.value}: {evidence}")
+        node = attrs.evolve(node, **_last_failure(decided, evidence))
         self._nodes[node.node_id] = node
         decision, relaunch_with, grown = self._grow_memory(node, decision)
         out = out.merge(grown)

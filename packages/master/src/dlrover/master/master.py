@@ -529,8 +529,14 @@ class Master:
         """
         nodes = self._lifecycle.nodes().values()
         news: list[Callable[[NodeMembership], None]] = [
-            # Told once already, or its cause is not known here: no shard it held is charged again.
-            functools.partial(_departed, n.node_id, "it left the job before the master restarted", data_suspect=False)
+            # Told again as it was decided: a library that took the news already holds nothing of the node
+            # (nothing is charged twice), one the previous master died before telling charges it now.
+            functools.partial(
+                _departed,
+                n.node_id,
+                "it left the job before the master restarted",
+                data_suspect=n.state is not NodeState.REMOVED and n.failure_data_suspect,
+            )
             for n in nodes
             if n.state in _GONE_STATES
         ]

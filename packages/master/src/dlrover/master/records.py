@@ -153,6 +153,10 @@ class NodeRecord:
             none): a registration repeated with that key is the same one (`JobLifecycle.register`).
         awaiting_cause: its workers' collective error or hang that waits for a peer's failure to
             explain it before it is charged (`AwaitedCharge`), or None.
+        failure_data_suspect: whether the samples its processes trained may have caused its last
+            failure (False when the platform took it away or the failure's kind is one of
+            `dlrover.diagnosis.KINDS_NOT_FROM_DATA`): what a restarted master tells the data
+            libraries again about its departure (True when journaled before it was kept).
     """
 
     node_id: int
@@ -179,6 +183,7 @@ class NodeRecord:
     relaunched_at: UseTimes = ()
     registration_digest: str = ""
     awaiting_cause: AwaitedCharge | None = None
+    failure_data_suspect: bool = True
 
 
 @attrs.frozen
