@@ -186,6 +186,21 @@ def test_at_most_once_a_shard_acknowledged_in_part_after_the_read_is_set_aside_l
     )
 
 
+def test_at_most_once_a_shard_passed_by_one_acknowledgement_and_done_by_a_later_one_of_the_batch_is_done() -> None:
+    """Acknowledgements arrive sorted by shard id, not in dispatch order (the dataset is shuffled): a
+    later shard's may pass one whose own acknowledgement comes next."""
+    registry = ShardRegistry(SystemClock())
+    registry.register(attrs.evolve(_spec(), delivery=DeliveryMode.AT_MOST_ONCE))
+    document = registry.checkpoint("ds")
+    shards = registry.fetch("ds", "w1", 6).shards
+    first, last = shards[0], shards[-1]
+    completed = apply_acknowledged(document, [(last.shard_id, 4, True), (first.shard_id, 4, True)])
+    _, state = decode_progress(completed)
+    assert state["done_total"] == 2
+    assert sorted(f["shard_id"] for f in state["failed"]) == sorted(s.shard_id for s in shards[1:-1])
+    assert state["queue"] == []
+
+
 def test_a_service_journal_with_leases_is_not_taken_for_a_data_position() -> None:
     registry = _live()
     registry.fetch("ds", "w0", 1)

@@ -535,6 +535,10 @@ class ShardMachine(RuleBasedStateMachine):
             # Shards leased at the read stay set aside, whatever happened to them since, and so do a shard
             # acknowledged in part after it and those leased before it: the merged position queues none.
             assert all(merged[sid] in ("failed", "done") for sid, _, _ in _latest(acknowledged)), merged
+            earlier = _remaining(document, self.clock, total)
+            assert all(
+                merged[sid] == "done" for sid, _, done in _latest(acknowledged) if done and earlier[sid] != "failed"
+            )
             _, merged_state = decode_progress(apply_acknowledged(document, _latest(acknowledged)))
             assert merged_state["queue"] == [], merged_state["queue"]
             return

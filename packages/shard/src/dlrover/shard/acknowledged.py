@@ -47,4 +47,5 @@ def apply_acknowledged(document: str | bytes, acknowledged: Sequence[tuple[int, 
     manager, _ = ShardManager.from_state(spec, state, SystemClock())
     for shard_id, consumed, done in entries:
         manager._settle_acknowledged(shard_id, consumed, done)
+    manager._set_aside_passed()
     return encode_progress(manager)

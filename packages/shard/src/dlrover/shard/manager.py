@@ -654,8 +654,8 @@ class ShardManager:
         leased by others meanwhile); a shard already done stays done. As the delivery mode writes
         a shard leased when the position was read: at-least-once keeps only done shards (one not
         finished starts again from its start), at-most-once sets aside in the failed set one
-        acknowledged in part and those passed on the way (as it does a shard leased when a
-        position is read). A shard in the failed set stays there.
+        acknowledged in part (and, `_set_aside_passed`, those passed on the way), as it does a
+        shard leased when a position is read. A shard in the failed set stays there.
 
         Raises:
             InvalidShardRequestError: the shard is not one of this dataset's, or `consumed` is
@@ -699,8 +699,7 @@ class ShardManager:
 
     def _dispatch_fresh_until(self, shard_id: int) -> Parked:
         """Take fresh shards in dispatch order up to `shard_id` (one nobody holds and not done, failed
-        or queued, so it is ahead), queueing the others taken (at-most-once: setting them aside in the
-        failed set); returns its shard."""
+        or queued, so it is ahead), queueing the others taken; returns its shard."""
         passed: list[Parked] = []
         while True:
             parked = self._next_fresh()
@@ -712,14 +711,22 @@ class ShardManager:
                 break
             passed.append(parked)
         for other in passed:
-            if self._spec.delivery is DeliveryMode.AT_MOST_ONCE:
-                # Leased by another worker after the read, so in use or used when the position was
-                # saved: set aside, as a shard leased at a read is.
-                self._mark_failed(other, _LEASED_AFTER_THE_READ)
-                continue
             self._queue.append(other)
             self._queued[other.shard_id] = other
         return parked
+
+    def _set_aside_passed(self) -> None:
+        """Under at-most-once, once every acknowledgement is settled: the shards still queued were
+        passed on the way to acknowledged ones (a data position under at-most-once queues none), so
+        leased after the read and in use or used when the position was saved: set aside, as a shard
+        leased at a read is. (Only at the end: a shard passed by one acknowledgement may be done by
+        a later one of the same batch.)"""
+        if self._spec.delivery is not DeliveryMode.AT_MOST_ONCE:
+            return
+        while self._queue:
+            parked = self._queue.popleft()
+            del self._queued[parked.shard_id]
+            self._mark_failed(parked, _LEASED_AFTER_THE_READ)
 
     def _restore_internals(
         self,
