@@ -490,6 +490,29 @@ def test_a_restart_tells_a_missed_departure_as_it_was_decided_and_charges_only_t
     assert on_c.shard_id in snap.todo
 
 
+def test_a_departure_told_before_the_master_restarted_is_not_charged_again(tmp_path: Path) -> None:
+    journal = SqliteJournal(str(tmp_path))
+    job = Job(journal)
+    a, _b, _c = job.register_all()
+    crash = ("Segmentation fault (core dumped)",)
+    while job.master.node(a).process_restarts < job.master.config.lifecycle.max_process_restarts:
+        job.master.report_failure(a, FailureKind.NATIVE_CRASH, *crash, exit_code=-11)
+    with job.shards.locked() as registry:
+        registry.register(attrs.evolve(SPEC, name="twice", max_attempts=2))
+        on_a = registry.fetch("twice", str(a)).shards[0]
+    job.master.report_failure(a, FailureKind.NATIVE_CRASH, *crash, exit_code=-11)  # past its restarts: it leaves
+    job.master.flush_state()
+
+    def failures(j: Job) -> int:
+        with j.shards.locked() as registry:
+            queue = json.loads(registry.checkpoint("twice", include_leases=True))["state"]["queue"]
+        return int({q["shard_id"]: q["failures"] for q in queue}[on_a.shard_id])
+
+    assert failures(job) == 1  # charged once, live
+    job2 = restart(tmp_path, journal, job)
+    assert failures(job2) == 1  # told again, and nothing was left to charge
+
+
 def test_a_corrupt_shard_blob_or_line_is_refused() -> None:
     for data in ("nope", json.dumps({"format": "x"}), json.dumps({"format": "dlrover.master.shards", "version": 1})):
         with pytest.raises(JournalError, match="shard state"):

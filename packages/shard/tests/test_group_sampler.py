@@ -126,6 +126,28 @@ def test_three_trainers_with_shards_of_several_batches_killed_mid_shard_train_ev
     assert [i for i, n in counts.items() if n > 1] == []
 
 
+@pytest.mark.timeout(60)
+def test_a_round_with_more_acknowledgements_than_one_row_carries_gathers_them_all(tmp_path: Path) -> None:
+    import torch.distributed as dist
+
+    from dlrover.shard._group_acks import GroupAcks
+
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        acks = GroupAcks(dist.group.WORLD, sync_every=4)
+        acks.synced("read")
+        acks.exchange()  # a round with nothing to say
+        assert acks.acknowledged() == []
+        for sid in range(12):  # over the 8 a row carries: a second, larger gather
+            acks.add(sid, 3 if sid % 2 else 4, 4)
+        acks.low_todo_seen = True
+        acks.exchange()
+        assert acks.acknowledged() == [(sid, 3, False) if sid % 2 else (sid, 4, True) for sid in range(12)]
+        assert acks.near_end
+    finally:
+        dist.destroy_process_group()
+
+
 @pytest.mark.timeout(120)
 def test_a_group_that_never_saves_still_reaches_the_end_of_the_data(
     shard_server: Any, token: str, tmp_path: Path

@@ -519,6 +519,15 @@ class Master:
             self._launch_retries.resume(node_id, now, error)
             _log.info("node %d: its launch waited when the master restarted (%s); sent again", node_id, error)
 
+    def _departure_data_suspect(self, node_id: int) -> bool:
+        """Whether the samples the gone node's processes trained may have caused its departure: it
+        failed (a node removed without failing left as planned) and its record keeps its failure
+        suspect (`NodeRecord.failure_data_suspect`)."""
+        node = self._lifecycle.nodes().get(node_id)
+        if node is None or not node.failure_data_suspect:
+            return False
+        return any(t.to_state is NodeState.FAILED for t in node.history)
+
     def _reconcile_membership(self) -> None:
         """Tell the libraries again which nodes are gone, finished or spares and whether the job ended.
 
@@ -535,7 +544,7 @@ class Master:
                 _departed,
                 n.node_id,
                 "it left the job before the master restarted",
-                data_suspect=n.state is not NodeState.REMOVED and n.failure_data_suspect,
+                data_suspect=self._departure_data_suspect(n.node_id),
             )
             for n in nodes
             if n.state in _GONE_STATES
@@ -740,7 +749,6 @@ class Master:
         """Tell the libraries about departures, successes, process restarts and the job's end; True if any."""
         notified = False
         events = list(events)
-        innocent = _nodes_failed_not_by_data(events)
         for ev in events:
             if ev.kind == "node_state" and ev.node_id is not None:
                 left = NodeState(ev.data["from"]) in ALIVE_STATES
@@ -748,8 +756,9 @@ class Master:
                 if left and ev.data["to"] == NodeState.SUCCEEDED.value:
                     call = functools.partial(_finished, ev.node_id, ev.message)
                 elif left and ev.data["to"] in (NodeState.FAILED.value, NodeState.REMOVED.value):
-                    # A removal is planned (a shrink, a stop): never the data's doing.
-                    suspect = ev.data["to"] == NodeState.FAILED.value and ev.node_id not in innocent
+                    # A removal is planned (a shrink, a stop): never the data's doing. A failure's suspicion
+                    # is the one its record keeps, which a restarted master tells again (one decision).
+                    suspect = ev.data["to"] == NodeState.FAILED.value and self._departure_data_suspect(ev.node_id)
                     call = functools.partial(_departed, ev.node_id, ev.message, data_suspect=suspect)
                 else:
                     continue
@@ -1813,22 +1822,6 @@ def _kind_of(ev: Event) -> FailureKind | None:
         return FailureKind(ev.data.get("kind"))
     except ValueError:
         return None
-
-
-def _nodes_failed_not_by_data(events: Sequence[Event]) -> set[int]:
-    """Nodes whose failure in `events` the samples cannot have caused: a disruption (preemption,
-    eviction, a lost host), or only kinds of `KINDS_NOT_FROM_DATA` named for them; a node for which
-    no kind is named is not among them (its failure may be the data's)."""
-    kinds: dict[int, set[FailureKind | None]] = {}
-    disrupted: set[int] = set()
-    for ev in events:
-        if ev.node_id is None:
-            continue
-        if ev.kind == "disruption":
-            disrupted.add(ev.node_id)
-        elif "kind" in ev.data:
-            kinds.setdefault(ev.node_id, set()).add(_kind_of(ev))
-    return disrupted | {n for n, named in kinds.items() if named <= KINDS_NOT_FROM_DATA}
 
 
 def _departed(node_id: int, reason: str, member: NodeMembership, *, data_suspect: bool) -> None:

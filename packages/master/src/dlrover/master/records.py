@@ -432,6 +432,8 @@ def node_from_dict(data: Mapping[str, Any]) -> NodeRecord:
             fields["relaunched_at"] = (None,) * max(charged, 0)
         awaited = fields.get("awaiting_cause")
         fields["awaiting_cause"] = None if awaited is None else AwaitedCharge.from_json(awaited)
+        if not isinstance(fields.get("failure_data_suspect", True), bool):
+            raise TypeError(f"failure_data_suspect must be true or false, got {fields['failure_data_suspect']!r}")
         return NodeRecord(**fields)
     except (KeyError, TypeError, ValueError, DLRoverError) as exc:
         raise DLRoverError(f"corrupt node record {dict(data)!r}: {exc}") from exc

@@ -30,8 +30,9 @@ def apply_acknowledged(document: str | bytes, acknowledged: Sequence[tuple[int, 
         acknowledged: `(shard_id, consumed, done)` acknowledgements made after it was read: a shard
             at `consumed` samples, or done. A shard it shows queued moves forward; a shard not yet
             handed out then is taken in dispatch order (those passed on the way stay queued, as
-            the shards others held are); a shard it shows done stays done, and one in its failed
-            set stays there (the service gave up on it while its holder trained part of it).
+            the shards others held are; at-most-once sets them aside in the failed set, and a
+            shard acknowledged in part too); a shard it shows done stays done, and one in its
+            failed set stays there (the service gave up on it while its holder trained part of it).
 
     Raises:
         InvalidShardRequestError: the document is not a version 1 progress checkpoint, or an
@@ -45,7 +46,8 @@ def apply_acknowledged(document: str | bytes, acknowledged: Sequence[tuple[int, 
         )
     entries = check_acknowledgements(acknowledged)
     manager, _ = ShardManager.from_state(spec, state, SystemClock())
+    queued_at_the_read = set(manager._queued)
     for shard_id, consumed, done in entries:
         manager._settle_acknowledged(shard_id, consumed, done)
-    manager._set_aside_passed()
+    manager._set_aside_passed(queued_at_the_read)
     return encode_progress(manager)

@@ -715,16 +715,16 @@ class ShardManager:
             self._queued[other.shard_id] = other
         return parked
 
-    def _set_aside_passed(self) -> None:
-        """Under at-most-once, once every acknowledgement is settled: the shards still queued were
-        passed on the way to acknowledged ones (a data position under at-most-once queues none), so
-        leased after the read and in use or used when the position was saved: set aside, as a shard
-        leased at a read is. (Only at the end: a shard passed by one acknowledgement may be done by
-        a later one of the same batch.)"""
+    def _set_aside_passed(self, queued_at_the_read: set[int]) -> None:
+        """Under at-most-once, once every acknowledgement is settled: the shards queued now and not
+        at the read were passed on the way to acknowledged ones, so leased after the read and in use
+        or used when the position was saved: set aside, as a shard leased at a read is. (Only at the
+        end: a shard passed by one acknowledgement may be done by a later one of the same batch.)"""
         if self._spec.delivery is not DeliveryMode.AT_MOST_ONCE:
             return
-        while self._queue:
-            parked = self._queue.popleft()
+        passed = [parked for parked in self._queue if parked.shard_id not in queued_at_the_read]
+        for parked in passed:
+            self._queue.remove(parked)
             del self._queued[parked.shard_id]
             self._mark_failed(parked, _LEASED_AFTER_THE_READ)
 

@@ -79,7 +79,7 @@ def _dispatch(shard: Shard) -> tuple[int, int]:
 
 
 def _check_state(state: dict[str, Any], dataset: str) -> str:
-    """The progress document of a state of either version, with its acknowledgements applied."""
+    """The progress document of a state of any version read, with its acknowledgements applied."""
     document = check_state(STATE_FORMAT, (1, 2, STATE_VERSION), state, dataset)
     acknowledged = acknowledged_in(state)
     if not acknowledged:
@@ -147,7 +147,7 @@ class ShardSampler(Sampler[int]):
             every `sync_every` calls one call per trainer reports its own, reads the data position
             and leases the next shard when one is needed (shards are otherwise leased when they are
             needed, as without a group). The state then carries the position read and the
-            acknowledgements since (version 2); a restore applies them. Commits reach the service
+            acknowledgements since (version 3, packed); a restore applies them. Commits reach the service
             within `2 * sync_every` commits even without a `state_dict`, and at once near the
             data's end.
         sync_every: with a process group, `state_dict` calls between two calls to the service.
