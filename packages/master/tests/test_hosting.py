@@ -454,6 +454,15 @@ def test_a_restart_catches_up_with_departures_the_libraries_missed(tmp_path: Pat
         assert "left" in m.poll(str(a), job2.clock.now()).reason
 
 
+def _crash(job: Job, node_id: int) -> None:
+    job.master.report_failure(node_id, FailureKind.NATIVE_CRASH, "Segmentation fault (core dumped)", exit_code=-11)
+
+
+def _crash_until_no_restart_is_left(job: Job, node_id: int) -> None:
+    while job.master.node(node_id).process_restarts < job.master.config.lifecycle.max_process_restarts:
+        _crash(job, node_id)
+
+
 def test_a_restart_tells_a_missed_departure_as_it_was_decided_and_charges_only_the_datas_suspects(
     tmp_path: Path,
 ) -> None:
@@ -463,14 +472,12 @@ def test_a_restart_tells_a_missed_departure_as_it_was_decided_and_charges_only_t
     journal = SqliteJournal(str(tmp_path))
     job = Job(journal, coupled=False)
     a, b, c = job.register_all()
-    crash = ("Segmentation fault (core dumped)",)
-    while job.master.node(a).process_restarts < job.master.config.lifecycle.max_process_restarts:
-        job.master.report_failure(a, FailureKind.NATIVE_CRASH, *crash, exit_code=-11)
+    _crash_until_no_restart_is_left(job, a)
     with job.shards.locked() as registry:
         registry.register(attrs.evolve(SPEC, name="strict", max_attempts=1))
         on_a = registry.fetch("strict", str(a)).shards[0]
         on_c = registry.fetch("strict", str(c)).shards[0]
-    job.master.report_failure(a, FailureKind.NATIVE_CRASH, *crash, exit_code=-11)  # past its restarts
+    _crash(job, a)  # past its restarts
     job.clock.advance(11.0)
     job.master.heartbeat(a)
     job.master.heartbeat(b)
@@ -494,13 +501,11 @@ def test_a_departure_told_before_the_master_restarted_is_not_charged_again(tmp_p
     journal = SqliteJournal(str(tmp_path))
     job = Job(journal)
     a, _b, _c = job.register_all()
-    crash = ("Segmentation fault (core dumped)",)
-    while job.master.node(a).process_restarts < job.master.config.lifecycle.max_process_restarts:
-        job.master.report_failure(a, FailureKind.NATIVE_CRASH, *crash, exit_code=-11)
+    _crash_until_no_restart_is_left(job, a)
     with job.shards.locked() as registry:
         registry.register(attrs.evolve(SPEC, name="twice", max_attempts=2))
         on_a = registry.fetch("twice", str(a)).shards[0]
-    job.master.report_failure(a, FailureKind.NATIVE_CRASH, *crash, exit_code=-11)  # past its restarts: it leaves
+    _crash(job, a)  # past its restarts: it leaves
     job.master.flush_state()
 
     def failures(j: Job) -> int:
