@@ -519,14 +519,12 @@ class Master:
             self._launch_retries.resume(node_id, now, error)
             _log.info("node %d: its launch waited when the master restarted (%s); sent again", node_id, error)
 
-    def _departure_data_suspect(self, node_id: int) -> bool:
+    @staticmethod
+    def _departure_data_suspect(node: NodeRecord) -> bool:
         """Whether the samples the gone node's processes trained may have caused its departure: it
         failed (a node removed without failing left as planned) and its record keeps its failure
         suspect (`NodeRecord.failure_data_suspect`)."""
-        node = self._lifecycle.nodes().get(node_id)
-        if node is None or not node.failure_data_suspect:
-            return False
-        return any(t.to_state is NodeState.FAILED for t in node.history)
+        return node.failure_data_suspect and any(t.to_state is NodeState.FAILED for t in node.history)
 
     def _reconcile_membership(self) -> None:
         """Tell the libraries again which nodes are gone, finished or spares and whether the job ended.
@@ -544,7 +542,7 @@ class Master:
                 _departed,
                 n.node_id,
                 "it left the job before the master restarted",
-                data_suspect=self._departure_data_suspect(n.node_id),
+                data_suspect=self._departure_data_suspect(n),
             )
             for n in nodes
             if n.state in _GONE_STATES
@@ -758,7 +756,9 @@ class Master:
                 elif left and ev.data["to"] in (NodeState.FAILED.value, NodeState.REMOVED.value):
                     # A removal is planned (a shrink, a stop): never the data's doing. A failure's suspicion
                     # is the one its record keeps, which a restarted master tells again (one decision).
-                    suspect = ev.data["to"] == NodeState.FAILED.value and self._departure_data_suspect(ev.node_id)
+                    suspect = ev.data["to"] == NodeState.FAILED.value and self._departure_data_suspect(
+                        self._lifecycle.node(ev.node_id)
+                    )
                     call = functools.partial(_departed, ev.node_id, ev.message, data_suspect=suspect)
                 else:
                     continue
