@@ -46,8 +46,5 @@ def apply_acknowledged(document: str | bytes, acknowledged: Sequence[tuple[int, 
         )
     entries = check_acknowledgements(acknowledged)
     manager, _ = ShardManager.from_state(spec, state, SystemClock())
-    queued_at_the_read = set(manager._queued)
-    for shard_id, consumed, done in entries:
-        manager._settle_acknowledged(shard_id, consumed, done)
-    manager._set_aside_passed(queued_at_the_read)
+    manager._settle_acknowledgements(entries)
     return encode_progress(manager)

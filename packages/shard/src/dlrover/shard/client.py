@@ -297,6 +297,15 @@ class ShardClient:
         self._put_down(shard_id)
         return self._report(self._stub.ReportFailure, req, f"failure of shard {shard_id}")
 
+    def report_each(self, acknowledged: Sequence[tuple[int, int, bool]]) -> None:
+        """Report `(shard_id, consumed, done)` acknowledgements one call each: a done report, or a
+        progress report at `consumed` (queued, as those are, while the master is away)."""
+        for shard_id, consumed, done in acknowledged:
+            if done:
+                self.report_done(shard_id)
+            else:
+                self.report_progress(shard_id, consumed)
+
     def flush_reports(self, timeout_s: float | None = None) -> bool:
         """Wait until every queued report is delivered; True when none is left.
 
@@ -415,11 +424,7 @@ class ShardClient:
         if acknowledged and res.acknowledged != len(acknowledged):
             # A service that predates the field: it leased and read, and dropped the batch. Reported
             # one by one now; the read below delivers any the master could not take at once first.
-            for shard_id, consumed, done in acknowledged:
-                if done:
-                    self.report_done(shard_id)
-                else:
-                    self.report_progress(shard_id, consumed)
+            self.report_each(acknowledged)
             document = ""
         if not document:
             document = str(

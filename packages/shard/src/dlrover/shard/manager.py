@@ -646,6 +646,15 @@ class ShardManager:
 
     # ------------------------------------------------------------------ internals used by progress.py
 
+    def _settle_acknowledgements(self, entries: Sequence[tuple[int, int, bool]]) -> None:
+        """Apply checked acknowledgements made after this manager's state was read (a state loaded
+        from a data position, `apply_acknowledged`), each as `_settle_acknowledged`; then, under
+        at-most-once, set aside the shards the batch passed on the way (`_set_aside_passed`)."""
+        queued_at_the_read = set(self._queued)
+        for shard_id, consumed, done in entries:
+            self._settle_acknowledged(shard_id, consumed, done)
+        self._set_aside_passed(queued_at_the_read)
+
     def _settle_acknowledged(self, shard_id: int, consumed: int, done: bool) -> None:
         """Apply an acknowledgement made after this manager's state was read, when nobody holds a
         lease (a state loaded from a data position, `apply_acknowledged`): a shard queued there

@@ -65,6 +65,7 @@ STATE_VERSION = 3
 """The newest data state version: 3 carries the acknowledgements exchanged after the document was read
 (a sampler with a process group) packed in one string; 2 (the same as a list) and 1 (a document alone)
 are still read."""
+_READ_VERSIONS = (1, 2, STATE_VERSION)
 _T = TypeVar("_T")
 _log = logging.getLogger(__name__)
 
@@ -80,7 +81,7 @@ def _dispatch(shard: Shard) -> tuple[int, int]:
 
 def _check_state(state: dict[str, Any], dataset: str) -> str:
     """The progress document of a state of any version read, with its acknowledgements applied."""
-    document = check_state(STATE_FORMAT, (1, 2, STATE_VERSION), state, dataset)
+    document = check_state(STATE_FORMAT, _READ_VERSIONS, state, dataset)
     acknowledged = acknowledged_in(state)
     if not acknowledged:
         return document
@@ -329,11 +330,7 @@ class ShardSampler(Sampler[int]):
         """Report this trainer's acknowledgements not reported yet, one call a shard, as a sampler
         without a group reports them. (Reported at any time they keep the saved states exact: see
         `dlrover/shard/_group_acks.py`; each sync first delivers what the client still queues.)"""
-        for shard_id, consumed, done in group.unsent:
-            if done:
-                self._client.report_done(shard_id)
-            else:
-                self._client.report_progress(shard_id, consumed)
+        self._client.report_each(group.unsent)
         group.mark_sent()
         self._commits_unsent = 0
 
@@ -389,7 +386,7 @@ class ShardSampler(Sampler[int]):
     def _checked(self, state: dict[str, Any]) -> str:
         """The state's progress document, checked but not completed (a trainer that does not restore)."""
         acknowledged_in(state)
-        return check_state(STATE_FORMAT, (1, 2, STATE_VERSION), state, self._client.dataset)
+        return check_state(STATE_FORMAT, _READ_VERSIONS, state, self._client.dataset)
 
     def load_state_dict(self, state: dict[str, Any], restore: bool = True) -> None:
         """Resume from `state_dict()` output.
