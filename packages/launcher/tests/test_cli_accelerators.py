@@ -1,5 +1,6 @@
-"""dlrover-run counts accelerators without importing torch where no GPU driver is present: that
-import costs the agent seconds of CPU before its node can register (every node start pays it)."""
+"""dlrover-run counts accelerators only where its flags size the node by them, and without importing
+torch where no GPU driver is present: that import costs the agent seconds of CPU before its node can
+register (every node start pays it)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from dlrover.common import ConfigError
+from dlrover.launcher import cli
 from dlrover.launcher.cli import _accelerator_driver_present
 
 
@@ -35,3 +38,27 @@ def test_without_a_driver_counting_accelerators_imports_no_torch() -> None:
     code = "import sys\nfrom dlrover.launcher import cli\nprint(cli._visible_accelerators(), 'torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=100, check=True)
     assert out.stdout.split() == ["0", "False"], out.stdout + out.stderr
+
+
+@pytest.mark.parametrize(("flags", "counted"), [((), False), (("--nproc-per-node=gpu",), True)])
+def test_on_a_gpu_host_the_node_registers_without_counting_unless_its_flags_size_it_by_the_count(
+    monkeypatch: pytest.MonkeyPatch, flags: tuple[str, ...], counted: bool
+) -> None:
+    counts: list[int] = []
+    started: list[bool] = []
+
+    def count() -> int:
+        counts.append(2)
+        return 2
+
+    def fake_run(cfg: object, *, sample_gpus: bool, standby: object) -> None:
+        started.append(sample_gpus)
+        raise ConfigError("stop here")  # what run does with the node is not this test's
+
+    monkeypatch.setattr(cli, "_accelerator_driver_present", lambda: True)
+    monkeypatch.setattr(cli, "_visible_accelerators", count)
+    monkeypatch.setattr(cli, "early_standbys", lambda cfg: None)
+    monkeypatch.setattr(cli, "run", fake_run)
+    assert cli._main(["--standalone", *flags, sys.executable]) == 2
+    assert started == [True]  # the GPUs are sampled (NVML finds them) ...
+    assert counts == ([2] if counted else [])  # ... and counted only for the flag that needs the count

@@ -1,6 +1,6 @@
-"""Child process for test_group_sampler: one DDP-style trainer of a group (two by default; gloo)
-whose ShardSampler exchanges acknowledgements in a collective and syncs with the service every
-`sync_every` steps.
+"""Child process for test_group_sampler: one DDP-style trainer of a group (two by default; gloo, or
+NCCL with `--backend nccl`, one GPU a rank) whose ShardSampler exchanges acknowledgements in a
+collective and syncs with the service every `sync_every` steps.
 
 Each step it takes a batch, "trains" it (appends the indices to `<out>/trained-r<R>-a<ATTEMPT>.jsonl`),
 commits it and saves `state_dict()` to `<out>/state-r<R>-s<STEP>.json` (what a flash checkpoint
@@ -8,7 +8,7 @@ would hold). With `--die-after N` it kills itself (SIGKILL, no clean-up) after s
 `--resume-from STEP FILE` it loads that state (rank 0 restores the service from it) before training.
 
     python _group_trainer.py ADDRESS RANK OUT SYNC_EVERY ATTEMPT [--world W] [--batches-per-shard B]
-        [--die-after N] [--resume-from STEP FILE]
+        [--backend gloo|nccl] [--die-after N] [--resume-from STEP FILE]
 
 The group meets through a file store in OUT (no port to race for).
 """
@@ -58,12 +58,17 @@ def main() -> None:
     p.add_argument("--samples", type=int, default=160)
     p.add_argument("--world", type=int, default=2)
     p.add_argument("--batches-per-shard", type=int, default=1)
+    p.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
     p.add_argument("--die-after", type=int, default=0)
     p.add_argument("--resume-from", nargs=2, default=None)
     args = p.parse_args()
     out = Path(args.out)
     store = out / f"store-a{args.attempt}"
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=args.rank, world_size=args.world)
+    device = torch.device("cpu")
+    if args.backend == "nccl":  # one GPU per rank, as NCCL requires
+        device = torch.device("cuda", args.rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+    dist.init_process_group(args.backend, init_method=f"file://{store}", rank=args.rank, world_size=args.world)
     client = ShardClient(args.address, os.environ["DLROVER_JOB_TOKEN"], "group", f"rank-{args.rank}", config=CFG)
     client.register(spec(args.samples, args.batches_per_shard))
     sampler = ShardSampler(client, process_group=dist.group.WORLD, sync_every=args.sync_every)
@@ -77,7 +82,7 @@ def main() -> None:
     batches = iter(sampler)
     while True:
         indices = list(islice(batches, BATCH))
-        counts = torch.tensor([len(indices)])
+        counts = torch.tensor([len(indices)], device=device)
         dist.all_reduce(counts, op=dist.ReduceOp.MIN)
         if int(counts[0]) == 0:
             break

@@ -73,6 +73,20 @@ def _trained(out: Path, attempt: int, up_to_step: int | None = None, world: int 
     return indices
 
 
+def _backend_param(backend: str) -> Any:
+    import torch
+
+    return pytest.param(
+        backend,
+        marks=pytest.mark.skipif(
+            backend == "nccl" and not torch.cuda.is_available(), reason="NCCL needs a CUDA device"
+        ),
+    )
+
+
+BACKENDS = [_backend_param("gloo"), _backend_param("nccl")]
+
+
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("sync_every", [1, 3, 8])
 @pytest.mark.parametrize(("killed", "resumed"), [(13, 10), (79, 77)])  # batched, and near the end
@@ -104,6 +118,31 @@ def test_a_group_killed_and_resumed_from_another_ranks_older_state_trains_every_
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_lone_trainer_killed_and_resumed_trains_every_sample_once(
+    shard_server: Any, token: str, tmp_path: Path, backend: str
+) -> None:
+    """A group of one, on gloo and on NCCL (CUDA tensors; one rank, as one GPU allows): batched
+    rounds, then the rounds near the data's end, killed and resumed from an older step."""
+    server, _servicer = shard_server
+    sized = (f"--samples={SAMPLES // 2}", f"--backend={backend}")
+    died = _run_group(server.address, token, tmp_path, 4, 0, *sized, "--die-after", "70", world=1)
+    assert died == [-9]
+    resumed = 66
+    state = tmp_path / f"state-r0-s{resumed}.json"
+    assert _run_group(
+        server.address, token, tmp_path, 4, 1, *sized, "--resume-from", str(resumed), str(state), world=1
+    ) == [0]
+    trained = _trained(tmp_path, 0, up_to_step=resumed, world=1) + _trained(tmp_path, 1, world=1)
+    counts = Counter(trained)
+    assert sorted(counts) == list(range(SAMPLES // 2)), f"missing: {sorted(set(range(SAMPLES // 2)) - set(counts))}"
+    assert [i for i, n in counts.items() if n > 1] == []
+    assert set(_trained(tmp_path, 0, world=1)) - set(
+        _trained(tmp_path, 0, up_to_step=resumed, world=1)
+    )  # lost, retrained
+
+
+@pytest.mark.timeout(240)
 def test_three_trainers_with_shards_of_several_batches_killed_mid_shard_train_every_sample_once(
     shard_server: Any, token: str, tmp_path: Path
 ) -> None:
@@ -127,14 +166,19 @@ def test_three_trainers_with_shards_of_several_batches_killed_mid_shard_train_ev
 
 
 @pytest.mark.timeout(60)
-def test_a_round_with_more_acknowledgements_than_one_row_carries_gathers_them_all(tmp_path: Path) -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_round_with_more_acknowledgements_than_one_row_carries_gathers_them_all(tmp_path: Path, backend: str) -> None:
+    import torch
     import torch.distributed as dist
 
     from dlrover.shard._group_acks import GroupAcks
 
-    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    if backend == "nccl":
+        torch.cuda.set_device(0)
+    dist.init_process_group(backend, store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
     try:
         acks = GroupAcks(dist.group.WORLD, sync_every=4)
+        acks.fence()  # queued on the device under NCCL: it returns once the collective ran
         acks.synced("read")
         acks.exchange()  # a round with nothing to say
         assert acks.acknowledged() == []

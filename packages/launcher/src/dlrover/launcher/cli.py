@@ -534,14 +534,15 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str] | None) -> int:
     try:
-        # Counted at most once, and after the standbys start unless the flags need the count (counting
-        # imports torch where a GPU driver is present: seconds, which the standbys' own imports overlap).
-        accelerators = functools.cache(_visible_accelerators)
-        cfg = parse_args(argv, accelerators=accelerators)
+        # Counted only where the flags size the node by it: counting imports torch where a GPU driver
+        # is present, seconds (about 4 on an H200 host) on this process's path to registering its node,
+        # which every node start pays (a grown node's, a replacement's). The GPUs' sampling needs no
+        # count: NVML, which it reads through, finds the devices (or says why there are none).
+        cfg = parse_args(argv, accelerators=functools.cache(_visible_accelerators))
         if cfg.token is not None:
             _log.warning("--token is visible to every user of this host (ps, /proc); prefer --token-file")
-        standby = early_standbys(cfg)  # before the count: it may import torch
-        result = run(cfg, sample_gpus=accelerators() > 0, standby=standby)
+        standby = early_standbys(cfg)
+        result = run(cfg, sample_gpus=_accelerator_driver_present(), standby=standby)
     except (ConfigError, DLRoverError) as exc:
         print(f"dlrover-run: {exc}", file=sys.stderr)
         return 2 if isinstance(exc, ConfigError) else 1
