@@ -39,7 +39,7 @@ import tomllib
 
 from dlrover.common import ConfigError
 from dlrover.common.validators import non_negative_finite, non_negative_int, positive_finite, positive_int
-from dlrover.diagnosis import ActionKind, FailureKind, LadderStep
+from dlrover.diagnosis import NO_OOM_KILL, ActionKind, FailureKind, LadderStep
 
 __all__ = ["CAUSES", "Cause", "Costs", "Failures", "Job", "Scenario", "ScenarioError", "Strategy", "load", "parse"]
 
@@ -143,8 +143,15 @@ CAUSES: Mapping[str, Cause] = dict(
             "torch.distributed.DistStoreError: Failed to recv, got 0 bytes. Connection was likely closed.",
         ),
         # A process killed from outside (SIGKILL: an operator, a test's fault injection, an OOM killer outside
-        # the job's cgroup): no log of its own; the agent says how it ended. What `validate` replays.
-        _cause("killed", "crash", "local rank 1 exited with signal SIGKILL", -9),
+        # the job's cgroup): no log of its own; the agent says how it ended and that its memory cgroup counted
+        # no OOM kill. What `validate` replays.
+        _cause(
+            "killed",
+            "crash",
+            f"local rank 1 exited with signal SIGKILL\n{NO_OOM_KILL}: the memory cgroup's oom_kill count stayed at 0 "
+            "while the workers ran (/sys/fs/cgroup/memory.events)",
+            -9,
+        ),
         # The kernel's OOM killer on the host (its log line reaches the agent): the master relaunches the node
         # with more memory, so the new node does not run out again.
         _cause(

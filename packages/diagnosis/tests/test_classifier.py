@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from dlrover.common import ConfigError
 from dlrover.diagnosis import (
     ENTRY_POINT_GROUP,
+    NO_OOM_KILL,
     Evidence,
     ExceptionRule,
     FailureKind,
@@ -204,12 +205,17 @@ def test_structured_evidence_rules(registry: RuleRegistry) -> None:
     full = ResourceSample(0.0, 10.0, 10, host_memory_used_bytes=99, host_memory_total_bytes=100)
     oom = classify(Evidence.from_text("", returncode=-9, resources=[full]), registry)
     assert oom.kind is FailureKind.HOST_OOM
-    # A SIGKILL with no sign of why is a killed process, said as such; not a preemption, not unknown.
-    killed = classify(Evidence.from_text("", returncode=-9), registry)
+    # A SIGKILL whose OOM records were read and show no kill is a killed process, said as such; not
+    # a preemption, not unknown. With no record read it is presumed the OOM killer's (weakly).
+    no_kill = f"{NO_OOM_KILL}: the memory cgroup's oom_kill count stayed at 0 while the workers ran (x)"
+    killed = classify(Evidence.from_text(no_kill, returncode=-9), registry)
     assert killed.kind is FailureKind.KILLED
     assert killed.confidence < 0.6
     assert killed.lines == ("killed by SIGKILL (signal 9): out of memory on the host or killed by someone",)
-    assert classify(Evidence.from_text("", returncode=137), registry).kind is FailureKind.KILLED
+    assert classify(Evidence.from_text(no_kill, returncode=137), registry).kind is FailureKind.KILLED
+    unrecorded = classify(Evidence.from_text("", returncode=137), registry)
+    assert (unrecorded.kind, unrecorded.rule) == (FailureKind.HOST_OOM, "sigkill-exit-unrecorded")
+    assert unrecorded.confidence < 0.5
     # SIGTERM stays the sign of a node being taken away.
     assert classify(Evidence.from_text("", returncode=-15), registry).kind is FailureKind.PREEMPTION
 

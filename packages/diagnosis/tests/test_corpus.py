@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from dlrover.diagnosis import (
+    NO_OOM_KILL,
     TRANSIENT_KINDS,
     ActionKind,
     ActionPolicy,
@@ -45,8 +46,11 @@ def _evidence(entry: dict[str, Any]) -> Evidence:
             h["window_s"],
             f"no step progress from rank(s) {h['stalled_ranks']} for over {h['window_s']} s",
         )
+    log = (CORPUS / entry["file"]).read_bytes()
+    if entry.get("oom_records") == "no_kill":  # the agent read its OOM records: they show no kill
+        log += f"\n{NO_OOM_KILL}: the memory cgroup's oom_kill count stayed at 0 while the workers ran\n".encode()
     return Evidence.from_text(
-        (CORPUS / entry["file"]).read_bytes(),
+        log,
         returncode=entry["exit_code"],
         node_id="node-0",
         losses=[LossSample(**loss) for loss in entry.get("losses", [])],

@@ -84,9 +84,7 @@ FLOORS = {
     # Dev: measured when the fifth round of rules was final (see the corpus README's "Fifth round
     # rules"): 280 entries, 247 kinds (88.2 %) and 262 first actions (93.6 %); the fourth round's
     # were 242 and 260. The dev misses left are excerpts whose log does not hold the cause the
-    # thread found: SIGKILLs the agent would
-    # report itself (they stay `killed`; `OomWatch` adds the kernel's record in a real job) that
-    # the thread calls an OOM; collective timeouts the thread calls a hang; faulty GPUs or
+    # thread found: collective timeouts the thread calls a hang; faulty GPUs or
     # InfiniBand seen as an application Xid or a connection reset; configuration errors seen only
     # as an abort, a Slurm time limit or a host that does not resolve.
     # Held out: scored once with the fifth round's rules final (156 entries: 122 kinds, 78.2 %,
@@ -94,8 +92,12 @@ FLOORS = {
     # With the fifth round's 43 entries added (the corpus README's "Fifth round"), scored with the
     # same rules: dev 310 entries, 266 kinds (85.8 %) and 285 first actions (91.9 %); held out
     # 169 entries, 133 (78.7 %) and 148 (87.6 %).
-    "dev": (266 / 310, 285 / 310),
-    "heldout": (133 / 169, 148 / 169),
+    # A SIGKILL is someone else's only where the agent read its OOM records and they show no kill
+    # (`NO_OOM_KILL`); with none read it is presumed an OOM kill (the corpus README's "A SIGKILL
+    # with no record read"): dev 270 (87.1 %) and 289 (93.2 %); held out, scored once after,
+    # 135 (79.9 %) and 150 (88.8 %).
+    "dev": (270 / 310, 289 / 310),
+    "heldout": (135 / 169, 150 / 169),
 }
 
 

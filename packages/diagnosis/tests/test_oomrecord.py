@@ -5,7 +5,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dlrover.diagnosis import MEMORY_RECORD, Evidence, FailureKind, OomCount, OomWatch, RuleRegistry, classify
+import pytest
+
+from dlrover.diagnosis import (
+    MEMORY_RECORD,
+    NO_OOM_KILL,
+    Evidence,
+    FailureKind,
+    OomCount,
+    OomWatch,
+    RuleRegistry,
+    classify,
+)
 from dlrover.diagnosis.oomrecord import parse_oom_kills
 
 EVENTS_V2 = "low 0\nhigh 0\nmax 12\noom {oom}\noom_kill {kills}\noom_group_kill 0\n"
@@ -50,21 +61,37 @@ def test_a_risen_counter_and_the_kernel_line_become_evidence(tmp_path: Path) -> 
     assert "77" not in lines[1]
 
 
-def test_unchanged_or_unreadable_records_say_nothing(tmp_path: Path) -> None:
+def test_unreadable_records_say_nothing_and_an_unchanged_count_says_no_kill(tmp_path: Path) -> None:
     watch = OomWatch(cgroup_root=tmp_path, kmsg=tmp_path / "absent")
     assert watch.evidence(None, [1]) == []
+    assert watch.evidence(OomCount(0, str(tmp_path / "memory.events")), [1]) == []  # unreadable now
     _cgroup_v2(tmp_path, 5)
-    assert watch.evidence(watch.count(), [1]) == []
+    assert watch.evidence(None, [1]) == []  # not read when the workers started: nothing to compare
+    (line,) = watch.evidence(watch.count(), [1])
+    assert line.startswith(NO_OOM_KILL + ": ")
+    assert "stayed at 5" in line
     unreadable = tmp_path / "kmsg"
     unreadable.mkdir()  # reading a directory fails: soft
     assert OomWatch(cgroup_root=tmp_path, kmsg=unreadable).kernel_kills([]) == []
 
 
+def test_a_sigkill_is_someone_elses_only_where_the_records_were_read_and_show_no_kill(tmp_path: Path) -> None:
+    registry = RuleRegistry.with_builtin_rules()
+    log = "step 1200 loss 2.31\nstep 1201 loss 2.30\n"
+    unrecorded = classify(Evidence.from_text(log, returncode=-9), registry)
+    assert (unrecorded.kind, unrecorded.rule) == (FailureKind.HOST_OOM, "sigkill-exit-unrecorded")
+    watch = OomWatch(cgroup_root=tmp_path, kmsg=tmp_path / "absent")
+    _cgroup_v2(tmp_path, 3)
+    read = log + "\n".join(watch.evidence(watch.count(), [99]))
+    diagnosis = classify(Evidence.from_text(read, returncode=-9), registry)
+    assert (diagnosis.kind, diagnosis.rule) == (FailureKind.KILLED, "sigkill-exit")
+    # The no-kill line is no memory record of a kill, whatever else the log says.
+    assert classify(Evidence.from_text(read, returncode=1), registry).kind is FailureKind.UNKNOWN
+
+
 def test_the_record_turns_a_plain_sigkill_into_a_host_oom(tmp_path: Path) -> None:
     registry = RuleRegistry.with_builtin_rules()
     log = "step 1200 loss 2.31\nstep 1201 loss 2.30\n"
-    plain = classify(Evidence.from_text(log, returncode=-9), registry)
-    assert plain.kind is FailureKind.KILLED
     watch = OomWatch(cgroup_root=tmp_path, kmsg=tmp_path / "absent")
     _cgroup_v2(tmp_path, 0)
     before = watch.count()
@@ -74,3 +101,23 @@ def test_the_record_turns_a_plain_sigkill_into_a_host_oom(tmp_path: Path) -> Non
     assert diagnosis.kind is FailureKind.HOST_OOM
     assert diagnosis.rule == "host-memory-record"
     assert "oom_kill count rose from 0 to 2" in diagnosis.lines[-1]
+
+
+@pytest.mark.parametrize(
+    ("own", "counter", "text"),
+    [
+        ("0::/user.slice/job.scope\n", "user.slice/job.scope/memory.events", "oom 0\noom_kill 4\n"),
+        ("12:cpu,cpuacct:/x\n11:memory:/job/node-1\n", "memory/job/node-1/memory.oom_control", "oom_kill 4\n"),
+    ],
+)
+def test_the_agents_own_cgroup_is_read_before_the_mounts_root(
+    tmp_path: Path, own: str, counter: str, text: str
+) -> None:
+    (tmp_path / "self-cgroup").write_text(own)
+    _cgroup_v2(tmp_path, 1)  # the root's (a container's namespace root): read only when the own one is not there
+    watch = OomWatch(cgroup_root=tmp_path, kmsg=tmp_path / "absent", own_cgroups=tmp_path / "self-cgroup")
+    assert watch.count() == OomCount(1, str(tmp_path / "memory.events"))
+    path = tmp_path / counter
+    path.parent.mkdir(parents=True)
+    path.write_text(text)
+    assert watch.count() == OomCount(4, str(path))

@@ -133,7 +133,13 @@ CASES = [
         1,
         K.HOST_OOM,
     ),
-    ("a plain SIGKILL stays killed", "step 100 loss 2.1", -9, K.KILLED),
+    ("a plain SIGKILL with no OOM record read is presumed an OOM kill", "step 100 loss 2.1", -9, K.HOST_OOM),
+    (
+        "a SIGKILL whose OOM records show no kill stays killed",
+        "step 100 loss 2.1\ndlrover memory record: no OOM kill: the memory cgroup's oom_kill count stayed at 0",
+        -9,
+        K.KILLED,
+    ),
     # -- the signal a launcher or a shell wrote into the log decides like an exit status
     ("bash reports a kill", "./train.sh: line 12: 40211 Killed                  python train.py", None, K.HOST_OOM),
     (

@@ -19,8 +19,10 @@ from dlrover.common import exiting_status
 from dlrover.common.step_slots import SlotReading
 from dlrover.diagnosis import (
     MEMORY_RECORD,
+    NO_OOM_KILL,
     ActionKind,
     Decision,
+    Diagnosis,
     Evidence,
     FailureKind,
     OomWatch,
@@ -74,6 +76,9 @@ WORKER = textwrap.dedent(
             f.write("oom 1\\noom_kill 1\\n")
         import signal
         os.kill(os.getpid(), signal.SIGKILL)
+    if mode == "sigkilled" and attempt == 0 and rank == 1:
+        import signal
+        os.kill(os.getpid(), signal.SIGKILL)  # as a person or a tool: no OOM kill counted
     if mode == "sleep":
         time.sleep(600)
     if mode == "step_stall":
@@ -188,21 +193,36 @@ def test_a_failed_worker_is_reported_with_evidence_and_restarted(tmp_path: Path)
     assert {r["DLROVER_JOB_ID"] for r in records.values()} == {"job1"}
 
 
-@pytest.mark.integration
-def test_the_cgroups_oom_kill_record_reaches_the_failure_report(tmp_path: Path) -> None:
+def _sigkilled_worker_report(tmp_path: Path, mode: str, kills_before: int) -> tuple[str, Diagnosis]:
+    """A worker SIGKILLed in `mode` under an agent whose memory cgroup (faked) counted `kills_before`
+    OOM kills: the failure's evidence, and what the master's classifier makes of it."""
     cgroup = tmp_path / "cgroup"
     cgroup.mkdir()
-    (cgroup / "memory.events").write_text("low 0\nhigh 0\nmax 0\noom 0\noom_kill 0\n")
+    (cgroup / "memory.events").write_text(f"low 0\nhigh 0\nmax 0\noom 0\noom_kill {kills_before}\n")
     control = FakeControlPlane()
-    watch = OomWatch(cgroup_root=cgroup, kmsg=tmp_path / "no-kmsg")
-    result = _agent(tmp_path, "oom_killed", control, oom_watch=watch, max_restarts=2).run()
+    watch = OomWatch(cgroup_root=cgroup, kmsg=tmp_path / "no-kmsg", own_cgroups=tmp_path / "no-self")
+    result = _agent(tmp_path, mode, control, oom_watch=watch, max_restarts=2).run()
     assert result.exit_code == 0, result.reason
     (report,) = control.failures
     assert report.signal_name == "SIGKILL"
-    assert f"{MEMORY_RECORD}: the memory cgroup's oom_kill count rose from 0 to 1" in report.evidence
-    # What the master makes of it: an OOM kill, not a SIGKILL of unknown cause.
     evidence = Evidence.from_text(report.evidence, returncode=report.exit_code)
-    assert classify(evidence, RuleRegistry.with_builtin_rules()).kind is FailureKind.HOST_OOM
+    return report.evidence, classify(evidence, RuleRegistry.with_builtin_rules())
+
+
+@pytest.mark.integration
+def test_a_sigkill_the_cgroup_did_not_count_is_reported_as_read_and_decided_as_killed(tmp_path: Path) -> None:
+    evidence, diagnosis = _sigkilled_worker_report(tmp_path, "sigkilled", kills_before=2)
+    assert f"{NO_OOM_KILL}: the memory cgroup's oom_kill count stayed at 2" in evidence
+    # What the master makes of it: someone's SIGKILL (restart in place), not a presumed OOM kill.
+    assert (diagnosis.kind, diagnosis.rule) == (FailureKind.KILLED, "sigkill-exit")
+
+
+@pytest.mark.integration
+def test_the_cgroups_oom_kill_record_reaches_the_failure_report(tmp_path: Path) -> None:
+    evidence, diagnosis = _sigkilled_worker_report(tmp_path, "oom_killed", kills_before=0)
+    assert f"{MEMORY_RECORD}: the memory cgroup's oom_kill count rose from 0 to 1" in evidence
+    # What the master makes of it: an OOM kill, not a SIGKILL of unknown cause.
+    assert diagnosis.kind is FailureKind.HOST_OOM
 
 
 @pytest.mark.integration

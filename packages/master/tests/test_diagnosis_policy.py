@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from dlrover.common import ConfigError, DLRoverError
 from dlrover.diagnosis import (
     LOST_NODE_KIND,
+    NO_OOM_KILL,
     ActionKind,
     ActionPolicy,
     BudgetWindow,
@@ -227,9 +228,15 @@ def test_an_unknown_policy_name_is_refused() -> None:
         MasterConfig(failure_policy="smart")
 
 
+# What an agent adds to a failure's evidence when it read its memory cgroup's OOM count and found no kill.
+NO_KILL_RECORD = (
+    f"{NO_OOM_KILL}: the memory cgroup's oom_kill count stayed at 0 while the workers ran (memory.events)\n"
+)
+
+
 @pytest.mark.parametrize(("signal_name", "code"), [("SIGKILL", 137), ("SIGTERM", 143)])
 def test_a_killed_worker_reported_by_a_live_agent_restarts_processes(signal_name: str, code: int) -> None:
-    evidence = f"local rank 1 exited with signal {signal_name} after 0 restart(s)\n"
+    evidence = f"local rank 1 exited with signal {signal_name} after 0 restart(s)\n{NO_KILL_RECORD}"
     decision = DiagnosisFailurePolicy(REGISTRY).decide(failure(FailureKind.UNKNOWN, evidence, exit_code=code))
     assert decision.action is ActionKind.RESTART_PROCESSES, decision.outcome
     assert "killed" in decision.outcome
@@ -238,7 +245,7 @@ def test_a_killed_worker_reported_by_a_live_agent_restarts_processes(signal_name
 
 
 def test_a_sigkilled_worker_whose_agent_lives_is_said_to_be_killed_not_unknown() -> None:
-    evidence = "local rank 1 exited with signal SIGKILL\n"
+    evidence = f"local rank 1 exited with signal SIGKILL\n{NO_KILL_RECORD}"
     decision = DiagnosisFailurePolicy(REGISTRY).decide(failure(FailureKind.UNKNOWN, evidence, exit_code=-9))
     assert decision.action is ActionKind.RESTART_PROCESSES
     assert decision.outcome == (
@@ -248,10 +255,19 @@ def test_a_sigkilled_worker_whose_agent_lives_is_said_to_be_killed_not_unknown()
     )
 
 
+def test_a_sigkilled_worker_with_no_oom_record_read_is_taken_for_an_oom_kill() -> None:
+    """No record could be read (no memory cgroup the agent can see): an unexplained SIGKILL is the OOM
+    killer's far more often than anyone's (see `dlrover.diagnosis.oomrecord`), so more memory."""
+    evidence = "local rank 1 exited with signal SIGKILL\n"
+    decision = DiagnosisFailurePolicy(REGISTRY).decide(failure(FailureKind.UNKNOWN, evidence, exit_code=-9))
+    assert (decision.kind, decision.action) == (FailureKind.HOST_OOM, ActionKind.RELAUNCH_WITH_MORE_MEMORY)
+    assert "no OOM record read" in decision.outcome
+
+
 FAILURES = {
     "communication": (FailureKind.UNKNOWN, NCCL_TIMEOUT, 1),
     "unexplained": (FailureKind.UNKNOWN, "exit code 1", 1),
-    "killed": (FailureKind.UNKNOWN, "local rank 0 exited with signal SIGKILL", -9),
+    "killed": (FailureKind.UNKNOWN, f"local rank 0 exited with signal SIGKILL\n{NO_KILL_RECORD}", -9),
     "hang": (FailureKind.HANG, "no CPU progress", None),
     "hardware": (FailureKind.HARDWARE, "the agent saw something odd", 1),
 }

@@ -12,7 +12,7 @@ import pytest
 
 from dlrover.autoscale import Resources, Role
 from dlrover.common import ConfigError, ManualClock
-from dlrover.diagnosis import ActionKind, FailureKind
+from dlrover.diagnosis import NO_OOM_KILL, ActionKind, FailureKind
 from dlrover.master.cli import _run_parser, build_config
 from dlrover.master.config import LifecycleConfig, MasterConfig, NodeGroup, NodeRange
 from dlrover.master.diagnosis_policy import DiagnosisFailurePolicy
@@ -246,11 +246,12 @@ def test_an_oom_report_the_journal_refused_still_carries_the_record_when_it_come
     assert decision.kind is FailureKind.HOST_OOM
 
 
-def test_a_sigkill_without_an_oom_count_is_not_called_host_oom() -> None:
+def test_a_sigkill_whose_agent_read_no_oom_kill_is_not_called_host_oom() -> None:
     master, _ = recording_master()
     master.register(0, "a", "h")
-    decision = master.report_failure(0, FailureKind.UNKNOWN, "worker 0 exited with -9", exit_code=-9)
-    assert decision.kind is not FailureKind.HOST_OOM
+    no_kill = f"{NO_OOM_KILL}: the memory cgroup's oom_kill count stayed at 0 while the workers ran (memory.events)"
+    decision = master.report_failure(0, FailureKind.UNKNOWN, f"worker 0 exited with -9\n{no_kill}", exit_code=-9)
+    assert decision.kind is FailureKind.KILLED
 
 
 def test_an_agent_killed_for_memory_is_decided_as_host_oom_from_the_record() -> None:

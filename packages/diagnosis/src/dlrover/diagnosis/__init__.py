@@ -57,7 +57,7 @@ if TYPE_CHECKING:
     from dlrover.diagnosis.kinds import NODE_CHECK_FAILED, TRANSIENT_KINDS, ActionKind, FailureKind
     from dlrover.diagnosis.logsignals import LogSignal, signal_in_log
     from dlrover.diagnosis.logtail import LogTail, TailConfig, read_log_tail, read_tail_from_stream, tail_from_bytes
-    from dlrover.diagnosis.oomrecord import MEMORY_RECORD, OomCount, OomWatch
+    from dlrover.diagnosis.oomrecord import MEMORY_RECORD, NO_OOM_KILL, OomCount, OomWatch
     from dlrover.diagnosis.policy import (
         DEFAULT_LADDERS,
         ActionPolicy,
@@ -136,6 +136,7 @@ _EXPORTS = {
     "strip_rank_prefix": "dlrover.diagnosis.tracebacks",
     "tail_from_bytes": "dlrover.diagnosis.logtail",
     "MEMORY_RECORD": "dlrover.diagnosis.oomrecord",
+    "NO_OOM_KILL": "dlrover.diagnosis.oomrecord",
     "OomCount": "dlrover.diagnosis.oomrecord",
     "OomWatch": "dlrover.diagnosis.oomrecord",
     "LogSignal": "dlrover.diagnosis.logsignals",
@@ -226,6 +227,7 @@ __all__ = [
     "strip_rank_prefix",
     "tail_from_bytes",
     "MEMORY_RECORD",
+    "NO_OOM_KILL",
     "OomCount",
     "OomWatch",
     # classifier

@@ -35,8 +35,9 @@ class FailureKind(enum.Enum):
     PREEMPTION = "preemption"
     """The node is being taken away (SIGTERM, a spot or maintenance notice): transient."""
     KILLED = "killed"
-    """A process was killed by SIGKILL with no sign of why: the host's OOM killer or someone (a
-    person, a tool) killed it. Its node is usually fine, so a restart is expected to fix it."""
+    """A process was killed by SIGKILL while the host's OOM records, read, show no kill: someone (a
+    person, a tool) or an OOM killer they do not count killed it. Its node is usually fine, so a
+    restart is expected to fix it. (A SIGKILL with no record read is taken for `HOST_OOM`.)"""
     DATA_ERROR = "data_error"
     """Input data is broken: corrupt or truncated files (a checkpoint without its zip directory,
     ``invalid load key``), undecodable records, an unreadable storage volume."""

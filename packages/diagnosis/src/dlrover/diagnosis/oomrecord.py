@@ -11,7 +11,12 @@ cannot tell an OOM kill from a ``kill -9``. The kernel keeps two records the age
 
 `OomWatch` reads both, failing soft (an unreadable record is simply absent), and writes what it
 found as lines starting with `MEMORY_RECORD`, appended to a failed worker's evidence; the
-``host-memory-record`` rule reads them. The paths are injected so tests fake them.
+``host-memory-record`` rule reads them. When the cgroup's counter was read before and after and
+did not move (and the kernel log names no kill), it says so (a line starting with `NO_OOM_KILL`):
+only then is a SIGKILL known to come from someone else. With no record read, an unexplained
+SIGKILL is taken for the OOM killer's, which it is far more often than not (the real-world
+corpus holds no SIGKILL whose thread found another cause). The paths are injected so tests fake
+them.
 """
 
 from __future__ import annotations
@@ -24,13 +29,28 @@ from pathlib import Path
 
 import attrs
 
-__all__ = ["DEFAULT_CGROUP_ROOT", "DEFAULT_KMSG", "MEMORY_RECORD", "OomCount", "OomWatch", "parse_oom_kills"]
+__all__ = [
+    "DEFAULT_CGROUP_ROOT",
+    "DEFAULT_KMSG",
+    "MEMORY_RECORD",
+    "NO_OOM_KILL",
+    "OomCount",
+    "OomWatch",
+    "parse_oom_kills",
+]
 
 MEMORY_RECORD = "dlrover memory record"
 """Starts every evidence line `OomWatch` writes; the ``host-memory-record`` rule matches it."""
 
+NO_OOM_KILL = f"{MEMORY_RECORD}: no OOM kill"
+"""Starts the evidence line saying the records were read and show no OOM kill (the ``sigkill-exit``
+rule needs it to call a SIGKILL someone else's); ``host-memory-record`` passes it over."""
+
 DEFAULT_CGROUP_ROOT = Path("/sys/fs/cgroup")
 """Where the agent's own cgroup is mounted inside its container (a cgroup namespace root)."""
+
+DEFAULT_OWN_CGROUPS = Path("/proc/self/cgroup")
+"""Names the agent's own cgroups, relative to the hierarchies' roots."""
 
 DEFAULT_KMSG = Path("/dev/kmsg")
 """The kernel log as a device; reading it needs CAP_SYSLOG or ``kernel.dmesg_restrict=0``."""
@@ -104,20 +124,43 @@ class OomWatch:
         cgroup_root: the cgroup mount holding the agent's memory cgroup.
         kmsg: the kernel log device.
         max_kmsg_bytes: the most of the kernel log read per failure.
+        own_cgroups: the file naming the agent's own cgroups (``/proc/self/cgroup``).
     """
 
     cgroup_root: Path = DEFAULT_CGROUP_ROOT
     kmsg: Path = DEFAULT_KMSG
     max_kmsg_bytes: int = MAX_KMSG_BYTES
+    own_cgroups: Path = DEFAULT_OWN_CGROUPS
 
     def count(self) -> OomCount | None:
-        """The cgroup's OOM kill count now (v2, then v1), or None when neither is readable."""
-        for path in (self.cgroup_root / "memory.events", self.cgroup_root / "memory" / "memory.oom_control"):
+        """The OOM kill count now of the agent's own memory cgroup (v2, then v1; as
+        ``/proc/self/cgroup`` names it, which on a bare-metal host is not the mount's root, whose
+        v2 root keeps no ``memory.events``), else of the mount's root (a container's namespace
+        root), or None when none is readable."""
+        for path in (
+            *self._own_paths(),
+            self.cgroup_root / "memory.events",
+            self.cgroup_root / "memory" / "memory.oom_control",
+        ):
             text = _read_text(path)
             kills = None if text is None else parse_oom_kills(text)
             if kills is not None:
                 return OomCount(kills, str(path))
         return None
+
+    def _own_paths(self) -> list[Path]:
+        text = _read_text(self.own_cgroups)
+        paths = []
+        for line in (text or "").splitlines():
+            parts = line.split(":", 2)
+            if len(parts) != 3 or parts[2] in ("", "/") or not parts[2].startswith("/"):
+                continue  # the root is tried anyway; anything else is no path of ours
+            relative = parts[2].lstrip("/")
+            if parts[0] == "0" and parts[1] == "":
+                paths.append(self.cgroup_root / relative / "memory.events")
+            elif "memory" in parts[1].split(","):
+                paths.append(self.cgroup_root / "memory" / relative / "memory.oom_control")
+        return paths
 
     def kernel_kills(self, pids: Sequence[int]) -> list[str]:
         """The kernel log's OOM kill lines about `pids` (any process when `pids` is empty)."""
@@ -134,7 +177,8 @@ class OomWatch:
 
     def evidence(self, before: OomCount | None, pids: Sequence[int]) -> list[str]:
         """What the records say about a failure since `before` (the count when the workers
-        started), as `MEMORY_RECORD` lines; empty when they say nothing or cannot be read.
+        started), as `MEMORY_RECORD` lines: the kills found, else one `NO_OOM_KILL` line when the
+        cgroup's counter was read both times and did not move; empty when nothing could be read.
 
         Args:
             before: `count()` taken when the failed workers started, or None.
@@ -149,4 +193,9 @@ class OomWatch:
             )
         for line in self.kernel_kills(pids)[-3:]:
             lines.append(f"{MEMORY_RECORD}: kernel log: {line}")
+        if not lines and before is not None and now is not None and now.source == before.source:
+            lines.append(
+                f"{NO_OOM_KILL}: the memory cgroup's oom_kill count stayed at {now.kills} while the workers ran "
+                f"({now.source})"
+            )
         return lines

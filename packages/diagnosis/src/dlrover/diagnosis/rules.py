@@ -24,7 +24,7 @@ from dlrover.diagnosis.exitinfo import ExitInfo
 from dlrover.diagnosis.kinds import NODE_CHECK_FAILED, FailureKind
 from dlrover.diagnosis.logsignals import signal_in_log
 from dlrover.diagnosis.logtail import fold_case
-from dlrover.diagnosis.oomrecord import MEMORY_RECORD
+from dlrover.diagnosis.oomrecord import MEMORY_RECORD, NO_OOM_KILL
 from dlrover.diagnosis.scan import Scanner, matching_lines
 from dlrover.diagnosis.tracebacks import PythonTraceback, strip_rank_prefix
 
@@ -429,9 +429,15 @@ def killed_words(exit_info: ExitInfo) -> str:
 
 
 def _killed(evidence: Evidence) -> Sequence[str]:
-    if evidence.exit is None or evidence.exit.signal != _SIGKILL:
+    if evidence.exit is None or evidence.exit.signal != _SIGKILL or NO_OOM_KILL not in evidence.text:
         return ()
     return [killed_words(evidence.exit)]
+
+
+def _killed_unrecorded(evidence: Evidence) -> Sequence[str]:
+    if evidence.exit is None or evidence.exit.signal != _SIGKILL or MEMORY_RECORD in evidence.text:
+        return ()
+    return [f"{evidence.exit.describe()} with no OOM record read: most often the OOM killer, out of memory on the host"]
 
 
 def _log_patterns(*patterns: str) -> Callable[[Evidence], Sequence[str]]:
@@ -841,7 +847,12 @@ def builtin_rules() -> tuple[Rule, ...]:
         ),
         # The agent's reading of the kernel's own records (`dlrover.diagnosis.OomWatch`): the
         # evidence that tells an OOM kill from a plain SIGKILL.
-        LogPatternRule("host-memory-record", k.HOST_OOM, 0.93, [r"^" + re.escape(MEMORY_RECORD) + r": "]),
+        LogPatternRule(
+            "host-memory-record",
+            k.HOST_OOM,
+            0.93,
+            [r"^" + re.escape(MEMORY_RECORD) + r": (?!" + re.escape(NO_OOM_KILL[len(MEMORY_RECORD) + 2 :]) + ")"],
+        ),
         ExceptionRule("python-memory-error", k.HOST_OOM, 0.9, {"MemoryError", "_ArrayMemoryError"}),
         LogPatternRule(
             "dataloader-worker-killed",
@@ -1411,10 +1422,13 @@ def builtin_rules() -> tuple[Rule, ...]:
         ),
         FunctionRule("sigterm-exit", k.PREEMPTION, 0.7, _exit_signal(_SIGTERM, _SIGHUP)),
         FunctionRule("sigterm-in-exit-report", k.PREEMPTION, 0.65, _log_signal(_SIGTERM, _SIGHUP)),
-        # A SIGKILL the agent saw itself, with no OOM record: the agent read the host's OOM
-        # records for it (`OomWatch`) and found none, so someone (a person, a tool) may have
-        # killed it as well as an OOM killer it could not see.
+        # A SIGKILL the agent saw itself whose OOM records it read (`OomWatch`): they show no
+        # kill, so someone (a person, a tool) may have killed it as well as an OOM killer the
+        # records do not count.
         FunctionRule("sigkill-exit", k.KILLED, 0.5, _killed),
+        # A SIGKILL with no OOM record read (none readable on the host, or an exit status known
+        # from elsewhere): as with a SIGKILL known only from a launcher's words, below.
+        FunctionRule("sigkill-exit-unrecorded", k.HOST_OOM, 0.45, _killed_unrecorded),
         # A SIGKILL known only from another launcher's or a shell's words ("Killed", "exitcode:
         # -9", "Exit Code: 137"): nobody read the host's records for it, and a training process
         # killed with no word of why was, far more often than not, killed by the OOM killer.
