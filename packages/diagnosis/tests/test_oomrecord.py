@@ -33,7 +33,7 @@ def test_parse_reads_the_oom_kill_line_only() -> None:
 
 
 def test_count_reads_cgroup_v2_then_v1(tmp_path: Path) -> None:
-    watch = OomWatch(cgroup_root=tmp_path, kmsg=tmp_path / "absent")
+    watch = OomWatch(cgroup_root=tmp_path, kmsg=tmp_path / "absent", own_cgroups=tmp_path / "no-self")
     assert watch.count() is None
     (tmp_path / "memory").mkdir()
     (tmp_path / "memory" / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 3\n")
@@ -49,7 +49,7 @@ def test_a_risen_counter_and_the_kernel_line_become_evidence(tmp_path: Path) -> 
         "3,101,6000,-;Out of memory: Killed process 4242 (python) total-vm:9000kB, anon-rss:8000kB\n"
         "3,102,7000,-;Out of memory: Killed process 77 (other) total-vm:10kB\n"
     )
-    watch = OomWatch(cgroup_root=tmp_path, kmsg=kmsg)
+    watch = OomWatch(cgroup_root=tmp_path, kmsg=kmsg, own_cgroups=tmp_path / "no-self")
     _cgroup_v2(tmp_path, 0)
     before = watch.count()
     _cgroup_v2(tmp_path, 1)
@@ -62,7 +62,7 @@ def test_a_risen_counter_and_the_kernel_line_become_evidence(tmp_path: Path) -> 
 
 
 def test_unreadable_records_say_nothing_and_an_unchanged_count_says_no_kill(tmp_path: Path) -> None:
-    watch = OomWatch(cgroup_root=tmp_path, kmsg=tmp_path / "absent")
+    watch = OomWatch(cgroup_root=tmp_path, kmsg=tmp_path / "absent", own_cgroups=tmp_path / "no-self")
     assert watch.evidence(None, [1]) == []
     assert watch.evidence(OomCount(0, str(tmp_path / "memory.events")), [1]) == []  # unreadable now
     _cgroup_v2(tmp_path, 5)
@@ -72,7 +72,7 @@ def test_unreadable_records_say_nothing_and_an_unchanged_count_says_no_kill(tmp_
     assert "stayed at 5" in line
     unreadable = tmp_path / "kmsg"
     unreadable.mkdir()  # reading a directory fails: soft
-    assert OomWatch(cgroup_root=tmp_path, kmsg=unreadable).kernel_kills([]) == []
+    assert OomWatch(cgroup_root=tmp_path, kmsg=unreadable, own_cgroups=tmp_path / "no-self").kernel_kills([]) == []
 
 
 def test_a_sigkill_is_someone_elses_only_where_the_records_were_read_and_show_no_kill(tmp_path: Path) -> None:
@@ -80,7 +80,7 @@ def test_a_sigkill_is_someone_elses_only_where_the_records_were_read_and_show_no
     log = "step 1200 loss 2.31\nstep 1201 loss 2.30\n"
     unrecorded = classify(Evidence.from_text(log, returncode=-9), registry)
     assert (unrecorded.kind, unrecorded.rule) == (FailureKind.HOST_OOM, "sigkill-exit-unrecorded")
-    watch = OomWatch(cgroup_root=tmp_path, kmsg=tmp_path / "absent")
+    watch = OomWatch(cgroup_root=tmp_path, kmsg=tmp_path / "absent", own_cgroups=tmp_path / "no-self")
     _cgroup_v2(tmp_path, 3)
     read = log + "\n".join(watch.evidence(watch.count(), [99]))
     diagnosis = classify(Evidence.from_text(read, returncode=-9), registry)
@@ -92,7 +92,7 @@ def test_a_sigkill_is_someone_elses_only_where_the_records_were_read_and_show_no
 def test_the_record_turns_a_plain_sigkill_into_a_host_oom(tmp_path: Path) -> None:
     registry = RuleRegistry.with_builtin_rules()
     log = "step 1200 loss 2.31\nstep 1201 loss 2.30\n"
-    watch = OomWatch(cgroup_root=tmp_path, kmsg=tmp_path / "absent")
+    watch = OomWatch(cgroup_root=tmp_path, kmsg=tmp_path / "absent", own_cgroups=tmp_path / "no-self")
     _cgroup_v2(tmp_path, 0)
     before = watch.count()
     _cgroup_v2(tmp_path, 2)
@@ -108,6 +108,7 @@ def test_the_record_turns_a_plain_sigkill_into_a_host_oom(tmp_path: Path) -> Non
     [
         ("0::/user.slice/job.scope\n", "user.slice/job.scope/memory.events", "oom 0\noom_kill 4\n"),
         ("12:cpu,cpuacct:/x\n11:memory:/job/node-1\n", "memory/job/node-1/memory.oom_control", "oom_kill 4\n"),
+        ("11:cpu,memory:/job/n\n1:name=systemd:/s\n", "cpu,memory/job/n/memory.oom_control", "oom_kill 4\n"),
     ],
 )
 def test_the_agents_own_cgroup_is_read_before_the_mounts_root(
@@ -115,9 +116,29 @@ def test_the_agents_own_cgroup_is_read_before_the_mounts_root(
 ) -> None:
     (tmp_path / "self-cgroup").write_text(own)
     _cgroup_v2(tmp_path, 1)  # the root's (a container's namespace root): read only when the own one is not there
-    watch = OomWatch(cgroup_root=tmp_path, kmsg=tmp_path / "absent", own_cgroups=tmp_path / "self-cgroup")
+    watch = OomWatch(
+        cgroup_root=tmp_path,
+        kmsg=tmp_path / "absent",
+        own_cgroups=tmp_path / "self-cgroup",
+    )
     assert watch.count() == OomCount(1, str(tmp_path / "memory.events"))
     path = tmp_path / counter
     path.parent.mkdir(parents=True)
     path.write_text(text)
     assert watch.count() == OomCount(4, str(path))
+
+
+def test_a_cgroup_path_outside_the_namespace_is_not_followed(tmp_path: Path) -> None:
+    (tmp_path / "self-cgroup").write_text("0::/../../escape\n")
+    watch = OomWatch(cgroup_root=tmp_path / "mnt", kmsg=tmp_path / "absent", own_cgroups=tmp_path / "self-cgroup")
+    assert watch._own_paths() == []
+
+
+def test_a_kill_a_wrapper_reports_is_no_oom_kill_where_the_records_show_none(tmp_path: Path) -> None:
+    registry = RuleRegistry.with_builtin_rules()
+    log = "step 1200 loss 2.31\n./train.sh: line 12: 40211 Killed                  python train.py\n"
+    assert classify(Evidence.from_text(log, returncode=1), registry).kind is FailureKind.HOST_OOM  # no record read
+    watch = OomWatch(cgroup_root=tmp_path, kmsg=tmp_path / "absent", own_cgroups=tmp_path / "no-self")
+    _cgroup_v2(tmp_path, 0)
+    read = log + "\n".join(watch.evidence(watch.count(), [40211]))
+    assert classify(Evidence.from_text(read, returncode=1), registry).kind is not FailureKind.HOST_OOM

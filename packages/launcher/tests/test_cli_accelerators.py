@@ -62,3 +62,12 @@ def test_on_a_gpu_host_the_node_registers_without_counting_unless_its_flags_size
     assert cli._main(["--standalone", *flags, sys.executable]) == 2
     assert started == [True]  # the GPUs are sampled (NVML finds them) ...
     assert counts == ([2] if counted else [])  # ... and counted only for the flag that needs the count
+
+
+@pytest.mark.parametrize(("visible", "sampled"), [(None, True), ("0,1", True), ("", False), (" -1", False)])
+def test_a_job_that_hides_every_gpu_samples_none(
+    monkeypatch: pytest.MonkeyPatch, visible: str | None, sampled: bool
+) -> None:
+    monkeypatch.setattr(cli, "_accelerator_driver_present", lambda: True)
+    environ = {} if visible is None else {"CUDA_VISIBLE_DEVICES": visible}
+    assert cli._samples_gpus(environ) is sampled

@@ -149,17 +149,24 @@ class OomWatch:
         return None
 
     def _own_paths(self) -> list[Path]:
+        """The counter files of the agent's own memory cgroup, as ``/proc/self/cgroup`` names it
+        (v2 ``0::/path``; v1 ``N:memory:/path``, its hierarchy mounted alone or with others)."""
         text = _read_text(self.own_cgroups)
         paths = []
         for line in (text or "").splitlines():
-            parts = line.split(":", 2)
-            if len(parts) != 3 or parts[2] in ("", "/") or not parts[2].startswith("/"):
-                continue  # the root is tried anyway; anything else is no path of ours
-            relative = parts[2].lstrip("/")
-            if parts[0] == "0" and parts[1] == "":
+            hierarchy, _, rest = line.partition(":")
+            controllers, _, path = rest.partition(":")
+            parts = path.split("/")
+            if not path.startswith("/") or ".." in parts:
+                continue  # outside this namespace's view: nothing under the mount is ours
+            relative = Path(*[part for part in parts if part]) if any(parts) else Path()
+            if relative == Path():
+                continue  # the mount's root, tried anyway
+            if hierarchy == "0" and controllers == "":
                 paths.append(self.cgroup_root / relative / "memory.events")
-            elif "memory" in parts[1].split(","):
-                paths.append(self.cgroup_root / "memory" / relative / "memory.oom_control")
+            elif "memory" in controllers.split(","):
+                mounts = dict.fromkeys((controllers, "memory"))  # co-mounted ("cpu,memory") or alone
+                paths.extend(self.cgroup_root / mount / relative / "memory.oom_control" for mount in mounts)
         return paths
 
     def kernel_kills(self, pids: Sequence[int]) -> list[str]:

@@ -50,10 +50,10 @@ KINDS_NOT_FROM_DATA = frozenset(
 """The kinds a sample being trained cannot cause (a network, the host, a stop from outside, the storage, the
 launch's settings): the data shards the failed processes held are handed out again without counting an attempt
 against them (`max_attempts`), so that crash loops of the platform never send good data to the failed set. Any
-other kind (user code, a data error, a native crash, an OOM, a NaN loss, a kill without a record, unknown) may
-be the samples', and counts. A hang counts too: one pathological sample can stall its rank's input pipeline,
-and the shard handed out first again after each restart would otherwise hang the job until its restart budget
-ran out instead of going to the failed set after `max_attempts`."""
+other kind (user code, a data error, a native crash, an OOM, a NaN loss, a kill whose records show no OOM kill,
+unknown) may be the samples', and counts. A hang counts too: one pathological sample can stall its rank's input
+pipeline, and the shard handed out first again after each restart would otherwise hang the job until its restart
+budget ran out instead of going to the failed set after `max_attempts`."""
 
 PEER_CONSEQUENCE_KINDS = frozenset({FailureKind.COMMUNICATION, FailureKind.HANG})
 """The kinds a node's workers fail with when a peer's departure or restart breaks their collectives

@@ -421,21 +421,27 @@ def _killed_with_full_memory(evidence: Evidence) -> Sequence[str]:
 
 
 def killed_words(exit_info: ExitInfo) -> str:
-    """What a SIGKILL with no sign of why means: ``"killed by SIGKILL (signal 9): out of memory on
-    the host or killed by someone"``."""
+    """What a SIGKILL means whose OOM records show no kill: ``"killed by SIGKILL (signal 9): out of
+    memory on the host or killed by someone"`` (an OOM killer the records do not count, or a
+    person or a tool)."""
     return (
         f"killed by {exit_info.signal_name} (signal {exit_info.signal}): out of memory on the host or killed by someone"
     )
 
 
+def _has_line_starting(evidence: Evidence, prefix: str) -> bool:
+    text = evidence.text
+    return text.startswith(prefix) or f"\n{prefix}" in text
+
+
 def _killed(evidence: Evidence) -> Sequence[str]:
-    if evidence.exit is None or evidence.exit.signal != _SIGKILL or NO_OOM_KILL not in evidence.text:
+    if evidence.exit is None or evidence.exit.signal != _SIGKILL or not _has_line_starting(evidence, NO_OOM_KILL):
         return ()
     return [killed_words(evidence.exit)]
 
 
 def _killed_unrecorded(evidence: Evidence) -> Sequence[str]:
-    if evidence.exit is None or evidence.exit.signal != _SIGKILL or MEMORY_RECORD in evidence.text:
+    if evidence.exit is None or evidence.exit.signal != _SIGKILL or _has_line_starting(evidence, MEMORY_RECORD):
         return ()
     return [f"{evidence.exit.describe()} with no OOM record read: most often the OOM killer, out of memory on the host"]
 
@@ -720,6 +726,15 @@ def _log_signal(*signums: int) -> Callable[[Evidence], Sequence[str]]:
         return [found.line]
 
     return match
+
+
+def _unless_no_oom_kill(match: Callable[[Evidence], Sequence[str]]) -> Callable[[Evidence], Sequence[str]]:
+    """`match`, except where the agent read its OOM records and they show no kill (`NO_OOM_KILL`)."""
+
+    def checked(evidence: Evidence) -> Sequence[str]:
+        return () if _has_line_starting(evidence, NO_OOM_KILL) else match(evidence)
+
+    return checked
 
 
 # ---- collectives that timed out in different operations on different ranks ------------------
@@ -1432,7 +1447,7 @@ def builtin_rules() -> tuple[Rule, ...]:
         # A SIGKILL known only from another launcher's or a shell's words ("Killed", "exitcode:
         # -9", "Exit Code: 137"): nobody read the host's records for it, and a training process
         # killed with no word of why was, far more often than not, killed by the OOM killer.
-        FunctionRule("sigkill-in-exit-report", k.HOST_OOM, 0.45, _log_signal(_SIGKILL)),
+        FunctionRule("sigkill-in-exit-report", k.HOST_OOM, 0.45, _unless_no_oom_kill(_log_signal(_SIGKILL))),
         # -- native crashes: above the communication rules, whose errors on the other ranks
         # follow a crashed peer; below device OOM, hardware and user code, which explain a crash.
         LogPatternRule(

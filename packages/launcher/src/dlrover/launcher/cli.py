@@ -78,6 +78,14 @@ def _accelerator_driver_present(dev: Path = Path("/dev"), proc: Path = Path("/pr
     )
 
 
+def _samples_gpus(environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether the agent's heartbeats carry GPU samples: a GPU driver is present and the job does
+    not hide every device (``CUDA_VISIBLE_DEVICES`` empty or ``-1``: a CPU job on a shared GPU host,
+    whose samples would be other tenants' use, as NVML reports every GPU of the host)."""
+    hidden = environ.get("CUDA_VISIBLE_DEVICES")
+    return _accelerator_driver_present() and not (hidden is not None and hidden.strip() in ("", "-1"))
+
+
 def _visible_accelerators() -> int:
     # Importing torch takes this process seconds of CPU before the node can register, on the path
     # of every node start (a grown node's and a replacement's included): skipped where no driver
@@ -542,7 +550,7 @@ def _main(argv: list[str] | None) -> int:
         if cfg.token is not None:
             _log.warning("--token is visible to every user of this host (ps, /proc); prefer --token-file")
         standby = early_standbys(cfg)
-        result = run(cfg, sample_gpus=_accelerator_driver_present(), standby=standby)
+        result = run(cfg, sample_gpus=_samples_gpus(), standby=standby)
     except (ConfigError, DLRoverError) as exc:
         print(f"dlrover-run: {exc}", file=sys.stderr)
         return 2 if isinstance(exc, ConfigError) else 1
