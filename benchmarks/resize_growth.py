@@ -34,7 +34,10 @@ torch; under torchrun before), every rank had joined the process group and loade
 The goal (issue 28): the dlrover growth takes at most 0.3x the torchrun stop-and-restart. The last
 lines say ``GOAL PASS`` or ``GOAL MISS`` with the ratio of the medians, for the growth without a
 spare and for the one with a warm spare (``dlrover+spare``: the job runs one node beside a registered
-spare, ``--spare-nodes=1``, and is scaled to N; the spare takes the new rank at once).
+spare, ``--spare-nodes=1``, and is scaled to N; the spare takes the new rank at once). Beside them,
+the floor of the growth without a spare: a fresh interpreter's import of what a new node's standby
+workers import (torch and the checkpointer), timed before the runs; torchrun's restart pays that
+import twice in a row (its agent's, then its workers'), so that way stays near 0.5x of it.
 
 Both ways grow a job in steady state: ``--steady-steps`` steps at one node and, under dlrover-run, no
 start-up left running: every standby interpreter held in reserve (the running node's standbys for its
@@ -556,6 +559,21 @@ def torchrun_trial(args: argparse.Namespace) -> Trial:
     return trial
 
 
+FLOOR_MODULES = ("torch", "dlrover.flashckpt.checkpointer")  # what dlrover-run's standbys import
+
+
+def import_floor_s(runs: int = 3) -> float:
+    """Seconds a fresh interpreter takes to import what a new node's standby workers import (the
+    median of `runs`, the machine idle): the least a growth that launches a node can take."""
+    code = f"import {', '.join(FLOOR_MODULES)}"
+    times = []
+    for _ in range(runs):
+        started = time.monotonic()
+        subprocess.run([PYTHON, "-c", code], check=True, timeout=300)
+        times.append(time.monotonic() - started)
+    return statistics.median(times)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="1 run of each")
@@ -581,6 +599,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{runs} run(s) each, gloo, {os.cpu_count()} CPUs; master flags [{args.master_flags}], "
         f"agent flags [{args.agent_flags}]"
     )
+    floor = import_floor_s()
     results: list[Trial] = []
     for rep in range(runs):
         for name, trial_fn in ways:  # alternated so both see the same machine load
@@ -626,6 +645,15 @@ def main(argv: list[str] | None = None) -> int:
         else:
             verdict = "PASS" if ours <= GOAL_RATIO * base else "MISS"
             print(f"GOAL {verdict} ({way}): {ours:.2f} s / {base:.2f} s = {ours / base:.2f}x")
+    ours = median([t.growth_s for t in results if t.way == "dlrover"])
+    if ours is not None:
+        # A node the master launches cannot train before a fresh interpreter imported torch (its standbys
+        # do, beside its agent's start); torchrun's restart imports it twice in a row (its agent's, then
+        # its workers'). So this way's floor is about one import, whatever else gets faster.
+        print(
+            f"floor (dlrover): a fresh interpreter's import of {', '.join(FLOOR_MODULES)} took {floor:.2f} s "
+            f"(idle, median of 3): the growth took {ours / floor:.2f}x that, {ours - floor:.2f} s beyond it"
+        )
     leaks = [leak for t in results for leak in t.leaks]
     print(f"leaks: {leaks or 'none'}")
     return 0 if not leaks and all(t.outcome == "ok" for t in results) else 1
