@@ -36,8 +36,9 @@ lines say ``GOAL PASS`` or ``GOAL MISS`` with the ratio of the medians, for the 
 spare and for the one with a warm spare (``dlrover+spare``: the job runs one node beside a registered
 spare, ``--spare-nodes=1``, and is scaled to N; the spare takes the new rank at once). Beside them,
 the floor of the growth without a spare: a fresh interpreter's import of what a new node's standby
-workers import (torch and the checkpointer), timed before the runs; torchrun's restart pays that
-import twice in a row (its agent's, then its workers'), so that way stays near 0.5x of it.
+workers import (torch and the checkpointer), timed before the runs. torchrun's restart pays that
+import twice in a row (its agent's, then its workers'), so the growth without a spare cannot go much
+below 0.5x of torchrun's restart.
 
 Both ways grow a job in steady state: ``--steady-steps`` steps at one node and, under dlrover-run, no
 start-up left running: every standby interpreter held in reserve (the running node's standbys for its
