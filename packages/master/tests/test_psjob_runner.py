@@ -40,7 +40,10 @@ STAND_IN = textwrap.dedent(
     config = json.loads(os.environ["TF_CONFIG"])
     task = os.environ["DLROVER_PS_TASK"]
     node = os.environ["DLROVER_NODE_ID"]
-    (out / f"{task}-{node}.json").write_text(json.dumps(config))
+    # Whole or not at all: the test kills a task as soon as its file shows, which may be before a
+    # plain write's text is in it.
+    (out / f".{task}-{node}.tmp").write_text(json.dumps(config))
+    (out / f".{task}-{node}.tmp").replace(out / f"{task}-{node}.json")
     if config["task"]["type"] != "chief":
         time.sleep(3600)
     if (out / "await-worker-relaunch").exists():  # the relaunched worker:1 must have started before the end
