@@ -354,6 +354,25 @@ def test_a_master_deleted_while_ready_is_replaced_and_counted() -> None:
     assert answer.status["masterRestarts"] == 1
 
 
+def test_a_master_seen_terminating_after_someone_deleted_it_is_counted_once() -> None:
+    """The operator may look while a graceful deletion runs: the restart is counted then (the ready
+    condition it would be counted by turns false there), and not again when the pod is gone."""
+    job, observed = running(elastic_job())
+    pod = json.loads(json.dumps(observed.master_pod))
+    pod["metadata"]["deletionTimestamp"] = "2026-01-01T00:10:30Z"
+    terminating = observed_after(Reconciliation((), {}, ""), observed, master_pod=pod, summary=None)
+    seen = run(job, terminating)
+    assert seen.writes == ()
+    assert seen.status["masterRestarts"] == 1
+    assert condition(seen, Condition.MASTER_READY)["reason"] == "MasterTerminating"
+    assert run(with_status(job, seen), terminating).status["masterRestarts"] == 1  # seen again: not again
+    gone = observed_after(Reconciliation((), {}, ""), observed, master_pod=None, summary=None)
+    replaced = run(with_status(job, seen), gone)
+    assert [w.kind for w in replaced.writes] == ["Pod"]
+    assert replaced.status["masterRestarts"] == 1
+    assert "replacement 1 of the master" in condition(replaced, Condition.MASTER_READY)["message"]
+
+
 def _at(now: str, job: dict[str, Any], observed: Observed) -> Reconciliation:
     answer = reconcile(job, observed, SETTINGS, now=now, new_token=TOKEN)
     assert schema_errors(STATUS_SCHEMA, dict(answer.status), "status") == []

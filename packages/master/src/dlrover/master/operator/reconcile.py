@@ -643,6 +643,11 @@ class _Pass:
             self.master_lost(pod, lost)
             return
         if _deleting(pod):
+            if _is_true(self.status, Condition.MASTER_READY):
+                # Deleted by someone else (the operator's own deletions are counted or excused when made):
+                # counted now, as `create_master` would have had the pod gone before this look, since the
+                # condition it counts by is false from here on.
+                self.count_end(pod)
             self.condition(Condition.MASTER_READY, False, "MasterTerminating", "the old master pod is being deleted")
             self.reasons.append("wait for the old master pod to go")
             return
