@@ -166,6 +166,39 @@ def test_three_trainers_with_shards_of_several_batches_killed_mid_shard_train_ev
     assert [i for i, n in counts.items() if n > 1] == []
 
 
+def _first_whole_read(out: Path, rank: int, steps: int) -> int:
+    """The first step whose saved state is a whole read of the position (near the data's end)."""
+    for step in range(1, steps + 1):
+        saved = json.loads((out / f"state-r{rank}-s{step}.json").read_text())
+        if not unpack_acknowledged(saved["acknowledged"]):
+            return step
+    return steps + 1
+
+
+@pytest.mark.timeout(240)
+def test_shards_of_several_batches_are_near_the_end_only_in_the_last_shards(
+    shard_server: Any, token: str, tmp_path: Path
+) -> None:
+    """Shards of four batches, a sync every four steps: a trainer takes one shard between two syncs,
+    so the group reads the whole position every step only once fewer than four shards are left (one
+    a round, the count before, put the whole run there). Killed in that stretch and resumed from
+    before it, every sample is trained once."""
+    server, _servicer = shard_server
+    samples = 2 * 40 * 4  # 20 shards of four batches of 4: 40 steps for two trainers
+    common = (f"--samples={samples}", "--batches-per-shard=4")
+    assert _run_group(server.address, token, tmp_path, 4, 0, *common, "--die-after", "38") == [-9, -9]
+    first = _first_whole_read(tmp_path, 1, 38)
+    assert 28 < first <= 38, first  # four shards are the last eight steps
+    resumed = 30
+    state = tmp_path / f"state-r1-s{resumed}.json"
+    args = (*common, "--resume-from", str(resumed), str(state))
+    assert _run_group(server.address, token, tmp_path, 4, 1, *args) == [0, 0]
+    trained = _trained(tmp_path, 0, up_to_step=resumed) + _trained(tmp_path, 1)
+    counts = Counter(trained)
+    assert sorted(counts) == list(range(samples)), f"missing: {sorted(set(range(samples)) - set(counts))}"
+    assert [i for i, n in counts.items() if n > 1] == []
+
+
 @pytest.mark.timeout(60)
 def test_a_round_with_more_acknowledgements_than_one_row_carries_gathers_them_all(tmp_path: Path) -> None:
     import torch.distributed as dist

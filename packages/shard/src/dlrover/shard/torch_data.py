@@ -176,6 +176,10 @@ class ShardSampler(Sampler[int]):
         self._shard: Shard | None = None  # the shard being handed out
         self._unyielded: deque[int] = deque()  # its samples not handed out yet
         self._commits = 0  # commit() calls that acknowledged something
+        # The most samples one commit acknowledged and the fewest samples a shard had: how many
+        # shards a trainer of a group takes between two syncs (0: none seen yet).
+        self._widest_commit = 0
+        self._narrowest_shard = 0
         # Each pass (and each load_state_dict) takes the next number: a pass's iterator that the loader left
         # suspended stops handing out once a newer one exists, so two never interleave.
         self._generation = 0
@@ -220,6 +224,8 @@ class ShardSampler(Sampler[int]):
                 return
             if self._group is not None:
                 self._group.taken_since_sync += 1
+                if shard.size and (not self._narrowest_shard or shard.size < self._narrowest_shard):
+                    self._narrowest_shard = shard.size
             self._shard, self._unyielded = shard, deque(shard.remaining_samples())
 
     def _next_shard(self) -> Shard | None:
@@ -302,6 +308,7 @@ class ShardSampler(Sampler[int]):
         self._acknowledge(num_samples)
         if num_samples:
             self._commits += 1
+            self._widest_commit = max(self._widest_commit, num_samples)
             if self._steps is not None:
                 self._steps.add_samples(num_samples)
 
@@ -372,14 +379,23 @@ class ShardSampler(Sampler[int]):
         assert group.document is not None
         return make_state(STATE_FORMAT, STATE_VERSION, self._client.dataset, group.document, group.acknowledged())
 
-    @staticmethod
-    def _note_the_data_end(group: GroupAcks, left: int | None) -> None:
+    def _note_the_data_end(self, group: GroupAcks, left: int | None) -> None:
         """Near the data's end (fewer shards left than twice what the group takes until the next
-        sync, counting at least one a round), a trainer that finds no shard waits for its peers'
-        acknowledgements to end the data; from the round after the group agreed on it every
-        commit is reported at once and every round reads the position, as without a group (see
-        `_acknowledge` and `_group_state_dict`). Before, there are shards for every trainer."""
-        need = max(group.taken_since_sync, group.sync_every)
+        sync), a trainer that finds no shard waits for its peers' acknowledgements to end the data;
+        from the round after the group agreed on it every commit is reported at once and every
+        round reads the position, as without a group (see `_acknowledge` and `_group_state_dict`).
+        Before, there are shards for every trainer.
+
+        What a trainer takes until the next sync: `sync_every` rounds of its widest commit, in
+        shards of the fewest samples a shard had, and no fewer than it took since the last sync;
+        one shard a round before it committed anything. (Counting one shard a round whatever the
+        shards' size put a job whose shards hold eight batches near the end for its whole last
+        half, one call to the service a round.)"""
+        if self._widest_commit and self._narrowest_shard:
+            ahead = -(-group.sync_every * self._widest_commit // self._narrowest_shard)  # ceil
+        else:
+            ahead = group.sync_every
+        need = max(group.taken_since_sync, ahead, 1)
         if left is not None and left < 2 * need * group.size:
             group.low_todo_seen = True  # the group agrees in this round's exchange
 
