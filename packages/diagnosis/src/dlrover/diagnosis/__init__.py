@@ -78,7 +78,7 @@ if TYPE_CHECKING:
         kind_decided_alone,
         reported_kind,
     )
-    from dlrover.diagnosis.resources import sample_gpus
+    from dlrover.diagnosis.resources import VISIBLE_DEVICES_ENV, sample_gpus, visible_gpus
     from dlrover.diagnosis.rules import (
         ExceptionRule,
         FunctionRule,
@@ -183,6 +183,8 @@ _EXPORTS = {
     "run_paired_probe": "dlrover.diagnosis.probe",
     "run_probe": "dlrover.diagnosis.probe",
     "sample_gpus": "dlrover.diagnosis.resources",
+    "visible_gpus": "dlrover.diagnosis.resources",
+    "VISIBLE_DEVICES_ENV": "dlrover.diagnosis.resources",
     "DiagnosisError": "dlrover.diagnosis.errors",
     "ProbeError": "dlrover.diagnosis.errors",
     "RulePluginError": "dlrover.diagnosis.errors",
@@ -278,6 +280,8 @@ __all__ = [
     "run_paired_probe",
     "run_probe",
     "sample_gpus",
+    "visible_gpus",
+    "VISIBLE_DEVICES_ENV",
     # errors
     "DiagnosisError",
     "ProbeError",

@@ -7,8 +7,9 @@ its shared and file-backed pages): shared memory, such as flash-checkpoint buffe
 worker and by the saver, and library pages would otherwise be counted once per process.
 
 GPUs are read through nvidia-ml-py (`dlrover.diagnosis.sample_gpus`) on a background thread,
-since initialising NVML can take long; a sample carries the newest reading. NVML reports every
-GPU of the host, whatever ``CUDA_VISIBLE_DEVICES`` says.
+since initialising NVML can take long; a sample carries the newest reading. Only the GPUs the job
+sees are read (``CUDA_VISIBLE_DEVICES``, as the agent's workers inherit it): on a shared host the
+others are another tenant's.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ class _GpuPoller:
             with self._lock:
                 self._latest = gpus
             if note and note != noted:
-                _log.info("no GPU samples: %s", note)
+                _log.info("%s: %s", "GPU samples left out" if gpus else "no GPU samples", note)
             noted = note
             if self._stop.wait(self._interval_s):
                 return
