@@ -180,6 +180,10 @@ def test_the_cpu_quota_is_read_from_cgroup_v2_and_v1(tmp_path: Path) -> None:
     assert cpu_quota(tmp_path / "missing", tmp_path / "no-such-file") is None
     root, proc = _cgroup(tmp_path / "bad", "0::/\n", {"cpu.max": "lots 100000"})
     assert cpu_quota(root, proc) is None  # unreadable: no limit known
+    # A group outside this namespace's view ("/../.."): no directory under the mount is it, so
+    # another group's limit (here one named like its last part) is never read as this one's.
+    root, proc = _cgroup(tmp_path / "outside", "0::/../../other\n", {"other/cpu.max": "50000 100000"})
+    assert cpu_quota(root, proc) is None
 
 
 def test_bandwidth_configs_are_validated(job_id: str, tmp_path: Path) -> None:

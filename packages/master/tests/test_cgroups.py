@@ -146,6 +146,11 @@ def test_detection_says_why_when_there_is_no_memory_controller(tmp_path: Path) -
     found = detect_memory_groups(proc_cgroup=tmp_path / "missing", mountinfo=tmp_path / "mountinfo")
     assert isinstance(found, UnavailableMemoryGroups)
     assert "cannot be read" in found.reason
+    # A group outside this cgroup namespace's view: the directory its path leads to is another's.
+    (tmp_path / "cgroup").write_text("4:memory:/../../other\n")
+    found = detect_memory_groups(proc_cgroup=tmp_path / "cgroup", mountinfo=tmp_path / "mountinfo")
+    assert isinstance(found, UnavailableMemoryGroups)
+    assert "outside this cgroup namespace's view" in found.reason
 
 
 def test_v2_without_the_memory_controller_is_unusable(tmp_path: Path) -> None:

@@ -28,6 +28,12 @@ if TYPE_CHECKING:
         validate_token,
         write_token_file,
     )
+    from dlrover.common.cgroup_membership import (
+        PROC_SELF_CGROUP,
+        CgroupMembership,
+        own_memberships,
+        parse_memberships,
+    )
     from dlrover.common.channel import ChannelConfig, create_channel
     from dlrover.common.cli_help import DefaultsHelpFormatter, default_text
     from dlrover.common.clock import Clock, ManualClock, SystemClock
@@ -118,6 +124,10 @@ _EXPORTS: dict[str, str] = {
     "Clock": "dlrover.common.clock",
     "ManualClock": "dlrover.common.clock",
     "SystemClock": "dlrover.common.clock",
+    "PROC_SELF_CGROUP": "dlrover.common.cgroup_membership",
+    "CgroupMembership": "dlrover.common.cgroup_membership",
+    "own_memberships": "dlrover.common.cgroup_membership",
+    "parse_memberships": "dlrover.common.cgroup_membership",
     "AuthError": "dlrover.common.errors",
     "ConfigError": "dlrover.common.errors",
     "DLRoverError": "dlrover.common.errors",
@@ -241,6 +251,10 @@ __all__ = [
     "master_tls_env",
     "master_tls_from_env",
     "master_tls_from_settings",
+    "PROC_SELF_CGROUP",
+    "CgroupMembership",
+    "own_memberships",
+    "parse_memberships",
 ]
 
 if not TYPE_CHECKING:  # so mypy checks every imported name against the imports above

@@ -25,9 +25,11 @@ import errno
 import os
 import re
 from collections.abc import Iterable, Sequence
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import attrs
+
+from dlrover.common import PROC_SELF_CGROUP, own_memberships
 
 __all__ = [
     "DEFAULT_CGROUP_ROOT",
@@ -49,7 +51,7 @@ rule needs it to call a SIGKILL someone else's); ``host-memory-record`` passes i
 DEFAULT_CGROUP_ROOT = Path("/sys/fs/cgroup")
 """Where the agent's own cgroup is mounted inside its container (a cgroup namespace root)."""
 
-DEFAULT_OWN_CGROUPS = Path("/proc/self/cgroup")
+DEFAULT_OWN_CGROUPS = PROC_SELF_CGROUP
 """Names the agent's own cgroups, relative to the hierarchies' roots."""
 
 DEFAULT_KMSG = Path("/dev/kmsg")
@@ -151,21 +153,18 @@ class OomWatch:
     def _own_paths(self) -> list[Path]:
         """The counter files of the agent's own memory cgroup, as ``/proc/self/cgroup`` names it
         (v2 ``0::/path``; v1 ``N:memory:/path``, its hierarchy mounted alone or with others)."""
-        text = _read_text(self.own_cgroups)
         paths = []
-        for line in (text or "").splitlines():
-            hierarchy, _, rest = line.partition(":")
-            controllers, _, path = rest.partition(":")
-            parts = path.split("/")
-            if not path.startswith("/") or ".." in parts:
-                continue  # outside this namespace's view: nothing under the mount is ours
-            relative = Path(*[part for part in parts if part]) if any(parts) else Path()
-            if relative == Path():
-                continue  # the mount's root, tried anyway
-            if hierarchy == "0" and controllers == "":
+        for member in own_memberships(self.own_cgroups):
+            relative = member.relative()
+            if relative is None or relative == PurePosixPath():
+                # Outside this namespace's view (nothing under the mount is ours), or the mount's
+                # root, which is tried anyway.
+                continue
+            if member.unified:
                 paths.append(self.cgroup_root / relative / "memory.events")
-            elif "memory" in controllers.split(","):
-                mounts = dict.fromkeys((controllers, "memory"))  # co-mounted ("cpu,memory") or alone
+            elif member.has("memory"):
+                # Mounted alone ("memory") or with other controllers ("cpu,memory").
+                mounts = dict.fromkeys((",".join(member.controllers), "memory"))
                 paths.extend(self.cgroup_root / mount / relative / "memory.oom_control" for mount in mounts)
         return paths
 

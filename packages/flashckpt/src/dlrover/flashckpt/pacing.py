@@ -23,7 +23,7 @@ from pathlib import Path
 
 import attrs
 
-from dlrover.common import Clock, ConfigError
+from dlrover.common import PROC_SELF_CGROUP, Clock, ConfigError, own_memberships
 
 __all__ = [
     "PERSIST_MB_S_PER_CPU",
@@ -41,32 +41,23 @@ PERSIST_MB_S_PER_CPU = 256.0
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
-def cpu_quota(cgroup_root: Path = CGROUP_ROOT, proc_cgroup: Path = Path("/proc/self/cgroup")) -> float | None:
+def cpu_quota(cgroup_root: Path = CGROUP_ROOT, proc_cgroup: Path = PROC_SELF_CGROUP) -> float | None:
     """CPUs' worth of time this process's cgroup may use (``cpu.max``, or cgroup v1's CFS quota),
     the tightest along its path; None where there is no limit or no cgroup to read.
 
     A container limited to 2 CPUs on a 96-core host has 96 CPUs in its affinity mask and 2 here.
     """
-    try:
-        lines = proc_cgroup.read_text().splitlines()
-    except OSError:
-        return None
     limits: list[float] = []
-    for line in lines:
-        fields = line.split(":", 2)
-        if len(fields) != 3:
-            continue
-        _, controllers, path = fields
-        names = controllers.split(",")
+    for member in own_memberships(proc_cgroup):
         files: list[tuple[Path, Path | None]]
-        if controllers == "":  # cgroup v2: <root>/<path>/cpu.max, "max 100000" or "200000 100000"
-            files = [(d / "cpu.max", None) for d in _ancestors(cgroup_root, path)]
-        elif "cpu" in names:  # cgroup v1: cpu.cfs_quota_us (-1: none) over cpu.cfs_period_us
-            mounts = (cgroup_root / n for n in (controllers, "cpu,cpuacct", "cpu"))
+        if member.unified:  # cgroup v2: <root>/<path>/cpu.max, "max 100000" or "200000 100000"
+            files = [(d / "cpu.max", None) for d in member.directories(cgroup_root)]
+        elif member.has("cpu"):  # cgroup v1: cpu.cfs_quota_us (-1: none) over cpu.cfs_period_us
+            mounts = (cgroup_root / n for n in (",".join(member.controllers), "cpu,cpuacct", "cpu"))
             base = next((m for m in mounts if m.is_dir()), None)
             if base is None:
                 continue
-            files = [(d / "cpu.cfs_quota_us", d / "cpu.cfs_period_us") for d in _ancestors(base, path)]
+            files = [(d / "cpu.cfs_quota_us", d / "cpu.cfs_period_us") for d in member.directories(base)]
         else:
             continue
         for quota_file, period_file in files:
@@ -74,12 +65,6 @@ def cpu_quota(cgroup_root: Path = CGROUP_ROOT, proc_cgroup: Path = Path("/proc/s
             if limit is not None:
                 limits.append(limit)
     return min(limits) if limits else None
-
-
-def _ancestors(mount: Path, path: str) -> list[Path]:
-    """The cgroup's directory and those above it, under `mount` (a namespaced path is "/")."""
-    parts = [p for p in path.strip().split("/") if p and p != ".."]
-    return [mount.joinpath(*parts[:i]) for i in range(len(parts), -1, -1)]
 
 
 def _read_limit(quota_file: Path, period_file: Path | None) -> float | None:

@@ -39,6 +39,7 @@ from typing import Protocol, runtime_checkable
 
 import attrs
 
+from dlrover.common import parse_memberships
 from dlrover.diagnosis.oomrecord import parse_oom_kills
 
 __all__ = [
@@ -363,15 +364,11 @@ def _own_memory_cgroup(proc_cgroup: str) -> tuple[int, str] | None:
     """(version, path inside the hierarchy) of this process's memory cgroup from ``/proc/self/cgroup``;
     v1's memory controller wins over v2 (a controller is bound to one hierarchy at a time)."""
     unified = None
-    for line in proc_cgroup.splitlines():
-        parts = line.split(":", 2)
-        if len(parts) != 3:
-            continue
-        _hid, controllers, path = parts
-        if "memory" in controllers.split(","):
-            return 1, path
-        if controllers == "":
-            unified = path
+    for member in parse_memberships(proc_cgroup):
+        if member.has("memory"):
+            return 1, member.path
+        if member.unified:
+            unified = member.path
     return None if unified is None else (2, unified)
 
 
@@ -398,6 +395,8 @@ def _locate(proc_cgroup: str, mounts: str) -> tuple[int, Path] | str:
     if own is None:
         return "this process is in no memory cgroup (no memory controller)"
     version, path = own
+    if not path.startswith("/") or ".." in path.split("/"):
+        return f"this process's memory cgroup {path} lies outside this cgroup namespace's view"
     mount = _mount_point(mounts, version)
     if mount is None:
         return f"the cgroup v{version} memory hierarchy is not mounted here"
