@@ -199,6 +199,20 @@ def test_shards_of_several_batches_are_near_the_end_only_in_the_last_shards(
     assert [i for i, n in counts.items() if n > 1] == []
 
 
+@pytest.mark.timeout(240)
+def test_the_data_s_short_last_shard_does_not_bring_the_end_near(shard_server: Any, token: str, tmp_path: Path) -> None:
+    """161 samples: 10 shards of four batches of 4 and a last shard of one sample, handed out at a
+    shuffled moment. Counted by the shortest shard, one trainer would take sixteen shards between
+    two syncs and be near the end from the start; counted by the widest, one."""
+    server, _servicer = shard_server
+    common = ("--samples=161", "--batches-per-shard=4")
+    assert _run_group(server.address, token, tmp_path, 4, 0, *common, world=1) == [0]
+    steps = len((tmp_path / "trained-r0-a0.jsonl").read_text().splitlines())
+    first = _first_whole_read(tmp_path, 0, steps)
+    assert first > steps - 8, (first, steps)
+    assert sorted(_trained(tmp_path, 0, world=1)) == list(range(161))
+
+
 @pytest.mark.timeout(60)
 def test_a_round_with_more_acknowledgements_than_one_row_carries_gathers_them_all(tmp_path: Path) -> None:
     import torch.distributed as dist

@@ -176,10 +176,12 @@ class ShardSampler(Sampler[int]):
         self._shard: Shard | None = None  # the shard being handed out
         self._unyielded: deque[int] = deque()  # its samples not handed out yet
         self._commits = 0  # commit() calls that acknowledged something
-        # The most samples one commit acknowledged and the fewest samples a shard had: how many
-        # shards a trainer of a group takes between two syncs (0: none seen yet).
-        self._widest_commit = 0
-        self._narrowest_shard = 0
+        # The most samples committed between two `state_dict` calls (a round: several commits under
+        # gradient accumulation) and the most a shard had (the data's last shard may be shorter):
+        # how many shards a trainer of a group takes between two syncs (0: none seen yet).
+        self._round_samples = 0
+        self._widest_round = 0
+        self._widest_shard = 0
         # Each pass (and each load_state_dict) takes the next number: a pass's iterator that the loader left
         # suspended stops handing out once a newer one exists, so two never interleave.
         self._generation = 0
@@ -224,8 +226,7 @@ class ShardSampler(Sampler[int]):
                 return
             if self._group is not None:
                 self._group.taken_since_sync += 1
-                if shard.size and (not self._narrowest_shard or shard.size < self._narrowest_shard):
-                    self._narrowest_shard = shard.size
+                self._widest_shard = max(self._widest_shard, shard.size)
             self._shard, self._unyielded = shard, deque(shard.remaining_samples())
 
     def _next_shard(self) -> Shard | None:
@@ -308,7 +309,7 @@ class ShardSampler(Sampler[int]):
         self._acknowledge(num_samples)
         if num_samples:
             self._commits += 1
-            self._widest_commit = max(self._widest_commit, num_samples)
+            self._round_samples += num_samples
             if self._steps is not None:
                 self._steps.add_samples(num_samples)
 
@@ -354,6 +355,8 @@ class ShardSampler(Sampler[int]):
         return _state(self._client.dataset, self._client.checkpoint(lease_next=lease_next))
 
     def _group_state_dict(self, group: GroupAcks) -> dict[str, Any]:
+        self._widest_round = max(self._widest_round, self._round_samples)
+        self._round_samples = 0
         if group.near_end:
             # Every commit is reported at once here, so after the exchange (a collective that
             # follows every trainer's commit) the position read holds the whole group's progress;
@@ -381,21 +384,23 @@ class ShardSampler(Sampler[int]):
 
     def _note_the_data_end(self, group: GroupAcks, left: int | None) -> None:
         """Near the data's end (fewer shards left than twice what the group takes until the next
-        sync), a trainer that finds no shard waits for its peers' acknowledgements to end the data;
-        from the round after the group agreed on it every commit is reported at once and every
-        round reads the position, as without a group (see `_acknowledge` and `_group_state_dict`).
-        Before, there are shards for every trainer.
+        sync) every commit is reported at once and every round reads the position, as without a
+        group, from the round after the group agreed on it (see `_acknowledge` and
+        `_group_state_dict`), so the last shards are handed out and the data ends without waiting
+        for a sync. (A trainer that finds no shard earlier reports its own commits before it waits,
+        so the data's end is reached either way; this keeps that wait from happening.)
 
-        What a trainer takes until the next sync: `sync_every` rounds of its widest commit, in
-        shards of the fewest samples a shard had, and no fewer than it took since the last sync;
-        one shard a round before it committed anything. (Counting one shard a round whatever the
-        shards' size put a job whose shards hold eight batches near the end for its whole last
-        half, one call to the service a round.)"""
-        if self._widest_commit and self._narrowest_shard:
-            ahead = -(-group.sync_every * self._widest_commit // self._narrowest_shard)  # ceil
+        What a trainer takes until the next sync: `sync_every` rounds of its widest round (the
+        samples committed between two `state_dict` calls), in shards of the most samples a shard had
+        (the data's last shard may hold fewer), and no fewer than it took since the last sync; one
+        shard a round before it committed anything. (Counting one shard a round whatever the shards'
+        size put a job whose shards hold eight batches near the end for its whole last half: a call
+        to the service and a fence every round.)"""
+        if self._widest_round and self._widest_shard:
+            ahead = -(-group.sync_every * self._widest_round // self._widest_shard)  # ceil
         else:
             ahead = group.sync_every
-        need = max(group.taken_since_sync, ahead, 1)
+        need = max(group.taken_since_sync, ahead)
         if left is not None and left < 2 * need * group.size:
             group.low_todo_seen = True  # the group agrees in this round's exchange
 
@@ -421,6 +426,7 @@ class ShardSampler(Sampler[int]):
         if self._group is not None:
             self._group.reset()
             self._commits_unsent = 0
+            self._round_samples = 0
         self._last_pass = None
         self._inflight.clear()
         self._shard, self._unyielded = None, deque()
