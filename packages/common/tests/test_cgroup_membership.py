@@ -57,3 +57,11 @@ def test_malformed_lines_are_skipped_and_an_unreadable_file_is_no_membership(tmp
     listed = tmp_path / "cgroup"
     listed.write_text(V1_AND_V2)
     assert own_memberships(listed) == parse_memberships(V1_AND_V2)
+
+
+def test_a_group_name_that_is_not_utf8_reads_without_raising(tmp_path: Path) -> None:
+    listed = tmp_path / "cgroup"
+    listed.write_bytes(b"0::/a\xff/b\n4:memory:/ok\n")
+    members = own_memberships(listed)
+    assert [m.hierarchy for m in members] == ["0", "4"]
+    assert members[1].path == "/ok"

@@ -38,16 +38,23 @@ UUIDS = ["GPU-1a2b3c4d-0000", "GPU-1a2b9999-0000", "GPU-77aa0000-0000", "GPU-88b
         (None, [0, 1, 2, 3], ""),
         ("2,0", [2, 0], ""),
         (" 3 , 1 ", [3, 1], ""),
+        ("0abc,2", [0, 2], ""),  # an ordinal is read by its leading digits
         ("GPU-77aa,GPU-1a2b3", [2, 0], ""),
-        ("gpu-88BB", [3], ""),
-        ("1,-1,2", [1], "'-1' is no device ordinal"),
+        ("1,-1,2", [1], "'-1' is no device ordinal of this host's 4 GPU(s)"),
         ("0,7,1", [0], "'7' is no device ordinal of this host's 4 GPU(s)"),
+        ("1,x", [1], "'x' is no device ordinal"),
+        ("1,GPU-77aa", [1], "'GPU-77aa' is no device ordinal"),  # the first entry says the kind
+        ("GPU-77aa,1", [2], "'1' is no GPU UUID"),
         ("GPU-1a2b", [], "names several GPUs"),
         ("GPU-ffff", [], "names no GPU of this host"),
-        ("1,1", [1], "device '1' is named twice"),
-        ("2,GPU-77aa", [2], "named twice"),
-        ("MIG-5e6f/1/0", [], "a MIG device"),
-        ("", [], "neither a device ordinal nor a GPU UUID"),
+        ("GPU-", [], "'GPU-' is no GPU UUID"),
+        ("gpu-88bb", [], "'gpu-88bb' is no device ordinal"),  # the prefix as written
+        (" GPU-88bb", [], "' GPU-88bb' is no device ordinal"),
+        ("1,1", [], "names a device named before, and CUDA then sees no device"),
+        ("2,0,2", [], "CUDA then sees no device"),
+        ("GPU-77aa,GPU-77aa0", [], "CUDA then sees no device"),
+        ("MIG-5e6f/1/0", [], "MIG devices"),
+        ("", [], "'' is no device ordinal"),
     ],
 )
 def test_the_visible_gpus_are_read_as_the_cuda_runtime_reads_them(
@@ -56,16 +63,18 @@ def test_the_visible_gpus_are_read_as_the_cuda_runtime_reads_them(
     got, why = visible_gpus(UUIDS, visible)
     assert got == chosen
     assert (note in why) if note else why == ""
-    if note:
-        assert "the entries from there on are not read" in why
 
 
 class _FakeNvml(types.ModuleType):
     """nvidia-ml-py's calls the sampler makes, over a host of four GPUs, each busy by its index."""
 
-    def __init__(self) -> None:
+    class NVMLError_NoPermission(Exception):
+        pass
+
+    def __init__(self, refused: tuple[int, ...] = ()) -> None:
         super().__init__("pynvml")
         self.open = 0
+        self.refused = refused
 
     def nvmlInit(self) -> None:
         self.open += 1
@@ -77,6 +86,8 @@ class _FakeNvml(types.ModuleType):
         return len(UUIDS)
 
     def nvmlDeviceGetHandleByIndex(self, index: int) -> int:
+        if index in self.refused:
+            raise self.NVMLError_NoPermission(index)
         return index
 
     def nvmlDeviceGetUUID(self, handle: int) -> bytes:
@@ -94,7 +105,7 @@ def test_only_the_gpus_the_job_sees_are_sampled_numbered_as_the_job_numbers_them
 ) -> None:
     nvml = _FakeNvml()
     monkeypatch.setitem(sys.modules, "pynvml", nvml)
-    gpus, note = sample_gpus({"CUDA_VISIBLE_DEVICES": "GPU-88bb,1"})
+    gpus, note = sample_gpus({"CUDA_VISIBLE_DEVICES": "GPU-88bb,GPU-1a2b9"})
     assert note == ""
     assert [(g.index, g.memory_used_bytes >> 30, g.utilization_percent) for g in gpus] == [(0, 4, 40.0), (1, 2, 20.0)]
     assert len(sample_gpus({})[0]) == 4  # unset: every GPU of the host
@@ -102,3 +113,14 @@ def test_only_the_gpus_the_job_sees_are_sampled_numbered_as_the_job_numbers_them
     assert [g.memory_used_bytes >> 30 for g in gpus] == [4]
     assert "'9' is no device ordinal" in note
     assert nvml.open == 0  # NVML shut down after every reading
+
+
+def test_a_gpu_this_process_may_not_open_is_left_out_and_said(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A device cgroup that hides another tenant's GPU: NVML counts it and refuses its handle."""
+    monkeypatch.setitem(sys.modules, "pynvml", _FakeNvml(refused=(0,)))
+    gpus, note = sample_gpus({})
+    assert [g.memory_used_bytes >> 30 for g in gpus] == [2, 3, 4]
+    assert "NVML refused device(s) 0 to this process" in note
+    gpus, note = sample_gpus({"CUDA_VISIBLE_DEVICES": "GPU-77aa"})
+    assert [g.memory_used_bytes >> 30 for g in gpus] == [3]
+    assert note == ""

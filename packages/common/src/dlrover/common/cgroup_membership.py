@@ -81,9 +81,11 @@ def parse_memberships(text: str) -> list[CgroupMembership]:
 
 def own_memberships(proc_cgroup: Path = PROC_SELF_CGROUP) -> list[CgroupMembership]:
     """This process's memberships (`proc_cgroup` names another file, as tests do); empty where the
-    file cannot be read (no /proc, no cgroups)."""
+    file cannot be read (no /proc, no cgroups). A group name in bytes that are not UTF-8 (the kernel
+    prints names as they were made) reads with replacement characters: no directory has that name,
+    so nothing is read for that group, and nothing raises."""
     try:
-        text = proc_cgroup.read_text()
+        text = proc_cgroup.read_text(encoding="utf-8", errors="replace")
     except OSError:
         return []
     return parse_memberships(text)

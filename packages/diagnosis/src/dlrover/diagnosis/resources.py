@@ -7,18 +7,18 @@ process tree's CPU and memory itself: `dlrover.launcher.resource_usage`.)
 NVML lists every GPU of the host, while a job on a shared host (a Slurm node split between jobs, a
 bare-metal host shared by hand) sees only those ``CUDA_VISIBLE_DEVICES`` names: the others' memory
 and load are another tenant's. `visible_gpus` picks the job's out of NVML's list the way the CUDA
-runtime reads the variable: entries separated by commas, each a device ordinal or a ``GPU-`` UUID
-(a unique prefix is enough), read until the first entry that names no device (``-1``, an ordinal
-out of range, an unknown or ambiguous UUID, a device named twice). Ordinals are taken in NVML's
-order, the PCI bus order, which is CUDA's with ``CUDA_DEVICE_ORDER=PCI_BUS_ID``; CUDA's default
-order puts faster devices first and so differs only on a host of unlike GPUs. ``MIG-`` entries name
-parts of a GPU that NVML's whole-device readings do not describe: they are read as no device, and
-the note says so.
+driver reads the variable (see there). Ordinals are taken in NVML's order, the PCI bus order, which
+is CUDA's with ``CUDA_DEVICE_ORDER=PCI_BUS_ID``; CUDA's default order puts faster devices first and
+so differs only on a host of unlike GPUs. ``MIG-`` entries name parts of a GPU that NVML's
+whole-device readings do not describe: they are not read, and the note says so. A device this
+process may not open (a device cgroup hiding another tenant's GPUs) is left out, and the note says
+so.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -32,6 +32,12 @@ VISIBLE_DEVICES_ENV = "CUDA_VISIBLE_DEVICES"
 def visible_gpus(uuids: Sequence[str], visible: str | None) -> tuple[list[int], str]:
     """The GPUs a job sees, as indices into NVML's list, in the job's order (its device 0 first).
 
+    Read as the CUDA driver reads ``CUDA_VISIBLE_DEVICES``: the first entry says whether the list
+    holds ordinals or UUIDs. Ordinals (blanks around them ignored) are read by their leading
+    digits (``0abc`` is 0); UUIDs are ``GPU-`` and a unique prefix of the rest, as written. The list
+    ends at the first entry that names no device (a negative ordinal, one out of range, an unknown
+    or ambiguous UUID, an entry of the other kind); a device named twice leaves no device at all.
+
     Args:
         uuids: each NVML device's UUID (``GPU-...``), in NVML's order.
         visible: the job's ``CUDA_VISIBLE_DEVICES``; None (unset) sees every device.
@@ -41,32 +47,42 @@ def visible_gpus(uuids: Sequence[str], visible: str | None) -> tuple[list[int], 
     """
     if visible is None:
         return list(range(len(uuids))), ""
+    said = f"{VISIBLE_DEVICES_ENV}={visible!r}"
+    if visible.startswith("MIG-"):
+        return [], f"{said}: MIG devices, which whole-GPU readings do not describe, are not read"
+    by_uuid = visible.startswith("GPU-")
     chosen: list[int] = []
-    for raw in visible.split(","):
-        entry = raw.strip()
-        index, why = _device_named(entry, uuids)
-        if index is None or index in chosen:
-            why = why or f"device {entry!r} is named twice"
+    for entry in visible.split(","):
+        index, why = _uuid_named(entry, uuids) if by_uuid else _ordinal_named(entry, len(uuids))
+        if index is None:
             rest = "" if not chosen else f" (read: {len(chosen)} device(s) before it)"
-            return chosen, f"{VISIBLE_DEVICES_ENV}={visible!r}: {why}; the entries from there on are not read{rest}"
+            return chosen, f"{said}: {why}; the entries from there on are not read{rest}"
+        if index in chosen:
+            return [], f"{said}: {entry.strip()!r} names a device named before, and CUDA then sees no device"
         chosen.append(index)
     return chosen, ""
 
 
-def _device_named(entry: str, uuids: Sequence[str]) -> tuple[int | None, str]:
-    if entry.lstrip("+-").isdigit():
-        ordinal = int(entry)
-        if 0 <= ordinal < len(uuids):
-            return ordinal, ""
-        return None, f"{entry!r} is no device ordinal of this host's {len(uuids)} GPU(s)"
-    if entry[:4].upper() == "MIG-":
-        return None, f"{entry!r} is a MIG device, which whole-GPU readings do not describe"
-    if entry[:4].upper() == "GPU-":
-        matches = [i for i, uuid in enumerate(uuids) if uuid.lower().startswith(entry.lower())]
-        if len(matches) == 1:
-            return matches[0], ""
-        return None, f"{entry!r} names {'no GPU of this host' if not matches else 'several GPUs'}"
-    return None, f"{entry!r} is neither a device ordinal nor a GPU UUID"
+_LEADING_INTEGER = re.compile(r"[+-]?\d+")
+
+
+def _ordinal_named(entry: str, count: int) -> tuple[int | None, str]:
+    match = _LEADING_INTEGER.match(entry.strip())
+    if match is None:
+        return None, f"{entry!r} is no device ordinal"
+    ordinal = int(match.group())
+    if 0 <= ordinal < count:
+        return ordinal, ""
+    return None, f"{entry!r} is no device ordinal of this host's {count} GPU(s)"
+
+
+def _uuid_named(entry: str, uuids: Sequence[str]) -> tuple[int | None, str]:
+    if not entry.startswith("GPU-") or entry == "GPU-":
+        return None, f"{entry!r} is no GPU UUID"
+    matches = [i for i, uuid in enumerate(uuids) if uuid.startswith(entry)]
+    if len(matches) == 1:
+        return matches[0], ""
+    return None, f"{entry!r} names {'no GPU of this host' if not matches else 'several GPUs'}"
 
 
 def sample_gpus(environ: Mapping[str, str] | None = None) -> tuple[tuple[GpuSample, ...], str]:
@@ -90,19 +106,37 @@ def sample_gpus(environ: Mapping[str, str] | None = None) -> tuple[tuple[GpuSamp
     except Exception as exc:  # no driver, no GPU: a fact to report, not an error
         return (), f"NVML unavailable: {exc}"
     try:
-        handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(int(nvml.nvmlDeviceGetCount()))]
-        uuids = [_text(nvml.nvmlDeviceGetUUID(h)) for h in handles] if visible is not None else [""] * len(handles)
+        handles = [_handle(nvml, i) for i in range(int(nvml.nvmlDeviceGetCount()))]
+        by_uuid = visible is not None and visible.startswith("GPU-")
+        uuids = [_text(nvml.nvmlDeviceGetUUID(h)) if by_uuid and h is not None else "" for h in handles]
         chosen, note = visible_gpus(uuids, visible)
         samples = []
+        hidden = []
         for position, index in enumerate(chosen):
-            mem = nvml.nvmlDeviceGetMemoryInfo(handles[index])
-            util = nvml.nvmlDeviceGetUtilizationRates(handles[index])
+            handle = handles[index]
+            if handle is None:
+                hidden.append(str(index))
+                continue
+            mem = nvml.nvmlDeviceGetMemoryInfo(handle)
+            util = nvml.nvmlDeviceGetUtilizationRates(handle)
             samples.append(GpuSample(position, int(mem.used), int(mem.total), float(util.gpu)))
+        if hidden:
+            refused = f"NVML refused device(s) {', '.join(hidden)} to this process"
+            note = f"{note}; {refused}" if note else refused
         return tuple(samples), note
     except Exception as exc:
         return (), f"NVML query failed: {exc}"
     finally:
         nvml.nvmlShutdown()
+
+
+def _handle(nvml: Any, index: int) -> Any:
+    """NVML's handle of device `index`, or None where this process may not open it (NVML counts
+    devices a device cgroup hides from it, and refuses their handles)."""
+    try:
+        return nvml.nvmlDeviceGetHandleByIndex(index)
+    except nvml.NVMLError_NoPermission:
+        return None
 
 
 def _text(value: Any) -> str:

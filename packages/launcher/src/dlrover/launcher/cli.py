@@ -81,7 +81,8 @@ def _accelerator_driver_present(dev: Path = Path("/dev"), proc: Path = Path("/pr
 def _samples_gpus(environ: Mapping[str, str] = os.environ) -> bool:
     """Whether the agent's heartbeats carry GPU samples: a GPU driver is present and the job does
     not hide every device (``CUDA_VISIBLE_DEVICES`` empty or ``-1``: a CPU job on a shared GPU host,
-    whose samples would be other tenants' use, as NVML reports every GPU of the host)."""
+    which has no GPU of its own to sample; `dlrover.diagnosis.sample_gpus` reads only the GPUs the
+    variable names)."""
     hidden = environ.get("CUDA_VISIBLE_DEVICES")
     return _accelerator_driver_present() and not (hidden is not None and hidden.strip() in ("", "-1"))
 
