@@ -107,8 +107,8 @@ def sample_gpus(environ: Mapping[str, str] | None = None) -> tuple[tuple[GpuSamp
         return (), f"NVML unavailable: {exc}"
     try:
         handles = [_handle(nvml, i) for i in range(int(nvml.nvmlDeviceGetCount()))]
-        by_uuid = visible is not None and visible.startswith("GPU-")
-        uuids = [_text(nvml.nvmlDeviceGetUUID(h)) if by_uuid and h is not None else "" for h in handles]
+        # A handle NVML refused has no UUID to match (its ordinal is still counted).
+        uuids = [_text(nvml.nvmlDeviceGetUUID(h)) if visible is not None and h is not None else "" for h in handles]
         chosen, note = visible_gpus(uuids, visible)
         samples = []
         hidden = []

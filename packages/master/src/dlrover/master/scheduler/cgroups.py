@@ -39,7 +39,7 @@ from typing import Protocol, runtime_checkable
 
 import attrs
 
-from dlrover.common import parse_memberships
+from dlrover.common import CgroupMembership, parse_memberships
 from dlrover.diagnosis.oomrecord import parse_oom_kills
 
 __all__ = [
@@ -360,15 +360,15 @@ class FakeMemoryGroups:
         return True
 
 
-def _own_memory_cgroup(proc_cgroup: str) -> tuple[int, str] | None:
-    """(version, path inside the hierarchy) of this process's memory cgroup from ``/proc/self/cgroup``;
-    v1's memory controller wins over v2 (a controller is bound to one hierarchy at a time)."""
+def _own_memory_cgroup(proc_cgroup: str) -> tuple[int, CgroupMembership] | None:
+    """(version, membership) of this process's memory cgroup from ``/proc/self/cgroup``; v1's memory
+    controller wins over v2 (a controller is bound to one hierarchy at a time)."""
     unified = None
     for member in parse_memberships(proc_cgroup):
         if member.has("memory"):
-            return 1, member.path
+            return 1, member
         if member.unified:
-            unified = member.path
+            unified = member
     return None if unified is None else (2, unified)
 
 
@@ -394,8 +394,9 @@ def _locate(proc_cgroup: str, mounts: str) -> tuple[int, Path] | str:
     own = _own_memory_cgroup(proc_cgroup)
     if own is None:
         return "this process is in no memory cgroup (no memory controller)"
-    version, path = own
-    if not path.startswith("/") or ".." in path.split("/"):
+    version, member = own
+    path = member.path
+    if member.relative() is None:
         return f"this process's memory cgroup {path} lies outside this cgroup namespace's view"
     mount = _mount_point(mounts, version)
     if mount is None:
