@@ -19,9 +19,12 @@ compiler stack (about 2 s on 2 CPU cores) in every new worker. `examples/demo.py
 dlrover-run's standbys, so a restart skips it:
 `--prewarm=torch,torch._inductor.config,dlrover.flashckpt.checkpointer`.
 
-Both ranks must step in lockstep (DDP). Each shard holds exactly one batch and each rank leases one
-shard per step, so ranks draw the same number of batches; a step is complete (and its shard
-acknowledged) only after every rank finished it.
+Both ranks must step in lockstep (DDP). Each shard holds the same number of batches, one that divides
+the steps (8 for the default 240 steps; one batch for a dataset sized with `--samples`, whose world
+size may change), and every rank leases its next shard at the same step, so ranks draw the same
+number of batches; a step is complete (and its samples acknowledged) only after every rank finished
+it. (Shards of several batches halve the work per step of dlrover's data path: one lease per shard,
+not per step.)
 
 Rank 0 appends one JSON object per line to `<out>/progress.jsonl` (started, resumed, step,
 finished); `--record-samples` makes every rank append the indices it trained to
@@ -33,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -67,6 +71,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--width", type=int, default=128)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--heads", type=int, default=4)
+    p.add_argument(
+        "--batches-per-shard",
+        type=int,
+        default=0,
+        help="batches in a shard of the master's shard service; 0: the largest of 8, 4, 2 and 1 that divides "
+        "--steps (1 with --samples), so every rank draws the same number of whole shards",
+    )
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--corpus", default="", help="a text file to train on (default: a generated corpus)")
@@ -87,6 +98,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for name in ("steps", "batch", "context", "persist_every", "log_every", "threads"):
         if getattr(args, name) <= 0:
             p.error(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    if args.batches_per_shard < 0:
+        p.error(f"--batches-per-shard must be 0 (chosen) or positive, got {args.batches_per_shard}")
+    if args.batches_per_shard == 0:
+        args.batches_per_shard = 1 if args.samples else math.gcd(args.steps, 8)
     return args
 
 
@@ -225,7 +240,7 @@ class DlroverBackend:
             load_token(),
             DATASET,
             f"rank-{rank}",
-            # No prefetch thread: the sampler leases ahead itself when it syncs (see below).
+            # No prefetch thread: the sampler leases each step's shard ahead itself (see below).
             config=ShardClientConfig(prefetch_shards=0),
         )
         self.client.register(
@@ -233,7 +248,7 @@ class DlroverBackend:
                 name=DATASET,
                 source=IndexSource(num_samples),
                 batch_size=args.batch,
-                batches_per_shard=1,
+                batches_per_shard=args.batches_per_shard,
                 shuffle=True,
                 shuffle_samples=True,
                 seed=args.seed,
@@ -242,7 +257,8 @@ class DlroverBackend:
         )
         # The ranks save together after every step, so they exchange their acknowledgements in a
         # collective there and call the master once every `sync_every` steps (report, read the
-        # data position, lease ahead) rather than twice per step each.
+        # data position, lease ahead) rather than twice per step each; between two such calls the
+        # next step's shard is leased in the background while the checkpoint is saved.
         self.sampler = ShardSampler(self.client, process_group=dist.group.WORLD)
         self._reporter: Any = None  # the wait phase's writer, made at the first hold
         self._iter: Iterator[int] = iter(self.sampler)

@@ -8,7 +8,11 @@ would hold). With `--die-after N` it kills itself (SIGKILL, no clean-up) after s
 `--resume-from STEP FILE` it loads that state (rank 0 restores the service from it) before training.
 
     python _group_trainer.py ADDRESS RANK OUT SYNC_EVERY ATTEMPT [--world W] [--batches-per-shard B]
-        [--backend gloo|nccl] [--die-after N] [--resume-from STEP FILE]
+        [--backend gloo|nccl] [--die-after N] [--resume-from STEP FILE] [--dataset NAME]
+        [--pause-rank R --pause-s S]
+
+`--pause-rank` makes that rank sleep `--pause-s` before it takes each batch (the pace of its steps,
+not of the others').
 
 The group meets through a file store in OUT (no port to race for).
 """
@@ -19,6 +23,7 @@ import argparse
 import json
 import os
 import signal
+import time
 from itertools import islice
 from pathlib import Path
 
@@ -34,9 +39,9 @@ BATCH = 4
 CFG = ShardClientConfig(retry=RetryPolicy(call_timeout_s=20, total_timeout_s=60), prefetch_shards=0)
 
 
-def spec(num_samples: int, batches_per_shard: int) -> DatasetSpec:
+def spec(num_samples: int, batches_per_shard: int, name: str = "group") -> DatasetSpec:
     return DatasetSpec(
-        name="group",
+        name=name,
         source=IndexSource(num_samples),
         batch_size=BATCH,
         batches_per_shard=batches_per_shard,
@@ -61,6 +66,9 @@ def main() -> None:
     p.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
     p.add_argument("--die-after", type=int, default=0)
     p.add_argument("--resume-from", nargs=2, default=None)
+    p.add_argument("--dataset", default="group")
+    p.add_argument("--pause-rank", type=int, default=-1)
+    p.add_argument("--pause-s", type=float, default=0.0)
     args = p.parse_args()
     out = Path(args.out)
     store = out / f"store-a{args.attempt}"
@@ -69,8 +77,9 @@ def main() -> None:
         device = torch.device("cuda", args.rank % torch.cuda.device_count())
         torch.cuda.set_device(device)
     dist.init_process_group(args.backend, init_method=f"file://{store}", rank=args.rank, world_size=args.world)
-    client = ShardClient(args.address, os.environ["DLROVER_JOB_TOKEN"], "group", f"rank-{args.rank}", config=CFG)
-    client.register(spec(args.samples, args.batches_per_shard))
+    token = os.environ["DLROVER_JOB_TOKEN"]
+    client = ShardClient(args.address, token, args.dataset, f"rank-{args.rank}", config=CFG)
+    client.register(spec(args.samples, args.batches_per_shard, args.dataset))
     sampler = ShardSampler(client, process_group=dist.group.WORLD, sync_every=args.sync_every)
     step = 0
     if args.resume_from is not None:
@@ -81,6 +90,8 @@ def main() -> None:
     trained = (out / f"trained-r{args.rank}-a{args.attempt}.jsonl").open("a")
     batches = iter(sampler)
     while True:
+        if args.rank == args.pause_rank:
+            time.sleep(args.pause_s)
         indices = list(islice(batches, BATCH))
         counts = torch.tensor([len(indices)], device=device)
         dist.all_reduce(counts, op=dist.ReduceOp.MIN)

@@ -175,6 +175,38 @@ def _first_whole_read(out: Path, rank: int, steps: int) -> int:
     return steps + 1
 
 
+def _per_step(out: Path, world: int = 2) -> list[list[int]]:
+    """The samples each step trained, over all ranks (attempt 0)."""
+    steps: dict[int, list[int]] = {}
+    for rank in range(world):
+        for line in (out / f"trained-r{rank}-a0.jsonl").read_text().splitlines():
+            record = json.loads(line)
+            steps.setdefault(record["step"], []).extend(record["indices"])
+    return [sorted(steps[step]) for step in sorted(steps)]
+
+
+@pytest.mark.timeout(240)
+def test_each_step_trains_the_same_samples_whichever_trainer_is_slower(
+    shard_server: Any, token: str, tmp_path: Path
+) -> None:
+    """Each trainer leases its next shard in the background after a round's exchange (not when the
+    step needs it): every trainer leased this step's shard before then, so each step's shards are
+    the next ones in the service's order, whichever trainer asks first. Same data, one trainer slower
+    than the other in each run: the same samples in every step (a run is reproducible whatever the
+    pace), and each step's samples are two whole shards."""
+    server, _servicer = shard_server
+    runs = []
+    for slow in (0, 1):
+        out = tmp_path / f"slow-{slow}"
+        out.mkdir()
+        pace = (f"--dataset=paced-{slow}", f"--pause-rank={slow}", "--pause-s=0.02", "--samples=160")
+        assert _run_group(server.address, token, out, 3, 0, *pace) == [0, 0]
+        runs.append(_per_step(out))
+    assert runs[0] == runs[1]
+    assert len(runs[0]) == 20
+    assert sorted(i for step in runs[0] for i in step) == list(range(160))
+
+
 @pytest.mark.timeout(240)
 def test_shards_of_several_batches_are_near_the_end_only_in_the_last_shards(
     shard_server: Any, token: str, tmp_path: Path

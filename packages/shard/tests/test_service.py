@@ -511,6 +511,66 @@ def test_a_fetch_that_asks_for_the_position_reads_it_before_leasing(shard_server
         assert plain.checkpoint == "", "the position is read only when asked for"
 
 
+def test_a_lease_asked_ahead_in_the_background_is_the_next_shard_handed_out(shard_server: Any, token: str) -> None:
+    server, servicer = shard_server
+    on_demand = ShardClientConfig(retry=FAST.retry, prefetch_shards=0)
+    with _client(server, token, config=on_demand) as c, _client(server, token, "peer", config=on_demand) as peer:
+        c.register(_spec(n=16, delivery=DeliveryMode.EXACTLY_ONCE))
+        first = c.next_shard(timeout_s=30)
+        assert first is not None
+        c.report_done(first.shard_id)
+        assert c.lease_ahead()
+        assert not c.lease_ahead(), "one fetch out (or its shard buffered) at a time"
+        ahead = c.next_shard(timeout_s=30)
+        assert ahead is not None
+        with servicer.locked() as reg:
+            assert reg.manager("ds").status().doing == 1, "next_shard took the shard leased ahead, no fetch of its own"
+        # Leased in the order asked: the peer's fetch after it gets the next shard, not this one.
+        mine = peer.next_shard(timeout_s=30)
+        assert mine is not None
+        assert len({first.shard_id, ahead.shard_id, mine.shard_id}) == 3
+        assert c.report_done(ahead.shard_id).changed, "this worker holds the lease of the shard taken"
+
+
+def test_a_lease_asked_ahead_that_failed_is_raised_once_by_the_next_shard_asked_for(
+    shard_server: Any, token: str
+) -> None:
+    server, _ = shard_server
+    with _client(server, token, config=ShardClientConfig(retry=FAST.retry, prefetch_shards=0)) as c:
+        assert c.lease_ahead()  # the dataset is not registered yet: the service refuses the fetch
+        with pytest.raises(RpcError) as info:
+            c.next_shard(timeout_s=30)
+        assert info.value.code is grpc.StatusCode.NOT_FOUND
+        c.register(_spec(n=8))
+        assert c.next_shard(timeout_s=30) is not None, "the failure was the background fetch's, raised once"
+
+
+def test_a_lease_asked_ahead_goes_back_on_close_and_is_dropped_by_a_restore(shard_server: Any, token: str) -> None:
+    server, servicer = shard_server
+    on_demand = ShardClientConfig(retry=FAST.retry, prefetch_shards=0)
+    with _client(server, token, config=on_demand) as c:
+        c.register(_spec(n=16, delivery=DeliveryMode.EXACTLY_ONCE))
+        document = c.checkpoint()
+        assert c.lease_ahead()
+        c.restore(document)  # waits for the fetch: its lease is among those the restore drops
+        assert c.buffered == 0
+        with servicer.locked() as reg:
+            assert reg.manager("ds").status().doing == 0
+        assert c.lease_ahead()
+        assert c.buffered == 1, "buffered waits for the fetch out"
+    with servicer.locked() as reg:
+        status = reg.manager("ds").status()
+    assert (status.doing, status.todo) == (0, 4), "the shard leased ahead and never taken went back on close"
+    assert not [t for t in threading.enumerate() if t.name.startswith("shard-lease-ahead-")], "its thread ended"
+
+
+def test_a_lease_asked_ahead_is_refused_by_a_prefetching_client(shard_server: Any, token: str) -> None:
+    server, _ = shard_server
+    with _client(server, token, config=ShardClientConfig(retry=FAST.retry, prefetch_shards=1)) as c:
+        c.register(_spec(n=8))
+        assert not c.lease_ahead(), "its prefetch thread leases ahead already"
+
+
 def test_a_prefetching_client_reads_the_position_alone(shard_server: Any, token: str) -> None:
     server, _ = shard_server
     with _client(server, token, config=ShardClientConfig(retry=FAST.retry, prefetch_shards=1)) as c:

@@ -146,6 +146,11 @@ class ShardClient:
         self._error: BaseException | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        # `lease_ahead`'s fetch, out (on a thread kept for it) while training goes on; whatever next
+        # touches the buffer waits for it.
+        self._ahead_out = False
+        self._ahead_error: BaseException | None = None
+        self._ahead_thread: threading.Thread | None = None
         # Shards handed out and not yet reported done or failed: the shard, when this worker last
         # reported on it (or took it) and when its lease was last renewed. The keep-alive thread
         # renews one left idle too long, so a pause between commits longer than the lease does not
@@ -229,6 +234,62 @@ class ShardClient:
         res = self._call(self._stub.FetchShards, req)
         return FetchResult(tuple([shard_from_proto(s) for s in res.shards]), res.finished, res.reason)
 
+    def lease_ahead(self) -> bool:
+        """Start leasing the next `fetch_count` shards on a background thread, for `next_shard`
+        (an on-demand client, `prefetch_shards=0`, holding no buffered shard): the call is out
+        while the caller trains, rather than in its way when it needs the next shard.
+
+        For a caller that must decide *when* a lease is asked for, which a prefetch thread does
+        not let it: `ShardSampler` with a process group leases the next step's shard only after
+        a collective that follows every trainer's lease of this step, so each step's shards are
+        the same whatever the trainers' speeds (see `dlrover/shard/torch_data.py`).
+
+        The next `next_shard`, `sync`, `checkpoint`, `restore`, `discard_buffered`, `buffered` and
+        `close` first wait for the fetch; its failure is raised by the next `next_shard` (once).
+        Shards leased ahead are buffered as `checkpoint(lease_next=True)` buffers them.
+
+        Returns:
+            Whether a fetch was started (not by a prefetching or closed client, nor while one is
+            out or a shard is buffered).
+        """
+        with self._cond:
+            if self._config.prefetch_shards > 0 or self._closed or self._buffer or self._ahead_out:
+                return False
+            self._ahead_out = True
+            if self._ahead_thread is None:  # one for the client's life: a thread a step costs 0.1 ms of CPU
+                self._ahead_thread = threading.Thread(
+                    target=self._lease_ahead_loop, name=f"shard-lease-ahead-{self._worker}", daemon=True
+                )
+                self._ahead_thread.start()
+            self._cond.notify_all()
+            return True
+
+    def _lease_ahead_loop(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._ahead_out or self._stop.is_set())
+                if not self._ahead_out:
+                    return  # closed
+            leased_at = self._clock.now()
+            shards: tuple[Shard, ...] = ()
+            error: BaseException | None = None
+            try:
+                shards = self.fetch().shards
+            except BaseException as exc:  # raised to the caller of next_shard, not swallowed
+                error = exc
+            with self._cond:
+                for shard in shards:
+                    self._buffer.append(shard)
+                    self._leased_at[shard.shard_id, shard.attempt] = leased_at
+                self._ahead_error = error
+                self._ahead_out = False
+                self._cond.notify_all()
+
+    def _join_ahead(self) -> None:
+        """Wait for `lease_ahead`'s fetch, if one is out (its shards are then in the buffer)."""
+        with self._cond:
+            self._cond.wait_for(lambda: not self._ahead_out)
+
     def next_shard(self, timeout_s: float | None = None) -> Shard | None:
         """The next shard to work on, waiting while none is available; None when the dataset is finished.
 
@@ -240,6 +301,10 @@ class ShardClient:
             RpcError: a call failed for good (also when the prefetch thread's call did).
         """
         if self._config.prefetch_shards == 0:
+            self._join_ahead()
+            error, self._ahead_error = self._ahead_error, None
+            if error is not None:
+                raise error
             shard = self._next_on_demand(timeout_s)
             if shard is None:
                 return None
@@ -316,7 +381,8 @@ class ShardClient:
 
     @property
     def buffered(self) -> int:
-        """Shards leased ahead and not handed out yet."""
+        """Shards leased ahead and not handed out yet (after `lease_ahead`'s fetch, if one is out)."""
+        self._join_ahead()
         with self._cond:
             return len(self._buffer)
 
@@ -346,6 +412,7 @@ class ShardClient:
                 ahead already. Unused buffered shards go back as `close` says (each counts as one
                 failed attempt of that shard).
         """
+        self._join_ahead()
         with self._cond:
             lease_next = lease_next and self._config.prefetch_shards == 0 and not self._buffer and not self._closed
         if not lease_next:
@@ -398,6 +465,7 @@ class ShardClient:
         """
         if not isinstance(lease, int) or isinstance(lease, bool) or lease < 0:
             raise ConfigError(f"lease must be an integer >= 0, got {lease!r}")
+        self._join_ahead()
         with self._cond:
             if self._config.prefetch_shards > 0 or self._closed:
                 lease = 0  # the prefetch thread leases ahead (a closed client leases nothing)
@@ -440,6 +508,7 @@ class ShardClient:
 
     def _forget_leases(self) -> int:
         """Drop the buffered and in-use shards, whose leases a restore dropped; returns how many were buffered."""
+        self._join_ahead()  # a fetch still out would buffer its shards after this
         with self._cond:
             count = len(self._buffer)
             self._buffer.clear()
@@ -452,6 +521,7 @@ class ShardClient:
 
     def restore(self, document: str) -> RestoreResult:
         """Restore the dataset from a progress checkpoint; drops this client's buffered shards."""
+        self._join_ahead()  # its leases, served before the restore, are among those the restore drops
         req = pb.RestoreCheckpointRequest(document=document, dataset=self._dataset, request_id=self._request_id())
         res = self._read(self._stub.RestoreCheckpoint, req)
         self._forget_leases()
@@ -478,6 +548,9 @@ class ShardClient:
             self._cond.notify_all()
         if self._thread is not None:
             self._thread.join()
+        self._join_ahead()  # its shards are returned below with the other buffered ones
+        if self._ahead_thread is not None:
+            self._ahead_thread.join()  # it ends once nothing is out and the client is stopped
         if self._keepalive is not None:
             self._keepalive.join()
         self._deliver_at_exit()

@@ -146,8 +146,11 @@ class ShardSampler(Sampler[int]):
             reported one call each: every `state_dict` all-gathers the group's acknowledgements
             since the last one (a collective, so every trainer of the group must call it), and
             every `sync_every` calls one call per trainer reports its own, reads the data position
-            and leases the next shard when one is needed (shards are otherwise leased when they are
-            needed, as without a group). The state then carries the position read and the
+            and leases the next shard when one is needed; in the other calls an on-demand client
+            (`prefetch_shards=0`) leases the next shard, when one is needed, in the background
+            after the exchange (`ShardClient.lease_ahead`), so the call is out while the step's
+            checkpoint is saved. Either way every step's shards are the service's next ones
+            whichever trainer asks first. The state then carries the position read and the
             acknowledgements since (version 3, packed); a restore applies them. Commits reach the service
             within `2 * sync_every` commits even without a `state_dict`, and at once near the
             data's end.
@@ -379,6 +382,14 @@ class ShardSampler(Sampler[int]):
             group.synced(result.document)
             self._commits_unsent = 0
         group.exchange()
+        if not group.near_end and not self._unyielded and not self._finished:
+            # The next step's shard, leased while this step's checkpoint is saved rather than when
+            # the step needs it. Only now: every trainer of the group leased this step's shard
+            # before it trained the step, and this trainer passed the exchange after the step, so
+            # every step's shards are the next ones in the service's order, whichever trainer
+            # asks first (as leasing on demand keeps them). Near the data's end every round reads
+            # the position and leases in that call.
+            self._client.lease_ahead()
         assert group.document is not None
         return make_state(STATE_FORMAT, STATE_VERSION, self._client.dataset, group.document, group.acknowledged())
 
