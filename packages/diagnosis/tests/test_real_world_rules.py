@@ -140,6 +140,32 @@ CASES = [
         -9,
         K.KILLED,
     ),
+    (
+        "Ray's memory monitor kills workers",
+        "(raylet) node_manager.cc:3277: 2 Workers (tasks / actors) killed due to memory pressure (OOM), 0 Workers "
+        "crashed due to other reasons at node (ID: 8289f8, IP: 172.24.0.226) over the last time period.",
+        None,
+        K.HOST_OOM,
+    ),
+    (
+        "tcmalloc finds the heap corrupt",
+        "src/tcmalloc.cc:283] Attempt to free invalid pointer 0x55a1d0d57740",
+        None,
+        K.NATIVE_CRASH,
+    ),
+    (
+        "an exception line pasted in Markdown bold",
+        "_**RuntimeError: Expected all tensors to be on the same device, but found at least two devices, cuda:0 and "
+        "cpu! (when checking argument for argument index in method wrapper__index_select)**_",
+        None,
+        K.USER_CODE,
+    ),
+    (
+        "torch's own AttributeError subclass (before 1.8)",
+        "torch.nn.modules.module.ModuleAttributeError: 'DistributedDataParallel' object has no attribute 'train_step'",
+        None,
+        K.USER_CODE,
+    ),
     # -- the signal a launcher or a shell wrote into the log decides like an exit status
     ("bash reports a kill", "./train.sh: line 12: 40211 Killed                  python train.py", None, K.HOST_OOM),
     (
@@ -310,6 +336,19 @@ CASES = [
     ),
     ("a Hydra key", "omegaconf.errors.ConfigAttributeError: Key 'lr_scheduler' is not in struct", None, K.CONFIG_ERROR),
     ("a bad argument", "train.py: error: unrecognized arguments: --gradient-accumulation 8", None, K.CONFIG_ERROR),
+    (
+        "an image pull that failed on a full disk",
+        'Warning FailedSync  Error syncing pod, skipping: failed to "StartContainer" for "svc" with ErrImagePull: '
+        '"failed to register layer: Untar re-exec error: exit status 1: output: open /srv/a: no space left on device"',
+        None,
+        K.DISK_FULL,
+    ),
+    (
+        "torchelastic's signal exception in other words",
+        "torch.distributed.elastic.multiprocessing.api.SignalException: Process 81061 got sigval:1",
+        None,
+        K.PREEMPTION,
+    ),
     (
         "a Slurm time limit",
         "slurmstepd: error: *** JOB 98 ON gpu042 CANCELLED AT 2024-02-02T02:02:02 DUE TO TIME LIMIT ***",

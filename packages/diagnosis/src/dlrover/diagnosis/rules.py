@@ -500,6 +500,8 @@ _USER_EXCEPTIONS = frozenset(
         "UnboundLocalError",
         "TypeError",
         "AttributeError",
+        # torch before 1.8 raised its own subclass of AttributeError for a missing module attribute.
+        "ModuleAttributeError",
         "AssertionError",
         "NotImplementedError",
         "ZeroDivisionError",
@@ -841,6 +843,8 @@ def builtin_rules() -> tuple[Rule, ...]:
                 r"low on resource: memory",
                 r"\bMemoryPressure\b",
                 r"node running low on memory|exceeds the memory usage threshold",
+                # Ray's raylet, whose memory monitor kills workers before the kernel does.
+                r"Workers? \(tasks / actors\) killed due to memory pressure",
                 r"paging file is too small",
             ],
         ),
@@ -1032,8 +1036,9 @@ def builtin_rules() -> tuple[Rule, ...]:
             ],
             # c10d's warnings while it tries the addresses of a host in turn (IPv6 first): the
             # launch goes on; a port really in use ends in the error above. A script that does not
-            # accept the launcher's own --local-rank argument is the script's to fix (user code).
-            unless=[r"\[W[\d :.]*\w+\.(cpp|cc|h)[:\]]", _LOCAL_RANK_ARGUMENT],
+            # accept the launcher's own --local-rank argument is the script's to fix (user code). An
+            # image pull that failed because the node's disk is full is the disk's failure.
+            unless=[r"\[W[\d :.]*\w+\.(cpp|cc|h)[:\]]", _LOCAL_RANK_ARGUMENT, r"no space left on device"],
         ),
         # A node without usable GPUs: usually the launch settings (visible devices, the
         # container's GPUs); weaker than a hardware fault in the same log.
@@ -1392,6 +1397,8 @@ def builtin_rules() -> tuple[Rule, ...]:
                 r"termination is imminent|imminent (node )?shutdown|node (is )?shutting down",
                 r"system is going down|Power key pressed",
                 r"got signal: 1\b|\bSIGHUP\b",
+                # torchelastic's SignalException as some versions word it ("got sigval:1").
+                r"got sigval: ?(1|15)\b",
                 r"DUE TO (TIME LIMIT|PREEMPTION|NODE FAIL|JOB REQUEUE)|\bNODE_FAIL\b",
                 r"\bTERM_(PREEMPT|RUNLIMIT|REQUEUE_\w+)\b|job killed: walltime \d+ exceeded limit",
                 r"Requeued job|requeu(e|ing) (the )?job|job (was |has been )?requeued",
@@ -1461,6 +1468,8 @@ def builtin_rules() -> tuple[Rule, ...]:
                 r"\b(malloc|free|realloc|malloc_consolidate|_int_malloc|_int_free)\(\): \w+",
                 r"Trace/breakpoint trap",
                 r"corrupted double-linked list|munmap_chunk\(\): invalid pointer|stack smashing detected",
+                # tcmalloc's abort on a heap it finds corrupt.
+                r"tcmalloc.{0,40}Attempt to free invalid pointer",
                 r"\bSIG(SEGV|ILL|FPE)\b",
                 r"Signals\.SIG(SEGV|ILL|FPE)",
                 r"illegal memory access was encountered|CUDA_ERROR_ILLEGAL_ADDRESS|cudaErrorIllegalAddress",

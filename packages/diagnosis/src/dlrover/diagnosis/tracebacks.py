@@ -28,6 +28,9 @@ _RANK_PREFIX = re.compile(
 _HEADER = re.compile(r"(?:^|[\s:>`])(?:Original )?Traceback \(most recent call last\):\s*$")
 # Pasted logs wrap lines in Markdown: a quote marker, inline code or a fence glued to the text.
 _MARKUP = " \t>`"
+# ... or emphasis: bold or italic markers (``**``, ``_**``) around an exception line. No Python name
+# starts with "*", and "_" counts only glued to a "*" (``_pickle.UnpicklingError`` keeps its name).
+_EMPHASIS = re.compile(r"^(?:_?\*{1,3}_?)+")
 # A dotted identifier ending like an exception class, optionally followed by ": message".
 _EXC_LINE = re.compile(r"^([A-Za-z_][\w]*(?:\.[A-Za-z_][\w]*)*)(?::\s?(.*))?$")
 _EXC_SUFFIXES = ("Error", "Exception", "Exit", "Interrupt", "Failure", "Fault")
@@ -72,7 +75,7 @@ def _looks_like_exception(name: str) -> bool:
 
 
 def _parse_exception_line(line: str) -> tuple[str, str] | None:
-    line = line.strip(_MARKUP)
+    line = _EMPHASIS.sub("", line.strip(_MARKUP)).lstrip(_MARKUP)
     match = _EXC_LINE.match(line)
     if match is None or not _looks_like_exception(match.group(1)):
         return None
