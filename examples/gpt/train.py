@@ -221,8 +221,9 @@ def _state(model: torch.nn.Module, optim: torch.optim.Optimizer, step: int, data
 
 
 class DlroverBackend:
-    """Under dlrover-run: one shard of one batch per rank per step from the shard service, and
-    a flash checkpoint of the whole state (the sampler's position included) after every step."""
+    """Under dlrover-run: shards of whole batches from the shard service (each rank leases its next one
+    in the background while a step is saved), and a flash checkpoint of the whole state (the
+    sampler's position included) after every step."""
 
     def __init__(self, args: argparse.Namespace, num_samples: int, rank: int, world: int, staged: JsonLines) -> None:
         from dlrover.common import load_token

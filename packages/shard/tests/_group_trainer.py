@@ -9,10 +9,12 @@ would hold). With `--die-after N` it kills itself (SIGKILL, no clean-up) after s
 
     python _group_trainer.py ADDRESS RANK OUT SYNC_EVERY ATTEMPT [--world W] [--batches-per-shard B]
         [--backend gloo|nccl] [--die-after N] [--resume-from STEP FILE] [--dataset NAME]
-        [--pause-rank R --pause-s S]
+        [--pause-rank R --pause-s S] [--reload-at N] [--slow-lease-ahead-rank R]
 
 `--pause-rank` makes that rank sleep `--pause-s` before it takes each batch (the pace of its steps,
-not of the others').
+not of the others'). `--reload-at N` has every rank load the state it saved at step N in the same
+process (rank 0 restores the service from it) and go on; `--slow-lease-ahead-rank` delays that rank's
+background leases by half a second (a slow network), so one is still out when the others reload.
 
 The group meets through a file store in OUT (no port to race for).
 """
@@ -23,6 +25,7 @@ import argparse
 import json
 import os
 import signal
+import threading
 import time
 from itertools import islice
 from pathlib import Path
@@ -69,6 +72,8 @@ def main() -> None:
     p.add_argument("--dataset", default="group")
     p.add_argument("--pause-rank", type=int, default=-1)
     p.add_argument("--pause-s", type=float, default=0.0)
+    p.add_argument("--reload-at", type=int, default=0)
+    p.add_argument("--slow-lease-ahead-rank", type=int, default=-1)
     args = p.parse_args()
     out = Path(args.out)
     store = out / f"store-a{args.attempt}"
@@ -80,6 +85,15 @@ def main() -> None:
     token = os.environ["DLROVER_JOB_TOKEN"]
     client = ShardClient(args.address, token, args.dataset, f"rank-{args.rank}", config=CFG)
     client.register(spec(args.samples, args.batches_per_shard, args.dataset))
+    if args.rank == args.slow_lease_ahead_rank:
+        fetch = client._fetch_shards
+
+        def slow_fetch(count: int) -> object:
+            if threading.current_thread().name.startswith("shard-lease-ahead"):
+                time.sleep(0.5)
+            return fetch(count)
+
+        client._fetch_shards = slow_fetch  # type: ignore[method-assign,assignment]
     sampler = ShardSampler(client, process_group=dist.group.WORLD, sync_every=args.sync_every)
     step = 0
     if args.resume_from is not None:
@@ -107,6 +121,10 @@ def main() -> None:
         path.with_suffix(".tmp").replace(path)
         if step == args.die_after:
             os.kill(os.getpid(), signal.SIGKILL)
+        if step == args.reload_at:
+            sampler.load_state_dict(state, restore=args.rank == 0)
+            dist.barrier()  # restored before anybody leases
+            batches = iter(sampler)
     trained.close()
     dist.barrier()
     client.close()

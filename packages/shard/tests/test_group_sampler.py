@@ -208,6 +208,25 @@ def test_each_step_trains_the_same_samples_whichever_trainer_is_slower(
 
 
 @pytest.mark.timeout(240)
+def test_a_group_that_reloads_its_state_in_process_while_a_lease_ahead_is_out_trains_every_sample_once(
+    shard_server: Any, token: str, tmp_path: Path
+) -> None:
+    """Rank 1's background lease of the next shard is still out when rank 0, past the same round,
+    restores the service from the state just saved: the restore must drop that lease too. (Served
+    after it, the lease would stay with rank 1, which forgets its shards when it reloads: the shard
+    would come back only when its lease ran out, and the group would wait for it at the data's end.)"""
+    server, servicer = shard_server
+    args = ("--dataset=reload", "--samples=160", "--reload-at=5", "--slow-lease-ahead-rank=1")
+    assert _run_group(server.address, token, tmp_path, 3, 0, *args) == [0, 0]
+    counts = Counter(_trained(tmp_path, 0))
+    assert sorted(counts) == list(range(160)), f"missing: {sorted(set(range(160)) - set(counts))}"
+    assert [i for i, n in counts.items() if n > 1] == []
+    with servicer.locked() as registry:
+        status = registry.manager("reload").status()
+    assert (status.doing, status.failed, status.finished) == (0, 0, True)
+
+
+@pytest.mark.timeout(240)
 def test_shards_of_several_batches_are_near_the_end_only_in_the_last_shards(
     shard_server: Any, token: str, tmp_path: Path
 ) -> None:
@@ -307,5 +326,50 @@ def test_a_group_that_never_saves_still_reaches_the_end_of_the_data(
             assert sampler.finished
             assert sorted(trained) == list(range(40))
             assert client.status().finished
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.timeout(120)
+def test_the_next_shard_is_leased_ahead_after_a_round_and_not_twice_when_no_step_drew_it(
+    shard_server: Any, token: str, tmp_path: Path
+) -> None:
+    import torch.distributed as dist
+
+    from dlrover.common import RetryPolicy
+    from dlrover.shard import DatasetSpec, DeliveryMode, IndexSource
+    from dlrover.shard.client import ShardClient, ShardClientConfig
+    from dlrover.shard.torch_data import ShardSampler
+
+    server, servicer = shard_server
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    config = ShardClientConfig(retry=RetryPolicy(call_timeout_s=20, total_timeout_s=60), prefetch_shards=0)
+    try:
+        with ShardClient(server.address, token, "ahead", "rank-0", config=config) as client:
+            spec = DatasetSpec(name="ahead", source=IndexSource(40), batch_size=4, delivery=DeliveryMode.EXACTLY_ONCE)
+            client.register(spec)
+            sampler = ShardSampler(client, process_group=dist.group.WORLD, sync_every=2)
+            batches = iter(sampler)
+
+            def step() -> None:
+                assert len([next(batches) for _ in range(4)]) == 4
+                sampler.commit(4)
+
+            def leased() -> int:
+                with servicer.locked() as registry:
+                    return int(registry.manager("ahead").status().doing)
+
+            # `leased()`: the shards leased now, the one trained and not reported yet among them (a sync
+            # reports it done).
+            step()
+            sampler.state_dict()  # a sync: it leases the next shard in the same call
+            assert (client.buffered, leased()) == (1, 1)
+            step()
+            sampler.state_dict()  # no sync: the next shard is leased in the background after the exchange
+            assert (client.buffered, leased()) == (1, 2)
+            sampler.state_dict()  # a sync with no step since: the shard leased ahead is the next one
+            assert (client.buffered, leased()) == (1, 1)
+            step()
+            assert client.buffered == 0
     finally:
         dist.destroy_process_group()

@@ -564,6 +564,65 @@ def test_a_lease_asked_ahead_goes_back_on_close_and_is_dropped_by_a_restore(shar
     assert not [t for t in threading.enumerate() if t.name.startswith("shard-lease-ahead-")], "its thread ended"
 
 
+def test_a_lease_asked_ahead_keeps_its_lease_until_taken_through_a_pause_longer_than_the_lease(token: str) -> None:
+    # A save or an evaluation between the round that leased the next shard ahead and the step that
+    # takes it outlasts the lease: the keep-alive renews it, so it is not lost (nor an attempt spent).
+    from dlrover.common import GrpcServer, ManualClock, ServerConfig
+    from dlrover.shard import ShardRegistry
+
+    clock = ManualClock()
+    server = GrpcServer(ServerConfig(), token)
+    add_shard_service(server, ShardRegistry(clock))
+    server.start()
+    config = ShardClientConfig(retry=FAST.retry, prefetch_shards=0, renew_interval_s=0.2)
+    try:
+        with ShardClient(server.address, token, "ds", "w", config=config, clock=clock) as c:
+            c.register(_spec(n=8, delivery=DeliveryMode.EXACTLY_ONCE, lease_timeout_s=60.0))
+            first = c.next_shard(timeout_s=30)  # (starts the keep-alive)
+            assert first is not None
+            c.report_done(first.shard_id)
+            assert c.lease_ahead()
+            c.settle_lease_ahead()
+            renew, renewed = c._renew_lease, threading.Event()
+
+            def counted(s: Any) -> bool:
+                held = renew(s)
+                renewed.set()
+                return held
+
+            c._renew_lease = counted  # type: ignore[method-assign]
+            for _ in range(3):  # 135 s before the shard is taken, against a 60 s lease
+                renewed.clear()
+                clock.advance(45.0)
+                assert renewed.wait(30), "the keep-alive renewed the lease of the shard leased ahead"
+            ahead = c.next_shard(timeout_s=30)
+            assert ahead is not None
+            assert ahead.attempt == first.attempt, "its first lease, not a second attempt after that ran out"
+            assert c.report_done(ahead.shard_id).changed
+    finally:
+        server.stop(0)
+
+
+def test_a_failed_lease_ahead_is_kept_until_raised_and_leaves_report_failures_to_their_caller(
+    shard_server: Any, token: str
+) -> None:
+    server, _ = shard_server
+    with _client(server, token, config=ShardClientConfig(retry=FAST.retry, prefetch_shards=0)) as c:
+        assert c.lease_ahead()  # refused: the dataset is not registered yet
+        c.settle_lease_ahead()
+        assert not c.lease_ahead(), "no second fetch while the first one's failure is still to be raised"
+        with pytest.raises(RpcError):
+            c.next_shard(timeout_s=30)
+        c.register(_spec(n=8))
+        failure = RpcError("ReportDone", grpc.StatusCode.FAILED_PRECONDITION, "a queued report was refused", 1)
+        c._reports._error = failure  # what the report queue keeps when a delivery is refused
+        assert c.lease_ahead()
+        c.settle_lease_ahead()
+        with pytest.raises(RpcError) as info:
+            c.flush_reports(5)
+        assert info.value is failure, "the background fetch did not take the report queue's failure"
+
+
 def test_a_lease_asked_ahead_is_refused_by_a_prefetching_client(shard_server: Any, token: str) -> None:
     server, _ = shard_server
     with _client(server, token, config=ShardClientConfig(retry=FAST.retry, prefetch_shards=1)) as c:

@@ -141,7 +141,9 @@ class ShardClient:
         self._buffer_generation = 0
         # When shards leased ahead by `checkpoint(lease_next=True)` were leased: an on-demand client
         # has no thread renewing them, so one kept past `renew_interval_s` is renewed when taken.
-        self._leased_at: dict[tuple[int, int], float] = {}  # by (shard id, dispatch)
+        # The keep-alive thread renews them meanwhile (for `keep_alive_s` at most), as it renews
+        # shards in use: (last renewed, first leased) by (shard id, dispatch).
+        self._leased_at: dict[tuple[int, int], tuple[float, float]] = {}
         self._finished = False
         self._error: BaseException | None = None
         self._stop = threading.Event()
@@ -224,13 +226,12 @@ class ShardClient:
 
     def fetch(self, count: int | None = None) -> FetchResult:
         """Lease up to `count` shards now (bypassing the prefetch buffer)."""
-        req = pb.FetchShardsRequest(
-            dataset=self._dataset,
-            worker=self._worker,
-            count=self._config.fetch_count if count is None else count,
-            request_id=self._request_id(),
-        )
         self._reports.raise_error()
+        return self._fetch_shards(self._config.fetch_count if count is None else count)
+
+    def _fetch_shards(self, count: int) -> FetchResult:
+        req = pb.FetchShardsRequest(dataset=self._dataset, worker=self._worker, count=count,
+                                    request_id=self._request_id())  # fmt: skip
         res = self._call(self._stub.FetchShards, req)
         return FetchResult(tuple([shard_from_proto(s) for s in res.shards]), res.finished, res.reason)
 
@@ -250,10 +251,11 @@ class ShardClient:
 
         Returns:
             Whether a fetch was started (not by a prefetching or closed client, nor while one is
-            out or a shard is buffered).
+            out, a shard is buffered or the last one's failure is still to be raised).
         """
         with self._cond:
-            if self._config.prefetch_shards > 0 or self._closed or self._buffer or self._ahead_out:
+            busy = self._buffer or self._ahead_out or self._ahead_error is not None
+            if self._config.prefetch_shards > 0 or self._closed or busy:
                 return False
             self._ahead_out = True
             if self._ahead_thread is None:  # one for the client's life: a thread a step costs 0.1 ms of CPU
@@ -274,19 +276,26 @@ class ShardClient:
             shards: tuple[Shard, ...] = ()
             error: BaseException | None = None
             try:
-                shards = self.fetch().shards
+                # Not `fetch`: a queued report's failure is the caller's to hear at its next report
+                # or read, not this thread's to take.
+                shards = self._fetch_shards(self._config.fetch_count).shards
             except BaseException as exc:  # raised to the caller of next_shard, not swallowed
                 error = exc
             with self._cond:
                 for shard in shards:
                     self._buffer.append(shard)
-                    self._leased_at[shard.shard_id, shard.attempt] = leased_at
-                self._ahead_error = error
+                    self._leased_at[shard.shard_id, shard.attempt] = (leased_at, leased_at)
+                if error is not None:
+                    self._ahead_error = error
                 self._ahead_out = False
                 self._cond.notify_all()
 
+    def settle_lease_ahead(self) -> None:
+        """Wait for `lease_ahead`'s fetch, if one is out: once this returns, the service has served
+        it (its shards are buffered) or it failed (raised by the next `next_shard`)."""
+        self._join_ahead()
+
     def _join_ahead(self) -> None:
-        """Wait for `lease_ahead`'s fetch, if one is out (its shards are then in the buffer)."""
         with self._cond:
             self._cond.wait_for(lambda: not self._ahead_out)
 
@@ -429,7 +438,7 @@ class ShardClient:
         with self._cond:
             for shard in res.shards:
                 self._buffer.append(shard_from_proto(shard))
-                self._leased_at[shard.shard_id, shard.attempt] = leased_at
+                self._leased_at[shard.shard_id, shard.attempt] = (leased_at, leased_at)
         if not res.checkpoint:
             # A master older than `with_checkpoint` leased without reading: read it now (the
             # document then holds the lease, as one read while a prefetched shard is held does).
@@ -487,7 +496,7 @@ class ShardClient:
         with self._cond:
             for shard in res.shards:
                 self._buffer.append(shard_from_proto(shard))
-                self._leased_at[shard.shard_id, shard.attempt] = leased_at
+                self._leased_at[shard.shard_id, shard.attempt] = (leased_at, leased_at)
         document = str(res.checkpoint)
         if acknowledged and res.acknowledged != len(acknowledged):
             # A service that predates the field: it leased and read, and dropped the batch. Reported
@@ -510,6 +519,11 @@ class ShardClient:
         """Drop the buffered and in-use shards, whose leases a restore dropped; returns how many were buffered."""
         self._join_ahead()  # a fetch still out would buffer its shards after this
         with self._cond:
+            if self._ahead_error is not None:
+                # Its lease would have been dropped with the rest: nothing of it is left to raise for.
+                _log.warning("a shard lease asked for ahead failed before its leases were dropped: %s",
+                             self._ahead_error)  # fmt: skip
+                self._ahead_error = None
             count = len(self._buffer)
             self._buffer.clear()
             self._leased_at.clear()
@@ -576,7 +590,8 @@ class ShardClient:
         while True:
             with self._cond:
                 shard = self._buffer.popleft() if self._buffer else None
-                leased_at = None if shard is None else self._leased_at.pop((shard.shard_id, shard.attempt), None)
+                entry = None if shard is None else self._leased_at.pop((shard.shard_id, shard.attempt), None)
+                leased_at = None if entry is None else entry[0]
             if shard is not None:
                 if leased_at is None or self._still_leased(shard, leased_at):
                     return shard
@@ -677,26 +692,53 @@ class ShardClient:
                     if now - reported >= limit:
                         del self._in_use[shard_id]  # abandoned or stuck: its lease decides from here
                 idle = [shard for shard, _reported, renewed in self._in_use.values() if now - renewed >= interval]
+                # Shards leased ahead and not taken yet (a long save or evaluation before the next
+                # step): renewed alike, so a pause does not cost them their lease and an attempt.
+                ahead = [
+                    shard
+                    for shard in self._buffer
+                    if (entry := self._leased_at.get((shard.shard_id, shard.attempt))) is not None
+                    and now - entry[0] >= interval
+                    and now - entry[1] < limit
+                ]
             for shard in idle:
-                try:
-                    # At the position it was handed out at: positions only move forward, so this
-                    # acknowledges nothing and only renews the lease.
-                    held = self._renew_lease(shard)
-                except RpcError as exc:
-                    if exc.code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-                        _log.warning("could not renew the lease of shard %d in use: %s", shard.shard_id, exc)
-                        continue  # the master away past the retries: the next pass tries again
-                    held = False
-                except Exception as exc:  # a defect must not end the keep-alive unseen: said, and put down
-                    _log.warning("renewing the lease of shard %d in use failed: %s", shard.shard_id, exc)
-                    held = False
+                held = self._renew_in_background(shard, "in use")
                 if held:
                     self._renewed(shard.shard_id, reported=False)
-                else:
+                elif held is not None:
                     # Reported done through another client (a DataLoader worker's shard, committed by
                     # the main process), expired, or restored away: nothing more to keep alive.
                     _log.debug("shard %d is no longer leased to %s; its keep-alive ends", shard.shard_id, self._worker)
                     self._put_down_dispatch(shard)
+            for shard in ahead:
+                held = self._renew_in_background(shard, "leased ahead")
+                key = (shard.shard_id, shard.attempt)
+                with self._cond:
+                    entry = self._leased_at.get(key)
+                    if entry is None or held is None:
+                        continue  # taken (or dropped) meanwhile, or the master could not say
+                    if held:
+                        self._leased_at[key] = (self._clock.now(), entry[1])
+                    else:  # expired or restored away: never handed out
+                        del self._leased_at[key]
+                        if shard in self._buffer:
+                            self._buffer.remove(shard)
+
+    def _renew_in_background(self, shard: Shard, what: str) -> bool | None:
+        """Renew `shard`'s lease from the keep-alive thread: whether this worker still holds it, or
+        None when the master could not be asked (the next pass tries again)."""
+        try:
+            # At the position it was handed out at: positions only move forward, so this
+            # acknowledges nothing and only renews the lease.
+            return self._renew_lease(shard)
+        except RpcError as exc:
+            if exc.code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                _log.warning("could not renew the lease of shard %d %s: %s", shard.shard_id, what, exc)
+                return None  # the master away past the retries
+            return False
+        except Exception as exc:  # a defect must not end the keep-alive unseen: said, and put down
+            _log.warning("renewing the lease of shard %d %s failed: %s", shard.shard_id, what, exc)
+            return False
 
     def _start_prefetch(self) -> None:
         # A thread that ended at the end of the data is started again after a restore.

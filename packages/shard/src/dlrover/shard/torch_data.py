@@ -376,7 +376,8 @@ class ShardSampler(Sampler[int]):
             # Leases the next shard in the same call when the next index needs one, as a read
             # without a group does; otherwise each shard is leased when it is needed, in the order
             # the trainers need them (so a restore hands them out again in the same order).
-            lease = 0 if self._unyielded or self._finished else 1
+            # (Not when the last round leased it ahead and no step drew it since.)
+            lease = 0 if self._unyielded or self._finished or self._client.buffered else 1
             result = self._client.sync(group.unsent, lease=lease)
             self._note_the_data_end(group, result.shards_to_hand_out)
             group.synced(result.document)
@@ -428,10 +429,18 @@ class ShardSampler(Sampler[int]):
             restore: restore the service's dataset from it; with several trainers sharing a
                 dataset, let exactly one of them restore (e.g. rank 0) before the others fetch.
 
+        With a process group this is a collective, as `state_dict` is: every trainer of the group
+        calls it. Each first waits for the next shard it may be leasing in the background, and none
+        restores before all have, so the restore drops that lease too (one served after it would
+        stay leased to a trainer that forgets it).
+
         Raises:
             ConfigError: the state is of another format, version or dataset, or (restoring) its
                 acknowledgements do not fit its document.
         """
+        if self._group is not None:
+            self._client.settle_lease_ahead()
+            self._group.fence()
         document = _check_state(state, self._client.dataset) if restore else self._checked(state)
         self._generation += 1  # a pass the loader left suspended hands out nothing of the old position
         if self._group is not None:
