@@ -153,3 +153,18 @@ def test_train_runs_under_plain_torchrun_and_resumes_from_its_checkpoint(tmp_pat
     assert [e["step"] for e in events if e["event"] == "resumed"] == [10]
     assert [e["step"] for e in events if e["event"] == "finished"] == [10, 15]
     assert [e["step"] for e in events if e["event"] == "step"] == list(range(1, 16))
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    ("args", "reason"),
+    [
+        (["--steps=10", "--batches-per-shard=4"], "--batches-per-shard must divide --steps (10), got 4"),
+        (["--steps=10", "--samples=320", "--batches-per-shard=2"], "--batches-per-shard must be 1 with --samples"),
+    ],
+)
+def test_train_refuses_shards_that_ranks_cannot_share_evenly(tmp_path: Path, args: list[str], reason: str) -> None:
+    # A rank finding no shard while a peer still trains its last one would wait inside the peer's collective.
+    done = _run([sys.executable, "examples/gpt/train.py", f"--out={tmp_path}", *args], timeout_s=90)
+    assert done.returncode == 2, done.stdout
+    assert reason in done.stdout

@@ -75,8 +75,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--batches-per-shard",
         type=int,
         default=0,
-        help="batches in a shard of the master's shard service; 0: the largest of 8, 4, 2 and 1 that divides "
-        "--steps (1 with --samples), so every rank draws the same number of whole shards",
+        help="batches in a shard of the master's shard service, a divisor of --steps (1 with --samples); 0: "
+        "the largest of 8, 4, 2 and 1 that divides --steps. Every rank then draws the same number of whole shards",
     )
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--seed", type=int, default=0)
@@ -102,6 +102,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--batches-per-shard must be 0 (chosen) or positive, got {args.batches_per_shard}")
     if args.batches_per_shard == 0:
         args.batches_per_shard = 1 if args.samples else math.gcd(args.steps, 8)
+    # Ranks step in lockstep, so each must draw the same number of whole shards: a rank that finds no
+    # shard left while a peer still trains its last one would wait for it inside the peer's collective.
+    if args.samples and args.batches_per_shard != 1:
+        p.error("--batches-per-shard must be 1 with --samples (the world size may change, so no shard size "
+                f"divides every rank's share), got {args.batches_per_shard}")  # fmt: skip
+    if args.steps % args.batches_per_shard:
+        p.error(f"--batches-per-shard must divide --steps ({args.steps}), got {args.batches_per_shard}")
     return args
 
 
