@@ -6,8 +6,9 @@ Launchers, run in turn (ABC ABC ..., so the machine's load hits each alike):
 * ``torchrun``: ``torchrun --standalone --nproc-per-node=2 --log-dir=...``. The script falls back
   to a seeded ``DistributedSampler`` and a ``torch.save`` every ``--persist-every`` steps.
 * ``dlrover-run``: ``dlrover-run --standalone --nproc-per-node=2 --log-dir=...``, the embedded
-  master in the agent's process. The script (it sees ``DLROVER_MASTER_ADDR``) leases one shard per
-  rank per step from the master's shard service and acknowledges it, stages a flash checkpoint of
+  master in the agent's process. The script (it sees ``DLROVER_MASTER_ADDR``) leases its shards
+  from the master's shard service (the largest of 8, 4, 2 or 1 batches that divides the steps; the
+  next one in the background while a step is saved) and acknowledges every step, stages a flash checkpoint of
   its whole state after every step (persisted every ``--persist-every`` steps by the saver the
   agent hosts) and reports its steps (``FlashCheckpointer.save`` and ``ShardSampler.commit`` do).
   ``dlrover-run --standalone`` has no autoscaler: its embedded master takes no ``--autoscale``
