@@ -203,6 +203,20 @@ def test_tracebacks_under_a_label_and_in_markdown_are_read() -> None:
         ("OSError", "[Errno 28] No space left on device"),
         ("ValueError", "bad"),
     ]
+    # ... or emphasis around the line; a name's own underscores stay.
+    emphasised = [
+        "_**RuntimeError: x (y)**_",
+        "**_KeyError: 'a'_**",
+        "*_pickle.UnpicklingError: w*",
+        "**__main__.E1Error: z**",
+    ]
+    assert [(t.exc_type, t.message) for t in extract_tracebacks(emphasised)] == [
+        ("RuntimeError", "x (y)"),
+        ("KeyError", "'a'"),
+        ("_pickle.UnpicklingError", "w"),
+        ("__main__.E1Error", "z"),
+    ]
+    assert extract_tracebacks(["* note: the loss", "**Error**: see below"]) == ()
 
 
 def test_evidence_from_text_computes_tracebacks() -> None:

@@ -344,6 +344,16 @@ CASES = [
         K.DISK_FULL,
     ),
     (
+        "an image pull that failed on a full disk, said on the line before",
+        'Warning  Failed  kubelet  Failed to pull image "reg/x:1": write /usr/lib/libcuda.so: no space left on device\n'
+        "Warning  Failed  kubelet  Error: ErrImagePull\n"
+        "Warning  Failed  kubelet  Error: ImagePullBackOff",
+        None,
+        K.DISK_FULL,
+    ),
+    ("an image that cannot be pulled", "Warning  Failed  kubelet  Error: ImagePullBackOff", None, K.CONFIG_ERROR),
+    ("torchelastic's signal exception, spaced", "SignalException: Process 7 got signal : 1", None, K.PREEMPTION),
+    (
         "torchelastic's signal exception in other words",
         "torch.distributed.elastic.multiprocessing.api.SignalException: Process 81061 got sigval:1",
         None,

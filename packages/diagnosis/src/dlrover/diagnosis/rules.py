@@ -1023,8 +1023,9 @@ def builtin_rules() -> tuple[Rule, ...]:
                 r"Unable to find address for:? \S+",
                 r"Address family not supported by protocol",
                 r"\bInvalid device id\b",
-                # A container image that cannot be pulled or started; a Slurm request that cannot be met.
-                r"\b(ErrImagePull|ImagePullBackOff|InvalidImageName|CreateContainerConfigError)\b",
+                # A container that cannot be started; a Slurm request that cannot be met. (An image
+                # that cannot be pulled: the rule below.)
+                r"\b(InvalidImageName|CreateContainerConfigError)\b",
                 r"Requested node configuration is not available|More processors requested than permitted",
                 r"Batch job submission failed|Invalid generic resource",
                 r"Invalid (account|partition name|qos specification)",
@@ -1036,10 +1037,12 @@ def builtin_rules() -> tuple[Rule, ...]:
             ],
             # c10d's warnings while it tries the addresses of a host in turn (IPv6 first): the
             # launch goes on; a port really in use ends in the error above. A script that does not
-            # accept the launcher's own --local-rank argument is the script's to fix (user code). An
-            # image pull that failed because the node's disk is full is the disk's failure.
-            unless=[r"\[W[\d :.]*\w+\.(cpp|cc|h)[:\]]", _LOCAL_RANK_ARGUMENT, r"no space left on device"],
+            # accept the launcher's own --local-rank argument is the script's to fix (user code).
+            unless=[r"\[W[\d :.]*\w+\.(cpp|cc|h)[:\]]", _LOCAL_RANK_ARGUMENT],
         ),
+        # An image the node cannot pull: a wrong name, tag or credential, usually; below disk-full,
+        # for a node whose disk is full fails the pull too (often said on another line of the events).
+        LogPatternRule("image-pull-failed", k.CONFIG_ERROR, 0.85, [r"\b(ErrImagePull|ImagePullBackOff)\b"]),
         # A node without usable GPUs: usually the launch settings (visible devices, the
         # container's GPUs); weaker than a hardware fault in the same log.
         LogPatternRule(
@@ -1388,7 +1391,8 @@ def builtin_rules() -> tuple[Rule, ...]:
             0.8,
             [
                 r"(received|got|caught|handling) (signal )?SIGTERM|SIGTERM (received|caught)",
-                r"got signal: 15\b",
+                # torchelastic's SignalException ("got signal: 15"), spaced or reworded in pasted logs.
+                r"got sig(nal|val) ?: ?(15|1)\b",
                 r"\bpre-?empt(ed|ion|ing)\b|\bPreemptionError\b",
                 r"Received (Signals\.)?(SIGTERM|SIGHUP|15|1) death signal",
                 r"spot (instance )?(interruption|termination)|interruption notice",
@@ -1396,9 +1400,7 @@ def builtin_rules() -> tuple[Rule, ...]:
                 r"\b(being|been|was) (drained|evicted|preempted)\b",
                 r"termination is imminent|imminent (node )?shutdown|node (is )?shutting down",
                 r"system is going down|Power key pressed",
-                r"got signal: 1\b|\bSIGHUP\b",
-                # torchelastic's SignalException as some versions word it ("got sigval:1").
-                r"got sigval: ?(1|15)\b",
+                r"\bSIGHUP\b",
                 r"DUE TO (TIME LIMIT|PREEMPTION|NODE FAIL|JOB REQUEUE)|\bNODE_FAIL\b",
                 r"\bTERM_(PREEMPT|RUNLIMIT|REQUEUE_\w+)\b|job killed: walltime \d+ exceeded limit",
                 r"Requeued job|requeu(e|ing) (the )?job|job (was |has been )?requeued",

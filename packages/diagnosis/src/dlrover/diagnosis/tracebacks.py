@@ -28,9 +28,10 @@ _RANK_PREFIX = re.compile(
 _HEADER = re.compile(r"(?:^|[\s:>`])(?:Original )?Traceback \(most recent call last\):\s*$")
 # Pasted logs wrap lines in Markdown: a quote marker, inline code or a fence glued to the text.
 _MARKUP = " \t>`"
-# ... or emphasis: bold or italic markers (``**``, ``_**``) around an exception line. No Python name
-# starts with "*", and "_" counts only glued to a "*" (``_pickle.UnpicklingError`` keeps its name).
-_EMPHASIS = re.compile(r"^(?:_?\*{1,3}_?)+")
+# ... or emphasis: bold or italic markers (``**``, ``_**``, ``**_``) around an exception line. No
+# Python name starts with "*", and "_" counts only glued to a "*", after it only before a capital
+# (``*_pickle.UnpicklingError`` keeps its module's name).
+_EMPHASIS = re.compile(r"^(?:_?\*{1,3}(?:_(?=[A-Z]))?)+")
 # A dotted identifier ending like an exception class, optionally followed by ": message".
 _EXC_LINE = re.compile(r"^([A-Za-z_][\w]*(?:\.[A-Za-z_][\w]*)*)(?::\s?(.*))?$")
 _EXC_SUFFIXES = ("Error", "Exception", "Exit", "Interrupt", "Failure", "Fault")
@@ -75,7 +76,10 @@ def _looks_like_exception(name: str) -> bool:
 
 
 def _parse_exception_line(line: str) -> tuple[str, str] | None:
-    line = _EMPHASIS.sub("", line.strip(_MARKUP)).lstrip(_MARKUP)
+    line = line.strip(_MARKUP)
+    unmarked = _EMPHASIS.sub("", line)
+    if unmarked != line:  # the closing markers too
+        line = unmarked.strip(_MARKUP).rstrip("*_").rstrip(_MARKUP)
     match = _EXC_LINE.match(line)
     if match is None or not _looks_like_exception(match.group(1)):
         return None
