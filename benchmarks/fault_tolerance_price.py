@@ -34,6 +34,7 @@ Measured per run, the same way for every launcher:
     python benchmarks/fault_tolerance_price.py              # 240 steps, 3 rounds
     python benchmarks/fault_tolerance_price.py --quick      # 80 steps, 1 round
     python benchmarks/fault_tolerance_price.py --runs 5 --only torchrun,dlrover-run
+    python benchmarks/fault_tolerance_price.py --nproc 1 --runs 5 --only torchrun,dlrover-run  # agent: own core
 
 The goal (issue 28): dlrover-run's steady samples/s at least 97% of torchrun's (at most 3% fewer).
 The last line says ``GOAL PASS`` or ``GOAL MISS``, from the median over the rounds of the ratio
@@ -213,8 +214,8 @@ def _command(launcher: str, tmp: Path, args: argparse.Namespace) -> list[str]:
     ]
     logs = f"--log-dir={tmp / 'logs'}"
     if launcher == "torchrun":
-        return [TORCHRUN, "--standalone", "--nproc-per-node=2", logs, *script]
-    agent = [PYTHON, "-m", "dlrover.launcher.cli", "--nproc-per-node=2", logs, *script]
+        return [TORCHRUN, "--standalone", f"--nproc-per-node={args.nproc}", logs, *script]
+    agent = [PYTHON, "-m", "dlrover.launcher.cli", f"--nproc-per-node={args.nproc}", logs, *script]
     if launcher == "dlrover-run":
         return [*agent[:3], "--standalone", *agent[3:]]
     return [
@@ -296,7 +297,7 @@ def run_once(launcher: str, args: argparse.Namespace) -> Run:
             return run
         (s0, t0), (s1, t1) = steps[0], steps[-1]
         run.steps = s1 - s0
-        run.samples_per_s = run.steps * args.batch * 2 / (t1 - t0)
+        run.samples_per_s = run.steps * args.batch * args.nproc / (t1 - t0)
         run.step_ms_median = 1000 * statistics.median(b[1] - a[1] for a, b in itertools.pairwise(steps))
         run.cpu_per_step = {k: 1000 * v / run.steps for k, v in sampler.by_class(t0, t1).items()}
         run.cpu_whole_s = sampler.whole_by_class()
@@ -418,6 +419,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sample-s", type=float, default=0.25, help="seconds between CPU samples of the trees")
     p.add_argument("--width", type=int, default=128, help="the script's --width (a larger model: longer steps)")
     p.add_argument("--layers", type=int, default=2, help="the script's --layers")
+    p.add_argument(
+        "--nproc",
+        type=int,
+        default=2,
+        help="workers (ranks) per run; 1 on a 2-core machine leaves the agent a core of its own, as on a GPU host, "
+        "so what dlrover puts on the training thread's path shows apart from the CPU it adds",
+    )
     p.add_argument("--timeout-s", type=float, default=300.0, help="bound on one run")
     p.add_argument("--only", default="", help="comma-separated launchers to run (default: all three)")
     p.add_argument("--verbose", action="store_true", help="print every process's CPU per step and command")
@@ -425,6 +433,8 @@ def main(argv: list[str] | None = None) -> int:
     args.batch = 16  # the script's default --batch: sequences per rank per step
     if args.quick:
         args.steps, args.runs, args.skip = 80, 1, 20
+    if args.nproc < 1:
+        p.error(f"--nproc must be positive, got {args.nproc}")
     if args.skip >= args.steps - 1:
         p.error(f"--skip ({args.skip}) must leave steady steps of --steps ({args.steps})")
     launchers = [x.strip() for x in args.only.split(",")] if args.only else list(LAUNCHERS)
@@ -432,7 +442,7 @@ def main(argv: list[str] | None = None) -> int:
         if name not in LAUNCHERS:
             p.error(f"--only: unknown launcher {name!r}; known: {', '.join(LAUNCHERS)}")
     print(
-        f"# price of fault tolerance: GPT example (width {args.width}, {args.layers} layers), 2 workers, "
+        f"# price of fault tolerance: GPT example (width {args.width}, {args.layers} layers), {args.nproc} worker(s), "
         f"{args.steps} steps (steady from step {args.skip}), "
         f"{args.runs} round(s), {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}"
     )
