@@ -23,8 +23,7 @@ Both ranks must step in lockstep (DDP). Each shard holds the same number of batc
 the steps (8 for the default 240 steps; one batch for a dataset sized with `--samples`, whose world
 size may change), and every rank leases its next shard at the same step, so ranks draw the same
 number of batches; a step is complete (and its samples acknowledged) only after every rank finished
-it. (Shards of several batches halve the work per step of dlrover's data path: one lease per shard,
-not per step.)
+it. (Shards of several batches cost one lease per shard rather than one per step.)
 
 Rank 0 appends one JSON object per line to `<out>/progress.jsonl` (started, resumed, step,
 finished); `--record-samples` makes every rank append the indices it trained to
