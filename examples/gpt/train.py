@@ -104,8 +104,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     # Ranks step in lockstep, so each must draw the same number of whole shards: a rank that finds no
     # shard left while a peer still trains its last one would wait for it inside the peer's collective.
     if args.samples and args.batches_per_shard != 1:
-        p.error("--batches-per-shard must be 1 with --samples (the world size may change, so no shard size "
-                f"divides every rank's share), got {args.batches_per_shard}")  # fmt: skip
+        p.error(
+            "--batches-per-shard must be 1 with --samples (the world size may change, so no shard size "
+            f"divides every rank's share), got {args.batches_per_shard}"
+        )
     if args.steps % args.batches_per_shard:
         p.error(f"--batches-per-shard must divide --steps ({args.steps}), got {args.batches_per_shard}")
     return args

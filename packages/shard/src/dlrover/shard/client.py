@@ -230,8 +230,9 @@ class ShardClient:
         return self._fetch_shards(self._config.fetch_count if count is None else count)
 
     def _fetch_shards(self, count: int) -> FetchResult:
-        req = pb.FetchShardsRequest(dataset=self._dataset, worker=self._worker, count=count,
-                                    request_id=self._request_id())  # fmt: skip
+        req = pb.FetchShardsRequest(
+            dataset=self._dataset, worker=self._worker, count=count, request_id=self._request_id()
+        )
         res = self._call(self._stub.FetchShards, req)
         return FetchResult(tuple([shard_from_proto(s) for s in res.shards]), res.finished, res.reason)
 
@@ -521,8 +522,7 @@ class ShardClient:
         with self._cond:
             if self._ahead_error is not None:
                 # Its lease would have been dropped with the rest: nothing of it is left to raise for.
-                _log.warning("a shard lease asked for ahead failed before its leases were dropped: %s",
-                             self._ahead_error)  # fmt: skip
+                _log.warning("a lease asked for ahead failed before its leases were dropped: %s", self._ahead_error)
                 self._ahead_error = None
             count = len(self._buffer)
             self._buffer.clear()

@@ -192,6 +192,11 @@ class ShardSampler(Sampler[int]):
         self._finished = False
 
     @property
+    def _next_index_needs_a_shard(self) -> bool:
+        """The shard being handed out is used up and the dataset is not finished."""
+        return not self._unyielded and not self._finished
+
+    @property
     def finished(self) -> bool:
         """The service said the dataset is finished: no pass will yield anything again."""
         return self._finished
@@ -354,7 +359,7 @@ class ShardSampler(Sampler[int]):
         """
         if self._group is not None:
             return self._group_state_dict(self._group)
-        lease_next = not self._unyielded and not self._finished
+        lease_next = self._next_index_needs_a_shard
         return _state(self._client.dataset, self._client.checkpoint(lease_next=lease_next))
 
     def _group_state_dict(self, group: GroupAcks) -> dict[str, Any]:
@@ -367,7 +372,7 @@ class ShardSampler(Sampler[int]):
             # then the position alone, as without a group (the same bytes whatever was read when).
             self._client.flush_reports(None)  # delivered, not queued, before the others read
             group.exchange()
-            lease_next = not self._unyielded and not self._finished
+            lease_next = self._next_index_needs_a_shard
             document = self._client.checkpoint(lease_next=lease_next)
             group.fence()
             group.read_exactly(document)
@@ -377,13 +382,13 @@ class ShardSampler(Sampler[int]):
             # without a group does; otherwise each shard is leased when it is needed, in the order
             # the trainers need them (so a restore hands them out again in the same order).
             # (Not when the last round leased it ahead and no step drew it since.)
-            lease = 0 if self._unyielded or self._finished or self._client.buffered else 1
+            lease = 1 if self._next_index_needs_a_shard and not self._client.buffered else 0
             result = self._client.sync(group.unsent, lease=lease)
             self._note_the_data_end(group, result.shards_to_hand_out)
             group.synced(result.document)
             self._commits_unsent = 0
         group.exchange()
-        if not group.near_end and not self._unyielded and not self._finished:
+        if not group.near_end and self._next_index_needs_a_shard:
             # The next step's shard, leased while this step's checkpoint is saved rather than when
             # the step needs it. Only now: every trainer of the group leased this step's shard
             # before it trained the step, and this trainer passed the exchange after the step, so
