@@ -11,9 +11,11 @@ import numpy as np
 import pytest
 import torch
 from flashckpt_testlib import same_bits
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dlrover.flashckpt.errors import LayoutError, StateStructureError
-from dlrover.flashckpt.layout import ALIGN, SlotHeader, SlotState, decode_manifest, encode_manifest
+from dlrover.flashckpt.layout import ALIGN, SlotHeader, SlotState, TreeJsonMemo, decode_manifest, encode_manifest
 from dlrover.flashckpt.planner import plan_layout
 from dlrover.flashckpt.restore import apply_values, match_targets, tie_conflicts
 from dlrover.flashckpt.tree import build_tree, decode_scalar, flatten_state
@@ -186,3 +188,75 @@ def test_header_round_trip_and_rejects_garbage() -> None:
         SlotHeader.unpack(bytes(bad_state))
     with pytest.raises(LayoutError, match="inconsistent"):
         SlotHeader.unpack(SlotHeader(SlotState.COMPLETE, 1, 1, 10, 0, 1, 8192, 12288, 8192, 16384).pack())
+
+
+class _Text(str):
+    """A str whose equality and text say something other than its value."""
+
+    def __eq__(self, other: object) -> bool:
+        return True
+
+    __hash__ = str.__hash__
+
+    def __str__(self) -> str:
+        return "other"
+
+
+def _plain_json(tree: dict[str, object]) -> str:
+    return json.dumps(tree, separators=(",", ":"), allow_nan=False)
+
+
+def test_the_tree_memo_reuses_repeated_entries_and_encodes_what_changed_byte_for_byte() -> None:
+    weight = torch.ones(2)
+    states = [
+        {"model": {"w": weight}, "optim": {"lr": 0.1, "wd": 0.0}, "step": 1},
+        {"model": {"w": weight}, "optim": {"lr": 0.1, "wd": 0.0}, "step": 2},
+        {"model": {"w": weight}, "optim": {"lr": 0.1, "wd": -0.0}, "step": 3},  # equal, yet not the same text
+        {"model": {"w": weight}, "optim": {"lr": 0.1, "wd": 0.0}, "step": 4},
+        {"model": {"w": weight}, "optim": {-0.0: "key", (1, -0.0): "tuple key"}, "step": 5},
+        {"model": {"w": weight}, "optim": {0.0: "key", (1, 0.0): "tuple key"}, "step": 6},
+        {"model": {"w": weight}, "optim": {"name": _Text("value")}, "step": 7},
+        {"model": {"w": weight}, "optim": {"name": "value!"}, "step": 8},
+        {"model": {"w": weight}, "extra": [np.float64(-0.0)], "step": 9},
+        {"model": {"w": weight}, "extra": [np.float64(0.0)], "step": 10},
+        {"step": 11},
+    ]
+    memo = TreeJsonMemo()
+    for state in states:
+        flat = flatten_state(state)
+        assert memo.encode(flat.tree, flat.negative_zero) == _plain_json(flat.tree)
+    assert flatten_state({"a": [1, (2, -0.0)]}).negative_zero
+    assert flatten_state({(0, -0.0): 1}).negative_zero
+    assert not flatten_state({"a": [0.0, 1.5, "-0.0"]}).negative_zero
+
+
+def test_the_tree_memo_encodes_a_tree_that_is_not_a_mapping_whole() -> None:
+    memo = TreeJsonMemo()
+    for state in ([1, 2.5], [1, -0.0], (torch.zeros(1), None), {"a": 1}):
+        flat = flatten_state(state)
+        assert memo.encode(flat.tree, flat.negative_zero) == _plain_json(flat.tree)
+
+
+_SCALARS = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-3, 3),
+    st.sampled_from([0.0, -0.0, 1.0, -1.5, math.inf, math.nan]),
+    st.sampled_from(["", "a", "-0.0"]),
+)
+_KEYS = st.one_of(st.sampled_from(["a", "b"]), st.sampled_from([0, 0.0, -0.0]), st.tuples(st.sampled_from([0.0, -0.0])))
+# Small on purpose: consecutive states then often repeat an entry, or differ only in a zero's sign.
+_VALUES = st.recursive(
+    st.sampled_from([0.0, -0.0, 1]) | _SCALARS,
+    lambda inner: st.lists(inner, max_size=2) | st.dictionaries(_KEYS, inner, max_size=2),
+    max_leaves=3,
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(st.dictionaries(st.sampled_from(["model", "step"]), _VALUES, max_size=2), min_size=2, max_size=8))
+def test_the_tree_memo_gives_what_json_gives_for_any_sequence_of_states(states: list[dict[str, object]]) -> None:
+    memo = TreeJsonMemo()
+    for state in states:
+        flat = flatten_state(state)
+        assert memo.encode(flat.tree, flat.negative_zero) == _plain_json(flat.tree)

@@ -53,6 +53,7 @@ __all__ = [
     "SlotLayout",
     "SlotState",
     "TensorSpec",
+    "TreeJsonMemo",
     "align_up",
     "decode_manifest",
     "encode_manifest",
@@ -229,7 +230,50 @@ def encode_specs(specs: tuple[TensorSpec, ...]) -> str:
     return json.dumps([s.to_json() for s in specs], separators=(",", ":"), allow_nan=False)
 
 
-def encode_manifest(tree: dict[str, Any], specs: tuple[TensorSpec, ...], specs_json: str | None = None) -> bytes:
+def _dumps(node: Any) -> str:
+    return json.dumps(node, separators=(",", ":"), allow_nan=False)
+
+
+class TreeJsonMemo:
+    """Encodes one state's tree after another, reusing the text of top-level entries that repeat.
+
+    A training state is saved every step with the same shape: the model's and the optimizer's
+    entries name the same tensors with the same settings each time, and only a few scalars (the
+    step, the data position) change. Comparing an entry with the last save's (in C, on the JSON
+    nodes) costs a fraction of encoding it again. Equal nodes encode to the same text, except
+    that ``-0.0`` equals ``0.0``: a tree holding one (`FlatState.negative_zero`) is encoded
+    whole, and its entries are not reused by the next one.
+    """
+
+    def __init__(self) -> None:
+        self._entries: list[tuple[Any, str]] = []
+
+    def encode(self, tree: dict[str, Any], negative_zero: bool) -> str:
+        """The same text as ``json.dumps(tree, separators=(",", ":"), allow_nan=False)``.
+
+        Args:
+            tree: a state's JSON tree (`dlrover.flashckpt.tree.FlatState.tree`); it must not change
+                afterwards, as this keeps its entries to compare the next tree's with.
+            negative_zero: whether the tree holds ``-0.0`` (`FlatState.negative_zero`).
+        """
+        entries = tree.get("dict") if len(tree) == 1 else None
+        if negative_zero or not isinstance(entries, list):
+            self._entries = []
+            return _dumps(tree)
+        last = self._entries
+        texts = [
+            last[i][1] if i < len(last) and last[i][0] == entry else _dumps(entry) for i, entry in enumerate(entries)
+        ]
+        self._entries = list(zip(entries, texts, strict=True))
+        return '{"dict":[' + ",".join(texts) + "]}"
+
+
+def encode_manifest(
+    tree: dict[str, Any],
+    specs: tuple[TensorSpec, ...],
+    specs_json: str | None = None,
+    tree_json: str | None = None,
+) -> bytes:
     """The manifest JSON of a slot, as UTF-8 bytes.
 
     Args:
@@ -237,10 +281,12 @@ def encode_manifest(tree: dict[str, Any], specs: tuple[TensorSpec, ...], specs_j
         specs: its tensors.
         specs_json: `encode_specs(specs)`, when the caller kept it from an earlier save of the same
             layout (the tensor list is most of a manifest's encoding time; the tree changes each step).
+        tree_json: the tree's JSON text, when the caller encoded it (`TreeJsonMemo`).
     """
     tensors = encode_specs(specs) if specs_json is None else specs_json
     head = json.dumps({"format": MANIFEST_FORMAT, "version": LAYOUT_VERSION}, separators=(",", ":"))
-    tree_json = json.dumps(tree, separators=(",", ":"), allow_nan=False)
+    if tree_json is None:
+        tree_json = _dumps(tree)
     # The same bytes json.dumps gives for the whole document, keys in this order.
     return f'{head[:-1]},"tree":{tree_json},"tensors":{tensors}}}'.encode()
 

@@ -62,10 +62,19 @@ class TensorLeaf:
 
 @attrs.frozen
 class FlatState:
-    """A state split into its JSON tree and its tensor leaves, in tree order."""
+    """A state split into its JSON tree and its tensor leaves, in tree order.
+
+    Attributes:
+        tree: the JSON tree.
+        leaves: the tensors, indexed as the tree's ``tensor`` and ``ndarray`` nodes name them.
+        negative_zero: some float of the tree (a value or a key) is ``-0.0``. It equals ``0.0``,
+            yet encodes differently, so equal trees encode to the same JSON only when neither
+            holds one (see `dlrover.flashckpt.layout.TreeJsonMemo`).
+    """
 
     tree: JsonNode
     leaves: tuple[TensorLeaf, ...]
+    negative_zero: bool = False
 
 
 def path_name(path: tuple[Any, ...]) -> str:
@@ -94,7 +103,7 @@ _ENCODERS: tuple[tuple[type | tuple[type, ...], Any], ...] = (
     (bool, lambda v: {"bool": v}),
     (int, lambda v: {"int": int(v)}),
     (float, _encode_float),
-    (str, lambda v: {"str": v}),
+    (str, lambda v: {"str": str.__str__(v)}),  # the value itself: a subclass's __eq__ or __str__ may differ
     ((bytes, bytearray), lambda v: {"bytes": base64.b64encode(bytes(v)).decode("ascii")}),
     (torch.Size, lambda v: {"size": [int(d) for d in v]}),
     (torch.dtype, lambda v: {"dtype": str(v).removeprefix("torch.")}),
@@ -176,6 +185,12 @@ def flatten_state(state: Any) -> FlatState:
     leaves: list[TensorLeaf] = []
     by_address: dict[int, list[tuple[torch.Tensor, int]]] = {}
     active: set[int] = set()
+    negative_zero = False
+
+    def scalar(node: JsonNode) -> JsonNode:
+        nonlocal negative_zero
+        negative_zero = negative_zero or _holds_negative_zero(node)
+        return node
 
     # A save walks the whole state before its copy can start, so this walk is on the blocking
     # path: the common types are tested by exact type first (an isinstance against the Mapping
@@ -198,7 +213,7 @@ def flatten_state(state: Any) -> FlatState:
         if kind is int and obj.bit_length() <= _MAX_INT_BITS:
             return {"int": obj}
         fast = _FAST_SCALARS.get(kind)
-        return fast(obj) if fast is not None else _encode_scalar(obj, path)
+        return scalar(fast(obj) if fast is not None else _encode_scalar(obj, path))
 
     def visit_tensor(obj: torch.Tensor, kind: type, path: tuple[Any, ...]) -> JsonNode:
         if obj.layout is not torch.strided or obj.is_nested:
@@ -232,7 +247,7 @@ def flatten_state(state: Any) -> FlatState:
             if kind is dict:
                 return {
                     "dict": [
-                        [{"str": k} if type(k) is str else _encode_key(k, path), visit(v, (*path, k))]
+                        [{"str": k} if type(k) is str else scalar(_encode_key(k, path)), visit(v, (*path, k))]
                         for k, v in obj.items()
                     ]
                 }
@@ -242,7 +257,16 @@ def flatten_state(state: Any) -> FlatState:
             active.discard(id(obj))
 
     tree = visit(state, ())
-    return FlatState(tree, tuple(leaves))
+    return FlatState(tree, tuple(leaves), negative_zero)
+
+
+def _holds_negative_zero(node: JsonNode) -> bool:
+    """Whether a scalar node (a tuple of scalars, as a dict key, included) holds ``-0.0``."""
+    value = node.get("float")
+    if type(value) is float:
+        return value == 0.0 and math.copysign(1.0, value) < 0
+    items = node.get("tuple")
+    return items is not None and any(_holds_negative_zero(item) for item in items)
 
 
 def _encode_key(key: Any, path: tuple[Any, ...]) -> JsonNode:
