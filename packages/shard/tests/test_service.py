@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -603,9 +604,7 @@ def test_a_lease_asked_ahead_keeps_its_lease_until_taken_through_a_pause_longer_
         server.stop(0)
 
 
-def test_a_failed_lease_ahead_is_kept_until_raised_and_leaves_report_failures_to_their_caller(
-    shard_server: Any, token: str
-) -> None:
+def test_a_failed_lease_ahead_is_kept_until_raised(shard_server: Any, token: str) -> None:
     server, _ = shard_server
     with _client(server, token, config=ShardClientConfig(retry=FAST.retry, prefetch_shards=0)) as c:
         assert c.lease_ahead()  # refused: the dataset is not registered yet
@@ -614,13 +613,47 @@ def test_a_failed_lease_ahead_is_kept_until_raised_and_leaves_report_failures_to
         with pytest.raises(RpcError):
             c.next_shard(timeout_s=30)
         c.register(_spec(n=8))
-        failure = RpcError("ReportDone", grpc.StatusCode.FAILED_PRECONDITION, "a queued report was refused", 1)
-        c._reports._error = failure  # what the report queue keeps when a delivery is refused
-        assert c.lease_ahead()
+        assert c.lease_ahead(), "the failure was raised: leasing ahead goes on"
         c.settle_lease_ahead()
-        with pytest.raises(RpcError) as info:
-            c.flush_reports(5)
-        assert info.value is failure, "the background fetch did not take the report queue's failure"
+        assert c.next_shard(timeout_s=30) is not None
+
+
+def test_a_lease_ahead_leaves_a_refused_reports_failure_to_the_reports_caller(
+    token: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DLROVER_MASTER_LOST_TIMEOUT_S", "120")
+    first = GrpcServer(ServerConfig(), token)
+    add_shard_service(first, ShardRegistry(SystemClock()))
+    port = first.start()
+    second: GrpcServer | None = None
+    try:
+        with ShardClient(first.address, token, "ds", "w", config=ShardClientConfig(prefetch_shards=0)) as c:
+            c.register(_spec(delivery=DeliveryMode.EXACTLY_ONCE))
+            shard = c.fetch(1).shards[0]
+            first.stop(0)
+            assert c.report_done(shard.shard_id).pending
+            # A master that lost its journal: it knows the dataset but not the lease, and refuses
+            # the queued report once it is delivered.
+            fresh = ShardRegistry(SystemClock())
+            fresh.register(_spec(delivery=DeliveryMode.EXACTLY_ONCE))
+            second = GrpcServer(ServerConfig(port=port), token)
+            add_shard_service(second, fresh)
+            second.start()
+            deadline = time.monotonic() + 120
+            while c.queued_reports and time.monotonic() < deadline:  # delivered, and refused
+                threading.Event().wait(0.01)
+            assert c.queued_reports == 0
+            assert c.lease_ahead()
+            c.settle_lease_ahead()
+            with pytest.raises(RpcError) as info:
+                c.flush_reports(timeout_s=30)
+            assert info.value.code is grpc.StatusCode.FAILED_PRECONDITION, "the background fetch took it"
+            assert f"shard {shard.shard_id}" in info.value.details
+            assert c.next_shard(timeout_s=30) is not None, "the shard leased ahead"
+    finally:
+        first.stop(0)
+        if second is not None:
+            second.stop(0)
 
 
 def test_a_lease_asked_ahead_is_refused_by_a_prefetching_client(shard_server: Any, token: str) -> None:
