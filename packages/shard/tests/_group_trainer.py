@@ -122,8 +122,8 @@ def main() -> None:
         if step == args.die_after:
             os.kill(os.getpid(), signal.SIGKILL)
         if step == args.reload_at:
+            # No barrier: load_state_dict returns on no trainer before the restore is done.
             sampler.load_state_dict(state, restore=args.rank == 0)
-            dist.barrier()  # restored before anybody leases
             batches = iter(sampler)
     trained.close()
     dist.barrier()

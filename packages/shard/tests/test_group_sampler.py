@@ -373,3 +373,68 @@ def test_the_next_shard_is_leased_ahead_after_a_round_and_not_twice_when_no_step
             assert client.buffered == 0
     finally:
         dist.destroy_process_group()
+
+
+_REFUSING_TRAINER = """
+import json, os, sys
+import torch.distributed as dist
+from dlrover.common import ConfigError, RetryPolicy
+from dlrover.shard import DatasetSpec, DeliveryMode, IndexSource
+from dlrover.shard.client import ShardClient, ShardClientConfig
+from dlrover.shard.torch_data import ShardSampler
+
+address, rank, store = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+dist.init_process_group("gloo", store=dist.FileStore(store, 2), rank=rank, world_size=2)
+config = ShardClientConfig(retry=RetryPolicy(call_timeout_s=20, total_timeout_s=60), prefetch_shards=0)
+with ShardClient(address, os.environ["DLROVER_JOB_TOKEN"], "refuse", f"rank-{rank}", config=config) as client:
+    spec = DatasetSpec(name="refuse", source=IndexSource(16), batch_size=2, delivery=DeliveryMode.EXACTLY_ONCE)
+    client.register(spec)
+    sampler = ShardSampler(client, process_group=dist.group.WORLD, sync_every=2)
+    state = sampler.state_dict()
+    restores = []
+    real_restore = client.restore
+    client.restore = lambda document: (restores.append(document), real_restore(document))[1]
+    if rank == 1:
+        state = {**state, "dataset": "another"}
+    try:
+        sampler.load_state_dict(state, restore=rank == 0)
+        outcome = "loaded"
+    except ConfigError as exc:
+        outcome = f"refused: {exc}"
+    print(json.dumps({"rank": rank, "outcome": outcome, "restores": len(restores)}), flush=True)
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_state_one_trainer_refuses_is_refused_by_the_whole_group_and_nothing_is_restored(
+    shard_server: Any, token: str, tmp_path: Path
+) -> None:
+    server, _servicer = shard_server
+    env = {**os.environ, "DLROVER_JOB_TOKEN": token}
+    store = str(tmp_path / "store")
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _REFUSING_TRAINER, server.address, str(rank), store],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        for rank in range(2)
+    ]
+    outcomes = {}
+    try:
+        for proc in procs:
+            output, _ = proc.communicate(timeout=100)
+            text = output.decode(errors="replace")
+            assert proc.returncode == 0, text
+            line = json.loads(text.strip().splitlines()[-1])
+            outcomes[line["rank"]] = line["outcome"]
+            assert line["restores"] == 0, f"rank {line['rank']} restored a state the group refused"
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+    assert "another trainer of the group refused its state" in outcomes[0], outcomes
+    assert outcomes[1].startswith("refused: "), outcomes
+    assert "'another'" in outcomes[1], "its own reason: the dataset its state names"

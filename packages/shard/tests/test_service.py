@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -24,6 +25,7 @@ from dlrover.common import (
 from dlrover.shard import DatasetSpec, DeliveryMode, IndexSource, ShardRegistry, ShardStateError
 from dlrover.shard.client import ShardClient, ShardClientConfig
 from dlrover.shard.service import ShardServicer, add_shard_service
+from dlrover.shard.shard import Shard
 from dlrover.shard.v1 import shard_pb2 as pb
 from dlrover.shard.v1 import shard_pb2_grpc
 
@@ -654,6 +656,153 @@ def test_a_lease_ahead_leaves_a_refused_reports_failure_to_the_reports_caller(
         first.stop(0)
         if second is not None:
             second.stop(0)
+
+
+def _keepalive_config() -> ShardClientConfig:
+    return ShardClientConfig(retry=FAST.retry, prefetch_shards=0, renew_interval_s=0.2)
+
+
+def _in_keepalive() -> bool:
+    return threading.current_thread().name.startswith("shard-keepalive")
+
+
+def test_a_late_not_held_answer_does_not_drop_a_newer_lease_of_the_same_shard(token: str) -> None:
+    """The keep-alive asks about a shard leased ahead; a restore returns it and a lease after the
+    restore gets it again as the same attempt; the master's "not held" about the first lease then
+    arrives. The newer lease stays buffered and is the next shard handed out."""
+    clock = ManualClock()
+    server = GrpcServer(ServerConfig(), token)
+    add_shard_service(server, ShardRegistry(clock))
+    server.start()
+    try:
+        with _client(server, token, config=_keepalive_config(), clock=clock) as c:
+            c.register(_spec(n=8, delivery=DeliveryMode.EXACTLY_ONCE))
+            first = c.next_shard(timeout_s=5)
+            assert first is not None
+            c.report_done(first.shard_id)
+            document = c.checkpoint()
+            assert c.lease_ahead()
+            c.settle_lease_ahead()
+            asked, restored, answered, released, renewed_again = (threading.Event() for _ in range(5))
+            real_renew = c._renew_lease
+
+            def late_answer(shard: Shard) -> bool:
+                if not _in_keepalive():
+                    return real_renew(shard)
+                if asked.is_set():  # a later pass: the earlier one has finished
+                    renewed_again.set()
+                    return real_renew(shard)
+                asked.set()
+                assert restored.wait(30)
+                held = real_renew(shard)  # after the restore: not held
+                answered.set()
+                assert released.wait(30)  # the same shard leased again meanwhile
+                return held
+
+            c._renew_lease = late_answer  # type: ignore[method-assign]
+            clock.advance(1.0)
+            assert asked.wait(30)
+            c.restore(document)
+            restored.set()
+            assert answered.wait(30)
+            assert c.lease_ahead()
+            c.settle_lease_ahead()
+            released.set()
+            clock.advance(1.0)
+            assert renewed_again.wait(30), "the keep-alive renews the newer lease at its next pass"
+            ahead = c.next_shard(timeout_s=5)
+            assert ahead is not None
+            assert ahead.shard_id == first.shard_id + 1, "the shard leased again, not the one after it"
+            assert c.report_done(ahead.shard_id).changed
+    finally:
+        server.stop(0)
+
+
+def test_a_renewal_the_master_cannot_answer_keeps_the_shard_leased_ahead(token: str) -> None:
+    clock = ManualClock()
+    server = GrpcServer(ServerConfig(), token)
+    add_shard_service(server, ShardRegistry(clock))
+    server.start()
+    try:
+        with _client(server, token, config=_keepalive_config(), clock=clock) as c:
+            c.register(_spec(n=8))
+            first = c.next_shard(timeout_s=5)  # handing one out starts the keep-alive
+            assert first is not None
+            c.report_done(first.shard_id)
+            assert c.lease_ahead()
+            c.settle_lease_ahead()
+            refused, renewed = threading.Event(), threading.Event()
+            real_renew = c._renew_lease
+
+            def overloaded_once(shard: Shard) -> bool:
+                if not _in_keepalive():
+                    return real_renew(shard)
+                if not refused.is_set():
+                    refused.set()
+                    raise RpcError("ReportProgress", grpc.StatusCode.RESOURCE_EXHAUSTED, "overloaded (injected)", 1)
+                renewed.set()
+                return real_renew(shard)
+
+            c._renew_lease = overloaded_once  # type: ignore[method-assign]
+            clock.advance(1.0)
+            assert refused.wait(30)
+            clock.advance(1.0)
+            assert renewed.wait(30), "asked again at the next pass"
+            ahead = c.next_shard(timeout_s=5)
+            assert ahead is not None
+            assert (ahead.shard_id, ahead.attempt) == (first.shard_id + 1, 1), "its first lease, kept"
+    finally:
+        server.stop(0)
+
+
+def test_a_failed_lease_ahead_is_said_not_raised_once_a_later_lease_brought_a_shard(
+    shard_server: Any, token: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    server, _ = shard_server
+    with _client(server, token, config=ShardClientConfig(retry=FAST.retry, prefetch_shards=0)) as c:
+        assert c.lease_ahead()  # refused: the dataset is not registered yet
+        c.settle_lease_ahead()
+        c.register(_spec(n=8))
+        c.checkpoint(lease_next=True)  # a read that leases the next shard
+        with caplog.at_level(logging.WARNING, logger="dlrover.shard.client"):
+            shard = c.next_shard(timeout_s=30)
+        assert shard is not None
+        assert "a later one brought a shard" in caplog.text
+
+
+def test_a_lease_ahead_failure_nobody_asked_for_is_said_at_close(
+    shard_server: Any, token: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    server, _ = shard_server
+    c = _client(server, token, config=ShardClientConfig(retry=FAST.retry, prefetch_shards=0))
+    assert c.lease_ahead()  # refused: the dataset is not registered yet
+    c.settle_lease_ahead()
+    with caplog.at_level(logging.WARNING, logger="dlrover.shard.client"):
+        c.close()
+    assert "failed before the client closed" in caplog.text
+
+
+def test_next_shard_waits_for_a_lease_ahead_no_longer_than_its_timeout(shard_server: Any, token: str) -> None:
+    server, _ = shard_server
+    with _client(server, token, config=ShardClientConfig(retry=FAST.retry, prefetch_shards=0)) as c:
+        c.register(_spec(n=8))
+        held_up, go = threading.Event(), threading.Event()
+        real_fetch = c._fetch_shards
+
+        def slow_fetch(count: int) -> Any:
+            held_up.set()
+            assert go.wait(30)
+            return real_fetch(count)
+
+        c._fetch_shards = slow_fetch  # type: ignore[method-assign]
+        assert c.lease_ahead()
+        assert held_up.wait(30)
+        with pytest.raises(TimeoutError, match="a lease asked for ahead is out"):
+            c.next_shard(timeout_s=0.0)
+        go.set()
+        shard = c.next_shard(timeout_s=30)
+        assert shard is not None
+        assert shard.shard_id == 0
 
 
 def test_a_lease_asked_ahead_is_refused_by_a_prefetching_client(shard_server: Any, token: str) -> None:

@@ -112,11 +112,12 @@ class GroupAcks:
         self._round.clear()
         self._rounds_since_sync += 1
 
-    def fence(self) -> None:
-        """A collective with nothing in it: no trainer of the group goes on before all got here."""
-        done = torch.zeros(1, dtype=torch.int64, device=self._device)
-        dist.all_reduce(done, group=self._group)
-        done.item()  # on an accelerator the collective is only queued until its result is read
+    def fence(self, failed: bool = False) -> bool:
+        """A collective: no trainer of the group goes on before all got here. Returns whether any
+        trainer came with `failed` set (so all of them can refuse a step one of them refused)."""
+        flags = torch.tensor([int(failed)], dtype=torch.int64, device=self._device)
+        dist.all_reduce(flags, group=self._group)
+        return bool(flags.item())  # on an accelerator the collective is only queued until its result is read
 
     def read_exactly(self, document: str) -> None:
         """`document` was read after every acknowledgement of the group (near the data's end, where

@@ -296,9 +296,10 @@ class ShardClient:
         it (its shards are buffered) or it failed (raised by the next `next_shard`)."""
         self._join_ahead()
 
-    def _join_ahead(self) -> None:
+    def _join_ahead(self, timeout_s: float | None = None) -> bool:
+        """Wait for `lease_ahead`'s fetch (up to `timeout_s`); whether none is out now."""
         with self._cond:
-            self._cond.wait_for(lambda: not self._ahead_out)
+            return self._cond.wait_for(lambda: not self._ahead_out, timeout_s)
 
     def next_shard(self, timeout_s: float | None = None) -> Shard | None:
         """The next shard to work on, waiting while none is available; None when the dataset is finished.
@@ -311,11 +312,18 @@ class ShardClient:
             RpcError: a call failed for good (also when the prefetch thread's call did).
         """
         if self._config.prefetch_shards == 0:
-            self._join_ahead()
-            error, self._ahead_error = self._ahead_error, None
+            give_up = None if timeout_s is None else self._clock.now() + timeout_s
+            if not self._join_ahead(timeout_s):
+                raise TimeoutError(f"no shard of {self._dataset!r} within {timeout_s}s: a lease asked for ahead is out")
+            with self._cond:
+                error, self._ahead_error = self._ahead_error, None
+                buffered = bool(self._buffer)
             if error is not None:
-                raise error
-            shard = self._next_on_demand(timeout_s)
+                if not buffered:
+                    raise error
+                # A later lease (a sync's) brought a shard: the failure cost nothing, so it is said, not raised.
+                _log.warning("a lease asked for ahead failed; a later one brought a shard: %s", error)
+            shard = self._next_on_demand(None if give_up is None else max(give_up - self._clock.now(), 0.0))
             if shard is None:
                 return None
             with self._cond:
@@ -563,6 +571,9 @@ class ShardClient:
         if self._thread is not None:
             self._thread.join()
         self._join_ahead()  # its shards are returned below with the other buffered ones
+        if self._ahead_error is not None:  # nobody asked for the next shard to hear of it
+            _log.warning("a lease asked for ahead failed before the client closed: %s", self._ahead_error)
+            self._ahead_error = None
         if self._ahead_thread is not None:
             self._ahead_thread.join()  # it ends once nothing is out and the client is stopped
         if self._keepalive is not None:
@@ -680,7 +691,7 @@ class ShardClient:
         """Put down `shard` if that dispatch of it is the one in use (not a newer lease of the same shard)."""
         with self._cond:
             entry = self._in_use.get(shard.shard_id)
-            if entry is not None and entry[0].attempt == shard.attempt:
+            if entry is not None and entry[0] is shard:
                 del self._in_use[shard.shard_id]
 
     def _keepalive_loop(self) -> None:
@@ -695,7 +706,7 @@ class ShardClient:
                 # Shards leased ahead and not taken yet (a long save or evaluation before the next
                 # step): renewed alike, so a pause does not cost them their lease and an attempt.
                 ahead = [
-                    shard
+                    (shard, entry)
                     for shard in self._buffer
                     if (entry := self._leased_at.get((shard.shard_id, shard.attempt))) is not None
                     and now - entry[0] >= interval
@@ -710,19 +721,23 @@ class ShardClient:
                     # the main process), expired, or restored away: nothing more to keep alive.
                     _log.debug("shard %d is no longer leased to %s; its keep-alive ends", shard.shard_id, self._worker)
                     self._put_down_dispatch(shard)
-            for shard in ahead:
+            for shard, picked in ahead:
                 held = self._renew_in_background(shard, "leased ahead")
                 key = (shard.shard_id, shard.attempt)
                 with self._cond:
-                    entry = self._leased_at.get(key)
-                    if entry is None or held is None:
-                        continue  # taken (or dropped) meanwhile, or the master could not say
+                    # The same lease, not a newer one under the same key (a restore returned the
+                    # shard and a lease after it got it again as the same attempt): the master's
+                    # answer was about the lease picked.
+                    if held is None or self._leased_at.get(key) is not picked:
+                        continue  # taken, dropped or leased anew meanwhile, or the master could not say
                     if held:
-                        self._leased_at[key] = (self._clock.now(), entry[1])
+                        self._leased_at[key] = (self._clock.now(), picked[1])
                     else:  # expired or restored away: never handed out
                         del self._leased_at[key]
-                        if shard in self._buffer:
-                            self._buffer.remove(shard)
+                        for index, buffered in enumerate(self._buffer):
+                            if buffered is shard:
+                                del self._buffer[index]
+                                break
 
     def _renew_in_background(self, shard: Shard, what: str) -> bool | None:
         """Renew `shard`'s lease from the keep-alive thread: whether this worker still holds it, or
@@ -731,14 +746,13 @@ class ShardClient:
             # At the position it was handed out at: positions only move forward, so this
             # acknowledges nothing and only renews the lease.
             return self._renew_lease(shard)
-        except RpcError as exc:
-            if exc.code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-                _log.warning("could not renew the lease of shard %d %s: %s", shard.shard_id, what, exc)
-                return None  # the master away past the retries
-            return False
-        except Exception as exc:  # a defect must not end the keep-alive unseen: said, and put down
-            _log.warning("renewing the lease of shard %d %s failed: %s", shard.shard_id, what, exc)
-            return False
+        except Exception as exc:
+            # Only the master's "not held" (False above) ends a lease here: an overloaded or
+            # restarting master, or a defect, says nothing about it, and dropping a lease this
+            # worker still holds would leave its shard unserved until the lease expires (an
+            # attempt charged) or, for a shard in use, let it be served twice.
+            _log.warning("could not renew the lease of shard %d %s: %s", shard.shard_id, what, exc)
+            return None
 
     def _start_prefetch(self) -> None:
         # A thread that ended at the end of the data is started again after a restore.

@@ -437,16 +437,28 @@ class ShardSampler(Sampler[int]):
         With a process group this is a collective, as `state_dict` is: every trainer of the group
         calls it. Each first waits for the next shard it may be leasing in the background, and none
         restores before all have, so the restore drops that lease too (one served after it would
-        stay leased to a trainer that forgets it).
+        stay leased to a trainer that forgets it); none returns before the restore is done, so no
+        lease is asked for before it (the restore would drop that one too). A refusal on one trainer
+        is raised on all of them.
 
         Raises:
             ConfigError: the state is of another format, version or dataset, or (restoring) its
-                acknowledgements do not fit its document.
+                acknowledgements do not fit its document; with a group, also when another trainer
+                refused its state (nothing changed).
+            ShardError: with a group, another trainer's restore failed (its own error is raised
+                there).
         """
         if self._group is not None:
             self._client.settle_lease_ahead()
             self._group.fence()
-        document = _check_state(state, self._client.dataset) if restore else self._checked(state)
+        try:
+            document = _check_state(state, self._client.dataset) if restore else self._checked(state)
+        except Exception:
+            if self._group is not None:
+                self._group.fence(failed=True)  # the others refuse too, rather than wait for this one
+            raise
+        if self._group is not None and self._group.fence():
+            raise ConfigError("another trainer of the group refused its state (its error says why); nothing changed")
         self._generation += 1  # a pass the loader left suspended hands out nothing of the old position
         if self._group is not None:
             self._group.reset()
@@ -456,10 +468,19 @@ class ShardSampler(Sampler[int]):
         self._inflight.clear()
         self._shard, self._unyielded = None, deque()
         self._finished = False
-        if restore:
-            self._client.restore(document)
-        else:
-            self._client.discard_buffered()  # the trainer that restores drops every lease
+        try:
+            if restore:
+                self._client.restore(document)
+            else:
+                self._client.discard_buffered()  # the trainer that restores drops every lease
+        except Exception:
+            if self._group is not None:
+                self._group.fence(failed=True)
+            raise
+        # None leases before the restore reached the service: it would drop that lease and hand
+        # the shard out again.
+        if self._group is not None and self._group.fence():
+            raise ShardError("another trainer of the group could not restore the data position (its error says why)")
 
 
 class ShardIterableDataset(IterableDataset[tuple[_T, list[int]]], Generic[_T]):
