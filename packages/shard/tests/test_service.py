@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import grpc
@@ -389,10 +390,11 @@ def test_a_worker_trains_on_while_its_master_restarts_and_nothing_is_lost_or_rep
     assert (status.done, status.doing, status.todo, status.failed) == (5, 0, 0, 0)
 
 
-def test_a_report_the_restarted_master_refuses_is_raised_by_the_next_call(
-    token: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("DLROVER_MASTER_LOST_TIMEOUT_S", "120")
+@contextlib.contextmanager
+def _a_report_queued_for_a_master_that_lost_its_journal(token: str) -> Iterator[tuple[ShardClient, int]]:
+    """A client whose report of a shard's end is queued while its master is away; the master comes
+    back without its journal (it knows the dataset, not the lease), so it refuses the report once
+    it is delivered. Yields the client and the shard's id."""
     first = GrpcServer(ServerConfig(), token)
     add_shard_service(first, ShardRegistry(SystemClock()))
     port = first.start()
@@ -403,22 +405,29 @@ def test_a_report_the_restarted_master_refuses_is_raised_by_the_next_call(
             shard = c.fetch(1).shards[0]
             first.stop(0)
             assert c.report_done(shard.shard_id).pending
-            # A master that lost its journal: it knows the dataset but not the lease.
             fresh = ShardRegistry(SystemClock())
             fresh.register(_spec(delivery=DeliveryMode.EXACTLY_ONCE))
             second = GrpcServer(ServerConfig(port=port), token)
             add_shard_service(second, fresh)
             second.start()
-            with pytest.raises(RpcError) as info:
-                c.flush_reports(timeout_s=120)
-            assert info.value.code is grpc.StatusCode.FAILED_PRECONDITION
-            assert f"shard {shard.shard_id}" in info.value.details
-            assert c.queued_reports == 0
-            assert c.status().done == 0  # raised once; the client goes on
+            yield c, shard.shard_id
     finally:
         first.stop(0)
         if second is not None:
             second.stop(0)
+
+
+def test_a_report_the_restarted_master_refuses_is_raised_by_the_next_call(
+    token: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DLROVER_MASTER_LOST_TIMEOUT_S", "120")
+    with _a_report_queued_for_a_master_that_lost_its_journal(token) as (c, shard_id):
+        with pytest.raises(RpcError) as info:
+            c.flush_reports(timeout_s=120)
+        assert info.value.code is grpc.StatusCode.FAILED_PRECONDITION
+        assert f"shard {shard_id}" in info.value.details
+        assert c.queued_reports == 0
+        assert c.status().done == 0  # raised once; the client goes on
 
 
 _EXITS_WITHOUT_CLOSE = """
@@ -624,42 +633,36 @@ def test_a_lease_ahead_leaves_a_refused_reports_failure_to_the_reports_caller(
     token: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("DLROVER_MASTER_LOST_TIMEOUT_S", "120")
-    first = GrpcServer(ServerConfig(), token)
-    add_shard_service(first, ShardRegistry(SystemClock()))
-    port = first.start()
-    second: GrpcServer | None = None
-    try:
-        with ShardClient(first.address, token, "ds", "w", config=ShardClientConfig(prefetch_shards=0)) as c:
-            c.register(_spec(delivery=DeliveryMode.EXACTLY_ONCE))
-            shard = c.fetch(1).shards[0]
-            first.stop(0)
-            assert c.report_done(shard.shard_id).pending
-            # A master that lost its journal: it knows the dataset but not the lease, and refuses
-            # the queued report once it is delivered.
-            fresh = ShardRegistry(SystemClock())
-            fresh.register(_spec(delivery=DeliveryMode.EXACTLY_ONCE))
-            second = GrpcServer(ServerConfig(port=port), token)
-            add_shard_service(second, fresh)
-            second.start()
-            deadline = time.monotonic() + 120
-            while c.queued_reports and time.monotonic() < deadline:  # delivered, and refused
-                threading.Event().wait(0.01)
-            assert c.queued_reports == 0
-            assert c.lease_ahead()
-            c.settle_lease_ahead()
-            with pytest.raises(RpcError) as info:
-                c.flush_reports(timeout_s=30)
-            assert info.value.code is grpc.StatusCode.FAILED_PRECONDITION, "the background fetch took it"
-            assert f"shard {shard.shard_id}" in info.value.details
-            assert c.next_shard(timeout_s=30) is not None, "the shard leased ahead"
-    finally:
-        first.stop(0)
-        if second is not None:
-            second.stop(0)
+    with _a_report_queued_for_a_master_that_lost_its_journal(token) as (c, shard_id):
+        deadline = time.monotonic() + 120
+        while c.queued_reports and time.monotonic() < deadline:  # delivered, and refused
+            threading.Event().wait(0.01)
+        assert c.queued_reports == 0
+        assert c.lease_ahead()
+        c.settle_lease_ahead()
+        with pytest.raises(RpcError) as info:
+            c.flush_reports(timeout_s=30)
+        assert info.value.code is grpc.StatusCode.FAILED_PRECONDITION, "the background fetch took it"
+        assert f"shard {shard_id}" in info.value.details
+        assert c.next_shard(timeout_s=30) is not None, "the shard leased ahead"
 
 
 def _keepalive_config() -> ShardClientConfig:
     return ShardClientConfig(retry=FAST.retry, prefetch_shards=0, renew_interval_s=0.2)
+
+
+@contextlib.contextmanager
+def _keepalive_client(token: str) -> Iterator[tuple[ShardClient, ManualClock]]:
+    """An on-demand client whose keep-alive renews every 0.2 s of a clock the test advances."""
+    clock = ManualClock()
+    server = GrpcServer(ServerConfig(), token)
+    add_shard_service(server, ShardRegistry(clock))
+    server.start()
+    try:
+        with _client(server, token, config=_keepalive_config(), clock=clock) as c:
+            yield c, clock
+    finally:
+        server.stop(0)
 
 
 def _in_keepalive() -> bool:
@@ -670,89 +673,75 @@ def test_a_late_not_held_answer_does_not_drop_a_newer_lease_of_the_same_shard(to
     """The keep-alive asks about a shard leased ahead; a restore returns it and a lease after the
     restore gets it again as the same attempt; the master's "not held" about the first lease then
     arrives. The newer lease stays buffered and is the next shard handed out."""
-    clock = ManualClock()
-    server = GrpcServer(ServerConfig(), token)
-    add_shard_service(server, ShardRegistry(clock))
-    server.start()
-    try:
-        with _client(server, token, config=_keepalive_config(), clock=clock) as c:
-            c.register(_spec(n=8, delivery=DeliveryMode.EXACTLY_ONCE))
-            first = c.next_shard(timeout_s=5)
-            assert first is not None
-            c.report_done(first.shard_id)
-            document = c.checkpoint()
-            assert c.lease_ahead()
-            c.settle_lease_ahead()
-            asked, restored, answered, released, renewed_again = (threading.Event() for _ in range(5))
-            real_renew = c._renew_lease
+    with _keepalive_client(token) as (c, clock):
+        c.register(_spec(n=8, delivery=DeliveryMode.EXACTLY_ONCE))
+        first = c.next_shard(timeout_s=5)
+        assert first is not None
+        c.report_done(first.shard_id)
+        document = c.checkpoint()
+        assert c.lease_ahead()
+        c.settle_lease_ahead()
+        asked, restored, answered, released, renewed_again = (threading.Event() for _ in range(5))
+        real_renew = c._renew_lease
 
-            def late_answer(shard: Shard) -> bool:
-                if not _in_keepalive():
-                    return real_renew(shard)
-                if asked.is_set():  # a later pass: the earlier one has finished
-                    renewed_again.set()
-                    return real_renew(shard)
-                asked.set()
-                assert restored.wait(30)
-                held = real_renew(shard)  # after the restore: not held
-                answered.set()
-                assert released.wait(30)  # the same shard leased again meanwhile
-                return held
+        def late_answer(shard: Shard) -> bool:
+            if not _in_keepalive():
+                return real_renew(shard)
+            if asked.is_set():  # a later pass: the earlier one has finished
+                renewed_again.set()
+                return real_renew(shard)
+            asked.set()
+            assert restored.wait(30)
+            held = real_renew(shard)  # after the restore: not held
+            answered.set()
+            assert released.wait(30)  # the same shard leased again meanwhile
+            return held
 
-            c._renew_lease = late_answer  # type: ignore[method-assign]
-            clock.advance(1.0)
-            assert asked.wait(30)
-            c.restore(document)
-            restored.set()
-            assert answered.wait(30)
-            assert c.lease_ahead()
-            c.settle_lease_ahead()
-            released.set()
-            clock.advance(1.0)
-            assert renewed_again.wait(30), "the keep-alive renews the newer lease at its next pass"
-            ahead = c.next_shard(timeout_s=5)
-            assert ahead is not None
-            assert ahead.shard_id == first.shard_id + 1, "the shard leased again, not the one after it"
-            assert c.report_done(ahead.shard_id).changed
-    finally:
-        server.stop(0)
+        c._renew_lease = late_answer  # type: ignore[method-assign]
+        clock.advance(1.0)
+        assert asked.wait(30)
+        c.restore(document)
+        restored.set()
+        assert answered.wait(30)
+        assert c.lease_ahead()
+        c.settle_lease_ahead()
+        released.set()
+        clock.advance(1.0)
+        assert renewed_again.wait(30), "the keep-alive renews the newer lease at its next pass"
+        ahead = c.next_shard(timeout_s=5)
+        assert ahead is not None
+        assert ahead.shard_id == first.shard_id + 1, "the shard leased again, not the one after it"
+        assert c.report_done(ahead.shard_id).changed
 
 
 def test_a_renewal_the_master_cannot_answer_keeps_the_shard_leased_ahead(token: str) -> None:
-    clock = ManualClock()
-    server = GrpcServer(ServerConfig(), token)
-    add_shard_service(server, ShardRegistry(clock))
-    server.start()
-    try:
-        with _client(server, token, config=_keepalive_config(), clock=clock) as c:
-            c.register(_spec(n=8))
-            first = c.next_shard(timeout_s=5)  # handing one out starts the keep-alive
-            assert first is not None
-            c.report_done(first.shard_id)
-            assert c.lease_ahead()
-            c.settle_lease_ahead()
-            refused, renewed = threading.Event(), threading.Event()
-            real_renew = c._renew_lease
+    with _keepalive_client(token) as (c, clock):
+        c.register(_spec(n=8))
+        first = c.next_shard(timeout_s=5)  # handing one out starts the keep-alive
+        assert first is not None
+        c.report_done(first.shard_id)
+        assert c.lease_ahead()
+        c.settle_lease_ahead()
+        refused, renewed = threading.Event(), threading.Event()
+        real_renew = c._renew_lease
 
-            def overloaded_once(shard: Shard) -> bool:
-                if not _in_keepalive():
-                    return real_renew(shard)
-                if not refused.is_set():
-                    refused.set()
-                    raise RpcError("ReportProgress", grpc.StatusCode.RESOURCE_EXHAUSTED, "overloaded (injected)", 1)
-                renewed.set()
+        def overloaded_once(shard: Shard) -> bool:
+            if not _in_keepalive():
                 return real_renew(shard)
+            if not refused.is_set():
+                refused.set()
+                raise RpcError("ReportProgress", grpc.StatusCode.RESOURCE_EXHAUSTED, "overloaded (injected)", 1)
+            renewed.set()
+            return real_renew(shard)
 
-            c._renew_lease = overloaded_once  # type: ignore[method-assign]
-            clock.advance(1.0)
-            assert refused.wait(30)
-            clock.advance(1.0)
-            assert renewed.wait(30), "asked again at the next pass"
-            ahead = c.next_shard(timeout_s=5)
-            assert ahead is not None
-            assert (ahead.shard_id, ahead.attempt) == (first.shard_id + 1, 1), "its first lease, kept"
-    finally:
-        server.stop(0)
+        c._renew_lease = overloaded_once  # type: ignore[method-assign]
+        clock.advance(1.0)
+        assert refused.wait(30)
+        clock.advance(1.0)
+        assert renewed.wait(30), "asked again at the next pass"
+        ahead = c.next_shard(timeout_s=5)
+        assert ahead is not None
+        assert (ahead.shard_id, ahead.attempt) == (first.shard_id + 1, 1), "its first lease, kept"
 
 
 def test_a_failed_lease_ahead_is_said_not_raised_once_a_later_lease_brought_a_shard(
