@@ -375,35 +375,73 @@ def test_the_next_shard_is_leased_ahead_after_a_round_and_not_twice_when_no_step
         dist.destroy_process_group()
 
 
-_REFUSING_TRAINER = """
+_LOADING_TRAINER = """
 import json, os, sys
+import grpc
 import torch.distributed as dist
-from dlrover.common import ConfigError, RetryPolicy
-from dlrover.shard import DatasetSpec, DeliveryMode, IndexSource
+from dlrover.common import ConfigError, RetryPolicy, RpcError
+from dlrover.shard import DatasetSpec, DeliveryMode, IndexSource, ShardError
 from dlrover.shard.client import ShardClient, ShardClientConfig
 from dlrover.shard.torch_data import ShardSampler
 
-address, rank, store = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+address, rank, store, fault = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
 dist.init_process_group("gloo", store=dist.FileStore(store, 2), rank=rank, world_size=2)
 config = ShardClientConfig(retry=RetryPolicy(call_timeout_s=20, total_timeout_s=60), prefetch_shards=0)
-with ShardClient(address, os.environ["DLROVER_JOB_TOKEN"], "refuse", f"rank-{rank}", config=config) as client:
-    spec = DatasetSpec(name="refuse", source=IndexSource(16), batch_size=2, delivery=DeliveryMode.EXACTLY_ONCE)
+with ShardClient(address, os.environ["DLROVER_JOB_TOKEN"], fault, f"rank-{rank}", config=config) as client:
+    spec = DatasetSpec(name=fault, source=IndexSource(16), batch_size=2, delivery=DeliveryMode.EXACTLY_ONCE)
     client.register(spec)
     sampler = ShardSampler(client, process_group=dist.group.WORLD, sync_every=2)
-    state = sampler.state_dict()
+    state = sampler.state_dict()  # a sync that leases each trainer its first shard
     restores = []
     real_restore = client.restore
-    client.restore = lambda document: (restores.append(document), real_restore(document))[1]
-    if rank == 1:
+
+    def restore(document):
+        restores.append(document)
+        if fault == "restore-fails":
+            raise RpcError("RestoreCheckpoint", grpc.StatusCode.UNAVAILABLE, "injected", 1)
+        return real_restore(document)
+
+    client.restore = restore
+    if rank == 1 and fault == "refused":
         state = {**state, "dataset": "another"}
     try:
         sampler.load_state_dict(state, restore=rank == 0)
         outcome = "loaded"
-    except ConfigError as exc:
-        outcome = f"refused: {exc}"
-    print(json.dumps({"rank": rank, "outcome": outcome, "restores": len(restores)}), flush=True)
+    except (ConfigError, RpcError, ShardError) as exc:
+        outcome = f"{type(exc).__name__}: {exc}"
+    line = {"rank": rank, "outcome": outcome, "restores": len(restores), "buffered": client.buffered}
+    print(json.dumps(line), flush=True)
 dist.destroy_process_group()
 """
+
+
+def _load_in_two_trainers(address: str, token: str, tmp_path: Path, fault: str) -> dict[int, dict[str, Any]]:
+    """Both trainers save their state, then load it (rank 0 restores) with `fault` injected; what
+    each saw, by rank."""
+    env = {**os.environ, "DLROVER_JOB_TOKEN": token}
+    store = str(tmp_path / f"store-{fault}")
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _LOADING_TRAINER, address, str(rank), store, fault],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        for rank in range(2)
+    ]
+    seen = {}
+    try:
+        for proc in procs:
+            output, _ = proc.communicate(timeout=100)
+            text = output.decode(errors="replace")
+            assert proc.returncode == 0, text
+            line = json.loads(text.strip().splitlines()[-1])
+            seen[line["rank"]] = line
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+    return seen
 
 
 @pytest.mark.timeout(120)
@@ -411,30 +449,20 @@ def test_a_state_one_trainer_refuses_is_refused_by_the_whole_group_and_nothing_i
     shard_server: Any, token: str, tmp_path: Path
 ) -> None:
     server, _servicer = shard_server
-    env = {**os.environ, "DLROVER_JOB_TOKEN": token}
-    store = str(tmp_path / "store")
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", _REFUSING_TRAINER, server.address, str(rank), store],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-        )
-        for rank in range(2)
-    ]
-    outcomes = {}
-    try:
-        for proc in procs:
-            output, _ = proc.communicate(timeout=100)
-            text = output.decode(errors="replace")
-            assert proc.returncode == 0, text
-            line = json.loads(text.strip().splitlines()[-1])
-            outcomes[line["rank"]] = line["outcome"]
-            assert line["restores"] == 0, f"rank {line['rank']} restored a state the group refused"
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-    assert "another trainer of the group refused its state" in outcomes[0], outcomes
-    assert outcomes[1].startswith("refused: "), outcomes
-    assert "'another'" in outcomes[1], "its own reason: the dataset its state names"
+    seen = _load_in_two_trainers(server.address, token, tmp_path, "refused")
+    assert "another trainer of the group refused its state" in seen[0]["outcome"], seen
+    assert seen[1]["outcome"].startswith("ConfigError: "), seen
+    assert "'another'" in seen[1]["outcome"], "its own reason: the dataset its state names"
+    assert seen[0]["restores"] == 0, "rank 0 restored a state the group refused"
+    assert seen[1]["buffered"] == 1, "rank 1 kept the shard it holds"
+
+
+@pytest.mark.timeout(120)
+def test_a_restore_that_fails_leaves_the_other_trainers_leases_as_they_were(
+    shard_server: Any, token: str, tmp_path: Path
+) -> None:
+    server, _servicer = shard_server
+    seen = _load_in_two_trainers(server.address, token, tmp_path, "restore-fails")
+    assert seen[0]["outcome"].startswith("RpcError: "), seen
+    assert seen[1]["outcome"].startswith("ShardError: another trainer of the group could not restore"), seen
+    assert seen[1]["buffered"] == 1, "rank 1 kept the shard it holds: no restore dropped its lease"

@@ -241,6 +241,9 @@ class ShardSampler(Sampler[int]):
         if self._inflight:
             return self._client.next_shard(timeout_s=self._wait_s)
         if self._group is not None and self._group.unsent:
+            # A lease asked for ahead is a shard on its way: waited for, not taken for none to be
+            # had (which would send the unsent reports, one call each, from the training thread).
+            self._client.settle_lease_ahead()
             try:
                 return self._client.next_shard(timeout_s=0.0)
             except TimeoutError:
@@ -446,7 +449,8 @@ class ShardSampler(Sampler[int]):
                 acknowledgements do not fit its document; with a group, also when another trainer
                 refused its state (nothing changed).
             ShardError: with a group, another trainer's restore failed (its own error is raised
-                there).
+                there, and its position is then unknown: the service may have applied the restore);
+                this trainer changed nothing.
         """
         if self._group is not None:
             self._client.settle_lease_ahead()
@@ -459,6 +463,22 @@ class ShardSampler(Sampler[int]):
             raise
         if self._group is not None and self._group.fence():
             raise ConfigError("another trainer of the group refused its state (its error says why); nothing changed")
+        try:
+            if restore:
+                self._client.restore(document)
+        except Exception:
+            if self._group is not None:
+                self._group.fence(failed=True)
+            raise
+        # None leases before the restore reached the service (it would drop that lease and hand
+        # the shard out again), and none forgets its leases unless the restore dropped them.
+        if self._group is not None and self._group.fence():
+            raise ShardError(
+                "another trainer of the group could not restore the data position (its error says why); "
+                "this trainer's position and leases are unchanged"
+            )
+        if not restore:
+            self._client.discard_buffered()  # the trainer that restored dropped every lease
         self._generation += 1  # a pass the loader left suspended hands out nothing of the old position
         if self._group is not None:
             self._group.reset()
@@ -468,19 +488,6 @@ class ShardSampler(Sampler[int]):
         self._inflight.clear()
         self._shard, self._unyielded = None, deque()
         self._finished = False
-        try:
-            if restore:
-                self._client.restore(document)
-            else:
-                self._client.discard_buffered()  # the trainer that restores drops every lease
-        except Exception:
-            if self._group is not None:
-                self._group.fence(failed=True)
-            raise
-        # None leases before the restore reached the service: it would drop that lease and hand
-        # the shard out again.
-        if self._group is not None and self._group.fence():
-            raise ShardError("another trainer of the group could not restore the data position (its error says why)")
 
 
 class ShardIterableDataset(IterableDataset[tuple[_T, list[int]]], Generic[_T]):
