@@ -98,6 +98,7 @@ FLASH_TRAIN = textwrap.dedent(
                 f.write(f"{step} {world} {digest.hexdigest()[:16]}\\n")
         time.sleep(0.2)
     ckpt.close(job_end=rank == 0)
+    del optim, model  # the DDP model first: freed after the group, it can hang with a gloo thread
     dist.destroy_process_group()
     """
 )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +21,16 @@ from dlrover.diagnosis import report_gradient_sync  # noqa: E402
 pytestmark = pytest.mark.timeout(120)
 
 
+def _destroy_group() -> None:
+    """End the default group once no DDP model holds it. A model that outlives the group takes the
+    group with it when it is freed, with the interpreter lock held, and a gloo thread finishing an
+    all-reduce needs that lock to free the work's Python state: both wait for ever (about once in a
+    few hundred runs here). Collecting first frees the models, and their cycles, while the group
+    still lives."""
+    gc.collect()
+    dist.destroy_process_group()
+
+
 @pytest.fixture
 def world_of_one(tmp_path: Path) -> Iterator[None]:
     store = dist.FileStore(str(tmp_path / "store"), 1)
@@ -27,7 +38,7 @@ def world_of_one(tmp_path: Path) -> Iterator[None]:
     try:
         yield
     finally:
-        dist.destroy_process_group()
+        _destroy_group()
 
 
 class SlowForward(torch.nn.Module):
@@ -114,8 +125,9 @@ def test_without_dlrover_run_the_model_is_left_alone_and_a_plain_module_is_refus
         model = torch.nn.parallel.DistributedDataParallel(SlowForward(work_s=0.0))
         assert report_gradient_sync(model) is False
         model(torch.ones(2, 256)).sum().backward()  # DDP's own reduction, untouched
+        del model
     finally:
-        dist.destroy_process_group()
+        _destroy_group()
     with pytest.raises(ConfigError, match="DistributedDataParallel"):
         report_gradient_sync(torch.nn.Linear(2, 2))
 
@@ -278,7 +290,7 @@ def test_on_cuda_a_gpu_slow_in_its_forward_has_a_long_lead(tmp_path: Path, monke
     finally:
         reporter.close()
         slots.close()
-        dist.destroy_process_group()
+        _destroy_group()
 
 
 @pytest.mark.usefixtures("world_of_one")

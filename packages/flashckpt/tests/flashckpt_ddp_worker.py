@@ -74,6 +74,7 @@ def main() -> None:
     )
     dist.barrier()
     ckpt.close(job_end=a.rank == 0)
+    del model, opt  # the DDP model first: freed after the group, it can hang with a gloo thread
     dist.destroy_process_group()
 
 
