@@ -67,6 +67,7 @@ STATE_VERSION = 3
 are still read."""
 _READ_VERSIONS = (1, 2, STATE_VERSION)
 _T = TypeVar("_T")
+_R = TypeVar("_R")
 _log = logging.getLogger(__name__)
 
 
@@ -429,6 +430,20 @@ class ShardSampler(Sampler[int]):
         acknowledged_in(state)
         return check_state(STATE_FORMAT, _READ_VERSIONS, state, self._client.dataset)
 
+    def _agreed(self, do: Callable[[], _R], peer_failed: Callable[[], Exception]) -> _R:
+        """`do()`, after which every trainer of the group knows whether any one's failed (a
+        collective): a trainer whose `do` raised raises that, the others `peer_failed()`, rather
+        than wait in the next collective for one that left."""
+        try:
+            result = do()
+        except Exception:
+            if self._group is not None:
+                self._group.fence(failed=True)
+            raise
+        if self._group is not None and self._group.fence():
+            raise peer_failed()
+        return result
+
     def load_state_dict(self, state: dict[str, Any], restore: bool = True) -> None:
         """Resume from `state_dict()` output.
 
@@ -455,28 +470,19 @@ class ShardSampler(Sampler[int]):
         if self._group is not None:
             self._client.settle_lease_ahead()
             self._group.fence()
-        try:
-            document = _check_state(state, self._client.dataset) if restore else self._checked(state)
-        except Exception:
-            if self._group is not None:
-                self._group.fence(failed=True)  # the others refuse too, rather than wait for this one
-            raise
-        if self._group is not None and self._group.fence():
-            raise ConfigError("another trainer of the group refused its state (its error says why); nothing changed")
-        try:
-            if restore:
-                self._client.restore(document)
-        except Exception:
-            if self._group is not None:
-                self._group.fence(failed=True)
-            raise
+        document = self._agreed(
+            lambda: _check_state(state, self._client.dataset) if restore else self._checked(state),
+            lambda: ConfigError("another trainer of the group refused its state (its error says why); nothing changed"),
+        )
         # None leases before the restore reached the service (it would drop that lease and hand
         # the shard out again), and none forgets its leases unless the restore dropped them.
-        if self._group is not None and self._group.fence():
-            raise ShardError(
+        self._agreed(
+            lambda: self._client.restore(document) if restore else None,
+            lambda: ShardError(
                 "another trainer of the group could not restore the data position (its error says why); "
                 "this trainer's position and leases are unchanged"
-            )
+            ),
+        )
         if not restore:
             self._client.discard_buffered()  # the trainer that restored dropped every lease
         self._generation += 1  # a pass the loader left suspended hands out nothing of the old position
