@@ -2,17 +2,20 @@
 
 Real processes, real gRPC on 127.0.0.1. The export cadence is set to an hour, so whatever the
 restarted master knows about shard progress came from journaling each change before answering.
-The kill happens between calls (the test drives the workers one call at a time): a call in flight
-at the kill is in doubt for any client, see the README.
+The first test kills between calls (it drives the workers one call at a time): a call in flight
+at the kill is in doubt for any client, see the README. The second sends a lease asked for ahead
+to a master that is dead, or frozen and then killed with the call unread.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -176,5 +179,109 @@ def test_sigkill_mid_job_keeps_every_acknowledged_sample_once_and_the_round_and_
             client.close()
         for p in procs:
             if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait(timeout=30)
+
+
+class AheadWorker:
+    """Trains whole shards as `ShardSampler` with a process group does: two shards a lease, the next
+    lease asked for ahead (`lease_ahead`) once the buffer is empty, on a thread of the client's."""
+
+    def __init__(self, address: str, token: str, worker: str) -> None:
+        config = ShardClientConfig(prefetch_shards=0, fetch_count=2, retry=POLICY)
+        self.client = ShardClient(address, token, "train", worker, config=config)
+        self.trained: list[int] = []
+        self.finished = False
+
+    def train_one(self) -> None:
+        """Train the next shard and report it done (queued while the master is away)."""
+        shard = self.client.next_shard(timeout_s=60)
+        if shard is None:
+            self.finished = True
+            return
+        self.trained += shard.remaining_samples()
+        self.client.report_done(shard.shard_id)
+
+    def train_to_the_end(self, errors: list[BaseException]) -> None:
+        try:
+            while not self.finished:
+                self.train_until_the_buffer_is_empty()
+                if not self.finished:
+                    self.client.lease_ahead()
+            assert self.client.flush_reports(timeout_s=60)
+        except BaseException as exc:  # the test thread raises it
+            errors.append(exc)
+
+    def train_until_the_buffer_is_empty(self) -> None:
+        self.client.settle_lease_ahead()
+        self.train_one()
+        while self.client.buffered:
+            self.train_one()
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("master", ["down", "frozen"])
+def test_a_lease_asked_for_ahead_across_a_master_sigkill_is_served_once(tmp_path: Path, master: str) -> None:
+    """A lease asked for ahead (`lease_ahead`, two shards a lease) while the master is dead ("down":
+    the fetch retries until the restarted master answers) or frozen ("frozen": SIGSTOPped with the
+    fetch sent to it, then SIGKILLed, so whether it was served is in doubt): every sample is
+    trained once, and no lease is left held for nobody."""
+    state, log = tmp_path / "state", tmp_path / "master.log"
+    proc, address = start_master(state, log)
+    procs = [proc]
+    clients: list[MasterClient | RendezvousClient | ShardClient] = []
+    try:
+        token = load_token(token_file=state / "token")
+        agents = [MasterClient(address, token, policy=POLICY) for _ in range(2)]
+        ids = [str(agent.register(f"agent-{i}", f"host-{i}").node_id) for i, agent in enumerate(agents)]
+        rdzv = RendezvousClient(address, token, policy=POLICY)
+        clients.extend([*agents, rdzv])
+        for node in ids:
+            assert rdzv.join(node, params=None).accepted
+        workers = [AheadWorker(address, token, node) for node in ids]
+        clients.extend(w.client for w in workers)
+        assert workers[0].client.register(SPEC).created
+        for w in workers:  # two shards each, the second from the lease's buffer
+            w.train_until_the_buffer_is_empty()
+        assert all(w.client.flush_reports(timeout_s=60) for w in workers)
+
+        if master == "frozen":
+            os.killpg(proc.pid, signal.SIGSTOP)
+        else:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+        assert all(w.client.lease_ahead() for w in workers)
+        if master == "frozen":
+            time.sleep(0.5)  # the fetches reach the frozen master's socket
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+        proc2, address2 = start_master(state, log, port=int(address.rsplit(":", 1)[1]))
+        procs.append(proc2)
+        assert address2 == address
+
+        # Each on a thread of its own: a worker with no shard left waits for the other's to be done.
+        errors: list[BaseException] = []
+        threads = [threading.Thread(target=w.train_to_the_end, args=(errors,)) for w in workers]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=90)
+        assert not any(t.is_alive() for t in threads), f"the data did not finish: {[len(w.trained) for w in workers]}"
+        assert not errors, errors
+        trained = Counter(s for w in workers for s in w.trained)
+        assert sorted(trained) == list(range(SAMPLES))  # nothing lost ...
+        assert set(trained.values()) == {1}  # ... nothing trained twice
+        status = workers[0].client.status()
+        assert (status.done, status.failed, status.doing, status.todo) == (SAMPLES // 10, 0, 0, 0)
+
+        agents[0].stop_job("test over")
+        assert proc2.wait(timeout=60) == 3
+    finally:
+        for client in clients:
+            client.close()
+        for p in procs:
+            if p.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGCONT)
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait(timeout=30)
