@@ -16,6 +16,9 @@ from collections.abc import Generator, Iterator
 import pytest
 from hypothesis import HealthCheck, settings
 
+# Every test's pytest-timeout limit is also enforced from outside Python (see the plugin).
+pytest_plugins = ["dlrover_testsupport.hard_timeout"]
+
 settings.register_profile(
     "ci",
     max_examples=200,
