@@ -8,8 +8,10 @@ where. This plugin arms `faulthandler.dump_traceback_later` for each test at its
 grace: faulthandler's watchdog is a C thread that needs no GIL, so it prints every thread's stack
 and ends the process (exit status 1) whatever the interpreter is stuck in.
 
-The grace (``DLROVER_TEST_HARD_TIMEOUT_GRACE_S``, 60 s by default) leaves pytest-timeout the first
+The grace (``DLROVER_TEST_HARD_TIMEOUT_GRACE_S``, 120 s by default) leaves pytest-timeout the first
 word: it fails the test and the run goes on; the hard stop only ends a run that nothing else can.
+The grace also bounds the teardown of a test that pytest-timeout failed (its alarm fires once),
+such as a Ray cluster's shutdown, hence two minutes.
 The limit is the test's ``@pytest.mark.timeout(N)``, else ``--timeout``, else the ``timeout`` ini
 value; a test without one (0) is not armed.
 """
@@ -27,7 +29,7 @@ import pytest
 __all__ = ["GRACE_ENV", "DEFAULT_GRACE_S", "hard_limit_s"]
 
 GRACE_ENV = "DLROVER_TEST_HARD_TIMEOUT_GRACE_S"
-DEFAULT_GRACE_S = 60.0
+DEFAULT_GRACE_S = 120.0
 
 
 def _grace_s() -> float:
