@@ -31,9 +31,25 @@ import pytest
 def test_quick():
     pass
 
-@pytest.mark.timeout(30)
 def test_longer_than_the_quick_ones_hard_limit():
-    time.sleep(4)  # past test_quick's limit and grace: its timer must have been cancelled
+    # Unarmed (no limit here): a timer test_quick left armed would end the run.
+    time.sleep(4)
+"""
+
+_STUCK_AFTER_A_FAILURE = """
+import signal, time
+import pytest
+
+@pytest.fixture
+def stuck_teardown():
+    yield
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
+    time.sleep(600)
+
+@pytest.mark.timeout(1)
+def test_fails_then_sticks_in_its_teardown(stuck_teardown):
+    # pytest's faulthandler plugin cancels the timer when a test fails; the teardown is armed again.
+    assert False
 """
 
 
@@ -53,6 +69,14 @@ def test_a_test_no_signal_reaches_is_stopped_with_every_threads_stack(tmp_path: 
     assert done.returncode == 1, done.stdout + done.stderr
     assert "Timeout (" in done.stderr
     assert "test_stuck_where_no_signal_reaches" in done.stderr  # the stuck frame, named
+
+
+@pytest.mark.timeout(150)
+def test_a_teardown_stuck_after_a_failure_is_stopped_too(tmp_path: Path) -> None:
+    done = _pytest(tmp_path, _STUCK_AFTER_A_FAILURE, grace="1")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "Timeout (" in done.stderr
+    assert "stuck_teardown" in done.stderr
 
 
 @pytest.mark.timeout(150)

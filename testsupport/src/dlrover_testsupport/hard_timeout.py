@@ -22,6 +22,7 @@ import faulthandler
 import math
 import os
 import sys
+import time
 from collections.abc import Generator
 
 import pytest
@@ -46,6 +47,7 @@ def _grace_s() -> float:
 
 
 def _timeout_s(item: pytest.Item) -> float:
+    # pytest-timeout's order: the marker, --timeout, PYTEST_TIMEOUT, the ini value.
     marker = item.get_closest_marker("timeout")
     if marker is not None:
         value = marker.args[0] if marker.args else marker.kwargs.get("timeout")
@@ -54,10 +56,24 @@ def _timeout_s(item: pytest.Item) -> float:
     option = item.config.getoption("timeout", None)
     if option is not None:
         return float(option)
+    env = os.environ.get("PYTEST_TIMEOUT", "")
+    if env:
+        return float(env)
     try:
         return float(item.config.getini("timeout") or 0)
     except ValueError:  # no pytest-timeout: no ini value of that name
         return 0.0
+
+
+def _debugging(config: pytest.Config) -> bool:
+    """A person is stepping through the run: pytest-timeout stands aside then, and so does this."""
+    if config.getoption("usepdb", False) or config.getoption("trace", False):
+        return True
+    try:
+        from pytest_timeout import is_debugging  # type: ignore[import-untyped]
+    except ImportError:
+        return False
+    return bool(is_debugging())
 
 
 def hard_limit_s(item: pytest.Item) -> float | None:
@@ -68,6 +84,7 @@ def hard_limit_s(item: pytest.Item) -> float | None:
 
 _stderr_fd = pytest.StashKey[int]()
 _grace = pytest.StashKey[float]()
+_deadline = pytest.StashKey[float]()  # on an armed item: time.monotonic() when the run is ended
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -84,16 +101,30 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         del config.stash[_stderr_fd]
 
 
+def _arm(item: pytest.Item) -> None:
+    deadline = item.stash.get(_deadline, None)
+    fd = item.config.stash.get(_stderr_fd, None)
+    if deadline is not None and fd is not None:
+        faulthandler.dump_traceback_later(max(deadline - time.monotonic(), 0.001), exit=True, file=fd)
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, object, object]:
     limit = hard_limit_s(item)
-    fd = item.config.stash.get(_stderr_fd, None)
-    armed = False
-    if limit is not None and fd is not None:
-        faulthandler.dump_traceback_later(limit, exit=True, file=fd)
-        armed = True
+    if limit is not None and not _debugging(item.config):
+        item.stash[_deadline] = time.monotonic() + limit
+        _arm(item)
     try:
         return (yield)
     finally:
-        if armed:
+        if item.stash.get(_deadline, None) is not None:
+            del item.stash[_deadline]
             faulthandler.cancel_dump_traceback_later()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    # A failed setup or call cancels the timer: pytest's faulthandler plugin cancels it in
+    # pytest_exception_interact, whoever armed it. The teardown is bounded again, to the same end.
+    if not _debugging(item.config):
+        _arm(item)
