@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import attrs
@@ -123,37 +123,73 @@ class Worker:
         return self.shard is not None and 0 < self.pos < self.shard.size
 
 
+class TwoNodeJob:
+    """A `dlrover-master` process with two registered agents whose nodes joined the rendezvous."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.state, self.log = tmp_path / "state", tmp_path / "master.log"
+        proc, self.address = start_master(self.state, self.log)
+        self.procs = [proc]
+        self.clients: list[MasterClient | RendezvousClient | ShardClient] = []
+
+    @property
+    def master(self) -> subprocess.Popen[bytes]:
+        """The master process now running (the last started)."""
+        return self.procs[-1]
+
+    def join(self) -> None:
+        self.token = load_token(token_file=self.state / "token")
+        self.agents = [MasterClient(self.address, self.token, policy=POLICY) for _ in range(2)]
+        self.ids = [str(agent.register(f"agent-{i}", f"host-{i}").node_id) for i, agent in enumerate(self.agents)]
+        self.rdzv = RendezvousClient(self.address, self.token, policy=POLICY)
+        self.clients.extend([*self.agents, self.rdzv])
+        for node in self.ids:
+            assert self.rdzv.join(node, params=None).accepted
+
+    def restart_master(self) -> None:
+        """Start a master on the dead one's state directory and port."""
+        proc, address = start_master(self.state, self.log, port=int(self.address.rsplit(":", 1)[1]))
+        self.procs.append(proc)
+        assert address == self.address
+
+    def close(self) -> None:
+        for client in self.clients:
+            client.close()
+        for p in self.procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)  # a stopped (frozen) master too
+                p.wait(timeout=30)
+
+
+@contextlib.contextmanager
+def two_node_job(tmp_path: Path) -> Iterator[TwoNodeJob]:
+    job = TwoNodeJob(tmp_path)
+    try:
+        job.join()
+        yield job
+    finally:
+        job.close()
+
+
 @pytest.mark.timeout(110)
 def test_sigkill_mid_job_keeps_every_acknowledged_sample_once_and_the_round_and_ranks(tmp_path: Path) -> None:
-    state, log = tmp_path / "state", tmp_path / "master.log"
-    proc, address = start_master(state, log)
-    procs = [proc]
-    clients: list[MasterClient | RendezvousClient | ShardClient] = []
-    try:
-        token = load_token(token_file=state / "token")
-        agents = [MasterClient(address, token, policy=POLICY) for _ in range(2)]
-        ids = [str(agent.register(f"agent-{i}", f"host-{i}").node_id) for i, agent in enumerate(agents)]
-        rdzv = RendezvousClient(address, token, policy=POLICY)
-        clients.extend([*agents, rdzv])
-        for node in ids:
-            assert rdzv.join(node, params=None).accepted
+    with two_node_job(tmp_path) as job:
+        rdzv, ids = job.rdzv, job.ids
         before = {node: rdzv.poll(node) for node in ids}
         assert {p.state for p in before.values()} == {PollState.ASSIGNED}
         assert sorted(p.rank for p in before.values()) == [0, 1]
 
         acks: Counter[int] = Counter()
-        workers = [Worker(address, token, node, acks) for node in ids]
-        clients.extend(w.client for w in workers)
+        workers = [Worker(job.address, job.token, node, acks) for node in ids]
+        job.clients.extend(w.client for w in workers)
         assert workers[0].client.register(SPEC).created
         while sum(acks.values()) < SAMPLES * 0.45 or not all(w.midway for w in workers):
             for w in workers:
                 w.step()
 
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
-        proc2, address2 = start_master(state, log, port=int(address.rsplit(":", 1)[1]))
-        procs.append(proc2)
-        assert address2 == address
+        os.killpg(job.master.pid, signal.SIGKILL)
+        job.master.wait(timeout=30)
+        job.restart_master()
 
         # The round and the ranks are what they were; nobody joined again.
         after = {node: rdzv.poll(node) for node in ids}
@@ -173,15 +209,8 @@ def test_sigkill_mid_job_keeps_every_acknowledged_sample_once_and_the_round_and_
         status = workers[0].client.status()
         assert (status.done, status.failed, status.doing) == (SAMPLES // 10, 0, 0)
 
-        agents[0].stop_job("test over")
-        assert proc2.wait(timeout=60) == 3
-    finally:
-        for client in clients:
-            client.close()
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait(timeout=30)
+        job.agents[0].stop_job("test over")
+        assert job.master.wait(timeout=60) == 3
 
 
 def _unread_connections(port: int) -> int:
@@ -245,25 +274,15 @@ def test_a_lease_asked_for_ahead_across_a_master_sigkill_is_served_once(tmp_path
     fetches waiting unread in its sockets, then SIGKILLed): every sample is trained once, and no
     lease is left held for nobody. (A fetch the master served and could not answer is the lost-reply
     case of the shard package's tests and of the journal's replayed replies.)"""
-    state, log = tmp_path / "state", tmp_path / "master.log"
-    proc, address = start_master(state, log)
-    procs = [proc]
-    clients: list[MasterClient | RendezvousClient | ShardClient] = []
-    try:
-        token = load_token(token_file=state / "token")
-        agents = [MasterClient(address, token, policy=POLICY) for _ in range(2)]
-        ids = [str(agent.register(f"agent-{i}", f"host-{i}").node_id) for i, agent in enumerate(agents)]
-        rdzv = RendezvousClient(address, token, policy=POLICY)
-        clients.extend([*agents, rdzv])
-        for node in ids:
-            assert rdzv.join(node, params=None).accepted
-        workers = [AheadWorker(address, token, node) for node in ids]
-        clients.extend(w.client for w in workers)
+    with two_node_job(tmp_path) as job:
+        workers = [AheadWorker(job.address, job.token, node) for node in job.ids]
+        job.clients.extend(w.client for w in workers)
         assert workers[0].client.register(SPEC).created
         for w in workers:  # two shards each, the second from the lease's buffer
             w.train_until_the_buffer_is_empty()
         assert all(w.client.flush_reports(timeout_s=60) for w in workers)
 
+        proc = job.master
         if master == "frozen":
             os.killpg(proc.pid, signal.SIGSTOP)
         else:
@@ -271,14 +290,12 @@ def test_a_lease_asked_for_ahead_across_a_master_sigkill_is_served_once(tmp_path
             proc.wait(timeout=30)
         assert all(w.client.lease_ahead() for w in workers)
         if master == "frozen":
-            port = int(address.rsplit(":", 1)[1])
+            port = int(job.address.rsplit(":", 1)[1])
             # The clients share one connection (gRPC pools them); nothing else is sent to it meanwhile.
             wait_for(lambda: _unread_connections(port) > 0, what="the fetches in the master's sockets")
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=30)
-        proc2, address2 = start_master(state, log, port=int(address.rsplit(":", 1)[1]))
-        procs.append(proc2)
-        assert address2 == address
+        job.restart_master()
 
         # Each on a thread of its own: a worker with no shard left waits for the other's to be done.
         errors: list[BaseException] = []
@@ -297,14 +314,5 @@ def test_a_lease_asked_for_ahead_across_a_master_sigkill_is_served_once(tmp_path
         status = workers[0].client.status()
         assert (status.done, status.failed, status.doing, status.todo) == (SAMPLES // 10, 0, 0, 0)
 
-        agents[0].stop_job("test over")
-        assert proc2.wait(timeout=60) == 3
-    finally:
-        for client in clients:
-            client.close()
-        for p in procs:
-            if p.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(p.pid, signal.SIGCONT)
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait(timeout=30)
+        job.agents[0].stop_job("test over")
+        assert job.master.wait(timeout=60) == 3
